@@ -1,0 +1,449 @@
+// CPU flash-attention template for generated positional encodings (docs/internals.md §2).
+//
+// apec emits, per encoding, a functor struct `Enc` (token program, q/k mods, score mod and their
+// gradients, all static) and instantiates attention_forward / attention_backward with it. This
+// header is plain C++17: no MLIR, no LibTorch; OpenMP is used when the compiler enables it.
+//
+// Attention is causal (key j visible from query i iff j <= i). Both passes work per (b, h) slice
+// on tiles of kTileQ queries x kTileK keys and never materialise a T x T matrix:
+//   forward  : tok = token_forward(features), q' = q_mod(q), k' = k_mod(k),
+//              s_ij = score_mod(scale * q'_i . k'_j), online softmax, o = softmax(s) v,
+//              lse_i = log sum_j exp(s_ij).
+//   backward : recompute tok, q', k' and P = exp(s - lse); dV = P^T dO; dP = dO V^T;
+//              G = P o (dP - Delta) with Delta_i = dO_i . O_i; dS = score_mod_grad(G);
+//              dQ' = scale dS K'; dK' = scale dS^T Q'; then back through the mods and the token
+//              program. Every slice uses private buffers, parameter gradients are reduced in a
+//              fixed (b, h) order: results are bitwise independent of the thread count.
+//
+// Names of shapes: B batch, H heads, T sequence length, D head dim, Tp = T rounded up to kTileK.
+//
+// Functions of Enc that a feature does not need are never instantiated (kHasQMod == false:
+// q_mod / q_mod_grad are not used; kNumTok == 0: token_forward / token_backward are not used).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#ifdef _OPENMP
+#define APE_PRAGMA(x) _Pragma(#x)
+#else
+#define APE_PRAGMA(x)
+#endif
+#define APE_SIMD APE_PRAGMA(omp simd)
+#define APE_SIMD_REDUCE(clause) APE_PRAGMA(omp simd reduction(clause))
+
+namespace ape {
+
+// The type parameter is named Real (not T as in the docs) because T is a member name.
+template <typename Real> struct AttnArgs {
+  int64_t B, H, T, D;
+  const Real *q, *k, *v;           // (B, H, T, D) contiguous
+  Real *o;                         // (B, H, T, D)
+  Real *lse;                       // (B, H, T): log sum_j exp(l_ij) of the final logits
+  const Real *const *features;     // Enc::kNumFeatures arrays, each (B, H, T)
+  const Real *const *params;       // Enc::kNumParams arrays, flattened, shapes per manifest
+  Real scale;                      // kappa
+  // backward only
+  const Real *dout;                // (B, H, T, D)
+  Real *dq, *dk, *dv;              // (B, H, T, D), overwritten
+  Real *const *dfeatures;          // (B, H, T) each, overwritten
+  Real *const *dparams;            // shapes of params, overwritten
+};
+
+template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the template
+  int64_t b, h, H, T, D;
+  const Real *const *params;  // global
+  Real *const *dparams;       // private accumulators of this (b, h), zeroed; null in forward
+  const Real *tok;            // Enc::kNumTok arrays of length T: tok[n*T + t]
+  Real *dtok;                 // gradient w.r.t. tok, zeroed, same layout; null in forward
+};
+
+namespace detail {
+
+constexpr int64_t kTileQ = 64;  // queries per tile
+constexpr int64_t kTileK = 64;  // keys per tile (also the padding unit of the transposed keys)
+
+// Length of a std::array holding n entries (never zero-length).
+constexpr std::size_t array_len(int n) { return n > 0 ? static_cast<std::size_t>(n) : 1; }
+
+template <typename Real> constexpr Real neg_inf() {
+  return -std::numeric_limits<Real>::infinity();
+}
+
+// exp for the softmax, vectorisable (no libm call): Cephes' expf, range reduction to
+// r in [-ln2/2, ln2/2], degree-7 polynomial, exponent built in the bits. Relative error < 2 ulp;
+// exactly 0 below ln(FLT_MIN) (including -inf), NaN propagates. Arguments are <= ~0 here.
+inline float softmax_exp(float x) {
+  constexpr float kLo = -87.3365447f, kHi = 88.0f;
+  const float xc = std::min(std::max(x, kLo), kHi);
+  // n = round(xc / ln 2) by the 1.5 * 2^23 trick (exact for |n| < 2^22).
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float pow2n;
+  std::memcpy(&pow2n, &bits, sizeof pow2n);
+  return x < kLo ? 0.0f : p * pow2n;
+}
+inline double softmax_exp(double x) { return std::exp(x); }
+
+// ---- small GEMM kernels on tiles ---------------------------------------------------------------
+// C(m, W) (+)= A(m, n) B(n, W): A(r, p) = a[r*a_rs + p*a_cs] (so A^T is a stride swap), B rows
+// ldb apart, C rows ldc apart. MR rows of C are kept in local accumulators that the compiler holds
+// in vector registers; the W columns are the vector dimension.
+template <int MR, int W, typename Real>
+inline void gemm_rows(int64_t n, const Real *a, int64_t a_rs, int64_t a_cs, const Real *b,
+                      int64_t ldb, Real *c, int64_t ldc, bool accumulate) {
+  Real acc[MR][W];
+  for (int r = 0; r < MR; ++r)
+    APE_SIMD for (int w = 0; w < W; ++w) acc[r][w] = accumulate ? c[r * ldc + w] : Real(0);
+  for (int64_t p = 0; p < n; ++p) {
+    const Real *bp = b + p * ldb;
+    for (int r = 0; r < MR; ++r) {
+      const Real ar = a[r * a_rs + p * a_cs];
+      APE_SIMD for (int w = 0; w < W; ++w) acc[r][w] += ar * bp[w];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    APE_SIMD for (int w = 0; w < W; ++w) c[r * ldc + w] = acc[r][w];
+}
+
+// All m rows of a block of W columns: MR rows at a time (as many as fit in registers).
+template <int W, typename Real>
+inline void gemm_block(int64_t m, int64_t n, const Real *a, int64_t a_rs, int64_t a_cs,
+                       const Real *b, int64_t ldb, Real *c, int64_t ldc, bool accumulate) {
+  constexpr int kMR = std::clamp<int>(1024 / (W * static_cast<int>(sizeof(Real))), 1, 8);
+  int64_t r = 0;
+  for (; r + kMR <= m; r += kMR)
+    gemm_rows<kMR, W>(n, a + r * a_rs, a_rs, a_cs, b, ldb, c + r * ldc, ldc, accumulate);
+  for (; r < m; ++r)
+    gemm_rows<1, W>(n, a + r * a_rs, a_rs, a_cs, b, ldb, c + r * ldc, ldc, accumulate);
+}
+
+// Any width w: blocks of W columns while they fit, the rest with W/2, W/4, ..., 1.
+template <int W = 64, typename Real>
+inline void gemm(int64_t m, int64_t n, int64_t w, const Real *a, int64_t a_rs, int64_t a_cs,
+                 const Real *b, int64_t ldb, Real *c, int64_t ldc, bool accumulate) {
+  int64_t c0 = 0;
+  for (; c0 + W <= w; c0 += W)
+    gemm_block<W>(m, n, a, a_rs, a_cs, b + c0, ldb, c + c0, ldc, accumulate);
+  if constexpr (W > 1) {
+    if (c0 < w)
+      gemm<W / 2>(m, n, w - c0, a, a_rs, a_cs, b + c0, ldb, c + c0, ldc, accumulate);
+  }
+}
+
+// xt(D, Tp) = x(T, D)^T with the columns t >= T zero.
+template <typename Real>
+void transpose_padded(const Real *x, int64_t T, int64_t D, int64_t Tp, Real *xt) {
+  for (int64_t c = 0; c < D; ++c) {
+    Real *row = xt + c * Tp;
+    for (int64_t t = 0; t < T; ++t) row[t] = x[t * D + c];
+    std::fill(row + T, row + Tp, Real(0));
+  }
+}
+
+// ---- q / k mods ---------------------------------------------------------------------------------
+// Partner columns under a pairing (0 none, 1 half, 2 interleaved) rotating r = 2*floor(f*D/2)
+// dims: half pairs c with c +- r/2, interleaved pairs c with c^1, columns c >= r pair with
+// themselves (the mod is still called, with y = x).
+inline std::vector<int64_t> partners(int pairing, double fraction, int64_t D) {
+  const int64_t r = std::clamp<int64_t>(
+      2 * static_cast<int64_t>(std::floor(fraction * static_cast<double>(D) / 2)), 0, D - D % 2);
+  std::vector<int64_t> p(static_cast<std::size_t>(D));
+  for (int64_t c = 0; c < D; ++c) {
+    if (pairing == 0 || c >= r)
+      p[c] = c;
+    else if (pairing == 1)
+      p[c] = c < r / 2 ? c + r / 2 : c - r / 2;
+    else
+      p[c] = c ^ 1;
+  }
+  return p;
+}
+
+// xm(T, D) = mod(x) for the q side (kIsQ) or the k side.
+template <class Enc, bool kIsQ, typename Real>
+void mod_forward(const HeadCtx<Real> &ctx, const Real *x, Real *xm) {
+  const int64_t T = ctx.T, D = ctx.D;
+  const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
+                                            : partners(Enc::kKPairing, Enc::kKFraction, D);
+  for (int64_t t = 0; t < T; ++t) {
+    const Real *xt = x + t * D;
+    for (int64_t c = 0; c < D; ++c) {
+      if constexpr (kIsQ)
+        xm[t * D + c] = Enc::q_mod(ctx, t, c, xt[c], xt[partner[c]]);
+      else
+        xm[t * D + c] = Enc::k_mod(ctx, t, c, xt[c], xt[partner[c]]);
+    }
+  }
+}
+
+// dx(T, D) = d mod(x) / dx applied to the gradient gm(T, D) w.r.t. the modded values.
+template <class Enc, bool kIsQ, typename Real>
+void mod_backward(const HeadCtx<Real> &ctx, const Real *x, const Real *gm, Real *dx) {
+  const int64_t T = ctx.T, D = ctx.D;
+  const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
+                                            : partners(Enc::kKPairing, Enc::kKFraction, D);
+  std::fill(dx, dx + T * D, Real(0));
+  for (int64_t t = 0; t < T; ++t) {
+    const Real *xt = x + t * D;
+    Real *dxt = dx + t * D;
+    for (int64_t c = 0; c < D; ++c) {
+      const int64_t pc = partner[c];
+      Real gx = 0, gy = 0;
+      if constexpr (kIsQ)
+        Enc::q_mod_grad(ctx, t, c, xt[c], xt[pc], gm[t * D + c], gx, gy);
+      else
+        Enc::k_mod_grad(ctx, t, c, xt[c], xt[pc], gm[t * D + c], gx, gy);
+      dxt[c] += gx;
+      dxt[pc] += gy;
+    }
+  }
+}
+
+// ---- one (b, h) slice -----------------------------------------------------------------------------
+// The inputs of the tile loops of a slice: token arrays, q' and k' after the mods, k'^T.
+template <class Enc, typename Real> struct SliceInputs {
+  HeadCtx<Real> ctx;
+  int64_t Tp;                                                  // T rounded up to kTileK
+  std::array<const Real *, array_len(Enc::kNumFeatures)> feat{};  // (T) row of each feature
+  std::vector<Real> tok;                                       // (kNumTok, T)
+  std::vector<Real> qm_buf, km_buf;                            // (T, D) when the mod exists
+  const Real *q, *k, *v;                                       // (T, D) raw inputs
+  const Real *qm, *km;                                         // (T, D) q', k' (raw without mod)
+  std::vector<Real> kt;                                        // (D, Tp) k'^T, zero padded
+
+  SliceInputs(const AttnArgs<Real> &a, int64_t b, int64_t h)
+      : ctx{b, h, a.H, a.T, a.D, a.params, nullptr, nullptr, nullptr},
+        Tp((a.T + kTileK - 1) / kTileK * kTileK) {
+    const int64_t T = a.T, D = a.D, row = b * a.H + h;  // row of (B*H, T) arrays
+    q = a.q + row * T * D;
+    k = a.k + row * T * D;
+    v = a.v + row * T * D;
+    for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = a.features[n] + row * T;
+    if constexpr (Enc::kNumTok > 0) {
+      tok.assign(static_cast<std::size_t>(Enc::kNumTok * T), Real(0));
+      ctx.tok = tok.data();
+      Enc::token_forward(ctx, feat.data(), tok.data());
+    }
+    qm = q;
+    if constexpr (Enc::kHasQMod) {
+      qm_buf.resize(static_cast<std::size_t>(T * D));
+      mod_forward<Enc, true>(ctx, q, qm_buf.data());
+      qm = qm_buf.data();
+    }
+    km = k;
+    if constexpr (Enc::kHasKMod) {
+      km_buf.resize(static_cast<std::size_t>(T * D));
+      mod_forward<Enc, false>(ctx, k, km_buf.data());
+      km = km_buf.data();
+    }
+    kt.resize(static_cast<std::size_t>(D * Tp));
+    transpose_padded(km, T, D, Tp, kt.data());
+  }
+};
+
+// Number of keys of the tile starting at j0 visible from query i (causal: j <= i), at most nk.
+inline int64_t visible(int64_t i, int64_t j0, int64_t nk) {
+  return std::clamp<int64_t>(i - j0 + 1, 0, nk);
+}
+
+template <class Enc, typename Real>
+void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
+  const SliceInputs<Enc, Real> in(a, b, h);
+  const HeadCtx<Real> &ctx = in.ctx;
+  const int64_t T = a.T, D = a.D, row = b * a.H + h;
+  const Real scale = a.scale;
+  Real *o = a.o + row * T * D;  // (T, D)
+  Real *lse = a.lse + row * T;  // (T)
+
+  std::vector<Real> st(kTileQ * kTileK);  // (kTileQ, kTileK): logits, then probabilities
+  std::vector<Real> acc(kTileQ * D);      // (kTileQ, D): unnormalised output
+  std::array<Real, kTileQ> m, l;          // running max and sum of each query
+
+  for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
+    const int64_t nq = std::min(kTileQ, T - i0);
+    m.fill(neg_inf<Real>());
+    l.fill(Real(0));
+    std::fill(acc.begin(), acc.end(), Real(0));
+    for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTileK) {  // tiles above the diagonal skipped
+      const int64_t nk = std::min(kTileK, T - j0);
+      gemm<kTileK>(nq, D, kTileK, in.qm + i0 * D, D, 1, in.kt.data() + j0, in.Tp, st.data(),
+                   kTileK, false);
+      for (int64_t ii = 0; ii < nq; ++ii) {
+        const int64_t i = i0 + ii, nv = visible(i, j0, nk);
+        Real *s = st.data() + ii * kTileK;
+        if constexpr (Enc::kHasScoreMod) {
+          for (int64_t jj = 0; jj < nv; ++jj)
+            s[jj] = Enc::score_mod(ctx, i, j0 + jj, scale * s[jj]);
+        } else {
+          APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] *= scale;
+        }
+        Real mx = m[ii];
+        APE_SIMD_REDUCE(max : mx) for (int64_t jj = 0; jj < nv; ++jj) mx = std::max(mx, s[jj]);
+        // All logits so far -inf (a score_mod mask): keep exp finite, the row stays zero.
+        const Real ref = mx == neg_inf<Real>() ? Real(0) : mx;
+        Real sum = 0;
+        APE_SIMD_REDUCE(+ : sum) for (int64_t jj = 0; jj < nv; ++jj) {
+          s[jj] = softmax_exp(s[jj] - ref);
+          sum += s[jj];
+        }
+        std::fill(s + nv, s + kTileK, Real(0));  // masked keys: no exp
+        const Real alpha = softmax_exp(m[ii] - ref);
+        l[ii] = l[ii] * alpha + sum;
+        m[ii] = mx;
+        Real *accr = acc.data() + ii * D;
+        APE_SIMD for (int64_t c = 0; c < D; ++c) accr[c] *= alpha;
+      }
+      gemm(nq, nk, D, st.data(), kTileK, 1, in.v + j0 * D, D, acc.data(), D, true);
+    }
+    for (int64_t ii = 0; ii < nq; ++ii) {
+      const Real inv = l[ii] > 0 ? Real(1) / l[ii] : Real(0);
+      const Real *accr = acc.data() + ii * D;
+      Real *orow = o + (i0 + ii) * D;
+      APE_SIMD for (int64_t c = 0; c < D; ++c) orow[c] = accr[c] * inv;
+      lse[i0 + ii] = m[ii] + std::log(l[ii]);
+    }
+  }
+}
+
+// dparams: this slice's private accumulators, parameter n at dparams + poff[n], zeroed.
+template <class Enc, typename Real>
+void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams,
+                    const std::array<int64_t, array_len(Enc::kNumParams)> &poff) {
+  SliceInputs<Enc, Real> in(a, b, h);
+  HeadCtx<Real> &ctx = in.ctx;
+  const int64_t T = a.T, D = a.D, row = b * a.H + h;
+  const Real scale = a.scale;
+  const Real *o = a.o + row * T * D;        // (T, D)
+  const Real *lse = a.lse + row * T;        // (T)
+  const Real *dout = a.dout + row * T * D;  // (T, D)
+  Real *dq = a.dq + row * T * D, *dk = a.dk + row * T * D, *dv = a.dv + row * T * D;
+
+  std::array<Real *, array_len(Enc::kNumParams)> dparam_ptrs{};
+  for (int n = 0; n < Enc::kNumParams; ++n) dparam_ptrs[n] = dparams + poff[n];
+  ctx.dparams = dparam_ptrs.data();
+  std::vector<Real> dtok(static_cast<std::size_t>(Enc::kNumTok * T), Real(0));  // (kNumTok, T)
+  ctx.dtok = dtok.data();
+
+  std::vector<Real> vt(static_cast<std::size_t>(D * in.Tp));  // (D, Tp) v^T, zero padded
+  transpose_padded(in.v, T, D, in.Tp, vt.data());
+  std::vector<Real> delta(static_cast<std::size_t>(T));  // (T): Delta_i = dO_i . O_i
+  for (int64_t t = 0; t < T; ++t) {
+    Real d = 0;
+    APE_SIMD_REDUCE(+ : d) for (int64_t c = 0; c < D; ++c) d += dout[t * D + c] * o[t * D + c];
+    delta[t] = d;
+  }
+  // Gradients w.r.t. q', k' (T, D): straight into dq / dk when there is no mod.
+  std::vector<Real> dqm_buf(Enc::kHasQMod ? static_cast<std::size_t>(T * D) : 0);
+  std::vector<Real> dkm_buf(Enc::kHasKMod ? static_cast<std::size_t>(T * D) : 0);
+  Real *dqm = Enc::kHasQMod ? dqm_buf.data() : dq;
+  Real *dkm = Enc::kHasKMod ? dkm_buf.data() : dk;
+  std::fill(dqm, dqm + T * D, Real(0));
+  std::fill(dkm, dkm + T * D, Real(0));
+  std::fill(dv, dv + T * D, Real(0));
+
+  std::vector<Real> st(kTileQ * kTileK);  // (kTileQ, kTileK): logits, then P
+  std::vector<Real> dp(kTileQ * kTileK);  // (kTileQ, kTileK): dO V^T, then scale * dS
+
+  for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
+    const int64_t nq = std::min(kTileQ, T - i0);
+    for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTileK) {
+      const int64_t nk = std::min(kTileK, T - j0);
+      gemm<kTileK>(nq, D, kTileK, in.qm + i0 * D, D, 1, in.kt.data() + j0, in.Tp, st.data(),
+                   kTileK, false);
+      gemm<kTileK>(nq, D, kTileK, dout + i0 * D, D, 1, vt.data() + j0, in.Tp, dp.data(), kTileK,
+                   false);
+      for (int64_t ii = 0; ii < nq; ++ii) {
+        const int64_t i = i0 + ii, nv = visible(i, j0, nk);
+        // A row without any finite logit (lse = -inf) has P = 0.
+        const Real lse_i = lse[i] == neg_inf<Real>() ? std::numeric_limits<Real>::infinity()
+                                                      : lse[i];
+        const Real delta_i = delta[i];
+        Real *s = st.data() + ii * kTileK, *g = dp.data() + ii * kTileK;
+        if constexpr (Enc::kHasScoreMod) {
+          for (int64_t jj = 0; jj < nv; ++jj) {
+            const Real raw = scale * s[jj];
+            const Real p = softmax_exp(Enc::score_mod(ctx, i, j0 + jj, raw) - lse_i);
+            s[jj] = p;
+            g[jj] = scale * Enc::score_mod_grad(ctx, i, j0 + jj, raw, p * (g[jj] - delta_i));
+          }
+        } else {
+          APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) {
+            const Real p = softmax_exp(scale * s[jj] - lse_i);
+            s[jj] = p;
+            g[jj] = scale * p * (g[jj] - delta_i);
+          }
+        }
+        std::fill(s + nv, s + kTileK, Real(0));
+        std::fill(g + nv, g + kTileK, Real(0));
+      }
+      // dV[j] += P^T dO, dK'[j] += scale dS^T Q', dQ'[i] += scale dS K'.
+      gemm(nk, nq, D, st.data(), 1, kTileK, dout + i0 * D, D, dv + j0 * D, D, true);
+      gemm(nk, nq, D, dp.data(), 1, kTileK, in.qm + i0 * D, D, dkm + j0 * D, D, true);
+      gemm(nq, nk, D, dp.data(), kTileK, 1, in.km + j0 * D, D, dqm + i0 * D, D, true);
+    }
+  }
+
+  if constexpr (Enc::kHasQMod) mod_backward<Enc, true>(ctx, in.q, dqm, dq);
+  if constexpr (Enc::kHasKMod) mod_backward<Enc, false>(ctx, in.k, dkm, dk);
+  if constexpr (Enc::kNumTok > 0) {
+    std::array<Real *, array_len(Enc::kNumFeatures)> dfeat{};
+    for (int n = 0; n < Enc::kNumFeatures; ++n) dfeat[n] = a.dfeatures[n] + row * T;
+    Enc::token_backward(ctx, in.feat.data(), in.tok.data(), dtok.data(), dfeat.data());
+  } else {
+    for (int n = 0; n < Enc::kNumFeatures; ++n)  // features without tokens have no effect
+      std::fill(a.dfeatures[n] + row * T, a.dfeatures[n] + (row + 1) * T, Real(0));
+  }
+}
+
+}  // namespace detail
+
+template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> &a) {
+  const int64_t slices = a.B * a.H;
+  APE_PRAGMA(omp parallel for schedule(dynamic, 1))
+  for (int64_t s = 0; s < slices; ++s) detail::forward_slice<Enc>(a, s / a.H, s % a.H);
+}
+
+template <class Enc, typename Real> void attention_backward(const AttnArgs<Real> &a) {
+  const int64_t slices = a.B * a.H;
+  // Private parameter-gradient accumulators: (B*H, sum_n numel_n), parameter n at offset poff[n].
+  std::array<int64_t, detail::array_len(Enc::kNumParams)> poff{}, numel{};
+  int64_t per_slice = 0;
+  if constexpr (Enc::kNumParams > 0) {
+    for (int n = 0; n < Enc::kNumParams; ++n) {
+      poff[n] = per_slice;
+      numel[n] = Enc::param_numel(n, a.H, a.D);
+      per_slice += numel[n];
+    }
+  }
+  std::vector<Real> priv(static_cast<std::size_t>(slices * per_slice), Real(0));
+
+  APE_PRAGMA(omp parallel for schedule(dynamic, 1))
+  for (int64_t s = 0; s < slices; ++s)
+    detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + s * per_slice, poff);
+
+  // Fixed (b, h) order: bitwise reproducible for any thread count.
+  for (int n = 0; n < Enc::kNumParams; ++n) {
+    Real *dst = a.dparams[n];
+    std::fill(dst, dst + numel[n], Real(0));
+    for (int64_t s = 0; s < slices; ++s) {
+      const Real *src = priv.data() + s * per_slice + poff[n];
+      for (int64_t e = 0; e < numel[n]; ++e) dst[e] += src[e];
+    }
+  }
+}
+
+}  // namespace ape

@@ -1,0 +1,368 @@
+//===- ApeOps.cpp - verifiers and builders of the ape ops -----------------===//
+//
+// Every check here reports at the location of the offending op, so a bad
+// spec gets `file:line:col: error: ...` from any tool that parses it.
+//
+//===----------------------------------------------------------------------===//
+#include "dialect/ApeOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSet.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::ape;
+
+#define GET_OP_CLASSES
+#include "dialect/ApeOps.cpp.inc"
+
+bool mlir::ape::isValidShapeSymbol(llvm::StringRef dim) {
+  if (dim == "heads" || dim == "head_dim")
+    return true;
+  unsigned long long n = 0;
+  return !dim.getAsInteger(10, n) && n > 0;
+}
+
+bool mlir::ape::isAllowedInRegion(Operation *op) {
+  llvm::StringRef ns = op->getDialect() ? op->getDialect()->getNamespace() : "";
+  if (ns == "arith" || ns == "math")
+    return true;
+  return isa<LoadOp, DimOp, YieldOp>(op);
+}
+
+static bool isFinite(double v) { return std::isfinite(v); }
+
+static std::optional<double> toDouble(std::optional<llvm::APFloat> v) {
+  if (!v)
+    return std::nullopt;
+  return v->convertToDouble();
+}
+
+//===----------------------------------------------------------------------===//
+// Containers
+//===----------------------------------------------------------------------===//
+
+void EncodingOp::build(OpBuilder &builder, OperationState &state, StringRef name) {
+  state.addAttribute(getSymNameAttrName(state.name), builder.getStringAttr(name));
+  Region *body = state.addRegion();
+  body->push_back(new Block());
+}
+
+/// Checks shared by ape.encoding and ape.kernel: the body is one block of
+/// container-level ops, parameter and feature names are unique, scale > 0.
+static LogicalResult verifyContainer(Operation *op, Region &body,
+                                     std::optional<double> scale) {
+  if (body.empty())
+    return op->emitOpError("needs a body block (write `{\n}` for NoPE)");
+  if (scale && !(*scale > 0.0 && isFinite(*scale)))
+    return op->emitOpError("scale must be a positive finite number, got ") << *scale;
+  llvm::StringSet<> params, features;
+  for (Operation &inner : body.front()) {
+    if (auto p = dyn_cast<ParamOp>(inner))
+      if (!params.insert(p.getName()).second)
+        return p.emitOpError("duplicate param name \"") << p.getName() << "\"";
+    if (auto f = dyn_cast<TokenFeatureOp>(inner))
+      if (!features.insert(f.getName()).second)
+        return f.emitOpError("duplicate token feature name \"") << f.getName() << "\"";
+    if (isa<LoadOp, DimOp, YieldOp>(inner))
+      return inner.emitOpError("is only allowed inside a map, q_mod, k_mod or score_mod region");
+    if (inner.getDialect() && !isa<ApeDialect>(inner.getDialect()))
+      return inner.emitOpError("is not an ape op; arith/math ops belong inside regions");
+  }
+  return success();
+}
+
+LogicalResult EncodingOp::verify() {
+  if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))))
+    return failure();
+  unsigned rotary = 0, overrides = 0;
+  std::optional<double> kappa;
+  for (Operation &op : getBody().front()) {
+    if (isa<RotaryOp>(op) && ++rotary > 1)
+      return op.emitOpError("an encoding takes at most one ape.rotary");
+    if (isa<OverrideOp, MaskedProjectionOp>(op) && ++overrides > 1)
+      return op.emitOpError("an encoding takes at most one override of the projection input");
+    if (auto cable = dyn_cast<CableOp>(op)) {
+      if (auto k = toDouble(cable.getKappa())) {
+        std::optional<double> other = kappa ? kappa : toDouble(getScale());
+        if (other && *other != *k)
+          return cable.emitOpError("kappa ") << *k << " conflicts with the logit scale "
+                                              << *other << " set elsewhere in the encoding";
+        kappa = *k;
+      }
+    }
+    if (isa<KernelOp>(op))
+      return op.emitOpError("cannot be nested in an encoding");
+  }
+  return success();
+}
+
+LogicalResult KernelOp::verify() {
+  if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))))
+    return failure();
+  unsigned q = 0, k = 0, s = 0;
+  for (Operation &op : getBody().front()) {
+    if (isa<QModOp>(op) && ++q > 1)
+      return op.emitOpError("a kernel holds at most one q_mod (fuse composes them)");
+    if (isa<KModOp>(op) && ++k > 1)
+      return op.emitOpError("a kernel holds at most one k_mod (fuse composes them)");
+    if (isa<ScoreModOp>(op) && ++s > 1)
+      return op.emitOpError("a kernel holds at most one score_mod (fuse composes them)");
+  }
+  for (auto [name, v] : {std::pair{"passes", getPasses()}, std::pair{"tile_q", getTileQ()},
+                         std::pair{"tile_k", getTileK()}})
+    if (v && *v <= 0)
+      return emitOpError(name) << " must be positive, got " << *v;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Named components
+//===----------------------------------------------------------------------===//
+
+LogicalResult RotaryOp::verify() {
+  double base = getBase().convertToDouble(), fraction = getFraction().convertToDouble();
+  if (!(base > 1.0 && isFinite(base)))
+    return emitOpError("base must be a finite number greater than 1, got ") << base;
+  if (!(fraction > 0.0 && fraction <= 1.0))
+    return emitOpError("fraction must be in (0, 1], got ") << fraction;
+  if (getPairing() != "half" && getPairing() != "interleaved")
+    return emitOpError("pairing must be \"half\" or \"interleaved\", got \"")
+           << getPairing() << "\"";
+  return success();
+}
+
+LogicalResult AlibiOp::verify() { return success(); }
+
+LogicalResult CableOp::verify() {
+  if (getKernel() != "none" && getKernel() != "log1p_sq")
+    return emitOpError("kernel must be \"none\" (Cable) or \"log1p_sq\" (K-Cable), got \"")
+           << getKernel() << "\"";
+  if (auto k = toDouble(getKappa()))
+    if (!(*k > 0.0 && isFinite(*k)))
+      return emitOpError("kappa must be a positive finite number, got ") << *k;
+  double std = getWeightStd().convertToDouble();
+  if (!(std >= 0.0 && isFinite(std)))
+    return emitOpError("weight_std must be a non-negative finite number, got ") << std;
+  return success();
+}
+
+LogicalResult OverrideOp::verify() {
+  if (getL() < 1)
+    return emitOpError("l (the number of overwritten inputs) must be at least 1, got ") << getL();
+  double theta = getTheta().convertToDouble(), start = getStart().convertToDouble();
+  if (!(theta != 0.0 && isFinite(theta)))
+    return emitOpError("theta must be a non-zero finite number, got ") << theta;
+  if (!isFinite(start))
+    return emitOpError("start must be finite, got ") << start;
+  if (getTargets() != "qk")
+    return emitOpError("targets must be \"qk\" (the q and k projections), got \"")
+           << getTargets() << "\"";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Generic forms
+//===----------------------------------------------------------------------===//
+
+static LogicalResult verifyInContainer(Operation *op) {
+  if (!isa_and_nonnull<EncodingOp, KernelOp>(op->getParentOp()))
+    return op->emitOpError("must be directly inside an ape.encoding or ape.kernel");
+  return success();
+}
+
+static std::optional<double> getF64(Operation *op, StringRef name) {
+  if (auto a = op->getAttrOfType<FloatAttr>(name))
+    return a.getValueAsDouble();
+  return std::nullopt;
+}
+
+LogicalResult ParamOp::verify() {
+  if (failed(verifyInContainer(*this)))
+    return failure();
+  if (getName().empty())
+    return emitOpError("needs a non-empty name");
+  if (getShape().empty())
+    return emitOpError("needs at least one dimension");
+  for (Attribute a : getShape()) {
+    StringRef dim = cast<StringAttr>(a).getValue();
+    if (!isValidShapeSymbol(dim))
+      return emitOpError("dimension \"")
+             << dim << "\" is not \"heads\", \"head_dim\" or a positive integer";
+  }
+  StringRef init = getInit();
+  Operation *op = *this;
+  if (init == "zeros" || init == "ones")
+    return success();
+  if (init == "normal") {
+    auto std = getF64(op, "std");
+    if (!std || !(*std >= 0.0 && isFinite(*std)))
+      return emitOpError("init \"normal\" needs a non-negative `std` attribute (f64)");
+    return success();
+  }
+  if (init == "constant") {
+    if (!getF64(op, "value"))
+      return emitOpError("init \"constant\" needs a `value` attribute (f64)");
+    return success();
+  }
+  if (init == "alibi_slopes") {
+    if (getShape().size() != 1 || cast<StringAttr>(getShape()[0]).getValue() != "heads")
+      return emitOpError("init \"alibi_slopes\" needs shape [\"heads\"]");
+    return success();
+  }
+  if (init == "projection_term") {
+    auto proj = op->getAttrOfType<StringAttr>("projection");
+    if (!proj || (proj.getValue() != "q" && proj.getValue() != "k" && proj.getValue() != "v"))
+      return emitOpError("init \"projection_term\" needs `projection` = \"q\", \"k\" or \"v\"");
+    auto cols = op->getAttrOfType<IntegerAttr>("columns");
+    if (!cols || cols.getInt() < 1)
+      return emitOpError("init \"projection_term\" needs a positive `columns` attribute");
+    if (!getF64(op, "start") || !getF64(op, "step"))
+      return emitOpError("init \"projection_term\" needs `start` and `step` attributes (f64)");
+    return success();
+  }
+  return emitOpError("unknown init \"")
+         << init
+         << "\" (expected zeros, ones, normal, constant, alibi_slopes or projection_term)";
+}
+
+LogicalResult TokenFeatureOp::verify() {
+  if (failed(verifyInContainer(*this)))
+    return failure();
+  if (getName().empty())
+    return emitOpError("needs a non-empty name");
+  double std = getWeightStd().convertToDouble();
+  if (!(std >= 0.0 && isFinite(std)))
+    return emitOpError("weight_std must be a non-negative finite number, got ") << std;
+  if (!isFinite(getBias().convertToDouble()))
+    return emitOpError("bias must be finite");
+  return success();
+}
+
+/// Checks a region's block arguments and the types its ape.yield returns.
+static LogicalResult verifyRegionSignature(Operation *op, Region &region, StringRef what,
+                                           ArrayRef<Type> args, ArrayRef<Type> results,
+                                           StringRef argLegend) {
+  if (region.empty())
+    return op->emitOpError(what) << " region must have one block";
+  Block &block = region.front();
+  if (block.getNumArguments() != args.size() ||
+      !llvm::equal(block.getArgumentTypes(), args))
+    return op->emitOpError(what) << " region must take " << argLegend << ", got "
+                                 << block.getNumArguments() << " argument(s)";
+  for (Operation &inner : block)
+    if (!isAllowedInRegion(&inner))
+      return inner.emitOpError("is not allowed in a ")
+             << op->getName().stripDialect()
+             << " region (use arith/math ops, ape.load, ape.dim and ape.yield)";
+  auto yield = dyn_cast<YieldOp>(block.getTerminator());
+  if (!yield)
+    return op->emitOpError(what) << " region must end with ape.yield";
+  if (!llvm::equal(yield.getValues().getTypes(), results))
+    return yield.emitOpError("must yield ")
+           << results.size() << " value(s) of type f32 in a " << op->getName().stripDialect()
+           << " " << what << " region, got " << yield.getValues().size();
+  return success();
+}
+
+static unsigned countLoads(Region &region) {
+  unsigned n = 0;
+  region.walk([&](LoadOp) { ++n; });
+  return n;
+}
+
+LogicalResult MapOp::verify() { return verifyInContainer(*this); }
+LogicalResult MapOp::verifyRegions() {
+  Type f32 = Float32Type::get(getContext());
+  if (failed(verifyRegionSignature(*this, getBody(), "body", {f32}, {f32}, "(f32)")))
+    return failure();
+  if (!getGrad().empty())
+    return verifyRegionSignature(*this, getGrad(), "grad", {f32, f32}, {f32}, "(x: f32, g: f32)");
+  return success();
+}
+
+template <typename OpT> static LogicalResult verifyQKMod(OpT op) {
+  if (failed(verifyInContainer(op)))
+    return failure();
+  StringRef p = op.getPairing();
+  if (p != "none" && p != "half" && p != "interleaved")
+    return op.emitOpError("pairing must be \"none\", \"half\" or \"interleaved\", got \"")
+           << p << "\"";
+  double f = op.getFraction().convertToDouble();
+  if (!(f > 0.0 && f <= 1.0))
+    return op.emitOpError("fraction must be in (0, 1], got ") << f;
+  return success();
+}
+
+template <typename OpT> static LogicalResult verifyQKModRegions(OpT op) {
+  MLIRContext *ctx = op.getContext();
+  Type f32 = Float32Type::get(ctx), idx = IndexType::get(ctx);
+  if (failed(verifyRegionSignature(op, op.getBody(), "body", {f32, f32, idx, idx, idx}, {f32},
+                                   "(x: f32, y: f32, c: index, t: index, h: index)")))
+    return failure();
+  if (op.getGrad().empty())
+    return success();
+  SmallVector<Type> results(2 + countLoads(op.getBody()), f32);
+  return verifyRegionSignature(op, op.getGrad(), "grad", {f32, f32, idx, idx, idx, f32},
+                               results, "(x: f32, y: f32, c: index, t: index, h: index, g: f32)");
+}
+
+LogicalResult QModOp::verify() { return verifyQKMod(*this); }
+LogicalResult QModOp::verifyRegions() { return verifyQKModRegions(*this); }
+LogicalResult KModOp::verify() { return verifyQKMod(*this); }
+LogicalResult KModOp::verifyRegions() { return verifyQKModRegions(*this); }
+
+LogicalResult ScoreModOp::verify() { return verifyInContainer(*this); }
+LogicalResult ScoreModOp::verifyRegions() {
+  MLIRContext *ctx = getContext();
+  Type f32 = Float32Type::get(ctx), idx = IndexType::get(ctx);
+  if (failed(verifyRegionSignature(*this, getBody(), "body", {f32, idx, idx, idx, idx}, {f32},
+                                   "(s: f32, b: index, h: index, i: index, j: index)")))
+    return failure();
+  if (getGrad().empty())
+    return success();
+  SmallVector<Type> results(1 + countLoads(getBody()), f32);
+  return verifyRegionSignature(*this, getGrad(), "grad", {f32, idx, idx, idx, idx, f32}, results,
+                               "(s: f32, b: index, h: index, i: index, j: index, g: f32)");
+}
+
+LogicalResult LoadOp::verify() {
+  Operation *parent = (*this)->getParentOp();
+  if (!isa_and_nonnull<MapOp, QModOp, KModOp, ScoreModOp>(parent))
+    return emitOpError("is only allowed inside a map, q_mod, k_mod or score_mod region");
+  if (isa<TokensType>(getSource().getType())) {
+    if (getIndices().size() != 3)
+      return emitOpError("of a token sequence takes 3 indices [batch, head, token], got ")
+             << getIndices().size();
+    return success();
+  }
+  if (auto param = getSource().getDefiningOp<ParamOp>())
+    if (param.getShape().size() != getIndices().size())
+      return emitOpError("of param \"")
+             << param.getName() << "\" takes " << param.getShape().size()
+             << " index(es), one per dimension, got " << getIndices().size();
+  return success();
+}
+
+LogicalResult DimOp::verify() {
+  if (getWhich() != "heads" && getWhich() != "head_dim" && getWhich() != "seq_len")
+    return emitOpError("unknown dimension \"")
+           << getWhich() << "\" (expected \"heads\", \"head_dim\" or \"seq_len\")";
+  if (!isa_and_nonnull<MapOp, QModOp, KModOp, ScoreModOp>((*this)->getParentOp()))
+    return emitOpError("is only allowed inside a map, q_mod, k_mod or score_mod region");
+  return success();
+}
+
+LogicalResult MaskedProjectionOp::verify() {
+  if (failed(verifyInContainer(*this)))
+    return failure();
+  if (getL() < 1)
+    return emitOpError("l must be at least 1, got ") << getL();
+  if (getTargets() != "qk")
+    return emitOpError("targets must be \"qk\" (the q and k projections), got \"")
+           << getTargets() << "\"";
+  return success();
+}

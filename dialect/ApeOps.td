@@ -1,0 +1,332 @@
+//===- ApeOps.td - ops of the ape dialect ------------------*- tablegen -*-===//
+#ifndef APE_OPS_TD
+#define APE_OPS_TD
+
+include "ApeDialect.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/RegionKindInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Containers
+//===----------------------------------------------------------------------===//
+
+def Ape_EncodingOp : Ape_Op<"encoding", [Symbol, NoTerminator, SingleBlock,
+                                         IsolatedFromAbove]> {
+  let summary = "a positional encoding: a named list of components";
+  let description = [{
+    The unit a user writes. Its body holds named components and generic forms
+    in order; an empty body is NoPE. The optional `scale` attribute overrides
+    the logit scale κ (default 1/sqrt(head_dim)).
+
+    ```mlir
+    ape.encoding @nope {
+    }
+    ape.encoding @cable attributes {scale = 1.0 : f64} {
+      ape.cable {kernel = "none"}
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, OptionalAttr<F64Attr>:$scale);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+  let skipDefaultBuilders = 1;
+  let builders = [OpBuilder<(ins "::llvm::StringRef":$name)>];
+}
+
+def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
+                                     IsolatedFromAbove]> {
+  let summary = "the fused attention kernel of one encoding";
+  let description = [{
+    Produced by `-ape-fuse`: the token program (params, token features, maps,
+    scans, in order), at most one `ape.q_mod`, one `ape.k_mod` and one
+    `ape.score_mod`, each the composition of every component of the encoding.
+    `-ape-differentiate` adds the gradient regions; `-ape-schedule` sets
+    `passes`, `tile_q` and `tile_k`. Code generators translate this op.
+
+    ```mlir
+    ape.kernel @alibi attributes {causal = true} {
+      %m = ape.param "slopes" ["heads"] init = "alibi_slopes"
+      ape.score_mod {
+      ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+        ...
+      }
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, OptionalAttr<F64Attr>:$scale,
+                       DefaultValuedAttr<BoolAttr, "true">:$causal,
+                       OptionalAttr<I64Attr>:$passes,
+                       OptionalAttr<I64Attr>:$tile_q,
+                       OptionalAttr<I64Attr>:$tile_k);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Named components
+//===----------------------------------------------------------------------===//
+
+class Ape_ComponentOp<string mnemonic, list<Trait> traits = []> :
+    Ape_Op<mnemonic, !listconcat(traits, [HasParent<"EncodingOp">])> {
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+}
+
+def Ape_RotaryOp : Ape_ComponentOp<"rotary"> {
+  let summary = "rotary position embedding (RoPE) of q and k";
+  let description = [{
+    Rotates each pair of q/k coordinates by m·θ_k with θ_k = base^(-2k/d_r),
+    d_r = 2·floor(fraction·head_dim/2) rotated coordinates (the rest pass
+    through). `pairing` is "half" (k with k + d_r/2) or "interleaved"
+    (2k with 2k+1). Expands to an `ape.q_mod` and an `ape.k_mod`.
+
+    ```mlir
+    ape.rotary {base = 10000.0 : f64, fraction = 1.0 : f64, pairing = "half"}
+    ```
+  }];
+  let arguments = (ins DefaultValuedAttr<F64Attr, "10000.0">:$base,
+                       DefaultValuedAttr<F64Attr, "1.0">:$fraction,
+                       DefaultValuedAttr<StrAttr, "\"half\"">:$pairing);
+}
+
+def Ape_AlibiOp : Ape_ComponentOp<"alibi"> {
+  let summary = "ALiBi: a linear distance penalty with per-head slopes";
+  let description = [{
+    B_ij = -m_h·(i - j) with the standard slopes (including the rule for a
+    head count that is not a power of two). With `learned`, the slopes are
+    trained (initialised to the standard values). Expands to an `ape.param`
+    and an `ape.score_mod`.
+
+    ```mlir
+    ape.alibi
+    ape.alibi {learned}
+    ```
+  }];
+  let arguments = (ins UnitAttr:$learned);
+}
+
+def Ape_CableOp : Ape_ComponentOp<"cable"> {
+  let summary = "Cable: context-aware cumulative biases from the block input";
+  let description = [{
+    b_t = -softplus(f(x̃_t)) per head with f = Linear(d, H); S_t = Σ_{u<=t} b_u;
+    B_ij = S_i - S_j (`kernel = "none"`) or -log(1 + (S_i - S_j)²)
+    (`kernel = "log1p_sq"`, K-Cable). `kappa` sets the logit scale.
+    Expands to a token feature, a map, a scan and a score_mod.
+
+    ```mlir
+    ape.cable {kernel = "none"}
+    ape.cable {kernel = "log1p_sq", kappa = 1.0 : f64}
+    ```
+  }];
+  let arguments = (ins DefaultValuedAttr<StrAttr, "\"none\"">:$kernel,
+                       OptionalAttr<F64Attr>:$kappa,
+                       DefaultValuedAttr<F64Attr, "0.02">:$weight_std);
+}
+
+def Ape_OverrideOp : Ape_ComponentOp<"override"> {
+  let summary = "ExPE: overwrite the first l inputs of the q/k projections";
+  let description = [{
+    Replaces the first `l` coordinates of the normalised block input that
+    feeds W_q and W_k (`targets = "qk"`) by position values
+    p_{n,i} = start + theta·(n + i). `-ape-push-override` rewrites it, by
+    linearity of the projection, into an additive q/k term a + n·b.
+
+    ```mlir
+    ape.override {l = 16, start = 0.0 : f64, theta = 4.8828125e-04 : f64, targets = "qk"}
+    ```
+  }];
+  let arguments = (ins I64Attr:$l,
+                       DefaultValuedAttr<F64Attr, "0.0">:$start,
+                       DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta,
+                       DefaultValuedAttr<StrAttr, "\"qk\"">:$targets);
+}
+
+//===----------------------------------------------------------------------===//
+// Generic forms
+//===----------------------------------------------------------------------===//
+
+def Ape_ParamOp : Ape_Op<"param", [Pure]> {
+  let summary = "a learned or fixed tensor of the encoding";
+  let description = [{
+    `shape` lists symbolic dimensions ("heads", "head_dim") or integers as
+    strings. `init` is one of "zeros", "ones", "normal" (attribute `std`),
+    "constant" (attribute `value`), "alibi_slopes", "projection_term"
+    (derived every step from a projection weight: attributes `projection`,
+    `columns`, `start`, `step`). Without `trainable` it is a fixed buffer.
+
+    ```mlir
+    %m = ape.param "slopes" ["heads"] init = "alibi_slopes"
+    %w = ape.param "w" ["heads", "4"] init = "normal" trainable {std = 0.02 : f64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$name, StrArrayAttr:$shape, StrAttr:$init,
+                       UnitAttr:$trainable);
+  let results = (outs Ape_ParamType:$result);
+  let assemblyFormat = "$name $shape `init` `=` $init (`trainable` $trainable^)? attr-dict";
+  let hasVerifier = 1;
+}
+
+def Ape_TokenFeatureOp : Ape_Op<"token_feature", [Pure]> {
+  let summary = "a learned per-head feature of each token: w_h·x̃_t + c_h";
+  let description = [{
+    A Linear(d, heads) of the normalised block input, computed by the runtime
+    every layer, its weight initialised N(0, weight_std) and its bias to
+    `bias`. Its gradient flows back through the kernel.
+
+    ```mlir
+    %f = ape.token_feature "gate" {weight_std = 0.02 : f64, bias = 0.0 : f64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$name,
+                       DefaultValuedAttr<F64Attr, "0.02">:$weight_std,
+                       DefaultValuedAttr<F64Attr, "0.0">:$bias);
+  let results = (outs Ape_TokensType:$result);
+  let assemblyFormat = "$name attr-dict";
+  let hasVerifier = 1;
+}
+
+class Ape_RegionOp<string mnemonic, list<Trait> traits = []> :
+    Ape_Op<mnemonic, traits> {
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+}
+
+def Ape_MapOp : Ape_RegionOp<"map"> {
+  let summary = "an elementwise function of a token sequence";
+  let description = [{
+    `body` maps one f32 to one f32. After `-ape-differentiate` the `grad`
+    region maps (x, g) to g·f'(x).
+
+    ```mlir
+    %b = ape.map %f {
+    ^bb0(%x: f32):
+      %y = math.exp %x : f32
+      ape.yield %y : f32
+    }
+    ```
+  }];
+  let arguments = (ins Ape_TokensType:$input);
+  let results = (outs Ape_TokensType:$result);
+  let regions = (region SizedRegion<1>:$body, AnyRegion:$grad);
+  let assemblyFormat = "$input attr-dict-with-keyword $body (`grad` $grad^)?";
+}
+
+def Ape_ScanOp : Ape_Op<"scan", [Pure]> {
+  let summary = "inclusive prefix sum of a token sequence along the tokens";
+  let description = [{
+    c_t = Σ_{u<=t} x_u per batch and head. Its gradient is the reverse
+    cumulative sum.
+
+    ```mlir
+    %c = ape.scan %b
+    ```
+  }];
+  let arguments = (ins Ape_TokensType:$input);
+  let results = (outs Ape_TokensType:$result);
+  let assemblyFormat = "$input attr-dict";
+}
+
+class Ape_QKModOp<string mnemonic, string which> : Ape_RegionOp<mnemonic> {
+  let summary = "an elementwise transform of " # which # " with its pair partner";
+  let description = [{
+    Block arguments: (x: f32, y: f32, c: index, t: index, h: index), where x
+    is coordinate c of }] # which # [{ at position t in head h and y the coordinate
+    paired with c (`pairing` "half", "interleaved" or "none"; the first
+    2·floor(fraction·head_dim/2) coordinates are paired, the rest are their own
+    partner). The body yields the new value of coordinate c. After
+    `-ape-differentiate`, `grad` takes (x, y, c, t, h, g) and yields
+    (g·∂f/∂x, g·∂f/∂y, g·∂f/∂load_0, ...).
+  }];
+  let arguments = (ins DefaultValuedAttr<StrAttr, "\"none\"">:$pairing,
+                       DefaultValuedAttr<F64Attr, "1.0">:$fraction,
+                       OptionalAttr<StrArrayAttr>:$plans);
+  let regions = (region SizedRegion<1>:$body, AnyRegion:$grad);
+  let assemblyFormat = "attr-dict-with-keyword $body (`grad` $grad^)?";
+}
+
+def Ape_QModOp : Ape_QKModOp<"q_mod", "q">;
+def Ape_KModOp : Ape_QKModOp<"k_mod", "k">;
+
+def Ape_ScoreModOp : Ape_RegionOp<"score_mod"> {
+  let summary = "a transform of the attention logit";
+  let description = [{
+    Block arguments: (s: f32, b: index, h: index, i: index, j: index), where s
+    is κ·q_i·k_j (after the q/k mods) for query i, key j, head h, batch b.
+    The body yields the new logit. Several score_mods chain in order. After
+    `-ape-differentiate`, `grad` takes (s, b, h, i, j, g) and yields
+    (g·∂f/∂s, g·∂f/∂load_0, ...) and `plans` names, per load, the reduction
+    its gradient needs ("row_sum", "col_sum", "head_sum", "scatter").
+
+    ```mlir
+    ape.score_mod {
+    ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+      %ci = ape.load %c[%b, %h, %i] : !ape.tokens
+      %cj = ape.load %c[%b, %h, %j] : !ape.tokens
+      %d = arith.subf %ci, %cj : f32
+      %r = arith.addf %s, %d : f32
+      ape.yield %r : f32
+    }
+    ```
+  }];
+  let arguments = (ins OptionalAttr<StrArrayAttr>:$plans);
+  let regions = (region SizedRegion<1>:$body, AnyRegion:$grad);
+  let assemblyFormat = "attr-dict-with-keyword $body (`grad` $grad^)?";
+}
+
+def Ape_LoadOp : Ape_Op<"load", [Pure]> {
+  let summary = "read a token sequence or a parameter inside a region";
+  let description = [{
+    Tokens take three indices [batch, head, token]; a parameter takes one
+    index per dimension of its shape.
+
+    ```mlir
+    %v = ape.load %c[%b, %h, %i] : !ape.tokens
+    %m = ape.load %slopes[%h] : !ape.param
+    ```
+  }];
+  let arguments = (ins Ape_AnyValue:$source, Variadic<Index>:$indices);
+  let results = (outs F32:$result);
+  let assemblyFormat = "$source `[` $indices `]` attr-dict `:` type($source)";
+  let hasVerifier = 1;
+}
+
+def Ape_DimOp : Ape_Op<"dim", [Pure]> {
+  let summary = "a run-time size: heads, head_dim or seq_len";
+  let description = [{
+    ```mlir
+    %d = ape.dim "head_dim"
+    ```
+  }];
+  let arguments = (ins StrAttr:$which);
+  let results = (outs Index:$result);
+  let assemblyFormat = "$which attr-dict";
+  let hasVerifier = 1;
+}
+
+def Ape_MaskedProjectionOp : Ape_Op<"masked_projection"> {
+  let summary = "project only the inputs past the first l (override rewrite)";
+  let description = [{
+    Written by `-ape-push-override`: the runtime projects x̃[..., l:] through
+    W[:, l:] for the listed targets; the position part arrives as additive
+    q/k terms.
+
+    ```mlir
+    ape.masked_projection {l = 16 : i64, targets = "qk"}
+    ```
+  }];
+  let arguments = (ins I64Attr:$l, StrAttr:$targets);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+}
+
+def Ape_YieldOp : Ape_Op<"yield", [Pure, Terminator]> {
+  let summary = "the values a region yields";
+  let arguments = (ins Variadic<AnyType>:$values);
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
+  let builders = [OpBuilder<(ins), [{ build($_builder, $_state, ::mlir::ValueRange()); }]>];
+}
+
+#endif // APE_OPS_TD

@@ -1,0 +1,3 @@
+// NoPE: no positional encoding; the causal mask alone orders the tokens.
+ape.encoding @nope {
+}

@@ -1,0 +1,220 @@
+//===- Differentiate.cpp - backward regions and reduction plans -----------===//
+//
+// Users write forward regions only. For every map, q_mod, k_mod and
+// score_mod of an ape.kernel this pass adds a `grad` region: the body is
+// cloned (to recompute primal values) and, for each differentiable input u
+// (the region's value arguments and every ape.load), forward-mode tangents
+// are propagated through the arith/math ops; the region yields g·∂f/∂u.
+// The `plans` attribute names the reduction each load's gradient needs.
+//
+//===----------------------------------------------------------------------===//
+#include "passes/Passes.h"
+#include "passes/RegionBuilder.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+#include <cmath>
+
+namespace mlir::ape {
+#define GEN_PASS_DEF_APEDIFFERENTIATE
+#include "passes/Passes.h.inc"
+} // namespace mlir::ape
+
+using namespace mlir;
+using namespace mlir::ape;
+
+namespace {
+
+/// Tangent arithmetic where a null Value is an exact zero (nothing emitted).
+struct Tangents {
+  RegionBuilder &rb;
+  Value add(Value a, Value b) { return !a ? b : !b ? a : rb.add(a, b); }
+  Value sub(Value a, Value b) { return !b ? a : !a ? rb.neg(b) : rb.sub(a, b); }
+  Value mul(Value t, Value f) { return t ? rb.mul(t, f) : Value(); }
+  Value div(Value t, Value f) { return t ? rb.div(t, f) : Value(); }
+  Value neg(Value t) { return t ? rb.neg(t) : Value(); }
+  Value select(Value c, Value a, Value b) {
+    if (!a && !b)
+      return Value();
+    return rb.select(c, a ? a : rb.f32(0.0), b ? b : rb.f32(0.0));
+  }
+};
+
+/// The tangent of `op`'s result given its operands' tangents (`tan`), or
+/// failure if the op has no derivative rule.
+FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBuilder &rb) {
+  Tangents t{rb};
+  auto T = [&](unsigned i) { return tan.lookup(op->getOperand(i)); };
+  auto X = [&](unsigned i) { return op->getOperand(i); };
+  OpBuilder &b = rb.b;
+  Location loc = rb.loc;
+  Value r = op->getNumResults() == 1 ? op->getResult(0) : Value();
+  if (!r || !r.getType().isF32())
+    return Value();  // index / integer / i1 values carry no tangent
+  if (isa<arith::ConstantOp, math::FloorOp, math::CeilOp, math::RoundOp, math::TruncOp,
+          arith::SIToFPOp, arith::UIToFPOp, LoadOp>(op))
+    return Value();  // constants, steps, integer conversions; loads are seeded by the caller
+  if (isa<arith::AddFOp>(op))  // d(a+b) = da + db
+    return t.add(T(0), T(1));
+  if (isa<arith::SubFOp>(op))  // d(a-b) = da - db
+    return t.sub(T(0), T(1));
+  if (isa<arith::MulFOp>(op))  // d(ab) = da·b + a·db
+    return t.add(t.mul(T(0), X(1)), t.mul(T(1), X(0)));
+  if (isa<arith::DivFOp>(op))  // d(a/b) = (da - r·db)/b
+    return t.div(t.sub(T(0), t.mul(T(1), r)), X(1));
+  if (isa<arith::NegFOp>(op))
+    return t.neg(T(0));
+  if (isa<arith::MaximumFOp, arith::MaxNumFOp>(op)) {  // d max(a,b) = a >= b ? da : db
+    Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), X(1));
+    return t.select(c, T(0), T(1));
+  }
+  if (isa<arith::MinimumFOp, arith::MinNumFOp>(op)) {  // d min(a,b) = a <= b ? da : db
+    Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLE, X(0), X(1));
+    return t.select(c, T(0), T(1));
+  }
+  if (isa<arith::SelectOp>(op))
+    return t.select(X(0), T(1), T(2));
+  if (isa<math::ExpOp>(op))  // d e^a = e^a·da
+    return t.mul(T(0), r);
+  if (isa<math::LogOp>(op))  // d ln a = da/a
+    return t.div(T(0), X(0));
+  if (isa<math::Log1pOp>(op))  // d ln(1+a) = da/(1+a)
+    return t.div(T(0), rb.add(rb.f32(1.0), X(0)));
+  if (isa<math::SqrtOp>(op))  // d √a = da/(2√a)
+    return t.div(T(0), rb.mul(rb.f32(2.0), r));
+  if (isa<math::SinOp>(op))  // d sin a = cos a·da
+    return t.mul(T(0), b.create<math::CosOp>(loc, X(0)));
+  if (isa<math::CosOp>(op))  // d cos a = -sin a·da
+    return t.neg(t.mul(T(0), b.create<math::SinOp>(loc, X(0))));
+  if (isa<math::TanhOp>(op))  // d tanh a = (1 - r²)·da
+    return t.mul(T(0), rb.sub(rb.f32(1.0), rb.mul(r, r)));
+  if (isa<math::AbsFOp>(op)) {  // d|a| = sign(a)·da
+    Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), rb.f32(0.0));
+    return t.select(c, T(0), t.neg(T(0)));
+  }
+  if (isa<math::PowFOp>(op)) {  // d a^p = r·(p·da/a + ln a·dp)
+    Value da = t.div(t.mul(T(0), X(1)), X(0));
+    Value dp = t.mul(T(1), b.create<math::LogOp>(loc, X(0)));
+    Value sum = t.add(da, dp);
+    return sum ? rb.mul(sum, r) : Value();
+  }
+  return failure();
+}
+
+/// Builds `grad` for a region op. `numValueArgs` leading block arguments are
+/// differentiable inputs; the grad block takes the body's arguments plus g and
+/// yields g·∂f/∂(value arg k) for each, then g·∂f/∂(load k) for each load.
+LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
+                                  unsigned numValueArgs) {
+  if (!grad.empty())
+    grad.getBlocks().clear();
+  OpBuilder b(op->getContext());
+  Block &src = body.front();
+  Location loc = op->getLoc();
+  SmallVector<Type> argTypes(src.getArgumentTypes());
+  argTypes.push_back(b.getF32Type());
+  Block *block = createRegionBlock(b, grad, argTypes, loc);
+  RegionBuilder rb{b, loc};
+  Value g = block->getArguments().back();
+
+  // Primal recomputation.
+  IRMapping map;
+  map.map(src.getArguments(), block->getArguments().take_front(src.getNumArguments()));
+  SmallVector<Operation *> primal;
+  for (Operation &inner : src.without_terminator())
+    primal.push_back(b.clone(inner, map));
+  Value out = map.lookup(src.getTerminator()->getOperand(0));
+
+  SmallVector<Value> inputs;
+  for (unsigned k = 0; k < numValueArgs; ++k)
+    inputs.push_back(block->getArgument(k));
+  for (Operation *p : primal)
+    if (isa<LoadOp>(p))
+      inputs.push_back(p->getResult(0));
+
+  SmallVector<Value> results;
+  for (Value u : inputs) {
+    DenseMap<Value, Value> tan;
+    tan[u] = rb.f32(1.0);
+    for (Operation *p : primal) {
+      if (p->getNumResults() != 1 || p->getResult(0) == u)
+        continue;
+      FailureOr<Value> d = tangentOf(p, tan, rb);
+      if (failed(d))
+        return p->emitOpError("has no derivative rule: -ape-differentiate cannot derive the "
+                              "backward of this region (use arith/math ops it knows: add, sub, "
+                              "mul, div, neg, max, min, select, exp, log, log1p, sqrt, sin, "
+                              "cos, tanh, abs, powf)");
+      if (*d)
+        tan[p->getResult(0)] = *d;
+    }
+    Value d = tan.lookup(out);
+    results.push_back(d ? rb.mul(g, d) : rb.f32(0.0));
+  }
+  rb.yield(results);
+  // Fold the constants of the chain rule (g·1, 0 + x) and drop dead primal ops.
+  MLIRContext *ctx = op->getContext();
+  RewritePatternSet patterns(ctx);
+  for (RegisteredOperationName name : ctx->getRegisteredOperations())
+    name.getCanonicalizationPatterns(patterns, ctx);
+  (void)applyPatternsAndFoldGreedily(grad, std::move(patterns));
+  return success();
+}
+
+/// The reduction the gradient of a load inside a score_mod needs.
+StringRef scorePlan(LoadOp load, Block &block) {
+  Value b = block.getArgument(1), h = block.getArgument(2), i = block.getArgument(3),
+        j = block.getArgument(4);
+  auto idx = load.getIndices();
+  if (isa<TokensType>(load.getSource().getType()) && idx[0] == b && idx[1] == h) {
+    if (idx[2] == i)
+      return "row_sum";
+    if (idx[2] == j)
+      return "col_sum";
+  }
+  if (isa<ParamType>(load.getSource().getType()) && idx.size() == 1 && idx[0] == h)
+    return "head_sum";
+  return "scatter";
+}
+
+struct ApeDifferentiatePass : public mlir::ape::impl::ApeDifferentiateBase<ApeDifferentiatePass> {
+  void runOnOperation() override {
+    auto result = getOperation().walk([&](Operation *op) -> WalkResult {
+      Builder b(op->getContext());
+      if (auto map = dyn_cast<MapOp>(op)) {
+        bool hasLoad = false;
+        map.getBody().walk([&](LoadOp) { hasLoad = true; });
+        if (hasLoad)
+          return map.emitOpError("loads inside ape.map are not differentiable; move them into "
+                                 "a score_mod"), WalkResult::interrupt();
+        return failed(differentiateRegion(op, map.getBody(), map.getGrad(), 1))
+                   ? WalkResult::interrupt() : WalkResult::advance();
+      }
+      if (isa<QModOp, KModOp>(op)) {
+        Region &body = op->getRegion(0);
+        SmallVector<StringRef> plans;
+        body.walk([&](LoadOp) { plans.push_back("token_sum"); });
+        op->setAttr("plans", b.getStrArrayAttr(plans));
+        return failed(differentiateRegion(op, body, op->getRegion(1), 2))
+                   ? WalkResult::interrupt() : WalkResult::advance();
+      }
+      if (auto score = dyn_cast<ScoreModOp>(op)) {
+        SmallVector<StringRef> plans;
+        score.getBody().walk([&](LoadOp load) {
+          plans.push_back(scorePlan(load, score.getBody().front()));
+        });
+        score.setPlansAttr(b.getStrArrayAttr(plans));
+        return failed(differentiateRegion(op, score.getBody(), score.getGrad(), 1))
+                   ? WalkResult::interrupt() : WalkResult::advance();
+      }
+      return WalkResult::advance();
+    });
+    if (result.wasInterrupted())
+      signalPassFailure();
+  }
+};
+
+} // namespace

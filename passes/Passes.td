@@ -1,0 +1,114 @@
+//===- Passes.td - the ape passes --------------------------*- tablegen -*-===//
+#ifndef APE_PASSES_TD
+#define APE_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def ApeExpand : Pass<"ape-expand", "mlir::ModuleOp"> {
+  let summary = "Expand named components into generic forms";
+  let description = [{
+    Rewrites every named component of an `ape.encoding` into the generic
+    forms it stands for, in place and in order:
+
+    ```mlir
+    // before
+    ape.encoding @alibi { ape.alibi }
+    // after
+    ape.encoding @alibi {
+      %0 = ape.param "alibi_slopes" ["heads"] init = "alibi_slopes"
+      ape.score_mod {
+      ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+        %m = ape.load %0[%h] : !ape.param
+        ...                                   // s - m·(i - j)
+        ape.yield %r : f32
+      }
+    }
+    ```
+    ape.rotary becomes a q_mod and a k_mod; ape.cable a token feature, a map
+    (-softplus), a scan and a score_mod; ape.override is left to
+    `-ape-push-override`.
+  }];
+  let dependentDialects = ["mlir::arith::ArithDialect", "mlir::math::MathDialect"];
+}
+
+def ApePushOverride : Pass<"ape-push-override", "mlir::ModuleOp"> {
+  let summary = "Push an input override through the linear q/k projection";
+  let description = [{
+    W·override(x, p_n) = W[:, l:]·x[l:] + W[:, :l]·p_n, and for ExPE
+    (p_{n,i} = S + θ(n + i)) W[:, :l]·p_n = a + n·b with
+    a = W[:, :l]·(S + θ·i)_i and b = θ·W[:, :l]·1. The override becomes an
+    `ape.masked_projection` (the runtime projects x[..., l:] only, no copy of
+    x), two `projection_term` params per target and an additive q_mod/k_mod:
+
+    ```mlir
+    // before
+    ape.override {l = 8 : i64, targets = "qk"}
+    // after
+    ape.masked_projection {l = 8 : i64, targets = "qk"}
+    %a = ape.param "override_q_a" ["heads", "head_dim"] init = "projection_term" trainable {...}
+    %b = ape.param "override_q_b" ["heads", "head_dim"] init = "projection_term" trainable {...}
+    ape.q_mod { ... x + a[h, c] + t·b[h, c] ... }
+    ```
+  }];
+  let dependentDialects = ["mlir::arith::ArithDialect"];
+}
+
+def ApeFuse : Pass<"ape-fuse", "mlir::ModuleOp"> {
+  let summary = "Fuse all components of each encoding into one ape.kernel";
+  let description = [{
+    Replaces every fully expanded `ape.encoding` by one `ape.kernel`: the
+    token program is kept in order, q_mods compose (the later applies to the
+    result of the earlier; pairings must agree), k_mods likewise, and
+    score_mods chain (s' = f2(f1(s))). The logit scale (encoding `scale` or
+    cable `kappa`) becomes the kernel's `scale`.
+
+    ```mlir
+    // before
+    ape.encoding @e { ape.q_mod {...} ape.score_mod {A} ape.score_mod {B} }
+    // after
+    ape.kernel @e { ape.q_mod {...} ape.score_mod { B(A(s)) } }
+    ```
+  }];
+}
+
+def ApeDifferentiate : Pass<"ape-differentiate", "mlir::ModuleOp"> {
+  let summary = "Derive the backward regions and reduction plans";
+  let description = [{
+    Adds a `grad` region to every map, q_mod, k_mod and score_mod of an
+    `ape.kernel` by symbolic differentiation of its arith/math body, and a
+    `plans` attribute naming the reduction each loaded input's gradient needs:
+    tokens loaded at the query row [b, h, i] → "row_sum", at the key column
+    [b, h, j] → "col_sum"; a param loaded at [h] → "head_sum"; at computed
+    indices → "scatter"; in a q/k mod → "token_sum".
+
+    ```mlir
+    // before
+    ape.score_mod { ^bb0(%s, %b, %h, %i, %j): %ci = ape.load %c[%b, %h, %i] ... s + ci - cj }
+    // after
+    ape.score_mod {plans = ["row_sum", "col_sum"]} { ... }
+    grad { ^bb0(%s, %b, %h, %i, %j, %g): ape.yield %g, %g, -%g }
+    ```
+  }];
+  let dependentDialects = ["mlir::arith::ArithDialect", "mlir::math::MathDialect"];
+}
+
+def ApeSchedule : Pass<"ape-schedule", "mlir::ModuleOp"> {
+  let summary = "Choose the pass structure and tile sizes of each kernel";
+  let description = [{
+    One pass over K/V with online softmax (no component here needs full-row
+    statistics before the output), and the CPU tile sizes.
+
+    ```mlir
+    // before
+    ape.kernel @e { ... }
+    // after
+    ape.kernel @e attributes {passes = 1 : i64, tile_k = 64 : i64, tile_q = 64 : i64} { ... }
+    ```
+  }];
+  let options = [
+    Option<"tileQ", "tile-q", "int64_t", "64", "query rows per tile">,
+    Option<"tileK", "tile-k", "int64_t", "64", "key columns per tile">,
+  ];
+}
+
+#endif // APE_PASSES_TD

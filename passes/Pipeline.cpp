@@ -1,0 +1,15 @@
+//===- Pipeline.cpp - the whole lowering, spec to scheduled kernel --------===//
+#include "passes/Passes.h"
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
+
+void mlir::ape::buildApeLoweringPipeline(OpPassManager &pm) {
+  pm.addPass(createApeExpand());
+  pm.addPass(createApePushOverride());
+  pm.addPass(createApeFuse());
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(createCSEPass());
+  pm.addPass(createApeDifferentiate());
+  pm.addPass(createApeSchedule());
+}

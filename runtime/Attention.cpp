@@ -1,0 +1,245 @@
+// FusedAttention: a torch::autograd::Function whose forward/backward are the generated kernels.
+#include "runtime/Attention.h"
+
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "ape/kernel_entry.h"
+
+namespace ape {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::string describe(const at::Tensor &t) {
+  if (!t.defined()) return "an undefined tensor";
+  std::ostringstream s;
+  s << t.sizes() << " " << t.scalar_type();
+  if (!t.device().is_cpu()) s << " on " << t.device();
+  return s.str();
+}
+
+[[noreturn]] void bad(const KernelEntry &e, const std::string &msg) {
+  throw std::invalid_argument(std::string("fused_attention(") + e.name + "): " + msg);
+}
+
+// Validates every input against the entry's manifest; returns the parsed manifest.
+const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k,
+                             const at::Tensor &v, at::TensorList features, at::TensorList params) {
+  const Manifest &m = manifest_of(e);
+  auto is_fp = [](const at::Tensor &t) {
+    return t.defined() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+  };
+  if (!is_fp(q) || q.dim() != 4 || !q.device().is_cpu())
+    bad(e, "q must be [B,H,T,D] float32 or float64 on the CPU, got " + describe(q));
+  for (const auto &[name, t] : {std::pair<const char *, const at::Tensor *>{"k", &k}, {"v", &v}}) {
+    if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() ||
+        !t->device().is_cpu())
+      bad(e, std::string(name) + " must match q (" + describe(q) + "), got " + describe(*t));
+  }
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  if (int64_t(features.size()) != m.num_features())
+    bad(e, "expected " + std::to_string(m.num_features()) + " feature tensors (manifest), got " +
+               std::to_string(features.size()));
+  for (size_t i = 0; i < features.size(); ++i) {
+    const auto &f = features[i];
+    if (!f.defined() || f.dim() != 3 || f.size(0) != B || f.size(1) != H || f.size(2) != T ||
+        f.scalar_type() != q.scalar_type() || !f.device().is_cpu())
+      bad(e, "feature '" + m.features[i].name + "' must be [B,H,T] = [" + std::to_string(B) + ", " +
+                 std::to_string(H) + ", " + std::to_string(T) + "] " +
+                 std::string(c10::toString(q.scalar_type())) + ", got " + describe(f));
+  }
+  if (int64_t(params.size()) != m.num_params())
+    bad(e, "expected " + std::to_string(m.num_params()) + " param tensors (manifest), got " +
+               std::to_string(params.size()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto &p = params[i];
+    const int64_t want = m.params[i].numel(H, D);
+    if (!p.defined() || p.numel() != want || p.scalar_type() != q.scalar_type() || !p.device().is_cpu())
+      bad(e, "param '" + m.params[i].name + "' must have " + std::to_string(want) + " " +
+                 std::string(c10::toString(q.scalar_type())) + " elements (shape " +
+                 [&] {
+                   std::string s = "[";
+                   for (size_t d = 0; d < m.params[i].shape.size(); ++d)
+                     s += (d ? ", " : "") + m.params[i].shape[d].str();
+                   return s + "]";
+                 }() + "), got " + describe(p));
+  }
+  return m;
+}
+
+template <typename T>
+void run_forward(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                 const std::vector<at::Tensor> &feats, const std::vector<at::Tensor> &params,
+                 double scale, at::Tensor &o, at::Tensor &lse) {
+  std::vector<const T *> fp, pp;
+  for (const auto &f : feats) fp.push_back(f.data_ptr<T>());
+  for (const auto &p : params) pp.push_back(p.data_ptr<T>());
+  AttnArgs<T> a{};
+  a.B = q.size(0); a.H = q.size(1); a.T = q.size(2); a.D = q.size(3);
+  a.q = q.data_ptr<T>(); a.k = k.data_ptr<T>(); a.v = v.data_ptr<T>();
+  a.o = o.data_ptr<T>(); a.lse = lse.data_ptr<T>();
+  a.features = fp.data(); a.params = pp.data();
+  a.scale = static_cast<T>(scale);
+  if constexpr (std::is_same_v<T, float>) {
+    if (!e.forward_f32) bad(e, "the kernel has no float32 forward");
+    e.forward_f32(a);
+  } else {
+    if (!e.forward_f64) bad(e, "the kernel has no float64 forward");
+    e.forward_f64(a);
+  }
+}
+
+std::vector<at::Tensor> contiguous_all(at::TensorList ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto &t : ts) out.push_back(t.contiguous());
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> forward_impl(const KernelEntry &e, const at::Tensor &q0,
+                                               const at::Tensor &k0, const at::Tensor &v0,
+                                               at::TensorList features, at::TensorList params,
+                                               double scale) {
+  check_inputs(e, q0, k0, v0, features, params);
+  at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
+  auto feats = contiguous_all(features);
+  auto ps = contiguous_all(params);
+  at::Tensor o = at::empty_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  if (q.scalar_type() == at::kFloat)
+    run_forward<float>(e, q, k, v, feats, ps, scale, o, lse);
+  else
+    run_forward<double>(e, q, k, v, feats, ps, scale, o, lse);
+  return {o, lse};
+}
+
+// Saved layout: q, k, v, o, lse, features..., params...
+struct FusedAttention : public torch::autograd::Function<FusedAttention> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
+                            const at::Tensor &v, at::TensorList features, at::TensorList params,
+                            int64_t entry_bits, double scale) {
+    const auto &e = *reinterpret_cast<const KernelEntry *>(static_cast<intptr_t>(entry_bits));
+    auto [o, lse] = forward_impl(e, q, k, v, features, params, scale);
+    variable_list saved = {q.contiguous(), k.contiguous(), v.contiguous(), o, lse};
+    for (const auto &f : features) saved.push_back(f.contiguous());
+    for (const auto &p : params) saved.push_back(p.contiguous());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["entry"] = entry_bits;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["nf"] = static_cast<int64_t>(features.size());
+    ctx->saved_data["np"] = static_cast<int64_t>(params.size());
+    return o;
+  }
+
+  static variable_list backward(AutogradContext *ctx, variable_list grad_outputs) {
+    const auto &e = *reinterpret_cast<const KernelEntry *>(
+        static_cast<intptr_t>(ctx->saved_data["entry"].toInt()));
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t nf = ctx->saved_data["nf"].toInt(), np = ctx->saved_data["np"].toInt();
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &o = s[3], &lse = s[4];
+    std::vector<at::Tensor> feats(s.begin() + 5, s.begin() + 5 + nf);
+    std::vector<at::Tensor> params(s.begin() + 5 + nf, s.begin() + 5 + nf + np);
+    at::Tensor dout = grad_outputs[0].contiguous();
+
+    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    std::vector<at::Tensor> dfeats, dparams;
+    for (const auto &f : feats) dfeats.push_back(at::empty_like(f));
+    for (const auto &p : params) dparams.push_back(at::zeros_like(p));
+
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      std::vector<const T *> fp, pp;
+      std::vector<T *> dfp, dpp;
+      for (const auto &f : feats) fp.push_back(f.data_ptr<T>());
+      for (const auto &p : params) pp.push_back(p.data_ptr<T>());
+      for (auto &f : dfeats) dfp.push_back(f.data_ptr<T>());
+      for (auto &p : dparams) dpp.push_back(p.data_ptr<T>());
+      AttnArgs<T> a{};
+      a.B = q.size(0); a.H = q.size(1); a.T = q.size(2); a.D = q.size(3);
+      a.q = q.data_ptr<T>(); a.k = k.data_ptr<T>(); a.v = v.data_ptr<T>();
+      a.o = const_cast<T *>(o.data_ptr<T>()); a.lse = const_cast<T *>(lse.data_ptr<T>());
+      a.features = fp.data(); a.params = pp.data();
+      a.scale = static_cast<T>(scale);
+      a.dout = dout.data_ptr<T>();
+      a.dq = dq.data_ptr<T>(); a.dk = dk.data_ptr<T>(); a.dv = dv.data_ptr<T>();
+      a.dfeatures = dfp.data(); a.dparams = dpp.data();
+      if constexpr (std::is_same_v<T, float>) {
+        if (!e.backward_f32) bad(e, "the kernel has no float32 backward");
+        e.backward_f32(a);
+      } else {
+        if (!e.backward_f64) bad(e, "the kernel has no float64 backward");
+        e.backward_f64(a);
+      }
+    };
+    if (q.scalar_type() == at::kFloat) run(float{}); else run(double{});
+
+    // One gradient per forward argument: q, k, v, features..., params..., entry, scale.
+    variable_list grads = {dq, dk, dv};
+    for (auto &f : dfeats) grads.push_back(f);
+    for (int64_t i = 0; i < np; ++i)
+      grads.push_back(ctx->needs_input_grad(3 + nf + i) ? dparams[i].view_as(params[i]) : at::Tensor());
+    grads.emplace_back();
+    grads.emplace_back();
+    return grads;
+  }
+};
+
+}  // namespace
+
+const Manifest &manifest_of(const KernelEntry &entry) {
+  static std::mutex mu;
+  static std::map<const KernelEntry *, Manifest> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(&entry);
+  if (it != cache.end()) return it->second;
+  if (!entry.manifest_json)
+    throw std::runtime_error(std::string("encoding '") + (entry.name ? entry.name : "?") + "' has no manifest");
+  Manifest m = Manifest::parse(entry.manifest_json, entry.name ? entry.name : "<unnamed kernel>");
+  return cache.emplace(&entry, std::move(m)).first->second;
+}
+
+at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
+                           const at::Tensor &v, const std::vector<at::Tensor> &features,
+                           const std::vector<at::Tensor> &params, double scale) {
+  check_inputs(entry, q, k, v, features, params);
+  return FusedAttention::apply(q, k, v, at::TensorList(features), at::TensorList(params),
+                               static_cast<int64_t>(reinterpret_cast<intptr_t>(&entry)), scale);
+}
+
+std::pair<at::Tensor, at::Tensor> attention_forward(const KernelEntry &entry, const at::Tensor &q,
+                                                    const at::Tensor &k, const at::Tensor &v,
+                                                    const std::vector<at::Tensor> &features,
+                                                    const std::vector<at::Tensor> &params, double scale) {
+  at::NoGradGuard no_grad;
+  return forward_impl(entry, q, k, v, features, params, scale);
+}
+
+at::Tensor init_param(const ParamSpec &spec, int64_t heads, int64_t head_dim, at::ScalarType dtype) {
+  auto shape = spec.resolve_shape(heads, head_dim);
+  auto opts = at::TensorOptions().dtype(dtype);
+  switch (spec.init.kind) {
+    case InitSpec::Kind::Zeros: return at::zeros(shape, opts);
+    case InitSpec::Kind::Ones: return at::ones(shape, opts);
+    case InitSpec::Kind::Normal: return at::randn(shape, opts) * spec.init.std;
+    case InitSpec::Kind::Constant: return at::full(shape, spec.init.value, opts);
+    case InitSpec::Kind::AlibiSlopes: {
+      auto s = alibi_slopes(heads);
+      return at::tensor(s, at::TensorOptions().dtype(at::kDouble)).to(dtype).view(shape);
+    }
+    case InitSpec::Kind::ProjectionTerm:
+      throw std::logic_error("init_param: '" + spec.name +
+                             "' is a projection_term; the model computes it from the " +
+                             spec.init.projection + " projection every step");
+  }
+  throw std::logic_error("init_param: unknown init kind");
+}
+
+}  // namespace ape

@@ -1,0 +1,41 @@
+// Attention: the autograd glue around one generated kernel (docs/internals.md, section 2).
+//
+//   o = fused_attention(entry, q, k, v, features, params, scale)
+//     q, k, v   (B, H, T, D)  float32 or float64, CPU
+//     features  n_features x (B, H, T), same dtype          (manifest "features", in order)
+//     params    n_params tensors, shapes per manifest        (manifest "params", in order)
+//     o         (B, H, T, D)
+// Gradients flow to q, k, v, every feature and every param that requires grad.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "runtime/Manifest.h"
+
+namespace ape {
+struct KernelEntry;
+
+// The entry's manifest, parsed once and cached (thread-safe). Throws on a malformed manifest.
+const Manifest &manifest_of(const KernelEntry &entry);
+
+// Differentiable fused attention through the entry's forward/backward kernels.
+at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
+                           const at::Tensor &v, const std::vector<at::Tensor> &features,
+                           const std::vector<at::Tensor> &params, double scale);
+
+// Forward only (no autograd graph): returns {o, lse}; lse is (B, H, T) = log Σ_j exp(l_ij).
+std::pair<at::Tensor, at::Tensor> attention_forward(const KernelEntry &entry, const at::Tensor &q,
+                                                    const at::Tensor &k, const at::Tensor &v,
+                                                    const std::vector<at::Tensor> &features,
+                                                    const std::vector<at::Tensor> &params, double scale);
+
+// The initial value of a parameter that is not a projection_term (zeros, ones, normal, constant,
+// alibi_slopes), with its manifest shape resolved for `heads` and `head_dim`. Throws for
+// projection_term (those are computed from a projection weight by the model every step).
+at::Tensor init_param(const ParamSpec &spec, int64_t heads, int64_t head_dim,
+                      at::ScalarType dtype = at::kFloat);
+
+}  // namespace ape

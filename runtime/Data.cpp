@@ -1,0 +1,482 @@
+// The corpus pipeline: unpack once, train the tokenizer once, tokenize each split once.
+#include "runtime/Data.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#ifndef APE_SOURCE_DIR
+#define APE_SOURCE_DIR "."
+#endif
+#ifndef APE_BINARY_DIR
+#define APE_BINARY_DIR "."
+#endif
+
+namespace fs = std::filesystem;
+
+namespace ape {
+
+uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
+  const auto *p = static_cast<const unsigned char *>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string default_data_dir() { return std::string(APE_SOURCE_DIR) + "/data/pg30"; }
+std::string default_cache_dir() { return std::string(APE_BINARY_DIR) + "/cache"; }
+
+void TokenSplit::add_doc(const std::string &name, const std::vector<int32_t> &doc_ids) {
+  names.push_back(name);
+  ids.insert(ids.end(), doc_ids.begin(), doc_ids.end());
+  offsets.push_back(static_cast<int64_t>(ids.size()));
+}
+
+// ---- token cache files ----------------------------------------------------------------------------
+
+namespace {
+constexpr char kTokenMagic[8] = {'A', 'P', 'E', 'T', 'O', 'K', 'S', '\0'};
+
+template <typename T> void put(std::ostream &o, const T &v) {
+  o.write(reinterpret_cast<const char *>(&v), sizeof(T));
+}
+
+// Writes through `fill` into path.tmp.<pid>, then renames over `path`.
+template <typename Fill> void atomic_write(const std::string &path, Fill fill) {
+  fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+    if (!o) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+    fill(o);
+    o.flush();
+    if (!o) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw std::runtime_error("writing " + tmp + " failed (disk full?)");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  }
+}
+
+std::string read_file(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+void write_token_cache(const std::string &path, const TokenSplit &split, uint32_t vocab,
+                       uint64_t fingerprint) {
+  atomic_write(path, [&](std::ostream &o) {
+    o.write(kTokenMagic, 8);
+    put(o, kTokenCacheVersion);
+    put(o, vocab);
+    put(o, fingerprint);
+    put(o, static_cast<uint64_t>(split.num_docs()));
+    put(o, static_cast<uint64_t>(split.size()));
+    for (int64_t i = 0; i < split.num_docs(); ++i) {
+      put(o, static_cast<uint32_t>(split.names[i].size()));
+      o.write(split.names[i].data(), split.names[i].size());
+      put(o, static_cast<uint64_t>(split.doc_size(i)));
+    }
+    const size_t bytes = split.ids.size() * sizeof(int32_t);
+    o.write(reinterpret_cast<const char *>(split.ids.data()), bytes);
+    put(o, fnv1a(split.ids.data(), bytes));
+  });
+}
+
+TokenSplit read_token_cache(const std::string &path, uint32_t vocab, uint64_t fingerprint) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw CacheError("token cache " + path + " does not exist yet");
+  const uint64_t file_size = fs::file_size(path, ec);
+  if (ec) throw CacheError("token cache " + path + ": cannot stat: " + ec.message());
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw CacheError("token cache " + path + ": cannot open: " + std::strerror(errno));
+  auto fail = [&](const std::string &why) -> CacheError { return CacheError("token cache " + path + ": " + why); };
+  uint64_t consumed = 0;
+  auto get = [&](void *dst, uint64_t n, const char *what) {
+    if (consumed + n > file_size)
+      throw fail(std::string("truncated while reading ") + what + " (file has " +
+                 std::to_string(file_size) + " bytes)");
+    f.read(static_cast<char *>(dst), static_cast<std::streamsize>(n));
+    if (!f) throw fail(std::string("read error in ") + what);
+    consumed += n;
+  };
+  char magic[8];
+  get(magic, 8, "the magic number");
+  if (std::memcmp(magic, kTokenMagic, 8) != 0)
+    throw fail("not an APE token cache (bad magic number)");
+  uint32_t version = 0, file_vocab = 0;
+  uint64_t file_fp = 0, docs = 0, count = 0;
+  get(&version, 4, "the version");
+  if (version != kTokenCacheVersion)
+    throw fail("format version " + std::to_string(version) + ", this build reads version " +
+               std::to_string(kTokenCacheVersion));
+  get(&file_vocab, 4, "the vocabulary size");
+  if (file_vocab != vocab)
+    throw fail("built for vocabulary " + std::to_string(file_vocab) + ", need " + std::to_string(vocab));
+  get(&file_fp, 8, "the fingerprint");
+  if (file_fp != fingerprint) throw fail("stale (tokenizer or books changed since it was written)");
+  get(&docs, 8, "the book count");
+  get(&count, 8, "the token count");
+  if (docs > (file_size - consumed) / 12 || count > (file_size - consumed) / 4)
+    throw fail("header claims " + std::to_string(docs) + " books and " + std::to_string(count) +
+               " tokens, more than the file holds (truncated or corrupt)");
+  TokenSplit s;
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < docs; ++i) {
+    uint32_t len = 0;
+    get(&len, 4, "a book name length");
+    if (len > 4096) throw fail("corrupt book name length " + std::to_string(len));
+    std::string name(len, '\0');
+    get(name.data(), len, "a book name");
+    uint64_t n = 0;
+    get(&n, 8, "a book length");
+    total += n;
+    if (total > count) throw fail("book lengths exceed the token count (corrupt)");
+    s.names.push_back(name);
+    s.offsets.push_back(static_cast<int64_t>(total));
+  }
+  if (total != count) throw fail("book lengths do not add up to the token count (corrupt)");
+  s.ids.resize(count);
+  get(s.ids.data(), count * 4, "the token ids");
+  uint64_t checksum = 0;
+  get(&checksum, 8, "the checksum");
+  if (consumed != file_size)
+    throw fail(std::to_string(file_size - consumed) + " unexpected trailing bytes (corrupt)");
+  if (checksum != fnv1a(s.ids.data(), count * 4)) throw fail("checksum mismatch (corrupt)");
+  for (int32_t id : s.ids)
+    if (id < 0 || uint32_t(id) >= vocab) throw fail("token id " + std::to_string(id) + " out of range");
+  return s;
+}
+
+// ---- corpus ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string shell_quote(const std::string &s) {
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Returns the folder holding the pg<ID>_*.txt books: <data>/clean if present, else the archive
+// unpacked (once) into <cache>/pg30/clean.
+std::string text_dir(const DataOptions &o, std::ostream &log) {
+  if (fs::is_directory(fs::path(o.data_dir) / "clean")) return (fs::path(o.data_dir) / "clean").string();
+  const std::string archive = (fs::path(o.data_dir) / "clean.tar.xz").string();
+  if (!fs::exists(archive))
+    throw std::runtime_error("corpus archive " + archive + " is missing (expected in the data folder " +
+                             o.data_dir + "; pass --data DIR)");
+  const std::string bytes = read_file(archive);
+  const std::string stamp = std::to_string(bytes.size()) + ":" + std::to_string(fnv1a(bytes.data(), bytes.size()));
+  const fs::path dest = fs::path(o.cache_dir) / "pg30";
+  const fs::path marker = dest / ".unpacked";
+  if (fs::is_directory(dest / "clean") && fs::exists(marker)) {
+    std::ifstream m(marker);
+    std::string got;
+    std::getline(m, got);
+    if (got == stamp) return (dest / "clean").string();
+  }
+  log << "[data] unpacking " << archive << " into " << dest.string() << "\n";
+  fs::create_directories(o.cache_dir);
+  const fs::path tmp = fs::path(o.cache_dir) / ("pg30.tmp." + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp);
+  const std::string cmd = "tar -xJf " + shell_quote(archive) + " -C " + shell_quote(tmp.string());
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0 || !fs::is_directory(tmp / "clean")) {
+    fs::remove_all(tmp, ec);
+    throw std::runtime_error("cannot unpack corpus archive " + archive + " (`" + cmd + "` exited with status " +
+                             std::to_string(rc) + (rc == 0 ? ", but it holds no clean/ folder" : "") +
+                             "); the archive is missing, corrupt, or xz is not installed");
+  }
+  std::ofstream(tmp / ".unpacked") << stamp << "\n";
+  fs::remove_all(dest, ec);
+  fs::rename(tmp, dest);
+  return (dest / "clean").string();
+}
+
+// id -> split from SPLITS.tsv ("id<TAB>split", with a header line).
+std::vector<std::pair<std::string, std::string>> read_splits(const std::string &path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read the split list " + path + " (pass --data DIR pointing at data/pg30)");
+  std::vector<std::pair<std::string, std::string>> out;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (lineno == 1 && line.rfind("id", 0) == 0)) continue;
+    auto tab = line.find('\t');
+    if (tab == std::string::npos)
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": expected `id<TAB>split`, got `" + line + "`");
+    std::string split = line.substr(tab + 1);
+    if (split != "train" && split != "valid" && split != "test")
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": unknown split `" + split + "`");
+    out.emplace_back(line.substr(0, tab), split);
+  }
+  return out;
+}
+
+// pg<ID>_*.txt in dir.
+std::string find_book(const std::string &dir, const std::string &id) {
+  const std::string prefix = "pg" + id + "_";
+  for (const auto &e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0 && e.path().extension() == ".txt") return e.path().string();
+  }
+  throw std::runtime_error("book " + id + " (listed in SPLITS.tsv) has no file " + prefix + "*.txt in " + dir);
+}
+
+// Paragraphs (blank-line separated) with their lines joined by single spaces.
+std::vector<std::string> paragraphs(const std::string &text) {
+  std::vector<std::string> out;
+  std::string cur;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find('\n', i);
+    if (j == std::string::npos) j = text.size();
+    std::string line = text.substr(i, j - i);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const bool blank = line.find_first_not_of(" \t") == std::string::npos;
+    if (blank) {
+      if (!cur.empty()) out.push_back(std::move(cur));
+      cur.clear();
+    } else {
+      if (!cur.empty()) cur += ' ';
+      cur += line;
+    }
+    i = j + 1;
+  }
+  if (!cur.empty()) out.push_back(std::move(cur));
+  return out;
+}
+
+// Runs `fn` with stderr redirected to `log_path` (SentencePiece logs a lot); returns what it returns.
+template <typename Fn> auto with_stderr_to(const std::string &log_path, Fn fn) {
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  FILE *lf = std::fopen(log_path.c_str(), "w");
+  if (lf) ::dup2(::fileno(lf), 2);
+  struct Restore {
+    int saved; FILE *lf;
+    ~Restore() {
+      std::fflush(stderr);
+      if (saved >= 0) { ::dup2(saved, 2); ::close(saved); }
+      if (lf) std::fclose(lf);
+    }
+  } restore{saved, lf};
+  return fn();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Corpus Corpus::open(const DataOptions &opts) {
+  std::ostream &log = opts.log ? *opts.log : std::cerr;
+  if (opts.data_dir.empty() || !fs::is_directory(opts.data_dir))
+    throw std::runtime_error("data folder '" + opts.data_dir +
+                             "' does not exist (it should hold SPLITS.tsv and clean.tar.xz; pass --data DIR)");
+  if (opts.vocab < 300 || opts.vocab > 65535)
+    throw std::invalid_argument("vocab must be in [300, 65535], got " + std::to_string(opts.vocab));
+  fs::create_directories(opts.cache_dir);
+  const auto splits = read_splits((fs::path(opts.data_dir) / "SPLITS.tsv").string());
+  const std::string dir = text_dir(opts, log);
+
+  std::map<std::string, std::vector<std::string>> books;  // split -> paths, in SPLITS.tsv order
+  for (const auto &[id, split] : splits) books[split].push_back(find_book(dir, id));
+  for (const char *s : {"train", "test"})
+    if (books[s].empty()) throw std::runtime_error(std::string("SPLITS.tsv lists no ") + s + " books");
+
+  Corpus c;
+  c.vocab_ = opts.vocab;
+
+  // ---- tokenizer: trained once on the train books ----
+  const std::string prefix = (fs::path(opts.cache_dir) / ("spm_bpe_" + std::to_string(opts.vocab))).string();
+  c.tokenizer_path_ = prefix + ".model";
+  std::string key = "v1 bpe vocab=" + std::to_string(opts.vocab) +
+                    " sentences=" + std::to_string(opts.input_sentence_size);
+  for (const auto &p : books["train"])
+    key += " " + fs::path(p).filename().string() + ":" + std::to_string(fs::file_size(p));
+  const std::string key_path = prefix + ".key";
+  bool have_model = fs::exists(c.tokenizer_path_) && fs::exists(key_path) && read_file(key_path) == key;
+  if (!have_model) {
+    log << "[data] training a " << opts.vocab << "-piece BPE tokenizer on " << books["train"].size()
+        << " train books (log: " << prefix << ".log)\n" << std::flush;
+    std::string inputs;
+    for (const auto &p : books["train"]) inputs += (inputs.empty() ? "" : ",") + p;
+    const std::string tmp_prefix = prefix + ".tmp." + std::to_string(::getpid());
+    const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+    const std::string args = "--input=" + inputs + " --model_prefix=" + tmp_prefix +
+                             " --vocab_size=" + std::to_string(opts.vocab) +
+                             " --model_type=bpe --character_coverage=0.9999"
+                             " --input_sentence_size=" + std::to_string(opts.input_sentence_size) +
+                             " --shuffle_input_sentence=true --num_threads=" + std::to_string(threads);
+    auto t0 = std::chrono::steady_clock::now();
+    auto status = with_stderr_to(prefix + ".log", [&] { return sentencepiece::SentencePieceTrainer::Train(args); });
+    c.spm_seconds_ = seconds_since(t0);
+    if (!status.ok())
+      throw std::runtime_error("SentencePiece training failed: " + status.ToString() + " (see " + prefix + ".log)");
+    std::error_code ec;
+    fs::rename(tmp_prefix + ".model", c.tokenizer_path_);
+    fs::remove(tmp_prefix + ".vocab", ec);
+    atomic_write(key_path, [&](std::ostream &o) { o << key; });
+    log << "[data] tokenizer trained in " << c.spm_seconds_ << " s -> " << c.tokenizer_path_ << "\n";
+  }
+  sentencepiece::SentencePieceProcessor sp;
+  if (auto st = sp.Load(c.tokenizer_path_); !st.ok())
+    throw std::runtime_error("cannot load tokenizer " + c.tokenizer_path_ + ": " + st.ToString() +
+                             " (delete it to retrain)");
+  if (sp.GetPieceSize() != opts.vocab)
+    throw std::runtime_error("tokenizer " + c.tokenizer_path_ + " has " + std::to_string(sp.GetPieceSize()) +
+                             " pieces, expected " + std::to_string(opts.vocab) + " (delete it to retrain)");
+  const std::string model_bytes = read_file(c.tokenizer_path_);
+  const int32_t para = sp.eos_id() >= 0 ? sp.eos_id() : sp.unk_id();
+
+  // ---- token caches, one per split ----
+  auto load_split = [&](const std::string &split, TokenSplit &out) {
+    const auto &paths = books[split];
+    uint64_t fp = fnv1a(model_bytes.data(), model_bytes.size());
+    for (const auto &p : paths) {
+      const std::string tag = fs::path(p).filename().string() + ":" + std::to_string(fs::file_size(p));
+      fp = fnv1a(tag.data(), tag.size(), fp);
+    }
+    const std::string cache = (fs::path(opts.cache_dir) /
+                               ("tokens_" + split + "_" + std::to_string(opts.vocab) + ".bin")).string();
+    try {
+      out = read_token_cache(cache, static_cast<uint32_t>(opts.vocab), fp);
+      return;
+    } catch (const CacheError &e) {
+      if (fs::exists(cache)) log << "[data] " << e.what() << "; rebuilding\n";
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<int32_t>> docs(paths.size());
+    std::vector<std::string> errors(paths.size());
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+      for (size_t i; (i = next++) < paths.size();) {
+        try {
+          for (const auto &par : paragraphs(read_file(paths[i]))) {
+            std::vector<int> ids;
+            if (auto st = sp.Encode(par, &ids); !st.ok())
+              throw std::runtime_error("tokenizing " + paths[i] + ": " + st.ToString());
+            docs[i].insert(docs[i].end(), ids.begin(), ids.end());
+            docs[i].push_back(para);
+          }
+        } catch (const std::exception &e) {
+          errors[i] = e.what();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    const unsigned n = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), paths.size()));
+    for (unsigned t = 0; t < n; ++t) pool.emplace_back(worker);
+    for (auto &t : pool) t.join();
+    for (const auto &e : errors)
+      if (!e.empty()) throw std::runtime_error(e);
+    out = TokenSplit{};
+    for (size_t i = 0; i < paths.size(); ++i) out.add_doc(fs::path(paths[i]).filename().string(), docs[i]);
+    write_token_cache(cache, out, static_cast<uint32_t>(opts.vocab), fp);
+    const double s = seconds_since(t0);
+    c.tok_seconds_ += s;
+    log << "[data] tokenized " << split << ": " << out.num_docs() << " books, " << out.size() << " tokens in "
+        << s << " s -> " << cache << "\n";
+  };
+  load_split("train", c.train_);
+  load_split("valid", c.valid_);
+  load_split("test", c.test_);
+  return c;
+}
+
+// ---- windows ---------------------------------------------------------------------------------------------
+
+TrainSampler::TrainSampler(const TokenSplit &split, uint64_t seed) : split_(&split), rng_(seed) {}
+
+at::Tensor TrainSampler::next(int64_t batch, int64_t length) {
+  const TokenSplit &s = *split_;
+  // starts[i] = number of valid window starts in books 0..i-1
+  std::vector<int64_t> cum{0};
+  for (int64_t i = 0; i < s.num_docs(); ++i) cum.push_back(cum.back() + std::max<int64_t>(0, s.doc_size(i) - length + 1));
+  if (cum.back() == 0)
+    throw std::runtime_error("no training book holds a window of " + std::to_string(length) + " tokens");
+  at::Tensor out = at::empty({batch, length}, at::kLong);
+  int64_t *o = out.data_ptr<int64_t>();
+  std::uniform_int_distribution<int64_t> pick(0, cum.back() - 1);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t r = pick(rng_);
+    const int64_t d = std::upper_bound(cum.begin(), cum.end(), r) - cum.begin() - 1;
+    const int32_t *src = s.doc(d) + (r - cum[d]);
+    for (int64_t t = 0; t < length; ++t) o[b * length + t] = src[t];
+  }
+  return out;
+}
+
+at::Tensor eval_windows(const TokenSplit &split, int64_t len, int64_t max_len, int64_t segments) {
+  if (len <= 0 || max_len < len || segments <= 0)
+    throw std::invalid_argument("eval_windows: need 0 < len <= max_len and segments > 0");
+  const int64_t seg = max_len + 1;
+  // Capacity per book, then segments in proportion to book length (largest remainder), capped.
+  std::vector<int64_t> cap(split.num_docs()), n(split.num_docs(), 0);
+  int64_t total_cap = 0, total = 0;
+  for (int64_t i = 0; i < split.num_docs(); ++i) {
+    cap[i] = split.doc_size(i) / seg;
+    total_cap += cap[i];
+    total += split.doc_size(i);
+  }
+  if (total_cap == 0)
+    throw std::runtime_error("the evaluation books are too short for one window of " + std::to_string(seg) + " tokens");
+  int64_t want = std::min(segments, total_cap), placed = 0;
+  for (int64_t i = 0; i < split.num_docs(); ++i) {
+    n[i] = std::min(cap[i], want * split.doc_size(i) / std::max<int64_t>(total, 1));
+    placed += n[i];
+  }
+  for (int64_t i = 0; placed < want; i = (i + 1) % split.num_docs())
+    if (n[i] < cap[i]) { ++n[i]; ++placed; }
+
+  const int64_t per_seg = max_len / len;
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < split.num_docs(); ++i) {
+    for (int64_t j = 0; j < n[i]; ++j) {
+      const int64_t start = j * split.doc_size(i) / n[i];  // evenly spaced, non-overlapping
+      for (int64_t w = 0; w < per_seg; ++w) {
+        const int32_t *src = split.doc(i) + start + w * len;
+        rows.insert(rows.end(), src, src + len + 1);
+      }
+    }
+  }
+  const int64_t N = static_cast<int64_t>(rows.size()) / (len + 1);
+  return at::tensor(rows, at::kLong).view({N, len + 1});
+}
+
+}  // namespace ape

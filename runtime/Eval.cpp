@@ -1,0 +1,156 @@
+// Length-extrapolation evaluation, its table and its CSV.
+#include "runtime/Eval.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <torch/nn/functional/loss.h>
+
+namespace ape {
+
+std::vector<int64_t> parse_multiples(const std::string &text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception &) {
+      used = 0;
+    }
+    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
+    if (used == 0 || used != item.size() || v <= 0)
+      throw std::invalid_argument("eval multiples: expected positive integers like 1,2,4,8, got '" + text + "'");
+    out.push_back(v);
+  }
+  if (out.empty()) throw std::invalid_argument("eval multiples: empty list");
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int64_t train_len,
+                              const EvalConfig &cfg, std::ostream *log) {
+  if (cfg.multiples.empty()) throw std::invalid_argument("evaluate: no multiples");
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const int64_t max_len = train_len * *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
+  std::vector<EvalRow> rows;
+  for (int64_t m : cfg.multiples) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t len = train_len * m;
+    torch::Tensor windows = eval_windows(split, len, max_len, cfg.segments);  // (N, len + 1)
+    const int64_t N = windows.size(0);
+    const int64_t per_batch = std::max<int64_t>(1, cfg.batch_tokens / len);
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t i = 0; i < N; i += per_batch) {
+      torch::Tensor w = windows.narrow(0, i, std::min(per_batch, N - i));
+      torch::Tensor logits = model->forward(w.narrow(1, 0, len));
+      torch::Tensor targets = w.narrow(1, 1, len);
+      sum += torch::nn::functional::cross_entropy(
+                 logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                 .item<double>();
+      count += targets.numel();
+    }
+    EvalRow r;
+    r.encoding = model->config().encoding;
+    r.train_len = train_len;
+    r.eval_len = len;
+    r.multiple = m;
+    r.tokens = count;
+    r.loss = sum / double(count);
+    r.ppl = std::exp(r.loss);
+    rows.push_back(r);
+    if (log) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      *log << "[eval] " << r.encoding << " @ " << len << " (" << m << "x): loss " << std::fixed
+           << std::setprecision(4) << r.loss << ", ppl " << std::setprecision(2) << r.ppl << " over " << count
+           << " tokens in " << std::setprecision(1) << s << " s\n" << std::defaultfloat;
+    }
+  }
+  return rows;
+}
+
+void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std::string &title) {
+  // Rows keyed by (encoding, train_len) in first-seen order; columns by multiple.
+  std::vector<std::pair<std::string, int64_t>> keys;
+  std::set<int64_t> mults;
+  std::map<std::pair<std::string, int64_t>, std::map<int64_t, const EvalRow *>> cell;
+  for (const auto &r : rows) {
+    auto k = std::make_pair(r.encoding, r.train_len);
+    if (!cell.count(k)) keys.push_back(k);
+    cell[k][r.multiple] = &r;
+    mults.insert(r.multiple);
+  }
+  auto fmt = [](const EvalRow *r) {
+    if (!r) return std::string("-");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3f / %.2f", r->loss, r->ppl);
+    return std::string(buf);
+  };
+  std::set<int64_t> lens;
+  for (const auto &k : keys) lens.insert(k.second);
+  std::vector<std::string> header{"encoding", "L"};
+  for (int64_t m : mults) {
+    std::string h = std::to_string(m) + "x";
+    if (lens.size() == 1) h += " (" + std::to_string(*lens.begin() * m) + ")";
+    header.push_back(h);
+  }
+  std::vector<std::vector<std::string>> table{header};
+  for (const auto &k : keys) {
+    std::vector<std::string> line{k.first, std::to_string(k.second)};
+    for (int64_t m : mults) line.push_back(fmt(cell[k].count(m) ? cell[k][m] : nullptr));
+    table.push_back(line);
+  }
+  std::vector<size_t> width(header.size(), 0);
+  for (const auto &line : table)
+    for (size_t c = 0; c < line.size(); ++c) width[c] = std::max(width[c], line[c].size());
+  if (!title.empty()) out << title << "\n";
+  auto print_line = [&](const std::vector<std::string> &line) {
+    for (size_t c = 0; c < line.size(); ++c) {
+      if (c) out << " | ";
+      if (c == 0) out << std::left << std::setw(int(width[c])) << line[c];
+      else out << std::right << std::setw(int(width[c])) << line[c];
+    }
+    out << std::left << "\n";
+  };
+  print_line(table[0]);
+  for (size_t c = 0; c < width.size(); ++c) out << (c ? "-+-" : "") << std::string(width[c], '-');
+  out << "\n";
+  for (size_t i = 1; i < table.size(); ++i) print_line(table[i]);
+}
+
+void write_csv(const std::string &path, const std::vector<EvalRow> &rows) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream o(tmp, std::ios::trunc);
+    if (!o) throw std::runtime_error("cannot write " + tmp);
+    o << "encoding,train_len,eval_len,multiple,loss,ppl,tokens\n";
+    o << std::setprecision(6) << std::fixed;
+    for (const auto &r : rows)
+      o << r.encoding << "," << r.train_len << "," << r.eval_len << "," << r.multiple << "," << r.loss << ","
+        << r.ppl << "," << r.tokens << "\n";
+    if (!o) throw std::runtime_error("writing " + tmp + " failed");
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace ape

@@ -1,0 +1,283 @@
+// Manifest parsing and validation. Every error names the manifest and the JSON path at fault.
+#include "runtime/Manifest.h"
+
+#include <cmath>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace ape {
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const std::string &what, const std::string &path, const std::string &msg) {
+  throw std::runtime_error("manifest of '" + what + "': " + path + ": " + msg);
+}
+
+const char *type_name(const json &j) { return j.type_name(); }
+
+double get_number(const json &obj, const char *key, double dflt, const std::string &what,
+                  const std::string &path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_number())
+    fail(what, path + "." + key, std::string("expected a number, got ") + type_name(*it));
+  double v = it->get<double>();
+  if (!std::isfinite(v)) fail(what, path + "." + key, "must be finite");
+  return v;
+}
+
+bool get_bool(const json &obj, const char *key, bool dflt, const std::string &what,
+              const std::string &path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_boolean())
+    fail(what, path + "." + key, std::string("expected true or false, got ") + type_name(*it));
+  return it->get<bool>();
+}
+
+std::string get_string(const json &obj, const char *key, const std::string &what,
+                       const std::string &path, bool required = true) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    if (required) fail(what, path + "." + key, "missing (a string is required)");
+    return {};
+  }
+  if (!it->is_string())
+    fail(what, path + "." + key, std::string("expected a string, got ") + type_name(*it));
+  return it->get<std::string>();
+}
+
+int64_t get_int(const json &obj, const char *key, const std::string &what, const std::string &path) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) fail(what, path + "." + key, "missing (an integer is required)");
+  if (!it->is_number_integer()) {
+    // Accept 8.0 written as a float, reject 8.5.
+    if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>())
+      return static_cast<int64_t>(it->get<double>());
+    fail(what, path + "." + key, std::string("expected an integer, got ") + it->dump());
+  }
+  return it->get<int64_t>();
+}
+
+InitSpec parse_init(const json &j, const std::string &what, const std::string &path) {
+  InitSpec init;
+  std::string kind;
+  if (j.is_string()) {
+    kind = j.get<std::string>();
+  } else if (j.is_object()) {
+    kind = get_string(j, "kind", what, path);
+  } else {
+    fail(what, path, std::string("expected an object {\"kind\": ...}, got ") + type_name(j));
+  }
+  static const json empty = json::object();
+  const json &o = j.is_object() ? j : empty;
+  if (kind == "zeros") {
+    init.kind = InitSpec::Kind::Zeros;
+  } else if (kind == "ones") {
+    init.kind = InitSpec::Kind::Ones;
+  } else if (kind == "normal") {
+    init.kind = InitSpec::Kind::Normal;
+    init.std = get_number(o, "std", 0.02, what, path);
+    if (init.std < 0) fail(what, path + ".std", "must be >= 0");
+  } else if (kind == "constant") {
+    init.kind = InitSpec::Kind::Constant;
+    if (!o.contains("value")) fail(what, path + ".value", "missing (constant init needs a value)");
+    init.value = get_number(o, "value", 0.0, what, path);
+  } else if (kind == "alibi_slopes") {
+    init.kind = InitSpec::Kind::AlibiSlopes;
+  } else if (kind == "projection_term") {
+    init.kind = InitSpec::Kind::ProjectionTerm;
+    init.projection = get_string(o, "projection", what, path);
+    if (init.projection != "q" && init.projection != "k" && init.projection != "v")
+      fail(what, path + ".projection", "expected \"q\", \"k\" or \"v\", got \"" + init.projection + "\"");
+    init.columns = get_int(o, "columns", what, path);
+    if (init.columns <= 0) fail(what, path + ".columns", "must be > 0");
+    init.start = get_number(o, "start", 0.0, what, path);
+    init.step = get_number(o, "step", 0.0, what, path);
+  } else {
+    fail(what, path + ".kind",
+         "unknown init kind \"" + kind +
+             "\" (expected zeros, ones, normal, constant, alibi_slopes or projection_term)");
+  }
+  return init;
+}
+
+}  // namespace
+
+int64_t DimSpec::resolve(int64_t heads, int64_t head_dim) const {
+  switch (kind) {
+    case Kind::Heads: return heads;
+    case Kind::HeadDim: return head_dim;
+    case Kind::Fixed: return value;
+  }
+  return value;
+}
+
+std::string DimSpec::str() const {
+  switch (kind) {
+    case Kind::Heads: return "heads";
+    case Kind::HeadDim: return "head_dim";
+    case Kind::Fixed: return std::to_string(value);
+  }
+  return "?";
+}
+
+std::string InitSpec::str() const {
+  std::ostringstream s;
+  switch (kind) {
+    case Kind::Zeros: s << "zeros"; break;
+    case Kind::Ones: s << "ones"; break;
+    case Kind::Normal: s << "normal(std=" << std << ")"; break;
+    case Kind::Constant: s << "constant(" << value << ")"; break;
+    case Kind::AlibiSlopes: s << "alibi_slopes"; break;
+    case Kind::ProjectionTerm:
+      s << "projection_term(" << projection << ", columns=" << columns << ", start=" << start
+        << ", step=" << step << ")";
+      break;
+  }
+  return s.str();
+}
+
+std::vector<int64_t> ParamSpec::resolve_shape(int64_t heads, int64_t head_dim) const {
+  std::vector<int64_t> out;
+  for (const auto &d : shape) out.push_back(d.resolve(heads, head_dim));
+  return out;
+}
+
+int64_t ParamSpec::numel(int64_t heads, int64_t head_dim) const {
+  int64_t n = 1;
+  for (const auto &d : shape) n *= d.resolve(heads, head_dim);
+  return n;
+}
+
+double Manifest::scale_for(int64_t head_dim) const {
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
+  std::string what = what_in;
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error &e) {
+    throw std::runtime_error("manifest of '" + what + "': not valid JSON: " + e.what());
+  }
+  if (!root.is_object())
+    fail(what, "$", std::string("expected a JSON object, got ") + type_name(root));
+
+  Manifest m;
+  m.encoding = get_string(root, "encoding", what, "$");
+  if (m.encoding.empty()) fail(what, "$.encoding", "must not be empty");
+  if (what == "<manifest>") what = m.encoding;
+  m.source = get_string(root, "source", what, "$", /*required=*/false);
+  m.causal = get_bool(root, "causal", true, what, "$");
+
+  if (auto it = root.find("scale"); it != root.end() && !it->is_null()) {
+    if (!it->is_number()) fail(what, "$.scale", std::string("expected null or a number, got ") + it->dump());
+    double s = it->get<double>();
+    if (!(s > 0) || !std::isfinite(s)) fail(what, "$.scale", "must be a positive finite number");
+    m.scale = s;
+  }
+
+  std::set<std::string> names;
+  if (auto it = root.find("features"); it != root.end() && !it->is_null()) {
+    if (!it->is_array()) fail(what, "$.features", std::string("expected an array, got ") + type_name(*it));
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json &f = (*it)[i];
+      std::string path = "$.features[" + std::to_string(i) + "]";
+      if (!f.is_object()) fail(what, path, std::string("expected an object, got ") + type_name(f));
+      FeatureSpec fs;
+      fs.name = get_string(f, "name", what, path);
+      fs.weight_std = get_number(f, "weight_std", 0.02, what, path);
+      fs.bias = get_number(f, "bias", 0.0, what, path);
+      if (fs.weight_std < 0) fail(what, path + ".weight_std", "must be >= 0");
+      if (!names.insert("feature:" + fs.name).second)
+        fail(what, path + ".name", "duplicate feature \"" + fs.name + "\"");
+      m.features.push_back(fs);
+    }
+  }
+
+  if (auto it = root.find("params"); it != root.end() && !it->is_null()) {
+    if (!it->is_array()) fail(what, "$.params", std::string("expected an array, got ") + type_name(*it));
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json &p = (*it)[i];
+      std::string path = "$.params[" + std::to_string(i) + "]";
+      if (!p.is_object()) fail(what, path, std::string("expected an object, got ") + type_name(p));
+      ParamSpec ps;
+      ps.name = get_string(p, "name", what, path);
+      if (!names.insert("param:" + ps.name).second)
+        fail(what, path + ".name", "duplicate param \"" + ps.name + "\"");
+      auto sh = p.find("shape");
+      if (sh == p.end() || !sh->is_array())
+        fail(what, path + ".shape", "missing or not an array (e.g. [\"heads\", \"head_dim\"])");
+      for (size_t k = 0; k < sh->size(); ++k) {
+        const json &d = (*sh)[k];
+        std::string dpath = path + ".shape[" + std::to_string(k) + "]";
+        DimSpec ds;
+        if (d.is_string()) {
+          std::string s = d.get<std::string>();
+          if (s == "heads") ds.kind = DimSpec::Kind::Heads;
+          else if (s == "head_dim") ds.kind = DimSpec::Kind::HeadDim;
+          else fail(what, dpath, "unknown shape symbol \"" + s + "\" (expected \"heads\", \"head_dim\" or a number)");
+        } else if (d.is_number_integer() && d.get<int64_t>() > 0) {
+          ds.kind = DimSpec::Kind::Fixed;
+          ds.value = d.get<int64_t>();
+        } else {
+          fail(what, dpath, "expected \"heads\", \"head_dim\" or a positive integer, got " + d.dump());
+        }
+        ps.shape.push_back(ds);
+      }
+      auto init = p.find("init");
+      if (init == p.end()) fail(what, path + ".init", "missing");
+      ps.init = parse_init(*init, what, path + ".init");
+      ps.trainable = get_bool(p, "trainable", false, what, path);
+      ps.per_layer = get_bool(p, "per_layer", true, what, path);
+      if (ps.init.kind == InitSpec::Kind::ProjectionTerm) {
+        if (ps.shape.size() != 2 || ps.shape[0].kind != DimSpec::Kind::Heads ||
+            ps.shape[1].kind != DimSpec::Kind::HeadDim)
+          fail(what, path + ".shape", "a projection_term param must have shape [\"heads\", \"head_dim\"]");
+        if (!ps.per_layer)
+          fail(what, path + ".per_layer", "a projection_term param comes from a per-layer projection; it cannot be shared");
+      }
+      if (ps.init.kind == InitSpec::Kind::AlibiSlopes &&
+          (ps.shape.size() != 1 || ps.shape[0].kind != DimSpec::Kind::Heads))
+        fail(what, path + ".shape", "alibi_slopes needs shape [\"heads\"]");
+      m.params.push_back(ps);
+    }
+  }
+
+  if (auto it = root.find("override"); it != root.end() && !it->is_null()) {
+    if (!it->is_object()) fail(what, "$.override", std::string("expected an object {l, targets}, got ") + type_name(*it));
+    OverrideSpec o;
+    o.l = get_int(*it, "l", what, "$.override");
+    if (o.l <= 0) fail(what, "$.override.l", "must be > 0");
+    o.targets = get_string(*it, "targets", what, "$.override");
+    if (o.targets == "qk") { o.q = o.k = true; }
+    else if (o.targets == "qkv") { o.q = o.k = o.v = true; }
+    else fail(what, "$.override.targets", "expected \"qk\" or \"qkv\", got \"" + o.targets + "\"");
+    m.override_ = o;
+  }
+  return m;
+}
+
+std::vector<double> alibi_slopes(int64_t heads) {
+  if (heads <= 0) throw std::invalid_argument("alibi_slopes: heads must be > 0");
+  auto pow2 = [](int64_t n) {
+    std::vector<double> s(n);
+    for (int64_t h = 0; h < n; ++h) s[h] = std::exp2(-8.0 * double(h + 1) / double(n));
+    return s;
+  };
+  if ((heads & (heads - 1)) == 0) return pow2(heads);
+  int64_t c = 1;
+  while (c * 2 <= heads) c *= 2;
+  std::vector<double> out = pow2(c);
+  std::vector<double> extra = pow2(2 * c);
+  for (int64_t i = 0; i < 2 * c && int64_t(out.size()) < heads; i += 2) out.push_back(extra[i]);
+  return out;
+}
+
+}  // namespace ape

@@ -1,0 +1,260 @@
+// The decoder LM. Everything encoding-specific comes from the kernel's manifest.
+#include "runtime/Model.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+
+#include "ape/kernel_entry.h"
+#include "runtime/Attention.h"
+#include "runtime/Registry.h"
+
+namespace ape {
+namespace F = torch::nn::functional;
+
+// ---- ModelConfig ---------------------------------------------------------------------------------
+
+void ModelConfig::validate() const {
+  auto need = [](bool ok, const std::string &msg) {
+    if (!ok) throw std::invalid_argument("model config: " + msg);
+  };
+  need(vocab > 0, "vocab must be > 0, got " + std::to_string(vocab));
+  need(d_model > 0, "d_model must be > 0, got " + std::to_string(d_model));
+  need(layers > 0, "layers must be > 0, got " + std::to_string(layers));
+  need(heads > 0, "heads must be > 0, got " + std::to_string(heads));
+  need(d_model % heads == 0, "d_model (" + std::to_string(d_model) + ") must be divisible by heads (" +
+                                 std::to_string(heads) + ")");
+  need(mlp_mult > 0, "mlp_mult must be > 0");
+  need(init_std > 0, "init_std must be > 0");
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  return {{"encoding", encoding}, {"vocab", vocab},       {"d_model", d_model}, {"layers", layers},
+          {"heads", heads},       {"mlp_mult", mlp_mult}, {"init_std", init_std}};
+}
+
+ModelConfig ModelConfig::from_json(const nlohmann::json &j) {
+  ModelConfig c;
+  try {
+    c.encoding = j.at("encoding").get<std::string>();
+    c.vocab = j.at("vocab").get<int64_t>();
+    c.d_model = j.at("d_model").get<int64_t>();
+    c.layers = j.at("layers").get<int64_t>();
+    c.heads = j.at("heads").get<int64_t>();
+    c.mlp_mult = j.value("mlp_mult", int64_t{4});
+    c.init_std = j.value("init_std", 0.02);
+  } catch (const nlohmann::json::exception &e) {
+    throw std::runtime_error(std::string("model config JSON: ") + e.what());
+  }
+  c.validate();
+  return c;
+}
+
+// ---- attention -------------------------------------------------------------------------------------
+
+namespace {
+std::string param_key(const std::string &name) {
+  std::string s = name;
+  for (char &ch : s)
+    if (ch == '.') ch = '_';
+  return s;
+}
+}  // namespace
+
+EncodedAttentionImpl::EncodedAttentionImpl(const KernelEntry &entry, const ModelConfig &cfg,
+                                           std::vector<torch::Tensor> shared)
+    : entry_(&entry), manifest_(&manifest_of(entry)), cfg_(cfg) {
+  const Manifest &m = *manifest_;
+  const int64_t d = cfg.d_model, H = cfg.heads, D = cfg.head_dim();
+  auto linear = [&](const char *name, int64_t in, int64_t out, bool bias, double std) {
+    auto l = register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
+    torch::NoGradGuard g;
+    torch::nn::init::normal_(l->weight, 0.0, std);
+    if (bias) l->bias.zero_();
+    return l;
+  };
+  wq = linear("wq", d, d, false, cfg.init_std);
+  wk = linear("wk", d, d, false, cfg.init_std);
+  wv = linear("wv", d, d, false, cfg.init_std);
+  wo = linear("wo", d, d, true, cfg.init_std / std::sqrt(2.0 * cfg.layers));
+
+  if (m.override_ && (m.override_->l >= d))
+    throw std::invalid_argument("encoding '" + m.encoding + "': override l = " +
+                                std::to_string(m.override_->l) + " must be < d_model = " +
+                                std::to_string(d));
+  const int64_t nf = m.num_features();
+  if (nf > 0) {
+    wf = linear("wf", d, H * nf, true, 0.02);
+    torch::NoGradGuard g;
+    for (int64_t n = 0; n < nf; ++n) {
+      wf->weight.narrow(0, n * H, H).normal_(0.0, m.features[n].weight_std);
+      wf->bias.narrow(0, n * H, H).fill_(m.features[n].bias);
+    }
+  }
+
+  params_.resize(m.params.size());
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ParamSpec &p = m.params[i];
+    if (p.init.kind == InitSpec::Kind::ProjectionTerm) {
+      if (p.init.columns > d)
+        throw std::invalid_argument("encoding '" + m.encoding + "': param '" + p.name + "' uses " +
+                                    std::to_string(p.init.columns) + " columns of W_" +
+                                    p.init.projection + " but d_model = " + std::to_string(d));
+      continue;  // computed in kernel_params()
+    }
+    if (!p.per_layer) {
+      if (i >= shared.size() || !shared[i].defined())
+        throw std::logic_error("shared param '" + p.name + "' was not created by the model");
+      params_[i] = shared[i];
+      continue;
+    }
+    torch::Tensor t = init_param(p, H, D);
+    params_[i] = p.trainable ? register_parameter(param_key(p.name), t)
+                             : register_buffer(param_key(p.name), t);
+  }
+}
+
+std::vector<torch::Tensor> EncodedAttentionImpl::kernel_params() {
+  const Manifest &m = *manifest_;
+  std::vector<torch::Tensor> out(m.params.size());
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ParamSpec &p = m.params[i];
+    if (p.init.kind != InitSpec::Kind::ProjectionTerm) {
+      out[i] = params_[i];
+      continue;
+    }
+    // (W[:, :columns] @ u).view(H, D), u_j = start + step·j; autograd carries the gradient to W.
+    const auto &pr = p.init.projection;
+    torch::Tensor W = (pr == "q" ? wq : pr == "k" ? wk : wv)->weight;
+    if (!p.trainable) W = W.detach();
+    torch::Tensor u = torch::arange(p.init.columns, torch::TensorOptions().dtype(W.scalar_type())) * p.init.step +
+                      p.init.start;
+    out[i] = torch::mv(W.narrow(1, 0, p.init.columns), u).view({cfg_.heads, cfg_.head_dim()});
+  }
+  return out;
+}
+
+torch::Tensor EncodedAttentionImpl::project(const torch::Tensor &xn, torch::nn::Linear &w,
+                                            bool overridden) const {
+  if (!overridden) return w(xn);
+  // x̃[..., l:] W[:, l:]ᵀ: both narrows are views, so x̃ is not copied.
+  const int64_t l = manifest_->override_->l, d = cfg_.d_model;
+  return torch::matmul(xn.narrow(-1, l, d - l), w->weight.narrow(1, l, d - l).t());
+}
+
+torch::Tensor EncodedAttentionImpl::forward(const torch::Tensor &xn) {
+  const Manifest &m = *manifest_;
+  const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
+  const auto &ov = m.override_;
+  auto heads = [&](const torch::Tensor &t) {  // (B, T, d) -> (B, H, T, D)
+    return t.view({B, T, H, D}).transpose(1, 2).contiguous();
+  };
+  torch::Tensor q = heads(project(xn, wq, ov && ov->q));
+  torch::Tensor k = heads(project(xn, wk, ov && ov->k));
+  torch::Tensor v = heads(project(xn, wv, ov && ov->v));
+
+  std::vector<torch::Tensor> feats;
+  if (wf) {  // (B, T, nf·H) -> nf x (B, H, T)
+    const int64_t nf = m.num_features();
+    torch::Tensor f = wf(xn).view({B, T, nf, H}).permute({2, 0, 3, 1}).contiguous();
+    feats = f.unbind(0);
+  }
+  torch::Tensor o = fused_attention(*entry_, q, k, v, feats, kernel_params(), m.scale_for(D));
+  return wo(o.transpose(1, 2).reshape({B, T, H * D}));
+}
+
+// ---- block -------------------------------------------------------------------------------------------
+
+BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vector<torch::Tensor> shared) {
+  const int64_t d = cfg.d_model;
+  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  attn = register_module("attn", EncodedAttention(entry, cfg, std::move(shared)));
+  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  fc = register_module("fc", torch::nn::Linear(d, cfg.mlp_mult * d));
+  proj = register_module("proj", torch::nn::Linear(cfg.mlp_mult * d, d));
+  torch::NoGradGuard g;
+  torch::nn::init::normal_(fc->weight, 0.0, cfg.init_std);
+  fc->bias.zero_();
+  torch::nn::init::normal_(proj->weight, 0.0, cfg.init_std / std::sqrt(2.0 * cfg.layers));
+  proj->bias.zero_();
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  x = x + attn(ln1(x));
+  return x + proj(F::gelu(fc(ln2(x))));
+}
+
+// ---- language model ------------------------------------------------------------------------------------
+
+LanguageModelImpl::LanguageModelImpl(const KernelEntry &entry, ModelConfig cfg)
+    : entry_(&entry), cfg_(std::move(cfg)) {
+  if (cfg_.encoding.empty()) cfg_.encoding = entry.name;
+  if (cfg_.encoding != entry.name)
+    throw std::invalid_argument("model config names encoding '" + cfg_.encoding +
+                                "' but the kernel is '" + entry.name + "'");
+  build();
+}
+
+LanguageModelImpl::LanguageModelImpl(ModelConfig cfg)
+    : entry_(&find_kernel(cfg.encoding)), cfg_(std::move(cfg)) {
+  build();
+}
+
+const Manifest &LanguageModelImpl::manifest() const { return manifest_of(*entry_); }
+
+void LanguageModelImpl::build() {
+  cfg_.validate();
+  const Manifest &m = manifest_of(*entry_);
+  if (!m.causal)
+    throw std::invalid_argument("encoding '" + m.encoding +
+                                "' is not causal; a decoder language model needs causal attention");
+  wte = register_module("wte", torch::nn::Embedding(cfg_.vocab, cfg_.d_model));
+  {
+    torch::NoGradGuard g;
+    torch::nn::init::normal_(wte->weight, 0.0, cfg_.init_std);
+  }
+  // Params shared by all layers (per_layer = false) live here, once.
+  std::vector<torch::Tensor> shared(m.params.size());
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ParamSpec &p = m.params[i];
+    if (p.per_layer || p.init.kind == InitSpec::Kind::ProjectionTerm) continue;
+    torch::Tensor t = init_param(p, cfg_.heads, cfg_.head_dim());
+    shared[i] = p.trainable ? register_parameter("shared_" + param_key(p.name), t)
+                            : register_buffer("shared_" + param_key(p.name), t);
+  }
+  for (int64_t l = 0; l < cfg_.layers; ++l)
+    blocks.push_back(register_module("block" + std::to_string(l), Block(*entry_, cfg_, shared)));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg_.d_model})));
+}
+
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens) {
+  if (tokens.dim() != 2 || tokens.scalar_type() != torch::kLong)
+    throw std::invalid_argument("LanguageModel::forward: tokens must be (B, T) int64, got " +
+                                std::string(c10::toString(tokens.scalar_type())) + " with " +
+                                std::to_string(tokens.dim()) + " dims");
+  torch::Tensor x = wte(tokens);  // (B, T, d)
+  for (auto &b : blocks) x = b(x);
+  x = ln_f(x);
+  return F::linear(x, wte->weight);  // (B, T, V), tied output
+}
+
+torch::Tensor LanguageModelImpl::loss(const torch::Tensor &windows) {
+  const int64_t T1 = windows.size(1);
+  if (windows.dim() != 2 || T1 < 2)
+    throw std::invalid_argument("LanguageModel::loss: windows must be (B, T+1) with T >= 1");
+  torch::Tensor logits = forward(windows.narrow(1, 0, T1 - 1));
+  torch::Tensor targets = windows.narrow(1, 1, T1 - 1);
+  return F::cross_entropy(logits.reshape({-1, cfg_.vocab}), targets.reshape({-1}));
+}
+
+int64_t LanguageModelImpl::num_parameters() const {
+  int64_t n = 0;
+  for (const auto &p : parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace ape
