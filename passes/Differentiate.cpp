@@ -61,12 +61,20 @@ FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBui
     return t.add(T(0), T(1));
   if (isa<arith::SubFOp>(op))  // d(a-b) = da - db
     return t.sub(T(0), T(1));
-  if (isa<arith::MulFOp>(op))  // d(ab) = da·b + a·db
-    return t.add(t.mul(T(0), X(1)), t.mul(T(1), X(0)));
-  if (isa<arith::DivFOp>(op))  // d(a/b) = (da - r·db)/b
-    return t.div(t.sub(T(0), t.mul(T(1), r)), X(1));
+  if (isa<arith::MulFOp>(op)) {  // d(ab) = da·b + a·db
+    Value left = t.mul(T(0), X(1));
+    Value right = t.mul(T(1), X(0));
+    return t.add(left, right);
+  }
+  if (isa<arith::DivFOp>(op)) {  // d(a/b) = (da - r·db)/b
+    Value rdb = t.mul(T(1), r);
+    return t.div(t.sub(T(0), rdb), X(1));
+  }
   if (isa<arith::NegFOp>(op))
     return t.neg(T(0));
+  if (isa<arith::MaximumFOp, arith::MaxNumFOp, arith::MinimumFOp, arith::MinNumFOp>(op) &&
+      !T(0) && !T(1))
+    return Value();
   if (isa<arith::MaximumFOp, arith::MaxNumFOp>(op)) {  // d max(a,b) = a >= b ? da : db
     Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), X(1));
     return t.select(c, T(0), T(1));
@@ -81,23 +89,37 @@ FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBui
     return t.mul(T(0), r);
   if (isa<math::LogOp>(op))  // d ln a = da/a
     return t.div(T(0), X(0));
-  if (isa<math::Log1pOp>(op))  // d ln(1+a) = da/(1+a)
-    return t.div(T(0), rb.add(rb.f32(1.0), X(0)));
-  if (isa<math::SqrtOp>(op))  // d √a = da/(2√a)
-    return t.div(T(0), rb.mul(rb.f32(2.0), r));
+  if (isa<math::Log1pOp>(op)) {  // d ln(1+a) = da/(1+a)
+    if (!T(0))
+      return Value();
+    Value one = rb.f32(1.0);
+    return t.div(T(0), rb.add(one, X(0)));
+  }
+  if (isa<math::SqrtOp>(op)) {  // d √a = da/(2√a)
+    if (!T(0))
+      return Value();
+    Value two = rb.f32(2.0);
+    return t.div(T(0), rb.mul(two, r));
+  }
+  if (!T(0) && isa<math::SinOp, math::CosOp, math::TanhOp, math::AbsFOp>(op))
+    return Value();
   if (isa<math::SinOp>(op))  // d sin a = cos a·da
     return t.mul(T(0), b.create<math::CosOp>(loc, X(0)));
   if (isa<math::CosOp>(op))  // d cos a = -sin a·da
     return t.neg(t.mul(T(0), b.create<math::SinOp>(loc, X(0))));
-  if (isa<math::TanhOp>(op))  // d tanh a = (1 - r²)·da
-    return t.mul(T(0), rb.sub(rb.f32(1.0), rb.mul(r, r)));
+  if (isa<math::TanhOp>(op)) {  // d tanh a = (1 - r²)·da
+    Value one = rb.f32(1.0);
+    return t.mul(T(0), rb.sub(one, rb.mul(r, r)));
+  }
   if (isa<math::AbsFOp>(op)) {  // d|a| = sign(a)·da
-    Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), rb.f32(0.0));
-    return t.select(c, T(0), t.neg(T(0)));
+    Value zero = rb.f32(0.0);
+    Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), zero);
+    Value negated = t.neg(T(0));
+    return t.select(c, T(0), negated);
   }
   if (isa<math::PowFOp>(op)) {  // d a^p = r·(p·da/a + ln a·dp)
     Value da = t.div(t.mul(T(0), X(1)), X(0));
-    Value dp = t.mul(T(1), b.create<math::LogOp>(loc, X(0)));
+    Value dp = T(1) ? t.mul(T(1), b.create<math::LogOp>(loc, X(0))) : Value();
     Value sum = t.add(da, dp);
     return sum ? rb.mul(sum, r) : Value();
   }

@@ -10,6 +10,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <cmath>
 
@@ -51,11 +52,17 @@ void buildRotaryBody(OpBuilder &b, Region &region, RotaryOp rot, Location loc) {
                                                rb.irem(c, rb.idx(2)), rb.idx(0));
   // θ_k = exp(k · (-2 ln base / r))
   Value rF = rb.toF32(r);
-  Value theta = rb.exp(rb.div(rb.mul(rb.toF32(k), rb.f32(-2.0 * lnBase)), rF));
-  Value angle = rb.mul(rb.toF32(t), theta);
-  Value cs = b.create<math::CosOp>(loc, angle), sn = b.create<math::SinOp>(loc, angle);
-  Value sign = rb.select(first, rb.f32(-1.0), rb.f32(1.0));
-  Value rotated = rb.add(rb.mul(x, cs), rb.mul(rb.mul(sign, y), sn));
+  Value kF = rb.toF32(k);
+  Value theta = rb.exp(rb.div(rb.mul(kF, rb.f32(-2.0 * lnBase)), rF));
+  Value tF = rb.toF32(t);
+  Value angle = rb.mul(tF, theta);
+  Value cs = b.create<math::CosOp>(loc, angle);
+  Value sn = b.create<math::SinOp>(loc, angle);
+  Value minusOne = rb.f32(-1.0);
+  Value sign = rb.select(first, minusOne, rb.f32(1.0));
+  Value xc = rb.mul(x, cs);
+  Value ys = rb.mul(rb.mul(sign, y), sn);
+  Value rotated = rb.add(xc, ys);
   rb.yield(rb.select(inRotation, rotated, x));
 }
 
@@ -77,8 +84,9 @@ void buildScoreMod(OpBuilder &b, Location loc, Fn bias) {
   Block *block = createRegionBlock(b, mod.getBody(), {f32, idx, idx, idx, idx}, loc);
   RegionBuilder rb{b, loc};
   Value s = block->getArgument(0);
-  rb.yield(rb.add(s, bias(rb, block->getArgument(1), block->getArgument(2),
-                          block->getArgument(3), block->getArgument(4))));
+  Value g = bias(rb, block->getArgument(1), block->getArgument(2), block->getArgument(3),
+                 block->getArgument(4));
+  rb.yield(rb.add(s, g));
 }
 
 void expandAlibi(OpBuilder &b, AlibiOp op) {
@@ -112,12 +120,36 @@ void expandCable(OpBuilder &b, CableOp op) {
   auto scan = b.create<ScanOp>(loc, tokens, map.getResult());
   bool kernel = op.getKernel() == "log1p_sq";
   buildScoreMod(b, loc, [&](RegionBuilder &rb, Value bb, Value h, Value i, Value j) {
-    Value d = rb.sub(rb.load(scan, {bb, h, i}), rb.load(scan, {bb, h, j}));
+    Value si = rb.load(scan, {bb, h, i});
+    Value sj = rb.load(scan, {bb, h, j});
+    Value d = rb.sub(si, sj);
     // Cable: B = S_i - S_j;  K-Cable: B = -log(1 + (S_i - S_j)^2)
     return kernel ? rb.neg(rb.log1p(rb.mul(d, d))) : d;
   });
   if (auto kappa = op.getKappaAttr())
     op->getParentOfType<EncodingOp>().setScaleAttr(kappa);
+}
+
+/// Components expanded twice (two ape.alibi, say) would declare the same
+/// param or feature name; later ones get a numeric suffix: "alibi_slopes_1".
+void uniquifyNames(EncodingOp enc) {
+  llvm::StringSet<> seen;
+  auto unique = [&](Operation *op) {
+    auto name = op->getAttrOfType<StringAttr>("name");
+    std::string candidate = name.getValue().str();
+    for (unsigned k = 1; seen.contains(candidate); ++k)
+      candidate = (name.getValue() + "_" + std::to_string(k)).str();
+    seen.insert(candidate);
+    if (candidate != name.getValue())
+      op->setAttr("name", StringAttr::get(op->getContext(), candidate));
+  };
+  for (Operation &op : enc.getBody().front())
+    if (isa<ParamOp>(op))
+      unique(&op);
+  seen.clear();
+  for (Operation &op : enc.getBody().front())
+    if (isa<TokenFeatureOp>(op))
+      unique(&op);
 }
 
 struct ApeExpandPass : public mlir::ape::impl::ApeExpandBase<ApeExpandPass> {
@@ -139,6 +171,8 @@ struct ApeExpandPass : public mlir::ape::impl::ApeExpandBase<ApeExpandPass> {
       }
       op->erase();
     }
+    for (EncodingOp enc : getOperation().getOps<EncodingOp>())
+      uniquifyNames(enc);
   }
 };
 

@@ -55,7 +55,10 @@ void pushInto(OpBuilder &b, OverrideOp op, StringRef target) {
   Value x = block->getArgument(0), c = block->getArgument(2), t = block->getArgument(3),
         h = block->getArgument(4);
   // x' = x + a[h, c] + t·b[h, c]
-  Value term = rb.add(rb.load(a, {h, c}), rb.mul(rb.toF32(t), rb.load(slope, {h, c})));
+  Value av = rb.load(a, {h, c});
+  Value tf = rb.toF32(t);
+  Value bv = rb.load(slope, {h, c});
+  Value term = rb.add(av, rb.mul(tf, bv));
   rb.yield(rb.add(x, term));
 }
 

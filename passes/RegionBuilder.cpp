@@ -43,8 +43,10 @@ Value RegionBuilder::dim(StringRef which) {
   return b.create<DimOp>(loc, b.getIndexType(), b.getStringAttr(which));
 }
 Value RegionBuilder::softplus(Value x) {
-  // softplus(x) = max(x, 0) + log1p(exp(-|x|))
-  return add(maxf(x, f32(0.0)), log1p(exp(neg(absf(x)))));
+  // softplus(x) = max(x, 0) + log1p(exp(-|x|)); locals fix the op order.
+  Value positive = maxf(x, f32(0.0));
+  Value tail = log1p(exp(neg(absf(x))));
+  return add(positive, tail);
 }
 void RegionBuilder::yield(ValueRange values) { b.create<YieldOp>(loc, values); }
 

@@ -1,0 +1,506 @@
+//===- CpuEmitter.cpp - ape.kernel to CPU C++ -----------------------------===//
+//
+// Translates each region of a kernel into a static member function of an
+// `Enc` functor struct (templated on the scalar type T, so one kernel serves
+// fp32 training and fp64 gradient checks) and instantiates the flash
+// attention templates of codegen/templates/ape/cpu_attention.h with it.
+//
+// Values inside regions become `const` locals: f32 → T, index/i64 → int64_t,
+// i1 → bool. Token sequences (features, maps, scans) live in per-(batch,
+// head) slots `ctx.tok[slot·T + t]`; params in `ctx.params[n][flat index]`.
+// The gradient of each load (the `grad` region's trailing results) is added
+// to `ctx.dtok` or `ctx.dparams` at the load's own indices, which realises
+// every plan (row_sum, col_sum, head_sum, scatter, token_sum) with private,
+// deterministic accumulators.
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/Emitters.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+using namespace mlir::ape;
+
+namespace {
+
+/// Where every container-level value of the kernel lives at run time.
+struct KernelLayout {
+  SmallVector<TokenFeatureOp> features;
+  SmallVector<ParamOp> params;
+  SmallVector<Operation *> tokenProgram;  // token_feature / map / scan, in order
+  DenseMap<Value, unsigned> tokSlot, paramIndex, featureIndex;
+  QModOp qmod;
+  KModOp kmod;
+  ScoreModOp score;
+
+  LogicalResult build(KernelOp kernel) {
+    for (Operation &op : kernel.getBody().front()) {
+      if (auto f = dyn_cast<TokenFeatureOp>(op)) {
+        featureIndex[f] = features.size();
+        features.push_back(f);
+      }
+      if (isa<TokenFeatureOp, MapOp, ScanOp>(op)) {
+        tokSlot[op.getResult(0)] = tokSlot.size();
+        tokenProgram.push_back(&op);
+      } else if (auto p = dyn_cast<ParamOp>(op)) {
+        paramIndex[p] = params.size();
+        params.push_back(p);
+      } else if (auto q = dyn_cast<QModOp>(op)) {
+        qmod = q;
+      } else if (auto k = dyn_cast<KModOp>(op)) {
+        kmod = k;
+      } else if (auto s = dyn_cast<ScoreModOp>(op)) {
+        score = s;
+      }
+    }
+    for (Operation *op : {qmod.getOperation(), kmod.getOperation(), score.getOperation()})
+      if (op && op->getRegion(1).empty())
+        return op->emitOpError("has no grad region: run -ape-differentiate before emitting");
+    for (Operation *op : tokenProgram)
+      if (auto m = dyn_cast<MapOp>(op); m && m.getGrad().empty())
+        return m.emitOpError("has no grad region: run -ape-differentiate before emitting");
+    return success();
+  }
+};
+
+std::string cType(Type t) {
+  if (t.isF32() || t.isF64() || t.isF16() || t.isBF16())
+    return "T";
+  if (t.isInteger(1))
+    return "bool";
+  return "int64_t";
+}
+
+/// Emits the ops of one region body as C++ statements.
+class RegionWriter {
+public:
+  RegionWriter(raw_ostream &os, KernelLayout &layout, StringRef prefix, StringRef indent)
+      : os(os), layout(layout), prefix(prefix.str()), indent(indent.str()) {}
+
+  void bind(Value v, StringRef expr) { names[v] = expr.str(); }
+  std::string get(Value v) { return names.lookup(v); }
+
+  /// Emits all ops but the terminator; returns the yielded values' names.
+  FailureOr<SmallVector<std::string>> emitBody(Block &block) {
+    for (Operation &op : block.without_terminator())
+      if (failed(emitOp(op)))
+        return failure();
+    SmallVector<std::string> out;
+    for (Value v : block.getTerminator()->getOperands())
+      out.push_back(get(v));
+    return out;
+  }
+
+  /// The C++ lvalue expression of a load's element (in tok or params) with
+  /// `base` = "ctx.tok" / "ctx.dtok" or "ctx.params" / "ctx.dparams".
+  FailureOr<std::string> element(LoadOp load, StringRef tokBase, StringRef paramBase,
+                                 Block &region) {
+    Value src = load.getSource();
+    auto idx = load.getIndices();
+    if (isa<TokensType>(src.getType())) {
+      auto slot = layout.tokSlot.find(src);
+      if (slot == layout.tokSlot.end())
+        return load.emitOpError("loads a token sequence the kernel does not compute");
+      return llvm::formatv("{0}[{1} * ctx.T + ({2})]", tokBase, slot->second, get(idx[2])).str();
+    }
+    auto param = layout.paramIndex.find(src);
+    if (param == layout.paramIndex.end())
+      return load.emitOpError("loads a value that is not an ape.param of this kernel");
+    ParamOp p = layout.params[param->second];
+    std::string flat;
+    for (auto [k, dimAttr] : llvm::enumerate(p.getShape())) {
+      StringRef dim = cast<StringAttr>(dimAttr).getValue();
+      std::string size = dim == "heads" ? "ctx.H" : dim == "head_dim" ? "ctx.D" : dim.str();
+      flat = k == 0 ? "(" + get(idx[k]) + ")"
+                    : "(" + flat + " * " + size + " + (" + get(idx[k]) + "))";
+    }
+    return llvm::formatv("{0}[{1}][{2}]", paramBase, param->second, flat).str();
+  }
+
+private:
+  std::string fresh() { return prefix + std::to_string(counter++); }
+
+  void define(Operation &op, const std::string &expr) {
+    std::string n = fresh();
+    os << indent << "[[maybe_unused]] const " << cType(op.getResult(0).getType()) << " " << n
+       << " = " << expr << ";\n";
+    names[op.getResult(0)] = n;
+  }
+
+  LogicalResult emitOp(Operation &op) {
+    auto a = [&](unsigned i) { return get(op.getOperand(i)); };
+    auto bin = [&](StringRef sym) { return "(" + a(0) + " " + sym.str() + " " + a(1) + ")"; };
+    auto call = [&](StringRef fn) {
+      std::string s = fn.str() + "(";
+      for (unsigned i = 0; i < op.getNumOperands(); ++i)
+        s += (i ? ", " : "") + a(i);
+      return s + ")";
+    };
+    auto u64 = [&](unsigned i) { return "static_cast<uint64_t>(" + a(i) + ")"; };
+    std::optional<std::string> e =
+        llvm::TypeSwitch<Operation *, std::optional<std::string>>(&op)
+            .Case([&](arith::ConstantOp c) -> std::optional<std::string> {
+              if (auto f = dyn_cast<FloatAttr>(c.getValue()))
+                return llvm::formatv("T({0:e17})", f.getValueAsDouble()).str();
+              if (auto i = dyn_cast<IntegerAttr>(c.getValue()))
+                return c.getType().isInteger(1) ? std::string(i.getInt() ? "true" : "false")
+                                                : "int64_t(" + std::to_string(i.getInt()) + ")";
+              return std::nullopt;
+            })
+            .Case([&](arith::AddFOp) { return bin("+"); })
+            .Case([&](arith::SubFOp) { return bin("-"); })
+            .Case([&](arith::MulFOp) { return bin("*"); })
+            .Case([&](arith::DivFOp) { return bin("/"); })
+            .Case([&](arith::NegFOp) { return "(-" + a(0) + ")"; })
+            .Case([&](arith::AddIOp) { return bin("+"); })
+            .Case([&](arith::SubIOp) { return bin("-"); })
+            .Case([&](arith::MulIOp) { return bin("*"); })
+            .Case([&](arith::DivSIOp) { return bin("/"); })
+            .Case([&](arith::RemSIOp) { return bin("%"); })
+            .Case([&](arith::DivUIOp) { return "int64_t(" + u64(0) + " / " + u64(1) + ")"; })
+            .Case([&](arith::RemUIOp) { return "int64_t(" + u64(0) + " % " + u64(1) + ")"; })
+            .Case([&](arith::FloorDivSIOp) {  // rounds toward -inf
+              return "(" + a(0) + " / " + a(1) + " - ((" + a(0) + " % " + a(1) + " != 0) && ((" +
+                     a(0) + " < 0) != (" + a(1) + " < 0))))";
+            })
+            .Case([&](arith::MaxSIOp) { return call("std::max<int64_t>"); })
+            .Case([&](arith::MinSIOp) { return call("std::min<int64_t>"); })
+            .Case([&](arith::MaxUIOp) {
+              return "int64_t(std::max(" + u64(0) + ", " + u64(1) + "))";
+            })
+            .Case([&](arith::MinUIOp) {
+              return "int64_t(std::min(" + u64(0) + ", " + u64(1) + "))";
+            })
+            .Case<arith::MaximumFOp, arith::MaxNumFOp>([&](auto) { return call("std::max<T>"); })
+            .Case<arith::MinimumFOp, arith::MinNumFOp>([&](auto) { return call("std::min<T>"); })
+            .Case([&](arith::SelectOp) { return "(" + a(0) + " ? " + a(1) + " : " + a(2) + ")"; })
+            .Case<arith::IndexCastOp, arith::IndexCastUIOp, arith::ExtSIOp, arith::TruncIOp>(
+                [&](auto) { return "int64_t(" + a(0) + ")"; })
+            .Case([&](arith::SIToFPOp) { return "T(" + a(0) + ")"; })
+            .Case([&](arith::UIToFPOp) { return "T(" + u64(0) + ")"; })
+            .Case<arith::FPToSIOp, arith::FPToUIOp>([&](auto) { return "int64_t(" + a(0) + ")"; })
+            .Case([&](arith::CmpFOp c) -> std::optional<std::string> {
+              using P = arith::CmpFPredicate;
+              switch (c.getPredicate()) {
+              case P::OEQ: case P::UEQ: return bin("==");
+              case P::ONE: case P::UNE: return bin("!=");
+              case P::OLT: case P::ULT: return bin("<");
+              case P::OLE: case P::ULE: return bin("<=");
+              case P::OGT: case P::UGT: return bin(">");
+              case P::OGE: case P::UGE: return bin(">=");
+              case P::AlwaysTrue: return std::string("true");
+              case P::AlwaysFalse: return std::string("false");
+              default: return std::nullopt;
+              }
+            })
+            .Case([&](arith::CmpIOp c) -> std::optional<std::string> {
+              using P = arith::CmpIPredicate;
+              auto ub = [&](StringRef s) { return "(" + u64(0) + " " + s.str() + " " + u64(1) + ")"; };
+              switch (c.getPredicate()) {
+              case P::eq: return bin("==");
+              case P::ne: return bin("!=");
+              case P::slt: return bin("<");
+              case P::sle: return bin("<=");
+              case P::sgt: return bin(">");
+              case P::sge: return bin(">=");
+              case P::ult: return ub("<");
+              case P::ule: return ub("<=");
+              case P::ugt: return ub(">");
+              case P::uge: return ub(">=");
+              }
+              return std::nullopt;
+            })
+            .Case([&](math::ExpOp) { return call("std::exp"); })
+            .Case([&](math::Exp2Op) { return call("std::exp2"); })
+            .Case([&](math::LogOp) { return call("std::log"); })
+            .Case([&](math::Log2Op) { return call("std::log2"); })
+            .Case([&](math::Log1pOp) { return call("std::log1p"); })
+            .Case([&](math::SqrtOp) { return call("std::sqrt"); })
+            .Case([&](math::SinOp) { return call("std::sin"); })
+            .Case([&](math::CosOp) { return call("std::cos"); })
+            .Case([&](math::TanhOp) { return call("std::tanh"); })
+            .Case([&](math::AbsFOp) { return call("std::abs"); })
+            .Case([&](math::FloorOp) { return call("std::floor"); })
+            .Case([&](math::CeilOp) { return call("std::ceil"); })
+            .Case([&](math::RoundOp) { return call("std::round"); })
+            .Case([&](math::PowFOp) { return call("std::pow"); })
+            .Case([&](DimOp d) {
+              return std::string(d.getWhich() == "heads"      ? "ctx.H"
+                                 : d.getWhich() == "head_dim" ? "ctx.D"
+                                                              : "ctx.T");
+            })
+            .Default([](Operation *) { return std::nullopt; });
+    if (auto load = dyn_cast<LoadOp>(op)) {
+      FailureOr<std::string> el = element(load, "ctx.tok", "ctx.params", *op.getBlock());
+      if (failed(el))
+        return failure();
+      define(op, *el);
+      return success();
+    }
+    if (!e || op.getNumResults() != 1)
+      return op.emitOpError("has no CPU C++ translation");
+    define(op, *e);
+    return success();
+  }
+
+  raw_ostream &os;
+  KernelLayout &layout;
+  std::string prefix, indent;
+  DenseMap<Value, std::string> names;
+  unsigned counter = 0;
+};
+
+constexpr StringLiteral kIndent = "    ";
+
+/// Emits the gradient accumulations of the loads of `body` given the names of
+/// their gradients; non-trainable params receive none.
+LogicalResult emitLoadGrads(raw_ostream &os, KernelLayout &layout, RegionWriter &primal,
+                            Region &body, ArrayRef<std::string> grads) {
+  unsigned k = 0;
+  LogicalResult result = success();
+  body.walk([&](LoadOp load) {
+    std::string g = grads[k++];
+    if (auto p = load.getSource().getDefiningOp<ParamOp>(); p && !p.getTrainable())
+      return;
+    FailureOr<std::string> el = primal.element(load, "ctx.dtok", "ctx.dparams", body.front());
+    if (failed(el)) {
+      result = failure();
+      return;
+    }
+    os << kIndent << *el << " += " << g << ";\n";
+  });
+  return result;
+}
+
+/// q_mod / k_mod and their gradients (identity when the kernel has none).
+template <typename ModOp>
+LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, StringRef which) {
+  os << "  template <class T>\n  static T " << which
+     << "_mod(const ape::HeadCtx<T> &ctx, int64_t t, int64_t c, T x, T y) {\n";
+  if (!mod) {
+    os << "    return x;\n  }\n";
+  } else {
+    RegionWriter w(os, layout, "v", kIndent);
+    Block &b = mod.getBody().front();
+    w.bind(b.getArgument(0), "x"), w.bind(b.getArgument(1), "y"), w.bind(b.getArgument(2), "c");
+    w.bind(b.getArgument(3), "t"), w.bind(b.getArgument(4), "ctx.h");
+    auto out = w.emitBody(b);
+    if (failed(out))
+      return failure();
+    os << "    return " << (*out)[0] << ";\n  }\n";
+  }
+  os << "  template <class T>\n  static void " << which
+     << "_mod_grad(const ape::HeadCtx<T> &ctx, int64_t t, int64_t c, T x, T y, T g, T &dx, "
+        "T &dy) {\n";
+  if (!mod) {
+    os << "    dx = g;\n    dy = T(0);\n  }\n";
+    return success();
+  }
+  RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
+  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  StringRef args[] = {"x", "y", "c", "t", "ctx.h", "g"};
+  for (unsigned i = 0; i < b.getNumArguments(); ++i)
+    primal.bind(b.getArgument(i), args[i]);
+  for (unsigned i = 0; i < gb.getNumArguments(); ++i)
+    grad.bind(gb.getArgument(i), args[i]);
+  if (failed(primal.emitBody(b)))
+    return failure();
+  auto out = grad.emitBody(gb);
+  if (failed(out))
+    return failure();
+  os << "    dx = " << (*out)[0] << ";\n    dy = " << (*out)[1] << ";\n";
+  if (failed(emitLoadGrads(os, layout, primal, mod.getBody(), ArrayRef(*out).drop_front(2))))
+    return failure();
+  os << "  }\n";
+  return success();
+}
+
+LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout) {
+  ScoreModOp mod = layout.score;
+  os << "  template <class T>\n  static T score_mod(const ape::HeadCtx<T> &ctx, int64_t i, "
+        "int64_t j, T s) {\n";
+  StringRef args[] = {"s", "ctx.b", "ctx.h", "i", "j", "g"};
+  if (!mod) {
+    os << "    return s;\n  }\n";
+  } else {
+    RegionWriter w(os, layout, "v", kIndent);
+    Block &b = mod.getBody().front();
+    for (unsigned k = 0; k < b.getNumArguments(); ++k)
+      w.bind(b.getArgument(k), args[k]);
+    auto out = w.emitBody(b);
+    if (failed(out))
+      return failure();
+    os << "    return " << (*out)[0] << ";\n  }\n";
+  }
+  os << "  template <class T>\n  static T score_mod_grad(const ape::HeadCtx<T> &ctx, int64_t i, "
+        "int64_t j, T s, T g) {\n";
+  if (!mod) {
+    os << "    return g;\n  }\n";
+    return success();
+  }
+  RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
+  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  for (unsigned k = 0; k < b.getNumArguments(); ++k)
+    primal.bind(b.getArgument(k), args[k]);
+  for (unsigned k = 0; k < gb.getNumArguments(); ++k)
+    grad.bind(gb.getArgument(k), args[k]);
+  if (failed(primal.emitBody(b)))
+    return failure();
+  auto out = grad.emitBody(gb);
+  if (failed(out))
+    return failure();
+  if (failed(emitLoadGrads(os, layout, primal, mod.getBody(), ArrayRef(*out).drop_front(1))))
+    return failure();
+  os << "    return " << (*out)[0] << ";\n  }\n";
+  return success();
+}
+
+/// Map functions, then token_forward / token_backward over the token program.
+LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout) {
+  unsigned m = 0;
+  DenseMap<Operation *, unsigned> mapIndex;
+  for (Operation *op : layout.tokenProgram) {
+    auto map = dyn_cast<MapOp>(op);
+    if (!map)
+      continue;
+    mapIndex[op] = m;
+    RegionWriter w(os, layout, "v", kIndent), g(os, layout, "g", kIndent);
+    os << "  template <class T>\n  static T map_" << m
+       << "(const ape::HeadCtx<T> &ctx, T x) {\n";
+    w.bind(map.getBody().getArgument(0), "x");
+    auto out = w.emitBody(map.getBody().front());
+    if (failed(out))
+      return failure();
+    os << "    return " << (*out)[0] << ";\n  }\n";
+    os << "  template <class T>\n  static T map_" << m
+       << "_grad(const ape::HeadCtx<T> &ctx, T x, T g) {\n";
+    g.bind(map.getGrad().getArgument(0), "x");
+    g.bind(map.getGrad().getArgument(1), "g");
+    out = g.emitBody(map.getGrad().front());
+    if (failed(out))
+      return failure();
+    os << "    return " << (*out)[0] << ";\n  }\n";
+    ++m;
+  }
+  auto slot = [&](Value v) { return layout.tokSlot.lookup(v); };
+  os << "  // Token program, forward: every token sequence of this (b, h) into its slot.\n"
+        "  template <class T>\n  static void token_forward(const ape::HeadCtx<T> &ctx, "
+        "const T *const *feat, T *tok) {\n"
+        "    const int64_t n = ctx.T;\n";
+  if (layout.tokenProgram.empty())
+    os << "    (void)feat, (void)tok, (void)n;\n";
+  for (Operation *op : layout.tokenProgram) {
+    unsigned out = slot(op->getResult(0));
+    if (auto f = dyn_cast<TokenFeatureOp>(op)) {
+      os << llvm::formatv("    for (int64_t t = 0; t < n; ++t) tok[{0} * n + t] = feat[{1}][t];"
+                          "  // feature \"{2}\"\n",
+                          out, layout.featureIndex.lookup(f), f.getName());
+    } else if (auto map = dyn_cast<MapOp>(op)) {
+      os << llvm::formatv("    for (int64_t t = 0; t < n; ++t) tok[{0} * n + t] = map_{1}(ctx, "
+                          "tok[{2} * n + t]);\n",
+                          out, mapIndex.lookup(op), slot(map.getInput()));
+    } else if (auto scan = dyn_cast<ScanOp>(op)) {
+      os << llvm::formatv("    {{  // inclusive scan, accumulated in double\n"
+                          "      double acc = 0;\n"
+                          "      for (int64_t t = 0; t < n; ++t) {{ acc += tok[{1} * n + t]; "
+                          "tok[{0} * n + t] = T(acc); }\n    }\n",
+                          out, slot(scan.getInput()));
+    }
+  }
+  os << "  }\n";
+  os << "  // Token program, backward: consumers before producers; dtok holds the\n"
+        "  // gradients that score/q/k mods accumulated.\n"
+        "  template <class T>\n  static void token_backward(const ape::HeadCtx<T> &ctx, "
+        "const T *const *feat, const T *tok, T *dtok, T *const *dfeat) {\n"
+        "    const int64_t n = ctx.T;\n";
+  if (layout.tokenProgram.empty())
+    os << "    (void)feat, (void)tok, (void)dtok, (void)dfeat, (void)n;\n";
+  for (Operation *op : llvm::reverse(layout.tokenProgram)) {
+    unsigned out = slot(op->getResult(0));
+    if (auto f = dyn_cast<TokenFeatureOp>(op)) {
+      os << llvm::formatv("    for (int64_t t = 0; t < n; ++t) dfeat[{1}][t] = dtok[{0} * n + t];\n",
+                          out, layout.featureIndex.lookup(f));
+    } else if (auto map = dyn_cast<MapOp>(op)) {
+      os << llvm::formatv("    for (int64_t t = 0; t < n; ++t) dtok[{2} * n + t] += map_{1}_grad("
+                          "ctx, tok[{2} * n + t], dtok[{0} * n + t]);\n",
+                          out, mapIndex.lookup(op), slot(map.getInput()));
+    } else if (auto scan = dyn_cast<ScanOp>(op)) {
+      os << llvm::formatv("    {{  // reverse cumulative sum\n"
+                          "      double acc = 0;\n"
+                          "      for (int64_t t = n - 1; t >= 0; --t) {{ acc += dtok[{0} * n + t]; "
+                          "dtok[{1} * n + t] += T(acc); }\n    }\n",
+                          out, slot(scan.getInput()));
+    }
+  }
+  os << "  }\n";
+  return success();
+}
+
+int pairingCode(StringRef p) { return p == "half" ? 1 : p == "interleaved" ? 2 : 0; }
+
+} // namespace
+
+LogicalResult mlir::ape::emitCpuKernel(KernelOp kernel, StringRef source, raw_ostream &os) {
+  KernelLayout layout;
+  if (failed(layout.build(kernel)))
+    return failure();
+  StringRef name = kernel.getSymName();
+  std::string manifest;
+  {
+    llvm::raw_string_ostream ms(manifest);
+    if (failed(emitManifest(kernel, source, ms)))
+      return failure();
+  }
+  os << "// Generated by apec from " << source << " (encoding @" << name
+     << "). Do not edit: edit the spec and recompile.\n"
+     << "// The functor below is translated from the regions of ape.kernel @" << name
+     << "; the flash-attention\n// loops live in codegen/templates/ape/cpu_attention.h.\n"
+     << "#include \"ape/cpu_attention.h\"\n#include \"ape/kernel_entry.h\"\n\n"
+     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n\nnamespace {\n\n"
+     << "struct Enc {\n";
+  os << "  static constexpr int kNumFeatures = " << layout.features.size() << ";\n"
+     << "  static constexpr int kNumParams = " << layout.params.size() << ";\n"
+     << "  static constexpr int kNumTok = " << layout.tokSlot.size() << ";\n"
+     << "  static constexpr bool kHasQMod = " << (layout.qmod ? "true" : "false") << ";\n"
+     << "  static constexpr bool kHasKMod = " << (layout.kmod ? "true" : "false") << ";\n"
+     << "  static constexpr bool kHasScoreMod = " << (layout.score ? "true" : "false") << ";\n"
+     << "  static constexpr int kQPairing = "
+     << (layout.qmod ? pairingCode(layout.qmod.getPairing()) : 0) << ";\n"
+     << "  static constexpr int kKPairing = "
+     << (layout.kmod ? pairingCode(layout.kmod.getPairing()) : 0) << ";\n"
+     << llvm::formatv("  static constexpr double kQFraction = {0:e17};\n",
+                      layout.qmod ? layout.qmod.getFraction().convertToDouble() : 1.0)
+     << llvm::formatv("  static constexpr double kKFraction = {0:e17};\n",
+                      layout.kmod ? layout.kmod.getFraction().convertToDouble() : 1.0);
+  os << "  static int64_t param_numel(int n, int64_t H, int64_t D) {\n"
+     << "    (void)H, (void)D;\n    switch (n) {\n";
+  for (auto [n, p] : llvm::enumerate(layout.params)) {
+    std::string numel;
+    for (Attribute a : p.getShape()) {
+      StringRef d = cast<StringAttr>(a).getValue();
+      numel += (numel.empty() ? "" : " * ") +
+               (d == "heads" ? std::string("H") : d == "head_dim" ? std::string("D") : d.str());
+    }
+    os << "    case " << n << ": return " << numel << ";  // \"" << p.getName() << "\"\n";
+  }
+  os << "    default: return 0;\n    }\n  }\n";
+  if (failed(emitTokenProgram(os, layout)) ||
+      failed(emitQKMod(os, layout, layout.qmod, "q")) ||
+      failed(emitQKMod(os, layout, layout.kmod, "k")) || failed(emitScoreMod(os, layout)))
+    return failure();
+  os << "};\n\n";
+  os << "const char kManifest[] = R\"APE_MANIFEST(" << manifest << ")APE_MANIFEST\";\n\n";
+  for (StringRef dir : {"forward", "backward"})
+    for (StringRef t : {"float", "double"})
+      os << "void " << dir << "_" << (t == "float" ? "f32" : "f64") << "(const ape::AttnArgs<"
+         << t << "> &a) { ape::attention_" << dir << "<Enc, " << t << ">(a); }\n";
+  os << "\nconst ape::KernelEntry kEntry = {\"" << name
+     << "\", kManifest, forward_f32, backward_f32, forward_f64, backward_f64};\n\n"
+     << "} // namespace\n\n"
+     << "extern \"C\" const ape::KernelEntry *ape_kernel_entry_" << name
+     << "() { return &kEntry; }\n";
+  return success();
+}

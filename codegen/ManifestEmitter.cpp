@@ -1,0 +1,70 @@
+//===- ManifestEmitter.cpp - the manifest (JSON) of a kernel --------------===//
+//
+// The manifest tells a runtime what the generated kernel needs beyond q, k
+// and v: the token features it computes from the block input, the params it
+// creates (shapes, initialisers, trainable or derived), the masked
+// projection, the logit scale and the schedule. Its schema is documented in
+// docs/internals.md, section 3.
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/Emitters.h"
+
+#include "llvm/Support/JSON.h"
+
+using namespace mlir;
+using namespace mlir::ape;
+
+LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ostream &os) {
+  llvm::json::Array features, params;
+  llvm::json::Value override = nullptr;
+  for (Operation &op : kernel.getBody().front()) {
+    if (auto f = dyn_cast<TokenFeatureOp>(op)) {
+      features.push_back(llvm::json::Object{{"name", f.getName()},
+                                            {"weight_std", f.getWeightStd().convertToDouble()},
+                                            {"bias", f.getBias().convertToDouble()}});
+    } else if (auto p = dyn_cast<ParamOp>(op)) {
+      llvm::json::Array shape;
+      for (Attribute a : p.getShape())
+        shape.push_back(cast<StringAttr>(a).getValue());
+      llvm::json::Object init{{"kind", p.getInit()}};
+      for (NamedAttribute a : p->getDiscardableAttrs()) {
+        if (auto fa = dyn_cast<FloatAttr>(a.getValue()))
+          init[a.getName().getValue()] = fa.getValueAsDouble();
+        else if (auto ia = dyn_cast<IntegerAttr>(a.getValue()))
+          init[a.getName().getValue()] = ia.getInt();
+        else if (auto sa = dyn_cast<StringAttr>(a.getValue()))
+          init[a.getName().getValue()] = sa.getValue();
+        else if (auto ba = dyn_cast<BoolAttr>(a.getValue()))
+          init[a.getName().getValue()] = ba.getValue();
+      }
+      params.push_back(llvm::json::Object{{"name", p.getName()},
+                                          {"shape", std::move(shape)},
+                                          {"init", std::move(init)},
+                                          {"trainable", p.getTrainable()},
+                                          {"per_layer", !p->hasAttr("shared")}});
+    } else if (auto m = dyn_cast<MaskedProjectionOp>(op)) {
+      override = llvm::json::Object{{"l", m.getL()}, {"targets", m.getTargets()}};
+    }
+  }
+  llvm::json::Value scale = nullptr;
+  if (auto s = kernel.getScale())
+    scale = s->convertToDouble();
+  auto opt = [](std::optional<uint64_t> v) -> llvm::json::Value {
+    return v ? llvm::json::Value(static_cast<int64_t>(*v)) : llvm::json::Value(nullptr);
+  };
+  llvm::json::Object manifest{
+      {"encoding", kernel.getSymName()},
+      {"source", source},
+      {"generator", "apec"},
+      {"scale", std::move(scale)},
+      {"causal", kernel.getCausal()},
+      {"passes", opt(kernel.getPasses())},
+      {"tile_q", opt(kernel.getTileQ())},
+      {"tile_k", opt(kernel.getTileK())},
+      {"features", std::move(features)},
+      {"params", std::move(params)},
+      {"override", std::move(override)},
+      {"grads", llvm::json::Array{"q", "k", "v", "features", "params"}}};
+  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))) << "\n";
+  return success();
+}

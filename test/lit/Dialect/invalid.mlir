@@ -1,0 +1,235 @@
+// Malformed or inconsistent specs: each gets a located diagnostic.
+// RUN: ape-opt %s -split-input-file -verify-diagnostics
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op base must be a finite number greater than 1, got 0}}
+  ape.rotary {base = 0.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op fraction must be in (0, 1], got 1.5}}
+  ape.rotary {fraction = 1.5 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op pairing must be "half" or "interleaved", got "diagonal"}}
+  ape.rotary {pairing = "diagonal"}
+}
+
+// -----
+
+ape.encoding @e {
+  ape.rotary
+  // expected-error @+1 {{'ape.rotary' op an encoding takes at most one ape.rotary}}
+  ape.rotary {pairing = "interleaved"}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.cable' op kernel must be "none" (Cable) or "log1p_sq" (K-Cable), got "gauss"}}
+  ape.cable {kernel = "gauss"}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.cable' op kappa must be a positive finite number, got -1}}
+  ape.cable {kappa = -1.0 : f64}
+}
+
+// -----
+
+ape.encoding @e attributes {scale = 0.125 : f64} {
+  // expected-error @+1 {{'ape.cable' op kappa 1.000000e+00 conflicts with the logit scale 1.250000e-01 set elsewhere in the encoding}}
+  ape.cable {kappa = 1.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.override' op l (the number of overwritten inputs) must be at least 1, got 0}}
+  ape.override {l = 0}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.override' op theta must be a non-zero finite number, got 0}}
+  ape.override {l = 8, theta = 0.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.override' op targets must be "qk" (the q and k projections), got "v"}}
+  ape.override {l = 8, targets = "v"}
+}
+
+// -----
+
+ape.encoding @e {
+  ape.override {l = 8}
+  // expected-error @+1 {{'ape.override' op an encoding takes at most one override of the projection input}}
+  ape.override {l = 4}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.override' op requires attribute 'l'}}
+  ape.override
+}
+
+// -----
+
+// expected-error @+1 {{'ape.rotary' op expects parent op 'ape.encoding'}}
+ape.rotary
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op dimension "seq" is not "heads", "head_dim" or a positive integer}}
+  %p = ape.param "w" ["seq"] init = "zeros"
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op unknown init "uniform" (expected zeros, ones, normal, constant, alibi_slopes or projection_term)}}
+  %p = ape.param "w" ["heads"] init = "uniform"
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op init "normal" needs a non-negative `std` attribute (f64)}}
+  %p = ape.param "w" ["heads"] init = "normal" trainable
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op init "alibi_slopes" needs shape ["heads"]}}
+  %p = ape.param "m" ["head_dim"] init = "alibi_slopes"
+}
+
+// -----
+
+ape.encoding @e {
+  %p = ape.param "w" ["heads"] init = "zeros"
+  // expected-error @+1 {{'ape.param' op duplicate param name "w"}}
+  %q = ape.param "w" ["heads"] init = "ones"
+}
+
+// -----
+
+ape.encoding @e {
+  %p = ape.param "w" ["heads"] init = "zeros"
+  // expected-error @+1 {{'ape.score_mod' op body region must take (s: f32, b: index, h: index, i: index, j: index), got 2 argument(s)}}
+  ape.score_mod {
+  ^bb0(%s: f32, %i: index):
+    ape.yield %s : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    // expected-error @+1 {{'ape.yield' op must yield 1 value(s) of type f32 in a score_mod body region, got 2}}
+    ape.yield %s, %s : f32, f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  %p = ape.param "w" ["heads", "head_dim"] init = "zeros"
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    // expected-error @+1 {{'ape.load' op of param "w" takes 2 index(es), one per dimension, got 1}}
+    %w = ape.load %p[%h] : !ape.param
+    %r = arith.addf %s, %w : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  %f = ape.token_feature "f"
+  %c = ape.scan %f
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    // expected-error @+1 {{'ape.load' op of a token sequence takes 3 indices [batch, head, token], got 2}}
+    %v = ape.load %c[%h, %i] : !ape.tokens
+    %r = arith.addf %s, %v : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    // expected-error @+1 {{'ape.dim' op unknown dimension "width" (expected "heads", "head_dim" or "seq_len")}}
+    %d = ape.dim "width"
+    ape.yield %s : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  ape.q_mod attributes {pairing = "half", fraction = 0.0 : f64} {
+  // expected-error @-1 {{'ape.q_mod' op fraction must be in (0, 1], got 0}}
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    ape.yield %x : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  %f = ape.token_feature "f"
+  // expected-error @+1 {{'ape.map' op body region must take (f32), got 2 argument(s)}}
+  %m = ape.map %f {
+  ^bb0(%x: f32, %y: f32):
+    ape.yield %x : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'arith.constant' op is not an ape op; arith/math ops belong inside regions}}
+  %c = arith.constant 1.0 : f32
+}
+
+// -----
+
+ape.kernel @k {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    ape.yield %s : f32
+  }
+  // expected-error @+1 {{'ape.score_mod' op a kernel holds at most one score_mod (fuse composes them)}}
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    ape.yield %s : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.token_feature' op weight_std must be a non-negative finite number, got -1.000000e-01}}
+  %f = ape.token_feature "f" {weight_std = -0.1 : f64}
+}

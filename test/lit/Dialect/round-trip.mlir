@@ -1,0 +1,103 @@
+// Every op of the ape dialect prints in a form that parses back to the same IR.
+// RUN: ape-opt %s | ape-opt | FileCheck %s
+// RUN: ape-opt %s --mlir-print-op-generic | ape-opt | FileCheck %s
+
+// CHECK-LABEL: ape.encoding @named
+// CHECK-NEXT: ape.rotary {base = 5.000000e+05 : f64, fraction = 5.000000e-01 : f64, pairing = "interleaved"}
+// CHECK-NEXT: ape.alibi
+// CHECK-NEXT: ape.alibi {learned}
+// CHECK-NEXT: ape.cable {kappa = 1.000000e+00 : f64, kernel = "log1p_sq"}
+// CHECK-NEXT: ape.override {l = 16 : i64}
+ape.encoding @named {
+  ape.rotary {base = 500000.0 : f64, fraction = 0.5 : f64, pairing = "interleaved"}
+  ape.alibi
+  ape.alibi {learned}
+  ape.cable {kernel = "log1p_sq", kappa = 1.0 : f64}
+  ape.override {l = 16, start = 0.0 : f64, theta = 4.8828125e-04 : f64, targets = "qk"}
+}
+
+// CHECK-LABEL: ape.encoding @nope {
+// CHECK-NEXT: }
+ape.encoding @nope {
+}
+
+// CHECK-LABEL: ape.encoding @scaled attributes {scale = 1.000000e+00 : f64}
+ape.encoding @scaled attributes {scale = 1.0 : f64} {
+  ape.rotary
+}
+
+// CHECK-LABEL: ape.encoding @generic
+// CHECK: %[[F:.*]] = ape.token_feature "gate" {bias = 2.000000e+00 : f64}
+// CHECK: %[[M:.*]] = ape.map %[[F]] {
+// CHECK: ^bb0(%[[X:.*]]: f32):
+// CHECK: math.exp %[[X]] : f32
+// CHECK: ape.yield
+// CHECK: %[[S:.*]] = ape.scan %[[M]]
+// CHECK: %[[P:.*]] = ape.param "w" ["heads", "4"] init = "normal" trainable {std = 2.000000e-02 : f64}
+// CHECK: %[[Z:.*]] = ape.param "z" ["head_dim"] init = "zeros"
+// CHECK: ape.masked_projection {l = 8 : i64, targets = "qk"}
+// CHECK: ape.q_mod attributes {pairing = "half"} {
+// CHECK: ape.dim "head_dim"
+// CHECK: ape.load %[[Z]][%{{.*}}] : !ape.param
+// CHECK: ape.k_mod {
+// CHECK: ape.score_mod {
+// CHECK: ape.load %[[S]][%{{.*}}, %{{.*}}, %{{.*}}] : !ape.tokens
+// CHECK: ape.load %[[P]][%{{.*}}, %{{.*}}] : !ape.param
+ape.encoding @generic {
+  %f = ape.token_feature "gate" {bias = 2.0 : f64}
+  %m = ape.map %f {
+  ^bb0(%x: f32):
+    %y = math.exp %x : f32
+    ape.yield %y : f32
+  }
+  %s = ape.scan %m
+  %p = ape.param "w" ["heads", "4"] init = "normal" trainable {std = 0.02 : f64}
+  %z = ape.param "z" ["head_dim"] init = "zeros"
+  ape.masked_projection {l = 8 : i64, targets = "qk"}
+  ape.q_mod attributes {pairing = "half"} {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    %d = ape.dim "head_dim"
+    %zc = ape.load %z[%c] : !ape.param
+    %r = arith.addf %x, %zc : f32
+    ape.yield %r : f32
+  }
+  ape.k_mod {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    ape.yield %x : f32
+  }
+  ape.score_mod {
+  ^bb0(%sc: f32, %b: index, %h: index, %i: index, %j: index):
+    %v = ape.load %s[%b, %h, %i] : !ape.tokens
+    %c3 = arith.constant 3 : index
+    %w = ape.load %p[%h, %c3] : !ape.param
+    %a = arith.addf %sc, %v : f32
+    %r = arith.addf %a, %w : f32
+    ape.yield %r : f32
+  }
+}
+
+// CHECK-LABEL: ape.kernel @fused attributes {passes = 1 : i64, scale = 1.250000e-01 : f64, tile_k = 32 : i64, tile_q = 16 : i64}
+// CHECK: ape.map
+// CHECK: } grad {
+// CHECK: ^bb0(%{{.*}}: f32, %{{.*}}: f32):
+// CHECK: ape.score_mod attributes {plans = ["row_sum"]}
+// CHECK: } grad {
+ape.kernel @fused attributes {scale = 0.125 : f64, passes = 1, tile_q = 16, tile_k = 32} {
+  %f = ape.token_feature "f"
+  %m = ape.map %f {
+  ^bb0(%x: f32):
+    ape.yield %x : f32
+  } grad {
+  ^bb0(%x: f32, %g: f32):
+    ape.yield %g : f32
+  }
+  ape.score_mod attributes {plans = ["row_sum"]} {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %v = ape.load %m[%b, %h, %i] : !ape.tokens
+    %r = arith.addf %s, %v : f32
+    ape.yield %r : f32
+  } grad {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %g: f32):
+    ape.yield %g, %g : f32, f32
+  }
+}

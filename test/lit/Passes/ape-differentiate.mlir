@@ -1,0 +1,163 @@
+// RUN: ape-opt %s -split-input-file -verify-diagnostics -ape-differentiate | FileCheck %s
+
+// Cable's bias S_i - S_j: ∂/∂s = 1, the query-row load gets g (row sum into
+// S_i), the key-column load -g (column sum into S_j).
+// CHECK-LABEL: ape.kernel @cable
+// CHECK: ape.map %{{.*}} {
+// CHECK: } grad {
+// CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[G:.*]]: f32):
+// CHECK: math.exp
+// CHECK: %[[D:.*]] = arith.divf
+// CHECK: %[[R:.*]] = arith.mulf %[[G]], %{{.*}} : f32
+// CHECK-NEXT: ape.yield %[[R]] : f32
+// CHECK: ape.score_mod attributes {plans = ["row_sum", "col_sum"]} {
+// CHECK: } grad {
+// CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[GS:.*]]: f32):
+// CHECK-NEXT: %[[M1:.*]] = arith.constant -1.000000e+00 : f32
+// CHECK-NEXT: %[[NEG:.*]] = arith.mulf %[[GS]], %[[M1]] : f32
+// CHECK-NEXT: ape.yield %[[GS]], %[[GS]], %[[NEG]] : f32, f32, f32
+ape.kernel @cable {
+  %f = ape.token_feature "cable"
+  %b = ape.map %f {
+  ^bb0(%x: f32):
+    %zero = arith.constant 0.0 : f32
+    %a = math.absf %x : f32
+    %n = arith.negf %a : f32
+    %e = math.exp %n : f32
+    %l = math.log1p %e : f32
+    %m = arith.maximumf %x, %zero : f32
+    %sp = arith.addf %m, %l : f32
+    %r = arith.negf %sp : f32
+    ape.yield %r : f32
+  }
+  %c = ape.scan %b
+  ape.score_mod {
+  ^bb0(%s: f32, %bb: index, %h: index, %i: index, %j: index):
+    %ci = ape.load %c[%bb, %h, %i] : !ape.tokens
+    %cj = ape.load %c[%bb, %h, %j] : !ape.tokens
+    %d = arith.subf %ci, %cj : f32
+    %r = arith.addf %s, %d : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+// K-Cable: ∂/∂S_i = -2(S_i - S_j)/(1 + (S_i - S_j)²)·g.
+// CHECK-LABEL: ape.kernel @kcable
+// CHECK: } grad {
+// CHECK: %[[D:.*]] = arith.subf %{{.*}}, %{{.*}} : f32
+// CHECK: %[[SQ:.*]] = arith.mulf %[[D]], %[[D]] : f32
+// CHECK: arith.addf %[[SQ]], %{{.*}} : f32
+// CHECK: arith.divf
+// CHECK: ape.yield
+ape.kernel @kcable {
+  %f = ape.token_feature "cable"
+  %c = ape.scan %f
+  ape.score_mod {
+  ^bb0(%s: f32, %bb: index, %h: index, %i: index, %j: index):
+    %ci = ape.load %c[%bb, %h, %i] : !ape.tokens
+    %cj = ape.load %c[%bb, %h, %j] : !ape.tokens
+    %d = arith.subf %ci, %cj : f32
+    %sq = arith.mulf %d, %d : f32
+    %l = math.log1p %sq : f32
+    %r = arith.subf %s, %l : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+// A learned slope per head reduces per head; a table read at a computed
+// index (T5-style) scatters.
+// CHECK-LABEL: ape.kernel @slopes
+// CHECK: ape.score_mod attributes {plans = ["head_sum", "scatter"]} {
+// CHECK: } grad {
+// CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %[[I:.*]]: index, %[[J:.*]]: index, %[[G:.*]]: f32):
+// CHECK: %[[D:.*]] = arith.subi %[[I]], %[[J]] : index
+// CHECK: %[[DF:.*]] = arith.sitofp %{{.*}} : i64 to f32
+// CHECK: %[[GM:.*]] = arith.mulf %[[G]], %{{.*}} : f32
+// CHECK: ape.yield %[[G]], %{{.*}}, %[[G]] : f32, f32, f32
+ape.kernel @slopes {
+  %m = ape.param "m" ["heads"] init = "alibi_slopes" trainable
+  %t = ape.param "table" ["32", "heads"] init = "zeros" trainable
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %mh = ape.load %m[%h] : !ape.param
+    %d = arith.subi %i, %j : index
+    %di = arith.index_cast %d : index to i64
+    %df = arith.sitofp %di : i64 to f32
+    %p = arith.mulf %mh, %df : f32
+    %r = arith.subf %s, %p : f32
+    %c31 = arith.constant 31 : index
+    %bucket = arith.minui %d, %c31 : index
+    %tb = ape.load %t[%bucket, %h] : !ape.param
+    %r2 = arith.addf %r, %tb : f32
+    ape.yield %r2 : f32
+  }
+}
+
+// -----
+
+// RoPE's backward is the transpose rotation: ∂x'/∂x = cos, ∂x'/∂y = ∓sin.
+// CHECK-LABEL: ape.kernel @rotation
+// CHECK: ape.q_mod attributes {pairing = "half", plans = []} {
+// CHECK: } grad {
+// CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: f32, %{{.*}}: index, %[[T:.*]]: index, %{{.*}}: index, %[[G:.*]]: f32):
+// CHECK: %[[A:.*]] = arith.sitofp %{{.*}} : i64 to f32
+// CHECK-DAG: %[[COS:.*]] = math.cos %[[A]] : f32
+// CHECK-DAG: %[[SIN:.*]] = math.sin %[[A]] : f32
+// CHECK-NEXT: %[[DX:.*]] = arith.mulf %[[G]], %[[COS]] : f32
+// CHECK-NEXT: %[[NS:.*]] = arith.negf %[[SIN]] : f32
+// CHECK-NEXT: %[[DY:.*]] = arith.mulf %[[G]], %[[NS]] : f32
+// CHECK-NEXT: ape.yield %[[DX]], %[[DY]] : f32, f32
+ape.kernel @rotation {
+  ape.q_mod attributes {pairing = "half"} {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    %ti = arith.index_cast %t : index to i64
+    %a = arith.sitofp %ti : i64 to f32
+    %cs = math.cos %a : f32
+    %sn = math.sin %a : f32
+    %xc = arith.mulf %x, %cs : f32
+    %ys = arith.mulf %y, %sn : f32
+    %r = arith.subf %xc, %ys : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+// Params inside a q_mod (ExPE's a + t·b) reduce over tokens.
+// CHECK-LABEL: ape.kernel @additive
+// CHECK: ape.q_mod attributes {plans = ["token_sum", "token_sum"]} {
+// CHECK: } grad {
+// CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: f32, %{{.*}}: index, %[[T:.*]]: index, %{{.*}}: index, %[[G:.*]]: f32):
+// CHECK: %[[TF:.*]] = arith.sitofp
+// CHECK: %[[GT:.*]] = arith.mulf %[[G]], %[[TF]] : f32
+// CHECK: ape.yield %[[G]], %{{.*}}, %[[G]], %[[GT]] : f32, f32, f32, f32
+ape.kernel @additive {
+  %a = ape.param "a" ["heads", "head_dim"] init = "zeros" trainable
+  %b = ape.param "b" ["heads", "head_dim"] init = "zeros" trainable
+  ape.q_mod {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    %av = ape.load %a[%h, %c] : !ape.param
+    %ti = arith.index_cast %t : index to i64
+    %tf = arith.sitofp %ti : i64 to f32
+    %bv = ape.load %b[%h, %c] : !ape.param
+    %tb = arith.mulf %tf, %bv : f32
+    %term = arith.addf %av, %tb : f32
+    %r = arith.addf %x, %term : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+ape.kernel @no_rule {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    // expected-error @+1 {{'math.atan' op has no derivative rule}}
+    %r = math.atan %s : f32
+    ape.yield %r : f32
+  }
+}

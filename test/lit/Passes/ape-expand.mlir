@@ -1,0 +1,103 @@
+// RUN: ape-opt %s -split-input-file -ape-expand | FileCheck %s
+
+// RoPE: one q_mod and one k_mod rotating pairs (c, c + r/2) by t·θ_c.
+// CHECK-LABEL: ape.encoding @rope
+// CHECK-NOT: ape.rotary
+// CHECK: ape.q_mod attributes {pairing = "half"} {
+// CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[Y:.*]]: f32, %[[C:.*]]: index, %[[T:.*]]: index, %[[H:.*]]: index):
+// CHECK: ape.dim "head_dim"
+// CHECK: arith.constant -18.420681 : f32
+// CHECK: %[[COS:.*]] = math.cos %[[ANGLE:.*]] : f32
+// CHECK-NEXT: %[[SIN:.*]] = math.sin %[[ANGLE]] : f32
+// CHECK: %[[XC:.*]] = arith.mulf %[[X]], %[[COS]] : f32
+// CHECK: %[[ROT:.*]] = arith.addf %[[XC]], %{{.*}} : f32
+// CHECK: %[[OUT:.*]] = arith.select %{{.*}}, %[[ROT]], %[[X]] : f32
+// CHECK-NEXT: ape.yield %[[OUT]] : f32
+// CHECK: ape.k_mod attributes {pairing = "half"} {
+ape.encoding @rope {
+  ape.rotary {base = 10000.0 : f64}
+}
+
+// -----
+
+// Interleaved pairing: partner 2k+1, frequency index c/2.
+// CHECK-LABEL: ape.encoding @rope_interleaved
+// CHECK: ape.q_mod attributes {fraction = 5.000000e-01 : f64, pairing = "interleaved"}
+// CHECK: arith.divui %{{.*}}, %{{.*}} : index
+ape.encoding @rope_interleaved {
+  ape.rotary {pairing = "interleaved", fraction = 0.5 : f64}
+}
+
+// -----
+
+// ALiBi: a fixed slope per head and s - m_h·(i - j).
+// CHECK-LABEL: ape.encoding @alibi
+// CHECK: %[[M:.*]] = ape.param "alibi_slopes" ["heads"] init = "alibi_slopes"{{$}}
+// CHECK: ape.score_mod {
+// CHECK-NEXT: ^bb0(%[[S:.*]]: f32, %{{.*}}: index, %[[H:.*]]: index, %[[I:.*]]: index, %[[J:.*]]: index):
+// CHECK-NEXT: %[[MH:.*]] = ape.load %[[M]][%[[H]]] : !ape.param
+// CHECK-NEXT: %[[D:.*]] = arith.subi %[[I]], %[[J]] : index
+// CHECK: %[[DF:.*]] = arith.sitofp %{{.*}} : i64 to f32
+// CHECK-NEXT: %[[P:.*]] = arith.mulf %[[MH]], %[[DF]] : f32
+// CHECK-NEXT: %[[N:.*]] = arith.negf %[[P]] : f32
+// CHECK-NEXT: %[[R:.*]] = arith.addf %[[S]], %[[N]] : f32
+// CHECK-NEXT: ape.yield %[[R]] : f32
+ape.encoding @alibi {
+  ape.alibi
+}
+
+// -----
+
+// Learned slopes are trainable; a second instance gets a unique name.
+// CHECK-LABEL: ape.encoding @alibi_learned
+// CHECK: ape.param "alibi_slopes" ["heads"] init = "alibi_slopes" trainable
+// CHECK: ape.param "alibi_slopes_1" ["heads"] init = "alibi_slopes"{{$}}
+ape.encoding @alibi_learned {
+  ape.alibi {learned}
+  ape.alibi
+}
+
+// -----
+
+// Cable: feature -> map(-softplus) -> scan -> s + S_i - S_j.
+// CHECK-LABEL: ape.encoding @cable
+// CHECK: %[[F:.*]] = ape.token_feature "cable"
+// CHECK: %[[B:.*]] = ape.map %[[F]] {
+// CHECK: arith.maximumf
+// CHECK: math.log1p
+// CHECK: arith.negf
+// CHECK: %[[S:.*]] = ape.scan %[[B]]
+// CHECK: ape.score_mod {
+// CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[BB:.*]]: index, %[[H:.*]]: index, %[[I:.*]]: index, %[[J:.*]]: index):
+// CHECK-NEXT: %[[SI:.*]] = ape.load %[[S]][%[[BB]], %[[H]], %[[I]]] : !ape.tokens
+// CHECK-NEXT: %[[SJ:.*]] = ape.load %[[S]][%[[BB]], %[[H]], %[[J]]] : !ape.tokens
+// CHECK-NEXT: %[[D:.*]] = arith.subf %[[SI]], %[[SJ]] : f32
+// CHECK-NEXT: arith.addf %[[X]], %[[D]] : f32
+ape.encoding @cable {
+  ape.cable
+}
+
+// -----
+
+// K-Cable: -log1p((S_i - S_j)^2); kappa becomes the encoding's scale.
+// CHECK-LABEL: ape.encoding @kcable attributes {scale = 1.000000e+00 : f64}
+// CHECK: %[[D:.*]] = arith.subf
+// CHECK-NEXT: %[[SQ:.*]] = arith.mulf %[[D]], %[[D]] : f32
+// CHECK-NEXT: %[[L:.*]] = math.log1p %[[SQ]] : f32
+// CHECK-NEXT: arith.negf %[[L]] : f32
+ape.encoding @kcable {
+  ape.cable {kernel = "log1p_sq", kappa = 1.0 : f64}
+}
+
+// -----
+
+// Overrides are left for -ape-push-override; NoPE stays empty.
+// CHECK-LABEL: ape.encoding @expe
+// CHECK-NEXT: ape.override {l = 8 : i64}
+// CHECK-LABEL: ape.encoding @nope {
+// CHECK-NEXT: }
+ape.encoding @expe {
+  ape.override {l = 8}
+}
+ape.encoding @nope {
+}

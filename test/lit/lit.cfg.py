@@ -1,0 +1,19 @@
+# lit configuration of the APE compiler tests (dialect, passes, codegen, tools).
+import os
+
+import lit.formats
+
+config.name = "APE"
+config.test_format = lit.formats.ShTest(True)
+config.suffixes = [".mlir", ".test"]
+config.excludes = ["lit.cfg.py", "lit.site.cfg.py.in", "Inputs"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.ape_obj_root, "test", "lit")
+
+config.environment["PATH"] = os.pathsep.join(
+    [config.ape_tools_dir, config.llvm_tools_dir, config.environment.get("PATH", "")])
+config.environment["FILECHECK_OPTS"] = "--enable-var-scope"
+
+config.substitutions.append(("%ape_src", config.ape_src_root))
+config.substitutions.append(("%ape_templates", os.path.join(config.ape_src_root, "codegen", "templates")))
+config.substitutions.append(("%cxx", config.cxx_compiler))
