@@ -17,8 +17,8 @@
 #include <thread>
 
 #include <ATen/ATen.h>
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
+
+#include "runtime/Tokenizer.h"
 
 #ifndef APE_SOURCE_DIR
 #define APE_SOURCE_DIR "."
@@ -344,22 +344,26 @@ Corpus Corpus::open(const DataOptions &opts) {
                              " --input_sentence_size=" + std::to_string(opts.input_sentence_size) +
                              " --shuffle_input_sentence=true --num_threads=" + std::to_string(threads);
     auto t0 = std::chrono::steady_clock::now();
-    auto status = with_stderr_to(prefix + ".log", [&] { return sentencepiece::SentencePieceTrainer::Train(args); });
+    std::string error;
+    with_stderr_to(prefix + ".log", [&] {
+      try {
+        Tokenizer::train(args);
+      } catch (const std::exception &e) {
+        error = e.what();
+      }
+      return 0;
+    });
     c.spm_seconds_ = seconds_since(t0);
-    if (!status.ok())
-      throw std::runtime_error("SentencePiece training failed: " + status.ToString() + " (see " + prefix + ".log)");
+    if (!error.empty()) throw std::runtime_error(error + " (see " + prefix + ".log)");
     std::error_code ec;
     fs::rename(tmp_prefix + ".model", c.tokenizer_path_);
     fs::remove(tmp_prefix + ".vocab", ec);
     atomic_write(key_path, [&](std::ostream &o) { o << key; });
     log << "[data] tokenizer trained in " << c.spm_seconds_ << " s -> " << c.tokenizer_path_ << "\n";
   }
-  sentencepiece::SentencePieceProcessor sp;
-  if (auto st = sp.Load(c.tokenizer_path_); !st.ok())
-    throw std::runtime_error("cannot load tokenizer " + c.tokenizer_path_ + ": " + st.ToString() +
-                             " (delete it to retrain)");
-  if (sp.GetPieceSize() != opts.vocab)
-    throw std::runtime_error("tokenizer " + c.tokenizer_path_ + " has " + std::to_string(sp.GetPieceSize()) +
+  Tokenizer sp(c.tokenizer_path_);
+  if (sp.piece_size() != opts.vocab)
+    throw std::runtime_error("tokenizer " + c.tokenizer_path_ + " has " + std::to_string(sp.piece_size()) +
                              " pieces, expected " + std::to_string(opts.vocab) + " (delete it to retrain)");
   const std::string model_bytes = read_file(c.tokenizer_path_);
   const int32_t para = sp.eos_id() >= 0 ? sp.eos_id() : sp.unk_id();
@@ -388,9 +392,7 @@ Corpus Corpus::open(const DataOptions &opts) {
       for (size_t i; (i = next++) < paths.size();) {
         try {
           for (const auto &par : paragraphs(read_file(paths[i]))) {
-            std::vector<int> ids;
-            if (auto st = sp.Encode(par, &ids); !st.ok())
-              throw std::runtime_error("tokenizing " + paths[i] + ": " + st.ToString());
+            const std::vector<int> ids = sp.encode(par);
             docs[i].insert(docs[i].end(), ids.begin(), ids.end());
             docs[i].push_back(para);
           }

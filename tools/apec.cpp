@@ -62,8 +62,8 @@ int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   registerAsmPrinterCLOptions();
   registerMLIRContextCLOptions();
+  ape::registerApePasses();  // first, so --mlir-print-ir-after=ape-fuse and friends resolve
   registerPassManagerCLOptions();
-  ape::registerApePasses();  // so --mlir-print-ir-after=ape-fuse and friends resolve
   cl::HideUnrelatedOptions({&apecCategory, &cl::getGeneralCategory()});
   cl::ParseCommandLineOptions(
       argc, argv,

@@ -347,16 +347,18 @@ TEST_P(KernelGrid, MatchesReference) {
   check_against_reference(p);
 }
 
+std::string grid_case_name(const ::testing::TestParamInfo<GridCase> &info) {
+  const auto &[enc, B, H, T, D] = info.param;
+  return case_name(enc, B, H, T, D);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     All, KernelGrid,
     ::testing::Combine(::testing::ValuesIn(kEncodings), ::testing::Values<int64_t>(1, 3),
                        ::testing::Values<int64_t>(1, 4),
                        ::testing::Values<int64_t>(1, 7, 64, 129, 1000),
                        ::testing::Values<int64_t>(16, 64, 128)),
-    [](const ::testing::TestParamInfo<GridCase> &info) {
-      const auto &[enc, B, H, T, D] = info.param;
-      return case_name(enc, B, H, T, D);
-    });
+    grid_case_name);
 
 // ---- 2. finite differences of the fp64 kernel -----------------------------------------------------
 
@@ -428,14 +430,16 @@ TEST_P(KernelGradCheck, FiniteDifferences) {
   }
 }
 
+std::string grad_case_name(const ::testing::TestParamInfo<GradCase> &info) {
+  const auto &[enc, T, D] = info.param;
+  return enc + "_T" + std::to_string(T) + "_D" + std::to_string(D);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     All, KernelGradCheck,
     ::testing::Combine(::testing::ValuesIn(kEncodings), ::testing::Values<int64_t>(1, 5, 17),
                        ::testing::Values<int64_t>(8, 16)),
-    [](const ::testing::TestParamInfo<GradCase> &info) {
-      const auto &[enc, T, D] = info.param;
-      return enc + "_T" + std::to_string(T) + "_D" + std::to_string(D);
-    });
+    grad_case_name);
 
 // ---- 3. hand-checkable values of the encodings spec -----------------------------------------------
 

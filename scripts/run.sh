@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# README command 1: install what is missing, build, compile every spec in
+# examples/encodings, train a small decoder LM with RoPE and Cable on the shipped
+# books, and print the extrapolation table (loss / perplexity at 1x..8x the
+# training length). Extra arguments go to ape-train (e.g. --encoding alibi).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+scripts/install-deps.sh
+scripts/build.sh
+build=${APE_BUILD_DIR:-build}
+echo "[ape] specs compiled: $(ls "$build"/generated/*_cpu.cpp | xargs -n1 basename | sed 's/_cpu.cpp//' | tr '\n' ' ')"
+args=("$@")
+if [ ${#args[@]} -eq 0 ]; then
+  args=(--encoding rope --encoding cable)
+fi
+"$build"/tools/ape-train "${args[@]}" --out "$build/run" --cache-dir "$build/cache" --data data/pg30
+echo "[ape] results: $build/run/results.csv; whole run took $(( $(date +%s) - start )) s"
