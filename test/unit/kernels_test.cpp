@@ -238,6 +238,12 @@ std::string current_test_name() {
   return info ? std::string(info->test_suite_name()) + "." + info->name() : "";
 }
 
+double max_abs(const Tensor &t) { return t.to(torch::kFloat64).abs().max().item<double>(); }
+double max_abs_diff(const Tensor &a, const Tensor &b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+bool all_zero(const Tensor &t) { return t.eq(0).all().item<bool>(); }
+
 // max |got - ref| / max(1, max |ref|); NaN when got holds a NaN.
 double normalised_error(const Tensor &got, const Tensor &ref) {
   if (ref.numel() == 0) return 0;
@@ -299,7 +305,7 @@ void compare_with_reference(const Problem &p, const KernelCall<Real> &kc, const 
       ASSERT_NE(it, ref.dparams.end()) << info.name;
       check("dparam:" + info.name, kc.dprm[n], it->second);
     } else {  // docs/internals.md §2: dparams are overwritten, zero where not trainable
-      EXPECT_TRUE(kc.dprm[n].eq(0).all().item<bool>())
+      EXPECT_TRUE(all_zero(kc.dprm[n]))
           << prec << " gradient of the non-trainable param " << info.name << " is not zero";
     }
   }
@@ -401,7 +407,7 @@ TEST_P(KernelGradCheck, FiniteDifferences) {
     if (p.man.params[n].trainable)
       targets.push_back({"param:" + p.man.params[n].name, &probe.prm[n], kc.dprm[n]});
     else
-      EXPECT_TRUE(kc.dprm[n].eq(0).all().item<bool>()) << "non-trainable " << p.man.params[n].name;
+      EXPECT_TRUE(all_zero(kc.dprm[n])) << "non-trainable " << p.man.params[n].name;
   }
 
   const double h = 1e-5;
@@ -485,7 +491,7 @@ template <class Real> void rope_kernel_rotation(double tol) {
   }
   KernelCall<Real> kc(p);
   kc.forward();
-  auto o = kc.o.to(torch::kFloat64);
+  const Tensor o = kc.o.to(torch::kFloat64);
   std::vector<double> got;
   for (int64_t c = 0; c < 4; ++c)
     got.push_back(std::log(o[c][0][1][0].item<double>() / o[c][0][1][1].item<double>()) / p.scale);
@@ -513,7 +519,7 @@ template <class Real> void alibi_rows(double tol) {
   Problem p = make_problem("alibi", 1, 8, 4, 4, 2);
   ASSERT_NE(p.entry, nullptr);
   KernelCall<Real> kc = run_bias_probe<Real>(p);
-  auto o = kc.o.to(torch::kFloat64);
+  const Tensor o = kc.o.to(torch::kFloat64);
   const std::vector<std::vector<double>> rows = {{0}, {-0.5, 0}, {-1, -0.5, 0}, {-1.5, -1, -0.5, 0}};
   for (int64_t h = 0; h < 8; ++h) {
     const double m = std::pow(2.0, -(h + 1)) / 0.5;  // relative to head 0
@@ -555,7 +561,7 @@ template <class Real> void cable_rows(double tol) {
   ASSERT_EQ(p.features.size(), 1u);
   p.features[0] = torch::tensor({0.0, 1.0, -1.0, 2.0}, kF64).view({1, 1, 4});
   KernelCall<Real> kc = run_bias_probe<Real>(p);
-  auto o = kc.o.to(torch::kFloat64);
+  const Tensor o = kc.o.to(torch::kFloat64);
   auto row3 = torch::tensor({-3.753451, -2.440190, -2.126928, 0.0}, kF64);
   EXPECT_LT((o[0][0][3] - torch::softmax(row3, 0)).abs().max().item<double>(), tol) << o[0][0][3];
   EXPECT_LT((torch::log(o[0][0][3] / o[0][0][3][3]) - row3).abs().max().item<double>(), tol);
@@ -578,7 +584,7 @@ template <class Real> void forget_gate_rows(double tol) {
   ASSERT_EQ(p.features.size(), 1u);
   p.features[0].zero_();
   KernelCall<Real> kc = run_bias_probe<Real>(p);
-  auto o = kc.o.to(torch::kFloat64);
+  const Tensor o = kc.o.to(torch::kFloat64);
   auto row3 = torch::tensor({-2.079442, -1.386294, -0.693147, 0.0}, kF64);
   EXPECT_LT((o[0][0][3] - torch::softmax(row3, 0)).abs().max().item<double>(), tol) << o[0][0][3];
   EXPECT_LT((torch::log(o[0][0][3] / o[0][0][3][3]) - row3).abs().max().item<double>(), tol);
@@ -596,14 +602,13 @@ template <class Real> void single_token(const std::string &enc, double tol) {
   KernelCall<Real> kc(p);
   kc.forward();
   kc.backward();
-  auto d = [](const Tensor &t) { return t.to(torch::kFloat64); };
-  EXPECT_LE((d(kc.o) - d(kc.v)).abs().max().item<double>(), tol * 4);
-  EXPECT_LE((d(kc.dv) - d(kc.dout)).abs().max().item<double>(), tol * 4);
+  EXPECT_LE(max_abs_diff(kc.o, kc.v), tol * 4);
+  EXPECT_LE(max_abs_diff(kc.dv, kc.dout), tol * 4);
   const RefOutputs ref = ape_test::reference_attention(enc, ref_inputs(p), Tensor());
-  EXPECT_LE((d(kc.lse) - ref.lse).abs().max().item<double>(), tol * 16);
-  for (const Tensor *t : {&kc.dq, &kc.dk}) EXPECT_LE(d(*t).abs().max().item<double>(), tol * 16);
-  for (const auto &t : kc.dfeat) EXPECT_LE(d(t).abs().max().item<double>(), tol * 16);
-  for (const auto &t : kc.dprm) EXPECT_LE(d(t).abs().max().item<double>(), tol * 16);
+  EXPECT_LE(max_abs_diff(kc.lse, ref.lse), tol * 16);
+  for (const Tensor *t : {&kc.dq, &kc.dk}) EXPECT_LE(max_abs(*t), tol * 16);
+  for (const auto &t : kc.dfeat) EXPECT_LE(max_abs(t), tol * 16);
+  for (const auto &t : kc.dprm) EXPECT_LE(max_abs(t), tol * 16);
 }
 class Edge : public ::testing::TestWithParam<std::string> {};
 TEST_P(Edge, SingleTokenF32) { single_token<float>(GetParam(), 1.2e-7); }
