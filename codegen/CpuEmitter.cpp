@@ -493,14 +493,8 @@ LogicalResult mlir::ape::emitCpuKernel(KernelOp kernel, StringRef source, raw_os
     return failure();
   os << "};\n\n";
   os << "const char kManifest[] = R\"APE_MANIFEST(" << manifest << ")APE_MANIFEST\";\n\n";
-  for (StringRef dir : {"forward", "backward"})
-    for (StringRef t : {"float", "double"})
-      os << "void " << dir << "_" << (t == "float" ? "f32" : "f64") << "(const ape::AttnArgs<"
-         << t << "> &a) { ape::attention_" << dir << "<Enc, " << t << ">(a); }\n";
-  os << "\nconst ape::KernelEntry kEntry = {\"" << name
-     << "\", kManifest, forward_f32, backward_f32, forward_f64, backward_f64};\n\n"
-     << "} // namespace\n\n"
-     << "extern \"C\" const ape::KernelEntry *ape_kernel_entry_" << name
-     << "() { return &kEntry; }\n";
+  os << "} // namespace\n\n"
+     << "// ape_kernel_entry_" << name << "(): name, manifest, fp32 and fp64 forward/backward.\n"
+     << "APE_DEFINE_KERNEL_ENTRY(" << name << ", Enc, kManifest)\n";
   return success();
 }

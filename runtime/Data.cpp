@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -256,47 +255,6 @@ std::string find_book(const std::string &dir, const std::string &id) {
   throw std::runtime_error("book " + id + " (listed in SPLITS.tsv) has no file " + prefix + "*.txt in " + dir);
 }
 
-// Paragraphs (blank-line separated) with their lines joined by single spaces.
-std::vector<std::string> paragraphs(const std::string &text) {
-  std::vector<std::string> out;
-  std::string cur;
-  size_t i = 0;
-  while (i <= text.size()) {
-    size_t j = text.find('\n', i);
-    if (j == std::string::npos) j = text.size();
-    std::string line = text.substr(i, j - i);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    const bool blank = line.find_first_not_of(" \t") == std::string::npos;
-    if (blank) {
-      if (!cur.empty()) out.push_back(std::move(cur));
-      cur.clear();
-    } else {
-      if (!cur.empty()) cur += ' ';
-      cur += line;
-    }
-    i = j + 1;
-  }
-  if (!cur.empty()) out.push_back(std::move(cur));
-  return out;
-}
-
-// Runs `fn` with stderr redirected to `log_path` (SentencePiece logs a lot); returns what it returns.
-template <typename Fn> auto with_stderr_to(const std::string &log_path, Fn fn) {
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  FILE *lf = std::fopen(log_path.c_str(), "w");
-  if (lf) ::dup2(::fileno(lf), 2);
-  struct Restore {
-    int saved; FILE *lf;
-    ~Restore() {
-      std::fflush(stderr);
-      if (saved >= 0) { ::dup2(saved, 2); ::close(saved); }
-      if (lf) std::fclose(lf);
-    }
-  } restore{saved, lf};
-  return fn();
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -310,8 +268,8 @@ Corpus Corpus::open(const DataOptions &opts) {
                              "' does not exist (it should hold SPLITS.tsv and clean.tar.xz; pass --data DIR)");
   if (opts.vocab < 300 || opts.vocab > 65535)
     throw std::invalid_argument("vocab must be in [300, 65535], got " + std::to_string(opts.vocab));
-  fs::create_directories(opts.cache_dir);
   const auto splits = read_splits((fs::path(opts.data_dir) / "SPLITS.tsv").string());
+  fs::create_directories(opts.cache_dir);
   const std::string dir = text_dir(opts, log);
 
   std::map<std::string, std::vector<std::string>> books;  // split -> paths, in SPLITS.tsv order
@@ -321,6 +279,7 @@ Corpus Corpus::open(const DataOptions &opts) {
 
   Corpus c;
   c.vocab_ = opts.vocab;
+  const std::string pid = std::to_string(::getpid());
 
   // ---- tokenizer: trained once on the train books ----
   const std::string prefix = (fs::path(opts.cache_dir) / ("spm_bpe_" + std::to_string(opts.vocab))).string();
@@ -330,47 +289,39 @@ Corpus Corpus::open(const DataOptions &opts) {
   for (const auto &p : books["train"])
     key += " " + fs::path(p).filename().string() + ":" + std::to_string(fs::file_size(p));
   const std::string key_path = prefix + ".key";
-  bool have_model = fs::exists(c.tokenizer_path_) && fs::exists(key_path) && read_file(key_path) == key;
+  const bool have_model = fs::exists(c.tokenizer_path_) && fs::exists(key_path) && read_file(key_path) == key;
   if (!have_model) {
     log << "[data] training a " << opts.vocab << "-piece BPE tokenizer on " << books["train"].size()
         << " train books (log: " << prefix << ".log)\n" << std::flush;
     std::string inputs;
     for (const auto &p : books["train"]) inputs += (inputs.empty() ? "" : ",") + p;
-    const std::string tmp_prefix = prefix + ".tmp." + std::to_string(::getpid());
+    const std::string tmp_prefix = prefix + ".tmp." + pid;
     const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-    const std::string args = "--input=" + inputs + " --model_prefix=" + tmp_prefix +
-                             " --vocab_size=" + std::to_string(opts.vocab) +
-                             " --model_type=bpe --character_coverage=0.9999"
-                             " --input_sentence_size=" + std::to_string(opts.input_sentence_size) +
-                             " --shuffle_input_sentence=true --num_threads=" + std::to_string(threads);
     auto t0 = std::chrono::steady_clock::now();
-    std::string error;
-    with_stderr_to(prefix + ".log", [&] {
-      try {
-        Tokenizer::train(args);
-      } catch (const std::exception &e) {
-        error = e.what();
-      }
-      return 0;
-    });
+    spm_train({"--input=" + inputs, "--model_prefix=" + tmp_prefix, "--vocab_size=" + std::to_string(opts.vocab),
+               "--model_type=bpe", "--character_coverage=0.9999",
+               "--input_sentence_size=" + std::to_string(opts.input_sentence_size),
+               "--shuffle_input_sentence=true", "--num_threads=" + std::to_string(threads)},
+              prefix + ".log");
     c.spm_seconds_ = seconds_since(t0);
-    if (!error.empty()) throw std::runtime_error(error + " (see " + prefix + ".log)");
     std::error_code ec;
     fs::rename(tmp_prefix + ".model", c.tokenizer_path_);
     fs::remove(tmp_prefix + ".vocab", ec);
     atomic_write(key_path, [&](std::ostream &o) { o << key; });
     log << "[data] tokenizer trained in " << c.spm_seconds_ << " s -> " << c.tokenizer_path_ << "\n";
   }
-  Tokenizer sp(c.tokenizer_path_);
-  if (sp.piece_size() != opts.vocab)
-    throw std::runtime_error("tokenizer " + c.tokenizer_path_ + " has " + std::to_string(sp.piece_size()) +
-                             " pieces, expected " + std::to_string(opts.vocab) + " (delete it to retrain)");
   const std::string model_bytes = read_file(c.tokenizer_path_);
-  const int32_t para = sp.eos_id() >= 0 ? sp.eos_id() : sp.unk_id();
+  {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx",
+                  static_cast<unsigned long long>(fnv1a(model_bytes.data(), model_bytes.size())));
+    c.tokenizer_hash_ = hex;
+  }
 
   // ---- token caches, one per split ----
   auto load_split = [&](const std::string &split, TokenSplit &out) {
     const auto &paths = books[split];
+    if (paths.empty()) return;
     uint64_t fp = fnv1a(model_bytes.data(), model_bytes.size());
     for (const auto &p : paths) {
       const std::string tag = fs::path(p).filename().string() + ":" + std::to_string(fs::file_size(p));
@@ -385,30 +336,13 @@ Corpus Corpus::open(const DataOptions &opts) {
       if (fs::exists(cache)) log << "[data] " << e.what() << "; rebuilding\n";
     }
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::vector<int32_t>> docs(paths.size());
-    std::vector<std::string> errors(paths.size());
-    std::atomic<size_t> next{0};
-    auto worker = [&] {
-      for (size_t i; (i = next++) < paths.size();) {
-        try {
-          for (const auto &par : paragraphs(read_file(paths[i]))) {
-            const std::vector<int> ids = sp.encode(par);
-            docs[i].insert(docs[i].end(), ids.begin(), ids.end());
-            docs[i].push_back(para);
-          }
-        } catch (const std::exception &e) {
-          errors[i] = e.what();
-        }
-      }
-    };
-    std::vector<std::thread> pool;
-    const unsigned n = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), paths.size()));
-    for (unsigned t = 0; t < n; ++t) pool.emplace_back(worker);
-    for (auto &t : pool) t.join();
-    for (const auto &e : errors)
-      if (!e.empty()) throw std::runtime_error(e);
+    EncodedBooks enc = spm_encode_books(c.tokenizer_path_, paths, cache + ".ids." + pid,
+                                        (fs::path(opts.cache_dir) / ("tokens_" + split + ".log")).string());
+    if (enc.pieces != opts.vocab)
+      throw std::runtime_error("tokenizer " + c.tokenizer_path_ + " has " + std::to_string(enc.pieces) +
+                               " pieces, expected " + std::to_string(opts.vocab) + " (delete it to retrain)");
     out = TokenSplit{};
-    for (size_t i = 0; i < paths.size(); ++i) out.add_doc(fs::path(paths[i]).filename().string(), docs[i]);
+    for (size_t i = 0; i < paths.size(); ++i) out.add_doc(fs::path(paths[i]).filename().string(), enc.books[i]);
     write_token_cache(cache, out, static_cast<uint32_t>(opts.vocab), fp);
     const double s = seconds_since(t0);
     c.tok_seconds_ += s;

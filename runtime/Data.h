@@ -4,8 +4,10 @@
 //   train split ──SentencePiece BPE──▶ <cache>/spm_bpe_<V>.model                  (once)
 //   each split ──encode──▶ <cache>/tokens_<split>_<V>.bin                          (once; versioned)
 //
-// Books are split into paragraphs at blank lines; the lines of a paragraph are joined with spaces,
-// encoded, and followed by the tokenizer's </s> id (a paragraph break).
+// SentencePiece runs in the ape-spm helper process (runtime/Tokenizer.h). Books are split into
+// paragraphs at blank lines; the lines of a paragraph are joined with spaces, encoded, and followed
+// by the tokenizer's </s> id (a paragraph break). With a data folder that already holds an unpacked
+// clean/ folder, that folder is used as is.
 #pragma once
 
 #include <cstdint>
@@ -75,13 +77,15 @@ class Corpus {
   const TokenSplit &test() const { return test_; }
   int64_t vocab() const { return vocab_; }
   const std::string &tokenizer_path() const { return tokenizer_path_; }
+  // FNV-1a of the tokenizer model file, as 16 hex digits (recorded in checkpoints).
+  const std::string &tokenizer_hash() const { return tokenizer_hash_; }
   double tokenizer_train_seconds() const { return spm_seconds_; }  // 0 when loaded from the cache
   double tokenize_seconds() const { return tok_seconds_; }         // 0 when every split was cached
 
  private:
   TokenSplit train_, valid_, test_;
   int64_t vocab_ = 0;
-  std::string tokenizer_path_;
+  std::string tokenizer_path_, tokenizer_hash_;
   double spm_seconds_ = 0, tok_seconds_ = 0;
 };
 

@@ -52,7 +52,8 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
   for (int64_t m : cfg.multiples) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t len = train_len * m;
-    torch::Tensor windows = eval_windows(split, len, max_len, cfg.segments);  // (N, len + 1)
+    const int64_t segments = std::max<int64_t>(1, cfg.tokens / max_len);
+    torch::Tensor windows = eval_windows(split, len, max_len, segments);  // (N, len + 1)
     const int64_t N = windows.size(0);
     const int64_t per_batch = std::max<int64_t>(1, cfg.batch_tokens / len);
     double sum = 0;
@@ -78,9 +79,10 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
     rows.push_back(r);
     if (log) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      *log << "[eval] " << r.encoding << " @ " << len << " (" << m << "x): loss " << std::fixed
-           << std::setprecision(4) << r.loss << ", ppl " << std::setprecision(2) << r.ppl << " over " << count
-           << " tokens in " << std::setprecision(1) << s << " s\n" << std::defaultfloat;
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "[eval] %s @ %lld (%lldx): loss %.4f, ppl %.2f over %lld tokens in %.1f s\n",
+                    r.encoding.c_str(), (long long)len, (long long)m, r.loss, r.ppl, (long long)count, s);
+      *log << buf << std::flush;
     }
   }
   return rows;

@@ -1,8 +1,8 @@
 // Eval: loss and perplexity at multiples of the training length, on the held-out test books.
 //
-// For train length L and multiples m (default 1, 2, 4, 8): `segments` segments of L·max(m) + 1
-// tokens are placed through the test books; each is cut into windows of L·m tokens (+1 target), so
-// every length is scored on the same target tokens. Each cell is the mean next-token loss over all
+// For train length L and multiples m (default 1, 2, 4, 8): tokens / (L·max(m)) segments of
+// L·max(m) + 1 tokens are placed through the test books; each is cut into windows of L·m tokens
+// (+1 target), so every length is scored on the same target tokens. Each cell is the mean next-token loss over all
 // positions of all windows, and ppl = exp(loss).
 #pragma once
 
@@ -18,7 +18,7 @@ namespace ape {
 
 struct EvalConfig {
   std::vector<int64_t> multiples{1, 2, 4, 8};
-  int64_t segments = 16;         // segments of L·max(m) tokens (16 x 1024 = 16k tokens per length)
+  int64_t tokens = 16384;        // target tokens scored per length (at least one segment)
   int64_t batch_tokens = 16384;  // tokens per forward pass
 };
 

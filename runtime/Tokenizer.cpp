@@ -1,101 +1,105 @@
-// Loads libape_spm.so once with dlopen(RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND) and calls its C ABI.
+// Runs ape-spm and reads back what it wrote.
 #include "runtime/Tokenizer.h"
 
-#include <dlfcn.h>
-#include <unistd.h>
-
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <mutex>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
-#ifndef APE_SPM_PLUGIN
-#define APE_SPM_PLUGIN ""
+#ifndef APE_SPM_TOOL
+#define APE_SPM_TOOL ""
 #endif
+
+namespace fs = std::filesystem;
 
 namespace ape {
 namespace {
 
-struct Plugin {
-  int (*train)(const char *, char *, size_t) = nullptr;
-  void *(*load)(const char *, char *, size_t) = nullptr;
-  void (*free)(void *) = nullptr;
-  void (*info)(void *, int *, int *, int *) = nullptr;
-  int (*encode)(void *, const char *, size_t, const int **, size_t *, char *, size_t) = nullptr;
-};
-
-std::string exe_dir() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.parent_path().string();
+std::string quote(const std::string &s) {
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
-const Plugin &plugin() {
-  static std::once_flag once;
-  static Plugin p;
-  static std::string error;
-  std::call_once(once, [] {
-    const std::string path = Tokenizer::plugin_path();
-    void *h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-    if (!h) {
-      const char *e = ::dlerror();
-      error = "cannot load the SentencePiece plugin '" + path + "': " + (e ? e : "unknown error") +
-              " (build the ape_spm target, or point APE_SPM_PLUGIN at libape_spm.so)";
-      return;
-    }
-    auto sym = [&](const char *name) {
-      void *s = ::dlsym(h, name);
-      if (!s && error.empty()) error = "SentencePiece plugin '" + path + "' lacks symbol " + name;
-      return s;
-    };
-    auto abi = reinterpret_cast<int (*)()>(sym("ape_spm_abi_version"));
-    p.train = reinterpret_cast<decltype(p.train)>(sym("ape_spm_train"));
-    p.load = reinterpret_cast<decltype(p.load)>(sym("ape_spm_load"));
-    p.free = reinterpret_cast<decltype(p.free)>(sym("ape_spm_free"));
-    p.info = reinterpret_cast<decltype(p.info)>(sym("ape_spm_info"));
-    p.encode = reinterpret_cast<decltype(p.encode)>(sym("ape_spm_encode"));
-    if (error.empty() && abi() != 1)
-      error = "SentencePiece plugin '" + path + "' has ABI version " + std::to_string(abi()) + ", expected 1";
-  });
-  if (!error.empty()) throw std::runtime_error(error);
-  return p;
+std::string log_tail(const std::string &path) {
+  std::ifstream f(path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  std::string t = s.str();
+  if (t.size() > 600) t = "..." + t.substr(t.size() - 600);
+  return t;
+}
+
+void run(const std::vector<std::string> &argv, const std::string &log_path, const std::string &what) {
+  std::string cmd;
+  for (const auto &a : argv) cmd += (cmd.empty() ? "" : " ") + quote(a);
+  cmd += " > " + quote(log_path) + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::error_code ec;
+  if (rc == 0 && fs::file_size(log_path, ec) == 0 && !ec) fs::remove(log_path, ec);  // nothing to keep
+  if (rc != 0)
+    throw std::runtime_error(what + " failed (" + argv[0] + " exited with status " + std::to_string(rc) +
+                             "; log " + log_path + "):\n" + log_tail(log_path));
 }
 
 }  // namespace
 
-std::string Tokenizer::plugin_path() {
-  if (const char *env = std::getenv("APE_SPM_PLUGIN"); env && *env) return env;
+std::string spm_tool_path() {
+  if (const char *env = std::getenv("APE_SPM_TOOL"); env && *env) return env;
   std::error_code ec;
-  if (std::string(APE_SPM_PLUGIN).size() && std::filesystem::exists(APE_SPM_PLUGIN, ec)) return APE_SPM_PLUGIN;
-  const std::string local = exe_dir() + "/libape_spm.so";
-  if (std::filesystem::exists(local, ec)) return local;
-  return std::string(APE_SPM_PLUGIN).empty() ? local : std::string(APE_SPM_PLUGIN);
+  const std::string built = APE_SPM_TOOL;
+  if (!built.empty() && fs::exists(built, ec)) return built;
+  auto exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && fs::exists(exe.parent_path() / "ape-spm", ec)) return (exe.parent_path() / "ape-spm").string();
+  throw std::runtime_error("cannot find the SentencePiece helper ape-spm (looked at '" + built +
+                           "' and next to this program); build the ape-spm target or set APE_SPM_TOOL");
 }
 
-void Tokenizer::train(const std::string &args) {
-  char err[1024] = {0};
-  if (plugin().train(args.c_str(), err, sizeof err) != 0)
-    throw std::runtime_error(std::string("SentencePiece training failed: ") + err);
+void spm_train(const std::vector<std::string> &flags, const std::string &log_path) {
+  std::vector<std::string> argv{spm_tool_path(), "train"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  run(argv, log_path, "SentencePiece training");
 }
 
-Tokenizer::Tokenizer(const std::string &model_path) : path_(model_path) {
-  char err[1024] = {0};
-  handle_ = plugin().load(model_path.c_str(), err, sizeof err);
-  if (!handle_) throw std::runtime_error("cannot load tokenizer " + model_path + ": " + err);
-  plugin().info(handle_, &piece_size_, &eos_id_, &unk_id_);
-}
+EncodedBooks spm_encode_books(const std::string &model, const std::vector<std::string> &books,
+                              const std::string &scratch, const std::string &log_path) {
+  std::vector<std::string> argv{spm_tool_path(), "encode", model, scratch};
+  argv.insert(argv.end(), books.begin(), books.end());
+  run(argv, log_path, "tokenizing with " + model);
 
-Tokenizer::~Tokenizer() {
-  if (handle_) plugin().free(handle_);
-}
-
-std::vector<int> Tokenizer::encode(const std::string &text) const {
-  const int *ids = nullptr;
-  size_t n = 0;
-  char err[1024] = {0};
-  if (plugin().encode(handle_, text.data(), text.size(), &ids, &n, err, sizeof err) != 0)
-    throw std::runtime_error("tokenizer " + path_ + ": encoding failed: " + err);
-  return std::vector<int>(ids, ids + n);
+  std::ifstream f(scratch, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  const std::string buf = ss.str();
+  std::error_code ec;
+  fs::remove(scratch, ec);
+  size_t pos = 0;
+  auto take = [&](void *dst, size_t n) {
+    if (pos + n > buf.size()) throw std::runtime_error("ape-spm wrote a truncated " + scratch);
+    std::memcpy(dst, buf.data() + pos, n);
+    pos += n;
+  };
+  char magic[8];
+  take(magic, 8);
+  if (std::memcmp(magic, "APESPMI1", 8) != 0) throw std::runtime_error("ape-spm wrote an unexpected " + scratch);
+  EncodedBooks out;
+  uint64_t n = 0;
+  take(&out.pieces, 4);
+  take(&out.eos, 4);
+  take(&n, 8);
+  if (n != books.size()) throw std::runtime_error("ape-spm encoded " + std::to_string(n) + " books, expected " +
+                                                  std::to_string(books.size()));
+  for (uint64_t b = 0; b < n; ++b) {
+    uint64_t len = 0;
+    take(&len, 8);
+    if (len > (buf.size() - pos) / 4) throw std::runtime_error("ape-spm wrote a truncated " + scratch);
+    std::vector<int32_t> ids(len);
+    take(ids.data(), len * 4);
+    out.books.push_back(std::move(ids));
+  }
+  return out;
 }
 
 }  // namespace ape

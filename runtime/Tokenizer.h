@@ -1,36 +1,31 @@
-// Tokenizer: SentencePiece, reached through the libape_spm.so plugin (see SentencePiecePlugin.cpp
-// for why it cannot be linked directly next to LibTorch). Plain C++, no LibTorch.
+// Tokenizer: SentencePiece through the ape-spm helper process (runtime/SentencePieceTool.cpp says
+// why it cannot be linked next to LibTorch). Plain C++, no LibTorch.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace ape {
 
-class Tokenizer {
- public:
-  // Trains a model (SentencePiece command-line style arguments, e.g. "--input=a.txt,b.txt
-  // --model_prefix=m --vocab_size=4096 --model_type=bpe"). Throws std::runtime_error.
-  static void train(const std::string &args);
+// The helper: $APE_SPM_TOOL if set, else the one this build made, else ape-spm next to the
+// running executable.
+std::string spm_tool_path();
 
-  explicit Tokenizer(const std::string &model_path);  // throws std::runtime_error naming the path
-  ~Tokenizer();
-  Tokenizer(const Tokenizer &) = delete;
-  Tokenizer &operator=(const Tokenizer &) = delete;
+// Trains a model with SentencePiece flags (e.g. "--input=a.txt,b.txt", "--model_prefix=m",
+// "--vocab_size=4096"); the helper's output goes to log_path. Throws std::runtime_error (with the
+// end of the log) on failure.
+void spm_train(const std::vector<std::string> &flags, const std::string &log_path);
 
-  std::vector<int> encode(const std::string &text) const;  // thread-safe
-  int piece_size() const { return piece_size_; }
-  int eos_id() const { return eos_id_; }
-  int unk_id() const { return unk_id_; }
-
-  // Where the plugin is looked for: $APE_SPM_PLUGIN, the build's libape_spm.so, then next to
-  // the running executable.
-  static std::string plugin_path();
-
- private:
-  void *handle_ = nullptr;
-  std::string path_;
-  int piece_size_ = 0, eos_id_ = -1, unk_id_ = 0;
+struct EncodedBooks {
+  int32_t pieces = 0;  // vocabulary size of the model
+  int32_t eos = -1;    // the paragraph-break id
+  std::vector<std::vector<int32_t>> books;
 };
+
+// Encodes each book (paragraphs joined per line, </s> after each paragraph). `scratch` is a
+// temporary file for the helper's output (removed afterwards). Throws std::runtime_error.
+EncodedBooks spm_encode_books(const std::string &model, const std::vector<std::string> &books,
+                              const std::string &scratch, const std::string &log_path);
 
 }  // namespace ape

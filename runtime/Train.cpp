@@ -353,7 +353,12 @@ LanguageModel load_model(const std::string &path, nlohmann::json *config) {
   if (mc.encoding != c.encoding)
     throw std::runtime_error("checkpoint " + path + ": header says encoding '" + c.encoding +
                              "' but the config says '" + mc.encoding + "'");
-  LanguageModel model(mc);  // registry lookup: unknown encoding -> error listing the names
+  LanguageModel model{nullptr};
+  try {
+    model = LanguageModel(mc);  // registry lookup: unknown encoding -> error listing the names
+  } catch (const std::exception &e) {
+    throw std::runtime_error("checkpoint " + path + ": " + e.what());
+  }
   load_state(model, c, path);
   if (config) *config = c.config;
   return model;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures and builds everything into ./build (or $APE_BUILD_DIR).
+# Configures and builds into ./build (or $APE_BUILD_DIR): everything, or the targets given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${APE_BUILD_DIR:-build}
@@ -8,4 +8,6 @@ if [ ! -f "$build/build.ninja" ]; then
     -DMLIR_DIR=/usr/lib/llvm-19/lib/cmake/mlir \
     -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-19/build/utils/lit/lit.py
 fi
-cmake --build "$build" -- -j"$(nproc)"
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build "$build" "${targets[@]}" -- -j"$(nproc)"

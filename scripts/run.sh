@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 scripts/install-deps.sh
-scripts/build.sh
+scripts/build.sh apec ape-train ape-eval
 build=${APE_BUILD_DIR:-build}
 echo "[ape] specs compiled: $(ls "$build"/generated/*_cpu.cpp | xargs -n1 basename | sed 's/_cpu.cpp//' | tr '\n' ' ')"
 args=("$@")

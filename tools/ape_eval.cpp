@@ -6,14 +6,15 @@
 #include <thread>
 
 #include <CLI/CLI.hpp>
-#include <ATen/Parallel.h>
 
 #include "runtime/Data.h"
 #include "runtime/Eval.h"
 #include "runtime/Model.h"
+#include "runtime/Threads.h"
 #include "runtime/Train.h"
 
 int main(int argc, char **argv) {
+  ape::prefer_passive_openmp(argv);
   CLI::App app{"ape-eval: load ape-train checkpoints and report mean token loss / perplexity on the held-out\n"
                "test books at multiples of each checkpoint's training length."};
   std::vector<std::string> checkpoints;
@@ -22,28 +23,27 @@ int main(int argc, char **argv) {
   std::string data_dir = ape::default_data_dir();
   std::string cache_dir = ape::default_cache_dir();
   std::string csv;
-  int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  int64_t threads = 0;
 
   app.add_option("-c,--checkpoint", checkpoints, "Checkpoint written by ape-train (repeatable)")->required();
   app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of the training length")
       ->capture_default_str();
-  app.add_option("--eval-segments", ec.segments,
-                 "Evaluation segments of L x max(multiple) tokens (same target tokens at every length)")
+  app.add_option("--eval-tokens", ec.tokens,
+                 "Target tokens scored per length (the same tokens at every length)")
       ->capture_default_str();
   app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz")->capture_default_str();
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
       ->capture_default_str();
   app.add_option("--csv", csv, "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens)");
-  app.add_option("--threads", threads, "CPU threads (default: all hardware threads)")->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads (default 0: all hardware threads)");
   CLI11_PARSE(app, argc, argv);
 
   try {
     ec.multiples = ape::parse_multiples(multiples);
-    if (threads < 1) throw std::invalid_argument("--threads must be >= 1");
-    at::set_num_threads(static_cast<int>(threads));
+    ape::set_threads(threads);
 
     // Load (and verify) every checkpoint before evaluating any.
-    struct Loaded { std::string path; ape::LanguageModel model; int64_t train_len; };
+    struct Loaded { std::string path; ape::LanguageModel model; int64_t train_len; std::string tokenizer; };
     std::vector<Loaded> models;
     for (const auto &path : checkpoints) {
       nlohmann::json config;
@@ -54,7 +54,10 @@ int main(int argc, char **argv) {
       } catch (const std::exception &) {
         throw std::runtime_error("checkpoint " + path + ": config has no train.seq_len");
       }
-      models.push_back({path, model, L});
+      std::string tok;
+      if (config.contains("data") && config["data"].contains("tokenizer_fnv"))
+        tok = config["data"]["tokenizer_fnv"].get<std::string>();
+      models.push_back({path, model, L, tok});
     }
 
     std::map<int64_t, ape::Corpus> corpora;  // by vocabulary size
@@ -69,7 +72,12 @@ int main(int argc, char **argv) {
         dopt.log = &std::cout;
         corpora.emplace(vocab, ape::Corpus::open(dopt));
       }
-      auto r = ape::evaluate(m.model, corpora.at(vocab).test(), m.train_len, ec, &std::cout);
+      const ape::Corpus &corpus = corpora.at(vocab);
+      if (!m.tokenizer.empty() && m.tokenizer != corpus.tokenizer_hash())
+        throw std::runtime_error("checkpoint " + m.path + " was trained with a different tokenizer (" + m.tokenizer +
+                                 ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
+                                 "); pass the --cache-dir used for training");
+      auto r = ape::evaluate(m.model, corpus.test(), m.train_len, ec, &std::cout);
       rows.insert(rows.end(), r.begin(), r.end());
     }
     std::cout << "\n";

@@ -12,7 +12,6 @@
 #include <thread>
 
 #include <CLI/CLI.hpp>
-#include <ATen/Parallel.h>
 #include <torch/utils.h>
 
 #include "ape/kernel_entry.h"
@@ -21,11 +20,13 @@
 #include "runtime/Eval.h"
 #include "runtime/Model.h"
 #include "runtime/Registry.h"
+#include "runtime/Threads.h"
 #include "runtime/Train.h"
 
 namespace fs = std::filesystem;
 
 int main(int argc, char **argv) {
+  ape::prefer_passive_openmp(argv);
   CLI::App app{"ape-train: train a small decoder language model with each named encoding on the shipped\n"
                "pg30 books (same seed, same data order), save a checkpoint per encoding, and report loss /\n"
                "perplexity on the held-out test books at multiples of the training length."};
@@ -39,7 +40,7 @@ int main(int argc, char **argv) {
   std::string out_dir = "runs";
   std::string data_dir = ape::default_data_dir();
   std::string cache_dir = ape::default_cache_dir();
-  int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  int64_t threads = 0;
   bool list = false;
 
   app.add_option("-e,--encoding", encodings, "Encoding to train (repeatable, or comma-separated); see --list")
@@ -57,15 +58,15 @@ int main(int argc, char **argv) {
   app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay)")->capture_default_str();
   app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps")->capture_default_str();
   app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of --seq-len")->capture_default_str();
-  app.add_option("--eval-segments", ec.segments,
-                 "Evaluation segments of seq-len x max(multiple) tokens (same target tokens at every length)")
+  app.add_option("--eval-tokens", ec.tokens,
+                 "Target tokens scored per length (the same tokens at every length)")
       ->capture_default_str();
   app.add_option("--out", out_dir, "Output folder: <encoding>.ckpt per encoding and results.csv")->capture_default_str();
   app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz")->capture_default_str();
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
       ->capture_default_str();
   app.add_option("--seed", tc.seed, "Random seed (model init and data order)")->capture_default_str();
-  app.add_option("--threads", threads, "CPU threads (default: all hardware threads)")->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads (default 0: all hardware threads)");
   app.add_flag("--list", list, "List the available encodings and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -93,8 +94,7 @@ int main(int argc, char **argv) {
     tc.validate();
     mc.validate();
     ec.multiples = ape::parse_multiples(multiples);
-    if (threads < 1) throw std::invalid_argument("--threads must be >= 1");
-    at::set_num_threads(static_cast<int>(threads));
+    ape::set_threads(threads);
 
     ape::DataOptions dopt;
     dopt.data_dir = data_dir;
@@ -106,6 +106,13 @@ int main(int argc, char **argv) {
               << " books; test " << corpus.test().size() << " tokens in " << corpus.test().num_docs()
               << " books\n";
 
+    std::string budget;
+    if (tc.steps > 0) budget = std::to_string(tc.steps) + " steps";
+    if (tc.minutes > 0) {
+      char b[64];
+      std::snprintf(b, sizeof b, "%s%g min", budget.empty() ? "" : " or ", tc.minutes);
+      budget += b;
+    }
     fs::create_directories(out_dir);
     std::vector<ape::EvalRow> all_rows;
     const std::string csv = (fs::path(out_dir) / "results.csv").string();
@@ -116,20 +123,21 @@ int main(int argc, char **argv) {
       ape::LanguageModel model(cfg);
       std::cout << "\n[" << name << "] " << model->num_parameters() << " parameters; d " << cfg.d_model
                 << ", " << cfg.layers << " layers, " << cfg.heads << " heads, L " << tc.seq_len << ", batch "
-                << tc.batch << ", budget "
-                << (tc.steps > 0 ? std::to_string(tc.steps) + " steps" : std::string())
-                << (tc.steps > 0 && tc.minutes > 0 ? " or " : "")
-                << (tc.minutes > 0 ? std::to_string(tc.minutes).substr(0, 4) + " min" : std::string()) << "\n";
+                << tc.batch << ", budget " << budget << "\n";
       ape::TrainSampler sampler(corpus.train(), tc.seed);
       ape::TrainResult res = ape::train(model, sampler, tc, std::cout, name);
-      std::cout << "[" << name << "] " << res.steps << " steps in " << res.seconds << " s, "
-                << static_cast<int64_t>(res.tokens_per_second) << " tok/s, loss " << res.first_loss << " -> "
-                << res.final_loss << "\n";
+      char summary[256];
+      std::snprintf(summary, sizeof summary, "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last 20)\n",
+                    name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss,
+                    res.final_loss);
+      std::cout << summary;
 
       nlohmann::json config;
       config["train"] = tc.to_json();
       config["result"] = res.to_json();
-      config["data"] = {{"vocab", corpus.vocab()}, {"tokenizer", corpus.tokenizer_path()}};
+      config["data"] = {{"vocab", corpus.vocab()},
+                        {"tokenizer", corpus.tokenizer_path()},
+                        {"tokenizer_fnv", corpus.tokenizer_hash()}};
       const std::string ckpt = (fs::path(out_dir) / (name + ".ckpt")).string();
       ape::save_checkpoint(ckpt, model, config);
       std::cout << "[" << name << "] checkpoint -> " << ckpt << "\n";

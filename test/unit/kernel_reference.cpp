@@ -127,7 +127,10 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
   logits = logits.masked_fill(above, -std::numeric_limits<double>::infinity());
 
   RefOutputs out;
-  out.lse = torch::logsumexp(logits, -1).detach();
+  {
+    torch::NoGradGuard no_grad;
+    out.lse = torch::logsumexp(logits.detach(), -1);
+  }
   auto o = torch::matmul(torch::softmax(logits, -1), in.v);
   out.o = o.detach();
   if (!backward) return out;

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -202,15 +203,19 @@ template <class Real> struct KernelCall {
     args.dq = dq.data_ptr<Real>(), args.dk = dk.data_ptr<Real>(), args.dv = dv.data_ptr<Real>();
     args.dfeatures = dfeat_p.data(), args.dparams = dprm_p.data();
   }
+  static void poison(Tensor &t) {
+    Real *d = t.data_ptr<Real>();
+    std::fill(d, d + t.numel(), std::numeric_limits<Real>::quiet_NaN());
+  }
   void forward() {
-    o.fill_(NAN), lse.fill_(NAN);
+    poison(o), poison(lse);
     if constexpr (std::is_same_v<Real, float>) entry->forward_f32(args);
     else entry->forward_f64(args);
   }
   void backward() {
-    for (Tensor *t : {&dq, &dk, &dv}) t->fill_(NAN);
-    for (auto &t : dfeat) t.fill_(NAN);
-    for (auto &t : dprm) t.fill_(NAN);
+    poison(dq), poison(dk), poison(dv);
+    for (auto &t : dfeat) poison(t);
+    for (auto &t : dprm) poison(t);
     if constexpr (std::is_same_v<Real, float>) entry->backward_f32(args);
     else entry->backward_f64(args);
   }
@@ -247,11 +252,9 @@ bool all_zero(const Tensor &t) { return t.eq(0).all().item<bool>(); }
 // max |got - ref| / max(1, max |ref|); NaN when got holds a NaN.
 double normalised_error(const Tensor &got, const Tensor &ref) {
   if (ref.numel() == 0) return 0;
-  const auto g = got.to(torch::kFloat64);
-  const double err = (g - ref).abs().max().item<double>();
-  const double any_nan = g.isnan().any().item<bool>() ? NAN : 0.0;
+  const double err = (got.to(torch::kFloat64) - ref).abs().max().item<double>();  // NaN propagates
   const double mag = ref.abs().max().item<double>();
-  return err / std::max(1.0, mag) + any_nan;
+  return err / std::max(1.0, mag);
 }
 
 void expect_close(const std::string &key, const std::string &what, const Tensor &got,
@@ -265,21 +268,38 @@ void expect_close(const std::string &key, const std::string &what, const Tensor 
                         << ref.abs().max().item<double>() << ")";
 }
 
-// fp32 tolerances, normalised by max(1, max |reference|) (see the report in the commit message /
-// task: measured worst cases over the whole grid are ~10x below these).
-//   o, lse, dv:   the softmax weights carry a relative error of a few ulp of the logits
-//                 (|logit| ~ 1..10) and the output is a convex combination of v: ~1e-6 is typical.
-//                 The cumulative-bias encodings store S_t (|S| ~ 0.8 T) in fp32, so the bias
-//                 S_i - S_j carries an absolute error ~ |S| 2^-24 ~ 5e-5 at T = 1000: 2e-4 covers it.
-//   dq, dk, dfeatures, dparams: sums of up to T products of such weights; same bound.
-double fp32_tol(const std::string & /*enc*/, const std::string & /*quantity*/) { return 2e-4; }
+// Tolerances on max |kernel - reference| / max(1, max |reference|). The worst cases measured over
+// the whole grid (APE_KERNELS_TEST_STATS=1) are quoted; every bound keeps a margin of about 10.
+//
+// fp32 (eps = 6e-8):
+//   - o, lse of nope / rope / alibi / expe: the logits (|l| <~ 10) carry a few ulp, the softmax
+//     weights the same relative error, o is a convex combination of v: measured <= 2.1e-6 -> 2e-5.
+//   - dq, dk, dv of those: sums over up to T keys of such weights times O(1) values, accumulated
+//     in fp32 tiles: measured <= 4.9e-6 -> 5e-5.
+//   - ExPE param gradients: sums over all B*T tokens (3000 fp32 terms) of dq' or n*dq'; the
+//     gradient w.r.t. a_k is analytically zero (a common shift of the keys changes each row by a
+//     constant), so its error is the pure rounding of a cancelling sum, <= N eps max|term|
+//     ~ 2e-4: measured 1.8e-5 -> 2e-4.
+//   - cable / forget_gate, every quantity: the kernel stores the prefix sum S_t in fp32 and
+//     |S_t| grows like ~0.8 t, so at T = 1000 each S carries 0.5 ulp(800) = 3e-5 and the bias
+//     S_i - S_j up to 6e-5 absolute; that perturbs the softmax weights by up to ~1.2e-4
+//     relative (the spec: "keep S and S_i - S_j in fp32"): measured <= 2e-5 -> 2e-4 (the
+//     guideline, which the worst-case bound also gives).
+double fp32_tol(const std::string &enc, const std::string &quantity) {
+  if (enc == "cable" || enc == "forget_gate") return 2e-4;
+  if (quantity.rfind("dparam:", 0) == 0) return 2e-4;
+  if (quantity == "o" || quantity == "lse") return 2e-5;
+  return 5e-5;
+}
 
-// fp64 tolerances: 1e-9, except RoPE, whose generated constant -2 ln(10000) is rounded to f32
-// (relative error 1.4e-8), so theta_k has relative error <= 1.4e-8 k/(D/2) and the angle at
-// position T-1 an absolute error up to ~5e-9 (T-1) (worst at small D, where theta_1 is largest).
+// fp64: 1e-10 (measured <= 3e-14: the kernel and the reference differ only in summation order),
+// except RoPE, whose generated constant -2 ln(10000) is rounded to f32 (relative error 1.4e-8):
+// theta_k = exp(-2k ln(10000) / D) gets a relative error 1.4e-8 * 2k/D, i.e. an absolute error
+// <= max_u 10000^(-2u) u 2.56e-7 = 5.1e-9 (u = k/D), and the angle at position n an error
+// <= 5.1e-9 n. Measured 1e-6 at T = 1000 (dq) -> 1e-8 (T - 1) (1e-5 at T = 1000).
 double fp64_tol(const std::string &enc, int64_t T) {
-  if (enc == "rope") return std::max(1e-9, 2e-8 * static_cast<double>(T - 1));
-  return 1e-9;
+  if (enc == "rope") return std::max(1e-10, 1e-8 * static_cast<double>(T - 1));
+  return 1e-10;
 }
 
 template <class Real>
@@ -341,6 +361,29 @@ void check_against_reference(const Problem &p) {
   }
 }
 
+// Sets the OpenMP thread count for a scope.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int n) {
+#ifdef _OPENMP
+    saved_ = omp_get_max_threads();
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+  }
+  ~OmpThreads() {
+#ifdef _OPENMP
+    omp_set_num_threads(saved_);
+#endif
+  }
+  OmpThreads(const OmpThreads &) = delete;
+  OmpThreads &operator=(const OmpThreads &) = delete;
+
+ private:
+  int saved_ = 1;
+};
+
 // ---- 1. the grid against the reference ------------------------------------------------------------
 
 using GridCase = std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>;  // enc, B, H, T, D
@@ -390,10 +433,17 @@ TEST_P(KernelGradCheck, FiniteDifferences) {
   kc.backward();
   const Tensor w = kc.dout;
 
+  const double *wp = w.data_ptr<double>();
   auto loss = [&](KernelCall<double> &call) {
     call.forward();
-    return (call.o * w).sum().item<double>();
+    const double *op = call.o.data_ptr<double>();
+    double sum = 0;
+    for (int64_t e = 0; e < call.o.numel(); ++e) sum += op[e] * wp[e];
+    return sum;
   };
+  // Thousands of tiny forward calls: one OpenMP thread avoids a fork/join per call (the
+  // results do not depend on the thread count, see Edge.Deterministic*).
+  const OmpThreads one_thread(1);
   struct Target {
     std::string name;
     Tensor *value;     // in the KernelCall (perturbed in place)
@@ -594,31 +644,43 @@ TEST(HandCheck, ForgetGateRow3F32) { forget_gate_rows<float>(1e-5); }
 
 // ---- 4. edge cases --------------------------------------------------------------------------------
 
-// T = 1: one visible key, so o = v, lse = kappa q'_0 . k'_0 (no bias at i = j), dv = dout, and
-// dq, dk, dfeatures, dparams vanish (G = P (dP - Delta) = dout.v - dout.o = 0 up to rounding).
-template <class Real> void single_token(const std::string &enc, double tol) {
-  Problem p = make_problem(enc, 2, 3, 1, 16, case_seed("t1_" + enc, 2, 3, 1, 16));
+// T = 1: one visible key with weight 1, so o = v and dv = dout (to 2 ulp); G = P (dP - Delta) =
+// dout.v - dout.o vanishes up to the rounding of two length-D dot products,
+// |G| <= 2 D eps max|dout| max|v| =: g, hence |dq| <= kappa g max|k'|, |dk| <= kappa g max|q'|
+// (|q'|, |k'| <= 2 max(|q|, |k|) here: no rotation at n = 0, ExPE shifts of ~0.02);
+// the bias B_00 = 0, so lse = kappa q'.k' (checked against the reference to D eps) and every
+// feature gradient is g - g = 0; param gradients are sums of B*H such dq', dk' terms.
+template <class Real> void single_token(const std::string &enc) {
+  const int64_t B = 2, H = 3, D = 16;
+  Problem p = make_problem(enc, B, H, 1, D, case_seed("t1_" + enc, B, H, 1, D));
   ASSERT_NE(p.entry, nullptr);
   KernelCall<Real> kc(p);
   kc.forward();
   kc.backward();
-  EXPECT_LE(max_abs_diff(kc.o, kc.v), tol * 4);
-  EXPECT_LE(max_abs_diff(kc.dv, kc.dout), tol * 4);
+  const double eps = std::numeric_limits<Real>::epsilon();
+  EXPECT_LE(max_abs_diff(kc.o, kc.v), 2 * eps * max_abs(kc.v));
+  EXPECT_LE(max_abs_diff(kc.dv, kc.dout), 2 * eps * max_abs(kc.dout));
   const RefOutputs ref = ape_test::reference_attention(enc, ref_inputs(p), Tensor());
-  EXPECT_LE(max_abs_diff(kc.lse, ref.lse), tol * 16);
-  for (const Tensor *t : {&kc.dq, &kc.dk}) EXPECT_LE(max_abs(*t), tol * 16);
-  for (const auto &t : kc.dfeat) EXPECT_LE(max_abs(t), tol * 16);
-  for (const auto &t : kc.dprm) EXPECT_LE(max_abs(t), tol * 16);
+  EXPECT_LE(max_abs_diff(kc.lse, ref.lse), 2 * D * eps * (1 + max_abs(ref.lse)));
+  const double qk = 2 * std::max(max_abs(kc.q), max_abs(kc.k));
+  const double g = 2 * D * eps * max_abs(kc.dout) * max_abs(kc.v);
+  EXPECT_LE(max_abs(kc.dq), p.scale * g * qk);
+  EXPECT_LE(max_abs(kc.dk), p.scale * g * qk);
+  for (const auto &t : kc.dfeat) EXPECT_LE(max_abs(t), 2 * g);
+  for (size_t n = 0; n < kc.dprm.size(); ++n)
+    EXPECT_LE(max_abs(kc.dprm[n]), B * H * p.scale * g * qk) << p.man.params[n].name;
 }
 class Edge : public ::testing::TestWithParam<std::string> {};
-TEST_P(Edge, SingleTokenF32) { single_token<float>(GetParam(), 1.2e-7); }
-TEST_P(Edge, SingleTokenF64) { single_token<double>(GetParam(), 2.3e-16); }
+TEST_P(Edge, SingleTokenF32) { single_token<float>(GetParam()); }
+TEST_P(Edge, SingleTokenF64) { single_token<double>(GetParam()); }
 
-// Tile boundaries around multiples of 64 (the kernels' tile size), against the reference.
+// Tile boundaries around multiples of 64 (the kernels' tile size), against the reference; D = 40
+// also takes the GEMM's remainder path (a block of 32 columns and one of 8).
 TEST_P(Edge, TileBoundaries) {
   for (int64_t T : {63, 64, 65, 127, 128, 130, 191, 192}) {
     SCOPED_TRACE("T = " + std::to_string(T));
-    check_against_reference(make_problem(GetParam(), 1, 2, T, 32, case_seed("tile_" + GetParam(), 1, 2, T, 32)));
+    check_against_reference(
+        make_problem(GetParam(), 1, 2, T, 40, case_seed("tile_" + GetParam(), 1, 2, T, 40)));
   }
 }
 
@@ -636,14 +698,11 @@ template <class Real> void determinism(const std::string &enc) {
     return out;
   };
   const auto first = run(), second = run();
-#ifdef _OPENMP
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const auto serial = run();
-  omp_set_num_threads(threads);
-#else
-  const auto serial = run();
-#endif
+  std::vector<std::pair<std::string, Tensor>> serial;
+  {
+    const OmpThreads one_thread(1);
+    serial = run();
+  }
   ASSERT_EQ(first.size(), second.size());
   for (size_t n = 0; n < first.size(); ++n) {
     EXPECT_TRUE(torch::equal(first[n].second, second[n].second))
@@ -656,6 +715,47 @@ TEST_P(Edge, DeterministicF32) { determinism<float>(GetParam()); }
 TEST_P(Edge, DeterministicF64) { determinism<double>(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(All, Edge, ::testing::ValuesIn(kEncodings),
+                         [](const ::testing::TestParamInfo<std::string> &info) { return info.param; });
+
+// Features exactly 0 (a zero-initialised feature projection gives f = bias; forget_gate's map
+// log sigmoid(x) = min(x, 0) - log1p(exp(-|x|)) has kinks of min and |x| at 0 that cancel, so the
+// true derivative there is sigmoid(-0) = 0.5). fp64 kernel against the reference and against a
+// central difference of the kernel's own forward.
+//
+// KNOWN KERNEL BUG (forget_gate, found by this test; reported to the lead, not fixed here): the
+// generated map_0_grad takes d min(x, 0)/dx = 1 at x = 0 (x <= 0) but d|x|/dx = +1 (x >= 0), so
+// it returns 1 + 0.5 = 1.5 instead of 0.5 and dfeature is 3x too large wherever g == 0. The
+// test stays enabled and fails until ape-differentiate picks consistent one-sided derivatives.
+class FeatureEdge : public ::testing::TestWithParam<std::string> {};
+TEST_P(FeatureEdge, FeaturesExactlyZero) {
+  Problem p = make_problem(GetParam(), 1, 2, 9, 8, case_seed("zero_" + GetParam(), 1, 2, 9, 8));
+  ASSERT_NE(p.entry, nullptr);
+  ASSERT_FALSE(p.features.empty());
+  for (auto &f : p.features) f.zero_();
+  const RefOutputs ref = ape_test::reference_attention(p.enc, ref_inputs(p), p.dout);
+  KernelCall<double> kc(p);
+  kc.forward();
+  kc.backward();
+  EXPECT_LE(normalised_error(kc.o, ref.o), 1e-10);
+  for (size_t n = 0; n < kc.dfeat.size(); ++n) {
+    EXPECT_LE(normalised_error(kc.dfeat[n], ref.dfeatures[n]), 1e-10)
+        << "dfeature " << p.man.features[n] << " at f = 0: kernel "
+        << kc.dfeat[n].flatten().slice(0, 0, 4) << " reference "
+        << ref.dfeatures[n].flatten().slice(0, 0, 4);
+    // Central difference of sum(o * dout) w.r.t. element 0 of the feature.
+    const double h = 1e-6;
+    auto loss = [&](double x) {
+      kc.feat[n].data_ptr<double>()[0] = x;
+      kc.forward();
+      return (kc.o * kc.dout).sum().item<double>();
+    };
+    const double fd = (loss(h) - loss(-h)) / (2 * h);
+    loss(0);
+    EXPECT_NEAR(kc.dfeat[n].data_ptr<double>()[0], fd, 1e-6 * std::max(1.0, std::abs(fd)))
+        << "d sum(o dout) / d " << p.man.features[n] << "[0] at 0";
+  }
+}
+INSTANTIATE_TEST_SUITE_P(All, FeatureEdge, ::testing::Values("cable", "forget_gate"),
                          [](const ::testing::TestParamInfo<std::string> &info) { return info.param; });
 
 // Cross-encoding identities (kernel against kernel, fp64): forget_gate(g) == cable(-g), since

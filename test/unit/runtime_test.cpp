@@ -797,7 +797,7 @@ TEST(Train, LossFallsOnATinyModel) {
   // And evaluation runs on it, with the same target count at every length.
   ape::EvalConfig ec;
   ec.multiples = {1, 2, 4};
-  ec.segments = 3;
+  ec.tokens = 3 * 64;
   auto rows = ape::evaluate(model, s, 16, ec);
   ASSERT_EQ(rows.size(), 3u);
   for (const auto &row : rows) {

@@ -17,8 +17,10 @@
 //
 // Names of shapes: B batch, H heads, T sequence length, D head dim, Tp = T rounded up to kTileK.
 //
-// Functions of Enc that a feature does not need are never instantiated (kHasQMod == false:
-// q_mod / q_mod_grad are not used; kNumTok == 0: token_forward / token_backward are not used).
+// Members of Enc that a feature does not need are never used, so they may be omitted:
+// kHasQMod == false: q_mod, q_mod_grad, kQPairing, kQFraction (k likewise); kHasScoreMod == false:
+// score_mod, score_mod_grad; kNumTok == 0: token_forward, token_backward; kNumParams == 0:
+// param_numel.
 #pragma once
 
 #include <algorithm>
@@ -75,13 +77,14 @@ template <typename Real> constexpr Real neg_inf() {
   return -std::numeric_limits<Real>::infinity();
 }
 
-// exp for the softmax, vectorisable (no libm call): Cephes' expf, range reduction to
-// r in [-ln2/2, ln2/2], degree-7 polynomial, exponent built in the bits. Relative error < 2 ulp;
-// exactly 0 below ln(FLT_MIN) (including -inf), NaN propagates. Arguments are <= ~0 here.
+// exp for the softmax, vectorisable (no libm call, branch free): Cephes' exp / expf. Range
+// reduction x = n ln2 + r with |r| <= ln2/2 (n rounded by adding and subtracting 1.5 * 2^mantissa
+// bits), a polynomial (float) or rational (double) approximation of exp(r), and 2^n built in the
+// exponent bits. Relative error within 2 ulp; exactly 0 below the smallest normal (including -inf);
+// NaN propagates. Arguments are <= ~0 here (logits minus their max or their lse).
 inline float softmax_exp(float x) {
-  constexpr float kLo = -87.3365447f, kHi = 88.0f;
+  constexpr float kLo = -87.3365447f, kHi = 88.0f;  // ln(FLT_MIN), < ln(FLT_MAX)
   const float xc = std::min(std::max(x, kLo), kHi);
-  // n = round(xc / ln 2) by the 1.5 * 2^23 trick (exact for |n| < 2^22).
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -96,7 +99,22 @@ inline float softmax_exp(float x) {
   std::memcpy(&pow2n, &bits, sizeof pow2n);
   return x < kLo ? 0.0f : p * pow2n;
 }
-inline double softmax_exp(double x) { return std::exp(x); }
+inline double softmax_exp(double x) {
+  constexpr double kLo = -708.39641853226408, kHi = 709.0;  // ln(DBL_MIN), < ln(DBL_MAX)
+  const double xc = std::min(std::max(x, kLo), kHi);
+  const double n = (xc * 1.4426950408889634073599 + 6755399441055744.0) - 6755399441055744.0;
+  const double r = (xc - n * 6.93145751953125e-1) - n * 1.42860682030941723212e-6;
+  // exp(r) = 1 + 2 r P(r^2) / (Q(r^2) - r P(r^2))
+  const double rr = r * r;
+  const double p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr +
+                        9.99999999999999999910e-1);
+  const double q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr +
+                    2.27265548208155028766e-1) * rr + 2.00000000000000000009e0;
+  const int64_t bits = (static_cast<int64_t>(n) + 1023) << 52;
+  double pow2n;
+  std::memcpy(&pow2n, &bits, sizeof pow2n);
+  return x < kLo ? 0.0 : (1.0 + 2.0 * p / (q - p)) * pow2n;
+}
 
 // ---- small GEMM kernels on tiles ---------------------------------------------------------------
 // C(m, W) (+)= A(m, n) B(n, W): A(r, p) = a[r*a_rs + p*a_cs] (so A^T is a stride swap), B rows
@@ -106,8 +124,13 @@ template <int MR, int W, typename Real>
 inline void gemm_rows(int64_t n, const Real *a, int64_t a_rs, int64_t a_cs, const Real *b,
                       int64_t ldb, Real *c, int64_t ldc, bool accumulate) {
   Real acc[MR][W];
-  for (int r = 0; r < MR; ++r)
-    APE_SIMD for (int w = 0; w < W; ++w) acc[r][w] = accumulate ? c[r * ldc + w] : Real(0);
+  for (int r = 0; r < MR; ++r) {
+    if (accumulate) {
+      APE_SIMD for (int w = 0; w < W; ++w) acc[r][w] = c[r * ldc + w];
+    } else {
+      APE_SIMD for (int w = 0; w < W; ++w) acc[r][w] = Real(0);
+    }
+  }
   for (int64_t p = 0; p < n; ++p) {
     const Real *bp = b + p * ldb;
     for (int r = 0; r < MR; ++r) {
@@ -225,6 +248,8 @@ template <class Enc, typename Real> struct SliceInputs {
   const Real *qm, *km;                                         // (T, D) q', k' (raw without mod)
   std::vector<Real> kt;                                        // (D, Tp) k'^T, zero padded
 
+  SliceInputs(const SliceInputs &) = delete;  // ctx.tok points into tok
+  SliceInputs &operator=(const SliceInputs &) = delete;
   SliceInputs(const AttnArgs<Real> &a, int64_t b, int64_t h)
       : ctx{b, h, a.H, a.T, a.D, a.params, nullptr, nullptr, nullptr},
         Tp((a.T + kTileK - 1) / kTileK * kTileK) {
@@ -292,7 +317,7 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
           APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] *= scale;
         }
         Real mx = m[ii];
-        APE_SIMD_REDUCE(max : mx) for (int64_t jj = 0; jj < nv; ++jj) mx = std::max(mx, s[jj]);
+        APE_SIMD_REDUCE(max : mx) for (int64_t jj = 0; jj < nv; ++jj) mx = s[jj] > mx ? s[jj] : mx;
         // All logits so far -inf (a score_mod mask): keep exp finite, the row stays zero.
         const Real ref = mx == neg_inf<Real>() ? Real(0) : mx;
         Real sum = 0;

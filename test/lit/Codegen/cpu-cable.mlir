@@ -37,7 +37,7 @@
 // CHECK: ctx.dtok[2 * ctx.T + (i)] += g;
 // CHECK-NEXT: ctx.dtok[2 * ctx.T + (j)] += [[NEG:g[0-9]+]];
 // CHECK-NEXT: return g;
-// CHECK: extern "C" const ape::KernelEntry *ape_kernel_entry_cable()
+// CHECK: APE_DEFINE_KERNEL_ENTRY(cable, Enc, kManifest)
 
 // MANIFEST: "encoding": "cable"
 // MANIFEST: "features": [

@@ -1,0 +1,36 @@
+// The whole pipeline: components at several sites become ONE scheduled,
+// differentiated ape.kernel per encoding.
+// RUN: ape-opt %s -ape-lower | FileCheck %s
+
+// CHECK-LABEL: ape.kernel @rope_alibi_cable attributes {passes = 1 : i64, tile_k = 64 : i64, tile_q = 64 : i64} {
+// CHECK-NOT: ape.encoding
+// CHECK: ape.param "alibi_slopes" ["heads"] init = "alibi_slopes"
+// CHECK: ape.token_feature "cable"
+// CHECK: ape.map
+// CHECK: } grad {
+// CHECK: ape.scan
+// CHECK: ape.q_mod attributes {pairing = "half", plans = []} {
+// CHECK: } grad {
+// CHECK: ape.k_mod attributes {pairing = "half", plans = []} {
+// CHECK: } grad {
+// CHECK: ape.score_mod attributes {plans = ["head_sum", "row_sum", "col_sum"]} {
+// CHECK: } grad {
+// CHECK-NOT: ape.score_mod
+// CHECK-NOT: ape.q_mod
+// CHECK: }
+ape.encoding @rope_alibi_cable {
+  ape.rotary
+  ape.alibi
+  ape.cable
+}
+
+// CHECK-LABEL: ape.kernel @expe_cable
+// CHECK: ape.masked_projection {l = 4 : i64, targets = "qk"}
+// CHECK-COUNT-4: init = "projection_term"
+// CHECK: ape.q_mod attributes {plans = ["token_sum", "token_sum"]}
+// CHECK: ape.k_mod attributes {plans = ["token_sum", "token_sum"]}
+// CHECK: ape.score_mod attributes {plans = ["row_sum", "col_sum"]}
+ape.encoding @expe_cable {
+  ape.override {l = 4}
+  ape.cable
+}
