@@ -6,8 +6,10 @@
 //     effective GFLOP/s from the napkin count 4*T^2*D*B*H/2 per forward (causal) and 2.5x that
 //     per backward, the LibTorch/APE speed-up;
 //   - the peak resident memory of the method: every (method, E, T) measurement runs in a fresh
-//     process (this binary re-executed in `--one` mode), which reports its VmHWM; a baseline
-//     process that only allocates the inputs is subtracted.
+//     process (this binary re-executed in `--one` mode), which reports its VmHWM after its first
+//     fwd+bwd; a baseline process that only allocates the inputs is subtracted.
+// Methods: `ape`, `libtorch` (the materialised reference as installed) and `libtorch-tuned` (the
+// same code with glibc malloc kept from unmapping freed memory and passive OpenMP waiting).
 // A correctness gate runs first (also in child processes): for every (E, T) APE's o and dq must
 // be within --tol (max abs error, default 1e-3) of an fp64 LibTorch reference, and so must the
 // fp32 LibTorch path that is timed; otherwise the bench aborts.
@@ -24,10 +26,14 @@
 //
 // Usage: see bench/README.md and `ape-bench-attention --help`.
 #include <ape/kernel_entry.h>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,11 +43,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ape {
@@ -50,13 +57,12 @@ const KernelEntry *const *kernel_registry(size_t *count);
 
 namespace {
 
-// ---- options
-// --------------------------------------------------------------------------------------
+// ---- options ------------------------------------------------------------------------------------
 
 struct Options {
   std::vector<std::string> encodings = {"nope", "rope", "alibi", "cable"};
   std::vector<int64_t> lengths = {256, 1024, 2048, 4096};
-  std::vector<std::string> methods = {"ape", "libtorch"};
+  std::vector<std::string> methods = {"ape", "libtorch", "libtorch-tuned"};
   int64_t B = 1, H = 4, D = 64;
   int threads = 2;
   int min_reps = 5;
@@ -111,7 +117,9 @@ const char kUsage[] =
     "  --quick             smoke run: T in {256, 1024}\n"
     "  --T LIST            sequence lengths, comma separated (default 256,1024,2048,4096)\n"
     "  --encodings LIST    default nope,rope,alibi,cable\n"
-    "  --methods LIST      ape,libtorch (default both)\n"
+    "  --methods LIST      ape,libtorch,libtorch-tuned (default all three); libtorch-tuned:\n"
+    "                      the LibTorch path with MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=1e12\n"
+    "                      and OMP_WAIT_POLICY=passive\n"
     "  --B N --H N --D N   batch, heads, head dim (default 1, 4, 64)\n"
     "  --threads N         intra-op threads of both methods (default 2)\n"
     "  --min-reps N        at least N timed repetitions (default 5)\n"
@@ -121,10 +129,9 @@ const char kUsage[] =
     "  --seed N            input seed (default 1234)\n"
     "  --skip-check        skip the correctness gate (profiling only)\n"
     "  --one MODE ENC T    internal: one measurement in this process, MODE in\n"
-    "                      inputs|ape|libtorch|check; prints a RESULT line\n";
+    "                      inputs|ape|libtorch|libtorch-tuned|check; prints a RESULT line\n";
 
-// ---- encodings: manifest and inputs
-// -----------------------------------------------------------------
+// ---- encodings: manifest and inputs -------------------------------------------------------------
 
 const ape::KernelEntry *find_entry(const std::string &name) {
   size_t n = 0;
@@ -213,8 +220,7 @@ Inputs make_inputs(const Options &opt, const EncInfo &info, int64_t T) {
   return in;
 }
 
-// ---- APE
-// -------------------------------------------------------------------------------------------
+// ---- APE ----------------------------------------------------------------------------------------
 
 struct ApeRun {
   const ape::KernelEntry *entry;
@@ -254,8 +260,7 @@ struct ApeRun {
   void backward() { entry->backward_f32(a); }
 };
 
-// ---- LibTorch materialised reference
-// -------------------------------------------------------------
+// ---- LibTorch materialised reference ------------------------------------------------------------
 
 struct RefConsts {         // built once per (encoding, T, dtype), outside the timed region
   torch::Tensor mask;      // (T, T) bool, true above the diagonal (j > i)
@@ -338,8 +343,7 @@ struct RefRun {
   }
 };
 
-// ---- measurement helpers
-// ---------------------------------------------------------------------------
+// ---- measurement helpers ------------------------------------------------------------------------
 
 using Clock = std::chrono::steady_clock;
 
@@ -407,8 +411,7 @@ torch::Tensor wrap(std::vector<float> &buf, const torch::Tensor &like) {
   return torch::from_blob(buf.data(), like.sizes(), torch::kFloat32);
 }
 
-// ---- child process: one measurement
-// ---------------------------------------------------------------
+// ---- child process: one measurement -------------------------------------------------------------
 
 void print_timings(const Timing &fwd, const Timing &fb) {
   std::printf(
@@ -422,18 +425,31 @@ int run_one(const Options &opt, const std::string &mode, const std::string &enc,
   const EncInfo info = load_encoding(enc);
   Inputs in = make_inputs(opt, info, T);
   std::printf("RESULT");
+  // Peak memory: VmHWM right after the method's first fwd+bwd (its setup included), before the
+  // timing loops, whose hundreds of repetitions would add the allocator's fragmentation.
+  long hwm_kib = -1;
   if (mode == "inputs") {
     // Baseline: torch loaded and the inputs allocated, nothing else.
+    hwm_kib = vm_hwm_kib();
   } else if (mode == "ape") {
     ApeRun run(info, in);
+    run.forward();
+    run.backward();
+    hwm_kib = vm_hwm_kib();
     const Timing fwd = time_median(opt, [&] { run.forward(); });
     const Timing fb = time_median(opt, [&] {
       run.forward();
       run.backward();
     });
     print_timings(fwd, fb);
-  } else if (mode == "libtorch") {
+  } else if (mode == "libtorch" || mode == "libtorch-tuned") {
+    if (mode == "libtorch-tuned") {  // the driver also sets tuned_env() before the exec
+      mallopt(M_MMAP_MAX, 0);
+      mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+    }
     RefRun run(enc, in, torch::kFloat32);
+    { auto g = run.forward_backward(); }
+    hwm_kib = vm_hwm_kib();
     const Timing fwd = time_median(opt, [&] { torch::Tensor o = run.forward(); });
     const Timing fb = time_median(opt, [&] { auto g = run.forward_backward(); });
     print_timings(fwd, fb);
@@ -455,13 +471,13 @@ int run_one(const Options &opt, const std::string &mode, const std::string &enc,
   } else {
     die("unknown --one mode '" + mode + "'");
   }
-  std::printf(" hwm_kib=%ld\n", vm_hwm_kib());
+  // hwm_end_kib: VmHWM at the end (after the timing loops, or the check).
+  std::printf(" hwm_kib=%ld hwm_end_kib=%ld\n", hwm_kib, vm_hwm_kib());
   std::fflush(stdout);
   return 0;
 }
 
-// ---- parent: spawn children
-// -------------------------------------------------------------------------
+// ---- parent: spawn children ---------------------------------------------------------------------
 
 std::vector<std::string> child_args(const Options &opt, const std::string &mode,
                                     const std::string &enc, int64_t T) {
@@ -477,8 +493,26 @@ std::vector<std::string> child_args(const Options &opt, const std::string &mode,
           "--seed",     std::to_string(opt.seed)};
 }
 
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+// Environment of the libtorch-tuned children: glibc malloc never unmaps or trims freed memory
+// (LibTorch's large T x T temporaries are otherwise mmapped and page-faulted in anew at every
+// call), and idle OpenMP threads sleep instead of spinning (LibTorch's OpenMP pool and OpenBLAS's
+// own pthread pool otherwise compete for the cores).
+Env tuned_env() {
+  return {{"MALLOC_MMAP_MAX_", "0"},
+          {"MALLOC_TRIM_THRESHOLD_", "1000000000000"},
+          {"OMP_WAIT_POLICY", "passive"}};
+}
+
+std::string tuned_env_text() {
+  std::string t;
+  for (const auto &[k, v] : tuned_env()) t += (t.empty() ? "" : " ") + k + "=" + v;
+  return t;
+}
+
 // Runs this binary with `args` in a fresh process; returns the key=value pairs of its RESULT line.
-std::map<std::string, double> spawn(const std::vector<std::string> &args) {
+std::map<std::string, double> spawn(const std::vector<std::string> &args, const Env &env = {}) {
   int fds[2];
   if (pipe(fds) != 0) die("pipe failed");
   std::fflush(stdout);
@@ -486,6 +520,7 @@ std::map<std::string, double> spawn(const std::vector<std::string> &args) {
   const pid_t pid = fork();
   if (pid < 0) die("fork failed");
   if (pid == 0) {
+    for (const auto &[k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     close(fds[1]);
@@ -593,7 +628,8 @@ int run_driver(const Options &opt) {
     for (int64_t T : opt.lengths) {
       const double base_kib = spawn(child_args(opt, "inputs", e, T))["hwm_kib"];
       for (const auto &m : opt.methods) {
-        auto r = spawn(child_args(opt, m, e, T));
+        auto r = spawn(child_args(opt, m, e, T), m == "libtorch-tuned" ? tuned_env() : Env{});
+        if (r["hwm_kib"] <= 0) die("no memory reading from the " + m + " child");
         Row row{e,
                 m,
                 T,
@@ -605,65 +641,90 @@ int run_driver(const Options &opt) {
                 r["fwd_cpu_ms"],
                 r["fwdbwd_cpu_ms"]};
         std::fprintf(stderr,
-                     "%-6s T=%-5ld %-8s fwd %9.2f ms (%d reps)  fwd+bwd %9.2f ms (%d reps)"
-                     "  peak %8.1f MiB\n",
+                     "%-6s T=%-5ld %-14s fwd %9.2f ms (%d reps)  fwd+bwd %9.2f ms (%d reps)"
+                     "  peak %8.1f MiB (%.1f after the timing loops)\n",
                      e.c_str(), long(T), m.c_str(), row.fwd_ms, int(r["fwd_reps"]), row.fwdbwd_ms,
-                     int(r["fwdbwd_reps"]), row.peak_mib);
+                     int(r["fwdbwd_reps"]), row.peak_mib, (r["hwm_end_kib"] - base_kib) / 1024.0);
         rows.push_back(row);
       }
     }
 
-  // 3. Table.
+  // 3. Tables.
   auto find = [&](const std::string &e, int64_t T, const std::string &m) -> const Row * {
     for (const auto &r : rows)
       if (r.enc == e && r.T == T && r.method == m) return &r;
     return nullptr;
   };
+  std::vector<std::string> others;  // the LibTorch methods, compared with APE
+  for (const auto &m : opt.methods)
+    if (m != "ape") others.push_back(m);
+  const bool have_ape =
+      std::find(opt.methods.begin(), opt.methods.end(), "ape") != opt.methods.end();
+  const std::string rule(84, '-');
   std::printf(
-      "\nAPE vs LibTorch materialised attention, fp32, causal, B=%ld H=%ld D=%ld, %d "
-      "threads\n",
+      "\nAPE vs LibTorch materialised attention, fp32, causal, B=%ld H=%ld D=%ld, %d threads\n",
       long(opt.B), long(opt.H), long(opt.D), opt.threads);
   std::printf("load average (1, 5, 15 min) at start: %s, at end: %s\n", load_start.c_str(),
               loadavg().c_str());
+  std::printf("environment:");
+  for (const char *v : {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS",
+                        "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "MALLOC_MMAP_MAX_"})
+    if (const char *x = std::getenv(v)) std::printf(" %s=%s", v, x);
+  std::printf("\n");
   std::printf(
-      "time: median ms (effective GFLOP/s, fwd = 4*T^2*D*B*H/2, fwd+bwd = 3.5x fwd); "
-      "peak: MiB above the inputs-only baseline\n\n");
-  std::printf("%-6s %5s | %-8s %20s %22s %10s\n", "enc", "T", "method", "fwd ms (GF/s)",
+      "time: median ms (effective GFLOP/s: fwd = 4*T^2*D*B*H/2, fwd+bwd = 3.5x fwd); "
+      "peak: MiB above the inputs-only baseline\n");
+  std::printf(
+      "libtorch-tuned: the same LibTorch code, glibc malloc kept from returning memory to the OS "
+      "and\nsleeping idle OpenMP threads (%s)\n\n",
+      tuned_env_text().c_str());
+  std::printf("%-6s %5s | %-16s %20s %22s %10s\n", "enc", "T", "method", "fwd ms (GF/s)",
               "fwd+bwd ms (GF/s)", "peak MiB");
-  std::printf("%s\n", std::string(80, '-').c_str());
+  std::printf("%s\n", rule.c_str());
   for (const auto &e : opt.encodings)
     for (int64_t T : opt.lengths) {
       const double ff = fwd_flops(opt, T), fbf = 3.5 * ff;
       for (const auto &m : opt.methods) {
         const Row *r = find(e, T, m);
-        std::printf("%-6s %5ld | %-8s %10.2f (%6.1f) %12.2f (%6.1f) %10.1f\n", e.c_str(), long(T),
+        std::printf("%-6s %5ld | %-16s %10.2f (%6.1f) %12.2f (%6.1f) %10.1f\n", e.c_str(), long(T),
                     m.c_str(), r->fwd_ms, gflops(ff, r->fwd_ms), r->fwdbwd_ms,
                     gflops(fbf, r->fwdbwd_ms), r->peak_mib);
       }
-      const Row *a = find(e, T, "ape"), *l = find(e, T, "libtorch");
-      if (a && l)
-        std::printf("%-6s %5ld | %-8s %19sx %21sx %9sx\n", "", long(T), "speed-up",
+      const Row *a = find(e, T, "ape");
+      for (const auto &m : others) {
+        const Row *l = find(e, T, m);
+        if (!a || !l) continue;
+        const std::string label = m == "libtorch" ? "speed-up" : "speed-up (tuned)";
+        std::printf("%-6s %5ld | %-16s %19sx %21sx %9sx\n", "", long(T), label.c_str(),
                     fmtd("%.2f", l->fwd_ms / a->fwd_ms).c_str(),
                     fmtd("%.2f", l->fwdbwd_ms / a->fwdbwd_ms).c_str(),
                     fmtd("%.1f", l->peak_mib / std::max(a->peak_mib, 0.1)).c_str());
+      }
     }
-  std::printf("(speed-up = LibTorch / APE; in the peak column: LibTorch peak / APE peak)\n");
+  std::printf(
+      "(speed-up = LibTorch time / APE time, > 1: APE faster; in the peak column: LibTorch peak / "
+      "APE peak)\n");
 
-  // Best-of-N: less sensitive to other load on the machine than the median.
-  if (find(opt.encodings[0], opt.lengths[0], "ape") &&
-      find(opt.encodings[0], opt.lengths[0], "libtorch")) {
+  // fwd+bwd best-of-N and CPU time: less sensitive to other load on the machine than the median.
+  if (have_ape && !others.empty()) {
     std::printf(
-        "\nfwd+bwd, less sensitive to other processes than the median wall time: best of N "
-        "(min) wall ms, and median CPU ms\nof one repetition (user + sys, all threads)\n\n");
-    std::printf("%-6s %5s | %10s %10s %8s | %10s %10s %8s\n", "enc", "T", "APE min", "LT min",
-                "speed-up", "APE CPU", "LT CPU", "ratio");
-    std::printf("%s\n", std::string(80, '-').c_str());
+        "\nfwd+bwd, less sensitive to other processes than the median wall time: best of N (min) "
+        "wall ms,\nmedian CPU ms of one repetition (user + sys, all threads), and LibTorch / APE "
+        "ratios of both\n\n");
+    std::printf("%-6s %5s | %16s", "enc", "T", "ape min / CPU");
+    for (const auto &m : others) std::printf(" | %-30s", (m + " min / CPU (ratios)").c_str());
+    std::printf("\n%s\n", rule.c_str());
     for (const auto &e : opt.encodings)
       for (int64_t T : opt.lengths) {
-        const Row *a = find(e, T, "ape"), *l = find(e, T, "libtorch");
-        std::printf("%-6s %5ld | %10.2f %10.2f %7.2fx | %10.2f %10.2f %7.2fx\n", e.c_str(), long(T),
-                    a->fwdbwd_min_ms, l->fwdbwd_min_ms, l->fwdbwd_min_ms / a->fwdbwd_min_ms,
-                    a->fwdbwd_cpu_ms, l->fwdbwd_cpu_ms, l->fwdbwd_cpu_ms / a->fwdbwd_cpu_ms);
+        const Row *a = find(e, T, "ape");
+        std::printf("%-6s %5ld | %7.2f %8.2f", e.c_str(), long(T), a->fwdbwd_min_ms,
+                    a->fwdbwd_cpu_ms);
+        for (const auto &m : others) {
+          const Row *l = find(e, T, m);
+          std::printf(" | %7.2f %8.2f (%5.2fx %5.2fx)", l->fwdbwd_min_ms, l->fwdbwd_cpu_ms,
+                      l->fwdbwd_min_ms / a->fwdbwd_min_ms, l->fwdbwd_cpu_ms / a->fwdbwd_cpu_ms);
+        }
+        std::printf("\n");
       }
   }
 
@@ -673,7 +734,7 @@ int run_driver(const Options &opt) {
     std::printf("\nmemory growth exponent between T=%ld and T=%ld (1 = linear, 2 = quadratic):\n",
                 long(T1), long(T2));
     for (const auto &m : opt.methods) {
-      std::printf("  %-8s", m.c_str());
+      std::printf("  %-16s", m.c_str());
       for (const auto &e : opt.encodings) {
         const Row *r1 = find(e, T1, m), *r2 = find(e, T2, m);
         const double x = std::log2(std::max(r2->peak_mib, 1e-3) / std::max(r1->peak_mib, 1e-3)) /
@@ -726,7 +787,8 @@ int main(int argc, char **argv) {
     } else if (a == "--methods") {
       opt.methods = split(next(), ',');
       for (const auto &m : opt.methods)
-        if (m != "ape" && m != "libtorch") die("unknown method '" + m + "'");
+        if (m != "ape" && m != "libtorch" && m != "libtorch-tuned")
+          die("unknown method '" + m + "'");
     } else if (a == "--B") {
       opt.B = to_int(next());
     } else if (a == "--H") {
