@@ -297,10 +297,14 @@ Checkpoint read_checkpoint(const std::string &path) {
   c.encoding.assign(take(name_len, "the encoding name"), name_len);
   uint64_t cfg_len, payload_len, checksum;
   std::memcpy(&cfg_len, take(8, "the config length"), 8);
-  if (cfg_len > buf.size()) throw fail("corrupt config length (truncated or damaged file)");
+  if (cfg_len > buf.size() - pos)
+    throw fail("truncated or damaged: the config needs " + std::to_string(cfg_len) + " bytes, " +
+               std::to_string(buf.size() - pos) + " remain");
   std::string cfg(take(cfg_len, "the config"), cfg_len);
   std::memcpy(&payload_len, take(8, "the payload length"), 8);
-  if (payload_len > buf.size()) throw fail("corrupt payload length (truncated or damaged file)");
+  if (payload_len > buf.size() - pos)
+    throw fail("truncated: the parameters need " + std::to_string(payload_len) + " bytes, " +
+               std::to_string(buf.size() - pos) + " remain (the file was not written completely)");
   c.payload.assign(take(payload_len, "the parameters"), payload_len);
   const size_t body = pos;
   std::memcpy(&checksum, take(8, "the checksum"), 8);

@@ -5,6 +5,7 @@
 //   ape-train --list
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -56,7 +57,7 @@ int main(int argc, char **argv) {
   app.add_option("--heads", mc.heads, "Attention heads (d-model must be divisible by it)")->capture_default_str();
   app.add_option("--vocab", mc.vocab, "SentencePiece BPE vocabulary size")->capture_default_str();
   app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay)")->capture_default_str();
-  app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps")->capture_default_str();
+  app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps (at most steps/5 with --steps)")->capture_default_str();
   app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of --seq-len")->capture_default_str();
   app.add_option("--eval-tokens", ec.tokens,
                  "Target tokens scored per length (the same tokens at every length)")
@@ -127,9 +128,10 @@ int main(int argc, char **argv) {
       ape::TrainSampler sampler(corpus.train(), tc.seed);
       ape::TrainResult res = ape::train(model, sampler, tc, std::cout, name);
       char summary[256];
-      std::snprintf(summary, sizeof summary, "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last 20)\n",
+      std::snprintf(summary, sizeof summary,
+                    "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last %lld steps)\n",
                     name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss,
-                    res.final_loss);
+                    res.final_loss, (long long)std::min<int64_t>(20, res.steps));
       std::cout << summary;
 
       nlohmann::json config;

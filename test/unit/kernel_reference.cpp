@@ -120,7 +120,8 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
     qm = expe_shift(in.q, param(in.params, "override_q_a"), param(in.params, "override_q_b"));
     km = expe_shift(in.k, param(in.params, "override_k_a"), param(in.params, "override_k_b"));
   }
-  auto logits = in.scale * torch::matmul(qm, km.transpose(-1, -2));
+  // kappa applied to q' ([B,H,T,D]) rather than to the [B,H,T,T] logits: same value, fewer passes.
+  auto logits = torch::matmul(qm * in.scale, km.transpose(-1, -2));
   auto bias = reference_bias(encoding, in);
   if (bias.defined()) logits = logits + bias;
   auto above = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);

@@ -1,14 +1,17 @@
-# ape_runtime_test (included from test/unit/CMakeLists.txt): GoogleTest suite of the runtime.
-# Links ape_kernels because the runtime's registry lookup needs ape::kernel_registry; the tests
-# themselves use private test-only kernels, and also smoke-test every registered encoding.
+# ape_runtime_test (included from test/CMakeLists.txt): GoogleTest suite of the LibTorch runtime.
+# It links ape_kernels because the runtime's registry lookup needs ape::kernel_registry; the tests
+# use private test-only kernels, and also smoke-test every registered (generated) encoding.
+if(NOT TARGET ape_runtime OR NOT TARGET ape_kernels)
+  message(STATUS "ape_runtime_test: skipped (needs the ape_runtime and ape_kernels targets)")
+  return()
+endif()
 if(NOT TARGET GTest::gtest_main)
   find_package(GTest REQUIRED)
 endif()
 include(GoogleTest)
 add_executable(ape_runtime_test ${CMAKE_CURRENT_LIST_DIR}/runtime_test.cpp)
 target_link_libraries(ape_runtime_test PRIVATE ape_runtime ape_kernels GTest::gtest_main)
-target_compile_definitions(ape_runtime_test PRIVATE
-  APE_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/data/pg30")
+target_compile_definitions(ape_runtime_test PRIVATE APE_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/data/pg30")
 gtest_discover_tests(ape_runtime_test
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}
   PROPERTIES LABELS runtime TIMEOUT 300

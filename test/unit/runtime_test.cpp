@@ -192,11 +192,21 @@ at::Tensor reference_attention(const at::Tensor &q, const at::Tensor &k, const a
   return at::matmul(at::softmax(s, -1), v);
 }
 
+fs::path tmp_dir() { return fs::path(::testing::TempDir()) / ("ape_runtime_test_" + std::to_string(::getpid())); }
+
 std::string tmp_path(const std::string &name) {
-  fs::path dir = fs::path(::testing::TempDir()) / ("ape_runtime_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  fs::create_directories(tmp_dir());
+  return (tmp_dir() / name).string();
 }
+
+// Removes this run's scratch folder at the end.
+struct ScratchCleanup : ::testing::Environment {
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(tmp_dir(), ec);
+  }
+};
+const auto *const scratch_cleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
 
 template <typename Fn> std::string error_of(Fn fn) {
   try {
@@ -464,20 +474,20 @@ TEST(FusedAttention, BadInputsGiveClearErrors) {
 // Model
 // =====================================================================================================
 
-// With an override {l, qk} and projection_term params, the model's attention must equal attention on
-// explicitly overridden inputs φ(x̃, t) = (p_t, x̃[l:]), p_{t,j} = θ(t + j) — forward and W gradients.
-TEST(Model, OverrideAndProjectionTermsMatchExplicitExPE) {
-  at::manual_seed(3);
-  ape::ModelConfig cfg = tiny_config("test_expe");
-  ape::EncodedAttention attn(testk::expe, cfg, std::vector<at::Tensor>(4));
-  const int64_t B = 2, T = 9, d = cfg.d_model, H = cfg.heads, D = cfg.head_dim(), l = testk::kExpeL;
+// With an override {l, qk} and projection_term params (a = W[:, :l]·(θj)_j, b = θ·W[:, :l]·1), the
+// model's attention must equal attention on explicitly overridden inputs φ(x̃, t) = (p_t, x̃[l:]),
+// p_{t,j} = θ(t + j) — forward and the gradients of every projection weight.
+void check_explicit_expe(const ape::KernelEntry &entry, const ape::ModelConfig &cfg, int64_t l, double theta,
+                         double tol) {
+  ape::EncodedAttention attn(entry, cfg, std::vector<at::Tensor>(ape::manifest_of(entry).params.size()));
+  const int64_t B = 2, T = 9, d = cfg.d_model, H = cfg.heads, D = cfg.head_dim();
   at::Tensor xn = at::randn({B, T, d});
   at::Tensor y = attn->forward(xn);
   at::Tensor dy = at::randn_like(y);
   auto W = std::vector<at::Tensor>{attn->wq->weight, attn->wk->weight, attn->wv->weight, attn->wo->weight};
   auto g = torch::autograd::grad({y}, W, {dy});
 
-  at::Tensor pos = (at::arange(T).view({T, 1}) + at::arange(l).view({1, l})).to(at::kFloat) * testk::kExpeTheta;
+  at::Tensor pos = (at::arange(T).view({T, 1}) + at::arange(l).view({1, l})).to(at::kFloat) * theta;
   at::Tensor phi = at::cat({pos.unsqueeze(0).expand({B, T, l}), xn.narrow(-1, l, d - l)}, -1);
   auto heads = [&](at::Tensor t) { return t.view({B, T, H, D}).transpose(1, 2); };
   at::Tensor q = heads(at::matmul(phi, W[0].t())), k = heads(at::matmul(phi, W[1].t()));
@@ -485,11 +495,16 @@ TEST(Model, OverrideAndProjectionTermsMatchExplicitExPE) {
   at::Tensor o = reference_attention(q, k, v, 1.0 / std::sqrt(double(D)));
   at::Tensor ry = attn->wo(o.transpose(1, 2).reshape({B, T, d}));
   auto rg = torch::autograd::grad({ry}, W, {dy});
-  expect_close(y, ry, 1e-5, "output");
+  expect_close(y, ry, tol, "output");
   const char *names[] = {"dW_q", "dW_k", "dW_v", "dW_o"};
-  for (int i = 0; i < 4; ++i) expect_close(g[i], rg[i], 1e-5, names[i]);
+  for (int i = 0; i < 4; ++i) expect_close(g[i], rg[i], tol, names[i]);
   // The first l columns of W_q get gradient only through the projection terms.
   EXPECT_GT(g[0].narrow(1, 0, l).abs().sum().item<double>(), 0.0);
+}
+
+TEST(Model, OverrideAndProjectionTermsMatchExplicitExPE) {
+  at::manual_seed(3);
+  check_explicit_expe(testk::expe, tiny_config("test_expe"), testk::kExpeL, testk::kExpeTheta, 1e-5);
 }
 
 TEST(Model, ParamsPerLayerSharedAndFeatureInit) {
@@ -878,4 +893,45 @@ TEST(RegisteredKernels, EveryEncodingBuildsAndTakesAStep) {
       EXPECT_TRUE(kv.value().grad().isfinite().all().item<bool>()) << kv.key();
     }
   }
+}
+
+// The runtime glue with real generated kernels, when those encodings are registered: the feature
+// tensors reach the kernel as (B, H, T) (Cable) and the override + projection terms reproduce
+// ExPE's explicit φ(x, t) (docs: shared/spec/encodings.md).
+const ape::KernelEntry *registered(const std::string &name) {
+  for (const auto &n : ape::kernel_names())
+    if (n == name) return &ape::find_kernel(name);
+  return nullptr;
+}
+
+TEST(RegisteredKernels, CableThroughFusedAttentionMatchesTheSpec) {
+  const ape::KernelEntry *cable = registered("cable");
+  if (!cable) GTEST_SKIP() << "no 'cable' encoding registered";
+  at::manual_seed(15);
+  auto opt = at::TensorOptions().dtype(at::kDouble);
+  const int64_t B = 2, H = 3, T = 70, D = 8;
+  at::Tensor q = at::randn({B, H, T, D}, opt).requires_grad_(), k = at::randn({B, H, T, D}, opt).requires_grad_(),
+             v = at::randn({B, H, T, D}, opt).requires_grad_(), f = at::randn({B, H, T}, opt).requires_grad_();
+  at::Tensor dout = at::randn({B, H, T, D}, opt);
+  const double scale = 1.0 / std::sqrt(double(D));
+  at::Tensor o = ape::fused_attention(*cable, q, k, v, {f}, {}, scale);
+  auto g = torch::autograd::grad({o}, {q, k, v, f}, {dout});
+  at::Tensor S = at::cumsum(-at::softplus(f), -1);              // (B, H, T)
+  at::Tensor bias = S.unsqueeze(-1) - S.unsqueeze(-2);          // B_ij = S_i - S_j
+  at::Tensor ro = reference_attention(q, k, v, scale, bias);
+  auto rg = torch::autograd::grad({ro}, {q, k, v, f}, {dout});
+  expect_close(o, ro, 1e-9, "o");
+  const char *names[] = {"dq", "dk", "dv", "dfeature"};
+  for (int i = 0; i < 4; ++i) expect_close(g[i], rg[i], 1e-9, names[i]);
+}
+
+TEST(RegisteredKernels, ExpeThroughTheModelMatchesExplicitOverride) {
+  const ape::KernelEntry *expe = registered("expe");
+  if (!expe) GTEST_SKIP() << "no 'expe' encoding registered";
+  const ape::Manifest &m = ape::manifest_of(*expe);
+  ASSERT_TRUE(m.override_.has_value());
+  at::manual_seed(16);
+  ape::ModelConfig cfg = tiny_config("expe");
+  cfg.d_model = 64;
+  check_explicit_expe(*expe, cfg, m.override_->l, m.params[0].init.step, 2e-5);
 }
