@@ -79,8 +79,11 @@ FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBui
     Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), X(1));
     return t.select(c, T(0), T(1));
   }
-  if (isa<arith::MinimumFOp, arith::MinNumFOp>(op)) {  // d min(a,b) = a <= b ? da : db
-    Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLE, X(0), X(1));
+  // Ties follow one convention: a == b is treated as a slightly larger, as for
+  // |x| at 0 (sign +1). Then kinks that cancel in a smooth function (log σ(x) =
+  // min(x, 0) - log1p(exp(-|x|))) also cancel in its derivative.
+  if (isa<arith::MinimumFOp, arith::MinNumFOp>(op)) {  // d min(a,b) = a < b ? da : db
+    Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, X(0), X(1));
     return t.select(c, T(0), T(1));
   }
   if (isa<arith::SelectOp>(op))

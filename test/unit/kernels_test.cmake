@@ -23,7 +23,7 @@ target_include_directories(ape_kernels_test PRIVATE
 target_compile_options(ape_kernels_test PRIVATE -O2)
 target_link_libraries(ape_kernels_test PRIVATE ape_kernels "${TORCH_LIBRARIES}" GTest::gtest
                       nlohmann_json::nlohmann_json)
-if(TARGET OpenMP::OpenMP_CXX)  # omp_set_num_threads in the determinism and gradient checks
+if(TARGET OpenMP::OpenMP_CXX)  # omp_set_num_threads in the determinism check
   target_link_libraries(ape_kernels_test PRIVATE OpenMP::OpenMP_CXX)
 endif()
 gtest_discover_tests(ape_kernels_test

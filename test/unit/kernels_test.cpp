@@ -8,9 +8,9 @@
 //   - Edge, FeatureEdge, EdgeIdentity: T = 1, tile boundaries, features exactly 0,
 //     cross-encoding identities, determinism (two runs, 1 vs 2 OpenMP threads);
 //   - Registry: the six entries and their manifests.
-// Known kernel bug (the tests stay enabled and fail until it is fixed): forget_gate's feature
-// gradient at g == 0 exactly is 3x too large (FeatureEdge.FeaturesExactlyZero/forget_gate,
-// HandCheck.ForgetGateGradientAtZeroFeature*).
+// Regression tests for a kernel bug these tests found: forget_gate's feature gradient at g == 0
+// exactly was 3x too large (ape-differentiate's tie rules for min and |x| disagreed);
+// FeatureEdge.FeaturesExactlyZero/forget_gate, HandCheck.ForgetGateGradientAtZeroFeature*.
 //
 // Shapes: q, k, v, o, dout [B, H, T, D]; lse, features [B, H, T]; params per manifest.
 // Set APE_KERNELS_TEST_STATS=1 to print the largest normalised error seen per quantity.
@@ -422,6 +422,32 @@ INSTANTIATE_TEST_SUITE_P(
 using GradCase = std::tuple<std::string, int64_t, int64_t>;  // enc, T, D
 class KernelGradCheck : public ::testing::TestWithParam<GradCase> {};
 
+// sum(o * w) of the fp64 kernel for many perturbed copies of p at once: copy c of the inputs,
+// stacked along the batch axis (the kernel computes every (b, h) slice independently), has
+// element moves[c].first of input `which` (0 q, 1 k, 2 v, 3 + n feature n) shifted by
+// moves[c].second. Returns the loss of every copy.
+std::vector<double> batched_losses(const Problem &p, int which,
+                                   const std::vector<std::pair<int64_t, double>> &moves,
+                                   const Tensor &w) {
+  const int64_t nc = static_cast<int64_t>(moves.size());
+  Problem pb = p;
+  pb.B = p.B * nc;
+  pb.q = p.q.repeat({nc, 1, 1, 1});
+  pb.k = p.k.repeat({nc, 1, 1, 1});
+  pb.v = p.v.repeat({nc, 1, 1, 1});
+  pb.dout = pb.q;  // unused: forward only
+  pb.features.clear();
+  for (const auto &f : p.features) pb.features.push_back(f.repeat({nc, 1, 1}));
+  Tensor &x = which == 0 ? pb.q : which == 1 ? pb.k : which == 2 ? pb.v : pb.features[which - 3];
+  const int64_t per_copy = x.numel() / nc;
+  double *xp = x.data_ptr<double>();
+  for (int64_t c = 0; c < nc; ++c) xp[c * per_copy + moves[c].first] += moves[c].second;
+  KernelCall<double> kc(pb);
+  kc.forward();
+  const Tensor losses = (kc.o.view({nc, -1}) * w.reshape({1, -1})).sum(1).contiguous();
+  return std::vector<double>(losses.data_ptr<double>(), losses.data_ptr<double>() + nc);
+}
+
 // d/dx sum(o * w) by central differences (step 1e-5: truncation ~h^2 |f'''| ~ 1e-10, rounding
 // ~eps |L| / h ~ 1e-10) against the kernel's backward with dout = w, for every element of q, k,
 // v, every feature and every trainable param. Error normalised per tensor by
@@ -440,58 +466,71 @@ TEST_P(KernelGradCheck, FiniteDifferences) {
   kc.forward();
   kc.backward();
   const Tensor w = kc.dout;
-
-  const double *wp = w.data_ptr<double>();
-  auto loss = [&](KernelCall<double> &call) {
-    call.forward();
-    const double *op = call.o.data_ptr<double>();
-    double sum = 0;
-    for (int64_t e = 0; e < call.o.numel(); ++e) sum += op[e] * wp[e];
-    return sum;
-  };
-  // Thousands of tiny forward calls: one OpenMP thread avoids a fork/join per call (the
-  // results do not depend on the thread count, see Edge.Deterministic*).
-  const OmpThreads one_thread(1);
-  struct Target {
-    std::string name;
-    Tensor *value;     // in the KernelCall (perturbed in place)
-    Tensor analytic;
-  };
-  KernelCall<double> probe(p);
-  std::vector<Target> targets = {
-      {"q", &probe.q, kc.dq}, {"k", &probe.k, kc.dk}, {"v", &probe.v, kc.dv}};
-  for (size_t n = 0; n < probe.feat.size(); ++n)
-    targets.push_back({"feature:" + p.man.features[n], &probe.feat[n], kc.dfeat[n]});
-  for (size_t n = 0; n < probe.prm.size(); ++n) {
-    if (p.man.params[n].trainable)
-      targets.push_back({"param:" + p.man.params[n].name, &probe.prm[n], kc.dprm[n]});
-    else
-      EXPECT_TRUE(all_zero(kc.dprm[n])) << "non-trainable " << p.man.params[n].name;
-  }
-
   const double h = 1e-5;
-  for (Target &t : targets) {
-    double *x = t.value->data_ptr<double>();
-    const double *an = t.analytic.data_ptr<double>();
-    const int64_t n = t.value->numel();
-    const double norm = std::max(1e-2, t.analytic.abs().max().item<double>());
+
+  // Records the worst normalised error of one input's central differences fd against an.
+  auto check = [&](const std::string &name, const std::vector<double> &fd, const Tensor &analytic) {
+    const double *an = analytic.data_ptr<double>();
+    const double norm = std::max(1e-2, analytic.abs().max().item<double>());
     double worst = 0;
     int64_t worst_at = -1;
-    for (int64_t e = 0; e < n; ++e) {
-      const double x0 = x[e];
-      x[e] = x0 + h;
-      const double lp = loss(probe);
-      x[e] = x0 - h;
-      const double lm = loss(probe);
-      x[e] = x0;
-      const double fd = (lp - lm) / (2 * h);
-      const double err = std::abs(fd - an[e]) / norm;
+    for (int64_t e = 0; e < static_cast<int64_t>(fd.size()); ++e) {
+      const double err = std::abs(fd[e] - an[e]) / norm;
       if (!(err <= worst)) worst = err, worst_at = e;
     }
-    auto &s = error_stats()["fd/" + enc + "/" + t.name];
+    auto &s = error_stats()["fd/" + enc + "/" + name];
     if (!(worst <= s.first)) s = {worst, current_test_name()};
-    EXPECT_LE(worst, 1e-6) << t.name << ": element " << worst_at << " of " << n
-                           << ", analytic " << an[std::max<int64_t>(worst_at, 0)];
+    EXPECT_LE(worst, 1e-6) << name << ": element " << worst_at << " of " << fd.size()
+                           << ", analytic " << an[std::max<int64_t>(worst_at, 0)] << ", central "
+                           << fd[std::max<int64_t>(worst_at, 0)];
+  };
+
+  // q, k, v and the features: every element, all perturbed copies in one kernel call per chunk.
+  std::vector<std::pair<std::string, Tensor>> inputs = {{"q", kc.dq}, {"k", kc.dk}, {"v", kc.dv}};
+  for (size_t n = 0; n < kc.dfeat.size(); ++n)
+    inputs.push_back({"feature:" + p.man.features[n], kc.dfeat[n]});
+  for (size_t which = 0; which < inputs.size(); ++which) {
+    const int64_t n = inputs[which].second.numel();
+    std::vector<double> fd;
+    for (int64_t e0 = 0; e0 < n; e0 += 256) {
+      std::vector<std::pair<int64_t, double>> moves;
+      for (int64_t e = e0; e < std::min(n, e0 + 256); ++e) {
+        moves.push_back({e, h});
+        moves.push_back({e, -h});
+      }
+      const std::vector<double> l = batched_losses(p, static_cast<int>(which), moves, w);
+      for (size_t c = 0; c < l.size(); c += 2) fd.push_back((l[c] - l[c + 1]) / (2 * h));
+    }
+    check(inputs[which].first, fd, inputs[which].second);
+  }
+
+  // Trainable params (shared by the batch): one element at a time.
+  KernelCall<double> probe(p);
+  const double *wp = w.data_ptr<double>();
+  auto loss = [&]() {
+    probe.forward();
+    const double *op = probe.o.data_ptr<double>();
+    double sum = 0;
+    for (int64_t e = 0; e < probe.o.numel(); ++e) sum += op[e] * wp[e];
+    return sum;
+  };
+  for (size_t n = 0; n < probe.prm.size(); ++n) {
+    if (!p.man.params[n].trainable) {
+      EXPECT_TRUE(all_zero(kc.dprm[n])) << "non-trainable " << p.man.params[n].name;
+      continue;
+    }
+    double *x = probe.prm[n].data_ptr<double>();
+    std::vector<double> fd;
+    for (int64_t e = 0; e < probe.prm[n].numel(); ++e) {
+      const double x0 = x[e];
+      x[e] = x0 + h;
+      const double lp = loss();
+      x[e] = x0 - h;
+      const double lm = loss();
+      x[e] = x0;
+      fd.push_back((lp - lm) / (2 * h));
+    }
+    check("param:" + p.man.params[n].name, fd, kc.dprm[n]);
   }
 }
 
@@ -657,7 +696,8 @@ TEST(HandCheck, ForgetGateRow3F32) { forget_gate_rows<float>(1e-5); }
 // z = -softplus(f_1) (cable) = log sigmoid(g_1) (forget gate) = -ln 2, so P_10 = 1/3 and the loss
 // o_1[0] = P_10 has d/dz = P_10 P_11 = 2/9; dz/df_1 = -sigmoid(0) = -1/2 (cable), dz/dg_1 =
 // sigmoid(-0) = 1/2 (forget gate): dfeature = [0, -1/9] (cable), [0, 1/9] (forget gate).
-// KNOWN KERNEL BUG: forget_gate returns [0, 1/3] (see FeatureEdge.FeaturesExactlyZero).
+// (With inconsistent tie rules for min and |x| at 0 the forget gate gives [0, 1/3]; see
+// FeatureEdge.FeaturesExactlyZero.)
 template <class Real> void zero_feature_gradient(const std::string &enc, double want, double tol) {
   Problem p = make_problem(enc, 1, 1, 2, 2, 5);
   ASSERT_NE(p.entry, nullptr);
@@ -768,10 +808,10 @@ INSTANTIATE_TEST_SUITE_P(All, Edge, ::testing::ValuesIn(kEncodings),
 // true derivative there is sigmoid(-0) = 0.5). fp64 kernel against the reference and against a
 // central difference of the kernel's own forward.
 //
-// KNOWN KERNEL BUG (forget_gate, found by this test; reported to the lead, not fixed here): the
-// generated map_0_grad takes d min(x, 0)/dx = 1 at x = 0 (x <= 0) but d|x|/dx = +1 (x >= 0), so
-// it returns 1 + 0.5 = 1.5 instead of 0.5 and dfeature is 3x too large wherever g == 0. The
-// test stays enabled and fails until ape-differentiate picks consistent one-sided derivatives.
+// Regression test (forget_gate, found by this test): ape-differentiate once took
+// d min(x, 0)/dx = 1 at x = 0 (x <= 0) but d|x|/dx = +1 (x >= 0), so map_0_grad returned
+// 1 + 0.5 = 1.5 instead of 0.5 and dfeature was 3x too large wherever g == 0. The derivative
+// rules must pick consistent one-sided derivatives at ties.
 class FeatureEdge : public ::testing::TestWithParam<std::string> {};
 TEST_P(FeatureEdge, FeaturesExactlyZero) {
   Problem p = make_problem(GetParam(), 1, 2, 9, 8, case_seed("zero_" + GetParam(), 1, 2, 9, 8));
