@@ -26,6 +26,7 @@
 //
 // Usage: see bench/README.md and `ape-bench-attention --help`.
 #include <ape/kernel_entry.h>
+#include "runtime/Manifest.h"  // ape::alibi_slopes: the slope rule the runtime uses
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -179,20 +180,6 @@ EncInfo load_encoding(const std::string &name) {
   return info;
 }
 
-std::vector<double> alibi_slopes(int64_t H) {
-  auto pow2 = [](int64_t n) {
-    std::vector<double> s(n);
-    for (int64_t h = 0; h < n; ++h) s[h] = std::exp2(-8.0 * double(h + 1) / double(n));
-    return s;
-  };
-  if ((H & (H - 1)) == 0) return pow2(H);
-  int64_t c = 1;
-  while (c * 2 <= H) c *= 2;
-  std::vector<double> out = pow2(c), extra = pow2(2 * c);
-  for (int64_t i = 0; i < 2 * c && int64_t(out.size()) < H; i += 2) out.push_back(extra[i]);
-  return out;
-}
-
 // fp32 inputs, identical in every process (seeded).
 struct Inputs {
   torch::Tensor q, k, v, dout;        // (B, H, T, D)
@@ -213,7 +200,7 @@ Inputs make_inputs(const Options &opt, const EncInfo &info, int64_t T) {
     in.feats.push_back(torch::randn({opt.B, opt.H, T}, f32));
   for (const auto &kind : info.param_inits) {
     if (kind != "alibi_slopes") die("unsupported param init '" + kind + "'");
-    const auto s = alibi_slopes(opt.H);
+    const auto s = ape::alibi_slopes(opt.H);
     in.params.push_back(torch::tensor(s, torch::kFloat64).to(torch::kFloat32));
   }
   in.scale = info.scale != 0 ? info.scale : 1.0 / std::sqrt(double(opt.D));

@@ -35,7 +35,6 @@ void buildRotaryBody(OpBuilder &b, Region &region, RotaryOp rot, Location loc) {
   Value x = block->getArgument(0), y = block->getArgument(1), c = block->getArgument(2),
         t = block->getArgument(3);
   double fraction = rot.getFraction().convertToDouble();
-  double lnBase = std::log(rot.getBase().convertToDouble());
   bool half = rot.getPairing() == "half";
 
   // r/2 = floor(fraction·d_h/2), at least 1 so the index arithmetic stays defined.
@@ -50,10 +49,11 @@ void buildRotaryBody(OpBuilder &b, Region &region, RotaryOp rot, Location loc) {
   Value first = half ? rb.ult(c, halfR)
                      : b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
                                                rb.irem(c, rb.idx(2)), rb.idx(0));
-  // θ_k = exp(k · (-2 ln base / r))
+  // θ_k = base^(-2k/r): base, k and r are exact, so an fp64 kernel gets θ to fp64 precision.
   Value rF = rb.toF32(r);
   Value kF = rb.toF32(k);
-  Value theta = rb.exp(rb.div(rb.mul(kF, rb.f32(-2.0 * lnBase)), rF));
+  Value exponent = rb.div(rb.mul(kF, rb.f32(-2.0)), rF);
+  Value theta = b.create<math::PowFOp>(loc, rb.f32(rot.getBase().convertToDouble()), exponent);
   Value tF = rb.toF32(t);
   Value angle = rb.mul(tF, theta);
   Value cs = b.create<math::CosOp>(loc, angle);

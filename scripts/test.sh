@@ -1,14 +1,36 @@
 #!/usr/bin/env bash
-# README command 2: install what is missing, build, run every test (lit + GoogleTest).
-set -euo pipefail
+# README command 2: install what is missing, build, run every test (lit + GoogleTest),
+# print the counts. The same suites run with plain `ctest` in the build folder.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-scripts/install-deps.sh
-scripts/build.sh
+scripts/install-deps.sh || exit 1
+scripts/build.sh || exit 1
 build=${APE_BUILD_DIR:-build}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-echo "[ape] running lit and GoogleTest suites"
-status=0
-(cd "$build" && ctest --output-on-failure -j2 --timeout 1200) || status=$?
+log="$build/Testing/ape-test.log"
+mkdir -p "$build/Testing"
+
+echo "[ape] lit suites (dialect, passes, codegen, tools)"
+/usr/bin/python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv "$build/test/lit" | tee "$log.lit"
+lit_status=${PIPESTATUS[0]}
+
+echo "[ape] GoogleTest suites (kernels against materialised references, template, runtime)"
+(cd "$build" && ctest -E '^lit$' --output-on-failure -j2 --timeout 1200) | tee "$log.ctest"
+ctest_status=${PIPESTATUS[0]}
+
+# Counts: lit's summary lines and ctest's, folded into one closing line.
+lit_passed=$(grep -E '^\s*Passed\s*:' "$log.lit" | grep -oE '[0-9]+' | head -1)
+lit_failed=$(grep -E '^\s*Failed\s*:' "$log.lit" | grep -oE '[0-9]+' | head -1)
+gt_total=$(grep -oE 'tests failed out of [0-9]+' "$log.ctest" | grep -oE '[0-9]+$')
+gt_failed=$(grep -oE '[0-9]+ tests failed out of' "$log.ctest" | grep -oE '^[0-9]+')
+gt_skipped=$(grep -c '(Skipped)' "$log.ctest")
+lit_passed=${lit_passed:-0}; lit_failed=${lit_failed:-0}
+gt_total=${gt_total:-0}; gt_failed=${gt_failed:-0}
+gt_passed=$(( gt_total - gt_failed - gt_skipped ))
+echo "[ape] lit: ${lit_passed} passed, ${lit_failed} failed; GoogleTest: ${gt_passed} passed, ${gt_failed} failed, ${gt_skipped} skipped"
 echo "[ape] test command finished in $(( $(date +%s) - start )) s"
-exit $status
+echo "tests: $(( lit_passed + gt_passed )) passed, $(( lit_failed + gt_failed )) failed, ${gt_skipped} skipped"
+if [ "$lit_status" -ne 0 ] || [ "$ctest_status" -ne 0 ] || [ $(( lit_passed + gt_passed )) -eq 0 ]; then
+  exit 1
+fi

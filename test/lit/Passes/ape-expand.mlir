@@ -6,7 +6,8 @@
 // CHECK: ape.q_mod attributes {pairing = "half"} {
 // CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[Y:.*]]: f32, %[[C:.*]]: index, %[[T:.*]]: index, %[[H:.*]]: index):
 // CHECK: ape.dim "head_dim"
-// CHECK: arith.constant -18.420681 : f32
+// CHECK: %[[BASE:.*]] = arith.constant 1.000000e+04 : f32
+// CHECK: %[[THETA:.*]] = math.powf %[[BASE]], %{{.*}} : f32
 // CHECK: %[[COS:.*]] = math.cos %[[ANGLE:.*]] : f32
 // CHECK-NEXT: %[[SIN:.*]] = math.sin %[[ANGLE]] : f32
 // CHECK: %[[XC:.*]] = arith.mulf %[[X]], %[[COS]] : f32
