@@ -96,8 +96,7 @@ public:
 
   /// The C++ lvalue expression of a load's element (in tok or params) with
   /// `base` = "ctx.tok" / "ctx.dtok" or "ctx.params" / "ctx.dparams".
-  FailureOr<std::string> element(LoadOp load, StringRef tokBase, StringRef paramBase,
-                                 Block &region) {
+  FailureOr<std::string> element(LoadOp load, StringRef tokBase, StringRef paramBase) {
     Value src = load.getSource();
     auto idx = load.getIndices();
     if (isa<TokensType>(src.getType())) {
@@ -114,8 +113,12 @@ public:
     for (auto [k, dimAttr] : llvm::enumerate(p.getShape())) {
       StringRef dim = cast<StringAttr>(dimAttr).getValue();
       std::string size = dim == "heads" ? "ctx.H" : dim == "head_dim" ? "ctx.D" : dim.str();
-      flat = k == 0 ? "(" + get(idx[k]) + ")"
-                    : "(" + flat + " * " + size + " + (" + get(idx[k]) + "))";
+      // A region argument (h, c) is in range by construction; a computed index (a bucket,
+      // say) is clamped to the dimension so no spec can read or write out of bounds.
+      std::string i = get(idx[k]);
+      if (!isa<BlockArgument>(idx[k]))
+        i = "std::clamp<int64_t>(" + i + ", 0, int64_t(" + size + ") - 1)";
+      flat = k == 0 ? "(" + i + ")" : "(" + flat + " * " + size + " + (" + i + "))";
     }
     return llvm::formatv("{0}[{1}][{2}]", paramBase, param->second, flat).str();
   }
@@ -226,6 +229,7 @@ private:
             .Case([&](math::FloorOp) { return call("std::floor"); })
             .Case([&](math::CeilOp) { return call("std::ceil"); })
             .Case([&](math::RoundOp) { return call("std::round"); })
+            .Case([&](math::TruncOp) { return call("std::trunc"); })
             .Case([&](math::PowFOp) { return call("std::pow"); })
             .Case([&](DimOp d) {
               return std::string(d.getWhich() == "heads"      ? "ctx.H"
@@ -234,7 +238,7 @@ private:
             })
             .Default([](Operation *) { return std::nullopt; });
     if (auto load = dyn_cast<LoadOp>(op)) {
-      FailureOr<std::string> el = element(load, "ctx.tok", "ctx.params", *op.getBlock());
+      FailureOr<std::string> el = element(load, "ctx.tok", "ctx.params");
       if (failed(el))
         return failure();
       define(op, *el);
@@ -257,15 +261,15 @@ constexpr StringLiteral kIndent = "    ";
 
 /// Emits the gradient accumulations of the loads of `body` given the names of
 /// their gradients; non-trainable params receive none.
-LogicalResult emitLoadGrads(raw_ostream &os, KernelLayout &layout, RegionWriter &primal,
-                            Region &body, ArrayRef<std::string> grads) {
+LogicalResult emitLoadGrads(raw_ostream &os, RegionWriter &primal, Region &body,
+                            ArrayRef<std::string> grads) {
   unsigned k = 0;
   LogicalResult result = success();
   body.walk([&](LoadOp load) {
     std::string g = grads[k++];
     if (auto p = load.getSource().getDefiningOp<ParamOp>(); p && !p.getTrainable())
       return;
-    FailureOr<std::string> el = primal.element(load, "ctx.dtok", "ctx.dparams", body.front());
+    FailureOr<std::string> el = primal.element(load, "ctx.dtok", "ctx.dparams");
     if (failed(el)) {
       result = failure();
       return;
@@ -312,7 +316,7 @@ LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, String
   if (failed(out))
     return failure();
   os << "    dx = " << (*out)[0] << ";\n    dy = " << (*out)[1] << ";\n";
-  if (failed(emitLoadGrads(os, layout, primal, mod.getBody(), ArrayRef(*out).drop_front(2))))
+  if (failed(emitLoadGrads(os, primal, mod.getBody(), ArrayRef(*out).drop_front(2))))
     return failure();
   os << "  }\n";
   return success();
@@ -352,7 +356,7 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout) {
   auto out = grad.emitBody(gb);
   if (failed(out))
     return failure();
-  if (failed(emitLoadGrads(os, layout, primal, mod.getBody(), ArrayRef(*out).drop_front(1))))
+  if (failed(emitLoadGrads(os, primal, mod.getBody(), ArrayRef(*out).drop_front(1))))
     return failure();
   os << "    return " << (*out)[0] << ";\n  }\n";
   return success();
@@ -444,6 +448,16 @@ int pairingCode(StringRef p) { return p == "half" ? 1 : p == "interleaved" ? 2 :
 } // namespace
 
 LogicalResult mlir::ape::emitCpuKernel(KernelOp kernel, StringRef source, raw_ostream &os) {
+  // What codegen/templates/ape/cpu_attention.h implements: causal attention on 64x64 tiles.
+  if (!kernel.getCausal())
+    return kernel.emitOpError("is not causal: the CPU kernel template implements causal "
+                              "(decoder) attention only");
+  for (auto [what, tile] : {std::pair{"tile_q", kernel.getTileQ()},
+                            std::pair{"tile_k", kernel.getTileK()}})
+    if (tile && *tile != 64)
+      return kernel.emitOpError(what) << " = " << *tile
+                                      << ": the CPU kernel template is built for 64x64 tiles "
+                                         "(run -ape-schedule with tile-q=64 tile-k=64)";
   KernelLayout layout;
   if (failed(layout.build(kernel)))
     return failure();

@@ -24,8 +24,14 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
                                             {"bias", f.getBias().convertToDouble()}});
     } else if (auto p = dyn_cast<ParamOp>(op)) {
       llvm::json::Array shape;
-      for (Attribute a : p.getShape())
-        shape.push_back(cast<StringAttr>(a).getValue());
+      for (Attribute a : p.getShape()) {  // symbols stay strings, sizes become integers
+        StringRef dim = cast<StringAttr>(a).getValue();
+        int64_t size = 0;
+        if (!dim.getAsInteger(10, size))
+          shape.push_back(size);
+        else
+          shape.push_back(dim);
+      }
       llvm::json::Object init{{"kind", p.getInit()}};
       for (NamedAttribute a : p->getDiscardableAttrs()) {
         if (auto fa = dyn_cast<FloatAttr>(a.getValue()))

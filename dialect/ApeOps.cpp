@@ -11,6 +11,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <cctype>
 #include <cmath>
 
 using namespace mlir;
@@ -55,6 +56,14 @@ void EncodingOp::build(OpBuilder &builder, OperationState &state, StringRef name
 /// container-level ops, parameter and feature names are unique, scale > 0.
 static LogicalResult verifyContainer(Operation *op, Region &body,
                                      std::optional<double> scale) {
+  // The name becomes a C identifier, a file name and the runtime's encoding name.
+  StringRef name = SymbolTable::getSymbolName(op).getValue();
+  if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_') ||
+      !llvm::all_of(name, [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+      }))
+    return op->emitOpError("name @\"") << name
+           << "\" must be an identifier: a letter or '_' then letters, digits or '_'";
   if (body.empty())
     return op->emitOpError("needs a body block (write `{\n}` for NoPE)");
   if (scale && !(*scale > 0.0 && isFinite(*scale)))
@@ -337,8 +346,20 @@ LogicalResult LoadOp::verify() {
     if (getIndices().size() != 3)
       return emitOpError("of a token sequence takes 3 indices [batch, head, token], got ")
              << getIndices().size();
+    // A kernel keeps the token sequences of one (batch, head) slice, each value at its
+    // query row i or key column j: exactly the reads a score_mod's arguments name.
+    Block *block = (*this)->getBlock();
+    auto idx = getIndices();
+    if (!isa<ScoreModOp>(parent) || block->getNumArguments() < 5 ||
+        idx[0] != block->getArgument(1) || idx[1] != block->getArgument(2) ||
+        (idx[2] != block->getArgument(3) && idx[2] != block->getArgument(4)))
+      return emitOpError("of a token sequence must read [%b, %h, %i] or [%b, %h, %j] with the "
+                         "arguments of the enclosing ape.score_mod");
     return success();
   }
+  if (isa<MapOp>(parent))
+    return emitOpError("of a param is not allowed inside ape.map (maps are pure functions of "
+                       "their input); load it in a q_mod, k_mod or score_mod");
   if (auto param = getSource().getDefiningOp<ParamOp>())
     if (param.getShape().size() != getIndices().size())
       return emitOpError("of param \"")

@@ -37,13 +37,14 @@ void buildRotaryBody(OpBuilder &b, Region &region, RotaryOp rot, Location loc) {
   double fraction = rot.getFraction().convertToDouble();
   bool half = rot.getPairing() == "half";
 
-  // r/2 = floor(fraction·d_h/2), at least 1 so the index arithmetic stays defined.
+  // r = 2·floor(fraction·d_h/2) rotated coordinates (r = 0: the identity, as in the kernel
+  // template's pairing); the divisor r/2 is kept >= 1 so the index arithmetic stays defined.
   Value dh = rb.toF32(rb.dim("head_dim"));
   Value halfF = b.create<math::FloorOp>(loc, rb.mul(dh, rb.f32(fraction / 2.0)));
   Value halfI = b.create<arith::IndexCastOp>(
       loc, idx, b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
+  Value r = rb.imul(halfI, rb.idx(2));
   Value halfR = b.create<arith::MaxUIOp>(loc, halfI, rb.idx(1));
-  Value r = rb.imul(halfR, rb.idx(2));
   Value inRotation = rb.ult(c, r);
   Value k = half ? rb.irem(c, halfR) : rb.idiv(c, rb.idx(2));
   Value first = half ? rb.ult(c, halfR)

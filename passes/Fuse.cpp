@@ -2,13 +2,15 @@
 //
 // After expansion an encoding is a token program plus any number of q_mods,
 // k_mods and score_mods. The kernel evaluates one of each, so they compose:
-//   q_mod:     q' = f_n(... f_2(f_1(x, y)) ...)   (mods after the first are unpaired)
+//   q_mod:     q' = f_n(... f_2(f_1(x, y)) ...)   (tracking the partner through unpaired mods)
 //   score_mod: s' = g_n(... g_2(g_1(s)) ...)
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
 #include "passes/RegionBuilder.h"
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/IRMapping.h"
 
 namespace mlir::ape {
@@ -35,32 +37,75 @@ SmallVector<Value> inlineBody(OpBuilder &b, Region &region, ValueRange args) {
   return out;
 }
 
-/// Composes q_mods (or k_mods) in order into one op built at `b`.
+/// The coordinate paired with c: (c, c ± r/2) for "half", (c, c ^ 1) for
+/// "interleaved", c itself past r = 2·floor(fraction·d_h/2) (as the template pairs them).
+Value partnerIndex(RegionBuilder &rb, StringRef pairing, double fraction, Value c) {
+  OpBuilder &b = rb.b;
+  Location loc = rb.loc;
+  Value dh = rb.toF32(rb.dim("head_dim"));
+  Value halfF = b.create<math::FloorOp>(loc, rb.mul(dh, rb.f32(fraction / 2.0)));
+  Value half = b.create<arith::IndexCastOp>(
+      loc, b.getIndexType(), b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
+  Value r = rb.imul(half, rb.idx(2));
+  Value partner;
+  if (pairing == "half") {
+    Value up = rb.iadd(c, half);
+    Value down = rb.isub(c, half);
+    partner = rb.select(rb.ult(c, half), up, down);
+  } else {
+    partner = b.create<arith::XOrIOp>(loc, c, rb.idx(1));
+  }
+  return rb.select(rb.ult(c, r), partner, c);
+}
+
+/// Composes q_mods (or k_mods) in order into one op built at `b`. With a paired
+/// mod among them, the composite tracks the coordinate and its partner:
+///   unpaired f: (x, y) -> (f(x, x, c), f(y, y, p))
+///   paired g:   (x, y) -> (g(x, y, c), g(y, x, p))      p = partner(c)
 template <typename ModOp>
 LogicalResult composeQK(OpBuilder &b, MutableArrayRef<ModOp> mods) {
   if (mods.empty())
     return success();
-  for (ModOp m : mods.drop_front())
-    if (m.getPairing() != "none")
-      return m.emitOpError("cannot follow another ")
-             << m->getName().stripDialect()
-             << ": a paired transform must come first, since later mods see only their own "
-                "coordinate";
   if (mods.size() == 1) {
     mods.front()->moveBefore(b.getInsertionBlock(), b.getInsertionPoint());
     return success();
   }
-  ModOp first = mods.front();
-  auto fused = b.create<ModOp>(first.getLoc(), first.getPairingAttr(), first.getFractionAttr(),
-                               nullptr);
+  ModOp paired;
+  for (ModOp m : mods) {
+    if (m.getPairing() == "none")
+      continue;
+    if (paired && (paired.getPairing() != m.getPairing() ||
+                   paired.getFraction() != m.getFraction()))
+      return m.emitOpError("pairs coordinates differently from an earlier ")
+             << m->getName().stripDialect()
+             << ": the transforms of one encoding share one pairing and fraction";
+    if (!paired)
+      paired = m;
+  }
+  ModOp ref = paired ? paired : mods.front();
+  Location loc = ref.getLoc();
+  auto fused = b.create<ModOp>(loc, ref.getPairingAttr(), ref.getFractionAttr(), nullptr);
   OpBuilder::InsertionGuard guard(b);
   Block *block = createRegionBlock(b, fused.getBody(),
-                                   first.getBody().front().getArgumentTypes(), first.getLoc());
+                                   ref.getBody().front().getArgumentTypes(), loc);
   auto args = block->getArguments();
-  Value x = inlineBody(b, first.getBody(), args)[0];
-  for (ModOp m : mods.drop_front())  // unpaired: the partner of x is x itself
-    x = inlineBody(b, m.getBody(), {x, x, args[2], args[3], args[4]})[0];
-  b.create<YieldOp>(first.getLoc(), ValueRange{x});
+  Value c = args[2], t = args[3], h = args[4];
+  Value x = args[0];
+  if (!paired) {  // unpaired mods: the partner of x is x itself
+    for (ModOp m : mods)
+      x = inlineBody(b, m.getBody(), {x, x, c, t, h})[0];
+  } else {
+    RegionBuilder rb{b, loc};
+    Value p = partnerIndex(rb, paired.getPairing(), paired.getFraction().convertToDouble(), c);
+    Value y = args[1];
+    for (ModOp m : mods) {
+      bool unpaired = m.getPairing() == "none";
+      Value nx = inlineBody(b, m.getBody(), {x, unpaired ? x : y, c, t, h})[0];
+      Value ny = inlineBody(b, m.getBody(), {y, unpaired ? y : x, p, t, h})[0];
+      x = nx, y = ny;
+    }
+  }
+  b.create<YieldOp>(loc, ValueRange{x});
   for (ModOp m : mods)
     m->erase();
   return success();

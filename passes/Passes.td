@@ -38,7 +38,9 @@ def ApePushOverride : Pass<"ape-push-override", "mlir::ModuleOp"> {
     (p_{n,i} = S + θ(n + i)) W[:, :l]·p_n = a + n·b with
     a = W[:, :l]·(S + θ·i)_i and b = θ·W[:, :l]·1. The override becomes an
     `ape.masked_projection` (the runtime projects x[..., l:] only, no copy of
-    x), two `projection_term` params per target and an additive q_mod/k_mod:
+    x), two `projection_term` params per target and an additive q_mod/k_mod,
+    placed first in the encoding: the override acts on the projection input,
+    so the additive term comes before any rotation of q and k.
 
     ```mlir
     // before
@@ -58,7 +60,8 @@ def ApeFuse : Pass<"ape-fuse", "mlir::ModuleOp"> {
   let description = [{
     Replaces every fully expanded `ape.encoding` by one `ape.kernel`: the
     token program is kept in order, q_mods compose (the later applies to the
-    result of the earlier; pairings must agree), k_mods likewise, and
+    result of the earlier, the composite tracks each coordinate's partner;
+    paired mods must share pairing and fraction), k_mods likewise, and
     score_mods chain (s' = f2(f1(s))). The logit scale (encoding `scale` or
     cable `kappa`) becomes the kernel's `scale`.
 

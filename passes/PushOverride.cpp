@@ -67,7 +67,10 @@ struct ApePushOverridePass : public mlir::ape::impl::ApePushOverrideBase<ApePush
     SmallVector<OverrideOp> overrides;
     getOperation().walk([&](OverrideOp op) { overrides.push_back(op); });
     for (OverrideOp op : overrides) {
-      OpBuilder b(op);
+      // The override acts on the projection input: its terms go first, before any
+      // q/k transform (R(q + a + n·b), not R(q) + a + n·b).
+      OpBuilder b(op->getContext());
+      b.setInsertionPointToStart(op->getBlock());
       b.create<MaskedProjectionOp>(op.getLoc(), op.getLAttr(), op.getTargetsAttr());
       pushInto<QModOp>(b, op, "q");
       pushInto<KModOp>(b, op, "k");

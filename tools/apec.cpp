@@ -41,6 +41,11 @@ static cl::list<std::string> emit("emit",
                                   cl::desc("what to write (default: cpu,manifest,kernel-mlir)"),
                                   cl::value_desc("cpu|manifest|kernel-mlir"), cl::CommaSeparated,
                                   cl::cat(apecCategory));
+static cl::opt<std::string> expectName(
+    "expect-name",
+    cl::desc("fail unless the spec holds exactly one ape.encoding, named this (the build "
+             "passes the file stem)"),
+    cl::value_desc("name"), cl::cat(apecCategory));
 static cl::opt<std::string> sourceName(
     "source-name", cl::desc("spec path recorded in generated files (default: the input path)"),
     cl::cat(apecCategory));
@@ -64,7 +69,13 @@ int main(int argc, char **argv) {
   registerMLIRContextCLOptions();
   ape::registerApePasses();  // first, so --mlir-print-ir-after=ape-fuse and friends resolve
   registerPassManagerCLOptions();
-  cl::HideUnrelatedOptions({&apecCategory, &cl::getGeneralCategory()});
+  // --help shows apec's options and MLIR's (--mlir-print-ir-after-all, ...), not the
+  // hundreds of LLVM backend flags that libLLVM registers.
+  for (auto &[name, option] : cl::getRegisteredOptions()) {
+    bool ours = llvm::is_contained(option->Categories, &apecCategory);
+    if (!ours && !name.starts_with("mlir-") && name != "help" && name != "version")
+      option->setHiddenFlag(cl::Hidden);
+  }
   cl::ParseCommandLineOptions(
       argc, argv,
       "apec: compile an APE positional-encoding spec into fused attention kernels\n\n"
@@ -90,6 +101,7 @@ int main(int argc, char **argv) {
   registry.insert<ape::ApeDialect, arith::ArithDialect, math::MathDialect>();
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
+  context.printOpOnDiagnostic(false);  // the location says where; no op dump
 
   std::string error;
   auto file = openInputFile(inputFile, &error);
@@ -106,6 +118,15 @@ int main(int argc, char **argv) {
   if (module->getOps<ape::EncodingOp>().empty()) {
     llvm::errs() << inputFile << ": error: no ape.encoding in this file\n";
     return 1;
+  }
+  if (!expectName.empty()) {
+    auto encodings = module->getOps<ape::EncodingOp>();
+    if (std::distance(encodings.begin(), encodings.end()) != 1 ||
+        (*encodings.begin()).getSymName() != expectName) {
+      llvm::errs() << inputFile << ": error: expected exactly one encoding, @" << expectName
+                   << " (a spec file's stem must equal its encoding's name)\n";
+      return 1;
+    }
   }
 
   PassManager pm(&context);

@@ -1,6 +1,6 @@
 // Materialised fp64 LibTorch reference of causal attention with every positional encoding that
 // examples/encodings/ compiles (nope, rope, alibi, cable, expe, forget_gate), written from the
-// math of docs/spec encodings.md and never from the generated kernels:
+// math of the project's encodings specification (exact formulas and checks) and never from the generated kernels:
 //
 //   l_ij = scale * q'_i . k'_j + B_ij  (j <= i; -inf above the diagonal),
 //   o_i  = sum_j softmax_j(l_ij) v_j,  lse_i = log sum_j exp(l_ij),

@@ -897,7 +897,7 @@ TEST(RegisteredKernels, EveryEncodingBuildsAndTakesAStep) {
 
 // The runtime glue with real generated kernels, when those encodings are registered: the feature
 // tensors reach the kernel as (B, H, T) (Cable) and the override + projection terms reproduce
-// ExPE's explicit φ(x, t) (docs: shared/spec/encodings.md).
+// ExPE's explicit φ(x, t): the first l inputs overwritten by p_{t,i} = S + θ(t + i).
 const ape::KernelEntry *registered(const std::string &name) {
   for (const auto &n : ape::kernel_names())
     if (n == name) return &ape::find_kernel(name);

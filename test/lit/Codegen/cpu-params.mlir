@@ -8,31 +8,35 @@
 // CHECK: static constexpr int kNumParams = 6;
 // CHECK: static constexpr bool kHasQMod = true;
 // CHECK: static constexpr bool kHasKMod = true;
-// CHECK: case 0: return H;  // "alibi_slopes"
-// CHECK: case 1: return 32 * H;  // "table"
-// CHECK: case 2: return H * D;  // "override_q_a"
+// CHECK: case 0: return H * D;  // "override_q_a"
+// CHECK: case 4: return H;  // "alibi_slopes"
+// CHECK: case 5: return 32 * H;  // "table"
 // CHECK: static void q_mod_grad(
-// CHECK: ctx.dparams[2][((ctx.h) * ctx.D + (c))] +=
-// CHECK: ctx.dparams[3][((ctx.h) * ctx.D + (c))] +=
+// CHECK: ctx.dparams[0][((ctx.h) * ctx.D + (c))] += g;
+// CHECK-NEXT: ctx.dparams[1][((ctx.h) * ctx.D + (c))] += [[TG:g[0-9]+]];
+// A computed index is clamped to its dimension:
 // CHECK: static T score_mod(
-// CHECK: ctx.params[0][(ctx.h)]
-// CHECK: ctx.params[1][(({{v[0-9]+}}) * ctx.H + (ctx.h))]
+// CHECK: ctx.params[4][(ctx.h)]
+// CHECK: ctx.params[5][((std::clamp<int64_t>([[B:v[0-9]+]], 0, int64_t(32) - 1)) * ctx.H + (ctx.h))]
 // CHECK: static T score_mod_grad(
-// CHECK-NOT: ctx.dparams[0]
-// CHECK: ctx.dparams[1][(({{p[0-9]+}}) * ctx.H + (ctx.h))] += g;
+// CHECK-NOT: ctx.dparams[4]
+// CHECK: ctx.dparams[5][((std::clamp<int64_t>({{p[0-9]+}}, 0, int64_t(32) - 1)) * ctx.H + (ctx.h))] += g;
 
 // MANIFEST: "l": 4,
 // MANIFEST-NEXT: "targets": "qk"
-// MANIFEST: "init": {
-// MANIFEST-NEXT: "kind": "alibi_slopes"
-// MANIFEST: "trainable": false
-// MANIFEST: "name": "table",
-// MANIFEST: "trainable": true
 // MANIFEST: "columns": 4,
 // MANIFEST-NEXT: "kind": "projection_term",
 // MANIFEST-NEXT: "projection": "q",
 // MANIFEST-NEXT: "start": 0,
 // MANIFEST-NEXT: "step": 0.5
+// MANIFEST: "kind": "alibi_slopes"
+// MANIFEST: "trainable": false
+// MANIFEST: "name": "table",
+// MANIFEST-NEXT: "per_layer": true,
+// MANIFEST-NEXT: "shape": [
+// MANIFEST-NEXT: 32,
+// MANIFEST-NEXT: "heads"
+// MANIFEST: "trainable": true
 ape.encoding @mixed {
   ape.alibi
   %t = ape.param "table" ["32", "heads"] init = "zeros" trainable

@@ -233,3 +233,51 @@ ape.encoding @e {
   // expected-error @+1 {{'ape.token_feature' op weight_std must be a non-negative finite number, got -1.000000e-01}}
   %f = ape.token_feature "f" {weight_std = -0.1 : f64}
 }
+
+// -----
+
+ape.encoding @e {
+  %f = ape.token_feature "f"
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %c0 = arith.constant 0 : index
+    // expected-error @+1 {{'ape.load' op of a token sequence must read [%b, %h, %i] or [%b, %h, %j] with the arguments of the enclosing ape.score_mod}}
+    %v = ape.load %f[%b, %c0, %i] : !ape.tokens
+    %r = arith.addf %s, %v : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  %f = ape.token_feature "f"
+  ape.q_mod {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    // expected-error @+1 {{'ape.load' op of a token sequence must read [%b, %h, %i] or [%b, %h, %j]}}
+    %v = ape.load %f[%c, %h, %t] : !ape.tokens
+    %r = arith.addf %x, %v : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  %f = ape.token_feature "f"
+  %p = ape.param "w" ["heads"] init = "zeros"
+  %m = ape.map %f {
+  ^bb0(%x: f32):
+    %c0 = arith.constant 0 : index
+    // expected-error @+1 {{'ape.load' op of a param is not allowed inside ape.map}}
+    %w = ape.load %p[%c0] : !ape.param
+    %r = arith.addf %x, %w : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+// expected-error @+1 {{'ape.encoding' op name @"my-encoding" must be an identifier: a letter or '_' then letters, digits or '_'}}
+ape.encoding @"my-encoding" {
+}

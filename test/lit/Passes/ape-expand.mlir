@@ -6,13 +6,20 @@
 // CHECK: ape.q_mod attributes {pairing = "half"} {
 // CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[Y:.*]]: f32, %[[C:.*]]: index, %[[T:.*]]: index, %[[H:.*]]: index):
 // CHECK: ape.dim "head_dim"
+// r = 2·floor(fraction·d_h/2) unclamped (r = 0 leaves every coordinate alone); only the
+// divisor r/2 of the frequency index is kept >= 1.
+// CHECK: %[[HALF:.*]] = arith.index_cast %{{.*}} : i64 to index
+// CHECK: %[[R:.*]] = arith.muli %[[HALF]], %{{.*}} : index
+// CHECK: %[[DIV:.*]] = arith.maxui %[[HALF]], %{{.*}} : index
+// CHECK-NEXT: %[[INROT:.*]] = arith.cmpi ult, %[[C]], %[[R]] : index
+// CHECK-NEXT: arith.remui %[[C]], %[[DIV]] : index
 // CHECK: %[[BASE:.*]] = arith.constant 1.000000e+04 : f32
 // CHECK: %[[THETA:.*]] = math.powf %[[BASE]], %{{.*}} : f32
 // CHECK: %[[COS:.*]] = math.cos %[[ANGLE:.*]] : f32
 // CHECK-NEXT: %[[SIN:.*]] = math.sin %[[ANGLE]] : f32
 // CHECK: %[[XC:.*]] = arith.mulf %[[X]], %[[COS]] : f32
 // CHECK: %[[ROT:.*]] = arith.addf %[[XC]], %{{.*}} : f32
-// CHECK: %[[OUT:.*]] = arith.select %{{.*}}, %[[ROT]], %[[X]] : f32
+// CHECK: %[[OUT:.*]] = arith.select %[[INROT]], %[[ROT]], %[[X]] : f32
 // CHECK-NEXT: ape.yield %[[OUT]] : f32
 // CHECK: ape.k_mod attributes {pairing = "half"} {
 ape.encoding @rope {

@@ -1,17 +1,21 @@
 // RUN: ape-opt %s -split-input-file -verify-diagnostics -ape-fuse | FileCheck %s
 
 // Components at several sites fuse into one kernel: the token program keeps
-// its order, q_mods compose (the paired one first), score_mods chain.
+// its order, q_mods compose (tracking each coordinate's partner p), score_mods
+// chain.
 // CHECK-LABEL: ape.kernel @composed attributes {scale = 5.000000e-01 : f64} {
 // CHECK-NOT: ape.encoding
 // CHECK: %[[F:.*]] = ape.token_feature "f"
 // CHECK: %[[M:.*]] = ape.param "m" ["heads"] init = "ones"
 // CHECK: ape.q_mod attributes {pairing = "half"} {
-// CHECK: ^bb0(%[[X:.*]]: f32, %[[Y:.*]]: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index):
+// CHECK: ^bb0(%[[X:.*]]: f32, %[[Y:.*]]: f32, %[[C:.*]]: index, %{{.*}}: index, %{{.*}}: index):
+// CHECK: ape.dim "head_dim"
+// CHECK: %[[P:.*]] = arith.select %{{.*}}, %{{.*}}, %[[C]] : index
 // CHECK-NEXT: %[[R1:.*]] = arith.subf %[[X]], %[[Y]] : f32
+// CHECK-NEXT: %[[R1P:.*]] = arith.subf %[[Y]], %[[X]] : f32
 // CHECK-NEXT: %[[TWO:.*]] = arith.constant 2.000000e+00 : f32
 // CHECK-NEXT: %[[R2:.*]] = arith.mulf %[[R1]], %[[TWO]] : f32
-// CHECK-NEXT: ape.yield %[[R2]] : f32
+// CHECK: ape.yield %[[R2]] : f32
 // CHECK-NOT: ape.q_mod
 // CHECK: ape.score_mod {
 // CHECK-NEXT: ^bb0(%[[S:.*]]: f32, %[[B:.*]]: index, %[[H:.*]]: index, %[[I:.*]]: index, %{{.*}}: index):
@@ -59,14 +63,45 @@ ape.encoding @nope {
 
 // -----
 
-// A paired transform after an unpaired one would need the partner's value.
-ape.encoding @bad_order {
+// An unpaired transform before a paired one (an additive term, then a
+// rotation): the composite applies the first at c and at the partner p and
+// feeds both into the second, g(f(x, c), f(y, p)).
+// CHECK-LABEL: ape.kernel @add_then_rotate
+// CHECK: ape.q_mod attributes {pairing = "interleaved"} {
+// CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[Y:.*]]: f32, %[[C:.*]]: index, %{{.*}}: index, %[[H:.*]]: index):
+// CHECK: %[[P:.*]] = arith.xori %[[C]], %{{.*}} : index
+// CHECK: %[[PP:.*]] = arith.select %{{.*}}, %[[P]], %[[C]] : index
+// CHECK-NEXT: %[[AC:.*]] = ape.load %[[A:.*]][%[[H]], %[[C]]] : !ape.param
+// CHECK-NEXT: %[[XA:.*]] = arith.addf %[[X]], %[[AC]] : f32
+// CHECK-NEXT: %[[AP:.*]] = ape.load %[[A]][%[[H]], %[[PP]]] : !ape.param
+// CHECK-NEXT: %[[YA:.*]] = arith.addf %[[Y]], %[[AP]] : f32
+// CHECK-NEXT: %[[R:.*]] = arith.subf %[[XA]], %[[YA]] : f32
+// CHECK: ape.yield %[[R]] : f32
+ape.encoding @add_then_rotate {
+  %a = ape.param "a" ["heads", "head_dim"] init = "zeros" trainable
   ape.q_mod {
   ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
-    ape.yield %x : f32
+    %ac = ape.load %a[%h, %c] : !ape.param
+    %r = arith.addf %x, %ac : f32
+    ape.yield %r : f32
   }
-  // expected-error @+1 {{'ape.q_mod' op cannot follow another q_mod: a paired transform must come first}}
+  ape.q_mod attributes {pairing = "interleaved"} {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    %r = arith.subf %x, %y : f32
+    ape.yield %r : f32
+  }
+}
+
+// -----
+
+// Two rotations must pair coordinates the same way.
+ape.encoding @mixed_pairing {
   ape.q_mod attributes {pairing = "half"} {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    ape.yield %y : f32
+  }
+  // expected-error @+1 {{'ape.q_mod' op pairs coordinates differently from an earlier q_mod: the transforms of one encoding share one pairing and fraction}}
+  ape.q_mod attributes {pairing = "interleaved"} {
   ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
     ape.yield %y : f32
   }
