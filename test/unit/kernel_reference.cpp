@@ -42,8 +42,9 @@ torch::Tensor expe_shift(const torch::Tensor &x, const torch::Tensor &a, const t
 }  // namespace
 
 const std::vector<std::string> &reference_encodings() {
-  static const std::vector<std::string> names = {"alibi", "cable", "expe",
-                                                 "forget_gate", "nope", "rope"};
+  static const std::vector<std::string> names = {"alibi", "cable",       "expe",
+                                                 "expe_rope_cable", "forget_gate", "nope",
+                                                 "rope"};
   return names;
 }
 
@@ -82,10 +83,10 @@ torch::Tensor reference_bias(const std::string &encoding, const RefInputs &in) {
     const auto &m = param(in.params, "alibi_slopes");
     return -m.view({1, H, 1, 1}) * distance(T).view({1, 1, T, T});
   }
-  if (encoding == "cable" || encoding == "forget_gate") {
+  if (encoding == "cable" || encoding == "expe_rope_cable" || encoding == "forget_gate") {
     if (in.features.size() != 1) throw std::invalid_argument("reference: needs one feature");
     const auto &f = in.features[0];
-    auto per_token = encoding == "cable" ? -torch::softplus(f) : torch::log_sigmoid(f);
+    auto per_token = encoding == "forget_gate" ? torch::log_sigmoid(f) : -torch::softplus(f);
     return difference_bias(torch::cumsum(per_token, -1));
   }
   return {};
@@ -116,9 +117,13 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
   if (encoding == "rope") {
     qm = rope_rotate_half(in.q);
     km = rope_rotate_half(in.k);
-  } else if (encoding == "expe") {
+  } else if (encoding == "expe" || encoding == "expe_rope_cable") {
     qm = expe_shift(in.q, param(in.params, "override_q_a"), param(in.params, "override_q_b"));
     km = expe_shift(in.k, param(in.params, "override_k_a"), param(in.params, "override_k_b"));
+    if (encoding == "expe_rope_cable") {  // the override acts on the input: rotate after it
+      qm = rope_rotate_half(qm);
+      km = rope_rotate_half(km);
+    }
   }
   // kappa applied to q' ([B,H,T,D]) rather than to the [B,H,T,T] logits: same value, fewer passes.
   auto logits = torch::matmul(qm * in.scale, km.transpose(-1, -2));

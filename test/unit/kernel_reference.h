@@ -1,5 +1,6 @@
 // Materialised fp64 LibTorch reference of causal attention with every positional encoding that
-// examples/encodings/ compiles (nope, rope, alibi, cable, expe, forget_gate), written from the
+// examples/encodings/ compiles (nope, rope, alibi, cable, expe, forget_gate, expe_rope_cable),
+// written from the
 // math of the project's encodings specification (exact formulas and checks) and never from the generated kernels:
 //
 //   l_ij = scale * q'_i . k'_j + B_ij  (j <= i; -inf above the diagonal),
@@ -12,6 +13,7 @@
 //   cable        S = cumsum_t(-softplus(f)), B_ij = S_i - S_j           (feature 0)
 //   forget_gate  C = cumsum_t(log sigmoid(g)), B_ij = C_i - C_j          (feature 0)
 //   expe         q' = q + a_q + n b_q, k' = k + a_k + n b_k, params "override_{q,k}_{a,b}" [H, D]
+//   expe_rope_cable  q' = rope(q + a_q + n b_q), k' likewise, B = cable's (feature 0)
 // Gradients come from torch autograd on the materialised graph.
 //
 // Shapes: q, k, v, o, dout [B, H, T, D]; lse, features [B, H, T]; bias [B, H, T, T].
