@@ -163,18 +163,14 @@ const char *kExpeManifest = R"({"encoding": "test_expe", "causal": true, "featur
      "init": {"kind": "projection_term", "projection": "k", "columns": 4, "start": 0.05, "step": 0.0}}],
   "override": {"l": 4, "targets": "qk"}})";
 
-const ape::KernelEntry nope{"test_nope", kNopeManifest,
-                            forward<Kind::Nope, float>, backward<Kind::Nope, float>,
-                            forward<Kind::Nope, double>, backward<Kind::Nope, double>};
-const ape::KernelEntry bias_entry{"test_bias", kBiasManifest,
-                                  forward<Kind::Bias, float>, backward<Kind::Bias, float>,
-                                  forward<Kind::Bias, double>, backward<Kind::Bias, double>};
-const ape::KernelEntry bias_shared{"test_bias_shared", kBiasSharedManifest,
-                                   forward<Kind::Bias, float>, backward<Kind::Bias, float>,
-                                   forward<Kind::Bias, double>, backward<Kind::Bias, double>};
-const ape::KernelEntry expe{"test_expe", kExpeManifest,
-                            forward<Kind::Expe, float>, backward<Kind::Expe, float>,
-                            forward<Kind::Expe, double>, backward<Kind::Expe, double>};
+template <Kind K> ape::KernelEntry entry(const char *name, const char *manifest) {
+  return {name, manifest, forward<K, float>, backward<K, float>, forward<K, double>,
+          backward<K, double>};
+}
+const ape::KernelEntry nope = entry<Kind::Nope>("test_nope", kNopeManifest);
+const ape::KernelEntry bias_entry = entry<Kind::Bias>("test_bias", kBiasManifest);
+const ape::KernelEntry bias_shared = entry<Kind::Bias>("test_bias_shared", kBiasSharedManifest);
+const ape::KernelEntry expe = entry<Kind::Expe>("test_expe", kExpeManifest);
 }  // namespace testk
 
 // ---- helpers ---------------------------------------------------------------------------------------------
