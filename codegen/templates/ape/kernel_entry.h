@@ -3,8 +3,12 @@
 // A generated source defines its `Enc` functor and ends with
 //   APE_DEFINE_KERNEL_ENTRY(rope, RopeEnc, kManifestJson)
 // which defines `extern "C" const ape::KernelEntry *ape_kernel_entry_rope()`, returning the
-// name, the manifest and the fp32 / fp64 instantiations of the CPU attention template.
+// name, the manifest, the fp32 / fp64 instantiations of the CPU attention template and, for
+// encodings with a fixed absolute table, the function that fills it.
 #pragma once
+
+#include <cstdint>
+#include <type_traits>
 
 #include "cpu_attention.h"
 
@@ -17,7 +21,23 @@ struct KernelEntry {
   void (*backward_f32)(const AttnArgs<float> &);
   void (*forward_f64)(const AttnArgs<double> &);
   void (*backward_f64)(const AttnArgs<double> &);
+  // Absolute encodings at the embedding site: fills out[n*d + c] (n < T, c < d) with the fixed
+  // position table the model adds to the token embedding; null when the encoding has none.
+  void (*embed_table)(int64_t T, int64_t d, double *out);
 };
+
+namespace detail {
+// Enc::embed_table when Enc declares `static void embed_table(int64_t, int64_t, double *)`.
+template <class Enc, class = void>
+struct EmbedTableOf {
+  static constexpr void (*value)(int64_t, int64_t, double *) = nullptr;
+};
+template <class Enc>
+struct EmbedTableOf<Enc, std::void_t<decltype(static_cast<void (*)(int64_t, int64_t, double *)>(
+                             &Enc::embed_table))>> {
+  static constexpr void (*value)(int64_t, int64_t, double *) = &Enc::embed_table;
+};
+}  // namespace detail
 
 // The entry of the encoding functor Enc (instantiates the four template functions).
 template <class Enc>
@@ -27,7 +47,8 @@ constexpr KernelEntry make_kernel_entry(const char *name, const char *manifest_j
                      &attention_forward<Enc, float>,
                      &attention_backward<Enc, float>,
                      &attention_forward<Enc, double>,
-                     &attention_backward<Enc, double>};
+                     &attention_backward<Enc, double>,
+                     detail::EmbedTableOf<Enc>::value};
 }
 
 }  // namespace ape
