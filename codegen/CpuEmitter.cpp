@@ -35,6 +35,7 @@ struct KernelLayout {
   QModOp qmod;
   KModOp kmod;
   ScoreModOp score;
+  PositionEmbeddingOp embedding;  // site E; only its table region is code
 
   LogicalResult build(KernelOp kernel) {
     for (Operation &op : kernel.getBody().front()) {
@@ -54,6 +55,8 @@ struct KernelLayout {
         kmod = k;
       } else if (auto s = dyn_cast<ScoreModOp>(op)) {
         score = s;
+      } else if (auto e = dyn_cast<PositionEmbeddingOp>(op)) {
+        embedding = e;
       }
     }
     for (Operation *op : {qmod.getOperation(), kmod.getOperation(), score.getOperation()})
@@ -152,6 +155,9 @@ private:
                 return c.getType().isInteger(1) ? std::string(i.getInt() ? "true" : "false")
                                                 : "int64_t(" + std::to_string(i.getInt()) + ")";
               return std::nullopt;
+            })
+            .Case([&](ConstantOp c) {
+              return llvm::formatv("T({0:e17})", c.getValue().convertToDouble()).str();
             })
             .Case([&](arith::AddFOp) { return bin("+"); })
             .Case([&](arith::SubFOp) { return bin("-"); })
@@ -259,6 +265,17 @@ private:
 
 constexpr StringLiteral kIndent = "    ";
 
+/// How the functor's member functions are declared. CPU: on `ape::HeadCtx<T>`; CUDA: on any
+/// context type (the device context redirects gradient accumulations) and `APE_HD` (host and
+/// device under nvcc). The bodies are the same text for both.
+struct FunctorStyle {
+  StringLiteral head;  // up to the return type
+  StringLiteral ctx;   // the context parameter
+};
+constexpr FunctorStyle kCpuStyle{"  template <class T>\n  static ", "const ape::HeadCtx<T> &ctx"};
+constexpr FunctorStyle kCudaStyle{"  template <class T, class Ctx>\n  APE_HD static ",
+                                  "const Ctx &ctx"};
+
 /// Emits the gradient accumulations of the loads of `body` given the names of
 /// their gradients; non-trainable params receive none.
 LogicalResult emitLoadGrads(raw_ostream &os, RegionWriter &primal, Region &body,
@@ -281,9 +298,10 @@ LogicalResult emitLoadGrads(raw_ostream &os, RegionWriter &primal, Region &body,
 
 /// q_mod / k_mod and their gradients (identity when the kernel has none).
 template <typename ModOp>
-LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, StringRef which) {
-  os << "  template <class T>\n  static T " << which
-     << "_mod(const ape::HeadCtx<T> &ctx, int64_t t, int64_t c, T x, T y) {\n";
+LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, StringRef which,
+                        const FunctorStyle &st) {
+  os << st.head << "T " << which << "_mod(" << st.ctx
+     << ", int64_t t, int64_t c, T x, T y) {\n";
   if (!mod) {
     os << "    return x;\n  }\n";
   } else {
@@ -296,8 +314,8 @@ LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, String
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
   }
-  os << "  template <class T>\n  static void " << which
-     << "_mod_grad(const ape::HeadCtx<T> &ctx, int64_t t, int64_t c, T x, T y, T g, T &dx, "
+  os << st.head << "void " << which << "_mod_grad(" << st.ctx
+     << ", int64_t t, int64_t c, T x, T y, T g, T &dx, "
         "T &dy) {\n";
   if (!mod) {
     os << "    dx = g;\n    dy = T(0);\n  }\n";
@@ -322,9 +340,9 @@ LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, String
   return success();
 }
 
-LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout) {
+LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorStyle &st) {
   ScoreModOp mod = layout.score;
-  os << "  template <class T>\n  static T score_mod(const ape::HeadCtx<T> &ctx, int64_t i, "
+  os << st.head << "T score_mod(" << st.ctx << ", int64_t i, "
         "int64_t j, T s) {\n";
   StringRef args[] = {"s", "ctx.b", "ctx.h", "i", "j", "g"};
   if (!mod) {
@@ -339,7 +357,7 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout) {
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
   }
-  os << "  template <class T>\n  static T score_mod_grad(const ape::HeadCtx<T> &ctx, int64_t i, "
+  os << st.head << "T score_mod_grad(" << st.ctx << ", int64_t i, "
         "int64_t j, T s, T g) {\n";
   if (!mod) {
     os << "    return g;\n  }\n";
@@ -363,7 +381,7 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout) {
 }
 
 /// Map functions, then token_forward / token_backward over the token program.
-LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout) {
+LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const FunctorStyle &st) {
   unsigned m = 0;
   DenseMap<Operation *, unsigned> mapIndex;
   for (Operation *op : layout.tokenProgram) {
@@ -372,15 +390,13 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout) {
       continue;
     mapIndex[op] = m;
     RegionWriter w(os, layout, "v", kIndent), g(os, layout, "g", kIndent);
-    os << "  template <class T>\n  static T map_" << m
-       << "(const ape::HeadCtx<T> &ctx, T x) {\n";
+    os << st.head << "T map_" << m << "(" << st.ctx << ", T x) {\n";
     w.bind(map.getBody().getArgument(0), "x");
     auto out = w.emitBody(map.getBody().front());
     if (failed(out))
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
-    os << "  template <class T>\n  static T map_" << m
-       << "_grad(const ape::HeadCtx<T> &ctx, T x, T g) {\n";
+    os << st.head << "T map_" << m << "_grad(" << st.ctx << ", T x, T g) {\n";
     g.bind(map.getGrad().getArgument(0), "x");
     g.bind(map.getGrad().getArgument(1), "g");
     out = g.emitBody(map.getGrad().front());
@@ -391,8 +407,7 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout) {
   }
   auto slot = [&](Value v) { return layout.tokSlot.lookup(v); };
   os << "  // Token program, forward: every token sequence of this (b, h) into its slot.\n"
-        "  template <class T>\n  static void token_forward(const ape::HeadCtx<T> &ctx, "
-        "const T *const *feat, T *tok) {\n"
+     << st.head << "void token_forward(" << st.ctx << ", const T *const *feat, T *tok) {\n"
         "    const int64_t n = ctx.T;\n";
   if (layout.tokenProgram.empty())
     os << "    (void)feat, (void)tok, (void)n;\n";
@@ -417,8 +432,8 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout) {
   os << "  }\n";
   os << "  // Token program, backward: consumers before producers; dtok holds the\n"
         "  // gradients that score/q/k mods accumulated.\n"
-        "  template <class T>\n  static void token_backward(const ape::HeadCtx<T> &ctx, "
-        "const T *const *feat, const T *tok, T *dtok, T *const *dfeat) {\n"
+     << st.head << "void token_backward(" << st.ctx
+     << ", const T *const *feat, const T *tok, T *dtok, T *const *dfeat) {\n"
         "    const int64_t n = ctx.T;\n";
   if (layout.tokenProgram.empty())
     os << "    (void)feat, (void)tok, (void)dtok, (void)dfeat, (void)n;\n";
@@ -443,6 +458,28 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout) {
   return success();
 }
 
+/// The fixed absolute position table, if the kernel has one: embed_value<T>(n, c, d) from the
+/// table region, and embed_table(rows, d, out) filling out[n*d + c] in double precision (the
+/// runtime adds the first T rows to the token embedding; KernelEntry::embed_table).
+LogicalResult emitEmbedTable(raw_ostream &os, KernelLayout &layout) {
+  if (!layout.embedding || layout.embedding.getTable().empty())
+    return success();
+  Block &b = layout.embedding.getTable().front();
+  os << "  // Absolute position table (site E), from ape.position_embedding's table region.\n"
+        "  template <class T>\n  static T embed_value(int64_t n, int64_t c, int64_t d) {\n";
+  RegionWriter w(os, layout, "v", kIndent);
+  w.bind(b.getArgument(0), "n"), w.bind(b.getArgument(1), "c"), w.bind(b.getArgument(2), "d");
+  auto out = w.emitBody(b);
+  if (failed(out))
+    return failure();
+  os << "    return " << (*out)[0] << ";\n  }\n"
+     << "  static void embed_table(int64_t rows, int64_t d, double *out) {\n"
+        "    for (int64_t n = 0; n < rows; ++n)\n"
+        "      for (int64_t c = 0; c < d; ++c) out[n * d + c] = embed_value<double>(n, c, d);\n"
+        "  }\n";
+  return success();
+}
+
 int pairingCode(StringRef p) { return p == "half" ? 1 : p == "interleaved" ? 2 : 0; }
 
 } // namespace
@@ -458,9 +495,6 @@ LogicalResult mlir::ape::emitCpuKernel(KernelOp kernel, StringRef source, raw_os
       return kernel.emitOpError(what) << " = " << *tile
                                       << ": the CPU kernel template is built for 64x64 tiles "
                                          "(run -ape-schedule with tile-q=64 tile-k=64)";
-  KernelLayout layout;
-  if (failed(layout.build(kernel)))
-    return failure();
   StringRef name = kernel.getSymName();
   std::string manifest;
   {
@@ -473,8 +507,23 @@ LogicalResult mlir::ape::emitCpuKernel(KernelOp kernel, StringRef source, raw_os
      << "// The functor below is translated from the regions of ape.kernel @" << name
      << "; the flash-attention\n// loops live in codegen/templates/ape/cpu_attention.h.\n"
      << "#include \"ape/cpu_attention.h\"\n#include \"ape/kernel_entry.h\"\n\n"
-     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n\nnamespace {\n\n"
-     << "struct Enc {\n";
+     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n\nnamespace {\n\n";
+  if (failed(emitEncFunctor(kernel, FunctorTarget::Cpu, os)))
+    return failure();
+  os << "\n";
+  os << "const char kManifest[] = R\"APE_MANIFEST(" << manifest << ")APE_MANIFEST\";\n\n";
+  os << "} // namespace\n\n"
+     << "// ape_kernel_entry_" << name << "(): name, manifest, fp32 and fp64 forward/backward.\n"
+     << "APE_DEFINE_KERNEL_ENTRY(" << name << ", Enc, kManifest)\n";
+  return success();
+}
+
+LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, raw_ostream &os) {
+  KernelLayout layout;
+  if (failed(layout.build(kernel)))
+    return failure();
+  const FunctorStyle &st = target == FunctorTarget::Cuda ? kCudaStyle : kCpuStyle;
+  os << "struct Enc {\n";
   os << "  static constexpr int kNumFeatures = " << layout.features.size() << ";\n"
      << "  static constexpr int kNumParams = " << layout.params.size() << ";\n"
      << "  static constexpr int kNumTok = " << layout.tokSlot.size() << ";\n"
@@ -489,7 +538,8 @@ LogicalResult mlir::ape::emitCpuKernel(KernelOp kernel, StringRef source, raw_os
                       layout.qmod ? layout.qmod.getFraction().convertToDouble() : 1.0)
      << llvm::formatv("  static constexpr double kKFraction = {0:e17};\n",
                       layout.kmod ? layout.kmod.getFraction().convertToDouble() : 1.0);
-  os << "  static int64_t param_numel(int n, int64_t H, int64_t D) {\n"
+  os << (target == FunctorTarget::Cuda ? "  APE_HD " : "  ")
+     << "static int64_t param_numel(int n, int64_t H, int64_t D) {\n"
      << "    (void)H, (void)D;\n    switch (n) {\n";
   for (auto [n, p] : llvm::enumerate(layout.params)) {
     std::string numel;
@@ -501,14 +551,11 @@ LogicalResult mlir::ape::emitCpuKernel(KernelOp kernel, StringRef source, raw_os
     os << "    case " << n << ": return " << numel << ";  // \"" << p.getName() << "\"\n";
   }
   os << "    default: return 0;\n    }\n  }\n";
-  if (failed(emitTokenProgram(os, layout)) ||
-      failed(emitQKMod(os, layout, layout.qmod, "q")) ||
-      failed(emitQKMod(os, layout, layout.kmod, "k")) || failed(emitScoreMod(os, layout)))
+  if (failed(emitTokenProgram(os, layout, st)) ||
+      failed(emitQKMod(os, layout, layout.qmod, "q", st)) ||
+      failed(emitQKMod(os, layout, layout.kmod, "k", st)) || failed(emitScoreMod(os, layout, st)) ||
+      failed(emitEmbedTable(os, layout)))
     return failure();
-  os << "};\n\n";
-  os << "const char kManifest[] = R\"APE_MANIFEST(" << manifest << ")APE_MANIFEST\";\n\n";
-  os << "} // namespace\n\n"
-     << "// ape_kernel_entry_" << name << "(): name, manifest, fp32 and fp64 forward/backward.\n"
-     << "APE_DEFINE_KERNEL_ENTRY(" << name << ", Enc, kManifest)\n";
+  os << "};\n";
   return success();
 }

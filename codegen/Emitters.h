@@ -5,6 +5,8 @@
 #include "dialect/ApeOps.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <string>
+
 namespace mlir::ape {
 
 /// Writes the CPU C++ source of `kernel`: an `Enc` functor struct generated from
@@ -13,9 +15,59 @@ namespace mlir::ape {
 /// the spec the kernel came from (written into the header comment).
 LogicalResult emitCpuKernel(KernelOp kernel, llvm::StringRef source, llvm::raw_ostream &os);
 
+/// Which kernel template an `Enc` functor is written for.
+enum class FunctorTarget {
+  Cpu,  // members on ape::HeadCtx<T> (codegen/templates/ape/cpu_attention.h)
+  Cuda, // members on any context type, declared APE_HD (codegen/templates/ape/cuda_attention.cuh)
+};
+
+/// Writes `struct Enc { ... };`: the functor translated from the regions of `kernel` (token
+/// program, q/k mods, score mod and their gradients; docs/internals.md section 2). The CPU and
+/// the CUDA emitters share it; only the member declarations differ by `target`.
+LogicalResult emitEncFunctor(KernelOp kernel, FunctorTarget target, llvm::raw_ostream &os);
+
+/// Writes the CUDA sources of `kernel` for the CUDA template (codegen/templates/ape/
+/// cuda_attention.cuh): `header` gets the functor and the manifest (NAME_cuda.cuh), `entry` the
+/// dispatch over the instantiated (dtype, head_dim) pairs and
+/// `extern "C" const ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_<name>()` (NAME_cuda.cu),
+/// and `instantiation(dtype, headDim)` one explicit instantiation per pair
+/// (NAME_cuda_<dtype>_hd<D>.cu), so that nvcc compiles them in parallel.
+struct CudaVariant {
+  std::string dtype; // "f32", "f16" or "bf16"
+  int64_t headDim;   // 32, 64 or 128
+};
+LogicalResult emitCudaHeader(KernelOp kernel, llvm::StringRef source, llvm::raw_ostream &os);
+LogicalResult emitCudaEntry(KernelOp kernel, llvm::StringRef source,
+                            llvm::ArrayRef<CudaVariant> variants, llvm::raw_ostream &os);
+void emitCudaInstantiation(KernelOp kernel, llvm::StringRef source, const CudaVariant &variant,
+                           llvm::raw_ostream &os);
+
+/// Writes the files of a self-contained CUDA package into `dir` (docs/cuda.md): the kernel
+/// templates (include/ape/), CMakeLists.txt, README.md and smoke.cpp. The encodings' own files
+/// go to `dir`/kernels/ (emitCudaHeader, emitCudaEntry, emitCudaInstantiation, emitManifest).
+LogicalResult writeCudaPackageSupport(llvm::StringRef dir);
+
 /// Writes the manifest (JSON) of `kernel`: features, params with shapes and
 /// initialisers, the masked projection, the logit scale and the schedule.
 LogicalResult emitManifest(KernelOp kernel, llvm::StringRef source, llvm::raw_ostream &os);
+
+/// One file of a self-contained emitted folder: its path inside the folder and its text.
+struct EmittedFile {
+  std::string path;
+  std::string contents;
+};
+
+/// The files of a folder that builds a PyTorch operator library for `kernel` with only a C++
+/// compiler and PyTorch (docs/frameworks.md): TORCH_LIBRARY(ape_<name>) with a differentiable
+/// `attention` and the raw forward/backward, the CPU kernel, the templates, CMakeLists.txt and
+/// a Python helper ape_<name>.py.
+LogicalResult emitTorchLibrary(KernelOp kernel, llvm::StringRef source,
+                               std::vector<EmittedFile> &files);
+
+/// The files of a folder that builds a C ABI library for `kernel` with only a C++ compiler
+/// (docs/frameworks.md): the header ape_<name>.h (plain-pointer forward/backward in f32 and
+/// f64, status codes, no exceptions), its implementation, the CPU kernel and CMakeLists.txt.
+LogicalResult emitCAbi(KernelOp kernel, llvm::StringRef source, std::vector<EmittedFile> &files);
 
 } // namespace mlir::ape
 

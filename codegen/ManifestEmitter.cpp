@@ -16,7 +16,7 @@ using namespace mlir::ape;
 
 LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ostream &os) {
   llvm::json::Array features, params;
-  llvm::json::Value override = nullptr;
+  llvm::json::Value override = nullptr, embedding = nullptr;
   for (Operation &op : kernel.getBody().front()) {
     if (auto f = dyn_cast<TokenFeatureOp>(op)) {
       features.push_back(llvm::json::Object{{"name", f.getName()},
@@ -49,7 +49,25 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
                                           {"trainable", p.getTrainable()},
                                           {"per_layer", !p->hasAttr("shared")}});
     } else if (auto m = dyn_cast<MaskedProjectionOp>(op)) {
-      override = llvm::json::Object{{"l", m.getL()}, {"targets", m.getTargets()}};
+      llvm::json::Value sigma = nullptr;
+      if (auto s = m.getPositionScale())
+        sigma = *s;
+      override = llvm::json::Object{{"l", m.getL()},
+                                    {"targets", m.getTargets()},
+                                    {"kind", m.getKind()},
+                                    {"start", m.getStart().convertToDouble()},
+                                    {"theta", m.getTheta().convertToDouble()},
+                                    {"theta1", m.getTheta1().convertToDouble()},
+                                    {"theta2", m.getTheta2().convertToDouble()},
+                                    {"position_scale", std::move(sigma)}};
+    } else if (auto e = dyn_cast<PositionEmbeddingOp>(op)) {
+      llvm::json::Object emb{{"kind", e.getLearned() ? "learned" : "table"},
+                             {"scale_embedding", e.getScaleEmbedding()}};
+      if (e.getLearned()) {
+        emb["max_length"] = static_cast<int64_t>(*e.getMaxLength());
+        emb["std"] = e.getStd().convertToDouble();
+      }
+      embedding = std::move(emb);
     }
   }
   llvm::json::Value scale = nullptr;
@@ -58,8 +76,13 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
   auto opt = [](std::optional<uint64_t> v) -> llvm::json::Value {
     return v ? llvm::json::Value(static_cast<int64_t>(*v)) : llvm::json::Value(nullptr);
   };
+  auto hint = [](std::optional<uint64_t> v) -> llvm::json::Value {
+    return v ? llvm::json::Value(static_cast<int64_t>(*v)) : llvm::json::Value(nullptr);
+  };
   llvm::json::Object manifest{
       {"encoding", kernel.getSymName()},
+      {"head_dim", hint(kernel.getHeadDim())},
+      {"model_dim", hint(kernel.getModelDim())},
       {"source", source},
       {"generator", "apec"},
       {"scale", std::move(scale)},
@@ -70,6 +93,7 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
       {"features", std::move(features)},
       {"params", std::move(params)},
       {"override", std::move(override)},
+      {"embedding", std::move(embedding)},
       {"grads", llvm::json::Array{"q", "k", "v", "features", "params"}}};
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))) << "\n";
   return success();

@@ -22,7 +22,7 @@ namespace {
 struct ApeFoldInterface : public DialectFoldInterface {
   using DialectFoldInterface::DialectFoldInterface;
   bool shouldMaterializeInto(Region *region) const final {
-    return isa<MapOp, QModOp, KModOp, ScoreModOp>(region->getParentOp());
+    return isa<MapOp, QModOp, KModOp, ScoreModOp, PositionEmbeddingOp>(region->getParentOp());
   }
 };
 } // namespace

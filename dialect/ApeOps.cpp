@@ -13,6 +13,8 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 using namespace mlir;
 using namespace mlir::ape;
@@ -31,10 +33,17 @@ bool mlir::ape::isAllowedInRegion(Operation *op) {
   llvm::StringRef ns = op->getDialect() ? op->getDialect()->getNamespace() : "";
   if (ns == "arith" || ns == "math")
     return true;
-  return isa<LoadOp, DimOp, YieldOp>(op);
+  return isa<LoadOp, DimOp, YieldOp, ConstantOp>(op);
 }
 
 static bool isFinite(double v) { return std::isfinite(v); }
+
+/// A number as a diagnostic shows it: shortest form, "0.5" rather than "5.000000e-01".
+static std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
 
 static std::optional<double> toDouble(std::optional<llvm::APFloat> v) {
   if (!v)
@@ -76,7 +85,7 @@ static LogicalResult verifyContainer(Operation *op, Region &body,
     if (auto f = dyn_cast<TokenFeatureOp>(inner))
       if (!features.insert(f.getName()).second)
         return f.emitOpError("duplicate token feature name \"") << f.getName() << "\"";
-    if (isa<LoadOp, DimOp, YieldOp>(inner))
+    if (isa<LoadOp, DimOp, YieldOp, ConstantOp>(inner))
       return inner.emitOpError("is only allowed inside a map, q_mod, k_mod or score_mod region");
     if (inner.getDialect() && !isa<ApeDialect>(inner.getDialect()))
       return inner.emitOpError("is not an ape op; arith/math ops belong inside regions");
@@ -84,16 +93,62 @@ static LogicalResult verifyContainer(Operation *op, Region &body,
   return success();
 }
 
+/// Checks the optional shape hints of an encoding or kernel.
+static LogicalResult verifyShapeHints(Operation *op, std::optional<uint64_t> headDim,
+                                      std::optional<uint64_t> modelDim) {
+  auto asInt = [](std::optional<uint64_t> v) { return static_cast<int64_t>(*v); };
+  if (headDim && asInt(headDim) < 1)
+    return op->emitOpError("head_dim must be positive, got ") << asInt(headDim);
+  if (modelDim && asInt(modelDim) < 1)
+    return op->emitOpError("model_dim must be positive, got ") << asInt(modelDim);
+  if (headDim && modelDim && asInt(modelDim) % asInt(headDim) != 0)
+    return op->emitOpError("model_dim ") << asInt(modelDim) << " is not a multiple of head_dim "
+                                         << asInt(headDim);
+  return success();
+}
+
+/// With a head_dim hint, the rotated coordinates fraction·head_dim must be an even integer.
+static LogicalResult checkRotaryDims(RotaryOp rot, std::optional<int64_t> headDim) {
+  if (!headDim)
+    return success();
+  double exact = rot.getFraction().convertToDouble() * static_cast<double>(*headDim);
+  if (exact != std::floor(exact) || static_cast<int64_t>(exact) % 2 != 0)
+    return rot.emitOpError("fraction ") << num(rot.getFraction().convertToDouble())
+                                        << " of head_dim " << *headDim << " gives " << num(exact)
+                                        << " rotated coordinates; the count must be an even "
+                                           "integer (pairs)";
+  if (exact < 2)
+    return rot.emitOpError("fraction ") << num(rot.getFraction().convertToDouble())
+                                        << " of head_dim " << *headDim << " rotates no pair";
+  return success();
+}
+
 LogicalResult EncodingOp::verify() {
-  if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))))
+  if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
+      failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
     return failure();
-  unsigned rotary = 0, overrides = 0;
+  std::optional<int64_t> headDim, modelDim;
+  if (auto v = getHeadDim())
+    headDim = static_cast<int64_t>(*v);
+  if (auto v = getModelDim())
+    modelDim = static_cast<int64_t>(*v);
+  unsigned rotary = 0, overrides = 0, embeddings = 0;
   std::optional<double> kappa;
   for (Operation &op : getBody().front()) {
-    if (isa<RotaryOp>(op) && ++rotary > 1)
-      return op.emitOpError("an encoding takes at most one ape.rotary");
+    if (isa<RotaryOp, XposOp>(op) && ++rotary > 1)
+      return op.emitOpError("an encoding takes at most one rotation (ape.rotary or ape.xpos)");
     if (isa<OverrideOp, MaskedProjectionOp>(op) && ++overrides > 1)
       return op.emitOpError("an encoding takes at most one override of the projection input");
+    if (isa<AbsoluteOp, PositionEmbeddingOp>(op) && ++embeddings > 1)
+      return op.emitOpError("an encoding takes at most one absolute position embedding");
+    if (auto rot = dyn_cast<RotaryOp>(op))
+      if (failed(checkRotaryDims(rot, headDim)))
+        return failure();
+    if (auto ov = dyn_cast<OverrideOp>(op)) {
+      if (modelDim && ov.getL() >= *modelDim)
+        return ov.emitOpError("l = ") << ov.getL() << " overwrites the whole input: it must be "
+                                      << "less than the encoding's model_dim " << *modelDim;
+    }
     if (auto cable = dyn_cast<CableOp>(op)) {
       if (auto k = toDouble(cable.getKappa())) {
         std::optional<double> other = kappa ? kappa : toDouble(getScale());
@@ -110,7 +165,8 @@ LogicalResult EncodingOp::verify() {
 }
 
 LogicalResult KernelOp::verify() {
-  if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))))
+  if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
+      failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
     return failure();
   unsigned q = 0, k = 0, s = 0;
   for (Operation &op : getBody().front()) {
@@ -141,6 +197,79 @@ LogicalResult RotaryOp::verify() {
   if (getPairing() != "half" && getPairing() != "interleaved")
     return emitOpError("pairing must be \"half\" or \"interleaved\", got \"")
            << getPairing() << "\"";
+  StringRef scaling = getScaling();
+  if (scaling != "none" && scaling != "linear" && scaling != "ntk" && scaling != "dynamic_ntk" &&
+      scaling != "yarn" && scaling != "llama3")
+    return emitOpError("scaling must be \"none\", \"linear\", \"ntk\", \"dynamic_ntk\", "
+                       "\"yarn\" or \"llama3\", got \"")
+           << scaling << "\"";
+  std::optional<double> factor = toDouble(getFactor());
+  if (scaling == "none") {
+    if (factor || getOriginalLength())
+      return emitOpError("factor and original_length need a scaling (\"linear\", \"ntk\", "
+                         "\"dynamic_ntk\", \"yarn\" or \"llama3\")");
+    return success();
+  }
+  if (!factor)
+    return emitOpError("scaling \"") << scaling << "\" needs a `factor` (f64)";
+  if (!(*factor > 0.0 && isFinite(*factor)))
+    return emitOpError("factor must be a positive finite number, got ") << *factor;
+  bool needsLength = scaling == "dynamic_ntk" || scaling == "yarn" || scaling == "llama3";
+  if (needsLength && !getOriginalLength())
+    return emitOpError("scaling \"") << scaling
+                                     << "\" needs `original_length` (the training length L)";
+  if (getOriginalLength() && static_cast<int64_t>(*getOriginalLength()) < 1)
+    return emitOpError("original_length must be positive, got ")
+           << static_cast<int64_t>(*getOriginalLength());
+  if (scaling == "yarn") {
+    double fast = getBetaFast().convertToDouble(), slow = getBetaSlow().convertToDouble();
+    if (!(fast > 0.0 && slow > 0.0 && fast > slow && isFinite(fast)))
+      return emitOpError("beta_fast must exceed beta_slow and both be positive, got ")
+             << num(fast) << " and " << num(slow);
+  }
+  if (scaling == "llama3") {
+    double low = getLowFreqFactor().convertToDouble(), high = getHighFreqFactor().convertToDouble();
+    if (!(low > 0.0 && high > low && isFinite(high)))
+      return emitOpError("high_freq_factor must exceed low_freq_factor and both be positive, "
+                         "got ")
+             << num(high) << " and " << num(low);
+  }
+  return success();
+}
+
+LogicalResult XposOp::verify() {
+  double gamma = getGamma().convertToDouble(), scaleBase = getScaleBase().convertToDouble(),
+         base = getBase().convertToDouble();
+  if (!(gamma > 0.0 && isFinite(gamma)))
+    return emitOpError("gamma must be a positive finite number, got ") << gamma;
+  if (!(scaleBase > 0.0 && isFinite(scaleBase)))
+    return emitOpError("scale_base must be a positive finite number, got ") << scaleBase;
+  if (!(base > 1.0 && isFinite(base)))
+    return emitOpError("base must be a finite number greater than 1, got ") << base;
+  return success();
+}
+
+LogicalResult AbsoluteOp::verify() {
+  StringRef kind = getKind();
+  if (kind != "sinusoidal" && kind != "learned")
+    return emitOpError("kind must be \"sinusoidal\" or \"learned\", got \"") << kind << "\"";
+  if (kind == "learned") {
+    if (!getMaxLength())
+      return emitOpError("kind \"learned\" needs `max_length` (the rows of the table)");
+    if (static_cast<int64_t>(*getMaxLength()) < 1)
+      return emitOpError("max_length must be positive, got ")
+             << static_cast<int64_t>(*getMaxLength());
+    double std = getStd().convertToDouble();
+    if (!(std >= 0.0 && isFinite(std)))
+      return emitOpError("std must be a non-negative finite number, got ") << std;
+  } else {
+    if (getMaxLength())
+      return emitOpError("max_length applies to kind \"learned\" only (the sinusoidal "
+                         "table has no limit)");
+    double base = getBase().convertToDouble();
+    if (!(base > 1.0 && isFinite(base)))
+      return emitOpError("base must be a finite number greater than 1, got ") << base;
+  }
   return success();
 }
 
@@ -159,18 +288,32 @@ LogicalResult CableOp::verify() {
   return success();
 }
 
-LogicalResult OverrideOp::verify() {
-  if (getL() < 1)
-    return emitOpError("l (the number of overwritten inputs) must be at least 1, got ") << getL();
-  double theta = getTheta().convertToDouble(), start = getStart().convertToDouble();
-  if (!(theta != 0.0 && isFinite(theta)))
-    return emitOpError("theta must be a non-zero finite number, got ") << theta;
+/// Shared by ape.override and ape.masked_projection.
+static LogicalResult verifyOverrideValues(Operation *op, StringRef kind, int64_t l, double start,
+                                          double theta, double theta1, double theta2,
+                                          StringRef targets) {
+  if (l < 1)
+    return op->emitOpError("l (the number of overwritten inputs) must be at least 1, got ") << l;
+  if (kind != "expe" && kind != "exqpe")
+    return op->emitOpError("kind must be \"expe\" or \"exqpe\", got \"") << kind << "\"";
   if (!isFinite(start))
-    return emitOpError("start must be finite, got ") << start;
-  if (getTargets() != "qk")
-    return emitOpError("targets must be \"qk\" (the q and k projections), got \"")
-           << getTargets() << "\"";
+    return op->emitOpError("start must be finite, got ") << start;
+  if (kind == "expe" && !(theta != 0.0 && isFinite(theta)))
+    return op->emitOpError("theta must be a non-zero finite number, got ") << theta;
+  if (kind == "exqpe" && !(isFinite(theta1) && theta2 != 0.0 && isFinite(theta2)))
+    return op->emitOpError("theta1 must be finite and theta2 a non-zero finite number, got ")
+           << num(theta1) << " and " << num(theta2);
+  if (targets != "qk" && targets != "qkv")
+    return op->emitOpError("targets must be \"qk\" (the q and k projections) or \"qkv\" "
+                           "(q, k and v), got \"")
+           << targets << "\"";
   return success();
+}
+
+LogicalResult OverrideOp::verify() {
+  return verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
+                              getTheta().convertToDouble(), getTheta1().convertToDouble(),
+                              getTheta2().convertToDouble(), getTargets());
 }
 
 //===----------------------------------------------------------------------===//
@@ -233,9 +376,27 @@ LogicalResult ParamOp::verify() {
       return emitOpError("init \"projection_term\" needs `start` and `step` attributes (f64)");
     return success();
   }
+  if (init == "projection_prefix") {
+    auto proj = op->getAttrOfType<StringAttr>("projection");
+    if (!proj || (proj.getValue() != "q" && proj.getValue() != "k" && proj.getValue() != "v"))
+      return emitOpError("init \"projection_prefix\" needs `projection` = \"q\", \"k\" or \"v\"");
+    auto cols = op->getAttrOfType<IntegerAttr>("columns");
+    if (!cols || cols.getInt() < 1)
+      return emitOpError("init \"projection_prefix\" needs a positive `columns` attribute");
+    if (!getF64(op, "scale"))
+      return emitOpError("init \"projection_prefix\" needs a `scale` attribute (f64)");
+    auto shape = getShape();
+    if (shape.size() != 3 || cast<StringAttr>(shape[0]).getValue() != std::to_string(cols.getInt()) ||
+        cast<StringAttr>(shape[1]).getValue() != "heads" ||
+        cast<StringAttr>(shape[2]).getValue() != "head_dim")
+      return emitOpError("init \"projection_prefix\" needs shape [\"")
+             << cols.getInt() << "\", \"heads\", \"head_dim\"]";
+    return success();
+  }
   return emitOpError("unknown init \"")
          << init
-         << "\" (expected zeros, ones, normal, constant, alibi_slopes or projection_term)";
+         << "\" (expected zeros, ones, normal, constant, alibi_slopes, projection_term or "
+            "projection_prefix)";
 }
 
 LogicalResult TokenFeatureOp::verify() {
@@ -380,10 +541,43 @@ LogicalResult DimOp::verify() {
 LogicalResult MaskedProjectionOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
-  if (getL() < 1)
-    return emitOpError("l must be at least 1, got ") << getL();
-  if (getTargets() != "qk")
-    return emitOpError("targets must be \"qk\" (the q and k projections), got \"")
-           << getTargets() << "\"";
+  return verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
+                              getTheta().convertToDouble(), getTheta1().convertToDouble(),
+                              getTheta2().convertToDouble(), getTargets());
+}
+
+LogicalResult PositionEmbeddingOp::verify() {
+  if (failed(verifyInContainer(*this)))
+    return failure();
+  if (getLearned()) {
+    if (!getMaxLength() || static_cast<int64_t>(*getMaxLength()) < 1)
+      return emitOpError("learned needs a positive `max_length`");
+    if (!getTable().empty())
+      return emitOpError("is learned or has a table region, not both");
+    double std = getStd().convertToDouble();
+    if (!(std >= 0.0 && isFinite(std)))
+      return emitOpError("std must be a non-negative finite number, got ") << std;
+  } else if (getTable().empty()) {
+    return emitOpError("needs `learned` or a table region");
+  }
   return success();
+}
+
+LogicalResult PositionEmbeddingOp::verifyRegions() {
+  if (getTable().empty())
+    return success();
+  MLIRContext *ctx = getContext();
+  Type f32 = Float32Type::get(ctx), idx = IndexType::get(ctx);
+  if (failed(verifyRegionSignature(*this, getTable(), "table", {idx, idx, idx}, {f32},
+                                   "(n: index, c: index, d: index)")))
+    return failure();
+  WalkResult r = getTable().walk([&](Operation *op) {
+    if (isa<LoadOp, DimOp>(op)) {
+      op->emitOpError("is not allowed in a position_embedding table (the table is a closed "
+                      "form of (n, c, d); a trained table is `learned`)");
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  return failure(r.wasInterrupted());
 }

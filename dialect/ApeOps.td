@@ -17,7 +17,10 @@ def Ape_EncodingOp : Ape_Op<"encoding", [Symbol, NoTerminator, SingleBlock,
   let description = [{
     The unit a user writes. Its body holds named components and generic forms
     in order; an empty body is NoPE. The optional `scale` attribute overrides
-    the logit scale κ (default 1/sqrt(head_dim)).
+    the logit scale κ (default 1/sqrt(head_dim)). The optional `head_dim` and
+    `model_dim` attributes pin the model shape the encoding is written for:
+    components are checked against them at compile time (an override's l, a
+    rotary's dims) and the runtime refuses a model of another shape.
 
     ```mlir
     ape.encoding @nope {
@@ -27,7 +30,8 @@ def Ape_EncodingOp : Ape_Op<"encoding", [Symbol, NoTerminator, SingleBlock,
     }
     ```
   }];
-  let arguments = (ins SymbolNameAttr:$sym_name, OptionalAttr<F64Attr>:$scale);
+  let arguments = (ins SymbolNameAttr:$sym_name, OptionalAttr<F64Attr>:$scale,
+                       OptionalAttr<I64Attr>:$head_dim, OptionalAttr<I64Attr>:$model_dim);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasVerifier = 1;
@@ -56,6 +60,7 @@ def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, OptionalAttr<F64Attr>:$scale,
+                       OptionalAttr<I64Attr>:$head_dim, OptionalAttr<I64Attr>:$model_dim,
                        DefaultValuedAttr<BoolAttr, "true">:$causal,
                        OptionalAttr<I64Attr>:$passes,
                        OptionalAttr<I64Attr>:$tile_q,
@@ -76,20 +81,86 @@ class Ape_ComponentOp<string mnemonic, list<Trait> traits = []> :
 }
 
 def Ape_RotaryOp : Ape_ComponentOp<"rotary"> {
-  let summary = "rotary position embedding (RoPE) of q and k";
+  let summary = "rotary position embedding (RoPE) of q and k, with its scalings";
   let description = [{
-    Rotates each pair of q/k coordinates by m·θ_k with θ_k = base^(-2k/d_r),
-    d_r = 2·floor(fraction·head_dim/2) rotated coordinates (the rest pass
-    through). `pairing` is "half" (k with k + d_r/2) or "interleaved"
-    (2k with 2k+1). Expands to an `ape.q_mod` and an `ape.k_mod`.
+    Rotates each pair of q/k coordinates by t·θ'_k with θ_k = base^(-2k/d_r),
+    d_r = 2·floor(fraction·head_dim/2) rotated coordinates (partial rotary
+    when fraction < 1; the rest pass through; with the encoding's `head_dim`
+    hint, fraction·head_dim must be an even integer). `pairing` is "half"
+    (k with k + d_r/2) or "interleaved" (2k with 2k+1).
+
+    `scaling` rescales the frequencies for longer contexts (s = `factor`,
+    L = `original_length`):
+      "none"         θ'_k = θ_k
+      "linear"       position interpolation, θ'_k = θ_k / s
+      "ntk"          base' = base·s^(d_r/(d_r-2))
+      "dynamic_ntk"  base' = base·(s·l/L - (s-1))^(d_r/(d_r-2)), l = max(T, L),
+                     T the run-time sequence length of the kernel call
+      "yarn"         ramp between θ/s and θ over the dimensions whose wavelength
+                     lies between `beta_fast` and `beta_slow` rotations in L;
+                     q and k are both scaled by mscale = 0.1·ln(s) + 1
+      "llama3"       wavelengths above L/`low_freq_factor` use θ/s, below
+                     L/`high_freq_factor` keep θ, smooth blend between
+    The factor and the original length become fixed params ("rope_factor",
+    "rope_original_length", shape ["1"]), so a runtime can change them without
+    recompiling (ape-eval --set rope_factor=8). Expands to an `ape.q_mod` and
+    an `ape.k_mod`.
 
     ```mlir
     ape.rotary {base = 10000.0 : f64, fraction = 1.0 : f64, pairing = "half"}
+    ape.rotary {scaling = "yarn", factor = 4.0 : f64, original_length = 2048}
     ```
   }];
   let arguments = (ins DefaultValuedAttr<F64Attr, "10000.0">:$base,
                        DefaultValuedAttr<F64Attr, "1.0">:$fraction,
-                       DefaultValuedAttr<StrAttr, "\"half\"">:$pairing);
+                       DefaultValuedAttr<StrAttr, "\"half\"">:$pairing,
+                       DefaultValuedAttr<StrAttr, "\"none\"">:$scaling,
+                       OptionalAttr<F64Attr>:$factor,
+                       OptionalAttr<I64Attr>:$original_length,
+                       DefaultValuedAttr<F64Attr, "32.0">:$beta_fast,
+                       DefaultValuedAttr<F64Attr, "1.0">:$beta_slow,
+                       DefaultValuedAttr<F64Attr, "1.0">:$low_freq_factor,
+                       DefaultValuedAttr<F64Attr, "4.0">:$high_freq_factor);
+}
+
+def Ape_XposOp : Ape_ComponentOp<"xpos"> {
+  let summary = "xPos: interleaved rotation with a per-pair exponential decay";
+  let description = [{
+    q̃_t = R(t)q_t ⊙ ζ^(t_c/B), k̃_t = R(t)k_t ⊙ ζ^(-t_c/B) with
+    ζ_k = (k/(head_dim/2) + γ)/(1 + γ) on both coordinates of pair k,
+    B = `scale_base`, γ = `gamma`, interleaved pairs, θ_k = base^(-2k/head_dim)
+    and centred positions t_c = t - floor(T/2) (centring cancels in q̃·k̃ and
+    keeps both factors in range at long T). Expands to an `ape.q_mod` and an
+    `ape.k_mod`.
+
+    ```mlir
+    ape.xpos {gamma = 0.4 : f64, scale_base = 512.0 : f64}
+    ```
+  }];
+  let arguments = (ins DefaultValuedAttr<F64Attr, "0.4">:$gamma,
+                       DefaultValuedAttr<F64Attr, "512.0">:$scale_base,
+                       DefaultValuedAttr<F64Attr, "10000.0">:$base);
+}
+
+def Ape_AbsoluteOp : Ape_ComponentOp<"absolute"> {
+  let summary = "absolute positions added once to the input embedding";
+  let description = [{
+    `kind = "sinusoidal"`: PE[n, 2k] = sin(n/base^(2k/d)), PE[n, 2k+1] =
+    cos(n/base^(2k/d)). `kind = "learned"`: a trained table of `max_length`
+    rows initialised N(0, `std`); a longer sequence is an error.
+    `scale_embedding` multiplies the token embedding by sqrt(d) first.
+    Expands to an `ape.position_embedding`.
+
+    ```mlir
+    ape.absolute {kind = "sinusoidal"}
+    ape.absolute {kind = "learned", max_length = 1024}
+    ```
+  }];
+  let arguments = (ins StrAttr:$kind,
+                       DefaultValuedAttr<F64Attr, "10000.0">:$base,
+                       OptionalAttr<I64Attr>:$max_length,
+                       DefaultValuedAttr<F64Attr, "0.02">:$std,
+                       UnitAttr:$scale_embedding);
 }
 
 def Ape_AlibiOp : Ape_ComponentOp<"alibi"> {
@@ -127,20 +198,31 @@ def Ape_CableOp : Ape_ComponentOp<"cable"> {
 }
 
 def Ape_OverrideOp : Ape_ComponentOp<"override"> {
-  let summary = "ExPE: overwrite the first l inputs of the q/k projections";
+  let summary = "ExPE / ExQPE: overwrite the first l inputs of the projections";
   let description = [{
     Replaces the first `l` coordinates of the normalised block input that
-    feeds W_q and W_k (`targets = "qk"`) by position values
-    p_{n,i} = start + theta·(n + i). `-ape-push-override` rewrites it, by
-    linearity of the projection, into an additive q/k term a + n·b.
+    feeds W_q and W_k (`targets = "qk"`), and W_v too (`targets = "qkv"`), by
+    position values:
+      kind "expe":  p_{n,i} = start + theta·(n + i)
+      kind "exqpe": p_{n,j} = start + j·theta1 + theta2·c_j(n),
+                    c_j(n) = floor(n/l) + [j <= n mod l]
+    multiplied by σ, the fixed param "position_scale" (1; an evaluation may
+    set 0.5). `-ape-push-override` rewrites it, by linearity of the
+    projection, into additive q/k terms σ·(a + n·b) (ExPE) or
+    σ·(a + floor(n/l)·b + P[n mod l]) (ExQPE) whose params the runtime derives
+    from W every step; the value projection reads the overridden input.
 
     ```mlir
     ape.override {l = 16, start = 0.0 : f64, theta = 4.8828125e-04 : f64, targets = "qk"}
+    ape.override {kind = "exqpe", l = 24, theta1 = 4.8828125e-04 : f64, theta2 = 6.25e-02 : f64}
     ```
   }];
-  let arguments = (ins I64Attr:$l,
+  let arguments = (ins DefaultValuedAttr<StrAttr, "\"expe\"">:$kind,
+                       I64Attr:$l,
                        DefaultValuedAttr<F64Attr, "0.0">:$start,
                        DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta,
+                       DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta1,
+                       DefaultValuedAttr<F64Attr, "6.25e-02">:$theta2,
                        DefaultValuedAttr<StrAttr, "\"qk\"">:$targets);
 }
 
@@ -293,6 +375,24 @@ def Ape_LoadOp : Ape_Op<"load", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Ape_ConstantOp : Ape_Op<"constant", [Pure]> {
+  let summary = "a real constant of a region, exact at every precision";
+  let description = [{
+    Holds the value as f64 while the region computes in f32 types: the code
+    generators write it at the precision of the kernel (so 0.1 or 2π are as
+    exact in an fp64 kernel as the fp64 reference). `arith.constant` of f32
+    rounds to single precision; use this for values f32 cannot represent.
+    Deliberately not folded: arithmetic on it stays in the region.
+
+    ```mlir
+    %tenth = ape.constant 0.1
+    ```
+  }];
+  let arguments = (ins F64Attr:$value);
+  let results = (outs F32:$result);
+  let assemblyFormat = "$value attr-dict";
+}
+
 def Ape_DimOp : Ape_Op<"dim", [Pure]> {
   let summary = "a run-time size: heads, head_dim or seq_len";
   let description = [{
@@ -310,16 +410,52 @@ def Ape_MaskedProjectionOp : Ape_Op<"masked_projection"> {
   let summary = "project only the inputs past the first l (override rewrite)";
   let description = [{
     Written by `-ape-push-override`: the runtime projects x̃[..., l:] through
-    W[:, l:] for the listed targets; the position part arrives as additive
-    q/k terms.
+    W[:, l:] for q and k; their position part arrives as additive q/k terms.
+    With `targets = "qkv"` the value projection reads the overridden input
+    itself: x̃ with its first l coordinates replaced by σ·p_n, p_n given by
+    `kind` ("expe" or "exqpe"), `start`, `theta`, `theta1`, `theta2` as in
+    ape.override and σ the value of the fixed param named `position_scale`.
 
     ```mlir
     ape.masked_projection {l = 16 : i64, targets = "qk"}
     ```
   }];
-  let arguments = (ins I64Attr:$l, StrAttr:$targets);
+  let arguments = (ins I64Attr:$l, StrAttr:$targets,
+                       DefaultValuedAttr<StrAttr, "\"expe\"">:$kind,
+                       DefaultValuedAttr<F64Attr, "0.0">:$start,
+                       DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta,
+                       DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta1,
+                       DefaultValuedAttr<F64Attr, "6.25e-02">:$theta2,
+                       OptionalAttr<StrAttr>:$position_scale);
   let assemblyFormat = "attr-dict";
   let hasVerifier = 1;
+}
+
+def Ape_PositionEmbeddingOp : Ape_Op<"position_embedding", [NoTerminator]> {
+  let summary = "absolute positions added to the input embedding (site E)";
+  let description = [{
+    With `learned`: a trained table [max_length, model_dim], initialised
+    N(0, std). Otherwise the `table` region gives entry (n, c) of a fixed
+    table from its block arguments (n: index, c: index, d: index) — the
+    generated code evaluates it in double precision. With `scale_embedding`
+    the token embedding is multiplied by sqrt(model_dim) first. The runtime
+    adds the table's first T rows to the embedding once, before the blocks.
+
+    ```mlir
+    ape.position_embedding {learned, max_length = 1024 : i64, std = 0.02 : f64}
+    ape.position_embedding table {
+    ^bb0(%n: index, %c: index, %d: index):
+      ...
+      ape.yield %v : f32
+    }
+    ```
+  }];
+  let arguments = (ins UnitAttr:$learned, OptionalAttr<I64Attr>:$max_length,
+                       DefaultValuedAttr<F64Attr, "0.02">:$std, UnitAttr:$scale_embedding);
+  let regions = (region AnyRegion:$table);
+  let assemblyFormat = "attr-dict (`table` $table^)?";
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
 }
 
 def Ape_YieldOp : Ape_Op<"yield", [Pure, Terminator]> {

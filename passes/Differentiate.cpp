@@ -5,7 +5,8 @@
 // cloned (to recompute primal values) and, for each differentiable input u
 // (the region's value arguments and every ape.load), forward-mode tangents
 // are propagated through the arith/math ops; the region yields g·∂f/∂u.
-// The `plans` attribute names the reduction each load's gradient needs.
+// The `plans` attribute names the reduction each load's gradient needs;
+// loads of fixed (non-trainable) params get plan "none" and a zero gradient.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
@@ -54,7 +55,7 @@ FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBui
   Value r = op->getNumResults() == 1 ? op->getResult(0) : Value();
   if (!r || !r.getType().isF32())
     return Value();  // index / integer / i1 values carry no tangent
-  if (isa<arith::ConstantOp, math::FloorOp, math::CeilOp, math::RoundOp, math::TruncOp,
+  if (isa<arith::ConstantOp, ConstantOp, math::FloorOp, math::CeilOp, math::RoundOp, math::TruncOp,
           arith::SIToFPOp, arith::UIToFPOp, LoadOp>(op))
     return Value();  // constants, steps, integer conversions; loads are seeded by the caller
   if (isa<arith::AddFOp>(op))  // d(a+b) = da + db
@@ -133,6 +134,15 @@ FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBui
   return failure();
 }
 
+/// Whether `v` is a load of a param that is not trainable (no gradient wanted).
+bool isFixedParamLoad(Value v) {
+  auto load = v.getDefiningOp<LoadOp>();
+  if (!load)
+    return false;
+  auto param = load.getSource().getDefiningOp<ParamOp>();
+  return param && !param.getTrainable();
+}
+
 /// Builds `grad` for a region op. `numValueArgs` leading block arguments are
 /// differentiable inputs; the grad block takes the body's arguments plus g and
 /// yields g·∂f/∂(value arg k) for each, then g·∂f/∂(load k) for each load.
@@ -166,6 +176,10 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
 
   SmallVector<Value> results;
   for (Value u : inputs) {
+    if (isFixedParamLoad(u)) {  // a fixed param gets no gradient (plan "none")
+      results.push_back(rb.f32(0.0));
+      continue;
+    }
     DenseMap<Value, Value> tan;
     tan[u] = rb.f32(1.0);
     for (Operation *p : primal) {
@@ -195,6 +209,8 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
 
 /// The reduction the gradient of a load inside a score_mod needs.
 StringRef scorePlan(LoadOp load, Block &block) {
+  if (isFixedParamLoad(load))
+    return "none";
   Value b = block.getArgument(1), h = block.getArgument(2), i = block.getArgument(3),
         j = block.getArgument(4);
   auto idx = load.getIndices();
@@ -220,7 +236,9 @@ struct ApeDifferentiatePass : public mlir::ape::impl::ApeDifferentiateBase<ApeDi
       if (isa<QModOp, KModOp>(op)) {
         Region &body = op->getRegion(0);
         SmallVector<StringRef> plans;
-        body.walk([&](LoadOp) { plans.push_back("token_sum"); });
+        body.walk([&](LoadOp load) {
+          plans.push_back(isFixedParamLoad(load) ? "none" : "token_sum");
+        });
         op->setAttr("plans", b.getStrArrayAttr(plans));
         return failed(differentiateRegion(op, body, op->getRegion(1), 2))
                    ? WalkResult::interrupt() : WalkResult::advance();

@@ -24,55 +24,210 @@ using namespace mlir::ape;
 
 namespace {
 
+/// A fixed scalar param (shape ["1"]) holding `value`, which a runtime may change between
+/// calls without recompiling (ape-eval --set NAME=VALUE).
+ParamOp fixedScalar(OpBuilder &b, Location loc, StringRef name, double value) {
+  auto p = b.create<ParamOp>(loc, ParamType::get(b.getContext()), b.getStringAttr(name),
+                             b.getStrArrayAttr({"1"}), b.getStringAttr("constant"), nullptr);
+  p->setAttr("value", b.getF64FloatAttr(value));
+  return p;
+}
+
+/// The fixed params of a rotary scaling (null when the scaling has none).
+struct RotaryScalars {
+  Value factor, originalLength;
+};
+
+/// θ'_k of the rotary scalings (s = factor, L = original length, r rotated coordinates,
+/// k the pair index, θ_k = base^(-2k/r)); also sets `mscale` for YaRN.
+Value scaledTheta(RegionBuilder &rb, RotaryOp rot, const RotaryScalars &sc, Value kF, Value rF,
+                  Value &mscale) {
+  OpBuilder &b = rb.b;
+  Location loc = rb.loc;
+  auto pow = [&](Value x, Value y) { return b.create<math::PowFOp>(loc, x, y).getResult(); };
+  auto log = [&](Value x) { return b.create<math::LogOp>(loc, x).getResult(); };
+  auto cmp = [&](arith::CmpFPredicate p, Value x, Value y) {
+    return b.create<arith::CmpFOp>(loc, p, x, y).getResult();
+  };
+  double base = rot.getBase().convertToDouble();
+  StringRef scaling = rot.getScaling();
+  Value exponent = rb.div(rb.mul(kF, rb.f32(-2.0)), rF);  // -2k/r
+  Value theta = pow(rb.f32(base), exponent);             // exact operands: fp64-exact in fp64
+  if (scaling == "none")
+    return theta;
+  Value s = rb.load(sc.factor, {rb.idx(0)});
+  if (scaling == "linear")  // position interpolation
+    return rb.div(theta, s);
+  if (scaling == "ntk" || scaling == "dynamic_ntk") {
+    // base' = base·g^(r/(r-2)), g = s (NTK) or s·l/L - (s-1), l = max(T, L) (dynamic NTK)
+    Value g = s;
+    if (scaling == "dynamic_ntk") {
+      Value L = rb.load(sc.originalLength, {rb.idx(0)});
+      Value l = rb.maxf(rb.toF32(rb.dim("seq_len")), L);
+      g = rb.sub(rb.div(rb.mul(s, l), L), rb.sub(s, rb.f32(1.0)));
+    }
+    Value scaledBase = rb.mul(rb.f32(base), pow(g, rb.div(rF, rb.sub(rF, rb.f32(2.0)))));
+    return pow(scaledBase, exponent);
+  }
+  Value L = rb.load(sc.originalLength, {rb.idx(0)});
+  if (scaling == "yarn") {
+    // dimIdx(R) = r·ln(L/(2πR)) / (2 ln base); ramp over [low, high] blends θ/s into θ.
+    auto dimIdx = [&](double rotations) {
+      Value ratio = rb.div(L, rb.f32(2.0 * M_PI * rotations));
+      return rb.div(rb.mul(rF, log(ratio)), rb.f32(2.0 * std::log(base)));
+    };
+    Value low = rb.maxf(b.create<math::FloorOp>(loc, dimIdx(rot.getBetaFast().convertToDouble())),
+                        rb.f32(0.0));
+    Value high = rb.minf(b.create<math::CeilOp>(loc, dimIdx(rot.getBetaSlow().convertToDouble())),
+                         rb.sub(rF, rb.f32(1.0)));
+    high = rb.select(cmp(arith::CmpFPredicate::OEQ, low, high), rb.add(high, rb.f32(0.001)), high);
+    Value ramp = rb.div(rb.sub(kF, low), rb.sub(high, low));
+    ramp = rb.minf(rb.maxf(ramp, rb.f32(0.0)), rb.f32(1.0));
+    Value interpolated = rb.div(theta, s);
+    // mscale = 0.1·ln(s) + 1 for s > 1, else 1; it multiplies q and k, so logits by mscale².
+    mscale = rb.select(cmp(arith::CmpFPredicate::OGT, s, rb.f32(1.0)),
+                       rb.add(rb.mul(rb.f32(0.1), log(s)), rb.f32(1.0)), rb.f32(1.0));
+    return rb.add(rb.mul(interpolated, ramp), rb.mul(theta, rb.sub(rb.f32(1.0), ramp)));
+  }
+  // llama3: wavelength λ = 2π/θ; λ < L/high keeps θ, λ > L/low uses θ/s, blend between.
+  double lowFF = rot.getLowFreqFactor().convertToDouble();
+  double highFF = rot.getHighFreqFactor().convertToDouble();
+  Value lambda = rb.div(rb.f32(2.0 * M_PI), theta);
+  Value interpolated = rb.div(theta, s);
+  Value smooth = rb.div(rb.sub(rb.div(L, lambda), rb.f32(lowFF)), rb.f32(highFF - lowFF));
+  Value blended = rb.add(rb.mul(rb.sub(rb.f32(1.0), smooth), interpolated), rb.mul(smooth, theta));
+  Value longWave = cmp(arith::CmpFPredicate::OGT, lambda, rb.div(L, rb.f32(lowFF)));
+  Value shortWave = cmp(arith::CmpFPredicate::OLT, lambda, rb.div(L, rb.f32(highFF)));
+  return rb.select(shortWave, theta, rb.select(longWave, interpolated, blended));
+}
+
+/// The rotation of a pair: x' = x·cos(a) ∓ y·sin(a) (minus for the first of the pair).
+Value rotatePair(RegionBuilder &rb, Value x, Value y, Value first, Value angle) {
+  Value cs = rb.b.create<math::CosOp>(rb.loc, angle);
+  Value sn = rb.b.create<math::SinOp>(rb.loc, angle);
+  Value sign = rb.select(first, rb.f32(-1.0), rb.f32(1.0));
+  return rb.add(rb.mul(x, cs), rb.mul(rb.mul(sign, y), sn));
+}
+
+/// Pair bookkeeping shared by rotary and xPos: r = 2·floor(fraction·d_h/2) rotated
+/// coordinates, k the pair index of c, `first` whether c is the first of its pair.
+struct PairInfo {
+  Value r, k, first, inRotation;
+};
+
+PairInfo pairInfo(RegionBuilder &rb, Value c, double fraction, bool half) {
+  OpBuilder &b = rb.b;
+  Location loc = rb.loc;
+  Type idx = b.getIndexType();
+  // r = 0 is the identity, as in the kernel template's pairing; the divisor r/2 is kept >= 1
+  // so the index arithmetic stays defined.
+  Value dh = rb.toF32(rb.dim("head_dim"));
+  Value halfF = b.create<math::FloorOp>(loc, rb.mul(dh, rb.f32(fraction / 2.0)));
+  Value halfI = b.create<arith::IndexCastOp>(
+      loc, idx, b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
+  PairInfo p;
+  p.r = rb.imul(halfI, rb.idx(2));
+  Value halfR = b.create<arith::MaxUIOp>(loc, halfI, rb.idx(1));
+  p.inRotation = rb.ult(c, p.r);
+  p.k = half ? rb.irem(c, halfR) : rb.idiv(c, rb.idx(2));
+  p.first = half ? rb.ult(c, halfR)
+                 : b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, rb.irem(c, rb.idx(2)),
+                                           rb.idx(0));
+  return p;
+}
+
 /// The body of a rotary q_mod / k_mod:
-///   x' = x·cos(t·θ_k) ∓ y·sin(t·θ_k) on the first r = 2·floor(fraction·d_h/2)
-///   coordinates (minus for the first of a pair), θ_k = base^(-2k/r); x' = x past r.
-void buildRotaryBody(OpBuilder &b, Region &region, RotaryOp rot, Location loc) {
+///   x' = x·cos(t·θ'_k) ∓ y·sin(t·θ'_k) on the first r coordinates, x' = x past r,
+///   times mscale for YaRN.
+void buildRotaryBody(OpBuilder &b, Region &region, RotaryOp rot, const RotaryScalars &sc,
+                     Location loc) {
   MLIRContext *ctx = b.getContext();
   Type f32 = Float32Type::get(ctx), idx = IndexType::get(ctx);
   Block *block = createRegionBlock(b, region, {f32, f32, idx, idx, idx}, loc);
   RegionBuilder rb{b, loc};
   Value x = block->getArgument(0), y = block->getArgument(1), c = block->getArgument(2),
         t = block->getArgument(3);
-  double fraction = rot.getFraction().convertToDouble();
-  bool half = rot.getPairing() == "half";
-
-  // r = 2·floor(fraction·d_h/2) rotated coordinates (r = 0: the identity, as in the kernel
-  // template's pairing); the divisor r/2 is kept >= 1 so the index arithmetic stays defined.
-  Value dh = rb.toF32(rb.dim("head_dim"));
-  Value halfF = b.create<math::FloorOp>(loc, rb.mul(dh, rb.f32(fraction / 2.0)));
-  Value halfI = b.create<arith::IndexCastOp>(
-      loc, idx, b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
-  Value r = rb.imul(halfI, rb.idx(2));
-  Value halfR = b.create<arith::MaxUIOp>(loc, halfI, rb.idx(1));
-  Value inRotation = rb.ult(c, r);
-  Value k = half ? rb.irem(c, halfR) : rb.idiv(c, rb.idx(2));
-  Value first = half ? rb.ult(c, halfR)
-                     : b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
-                                               rb.irem(c, rb.idx(2)), rb.idx(0));
-  // θ_k = base^(-2k/r): base, k and r are exact, so an fp64 kernel gets θ to fp64 precision.
-  Value rF = rb.toF32(r);
-  Value kF = rb.toF32(k);
-  Value exponent = rb.div(rb.mul(kF, rb.f32(-2.0)), rF);
-  Value theta = b.create<math::PowFOp>(loc, rb.f32(rot.getBase().convertToDouble()), exponent);
-  Value tF = rb.toF32(t);
-  Value angle = rb.mul(tF, theta);
-  Value cs = b.create<math::CosOp>(loc, angle);
-  Value sn = b.create<math::SinOp>(loc, angle);
-  Value minusOne = rb.f32(-1.0);
-  Value sign = rb.select(first, minusOne, rb.f32(1.0));
-  Value xc = rb.mul(x, cs);
-  Value ys = rb.mul(rb.mul(sign, y), sn);
-  Value rotated = rb.add(xc, ys);
-  rb.yield(rb.select(inRotation, rotated, x));
+  PairInfo p = pairInfo(rb, c, rot.getFraction().convertToDouble(), rot.getPairing() == "half");
+  Value mscale;
+  Value theta = scaledTheta(rb, rot, sc, rb.toF32(p.k), rb.toF32(p.r), mscale);
+  Value rotated = rotatePair(rb, x, y, p.first, rb.mul(rb.toF32(t), theta));
+  Value out = rb.select(p.inRotation, rotated, x);
+  rb.yield(mscale ? rb.mul(out, mscale) : out);
 }
 
-template <typename ModOp>
-void expandRotaryInto(OpBuilder &b, RotaryOp rot) {
-  auto mod = b.create<ModOp>(rot.getLoc(), rot.getPairingAttr(), rot.getFractionAttr(),
-                             /*plans=*/nullptr);
+void expandRotary(OpBuilder &b, RotaryOp rot) {
+  Location loc = rot.getLoc();
+  RotaryScalars sc;
+  StringRef scaling = rot.getScaling();
+  if (scaling != "none")
+    sc.factor = fixedScalar(b, loc, "rope_factor", rot.getFactor()->convertToDouble());
+  if (scaling == "dynamic_ntk" || scaling == "yarn" || scaling == "llama3")
+    sc.originalLength = fixedScalar(b, loc, "rope_original_length",
+                                    static_cast<double>(*rot.getOriginalLength()));
+  auto build = [&](auto mod) {
+    OpBuilder::InsertionGuard guard(b);
+    buildRotaryBody(b, mod.getBody(), rot, sc, loc);
+  };
+  build(b.create<QModOp>(loc, rot.getPairingAttr(), rot.getFractionAttr(), nullptr));
+  build(b.create<KModOp>(loc, rot.getPairingAttr(), rot.getFractionAttr(), nullptr));
+}
+
+/// xPos: interleaved rotation times ζ_k^(±t_c/B), ζ_k = (k/(d_h/2) + γ)/(1 + γ),
+/// t_c = t - floor(T/2); + for q, - for k.
+void expandXpos(OpBuilder &b, XposOp op) {
+  Location loc = op.getLoc();
+  MLIRContext *ctx = b.getContext();
+  Type f32 = Float32Type::get(ctx), idx = IndexType::get(ctx);
+  double gamma = op.getGamma().convertToDouble(), scaleBase = op.getScaleBase().convertToDouble(),
+         base = op.getBase().convertToDouble();
+  auto build = [&](Region &region, double sign) {
+    OpBuilder::InsertionGuard guard(b);
+    Block *block = createRegionBlock(b, region, {f32, f32, idx, idx, idx}, loc);
+    RegionBuilder rb{b, loc};
+    Value x = block->getArgument(0), y = block->getArgument(1), c = block->getArgument(2),
+          t = block->getArgument(3);
+    PairInfo p = pairInfo(rb, c, 1.0, /*half=*/false);
+    Value kF = rb.toF32(p.k);
+    Value exponent = rb.div(rb.mul(kF, rb.f32(-2.0)), rb.toF32(p.r));
+    Value theta = b.create<math::PowFOp>(loc, rb.f32(base), exponent);
+    Value rotated = rotatePair(rb, x, y, p.first, rb.mul(rb.toF32(t), theta));
+    Value halfHead = rb.mul(rb.toF32(rb.dim("head_dim")), rb.f32(0.5));
+    Value zeta = rb.div(rb.add(rb.div(kF, halfHead), rb.f32(gamma)), rb.f32(1.0 + gamma));
+    Value centred = rb.toF32(rb.isub(t, rb.idiv(rb.dim("seq_len"), rb.idx(2))));
+    Value power = rb.mul(centred, rb.f32(sign / scaleBase));
+    Value decay = b.create<math::PowFOp>(loc, zeta, power);
+    rb.yield(rb.select(p.inRotation, rb.mul(rotated, decay), x));
+  };
+  auto q = b.create<QModOp>(loc, b.getStringAttr("interleaved"), b.getF64FloatAttr(1.0), nullptr);
+  build(q.getBody(), 1.0);
+  auto k = b.create<KModOp>(loc, b.getStringAttr("interleaved"), b.getF64FloatAttr(1.0), nullptr);
+  build(k.getBody(), -1.0);
+}
+
+/// Absolute positions: a sinusoidal table region or a learned table.
+void expandAbsolute(OpBuilder &b, AbsoluteOp op) {
+  Location loc = op.getLoc();
+  bool learned = op.getKind() == "learned";
+  auto pe = b.create<PositionEmbeddingOp>(
+      loc, learned ? b.getUnitAttr() : nullptr, op.getMaxLengthAttr(), op.getStdAttr(),
+      op.getScaleEmbedding() ? b.getUnitAttr() : nullptr);
+  if (learned)
+    return;
+  // PE[n, 2k] = sin(n / base^(2k/d)), PE[n, 2k+1] = cos(n / base^(2k/d))
   OpBuilder::InsertionGuard guard(b);
-  buildRotaryBody(b, mod.getBody(), rot, rot.getLoc());
+  Type idx = b.getIndexType();
+  Block *block = createRegionBlock(b, pe.getTable(), {idx, idx, idx}, loc);
+  RegionBuilder rb{b, loc};
+  Value n = block->getArgument(0), c = block->getArgument(1), d = block->getArgument(2);
+  Value odd = rb.irem(c, rb.idx(2));
+  Value even = rb.toF32(rb.isub(c, odd));  // 2k
+  Value exponent = rb.div(rb.neg(even), rb.toF32(d));
+  Value freq = b.create<math::PowFOp>(loc, rb.f32(op.getBase().convertToDouble()), exponent);
+  Value angle = rb.mul(rb.toF32(n), freq);
+  Value isSin = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq, odd, rb.idx(0));
+  Value sn = b.create<math::SinOp>(loc, angle);
+  Value cs = b.create<math::CosOp>(loc, angle);
+  rb.yield(rb.select(isSin, sn, cs));
 }
 
 /// s' = s + g(i, j) in a new score_mod; `bias` builds g from (b, h, i, j).
@@ -157,14 +312,17 @@ struct ApeExpandPass : public mlir::ape::impl::ApeExpandBase<ApeExpandPass> {
   void runOnOperation() override {
     SmallVector<Operation *> named;
     getOperation().walk([&](Operation *op) {
-      if (isa<RotaryOp, AlibiOp, CableOp>(op))
+      if (isa<RotaryOp, XposOp, AbsoluteOp, AlibiOp, CableOp>(op))
         named.push_back(op);
     });
     for (Operation *op : named) {
       OpBuilder b(op);
       if (auto rot = dyn_cast<RotaryOp>(op)) {
-        expandRotaryInto<QModOp>(b, rot);
-        expandRotaryInto<KModOp>(b, rot);
+        expandRotary(b, rot);
+      } else if (auto xpos = dyn_cast<XposOp>(op)) {
+        expandXpos(b, xpos);
+      } else if (auto abs = dyn_cast<AbsoluteOp>(op)) {
+        expandAbsolute(b, abs);
       } else if (auto alibi = dyn_cast<AlibiOp>(op)) {
         expandAlibi(b, alibi);
       } else if (auto cable = dyn_cast<CableOp>(op)) {

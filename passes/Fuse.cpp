@@ -137,7 +137,7 @@ LogicalResult fuse(EncodingOp enc) {
   SmallVector<KModOp> kmods;
   SmallVector<ScoreModOp> smods;
   for (Operation &op : enc.getBody().front()) {
-    if (isa<RotaryOp, AlibiOp, CableOp, OverrideOp>(op))
+    if (isa<RotaryOp, XposOp, AbsoluteOp, AlibiOp, CableOp, OverrideOp>(op))
       return op.emitOpError("is a named component: run -ape-expand and -ape-push-override "
                             "before -ape-fuse");
     if (auto q = dyn_cast<QModOp>(op))
@@ -149,10 +149,12 @@ LogicalResult fuse(EncodingOp enc) {
   }
   OpBuilder b(enc);
   auto kernel = b.create<KernelOp>(enc.getLoc(), enc.getSymNameAttr(), enc.getScaleAttr(),
+                                   enc.getHeadDimAttr(), enc.getModelDimAttr(),
                                    b.getBoolAttr(true), nullptr, nullptr, nullptr);
   Block *body = new Block();
   kernel.getBody().push_back(body);
-  // The token program (params, features, maps, scans, masked projection) keeps its order.
+  // The token program (params, features, maps, scans, masked projection, position
+  // embedding) keeps its order.
   for (Operation &op : llvm::make_early_inc_range(enc.getBody().front()))
     if (!isa<QModOp, KModOp, ScoreModOp>(op))
       op.moveBefore(body, body->end());

@@ -8,6 +8,9 @@ using namespace mlir;
 using namespace mlir::ape;
 
 Value RegionBuilder::f32(double v) {
+  // Values single precision cannot hold exactly (0.1, 2π) stay exact for fp64 kernels.
+  if (static_cast<double>(static_cast<float>(v)) != v)
+    return b.create<ConstantOp>(loc, b.getF32Type(), b.getF64FloatAttr(v));
   return b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(static_cast<float>(v)));
 }
 Value RegionBuilder::idx(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }

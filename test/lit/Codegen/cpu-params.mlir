@@ -5,25 +5,40 @@
 // RUN: FileCheck %s --check-prefix=MANIFEST --input-file=%t/mixed.manifest.json
 // RUN: %cxx -std=c++17 -fsyntax-only -fopenmp -I %ape_templates %t/mixed_cpu.cpp
 
-// CHECK: static constexpr int kNumParams = 6;
+// CHECK: static constexpr int kNumParams = 7;
 // CHECK: static constexpr bool kHasQMod = true;
 // CHECK: static constexpr bool kHasKMod = true;
-// CHECK: case 0: return H * D;  // "override_q_a"
-// CHECK: case 4: return H;  // "alibi_slopes"
-// CHECK: case 5: return 32 * H;  // "table"
+// CHECK: case 0: return 1;  // "position_scale"
+// CHECK: case 1: return H * D;  // "override_q_a"
+// CHECK: case 5: return H;  // "alibi_slopes"
+// CHECK: case 6: return 32 * H;  // "table"
+// The fixed scalar σ is read at a (clamped) constant index and gets no gradient:
+// CHECK: static T q_mod(
+// CHECK: ctx.params[0][(std::clamp<int64_t>({{v[0-9]+}}, 0, int64_t(1) - 1))]
 // CHECK: static void q_mod_grad(
-// CHECK: ctx.dparams[0][((ctx.h) * ctx.D + (c))] += g;
-// CHECK-NEXT: ctx.dparams[1][((ctx.h) * ctx.D + (c))] += [[TG:g[0-9]+]];
+// CHECK-NOT: ctx.dparams[0]
+// CHECK: ctx.dparams[1][((ctx.h) * ctx.D + (c))] += [[TA:g[0-9]+]];
+// CHECK-NEXT: ctx.dparams[2][((ctx.h) * ctx.D + (c))] += [[TG:g[0-9]+]];
 // A computed index is clamped to its dimension:
 // CHECK: static T score_mod(
-// CHECK: ctx.params[4][(ctx.h)]
-// CHECK: ctx.params[5][((std::clamp<int64_t>([[B:v[0-9]+]], 0, int64_t(32) - 1)) * ctx.H + (ctx.h))]
+// CHECK: ctx.params[5][(ctx.h)]
+// CHECK: ctx.params[6][((std::clamp<int64_t>([[B:v[0-9]+]], 0, int64_t(32) - 1)) * ctx.H + (ctx.h))]
 // CHECK: static T score_mod_grad(
-// CHECK-NOT: ctx.dparams[4]
-// CHECK: ctx.dparams[5][((std::clamp<int64_t>({{p[0-9]+}}, 0, int64_t(32) - 1)) * ctx.H + (ctx.h))] += g;
+// CHECK-NOT: ctx.dparams[5]
+// CHECK: ctx.dparams[6][((std::clamp<int64_t>({{p[0-9]+}}, 0, int64_t(32) - 1)) * ctx.H + (ctx.h))] += g;
 
-// MANIFEST: "l": 4,
+// MANIFEST: "kind": "expe",
+// MANIFEST-NEXT: "l": 4,
+// MANIFEST-NEXT: "position_scale": "position_scale",
+// MANIFEST-NEXT: "start": 0,
 // MANIFEST-NEXT: "targets": "qk"
+// MANIFEST: "kind": "constant",
+// MANIFEST-NEXT: "value": 1
+// MANIFEST: "name": "position_scale",
+// MANIFEST-NEXT: "per_layer": true,
+// MANIFEST-NEXT: "shape": [
+// MANIFEST-NEXT: 1
+// MANIFEST: "trainable": false
 // MANIFEST: "columns": 4,
 // MANIFEST-NEXT: "kind": "projection_term",
 // MANIFEST-NEXT: "projection": "q",

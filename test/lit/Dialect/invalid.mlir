@@ -24,7 +24,7 @@ ape.encoding @e {
 
 ape.encoding @e {
   ape.rotary
-  // expected-error @+1 {{'ape.rotary' op an encoding takes at most one ape.rotary}}
+  // expected-error @+1 {{'ape.rotary' op an encoding takes at most one rotation (ape.rotary or ape.xpos)}}
   ape.rotary {pairing = "interleaved"}
 }
 
@@ -66,7 +66,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.override' op targets must be "qk" (the q and k projections), got "v"}}
+  // expected-error @+1 {{'ape.override' op targets must be "qk" (the q and k projections) or "qkv" (q, k and v), got "v"}}
   ape.override {l = 8, targets = "v"}
 }
 
@@ -100,7 +100,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.param' op unknown init "uniform" (expected zeros, ones, normal, constant, alibi_slopes or projection_term)}}
+  // expected-error @+1 {{'ape.param' op unknown init "uniform" (expected zeros, ones, normal, constant, alibi_slopes, projection_term or projection_prefix)}}
   %p = ape.param "w" ["heads"] init = "uniform"
 }
 
@@ -280,4 +280,173 @@ ape.encoding @e {
 
 // expected-error @+1 {{'ape.encoding' op name @"my-encoding" must be an identifier: a letter or '_' then letters, digits or '_'}}
 ape.encoding @"my-encoding" {
+}
+
+// -----
+
+// An odd number of rotated coordinates: fraction·head_dim must pair up.
+ape.encoding @e attributes {head_dim = 6 : i64} {
+  // expected-error @+1 {{'ape.rotary' op fraction 0.5 of head_dim 6 gives 3 rotated coordinates; the count must be an even integer (pairs)}}
+  ape.rotary {fraction = 0.5 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op fraction must be in (0, 1], got 0}}
+  ape.rotary {fraction = 0.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op scaling "yarn" needs `original_length` (the training length L)}}
+  ape.rotary {scaling = "yarn", factor = 4.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op scaling "linear" needs a `factor` (f64)}}
+  ape.rotary {scaling = "linear"}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op factor and original_length need a scaling}}
+  ape.rotary {factor = 2.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op scaling must be "none", "linear", "ntk", "dynamic_ntk", "yarn" or "llama3", got "longrope"}}
+  ape.rotary {scaling = "longrope", factor = 2.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op factor must be a positive finite number, got -2}}
+  ape.rotary {scaling = "ntk", factor = -2.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op beta_fast must exceed beta_slow and both be positive, got 1 and 32}}
+  ape.rotary {scaling = "yarn", factor = 4.0 : f64, original_length = 2048, beta_fast = 1.0 : f64, beta_slow = 32.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op high_freq_factor must exceed low_freq_factor and both be positive, got 1 and 4}}
+  ape.rotary {scaling = "llama3", factor = 8.0 : f64, original_length = 8192, low_freq_factor = 4.0 : f64, high_freq_factor = 1.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  ape.rotary
+  // expected-error @+1 {{'ape.xpos' op an encoding takes at most one rotation (ape.rotary or ape.xpos)}}
+  ape.xpos
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.xpos' op gamma must be a positive finite number, got 0}}
+  ape.xpos {gamma = 0.0 : f64}
+}
+
+// -----
+
+// The override may not overwrite the whole projection input.
+ape.encoding @e attributes {model_dim = 64 : i64} {
+  // expected-error @+1 {{'ape.override' op l = 64 overwrites the whole input: it must be less than the encoding's model_dim 64}}
+  ape.override {l = 64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.override' op kind must be "expe" or "exqpe", got "rope"}}
+  ape.override {kind = "rope", l = 8}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.override' op theta1 must be finite and theta2 a non-zero finite number, got 0.25 and 0}}
+  ape.override {kind = "exqpe", l = 8, theta1 = 0.25 : f64, theta2 = 0.0 : f64}
+}
+
+// -----
+
+// expected-error @+1 {{'ape.encoding' op model_dim 100 is not a multiple of head_dim 64}}
+ape.encoding @e attributes {head_dim = 64 : i64, model_dim = 100 : i64} {
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.absolute' op kind "learned" needs `max_length` (the rows of the table)}}
+  ape.absolute {kind = "learned"}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.absolute' op max_length applies to kind "learned" only}}
+  ape.absolute {kind = "sinusoidal", max_length = 512}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.absolute' op kind must be "sinusoidal" or "learned", got "alibi"}}
+  ape.absolute {kind = "alibi"}
+}
+
+// -----
+
+ape.encoding @e {
+  ape.absolute {kind = "sinusoidal"}
+  // expected-error @+1 {{'ape.absolute' op an encoding takes at most one absolute position embedding}}
+  ape.absolute {kind = "learned", max_length = 8}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.position_embedding' op needs `learned` or a table region}}
+  ape.position_embedding
+}
+
+// -----
+
+ape.encoding @e {
+  %p = ape.param "w" ["heads"] init = "zeros"
+  ape.position_embedding table {
+  ^bb0(%n: index, %c: index, %d: index):
+    // expected-error @+1 {{'ape.load' op is only allowed inside a map, q_mod, k_mod or score_mod region}}
+    %w = ape.load %p[%c] : !ape.param
+    ape.yield %w : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op init "projection_prefix" needs shape ["8", "heads", "head_dim"]}}
+  %p = ape.param "pre" ["heads", "head_dim"] init = "projection_prefix" trainable {projection = "q", columns = 8 : i64, scale = 1.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.constant' op is only allowed inside a map, q_mod, k_mod or score_mod region}}
+  %c = ape.constant 0.1
 }

@@ -101,3 +101,39 @@ ape.kernel @fused attributes {scale = 0.125 : f64, passes = 1, tile_q = 16, tile
     ape.yield %g, %g : f32, f32
   }
 }
+
+// Positions: scalings, xPos, absolute tables, ExQPE, shape hints.
+// CHECK-LABEL: ape.encoding @positions attributes {head_dim = 64 : i64, model_dim = 256 : i64}
+// CHECK-NEXT: ape.rotary {factor = 4.000000e+00 : f64, original_length = 2048 : i64, scaling = "yarn"}
+// CHECK-NEXT: ape.absolute {kind = "learned", max_length = 1024 : i64, scale_embedding}
+// CHECK-NEXT: ape.override {kind = "exqpe", l = 24 : i64, targets = "qkv", theta2 = 1.250000e-01 : f64}
+ape.encoding @positions attributes {head_dim = 64 : i64, model_dim = 256 : i64} {
+  ape.rotary {scaling = "yarn", factor = 4.0 : f64, original_length = 2048}
+  ape.absolute {kind = "learned", max_length = 1024, scale_embedding}
+  ape.override {kind = "exqpe", l = 24, theta2 = 0.125 : f64, targets = "qkv"}
+}
+
+// CHECK-LABEL: ape.encoding @xpos_sin
+// CHECK-NEXT: ape.xpos {gamma = 5.000000e-01 : f64}
+// CHECK-NEXT: ape.absolute {kind = "sinusoidal"}
+ape.encoding @xpos_sin {
+  ape.xpos {gamma = 0.5 : f64}
+  ape.absolute {kind = "sinusoidal"}
+}
+
+// CHECK-LABEL: ape.kernel @lowered
+// CHECK-NEXT: ape.masked_projection {kind = "exqpe", l = 4 : i64, position_scale = "sigma", targets = "qkv"}
+// CHECK-NEXT: ape.position_embedding table {
+// CHECK-NEXT: ^bb0(%{{.*}}: index, %{{.*}}: index, %{{.*}}: index):
+// CHECK-NEXT: %[[C:.*]] = ape.constant 1.000000e-01
+// CHECK-NEXT: ape.yield %[[C]] : f32
+// CHECK: ape.position_embedding {learned, max_length = 8 : i64, std = 1.000000e-01 : f64}
+ape.kernel @lowered {
+  ape.masked_projection {kind = "exqpe", l = 4 : i64, position_scale = "sigma", targets = "qkv"}
+  ape.position_embedding table {
+  ^bb0(%n: index, %c: index, %d: index):
+    %v = ape.constant 0.1
+    ape.yield %v : f32
+  }
+  ape.position_embedding {learned, max_length = 8 : i64, std = 0.1 : f64}
+}

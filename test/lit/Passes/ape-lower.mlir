@@ -13,7 +13,8 @@
 // CHECK: } grad {
 // CHECK: ape.k_mod attributes {pairing = "half", plans = []} {
 // CHECK: } grad {
-// CHECK: ape.score_mod attributes {plans = ["head_sum", "row_sum", "col_sum"]} {
+// Fixed ALiBi slopes need no gradient (plan "none"); Cable's S_i and S_j need row and column sums.
+// CHECK: ape.score_mod attributes {plans = ["none", "row_sum", "col_sum"]} {
 // CHECK: } grad {
 // CHECK-NOT: ape.score_mod
 // CHECK-NOT: ape.q_mod
@@ -25,10 +26,11 @@ ape.encoding @rope_alibi_cable {
 }
 
 // CHECK-LABEL: ape.kernel @expe_cable
-// CHECK: ape.masked_projection {l = 4 : i64, targets = "qk"}
+// CHECK: ape.param "position_scale" ["1"] init = "constant" {value = 1.000000e+00 : f64}
+// CHECK: ape.masked_projection {l = 4 : i64, position_scale = "position_scale", targets = "qk"}
 // CHECK-COUNT-4: init = "projection_term"
-// CHECK: ape.q_mod attributes {plans = ["token_sum", "token_sum"]}
-// CHECK: ape.k_mod attributes {plans = ["token_sum", "token_sum"]}
+// CHECK: ape.q_mod attributes {plans = ["token_sum", "token_sum", "none"]}
+// CHECK: ape.k_mod attributes {plans = ["token_sum", "token_sum", "none"]}
 // CHECK: ape.score_mod attributes {plans = ["row_sum", "col_sum"]}
 ape.encoding @expe_cable {
   ape.override {l = 4}
