@@ -235,9 +235,12 @@ at::Tensor init_param(const ParamSpec &spec, int64_t heads, int64_t head_dim, at
       return at::tensor(s, at::TensorOptions().dtype(at::kDouble)).to(dtype).view(shape);
     }
     case InitSpec::Kind::ProjectionTerm:
-      throw std::logic_error("init_param: '" + spec.name +
-                             "' is a projection_term; the model computes it from the " +
-                             spec.init.projection + " projection every step");
+    case InitSpec::Kind::ProjectionPrefix:
+      throw std::logic_error("init_param: '" + spec.name + "' is a " +
+                             (spec.init.kind == InitSpec::Kind::ProjectionTerm ? "projection_term"
+                                                                                : "projection_prefix") +
+                             "; the model computes it from the " + spec.init.projection +
+                             " projection every step");
   }
   throw std::logic_error("init_param: unknown init kind");
 }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -42,16 +43,65 @@ std::vector<int64_t> parse_multiples(const std::string &text) {
   return out;
 }
 
+std::pair<std::string, double> parse_assignment(const std::string &text) {
+  const size_t eq = text.find('=');
+  auto bad = [&](const std::string &why) {
+    return std::invalid_argument("--set '" + text + "': " + why + " (expected NAME=VALUE, e.g. rope_factor=8)");
+  };
+  if (eq == std::string::npos) throw bad("no '='");
+  std::string name = text.substr(0, eq), value = text.substr(eq + 1);
+  if (name.empty()) throw bad("empty name");
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(value, &used);
+  } catch (const std::exception &) {
+    used = 0;
+  }
+  if (value.empty() || used != value.size() || !std::isfinite(v)) throw bad("'" + value + "' is not a finite number");
+  return {name, v};
+}
+
+std::string eval_label(const std::string &trained, const std::string &evaluated,
+                       const std::vector<std::pair<std::string, double>> &sets) {
+  std::string s = trained;
+  if (!evaluated.empty() && evaluated != trained) s += "->" + evaluated;
+  if (!sets.empty()) {
+    s += "[";
+    for (size_t i = 0; i < sets.size(); ++i) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.10g", sets[i].second);
+      s += (i ? ";" : "") + sets[i].first + "=" + buf;
+    }
+    s += "]";
+  }
+  return s;
+}
+
 std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int64_t train_len,
-                              const EvalConfig &cfg, std::ostream *log) {
+                              const EvalConfig &cfg, std::ostream *log, const std::string &label) {
   if (cfg.multiples.empty()) throw std::invalid_argument("evaluate: no multiples");
   torch::NoGradGuard no_grad;
   model->eval();
   const int64_t max_len = train_len * *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
   std::vector<EvalRow> rows;
+  const std::string name = label.empty() ? model->config().encoding : label;
   for (int64_t m : cfg.multiples) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t len = train_len * m;
+    if (auto L = model->max_length(); L && len > *L) {  // skip the cell, say why
+      EvalRow r;
+      r.encoding = name;
+      r.train_len = train_len;
+      r.eval_len = len;
+      r.multiple = m;
+      r.loss = r.ppl = std::numeric_limits<double>::quiet_NaN();
+      r.note = "learned absolute positions: sequence length " + std::to_string(len) +
+               " exceeds the table's max_length " + std::to_string(*L);
+      rows.push_back(r);
+      if (log) *log << "[eval] " << name << " @ " << len << " (" << m << "x): skipped: " << r.note << "\n" << std::flush;
+      continue;
+    }
     const int64_t segments = std::max<int64_t>(1, cfg.tokens / max_len);
     torch::Tensor windows = eval_windows(split, len, max_len, segments);  // (N, len + 1)
     const int64_t N = windows.size(0);
@@ -69,7 +119,7 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
       count += targets.numel();
     }
     EvalRow r;
-    r.encoding = model->config().encoding;
+    r.encoding = name;
     r.train_len = train_len;
     r.eval_len = len;
     r.multiple = m;
@@ -101,6 +151,7 @@ void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std:
   }
   auto fmt = [](const EvalRow *r) {
     if (!r) return std::string("-");
+    if (r->skipped()) return std::string("skipped");
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.3f / %.2f", r->loss, r->ppl);
     return std::string(buf);
@@ -135,6 +186,13 @@ void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std:
   for (size_t c = 0; c < width.size(); ++c) out << (c ? "-+-" : "") << std::string(width[c], '-');
   out << "\n";
   for (size_t i = 1; i < table.size(); ++i) print_line(table[i]);
+  bool first = true;
+  for (const auto &r : rows)
+    if (r.skipped()) {
+      if (first) out << "skipped:\n";
+      first = false;
+      out << "  " << r.encoding << " @ " << r.eval_len << " (" << r.multiple << "x): " << r.note << "\n";
+    }
 }
 
 void write_csv(const std::string &path, const std::vector<EvalRow> &rows) {
@@ -145,11 +203,20 @@ void write_csv(const std::string &path, const std::vector<EvalRow> &rows) {
   {
     std::ofstream o(tmp, std::ios::trunc);
     if (!o) throw std::runtime_error("cannot write " + tmp);
-    o << "encoding,train_len,eval_len,multiple,loss,ppl,tokens\n";
+    auto field = [](const std::string &text) {  // CSV quoting where needed
+      if (text.find_first_of(",\"\n") == std::string::npos) return text;
+      std::string q = "\"";
+      for (char c : text) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+      return q + "\"";
+    };
+    o << "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note\n";
     o << std::setprecision(6) << std::fixed;
-    for (const auto &r : rows)
-      o << r.encoding << "," << r.train_len << "," << r.eval_len << "," << r.multiple << "," << r.loss << ","
-        << r.ppl << "," << r.tokens << "\n";
+    for (const auto &r : rows) {
+      o << field(r.encoding) << "," << r.train_len << "," << r.eval_len << "," << r.multiple << ",";
+      if (r.skipped()) o << ",";
+      else o << r.loss << "," << r.ppl;
+      o << "," << r.tokens << "," << field(r.note) << "\n";
+    }
     if (!o) throw std::runtime_error("writing " + tmp + " failed");
   }
   fs::rename(tmp, path);

@@ -3,12 +3,14 @@
 // For train length L and multiples m (default 1, 2, 4, 8): tokens / (L·max(m)) segments of
 // L·max(m) + 1 tokens are placed through the test books; each is cut into windows of L·m tokens
 // (+1 target), so every length is scored on the same target tokens. Each cell is the mean next-token loss over all
-// positions of all windows, and ppl = exp(loss).
+// positions of all windows, and ppl = exp(loss). A length the model cannot take (longer than a
+// learned absolute table) is skipped: its row has no loss and a note saying why.
 #pragma once
 
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/Data.h"
@@ -23,23 +25,36 @@ struct EvalConfig {
 };
 
 struct EvalRow {
-  std::string encoding;
+  std::string encoding;  // what was evaluated, e.g. "rope->rope_yarn[rope_factor=8]"
   int64_t train_len = 0, eval_len = 0, multiple = 0;
   double loss = 0, ppl = 0;
   int64_t tokens = 0;  // target tokens scored
+  std::string note;    // non-empty: the cell was skipped (loss and ppl are NaN), and why
+  bool skipped() const { return !note.empty(); }
 };
 
 // "1,2,4,8" -> {1, 2, 4, 8}; throws std::invalid_argument on anything else.
 std::vector<int64_t> parse_multiples(const std::string &text);
 
 // Evaluates `model` (trained at `train_len`) on `split`. `log` (optional) gets a progress line per length.
+// Rows are labelled `label` (default: the model's encoding).
 std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int64_t train_len,
-                              const EvalConfig &cfg, std::ostream *log = nullptr);
+                              const EvalConfig &cfg, std::ostream *log = nullptr, const std::string &label = "");
 
-// Rows = encodings (with their training length), columns = multiples, cells "loss / ppl".
+// "NAME=VALUE" (ape-eval --set) -> {NAME, VALUE}; throws std::invalid_argument on anything else.
+std::pair<std::string, double> parse_assignment(const std::string &text);
+
+// The row label of a checkpoint trained with `trained`, evaluated with `evaluated` and the fixed
+// params `sets`: "rope", "rope->rope_yarn", "rope->rope_yarn[rope_factor=8;rope_original_length=64]".
+std::string eval_label(const std::string &trained, const std::string &evaluated,
+                       const std::vector<std::pair<std::string, double>> &sets);
+
+// Rows = encodings (with their training length), columns = multiples, cells "loss / ppl" ("skipped"
+// for a skipped cell; the notes follow the table).
 void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std::string &title = "");
 
-// encoding,train_len,eval_len,multiple,loss,ppl,tokens (written atomically).
+// encoding,train_len,eval_len,multiple,loss,ppl,tokens,note (written atomically); a skipped cell has
+// empty loss and ppl and its note.
 void write_csv(const std::string &path, const std::vector<EvalRow> &rows);
 
 }  // namespace ape

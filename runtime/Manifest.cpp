@@ -1,6 +1,7 @@
 // Manifest parsing and validation. Every error names the manifest and the JSON path at fault.
 #include "runtime/Manifest.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -98,10 +99,19 @@ InitSpec parse_init(const json &j, const std::string &what, const std::string &p
     if (init.columns <= 0) fail(what, path + ".columns", "must be > 0");
     init.start = get_number(o, "start", 0.0, what, path);
     init.step = get_number(o, "step", 0.0, what, path);
+  } else if (kind == "projection_prefix") {
+    init.kind = InitSpec::Kind::ProjectionPrefix;
+    init.projection = get_string(o, "projection", what, path);
+    if (init.projection != "q" && init.projection != "k" && init.projection != "v")
+      fail(what, path + ".projection", "expected \"q\", \"k\" or \"v\", got \"" + init.projection + "\"");
+    init.columns = get_int(o, "columns", what, path);
+    if (init.columns <= 0) fail(what, path + ".columns", "must be > 0");
+    if (!o.contains("scale")) fail(what, path + ".scale", "missing (projection_prefix needs a scale)");
+    init.scale = get_number(o, "scale", 1.0, what, path);
   } else {
     fail(what, path + ".kind",
          "unknown init kind \"" + kind +
-             "\" (expected zeros, ones, normal, constant, alibi_slopes or projection_term)");
+             "\" (expected zeros, ones, normal, constant, alibi_slopes, projection_term or projection_prefix)");
   }
   return init;
 }
@@ -138,6 +148,9 @@ std::string InitSpec::str() const {
       s << "projection_term(" << projection << ", columns=" << columns << ", start=" << start
         << ", step=" << step << ")";
       break;
+    case Kind::ProjectionPrefix:
+      s << "projection_prefix(" << projection << ", columns=" << columns << ", scale=" << scale << ")";
+      break;
   }
   return s.str();
 }
@@ -152,6 +165,28 @@ int64_t ParamSpec::numel(int64_t heads, int64_t head_dim) const {
   int64_t n = 1;
   for (const auto &d : shape) n *= d.resolve(heads, head_dim);
   return n;
+}
+
+int64_t Manifest::param_index(const std::string &name) const {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+std::vector<double> OverrideSpec::positions(int64_t T) const {
+  std::vector<double> p(static_cast<size_t>(std::max<int64_t>(T, 0) * l));
+  for (int64_t n = 0; n < T; ++n)
+    for (int64_t j = 0; j < l; ++j) {
+      double v;
+      if (kind == Kind::Expe) {
+        v = start + theta * double(n + j);
+      } else {
+        const int64_t count = n / l + (j <= n % l ? 1 : 0);  // c_j(n)
+        v = start + double(j) * theta1 + theta2 * double(count);
+      }
+      p[n * l + j] = v;
+    }
+  return p;
 }
 
 double Manifest::scale_for(int64_t head_dim) const {
@@ -222,7 +257,13 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
           std::string s = d.get<std::string>();
           if (s == "heads") ds.kind = DimSpec::Kind::Heads;
           else if (s == "head_dim") ds.kind = DimSpec::Kind::HeadDim;
-          else fail(what, dpath, "unknown shape symbol \"" + s + "\" (expected \"heads\", \"head_dim\" or a number)");
+          else if (!s.empty() && s.size() <= 18 &&
+                   s.find_first_not_of("0123456789") == std::string::npos && std::stoll(s) > 0) {
+            ds.kind = DimSpec::Kind::Fixed;  // a size written as a string, e.g. "1" or "16"
+            ds.value = std::stoll(s);
+          } else {
+            fail(what, dpath, "unknown shape symbol \"" + s + "\" (expected \"heads\", \"head_dim\" or a positive integer)");
+          }
         } else if (d.is_number_integer() && d.get<int64_t>() > 0) {
           ds.kind = DimSpec::Kind::Fixed;
           ds.value = d.get<int64_t>();
@@ -243,6 +284,16 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
         if (!ps.per_layer)
           fail(what, path + ".per_layer", "a projection_term param comes from a per-layer projection; it cannot be shared");
       }
+      if (ps.init.kind == InitSpec::Kind::ProjectionPrefix) {
+        if (ps.shape.size() != 3 || ps.shape[0].kind != DimSpec::Kind::Fixed ||
+            ps.shape[0].value != ps.init.columns || ps.shape[1].kind != DimSpec::Kind::Heads ||
+            ps.shape[2].kind != DimSpec::Kind::HeadDim)
+          fail(what, path + ".shape",
+               "a projection_prefix param must have shape [columns, \"heads\", \"head_dim\"] = [" +
+                   std::to_string(ps.init.columns) + ", \"heads\", \"head_dim\"]");
+        if (!ps.per_layer)
+          fail(what, path + ".per_layer", "a projection_prefix param comes from a per-layer projection; it cannot be shared");
+      }
       if (ps.init.kind == InitSpec::Kind::AlibiSlopes &&
           (ps.shape.size() != 1 || ps.shape[0].kind != DimSpec::Kind::Heads))
         fail(what, path + ".shape", "alibi_slopes needs shape [\"heads\"]");
@@ -252,14 +303,73 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
 
   if (auto it = root.find("override"); it != root.end() && !it->is_null()) {
     if (!it->is_object()) fail(what, "$.override", std::string("expected an object {l, targets}, got ") + type_name(*it));
+    const json &oj = *it;
+    const std::string op = "$.override";
     OverrideSpec o;
-    o.l = get_int(*it, "l", what, "$.override");
-    if (o.l <= 0) fail(what, "$.override.l", "must be > 0");
-    o.targets = get_string(*it, "targets", what, "$.override");
+    o.l = get_int(oj, "l", what, op);
+    if (o.l <= 0) fail(what, op + ".l", "must be > 0");
+    o.targets = get_string(oj, "targets", what, op);
     if (o.targets == "qk") { o.q = o.k = true; }
     else if (o.targets == "qkv") { o.q = o.k = o.v = true; }
-    else fail(what, "$.override.targets", "expected \"qk\" or \"qkv\", got \"" + o.targets + "\"");
+    else fail(what, op + ".targets", "expected \"qk\" or \"qkv\", got \"" + o.targets + "\"");
+    // "kind" is absent in manifests that predate ExQPE: those are ExPE.
+    const std::string kind = get_string(oj, "kind", what, op, /*required=*/false);
+    const bool explicit_kind = !kind.empty();
+    if (kind.empty() || kind == "expe") o.kind = OverrideSpec::Kind::Expe;
+    else if (kind == "exqpe") o.kind = OverrideSpec::Kind::Exqpe;
+    else fail(what, op + ".kind", "expected \"expe\" or \"exqpe\", got \"" + kind + "\"");
+    // The position values are needed by the runtime for "qkv" (the value path); with an explicit
+    // kind they are always required, so a manifest describes its positions completely.
+    const bool need = explicit_kind || o.v;
+    auto number = [&](const char *key) {
+      if (need && (!oj.contains(key) || oj.at(key).is_null()))
+        fail(what, op + "." + key,
+             std::string("missing (an ") + (o.kind == OverrideSpec::Kind::Expe ? "expe" : "exqpe") +
+                 " override" + (o.v ? " with targets \"qkv\"" : "") + " needs a number)");
+      return get_number(oj, key, 0.0, what, op);
+    };
+    o.start = get_number(oj, "start", 0.0, what, op);
+    if (o.kind == OverrideSpec::Kind::Expe) {
+      o.theta = number("theta");
+    } else {
+      o.theta1 = number("theta1");
+      o.theta2 = number("theta2");
+    }
+    o.position_scale = get_string(oj, "position_scale", what, op, /*required=*/false);
+    if (oj.contains("position_scale") && !oj.at("position_scale").is_null()) {
+      const int64_t idx = m.param_index(o.position_scale);
+      if (idx < 0)
+        fail(what, op + ".position_scale", "names no param: \"" + o.position_scale + "\" is not in $.params");
+      const ParamSpec &ps = m.params[idx];
+      bool one = true;
+      for (const auto &d : ps.shape) one = one && d.kind == DimSpec::Kind::Fixed && d.value == 1;
+      if (!ps.fixed() || !one)
+        fail(what, op + ".position_scale",
+             "param \"" + o.position_scale + "\" must be a fixed (not trainable, not derived) param of shape [1]");
+    }
     m.override_ = o;
+  }
+
+  if (auto it = root.find("embedding"); it != root.end() && !it->is_null()) {
+    const std::string ep = "$.embedding";
+    if (!it->is_object())
+      fail(what, ep, std::string("expected null or an object {\"kind\": \"table\" | \"learned\", ...}, got ") +
+                         type_name(*it));
+    EmbeddingSpec e;
+    const std::string kind = get_string(*it, "kind", what, ep);
+    if (kind == "table") {
+      e.kind = EmbeddingSpec::Kind::Table;
+    } else if (kind == "learned") {
+      e.kind = EmbeddingSpec::Kind::Learned;
+      e.max_length = get_int(*it, "max_length", what, ep);
+      if (e.max_length <= 0) fail(what, ep + ".max_length", "must be > 0");
+      e.std = get_number(*it, "std", 0.02, what, ep);
+      if (e.std < 0) fail(what, ep + ".std", "must be >= 0");
+    } else {
+      fail(what, ep + ".kind", "expected \"table\" or \"learned\", got \"" + kind + "\"");
+    }
+    e.scale_embedding = get_bool(*it, "scale_embedding", false, what, ep);
+    m.embedding = e;
   }
   return m;
 }

@@ -2,8 +2,8 @@
 //
 // The runtime learns everything encoding-specific from here: which per-token features it must
 // compute, which parameters it must create (shape, initialiser, trainable, per layer or shared),
-// whether q/k(/v) are projected from only the tail of x̃ (ExPE-style override), the logit scale
-// and causality. Plain C++ (no LibTorch), so it is cheap to include and to test.
+// whether q/k(/v) are projected from only the tail of x̃ (ExPE-style override), which absolute
+// position table (fixed or learned) is added to the token embedding, the logit scale and causality. Plain C++ (no LibTorch), so it is cheap to include and to test.
 #pragma once
 
 #include <cstdint>
@@ -31,15 +31,19 @@ struct DimSpec {
 };
 
 struct InitSpec {
-  enum class Kind { Zeros, Ones, Normal, Constant, AlibiSlopes, ProjectionTerm };
+  enum class Kind { Zeros, Ones, Normal, Constant, AlibiSlopes, ProjectionTerm, ProjectionPrefix };
   Kind kind = Kind::Zeros;
   double std = 0.02;    // normal
   double value = 0.0;   // constant
   // projection_term: (W[:, :columns] @ u).view(H, D), u_j = start + step·j, W from `projection`.
+  // projection_prefix: P[r] = scale·Σ_{j<=r} W[:, j] for r < columns, shaped [columns, H, D].
   std::string projection;  // "q", "k" or "v"
   int64_t columns = 0;
   double start = 0.0;
   double step = 0.0;
+  double scale = 1.0;       // projection_prefix
+  // projection_term / projection_prefix: computed from a projection weight every step (not free).
+  bool derived() const { return kind == Kind::ProjectionTerm || kind == Kind::ProjectionPrefix; }
   std::string str() const;  // e.g. "normal(std=0.02)"
 };
 
@@ -49,15 +53,43 @@ struct ParamSpec {
   InitSpec init;
   bool trainable = false;
   bool per_layer = true;
+  // A fixed param: neither trainable nor derived (settable at evaluation, e.g. "rope_factor").
+  bool fixed() const { return !trainable && !init.derived(); }
   std::vector<int64_t> resolve_shape(int64_t heads, int64_t head_dim) const;
   int64_t numel(int64_t heads, int64_t head_dim) const;
 };
 
-// "override": project the listed targets from x̃[..., l:] through W[:, l:] only.
+// "override": the first l inputs of the listed projections are overwritten by positions p_n.
+// q and k are projected from x̃[..., l:] through W[:, l:] only (their position term arrives
+// through the kernel's derived params); with targets "qkv" the value projection reads the
+// overridden input itself, x_v = (σ·p_n, x̃[..., l:]), through the whole W_v.
+//   expe:  p_{n,i} = start + θ·(n + i)
+//   exqpe: p_{n,j} = start + j·θ1 + θ2·(floor(n/l) + [j <= n mod l])
+// σ is the value of the fixed param named by position_scale (1 when there is none).
 struct OverrideSpec {
+  enum class Kind { Expe, Exqpe };
+  Kind kind = Kind::Expe;
   int64_t l = 0;
   bool q = false, k = false, v = false;  // from targets "qk" | "qkv"
   std::string targets;
+  double start = 0.0;
+  double theta = 0.0;                 // expe
+  double theta1 = 0.0, theta2 = 0.0;  // exqpe
+  std::string position_scale;         // name of a fixed param of shape [1]; empty: σ = 1
+  // p_{n, i} for n < T, i < l, row-major (T·l values), before σ.
+  std::vector<double> positions(int64_t T) const;
+};
+
+// "embedding": an absolute position table added once to the token embedding,
+//   x = wte(tokens)·(scale_embedding ? sqrt(d) : 1) + PE[:T]
+// "table": PE is fixed, filled by the kernel entry's embed_table; "learned": PE = wpe[:T], a
+// trainable [max_length, d] parameter, init N(0, std); longer sequences are an error.
+struct EmbeddingSpec {
+  enum class Kind { Table, Learned };
+  Kind kind = Kind::Table;
+  int64_t max_length = 0;  // learned
+  double std = 0.02;       // learned
+  bool scale_embedding = false;
 };
 
 struct Manifest {
@@ -68,6 +100,7 @@ struct Manifest {
   std::vector<FeatureSpec> features;
   std::vector<ParamSpec> params;
   std::optional<OverrideSpec> override_;
+  std::optional<EmbeddingSpec> embedding;
 
   // Parses and validates; throws std::runtime_error("manifest of '<what>': ...") on any problem.
   // `what` names the manifest in messages (an encoding or a file name).
@@ -76,6 +109,8 @@ struct Manifest {
   double scale_for(int64_t head_dim) const;
   int64_t num_features() const { return static_cast<int64_t>(features.size()); }
   int64_t num_params() const { return static_cast<int64_t>(params.size()); }
+  // Index of the param named `name` in params, or -1.
+  int64_t param_index(const std::string &name) const;
 };
 
 // ALiBi slopes for H heads: power-of-two H: m_h = 2^(-8(h+1)/H); otherwise c = 2^floor(log2 H),

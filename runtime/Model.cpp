@@ -99,11 +99,15 @@ EncodedAttentionImpl::EncodedAttentionImpl(const KernelEntry &entry, const Model
   params_.resize(m.params.size());
   for (size_t i = 0; i < m.params.size(); ++i) {
     const ParamSpec &p = m.params[i];
-    if (p.init.kind == InitSpec::Kind::ProjectionTerm) {
+    if (p.init.derived()) {
       if (p.init.columns > d)
         throw std::invalid_argument("encoding '" + m.encoding + "': param '" + p.name + "' uses " +
                                     std::to_string(p.init.columns) + " columns of W_" +
                                     p.init.projection + " but d_model = " + std::to_string(d));
+      if (m.override_ && p.init.columns > m.override_->l)
+        throw std::invalid_argument("encoding '" + m.encoding + "': param '" + p.name + "' uses " +
+                                    std::to_string(p.init.columns) + " columns of W_" + p.init.projection +
+                                    " but the override replaces only l = " + std::to_string(m.override_->l));
       continue;  // computed in kernel_params()
     }
     if (!p.per_layer) {
@@ -123,19 +127,40 @@ std::vector<torch::Tensor> EncodedAttentionImpl::kernel_params() {
   std::vector<torch::Tensor> out(m.params.size());
   for (size_t i = 0; i < m.params.size(); ++i) {
     const ParamSpec &p = m.params[i];
-    if (p.init.kind != InitSpec::Kind::ProjectionTerm) {
+    if (!p.init.derived()) {
       out[i] = params_[i];
       continue;
     }
-    // (W[:, :columns] @ u).view(H, D), u_j = start + step·j; autograd carries the gradient to W.
     const auto &pr = p.init.projection;
     torch::Tensor W = (pr == "q" ? wq : pr == "k" ? wk : wv)->weight;
     if (!p.trainable) W = W.detach();
-    torch::Tensor u = torch::arange(p.init.columns, torch::TensorOptions().dtype(W.scalar_type())) * p.init.step +
-                      p.init.start;
-    out[i] = torch::mv(W.narrow(1, 0, p.init.columns), u).view({cfg_.heads, cfg_.head_dim()});
+    torch::Tensor Wl = W.narrow(1, 0, p.init.columns);  // (d, columns)
+    if (p.init.kind == InitSpec::Kind::ProjectionTerm) {
+      // (W[:, :columns] @ u).view(H, D), u_j = start + step·j; autograd carries the gradient to W.
+      torch::Tensor u =
+          torch::arange(p.init.columns, torch::TensorOptions().dtype(W.scalar_type())) * p.init.step +
+          p.init.start;
+      out[i] = torch::mv(Wl, u).view({cfg_.heads, cfg_.head_dim()});
+    } else {
+      // P[r] = scale·Σ_{j<=r} W[:, j], r < columns, as [columns, H, D].
+      out[i] = (torch::cumsum(Wl, 1) * p.init.scale).t().reshape({p.init.columns, cfg_.heads, cfg_.head_dim()});
+    }
   }
   return out;
+}
+
+torch::Tensor EncodedAttentionImpl::override_positions(int64_t T, at::ScalarType dtype) const {
+  const Manifest &m = *manifest_;
+  if (!m.override_) throw std::logic_error("encoding '" + m.encoding + "' has no override");
+  const OverrideSpec &ov = *m.override_;
+  torch::Tensor p = torch::tensor(ov.positions(T), torch::TensorOptions().dtype(torch::kDouble))
+                        .view({T, ov.l})
+                        .to(dtype);
+  if (!ov.position_scale.empty()) {
+    const torch::Tensor &sigma = params_.at(m.param_index(ov.position_scale));
+    p = p * sigma.detach().to(dtype).reshape({1, 1});
+  }
+  return p;
 }
 
 torch::Tensor EncodedAttentionImpl::project(const torch::Tensor &xn, torch::nn::Linear &w,
@@ -155,7 +180,14 @@ torch::Tensor EncodedAttentionImpl::forward(const torch::Tensor &xn) {
   };
   torch::Tensor q = heads(project(xn, wq, ov && ov->q));
   torch::Tensor k = heads(project(xn, wk, ov && ov->k));
-  torch::Tensor v = heads(project(xn, wv, ov && ov->v));
+  torch::Tensor v_lin = project(xn, wv, ov && ov->v);
+  if (ov && ov->v) {
+    // The value projection of the overridden input (σ·p_n, x̃[..., l:]): the tail part above plus
+    // (σ·p_n) W_v[:, :l]ᵀ, the same for every batch row.
+    torch::Tensor pos = override_positions(T, xn.scalar_type());                    // (T, l)
+    v_lin = v_lin + torch::matmul(pos, wv->weight.narrow(1, 0, ov->l).t()).unsqueeze(0);  // + (1, T, d)
+  }
+  torch::Tensor v = heads(v_lin);
 
   std::vector<torch::Tensor> feats;
   if (wf) {  // (B, T, nf·H) -> nf x (B, H, T)
@@ -217,11 +249,21 @@ void LanguageModelImpl::build() {
     torch::NoGradGuard g;
     torch::nn::init::normal_(wte->weight, 0.0, cfg_.init_std);
   }
+  if (m.embedding) {
+    const EmbeddingSpec &e = *m.embedding;
+    if (e.kind == EmbeddingSpec::Kind::Learned) {
+      wpe = register_parameter("wpe", torch::randn({e.max_length, cfg_.d_model}) * e.std);
+    } else if (!entry_->embed_table) {
+      throw std::invalid_argument("encoding '" + m.encoding +
+                                  "': the manifest asks for a fixed embedding table but the kernel "
+                                  "entry has no embed_table (rebuild the kernel with this apec)");
+    }
+  }
   // Params shared by all layers (per_layer = false) live here, once.
   std::vector<torch::Tensor> shared(m.params.size());
   for (size_t i = 0; i < m.params.size(); ++i) {
     const ParamSpec &p = m.params[i];
-    if (p.per_layer || p.init.kind == InitSpec::Kind::ProjectionTerm) continue;
+    if (p.per_layer || p.init.derived()) continue;
     torch::Tensor t = init_param(p, cfg_.heads, cfg_.head_dim());
     shared[i] = p.trainable ? register_parameter("shared_" + param_key(p.name), t)
                             : register_buffer("shared_" + param_key(p.name), t);
@@ -232,14 +274,79 @@ void LanguageModelImpl::build() {
 }
 
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens) {
+  torch::Tensor x = embed(tokens);  // (B, T, d)
+  for (auto &b : blocks) x = b(x);
+  x = ln_f(x);
+  return F::linear(x, wte->weight);  // (B, T, V), tied output
+}
+
+std::optional<int64_t> LanguageModelImpl::max_length() const {
+  const Manifest &m = manifest();
+  if (m.embedding && m.embedding->kind == EmbeddingSpec::Kind::Learned) return m.embedding->max_length;
+  return std::nullopt;
+}
+
+void LanguageModelImpl::check_length(int64_t T) const {
+  if (auto L = max_length(); L && T > *L)
+    throw std::invalid_argument("encoding '" + cfg_.encoding + "': learned absolute positions: sequence length " +
+                                std::to_string(T) + " exceeds the table's max_length " + std::to_string(*L));
+}
+
+torch::Tensor LanguageModelImpl::position_table(int64_t T, at::ScalarType dtype) {
+  const auto key = std::make_pair(T, static_cast<int>(dtype));
+  auto it = table_cache_.find(key);
+  if (it != table_cache_.end()) return it->second;
+  torch::Tensor t = torch::empty({T, cfg_.d_model}, torch::TensorOptions().dtype(torch::kDouble));
+  entry_->embed_table(T, cfg_.d_model, t.data_ptr<double>());
+  t = t.to(dtype);
+  if (table_cache_.size() >= 16) table_cache_.clear();  // a handful of lengths in practice
+  table_cache_.emplace(key, t);
+  return t;
+}
+
+torch::Tensor LanguageModelImpl::embed(const torch::Tensor &tokens) {
   if (tokens.dim() != 2 || tokens.scalar_type() != torch::kLong)
     throw std::invalid_argument("LanguageModel::forward: tokens must be (B, T) int64, got " +
                                 std::string(c10::toString(tokens.scalar_type())) + " with " +
                                 std::to_string(tokens.dim()) + " dims");
+  const int64_t T = tokens.size(1);
+  check_length(T);  // before any computation
   torch::Tensor x = wte(tokens);  // (B, T, d)
-  for (auto &b : blocks) x = b(x);
-  x = ln_f(x);
-  return F::linear(x, wte->weight);  // (B, T, V), tied output
+  const Manifest &m = manifest();
+  if (!m.embedding) return x;
+  if (m.embedding->scale_embedding) x = x * std::sqrt(static_cast<double>(cfg_.d_model));
+  if (m.embedding->kind == EmbeddingSpec::Kind::Learned) return x + wpe.narrow(0, 0, T).unsqueeze(0);
+  return x + position_table(T, x.scalar_type()).unsqueeze(0);
+}
+
+std::vector<std::string> LanguageModelImpl::settable_params() const {
+  std::vector<std::string> out;
+  for (const auto &p : manifest().params)
+    if (p.fixed()) out.push_back(p.name);
+  return out;
+}
+
+void LanguageModelImpl::set_fixed_param(const std::string &name, double value) {
+  const Manifest &m = manifest();
+  auto settable = [&] {
+    std::string list;
+    for (const auto &n : settable_params()) list += (list.empty() ? "" : ", ") + n;
+    return list.empty() ? std::string("(none)") : list;
+  };
+  const int64_t idx = m.param_index(name);
+  if (idx < 0)
+    throw std::invalid_argument("encoding '" + m.encoding + "' has no param '" + name +
+                                "'; its settable (fixed) params: " + settable());
+  const ParamSpec &p = m.params[idx];
+  if (!p.fixed())
+    throw std::invalid_argument("param '" + name + "' of encoding '" + m.encoding + "' is " +
+                                (p.init.derived() ? "derived from a projection weight"
+                                                  : "trainable (its value comes from training)") +
+                                ", not a fixed param; settable: " + settable());
+  if (!std::isfinite(value))
+    throw std::invalid_argument("param '" + name + "': value must be finite");
+  torch::NoGradGuard g;
+  for (auto &b : blocks) b->attn->stored_param(static_cast<size_t>(idx)).fill_(value);
 }
 
 torch::Tensor LanguageModelImpl::loss(const torch::Tensor &windows) {

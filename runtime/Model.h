@@ -1,20 +1,26 @@
 // Model: a small decoder-only language model whose attention is one compiled encoding.
 //
-//   tokens (B, T) -> Embedding (B, T, d)
+//   tokens (B, T) -> Embedding (B, T, d) [·sqrt(d)] [+ PE[:T]]   manifest "embedding": a fixed table
+//                                                             (entry.embed_table) or a learned wpe
 //   N x [ x += Attn(LN(x));  x += MLP(LN(x)) ]      pre-norm blocks, MLP d -> 4d -> d with GELU
 //   LN -> logits (B, T, V) = x · Eᵀ                 output tied to the embedding
 //
 // Attention in each block (x̃ = LN(x), H heads of width D = d/H):
 //   q, k, v = x̃ W_q ᵀ, x̃ W_k ᵀ, x̃ W_v ᵀ             (B, T, d) -> (B, H, T, D); no bias
 //   with a manifest override {l, targets}: target = x̃[..., l:] W[:, l:]ᵀ (the first l inputs are
-//   replaced by positions; their contribution arrives through projection_term params)
+//   replaced by positions; their contribution arrives through projection_term/_prefix params);
+//   with targets "qkv" the value projection reads the overridden input (σ·p_n, x̃[..., l:]) itself
 //   features = Linear(d, H·n_features)(x̃)          -> n_features x (B, H, T)
 //   params   = manifest params (per layer, or shared by all layers when per_layer = false);
-//              projection_term params are (W[:, :columns] @ u).view(H, D), u_j = start + step·j
+//              projection_term params are (W[:, :columns] @ u).view(H, D), u_j = start + step·j;
+//              projection_prefix params are (cumsum(W[:, :columns], 1)·scale)ᵀ.view(columns, H, D)
 //   o = fused_attention(kernel, q, k, v, features, params, κ) -> (B, T, d) -> W_o
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -53,8 +59,12 @@ class EncodedAttentionImpl : public torch::nn::Module {
                        std::vector<torch::Tensor> shared);
   torch::Tensor forward(const torch::Tensor &xn);  // (B, T, d) normalised -> (B, T, d)
 
-  // The param tensors handed to the kernel, in manifest order (projection_terms computed now).
+  // The param tensors handed to the kernel, in manifest order (derived params computed now).
   std::vector<torch::Tensor> kernel_params();
+  // The stored tensor of manifest param i (per layer or shared); undefined for derived params.
+  torch::Tensor stored_param(size_t i) const { return params_.at(i); }
+  // σ·p_n for n < T, shape (T, l) (the override's position values; σ from position_scale).
+  torch::Tensor override_positions(int64_t T, at::ScalarType dtype) const;
 
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr}, wf{nullptr};
 
@@ -85,6 +95,18 @@ class LanguageModelImpl : public torch::nn::Module {
   explicit LanguageModelImpl(ModelConfig cfg);
 
   torch::Tensor forward(const torch::Tensor &tokens);  // (B, T) int64 -> logits (B, T, V)
+  // The blocks' input: wte(tokens)·(scale_embedding ? sqrt(d) : 1) + the absolute table, if any.
+  torch::Tensor embed(const torch::Tensor &tokens);
+  // The longest sequence the model can take (learned absolute positions), or none.
+  std::optional<int64_t> max_length() const;
+  // Throws std::invalid_argument naming T and max_length when T does not fit.
+  void check_length(int64_t T) const;
+
+  // Fixed params (not trainable, not derived: e.g. "rope_factor", "position_scale"), by name.
+  std::vector<std::string> settable_params() const;
+  // Sets every copy (all layers and shared) of the fixed param `name` to `value`. Unknown,
+  // trainable or derived names: std::invalid_argument listing the settable names.
+  void set_fixed_param(const std::string &name, double value);
   // Mean next-token cross-entropy of windows (B, T+1): inputs [:, :-1], targets [:, 1:].
   torch::Tensor loss(const torch::Tensor &windows);
 
@@ -94,13 +116,16 @@ class LanguageModelImpl : public torch::nn::Module {
   int64_t num_parameters() const;
 
   torch::nn::Embedding wte{nullptr};
+  torch::Tensor wpe;  // learned absolute positions [max_length, d]; undefined otherwise
   torch::nn::LayerNorm ln_f{nullptr};
   std::vector<Block> blocks;
 
  private:
   void build();
+  torch::Tensor position_table(int64_t T, at::ScalarType dtype);  // "table": PE[:T], no grad
   const KernelEntry *entry_;
   ModelConfig cfg_;
+  std::map<std::pair<int64_t, int>, torch::Tensor> table_cache_;  // by (T, dtype)
 };
 TORCH_MODULE(LanguageModel);
 

@@ -346,6 +346,106 @@ void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string 
   }
 }
 
+namespace {
+torch::serialize::InputArchive open_payload(const Checkpoint &ckpt, const std::string &path) {
+  torch::serialize::InputArchive archive;
+  try {
+    std::istringstream in(ckpt.payload);
+    archive.load_from(in);
+  } catch (const std::exception &e) {
+    std::string msg = e.what();
+    throw std::runtime_error("checkpoint " + path + ": cannot read the parameter payload: " +
+                             msg.substr(0, msg.find('\n')));
+  }
+  return archive;
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
+}  // namespace
+
+std::vector<std::string> load_state_across(LanguageModel &model, const Checkpoint &ckpt, const std::string &path,
+                                           const KernelEntry *source) {
+  const std::string to = model->config().encoding, from = ckpt.encoding;
+  auto fail = [&](const std::string &why) {
+    return std::runtime_error("checkpoint " + path + " (trained with '" + from + "') evaluated with '" + to +
+                              "': " + why);
+  };
+  ModelConfig mc;
+  try {
+    mc = ModelConfig::from_json(ckpt.config.at("model"));
+  } catch (const std::exception &e) {
+    throw fail(std::string("bad model config: ") + e.what());
+  }
+  mc.encoding = from;
+  // The checkpoint's own model, for the names and shapes of its trainable parameters.
+  LanguageModel trained{nullptr};
+  try {
+    trained = source ? LanguageModel(*source, mc) : LanguageModel(mc);
+  } catch (const std::exception &e) {
+    throw fail(e.what());
+  }
+  const auto was = trained->named_parameters(), now = model->named_parameters();
+  for (const auto &kv : now) {
+    const torch::Tensor *t = was.find(kv.key());
+    if (!t)
+      throw fail("trainable parameter '" + kv.key() + "' of '" + to + "' is not in the checkpoint ('" + from +
+                 "' has no such parameter)");
+    if (t->sizes() != kv.value().sizes())
+      throw fail("trainable parameter '" + kv.key() + "' has shape " + shape_str(t->sizes()) + " in the checkpoint, " +
+                 shape_str(kv.value().sizes()) + " in '" + to + "'");
+  }
+  for (const auto &kv : was)
+    if (!now.find(kv.key()))
+      throw fail("the checkpoint's trainable parameter '" + kv.key() + "' has no place in '" + to + "'");
+
+  torch::serialize::InputArchive archive = open_payload(ckpt, path);
+  torch::NoGradGuard no_grad;
+  for (auto &kv : now) {
+    torch::Tensor saved;
+    if (!archive.try_read(kv.key(), saved)) throw fail("missing tensor '" + kv.key() + "' in the payload");
+    kv.value().copy_(saved);
+  }
+  std::vector<std::string> kept;
+  for (auto &kv : model->named_buffers()) {
+    torch::Tensor saved;
+    if (archive.try_read(kv.key(), saved) && saved.sizes() == kv.value().sizes())
+      kv.value().copy_(saved);
+    else
+      kept.push_back(kv.key());
+  }
+  return kept;
+}
+
+LanguageModel load_model_as(const std::string &path, const std::string &encoding, nlohmann::json *config,
+                            std::vector<std::string> *kept) {
+  Checkpoint c = read_checkpoint(path);
+  if (encoding.empty() || encoding == c.encoding) {
+    if (kept) kept->clear();
+    return load_model(path, config);
+  }
+  ModelConfig mc;
+  try {
+    mc = ModelConfig::from_json(c.config.at("model"));
+  } catch (const std::exception &e) {
+    throw std::runtime_error("checkpoint " + path + ": bad model config: " + e.what());
+  }
+  mc.encoding = encoding;
+  LanguageModel model{nullptr};
+  try {
+    model = LanguageModel(mc);
+  } catch (const std::exception &e) {
+    throw std::runtime_error("checkpoint " + path + " evaluated with '" + encoding + "': " + e.what());
+  }
+  auto k = load_state_across(model, c, path);
+  if (kept) *kept = std::move(k);
+  if (config) *config = c.config;
+  return model;
+}
+
 LanguageModel load_model(const std::string &path, nlohmann::json *config) {
   Checkpoint c = read_checkpoint(path);
   ModelConfig mc;

@@ -85,4 +85,19 @@ void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string 
 // Reads a checkpoint and rebuilds its model through the kernel registry.
 LanguageModel load_model(const std::string &path, nlohmann::json *config = nullptr);
 
+// Loads a checkpoint trained with one encoding into `model`, built from the same model config with
+// another kernel (e.g. a rope checkpoint evaluated with rope_yarn). Every trainable parameter must
+// match in name and shape (else an error naming the first mismatch); buffers the checkpoint holds
+// with the same name and shape are copied, the others keep the model's (new encoding's) initial
+// values; their names are returned. `source` is the checkpoint's kernel (default: the registry's).
+std::vector<std::string> load_state_across(LanguageModel &model, const Checkpoint &ckpt,
+                                           const std::string &path = "<checkpoint>",
+                                           const KernelEntry *source = nullptr);
+
+// Reads a checkpoint and builds its model with the kernel `encoding` (through the registry);
+// the same as load_model when `encoding` is the checkpoint's. `kept` gets the buffers that keep
+// the new encoding's initial values.
+LanguageModel load_model_as(const std::string &path, const std::string &encoding,
+                            nlohmann::json *config = nullptr, std::vector<std::string> *kept = nullptr);
+
 }  // namespace ape

@@ -1,15 +1,21 @@
 // ape-eval: evaluate saved checkpoints at multiples of their training length.
 //
 //   ape-eval --checkpoint runs/rope.ckpt --checkpoint runs/cable.ckpt --csv runs/eval.csv
+//   ape-eval --checkpoint runs/rope.ckpt --encoding rope_yarn --set rope_factor=8
+//   ape-eval --checkpoint runs/exqpe.ckpt --set position_scale=0.5
 #include <iostream>
 #include <map>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
 
+#include "runtime/Attention.h"
 #include "runtime/Data.h"
 #include "runtime/Eval.h"
 #include "runtime/Model.h"
+#include "runtime/Registry.h"
 #include "runtime/Threads.h"
 #include "runtime/Train.h"
 
@@ -23,6 +29,8 @@ int main(int argc, char **argv) {
   std::string data_dir = ape::default_data_dir();
   std::string cache_dir = ape::default_cache_dir();
   std::string csv;
+  std::string encoding;
+  std::vector<std::string> set_args;
   int64_t threads = 0;
 
   app.add_option("-c,--checkpoint", checkpoints, "Checkpoint written by ape-train (repeatable)")->required();
@@ -34,20 +42,66 @@ int main(int argc, char **argv) {
   app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz")->capture_default_str();
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
       ->capture_default_str();
-  app.add_option("--csv", csv, "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens)");
+  app.add_option("--csv", csv,
+                 "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens,note)");
+  app.add_option("--encoding", encoding,
+                 "Evaluate with the kernel NAME instead of the one each checkpoint was trained with (e.g. a\n"
+                 "rope checkpoint with rope_yarn); the trainable parameters must match in name and shape, fixed\n"
+                 "params the checkpoint lacks keep NAME's values");
+  app.add_option("--set", set_args,
+                 "NAME=VALUE (repeatable): set the fixed param NAME in every layer before evaluating, e.g.\n"
+                 "rope_factor=8 or position_scale=0.5 (no recompilation; an unknown name lists the settable ones)");
   app.add_option("--threads", threads, "CPU threads (default 0: all hardware threads)");
   CLI11_PARSE(app, argc, argv);
 
   try {
     ec.multiples = ape::parse_multiples(multiples);
+    std::vector<std::pair<std::string, double>> sets;
+    for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
+    if (!encoding.empty()) ape::find_kernel(encoding);  // unknown name: fail now, listing the names
     ape::set_threads(threads);
 
     // Load (and verify) every checkpoint before evaluating any.
-    struct Loaded { std::string path; ape::LanguageModel model; int64_t train_len; std::string tokenizer; };
+    struct Loaded {
+      std::string path;
+      ape::LanguageModel model;
+      int64_t train_len;
+      std::string tokenizer;
+      std::string label;
+    };
     std::vector<Loaded> models;
     for (const auto &path : checkpoints) {
       nlohmann::json config;
-      ape::LanguageModel model = ape::load_model(path, &config);
+      std::vector<std::string> kept;
+      ape::LanguageModel model = ape::load_model_as(path, encoding, &config, &kept);
+      const std::string trained = config.at("model").at("encoding").get<std::string>();
+      const std::string label = ape::eval_label(trained, model->config().encoding, sets);
+      if (!kept.empty()) {
+        // Fixed params the checkpoint does not hold: say which values the evaluation starts from.
+        const ape::Manifest &man = model->manifest();
+        std::ostringstream s;
+        std::set<std::string> seen;
+        for (const auto &name : kept)
+          for (size_t i = 0; i < man.params.size(); ++i) {
+            const std::string &pn = man.params[i].name;
+            const std::string tail = ".attn." + pn;
+            const bool match = name == "shared_" + pn ||
+                               (name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0);
+            if (!match || !seen.insert(pn).second) continue;
+            torch::Tensor t = model->blocks[0]->attn->stored_param(i);
+            s << (seen.size() > 1 ? ", " : "") << pn << "=";
+            if (t.numel() == 1) s << t.item<double>(); else s << "[" << t.numel() << " values]";
+          }
+        std::cout << "[eval] " << label << ": not in the checkpoint, " << model->config().encoding
+                  << "'s initial values: " << s.str() << "\n";
+      }
+      for (const auto &[name, value] : sets) {
+        try {
+          model->set_fixed_param(name, value);
+        } catch (const std::exception &e) {
+          throw std::runtime_error("--set " + name + ": " + e.what());
+        }
+      }
       int64_t L = 0;
       try {
         L = config.at("train").at("seq_len").get<int64_t>();
@@ -57,7 +111,7 @@ int main(int argc, char **argv) {
       std::string tok;
       if (config.contains("data") && config["data"].contains("tokenizer_fnv"))
         tok = config["data"]["tokenizer_fnv"].get<std::string>();
-      models.push_back({path, model, L, tok});
+      models.push_back({path, model, L, tok, label});
     }
 
     std::map<int64_t, ape::Corpus> corpora;  // by vocabulary size
@@ -77,7 +131,7 @@ int main(int argc, char **argv) {
         throw std::runtime_error("checkpoint " + m.path + " was trained with a different tokenizer (" + m.tokenizer +
                                  ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
                                  "); pass the --cache-dir used for training");
-      auto r = ape::evaluate(m.model, corpus.test(), m.train_len, ec, &std::cout);
+      auto r = ape::evaluate(m.model, corpus.test(), m.train_len, ec, &std::cout, m.label);
       rows.insert(rows.end(), r.begin(), r.end());
     }
     std::cout << "\n";

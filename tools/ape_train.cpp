@@ -93,6 +93,13 @@ int main(int argc, char **argv) {
     if (*steps_opt && !*minutes_opt) tc.minutes = 0.0;
     tc.progress_in_place = ::isatty(STDOUT_FILENO);
     tc.validate();
+    for (const auto &e : encodings) {  // a learned absolute table must hold the training length
+      const auto &m = ape::manifest_of(ape::find_kernel(e));
+      if (m.embedding && m.embedding->kind == ape::EmbeddingSpec::Kind::Learned && tc.seq_len > m.embedding->max_length)
+        throw std::invalid_argument("encoding '" + e + "': learned absolute positions: sequence length " +
+                                    std::to_string(tc.seq_len) + " exceeds the table's max_length " +
+                                    std::to_string(m.embedding->max_length) + " (lower --seq-len)");
+    }
     mc.validate();
     ec.multiples = ape::parse_multiples(multiples);
     ape::set_threads(threads);

@@ -36,25 +36,56 @@ using ape::AttnArgs;
 //   logits l_ij = κ q'_i·k'_j + bias(i, j) (j <= i), q' = qmod(q), k' = kmod(k)
 // Hooks: test_nope (none); test_bias: bias = w_h · g[b,h,j] (one feature g, one param w [heads]);
 //        test_expe: q' = q + a_q[h] + t·b_q[h], k' = k + a_k[h] + t·b_k[h] (four [heads, head_dim]
-//        params; with an override manifest this is exactly ExPE's W·φ(x, t)).
+//        params; with an override manifest this is exactly ExPE's W·φ(x, t));
+//        test_expe_qkv: the same times σ (a fifth param, [1]);
+//        test_exqpe: q' = q + σ·(a_q[h] + floor(t/l)·b_q[h] + P_q[t mod l, h]), k' likewise (params
+//        a_q, b_q, P_q, a_k, b_k, P_k, σ; with an override manifest this is ExQPE's W·φ(x, t)).
 // =====================================================================================================
 namespace testk {
 
-enum class Kind { Nope, Bias, Expe };
+enum class Kind { Nope, Bias, Expe, ExpeS, Exqpe };
+constexpr int64_t kExqpeL = 4;
+
+// The position term of q (which = 0) or k (which = 1) at token t, coordinate (h, c), and its
+// gradient into the params given the gradient g of q' (or k').
+template <Kind K, class T> T pos_term(const AttnArgs<T> &a, int which, int64_t h, int64_t t, int64_t c) {
+  const int64_t hc = h * a.D + c;
+  if constexpr (K == Kind::Expe || K == Kind::ExpeS) {
+    const T term = a.params[2 * which][hc] + T(t) * a.params[2 * which + 1][hc];
+    return K == Kind::ExpeS ? a.params[4][0] * term : term;
+  } else if constexpr (K == Kind::Exqpe) {
+    const T *const *p = a.params + 3 * which;
+    return a.params[6][0] * (p[0][hc] + T(t / kExqpeL) * p[1][hc] + p[2][(t % kExqpeL) * a.H * a.D + hc]);
+  }
+  return T(0);
+}
+template <Kind K, class T> void pos_term_grad(const AttnArgs<T> &a, int which, int64_t h, int64_t t, int64_t c, T g) {
+  const int64_t hc = h * a.D + c;
+  if constexpr (K == Kind::Expe || K == Kind::ExpeS) {
+    const T s = K == Kind::ExpeS ? a.params[4][0] : T(1);
+    a.dparams[2 * which][hc] += s * g;
+    a.dparams[2 * which + 1][hc] += s * T(t) * g;
+  } else if constexpr (K == Kind::Exqpe) {
+    T *const *dp = a.dparams + 3 * which;
+    const T s = a.params[6][0];
+    dp[0][hc] += s * g;
+    dp[1][hc] += s * T(t / kExqpeL) * g;
+    dp[2][(t % kExqpeL) * a.H * a.D + hc] += s * g;
+  }
+}
 
 template <Kind K, class T> T bias(const AttnArgs<T> &a, int64_t b, int64_t h, int64_t, int64_t j) {
   if constexpr (K == Kind::Bias) return a.params[0][h] * a.features[0][(b * a.H + h) * a.T + j];
   return T(0);
 }
 
-// q' (or k') rows of one (b, h) slice: x + params[pa][h, c] + t·params[pb][h, c] for Expe.
+// q' (which = 0) or k' (which = 1) rows of one (b, h) slice: x + the position term.
 template <Kind K, class T>
-std::vector<T> modded(const AttnArgs<T> &a, const T *x, int64_t h, int pa, int pb) {
+std::vector<T> modded(const AttnArgs<T> &a, const T *x, int64_t h, int which) {
   std::vector<T> out(x, x + a.T * a.D);
-  if constexpr (K == Kind::Expe)
+  if constexpr (K != Kind::Nope && K != Kind::Bias)
     for (int64_t t = 0; t < a.T; ++t)
-      for (int64_t c = 0; c < a.D; ++c)
-        out[t * a.D + c] += a.params[pa][h * a.D + c] + T(t) * a.params[pb][h * a.D + c];
+      for (int64_t c = 0; c < a.D; ++c) out[t * a.D + c] += pos_term<K>(a, which, h, t, c);
   return out;
 }
 
@@ -63,8 +94,8 @@ template <Kind K, class T> void forward(const AttnArgs<T> &a) {
   for (int64_t b = 0; b < a.B; ++b)
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t base = (b * a.H + h) * T_ * D;
-      auto q = modded<K>(a, a.q + base, h, 0, 1);
-      auto k = modded<K>(a, a.k + base, h, 2, 3);
+      auto q = modded<K>(a, a.q + base, h, 0);
+      auto k = modded<K>(a, a.k + base, h, 1);
       const T *v = a.v + base;
       T *o = a.o + base;
       std::vector<T> s(T_);
@@ -97,13 +128,15 @@ template <Kind K, class T> void backward(const AttnArgs<T> &a) {
     std::fill(a.dfeatures[0], a.dfeatures[0] + a.B * H * T_, T(0));
     std::fill(a.dparams[0], a.dparams[0] + H, T(0));
   }
-  if constexpr (K == Kind::Expe)
+  if constexpr (K == Kind::Expe || K == Kind::ExpeS)
     for (int n = 0; n < 4; ++n) std::fill(a.dparams[n], a.dparams[n] + H * D, T(0));
+  if constexpr (K == Kind::Exqpe)
+    for (int n = 0; n < 6; ++n) std::fill(a.dparams[n], a.dparams[n] + (n % 3 == 2 ? kExqpeL : 1) * H * D, T(0));
   for (int64_t b = 0; b < a.B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t base = (b * H + h) * T_ * D;
-      auto q = modded<K>(a, a.q + base, h, 0, 1);
-      auto k = modded<K>(a, a.k + base, h, 2, 3);
+      auto q = modded<K>(a, a.q + base, h, 0);
+      auto k = modded<K>(a, a.k + base, h, 1);
       const T *v = a.v + base, *o = a.o + base, *dout = a.dout + base;
       T *dq = a.dq + base, *dk = a.dk + base, *dv = a.dv + base;
       for (int64_t i = 0; i < T_; ++i) {
@@ -128,13 +161,11 @@ template <Kind K, class T> void backward(const AttnArgs<T> &a) {
           }
         }
       }
-      if constexpr (K == Kind::Expe)  // q' = q + a + t·b: da = Σ_t dq', db = Σ_t t·dq'
+      if constexpr (K != Kind::Nope && K != Kind::Bias)  // e.g. q' = q + a + t·b: da = Σ_t dq', db = Σ_t t·dq'
         for (int64_t t = 0; t < T_; ++t)
           for (int64_t c = 0; c < D; ++c) {
-            a.dparams[0][h * D + c] += dq[t * D + c];
-            a.dparams[1][h * D + c] += T(t) * dq[t * D + c];
-            a.dparams[2][h * D + c] += dk[t * D + c];
-            a.dparams[3][h * D + c] += T(t) * dk[t * D + c];
+            pos_term_grad<K>(a, 0, h, t, c, dq[t * D + c]);
+            pos_term_grad<K>(a, 1, h, t, c, dk[t * D + c]);
           }
     }
 }
@@ -163,14 +194,75 @@ const char *kExpeManifest = R"({"encoding": "test_expe", "causal": true, "featur
      "init": {"kind": "projection_term", "projection": "k", "columns": 4, "start": 0.05, "step": 0.0}}],
   "override": {"l": 4, "targets": "qk"}})";
 
-template <Kind K> ape::KernelEntry entry(const char *name, const char *manifest) {
+// ExPE on q, k and v, with the position scale σ as a fixed param.
+const char *kExpeQkvManifest = R"({"encoding": "test_expe_qkv", "causal": true, "features": [],
+  "params": [
+    {"name": "override_q_a", "shape": ["heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_term", "projection": "q", "columns": 4, "start": 0.0, "step": 0.05}},
+    {"name": "override_q_b", "shape": ["heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_term", "projection": "q", "columns": 4, "start": 0.05, "step": 0.0}},
+    {"name": "override_k_a", "shape": ["heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_term", "projection": "k", "columns": 4, "start": 0.0, "step": 0.05}},
+    {"name": "override_k_b", "shape": ["heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_term", "projection": "k", "columns": 4, "start": 0.05, "step": 0.0}},
+    {"name": "position_scale", "shape": ["1"], "trainable": false, "init": {"kind": "constant", "value": 1.0}}],
+  "override": {"kind": "expe", "l": 4, "start": 0.0, "theta": 0.05, "targets": "qkv",
+               "position_scale": "position_scale"}})";
+// ExQPE (l = 4, S = 0, θ1 = 0.25, θ2 = 1: encodings.md's hand-checked case) on q, k and v:
+// a = W·(S + jθ1)_j, b = θ2·W·1, P[r] = θ2·Σ_{j<=r} W[:, j].
+const char *kExqpeManifest = R"({"encoding": "test_exqpe", "causal": true, "features": [],
+  "params": [
+    {"name": "override_q_a", "shape": ["heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_term", "projection": "q", "columns": 4, "start": 0.0, "step": 0.25}},
+    {"name": "override_q_b", "shape": ["heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_term", "projection": "q", "columns": 4, "start": 1.0, "step": 0.0}},
+    {"name": "override_q_p", "shape": ["4", "heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_prefix", "projection": "q", "columns": 4, "scale": 1.0}},
+    {"name": "override_k_a", "shape": ["heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_term", "projection": "k", "columns": 4, "start": 0.0, "step": 0.25}},
+    {"name": "override_k_b", "shape": ["heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_term", "projection": "k", "columns": 4, "start": 1.0, "step": 0.0}},
+    {"name": "override_k_p", "shape": [4, "heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_prefix", "projection": "k", "columns": 4, "scale": 1.0}},
+    {"name": "position_scale", "shape": ["1"], "trainable": false, "init": {"kind": "constant", "value": 1.0}}],
+  "override": {"kind": "exqpe", "l": 4, "start": 0.0, "theta1": 0.25, "theta2": 1.0, "targets": "qkv",
+               "position_scale": "position_scale"}})";
+
+template <Kind K> ape::KernelEntry entry(const char *name, const char *manifest,
+                                         void (*embed_table)(int64_t, int64_t, double *) = nullptr) {
   return {name, manifest, forward<K, float>, backward<K, float>, forward<K, double>,
-          backward<K, double>};
+          backward<K, double>, embed_table};
 }
 const ape::KernelEntry nope = entry<Kind::Nope>("test_nope", kNopeManifest);
 const ape::KernelEntry bias_entry = entry<Kind::Bias>("test_bias", kBiasManifest);
 const ape::KernelEntry bias_shared = entry<Kind::Bias>("test_bias_shared", kBiasSharedManifest);
 const ape::KernelEntry expe = entry<Kind::Expe>("test_expe", kExpeManifest);
+const ape::KernelEntry expe_qkv = entry<Kind::ExpeS>("test_expe_qkv", kExpeQkvManifest);
+const ape::KernelEntry exqpe = entry<Kind::Exqpe>("test_exqpe", kExqpeManifest);
+
+// Absolute positions at the embedding site (the attention itself is NoPE): a fixed sinusoidal
+// table (written here from encodings.md, independently of the generated code), scaled or not,
+// and a learned table of 8 positions.
+void sinusoid(int64_t T, int64_t d, double *out) {
+  for (int64_t n = 0; n < T; ++n)
+    for (int64_t c = 0; c < d; ++c) {
+      const double angle = double(n) / std::pow(10000.0, double(c - c % 2) / double(d));
+      out[n * d + c] = c % 2 == 0 ? std::sin(angle) : std::cos(angle);
+    }
+}
+const char *kTableManifest = R"({"encoding": "test_table", "causal": true,
+  "embedding": {"kind": "table", "scale_embedding": false}})";
+const char *kTableScaledManifest = R"({"encoding": "test_table_scaled", "causal": true,
+  "embedding": {"kind": "table", "scale_embedding": true}})";
+const char *kLearnedManifest = R"({"encoding": "test_learned", "causal": true,
+  "embedding": {"kind": "learned", "max_length": 8, "std": 0.02, "scale_embedding": false}})";
+const ape::KernelEntry table = entry<Kind::Nope>("test_table", kTableManifest, sinusoid);
+const ape::KernelEntry table_scaled = entry<Kind::Nope>("test_table_scaled", kTableScaledManifest, sinusoid);
+const ape::KernelEntry learned = entry<Kind::Nope>("test_learned", kLearnedManifest);
+// NoPE with a fixed param the kernel ignores: a checkpoint of test_nope loads into it.
+const char *kNopeFixedManifest = R"({"encoding": "test_nope_fixed", "causal": true,
+  "params": [{"name": "knob", "shape": [1], "init": {"kind": "constant", "value": 3.0}}]})";
+const ape::KernelEntry nope_fixed = entry<Kind::Nope>("test_nope_fixed", kNopeFixedManifest);
 }  // namespace testk
 
 // ---- helpers ---------------------------------------------------------------------------------------------
@@ -297,6 +389,43 @@ TEST(Manifest, ParsesTheDocumentedExample) {
   EXPECT_TRUE(m.override_->q && m.override_->k && !m.override_->v);
 }
 
+TEST(Manifest, ParsesEmbeddingOverrideKindsAndProjectionPrefix) {
+  ape::Manifest t = ape::Manifest::parse(R"({"encoding": "s", "embedding": {"kind": "table", "scale_embedding": true}})");
+  ASSERT_TRUE(t.embedding.has_value());
+  EXPECT_EQ(t.embedding->kind, ape::EmbeddingSpec::Kind::Table);
+  EXPECT_TRUE(t.embedding->scale_embedding);
+  ape::Manifest l = ape::Manifest::parse(
+      R"({"encoding": "l", "embedding": {"kind": "learned", "max_length": 1024, "std": 0.05}})");
+  EXPECT_EQ(l.embedding->kind, ape::EmbeddingSpec::Kind::Learned);
+  EXPECT_EQ(l.embedding->max_length, 1024);
+  EXPECT_DOUBLE_EQ(l.embedding->std, 0.05);
+  EXPECT_FALSE(l.embedding->scale_embedding);
+  EXPECT_FALSE(ape::Manifest::parse(R"({"encoding": "n", "embedding": null})").embedding.has_value());
+
+  ape::Manifest q = ape::Manifest::parse(testk::kExqpeManifest);
+  ASSERT_TRUE(q.override_.has_value());
+  EXPECT_EQ(q.override_->kind, ape::OverrideSpec::Kind::Exqpe);
+  EXPECT_DOUBLE_EQ(q.override_->theta1, 0.25);
+  EXPECT_DOUBLE_EQ(q.override_->theta2, 1.0);
+  EXPECT_TRUE(q.override_->v);
+  EXPECT_EQ(q.override_->position_scale, "position_scale");
+  EXPECT_EQ(q.param_index("position_scale"), 6);
+  EXPECT_EQ(q.param_index("nothing"), -1);
+  const auto &pp = q.params[2];
+  EXPECT_EQ(pp.init.kind, ape::InitSpec::Kind::ProjectionPrefix);
+  EXPECT_TRUE(pp.init.derived());
+  EXPECT_FALSE(pp.fixed());
+  EXPECT_DOUBLE_EQ(pp.init.scale, 1.0);
+  EXPECT_EQ(pp.resolve_shape(2, 8), std::vector<int64_t>({4, 2, 8}));  // "4" written as a string
+  EXPECT_EQ(q.params[6].resolve_shape(2, 8), std::vector<int64_t>({1}));
+  EXPECT_TRUE(q.params[6].fixed());
+  ape::Manifest e = ape::Manifest::parse(testk::kExpeQkvManifest);
+  EXPECT_EQ(e.override_->kind, ape::OverrideSpec::Kind::Expe);
+  EXPECT_DOUBLE_EQ(e.override_->theta, 0.05);
+  // Manifests without "kind" (written before ExQPE) are ExPE.
+  EXPECT_EQ(ape::Manifest::parse(testk::kExpeManifest).override_->kind, ape::OverrideSpec::Kind::Expe);
+}
+
 TEST(Manifest, DefaultsAndExplicitScale) {
   ape::Manifest m = ape::Manifest::parse(R"({"encoding": "nope"})");
   EXPECT_TRUE(m.causal);
@@ -304,7 +433,7 @@ TEST(Manifest, DefaultsAndExplicitScale) {
   EXPECT_TRUE(m.params.empty());
   EXPECT_FALSE(m.override_.has_value());
   ape::Manifest s = ape::Manifest::parse(R"({"encoding": "k", "scale": 1.0, "causal": false,
-    "override": {"l": 2, "targets": "qkv"}})");
+    "override": {"l": 2, "targets": "qkv", "theta": 0.1}})");
   EXPECT_DOUBLE_EQ(s.scale_for(64), 1.0);
   EXPECT_FALSE(s.causal);
   EXPECT_TRUE(s.override_->v);
@@ -346,6 +475,48 @@ TEST(Manifest, MalformedManifestsGiveClearErrors) {
       {R"({"encoding": "x", "override": {"l": 8, "targets": "q"}})", "$.override.targets: expected \"qk\" or \"qkv\""},
       {R"({"encoding": "x", "override": {"l": 0, "targets": "qk"}})", "$.override.l: must be > 0"},
       {R"({"encoding": "x", "override": {"l": 2.5, "targets": "qk"}})", "$.override.l: expected an integer"},
+      {R"({"encoding": "x", "override": {"l": 2, "targets": "qk", "kind": "fire"}})",
+       "$.override.kind: expected \"expe\" or \"exqpe\", got \"fire\""},
+      {R"({"encoding": "x", "override": {"l": 2, "targets": "qk", "kind": "exqpe", "theta1": 0.1}})",
+       "$.override.theta2: missing (an exqpe override needs a number)"},
+      {R"({"encoding": "x", "override": {"l": 2, "targets": "qkv"}})",
+       "$.override.theta: missing (an expe override with targets \"qkv\" needs a number)"},
+      {R"({"encoding": "x", "override": {"l": 2, "targets": "qk", "kind": "expe", "theta": "big"}})",
+       "$.override.theta: expected a number"},
+      {R"({"encoding": "x", "override": {"l": 2, "targets": "qk", "theta": 0.1, "position_scale": "s"}})",
+       "$.override.position_scale: names no param: \"s\""},
+      {R"({"encoding": "x", "params": [{"name": "s", "shape": [1], "init": "ones", "trainable": true}],
+           "override": {"l": 2, "targets": "qk", "theta": 0.1, "position_scale": "s"}})",
+       "param \"s\" must be a fixed (not trainable, not derived) param of shape [1]"},
+      {R"({"encoding": "x", "params": [{"name": "s", "shape": ["heads"], "init": "ones"}],
+           "override": {"l": 2, "targets": "qk", "theta": 0.1, "position_scale": "s"}})",
+       "must be a fixed (not trainable, not derived) param of shape [1]"},
+      {R"({"encoding": "x", "override": {"l": 2, "targets": "qk", "theta": 0.1, "position_scale": 1}})",
+       "$.override.position_scale: expected a string"},
+      {R"({"encoding": "x", "params": [{"name": "p", "shape": ["4", "heads", "head_dim"],
+           "init": {"kind": "projection_prefix", "projection": "q", "columns": 4}}]})",
+       "$.params[0].init.scale: missing"},
+      {R"({"encoding": "x", "params": [{"name": "p", "shape": ["heads", "head_dim"],
+           "init": {"kind": "projection_prefix", "projection": "q", "columns": 4, "scale": 1}}]})",
+       "projection_prefix param must have shape [columns, \"heads\", \"head_dim\"] = [4,"},
+      {R"({"encoding": "x", "params": [{"name": "p", "shape": [3, "heads", "head_dim"],
+           "init": {"kind": "projection_prefix", "projection": "q", "columns": 4, "scale": 1}}]})",
+       "projection_prefix param must have shape"},
+      {R"({"encoding": "x", "params": [{"name": "p", "shape": ["4", "heads", "head_dim"], "per_layer": false,
+           "init": {"kind": "projection_prefix", "projection": "v", "columns": 4, "scale": 1}}]})",
+       "projection_prefix param comes from a per-layer projection"},
+      {R"({"encoding": "x", "params": [{"name": "p", "shape": ["-1"], "init": "zeros"}]})",
+       "$.params[0].shape[0]: unknown shape symbol \"-1\""},
+      {R"({"encoding": "x", "embedding": "sinusoidal"})", "$.embedding: expected null or an object"},
+      {R"({"encoding": "x", "embedding": {"kind": "rotary"}})",
+       "$.embedding.kind: expected \"table\" or \"learned\", got \"rotary\""},
+      {R"({"encoding": "x", "embedding": {"scale_embedding": false}})", "$.embedding.kind: missing"},
+      {R"({"encoding": "x", "embedding": {"kind": "learned"}})", "$.embedding.max_length: missing"},
+      {R"({"encoding": "x", "embedding": {"kind": "learned", "max_length": 0}})", "$.embedding.max_length: must be > 0"},
+      {R"({"encoding": "x", "embedding": {"kind": "learned", "max_length": 8, "std": -1}})",
+       "$.embedding.std: must be >= 0"},
+      {R"({"encoding": "x", "embedding": {"kind": "table", "scale_embedding": "yes"}})",
+       "$.embedding.scale_embedding: expected true or false"},
   };
   for (const auto &c : cases) {
     std::string msg = error_of([&] { ape::Manifest::parse(c.json, "case"); });
@@ -470,37 +641,240 @@ TEST(FusedAttention, BadInputsGiveClearErrors) {
 // Model
 // =====================================================================================================
 
-// With an override {l, qk} and projection_term params (a = W[:, :l]·(θj)_j, b = θ·W[:, :l]·1), the
-// model's attention must equal attention on explicitly overridden inputs φ(x̃, t) = (p_t, x̃[l:]),
-// p_{t,j} = θ(t + j) — forward and the gradients of every projection weight.
-void check_explicit_expe(const ape::KernelEntry &entry, const ape::ModelConfig &cfg, int64_t l, double theta,
-                         double tol) {
-  ape::EncodedAttention attn(entry, cfg, std::vector<at::Tensor>(ape::manifest_of(entry).params.size()));
-  const int64_t B = 2, T = 9, d = cfg.d_model, H = cfg.heads, D = cfg.head_dim();
+// The model's attention (override + derived params in the kernel, and for "qkv" the value path)
+// must equal attention on explicitly overridden inputs φ(x̃, t) = (σ·pos_t, x̃[l:]) for q and k (and
+// v when `override_v`), pos (T, l) computed by the caller from the spec — forward and the gradients of
+// every projection weight. σ is set through the manifest's position_scale param when `sigma` != 1.
+void check_explicit_override(const ape::KernelEntry &entry, const ape::ModelConfig &cfg, const at::Tensor &pos,
+                             bool override_v, double sigma, double tol) {
+  const ape::Manifest &man = ape::manifest_of(entry);
+  ape::EncodedAttention attn(entry, cfg, std::vector<at::Tensor>(man.params.size()));
+  if (sigma != 1.0) {
+    ASSERT_TRUE(man.override_ && !man.override_->position_scale.empty()) << "no position_scale";
+    at::NoGradGuard ng;
+    attn->stored_param(man.param_index(man.override_->position_scale)).fill_(sigma);
+  }
+  const int64_t B = 2, T = pos.size(0), l = pos.size(1), d = cfg.d_model, H = cfg.heads, D = cfg.head_dim();
   at::Tensor xn = at::randn({B, T, d});
   at::Tensor y = attn->forward(xn);
   at::Tensor dy = at::randn_like(y);
   auto W = std::vector<at::Tensor>{attn->wq->weight, attn->wk->weight, attn->wv->weight, attn->wo->weight};
   auto g = torch::autograd::grad({y}, W, {dy});
 
-  at::Tensor pos = (at::arange(T).view({T, 1}) + at::arange(l).view({1, l})).to(at::kFloat) * theta;
-  at::Tensor phi = at::cat({pos.unsqueeze(0).expand({B, T, l}), xn.narrow(-1, l, d - l)}, -1);
+  at::Tensor phi = at::cat({(pos.to(at::kFloat) * sigma).unsqueeze(0).expand({B, T, l}), xn.narrow(-1, l, d - l)}, -1);
   auto heads = [&](at::Tensor t) { return t.view({B, T, H, D}).transpose(1, 2); };
   at::Tensor q = heads(at::matmul(phi, W[0].t())), k = heads(at::matmul(phi, W[1].t()));
-  at::Tensor v = heads(at::matmul(xn, W[2].t()));
+  at::Tensor v = heads(at::matmul(override_v ? phi : xn, W[2].t()));
   at::Tensor o = reference_attention(q, k, v, 1.0 / std::sqrt(double(D)));
   at::Tensor ry = attn->wo(o.transpose(1, 2).reshape({B, T, d}));
   auto rg = torch::autograd::grad({ry}, W, {dy});
   expect_close(y, ry, tol, "output");
   const char *names[] = {"dW_q", "dW_k", "dW_v", "dW_o"};
   for (int i = 0; i < 4; ++i) expect_close(g[i], rg[i], tol, names[i]);
-  // The first l columns of W_q get gradient only through the projection terms.
+  // The first l columns of W_q get gradient only through the derived params.
   EXPECT_GT(g[0].narrow(1, 0, l).abs().sum().item<double>(), 0.0);
+}
+
+// ExPE positions p_{t,j} = S + θ(t + j), and ExQPE's p_{t,j} = S + jθ1 + θ2·c_j(t) with c_j(t) counted
+// directly (the number of u in [0, t] with u ≡ j mod l), both straight from encodings.md.
+at::Tensor expe_positions(int64_t T, int64_t l, double start, double theta) {
+  return (at::arange(T).view({T, 1}) + at::arange(l).view({1, l})).to(at::kDouble) * theta + start;
+}
+at::Tensor exqpe_positions(int64_t T, int64_t l, double start, double theta1, double theta2) {
+  at::Tensor p = at::zeros({T, l}, at::kDouble);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < l; ++j) {
+      int64_t count = 0;
+      for (int64_t u = 0; u <= t; ++u) count += u % l == j;
+      p[t][j] = start + double(j) * theta1 + theta2 * double(count);
+    }
+  return p;
+}
+
+// With an override {l, qk} and projection_term params (a = W[:, :l]·(θj)_j, b = θ·W[:, :l]·1), the
+// model's attention must equal attention on explicitly overridden inputs φ(x̃, t) = (p_t, x̃[l:]),
+// p_{t,j} = θ(t + j).
+void check_explicit_expe(const ape::KernelEntry &entry, const ape::ModelConfig &cfg, int64_t l, double theta,
+                         double tol) {
+  check_explicit_override(entry, cfg, expe_positions(9, l, 0.0, theta), false, 1.0, tol);
 }
 
 TEST(Model, OverrideAndProjectionTermsMatchExplicitExPE) {
   at::manual_seed(3);
   check_explicit_expe(testk::expe, tiny_config("test_expe"), testk::kExpeL, testk::kExpeTheta, 1e-5);
+}
+
+TEST(Model, QkvOverrideValuePathEqualsTheLiteralOverride) {
+  // ExPE on q, k and v with σ = 0.7: the value projection reads (σ·p_t, x̃[l:]) itself.
+  at::manual_seed(30);
+  check_explicit_override(testk::expe_qkv, tiny_config("test_expe_qkv"),
+                          expe_positions(9, testk::kExpeL, 0.0, testk::kExpeTheta), true, 0.7, 1e-5);
+  // ExQPE (l = 4, θ1 = 0.25, θ2 = 1; long enough for three periods) with σ = 1 and σ = 0.5.
+  for (double sigma : {1.0, 0.5}) {
+    SCOPED_TRACE(sigma);
+    check_explicit_override(testk::exqpe, tiny_config("test_exqpe"),
+                            exqpe_positions(11, testk::kExqpeL, 0.0, 0.25, 1.0), true, sigma, 1e-5);
+  }
+  // The manifest's own positions agree with the spec's.
+  const auto &ov = *ape::manifest_of(testk::exqpe).override_;
+  at::Tensor mine = at::tensor(ov.positions(11), at::kDouble).view({11, 4});
+  expect_close(mine, exqpe_positions(11, 4, 0.0, 0.25, 1.0), 1e-15, "OverrideSpec::positions (exqpe)");
+  const auto &ev = *ape::manifest_of(testk::expe_qkv).override_;
+  expect_close(at::tensor(ev.positions(9), at::kDouble).view({9, 4}), expe_positions(9, 4, 0.0, 0.05), 1e-15,
+               "OverrideSpec::positions (expe)");
+}
+
+TEST(Model, ProjectionPrefixIsTheScaledCumulativeSumOfW) {
+  at::manual_seed(31);
+  const char *manifest = R"({"encoding": "x", "params": [
+    {"name": "p", "shape": [3, "heads", "head_dim"], "trainable": true,
+     "init": {"kind": "projection_prefix", "projection": "k", "columns": 3, "scale": 0.5}}],
+    "override": {"l": 3, "targets": "qk"}})";
+  const ape::KernelEntry e = testk::entry<testk::Kind::Nope>("x", manifest);
+  ape::ModelConfig cfg = tiny_config("x");  // d 16, 2 heads of 8
+  ape::EncodedAttention attn(e, cfg, std::vector<at::Tensor>(1));
+  at::Tensor P = attn->kernel_params()[0];
+  ASSERT_EQ(P.sizes(), at::IntArrayRef({3, 2, 8}));
+  at::Tensor W = attn->wk->weight;  // (d, d)
+  for (int64_t r = 0; r < 3; ++r) {
+    at::Tensor want = W.narrow(1, 0, r + 1).sum(1) * 0.5;  // scale·Σ_{j<=r} W[:, j]
+    expect_close(P[r].reshape({16}), want, 1e-6, "P[" + std::to_string(r) + "]");
+  }
+  // Derived every step: autograd carries the gradient into W[:, :3] (reverse cumulative sums).
+  at::Tensor G = at::randn({3, 2, 8});
+  auto g = torch::autograd::grad({(P * G).sum()}, {W})[0];
+  at::Tensor Gf = G.reshape({3, 16});
+  for (int64_t j = 0; j < 3; ++j)
+    expect_close(g.select(1, j), Gf.narrow(0, j, 3 - j).sum(0) * 0.5, 1e-6, "dW[:, " + std::to_string(j) + "]");
+  EXPECT_EQ(g.narrow(1, 3, 13).abs().sum().item<double>(), 0.0);
+}
+
+TEST(Model, ExqpeDerivedTermsReproduceTheHandCheckedPositions) {
+  // l = 4, S = 0, θ1 = 0.25, θ2 = 1; W_q[:, :4] = identity on head 0, so W·p_n = p_n there and
+  // a + floor(n/l)·b + P[n mod l] must be encodings.md's p_n.
+  ape::ModelConfig cfg = tiny_config("test_exqpe");
+  cfg.d_model = 8;  // 2 heads of 4
+  ape::EncodedAttention attn(testk::exqpe, cfg, std::vector<at::Tensor>(7));
+  {
+    at::NoGradGuard g;
+    attn->wq->weight.zero_();
+    for (int i = 0; i < 4; ++i) attn->wq->weight[i][i] = 1.0;
+  }
+  auto kp = attn->kernel_params();
+  at::Tensor a = kp[0][0], b = kp[1][0], P = kp[2].select(1, 0);  // head 0: (4), (4), (4, 4)
+  const std::pair<int64_t, std::vector<double>> want[] = {
+      {0, {1, .25, .5, .75}}, {1, {1, 1.25, .5, .75}}, {3, {1, 1.25, 1.5, 1.75}}, {4, {2, 1.25, 1.5, 1.75}}};
+  for (const auto &[n, p] : want) {
+    at::Tensor got = a + double(n / 4) * b + P[n % 4];
+    expect_close(got.to(at::kDouble), at::tensor(p, at::kDouble), 1e-7, "p_" + std::to_string(n));
+  }
+  const auto pos = ape::manifest_of(testk::exqpe).override_->positions(5);
+  EXPECT_EQ(std::vector<double>(pos.begin() + 16, pos.end()), std::vector<double>({2, 1.25, 1.5, 1.75}));
+}
+
+TEST(Model, FixedSinusoidalTableAtTheEmbedding) {
+  ape::ModelConfig cfg = tiny_config("test_table");
+  cfg.d_model = 4;
+  cfg.heads = 1;
+  ape::LanguageModel m(testk::table, cfg);
+  at::Tensor tokens = at::tensor({3, 1, 4}, at::kLong).view({1, 3});
+  at::Tensor pe = (m->embed(tokens) - m->wte(tokens))[0];
+  expect_close(pe[1], at::tensor({0.841471, 0.540302, 0.010000, 0.999950}).to(at::kFloat), 1e-6, "PE[1]");
+  expect_close(pe[2], at::tensor({0.909297, -0.416147, 0.019999, 0.999800}).to(at::kFloat), 1e-6, "PE[2]");
+  expect_close(pe[0], at::tensor({0.0, 1.0, 0.0, 1.0}).to(at::kFloat), 1e-7, "PE[0]");
+  // No trainable table, nothing extra in the checkpoint state; the loss runs end to end.
+  EXPECT_FALSE(m->wpe.defined());
+  ape::ModelConfig plain = cfg;
+  plain.encoding = "test_nope";
+  EXPECT_EQ(m->named_parameters().size(), ape::LanguageModel(testk::nope, plain)->named_parameters().size());
+  EXPECT_TRUE(std::isfinite(m->loss(at::randint(32, {2, 9}, at::kLong)).item<double>()));
+  // scale_embedding: wte·sqrt(d) + PE.
+  cfg.encoding = "test_table_scaled";
+  ape::LanguageModel s(testk::table_scaled, cfg);
+  expect_close(s->embed(tokens)[0], (s->wte(tokens) * 2.0)[0] + pe, 1e-6, "scaled embedding");
+  // A manifest asking for a table from an entry that has none is an error.
+  const ape::KernelEntry no_table = testk::entry<testk::Kind::Nope>("test_table", testk::kTableManifest);
+  cfg.encoding = "test_table";
+  EXPECT_ERROR(ape::LanguageModel(no_table, cfg), "entry has no embed_table");
+}
+
+TEST(Model, LearnedAbsoluteTableTrainsSavesAndRefusesLongSequences) {
+  at::manual_seed(32);
+  ape::LanguageModel m(testk::learned, tiny_config("test_learned"));
+  ASSERT_TRUE(m->wpe.defined());
+  EXPECT_EQ(m->wpe.sizes(), at::IntArrayRef({8, 16}));
+  EXPECT_NEAR(m->wpe.std().item<double>(), 0.02, 0.006);
+  EXPECT_EQ(m->max_length(), std::optional<int64_t>(8));
+  at::Tensor tokens = at::randint(32, {2, 5}, at::kLong);
+  expect_close(m->embed(tokens), m->wte(tokens) + m->wpe.narrow(0, 0, 5).unsqueeze(0), 1e-7, "wte + wpe[:T]");
+  m->loss(at::randint(32, {2, 9}, at::kLong)).backward();  // T = 8: fits
+  ASSERT_TRUE(m->wpe.grad().defined());
+  EXPECT_GT(m->wpe.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_ERROR(m->forward(at::zeros({1, 9}, at::kLong)),
+               "learned absolute positions: sequence length 9 exceeds the table's max_length 8");
+  EXPECT_ERROR(m->loss(at::zeros({1, 12}, at::kLong)), "sequence length 11 exceeds the table's max_length 8");
+  // Saved in checkpoints.
+  const std::string path = tmp_path("learned.ckpt");
+  ape::save_checkpoint(path, m, nlohmann::json::object());
+  ape::LanguageModel r(testk::learned, tiny_config("test_learned"));
+  ape::load_state(r, ape::read_checkpoint(path), path);
+  EXPECT_TRUE(r->wpe.equal(m->wpe));
+  // Evaluation skips the lengths the table cannot hold, with a note, in the table and the CSV.
+  ape::TokenSplit split = synthetic_split(2, 400, 32, 33);
+  ape::EvalConfig ec;
+  ec.multiples = {1, 2, 4};
+  ec.tokens = 64;
+  auto rows = ape::evaluate(r, split, 4, ec);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_FALSE(rows[0].skipped());
+  EXPECT_FALSE(rows[1].skipped());
+  EXPECT_TRUE(std::isfinite(rows[1].loss));
+  ASSERT_TRUE(rows[2].skipped());
+  EXPECT_TRUE(std::isnan(rows[2].loss));
+  EXPECT_NE(rows[2].note.find("sequence length 16 exceeds the table's max_length 8"), std::string::npos) << rows[2].note;
+  std::ostringstream out;
+  ape::print_table(out, rows);
+  EXPECT_NE(out.str().find("skipped"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("test_learned @ 16 (4x): learned absolute positions"), std::string::npos) << out.str();
+  const std::string csv = tmp_path("learned.csv");
+  ape::write_csv(csv, rows);
+  std::ifstream f(csv);
+  std::string line, last;
+  while (std::getline(f, line)) last = line;
+  EXPECT_EQ(last, "test_learned,4,16,4,,,0,learned absolute positions: sequence length 16 exceeds the table's "
+                  "max_length 8");
+}
+
+TEST(Model, SetFixedParamChangesTheModelAndRejectsOtherNames) {
+  at::manual_seed(34);
+  ape::LanguageModel m(testk::exqpe, tiny_config("test_exqpe"));
+  EXPECT_EQ(m->settable_params(), std::vector<std::string>({"position_scale"}));
+  at::Tensor tokens = at::randint(32, {2, 9}, at::kLong);
+  at::NoGradGuard ng;
+  at::Tensor before = m->forward(tokens);
+  m->set_fixed_param("position_scale", 0.5);
+  for (auto &b : m->blocks) {
+    EXPECT_EQ(b->attn->stored_param(6).item<double>(), 0.5);
+  }
+  at::Tensor after = m->forward(tokens);
+  EXPECT_GT((after - before).abs().max().item<double>(), 1e-4);
+  m->set_fixed_param("position_scale", 1.0);
+  expect_close(m->forward(tokens), before, 1e-6, "σ back to 1");
+  EXPECT_ERROR(m->set_fixed_param("position_scal", 2.0),
+               "encoding 'test_exqpe' has no param 'position_scal'; its settable (fixed) params: position_scale");
+  EXPECT_ERROR(m->set_fixed_param("override_q_p", 2.0), "is derived from a projection weight");
+  ape::LanguageModel bias(testk::bias_entry, tiny_config("test_bias"));
+  EXPECT_ERROR(bias->set_fixed_param("w", 2.0), "param 'w' of encoding 'test_bias' is trainable");
+  EXPECT_ERROR(bias->set_fixed_param("w", 2.0), "settable: (none)");
+  // Fixed params are buffers: saved in checkpoints with their current value.
+  m->set_fixed_param("position_scale", 0.25);
+  const std::string path = tmp_path("exqpe.ckpt");
+  ape::save_checkpoint(path, m, nlohmann::json::object());
+  ape::LanguageModel r(testk::exqpe, tiny_config("test_exqpe"));
+  ape::load_state(r, ape::read_checkpoint(path), path);
+  EXPECT_EQ(r->blocks[1]->attn->stored_param(6).item<double>(), 0.25);
+  auto names = r->named_buffers().keys();
+  EXPECT_NE(std::find(names.begin(), names.end(), "block1.attn.position_scale"), names.end());
 }
 
 TEST(Model, ParamsPerLayerSharedAndFeatureInit) {
@@ -748,6 +1122,37 @@ TEST(Checkpoint, CorruptTruncatedOrForeignFilesGiveClearErrors) {
   EXPECT_ERROR(ape::load_model(path), "unknown encoding 'test_bias'");
 }
 
+TEST(Checkpoint, LoadsIntoAnotherEncodingWhenTheTrainableParametersMatch) {
+  at::manual_seed(40);
+  ape::LanguageModel a(testk::nope, tiny_config("test_nope"));
+  const std::string path = tmp_path("cross.ckpt");
+  ape::save_checkpoint(path, a, {{"train", {{"seq_len", 8}}}});
+  const ape::Checkpoint ckpt = ape::read_checkpoint(path);
+  // test_nope_fixed: the same trainable parameters plus a fixed param the checkpoint lacks.
+  ape::LanguageModel b(testk::nope_fixed, tiny_config("test_nope_fixed"));
+  auto kept = ape::load_state_across(b, ckpt, path, &testk::nope);
+  EXPECT_EQ(kept, std::vector<std::string>({"block0.attn.knob", "block1.attn.knob"}));
+  EXPECT_EQ(b->blocks[0]->attn->stored_param(0).item<double>(), 3.0);  // the new encoding's init
+  at::Tensor w = at::randint(32, {2, 9}, at::kLong);
+  {
+    at::NoGradGuard ng;
+    EXPECT_EQ(a->loss(w).item<double>(), b->loss(w).item<double>());
+  }
+  // Mismatches name the first parameter at fault, both ways.
+  ape::LanguageModel bias(testk::bias_entry, tiny_config("test_bias"));
+  EXPECT_ERROR(ape::load_state_across(bias, ckpt, path, &testk::nope),
+               "trainable parameter 'block0.attn.w' of 'test_bias' is not in the checkpoint");
+  ape::save_checkpoint(path, bias, nlohmann::json::object());
+  ape::LanguageModel c(testk::nope, tiny_config("test_nope"));
+  EXPECT_ERROR(ape::load_state_across(c, ape::read_checkpoint(path), path, &testk::bias_entry),
+               "the checkpoint's trainable parameter 'block0.attn.w' has no place in 'test_nope'");
+  ape::LanguageModel learned(testk::learned, tiny_config("test_learned"));
+  EXPECT_ERROR(ape::load_state_across(learned, ckpt, path, &testk::nope),
+               "trainable parameter 'wpe' of 'test_learned' is not in the checkpoint");
+  // Through the registry, an unregistered source encoding is named.
+  EXPECT_ERROR(ape::load_state_across(b, ckpt, path), "unknown encoding 'test_nope'");
+}
+
 TEST(Checkpoint, AnInterruptedWriteLeavesThePreviousFile) {
   ape::LanguageModel a(testk::nope, tiny_config("test_nope"));
   const std::string path = tmp_path("atomic.ckpt");
@@ -841,6 +1246,21 @@ TEST(Train, DivergenceStopsWithAClearError) {
   }
 }
 
+TEST(Eval, SetArgumentsAndRowLabels) {
+  EXPECT_EQ(ape::parse_assignment("rope_factor=8"), std::make_pair(std::string("rope_factor"), 8.0));
+  EXPECT_EQ(ape::parse_assignment("position_scale=0.5"), std::make_pair(std::string("position_scale"), 0.5));
+  EXPECT_ERROR(ape::parse_assignment("rope_factor"), "no '='");
+  EXPECT_ERROR(ape::parse_assignment("=3"), "empty name");
+  EXPECT_ERROR(ape::parse_assignment("x=eight"), "'eight' is not a finite number");
+  EXPECT_ERROR(ape::parse_assignment("x=8x"), "not a finite number");
+  EXPECT_ERROR(ape::parse_assignment("x=inf"), "not a finite number");
+  EXPECT_EQ(ape::eval_label("rope", "rope", {}), "rope");
+  EXPECT_EQ(ape::eval_label("rope", "", {}), "rope");
+  EXPECT_EQ(ape::eval_label("rope", "rope_yarn", {{"rope_factor", 8}}), "rope->rope_yarn[rope_factor=8]");
+  EXPECT_EQ(ape::eval_label("exqpe", "exqpe", {{"position_scale", 0.5}, {"x", 1e-3}}),
+            "exqpe[position_scale=0.5;x=0.001]");
+}
+
 TEST(Eval, MultiplesTableAndCsv) {
   EXPECT_EQ(ape::parse_multiples("8, 1,2,4,2"), std::vector<int64_t>({1, 2, 4, 8}));
   EXPECT_ERROR(ape::parse_multiples("1,x"), "expected positive integers");
@@ -862,8 +1282,8 @@ TEST(Eval, MultiplesTableAndCsv) {
   std::string header, first;
   std::getline(f, header);
   std::getline(f, first);
-  EXPECT_EQ(header, "encoding,train_len,eval_len,multiple,loss,ppl,tokens");
-  EXPECT_EQ(first.rfind("rope,128,128,1,5.000000,148.413159,1000", 0), 0u) << first;
+  EXPECT_EQ(header, "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note");
+  EXPECT_EQ(first, "rope,128,128,1,5.000000,148.413159,1000,") << first;
 }
 
 // =====================================================================================================
@@ -930,4 +1350,83 @@ TEST(RegisteredKernels, ExpeThroughTheModelMatchesExplicitOverride) {
   ape::ModelConfig cfg = tiny_config("expe");
   cfg.d_model = 64;
   check_explicit_expe(*expe, cfg, m.override_->l, m.params[0].init.step, 2e-5);
+}
+
+// ---- the encodings of the ExPE paper and the absolute / scaled-RoPE families (examples/encodings) ----
+// Each runs once its spec is in examples/encodings (then the build registers it; a spec that is
+// there but not registered is a stale build and fails).
+bool spec_present(const std::string &name) {
+  return fs::exists(fs::path(APE_TEST_DATA_DIR) / ".." / ".." / "examples" / "encodings" / (name + ".mlir"));
+}
+#define REQUIRE_SPEC(var, name)                                                                  \
+  if (!spec_present(name)) GTEST_SKIP() << "examples/encodings/" name ".mlir is not there yet"; \
+  const ape::KernelEntry *var = registered(name);                                              \
+  ASSERT_NE(var, nullptr) << name " has a spec but is not registered (re-run cmake)"
+
+TEST(RegisteredKernels, SinusoidalTableThroughTheModel) {
+  REQUIRE_SPEC(e, "sinusoidal");
+  ASSERT_NE(e->embed_table, nullptr);
+  ape::ModelConfig cfg = tiny_config("sinusoidal");
+  cfg.d_model = 4;
+  cfg.heads = 1;
+  ape::LanguageModel m(cfg);
+  at::Tensor tokens = at::tensor({3, 1, 4}, at::kLong).view({1, 3});
+  at::Tensor pe = (m->embed(tokens) - m->wte(tokens))[0];
+  expect_close(pe[1], at::tensor({0.841471, 0.540302, 0.010000, 0.999950}).to(at::kFloat), 1e-6, "PE[1]");
+  expect_close(pe[2], at::tensor({0.909297, -0.416147, 0.019999, 0.999800}).to(at::kFloat), 1e-6, "PE[2]");
+}
+
+TEST(RegisteredKernels, LearnedAbsoluteRefusesSequencesPastItsTable) {
+  REQUIRE_SPEC(e, "learned_absolute");
+  const ape::Manifest &man = ape::manifest_of(*e);
+  ASSERT_TRUE(man.embedding && man.embedding->kind == ape::EmbeddingSpec::Kind::Learned);
+  const int64_t L = man.embedding->max_length;
+  ape::LanguageModel m(tiny_config("learned_absolute"));
+  EXPECT_EQ(m->wpe.size(0), L);
+  EXPECT_ERROR(m->forward(at::zeros({1, L + 1}, at::kLong)),
+               "sequence length " + std::to_string(L + 1) + " exceeds the table's max_length " + std::to_string(L));
+}
+
+TEST(RegisteredKernels, ExqpeAndExpeQkvMatchTheLiteralOverride) {
+  for (const char *name : {"exqpe", "expe_qkv"}) {
+    SCOPED_TRACE(name);
+    if (!spec_present(name)) continue;
+    const ape::KernelEntry *e = registered(name);
+    ASSERT_NE(e, nullptr) << name << " has a spec but is not registered";
+    const auto &ov = *ape::manifest_of(*e).override_;
+    ape::ModelConfig cfg = tiny_config(name);
+    cfg.d_model = 64;
+    const int64_t T = 2 * ov.l + 3;
+    at::Tensor pos = ov.kind == ape::OverrideSpec::Kind::Exqpe
+                         ? exqpe_positions(T, ov.l, ov.start, ov.theta1, ov.theta2)
+                         : expe_positions(T, ov.l, ov.start, ov.theta);
+    for (double sigma : {1.0, 0.5}) {
+      at::manual_seed(41);
+      check_explicit_override(*e, cfg, pos, ov.v, sigma, 2e-5);
+    }
+  }
+  if (!spec_present("exqpe") && !spec_present("expe_qkv")) GTEST_SKIP() << "neither spec is there yet";
+}
+
+TEST(RegisteredKernels, RopeCheckpointEvaluatesUnderScaledRope) {
+  REQUIRE_SPEC(pi, "rope_pi");
+  (void)pi;
+  at::manual_seed(42);
+  ape::ModelConfig cfg = tiny_config("rope");
+  cfg.d_model = 32;
+  ape::LanguageModel rope(cfg);
+  const std::string path = tmp_path("rope.ckpt");
+  ape::save_checkpoint(path, rope, {{"train", {{"seq_len", 8}}}});
+  std::vector<std::string> kept;
+  nlohmann::json config;
+  ape::LanguageModel m = ape::load_model_as(path, "rope_pi", &config, &kept);
+  EXPECT_EQ(m->config().encoding, "rope_pi");
+  EXPECT_FALSE(kept.empty());  // rope_factor: rope_pi's own value
+  at::Tensor w = at::randint(32, {2, 33}, at::kLong);
+  at::NoGradGuard ng;
+  const double want = rope->loss(w).item<double>();
+  EXPECT_GT(std::abs(m->loss(w).item<double>() - want), 1e-6);  // factor 4: not RoPE
+  m->set_fixed_param("rope_factor", 1.0);
+  EXPECT_NEAR(m->loss(w).item<double>(), want, 1e-6);
+  EXPECT_ERROR(m->set_fixed_param("rope_factr", 1.0), "its settable (fixed) params: ");
 }
