@@ -1,0 +1,209 @@
+//===- EmittedFolder.cpp - shared by the self-contained library emitters --===//
+#include "codegen/EmittedFolder.h"
+
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cctype>
+#include <cstdio>
+
+using namespace mlir;
+using namespace mlir::ape;
+
+namespace {
+struct EmbeddedFile {
+  const char *path;
+  const char *text;
+};
+// {"ape/cpu_attention.h", R"(...)"}, ...: codegen/templates/ape/*.h that the folders copy,
+// written by codegen/EmbedFiles.cmake (see codegen/CMakeLists.txt).
+const EmbeddedFile kTemplates[] = {
+#include "LibraryTemplates.inc"
+};
+}  // namespace
+
+std::string folder::uniqueIdentifier(StringRef name, llvm::StringSet<> &taken) {
+  std::string id;
+  for (char ch : name)
+    id += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  if (id.empty() || std::isdigit(static_cast<unsigned char>(id[0])))
+    id = "_" + id;
+  // Compared ignoring case: the C ABI also spells identifiers in upper case.
+  while (taken.contains(StringRef(id).lower()))
+    id += "_";
+  taken.insert(StringRef(id).lower());
+  return id;
+}
+
+FailureOr<folder::KernelInputInfo> folder::collectInputs(KernelOp kernel,
+                                                          ArrayRef<StringRef> reserved) {
+  KernelInputInfo info;
+  info.encoding = kernel.getSymName().str();
+  if (auto s = kernel.getScale())
+    info.scale = s->convertToDouble();
+  llvm::StringSet<> taken;
+  for (StringRef r : reserved)
+    taken.insert(r.lower());
+  for (Operation &op : kernel.getBody().front()) {
+    if (auto f = dyn_cast<TokenFeatureOp>(op)) {
+      info.features.push_back({f.getName().str(), uniqueIdentifier(f.getName(), taken)});
+    } else if (auto p = dyn_cast<ParamOp>(op)) {
+      KernelInputInfo::Param param{p.getName().str(), uniqueIdentifier(p.getName(), taken),
+                                   {}, "[", p.getTrainable(), p.getInit().str()};
+      for (auto [i, a] : llvm::enumerate(p.getShape())) {
+        StringRef dim = cast<StringAttr>(a).getValue();
+        int64_t size = 0;
+        if (dim == "heads")
+          param.dims.push_back(-1);
+        else if (dim == "head_dim")
+          param.dims.push_back(-2);
+        else if (!dim.getAsInteger(10, size) && size >= 0)
+          param.dims.push_back(size);
+        else
+          return p.emitOpError("dimension \"") << dim << "\" is not heads, head_dim or a size";
+        param.shapeText += (i ? ", " : "") + dim.str();
+      }
+      param.shapeText += "]";
+      if (param.dims.size() > 8)
+        return p.emitOpError("has ") << param.dims.size()
+                                     << " dimensions; the generated libraries take at most 8";
+      info.params.push_back(std::move(param));
+    }
+  }
+  return info;
+}
+
+std::string folder::substitute(StringRef text,
+                               ArrayRef<std::pair<StringRef, std::string>> vars) {
+  std::string out;
+  while (!text.empty()) {
+    size_t at = text.find('@');
+    out += text.take_front(at).str();
+    if (at == StringRef::npos)
+      break;
+    StringRef tail = text.drop_front(at + 1);
+    size_t end = tail.find('@');
+    const auto *var = end == StringRef::npos ? vars.end() : llvm::find_if(vars, [&](const auto &v) {
+      return v.first == tail.take_front(end);
+    });
+    if (var != vars.end()) {  // @KEY@
+      out += var->second;
+      text = tail.drop_front(end + 1);
+    } else {  // a lone '@'
+      out += '@';
+      text = tail;
+    }
+  }
+  return out;
+}
+
+std::string folder::cString(StringRef s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\')
+      out += '\\', out += ch;
+    else if (ch == '\n')
+      out += "\\n";
+    else if (std::isprint(static_cast<unsigned char>(ch)))
+      out += ch;
+    else {
+      char octal[8];
+      std::snprintf(octal, sizeof octal, "\\%03o", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+      out += octal;
+    }
+  }
+  return out + "\"";
+}
+
+std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << "// The inputs of @" << info.encoding
+     << " beyond q, k and v, in manifest order (ape/kernel_inputs.h).\n"
+     << "const ape::KernelInputs &kernel_inputs() {\n";
+  if (!info.features.empty()) {
+    os << "  static const char *const features[] = {";
+    for (auto [i, f] : llvm::enumerate(info.features))
+      os << (i ? ", " : "") << cString(f.name);
+    os << "};\n";
+  }
+  if (!info.params.empty()) {
+    os << "  static const ape::ParamInput params[] = {\n";
+    for (const auto &p : info.params) {
+      os << "      {" << cString(p.name) << ", " << p.dims.size() << ", {";
+      for (auto [i, d] : llvm::enumerate(p.dims))
+        os << (i ? ", " : "")
+           << (d == -1 ? std::string("ape::kDimHeads")
+               : d == -2 ? std::string("ape::kDimHeadDim")
+                         : std::to_string(d));
+      os << "}, " << (p.trainable ? "true" : "false") << ", " << cString(p.init) << "},  // "
+         << p.shapeText << "\n";
+    }
+    os << "  };\n";
+  }
+  os << "  static const ape::KernelInputs inputs{" << cString(info.encoding)
+     << ", ape_kernel_entry_" << info.encoding << "(), " << info.features.size() << ", "
+     << (info.features.empty() ? "nullptr" : "features") << ", " << info.params.size() << ", "
+     << (info.params.empty() ? "nullptr" : "params") << ", "
+     << (info.scale ? "true" : "false") << ", "
+     << llvm::formatv("{0:e17}", info.scale.value_or(0.0)) << "};\n"
+     << "  return inputs;\n}\n";
+  return text;
+}
+
+/// The "ape/..." headers that `text` (a file at `path`) includes with quotes: `#include
+/// "ape/x.h"` from a source at the folder root, `#include "x.h"` from a header inside ape/.
+static SmallVector<std::string> apeIncludes(StringRef path, StringRef text) {
+  SmallVector<std::string> out;
+  StringRef dir = path.contains('/') ? path.rsplit('/').first : StringRef();
+  SmallVector<StringRef> lines;
+  text.split(lines, '\n');
+  for (StringRef line : lines) {
+    line = line.trim();
+    if (!line.consume_front("#include") || !line.ltrim().starts_with("\""))
+      continue;
+    StringRef name = line.ltrim().drop_front().split('"').first;
+    std::string full = dir.empty() ? name.str() : (dir + "/" + name).str();
+    if (StringRef(full).starts_with("ape/"))
+      out.push_back(full);
+  }
+  return out;
+}
+
+LogicalResult folder::addKernelSources(KernelOp kernel, StringRef source,
+                                       ArrayRef<StringRef> templates,
+                                       std::vector<EmittedFile> &files) {
+  StringRef name = kernel.getSymName();
+  std::string cpu, manifest;
+  {
+    llvm::raw_string_ostream os(cpu);
+    if (failed(emitCpuKernel(kernel, source, os)))
+      return failure();
+  }
+  {
+    llvm::raw_string_ostream os(manifest);
+    if (failed(emitManifest(kernel, source, os)))
+      return failure();
+  }
+  // The requested templates and everything they and the kernel include, transitively.
+  SmallVector<std::string> pending(templates.begin(), templates.end());
+  llvm::append_range(pending, apeIncludes("", cpu));
+  llvm::StringSet<> copied;
+  while (!pending.empty()) {
+    std::string path = pending.pop_back_val();
+    if (!copied.insert(path).second)
+      continue;
+    const EmbeddedFile *found = nullptr;
+    for (const EmbeddedFile &f : kTemplates)
+      if (path == f.path)
+        found = &f;
+    if (!found)
+      return kernel.emitOpError("needs the template ")
+             << path << ", which apec was built without (codegen/templates/)";
+    llvm::append_range(pending, apeIncludes(path, found->text));
+    files.push_back({path, found->text});
+  }
+  files.push_back({(name + "_cpu.cpp").str(), std::move(cpu)});
+  files.push_back({(name + ".manifest.json").str(), std::move(manifest)});
+  return success();
+}

@@ -1,0 +1,66 @@
+//===- EmittedFolder.h - shared by the self-contained library emitters ----===//
+//
+// Private to codegen/: what `apec --emit=torch-library` (TorchLibraryEmitter.cpp) and
+// `apec --emit=c-abi` (CAbiEmitter.cpp) share. Both write a folder that builds without MLIR or
+// the APE runtime: the generated CPU kernel, the kernel templates it includes (embedded in apec
+// at build time), the manifest, and a table of the kernel's inputs (templates/ape/
+// kernel_inputs.h) that the library checks its arguments against.
+//
+//===----------------------------------------------------------------------===//
+#ifndef APE_CODEGEN_EMITTEDFOLDER_H
+#define APE_CODEGEN_EMITTEDFOLDER_H
+
+#include "codegen/Emitters.h"
+
+#include "llvm/ADT/StringSet.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mlir::ape::folder {
+
+/// The inputs of a kernel beyond q, k and v, in manifest order, each with a C identifier
+/// (unique, not one of the reserved names) for argument lists and enum constants.
+struct KernelInputInfo {
+  struct Feature {
+    std::string name, ident;
+  };
+  struct Param {
+    std::string name, ident;
+    SmallVector<int64_t> dims;  // sizes, or -1 = "heads", -2 = "head_dim"
+    std::string shapeText;      // "[heads, head_dim]"
+    bool trainable;
+    std::string init;           // manifest init kind
+  };
+  std::string encoding;
+  SmallVector<Feature> features;
+  SmallVector<Param> params;
+  std::optional<double> scale;  // absent: 1/sqrt(D)
+};
+
+/// Collects the features and params of `kernel`; identifiers avoid `reserved`.
+FailureOr<KernelInputInfo> collectInputs(KernelOp kernel, ArrayRef<StringRef> reserved);
+
+/// `name` made a C identifier that is not in `taken` (then added to it).
+std::string uniqueIdentifier(StringRef name, llvm::StringSet<> &taken);
+
+/// The C++ definition of `const ape::KernelInputs &kernel_inputs()` for `info` (to be placed
+/// in an anonymous namespace after a declaration of ape_kernel_entry_<encoding>()).
+std::string kernelInputsDefinition(const KernelInputInfo &info);
+
+/// Appends to `files`: NAME_cpu.cpp (the CPU kernel), NAME.manifest.json, the embedded
+/// templates named in `templates` (paths under codegen/templates, e.g. "ape/torch_ops.h") and
+/// every template that they or the kernel include.
+LogicalResult addKernelSources(KernelOp kernel, StringRef source, ArrayRef<StringRef> templates,
+                               std::vector<EmittedFile> &files);
+
+/// `text` with every @KEY@ replaced by its value in `vars` (for file templates in raw strings).
+std::string substitute(StringRef text, ArrayRef<std::pair<StringRef, std::string>> vars);
+
+/// `s` as a C/C++ string literal, quotes included.
+std::string cString(StringRef s);
+
+}  // namespace mlir::ape::folder
+
+#endif  // APE_CODEGEN_EMITTEDFOLDER_H

@@ -1,0 +1,281 @@
+// C ABI implementation: argument checks, strided copies and the exception barrier behind every
+// generated ape_NAME_* entry point (c_abi.h has the contract; docs/frameworks.md the usage).
+//
+// apec --emit=c-abi writes ape_NAME_c.cpp, which defines kernel_inputs() (kernel_inputs.h) and
+// forwards each extern "C" function to forward() / backward() below with its ape_NAME_args.
+// Every call runs inside guarded(): no exception leaves it, each failure becomes a status and a
+// message for ape_NAME_last_error().
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <new>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "c_abi.h"
+#include "cpu_attention.h"
+#include "kernel_entry.h"
+#include "kernel_inputs.h"
+
+namespace ape::c_abi {
+
+// A failed check inside a call: its status and message.
+struct Failure {
+  int status;
+  std::string message;
+};
+
+// The message of the last failed call on this thread (one per library: hidden visibility).
+inline std::string &last_error() {
+  static thread_local std::string message;
+  return message;
+}
+
+inline const char *error_string(int status) {
+  switch (status) {
+    case APE_OK: return "ok";
+    case APE_ERROR_NULL_POINTER: return "a required pointer is NULL";
+    case APE_ERROR_INVALID_SHAPE: return "invalid shape (B, H, T >= 0 and D >= 1 required)";
+    case APE_ERROR_INVALID_VALUE: return "invalid value (scale must be finite)";
+    case APE_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case APE_ERROR_INTERNAL: return "internal error";
+    default: return "unknown status";
+  }
+}
+
+// Runs fn; returns APE_OK or the status of what it threw. Never throws.
+template <class Fn> int guarded(const char *function, Fn &&fn) noexcept {
+  auto fail = [&](int status, const char *what) noexcept {
+    try {
+      last_error() = std::string(function) + ": " + what;
+    } catch (...) {  // no memory even for the message: the status still says it
+    }
+    return status;
+  };
+  try {
+    fn();
+    return APE_OK;
+  } catch (const Failure &f) {
+    return fail(f.status, f.message.c_str());
+  } catch (const std::bad_alloc &) {
+    return fail(APE_ERROR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception &e) {
+    return fail(APE_ERROR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(APE_ERROR_INTERNAL, "unknown exception");
+  }
+}
+
+// Sizes of one call and the element counts derived from them.
+struct Shape {
+  int64_t B, H, T, D;
+  int64_t qkv, rows;  // B*H*T*D and B*H*T
+};
+
+// a * b for sizes a, b >= 0; a shape whose element count overflows int64 is an error.
+inline int64_t mul(int64_t a, int64_t b) {
+  if (a != 0 && b > std::numeric_limits<int64_t>::max() / a)
+    throw Failure{APE_ERROR_INVALID_SHAPE, "B*H*T*D overflows int64"};
+  return a * b;
+}
+
+template <class Args> Shape check_shape(const Args *a) {
+  if (!a) throw Failure{APE_ERROR_NULL_POINTER, "args is NULL"};
+  if (a->B < 0 || a->H < 0 || a->T < 0 || a->D < 1)
+    throw Failure{APE_ERROR_INVALID_SHAPE,
+                  "B, H, T must be >= 0 and D >= 1, got B=" + std::to_string(a->B) +
+                      " H=" + std::to_string(a->H) + " T=" + std::to_string(a->T) +
+                      " D=" + std::to_string(a->D)};
+  Shape s{a->B, a->H, a->T, a->D, 0, 0};
+  s.rows = mul(mul(s.B, s.H), s.T);
+  s.qkv = mul(s.rows, s.D);
+  if (!std::isfinite(a->scale))
+    throw Failure{APE_ERROR_INVALID_VALUE, "scale must be finite, got " + std::to_string(a->scale)};
+  return s;
+}
+
+// ---- strided views ------------------------------------------------------------------------------
+// A [B, H, T, D] (rank 4) or [B, H, T] (rank 3) argument and its contiguous stand-in.
+template <typename Real> struct View {
+  const ape_tensor *t;
+  int64_t sizes[4];
+  int rank;
+  Real *direct = nullptr;  // the caller's data, when the view is contiguous
+  std::vector<Real> copy;  // a contiguous stand-in, when it is strided
+
+  Real *ptr() { return direct ? direct : copy.data(); }
+
+  bool contiguous() const {
+    if (!t->strides) return true;
+    int64_t expect = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      if (sizes[d] != 1 && t->strides[d] != expect) return false;
+      expect *= sizes[d];
+    }
+    return true;
+  }
+
+  // Visits every element in row-major order: f(pointer into the strided data, flat index).
+  template <class F> void each(F &&f) const {
+    Real *base = static_cast<Real *>(t->data);
+    int64_t idx[4] = {0, 0, 0, 0};
+    const int64_t total = [&] {
+      int64_t n = 1;
+      for (int d = 0; d < rank; ++d) n *= sizes[d];
+      return n;
+    }();
+    for (int64_t flat = 0; flat < total; ++flat) {
+      int64_t off = 0;
+      for (int d = 0; d < rank; ++d) off += idx[d] * t->strides[d];
+      f(base + off, flat);
+      for (int d = rank - 1; d >= 0; --d) {
+        if (++idx[d] < sizes[d]) break;
+        idx[d] = 0;
+      }
+    }
+  }
+};
+
+template <typename Real>
+View<Real> view(const ape_tensor &t, const Shape &s, int rank, const std::string &what) {
+  View<Real> v{&t, {s.B, s.H, s.T, s.D}, rank, nullptr, {}};
+  const int64_t n = rank == 4 ? s.qkv : s.rows;
+  if (!t.data && n > 0) throw Failure{APE_ERROR_NULL_POINTER, what + ".data is NULL"};
+  return v;
+}
+
+// An input: the data itself when contiguous, else a contiguous copy.
+template <typename Real>
+View<Real> input(const ape_tensor &t, const Shape &s, int rank, const std::string &what) {
+  View<Real> v = view<Real>(t, s, rank, what);
+  if (v.contiguous()) {
+    v.direct = static_cast<Real *>(t.data);
+  } else {
+    v.copy.resize(static_cast<std::size_t>(rank == 4 ? s.qkv : s.rows));
+    v.each([&](Real *p, int64_t i) { v.copy[i] = *p; });
+  }
+  return v;
+}
+
+// An output: written in place when contiguous, else into a buffer that finish() scatters.
+template <typename Real>
+View<Real> output(const ape_tensor &t, const Shape &s, int rank, const std::string &what) {
+  View<Real> v = view<Real>(t, s, rank, what);
+  if (v.contiguous())
+    v.direct = static_cast<Real *>(t.data);
+  else
+    v.copy.resize(static_cast<std::size_t>(rank == 4 ? s.qkv : s.rows));
+  return v;
+}
+
+// Scatters a strided output's buffer into the caller's view.
+template <typename Real> void finish(View<Real> &v) {
+  if (!v.direct && !v.copy.empty()) v.each([&](Real *p, int64_t i) { *p = v.copy[i]; });
+}
+
+// ---- features and params ------------------------------------------------------------------------
+template <typename Real>
+std::vector<View<Real>> features(const KernelInputs &in, const Shape &s, const ape_tensor *arr,
+                                 bool is_output, const char *field) {
+  std::vector<View<Real>> out;
+  if (in.num_features == 0) return out;
+  if (!arr)
+    throw Failure{APE_ERROR_NULL_POINTER, std::string(field) + " is NULL but the encoding has " +
+                                              std::to_string(in.num_features) + " feature(s)"};
+  for (int n = 0; n < in.num_features; ++n) {
+    const std::string what =
+        std::string(field) + "[" + std::to_string(n) + "] ('" + in.feature_names[n] + "')";
+    out.push_back(is_output ? output<Real>(arr[n], s, 3, what) : input<Real>(arr[n], s, 3, what));
+  }
+  return out;
+}
+
+template <typename P>
+std::vector<P> params(const KernelInputs &in, const Shape &s, const P *arr, const char *field) {
+  std::vector<P> out;
+  if (in.num_params == 0) return out;
+  if (!arr)
+    throw Failure{APE_ERROR_NULL_POINTER, std::string(field) + " is NULL but the encoding has " +
+                                              std::to_string(in.num_params) + " param(s)"};
+  for (int n = 0; n < in.num_params; ++n) {
+    if (!arr[n] && param_numel(in.params[n], s.H, s.D) > 0)
+      throw Failure{APE_ERROR_NULL_POINTER, std::string(field) + "[" + std::to_string(n) +
+                                                "] ('" + in.params[n].name + "') is NULL"};
+    out.push_back(arr[n]);
+  }
+  return out;
+}
+
+inline void require(const void *p, int64_t n, const char *what) {
+  if (!p && n > 0) throw Failure{APE_ERROR_NULL_POINTER, std::string(what) + " is NULL"};
+}
+
+// ---- the entry points ---------------------------------------------------------------------------
+template <typename Real, class Args>
+int forward(const KernelInputs &in, const char *function, const Args *a) noexcept {
+  return guarded(function, [&] {
+    const Shape s = check_shape(a);
+    View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, s, 4, "k"),
+               v = input<Real>(a->v, s, 4, "v");
+    std::vector<View<Real>> f = features<Real>(in, s, a->features, false, "features");
+    std::vector<const void *> p = params(in, s, a->params, "params");
+    View<Real> o = output<Real>(a->o, s, 4, "o");
+    require(a->lse, s.rows, "lse");
+
+    std::vector<const Real *> fp, pp;
+    for (auto &x : f) fp.push_back(x.ptr());
+    for (const void *x : p) pp.push_back(static_cast<const Real *>(x));
+    AttnArgs<Real> k_{};
+    k_.B = s.B, k_.H = s.H, k_.T = s.T, k_.D = s.D;
+    k_.q = q.ptr(), k_.k = k.ptr(), k_.v = v.ptr(), k_.o = o.ptr();
+    k_.lse = static_cast<Real *>(a->lse);
+    k_.features = fp.data(), k_.params = pp.data();
+    k_.scale = static_cast<Real>(a->scale);
+    if constexpr (std::is_same_v<Real, float>) in.entry->forward_f32(k_);
+    else in.entry->forward_f64(k_);
+    finish(o);
+  });
+}
+
+template <typename Real, class Args>
+int backward(const KernelInputs &in, const char *function, const Args *a) noexcept {
+  return guarded(function, [&] {
+    const Shape s = check_shape(a);
+    View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, s, 4, "k"),
+               v = input<Real>(a->v, s, 4, "v"), o = input<Real>(a->o, s, 4, "o"),
+               dout = input<Real>(a->dout, s, 4, "dout");
+    require(a->lse, s.rows, "lse");
+    std::vector<View<Real>> f = features<Real>(in, s, a->features, false, "features");
+    std::vector<const void *> p = params(in, s, a->params, "params");
+    View<Real> dq = output<Real>(a->dq, s, 4, "dq"), dk = output<Real>(a->dk, s, 4, "dk"),
+               dv = output<Real>(a->dv, s, 4, "dv");
+    std::vector<View<Real>> df = features<Real>(in, s, a->dfeatures, true, "dfeatures");
+    std::vector<void *> dp = params(in, s, a->dparams, "dparams");
+
+    std::vector<const Real *> fp, pp;
+    std::vector<Real *> dfp, dpp;
+    for (auto &x : f) fp.push_back(x.ptr());
+    for (const void *x : p) pp.push_back(static_cast<const Real *>(x));
+    for (auto &x : df) dfp.push_back(x.ptr());
+    for (void *x : dp) dpp.push_back(static_cast<Real *>(x));
+    AttnArgs<Real> k_{};
+    k_.B = s.B, k_.H = s.H, k_.T = s.T, k_.D = s.D;
+    k_.q = q.ptr(), k_.k = k.ptr(), k_.v = v.ptr(), k_.o = o.ptr();
+    k_.lse = static_cast<Real *>(a->lse);
+    k_.features = fp.data(), k_.params = pp.data();
+    k_.scale = static_cast<Real>(a->scale);
+    k_.dout = dout.ptr();
+    k_.dq = dq.ptr(), k_.dk = dk.ptr(), k_.dv = dv.ptr();
+    k_.dfeatures = dfp.data(), k_.dparams = dpp.data();
+    if constexpr (std::is_same_v<Real, float>) in.entry->backward_f32(k_);
+    else in.entry->backward_f64(k_);
+    finish(dq), finish(dk), finish(dv);
+    for (auto &x : df) finish(x);
+  });
+}
+
+}  // namespace ape::c_abi

@@ -1,0 +1,76 @@
+// KernelInputs: what a caller passes to one generated kernel beyond q, k and v, as plain C++
+// tables (the manifest's "features", "params" and "scale", docs/internals.md §3).
+//
+// apec --emit=torch-library and --emit=c-abi write, next to the generated kernel, a function
+//   const ape::KernelInputs &kernel_inputs();
+// that the operator library (torch_ops.h) and the C ABI (c_abi_impl.h) check their inputs against.
+// No LibTorch, no JSON parser: the tables are generated from the same kernel as the manifest.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernel_entry.h"
+
+namespace ape {
+
+// A param dimension is a size (>= 0) or one of the run-time symbols below.
+constexpr int64_t kDimHeads = -1;    // "heads"    = H
+constexpr int64_t kDimHeadDim = -2;  // "head_dim" = D
+constexpr int kMaxParamRank = 8;
+
+struct ParamInput {
+  const char *name;               // manifest name
+  int rank;                       // number of dimensions, <= kMaxParamRank
+  int64_t dims[kMaxParamRank];    // sizes or kDimHeads / kDimHeadDim
+  bool trainable;                 // false: the kernel computes no gradient (it writes zeros)
+  const char *init;               // manifest init kind ("alibi_slopes", "projection_term", ...)
+};
+
+struct KernelInputs {
+  const char *encoding;               // the encoding's name
+  const KernelEntry *entry;           // fp32 / fp64 forward and backward
+  int num_features;                   // token features, each (B, H, T), in manifest order
+  const char *const *feature_names;
+  int num_params;                     // params, flattened contiguous, in manifest order
+  const ParamInput *params;
+  bool has_scale;                     // manifest "scale" set; otherwise kappa = 1/sqrt(D)
+  double scale;
+
+  double scale_for(int64_t head_dim) const {
+    return has_scale ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  }
+};
+
+inline int64_t resolve_dim(int64_t dim, int64_t heads, int64_t head_dim) {
+  return dim == kDimHeads ? heads : dim == kDimHeadDim ? head_dim : dim;
+}
+
+// The shape of param p for H heads of dimension D.
+inline std::vector<int64_t> param_shape(const ParamInput &p, int64_t heads, int64_t head_dim) {
+  std::vector<int64_t> shape;
+  for (int i = 0; i < p.rank; ++i) shape.push_back(resolve_dim(p.dims[i], heads, head_dim));
+  return shape;
+}
+
+inline int64_t param_numel(const ParamInput &p, int64_t heads, int64_t head_dim) {
+  int64_t n = 1;
+  for (int i = 0; i < p.rank; ++i) n *= resolve_dim(p.dims[i], heads, head_dim);
+  return n;
+}
+
+// The manifest's spelling of param p's shape, e.g. "[heads, head_dim]".
+inline std::string param_shape_text(const ParamInput &p) {
+  std::string s = "[";
+  for (int i = 0; i < p.rank; ++i) {
+    if (i) s += ", ";
+    s += p.dims[i] == kDimHeads      ? std::string("heads")
+         : p.dims[i] == kDimHeadDim ? std::string("head_dim")
+                                    : std::to_string(p.dims[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace ape

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The framework-interop tests (docs/frameworks.md): apec emits the PyTorch operator library and
+# the C ABI of rope, alibi, cable and expe; one CMake project builds them with examples/c; pytest
+# checks them against materialised PyTorch references (test/python/test_*.py).
+#
+#   test/python/run.sh WORKDIR [APEC] [-- PYTEST_ARGS...]
+#
+# With APEC (e.g. build/tools/apec) the folders are emitted into WORKDIR/emitted first; without it
+# WORKDIR/emitted must hold them already (a machine without MLIR, e.g. a GPU machine with another
+# PyTorch: copy WORKDIR/emitted there). APE_PYTHON is the interpreter whose torch is tested
+# (default /usr/bin/python3, Debian's python3-torch). Exit status: pytest's.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=${1:?usage: test/python/run.sh WORKDIR [APEC] [-- PYTEST_ARGS...]}
+shift
+apec=""
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then apec=$1; shift; fi
+if [ $# -gt 0 ] && [ "$1" == "--" ]; then shift; fi
+python=${APE_PYTHON:-/usr/bin/python3}
+encodings=(rope alibi cable expe)
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+
+if [ -n "$apec" ]; then
+  for enc in "${encodings[@]}"; do
+    "$apec" "$root/examples/encodings/$enc.mlir" -o "$work/emitted" --emit=torch-library,c-abi \
+      --expect-name "$enc" --source-name "examples/encodings/$enc.mlir"
+  done
+fi
+
+if [ ! -f "$work/build/CMakeCache.txt" ]; then
+  cmake -S "$root/test/python" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_FLAGS_RELEASE=-O2 -DCMAKE_C_FLAGS_RELEASE=-O2 \
+    -DAPE_EMITTED_DIR="$work/emitted" -DAPE_PYTHON="$python" >"$work/configure.log" 2>&1 ||
+    { cat "$work/configure.log"; exit 1; }
+fi
+cmake --build "$work/build" -- -j"$(nproc)"
+
+export APE_TEST_ARTIFACTS="$work/build"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+cd "$root/test/python"
+exec "$python" -m pytest -p no:cacheprovider "$@"

@@ -1,0 +1,94 @@
+"""What the framework-interop tests share: where test/python/run.sh put the built libraries, the
+generated Python helpers, and random inputs shaped by each kernel's manifest.
+
+APE_TEST_ARTIFACTS is the build folder of test/python/CMakeLists.txt:
+    <enc>_torch_library/libape_<enc>_ops.so and ape_<enc>.py   (apec --emit=torch-library)
+    <enc>_c_abi/libape_<enc>_c.so                               (apec --emit=c-abi)
+    examples_c/rope_example                                     (examples/c)
+"""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+ENCODINGS = ["rope", "alibi", "cable", "expe"]
+# The same tests run on CUDA tensors where PyTorch sees a GPU.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DERIVED = ("projection_term", "projection_prefix")  # params computed from a projection weight
+
+
+def artifacts():
+    d = os.environ.get("APE_TEST_ARTIFACTS")
+    if not d:
+        pytest.skip("APE_TEST_ARTIFACTS is not set: run test/python/run.sh WORKDIR [APEC]")
+    if not os.path.isdir(d):
+        pytest.fail(f"APE_TEST_ARTIFACTS={d} is not a folder")
+    return d
+
+
+def artifact(*parts):
+    path = os.path.join(artifacts(), *parts)
+    if not os.path.exists(path):
+        pytest.fail(f"{path} is missing: did test/python/run.sh build it?")
+    return path
+
+
+_helpers = {}
+
+
+def helper(encoding):
+    """The generated module ape_<encoding> (from the build folder), its library loaded."""
+    if encoding not in _helpers:
+        path = artifact(f"{encoding}_torch_library", f"ape_{encoding}.py")
+        spec = importlib.util.spec_from_file_location(f"ape_{encoding}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.load()
+        _helpers[encoding] = module
+    return _helpers[encoding]
+
+
+def ops(encoding):
+    return helper(encoding).load()
+
+
+def make_inputs(encoding, B, H, T, D, dtype=torch.float64, device="cpu", seed=0):
+    """Random q, k, v (B, H, T, D), features (B, H, T) and params {name: tensor} for the kernel of
+    `encoding`, all leaves; q, k, v, features and trainable params require grad. Params with a
+    manifest initialiser start from it (perturbed so that every one matters); derived params
+    (projection_term) are random, as the caller computes them."""
+    h = helper(encoding)
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, std=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * std).to(dtype).to(device)
+
+    q, k, v = (rand(B, H, T, D).requires_grad_() for _ in range(3))
+    features = [rand(B, H, T).requires_grad_() for _ in h.FEATURES]
+    init = h.init_params(H, D, dtype=torch.float64)
+    params = {}
+    for p in h.MANIFEST["params"]:
+        name, shape = p["name"], h.param_shape(p["name"], H, D)
+        if p["init"]["kind"] in DERIVED or p["trainable"]:
+            t = rand(*shape, std=0.3)
+        else:  # fixed: its initial value, scaled so that a kernel ignoring it would fail
+            t = (init[name].detach() * 0.7).to(dtype).to(device)
+        params[name] = t.requires_grad_(bool(p["trainable"]))
+    return q, k, v, features, params
+
+
+def ordered(encoding, params):
+    return [params[n] for n in helper(encoding).PARAMS]
+
+
+def close(actual, expected, what, atol, rtol=0.0):
+    """Asserts |actual - expected| <= atol + rtol |expected| with a message naming the worst."""
+    actual = actual.detach().to("cpu", torch.float64)
+    expected = expected.detach().to("cpu", torch.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    err = (actual - expected).abs()
+    bound = atol + rtol * expected.abs()
+    worst = (err - bound).max().item() if err.numel() else 0.0
+    assert worst <= 0.0, (f"{what}: max |error| {err.max().item():.3e} exceeds atol {atol:.1e}"
+                          f" + rtol {rtol:.1e} (worst excess {worst:.3e})")

@@ -1,0 +1,204 @@
+"""libape_<enc>_c (apec --emit=c-abi) called through ctypes, exactly as a C caller would: forward
+and backward in f32 and f64 with strided q, k, v, o and gradients against the materialised
+reference, and status codes with messages for bad arguments."""
+import ctypes
+import json
+import math
+
+import pytest
+import torch
+
+import reference
+from support import ENCODINGS, artifact, close, helper, make_inputs
+
+
+class Tensor(ctypes.Structure):  # ape_tensor (ape/c_abi.h)
+    _fields_ = [("data", ctypes.c_void_p), ("strides", ctypes.POINTER(ctypes.c_int64))]
+
+
+class Args(ctypes.Structure):  # ape_<enc>_args (ape_<enc>.h): the same layout for every encoding
+    _fields_ = [("B", ctypes.c_int64), ("H", ctypes.c_int64), ("T", ctypes.c_int64), ("D", ctypes.c_int64),
+                ("scale", ctypes.c_double),
+                ("q", Tensor), ("k", Tensor), ("v", Tensor),
+                ("features", ctypes.POINTER(Tensor)), ("params", ctypes.POINTER(ctypes.c_void_p)),
+                ("o", Tensor), ("lse", ctypes.c_void_p),
+                ("dout", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+                ("dfeatures", ctypes.POINTER(Tensor)), ("dparams", ctypes.POINTER(ctypes.c_void_p))]
+
+
+APE_OK, APE_ERROR_NULL_POINTER, APE_ERROR_INVALID_SHAPE, APE_ERROR_INVALID_VALUE = 0, 1, 2, 3
+
+_libs = {}
+
+
+def lib(encoding):
+    if encoding not in _libs:
+        so = ctypes.CDLL(artifact(f"{encoding}_c_abi", f"libape_{encoding}_c.so"))
+        for fn in ("forward_f32", "backward_f32", "forward_f64", "backward_f64"):
+            f = getattr(so, f"ape_{encoding}_{fn}")
+            f.argtypes, f.restype = [ctypes.POINTER(Args)], ctypes.c_int
+        for fn, args, res in [("error_string", [ctypes.c_int], ctypes.c_char_p),
+                              ("last_error", [], ctypes.c_char_p),
+                              ("param_numel", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64], ctypes.c_int64),
+                              ("default_scale", [ctypes.c_int64], ctypes.c_double),
+                              ("manifest", [], ctypes.c_char_p),
+                              ("abi_version", [], ctypes.c_int)]:
+            f = getattr(so, f"ape_{encoding}_{fn}")
+            f.argtypes, f.restype = args, res
+        _libs[encoding] = so
+    return _libs[encoding]
+
+
+def fn(encoding, name):
+    return getattr(lib(encoding), f"ape_{encoding}_{name}")
+
+
+class Call:
+    """An ape_<enc>_args over torch CPU tensors (kept alive here), strides from the tensors."""
+
+    def __init__(self, q, k, v, features, params, scale, strided=True):
+        self.keep = []
+        B, H, T, D = q.shape
+        self.args = Args(B=B, H=H, T=T, D=D, scale=scale)
+        self.args.q, self.args.k, self.args.v = self.view(q, strided), self.view(k, strided), self.view(v, strided)
+        self.args.features = self.views(features, strided)
+        self.args.params = self.pointers(params)
+
+    def view(self, t, strided=True):
+        self.keep.append(t)
+        if not strided:
+            assert t.is_contiguous()
+            return Tensor(t.data_ptr(), None)
+        strides = (ctypes.c_int64 * t.dim())(*t.stride())
+        self.keep.append(strides)
+        return Tensor(t.data_ptr(), strides)
+
+    def views(self, ts, strided=True):
+        if not ts:
+            return None
+        arr = (Tensor * len(ts))(*[self.view(t, strided) for t in ts])
+        self.keep.append(arr)
+        return arr
+
+    def pointers(self, ts):
+        if not ts:
+            return None
+        self.keep.extend(ts)
+        arr = (ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts])
+        self.keep.append(arr)
+        return arr
+
+
+def strided_like(shape, dtype):
+    """A (B, H, T, D) view of (B, T, H, D) memory, as attention sees a projection's output."""
+    B, H, T, D = shape
+    return torch.zeros(B, T, H, D, dtype=dtype).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 8), (2, 3, 7, 16), (1, 2, 129, 8)],
+                         ids=lambda s: "B{}H{}T{}D{}".format(*s))
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_forward_backward_match_reference(encoding, shape, dtype):
+    B, H, T, D = shape
+    suffix = "f64" if dtype == torch.float64 else "f32"
+    q, k, v, features, params = make_inputs(encoding, *shape, torch.float64)
+    dout = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    names = helper(encoding).PARAMS
+    xs = [q, k, v, *features, *[params[n] for n in names if params[n].requires_grad]]
+    o_ref = reference.attention(encoding, q, k, v, features, params)
+    grads_ref = torch.autograd.grad(o_ref, xs, dout)
+
+    cast = lambda t: t.detach().to(dtype)
+    qs, ks, vs = (strided_like(shape, dtype).copy_(cast(t)) for t in (q, k, v))
+    c = Call(qs, ks, vs, [cast(f) for f in features], [cast(params[n]).contiguous() for n in names],
+             1.0 / math.sqrt(D))
+    o, lse = strided_like(shape, dtype), torch.zeros(B, H, T, dtype=dtype)
+    c.args.o, c.args.lse = c.view(o), lse.data_ptr()
+    assert fn(encoding, "forward_" + suffix)(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
+    atol = 1e-10 if dtype == torch.float64 else 2e-5
+    close(o, o_ref, "o", atol=atol, rtol=atol)
+
+    dq, dk, dv = (strided_like(shape, dtype) for _ in range(3))
+    dfeat = [torch.zeros(B, H, T, dtype=dtype) for _ in features]
+    dparams = [torch.zeros_like(cast(params[n])).contiguous() for n in names]
+    c.args.dout = c.view(strided_like(shape, dtype).copy_(cast(dout)))
+    c.args.dq, c.args.dk, c.args.dv = c.view(dq), c.view(dk), c.view(dv)
+    c.args.dfeatures, c.args.dparams = c.views(dfeat), c.pointers(dparams)
+    assert fn(encoding, "backward_" + suffix)(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
+    got = [dq, dk, dv, *dfeat, *[dparams[i] for i, n in enumerate(names) if params[n].requires_grad]]
+    for i, (g, g_ref) in enumerate(zip(got, grads_ref)):
+        close(g, g_ref, f"gradient {i}", atol=10 * atol, rtol=10 * atol)
+    for i, n in enumerate(names):  # a fixed param gets zeros
+        if not params[n].requires_grad:
+            assert (dparams[i] == 0).all(), n
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_contiguous_null_strides_and_empty_shapes(encoding):
+    B, H, T, D = 1, 2, 5, 4
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D)
+    names = helper(encoding).PARAMS
+    c = Call(*(t.detach() for t in (q, k, v)), [f.detach() for f in features],
+             [params[n].detach() for n in names], 0.5, strided=False)
+    o, lse = torch.zeros(B, H, T, D, dtype=torch.float64), torch.zeros(B, H, T, dtype=torch.float64)
+    c.args.o, c.args.lse = c.view(o, strided=False), lse.data_ptr()
+    assert fn(encoding, "forward_f64")(ctypes.byref(c.args)) == APE_OK
+    close(o, reference.attention(encoding, q, k, v, features, params, scale=0.5), "o", atol=1e-10)
+    for B0, T0 in [(0, T), (B, 0)]:  # nothing to do, still OK
+        c.args.B, c.args.T = B0, T0
+        assert fn(encoding, "forward_f64")(ctypes.byref(c.args)) == APE_OK
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_status_codes_and_messages(encoding):
+    h = helper(encoding)
+    forward, last = fn(encoding, "forward_f32"), fn(encoding, "last_error")
+    assert forward(None) == APE_ERROR_NULL_POINTER
+    assert b"args is NULL" in last()
+    B, H, T, D = 1, 2, 3, 4
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D, torch.float32)
+    c = Call(*(t.detach() for t in (q, k, v)), [f.detach() for f in features],
+             [params[n].detach() for n in h.PARAMS], 0.5)
+    o, lse = torch.zeros(B, H, T, D), torch.zeros(B, H, T)
+    c.args.o, c.args.lse = c.view(o), lse.data_ptr()
+    assert forward(ctypes.byref(c.args)) == APE_OK
+
+    def expect(status, text, **change):
+        saved = bytes(c.args)  # fields of a ctypes struct alias it: restore the bytes
+        for name, value in change.items():
+            setattr(c.args, name, value)
+        assert forward(ctypes.byref(c.args)) == status
+        assert text.encode() in last(), last()
+        assert last().startswith(f"ape_{encoding}_forward_f32: ".encode())
+        ctypes.memmove(ctypes.addressof(c.args), saved, ctypes.sizeof(Args))
+
+    expect(APE_ERROR_INVALID_SHAPE, "B, H, T must be >= 0 and D >= 1, got B=1 H=2 T=3 D=0", D=0)
+    expect(APE_ERROR_INVALID_SHAPE, "got B=-1", B=-1)
+    expect(APE_ERROR_INVALID_SHAPE, "overflows int64", B=2**40, H=2**40)
+    expect(APE_ERROR_INVALID_VALUE, "scale must be finite", scale=math.nan)
+    expect(APE_ERROR_NULL_POINTER, "q.data is NULL", q=Tensor(None, None))
+    expect(APE_ERROR_NULL_POINTER, "lse is NULL", lse=None)
+    if h.FEATURES:
+        expect(APE_ERROR_NULL_POINTER, "features is NULL but the encoding has 1 feature(s)", features=None)
+    if h.PARAMS:
+        expect(APE_ERROR_NULL_POINTER, f"params is NULL but the encoding has {len(h.PARAMS)} param(s)", params=None)
+    assert fn(encoding, "backward_f32")(ctypes.byref(c.args)) == APE_ERROR_NULL_POINTER  # no dout
+    assert b"dout.data is NULL" in last()
+
+    err = fn(encoding, "error_string")
+    assert err(APE_OK) == b"ok" and err(APE_ERROR_NULL_POINTER) == b"a required pointer is NULL"
+    assert err(12345) == b"unknown status"
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_queries(encoding):
+    h = helper(encoding)
+    assert fn(encoding, "abi_version")() == 1
+    assert json.loads(fn(encoding, "manifest")().decode()) == h.MANIFEST
+    assert fn(encoding, "default_scale")(16) == pytest.approx(h.default_scale(16))
+    assert math.isnan(fn(encoding, "default_scale")(0))
+    for n, name in enumerate(h.PARAMS):
+        assert fn(encoding, "param_numel")(n, 3, 8) == math.prod(h.param_shape(name, 3, 8))
+    assert fn(encoding, "param_numel")(len(h.PARAMS), 3, 8) == -1
+    assert fn(encoding, "param_numel")(-1, 3, 8) == -1

@@ -1,0 +1,233 @@
+"""torch.ops.ape_<enc> (apec --emit=torch-library) against materialised PyTorch references:
+forward and gradients for rope, alibi, cable and expe at odd sizes, gradcheck, ExPE through the
+projection, and clear Python exceptions for wrong dtypes, devices and shapes."""
+import json
+import math
+
+import pytest
+import torch
+
+import reference
+from support import DEVICES, ENCODINGS, close, helper, make_inputs, ops, ordered
+
+# (B, H, T, D): one token; odd T and H; T past two 64-key tiles and not a multiple of 64.
+SHAPES = [(1, 1, 1, 8), (2, 3, 7, 16), (1, 2, 129, 8)]
+
+
+def call(encoding, q, k, v, features, params, scale=None):
+    return ops(encoding).attention(q, k, v, *features, *ordered(encoding, params), scale=scale)
+
+
+def leaves(q, k, v, features, params):
+    """The tensors whose gradients are checked: q, k, v, features, trainable params."""
+    return [q, k, v, *features, *[p for p in params.values() if p.requires_grad]]
+
+
+def value_and_grads(fn, inputs, dout):
+    o = fn()
+    return o, torch.autograd.grad(o, inputs, dout)
+
+
+def as_f64(q, k, v, features, params):
+    cast = lambda t: t.detach().double().requires_grad_(t.requires_grad)
+    return cast(q), cast(k), cast(v), [cast(f) for f in features], {n: cast(p) for n, p in params.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}T{}D{}".format(*s))
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_float64_matches_reference(encoding, shape, device):
+    q, k, v, features, params = make_inputs(encoding, *shape, torch.float64, device)
+    dout = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+    xs = leaves(q, k, v, features, params)
+    o, grads = value_and_grads(lambda: call(encoding, q, k, v, features, params), xs, dout)
+    o_ref, grads_ref = value_and_grads(
+        lambda: reference.attention(encoding, q, k, v, features, params), xs, dout)
+    assert o.device.type == device
+    close(o, o_ref, "o", atol=1e-10, rtol=1e-9)
+    names = ["dq", "dk", "dv"] + [f"d{n}" for n in helper(encoding).FEATURES] + \
+        [f"d{n}" for n, p in params.items() if p.requires_grad]
+    for name, g, g_ref in zip(names, grads, grads_ref):
+        assert g.device.type == device, name
+        close(g, g_ref, name, atol=1e-9, rtol=1e-8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: "B{}H{}T{}D{}".format(*s))
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_float32_error_at_most_twice_pytorch(encoding, shape, device):
+    """The fp32 kernel's error against the fp64 reference is at most 2x that of PyTorch's own
+    fp32 materialised attention (plus 1e-6 relative to the largest value)."""
+    q, k, v, features, params = make_inputs(encoding, *shape, torch.float32, device)
+    dout = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device)
+    xs32 = leaves(q, k, v, features, params)
+    got = value_and_grads(lambda: call(encoding, q, k, v, features, params), xs32, dout)
+    torch32 = value_and_grads(lambda: reference.attention(encoding, q, k, v, features, params), xs32, dout)
+    q64, k64, v64, f64, p64 = as_f64(q, k, v, features, params)
+    exact = value_and_grads(lambda: reference.attention(encoding, q64, k64, v64, f64, p64),
+                            leaves(q64, k64, v64, f64, p64), dout.double())
+    for i, (g, t, e) in enumerate(zip([got[0], *got[1]], [torch32[0], *torch32[1]], [exact[0], *exact[1]])):
+        e = e.cpu()
+        err = (g.detach().cpu().double() - e).abs().max().item()
+        err_torch = (t.detach().cpu().double() - e).abs().max().item()
+        floor = 1e-6 * max(1.0, e.abs().max().item())
+        assert err <= 2 * err_torch + floor, \
+            f"output {i}: fp32 kernel error {err:.3e} > 2 x PyTorch fp32 error {err_torch:.3e} + {floor:.1e}"
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_gradcheck(encoding):
+    q, k, v, features, params = make_inputs(encoding, 1, 2, 5, 4, torch.float64, DEVICES[-1])
+    names = helper(encoding).PARAMS
+    trainable = [n for n in names if params[n].requires_grad]
+
+    def fn(q, k, v, *rest):
+        feats = list(rest[:len(features)])
+        ps = dict(params)
+        ps.update(zip(trainable, rest[len(features):]))
+        return call(encoding, q, k, v, feats, ps)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, *features, *[params[n] for n in trainable]),
+                                    eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_expe_through_the_projection(device):
+    """ExPE's projection_term params computed as the APE runtime does (ape_expe.projection_terms)
+    and the tail projection x[..., l:] W[:, l:]^T reproduce the literal override: positions
+    written into the first l inputs of the q/k projections, forward and gradients w.r.t. x and
+    every projection weight."""
+    h = helper("expe")
+    ov = h.MANIFEST["override"]
+    l, B, T, heads, d = int(ov["l"]), 2, 9, 2, 32
+    D = d // heads
+    g = torch.Generator().manual_seed(3)
+    rnd = lambda *s, std=1.0: (torch.randn(*s, generator=g, dtype=torch.float64) * std).to(device).requires_grad_()
+    x, wq, wk, wv = rnd(B, T, d), rnd(d, d, std=0.3), rnd(d, d, std=0.3), rnd(d, d, std=0.3)
+    sigma = 1.0
+    if "position_scale" in h.PARAMS:  # the runtime's fixed σ, here its initial value
+        sigma = float(h.init_params(heads, D)["position_scale"].reshape(()))
+
+    def kernel_path():
+        split = lambda t: t.view(B, T, heads, D).transpose(1, 2)
+        tail = lambda w: x[..., l:] @ w[:, l:].t()
+        q, k = split(tail(wq)), split(tail(wk))
+        v = split(tail(wv) if "v" in ov["targets"] else x @ wv.t())
+        params = h.init_params(heads, D, dtype=torch.float64, device=device)
+        params.update(h.projection_terms({"q": wq, "k": wk, "v": wv}, heads, D))
+        return h.attention(q, k, v, params=params)
+
+    dout = torch.randn(B, heads, T, D, generator=g, dtype=torch.float64).to(device)
+    o, grads = value_and_grads(kernel_path, [x, wq, wk, wv], dout)
+    o_ref, grads_ref = value_and_grads(
+        lambda: reference.expe_through_projection(x, wq, wk, wv, heads, ov, sigma), [x, wq, wk, wv], dout)
+    close(o, o_ref, "o", atol=1e-10, rtol=1e-9)
+    for name, gr, gr_ref in zip(["dx", "dWq", "dWk", "dWv"], grads, grads_ref):
+        close(gr, gr_ref, name, atol=1e-9, rtol=1e-8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_strided_inputs_explicit_scale_and_raw_ops(encoding, device):
+    """q, k, v as (B, T, H, D) memory viewed as (B, H, T, D); an explicit scale; the raw
+    attention_forward / attention_backward give the same o and gradients, and lse."""
+    B, H, T, D = 2, 3, 11, 8
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D, torch.float64, device)
+    qs, ks, vs = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    assert not qs.is_contiguous()
+    o = call(encoding, qs, ks, vs, features, params, scale=0.3)
+    close(o, reference.attention(encoding, q, k, v, features, params, scale=0.3), "o", atol=1e-10, rtol=1e-9)
+    plist = ordered(encoding, params)
+    o2, lse = ops(encoding).attention_forward(q, k, v, features, plist, 0.3)
+    close(o2, o, "raw o", atol=0, rtol=0)
+    assert lse.shape == (B, H, T) and torch.isfinite(lse).all()
+    dout = torch.randn(B, H, T, D, dtype=torch.float64).to(device)
+    dq, dk, dv, dfeat, dparams = ops(encoding).attention_backward(dout, q, k, v, o2, lse, features, plist, 0.3)
+    auto = torch.autograd.grad(o, [qs, ks, vs, *features], dout)
+    for name, raw, a in zip(["dq", "dk", "dv", "dfeatures"], [dq, dk, dv, *dfeat], auto):
+        close(raw, a, name, atol=1e-12, rtol=1e-12)
+    assert [t.shape for t in dparams] == [p.shape for p in plist]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_no_grad_inference_mode_and_meta(encoding):
+    B, H, T, D = 1, 2, 6, 4
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D)
+    want = call(encoding, q, k, v, features, params).detach()
+    with torch.no_grad():
+        o = call(encoding, q, k, v, features, params)
+        assert not o.requires_grad
+        close(o, want, "no_grad o", atol=0)
+    with torch.inference_mode():
+        close(call(encoding, q, k, v, features, params), want, "inference_mode o", atol=0)
+    meta = lambda t: t.detach().to("meta")
+    o = call(encoding, meta(q), meta(k), meta(v), [meta(f) for f in features],
+             {n: meta(p) for n, p in params.items()})
+    assert o.device.type == "meta" and o.shape == (B, H, T, D)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_manifest_and_helper(encoding):
+    h = helper(encoding)
+    assert json.loads(ops(encoding).manifest()) == h.MANIFEST
+    assert h.MANIFEST["encoding"] == encoding
+    assert h.default_scale(16) == pytest.approx(1 / math.sqrt(16) if h.MANIFEST["scale"] is None else h.MANIFEST["scale"])
+    assert len(h.ARGUMENTS) == len(h.FEATURES) + len(h.PARAMS)
+
+
+# ---- errors: a clear Python exception naming the argument, never a crash ----------------------------
+def _bad_calls(encoding, device):
+    """(id, thunk, exception type, message pattern) for one encoding."""
+    B, H, T, D = 2, 3, 7, 8
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D, torch.float64, device)
+    h, o = helper(encoding), ops(encoding)
+    plist = ordered(encoding, params)
+    run = lambda q=q, k=k, v=v, features=features, params=plist, **kw: \
+        o.attention(q, k, v, *features, *params, **kw)
+    cases = [
+        ("q_float16", lambda: run(q=q.detach().half()), TypeError, r"q has dtype torch\.float16; the kernels take torch\.float32 or torch\.float64"),
+        ("q_int64", lambda: run(q=q.detach().long()), TypeError, r"q has dtype torch\.int64"),
+        ("k_float32", lambda: run(k=k.detach().float()), TypeError, r"k has dtype torch\.float32 but q has torch\.float64"),
+        ("q_3d", lambda: run(q=q.detach()[0]), ValueError, r"q must be a 4-D tensor \[B, H, T, D\], got shape \[3, 7, 8\]"),
+        ("v_shape", lambda: run(v=v.detach()[:, :, :5]), ValueError, r"v must have shape \[B, H, T, D\] \(q's shape\) = \[2, 3, 7, 8\], got \[2, 3, 5, 8\]"),
+        ("head_dim_0", lambda: run(q=q.detach()[..., :0], k=k.detach()[..., :0], v=v.detach()[..., :0]), ValueError, r"head dim D\) must be >= 1"),
+        ("scale_inf", lambda: run(scale=math.inf), ValueError, r"scale must be finite"),
+        ("k_on_meta", lambda: run(k=k.detach().to("meta")), RuntimeError, r"k is on meta but q is on " + device),
+        ("raw_missing_feature", lambda: o.attention_forward(q, k, v, features[:-1] if features else [q[:, :, :, 0]], plist, 1.0), ValueError, r"expected \d+ feature tensor"),
+        ("raw_missing_param", lambda: o.attention_forward(q, k, v, features, plist[:-1] if plist else [q], 1.0), ValueError, r"expected \d+ param tensor"),
+        ("missing_argument", lambda: o.attention(q, k), (RuntimeError, TypeError), r"missing|expected|argument"),
+    ]
+    if device == "cuda":
+        cases.append(("k_on_cpu", lambda: run(k=k.detach().cpu()), RuntimeError, r"k is on cpu but q is on cuda"))
+    for i, name in enumerate(h.FEATURES):
+        bad = list(features)
+        bad[i] = features[i].detach()[:, :, :6]
+        cases.append((f"feature_{name}_shape", lambda bad=bad: run(features=bad), ValueError,
+                      rf"feature '{name}' must have shape \[B, H, T\] = \[2, 3, 7\], got \[2, 3, 6\]"))
+    for i, name in enumerate(h.PARAMS):
+        bad = list(plist)
+        bad[i] = torch.zeros(4, 4, 4, dtype=torch.float64, device=device)
+        want = h.param_shape(name, H, D)
+        cases.append((f"param_{name}_shape", lambda bad=bad: run(params=bad), ValueError,
+                      rf"param '{name}' must have shape \[.*\] = \[{', '.join(map(str, want))}\]"))
+        if not h.MANIFEST["params"][i]["trainable"]:
+            bad = list(plist)
+            bad[i] = plist[i].detach().clone().requires_grad_()
+            cases.append((f"param_{name}_not_trainable", lambda bad=bad: run(params=bad), ValueError,
+                          rf"param '{name}' requires grad, but the encoding declares it not trainable"))
+    return cases
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_bad_arguments_raise_clear_errors(encoding, device):
+    for name, thunk, kind, pattern in _bad_calls(encoding, device):
+        with pytest.raises(kind, match=pattern):
+            thunk()
+
+
+def test_double_backward_is_refused():
+    q, k, v, features, params = make_inputs("rope", 1, 1, 4, 4)
+    o = call("rope", q, k, v, features, params)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(o.sum(), q, create_graph=True)
