@@ -275,6 +275,42 @@ LogicalResult AbsoluteOp::verify() {
 
 LogicalResult AlibiOp::verify() { return success(); }
 
+LogicalResult T5BiasOp::verify() {
+  int64_t buckets = getBuckets(), maxDistance = getMaxDistance();
+  if (buckets < 2 || buckets % 2 != 0)
+    return emitOpError("buckets must be even and at least 2, got ") << buckets;
+  if (maxDistance <= buckets / 2)
+    return emitOpError("max_distance ") << maxDistance << " must exceed buckets/2 = "
+                                        << buckets / 2 << " (the exact buckets)";
+  double std = getStd().convertToDouble();
+  if (!(std >= 0.0 && isFinite(std)))
+    return emitOpError("std must be a non-negative finite number, got ") << num(std);
+  return success();
+}
+
+LogicalResult KerpleOp::verify() {
+  if (getKind() != "log" && getKind() != "power")
+    return emitOpError("kind must be \"log\" or \"power\", got \"") << getKind() << "\"";
+  double p = getPInit().convertToDouble(), a = getAInit().convertToDouble();
+  if (!(p >= 0.01 && a >= 0.01 && isFinite(p) && isFinite(a)))
+    return emitOpError("p_init and a_init must be finite and at least 0.01, got ")
+           << num(p) << " and " << num(a);
+  if (getKind() == "power" && p > 2.0)
+    return emitOpError("p_init of the power kernel must be at most 2, got ") << num(p);
+  return success();
+}
+
+LogicalResult FireOp::verify() {
+  if (getHidden() < 1 || getHidden() > 256)
+    return emitOpError("hidden must be in [1, 256], got ") << getHidden();
+  double c = getC().convertToDouble(), l = getLInit().convertToDouble();
+  if (!(c > 0.0 && isFinite(c)))
+    return emitOpError("c must be a positive finite number, got ") << num(c);
+  if (!(l >= 1.0 && isFinite(l)))
+    return emitOpError("l_init must be a finite number >= 1, got ") << num(l);
+  return success();
+}
+
 LogicalResult CableOp::verify() {
   if (getKernel() != "none" && getKernel() != "log1p_sq")
     return emitOpError("kernel must be \"none\" (Cable) or \"log1p_sq\" (K-Cable), got \"")

@@ -179,6 +179,63 @@ def Ape_AlibiOp : Ape_ComponentOp<"alibi"> {
   let arguments = (ins UnitAttr:$learned);
 }
 
+def Ape_T5BiasOp : Ape_ComponentOp<"t5_bias"> {
+  let summary = "T5 relative bias: a learned table over log-spaced distance buckets";
+  let description = [{
+    B_ij = T[bucket(i - j), h] with n = max(i - j, 0) and (decoder form)
+    bucket(n) = n for n < buckets/2, else
+    min(buckets/2 + floor(ln(n/(buckets/2)) / ln(max_distance/(buckets/2)) · buckets/2),
+        buckets - 1).
+    One table [buckets, heads] (init N(0, std)) is shared by every layer; its
+    gradient is a scatter by (bucket, head), summed per (batch, head) slice and
+    reduced in a fixed order. Expands to an `ape.param` and an `ape.score_mod`.
+
+    ```mlir
+    ape.t5_bias {buckets = 32, max_distance = 128}
+    ```
+  }];
+  let arguments = (ins DefaultValuedAttr<I64Attr, "32">:$buckets,
+                       DefaultValuedAttr<I64Attr, "128">:$max_distance,
+                       DefaultValuedAttr<F64Attr, "0.02">:$std);
+}
+
+def Ape_KerpleOp : Ape_ComponentOp<"kerple"> {
+  let summary = "KERPLE: a learned conditionally positive definite distance kernel";
+  let description = [{
+    kind "log":   B_ij = -p_h·ln(1 + a_h·(i - j))
+    kind "power": B_ij = -a_h·(i - j)^(p_h)
+    with per-head p and a (initialised to `p_init`, `a_init`) shared by every
+    layer and clamped to >= 0.01 (the power exponent also to <= 2) where they
+    are used. Expands to two `ape.param`s and an `ape.score_mod`.
+
+    ```mlir
+    ape.kerple {kind = "log"}
+    ape.kerple {kind = "power", p_init = 1.5 : f64, a_init = 0.5 : f64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$kind,
+                       DefaultValuedAttr<F64Attr, "1.0">:$p_init,
+                       DefaultValuedAttr<F64Attr, "1.0">:$a_init);
+}
+
+def Ape_FireOp : Ape_ComponentOp<"fire"> {
+  let summary = "FIRE: a learned MLP of the normalised log distance";
+  let description = [{
+    B_ij = MLP_h(ψ(i - j) / (ψ(max(i, l_init·L)) + 1e-6)) with ψ(x) = ln(|c·x| + 1),
+    MLP 1 → `hidden` → heads with ReLU, and c (init `c`) and L (init 1) trained
+    with the MLP (one per layer). The MLP is evaluated inside the kernel for
+    every (i, j); its weights' gradients are reduced per (batch, head) slice in
+    a fixed order. Expands to params and an `ape.score_mod`.
+
+    ```mlir
+    ape.fire {hidden = 32, c = 0.1 : f64, l_init = 512.0 : f64}
+    ```
+  }];
+  let arguments = (ins DefaultValuedAttr<I64Attr, "32">:$hidden,
+                       DefaultValuedAttr<F64Attr, "0.1">:$c,
+                       DefaultValuedAttr<F64Attr, "512.0">:$l_init);
+}
+
 def Ape_CableOp : Ape_ComponentOp<"cable"> {
   let summary = "Cable: context-aware cumulative biases from the block input";
   let description = [{

@@ -15,6 +15,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/IRMapping.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
 #include <cmath>
@@ -220,8 +221,20 @@ StringRef scorePlan(LoadOp load, Block &block) {
     if (idx[2] == j)
       return "col_sum";
   }
-  if (isa<ParamType>(load.getSource().getType()) && idx.size() == 1 && idx[0] == h)
-    return "head_sum";
+  if (isa<ParamType>(load.getSource().getType())) {
+    // Indices that are constants or h: every (b, i, j) adds into the same element of its
+    // head ("head_sum") or of the whole param ("sum", a full reduction); a computed index
+    // (a bucket, say) scatters.
+    bool usesHead = false, constant = true;
+    for (Value v : idx) {
+      if (v == h)
+        usesHead = true;
+      else if (!matchPattern(v, m_Constant()))
+        constant = false;
+    }
+    if (constant)
+      return usesHead ? "head_sum" : "sum";
+  }
   return "scatter";
 }
 

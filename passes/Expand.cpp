@@ -286,6 +286,114 @@ void expandCable(OpBuilder &b, CableOp op) {
     op->getParentOfType<EncodingOp>().setScaleAttr(kappa);
 }
 
+/// A param of `shape` with initialiser `init`; `shared` params are one tensor for all layers.
+ParamOp newParam(OpBuilder &b, Location loc, StringRef name, ArrayRef<StringRef> shape,
+                 StringRef init, bool trainable, bool shared = false) {
+  auto p = b.create<ParamOp>(loc, ParamType::get(b.getContext()), b.getStringAttr(name),
+                             b.getStrArrayAttr(shape), b.getStringAttr(init),
+                             trainable ? b.getUnitAttr() : nullptr);
+  if (shared)
+    p->setAttr("shared", b.getUnitAttr());
+  return p;
+}
+
+/// n = max(i - j, 0) as an index (rows above the diagonal, which the mask drops, give 0).
+Value distance(RegionBuilder &rb, Value i, Value j) {
+  return rb.b.create<arith::MaxSIOp>(rb.loc, rb.isub(i, j), rb.idx(0));
+}
+
+/// T5: B_ij = T[bucket(i - j), h], one [buckets, heads] table shared by all layers.
+void expandT5(OpBuilder &b, T5BiasOp op) {
+  Location loc = op.getLoc();
+  int64_t buckets = op.getBuckets(), exact = buckets / 2;
+  double maxDistance = static_cast<double>(op.getMaxDistance());
+  std::string rows = std::to_string(buckets);
+  ParamOp table = newParam(b, loc, "t5_table", {rows, "heads"}, "normal", true, /*shared=*/true);
+  table->setAttr("std", op.getStdAttr());
+  buildScoreMod(b, loc, [&](RegionBuilder &rb, Value, Value h, Value i, Value j) {
+    OpBuilder &ob = rb.b;
+    Value n = distance(rb, i, j);
+    Value exactIdx = rb.idx(exact);
+    Value small = ob.create<arith::CmpIOp>(loc, arith::CmpIPredicate::slt, n, exactIdx);
+    // exact + floor(ln(n/exact) / ln(max_distance/exact) · exact), n >= exact (no log 0)
+    Value nF = rb.toF32(ob.create<arith::MaxSIOp>(loc, n, exactIdx));
+    Value logRatio = ob.create<math::LogOp>(loc, rb.div(nF, rb.f32(static_cast<double>(exact))));
+    Value steps = ob.create<math::FloorOp>(
+        loc, rb.mul(logRatio, rb.f32(static_cast<double>(exact) /
+                                     std::log(maxDistance / static_cast<double>(exact)))));
+    Value stepsIdx = ob.create<arith::IndexCastOp>(
+        loc, ob.getIndexType(), ob.create<arith::FPToSIOp>(loc, ob.getI64Type(), steps));
+    Value large = ob.create<arith::MinSIOp>(loc, rb.iadd(exactIdx, stepsIdx), rb.idx(buckets - 1));
+    Value bucket = ob.create<arith::SelectOp>(loc, small, n, large);
+    return rb.load(table, {bucket, h});
+  });
+}
+
+/// KERPLE: -p_h·ln(1 + a_h·Δ) ("log") or -a_h·Δ^(p_h) ("power"), p and a clamped.
+void expandKerple(OpBuilder &b, KerpleOp op) {
+  Location loc = op.getLoc();
+  bool power = op.getKind() == "power";
+  ParamOp p = newParam(b, loc, "kerple_p", {"heads"}, "constant", true, /*shared=*/true);
+  p->setAttr("value", op.getPInitAttr());
+  ParamOp a = newParam(b, loc, "kerple_a", {"heads"}, "constant", true, /*shared=*/true);
+  a->setAttr("value", op.getAInitAttr());
+  buildScoreMod(b, loc, [&](RegionBuilder &rb, Value, Value h, Value i, Value j) {
+    Value pv = rb.maxf(rb.load(p, {h}), rb.f32(0.01));
+    Value av = rb.maxf(rb.load(a, {h}), rb.f32(0.01));
+    Value d = rb.toF32(distance(rb, i, j));
+    if (!power)
+      return rb.neg(rb.mul(pv, rb.log1p(rb.mul(av, d))));
+    pv = rb.minf(pv, rb.f32(2.0));
+    // Δ^p at Δ = 0 is 0; the select keeps ln(0) out of the exponent's gradient.
+    Value positive = rb.b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT, d, rb.f32(0.0));
+    Value powered = rb.b.create<math::PowFOp>(loc, d, pv);
+    return rb.neg(rb.mul(av, rb.select(positive, powered, rb.f32(0.0))));
+  });
+}
+
+/// FIRE: MLP_h(ψ(Δ) / (ψ(max(i, l_init·L)) + 1e-6)), ψ(x) = ln(|c·x| + 1), ReLU hidden layer.
+void expandFire(OpBuilder &b, FireOp op) {
+  Location loc = op.getLoc();
+  int64_t hidden = op.getHidden();
+  std::string width = std::to_string(hidden);
+  ParamOp c = newParam(b, loc, "fire_c", {"1"}, "constant", true);
+  c->setAttr("value", op.getCAttr());
+  ParamOp lMult = newParam(b, loc, "fire_l_mult", {"1"}, "constant", true);
+  lMult->setAttr("value", b.getF64FloatAttr(1.0));
+  ParamOp w1 = newParam(b, loc, "fire_w1", {width}, "normal", true);
+  w1->setAttr("std", b.getF64FloatAttr(1.0));
+  ParamOp b1 = newParam(b, loc, "fire_b1", {width}, "zeros", true);
+  ParamOp w2 = newParam(b, loc, "fire_w2", {width, "heads"}, "normal", true);
+  w2->setAttr("std", b.getF64FloatAttr(0.1));
+  ParamOp b2 = newParam(b, loc, "fire_b2", {"heads"}, "zeros", true);
+  double lInit = op.getLInit().convertToDouble();
+  buildScoreMod(b, loc, [&](RegionBuilder &rb, Value, Value h, Value i, Value j) {
+    Value cv = rb.load(c, {rb.idx(0)});
+    Value lv = rb.load(lMult, {rb.idx(0)});
+    auto psi = [&](Value x) { return rb.log1p(rb.absf(rb.mul(cv, x))); };
+    Value d = rb.toF32(distance(rb, i, j));
+    Value norm = rb.maxf(rb.toF32(i), rb.mul(rb.f32(lInit), lv));
+    Value x = rb.div(psi(d), rb.add(psi(norm), rb.f32(1e-6)));
+    SmallVector<Value> terms;
+    for (int64_t k = 0; k < hidden; ++k) {
+      Value kk = rb.idx(k);
+      Value pre = rb.add(rb.mul(rb.load(w1, {kk}), x), rb.load(b1, {kk}));
+      Value act = rb.maxf(pre, rb.f32(0.0));
+      terms.push_back(rb.mul(rb.load(w2, {kk, h}), act));
+    }
+    // A balanced sum keeps every weight's gradient path short.
+    while (terms.size() > 1) {
+      SmallVector<Value> next;
+      for (size_t k = 0; k + 1 < terms.size(); k += 2)
+        next.push_back(rb.add(terms[k], terms[k + 1]));
+      if (terms.size() % 2)
+        next.push_back(terms.back());
+      terms = std::move(next);
+    }
+    return rb.add(terms.front(), rb.load(b2, {h}));
+  });
+}
+
 /// Components expanded twice (two ape.alibi, say) would declare the same
 /// param or feature name; later ones get a numeric suffix: "alibi_slopes_1".
 void uniquifyNames(EncodingOp enc) {
@@ -312,7 +420,7 @@ struct ApeExpandPass : public mlir::ape::impl::ApeExpandBase<ApeExpandPass> {
   void runOnOperation() override {
     SmallVector<Operation *> named;
     getOperation().walk([&](Operation *op) {
-      if (isa<RotaryOp, XposOp, AbsoluteOp, AlibiOp, CableOp>(op))
+      if (isa<RotaryOp, XposOp, AbsoluteOp, AlibiOp, CableOp, T5BiasOp, KerpleOp, FireOp>(op))
         named.push_back(op);
     });
     for (Operation *op : named) {
@@ -327,6 +435,12 @@ struct ApeExpandPass : public mlir::ape::impl::ApeExpandBase<ApeExpandPass> {
         expandAlibi(b, alibi);
       } else if (auto cable = dyn_cast<CableOp>(op)) {
         expandCable(b, cable);
+      } else if (auto t5 = dyn_cast<T5BiasOp>(op)) {
+        expandT5(b, t5);
+      } else if (auto kerple = dyn_cast<KerpleOp>(op)) {
+        expandKerple(b, kerple);
+      } else if (auto fire = dyn_cast<FireOp>(op)) {
+        expandFire(b, fire);
       }
       op->erase();
     }

@@ -137,7 +137,8 @@ LogicalResult fuse(EncodingOp enc) {
   SmallVector<KModOp> kmods;
   SmallVector<ScoreModOp> smods;
   for (Operation &op : enc.getBody().front()) {
-    if (isa<RotaryOp, XposOp, AbsoluteOp, AlibiOp, CableOp, OverrideOp>(op))
+    if (isa<RotaryOp, XposOp, AbsoluteOp, AlibiOp, CableOp, T5BiasOp, KerpleOp, FireOp,
+            OverrideOp>(op))
       return op.emitOpError("is a named component: run -ape-expand and -ape-push-override "
                             "before -ape-fuse");
     if (auto q = dyn_cast<QModOp>(op))

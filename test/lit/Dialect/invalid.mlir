@@ -450,3 +450,52 @@ ape.encoding @e {
   // expected-error @+1 {{'ape.constant' op is only allowed inside a map, q_mod, k_mod or score_mod region}}
   %c = ape.constant 0.1
 }
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.t5_bias' op buckets must be even and at least 2, got 31}}
+  ape.t5_bias {buckets = 31}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.t5_bias' op max_distance 16 must exceed buckets/2 = 16 (the exact buckets)}}
+  ape.t5_bias {buckets = 32, max_distance = 16}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.kerple' op kind must be "log" or "power", got "cosine"}}
+  ape.kerple {kind = "cosine"}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.kerple' op p_init of the power kernel must be at most 2, got 3}}
+  ape.kerple {kind = "power", p_init = 3.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.kerple' op p_init and a_init must be finite and at least 0.01, got 1 and 0}}
+  ape.kerple {kind = "log", a_init = 0.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.fire' op hidden must be in [1, 256], got 0}}
+  ape.fire {hidden = 0}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.fire' op c must be a positive finite number, got -0.1}}
+  ape.fire {c = -0.1 : f64}
+}

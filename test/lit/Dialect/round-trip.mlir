@@ -137,3 +137,13 @@ ape.kernel @lowered {
   }
   ape.position_embedding {learned, max_length = 8 : i64, std = 0.1 : f64}
 }
+
+// CHECK-LABEL: ape.encoding @biases
+// CHECK-NEXT: ape.t5_bias {max_distance = 256 : i64}
+// CHECK-NEXT: ape.kerple {kind = "log"}
+// CHECK-NEXT: ape.fire {hidden = 16 : i64}
+ape.encoding @biases {
+  ape.t5_bias {max_distance = 256}
+  ape.kerple {kind = "log"}
+  ape.fire {hidden = 16}
+}

@@ -1,0 +1,82 @@
+// RUN: ape-opt %s -split-input-file -ape-expand | FileCheck %s --check-prefix=EXPAND
+// RUN: ape-opt %s -split-input-file -ape-lower | FileCheck %s --check-prefix=PLAN
+// The learned biases after expansion, and the reduction plan -ape-differentiate chooses for
+// each input of their score_mod: scatter by bucket (T5), per-head sums (KERPLE), full
+// reductions and per-head sums (FIRE's MLP), row and column sums (Cable), none (fixed slopes).
+
+// T5: bucket(n) = n below 16, else 16 + floor(ln(n/16)·16/ln 8) capped at 31; n >= 16 before the
+// log, so ln 0 is never taken. One table for all layers ("shared").
+// EXPAND-LABEL: ape.encoding @t5
+// EXPAND: %[[T:.*]] = ape.param "t5_table" ["32", "heads"] init = "normal" trainable {shared, std = 2.000000e-02 : f64}
+// EXPAND: ape.score_mod {
+// EXPAND-NEXT: ^bb0(%[[S:.*]]: f32, %{{.*}}: index, %[[H:.*]]: index, %[[I:.*]]: index, %[[J:.*]]: index):
+// EXPAND: %[[D:.*]] = arith.subi %[[I]], %[[J]] : index
+// EXPAND-NEXT: %[[N:.*]] = arith.maxsi %[[D]], %{{.*}} : index
+// EXPAND: %[[SMALL:.*]] = arith.cmpi slt, %[[N]], %[[EXACT:.*]] : index
+// EXPAND-NEXT: arith.maxsi %[[N]], %[[EXACT]] : index
+// EXPAND: math.log
+// EXPAND: ape.constant 7.6943735514078053
+// EXPAND: math.floor
+// EXPAND: %[[LARGE:.*]] = arith.minsi %{{.*}}, %{{.*}} : index
+// EXPAND-NEXT: %[[B:.*]] = arith.select %[[SMALL]], %[[N]], %[[LARGE]] : index
+// EXPAND-NEXT: %[[V:.*]] = ape.load %[[T]][%[[B]], %[[H]]] : !ape.param
+// EXPAND-NEXT: %[[R:.*]] = arith.addf %[[S]], %[[V]] : f32
+// PLAN-LABEL: ape.kernel @t5
+// PLAN: ape.score_mod attributes {plans = ["scatter"]}
+ape.encoding @t5 {
+  ape.t5_bias {buckets = 32, max_distance = 128}
+}
+
+// -----
+
+// KERPLE power: per-head a and p, clamped; Δ^p only where Δ > 0.
+// EXPAND-LABEL: ape.encoding @kerple
+// EXPAND: %[[P:.*]] = ape.param "kerple_p" ["heads"] init = "constant" trainable {shared, value = 1.500000e+00 : f64}
+// EXPAND: %[[A:.*]] = ape.param "kerple_a" ["heads"] init = "constant" trainable {shared, value = 5.000000e-01 : f64}
+// EXPAND: ape.score_mod {
+// EXPAND-DAG: ape.load %[[P]]
+// EXPAND-DAG: ape.load %[[A]]
+// EXPAND-DAG: ape.constant 1.000000e-02
+// EXPAND: arith.minimumf
+// EXPAND: %[[POS:.*]] = arith.cmpf ogt
+// EXPAND: %[[POW:.*]] = math.powf
+// EXPAND: arith.select %[[POS]], %[[POW]], %{{.*}} : f32
+// PLAN-LABEL: ape.kernel @kerple
+// PLAN: ape.score_mod attributes {plans = ["head_sum", "head_sum"]}
+ape.encoding @kerple {
+  ape.kerple {kind = "power", p_init = 1.5 : f64, a_init = 0.5 : f64}
+}
+
+// -----
+
+// FIRE: c and L, then per hidden unit w1[k], b1[k] (full reductions) and w2[k, h] (per head).
+// EXPAND-LABEL: ape.encoding @fire
+// EXPAND: ape.param "fire_c" ["1"] init = "constant" trainable {value = 1.000000e-01 : f64}
+// EXPAND: ape.param "fire_l_mult" ["1"] init = "constant" trainable {value = 1.000000e+00 : f64}
+// EXPAND: ape.param "fire_w1" ["2"] init = "normal" trainable {std = 1.000000e+00 : f64}
+// EXPAND: ape.param "fire_b1" ["2"] init = "zeros" trainable
+// EXPAND: ape.param "fire_w2" ["2", "heads"] init = "normal" trainable {std = 1.000000e-01 : f64}
+// EXPAND: ape.param "fire_b2" ["heads"] init = "zeros" trainable
+// EXPAND: ape.score_mod {
+// EXPAND: math.log1p
+// EXPAND: arith.maximumf
+// PLAN-LABEL: ape.kernel @fire
+// PLAN: ape.score_mod attributes {plans = ["sum", "sum", "sum", "sum", "head_sum", "sum", "sum", "head_sum", "head_sum"]}
+ape.encoding @fire {
+  ape.fire {hidden = 2}
+}
+
+// -----
+
+// Composition: RoPE + T5 + Cable + fixed ALiBi slopes in one kernel.
+// PLAN-LABEL: ape.kernel @mixed
+// PLAN: ape.q_mod
+// PLAN: ape.k_mod
+// PLAN: ape.score_mod attributes {plans = ["scatter", "none", "row_sum", "col_sum"]}
+// PLAN-NOT: ape.score_mod
+ape.encoding @mixed {
+  ape.rotary
+  ape.t5_bias
+  ape.alibi
+  ape.cable
+}
