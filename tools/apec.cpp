@@ -1,6 +1,6 @@
 //===- apec.cpp - the APE compiler ----------------------------------------===//
 //
-//   apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir]
+//   apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,cuda,cuda-package]
 //
 // Parses and verifies the spec, lowers every ape.encoding in it through the
 // whole pipeline (expand, push-override, fuse, differentiate, schedule) and
@@ -8,6 +8,12 @@
 //   OUTDIR/NAME_cpu.cpp         the fused CPU kernel (Enc functor + instantiations)
 //   OUTDIR/NAME.manifest.json   inputs, params, features, projection, schedule
 //   OUTDIR/NAME.kernel.mlir     the lowered ape.kernel (for reading and lit)
+// and on request (docs/cuda.md):
+//   --emit=cuda           OUTDIR/NAME_cuda.cuh, NAME_cuda.cu and one
+//                         NAME_cuda_<dtype>_hd<D>.cu per --cuda-dtypes x --cuda-head-dims
+//   --emit=cuda-package   a self-contained CUDA package in OUTDIR (run once per spec
+//                         into the same OUTDIR): the same files under OUTDIR/kernels/ with
+//                         the manifest, the templates, a CMakeLists.txt (nvcc, no MLIR)
 // MLIR's pass-manager options work too (--mlir-print-ir-after-all, ...).
 //
 //===----------------------------------------------------------------------===//
@@ -39,8 +45,14 @@ static cl::opt<std::string> outDir("o", cl::desc("output folder (created if miss
                                    cl::value_desc("dir"), cl::init("."), cl::cat(apecCategory));
 static cl::list<std::string> emit("emit",
                                   cl::desc("what to write (default: cpu,manifest,kernel-mlir)"),
-                                  cl::value_desc("cpu|manifest|kernel-mlir"), cl::CommaSeparated,
+                                  cl::value_desc("cpu|manifest|kernel-mlir|cuda|cuda-package"), cl::CommaSeparated,
                                   cl::cat(apecCategory));
+static cl::list<std::string> cudaDTypes(
+    "cuda-dtypes", cl::desc("input dtypes of the CUDA variants (default: bf16,f16,f32)"),
+    cl::value_desc("bf16|f16|f32"), cl::CommaSeparated, cl::cat(apecCategory));
+static cl::list<int64_t> cudaHeadDims(
+    "cuda-head-dims", cl::desc("head dims of the CUDA variants (default: 32,64,128)"),
+    cl::value_desc("32|64|128"), cl::CommaSeparated, cl::cat(apecCategory));
 static cl::opt<std::string> expectName(
     "expect-name",
     cl::desc("fail unless the spec holds exactly one ape.encoding, named this (the build "
@@ -63,6 +75,60 @@ static LogicalResult writeFile(StringRef path, llvm::function_ref<LogicalResult(
   return success();
 }
 
+/// The CUDA variants asked for by --cuda-dtypes x --cuda-head-dims.
+static FailureOr<SmallVector<ape::CudaVariant>> cudaVariants() {
+  SmallVector<std::string> dtypes(cudaDTypes.begin(), cudaDTypes.end());
+  SmallVector<int64_t> dims(cudaHeadDims.begin(), cudaHeadDims.end());
+  if (dtypes.empty())
+    dtypes = {"bf16", "f16", "f32"};
+  if (dims.empty())
+    dims = {32, 64, 128};
+  SmallVector<ape::CudaVariant> variants;
+  for (const std::string &t : dtypes) {
+    if (t != "bf16" && t != "f16" && t != "f32") {
+      llvm::errs() << "apec: unknown --cuda-dtypes value '" << t << "' (expected bf16, f16, f32)\n";
+      return failure();
+    }
+    for (int64_t d : dims) {
+      if (d != 32 && d != 64 && d != 128) {
+        llvm::errs() << "apec: --cuda-head-dims " << d << " is not supported (32, 64 or 128)\n";
+        return failure();
+      }
+      variants.push_back({t, d});
+    }
+  }
+  return variants;
+}
+
+/// DIR/NAME_cuda.cuh, DIR/NAME_cuda.cu and one DIR/NAME_cuda_<dtype>_hd<D>.cu per variant.
+static LogicalResult writeCuda(ape::KernelOp kernel, StringRef source, StringRef dir) {
+  FailureOr<SmallVector<ape::CudaVariant>> variants = cudaVariants();
+  if (failed(variants))
+    return failure();
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir)) {
+    llvm::errs() << "apec: cannot create " << dir << ": " << ec.message() << "\n";
+    return failure();
+  }
+  llvm::SmallString<256> base(dir);
+  llvm::sys::path::append(base, kernel.getSymName() + "_cuda");
+  if (failed(writeFile((base + ".cuh").str(), [&](raw_ostream &os) {
+        return ape::emitCudaHeader(kernel, source, os);
+      })) ||
+      failed(writeFile((base + ".cu").str(), [&](raw_ostream &os) {
+        return ape::emitCudaEntry(kernel, source, *variants, os);
+      })))
+    return failure();
+  for (const ape::CudaVariant &v : *variants) {
+    std::string path = (base + "_" + v.dtype + "_hd" + std::to_string(v.headDim) + ".cu").str();
+    if (failed(writeFile(path, [&](raw_ostream &os) {
+          ape::emitCudaInstantiation(kernel, source, v, os);
+          return success();
+        })))
+      return failure();
+  }
+  return success();
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   registerAsmPrinterCLOptions();
@@ -79,16 +145,17 @@ int main(int argc, char **argv) {
   cl::ParseCommandLineOptions(
       argc, argv,
       "apec: compile an APE positional-encoding spec into fused attention kernels\n\n"
-      "  apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir]\n\n"
+      "  apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,cuda,cuda-package]\n\n"
       "For every ape.encoding @NAME in SPEC.mlir writes OUTDIR/NAME_cpu.cpp (the fused CPU\n"
       "kernel), OUTDIR/NAME.manifest.json and OUTDIR/NAME.kernel.mlir (the lowered IR).\n"
       "Errors in the spec are reported as file:line:col and apec exits with status 1.\n");
 
   llvm::StringSet<> wanted;
   for (const std::string &e : emit) {
-    if (e != "cpu" && e != "manifest" && e != "kernel-mlir") {
+    if (e != "cpu" && e != "manifest" && e != "kernel-mlir" && e != "cuda" &&
+        e != "cuda-package") {
       llvm::errs() << "apec: unknown --emit value '" << e
-                   << "' (expected cpu, manifest or kernel-mlir)\n";
+                   << "' (expected cpu, manifest, kernel-mlir, cuda or cuda-package)\n";
       return 1;
     }
     wanted.insert(e);
@@ -154,6 +221,20 @@ int main(int argc, char **argv) {
           return ape::emitManifest(kernel, source, os);
         })))
       return 1;
+    if (wanted.contains("cuda") && failed(writeCuda(kernel, source, outDir)))
+      return 1;
+    if (wanted.contains("cuda-package")) {
+      llvm::SmallString<256> kernels(outDir);
+      llvm::sys::path::append(kernels, "kernels");
+      llvm::SmallString<256> manifest(kernels);
+      llvm::sys::path::append(manifest, kernel.getSymName() + ".manifest.json");
+      if (failed(ape::writeCudaPackageSupport(outDir)) ||
+          failed(writeCuda(kernel, source, kernels)) ||
+          failed(writeFile(manifest, [&](raw_ostream &os) {
+            return ape::emitManifest(kernel, source, os);
+          })))
+        return 1;
+    }
     if (wanted.contains("kernel-mlir") &&
         failed(writeFile((base + ".kernel.mlir").str(), [&](raw_ostream &os) {
           os << "// Generated by apec from " << source << ". Do not edit.\n";

@@ -1,0 +1,46 @@
+//===- CudaPackage.cpp - the support files of a CUDA package ---------------===//
+//
+// `apec --emit=cuda-package -o DIR` writes, besides each encoding's kernels
+// (DIR/kernels/), what makes DIR build on a machine that has only CUDA and a
+// C++ compiler: the kernel templates (DIR/include/ape/), a CMakeLists.txt, a
+// README and a smoke program. Their text is embedded into apec at build time
+// from codegen/templates (EmbedFiles.cmake), so an installed apec needs no
+// source tree.
+//
+//===----------------------------------------------------------------------===//
+#include "codegen/Emitters.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+using namespace mlir;
+
+namespace {
+struct EmbeddedFile {
+  const char *path;  // relative to the package root
+  const char *text;
+};
+const EmbeddedFile kFiles[] = {
+#include "CudaPackageFiles.inc"
+};
+} // namespace
+
+LogicalResult mlir::ape::writeCudaPackageSupport(StringRef dir) {
+  for (const EmbeddedFile &f : kFiles) {
+    llvm::SmallString<256> path(dir);
+    llvm::sys::path::append(path, f.path);
+    if (std::error_code ec = llvm::sys::fs::create_directories(llvm::sys::path::parent_path(path))) {
+      llvm::errs() << "apec: cannot create " << llvm::sys::path::parent_path(path) << ": "
+                   << ec.message() << "\n";
+      return failure();
+    }
+    std::error_code ec;
+    llvm::raw_fd_ostream os(path, ec);
+    if (ec) {
+      llvm::errs() << "apec: cannot write " << path << ": " << ec.message() << "\n";
+      return failure();
+    }
+    os << f.text;
+  }
+  return success();
+}

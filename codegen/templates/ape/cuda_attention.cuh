@@ -1,0 +1,767 @@
+// CUDA flash-attention template for generated positional encodings (docs/cuda.md).
+//
+// The sibling of cpu_attention.h: apec emits, per encoding, the same `Enc` functor (token
+// program, q/k mods, score mod and their gradients; members declared APE_HD and templated on the
+// context type) and explicit instantiations of attention_forward / attention_backward below, one
+// per (input dtype, head dim). Plain CUDA C++17: no MLIR, no LibTorch. Build with nvcc
+// --expt-relaxed-constexpr (the functors call std::max / std::clamp in device code), sm_80+.
+//
+// Attention is causal (key j visible from query i iff j <= i). Per (b, h) slice:
+//   forward : tok = token_forward(features)           one thread per slice (a serial scan)
+//             q' = q_mod(q), k' = k_mod(k)            elementwise, fp32, stored in the input dtype
+//             per query tile: s_ij = score_mod(scale q'_i.k'_j), online softmax, o = P v,
+//             lse_i = log sum_j exp(s_ij)             tensor cores (WMMA 16x16x16, fp32 accum.)
+//                                                     for f16 / bf16, plain fp32 for f32
+//   backward: recompute tok, q', k'; Delta_i = dO_i . O_i; P = exp(s - lse) recomputed;
+//             dS = scale score_mod_grad(P (dP - Delta)) with dP = dO V^T;
+//             kernel 1, per key tile (loops over query tiles):   dV = P^T dO, dK' = dS^T Q'
+//             kernel 2, per query tile (loops over key tiles):   dQ' = dS K'
+//             then back through the mods (one thread per token row) and the token program
+//             (one thread per slice, reverse scan).
+// Deterministic: every float sum has a fixed order. The gradients that the functors accumulate
+// into token slots (row/column sums of the score mod) and into params (head sums, scatters,
+// token sums of the q/k mods) are added as 64-bit fixed-point integers (value * 2^32, atomicAdd
+// on integers is order independent), then converted to float: bitwise reproducible for any
+// schedule. Limits: a total must stay below 2^31 in magnitude; resolution 2^-32 per term.
+// Only kernel 1 accumulates the score mod's load gradients (kernel 2 uses a context whose sinks
+// are off), so each (i, j) contributes once.
+//
+// Shapes: B batch, H heads, T sequence length, D head dim (32, 64 or 128); q, k, v, o, dout, dq,
+// dk, dv (B, H, T, D) in the input dtype; lse (B, H, T), features (B, H, T), params: float32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda_kernel_entry.h"
+
+#ifndef APE_HD
+#define APE_HD __host__ __device__
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "ape/cuda_attention.cuh needs sm_80 or newer (bf16 tensor cores)"
+#endif
+
+namespace ape::cuda {
+namespace detail {
+
+constexpr int kThreads = 128;  // 4 warps per block
+constexpr int kWarps = kThreads / 32;
+
+constexpr int array_len(int n) { return n > 0 ? n : 1; }
+constexpr size_t align_up(size_t n) { return (n + 127) / 128 * 128; }
+constexpr float kInf = __builtin_huge_valf();
+
+// ---- element types -------------------------------------------------------------------------------
+template <class In> __device__ inline float to_float(In x);
+template <> __device__ inline float to_float<float>(float x) { return x; }
+template <> __device__ inline float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <class In> __device__ inline In from_float(float x);
+template <> __device__ inline float from_float<float>(float x) { return x; }
+template <> __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// ---- deterministic gradient sinks (fixed point, see the header comment) ---------------------------
+constexpr double kFixedScale = 4294967296.0;  // 2^32
+
+APE_HD inline unsigned long long to_fixed(float g) {
+  double x = static_cast<double>(g) * kFixedScale;
+  x = x > 9.0e18 ? 9.0e18 : x < -9.0e18 ? -9.0e18 : x;
+  return static_cast<unsigned long long>(static_cast<long long>(llrint(x)));
+}
+APE_HD inline float from_fixed(unsigned long long v) {
+  return static_cast<float>(static_cast<double>(static_cast<long long>(v)) / kFixedScale);
+}
+
+// `sink[i] += g` adds g to element i (nothing when the sink is off).
+struct FixedRef {
+  unsigned long long *p;
+  APE_HD void operator+=(float g) const {
+#ifdef __CUDA_ARCH__
+    if (p) atomicAdd(p, to_fixed(g));
+#else
+    (void)g;
+#endif
+  }
+};
+struct FixedSink {
+  unsigned long long *data;
+  APE_HD FixedRef operator[](int64_t i) const { return FixedRef{data ? data + i : nullptr}; }
+};
+template <int N> struct FixedSinks {
+  unsigned long long *p[N];
+  APE_HD FixedSink operator[](int n) const { return FixedSink{p[n]}; }
+};
+template <int N> struct ParamPtrs {
+  const float *p[N];
+  APE_HD const float *operator[](int n) const { return p[n]; }
+};
+
+// The context the functors see on the GPU: the members of ape::HeadCtx, with sinks in place of
+// the private accumulators.
+template <class Enc> struct DevCtx {
+  int64_t b, h, H, T, D;
+  ParamPtrs<array_len(Enc::kNumParams)> params;
+  const float *tok;                              // this slice: tok[n*T + t]
+  FixedSink dtok;                                // this slice, same layout
+  FixedSinks<array_len(Enc::kNumParams)> dparams;  // global sums
+};
+
+// ---- launch parameters (one plain struct, by value) -----------------------------------------------
+template <class Enc, class In> struct Params {
+  static constexpr int NF = array_len(Enc::kNumFeatures), NP = array_len(Enc::kNumParams);
+  int64_t B, H, T, D;
+  const In *q, *k, *v;
+  In *o;
+  float *lse;
+  const float *feat[NF];
+  const float *params[NP];
+  float scale;
+  const In *dout;
+  In *dq, *dk, *dv;
+  float *dfeat[NF];
+  float *dparams[NP];
+  // scratch
+  float *tok;                       // (B*H, kNumTok, T)
+  const In *qm, *km;                // (B*H, T, D): q', k' (= q, k without a mod)
+  float *delta;                     // (B*H, T)
+  float *dqm, *dkm;                 // (B*H, T, D) gradients w.r.t. q', k'
+  unsigned long long *dtok_fx;      // (B*H, kNumTok, T)
+  float *dtok;                      // (B*H, kNumTok, T)
+  unsigned long long *dparam_fx[NP];
+};
+
+template <class Enc, class In>
+__device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, bool sinks) {
+  DevCtx<Enc> c;
+  c.b = bh / p.H, c.h = bh % p.H, c.H = p.H, c.T = p.T, c.D = p.D;
+  for (int n = 0; n < Params<Enc, In>::NP; ++n) {
+    c.params.p[n] = p.params[n];
+    c.dparams.p[n] = sinks ? p.dparam_fx[n] : nullptr;
+  }
+  c.tok = p.tok ? p.tok + bh * Enc::kNumTok * p.T : nullptr;
+  c.dtok.data = (sinks && p.dtok_fx) ? p.dtok_fx + bh * Enc::kNumTok * p.T : nullptr;
+  return c;
+}
+
+// Partner column under a pairing (0 none, 1 half, 2 interleaved) rotating r = 2 floor(f D / 2)
+// dims; columns c >= r pair with themselves (as in cpu_attention.h).
+APE_HD inline int64_t partner(int pairing, double fraction, int64_t D, int64_t c) {
+  int64_t r = 2 * static_cast<int64_t>(floor(fraction * static_cast<double>(D) / 2));
+  r = r < 0 ? 0 : r > D - D % 2 ? D - D % 2 : r;
+  if (pairing == 0 || c >= r) return c;
+  if (pairing == 1) return c < r / 2 ? c + r / 2 : c - r / 2;
+  return c ^ 1;
+}
+
+// ---- tiles -----------------------------------------------------------------------------------------
+// Tile sizes: 64 x 64 on tensor cores; fp32 (SIMT, for testing) and the backward at D = 128 use
+// 32-row tiles so that shared memory stays under sm_80's 163 KB.
+template <class In, int D> struct Cfg {
+  static constexpr bool kTC = !std::is_same_v<In, float>;  // tensor cores
+  static constexpr int kFwdBQ = kTC ? 64 : 32, kFwdBK = kFwdBQ;
+  static constexpr int kBwdBQ = (kTC && D < 128) ? 64 : 32, kBwdBK = kTC ? 64 : 32;
+  static constexpr int kPadIn = kTC ? 8 : 4;  // 16 bytes: WMMA leading dims, fewer bank conflicts
+  static constexpr int kLdIn = D + kPadIn;   // rows of q, k, v, dout tiles (In)
+  static constexpr int kLdAcc = D + 4;       // rows of fp32 accumulators (o, dq, dk, dv)
+};
+
+// Rows [r0, r0 + R) of a (T, D) matrix into shared memory (leading dim ld); rows >= T are zero.
+template <class In, int R, int D>
+__device__ inline void load_rows(In *dst, int ld, const In *src, int64_t r0, int64_t T) {
+  for (int e = threadIdx.x; e < R * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    dst[r * ld + c] = r0 + r < T ? src[(r0 + r) * D + c] : from_float<In>(0.f);
+  }
+}
+
+template <int R, int C> __device__ inline void zero_acc(float *a, int ld) {
+  for (int e = threadIdx.x; e < R * C; e += kThreads) a[(e / C) * ld + e % C] = 0.f;
+}
+
+namespace wmma = nvcuda::wmma;
+
+// C(M, N) = A(M, K) B(N, K)^T; A, B row-major in shared memory, C fp32.
+template <int M, int N, int K, class In>
+__device__ inline void mm_abt(const In *A, int la, const In *B, int lb, float *C, int lc) {
+  if constexpr (std::is_same_v<In, float>) {
+    for (int e = threadIdx.x; e < M * N; e += kThreads) {
+      const int r = e / N, c = e % N;
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc += A[r * la + k] * B[c * lb + k];
+      C[r * lc + c] = acc;
+    }
+  } else {
+    for (int f = threadIdx.x / 32; f < (M / 16) * (N / 16); f += kWarps) {
+      const int fm = f / (N / 16), fn = f % (N / 16);
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.f);
+      for (int k = 0; k < K; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, In, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, In, wmma::col_major> b;  // B^T
+        wmma::load_matrix_sync(a, A + fm * 16 * la + k, la);
+        wmma::load_matrix_sync(b, B + fn * 16 * lb + k, lb);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(C + fm * 16 * lc + fn * 16, acc, lc, wmma::mem_row_major);
+    }
+  }
+}
+
+// C(M, N) += op(A) B(K, N) with op(A) = A (stored (M, K)) or, kTransA, A^T (stored (K, M)).
+template <int M, int N, int K, bool kTransA, class In>
+__device__ inline void mm_acc(const In *A, int la, const In *B, int lb, float *C, int lc) {
+  if constexpr (std::is_same_v<In, float>) {
+    for (int e = threadIdx.x; e < M * N; e += kThreads) {
+      const int r = e / N, c = e % N;
+      float acc = C[r * lc + c];
+      for (int k = 0; k < K; ++k)
+        acc += (kTransA ? A[k * la + r] : A[r * la + k]) * B[k * lb + c];
+      C[r * lc + c] = acc;
+    }
+  } else {
+    using LayoutA = std::conditional_t<kTransA, wmma::col_major, wmma::row_major>;
+    for (int f = threadIdx.x / 32; f < (M / 16) * (N / 16); f += kWarps) {
+      const int fm = f / (N / 16), fn = f % (N / 16);
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, C + fm * 16 * lc + fn * 16, lc, wmma::mem_row_major);
+      for (int k = 0; k < K; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, In, LayoutA> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, In, wmma::row_major> b;
+        wmma::load_matrix_sync(a, kTransA ? A + k * la + fm * 16 : A + fm * 16 * la + k, la);
+        wmma::load_matrix_sync(b, B + k * lb + fn * 16, lb);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(C + fm * 16 * lc + fn * 16, acc, lc, wmma::mem_row_major);
+    }
+  }
+}
+
+// ---- token program and mods ------------------------------------------------------------------------
+template <class Enc, class In> __global__ void token_forward_kernel(const Params<Enc, In> p) {
+  const int64_t bh = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (bh >= p.B * p.H) return;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  const float *feat[Params<Enc, In>::NF];
+  for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = p.feat[n] + bh * p.T;
+  Enc::token_forward(ctx, feat, p.tok + bh * Enc::kNumTok * p.T);
+}
+
+template <class Enc, class In> __global__ void token_backward_kernel(const Params<Enc, In> p) {
+  const int64_t bh = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (bh >= p.B * p.H) return;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  const float *feat[Params<Enc, In>::NF];
+  float *dfeat[Params<Enc, In>::NF];
+  for (int n = 0; n < Enc::kNumFeatures; ++n) {
+    feat[n] = p.feat[n] + bh * p.T;
+    dfeat[n] = p.dfeat[n] + bh * p.T;
+  }
+  const int64_t off = bh * Enc::kNumTok * p.T;
+  Enc::token_backward(ctx, feat, p.tok + off, p.dtok + off, dfeat);
+}
+
+template <class Unused = void>
+__global__ void fixed_to_float_kernel(const unsigned long long *src, float *dst, int64_t n) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e < n) dst[e] = from_fixed(src[e]);
+}
+
+// xm = mod(x) elementwise (kIsQ: q_mod, else k_mod), computed in fp32.
+template <class Enc, class In, bool kIsQ>
+__global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t D = p.D;
+  if (e >= p.B * p.H * p.T * D) return;
+  const int64_t c = e % D, t = (e / D) % p.T, bh = e / (D * p.T);
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  const float xv = to_float(x[e]);
+  if constexpr (kIsQ) {
+    const float yv = to_float(x[e - c + partner(Enc::kQPairing, Enc::kQFraction, D, c)]);
+    xm[e] = from_float<In>(Enc::q_mod(ctx, t, c, xv, yv));
+  } else {
+    const float yv = to_float(x[e - c + partner(Enc::kKPairing, Enc::kKFraction, D, c)]);
+    xm[e] = from_float<In>(Enc::k_mod(ctx, t, c, xv, yv));
+  }
+}
+
+// dx = (d mod / dx)^T gm, one thread per token row (the partner term crosses columns); param
+// gradients of the mod go to the sinks. Without a mod: dx = gm.
+template <class Enc, class In, bool kIsQ, int D>
+__global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const float *gm, In *dx) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (row >= p.B * p.H * p.T) return;
+  const int64_t t = row % p.T, bh = row / p.T;
+  const In *xr = x + row * D;
+  const float *gr = gm + row * D;
+  In *dr = dx + row * D;
+  constexpr bool kHasMod = kIsQ ? Enc::kHasQMod : Enc::kHasKMod;
+  if constexpr (!kHasMod) {
+    for (int c = 0; c < D; ++c) dr[c] = from_float<In>(gr[c]);
+  } else {
+    const DevCtx<Enc> ctx = make_ctx(p, bh, true);
+    float acc[D];
+    for (int c = 0; c < D; ++c) acc[c] = 0.f;
+    for (int c = 0; c < D; ++c) {
+      float gx = 0.f, gy = 0.f;
+      if constexpr (kIsQ) {
+        const int64_t pc = partner(Enc::kQPairing, Enc::kQFraction, D, c);
+        Enc::q_mod_grad(ctx, t, int64_t(c), to_float(xr[c]), to_float(xr[pc]), gr[c], gx, gy);
+        acc[c] += gx;
+        acc[pc] += gy;
+      } else {
+        const int64_t pc = partner(Enc::kKPairing, Enc::kKFraction, D, c);
+        Enc::k_mod_grad(ctx, t, int64_t(c), to_float(xr[c]), to_float(xr[pc]), gr[c], gx, gy);
+        acc[c] += gx;
+        acc[pc] += gy;
+      }
+    }
+    for (int c = 0; c < D; ++c) dr[c] = from_float<In>(acc[c]);
+  }
+}
+
+// Delta_i = dO_i . O_i (fp32), one thread per row.
+template <class Enc, class In, int D> __global__ void delta_kernel(const Params<Enc, In> p) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (row >= p.B * p.H * p.T) return;
+  float d = 0.f;
+  for (int c = 0; c < D; ++c) d += to_float(p.dout[row * D + c]) * to_float(p.o[row * D + c]);
+  p.delta[row] = d;
+}
+
+// ---- forward ---------------------------------------------------------------------------------------
+template <class In, int D> struct FwdSmem {
+  using C = Cfg<In, D>;
+  static constexpr int BQ = C::kFwdBQ, BK = C::kFwdBK, LI = C::kLdIn, LO = C::kLdAcc;
+  static constexpr int LS = BK + 4, LP = BK + C::kPadIn;
+  static constexpr size_t q = 0;
+  static constexpr size_t k = align_up(q + sizeof(In) * BQ * LI);
+  static constexpr size_t v = align_up(k + sizeof(In) * BK * LI);
+  static constexpr size_t s = align_up(v + sizeof(In) * BK * LI);     // logits (fp32)
+  static constexpr size_t pr = align_up(s + sizeof(float) * BQ * LS);  // probabilities (In)
+  static constexpr size_t o = align_up(pr + sizeof(In) * BQ * LP);     // unnormalised output
+  static constexpr size_t m = align_up(o + sizeof(float) * BQ * LO);   // running max
+  static constexpr size_t l = align_up(m + sizeof(float) * BQ);        // running sum
+  static constexpr size_t alpha = align_up(l + sizeof(float) * BQ);    // rescale of this step
+  static constexpr size_t bytes = align_up(alpha + sizeof(float) * BQ);
+  static_assert(bytes <= 166912, "forward tiles exceed sm_80's 163 KB of shared memory");
+};
+
+// One block per (query tile, slice): grid (B*H, ceil(T / BQ)).
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In> p) {
+  using L = FwdSmem<In, D>;
+  constexpr int BQ = L::BQ, BK = L::BK;
+  extern __shared__ __align__(128) unsigned char smem[];
+  In *sQ = reinterpret_cast<In *>(smem + L::q), *sK = reinterpret_cast<In *>(smem + L::k);
+  In *sV = reinterpret_cast<In *>(smem + L::v), *sP = reinterpret_cast<In *>(smem + L::pr);
+  float *sS = reinterpret_cast<float *>(smem + L::s), *sO = reinterpret_cast<float *>(smem + L::o);
+  float *sM = reinterpret_cast<float *>(smem + L::m), *sL = reinterpret_cast<float *>(smem + L::l);
+  float *sA = reinterpret_cast<float *>(smem + L::alpha);
+
+  const int64_t bh = blockIdx.x, T = p.T, i0 = int64_t(blockIdx.y) * BQ;
+  const int64_t base = bh * T * D;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+
+  load_rows<In, BQ, D>(sQ, L::LI, p.qm + base, i0, T);
+  zero_acc<BQ, D>(sO, L::LO);
+  for (int r = threadIdx.x; r < BQ; r += kThreads) sM[r] = -kInf, sL[r] = 0.f;
+  __syncthreads();
+
+  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;  // queries of this tile: [i0, i_end)
+  for (int64_t j0 = 0; j0 < i_end; j0 += BK) {     // causal: keys < i_end
+    load_rows<In, BK, D>(sK, L::LI, p.km + base, j0, T);
+    load_rows<In, BK, D>(sV, L::LI, p.v + base, j0, T);
+    __syncthreads();
+    mm_abt<BQ, BK, D>(sQ, L::LI, sK, L::LI, sS, L::LS);  // S = Q' K'^T
+    __syncthreads();
+    // Final logits (-inf where not visible), elementwise.
+    for (int e = threadIdx.x; e < BQ * BK; e += kThreads) {
+      const int r = e / BK, c = e % BK;
+      const int64_t i = i0 + r, j = j0 + c;
+      float s = -kInf;
+      if (i < T && j <= i) {
+        s = p.scale * sS[r * L::LS + c];
+        if constexpr (Enc::kHasScoreMod) s = Enc::score_mod(ctx, i, j, s);
+      }
+      sS[r * L::LS + c] = s;
+    }
+    __syncthreads();
+    // Online softmax, one thread per query row.
+    for (int r = threadIdx.x; r < BQ; r += kThreads) {
+      float *s = sS + r * L::LS;
+      float mx = sM[r];
+      for (int c = 0; c < BK; ++c) mx = fmaxf(mx, s[c]);
+      const float ref = mx == -kInf ? 0.f : mx;  // all logits -inf so far: the row stays zero
+      float sum = 0.f;
+      for (int c = 0; c < BK; ++c) {
+        const float e = s[c] == -kInf ? 0.f : expf(s[c] - ref);
+        sP[r * L::LP + c] = from_float<In>(e);
+        sum += e;
+      }
+      const float alpha = expf(sM[r] - ref);
+      sL[r] = sL[r] * alpha + sum;
+      sM[r] = mx;
+      sA[r] = alpha;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < BQ * D; e += kThreads) sO[(e / D) * L::LO + e % D] *= sA[e / D];
+    __syncthreads();
+    mm_acc<BQ, D, BK, false>(sP, L::LP, sV, L::LI, sO, L::LO);  // O += P V
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < BQ * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    if (i0 + r < T) {
+      const float inv = sL[r] > 0.f ? 1.f / sL[r] : 0.f;
+      p.o[base + (i0 + r) * D + c] = from_float<In>(sO[r * L::LO + c] * inv);
+    }
+  }
+  for (int r = threadIdx.x; r < BQ; r += kThreads)
+    if (i0 + r < T) p.lse[bh * T + i0 + r] = sM[r] + logf(sL[r]);
+}
+
+// ---- backward --------------------------------------------------------------------------------------
+// Shared memory of both backward kernels: the row tile (queries: q', dO, lse, Delta), the column
+// tile (keys: k', v), S and dP (fp32), P and dS (In), and the fp32 accumulators (kernel 1: dK',
+// dV over the key tile; kernel 2: dQ' over the query tile).
+template <class In, int D> struct BwdSmem {
+  using C = Cfg<In, D>;
+  static constexpr int BQ = C::kBwdBQ, BK = C::kBwdBK, LI = C::kLdIn, LA = C::kLdAcc;
+  static constexpr int LS = BK + 4, LP = BK + C::kPadIn;
+  static constexpr size_t q = 0;
+  static constexpr size_t dout = align_up(q + sizeof(In) * BQ * LI);
+  static constexpr size_t k = align_up(dout + sizeof(In) * BQ * LI);
+  static constexpr size_t v = align_up(k + sizeof(In) * BK * LI);
+  static constexpr size_t s = align_up(v + sizeof(In) * BK * LI);
+  static constexpr size_t dp = align_up(s + sizeof(float) * BQ * LS);
+  static constexpr size_t pr = align_up(dp + sizeof(float) * BQ * LS);
+  static constexpr size_t ds = align_up(pr + sizeof(In) * BQ * LP);
+  static constexpr size_t lse = align_up(ds + sizeof(In) * BQ * LP);
+  static constexpr size_t delta = align_up(lse + sizeof(float) * BQ);
+  static constexpr size_t acc1 = align_up(delta + sizeof(float) * BQ);
+  static constexpr size_t acc2 = align_up(acc1 + sizeof(float) * BK * LA);
+  static constexpr size_t bytes_dkdv = align_up(acc2 + sizeof(float) * BK * LA);
+  static constexpr size_t bytes_dq = align_up(acc1 + sizeof(float) * BQ * LA);
+  static_assert(bytes_dkdv <= 166912, "backward tiles exceed sm_80's 163 KB of shared memory");
+};
+
+// The tile step shared by both kernels: S = Q' K'^T, dP = dO V^T, then per element
+// P = exp(s' - lse) and dS = scale score_mod_grad(s, P (dP - Delta)); masked elements 0.
+// `ctx` accumulates the score mod's load gradients only when its sinks are on.
+template <class Enc, class In, int D>
+__device__ inline void bwd_tile(const Params<Enc, In> &p, const DevCtx<Enc> &ctx,
+                                unsigned char *smem, int64_t i0, int64_t j0) {
+  using L = BwdSmem<In, D>;
+  constexpr int BQ = L::BQ, BK = L::BK;
+  const In *sQ = reinterpret_cast<const In *>(smem + L::q);
+  const In *sDO = reinterpret_cast<const In *>(smem + L::dout);
+  const In *sK = reinterpret_cast<const In *>(smem + L::k);
+  const In *sV = reinterpret_cast<const In *>(smem + L::v);
+  float *sS = reinterpret_cast<float *>(smem + L::s), *sDP = reinterpret_cast<float *>(smem + L::dp);
+  In *sP = reinterpret_cast<In *>(smem + L::pr), *sDS = reinterpret_cast<In *>(smem + L::ds);
+  const float *sLse = reinterpret_cast<const float *>(smem + L::lse);
+  const float *sDelta = reinterpret_cast<const float *>(smem + L::delta);
+
+  mm_abt<BQ, BK, D>(sQ, L::LI, sK, L::LI, sS, L::LS);   // S = Q' K'^T
+  mm_abt<BQ, BK, D>(sDO, L::LI, sV, L::LI, sDP, L::LS); // dP = dO V^T
+  __syncthreads();
+  for (int e = threadIdx.x; e < BQ * BK; e += kThreads) {
+    const int r = e / BK, c = e % BK;
+    const int64_t i = i0 + r, j = j0 + c;
+    float pv = 0.f, dsv = 0.f;
+    if (i < p.T && j <= i) {
+      const float raw = p.scale * sS[r * L::LS + c];
+      float logit = raw;
+      if constexpr (Enc::kHasScoreMod) logit = Enc::score_mod(ctx, i, j, raw);
+      const float lse = sLse[r] == -kInf ? kInf : sLse[r];  // a row without finite logits: P = 0
+      pv = expf(logit - lse);
+      const float g = pv * (sDP[r * L::LS + c] - sDelta[r]);
+      if constexpr (Enc::kHasScoreMod)
+        dsv = p.scale * Enc::score_mod_grad(ctx, i, j, raw, g);
+      else
+        dsv = p.scale * g;
+    }
+    sP[r * L::LP + c] = from_float<In>(pv);
+    sDS[r * L::LP + c] = from_float<In>(dsv);
+  }
+  __syncthreads();
+}
+
+// Loads the query-side tile (q', dO, lse, Delta) of rows [i0, i0 + BQ).
+template <class Enc, class In, int D>
+__device__ inline void bwd_load_rows(const Params<Enc, In> &p, unsigned char *smem, int64_t bh,
+                                     int64_t i0) {
+  using L = BwdSmem<In, D>;
+  const int64_t T = p.T, base = bh * T * D;
+  load_rows<In, L::BQ, D>(reinterpret_cast<In *>(smem + L::q), L::LI, p.qm + base, i0, T);
+  load_rows<In, L::BQ, D>(reinterpret_cast<In *>(smem + L::dout), L::LI, p.dout + base, i0, T);
+  float *sLse = reinterpret_cast<float *>(smem + L::lse);
+  float *sDelta = reinterpret_cast<float *>(smem + L::delta);
+  for (int r = threadIdx.x; r < L::BQ; r += kThreads) {
+    const bool in = i0 + r < T;
+    sLse[r] = in ? p.lse[bh * T + i0 + r] : kInf;
+    sDelta[r] = in ? p.delta[bh * T + i0 + r] : 0.f;
+  }
+}
+
+// Kernel 1, one block per (key tile, slice): grid (B*H, ceil(T / BK)). dV = P^T dO and
+// dK' = dS^T Q' over the query tiles that see the key tile; accumulates the score mod's load
+// gradients.
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(const Params<Enc, In> p) {
+  using L = BwdSmem<In, D>;
+  constexpr int BQ = L::BQ, BK = L::BK;
+  extern __shared__ __align__(128) unsigned char smem[];
+  In *sK = reinterpret_cast<In *>(smem + L::k), *sV = reinterpret_cast<In *>(smem + L::v);
+  const In *sQ = reinterpret_cast<const In *>(smem + L::q);
+  const In *sDO = reinterpret_cast<const In *>(smem + L::dout);
+  const In *sP = reinterpret_cast<const In *>(smem + L::pr);
+  const In *sDS = reinterpret_cast<const In *>(smem + L::ds);
+  float *sDK = reinterpret_cast<float *>(smem + L::acc1), *sDV = reinterpret_cast<float *>(smem + L::acc2);
+
+  const int64_t bh = blockIdx.x, T = p.T, j0 = int64_t(blockIdx.y) * BK, base = bh * T * D;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, true);
+  load_rows<In, BK, D>(sK, L::LI, p.km + base, j0, T);
+  load_rows<In, BK, D>(sV, L::LI, p.v + base, j0, T);
+  zero_acc<BK, D>(sDK, L::LA);
+  zero_acc<BK, D>(sDV, L::LA);
+  for (int64_t i0 = j0 / BQ * BQ; i0 < T; i0 += BQ) {  // causal: queries >= j0
+    bwd_load_rows<Enc, In, D>(p, smem, bh, i0);
+    __syncthreads();
+    bwd_tile<Enc, In, D>(p, ctx, smem, i0, j0);
+    mm_acc<BK, D, BQ, true>(sP, L::LP, sDO, L::LI, sDV, L::LA);  // dV += P^T dO
+    mm_acc<BK, D, BQ, true>(sDS, L::LP, sQ, L::LI, sDK, L::LA);  // dK' += dS^T Q'
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < BK * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    if (j0 + r < T) {
+      p.dv[base + (j0 + r) * D + c] = from_float<In>(sDV[r * L::LA + c]);
+      p.dkm[base + (j0 + r) * D + c] = sDK[r * L::LA + c];
+    }
+  }
+}
+
+// Kernel 2, one block per (query tile, slice): grid (B*H, ceil(T / BQ)). dQ' = dS K' over the
+// visible key tiles; the score mod's load gradients are kernel 1's (sinks off here).
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(kThreads) dq_kernel(const Params<Enc, In> p) {
+  using L = BwdSmem<In, D>;
+  constexpr int BQ = L::BQ, BK = L::BK;
+  extern __shared__ __align__(128) unsigned char smem[];
+  In *sK = reinterpret_cast<In *>(smem + L::k), *sV = reinterpret_cast<In *>(smem + L::v);
+  const In *sDS = reinterpret_cast<const In *>(smem + L::ds);
+  float *sDQ = reinterpret_cast<float *>(smem + L::acc1);
+
+  const int64_t bh = blockIdx.x, T = p.T, i0 = int64_t(blockIdx.y) * BQ, base = bh * T * D;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  bwd_load_rows<Enc, In, D>(p, smem, bh, i0);
+  zero_acc<BQ, D>(sDQ, L::LA);
+  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+  for (int64_t j0 = 0; j0 < i_end; j0 += BK) {
+    load_rows<In, BK, D>(sK, L::LI, p.km + base, j0, T);
+    load_rows<In, BK, D>(sV, L::LI, p.v + base, j0, T);
+    __syncthreads();
+    bwd_tile<Enc, In, D>(p, ctx, smem, i0, j0);
+    mm_acc<BQ, D, BK, false>(sDS, L::LP, sK, L::LI, sDQ, L::LA);  // dQ' += dS K'
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < BQ * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    if (i0 + r < T) p.dqm[base + (i0 + r) * D + c] = sDQ[r * L::LA + c];
+  }
+}
+
+// ---- host side -------------------------------------------------------------------------------------
+// Scratch memory of one call, stream ordered, freed when the call returns (the frees are queued
+// behind the kernels).
+class Scratch {
+ public:
+  explicit Scratch(cudaStream_t s) : stream_(s) {}
+  Scratch(const Scratch &) = delete;
+  Scratch &operator=(const Scratch &) = delete;
+  ~Scratch() {
+    for (int n = 0; n < count_; ++n) cudaFreeAsync(ptrs_[n], stream_);
+  }
+  template <class X> X *take(int64_t n, cudaError_t &err) {
+    if (err != cudaSuccess || n <= 0 || count_ == kMax) {
+      if (count_ == kMax) err = cudaErrorMemoryAllocation;
+      return nullptr;
+    }
+    void *ptr = nullptr;
+    err = cudaMallocAsync(&ptr, sizeof(X) * static_cast<size_t>(n), stream_);
+    if (err != cudaSuccess) return nullptr;
+    ptrs_[count_++] = ptr;
+    return static_cast<X *>(ptr);
+  }
+
+ private:
+  static constexpr int kMax = 16 + 2 * 64;
+  cudaStream_t stream_;
+  void *ptrs_[kMax] = {};
+  int count_ = 0;
+};
+
+inline unsigned blocks_for(int64_t n, int per_block) {
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
+}
+
+template <class Enc, class In>
+Params<Enc, In> make_params(const CudaAttnArgs &a) {
+  Params<Enc, In> p{};
+  p.B = a.B, p.H = a.H, p.T = a.T, p.D = a.D;
+  p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
+  p.v = static_cast<const In *>(a.v), p.o = static_cast<In *>(a.o), p.lse = a.lse;
+  for (int n = 0; n < Enc::kNumFeatures; ++n) p.feat[n] = a.features[n];
+  for (int n = 0; n < Enc::kNumParams; ++n) p.params[n] = a.params[n];
+  p.scale = a.scale;
+  p.dout = static_cast<const In *>(a.dout);
+  p.dq = static_cast<In *>(a.dq), p.dk = static_cast<In *>(a.dk), p.dv = static_cast<In *>(a.dv);
+  if (a.dfeatures)
+    for (int n = 0; n < Enc::kNumFeatures; ++n) p.dfeat[n] = a.dfeatures[n];
+  if (a.dparams)
+    for (int n = 0; n < Enc::kNumParams; ++n) p.dparams[n] = a.dparams[n];
+  p.qm = p.q, p.km = p.k;
+  return p;
+}
+
+// tok, q', k' of every slice (the forward's inputs; the backward recomputes them).
+template <class Enc, class In>
+cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
+  cudaError_t err = cudaSuccess;
+  const int64_t BH = p.B * p.H, n = BH * p.T * p.D;
+  if constexpr (Enc::kNumTok > 0) {
+    p.tok = scratch.take<float>(BH * Enc::kNumTok * p.T, err);
+    if (err != cudaSuccess) return err;
+    token_forward_kernel<Enc, In><<<blocks_for(BH, 64), 64, 0, st>>>(p);
+  }
+  if constexpr (Enc::kHasQMod) {
+    In *qm = scratch.take<In>(n, err);
+    if (err != cudaSuccess) return err;
+    mod_forward_kernel<Enc, In, true><<<blocks_for(n, 256), 256, 0, st>>>(p, p.q, qm);
+    p.qm = qm;
+  }
+  if constexpr (Enc::kHasKMod) {
+    In *km = scratch.take<In>(n, err);
+    if (err != cudaSuccess) return err;
+    mod_forward_kernel<Enc, In, false><<<blocks_for(n, 256), 256, 0, st>>>(p, p.k, km);
+    p.km = km;
+  }
+  return cudaGetLastError();
+}
+
+template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
+  return bytes > 48 * 1024
+             ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes))
+             : cudaSuccess;
+}
+
+}  // namespace detail
+
+// Forward: o, lse from q, k, v, features, params (CudaAttnArgs, D == kD).
+template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaAttnArgs &a) {
+  using namespace detail;
+  static_assert(kD == 32 || kD == 64 || kD == 128, "head_dim 32, 64 or 128");
+  if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  if (a.B * a.H * a.T == 0) return cudaSuccess;
+  const cudaStream_t st = a.stream;
+  Params<Enc, In> p = make_params<Enc, In>(a);
+  Scratch scratch(st);
+  cudaError_t err = prepare(p, scratch, st);
+  if (err != cudaSuccess) return err;
+  using L = FwdSmem<In, kD>;
+  if ((err = allow_smem(forward_kernel<Enc, In, kD>, L::bytes)) != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ));
+  forward_kernel<Enc, In, kD><<<grid, kThreads, L::bytes, st>>>(p);
+  return cudaGetLastError();
+}
+
+// Backward: dq, dk, dv, dfeatures, dparams from q, k, v, o, lse, dout, features, params.
+template <class Enc, class In, int kD> cudaError_t attention_backward(const CudaAttnArgs &a) {
+  using namespace detail;
+  static_assert(kD == 32 || kD == 64 || kD == 128, "head_dim 32, 64 or 128");
+  if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  const cudaStream_t st = a.stream;
+  Params<Enc, In> p = make_params<Enc, In>(a);
+  const int64_t BH = a.B * a.H, T = a.T, n = BH * T * kD;
+  cudaError_t err = cudaSuccess;
+  // Param gradients are global sums: zero them even when there is nothing to sum.
+  for (int k = 0; k < Enc::kNumParams; ++k) {
+    const int64_t numel = Enc::param_numel(k, a.H, a.D);
+    if (numel > 0 && (err = cudaMemsetAsync(a.dparams[k], 0, sizeof(float) * numel, st)) != cudaSuccess)
+      return err;
+  }
+  if (n == 0) return cudaSuccess;
+  Scratch scratch(st);
+  if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
+  p.delta = scratch.take<float>(BH * T, err);
+  p.dqm = scratch.take<float>(n, err);
+  p.dkm = scratch.take<float>(n, err);
+  if constexpr (Enc::kNumTok > 0) {
+    p.dtok_fx = scratch.take<unsigned long long>(BH * Enc::kNumTok * T, err);
+    p.dtok = scratch.take<float>(BH * Enc::kNumTok * T, err);
+    if (err == cudaSuccess)
+      err = cudaMemsetAsync(p.dtok_fx, 0, sizeof(unsigned long long) * BH * Enc::kNumTok * T, st);
+  }
+  for (int k = 0; k < Enc::kNumParams; ++k) {
+    const int64_t numel = Enc::param_numel(k, a.H, a.D);
+    p.dparam_fx[k] = scratch.take<unsigned long long>(numel, err);
+    if (err == cudaSuccess && numel > 0)
+      err = cudaMemsetAsync(p.dparam_fx[k], 0, sizeof(unsigned long long) * numel, st);
+  }
+  if (err != cudaSuccess) return err;
+
+  using L = BwdSmem<In, kD>;
+  if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) != cudaSuccess ||
+      (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) != cudaSuccess)
+    return err;
+  delta_kernel<Enc, In, kD><<<blocks_for(BH * T, 128), 128, 0, st>>>(p);
+  dkdv_kernel<Enc, In, kD>
+      <<<dim3(static_cast<unsigned>(BH), blocks_for(T, L::BK)), kThreads, L::bytes_dkdv, st>>>(p);
+  dq_kernel<Enc, In, kD>
+      <<<dim3(static_cast<unsigned>(BH), blocks_for(T, L::BQ)), kThreads, L::bytes_dq, st>>>(p);
+  mod_backward_kernel<Enc, In, true, kD><<<blocks_for(BH * T, 64), 64, 0, st>>>(p, p.q, p.dqm, p.dq);
+  mod_backward_kernel<Enc, In, false, kD><<<blocks_for(BH * T, 64), 64, 0, st>>>(p, p.k, p.dkm, p.dk);
+  if constexpr (Enc::kNumTok > 0) {
+    const int64_t nt = BH * Enc::kNumTok * T;
+    fixed_to_float_kernel<><<<blocks_for(nt, 256), 256, 0, st>>>(p.dtok_fx, p.dtok, nt);
+    token_backward_kernel<Enc, In><<<blocks_for(BH, 64), 64, 0, st>>>(p);
+  } else {
+    for (int k = 0; k < Enc::kNumFeatures; ++k)  // features without tokens have no effect
+      if ((err = cudaMemsetAsync(a.dfeatures[k], 0, sizeof(float) * BH * T, st)) != cudaSuccess)
+        return err;
+  }
+  for (int k = 0; k < Enc::kNumParams; ++k) {
+    const int64_t numel = Enc::param_numel(k, a.H, a.D);
+    if (numel > 0)
+      fixed_to_float_kernel<><<<blocks_for(numel, 256), 256, 0, st>>>(p.dparam_fx[k], a.dparams[k],
+                                                                     numel);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace ape::cuda
+
+// The two functions of one (encoding, dtype, head dim) variant, for the generated entry:
+//   APE_CUDA_INSTANTIATE(ns::Enc, __nv_bfloat16, 64, forward_bf16_hd64, backward_bf16_hd64)
+#define APE_CUDA_INSTANTIATE(ENC, IN, D, FWD, BWD)                                         \
+  cudaError_t FWD(const ::ape::cuda::CudaAttnArgs &a) {                                    \
+    return ::ape::cuda::attention_forward<ENC, IN, D>(a);                                  \
+  }                                                                                        \
+  cudaError_t BWD(const ::ape::cuda::CudaAttnArgs &a) {                                    \
+    return ::ape::cuda::attention_backward<ENC, IN, D>(a);                                 \
+  }

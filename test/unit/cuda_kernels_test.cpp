@@ -1,0 +1,430 @@
+// Numerics of the CUDA kernels in ape_cuda_kernels (examples/encodings/*.mlir compiled by
+// apec --emit=cuda; the encodings, dtypes and head dims of the build), through
+// ape::cuda::cuda_kernel_registry():
+//   - CudaRegistry (runs everywhere, no GPU needed): every CUDA entry has a CPU twin with the
+//     same manifest, its counts and param sizes agree with the manifest, an uninstantiated
+//     (dtype, head_dim) is refused without touching a device;
+//   - CudaKernel (needs a GPU, skipped without one): every variant against the fp64 materialised
+//     reference (kernel_reference.h) and the CPU fp32 kernel, forward and gradients (o, lse, dq,
+//     dk, dv, every feature and param gradient), odd T, several batches and heads, and bitwise
+//     determinism of two backward runs.
+// Tolerances: f32 variants, normalised max error <= 1e-4 against both references (fp32 on both
+// sides, different summation orders). f16 / bf16 variants, FlashAttention's rule: max error
+// against the fp64 reference <= 2x that of a same-precision materialised attention (here the
+// reference evaluated on inputs rounded to the dtype, outputs rounded to the dtype) plus 1e-3 of
+// the quantity's magnitude.
+//
+// Shapes: q, k, v, o, dout [B, H, T, D]; lse, features [B, H, T]; params per manifest.
+#include "kernel_reference.h"
+
+#include <ape/cuda_kernel_entry.h>
+#include <ape/kernel_entry.h>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace ape {
+const KernelEntry *const *kernel_registry(size_t *count);
+namespace cuda {
+const CudaKernelEntry *const *cuda_kernel_registry(size_t *count);
+}
+}  // namespace ape
+
+namespace {
+
+using ape::cuda::CudaAttnArgs;
+using ape::cuda::CudaKernelEntry;
+using ape::cuda::DType;
+using torch::Tensor;
+
+const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
+
+std::vector<const CudaKernelEntry *> cuda_entries() {
+  size_t n = 0;
+  const CudaKernelEntry *const *e = ape::cuda::cuda_kernel_registry(&n);
+  return std::vector<const CudaKernelEntry *>(e, e + n);
+}
+
+const ape::KernelEntry *cpu_entry(const std::string &name) {
+  size_t n = 0;
+  const ape::KernelEntry *const *e = ape::kernel_registry(&n);
+  for (size_t k = 0; k < n; ++k)
+    if (e[k] && e[k]->name && name == e[k]->name) return e[k];
+  return nullptr;
+}
+
+bool has_gpu() {
+  static const int devices = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+  }();
+  return devices > 0;
+}
+
+torch::ScalarType torch_type(DType t) {
+  return t == DType::F32 ? torch::kFloat32 : t == DType::F16 ? torch::kHalf : torch::kBFloat16;
+}
+
+// ---- manifest params ------------------------------------------------------------------------------
+struct ParamInfo {
+  std::string name;
+  nlohmann::json shape, init;
+  bool trainable = false;
+};
+
+std::vector<ParamInfo> manifest_params(const nlohmann::json &m) {
+  std::vector<ParamInfo> out;
+  for (const auto &p : m.at("params"))
+    out.push_back({p.at("name"), p.at("shape"), p.at("init"), p.at("trainable")});
+  return out;
+}
+
+std::vector<int64_t> resolve(const nlohmann::json &shape, int64_t H, int64_t D) {
+  std::vector<int64_t> s;
+  for (const auto &d : shape) {
+    if (d.is_number()) s.push_back(d.get<int64_t>());
+    else if (d == "heads") s.push_back(H);
+    else if (d == "head_dim") s.push_back(D);
+    else ADD_FAILURE() << "unknown shape symbol " << d;
+  }
+  return s;
+}
+
+// ---- one problem: fp64 master inputs ---------------------------------------------------------------
+struct Problem {
+  std::string enc;
+  int64_t B = 0, H = 0, T = 0, D = 0;
+  double scale = 0;
+  Tensor q, k, v, dout;
+  std::vector<Tensor> features, params;
+  std::vector<ParamInfo> pinfo;
+};
+
+Problem make_problem(const CudaKernelEntry &e, int64_t B, int64_t H, int64_t T, int64_t D,
+                     uint64_t seed) {
+  Problem p;
+  p.enc = e.name, p.B = B, p.H = H, p.T = T, p.D = D;
+  const auto m = nlohmann::json::parse(e.manifest_json);
+  p.scale = m.at("scale").is_null() ? 1.0 / std::sqrt(double(D)) : m.at("scale").get<double>();
+  torch::manual_seed(seed);
+  p.q = torch::randn({B, H, T, D}, kF64), p.k = torch::randn({B, H, T, D}, kF64);
+  p.v = torch::randn({B, H, T, D}, kF64), p.dout = torch::randn({B, H, T, D}, kF64);
+  for (int n = 0; n < e.num_features; ++n) p.features.push_back(torch::randn({B, H, T}, kF64));
+  p.pinfo = manifest_params(m);
+  for (const ParamInfo &info : p.pinfo) {
+    const auto shape = resolve(info.shape, H, D);
+    const std::string kind = info.init.at("kind");
+    Tensor t;
+    if (kind == "alibi_slopes") t = ape_test::alibi_slopes(H).reshape(shape);
+    else if (kind == "constant") t = torch::full(shape, info.init.at("value").get<double>(), kF64);
+    else if (kind == "ones") t = torch::ones(shape, kF64);
+    else {
+      // ExPE-like per-position terms (suffix _b) scaled so that n b stays O(0.5) at large T.
+      const bool per_position = info.name.size() > 2 &&
+                                info.name.compare(info.name.size() - 2, 2, "_b") == 0;
+      t = torch::randn(shape, kF64) * 0.02 * (per_position ? std::min(1.0, 32.0 / T) : 1.0);
+    }
+    p.params.push_back(t);
+  }
+  return p;
+}
+
+ape_test::RefInputs ref_inputs(const Problem &p) {
+  ape_test::RefInputs in;
+  in.q = p.q, in.k = p.k, in.v = p.v, in.features = p.features, in.scale = p.scale;
+  for (size_t n = 0; n < p.params.size(); ++n) {
+    in.params[p.pinfo[n].name] = p.params[n];
+    if (p.pinfo[n].trainable) in.trainable.push_back(p.pinfo[n].name);
+  }
+  return in;
+}
+
+// Every quantity of one run, fp64 on the host: o, lse, dq, dk, dv, dfeatures..., dparams...
+using Outputs = std::vector<std::pair<std::string, Tensor>>;
+
+Outputs from_reference(const Problem &p, const ape_test::RefOutputs &r) {
+  Outputs out = {{"o", r.o}, {"lse", r.lse}, {"dq", r.dq}, {"dk", r.dk}, {"dv", r.dv}};
+  for (size_t n = 0; n < r.dfeatures.size(); ++n)
+    out.push_back({"dfeature" + std::to_string(n), r.dfeatures[n]});
+  for (size_t n = 0; n < p.params.size(); ++n) {
+    auto it = r.dparams.find(p.pinfo[n].name);
+    out.push_back({"dparam:" + p.pinfo[n].name,
+                   it != r.dparams.end() ? it->second : torch::zeros_like(p.params[n])});
+  }
+  return out;
+}
+
+// ---- the CPU fp32 kernel -----------------------------------------------------------------------------
+Outputs run_cpu(const ape::KernelEntry &e, const Problem &p) {
+  auto f = [](const Tensor &t) { return t.to(torch::kFloat32).contiguous().clone(); };
+  Tensor q = f(p.q), k = f(p.k), v = f(p.v), dout = f(p.dout);
+  Tensor o = torch::empty_like(q), lse = torch::empty({p.B, p.H, p.T}, torch::kFloat32);
+  Tensor dq = torch::empty_like(q), dk = torch::empty_like(q), dv = torch::empty_like(q);
+  std::vector<Tensor> feats, prms, dfeats, dprms;
+  std::vector<const float *> fp, pp;
+  std::vector<float *> dfp, dpp;
+  for (const auto &t : p.features) feats.push_back(f(t)), dfeats.push_back(torch::empty_like(feats.back()));
+  for (const auto &t : p.params) prms.push_back(f(t)), dprms.push_back(torch::empty_like(prms.back()));
+  for (auto &t : feats) fp.push_back(t.data_ptr<float>());
+  for (auto &t : prms) pp.push_back(t.data_ptr<float>());
+  for (auto &t : dfeats) dfp.push_back(t.data_ptr<float>());
+  for (auto &t : dprms) dpp.push_back(t.data_ptr<float>());
+  ape::AttnArgs<float> a{};
+  a.B = p.B, a.H = p.H, a.T = p.T, a.D = p.D;
+  a.q = q.data_ptr<float>(), a.k = k.data_ptr<float>(), a.v = v.data_ptr<float>();
+  a.o = o.data_ptr<float>(), a.lse = lse.data_ptr<float>();
+  a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
+  a.dout = dout.data_ptr<float>();
+  a.dq = dq.data_ptr<float>(), a.dk = dk.data_ptr<float>(), a.dv = dv.data_ptr<float>();
+  a.dfeatures = dfp.data(), a.dparams = dpp.data();
+  e.forward_f32(a);
+  e.backward_f32(a);
+  Outputs out = {{"o", o}, {"lse", lse}, {"dq", dq}, {"dk", dk}, {"dv", dv}};
+  for (size_t n = 0; n < dfeats.size(); ++n) out.push_back({"dfeature" + std::to_string(n), dfeats[n]});
+  for (size_t n = 0; n < dprms.size(); ++n) out.push_back({"dparam:" + p.pinfo[n].name, dprms[n]});
+  for (auto &[name, t] : out) t = t.to(torch::kFloat64);
+  return out;
+}
+
+// ---- the CUDA kernel ---------------------------------------------------------------------------------
+struct DevBuf {
+  void *ptr = nullptr;
+  DevBuf() = default;
+  DevBuf(const DevBuf &) = delete;
+  DevBuf(DevBuf &&o) noexcept : ptr(o.ptr) { o.ptr = nullptr; }
+  ~DevBuf() { cudaFree(ptr); }
+};
+
+#define ASSERT_CUDA(call)                                                      \
+  do {                                                                         \
+    const cudaError_t err_ = (call);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
+  } while (0)
+
+void upload(DevBuf &b, const Tensor &host) {
+  const Tensor t = host.contiguous();
+  const size_t bytes = t.numel() * t.element_size();
+  ASSERT_EQ(cudaMalloc(&b.ptr, bytes + 16), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(b.ptr, t.data_ptr(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+Tensor download(const DevBuf &b, const Tensor &like) {
+  Tensor t = torch::empty_like(like).contiguous();
+  EXPECT_EQ(cudaMemcpy(t.data_ptr(), b.ptr, t.numel() * t.element_size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return t;
+}
+
+// One forward + backward of a CUDA variant; outputs in the order of from_reference.
+void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out) {
+  const auto dt = torch_type(var.dtype);
+  const Tensor q = p.q.to(dt), k = p.k.to(dt), v = p.v.to(dt), dout = p.dout.to(dt);
+  const Tensor lse_like = torch::empty({p.B, p.H, p.T}, torch::kFloat32);
+  DevBuf dq_, dk_, dv_, do_, o_, lse_, qd, kd, vd;
+  upload(qd, q), upload(kd, k), upload(vd, v), upload(do_, dout);
+  upload(o_, torch::zeros_like(q)), upload(dq_, torch::zeros_like(q));
+  upload(dk_, torch::zeros_like(q)), upload(dv_, torch::zeros_like(q));
+  upload(lse_, torch::zeros_like(lse_like));
+  std::vector<DevBuf> feats(p.features.size()), dfeats(p.features.size()), prms(p.params.size()),
+      dprms(p.params.size());
+  std::vector<const float *> fp, pp;
+  std::vector<float *> dfp, dpp;
+  for (size_t n = 0; n < p.features.size(); ++n) {
+    upload(feats[n], p.features[n].to(torch::kFloat32));
+    upload(dfeats[n], torch::full_like(p.features[n].to(torch::kFloat32), NAN));
+    fp.push_back(static_cast<const float *>(feats[n].ptr));
+    dfp.push_back(static_cast<float *>(dfeats[n].ptr));
+  }
+  for (size_t n = 0; n < p.params.size(); ++n) {
+    upload(prms[n], p.params[n].to(torch::kFloat32));
+    upload(dprms[n], torch::full_like(p.params[n].to(torch::kFloat32), NAN));
+    pp.push_back(static_cast<const float *>(prms[n].ptr));
+    dpp.push_back(static_cast<float *>(dprms[n].ptr));
+  }
+  CudaAttnArgs a;
+  a.B = p.B, a.H = p.H, a.T = p.T, a.D = p.D, a.dtype = var.dtype;
+  a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = o_.ptr, a.lse = static_cast<float *>(lse_.ptr);
+  a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
+  a.dout = do_.ptr, a.dq = dq_.ptr, a.dk = dk_.ptr, a.dv = dv_.ptr;
+  a.dfeatures = dfp.data(), a.dparams = dpp.data();
+  ASSERT_CUDA(var.forward(a));
+  ASSERT_CUDA(var.backward(a));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  auto f64 = [](const Tensor &t) { return t.to(torch::kFloat64); };
+  out = {{"o", f64(download(o_, q))},   {"lse", f64(download(lse_, lse_like))},
+         {"dq", f64(download(dq_, q))}, {"dk", f64(download(dk_, q))},
+         {"dv", f64(download(dv_, q))}};
+  for (size_t n = 0; n < dfeats.size(); ++n)
+    out.push_back({"dfeature" + std::to_string(n),
+                   f64(download(dfeats[n], p.features[n].to(torch::kFloat32)))});
+  for (size_t n = 0; n < dprms.size(); ++n)
+    out.push_back({"dparam:" + p.pinfo[n].name, f64(download(dprms[n], p.params[n].to(torch::kFloat32)))});
+}
+
+double max_abs(const Tensor &t) { return t.numel() ? t.abs().max().item<double>() : 0.0; }
+double max_err(const Tensor &a, const Tensor &b) {
+  // -inf lse (a row without finite logits) equals -inf.
+  const Tensor both_inf = torch::isinf(a) & torch::isinf(b) & (a == b);
+  return a.numel() ? torch::where(both_inf, torch::zeros_like(a), a - b).abs().max().item<double>()
+                   : 0.0;
+}
+
+// ---- registry checks (no GPU) ------------------------------------------------------------------------
+TEST(CudaRegistry, EveryEntryHasItsCpuTwinAndManifest) {
+  const auto entries = cuda_entries();
+  ASSERT_FALSE(entries.empty());
+  for (const CudaKernelEntry *e : entries) {
+    ASSERT_NE(e, nullptr);
+    SCOPED_TRACE(e->name);
+    const ape::KernelEntry *cpu = cpu_entry(e->name);
+    ASSERT_NE(cpu, nullptr) << "no CPU kernel of the same name";
+    EXPECT_STREQ(e->manifest_json, cpu->manifest_json);
+    const auto m = nlohmann::json::parse(e->manifest_json);
+    EXPECT_EQ(m.at("encoding").get<std::string>(), e->name);
+    EXPECT_EQ(e->num_features, static_cast<int>(m.at("features").size()));
+    ASSERT_EQ(e->num_params, static_cast<int>(m.at("params").size()));
+    const auto params = manifest_params(m);
+    for (int n = 0; n < e->num_params; ++n) {
+      int64_t numel = 1;
+      for (int64_t d : resolve(params[n].shape, 5, 64)) numel *= d;
+      EXPECT_EQ(e->param_numel(n, 5, 64), numel) << params[n].name;
+    }
+    ASSERT_GT(e->num_variants, 0u);
+    for (size_t k = 0; k < e->num_variants; ++k) {
+      const auto &v = e->variants[k];
+      EXPECT_TRUE(v.forward && v.backward);
+      EXPECT_TRUE(v.head_dim == 32 || v.head_dim == 64 || v.head_dim == 128);
+      EXPECT_EQ(ape::cuda::find_variant(*e, v.dtype, v.head_dim), &v);
+    }
+  }
+}
+
+TEST(CudaRegistry, UninstantiatedVariantIsRefused) {
+  for (const CudaKernelEntry *e : cuda_entries()) {
+    CudaAttnArgs a;
+    a.D = 48;  // never instantiated
+    EXPECT_EQ(ape::cuda::forward(*e, a), cudaErrorInvalidValue) << e->name;
+    EXPECT_EQ(ape::cuda::backward(*e, a), cudaErrorInvalidValue) << e->name;
+  }
+}
+
+// ---- numerics (GPU) ------------------------------------------------------------------------------------
+using Case = std::tuple<std::string, size_t>;  // encoding, variant index
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const CudaKernelEntry *e : cuda_entries())
+    for (size_t k = 0; k < e->num_variants; ++k) cases.push_back({e->name, k});
+  return cases;
+}
+
+const CudaKernelEntry *find_cuda(const std::string &name) {
+  for (const CudaKernelEntry *e : cuda_entries())
+    if (name == e->name) return e;
+  return nullptr;
+}
+
+class CudaKernel : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!has_gpu())
+      GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount): the CUDA kernels are compiled but "
+                      "cannot run here";
+  }
+};
+
+TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
+  const auto &[name, index] = GetParam();
+  const CudaKernelEntry *e = find_cuda(name);
+  ASSERT_NE(e, nullptr);
+  const auto &var = e->variants[index];
+  const auto &known = ape_test::reference_encodings();
+  const bool has_ref = std::find(known.begin(), known.end(), name) != known.end();
+  const ape::KernelEntry *cpu = cpu_entry(name);
+  ASSERT_NE(cpu, nullptr);
+  for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 130},
+                         {2, 1, 257}}) {
+    SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
+                 std::to_string(var.head_dim) + " B=" + std::to_string(B) + " H=" +
+                 std::to_string(H) + " T=" + std::to_string(T));
+    const Problem p = make_problem(*e, B, H, T, var.head_dim, 1000 * T + 10 * B + H);
+    Outputs gpu;
+    run_gpu(var, p, gpu);
+    if (HasFatalFailure()) return;
+    const Outputs cpu_out = run_cpu(*cpu, p);
+    Outputs ref, lowp;
+    if (has_ref) {
+      ref = from_reference(p, ape_test::reference_attention(name, ref_inputs(p), p.dout));
+      if (var.dtype != DType::F32) {
+        // Same-precision materialised attention: inputs and outputs rounded to the dtype.
+        Problem r = p;
+        const auto dt = torch_type(var.dtype);
+        auto rnd = [&](const Tensor &t) { return t.to(dt).to(torch::kFloat64); };
+        r.q = rnd(p.q), r.k = rnd(p.k), r.v = rnd(p.v), r.dout = rnd(p.dout);
+        for (auto &t : r.features) t = t.to(torch::kFloat32).to(torch::kFloat64);
+        for (auto &t : r.params) t = t.to(torch::kFloat32).to(torch::kFloat64);
+        lowp = from_reference(p, ape_test::reference_attention(name, ref_inputs(r), r.dout));
+        for (size_t n = 0; n < 5; ++n) lowp[n].second = n == 1 ? lowp[n].second : rnd(lowp[n].second);
+      }
+    }
+    ASSERT_EQ(gpu.size(), cpu_out.size());
+    for (size_t n = 0; n < gpu.size(); ++n) {
+      const std::string &what = gpu[n].first;
+      const Tensor &g = gpu[n].second;
+      EXPECT_FALSE(torch::isnan(g).any().item<bool>()) << what << " has NaN (not written?)";
+      const double mag = std::max(1e-3, max_abs(cpu_out[n].second));
+      if (var.dtype == DType::F32) {
+        EXPECT_LE(max_err(g, cpu_out[n].second) / mag, 1e-4) << what << " vs the CPU fp32 kernel";
+        if (has_ref) EXPECT_LE(max_err(g, ref[n].second) / mag, 1e-4) << what << " vs the reference";
+      } else if (has_ref) {
+        const double err = max_err(g, ref[n].second), base = max_err(lowp[n].second, ref[n].second);
+        EXPECT_LE(err, 2 * base + 1e-3 * mag)
+            << what << ": kernel error " << err << ", same-precision materialised error " << base;
+      } else {
+        EXPECT_LE(max_err(g, cpu_out[n].second) / mag, 5e-2) << what << " vs the CPU fp32 kernel";
+      }
+    }
+  }
+}
+
+TEST_P(CudaKernel, BackwardIsDeterministic) {
+  const auto &[name, index] = GetParam();
+  const CudaKernelEntry *e = find_cuda(name);
+  ASSERT_NE(e, nullptr);
+  const Problem p = make_problem(*e, 2, 3, 150, e->variants[index].head_dim, 7);
+  Outputs first, second;
+  run_gpu(e->variants[index], p, first);
+  run_gpu(e->variants[index], p, second);
+  ASSERT_EQ(first.size(), second.size());
+  for (size_t n = 0; n < first.size(); ++n)
+    EXPECT_TRUE(torch::equal(first[n].second, second[n].second)) << first[n].first << " differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaKernel, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case> &info) {
+                           const CudaKernelEntry *e = find_cuda(std::get<0>(info.param));
+                           const auto &v = e->variants[std::get<1>(info.param)];
+                           return std::get<0>(info.param) + "_" +
+                                  ape::cuda::dtype_name(v.dtype) + "_hd" +
+                                  std::to_string(v.head_dim);
+                         });
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  torch::set_num_threads(2);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (!has_gpu())
+    std::printf("cuda_kernels_test: no CUDA device; the numerics tests skip (registry tests run)\n");
+  return RUN_ALL_TESTS();
+}
