@@ -93,7 +93,7 @@ def expe_through_projection(x, wq, wk, wv, heads, override, sigma=1.0):
     B, T, d = x.shape
     D = d // heads
     l = int(override["l"])
-    pos = expe_positions(override, T, x.dtype, sigma).expand(B, T, l)
+    pos = expe_positions(override, T, x.dtype, sigma).to(x.device).expand(B, T, l)
     xo = torch.cat([pos, x[..., l:]], dim=-1)
 
     def split(t):  # (B, T, d) -> (B, H, T, D)

@@ -29,9 +29,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -40,6 +42,14 @@
 #include "kernel_inputs.h"
 
 namespace ape::torch_ops {
+
+// The C++ type of a `float?` argument: c10::optional in LibTorch 1.x, std::optional since
+// c10::optional became its (now deprecated) alias.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+template <class T> using Optional = std::optional<T>;
+#else
+template <class T> using Optional = c10::optional<T>;
+#endif
 
 // Shapes of one call: B batch, H heads, T tokens, D head dim.
 struct Shape {
@@ -364,7 +374,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   }
 };
 
-inline double resolve_scale(const KernelInputs &in, const Shape &s, c10::optional<double> scale) {
+inline double resolve_scale(const KernelInputs &in, const Shape &s, Optional<double> scale) {
   const double kappa = scale.has_value() ? *scale : in.scale_for(s.D);
   check_scale(in, "attention", kappa);
   return kappa;
@@ -373,7 +383,7 @@ inline double resolve_scale(const KernelInputs &in, const Shape &s, c10::optiona
 // The Autograd kernel of `attention`.
 inline at::Tensor attention(const KernelInputs &in, const at::Tensor &q, const at::Tensor &k,
                             const at::Tensor &v, const std::vector<at::Tensor> &features,
-                            const std::vector<at::Tensor> &params, c10::optional<double> scale) {
+                            const std::vector<at::Tensor> &params, Optional<double> scale) {
   const Shape s = check_inputs(in, "attention", q, k, v, features, params);
   if (at::GradMode::is_enabled()) {
     for (int i = 0; i < in.num_params; ++i)
@@ -394,7 +404,7 @@ inline at::Tensor attention_forward_only(const KernelInputs &in, const at::Tenso
                                          const at::Tensor &k, const at::Tensor &v,
                                          const std::vector<at::Tensor> &features,
                                          const std::vector<at::Tensor> &params,
-                                         c10::optional<double> scale) {
+                                         Optional<double> scale) {
   const Shape s = check_inputs(in, "attention", q, k, v, features, params);
   return std::get<0>(forward_op(in).call(q, k, v, features, params, resolve_scale(in, s, scale)));
 }
