@@ -36,6 +36,16 @@ struct KernelLayout {
   KModOp kmod;
   ScoreModOp score;
   PositionEmbeddingOp embedding;  // site E; only its table region is code
+  SmallVector<RelRowsOp> rels;    // relative rows, in order: ctx.rel[n] is (T, rows_n)
+  DenseMap<Value, unsigned> relIndex;
+
+  /// The number of rows of a rel_rows table (its verified integer first dimension).
+  int64_t rowCount(RelRowsOp r) const {
+    int64_t rows = 0;
+    auto shape = r.getTable().getDefiningOp<ParamOp>().getShape();
+    (void)cast<StringAttr>(shape[0]).getValue().getAsInteger(10, rows);
+    return rows;
+  }
 
   LogicalResult build(KernelOp kernel) {
     for (Operation &op : kernel.getBody().front()) {
@@ -57,6 +67,9 @@ struct KernelLayout {
         score = s;
       } else if (auto e = dyn_cast<PositionEmbeddingOp>(op)) {
         embedding = e;
+      } else if (auto r = dyn_cast<RelRowsOp>(op)) {
+        relIndex[r] = rels.size();
+        rels.push_back(r);
       }
     }
     for (Operation *op : {qmod.getOperation(), kmod.getOperation(), score.getOperation()})
@@ -107,6 +120,19 @@ public:
       if (slot == layout.tokSlot.end())
         return load.emitOpError("loads a token sequence the kernel does not compute");
       return llvm::formatv("{0}[{1} * ctx.T + ({2})]", tokBase, slot->second, get(idx[2])).str();
+    }
+    if (isa<RowsType>(src.getType())) {  // rows of this slice: ctx.rel[n] / ctx.drel[n]
+      auto rel = layout.relIndex.find(src);
+      if (rel == layout.relIndex.end())
+        return load.emitOpError("loads rows the kernel does not compute");
+      std::string base = tokBase == "ctx.dtok" ? "ctx.drel" : "ctx.rel";
+      int64_t rows = layout.rowCount(layout.rels[rel->second]);
+      std::string r = get(idx[3]);
+      if (!isa<BlockArgument>(idx[3]))
+        r = "std::clamp<int64_t>(" + r + ", 0, int64_t(" + std::to_string(rows) + ") - 1)";
+      return llvm::formatv("{0}[{1}][({2}) * {3} + ({4})]", base, rel->second, get(idx[2]), rows,
+                           r)
+          .str();
     }
     auto param = layout.paramIndex.find(src);
     if (param == layout.paramIndex.end())
@@ -551,6 +577,30 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     os << "    case " << n << ": return " << numel << ";  // \"" << p.getName() << "\"\n";
   }
   os << "    default: return 0;\n    }\n  }\n";
+  if (!layout.rels.empty()) {  // relative rows (cpu_attention.h: rel_rows_forward/backward)
+    if (target == FunctorTarget::Cuda)
+      return layout.rels.front().emitOpError(
+          "is not supported by the CUDA kernel template yet (relative rows run on the CPU)");
+    os << "  static constexpr int kNumRel = " << layout.rels.size() << ";\n";
+    auto table = [&](StringRef what, auto fn) {
+      os << "  static constexpr int rel_" << what << "(int n) {\n    switch (n) {\n";
+      for (auto [n, r] : llvm::enumerate(layout.rels))
+        os << "    case " << n << ": return " << fn(r) << ";\n";
+      os << "    default: return -1;\n    }\n  }\n";
+    };
+    auto paramOf = [&](Value v) -> int64_t {
+      return v ? static_cast<int64_t>(layout.paramIndex.lookup(v)) : -1;
+    };
+    table("side", [&](RelRowsOp r) { return r.getSide() == "q" ? 0 : 1; });
+    table("rows", [&](RelRowsOp r) { return layout.rowCount(r); });
+    table("table", [&](RelRowsOp r) { return paramOf(r.getTable()); });
+    table("bias", [&](RelRowsOp r) { return paramOf(r.getBias()); });
+    table("table_trainable",
+          [&](RelRowsOp r) { return r.getTable().getDefiningOp<ParamOp>().getTrainable() ? 1 : 0; });
+    table("bias_trainable", [&](RelRowsOp r) {
+      return r.getBias() && r.getBias().getDefiningOp<ParamOp>().getTrainable() ? 1 : 0;
+    });
+  }
   if (failed(emitTokenProgram(os, layout, st)) ||
       failed(emitQKMod(os, layout, layout.qmod, "q", st)) ||
       failed(emitQKMod(os, layout, layout.kmod, "k", st)) || failed(emitScoreMod(os, layout, st)) ||

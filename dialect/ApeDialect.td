@@ -55,7 +55,17 @@ def Ape_ParamType : Ape_Type<"Param", "param"> {
   }];
 }
 
-def Ape_AnyValue : AnyTypeOf<[Ape_TokensType, Ape_ParamType]>;
+def Ape_RowsType : Ape_Type<"Rows", "rows"> {
+  let summary = "a short row of values per (batch, head, token)";
+  let description = [{
+    R[b, h, t, r]: for every token a few values indexed by r, such as the dot
+    products of q'_t with each row of a relative-position table. Loaded inside
+    a score_mod as `ape.load %R[%b, %h, %i, %r]` (query rows) or
+    `[%b, %h, %j, %r]` (key rows) with a computed r.
+  }];
+}
+
+def Ape_AnyValue : AnyTypeOf<[Ape_TokensType, Ape_ParamType, Ape_RowsType]>;
 
 class Ape_Op<string mnemonic, list<Trait> traits = []> :
     Op<Ape_Dialect, mnemonic, traits>;

@@ -554,6 +554,22 @@ LogicalResult LoadOp::verify() {
                          "arguments of the enclosing ape.score_mod");
     return success();
   }
+  if (isa<RowsType>(getSource().getType())) {
+    if (getIndices().size() != 4)
+      return emitOpError("of rows takes 4 indices [batch, head, token, row], got ")
+             << getIndices().size();
+    auto rows = getSource().getDefiningOp<RelRowsOp>();
+    Block *block = (*this)->getBlock();
+    auto idx = getIndices();
+    bool query = !rows || rows.getSide() == "q";
+    if (!isa<ScoreModOp>(parent) || block->getNumArguments() < 5 ||
+        idx[0] != block->getArgument(1) || idx[1] != block->getArgument(2) ||
+        idx[2] != block->getArgument(query ? 3 : 4))
+      return emitOpError("of ") << (query ? "query" : "key") << " rows must read "
+                                << (query ? "[%b, %h, %i, %r]" : "[%b, %h, %j, %r]")
+                                << " with the arguments of the enclosing ape.score_mod";
+    return success();
+  }
   if (isa<MapOp>(parent))
     return emitOpError("of a param is not allowed inside ape.map (maps are pure functions of "
                        "their input); load it in a q_mod, k_mod or score_mod");
@@ -580,6 +596,32 @@ LogicalResult MaskedProjectionOp::verify() {
   return verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
                               getTheta().convertToDouble(), getTheta1().convertToDouble(),
                               getTheta2().convertToDouble(), getTargets());
+}
+
+LogicalResult RelRowsOp::verify() {
+  if (failed(verifyInContainer(*this)))
+    return failure();
+  if (getSide() != "q" && getSide() != "k")
+    return emitOpError("side must be \"q\" (query rows) or \"k\" (key rows), got \"")
+           << getSide() << "\"";
+  auto shapeOf = [](Value v) -> std::optional<ArrayAttr> {
+    if (auto p = v.getDefiningOp<ParamOp>())
+      return p.getShape();
+    return std::nullopt;
+  };
+  auto dim = [](ArrayAttr shape, unsigned k) { return cast<StringAttr>(shape[k]).getValue(); };
+  auto table = shapeOf(getTable());
+  unsigned long long rows = 0;
+  if (!table || table->size() != 3 || dim(*table, 0).getAsInteger(10, rows) || rows == 0 ||
+      dim(*table, 1) != "heads" || dim(*table, 2) != "head_dim")
+    return emitOpError("table must be an ape.param of shape [rows, \"heads\", \"head_dim\"] "
+                       "with an integer number of rows");
+  if (Value bias = getBias()) {
+    auto shape = shapeOf(bias);
+    if (!shape || shape->size() != 2 || dim(*shape, 0) != "heads" || dim(*shape, 1) != "head_dim")
+      return emitOpError("bias must be an ape.param of shape [\"heads\", \"head_dim\"]");
+  }
+  return success();
 }
 
 LogicalResult PositionEmbeddingOp::verify() {

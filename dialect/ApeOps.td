@@ -327,6 +327,29 @@ def Ape_TokenFeatureOp : Ape_Op<"token_feature", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Ape_RelRowsOp : Ape_Op<"rel_rows", [Pure]> {
+  let summary = "dot products of q' (or k') with each row of a relative table";
+  let description = [{
+    R[b, h, t, r] = (x'_t + bias[h]) · table[r, h, :] where x' is q' (side
+    "q") or k' (side "k") after the q/k mods, `table` a param of shape
+    [rows, "heads", "head_dim"] and the optional `bias` a param
+    ["heads", "head_dim"]. The kernel computes the rows per (batch, head)
+    once, a small GEMM, so a score_mod can add q-dependent relative terms
+    (Shaw, Transformer-XL, DeBERTa) by gathering R at a computed distance
+    index without materialising T×T. Gradients flow to q/k, the table and the
+    bias.
+
+    ```mlir
+    %rk = ape.rel_rows "q" %table
+    %rq = ape.rel_rows "k" %table bias %u
+    ```
+  }];
+  let arguments = (ins StrAttr:$side, Ape_ParamType:$table, Optional<Ape_ParamType>:$bias);
+  let results = (outs Ape_RowsType:$result);
+  let assemblyFormat = "$side $table (`bias` $bias^)? attr-dict";
+  let hasVerifier = 1;
+}
+
 class Ape_RegionOp<string mnemonic, list<Trait> traits = []> :
     Ape_Op<mnemonic, traits> {
   let hasVerifier = 1;

@@ -221,6 +221,8 @@ StringRef scorePlan(LoadOp load, Block &block) {
     if (idx[2] == j)
       return "col_sum";
   }
+  if (auto rows = load.getSource().getDefiningOp<RelRowsOp>())  // back into q'/k' and the table
+    return rows.getSide() == "q" ? "query_rows" : "key_rows";
   if (isa<ParamType>(load.getSource().getType())) {
     // Indices that are constants or h: every (b, i, j) adds into the same element of its
     // head ("head_sum") or of the whole param ("sum", a full reduction); a computed index

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #ifdef _OPENMP
@@ -63,6 +64,8 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
   Real *const *dparams;       // private accumulators of this (b, h), zeroed; null in forward
   const Real *tok;            // Enc::kNumTok arrays of length T: tok[n*T + t]
   Real *dtok;                 // gradient w.r.t. tok, zeroed, same layout; null in forward
+  const Real *const *rel = nullptr;  // Enc::kNumRel arrays (T, rows_n): relative rows
+  Real *const *drel = nullptr;       // their gradients, zeroed; null in forward
 };
 
 namespace detail {
@@ -236,6 +239,63 @@ void mod_backward(const HeadCtx<Real> &ctx, const Real *x, const Real *gm, Real 
   }
 }
 
+// ---- relative rows ----------------------------------------------------------------------------------
+// Enc::kNumRel (0 when the functor does not declare it) rel_rows values: for n < kNumRel,
+// R_n(T, rows) = (x' + bias_h) table_h^T with x' = q' (rel_side(n) == 0) or k', table_h the
+// (rows, D) slice of head h of the (rows, H, D) param rel_table(n), bias_h the (D) row of the
+// optional (H, D) param rel_bias(n) (-1: none).
+template <class Enc, class = void> struct NumRel {
+  static constexpr int value = 0;
+};
+template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
+  static constexpr int value = Enc::kNumRel;
+};
+
+template <class Enc, typename Real>
+void rel_rows_forward(const HeadCtx<Real> &ctx, int n, const Real *x, Real *out) {
+  const int64_t T = ctx.T, D = ctx.D, H = ctx.H, h = ctx.h, R = Enc::rel_rows(n);
+  const Real *table = ctx.params[Enc::rel_table(n)];
+  const Real *bias = Enc::rel_bias(n) >= 0 ? ctx.params[Enc::rel_bias(n)] + h * D : nullptr;
+  std::vector<Real> xb(static_cast<std::size_t>(D));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < D; ++c) xb[c] = x[t * D + c] + (bias ? bias[c] : Real(0));
+    for (int64_t r = 0; r < R; ++r) {
+      const Real *row = table + (r * H + h) * D;
+      Real d = 0;
+      APE_SIMD_REDUCE(+ : d) for (int64_t c = 0; c < D; ++c) d += xb[c] * row[c];
+      out[t * R + r] = d;
+    }
+  }
+}
+
+// dx(T, D) += dR table_h; the slice's private table / bias gradients += dR^T (x' + bias_h) / dR table_h.
+template <class Enc, typename Real>
+void rel_rows_backward(const HeadCtx<Real> &ctx, int n, const Real *x, const Real *drows,
+                       Real *dx) {
+  const int64_t T = ctx.T, D = ctx.D, H = ctx.H, h = ctx.h, R = Enc::rel_rows(n);
+  const Real *table = ctx.params[Enc::rel_table(n)];
+  const Real *bias = Enc::rel_bias(n) >= 0 ? ctx.params[Enc::rel_bias(n)] + h * D : nullptr;
+  Real *dtable = Enc::rel_table_trainable(n) ? ctx.dparams[Enc::rel_table(n)] : nullptr;
+  Real *dbias = Enc::rel_bias_trainable(n) ? ctx.dparams[Enc::rel_bias(n)] + h * D : nullptr;
+  for (int64_t t = 0; t < T; ++t) {
+    Real *dxt = dx + t * D;
+    const Real *xt = x + t * D;
+    for (int64_t r = 0; r < R; ++r) {
+      const Real g = drows[t * R + r];
+      if (g == Real(0)) continue;  // rows no key of this query used
+      const Real *row = table + (r * H + h) * D;
+      APE_SIMD for (int64_t c = 0; c < D; ++c) dxt[c] += g * row[c];
+      if (dbias) {
+        APE_SIMD for (int64_t c = 0; c < D; ++c) dbias[c] += g * row[c];
+      }
+      if (dtable) {
+        Real *drow = dtable + (r * H + h) * D;
+        APE_SIMD for (int64_t c = 0; c < D; ++c) drow[c] += g * (xt[c] + (bias ? bias[c] : Real(0)));
+      }
+    }
+  }
+}
+
 // ---- one (b, h) slice -----------------------------------------------------------------------------
 // The inputs of the tile loops of a slice: token arrays, q' and k' after the mods, k'^T.
 template <class Enc, typename Real> struct SliceInputs {
@@ -247,6 +307,9 @@ template <class Enc, typename Real> struct SliceInputs {
   const Real *q, *k, *v;                                       // (T, D) raw inputs
   const Real *qm, *km;                                         // (T, D) q', k' (raw without mod)
   std::vector<Real> kt;                                        // (D, Tp) k'^T, zero padded
+  static constexpr int kNumRel = NumRel<Enc>::value;
+  std::array<std::vector<Real>, array_len(kNumRel)> rel;       // (T, rows_n) relative rows
+  std::array<const Real *, array_len(kNumRel)> rel_ptr{};
 
   SliceInputs(const SliceInputs &) = delete;  // ctx.tok points into tok
   SliceInputs &operator=(const SliceInputs &) = delete;
@@ -277,6 +340,14 @@ template <class Enc, typename Real> struct SliceInputs {
     }
     kt.resize(static_cast<std::size_t>(D * Tp));
     transpose_padded(km, T, D, Tp, kt.data());
+    if constexpr (kNumRel > 0) {
+      for (int n = 0; n < kNumRel; ++n) {
+        rel[n].resize(static_cast<std::size_t>(T * Enc::rel_rows(n)));
+        rel_rows_forward<Enc>(ctx, n, Enc::rel_side(n) == 0 ? qm : km, rel[n].data());
+        rel_ptr[n] = rel[n].data();
+      }
+      ctx.rel = rel_ptr.data();
+    }
   }
 };
 
@@ -362,6 +433,16 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   ctx.dparams = dparam_ptrs.data();
   std::vector<Real> dtok(static_cast<std::size_t>(Enc::kNumTok * T), Real(0));  // (kNumTok, T)
   ctx.dtok = dtok.data();
+  constexpr int kNumRel = NumRel<Enc>::value;
+  std::array<std::vector<Real>, array_len(kNumRel)> drel;  // (T, rows_n) each, zeroed
+  std::array<Real *, array_len(kNumRel)> drel_ptr{};
+  if constexpr (kNumRel > 0) {
+    for (int n = 0; n < kNumRel; ++n) {
+      drel[n].assign(static_cast<std::size_t>(T * Enc::rel_rows(n)), Real(0));
+      drel_ptr[n] = drel[n].data();
+    }
+    ctx.drel = drel_ptr.data();
+  }
 
   std::vector<Real> vt(static_cast<std::size_t>(D * in.Tp));  // (D, Tp) v^T, zero padded
   transpose_padded(in.v, T, D, in.Tp, vt.data());
@@ -422,6 +503,12 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
     }
   }
 
+  if constexpr (kNumRel > 0) {  // the rows' gradients into dq', dk' and the tables
+    for (int n = 0; n < kNumRel; ++n) {
+      const bool q_side = Enc::rel_side(n) == 0;
+      rel_rows_backward<Enc>(ctx, n, q_side ? in.qm : in.km, drel[n].data(), q_side ? dqm : dkm);
+    }
+  }
   if constexpr (Enc::kHasQMod) mod_backward<Enc, true>(ctx, in.q, dqm, dq);
   if constexpr (Enc::kHasKMod) mod_backward<Enc, false>(ctx, in.k, dkm, dk);
   if constexpr (Enc::kNumTok > 0) {

@@ -499,3 +499,34 @@ ape.encoding @e {
   // expected-error @+1 {{'ape.fire' op c must be a positive finite number, got -0.1}}
   ape.fire {c = -0.1 : f64}
 }
+
+// -----
+
+ape.encoding @e {
+  %t = ape.param "rel" ["heads", "head_dim"] init = "zeros" trainable
+  // expected-error @+1 {{'ape.rel_rows' op table must be an ape.param of shape [rows, "heads", "head_dim"] with an integer number of rows}}
+  %r = ape.rel_rows "q" %t
+}
+
+// -----
+
+ape.encoding @e {
+  %t = ape.param "rel" ["4", "heads", "head_dim"] init = "zeros" trainable
+  // expected-error @+1 {{'ape.rel_rows' op side must be "q" (query rows) or "k" (key rows), got "v"}}
+  %r = ape.rel_rows "v" %t
+}
+
+// -----
+
+ape.encoding @e {
+  %t = ape.param "rel" ["4", "heads", "head_dim"] init = "zeros" trainable
+  %r = ape.rel_rows "k" %t
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %c0 = arith.constant 0 : index
+    // expected-error @+1 {{'ape.load' op of key rows must read [%b, %h, %j, %r] with the arguments of the enclosing ape.score_mod}}
+    %x = ape.load %r[%b, %h, %i, %c0] : !ape.rows
+    %o = arith.addf %s, %x : f32
+    ape.yield %o : f32
+  }
+}

@@ -80,3 +80,34 @@ ape.encoding @mixed {
   ape.alibi
   ape.cable
 }
+
+// -----
+
+// Query-dependent relative terms: q'_i·table_r rows (with an optional bias added to q') and
+// k'_j rows, gathered at a computed distance; their gradients go back through the rows.
+// PLAN-LABEL: ape.kernel @relative
+// PLAN: %[[T:.*]] = ape.param "rel" ["9", "heads", "head_dim"] init = "normal" trainable
+// PLAN: %[[V:.*]] = ape.param "v" ["heads", "head_dim"] init = "zeros" trainable
+// PLAN: %[[U:.*]] = ape.param "u" ["1", "heads", "head_dim"] init = "zeros" trainable
+// PLAN: ape.rel_rows "q" %[[T]] bias %[[V]]
+// PLAN: ape.rel_rows "k" %[[U]]
+// PLAN: ape.score_mod attributes {plans = ["query_rows", "key_rows"]}
+ape.encoding @relative {
+  %t = ape.param "rel" ["9", "heads", "head_dim"] init = "normal" trainable {std = 0.02 : f64}
+  %v = ape.param "v" ["heads", "head_dim"] init = "zeros" trainable
+  %u = ape.param "u" ["1", "heads", "head_dim"] init = "zeros" trainable
+  %qr = ape.rel_rows "q" %t bias %v
+  %kr = ape.rel_rows "k" %u
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %c0 = arith.constant 0 : index
+    %c8 = arith.constant 8 : index
+    %d = arith.subi %i, %j : index
+    %r = arith.minsi %d, %c8 : index
+    %x = ape.load %qr[%b, %h, %i, %r] : !ape.rows
+    %y = ape.load %kr[%b, %h, %j, %c0] : !ape.rows
+    %z = arith.addf %x, %y : f32
+    %o = arith.addf %s, %z : f32
+    ape.yield %o : f32
+  }
+}
