@@ -11,6 +11,7 @@ namespace ape_test {
 namespace {
 
 const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
+constexpr double kPi = 3.14159265358979323846;
 
 torch::Tensor as_f64(const torch::Tensor &t) {
   return t.detach().to(torch::kFloat64).contiguous().clone();
@@ -23,6 +24,13 @@ const torch::Tensor &param(const std::map<std::string, torch::Tensor> &params,
   return it->second;
 }
 
+// The value of a fixed scalar param (shape [1]).
+double fixed_value(const std::map<std::string, torch::Tensor> &params, const std::string &name) {
+  const auto &t = param(params, name);
+  if (t.numel() != 1) throw std::invalid_argument("reference: param " + name + " is not a scalar");
+  return t.detach().to(torch::kFloat64).flatten()[0].item<double>();
+}
+
 // i - j as fp64 [T, T].
 torch::Tensor distance(int64_t T) {
   auto n = torch::arange(T, kF64);
@@ -32,34 +40,192 @@ torch::Tensor distance(int64_t T) {
 // B_ij = S_i - S_j for a per-token sequence S [B, H, T].
 torch::Tensor difference_bias(const torch::Tensor &S) { return S.unsqueeze(-1) - S.unsqueeze(-2); }
 
-// ExPE: x + a[h] + n b[h], a, b [H, D].
-torch::Tensor expe_shift(const torch::Tensor &x, const torch::Tensor &a, const torch::Tensor &b) {
-  const int64_t H = x.size(1), T = x.size(2), D = x.size(3);
-  auto n = torch::arange(T, kF64).view({1, 1, T, 1});
-  return x + a.view({1, H, 1, D}) + n * b.view({1, H, 1, D});
+// sigma of the ExPE / ExQPE terms, as a 0-d tensor (differentiable if the param were trainable).
+torch::Tensor position_scale(const std::map<std::string, torch::Tensor> &params) {
+  return param(params, "position_scale").reshape({});
+}
+
+// How an encoding rotates q and k: the frequencies theta' for head dim D at length T, the
+// pairing, and a factor on the whole q', k' (YaRN's mscale).
+struct Rotary {
+  Pairing pairing = Pairing::Half;
+  torch::Tensor theta;  // [d_r/2]
+  double mscale = 1.0;
+};
+
+bool is_rotary(const std::string &e) {
+  return e == "rope" || e == "rope_interleaved" || e == "rope_partial" || e == "rope_pi" ||
+         e == "rope_ntk" || e == "rope_dynamic_ntk" || e == "rope_yarn" || e == "rope_llama3" ||
+         e == "rope_alibi" || e == "xpos" || e == "expe_rope_cable";
+}
+
+Rotary rotary_of(const std::string &e, const std::map<std::string, torch::Tensor> &params,
+                 int64_t D, int64_t T) {
+  Rotary r;
+  const double base = 10000.0;
+  if (e == "rope_interleaved" || e == "xpos") {
+    r.pairing = Pairing::Interleaved;
+    r.theta = rope_theta(rotary_dims(D, 1.0), base);
+  } else if (e == "rope_partial") {
+    r.theta = rope_theta(rotary_dims(D, 0.5), base);
+  } else if (e == "rope_pi") {
+    r.theta = rope_theta_pi(rotary_dims(D, 1.0), base, fixed_value(params, "rope_factor"));
+  } else if (e == "rope_ntk") {
+    const int64_t d_r = rotary_dims(D, 1.0);
+    r.theta = rope_theta(d_r, ntk_base(base, fixed_value(params, "rope_factor"), d_r));
+  } else if (e == "rope_dynamic_ntk") {
+    const int64_t d_r = rotary_dims(D, 1.0);
+    r.theta = rope_theta(d_r, dynamic_ntk_base(base, fixed_value(params, "rope_factor"),
+                                               fixed_value(params, "rope_original_length"), T,
+                                               d_r));
+  } else if (e == "rope_yarn") {
+    const double s = fixed_value(params, "rope_factor");
+    r.theta = rope_theta_yarn(rotary_dims(D, 1.0), base, s,
+                              fixed_value(params, "rope_original_length"));
+    r.mscale = yarn_mscale(s);
+  } else if (e == "rope_llama3") {
+    r.theta = rope_theta_llama3(rotary_dims(D, 1.0), 500000.0, fixed_value(params, "rope_factor"),
+                                fixed_value(params, "rope_original_length"));
+  } else {  // rope, rope_alibi, expe_rope_cable
+    r.theta = rope_theta(rotary_dims(D, 1.0), base);
+  }
+  return r;
 }
 
 }  // namespace
 
 const std::vector<std::string> &reference_encodings() {
-  static const std::vector<std::string> names = {"alibi", "cable",       "expe",
-                                                 "expe_rope_cable", "forget_gate", "nope",
-                                                 "rope"};
+  static const std::vector<std::string> names = {
+      "alibi",       "cable",         "expe",          "expe_cable",      "expe_qkv",
+      "expe_rope_cable", "exqpe",     "forget_gate",   "learned_absolute", "nope",
+      "rope",        "rope_alibi",    "rope_dynamic_ntk", "rope_interleaved", "rope_llama3",
+      "rope_ntk",    "rope_partial",  "rope_pi",       "rope_yarn",       "sinusoidal",
+      "xpos"};
   return names;
 }
 
-torch::Tensor rope_rotate_half(const torch::Tensor &x, double base) {
-  const int64_t T = x.size(-2), D = x.size(-1);
-  if (D % 2 != 0) throw std::invalid_argument("rope_rotate_half: odd D");
-  const int64_t half = D / 2;
-  // theta_k = base^(-2k/D), angle[n, k] = n theta_k.
-  auto k = torch::arange(half, kF64);
-  auto theta = torch::pow(torch::full({}, base, kF64), -2.0 * k / static_cast<double>(D));
-  auto angle = torch::arange(T, kF64).unsqueeze(1) * theta.unsqueeze(0);  // [T, D/2]
-  auto c = torch::cos(angle), s = torch::sin(angle);
-  auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+// ---- RoPE -----------------------------------------------------------------------------------------
+
+int64_t rotary_dims(int64_t D, double fraction) {
+  return 2 * static_cast<int64_t>(std::floor(fraction * static_cast<double>(D) / 2.0));
 }
+
+torch::Tensor rope_theta(int64_t d_r, double base) {
+  auto k = torch::arange(d_r / 2, kF64);
+  return torch::pow(torch::full({}, base, kF64), -2.0 * k / static_cast<double>(d_r));
+}
+
+torch::Tensor rope_theta_pi(int64_t d_r, double base, double s) {
+  return rope_theta(d_r, base) / s;
+}
+
+double ntk_base(double base, double s, int64_t d_r) {
+  const double dr = static_cast<double>(d_r);
+  return base * std::pow(s, dr / (dr - 2.0));
+}
+
+double dynamic_ntk_base(double base, double s, double L, int64_t T, int64_t d_r) {
+  const double dr = static_cast<double>(d_r);
+  const double l = std::max(static_cast<double>(T), L);
+  return base * std::pow(s * l / L - (s - 1.0), dr / (dr - 2.0));
+}
+
+torch::Tensor rope_theta_yarn(int64_t d_r, double base, double s, double L, double beta_fast,
+                              double beta_slow) {
+  const double dr = static_cast<double>(d_r);
+  auto dim_idx = [&](double R) { return dr * std::log(L / (2.0 * kPi * R)) / (2.0 * std::log(base)); };
+  const double low = std::max(std::floor(dim_idx(beta_fast)), 0.0);
+  double high = std::min(std::ceil(dim_idx(beta_slow)), dr - 1.0);
+  if (low == high) high += 0.001;
+  auto theta = rope_theta(d_r, base);
+  auto k = torch::arange(d_r / 2, kF64);
+  auto ramp = ((k - low) / (high - low)).clamp(0.0, 1.0);
+  return theta / s * ramp + theta * (1.0 - ramp);
+}
+
+double yarn_mscale(double s) { return s <= 1.0 ? 1.0 : 0.1 * std::log(s) + 1.0; }
+
+torch::Tensor rope_theta_llama3(int64_t d_r, double base, double s, double L,
+                                double low_freq_factor, double high_freq_factor) {
+  auto theta = rope_theta(d_r, base);
+  auto lambda = 2.0 * kPi / theta;
+  auto g = (L / lambda - low_freq_factor) / (high_freq_factor - low_freq_factor);
+  auto blended = (1.0 - g) * theta / s + g * theta;
+  return torch::where(lambda < L / high_freq_factor, theta,
+                      torch::where(lambda > L / low_freq_factor, theta / s, blended));
+}
+
+torch::Tensor rope_rotate(const torch::Tensor &x, const torch::Tensor &theta, Pairing pairing) {
+  const int64_t T = x.size(-2), D = x.size(-1), n = theta.size(0);
+  if (2 * n > D) throw std::invalid_argument("rope_rotate: more pairs than coordinates");
+  auto angle = torch::arange(T, kF64).unsqueeze(1) * theta.to(torch::kFloat64).unsqueeze(0);
+  auto c = torch::cos(angle), s = torch::sin(angle);  // [T, n]
+  auto rest = x.narrow(-1, 2 * n, D - 2 * n);
+  if (pairing == Pairing::Half) {
+    auto x1 = x.narrow(-1, 0, n), x2 = x.narrow(-1, n, n);
+    return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s, rest}, -1);
+  }
+  std::vector<int64_t> pairs_shape(x.sizes().begin(), x.sizes().end() - 1);
+  pairs_shape.push_back(n);
+  pairs_shape.push_back(2);
+  auto xp = x.narrow(-1, 0, 2 * n).reshape(pairs_shape);
+  auto even = xp.select(-1, 0), odd = xp.select(-1, 1);
+  auto rotated = torch::stack({even * c - odd * s, odd * c + even * s}, -1);
+  std::vector<int64_t> flat_shape(x.sizes().begin(), x.sizes().end() - 1);
+  flat_shape.push_back(2 * n);
+  return torch::cat({rotated.reshape(flat_shape), rest}, -1);
+}
+
+torch::Tensor rope_rotate_half(const torch::Tensor &x, double base) {
+  const int64_t D = x.size(-1);
+  if (D % 2 != 0) throw std::invalid_argument("rope_rotate_half: odd D");
+  return rope_rotate(x, rope_theta(D, base), Pairing::Half);
+}
+
+// ---- xPos, sinusoidal, ExPE / ExQPE -----------------------------------------------------------------
+
+torch::Tensor xpos_zeta(int64_t D, double gamma) {
+  auto k = torch::arange(D / 2, kF64);
+  return (k / (static_cast<double>(D) / 2.0) + gamma) / (1.0 + gamma);
+}
+
+torch::Tensor xpos_factors(int64_t T, int64_t D, double sign, double gamma, double scale_base) {
+  auto zeta = xpos_zeta(D, gamma).repeat_interleave(2);            // [D] (pair c/2)
+  auto tc = torch::arange(T, kF64) - static_cast<double>(T / 2);   // t - floor(T/2)
+  auto expo = sign * tc.unsqueeze(1) / scale_base;                 // [T, 1]
+  return torch::exp(expo * torch::log(zeta).unsqueeze(0));         // [T, D]
+}
+
+torch::Tensor sinusoidal_table(int64_t T, int64_t d, double base) {
+  auto c = torch::arange(d, kF64);
+  auto two_k = 2.0 * torch::floor(c / 2.0);
+  auto freq = torch::pow(torch::full({}, base, kF64), -two_k / static_cast<double>(d));  // [d]
+  auto angle = torch::arange(T, kF64).unsqueeze(1) * freq.unsqueeze(0);                 // [T, d]
+  auto even = torch::remainder(c, 2.0).eq(0).unsqueeze(0);
+  return torch::where(even, torch::sin(angle), torch::cos(angle));
+}
+
+torch::Tensor expe_shift(const torch::Tensor &x, const torch::Tensor &a, const torch::Tensor &b,
+                         const torch::Tensor &sigma) {
+  const int64_t H = x.size(1), T = x.size(2), D = x.size(3);
+  auto n = torch::arange(T, kF64).view({1, 1, T, 1});
+  auto term = a.view({1, H, 1, D}) + n * b.view({1, H, 1, D});
+  return x + sigma.reshape({}) * term;
+}
+
+torch::Tensor exqpe_shift(const torch::Tensor &x, const torch::Tensor &a, const torch::Tensor &b,
+                          const torch::Tensor &P, const torch::Tensor &sigma) {
+  const int64_t H = x.size(1), T = x.size(2), D = x.size(3), l = P.size(0);
+  if (P.dim() != 3 || P.size(1) != H || P.size(2) != D)
+    throw std::invalid_argument("exqpe_shift: P must be [l, H, D]");
+  auto n = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
+  auto block = torch::div(n, l, "floor").to(torch::kFloat64).view({1, 1, T, 1});
+  auto residue_rows = P.index_select(0, torch::remainder(n, l)).permute({1, 0, 2});  // [H, T, D]
+  auto term = a.view({1, H, 1, D}) + block * b.view({1, H, 1, D}) + residue_rows.unsqueeze(0);
+  return x + sigma.reshape({}) * term;
+}
+
+// ---- ALiBi and the score biases -------------------------------------------------------------------
 
 torch::Tensor alibi_slopes(int64_t H) {
   auto pow2 = [](int64_t n) {
@@ -79,17 +245,50 @@ torch::Tensor alibi_slopes(int64_t H) {
 
 torch::Tensor reference_bias(const std::string &encoding, const RefInputs &in) {
   const int64_t H = in.q.size(1), T = in.q.size(2);
-  if (encoding == "alibi") {
+  if (encoding == "alibi" || encoding == "rope_alibi") {
     const auto &m = param(in.params, "alibi_slopes");
     return -m.view({1, H, 1, 1}) * distance(T).view({1, 1, T, T});
   }
-  if (encoding == "cable" || encoding == "expe_rope_cable" || encoding == "forget_gate") {
+  if (encoding == "cable" || encoding == "expe_rope_cable" || encoding == "expe_cable" ||
+      encoding == "forget_gate") {
     if (in.features.size() != 1) throw std::invalid_argument("reference: needs one feature");
     const auto &f = in.features[0];
     auto per_token = encoding == "forget_gate" ? torch::log_sigmoid(f) : -torch::softplus(f);
     return difference_bias(torch::cumsum(per_token, -1));
   }
   return {};
+}
+
+// ---- attention ------------------------------------------------------------------------------------
+
+std::pair<torch::Tensor, torch::Tensor> reference_qk(const std::string &encoding,
+                                                     const RefInputs &in) {
+  const int64_t T = in.q.size(2), D = in.q.size(3);
+  torch::Tensor qm = in.q, km = in.k;
+  // Additive override terms first: they act on the projection input, before any rotation.
+  if (encoding == "expe" || encoding == "expe_qkv" || encoding == "expe_cable" ||
+      encoding == "expe_rope_cable") {
+    const auto sigma = position_scale(in.params);
+    qm = expe_shift(qm, param(in.params, "override_q_a"), param(in.params, "override_q_b"), sigma);
+    km = expe_shift(km, param(in.params, "override_k_a"), param(in.params, "override_k_b"), sigma);
+  } else if (encoding == "exqpe") {
+    const auto sigma = position_scale(in.params);
+    qm = exqpe_shift(qm, param(in.params, "override_q_a"), param(in.params, "override_q_b"),
+                     param(in.params, "override_q_p"), sigma);
+    km = exqpe_shift(km, param(in.params, "override_k_a"), param(in.params, "override_k_b"),
+                     param(in.params, "override_k_p"), sigma);
+  }
+  if (is_rotary(encoding)) {
+    const Rotary r = rotary_of(encoding, in.params, D, T);
+    qm = rope_rotate(qm, r.theta, r.pairing);
+    km = rope_rotate(km, r.theta, r.pairing);
+    if (r.mscale != 1.0) qm = qm * r.mscale, km = km * r.mscale;
+  }
+  if (encoding == "xpos") {
+    qm = qm * xpos_factors(T, D, +1.0);
+    km = km * xpos_factors(T, D, -1.0);
+  }
+  return {qm, km};
 }
 
 RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_raw,
@@ -113,18 +312,7 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
   }
   const int64_t T = in.q.size(2);
 
-  torch::Tensor qm = in.q, km = in.k;
-  if (encoding == "rope") {
-    qm = rope_rotate_half(in.q);
-    km = rope_rotate_half(in.k);
-  } else if (encoding == "expe" || encoding == "expe_rope_cable") {
-    qm = expe_shift(in.q, param(in.params, "override_q_a"), param(in.params, "override_q_b"));
-    km = expe_shift(in.k, param(in.params, "override_k_a"), param(in.params, "override_k_b"));
-    if (encoding == "expe_rope_cable") {  // the override acts on the input: rotate after it
-      qm = rope_rotate_half(qm);
-      km = rope_rotate_half(km);
-    }
-  }
+  auto [qm, km] = reference_qk(encoding, in);
   // kappa applied to q' ([B,H,T,D]) rather than to the [B,H,T,T] logits: same value, fewer passes.
   auto logits = torch::matmul(qm * in.scale, km.transpose(-1, -2));
   auto bias = reference_bias(encoding, in);

@@ -1,20 +1,47 @@
 // Materialised fp64 LibTorch reference of causal attention with every positional encoding that
-// examples/encodings/ compiles (nope, rope, alibi, cable, expe, forget_gate, expe_rope_cable),
-// written from the
-// math of the project's encodings specification (exact formulas and checks) and never from the generated kernels:
+// examples/encodings/ compiles, written from the math of the project's encodings specification
+// (exact formulas and checks) and never from the generated kernels:
 //
 //   l_ij = scale * q'_i . k'_j + B_ij  (j <= i; -inf above the diagonal),
 //   o_i  = sum_j softmax_j(l_ij) v_j,  lse_i = log sum_j exp(l_ij),
 //
-// with q', k' and B per encoding (positions n, i, j are 0-based token indices):
-//   nope         q' = q, k' = k, B = 0
-//   rope         rotate-half, theta_k = 10000^(-2k/D), k < D/2, angle n*theta_k
-//   alibi        B_ij = -m_h (i - j), m_h = param "alibi_slopes" [H]
-//   cable        S = cumsum_t(-softplus(f)), B_ij = S_i - S_j           (feature 0)
-//   forget_gate  C = cumsum_t(log sigmoid(g)), B_ij = C_i - C_j          (feature 0)
-//   expe         q' = q + a_q + n b_q, k' = k + a_k + n b_k, params "override_{q,k}_{a,b}" [H, D]
-//   expe_rope_cable  q' = rope(q + a_q + n b_q), k' likewise, B = cable's (feature 0)
-// Gradients come from torch autograd on the materialised graph.
+// with q', k' and B per encoding. Positions n, i, j, t are 0-based token indices, T is the
+// sequence length of the call, D the head dim. Fixed params (shape [1], not trainable) are read
+// by value: s = "rope_factor", L = "rope_original_length", sigma = "position_scale".
+//
+// RoPE: d_r = 2 floor(fraction D / 2) rotated coordinates (the rest pass through), frequencies
+// theta_k = base^(-2k/d_r) for k < d_r/2, pair k rotated by the angle n theta'_k; pairs are
+// (k, k + d_r/2) ("half") or (2k, 2k+1) ("interleaved"):
+//   nope              q' = q, k' = k, B = 0
+//   sinusoidal        as nope (its table is added to the embedding, outside the kernel)
+//   learned_absolute  as nope
+//   rope              half, base 1e4, theta' = theta
+//   rope_interleaved  interleaved, base 1e4
+//   rope_partial      half, fraction 0.5 (d_r = 2 floor(D/4)), base 1e4
+//   rope_pi           half, theta' = theta / s
+//   rope_ntk          half, base' = base s^(d_r/(d_r-2))
+//   rope_dynamic_ntk  half, l = max(T, L), base' = base ((s l / L) - (s - 1))^(d_r/(d_r-2))
+//   rope_yarn         half, beta_fast 32, beta_slow 1: dimIdx(R) = d_r ln(L/(2 pi R)) / (2 ln base),
+//                     low = max(floor(dimIdx(32)), 0), high = min(ceil(dimIdx(1)), d_r - 1)
+//                     (+0.001 if equal), ramp_k = clamp((k - low)/(high - low), 0, 1),
+//                     theta'_k = (theta_k / s) ramp_k + theta_k (1 - ramp_k); q' and k' (the whole
+//                     head vectors, after the rotation) times mscale = 0.1 ln s + 1 (1 if s <= 1)
+//   rope_llama3       half, base 5e5, low_freq_factor 1, high_freq_factor 4: lambda_k = 2 pi/theta_k;
+//                     lambda < L/4: theta; lambda > L/1: theta/s; else with
+//                     g = (L/lambda - 1)/(4 - 1): theta' = (1 - g) theta/s + g theta
+//   xpos              interleaved, base 1e4, times zeta_k^(+t_c/512) on both coordinates of pair k of
+//                     q and zeta_k^(-t_c/512) of k, zeta_k = (k/(D/2) + 0.4)/1.4, t_c = t - floor(T/2)
+//   alibi             B_ij = -m_h (i - j), m_h = param "alibi_slopes" [H]
+//   rope_alibi        rope's q', k' and alibi's B
+//   cable             S = cumsum_t(-softplus(f)), B_ij = S_i - S_j           (feature 0)
+//   forget_gate       C = cumsum_t(log sigmoid(g)), B_ij = C_i - C_j          (feature 0)
+//   expe, expe_qkv    q' = q + sigma (a_q + n b_q), k' likewise, params "override_{q,k}_{a,b}" [H, D]
+//                     (expe_qkv's value override happens outside the kernel)
+//   expe_cable        expe's q', k' and cable's B
+//   expe_rope_cable   q' = rope(q + sigma (a_q + n b_q)), k' likewise, B = cable's
+//   exqpe             q' = q + sigma (a_q[h] + floor(n/l) b_q[h] + P_q[n mod l, h]), k' likewise;
+//                     "override_{q,k}_{a,b}" [H, D], "override_{q,k}_p" [l, H, D] (l = its dim 0)
+// Gradients come from torch autograd on the materialised graph (fixed params get none).
 //
 // Shapes: q, k, v, o, dout [B, H, T, D]; lse, features [B, H, T]; bias [B, H, T, T].
 #pragma once
@@ -51,10 +78,57 @@ const std::vector<std::string> &reference_encodings();
 RefOutputs reference_attention(const std::string &encoding, const RefInputs &in,
                                const torch::Tensor &dout);
 
+// The rotated q' and k' (before kappa, after every q/k modification: ExPE/ExQPE terms, rotation,
+// YaRN's mscale, xPos's factors) of an encoding, fp64 [B, H, T, D] each. Differentiable with
+// respect to in's tensors (used by reference_attention; exposed for long-T row checks).
+std::pair<torch::Tensor, torch::Tensor> reference_qk(const std::string &encoding,
+                                                     const RefInputs &in);
+
 // ---- the pieces, exposed for the hand-checkable cases -------------------------------------------
 
-// Rotate-half RoPE of x [..., T, D] (D even), position n = index along dim -2, base `base`.
+enum class Pairing { Half, Interleaved };
+
+// Rotated coordinates: 2 floor(fraction D / 2).
+int64_t rotary_dims(int64_t D, double fraction);
+
+// theta_k = base^(-2k/d_r), k < d_r/2, fp64 [d_r/2].
+torch::Tensor rope_theta(int64_t d_r, double base);
+// Position interpolation: theta_k / s.
+torch::Tensor rope_theta_pi(int64_t d_r, double base, double s);
+// NTK-aware base: base s^(d_r/(d_r-2)).
+double ntk_base(double base, double s, int64_t d_r);
+// Dynamic NTK base at run-time length T: l = max(T, L), base ((s l/L) - (s-1))^(d_r/(d_r-2)).
+double dynamic_ntk_base(double base, double s, double L, int64_t T, int64_t d_r);
+// YaRN frequencies (beta_fast, beta_slow rotations) and its q/k factor.
+torch::Tensor rope_theta_yarn(int64_t d_r, double base, double s, double L,
+                              double beta_fast = 32.0, double beta_slow = 1.0);
+double yarn_mscale(double s);
+// Llama-3 frequencies.
+torch::Tensor rope_theta_llama3(int64_t d_r, double base, double s, double L,
+                                double low_freq_factor = 1.0, double high_freq_factor = 4.0);
+
+// Rotates the first 2 theta.size(0) coordinates of x [..., T, D] by the angles n theta_k
+// (n = index along dim -2), pairs per `pairing`; the other coordinates pass through.
+torch::Tensor rope_rotate(const torch::Tensor &x, const torch::Tensor &theta, Pairing pairing);
+// Rotate-half RoPE of all D coordinates with theta_k = base^(-2k/D).
 torch::Tensor rope_rotate_half(const torch::Tensor &x, double base = 10000.0);
+
+// xPos: zeta_k = (k/(D/2) + gamma)/(1 + gamma), fp64 [D/2].
+torch::Tensor xpos_zeta(int64_t D, double gamma = 0.4);
+// The per-coordinate factors [T, D] (interleaved pairs: coordinate c belongs to pair c/2):
+// zeta_{c/2}^(sign (t - floor(T/2)) / scale_base); sign +1 for q, -1 for k.
+torch::Tensor xpos_factors(int64_t T, int64_t D, double sign, double gamma = 0.4,
+                           double scale_base = 512.0);
+
+// Sinusoidal table PE [T, d]: PE[n, 2k] = sin(n / base^(2k/d)), PE[n, 2k+1] = cos(n / base^(2k/d)).
+torch::Tensor sinusoidal_table(int64_t T, int64_t d, double base = 10000.0);
+
+// ExPE: x + sigma (a[h] + n b[h]); a, b [H, D], sigma a scalar tensor (or [1]).
+torch::Tensor expe_shift(const torch::Tensor &x, const torch::Tensor &a, const torch::Tensor &b,
+                         const torch::Tensor &sigma);
+// ExQPE: x + sigma (a[h] + floor(n/l) b[h] + P[n mod l, h]); P [l, H, D].
+torch::Tensor exqpe_shift(const torch::Tensor &x, const torch::Tensor &a, const torch::Tensor &b,
+                          const torch::Tensor &P, const torch::Tensor &sigma);
 
 // The standard ALiBi slopes for H heads (powers of two: 2^(-8(h+1)/H); otherwise the slopes of
 // the largest power of two c <= H followed by slopes(2c)[0::2][:H-c]), fp64 [H].

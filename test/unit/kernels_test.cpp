@@ -2,9 +2,19 @@
 // called only through ape::kernel_registry():
 //   - KernelGrid: fp32 and fp64 forward/backward against an independent materialised fp64
 //     LibTorch reference (kernel_reference.h) on B in {1,3}, H in {1,4}, T in {1,7,64,129,1000},
-//     D in {16,64,128}: o, lse, dq, dk, dv, every feature gradient, every param gradient;
+//     D in {16,64,128}: o, lse, dq, dk, dv, every feature gradient, every param gradient.
+//     To keep the suite's time in check the full grid runs for kFullGridEncodings (the first
+//     seven encodings and one representative per new mechanism: rope_yarn, rope_dynamic_ntk,
+//     xpos, exqpe, expe_cable); the other new encodings (kShortGridEncodings) get every cell
+//     with T <= 129 and the T = 1000 cells at D = 16 only;
 //   - KernelGradCheck: central finite differences of the fp64 kernel itself;
-//   - HandCheck: the hand-checkable values of the encodings spec, recovered through the kernels;
+//   - HandCheck: the hand-checkable values of the encodings spec, on the reference's pieces and
+//     recovered through the kernels (RoPE scalings via the rotation angle of one coordinate pair
+//     read from the logits of key 0, xPos factors, sinusoidal table via embed_table, ExQPE);
+//   - FixedParams, FixedParamValues, DynamicNtk: fixed params ("rope_factor",
+//     "rope_original_length", "position_scale") are read at run time: neutral values give the
+//     base kernel, non-default values match the reference and central differences; dynamic NTK
+//     follows the run-time length; XposLong: xPos at T = 16384 in fp32;
 //   - Edge, FeatureEdge, EdgeIdentity: T = 1, tile boundaries, features exactly 0,
 //     cross-encoding identities, determinism (two runs, 1 vs 2 OpenMP threads);
 //   - Registry: every entry of examples/encodings and its manifest.
@@ -12,6 +22,7 @@
 // exactly was 3x too large (ape-differentiate's tie rules for min and |x| disagreed);
 // FeatureEdge.FeaturesExactlyZero/forget_gate, HandCheck.ForgetGateGradientAtZeroFeature*.
 //
+// Fixed params get their manifest init value (constant -> value) unless a test sets another.
 // Shapes: q, k, v, o, dout [B, H, T, D]; lse, features [B, H, T]; params per manifest.
 // Set APE_KERNELS_TEST_STATS=1 to print the largest normalised error seen per quantity.
 #include "kernel_reference.h"
@@ -23,6 +34,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -50,8 +62,26 @@ using ape_test::RefOutputs;
 using torch::Tensor;
 
 const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
-const std::vector<std::string> kEncodings = {"alibi", "cable", "expe", "expe_rope_cable",
-                                             "forget_gate", "nope", "rope"};
+
+// The encodings of examples/encodings/ (Registry.ContainsExactlyTheListedEncodings).
+const std::vector<std::string> kEncodings = {
+    "alibi", "cable", "expe", "expe_rope_cable", "forget_gate", "nope", "rope",
+    "expe_cable", "expe_qkv", "exqpe", "learned_absolute", "rope_alibi", "rope_dynamic_ntk",
+    "rope_interleaved", "rope_llama3", "rope_ntk", "rope_partial", "rope_pi", "rope_yarn",
+    "sinusoidal", "xpos",
+};
+// KernelGrid: the full grid for these (the seven first encodings and a representative of each
+// new mechanism whose error grows with T: YaRN's mscale and ramp, dynamic NTK's run-time base,
+// xPos's factors, ExQPE's block counter, ExPE + Cable's prefix sums) ...
+const std::vector<std::string> kFullGridEncodings = {
+    "alibi", "cable", "expe", "expe_rope_cable", "forget_gate", "nope", "rope",
+    "expe_cable", "exqpe", "rope_dynamic_ntk", "rope_yarn", "xpos",
+};
+// ... and for the others every cell with T <= 129 and T = 1000 only at D = 16 (the T = 1000,
+// D >= 64 cells dominate the grid's time and test the same template code paths).
+const std::vector<std::string> kShortGridEncodings = {
+    "expe_qkv", "learned_absolute", "rope_alibi", "rope_interleaved", "rope_llama3",
+    "rope_ntk", "rope_partial", "rope_pi", "sinusoidal"};
 
 // ---- registry and manifests ---------------------------------------------------------------------
 
@@ -69,9 +99,10 @@ const ape::KernelEntry *find_entry(const std::string &name) {
 
 struct ParamInfo {
   std::string name;
-  std::vector<std::string> shape;  // "heads" / "head_dim"
+  std::vector<std::string> shape;  // "heads" / "head_dim" / an integer such as "16"
   bool trainable = false;
-  std::string init;
+  std::string init;                 // init kind
+  std::optional<double> init_value; // init "value" (kind "constant")
 };
 
 struct Manifest {
@@ -88,9 +119,12 @@ Manifest parse_manifest(const ape::KernelEntry &e) {
   for (const auto &p : m.json.at("params")) {
     ParamInfo info;
     info.name = p.at("name");
-    for (const auto &s : p.at("shape")) info.shape.push_back(s);
+    for (const auto &s : p.at("shape"))  // an integer dim may be a number or a string
+      info.shape.push_back(s.is_number_integer() ? std::to_string(s.get<int64_t>())
+                                                 : s.get<std::string>());
     info.trainable = p.at("trainable");
     info.init = p.at("init").at("kind");
+    if (p.at("init").contains("value")) info.init_value = p.at("init").at("value").get<double>();
     m.params.push_back(info);
   }
   if (!m.json.at("scale").is_null()) m.scale = m.json.at("scale").get<double>();
@@ -102,6 +136,9 @@ std::vector<int64_t> param_shape(const ParamInfo &p, int64_t H, int64_t D) {
   for (const auto &s : p.shape) {
     if (s == "heads") shape.push_back(H);
     else if (s == "head_dim") shape.push_back(D);
+    else if (!s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), ::isdigit) &&
+             std::stoll(s) > 0)
+      shape.push_back(std::stoll(s));
     else ADD_FAILURE() << "param " << p.name << ": unknown shape symbol " << s;
   }
   return shape;
@@ -120,9 +157,11 @@ struct Problem {
   double scale = 0;
 };
 
-// Random inputs: q, k, v, dout, features ~ N(0, 1); ALiBi slopes the standard values; [H, D]
-// params (ExPE's a and b) ~ N(0, 0.02), the per-position ones (suffix _b) scaled by min(1, 32/T)
-// so that n*b stays O(0.5) at T = 1000 instead of swamping q and k.
+// Random inputs: q, k, v, dout, features ~ N(0, 1); ALiBi slopes the standard values; fixed params
+// (not trainable: "rope_factor", "rope_original_length", "position_scale") their manifest init
+// value (constant -> value, zeros, ones); the other params (ExPE's a and b, ExQPE's a, b and P)
+// ~ N(0, 0.02), the per-position ones (suffix _b) scaled by min(1, 32/T) so that n*b stays
+// O(0.5) at T = 1000 instead of swamping q and k.
 Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, int64_t D,
                      uint64_t seed) {
   Problem p;
@@ -147,6 +186,11 @@ Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, in
     Tensor t;
     if (info.init == "alibi_slopes") {
       t = ape_test::alibi_slopes(H).reshape(shape);
+    } else if (!info.trainable && info.init == "constant") {
+      if (!info.init_value) ADD_FAILURE() << "param " << info.name << ": constant without value";
+      t = torch::full(shape, info.init_value.value_or(0.0), kF64);
+    } else if (!info.trainable && (info.init == "zeros" || info.init == "ones")) {
+      t = torch::full(shape, info.init == "ones" ? 1.0 : 0.0, kF64);
     } else {
       const bool per_position = info.name.size() > 2 &&
                                 info.name.compare(info.name.size() - 2, 2, "_b") == 0;
@@ -157,6 +201,57 @@ Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, in
     p.params.push_back(t);
   }
   return p;
+}
+
+// Index of the param `name` in p's manifest; a failure (and -1) when there is none.
+int64_t param_index(const Problem &p, const std::string &name) {
+  for (size_t n = 0; n < p.man.params.size(); ++n)
+    if (p.man.params[n].name == name) return static_cast<int64_t>(n);
+  ADD_FAILURE() << p.enc << " has no param " << name;
+  return -1;
+}
+
+// Sets every element of the param `name` (a fixed param read at run time) to `value`.
+[[maybe_unused]] void set_param(Problem &p, const std::string &name, double value) {
+  const int64_t n = param_index(p, name);
+  if (n >= 0) p.params[n].fill_(value);
+}
+
+// Every fixed param of p that `values` names gets that value (names p lacks are ignored).
+[[maybe_unused]] void set_fixed_params(Problem &p, const std::map<std::string, double> &values) {
+  for (size_t n = 0; n < p.man.params.size(); ++n)
+    if (auto it = values.find(p.man.params[n].name); it != values.end())
+      p.params[n].fill_(it->second);
+}
+
+// The first T tokens of p (same params): causal rows i < T of p depend only on these tokens.
+[[maybe_unused]] Problem prefix(const Problem &p, int64_t T) {
+  Problem r = p;
+  auto cut = [&](const Tensor &t) { return t.narrow(2, 0, T).contiguous().clone(); };
+  r.T = T;
+  r.q = cut(p.q), r.k = cut(p.k), r.v = cut(p.v), r.dout = cut(p.dout);
+  for (auto &f : r.features) f = cut(f);
+  return r;
+}
+
+// p with another encoding's kernel (same inputs; the other manifest must take the same params).
+[[maybe_unused]] Problem with_encoding(const Problem &p, const std::string &enc) {
+  Problem r = p;
+  r.enc = enc;
+  r.entry = find_entry(enc);
+  if (!r.entry) {
+    ADD_FAILURE() << "no kernel named " << enc;
+    return r;
+  }
+  r.man = parse_manifest(*r.entry);
+  r.params.clear();
+  for (const ParamInfo &info : r.man.params) {
+    bool found = false;
+    for (size_t n = 0; n < p.man.params.size(); ++n)
+      if (p.man.params[n].name == info.name) r.params.push_back(p.params[n].clone()), found = true;
+    if (!found) ADD_FAILURE() << enc << " takes param " << info.name << " that " << p.enc << " lacks";
+  }
+  return r;
 }
 
 RefInputs ref_inputs(const Problem &p) {
@@ -293,7 +388,8 @@ void expect_close(const std::string &key, const std::string &what, const Tensor 
 //     relative (the spec: "keep S and S_i - S_j in fp32"): measured <= 2e-5 -> 2e-4 (the
 //     guideline, which the worst-case bound also gives).
 double fp32_tol(const std::string &enc, const std::string &quantity) {
-  if (enc == "cable" || enc == "forget_gate" || enc == "expe_rope_cable") return 2e-4;
+  if (enc == "cable" || enc == "forget_gate" || enc == "expe_rope_cable" || enc == "expe_cable")
+    return 2e-4;
   if (quantity.rfind("dparam:", 0) == 0) return 2e-4;
   if (quantity == "o" || quantity == "lse") return 2e-5;
   return 5e-5;
@@ -303,6 +399,9 @@ double fp32_tol(const std::string &enc, const std::string &quantity) {
 // summation order). RoPE's θ_k = base^(-2k/r) is generated from exact operands (base, k, r), so
 // its fp64 kernel needs no looser bound.
 double fp64_tol(const std::string &, int64_t) { return 1e-10; }
+
+// xPos at T = 16384 (XposLong): fp32 against fp64 (normalised error of o and lse).
+constexpr double kXposLongTol = 5e-3;
 
 template <class Real>
 void compare_with_reference(const Problem &p, const KernelCall<Real> &kc, const RefOutputs &ref) {
@@ -406,10 +505,22 @@ std::string grid_case_name(const ::testing::TestParamInfo<GridCase> &info) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, KernelGrid,
-    ::testing::Combine(::testing::ValuesIn(kEncodings), ::testing::Values<int64_t>(1, 3),
+    ::testing::Combine(::testing::ValuesIn(kFullGridEncodings), ::testing::Values<int64_t>(1, 3),
                        ::testing::Values<int64_t>(1, 4),
                        ::testing::Values<int64_t>(1, 7, 64, 129, 1000),
                        ::testing::Values<int64_t>(16, 64, 128)),
+    grid_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Short, KernelGrid,
+    ::testing::Combine(::testing::ValuesIn(kShortGridEncodings), ::testing::Values<int64_t>(1, 3),
+                       ::testing::Values<int64_t>(1, 4), ::testing::Values<int64_t>(1, 7, 64, 129),
+                       ::testing::Values<int64_t>(16, 64, 128)),
+    grid_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Long, KernelGrid,
+    ::testing::Combine(::testing::ValuesIn(kShortGridEncodings), ::testing::Values<int64_t>(1, 3),
+                       ::testing::Values<int64_t>(1, 4), ::testing::Values<int64_t>(1000),
+                       ::testing::Values<int64_t>(16)),
     grid_case_name);
 
 // ---- 2. finite differences of the fp64 kernel ---------------------------------------------------
@@ -447,15 +558,9 @@ std::vector<double> batched_losses(const Problem &p, int which,
 // ~eps |L| / h ~ 1e-10) against the kernel's backward with dout = w, for every element of q, k,
 // v, every feature and every trainable param. Error normalised per tensor by
 // max(1e-2, max |analytic gradient|) (the floor covers tensors whose gradient is exactly zero,
-// e.g. dq at T = 1). Bound 1e-6.
-TEST_P(KernelGradCheck, FiniteDifferences) {
-  const auto &[enc, T, D] = GetParam();
-  const int64_t B = 2, H = 2;
-  Problem p = make_problem(enc, B, H, T, D, case_seed("fd_" + enc, B, H, T, D));
-  ASSERT_NE(p.entry, nullptr);
-  // Larger per-position params than in the grid so that their gradients matter at small T.
-  for (size_t n = 0; n < p.params.size(); ++n)
-    if (p.man.params[n].init != "alibi_slopes") p.params[n] = torch::randn_like(p.params[n]) * 0.1;
+// e.g. dq at T = 1). Bound 1e-6. Fixed params are not perturbed: their gradient must be zero.
+void finite_difference_check(const Problem &p) {
+  const std::string &enc = p.enc;
 
   KernelCall<double> kc(p);
   kc.forward();
@@ -527,6 +632,17 @@ TEST_P(KernelGradCheck, FiniteDifferences) {
     }
     check("param:" + p.man.params[n].name, fd, kc.dprm[n]);
   }
+}
+
+TEST_P(KernelGradCheck, FiniteDifferences) {
+  const auto &[enc, T, D] = GetParam();
+  const int64_t B = 2, H = 2;
+  Problem p = make_problem(enc, B, H, T, D, case_seed("fd_" + enc, B, H, T, D));
+  ASSERT_NE(p.entry, nullptr);
+  // Larger trainable params than in the grid so that their gradients matter at small T.
+  for (size_t n = 0; n < p.params.size(); ++n)
+    if (p.man.params[n].trainable) p.params[n] = torch::randn_like(p.params[n]) * 0.1;
+  finite_difference_check(p);
 }
 
 std::string grad_case_name(const ::testing::TestParamInfo<GradCase> &info) {
@@ -721,6 +837,380 @@ TEST(HandCheck, ForgetGateGradientAtZeroFeatureF32) {
   zero_feature_gradient<float>("forget_gate", 1.0 / 9, 1e-6);
 }
 
+// ---- 3b. RoPE scalings, interleaved pairs, xPos, sinusoidal table, ExQPE --------------------------
+
+void expect_values(const Tensor &got, const std::vector<double> &want, double tol,
+                   const std::string &what) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << what;
+  for (size_t n = 0; n < want.size(); ++n)
+    EXPECT_NEAR(got.flatten()[n].item<double>(), want[n], tol) << what << "[" << n << "]";
+}
+
+// The spec's numbers on the reference's pieces (its values are rounded to 6 decimals: 5e-7).
+TEST(HandCheck, RopeScalingReferenceValues) {
+  using namespace ape_test;
+  expect_values(rope_theta(4, 1e4), {1.0, 0.01}, 1e-15, "theta (d=4)");
+  expect_values(rope_theta_pi(4, 1e4, 4.0), {0.25, 0.0025}, 1e-15, "PI theta (s=4)");
+  EXPECT_NEAR(ntk_base(1e4, 4.0, 4), 160000.0, 1e-9);
+  expect_values(rope_theta(4, ntk_base(1e4, 4.0, 4)), {1.0, 0.0025}, 1e-15, "NTK theta");
+  EXPECT_NEAR(dynamic_ntk_base(1e4, 4.0, 2048, 4096, 4), 250000.0, 1e-9);
+  EXPECT_NEAR(dynamic_ntk_base(1e4, 4.0, 2048, 8192, 4), 1.69e6, 1e-8);
+  expect_values(rope_theta(4, dynamic_ntk_base(1e4, 4.0, 2048, 4096, 4)), {1.0, 0.002}, 1e-15,
+                "dynamic NTK theta at l = 4096");
+  expect_values(rope_theta(4, dynamic_ntk_base(1e4, 4.0, 2048, 8192, 4)), {1.0, 0.000769}, 5e-7,
+                "dynamic NTK theta at l = 8192");
+  // Up to the original length it is plain RoPE: l = max(T, L) = L gives base' = base.
+  EXPECT_EQ(dynamic_ntk_base(1e4, 4.0, 2048, 1000, 4), 1e4);
+  EXPECT_EQ(dynamic_ntk_base(1e4, 4.0, 2048, 2048, 4), 1e4);
+  expect_values(rope_theta_yarn(4, 1e4, 4.0, 2048), {1.0, 0.00625}, 1e-15, "YaRN theta");
+  EXPECT_NEAR(yarn_mscale(4.0), 1.138629, 5e-7);
+  EXPECT_NEAR(yarn_mscale(4.0) * yarn_mscale(4.0), 1.296477, 5e-7);
+  EXPECT_EQ(yarn_mscale(1.0), 1.0);
+  EXPECT_EQ(yarn_mscale(0.5), 1.0);
+  expect_values(rope_theta(4, 5e5), {1.0, 0.00141421}, 5e-9, "Llama-3 base theta");
+  expect_values(rope_theta_llama3(4, 5e5, 8.0, 8192), {1.0, 0.000525}, 5e-7, "Llama-3 theta");
+  // The bands: with L = 8192 wavelengths below 2048 are kept, above 8192 divided by 8.
+  auto th = rope_theta(64, 5e5), th3 = rope_theta_llama3(64, 5e5, 8.0, 8192);
+  auto lambda = 2 * M_PI / th;
+  EXPECT_TRUE(torch::equal(th3.masked_select(lambda < 2048), th.masked_select(lambda < 2048)));
+  EXPECT_TRUE(torch::allclose(th3.masked_select(lambda > 8192), th.masked_select(lambda > 8192) / 8,
+                              1e-15, 0));
+}
+
+TEST(HandCheck, InterleavedAndPartialReferenceRotation) {
+  using namespace ape_test;
+  // Check (d=4, base 1e4, m=1, q=[1,2,3,4], theta=[1, 0.01]), interleaved pairs.
+  auto x = torch::tensor({0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0}, kF64).view({2, 4});
+  auto r = rope_rotate(x, rope_theta(4, 1e4), Pairing::Interleaved);
+  expect_values(r[1], {-1.142640, 1.922076, 2.959851, 4.029800}, 1e-6, "interleaved q'");
+  // Partial rotary (fraction 0.5, D = 8: d_r = 4): rotate-half on the first 4 coordinates with
+  // theta = [1, 0.01] (the d=4 check), the last 4 pass through.
+  EXPECT_EQ(rotary_dims(8, 0.5), 4);
+  EXPECT_EQ(rotary_dims(10, 0.5), 4);
+  auto y = torch::tensor({0., 0., 0., 0., 0., 0., 0., 0., 1., 2., 3., 4., 5., 6., 7., 8.}, kF64)
+               .view({2, 8});
+  auto ry = rope_rotate(y, rope_theta(rotary_dims(8, 0.5), 1e4), Pairing::Half);
+  expect_values(ry[1], {-1.984111, 1.959901, 2.462378, 4.019800, 5, 6, 7, 8}, 1e-6, "partial q'");
+}
+
+TEST(HandCheck, XposReferenceFactors) {
+  using namespace ape_test;
+  expect_values(xpos_zeta(4), {0.285714, 0.642857}, 5e-7, "zeta (d_h=4)");
+  expect_values(torch::pow(xpos_zeta(4), 3.0 / 512), {0.992686, 0.997414}, 5e-7, "m-n=3 factor");
+  // Through the per-token factors: q at m = 5 and k at n = 2 (T = 8, centred at 4).
+  auto f = xpos_factors(8, 4, +1)[5] * xpos_factors(8, 4, -1)[2];
+  expect_values(f, {0.992686, 0.992686, 0.997414, 0.997414}, 5e-7, "per-coordinate factor");
+  EXPECT_TRUE(torch::allclose(xpos_factors(8, 4, +1)[4], torch::ones({4}, kF64), 0, 0));
+}
+
+TEST(HandCheck, SinusoidalReferenceTable) {
+  auto pe = ape_test::sinusoidal_table(3, 4);
+  expect_values(pe[0], {0, 1, 0, 1}, 0, "PE[0]");
+  expect_values(pe[1], {0.841471, 0.540302, 0.010000, 0.999950}, 5e-7, "PE[1]");
+  expect_values(pe[2], {0.909297, -0.416147, 0.019999, 0.999800}, 5e-7, "PE[2]");
+}
+
+// ExQPE check (l=4, S=0, theta1=0.25, theta2=1) through the fused form with W = I (H = 1, D = l):
+// a = (j theta1)_j, b = theta2 1, P[r] = theta2 sum_{j<=r} e_j; p_n = a + floor(n/l) b + P[n mod l].
+TEST(HandCheck, ExqpeReferencePositions) {
+  const int64_t l = 4;
+  auto a = (torch::arange(l, kF64) * 0.25).view({1, l});
+  auto b = torch::ones({1, l}, kF64);
+  auto P = torch::ones({l, l}, kF64).tril().view({l, 1, l});
+  auto p = ape_test::exqpe_shift(torch::zeros({1, 1, 5, l}, kF64), a, b, P,
+                                 torch::ones({}, kF64))[0][0];
+  expect_values(p[0], {1, .25, .5, .75}, 1e-15, "p_0");
+  expect_values(p[1], {1, 1.25, .5, .75}, 1e-15, "p_1");
+  expect_values(p[3], {1, 1.25, 1.5, 1.75}, 1e-15, "p_3");
+  expect_values(p[4], {2, 1.25, 1.5, 1.75}, 1e-15, "p_4");
+  auto half = ape_test::exqpe_shift(torch::zeros({1, 1, 5, l}, kF64), a, b, P,
+                                    torch::full({1}, 0.5, kF64))[0][0];
+  EXPECT_TRUE(torch::allclose(half, 0.5 * p, 0, 1e-15));
+}
+
+// The reference against itself (no kernel): neutral values of the new encodings' params reduce
+// them to the base encodings, and the rotations keep the logits relative (q at m, k at n depend
+// on m - n only).
+TEST(HandCheck, ReferenceNeutralValuesAndRelativity) {
+  const int64_t B = 2, H = 3, T = 50, D = 16;
+  torch::manual_seed(23);
+  RefInputs in;
+  in.q = torch::randn({B, H, T, D}, kF64), in.k = torch::randn({B, H, T, D}, kF64);
+  in.v = torch::randn({B, H, T, D}, kF64), in.scale = 0.25;
+  in.features = {torch::randn({B, H, T}, kF64)};
+  auto one = [](double x) { return torch::full({1}, x, kF64); };
+  auto rand_hd = [&]() { return torch::randn({H, D}, kF64) * 0.1; };
+  auto o_of = [&](const std::string &enc, const std::map<std::string, Tensor> &params) {
+    RefInputs r = in;
+    r.params = params;
+    return ape_test::reference_attention(enc, r, Tensor()).o;
+  };
+  const Tensor rope = o_of("rope", {}), nope = o_of("nope", {}), cable = o_of("cable", {});
+  auto same = [](const Tensor &a, const Tensor &b) { return normalised_error(a, b); };
+  EXPECT_LE(same(o_of("rope_pi", {{"rope_factor", one(1)}}), rope), 1e-14);
+  EXPECT_LE(same(o_of("rope_ntk", {{"rope_factor", one(1)}}), rope), 1e-14);
+  EXPECT_LE(same(o_of("rope_yarn", {{"rope_factor", one(1)}, {"rope_original_length", one(40)}}),
+                 rope), 1e-14);
+  EXPECT_LE(same(o_of("rope_dynamic_ntk",
+                      {{"rope_factor", one(4)}, {"rope_original_length", one(T)}}), rope), 1e-14);
+  EXPECT_GT(same(o_of("rope_dynamic_ntk",
+                      {{"rope_factor", one(4)}, {"rope_original_length", one(T - 1)}}), rope),
+            1e-6);
+  EXPECT_LE(same(o_of("rope_alibi", {{"alibi_slopes", torch::zeros({H}, kF64)}}), rope), 1e-14);
+  EXPECT_LE(same(o_of("sinusoidal", {}), nope), 0);
+  EXPECT_LE(same(o_of("learned_absolute", {}), nope), 0);
+  const std::map<std::string, Tensor> expe_params = {
+      {"override_q_a", rand_hd()}, {"override_q_b", rand_hd()}, {"override_k_a", rand_hd()},
+      {"override_k_b", rand_hd()}, {"position_scale", one(0)}};
+  EXPECT_LE(same(o_of("expe", expe_params), nope), 1e-14);
+  EXPECT_LE(same(o_of("expe_qkv", expe_params), nope), 1e-14);
+  EXPECT_LE(same(o_of("expe_cable", expe_params), cable), 1e-14);
+  auto exqpe_params = expe_params;
+  exqpe_params["override_q_p"] = torch::randn({16, H, D}, kF64);
+  exqpe_params["override_k_p"] = torch::randn({16, H, D}, kF64);
+  EXPECT_LE(same(o_of("exqpe", exqpe_params), nope), 1e-14);
+  // sigma scales the whole term: ExQPE with sigma = 0.5 equals sigma = 1 with halved a, b, P.
+  auto half = exqpe_params, halved = exqpe_params;
+  half["position_scale"] = one(0.5), halved["position_scale"] = one(1);
+  for (const char *n : {"override_q_a", "override_q_b", "override_q_p", "override_k_a",
+                        "override_k_b", "override_k_p"})
+    halved[n] = 0.5 * exqpe_params[n];
+  EXPECT_LE(same(o_of("exqpe", half), o_of("exqpe", halved)), 1e-14);
+  // Relativity: q'_m . k'_n of every rotary encoding depends on m - n only (xPos with its
+  // factors too): q, k the same vectors at every position.
+  RefInputs rel = in;
+  rel.q = torch::randn({1, 1, 1, D}, kF64).expand({1, 1, T, D}).contiguous();
+  rel.k = torch::randn({1, 1, 1, D}, kF64).expand({1, 1, T, D}).contiguous();
+  rel.params = {{"rope_factor", one(2.5)}, {"rope_original_length", one(20)}};
+  for (const char *enc : {"rope_interleaved", "rope_partial", "rope_pi", "rope_ntk",
+                          "rope_dynamic_ntk", "rope_yarn", "rope_llama3", "xpos"}) {
+    const auto [qr, kr] = ape_test::reference_qk(enc, rel);
+    auto dot = [&](int64_t m, int64_t n) { return (qr[0][0][m] * kr[0][0][n]).sum().item<double>(); };
+    EXPECT_NEAR(dot(30, 10), dot(20, 0), 1e-12) << enc;
+    EXPECT_NEAR(dot(49, 7), dot(42, 0), 1e-12) << enc;
+  }
+}
+
+
+// Logits of key 0 read through the forward kernel. With k_j = 0 for j >= 1, v_0 = e_0 and
+// v_j = e_1 for j >= 1 (D >= 2), row i of an encoding without score bias whose q/k mods keep
+// 0 at 0 has logits (l_i0, 0, ..., 0): o_i[0] / o_i[1] = exp(l_i0) / i for i >= 1 and
+// lse_0 = l_00. The caller sets p.q and p.k[:, :, 0]; returns l_i0 [B, H, T] (kappa included).
+template <class Real> Tensor key0_logits(Problem &p) {
+  p.k.narrow(2, 1, p.T - 1).zero_();
+  p.v.zero_();
+  p.v.select(2, 0).select(-1, 0).fill_(1.0);
+  p.v.narrow(2, 1, p.T - 1).select(-1, 1).fill_(1.0);
+  KernelCall<Real> kc(p);
+  kc.forward();
+  const Tensor o = kc.o.to(torch::kFloat64), lse = kc.lse.to(torch::kFloat64);
+  const Tensor i = torch::arange(p.T, kF64).view({1, 1, p.T});
+  Tensor l = torch::log(i * o.select(-1, 0) / o.select(-1, 1));
+  l.select(-1, 0).copy_(lse.select(-1, 0));
+  return l;
+}
+
+// Rotation of coordinate pairs read through the kernel: for each (first, second) pair, every row
+// i has q_i = e_first and key 0 is k_0 = e_first or e_second, so l_i0 / kappa =
+// g_i (cos(i theta'), sin(i theta')) where g_i is what scales q'_i . k'_0 beyond the rotation
+// (YaRN's mscale^2, xPos's zeta^(i/B)). Returns the angles and magnitudes [pairs, T].
+template <class Real>
+std::pair<Tensor, Tensor> pair_rotations(const std::string &enc, int64_t T, int64_t D,
+                                         const std::vector<std::pair<int64_t, int64_t>> &pairs,
+                                         const std::map<std::string, double> &fixed) {
+  const int64_t np = static_cast<int64_t>(pairs.size());
+  Problem p = make_problem(enc, 2 * np, 1, T, D, 21);
+  if (!p.entry) return {torch::full({np, T}, NAN, kF64), torch::full({np, T}, NAN, kF64)};
+  for (const auto &[name, value] : fixed) set_param(p, name, value);
+  p.q.zero_(), p.k.zero_();
+  for (int64_t c = 0; c < np; ++c) {
+    const auto [first, second] = pairs[c];
+    p.q.select(0, 2 * c).select(-1, first).fill_(1.0);
+    p.q.select(0, 2 * c + 1).select(-1, first).fill_(1.0);
+    p.k[2 * c][0][0][first] = 1.0;
+    p.k[2 * c + 1][0][0][second] = 1.0;
+  }
+  const Tensor l = (key0_logits<Real>(p) / p.scale).view({np, 2, T});
+  const Tensor cosine = l.select(1, 0), sine = l.select(1, 1);
+  return {torch::atan2(sine, cosine), torch::sqrt(cosine * cosine + sine * sine)};
+}
+
+std::vector<std::pair<int64_t, int64_t>> half_pairs(int64_t d_r) {
+  std::vector<std::pair<int64_t, int64_t>> r;
+  for (int64_t k = 0; k < d_r / 2; ++k) r.push_back({k, k + d_r / 2});
+  return r;
+}
+std::vector<std::pair<int64_t, int64_t>> interleaved_pairs(int64_t d_r) {
+  std::vector<std::pair<int64_t, int64_t>> r;
+  for (int64_t k = 0; k < d_r / 2; ++k) r.push_back({2 * k, 2 * k + 1});
+  return r;
+}
+
+// Rounding noise of a logit (divided by kappa) recovered through a kernel: fp32 reads it from o
+// of rows with up to ~2000 keys (~1e-5 relative), fp64 to ~1e-12.
+template <class Real> double probe_noise() { return std::is_same_v<Real, float> ? 1e-5 : 1e-10; }
+
+// theta'_k recovered as angle(m_k) / m_k at the row m_k = min(T-1, floor(1/want_k)) (angle <= 1
+// rad: no wrap, and the long lever divides the probe's noise by m_k), checked against the spec's
+// want_k to `rounding` (5e-7 for its 6-decimal numbers, 0 for exact ones) + noise / m_k.
+template <class Real>
+Tensor kernel_frequencies(const std::string &enc, int64_t T, int64_t D,
+                          const std::map<std::string, double> &fixed,
+                          const std::vector<double> &want, double rounding,
+                          Tensor *magnitude = nullptr) {
+  SCOPED_TRACE(enc + " at T = " + std::to_string(T));
+  auto [angle, mag] = pair_rotations<Real>(enc, T, D, half_pairs(D), fixed);
+  std::vector<double> theta;
+  for (size_t k = 0; k < want.size(); ++k) {
+    const int64_t m = std::clamp<int64_t>(static_cast<int64_t>(1.0 / want[k]), 1, T - 1);
+    theta.push_back(angle[k][m].template item<double>() / static_cast<double>(m));
+    EXPECT_NEAR(theta.back(), want[k], rounding + probe_noise<Real>() / static_cast<double>(m))
+        << "theta'_" << k << " (from row " << m << ")";
+  }
+  if (magnitude) *magnitude = mag;
+  return torch::tensor(theta, kF64);
+}
+
+template <class Real> void rope_pi_kernel() {
+  // d=4, s=4: theta' = [0.25, 0.0025].
+  kernel_frequencies<Real>("rope_pi", 401, 4, {{"rope_factor", 4.0}}, {0.25, 0.0025}, 0);
+}
+TEST(HandCheck, RopePiKernelFrequenciesF64) { rope_pi_kernel<double>(); }
+TEST(HandCheck, RopePiKernelFrequenciesF32) { rope_pi_kernel<float>(); }
+
+template <class Real> void rope_ntk_kernel(double base_rel_tol) {
+  // d=4, s=4: base' = 160000, theta' = [1, 0.0025]; for d_r = 4, base' = theta'_1^-2.
+  auto th = kernel_frequencies<Real>("rope_ntk", 401, 4, {{"rope_factor", 4.0}}, {1.0, 0.0025}, 0);
+  const double base = std::pow(th[1].template item<double>(), -2.0);
+  EXPECT_NEAR(base / 160000.0, 1.0, base_rel_tol) << "base' = " << base;
+}
+TEST(HandCheck, RopeNtkKernelBaseF64) { rope_ntk_kernel<double>(1e-9); }
+TEST(HandCheck, RopeNtkKernelBaseF32) { rope_ntk_kernel<float>(1e-5); }
+
+template <class Real> void rope_yarn_kernel() {
+  // d=4, L=2048, s=4: theta' = [1, 0.00625], logits scaled by mscale^2 = 1.296477 (every row).
+  Tensor mag;
+  kernel_frequencies<Real>("rope_yarn", 161, 4,
+                           {{"rope_factor", 4.0}, {"rope_original_length", 2048.0}},
+                           {1.0, 0.00625}, 0, &mag);
+  EXPECT_LT((mag - 1.296477).abs().max().item<double>(), 5e-7 + probe_noise<Real>())
+      << "logit factor";
+}
+TEST(HandCheck, RopeYarnKernelFrequenciesF64) { rope_yarn_kernel<double>(); }
+TEST(HandCheck, RopeYarnKernelFrequenciesF32) { rope_yarn_kernel<float>(); }
+
+template <class Real> void rope_llama3_kernel() {
+  // d=4, L=8192, factor 8, base 5e5: theta' = [1, 0.000525].
+  kernel_frequencies<Real>("rope_llama3", 1905, 4,
+                           {{"rope_factor", 8.0}, {"rope_original_length", 8192.0}},
+                           {1.0, 0.000525}, 5e-7);
+}
+TEST(HandCheck, RopeLlama3KernelFrequenciesF64) { rope_llama3_kernel<double>(); }
+TEST(HandCheck, RopeLlama3KernelFrequenciesF32) { rope_llama3_kernel<float>(); }
+
+template <class Real> void rope_dynamic_ntk_kernel() {
+  // d=4, s=4, L=2048, one kernel at three run-time lengths: l = T = 4096 -> theta'_1 = 0.002,
+  // l = T = 8192 -> 0.000769; T = 2048 <= L -> plain RoPE, 0.01.
+  const std::map<std::string, double> fixed = {{"rope_factor", 4.0},
+                                               {"rope_original_length", 2048.0}};
+  kernel_frequencies<Real>("rope_dynamic_ntk", 4096, 4, fixed, {1.0, 0.002}, 0);
+  kernel_frequencies<Real>("rope_dynamic_ntk", 8192, 4, fixed, {1.0, 0.000769}, 5e-7);
+  kernel_frequencies<Real>("rope_dynamic_ntk", 2048, 4, fixed, {1.0, 0.01}, 0);
+}
+TEST(HandCheck, RopeDynamicNtkKernelFrequenciesF64) { rope_dynamic_ntk_kernel<double>(); }
+TEST(HandCheck, RopeDynamicNtkKernelFrequenciesF32) { rope_dynamic_ntk_kernel<float>(); }
+
+template <class Real> void xpos_kernel() {
+  // d_h=4: q'_m . k'_n of pair k scales by zeta_k^((m-n)/512); m-n=3: [0.992686, 0.997414];
+  // the rotation is interleaved RoPE (angle 3 theta_k, theta = [1, 0.01]).
+  const int64_t T = 8;
+  auto [angle, mag] = pair_rotations<Real>("xpos", T, 4, interleaved_pairs(4), {});
+  expect_values(mag.select(1, 3), {0.992686, 0.997414}, 5e-7 + probe_noise<Real>(),
+                "xPos factor, m-n=3");
+  expect_values(angle.select(1, 3), {3.0, 0.03}, probe_noise<Real>(), "xPos angle, m-n=3");
+  // Every row i (key 0): zeta^(i/512), whatever the centring.
+  auto want = torch::pow(ape_test::xpos_zeta(4).unsqueeze(1),
+                         torch::arange(T, kF64).unsqueeze(0) / 512.0);
+  EXPECT_LT((mag - want).abs().max().template item<double>(), probe_noise<Real>()) << mag;
+}
+TEST(HandCheck, XposKernelFactorsF64) { xpos_kernel<double>(); }
+TEST(HandCheck, XposKernelFactorsF32) { xpos_kernel<float>(); }
+
+// Interleaved RoPE through the kernel: batch c has T = 2, D = 4, q_1 = [1,2,3,4], k_0 = e_c, so
+// l_10 = kappa q'_1[c].
+template <class Real> void interleaved_kernel_rotation() {
+  Problem p = make_problem("rope_interleaved", 4, 1, 2, 4, 1);
+  ASSERT_NE(p.entry, nullptr);
+  p.q.zero_(), p.k.zero_();
+  for (int64_t c = 0; c < 4; ++c) {
+    p.q[c][0][1] = torch::tensor({1.0, 2.0, 3.0, 4.0}, kF64);
+    p.k[c][0][0][c] = 1.0;
+  }
+  const Tensor l = key0_logits<Real>(p) / p.scale;
+  expect_values(l.select(-1, 1).flatten(), {-1.142640, 1.922076, 2.959851, 4.029800},
+                5e-7 + probe_noise<Real>(), "interleaved q'_1");
+}
+TEST(HandCheck, InterleavedKernelRotationF64) { interleaved_kernel_rotation<double>(); }
+TEST(HandCheck, InterleavedKernelRotationF32) { interleaved_kernel_rotation<float>(); }
+
+// ExQPE through the kernel (l = 16 from the manifest, D = 16, H = 1): the W = I construction of
+// HandCheck.ExqpeReferencePositions with theta1 = 0.25, theta2 = 1; q = 0 and zero k params, so
+// l_n0 = kappa sigma p_{n,c} with k_0 = e_c, p_{n,j} = j theta1 + theta2 (floor(n/16) + [j <= n mod 16]).
+template <class Real> void exqpe_kernel_positions(double sigma) {
+  const int64_t l = 16, T = 40;
+  Problem p = make_problem("exqpe", l, 1, T, l, 1);
+  ASSERT_NE(p.entry, nullptr);
+  ASSERT_EQ(p.man.json.at("override").at("l").get<int64_t>(), l);
+  for (size_t n = 0; n < p.params.size(); ++n) p.params[n].zero_();
+  const int64_t qa = param_index(p, "override_q_a"), qb = param_index(p, "override_q_b"),
+                qp = param_index(p, "override_q_p");
+  ASSERT_TRUE(qa >= 0 && qb >= 0 && qp >= 0);
+  ASSERT_EQ(p.params[qp].sizes(), (std::vector<int64_t>{l, 1, l}));
+  p.params[qa] = (torch::arange(l, kF64) * 0.25).view({1, l});
+  p.params[qb] = torch::ones({1, l}, kF64);
+  p.params[qp] = torch::ones({l, l}, kF64).tril().view({l, 1, l});
+  set_param(p, "position_scale", sigma);
+  p.q.zero_(), p.k.zero_();
+  for (int64_t c = 0; c < l; ++c) p.k[c][0][0][c] = 1.0;
+  const Tensor got = key0_logits<Real>(p).select(1, 0) / p.scale;  // [c, n]
+  auto n = torch::arange(T, kF64).unsqueeze(0), j = torch::arange(l, kF64).unsqueeze(1);
+  auto count = torch::floor(n / l) + (j <= torch::remainder(n, l)).to(torch::kFloat64);
+  const Tensor want = sigma * (j * 0.25 + count);
+  const double tol = std::is_same_v<Real, float> ? 1e-5 : 1e-10;
+  EXPECT_LT((got - want).abs().max().template item<double>(), tol)
+      << "positions p_{n,j} through the kernel (sigma " << sigma << ")";
+}
+TEST(HandCheck, ExqpeKernelPositionsF64) { exqpe_kernel_positions<double>(1.0); }
+TEST(HandCheck, ExqpeKernelPositionsF32) { exqpe_kernel_positions<float>(1.0); }
+TEST(HandCheck, ExqpeKernelPositionsSigmaHalf) { exqpe_kernel_positions<double>(0.5); }
+
+// The sinusoidal table through entry->embed_table: d=4, PE[1], PE[2]; then whole tables against
+// the reference (every element written, nothing past T*d).
+TEST(HandCheck, SinusoidalEmbedTable) {
+  const ape::KernelEntry *e = find_entry("sinusoidal");
+  ASSERT_NE(e, nullptr);
+  const auto fn = e->embed_table;
+  ASSERT_NE(fn, nullptr) << "sinusoidal's embed_table is null";
+  auto table = [&](int64_t T, int64_t d) {
+    std::vector<double> out(T * d + 1, std::numeric_limits<double>::quiet_NaN());
+    out.back() = 12345.0;  // sentinel past the end
+    fn(T, d, out.data());
+    EXPECT_EQ(out.back(), 12345.0) << "embed_table wrote past T*d (" << T << ", " << d << ")";
+    out.pop_back();
+    return torch::tensor(out, kF64).view({T, d});
+  };
+  const Tensor pe = table(3, 4);
+  expect_values(pe[0], {0, 1, 0, 1}, 1e-15, "PE[0]");
+  expect_values(pe[1], {0.841471, 0.540302, 0.010000, 0.999950}, 5e-7, "PE[1]");
+  expect_values(pe[2], {0.909297, -0.416147, 0.019999, 0.999800}, 5e-7, "PE[2]");
+  for (auto [T, d] : std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {7, 6}, {1000, 128}, {64, 512}}) {
+    const Tensor got = table(T, d);
+    EXPECT_LT((got - ape_test::sinusoidal_table(T, d)).abs().max().item<double>(), 1e-12)
+        << "T = " << T << ", d = " << d;
+  }
+}
+
+
 // ---- 4. edge cases ------------------------------------------------------------------------------
 
 // T = 1: one visible key with weight 1, so o = v and dv = dout (to 2 ulp); G = P (dP - Delta) =
@@ -877,9 +1367,179 @@ TEST(EdgeIdentity, ExpeWithZeroParamsIsNope) {
   EXPECT_LE(normalised_error(a.dv, b.dv), 1e-14);
 }
 
+
+// Kernel a and kernel b (fp64) on the same inputs agree to `tol` on o, lse and the input
+// gradients (and feature gradients when both have them).
+void expect_same_kernel_outputs(const Problem &a, const Problem &b, double tol) {
+  KernelCall<double> x(a), y(b);
+  x.forward(), x.backward(), y.forward(), y.backward();
+  EXPECT_LE(normalised_error(x.o, y.o), tol) << a.enc << " vs " << b.enc << ": o";
+  EXPECT_LE(normalised_error(x.lse, y.lse), tol) << a.enc << " vs " << b.enc << ": lse";
+  EXPECT_LE(normalised_error(x.dq, y.dq), tol) << a.enc << " vs " << b.enc << ": dq";
+  EXPECT_LE(normalised_error(x.dk, y.dk), tol) << a.enc << " vs " << b.enc << ": dk";
+  EXPECT_LE(normalised_error(x.dv, y.dv), tol) << a.enc << " vs " << b.enc << ": dv";
+  ASSERT_EQ(x.dfeat.size(), y.dfeat.size());
+  for (size_t n = 0; n < x.dfeat.size(); ++n)
+    EXPECT_LE(normalised_error(x.dfeat[n], y.dfeat[n]), tol) << "dfeature " << n;
+}
+
+// Fixed params are read at run time: values that make an encoding reduce to another one give
+// that one's kernel outputs (fp64, same inputs).
+TEST(FixedParams, NeutralValuesGiveTheBaseKernel) {
+  struct Case {
+    std::string enc, base;
+    std::map<std::string, double> fixed;
+  };
+  const std::vector<Case> cases = {
+      {"rope_pi", "rope", {{"rope_factor", 1.0}}},
+      {"rope_ntk", "rope", {{"rope_factor", 1.0}}},
+      {"rope_yarn", "rope", {{"rope_factor", 1.0}, {"rope_original_length", 40.0}}},
+      {"rope_dynamic_ntk", "rope", {{"rope_original_length", 1000.0}}},  // T <= L
+      {"expe", "nope", {{"position_scale", 0.0}}},
+      {"expe_qkv", "nope", {{"position_scale", 0.0}}},
+      {"exqpe", "nope", {{"position_scale", 0.0}}},
+      {"expe_cable", "cable", {{"position_scale", 0.0}}},
+      {"rope_alibi", "rope", {{"alibi_slopes", 0.0}}},
+      {"sinusoidal", "nope", {}},
+      {"learned_absolute", "nope", {}},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.enc + " with its fixed params neutral == " + c.base);
+    Problem p = make_problem(c.enc, 2, 3, 100, 32, case_seed("neutral_" + c.enc, 2, 3, 100, 32));
+    ASSERT_NE(p.entry, nullptr);
+    for (const auto &[name, value] : c.fixed) set_param(p, name, value);
+    const Problem b = with_encoding(p, c.base);
+    ASSERT_NE(b.entry, nullptr);
+    expect_same_kernel_outputs(p, b, 1e-12);
+    // ... and the default values differ from the base (the values are not compiled in).
+    if (!c.fixed.empty() && c.enc != "rope_dynamic_ntk") {
+      Problem d = make_problem(c.enc, 2, 3, 100, 32, case_seed("neutral_" + c.enc, 2, 3, 100, 32));
+      KernelCall<double> x(d), y(b);
+      x.forward(), y.forward();
+      EXPECT_GT(normalised_error(x.o, y.o), 1e-6) << "default fixed params change nothing";
+    }
+  }
+}
+
+// Interleaved pairs are rotate-half pairs in another coordinate order: with
+// x_int[2k] = x_half[k], x_int[2k+1] = x_half[k + D/2] for q and k, rope_interleaved's logits equal
+// rope's, so o, lse and dv agree and dq, dk agree after the same permutation.
+TEST(EdgeIdentity, InterleavedIsRopeWithPermutedCoordinates) {
+  const int64_t D = 32;
+  Problem half = make_problem("rope", 2, 3, 100, D, 13);
+  ASSERT_NE(half.entry, nullptr);
+  Problem inter = with_encoding(half, "rope_interleaved");
+  ASSERT_NE(inter.entry, nullptr);
+  std::vector<int64_t> perm(D);  // interleaved coordinate -> rotate-half coordinate
+  for (int64_t k = 0; k < D / 2; ++k) perm[2 * k] = k, perm[2 * k + 1] = k + D / 2;
+  const Tensor idx = torch::tensor(perm, torch::TensorOptions().dtype(torch::kLong));
+  inter.q = half.q.index_select(-1, idx).contiguous();
+  inter.k = half.k.index_select(-1, idx).contiguous();
+  KernelCall<double> a(half), b(inter);
+  a.forward(), a.backward(), b.forward(), b.backward();
+  EXPECT_LE(normalised_error(b.o, a.o), 1e-12);
+  EXPECT_LE(normalised_error(b.lse, a.lse), 1e-12);
+  EXPECT_LE(normalised_error(b.dv, a.dv), 1e-12);
+  EXPECT_LE(normalised_error(b.dq, a.dq.index_select(-1, idx)), 1e-12);
+  EXPECT_LE(normalised_error(b.dk, a.dk.index_select(-1, idx)), 1e-12);
+}
+
+// Non-default values of the fixed params against the reference (fp32 and fp64) and against
+// central differences (fp64): s = 2.5 and sigma = 0.5 everywhere; L = 40 with T = 100 and L = 4
+// with T = 17, so the dynamic NTK base moves (T > L) and YaRN / Llama-3 get other ramps and bands
+// (L = 4: YaRN's low == high case, every Llama-3 wavelength divided).
+class FixedParamValues : public ::testing::TestWithParam<std::string> {};
+TEST_P(FixedParamValues, MatchReference) {
+  const std::string enc = GetParam();
+  Problem p = make_problem(enc, 2, 3, 100, 32, case_seed("fixed_" + enc, 2, 3, 100, 32));
+  ASSERT_NE(p.entry, nullptr);
+  set_fixed_params(p, {{"rope_factor", 2.5}, {"rope_original_length", 40.0}, {"position_scale", 0.5}});
+  check_against_reference(p);
+}
+TEST_P(FixedParamValues, FiniteDifferences) {
+  const std::string enc = GetParam();
+  Problem p = make_problem(enc, 2, 2, 17, 16, case_seed("fixed_fd_" + enc, 2, 2, 17, 16));
+  ASSERT_NE(p.entry, nullptr);
+  for (size_t n = 0; n < p.params.size(); ++n)
+    if (p.man.params[n].trainable) p.params[n] = torch::randn_like(p.params[n]) * 0.1;
+  set_fixed_params(p, {{"rope_factor", 2.5}, {"rope_original_length", 4.0}, {"position_scale", 0.5}});
+  finite_difference_check(p);
+}
+INSTANTIATE_TEST_SUITE_P(All, FixedParamValues,
+                         ::testing::Values("rope_pi", "rope_ntk", "rope_dynamic_ntk", "rope_yarn",
+                                           "rope_llama3", "expe", "expe_qkv", "expe_cable",
+                                           "expe_rope_cable", "exqpe"),
+                         [](const ::testing::TestParamInfo<std::string> &info) {
+                           return info.param;
+                         });
+
+// Dynamic NTK: one compiled kernel, two run-time lengths (L = 16, T = 32 and 64): each call
+// matches the reference at its own l = T; the first 32 rows of the T = 64 call differ from the
+// T = 32 call on the same tokens (a causal kernel of a length-independent encoding would repeat
+// them), and both differ from RoPE; at T <= L the kernel is RoPE's.
+TEST(DynamicNtk, OneKernelTwoRunTimeLengths) {
+  Problem p64 = make_problem("rope_dynamic_ntk", 2, 2, 64, 32, 17);
+  ASSERT_NE(p64.entry, nullptr);
+  set_param(p64, "rope_original_length", 16.0);
+  const Problem p32 = prefix(p64, 32);
+  {
+    SCOPED_TRACE("T = 32");
+    check_against_reference(p32);
+  }
+  {
+    SCOPED_TRACE("T = 64");
+    check_against_reference(p64);
+  }
+  KernelCall<double> k64(p64), k32(p32);
+  k64.forward(), k32.forward();
+  EXPECT_GT(normalised_error(k64.o.narrow(2, 0, 32), k32.o), 1e-3)
+      << "rows < 32 do not depend on the run-time length";
+  for (const Problem *p : std::vector<const Problem *>{&p32, &p64}) {
+    KernelCall<double> a(*p), r(with_encoding(*p, "rope"));
+    a.forward(), r.forward();
+    EXPECT_GT(normalised_error(a.o, r.o), 1e-3) << "T = " << p->T << " > L equals RoPE";
+  }
+  for (int64_t T : {7, 16}) {
+    SCOPED_TRACE("T = " + std::to_string(T) + " <= L");
+    const Problem p = prefix(p64, T);
+    expect_same_kernel_outputs(p, with_encoding(p, "rope"), 1e-12);
+  }
+}
+
+// xPos at T = 16384 in fp32 (B = H = 1, D = 16): the centred factors zeta^(+-t_c/512) stay
+// within [zeta_0^16, zeta_0^-16] = [2e-9, 5e8], so o and lse are finite; fp32 against fp64 and
+// both against the reference on a few rows (computed from the reference's q', k' row by row).
+TEST(XposLong, T16384Fp32) {
+  const int64_t T = 16384, D = 16;
+  const Problem p = make_problem("xpos", 1, 1, T, D, 19);
+  ASSERT_NE(p.entry, nullptr);
+  KernelCall<float> f(p);
+  KernelCall<double> d(p);
+  f.forward(), d.forward();
+  EXPECT_TRUE(torch::isfinite(f.o).all().item<bool>()) << "fp32 o not finite";
+  EXPECT_TRUE(torch::isfinite(f.lse).all().item<bool>()) << "fp32 lse not finite";
+  const double err_o = normalised_error(f.o, d.o), err_lse = normalised_error(f.lse, d.lse);
+  auto &s = error_stats()["fp32/xpos/T16384 o,lse vs fp64"];
+  if (!(std::max(err_o, err_lse) <= s.first)) s = {std::max(err_o, err_lse), current_test_name()};
+  EXPECT_LE(err_o, kXposLongTol) << "fp32 vs fp64 o";
+  EXPECT_LE(err_lse, kXposLongTol) << "fp32 vs fp64 lse";
+  RefInputs in = ref_inputs(p);
+  const auto [qr, kr] = ape_test::reference_qk("xpos", in);
+  for (int64_t i : {int64_t(0), int64_t(1), T / 2 - 1, T / 2, T - 2, T - 1}) {
+    SCOPED_TRACE("row " + std::to_string(i));
+    auto logits = torch::matmul(kr[0][0].narrow(0, 0, i + 1), qr[0][0][i]) * p.scale;  // [i+1]
+    auto o = torch::matmul(torch::softmax(logits, 0), p.v[0][0].narrow(0, 0, i + 1));
+    const double lse = torch::logsumexp(logits, 0).item<double>();
+    EXPECT_LE(normalised_error(d.o[0][0][i], o), 1e-10);
+    EXPECT_NEAR(d.lse[0][0][i].item<double>(), lse, 1e-10 * std::max(1.0, std::abs(lse)));
+    EXPECT_LE(normalised_error(f.o[0][0][i], o), kXposLongTol);
+  }
+}
+
+
 // ---- 5. the registry and the manifests ----------------------------------------------------------
 
-TEST(Registry, ContainsExactlyTheSixEncodings) {
+TEST(Registry, ContainsExactlyTheListedEncodings) {
   std::multiset<std::string> names;
   for (const ape::KernelEntry *e : registry()) {
     ASSERT_NE(e, nullptr);
@@ -888,6 +1548,17 @@ TEST(Registry, ContainsExactlyTheSixEncodings) {
     EXPECT_TRUE(e->forward_f32 && e->backward_f32 && e->forward_f64 && e->backward_f64) << e->name;
   }
   EXPECT_EQ(names, std::multiset<std::string>(kEncodings.begin(), kEncodings.end()));
+  for (const auto &enc : kEncodings) EXPECT_EQ(names.count(enc), 1u) << "kernel " << enc;
+}
+
+TEST(Registry, EveryEncodingIsInTheGrid) {
+  std::multiset<std::string> grid(kFullGridEncodings.begin(), kFullGridEncodings.end());
+  grid.insert(kShortGridEncodings.begin(), kShortGridEncodings.end());
+  EXPECT_EQ(grid, std::multiset<std::string>(kEncodings.begin(), kEncodings.end()));
+  for (const auto &enc : kEncodings) {
+    const auto &known = ape_test::reference_encodings();
+    EXPECT_NE(std::find(known.begin(), known.end(), enc), known.end()) << "reference lacks " << enc;
+  }
 }
 
 TEST(Registry, ManifestsParseAndNameTheirEncoding) {
@@ -904,34 +1575,114 @@ TEST(Registry, ManifestsParseAndNameTheirEncoding) {
   }
 }
 
-// The manifests declare the inputs the reference expects, in this order (the grid feeds the
-// kernels by manifest order and the reference by name, so a reordering would show there too).
+struct WantParam {
+  std::string name;
+  std::vector<std::string> shape;
+  bool trainable;
+  std::string init;
+  std::optional<double> value = std::nullopt;
+};
+
+// The manifest of `enc` declares exactly these params (any order) with these properties.
+void expect_params(const std::string &enc, const std::vector<WantParam> &want) {
+  SCOPED_TRACE(enc);
+  const ape::KernelEntry *e = find_entry(enc);
+  ASSERT_NE(e, nullptr) << "no kernel named " << enc;
+  const auto got = parse_manifest(*e).params;
+  std::multiset<std::string> got_names, want_names;
+  for (const auto &p : got) got_names.insert(p.name);
+  for (const auto &w : want) want_names.insert(w.name);
+  EXPECT_EQ(got_names, want_names);
+  for (const auto &w : want)
+    for (const auto &p : got)
+      if (p.name == w.name) {
+        EXPECT_EQ(p.shape, w.shape) << w.name;
+        EXPECT_EQ(p.trainable, w.trainable) << w.name;
+        EXPECT_EQ(p.init, w.init) << w.name;
+        if (w.value) {
+          EXPECT_TRUE(p.init_value.has_value()) << w.name << ": init without value";
+          EXPECT_EQ(p.init_value.value_or(NAN), *w.value) << w.name;
+        }
+      }
+}
+
+// The manifests declare the inputs the reference expects (the grid feeds the kernels by manifest
+// order and the reference by name, so a reordering shows there).
 TEST(Registry, ManifestInputsMatchTheSpecs) {
   auto features = [](const std::string &enc) {
-    return parse_manifest(*find_entry(enc)).features.size();
+    const ape::KernelEntry *e = find_entry(enc);
+    return e ? parse_manifest(*e).features.size() : size_t(-1);
   };
-  for (const auto &enc : kEncodings) ASSERT_NE(find_entry(enc), nullptr) << enc;
-  EXPECT_EQ(features("nope"), 0u);
-  EXPECT_EQ(features("rope"), 0u);
-  EXPECT_EQ(features("alibi"), 0u);
-  EXPECT_EQ(features("expe"), 0u);
-  EXPECT_EQ(features("cable"), 1u);
-  EXPECT_EQ(features("forget_gate"), 1u);
-  for (const char *enc : {"nope", "rope", "cable", "forget_gate"})
-    EXPECT_TRUE(parse_manifest(*find_entry(enc)).params.empty()) << enc;
-  const auto alibi = parse_manifest(*find_entry("alibi")).params;
-  ASSERT_EQ(alibi.size(), 1u);
-  EXPECT_EQ(alibi[0].name, "alibi_slopes");
-  EXPECT_EQ(alibi[0].shape, std::vector<std::string>{"heads"});
-  EXPECT_FALSE(alibi[0].trainable);
-  const auto expe = parse_manifest(*find_entry("expe")).params;
-  const std::vector<std::string> order = {"override_q_a", "override_q_b", "override_k_a",
-                                          "override_k_b"};
-  ASSERT_EQ(expe.size(), order.size());
-  for (size_t n = 0; n < order.size(); ++n) {
-    EXPECT_EQ(expe[n].name, order[n]);
-    EXPECT_EQ(expe[n].shape, (std::vector<std::string>{"heads", "head_dim"}));
-    EXPECT_TRUE(expe[n].trainable);
+  for (const auto &enc : kEncodings) {
+    ASSERT_NE(find_entry(enc), nullptr) << enc;
+    const bool cumulative = enc == "cable" || enc == "forget_gate" || enc == "expe_cable" ||
+                            enc == "expe_rope_cable";
+    EXPECT_EQ(features(enc), cumulative ? 1u : 0u) << enc;
+  }
+  const std::vector<std::string> hw = {"heads", "head_dim"};
+  const std::vector<WantParam> override_terms = {
+      {"override_q_a", hw, true, "projection_term"},
+      {"override_q_b", hw, true, "projection_term"},
+      {"override_k_a", hw, true, "projection_term"},
+      {"override_k_b", hw, true, "projection_term"}};
+  for (const char *enc : {"nope", "rope", "cable", "forget_gate"}) expect_params(enc, {});
+  expect_params("alibi", {{"alibi_slopes", {"heads"}, false, "alibi_slopes"}});
+  const WantParam sigma = {"position_scale", {"1"}, false, "constant", 1.0};
+  auto with = [](std::vector<WantParam> a, const std::vector<WantParam> &b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  for (const char *enc : {"expe", "expe_qkv", "expe_cable", "expe_rope_cable"})
+    expect_params(enc, with(override_terms, {sigma}));
+  const std::vector<std::string> lhw = {"16", "heads", "head_dim"};
+  expect_params("exqpe", with(override_terms, {{"override_q_p", lhw, true, "projection_prefix"},
+                                               {"override_k_p", lhw, true, "projection_prefix"},
+                                               sigma}));
+  for (const char *enc : {"rope_interleaved", "rope_partial", "xpos", "sinusoidal",
+                          "learned_absolute"})
+    expect_params(enc, {});
+  auto factor = [](double s) { return WantParam{"rope_factor", {"1"}, false, "constant", s}; };
+  const WantParam length = {"rope_original_length", {"1"}, false, "constant", 128.0};
+  expect_params("rope_pi", {factor(4.0)});
+  expect_params("rope_ntk", {factor(4.0)});
+  expect_params("rope_dynamic_ntk", {factor(4.0), length});
+  expect_params("rope_yarn", {factor(4.0), length});
+  expect_params("rope_llama3", {factor(8.0), length});
+  expect_params("rope_alibi", {{"alibi_slopes", {"heads"}, false, "alibi_slopes"}});
+  // Overrides: l = 16 everywhere, expe_qkv also overrides the value projection's input.
+  for (const char *enc : {"expe", "expe_qkv", "expe_cable", "expe_rope_cable", "exqpe"}) {
+    const nlohmann::json ov = parse_manifest(*find_entry(enc)).json.at("override");
+    EXPECT_EQ(ov.at("l").get<int64_t>(), 16) << enc;
+    EXPECT_EQ(ov.at("targets").get<std::string>(), std::string(enc) == "expe_qkv" ? "qkv" : "qk")
+        << enc;
+    EXPECT_EQ(ov.at("position_scale"), "position_scale") << enc << ": sigma's param";
+  }
+  // ExPE's terms keep this order (q before k, a before b).
+  std::vector<std::string> order;
+  for (const auto &p : parse_manifest(*find_entry("expe")).params)
+    if (p.name.rfind("override_", 0) == 0) order.push_back(p.name);
+  EXPECT_EQ(order, (std::vector<std::string>{"override_q_a", "override_q_b", "override_k_a",
+                                             "override_k_b"}));
+}
+
+// Absolute encodings: "embedding" in the manifest, and an embed_table exactly for the fixed one.
+TEST(Registry, EmbeddingsAndEmbedTables) {
+  for (const ape::KernelEntry *e : registry()) {
+    SCOPED_TRACE(e->name);
+    const std::string name = e->name;
+    EXPECT_EQ(e->embed_table != nullptr, name == "sinusoidal");
+    const nlohmann::json j = nlohmann::json::parse(e->manifest_json);
+    const bool has = j.contains("embedding") && !j.at("embedding").is_null();
+    EXPECT_EQ(has, name == "sinusoidal" || name == "learned_absolute");
+    if (name == "sinusoidal") {
+      EXPECT_EQ(j.at("embedding"), nlohmann::json::parse(
+                                       R"({"kind": "table", "scale_embedding": false})"));
+    }
+    if (name == "learned_absolute") {
+      EXPECT_EQ(j.at("embedding"),
+                nlohmann::json::parse(R"({"kind": "learned", "max_length": 1024, "std": 0.02,
+                                          "scale_embedding": false})"));
+    }
   }
 }
 
