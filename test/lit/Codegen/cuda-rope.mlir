@@ -1,0 +1,51 @@
+// --emit=cuda: the same functor as the CPU kernel's, declared for host and device and templated
+// on the context; one instantiation file per (dtype, head dim); an entry listing them.
+// --emit=cuda-package: the same files under kernels/, the templates and a CMakeLists.txt.
+// RUN: rm -rf %t && apec %s -o %t --emit=cuda --cuda-dtypes=bf16,f32 --cuda-head-dims=64,128
+// RUN: ls %t | FileCheck %s --check-prefix=FILES
+// RUN: FileCheck %s --input-file=%t/rope_cuda.cuh
+// RUN: FileCheck %s --check-prefix=ENTRY --input-file=%t/rope_cuda.cu
+// RUN: FileCheck %s --check-prefix=INST --input-file=%t/rope_cuda_bf16_hd128.cu
+// RUN: apec %s -o %t/pkg --emit=cuda-package --cuda-dtypes=bf16 --cuda-head-dims=64
+// RUN: ls %t/pkg %t/pkg/include/ape %t/pkg/kernels | FileCheck %s --check-prefix=PKG
+// RUN: not apec %s -o %t/bad --emit=cuda --cuda-head-dims=48 2>&1 | FileCheck %s --check-prefix=BAD
+
+// FILES: rope_cuda.cu
+// FILES-NEXT: rope_cuda.cuh
+// FILES-NEXT: rope_cuda_bf16_hd128.cu
+// FILES-NEXT: rope_cuda_bf16_hd64.cu
+// FILES-NEXT: rope_cuda_f32_hd128.cu
+// FILES-NEXT: rope_cuda_f32_hd64.cu
+
+// CHECK: #include "ape/cuda_attention.cuh"
+// CHECK: namespace ape_gen_rope {
+// CHECK: struct Enc {
+// CHECK: static constexpr int kQPairing = 1;
+// CHECK: template <class T, class Ctx>
+// CHECK: APE_HD static T q_mod(const Ctx &ctx, int64_t t, int64_t c, T x, T y) {
+// CHECK: std::cos
+// CHECK: APE_HD static void q_mod_grad(const Ctx &ctx,
+
+// ENTRY: #include "rope_cuda.cuh"
+// ENTRY: cudaError_t forward_bf16_hd64(const ::ape::cuda::CudaAttnArgs &);
+// ENTRY: const char kManifest[] = R"APE_MANIFEST({
+// ENTRY: {::ape::cuda::DType::BF16, 64, &forward_bf16_hd64, &backward_bf16_hd64},
+// ENTRY: {::ape::cuda::DType::F32, 128, &forward_f32_hd128, &backward_f32_hd128},
+// ENTRY: extern "C" const ::ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_rope() {
+// ENTRY: Enc::kNumFeatures, Enc::kNumParams, &Enc::param_numel,
+// ENTRY-NEXT: ape_gen_rope::kVariants, 4};
+
+// INST: APE_CUDA_INSTANTIATE(Enc, __nv_bfloat16, 128, forward_bf16_hd128, backward_bf16_hd128)
+
+// PKG-DAG: CMakeLists.txt
+// PKG-DAG: README.md
+// PKG-DAG: smoke.cpp
+// PKG-DAG: cuda_attention.cuh
+// PKG-DAG: cuda_kernel_entry.h
+// PKG-DAG: rope.manifest.json
+// PKG-DAG: rope_cuda_bf16_hd64.cu
+
+// BAD: apec: --cuda-head-dims 48 is not supported (32, 64 or 128)
+ape.encoding @rope {
+  ape.rotary {base = 10000.0 : f64, fraction = 1.0 : f64, pairing = "half"}
+}
