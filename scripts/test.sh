@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# README command 2: install what is missing, build, run every test (lit + GoogleTest),
-# print the counts. The same suites run with plain `ctest` in the build folder.
+# README command 2: install what is missing, build, run every test (lit, GoogleTest and the
+# pytest framework suite of test/python/run.sh), print the counts. lit and GoogleTest also run
+# with plain `ctest` in the build folder.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -19,6 +20,10 @@ echo "[ape] GoogleTest suites (kernels against materialised references, template
 (cd "$build" && ctest -E '^lit$' --output-on-failure -j2 --timeout 1200) | tee "$log.ctest"
 ctest_status=${PIPESTATUS[0]}
 
+echo "[ape] framework suite (apec --emit=torch-library,c-abi built and loaded: pytest, Debian's torch)"
+test/python/run.sh "$build/framework-tests" "$build/tools/apec" -- -q -rs 2>&1 | tee "$log.pytest"
+pytest_status=${PIPESTATUS[0]}
+
 # Counts: lit's summary lines and ctest's, folded into one closing line.
 lit_passed=$(grep -E '^\s*Passed\s*:' "$log.lit" | grep -oE '[0-9]+' | head -1)
 lit_failed=$(grep -E '^\s*Failed\s*:' "$log.lit" | grep -oE '[0-9]+' | head -1)
@@ -28,9 +33,16 @@ gt_skipped=$(grep -c '(Skipped)' "$log.ctest")
 lit_passed=${lit_passed:-0}; lit_failed=${lit_failed:-0}
 gt_total=${gt_total:-0}; gt_failed=${gt_failed:-0}
 gt_passed=$(( gt_total - gt_failed - gt_skipped ))
-echo "[ape] lit: ${lit_passed} passed, ${lit_failed} failed; GoogleTest: ${gt_passed} passed, ${gt_failed} failed, ${gt_skipped} skipped"
+# pytest's closing line, e.g. "1 failed, 76 passed, 2 skipped in 20.1s"; errors count as failed.
+py_summary=$(grep -E '^[0-9]+ (passed|failed|skipped|errors?|deselected)' "$log.pytest" | tail -1)
+py_count() { echo "$py_summary" | grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
+py_passed=$(py_count passed); py_skipped=$(py_count skipped)
+py_failed=$(( $(py_count failed) + $(py_count 'errors?') ))
+if [ "$pytest_status" -ne 0 ] && [ "$py_failed" -eq 0 ]; then py_failed=1; fi  # build or setup failed
+echo "[ape] lit: ${lit_passed} passed, ${lit_failed} failed; GoogleTest: ${gt_passed} passed, ${gt_failed} failed, ${gt_skipped} skipped; pytest: ${py_passed} passed, ${py_failed} failed, ${py_skipped} skipped"
 echo "[ape] test command finished in $(( $(date +%s) - start )) s"
-echo "tests: $(( lit_passed + gt_passed )) passed, $(( lit_failed + gt_failed )) failed, ${gt_skipped} skipped"
-if [ "$lit_status" -ne 0 ] || [ "$ctest_status" -ne 0 ] || [ $(( lit_passed + gt_passed )) -eq 0 ]; then
+echo "tests: $(( lit_passed + gt_passed + py_passed )) passed, $(( lit_failed + gt_failed + py_failed )) failed, $(( gt_skipped + py_skipped )) skipped"
+if [ "$lit_status" -ne 0 ] || [ "$ctest_status" -ne 0 ] || [ "$pytest_status" -ne 0 ] ||
+   [ $(( lit_passed + gt_passed )) -eq 0 ]; then
   exit 1
 fi
