@@ -13,9 +13,9 @@ ape.encoding @broken {
 }
 
 // MISSING: apec: cannot read {{.*}}does-not-exist.mlir
-// EMIT: apec: unknown --emit value 'wasm' (expected cpu, manifest or kernel-mlir)
+// EMIT: apec: unknown --emit value 'wasm' (expected cpu, manifest, kernel-mlir, {{.*}}torch-library or c-abi)
 // NAME: error: expected exactly one encoding, @other (a spec file's stem must equal its encoding's name)
 // HELP: apec SPEC.mlir -o OUTDIR
 // HELP-NOT: --x86-
 // HELP: --mlir-print-ir-after-all
-// HELP: --emit=<cpu|manifest|kernel-mlir>
+// HELP: --emit=<cpu|manifest|kernel-mlir|{{.*}}torch-library|c-abi>

@@ -1,0 +1,88 @@
+// --emit=torch-library and --emit=c-abi: self-contained folders (docs/frameworks.md) with the
+// kernel, the templates it includes, and the input tables; manifest names that are not
+// identifiers, reserved (q) or Python keywords (lambda) become distinct argument names.
+// RUN: rm -rf %t && apec %s -o %t --emit=torch-library,c-abi
+// RUN: ls %t %t/odd_names_torch_library %t/odd_names_torch_library/ape | FileCheck %s --check-prefix=FILES
+// RUN: ls %t/odd_names_c_abi %t/odd_names_c_abi/ape | FileCheck %s --check-prefix=CFILES
+// RUN: FileCheck %s --check-prefix=OPS --input-file=%t/odd_names_torch_library/odd_names_ops.cpp
+// RUN: FileCheck %s --check-prefix=PY --input-file=%t/odd_names_torch_library/ape_odd_names.py
+// RUN: FileCheck %s --check-prefix=HEADER --input-file=%t/odd_names_c_abi/ape_odd_names.h
+// RUN: %cxx -x c -std=c99 -Wall -Wextra -Werror -fsyntax-only -I %t/odd_names_c_abi %t/odd_names_c_abi/ape_odd_names.h
+// RUN: %cxx -std=c++17 -Wall -fsyntax-only -fopenmp -I %t/odd_names_c_abi %t/odd_names_c_abi/ape_odd_names_c.cpp
+// Re-running apec leaves unchanged files alone (no rebuild):
+// RUN: touch -d 2001-01-01 %t/odd_names_c_abi/ape_odd_names.h
+// RUN: apec %s -o %t --emit=c-abi && ls -l --time-style=+%%Y %t/odd_names_c_abi/ape_odd_names.h | FileCheck %s --check-prefix=KEPT
+
+// FILES: odd_names_c_abi
+// FILES-NEXT: odd_names_torch_library
+// FILES: CMakeLists.txt
+// FILES-NEXT: README.md
+// FILES-NEXT: ape
+// FILES-NEXT: ape_odd_names.py
+// FILES-NEXT: odd_names.manifest.json
+// FILES-NEXT: odd_names_cpu.cpp
+// FILES-NEXT: odd_names_ops.cpp
+// FILES: cpu_attention.h
+// FILES-NEXT: kernel_entry.h
+// FILES-NEXT: kernel_inputs.h
+// FILES-NEXT: torch_ops.h
+
+// CFILES: CMakeLists.txt
+// CFILES-NEXT: README.md
+// CFILES-NEXT: ape
+// CFILES-NEXT: ape_odd_names.h
+// CFILES-NEXT: ape_odd_names_c.cpp
+// CFILES-NEXT: odd_names.manifest.json
+// CFILES-NEXT: odd_names_cpu.cpp
+// CFILES: c_abi.h
+// CFILES-NEXT: c_abi_impl.h
+// CFILES-NEXT: cpu_attention.h
+// CFILES-NEXT: kernel_entry.h
+// CFILES-NEXT: kernel_inputs.h
+
+// OPS: #include "ape/torch_ops.h"
+// OPS: static const char *const features[] = {"gate-1"};
+// OPS: {"q", 1, {ape::kDimHeads}, true, "zeros"},  // [heads]
+// OPS-NEXT: {"lambda", 2, {ape::kDimHeads, ape::kDimHeadDim}, false, "ones"},  // [heads, head_dim]
+// OPS: static const ape::KernelInputs inputs{"odd_names", ape_kernel_entry_odd_names(), 1, features, 2, params, false,
+// OPS: return ape::torch_ops::attention(kernel_inputs(), q, k, v, {f0}, {p0, p1}, scale);
+// OPS: TORCH_LIBRARY(ape_odd_names, m) {
+// OPS-NEXT: m.def("attention(Tensor q, Tensor k, Tensor v, Tensor gate_1, Tensor q_, Tensor lambda_, float? scale=None) -> Tensor");
+// OPS: TORCH_LIBRARY_IMPL(ape_odd_names, Autograd, m) {
+// OPS: TORCH_LIBRARY_IMPL(ape_odd_names, CPU, m) {
+// OPS: TORCH_LIBRARY_IMPL(ape_odd_names, CUDA, m) {
+// OPS: TORCH_LIBRARY_IMPL(ape_odd_names, Meta, m) {
+
+// PY: o = ops.attention(q, k, v, gate_1, q_, lambda_)
+// PY: LIBRARY = "libape_odd_names_ops.so"
+// PY: ARGUMENTS = ["gate_1", "q_", "lambda_"]
+
+// HEADER: #include "ape/c_abi.h"
+// HEADER: #define APE_ODD_NAMES_NUM_FEATURES 1
+// HEADER-NEXT: #define APE_ODD_NAMES_NUM_PARAMS 2
+// HEADER-NEXT: enum { APE_ODD_NAMES_FEATURE_GATE_1 = 0 };
+// HEADER-NEXT: enum { APE_ODD_NAMES_PARAM_Q = 0, APE_ODD_NAMES_PARAM_LAMBDA = 1 };
+// HEADER: } ape_odd_names_args;
+// HEADER: APE_C_API int ape_odd_names_forward_f32(const ape_odd_names_args *args);
+// HEADER: APE_C_API const char *ape_odd_names_last_error(void);
+
+// KEPT: 2001
+ape.encoding @odd_names {
+  %g = ape.token_feature "gate-1" {weight_std = 0.02 : f64, bias = 0.0 : f64}
+  %q = ape.param "q" ["heads"] init = "zeros" trainable
+  %l = ape.param "lambda" ["heads", "head_dim"] init = "ones"
+  ape.q_mod {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    %a = ape.load %l[%h, %c] : !ape.param
+    %r = arith.mulf %x, %a : f32
+    ape.yield %r : f32
+  }
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %gi = ape.load %g[%b, %h, %i] : !ape.tokens
+    %w = ape.load %q[%h] : !ape.param
+    %t = arith.mulf %gi, %w : f32
+    %r = arith.addf %s, %t : f32
+    ape.yield %r : f32
+  }
+}
