@@ -37,6 +37,7 @@ struct KernelLayout {
   ScoreModOp score;
   PositionEmbeddingOp embedding;  // site E; only its table region is code
   SmallVector<RelRowsOp> rels;    // relative rows, in order: ctx.rel[n] is (T, rows_n)
+  ValueRowsOp valueRows;          // the value-side relative term, if any
   DenseMap<Value, unsigned> relIndex;
 
   /// The number of rows of a rel_rows table (its verified integer first dimension).
@@ -70,6 +71,10 @@ struct KernelLayout {
       } else if (auto r = dyn_cast<RelRowsOp>(op)) {
         relIndex[r] = rels.size();
         rels.push_back(r);
+      } else if (auto v = dyn_cast<ValueRowsOp>(op)) {
+        if (valueRows)
+          return v.emitOpError("a kernel takes at most one ape.value_rows");
+        valueRows = v;
       }
     }
     for (Operation *op : {qmod.getOperation(), kmod.getOperation(), score.getOperation()})
@@ -600,6 +605,29 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     table("bias_trainable", [&](RelRowsOp r) {
       return r.getBias() && r.getBias().getDefiningOp<ParamOp>().getTrainable() ? 1 : 0;
     });
+  }
+  if (ValueRowsOp vr = layout.valueRows) {  // o_i += Σ_j P_ij table[r(i, j)] (cpu_attention.h)
+    if (target == FunctorTarget::Cuda)
+      return vr.emitOpError("is not supported by the CUDA kernel template yet");
+    auto table = vr.getTable().getDefiningOp<ParamOp>();
+    int64_t rows = 0;
+    (void)cast<StringAttr>(table.getShape()[0]).getValue().getAsInteger(10, rows);
+    os << "  static constexpr bool kHasValueRows = true;\n"
+       << "  static constexpr int kValueTable = " << layout.paramIndex.lookup(table) << ";\n"
+       << "  static constexpr int64_t kValueRows = " << rows << ";\n"
+       << "  static constexpr bool kValueTableTrainable = "
+       << (table.getTrainable() ? "true" : "false") << ";\n"
+       << "  template <class T>\n  static int64_t value_row(const ape::HeadCtx<T> &ctx, int64_t i, "
+          "int64_t j) {\n";
+    RegionWriter w(os, layout, "v", kIndent);
+    Block &b = vr.getIndex().front();
+    StringRef args[] = {"ctx.b", "ctx.h", "i", "j"};
+    for (unsigned k = 0; k < 4; ++k)
+      w.bind(b.getArgument(k), args[k]);
+    auto out = w.emitBody(b);
+    if (failed(out))
+      return failure();
+    os << "    return std::clamp<int64_t>(" << (*out)[0] << ", 0, kValueRows - 1);\n  }\n";
   }
   if (failed(emitTokenProgram(os, layout, st)) ||
       failed(emitQKMod(os, layout, layout.qmod, "q", st)) ||

@@ -22,7 +22,8 @@ namespace {
 struct ApeFoldInterface : public DialectFoldInterface {
   using DialectFoldInterface::DialectFoldInterface;
   bool shouldMaterializeInto(Region *region) const final {
-    return isa<MapOp, QModOp, KModOp, ScoreModOp, PositionEmbeddingOp>(region->getParentOp());
+    return isa<MapOp, QModOp, KModOp, ScoreModOp, PositionEmbeddingOp, ValueRowsOp>(
+        region->getParentOp());
   }
 };
 } // namespace

@@ -624,6 +624,36 @@ LogicalResult RelRowsOp::verify() {
   return success();
 }
 
+LogicalResult ValueRowsOp::verify() {
+  if (failed(verifyInContainer(*this)))
+    return failure();
+  auto param = getTable().getDefiningOp<ParamOp>();
+  unsigned long long rows = 0;
+  if (!param || param.getShape().size() != 3 ||
+      cast<StringAttr>(param.getShape()[0]).getValue().getAsInteger(10, rows) || rows == 0 ||
+      cast<StringAttr>(param.getShape()[1]).getValue() != "heads" ||
+      cast<StringAttr>(param.getShape()[2]).getValue() != "head_dim")
+    return emitOpError("table must be an ape.param of shape [rows, \"heads\", \"head_dim\"] "
+                       "with an integer number of rows");
+  return success();
+}
+
+LogicalResult ValueRowsOp::verifyRegions() {
+  Type idx = IndexType::get(getContext());
+  if (getIndex().empty() || getIndex().front().getNumArguments() != 4 ||
+      !llvm::all_of(getIndex().front().getArgumentTypes(), [&](Type t) { return t == idx; }))
+    return emitOpError("index region must take (b: index, h: index, i: index, j: index)");
+  for (Operation &inner : getIndex().front()) {
+    if (isa<LoadOp, DimOp, ConstantOp>(inner) || !isAllowedInRegion(&inner))
+      return inner.emitOpError("is not allowed in a value_rows index region (use arith ops on "
+                               "index values)");
+  }
+  auto yield = dyn_cast<YieldOp>(getIndex().front().getTerminator());
+  if (!yield || yield.getValues().size() != 1 || yield.getValues()[0].getType() != idx)
+    return emitOpError("index region must yield one index (the row)");
+  return success();
+}
+
 LogicalResult PositionEmbeddingOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();

@@ -350,6 +350,31 @@ def Ape_RelRowsOp : Ape_Op<"rel_rows", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Ape_ValueRowsOp : Ape_Op<"value_rows", [NoTerminator]> {
+  let summary = "a relative term added to the attention output: o_i += Σ_j P_ij·table[r(i, j)]";
+  let description = [{
+    The value-side relative term (Shaw's a^V): every probability P_ij also
+    weighs the row r(i, j) of `table` (a param [rows, "heads", "head_dim"]),
+    where the `index` region computes r from (b, h, i, j). The kernel keeps
+    per query the probability mass of each row (online, like the softmax sum)
+    and adds mass·table at the end, so no T×T matrix is formed; the backward
+    adds dO_i·table[r] to dP_ij and sends Σ_i mass_i[r]·dO_i to the table.
+
+    ```mlir
+    ape.value_rows %av index {
+    ^bb0(%b: index, %h: index, %i: index, %j: index):
+      ...
+      ape.yield %r : index
+    }
+    ```
+  }];
+  let arguments = (ins Ape_ParamType:$table);
+  let regions = (region SizedRegion<1>:$index);
+  let assemblyFormat = "$table attr-dict `index` $index";
+  let hasVerifier = 1;
+  let hasRegionVerifier = 1;
+}
+
 class Ape_RegionOp<string mnemonic, list<Trait> traits = []> :
     Ape_Op<mnemonic, traits> {
   let hasVerifier = 1;

@@ -251,6 +251,15 @@ template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
   static constexpr int value = Enc::kNumRel;
 };
 
+// Enc::kHasValueRows: o_i += sum_j P_ij table[value_row(i, j), h, :] for the (kValueRows, H, D)
+// param kValueTable (false when the functor does not declare it).
+template <class Enc, class = void> struct HasValueRows {
+  static constexpr bool value = false;
+};
+template <class Enc> struct HasValueRows<Enc, std::void_t<decltype(Enc::kHasValueRows)>> {
+  static constexpr bool value = Enc::kHasValueRows;
+};
+
 template <class Enc, typename Real>
 void rel_rows_forward(const HeadCtx<Real> &ctx, int n, const Real *x, Real *out) {
   const int64_t T = ctx.T, D = ctx.D, H = ctx.H, h = ctx.h, R = Enc::rel_rows(n);
@@ -368,12 +377,17 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
   std::vector<Real> st(kTileQ * kTileK);  // (kTileQ, kTileK): logits, then probabilities
   std::vector<Real> acc(kTileQ * D);      // (kTileQ, D): unnormalised output
   std::array<Real, kTileQ> m, l;          // running max and sum of each query
+  constexpr bool kValue = HasValueRows<Enc>::value;
+  int64_t R = 0;  // value rows: unnormalised probability mass of each row, per query
+  if constexpr (kValue) R = Enc::kValueRows;
+  std::vector<Real> mass(static_cast<std::size_t>(kTileQ * R));
 
   for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
     const int64_t nq = std::min(kTileQ, T - i0);
     m.fill(neg_inf<Real>());
     l.fill(Real(0));
     std::fill(acc.begin(), acc.end(), Real(0));
+    std::fill(mass.begin(), mass.end(), Real(0));
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTileK) {  // tiles above the diagonal skipped
       const int64_t nk = std::min(kTileK, T - j0);
       gemm<kTileK>(nq, D, kTileK, in.qm + i0 * D, D, 1, in.kt.data() + j0, in.Tp, st.data(),
@@ -402,6 +416,11 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
         m[ii] = mx;
         Real *accr = acc.data() + ii * D;
         APE_SIMD for (int64_t c = 0; c < D; ++c) accr[c] *= alpha;
+        if constexpr (kValue) {
+          Real *mr = mass.data() + ii * R;
+          for (int64_t r = 0; r < R; ++r) mr[r] *= alpha;
+          for (int64_t jj = 0; jj < nv; ++jj) mr[Enc::value_row(ctx, i, j0 + jj)] += s[jj];
+        }
       }
       gemm(nq, nk, D, st.data(), kTileK, 1, in.v + j0 * D, D, acc.data(), D, true);
     }
@@ -410,6 +429,15 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
       const Real *accr = acc.data() + ii * D;
       Real *orow = o + (i0 + ii) * D;
       APE_SIMD for (int64_t c = 0; c < D; ++c) orow[c] = accr[c] * inv;
+      if constexpr (kValue) {
+        const Real *table = ctx.params[Enc::kValueTable];
+        for (int64_t r = 0; r < R; ++r) {
+          const Real w = mass[ii * R + r] * inv;
+          if (w == Real(0)) continue;
+          const Real *row = table + (r * ctx.H + ctx.h) * D;
+          APE_SIMD for (int64_t c = 0; c < D; ++c) orow[c] += w * row[c];
+        }
+      }
       lse[i0 + ii] = m[ii] + std::log(l[ii]);
     }
   }
@@ -463,6 +491,22 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
 
   std::vector<Real> st(kTileQ * kTileK);  // (kTileQ, kTileK): logits, then P
   std::vector<Real> dp(kTileQ * kTileK);  // (kTileQ, kTileK): dO V^T, then scale * dS
+  // Value rows: dP_ij also gets dO_i . table[r(i, j)] (drow, (T, R)); mass (T, R) collects
+  // sum_j P_ij per row for the table's gradient.
+  constexpr bool kValue = HasValueRows<Enc>::value;
+  int64_t R = 0;
+  if constexpr (kValue) R = Enc::kValueRows;
+  std::vector<Real> drow(static_cast<std::size_t>(T * R)), mass(static_cast<std::size_t>(T * R));
+  if constexpr (kValue) {
+    const Real *table = a.params[Enc::kValueTable];
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < R; ++r) {
+        const Real *row = table + (r * a.H + h) * D;
+        Real d = 0;
+        APE_SIMD_REDUCE(+ : d) for (int64_t c = 0; c < D; ++c) d += dout[t * D + c] * row[c];
+        drow[t * R + r] = d;
+      }
+  }
 
   for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
     const int64_t nq = std::min(kTileQ, T - i0);
@@ -479,7 +523,22 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
                                                       : lse[i];
         const Real delta_i = delta[i];
         Real *s = st.data() + ii * kTileK, *g = dp.data() + ii * kTileK;
-        if constexpr (Enc::kHasScoreMod) {
+        if constexpr (kValue) {
+          for (int64_t jj = 0; jj < nv; ++jj) {
+            const int64_t r = Enc::value_row(ctx, i, j0 + jj);
+            const Real raw = scale * s[jj];
+            Real logit = raw;
+            if constexpr (Enc::kHasScoreMod) logit = Enc::score_mod(ctx, i, j0 + jj, raw);
+            const Real p = softmax_exp(logit - lse_i);
+            const Real gp = p * (g[jj] + drow[i * R + r] - delta_i);
+            s[jj] = p;
+            mass[i * R + r] += p;
+            if constexpr (Enc::kHasScoreMod)
+              g[jj] = scale * Enc::score_mod_grad(ctx, i, j0 + jj, raw, gp);
+            else
+              g[jj] = scale * gp;
+          }
+        } else if constexpr (Enc::kHasScoreMod) {
           for (int64_t jj = 0; jj < nv; ++jj) {
             const Real raw = scale * s[jj];
             const Real p = softmax_exp(Enc::score_mod(ctx, i, j0 + jj, raw) - lse_i);
@@ -503,6 +562,18 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
     }
   }
 
+  if constexpr (kValue) {  // table[r] gradient: sum_i mass_i[r] dO_i
+    if constexpr (Enc::kValueTableTrainable) {
+      Real *dtable = ctx.dparams[Enc::kValueTable];
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < R; ++r) {
+          const Real w = mass[t * R + r];
+          if (w == Real(0)) continue;
+          Real *drow_t = dtable + (r * a.H + h) * D;
+          APE_SIMD for (int64_t c = 0; c < D; ++c) drow_t[c] += w * dout[t * D + c];
+        }
+    }
+  }
   if constexpr (kNumRel > 0) {  // the rows' gradients into dq', dk' and the tables
     for (int n = 0; n < kNumRel; ++n) {
       const bool q_side = Enc::rel_side(n) == 0;

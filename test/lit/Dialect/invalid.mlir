@@ -530,3 +530,15 @@ ape.encoding @e {
     ape.yield %o : f32
   }
 }
+
+// -----
+
+ape.encoding @e {
+  %t = ape.param "av" ["4", "heads", "head_dim"] init = "zeros" trainable
+  // expected-error @+1 {{'ape.value_rows' op index region must yield one index (the row)}}
+  ape.value_rows %t index {
+  ^bb0(%b: index, %h: index, %i: index, %j: index):
+    %f = arith.constant 1.0 : f32
+    ape.yield %f : f32
+  }
+}
