@@ -218,6 +218,14 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
     m.scale = s;
   }
 
+  for (const char *key : {"head_dim", "model_dim"}) {
+    if (auto it = root.find(key); it != root.end() && !it->is_null()) {
+      const int64_t v = get_int(root, key, what, "$");
+      if (v <= 0) fail(what, std::string("$.") + key, "must be > 0");
+      (key[0] == 'h' ? m.head_dim_hint : m.model_dim_hint) = v;
+    }
+  }
+
   std::set<std::string> names;
   if (auto it = root.find("features"); it != root.end() && !it->is_null()) {
     if (!it->is_array()) fail(what, "$.features", std::string("expected an array, got ") + type_name(*it));

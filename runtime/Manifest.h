@@ -101,6 +101,8 @@ struct Manifest {
   std::vector<ParamSpec> params;
   std::optional<OverrideSpec> override_;
   std::optional<EmbeddingSpec> embedding;
+  // Shape hints of the spec ("head_dim", "model_dim"): the kernel was compiled for these sizes.
+  std::optional<int64_t> head_dim_hint, model_dim_hint;
 
   // Parses and validates; throws std::runtime_error("manifest of '<what>': ...") on any problem.
   // `what` names the manifest in messages (an encoding or a file name).

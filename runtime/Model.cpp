@@ -244,6 +244,14 @@ void LanguageModelImpl::build() {
   if (!m.causal)
     throw std::invalid_argument("encoding '" + m.encoding +
                                 "' is not causal; a decoder language model needs causal attention");
+  if (m.head_dim_hint && *m.head_dim_hint != cfg_.head_dim())
+    throw std::invalid_argument("encoding '" + m.encoding + "' was compiled for head_dim " +
+                                std::to_string(*m.head_dim_hint) + " (a shape hint of its spec); the model has " +
+                                std::to_string(cfg_.head_dim()) + " (d_model / heads)");
+  if (m.model_dim_hint && *m.model_dim_hint != cfg_.d_model)
+    throw std::invalid_argument("encoding '" + m.encoding + "' was compiled for model_dim " +
+                                std::to_string(*m.model_dim_hint) + " (a shape hint of its spec); the model has d_model " +
+                                std::to_string(cfg_.d_model));
   wte = register_module("wte", torch::nn::Embedding(cfg_.vocab, cfg_.d_model));
   {
     torch::NoGradGuard g;

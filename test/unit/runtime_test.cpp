@@ -422,6 +422,9 @@ TEST(Manifest, ParsesEmbeddingOverrideKindsAndProjectionPrefix) {
   ape::Manifest e = ape::Manifest::parse(testk::kExpeQkvManifest);
   EXPECT_EQ(e.override_->kind, ape::OverrideSpec::Kind::Expe);
   EXPECT_DOUBLE_EQ(e.override_->theta, 0.05);
+  ape::Manifest h = ape::Manifest::parse(R"({"encoding": "h", "head_dim": 8, "model_dim": null})");
+  EXPECT_EQ(h.head_dim_hint, std::optional<int64_t>(8));
+  EXPECT_FALSE(h.model_dim_hint.has_value());
   // Manifests without "kind" (written before ExQPE) are ExPE.
   EXPECT_EQ(ape::Manifest::parse(testk::kExpeManifest).override_->kind, ape::OverrideSpec::Kind::Expe);
 }
@@ -508,6 +511,8 @@ TEST(Manifest, MalformedManifestsGiveClearErrors) {
       {R"({"encoding": "x", "params": [{"name": "p", "shape": ["-1"], "init": "zeros"}]})",
        "$.params[0].shape[0]: unknown shape symbol \"-1\""},
       {R"({"encoding": "x", "embedding": "sinusoidal"})", "$.embedding: expected null or an object"},
+      {R"({"encoding": "x", "head_dim": 0})", "$.head_dim: must be > 0"},
+      {R"({"encoding": "x", "model_dim": "big"})", "$.model_dim: expected an integer"},
       {R"({"encoding": "x", "embedding": {"kind": "rotary"}})",
        "$.embedding.kind: expected \"table\" or \"learned\", got \"rotary\""},
       {R"({"encoding": "x", "embedding": {"scale_embedding": false}})", "$.embedding.kind: missing"},
@@ -916,6 +921,10 @@ TEST(Model, ErrorsNameTheProblem) {
   EXPECT_ERROR(ape::LanguageModel(testk::nope, tiny_config("test_bias")), "names encoding 'test_bias' but the kernel is");
   ape::LanguageModel m(testk::nope, tiny_config("test_nope"));
   EXPECT_ERROR(m->forward(at::zeros({2, 3}, at::kInt)), "tokens must be (B, T) int64");
+  const ape::KernelEntry hinted = testk::entry<testk::Kind::Nope>(
+      "test_nope", R"({"encoding": "test_nope", "head_dim": 64, "model_dim": 16})");
+  EXPECT_ERROR(ape::LanguageModel(hinted, tiny_config("test_nope")),
+               "'test_nope' was compiled for head_dim 64 (a shape hint of its spec); the model has 8");
 }
 
 // =====================================================================================================
@@ -1349,7 +1358,8 @@ TEST(RegisteredKernels, ExpeThroughTheModelMatchesExplicitOverride) {
   at::manual_seed(16);
   ape::ModelConfig cfg = tiny_config("expe");
   cfg.d_model = 64;
-  check_explicit_expe(*expe, cfg, m.override_->l, m.params[0].init.step, 2e-5);
+  const auto &ov = *m.override_;
+  check_explicit_override(*expe, cfg, expe_positions(9, ov.l, ov.start, ov.theta), ov.v, 1.0, 2e-5);
 }
 
 // ---- the encodings of the ExPE paper and the absolute / scaled-RoPE families (examples/encodings) ----
@@ -1387,8 +1397,8 @@ TEST(RegisteredKernels, LearnedAbsoluteRefusesSequencesPastItsTable) {
                "sequence length " + std::to_string(L + 1) + " exceeds the table's max_length " + std::to_string(L));
 }
 
-TEST(RegisteredKernels, ExqpeAndExpeQkvMatchTheLiteralOverride) {
-  for (const char *name : {"exqpe", "expe_qkv"}) {
+TEST(RegisteredKernels, ExpeFamilyMatchesTheLiteralOverrideWithPositionScale) {
+  for (const char *name : {"exqpe", "expe_qkv", "expe"}) {
     SCOPED_TRACE(name);
     if (!spec_present(name)) continue;
     const ape::KernelEntry *e = registered(name);
