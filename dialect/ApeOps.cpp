@@ -412,6 +412,15 @@ LogicalResult ParamOp::verify() {
       return emitOpError("init \"projection_term\" needs `start` and `step` attributes (f64)");
     return success();
   }
+  if (init == "sinusoidal") {  // [rows, "heads", "head_dim"]: PE[r, h·head_dim + c]
+    auto shape = getShape();
+    unsigned long long rows = 0;
+    if (shape.size() != 3 || cast<StringAttr>(shape[0]).getValue().getAsInteger(10, rows) ||
+        cast<StringAttr>(shape[1]).getValue() != "heads" ||
+        cast<StringAttr>(shape[2]).getValue() != "head_dim")
+      return emitOpError("init \"sinusoidal\" needs shape [rows, \"heads\", \"head_dim\"]");
+    return success();
+  }
   if (init == "projection_prefix") {
     auto proj = op->getAttrOfType<StringAttr>("projection");
     if (!proj || (proj.getValue() != "q" && proj.getValue() != "k" && proj.getValue() != "v"))
@@ -431,8 +440,8 @@ LogicalResult ParamOp::verify() {
   }
   return emitOpError("unknown init \"")
          << init
-         << "\" (expected zeros, ones, normal, constant, alibi_slopes, projection_term or "
-            "projection_prefix)";
+         << "\" (expected zeros, ones, normal, constant, alibi_slopes, sinusoidal, projection_term "
+            "or projection_prefix)";
 }
 
 LogicalResult TokenFeatureOp::verify() {

@@ -100,7 +100,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.param' op unknown init "uniform" (expected zeros, ones, normal, constant, alibi_slopes, projection_term or projection_prefix)}}
+  // expected-error @+1 {{'ape.param' op unknown init "uniform" (expected zeros, ones, normal, constant, alibi_slopes, sinusoidal, projection_term or projection_prefix)}}
   %p = ape.param "w" ["heads"] init = "uniform"
 }
 
