@@ -196,14 +196,17 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
 
 const Manifest &manifest_of(const KernelEntry &entry) {
   static std::mutex mu;
-  static std::map<const KernelEntry *, Manifest> cache;
+  // Keyed by the entry and its manifest text, so an entry object reused at the same address with
+  // another manifest is parsed again.
+  static std::map<std::pair<const KernelEntry *, const char *>, Manifest> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(&entry);
+  const auto key = std::make_pair(&entry, entry.manifest_json);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (!entry.manifest_json)
     throw std::runtime_error(std::string("encoding '") + (entry.name ? entry.name : "?") + "' has no manifest");
   Manifest m = Manifest::parse(entry.manifest_json, entry.name ? entry.name : "<unnamed kernel>");
-  return cache.emplace(&entry, std::move(m)).first->second;
+  return cache.emplace(key, std::move(m)).first->second;
 }
 
 at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,

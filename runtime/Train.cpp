@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include <torch/nn/utils/clip_grad.h>
@@ -332,10 +333,15 @@ void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string 
     throw fail("cannot read the parameter payload: " + msg.substr(0, msg.find('\n')));
   }
   torch::NoGradGuard no_grad;
+  std::set<std::string> buffers;
+  for (const auto &kv : model->named_buffers()) buffers.insert(kv.key());
   for (auto &[name, t] : state_of(model)) {
     torch::Tensor saved;
-    if (!archive.try_read(name, saved))
+    if (!archive.try_read(name, saved)) {
+      // A fixed param the encoding gained after the checkpoint was written keeps its initial value.
+      if (buffers.count(name)) continue;
       throw fail("missing tensor '" + name + "' (saved by a different model layout?)");
+    }
     if (saved.sizes() != t.sizes()) {
       std::ostringstream s;
       s << "tensor '" << name << "' has shape " << saved.sizes() << ", the model expects " << t.sizes()

@@ -79,7 +79,8 @@ void save_checkpoint(const std::string &path, LanguageModel &model, const nlohma
 // "checkpoint <path>: <what is wrong>" for a missing, foreign, truncated or corrupt file.
 Checkpoint read_checkpoint(const std::string &path);
 
-// Copies the checkpoint's tensors into `model` (same encoding, same shapes, every name present).
+// Copies the checkpoint's tensors into `model` (same encoding, same shapes, every parameter present;
+// a buffer the checkpoint lacks, i.e. a fixed param added to the encoding since, keeps its init).
 void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string &path = "<checkpoint>");
 
 // Reads a checkpoint and rebuilds its model through the kernel registry.

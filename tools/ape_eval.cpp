@@ -47,10 +47,12 @@ int main(int argc, char **argv) {
   app.add_option("--encoding", encoding,
                  "Evaluate with the kernel NAME instead of the one each checkpoint was trained with (e.g. a\n"
                  "rope checkpoint with rope_yarn); the trainable parameters must match in name and shape, fixed\n"
-                 "params the checkpoint lacks keep NAME's values");
+                 "params the checkpoint lacks keep NAME's values")
+      ->type_name("NAME");
   app.add_option("--set", set_args,
                  "NAME=VALUE (repeatable): set the fixed param NAME in every layer before evaluating, e.g.\n"
-                 "rope_factor=8 or position_scale=0.5 (no recompilation; an unknown name lists the settable ones)");
+                 "rope_factor=8 or position_scale=0.5 (no recompilation; an unknown name lists the settable ones)")
+      ->type_name("NAME=VALUE");
   app.add_option("--threads", threads, "CPU threads (default 0: all hardware threads)");
   CLI11_PARSE(app, argc, argv);
 

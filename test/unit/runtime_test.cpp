@@ -735,7 +735,7 @@ TEST(Model, ProjectionPrefixIsTheScaledCumulativeSumOfW) {
     {"name": "p", "shape": [3, "heads", "head_dim"], "trainable": true,
      "init": {"kind": "projection_prefix", "projection": "k", "columns": 3, "scale": 0.5}}],
     "override": {"l": 3, "targets": "qk"}})";
-  const ape::KernelEntry e = testk::entry<testk::Kind::Nope>("x", manifest);
+  static const ape::KernelEntry e = testk::entry<testk::Kind::Nope>("x", manifest);
   ape::ModelConfig cfg = tiny_config("x");  // d 16, 2 heads of 8
   ape::EncodedAttention attn(e, cfg, std::vector<at::Tensor>(1));
   at::Tensor P = attn->kernel_params()[0];
@@ -798,7 +798,7 @@ TEST(Model, FixedSinusoidalTableAtTheEmbedding) {
   ape::LanguageModel s(testk::table_scaled, cfg);
   expect_close(s->embed(tokens)[0], (s->wte(tokens) * 2.0)[0] + pe, 1e-6, "scaled embedding");
   // A manifest asking for a table from an entry that has none is an error.
-  const ape::KernelEntry no_table = testk::entry<testk::Kind::Nope>("test_table", testk::kTableManifest);
+  static const ape::KernelEntry no_table = testk::entry<testk::Kind::Nope>("test_table", testk::kTableManifest);
   cfg.encoding = "test_table";
   EXPECT_ERROR(ape::LanguageModel(no_table, cfg), "entry has no embed_table");
 }
@@ -921,7 +921,7 @@ TEST(Model, ErrorsNameTheProblem) {
   EXPECT_ERROR(ape::LanguageModel(testk::nope, tiny_config("test_bias")), "names encoding 'test_bias' but the kernel is");
   ape::LanguageModel m(testk::nope, tiny_config("test_nope"));
   EXPECT_ERROR(m->forward(at::zeros({2, 3}, at::kInt)), "tokens must be (B, T) int64");
-  const ape::KernelEntry hinted = testk::entry<testk::Kind::Nope>(
+  static const ape::KernelEntry hinted = testk::entry<testk::Kind::Nope>(
       "test_nope", R"({"encoding": "test_nope", "head_dim": 64, "model_dim": 16})");
   EXPECT_ERROR(ape::LanguageModel(hinted, tiny_config("test_nope")),
                "'test_nope' was compiled for head_dim 64 (a shape hint of its spec); the model has 8");
@@ -1147,6 +1147,15 @@ TEST(Checkpoint, LoadsIntoAnotherEncodingWhenTheTrainableParametersMatch) {
     at::NoGradGuard ng;
     EXPECT_EQ(a->loss(w).item<double>(), b->loss(w).item<double>());
   }
+  // The same encoding after it gained a fixed param: the old checkpoint still loads, the new buffer
+  // keeps its initial value.
+  static const ape::KernelEntry grown = testk::entry<testk::Kind::Nope>(
+      "test_nope", R"({"encoding": "test_nope", "params": [{"name": "knob", "shape": [1],
+                      "init": {"kind": "constant", "value": 3.0}}]})");
+  ape::LanguageModel g(grown, tiny_config("test_nope"));
+  ape::load_state(g, ckpt, path);
+  EXPECT_EQ(g->blocks[1]->attn->stored_param(0).item<double>(), 3.0);
+  EXPECT_TRUE(g->wte->weight.equal(a->wte->weight));
   // Mismatches name the first parameter at fault, both ways.
   ape::LanguageModel bias(testk::bias_entry, tiny_config("test_bias"));
   EXPECT_ERROR(ape::load_state_across(bias, ckpt, path, &testk::nope),
