@@ -1,6 +1,7 @@
 // FusedAttention: a torch::autograd::Function whose forward/backward are the generated kernels.
 #include "runtime/Attention.h"
 
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -236,6 +237,16 @@ at::Tensor init_param(const ParamSpec &spec, int64_t heads, int64_t head_dim, at
     case InitSpec::Kind::AlibiSlopes: {
       auto s = alibi_slopes(heads);
       return at::tensor(s, at::TensorOptions().dtype(at::kDouble)).to(dtype).view(shape);
+    }
+    case InitSpec::Kind::Sinusoidal: {  // PE[r, c], c = h·head_dim + j over d = heads·head_dim
+      const int64_t rows = shape.at(0), d = heads * head_dim;
+      std::vector<double> pe(static_cast<size_t>(rows * d));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < d; ++c) {
+          const double angle = double(r) / std::pow(10000.0, double(c - c % 2) / double(d));
+          pe[r * d + c] = c % 2 == 0 ? std::sin(angle) : std::cos(angle);
+        }
+      return at::tensor(pe, at::TensorOptions().dtype(at::kDouble)).to(dtype).view(shape);
     }
     case InitSpec::Kind::ProjectionTerm:
     case InitSpec::Kind::ProjectionPrefix:

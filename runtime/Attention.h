@@ -33,7 +33,7 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const KernelEntry &entry, co
                                                     const std::vector<at::Tensor> &params, double scale);
 
 // The initial value of a parameter that is not derived (zeros, ones, normal, constant,
-// alibi_slopes), with its manifest shape resolved for `heads` and `head_dim`. Throws for
+// alibi_slopes, sinusoidal), with its manifest shape resolved for `heads` and `head_dim`. Throws for
 // projection_term / projection_prefix (computed from a projection weight by the model every step).
 at::Tensor init_param(const ParamSpec &spec, int64_t heads, int64_t head_dim,
                       at::ScalarType dtype = at::kFloat);

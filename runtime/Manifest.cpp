@@ -90,6 +90,8 @@ InitSpec parse_init(const json &j, const std::string &what, const std::string &p
     init.value = get_number(o, "value", 0.0, what, path);
   } else if (kind == "alibi_slopes") {
     init.kind = InitSpec::Kind::AlibiSlopes;
+  } else if (kind == "sinusoidal") {
+    init.kind = InitSpec::Kind::Sinusoidal;
   } else if (kind == "projection_term") {
     init.kind = InitSpec::Kind::ProjectionTerm;
     init.projection = get_string(o, "projection", what, path);
@@ -111,7 +113,8 @@ InitSpec parse_init(const json &j, const std::string &what, const std::string &p
   } else {
     fail(what, path + ".kind",
          "unknown init kind \"" + kind +
-             "\" (expected zeros, ones, normal, constant, alibi_slopes, projection_term or projection_prefix)");
+             "\" (expected zeros, ones, normal, constant, alibi_slopes, sinusoidal, projection_term or "
+             "projection_prefix)");
   }
   return init;
 }
@@ -144,6 +147,7 @@ std::string InitSpec::str() const {
     case Kind::Normal: s << "normal(std=" << std << ")"; break;
     case Kind::Constant: s << "constant(" << value << ")"; break;
     case Kind::AlibiSlopes: s << "alibi_slopes"; break;
+    case Kind::Sinusoidal: s << "sinusoidal"; break;
     case Kind::ProjectionTerm:
       s << "projection_term(" << projection << ", columns=" << columns << ", start=" << start
         << ", step=" << step << ")";
@@ -302,6 +306,10 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
         if (!ps.per_layer)
           fail(what, path + ".per_layer", "a projection_prefix param comes from a per-layer projection; it cannot be shared");
       }
+      if (ps.init.kind == InitSpec::Kind::Sinusoidal &&
+          (ps.shape.size() != 3 || ps.shape[0].kind != DimSpec::Kind::Fixed ||
+           ps.shape[1].kind != DimSpec::Kind::Heads || ps.shape[2].kind != DimSpec::Kind::HeadDim))
+        fail(what, path + ".shape", "sinusoidal needs shape [rows, \"heads\", \"head_dim\"]");
       if (ps.init.kind == InitSpec::Kind::AlibiSlopes &&
           (ps.shape.size() != 1 || ps.shape[0].kind != DimSpec::Kind::Heads))
         fail(what, path + ".shape", "alibi_slopes needs shape [\"heads\"]");

@@ -31,7 +31,8 @@ struct DimSpec {
 };
 
 struct InitSpec {
-  enum class Kind { Zeros, Ones, Normal, Constant, AlibiSlopes, ProjectionTerm, ProjectionPrefix };
+  // sinusoidal: shape [rows, heads, head_dim], value PE[r, h·head_dim + c] (encodings.md, d = H·D).
+  enum class Kind { Zeros, Ones, Normal, Constant, AlibiSlopes, Sinusoidal, ProjectionTerm, ProjectionPrefix };
   Kind kind = Kind::Zeros;
   double std = 0.02;    // normal
   double value = 0.0;   // constant

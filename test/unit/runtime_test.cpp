@@ -562,6 +562,16 @@ TEST(Alibi, InitParamKinds) {
   EXPECT_NEAR(ape::init_param(m.params[2], 2, 8).std().item<double>(), 0.5, 0.05);
   EXPECT_EQ(ape::init_param(m.params[3], 2, 8).sizes(), at::IntArrayRef({8}));
   EXPECT_ERROR(ape::init_param(m.params[4], 2, 8), "projection_term");
+  // sinusoidal [rows, heads, head_dim]: PE[r, h·head_dim + c] over d = heads·head_dim.
+  ape::Manifest t = ape::Manifest::parse(R"({"encoding": "x", "params": [
+    {"name": "pe", "shape": ["3", "heads", "head_dim"], "init": {"kind": "sinusoidal"}, "trainable": true}]})");
+  at::Tensor pe = ape::init_param(t.params[0], 2, 2, at::kDouble);
+  ASSERT_EQ(pe.sizes(), at::IntArrayRef({3, 2, 2}));
+  expect_close(pe[1].reshape({4}), at::tensor({0.841471, 0.540302, 0.010000, 0.999950}, at::kDouble), 1e-6, "PE[1]");
+  expect_close(pe[2].reshape({4}), at::tensor({0.909297, -0.416147, 0.019999, 0.999800}, at::kDouble), 1e-6, "PE[2]");
+  EXPECT_ERROR(ape::Manifest::parse(R"({"encoding": "x", "params": [{"name": "pe", "shape": ["heads", "head_dim"],
+                                        "init": {"kind": "sinusoidal"}}]})"),
+               "sinusoidal needs shape [rows, \"heads\", \"head_dim\"]");
 }
 
 // =====================================================================================================
