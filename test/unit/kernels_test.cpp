@@ -3,10 +3,11 @@
 //   - KernelGrid: fp32 and fp64 forward/backward against an independent materialised fp64
 //     LibTorch reference (kernel_reference.h) on B in {1,3}, H in {1,4}, T in {1,7,64,129,1000},
 //     D in {16,64,128}: o, lse, dq, dk, dv, every feature gradient, every param gradient.
-//     To keep the suite's time in check the full grid runs for kFullGridEncodings (the first
-//     seven encodings and one representative per new mechanism: rope_yarn, rope_dynamic_ntk,
-//     xpos, exqpe, expe_cable); the other new encodings (kShortGridEncodings) get every cell
-//     with T <= 129 and the T = 1000 cells at D = 16 only;
+//     To keep the suite's time in check: the first seven encodings run one cell per test
+//     (KernelGrid), the 14 others one test per (encoding, T) over all (B, H, D)
+//     (KernelGridCells); the full grid runs for the first seven and for one representative per
+//     new mechanism (rope_dynamic_ntk, xpos, exqpe, expe_cable), the other new encodings skip
+//     the T = 1000 cells with D >= 64;
 //   - KernelGradCheck: central finite differences of the fp64 kernel itself;
 //   - HandCheck: the hand-checkable values of the encodings spec, on the reference's pieces and
 //     recovered through the kernels (RoPE scalings via the rotation angle of one coordinate pair
@@ -70,18 +71,20 @@ const std::vector<std::string> kEncodings = {
     "rope_interleaved", "rope_llama3", "rope_ntk", "rope_partial", "rope_pi", "rope_yarn",
     "sinusoidal", "xpos",
 };
-// KernelGrid: the full grid for these (the seven first encodings and a representative of each
-// new mechanism whose error grows with T: YaRN's mscale and ramp, dynamic NTK's run-time base,
-// xPos's factors, ExQPE's block counter, ExPE + Cable's prefix sums) ...
-const std::vector<std::string> kFullGridEncodings = {
-    "alibi", "cable", "expe", "expe_rope_cable", "forget_gate", "nope", "rope",
-    "expe_cable", "exqpe", "rope_dynamic_ntk", "rope_yarn", "xpos",
-};
-// ... and for the others every cell with T <= 129 and T = 1000 only at D = 16 (the T = 1000,
-// D >= 64 cells dominate the grid's time and test the same template code paths).
-const std::vector<std::string> kShortGridEncodings = {
-    "expe_qkv", "learned_absolute", "rope_alibi", "rope_interleaved", "rope_llama3",
-    "rope_ntk", "rope_partial", "rope_pi", "sinusoidal"};
+// The grid (see the file comment): the first seven encodings one cell per test (KernelGrid),
+// the others one test per (encoding, T) covering every (B, H, D) (KernelGridCells: each process
+// start loads LibTorch, ~0.4 s of CPU, which would dominate a per-cell split of 14 more
+// encodings). The full grid runs for the original seven and for a representative of each new
+// mechanism whose error grows with T (dynamic NTK's run-time base, xPos's factors, ExQPE's block
+// counter, ExPE + Cable's prefix sums); the other new encodings skip the T = 1000 cells with
+// D >= 64 (they dominate the grid's time and run the same template code paths).
+const std::vector<std::string> kGridPerCell = {"alibi",       "cable", "expe", "expe_rope_cable",
+                                               "forget_gate", "nope",  "rope"};
+const std::vector<std::string> kGridCells = {
+    "expe_cable",  "expe_qkv", "exqpe",   "learned_absolute", "rope_alibi",
+    "rope_dynamic_ntk", "rope_interleaved", "rope_llama3", "rope_ntk", "rope_partial",
+    "rope_pi",     "rope_yarn", "sinusoidal", "xpos"};
+const std::set<std::string> kFullGridCells = {"expe_cable", "exqpe", "rope_dynamic_ntk", "xpos"};
 
 // ---- registry and manifests ---------------------------------------------------------------------
 
@@ -386,10 +389,17 @@ void expect_close(const std::string &key, const std::string &what, const Tensor 
 //     |S_t| grows like ~0.8 t, so at T = 1000 each S carries 0.5 ulp(800) = 3e-5 and the bias
 //     S_i - S_j up to 6e-5 absolute; that perturbs the softmax weights by up to ~1.2e-4
 //     relative (the spec: "keep S and S_i - S_j in fp32"): measured <= 2e-5 -> 2e-4 (the
-//     guideline, which the worst-case bound also gives).
+//     guideline, which the worst-case bound also gives). Likewise expe_rope_cable, expe_cable.
+//   - ExPE param gradients of those compositions (expe_cable, expe_rope_cable): the token sums
+//     above, of dk' that carry Cable's fp32 prefix-sum error; the sum for b_k weights dk'_n by
+//     n <= 999 and cancels (a shift common to all keys changes nothing), which amplifies that
+//     error relative to the result: measured 2.5e-4 (expe_cable, override_k_b, B3 H1 T1000
+//     D128; its fp64 kernel agrees to 4e-13 and the central differences to 1e-9) -> 2e-3.
+//   - the new rotary encodings compute their frequencies in the kernel's precision; measured
+//     o <= 4.9e-6, dq/dk <= 1.3e-5 (rope_yarn, rope_alibi at T = 1000), within the bounds above.
 double fp32_tol(const std::string &enc, const std::string &quantity) {
   if (enc == "cable" || enc == "forget_gate" || enc == "expe_rope_cable" || enc == "expe_cable")
-    return 2e-4;
+    return quantity.rfind("dparam:", 0) == 0 ? 2e-3 : 2e-4;
   if (quantity.rfind("dparam:", 0) == 0) return 2e-4;
   if (quantity == "o" || quantity == "lse") return 2e-5;
   return 5e-5;
@@ -400,8 +410,9 @@ double fp32_tol(const std::string &enc, const std::string &quantity) {
 // its fp64 kernel needs no looser bound.
 double fp64_tol(const std::string &, int64_t) { return 1e-10; }
 
-// xPos at T = 16384 (XposLong): fp32 against fp64 (normalised error of o and lse).
-constexpr double kXposLongTol = 5e-3;
+// xPos at T = 16384 (XposLong): fp32 against fp64 and the reference rows (normalised error of o
+// and lse): measured 3.4e-6 -> 5e-5.
+constexpr double kXposLongTol = 5e-5;
 
 template <class Real>
 void compare_with_reference(const Problem &p, const KernelCall<Real> &kc, const RefOutputs &ref) {
@@ -505,23 +516,37 @@ std::string grid_case_name(const ::testing::TestParamInfo<GridCase> &info) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, KernelGrid,
-    ::testing::Combine(::testing::ValuesIn(kFullGridEncodings), ::testing::Values<int64_t>(1, 3),
+    ::testing::Combine(::testing::ValuesIn(kGridPerCell), ::testing::Values<int64_t>(1, 3),
                        ::testing::Values<int64_t>(1, 4),
                        ::testing::Values<int64_t>(1, 7, 64, 129, 1000),
                        ::testing::Values<int64_t>(16, 64, 128)),
     grid_case_name);
-INSTANTIATE_TEST_SUITE_P(
-    Short, KernelGrid,
-    ::testing::Combine(::testing::ValuesIn(kShortGridEncodings), ::testing::Values<int64_t>(1, 3),
-                       ::testing::Values<int64_t>(1, 4), ::testing::Values<int64_t>(1, 7, 64, 129),
-                       ::testing::Values<int64_t>(16, 64, 128)),
-    grid_case_name);
-INSTANTIATE_TEST_SUITE_P(
-    Long, KernelGrid,
-    ::testing::Combine(::testing::ValuesIn(kShortGridEncodings), ::testing::Values<int64_t>(1, 3),
-                       ::testing::Values<int64_t>(1, 4), ::testing::Values<int64_t>(1000),
-                       ::testing::Values<int64_t>(16)),
-    grid_case_name);
+
+using CellsCase = std::tuple<std::string, int64_t>;  // enc, T
+class KernelGridCells : public ::testing::TestWithParam<CellsCase> {};
+
+// The cells (B, H, D) of one (encoding, T), each with the seed and checks of its KernelGrid cell.
+TEST_P(KernelGridCells, MatchReference) {
+  const auto &[enc, T] = GetParam();
+  const bool full = kFullGridCells.count(enc) > 0;
+  for (int64_t B : {1, 3})
+    for (int64_t H : {1, 4})
+      for (int64_t D : {16, 64, 128}) {
+        if (T == 1000 && D > 16 && !full) continue;
+        SCOPED_TRACE(case_name(enc, B, H, T, D));
+        const Problem p = make_problem(enc, B, H, T, D, case_seed(enc, B, H, T, D));
+        ASSERT_NE(p.entry, nullptr);
+        check_against_reference(p);
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, KernelGridCells,
+                         ::testing::Combine(::testing::ValuesIn(kGridCells),
+                                            ::testing::Values<int64_t>(1, 7, 64, 129, 1000)),
+                         [](const ::testing::TestParamInfo<CellsCase> &info) {
+                           return std::get<0>(info.param) + "_T" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 // ---- 2. finite differences of the fp64 kernel ---------------------------------------------------
 
@@ -619,9 +644,17 @@ void finite_difference_check(const Problem &p) {
       EXPECT_TRUE(all_zero(kc.dprm[n])) << "non-trainable " << p.man.params[n].name;
       continue;
     }
-    double *x = probe.prm[n].data_ptr<double>();
+    // Every element of params up to 64 elements; larger ones (ExQPE's P, [16, H, D]) at 64
+    // random elements and along 8 random unit directions u (d/dt loss(x + t u) = <grad, u>).
+    Tensor &xt = probe.prm[n];
+    const int64_t numel = xt.numel();
+    double *x = xt.data_ptr<double>();
+    torch::manual_seed(numel);
+    const Tensor elems = numel <= 64 ? torch::arange(numel, torch::kLong)
+                                     : torch::randperm(numel, torch::kLong).narrow(0, 0, 64);
     std::vector<double> fd;
-    for (int64_t e = 0; e < probe.prm[n].numel(); ++e) {
+    for (int64_t i = 0; i < elems.numel(); ++i) {
+      const int64_t e = elems[i].item<int64_t>();
       const double x0 = x[e];
       x[e] = x0 + h;
       const double lp = loss();
@@ -630,7 +663,26 @@ void finite_difference_check(const Problem &p) {
       x[e] = x0;
       fd.push_back((lp - lm) / (2 * h));
     }
-    check("param:" + p.man.params[n].name, fd, kc.dprm[n]);
+    const Tensor an = kc.dprm[n].flatten();
+    const std::string name = "param:" + p.man.params[n].name;
+    check(name, fd, an.index_select(0, elems).contiguous());
+    if (numel <= 64) continue;
+    const Tensor x0 = xt.clone();
+    for (int d = 0; d < 8; ++d) {
+      Tensor u = torch::randn({numel}, kF64);
+      u /= u.norm();
+      xt.copy_(x0 + h * u.view_as(xt));
+      const double lp = loss();
+      xt.copy_(x0 - h * u.view_as(xt));
+      const double lm = loss();
+      xt.copy_(x0);
+      const double along = (an * u).sum().item<double>(), central = (lp - lm) / (2 * h);
+      const double err = std::abs(central - along) / std::max(1e-2, an.norm().item<double>());
+      auto &s = error_stats()["fd/" + enc + "/" + name + " (directions)"];
+      if (!(err <= s.first)) s = {err, current_test_name()};
+      EXPECT_LE(err, 1e-6) << name << " along random direction " << d << ": analytic " << along
+                           << ", central " << central;
+    }
   }
 }
 
@@ -1552,8 +1604,9 @@ TEST(Registry, ContainsExactlyTheListedEncodings) {
 }
 
 TEST(Registry, EveryEncodingIsInTheGrid) {
-  std::multiset<std::string> grid(kFullGridEncodings.begin(), kFullGridEncodings.end());
-  grid.insert(kShortGridEncodings.begin(), kShortGridEncodings.end());
+  std::multiset<std::string> grid(kGridPerCell.begin(), kGridPerCell.end());
+  grid.insert(kGridCells.begin(), kGridCells.end());
+  for (const auto &enc : kFullGridCells) EXPECT_EQ(grid.count(enc), 1u) << enc;
   EXPECT_EQ(grid, std::multiset<std::string>(kEncodings.begin(), kEncodings.end()));
   for (const auto &enc : kEncodings) {
     const auto &known = ape_test::reference_encodings();
