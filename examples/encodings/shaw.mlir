@@ -1,0 +1,37 @@
+// Shaw relative positions, written in the generic form, with both terms:
+//   key term   l_ij += q_i·a^K_r / sqrt(d_h)
+//   value term z_i  += Σ_j A_ij·a^V_r
+// for the clipped distance r = clip(i - j, 0, 32) and learned tables a^K, a^V [33, heads, head_dim].
+// The kernel computes q'_i·a^K_r for the 33 rows once per query (ape.rel_rows) and gathers them
+// inside the tile; the value term keeps per query the probability mass of each r
+// (ape.value_rows). No T×T matrix is formed. Drop the ape.value_rows op for the key term only.
+ape.encoding @shaw {
+  %ak = ape.param "shaw_key" ["33", "heads", "head_dim"] init = "normal" trainable {std = 0.02 : f64}
+  %av = ape.param "shaw_value" ["33", "heads", "head_dim"] init = "normal" trainable {std = 0.02 : f64}
+  %rows = ape.rel_rows "q" %ak
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %c0 = arith.constant 0 : index
+    %c32 = arith.constant 32 : index
+    %d = arith.subi %i, %j : index
+    %pos = arith.maxsi %d, %c0 : index
+    %r = arith.minsi %pos, %c32 : index
+    %qa = ape.load %rows[%b, %h, %i, %r] : !ape.rows
+    %dh = ape.dim "head_dim"
+    %dh64 = arith.index_cast %dh : index to i64
+    %dhf = arith.sitofp %dh64 : i64 to f32
+    %root = math.sqrt %dhf : f32
+    %term = arith.divf %qa, %root : f32
+    %out = arith.addf %s, %term : f32
+    ape.yield %out : f32
+  }
+  ape.value_rows %av index {
+  ^bb0(%b: index, %h: index, %i: index, %j: index):
+    %c0 = arith.constant 0 : index
+    %c32 = arith.constant 32 : index
+    %d = arith.subi %i, %j : index
+    %pos = arith.maxsi %d, %c0 : index
+    %r = arith.minsi %pos, %c32 : index
+    ape.yield %r : index
+  }
+}
