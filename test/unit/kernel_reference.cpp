@@ -56,7 +56,7 @@ struct Rotary {
 bool is_rotary(const std::string &e) {
   return e == "rope" || e == "rope_interleaved" || e == "rope_partial" || e == "rope_pi" ||
          e == "rope_ntk" || e == "rope_dynamic_ntk" || e == "rope_yarn" || e == "rope_llama3" ||
-         e == "rope_alibi" || e == "xpos" || e == "expe_rope_cable";
+         e == "rope_alibi" || e == "xpos" || e == "expe_rope_cable" || e == "rope_t5";
 }
 
 Rotary rotary_of(const std::string &e, const std::map<std::string, torch::Tensor> &params,
@@ -86,7 +86,7 @@ Rotary rotary_of(const std::string &e, const std::map<std::string, torch::Tensor
   } else if (e == "rope_llama3") {
     r.theta = rope_theta_llama3(rotary_dims(D, 1.0), 500000.0, fixed_value(params, "rope_factor"),
                                 fixed_value(params, "rope_original_length"));
-  } else {  // rope, rope_alibi, expe_rope_cable
+  } else {  // rope, rope_alibi, expe_rope_cable, rope_t5
     r.theta = rope_theta(rotary_dims(D, 1.0), base);
   }
   return r;
@@ -100,7 +100,9 @@ const std::vector<std::string> &reference_encodings() {
       "expe_rope_cable", "exqpe",     "forget_gate",   "learned_absolute", "nope",
       "rope",        "rope_alibi",    "rope_dynamic_ntk", "rope_interleaved", "rope_llama3",
       "rope_ntk",    "rope_partial",  "rope_pi",       "rope_yarn",       "sinusoidal",
-      "xpos"};
+      "xpos",        "t5",            "rope_t5",       "kerple_log",      "kerple_power",
+      "fire",        "kcable",        "alibi_learned", "shaw",            "deberta",
+      "transformer_xl"};
   return names;
 }
 
@@ -243,20 +245,120 @@ torch::Tensor alibi_slopes(int64_t H) {
   return torch::tensor(s, kF64);
 }
 
-torch::Tensor reference_bias(const std::string &encoding, const RefInputs &in) {
-  const int64_t H = in.q.size(1), T = in.q.size(2);
-  if (encoding == "alibi" || encoding == "rope_alibi") {
+namespace {
+
+// max(i - j, 0) as int64 [T, T].
+torch::Tensor causal_distance(int64_t T) {
+  auto n = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
+  return (n.unsqueeze(1) - n.unsqueeze(0)).clamp_min(0);
+}
+
+// T5's bucket of every max(i - j, 0), int64 [T, T].
+torch::Tensor t5_buckets(int64_t T) {
+  std::vector<int64_t> by_distance(T);
+  for (int64_t n = 0; n < T; ++n) by_distance[n] = t5_bucket(n);
+  return torch::tensor(by_distance, torch::TensorOptions().dtype(torch::kLong))
+      .index_select(0, causal_distance(T).flatten())
+      .view({T, T});
+}
+
+// rows[b, h, i, idx[i, j]] -> [B, H, T, T] for per-query rows [B, H, T, R].
+torch::Tensor gather_rows(const torch::Tensor &rows, const torch::Tensor &idx) {
+  const int64_t B = rows.size(0), H = rows.size(1), T = rows.size(2);
+  return rows.gather(-1, idx.view({1, 1, T, T}).expand({B, H, T, T}).contiguous());
+}
+
+// rows[b, h, j, idx[i, j]] -> [B, H, T, T] for per-key rows [B, H, T, R].
+torch::Tensor gather_key_rows(const torch::Tensor &rows, const torch::Tensor &idx) {
+  const int64_t B = rows.size(0), H = rows.size(1), T = rows.size(2);
+  return rows.transpose(-1, -2).gather(-2, idx.view({1, 1, T, T}).expand({B, H, T, T}).contiguous());
+}
+
+// x [B, H, T, D] . table[r, h] for every row r of a table [R, H, D] -> [B, H, T, R].
+torch::Tensor table_rows(const torch::Tensor &x, const torch::Tensor &table) {
+  return torch::einsum("bhtd,rhd->bhtr", {x, table});
+}
+
+// A per-(i, j) value [T, T, H] as a bias [1, H, T, T].
+torch::Tensor per_head(const torch::Tensor &tth) { return tth.permute({2, 0, 1}).unsqueeze(0); }
+
+// The bias, with q', k' given (the q/k-dependent encodings read them).
+torch::Tensor bias_of(const std::string &encoding, const RefInputs &in, const torch::Tensor &qm,
+                      const torch::Tensor &km) {
+  const int64_t H = in.q.size(1), T = in.q.size(2), D = in.q.size(3);
+  const double root = std::sqrt(static_cast<double>(D));
+  auto dist = [&]() { return causal_distance(T).to(torch::kFloat64); };
+  if (encoding == "alibi" || encoding == "rope_alibi" || encoding == "alibi_learned") {
     const auto &m = param(in.params, "alibi_slopes");
     return -m.view({1, H, 1, 1}) * distance(T).view({1, 1, T, T});
   }
   if (encoding == "cable" || encoding == "expe_rope_cable" || encoding == "expe_cable" ||
-      encoding == "forget_gate") {
+      encoding == "forget_gate" || encoding == "kcable") {
     if (in.features.size() != 1) throw std::invalid_argument("reference: needs one feature");
     const auto &f = in.features[0];
     auto per_token = encoding == "forget_gate" ? torch::log_sigmoid(f) : -torch::softplus(f);
-    return difference_bias(torch::cumsum(per_token, -1));
+    auto d = difference_bias(torch::cumsum(per_token, -1));
+    return encoding == "kcable" ? -torch::log1p(d * d) : d;
+  }
+  if (encoding == "t5" || encoding == "rope_t5") {
+    const auto &table = param(in.params, "t5_table");  // [32, H]
+    return per_head(table.index_select(0, t5_buckets(T).flatten()).view({T, T, H}));
+  }
+  if (encoding == "kerple_log" || encoding == "kerple_power") {
+    auto a = param(in.params, "kerple_a").clamp_min(0.01).view({1, H, 1, 1});
+    auto p = param(in.params, "kerple_p").view({1, H, 1, 1});
+    auto d = dist().view({1, 1, T, T});
+    if (encoding == "kerple_log") return -p.clamp_min(0.01) * torch::log1p(a * d);
+    auto positive = d.gt(0);
+    auto powered = torch::pow(torch::where(positive, d, torch::ones_like(d)), p.clamp(0.01, 2.0));
+    return -a * torch::where(positive, powered, torch::zeros_like(powered));
+  }
+  if (encoding == "fire") {
+    auto x = fire_inputs(T, param(in.params, "fire_c"), param(in.params, "fire_l_mult"));
+    const auto &w1 = param(in.params, "fire_w1"), &b1 = param(in.params, "fire_b1");
+    const auto &w2 = param(in.params, "fire_w2"), &b2 = param(in.params, "fire_b2");
+    auto hidden = torch::relu(x.unsqueeze(-1) * w1.view({1, 1, -1}) + b1.view({1, 1, -1}));
+    return per_head(torch::matmul(hidden, w2) + b2.view({1, 1, H}));  // [T, T, H] -> bias
+  }
+  if (encoding == "shaw") {
+    auto r = causal_distance(T).clamp_max(32);
+    return gather_rows(table_rows(qm, param(in.params, "shaw_key")), r) / root;
+  }
+  if (encoding == "deberta") {
+    auto delta = t5_buckets(T);
+    auto c2p = gather_rows(table_rows(qm, param(in.params, "deberta_c2p")), delta);
+    auto p2c = gather_key_rows(table_rows(km, param(in.params, "deberta_p2c")), delta);
+    return (c2p + p2c) / root;
+  }
+  if (encoding == "transformer_xl") {
+    auto r = causal_distance(T).clamp_max(256);
+    const auto &v = param(in.params, "xl_v"), &u = param(in.params, "xl_u");
+    auto position = gather_rows(table_rows(qm + v.view({1, H, 1, D}), param(in.params, "xl_rel")), r);
+    auto global = (km * u.view({1, H, 1, D})).sum(-1).unsqueeze(-2);  // [B, H, 1, T]: u_h . k'_j
+    return (position + global) / root;
   }
   return {};
+}
+
+}  // namespace
+
+int64_t t5_bucket(int64_t n) {
+  if (n < 16) return n;
+  const double steps = std::floor(std::log(static_cast<double>(n) / 16.0) / std::log(8.0) * 16.0);
+  return std::min<int64_t>(16 + static_cast<int64_t>(steps), 31);
+}
+
+torch::Tensor fire_inputs(int64_t T, const torch::Tensor &c, const torch::Tensor &L) {
+  auto cs = c.reshape({}), Ls = L.reshape({});
+  auto psi = [&](const torch::Tensor &z) { return torch::log1p(torch::abs(cs * z)); };
+  auto delta = causal_distance(T).to(torch::kFloat64);
+  auto norm = torch::maximum(torch::arange(T, kF64), 512.0 * Ls);  // [T]: max(i, 512 L)
+  return psi(delta) / (psi(norm) + 1e-6).unsqueeze(1);
+}
+
+torch::Tensor reference_bias(const std::string &encoding, const RefInputs &in) {
+  auto [qm, km] = reference_qk(encoding, in);
+  return bias_of(encoding, in, qm, km);
 }
 
 // ---- attention ------------------------------------------------------------------------------------
@@ -315,7 +417,7 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
   auto [qm, km] = reference_qk(encoding, in);
   // kappa applied to q' ([B,H,T,D]) rather than to the [B,H,T,T] logits: same value, fewer passes.
   auto logits = torch::matmul(qm * in.scale, km.transpose(-1, -2));
-  auto bias = reference_bias(encoding, in);
+  auto bias = bias_of(encoding, in, qm, km);
   if (bias.defined()) logits = logits + bias;
   auto above = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
   logits = logits.masked_fill(above, -std::numeric_limits<double>::infinity());
@@ -325,7 +427,17 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
     torch::NoGradGuard no_grad;
     out.lse = torch::logsumexp(logits.detach(), -1);
   }
-  auto o = torch::matmul(torch::softmax(logits, -1), in.v);
+  auto P = torch::softmax(logits, -1);
+  auto o = torch::matmul(P, in.v);
+  if (encoding == "shaw") {
+    // Value term sum_j P_ij a^V_r: the probability mass of each clipped distance r per query
+    // (scatter-add of P over r), times the table.
+    const int64_t B = P.size(0), H = P.size(1);
+    const auto &aV = param(in.params, "shaw_value");
+    auto r = causal_distance(T).clamp_max(32).view({1, 1, T, T}).expand({B, H, T, T}).contiguous();
+    auto mass = torch::zeros({B, H, T, aV.size(0)}, kF64).scatter_add(-1, r, P);
+    o = o + torch::einsum("bhtr,rhd->bhtd", {mass, aV});
+  }
   out.o = o.detach();
   if (!backward) return out;
 

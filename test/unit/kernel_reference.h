@@ -41,6 +41,27 @@
 //   expe_rope_cable   q' = rope(q + sigma (a_q + n b_q)), k' likewise, B = cable's
 //   exqpe             q' = q + sigma (a_q[h] + floor(n/l) b_q[h] + P_q[n mod l, h]), k' likewise;
 //                     "override_{q,k}_{a,b}" [H, D], "override_{q,k}_p" [l, H, D] (l = its dim 0)
+// Additive-bias and relative-position encodings (Delta = max(i - j, 0); the masked entries j > i
+// are computed at Delta = 0, so that no NaN reaches the gradients through the mask):
+//   t5                B_ij = T[bucket(Delta), h], T = "t5_table" [32, H]; bucket(n) = n for n < 16,
+//                     else min(16 + floor(ln(n/16) / ln(8) 16), 31)
+//   rope_t5           rope's q', k' and t5's B
+//   kerple_log        B_ij = -max(p_h, 0.01) ln(1 + max(a_h, 0.01) Delta), "kerple_p", "kerple_a" [H]
+//   kerple_power      B_ij = -max(a_h, 0.01) Delta^clamp(p_h, 0.01, 2), Delta^p := 0 at Delta = 0
+//                     (no gradient there)
+//   fire              B_ij = b2[h] + sum_k w2[k, h] relu(w1[k] x_ij + b1[k]),
+//                     x_ij = psi(Delta) / (psi(max(i, 512 L)) + 1e-6), psi(z) = ln(1 + |c z|);
+//                     c = "fire_c" [1], L = "fire_l_mult" [1], "fire_w1", "fire_b1" [32],
+//                     "fire_w2" [32, H], "fire_b2" [H] (all trainable)
+//   kcable            S as cable's, B_ij = -ln(1 + (S_i - S_j)^2)
+//   alibi_learned     alibi with trainable slopes
+//   shaw              r = clip(i - j, 0, 32); B_ij = q'_i . a^K_r / sqrt(D), and the value term
+//                     o_i = sum_j P_ij (v_j + a^V_r); a^K = "shaw_key", a^V = "shaw_value" [33, H, D]
+//   deberta           delta = t5's bucket(Delta); B_ij = (q'_i . K_delta + k'_j . Q_delta) / sqrt(D),
+//                     K = "deberta_c2p", Q = "deberta_p2c" [32, H, D]
+//   transformer_xl    r = min(Delta, 256); B_ij = ((q'_i + v_h) . P_r + u_h . k'_j) / sqrt(D),
+//                     P = "xl_rel" [257, H, D], v = "xl_v" [H, D], u = "xl_u" [1, H, D]
+// (The sqrt(D) of the relative terms is their own: kappa multiplies only q' . k'.)
 // Gradients come from torch autograd on the materialised graph (fixed params get none).
 //
 // Shapes: q, k, v, o, dout [B, H, T, D]; lse, features [B, H, T]; bias [B, H, T, T].
@@ -134,8 +155,16 @@ torch::Tensor exqpe_shift(const torch::Tensor &x, const torch::Tensor &a, const 
 // the largest power of two c <= H followed by slopes(2c)[0::2][:H-c]), fp64 [H].
 torch::Tensor alibi_slopes(int64_t H);
 
+// T5's bucket of a distance n >= 0 (32 buckets, 16 exact, max distance 128), computed in fp64.
+int64_t t5_bucket(int64_t n);
+
+// FIRE's normalised input x_ij [T, T] (Delta = max(i - j, 0)) for c and L (0-d or [1] tensors,
+// differentiable).
+torch::Tensor fire_inputs(int64_t T, const torch::Tensor &c, const torch::Tensor &L);
+
 // The additive bias B [B, H, T, T] (all (i, j), not masked) of a score-bias encoding, or an
-// undefined tensor for encodings without one.
+// undefined tensor for encodings without one. For the q/k-dependent ones (shaw, deberta,
+// transformer_xl) it is computed from reference_qk's q', k'.
 torch::Tensor reference_bias(const std::string &encoding, const RefInputs &in);
 
 }  // namespace ape_test

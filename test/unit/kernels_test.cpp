@@ -70,6 +70,8 @@ const std::vector<std::string> kEncodings = {
     "expe_cable", "expe_qkv", "exqpe", "learned_absolute", "rope_alibi", "rope_dynamic_ntk",
     "rope_interleaved", "rope_llama3", "rope_ntk", "rope_partial", "rope_pi", "rope_yarn",
     "sinusoidal", "xpos",
+    "t5", "kerple_log", "kerple_power", "fire", "kcable", "alibi_learned", "shaw", "deberta",
+    "transformer_xl", "rope_t5",
 };
 // The grid (see the file comment): the first seven encodings one cell per test (KernelGrid),
 // the others one test per (encoding, T) covering every (B, H, D) (KernelGridCells: each process
@@ -83,7 +85,9 @@ const std::vector<std::string> kGridPerCell = {"alibi",       "cable", "expe", "
 const std::vector<std::string> kGridCells = {
     "expe_cable",  "expe_qkv", "exqpe",   "learned_absolute", "rope_alibi",
     "rope_dynamic_ntk", "rope_interleaved", "rope_llama3", "rope_ntk", "rope_partial",
-    "rope_pi",     "rope_yarn", "sinusoidal", "xpos"};
+    "rope_pi",     "rope_yarn", "sinusoidal", "xpos",
+    "t5",          "kerple_log", "kerple_power", "fire", "kcable", "alibi_learned", "shaw",
+    "deberta",     "transformer_xl", "rope_t5"};
 const std::set<std::string> kFullGridCells = {"expe_cable", "exqpe", "rope_dynamic_ntk", "xpos"};
 
 // ---- registry and manifests ---------------------------------------------------------------------
@@ -160,11 +164,27 @@ struct Problem {
   double scale = 0;
 };
 
-// Random inputs: q, k, v, dout, features ~ N(0, 1); ALiBi slopes the standard values; fixed params
-// (not trainable: "rope_factor", "rope_original_length", "position_scale") their manifest init
-// value (constant -> value, zeros, ones); the other params (ExPE's a and b, ExQPE's a, b and P)
-// ~ N(0, 0.02), the per-position ones (suffix _b) scaled by min(1, 32/T) so that n*b stays
-// O(0.5) at T = 1000 instead of swamping q and k.
+// The std of the random values of the bias and relative-position encodings' params: large enough
+// that their terms matter (at the manifests' inits, e.g. N(0, 0.02) tables or FIRE's zero b1,
+// the biases would be negligible or sit on ReLU kinks): T5's table O(1), the relative tables and
+// global biases 0.5 (q . a / sqrt(D) = O(0.5)), FIRE's MLP O(1) with nonzero b1 and b2.
+std::optional<double> bias_param_std(const std::string &name) {
+  static const std::map<std::string, double> stds = {
+      {"t5_table", 1.0},   {"fire_w1", 1.0},     {"fire_b1", 0.5},     {"fire_w2", 0.5},
+      {"fire_b2", 0.5},    {"shaw_key", 0.5},    {"shaw_value", 0.5},  {"deberta_c2p", 0.5},
+      {"deberta_p2c", 0.5}, {"xl_rel", 0.5},     {"xl_v", 0.5},        {"xl_u", 0.5}};
+  auto it = stds.find(name);
+  return it == stds.end() ? std::nullopt : std::optional<double>(it->second);
+}
+
+// Random inputs: q, k, v, dout, features ~ N(0, 1); ALiBi slopes the standard values (also the
+// learned ones); fixed params (not trainable: "rope_factor", "rope_original_length",
+// "position_scale") their manifest init value (constant -> value, zeros, ones); trainable
+// constant-init params (KERPLE's p and a, FIRE's c and L) their init value times |1 + 0.1 N(0, 1)|
+// (away from the clamps at 0.01 and 2 and, for L, from integer 512 L: no tie in max(i, 512 L));
+// the bias encodings' other params per bias_param_std; the other params (ExPE's a and b, ExQPE's
+// a, b and P) ~ N(0, 0.02), the per-position ones (suffix _b) scaled by min(1, 32/T) so that
+// n*b stays O(0.5) at T = 1000 instead of swamping q and k.
 Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, int64_t D,
                      uint64_t seed) {
   Problem p;
@@ -194,6 +214,11 @@ Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, in
       t = torch::full(shape, info.init_value.value_or(0.0), kF64);
     } else if (!info.trainable && (info.init == "zeros" || info.init == "ones")) {
       t = torch::full(shape, info.init == "ones" ? 1.0 : 0.0, kF64);
+    } else if (info.trainable && info.init == "constant") {
+      if (!info.init_value) ADD_FAILURE() << "param " << info.name << ": constant without value";
+      t = info.init_value.value_or(1.0) * (1.0 + 0.1 * torch::randn(shape, kF64)).abs();
+    } else if (const auto std = bias_param_std(info.name)) {
+      t = torch::randn(shape, kF64) * *std;
     } else {
       const bool per_position = info.name.size() > 2 &&
                                 info.name.compare(info.name.size() - 2, 2, "_b") == 0;
@@ -398,7 +423,8 @@ void expect_close(const std::string &key, const std::string &what, const Tensor 
 //   - the new rotary encodings compute their frequencies in the kernel's precision; measured
 //     o <= 4.9e-6, dq/dk <= 1.3e-5 (rope_yarn, rope_alibi at T = 1000), within the bounds above.
 double fp32_tol(const std::string &enc, const std::string &quantity) {
-  if (enc == "cable" || enc == "forget_gate" || enc == "expe_rope_cable" || enc == "expe_cable")
+  if (enc == "cable" || enc == "forget_gate" || enc == "expe_rope_cable" || enc == "expe_cable" ||
+      enc == "kcable")
     return quantity.rfind("dparam:", 0) == 0 ? 2e-3 : 2e-4;
   if (quantity.rfind("dparam:", 0) == 0) return 2e-4;
   if (quantity == "o" || quantity == "lse") return 2e-5;
@@ -691,9 +717,15 @@ TEST_P(KernelGradCheck, FiniteDifferences) {
   const int64_t B = 2, H = 2;
   Problem p = make_problem(enc, B, H, T, D, case_seed("fd_" + enc, B, H, T, D));
   ASSERT_NE(p.entry, nullptr);
-  // Larger trainable params than in the grid so that their gradients matter at small T.
-  for (size_t n = 0; n < p.params.size(); ++n)
-    if (p.man.params[n].trainable) p.params[n] = torch::randn_like(p.params[n]) * 0.1;
+  // Larger trainable params than in the grid so that their gradients matter at small T; the bias
+  // encodings' params keep make_problem's values (already O(0.5..1); KERPLE's and FIRE's scalars
+  // near their inits: N(0, 0.1) would put them on the clamps, where the gradient is zero).
+  for (size_t n = 0; n < p.params.size(); ++n) {
+    const ParamInfo &info = p.man.params[n];
+    if (info.trainable && info.init != "constant" && info.init != "alibi_slopes" &&
+        !bias_param_std(info.name))
+      p.params[n] = torch::randn_like(p.params[n]) * 0.1;
+  }
   finite_difference_check(p);
 }
 
@@ -707,6 +739,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(kEncodings), ::testing::Values<int64_t>(1, 5, 17),
                        ::testing::Values<int64_t>(8, 16)),
     grad_case_name);
+// Past the exact buckets (T5, DeBERTa: distances up to 39 reach bucket 20) and Shaw's clip at 32.
+INSTANTIATE_TEST_SUITE_P(Long, KernelGradCheck,
+                         ::testing::Combine(::testing::Values("t5", "shaw", "deberta"),
+                                            ::testing::Values<int64_t>(40),
+                                            ::testing::Values<int64_t>(8)),
+                         grad_case_name);
 
 // ---- 3. hand-checkable values of the encodings spec ---------------------------------------------
 
@@ -1263,14 +1301,404 @@ TEST(HandCheck, SinusoidalEmbedTable) {
 }
 
 
+// ---- 3c. additive-bias and relative-position encodings ------------------------------------------
+
+void expect_same_kernel_outputs(const Problem &a, const Problem &b, double tol);
+
+// Logit differences l_{i, i-n} - l_{ii} of the last row i = T - 1 for the distances ns
+// (ns[0] = 0), read through the forward kernel: v_{i-ns[s]} = e_s and every other v_j = 0
+// (D >= ns.size()), so o_i[s] = P_{i, i-ns[s]} and log(o_i[s] / o_i[0]) = l_{i,i-ns[s]} - l_ii.
+// The caller sets q, k and the params (with q_i . k_j = 0 the logits are the bias alone; Shaw's
+// value table must be zero). Returns [B, H, ns.size()].
+template <class Real> Tensor last_row_logits(Problem &p, const std::vector<int64_t> &ns) {
+  const int64_t i = p.T - 1;
+  EXPECT_GE(p.D, static_cast<int64_t>(ns.size()));
+  EXPECT_EQ(ns.front(), 0);
+  p.v.zero_();
+  for (size_t s = 0; s < ns.size(); ++s) p.v.select(2, i - ns[s]).select(-1, s).fill_(1.0);
+  KernelCall<Real> kc(p);
+  kc.forward();
+  const Tensor o = kc.o.to(torch::kFloat64).select(2, i).narrow(-1, 0, ns.size());
+  return torch::log(o / o.narrow(-1, 0, 1));
+}
+
+// The spec's bucket list on the reference's bucket function.
+TEST(HandCheck, T5ReferenceBuckets) {
+  for (int64_t n = 0; n < 16; ++n) EXPECT_EQ(ape_test::t5_bucket(n), n);
+  const std::vector<std::pair<int64_t, int64_t>> want = {
+      {16, 16}, {17, 16}, {18, 16}, {19, 17}, {20, 17}, {24, 19},  {32, 21},   {48, 24},
+      {64, 26}, {100, 30}, {112, 30}, {113, 31}, {128, 31}, {1000, 31}, {100000, 31}};
+  for (const auto &[n, b] : want) EXPECT_EQ(ape_test::t5_bucket(n), b) << "n = " << n;
+  for (int64_t n = 1; n < 2000; ++n)
+    EXPECT_LE(ape_test::t5_bucket(n - 1), ape_test::t5_bucket(n)) << "monotone at " << n;
+}
+
+// The distances the bucket hand checks read through the kernels (row T - 1 = 1000).
+const std::vector<int64_t> kBucketDistances = {0,  1,  2,  3,  4,  5,   6,   7,   8,   9,
+                                               10, 11, 12, 13, 14, 15,  16,  17,  18,  19,
+                                               20, 24, 32, 48, 64, 100, 112, 113, 128, 1000};
+
+// Buckets recovered from logits -step (h + 1) bucket: rounded, after checking that the value is
+// that close to a multiple of the step.
+std::vector<int64_t> recovered_buckets(const Tensor &l, double step, double tol) {
+  std::vector<int64_t> b;
+  for (int64_t s = 0; s < l.numel(); ++s) {
+    const double x = -l.flatten()[s].item<double>() / step;
+    EXPECT_NEAR(x, std::round(x), tol / step) << "slot " << s;
+    b.push_back(static_cast<int64_t>(std::round(x)));
+  }
+  return b;
+}
+std::vector<int64_t> spec_buckets(const std::vector<int64_t> &ns) {
+  std::vector<int64_t> b;
+  for (int64_t n : ns) b.push_back(ape_test::t5_bucket(n));
+  return b;
+}
+
+// T5 through the kernel: q = k = 0, table T[b, h] = -0.25 (h + 1) b, so l_{i,i-n} - l_ii =
+// -0.25 (h + 1) bucket(n); buckets 16-18 -> 16, 19-20 -> 17, 24 -> 19, ..., 113, 128, 1000 -> 31.
+// Also rope_t5 (q = k = 0: the rotation changes nothing).
+template <class Real> void t5_kernel_buckets(const std::string &enc) {
+  SCOPED_TRACE(enc);
+  Problem p = make_problem(enc, 1, 2, 1001, 32, 31);
+  ASSERT_NE(p.entry, nullptr);
+  const int64_t t = param_index(p, "t5_table");
+  ASSERT_GE(t, 0);
+  ASSERT_EQ(p.params[t].sizes(), (std::vector<int64_t>{32, 2}));
+  p.params[t] = -0.25 * torch::arange(32, kF64).unsqueeze(1) * torch::tensor({1.0, 2.0}, kF64);
+  p.q.zero_(), p.k.zero_();
+  const Tensor l = last_row_logits<Real>(p, kBucketDistances);
+  const double tol = std::is_same_v<Real, float> ? 1e-4 : 1e-9;
+  for (int64_t h = 0; h < 2; ++h)
+    EXPECT_EQ(recovered_buckets(l[0][h], 0.25 * (h + 1), tol), spec_buckets(kBucketDistances))
+        << "head " << h;
+}
+TEST(HandCheck, T5KernelBucketsF64) { t5_kernel_buckets<double>("t5"); }
+TEST(HandCheck, T5KernelBucketsF32) { t5_kernel_buckets<float>("t5"); }
+TEST(HandCheck, RopeT5KernelBucketsF64) { t5_kernel_buckets<double>("rope_t5"); }
+
+// DeBERTa's buckets through the kernel, both terms (H = 1, D = 32, T = 1001, sqrt(D) = 5.657):
+// batch 0 has q_i = sqrt(D) e_0, k = 0, so l_ij = K_delta[0] (c2p); batch 1 has q = 0,
+// k_j = sqrt(D) e_0, so l_ij = Q_delta[0] (p2c). K_delta[0] = -0.25 delta, Q_delta[0] = -0.5 delta,
+// the other coordinates random (q and k do not see them).
+template <class Real> void deberta_kernel_buckets() {
+  const int64_t D = 32;
+  Problem p = make_problem("deberta", 2, 1, 1001, D, 32);
+  ASSERT_NE(p.entry, nullptr);
+  const int64_t c2p = param_index(p, "deberta_c2p"), p2c = param_index(p, "deberta_p2c");
+  ASSERT_TRUE(c2p >= 0 && p2c >= 0);
+  p.params[c2p].select(-1, 0).select(-1, 0).copy_(-0.25 * torch::arange(32, kF64));
+  p.params[p2c].select(-1, 0).select(-1, 0).copy_(-0.5 * torch::arange(32, kF64));
+  p.q.zero_(), p.k.zero_();
+  const double root = std::sqrt(static_cast<double>(D));
+  p.q[0].select(-1, 0).fill_(root);
+  p.k[1].select(-1, 0).fill_(root);
+  const Tensor l = last_row_logits<Real>(p, kBucketDistances);
+  const double tol = std::is_same_v<Real, float> ? 1e-4 : 1e-9;
+  EXPECT_EQ(recovered_buckets(l[0][0], 0.25, tol), spec_buckets(kBucketDistances)) << "c2p";
+  EXPECT_EQ(recovered_buckets(l[1][0], 0.5, tol), spec_buckets(kBucketDistances)) << "p2c";
+}
+TEST(HandCheck, DebertaKernelBucketsF64) { deberta_kernel_buckets<double>(); }
+TEST(HandCheck, DebertaKernelBucketsF32) { deberta_kernel_buckets<float>(); }
+
+// Row 3 of a bias (j = 0..3) through the "q = 0, v = one-hot" probe: log(o_3j / o_33) =
+// B_3j - B_33.
+template <class Real> Tensor bias_row3(Problem &p) {
+  KernelCall<Real> kc = run_bias_probe<Real>(p);
+  const Tensor o = kc.o.to(torch::kFloat64)[0][0][3];
+  return torch::log(o / o[3]);
+}
+
+// KERPLE, Delta = 0..3: log p = 1, a = 1: [0, -0.693147, -1.098612, -1.386294]; power a = 0.5,
+// p = 1.5: [0, -0.5, -1.414214, -2.598076] (row 3, j = 3..0).
+template <class Real> void kerple_rows(const std::string &enc, double p_value, double a_value,
+                                       const std::vector<double> &by_distance, double tol) {
+  SCOPED_TRACE(enc);
+  Problem p = make_problem(enc, 1, 1, 4, 4, 33);
+  ASSERT_NE(p.entry, nullptr);
+  set_param(p, "kerple_p", p_value);
+  set_param(p, "kerple_a", a_value);
+  const Tensor row = bias_row3<Real>(p);
+  expect_values(row.flip(0), by_distance, tol, enc + " B(Delta)");
+}
+TEST(HandCheck, KerpleLogRowF64) {
+  kerple_rows<double>("kerple_log", 1.0, 1.0, {0, -0.693147, -1.098612, -1.386294}, 5e-7);
+}
+TEST(HandCheck, KerpleLogRowF32) {
+  kerple_rows<float>("kerple_log", 1.0, 1.0, {0, -0.693147, -1.098612, -1.386294}, 5e-6);
+}
+TEST(HandCheck, KerplePowerRowF64) {
+  kerple_rows<double>("kerple_power", 1.5, 0.5, {0, -0.5, -1.414214, -2.598076}, 5e-7);
+}
+TEST(HandCheck, KerplePowerRowF32) {
+  kerple_rows<float>("kerple_power", 1.5, 0.5, {0, -0.5, -1.414214, -2.598076}, 5e-6);
+}
+// The clamps: p = 5 acts as 2 (power), p = a = -1 as 0.01, with zero gradient for the clamped
+// values (kernel against the reference, which clamps the same way, and a direct value).
+TEST(HandCheck, KerpleClamps) {
+  Problem p = make_problem("kerple_power", 1, 1, 4, 4, 34);
+  ASSERT_NE(p.entry, nullptr);
+  set_param(p, "kerple_p", 5.0);
+  set_param(p, "kerple_a", 0.5);
+  expect_values(bias_row3<double>(p).flip(0), {0, -0.5, -2, -4.5}, 1e-12, "power, p = 5 -> 2");
+  Problem q = make_problem("kerple_log", 1, 1, 4, 4, 35);
+  ASSERT_NE(q.entry, nullptr);
+  set_param(q, "kerple_p", -1.0);
+  set_param(q, "kerple_a", -1.0);
+  const std::vector<double> want = {0, -0.01 * std::log1p(0.01), -0.01 * std::log1p(0.02),
+                                    -0.01 * std::log1p(0.03)};
+  expect_values(bias_row3<double>(q).flip(0), want, 1e-12, "log, p = a = -1 -> 0.01");
+  for (Problem *x : {&p, &q}) {
+    Problem r = make_problem(x->enc, 2, 2, 9, 8, 36);
+    for (size_t n = 0; n < r.params.size(); ++n) r.params[n] = x->params[n].expand({2}).clone();
+    SCOPED_TRACE(r.enc + " at the clamps");
+    check_against_reference(r);
+    KernelCall<double> kc(r);
+    kc.forward(), kc.backward();
+    EXPECT_TRUE(all_zero(kc.dprm[param_index(r, "kerple_p")])) << "clamped p gets no gradient";
+    if (x == &q) EXPECT_TRUE(all_zero(kc.dprm[param_index(r, "kerple_a")])) << "clamped a";
+  }
+}
+
+// FIRE, i = 3, c = 0.1, L = 1 (512 L = 512): x = psi(Delta) / (psi(512) + 1e-6) =
+// [0.066336, 0.046098, 0.024098, 0] (j = 0..3); with w1 = e_0, b1 = 0, w2[0, h] = 1 (other rows
+// 0), b2 = 0 the bias is relu(x) = x.
+template <class Real> void fire_row(double tol) {
+  Problem p = make_problem("fire", 1, 1, 4, 4, 37);
+  ASSERT_NE(p.entry, nullptr);
+  set_param(p, "fire_c", 0.1);
+  set_param(p, "fire_l_mult", 1.0);
+  for (const char *name : {"fire_w1", "fire_b1", "fire_w2", "fire_b2"}) set_param(p, name, 0.0);
+  p.params[param_index(p, "fire_w1")][0] = 1.0;
+  p.params[param_index(p, "fire_w2")][0].fill_(1.0);
+  expect_values(bias_row3<Real>(p), {0.066336, 0.046098, 0.024098, 0}, tol, "FIRE x, i = 3");
+  // The reference's inputs (the same numbers).
+  expect_values(ape_test::fire_inputs(4, torch::full({1}, 0.1, kF64), torch::ones({1}, kF64))[3],
+                {0.066336, 0.046098, 0.024098, 0}, 5e-7, "reference x, i = 3");
+}
+TEST(HandCheck, FireNormalisedInputsF64) { fire_row<double>(5e-7); }
+TEST(HandCheck, FireNormalisedInputsF32) { fire_row<float>(2e-6); }
+
+// K-Cable, 1 head, T = 4, f = [0,1,-1,2]: row 3 = [-2.713926, -1.939393, -1.709070, 0].
+template <class Real> void kcable_row(double tol) {
+  Problem p = make_problem("kcable", 1, 1, 4, 4, 38);
+  ASSERT_NE(p.entry, nullptr);
+  ASSERT_EQ(p.features.size(), 1u);
+  p.features[0] = torch::tensor({0.0, 1.0, -1.0, 2.0}, kF64).view({1, 1, 4});
+  expect_values(bias_row3<Real>(p), {-2.713926, -1.939393, -1.709070, 0}, tol, "K-Cable row 3");
+  RefInputs in;
+  in.q = torch::zeros({1, 1, 4, 4}, kF64);
+  in.features = {p.features[0]};
+  expect_values(ape_test::reference_bias("kcable", in)[0][0][3],
+                {-2.713926, -1.939393, -1.709070, 0}, 5e-7, "reference row 3");
+}
+TEST(HandCheck, KcableRow3F64) { kcable_row<double>(5e-7); }
+TEST(HandCheck, KcableRow3F32) { kcable_row<float>(5e-6); }
+
+// Shaw's clip at 32 through the kernel (H = 2, T = 41, D = 8): q_i = sqrt(D) e_0, k = 0, zero
+// value table, a^K_r[h][0] = -0.05 (h + 1) r: l_{i,i-n} - l_ii = -0.05 (h + 1) min(n, 32).
+template <class Real> void shaw_clip(double tol) {
+  const int64_t D = 8;
+  Problem p = make_problem("shaw", 1, 2, 41, D, 39);
+  ASSERT_NE(p.entry, nullptr);
+  set_param(p, "shaw_value", 0.0);
+  Tensor &ak = p.params[param_index(p, "shaw_key")];
+  ASSERT_EQ(ak.sizes(), (std::vector<int64_t>{33, 2, D}));
+  ak.select(-1, 0).copy_(-0.05 * torch::arange(33, kF64).unsqueeze(1) *
+                         torch::tensor({1.0, 2.0}, kF64));
+  p.q.zero_(), p.k.zero_();
+  p.q.select(-1, 0).fill_(std::sqrt(static_cast<double>(D)));
+  const std::vector<int64_t> ns = {0, 1, 31, 32, 33, 40};
+  const Tensor l = last_row_logits<Real>(p, ns);
+  for (int64_t h = 0; h < 2; ++h) {
+    std::vector<double> want;
+    for (int64_t n : ns) want.push_back(-0.05 * (h + 1) * std::min<int64_t>(n, 32));
+    expect_values(l[0][h], want, tol, "Shaw key term, head " + std::to_string(h));
+  }
+}
+TEST(HandCheck, ShawKeyClipF64) { shaw_clip<double>(1e-10); }
+TEST(HandCheck, ShawKeyClipF32) { shaw_clip<float>(1e-5); }
+
+// Shaw's value term by hand: q = k = 0 and a^K = 0 give uniform weights 1/(i+1); with v = 0 and
+// a^V_r = r e_0 (head 0), o_i[0] = (1/(i+1)) sum_{n<=i} min(n, 32): row 40 = (528 + 8 32)/41 =
+// 784/41, row 10 = 55/11 = 5; the other coordinates 0.
+template <class Real> void shaw_value_term(double tol) {
+  Problem p = make_problem("shaw", 1, 1, 41, 4, 40);
+  ASSERT_NE(p.entry, nullptr);
+  set_param(p, "shaw_key", 0.0);
+  set_param(p, "shaw_value", 0.0);
+  p.params[param_index(p, "shaw_value")].select(-1, 0).select(-1, 0).copy_(torch::arange(33, kF64));
+  p.q.zero_(), p.k.zero_(), p.v.zero_();
+  KernelCall<Real> kc(p);
+  kc.forward();
+  const Tensor o = kc.o.to(torch::kFloat64)[0][0];
+  expect_values(o[40], {784.0 / 41, 0, 0, 0}, tol * 20, "row 40");
+  expect_values(o[10], {5.0, 0, 0, 0}, tol * 5, "row 10");
+  expect_values(o[0], {0, 0, 0, 0}, tol, "row 0");
+}
+TEST(HandCheck, ShawValueTermF64) { shaw_value_term<double>(1e-12); }
+TEST(HandCheck, ShawValueTermF32) { shaw_value_term<float>(1e-6); }
+
+// Transformer-XL's clip at 256 through the kernel (H = 1, T = 300, D = 8): q = 0 and
+// v = sqrt(D) e_0 give l_ij = P_r[0] + u . k_j / sqrt(D); P_r[0] = -0.01 r (other coordinates
+// random), u = e_1. Batch 0: k = 0, so l_{i,i-n} - l_ii = -0.01 min(n, 256); batch 1:
+// k_j = sqrt(D) 0.001 j e_1 adds 0.001 (j - i) = -0.001 n.
+template <class Real> void xl_clip(double tol) {
+  const int64_t D = 8, T = 300;
+  Problem p = make_problem("transformer_xl", 2, 1, T, D, 41);
+  ASSERT_NE(p.entry, nullptr);
+  const double root = std::sqrt(static_cast<double>(D));
+  Tensor &P = p.params[param_index(p, "xl_rel")];
+  ASSERT_EQ(P.sizes(), (std::vector<int64_t>{257, 1, D}));
+  P.select(-1, 0).select(-1, 0).copy_(-0.01 * torch::arange(257, kF64));
+  set_param(p, "xl_v", 0.0);
+  set_param(p, "xl_u", 0.0);
+  p.params[param_index(p, "xl_v")][0][0] = root;
+  p.params[param_index(p, "xl_u")][0][0][1] = 1.0;
+  p.q.zero_(), p.k.zero_();
+  p.k[1].select(-1, 1).copy_(root * 0.001 * torch::arange(T, kF64).view({1, T}));
+  const std::vector<int64_t> ns = {0, 1, 100, 255, 256, 257, 299};
+  const Tensor l = last_row_logits<Real>(p, ns);
+  std::vector<double> want0, want1;
+  for (int64_t n : ns) {
+    want0.push_back(-0.01 * std::min<int64_t>(n, 256));
+    want1.push_back(want0.back() - 0.001 * n);
+  }
+  expect_values(l[0][0], want0, tol, "XL position term");
+  expect_values(l[1][0], want1, tol, "XL position + global key term");
+}
+TEST(HandCheck, TransformerXlClipF64) { xl_clip<double>(1e-10); }
+TEST(HandCheck, TransformerXlClipF32) { xl_clip<float>(1e-5); }
+
+// Shaw with a zero value table is its key term alone: the kernel against the reference at
+// T = 100 > 32 (every gradient, the value table's included: d a^V_r = sum_i mass_ir dout_i).
+TEST(RelativeRows, ShawZeroValueTableIsKeyTermOnly) {
+  Problem p = make_problem("shaw", 2, 3, 100, 32, 42);
+  ASSERT_NE(p.entry, nullptr);
+  set_param(p, "shaw_value", 0.0);
+  check_against_reference(p);
+  KernelCall<double> kc(p);
+  kc.forward(), kc.backward();
+  EXPECT_FALSE(all_zero(kc.dprm[param_index(p, "shaw_value")])) << "d a^V at a^V = 0";
+  // Key-term math directly: softmax(kappa q k^T + q a^K_r / sqrt(D)) v, row by row for a few rows.
+  const Tensor &ak = p.params[param_index(p, "shaw_key")];
+  for (int64_t i : {0, 31, 32, 33, 99}) {
+    SCOPED_TRACE("row " + std::to_string(i));
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 3; ++h) {
+        auto keys = p.k[b][h].narrow(0, 0, i + 1);
+        auto logits = torch::matmul(keys, p.q[b][h][i]) * p.scale;
+        std::vector<int64_t> r;
+        for (int64_t j = 0; j <= i; ++j) r.push_back(std::min<int64_t>(i - j, 32));
+        auto rows = ak.select(1, h).index_select(
+            0, torch::tensor(r, torch::TensorOptions().dtype(torch::kLong)));
+        logits = logits + torch::matmul(rows, p.q[b][h][i]) / std::sqrt(32.0);
+        auto o = torch::matmul(torch::softmax(logits, 0), p.v[b][h].narrow(0, 0, i + 1));
+        EXPECT_LE(normalised_error(kc.o[b][h][i], o), 1e-12);
+      }
+  }
+}
+
+// Kernel identities (fp64, same inputs): zero relative tables and biases give NoPE; Shaw with a
+// key table of zeros and a value table equal to c_h at every r gives NoPE's o + c_h (the weights
+// sum to 1), the same lse and input gradients; T5 with a zero table gives NoPE, rope_t5 RoPE;
+// learned ALiBi at the standard slopes gives ALiBi.
+TEST(RelativeRows, NeutralValuesGiveTheBaseKernels) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"transformer_xl", "nope"}, {"shaw", "nope"}, {"deberta", "nope"}, {"t5", "nope"},
+      {"rope_t5", "rope"}};
+  for (const auto &[enc, base] : cases) {
+    SCOPED_TRACE(enc + " with zero params == " + base);
+    Problem p = make_problem(enc, 2, 3, 300, 16, case_seed("neutral_" + enc, 2, 3, 300, 16));
+    ASSERT_NE(p.entry, nullptr);
+    for (auto &t : p.params) t.zero_();
+    Problem b = make_problem(base, 2, 3, 300, 16, 1);
+    b.q = p.q, b.k = p.k, b.v = p.v, b.dout = p.dout;
+    expect_same_kernel_outputs(p, b, 1e-12);
+  }
+  {
+    SCOPED_TRACE("alibi_learned == alibi");
+    Problem p = make_problem("alibi_learned", 2, 3, 300, 16, 43);
+    expect_same_kernel_outputs(p, with_encoding(p, "alibi"), 1e-12);
+  }
+  {
+    SCOPED_TRACE("shaw, a^K = 0, a^V_r = c_h: nope + c_h");
+    Problem p = make_problem("shaw", 2, 3, 100, 16, 44);
+    ASSERT_NE(p.entry, nullptr);
+    set_param(p, "shaw_key", 0.0);
+    const Tensor c = torch::randn({1, 3, 16}, kF64);
+    p.params[param_index(p, "shaw_value")].copy_(c.expand({33, 3, 16}));
+    Problem b = make_problem("nope", 2, 3, 100, 16, 1);
+    b.q = p.q, b.k = p.k, b.v = p.v, b.dout = p.dout;
+    KernelCall<double> x(p), y(b);
+    x.forward(), x.backward(), y.forward(), y.backward();
+    EXPECT_LE(normalised_error(x.o, y.o + c.view({1, 3, 1, 16})), 1e-12);
+    EXPECT_LE(normalised_error(x.lse, y.lse), 1e-12);
+    EXPECT_LE(normalised_error(x.dq, y.dq), 1e-12);
+    EXPECT_LE(normalised_error(x.dk, y.dk), 1e-12);
+    EXPECT_LE(normalised_error(x.dv, y.dv), 1e-12);
+    // d a^V_r summed over r is sum over tokens of dout (every row's mass sums to 1).
+    EXPECT_LE(normalised_error(x.dprm[param_index(p, "shaw_value")].sum(0),
+                               p.dout.sum(std::vector<int64_t>{0, 2})), 1e-12);
+  }
+}
+
+// Distances beyond the clips against the reference: XL at T = 300 > 257 (rows 257..299 reach
+// the clipped row 256, which then gets the gradient of every clipped pair), Shaw and DeBERTa at
+// T = 300 (clip 32, bucket 31 from 113).
+TEST(RelativeRows, BeyondTheClip) {
+  for (const char *enc : {"transformer_xl", "shaw", "deberta"}) {
+    SCOPED_TRACE(enc);
+    Problem p = make_problem(enc, 1, 2, 300, 16, case_seed(std::string("clip_") + enc, 1, 2, 300, 16));
+    ASSERT_NE(p.entry, nullptr);
+    check_against_reference(p);
+  }
+  Problem p = make_problem("transformer_xl", 1, 2, 300, 16, 45);
+  KernelCall<double> kc(p);
+  kc.forward(), kc.backward();
+  const Tensor dP = kc.dprm[param_index(p, "xl_rel")];
+  EXPECT_GT(dP[256].abs().max().item<double>(), 0) << "the clipped row gets no gradient";
+}
+
+// Bitwise-identical outputs and gradients (q, k, v and every param) for T5 and FIRE across two
+// runs and across 1 vs 2 OpenMP threads, at a size where FIRE's max(i, 512 L) takes both branches
+// (T = 600, L = 1: rows 513.. normalise by i) and every (b, h) contributes to the shared params.
+template <class Real> void bias_determinism(const std::string &enc) {
+  Problem p = make_problem(enc, 2, 4, 600, 16, case_seed("det_bias_" + enc, 2, 4, 600, 16));
+  ASSERT_NE(p.entry, nullptr);
+  if (enc == "fire") set_param(p, "fire_l_mult", 1.0);
+  auto run = [&](int threads) {
+    const OmpThreads scope(threads);
+    KernelCall<Real> kc(p);
+    kc.forward();
+    kc.backward();
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (auto &[name, t] : kc.outputs(p)) out.push_back({name, t.clone()});
+    return out;
+  };
+  const auto first = run(2), second = run(2), serial = run(1);
+  ASSERT_EQ(first.size(), serial.size());
+  for (size_t n = 0; n < first.size(); ++n) {
+    EXPECT_TRUE(torch::equal(first[n].second, second[n].second))
+        << first[n].first << " differs between two runs";
+    EXPECT_TRUE(torch::equal(first[n].second, serial[n].second))
+        << first[n].first << " differs between 1 and 2 threads";
+  }
+}
+TEST(Determinism, T5F32) { bias_determinism<float>("t5"); }
+TEST(Determinism, T5F64) { bias_determinism<double>("t5"); }
+TEST(Determinism, FireF32) { bias_determinism<float>("fire"); }
+TEST(Determinism, FireF64) { bias_determinism<double>("fire"); }
+
 // ---- 4. edge cases ------------------------------------------------------------------------------
 
-// T = 1: one visible key with weight 1, so o = v and dv = dout (to 2 ulp); G = P (dP - Delta) =
-// dout.v - dout.o vanishes up to the rounding of two length-D dot products,
+// T = 1: one visible key with weight 1, so o = v (+ a^V_0 for Shaw) and dv = dout (to 2 ulp);
+// G = P (dP - Delta) = dout.v - dout.o vanishes up to the rounding of two length-D dot products,
 // |G| <= 2 D eps max|dout| max|v| =: g, hence |dq| <= kappa g max|k'|, |dk| <= kappa g max|q'|
 // (|q'|, |k'| <= 2 max(|q|, |k|) here: no rotation at n = 0, ExPE shifts of ~0.02);
-// the bias B_00 = 0, so lse = kappa q'.k' (checked against the reference to D eps) and every
-// feature gradient is g - g = 0; param gradients are sums of B*H such dq', dk' terms.
+// lse = kappa q'.k' + B_00 (checked against the reference to D eps) and every feature gradient
+// is g - g = 0; param gradients are sums of B*H such dq', dk' terms or G times the O(1)
+// derivatives of B_00 (T5's table entry, FIRE's MLP at x = 0, the relative rows' q'/sqrt(D)).
 template <class Real> void single_token(const std::string &enc) {
   const int64_t B = 2, H = 3, D = 16;
   Problem p = make_problem(enc, B, H, 1, D, case_seed("t1_" + enc, B, H, 1, D));
@@ -1279,7 +1707,17 @@ template <class Real> void single_token(const std::string &enc) {
   kc.forward();
   kc.backward();
   const double eps = std::numeric_limits<Real>::epsilon();
-  EXPECT_LE(max_abs_diff(kc.o, kc.v), 2 * eps * max_abs(kc.v));
+  // Shaw's value term: o_0 = v_0 + a^V_0 (weight 1), d a^V_0 = sum_b dout_0, the other rows 0.
+  const int64_t value_table = enc == "shaw" ? param_index(p, "shaw_value") : -1;
+  Tensor shift = torch::zeros({1, H, 1, D}, kF64);
+  if (value_table >= 0) {
+    shift = p.params[value_table][0].view({1, H, 1, D});
+    const Tensor dav = kc.dprm[value_table].to(torch::kFloat64);
+    EXPECT_LE(max_abs_diff(dav[0], p.dout.sum(0).select(1, 0)), 2 * B * eps * max_abs(p.dout));
+    EXPECT_TRUE(all_zero(dav.narrow(0, 1, dav.size(0) - 1))) << "d a^V_r, r > 0, at T = 1";
+  }
+  EXPECT_LE(max_abs_diff(kc.o, kc.v.to(torch::kFloat64) + shift),
+            2 * eps * (max_abs(kc.v) + max_abs(shift)));
   EXPECT_LE(max_abs_diff(kc.dv, kc.dout), 2 * eps * max_abs(kc.dout));
   const RefOutputs ref = ape_test::reference_attention(enc, ref_inputs(p), Tensor());
   EXPECT_LE(max_abs_diff(kc.lse, ref.lse), 2 * D * eps * (1 + max_abs(ref.lse)));
@@ -1289,7 +1727,8 @@ template <class Real> void single_token(const std::string &enc) {
   EXPECT_LE(max_abs(kc.dk), p.scale * g * qk);
   for (const auto &t : kc.dfeat) EXPECT_LE(max_abs(t), 2 * g);
   for (size_t n = 0; n < kc.dprm.size(); ++n)
-    EXPECT_LE(max_abs(kc.dprm[n]), B * H * p.scale * g * qk) << p.man.params[n].name;
+    if (static_cast<int64_t>(n) != value_table)
+      EXPECT_LE(max_abs(kc.dprm[n]), B * H * p.scale * g * qk) << p.man.params[n].name;
 }
 class Edge : public ::testing::TestWithParam<std::string> {};
 TEST_P(Edge, SingleTokenF32) { single_token<float>(GetParam()); }
@@ -1380,7 +1819,7 @@ TEST_P(FeatureEdge, FeaturesExactlyZero) {
         << "d sum(o dout) / d " << p.man.features[n] << "[" << at << "] at 0 (central difference)";
   }
 }
-INSTANTIATE_TEST_SUITE_P(All, FeatureEdge, ::testing::Values("cable", "forget_gate"),
+INSTANTIATE_TEST_SUITE_P(All, FeatureEdge, ::testing::Values("cable", "forget_gate", "kcable"),
                          [](const ::testing::TestParamInfo<std::string> &info) {
                            return info.param;
                          });
@@ -1669,7 +2108,7 @@ TEST(Registry, ManifestInputsMatchTheSpecs) {
   for (const auto &enc : kEncodings) {
     ASSERT_NE(find_entry(enc), nullptr) << enc;
     const bool cumulative = enc == "cable" || enc == "forget_gate" || enc == "expe_cable" ||
-                            enc == "expe_rope_cable";
+                            enc == "expe_rope_cable" || enc == "kcable";
     EXPECT_EQ(features(enc), cumulative ? 1u : 0u) << enc;
   }
   const std::vector<std::string> hw = {"heads", "head_dim"};
@@ -1710,6 +2149,34 @@ TEST(Registry, ManifestInputsMatchTheSpecs) {
         << enc;
     EXPECT_EQ(ov.at("position_scale"), "position_scale") << enc << ": sigma's param";
   }
+  // The bias and relative-position encodings (docs/internals.md, passes/Expand.cpp and the specs).
+  const WantParam t5_table = {"t5_table", {"32", "heads"}, true, "normal"};
+  expect_params("t5", {t5_table});
+  expect_params("rope_t5", {t5_table});
+  expect_params("kerple_log", {{"kerple_p", {"heads"}, true, "constant", 1.0},
+                               {"kerple_a", {"heads"}, true, "constant", 1.0}});
+  expect_params("kerple_power", {{"kerple_p", {"heads"}, true, "constant", 1.0},
+                                 {"kerple_a", {"heads"}, true, "constant", 0.5}});
+  expect_params("fire", {{"fire_c", {"1"}, true, "constant", 0.1},
+                         {"fire_l_mult", {"1"}, true, "constant", 1.0},
+                         {"fire_w1", {"32"}, true, "normal"},
+                         {"fire_b1", {"32"}, true, "zeros"},
+                         {"fire_w2", {"32", "heads"}, true, "normal"},
+                         {"fire_b2", {"heads"}, true, "zeros"}});
+  expect_params("kcable", {});
+  expect_params("alibi_learned", {{"alibi_slopes", {"heads"}, true, "alibi_slopes"}});
+  const std::vector<std::string> r33 = {"33", "heads", "head_dim"},
+                                 r32 = {"32", "heads", "head_dim"};
+  expect_params("shaw", {{"shaw_key", r33, true, "normal"}, {"shaw_value", r33, true, "normal"}});
+  expect_params("deberta", {{"deberta_c2p", r32, true, "normal"},
+                            {"deberta_p2c", r32, true, "normal"}});
+  expect_params("transformer_xl", {{"xl_rel", {"257", "heads", "head_dim"}, true, "sinusoidal"},
+                                   {"xl_v", hw, true, "zeros"},
+                                   {"xl_u", {"1", "heads", "head_dim"}, true, "zeros"}});
+  // T5's table and KERPLE's scalars are one tensor shared by every layer.
+  for (const char *enc : {"t5", "rope_t5", "kerple_log", "kerple_power"})
+    for (const auto &p : parse_manifest(*find_entry(enc)).json.at("params"))
+      EXPECT_EQ(p.value("per_layer", true), false) << enc << ": " << p.at("name");
   // ExPE's terms keep this order (q before k, a before b).
   std::vector<std::string> order;
   for (const auto &p : parse_manifest(*find_entry("expe")).params)
