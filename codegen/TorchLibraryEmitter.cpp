@@ -198,15 +198,14 @@ def alibi_slopes(heads):
 
 
 def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=None):
-    """{name: tensor} for every param that is not derived from a projection weight, initialised
-    as the manifest says (zeros, ones, normal, constant, alibi_slopes); trainable ones require
-    grad."""
+    """{name: tensor} for every param whose manifest initialiser is zeros, ones, normal, constant
+    or alibi_slopes; trainable ones require grad. Params derived from a projection weight (see
+    projection_terms) and initialisers this helper does not know are left out: compute them as
+    the manifest says (attention() names any that are missing)."""
     out = {}
     for p in MANIFEST["params"]:
         init, shape = p["init"], param_shape(p["name"], heads, head_dim)
         kind = init["kind"]
-        if kind.startswith("projection_"):
-            continue
         if kind == "zeros":
             t = torch.zeros(shape, dtype=dtype, device=device)
         elif kind == "ones":
@@ -219,7 +218,7 @@ def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=Non
             t = torch.tensor(alibi_slopes(heads), dtype=torch.float64).to(dtype).view(shape)
             t = t.to(device)
         else:
-            raise NotImplementedError(f"param {p['name']!r}: init kind {kind!r}")
+            continue
         out[p["name"]] = t.requires_grad_(bool(p["trainable"]))
     return out
 

@@ -56,7 +56,8 @@ struct Shape {
   int64_t B, H, T, D;
 };
 
-inline std::string where(const KernelInputs &in, const char *op) {
+// "ape_NAME.op: ", the start of every message.
+inline std::string prefix(const KernelInputs &in, const char *op) {
   return std::string("ape_") + in.encoding + "." + op + ": ";
 }
 
@@ -92,7 +93,7 @@ inline void check_like_q(const std::string &w, const at::Tensor &q, const at::Te
 inline Shape check_inputs(const KernelInputs &in, const char *op, const at::Tensor &q,
                           const at::Tensor &k, const at::Tensor &v, at::TensorList features,
                           at::TensorList params) {
-  const std::string w = where(in, op);
+  const std::string w = prefix(in, op);
   TORCH_CHECK_VALUE(q.defined(), w, "q is an undefined tensor");
   TORCH_CHECK_VALUE(q.dim() == 4, w, "q must be a 4-D tensor [B, H, T, D], got shape ",
                     q.sizes());
@@ -132,7 +133,7 @@ inline Shape check_inputs(const KernelInputs &in, const char *op, const at::Tens
 }
 
 inline void check_scale(const KernelInputs &in, const char *op, double scale) {
-  TORCH_CHECK_VALUE(std::isfinite(scale), where(in, op), "scale must be finite, got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(scale), prefix(in, op), "scale must be finite, got ", scale);
 }
 
 inline std::vector<at::Tensor> contiguous_all(at::TensorList ts) {
@@ -222,18 +223,18 @@ inline std::vector<at::Tensor> to_host(at::TensorList ts) {
   return out;
 }
 
-inline ForwardResult forward_on(Where where_, const KernelInputs &in, const at::Tensor &q,
+inline ForwardResult forward_on(Where where, const KernelInputs &in, const at::Tensor &q,
                                 const at::Tensor &k, const at::Tensor &v, at::TensorList features,
                                 at::TensorList params, double scale) {
   const char *op = "attention_forward";
   const Shape s = check_inputs(in, op, q, k, v, features, params);
   check_scale(in, op, scale);
-  switch (where_) {
+  switch (where) {
     case Where::kCpu:
-      TORCH_CHECK(q.device().is_cpu(), where(in, op), "the CPU kernel got q on ", q.device());
+      TORCH_CHECK(q.device().is_cpu(), prefix(in, op), "the CPU kernel got q on ", q.device());
       return forward_cpu(in, s, q, k, v, features, params, scale);
     case Where::kCuda: {
-      TORCH_CHECK(q.is_cuda(), where(in, op), "the CUDA kernel got q on ", q.device());
+      TORCH_CHECK(q.is_cuda(), prefix(in, op), "the CUDA kernel got q on ", q.device());
       auto [o, lse] = forward_cpu(in, s, q.cpu(), k.cpu(), v.cpu(), to_host(features),
                                   to_host(params), scale);
       return {o.to(q.device()), lse.to(q.device())};
@@ -244,18 +245,18 @@ inline ForwardResult forward_on(Where where_, const KernelInputs &in, const at::
   TORCH_INTERNAL_ASSERT(false, "unknown device kind");
 }
 
-inline BackwardResult backward_on(Where where_, const KernelInputs &in, const at::Tensor &dout,
+inline BackwardResult backward_on(Where where, const KernelInputs &in, const at::Tensor &dout,
                                   const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                   const at::Tensor &o, const at::Tensor &lse,
                                   at::TensorList features, at::TensorList params, double scale) {
   const char *op = "attention_backward";
   const Shape s = check_inputs(in, op, q, k, v, features, params);
   check_scale(in, op, scale);
-  const std::string w = where(in, op);
+  const std::string w = prefix(in, op);
   check_like_q(w, q, dout, "dout", q.sizes(), "[B, H, T, D] (q's shape)");
   check_like_q(w, q, o, "o", q.sizes(), "[B, H, T, D] (q's shape)");
   check_like_q(w, q, lse, "lse", {s.B, s.H, s.T}, "[B, H, T]");
-  switch (where_) {
+  switch (where) {
     case Where::kCpu:
       TORCH_CHECK(q.device().is_cpu(), w, "the CPU kernel got q on ", q.device());
       return backward_cpu(in, s, dout, q, k, v, o, lse, features, params, scale);
@@ -350,7 +351,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                                  torch::autograd::variable_list grad_outputs) {
     const auto &in = *reinterpret_cast<const KernelInputs *>(
         static_cast<intptr_t>(ctx->saved_data["inputs"].toInt()));
-    TORCH_CHECK(!at::GradMode::is_enabled(), where(in, "attention"),
+    TORCH_CHECK(!at::GradMode::is_enabled(), prefix(in, "attention"),
                 "the kernel's backward is not differentiable (no double backward: "
                 "create_graph=True is not supported)");
     const double scale = ctx->saved_data["scale"].toDouble();
@@ -388,7 +389,7 @@ inline at::Tensor attention(const KernelInputs &in, const at::Tensor &q, const a
   if (at::GradMode::is_enabled()) {
     for (int i = 0; i < in.num_params; ++i)
       TORCH_CHECK_VALUE(in.params[i].trainable || !params[i].requires_grad(),
-                        where(in, "attention"), "param '", in.params[i].name,
+                        prefix(in, "attention"), "param '", in.params[i].name,
                         "' requires grad, but the encoding declares it not trainable: the kernel "
                         "computes no gradient for it. Pass a tensor that does not require grad "
                         "(a buffer, or .detach()).");
