@@ -198,8 +198,8 @@ def alibi_slopes(heads):
 
 
 def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=None):
-    """{name: tensor} for every param whose manifest initialiser is zeros, ones, normal, constant
-    or alibi_slopes; trainable ones require grad. Params derived from a projection weight (see
+    """{name: tensor} for every param whose manifest initialiser is zeros, ones, normal, constant,
+    alibi_slopes or sinusoidal; trainable ones require grad. Params derived from a projection weight (see
     projection_terms) and initialisers this helper does not know are left out: compute them as
     the manifest says (attention() names any that are missing)."""
     out = {}
@@ -217,6 +217,13 @@ def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=Non
         elif kind == "alibi_slopes":
             t = torch.tensor(alibi_slopes(heads), dtype=torch.float64).to(dtype).view(shape)
             t = t.to(device)
+        elif kind == "sinusoidal":  # [rows, heads, head_dim]: PE[r, h*head_dim + c], d = heads*head_dim
+            d = heads * head_dim
+            r = torch.arange(shape[0], dtype=torch.float64).unsqueeze(1)
+            c = torch.arange(d)
+            angle = r / torch.pow(torch.tensor(10000.0, dtype=torch.float64), (c - c % 2).double() / d)
+            t = torch.where(c % 2 == 0, torch.sin(angle), torch.cos(angle))
+            t = t.to(dtype).view(shape).to(device)
         else:
             continue
         out[p["name"]] = t.requires_grad_(bool(p["trainable"]))
