@@ -1,6 +1,6 @@
 //===- apec.cpp - the APE compiler ----------------------------------------===//
 //
-//   apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,cuda,cuda-package]
+//   apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,torch-library,c-abi,cuda,cuda-package]
 //
 // Parses and verifies the spec, lowers every ape.encoding in it through the
 // whole pipeline (expand, push-override, fuse, differentiate, schedule) and
@@ -177,7 +177,7 @@ int main(int argc, char **argv) {
   cl::ParseCommandLineOptions(
       argc, argv,
       "apec: compile an APE positional-encoding spec into fused attention kernels\n\n"
-      "  apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,cuda,cuda-package]\n\n"
+      "  apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,torch-library,c-abi,cuda,cuda-package]\n\n"
       "For every ape.encoding @NAME in SPEC.mlir writes OUTDIR/NAME_cpu.cpp (the fused CPU\n"
       "kernel), OUTDIR/NAME.manifest.json and OUTDIR/NAME.kernel.mlir (the lowered IR).\n"
       "--emit=torch-library / c-abi write OUTDIR/NAME_torch_library/ (PyTorch operators) and\n"
