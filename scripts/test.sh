@@ -20,7 +20,7 @@ echo "[ape] GoogleTest suites (kernels against materialised references, template
 (cd "$build" && ctest -E '^lit$' --output-on-failure -j2 --timeout 1200) | tee "$log.ctest"
 ctest_status=${PIPESTATUS[0]}
 
-echo "[ape] framework suite (apec --emit=torch-library,c-abi built and loaded: pytest, Debian's torch)"
+echo "[ape] framework suite (apec --emit=torch-library,c-abi built and loaded: pytest, the project's PyTorch)"
 test/python/run.sh "$build/framework-tests" "$build/tools/apec" -- -q -rs 2>&1 | tee "$log.pytest"
 pytest_status=${PIPESTATUS[0]}
 

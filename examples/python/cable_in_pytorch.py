@@ -9,7 +9,7 @@
 4. checks the fused operator against PyTorch's own materialised Cable attention: the loss and
    every parameter gradient of the model, in float64.
 
-    /usr/bin/python3 examples/python/cable_in_pytorch.py --apec build/tools/apec --work /tmp/ape-py
+    .venv/bin/python examples/python/cable_in_pytorch.py --apec build/tools/apec --work /tmp/ape-py
 """
 import argparse
 import importlib.util

@@ -8,7 +8,7 @@
 # With APEC (e.g. build/tools/apec) the folders are emitted into WORKDIR/emitted first; without it
 # WORKDIR/emitted must hold them already (a machine without MLIR, e.g. a GPU machine with another
 # PyTorch: copy WORKDIR/emitted there). APE_PYTHON is the interpreter whose torch is tested
-# (default /usr/bin/python3, Debian's python3-torch). Exit status: pytest's.
+# (default: the project venv of scripts/install-deps.sh, .venv or $APE_VENV). Exit status: pytest's.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:?usage: test/python/run.sh WORKDIR [APEC] [-- PYTEST_ARGS...]}
@@ -16,7 +16,7 @@ shift
 apec=""
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then apec=$1; shift; fi
 if [ $# -gt 0 ] && [ "$1" == "--" ]; then shift; fi
-python=${APE_PYTHON:-/usr/bin/python3}
+python=${APE_PYTHON:-${APE_VENV:-$root/.venv}/bin/python}
 encodings=(rope alibi cable expe)
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
