@@ -3,7 +3,7 @@
 // The sibling of CpuEmitter.cpp: the same `Enc` functor (emitEncFunctor with
 // FunctorTarget::Cuda: members APE_HD and templated on the context type), put
 // into a header of its own, plus thin instantiation files of the CUDA template
-// codegen/templates/ape/cuda_attention.cuh, one per (input dtype, head dim)
+// kernels/include/ape/cuda_attention.cuh, one per (input dtype, head dim)
 // and named by both, so that nvcc compiles them in parallel and a build
 // compiles only the variants it asks for:
 //   NAME_cuda.cuh               the functor (namespace ape_gen_NAME)
@@ -47,7 +47,7 @@ void banner(KernelOp kernel, StringRef source, raw_ostream &os) {
 } // namespace
 
 LogicalResult mlir::ape::emitCudaHeader(KernelOp kernel, StringRef source, raw_ostream &os) {
-  // What codegen/templates/ape/cuda_attention.cuh implements: causal attention; its tiles are
+  // What kernels/include/ape/cuda_attention.cuh implements: causal attention; its tiles are
   // its own (per dtype and head dim), so the schedule's CPU tiles do not constrain it.
   if (!kernel.getCausal())
     return kernel.emitOpError("is not causal: the CUDA kernel template implements causal "

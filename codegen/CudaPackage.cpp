@@ -4,7 +4,7 @@
 // (DIR/kernels/), what makes DIR build on a machine that has only CUDA and a
 // C++ compiler: the kernel templates (DIR/include/ape/), a CMakeLists.txt, a
 // README and a smoke program. Their text is embedded into apec at build time
-// from codegen/templates (EmbedFiles.cmake), so an installed apec needs no
+// from kernels/include and codegen/templates (EmbedFiles.cmake), so an installed apec needs no
 // source tree.
 //
 //===----------------------------------------------------------------------===//

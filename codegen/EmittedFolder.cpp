@@ -15,7 +15,7 @@ struct EmbeddedFile {
   const char *path;
   const char *text;
 };
-// {"ape/cpu_attention.h", R"(...)"}, ...: codegen/templates/ape/*.h that the folders copy,
+// {"ape/cpu_attention.h", R"(...)"}, ...: kernels/include/ape/*.h that the folders copy,
 // written by codegen/EmbedFiles.cmake (see codegen/CMakeLists.txt).
 const EmbeddedFile kTemplates[] = {
 #include "LibraryTemplates.inc"
@@ -199,7 +199,7 @@ LogicalResult folder::addKernelSources(KernelOp kernel, StringRef source,
         found = &f;
     if (!found)
       return kernel.emitOpError("needs the template ")
-             << path << ", which apec was built without (codegen/templates/)";
+             << path << ", which apec was built without (kernels/include/)";
     llvm::append_range(pending, apeIncludes(path, found->text));
     files.push_back({path, found->text});
   }

@@ -3,7 +3,7 @@
 // Private to codegen/: what `apec --emit=torch-library` (TorchLibraryEmitter.cpp) and
 // `apec --emit=c-abi` (CAbiEmitter.cpp) share. Both write a folder that builds without MLIR or
 // the APE runtime: the generated CPU kernel, the kernel templates it includes (embedded in apec
-// at build time), the manifest, and a table of the kernel's inputs (templates/ape/
+// at build time), the manifest, and a table of the kernel's inputs (kernels/include/ape/
 // kernel_inputs.h) that the library checks its arguments against.
 //
 //===----------------------------------------------------------------------===//
@@ -50,7 +50,7 @@ std::string uniqueIdentifier(StringRef name, llvm::StringSet<> &taken);
 std::string kernelInputsDefinition(const KernelInputInfo &info);
 
 /// Appends to `files`: NAME_cpu.cpp (the CPU kernel), NAME.manifest.json, the embedded
-/// templates named in `templates` (paths under codegen/templates, e.g. "ape/torch_ops.h") and
+/// templates named in `templates` (paths under kernels/include, e.g. "ape/torch_ops.h") and
 /// every template that they or the kernel include.
 LogicalResult addKernelSources(KernelOp kernel, StringRef source, ArrayRef<StringRef> templates,
                                std::vector<EmittedFile> &files);

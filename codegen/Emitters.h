@@ -10,15 +10,15 @@
 namespace mlir::ape {
 
 /// Writes the CPU C++ source of `kernel`: an `Enc` functor struct generated from
-/// its regions, the instantiations of codegen/templates/ape/cpu_attention.h and
+/// its regions, the instantiations of kernels/include/ape/cpu_attention.h and
 /// `extern "C" const ape::KernelEntry *ape_kernel_entry_<name>()`. `source` names
 /// the spec the kernel came from (written into the header comment).
 LogicalResult emitCpuKernel(KernelOp kernel, llvm::StringRef source, llvm::raw_ostream &os);
 
 /// Which kernel template an `Enc` functor is written for.
 enum class FunctorTarget {
-  Cpu,  // members on ape::HeadCtx<T> (codegen/templates/ape/cpu_attention.h)
-  Cuda, // members on any context type, declared APE_HD (codegen/templates/ape/cuda_attention.cuh)
+  Cpu,  // members on ape::HeadCtx<T> (kernels/include/ape/cpu_attention.h)
+  Cuda, // members on any context type, declared APE_HD (kernels/include/ape/cuda_attention.cuh)
 };
 
 /// Writes `struct Enc { ... };`: the functor translated from the regions of `kernel` (token
@@ -26,7 +26,7 @@ enum class FunctorTarget {
 /// the CUDA emitters share it; only the member declarations differ by `target`.
 LogicalResult emitEncFunctor(KernelOp kernel, FunctorTarget target, llvm::raw_ostream &os);
 
-/// Writes the CUDA sources of `kernel` for the CUDA template (codegen/templates/ape/
+/// Writes the CUDA sources of `kernel` for the CUDA template (kernels/include/ape/
 /// cuda_attention.cuh): `header` gets the functor and the manifest (NAME_cuda.cuh), `entry` the
 /// dispatch over the instantiated (dtype, head_dim) pairs and
 /// `extern "C" const ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_<name>()` (NAME_cuda.cu),

@@ -15,5 +15,5 @@ config.environment["PATH"] = os.pathsep.join(
 config.environment["FILECHECK_OPTS"] = "--enable-var-scope"
 
 config.substitutions.append(("%ape_src", config.ape_src_root))
-config.substitutions.append(("%ape_templates", os.path.join(config.ape_src_root, "codegen", "templates")))
+config.substitutions.append(("%ape_templates", os.path.join(config.ape_src_root, "kernels", "include")))
 config.substitutions.append(("%cxx", config.cxx_compiler))

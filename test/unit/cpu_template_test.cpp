@@ -1,4 +1,4 @@
-// Tests of the CPU attention template (codegen/templates/ape/cpu_attention.h) with hand-written
+// Tests of the CPU attention template (kernels/include/ape/cpu_attention.h) with hand-written
 // encoding functors, against a materialised fp64 LibTorch reference (full T x T logits, explicit
 // rotations and biases, causal mask, softmax, autograd).
 //

@@ -6,7 +6,7 @@ add_executable(ape_cuda_kernels_test
   ${APE_SOURCE_DIR}/test/unit/cuda_kernels_test.cpp
   ${APE_SOURCE_DIR}/test/unit/kernel_reference.cpp)
 target_include_directories(ape_cuda_kernels_test PRIVATE
-  ${APE_SOURCE_DIR}/codegen/templates ${APE_SOURCE_DIR}/test/unit)
+  ${APE_SOURCE_DIR}/kernels/include ${APE_SOURCE_DIR}/test/unit)
 target_compile_options(ape_cuda_kernels_test PRIVATE -O2)
 target_link_libraries(ape_cuda_kernels_test PRIVATE ape_cuda_kernels ape_kernels CUDA::cudart
                       "${TORCH_LIBRARIES}" GTest::gtest nlohmann_json::nlohmann_json)
