@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "cuda_kernel_entry.h"
+#include "enc_traits.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "ape/cuda_attention.cuh needs sm_80 or newer (bf16 tensor cores)"
@@ -142,11 +143,15 @@ template <int N> struct ParamPtrs {
 // The context the functors see on the GPU: the members of ape::HeadCtx, with sinks in place of
 // the private accumulators.
 template <class Enc> struct DevCtx {
+  static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   int64_t b, h, H, T, D;
   ParamPtrs<array_len(Enc::kNumParams)> params;
   const float *tok;                              // this slice: tok[n*T + t]
   FixedSink dtok;                                // this slice, same layout
   FixedSinks<array_len(Enc::kNumParams)> dparams;  // global sums
+  ParamPtrs<NR> rel;                             // this slice's relative rows n: (T, rows_n)
+  FixedSinks<NR> drel;                           // their gradients, same layout
+  FixedSink vmass;                               // value rows: sum_j P_ij per (i, row), (T, rows)
 };
 
 // ---- launch parameters (one plain struct, by value) -----------------------------------------------
@@ -172,7 +177,21 @@ template <class Enc, class In> struct Params {
   float *dtok;                      // (B*H, kNumTok, T)
   unsigned long long *dparam_fx[NP];  // numel x 2 words each
   uint32_t *status;                 // CudaAttnArgs::status (backward)
+  // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
+  static constexpr int NR = array_len(traits::NumRel<Enc>::value);
+  float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
+  unsigned long long *drel_fx[NR];  // (B*H, T, rows_n) x 2 words
+  float *drel[NR];                  // (B*H, T, rows_n)
+  float *vdrow;                     // (B*H, T, kValueRows): dO_i . table[r, h, :]
+  unsigned long long *vmass_fx;     // (B*H, T, kValueRows) x 2 words: sum_j P_ij [r(i, j) = r]
+  float *vmass;                     // (B*H, T, kValueRows)
 };
+
+// Rows of the value-rows table (0 without one).
+template <class Enc> constexpr int64_t value_rows() {
+  if constexpr (traits::HasValueRows<Enc>::value) return Enc::kValueRows;
+  else return 0;
+}
 
 template <class Enc, class In>
 __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, bool sinks) {
@@ -186,6 +205,16 @@ __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, boo
   c.tok = p.tok ? p.tok + bh * Enc::kNumTok * p.T : nullptr;
   c.dtok.data = (sinks && p.dtok_fx) ? p.dtok_fx + 2 * bh * Enc::kNumTok * p.T : nullptr;
   c.dtok.status = p.status;
+  if constexpr (traits::NumRel<Enc>::value > 0) {
+    for (int n = 0; n < Enc::kNumRel; ++n) {
+      const int64_t rows = Enc::rel_rows(n);
+      c.rel.p[n] = p.rel[n] + bh * p.T * rows;
+      c.drel.p[n] = (sinks && p.drel_fx[n]) ? p.drel_fx[n] + 2 * bh * p.T * rows : nullptr;
+    }
+  }
+  c.drel.status = p.status;
+  c.vmass.data = (sinks && p.vmass_fx) ? p.vmass_fx + 2 * bh * p.T * value_rows<Enc>() : nullptr;
+  c.vmass.status = p.status;
   return c;
 }
 
@@ -381,6 +410,100 @@ template <class Enc, class In, int D> __global__ void delta_kernel(const Params<
   p.delta[row] = d;
 }
 
+// ---- relative rows and the value-rows term ----------------------------------------------------------
+// R_n[bh, t, r] = (x'_t + bias_h) . table[r, h, :] with x' = q' (rel_side 0) or k', for every
+// slice, row and table row: one thread each, the dot product in fp32 in column order.
+template <class Enc, class In>
+__global__ void rel_rows_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * rows) return;
+  const int64_t r = e % rows, t = (e / rows) % p.T, bh = e / (rows * p.T), h = bh % p.H;
+  const In *x = (Enc::rel_side(n) == 0 ? p.qm : p.km) + (bh * p.T + t) * D;
+  const float *table = p.params[Enc::rel_table(n)] + (r * p.H + h) * D;
+  const float *bias = Enc::rel_bias(n) >= 0 ? p.params[Enc::rel_bias(n)] + h * D : nullptr;
+  float acc = 0.f;
+  for (int64_t c = 0; c < D; ++c) acc += (to_float(x[c]) + (bias ? bias[c] : 0.f)) * table[c];
+  p.rel[n][e] = acc;
+}
+
+// dx'[bh, t, c] += sum_r dR_n[bh, t, r] table[r, h, c] (into dq' or dk', after the attention
+// kernels wrote them).
+template <class Enc, class In>
+__global__ void rel_rows_dx_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * D) return;
+  const int64_t c = e % D, bht = e / D, h = (bht / p.T) % p.H;
+  const float *dr = p.drel[n] + bht * rows;
+  const float *table = p.params[Enc::rel_table(n)] + h * D + c;
+  float acc = 0.f;
+  for (int64_t r = 0; r < rows; ++r) acc += dr[r] * table[r * p.H * D];
+  (Enc::rel_side(n) == 0 ? p.dqm : p.dkm)[e] += acc;
+}
+
+// The table's and the bias's gradients, one thread per element, summed over (b, t) (and r for
+// the bias) in a fixed order, added to the parameter gradients the sinks wrote.
+template <class Enc, class In>
+__global__ void rel_rows_dparams_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D, H = p.H, T = p.T;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int tab = Enc::rel_table(n), bi = Enc::rel_bias(n);
+  const float *bias = bi >= 0 ? p.params[bi] : nullptr;
+  const In *xs = Enc::rel_side(n) == 0 ? p.qm : p.km;
+  if (e < rows * H * D && Enc::rel_table_trainable(n)) {  // dtable[r, h, c]
+    const int64_t c = e % D, h = (e / D) % H, r = e / (D * H);
+    float acc = 0.f;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t bht = (b * H + h) * T + t;
+        acc += p.drel[n][bht * rows + r] * (to_float(xs[bht * D + c]) + (bias ? bias[h * D + c] : 0.f));
+      }
+    p.dparams[tab][e] += acc;
+  }
+  if (bi >= 0 && Enc::rel_bias_trainable(n) && e < H * D) {  // dbias[h, c]
+    const int64_t c = e % D, h = e / D;
+    const float *table = p.params[tab];
+    float acc = 0.f;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const float *dr = p.drel[n] + ((b * H + h) * T + t) * rows;
+        for (int64_t r = 0; r < rows; ++r) acc += dr[r] * table[(r * H + h) * D + c];
+      }
+    p.dparams[bi][e] += acc;
+  }
+}
+
+// Value rows, backward inputs: vdrow[bh, i, r] = dO_i . table[r, h, :].
+template <class Enc, class In>
+__global__ void value_drow_kernel(const Params<Enc, In> p) {
+  constexpr int64_t R = value_rows<Enc>();
+  const int64_t D = p.D, e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * R) return;
+  const int64_t r = e % R, bht = e / R, h = (bht / p.T) % p.H;
+  const In *dout = p.dout + bht * D;
+  const float *table = p.params[Enc::kValueTable] + (r * p.H + h) * D;
+  float acc = 0.f;
+  for (int64_t c = 0; c < D; ++c) acc += to_float(dout[c]) * table[c];
+  p.vdrow[e] = acc;
+}
+
+// dtable[r, h, c] += sum_{b, i} mass[b, h, i, r] dO[b, h, i, c], one thread per element.
+template <class Enc, class In>
+__global__ void value_dtable_kernel(const Params<Enc, In> p) {
+  constexpr int64_t R = value_rows<Enc>();
+  const int64_t D = p.D, H = p.H, T = p.T, e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= R * H * D) return;
+  const int64_t c = e % D, h = (e / D) % H, r = e / (D * H);
+  float acc = 0.f;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t bhi = (b * H + h) * T + i;
+      acc += p.vmass[bhi * R + r] * to_float(p.dout[bhi * D + c]);
+    }
+  p.dparams[Enc::kValueTable][e] += acc;
+}
+
 // ---- forward ---------------------------------------------------------------------------------------
 template <class In, int D> struct FwdSmem {
   using C = Cfg<In, D>;
@@ -399,12 +522,23 @@ template <class In, int D> struct FwdSmem {
   static_assert(bytes <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
-// One block per (query tile, slice): grid (B*H, ceil(T / BQ)).
+// Shared memory of the forward of Enc: FwdSmem, then the value rows' masses (BQ x kValueRows).
+template <class Enc, class In, int D> constexpr size_t fwd_smem_bytes() {
+  using L = FwdSmem<In, D>;
+  return align_up(L::bytes + sizeof(float) * L::BQ * value_rows<Enc>());
+}
+
+// One block per (query tile, slice): grid (B*H, ceil(T / BQ)). With value rows, each query row
+// also keeps its unnormalised probability mass per table row (rescaled with the running max
+// like O), and o_i gains sum_r mass_i[r] table[r, h, :] / l_i.
 template <class Enc, class In, int D>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In> p) {
   using L = FwdSmem<In, D>;
   constexpr int BQ = L::BQ, BK = L::BK;
+  constexpr int64_t R = value_rows<Enc>();
+  static_assert(fwd_smem_bytes<Enc, In, D>() <= kSmemLimit, "value rows exceed shared memory");
   APE_DYNAMIC_SMEM(smem);
+  float *sMass = reinterpret_cast<float *>(smem + L::bytes);  // (BQ, R)
   In *sQ = reinterpret_cast<In *>(smem + L::q), *sK = reinterpret_cast<In *>(smem + L::k);
   In *sV = reinterpret_cast<In *>(smem + L::v), *sP = reinterpret_cast<In *>(smem + L::pr);
   float *sS = reinterpret_cast<float *>(smem + L::s), *sO = reinterpret_cast<float *>(smem + L::o);
@@ -418,6 +552,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
   load_rows<In, BQ, D>(sQ, L::LI, p.qm + base, i0, T);
   zero_acc<BQ, D>(sO, L::LO);
   for (int r = threadIdx.x; r < BQ; r += kThreads) sM[r] = -kInf, sL[r] = 0.f;
+  for (int64_t e = threadIdx.x; e < BQ * R; e += kThreads) sMass[e] = 0.f;
   __syncthreads();
 
   const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;  // queries of this tile: [i0, i_end)
@@ -445,13 +580,17 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
       float mx = sM[r];
       for (int c = 0; c < BK; ++c) mx = fmaxf(mx, s[c]);
       const float ref = mx == -kInf ? 0.f : mx;  // all logits -inf so far: the row stays zero
+      const float alpha = expf(sM[r] - ref);
       float sum = 0.f;
+      if constexpr (R > 0)
+        for (int64_t k = 0; k < R; ++k) sMass[r * R + k] *= alpha;
       for (int c = 0; c < BK; ++c) {
         const float e = s[c] == -kInf ? 0.f : expf(s[c] - ref);
         sP[r * L::LP + c] = from_float<In>(e);
         sum += e;
+        if constexpr (R > 0)
+          if (e != 0.f) sMass[r * R + Enc::value_row(ctx, i0 + r, j0 + c)] += e;
       }
-      const float alpha = expf(sM[r] - ref);
       sL[r] = sL[r] * alpha + sum;
       sM[r] = mx;
       sA[r] = alpha;
@@ -466,7 +605,12 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
     const int r = e / D, c = e % D;
     if (i0 + r < T) {
       const float inv = sL[r] > 0.f ? 1.f / sL[r] : 0.f;
-      p.o[base + (i0 + r) * D + c] = from_float<In>(sO[r * L::LO + c] * inv);
+      float o = sO[r * L::LO + c] * inv;
+      if constexpr (R > 0) {
+        const float *table = p.params[Enc::kValueTable] + ctx.h * D + c;
+        for (int64_t k = 0; k < R; ++k) o += sMass[r * R + k] * inv * table[k * p.H * D];
+      }
+      p.o[base + (i0 + r) * D + c] = from_float<In>(o);
     }
   }
   for (int r = threadIdx.x; r < BQ; r += kThreads)
@@ -529,7 +673,13 @@ __device__ inline void bwd_tile(const Params<Enc, In> &p, const DevCtx<Enc> &ctx
       if constexpr (Enc::kHasScoreMod) logit = Enc::score_mod(ctx, i, j, raw);
       const float lse = sLse[r] == -kInf ? kInf : sLse[r];  // a row without finite logits: P = 0
       pv = expf(logit - lse);
-      const float g = pv * (sDP[r * L::LS + c] - sDelta[r]);
+      float dp = sDP[r * L::LS + c];
+      if constexpr (value_rows<Enc>() > 0) {  // o_i also holds sum_j P_ij table[r(i, j)]
+        const int64_t vr = Enc::value_row(ctx, i, j);
+        dp += p.vdrow[((ctx.b * ctx.H + ctx.h) * p.T + i) * value_rows<Enc>() + vr];
+        if constexpr (Enc::kValueTableTrainable) ctx.vmass[i * value_rows<Enc>() + vr] += pv;
+      }
+      const float g = pv * (dp - sDelta[r]);
       if constexpr (Enc::kHasScoreMod)
         dsv = p.scale * Enc::score_mod_grad(ctx, i, j, raw, g);
       else
@@ -732,6 +882,15 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
       return err;
     p.km = km;
   }
+  if constexpr (traits::NumRel<Enc>::value > 0) {
+    for (int r = 0; r < Enc::kNumRel; ++r) {
+      const int64_t m = BH * p.T * Enc::rel_rows(r);
+      p.rel[r] = scratch.take<float>(m, err);
+      if (err != cudaSuccess ||
+          (err = launch(rel_rows_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)) != cudaSuccess)
+        return err;
+    }
+  }
   return cudaSuccess;
 }
 
@@ -755,9 +914,10 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   Scratch scratch(st);
   if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
   using L = FwdSmem<In, kD>;
-  if ((err = allow_smem(forward_kernel<Enc, In, kD>, L::bytes)) != cudaSuccess) return err;
+  constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
+  if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ));
-  return launch(forward_kernel<Enc, In, kD>, grid, kThreads, L::bytes, st, p);
+  return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
 }
 
 // Backward: dq, dk, dv, dfeatures, dparams from q, k, v, o, lse, dout, features, params.
@@ -793,6 +953,24 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
     if (err == cudaSuccess && numel > 0)
       err = cudaMemsetAsync(p.dparam_fx[k], 0, 2 * sizeof(unsigned long long) * numel, st);
   }
+  constexpr int kNumRel = traits::NumRel<Enc>::value;
+  constexpr int64_t kValueRows = value_rows<Enc>();
+  if constexpr (kNumRel > 0)
+  for (int r = 0; r < kNumRel; ++r) {
+    const int64_t m = BH * T * Enc::rel_rows(r);
+    p.drel_fx[r] = scratch.take<unsigned long long>(2 * m, err);
+    p.drel[r] = scratch.take<float>(m, err);
+    if (err == cudaSuccess) err = cudaMemsetAsync(p.drel_fx[r], 0, 2 * sizeof(unsigned long long) * m, st);
+  }
+  if constexpr (kValueRows > 0) {
+    const int64_t m = BH * T * kValueRows;
+    p.vdrow = scratch.take<float>(m, err);
+    p.vmass_fx = scratch.take<unsigned long long>(2 * m, err);
+    p.vmass = scratch.take<float>(m, err);
+    if (err == cudaSuccess) err = cudaMemsetAsync(p.vmass_fx, 0, 2 * sizeof(unsigned long long) * m, st);
+    if (err == cudaSuccess)
+      err = launch(value_drow_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
+  }
   if (err != cudaSuccess) return err;
 
   using L = BwdSmem<In, kD>;
@@ -804,8 +982,18 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
       (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
                     L::bytes_dkdv, st, p)) ||
       (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads, L::bytes_dq,
-                    st, p)) ||
-      (err = launch(mod_backward_kernel<Enc, In, true, kD>, blocks_for(BH * T, 64), 64, 0, st, p,
+                    st, p)))
+    return err;
+  if constexpr (kNumRel > 0)
+  for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'
+    const int64_t m = BH * T * Enc::rel_rows(r);
+    if ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
+                      static_cast<const unsigned long long *>(p.drel_fx[r]), p.drel[r], m,
+                      static_cast<const uint32_t *>(p.status))) ||
+        (err = launch(rel_rows_dx_kernel<Enc, In>, blocks_for(n, 256), 256, 0, st, p, r)))
+      return err;
+  }
+  if ((err = launch(mod_backward_kernel<Enc, In, true, kD>, blocks_for(BH * T, 64), 64, 0, st, p,
                     p.q, p.dqm, p.dq)) ||
       (err = launch(mod_backward_kernel<Enc, In, false, kD>, blocks_for(BH * T, 64), 64, 0, st, p,
                     p.k, p.dkm, p.dk)))
@@ -828,6 +1016,22 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
         (err = launch(fixed_to_float_kernel<>, blocks_for(numel, 256), 256, 0, st,
                       static_cast<const unsigned long long *>(p.dparam_fx[k]), a.dparams[k], numel,
                       static_cast<const uint32_t *>(p.status))))
+      return err;
+  }
+  // Tables of relative rows and value rows: their gradients add to what the sinks summed.
+  if constexpr (kNumRel > 0)
+  for (int r = 0; r < kNumRel; ++r) {
+    const int64_t m = Enc::rel_rows(r) * a.H * kD;
+    if ((err = launch(rel_rows_dparams_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)))
+      return err;
+  }
+  if constexpr (kValueRows > 0) {
+    const int64_t m = BH * T * kValueRows, tab = kValueRows * a.H * kD;
+    if (Enc::kValueTableTrainable &&
+        ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
+                       static_cast<const unsigned long long *>(p.vmass_fx), p.vmass, m,
+                       static_cast<const uint32_t *>(p.status))) ||
+         (err = launch(value_dtable_kernel<Enc, In>, blocks_for(tab, 256), 256, 0, st, p))))
       return err;
   }
   return cudaSuccess;
