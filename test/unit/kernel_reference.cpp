@@ -416,7 +416,7 @@ struct RoundGrad : torch::autograd::Function<RoundGrad> {
 
 // o = softmax(logits) v with the kernel's rounding: P rounded for P V and dV = P^T dO, o rounded,
 // and the backward's Delta_i = dO_i . o_i read from the rounded o. With a value table aV
-// ([R, H, D], Shaw's value term with r(i, j) = clip(i - j, 0, R - 1)), o_i also gains
+// ([R, H, D], Shaw's value term with r(i, j) = clip(i - j, 0, R - 1); empty: none), o_i also gains
 // sum_j P_ij aV[r(i, j)] from the unrounded P, before o is rounded.
 struct SoftmaxV : torch::autograd::Function<SoftmaxV> {
   static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &logits,
@@ -425,8 +425,8 @@ struct SoftmaxV : torch::autograd::Function<SoftmaxV> {
     const auto P = torch::softmax(logits, -1);
     const auto Pr = P.to(dt).to(torch::kFloat64);
     auto o = torch::matmul(Pr, v);
-    torch::Tensor r;
-    if (aV.defined()) {
+    torch::Tensor r = torch::empty({0}, torch::kLong);
+    if (aV.numel() > 0) {
       const int64_t T = logits.size(-1), R = aV.size(0);
       r = causal_distance(T).clamp_max(R - 1).view({1, 1, T, T}).expand_as(P).contiguous();
       const auto mass = torch::zeros({P.size(0), P.size(1), T, R}, kF64).scatter_add(-1, r, P);
@@ -445,7 +445,7 @@ struct SoftmaxV : torch::autograd::Function<SoftmaxV> {
     const auto dv = torch::matmul(Pr.transpose(-1, -2), dO);
     auto dP = torch::matmul(dO, v.transpose(-1, -2));
     torch::Tensor daV;
-    if (aV.defined()) {  // dP_ij += dO_i . aV[r(i, j)]; daV[r] = sum_i mass_i[r] dO_i
+    if (aV.numel() > 0) {  // dP_ij += dO_i . aV[r(i, j)]; daV[r] = sum_i mass_i[r] dO_i
       const auto rows = torch::einsum("bhtd,rhd->bhtr", {dO, aV});
       dP = dP + rows.gather(-1, r);
       const auto mass = torch::zeros_like(rows).scatter_add(-1, r, P);
@@ -506,7 +506,7 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
   if (round && encoding == "shaw")
     o = SoftmaxV::apply(logits, in.v, param(in.params, "shaw_value"), rdt);
   else if (round)
-    o = SoftmaxV::apply(logits, in.v, torch::Tensor(), rdt);
+    o = SoftmaxV::apply(logits, in.v, torch::empty({0}, kF64), rdt);
   else
     o = torch::matmul(P, in.v);
   if (encoding == "shaw" && !round) {
