@@ -139,9 +139,18 @@ bool run_variant(const ape::cuda::CudaKernelEntry &e, const ape::cuda::CudaVaria
   a.features = fp.data(), a.params = pp.data(), a.scale = 1.f / std::sqrt(float(D));
   a.dout = dout.p, a.dq = dq.p, a.dk = dk.p, a.dv = dv.p;
   a.dfeatures = dfp.data(), a.dparams = dpp.data();
+  Buffer status;  // the backward's status word (cuda_kernel_entry.h), zeroed
+  if (!upload(status, std::vector<float>(1, 0.f), DType::F32)) return false;
+  a.status = static_cast<uint32_t *>(status.p);
   CHECK(v.forward(a));
   CHECK(v.backward(a));
   CHECK(cudaDeviceSynchronize());
+  uint32_t st = 0;
+  CHECK(cudaMemcpy(&st, status.p, sizeof st, cudaMemcpyDeviceToHost));
+  if (st & ape::cuda::kStatusErrors) {
+    std::printf("  status: %s\n", ape::cuda::status_message(st));
+    return false;
+  }
   bool ok = all_finite(o, n, v.dtype, "o") && all_finite(lse, nt, DType::F32, "lse") &&
             all_finite(dq, n, v.dtype, "dq") && all_finite(dk, n, v.dtype, "dk") &&
             all_finite(dv, n, v.dtype, "dv");

@@ -19,6 +19,7 @@
 
 // CHECK: #include "ape/cuda_attention.cuh"
 // CHECK: namespace ape_gen_rope {
+// CHECK-NEXT: APE_CUDA_ABI_BEGIN
 // CHECK: struct Enc {
 // CHECK: static constexpr int kQPairing = 1;
 // CHECK: template <class T, class Ctx>
@@ -31,7 +32,7 @@
 // ENTRY: const char kManifest[] = R"APE_MANIFEST({
 // ENTRY: {::ape::cuda::DType::BF16, 64, &forward_bf16_hd64, &backward_bf16_hd64},
 // ENTRY: {::ape::cuda::DType::F32, 128, &forward_f32_hd128, &backward_f32_hd128},
-// ENTRY: extern "C" const ::ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_rope() {
+// ENTRY: extern "C" const ::ape::cuda::CudaKernelEntry *APE_CUDA_ENTRY(rope)() {
 // ENTRY: Enc::kNumFeatures, Enc::kNumParams, &Enc::param_numel,
 // ENTRY-NEXT: ape_gen_rope::kVariants, 4};
 
@@ -42,6 +43,8 @@
 // PKG-DAG: smoke.cpp
 // PKG-DAG: cuda_attention.cuh
 // PKG-DAG: cuda_kernel_entry.h
+// PKG-DAG: cuda_platform.cuh
+// PKG-DAG: enc_traits.h
 // PKG-DAG: rope.manifest.json
 // PKG-DAG: rope_cuda_bf16_hd64.cu
 
