@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <string>
 #include <vector>
@@ -41,12 +42,27 @@ struct AsyncCopy {
 
 struct Block;
 
+// Where a thread waits: the source line of a barrier or intrinsic when the call site passed it
+// (__builtin_FILE / __builtin_LINE: the same for every copy the optimiser makes), else the
+// return address.
+struct Site {
+  const void *pc = nullptr;
+  const char *file = nullptr;
+  int line = 0;
+  bool operator==(const Site &o) const {
+    return file || o.file ? (file && o.file && line == o.line && std::strcmp(file, o.file) == 0)
+                          : pc == o.pc;
+  }
+  bool operator!=(const Site &o) const { return !(*this == o); }
+};
+std::string where(const Site &s);
+
 struct Thread {
   ThreadCtx ctx{};
   unsigned tid = 0;  // linear index in the block
   State state = State::Ready;
   boost::context::fiber fiber, back;  // its own context; the scheduler's, while it runs
-  const void *site = nullptr;         // where it blocked (a return address)
+  Site site;                          // where it blocked
   // The warp collective it waits in.
   int op_kind = 0;
   unsigned op_mask = 0;
@@ -132,7 +148,7 @@ std::atomic<size_t> &access_counter();
 // Waits until every lane of `mask` has called the same collective (`kind`, same mask), then runs
 // `complete(warp, mask, args)` once, on the last lane to arrive, with each lane's `arg`.
 using Complete = void (*)(Warp &w, unsigned mask, void *const *args);
-void collective(int kind, unsigned mask, void *arg, Complete complete, const void *pc);
+void collective(int kind, unsigned mask, void *arg, Complete complete, const Site &site);
 
 enum CollectiveKind : int {
   kSyncwarp = 1,

@@ -82,6 +82,13 @@ std::string where(const void *pc) {
   return os.str();
 }
 
+std::string where(const Site &s) {
+  if (!s.file) return where(s.pc);
+  std::ostringstream os;
+  os << " (at " << s.file << ":" << s.line << ")";
+  return os.str();
+}
+
 std::string thread_name(const Block &b, unsigned tid) {
   const dim3 bd = b.launch ? b.launch->block : dim3{};
   std::ostringstream os;
@@ -314,13 +321,13 @@ bool run_block(Block &b, Body body) {
     if (all_done) return true;
     if (ran) continue;
     // Nobody can run: a barrier every live thread reached completes; anything else is stuck.
-    const void *site = nullptr;
+    const Site *site = nullptr;
     bool barrier = true, same_site = true;
     for (Thread &t : b.threads) {
       if (t.state == State::Done) continue;
       if (t.state != State::Barrier) barrier = false;
-      if (!site) site = t.site;
-      else if (t.site != site) same_site = false;
+      if (!site) site = &t.site;
+      else if (t.site != *site) same_site = false;
     }
     if (barrier) {
       if (!same_site)
@@ -351,10 +358,10 @@ FuncAttrs &func_attrs() {
 }  // namespace
 
 // ---- warp collectives ------------------------------------------------------------------------------
-void collective(int kind, unsigned mask, void *arg, Complete complete, const void *pc) {
+void collective(int kind, unsigned mask, void *arg, Complete complete, const Site &site) {
   Thread *t = self();
   if (!t) {
-    report(Check::Synccheck, "a warp intrinsic is called from host code", pc);
+    report(Check::Synccheck, "a warp intrinsic is called from host code" + where(site));
     std::abort();
   }
   Block &b = *tl_worker.block;
@@ -364,27 +371,27 @@ void collective(int kind, unsigned mask, void *arg, Complete complete, const voi
     std::ostringstream os;
     os << "calls a warp collective with mask 0x" << std::hex << mask
        << " that does not include its own lane " << std::dec << t->tid % 32;
-    report(Check::Synccheck, os.str(), pc);
+    report(Check::Synccheck, os.str() + where(site));
     mask |= bit;
   }
   if (mask & ~w.valid) {
     std::ostringstream os;
     os << "warp collective mask 0x" << std::hex << mask << " names lanes that do not exist (0x"
        << (mask & ~w.valid) << ")";
-    report(Check::Synccheck, os.str(), pc);
+    report(Check::Synccheck, os.str() + where(site));
     mask &= w.valid;
   }
   if (mask & w.exited) {
     std::ostringstream os;
     os << "warp collective mask 0x" << std::hex << mask << " names lanes that have returned (0x"
        << (mask & w.exited) << ")";
-    report(Check::Synccheck, os.str(), pc);
+    report(Check::Synccheck, os.str() + where(site));
     mask &= ~w.exited;
   }
   t->op_kind = kind;
   t->op_mask = mask;
   t->op_arg = arg;
-  t->site = pc;
+  t->site = site;
   t->state = State::Collective;
   bool all = true;
   for (unsigned lane = 0; lane < 32; ++lane) {
@@ -399,7 +406,7 @@ void collective(int kind, unsigned mask, void *arg, Complete complete, const voi
       os << "lanes of one warp meet in different collectives: lane " << t->tid % 32 << " (kind "
          << kind << ", mask 0x" << std::hex << mask << ") and lane " << std::dec << lane
          << " (kind " << u->op_kind << ", mask 0x" << std::hex << u->op_mask << ")";
-      report(Check::Synccheck, os.str(), pc);
+      report(Check::Synccheck, os.str() + where(site));
       all = false;
     }
   }
@@ -583,13 +590,13 @@ void *static_smem(const void *id, size_t bytes, size_t align) {
 }
 
 // ---- synchronisation ---------------------------------------------------------------------------
-void syncthreads() {
+void syncthreads(const char *file, int line) {
   Thread *t = self();
   if (!t) {
     report(Check::Synccheck, "__syncthreads is called from host code");
     std::abort();
   }
-  t->site = __builtin_return_address(0);
+  t->site = Site{__builtin_return_address(0), file, line};
   t->state = State::Barrier;
   while (t->state != State::Ready) yield_to_scheduler();
 }
@@ -605,12 +612,13 @@ struct BallotArg {
 };
 }  // namespace
 
-void syncwarp(unsigned mask) {
+void syncwarp(unsigned mask, const char *file, int line) {
   collective(kSyncwarp, mask, nullptr, [](Warp &, unsigned, void *const *) {},
-             __builtin_return_address(0));
+             Site{__builtin_return_address(0), file, line});
 }
 
-uint64_t shfl(unsigned mask, uint64_t value, int src, int width, int mode, int bytes) {
+uint64_t shfl(unsigned mask, uint64_t value, int src, int width, int mode, int bytes,
+              const char *file, int line) {
   (void)bytes;
   ShflArg arg{value, 0, src, width, mode};
   collective(kShfl, mask, &arg, [](Warp &w, unsigned m, void *const *args) {
@@ -641,11 +649,11 @@ uint64_t shfl(unsigned mask, uint64_t value, int src, int width, int mode, int b
       a->out = static_cast<ShflArg *>(args[from])->value;
     }
     (void)w;
-  }, __builtin_return_address(0));
+  }, Site{__builtin_return_address(0), file, line});
   return arg.out;
 }
 
-unsigned ballot(unsigned mask, bool pred) {
+unsigned ballot(unsigned mask, bool pred, const char *file, int line) {
   BallotArg arg{pred, 0};
   collective(kBallot, mask, &arg, [](Warp &, unsigned m, void *const *args) {
     unsigned bits = 0;
@@ -653,7 +661,7 @@ unsigned ballot(unsigned mask, bool pred) {
       if ((m >> lane & 1u) && static_cast<BallotArg *>(args[lane])->pred) bits |= 1u << lane;
     for (unsigned lane = 0; lane < 32; ++lane)
       if (m >> lane & 1u) static_cast<BallotArg *>(args[lane])->out = bits;
-  }, __builtin_return_address(0));
+  }, Site{__builtin_return_address(0), file, line});
   return arg.out;
 }
 

@@ -139,7 +139,7 @@ void wmma_load(int use, int elem, bool col_major, void *frag, const void *ptr, u
       }
     }
     tl_worker.thread = runner;
-  }, __builtin_return_address(0));
+  }, Site{__builtin_return_address(0)});
 }
 
 void wmma_store(float *ptr, const float *frag, unsigned ld, bool col_major) {
@@ -159,7 +159,7 @@ void wmma_store(float *ptr, const float *frag, unsigned ld, bool col_major) {
       }
     }
     tl_worker.thread = runner;
-  }, __builtin_return_address(0));
+  }, Site{__builtin_return_address(0)});
 }
 
 namespace {
@@ -201,7 +201,7 @@ void wmma_mma(int elem, float *d, const void *a, const void *b, const float *c) 
         x->d[e] = D[rc.r][rc.c];
       }
     }
-  }, __builtin_return_address(0));
+  }, Site{__builtin_return_address(0)});
 }
 
 // ---- mma.sync m16n8k16 ----------------------------------------------------------------------------
@@ -240,7 +240,7 @@ void mma_m16n8k16(int elem, float *d, const uint32_t *a, const uint32_t *b, cons
         x->d[i] = D[rc.r][rc.c];
       }
     }
-  }, __builtin_return_address(0));
+  }, Site{__builtin_return_address(0)});
 }
 
 // ---- ldmatrix ---------------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ void ldmatrix(int count, bool trans, uint32_t *regs, const void *row_addr) {
         x->regs[mat] = static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
       }
     }
-  }, __builtin_return_address(0));
+  }, Site{__builtin_return_address(0)});
 }
 
 // ---- cp.async ---------------------------------------------------------------------------------------

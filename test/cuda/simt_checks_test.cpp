@@ -97,6 +97,17 @@ TEST_F(Simt, MemcheckCatchesSharedOverflowUseAfterFreeAndHostDereference) {
   EXPECT_TRUE(has(fs, Check::Memcheck, "host code reads")) << dump(fs);
 }
 
+TEST_F(Simt, StaticSharedMemoryIsPerBlockAndBounded) {
+  std::vector<float> out;
+  ASSERT_EQ(planted::static_shared_reverse(false, out), 0);
+  auto fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(out[i], static_cast<float>(63 - i));
+  ASSERT_EQ(planted::static_shared_reverse(true, out), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Memcheck, "outside the block's shared memory")) << dump(fs);
+}
+
 TEST_F(Simt, InitcheckCatchesAReadOfUnwrittenSharedMemory) {
   ASSERT_EQ(planted::uninitialised_shared_read(), 0);
   const auto fs = findings();

@@ -21,6 +21,9 @@ int read_then_overwrite(int threads);
 int tile_copy(int n, bool off_by_one, std::vector<float> &out);
 // One thread writes one float past the block's dynamic shared memory.
 int shared_overflow();
+// A block reverses 64 floats through static shared memory (APE_STATIC_SMEM) next to 32 bytes
+// of dynamic shared memory; `overflow`: one thread writes one float past the static array.
+int static_shared_reverse(bool overflow, std::vector<float> &out);
 // Reads shared memory that nothing wrote.
 int uninitialised_shared_read();
 // Reads a device buffer after cudaFree.

@@ -55,6 +55,17 @@ __global__ void shared_overflow_kernel(float *out) {
   }
 }
 
+__global__ void static_reverse_kernel(const float *src, float *out, bool overflow) {
+  APE_DYNAMIC_SMEM(dyn);
+  APE_STATIC_SMEM(float, tile, 64);
+  const int t = threadIdx.x;
+  if (t == 0) reinterpret_cast<float *>(dyn)[0] = 0.f;
+  tile[t] = src[t];
+  __syncthreads();
+  out[t] = tile[63 - t];
+  if (overflow && t == 5) tile[64] = 1.f;
+}
+
 __global__ void uninitialised_kernel(float *out) {
   APE_DYNAMIC_SMEM(smem);
   float *s = reinterpret_cast<float *>(smem);
@@ -206,6 +217,18 @@ int shared_overflow() {
   float *d = device_alloc<float>(1);
   const int err = launch(shared_overflow_kernel, 1, 32, 64 * sizeof(float), nullptr, d);
   cudaFree(d);
+  return err;
+}
+
+int static_shared_reverse(bool overflow, std::vector<float> &out) {
+  float *src = device_alloc<float>(64), *dst = device_alloc<float>(64);
+  std::vector<float> host(64);
+  for (int i = 0; i < 64; ++i) host[i] = static_cast<float>(i);
+  cudaMemcpy(src, host.data(), 64 * sizeof(float), cudaMemcpyHostToDevice);
+  const int err = launch(static_reverse_kernel, 2, 64, 32, nullptr, static_cast<const float *>(src),
+                         dst, overflow);
+  to_host(out, dst, 64);
+  cudaFree(src), cudaFree(dst);
   return err;
 }
 

@@ -4,6 +4,7 @@
 // are spelled through this header:
 //   ape::cuda::launch(kernel, grid, block, smem, stream, args...)   instead of <<<...>>>
 //   APE_DYNAMIC_SMEM(name)            extern __shared__ __align__(128) unsigned char name[]
+//   APE_STATIC_SMEM(T, name, n)       __shared__ T name[n] (name is then a T*)
 //   APE_DEVICE_CODE                   defined while compiling code that runs on the device
 //   ape::cuda::ptx::*                 mma.sync, ldmatrix, cp.async (inline PTX under nvcc)
 #pragma once
@@ -12,6 +13,11 @@
 #include "ape/simt/cuda.h"
 #define APE_DEVICE_CODE 1
 #define APE_DYNAMIC_SMEM(name) unsigned char *name = ::ape::simt::dynamic_smem()
+// Reserved once per block (keyed by the address of a static marker), after the dynamic part.
+#define APE_STATIC_SMEM(T, name, n)                                                       \
+  static const char name##_ape_smem_id = 0;                                               \
+  T *name = static_cast<T *>(::ape::simt::static_smem(&name##_ape_smem_id, sizeof(T) * (n), \
+                                                      alignof(T)))
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,6 +27,7 @@
 #define APE_DEVICE_CODE 1
 #endif
 #define APE_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#define APE_STATIC_SMEM(T, name, n) __shared__ T name[n]
 #endif
 
 #include <cstdint>

@@ -161,11 +161,13 @@ cudaError_t launch(void (*kernel)(KP...), dim3 grid, dim3 block, size_t smem, cu
 }
 
 // ---- block and warp synchronisation (kernels/simt/Runtime.cpp) -----------------------------------
-void syncthreads();
-void syncwarp(unsigned mask);
-unsigned ballot(unsigned mask, bool pred);
+// `file`, `line`: the caller's source line (where a stuck thread waits, in reports).
+void syncthreads(const char *file, int line);
+void syncwarp(unsigned mask, const char *file, int line);
+unsigned ballot(unsigned mask, bool pred, const char *file, int line);
 // Shuffles move 4 or 8 bytes; `mode`: 0 idx, 1 up, 2 down, 3 xor.
-uint64_t shfl(unsigned mask, uint64_t value, int src, int width, int mode, int bytes);
+uint64_t shfl(unsigned mask, uint64_t value, int src, int width, int mode, int bytes,
+              const char *file, int line);
 unsigned active_mask();
 
 // Atomics on global or shared memory: checked as atomic accesses, then applied.
@@ -183,42 +185,53 @@ unsigned long long atomic_cas_u64(unsigned long long *p, unsigned long long comp
 
 }  // namespace ape::simt
 
-inline void __syncthreads() { ::ape::simt::syncthreads(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { ::ape::simt::syncwarp(mask); }
-inline unsigned __ballot_sync(unsigned mask, int pred) { return ::ape::simt::ballot(mask, pred != 0); }
-inline int __any_sync(unsigned mask, int pred) { return ::ape::simt::ballot(mask, pred != 0) != 0; }
-inline int __all_sync(unsigned mask, int pred) {
-  return ::ape::simt::ballot(mask, pred != 0) == (mask & ::ape::simt::active_mask());
+#define APE_SIMT_HERE const char *file = __builtin_FILE(), int line = __builtin_LINE()
+inline void __syncthreads(APE_SIMT_HERE) { ::ape::simt::syncthreads(file, line); }
+inline void __syncwarp(unsigned mask = 0xffffffffu, APE_SIMT_HERE) {
+  ::ape::simt::syncwarp(mask, file, line);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred, APE_SIMT_HERE) {
+  return ::ape::simt::ballot(mask, pred != 0, file, line);
+}
+inline int __any_sync(unsigned mask, int pred, APE_SIMT_HERE) {
+  return ::ape::simt::ballot(mask, pred != 0, file, line) != 0;
+}
+inline int __all_sync(unsigned mask, int pred, APE_SIMT_HERE) {
+  return ::ape::simt::ballot(mask, pred != 0, file, line) == (mask & ::ape::simt::active_mask());
 }
 inline unsigned __activemask() { return ::ape::simt::active_mask(); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 
 namespace ape::simt::detail {
-template <class T> T shfl_as(unsigned mask, T v, int src, int width, int mode) {
+template <class T>
+T shfl_as(unsigned mask, T v, int src, int width, int mode, const char *file, int line) {
   static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 4 || sizeof(T) == 8 ||
                                                     sizeof(T) == 2),
                 "shuffles move 2-, 4- or 8-byte values");
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  bits = shfl(mask, bits, src, width, mode, sizeof(T) == 8 ? 8 : 4);
+  bits = shfl(mask, bits, src, width, mode, sizeof(T) == 8 ? 8 : 4, file, line);
   T out;
   std::memcpy(&out, &bits, sizeof(T));
   return out;
 }
 }  // namespace ape::simt::detail
 
-template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
-  return ::ape::simt::detail::shfl_as(mask, v, src, width, 0);
+template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32, APE_SIMT_HERE) {
+  return ::ape::simt::detail::shfl_as(mask, v, src, width, 0, file, line);
 }
-template <class T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-  return ::ape::simt::detail::shfl_as(mask, v, static_cast<int>(delta), width, 1);
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, APE_SIMT_HERE) {
+  return ::ape::simt::detail::shfl_as(mask, v, static_cast<int>(delta), width, 1, file, line);
 }
-template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-  return ::ape::simt::detail::shfl_as(mask, v, static_cast<int>(delta), width, 2);
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, APE_SIMT_HERE) {
+  return ::ape::simt::detail::shfl_as(mask, v, static_cast<int>(delta), width, 2, file, line);
 }
-template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
-  return ::ape::simt::detail::shfl_as(mask, v, lane_mask, width, 3);
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32, APE_SIMT_HERE) {
+  return ::ape::simt::detail::shfl_as(mask, v, lane_mask, width, 3, file, line);
 }
 
 inline float atomicAdd(float *p, float v) { return ::ape::simt::atomic_add_f32(p, v); }
