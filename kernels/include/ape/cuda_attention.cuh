@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda_flash_tile.cuh"
 #include "cuda_kernel_entry.h"
 #include "enc_traits.h"
 
@@ -617,6 +618,152 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
     if (i0 + r < T) p.lse[bh * T + i0 + r] = sM[r] + logf(sL[r]);
 }
 
+// ---- forward, FlashAttention-2 class (16-bit inputs) ----------------------------------------------
+// One block of 4 warps per (query tile of BQ = 128 rows, slice); each warp owns 32 query rows
+// (two m16 tiles) for the whole loop. Q stays in shared memory (ldmatrix per k-step), K and V
+// tiles of BK = 64 keys are prefetched with 16-byte cp.async into double buffers one tile ahead;
+// S = Q'K'^T and O += P V on mma.sync.m16n8k16 with fp32 accumulators; S, P and O never leave
+// registers: the score mod and the causal mask are applied to the accumulator elements, the
+// online softmax reduces each row over its quad of lanes (shuffles) and uses exp2 with log2 e
+// folded into one FMA, and P, rounded to the input dtype, is the A operand of P V as it stands.
+// One barrier per tile (after the wait that lands it), which also frees the buffer the next
+// prefetch overwrites.
+template <class In, int D> struct FlashFwd {
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int kMT = 2;                  // m16 tiles per warp
+  static constexpr int BQ = kWarps * 16 * kMT;   // 128 query rows
+  static constexpr int BK = 64;                  // keys per tile
+  static constexpr int kNT = BK / 8;             // n8 tiles of S per row block
+  static constexpr int kDT = D / 8;              // n8 tiles of O per row block
+  static constexpr size_t q = 0, k = sizeof(In) * BQ * D, v = k + 2 * sizeof(In) * BK * D;
+  static constexpr size_t bytes = v + 2 * sizeof(In) * BK * D;
+  static_assert(bytes <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
+};
+
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kernel(const Params<Enc, In> p) {
+  using C = FlashFwd<In, D>;
+  constexpr int BQ = C::BQ, BK = C::BK, kMT = C::kMT, kNT = C::kNT, kDT = C::kDT;
+  constexpr float kLog2e = 1.44269504088896341f;
+  APE_DYNAMIC_SMEM(smem);
+  In *sQ = reinterpret_cast<In *>(smem + C::q), *sK = reinterpret_cast<In *>(smem + C::k);
+  In *sV = reinterpret_cast<In *>(smem + C::v);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4;
+  const int64_t bh = blockIdx.x, T = p.T;
+  // The longest rows (last query tiles) start first.
+  const int64_t i0 = int64_t(gridDim.y - 1 - blockIdx.y) * BQ;
+  const int64_t base = bh * T * D;
+  const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+
+  flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, i0, T);
+  flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, 0, T);
+  flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, 0, T);
+  ptx::cp_async_commit();
+
+  float o[kMT][kDT][4] = {};
+  float m[kMT][2], l[kMT][2];
+  for (int mt = 0; mt < kMT; ++mt)
+    for (int h = 0; h < 2; ++h) m[mt][h] = -kInf, l[mt][h] = 0.f;
+
+  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+  const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);  // causal: keys < i_end
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // tile kt landed; every warp is done with buffer (kt + 1) % 2
+    if (kt + 1 < n_tiles) {
+      flash::load_tile_async<BK, D, C::kThreads>(sK + ((kt + 1) & 1) * BK * D, p.km + base,
+                                                 int64_t(kt + 1) * BK, T);
+      flash::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, p.v + base,
+                                                 int64_t(kt + 1) * BK, T);
+    }
+    ptx::cp_async_commit();
+    const In *cK = sK + (kt & 1) * BK * D, *cV = sV + (kt & 1) * BK * D;
+    const int64_t j0 = int64_t(kt) * BK;
+
+    // S = Q' K'^T
+    float s[kMT][kNT][4] = {};
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[kMT][4];
+      for (int mt = 0; mt < kMT; ++mt) flash::ldsm_a<D>(a[mt], sQ, r0 + 16 * mt, 16 * kk);
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_nk<D>(b, cK, 8 * nt, 16 * kk);
+        for (int mt = 0; mt < kMT; ++mt) {
+          flash::mma<In>(s[mt][nt], a[mt], b);
+          flash::mma<In>(s[mt][nt + 1], a[mt], b + 2);
+        }
+      }
+    }
+
+    // Logits: scale, score mod, causal mask, then the online softmax of each of the thread's rows
+    // (mt, h): row i = i0 + r0 + 16 mt + g + 8 h. Masked elements (j > i, and the padding rows
+    // i >= T of the last tile) never reach the score mod: their indices may lie outside the
+    // token arrays. Only tiles that cross the diagonal, or the end, test each element.
+    const bool edge = j0 + BK - 1 > i0 + r0 || i0 + r0 + 16 * kMT > T;
+    for (int mt = 0; mt < kMT; ++mt)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
+        float mx = m[mt][h];
+        for (int nt = 0; nt < kNT; ++nt)
+          for (int e = 0; e < 2; ++e) {
+            const int64_t j = j0 + 8 * nt + 2 * t + e;
+            float x = -kInf;
+            if (!edge || (j <= i && i < T)) {
+              x = p.scale * s[mt][nt][2 * h + e];
+              if constexpr (Enc::kHasScoreMod) x = Enc::score_mod(ctx, i, j, x);
+            }
+            s[mt][nt][2 * h + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        mx = flash::quad_max(mx);
+        const float ref = mx == -kInf ? 0.f : mx * kLog2e;  // no finite logit yet: the row stays 0
+        const float alpha = exp2f(m[mt][h] * kLog2e - ref);
+        float sum = 0.f;
+        for (int nt = 0; nt < kNT; ++nt)
+          for (int e = 0; e < 2; ++e) {
+            const float pe = exp2f(fmaf(s[mt][nt][2 * h + e], kLog2e, -ref));
+            s[mt][nt][2 * h + e] = pe;
+            sum += pe;
+          }
+        l[mt][h] = l[mt][h] * alpha + sum;  // this lane's part of the row sum
+        m[mt][h] = mx;
+        for (int dt = 0; dt < kDT; ++dt) o[mt][dt][2 * h] *= alpha, o[mt][dt][2 * h + 1] *= alpha;
+      }
+
+    // O += P V, P from registers.
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t a[kMT][4];
+      for (int mt = 0; mt < kMT; ++mt) flash::acc_to_a<In>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+      for (int dt = 0; dt < kDT; dt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_kn<D>(b, cV, 16 * kk, 8 * dt);
+        for (int mt = 0; mt < kMT; ++mt) {
+          flash::mma<In>(o[mt][dt], a[mt], b);
+          flash::mma<In>(o[mt][dt + 1], a[mt], b + 2);
+        }
+      }
+    }
+  }
+  ptx::cp_async_wait<0>();
+
+  // o = O / l, lse = m + log l (natural log); a row without a finite logit: o = 0, lse = -inf.
+  for (int mt = 0; mt < kMT; ++mt)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
+      const float lt = flash::quad_sum(l[mt][h]);
+      if (i >= T) continue;
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      In *orow = p.o + base + i * D;
+      for (int dt = 0; dt < kDT; ++dt) {
+        orow[8 * dt + 2 * t] = from_float<In>(o[mt][dt][2 * h] * inv);
+        orow[8 * dt + 2 * t + 1] = from_float<In>(o[mt][dt][2 * h + 1] * inv);
+      }
+      if (t == 0) p.lse[bh * T + i] = m[mt][h] + logf(lt);
+    }
+}
+
 // ---- backward --------------------------------------------------------------------------------------
 // Shared memory of both backward kernels: the row tile (queries: q', dO, lse, Delta), the column
 // tile (keys: k', v), S and dP (fp32), P and dS (In), and the fp32 accumulators (kernel 1: dK',
@@ -913,11 +1060,18 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
   if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
-  using L = FwdSmem<In, kD>;
-  constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
-  if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ));
-  return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
+  if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
+    using F = FlashFwd<In, kD>;
+    if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, F::bytes)) != cudaSuccess) return err;
+    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ));
+    return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, F::bytes, st, p);
+  } else {
+    using L = FwdSmem<In, kD>;
+    constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
+    if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ));
+    return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
+  }
 }
 
 // Backward: dq, dk, dv, dfeatures, dparams from q, k, v, o, lse, dout, features, params.

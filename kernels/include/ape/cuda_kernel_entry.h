@@ -20,16 +20,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda_abi.h"
 #ifdef APE_SIMT
 #include "ape/simt/cuda.h"
-#define APE_CUDA_ABI_BEGIN inline namespace simt {
-#define APE_CUDA_ABI_END }
-#define APE_CUDA_ENTRY(name) ape_simt_kernel_entry_##name
 #else
 #include <cuda_runtime_api.h>
-#define APE_CUDA_ABI_BEGIN
-#define APE_CUDA_ABI_END
-#define APE_CUDA_ENTRY(name) ape_cuda_kernel_entry_##name
 #endif
 
 namespace ape::cuda {

@@ -9,6 +9,7 @@
 //   ape::cuda::ptx::*                 mma.sync, ldmatrix, cp.async (inline PTX under nvcc)
 #pragma once
 
+#include "cuda_abi.h"
 #ifdef APE_SIMT
 #include "ape/simt/cuda.h"
 #define APE_DEVICE_CODE 1
@@ -39,6 +40,7 @@
 #endif
 
 namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
 
 // Launches `kernel` on (grid, block) with `smem` bytes of dynamic shared memory on `stream`;
 // the launch's error (cudaGetLastError).
@@ -142,4 +144,5 @@ template <int N> __device__ inline void cp_async_wait() {
 }
 
 }  // namespace ptx
+APE_CUDA_ABI_END
 }  // namespace ape::cuda
