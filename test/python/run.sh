@@ -43,10 +43,11 @@ fi
 cmake --build "$work/build" -- -j"$(nproc)"
 
 export APE_TEST_ARTIFACTS="$work/build"
-# One OpenMP thread: the problems are tiny, and on a shared 2-core machine a second thread that
-# is not scheduled stalls every call (measured: 9 us per small forward with 1 thread, 12 ms with
-# 2 while other processes held the cores).
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# One OpenMP thread (APE_PYTEST_THREADS to change it; scripts/test.sh exports OMP_NUM_THREADS=2
+# for the GoogleTest suites): the problems are tiny, and on a shared 2-core machine a second
+# thread that is not scheduled stalls every call (measured: 9 us per small forward with 1 thread,
+# 12 ms with 2 while other processes held the cores).
+export OMP_NUM_THREADS=${APE_PYTEST_THREADS:-1}
 # torch.compile's caches (compiled kernels, graphs) in the work folder: a fresh WORKDIR measures
 # a cold start, as CI does.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$work/inductor-cache}

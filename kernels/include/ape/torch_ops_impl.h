@@ -302,6 +302,8 @@ inline std::vector<std::string> cuda_kernel_names(const Library &lib) {
       if (lib.cuda->variants[n].forward)
         out.push_back(std::string(cuda::dtype_name(lib.cuda->variants[n].dtype)) + "/hd" +
                       std::to_string(lib.cuda->variants[n].head_dim));
+#else
+  (void)lib;
 #endif
   return out;
 }
