@@ -56,9 +56,10 @@ std::string header(const KernelInputInfo &info, StringRef source) {
     os << " *   params[APE_" << N << "_PARAM_" << upper(p.ident) << "]: \"" << p.name << "\" "
        << p.shapeText << ", init " << p.init << (p.trainable ? ", trainable" : ", not trainable")
        << "\n";
-  if (llvm::any_of(info.params, [](const auto &p) { return p.init == "projection_term"; }))
-    os << " * A projection_term param is derived from a projection weight (the manifest says how:\n"
-       << " * ape_" << n << "_manifest()); the caller computes it and receives its gradient.\n";
+  if (llvm::any_of(info.params, [](const auto &p) { return p.derived.has_value(); }))
+    os << " * A projection_term / projection_prefix param is derived from a projection weight (the\n"
+       << " * manifest says how: ape_" << n << "_manifest()); the caller computes it and receives its\n"
+       << " * gradient.\n";
   os << " */\n";
   os << "#ifndef APE_" << N << "_H\n#define APE_" << N << "_H\n\n"
      << "#include \"ape/c_abi.h\"\n\n#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n"

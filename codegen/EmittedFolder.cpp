@@ -64,6 +64,20 @@ FailureOr<folder::KernelInputInfo> folder::collectInputs(KernelOp kernel,
         param.shapeText += (i ? ", " : "") + dim.str();
       }
       param.shapeText += "]";
+      if (param.init == "projection_term" || param.init == "projection_prefix") {
+        // The verifier (ParamOp::verify) guarantees these attributes for both kinds.
+        auto f64 = [&](StringRef name, double fallback) {
+          auto a = p->getAttrOfType<FloatAttr>(name);
+          return a ? a.getValueAsDouble() : fallback;
+        };
+        KernelInputInfo::Param::Derived d{
+            p->getAttrOfType<StringAttr>("projection").getValue().front(),
+            p->getAttrOfType<IntegerAttr>("columns").getInt()};
+        d.start = f64("start", 0.0);
+        d.step = f64("step", 0.0);
+        d.scale = f64("scale", 1.0);
+        param.derived = d;
+      }
       if (param.dims.size() > 8)
         return p.emitOpError("has ") << param.dims.size()
                                      << " dimensions; the generated libraries take at most 8";
@@ -115,6 +129,15 @@ std::string folder::cString(StringRef s) {
   return out + "\"";
 }
 
+std::string folder::cDouble(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", x);  // round-trips
+  std::string s = text;
+  if (s.find_first_of(".en") == std::string::npos)  // "2" -> "2.0": a double literal
+    s += ".0";
+  return s;
+}
+
 std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -136,8 +159,14 @@ std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
            << (d == -1 ? std::string("ape::kDimHeads")
                : d == -2 ? std::string("ape::kDimHeadDim")
                          : std::to_string(d));
-      os << "}, " << (p.trainable ? "true" : "false") << ", " << cString(p.init) << "},  // "
-         << p.shapeText << "\n";
+      os << "}, " << (p.trainable ? "true" : "false") << ", " << cString(p.init) << ", ";
+      if (p.derived)
+        os << "{'" << p.derived->projection << "', " << p.derived->columns << ", "
+           << cDouble(p.derived->start) << ", " << cDouble(p.derived->step) << ", "
+           << cDouble(p.derived->scale) << "}";
+      else
+        os << "{}";
+      os << "},  // " << p.shapeText << "\n";
     }
     os << "  };\n";
   }
@@ -188,7 +217,19 @@ LogicalResult folder::addKernelSources(KernelOp kernel, StringRef source,
   // The requested templates and everything they and the kernel include, transitively.
   SmallVector<std::string> pending(templates.begin(), templates.end());
   llvm::append_range(pending, apeIncludes("", cpu));
+  if (failed(addTemplates(kernel, pending, files)))
+    return failure();
+  files.push_back({(name + "_cpu.cpp").str(), std::move(cpu)});
+  files.push_back({(name + ".manifest.json").str(), std::move(manifest)});
+  return success();
+}
+
+LogicalResult folder::addTemplates(KernelOp kernel, ArrayRef<std::string> templates,
+                                   std::vector<EmittedFile> &files) {
   llvm::StringSet<> copied;
+  for (const EmittedFile &f : files)
+    copied.insert(f.path);
+  SmallVector<std::string> pending(templates.begin(), templates.end());
   while (!pending.empty()) {
     std::string path = pending.pop_back_val();
     if (!copied.insert(path).second)
@@ -203,7 +244,5 @@ LogicalResult folder::addKernelSources(KernelOp kernel, StringRef source,
     llvm::append_range(pending, apeIncludes(path, found->text));
     files.push_back({path, found->text});
   }
-  files.push_back({(name + "_cpu.cpp").str(), std::move(cpu)});
-  files.push_back({(name + ".manifest.json").str(), std::move(manifest)});
   return success();
 }

@@ -32,6 +32,15 @@ struct KernelInputInfo {
     std::string shapeText;      // "[heads, head_dim]"
     bool trainable;
     std::string init;           // manifest init kind
+    /// For a param computed from a projection weight (init projection_term or
+    /// projection_prefix): which weight ('q', 'k', 'v'), how many columns, and the init's
+    /// start/step (term) or scale (prefix). Absent for every other param.
+    struct Derived {
+      char projection;
+      int64_t columns;
+      double start = 0, step = 0, scale = 1;
+    };
+    std::optional<Derived> derived;
   };
   std::string encoding;
   SmallVector<Feature> features;
@@ -55,8 +64,16 @@ std::string kernelInputsDefinition(const KernelInputInfo &info);
 LogicalResult addKernelSources(KernelOp kernel, StringRef source, ArrayRef<StringRef> templates,
                                std::vector<EmittedFile> &files);
 
+/// Appends to `files` the embedded templates named in `templates` and every template they
+/// include, except those `files` already holds; an unknown template is an error on `kernel`.
+LogicalResult addTemplates(KernelOp kernel, ArrayRef<std::string> templates,
+                           std::vector<EmittedFile> &files);
+
 /// `text` with every @KEY@ replaced by its value in `vars` (for file templates in raw strings).
 std::string substitute(StringRef text, ArrayRef<std::pair<StringRef, std::string>> vars);
+
+/// `x` as a C/C++ double literal that reads back exactly (finite x).
+std::string cDouble(double x);
 
 /// `s` as a C/C++ string literal, quotes included.
 std::string cString(StringRef s);

@@ -58,10 +58,13 @@ struct EmittedFile {
 };
 
 /// The files of a folder that builds a PyTorch operator library for `kernel` with only a C++
-/// compiler and PyTorch (docs/frameworks.md): TORCH_LIBRARY(ape_<name>) with a differentiable
-/// `attention` and the raw forward/backward, the CPU kernel, the templates, CMakeLists.txt and
-/// a Python helper ape_<name>.py.
+/// compiler and PyTorch (docs/frameworks.md): the operators ape_<name>::* (a differentiable
+/// `attention`, the raw forward/backward, derived_params), the CPU kernel, the CUDA kernels
+/// of `cudaVariants` (compiled where PyTorch has CUDA and nvcc is found; none when the CUDA
+/// template cannot take the encoding), the templates, CMakeLists.txt and a Python helper
+/// ape_<name>.py.
 LogicalResult emitTorchLibrary(KernelOp kernel, llvm::StringRef source,
+                               llvm::ArrayRef<CudaVariant> cudaVariants,
                                std::vector<EmittedFile> &files);
 
 /// The files of a folder that builds a C ABI library for `kernel` with only a C++ compiler

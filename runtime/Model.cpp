@@ -9,6 +9,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 
+#include "ape/derived_params.h"
 #include "ape/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/Registry.h"
@@ -134,17 +135,12 @@ std::vector<torch::Tensor> EncodedAttentionImpl::kernel_params() {
     const auto &pr = p.init.projection;
     torch::Tensor W = (pr == "q" ? wq : pr == "k" ? wk : wv)->weight;
     if (!p.trainable) W = W.detach();
-    torch::Tensor Wl = W.narrow(1, 0, p.init.columns);  // (d, columns)
-    if (p.init.kind == InitSpec::Kind::ProjectionTerm) {
-      // (W[:, :columns] @ u).view(H, D), u_j = start + step·j; autograd carries the gradient to W.
-      torch::Tensor u =
-          torch::arange(p.init.columns, torch::TensorOptions().dtype(W.scalar_type())) * p.init.step +
-          p.init.start;
-      out[i] = torch::mv(Wl, u).view({cfg_.heads, cfg_.head_dim()});
-    } else {
-      // P[r] = scale·Σ_{j<=r} W[:, j], r < columns, as [columns, H, D].
-      out[i] = (torch::cumsum(Wl, 1) * p.init.scale).t().reshape({p.init.columns, cfg_.heads, cfg_.head_dim()});
-    }
+    // ape/derived_params.h, shared with the emitted operator libraries; autograd reaches W.
+    out[i] = p.init.kind == InitSpec::Kind::ProjectionTerm
+                 ? ape::derived::projection_term(W, p.init.columns, p.init.start, p.init.step,
+                                                 cfg_.heads, cfg_.head_dim())
+                 : ape::derived::projection_prefix(W, p.init.columns, p.init.scale, cfg_.heads,
+                                                   cfg_.head_dim());
   }
   return out;
 }

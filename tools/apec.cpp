@@ -16,7 +16,8 @@
 //                         the manifest, the templates, a CMakeLists.txt (nvcc, no MLIR)
 // and folders that build without MLIR or the APE runtime (docs/frameworks.md):
 //   --emit=torch-library  OUTDIR/NAME_torch_library/: PyTorch operators ape_NAME::attention
-//                         (autograd) + raw forward/backward, CMakeLists.txt, ape_NAME.py
+//                         (autograd) + raw forward/backward on the CPU kernel and the CUDA
+//                         kernels of --cuda-dtypes x --cuda-head-dims, CMakeLists.txt, ape_NAME.py
 //   --emit=c-abi          OUTDIR/NAME_c_abi/: ape_NAME.h (plain-pointer forward/backward,
 //                         status codes) and its library, CMakeLists.txt
 // MLIR's pass-manager options work too (--mlir-print-ir-after-all, ...).
@@ -53,10 +54,14 @@ static cl::list<std::string> emit("emit",
                                   cl::value_desc("cpu|manifest|kernel-mlir|cuda|cuda-package|torch-library|c-abi"), cl::CommaSeparated,
                                   cl::cat(apecCategory));
 static cl::list<std::string> cudaDTypes(
-    "cuda-dtypes", cl::desc("input dtypes of the CUDA variants (default: bf16,f16,f32)"),
+    "cuda-dtypes",
+    cl::desc("input dtypes of the CUDA variants of --emit=cuda, cuda-package and torch-library "
+             "(default: bf16,f16,f32)"),
     cl::value_desc("bf16|f16|f32"), cl::CommaSeparated, cl::cat(apecCategory));
 static cl::list<int64_t> cudaHeadDims(
-    "cuda-head-dims", cl::desc("head dims of the CUDA variants (default: 32,64,128)"),
+    "cuda-head-dims",
+    cl::desc("head dims of the CUDA variants of --emit=cuda, cuda-package and torch-library "
+             "(default: 32,64,128)"),
     cl::value_desc("32|64|128"), cl::CommaSeparated, cl::cat(apecCategory));
 static cl::opt<std::string> expectName(
     "expect-name",
@@ -271,8 +276,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (wanted.contains("torch-library") &&
-        failed(writeFolder((base + "_torch_library").str(), [&](auto &files) {
-          return ape::emitTorchLibrary(kernel, source, files);
+        failed(writeFolder((base + "_torch_library").str(), [&](auto &files) -> LogicalResult {
+          FailureOr<SmallVector<ape::CudaVariant>> variants = cudaVariants();
+          if (failed(variants))
+            return failure();
+          return ape::emitTorchLibrary(kernel, source, *variants, files);
         })))
       return 1;
     if (wanted.contains("c-abi") &&

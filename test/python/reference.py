@@ -4,18 +4,24 @@ encodings (shared/spec, docs/internals.md), never from the generated kernels.
     l_ij = scale * q'_i . k'_j + B_ij     (j <= i; -inf above the diagonal)
     o_i  = sum_j softmax_j(l_ij) v_j      (every (B, H, T, T) matrix materialised)
 
+    nope   nothing but the causal mask
     rope   q'_n = R(n) q_n, k' likewise: rotate-half pairs (c, c + D/2), angle n * 1e4^(-2c/D)
-    alibi  B_ij = -m_h (i - j), m = param "alibi_slopes" [H]
+    alibi  B_ij = -m_h (i - j), m = param "alibi_slopes" [H] (alibi_learned: the same, trained)
+    rope_alibi  both
     cable  S_t = sum_{u<=t} -softplus(f_u), B_ij = S_i - S_j           (feature 0, [B, H, T])
     expe   q'_n = q_n + s (a_q + n b_q), k'_n = k_n + s (a_k + n b_k)     (params [H, D]; s = param
            "position_scale" when the kernel has one, else 1)
 
-expe_through_projection() is the literal ExPE: the first l inputs of the q/k projections are
-overwritten by positions p_{n,i} = start + theta (n + i) and projected, no additive form.
+expe_through_projection() is the literal ExPE / ExQPE: the first l inputs of the q/k projections
+are overwritten by positions (ExPE p_{n,i} = start + theta (n + i); ExQPE p_{n,j} = start +
+j theta1 + theta2 c_j(n), c_j(n) = floor(n/l) + [j <= n mod l]) and projected, no additive form.
 """
 import math
 
 import torch
+
+# The encodings attention() knows.
+ENCODINGS = ["nope", "rope", "alibi", "alibi_learned", "rope_alibi", "cable", "expe"]
 
 
 def rope(x, base=1e4):
@@ -56,15 +62,17 @@ def attention(encoding, q, k, v, features=(), params=None, scale=None):
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     bias = None
     n = torch.arange(T, dtype=q.dtype, device=q.device)
-    if encoding == "rope":
+    if encoding not in ENCODINGS:
+        raise ValueError(f"no reference for encoding {encoding!r}")
+    if encoding in ("rope", "rope_alibi"):
         q, k = rope(q), rope(k)
-    elif encoding == "alibi":
+    if encoding in ("alibi", "alibi_learned", "rope_alibi"):
         m = params["alibi_slopes"].view(H, 1, 1)
         bias = -m * (n[:, None] - n[None, :])
-    elif encoding == "cable":
+    if encoding == "cable":
         s = torch.cumsum(-torch.nn.functional.softplus(features[0]), dim=-1)  # (B, H, T)
         bias = s[..., :, None] - s[..., None, :]
-    elif encoding == "expe":
+    if encoding == "expe":
         sigma = params["position_scale"].reshape(()) if "position_scale" in params else 1.0
         for side in ("q", "k"):
             a = params[f"override_{side}_a"].view(1, H, 1, D)
@@ -74,17 +82,21 @@ def attention(encoding, q, k, v, features=(), params=None, scale=None):
                 q = q + term
             else:
                 k = k + term
-    else:
-        raise ValueError(f"no reference for encoding {encoding!r}")
     return causal_attention(q, k, v, scale, bias)
 
 
 def expe_positions(override, T, dtype, sigma=1.0):
-    """p_{n,i} = start + theta (n + i), (T, l), times sigma (an ExPE override of the manifest)."""
+    """The override's positions (T, l) times sigma: ExPE p_{n,i} = start + theta (n + i); ExQPE
+    p_{n,j} = start + j theta1 + theta2 c_j(n), c_j(n) = floor(n/l) + [j <= n mod l]."""
     l = int(override["l"])
     n = torch.arange(T, dtype=torch.float64)[:, None]
     i = torch.arange(l, dtype=torch.float64)[None, :]
-    return (sigma * (override["start"] + override["theta"] * (n + i))).to(dtype)
+    if override["kind"] == "exqpe":
+        count = torch.div(n, l, rounding_mode="floor") + (i <= torch.remainder(n, l)).double()
+        p = override["start"] + i * override["theta1"] + override["theta2"] * count
+    else:
+        p = override["start"] + override["theta"] * (n + i)
+    return (sigma * p).to(dtype)
 
 
 def expe_through_projection(x, wq, wk, wv, heads, override, sigma=1.0):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The framework-interop tests (docs/frameworks.md): apec emits the PyTorch operator library and
-# the C ABI of rope, alibi, cable and expe; one CMake project builds them with examples/c; pytest
-# checks them against materialised PyTorch references (test/python/test_*.py).
+# The framework-interop tests (docs/frameworks.md): apec emits the PyTorch operator library of
+# every example encoding (examples/encodings/*.mlir) and the C ABI of rope, alibi, cable and
+# expe; one CMake project builds them with examples/c (the operators' CUDA kernels for rope and
+# cable where PyTorch has CUDA and nvcc is found); pytest checks them (test/python/test_*.py).
 #
 #   test/python/run.sh WORKDIR [APEC] [-- PYTEST_ARGS...]
 #
@@ -17,13 +18,18 @@ apec=""
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then apec=$1; shift; fi
 if [ $# -gt 0 ] && [ "$1" == "--" ]; then shift; fi
 python=${APE_PYTHON:-${APE_VENV:-$root/.venv}/bin/python}
-encodings=(rope alibi cable expe)
+c_abi=(rope alibi cable expe)
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
 
 if [ -n "$apec" ]; then
-  for enc in "${encodings[@]}"; do
-    "$apec" "$root/examples/encodings/$enc.mlir" -o "$work/emitted" --emit=torch-library,c-abi \
+  for spec in "$root"/examples/encodings/*.mlir; do
+    enc=$(basename "$spec" .mlir)
+    emit=torch-library
+    [[ " ${c_abi[*]} " == *" $enc "* ]] && emit=torch-library,c-abi
+    # The CUDA kernels the operators call (compiled for APE_CUDA_ENCODINGS of CMakeLists.txt):
+    # one tensor-core and one fp32 variant.
+    "$apec" "$spec" -o "$work/emitted" --emit=$emit --cuda-dtypes=bf16,f32 --cuda-head-dims=64 \
       --expect-name "$enc" --source-name "examples/encodings/$enc.mlir"
   done
 fi
@@ -37,6 +43,13 @@ fi
 cmake --build "$work/build" -- -j"$(nproc)"
 
 export APE_TEST_ARTIFACTS="$work/build"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# One OpenMP thread (APE_PYTEST_THREADS to change it; scripts/test.sh exports OMP_NUM_THREADS=2
+# for the GoogleTest suites): the problems are tiny, and on a shared 2-core machine a second
+# thread that is not scheduled stalls every call (measured: 9 us per small forward with 1 thread,
+# 12 ms with 2 while other processes held the cores).
+export OMP_NUM_THREADS=${APE_PYTEST_THREADS:-1}
+# torch.compile's caches (compiled kernels, graphs) in the work folder: a fresh WORKDIR measures
+# a cold start, as CI does.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$work/inductor-cache}
 cd "$root/test/python"
 exec "$python" -m pytest -p no:cacheprovider "$@"

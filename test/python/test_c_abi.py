@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import reference
-from support import ENCODINGS, artifact, close, helper, make_inputs
+from support import C_ABI_ENCODINGS, artifact, close, helper, make_inputs
 
 
 class Tensor(ctypes.Structure):  # ape_tensor (ape/c_abi.h)
@@ -98,7 +98,7 @@ def strided_like(shape, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("shape", [(1, 1, 1, 8), (2, 3, 7, 16), (1, 2, 129, 8)],
                          ids=lambda s: "B{}H{}T{}D{}".format(*s))
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
 def test_forward_backward_match_reference(encoding, shape, dtype):
     B, H, T, D = shape
     suffix = "f64" if dtype == torch.float64 else "f32"
@@ -134,7 +134,7 @@ def test_forward_backward_match_reference(encoding, shape, dtype):
             assert (dparams[i] == 0).all(), n
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
 def test_contiguous_null_strides_and_empty_shapes(encoding):
     B, H, T, D = 1, 2, 5, 4
     q, k, v, features, params = make_inputs(encoding, B, H, T, D)
@@ -150,7 +150,7 @@ def test_contiguous_null_strides_and_empty_shapes(encoding):
         assert fn(encoding, "forward_f64")(ctypes.byref(c.args)) == APE_OK
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
 def test_status_codes_and_messages(encoding):
     h = helper(encoding)
     forward, last = fn(encoding, "forward_f32"), fn(encoding, "last_error")
@@ -191,7 +191,7 @@ def test_status_codes_and_messages(encoding):
     assert err(12345) == b"unknown status"
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
 def test_queries(encoding):
     h = helper(encoding)
     assert fn(encoding, "abi_version")() == 1

@@ -21,12 +21,26 @@ constexpr int64_t kDimHeads = -1;    // "heads"    = H
 constexpr int64_t kDimHeadDim = -2;  // "head_dim" = D
 constexpr int kMaxParamRank = 8;
 
+// How a derived param (init "projection_term" or "projection_prefix", docs/internals.md §3) is
+// computed from a projection weight W (out_features H·D x in_features) every step; the math is
+// ape/derived_params.h.
+struct DerivedInit {
+  char projection;  // 'q', 'k' or 'v': which weight; 0 = the param is not derived
+  int64_t columns;  // the first `columns` input columns of W
+  double start;     // projection_term: (W[:, :columns] @ u).view(H, D), u_j = start + step·j
+  double step;
+  double scale;     // projection_prefix: P[r] = scale·Σ_{j<=r} W[:, j], [columns, H, D]
+};
+
 struct ParamInput {
   const char *name;               // manifest name
   int rank;                       // number of dimensions, <= kMaxParamRank
   int64_t dims[kMaxParamRank];    // sizes or kDimHeads / kDimHeadDim
   bool trainable;                 // false: the kernel computes no gradient (it writes zeros)
   const char *init;               // manifest init kind ("alibi_slopes", "projection_term", ...)
+  DerivedInit derived;            // projection != 0 for projection_term / projection_prefix
+
+  bool is_derived() const { return derived.projection != 0; }
 };
 
 struct KernelInputs {

@@ -1,11 +1,27 @@
 // --emit=torch-library and --emit=c-abi: self-contained folders (docs/frameworks.md) with the
 // kernel, the templates it includes, and the input tables; manifest names that are not
-// identifiers, reserved (q) or Python keywords (lambda) become distinct argument names.
-// RUN: rm -rf %t && apec %s -o %t --emit=torch-library,c-abi
+// identifiers, reserved (q) or Python keywords (lambda) become distinct argument names. The
+// operator library also carries the CUDA kernels of --cuda-dtypes x --cuda-head-dims, and its
+// NAME_ops.cpp includes no LibTorch header (it compiles here without one, with or without the
+// CUDA kernels' entry).
+// RUN: rm -rf %t && apec %s -o %t --emit=torch-library,c-abi --cuda-dtypes=bf16,f32 --cuda-head-dims=64
 // RUN: ls %t %t/odd_names_torch_library %t/odd_names_torch_library/ape | FileCheck %s --check-prefix=FILES
 // RUN: ls %t/odd_names_c_abi %t/odd_names_c_abi/ape | FileCheck %s --check-prefix=CFILES
 // RUN: FileCheck %s --check-prefix=OPS --input-file=%t/odd_names_torch_library/odd_names_ops.cpp
+// RUN: FileCheck %s --check-prefix=CMAKE --input-file=%t/odd_names_torch_library/CMakeLists.txt
 // RUN: FileCheck %s --check-prefix=PY --input-file=%t/odd_names_torch_library/ape_odd_names.py
+// RUN: %cxx -std=c++17 -Wall -Werror -fsyntax-only -I %t/odd_names_torch_library %t/odd_names_torch_library/odd_names_ops.cpp
+// RUN: %cxx -std=c++17 -Wall -Werror -fsyntax-only -DAPE_TORCH_OPS_CUDA_KERNELS -I %t/odd_names_torch_library %t/odd_names_torch_library/odd_names_ops.cpp
+// Derived params (ExQPE: projection_term and projection_prefix) reach the input tables with
+// their projection, columns and constants; relative rows and value rows (Shaw) get their CUDA
+// kernels too.
+// RUN: apec %ape_src/examples/encodings/exqpe.mlir -o %t --emit=torch-library
+// RUN: FileCheck %s --check-prefix=EXQPE --input-file=%t/exqpe_torch_library/exqpe_ops.cpp
+// RUN: FileCheck %s --check-prefix=EXQPE-PY --input-file=%t/exqpe_torch_library/ape_exqpe.py
+// RUN: apec %ape_src/examples/encodings/shaw.mlir -o %t --emit=torch-library
+// RUN: ls %t/shaw_torch_library | FileCheck %s --check-prefix=SHAW-FILES
+// RUN: FileCheck %s --check-prefix=SHAW --input-file=%t/shaw_torch_library/shaw_ops.cpp
+// RUN: FileCheck %s --check-prefix=SHAW-CMAKE --input-file=%t/shaw_torch_library/CMakeLists.txt
 // RUN: FileCheck %s --check-prefix=HEADER --input-file=%t/odd_names_c_abi/ape_odd_names.h
 // RUN: %cxx -x c -std=c99 -Wall -Wextra -Werror -fsyntax-only -I %t/odd_names_c_abi %t/odd_names_c_abi/ape_odd_names.h
 // RUN: %cxx -std=c++17 -Wall -fsyntax-only -fopenmp -I %t/odd_names_c_abi %t/odd_names_c_abi/ape_odd_names_c.cpp
@@ -21,11 +37,21 @@
 // FILES-NEXT: ape_odd_names.py
 // FILES-NEXT: odd_names.manifest.json
 // FILES-NEXT: odd_names_cpu.cpp
+// FILES-NEXT: odd_names_cuda.cu
+// FILES-NEXT: odd_names_cuda.cuh
+// FILES-NEXT: odd_names_cuda_bf16_hd64.cu
+// FILES-NEXT: odd_names_cuda_f32_hd64.cu
 // FILES-NEXT: odd_names_ops.cpp
 // FILES: cpu_attention.h
+// FILES-NEXT: cuda_attention.cuh
+// FILES-NEXT: cuda_kernel_entry.h
+// FILES-NEXT: derived_params.h
 // FILES-NEXT: kernel_entry.h
 // FILES-NEXT: kernel_inputs.h
+// FILES-NEXT: torch_ops.cpp
 // FILES-NEXT: torch_ops.h
+// FILES-NEXT: torch_ops_cuda.h
+// FILES-NEXT: torch_ops_impl.h
 
 // CFILES: CMakeLists.txt
 // CFILES-NEXT: README.md
@@ -41,21 +67,42 @@
 // CFILES-NEXT: kernel_inputs.h
 
 // OPS: #include "ape/torch_ops.h"
+// OPS-NOT: #include <
+// OPS: extern "C" const ape::KernelEntry *ape_kernel_entry_odd_names();
+// OPS-NEXT: #ifdef APE_TORCH_OPS_CUDA_KERNELS
+// OPS-NEXT: extern "C" const ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_odd_names();
 // OPS: static const char *const features[] = {"gate-1"};
-// OPS: {"q", 1, {ape::kDimHeads}, true, "zeros"},  // [heads]
-// OPS-NEXT: {"lambda", 2, {ape::kDimHeads, ape::kDimHeadDim}, false, "ones"},  // [heads, head_dim]
+// OPS: {"q", 1, {ape::kDimHeads}, true, "zeros", {}},  // [heads]
+// OPS-NEXT: {"lambda", 2, {ape::kDimHeads, ape::kDimHeadDim}, false, "ones", {}},  // [heads, head_dim]
 // OPS: static const ape::KernelInputs inputs{"odd_names", ape_kernel_entry_odd_names(), 1, features, 2, params, false,
-// OPS: return ape::torch_ops::attention(kernel_inputs(), q, k, v, {f0}, {p0, p1}, scale);
-// OPS: TORCH_LIBRARY(ape_odd_names, m) {
-// OPS-NEXT: m.def("attention(Tensor q, Tensor k, Tensor v, Tensor gate_1, Tensor q_, Tensor lambda_, float? scale=None) -> Tensor");
-// OPS: TORCH_LIBRARY_IMPL(ape_odd_names, Autograd, m) {
-// OPS: TORCH_LIBRARY_IMPL(ape_odd_names, CPU, m) {
-// OPS: TORCH_LIBRARY_IMPL(ape_odd_names, CUDA, m) {
-// OPS: TORCH_LIBRARY_IMPL(ape_odd_names, Meta, m) {
+// OPS: "attention(Tensor q, Tensor k, Tensor v, Tensor gate_1, Tensor q_, Tensor lambda_, float? scale=None) -> Tensor",
+// OPS-NEXT: #ifdef APE_TORCH_OPS_CUDA_KERNELS
+// OPS-NEXT: ape_cuda_kernel_entry_odd_names(), nullptr};
+// OPS-NEXT: #else
+// OPS-NEXT: nullptr, "the library was built without CUDA kernels
+// OPS: const ape::torch_ops::Registration registration(library());
+
+// CMAKE: add_library(ape_odd_names_ops SHARED odd_names_cpu.cpp odd_names_ops.cpp)
+// CMAKE: add_library(${ape_common} STATIC ${CMAKE_CURRENT_SOURCE_DIR}/ape/torch_ops.cpp)
+// CMAKE: set(ape_cuda_sources odd_names_cuda.cu odd_names_cuda_bf16_hd64.cu odd_names_cuda_f32_hd64.cu)
 
 // PY: o = ops.attention(q, k, v, gate_1, q_, lambda_)
 // PY: LIBRARY = "libape_odd_names_ops.so"
 // PY: ARGUMENTS = ["gate_1", "q_", "lambda_"]
+// PY-NEXT: # The params computed
+// PY-NEXT: DERIVED = []
+
+// EXQPE: {"position_scale", 1, {1}, false, "constant", {}},  // [1]
+// EXQPE-NEXT: {"override_q_a", 2, {ape::kDimHeads, ape::kDimHeadDim}, true, "projection_term", {'q', 16, 0.0, 0.00048828125, 1.0}},
+// EXQPE-NEXT: {"override_q_b", 2, {ape::kDimHeads, ape::kDimHeadDim}, true, "projection_term", {'q', 16, 0.0625, 0.0, 1.0}},
+// EXQPE-NEXT: {"override_q_p", 3, {16, ape::kDimHeads, ape::kDimHeadDim}, true, "projection_prefix", {'q', 16, 0.0, 0.0, 0.0625}},
+// EXQPE-NEXT: {"override_k_a", {{.*}}, "projection_term", {'k', 16,
+// EXQPE-PY: DERIVED = ["override_q_a", "override_q_b", "override_q_p", "override_k_a", "override_k_b", "override_k_p"]
+
+// SHAW-FILES: shaw_cuda.cu
+// SHAW-FILES: shaw_cuda_bf16_hd64.cu
+// SHAW: #ifdef APE_TORCH_OPS_CUDA_KERNELS
+// SHAW-CMAKE: set(ape_cuda_sources shaw_cuda.cu shaw_cuda_bf16_hd128.cu
 
 // HEADER: #include "ape/c_abi.h"
 // HEADER: #define APE_ODD_NAMES_NUM_FEATURES 1

@@ -1,0 +1,129 @@
+// The CUDA kernels of the operator library: the raw pair on CUDA tensors calls the generated
+// kernels (apec --emit=cuda; cuda_kernel_entry.h, docs/cuda.md) on the current CUDA stream of
+// q's device, with no host copies. Included by torch_ops_impl.h (when the emitted CMakeLists.txt
+// finds a LibTorch with CUDA: APE_TORCH_OPS_CUDA), after the helpers it uses.
+//
+// The CUDA kernels take q, k, v, o, dout, dq, dk, dv in float32, float16 or bfloat16 at the
+// instantiated (dtype, head dim) pairs, lse in float32, features and params (and their
+// gradients) in float32. So: features and params are converted to float32 on the device (small:
+// (B, H, T) and the params), their gradients converted back; strided inputs are made contiguous
+// on the device. Scratch memory comes from the stream-ordered allocator of the kernels.
+#pragma once
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuda_kernel_entry.h"
+
+namespace ape::torch_ops {
+
+inline std::optional<cuda::DType> cuda_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return cuda::DType::F32;
+    case at::kHalf: return cuda::DType::F16;
+    case at::kBFloat16: return cuda::DType::BF16;
+    default: return std::nullopt;  // float64: the CUDA template computes in fp32 at most
+  }
+}
+
+// The generated CUDA variant for q's dtype and head dim, or nullptr.
+inline const cuda::CudaVariant *cuda_variant(const Library &lib, const at::Tensor &q) {
+  if (!lib.cuda) return nullptr;
+  const cuda::CudaKernelEntry &e = *lib.cuda;
+  TORCH_INTERNAL_ASSERT(e.num_features == lib.inputs->num_features &&
+                            e.num_params == lib.inputs->num_params,
+                        prefix(*lib.inputs, "attention"),
+                        "the CUDA kernels and the CPU kernel disagree on the inputs");
+  std::optional<cuda::DType> dt = cuda_dtype(q.scalar_type());
+  const cuda::CudaVariant *v = dt ? cuda::find_variant(e, *dt, q.size(3)) : nullptr;
+  return v && v->forward ? v : nullptr;
+}
+
+inline void check_cuda(cudaError_t status, const KernelInputs &in, const char *op) {
+  TORCH_CHECK(status == cudaSuccess, prefix(in, op), "the CUDA kernel failed: ",
+              cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+}
+
+// Contiguous float32 copies on the device and their data pointers (a host array, as the
+// kernels take it).
+struct Float32Tensors {
+  std::vector<at::Tensor> tensors;
+  std::vector<float *> ptrs;
+  explicit Float32Tensors(at::TensorList ts) {
+    for (const auto &t : ts) tensors.push_back(t.to(at::kFloat).contiguous());
+    for (auto &t : tensors) ptrs.push_back(t.data_ptr<float>());
+  }
+};
+
+inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tensor &q,
+                                    double scale) {
+  cuda::CudaAttnArgs a;
+  a.B = q.size(0), a.H = q.size(1), a.T = q.size(2), a.D = q.size(3);
+  a.dtype = var.dtype;
+  a.scale = static_cast<float>(scale);
+  a.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  return a;
+}
+
+inline ForwardResult forward_cuda(const KernelInputs &in, const cuda::CudaVariant &var,
+                                  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                  at::TensorList features, at::TensorList params, double scale) {
+  const c10::cuda::CUDAGuard device(q.device());
+  at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  Float32Tensors f(features), p(params);
+  at::Tensor o = at::empty(qc.sizes(), qc.options());
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, qc.options().dtype(at::kFloat));
+  if (o.numel() == 0) return {o, lse};  // nothing to launch
+  cuda::CudaAttnArgs a = cuda_args(var, q, scale);
+  a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();
+  a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
+  std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
+  a.features = fp.data(), a.params = pp.data();
+  check_cuda(var.forward(a), in, "attention_forward");
+  return {o, lse};
+}
+
+inline BackwardResult backward_cuda(const KernelInputs &in, const cuda::CudaVariant &var,
+                                    const at::Tensor &dout, const at::Tensor &q,
+                                    const at::Tensor &k, const at::Tensor &v, const at::Tensor &o,
+                                    const at::Tensor &lse, at::TensorList features,
+                                    at::TensorList params, double scale) {
+  const c10::cuda::CUDAGuard device(q.device());
+  at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  at::Tensor oc = o.contiguous(), lc = lse.contiguous(), gc = dout.contiguous();
+  Float32Tensors f(features), p(params);
+  at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
+  std::vector<at::Tensor> df, dp;
+  for (const auto &t : f.tensors) df.push_back(at::empty_like(t));
+  for (const auto &t : p.tensors) dp.push_back(at::zeros_like(t));  // T = 0: no contribution
+  if (dq.numel() > 0) {
+    cuda::CudaAttnArgs a = cuda_args(var, q, scale);
+    a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();
+    a.o = oc.data_ptr(), a.lse = lc.data_ptr<float>(), a.dout = gc.data_ptr();
+    a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
+    std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
+    std::vector<float *> dfp, dpp;
+    for (auto &t : df) dfp.push_back(t.data_ptr<float>());
+    for (auto &t : dp) dpp.push_back(t.data_ptr<float>());
+    a.features = fp.data(), a.params = pp.data();
+    a.dfeatures = dfp.data(), a.dparams = dpp.data();
+    // The status word of the deterministic gradient sums (cuda_kernel_entry.h). Reading it waits
+    // for the backward: the price of never handing back a clamped or wrapped gradient silently.
+    at::Tensor status = at::zeros({1}, qc.options().dtype(at::kInt));
+    a.status = reinterpret_cast<uint32_t *>(status.data_ptr<int32_t>());
+    check_cuda(var.backward(a), in, "attention_backward");
+    const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
+    TORCH_CHECK((st & cuda::kStatusErrors) == 0, prefix(in, "attention_backward"),
+                cuda::status_message(st));
+  } else {
+    for (auto &t : df) t.zero_();
+  }
+  const at::ScalarType dt = q.scalar_type();
+  return {dq, dk, dv, converted(df, dt), converted(dp, dt)};
+}
+
+}  // namespace ape::torch_ops

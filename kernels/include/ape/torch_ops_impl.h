@@ -1,0 +1,671 @@
+// Operator-library implementation: the PyTorch operators of one generated kernel. torch_ops.h
+// declares what the generated NAME_ops.cpp calls; docs/frameworks.md has the user's contract.
+// Compiled once per library from the emitted ape/torch_ops.cpp: nothing here depends on the
+// encoding at compile time (the kernel's inputs come as a KernelInputs table at run time), so a
+// project building many emitted folders compiles it once.
+//
+// In the namespace ape_NAME (all pt2_compliant: opcheck-tested, torch.compile-able):
+//
+//   attention(Tensor q, Tensor k, Tensor v, <one Tensor per feature>, <one Tensor per param>,
+//             float? scale=None) -> Tensor
+//       o = causal attention with the encoding; differentiable: its Autograd kernel is
+//       AttentionFunction below (forward = attention_forward, backward = attention_backward), so
+//       loss.backward() reaches q, k, v, the features and every trainable param. scale None = the
+//       manifest's scale, else 1/sqrt(D).
+//   attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] features, Tensor[] params,
+//                     float scale) -> (Tensor o, Tensor lse)
+//   attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse,
+//                      Tensor[] features, Tensor[] params, float scale)
+//       -> (Tensor dq, Tensor dk, Tensor dv, Tensor[] dfeatures, Tensor[] dparams)
+//       the raw kernels (no autograd history), for other autograd systems.
+//   derived_params(Tensor? w_q=None, Tensor? w_k=None, Tensor? w_v=None, *, int heads,
+//                  int head_dim) -> Tensor[]
+//       the params an override derives from the projection weights (derived_params.h), in
+//       manifest order; ATen ops, so gradients reach the weights.
+//   manifest() -> str
+//   cuda_kernels() -> str[]    the CUDA variants compiled in ("bf16/hd64", ...; none: [])
+//
+// Kernels by dispatch key:
+//   Autograd                   attention: AttentionFunction; the raw pair falls through
+//   CompositeExplicitAutograd  attention without autograd (no_grad, inference_mode): the forward
+//   CPU                        the raw pair: the fused CPU kernel (OpenMP); float32 and float64
+//                              directly, bfloat16 and float16 in float32 (converted copies)
+//   CUDA                       the raw pair: the generated CUDA kernels on the current stream
+//                              (torch_ops_cuda.h); where the library has no kernel for the dtype
+//                              and head dim, the CPU kernel on host copies (warned once)
+//   Meta                       the raw pair: shapes and dtypes only; symbolic sizes allowed, so
+//                              fake tensors (torch.compile, opcheck) trace through
+//   CompositeImplicitAutograd  derived_params, manifest, cuda_kernels
+//
+// Shapes: q, k, v, o, dout (B, H, T, D); lse and every feature (B, H, T); params by their
+// manifest shape with "heads" = H and "head_dim" = D. One dtype for q, k, v, dout, o, features
+// and params; lse is float64 for float64 inputs, float32 otherwise. One device for all.
+// Non-contiguous inputs are accepted (copied to contiguous first); outputs are contiguous.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "derived_params.h"
+#include "kernel_entry.h"
+#include "kernel_inputs.h"
+#include "torch_ops.h"
+
+namespace ape::torch_ops {
+
+// ---- messages ----------------------------------------------------------------------------------
+// "ape_NAME.op: ", the start of every message.
+inline std::string prefix(const KernelInputs &in, const char *op) {
+  return std::string("ape_") + in.encoding + "." + op + ": ";
+}
+
+inline std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kLong: return "torch.int64";
+    case at::kInt: return "torch.int32";
+    case at::kBool: return "torch.bool";
+    default: return std::string("torch ") + c10::toString(t);
+  }
+}
+
+// ---- dtypes -------------------------------------------------------------------------------------
+// The kernels compute in float64 for float64 inputs and in float32 for the others (bfloat16 and
+// float16 inputs: float32 accumulation, results rounded once to the input dtype). lse has the
+// compute dtype.
+inline bool supported_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
+}
+inline at::ScalarType compute_dtype(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// ---- argument checks (symbolic sizes: they also run on fake tensors under torch.compile) ------
+using SymSizes = std::vector<c10::SymInt>;
+
+// Checks t against q (defined, dtype, device) and against the shape `want`; `legend` spells the
+// shape symbolically ("[B, H, T]"). `dtype` is the dtype t must have (default: q's).
+inline void check_like_q(const std::string &w, const at::Tensor &q, const at::Tensor &t,
+                         const std::string &what, c10::SymIntArrayRef want,
+                         const std::string &legend, const std::string &note = "",
+                         std::optional<at::ScalarType> dtype = std::nullopt) {
+  TORCH_CHECK_VALUE(t.defined(), w, what, " is an undefined tensor");
+  if (!dtype) {
+    TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), w, what, " has dtype ",
+                     dtype_name(t.scalar_type()), " but q has ", dtype_name(q.scalar_type()),
+                     "; all inputs must share q's dtype");
+  } else {
+    TORCH_CHECK_TYPE(t.scalar_type() == *dtype, w, what, " has dtype ",
+                     dtype_name(t.scalar_type()), " but must be ", dtype_name(*dtype), " for q of ",
+                     dtype_name(q.scalar_type()));
+  }
+  TORCH_CHECK(t.device() == q.device(), w, what, " is on ", t.device(), " but q is on ",
+              q.device(), "; all inputs must be on one device");
+  TORCH_CHECK_VALUE(t.sym_sizes() == want, w, what, " must have shape ", legend, " = ", want,
+                    note, ", got ", t.sym_sizes());
+}
+
+// The shape of param p for H heads of dimension D.
+inline SymSizes sym_param_shape(const ParamInput &p, const c10::SymInt &H, const c10::SymInt &D) {
+  SymSizes shape;
+  for (int i = 0; i < p.rank; ++i)
+    shape.push_back(p.dims[i] == kDimHeads ? H : p.dims[i] == kDimHeadDim ? D
+                                                                          : c10::SymInt(p.dims[i]));
+  return shape;
+}
+
+// Validates q, k, v, the features and the params against the kernel's inputs.
+inline void check_inputs(const KernelInputs &in, const char *op, const at::Tensor &q,
+                         const at::Tensor &k, const at::Tensor &v, at::TensorList features,
+                         at::TensorList params) {
+  const std::string w = prefix(in, op);
+  TORCH_CHECK_VALUE(q.defined(), w, "q is an undefined tensor");
+  TORCH_CHECK_VALUE(q.dim() == 4, w, "q must be a 4-D tensor [B, H, T, D], got shape ",
+                    q.sym_sizes());
+  TORCH_CHECK_TYPE(supported_dtype(q.scalar_type()), w, "q has dtype ",
+                   dtype_name(q.scalar_type()),
+                   "; the kernels take torch.float32, torch.float64, torch.bfloat16 or "
+                   "torch.float16");
+  const c10::SymInt &H = q.sym_size(1), &D = q.sym_size(3);
+  TORCH_CHECK_VALUE(D >= 1, w, "q's last dimension (head dim D) must be >= 1, got shape ",
+                    q.sym_sizes());
+  check_like_q(w, q, k, "k", q.sym_sizes(), "[B, H, T, D] (q's shape)");
+  check_like_q(w, q, v, "v", q.sym_sizes(), "[B, H, T, D] (q's shape)");
+
+  auto names = [](int n, auto name) {
+    std::string s = "(";
+    for (int i = 0; i < n; ++i) s += (i ? ", '" : "'") + std::string(name(i)) + "'";
+    return s + ")";
+  };
+  TORCH_CHECK_VALUE(static_cast<int64_t>(features.size()) == in.num_features, w, "expected ",
+                    in.num_features, " feature tensor(s) ",
+                    names(in.num_features, [&](int i) { return in.feature_names[i]; }), ", got ",
+                    features.size());
+  const SymSizes fshape{q.sym_size(0), H, q.sym_size(2)};
+  for (int i = 0; i < in.num_features; ++i)
+    check_like_q(w, q, features[i], std::string("feature '") + in.feature_names[i] + "'", fshape,
+                 "[B, H, T]");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(params.size()) == in.num_params, w, "expected ",
+                    in.num_params, " param tensor(s) ",
+                    names(in.num_params, [&](int i) { return in.params[i].name; }), ", got ",
+                    params.size());
+  for (int i = 0; i < in.num_params; ++i) {
+    const ParamInput &p = in.params[i];
+    check_like_q(w, q, params[i], std::string("param '") + p.name + "'",
+                 sym_param_shape(p, H, D), param_shape_text(p),
+                 c10::str(" (heads = ", H, ", head_dim = ", D, ")"));
+  }
+}
+
+inline void check_scale(const KernelInputs &in, const char *op, double scale) {
+  TORCH_CHECK_VALUE(std::isfinite(scale), prefix(in, op), "scale must be finite, got ", scale);
+}
+
+// ---- the CPU kernel -----------------------------------------------------------------------------
+// Sizes of one call on real tensors: B batch, H heads, T tokens, D head dim.
+struct Shape {
+  int64_t B, H, T, D;
+};
+inline Shape shape_of(const at::Tensor &q) { return {q.size(0), q.size(1), q.size(2), q.size(3)}; }
+
+// t in the dtype `dt`, contiguous (t itself when it already is).
+inline at::Tensor prepared(const at::Tensor &t, at::ScalarType dt) { return t.to(dt).contiguous(); }
+inline std::vector<at::Tensor> prepared(at::TensorList ts, at::ScalarType dt) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto &t : ts) out.push_back(prepared(t, dt));
+  return out;
+}
+
+template <typename T> std::vector<T *> data_ptrs(const std::vector<at::Tensor> &ts) {
+  std::vector<T *> out;
+  for (const auto &t : ts) out.push_back(t.data_ptr<T>());
+  return out;
+}
+
+// The generated kernel on contiguous CPU tensors of type Real: o and lse (forward), or the
+// gradients (backward, when dout is defined).
+template <typename Real>
+void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, const at::Tensor &k,
+                const at::Tensor &v, const std::vector<at::Tensor> &features,
+                const std::vector<at::Tensor> &params, double scale, const at::Tensor &o,
+                const at::Tensor &lse, const at::Tensor &dout, const at::Tensor &dq,
+                const at::Tensor &dk, const at::Tensor &dv,
+                const std::vector<at::Tensor> &dfeatures, const std::vector<at::Tensor> &dparams) {
+  std::vector<Real *> fp = data_ptrs<Real>(features), pp = data_ptrs<Real>(params);
+  std::vector<const Real *> cfp(fp.begin(), fp.end()), cpp(pp.begin(), pp.end());
+  AttnArgs<Real> a{};
+  a.B = s.B, a.H = s.H, a.T = s.T, a.D = s.D;
+  a.q = q.data_ptr<Real>(), a.k = k.data_ptr<Real>(), a.v = v.data_ptr<Real>();
+  a.o = o.data_ptr<Real>(), a.lse = lse.data_ptr<Real>();
+  a.features = cfp.data(), a.params = cpp.data();
+  a.scale = static_cast<Real>(scale);
+  const KernelEntry &e = *in.entry;
+  if (!dout.defined()) {
+    if constexpr (std::is_same_v<Real, float>) e.forward_f32(a); else e.forward_f64(a);
+    return;
+  }
+  std::vector<Real *> dfp = data_ptrs<Real>(dfeatures), dpp = data_ptrs<Real>(dparams);
+  a.dout = dout.data_ptr<Real>();
+  a.dq = dq.data_ptr<Real>(), a.dk = dk.data_ptr<Real>(), a.dv = dv.data_ptr<Real>();
+  a.dfeatures = dfp.data(), a.dparams = dpp.data();
+  if constexpr (std::is_same_v<Real, float>) e.backward_f32(a); else e.backward_f64(a);
+}
+
+using ForwardResult = std::tuple<at::Tensor, at::Tensor>;
+using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
+                                  std::vector<at::Tensor>>;
+
+inline std::vector<at::Tensor> converted(std::vector<at::Tensor> ts, at::ScalarType dt) {
+  for (auto &t : ts) t = t.to(dt);
+  return ts;
+}
+
+inline ForwardResult forward_cpu(const KernelInputs &in, const at::Tensor &q, const at::Tensor &k,
+                                 const at::Tensor &v, at::TensorList features,
+                                 at::TensorList params, double scale) {
+  const Shape s = shape_of(q);
+  const at::ScalarType ct = compute_dtype(q.scalar_type());
+  at::Tensor qc = prepared(q, ct), kc = prepared(k, ct), vc = prepared(v, ct);
+  std::vector<at::Tensor> fc = prepared(features, ct), pc = prepared(params, ct);
+  at::Tensor o = at::empty({s.B, s.H, s.T, s.D}, qc.options());
+  at::Tensor lse = at::empty({s.B, s.H, s.T}, qc.options());
+  if (ct == at::kFloat)
+    run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {});
+  else
+    run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {});
+  return {o.to(q.scalar_type()), lse};
+}
+
+inline BackwardResult backward_cpu(const KernelInputs &in, const at::Tensor &dout,
+                                   const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                   const at::Tensor &o, const at::Tensor &lse,
+                                   at::TensorList features, at::TensorList params, double scale) {
+  const Shape s = shape_of(q);
+  const at::ScalarType ct = compute_dtype(q.scalar_type());
+  at::Tensor qc = prepared(q, ct), kc = prepared(k, ct), vc = prepared(v, ct);
+  at::Tensor oc = prepared(o, ct), lc = prepared(lse, ct), gc = prepared(dout, ct);
+  std::vector<at::Tensor> fc = prepared(features, ct), pc = prepared(params, ct);
+  at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
+  std::vector<at::Tensor> df, dp;
+  for (const auto &f : fc) df.push_back(at::empty_like(f));
+  for (const auto &p : pc) dp.push_back(at::empty_like(p));
+  if (ct == at::kFloat)
+    run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, oc, lc, gc, dq, dk, dv, df, dp);
+  else
+    run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, oc, lc, gc, dq, dk, dv, df, dp);
+  const at::ScalarType dt = q.scalar_type();
+  return {dq.to(dt), dk.to(dt), dv.to(dt), converted(df, dt), converted(dp, dt)};
+}
+
+}  // namespace ape::torch_ops
+
+#ifdef APE_TORCH_OPS_CUDA  // set by the emitted CMakeLists.txt when LibTorch has CUDA
+#include "torch_ops_cuda.h"  // the CUDA kernels' calls; uses the helpers above
+#endif
+
+namespace ape::torch_ops {
+
+// ---- the raw operators, per device --------------------------------------------------------------
+enum class Where { kCpu, kCuda, kMeta };
+
+inline std::vector<at::Tensor> to_host(at::TensorList ts) {
+  std::vector<at::Tensor> out;
+  for (const auto &t : ts) out.push_back(t.cpu());
+  return out;
+}
+inline std::vector<at::Tensor> to_device(std::vector<at::Tensor> ts, const at::Device &d) {
+  for (auto &t : ts) t = t.to(d);
+  return ts;
+}
+
+// "bf16/hd64", ...: the CUDA variants compiled into the library (none without CUDA kernels).
+inline std::vector<std::string> cuda_kernel_names(const Library &lib) {
+  std::vector<std::string> out;
+#ifdef APE_TORCH_OPS_CUDA
+  if (lib.cuda)
+    for (size_t n = 0; n < lib.cuda->num_variants; ++n)
+      if (lib.cuda->variants[n].forward)
+        out.push_back(std::string(cuda::dtype_name(lib.cuda->variants[n].dtype)) + "/hd" +
+                      std::to_string(lib.cuda->variants[n].head_dim));
+#else
+  (void)lib;
+#endif
+  return out;
+}
+
+// CUDA tensors for which the library has no CUDA kernel (built without nvcc, an encoding the CUDA
+// template does not support yet, or a dtype / head dim that was not instantiated) run the CPU
+// kernel on host copies: correct, slow, and said once.
+inline void warn_host_copies(const Library &lib, const at::Tensor &q) {
+  std::string why = lib.no_cuda_reason ? lib.no_cuda_reason : "";
+  if (lib.cuda)
+    why = c10::str("its CUDA kernels take (dtype/head dim) ",
+                   c10::Join(", ", cuda_kernel_names(lib)), ", not ", dtype_name(q.scalar_type()),
+                   " with head dim ", q.size(3));
+  TORCH_WARN_ONCE(prefix(*lib.inputs, "attention"), "no CUDA kernel for these inputs (", why,
+                  "): computing on host copies with the CPU kernel (correct, but slow)");
+}
+
+inline ForwardResult forward_on(Where where, const Library &lib, const at::Tensor &q,
+                                const at::Tensor &k, const at::Tensor &v, at::TensorList features,
+                                at::TensorList params, double scale) {
+  const KernelInputs &in = *lib.inputs;
+  const char *op = "attention_forward";
+  check_inputs(in, op, q, k, v, features, params);
+  check_scale(in, op, scale);
+  switch (where) {
+    case Where::kCpu:
+      TORCH_CHECK(q.device().is_cpu(), prefix(in, op), "the CPU kernel got q on ", q.device());
+      return forward_cpu(in, q, k, v, features, params, scale);
+    case Where::kCuda: {
+      TORCH_CHECK(q.is_cuda(), prefix(in, op), "the CUDA kernel got q on ", q.device());
+#ifdef APE_TORCH_OPS_CUDA
+      if (const cuda::CudaVariant *var = cuda_variant(lib, q))
+        return forward_cuda(in, *var, q, k, v, features, params, scale);
+#endif
+      warn_host_copies(lib, q);
+      auto [o, lse] = forward_cpu(in, q.cpu(), k.cpu(), v.cpu(), to_host(features),
+                                  to_host(params), scale);
+      return {o.to(q.device()), lse.to(q.device())};
+    }
+    case Where::kMeta:  // contiguous, as the kernels return them
+      return {at::empty_symint(q.sym_sizes(), q.options()),
+              at::empty_symint({q.sym_size(0), q.sym_size(1), q.sym_size(2)},
+                               q.options().dtype(compute_dtype(q.scalar_type())))};
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown device kind");
+}
+
+inline BackwardResult backward_on(Where where, const Library &lib, const at::Tensor &dout,
+                                  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                  const at::Tensor &o, const at::Tensor &lse,
+                                  at::TensorList features, at::TensorList params, double scale) {
+  const KernelInputs &in = *lib.inputs;
+  const char *op = "attention_backward";
+  check_inputs(in, op, q, k, v, features, params);
+  check_scale(in, op, scale);
+  const std::string w = prefix(in, op);
+  check_like_q(w, q, dout, "dout", q.sym_sizes(), "[B, H, T, D] (q's shape)");
+  check_like_q(w, q, o, "o", q.sym_sizes(), "[B, H, T, D] (q's shape)");
+  check_like_q(w, q, lse, "lse", {q.sym_size(0), q.sym_size(1), q.sym_size(2)}, "[B, H, T]", "",
+               compute_dtype(q.scalar_type()));
+  switch (where) {
+    case Where::kCpu:
+      TORCH_CHECK(q.device().is_cpu(), w, "the CPU kernel got q on ", q.device());
+      return backward_cpu(in, dout, q, k, v, o, lse, features, params, scale);
+    case Where::kCuda: {
+      TORCH_CHECK(q.is_cuda(), w, "the CUDA kernel got q on ", q.device());
+#ifdef APE_TORCH_OPS_CUDA
+      if (const cuda::CudaVariant *var = cuda_variant(lib, q))
+        return backward_cuda(in, *var, dout, q, k, v, o, lse, features, params, scale);
+#endif
+      warn_host_copies(lib, q);
+      auto [dq, dk, dv, df, dp] = backward_cpu(in, dout.cpu(), q.cpu(), k.cpu(), v.cpu(),
+                                               o.cpu(), lse.cpu(), to_host(features),
+                                               to_host(params), scale);
+      const at::Device d = q.device();
+      return {dq.to(d), dk.to(d), dv.to(d), to_device(df, d), to_device(dp, d)};
+    }
+    case Where::kMeta: {  // contiguous, as the kernels return them
+      std::vector<at::Tensor> df, dp;
+      for (const auto &f : features) df.push_back(at::empty_symint(f.sym_sizes(), f.options()));
+      for (const auto &p : params) dp.push_back(at::empty_symint(p.sym_sizes(), p.options()));
+      return {at::empty_symint(q.sym_sizes(), q.options()),
+              at::empty_symint(q.sym_sizes(), q.options()),
+              at::empty_symint(q.sym_sizes(), q.options()), df, dp};
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown device kind");
+}
+
+// ---- the differentiable operator ---------------------------------------------------------------
+using ForwardSig = ForwardResult(const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                 at::TensorList, at::TensorList, double);
+using BackwardSig = BackwardResult(const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                   const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                   at::TensorList, at::TensorList, double);
+
+inline c10::TypedOperatorHandle<ForwardSig> forward_op(const KernelInputs &in) {
+  const std::string name = std::string("ape_") + in.encoding + "::attention_forward";
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").typed<ForwardSig>();
+}
+inline c10::TypedOperatorHandle<BackwardSig> backward_op(const KernelInputs &in) {
+  const std::string name = std::string("ape_") + in.encoding + "::attention_backward";
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").typed<BackwardSig>();
+}
+
+// Saved for backward: q, k, v, o, lse, features..., params... Forward and backward call the raw
+// operators through the dispatcher, so tracing (AOTAutograd) records attention_forward and
+// attention_backward, each with its device and Meta kernels.
+struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &q,
+                            const at::Tensor &k, const at::Tensor &v, at::TensorList features,
+                            at::TensorList params, int64_t inputs_bits, double scale) {
+    const auto &in = *reinterpret_cast<const KernelInputs *>(static_cast<intptr_t>(inputs_bits));
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [o, lse] = forward_op(in).call(q, k, v, features, params, scale);
+    torch::autograd::variable_list saved{q, k, v, o, lse};
+    saved.insert(saved.end(), features.begin(), features.end());
+    saved.insert(saved.end(), params.begin(), params.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["inputs"] = inputs_bits;
+    ctx->saved_data["scale"] = scale;
+    return o;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto &in = *reinterpret_cast<const KernelInputs *>(
+        static_cast<intptr_t>(ctx->saved_data["inputs"].toInt()));
+    TORCH_CHECK(!at::GradMode::is_enabled(), prefix(in, "attention"),
+                "the kernel's backward is not differentiable (no double backward: "
+                "create_graph=True is not supported)");
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int nf = in.num_features, np = in.num_params;
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &o = s[3], &lse = s[4];
+    std::vector<at::Tensor> features(s.begin() + 5, s.begin() + 5 + nf);
+    std::vector<at::Tensor> params(s.begin() + 5 + nf, s.begin() + 5 + nf + np);
+    at::Tensor dout = grad_outputs[0].defined() ? grad_outputs[0] : at::zeros_like(o);
+    auto [dq, dk, dv, df, dp] =
+        backward_op(in).call(dout, q, k, v, o, lse, features, params, scale);
+    // One gradient per forward argument: q, k, v, features..., params..., inputs_bits, scale.
+    torch::autograd::variable_list grads{dq, dk, dv};
+    for (int i = 0; i < nf; ++i)
+      grads.push_back(ctx->needs_input_grad(3 + i) ? df[i] : at::Tensor());
+    for (int i = 0; i < np; ++i)
+      grads.push_back(ctx->needs_input_grad(3 + nf + i) ? dp[i] : at::Tensor());
+    grads.emplace_back();
+    grads.emplace_back();
+    return grads;
+  }
+};
+
+// scale None: the manifest's scale, else 1/sqrt(D) (D is then specialised under torch.compile).
+inline double resolve_scale(const KernelInputs &in, const at::Tensor &q,
+                            std::optional<double> scale) {
+  double kappa = 0;
+  if (scale)
+    kappa = *scale;
+  else if (in.has_scale)
+    kappa = in.scale;
+  else
+    kappa = in.scale_for(q.sym_size(3).guard_int(__FILE__, __LINE__));
+  check_scale(in, "attention", kappa);
+  return kappa;
+}
+
+// The Autograd kernel of `attention`.
+inline at::Tensor attention(const KernelInputs &in, const at::Tensor &q, const at::Tensor &k,
+                            const at::Tensor &v, const std::vector<at::Tensor> &features,
+                            const std::vector<at::Tensor> &params, std::optional<double> scale) {
+  check_inputs(in, "attention", q, k, v, features, params);
+  if (at::GradMode::is_enabled()) {
+    for (int i = 0; i < in.num_params; ++i)
+      TORCH_CHECK_VALUE(in.params[i].trainable || !params[i].requires_grad(),
+                        prefix(in, "attention"), "param '", in.params[i].name,
+                        "' requires grad, but the encoding declares it not trainable: the kernel "
+                        "computes no gradient for it. Pass a tensor that does not require grad "
+                        "(a buffer, or .detach()).");
+  }
+  return AttentionFunction::apply(q, k, v, at::TensorList(features), at::TensorList(params),
+                                  static_cast<int64_t>(reinterpret_cast<intptr_t>(&in)),
+                                  resolve_scale(in, q, scale));
+}
+
+// The CompositeExplicitAutograd kernel of `attention` (reached without autograd, e.g. under
+// torch.inference_mode): the forward only.
+inline at::Tensor attention_forward_only(const KernelInputs &in, const at::Tensor &q,
+                                         const at::Tensor &k, const at::Tensor &v,
+                                         const std::vector<at::Tensor> &features,
+                                         const std::vector<at::Tensor> &params,
+                                         std::optional<double> scale) {
+  check_inputs(in, "attention", q, k, v, features, params);
+  return std::get<0>(forward_op(in).call(q, k, v, features, params, resolve_scale(in, q, scale)));
+}
+
+// ---- derived params ------------------------------------------------------------------------------
+// One tensor per derived param (ParamInput::is_derived), in manifest order, from the projection
+// weights (torch.nn.Linear layout: [H·D, d]); derived_params.h has the math. A param that is
+// not trainable is computed from the detached weight.
+inline std::vector<at::Tensor> derived_params(const KernelInputs &in,
+                                              const std::optional<at::Tensor> &w_q,
+                                              const std::optional<at::Tensor> &w_k,
+                                              const std::optional<at::Tensor> &w_v, int64_t H,
+                                              int64_t D) {
+  const std::string w = prefix(in, "derived_params");
+  TORCH_CHECK_VALUE(H >= 1 && D >= 1, w, "heads and head_dim must be >= 1, got heads = ", H,
+                    ", head_dim = ", D);
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < in.num_params; ++i) {
+    const ParamInput &p = in.params[i];
+    if (!p.is_derived()) continue;
+    const char proj = p.derived.projection;
+    const std::optional<at::Tensor> &W = proj == 'q' ? w_q : proj == 'k' ? w_k : w_v;
+    const std::string arg = std::string("w_") + proj;
+    TORCH_CHECK_VALUE(W.has_value() && W->defined(), w, "param '", p.name,
+                      "' is derived from the ", proj, " projection: pass ", arg);
+    TORCH_CHECK_TYPE(at::isFloatingType(W->scalar_type()), w, arg, " has dtype ",
+                     dtype_name(W->scalar_type()), "; it must be a floating-point tensor");
+    TORCH_CHECK_VALUE(W->dim() == 2 && W->sym_size(0) == H * D && W->sym_size(1) >= p.derived.columns,
+                      w, arg, " must have shape [heads*head_dim, d] = [", H * D, ", d >= ",
+                      p.derived.columns, "] (a torch.nn.Linear weight), got ", W->sym_sizes());
+    const at::Tensor Wp = p.trainable ? *W : W->detach();
+    out.push_back(std::string(p.init) == "projection_prefix"
+                      ? derived::projection_prefix(Wp, p.derived.columns, p.derived.scale, H, D)
+                      : derived::projection_term(Wp, p.derived.columns, p.derived.start,
+                                                 p.derived.step, H, D));
+  }
+  return out;
+}
+
+// ---- boxed kernels and registration -------------------------------------------------------------
+// Every kernel is one boxed functor holding the library: no per-encoding template instantiation,
+// so this file is compiled once whatever the encoding (the attention schema's arity varies).
+enum class Op {
+  kForward, kBackward, kAttention, kAttentionNoGrad, kDerivedParams, kManifest, kCudaKernels
+};
+
+
+
+class Kernel final : public c10::OperatorKernel {
+ public:
+  Kernel(const Library &lib, Op op, Where where = Where::kCpu) : lib_(lib), op_(op), where_(where) {}
+
+  void operator()(const c10::OperatorHandle &, c10::DispatchKeySet, torch::jit::Stack *stack) {
+    const KernelInputs &in = *lib_.inputs;
+    const size_t nf = in.num_features, np = in.num_params;
+    switch (op_) {
+      case Op::kForward: {  // (q, k, v, features, params, scale) -> (o, lse)
+        auto a = torch::jit::last(*stack, 6);
+        auto [o, lse] = forward_on(where_, lib_, a[0].toTensor(), a[1].toTensor(),
+                                   a[2].toTensor(), a[3].toTensorVector(), a[4].toTensorVector(),
+                                   a[5].toDouble());
+        torch::jit::drop(*stack, 6);
+        torch::jit::push(*stack, std::move(o), std::move(lse));
+        return;
+      }
+      case Op::kBackward: {  // (dout, q, k, v, o, lse, features, params, scale) -> grads
+        auto a = torch::jit::last(*stack, 9);
+        auto [dq, dk, dv, df, dp] =
+            backward_on(where_, lib_, a[0].toTensor(), a[1].toTensor(), a[2].toTensor(),
+                        a[3].toTensor(), a[4].toTensor(), a[5].toTensor(), a[6].toTensorVector(),
+                        a[7].toTensorVector(), a[8].toDouble());
+        torch::jit::drop(*stack, 9);
+        torch::jit::push(*stack, std::move(dq), std::move(dk), std::move(dv), std::move(df),
+                         std::move(dp));
+        return;
+      }
+      case Op::kAttention:
+      case Op::kAttentionNoGrad: {  // (q, k, v, features..., params..., scale?) -> o
+        const size_t n = 3 + nf + np + 1;
+        auto a = torch::jit::last(*stack, n);
+        std::vector<at::Tensor> features, params;
+        for (size_t i = 0; i < nf; ++i) features.push_back(a[3 + i].toTensor());
+        for (size_t i = 0; i < np; ++i) params.push_back(a[3 + nf + i].toTensor());
+        std::optional<double> scale = a[n - 1].toOptional<double>();
+        const at::Tensor q = a[0].toTensor(), k = a[1].toTensor(), v = a[2].toTensor();
+        torch::jit::drop(*stack, n);
+        torch::jit::push(*stack, op_ == Op::kAttention
+                                     ? attention(in, q, k, v, features, params, scale)
+                                     : attention_forward_only(in, q, k, v, features, params, scale));
+        return;
+      }
+      case Op::kDerivedParams: {  // (w_q?, w_k?, w_v?, heads, head_dim) -> Tensor[]
+        auto a = torch::jit::last(*stack, 5);
+        auto out = derived_params(in, a[0].toOptional<at::Tensor>(), a[1].toOptional<at::Tensor>(),
+                                  a[2].toOptional<at::Tensor>(), a[3].toInt(), a[4].toInt());
+        torch::jit::drop(*stack, 5);
+        torch::jit::push(*stack, std::move(out));
+        return;
+      }
+      case Op::kManifest:
+        torch::jit::push(*stack, std::string(in.entry->manifest_json));
+        return;
+      case Op::kCudaKernels: {
+        c10::List<std::string> names;
+        for (auto &n : cuda_kernel_names(lib_)) names.push_back(std::move(n));
+        torch::jit::push(*stack, std::move(names));
+        return;
+      }
+    }
+  }
+
+ private:
+  const Library &lib_;
+  Op op_;
+  Where where_;
+};
+
+inline torch::CppFunction kernel(const Library &lib, Op op, Where where = Where::kCpu) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(lib, op, where));
+}
+
+// Defined here, not inline: torch_ops.h declares it for NAME_ops.cpp, and this header is included
+// by one file per library (ape/torch_ops.cpp).
+void register_operators(const Library &lib) {
+  // Alive until the process exits, as the objects of TORCH_LIBRARY / TORCH_LIBRARY_IMPL are
+  // (those macros build the same torch::Library objects from a namespace known at compile time).
+  static std::vector<std::unique_ptr<torch::Library>> libraries;
+  const std::string ns = std::string("ape_") + lib.inputs->encoding;
+  auto library = [&](torch::Library::Kind kind,
+                     std::optional<c10::DispatchKey> key) -> torch::Library & {
+    libraries.push_back(std::make_unique<torch::Library>(kind, ns, key, __FILE__, __LINE__));
+    return *libraries.back();
+  };
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+
+  torch::Library &def = library(torch::Library::DEF, std::nullopt);
+  def.def(lib.attention_schema, tags);
+  def.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] features, Tensor[] params, "
+          "float scale) -> (Tensor o, Tensor lse)",
+          tags);
+  def.def("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
+          "Tensor[] features, Tensor[] params, float scale) -> (Tensor dq, Tensor dk, Tensor dv, "
+          "Tensor[] dfeatures, Tensor[] dparams)",
+          tags);
+  def.def("derived_params(Tensor? w_q=None, Tensor? w_k=None, Tensor? w_v=None, *, int heads, "
+          "int head_dim) -> Tensor[]",
+          tags);
+  def.def("manifest() -> str", tags);
+  def.def("cuda_kernels() -> str[]", tags);
+
+  torch::Library &composite = library(torch::Library::IMPL, c10::DispatchKey::CompositeImplicitAutograd);
+  composite.impl("derived_params", kernel(lib, Op::kDerivedParams));
+  composite.impl("manifest", kernel(lib, Op::kManifest));
+  composite.impl("cuda_kernels", kernel(lib, Op::kCudaKernels));
+
+  torch::Library &autograd = library(torch::Library::IMPL, c10::DispatchKey::Autograd);
+  autograd.impl("attention", kernel(lib, Op::kAttention));
+  // The raw pair carries no gradient history: it falls through to its device kernels.
+  autograd.impl("attention_forward", torch::CppFunction::makeFallthrough());
+  autograd.impl("attention_backward", torch::CppFunction::makeFallthrough());
+
+  library(torch::Library::IMPL, c10::DispatchKey::CompositeExplicitAutograd)
+      .impl("attention", kernel(lib, Op::kAttentionNoGrad));
+
+  for (auto [key, where] : {std::pair{c10::DispatchKey::CPU, Where::kCpu},
+                            std::pair{c10::DispatchKey::CUDA, Where::kCuda},
+                            std::pair{c10::DispatchKey::Meta, Where::kMeta}}) {
+    torch::Library &m = library(torch::Library::IMPL, key);
+    m.impl("attention_forward", kernel(lib, Op::kForward, where));
+    m.impl("attention_backward", kernel(lib, Op::kBackward, where));
+  }
+}
+
+}  // namespace ape::torch_ops

@@ -1,0 +1,84 @@
+"""The operators' CUDA kernels on a GPU (docs/frameworks.md). They need a device: skipped where
+PyTorch sees none, which is every machine of this project so far, so none of this has run yet
+(test_pytorch2.py::test_cuda_kernels_are_compiled_in checks, without a GPU, that the kernels are
+compiled into the libraries).
+
+For rope and cable (test/python/CMakeLists.txt: APE_CUDA_ENCODINGS, variants bf16 and f32 at
+head dim 64, run.sh): forward and gradients against the float64 reference, under
+torch.cuda.set_sync_debug_mode("error") so that a host copy (the fallback for inputs without a
+kernel) would fail the test; f32 within 1e-4 of the magnitude, bf16 by FlashAttention's rule
+(at most twice the error of PyTorch's own bf16 materialised attention, plus 1e-3 of the
+magnitude, as docs/cuda.md); the same results on a side stream; torch.compile on CUDA tensors."""
+import pytest
+import torch
+
+import reference
+from support import close, make_inputs, ops, ordered
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+CUDA_ENCODINGS = ["rope", "cable"]
+SHAPES = [(1, 1, 1, 64), (2, 3, 77, 64), (1, 2, 130, 64)]
+
+
+def _run(encoding, q, k, v, features, params, dout):
+    """o and the gradients of q, k, v, features, trainable params, with no host synchronisation."""
+    xs = [q, k, v, *features, *[p for p in params.values() if p.requires_grad]]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o = ops(encoding).attention(q, k, v, *features, *ordered(encoding, params))
+        grads = torch.autograd.grad(o, xs, dout)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [o, *grads]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}T{}D{}".format(*s))
+@pytest.mark.parametrize("encoding", CUDA_ENCODINGS)
+def test_cuda_kernels_match_reference(encoding, shape, dtype):
+    variant = ("f32" if dtype == torch.float32 else "bf16") + "/hd64"
+    assert variant in ops(encoding).cuda_kernels()
+    q, k, v, features, params = make_inputs(encoding, *shape, dtype, "cuda")
+    dout = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype).cuda()
+    got = _run(encoding, q, k, v, features, params, dout)
+    assert all(t.is_cuda and t.dtype == dtype for t in got)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        again = _run(encoding, q, k, v, features, params, dout)
+    torch.cuda.current_stream().wait_stream(side)
+    for a, b in zip(got, again):
+        close(b, a, "side stream", atol=0)  # the kernels are deterministic (docs/cuda.md)
+
+    up = lambda t: t.detach().double().cpu().requires_grad_(t.requires_grad)
+    q64, k64, v64 = up(q), up(k), up(v)
+    f64, p64 = [up(f) for f in features], {n: up(p) for n, p in params.items()}
+    xs64 = [q64, k64, v64, *f64, *[p for p in p64.values() if p.requires_grad]]
+    o64 = reference.attention(encoding, q64, k64, v64, f64, p64)
+    exact = [o64, *torch.autograd.grad(o64, xs64, dout.double().cpu())]
+    if dtype == torch.float32:
+        for i, (g, e) in enumerate(zip(got, exact)):
+            close(g, e, f"output {i}", atol=1e-4 * max(1.0, e.abs().max().item()))
+        return
+    xs = [q, k, v, *features, *[p for p in params.values() if p.requires_grad]]
+    o_torch = reference.attention(encoding, q, k, v, features, params)
+    torch_bf16 = [o_torch, *torch.autograd.grad(o_torch, xs, dout)]
+    for i, (g, t, e) in enumerate(zip(got, torch_bf16, exact)):
+        err = (g.double().cpu() - e).abs().max().item()
+        err_torch = (t.double().cpu() - e).abs().max().item()
+        floor = 1e-3 * max(1.0, e.abs().max().item())
+        assert err <= 2 * err_torch + floor, f"output {i}: {err:.3e} > 2 x {err_torch:.3e} + {floor:.1e}"
+
+
+@pytest.mark.parametrize("encoding", CUDA_ENCODINGS)
+def test_cuda_compile_fullgraph(encoding):
+    """torch.compile (Inductor) of the operator on CUDA tensors matches eager."""
+    torch._dynamo.reset()
+    q, k, v, features, params = make_inputs(encoding, 2, 2, 40, 64, torch.bfloat16, "cuda")
+    fn = lambda q, k, v, *rest: ops(encoding).attention(q, k, v, *rest).float().square().sum()
+    args = (q, k, v, *features, *ordered(encoding, params))
+    eager = fn(*args)
+    compiled = torch.compile(fn, fullgraph=True)(*args)
+    close(compiled, eager, "loss", atol=0, rtol=1e-6)

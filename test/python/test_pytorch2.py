@@ -1,0 +1,234 @@
+"""What PyTorch 2 asks of a custom operator, for the operator library of every example encoding
+(apec --emit=torch-library):
+
+- torch.library.opcheck passes all its checks (schema, autograd registration, fake tensors,
+  aot_dispatch_dynamic) on attention (contiguous and strided inputs), the raw forward and
+  backward, and derived_params;
+- torch.compile(fullgraph=True) of a small block that calls the operator traces with no graph
+  break, puts the fused forward and backward kernels in its graphs, and matches eager (forward
+  and gradients) at two sequence lengths with one compile (symbolic shapes); Inductor for a
+  representative subset (its compiles cost seconds each), AOTAutograd for all;
+- fp64 gradcheck of attention in every input that has a gradient;
+- bfloat16 and float16 inputs: computed in float32, results in the input dtype, within a
+  rounding of the float64 result (and, where reference.py has the encoding, at most twice the
+  error of PyTorch's own materialised attention in that dtype).
+"""
+import os
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from functorch.compile import make_boxed_func
+
+import reference
+from support import (ENCODINGS, REFERENCE_ENCODINGS, artifacts, close, helper, make_inputs, ops, ordered,
+                     pair_sum_bound)
+
+# Inductor compiles C++ for each graph: one encoding per kind of input (none; a token feature;
+# fixed and trainable params with a derived bias; derived params; relative rows).
+INDUCTOR_ENCODINGS = ["rope", "cable", "t5", "exqpe", "shaw"]
+
+
+def call(encoding, q, k, v, features, params, scale=None):
+    return ops(encoding).attention(q, k, v, *features, *ordered(encoding, params), scale=scale)
+
+
+# ---- opcheck ---------------------------------------------------------------------------------------
+def _check(op, args, kwargs=None):
+    result = torch.library.opcheck(op, args, kwargs, raise_exception=False)
+    failed = {name: repr(r) for name, r in result.items() if r != "SUCCESS"}
+    assert not failed, f"{op}: {failed}"
+    assert set(result) == {"test_schema", "test_autograd_registration", "test_faketensor",
+                           "test_aot_dispatch_dynamic"}
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_opcheck(encoding):
+    B, H, T, D = 2, 3, 9, 8
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D)
+    plist = ordered(encoding, params)
+    o = ops(encoding)
+    _check(o.attention.default, (q, k, v, *features, *plist))
+    qs = q.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    _check(o.attention.default, (qs, k, v, *features, *plist), {"scale": 0.25})
+    _check(o.attention_forward.default, (qs, k, v, features, plist, 0.25))
+    out, lse = o.attention_forward(q, k, v, features, plist, 0.25)
+    dout = torch.randn_like(out).transpose(1, 2).contiguous().transpose(1, 2)  # strided
+    _check(o.attention_backward.default, (dout, q, k, v, out.detach(), lse, features, plist, 0.25))
+    h = helper(encoding)
+    if h.DERIVED:
+        w = lambda: torch.randn(H * D, 40, dtype=torch.float64, requires_grad=True)
+        _check(o.derived_params.default, (w(), w(), w()), {"heads": H, "head_dim": D})
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------
+class Block(torch.nn.Module):
+    """One causal self-attention block around torch.ops.ape_<encoding>.attention: q, k, v and the
+    token features projected from x (through W[:, l:] only where an override says so), trainable
+    params as nn.Parameters, fixed ones as buffers, derived ones from the projection weights
+    every step (ape_<encoding>.derived_params)."""
+
+    def __init__(self, encoding, d=32, heads=2):
+        super().__init__()
+        self.h, self.heads, self.head_dim = helper(encoding), heads, d // heads
+        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(d, d, bias=False) for _ in range(4))
+        nf = len(self.h.FEATURES)
+        self.wf = torch.nn.Linear(d, heads * nf) if nf else None
+        _, _, _, _, params = make_inputs(encoding, 1, heads, 1, self.head_dim, torch.float32)
+        self.names = {}
+        for name, ident in zip(self.h.PARAMS, self.h.ARGUMENTS[nf:]):
+            if name in self.h.DERIVED:
+                continue
+            self.names[name] = "param_" + ident
+            t = params[name].detach().clone()
+            if t.requires_grad or params[name].requires_grad:
+                self.register_parameter(self.names[name], torch.nn.Parameter(t))
+            else:
+                self.register_buffer(self.names[name], t)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        H, D, h = self.heads, self.head_dim, self.h
+        ov = h.MANIFEST["override"]
+        l = int(ov["l"]) if ov else 0
+
+        def project(w, target):  # (B, T, d) -> (B, H, T, D)
+            y = x[..., l:] @ w.weight[:, l:].t() if ov and target in ov["targets"] else w(x)
+            return y.view(B, T, H, D).transpose(1, 2)
+
+        q, k, v = project(self.wq, "q"), project(self.wk, "k"), project(self.wv, "v")
+        feats = []
+        if self.wf is not None:  # (B, T, nf*H) -> nf x (B, H, T)
+            feats = self.wf(x).view(B, T, -1, H).permute(2, 0, 3, 1).unbind(0)
+        derived = h.derived_params({"q": self.wq.weight, "k": self.wk.weight, "v": self.wv.weight}, H, D) \
+            if h.DERIVED else {}
+        params = [derived[n] if n in derived else getattr(self, self.names[n]) for n in h.PARAMS]
+        o = h.load().attention(q, k, v, *feats, *params)
+        return self.wo(o.transpose(1, 2).reshape(B, T, d))
+
+
+def _recording_backend(graphs):
+    """AOTAutograd that keeps the forward and backward graphs and runs them as they are."""
+    def compiler(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)
+
+
+def _compile_cases():
+    for encoding in ENCODINGS:
+        yield pytest.param(encoding, "aot", id=f"{encoding}-aot")
+        if encoding in INDUCTOR_ENCODINGS:
+            yield pytest.param(encoding, "inductor", id=f"{encoding}-inductor")
+
+
+@pytest.mark.parametrize("encoding,backend", list(_compile_cases()))
+def test_compile_fullgraph_matches_eager(encoding, backend):
+    torch._dynamo.reset()  # one Block.forward code object serves every encoding
+    torch.manual_seed(0)
+    model = Block(encoding)
+    graphs = []
+    # Symbolic shapes from the start: one compile serves both lengths.
+    compiled = torch.compile(model, fullgraph=True, dynamic=True,
+                             backend=_recording_backend(graphs) if backend == "aot" else "inductor")
+    leaves = lambda x: [x, *model.parameters()]
+    for T in (7, 12):
+        x = torch.randn(2, T, 32, requires_grad=True)
+        y = model(x)
+        grads = torch.autograd.grad(y.square().sum(), leaves(x))
+        yc = compiled(x)
+        grads_c = torch.autograd.grad(yc.square().sum(), leaves(x))
+        close(yc, y, f"T={T}: compiled o", atol=1e-5, rtol=1e-5)
+        for i, (gc, g) in enumerate(zip(grads_c, grads)):
+            close(gc, g, f"T={T}: compiled gradient {i}", atol=1e-5 * max(1.0, g.abs().max().item()), rtol=1e-5)
+    if backend == "aot":
+        text = [str(g.graph) for g in graphs]
+        assert any(f"ape_{encoding}.attention_forward" in t for t in text), text
+        assert any(f"ape_{encoding}.attention_backward" in t for t in text), text
+        assert len(graphs) == 2, f"expected one forward and one backward graph for both lengths, got {len(graphs)}"
+
+
+# ---- gradcheck -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_gradcheck(encoding):
+    q, k, v, features, params = make_inputs(encoding, 1, 2, 5, 8, torch.float64)
+    names = helper(encoding).PARAMS
+    trainable = [n for n in names if params[n].requires_grad]
+
+    def fn(q, k, v, *rest):
+        feats = list(rest[:len(features)])
+        ps = dict(params)
+        ps.update(zip(trainable, rest[len(features):]))
+        return call(encoding, q, k, v, feats, ps)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, *features, *[params[n] for n in trainable]),
+                                    eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+# ---- bfloat16 and float16 ----------------------------------------------------------------------------
+def _value_and_grads(fn, xs, dout):
+    o = fn()
+    return [o, *torch.autograd.grad(o, xs, dout)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_half_precision_in_float32(encoding, dtype):
+    """Half-precision inputs run the float32 kernel: o, lse and the gradients come back in the
+    input dtype (lse float32), each within a few roundings of the float64 operator on the same
+    (rounded) inputs; with a reference, the error against float64 is at most twice that of
+    PyTorch's own materialised attention in the same dtype."""
+    B, H, T, D = 2, 3, 37, 16
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D, dtype)
+    dout = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(1)).to(dtype)
+    xs = [q, k, v, *features, *[p for p in params.values() if p.requires_grad]]
+    got = _value_and_grads(lambda: call(encoding, q, k, v, features, params), xs, dout)
+    for g, x in zip(got, [q, *xs]):
+        assert g.dtype == dtype
+    _, lse = ops(encoding).attention_forward(q, k, v, features, ordered(encoding, params), 0.25)
+    assert lse.dtype == torch.float32
+
+    up = lambda t: t.detach().double().requires_grad_(t.requires_grad)
+    q64, k64, v64 = up(q), up(k), up(v)
+    f64, p64 = [up(f) for f in features], {n: up(p) for n, p in params.items()}
+    xs64 = [q64, k64, v64, *f64, *[p for p in p64.values() if p.requires_grad]]
+    exact = _value_and_grads(lambda: call(encoding, q64, k64, v64, f64, p64), xs64, dout.double())
+    eps = torch.finfo(dtype).eps
+    names = ["o", "dq", "dk", "dv"] + [f"d{n}" for n in helper(encoding).FEATURES] + \
+        [f"d{n}" for n, p in params.items() if p.requires_grad]
+    for name, g, e in zip(names, got, exact):
+        scale = max(1.0, e.abs().max().item())
+        close(g, e, f"{dtype} {name}", atol=8 * eps * scale)
+    if encoding in REFERENCE_ENCODINGS:  # FlashAttention's rule against PyTorch in the same dtype
+        torch_half = _value_and_grads(lambda: reference.attention(encoding, q, k, v, features, params), xs, dout)
+        ref = _value_and_grads(lambda: reference.attention(encoding, q64, k64, v64, f64, p64), xs64, dout.double())
+        for i, (name, g, t, e) in enumerate(zip(names, got, torch_half, ref)):
+            err = (g.double() - e).abs().max().item()
+            err_torch = (t.double() - e).abs().max().item()
+            floor = eps * max(1.0, e.abs().max().item())
+            if i >= 4 + len(features):  # a param gradient
+                floor = max(floor, pair_sum_bound(e))
+            assert err <= 2 * err_torch + floor, \
+                f"{dtype} {name}: error {err:.3e} > 2 x PyTorch's {err_torch:.3e} + {floor:.1e}"
+
+
+# ---- the CUDA kernels ------------------------------------------------------------------------------
+def test_cuda_kernels_are_compiled_in():
+    """rope and cable carry CUDA kernels where PyTorch has CUDA and nvcc was found (the variants
+    run.sh asks for); encodings the CUDA template cannot take yet, or built without kernels,
+    report none. Runs without a GPU: it checks the build, not the kernels (test_cuda.py)."""
+    expected = ["bf16/hd64", "f32/hd64"] if torch.version.cuda and _built_with_nvcc() else []
+    assert sorted(ops("rope").cuda_kernels()) == expected
+    assert sorted(ops("cable").cuda_kernels()) == expected
+    assert ops("nope").cuda_kernels() == []   # built with APE_ENABLE_CUDA=OFF
+    assert ops("shaw").cuda_kernels() == []   # relative rows: no CUDA template yet
+
+
+def _built_with_nvcc():
+    """Whether the framework-suite build found nvcc (its CMakeCache.txt)."""
+    with open(os.path.join(artifacts(), "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith("CMAKE_CUDA_COMPILER:"):
+                value = line.split("=", 1)[1].strip()
+                return bool(value) and not value.endswith("NOTFOUND")
+    return False
