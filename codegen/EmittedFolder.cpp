@@ -182,14 +182,34 @@ std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
 
 /// The "ape/..." headers that `text` (a file at `path`) includes with quotes: `#include
 /// "ape/x.h"` from a source at the folder root, `#include "x.h"` from a header inside ape/.
+/// Includes inside `#ifdef APE_SIMT` (the SIMT emulator's surface, for APE's own tests) are not
+/// part of an emitted folder.
 static SmallVector<std::string> apeIncludes(StringRef path, StringRef text) {
   SmallVector<std::string> out;
   StringRef dir = path.contains('/') ? path.rsplit('/').first : StringRef();
   SmallVector<StringRef> lines;
   text.split(lines, '\n');
+  int simtDepth = 0, depth = 0;  // #if nesting, and the depth of an open #ifdef APE_SIMT
   for (StringRef line : lines) {
     line = line.trim();
-    if (!line.consume_front("#include") || !line.ltrim().starts_with("\""))
+    if (line.starts_with("#if")) {
+      ++depth;
+      if (!simtDepth && line == "#ifdef APE_SIMT")
+        simtDepth = depth;
+      continue;
+    }
+    if (line.starts_with("#else") || line.starts_with("#elif")) {
+      if (simtDepth == depth)
+        simtDepth = 0;
+      continue;
+    }
+    if (line.starts_with("#endif")) {
+      if (simtDepth == depth)
+        simtDepth = 0;
+      --depth;
+      continue;
+    }
+    if (simtDepth || !line.consume_front("#include") || !line.ltrim().starts_with("\""))
       continue;
     StringRef name = line.ltrim().drop_front().split('"').first;
     std::string full = dir.empty() ? name.str() : (dir + "/" + name).str();

@@ -22,7 +22,7 @@
 
 #include "cuda_abi.h"
 #ifdef APE_SIMT
-#include "ape/simt/cuda.h"
+#include "simt/cuda.h"
 #else
 #include <cuda_runtime_api.h>
 #endif

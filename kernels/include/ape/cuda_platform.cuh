@@ -11,7 +11,7 @@
 
 #include "cuda_abi.h"
 #ifdef APE_SIMT
-#include "ape/simt/cuda.h"
+#include "simt/cuda.h"
 #define APE_DEVICE_CODE 1
 #define APE_DYNAMIC_SMEM(name) unsigned char *name = ::ape::simt::dynamic_smem()
 // Reserved once per block (keyed by the address of a static marker), after the dynamic part.

@@ -43,9 +43,13 @@
 // FILES-NEXT: odd_names_cuda_f32_hd64.cu
 // FILES-NEXT: odd_names_ops.cpp
 // FILES: cpu_attention.h
+// FILES-NEXT: cuda_abi.h
 // FILES-NEXT: cuda_attention.cuh
+// FILES-NEXT: cuda_flash_tile.cuh
 // FILES-NEXT: cuda_kernel_entry.h
+// FILES-NEXT: cuda_platform.cuh
 // FILES-NEXT: derived_params.h
+// FILES-NEXT: enc_traits.h
 // FILES-NEXT: kernel_entry.h
 // FILES-NEXT: kernel_inputs.h
 // FILES-NEXT: torch_ops.cpp
@@ -102,7 +106,7 @@
 // SHAW-FILES: shaw_cuda.cu
 // SHAW-FILES: shaw_cuda_bf16_hd64.cu
 // SHAW: #ifdef APE_TORCH_OPS_CUDA_KERNELS
-// SHAW-CMAKE: set(ape_cuda_sources shaw_cuda.cu shaw_cuda_bf16_hd128.cu
+// SHAW-CMAKE: set(ape_cuda_sources shaw_cuda.cu shaw_cuda_bf16_hd32.cu
 
 // HEADER: #include "ape/c_abi.h"
 // HEADER: #define APE_ODD_NAMES_NUM_FEATURES 1
