@@ -10,6 +10,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 
 #include <cmath>
@@ -398,11 +399,13 @@ void expandFire(OpBuilder &b, FireOp op) {
 /// param or feature name; later ones get a numeric suffix: "alibi_slopes_1".
 void uniquifyNames(EncodingOp enc) {
   llvm::StringSet<> seen;
+  llvm::StringMap<unsigned> nextSuffix;  // per name: the first suffix not tried yet
   auto unique = [&](Operation *op) {
     auto name = op->getAttrOfType<StringAttr>("name");
     std::string candidate = name.getValue().str();
-    for (unsigned k = 1; seen.contains(candidate); ++k)
-      candidate = (name.getValue() + "_" + std::to_string(k)).str();
+    unsigned &k = nextSuffix[name.getValue()];
+    while (seen.contains(candidate))
+      candidate = (name.getValue() + "_" + std::to_string(++k)).str();
     seen.insert(candidate);
     if (candidate != name.getValue())
       op->setAttr("name", StringAttr::get(op->getContext(), candidate));
@@ -411,6 +414,7 @@ void uniquifyNames(EncodingOp enc) {
     if (isa<ParamOp>(op))
       unique(&op);
   seen.clear();
+  nextSuffix.clear();
   for (Operation &op : enc.getBody().front())
     if (isa<TokenFeatureOp>(op))
       unique(&op);
