@@ -26,11 +26,14 @@ using namespace mlir::ape;
 namespace {
 
 /// A fixed scalar param (shape ["1"]) holding `value`, which a runtime may change between
-/// calls without recompiling (ape-eval --set NAME=VALUE).
-ParamOp fixedScalar(OpBuilder &b, Location loc, StringRef name, double value) {
+/// calls without recompiling (ape-eval --set NAME=VALUE) within `range` (the rule the
+/// verifier applied to the spec's attribute).
+ParamOp fixedScalar(OpBuilder &b, Location loc, StringRef name, double value,
+                    const ape_rules::Range &range) {
   auto p = b.create<ParamOp>(loc, ParamType::get(b.getContext()), b.getStringAttr(name),
                              b.getStrArrayAttr({"1"}), b.getStringAttr("constant"), nullptr);
   p->setAttr("value", b.getF64FloatAttr(value));
+  setValueRange(p, range);
   return p;
 }
 
@@ -161,10 +164,12 @@ void expandRotary(OpBuilder &b, RotaryOp rot) {
   RotaryScalars sc;
   StringRef scaling = rot.getScaling();
   if (scaling != "none")
-    sc.factor = fixedScalar(b, loc, "rope_factor", rot.getFactor()->convertToDouble());
+    sc.factor = fixedScalar(b, loc, "rope_factor", rot.getFactor()->convertToDouble(),
+                            ape_rules::kRopeFactor);
   if (scaling == "dynamic_ntk" || scaling == "yarn" || scaling == "llama3")
     sc.originalLength = fixedScalar(b, loc, "rope_original_length",
-                                    static_cast<double>(*rot.getOriginalLength()));
+                                    static_cast<double>(*rot.getOriginalLength()),
+                                    ape_rules::kRopeOriginalLength);
   auto build = [&](auto mod) {
     OpBuilder::InsertionGuard guard(b);
     buildRotaryBody(b, mod.getBody(), rot, sc, loc);

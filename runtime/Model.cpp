@@ -248,6 +248,10 @@ void LanguageModelImpl::build() {
     throw std::invalid_argument("encoding '" + m.encoding + "' was compiled for head_dim " +
                                 std::to_string(*m.head_dim_hint) + " (a shape hint of its spec); the model has " +
                                 std::to_string(cfg_.head_dim()) + " (d_model / heads)");
+  if (m.rotation)  // the verifier's rule for a head_dim hint, applied to the model's head_dim
+    if (std::string why = ape_rules::checkRotation(m.rotation->fraction, cfg_.head_dim()); !why.empty())
+      throw std::invalid_argument("encoding '" + m.encoding + "' rotates q/k pairs: " + why +
+                                  "; choose --d-model / --heads so that head_dim = d_model / heads fits");
   if (m.model_dim_hint && *m.model_dim_hint != cfg_.d_model)
     throw std::invalid_argument("encoding '" + m.encoding + "' was compiled for model_dim " +
                                 std::to_string(*m.model_dim_hint) + " (a shape hint of its spec); the model has d_model " +
@@ -351,8 +355,11 @@ void LanguageModelImpl::set_fixed_param(const std::string &name, double value) {
                                 (p.init.derived() ? "derived from a projection weight"
                                                   : "trainable (its value comes from training)") +
                                 ", not a fixed param; settable: " + settable());
-  if (!std::isfinite(value))
-    throw std::invalid_argument("param '" + name + "': value must be finite");
+  // The rule apec's verifier applied to the spec's value (dialect/ValueRules.h), carried by
+  // the manifest; a param without one takes any value a f32 kernel can hold.
+  const ape_rules::Range range = p.range ? *p.range : ape_rules::kFiniteF32;
+  if (std::string why = range.check(value); !why.empty())
+    throw std::invalid_argument("param '" + name + "' of encoding '" + m.encoding + "' " + why);
   torch::NoGradGuard g;
   for (auto &b : blocks) b->attn->stored_param(static_cast<size_t>(idx)).fill_(value);
 }
