@@ -11,6 +11,7 @@
 
 #include "ape/kernel_entry.h"
 #include "runtime/Attention.h"
+#include "runtime/Options.h"
 #include "runtime/Registry.h"
 
 namespace ape {
@@ -19,17 +20,21 @@ namespace F = torch::nn::functional;
 // ---- ModelConfig ---------------------------------------------------------------------------------
 
 void ModelConfig::validate() const {
-  auto need = [](bool ok, const std::string &msg) {
-    if (!ok) throw std::invalid_argument("model config: " + msg);
-  };
-  need(vocab > 0, "vocab must be > 0, got " + std::to_string(vocab));
-  need(d_model > 0, "d_model must be > 0, got " + std::to_string(d_model));
-  need(layers > 0, "layers must be > 0, got " + std::to_string(layers));
-  need(heads > 0, "heads must be > 0, got " + std::to_string(heads));
-  need(d_model % heads == 0, "d_model (" + std::to_string(d_model) + ") must be divisible by heads (" +
-                                 std::to_string(heads) + ")");
-  need(mlp_mult > 0, "mlp_mult must be > 0");
-  need(init_std > 0, "init_std must be > 0");
+  // The ranges of the command line (ape-train --help) and of a checkpoint's config alike.
+  require_in("--vocab", vocab, 2, int64_t(1) << 20);
+  require_in("--d-model", d_model, 1, ape_rules::kMaxDim);
+  require_in("--layers", layers, 1, 1024);
+  require_in("--heads", heads, 1, d_model);
+  if (d_model % heads != 0)
+    throw std::invalid_argument("--d-model (" + std::to_string(d_model) + ") must be divisible by --heads (" +
+                                std::to_string(heads) + ")");
+  require_in("mlp_mult", mlp_mult, 1, 64);
+  require_in("init_std", init_std, 0.0, 1.0, /*open_low=*/true);
+}
+
+int64_t ModelConfig::min_elements() const {
+  // Embedding (vocab x d), per block W_q, W_k, W_v, W_o (4 d²) and the MLP (2·mlp_mult·d²).
+  return vocab * d_model + layers * (4 + 2 * mlp_mult) * d_model * d_model;
 }
 
 nlohmann::json ModelConfig::to_json() const {
@@ -215,9 +220,15 @@ BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vect
   proj->bias.zero_();
 }
 
-torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  x = x + attn(ln1(x));
-  return x + proj(F::gelu(fc(ln2(x))));
+torch::Tensor BlockImpl::forward(torch::Tensor x) { return forward(std::move(x), nullptr, 0); }
+
+torch::Tensor BlockImpl::forward(torch::Tensor x, const ForwardProbe &probe, int64_t index) {
+  torch::Tensor a = attn(ln1(x));
+  if (probe) probe("block " + std::to_string(index) + " attention", a);
+  x = x + a;
+  torch::Tensor m = proj(F::gelu(fc(ln2(x))));
+  if (probe) probe("block " + std::to_string(index) + " MLP", m);
+  return x + m;
 }
 
 // ---- language model ------------------------------------------------------------------------------------
@@ -285,11 +296,16 @@ void LanguageModelImpl::build() {
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg_.d_model})));
 }
 
-torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens) {
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens) { return forward(tokens, nullptr); }
+
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens, const ForwardProbe &probe) {
   torch::Tensor x = embed(tokens);  // (B, T, d)
-  for (auto &b : blocks) x = b(x);
+  if (probe) probe("the embedding", x);
+  for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward(x, probe, static_cast<int64_t>(l));
   x = ln_f(x);
-  return F::linear(x, wte->weight);  // (B, T, V), tied output
+  torch::Tensor logits = F::linear(x, wte->weight);  // (B, T, V), tied output
+  if (probe) probe("the logits", logits);
+  return logits;
 }
 
 std::optional<int64_t> LanguageModelImpl::max_length() const {
