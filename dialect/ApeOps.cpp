@@ -425,7 +425,7 @@ static LogicalResult verifyValueRange(ParamOp param) {
                              "trainable): the values a runtime may set");
   ::ape_rules::Range range = *getValueRange(param);
   if (!(range.min <= range.max))
-    return param.emitOpError("min ") << range.min << " exceeds max " << range.max;
+    return param.emitOpError("min ") << num(range.min) << " exceeds max " << num(range.max);
   if (auto value = param->getAttrOfType<FloatAttr>("value"))
     if (std::string why = range.check(value.getValueAsDouble()); !why.empty())
       return param.emitOpError("value ") << why;

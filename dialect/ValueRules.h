@@ -40,7 +40,7 @@ struct Range {
     return std::isfinite(v) && v >= min && v <= max && (!integer || v == std::floor(v));
   }
   /// "" when `v` is in the interval; else why not, e.g.
-  /// "must be a positive number in [1.17549e-38, 3.40282e+38]; got 0".
+  /// "must be a positive number in [1.17549435e-38, 3.40282347e+38]; got 0".
   std::string check(double v) const {
     if (contains(v))
       return "";
@@ -48,8 +48,8 @@ struct Range {
                        : min > 0 ? "a positive number"
                        : min == 0 ? "a non-negative number"
                                   : "a finite number";
-    char buf[192];
-    std::snprintf(buf, sizeof buf, "must be %s in [%.6g, %.6g]; got %.17g", what, min, max, v);
+    char buf[192];  // 9 digits: whole bounds up to 2^24 exactly, f32 limits to their last digit
+    std::snprintf(buf, sizeof buf, "must be %s in [%.9g, %.9g]; got %.9g", what, min, max, v);
     return buf;
   }
 };
