@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
@@ -204,6 +206,44 @@ torch::Tensor EncodedAttentionImpl::forward(const torch::Tensor &xn) {
   return wo(o.transpose(1, 2).reshape({B, T, H * D}));
 }
 
+// ---- layer norm whose gradients do not depend on the thread count --------------------------------------
+
+namespace {
+// LibTorch's fused layer norm backward sums dγ and dβ over the rows in per-thread partials, so
+// their last bits depend on the number of threads. Here dx comes from the fused kernel and
+//   dγ = Σ_rows dy ⊙ x̂,   dβ = Σ_rows dy,   x̂ = (x - μ)·rstd          (rows = B·T)
+// are column sums of a (rows, d) matrix, which LibTorch splits across threads by column, each
+// column summed in the same order whatever the thread count. Training is then bitwise the same
+// on 1, 2 or more threads (test: Determinism.TrainingIsTheSameOnAnyThreadCount).
+struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               const torch::Tensor &weight, const torch::Tensor &bias, double eps) {
+    const int64_t d = x.size(-1);
+    auto [y, mean, rstd] = at::native_layer_norm(x, {d}, weight, bias, eps);
+    ctx->save_for_backward({x, weight, bias, mean, rstd});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const torch::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
+    const torch::Tensor dy = grads[0].contiguous();
+    const int64_t d = x.size(-1);
+    auto [dx, unused_w, unused_b] =
+        at::native_layer_norm_backward(dy, x, {d}, mean, rstd, weight, bias, {true, false, false});
+    torch::Tensor xhat = (x - mean) * rstd;
+    torch::Tensor dw = (dy * xhat).reshape({-1, d}).sum(0);
+    torch::Tensor db = dy.reshape({-1, d}).sum(0);
+    return {dx, dw, db, torch::Tensor()};
+  }
+};
+
+// ln(x) with ln's weight, bias and eps, through LayerNormFn.
+torch::Tensor layer_norm(const torch::nn::LayerNorm &ln, const torch::Tensor &x) {
+  return LayerNormFn::apply(x, ln->weight, ln->bias, ln->options.eps());
+}
+}  // namespace
+
 // ---- block -------------------------------------------------------------------------------------------
 
 BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vector<torch::Tensor> shared) {
@@ -223,10 +263,10 @@ BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vect
 torch::Tensor BlockImpl::forward(torch::Tensor x) { return forward(std::move(x), nullptr, 0); }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x, const ForwardProbe &probe, int64_t index) {
-  torch::Tensor a = attn(ln1(x));
+  torch::Tensor a = attn(layer_norm(ln1, x));
   if (probe) probe("block " + std::to_string(index) + " attention", a);
   x = x + a;
-  torch::Tensor m = proj(F::gelu(fc(ln2(x))));
+  torch::Tensor m = proj(F::gelu(fc(layer_norm(ln2, x))));
   if (probe) probe("block " + std::to_string(index) + " MLP", m);
   return x + m;
 }
@@ -302,7 +342,7 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens, const Forw
   torch::Tensor x = embed(tokens);  // (B, T, d)
   if (probe) probe("the embedding", x);
   for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward(x, probe, static_cast<int64_t>(l));
-  x = ln_f(x);
+  x = layer_norm(ln_f, x);
   torch::Tensor logits = F::linear(x, wte->weight);  // (B, T, V), tied output
   if (probe) probe("the logits", logits);
   return logits;

@@ -211,10 +211,7 @@ int main(int argc, char **argv) {
       const fs::path p(resume);
       out_dir = p.has_parent_path() ? p.parent_path().string() : ".";
       resume_ckpt = resume;
-      if (!*threads_opt) threads = tc.threads;
-      else if (threads != tc.threads)
-        std::cout << "[note] --threads " << threads << " differs from the run's " << tc.threads
-                  << ": the result may differ from an uninterrupted run in the last bits\n";
+      if (!*threads_opt) threads = tc.threads;  // any count gives the same bits (Train.h); the run's by default
     } else {
       if (encodings.empty()) throw std::invalid_argument("no encoding given: pass --encoding NAME (see --list)");
       tc.steps = steps;

@@ -525,3 +525,40 @@ TEST(Options, AModelWhoseHeadDimCannotRotateIsRefused) {
   c.d_model = 8;
   EXPECT_NO_THROW(ape::LanguageModel(partial, c));
 }
+
+// =====================================================================================================
+// Determinism: the same bits on any thread count (runtime/Model.cpp: LayerNormFn)
+// =====================================================================================================
+
+TEST(Determinism, TrainingIsTheSameOnAnyThreadCount) {
+  const ape::TokenSplit split = phrase_split();
+  const ape::TrainConfig tc = tiny_train(6);
+  std::vector<const ape::KernelEntry *> entries{&testk::bias_shared};
+  for (const char *name : {"t5", "cable"})  // generated kernels: OpenMP over (batch, head)
+    if (const ape::KernelEntry *e = registered(name)) entries.push_back(e);
+  const int64_t before = at::get_num_threads();
+  for (const ape::KernelEntry *e : entries) {
+    SCOPED_TRACE(e->name);
+    std::vector<std::vector<std::pair<std::string, std::string>>> runs;
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      at::manual_seed(80);
+      ape::ModelConfig mc = tiny_config(e->name, 16);
+      mc.d_model = 32;
+      ape::LanguageModel m(*e, mc);
+      ape::TrainSampler s(split, tc.seed);
+      ape::Trainer t(m, s, tc);
+      std::ostringstream log;
+      t.run(log);
+      auto bytes = state_bytes(t, tmp_path("threads.ckpt"));
+      bytes.pop_back();  // the state records the thread count itself
+      runs.push_back(bytes);
+    }
+    for (size_t r = 1; r < runs.size(); ++r) {
+      ASSERT_EQ(runs[r].size(), runs[0].size());
+      for (size_t i = 0; i < runs[0].size(); ++i)
+        EXPECT_TRUE(runs[r][i].second == runs[0][i].second) << runs[0][i].first << " differs on " << r + 1 << " threads";
+    }
+  }
+  at::set_num_threads(static_cast<int>(before));
+}
