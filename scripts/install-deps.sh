@@ -17,6 +17,7 @@ packages=(
   libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools   # MLIR 19, FileCheck, lit
   libopenblas0                                             # fast BLAS for the fp64 references
   libsentencepiece-dev libgtest-dev nlohmann-json3-dev libcli11-dev
+  clang libclang-rt-dev                                    # libFuzzer, ASan, UBSan (fuzz/run.sh)
   python3 python3-venv
 )
 missing=()
