@@ -188,7 +188,7 @@ LogicalResult KernelOp::verify() {
   if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
       failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
     return failure();
-  unsigned q = 0, k = 0, s = 0;
+  unsigned q = 0, k = 0, s = 0, projections = 0, embeddings = 0;
   for (Operation &op : getBody().front()) {
     if (isa<QModOp>(op) && ++q > 1)
       return op.emitOpError("a kernel holds at most one q_mod (fuse composes them)");
@@ -196,6 +196,11 @@ LogicalResult KernelOp::verify() {
       return op.emitOpError("a kernel holds at most one k_mod (fuse composes them)");
     if (isa<ScoreModOp>(op) && ++s > 1)
       return op.emitOpError("a kernel holds at most one score_mod (fuse composes them)");
+    // The manifest has room for one of each (a second would be dropped silently).
+    if (isa<MaskedProjectionOp>(op) && ++projections > 1)
+      return op.emitOpError("a kernel holds at most one masked projection");
+    if (isa<PositionEmbeddingOp>(op) && ++embeddings > 1)
+      return op.emitOpError("a kernel holds at most one position embedding");
   }
   // One pass (online softmax) to three (statistics first); tiles the templates can hold.
   for (auto [name, v, hi] : {std::tuple{"passes", getPasses(), int64_t(3)},
@@ -684,9 +689,26 @@ LogicalResult DimOp::verify() {
 LogicalResult MaskedProjectionOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
-  return verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
-                              getTheta().convertToDouble(), getTheta1().convertToDouble(),
-                              getTheta2().convertToDouble(), getTargets());
+  if (failed(verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
+                                  getTheta().convertToDouble(), getTheta1().convertToDouble(),
+                                  getTheta2().convertToDouble(), getTargets())))
+    return failure();
+  // σ is read by the runtime from the param it names: a fixed scalar of the same container
+  // (the manifest's rule, runtime/Manifest.cpp).
+  if (auto sigma = getPositionScale()) {
+    for (Operation &op : *(*this)->getBlock())
+      if (auto p = dyn_cast<ParamOp>(op); p && p.getName() == *sigma) {
+        if (p.getTrainable() || p.getInit() != "constant" || p.getShape().size() != 1 ||
+            cast<StringAttr>(p.getShape()[0]).getValue() != "1")
+          return emitOpError("position_scale \"")
+                 << *sigma << "\" must name a fixed param of shape [\"1\"] (init \"constant\", "
+                 << "not trainable)";
+        return success();
+      }
+    return emitOpError("position_scale \"") << *sigma << "\" names no ape.param of this "
+                                           << (*this)->getParentOp()->getName().stripDialect();
+  }
+  return success();
 }
 
 LogicalResult RelRowsOp::verify() {

@@ -6,10 +6,11 @@
 // memory: CPU C++, the manifest, the kernel IR, the PyTorch operator library, the C ABI
 // library and the CUDA header, entry and one instantiation.
 //
-// Besides crashes and sanitizer reports (ASan, UBSan), three silent failures abort:
+// Besides crashes and sanitizer reports (ASan, UBSan), four silent failures abort:
 //   - a stage fails without an error diagnostic (bad input must get a clear error);
 //   - an emitter fails after a successful lowering without one;
-//   - the manifest is not valid JSON (the runtime could not read what apec wrote).
+//   - the manifest is not valid JSON, or
+//   - the runtime's own reader (runtime/Manifest.cpp) refuses it: apec wrote what no runtime loads.
 //
 // Work per input is bounded (see kMaxHiddenUnits) so that a legitimately large spec is not
 // reported as a hang: bench/compile_time.sh measures large specs instead.
@@ -17,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/Emitters.h"
 #include "dialect/ApeOps.h"
+#include "fuzz/manifest_check.h"
 #include "tools/SpecDriver.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -105,6 +107,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (!json) {
         llvm::consumeError(json.takeError());
         std::fprintf(stderr, "apec_fuzzer: the manifest is not valid JSON:\n%s\n", text.c_str());
+        std::abort();
+      }
+      std::string why;
+      if (!apeFuzzRuntimeAcceptsManifest(text, &why)) {
+        std::fprintf(stderr, "apec_fuzzer: the runtime refuses the manifest apec wrote: %s\n%s\n",
+                     why.c_str(), text.c_str());
         std::abort();
       }
     }

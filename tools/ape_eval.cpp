@@ -81,6 +81,9 @@ int main(int argc, char **argv) {
       std::vector<std::string> kept;
       ape::LanguageModel model = ape::load_model_as(path, encoding, &config, &kept);
       const std::string trained = config.at("model").at("encoding").get<std::string>();
+      if (auto st = config.find("state"); st != config.end() && st->is_object() && !st->value("complete", true))
+        std::cout << "[eval] note: " << path << " is an unfinished run (step " << st->value("step", int64_t{0})
+                  << "); evaluating the model as it was then (ape-train --resume " << path << " continues it)\n";
       const std::string label = ape::eval_label(trained, model->config().encoding, sets);
       if (!kept.empty()) {
         // Fixed params the checkpoint does not hold: say which values the evaluation starts from.

@@ -270,3 +270,29 @@ ape.kernel @k attributes {scale = 0x7FF0000000000000 : f64} {
 // expected-error @+1 {{'ape.encoding' op head_dim must be in [1, 65536], got 0}}
 ape.encoding @e attributes {head_dim = 0} {
 }
+
+// -----
+
+// The manifest names σ's param: it must exist (the runtime refused such manifests; found by the fuzzer).
+ape.kernel @k {
+  // expected-error @+1 {{'ape.masked_projection' op position_scale "sigma" names no ape.param of this kernel}}
+  ape.masked_projection {l = 4 : i64, position_scale = "sigma", targets = "qk"}
+}
+
+// -----
+
+// ... and be a fixed scalar.
+ape.kernel @k {
+  %s = ape.param "sigma" ["heads"] init = "ones" trainable
+  // expected-error @+1 {{'ape.masked_projection' op position_scale "sigma" must name a fixed param of shape ["1"] (init "constant", not trainable)}}
+  ape.masked_projection {l = 4 : i64, position_scale = "sigma", targets = "qk"}
+}
+
+// -----
+
+// The manifest holds one embedding: a second would be dropped silently.
+ape.kernel @k {
+  ape.position_embedding {learned, max_length = 8 : i64}
+  // expected-error @+1 {{'ape.position_embedding' op a kernel holds at most one position embedding}}
+  ape.position_embedding {learned, max_length = 16 : i64}
+}
