@@ -136,13 +136,13 @@ int main(int argc, char **argv) {
   run_option(app.add_option("--heads", mc.heads, "Attention heads, in [1, d-model], dividing d-model")->capture_default_str());
   run_option(app.add_option("--vocab", mc.vocab, "SentencePiece BPE vocabulary size, in [300, 65535]")->capture_default_str());
   run_option(app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay), in (0, 10]")->capture_default_str());
-  run_option(app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps (at most steps/5 with --steps)")->capture_default_str());
+  run_option(app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps, in [0, 10^9] (at most steps/5 with --steps)")->capture_default_str());
   run_option(app.add_option("--seed", tc.seed, "Random seed (model init and data order)")->capture_default_str());
   run_option(app.add_option("--checkpoint-every", tc.checkpoint_every,
-                            "Also write the checkpoint every N steps (0: only by time and at the end)")
+                            "Also write the checkpoint every N steps, in [0, 10^9] (0: only by time and at the end)")
                  ->capture_default_str());
   run_option(app.add_option("--checkpoint-minutes", tc.checkpoint_minutes,
-                            "Write the checkpoint every M minutes of training (0: never by time)")
+                            "Write the checkpoint every M minutes of training, in [0, 10^6] (0: never by time)")
                  ->capture_default_str());
   run_option(app.add_option("--divergence-factor", tc.divergence_factor,
                             "Stop when the mean loss of the last 10 steps exceeds F x the first step's loss\n"
