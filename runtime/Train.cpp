@@ -2,6 +2,7 @@
 #include "runtime/Train.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -162,7 +163,7 @@ constexpr const char *kRngKey = "train/rng/cpu";
 }  // namespace
 
 Trainer::Trainer(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg)
-    : impl_(new Impl), model_(model), sampler_(sampler), cfg_(cfg) {
+    : impl_(std::make_unique<Impl>()), model_(model), sampler_(sampler), cfg_(cfg) {
   cfg_.validate();
   // Weight decay on matrices (Linear and Embedding weights) only.
   std::vector<torch::Tensor> decay, no_decay;
@@ -183,7 +184,7 @@ Trainer::Trainer(LanguageModel &model, TrainSampler &sampler, const TrainConfig 
   impl_->params = model->parameters();
 }
 
-Trainer::~Trainer() { delete impl_; }
+Trainer::~Trainer() = default;
 
 TrainResult Trainer::result() const {
   TrainResult res;

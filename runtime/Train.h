@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -101,6 +102,8 @@ class Trainer {
  public:
   Trainer(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg);
   ~Trainer();
+  Trainer(const Trainer &) = delete;
+  Trainer &operator=(const Trainer &) = delete;
 
   // Continues the run `ckpt` was written by: model, optimizer moments, step, losses, time trained,
   // sampler position and random state. Everything is checked first (the encoding, the config, the
@@ -126,7 +129,7 @@ class Trainer {
 
  private:
   struct Impl;
-  Impl *impl_;
+  std::unique_ptr<Impl> impl_;  // the optimizer
   LanguageModel &model_;
   TrainSampler &sampler_;
   TrainConfig cfg_;
