@@ -34,6 +34,8 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
       }
       llvm::json::Object init{{"kind", p.getInit()}};
       for (NamedAttribute a : p->getDiscardableAttrs()) {
+        if (llvm::is_contained({"min", "max", "integer", "shared"}, a.getName().getValue()))
+          continue;  // the value range and sharing are not part of the initialiser
         if (auto fa = dyn_cast<FloatAttr>(a.getValue()))
           init[a.getName().getValue()] = fa.getValueAsDouble();
         else if (auto ia = dyn_cast<IntegerAttr>(a.getValue()))
@@ -43,11 +45,15 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
         else if (auto ba = dyn_cast<BoolAttr>(a.getValue()))
           init[a.getName().getValue()] = ba.getValue();
       }
-      params.push_back(llvm::json::Object{{"name", p.getName()},
-                                          {"shape", std::move(shape)},
-                                          {"init", std::move(init)},
-                                          {"trainable", p.getTrainable()},
-                                          {"per_layer", !p->hasAttr("shared")}});
+      llvm::json::Object param{{"name", p.getName()},
+                               {"shape", std::move(shape)},
+                               {"init", std::move(init)},
+                               {"trainable", p.getTrainable()},
+                               {"per_layer", !p->hasAttr("shared")}};
+      if (std::optional<ape_rules::Range> range = getValueRange(p))
+        param["range"] = llvm::json::Object{
+            {"min", range->min}, {"max", range->max}, {"integer", range->integer}};
+      params.push_back(std::move(param));
     } else if (auto m = dyn_cast<MaskedProjectionOp>(op)) {
       llvm::json::Value sigma = nullptr;
       if (auto s = m.getPositionScale())
@@ -70,6 +76,13 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
       embedding = std::move(emb);
     }
   }
+  // The rotation of q/k pairs (rotary, xPos): a runtime checks that its head_dim rotates what
+  // the spec says (ape_rules::checkRotation).
+  llvm::json::Value rotation = nullptr;
+  for (Operation &op : kernel.getBody().front())
+    if (auto q = dyn_cast<QModOp>(op); q && q.getPairing() != "none")
+      rotation = llvm::json::Object{{"pairing", q.getPairing()},
+                                    {"fraction", q.getFraction().convertToDouble()}};
   llvm::json::Value scale = nullptr;
   if (auto s = kernel.getScale())
     scale = s->convertToDouble();
@@ -94,6 +107,7 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
       {"params", std::move(params)},
       {"override", std::move(override)},
       {"embedding", std::move(embedding)},
+      {"rotation", std::move(rotation)},
       {"grads", llvm::json::Array{"q", "k", "v", "features", "params"}}};
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))) << "\n";
   return success();

@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "dialect/ApeOps.h"
+#include "dialect/ValueRules.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -45,6 +46,24 @@ static std::string num(double v) {
   return buf;
 }
 
+/// Every f64 attribute of `op` (a component or a generic form) must fit the kernels' f32: its
+/// value is written into f32 code (1e308 would become inf there).
+static LogicalResult verifyF32Attributes(Operation *op) {
+  for (NamedAttribute a : op->getAttrs())
+    if (auto f = dyn_cast<FloatAttr>(a.getValue()))
+      if (std::string why = ::ape_rules::kFiniteF32.check(f.getValueAsDouble()); !why.empty())
+        return op->emitOpError("attribute '") << a.getName().getValue() << "' " << why;
+  return success();
+}
+
+/// An integer attribute within [lo, hi], or a located error naming it.
+static LogicalResult verifyIntRange(Operation *op, StringRef name, int64_t v, int64_t lo,
+                                    int64_t hi) {
+  if (v < lo || v > hi)
+    return op->emitOpError(name) << " must be in [" << lo << ", " << hi << "], got " << v;
+  return success();
+}
+
 static std::optional<double> toDouble(std::optional<llvm::APFloat> v) {
   if (!v)
     return std::nullopt;
@@ -75,10 +94,13 @@ static LogicalResult verifyContainer(Operation *op, Region &body,
            << "\" must be an identifier: a letter or '_' then letters, digits or '_'";
   if (body.empty())
     return op->emitOpError("needs a body block (write `{\n}` for NoPE)");
-  if (scale && !(*scale > 0.0 && isFinite(*scale)))
-    return op->emitOpError("scale must be a positive finite number, got ") << *scale;
+  if (scale)
+    if (std::string why = ::ape_rules::kPositiveF32.check(*scale); !why.empty())
+      return op->emitOpError("scale ") << why;
   llvm::StringSet<> params, features;
   for (Operation &inner : body.front()) {
+    if (failed(verifyF32Attributes(&inner)))
+      return failure();
     if (auto p = dyn_cast<ParamOp>(inner))
       if (!params.insert(p.getName()).second)
         return p.emitOpError("duplicate param name \"") << p.getName() << "\"";
@@ -97,29 +119,25 @@ static LogicalResult verifyContainer(Operation *op, Region &body,
 static LogicalResult verifyShapeHints(Operation *op, std::optional<uint64_t> headDim,
                                       std::optional<uint64_t> modelDim) {
   auto asInt = [](std::optional<uint64_t> v) { return static_cast<int64_t>(*v); };
-  if (headDim && asInt(headDim) < 1)
-    return op->emitOpError("head_dim must be positive, got ") << asInt(headDim);
-  if (modelDim && asInt(modelDim) < 1)
-    return op->emitOpError("model_dim must be positive, got ") << asInt(modelDim);
+  if (headDim && failed(verifyIntRange(op, "head_dim", asInt(headDim), 1, ::ape_rules::kMaxDim)))
+    return failure();
+  if (modelDim &&
+      failed(verifyIntRange(op, "model_dim", asInt(modelDim), 1, ::ape_rules::kMaxDim)))
+    return failure();
   if (headDim && modelDim && asInt(modelDim) % asInt(headDim) != 0)
     return op->emitOpError("model_dim ") << asInt(modelDim) << " is not a multiple of head_dim "
                                          << asInt(headDim);
   return success();
 }
 
-/// With a head_dim hint, the rotated coordinates fraction·head_dim must be an even integer.
-static LogicalResult checkRotaryDims(RotaryOp rot, std::optional<int64_t> headDim) {
+/// With a head_dim hint, the rotated coordinates fraction·head_dim must be an even whole number
+/// of at least 2 (the runtime checks a model's head_dim with the same rule).
+static LogicalResult checkRotationDims(Operation *op, double fraction,
+                                       std::optional<int64_t> headDim) {
   if (!headDim)
     return success();
-  double exact = rot.getFraction().convertToDouble() * static_cast<double>(*headDim);
-  if (exact != std::floor(exact) || static_cast<int64_t>(exact) % 2 != 0)
-    return rot.emitOpError("fraction ") << num(rot.getFraction().convertToDouble())
-                                        << " of head_dim " << *headDim << " gives " << num(exact)
-                                        << " rotated coordinates; the count must be an even "
-                                           "integer (pairs)";
-  if (exact < 2)
-    return rot.emitOpError("fraction ") << num(rot.getFraction().convertToDouble())
-                                        << " of head_dim " << *headDim << " rotates no pair";
+  if (std::string why = ::ape_rules::checkRotation(fraction, *headDim); !why.empty())
+    return op->emitOpError(why);
   return success();
 }
 
@@ -142,8 +160,10 @@ LogicalResult EncodingOp::verify() {
     if (isa<AbsoluteOp, PositionEmbeddingOp>(op) && ++embeddings > 1)
       return op.emitOpError("an encoding takes at most one absolute position embedding");
     if (auto rot = dyn_cast<RotaryOp>(op))
-      if (failed(checkRotaryDims(rot, headDim)))
+      if (failed(checkRotationDims(rot, rot.getFraction().convertToDouble(), headDim)))
         return failure();
+    if (isa<XposOp>(op) && failed(checkRotationDims(&op, 1.0, headDim)))  // every pair rotates
+      return failure();
     if (auto ov = dyn_cast<OverrideOp>(op)) {
       if (modelDim && ov.getL() >= *modelDim)
         return ov.emitOpError("l = ") << ov.getL() << " overwrites the whole input: it must be "
@@ -168,7 +188,7 @@ LogicalResult KernelOp::verify() {
   if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
       failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
     return failure();
-  unsigned q = 0, k = 0, s = 0;
+  unsigned q = 0, k = 0, s = 0, projections = 0, embeddings = 0;
   for (Operation &op : getBody().front()) {
     if (isa<QModOp>(op) && ++q > 1)
       return op.emitOpError("a kernel holds at most one q_mod (fuse composes them)");
@@ -176,11 +196,18 @@ LogicalResult KernelOp::verify() {
       return op.emitOpError("a kernel holds at most one k_mod (fuse composes them)");
     if (isa<ScoreModOp>(op) && ++s > 1)
       return op.emitOpError("a kernel holds at most one score_mod (fuse composes them)");
+    // The manifest has room for one of each (a second would be dropped silently).
+    if (isa<MaskedProjectionOp>(op) && ++projections > 1)
+      return op.emitOpError("a kernel holds at most one masked projection");
+    if (isa<PositionEmbeddingOp>(op) && ++embeddings > 1)
+      return op.emitOpError("a kernel holds at most one position embedding");
   }
-  for (auto [name, v] : {std::pair{"passes", getPasses()}, std::pair{"tile_q", getTileQ()},
-                         std::pair{"tile_k", getTileK()}})
-    if (v && *v <= 0)
-      return emitOpError(name) << " must be positive, got " << *v;
+  // One pass (online softmax) to three (statistics first); tiles the templates can hold.
+  for (auto [name, v, hi] : {std::tuple{"passes", getPasses(), int64_t(3)},
+                             std::tuple{"tile_q", getTileQ(), int64_t(1024)},
+                             std::tuple{"tile_k", getTileK(), int64_t(1024)}})
+    if (v && failed(verifyIntRange(*this, name, static_cast<int64_t>(*v), 1, hi)))
+      return failure();
   return success();
 }
 
@@ -212,15 +239,17 @@ LogicalResult RotaryOp::verify() {
   }
   if (!factor)
     return emitOpError("scaling \"") << scaling << "\" needs a `factor` (f64)";
-  if (!(*factor > 0.0 && isFinite(*factor)))
-    return emitOpError("factor must be a positive finite number, got ") << *factor;
+  if (std::string why = ::ape_rules::kRopeFactor.check(*factor); !why.empty())
+    return emitOpError("factor ") << why;
   bool needsLength = scaling == "dynamic_ntk" || scaling == "yarn" || scaling == "llama3";
   if (needsLength && !getOriginalLength())
     return emitOpError("scaling \"") << scaling
                                      << "\" needs `original_length` (the training length L)";
-  if (getOriginalLength() && static_cast<int64_t>(*getOriginalLength()) < 1)
-    return emitOpError("original_length must be positive, got ")
-           << static_cast<int64_t>(*getOriginalLength());
+  if (getOriginalLength())
+    if (std::string why = ::ape_rules::kRopeOriginalLength.check(
+            static_cast<double>(static_cast<int64_t>(*getOriginalLength())));
+        !why.empty())
+      return emitOpError("original_length ") << why;
   if (scaling == "yarn") {
     double fast = getBetaFast().convertToDouble(), slow = getBetaSlow().convertToDouble();
     if (!(fast > 0.0 && slow > 0.0 && fast > slow && isFinite(fast)))
@@ -256,9 +285,9 @@ LogicalResult AbsoluteOp::verify() {
   if (kind == "learned") {
     if (!getMaxLength())
       return emitOpError("kind \"learned\" needs `max_length` (the rows of the table)");
-    if (static_cast<int64_t>(*getMaxLength()) < 1)
-      return emitOpError("max_length must be positive, got ")
-             << static_cast<int64_t>(*getMaxLength());
+    if (failed(verifyIntRange(*this, "max_length", static_cast<int64_t>(*getMaxLength()), 1,
+                              ::ape_rules::kMaxLength)))
+      return failure();
     double std = getStd().convertToDouble();
     if (!(std >= 0.0 && isFinite(std)))
       return emitOpError("std must be a non-negative finite number, got ") << std;
@@ -277,8 +306,11 @@ LogicalResult AlibiOp::verify() { return success(); }
 
 LogicalResult T5BiasOp::verify() {
   int64_t buckets = getBuckets(), maxDistance = getMaxDistance();
-  if (buckets < 2 || buckets % 2 != 0)
-    return emitOpError("buckets must be even and at least 2, got ") << buckets;
+  if (buckets < 2 || buckets % 2 != 0 || buckets > ::ape_rules::kMaxDim)
+    return emitOpError("buckets must be even and in [2, ") << ::ape_rules::kMaxDim << "], got "
+                                                          << buckets;
+  if (failed(verifyIntRange(*this, "max_distance", maxDistance, 1, ::ape_rules::kMaxLength)))
+    return failure();
   if (maxDistance <= buckets / 2)
     return emitOpError("max_distance ") << maxDistance << " must exceed buckets/2 = "
                                         << buckets / 2 << " (the exact buckets)";
@@ -328,8 +360,9 @@ LogicalResult CableOp::verify() {
 static LogicalResult verifyOverrideValues(Operation *op, StringRef kind, int64_t l, double start,
                                           double theta, double theta1, double theta2,
                                           StringRef targets) {
-  if (l < 1)
-    return op->emitOpError("l (the number of overwritten inputs) must be at least 1, got ") << l;
+  if (l < 1 || l > ::ape_rules::kMaxDim)
+    return op->emitOpError("l (the number of overwritten inputs) must be in [1, ")
+           << ::ape_rules::kMaxDim << "], got " << l;
   if (kind != "expe" && kind != "exqpe")
     return op->emitOpError("kind must be \"expe\" or \"exqpe\", got \"") << kind << "\"";
   if (!isFinite(start))
@@ -368,6 +401,48 @@ static std::optional<double> getF64(Operation *op, StringRef name) {
   return std::nullopt;
 }
 
+std::optional<::ape_rules::Range> mlir::ape::getValueRange(ParamOp param) {
+  auto min = param->getAttrOfType<FloatAttr>("min"), max = param->getAttrOfType<FloatAttr>("max");
+  if (!min || !max)
+    return std::nullopt;
+  return ::ape_rules::Range{min.getValueAsDouble(), max.getValueAsDouble(),
+                             param->hasAttr("integer")};
+}
+
+void mlir::ape::setValueRange(ParamOp param, const ::ape_rules::Range &range) {
+  Builder b(param.getContext());
+  param->setAttr("min", b.getF64FloatAttr(range.min));
+  param->setAttr("max", b.getF64FloatAttr(range.max));
+  if (range.integer)
+    param->setAttr("integer", b.getUnitAttr());
+}
+
+/// A declared value range: both bounds, min <= max, on a fixed constant param holding a value
+/// inside it.
+static LogicalResult verifyValueRange(ParamOp param) {
+  bool min = param->hasAttr("min"), max = param->hasAttr("max");
+  if (!min && !max && !param->hasAttr("integer"))
+    return success();
+  if (!param->getAttrOfType<FloatAttr>("min") || !param->getAttrOfType<FloatAttr>("max"))
+    return param.emitOpError("a value range needs both `min` and `max` (f64)");
+  if (param.getTrainable() || param.getInit() != "constant")
+    return param.emitOpError("a value range applies to a fixed param (init \"constant\", not "
+                             "trainable): the values a runtime may set");
+  ::ape_rules::Range range = *getValueRange(param);
+  if (!(range.min <= range.max))
+    return param.emitOpError("min ") << num(range.min) << " exceeds max " << num(range.max);
+  if (auto value = param->getAttrOfType<FloatAttr>("value"))
+    if (std::string why = range.check(value.getValueAsDouble()); !why.empty())
+      return param.emitOpError("value ") << why;
+  return success();
+}
+
+LogicalResult ConstantOp::verify() {
+  if (std::string why = ::ape_rules::kFiniteF32.check(getValue().convertToDouble()); !why.empty())
+    return emitOpError("value ") << why << " (kernels compute in f32)";
+  return success();
+}
+
 LogicalResult ParamOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
@@ -375,12 +450,24 @@ LogicalResult ParamOp::verify() {
     return emitOpError("needs a non-empty name");
   if (getShape().empty())
     return emitOpError("needs at least one dimension");
+  int64_t elements = 1;  // of the integer dimensions
   for (Attribute a : getShape()) {
     StringRef dim = cast<StringAttr>(a).getValue();
     if (!isValidShapeSymbol(dim))
       return emitOpError("dimension \"")
              << dim << "\" is not \"heads\", \"head_dim\" or a positive integer";
+    unsigned long long n = 0;
+    if (!dim.getAsInteger(10, n)) {
+      if (n > static_cast<unsigned long long>(::ape_rules::kMaxDim))
+        return emitOpError("dimension ") << dim << " exceeds " << ::ape_rules::kMaxDim;
+      elements *= static_cast<int64_t>(n);
+      if (elements > ::ape_rules::kMaxParamElements)
+        return emitOpError("integer dimensions of ") << elements << "+ elements exceed "
+                                                     << ::ape_rules::kMaxParamElements;
+    }
   }
+  if (failed(verifyValueRange(*this)))
+    return failure();
   StringRef init = getInit();
   Operation *op = *this;
   if (init == "zeros" || init == "ones")
@@ -602,9 +689,26 @@ LogicalResult DimOp::verify() {
 LogicalResult MaskedProjectionOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
-  return verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
-                              getTheta().convertToDouble(), getTheta1().convertToDouble(),
-                              getTheta2().convertToDouble(), getTargets());
+  if (failed(verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
+                                  getTheta().convertToDouble(), getTheta1().convertToDouble(),
+                                  getTheta2().convertToDouble(), getTargets())))
+    return failure();
+  // σ is read by the runtime from the param it names: a fixed scalar of the same container
+  // (the manifest's rule, runtime/Manifest.cpp).
+  if (auto sigma = getPositionScale()) {
+    for (Operation &op : *(*this)->getBlock())
+      if (auto p = dyn_cast<ParamOp>(op); p && p.getName() == *sigma) {
+        if (p.getTrainable() || p.getInit() != "constant" || p.getShape().size() != 1 ||
+            cast<StringAttr>(p.getShape()[0]).getValue() != "1")
+          return emitOpError("position_scale \"")
+                 << *sigma << "\" must name a fixed param of shape [\"1\"] (init \"constant\", "
+                 << "not trainable)";
+        return success();
+      }
+    return emitOpError("position_scale \"") << *sigma << "\" names no ape.param of this "
+                                           << (*this)->getParentOp()->getName().stripDialect();
+  }
+  return success();
 }
 
 LogicalResult RelRowsOp::verify() {

@@ -295,10 +295,16 @@ def Ape_ParamOp : Ape_Op<"param", [Pure]> {
     "constant" (attribute `value`), "alibi_slopes", "projection_term"
     (derived every step from a projection weight: attributes `projection`,
     `columns`, `start`, `step`). Without `trainable` it is a fixed buffer.
+    A fixed "constant" param may declare the values it can take with `min`,
+    `max` (f64, inclusive) and `integer`: its `value` is checked against them,
+    and so is a value a runtime sets later (`ape-eval --set`; the manifest
+    carries them as "range").
 
     ```mlir
     %m = ape.param "slopes" ["heads"] init = "alibi_slopes"
     %w = ape.param "w" ["heads", "4"] init = "normal" trainable {std = 0.02 : f64}
+    %s = ape.param "rope_factor" ["1"] init = "constant" {value = 4.0 : f64,
+                                                          min = 1.0e-30 : f64, max = 1.0e30 : f64}
     ```
   }];
   let arguments = (ins StrAttr:$name, StrArrayAttr:$shape, StrAttr:$init,
@@ -496,6 +502,7 @@ def Ape_ConstantOp : Ape_Op<"constant", [Pure]> {
   let arguments = (ins F64Attr:$value);
   let results = (outs F32:$result);
   let assemblyFormat = "$value attr-dict";
+  let hasVerifier = 1;
 }
 
 def Ape_DimOp : Ape_Op<"dim", [Pure]> {

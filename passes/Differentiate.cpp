@@ -17,7 +17,9 @@
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/Matchers.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+#include "llvm/ADT/DenseSet.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace mlir::ape {
@@ -175,15 +177,77 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
     if (isa<LoadOp>(p))
       inputs.push_back(p->getResult(0));
 
+  // Each input's tangent is propagated through its forward cone only (the primal ops that
+  // use it, transitively), in program order: ops outside the cone have no tangent and emit
+  // nothing. Visiting every primal op for every input made the pass quadratic in the region
+  // (FIRE: every weight is a load).
+  //
+  // The sum tree. A fused score is s + g_1 + ... + g_n, a chain of additions, and a component
+  // sums its own terms (FIRE's hidden units) the same way. A value whose only use is an addf
+  // whose result is again such a value, up to the region's result, is on the sum tree: its
+  // tangent reaches the result through additions alone. Along it, d(a + b) = da + db emits
+  // an op only where both sides carry a tangent of the input; while one tangent is live it
+  // passes through unchanged. So the cone walk stops where it enters the tree (the entries),
+  // and the tree is walked only while two or more of the input's tangents still meet
+  // further up. Every input then costs its own component, not the length of the chain: the
+  // pass is linear in the number of components. The ops emitted, and so the gradient, are
+  // exactly those of the full walk.
+  DenseMap<Operation *, unsigned> position;
+  for (auto [k, p] : llvm::enumerate(primal))
+    position[p] = k;
+  auto primalUsers = [&](Value v) {
+    SmallVector<Operation *, 2> users;
+    for (Operation *user : v.getUsers())
+      if (position.count(user))  // tangent ops built so far are not primal
+        users.push_back(user);
+    return users;
+  };
+  DenseSet<Value> onTree;
+  auto treeUser = [&](Value v) -> Operation * {  // the addf a tree value feeds, if any
+    auto users = primalUsers(v);
+    return users.size() == 1 && isa<arith::AddFOp>(users[0]) ? users[0] : nullptr;
+  };
+  if (out.getType().isF32())
+    onTree.insert(out);
+  for (Operation *p : llvm::reverse(primal))
+    for (Value r : p->getResults())
+      if (Operation *user = treeUser(r); user && onTree.contains(user->getResult(0)))
+        onTree.insert(r);
+  for (Value arg : block->getArguments().take_front(numValueArgs))
+    if (Operation *user = treeUser(arg); user && onTree.contains(user->getResult(0)))
+      onTree.insert(arg);
+
   SmallVector<Value> results;
   for (Value u : inputs) {
     if (isFixedParamLoad(u)) {  // a fixed param gets no gradient (plan "none")
       results.push_back(rb.f32(0.0));
       continue;
     }
+    // The cone of u below the sum tree, and the tree values it reaches (entries).
+    SmallVector<unsigned> cone;
+    SmallVector<Value> entries;
+    DenseSet<Operation *> seen;
+    SmallVector<Value> work;
+    if (onTree.contains(u))
+      entries.push_back(u);
+    else
+      work.push_back(u);
+    while (!work.empty()) {
+      Value v = work.pop_back_val();
+      for (Operation *user : primalUsers(v)) {
+        if (!seen.insert(user).second)
+          continue;
+        cone.push_back(position.lookup(user));
+        for (Value r : user->getResults())
+          (onTree.contains(r) ? entries : work).push_back(r);
+      }
+    }
+    llvm::sort(cone);
     DenseMap<Value, Value> tan;
-    tan[u] = rb.f32(1.0);
-    for (Operation *p : primal) {
+    Value one = rb.f32(1.0);
+    tan[u] = one;
+    for (unsigned k : cone) {
+      Operation *p = primal[k];
       if (p->getNumResults() != 1 || p->getResult(0) == u)
         continue;
       FailureOr<Value> d = tangentOf(p, tan, rb);
@@ -195,8 +259,41 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
       if (*d)
         tan[p->getResult(0)] = *d;
     }
-    Value d = tan.lookup(out);
-    results.push_back(d ? rb.mul(g, d) : rb.f32(0.0));
+    // Up the sum tree: the additions where two live tangents meet, in program order, until
+    // one tangent is left (it passes through the rest unchanged).
+    DenseSet<Value> live;
+    for (Value e : entries)
+      if (tan.lookup(e))
+        live.insert(e);
+    std::vector<std::pair<unsigned, Operation *>> heap;  // min-heap of pending additions
+    auto later = [](const auto &x, const auto &y) { return x.first > y.first; };
+    DenseSet<Operation *> queued;
+    auto enqueue = [&](Value v) {
+      if (v == out)
+        return;
+      Operation *user = treeUser(v);
+      if (queued.insert(user).second) {
+        heap.emplace_back(position.lookup(user), user);
+        std::push_heap(heap.begin(), heap.end(), later);
+      }
+    };
+    for (Value v : live)
+      enqueue(v);
+    while (live.size() > 1 && !heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), later);
+      Operation *add = heap.back().second;
+      heap.pop_back();
+      Value lhs = add->getOperand(0), rhs = add->getOperand(1), sum = add->getResult(0);
+      tan[sum] = Tangents{rb}.add(tan.lookup(lhs), tan.lookup(rhs));
+      live.erase(lhs);
+      live.erase(rhs);
+      live.insert(sum);
+      enqueue(sum);
+    }
+    Value d = live.size() == 1 ? tan.lookup(*live.begin()) : tan.lookup(out);
+    // g·1 = g written directly: the greedy folder would otherwise replace the yield's operands
+    // one at a time, re-folding a yield of every input's gradient each time (quadratic).
+    results.push_back(d == one ? g : d ? rb.mul(g, d) : rb.f32(0.0));
   }
   rb.yield(results);
   // Fold the constants of the chain rule (g·1, 0 + x) and drop dead primal ops.

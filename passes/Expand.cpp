@@ -10,6 +10,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 
 #include <cmath>
@@ -25,11 +26,14 @@ using namespace mlir::ape;
 namespace {
 
 /// A fixed scalar param (shape ["1"]) holding `value`, which a runtime may change between
-/// calls without recompiling (ape-eval --set NAME=VALUE).
-ParamOp fixedScalar(OpBuilder &b, Location loc, StringRef name, double value) {
+/// calls without recompiling (ape-eval --set NAME=VALUE) within `range` (the rule the
+/// verifier applied to the spec's attribute).
+ParamOp fixedScalar(OpBuilder &b, Location loc, StringRef name, double value,
+                    const ape_rules::Range &range) {
   auto p = b.create<ParamOp>(loc, ParamType::get(b.getContext()), b.getStringAttr(name),
                              b.getStrArrayAttr({"1"}), b.getStringAttr("constant"), nullptr);
   p->setAttr("value", b.getF64FloatAttr(value));
+  setValueRange(p, range);
   return p;
 }
 
@@ -160,10 +164,12 @@ void expandRotary(OpBuilder &b, RotaryOp rot) {
   RotaryScalars sc;
   StringRef scaling = rot.getScaling();
   if (scaling != "none")
-    sc.factor = fixedScalar(b, loc, "rope_factor", rot.getFactor()->convertToDouble());
+    sc.factor = fixedScalar(b, loc, "rope_factor", rot.getFactor()->convertToDouble(),
+                            ape_rules::kRopeFactor);
   if (scaling == "dynamic_ntk" || scaling == "yarn" || scaling == "llama3")
     sc.originalLength = fixedScalar(b, loc, "rope_original_length",
-                                    static_cast<double>(*rot.getOriginalLength()));
+                                    static_cast<double>(*rot.getOriginalLength()),
+                                    ape_rules::kRopeOriginalLength);
   auto build = [&](auto mod) {
     OpBuilder::InsertionGuard guard(b);
     buildRotaryBody(b, mod.getBody(), rot, sc, loc);
@@ -398,11 +404,13 @@ void expandFire(OpBuilder &b, FireOp op) {
 /// param or feature name; later ones get a numeric suffix: "alibi_slopes_1".
 void uniquifyNames(EncodingOp enc) {
   llvm::StringSet<> seen;
+  llvm::StringMap<unsigned> nextSuffix;  // per name: the first suffix not tried yet
   auto unique = [&](Operation *op) {
     auto name = op->getAttrOfType<StringAttr>("name");
     std::string candidate = name.getValue().str();
-    for (unsigned k = 1; seen.contains(candidate); ++k)
-      candidate = (name.getValue() + "_" + std::to_string(k)).str();
+    unsigned &k = nextSuffix[name.getValue()];
+    while (seen.contains(candidate))
+      candidate = (name.getValue() + "_" + std::to_string(++k)).str();
     seen.insert(candidate);
     if (candidate != name.getValue())
       op->setAttr("name", StringAttr::get(op->getContext(), candidate));
@@ -411,6 +419,7 @@ void uniquifyNames(EncodingOp enc) {
     if (isa<ParamOp>(op))
       unique(&op);
   seen.clear();
+  nextSuffix.clear();
   for (Operation &op : enc.getBody().front())
     if (isa<TokenFeatureOp>(op))
       unique(&op);

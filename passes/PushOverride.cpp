@@ -112,6 +112,7 @@ struct ApePushOverridePass : public mlir::ape::impl::ApePushOverrideBase<ApePush
                                      b.getStringAttr("position_scale"), b.getStrArrayAttr({"1"}),
                                      b.getStringAttr("constant"), nullptr);
       sigma->setAttr("value", b.getF64FloatAttr(1.0));
+      setValueRange(sigma, ape_rules::kPositionScale);
       b.create<MaskedProjectionOp>(op.getLoc(), op.getLAttr(), op.getTargetsAttr(),
                                    op.getKindAttr(), op.getStartAttr(), op.getThetaAttr(),
                                    op.getTheta1Attr(), op.getTheta2Attr(),

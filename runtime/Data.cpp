@@ -1,6 +1,7 @@
 // The corpus pipeline: unpack once, train the tokenizer once, tokenize each split once.
 #include "runtime/Data.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include <ATen/ATen.h>
 
+#include "runtime/AtomicFile.h"
 #include "runtime/Tokenizer.h"
 
 #ifndef APE_SOURCE_DIR
@@ -57,28 +59,11 @@ template <typename T> void put(std::ostream &o, const T &v) {
   o.write(reinterpret_cast<const char *>(&v), sizeof(T));
 }
 
-// Writes through `fill` into path.tmp.<pid>, then renames over `path`.
+// Writes what `fill` writes to `path`, atomically and durably (AtomicFile.h).
 template <typename Fill> void atomic_write(const std::string &path, Fill fill) {
-  fs::path p(path);
-  if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    if (!o) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
-    fill(o);
-    o.flush();
-    if (!o) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw std::runtime_error("writing " + tmp + " failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
-  }
+  std::ostringstream o;
+  fill(o);
+  write_file_atomically(path, o.str());
 }
 
 std::string read_file(const std::string &path) {
@@ -213,8 +198,14 @@ std::string text_dir(const DataOptions &o, std::ostream &log) {
   const int rc = std::system(cmd.c_str());
   if (rc != 0 || !fs::is_directory(tmp / "clean")) {
     fs::remove_all(tmp, ec);
-    throw std::runtime_error("cannot unpack corpus archive " + archive + " (`" + cmd + "` exited with status " +
-                             std::to_string(rc) + (rc == 0 ? ", but it holds no clean/ folder" : "") +
+    // std::system returns a wait status: say what happened, not the raw number (512 = exit 2).
+    std::string what;
+    if (rc == -1) what = "could not be started";
+    else if (WIFEXITED(rc)) what = "exited with status " + std::to_string(WEXITSTATUS(rc));
+    else if (WIFSIGNALED(rc)) what = "was killed by signal " + std::to_string(WTERMSIG(rc));
+    else what = "failed";
+    throw std::runtime_error("cannot unpack corpus archive " + archive + " (`" + cmd + "` " + what +
+                             (rc == 0 ? ", but the archive holds no clean/ folder" : "") +
                              "); the archive is missing, corrupt, or xz is not installed");
   }
   std::ofstream(tmp / ".unpacked") << stamp << "\n";
@@ -375,7 +366,29 @@ at::Tensor TrainSampler::next(int64_t batch, int64_t length) {
     const int32_t *src = s.doc(d) + (r - cum[d]);
     for (int64_t t = 0; t < length; ++t) o[b * length + t] = src[t];
   }
+  windows_ += batch;
   return out;
+}
+
+std::string TrainSampler::engine_state() const {
+  std::ostringstream s;
+  s << rng_;
+  return s.str();
+}
+
+void TrainSampler::restore(const std::string &engine, int64_t windows) {
+  // 312 words and an index, each a decimal number: nothing else is accepted.
+  if (engine.size() > 16384 || engine.find_first_not_of("0123456789 ") != std::string::npos)
+    throw std::invalid_argument("sampler state: not an mt19937_64 state (unexpected characters)");
+  std::istringstream in(engine);
+  std::mt19937_64 rng;
+  in >> rng;
+  std::string rest;
+  if (in.fail() || (in >> rest, !rest.empty()))
+    throw std::invalid_argument("sampler state: not an mt19937_64 state");
+  if (windows < 0) throw std::invalid_argument("sampler state: negative window count");
+  rng_ = rng;
+  windows_ = windows;
 }
 
 at::Tensor eval_windows(const TokenSplit &split, int64_t len, int64_t max_len, int64_t segments) {

@@ -99,9 +99,18 @@ class TrainSampler {
   TrainSampler(const TokenSplit &split, uint64_t seed);
   at::Tensor next(int64_t batch, int64_t length);  // (batch, length) int64
 
+  // Its position, for resuming: the engine's state as text (the standard's mt19937_64 format)
+  // and the windows drawn so far.
+  std::string engine_state() const;
+  int64_t windows() const { return windows_; }
+  // Continues from a position engine_state()/windows() gave. Throws std::invalid_argument when
+  // `engine` is not an mt19937_64 state.
+  void restore(const std::string &engine, int64_t windows);
+
  private:
   const TokenSplit *split_;
   std::mt19937_64 rng_;
+  int64_t windows_ = 0;
 };
 
 // Evaluation windows of `len` + 1 tokens (inputs and shifted targets). `segments` non-overlapping

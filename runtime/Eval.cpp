@@ -18,6 +18,10 @@
 
 #include <torch/nn/functional/loss.h>
 
+#include "dialect/ValueRules.h"
+#include "runtime/AtomicFile.h"
+#include "runtime/Options.h"
+
 namespace ape {
 
 std::vector<int64_t> parse_multiples(const std::string &text) {
@@ -33,14 +37,22 @@ std::vector<int64_t> parse_multiples(const std::string &text) {
       used = 0;
     }
     while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
-    if (used == 0 || used != item.size() || v <= 0)
-      throw std::invalid_argument("eval multiples: expected positive integers like 1,2,4,8, got '" + text + "'");
+    if (used == 0 || used != item.size() || v <= 0 || v > 1024)
+      throw std::invalid_argument("--eval-multiples: expected whole numbers in [1, 1024] like 1,2,4,8, got '" +
+                                  text + "'");
     out.push_back(v);
   }
-  if (out.empty()) throw std::invalid_argument("eval multiples: empty list");
+  if (out.empty()) throw std::invalid_argument("--eval-multiples: empty list");
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
+}
+
+void EvalConfig::validate() const {
+  require_in("--eval-tokens", tokens, 1, 1000000000);
+  require_in("batch_tokens", batch_tokens, 1, 1000000000);
+  if (multiples.empty()) throw std::invalid_argument("--eval-multiples: empty list");
+  for (int64_t m : multiples) require_in("--eval-multiples", m, 1, 1024);
 }
 
 std::pair<std::string, double> parse_assignment(const std::string &text) {
@@ -80,7 +92,13 @@ std::string eval_label(const std::string &trained, const std::string &evaluated,
 
 std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int64_t train_len,
                               const EvalConfig &cfg, std::ostream *log, const std::string &label) {
-  if (cfg.multiples.empty()) throw std::invalid_argument("evaluate: no multiples");
+  cfg.validate();
+  require_in("the training length", train_len, 1, ape_rules::kMaxLength);
+  const int64_t longest = *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
+  if (train_len * longest > ape_rules::kMaxLength)
+    throw std::invalid_argument("evaluate: " + std::to_string(longest) + " x the training length " +
+                                std::to_string(train_len) + " exceeds " + std::to_string(ape_rules::kMaxLength) +
+                                " tokens");
   torch::NoGradGuard no_grad;
   model->eval();
   const int64_t max_len = train_len * *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
@@ -196,30 +214,22 @@ void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std:
 }
 
 void write_csv(const std::string &path, const std::vector<EvalRow> &rows) {
-  namespace fs = std::filesystem;
-  fs::path p(path);
-  if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream o(tmp, std::ios::trunc);
-    if (!o) throw std::runtime_error("cannot write " + tmp);
-    auto field = [](const std::string &text) {  // CSV quoting where needed
-      if (text.find_first_of(",\"\n") == std::string::npos) return text;
-      std::string q = "\"";
-      for (char c : text) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-      return q + "\"";
-    };
-    o << "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note\n";
-    o << std::setprecision(6) << std::fixed;
-    for (const auto &r : rows) {
-      o << field(r.encoding) << "," << r.train_len << "," << r.eval_len << "," << r.multiple << ",";
-      if (r.skipped()) o << ",";
-      else o << r.loss << "," << r.ppl;
-      o << "," << r.tokens << "," << field(r.note) << "\n";
-    }
-    if (!o) throw std::runtime_error("writing " + tmp + " failed");
+  auto field = [](const std::string &text) {  // CSV quoting where needed
+    if (text.find_first_of(",\"\n") == std::string::npos) return text;
+    std::string q = "\"";
+    for (char c : text) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  std::ostringstream o;
+  o << "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note\n";
+  o << std::setprecision(6) << std::fixed;
+  for (const auto &r : rows) {
+    o << field(r.encoding) << "," << r.train_len << "," << r.eval_len << "," << r.multiple << ",";
+    if (r.skipped()) o << ",";
+    else o << r.loss << "," << r.ppl;
+    o << "," << r.tokens << "," << field(r.note) << "\n";
   }
-  fs::rename(tmp, path);
+  write_file_atomically(path, o.str());
 }
 
 }  // namespace ape

@@ -22,6 +22,9 @@ struct EvalConfig {
   std::vector<int64_t> multiples{1, 2, 4, 8};
   int64_t tokens = 16384;        // target tokens scored per length (at least one segment)
   int64_t batch_tokens = 16384;  // tokens per forward pass
+
+  // Throws std::invalid_argument naming the option and its range (Options.h).
+  void validate() const;
 };
 
 struct EvalRow {
@@ -33,7 +36,7 @@ struct EvalRow {
   bool skipped() const { return !note.empty(); }
 };
 
-// "1,2,4,8" -> {1, 2, 4, 8}; throws std::invalid_argument on anything else.
+// "1,2,4,8" -> {1, 2, 4, 8}, each in [1, 1024]; throws std::invalid_argument on anything else.
 std::vector<int64_t> parse_multiples(const std::string &text);
 
 // Evaluates `model` (trained at `train_len`) on `split`. `log` (optional) gets a progress line per length.

@@ -55,10 +55,15 @@ std::string get_string(const json &obj, const char *key, const std::string &what
 int64_t get_int(const json &obj, const char *key, const std::string &what, const std::string &path) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) fail(what, path + "." + key, "missing (an integer is required)");
+  // Integers beyond ±2^53 are refused (no manifest needs them; converting a larger double or an
+  // unsigned above INT64_MAX to int64 would be undefined or wrap).
+  constexpr double kExact = 9007199254740992.0;  // 2^53
+  if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(kExact))
+    fail(what, path + "." + key, "integer " + it->dump() + " out of range");
   if (!it->is_number_integer()) {
     // Accept 8.0 written as a float, reject 8.5.
-    if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>())
-      return static_cast<int64_t>(it->get<double>());
+    const double v = it->is_number_float() ? it->get<double>() : 0.5;
+    if (std::floor(v) == v && std::fabs(v) <= kExact) return static_cast<int64_t>(v);
     fail(what, path + "." + key, std::string("expected an integer, got ") + it->dump());
   }
   return it->get<int64_t>();
@@ -98,7 +103,7 @@ InitSpec parse_init(const json &j, const std::string &what, const std::string &p
     if (init.projection != "q" && init.projection != "k" && init.projection != "v")
       fail(what, path + ".projection", "expected \"q\", \"k\" or \"v\", got \"" + init.projection + "\"");
     init.columns = get_int(o, "columns", what, path);
-    if (init.columns <= 0) fail(what, path + ".columns", "must be > 0");
+    if (init.columns <= 0 || init.columns > ape_rules::kMaxDim) fail(what, path + ".columns", "must be in [1, 65536]");
     init.start = get_number(o, "start", 0.0, what, path);
     init.step = get_number(o, "step", 0.0, what, path);
   } else if (kind == "projection_prefix") {
@@ -107,7 +112,7 @@ InitSpec parse_init(const json &j, const std::string &what, const std::string &p
     if (init.projection != "q" && init.projection != "k" && init.projection != "v")
       fail(what, path + ".projection", "expected \"q\", \"k\" or \"v\", got \"" + init.projection + "\"");
     init.columns = get_int(o, "columns", what, path);
-    if (init.columns <= 0) fail(what, path + ".columns", "must be > 0");
+    if (init.columns <= 0 || init.columns > ape_rules::kMaxDim) fail(what, path + ".columns", "must be in [1, 65536]");
     if (!o.contains("scale")) fail(what, path + ".scale", "missing (projection_prefix needs a scale)");
     init.scale = get_number(o, "scale", 1.0, what, path);
   } else {
@@ -261,6 +266,7 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
       auto sh = p.find("shape");
       if (sh == p.end() || !sh->is_array())
         fail(what, path + ".shape", "missing or not an array (e.g. [\"heads\", \"head_dim\"])");
+      int64_t fixed_elements = 1;
       for (size_t k = 0; k < sh->size(); ++k) {
         const json &d = (*sh)[k];
         std::string dpath = path + ".shape[" + std::to_string(k) + "]";
@@ -282,6 +288,14 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
         } else {
           fail(what, dpath, "expected \"heads\", \"head_dim\" or a positive integer, got " + d.dump());
         }
+        if (ds.kind == DimSpec::Kind::Fixed) {  // the verifier's limits (dialect/ValueRules.h)
+          if (ds.value > ape_rules::kMaxDim)
+            fail(what, dpath, std::to_string(ds.value) + " exceeds " + std::to_string(ape_rules::kMaxDim));
+          fixed_elements *= ds.value;
+          if (fixed_elements > ape_rules::kMaxParamElements)
+            fail(what, path + ".shape", "the integer dimensions hold more than " +
+                                            std::to_string(ape_rules::kMaxParamElements) + " elements");
+        }
         ps.shape.push_back(ds);
       }
       auto init = p.find("init");
@@ -289,6 +303,18 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
       ps.init = parse_init(*init, what, path + ".init");
       ps.trainable = get_bool(p, "trainable", false, what, path);
       ps.per_layer = get_bool(p, "per_layer", true, what, path);
+      if (auto r = p.find("range"); r != p.end() && !r->is_null()) {
+        const std::string rp = path + ".range";
+        if (!r->is_object()) fail(what, rp, std::string("expected an object {min, max, integer}, got ") + type_name(*r));
+        if (!r->contains("min") || !r->contains("max")) fail(what, rp, "needs both min and max");
+        ape_rules::Range range{get_number(*r, "min", 0.0, what, rp), get_number(*r, "max", 0.0, what, rp),
+                               get_bool(*r, "integer", false, what, rp)};
+        if (!(range.min <= range.max)) fail(what, rp, "min exceeds max");
+        if (!ps.fixed()) fail(what, rp, "a value range applies to a fixed param (not trainable, not derived)");
+        if (ps.init.kind == InitSpec::Kind::Constant)
+          if (std::string why = range.check(ps.init.value); !why.empty()) fail(what, path + ".init.value", why);
+        ps.range = range;
+      }
       if (ps.init.kind == InitSpec::Kind::ProjectionTerm) {
         if (ps.shape.size() != 2 || ps.shape[0].kind != DimSpec::Kind::Heads ||
             ps.shape[1].kind != DimSpec::Kind::HeadDim)
@@ -323,7 +349,7 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
     const std::string op = "$.override";
     OverrideSpec o;
     o.l = get_int(oj, "l", what, op);
-    if (o.l <= 0) fail(what, op + ".l", "must be > 0");
+    if (o.l <= 0 || o.l > ape_rules::kMaxDim) fail(what, op + ".l", "must be in [1, " + std::to_string(ape_rules::kMaxDim) + "]");
     o.targets = get_string(oj, "targets", what, op);
     if (o.targets == "qk") { o.q = o.k = true; }
     else if (o.targets == "qkv") { o.q = o.k = o.v = true; }
@@ -366,6 +392,18 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
     m.override_ = o;
   }
 
+  if (auto it = root.find("rotation"); it != root.end() && !it->is_null()) {
+    const std::string rp = "$.rotation";
+    if (!it->is_object()) fail(what, rp, std::string("expected null or an object {pairing, fraction}, got ") + type_name(*it));
+    RotationSpec r;
+    r.pairing = get_string(*it, "pairing", what, rp);
+    if (r.pairing != "half" && r.pairing != "interleaved")
+      fail(what, rp + ".pairing", "expected \"half\" or \"interleaved\", got \"" + r.pairing + "\"");
+    r.fraction = get_number(*it, "fraction", 1.0, what, rp);
+    if (!(r.fraction > 0 && r.fraction <= 1)) fail(what, rp + ".fraction", "must be in (0, 1]");
+    m.rotation = r;
+  }
+
   if (auto it = root.find("embedding"); it != root.end() && !it->is_null()) {
     const std::string ep = "$.embedding";
     if (!it->is_object())
@@ -378,7 +416,8 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
     } else if (kind == "learned") {
       e.kind = EmbeddingSpec::Kind::Learned;
       e.max_length = get_int(*it, "max_length", what, ep);
-      if (e.max_length <= 0) fail(what, ep + ".max_length", "must be > 0");
+      if (e.max_length <= 0 || e.max_length > ape_rules::kMaxLength)
+        fail(what, ep + ".max_length", "must be in [1, " + std::to_string(ape_rules::kMaxLength) + "]");
       e.std = get_number(*it, "std", 0.02, what, ep);
       if (e.std < 0) fail(what, ep + ".std", "must be >= 0");
     } else {

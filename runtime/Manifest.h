@@ -12,6 +12,8 @@
 #include <variant>
 #include <vector>
 
+#include "dialect/ValueRules.h"  // plain C++: the rules apec's verifier applies
+
 namespace ape {
 
 // One entry of "features": f_t,h = w_h·x̃_t + c_h, a Linear(d, H) of the normalised block input.
@@ -54,6 +56,9 @@ struct ParamSpec {
   InitSpec init;
   bool trainable = false;
   bool per_layer = true;
+  // "range": the values a fixed param may take (ape-eval --set), checked with the rule the
+  // verifier applied to the spec (dialect/ValueRules.h). Absent: any finite value.
+  std::optional<ape_rules::Range> range;
   // A fixed param: neither trainable nor derived (settable at evaluation, e.g. "rope_factor").
   bool fixed() const { return !trainable && !init.derived(); }
   std::vector<int64_t> resolve_shape(int64_t heads, int64_t head_dim) const;
@@ -93,6 +98,13 @@ struct EmbeddingSpec {
   bool scale_embedding = false;
 };
 
+// "rotation": q/k pairs rotated by a rotary or xPos; fraction·head_dim coordinates rotate, which
+// must be an even whole number >= 2 (ape_rules::checkRotation, the verifier's rule).
+struct RotationSpec {
+  std::string pairing;  // "half" | "interleaved"
+  double fraction = 1.0;
+};
+
 struct Manifest {
   std::string encoding;
   std::string source;
@@ -102,6 +114,7 @@ struct Manifest {
   std::vector<ParamSpec> params;
   std::optional<OverrideSpec> override_;
   std::optional<EmbeddingSpec> embedding;
+  std::optional<RotationSpec> rotation;
   // Shape hints of the spec ("head_dim", "model_dim"): the kernel was compiled for these sizes.
   std::optional<int64_t> head_dim_hint, model_dim_hint;
 

@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
@@ -12,6 +14,7 @@
 #include "ape/derived_params.h"
 #include "ape/kernel_entry.h"
 #include "runtime/Attention.h"
+#include "runtime/Options.h"
 #include "runtime/Registry.h"
 
 namespace ape {
@@ -20,17 +23,21 @@ namespace F = torch::nn::functional;
 // ---- ModelConfig ---------------------------------------------------------------------------------
 
 void ModelConfig::validate() const {
-  auto need = [](bool ok, const std::string &msg) {
-    if (!ok) throw std::invalid_argument("model config: " + msg);
-  };
-  need(vocab > 0, "vocab must be > 0, got " + std::to_string(vocab));
-  need(d_model > 0, "d_model must be > 0, got " + std::to_string(d_model));
-  need(layers > 0, "layers must be > 0, got " + std::to_string(layers));
-  need(heads > 0, "heads must be > 0, got " + std::to_string(heads));
-  need(d_model % heads == 0, "d_model (" + std::to_string(d_model) + ") must be divisible by heads (" +
-                                 std::to_string(heads) + ")");
-  need(mlp_mult > 0, "mlp_mult must be > 0");
-  need(init_std > 0, "init_std must be > 0");
+  // The ranges of the command line (ape-train --help) and of a checkpoint's config alike.
+  require_in("--vocab", vocab, 2, int64_t(1) << 20);
+  require_in("--d-model", d_model, 1, ape_rules::kMaxDim);
+  require_in("--layers", layers, 1, 1024);
+  require_in("--heads", heads, 1, d_model);
+  if (d_model % heads != 0)
+    throw std::invalid_argument("--d-model (" + std::to_string(d_model) + ") must be divisible by --heads (" +
+                                std::to_string(heads) + ")");
+  require_in("mlp_mult", mlp_mult, 1, 64);
+  require_in("init_std", init_std, 0.0, 1.0, /*open_low=*/true);
+}
+
+int64_t ModelConfig::min_elements() const {
+  // Embedding (vocab x d), per block W_q, W_k, W_v, W_o (4 d²) and the MLP (2·mlp_mult·d²).
+  return vocab * d_model + layers * (4 + 2 * mlp_mult) * d_model * d_model;
 }
 
 nlohmann::json ModelConfig::to_json() const {
@@ -195,6 +202,44 @@ torch::Tensor EncodedAttentionImpl::forward(const torch::Tensor &xn) {
   return wo(o.transpose(1, 2).reshape({B, T, H * D}));
 }
 
+// ---- layer norm whose gradients do not depend on the thread count --------------------------------------
+
+namespace {
+// LibTorch's fused layer norm backward sums dγ and dβ over the rows in per-thread partials, so
+// their last bits depend on the number of threads. Here dx comes from the fused kernel and
+//   dγ = Σ_rows dy ⊙ x̂,   dβ = Σ_rows dy,   x̂ = (x - μ)·rstd          (rows = B·T)
+// are column sums of a (rows, d) matrix, which LibTorch splits across threads by column, each
+// column summed in the same order whatever the thread count. Training is then bitwise the same
+// on 1, 2 or more threads (test: Determinism.TrainingIsTheSameOnAnyThreadCount).
+struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               const torch::Tensor &weight, const torch::Tensor &bias, double eps) {
+    const int64_t d = x.size(-1);
+    auto [y, mean, rstd] = at::native_layer_norm(x, {d}, weight, bias, eps);
+    ctx->save_for_backward({x, weight, bias, mean, rstd});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const torch::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
+    const torch::Tensor dy = grads[0].contiguous();
+    const int64_t d = x.size(-1);
+    auto [dx, unused_w, unused_b] =
+        at::native_layer_norm_backward(dy, x, {d}, mean, rstd, weight, bias, {true, false, false});
+    torch::Tensor xhat = (x - mean) * rstd;
+    torch::Tensor dw = (dy * xhat).reshape({-1, d}).sum(0);
+    torch::Tensor db = dy.reshape({-1, d}).sum(0);
+    return {dx, dw, db, torch::Tensor()};
+  }
+};
+
+// ln(x) with ln's weight, bias and eps, through LayerNormFn.
+torch::Tensor layer_norm(const torch::nn::LayerNorm &ln, const torch::Tensor &x) {
+  return LayerNormFn::apply(x, ln->weight, ln->bias, ln->options.eps());
+}
+}  // namespace
+
 // ---- block -------------------------------------------------------------------------------------------
 
 BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vector<torch::Tensor> shared) {
@@ -211,9 +256,15 @@ BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vect
   proj->bias.zero_();
 }
 
-torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  x = x + attn(ln1(x));
-  return x + proj(F::gelu(fc(ln2(x))));
+torch::Tensor BlockImpl::forward(torch::Tensor x) { return forward(std::move(x), nullptr, 0); }
+
+torch::Tensor BlockImpl::forward(torch::Tensor x, const ForwardProbe &probe, int64_t index) {
+  torch::Tensor a = attn(layer_norm(ln1, x));
+  if (probe) probe("block " + std::to_string(index) + " attention", a);
+  x = x + a;
+  torch::Tensor m = proj(F::gelu(fc(layer_norm(ln2, x))));
+  if (probe) probe("block " + std::to_string(index) + " MLP", m);
+  return x + m;
 }
 
 // ---- language model ------------------------------------------------------------------------------------
@@ -244,6 +295,10 @@ void LanguageModelImpl::build() {
     throw std::invalid_argument("encoding '" + m.encoding + "' was compiled for head_dim " +
                                 std::to_string(*m.head_dim_hint) + " (a shape hint of its spec); the model has " +
                                 std::to_string(cfg_.head_dim()) + " (d_model / heads)");
+  if (m.rotation)  // the verifier's rule for a head_dim hint, applied to the model's head_dim
+    if (std::string why = ape_rules::checkRotation(m.rotation->fraction, cfg_.head_dim()); !why.empty())
+      throw std::invalid_argument("encoding '" + m.encoding + "' rotates q/k pairs: " + why +
+                                  "; choose --d-model / --heads so that head_dim = d_model / heads fits");
   if (m.model_dim_hint && *m.model_dim_hint != cfg_.d_model)
     throw std::invalid_argument("encoding '" + m.encoding + "' was compiled for model_dim " +
                                 std::to_string(*m.model_dim_hint) + " (a shape hint of its spec); the model has d_model " +
@@ -277,11 +332,16 @@ void LanguageModelImpl::build() {
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg_.d_model})));
 }
 
-torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens) {
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens) { return forward(tokens, nullptr); }
+
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens, const ForwardProbe &probe) {
   torch::Tensor x = embed(tokens);  // (B, T, d)
-  for (auto &b : blocks) x = b(x);
-  x = ln_f(x);
-  return F::linear(x, wte->weight);  // (B, T, V), tied output
+  if (probe) probe("the embedding", x);
+  for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward(x, probe, static_cast<int64_t>(l));
+  x = layer_norm(ln_f, x);
+  torch::Tensor logits = F::linear(x, wte->weight);  // (B, T, V), tied output
+  if (probe) probe("the logits", logits);
+  return logits;
 }
 
 std::optional<int64_t> LanguageModelImpl::max_length() const {
@@ -347,8 +407,11 @@ void LanguageModelImpl::set_fixed_param(const std::string &name, double value) {
                                 (p.init.derived() ? "derived from a projection weight"
                                                   : "trainable (its value comes from training)") +
                                 ", not a fixed param; settable: " + settable());
-  if (!std::isfinite(value))
-    throw std::invalid_argument("param '" + name + "': value must be finite");
+  // The rule apec's verifier applied to the spec's value (dialect/ValueRules.h), carried by
+  // the manifest; a param without one takes any value a f32 kernel can hold.
+  const ape_rules::Range range = p.range ? *p.range : ape_rules::kFiniteF32;
+  if (std::string why = range.check(value); !why.empty())
+    throw std::invalid_argument("param '" + name + "' of encoding '" + m.encoding + "' " + why);
   torch::NoGradGuard g;
   for (auto &b : blocks) b->attn->stored_param(static_cast<size_t>(idx)).fill_(value);
 }

@@ -17,6 +17,7 @@
 //   o = fused_attention(kernel, q, k, v, features, params, κ) -> (B, T, d) -> W_o
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -35,6 +36,10 @@
 namespace ape {
 struct KernelEntry;
 
+// Called with each stage's output during a forward pass ("the embedding", "block 0 attention",
+// "block 0 MLP", ..., "the logits"): how a non-finite value is traced to where it appeared.
+using ForwardProbe = std::function<void(const std::string &stage, const torch::Tensor &value)>;
+
 struct ModelConfig {
   std::string encoding;  // registry name of the kernel
   int64_t vocab = 4096;
@@ -45,7 +50,10 @@ struct ModelConfig {
   double init_std = 0.02;
 
   int64_t head_dim() const { return d_model / heads; }
-  void validate() const;  // throws std::invalid_argument with the offending value
+  void validate() const;  // throws std::invalid_argument naming the option, its range and the value
+  // The elements of the embedding, the attention projections and the MLPs: a lower bound of the
+  // model's size, known before anything is allocated (a checkpoint must hold at least this many).
+  int64_t min_elements() const;
   nlohmann::json to_json() const;
   static ModelConfig from_json(const nlohmann::json &j);  // throws std::runtime_error
 };
@@ -81,6 +89,8 @@ class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vector<torch::Tensor> shared);
   torch::Tensor forward(torch::Tensor x);
+  // The same, reporting "block <index> attention" and "block <index> MLP" to `probe`.
+  torch::Tensor forward(torch::Tensor x, const ForwardProbe &probe, int64_t index);
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   EncodedAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, proj{nullptr};
@@ -95,6 +105,8 @@ class LanguageModelImpl : public torch::nn::Module {
   explicit LanguageModelImpl(ModelConfig cfg);
 
   torch::Tensor forward(const torch::Tensor &tokens);  // (B, T) int64 -> logits (B, T, V)
+  // The same, reporting every stage's output to `probe` (ForwardProbe).
+  torch::Tensor forward(const torch::Tensor &tokens, const ForwardProbe &probe);
   // The blocks' input: wte(tokens)·(scale_embedding ? sqrt(d) : 1) + the absolute table, if any.
   torch::Tensor embed(const torch::Tensor &tokens);
   // The longest sequence the model can take (learned absolute positions), or none.

@@ -1,46 +1,50 @@
-// The training loop and checkpoint files.
+// The training loop, its checkpoints and resuming from them.
 #include "runtime/Train.h"
 
-#include <unistd.h>
-
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
-#include "ape/kernel_entry.h"
-#include "runtime/Registry.h"
-
-namespace fs = std::filesystem;
+#include "dialect/ValueRules.h"
+#include "runtime/AtomicFile.h"
+#include "runtime/Options.h"
 
 namespace ape {
 
 // ---- configuration ---------------------------------------------------------------------------------
 
 void TrainConfig::validate() const {
-  auto need = [](bool ok, const std::string &msg) {
-    if (!ok) throw std::invalid_argument("training config: " + msg);
-  };
-  need(steps > 0 || minutes > 0, "give a budget: --steps N and/or --minutes M (both are 0)");
-  need(steps >= 0 && minutes >= 0, "steps and minutes must be >= 0");
-  need(batch > 0, "batch must be > 0, got " + std::to_string(batch));
-  need(seq_len > 0, "seq_len must be > 0, got " + std::to_string(seq_len));
-  need(lr > 0 && std::isfinite(lr), "lr must be > 0");
-  need(min_lr_frac >= 0 && min_lr_frac <= 1, "min_lr_frac must be in [0, 1]");
-  need(warmup_steps >= 0, "warmup_steps must be >= 0");
-  need(weight_decay >= 0, "weight_decay must be >= 0");
-  need(grad_clip > 0, "grad_clip must be > 0");
+  require_in("--steps", steps, 0, 1000000000);
+  require_in("--minutes", minutes, 0.0, 1e6);
+  if (!(steps > 0 || minutes > 0))
+    throw std::invalid_argument("give a budget: --steps N and/or --minutes M (both are 0)");
+  require_in("--batch", batch, 1, 65536);
+  require_in("--seq-len", seq_len, 1, ape_rules::kMaxLength);
+  require_in("--lr", lr, 0.0, 10.0, /*open_low=*/true);
+  require_in("min_lr_frac", min_lr_frac, 0.0, 1.0);
+  require_in("--warmup", warmup_steps, 0, 1000000000);
+  require_in("weight_decay", weight_decay, 0.0, 10.0);
+  require_in("beta1", beta1, 0.0, 0.999999);
+  require_in("beta2", beta2, 0.0, 0.999999);
+  require_in("grad_clip", grad_clip, 0.0, 1e6, /*open_low=*/true);
+  require_in("--checkpoint-every", checkpoint_every, 0, 1000000000);
+  require_in("--checkpoint-minutes", checkpoint_minutes, 0.0, 1e6);
+  if (divergence_factor != 0) require_in("--divergence-factor", divergence_factor, 1.0, 1e6, /*open_low=*/true);
+  require_in("--threads", threads, 0, kMaxThreads);
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -54,7 +58,39 @@ nlohmann::json TrainConfig::to_json() const {
           {"weight_decay", weight_decay},
           {"betas", {beta1, beta2}},
           {"grad_clip", grad_clip},
-          {"seed", seed}};
+          {"seed", seed},
+          {"checkpoint_every", checkpoint_every},
+          {"checkpoint_minutes", checkpoint_minutes},
+          {"divergence_factor", divergence_factor},
+          {"threads", threads}};
+}
+
+TrainConfig TrainConfig::from_json(const nlohmann::json &j) {
+  TrainConfig c;
+  try {
+    c.steps = j.at("steps").get<int64_t>();
+    c.minutes = j.at("minutes").get<double>();
+    c.batch = j.at("batch").get<int64_t>();
+    c.seq_len = j.at("seq_len").get<int64_t>();
+    c.lr = j.at("lr").get<double>();
+    c.min_lr_frac = j.at("min_lr_frac").get<double>();
+    c.warmup_steps = j.at("warmup_steps").get<int64_t>();
+    c.weight_decay = j.at("weight_decay").get<double>();
+    const auto &b = j.at("betas");
+    if (!b.is_array() || b.size() != 2) throw std::runtime_error("betas must be a pair");
+    c.beta1 = b[0].get<double>();
+    c.beta2 = b[1].get<double>();
+    c.grad_clip = j.at("grad_clip").get<double>();
+    c.seed = j.at("seed").get<uint64_t>();
+    c.checkpoint_every = j.value("checkpoint_every", int64_t{0});
+    c.checkpoint_minutes = j.value("checkpoint_minutes", 0.0);
+    c.divergence_factor = j.value("divergence_factor", 2.0);
+    c.threads = j.value("threads", int64_t{0});
+  } catch (const nlohmann::json::exception &e) {
+    throw std::runtime_error(std::string("training config JSON: ") + e.what());
+  }
+  c.validate();
+  return c;
 }
 
 nlohmann::json TrainResult::to_json() const {
@@ -74,9 +110,36 @@ double learning_rate(const TrainConfig &cfg, int64_t step, double progress) {
   return cfg.lr * w * cosine;
 }
 
-// ---- loop --------------------------------------------------------------------------------------------
+// ---- where a non-finite value comes from -------------------------------------------------------------
 
 namespace {
+bool finite(const at::Tensor &t) { return !t.defined() || t.isfinite().all().item<bool>(); }
+const char *kind_of(const at::Tensor &t) { return t.isnan().any().item<bool>() ? "NaN" : "inf"; }
+}  // namespace
+
+std::string locate_nonfinite(LanguageModel &model, const at::Tensor &windows) {
+  for (const auto &kv : model->named_parameters())
+    if (!finite(kv.value())) return std::string("parameter '") + kv.key() + "' (" + kind_of(kv.value()) + ")";
+  for (const auto &kv : model->named_buffers())
+    if (!finite(kv.value())) return std::string("fixed param '") + kv.key() + "' (" + kind_of(kv.value()) + ")";
+  at::NoGradGuard no_grad;
+  std::string where;
+  model->forward(windows.narrow(1, 0, windows.size(1) - 1), [&](const std::string &stage, const at::Tensor &t) {
+    if (where.empty() && !finite(t)) where = "the output of " + stage + " (" + kind_of(t) + ")";
+  });
+  return where;
+}
+
+// ---- the trainer -------------------------------------------------------------------------------------
+
+struct Trainer::Impl {
+  std::unique_ptr<torch::optim::AdamW> opt;
+  std::vector<torch::Tensor> params;
+  std::vector<std::pair<std::string, torch::Tensor>> named;  // every parameter, by name
+};
+
+namespace {
+using clock_type = std::chrono::steady_clock;
 
 std::string clock_str(double s) {
   if (!std::isfinite(s) || s < 0) return "--:--";
@@ -95,90 +158,317 @@ std::string rate_str(double tps) {
   return buf;
 }
 
+std::string adam_key(const std::string &param, const char *what) { return "train/adam/" + param + "/" + what; }
+constexpr const char *kRngKey = "train/rng/cpu";
 }  // namespace
 
-TrainResult train(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg, std::ostream &out,
-                  const std::string &label) {
-  cfg.validate();
-  using clock = std::chrono::steady_clock;
-
+Trainer::Trainer(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg)
+    : impl_(std::make_unique<Impl>()), model_(model), sampler_(sampler), cfg_(cfg) {
+  cfg_.validate();
   // Weight decay on matrices (Linear and Embedding weights) only.
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto &kv : model->named_parameters()) {
     const std::string &name = kv.key();
     const bool is_weight = name.size() >= 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
     (is_weight && kv.value().dim() >= 2 ? decay : no_decay).push_back(kv.value());
+    impl_->named.emplace_back(name, kv.value());
   }
   auto opts = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(cfg.lr).betas({cfg.beta1, cfg.beta2}).eps(1e-8).weight_decay(wd));
+        torch::optim::AdamWOptions(cfg_.lr).betas({cfg_.beta1, cfg_.beta2}).eps(1e-8).weight_decay(wd));
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, opts(cfg.weight_decay));
+  groups.emplace_back(decay, opts(cfg_.weight_decay));
   if (!no_decay.empty()) groups.emplace_back(no_decay, opts(0.0));
-  torch::optim::AdamW opt(groups, torch::optim::AdamWOptions(cfg.lr));
-  std::vector<torch::Tensor> params = model->parameters();
+  impl_->opt = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(cfg_.lr));
+  impl_->params = model->parameters();
+}
 
-  model->train();
+Trainer::~Trainer() = default;
+
+TrainResult Trainer::result() const {
+  TrainResult res;
+  res.steps = state_.step;
+  res.losses = state_.losses;
+  res.seconds = state_.elapsed;
+  res.tokens_per_second = res.seconds > 0 ? double(res.steps * cfg_.batch * cfg_.seq_len) / res.seconds : 0.0;
+  if (!res.losses.empty()) {
+    res.first_loss = res.losses.front();
+    const size_t n = std::min<size_t>(20, res.losses.size());
+    double s = 0;
+    for (size_t i = res.losses.size() - n; i < res.losses.size(); ++i) s += res.losses[i];
+    res.final_loss = s / double(n);
+  }
+  return res;
+}
+
+void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
+  nlohmann::json config = extra.is_object() ? extra : nlohmann::json::object();
+  config["model"] = model_->config().to_json();
+  config["train"] = cfg_.to_json();
+  config["state"] = {{"step", state_.step},
+                     {"elapsed_seconds", state_.elapsed},
+                     {"losses", state_.losses},
+                     {"complete", state_.complete},
+                     {"threads", at::get_num_threads()},
+                     {"samplers", nlohmann::json::array({{{"rank", 0},
+                                                          {"engine", sampler_.engine_state()},
+                                                          {"windows", sampler_.windows()}}})}};
+  if (state_.complete) config["result"] = result().to_json();
+  auto tensors = model_tensors(model_);
+  for (const auto &[name, p] : impl_->named) {
+    auto it = impl_->opt->state().find(p.unsafeGetTensorImpl());
+    if (it == impl_->opt->state().end()) continue;  // no update yet
+    const auto &s = static_cast<const torch::optim::AdamWParamState &>(*it->second);
+    tensors.emplace_back(adam_key(name, "exp_avg"), s.exp_avg());
+    tensors.emplace_back(adam_key(name, "exp_avg_sq"), s.exp_avg_sq());
+    tensors.emplace_back(adam_key(name, "step"), at::scalar_tensor(s.step(), at::kLong));
+  }
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    tensors.emplace_back(kRngKey, gen.get_state());
+  }
+  write_file_atomically(path, encode_checkpoint(model_->config().encoding, config, tensors),
+                        "APE_TEST_KILL_DURING_CHECKPOINT");
+}
+
+void Trainer::restore(const Checkpoint &ckpt) {
+  auto fail = [&](const std::string &why) {
+    return std::runtime_error("checkpoint " + ckpt.path + ": cannot resume: " + why);
+  };
+  // The run's settings must be this trainer's: the resumed run takes them from the checkpoint.
+  TrainConfig saved;
+  try {
+    saved = TrainConfig::from_json(ckpt.config.at("train"));
+  } catch (const std::exception &e) {
+    throw fail(std::string("bad training config: ") + e.what());
+  }
+  if (saved.to_json() != cfg_.to_json())
+    throw fail("its training config differs from this run's: " + ckpt.config.at("train").dump());
+  const auto st = ckpt.config.find("state");
+  if (st == ckpt.config.end() || !st->is_object())
+    throw fail("it holds no training state (a model-only checkpoint)");
+  TrainState s;
+  std::string engine;
+  int64_t windows = 0;
+  try {
+    s.step = st->at("step").get<int64_t>();
+    s.elapsed = st->at("elapsed_seconds").get<double>();
+    s.losses = st->at("losses").get<std::vector<double>>();
+    s.complete = st->at("complete").get<bool>();
+    const auto &samplers = st->at("samplers");
+    if (!samplers.is_array() || samplers.size() != 1 || samplers[0].at("rank").get<int64_t>() != 0)
+      throw std::runtime_error("\"samplers\" must hold one entry, for rank 0 (a single-process run)");
+    engine = samplers[0].at("engine").get<std::string>();
+    windows = samplers[0].at("windows").get<int64_t>();
+  } catch (const std::exception &e) {
+    throw fail(std::string("bad training state: ") + e.what());
+  }
+  if (s.step < 0 || (cfg_.steps > 0 && s.step > cfg_.steps))
+    throw fail("step " + std::to_string(s.step) + " is outside the budget of " + std::to_string(cfg_.steps));
+  if (static_cast<int64_t>(s.losses.size()) != s.step)
+    throw fail(std::to_string(s.losses.size()) + " losses for " + std::to_string(s.step) + " steps");
+  if (!(s.elapsed >= 0 && std::isfinite(s.elapsed))) throw fail("bad elapsed_seconds");
+  for (double l : s.losses)
+    if (!std::isfinite(l)) throw fail("a non-finite loss in the loss history");
+  if (windows != s.step * cfg_.batch)
+    throw fail(std::to_string(windows) + " windows drawn in " + std::to_string(s.step) + " steps of batch " +
+               std::to_string(cfg_.batch));
+  TrainSampler probe = sampler_;
+  try {
+    probe.restore(engine, windows);
+  } catch (const std::exception &e) {
+    throw fail(e.what());
+  }
+  // Optimizer state: every "train/" tensor must be one this model's parameters can hold.
+  std::map<std::string, const torch::Tensor *> by_name;
+  for (const auto &[name, p] : impl_->named) by_name.emplace(name, &p);
+  std::map<std::string, std::array<const SavedTensor *, 3>> adam;
+  const SavedTensor *rng = nullptr;
+  for (const auto &t : ckpt.tensors) {
+    if (t.name.rfind("train/", 0) != 0) continue;
+    if (t.name == kRngKey) {
+      rng = &t;
+      continue;
+    }
+    static const char *kinds[] = {"exp_avg", "exp_avg_sq", "step"};
+    bool known = false;
+    for (int k = 0; k < 3 && !known; ++k) {
+      const std::string tail = std::string("/") + kinds[k];
+      if (t.name.rfind("train/adam/", 0) != 0 || t.name.size() <= 11 + tail.size() ||
+          t.name.compare(t.name.size() - tail.size(), tail.size(), tail) != 0)
+        continue;
+      const std::string param = t.name.substr(11, t.name.size() - 11 - tail.size());
+      auto p = by_name.find(param);
+      if (p == by_name.end()) throw fail("optimizer state for '" + param + "', which the model does not have");
+      const bool scalar = k == 2;
+      if (scalar ? (t.dtype != at::kLong || !t.shape.empty())
+                 : (t.dtype != at::kFloat || at::IntArrayRef(t.shape) != p->second->sizes()))
+        throw fail("optimizer state '" + t.name + "' has the wrong shape or dtype");
+      adam[param][k] = &t;
+      known = true;
+    }
+    if (!known) throw fail("unexpected training-state tensor '" + t.name + "'");
+  }
+  for (const auto &[param, parts] : adam) {
+    if (!parts[0] || !parts[1] || !parts[2]) throw fail("incomplete optimizer state for '" + param + "'");
+    int64_t step = 0;
+    std::memcpy(&step, ckpt.bytes.data() + parts[2]->offset, sizeof step);
+    if (step < 1 || step > s.step) throw fail("optimizer step " + std::to_string(step) + " of '" + param + "'");
+  }
+  auto gen = at::detail::getDefaultCPUGenerator();
+  if (!rng) throw fail("no random state (" + std::string(kRngKey) + ")");
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    if (rng->dtype != at::kByte || rng->shape.size() != 1 || rng->shape[0] != gen.get_state().numel())
+      throw fail("the random state has the wrong size");
+  }
+
+  // Everything checked: now change the model, the optimizer, the sampler and the generator.
+  load_state(model_, ckpt, ckpt.path);
+  auto &states = impl_->opt->state();
+  states.clear();
+  for (const auto &[name, p] : impl_->named) {
+    auto it = adam.find(name);
+    if (it == adam.end()) continue;
+    auto ps = std::make_unique<torch::optim::AdamWParamState>();
+    int64_t step = 0;
+    std::memcpy(&step, ckpt.bytes.data() + it->second[2]->offset, sizeof step);
+    ps->step(step);
+    ps->exp_avg(ckpt.tensor(*it->second[0]));
+    ps->exp_avg_sq(ckpt.tensor(*it->second[1]));
+    states[p.unsafeGetTensorImpl()] = std::move(ps);
+  }
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(ckpt.tensor(*rng));
+  }
+  sampler_ = probe;
+  state_ = s;
+}
+
+TrainResult Trainer::run(std::ostream &out, const std::string &label, const std::string &checkpoint_path,
+                         const nlohmann::json &extra) {
+  const TrainConfig &cfg = cfg_;
+  auto &opt = *impl_->opt;
+  model_->train();
   const double budget_s = cfg.minutes * 60.0;
   const int64_t tokens_per_step = cfg.batch * cfg.seq_len;
-  TrainResult res;
-  const auto t0 = clock::now();
+  const std::string prefix = label.empty() ? "" : "[" + label + "] ";
+  const std::string who = label.empty() ? std::string() : label + ": ";
+  const auto t0 = clock_type::now();
+  const double elapsed0 = state_.elapsed;  // trained before this run (resumed)
+  const int64_t step0 = state_.step;
   auto last_print = t0 - std::chrono::seconds(10);
-  double elapsed = 0;
-  std::string prefix = label.empty() ? "" : "[" + label + "] ";
+  auto last_save = t0;
   size_t last_width = 0;
+  auto end_line = [&] {
+    if (cfg.progress && cfg.progress_in_place && last_width) out << "\n";
+    last_width = 0;
+  };
+  auto since_start = [&] { return std::chrono::duration<double>(clock_type::now() - t0).count(); };
+  // The step of the newest checkpoint of this run, if any (a resumed run starts from one).
+  int64_t saved_step = checkpoint_path.empty() || step0 == 0 ? -1 : step0;
+  auto kept = [&]() -> std::string {
+    if (saved_step < 0) return "nothing was saved";
+    return "the checkpoint of step " + std::to_string(saved_step) + " (" + checkpoint_path + ") is kept";
+  };
 
-  for (int64_t step = 0;; ++step) {
-    elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+  for (;;) {
+    const int64_t step = state_.step;
+    state_.elapsed = elapsed0 + since_start();
     const double p_steps = cfg.steps > 0 ? double(step) / double(cfg.steps) : 0.0;
-    const double p_time = budget_s > 0 ? elapsed / budget_s : 0.0;
+    const double p_time = budget_s > 0 ? state_.elapsed / budget_s : 0.0;
     const double progress = std::max(p_steps, p_time);
     if (progress >= 1.0) break;
 
     const double lr = learning_rate(cfg, step, progress);
     for (auto &g : opt.param_groups()) static_cast<torch::optim::AdamWOptions &>(g.options()).lr(lr);
 
-    torch::Tensor windows = sampler.next(cfg.batch, cfg.seq_len + 1);
+    torch::Tensor windows = sampler_.next(cfg.batch, cfg.seq_len + 1);
     opt.zero_grad();
-    torch::Tensor loss = model->loss(windows);
+    torch::Tensor loss = model_->loss(windows);
     const double l = loss.item<double>();
+    char lr_text[32];
+    std::snprintf(lr_text, sizeof lr_text, "%.3g", lr);
     if (!std::isfinite(l)) {
-      if (cfg.progress && cfg.progress_in_place) out << "\n";
-      throw TrainingDiverged((label.empty() ? std::string() : label + ": ") + "loss became " +
-                             (std::isnan(l) ? "NaN" : "inf") + " at step " + std::to_string(step + 1) +
-                             " (lr " + std::to_string(lr) +
-                             "); training stopped and nothing was saved. Try a lower --lr.");
+      end_line();
+      const std::string where = locate_nonfinite(model_, windows);
+      throw TrainingDiverged(who + "loss became " + (std::isnan(l) ? "NaN" : "inf") + " at step " +
+                             std::to_string(step + 1) + " (lr " + lr_text + ")" +
+                             (where.empty() ? "" : "; first non-finite value: " + where) +
+                             ". Training stopped; " + kept() + ". Try a lower --lr.");
     }
     loss.backward();
-    const double gnorm = torch::nn::utils::clip_grad_norm_(params, cfg.grad_clip);
+    const double gnorm = torch::nn::utils::clip_grad_norm_(impl_->params, cfg.grad_clip);
     if (!std::isfinite(gnorm)) {
-      if (cfg.progress && cfg.progress_in_place) out << "\n";
-      throw TrainingDiverged((label.empty() ? std::string() : label + ": ") +
-                             "gradient norm became non-finite at step " + std::to_string(step + 1) +
-                             " (loss " + std::to_string(l) + ", lr " + std::to_string(lr) +
-                             "); training stopped and nothing was saved. Try a lower --lr.");
+      end_line();
+      std::string where;
+      for (const auto &[name, p] : impl_->named)
+        if (!finite(p.grad())) {
+          where = "the gradient of '" + name + "' (" + kind_of(p.grad()) + ")";
+          break;
+        }
+      throw TrainingDiverged(who + "gradient norm became non-finite at step " + std::to_string(step + 1) +
+                             " (loss " + std::to_string(l) + ", lr " + lr_text + ")" +
+                             (where.empty() ? "" : "; first non-finite value: " + where) +
+                             ". Training stopped; " + kept() + ". Try a lower --lr.");
     }
     opt.step();
-    res.losses.push_back(l);
-    res.steps = step + 1;
+    state_.losses.push_back(l);
+    state_.step = step + 1;
+    // The divergence rule (Train.h): the recent mean far above where training started.
+    constexpr size_t kWindow = 10;
+    if (cfg.divergence_factor > 0 && state_.losses.size() >= kWindow) {
+      double recent = 0;
+      for (size_t i = state_.losses.size() - kWindow; i < state_.losses.size(); ++i) recent += state_.losses[i];
+      recent /= double(kWindow);
+      const double first = state_.losses.front();
+      if (recent > cfg.divergence_factor * first) {
+        end_line();
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "loss diverged: the mean of steps %lld-%lld is %.4g, more than %g x the first step's %.4g "
+                      "(--divergence-factor). Training stopped; ",
+                      (long long)(state_.step - int64_t(kWindow) + 1), (long long)state_.step, recent,
+                      cfg.divergence_factor, first);
+        throw TrainingDiverged(who + buf + kept() + ". Try a lower --lr.");
+      }
+    }
+
+    const auto now = clock_type::now();
+    state_.elapsed = elapsed0 + since_start();
+    const bool done_soon = (cfg.steps > 0 && state_.step >= cfg.steps) || (budget_s > 0 && state_.elapsed >= budget_s);
+    if (!done_soon && interrupt && interrupt(state_)) {
+      end_line();
+      if (!checkpoint_path.empty()) save(checkpoint_path, extra);
+      return result();
+    }
+    if (!checkpoint_path.empty() && !done_soon &&
+        ((cfg.checkpoint_every > 0 && state_.step % cfg.checkpoint_every == 0) ||
+         (cfg.checkpoint_minutes > 0 &&
+          std::chrono::duration<double>(now - last_save).count() >= cfg.checkpoint_minutes * 60.0))) {
+      save(checkpoint_path, extra);
+      saved_step = state_.step;
+      last_save = clock_type::now();
+    }
 
     if (cfg.progress) {
-      const auto now = clock::now();
-      elapsed = std::chrono::duration<double>(now - t0).count();
       const double since = std::chrono::duration<double>(now - last_print).count();
-      const bool done_soon = (cfg.steps > 0 && step + 1 >= cfg.steps) || (budget_s > 0 && elapsed >= budget_s);
-      if (since >= (cfg.progress_in_place ? 0.2 : 15.0) || step == 0 || done_soon) {
+      if (since >= (cfg.progress_in_place ? 0.2 : 15.0) || state_.step == step0 + 1 || done_soon) {
         last_print = now;
-        const double tps = elapsed > 0 ? double(res.steps * tokens_per_step) / elapsed : 0.0;
+        const double run_s = since_start();
+        const double tps = run_s > 0 ? double((state_.step - step0) * tokens_per_step) / run_s : 0.0;
         double left = INFINITY;
-        if (cfg.steps > 0) left = double(cfg.steps - res.steps) * elapsed / double(res.steps);
-        if (budget_s > 0) left = std::min(left, budget_s - elapsed);
+        if (cfg.steps > 0 && state_.step > step0)
+          left = double(cfg.steps - state_.step) * run_s / double(state_.step - step0);
+        if (budget_s > 0) left = std::min(left, budget_s - state_.elapsed);
         std::ostringstream line;
-        line << prefix << "step " << res.steps;
+        line << prefix << "step " << state_.step;
         if (cfg.steps > 0) line << "/" << cfg.steps;
         line << "  loss " << std::fixed << std::setprecision(4) << l << "  lr " << std::scientific
-             << std::setprecision(2) << lr << "  " << rate_str(tps) << " tok/s  " << clock_str(elapsed)
+             << std::setprecision(2) << lr << "  " << rate_str(tps) << " tok/s  " << clock_str(state_.elapsed)
              << " elapsed, " << clock_str(std::max(0.0, left)) << " left";
         std::string s = line.str();
         if (cfg.progress_in_place) {
@@ -192,286 +482,20 @@ TrainResult train(LanguageModel &model, TrainSampler &sampler, const TrainConfig
       }
     }
   }
-  if (cfg.progress && cfg.progress_in_place && last_width) out << "\n";
-
-  res.seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  res.tokens_per_second = res.seconds > 0 ? double(res.steps * tokens_per_step) / res.seconds : 0.0;
-  if (!res.losses.empty()) {
-    res.first_loss = res.losses.front();
-    const size_t n = std::min<size_t>(20, res.losses.size());
-    double s = 0;
-    for (size_t i = res.losses.size() - n; i < res.losses.size(); ++i) s += res.losses[i];
-    res.final_loss = s / double(n);
-  }
+  end_line();
+  state_.complete = true;
+  if (!checkpoint_path.empty()) save(checkpoint_path, extra);
+  TrainResult res = result();
+  // This run's own speed (a resumed run reports what it did itself).
+  const double run_s = since_start();
+  res.tokens_per_second = run_s > 0 ? double((state_.step - step0) * tokens_per_step) / run_s : 0.0;
   return res;
 }
 
-// ---- checkpoints ------------------------------------------------------------------------------------
-
-namespace {
-constexpr char kCkptMagic[8] = {'A', 'P', 'E', 'C', 'K', 'P', 'T', '1'};
-
-template <typename T> void append(std::string &buf, const T &v) {
-  buf.append(reinterpret_cast<const char *>(&v), sizeof(T));
-}
-
-// Every parameter and buffer by its dotted name.
-std::vector<std::pair<std::string, torch::Tensor>> state_of(LanguageModel &model) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto &kv : model->named_parameters()) out.emplace_back(kv.key(), kv.value());
-  for (const auto &kv : model->named_buffers()) out.emplace_back(kv.key(), kv.value());
-  return out;
-}
-}  // namespace
-
-void save_checkpoint(const std::string &path, LanguageModel &model, const nlohmann::json &config_in) {
-  nlohmann::json config = config_in;
-  config["model"] = model->config().to_json();
-
-  torch::serialize::OutputArchive archive;
-  for (const auto &[name, t] : state_of(model)) archive.write(name, t.detach());
-  std::ostringstream payload;
-  archive.save_to(payload);
-  const std::string p = payload.str();
-
-  const std::string enc = model->config().encoding;
-  const std::string cfg = config.dump();
-  std::string buf(kCkptMagic, 8);
-  append(buf, kCheckpointVersion);
-  append(buf, static_cast<uint32_t>(enc.size()));
-  buf += enc;
-  append(buf, static_cast<uint64_t>(cfg.size()));
-  buf += cfg;
-  append(buf, static_cast<uint64_t>(p.size()));
-  buf += p;
-  append(buf, fnv1a(buf.data(), buf.size()));
-
-  fs::path fp(path);
-  if (fp.has_parent_path()) fs::create_directories(fp.parent_path());
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    if (!o) throw std::runtime_error("cannot write checkpoint " + tmp + ": " + std::strerror(errno));
-    o.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-    o.flush();
-    if (!o) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw std::runtime_error("writing checkpoint " + tmp + " failed (disk full?); " + path + " is untouched");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
-  }
-}
-
-Checkpoint read_checkpoint(const std::string &path) {
-  auto fail = [&](const std::string &why) { return std::runtime_error("checkpoint " + path + ": " + why); };
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw fail(std::string("cannot open: ") + std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  const std::string buf = ss.str();
-  size_t pos = 0;
-  auto take = [&](size_t n, const char *what) {
-    if (buf.size() < pos + n)
-      throw fail(std::string("truncated while reading ") + what + " (file has " + std::to_string(buf.size()) +
-                 " bytes); it was not written completely");
-    const char *p = buf.data() + pos;
-    pos += n;
-    return p;
-  };
-  if (buf.size() < 8 || std::memcmp(buf.data(), kCkptMagic, 8) != 0)
-    throw fail("not an APE checkpoint (bad magic number; expected \"APECKPT1\")");
-  pos = 8;
-  uint32_t version, name_len;
-  std::memcpy(&version, take(4, "the version"), 4);
-  if (version != kCheckpointVersion)
-    throw fail("format version " + std::to_string(version) + ", this build reads version " +
-               std::to_string(kCheckpointVersion));
-  std::memcpy(&name_len, take(4, "the encoding name"), 4);
-  if (name_len == 0 || name_len > 1024) throw fail("corrupt encoding name length " + std::to_string(name_len));
-  Checkpoint c;
-  c.encoding.assign(take(name_len, "the encoding name"), name_len);
-  uint64_t cfg_len, payload_len, checksum;
-  std::memcpy(&cfg_len, take(8, "the config length"), 8);
-  if (cfg_len > buf.size() - pos)
-    throw fail("truncated or damaged: the config needs " + std::to_string(cfg_len) + " bytes, " +
-               std::to_string(buf.size() - pos) + " remain");
-  std::string cfg(take(cfg_len, "the config"), cfg_len);
-  std::memcpy(&payload_len, take(8, "the payload length"), 8);
-  if (payload_len > buf.size() - pos)
-    throw fail("truncated: the parameters need " + std::to_string(payload_len) + " bytes, " +
-               std::to_string(buf.size() - pos) + " remain (the file was not written completely)");
-  c.payload.assign(take(payload_len, "the parameters"), payload_len);
-  const size_t body = pos;
-  std::memcpy(&checksum, take(8, "the checksum"), 8);
-  if (pos != buf.size()) throw fail(std::to_string(buf.size() - pos) + " unexpected trailing bytes (corrupt)");
-  if (checksum != fnv1a(buf.data(), body)) throw fail("checksum mismatch: the file is corrupt");
-  try {
-    c.config = nlohmann::json::parse(cfg);
-  } catch (const std::exception &e) {
-    throw fail(std::string("config is not valid JSON: ") + e.what());
-  }
-  if (!c.config.is_object() || !c.config.contains("model")) throw fail("config has no \"model\" section");
-  return c;
-}
-
-void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string &path) {
-  auto fail = [&](const std::string &why) { return std::runtime_error("checkpoint " + path + ": " + why); };
-  if (ckpt.encoding != model->config().encoding)
-    throw fail("it holds encoding '" + ckpt.encoding + "', but the model is '" + model->config().encoding + "'");
-  torch::serialize::InputArchive archive;
-  try {
-    std::istringstream in(ckpt.payload);
-    archive.load_from(in);
-  } catch (const std::exception &e) {
-    std::string msg = e.what();
-    throw fail("cannot read the parameter payload: " + msg.substr(0, msg.find('\n')));
-  }
-  torch::NoGradGuard no_grad;
-  std::set<std::string> buffers;
-  for (const auto &kv : model->named_buffers()) buffers.insert(kv.key());
-  for (auto &[name, t] : state_of(model)) {
-    torch::Tensor saved;
-    if (!archive.try_read(name, saved)) {
-      // A fixed param the encoding gained after the checkpoint was written keeps its initial value.
-      if (buffers.count(name)) continue;
-      throw fail("missing tensor '" + name + "' (saved by a different model layout?)");
-    }
-    if (saved.sizes() != t.sizes()) {
-      std::ostringstream s;
-      s << "tensor '" << name << "' has shape " << saved.sizes() << ", the model expects " << t.sizes()
-        << " (different --d-model/--heads/--layers/vocab?)";
-      throw fail(s.str());
-    }
-    t.copy_(saved);
-  }
-}
-
-namespace {
-torch::serialize::InputArchive open_payload(const Checkpoint &ckpt, const std::string &path) {
-  torch::serialize::InputArchive archive;
-  try {
-    std::istringstream in(ckpt.payload);
-    archive.load_from(in);
-  } catch (const std::exception &e) {
-    std::string msg = e.what();
-    throw std::runtime_error("checkpoint " + path + ": cannot read the parameter payload: " +
-                             msg.substr(0, msg.find('\n')));
-  }
-  return archive;
-}
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream o;
-  o << s;
-  return o.str();
-}
-}  // namespace
-
-std::vector<std::string> load_state_across(LanguageModel &model, const Checkpoint &ckpt, const std::string &path,
-                                           const KernelEntry *source) {
-  const std::string to = model->config().encoding, from = ckpt.encoding;
-  auto fail = [&](const std::string &why) {
-    return std::runtime_error("checkpoint " + path + " (trained with '" + from + "') evaluated with '" + to +
-                              "': " + why);
-  };
-  ModelConfig mc;
-  try {
-    mc = ModelConfig::from_json(ckpt.config.at("model"));
-  } catch (const std::exception &e) {
-    throw fail(std::string("bad model config: ") + e.what());
-  }
-  mc.encoding = from;
-  // The checkpoint's own model, for the names and shapes of its trainable parameters.
-  LanguageModel trained{nullptr};
-  try {
-    trained = source ? LanguageModel(*source, mc) : LanguageModel(mc);
-  } catch (const std::exception &e) {
-    throw fail(e.what());
-  }
-  const auto was = trained->named_parameters(), now = model->named_parameters();
-  for (const auto &kv : now) {
-    const torch::Tensor *t = was.find(kv.key());
-    if (!t)
-      throw fail("trainable parameter '" + kv.key() + "' of '" + to + "' is not in the checkpoint ('" + from +
-                 "' has no such parameter)");
-    if (t->sizes() != kv.value().sizes())
-      throw fail("trainable parameter '" + kv.key() + "' has shape " + shape_str(t->sizes()) + " in the checkpoint, " +
-                 shape_str(kv.value().sizes()) + " in '" + to + "'");
-  }
-  for (const auto &kv : was)
-    if (!now.find(kv.key()))
-      throw fail("the checkpoint's trainable parameter '" + kv.key() + "' has no place in '" + to + "'");
-
-  torch::serialize::InputArchive archive = open_payload(ckpt, path);
-  torch::NoGradGuard no_grad;
-  for (auto &kv : now) {
-    torch::Tensor saved;
-    if (!archive.try_read(kv.key(), saved)) throw fail("missing tensor '" + kv.key() + "' in the payload");
-    kv.value().copy_(saved);
-  }
-  std::vector<std::string> kept;
-  for (auto &kv : model->named_buffers()) {
-    torch::Tensor saved;
-    if (archive.try_read(kv.key(), saved) && saved.sizes() == kv.value().sizes())
-      kv.value().copy_(saved);
-    else
-      kept.push_back(kv.key());
-  }
-  return kept;
-}
-
-LanguageModel load_model_as(const std::string &path, const std::string &encoding, nlohmann::json *config,
-                            std::vector<std::string> *kept) {
-  Checkpoint c = read_checkpoint(path);
-  if (encoding.empty() || encoding == c.encoding) {
-    if (kept) kept->clear();
-    return load_model(path, config);
-  }
-  ModelConfig mc;
-  try {
-    mc = ModelConfig::from_json(c.config.at("model"));
-  } catch (const std::exception &e) {
-    throw std::runtime_error("checkpoint " + path + ": bad model config: " + e.what());
-  }
-  mc.encoding = encoding;
-  LanguageModel model{nullptr};
-  try {
-    model = LanguageModel(mc);
-  } catch (const std::exception &e) {
-    throw std::runtime_error("checkpoint " + path + " evaluated with '" + encoding + "': " + e.what());
-  }
-  auto k = load_state_across(model, c, path);
-  if (kept) *kept = std::move(k);
-  if (config) *config = c.config;
-  return model;
-}
-
-LanguageModel load_model(const std::string &path, nlohmann::json *config) {
-  Checkpoint c = read_checkpoint(path);
-  ModelConfig mc;
-  try {
-    mc = ModelConfig::from_json(c.config.at("model"));
-  } catch (const std::exception &e) {
-    throw std::runtime_error("checkpoint " + path + ": bad model config: " + e.what());
-  }
-  if (mc.encoding != c.encoding)
-    throw std::runtime_error("checkpoint " + path + ": header says encoding '" + c.encoding +
-                             "' but the config says '" + mc.encoding + "'");
-  LanguageModel model{nullptr};
-  try {
-    model = LanguageModel(mc);  // registry lookup: unknown encoding -> error listing the names
-  } catch (const std::exception &e) {
-    throw std::runtime_error("checkpoint " + path + ": " + e.what());
-  }
-  load_state(model, c, path);
-  if (config) *config = c.config;
-  return model;
+TrainResult train(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg, std::ostream &out,
+                  const std::string &label) {
+  Trainer t(model, sampler, cfg);
+  return t.run(out, label);
 }
 
 }  // namespace ape

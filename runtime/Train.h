@@ -1,22 +1,43 @@
-// Train: the training loop and checkpoints.
+// Train: the training loop, its checkpoints and resuming from them.
 //
 // AdamW (weight decay on Linear/Embedding matrices only), linear warmup then cosine decay to
 // min_lr_frac·lr, gradient clipping, a step and/or time budget, a one-line progress display.
 //
-// Checkpoint file (host byte order):
-//   "APECKPT1" | u32 version | u32 n, encoding name | u64 n, config JSON | u64 n, payload
-//   (torch::serialize archive of every parameter and buffer, by name) | u64 FNV-1a of all before.
-// Written to a temporary file and renamed, so a crash mid-write leaves the previous file intact.
+// Checkpoints (Checkpoint.h) hold the model and, written by a Trainer, the whole training state:
+//   config "train"  the TrainConfig (the resumed run uses it, not the command line)
+//   config "state"  {"step": steps done, "elapsed_seconds": training time so far, "losses": one per
+//                    step, "complete": the budget is spent, "threads": intra-op threads,
+//                    "samplers": [{"rank": 0, "engine": the data sampler's mt19937_64 state,
+//                                  "windows": windows drawn}]}
+//                   "samplers" holds one entry per data-parallel rank, by rank (one today); a
+//                   distributed run adds its ranks' positions there.
+//   tensors         "train/adam/<param>/exp_avg", ".../exp_avg_sq" (AdamW's moments, f32, the
+//                    param's shape) and ".../step" (i64 scalar) per parameter with optimizer state;
+//                    "train/rng/cpu" (u8): LibTorch's CPU generator.
+// A run resumed from its last checkpoint (Trainer::restore) continues with the same optimizer
+// moments, step, learning-rate schedule position, data order and random state, so with a step
+// budget and the same thread count it ends bit-identical to the run that was never interrupted
+// (test/resume/kill_loop.sh kills one at random moments, mid-write too). With a time budget the
+// schedule follows the clock, which no two runs share; the time already trained is restored.
+//
+// Divergence (documented in --help): training stops with TrainingDiverged when the loss or the
+// gradient norm is NaN or inf (the message names the parameter, or the first layer output, where
+// it first appears), or when the mean loss of the last 10 steps exceeds divergence_factor (2) times
+// the loss of the first step: a model that does that has stopped learning and is getting worse
+// than its random start.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
 #include "runtime/Model.h"
 
@@ -34,11 +55,16 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.95;
   double grad_clip = 1.0;
   uint64_t seed = 1234;
+  int64_t checkpoint_every = 0;    // steps between checkpoints (0: none by steps)
+  double checkpoint_minutes = 10;  // minutes between checkpoints (0: none by time)
+  double divergence_factor = 2.0;  // stop when the recent mean loss exceeds this x the first (0: never)
+  int64_t threads = 0;             // intra-op threads the run uses (0: all); recorded for resuming
   bool progress = true;       // print the progress line
   bool progress_in_place = true;  // refresh it with '\r' (a terminal); otherwise a line now and then
 
-  void validate() const;  // throws std::invalid_argument
+  void validate() const;  // throws std::invalid_argument naming the option and its range
   nlohmann::json to_json() const;
+  static TrainConfig from_json(const nlohmann::json &j);  // validated; throws std::runtime_error
 };
 
 struct TrainResult {
@@ -51,7 +77,8 @@ struct TrainResult {
   nlohmann::json to_json() const;  // without the loss curve
 };
 
-// A non-finite loss or gradient: training stopped; nothing was written.
+// Training stopped: a non-finite loss or gradient, or the divergence rule above. The checkpoints
+// written before stay as they were.
 struct TrainingDiverged : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -59,46 +86,58 @@ struct TrainingDiverged : std::runtime_error {
 // The learning rate at `step` (0-based) given the fraction of the budget used, in [0, 1].
 double learning_rate(const TrainConfig &cfg, int64_t step, double progress);
 
-// Trains in place. `label` prefixes the progress line. Throws TrainingDiverged on NaN/inf.
-TrainResult train(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg,
-                  std::ostream &out, const std::string &label = "");
+// Where a non-finite value first appears for `windows`: "parameter 'block0.attn.wq.weight'", or the
+// first layer output in forward order ("block 1 attention", ...); "" when every value is finite.
+std::string locate_nonfinite(LanguageModel &model, const at::Tensor &windows);
 
-// ---- checkpoints ----------------------------------------------------------------------------------
-constexpr uint32_t kCheckpointVersion = 1;
-
-struct Checkpoint {
-  std::string encoding;
-  nlohmann::json config;  // {"model": ModelConfig, "train": TrainConfig, "result": ..., ...}
-  std::string payload;    // the serialized parameters
+// The state of a training run besides the model (see the header comment).
+struct TrainState {
+  int64_t step = 0;       // steps done
+  double elapsed = 0;     // seconds trained so far, over every resumed part
+  std::vector<double> losses;
+  bool complete = false;  // the budget is spent
 };
 
-// Writes atomically. `config` must hold "model" (ModelConfig::to_json); the encoding is the model's.
-void save_checkpoint(const std::string &path, LanguageModel &model, const nlohmann::json &config);
+class Trainer {
+ public:
+  Trainer(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg);
+  ~Trainer();
+  Trainer(const Trainer &) = delete;
+  Trainer &operator=(const Trainer &) = delete;
 
-// Reads and verifies the envelope (magic, version, sizes, checksum). Throws std::runtime_error
-// "checkpoint <path>: <what is wrong>" for a missing, foreign, truncated or corrupt file.
-Checkpoint read_checkpoint(const std::string &path);
+  // Continues the run `ckpt` was written by: model, optimizer moments, step, losses, time trained,
+  // sampler position and random state. Everything is checked first (the encoding, the config, the
+  // shapes of the optimizer state, the sampler) and a mismatch throws std::runtime_error naming
+  // it; the trainer is then unchanged.
+  void restore(const Checkpoint &ckpt);
 
-// Copies the checkpoint's tensors into `model` (same encoding, same shapes, every parameter present;
-// a buffer the checkpoint lacks, i.e. a fixed param added to the encoding since, keeps its init).
-void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string &path = "<checkpoint>");
+  // Trains until the budget is spent. With a `checkpoint_path`, writes a checkpoint there every
+  // cfg.checkpoint_every steps and every cfg.checkpoint_minutes minutes, and at the end (complete);
+  // `extra` is added to each checkpoint's config (e.g. "data"). Throws TrainingDiverged.
+  TrainResult run(std::ostream &out, const std::string &label = "", const std::string &checkpoint_path = "",
+                  const nlohmann::json &extra = nlohmann::json::object());
 
-// Reads a checkpoint and rebuilds its model through the kernel registry.
-LanguageModel load_model(const std::string &path, nlohmann::json *config = nullptr);
+  // Writes the model and the training state now (atomically).
+  void save(const std::string &path, const nlohmann::json &extra = nlohmann::json::object()) const;
 
-// Loads a checkpoint trained with one encoding into `model`, built from the same model config with
-// another kernel (e.g. a rope checkpoint evaluated with rope_yarn). Every trainable parameter must
-// match in name and shape (else an error naming the first mismatch); buffers the checkpoint holds
-// with the same name and shape are copied, the others keep the model's (new encoding's) initial
-// values; their names are returned. `source` is the checkpoint's kernel (default: the registry's).
-std::vector<std::string> load_state_across(LanguageModel &model, const Checkpoint &ckpt,
-                                           const std::string &path = "<checkpoint>",
-                                           const KernelEntry *source = nullptr);
+  const TrainState &state() const { return state_; }
+  TrainResult result() const;
 
-// Reads a checkpoint and builds its model with the kernel `encoding` (through the registry);
-// the same as load_model when `encoding` is the checkpoint's. `kept` gets the buffers that keep
-// the new encoding's initial values.
-LanguageModel load_model_as(const std::string &path, const std::string &encoding,
-                            nlohmann::json *config = nullptr, std::vector<std::string> *kept = nullptr);
+  // Asked after every step: when it returns true, run() writes the checkpoint (if it has a path)
+  // and returns early, the run not complete (ape-train: Ctrl-C / SIGTERM; tests: stop at a step).
+  std::function<bool(const TrainState &)> interrupt;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;  // the optimizer
+  LanguageModel &model_;
+  TrainSampler &sampler_;
+  TrainConfig cfg_;
+  TrainState state_;
+};
+
+// Trains in place from the start, no checkpoints (Trainer::run). `label` prefixes the progress line.
+TrainResult train(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg, std::ostream &out,
+                  const std::string &label = "");
 
 }  // namespace ape

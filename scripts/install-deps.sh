@@ -18,6 +18,7 @@ packages=(
   libopenblas0                                             # fast BLAS for the fp64 references
   libsentencepiece-dev libgtest-dev nlohmann-json3-dev libcli11-dev
   libboost-context-dev                                     # fibers of the SIMT emulator
+  clang libclang-rt-dev                                    # libFuzzer, ASan, UBSan (fuzz/run.sh)
   python3 python3-venv
 )
 missing=()

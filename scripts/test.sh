@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# README command 2: install what is missing, build, run every test (lit, GoogleTest and the
-# pytest framework suite of test/python/run.sh), print the counts. lit and GoogleTest also run
+# README command 2: install what is missing, build, run every test (lit, GoogleTest with the kill -9
+# resume loop, the pytest framework suite of test/python/run.sh, and 60 s of fuzzing apec:
+# fuzz/run.sh), print the counts. lit and GoogleTest also run
 # with plain `ctest` in the build folder.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,13 @@ echo "[ape] framework suite (apec --emit=torch-library,c-abi built and loaded: p
 test/python/run.sh "$build/framework-tests" "$build/tools/apec" -- -q -rs 2>&1 | tee "$log.pytest"
 pytest_status=${PIPESTATUS[0]}
 
+echo "[ape] fuzzing apec for 60 s (fuzz/run.sh: libFuzzer, ASan + UBSan, the seed corpus of examples and lit cases)"
+fuzz/run.sh 60 >"$log.fuzz" 2>&1
+fuzz_status=$?
+grep -E '^\[fuzz\]|^#[0-9]+ *DONE|ERROR|SUMMARY|^stat::(number_of_executed_units|peak_rss_mb)' "$log.fuzz"
+fuzz_runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log.fuzz" | grep -oE '[0-9]+$')
+if [ "$fuzz_status" -eq 0 ]; then fuzz_passed=1 fuzz_failed=0; else fuzz_passed=0 fuzz_failed=1; tail -40 "$log.fuzz"; fi
+
 # Counts: lit's summary lines and ctest's, folded into one closing line.
 lit_passed=$(grep -E '^\s*Passed\s*:' "$log.lit" | grep -oE '[0-9]+' | head -1)
 lit_failed=$(grep -E '^\s*Failed\s*:' "$log.lit" | grep -oE '[0-9]+' | head -1)
@@ -39,10 +47,10 @@ py_count() { echo "$py_summary" | grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || e
 py_passed=$(py_count passed); py_skipped=$(py_count skipped)
 py_failed=$(( $(py_count failed) + $(py_count 'errors?') ))
 if [ "$pytest_status" -ne 0 ] && [ "$py_failed" -eq 0 ]; then py_failed=1; fi  # build or setup failed
-echo "[ape] lit: ${lit_passed} passed, ${lit_failed} failed; GoogleTest: ${gt_passed} passed, ${gt_failed} failed, ${gt_skipped} skipped; pytest: ${py_passed} passed, ${py_failed} failed, ${py_skipped} skipped"
+echo "[ape] lit: ${lit_passed} passed, ${lit_failed} failed; GoogleTest: ${gt_passed} passed, ${gt_failed} failed, ${gt_skipped} skipped; pytest: ${py_passed} passed, ${py_failed} failed, ${py_skipped} skipped; fuzz: ${fuzz_runs:-0} inputs, $([ "$fuzz_status" -eq 0 ] && echo "no crash" || echo "FAILED (see $log.fuzz)")"
 echo "[ape] test command finished in $(( $(date +%s) - start )) s"
-echo "tests: $(( lit_passed + gt_passed + py_passed )) passed, $(( lit_failed + gt_failed + py_failed )) failed, $(( gt_skipped + py_skipped )) skipped"
+echo "tests: $(( lit_passed + gt_passed + py_passed + fuzz_passed )) passed, $(( lit_failed + gt_failed + py_failed + fuzz_failed )) failed, $(( gt_skipped + py_skipped )) skipped"
 if [ "$lit_status" -ne 0 ] || [ "$ctest_status" -ne 0 ] || [ "$pytest_status" -ne 0 ] ||
-   [ $(( lit_passed + gt_passed )) -eq 0 ]; then
+   [ "$fuzz_status" -ne 0 ] || [ $(( lit_passed + gt_passed )) -eq 0 ]; then
   exit 1
 fi

@@ -14,7 +14,9 @@
 #include "runtime/Attention.h"
 #include "runtime/Data.h"
 #include "runtime/Eval.h"
+#include "runtime/Checkpoint.h"
 #include "runtime/Model.h"
+#include "runtime/Options.h"
 #include "runtime/Registry.h"
 #include "runtime/Threads.h"
 #include "runtime/Train.h"
@@ -34,10 +36,10 @@ int main(int argc, char **argv) {
   int64_t threads = 0;
 
   app.add_option("-c,--checkpoint", checkpoints, "Checkpoint written by ape-train (repeatable)")->required();
-  app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of the training length")
+  app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of the training length, each in [1, 1024]")
       ->capture_default_str();
   app.add_option("--eval-tokens", ec.tokens,
-                 "Target tokens scored per length (the same tokens at every length)")
+                 "Target tokens scored per length (the same tokens at every length), in [1, 10^9]")
       ->capture_default_str();
   app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz")->capture_default_str();
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
@@ -53,11 +55,13 @@ int main(int argc, char **argv) {
                  "NAME=VALUE (repeatable): set the fixed param NAME in every layer before evaluating, e.g.\n"
                  "rope_factor=8 or position_scale=0.5 (no recompilation; an unknown name lists the settable ones)")
       ->type_name("NAME=VALUE");
-  app.add_option("--threads", threads, "CPU threads (default 0: all hardware threads)");
+  app.add_option("--threads", threads, "CPU threads, in [0, 1024] (default 0: all hardware threads)");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    ape::require_in("--threads", threads, 0, ape::kMaxThreads);
     ec.multiples = ape::parse_multiples(multiples);
+    ec.validate();
     std::vector<std::pair<std::string, double>> sets;
     for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
     if (!encoding.empty()) ape::find_kernel(encoding);  // unknown name: fail now, listing the names
@@ -77,6 +81,9 @@ int main(int argc, char **argv) {
       std::vector<std::string> kept;
       ape::LanguageModel model = ape::load_model_as(path, encoding, &config, &kept);
       const std::string trained = config.at("model").at("encoding").get<std::string>();
+      if (auto st = config.find("state"); st != config.end() && st->is_object() && !st->value("complete", true))
+        std::cout << "[eval] note: " << path << " is an unfinished run (step " << st->value("step", int64_t{0})
+                  << "); evaluating the model as it was then (ape-train --resume " << path << " continues it)\n";
       const std::string label = ape::eval_label(trained, model->config().encoding, sets);
       if (!kept.empty()) {
         // Fixed params the checkpoint does not hold: say which values the evaluation starts from.

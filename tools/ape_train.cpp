@@ -2,10 +2,13 @@
 // evaluate it at multiples of the training length.
 //
 //   ape-train --encoding rope --encoding cable --minutes 2
+//   ape-train --resume runs/rope.ckpt          # continue an interrupted run where it stopped
 //   ape-train --list
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -17,20 +20,90 @@
 
 #include "ape/kernel_entry.h"
 #include "runtime/Attention.h"
+#include "runtime/AtomicFile.h"
+#include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
 #include "runtime/Eval.h"
 #include "runtime/Model.h"
+#include "runtime/Options.h"
 #include "runtime/Registry.h"
 #include "runtime/Threads.h"
 #include "runtime/Train.h"
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Ctrl-C or SIGTERM: the running encoding writes its checkpoint and ape-train stops (status 130).
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_stop_signal(int) { g_stop = 1; }
+struct Interrupted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// One encoding's run: a fresh one, or the continuation of `resume`. Returns its evaluation rows;
+// throws ape::TrainingDiverged when training stops.
+std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelConfig &mc, const ape::TrainConfig &tc,
+                                    const ape::Corpus &corpus, const ape::EvalConfig &ec, const std::string &ckpt,
+                                    const ape::Checkpoint *resume, const std::string &budget) {
+  torch::manual_seed(tc.seed);
+  ape::ModelConfig cfg = mc;
+  cfg.encoding = name;
+  ape::LanguageModel model(cfg);
+  ape::TrainSampler sampler(corpus.train(), tc.seed);
+  ape::Trainer trainer(model, sampler, tc);
+  std::cout << "\n[" << name << "] " << model->num_parameters() << " parameters; d " << cfg.d_model << ", "
+            << cfg.layers << " layers, " << cfg.heads << " heads, L " << tc.seq_len << ", batch " << tc.batch
+            << ", budget " << budget << "\n";
+  if (resume) {
+    trainer.restore(*resume);
+    std::cout << "[" << name << "] resumed from " << resume->path << " at step " << trainer.state().step << " ("
+              << std::lround(trainer.state().elapsed) << " s trained)\n";
+  }
+  const nlohmann::json extra = {
+      {"data", {{"vocab", corpus.vocab()}, {"tokenizer", corpus.tokenizer_path()}, {"tokenizer_fnv", corpus.tokenizer_hash()}}},
+      {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}}};  // a resumed run evaluates the same way
+  trainer.interrupt = [](const ape::TrainState &) { return g_stop != 0; };
+  ape::TrainResult res = trainer.run(std::cout, name, ckpt, extra);
+  if (!trainer.state().complete)
+    throw Interrupted("[" + name + "] interrupted at step " + std::to_string(trainer.state().step) +
+                      "; checkpoint -> " + ckpt + "; continue with: ape-train --resume " + ckpt);
+  char summary[256];
+  std::snprintf(summary, sizeof summary,
+                "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last %lld steps)\n",
+                name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss, res.final_loss,
+                (long long)std::min<int64_t>(20, res.steps));
+  std::cout << summary << "[" << name << "] checkpoint -> " << ckpt << "\n";
+  return ape::evaluate(model, corpus.test(), tc.seq_len, ec, &std::cout);
+}
+
+// A note when the output checkpoint is an unfinished run that this command starts over.
+void note_unfinished(const std::string &ckpt) {
+  std::error_code ec;
+  if (!fs::is_regular_file(ckpt, ec)) return;
+  try {
+    const ape::Checkpoint c = ape::read_checkpoint(ckpt);
+    const auto st = c.config.find("state");
+    if (st != c.config.end() && st->is_object() && !st->value("complete", true))
+      std::cout << "[note] " << ckpt << " holds an unfinished run (step " << st->value("step", int64_t{0})
+                << "); starting over. To continue it instead: ape-train --resume " << ckpt << "\n";
+  } catch (const std::exception &) {
+  }
+}
+
+}  // namespace
+
 int main(int argc, char **argv) {
   ape::prefer_passive_openmp(argv);
   CLI::App app{"ape-train: train a small decoder language model with each named encoding on the shipped\n"
                "pg30 books (same seed, same data order), save a checkpoint per encoding, and report loss /\n"
-               "perplexity on the held-out test books at multiples of the training length."};
+               "perplexity on the held-out test books at multiples of the training length.\n\n"
+               "Checkpoints (OUT/NAME.ckpt) are written every --checkpoint-minutes / --checkpoint-every and at\n"
+               "the end, with the whole training state: `ape-train --resume OUT/NAME.ckpt` continues a run that\n"
+               "was stopped or killed, and with a step budget ends bit-identical to one never interrupted.\n"
+               "Training stops on a NaN/inf loss or gradient (naming where it first appeared) and when the mean\n"
+               "loss of the last 10 steps exceeds --divergence-factor x the first step's loss; the other\n"
+               "encodings of the run still train, and ape-train then exits with status 1."};
   std::vector<std::string> encodings;
   int64_t steps = 0;
   double minutes = 0;
@@ -41,33 +114,57 @@ int main(int argc, char **argv) {
   std::string out_dir = "runs";
   std::string data_dir = ape::default_data_dir();
   std::string cache_dir = ape::default_cache_dir();
+  std::string resume;
   int64_t threads = 0;
   bool list = false;
 
-  app.add_option("-e,--encoding", encodings, "Encoding to train (repeatable, or comma-separated); see --list")
-      ->delimiter(',');
-  auto *steps_opt = app.add_option("--steps", steps, "Training steps per encoding");
+  auto *enc_opt = app.add_option("-e,--encoding", encodings, "Encoding to train (repeatable, or comma-separated); see --list")
+                      ->delimiter(',');
+  auto *steps_opt = app.add_option("--steps", steps, "Training steps per encoding, in [0, 10^9]");
   auto *minutes_opt = app.add_option("--minutes", minutes,
-                                     "Training time per encoding in minutes (default 2 when --steps is not given; "
-                                     "with both, whichever ends first)");
-  app.add_option("--seq-len", tc.seq_len, "Training length L (tokens per training window)")->capture_default_str();
-  app.add_option("--batch", tc.batch, "Windows per step")->capture_default_str();
-  app.add_option("--d-model", mc.d_model, "Model width d")->capture_default_str();
-  app.add_option("--layers", mc.layers, "Number of blocks")->capture_default_str();
-  app.add_option("--heads", mc.heads, "Attention heads (d-model must be divisible by it)")->capture_default_str();
-  app.add_option("--vocab", mc.vocab, "SentencePiece BPE vocabulary size")->capture_default_str();
-  app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay)")->capture_default_str();
-  app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps (at most steps/5 with --steps)")->capture_default_str();
-  app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of --seq-len")->capture_default_str();
-  app.add_option("--eval-tokens", ec.tokens,
-                 "Target tokens scored per length (the same tokens at every length)")
-      ->capture_default_str();
-  app.add_option("--out", out_dir, "Output folder: <encoding>.ckpt per encoding and results.csv")->capture_default_str();
+                                     "Training time per encoding in minutes, in [0, 10^6] (default 2 when --steps is not\n"
+                                     "given; with both, whichever ends first)");
+  std::vector<CLI::Option *> run_options = {enc_opt, steps_opt, minutes_opt};
+  auto run_option = [&](CLI::Option *o) {
+    run_options.push_back(o);
+    return o;
+  };
+  run_option(app.add_option("--seq-len", tc.seq_len, "Training length L (tokens per window), in [1, 2^24]")->capture_default_str());
+  run_option(app.add_option("--batch", tc.batch, "Windows per step, in [1, 65536]")->capture_default_str());
+  run_option(app.add_option("--d-model", mc.d_model, "Model width d, in [1, 65536]")->capture_default_str());
+  run_option(app.add_option("--layers", mc.layers, "Number of blocks, in [1, 1024]")->capture_default_str());
+  run_option(app.add_option("--heads", mc.heads, "Attention heads, in [1, d-model], dividing d-model")->capture_default_str());
+  run_option(app.add_option("--vocab", mc.vocab, "SentencePiece BPE vocabulary size, in [300, 65535]")->capture_default_str());
+  run_option(app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay), in (0, 10]")->capture_default_str());
+  run_option(app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps, in [0, 10^9] (at most steps/5 with --steps)")->capture_default_str());
+  run_option(app.add_option("--seed", tc.seed, "Random seed (model init and data order)")->capture_default_str());
+  run_option(app.add_option("--checkpoint-every", tc.checkpoint_every,
+                            "Also write the checkpoint every N steps, in [0, 10^9] (0: only by time and at the end)")
+                 ->capture_default_str());
+  run_option(app.add_option("--checkpoint-minutes", tc.checkpoint_minutes,
+                            "Write the checkpoint every M minutes of training, in [0, 10^6] (0: never by time)")
+                 ->capture_default_str());
+  run_option(app.add_option("--divergence-factor", tc.divergence_factor,
+                            "Stop when the mean loss of the last 10 steps exceeds F x the first step's loss\n"
+                            "(F in (1, 10^6]; 0: never)")
+                 ->capture_default_str());
+  auto *out_opt = run_option(app.add_option("--out", out_dir, "Output folder: <encoding>.ckpt per encoding and results.csv")
+                                 ->capture_default_str());
+  app.add_option("--resume", resume,
+                 "Continue the run that wrote CKPT (its encoding, model, training settings and state); the\n"
+                 "checkpoint is updated in place and results.csv written beside it")
+      ->type_name("CKPT");
+  auto *multiples_opt =
+      app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of --seq-len, each in [1, 1024]")
+          ->capture_default_str();
+  auto *tokens_opt =
+      app.add_option("--eval-tokens", ec.tokens, "Target tokens scored per length (the same at every length), in [1, 10^9]")
+          ->capture_default_str();
   app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz")->capture_default_str();
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
       ->capture_default_str();
-  app.add_option("--seed", tc.seed, "Random seed (model init and data order)")->capture_default_str();
-  app.add_option("--threads", threads, "CPU threads (default 0: all hardware threads)");
+  auto *threads_opt = app.add_option("--threads", threads,
+                                     "CPU threads, in [0, 1024] (default 0: all hardware threads; with --resume: the run's)");
   app.add_flag("--list", list, "List the available encodings and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -81,28 +178,77 @@ int main(int argc, char **argv) {
       }
       return 0;
     }
-    if (encodings.empty()) throw std::invalid_argument("no encoding given: pass --encoding NAME (see --list)");
+    ape::require_in("--threads", threads, 0, ape::kMaxThreads);
+    ec.multiples = ape::parse_multiples(multiples);
+    ec.validate();
+
+    std::unique_ptr<ape::Checkpoint> resumed;
+    std::string resume_ckpt;
+    if (!resume.empty()) {
+      // The run's own settings, from the checkpoint: the command line may not change them.
+      for (CLI::Option *o : run_options)
+        if (*o)
+          throw std::invalid_argument("--resume continues the checkpoint's run with its own settings; " +
+                                      o->get_name() + " cannot be given with it");
+      resumed = std::make_unique<ape::Checkpoint>(ape::read_checkpoint(resume));
+      mc = ape::checked_model_config(*resumed);
+      try {
+        tc = ape::TrainConfig::from_json(resumed->config.at("train"));
+      } catch (const std::exception &e) {
+        throw std::runtime_error("checkpoint " + resume + ": bad training config: " + e.what());
+      }
+      encodings = {resumed->encoding};
+      // The run's evaluation settings, unless given again.
+      if (auto e = resumed->config.find("eval"); e != resumed->config.end() && e->is_object()) {
+        try {
+          if (!*multiples_opt) ec.multiples = e->at("multiples").get<std::vector<int64_t>>();
+          if (!*tokens_opt) ec.tokens = e->at("tokens").get<int64_t>();
+        } catch (const std::exception &ex) {
+          throw std::runtime_error("checkpoint " + resume + ": bad evaluation settings: " + ex.what());
+        }
+        ec.validate();
+      }
+      const fs::path p(resume);
+      out_dir = p.has_parent_path() ? p.parent_path().string() : ".";
+      resume_ckpt = resume;
+      if (!*threads_opt) threads = tc.threads;  // any count gives the same bits (Train.h); the run's by default
+    } else {
+      if (encodings.empty()) throw std::invalid_argument("no encoding given: pass --encoding NAME (see --list)");
+      tc.steps = steps;
+      tc.minutes = minutes;
+      if (!*steps_opt && !*minutes_opt) tc.minutes = 2.0;
+      if (*steps_opt && !*minutes_opt) tc.minutes = 0.0;
+      tc.threads = threads;
+    }
+    (void)out_opt;
     std::set<std::string> seen;
     for (const auto &e : encodings) {
       if (!seen.insert(e).second) throw std::invalid_argument("encoding '" + e + "' is given twice");
       ape::find_kernel(e);  // unknown name: fail now, before any work, with the list of names
     }
-    tc.steps = steps;
-    tc.minutes = minutes;
-    if (!*steps_opt && !*minutes_opt) tc.minutes = 2.0;
-    if (*steps_opt && !*minutes_opt) tc.minutes = 0.0;
     tc.progress_in_place = ::isatty(STDOUT_FILENO);
     tc.validate();
-    for (const auto &e : encodings) {  // a learned absolute table must hold the training length
+    mc.validate();
+    if (mc.vocab < 300 || mc.vocab > 65535)
+      throw std::invalid_argument("--vocab must be a whole number in [300, 65535]; got " + std::to_string(mc.vocab));
+    for (const auto &e : encodings) {  // fail now on what would fail after hours of training
+      ape::ModelConfig probe = mc;
+      probe.encoding = e;
       const auto &m = ape::manifest_of(ape::find_kernel(e));
       if (m.embedding && m.embedding->kind == ape::EmbeddingSpec::Kind::Learned && tc.seq_len > m.embedding->max_length)
         throw std::invalid_argument("encoding '" + e + "': learned absolute positions: sequence length " +
                                     std::to_string(tc.seq_len) + " exceeds the table's max_length " +
                                     std::to_string(m.embedding->max_length) + " (lower --seq-len)");
+      if (m.rotation)
+        if (std::string why = ape_rules::checkRotation(m.rotation->fraction, probe.head_dim()); !why.empty())
+          throw std::invalid_argument("encoding '" + e + "' rotates q/k pairs: " + why +
+                                      "; choose --d-model / --heads so that head_dim = d_model / heads fits");
+      ape::check_writable(out_dir, e + ".ckpt");
     }
-    mc.validate();
-    ec.multiples = ape::parse_multiples(multiples);
+    ape::check_writable(out_dir, "results.csv");
     ape::set_threads(threads);
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
 
     ape::DataOptions dopt;
     dopt.data_dir = data_dir;
@@ -113,6 +259,14 @@ int main(int argc, char **argv) {
     std::cout << "[data] train " << corpus.train().size() << " tokens in " << corpus.train().num_docs()
               << " books; test " << corpus.test().size() << " tokens in " << corpus.test().num_docs()
               << " books\n";
+    if (resumed) {
+      const auto &d = resumed->config.value("data", nlohmann::json::object());
+      const std::string tok = d.is_object() ? d.value("tokenizer_fnv", std::string()) : std::string();
+      if (!tok.empty() && tok != corpus.tokenizer_hash())
+        throw std::runtime_error("checkpoint " + resume + " was trained with a different tokenizer (" + tok + ") than " +
+                                 corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
+                                 "); pass the --data and --cache-dir used for training");
+    }
 
     std::string budget;
     if (tc.steps > 0) budget = std::to_string(tc.steps) + " steps";
@@ -121,37 +275,31 @@ int main(int argc, char **argv) {
       std::snprintf(b, sizeof b, "%s%g min", budget.empty() ? "" : " or ", tc.minutes);
       budget += b;
     }
-    fs::create_directories(out_dir);
     std::vector<ape::EvalRow> all_rows;
+    std::vector<std::string> diverged;
     const std::string csv = (fs::path(out_dir) / "results.csv").string();
     for (const auto &name : encodings) {
-      torch::manual_seed(tc.seed);
-      ape::ModelConfig cfg = mc;
-      cfg.encoding = name;
-      ape::LanguageModel model(cfg);
-      std::cout << "\n[" << name << "] " << model->num_parameters() << " parameters; d " << cfg.d_model
-                << ", " << cfg.layers << " layers, " << cfg.heads << " heads, L " << tc.seq_len << ", batch "
-                << tc.batch << ", budget " << budget << "\n";
-      ape::TrainSampler sampler(corpus.train(), tc.seed);
-      ape::TrainResult res = ape::train(model, sampler, tc, std::cout, name);
-      char summary[256];
-      std::snprintf(summary, sizeof summary,
-                    "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last %lld steps)\n",
-                    name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss,
-                    res.final_loss, (long long)std::min<int64_t>(20, res.steps));
-      std::cout << summary;
-
-      nlohmann::json config;
-      config["train"] = tc.to_json();
-      config["result"] = res.to_json();
-      config["data"] = {{"vocab", corpus.vocab()},
-                        {"tokenizer", corpus.tokenizer_path()},
-                        {"tokenizer_fnv", corpus.tokenizer_hash()}};
-      const std::string ckpt = (fs::path(out_dir) / (name + ".ckpt")).string();
-      ape::save_checkpoint(ckpt, model, config);
-      std::cout << "[" << name << "] checkpoint -> " << ckpt << "\n";
-
-      auto rows = ape::evaluate(model, corpus.test(), tc.seq_len, ec, &std::cout);
+      const std::string ckpt = resumed ? resume_ckpt : (fs::path(out_dir) / (name + ".ckpt")).string();
+      if (!resumed) note_unfinished(ckpt);
+      std::vector<ape::EvalRow> rows;
+      try {
+        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget);
+      } catch (const ape::TrainingDiverged &e) {
+        // Reported; the other encodings still train.
+        std::cout << std::flush;
+        std::cerr << "ape-train: error: " << e.what() << "\n";
+        diverged.push_back(name);
+        for (int64_t m : ec.multiples) {
+          ape::EvalRow r;
+          r.encoding = name;
+          r.train_len = tc.seq_len;
+          r.eval_len = tc.seq_len * m;
+          r.multiple = m;
+          r.loss = r.ppl = NAN;
+          r.note = "training stopped: diverged (see the error above)";
+          rows.push_back(r);
+        }
+      }
       all_rows.insert(all_rows.end(), rows.begin(), rows.end());
       ape::write_csv(csv, all_rows);  // after every encoding, so partial results survive
     }
@@ -160,7 +308,18 @@ int main(int argc, char **argv) {
                      "Held-out test books (" + std::to_string(corpus.test().num_docs()) +
                          "), cells: mean token loss / perplexity; trained at L = " + std::to_string(tc.seq_len));
     std::cout << "\nresults -> " << csv << "\n";
+    if (!diverged.empty()) {
+      std::string names;
+      for (const auto &n : diverged) names += (names.empty() ? "" : ", ") + n;
+      std::cerr << "ape-train: error: " << diverged.size() << " of " << encodings.size()
+                << " encodings stopped training (diverged): " << names << "\n";
+      return 1;
+    }
     return 0;
+  } catch (const Interrupted &e) {
+    std::cout << std::flush;
+    std::cerr << e.what() << "\n";
+    return 130;
   } catch (const std::exception &e) {
     std::cout << std::flush;
     std::cerr << "ape-train: error: " << e.what() << "\n";

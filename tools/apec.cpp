@@ -26,12 +26,14 @@
 #include "codegen/Emitters.h"
 #include "dialect/ApeDialect.h"
 #include "passes/Passes.h"
+#include "tools/SpecDriver.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
+#include "mlir/Support/Timing.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
@@ -172,6 +174,7 @@ int main(int argc, char **argv) {
   registerMLIRContextCLOptions();
   ape::registerApePasses();  // first, so --mlir-print-ir-after=ape-fuse and friends resolve
   registerPassManagerCLOptions();
+  registerDefaultTimingManagerCLOptions();  // --mlir-timing: time per pass
   // --help shows apec's options and MLIR's (--mlir-print-ir-after-all, ...), not the
   // hundreds of LLVM backend flags that libLLVM registers.
   for (auto &[name, option] : cl::getRegisteredOptions()) {
@@ -205,7 +208,7 @@ int main(int argc, char **argv) {
       wanted.insert(e);
 
   DialectRegistry registry;
-  registry.insert<ape::ApeDialect, arith::ArithDialect, math::MathDialect>();
+  ape::registerSpecDialects(registry);
   MLIRContext context(registry);
   context.loadAllAvailableDialects();
   context.printOpOnDiagnostic(false);  // the location says where; no op dump
@@ -219,13 +222,9 @@ int main(int argc, char **argv) {
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
   SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
-  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &context);
+  OwningOpRef<ModuleOp> module = ape::parseSpec(sourceMgr, &context);  // nesting, parse, verify
   if (!module)
     return 1;
-  if (module->getOps<ape::EncodingOp>().empty()) {
-    llvm::errs() << inputFile << ": error: no ape.encoding in this file\n";
-    return 1;
-  }
   if (!expectName.empty()) {
     auto encodings = module->getOps<ape::EncodingOp>();
     if (std::distance(encodings.begin(), encodings.end()) != 1 ||
@@ -239,8 +238,8 @@ int main(int argc, char **argv) {
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
     return 1;
-  ape::buildApeLoweringPipeline(pm);
-  if (failed(pm.run(*module)))
+  applyDefaultTimingPassManagerCLOptions(pm);
+  if (failed(ape::lowerSpec(*module, pm)))
     return 1;
 
   if (std::error_code ec = llvm::sys::fs::create_directories(outDir)) {

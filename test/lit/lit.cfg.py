@@ -1,5 +1,6 @@
 # lit configuration of the APE compiler tests (dialect, passes, codegen, tools).
 import os
+import sys
 
 import lit.formats
 
@@ -15,5 +16,6 @@ config.environment["PATH"] = os.pathsep.join(
 config.environment["FILECHECK_OPTS"] = "--enable-var-scope"
 
 config.substitutions.append(("%ape_src", config.ape_src_root))
+config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(("%ape_templates", os.path.join(config.ape_src_root, "kernels", "include")))
 config.substitutions.append(("%cxx", config.cxx_compiler))

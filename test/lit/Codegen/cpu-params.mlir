@@ -36,6 +36,11 @@
 // MANIFEST-NEXT: "value": 1
 // MANIFEST: "name": "position_scale",
 // MANIFEST-NEXT: "per_layer": true,
+// MANIFEST-NEXT: "range": {
+// MANIFEST-NEXT: "integer": false,
+// MANIFEST-NEXT: "max": 3.4028234663852886e+38,
+// MANIFEST-NEXT: "min": -3.4028234663852886e+38
+// MANIFEST-NEXT: },
 // MANIFEST-NEXT: "shape": [
 // MANIFEST-NEXT: 1
 // MANIFEST: "trainable": false

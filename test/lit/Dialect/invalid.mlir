@@ -52,7 +52,7 @@ ape.encoding @e attributes {scale = 0.125 : f64} {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.override' op l (the number of overwritten inputs) must be at least 1, got 0}}
+  // expected-error @+1 {{'ape.override' op l (the number of overwritten inputs) must be in [1, 65536], got 0}}
   ape.override {l = 0}
 }
 
@@ -286,7 +286,7 @@ ape.encoding @"my-encoding" {
 
 // An odd number of rotated coordinates: fraction·head_dim must pair up.
 ape.encoding @e attributes {head_dim = 6 : i64} {
-  // expected-error @+1 {{'ape.rotary' op fraction 0.5 of head_dim 6 gives 3 rotated coordinates; the count must be an even integer (pairs)}}
+  // expected-error @+1 {{'ape.rotary' op fraction 0.5 of head_dim 6 gives 3 rotated coordinates; the count must be an even whole number (pairs)}}
   ape.rotary {fraction = 0.5 : f64}
 }
 
@@ -328,7 +328,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.rotary' op factor must be a positive finite number, got -2}}
+  // expected-error @+1 {{'ape.rotary' op factor must be a positive number in [1.17549435e-38, 3.40282347e+38]; got -2}}
   ape.rotary {scaling = "ntk", factor = -2.0 : f64}
 }
 
@@ -454,7 +454,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.t5_bias' op buckets must be even and at least 2, got 31}}
+  // expected-error @+1 {{'ape.t5_bias' op buckets must be even and in [2, 65536], got 31}}
   ape.t5_bias {buckets = 31}
 }
 

@@ -122,19 +122,25 @@ ape.encoding @xpos_sin {
 }
 
 // CHECK-LABEL: ape.kernel @lowered
+// CHECK-NEXT: ape.param "sigma" ["1"] init = "constant" {value = 1.000000e+00 : f64}
 // CHECK-NEXT: ape.masked_projection {kind = "exqpe", l = 4 : i64, position_scale = "sigma", targets = "qkv"}
 // CHECK-NEXT: ape.position_embedding table {
 // CHECK-NEXT: ^bb0(%{{.*}}: index, %{{.*}}: index, %{{.*}}: index):
 // CHECK-NEXT: %[[C:.*]] = ape.constant 1.000000e-01
 // CHECK-NEXT: ape.yield %[[C]] : f32
-// CHECK: ape.position_embedding {learned, max_length = 8 : i64, std = 1.000000e-01 : f64}
 ape.kernel @lowered {
+  %sigma = ape.param "sigma" ["1"] init = "constant" {value = 1.0 : f64}
   ape.masked_projection {kind = "exqpe", l = 4 : i64, position_scale = "sigma", targets = "qkv"}
   ape.position_embedding table {
   ^bb0(%n: index, %c: index, %d: index):
     %v = ape.constant 0.1
     ape.yield %v : f32
   }
+}
+
+// CHECK-LABEL: ape.kernel @learned_table
+// CHECK-NEXT: ape.position_embedding {learned, max_length = 8 : i64, std = 1.000000e-01 : f64}
+ape.kernel @learned_table {
   ape.position_embedding {learned, max_length = 8 : i64, std = 0.1 : f64}
 }
 

@@ -1,0 +1,130 @@
+// Durable atomic replacement of a file (write, fsync, rename, fsync the folder).
+#include "runtime/AtomicFile.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+
+namespace ape {
+namespace {
+
+std::string why() { return std::strerror(errno); }
+
+std::string folder_of(const std::string &path) {
+  const fs::path p(path);
+  return p.has_parent_path() ? p.parent_path().string() : std::string(".");
+}
+
+// fsync of a folder, so that a rename or a new entry in it survives a crash.
+void sync_folder(const std::string &dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open folder " + dir + " to sync it: " + why());
+  const int rc = ::fsync(fd), err = errno;
+  ::close(fd);
+  // Some file systems cannot sync a folder (EINVAL); the data itself was synced.
+  if (rc != 0 && err != EINVAL)
+    throw std::runtime_error("cannot sync folder " + dir + ": " + std::strerror(err));
+}
+
+void write_all(int fd, const char *data, size_t n, const std::string &tmp) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("writing " + tmp + " failed: " + why());
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+int remove_stale_temporaries(const std::string &path) {
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp.";
+  std::error_code ec;
+  int removed = 0;
+  for (const auto &entry : fs::directory_iterator(folder_of(path), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    // The writer is gone (or it is us: an earlier write of ours that failed).
+    if (pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH)) {
+      std::error_code rm;
+      if (fs::remove(entry.path(), rm)) ++removed;
+    }
+  }
+  return removed;
+}
+
+void write_file_atomically(const std::string &path, std::string_view bytes, const char *kill_hook) {
+  const std::string dir = folder_of(path);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create folder " + dir + ": " + ec.message());
+  if (fs::is_directory(path, ec))
+    throw std::runtime_error("cannot replace " + path + ": it is a folder, not a file");
+  remove_stale_temporaries(path);
+
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot write " + tmp + ": " + why());
+  try {
+    size_t first = bytes.size();
+    if (kill_hook) {  // the crash-mid-write test hook (AtomicFile.h)
+      static std::atomic<long> writes{0};
+      const char *n = std::getenv(kill_hook);
+      if (n && std::atol(n) == ++writes) first = bytes.size() / 2;
+    }
+    write_all(fd, bytes.data(), first, tmp);
+    if (first != bytes.size()) ::kill(::getpid(), SIGKILL);
+    if (::fsync(fd) != 0) throw std::runtime_error("cannot sync " + tmp + ": " + why() + " (disk full?)");
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    const std::string reason = why();
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("writing " + tmp + " failed: " + reason + " (disk full?); " + path + " is untouched");
+  }
+  sync_folder(dir);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string reason = why();  // before unlink can overwrite errno
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot replace " + path + " with " + tmp + ": " + reason);
+  }
+  sync_folder(dir);
+}
+
+void check_writable(const std::string &dir, const std::string &file) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw std::runtime_error("output folder " + dir + " cannot be created: " +
+                             (ec ? ec.message() : std::string("a file of that name exists")));
+  const std::string path = (fs::path(dir) / file).string();
+  if (fs::is_directory(path, ec))
+    throw std::runtime_error("output " + path + " is a folder; it must be a file (remove or rename the folder)");
+  const std::string probe = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot write in the output folder " + dir + ": " + why());
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace ape

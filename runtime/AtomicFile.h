@@ -1,0 +1,35 @@
+// AtomicFile: writing a file so that a crash at any moment leaves the old file or the new one.
+//
+//   PATH.tmp.<pid>  ──write(2), fsync──▶  fsync(folder)  ──rename──▶  PATH  ──fsync(folder)
+//
+// The data is on disk before the name points at it (fsync of the file before the rename), the
+// temporary's directory entry exists before the rename (fsync of the folder), and the rename
+// itself is durable when the call returns (fsync of the folder after). A process killed before
+// the rename leaves PATH untouched and a stale PATH.tmp.<pid>; the next write to PATH removes the
+// temporaries whose writer is gone.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace ape {
+
+// Replaces `path` with `bytes` as above. Throws std::runtime_error naming the path and the
+// system's reason (e.g. "cannot replace runs/rope.ckpt: Is a directory"); `path` is then untouched.
+//
+// Test hook: when the environment variable named `kill_hook` (if non-null) holds N, the N-th such
+// write of this process writes half of its temporary file and then kills the process with
+// SIGKILL — a crash mid-write, on demand (test/resume/kill_loop.sh).
+void write_file_atomically(const std::string &path, std::string_view bytes,
+                           const char *kill_hook = nullptr);
+
+// Removes PATH.tmp.<pid> files left by writers that died (no process <pid>, or this process);
+// returns how many were removed.
+int remove_stale_temporaries(const std::string &path);
+
+// Throws std::runtime_error unless a file can be written in `dir` (created if missing) under the
+// name `file`: catches an output folder that is not writable, or a checkpoint path that is a
+// folder, before hours of training.
+void check_writable(const std::string &dir, const std::string &file);
+
+}  // namespace ape

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Compares two APE checkpoints (runtime/Checkpoint.h, format version 2) bit for bit.
+
+    compare_checkpoints.py A.ckpt B.ckpt
+
+Reads the format independently of the runtime. Equal means: the same encoding, the same config
+except the wall-clock fields (state.elapsed_seconds, result.seconds, result.tokens_per_second,
+state.threads is compared), and every tensor (model, AdamW moments and steps, random state) with the
+same name, dtype, shape and bytes. Exit status 0 when equal; otherwise 1 with the differences.
+"""
+import json
+import struct
+import sys
+
+MAGIC = b"APECKPT1"
+DTYPES = {0: ("f32", 4), 1: ("f64", 8), 2: ("i64", 8), 3: ("u8", 1)}
+CLOCK_FIELDS = {("state", "elapsed_seconds"), ("result", "seconds"), ("result", "tokens_per_second")}
+
+
+def fnv1a(data):
+    h = 1469598103934665603
+    for b in data:
+        h ^= b
+        h = (h * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def read(path):
+    data = open(path, "rb").read()
+    if data[:8] != MAGIC:
+        raise ValueError(f"{path}: not an APE checkpoint")
+    pos = 8
+
+    def take(fmt):
+        nonlocal pos
+        vals = struct.unpack_from("<" + fmt, data, pos)
+        pos += struct.calcsize("<" + fmt)
+        return vals
+
+    (version,) = take("I")
+    if version != 2:
+        raise ValueError(f"{path}: format version {version}, expected 2")
+    (n,) = take("I")
+    encoding = data[pos:pos + n].decode()
+    pos += n
+    (n,) = take("Q")
+    config = json.loads(data[pos:pos + n])
+    pos += n
+    (count,) = take("Q")
+    tensors = {}
+    for _ in range(count):
+        (n,) = take("I")
+        name = data[pos:pos + n].decode()
+        pos += n
+        code, ndim = take("BB")
+        shape = take("q" * ndim)
+        dtype, size = DTYPES[code]
+        numel = 1
+        for s in shape:
+            numel *= s
+        tensors[name] = (dtype, shape, data[pos:pos + numel * size])
+        pos += numel * size
+    (checksum,) = take("Q")
+    if pos != len(data):
+        raise ValueError(f"{path}: {len(data) - pos} trailing bytes")
+    if checksum != fnv1a(data[:pos - 8]):
+        raise ValueError(f"{path}: checksum mismatch")
+    for section, key in CLOCK_FIELDS:
+        config.get(section, {}).pop(key, None)
+    return encoding, config, tensors
+
+
+def main():
+    a, b = read(sys.argv[1]), read(sys.argv[2])
+    problems = []
+    if a[0] != b[0]:
+        problems.append(f"encoding {a[0]} != {b[0]}")
+    for key in sorted(set(a[1]) | set(b[1])):
+        if a[1].get(key) != b[1].get(key):
+            problems.append(f"config[{key!r}] differs:\n  {a[1].get(key)}\n  {b[1].get(key)}")
+    for name in sorted(set(a[2]) | set(b[2])):
+        if name not in a[2] or name not in b[2]:
+            problems.append(f"tensor {name} is in one file only")
+        elif a[2][name] != b[2][name]:
+            problems.append(f"tensor {name} differs ({a[2][name][0]} {a[2][name][1]})")
+    if problems:
+        print("\n".join(problems))
+        return 1
+    print(f"identical: {a[0]}, {len(a[2])} tensors, step {a[1].get('state', {}).get('step')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

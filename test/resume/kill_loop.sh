@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# SIGKILL-and-resume is bit-exact (runtime/Train.h): a small training run is killed with SIGKILL at
+# random moments, and once on purpose in the middle of a checkpoint write, each time resumed from its
+# last checkpoint with `ape-train --resume`; its final checkpoint must equal, bit for bit, the one of
+# the same run never interrupted (model, AdamW moments and steps, random state, losses, data
+# position), and no stale temporary may remain.
+#
+#   kill_loop.sh APE_TRAIN CACHE_DIR WORK_DIR [KILLS]
+# The kill times come from $RANDOM seeded by APE_KILL_SEED (default 16): reproducible.
+set -uo pipefail
+train=$1 cache=$2 work=$3 kills=${4:-8}
+here=$(cd "$(dirname "$0")" && pwd)
+args=(--encoding t5 --steps 80 --d-model 32 --layers 1 --heads 2 --seq-len 32 --batch 4
+      --checkpoint-every 1 --eval-multiples 1 --eval-tokens 256 --cache-dir "$cache" --threads 2)
+rm -rf "$work"
+mkdir -p "$work"
+fail() { echo "kill_loop: FAIL: $*"; exit 1; }
+
+# 1. The reference: the same run, never interrupted (it also warms the corpus cache).
+"$train" "${args[@]}" --out "$work/ref" >"$work/ref.log" 2>&1 || { cat "$work/ref.log"; fail "reference run"; }
+ckpt="$work/run/t5.ckpt"
+
+# 2. The run, killed and resumed until it finishes.
+RANDOM=${APE_KILL_SEED:-16}
+mid_write_round=$(( kills / 2 ))
+killed=0 round=0
+while :; do
+  round=$(( round + 1 ))
+  [ "$round" -le $(( kills + 5 )) ] || fail "the run did not finish after $round rounds"
+  if [ -f "$ckpt" ]; then
+    cmd=("$train" --resume "$ckpt" --cache-dir "$cache")
+  else
+    cmd=("$train" "${args[@]}" --out "$work/run")
+  fi
+  if [ "$round" -eq "$mid_write_round" ]; then
+    # The process kills itself half-way through writing its 3rd checkpoint of this round.
+    ( APE_TEST_KILL_DURING_CHECKPOINT=3 "${cmd[@]}" >"$work/round$round.log" 2>&1; exit $? ) 2>/dev/null
+    rc=$?
+    [ "$rc" -eq 137 ] || fail "round $round: expected a kill during a checkpoint write, got status $rc"
+    ls "$ckpt".tmp.* >/dev/null 2>&1 || fail "round $round: no half-written temporary was left"
+    echo "round $round: killed during a checkpoint write (a half-written temporary is left)"
+    killed=$(( killed + 1 ))
+    continue
+  fi
+  if [ "$killed" -lt "$kills" ]; then
+    ms=$(( 700 + RANDOM % 2000 ))  # startup takes ~1 s: kills land in training and in writes
+    # (in a subshell whose stderr drops bash's "Killed" notice)
+    ( timeout --preserve-status -s KILL "$(printf '%d.%03d' $(( ms / 1000 )) $(( ms % 1000 )))" \
+        "${cmd[@]}" >"$work/round$round.log" 2>&1; exit $? ) 2>/dev/null
+  else
+    "${cmd[@]}" >"$work/round$round.log" 2>&1
+  fi
+  rc=$?
+  step=$(grep -ao '"step":[0-9]*' "$ckpt" 2>/dev/null | head -1 | cut -d: -f2)
+  if [ "$rc" -eq 137 ]; then
+    killed=$(( killed + 1 ))
+    echo "round $round: SIGKILL after ${ms} ms; checkpoint at step ${step:-none}"
+    continue
+  fi
+  [ "$rc" -eq 0 ] || { cat "$work/round$round.log"; fail "round $round: ape-train exited with status $rc"; }
+  echo "round $round: finished (step ${step})"
+  break
+done
+
+# 3. Bit-identical to the uninterrupted run; the stale temporary was cleaned up.
+/usr/bin/python3 "$here/compare_checkpoints.py" "$work/ref/t5.ckpt" "$ckpt" || fail "the resumed run differs"
+if ls "$ckpt".tmp.* >/dev/null 2>&1; then fail "stale temporaries remain: $(ls "$ckpt".tmp.*)"; fi
+cmp -s <(grep -v '^\[eval\]' "$work/ref/results.csv") <(grep -v '^\[eval\]' "$work/run/results.csv") ||
+  fail "results.csv differs"
+echo "kill_loop: PASS: $killed kills in $round rounds; the resumed run is bit-identical to the uninterrupted one"

@@ -1,0 +1,54 @@
+//===- SpecDriver.h - read, check and lower a spec (apec, the fuzzer) ------===//
+//
+// The front half of apec, shared with the fuzz target (fuzz/apec_fuzzer.cpp) so that the
+// fuzzer drives exactly the path a user's spec takes:
+//
+//   text ──checkNesting──▶ ──parseSourceFile──▶ module (verified) ──lowerSpec──▶ ape.kernel ops
+//
+// MLIR's parser descends recursively into regions, attributes, types and parentheses, one
+// stack frame chain per level (~2 KB); a spec nested a few thousand levels deep overflowed the
+// stack (SIGSEGV). No spec needs more than a handful of levels, so the text is scanned first and
+// a spec nested deeper than kMaxNestingDepth gets a located error instead.
+//
+//===----------------------------------------------------------------------===//
+#ifndef APE_TOOLS_SPECDRIVER_H
+#define APE_TOOLS_SPECDRIVER_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/IR/OwningOpRef.h"
+#include "mlir/Support/LogicalResult.h"
+#include "llvm/Support/SourceMgr.h"
+
+namespace mlir {
+class MLIRContext;
+class PassManager;
+} // namespace mlir
+
+namespace mlir::ape {
+
+/// The deepest nesting of brackets ({ [ ( <, in any mix) a spec may use. A spec uses about 6
+/// (encoding, region, op, attribute dictionary, array, type); the parser's stack holds
+/// thousands. Closing brackets, strings and comments are understood; `->` is not a bracket.
+constexpr unsigned kMaxNestingDepth = 256;
+
+/// The dialects a spec may use: ape, arith, math.
+void registerSpecDialects(mlir::DialectRegistry &registry);
+
+/// Reports, at the first bracket that opens level kMaxNestingDepth + 1 of the main buffer of
+/// `sourceMgr`, "nesting deeper than N levels" through `context`'s diagnostic engine.
+mlir::LogicalResult checkNesting(const llvm::SourceMgr &sourceMgr, mlir::MLIRContext *context);
+
+/// checkNesting, then parses and verifies the main buffer; null (with diagnostics emitted)
+/// when the spec is malformed or holds no ape.encoding.
+mlir::OwningOpRef<mlir::ModuleOp> parseSpec(llvm::SourceMgr &sourceMgr,
+                                            mlir::MLIRContext *context);
+
+/// Runs the whole lowering (expand, push-override, fuse, differentiate, schedule) on `module`
+/// with `pm` (which may carry MLIR's pass-manager options); the module then holds one
+/// ape.kernel per encoding.
+mlir::LogicalResult lowerSpec(mlir::ModuleOp module, mlir::PassManager &pm);
+
+} // namespace mlir::ape
+
+#endif // APE_TOOLS_SPECDRIVER_H
