@@ -70,11 +70,15 @@ std::string opsSource(const KernelInputInfo &info, StringRef source) {
      << "  return ape::torch_ops::attention_forward_only(kernel_inputs(), q, k, v, {" << feats
      << "}, {" << pars << "}, scale);\n}\n\n"
      << "std::string manifest() { return kernel_inputs().entry->manifest_json; }\n\n"
+     << "// The instruction-set level of the CPU kernels (ape/cpu_dispatch.h): baseline, avx2, "
+        "avx512;\n// \"none\" when APE_CPU_LEVEL names one that cannot run here.\n"
+     << "std::string cpu_level() { return kernel_inputs().entry->cpu_level; }\n\n"
      << "}  // namespace\n\n";
   os << "TORCH_LIBRARY(ape_" << n << ", m) {\n"
      << "  m.def(" << folder::cString("attention(" + schema + ") -> Tensor") << ");\n"
      << "  ape::torch_ops::define_raw_ops(m);\n"
-     << "  m.def(\"manifest() -> str\", &manifest);\n}\n"
+     << "  m.def(\"manifest() -> str\", &manifest);\n"
+     << "  m.def(\"cpu_level() -> str\", &cpu_level);\n}\n"
      << "TORCH_LIBRARY_IMPL(ape_" << n << ", Autograd, m) {\n"
      << "  m.impl(\"attention\", &attention);\n"
      << "  ape::torch_ops::impl_raw_ops_fallthrough(m);\n}\n"
@@ -299,7 +303,10 @@ if(OpenMP_CXX_FOUND)
   target_link_libraries(ape_@NAME@_ops PRIVATE OpenMP::OpenMP_CXX)
 endif()
 target_compile_options(ape_@NAME@_ops PRIVATE -fno-math-errno -Wno-unused-parameter)
-# Only the operator registrations matter; keep the kernel's symbols private.
+)CMAKE",
+                           {{"NAME", info.encoding}, {"SOURCE", source.str()}}) +
+         folder::cpuLevelsCMake(info.encoding, "ape_" + info.encoding + "_ops") +
+         folder::substitute(R"CMAKE(# Only the operator registrations matter; keep the kernel's symbols private.
 set_target_properties(ape_@NAME@_ops PROPERTIES CXX_VISIBILITY_PRESET hidden
                                              VISIBILITY_INLINES_HIDDEN ON)
 # The Python helper next to the library, so that `import ape_@NAME@` from the build folder works.

@@ -18,6 +18,7 @@ packages=(
   libopenblas0                                             # fast BLAS for the fp64 references
   libsentencepiece-dev libgtest-dev nlohmann-json3-dev libcli11-dev
   python3 python3-venv
+  qemu-user                    # the kernels on emulated older CPUs (test/unit/cpu_levels_qemu.sh)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -54,6 +54,7 @@ int main(int argc, char **argv) {
                  "rope_factor=8 or position_scale=0.5 (no recompilation; an unknown name lists the settable ones)")
       ->type_name("NAME=VALUE");
   app.add_option("--threads", threads, "CPU threads (default 0: all hardware threads)");
+  app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -62,6 +63,8 @@ int main(int argc, char **argv) {
     for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
     if (!encoding.empty()) ape::find_kernel(encoding);  // unknown name: fail now, listing the names
     ape::set_threads(threads);
+    const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
+    std::cout << "[cpu] kernels: " << cpu_level << "\n";
 
     // Load (and verify) every checkpoint before evaluating any.
     struct Loaded {

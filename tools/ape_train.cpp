@@ -69,6 +69,7 @@ int main(int argc, char **argv) {
   app.add_option("--seed", tc.seed, "Random seed (model init and data order)")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (default 0: all hardware threads)");
   app.add_flag("--list", list, "List the available encodings and exit");
+  app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -103,6 +104,8 @@ int main(int argc, char **argv) {
     mc.validate();
     ec.multiples = ape::parse_multiples(multiples);
     ape::set_threads(threads);
+    const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
+    std::cout << "[cpu] kernels: " << cpu_level << "\n";
 
     ape::DataOptions dopt;
     dopt.data_dir = data_dir;
