@@ -107,9 +107,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND CMAKE_CXX_COMPILE
   foreach(level 1 2)
     set(wrapper ${CMAKE_CURRENT_BINARY_DIR}/@NAME@_cpu_level${level}.cpp)
     file(GENERATE OUTPUT ${wrapper} CONTENT
-         "#define APE_KERNEL_LEVEL ${level}
-#include "${CMAKE_CURRENT_SOURCE_DIR}/@NAME@_cpu.cpp"
-")
+         "#define APE_KERNEL_LEVEL ${level}\n#include \"${CMAKE_CURRENT_SOURCE_DIR}/@NAME@_cpu.cpp\"\n")
     target_sources(@TARGET@ PRIVATE ${wrapper})
   endforeach()
   set(ape_levels 7)
