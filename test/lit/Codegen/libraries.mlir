@@ -7,6 +7,8 @@
 // RUN: FileCheck %s --check-prefix=OPS --input-file=%t/odd_names_torch_library/odd_names_ops.cpp
 // RUN: FileCheck %s --check-prefix=PY --input-file=%t/odd_names_torch_library/ape_odd_names.py
 // RUN: FileCheck %s --check-prefix=HEADER --input-file=%t/odd_names_c_abi/ape_odd_names.h
+// RUN: FileCheck %s --check-prefix=LEVELS --input-file=%t/odd_names_torch_library/CMakeLists.txt
+// RUN: FileCheck %s --check-prefix=LEVELS --input-file=%t/odd_names_c_abi/CMakeLists.txt
 // RUN: %cxx -x c -std=c99 -Wall -Wextra -Werror -fsyntax-only -I %t/odd_names_c_abi %t/odd_names_c_abi/ape_odd_names.h
 // RUN: %cxx -std=c++17 -Wall -fsyntax-only -fopenmp -I %t/odd_names_c_abi %t/odd_names_c_abi/ape_odd_names_c.cpp
 // Re-running apec leaves unchanged files alone (no rebuild):
@@ -23,6 +25,7 @@
 // FILES-NEXT: odd_names_cpu.cpp
 // FILES-NEXT: odd_names_ops.cpp
 // FILES: cpu_attention.h
+// FILES-NEXT: cpu_dispatch.h
 // FILES-NEXT: kernel_entry.h
 // FILES-NEXT: kernel_inputs.h
 // FILES-NEXT: torch_ops.h
@@ -37,6 +40,7 @@
 // CFILES: c_abi.h
 // CFILES-NEXT: c_abi_impl.h
 // CFILES-NEXT: cpu_attention.h
+// CFILES-NEXT: cpu_dispatch.h
 // CFILES-NEXT: kernel_entry.h
 // CFILES-NEXT: kernel_inputs.h
 
@@ -48,6 +52,7 @@
 // OPS: return ape::torch_ops::attention(kernel_inputs(), q, k, v, {f0}, {p0, p1}, scale);
 // OPS: TORCH_LIBRARY(ape_odd_names, m) {
 // OPS-NEXT: m.def("attention(Tensor q, Tensor k, Tensor v, Tensor gate_1, Tensor q_, Tensor lambda_, float? scale=None) -> Tensor");
+// OPS: m.def("cpu_level() -> str", &cpu_level);
 // OPS: TORCH_LIBRARY_IMPL(ape_odd_names, Autograd, m) {
 // OPS: TORCH_LIBRARY_IMPL(ape_odd_names, CPU, m) {
 // OPS: TORCH_LIBRARY_IMPL(ape_odd_names, CUDA, m) {
@@ -65,6 +70,13 @@
 // HEADER: } ape_odd_names_args;
 // HEADER: APE_C_API int ape_odd_names_forward_f32(const ape_odd_names_args *args);
 // HEADER: APE_C_API const char *ape_odd_names_last_error(void);
+// HEADER: APE_C_API const char *ape_odd_names_cpu_level(void);
+
+// The kernel once per instruction-set level: two wrappers, and the mask of the levels.
+// LEVELS: foreach(level 1 2)
+// LEVELS: #define APE_KERNEL_LEVEL ${level}\n#include \"${CMAKE_CURRENT_SOURCE_DIR}/odd_names_cpu.cpp\"\n
+// LEVELS: set(ape_levels 7)
+// LEVELS: target_compile_definitions(ape_odd_names_{{ops|c}} PRIVATE APE_KERNEL_LEVELS=${ape_levels})
 
 // KEPT: 2001
 ape.encoding @odd_names {
