@@ -589,10 +589,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     os << "    case " << n << ": return " << numel << ";  // \"" << p.getName() << "\"\n";
   }
   os << "    default: return 0;\n    }\n  }\n";
-  if (!layout.rels.empty()) {  // relative rows (cpu_attention.h: rel_rows_forward/backward)
-    if (target == FunctorTarget::Cuda)
-      return layout.rels.front().emitOpError(
-          "is not supported by the CUDA kernel template yet (relative rows run on the CPU)");
+  if (!layout.rels.empty()) {  // relative rows (rel_rows_forward/backward of the templates)
     os << "  static constexpr int kNumRel = " << layout.rels.size() << ";\n";
     auto table = [&](StringRef what, auto fn) {
       os << "  static constexpr int rel_" << what << "(int n) {\n    switch (n) {\n";
@@ -613,9 +610,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
       return r.getBias() && r.getBias().getDefiningOp<ParamOp>().getTrainable() ? 1 : 0;
     });
   }
-  if (ValueRowsOp vr = layout.valueRows) {  // o_i += Σ_j P_ij table[r(i, j)] (cpu_attention.h)
-    if (target == FunctorTarget::Cuda)
-      return vr.emitOpError("is not supported by the CUDA kernel template yet");
+  if (ValueRowsOp vr = layout.valueRows) {  // o_i += Σ_j P_ij table[r(i, j)] (the templates)
     auto table = vr.getTable().getDefiningOp<ParamOp>();
     int64_t rows = 0;
     (void)cast<StringAttr>(table.getShape()[0]).getValue().getAsInteger(10, rows);
@@ -624,8 +619,10 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
        << "  static constexpr int64_t kValueRows = " << rows << ";\n"
        << "  static constexpr bool kValueTableTrainable = "
        << (table.getTrainable() ? "true" : "false") << ";\n"
-       << "  template <class T>\n  static int64_t value_row(const ape::HeadCtx<T> &ctx, int64_t i, "
-          "int64_t j) {\n";
+       << (target == FunctorTarget::Cuda
+               ? "  template <class Ctx>\n  APE_HD static int64_t value_row(const Ctx &ctx, "
+               : "  template <class T>\n  static int64_t value_row(const ape::HeadCtx<T> &ctx, ")
+       << "int64_t i, int64_t j) {\n";
     RegionWriter w(os, layout, "v", kIndent);
     Block &b = vr.getIndex().front();
     StringRef args[] = {"ctx.b", "ctx.h", "i", "j"};

@@ -59,10 +59,10 @@ LogicalResult mlir::ape::emitCudaHeader(KernelOp kernel, StringRef source, raw_o
         "ape/cuda_attention.cuh.\n"
      << "#pragma once\n\n#include \"ape/cuda_attention.cuh\"\n\n"
      << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n\n"
-     << "namespace ape_gen_" << name << " {\n\n";
+     << "namespace ape_gen_" << name << " {\nAPE_CUDA_ABI_BEGIN\n\n";
   if (failed(emitEncFunctor(kernel, FunctorTarget::Cuda, os)))
     return failure();
-  os << "\n} // namespace ape_gen_" << name << "\n";
+  os << "\nAPE_CUDA_ABI_END\n} // namespace ape_gen_" << name << "\n";
   return success();
 }
 
@@ -75,10 +75,10 @@ void mlir::ape::emitCudaInstantiation(KernelOp kernel, StringRef source, const C
   os << "// One variant of the CUDA kernels of @" << name << ": " << v.dtype
      << " inputs, head_dim " << v.headDim << ".\n"
      << "#include \"" << name << "_cuda.cuh\"\n\n"
-     << "namespace ape_gen_" << name << " {\n"
+     << "namespace ape_gen_" << name << " {\nAPE_CUDA_ABI_BEGIN\n"
      << llvm::formatv("APE_CUDA_INSTANTIATE(Enc, {0}, {1}, forward_{2}, backward_{2})\n",
                       info.cppType, v.headDim, suffix)
-     << "} // namespace ape_gen_" << name << "\n";
+     << "APE_CUDA_ABI_END\n} // namespace ape_gen_" << name << "\n";
 }
 
 LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
@@ -100,7 +100,7 @@ LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
   os << "// The entry of @" << name << "'s CUDA kernels: its manifest and the instantiated "
         "variants\n// (NAME_cuda_<dtype>_hd<D>.cu); it instantiates no kernel.\n"
      << "#include \"" << name << "_cuda.cuh\"\n\n"
-     << "namespace ape_gen_" << name << " {\n";
+     << "namespace ape_gen_" << name << " {\nAPE_CUDA_ABI_BEGIN\n";
   for (const CudaVariant &v : variants) {
     std::string suffix = variantSuffix(v);
     os << "cudaError_t forward_" << suffix << "(const ::ape::cuda::CudaAttnArgs &);\n"
@@ -114,9 +114,11 @@ LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
                         dtypeInfo(v.dtype)->enumerator, v.headDim, variantSuffix(v));
   if (variants.empty())
     os << "    {::ape::cuda::DType::F32, 0, nullptr, nullptr},  // none instantiated\n";
-  os << "};\n} // namespace\n} // namespace ape_gen_" << name << "\n\n"
-     << "extern \"C\" const ::ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_" << name
-     << "() {\n"
+  os << "};\n} // namespace\nAPE_CUDA_ABI_END\n} // namespace ape_gen_" << name << "\n\n"
+     << "// ape_cuda_kernel_entry_" << name << " (ape_simt_kernel_entry_" << name
+     << " when compiled for the SIMT emulator)\n"
+     << "extern \"C\" const ::ape::cuda::CudaKernelEntry *APE_CUDA_ENTRY(" << name
+     << ")() {\n"
      << "  using Enc = ape_gen_" << name << "::Enc;\n"
      << "  static const ::ape::cuda::CudaKernelEntry entry{\"" << name << "\", ape_gen_" << name
      << "::kManifest,\n      Enc::kNumFeatures, Enc::kNumParams, &Enc::param_numel,\n      ape_gen_"

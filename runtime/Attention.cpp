@@ -1,6 +1,7 @@
 // FusedAttention: a torch::autograd::Function whose forward/backward are the generated kernels.
 #include "runtime/Attention.h"
 
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -210,10 +211,17 @@ const Manifest &manifest_of(const KernelEntry &entry) {
   return cache.emplace(key, std::move(m)).first->second;
 }
 
+namespace {
+std::atomic<AttentionImpl> g_attention_impl{nullptr};
+}  // namespace
+
+void set_attention_impl(AttentionImpl impl) { g_attention_impl = impl; }
+
 at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                            const at::Tensor &v, const std::vector<at::Tensor> &features,
                            const std::vector<at::Tensor> &params, double scale) {
   check_inputs(entry, q, k, v, features, params);
+  if (AttentionImpl impl = g_attention_impl.load()) return impl(entry, q, k, v, features, params, scale);
   return FusedAttention::apply(q, k, v, at::TensorList(features), at::TensorList(params),
                                static_cast<int64_t>(reinterpret_cast<intptr_t>(&entry)), scale);
 }

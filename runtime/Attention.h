@@ -26,6 +26,14 @@ at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const 
                            const at::Tensor &v, const std::vector<at::Tensor> &features,
                            const std::vector<at::Tensor> &params, double scale);
 
+// Another implementation of fused_attention for this process (same arguments and contract), e.g.
+// the CUDA kernels on the SIMT emulator (runtime/SimtAttention.h); nullptr: the CPU kernels.
+using AttentionImpl = at::Tensor (*)(const KernelEntry &entry, const at::Tensor &q,
+                                     const at::Tensor &k, const at::Tensor &v,
+                                     const std::vector<at::Tensor> &features,
+                                     const std::vector<at::Tensor> &params, double scale);
+void set_attention_impl(AttentionImpl impl);
+
 // Forward only (no autograd graph): returns {o, lse}; lse is (B, H, T) = log Σ_j exp(l_ij).
 std::pair<at::Tensor, at::Tensor> attention_forward(const KernelEntry &entry, const at::Tensor &q,
                                                     const at::Tensor &k, const at::Tensor &v,

@@ -17,6 +17,7 @@ packages=(
   libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools   # MLIR 19, FileCheck, lit
   libopenblas0                                             # fast BLAS for the fp64 references
   libsentencepiece-dev libgtest-dev nlohmann-json3-dev libcli11-dev
+  libboost-context-dev                                     # fibers of the SIMT emulator
   python3 python3-venv
   qemu-user                    # the kernels on emulated older CPUs (test/unit/cpu_levels_qemu.sh)
 )

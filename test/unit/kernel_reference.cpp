@@ -393,8 +393,73 @@ std::pair<torch::Tensor, torch::Tensor> reference_qk(const std::string &encoding
   return {qm, km};
 }
 
+namespace {
+
+// Straight-through rounding to `dt`: the forward value rounded, the gradient passed unchanged.
+torch::Tensor round_through(const torch::Tensor &x, torch::ScalarType dt) {
+  return x + (x.detach().to(dt).to(torch::kFloat64) - x.detach());
+}
+
+// Identity forward; the gradient rounded to `dt` (a kernel's dS operand).
+struct RoundGrad : torch::autograd::Function<RoundGrad> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               int64_t dtype) {
+    ctx->saved_data["dtype"] = dtype;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto dt = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {g[0].to(dt).to(torch::kFloat64), torch::Tensor()};
+  }
+};
+
+// o = softmax(logits) v with the kernel's rounding: P rounded for P V and dV = P^T dO, o rounded,
+// and the backward's Delta_i = dO_i . o_i read from the rounded o. With a value table aV
+// ([R, H, D], Shaw's value term with r(i, j) = clip(i - j, 0, R - 1); empty: none), o_i also gains
+// sum_j P_ij aV[r(i, j)] from the unrounded P, before o is rounded.
+struct SoftmaxV : torch::autograd::Function<SoftmaxV> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &logits,
+                               const torch::Tensor &v, const torch::Tensor &aV, int64_t dtype) {
+    const auto dt = static_cast<torch::ScalarType>(dtype);
+    const auto P = torch::softmax(logits, -1);
+    const auto Pr = P.to(dt).to(torch::kFloat64);
+    auto o = torch::matmul(Pr, v);
+    torch::Tensor r = torch::empty({0}, torch::kLong);
+    if (aV.numel() > 0) {
+      const int64_t T = logits.size(-1), R = aV.size(0);
+      r = causal_distance(T).clamp_max(R - 1).view({1, 1, T, T}).expand_as(P).contiguous();
+      const auto mass = torch::zeros({P.size(0), P.size(1), T, R}, kF64).scatter_add(-1, r, P);
+      o = o + torch::einsum("bhtr,rhd->bhtd", {mass, aV});
+    }
+    o = o.to(dt).to(torch::kFloat64);
+    ctx->save_for_backward({P, Pr, v, o, aV, r});
+    return o;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &P = saved[0], &Pr = saved[1], &v = saved[2], &o = saved[3], &aV = saved[4],
+               &r = saved[5];
+    const auto dO = g[0];
+    const auto dv = torch::matmul(Pr.transpose(-1, -2), dO);
+    auto dP = torch::matmul(dO, v.transpose(-1, -2));
+    torch::Tensor daV;
+    if (aV.numel() > 0) {  // dP_ij += dO_i . aV[r(i, j)]; daV[r] = sum_i mass_i[r] dO_i
+      const auto rows = torch::einsum("bhtd,rhd->bhtr", {dO, aV});
+      dP = dP + rows.gather(-1, r);
+      const auto mass = torch::zeros_like(rows).scatter_add(-1, r, P);
+      daV = torch::einsum("bhtr,bhtd->rhd", {mass, dO});
+    }
+    const auto delta = (dO * o).sum(-1, /*keepdim=*/true);
+    return {P * (dP - delta), dv, daV, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
 RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_raw,
-                               const torch::Tensor &dout) {
+                               const torch::Tensor &dout, const RefRounding &rounding) {
   const auto &names = reference_encodings();
   if (std::find(names.begin(), names.end(), encoding) == names.end())
     throw std::invalid_argument("reference: unknown encoding " + encoding);
@@ -415,8 +480,16 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
   const int64_t T = in.q.size(2);
 
   auto [qm, km] = reference_qk(encoding, in);
-  // kappa applied to q' ([B,H,T,D]) rather than to the [B,H,T,T] logits: same value, fewer passes.
-  auto logits = torch::matmul(qm * in.scale, km.transpose(-1, -2));
+  const bool round = rounding.dtype != torch::kFloat64;
+  torch::Tensor logits;
+  if (round) {
+    const int64_t dt = static_cast<int64_t>(rounding.dtype);
+    auto qr = round_through(qm, rounding.dtype), kr = round_through(km, rounding.dtype);
+    logits = RoundGrad::apply(torch::matmul(qr, kr.transpose(-1, -2)), dt) * in.scale;
+  } else {
+    // kappa applied to q' ([B,H,T,D]) rather than to the [B,H,T,T] logits: same value, fewer passes.
+    logits = torch::matmul(qm * in.scale, km.transpose(-1, -2));
+  }
   auto bias = bias_of(encoding, in, qm, km);
   if (bias.defined()) logits = logits + bias;
   auto above = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
@@ -427,9 +500,16 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
     torch::NoGradGuard no_grad;
     out.lse = torch::logsumexp(logits.detach(), -1);
   }
+  const int64_t rdt = static_cast<int64_t>(rounding.dtype);
   auto P = torch::softmax(logits, -1);
-  auto o = torch::matmul(P, in.v);
-  if (encoding == "shaw") {
+  torch::Tensor o;
+  if (round && encoding == "shaw")
+    o = SoftmaxV::apply(logits, in.v, param(in.params, "shaw_value"), rdt);
+  else if (round)
+    o = SoftmaxV::apply(logits, in.v, torch::empty({0}, kF64), rdt);
+  else
+    o = torch::matmul(P, in.v);
+  if (encoding == "shaw" && !round) {
     // Value term sum_j P_ij a^V_r: the probability mass of each clipped distance r per query
     // (scatter-add of P over r), times the table.
     const int64_t B = P.size(0), H = P.size(1);

@@ -94,10 +94,20 @@ struct RefOutputs {
 // The encodings the reference knows.
 const std::vector<std::string> &reference_encodings();
 
+// Where a flash-attention kernel with 16-bit inputs rounds to its input dtype; the reference can
+// round at the same points (the "same-precision" baseline of the CUDA tests' FlashAttention rule:
+// a kernel's error against the exact reference may be twice the baseline's):
+//   q', k' after the q/k modifications (the operands of Q'K'^T), the gradient of q'.k' (dS, the
+//   operand of dQ' = dS K' and dK' = dS^T Q'), P (the operand of P V and of dV = P^T dO), and o
+//   (which the backward reads in Delta_i = dO_i . o_i). Everything else stays fp64.
+struct RefRounding {
+  torch::ScalarType dtype = torch::kFloat64;  // kBFloat16 or kHalf: round; kFloat64: exact
+};
+
 // Forward (and, when dout is defined, backward by autograd) of encoding `encoding`.
 // Throws std::invalid_argument for an unknown encoding or a missing input.
 RefOutputs reference_attention(const std::string &encoding, const RefInputs &in,
-                               const torch::Tensor &dout);
+                               const torch::Tensor &dout, const RefRounding &rounding = {});
 
 // The rotated q' and k' (before kappa, after every q/k modification: ExPE/ExQPE terms, rotation,
 // YaRN's mscale, xPos's factors) of an encoding, fp64 [B, H, T, D] each. Differentiable with

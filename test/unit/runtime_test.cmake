@@ -12,3 +12,12 @@ gtest_discover_tests(ape_runtime_test
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}
   PROPERTIES LABELS runtime TIMEOUT 300
   DISCOVERY_TIMEOUT 60)
+
+# Training through the emulated CUDA kernels (runtime/SimtAttention.h).
+add_executable(ape_runtime_simt_test ${CMAKE_CURRENT_LIST_DIR}/runtime_simt_test.cpp)
+target_link_libraries(ape_runtime_simt_test PRIVATE ape_runtime_simt ape_runtime ape_kernels
+                      GTest::gtest_main)
+set_target_properties(ape_runtime_simt_test PROPERTIES ENABLE_EXPORTS ON)
+gtest_discover_tests(ape_runtime_simt_test
+  PROPERTIES LABELS "runtime;cuda;simt" TIMEOUT 900
+  DISCOVERY_TIMEOUT 60)

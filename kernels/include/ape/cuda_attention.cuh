@@ -30,26 +30,21 @@
 // dk, dv (B, H, T, D) in the input dtype; lse (B, H, T), features (B, H, T), params: float32.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <mma.h>
+#include "cuda_platform.cuh"
 
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "cuda_kernel_entry.h"
-
-#ifndef APE_HD
-#define APE_HD __host__ __device__
-#endif
+#include "enc_traits.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "ape/cuda_attention.cuh needs sm_80 or newer (bf16 tensor cores)"
 #endif
 
 namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
 namespace detail {
 
 constexpr int kThreads = 128;  // 4 warps per block
@@ -74,35 +69,71 @@ template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 }
 
 // ---- deterministic gradient sinks (fixed point, see the header comment) ---------------------------
+// A sink element is a 128-bit fixed-point number kept as two 64-bit integers: a term g adds
+// hi = round(g 2^32) to the first and lo = round((g 2^32 - hi) 2^32) to the second, so the sum
+// is hi_sum 2^-32 + lo_sum 2^-64, exact to 2^-64 per term and the same for any order of the
+// additions. What fixed point cannot hold is reported in the call's status word
+// (cuda_kernel_entry.h): a non-finite term (kStatusNonFinite: every sink result of the call
+// becomes NaN), a term of magnitude >= 2^31 (kStatusRange: clamped), a sum leaving
+// (-2^31, 2^31) (kStatusOverflow), a non-zero term below 2^-65 that rounds to nothing
+// (kStatusDropped, for information).
 constexpr double kFixedScale = 4294967296.0;  // 2^32
 
-APE_HD inline unsigned long long to_fixed(float g) {
-  double x = static_cast<double>(g) * kFixedScale;
-  x = x > 9.0e18 ? 9.0e18 : x < -9.0e18 ? -9.0e18 : x;
-  return static_cast<unsigned long long>(static_cast<long long>(llrint(x)));
+struct FixedTerm {
+  long long hi, lo;
+  uint32_t status;
+};
+APE_HD inline FixedTerm to_fixed(float g) {
+  if (!(g == g) || g - g != 0.f) return {0, 0, kStatusNonFinite};
+  const double x = static_cast<double>(g) * kFixedScale;  // exact
+  if (x >= 9.2233720368547758e18 || x <= -9.2233720368547758e18) {
+    const long long clamp = x > 0 ? 9223372036854775807LL : -9223372036854775807LL;
+    return {clamp, 0, kStatusRange};
+  }
+  const long long hi = llrint(x);
+  const long long lo = llrint((x - static_cast<double>(hi)) * kFixedScale);
+  return {hi, lo, (g != 0.f && hi == 0 && lo == 0) ? kStatusDropped : 0u};
 }
-APE_HD inline float from_fixed(unsigned long long v) {
-  return static_cast<float>(static_cast<double>(static_cast<long long>(v)) / kFixedScale);
+APE_HD inline float from_fixed(const unsigned long long *v) {
+  return static_cast<float>(static_cast<double>(static_cast<long long>(v[0])) / kFixedScale +
+                            static_cast<double>(static_cast<long long>(v[1])) /
+                                (kFixedScale * kFixedScale));
 }
 
 // `sink[i] += g` adds g to element i (nothing when the sink is off).
 struct FixedRef {
-  unsigned long long *p;
+  unsigned long long *p;  // the element's two words
+  uint32_t *status;
   APE_HD void operator+=(float g) const {
-#ifdef __CUDA_ARCH__
-    if (p) atomicAdd(p, to_fixed(g));
+#ifdef APE_DEVICE_CODE
+    if (!p) return;
+    const FixedTerm t = to_fixed(g);
+    uint32_t st = t.status;
+    if (t.hi != 0) {
+      const long long old = static_cast<long long>(atomicAdd(p, static_cast<unsigned long long>(t.hi)));
+      const long long sum = static_cast<long long>(static_cast<unsigned long long>(old) +
+                                                   static_cast<unsigned long long>(t.hi));
+      if (((old ^ sum) & (t.hi ^ sum)) < 0) st |= kStatusOverflow;  // signed wrap
+    }
+    if (t.lo != 0) atomicAdd(p + 1, static_cast<unsigned long long>(t.lo));
+    if (st) atomicOr(status, st);
 #else
     (void)g;
+    __builtin_trap();  // the sinks exist on the device only
 #endif
   }
 };
 struct FixedSink {
   unsigned long long *data;
-  APE_HD FixedRef operator[](int64_t i) const { return FixedRef{data ? data + i : nullptr}; }
+  uint32_t *status;
+  APE_HD FixedRef operator[](int64_t i) const {
+    return FixedRef{data ? data + 2 * i : nullptr, status};
+  }
 };
 template <int N> struct FixedSinks {
   unsigned long long *p[N];
-  APE_HD FixedSink operator[](int n) const { return FixedSink{p[n]}; }
+  uint32_t *status;
+  APE_HD FixedSink operator[](int n) const { return FixedSink{p[n], status}; }
 };
 template <int N> struct ParamPtrs {
   const float *p[N];
@@ -112,11 +143,15 @@ template <int N> struct ParamPtrs {
 // The context the functors see on the GPU: the members of ape::HeadCtx, with sinks in place of
 // the private accumulators.
 template <class Enc> struct DevCtx {
+  static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   int64_t b, h, H, T, D;
   ParamPtrs<array_len(Enc::kNumParams)> params;
   const float *tok;                              // this slice: tok[n*T + t]
   FixedSink dtok;                                // this slice, same layout
   FixedSinks<array_len(Enc::kNumParams)> dparams;  // global sums
+  ParamPtrs<NR> rel;                             // this slice's relative rows n: (T, rows_n)
+  FixedSinks<NR> drel;                           // their gradients, same layout
+  FixedSink vmass;                               // value rows: sum_j P_ij per (i, row), (T, rows)
 };
 
 // ---- launch parameters (one plain struct, by value) -----------------------------------------------
@@ -138,10 +173,25 @@ template <class Enc, class In> struct Params {
   const In *qm, *km;                // (B*H, T, D): q', k' (= q, k without a mod)
   float *delta;                     // (B*H, T)
   float *dqm, *dkm;                 // (B*H, T, D) gradients w.r.t. q', k'
-  unsigned long long *dtok_fx;      // (B*H, kNumTok, T)
+  unsigned long long *dtok_fx;      // (B*H, kNumTok, T) x 2 words
   float *dtok;                      // (B*H, kNumTok, T)
-  unsigned long long *dparam_fx[NP];
+  unsigned long long *dparam_fx[NP];  // numel x 2 words each
+  uint32_t *status;                 // CudaAttnArgs::status (backward)
+  // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
+  static constexpr int NR = array_len(traits::NumRel<Enc>::value);
+  float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
+  unsigned long long *drel_fx[NR];  // (B*H, T, rows_n) x 2 words
+  float *drel[NR];                  // (B*H, T, rows_n)
+  float *vdrow;                     // (B*H, T, kValueRows): dO_i . table[r, h, :]
+  unsigned long long *vmass_fx;     // (B*H, T, kValueRows) x 2 words: sum_j P_ij [r(i, j) = r]
+  float *vmass;                     // (B*H, T, kValueRows)
 };
+
+// Rows of the value-rows table (0 without one).
+template <class Enc> constexpr int64_t value_rows() {
+  if constexpr (traits::HasValueRows<Enc>::value) return Enc::kValueRows;
+  else return 0;
+}
 
 template <class Enc, class In>
 __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, bool sinks) {
@@ -151,8 +201,20 @@ __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, boo
     c.params.p[n] = p.params[n];
     c.dparams.p[n] = sinks ? p.dparam_fx[n] : nullptr;
   }
+  c.dparams.status = p.status;
   c.tok = p.tok ? p.tok + bh * Enc::kNumTok * p.T : nullptr;
-  c.dtok.data = (sinks && p.dtok_fx) ? p.dtok_fx + bh * Enc::kNumTok * p.T : nullptr;
+  c.dtok.data = (sinks && p.dtok_fx) ? p.dtok_fx + 2 * bh * Enc::kNumTok * p.T : nullptr;
+  c.dtok.status = p.status;
+  if constexpr (traits::NumRel<Enc>::value > 0) {
+    for (int n = 0; n < Enc::kNumRel; ++n) {
+      const int64_t rows = Enc::rel_rows(n);
+      c.rel.p[n] = p.rel[n] + bh * p.T * rows;
+      c.drel.p[n] = (sinks && p.drel_fx[n]) ? p.drel_fx[n] + 2 * bh * p.T * rows : nullptr;
+    }
+  }
+  c.drel.status = p.status;
+  c.vmass.data = (sinks && p.vmass_fx) ? p.vmass_fx + 2 * bh * p.T * value_rows<Enc>() : nullptr;
+  c.vmass.status = p.status;
   return c;
 }
 
@@ -167,12 +229,17 @@ APE_HD inline int64_t partner(int pairing, double fraction, int64_t D, int64_t c
 }
 
 // ---- tiles -----------------------------------------------------------------------------------------
-// Tile sizes: 64 x 64 on tensor cores; fp32 (SIMT, for testing) and the backward at D = 128 use
-// 32-row tiles so that shared memory stays under sm_80's 163 KB.
+// Every kernel fits the smallest per-block shared memory of the architectures it claims (sm_80,
+// 86, 89, 90): sm_86/89's 99 KiB (kSmemLimit). Tensor-core tiles are 64 x 64 where that fits and
+// 64 x 32 or 32 x 32 at D = 128; fp32 (SIMT, for testing) uses 32-row tiles, 16 at D = 128 in the
+// backward.
+constexpr size_t kSmemLimit = 101376;  // 99 KiB
 template <class In, int D> struct Cfg {
   static constexpr bool kTC = !std::is_same_v<In, float>;  // tensor cores
-  static constexpr int kFwdBQ = kTC ? 64 : 32, kFwdBK = kFwdBQ;
-  static constexpr int kBwdBQ = (kTC && D < 128) ? 64 : 32, kBwdBK = kTC ? 64 : 32;
+  static constexpr int kFwdBQ = kTC ? 64 : 32;
+  static constexpr int kFwdBK = (kTC && D == 128) ? 32 : kFwdBQ;
+  static constexpr int kBwdBQ = kTC ? (D == 128 ? 32 : 64) : (D == 128 ? 16 : 32);
+  static constexpr int kBwdBK = kTC ? (D == 32 ? 64 : 32) : (D == 128 ? 16 : 32);
   static constexpr int kPadIn = kTC ? 8 : 4;  // 16 bytes: WMMA leading dims, fewer bank conflicts
   static constexpr int kLdIn = D + kPadIn;   // rows of q, k, v, dout tiles (In)
   static constexpr int kLdAcc = D + 4;       // rows of fp32 accumulators (o, dq, dk, dv)
@@ -273,10 +340,12 @@ template <class Enc, class In> __global__ void token_backward_kernel(const Param
   Enc::token_backward(ctx, feat, p.tok + off, p.dtok + off, dfeat);
 }
 
+// dst[e] = the fixed-point sum of element e; NaN when a term of the call was not finite.
 template <class Unused = void>
-__global__ void fixed_to_float_kernel(const unsigned long long *src, float *dst, int64_t n) {
+__global__ void fixed_to_float_kernel(const unsigned long long *src, float *dst, int64_t n,
+                                      const uint32_t *status) {
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e < n) dst[e] = from_fixed(src[e]);
+  if (e < n) dst[e] = (*status & kStatusNonFinite) ? __int_as_float(0x7fc00000) : from_fixed(src + 2 * e);
 }
 
 // xm = mod(x) elementwise (kIsQ: q_mod, else k_mod), computed in fp32.
@@ -341,6 +410,100 @@ template <class Enc, class In, int D> __global__ void delta_kernel(const Params<
   p.delta[row] = d;
 }
 
+// ---- relative rows and the value-rows term ----------------------------------------------------------
+// R_n[bh, t, r] = (x'_t + bias_h) . table[r, h, :] with x' = q' (rel_side 0) or k', for every
+// slice, row and table row: one thread each, the dot product in fp32 in column order.
+template <class Enc, class In>
+__global__ void rel_rows_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * rows) return;
+  const int64_t r = e % rows, t = (e / rows) % p.T, bh = e / (rows * p.T), h = bh % p.H;
+  const In *x = (Enc::rel_side(n) == 0 ? p.qm : p.km) + (bh * p.T + t) * D;
+  const float *table = p.params[Enc::rel_table(n)] + (r * p.H + h) * D;
+  const float *bias = Enc::rel_bias(n) >= 0 ? p.params[Enc::rel_bias(n)] + h * D : nullptr;
+  float acc = 0.f;
+  for (int64_t c = 0; c < D; ++c) acc += (to_float(x[c]) + (bias ? bias[c] : 0.f)) * table[c];
+  p.rel[n][e] = acc;
+}
+
+// dx'[bh, t, c] += sum_r dR_n[bh, t, r] table[r, h, c] (into dq' or dk', after the attention
+// kernels wrote them).
+template <class Enc, class In>
+__global__ void rel_rows_dx_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * D) return;
+  const int64_t c = e % D, bht = e / D, h = (bht / p.T) % p.H;
+  const float *dr = p.drel[n] + bht * rows;
+  const float *table = p.params[Enc::rel_table(n)] + h * D + c;
+  float acc = 0.f;
+  for (int64_t r = 0; r < rows; ++r) acc += dr[r] * table[r * p.H * D];
+  (Enc::rel_side(n) == 0 ? p.dqm : p.dkm)[e] += acc;
+}
+
+// The table's and the bias's gradients, one thread per element, summed over (b, t) (and r for
+// the bias) in a fixed order, added to the parameter gradients the sinks wrote.
+template <class Enc, class In>
+__global__ void rel_rows_dparams_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D, H = p.H, T = p.T;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int tab = Enc::rel_table(n), bi = Enc::rel_bias(n);
+  const float *bias = bi >= 0 ? p.params[bi] : nullptr;
+  const In *xs = Enc::rel_side(n) == 0 ? p.qm : p.km;
+  if (e < rows * H * D && Enc::rel_table_trainable(n)) {  // dtable[r, h, c]
+    const int64_t c = e % D, h = (e / D) % H, r = e / (D * H);
+    float acc = 0.f;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t bht = (b * H + h) * T + t;
+        acc += p.drel[n][bht * rows + r] * (to_float(xs[bht * D + c]) + (bias ? bias[h * D + c] : 0.f));
+      }
+    p.dparams[tab][e] += acc;
+  }
+  if (bi >= 0 && Enc::rel_bias_trainable(n) && e < H * D) {  // dbias[h, c]
+    const int64_t c = e % D, h = e / D;
+    const float *table = p.params[tab];
+    float acc = 0.f;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const float *dr = p.drel[n] + ((b * H + h) * T + t) * rows;
+        for (int64_t r = 0; r < rows; ++r) acc += dr[r] * table[(r * H + h) * D + c];
+      }
+    p.dparams[bi][e] += acc;
+  }
+}
+
+// Value rows, backward inputs: vdrow[bh, i, r] = dO_i . table[r, h, :].
+template <class Enc, class In>
+__global__ void value_drow_kernel(const Params<Enc, In> p) {
+  constexpr int64_t R = value_rows<Enc>();
+  const int64_t D = p.D, e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * R) return;
+  const int64_t r = e % R, bht = e / R, h = (bht / p.T) % p.H;
+  const In *dout = p.dout + bht * D;
+  const float *table = p.params[Enc::kValueTable] + (r * p.H + h) * D;
+  float acc = 0.f;
+  for (int64_t c = 0; c < D; ++c) acc += to_float(dout[c]) * table[c];
+  p.vdrow[e] = acc;
+}
+
+// dtable[r, h, c] += sum_{b, i} mass[b, h, i, r] dO[b, h, i, c], one thread per element.
+template <class Enc, class In>
+__global__ void value_dtable_kernel(const Params<Enc, In> p) {
+  constexpr int64_t R = value_rows<Enc>();
+  const int64_t D = p.D, H = p.H, T = p.T, e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= R * H * D) return;
+  const int64_t c = e % D, h = (e / D) % H, r = e / (D * H);
+  float acc = 0.f;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t bhi = (b * H + h) * T + i;
+      acc += p.vmass[bhi * R + r] * to_float(p.dout[bhi * D + c]);
+    }
+  p.dparams[Enc::kValueTable][e] += acc;
+}
+
 // ---- forward ---------------------------------------------------------------------------------------
 template <class In, int D> struct FwdSmem {
   using C = Cfg<In, D>;
@@ -356,15 +519,26 @@ template <class In, int D> struct FwdSmem {
   static constexpr size_t l = align_up(m + sizeof(float) * BQ);        // running sum
   static constexpr size_t alpha = align_up(l + sizeof(float) * BQ);    // rescale of this step
   static constexpr size_t bytes = align_up(alpha + sizeof(float) * BQ);
-  static_assert(bytes <= 166912, "forward tiles exceed sm_80's 163 KB of shared memory");
+  static_assert(bytes <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
-// One block per (query tile, slice): grid (B*H, ceil(T / BQ)).
+// Shared memory of the forward of Enc: FwdSmem, then the value rows' masses (BQ x kValueRows).
+template <class Enc, class In, int D> constexpr size_t fwd_smem_bytes() {
+  using L = FwdSmem<In, D>;
+  return align_up(L::bytes + sizeof(float) * L::BQ * value_rows<Enc>());
+}
+
+// One block per (query tile, slice): grid (B*H, ceil(T / BQ)). With value rows, each query row
+// also keeps its unnormalised probability mass per table row (rescaled with the running max
+// like O), and o_i gains sum_r mass_i[r] table[r, h, :] / l_i.
 template <class Enc, class In, int D>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In> p) {
   using L = FwdSmem<In, D>;
   constexpr int BQ = L::BQ, BK = L::BK;
-  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int64_t R = value_rows<Enc>();
+  static_assert(fwd_smem_bytes<Enc, In, D>() <= kSmemLimit, "value rows exceed shared memory");
+  APE_DYNAMIC_SMEM(smem);
+  float *sMass = reinterpret_cast<float *>(smem + L::bytes);  // (BQ, R)
   In *sQ = reinterpret_cast<In *>(smem + L::q), *sK = reinterpret_cast<In *>(smem + L::k);
   In *sV = reinterpret_cast<In *>(smem + L::v), *sP = reinterpret_cast<In *>(smem + L::pr);
   float *sS = reinterpret_cast<float *>(smem + L::s), *sO = reinterpret_cast<float *>(smem + L::o);
@@ -378,6 +552,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
   load_rows<In, BQ, D>(sQ, L::LI, p.qm + base, i0, T);
   zero_acc<BQ, D>(sO, L::LO);
   for (int r = threadIdx.x; r < BQ; r += kThreads) sM[r] = -kInf, sL[r] = 0.f;
+  for (int64_t e = threadIdx.x; e < BQ * R; e += kThreads) sMass[e] = 0.f;
   __syncthreads();
 
   const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;  // queries of this tile: [i0, i_end)
@@ -405,13 +580,17 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
       float mx = sM[r];
       for (int c = 0; c < BK; ++c) mx = fmaxf(mx, s[c]);
       const float ref = mx == -kInf ? 0.f : mx;  // all logits -inf so far: the row stays zero
+      const float alpha = expf(sM[r] - ref);
       float sum = 0.f;
+      if constexpr (R > 0)
+        for (int64_t k = 0; k < R; ++k) sMass[r * R + k] *= alpha;
       for (int c = 0; c < BK; ++c) {
         const float e = s[c] == -kInf ? 0.f : expf(s[c] - ref);
         sP[r * L::LP + c] = from_float<In>(e);
         sum += e;
+        if constexpr (R > 0)
+          if (e != 0.f) sMass[r * R + Enc::value_row(ctx, i0 + r, j0 + c)] += e;
       }
-      const float alpha = expf(sM[r] - ref);
       sL[r] = sL[r] * alpha + sum;
       sM[r] = mx;
       sA[r] = alpha;
@@ -426,7 +605,12 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
     const int r = e / D, c = e % D;
     if (i0 + r < T) {
       const float inv = sL[r] > 0.f ? 1.f / sL[r] : 0.f;
-      p.o[base + (i0 + r) * D + c] = from_float<In>(sO[r * L::LO + c] * inv);
+      float o = sO[r * L::LO + c] * inv;
+      if constexpr (R > 0) {
+        const float *table = p.params[Enc::kValueTable] + ctx.h * D + c;
+        for (int64_t k = 0; k < R; ++k) o += sMass[r * R + k] * inv * table[k * p.H * D];
+      }
+      p.o[base + (i0 + r) * D + c] = from_float<In>(o);
     }
   }
   for (int r = threadIdx.x; r < BQ; r += kThreads)
@@ -455,7 +639,8 @@ template <class In, int D> struct BwdSmem {
   static constexpr size_t acc2 = align_up(acc1 + sizeof(float) * BK * LA);
   static constexpr size_t bytes_dkdv = align_up(acc2 + sizeof(float) * BK * LA);
   static constexpr size_t bytes_dq = align_up(acc1 + sizeof(float) * BQ * LA);
-  static_assert(bytes_dkdv <= 166912, "backward tiles exceed sm_80's 163 KB of shared memory");
+  static_assert(bytes_dkdv <= kSmemLimit && bytes_dq <= kSmemLimit,
+                "backward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
 // The tile step shared by both kernels: S = Q' K'^T, dP = dO V^T, then per element
@@ -488,7 +673,13 @@ __device__ inline void bwd_tile(const Params<Enc, In> &p, const DevCtx<Enc> &ctx
       if constexpr (Enc::kHasScoreMod) logit = Enc::score_mod(ctx, i, j, raw);
       const float lse = sLse[r] == -kInf ? kInf : sLse[r];  // a row without finite logits: P = 0
       pv = expf(logit - lse);
-      const float g = pv * (sDP[r * L::LS + c] - sDelta[r]);
+      float dp = sDP[r * L::LS + c];
+      if constexpr (value_rows<Enc>() > 0) {  // o_i also holds sum_j P_ij table[r(i, j)]
+        const int64_t vr = Enc::value_row(ctx, i, j);
+        dp += p.vdrow[((ctx.b * ctx.H + ctx.h) * p.T + i) * value_rows<Enc>() + vr];
+        if constexpr (Enc::kValueTableTrainable) ctx.vmass[i * value_rows<Enc>() + vr] += pv;
+      }
+      const float g = pv * (dp - sDelta[r]);
       if constexpr (Enc::kHasScoreMod)
         dsv = p.scale * Enc::score_mod_grad(ctx, i, j, raw, g);
       else
@@ -524,7 +715,7 @@ template <class Enc, class In, int D>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(const Params<Enc, In> p) {
   using L = BwdSmem<In, D>;
   constexpr int BQ = L::BQ, BK = L::BK;
-  extern __shared__ __align__(128) unsigned char smem[];
+  APE_DYNAMIC_SMEM(smem);
   In *sK = reinterpret_cast<In *>(smem + L::k), *sV = reinterpret_cast<In *>(smem + L::v);
   const In *sQ = reinterpret_cast<const In *>(smem + L::q);
   const In *sDO = reinterpret_cast<const In *>(smem + L::dout);
@@ -561,7 +752,7 @@ template <class Enc, class In, int D>
 __global__ void __launch_bounds__(kThreads) dq_kernel(const Params<Enc, In> p) {
   using L = BwdSmem<In, D>;
   constexpr int BQ = L::BQ, BK = L::BK;
-  extern __shared__ __align__(128) unsigned char smem[];
+  APE_DYNAMIC_SMEM(smem);
   In *sK = reinterpret_cast<In *>(smem + L::k), *sV = reinterpret_cast<In *>(smem + L::v);
   const In *sDS = reinterpret_cast<const In *>(smem + L::ds);
   float *sDQ = reinterpret_cast<float *>(smem + L::acc1);
@@ -619,6 +810,31 @@ inline unsigned blocks_for(int64_t n, int per_block) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
 
+// The arguments of one call checked against the encoding: every pointer the call reads or
+// writes is present (a null dfeatures / dparams with features or params would be dereferenced).
+template <class Enc>
+cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
+  if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  if (a.B * a.H * a.T == 0) return cudaSuccess;
+  if (!a.q || !a.k || !a.v || !a.o || !a.lse) return cudaErrorInvalidValue;
+  if (Enc::kNumFeatures > 0 && !a.features) return cudaErrorInvalidValue;
+  if (Enc::kNumParams > 0 && !a.params) return cudaErrorInvalidValue;
+  for (int n = 0; n < Enc::kNumFeatures; ++n)
+    if (!a.features[n]) return cudaErrorInvalidValue;
+  for (int n = 0; n < Enc::kNumParams; ++n)
+    if (!a.params[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
+  if (!backward) return cudaSuccess;
+  if (!a.dout || !a.dq || !a.dk || !a.dv) return cudaErrorInvalidValue;
+  if (Enc::kNumFeatures > 0 && !a.dfeatures) return cudaErrorInvalidValue;
+  if (Enc::kNumParams > 0 && !a.dparams) return cudaErrorInvalidValue;
+  for (int n = 0; n < Enc::kNumFeatures; ++n)
+    if (!a.dfeatures[n]) return cudaErrorInvalidValue;
+  for (int n = 0; n < Enc::kNumParams; ++n)
+    if (!a.dparams[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
+  if ((Enc::kNumTok > 0 || Enc::kNumParams > 0) && !a.status) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
 template <class Enc, class In>
 Params<Enc, In> make_params(const CudaAttnArgs &a) {
   Params<Enc, In> p{};
@@ -635,6 +851,7 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   if (a.dparams)
     for (int n = 0; n < Enc::kNumParams; ++n) p.dparams[n] = a.dparams[n];
   p.qm = p.q, p.km = p.k;
+  p.status = a.status;
   return p;
 }
 
@@ -646,21 +863,35 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
   if constexpr (Enc::kNumTok > 0) {
     p.tok = scratch.take<float>(BH * Enc::kNumTok * p.T, err);
     if (err != cudaSuccess) return err;
-    token_forward_kernel<Enc, In><<<blocks_for(BH, 64), 64, 0, st>>>(p);
+    if ((err = launch(token_forward_kernel<Enc, In>, blocks_for(BH, 64), 64, 0, st, p)) != cudaSuccess)
+      return err;
   }
   if constexpr (Enc::kHasQMod) {
     In *qm = scratch.take<In>(n, err);
     if (err != cudaSuccess) return err;
-    mod_forward_kernel<Enc, In, true><<<blocks_for(n, 256), 256, 0, st>>>(p, p.q, qm);
+    if ((err = launch(mod_forward_kernel<Enc, In, true>, blocks_for(n, 256), 256, 0, st, p, p.q,
+                      qm)) != cudaSuccess)
+      return err;
     p.qm = qm;
   }
   if constexpr (Enc::kHasKMod) {
     In *km = scratch.take<In>(n, err);
     if (err != cudaSuccess) return err;
-    mod_forward_kernel<Enc, In, false><<<blocks_for(n, 256), 256, 0, st>>>(p, p.k, km);
+    if ((err = launch(mod_forward_kernel<Enc, In, false>, blocks_for(n, 256), 256, 0, st, p, p.k,
+                      km)) != cudaSuccess)
+      return err;
     p.km = km;
   }
-  return cudaGetLastError();
+  if constexpr (traits::NumRel<Enc>::value > 0) {
+    for (int r = 0; r < Enc::kNumRel; ++r) {
+      const int64_t m = BH * p.T * Enc::rel_rows(r);
+      p.rel[r] = scratch.take<float>(m, err);
+      if (err != cudaSuccess ||
+          (err = launch(rel_rows_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)) != cudaSuccess)
+        return err;
+    }
+  }
+  return cudaSuccess;
 }
 
 template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
@@ -676,29 +907,28 @@ template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
 template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaAttnArgs &a) {
   using namespace detail;
   static_assert(kD == 32 || kD == 64 || kD == 128, "head_dim 32, 64 or 128");
-  if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
-  if (a.B * a.H * a.T == 0) return cudaSuccess;
+  cudaError_t err = check_args<Enc>(a, kD, false);
+  if (err != cudaSuccess || a.B * a.H * a.T == 0) return err;
   const cudaStream_t st = a.stream;
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
-  cudaError_t err = prepare(p, scratch, st);
-  if (err != cudaSuccess) return err;
+  if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
   using L = FwdSmem<In, kD>;
-  if ((err = allow_smem(forward_kernel<Enc, In, kD>, L::bytes)) != cudaSuccess) return err;
+  constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
+  if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ));
-  forward_kernel<Enc, In, kD><<<grid, kThreads, L::bytes, st>>>(p);
-  return cudaGetLastError();
+  return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
 }
 
 // Backward: dq, dk, dv, dfeatures, dparams from q, k, v, o, lse, dout, features, params.
 template <class Enc, class In, int kD> cudaError_t attention_backward(const CudaAttnArgs &a) {
   using namespace detail;
   static_assert(kD == 32 || kD == 64 || kD == 128, "head_dim 32, 64 or 128");
-  if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  cudaError_t err = check_args<Enc>(a, kD, true);
+  if (err != cudaSuccess) return err;
   const cudaStream_t st = a.stream;
   Params<Enc, In> p = make_params<Enc, In>(a);
   const int64_t BH = a.B * a.H, T = a.T, n = BH * T * kD;
-  cudaError_t err = cudaSuccess;
   // Param gradients are global sums: zero them even when there is nothing to sum.
   for (int k = 0; k < Enc::kNumParams; ++k) {
     const int64_t numel = Enc::param_numel(k, a.H, a.D);
@@ -712,16 +942,34 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   p.dqm = scratch.take<float>(n, err);
   p.dkm = scratch.take<float>(n, err);
   if constexpr (Enc::kNumTok > 0) {
-    p.dtok_fx = scratch.take<unsigned long long>(BH * Enc::kNumTok * T, err);
+    p.dtok_fx = scratch.take<unsigned long long>(2 * BH * Enc::kNumTok * T, err);
     p.dtok = scratch.take<float>(BH * Enc::kNumTok * T, err);
     if (err == cudaSuccess)
-      err = cudaMemsetAsync(p.dtok_fx, 0, sizeof(unsigned long long) * BH * Enc::kNumTok * T, st);
+      err = cudaMemsetAsync(p.dtok_fx, 0, 2 * sizeof(unsigned long long) * BH * Enc::kNumTok * T, st);
   }
   for (int k = 0; k < Enc::kNumParams; ++k) {
     const int64_t numel = Enc::param_numel(k, a.H, a.D);
-    p.dparam_fx[k] = scratch.take<unsigned long long>(numel, err);
+    p.dparam_fx[k] = scratch.take<unsigned long long>(2 * numel, err);
     if (err == cudaSuccess && numel > 0)
-      err = cudaMemsetAsync(p.dparam_fx[k], 0, sizeof(unsigned long long) * numel, st);
+      err = cudaMemsetAsync(p.dparam_fx[k], 0, 2 * sizeof(unsigned long long) * numel, st);
+  }
+  constexpr int kNumRel = traits::NumRel<Enc>::value;
+  constexpr int64_t kValueRows = value_rows<Enc>();
+  if constexpr (kNumRel > 0)
+  for (int r = 0; r < kNumRel; ++r) {
+    const int64_t m = BH * T * Enc::rel_rows(r);
+    p.drel_fx[r] = scratch.take<unsigned long long>(2 * m, err);
+    p.drel[r] = scratch.take<float>(m, err);
+    if (err == cudaSuccess) err = cudaMemsetAsync(p.drel_fx[r], 0, 2 * sizeof(unsigned long long) * m, st);
+  }
+  if constexpr (kValueRows > 0) {
+    const int64_t m = BH * T * kValueRows;
+    p.vdrow = scratch.take<float>(m, err);
+    p.vmass_fx = scratch.take<unsigned long long>(2 * m, err);
+    p.vmass = scratch.take<float>(m, err);
+    if (err == cudaSuccess) err = cudaMemsetAsync(p.vmass_fx, 0, 2 * sizeof(unsigned long long) * m, st);
+    if (err == cudaSuccess)
+      err = launch(value_drow_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
   }
   if (err != cudaSuccess) return err;
 
@@ -729,17 +977,34 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) != cudaSuccess ||
       (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) != cudaSuccess)
     return err;
-  delta_kernel<Enc, In, kD><<<blocks_for(BH * T, 128), 128, 0, st>>>(p);
-  dkdv_kernel<Enc, In, kD>
-      <<<dim3(static_cast<unsigned>(BH), blocks_for(T, L::BK)), kThreads, L::bytes_dkdv, st>>>(p);
-  dq_kernel<Enc, In, kD>
-      <<<dim3(static_cast<unsigned>(BH), blocks_for(T, L::BQ)), kThreads, L::bytes_dq, st>>>(p);
-  mod_backward_kernel<Enc, In, true, kD><<<blocks_for(BH * T, 64), 64, 0, st>>>(p, p.q, p.dqm, p.dq);
-  mod_backward_kernel<Enc, In, false, kD><<<blocks_for(BH * T, 64), 64, 0, st>>>(p, p.k, p.dkm, p.dk);
+  const unsigned ubh = static_cast<unsigned>(BH);
+  if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, 128), 128, 0, st, p)) ||
+      (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
+                    L::bytes_dkdv, st, p)) ||
+      (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads, L::bytes_dq,
+                    st, p)))
+    return err;
+  if constexpr (kNumRel > 0)
+  for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'
+    const int64_t m = BH * T * Enc::rel_rows(r);
+    if ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
+                      static_cast<const unsigned long long *>(p.drel_fx[r]), p.drel[r], m,
+                      static_cast<const uint32_t *>(p.status))) ||
+        (err = launch(rel_rows_dx_kernel<Enc, In>, blocks_for(n, 256), 256, 0, st, p, r)))
+      return err;
+  }
+  if ((err = launch(mod_backward_kernel<Enc, In, true, kD>, blocks_for(BH * T, 64), 64, 0, st, p,
+                    p.q, p.dqm, p.dq)) ||
+      (err = launch(mod_backward_kernel<Enc, In, false, kD>, blocks_for(BH * T, 64), 64, 0, st, p,
+                    p.k, p.dkm, p.dk)))
+    return err;
   if constexpr (Enc::kNumTok > 0) {
     const int64_t nt = BH * Enc::kNumTok * T;
-    fixed_to_float_kernel<><<<blocks_for(nt, 256), 256, 0, st>>>(p.dtok_fx, p.dtok, nt);
-    token_backward_kernel<Enc, In><<<blocks_for(BH, 64), 64, 0, st>>>(p);
+    if ((err = launch(fixed_to_float_kernel<>, blocks_for(nt, 256), 256, 0, st,
+                      static_cast<const unsigned long long *>(p.dtok_fx), p.dtok, nt,
+                      static_cast<const uint32_t *>(p.status))) ||
+        (err = launch(token_backward_kernel<Enc, In>, blocks_for(BH, 64), 64, 0, st, p)))
+      return err;
   } else {
     for (int k = 0; k < Enc::kNumFeatures; ++k)  // features without tokens have no effect
       if ((err = cudaMemsetAsync(a.dfeatures[k], 0, sizeof(float) * BH * T, st)) != cudaSuccess)
@@ -747,13 +1012,32 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   }
   for (int k = 0; k < Enc::kNumParams; ++k) {
     const int64_t numel = Enc::param_numel(k, a.H, a.D);
-    if (numel > 0)
-      fixed_to_float_kernel<><<<blocks_for(numel, 256), 256, 0, st>>>(p.dparam_fx[k], a.dparams[k],
-                                                                     numel);
+    if (numel > 0 &&
+        (err = launch(fixed_to_float_kernel<>, blocks_for(numel, 256), 256, 0, st,
+                      static_cast<const unsigned long long *>(p.dparam_fx[k]), a.dparams[k], numel,
+                      static_cast<const uint32_t *>(p.status))))
+      return err;
   }
-  return cudaGetLastError();
+  // Tables of relative rows and value rows: their gradients add to what the sinks summed.
+  if constexpr (kNumRel > 0)
+  for (int r = 0; r < kNumRel; ++r) {
+    const int64_t m = Enc::rel_rows(r) * a.H * kD;
+    if ((err = launch(rel_rows_dparams_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)))
+      return err;
+  }
+  if constexpr (kValueRows > 0) {
+    const int64_t m = BH * T * kValueRows, tab = kValueRows * a.H * kD;
+    if (Enc::kValueTableTrainable &&
+        ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
+                       static_cast<const unsigned long long *>(p.vmass_fx), p.vmass, m,
+                       static_cast<const uint32_t *>(p.status))) ||
+         (err = launch(value_dtable_kernel<Enc, In>, blocks_for(tab, 256), 256, 0, st, p))))
+      return err;
+  }
+  return cudaSuccess;
 }
 
+APE_CUDA_ABI_END
 }  // namespace ape::cuda
 
 // The two functions of one (encoding, dtype, head dim) variant, for the generated entry:

@@ -9,15 +9,49 @@
 //   lse                            (B, H, T) float32: log sum_j exp(l_ij) of the final logits
 //   features, dfeatures            Enc::kNumFeatures x (B, H, T) float32
 //   params, dparams                Enc::kNumParams tensors, float32, shapes per manifest
+//   status                         one uint32_t in device memory (backward): see below
 // `features`, `params`, `dfeatures` and `dparams` are HOST arrays of DEVICE pointers.
+//
+// Compiled with -DAPE_SIMT (the SIMT emulator, docs/cuda.md) the same declarations live in the
+// inline namespace ape::cuda::simt and the runtime API types are the emulator's, so a program
+// may link emulated and real kernels side by side.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#ifdef APE_SIMT
+#include "ape/simt/cuda.h"
+#define APE_CUDA_ABI_BEGIN inline namespace simt {
+#define APE_CUDA_ABI_END }
+#define APE_CUDA_ENTRY(name) ape_simt_kernel_entry_##name
+#else
 #include <cuda_runtime_api.h>
+#define APE_CUDA_ABI_BEGIN
+#define APE_CUDA_ABI_END
+#define APE_CUDA_ENTRY(name) ape_cuda_kernel_entry_##name
+#endif
 
 namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
+
+// Bits of the backward's status word: what the deterministic fixed-point gradient sums (token and
+// parameter gradients; cuda_attention.cuh) could not represent. The errors:
+constexpr uint32_t kStatusNonFinite = 1u;  // a gradient term was NaN or infinite: those sums are NaN
+constexpr uint32_t kStatusRange = 2u;      // a term of magnitude >= 2^31 was clamped
+constexpr uint32_t kStatusOverflow = 4u;   // a sum left (-2^31, 2^31) and wrapped
+constexpr uint32_t kStatusErrors = kStatusNonFinite | kStatusRange | kStatusOverflow;
+// For information: a non-zero term below 2^-65 in magnitude was dropped (the sums are exact to
+// 2^-64 per term).
+constexpr uint32_t kStatusDropped = 8u;
+
+inline const char *status_message(uint32_t status) {
+  if (status & kStatusNonFinite) return "a token or parameter gradient term was NaN or infinite";
+  if (status & kStatusRange) return "a token or parameter gradient term exceeded 2^31 and was clamped";
+  if (status & kStatusOverflow) return "a token or parameter gradient sum exceeded 2^31 and wrapped";
+  if (status & kStatusDropped) return "gradient terms below 2^-65 were dropped";
+  return "ok";
+}
 
 enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
 
@@ -39,6 +73,11 @@ struct CudaAttnArgs {
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // overwritten
   float *const *dfeatures = nullptr;                  // overwritten
   float *const *dparams = nullptr;                    // overwritten (zero where not trainable)
+  // Device word the backward ORs its kStatus* bits into (the caller zeroes it and reads it when
+  // it likes: no synchronisation here). Required when the encoding has token or parameter
+  // gradients (Enc::kNumTok > 0 or kNumParams > 0): without it the backward returns
+  // cudaErrorInvalidValue.
+  uint32_t *status = nullptr;
   cudaStream_t stream = nullptr;
 };
 
@@ -79,4 +118,5 @@ inline cudaError_t backward(const CudaKernelEntry &e, const CudaAttnArgs &a) {
   return v ? v->backward(a) : cudaErrorInvalidValue;
 }
 
+APE_CUDA_ABI_END
 }  // namespace ape::cuda

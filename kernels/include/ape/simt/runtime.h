@@ -1,0 +1,60 @@
+// Controls and reports of the SIMT emulator (docs/cuda.md, "The emulator"). Plain C++17, usable
+// from code that does not include the emulated CUDA surface (tests, the runtime).
+//
+// Checks (every launch, always on):
+//   memcheck   an access outside every live allocation of emulated device memory (each has a
+//              red zone on both sides; freed memory is never reused), outside the block's shared
+//              memory, or a host-code dereference of device memory;
+//   racecheck  two threads of a block touching the same byte of shared memory between two
+//              barriers, at least one of them writing (atomic pairs excepted; lanes of one warp
+//              are ordered by __syncwarp);
+//   initcheck  a read of shared or device memory that nothing has written (memset and
+//              host-to-device copies count as writes);
+//   synccheck  a block barrier or a warp collective that not every participating thread
+//              reaches (deadlock), different barriers reached together, warp collectives of one
+//              mask called with different operations or masks, a mask naming exited lanes;
+//   async      a read or write of a cp.async destination before the wait that completes it, a
+//              cp.async never waited for;
+//   launch     a configuration the chosen architecture refuses (threads per block, grid size,
+//              dynamic shared memory above 48 KiB without cudaFuncSetAttribute, or above the
+//              architecture's per-block limit).
+// Each finding is recorded (and printed once per launch and kind, up to a limit); a launch with a
+// finding that leaves the block unable to continue (deadlock) returns cudaErrorLaunchFailure.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ape::simt {
+
+enum class Check { Memcheck, Racecheck, Initcheck, Synccheck, Async, Launch };
+const char *check_name(Check c);
+
+struct Finding {
+  Check check;
+  std::string kernel;   // demangled name of the launched kernel
+  std::string message;  // what, where (block, thread, address), and who else
+};
+
+// Findings since the last call (and clears them).
+std::vector<Finding> take_findings();
+// Total findings recorded since the process started.
+size_t finding_count();
+// Print findings to stderr as they are recorded (default on; APE_SIMT_QUIET=1 turns it off).
+void set_print(bool on);
+
+// The emulated architecture: 80, 86, 89 or 90 (APE_SIMT_ARCH, default 80). It sets the limits the
+// launch checks use: dynamic shared memory per block (opt-in) 163 KiB (80), 99 KiB (86, 89),
+// 227 KiB (90); 1024 threads per block; grid y and z at most 65535.
+void set_arch(int sm);
+int arch();
+size_t max_dynamic_smem(int sm);
+
+// Statistics of this process: launches, blocks, thread switches, instrumented accesses checked.
+struct Stats {
+  size_t launches = 0, blocks = 0, switches = 0, accesses = 0;
+};
+Stats stats();
+
+}  // namespace ape::simt

@@ -1,0 +1,148 @@
+// Internals of the SIMT emulator shared by Runtime.cpp (launches, fibers, barriers, device
+// memory, the runtime API), Checks.cpp (the access hooks and the shadow state behind memcheck,
+// racecheck and initcheck) and Warp.cpp (warp collectives: shuffles, WMMA, mma.sync, ldmatrix,
+// cp.async). Not installed: the public surfaces are ape/simt/cuda.h and ape/simt/runtime.h.
+#pragma once
+
+#include "ape/simt/cuda.h"
+#include "ape/simt/runtime.h"
+
+#include <boost/context/fiber.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace ape::simt::detail {
+
+// ---- device memory -----------------------------------------------------------------------------
+// One reserved range of virtual memory holds every allocation, each with a red zone on both
+// sides; freed ranges are never handed out again. A shadow byte per byte says what it is.
+constexpr uint8_t kAddressable = 1;  // inside a live allocation (or the block's shared memory)
+constexpr uint8_t kInit = 2;         // written since it was allocated
+constexpr uint8_t kPending = 4;      // (shared) destination of a cp.async not yet waited for
+constexpr uint8_t kWAtomic = 8;      // (shared) the last write was atomic
+constexpr uint8_t kRMulti = 16;      // (shared) read by several threads since the last write
+
+extern char *g_arena_lo, *g_arena_hi;  // [lo, hi): the reserved device range (null before use)
+extern uint8_t *g_arena_shadow;        // one byte per byte of the range
+
+// ---- threads, warps, blocks ------------------------------------------------------------------
+enum class State : uint8_t { Ready, Barrier, Collective, Done };
+
+// A cp.async in flight: lands when a wait lets it.
+struct AsyncCopy {
+  char *dst;
+  const char *src;
+  int bytes, src_bytes;
+};
+
+struct Block;
+
+struct Thread {
+  ThreadCtx ctx{};
+  unsigned tid = 0;  // linear index in the block
+  State state = State::Ready;
+  boost::context::fiber fiber, back;  // its own context; the scheduler's, while it runs
+  const void *site = nullptr;         // where it blocked (a return address)
+  // The warp collective it waits in.
+  int op_kind = 0;
+  unsigned op_mask = 0;
+  void *op_arg = nullptr;
+  const char *stack_lo = nullptr, *stack_hi = nullptr;  // its stack: local memory, unchecked
+  std::vector<AsyncCopy> uncommitted;
+  std::deque<std::vector<AsyncCopy>> groups;  // committed cp.async groups, oldest first
+};
+
+struct Warp {
+  unsigned index = 0;
+  unsigned valid = 0;   // lanes that exist (a last partial warp has fewer)
+  unsigned exited = 0;  // lanes that returned
+  uint32_t sync_count = 0;  // completed __syncwarp: orders the accesses of its lanes
+  Thread *lanes[32] = {};
+};
+
+// Shared-memory race state of one byte (Checks.cpp).
+struct Cell {
+  uint32_t w_epoch;  // block epoch of the last write, 0: none
+  uint16_t w_tid, w_wsync;
+  uint32_t r_epoch;  // a read since that write, 0: none
+  uint16_t r_tid, r_wsync;
+};
+
+struct Launch {
+  const void *kernel;
+  std::string name;
+  dim3 grid, block;
+  size_t dynamic_smem;
+  bool failed = false;  // a finding that stopped a block (deadlock)
+  std::atomic<size_t> printed{0};
+};
+
+constexpr size_t kSmemRedzone = 256;
+
+struct Block {
+  Launch *launch = nullptr;
+  uint3 idx{};
+  std::vector<Thread> threads;
+  std::vector<Warp> warps;
+  // Shared memory: window = [red zone][dynamic][static][red zone]; `smem` is the dynamic start.
+  char *window = nullptr, *smem = nullptr;
+  size_t window_bytes = 0, dynamic_bytes = 0, static_bytes = 0;
+  uint8_t *flags = nullptr;  // per byte of the window
+  Cell *cells = nullptr;     // per byte of the window
+  uint32_t epoch = 1;        // completed barriers + 1
+  std::vector<std::pair<const void *, size_t>> statics;  // static __shared__: id -> offset
+};
+
+// The emulated thread running on this OS thread and its block (null: host code).
+struct Worker {
+  Thread *thread;
+  Block *block;
+};
+extern thread_local Worker tl_worker;
+
+inline Thread *self() { return tl_worker.thread; }
+
+// Gives control back to the scheduler until this thread is Ready again.
+void yield_to_scheduler();
+
+// ---- findings --------------------------------------------------------------------------------
+void report(Check check, const std::string &message, const void *pc = nullptr);
+std::string thread_name(const Block &b, unsigned tid);
+std::string where(const void *pc);  // "in function+0xoff" when the symbol is known
+
+// ---- checked accesses (Checks.cpp) ------------------------------------------------------------
+enum class Access : uint8_t { Read, Write, Atomic };
+// Checks one access of `bytes` at `addr` by the running emulated thread (or host code), as the
+// instrumentation hooks do; the emulator's own loads and stores on behalf of a thread go here.
+void check_access(const void *addr, size_t bytes, Access kind, const void *pc);
+// Marks [p, p + n) of device memory as written (memset, copies from the host).
+void mark_initialised(const void *p, size_t n);
+// True when [p, p + n) lies in one live device allocation.
+bool device_range_ok(const void *p, size_t n);
+// Shared-memory shadow of a block: called when a block starts.
+void reset_shared_shadow(Block &b);
+
+std::atomic<size_t> &access_counter();
+
+// ---- warp collectives (Runtime.cpp) ------------------------------------------------------------
+// Waits until every lane of `mask` has called the same collective (`kind`, same mask), then runs
+// `complete(warp, mask, args)` once, on the last lane to arrive, with each lane's `arg`.
+using Complete = void (*)(Warp &w, unsigned mask, void *const *args);
+void collective(int kind, unsigned mask, void *arg, Complete complete, const void *pc);
+
+enum CollectiveKind : int {
+  kSyncwarp = 1,
+  kShfl,
+  kBallot,
+  kWmmaLoad,
+  kWmmaStore,
+  kWmmaMma,
+  kMma,
+  kLdmatrix,
+};
+
+}  // namespace ape::simt::detail

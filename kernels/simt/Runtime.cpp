@@ -1,0 +1,897 @@
+// The SIMT emulator's scheduler, device memory and runtime API (docs/cuda.md, "The emulator").
+//
+// A launch runs its blocks one after another (or spread over APE_SIMT_WORKERS OS threads); the
+// threads of a block are fibers (Boost.Context) switched only at synchronisation points: a
+// thread runs until it reaches __syncthreads, a warp collective or its end. The scheduler sweeps
+// the threads in index order; when no thread can run, either every live thread waits at a block
+// barrier (the barrier completes: a new epoch for racecheck) or the block is stuck (synccheck:
+// reported with where each thread waits, and the block is abandoned).
+#include "Internal.h"
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+namespace ape::simt {
+
+thread_local ThreadCtx *tl_thread = nullptr;
+
+namespace detail {
+
+thread_local Worker tl_worker{nullptr, nullptr};
+char *g_arena_lo = nullptr, *g_arena_hi = nullptr;
+uint8_t *g_arena_shadow = nullptr;
+
+namespace {
+
+// ---- settings and statistics -------------------------------------------------------------------
+int env_int(const char *name, int fallback) {
+  const char *v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+std::atomic<int> g_arch{0};
+std::atomic<int> g_print{-1};
+std::atomic<size_t> g_launches{0}, g_blocks{0}, g_switches{0}, g_accesses{0}, g_findings{0};
+std::mutex g_findings_mu;
+std::vector<Finding> g_pending_findings;
+
+thread_local Launch *tl_launch = nullptr;
+thread_local cudaError_t tl_last_error = cudaSuccess;
+
+}  // namespace
+
+std::atomic<size_t> &access_counter() { return g_accesses; }
+
+// ---- findings ------------------------------------------------------------------------------------
+std::string demangle(const char *name) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void *)> d(abi::__cxa_demangle(name, nullptr, nullptr, &status),
+                                            std::free);
+  return status == 0 && d ? std::string(d.get()) : std::string(name);
+}
+
+std::string symbol_name(const void *p) {
+  Dl_info info{};
+  if (p && dladdr(p, &info) && info.dli_sname) return demangle(info.dli_sname);
+  std::ostringstream os;
+  os << "kernel@" << p;
+  return os.str();
+}
+
+std::string where(const void *pc) {
+  if (!pc) return "";
+  Dl_info info{};
+  std::ostringstream os;
+  if (dladdr(pc, &info) && info.dli_sname)
+    os << " (in " << demangle(info.dli_sname) << "+0x" << std::hex
+       << (static_cast<const char *>(pc) - static_cast<const char *>(info.dli_saddr)) << ")";
+  else
+    os << " (at pc " << pc << ")";
+  return os.str();
+}
+
+std::string thread_name(const Block &b, unsigned tid) {
+  const dim3 bd = b.launch ? b.launch->block : dim3{};
+  std::ostringstream os;
+  os << "(" << tid % bd.x << "," << tid / bd.x % bd.y << "," << tid / (bd.x * bd.y) << ")";
+  return os.str();
+}
+
+void report(Check check, const std::string &message, const void *pc) {
+  Launch *l = tl_launch;
+  Block *b = tl_worker.block;
+  std::ostringstream os;
+  if (b) {
+    os << "block (" << b->idx.x << "," << b->idx.y << "," << b->idx.z << ")";
+    if (Thread *t = tl_worker.thread) os << " thread " << thread_name(*b, t->tid);
+    os << ": ";
+  }
+  os << message << where(pc);
+  Finding f{check, l ? l->name : std::string("host"), os.str()};
+  g_findings.fetch_add(1);
+  if (g_print.load() < 0) g_print = env_int("APE_SIMT_QUIET", 0) ? 0 : 1;
+  constexpr size_t kMaxPrinted = 8;  // per launch
+  if (g_print.load() && (!l || l->printed.fetch_add(1) < kMaxPrinted))
+    std::fprintf(stderr, "ape-simt: %s: %s: %s\n", check_name(check), f.kernel.c_str(),
+                 f.message.c_str());
+  std::lock_guard<std::mutex> lock(g_findings_mu);
+  if (g_pending_findings.size() < 10000) g_pending_findings.push_back(std::move(f));
+}
+
+// ---- device memory ------------------------------------------------------------------------------
+namespace {
+
+constexpr size_t kArenaBytes = size_t(64) << 30;  // reserved, not committed
+constexpr size_t kRedzone = 256;                  // also cudaMalloc's alignment
+
+struct Arena {
+  std::mutex mu;
+  size_t top = 0;
+  std::unordered_map<const void *, size_t> live;  // start -> bytes
+  bool ready = false;
+};
+Arena &arena() {
+  static Arena a;
+  return a;
+}
+
+bool arena_init(Arena &a) {
+  if (a.ready) return true;
+  void *data = mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void *shadow = mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (data == MAP_FAILED || shadow == MAP_FAILED) return false;
+  g_arena_shadow = static_cast<uint8_t *>(shadow);
+  g_arena_lo = static_cast<char *>(data);
+  g_arena_hi = g_arena_lo + kArenaBytes;
+  a.ready = true;
+  return true;
+}
+
+void release_pages(char *lo, char *hi) {  // give whole pages inside [lo, hi) back to the OS
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(lo) + page - 1) / page * page;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(hi) / page * page;
+  if (b > a) madvise(reinterpret_cast<void *>(a), b - a, MADV_DONTNEED);
+}
+
+cudaError_t set_error(cudaError_t e) {
+  if (e != cudaSuccess) tl_last_error = e;
+  return e;
+}
+
+}  // namespace
+
+bool device_range_ok(const void *p, size_t n) {
+  const char *c = static_cast<const char *>(p);
+  if (!g_arena_lo || c < g_arena_lo || c + n > g_arena_hi || c + n < c) return false;
+  const uint8_t *s = g_arena_shadow + (c - g_arena_lo);
+  for (size_t i = 0; i < n; ++i)
+    if (!(s[i] & kAddressable)) return false;
+  return true;
+}
+
+void mark_initialised(const void *p, size_t n) {
+  uint8_t *s = g_arena_shadow + (static_cast<const char *>(p) - g_arena_lo);
+  for (size_t i = 0; i < n; ++i) s[i] |= kInit;
+}
+
+// ---- fibers ------------------------------------------------------------------------------------------
+namespace {
+
+// Stacks of the thread fibers, reused across blocks, with a guard page below each.
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct StackPool {
+  std::vector<void *> free;  // base addresses (guard page first)
+  ~StackPool() {
+    for (void *p : free) munmap(p, kStackBytes);
+  }
+};
+thread_local StackPool tl_stacks;
+thread_local boost::context::stack_context tl_last_stack;  // the stack allocate() gave last
+
+struct PooledStack {
+  boost::context::stack_context allocate() {
+    void *base;
+    if (!tl_stacks.free.empty()) {
+      base = tl_stacks.free.back();
+      tl_stacks.free.pop_back();
+    } else {
+      base = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (base == MAP_FAILED) throw std::bad_alloc();
+      mprotect(base, static_cast<size_t>(sysconf(_SC_PAGESIZE)), PROT_NONE);
+    }
+    boost::context::stack_context sc;
+    sc.size = kStackBytes;
+    sc.sp = static_cast<char *>(base) + kStackBytes;
+    tl_last_stack = sc;
+    return sc;
+  }
+  void deallocate(boost::context::stack_context &sc) noexcept {
+    tl_stacks.free.push_back(static_cast<char *>(sc.sp) - sc.size);
+  }
+};
+
+void resume(Block &b, Thread &t) {
+  tl_worker.thread = &t;
+  tl_thread = &t.ctx;
+  t.fiber = std::move(t.fiber).resume();
+  tl_worker.thread = nullptr;
+  tl_thread = nullptr;
+  g_switches.fetch_add(1, std::memory_order_relaxed);
+  (void)b;
+}
+
+}  // namespace
+
+void yield_to_scheduler() {
+  Thread *t = self();
+  t->back = std::move(t->back).resume();
+}
+
+// ---- the scheduler -----------------------------------------------------------------------------
+namespace {
+
+const char *state_name(const Thread &t) {
+  switch (t.state) {
+  case State::Ready: return "runnable";
+  case State::Barrier: return "at __syncthreads";
+  case State::Collective: return "in a warp collective";
+  case State::Done: return "returned";
+  }
+  return "?";
+}
+
+// "threads 0-31 at __syncthreads (in f+0x10); threads 32-63 ..." for a stuck block.
+std::string describe_waits(const Block &b) {
+  std::ostringstream os;
+  size_t n = b.threads.size(), i = 0;
+  bool first = true;
+  while (i < n) {
+    const Thread &t = b.threads[i];
+    size_t j = i + 1;
+    while (j < n && b.threads[j].state == t.state && b.threads[j].site == t.site &&
+           b.threads[j].op_kind == t.op_kind && b.threads[j].op_mask == t.op_mask)
+      ++j;
+    os << (first ? "" : "; ") << "threads " << i;
+    if (j - 1 > i) os << "-" << j - 1;
+    os << " " << state_name(t);
+    if (t.state == State::Collective) os << " (kind " << t.op_kind << ", mask 0x" << std::hex
+                                         << t.op_mask << std::dec << ")";
+    if (t.state != State::Done) os << where(t.site);
+    first = false;
+    i = j;
+  }
+  return os.str();
+}
+
+// Runs one block to its end. False when it was abandoned (deadlock).
+bool run_block(Block &b, Body body) {
+  Launch &l = *b.launch;
+  const unsigned nthreads = l.block.x * l.block.y * l.block.z;
+  const unsigned nwarps = (nthreads + 31) / 32;
+  b.threads.clear();
+  b.threads.resize(nthreads);
+  b.warps.assign(nwarps, Warp{});
+  b.epoch = 1;
+  reset_shared_shadow(b);  // before the statics are forgotten: it clears what they used
+  b.statics.clear();
+  b.static_bytes = 0;
+  for (unsigned w = 0; w < nwarps; ++w) b.warps[w].index = w;
+  for (unsigned tid = 0; tid < nthreads; ++tid) {
+    Thread &t = b.threads[tid];
+    t.tid = tid;
+    t.ctx.thread_idx = uint3{tid % l.block.x, tid / l.block.x % l.block.y,
+                             tid / (l.block.x * l.block.y)};
+    t.ctx.block_idx = b.idx;
+    t.ctx.block_dim = l.block;
+    t.ctx.grid_dim = l.grid;
+    t.ctx.lane = tid % 32;
+    t.ctx.warp = tid / 32;
+    Warp &w = b.warps[tid / 32];
+    w.lanes[tid % 32] = &t;
+    w.valid |= 1u << (tid % 32);
+    Thread *tp = &t;
+    t.fiber = boost::context::fiber(
+        std::allocator_arg, PooledStack(),
+        [tp, body, &b](boost::context::fiber &&sched) -> boost::context::fiber {
+          tp->back = std::move(sched);
+          body.call(body.self);
+          if (!tp->uncommitted.empty() || !tp->groups.empty())
+            report(Check::Async, "returns with cp.async copies never waited for");
+          tp->state = State::Done;
+          Warp &w = b.warps[tp->tid / 32];
+          w.exited |= 1u << (tp->tid % 32);
+          return std::move(tp->back);
+        });
+    t.stack_hi = static_cast<const char *>(tl_last_stack.sp);  // local memory: unchecked
+    t.stack_lo = t.stack_hi - tl_last_stack.size;
+  }
+
+  for (;;) {
+    bool ran = false, all_done = true;
+    for (Thread &t : b.threads) {
+      if (t.state == State::Ready) {
+        resume(b, t);
+        ran = true;
+      }
+      all_done = all_done && t.state == State::Done;
+    }
+    if (all_done) return true;
+    if (ran) continue;
+    // Nobody can run: a barrier every live thread reached completes; anything else is stuck.
+    const void *site = nullptr;
+    bool barrier = true, same_site = true;
+    for (Thread &t : b.threads) {
+      if (t.state == State::Done) continue;
+      if (t.state != State::Barrier) barrier = false;
+      if (!site) site = t.site;
+      else if (t.site != site) same_site = false;
+    }
+    if (barrier) {
+      if (!same_site)
+        report(Check::Synccheck, "threads wait at different __syncthreads calls: " +
+                                     describe_waits(b));
+      ++b.epoch;
+      for (Thread &t : b.threads)
+        if (t.state == State::Barrier) t.state = State::Ready;
+      continue;
+    }
+    report(Check::Synccheck, "deadlock: not every thread reaches the same barrier or warp "
+                             "collective: " + describe_waits(b));
+    l.failed = true;
+    for (Thread &t : b.threads) t.fiber = boost::context::fiber();  // unwinds the stuck fibers
+    return false;
+  }
+}
+
+struct FuncAttrs {
+  std::mutex mu;
+  std::unordered_map<const void *, int> max_dynamic_smem;
+};
+FuncAttrs &func_attrs() {
+  static FuncAttrs f;
+  return f;
+}
+
+}  // namespace
+
+// ---- warp collectives ------------------------------------------------------------------------------
+void collective(int kind, unsigned mask, void *arg, Complete complete, const void *pc) {
+  Thread *t = self();
+  if (!t) {
+    report(Check::Synccheck, "a warp intrinsic is called from host code", pc);
+    std::abort();
+  }
+  Block &b = *tl_worker.block;
+  Warp &w = b.warps[t->tid / 32];
+  const unsigned bit = 1u << (t->tid % 32);
+  if (!(mask & bit)) {
+    std::ostringstream os;
+    os << "calls a warp collective with mask 0x" << std::hex << mask
+       << " that does not include its own lane " << std::dec << t->tid % 32;
+    report(Check::Synccheck, os.str(), pc);
+    mask |= bit;
+  }
+  if (mask & ~w.valid) {
+    std::ostringstream os;
+    os << "warp collective mask 0x" << std::hex << mask << " names lanes that do not exist (0x"
+       << (mask & ~w.valid) << ")";
+    report(Check::Synccheck, os.str(), pc);
+    mask &= w.valid;
+  }
+  if (mask & w.exited) {
+    std::ostringstream os;
+    os << "warp collective mask 0x" << std::hex << mask << " names lanes that have returned (0x"
+       << (mask & w.exited) << ")";
+    report(Check::Synccheck, os.str(), pc);
+    mask &= ~w.exited;
+  }
+  t->op_kind = kind;
+  t->op_mask = mask;
+  t->op_arg = arg;
+  t->site = pc;
+  t->state = State::Collective;
+  bool all = true;
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    if (!(mask >> lane & 1u)) continue;
+    Thread *u = w.lanes[lane];
+    if (u->state != State::Collective) {
+      all = false;
+      continue;
+    }
+    if (u->op_kind != kind || u->op_mask != mask) {
+      std::ostringstream os;
+      os << "lanes of one warp meet in different collectives: lane " << t->tid % 32 << " (kind "
+         << kind << ", mask 0x" << std::hex << mask << ") and lane " << std::dec << lane
+         << " (kind " << u->op_kind << ", mask 0x" << std::hex << u->op_mask << ")";
+      report(Check::Synccheck, os.str(), pc);
+      all = false;
+    }
+  }
+  if (!all) {
+    while (t->state != State::Ready) yield_to_scheduler();
+    return;
+  }
+  void *args[32] = {};
+  for (unsigned lane = 0; lane < 32; ++lane)
+    if (mask >> lane & 1u) args[lane] = w.lanes[lane]->op_arg;
+  complete(w, mask, args);
+  ++w.sync_count;
+  for (unsigned lane = 0; lane < 32; ++lane)
+    if (mask >> lane & 1u) w.lanes[lane]->state = State::Ready;
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+// ---- public controls ------------------------------------------------------------------------------
+const char *check_name(Check c) {
+  switch (c) {
+  case Check::Memcheck: return "memcheck";
+  case Check::Racecheck: return "racecheck";
+  case Check::Initcheck: return "initcheck";
+  case Check::Synccheck: return "synccheck";
+  case Check::Async: return "async";
+  case Check::Launch: return "launch";
+  }
+  return "?";
+}
+
+std::vector<Finding> take_findings() {
+  std::lock_guard<std::mutex> lock(g_findings_mu);
+  std::vector<Finding> out;
+  out.swap(g_pending_findings);
+  return out;
+}
+size_t finding_count() { return g_findings.load(); }
+void set_print(bool on) { g_print = on ? 1 : 0; }
+
+size_t max_dynamic_smem(int sm) {
+  switch (sm) {
+  case 80: return 166912;           // 163 KiB
+  case 86: case 89: return 101376;  // 99 KiB
+  case 90: return 232448;           // 227 KiB
+  default: return 0;
+  }
+}
+void set_arch(int sm) {
+  if (max_dynamic_smem(sm) == 0) {
+    std::fprintf(stderr, "ape-simt: unknown architecture sm_%d (80, 86, 89 or 90)\n", sm);
+    std::abort();
+  }
+  g_arch = sm;
+}
+int arch() {
+  if (g_arch.load() == 0) set_arch(env_int("APE_SIMT_ARCH", 80));
+  return g_arch.load();
+}
+
+Stats stats() {
+  Stats s;
+  s.launches = g_launches.load(), s.blocks = g_blocks.load(), s.switches = g_switches.load();
+  s.accesses = g_accesses.load();
+  return s;
+}
+
+// ---- launches -------------------------------------------------------------------------------------
+cudaError_t func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return set_error(cudaErrorInvalidValue);
+  if (value < 0 || static_cast<size_t>(value) > max_dynamic_smem(arch())) {
+    std::ostringstream os;
+    os << "cudaFuncSetAttribute(" << symbol_name(kernel) << ", MaxDynamicSharedMemorySize, "
+       << value << "): sm_" << arch() << " allows at most " << max_dynamic_smem(arch())
+       << " bytes per block";
+    report(Check::Launch, os.str());
+    return set_error(cudaErrorInvalidValue);
+  }
+  std::lock_guard<std::mutex> lock(func_attrs().mu);
+  func_attrs().max_dynamic_smem[kernel] = value;
+  return cudaSuccess;
+}
+
+cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t dynamic_smem,
+                        cudaStream_t stream, Body body) {
+  (void)stream;
+  Launch l;
+  l.kernel = kernel;
+  l.name = symbol_name(kernel);
+  l.grid = grid, l.block = block, l.dynamic_smem = dynamic_smem;
+  Launch *outer = tl_launch;
+  tl_launch = &l;
+  struct Restore {
+    Launch *outer;
+    ~Restore() { tl_launch = outer; }
+  } restore{outer};
+  g_launches.fetch_add(1);
+
+  // The launch checks of the emulated architecture.
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  std::ostringstream bad;
+  if (threads == 0 || threads > 1024 || block.z > 64)
+    bad << "block (" << block.x << "," << block.y << "," << block.z
+        << ") has more than 1024 threads (or none, or z > 64)";
+  else if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
+           grid.x > 2147483647u)
+    bad << "grid (" << grid.x << "," << grid.y << "," << grid.z
+        << ") is empty or exceeds (2^31-1, 65535, 65535)";
+  if (!bad.str().empty()) {
+    report(Check::Launch, bad.str());
+    return set_error(cudaErrorInvalidConfiguration);
+  }
+  int allowed = 48 * 1024;
+  {
+    std::lock_guard<std::mutex> lock(func_attrs().mu);
+    auto it = func_attrs().max_dynamic_smem.find(kernel);
+    if (it != func_attrs().max_dynamic_smem.end()) allowed = std::max(allowed, it->second);
+  }
+  if (dynamic_smem > static_cast<size_t>(allowed) || dynamic_smem > max_dynamic_smem(arch())) {
+    std::ostringstream os;
+    os << "asks for " << dynamic_smem << " bytes of dynamic shared memory; allowed: " << allowed
+       << " (48 KiB without cudaFuncSetAttribute), sm_" << arch() << "'s limit "
+       << max_dynamic_smem(arch());
+    report(Check::Launch, os.str());
+    return set_error(cudaErrorInvalidValue);
+  }
+
+  const size_t nblocks = size_t(grid.x) * grid.y * grid.z;
+  const size_t window = kSmemRedzone + max_dynamic_smem(90) + kSmemRedzone;
+  auto worker = [&](std::atomic<size_t> &next) {
+    tl_launch = &l;
+    Block b;
+    b.launch = &l;
+    std::vector<char> mem(window);
+    std::vector<uint8_t> flags(window);
+    std::vector<Cell> cells(window);
+    b.window = mem.data(), b.window_bytes = window, b.flags = flags.data(), b.cells = cells.data();
+    b.smem = b.window + kSmemRedzone;
+    b.dynamic_bytes = dynamic_smem;
+    tl_worker.block = &b;
+    for (size_t n; (n = next.fetch_add(1)) < nblocks && !l.failed;) {
+      b.idx = uint3{static_cast<unsigned>(n % grid.x), static_cast<unsigned>(n / grid.x % grid.y),
+                    static_cast<unsigned>(n / (size_t(grid.x) * grid.y))};
+      run_block(b, body);
+      g_blocks.fetch_add(1, std::memory_order_relaxed);
+    }
+    tl_worker.block = nullptr;
+  };
+  std::atomic<size_t> next{0};
+  const int workers = std::clamp(env_int("APE_SIMT_WORKERS", 1), 1, 64);
+  if (workers == 1 || nblocks == 1) {
+    worker(next);
+  } else {
+    std::vector<std::thread> pool;
+    for (int w = 0; w < workers; ++w) pool.emplace_back(worker, std::ref(next));
+    for (auto &th : pool) th.join();
+  }
+  return l.failed ? set_error(cudaErrorLaunchFailure) : cudaSuccess;
+}
+
+unsigned char *dynamic_smem() { return reinterpret_cast<unsigned char *>(tl_worker.block->smem); }
+
+void *static_smem(const void *id, size_t bytes, size_t align) {
+  Block &b = *tl_worker.block;
+  for (auto &[key, off] : b.statics)
+    if (key == id) return b.smem + off;
+  size_t off = (b.dynamic_bytes + b.static_bytes + align - 1) / align * align;
+  if (off + bytes > max_dynamic_smem(arch())) {
+    std::ostringstream os;
+    os << "static __shared__ storage (" << bytes << " bytes at offset " << off
+       << ") exceeds sm_" << arch() << "'s " << max_dynamic_smem(arch()) << " bytes per block";
+    report(Check::Launch, os.str());
+    std::abort();
+  }
+  b.statics.emplace_back(id, off);
+  b.static_bytes = off + bytes - b.dynamic_bytes;
+  for (size_t i = 0; i < bytes; ++i) b.flags[kSmemRedzone + off + i] |= kAddressable;
+  return b.smem + off;
+}
+
+// ---- synchronisation ---------------------------------------------------------------------------
+void syncthreads() {
+  Thread *t = self();
+  if (!t) {
+    report(Check::Synccheck, "__syncthreads is called from host code");
+    std::abort();
+  }
+  t->site = __builtin_return_address(0);
+  t->state = State::Barrier;
+  while (t->state != State::Ready) yield_to_scheduler();
+}
+
+namespace {
+struct ShflArg {
+  uint64_t value, out;
+  int src, width, mode;
+};
+struct BallotArg {
+  bool pred;
+  unsigned out;
+};
+}  // namespace
+
+void syncwarp(unsigned mask) {
+  collective(kSyncwarp, mask, nullptr, [](Warp &, unsigned, void *const *) {},
+             __builtin_return_address(0));
+}
+
+uint64_t shfl(unsigned mask, uint64_t value, int src, int width, int mode, int bytes) {
+  (void)bytes;
+  ShflArg arg{value, 0, src, width, mode};
+  collective(kShfl, mask, &arg, [](Warp &w, unsigned m, void *const *args) {
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      if (!(m >> lane & 1u)) continue;
+      auto *a = static_cast<ShflArg *>(args[lane]);
+      const int width = a->width, seg = static_cast<int>(lane) & ~(width - 1);
+      const int l = static_cast<int>(lane) - seg;  // lane within the segment
+      int from = static_cast<int>(lane);
+      switch (a->mode) {
+      case 0: from = seg + (a->src & (width - 1)); break;
+      case 1: from = l >= a->src ? static_cast<int>(lane) - a->src : static_cast<int>(lane); break;
+      case 2: from = l + a->src < width ? static_cast<int>(lane) + a->src : static_cast<int>(lane); break;
+      case 3: {
+        const int j = static_cast<int>(lane) ^ a->src;
+        from = (j & ~(width - 1)) == seg ? j : static_cast<int>(lane);
+        break;
+      }
+      }
+      if (!(m >> from & 1u)) {
+        std::ostringstream os;
+        os << "lane " << lane << " shuffles from lane " << from << ", outside the mask 0x"
+           << std::hex << m << " (an undefined value)";
+        report(Check::Synccheck, os.str());
+        a->out = a->value;
+        continue;
+      }
+      a->out = static_cast<ShflArg *>(args[from])->value;
+    }
+    (void)w;
+  }, __builtin_return_address(0));
+  return arg.out;
+}
+
+unsigned ballot(unsigned mask, bool pred) {
+  BallotArg arg{pred, 0};
+  collective(kBallot, mask, &arg, [](Warp &, unsigned m, void *const *args) {
+    unsigned bits = 0;
+    for (unsigned lane = 0; lane < 32; ++lane)
+      if ((m >> lane & 1u) && static_cast<BallotArg *>(args[lane])->pred) bits |= 1u << lane;
+    for (unsigned lane = 0; lane < 32; ++lane)
+      if (m >> lane & 1u) static_cast<BallotArg *>(args[lane])->out = bits;
+  }, __builtin_return_address(0));
+  return arg.out;
+}
+
+unsigned active_mask() {
+  Thread *t = self();
+  if (!t) return 0;
+  const Warp &w = tl_worker.block->warps[t->tid / 32];
+  return w.valid & ~w.exited;
+}
+
+// ---- atomics ------------------------------------------------------------------------------------
+#define APE_ATOMIC_CHECK(p, n) check_access((p), (n), Access::Atomic, __builtin_return_address(0))
+
+float atomic_add_f32(float *p, float v) {
+  APE_ATOMIC_CHECK(p, 4);
+  uint32_t old = __atomic_load_n(reinterpret_cast<uint32_t *>(p), __ATOMIC_RELAXED), next;
+  do {
+    next = f32_bits(bits_f32(old) + v);
+  } while (!__atomic_compare_exchange_n(reinterpret_cast<uint32_t *>(p), &old, next, true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return bits_f32(old);
+}
+double atomic_add_f64(double *p, double v) {
+  APE_ATOMIC_CHECK(p, 8);
+  uint64_t old = __atomic_load_n(reinterpret_cast<uint64_t *>(p), __ATOMIC_RELAXED), next;
+  double o, n;
+  do {
+    std::memcpy(&o, &old, 8);
+    n = o + v;
+    std::memcpy(&next, &n, 8);
+  } while (!__atomic_compare_exchange_n(reinterpret_cast<uint64_t *>(p), &old, next, true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  std::memcpy(&o, &old, 8);
+  return o;
+}
+unsigned long long atomic_add_u64(unsigned long long *p, unsigned long long v) {
+  APE_ATOMIC_CHECK(p, 8);
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+unsigned atomic_add_u32(unsigned *p, unsigned v) {
+  APE_ATOMIC_CHECK(p, 4);
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+int atomic_add_i32(int *p, int v) {
+  APE_ATOMIC_CHECK(p, 4);
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+unsigned atomic_or_u32(unsigned *p, unsigned v) {
+  APE_ATOMIC_CHECK(p, 4);
+  return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
+}
+unsigned long long atomic_or_u64(unsigned long long *p, unsigned long long v) {
+  APE_ATOMIC_CHECK(p, 8);
+  return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
+}
+int atomic_max_i32(int *p, int v) {
+  APE_ATOMIC_CHECK(p, 4);
+  int old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (old < v &&
+         !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+unsigned atomic_cas_u32(unsigned *p, unsigned compare, unsigned v) {
+  APE_ATOMIC_CHECK(p, 4);
+  __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return compare;
+}
+unsigned long long atomic_cas_u64(unsigned long long *p, unsigned long long compare,
+                                  unsigned long long v) {
+  APE_ATOMIC_CHECK(p, 8);
+  __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return compare;
+}
+
+// ---- f16 ------------------------------------------------------------------------------------------
+uint16_t f32_to_f16_rn(float f) {
+  const uint32_t u = f32_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7fffu);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {  // below 2^-14: subnormal (or zero) in f16, units of 2^-24
+    // value / 2^-24, rounded to nearest even: done in float arithmetic, exact for these ranges.
+    const float scaled = bits_f32(abs) * 16777216.0f;  // * 2^24
+    const float r = std::nearbyint(scaled);            // the default mode: nearest even
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(r));
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 23-bit mantissa to 10 bits.
+  const uint32_t rounding = 0xfffu + ((abs >> 13) & 1u);
+  const uint32_t r = (abs + rounding - (112u << 23)) >> 13;
+  return static_cast<uint16_t>(sign | r);
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24
+    const float v = static_cast<float>(man) * 5.9604644775390625e-08f;
+    return sign ? -v : v;
+  }
+  if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 13));  // inf or NaN
+  return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+}  // namespace ape::simt
+
+// ---- the runtime API ----------------------------------------------------------------------------
+using namespace ape::simt;
+using namespace ape::simt::detail;
+
+cudaError_t cudaMalloc(void **ptr, size_t bytes) {
+  if (!ptr) return set_error(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  Arena &a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  if (!arena_init(a)) return set_error(cudaErrorMemoryAllocation);
+  const size_t start = a.top + kRedzone;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kRedzone - 1) / kRedzone * kRedzone;
+  if (start + rounded + kRedzone > kArenaBytes) return set_error(cudaErrorMemoryAllocation);
+  char *p = g_arena_lo + start;
+  std::memset(g_arena_shadow + start, kAddressable, bytes);
+  std::memset(p, 0xff, bytes);  // what a fresh allocation holds is unspecified
+  a.top = start + rounded;
+  a.live[p] = bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *ptr) {
+  if (!ptr) return cudaSuccess;
+  Arena &a = arena();
+  std::lock_guard<std::mutex> lock(a.mu);
+  auto it = a.live.find(ptr);
+  if (it == a.live.end()) {
+    std::ostringstream os;
+    os << "cudaFree(" << ptr << "): not a live allocation (freed twice, or never allocated)";
+    report(Check::Memcheck, os.str());
+    return set_error(cudaErrorInvalidDevicePointer);
+  }
+  char *p = static_cast<char *>(ptr);
+  const size_t off = static_cast<size_t>(p - g_arena_lo);
+  std::memset(g_arena_shadow + off, 0, it->second);
+  release_pages(p, p + it->second);
+  release_pages(reinterpret_cast<char *>(g_arena_shadow + off),
+                reinterpret_cast<char *>(g_arena_shadow + off + it->second));
+  a.live.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t) { return cudaMalloc(ptr, bytes); }
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t) { return cudaFree(ptr); }
+
+cudaError_t cudaMemset(void *ptr, int value, size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  if (!device_range_ok(ptr, bytes)) {
+    std::ostringstream os;
+    os << "cudaMemset(" << ptr << ", " << bytes << " bytes): outside every live allocation";
+    report(Check::Memcheck, os.str());
+    return set_error(cudaErrorInvalidValue);
+  }
+  std::memset(ptr, value, bytes);
+  mark_initialised(ptr, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(ptr, value, bytes);
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) return cudaSuccess;
+  const bool dst_dev = device_range_ok(dst, bytes), src_dev = device_range_ok(src, bytes);
+  bool ok = true;
+  switch (kind) {
+  case cudaMemcpyHostToDevice: ok = dst_dev; break;
+  case cudaMemcpyDeviceToHost: ok = src_dev; break;
+  case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
+  case cudaMemcpyHostToHost: ok = true; break;
+  case cudaMemcpyDefault: ok = true; break;
+  default: return set_error(cudaErrorInvalidMemcpyDirection);
+  }
+  if (!ok) {
+    std::ostringstream os;
+    os << "cudaMemcpy(" << dst << ", " << src << ", " << bytes << " bytes, kind " << kind
+       << "): a device side lies outside every live allocation";
+    report(Check::Memcheck, os.str());
+    return set_error(cudaErrorInvalidValue);
+  }
+  std::memmove(dst, src, bytes);
+  if (dst_dev) mark_initialised(dst, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int *count) {
+  if (count) *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *device) {
+  if (device) *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int) {
+  if (!value) return set_error(cudaErrorInvalidValue);
+  switch (attr) {
+  case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+    *value = static_cast<int>(max_dynamic_smem(arch()));
+    return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMajor: *value = arch() / 10; return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMinor: *value = arch() % 10; return cudaSuccess;
+  case cudaDevAttrMultiProcessorCount: *value = arch() == 90 ? 132 : 108; return cudaSuccess;
+  }
+  return set_error(cudaErrorInvalidValue);
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = tl_last_error;
+  tl_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return tl_last_error; }
+const char *cudaGetErrorString(cudaError_t err) {
+  switch (err) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+  case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+  case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+  case cudaErrorInvalidDeviceFunction: return "invalid device function";
+  case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+  case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+  case cudaErrorLaunchFailure: return "unspecified launch failure";
+  }
+  return "unrecognized error code";
+}

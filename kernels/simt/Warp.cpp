@@ -1,0 +1,357 @@
+// Tensor-core and asynchronous-copy operations of the SIMT emulator, with each lane's registers
+// laid out as the PTX ISA documents them (so that a kernel that maps lanes wrongly computes
+// wrong numbers here as it would on a GPU):
+//
+// mma.m16n8k16 (.row.col, f16/bf16 inputs, f32 accumulators), with g = lane / 4, t = lane % 4:
+//   A (16 x 16), 4 registers of 2 elements a0..a7: row g (a0, a1, a4, a5) or g + 8 (a2, a3, a6,
+//     a7), column 2t + (i & 1) (+ 8 for a4..a7);
+//   B (16 x 8), 2 registers b0..b3: row (k) 2t + (i & 1) (+ 8 for b2, b3), column (n) g;
+//   C, D (16 x 8), c0..c3: row g (c0, c1) or g + 8 (c2, c3), column 2t + (i & 1).
+// ldmatrix.m8n8.x{1,2,4}.b16: lanes 8m..8m+7 give the row addresses of matrix m; lane l receives
+//   in register m the elements (l / 4, 2(l % 4)) and (l / 4, 2(l % 4) + 1) of matrix m; with
+//   .trans, the elements (2(l % 4), l / 4) and (2(l % 4) + 1, l / 4).
+// The element of lower index sits in the lower 16 bits of a register.
+// Accumulation: each product of two 16-bit values is exact in f32; D = C + sum_k a_k b_k is
+// summed in f32 in k order (the hardware's order and intermediate rounding are unspecified).
+//
+// WMMA m16n16k16 (the layout of its sm_80 implementation, see ape/simt/cuda.h) uses the same maps:
+// matrix_a one mma A fragment, matrix_b and accumulators two mma fragments (n 0-7, then 8-15).
+//
+// cp.async: a copy is recorded when issued and lands when a cp.async.wait_group lets it, i.e. as
+// late as the program allows; until then its destination bytes are marked, and touching them is
+// a finding.
+#include "Internal.h"
+
+#include <sstream>
+
+namespace ape::simt::detail {
+
+namespace {
+
+float elem_to_f32(int elem, const void *p, int index) {
+  switch (elem) {
+  case 0: return static_cast<const float *>(p)[index];
+  case 1: return f16_to_f32(static_cast<const uint16_t *>(p)[index]);
+  default: return bf16_to_f32(static_cast<const uint16_t *>(p)[index]);
+  }
+}
+size_t elem_bytes(int elem) { return elem == 0 ? 4 : 2; }
+
+// mma.m16n8k16 fragment coordinates.
+struct RC {
+  int r, c;
+};
+RC a_coord(unsigned lane, int i) {  // A: element i of 8
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  return {g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)};
+}
+RC b_coord(unsigned lane, int i) {  // B: element i of 4, (k, n)
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  return {2 * t + (i & 1) + 8 * (i >> 1), g};
+}
+RC c_coord(unsigned lane, int i) {  // C/D: element i of 4
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  return {g + 8 * (i >> 1), 2 * t + (i & 1)};
+}
+
+// d(16, 8) = c + a(16, 16) b(16, 8), f32, k in order.
+void mma_16x8x16(const float (&a)[16][16], const float (&b)[16][8], const float (&c)[16][8],
+                 float (&d)[16][8]) {
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 8; ++n) {
+      float acc = c[r][n];
+      for (int k = 0; k < 16; ++k) acc += a[r][k] * b[k][n];
+      d[r][n] = acc;
+    }
+}
+
+// ---- WMMA m16n16k16 ----------------------------------------------------------------------------
+struct WmmaArg {
+  int use, elem;  // use: 0 matrix_a, 1 matrix_b, 2 accumulator
+  bool col_major;
+  void *frag;
+  const void *ptr;
+  unsigned ld;
+};
+
+// (row, column) of element e of a fragment (`use`) held by `lane`.
+RC wmma_coord(int use, unsigned lane, int e) {
+  if (use == 0) return a_coord(lane, e % 8);
+  const int half = (e % 8) / 4;
+  if (use == 1) {
+    RC k = b_coord(lane, e % 4);
+    return {k.r, k.c + 8 * half};
+  }
+  RC c = c_coord(lane, e % 4);
+  return {c.r, c.c + 8 * half};
+}
+
+int wmma_elements(int use, int elem) { return use == 2 ? 8 : (elem == 1 ? 16 : 8); }
+
+bool uniform_args(unsigned mask, void *const *args, const char *what) {
+  const WmmaArg *first = nullptr;
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    if (!(mask >> lane & 1u)) continue;
+    const auto *a = static_cast<const WmmaArg *>(args[lane]);
+    if (!first) {
+      first = a;
+      continue;
+    }
+    if (a->ptr != first->ptr || a->ld != first->ld || a->col_major != first->col_major) {
+      std::ostringstream os;
+      os << what << ": lanes pass different pointers, leading dimensions or layouts (lane "
+         << lane << ")";
+      report(Check::Synccheck, os.str());
+      return false;
+    }
+  }
+  if (mask != 0xffffffffu) {
+    report(Check::Synccheck, std::string(what) + " needs all 32 lanes of the warp");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+}  // namespace ape::simt::detail
+
+namespace ape::simt {
+
+using namespace detail;
+
+void wmma_load(int use, int elem, bool col_major, void *frag, const void *ptr, unsigned ld) {
+  WmmaArg arg{use, elem, col_major, frag, ptr, ld};
+  collective(kWmmaLoad, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
+    if (!uniform_args(mask, args, "wmma::load_matrix_sync")) return;
+    Thread *runner = tl_worker.thread;
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      auto *a = static_cast<WmmaArg *>(args[lane]);
+      const int n = wmma_elements(a->use, a->elem);
+      tl_worker.thread = w.lanes[lane];  // the lane that receives an element reads it
+      for (int e = 0; e < n; ++e) {
+        const RC rc = wmma_coord(a->use, lane, e);
+        const size_t index = a->col_major ? size_t(rc.c) * a->ld + rc.r : size_t(rc.r) * a->ld + rc.c;
+        const char *src = static_cast<const char *>(a->ptr) + index * elem_bytes(a->elem);
+        check_access(src, elem_bytes(a->elem), Access::Read, nullptr);
+        std::memcpy(static_cast<char *>(a->frag) + e * elem_bytes(a->elem), src,
+                    elem_bytes(a->elem));
+      }
+    }
+    tl_worker.thread = runner;
+  }, __builtin_return_address(0));
+}
+
+void wmma_store(float *ptr, const float *frag, unsigned ld, bool col_major) {
+  WmmaArg arg{2, 0, col_major, const_cast<float *>(frag), ptr, ld};
+  collective(kWmmaStore, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
+    if (!uniform_args(mask, args, "wmma::store_matrix_sync")) return;
+    Thread *runner = tl_worker.thread;
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      auto *a = static_cast<WmmaArg *>(args[lane]);
+      tl_worker.thread = w.lanes[lane];
+      for (int e = 0; e < 8; ++e) {
+        const RC rc = wmma_coord(2, lane, e);
+        const size_t index = a->col_major ? size_t(rc.c) * a->ld + rc.r : size_t(rc.r) * a->ld + rc.c;
+        float *dst = const_cast<float *>(static_cast<const float *>(a->ptr)) + index;
+        check_access(dst, 4, Access::Write, nullptr);
+        *dst = static_cast<const float *>(a->frag)[e];
+      }
+    }
+    tl_worker.thread = runner;
+  }, __builtin_return_address(0));
+}
+
+namespace {
+struct WmmaMmaArg {
+  int elem;
+  float *d;
+  const void *a, *b;
+  const float *c;
+};
+}  // namespace
+
+void wmma_mma(int elem, float *d, const void *a, const void *b, const float *c) {
+  WmmaMmaArg arg{elem, d, a, b, c};
+  collective(kWmmaMma, 0xffffffffu, &arg, [](Warp &, unsigned mask, void *const *args) {
+    if (mask != 0xffffffffu) return report(Check::Synccheck, "wmma::mma_sync needs all 32 lanes");
+    float A[16][16], B[16][16], C[16][16];
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      auto *x = static_cast<WmmaMmaArg *>(args[lane]);
+      for (int e = 0; e < 8; ++e) {
+        RC ra = wmma_coord(0, lane, e), rb = wmma_coord(1, lane, e), rc = wmma_coord(2, lane, e);
+        A[ra.r][ra.c] = elem_to_f32(x->elem, x->a, e);
+        B[rb.r][rb.c] = elem_to_f32(x->elem, x->b, e);
+        C[rc.r][rc.c] = x->c[e];
+      }
+    }
+    float D[16][16];
+    for (int half = 0; half < 2; ++half) {
+      float b8[16][8], c8[16][8], d8[16][8];
+      for (int r = 0; r < 16; ++r)
+        for (int n = 0; n < 8; ++n) b8[r][n] = B[r][n + 8 * half], c8[r][n] = C[r][n + 8 * half];
+      mma_16x8x16(A, b8, c8, d8);
+      for (int r = 0; r < 16; ++r)
+        for (int n = 0; n < 8; ++n) D[r][n + 8 * half] = d8[r][n];
+    }
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      auto *x = static_cast<WmmaMmaArg *>(args[lane]);
+      for (int e = 0; e < 8; ++e) {
+        RC rc = wmma_coord(2, lane, e);
+        x->d[e] = D[rc.r][rc.c];
+      }
+    }
+  }, __builtin_return_address(0));
+}
+
+// ---- mma.sync m16n8k16 ----------------------------------------------------------------------------
+namespace {
+struct MmaArg {
+  int elem;
+  float *d;
+  const uint32_t *a, *b;
+  const float *c;
+};
+}  // namespace
+
+void mma_m16n8k16(int elem, float *d, const uint32_t *a, const uint32_t *b, const float *c) {
+  MmaArg arg{elem, d, a, b, c};
+  collective(kMma, 0xffffffffu, &arg, [](Warp &, unsigned mask, void *const *args) {
+    if (mask != 0xffffffffu) return report(Check::Synccheck, "mma.sync needs all 32 lanes");
+    float A[16][16], B[16][8], C[16][8], D[16][8];
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      auto *x = static_cast<MmaArg *>(args[lane]);
+      for (int i = 0; i < 8; ++i) {
+        const RC rc = a_coord(lane, i);
+        A[rc.r][rc.c] = elem_to_f32(x->elem, x->a, i);  // register i/2, half i%2
+      }
+      for (int i = 0; i < 4; ++i) {
+        const RC kn = b_coord(lane, i);
+        B[kn.r][kn.c] = elem_to_f32(x->elem, x->b, i);
+        const RC rc = c_coord(lane, i);
+        C[rc.r][rc.c] = x->c[i];
+      }
+    }
+    mma_16x8x16(A, B, C, D);
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      auto *x = static_cast<MmaArg *>(args[lane]);
+      for (int i = 0; i < 4; ++i) {
+        const RC rc = c_coord(lane, i);
+        x->d[i] = D[rc.r][rc.c];
+      }
+    }
+  }, __builtin_return_address(0));
+}
+
+// ---- ldmatrix ---------------------------------------------------------------------------------------
+namespace {
+struct LdmatrixArg {
+  int count;
+  bool trans;
+  uint32_t *regs;
+  const void *row;
+};
+}  // namespace
+
+void ldmatrix(int count, bool trans, uint32_t *regs, const void *row_addr) {
+  LdmatrixArg arg{count, trans, regs, row_addr};
+  collective(kLdmatrix, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
+    if (mask != 0xffffffffu) return report(Check::Synccheck, "ldmatrix needs all 32 lanes");
+    const int count = static_cast<LdmatrixArg *>(args[0])->count;
+    const bool trans = static_cast<LdmatrixArg *>(args[0])->trans;
+    for (unsigned lane = 1; lane < 32; ++lane) {
+      auto *x = static_cast<LdmatrixArg *>(args[lane]);
+      if (x->count != count || x->trans != trans)
+        return report(Check::Synccheck, "ldmatrix: lanes ask for different shapes");
+    }
+    uint16_t m[4][8][8];
+    Thread *runner = tl_worker.thread;
+    for (int mat = 0; mat < count; ++mat)
+      for (int r = 0; r < 8; ++r) {
+        const unsigned lane = static_cast<unsigned>(8 * mat + r);
+        const char *row = static_cast<const char *>(static_cast<LdmatrixArg *>(args[lane])->row);
+        tl_worker.thread = w.lanes[lane];  // the lane that gives the address reads the row
+        if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+          std::ostringstream os;
+          os << "ldmatrix: lane " << lane << " gives a row address that is not 16-byte aligned";
+          report(Check::Memcheck, os.str());
+        }
+        check_access(row, 16, Access::Read, nullptr);
+        std::memcpy(m[mat][r], row, 16);
+      }
+    tl_worker.thread = runner;
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      auto *x = static_cast<LdmatrixArg *>(args[lane]);
+      const int r = static_cast<int>(lane / 4), c = 2 * static_cast<int>(lane % 4);
+      for (int mat = 0; mat < count; ++mat) {
+        const uint16_t lo = trans ? m[mat][c][r] : m[mat][r][c];
+        const uint16_t hi = trans ? m[mat][c + 1][r] : m[mat][r][c + 1];
+        x->regs[mat] = static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
+      }
+    }
+  }, __builtin_return_address(0));
+}
+
+// ---- cp.async ---------------------------------------------------------------------------------------
+void cp_async(void *smem_dst, const void *gmem_src, int bytes, int src_bytes) {
+  Thread *t = self();
+  const void *pc = __builtin_return_address(0);
+  if (!t) {
+    report(Check::Async, "cp.async from host code", pc);
+    return;
+  }
+  Block &b = *tl_worker.block;
+  char *dst = static_cast<char *>(smem_dst);
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes < 0 || src_bytes > bytes ||
+      reinterpret_cast<uintptr_t>(dst) % bytes || reinterpret_cast<uintptr_t>(gmem_src) % bytes) {
+    std::ostringstream os;
+    os << "cp.async of " << bytes << " bytes (" << src_bytes << " from the source) needs 4, 8 or "
+       << "16 bytes aligned to their size";
+    report(Check::Memcheck, os.str(), pc);
+    return;
+  }
+  if (dst < b.window || dst + bytes > b.window + b.window_bytes) {
+    report(Check::Memcheck, "cp.async destination is not in the block's shared memory", pc);
+    return;
+  }
+  // The destination must be shared memory; it stays untouchable until the copy lands.
+  for (int i = 0; i < bytes; ++i) {
+    uint8_t &f = b.flags[dst - b.window + i];
+    if (!(f & kAddressable)) {
+      report(Check::Memcheck, "cp.async destination outside the block's shared memory", pc);
+      return;
+    }
+    if (f & kPending) {
+      report(Check::Async, "cp.async to bytes another cp.async has not yet written", pc);
+      return;
+    }
+  }
+  for (int i = 0; i < bytes; ++i) b.flags[dst - b.window + i] |= kPending;
+  t->uncommitted.push_back({dst, static_cast<const char *>(gmem_src), bytes, src_bytes});
+}
+
+void cp_async_commit() {
+  Thread *t = self();
+  if (!t) return;
+  t->groups.push_back(std::move(t->uncommitted));
+  t->uncommitted.clear();
+}
+
+void cp_async_wait(int pending_groups) {
+  Thread *t = self();
+  if (!t) return;
+  Block &b = *tl_worker.block;
+  while (static_cast<int>(t->groups.size()) > pending_groups) {
+    for (const AsyncCopy &c : t->groups.front()) {
+      for (int i = 0; i < c.bytes; ++i)
+        b.flags[c.dst - b.window + i] &= static_cast<uint8_t>(~kPending);
+      if (c.src_bytes > 0) check_access(c.src, static_cast<size_t>(c.src_bytes), Access::Read, nullptr);
+      check_access(c.dst, static_cast<size_t>(c.bytes), Access::Write, nullptr);
+      std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+      std::memset(c.dst + c.src_bytes, 0, static_cast<size_t>(c.bytes - c.src_bytes));
+    }
+    t->groups.pop_front();
+  }
+}
+
+}  // namespace ape::simt

@@ -1,0 +1,24 @@
+// fused_attention through the CUDA kernels, run on the CPU by the SIMT emulator (docs/cuda.md):
+// the whole path from a spec to its CUDA kernels to training, exercised without a GPU. Slow (the
+// emulator runs every GPU thread as a fiber and checks every access); for tests and
+// `ape-train --kernels`.
+//
+// The tensors (float32 or float64, CPU) are copied into emulated device memory in the variant's
+// input dtype (q, k, v, dout; features and params in float32), and the results back in the
+// caller's dtype. Each call also fails, with the findings, if the emulator's checks found
+// anything or the backward's status word reports an error.
+#pragma once
+
+#include <string>
+
+namespace ape {
+
+// The emulated CUDA kernels' input dtype: "bf16", "f16" or "f32".
+// Installs them as fused_attention's implementation (set_attention_impl); throws
+// std::invalid_argument for another dtype name.
+void use_simt_kernels(const std::string &dtype);
+
+// Back to the CPU kernels.
+void use_cpu_kernels();
+
+}  // namespace ape

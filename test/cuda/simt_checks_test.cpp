@@ -1,0 +1,274 @@
+// The SIMT emulator's own tests: each check (ape/simt/runtime.h) fires on a kernel with a planted
+// bug and stays silent on the same kernel without it; the PTX lane layouts of ldmatrix and
+// mma.sync match the PTX ISA's formulas (written out again here, independently of the
+// emulator's tables) and a kernel that maps lanes wrongly computes wrong numbers; the bf16 / f16
+// conversions round like LibTorch's (round to nearest even), over every class of input.
+#include "simt_planted.h"
+
+#include <ape/simt/runtime.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ape::simt::Check;
+
+// The findings since the last call, as "check: message" lines.
+std::vector<ape::simt::Finding> findings() { return ape::simt::take_findings(); }
+
+bool has(const std::vector<ape::simt::Finding> &fs, Check c, const std::string &text = "") {
+  for (const auto &f : fs)
+    if (f.check == c && f.message.find(text) != std::string::npos) return true;
+  return false;
+}
+
+std::string dump(const std::vector<ape::simt::Finding> &fs) {
+  std::string s;
+  for (const auto &f : fs) s += std::string(ape::simt::check_name(f.check)) + ": " + f.message + "\n";
+  return s.empty() ? "(none)" : s;
+}
+
+class Simt : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ape::simt::set_print(false);
+    findings();
+    ape::simt::set_arch(80);
+  }
+  void TearDown() override { ape::simt::set_print(true); }
+};
+
+TEST_F(Simt, RacecheckCatchesAMissingBarrier) {
+  std::vector<int> out;
+  ASSERT_EQ(planted::neighbour_exchange(128, true, out), 0);
+  auto fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  for (int t = 0; t < 128; ++t) ASSERT_EQ(out[t], (t + 1) % 128);
+  ASSERT_EQ(planted::neighbour_exchange(128, false, out), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Racecheck, "read-after-write")) << dump(fs);
+}
+
+TEST_F(Simt, RacecheckCatchesAWriteOverAnotherThreadsRead) {
+  ASSERT_EQ(planted::read_then_overwrite(64), 0);
+  const auto fs = findings();
+  EXPECT_TRUE(has(fs, Check::Racecheck)) << dump(fs);
+}
+
+TEST_F(Simt, RacecheckLetsAtomicsMeetButNotAPlainRead) {
+  int total = 0;
+  ASSERT_EQ(planted::shared_atomics(false, total), 0);
+  auto fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  EXPECT_EQ(total, 128);
+  ASSERT_EQ(planted::shared_atomics(true, total), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Racecheck)) << dump(fs);
+}
+
+TEST_F(Simt, MemcheckCatchesAnOffByOnePartialTile) {
+  std::vector<float> out;
+  ASSERT_EQ(planted::tile_copy(100, false, out), 0);
+  auto fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(out[i], static_cast<float>(i));
+  ASSERT_EQ(planted::tile_copy(100, true, out), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Memcheck, "outside every live allocation")) << dump(fs);
+}
+
+TEST_F(Simt, MemcheckCatchesSharedOverflowUseAfterFreeAndHostDereference) {
+  ASSERT_EQ(planted::shared_overflow(), 0);
+  auto fs = findings();
+  EXPECT_TRUE(has(fs, Check::Memcheck, "outside the block's shared memory")) << dump(fs);
+  ASSERT_EQ(planted::use_after_free(), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Memcheck, "outside every live allocation")) << dump(fs);
+  ASSERT_EQ(planted::host_reads_device(), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Memcheck, "host code reads")) << dump(fs);
+}
+
+TEST_F(Simt, InitcheckCatchesAReadOfUnwrittenSharedMemory) {
+  ASSERT_EQ(planted::uninitialised_shared_read(), 0);
+  const auto fs = findings();
+  EXPECT_TRUE(has(fs, Check::Initcheck, "nothing has written")) << dump(fs);
+}
+
+TEST_F(Simt, SynccheckCatchesDivergentBarriersExitedLanesAndDeadlocks) {
+  EXPECT_EQ(planted::divergent_barriers(), 0);
+  auto fs = findings();
+  EXPECT_TRUE(has(fs, Check::Synccheck, "different __syncthreads")) << dump(fs);
+  EXPECT_NE(planted::shuffle_with_exited_lane(), 0);  // it can never complete: a launch failure
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Synccheck, "have returned")) << dump(fs);
+  EXPECT_NE(planted::deadlock(), 0);  // the block is abandoned: a launch failure
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Synccheck, "deadlock")) << dump(fs);
+}
+
+TEST_F(Simt, AsyncCopiesLandOnlyWhenAWaitLetsThem) {
+  std::vector<float> out;
+  ASSERT_EQ(planted::async_copy(planted::AsyncMode::Correct, 16, out), 0);
+  auto fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(out[i], 1.0f + static_cast<float>(i)) << i;
+  ASSERT_EQ(planted::async_copy(planted::AsyncMode::Correct, 8, out), 0);  // zero fill
+  fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(out[i], i % 4 < 2 ? 1.0f + static_cast<float>(i) : 0.0f) << i;
+  ASSERT_EQ(planted::async_copy(planted::AsyncMode::ReadBeforeWait, 16, out), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Async, "not yet waited for")) << dump(fs);
+  ASSERT_EQ(planted::async_copy(planted::AsyncMode::NeverWait, 16, out), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Async, "never waited for")) << dump(fs);
+}
+
+TEST_F(Simt, LaunchChecksFollowTheArchitecture) {
+  EXPECT_EQ(planted::big_shared(40 * 1024, false), 0);
+  EXPECT_NE(planted::big_shared(60 * 1024, false), 0);  // > 48 KiB needs the attribute
+  auto fs = findings();
+  EXPECT_TRUE(has(fs, Check::Launch, "48 KiB")) << dump(fs);
+  EXPECT_EQ(planted::big_shared(120 * 1024, true), 0);  // sm_80: up to 163 KiB
+  ape::simt::set_arch(86);
+  EXPECT_NE(planted::big_shared(120 * 1024, true), 0);  // sm_86: 99 KiB
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Launch, "sm_86")) << dump(fs);
+  ape::simt::set_arch(80);
+}
+
+// ---- PTX layouts -------------------------------------------------------------------------------------
+uint16_t bf16_bits(float x) {
+  const torch::Tensor t = torch::tensor({x}).to(torch::kBFloat16);
+  uint16_t bits;
+  std::memcpy(&bits, t.data_ptr(), 2);
+  return bits;
+}
+float bf16_value(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST_F(Simt, LdmatrixGivesEachLaneThePtxIsaElements) {
+  std::vector<uint16_t> m(256);
+  for (int i = 0; i < 256; ++i) m[i] = static_cast<uint16_t>(i + 1);  // distinct values
+  for (bool trans : {false, true}) {
+    std::vector<uint32_t> regs;
+    ASSERT_EQ(planted::ldmatrix_x4(m, trans, regs), 0);
+    EXPECT_TRUE(findings().empty());
+    for (int lane = 0; lane < 32; ++lane)
+      for (int mat = 0; mat < 4; ++mat) {
+        // PTX ISA, ldmatrix: thread l holds row l/4, elements 2(l%4) and 2(l%4)+1 of each
+        // matrix (with .trans, of the transposed matrix).
+        const int r = lane / 4, c = 2 * (lane % 4);
+        auto at = [&](int row, int col) { return m[mat * 64 + row * 8 + col]; };
+        const uint32_t want = trans ? (uint32_t(at(c, r)) | uint32_t(at(c + 1, r)) << 16)
+                                    : (uint32_t(at(r, c)) | uint32_t(at(r, c + 1)) << 16);
+        ASSERT_EQ(regs[lane * 4 + mat], want) << "lane " << lane << " matrix " << mat
+                                              << (trans ? " .trans" : "");
+      }
+  }
+}
+
+TEST_F(Simt, MmaFollowsThePtxIsaLayoutAndAWrongLaneMapFails) {
+  torch::manual_seed(3);
+  const torch::Tensor A = torch::randn({16, 16}).to(torch::kBFloat16);
+  const torch::Tensor B = torch::randn({16, 8}).to(torch::kBFloat16);
+  const torch::Tensor C = torch::randn({16, 8});
+  std::vector<uint16_t> a(256), b(128);
+  std::vector<float> c(128);
+  std::memcpy(a.data(), A.data_ptr(), 512);
+  std::memcpy(b.data(), B.data_ptr(), 256);
+  std::memcpy(c.data(), C.data_ptr(), 512);
+  const torch::Tensor want =
+      (A.to(torch::kFloat64).matmul(B.to(torch::kFloat64)) + C.to(torch::kFloat64));
+  std::vector<float> d;
+  ASSERT_EQ(planted::mma_16x8x16(a, b, c, false, d), 0);
+  EXPECT_TRUE(findings().empty());
+  const torch::Tensor got = torch::from_blob(d.data(), {16, 8}).to(torch::kFloat64);
+  EXPECT_LE((got - want).abs().max().item<double>(), 1e-5);  // f32 sums of exact products
+  ASSERT_EQ(planted::mma_16x8x16(a, b, c, true, d), 0);
+  const torch::Tensor wrong = torch::from_blob(d.data(), {16, 8}).to(torch::kFloat64);
+  EXPECT_GT((wrong - want).abs().max().item<double>(), 0.5) << "a wrong lane map went unnoticed";
+}
+
+TEST_F(Simt, WmmaComputesAGemm) {
+  torch::manual_seed(4);
+  const torch::Tensor A = torch::randn({16, 16}).to(torch::kBFloat16);
+  const torch::Tensor B = torch::randn({16, 16}).to(torch::kBFloat16);
+  const torch::Tensor C = torch::randn({16, 16});
+  std::vector<uint16_t> a(256), b(256);
+  std::vector<float> c(256), d;
+  std::memcpy(a.data(), A.data_ptr(), 512);
+  std::memcpy(b.data(), B.data_ptr(), 512);
+  std::memcpy(c.data(), C.data_ptr(), 1024);
+  ASSERT_EQ(planted::wmma_16x16x16(a, b, c, d), 0);
+  EXPECT_TRUE(findings().empty());
+  const torch::Tensor want =
+      A.to(torch::kFloat64).matmul(B.to(torch::kFloat64)) + C.to(torch::kFloat64);
+  const torch::Tensor got = torch::from_blob(d.data(), {16, 16}).to(torch::kFloat64);
+  EXPECT_LE((got - want).abs().max().item<double>(), 1e-5);
+}
+
+// ---- conversions ------------------------------------------------------------------------------------
+// Every class of input: zeros, normals, ties (exactly half an ulp), subnormals of both formats,
+// overflow, infinities, NaN; against LibTorch's CPU conversions (round to nearest even).
+std::vector<float> conversion_inputs() {
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, 70000.0f,
+                           1e-8f, 6e-8f, 5.9604645e-08f, 2.9802322e-08f, 6.1035156e-05f,
+                           std::numeric_limits<float>::denorm_min(),
+                           std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity()};
+  for (uint32_t k = 0; k < 64; ++k) {  // ties and their neighbours at several exponents
+    uint32_t base = (100u + 3u * k) << 23 | (k * 0x1234u & 0x7f0000u);
+    for (uint32_t lowbits : {0x8000u, 0x7fffu, 0x8001u, 0x18000u, 0x1000u, 0x1fffu, 0x3000u}) {
+      float f;
+      uint32_t u = base | lowbits;
+      std::memcpy(&f, &u, 4);
+      xs.push_back(f);
+      xs.push_back(-f);
+    }
+  }
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> bits(0, 0xffffffffu);
+  for (int i = 0; i < 20000; ++i) {
+    uint32_t u = bits(rng);
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (!std::isnan(f)) xs.push_back(f);
+  }
+  return xs;
+}
+
+TEST_F(Simt, Bf16AndF16RoundLikeLibTorch) {
+  const std::vector<float> xs = conversion_inputs();
+  const torch::Tensor t = torch::tensor(xs);
+  const torch::Tensor bf = t.to(torch::kBFloat16), hf = t.to(torch::kHalf);
+  const uint16_t *bfp = static_cast<const uint16_t *>(bf.data_ptr());
+  const uint16_t *hfp = static_cast<const uint16_t *>(hf.data_ptr());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    ASSERT_EQ(planted::to_bf16(xs[i]), bfp[i]) << "bf16 of " << xs[i];
+    ASSERT_EQ(planted::to_f16(xs[i]), hfp[i]) << "f16 of " << xs[i];
+    const float back = planted::from_f16(hfp[i]);
+    const float want = hf.to(torch::kFloat32)[static_cast<int64_t>(i)].item<float>();
+    ASSERT_TRUE(back == want || (std::isnan(back) && std::isnan(want))) << "f16 -> f32 of " << hfp[i];
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(bf16_value(planted::to_bf16(nan))));
+  EXPECT_TRUE(std::isnan(planted::from_f16(planted::to_f16(nan))));
+  EXPECT_EQ(planted::to_bf16(1.0f), bf16_bits(1.0f));
+}
+
+}  // namespace

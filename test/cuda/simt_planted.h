@@ -1,0 +1,65 @@
+// Small CUDA kernels for the emulator's own tests (simt_checks_test.cpp): correct ones, and the
+// same with a planted bug each check must catch. The kernels live in simt_planted_kernels.cpp,
+// compiled as emulated CUDA (ape_simt_kernel_flags); this header is plain C++ so the test itself
+// is compiled normally. Every function launches one kernel and returns the launch's error code
+// (0 = cudaSuccess); device buffers are allocated and freed inside.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace planted {
+
+// Block of `threads`: each thread writes smem[t] = t, then reads smem[(t + 1) % threads] into
+// out[t]. With `sync`, a __syncthreads separates the two; without, racecheck must fire.
+int neighbour_exchange(int threads, bool sync, std::vector<int> &out);
+// Each thread reads smem[t] and then writes smem[(t + 1) % threads] without a barrier in between:
+// a write-after-read race.
+int read_then_overwrite(int threads);
+// A tile copy of n floats by blocks of 64 threads; `off_by_one`: the partial last tile reads one
+// element past the end (the classic `<=` bound).
+int tile_copy(int n, bool off_by_one, std::vector<float> &out);
+// One thread writes one float past the block's dynamic shared memory.
+int shared_overflow();
+// Reads shared memory that nothing wrote.
+int uninitialised_shared_read();
+// Reads a device buffer after cudaFree.
+int use_after_free();
+// Threads < 64 wait at one __syncthreads, the others at another.
+int divergent_barriers();
+// Lane 5 returns early; the others shuffle with the full mask (which can never complete).
+int shuffle_with_exited_lane();
+// Threads of warp 0 wait at __syncthreads while warp 1 waits in a shuffle that lane 0 of warp 1
+// never reaches: a deadlock.
+int deadlock();
+// Atomic adds of every thread to one shared counter (no race), then, with `plain_read`, a plain
+// read of it by another thread before the barrier (a race).
+int shared_atomics(bool plain_read, int &total);
+// cp.async of a 16-byte chunk per thread into shared memory, read back after commit + wait +
+// __syncthreads (`wait`), or read before any wait (a finding), or never waited for (a finding);
+// src_bytes < 16 zero-fills the rest.
+enum class AsyncMode { Correct, ReadBeforeWait, NeverWait };
+int async_copy(AsyncMode mode, int src_bytes, std::vector<float> &out);
+// A kernel with `bytes` of dynamic shared memory, with or without cudaFuncSetAttribute first.
+int big_shared(int bytes, bool set_attribute);
+// Host code (in an instrumented translation unit) reads device memory.
+int host_reads_device();
+
+// ---- PTX layouts ------------------------------------------------------------------------------------
+// ldmatrix.x4 (optionally .trans) of four 8x8 bf16 matrices m[4][8][8] (row major): each lane's
+// four registers, regs[lane * 4 + m].
+int ldmatrix_x4(const std::vector<uint16_t> &m, bool trans, std::vector<uint32_t> &regs);
+// D(16 x 8) = A(16 x 16) B(16 x 8) + C with one mma.m16n8k16 (bf16 in, f32 out), each lane
+// filling its fragments from row-major A, B, C by the PTX formulas. `wrong_lanes`: the kernel
+// swaps the roles of groupID and threadID_in_group in A (a lane-mapping bug).
+int mma_16x8x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
+                const std::vector<float> &c, bool wrong_lanes, std::vector<float> &d);
+// A 16x16x16 bf16 GEMM (row-major A, B; f32 C) through nvcuda::wmma.
+int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
+                  const std::vector<float> &c, std::vector<float> &d);
+// bf16 / f16 conversions of the emulator: bits of x rounded to nearest even.
+uint16_t to_bf16(float x);
+uint16_t to_f16(float x);
+float from_f16(uint16_t h);
+
+}  // namespace planted

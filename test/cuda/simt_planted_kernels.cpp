@@ -1,0 +1,339 @@
+// The kernels of simt_planted.h, written as CUDA and compiled for the SIMT emulator (APE_SIMT,
+// with the emulator's access instrumentation: test/cuda/cuda_tests.cmake).
+#include "simt_planted.h"
+
+#include "ape/cuda_platform.cuh"
+
+#include <cstring>
+
+namespace planted {
+namespace {
+
+using ape::cuda::launch;
+
+template <class T> T *device_alloc(size_t n) {
+  void *p = nullptr;
+  return cudaMalloc(&p, n * sizeof(T)) == cudaSuccess ? static_cast<T *>(p) : nullptr;
+}
+template <class T> void to_host(std::vector<T> &out, const T *dev, size_t n) {
+  out.resize(n);
+  cudaMemcpy(out.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost);
+}
+
+// ---- races -------------------------------------------------------------------------------------------
+__global__ void neighbour_kernel(int *out, bool sync) {
+  APE_DYNAMIC_SMEM(smem);
+  int *s = reinterpret_cast<int *>(smem);
+  const int t = threadIdx.x, n = blockDim.x;
+  s[t] = t;
+  if (sync) __syncthreads();
+  out[t] = s[(t + 1) % n];
+}
+
+__global__ void read_then_overwrite_kernel(int *out) {
+  APE_DYNAMIC_SMEM(smem);
+  int *s = reinterpret_cast<int *>(smem);
+  const int t = threadIdx.x, n = blockDim.x;
+  s[t] = t;
+  __syncthreads();
+  out[t] = s[t];
+  s[(t + 1) % n] = -t;  // thread t+1 may not have read its element yet
+}
+
+// ---- bounds -----------------------------------------------------------------------------------------
+__global__ void tile_copy_kernel(const float *src, float *dst, int n, bool off_by_one) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (off_by_one ? i <= n : i < n) dst[i < n ? i : n - 1] = src[i];
+}
+
+__global__ void shared_overflow_kernel(float *out) {
+  APE_DYNAMIC_SMEM(smem);
+  float *s = reinterpret_cast<float *>(smem);
+  if (threadIdx.x == 0) {
+    s[64] = 1.0f;  // 64 floats were asked for: this is one past the end
+    out[0] = 1.0f;
+  }
+}
+
+__global__ void uninitialised_kernel(float *out) {
+  APE_DYNAMIC_SMEM(smem);
+  float *s = reinterpret_cast<float *>(smem);
+  if (threadIdx.x < 16) s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = s[threadIdx.x];  // threads 16..31 read what nobody wrote
+}
+
+__global__ void read_kernel(const float *src, float *dst) { dst[threadIdx.x] = src[threadIdx.x]; }
+
+// ---- synchronisation ------------------------------------------------------------------------------------
+__global__ void divergent_barrier_kernel(int *out) {
+  if (threadIdx.x < 64) {
+    __syncthreads();
+    out[threadIdx.x] = 1;
+  } else {
+    __syncthreads();
+    out[threadIdx.x] = 2;
+  }
+}
+
+__global__ void exited_lane_kernel(int *out) {
+  if (threadIdx.x == 5) return;
+  out[threadIdx.x] = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x), 0);
+}
+
+__global__ void deadlock_kernel(int *out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();
+  } else if (threadIdx.x != 32) {
+    out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
+  } else {
+    __syncthreads();
+  }
+}
+
+__global__ void atomics_kernel(int *out, bool plain_read) {
+  APE_DYNAMIC_SMEM(smem);
+  int *counter = reinterpret_cast<int *>(smem);
+  if (threadIdx.x == 0) *counter = 0;
+  __syncthreads();
+  atomicAdd(counter, 1);
+  if (plain_read && threadIdx.x == 7) out[1] = *counter;
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = *counter;
+}
+
+// ---- cp.async -------------------------------------------------------------------------------------------
+__global__ void async_kernel(const float *src, float *dst, int mode, int src_bytes) {
+  APE_DYNAMIC_SMEM(smem);
+  float *s = reinterpret_cast<float *>(smem);
+  const int t = threadIdx.x;
+  ape::cuda::ptx::cp_async_16(s + 4 * t, src + 4 * t, src_bytes);
+  ape::cuda::ptx::cp_async_commit();
+  if (mode == 1) dst[4 * t] = s[4 * t];  // before the wait
+  if (mode == 2) return;                 // never waits
+  ape::cuda::ptx::cp_async_wait<0>();
+  __syncthreads();
+  const int u = (t + 1) % blockDim.x;  // another thread's chunk: needs the barrier
+  for (int e = 0; e < 4; ++e) dst[4 * u + e] = s[4 * u + e];
+}
+
+__global__ void big_shared_kernel(float *out) {
+  APE_DYNAMIC_SMEM(smem);
+  if (threadIdx.x == 0) {
+    reinterpret_cast<float *>(smem)[0] = 2.0f;
+    out[0] = reinterpret_cast<float *>(smem)[0];
+  }
+}
+
+// ---- PTX layouts --------------------------------------------------------------------------------------
+__global__ void ldmatrix_kernel(const uint16_t *m, uint32_t *regs, bool trans) {
+  APE_DYNAMIC_SMEM(smem);
+  uint16_t *s = reinterpret_cast<uint16_t *>(smem);
+  const int lane = threadIdx.x;
+  for (int e = lane; e < 4 * 64; e += 32) s[e] = m[e];
+  __syncthreads();
+  // Lane l gives the address of row l % 8 of matrix l / 8.
+  const uint16_t *row = s + (lane / 8) * 64 + (lane % 8) * 8;
+  uint32_t r[4];
+  if (trans) ape::cuda::ptx::ldmatrix<4, true>(r, row);
+  else ape::cuda::ptx::ldmatrix<4, false>(r, row);
+  for (int k = 0; k < 4; ++k) regs[lane * 4 + k] = r[k];
+}
+
+__global__ void mma_kernel(const uint16_t *a, const uint16_t *b, const float *c, float *d,
+                           bool wrong) {
+  const int lane = threadIdx.x;
+  const int g = wrong ? lane % 4 : lane / 4, t = wrong ? lane / 4 : lane % 4;
+  const int gb = lane / 4, tb = lane % 4;
+  auto pack = [](uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; };
+  uint32_t ra[4], rb[2];
+  ra[0] = pack(a[g * 16 + 2 * t], a[g * 16 + 2 * t + 1]);
+  ra[1] = pack(a[(g + 8) * 16 + 2 * t], a[(g + 8) * 16 + 2 * t + 1]);
+  ra[2] = pack(a[g * 16 + 2 * t + 8], a[g * 16 + 2 * t + 9]);
+  ra[3] = pack(a[(g + 8) * 16 + 2 * t + 8], a[(g + 8) * 16 + 2 * t + 9]);
+  rb[0] = pack(b[(2 * tb) * 8 + gb], b[(2 * tb + 1) * 8 + gb]);
+  rb[1] = pack(b[(2 * tb + 8) * 8 + gb], b[(2 * tb + 9) * 8 + gb]);
+  float rc[4] = {c[gb * 8 + 2 * tb], c[gb * 8 + 2 * tb + 1], c[(gb + 8) * 8 + 2 * tb],
+                 c[(gb + 8) * 8 + 2 * tb + 1]};
+  float rd[4];
+  ape::cuda::ptx::mma_m16n8k16<__nv_bfloat16>(rd, ra, rb, rc);
+  d[gb * 8 + 2 * tb] = rd[0], d[gb * 8 + 2 * tb + 1] = rd[1];
+  d[(gb + 8) * 8 + 2 * tb] = rd[2], d[(gb + 8) * 8 + 2 * tb + 1] = rd[3];
+}
+
+__global__ void wmma_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, const float *c,
+                            float *d) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmma::load_matrix_sync(fa, a, 16);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::load_matrix_sync(acc, c, 16, wmma::mem_row_major);
+  wmma::mma_sync(acc, fa, fb, acc);
+  wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+}
+
+}  // namespace
+
+int neighbour_exchange(int threads, bool sync, std::vector<int> &out) {
+  int *d = device_alloc<int>(threads);
+  const int err = launch(neighbour_kernel, 1, threads, threads * sizeof(int), nullptr, d, sync);
+  to_host(out, d, threads);
+  cudaFree(d);
+  return err;
+}
+
+int read_then_overwrite(int threads) {
+  int *d = device_alloc<int>(threads);
+  const int err = launch(read_then_overwrite_kernel, 1, threads, threads * sizeof(int), nullptr, d);
+  cudaFree(d);
+  return err;
+}
+
+int tile_copy(int n, bool off_by_one, std::vector<float> &out) {
+  float *src = device_alloc<float>(n), *dst = device_alloc<float>(n);
+  std::vector<float> host(n);
+  for (int i = 0; i < n; ++i) host[i] = static_cast<float>(i);
+  cudaMemcpy(src, host.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  const int err = launch(tile_copy_kernel, (n + 63) / 64, 64, 0, nullptr, src, dst, n, off_by_one);
+  to_host(out, dst, n);
+  cudaFree(src), cudaFree(dst);
+  return err;
+}
+
+int shared_overflow() {
+  float *d = device_alloc<float>(1);
+  const int err = launch(shared_overflow_kernel, 1, 32, 64 * sizeof(float), nullptr, d);
+  cudaFree(d);
+  return err;
+}
+
+int uninitialised_shared_read() {
+  float *d = device_alloc<float>(32);
+  const int err = launch(uninitialised_kernel, 1, 32, 32 * sizeof(float), nullptr, d);
+  cudaFree(d);
+  return err;
+}
+
+int use_after_free() {
+  float *src = device_alloc<float>(32), *dst = device_alloc<float>(32);
+  cudaMemset(src, 0, 32 * sizeof(float));
+  cudaFree(src);
+  const int err = launch(read_kernel, 1, 32, 0, nullptr, static_cast<const float *>(src), dst);
+  cudaFree(dst);
+  return err;
+}
+
+int divergent_barriers() {
+  int *d = device_alloc<int>(128);
+  const int err = launch(divergent_barrier_kernel, 1, 128, 0, nullptr, d);
+  cudaFree(d);
+  return err;
+}
+
+int shuffle_with_exited_lane() {
+  int *d = device_alloc<int>(32);
+  const int err = launch(exited_lane_kernel, 1, 32, 0, nullptr, d);
+  cudaFree(d);
+  return err;
+}
+
+int deadlock() {
+  int *d = device_alloc<int>(64);
+  const int err = launch(deadlock_kernel, 1, 64, 0, nullptr, d);
+  cudaFree(d);
+  return err;
+}
+
+int shared_atomics(bool plain_read, int &total) {
+  int *d = device_alloc<int>(2);
+  const int err = launch(atomics_kernel, 1, 128, sizeof(int), nullptr, d, plain_read);
+  cudaMemcpy(&total, d, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  return err;
+}
+
+int async_copy(AsyncMode mode, int src_bytes, std::vector<float> &out) {
+  const int threads = 32, n = 4 * threads;
+  float *src = device_alloc<float>(n), *dst = device_alloc<float>(n);
+  std::vector<float> host(n);
+  for (int i = 0; i < n; ++i) host[i] = 1.0f + static_cast<float>(i);
+  cudaMemcpy(src, host.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemset(dst, 0, n * sizeof(float));
+  const int err = launch(async_kernel, 1, threads, n * sizeof(float), nullptr,
+                         static_cast<const float *>(src), dst, static_cast<int>(mode), src_bytes);
+  to_host(out, dst, n);
+  cudaFree(src), cudaFree(dst);
+  return err;
+}
+
+int big_shared(int bytes, bool set_attribute) {
+  float *d = device_alloc<float>(1);
+  int err = 0;
+  if (set_attribute)
+    err = cudaFuncSetAttribute(big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == 0) err = launch(big_shared_kernel, 1, 32, static_cast<size_t>(bytes), nullptr, d);
+  cudaFree(d);
+  return err;
+}
+
+int host_reads_device() {
+  float *d = device_alloc<float>(4);
+  cudaMemset(d, 0, 4 * sizeof(float));
+  volatile float x = d[2];  // a device pointer dereferenced on the host
+  (void)x;
+  cudaFree(d);
+  return 0;
+}
+
+int ldmatrix_x4(const std::vector<uint16_t> &m, bool trans, std::vector<uint32_t> &regs) {
+  uint16_t *dm = device_alloc<uint16_t>(256);
+  uint32_t *dr = device_alloc<uint32_t>(128);
+  cudaMemcpy(dm, m.data(), 256 * sizeof(uint16_t), cudaMemcpyHostToDevice);
+  const int err = launch(ldmatrix_kernel, 1, 32, 256 * sizeof(uint16_t), nullptr,
+                         static_cast<const uint16_t *>(dm), dr, trans);
+  to_host(regs, dr, 128);
+  cudaFree(dm), cudaFree(dr);
+  return err;
+}
+
+int mma_16x8x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
+                const std::vector<float> &c, bool wrong_lanes, std::vector<float> &d) {
+  uint16_t *da = device_alloc<uint16_t>(256), *db = device_alloc<uint16_t>(128);
+  float *dc = device_alloc<float>(128), *dd = device_alloc<float>(128);
+  cudaMemcpy(da, a.data(), 256 * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), 128 * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dc, c.data(), 128 * 4, cudaMemcpyHostToDevice);
+  const int err = launch(mma_kernel, 1, 32, 0, nullptr, static_cast<const uint16_t *>(da),
+                         static_cast<const uint16_t *>(db), static_cast<const float *>(dc), dd,
+                         wrong_lanes);
+  to_host(d, dd, 128);
+  cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+  return err;
+}
+
+int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
+                  const std::vector<float> &c, std::vector<float> &d) {
+  uint16_t *da = device_alloc<uint16_t>(256), *db = device_alloc<uint16_t>(256);
+  float *dc = device_alloc<float>(256), *dd = device_alloc<float>(256);
+  cudaMemcpy(da, a.data(), 256 * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), 256 * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dc, c.data(), 256 * 4, cudaMemcpyHostToDevice);
+  const int err = launch(wmma_kernel, 1, 32, 0, nullptr, reinterpret_cast<const __nv_bfloat16 *>(da),
+                         reinterpret_cast<const __nv_bfloat16 *>(db), static_cast<const float *>(dc),
+                         dd);
+  to_host(d, dd, 256);
+  cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+  return err;
+}
+
+uint16_t to_bf16(float x) { return __float2bfloat16_rn(x).__x; }
+uint16_t to_f16(float x) { return __float2half_rn(x).__x; }
+float from_f16(uint16_t h) {
+  __half v;
+  v.__x = h;
+  return __half2float(v);
+}
+
+}  // namespace planted
