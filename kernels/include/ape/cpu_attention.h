@@ -77,7 +77,7 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
 
 }  // namespace ape
 
-// Compiled for this unit's level (no #include inside the region: cpu_dispatch.h says why).
+// Compiled for this unit's level (no #include inside the region, see cpu_dispatch.h).
 APE_CPU_BEGIN
 namespace ape {
 inline namespace APE_CPU_NS {

@@ -13,10 +13,12 @@
 // level is written between APE_CPU_BEGIN and APE_CPU_END, inside namespace APE_CPU_NS:
 //   - APE_CPU_BEGIN/END push and pop a target pragma, so the instruction set is a property of
 //     those functions, not of the whole file: the standard library and every other inline
-//     function defined outside the region keep the baseline target in every unit. (Compiling
-//     whole units with -mavx2 would let the linker keep one unit's AVX2 copy of, say,
-//     std::vector<float>::_M_default_append for all units: an illegal instruction on an older
-//     CPU.)
+//     function defined outside the region keep the baseline target in every unit. (Compiled
+//     whole with -march=x86-64-v3, a unit emits AVX code into inline functions that every unit
+//     defines, std::vector<double>::vector(size_t) for one, and the linker keeps one copy for
+//     all units: possibly the AVX one for the baseline's calls, an illegal instruction on an
+//     older CPU.) So no #include inside a region: a header first included there would be
+//     compiled for the level.
 //   - APE_CPU_NS (cpu_baseline, cpu_avx2, cpu_avx512) makes the level part of every name compiled
 //     in the region, so the linker can never merge two levels' copies of one template (gemm<64,
 //     float> exists once per level).
