@@ -429,6 +429,8 @@ int run_one(const Options &opt, const std::string &mode, const std::string &enc,
       run.backward();
     });
     print_timings(fwd, fb);
+    // The instruction-set level the registry chose (ape/cpu_dispatch.h; APE_CPU_LEVEL forces one).
+    std::printf(" level=%s", info.entry->cpu_level ? info.entry->cpu_level : "unknown");
   } else if (mode == "libtorch" || mode == "libtorch-tuned") {
     if (mode == "libtorch-tuned") {  // the driver also sets tuned_env() before the exec
       mallopt(M_MMAP_MAX, 0);

@@ -116,6 +116,10 @@ APE_C_API double ape_@NAME@_default_scale(int64_t D);
 APE_C_API const char *ape_@NAME@_manifest(void);
 /* APE_C_ABI_VERSION of the library (compare with the header's to catch a stale library). */
 APE_C_API int ape_@NAME@_abi_version(void);
+/* The instruction-set level the kernels run at ("baseline", "avx2" or "avx512"): the best this
+ * CPU supports, or the one the environment variable APE_CPU_LEVEL names; "none" when that level
+ * cannot run here (the kernels then return APE_ERROR_CPU_LEVEL). Static storage. */
+APE_C_API const char *ape_@NAME@_cpu_level(void);
 
 #ifdef __cplusplus
 }
@@ -162,6 +166,7 @@ double ape_@NAME@_default_scale(int64_t D) {
 }
 const char *ape_@NAME@_manifest(void) { return kernel_inputs().entry->manifest_json; }
 int ape_@NAME@_abi_version(void) { return APE_C_ABI_VERSION; }
+const char *ape_@NAME@_cpu_level(void) { return kernel_inputs().entry->cpu_level; }
 
 }  // extern "C"
 )CPP",
@@ -194,7 +199,10 @@ endif()
 if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   target_compile_options(ape_@NAME@_c PRIVATE -fno-math-errno -Wno-unused-parameter)
 endif()
-# Only the ape_@NAME@_* functions are exported.
+)CMAKE",
+                            {{"NAME", info.encoding}, {"SOURCE", spec.str()}}) +
+         folder::cpuLevelsCMake(info.encoding, "ape_" + info.encoding + "_c") +
+         folder::substitute(R"CMAKE(# Only the ape_@NAME@_* functions are exported.
 set_target_properties(ape_@NAME@_c PROPERTIES CXX_VISIBILITY_PRESET hidden
                                               VISIBILITY_INLINES_HIDDEN ON)
 

@@ -537,14 +537,21 @@ LogicalResult mlir::ape::emitCpuKernel(KernelOp kernel, StringRef source, raw_os
      << "). Do not edit: edit the spec and recompile.\n"
      << "// The functor below is translated from the regions of ape.kernel @" << name
      << "; the flash-attention\n// loops live in kernels/include/ape/cpu_attention.h.\n"
+     << "// Compiled once per instruction-set level (ape/cpu_dispatch.h): as it is for the "
+        "baseline, with\n// -DAPE_KERNEL_LEVEL=1 (AVX2) and =2 (AVX-512) for the others, all "
+        "with -DAPE_KERNEL_LEVELS=<mask>.\n"
      << "#include \"ape/cpu_attention.h\"\n#include \"ape/kernel_entry.h\"\n\n"
-     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n\nnamespace {\n\n";
+     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n\n"
+     << "APE_CPU_BEGIN  // the functor is compiled for this unit's level\nnamespace {\n\n";
   if (failed(emitEncFunctor(kernel, FunctorTarget::Cpu, os)))
     return failure();
   os << "\n";
   os << "const char kManifest[] = R\"APE_MANIFEST(" << manifest << ")APE_MANIFEST\";\n\n";
-  os << "} // namespace\n\n"
-     << "// ape_kernel_entry_" << name << "(): name, manifest, fp32 and fp64 forward/backward.\n"
+  os << "} // namespace\nAPE_CPU_END\n\n"
+     << "// ape_kernel_entry_" << name << "_<level>(): name, manifest, fp32 and fp64 "
+        "forward/backward of this\n// unit's level; the baseline unit adds ape_kernel_entry_"
+     << name << "() (the level chosen at run time)\n// and ape_kernel_entry_" << name
+     << "_level(int).\n"
      << "APE_DEFINE_KERNEL_ENTRY(" << name << ", Enc, kManifest)\n";
   return success();
 }

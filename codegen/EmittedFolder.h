@@ -69,6 +69,12 @@ LogicalResult addKernelSources(KernelOp kernel, StringRef source, ArrayRef<Strin
 LogicalResult addTemplates(KernelOp kernel, ArrayRef<std::string> templates,
                            std::vector<EmittedFile> &files);
 
+/// The CMake lines that compile the kernel NAME_cpu.cpp of a folder into `target` once per
+/// instruction-set level (kernels/include/ape/cpu_dispatch.h): on x86-64 with GCC or Clang two
+/// generated wrappers add the AVX2 and AVX-512 units, and every unit learns the set of levels
+/// (APE_KERNEL_LEVELS). To be placed after add_library(target ...).
+std::string cpuLevelsCMake(StringRef name, StringRef target);
+
 /// `text` with every @KEY@ replaced by its value in `vars` (for file templates in raw strings).
 std::string substitute(StringRef text, ArrayRef<std::pair<StringRef, std::string>> vars);
 

@@ -321,7 +321,10 @@ if(TARGET OpenMP::OpenMP_CXX)
   target_link_libraries(ape_@NAME@_ops PRIVATE OpenMP::OpenMP_CXX)
 endif()
 target_compile_options(ape_@NAME@_ops PRIVATE -fno-math-errno -Wno-unused-parameter)
-# Only the operator registrations matter; keep the kernel's symbols private.
+)CMAKE",
+                           {{"NAME", info.encoding}, {"SOURCE", source.str()}}) +
+         folder::cpuLevelsCMake(info.encoding, "ape_" + info.encoding + "_ops") +
+         folder::substitute(R"CMAKE(# Only the operator registrations matter; keep the kernel's symbols private.
 set_target_properties(ape_@NAME@_ops PROPERTIES CXX_VISIBILITY_PRESET hidden
                                              VISIBILITY_INLINES_HIDDEN ON)
 

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 
+#include "ape/cpu_dispatch.h"
 #include "ape/kernel_entry.h"
 
 namespace ape {
@@ -26,6 +27,19 @@ const KernelEntry &find_kernel(const std::string &name) {
   throw std::runtime_error("unknown encoding '" + name + "'; available: " +
                            (list.empty() ? std::string("(none: the kernel registry is empty)") : list) +
                            " (ape-train --list)");
+}
+
+std::string checked_kernel_cpu_level() {
+  const CpuLevelChoice &c = kernel_cpu_level();
+  if (c.level < 0) throw std::runtime_error(c.error);
+  return c.describe();
+}
+
+std::string kernel_cpu_level_help() {
+  const CpuLevelChoice &c = kernel_cpu_level();
+  return "Environment: APE_CPU_LEVEL=baseline|avx2|avx512 runs the kernels compiled for that "
+         "instruction set\n(default: the best one this CPU runs). Built: " +
+         cpu_level_list(c.built) + "; this CPU runs: " + cpu_level_list(c.runnable) + ".";
 }
 
 }  // namespace ape

@@ -20,6 +20,7 @@ packages=(
   libboost-context-dev                                     # fibers of the SIMT emulator
   clang libclang-rt-dev                                    # libFuzzer, ASan, UBSan (fuzz/run.sh)
   python3 python3-venv
+  qemu-user                    # the kernels on emulated older CPUs (test/unit/cpu_levels_qemu.sh)
 )
 missing=()
 for p in "${packages[@]}"; do

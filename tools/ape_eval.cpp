@@ -56,6 +56,7 @@ int main(int argc, char **argv) {
                  "rope_factor=8 or position_scale=0.5 (no recompilation; an unknown name lists the settable ones)")
       ->type_name("NAME=VALUE");
   app.add_option("--threads", threads, "CPU threads, in [0, 1024] (default 0: all hardware threads)");
+  app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -66,6 +67,8 @@ int main(int argc, char **argv) {
     for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
     if (!encoding.empty()) ape::find_kernel(encoding);  // unknown name: fail now, listing the names
     ape::set_threads(threads);
+    const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
+    std::cout << "[cpu] kernels: " << cpu_level << "\n";
 
     // Load (and verify) every checkpoint before evaluating any.
     struct Loaded {

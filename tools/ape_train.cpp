@@ -166,6 +166,7 @@ int main(int argc, char **argv) {
   auto *threads_opt = app.add_option("--threads", threads,
                                      "CPU threads, in [0, 1024] (default 0: all hardware threads; with --resume: the run's)");
   app.add_flag("--list", list, "List the available encodings and exit");
+  app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -249,6 +250,8 @@ int main(int argc, char **argv) {
     ape::set_threads(threads);
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
+    const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
+    std::cout << "[cpu] kernels: " << cpu_level << "\n";
 
     ape::DataOptions dopt;
     dopt.data_dir = data_dir;

@@ -72,6 +72,8 @@ int main(void) {
   for (int n = 0; n < N; ++n) {
     q[n] = uniform(&seed), k[n] = uniform(&seed), v[n] = uniform(&seed), w[n] = uniform(&seed);
   }
+  /* The instruction-set level the library chose for this CPU (APE_CPU_LEVEL forces one). */
+  printf("kernels: %s\n", ape_rope_cpu_level());
   /* [B, H, T, D] strides of (B, T, H, D) memory, in elements. */
   const int64_t strides[4] = {T * H * D, D, H * D, 1};
 

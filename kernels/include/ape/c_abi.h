@@ -45,7 +45,9 @@ typedef enum ape_status {
   APE_ERROR_INVALID_SHAPE = 2, /* B, H, T < 0, D < 1, or B*H*T*D overflows */
   APE_ERROR_INVALID_VALUE = 3, /* scale is not finite */
   APE_ERROR_OUT_OF_MEMORY = 4, /* a workspace allocation failed */
-  APE_ERROR_INTERNAL = 5       /* any other failure inside the kernel */
+  APE_ERROR_INTERNAL = 5,      /* any other failure inside the kernel */
+  APE_ERROR_CPU_LEVEL = 6      /* APE_CPU_LEVEL names an instruction-set level that this CPU or
+                                  library cannot run (ape_NAME_last_error() says which) */
 } ape_status;
 
 /* A strided view of a float (or double) array; see the memory contract above. */

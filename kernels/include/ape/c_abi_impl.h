@@ -18,6 +18,7 @@
 
 #include "c_abi.h"
 #include "cpu_attention.h"
+#include "cpu_dispatch.h"
 #include "kernel_entry.h"
 #include "kernel_inputs.h"
 
@@ -43,6 +44,7 @@ inline const char *error_string(int status) {
     case APE_ERROR_INVALID_VALUE: return "invalid value (scale must be finite)";
     case APE_ERROR_OUT_OF_MEMORY: return "out of memory";
     case APE_ERROR_INTERNAL: return "internal error";
+    case APE_ERROR_CPU_LEVEL: return "the instruction-set level APE_CPU_LEVEL names cannot run";
     default: return "unknown status";
   }
 }
@@ -63,6 +65,8 @@ template <class Fn> int guarded(const char *function, Fn &&fn) noexcept {
     return fail(f.status, f.message.c_str());
   } catch (const std::bad_alloc &) {
     return fail(APE_ERROR_OUT_OF_MEMORY, "out of memory");
+  } catch (const CpuLevelError &e) {
+    return fail(APE_ERROR_CPU_LEVEL, e.what());
   } catch (const std::exception &e) {
     return fail(APE_ERROR_INTERNAL, e.what());
   } catch (...) {

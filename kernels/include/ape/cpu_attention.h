@@ -21,6 +21,11 @@
 // kHasQMod == false: q_mod, q_mod_grad, kQPairing, kQFraction (k likewise); kHasScoreMod == false:
 // score_mod, score_mod_grad; kNumTok == 0: token_forward, token_backward; kNumParams == 0:
 // param_numel.
+//
+// Instruction-set levels (cpu_dispatch.h): the loops below are compiled once per level; they sit
+// in a target region and in the level's namespace (ape::cpu_avx2::attention_forward, ...), which
+// `inline` makes reachable as ape::attention_forward in every unit. AttnArgs and HeadCtx are
+// plain data shared by all levels.
 #pragma once
 
 #include <algorithm>
@@ -31,6 +36,8 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#include "cpu_dispatch.h"
 
 #ifdef _OPENMP
 #define APE_PRAGMA(x) _Pragma(#x)
@@ -67,6 +74,13 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
   const Real *const *rel = nullptr;  // Enc::kNumRel arrays (T, rows_n): relative rows
   Real *const *drel = nullptr;       // their gradients, zeroed; null in forward
 };
+
+}  // namespace ape
+
+// Compiled for this unit's level (no #include inside the region, see cpu_dispatch.h).
+APE_CPU_BEGIN
+namespace ape {
+inline namespace APE_CPU_NS {
 
 namespace detail {
 
@@ -629,4 +643,6 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
   }
 }
 
+}  // namespace APE_CPU_NS
 }  // namespace ape
+APE_CPU_END

@@ -2,15 +2,23 @@
 //
 // A generated source defines its `Enc` functor and ends with
 //   APE_DEFINE_KERNEL_ENTRY(rope, RopeEnc, kManifestJson)
-// which defines `extern "C" const ape::KernelEntry *ape_kernel_entry_rope()`, returning the
-// name, the manifest, the fp32 / fp64 instantiations of the CPU attention template and, for
-// encodings with a fixed absolute table, the function that fills it.
+// The source is compiled once per instruction-set level (cpu_dispatch.h). In the baseline unit
+// the macro defines
+//   ape_kernel_entry_rope()            the entry of the level chosen for this process: what every
+//                                      caller (registry, operator library, C ABI) uses;
+//   ape_kernel_entry_rope_level(int)   the entry of level 0, 1 or 2, or null when not built
+//                                      (tests and benchmarks compare levels with it);
+// both `extern "C" const ape::KernelEntry *`. An entry holds the name, the manifest, the fp32 /
+// fp64 instantiations of the CPU attention template (fp32 compiled for the entry's level, fp64
+// for the baseline) and, for encodings with a fixed absolute table, the function that fills it.
+// Every unit also defines ape_kernel_unit_rope_<level name>(), its part, for the dispatcher.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
 #include "cpu_attention.h"
+#include "cpu_dispatch.h"
 
 namespace ape {
 
@@ -24,9 +32,13 @@ struct KernelEntry {
   // Absolute encodings at the embedding site: fills out[n*d + c] (n < T, c < d) with the fixed
   // position table the model adds to the token embedding; null when the encoding has none.
   void (*embed_table)(int64_t T, int64_t d, double *out);
+  // The instruction-set level the four kernels were compiled for (cpu_level_name: "baseline",
+  // "avx2", "avx512"); "none" in the entry of a refused APE_CPU_LEVEL, whose kernels throw
+  // CpuLevelError; null in hand-written entries.
+  const char *cpu_level = nullptr;
 };
 
-namespace detail {
+namespace entry_detail {
 // Enc::embed_table when Enc declares `static void embed_table(int64_t, int64_t, double *)`.
 template <class Enc, class = void>
 struct EmbedTableOf {
@@ -37,9 +49,15 @@ struct EmbedTableOf<Enc, std::void_t<decltype(static_cast<void (*)(int64_t, int6
                              &Enc::embed_table))>> {
   static constexpr void (*value)(int64_t, int64_t, double *) = &Enc::embed_table;
 };
-}  // namespace detail
 
-// The entry of the encoding functor Enc (instantiates the four template functions).
+// The kernels of a refused level choice: they throw the reason instead of computing.
+template <unsigned kBuilt, typename Real> void refuse(const AttnArgs<Real> &) {
+  throw CpuLevelError(cpu_level_choice<kBuilt>().error);
+}
+}  // namespace entry_detail
+
+// The entry of the encoding functor Enc (instantiates the four template functions of this
+// unit's level).
 template <class Enc>
 constexpr KernelEntry make_kernel_entry(const char *name, const char *manifest_json) {
   return KernelEntry{name,
@@ -48,15 +66,129 @@ constexpr KernelEntry make_kernel_entry(const char *name, const char *manifest_j
                      &attention_backward<Enc, float>,
                      &attention_forward<Enc, double>,
                      &attention_backward<Enc, double>,
-                     detail::EmbedTableOf<Enc>::value};
+                     entry_detail::EmbedTableOf<Enc>::value,
+                     cpu_level_name(APE_KERNEL_LEVEL)};
+}
+
+// What the unit of level kLevel contributes to its encoding's entries: name, manifest,
+// embed_table and the fp32 kernels of the level; the fp64 kernels only at the baseline (null
+// above it; see compose_level_entries). Null when the level does not exist on the target.
+template <class Enc, int kLevel, bool kCompiled>
+const KernelEntry *unit_kernel_entry(const char *name, const char *manifest_json) {
+  if constexpr (!kCompiled) {
+    return nullptr;
+  } else if constexpr (kLevel == 0) {
+    static const KernelEntry entry = make_kernel_entry<Enc>(name, manifest_json);
+    return &entry;
+  } else {
+    static const KernelEntry entry{name,
+                                   manifest_json,
+                                   &attention_forward<Enc, float>,
+                                   &attention_backward<Enc, float>,
+                                   nullptr,
+                                   nullptr,
+                                   entry_detail::EmbedTableOf<Enc>::value,
+                                   cpu_level_name(kLevel)};
+    return &entry;
+  }
+}
+
+// The entries of one encoding, per level: level l's fp32 kernels with the baseline's fp64
+// kernels. fp64 serves gradient checks, not speed, so it is compiled once (the baseline): that
+// halves the cost of each extra level (bench/results/cpu_levels.md).
+struct LevelEntries {
+  KernelEntry entry[kNumCpuLevels];
+  bool built[kNumCpuLevels];
+
+  const KernelEntry *at(int level) const {
+    return level >= 0 && level < kNumCpuLevels && built[level] ? &entry[level] : nullptr;
+  }
+};
+
+inline LevelEntries compose_level_entries(const KernelEntry *const (&units)[kNumCpuLevels]) {
+  LevelEntries all{};
+  const KernelEntry &base = *units[0];
+  for (int l = 0; l < kNumCpuLevels; ++l) {
+    if (!units[l]) continue;
+    all.entry[l] = *units[l];
+    all.entry[l].forward_f64 = base.forward_f64;
+    all.entry[l].backward_f64 = base.backward_f64;
+    all.built[l] = true;
+  }
+  return all;
+}
+
+// The entry to use in this process: level(c) for the level c chosen among kBuilt (once, see
+// cpu_level_choice), or `refused` when APE_CPU_LEVEL names a level that cannot run.
+template <unsigned kBuilt>
+const KernelEntry *choose_kernel_entry(const KernelEntry *(*level)(int), const KernelEntry *refused) {
+  const CpuLevelChoice &c = cpu_level_choice<kBuilt>();
+  const KernelEntry *e = c.level >= 0 ? level(c.level) : nullptr;
+  return e ? e : refused;
+}
+
+// `base` with kernels that throw the reason of the refused choice.
+template <unsigned kBuilt> KernelEntry refused_kernel_entry(const KernelEntry &base) {
+  return KernelEntry{base.name,
+                     base.manifest_json,
+                     &entry_detail::refuse<kBuilt, float>,
+                     &entry_detail::refuse<kBuilt, float>,
+                     &entry_detail::refuse<kBuilt, double>,
+                     &entry_detail::refuse<kBuilt, double>,
+                     base.embed_table,
+                     "none"};
 }
 
 }  // namespace ape
 
-// Defines `extern "C" const ape::KernelEntry *ape_kernel_entry_<NAME>()` for the functor ENC;
-// NAME is an identifier (also the entry's name string), MANIFEST a `const char *` JSON text.
-#define APE_DEFINE_KERNEL_ENTRY(NAME, ENC, MANIFEST)                                   \
-  extern "C" const ::ape::KernelEntry *ape_kernel_entry_##NAME() {                      \
-    static const ::ape::KernelEntry entry = ::ape::make_kernel_entry<ENC>(#NAME, MANIFEST); \
-    return &entry;                                                                      \
+#define APE_KERNEL_CAT_(a, b) a##b
+#define APE_KERNEL_CAT(a, b) APE_KERNEL_CAT_(a, b)
+
+// The units of the levels linked into the library: a declaration, and a call (null when absent).
+#if APE_KERNEL_BUILT_LEVELS & 2
+#define APE_DECLARE_UNIT_AVX2(NAME) extern "C" const ::ape::KernelEntry *ape_kernel_unit_##NAME##_avx2();
+#define APE_UNIT_AVX2(NAME) ape_kernel_unit_##NAME##_avx2()
+#else
+#define APE_DECLARE_UNIT_AVX2(NAME)
+#define APE_UNIT_AVX2(NAME) nullptr
+#endif
+#if APE_KERNEL_BUILT_LEVELS & 4
+#define APE_DECLARE_UNIT_AVX512(NAME) \
+  extern "C" const ::ape::KernelEntry *ape_kernel_unit_##NAME##_avx512();
+#define APE_UNIT_AVX512(NAME) ape_kernel_unit_##NAME##_avx512()
+#else
+#define APE_DECLARE_UNIT_AVX512(NAME)
+#define APE_UNIT_AVX512(NAME) nullptr
+#endif
+
+// The dispatcher of encoding NAME (baseline unit only): ape_kernel_entry_NAME_level(int) and
+// ape_kernel_entry_NAME().
+#if APE_KERNEL_LEVEL == 0
+#define APE_DEFINE_KERNEL_DISPATCH(NAME)                                                        \
+  APE_DECLARE_UNIT_AVX2(NAME)                                                                   \
+  APE_DECLARE_UNIT_AVX512(NAME)                                                                 \
+  extern "C" const ::ape::KernelEntry *ape_kernel_entry_##NAME##_level(int level) {             \
+    static const ::ape::LevelEntries all = ::ape::compose_level_entries(                        \
+        {ape_kernel_unit_##NAME##_baseline(), APE_UNIT_AVX2(NAME), APE_UNIT_AVX512(NAME)});     \
+    return all.at(level);                                                                       \
+  }                                                                                             \
+  extern "C" const ::ape::KernelEntry *ape_kernel_entry_##NAME() {                              \
+    static const ::ape::KernelEntry refused = ::ape::refused_kernel_entry<APE_KERNEL_BUILT_LEVELS>( \
+        *ape_kernel_entry_##NAME##_level(0));                                                   \
+    static const ::ape::KernelEntry *const chosen =                                             \
+        ::ape::choose_kernel_entry<APE_KERNEL_BUILT_LEVELS>(&ape_kernel_entry_##NAME##_level,   \
+                                                            &refused);                          \
+    return chosen;                                                                              \
   }
+#else
+#define APE_DEFINE_KERNEL_DISPATCH(NAME)
+#endif
+
+// Defines the entries of the functor ENC (see the top of this file); NAME is an identifier (also
+// the entry's name string), MANIFEST a `const char *` JSON text.
+#define APE_DEFINE_KERNEL_ENTRY(NAME, ENC, MANIFEST)                                            \
+  extern "C" const ::ape::KernelEntry *APE_KERNEL_CAT(ape_kernel_unit_##NAME##_,                \
+                                                      APE_CPU_SUFFIX)() {                       \
+    return ::ape::unit_kernel_entry<ENC, APE_KERNEL_LEVEL, APE_CPU_COMPILED>(#NAME, MANIFEST);  \
+  }                                                                                             \
+  APE_DEFINE_KERNEL_DISPATCH(NAME)

@@ -24,6 +24,7 @@
 //       manifest order; ATen ops, so gradients reach the weights.
 //   manifest() -> str
 //   cuda_kernels() -> str[]    the CUDA variants compiled in ("bf16/hd64", ...; none: [])
+//   cpu_level() -> str         the CPU kernels' instruction-set level (ape/cpu_dispatch.h)
 //
 // Kernels by dispatch key:
 //   Autograd                   attention: AttentionFunction; the raw pair falls through
@@ -35,7 +36,7 @@
 //                              and head dim, the CPU kernel on host copies (warned once)
 //   Meta                       the raw pair: shapes and dtypes only; symbolic sizes allowed, so
 //                              fake tensors (torch.compile, opcheck) trace through
-//   CompositeImplicitAutograd  derived_params, manifest, cuda_kernels
+//   CompositeImplicitAutograd  derived_params, manifest, cuda_kernels, cpu_level
 //
 // Shapes: q, k, v, o, dout (B, H, T, D); lse and every feature (B, H, T); params by their
 // manifest shape with "heads" = H and "head_dim" = D. One dtype for q, k, v, dout, o, features
@@ -538,7 +539,8 @@ inline std::vector<at::Tensor> derived_params(const KernelInputs &in,
 // Every kernel is one boxed functor holding the library: no per-encoding template instantiation,
 // so this file is compiled once whatever the encoding (the attention schema's arity varies).
 enum class Op {
-  kForward, kBackward, kAttention, kAttentionNoGrad, kDerivedParams, kManifest, kCudaKernels
+  kForward, kBackward, kAttention, kAttentionNoGrad, kDerivedParams, kManifest, kCudaKernels,
+  kCpuLevel
 };
 
 
@@ -597,6 +599,9 @@ class Kernel final : public c10::OperatorKernel {
       case Op::kManifest:
         torch::jit::push(*stack, std::string(in.entry->manifest_json));
         return;
+      case Op::kCpuLevel:  // "none" when APE_CPU_LEVEL names a level that cannot run here
+        torch::jit::push(*stack, std::string(in.entry->cpu_level ? in.entry->cpu_level : "none"));
+        return;
       case Op::kCudaKernels: {
         c10::List<std::string> names;
         for (auto &n : cuda_kernel_names(lib_)) names.push_back(std::move(n));
@@ -644,11 +649,13 @@ void register_operators(const Library &lib) {
           tags);
   def.def("manifest() -> str", tags);
   def.def("cuda_kernels() -> str[]", tags);
+  def.def("cpu_level() -> str", tags);
 
   torch::Library &composite = library(torch::Library::IMPL, c10::DispatchKey::CompositeImplicitAutograd);
   composite.impl("derived_params", kernel(lib, Op::kDerivedParams));
   composite.impl("manifest", kernel(lib, Op::kManifest));
   composite.impl("cuda_kernels", kernel(lib, Op::kCudaKernels));
+  composite.impl("cpu_level", kernel(lib, Op::kCpuLevel));
 
   torch::Library &autograd = library(torch::Library::IMPL, c10::DispatchKey::Autograd);
   autograd.impl("attention", kernel(lib, Op::kAttention));

@@ -23,6 +23,8 @@
 // RUN: FileCheck %s --check-prefix=SHAW --input-file=%t/shaw_torch_library/shaw_ops.cpp
 // RUN: FileCheck %s --check-prefix=SHAW-CMAKE --input-file=%t/shaw_torch_library/CMakeLists.txt
 // RUN: FileCheck %s --check-prefix=HEADER --input-file=%t/odd_names_c_abi/ape_odd_names.h
+// RUN: FileCheck %s --check-prefix=LEVELS --input-file=%t/odd_names_torch_library/CMakeLists.txt
+// RUN: FileCheck %s --check-prefix=LEVELS --input-file=%t/odd_names_c_abi/CMakeLists.txt
 // RUN: %cxx -x c -std=c99 -Wall -Wextra -Werror -fsyntax-only -I %t/odd_names_c_abi %t/odd_names_c_abi/ape_odd_names.h
 // RUN: %cxx -std=c++17 -Wall -fsyntax-only -fopenmp -I %t/odd_names_c_abi %t/odd_names_c_abi/ape_odd_names_c.cpp
 // Re-running apec leaves unchanged files alone (no rebuild):
@@ -43,6 +45,7 @@
 // FILES-NEXT: odd_names_cuda_f32_hd64.cu
 // FILES-NEXT: odd_names_ops.cpp
 // FILES: cpu_attention.h
+// FILES-NEXT: cpu_dispatch.h
 // FILES-NEXT: cuda_abi.h
 // FILES-NEXT: cuda_attention.cuh
 // FILES-NEXT: cuda_flash_tile.cuh
@@ -67,6 +70,7 @@
 // CFILES: c_abi.h
 // CFILES-NEXT: c_abi_impl.h
 // CFILES-NEXT: cpu_attention.h
+// CFILES-NEXT: cpu_dispatch.h
 // CFILES-NEXT: kernel_entry.h
 // CFILES-NEXT: kernel_inputs.h
 
@@ -116,6 +120,13 @@
 // HEADER: } ape_odd_names_args;
 // HEADER: APE_C_API int ape_odd_names_forward_f32(const ape_odd_names_args *args);
 // HEADER: APE_C_API const char *ape_odd_names_last_error(void);
+// HEADER: APE_C_API const char *ape_odd_names_cpu_level(void);
+
+// The kernel once per instruction-set level: two wrappers, and the mask of the levels.
+// LEVELS: foreach(level 1 2)
+// LEVELS: #define APE_KERNEL_LEVEL ${level}\n#include \"${CMAKE_CURRENT_SOURCE_DIR}/odd_names_cpu.cpp\"\n
+// LEVELS: set(ape_levels 7)
+// LEVELS: target_compile_definitions(ape_odd_names_{{ops|c}} PRIVATE APE_KERNEL_LEVELS=${ape_levels})
 
 // KEPT: 2001
 ape.encoding @odd_names {
