@@ -119,12 +119,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     text.clear();
     kernel->print(os);
     std::vector<ape::EmittedFile> files;
-    check(ape::emitTorchLibrary(kernel, "fuzz.mlir", files), "emitTorchLibrary");
+    const ape::CudaVariant variant{"f32", 64};
+    check(ape::emitTorchLibrary(kernel, "fuzz.mlir", {variant}, files), "emitTorchLibrary");
     files.clear();
     check(ape::emitCAbi(kernel, "fuzz.mlir", files), "emitCAbi");
     text.clear();
     check(ape::emitCudaHeader(kernel, "fuzz.mlir", os), "emitCudaHeader");
-    const ape::CudaVariant variant{"f32", 64};
     text.clear();
     check(ape::emitCudaEntry(kernel, "fuzz.mlir", {variant}, os), "emitCudaEntry");
     text.clear();
