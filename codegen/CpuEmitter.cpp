@@ -437,6 +437,10 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
     ++m;
   }
   auto slot = [&](Value v) { return layout.tokSlot.lookup(v); };
+  // The stages run cooperatively: each loop visits the tokens ctx.tok_first(), + tok_step(), ...
+  // (all of them on the CPU; a thread's share of a block on the GPU), ctx.tok_sync() separates
+  // the stages (a barrier on the GPU), and the scans are ctx's (serial in double on the CPU, a
+  // block-parallel scan in double on the GPU).
   os << "  // Token program, forward: every token sequence of this (b, h) into its slot.\n"
      << st.head << "void token_forward(" << st.ctx << ", const T *const *feat, T *tok) {\n"
         "    const int64_t n = ctx.T;\n";
@@ -445,20 +449,18 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
   for (Operation *op : layout.tokenProgram) {
     unsigned out = slot(op->getResult(0));
     if (auto f = dyn_cast<TokenFeatureOp>(op)) {
-      os << llvm::formatv("    for (int64_t t = 0; t < n; ++t) tok[{0} * n + t] = feat[{1}][t];"
-                          "  // feature \"{2}\"\n",
+      os << llvm::formatv("    for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) "
+                          "tok[{0} * n + t] = feat[{1}][t];  // feature \"{2}\"\n",
                           out, layout.featureIndex.lookup(f), f.getName());
     } else if (auto map = dyn_cast<MapOp>(op)) {
-      os << llvm::formatv("    for (int64_t t = 0; t < n; ++t) tok[{0} * n + t] = map_{1}(ctx, "
-                          "tok[{2} * n + t]);\n",
+      os << llvm::formatv("    for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) "
+                          "tok[{0} * n + t] = map_{1}(ctx, tok[{2} * n + t]);\n",
                           out, mapIndex.lookup(op), slot(map.getInput()));
     } else if (auto scan = dyn_cast<ScanOp>(op)) {
-      os << llvm::formatv("    {{  // inclusive scan, accumulated in double\n"
-                          "      double acc = 0;\n"
-                          "      for (int64_t t = 0; t < n; ++t) {{ acc += tok[{1} * n + t]; "
-                          "tok[{0} * n + t] = T(acc); }\n    }\n",
+      os << llvm::formatv("    ctx.tok_scan(tok + {1} * n, tok + {0} * n, n);  // inclusive, in double\n",
                           out, slot(scan.getInput()));
     }
+    os << "    ctx.tok_sync();\n";
   }
   os << "  }\n";
   os << "  // Token program, backward: consumers before producers; dtok holds the\n"
@@ -471,19 +473,19 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
   for (Operation *op : llvm::reverse(layout.tokenProgram)) {
     unsigned out = slot(op->getResult(0));
     if (auto f = dyn_cast<TokenFeatureOp>(op)) {
-      os << llvm::formatv("    for (int64_t t = 0; t < n; ++t) dfeat[{1}][t] = dtok[{0} * n + t];\n",
+      os << llvm::formatv("    for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) "
+                          "dfeat[{1}][t] = dtok[{0} * n + t];\n",
                           out, layout.featureIndex.lookup(f));
     } else if (auto map = dyn_cast<MapOp>(op)) {
-      os << llvm::formatv("    for (int64_t t = 0; t < n; ++t) dtok[{2} * n + t] += map_{1}_grad("
-                          "ctx, tok[{2} * n + t], dtok[{0} * n + t]);\n",
+      os << llvm::formatv("    for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) "
+                          "dtok[{2} * n + t] += map_{1}_grad(ctx, tok[{2} * n + t], dtok[{0} * n + t]);\n",
                           out, mapIndex.lookup(op), slot(map.getInput()));
     } else if (auto scan = dyn_cast<ScanOp>(op)) {
-      os << llvm::formatv("    {{  // reverse cumulative sum\n"
-                          "      double acc = 0;\n"
-                          "      for (int64_t t = n - 1; t >= 0; --t) {{ acc += dtok[{0} * n + t]; "
-                          "dtok[{1} * n + t] += T(acc); }\n    }\n",
+      os << llvm::formatv("    ctx.tok_rscan_add(dtok + {0} * n, dtok + {1} * n, n);  // reverse "
+                          "cumulative sum, in double\n",
                           out, slot(scan.getInput()));
     }
+    os << "    ctx.tok_sync();\n";
   }
   os << "  }\n";
   return success();

@@ -542,10 +542,14 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t dynami
     tl_launch = &l;
     Block b;
     b.launch = &l;
-    std::vector<char> mem(window);
+    // Shared memory starts 1024-byte aligned, as APE_DYNAMIC_SMEM declares it on the GPU (the
+    // swizzled tiles' address arithmetic relies on it).
+    std::vector<char> mem(window + 1024);
     std::vector<uint8_t> flags(window);
     std::vector<Cell> cells(window);
-    b.window = mem.data(), b.window_bytes = window, b.flags = flags.data(), b.cells = cells.data();
+    const uintptr_t start = reinterpret_cast<uintptr_t>(mem.data()) + kSmemRedzone;
+    b.window = reinterpret_cast<char *>((start + 1023) / 1024 * 1024 - kSmemRedzone);
+    b.window_bytes = window, b.flags = flags.data(), b.cells = cells.data();
     b.smem = b.window + kSmemRedzone;
     b.dynamic_bytes = dynamic_smem;
     tl_worker.block = &b;

@@ -73,6 +73,21 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
   Real *dtok;                 // gradient w.r.t. tok, zeroed, same layout; null in forward
   const Real *const *rel = nullptr;  // Enc::kNumRel arrays (T, rows_n): relative rows
   Real *const *drel = nullptr;       // their gradients, zeroed; null in forward
+
+  // The token program's stages (emitEncFunctor): every token, in order, by one thread.
+  static constexpr int64_t tok_first() { return 0; }
+  static constexpr int64_t tok_step() { return 1; }
+  static void tok_sync() {}
+  // dst[t] = sum_{u <= t} src[u], accumulated in double.
+  template <class T> static void tok_scan(const T *src, T *dst, int64_t n) {
+    double acc = 0;
+    for (int64_t t = 0; t < n; ++t) acc += src[t], dst[t] = T(acc);
+  }
+  // dst[t] += sum_{u >= t} src[u], accumulated in double (the scan's backward).
+  template <class T> static void tok_rscan_add(const T *src, T *dst, int64_t n) {
+    double acc = 0;
+    for (int64_t t = n - 1; t >= 0; --t) acc += src[t], dst[t] += T(acc);
+  }
 };
 
 }  // namespace ape

@@ -7,24 +7,25 @@
 // --expt-relaxed-constexpr (the functors call std::max / std::clamp in device code), sm_80+.
 //
 // Attention is causal (key j visible from query i iff j <= i). Per (b, h) slice:
-//   forward : tok = token_forward(features)           one thread per slice (a serial scan)
+//   forward : tok = token_forward(features)           one block per slice (block-parallel scans)
 //             q' = q_mod(q), k' = k_mod(k)            elementwise, fp32, stored in the input dtype
 //             per query tile: s_ij = score_mod(scale q'_i.k'_j), online softmax, o = P v,
-//             lse_i = log sum_j exp(s_ij)             tensor cores (WMMA 16x16x16, fp32 accum.)
-//                                                     for f16 / bf16, plain fp32 for f32
+//             lse_i = log sum_j exp(s_ij)             16-bit inputs: flash_forward_kernel
+//                                                     (mma.sync, docs/cuda.md); f32 inputs and
+//                                                     value rows: forward_kernel
 //   backward: recompute tok, q', k'; Delta_i = dO_i . O_i; P = exp(s - lse) recomputed;
 //             dS = scale score_mod_grad(P (dP - Delta)) with dP = dO V^T;
-//             kernel 1, per key tile (loops over query tiles):   dV = P^T dO, dK' = dS^T Q'
-//             kernel 2, per query tile (loops over key tiles):   dQ' = dS K'
+//             16-bit inputs: flash_backward_kernel, one pass over the key tiles (dV = P^T dO,
+//             dK' = dS^T Q' in registers, dQ' = dS K' added in a fixed order); otherwise
+//             dkdv_kernel per key tile and dq_kernel per query tile;
 //             then back through the mods (one thread per token row) and the token program
-//             (one thread per slice, reverse scan).
+//             (one block per slice, reverse scans).
 // Deterministic: every float sum has a fixed order. The gradients that the functors accumulate
 // into token slots (row/column sums of the score mod) and into params (head sums, scatters,
-// token sums of the q/k mods) are added as 64-bit fixed-point integers (value * 2^32, atomicAdd
-// on integers is order independent), then converted to float: bitwise reproducible for any
-// schedule. Limits: a total must stay below 2^31 in magnitude; resolution 2^-32 per term.
-// Only kernel 1 accumulates the score mod's load gradients (kernel 2 uses a context whose sinks
-// are off), so each (i, j) contributes once.
+// token sums of the q/k mods) are added as 128-bit fixed-point integers (two 64-bit words;
+// integer atomicAdd is order independent), then converted to float: bitwise reproducible for
+// any schedule; what fixed point cannot hold is reported in the status word. Each (i, j)
+// contributes once (in the two-kernel backward, dq_kernel's sinks are off).
 //
 // Shapes: B batch, H heads, T sequence length, D head dim (32, 64 or 128); q, k, v, o, dout, dq,
 // dk, dv (B, H, T, D) in the input dtype; lse (B, H, T), features (B, H, T), params: float32.
@@ -54,6 +55,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int array_len(int n) { return n > 0 ? n : 1; }
 constexpr size_t align_up(size_t n) { return (n + 127) / 128 * 128; }
 constexpr float kInf = __builtin_huge_valf();
+constexpr int kTokThreads = 256;  // threads of the token program's block (one per slice)
 
 // ---- element types -------------------------------------------------------------------------------
 template <class In> __device__ inline float to_float(In x);
@@ -153,6 +155,49 @@ template <class Enc> struct DevCtx {
   ParamPtrs<NR> rel;                             // this slice's relative rows n: (T, rows_n)
   FixedSinks<NR> drel;                           // their gradients, same layout
   FixedSink vmass;                               // value rows: sum_j P_ij per (i, row), (T, rows)
+
+  // The token program's stages (emitEncFunctor), run by all threads of one block per slice
+  // (token_forward_kernel, token_backward_kernel): each thread takes every blockDim-th token,
+  // a barrier separates the stages, and the scans are block-parallel in double.
+  __device__ static int64_t tok_first() { return threadIdx.x; }
+  __device__ static int64_t tok_step() { return blockDim.x; }
+  __device__ static void tok_sync() { __syncthreads(); }
+  // dst[t] = sum_{u <= t} src[u] (kReverse: dst[t] += sum_{u >= t} src[u]), in double. Thread k
+  // sums a contiguous chunk, thread 0 scans the block's chunk sums (a fixed order: the result
+  // does not depend on the schedule), then each thread rescans its chunk from its offset.
+  template <bool kReverse, class T>
+  __device__ static void block_scan(const T *__restrict__ src, T *__restrict__ dst, int64_t n) {
+    APE_STATIC_SMEM(double, part, kTokThreads);
+    const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+    const int64_t chunk = (n + nt - 1) / nt;
+    const int64_t a = tid * chunk < n ? tid * chunk : n, b = a + chunk < n ? a + chunk : n;
+    double sum = 0;
+    for (int64_t t = a; t < b; ++t) sum += src[t];
+    part[tid] = sum;
+    __syncthreads();
+    if (tid == 0) {  // exclusive prefix (suffix) sums of the chunks
+      double acc = 0;
+      for (int k = 0; k < nt; ++k) {
+        const int c = kReverse ? nt - 1 - k : k;
+        const double v = part[c];
+        part[c] = acc;
+        acc += v;
+      }
+    }
+    __syncthreads();
+    double acc = part[tid];
+    if constexpr (kReverse)
+      for (int64_t t = b - 1; t >= a; --t) acc += src[t], dst[t] += T(acc);
+    else
+      for (int64_t t = a; t < b; ++t) acc += src[t], dst[t] = T(acc);
+    __syncthreads();  // `part` is free again
+  }
+  template <class T> __device__ static void tok_scan(const T *src, T *dst, int64_t n) {
+    block_scan<false>(src, dst, n);
+  }
+  template <class T> __device__ static void tok_rscan_add(const T *src, T *dst, int64_t n) {
+    block_scan<true>(src, dst, n);
+  }
 };
 
 // ---- launch parameters (one plain struct, by value) -----------------------------------------------
@@ -178,6 +223,7 @@ template <class Enc, class In> struct Params {
   float *dtok;                      // (B*H, kNumTok, T)
   unsigned long long *dparam_fx[NP];  // numel x 2 words each
   uint32_t *status;                 // CudaAttnArgs::status (backward)
+  int *dq_sem;                      // (B*H, ceil(T / BQ)): the order of dQ' adds (flash backward)
   // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
   static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
@@ -318,18 +364,19 @@ __device__ inline void mm_acc(const In *A, int la, const In *B, int lb, float *C
 }
 
 // ---- token program and mods ------------------------------------------------------------------------
-template <class Enc, class In> __global__ void token_forward_kernel(const Params<Enc, In> p) {
-  const int64_t bh = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (bh >= p.B * p.H) return;
+// One block of kTokThreads per slice (grid B*H): the stages of the token program cooperatively.
+template <class Enc, class In>
+__global__ void __launch_bounds__(kTokThreads) token_forward_kernel(const Params<Enc, In> p) {
+  const int64_t bh = blockIdx.x;
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
   const float *feat[Params<Enc, In>::NF];
   for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = p.feat[n] + bh * p.T;
   Enc::token_forward(ctx, feat, p.tok + bh * Enc::kNumTok * p.T);
 }
 
-template <class Enc, class In> __global__ void token_backward_kernel(const Params<Enc, In> p) {
-  const int64_t bh = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (bh >= p.B * p.H) return;
+template <class Enc, class In>
+__global__ void __launch_bounds__(kTokThreads) token_backward_kernel(const Params<Enc, In> p) {
+  const int64_t bh = blockIdx.x;
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
   const float *feat[Params<Enc, In>::NF];
   float *dfeat[Params<Enc, In>::NF];
@@ -630,7 +677,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
 // prefetch overwrites.
 template <class In, int D> struct FlashFwd {
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
-  static constexpr int kMT = 2;                  // m16 tiles per warp
+  static constexpr int kMT = D == 128 ? 1 : 2;   // m16 tiles per warp (registers at D = 128)
   static constexpr int BQ = kWarps * 16 * kMT;   // 128 query rows
   static constexpr int BK = 64;                  // keys per tile
   static constexpr int kNT = BK / 8;             // n8 tiles of S per row block
@@ -662,6 +709,10 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, 0, T);
   ptx::cp_async_commit();
 
+  // ldmatrix lane bases (cuda_flash_tile.cuh); the other buffer is BK D elements on.
+  const ptx::SmemAddr lQ = flash::lane_base<D, flash::kRowsByQuad>(sQ);
+  const ptx::SmemAddr lK = flash::lane_base<D, flash::kColsByQuad>(sK);
+  const ptx::SmemAddr lV = flash::lane_base<D, flash::kRowsByQuad>(sV);
   float o[kMT][kDT][4] = {};
   float m[kMT][2], l[kMT][2];
   for (int mt = 0; mt < kMT; ++mt)
@@ -669,7 +720,18 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
 
   const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
   const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);  // causal: keys < i_end
-  for (int kt = 0; kt < n_tiles; ++kt) {
+  // Tiles [0, n_plain) lie below the diagonal for every row of the block (and the block's rows
+  // exist): they run without a mask; the rest test each element. Two copies of the step, so the
+  // steady state carries no masking code.
+  const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
+  // The softmax in base 2: p = 2^(x kf - m kf). With a score mod, x and m are logits and kf =
+  // log2 e; without one they are raw scores q'.k' and kf = scale log2 e (one FFMA per element;
+  // the host launches this kernel only with scale > 0, so the max of the raw scores is the max
+  // of the logits).
+  const float kf = Enc::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+  const float mscale = Enc::kHasScoreMod ? 1.f : p.scale;  // m in logit units
+  auto step = [&](int kt, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
     ptx::cp_async_wait<0>();
     __syncthreads();  // tile kt landed; every warp is done with buffer (kt + 1) % 2
     if (kt + 1 < n_tiles) {
@@ -679,17 +741,21 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
                                                  int64_t(kt + 1) * BK, T);
     }
     ptx::cp_async_commit();
-    const In *cK = sK + (kt & 1) * BK * D, *cV = sV + (kt & 1) * BK * D;
+    const ptx::SmemAddr cK = lK + (kt & 1) * 2 * BK * D, cV = lV + (kt & 1) * 2 * BK * D;
     const int64_t j0 = int64_t(kt) * BK;
 
     // S = Q' K'^T
     float s[kMT][kNT][4] = {};
+#pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[kMT][4];
-      for (int mt = 0; mt < kMT; ++mt) flash::ldsm_a<D>(a[mt], sQ, r0 + 16 * mt, 16 * kk);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) flash::ldsm_a(a[mt], flash::frag_at<D>(lQ, r0 + 16 * mt, 16 * kk));
+#pragma unroll
       for (int nt = 0; nt < kNT; nt += 2) {
         uint32_t b[4];
-        flash::ldsm_b_nk<D>(b, cK, 8 * nt, 16 * kk);
+        flash::ldsm_b_nk(b, flash::frag_at<D>(cK, 8 * nt, 16 * kk));
+#pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           flash::mma<In>(s[mt][nt], a[mt], b);
           flash::mma<In>(s[mt][nt + 1], a[mt], b + 2);
@@ -697,55 +763,72 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       }
     }
 
-    // Logits: scale, score mod, causal mask, then the online softmax of each of the thread's rows
-    // (mt, h): row i = i0 + r0 + 16 mt + g + 8 h. Masked elements (j > i, and the padding rows
-    // i >= T of the last tile) never reach the score mod: their indices may lie outside the
-    // token arrays. Only tiles that cross the diagonal, or the end, test each element.
-    const bool edge = j0 + BK - 1 > i0 + r0 || i0 + r0 + 16 * kMT > T;
+    // Logits: scale, score mod, causal mask (masked steps), then the online softmax of each of
+    // the thread's rows (mt, h). Element (row rr = r0 + 16 mt + g + 8 h, column cc = 8 nt + 2 t
+    // + e) is query i = i0 + rr, key j = j0 + cc: visible iff cc - rr <= dlt (j <= i) and
+    // rr < rows (i < T), in 32-bit tile coordinates. Masked elements never reach the score mod:
+    // their indices may lie outside the token arrays.
+    const int dlt = static_cast<int>(i0 - j0 < BK ? i0 - j0 : BK);
+    const int rows = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
+#pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
+        const int rr = r0 + 16 * mt + g + 8 * h;
         float mx = m[mt][h];
+#pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int64_t j = j0 + 8 * nt + 2 * t + e;
-            float x = -kInf;
-            if (!edge || (j <= i && i < T)) {
-              x = p.scale * s[mt][nt][2 * h + e];
-              if constexpr (Enc::kHasScoreMod) x = Enc::score_mod(ctx, i, j, x);
+            const int cc = 8 * nt + 2 * t + e;
+            const bool visible = !kMasked || (cc - rr <= dlt && rr < rows);
+            float x = s[mt][nt][2 * h + e];  // without a score mod: the raw score (kf scales it)
+            if constexpr (Enc::kHasScoreMod) {
+              x *= p.scale;
+              if (visible) x = Enc::score_mod(ctx, i0 + rr, j0 + cc, x);
             }
+            if constexpr (kMasked) x = visible ? x : -kInf;
             s[mt][nt][2 * h + e] = x;
             mx = fmaxf(mx, x);
           }
         mx = flash::quad_max(mx);
-        const float ref = mx == -kInf ? 0.f : mx * kLog2e;  // no finite logit yet: the row stays 0
-        const float alpha = exp2f(m[mt][h] * kLog2e - ref);
+        const float ref = mx == -kInf ? 0.f : mx * kf;  // no finite logit yet: the row stays 0
+        const float alpha = ptx::ex2(fmaf(m[mt][h], kf, -ref));
         float sum = 0.f;
+#pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pe = exp2f(fmaf(s[mt][nt][2 * h + e], kLog2e, -ref));
+            const float pe = ptx::ex2(fmaf(s[mt][nt][2 * h + e], kf, -ref));
             s[mt][nt][2 * h + e] = pe;
             sum += pe;
           }
         l[mt][h] = l[mt][h] * alpha + sum;  // this lane's part of the row sum
         m[mt][h] = mx;
+#pragma unroll
         for (int dt = 0; dt < kDT; ++dt) o[mt][dt][2 * h] *= alpha, o[mt][dt][2 * h + 1] *= alpha;
       }
 
     // O += P V, P from registers.
+#pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t a[kMT][4];
+#pragma unroll
       for (int mt = 0; mt < kMT; ++mt) flash::acc_to_a<In>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
       for (int dt = 0; dt < kDT; dt += 2) {
         uint32_t b[4];
-        flash::ldsm_b_kn<D>(b, cV, 16 * kk, 8 * dt);
+        flash::ldsm_b_kn(b, flash::frag_at<D>(cV, 16 * kk, 8 * dt));
+#pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           flash::mma<In>(o[mt][dt], a[mt], b);
           flash::mma<In>(o[mt][dt + 1], a[mt], b + 2);
         }
       }
     }
-  }
+  };
+  for (int kt = 0; kt < n_plain; ++kt) step(kt, std::false_type{});
+  for (int kt = n_plain; kt < n_tiles; ++kt) step(kt, std::true_type{});
   ptx::cp_async_wait<0>();
 
   // o = O / l, lse = m + log l (natural log); a row without a finite logit: o = 0, lse = -inf.
@@ -760,7 +843,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
         orow[8 * dt + 2 * t] = from_float<In>(o[mt][dt][2 * h] * inv);
         orow[8 * dt + 2 * t + 1] = from_float<In>(o[mt][dt][2 * h + 1] * inv);
       }
-      if (t == 0) p.lse[bh * T + i] = m[mt][h] + logf(lt);
+      if (t == 0) p.lse[bh * T + i] = m[mt][h] * mscale + logf(lt);
     }
 }
 
@@ -923,6 +1006,261 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const Params<Enc, In> p) {
   }
 }
 
+// ---- FlashAttention-2-class backward (16-bit inputs) ---------------------------------------------
+// One pass over the key tiles: a block owns 64 keys (16 per warp) and walks the query tiles that
+// see them, from the diagonal down. Per query tile, on mma.sync m16n8k16 with ldmatrix operands:
+//   S^T = K' Q'^T and dP^T = V dO^T            (keys are the M dimension: rows of this warp)
+//   P^T = exp2(S^T log2e - lse log2e), dS^T = scale * mod_grad(P^T (dP^T - Delta))   (registers)
+//   dV += P^T dO,  dK' += dS^T Q'               (P^T, dS^T reused from registers as A operands)
+//   dQ'(tile) += dS K'                          (dS^T through shared memory, ldmatrix.trans)
+// so 5 GEMMs per tile pair (the two-kernel backward recomputed S and dP: 7), with dK', dV in
+// registers until the end. Q', dO of the next query tile are prefetched by cp.async into the
+// other half of double buffers.
+//
+// dQ is deterministic: the blocks of one slice add their dQ' tiles into the fp32 dQ' (global
+// atomics) in a fixed order, highest key tile first, by a semaphore per (slice, query tile): the
+// block of key tile kt adds to query tile qt once the last(qt) - kt blocks of higher key tiles
+// have (last(qt) is the last key tile that qt sees), then releases it. The grid runs the highest
+// key tiles first (blockIdx.y = 0 is the last key tile), so a block waits on blocks that started
+// before it, and in steady state each block trails its neighbour by one query tile. Cost: the
+// atomics of a non-deterministic backward, one spin per tile by one thread, and a start-up
+// skew of one step per key tile; the sums are identical run to run.
+template <class In, int D> struct FlashBwd {
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int BK = 16 * kWarps;          // keys per block, 16 per warp
+  static constexpr int BQ = D == 128 ? 32 : 64;   // queries per step (registers at D = 128)
+  static constexpr int kNT = BQ / 8, kDT = D / 8;
+  // The dQ' tile (BQ x D) over the warps: kQW warps per 16 rows, kQCols columns each.
+  static constexpr int kQW = kWarps / (BQ / 16), kQCols = D / kQW;
+  static constexpr size_t k = 0, v = k + sizeof(In) * BK * D, q = v + sizeof(In) * BK * D;
+  static constexpr size_t dout = q + 2 * sizeof(In) * BQ * D;
+  static constexpr size_t ds = dout + 2 * sizeof(In) * BQ * D;
+  static constexpr size_t lse = ds + sizeof(In) * BK * BQ;
+  static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
+  static constexpr size_t bytes = delta + 2 * sizeof(float) * BQ;
+  static_assert(bytes <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+};
+
+// lse (times log2 e; +inf for a row without a finite logit, so that its P is 0) and Delta (times
+// `dscale`) of the query rows [i0, i0 + BQ) of a slice; rows >= T get +inf and 0. `lse`, `delta`
+// point at the slice's rows.
+template <int BQ, int kThreads>
+__device__ inline void load_row_stats(float *sLse, float *sDelta, const float *lse,
+                                      const float *delta, int64_t i0, int64_t T, float dscale) {
+  static_assert(BQ <= kThreads, "one row per thread");
+  constexpr float kLog2e = 1.44269504088896341f;
+  const int r = static_cast<int>(threadIdx.x);
+  const int rows = T - i0 < BQ ? static_cast<int>(T - i0) : BQ;
+  if (r < BQ) {
+    const bool in = r < rows;
+    const float l = in ? lse[i0 + r] : kInf;
+    sLse[r] = l == -kInf ? kInf : l * kLog2e;
+    sDelta[r] = in ? delta[i0 + r] * dscale : 0.f;
+  }
+}
+
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kernel(const Params<Enc, In> p) {
+  using C = FlashBwd<In, D>;
+  constexpr int BQ = C::BQ, BK = C::BK, kNT = C::kNT, kDT = C::kDT, kQDT = C::kQCols / 8;
+  constexpr float kLog2e = 1.44269504088896341f;
+  APE_DYNAMIC_SMEM(smem);
+  In *sK = reinterpret_cast<In *>(smem + C::k), *sV = reinterpret_cast<In *>(smem + C::v);
+  In *sQ = reinterpret_cast<In *>(smem + C::q), *sDO = reinterpret_cast<In *>(smem + C::dout);
+  In *sDS = reinterpret_cast<In *>(smem + C::ds);
+  float *sLse = reinterpret_cast<float *>(smem + C::lse);
+  float *sDelta = reinterpret_cast<float *>(smem + C::delta);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4;
+  const int64_t bh = blockIdx.x, T = p.T, base = bh * T * D;
+  const int kt = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // highest key tile first
+  const int64_t j0 = int64_t(kt) * BK;
+  const int kr0 = 16 * warp;                                    // this warp's keys in the tile
+  const int qr0 = 16 * (warp / C::kQW), qc0 = (warp % C::kQW) * C::kQCols;  // its dQ' part
+  const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
+  int *sem = p.dq_sem + bh * n_qt;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, true);
+  const float kf = p.scale * kLog2e;  // without a score mod: P = 2^(s kf - lse log2 e)
+  // Without a score mod Delta is kept times the scale: dS = P (scale dP - scale Delta), one FFMA.
+  const float dscale = Enc::kHasScoreMod ? 1.f : p.scale;
+  const float *lse_bh = p.lse + bh * T, *delta_bh = p.delta + bh * T;
+
+  flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, j0, T);
+  flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, j0, T);
+  flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, qt0 * BQ, T);
+  flash::load_tile_async<BQ, D, C::kThreads>(sDO, p.dout + base, qt0 * BQ, T);
+  ptx::cp_async_commit();
+  load_row_stats<BQ, C::kThreads>(sLse, sDelta, lse_bh, delta_bh, qt0 * BQ, T, dscale);
+
+  // ldmatrix lane bases (cuda_flash_tile.cuh); the other buffer is BQ D elements on.
+  const ptx::SmemAddr lK = flash::lane_base<D, flash::kRowsByQuad>(sK);   // A of S^T, B of dQ
+  const ptx::SmemAddr lV = flash::lane_base<D, flash::kRowsByQuad>(sV);   // A of dP^T
+  const ptx::SmemAddr lQn = flash::lane_base<D, flash::kColsByQuad>(sQ);  // B of S^T
+  const ptx::SmemAddr lDOn = flash::lane_base<D, flash::kColsByQuad>(sDO);
+  const ptx::SmemAddr lQk = flash::lane_base<D, flash::kRowsByQuad>(sQ);  // B of dK
+  const ptx::SmemAddr lDOk = flash::lane_base<D, flash::kRowsByQuad>(sDO);
+  const ptx::SmemAddr lDS = flash::lane_base<BQ, flash::kColsByQuad>(sDS);
+  float dk[kDT][4] = {}, dv[kDT][4] = {};
+  auto step = [&](int64_t qt, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    const int buf = static_cast<int>((qt - qt0) & 1);
+    const int64_t i0 = qt * BQ;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // tile qt landed; every warp is done with the other buffers and with sDS
+    if (qt > qt0 && threadIdx.x == 0) atomicAdd(sem + qt - 1, 1);  // release qt - 1 (fenced)
+    if (qt + 1 < n_qt) {
+      const int nb = buf ^ 1;
+      flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
+      flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
+      load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ, lse_bh, delta_bh,
+                                       i0 + BQ, T, dscale);
+    }
+    ptx::cp_async_commit();
+    const int bo = buf * 2 * BQ * D;  // the buffer's byte offset
+    const float *cLse = sLse + buf * BQ, *cDelta = sDelta + buf * BQ;
+
+    // S^T = K' Q'^T, dP^T = V dO^T (this warp's 16 keys x BQ queries).
+    float s[kNT][4] = {}, dp[kNT][4] = {};
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      flash::ldsm_a(ak, flash::frag_at<D>(lK, kr0, 16 * kk));
+      flash::ldsm_a(av, flash::frag_at<D>(lV, kr0, 16 * kk));
+      #pragma unroll
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_nk(b, flash::frag_at<D>(lQn + bo, 8 * nt, 16 * kk));
+        flash::mma<In>(s[nt], ak, b);
+        flash::mma<In>(s[nt + 1], ak, b + 2);
+        flash::ldsm_b_nk(b, flash::frag_at<D>(lDOn + bo, 8 * nt, 16 * kk));
+        flash::mma<In>(dp[nt], av, b);
+        flash::mma<In>(dp[nt + 1], av, b + 2);
+      }
+    }
+
+    // P^T and dS^T in place of S^T and dP^T. Element (key row kr = kr0 + g + 8 h, query column
+    // c = 8 nt + 2 t + e) is key j = j0 + kr, query i = i0 + c: visible iff kr - c <= dlt
+    // (j <= i) and c < cols (i < T), in 32-bit tile coordinates; only masked steps test. Masked
+    // elements are 0 and never reach the score mod (with one, the test is a branch; without, a
+    // select).
+    const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
+    const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int kr = kr0 + g + 8 * h;
+      #pragma unroll
+      #pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * nt + 2 * t + e;
+          const bool visible = !kMasked || (kr - c <= dlt && c < cols);
+          float pv, dsv;
+          if constexpr (Enc::kHasScoreMod) {
+            pv = 0.f, dsv = 0.f;
+            if (visible) {
+              const int64_t i = i0 + c, j = j0 + kr;
+              const float raw = p.scale * s[nt][2 * h + e];
+              pv = ptx::ex2(fmaf(Enc::score_mod(ctx, i, j, raw), kLog2e, -cLse[c]));
+              dsv = p.scale * Enc::score_mod_grad(ctx, i, j, raw, pv * (dp[nt][2 * h + e] - cDelta[c]));
+            }
+          } else {  // the scale folded into the exponent: one FFMA
+            pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
+            if constexpr (kMasked) pv = visible ? pv : 0.f;
+            dsv = pv * fmaf(dp[nt][2 * h + e], p.scale, -cDelta[c]);
+          }
+          s[nt][2 * h + e] = pv;
+          dp[nt][2 * h + e] = dsv;
+        }
+    }
+
+    // dV += P^T dO, dK' += dS^T Q'.
+    #pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      uint32_t ap[4], ads[4];
+      flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
+      flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
+      #pragma unroll
+      for (int dt = 0; dt < kDT; dt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_kn(b, flash::frag_at<D>(lDOk + bo, 16 * kk, 8 * dt));
+        flash::mma<In>(dv[dt], ap, b);
+        flash::mma<In>(dv[dt + 1], ap, b + 2);
+        flash::ldsm_b_kn(b, flash::frag_at<D>(lQk + bo, 16 * kk, 8 * dt));
+        flash::mma<In>(dk[dt], ads, b);
+        flash::mma<In>(dk[dt + 1], ads, b + 2);
+      }
+    }
+
+    // dS^T into shared memory for dQ' = dS K'.
+    #pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+      #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t v2 = flash::pack2<In>(dp[nt][2 * h], dp[nt][2 * h + 1]);
+        memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, 8 * nt + 2 * t), &v2, 4);
+      }
+    if (threadIdx.x == 0) {  // our turn for query tile qt: the higher key tiles have added
+      const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
+      const int target = static_cast<int>(i_last / BK) - kt;
+      while (atomicAdd(sem + qt, 0) != target) {
+      }
+    }
+    __syncthreads();  // dS^T complete, and the turn is ours
+
+    float dq[kQDT][4] = {};
+    #pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t a[4];
+      flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
+      #pragma unroll
+      for (int dt = 0; dt < kQDT; dt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_kn(b, flash::frag_at<D>(lK, 16 * kk, qc0 + 8 * dt));
+        flash::mma<In>(dq[dt], a, b);
+        flash::mma<In>(dq[dt + 1], a, b + 2);
+      }
+    }
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = i0 + qr0 + g + 8 * h;
+      if (kMasked && i >= T) continue;
+      float *row = p.dqm + base + i * D + qc0 + 2 * t;
+      #pragma unroll
+      for (int dt = 0; dt < kQDT; ++dt) {
+        atomicAdd(row + 8 * dt, dq[dt][2 * h]);
+        atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
+      }
+    }
+    __threadfence();  // our adds are visible before the release (after the next barrier)
+  };
+  // Query tiles [qt_plain, n_full) see every key of the block and exist whole: no mask. The first
+  // ones (the diagonal) and a partial last one test each element.
+  const int64_t n_full = T / BQ;
+  int64_t qt_plain = (j0 + BK - 1 + BQ - 1) / BQ;  // first tile with i0 >= j0 + BK - 1
+  if (qt_plain > n_full) qt_plain = n_full;
+  int64_t qt = qt0;
+  for (; qt < qt_plain; ++qt) step(qt, std::true_type{});
+  for (; qt < n_full; ++qt) step(qt, std::false_type{});
+  for (; qt < n_qt; ++qt) step(qt, std::true_type{});
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
+
+  // dK' (fp32 scratch) and dV.
+  for (int h = 0; h < 2; ++h) {
+    const int64_t j = j0 + kr0 + g + 8 * h;
+    if (j >= T) continue;
+    for (int dt = 0; dt < kDT; ++dt) {
+      const int64_t off = base + j * D + 8 * dt + 2 * t;
+      p.dkm[off] = dk[dt][2 * h];
+      p.dkm[off + 1] = dk[dt][2 * h + 1];
+      p.dv[off] = from_float<In>(dv[dt][2 * h]);
+      p.dv[off + 1] = from_float<In>(dv[dt][2 * h + 1]);
+    }
+  }
+}
+
 // ---- host side -------------------------------------------------------------------------------------
 // Scratch memory of one call, stream ordered, freed when the call returns (the frees are queued
 // behind the kernels).
@@ -1010,7 +1348,8 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
   if constexpr (Enc::kNumTok > 0) {
     p.tok = scratch.take<float>(BH * Enc::kNumTok * p.T, err);
     if (err != cudaSuccess) return err;
-    if ((err = launch(token_forward_kernel<Enc, In>, blocks_for(BH, 64), 64, 0, st, p)) != cudaSuccess)
+    if ((err = launch(token_forward_kernel<Enc, In>, static_cast<unsigned>(BH), kTokThreads, 0, st,
+                      p)) != cudaSuccess)
       return err;
   }
   if constexpr (Enc::kHasQMod) {
@@ -1060,18 +1399,21 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
   if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
+  // The flash kernel: 16-bit inputs without value rows (and, without a score mod, a positive
+  // scale); the general kernel otherwise.
   if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
-    using F = FlashFwd<In, kD>;
-    if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, F::bytes)) != cudaSuccess) return err;
-    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ));
-    return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, F::bytes, st, p);
-  } else {
-    using L = FwdSmem<In, kD>;
-    constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
-    if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ));
-    return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
+    if (Enc::kHasScoreMod || a.scale > 0) {
+      using F = FlashFwd<In, kD>;
+      if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, F::bytes)) != cudaSuccess) return err;
+      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ));
+      return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, F::bytes, st, p);
+    }
   }
+  using L = FwdSmem<In, kD>;
+  constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
+  if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ));
+  return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
 }
 
 // Backward: dq, dk, dv, dfeatures, dparams from q, k, v, o, lse, dout, features, params.
@@ -1127,17 +1469,30 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   }
   if (err != cudaSuccess) return err;
 
-  using L = BwdSmem<In, kD>;
-  if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) != cudaSuccess ||
-      (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) != cudaSuccess)
-    return err;
   const unsigned ubh = static_cast<unsigned>(BH);
-  if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, 128), 128, 0, st, p)) ||
-      (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
-                    L::bytes_dkdv, st, p)) ||
-      (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads, L::bytes_dq,
-                    st, p)))
+  if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, 128), 128, 0, st, p)))
     return err;
+  if constexpr (!std::is_same_v<In, float> && kValueRows == 0) {
+    using F = FlashBwd<In, kD>;
+    const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
+    p.dq_sem = scratch.take<int>(BH * n_qt, err);
+    if (err != cudaSuccess ||
+        (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
+        (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
+        (err = allow_smem(flash_backward_kernel<Enc, In, kD>, F::bytes)) != cudaSuccess ||
+        (err = launch(flash_backward_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, F::BK)),
+                      F::kThreads, F::bytes, st, p)) != cudaSuccess)
+      return err;
+  } else {
+    using L = BwdSmem<In, kD>;
+    if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) ||
+        (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) ||
+        (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
+                      L::bytes_dkdv, st, p)) ||
+        (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads,
+                      L::bytes_dq, st, p)))
+      return err;
+  }
   if constexpr (kNumRel > 0)
   for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'
     const int64_t m = BH * T * Enc::rel_rows(r);
@@ -1157,7 +1512,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
     if ((err = launch(fixed_to_float_kernel<>, blocks_for(nt, 256), 256, 0, st,
                       static_cast<const unsigned long long *>(p.dtok_fx), p.dtok, nt,
                       static_cast<const uint32_t *>(p.status))) ||
-        (err = launch(token_backward_kernel<Enc, In>, blocks_for(BH, 64), 64, 0, st, p)))
+        (err = launch(token_backward_kernel<Enc, In>, static_cast<unsigned>(BH), kTokThreads, 0,
+                      st, p)))
       return err;
   } else {
     for (int k = 0; k < Enc::kNumFeatures; ++k)  // features without tokens have no effect

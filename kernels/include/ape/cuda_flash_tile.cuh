@@ -22,50 +22,80 @@ namespace flash {
 // Rows are D elements long; the 16-byte chunks of a row are permuted by XOR with a phase that
 // changes every 128 bytes of rows, so that the 8 row addresses of an ldmatrix (same logical
 // column, 8 consecutive rows) fall in 8 different bank groups: conflict-free for D = 32, 64, 128.
+// Tiles start at a multiple of 2 D bytes (the dynamic shared memory is 1024-byte aligned).
 template <int D> struct Swizzle {
-  static_assert(D == 32 || D == 64 || D == 128, "head_dim 32, 64 or 128");
+  static_assert(D == 32 || D == 64 || D == 128, "rows of 32, 64 or 128 elements");
   static constexpr int kChunks = D / 8;                     // 16-byte chunks per row
   static constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;  // rows per 128 bytes
   static constexpr int kPhases = kChunks >= 8 ? 8 : kChunks;
+  __device__ static int phase(int r) { return (r / kRowsPerLine) & (kPhases - 1); }  // period 8
   __device__ static int offset(int r, int c) {  // element offset of (row, column)
-    const int phase = (r / kRowsPerLine) & (kPhases - 1);
-    return r * D + (((c >> 3) ^ phase) << 3) + (c & 7);
+    return r * D + (((c >> 3) ^ phase(r)) << 3) + (c & 7);
   }
 };
 
 // Rows [row0, row0 + R) of a (T, D) matrix in global memory into a swizzled tile, 16 bytes per
-// cp.async; rows >= T are zero-filled without reading. The caller commits and waits.
+// cp.async; rows >= T are zero-filled without reading. Each thread copies the same chunk of
+// every (kThreads / kChunks)-th row, so its shared and global addresses step by immediates. The
+// caller commits and waits.
 template <int R, int D, int kThreads, class In>
 __device__ inline void load_tile_async(In *tile, const In *g, int64_t row0, int64_t T) {
   static_assert(sizeof(In) == 2, "16-bit inputs");
-  constexpr int kChunks = D / 8;
-  for (int e = threadIdx.x; e < R * kChunks; e += kThreads) {
-    const int r = e / kChunks, c = (e % kChunks) * 8;
-    const int64_t src = row0 + r;
-    const bool in = src < T;
-    ptx::cp_async_16(tile + Swizzle<D>::offset(r, c), g + (in ? src : 0) * D + c, in ? 16 : 0);
+  constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kSteps = R / kRowStep;
+  static_assert(kThreads % kChunks == 0 && R % kRowStep == 0 && kRowStep % 8 == 0,
+                "whole rows per step, a multiple of the swizzle's period");
+  const int tid = static_cast<int>(threadIdx.x), r = tid / kChunks, c = (tid % kChunks) * 8;
+  const ptx::SmemAddr dst = ptx::smem_addr_of(tile) + 2 * Swizzle<D>::offset(r, c);
+  const int rows = T - row0 < R ? static_cast<int>(T - row0) : R;  // rows that exist
+  const In *src = g + (row0 + r) * D + c;
+#pragma unroll
+  for (int it = 0; it < kSteps; ++it) {
+    const bool in = r + it * kRowStep < rows;
+    // A missing row reads nothing (src-size 0), so its address is never dereferenced.
+    ptx::cp_async_16_at(dst + 2 * D * kRowStep * it, src + D * kRowStep * it, in ? 16 : 0);
   }
 }
 
 // ---- fragment loads (one warp) ------------------------------------------------------------------------
-// A fragment: rows [r0, r0 + 16), columns [c0, c0 + 16) of a row-major tile.
-template <int D, class In>
-__device__ inline void ldsm_a(uint32_t (&a)[4], const In *tile, int r0, int c0) {
+// An ldmatrix.x4 reads four 8 x 8 matrices; lane l gives the row address of row l % 8 of matrix
+// l / 8. For a fragment at (r0, c0) of a swizzled tile (r0 a multiple of 8, c0 of 16), lane l's
+// row is r0 + rho, column c0 + 8 beta, and its byte address is
+//     ((tile + 2 D rho + 16 (beta ^ phase(rho))) ^ 2 c0) + 2 D r0
+// (the XOR touches only the chunk bits, as the tile is 2D-aligned): a lane base computed once,
+// one LOP3 per column block and immediate offsets for row blocks.
+//   kRowsByQuad:  rho = l % 8 + 8 (m % 2), beta = m / 2 (m = l / 8): A fragments of a [m][k]
+//                 tile, and B fragments of a [k][n] tile by ldmatrix.trans (x4 = 2 n-tiles);
+//   kColsByQuad:  rho = l % 8 + 8 (m / 2), beta = m % 2: B fragments of a [n][k] tile (x4 = 2
+//                 n-tiles), and A fragments of a [k][m] tile by ldmatrix.trans.
+enum Pattern { kRowsByQuad, kColsByQuad };
+template <int D, Pattern kP>
+__device__ inline ptx::SmemAddr lane_base(const void *tile) {
   const int l = static_cast<int>(threadIdx.x % 32), m = l / 8;
-  ptx::ldmatrix<4>(a, tile + Swizzle<D>::offset(r0 + (l % 8) + 8 * (m % 2), c0 + 8 * (m / 2)));
+  const int rho = l % 8 + 8 * (kP == kRowsByQuad ? m % 2 : m / 2);
+  const int beta = kP == kRowsByQuad ? m / 2 : m % 2;
+  return ptx::smem_addr_of(tile) + 2 * D * rho + 16 * (beta ^ Swizzle<D>::phase(rho));
 }
+template <int D>
+__device__ inline ptx::SmemAddr frag_at(ptx::SmemAddr lane, int r0, int c0) {
+  return (lane ^ static_cast<ptx::SmemAddr>(2 * c0)) + static_cast<ptx::SmemAddr>(2 * D * r0);
+}
+
+// A fragment (16 x 16) at `at` = frag_at(lane_base<D, kRowsByQuad>(tile), r0, c0).
+__device__ inline void ldsm_a(uint32_t (&a)[4], ptx::SmemAddr at) { ptx::ldmatrix_at<4>(a, at); }
 // B fragments of two n-tiles (n0, n0 + 8) at k in [k0, k0 + 16) from a tile stored [n][k] (the
-// keys of Q K^T): b[0..1] for n-tile n0, b[2..3] for n0 + 8.
-template <int D, class In>
-__device__ inline void ldsm_b_nk(uint32_t (&b)[4], const In *tile, int n0, int k0) {
-  const int l = static_cast<int>(threadIdx.x % 32), m = l / 8;
-  ptx::ldmatrix<4>(b, tile + Swizzle<D>::offset(n0 + (l % 8) + 8 * (m / 2), k0 + 8 * (m % 2)));
+// keys of Q K^T): b[0..1] for n-tile n0, b[2..3] for n0 + 8; at = frag_at(lane_base<D,
+// kColsByQuad>(tile), n0, k0).
+__device__ inline void ldsm_b_nk(uint32_t (&b)[4], ptx::SmemAddr at) { ptx::ldmatrix_at<4>(b, at); }
+// The same from a tile stored [k][n] (the values of P V), transposed by ldmatrix.trans;
+// at = frag_at(lane_base<D, kRowsByQuad>(tile), k0, n0).
+__device__ inline void ldsm_b_kn(uint32_t (&b)[4], ptx::SmemAddr at) {
+  ptx::ldmatrix_at<4, true>(b, at);
 }
-// The same from a tile stored [k][n] (the values of P V), transposed by ldmatrix.trans.
-template <int D, class In>
-__device__ inline void ldsm_b_kn(uint32_t (&b)[4], const In *tile, int k0, int n0) {
-  const int l = static_cast<int>(threadIdx.x % 32), m = l / 8;
-  ptx::ldmatrix<4, true>(b, tile + Swizzle<D>::offset(k0 + (l % 8) + 8 * (m % 2), n0 + 8 * (m / 2)));
+// A fragment of rows [m0, m0 + 16), columns [k0, k0 + 16) of a matrix stored transposed, as a
+// tile [k][m] (the dS of dQ = dS K, kept as dS^T): at = frag_at(lane_base<R, kColsByQuad>(tile),
+// k0, m0).
+__device__ inline void ldsm_a_t(uint32_t (&a)[4], ptx::SmemAddr at) {
+  ptx::ldmatrix_at<4, true>(a, at);
 }
 
 // ---- products ---------------------------------------------------------------------------------------

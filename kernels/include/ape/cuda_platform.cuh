@@ -3,7 +3,7 @@
 // the SIMT emulator (ape/simt/cuda.h; docs/cuda.md, "The emulator"). The few things that differ
 // are spelled through this header:
 //   ape::cuda::launch(kernel, grid, block, smem, stream, args...)   instead of <<<...>>>
-//   APE_DYNAMIC_SMEM(name)            extern __shared__ __align__(128) unsigned char name[]
+//   APE_DYNAMIC_SMEM(name)            extern __shared__ __align__(1024) unsigned char name[]
 //   APE_STATIC_SMEM(T, name, n)       __shared__ T name[n] (name is then a T*)
 //   APE_DEVICE_CODE                   defined while compiling code that runs on the device
 //   ape::cuda::ptx::*                 mma.sync, ldmatrix, cp.async (inline PTX under nvcc)
@@ -27,7 +27,7 @@
 #ifdef __CUDA_ARCH__
 #define APE_DEVICE_CODE 1
 #endif
-#define APE_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#define APE_DYNAMIC_SMEM(name) extern __shared__ __align__(1024) unsigned char name[]
 #define APE_STATIC_SMEM(T, name, n) __shared__ T name[n]
 #endif
 
@@ -89,14 +89,24 @@ __device__ inline unsigned smem_addr(const void *p) {
 }
 #endif
 
-// ldmatrix.sync.aligned.m8n8.x{N}[.trans].shared.b16: `row` is this lane's row address.
+// An address in shared memory as the instructions take it: a 32-bit offset in the block's
+// shared window on the GPU (so address arithmetic is 32-bit and needs no generic-to-shared
+// conversion per access), the host address under the emulator.
+#ifdef APE_SIMT
+using SmemAddr = uintptr_t;
+inline SmemAddr smem_addr_of(const void *p) { return reinterpret_cast<uintptr_t>(p); }
+#else
+using SmemAddr = uint32_t;
+__device__ inline SmemAddr smem_addr_of(const void *p) { return smem_addr(p); }
+#endif
+
+// ldmatrix.sync.aligned.m8n8.x{N}[.trans].shared.b16: `a` is this lane's row address.
 template <int N, bool kTrans = false>
-__device__ inline void ldmatrix(uint32_t *regs, const void *row) {
+__device__ inline void ldmatrix_at(uint32_t *regs, SmemAddr a) {
   static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
 #ifdef APE_SIMT
-  ::ape::simt::ldmatrix(N, kTrans, regs, row);
+  ::ape::simt::ldmatrix(N, kTrans, regs, reinterpret_cast<const void *>(a));
 #else
-  const unsigned a = smem_addr(row);
   if constexpr (N == 4 && !kTrans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(a));
@@ -116,16 +126,23 @@ __device__ inline void ldmatrix(uint32_t *regs, const void *row) {
                  : "=r"(regs[0]) : "r"(a));
 #endif
 }
+template <int N, bool kTrans = false>
+__device__ inline void ldmatrix(uint32_t *regs, const void *row) {
+  ldmatrix_at<N, kTrans>(regs, smem_addr_of(row));
+}
 
 // cp.async.cg.shared.global: 16 bytes, of which the first `src_bytes` come from `src` and the
 // rest are zero (src_bytes = 0: a zero fill that reads nothing).
-__device__ inline void cp_async_16(void *dst, const void *src, int src_bytes = 16) {
+__device__ inline void cp_async_16_at(SmemAddr dst, const void *src, int src_bytes = 16) {
 #ifdef APE_SIMT
-  ::ape::simt::cp_async(dst, src, 16, src_bytes);
+  ::ape::simt::cp_async(reinterpret_cast<void *>(dst), src, 16, src_bytes);
 #else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 #endif
+}
+__device__ inline void cp_async_16(void *dst, const void *src, int src_bytes = 16) {
+  cp_async_16_at(smem_addr_of(dst), src, src_bytes);
 }
 __device__ inline void cp_async_commit() {
 #ifdef APE_SIMT
@@ -140,6 +157,21 @@ template <int N> __device__ inline void cp_async_wait() {
   ::ape::simt::cp_async_wait(N);
 #else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// 2^x by ex2.approx.ftz.f32 (one MUFU.EX2; max relative error 2^-22, subnormal results flushed
+// to 0): the softmax's exponential. exp2f without --use_fast_math adds a range fix-up (a compare
+// and two multiplies) around the same instruction. The emulator rounds 2^x to float and
+// flushes subnormals as the hardware does.
+__device__ inline float ex2(float x) {
+#ifdef APE_SIMT
+  const float r = exp2f(x);
+  return r < 1.17549435e-38f ? 0.f : r;
+#else
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
 #endif
 }
 

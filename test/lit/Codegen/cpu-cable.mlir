@@ -24,11 +24,14 @@
 // CHECK: static T map_0_grad(const ape::HeadCtx<T> &ctx, T x, T g) {
 // CHECK: static void token_forward(
 // CHECK-NEXT: const int64_t n = ctx.T;
-// CHECK-NEXT: tok[0 * n + t] = feat[0][t];  // feature "cable"
+// CHECK-NEXT: for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) tok[0 * n + t] = feat[0][t];  // feature "cable"
+// CHECK-NEXT: ctx.tok_sync();
 // CHECK-NEXT: tok[1 * n + t] = map_0(ctx, tok[0 * n + t]);
-// CHECK: acc += tok[1 * n + t]; tok[2 * n + t] = T(acc);
+// CHECK-NEXT: ctx.tok_sync();
+// CHECK-NEXT: ctx.tok_scan(tok + 1 * n, tok + 2 * n, n);
+// CHECK-NEXT: ctx.tok_sync();
 // CHECK: static void token_backward(
-// CHECK: acc += dtok[2 * n + t]; dtok[1 * n + t] += T(acc);
+// CHECK: ctx.tok_rscan_add(dtok + 2 * n, dtok + 1 * n, n);
 // CHECK: dtok[0 * n + t] += map_0_grad(ctx, tok[0 * n + t], dtok[1 * n + t]);
 // CHECK: dfeat[0][t] = dtok[0 * n + t];
 // CHECK: static T score_mod(const ape::HeadCtx<T> &ctx, int64_t i, int64_t j, T s) {

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""The CUDA kernels measured by their compiled code (no GPU needed).
+
+For each encoding, head dim and architecture, emits the CUDA variant with apec (--emit=cuda,
+from examples/encodings/NAME.mlir), compiles NAME_cuda_DTYPE_hdD.cu with nvcc to a cubin and
+reports, per kernel:
+
+  from ptxas -v     registers, spill stores/loads (bytes), stack frame, static shared memory
+  from the source   dynamic shared memory and threads per block (a host program prints the tile
+                    constants of cuda_attention.cuh), hence the theoretical occupancy per arch
+  from the SASS     (cuobjdump -sass) the main loop: the outermost loop (a backward branch)
+                    that holds the tensor-core instructions; per iteration of it, per warp:
+                    instructions, instructions per MFLOP, tensor-core (HMMA) share, MUFU,
+                    ldmatrix, cp.async, shared / global loads and stores, global atomics,
+                    barriers, shuffles
+
+Instruction counts are static: every instruction inside the loop once, both sides of a branch
+included. The kernels run the tiles that need no causal mask in their own copy of the loop
+(FlashAttention does the same); the steady-state loop reported is that one (of the outermost
+loops with tensor-core instructions, the one with the most HMMA, then the shortest). FLOPs per iteration are the GEMM FLOPs of the warp's part of one tile step
+(forward: S = Q K^T and O += P V; backward: S^T, dP^T, dV, dK and the warp's share of dQ).
+
+  .venv/bin/python bench/cuda_sass_stats.py --apec build/tools/apec \\
+      --md bench/results/cuda_sass.md --csv bench/results/cuda_sass.csv
+
+cuobjdump comes from the CUDA toolkit or, when it lacks it, from PyPI's nvidia-cuda-cuobjdump,
+which this script installs into the project's virtual environment (--venv, default .venv).
+"""
+import argparse
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Per-SM limits used for the theoretical occupancy (CUDA C++ Programming Guide, "Compute
+# Capabilities"): registers per SM, max warps per SM, max blocks per SM, shared memory per SM
+# usable by blocks (bytes), reserved shared memory per block.
+ARCH = {
+    80: dict(regs=65536, warps=64, blocks=32, smem=164 * 1024, reserved=1024),
+    86: dict(regs=65536, warps=48, blocks=16, smem=100 * 1024, reserved=1024),
+    89: dict(regs=65536, warps=48, blocks=24, smem=100 * 1024, reserved=1024),
+    90: dict(regs=65536, warps=64, blocks=32, smem=228 * 1024, reserved=1024),
+}
+
+# FlashAttention-2's own kernels, sm_90 SASS from nvcc 13, bf16, d_h = 128, per warp and main
+# loop iteration, as measured in issue 14 (the bar is 1.3x these).
+FA2 = {"forward": dict(ipm=874, hmma=27.9), "backward": dict(ipm=738, hmma=33.0)}
+
+KERNELS = {  # mangled-name fragment -> report name
+    "flash_forward_kernel": "forward",
+    "flash_backward_kernel": "backward",
+}
+
+CLASSES = [  # (column, regex on the opcode)
+    ("hmma", r"^HMMA"),
+    ("mufu", r"^MUFU"),
+    ("ldsm", r"^LDSM"),
+    ("cp_async", r"^LDGSTS"),
+    ("lds", r"^LDS(\.|$)"),
+    ("sts", r"^STS(\.|$)"),
+    ("ldg", r"^LDG(\.|$)"),
+    ("stg", r"^STG(\.|$)"),
+    ("atomics", r"^(RED|ATOM)"),
+    ("bar", r"^BAR(\.|$)"),
+    ("shfl", r"^SHFL"),
+]
+
+
+def find_cuobjdump(venv):
+    for cand in [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]:
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    py = Path(venv) / "bin" / "python"
+    found = list((Path(venv) / "lib").glob("python3*/site-packages/nvidia/cu*/bin/cuobjdump"))
+    if not found:
+        if not py.exists():
+            sys.exit(f"no cuobjdump, and no virtual environment at {venv} to install it into")
+        print("[sass] installing nvidia-cuda-cuobjdump into", venv, file=sys.stderr)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "nvidia-cuda-cuobjdump"], check=True)
+        found = list((Path(venv) / "lib").glob("python3*/site-packages/nvidia/cu*/bin/cuobjdump"))
+    if not found:
+        sys.exit("cuobjdump not found after installing nvidia-cuda-cuobjdump")
+    return str(found[0])
+
+
+TILE_PROGRAM = r"""
+#include "ape/cuda_attention.cuh"
+#include <cstdio>
+using namespace ape::cuda::detail;
+template <class In, int D> void print(const char *dt) {
+  using F = FlashFwd<In, D>;
+  using B = FlashBwd<In, D>;
+  std::printf("forward %s %d threads=%d smem=%zu flops=%lld\n", dt, D, F::kThreads, F::bytes,
+              4LL * 16 * F::kMT * F::BK * D);
+  // S^T, dP^T, dV, dK: 16 keys x BQ queries x D each; dQ: BQ x D x BK over the warps.
+  std::printf("backward %s %d threads=%d smem=%zu flops=%lld\n", dt, D, B::kThreads, B::bytes,
+              8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps);
+}
+int main() {
+  print<__nv_bfloat16, 32>("bf16"); print<__nv_bfloat16, 64>("bf16"); print<__nv_bfloat16, 128>("bf16");
+  print<__half, 32>("f16"); print<__half, 64>("f16"); print<__half, 128>("f16");
+}
+"""
+
+
+def tile_constants(nvcc, work):
+    src = Path(work) / "tiles.cu"
+    src.write_text(TILE_PROGRAM)
+    exe = Path(work) / "tiles"
+    subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_80", "-I", str(ROOT / "kernels/include"),
+                    str(src), "-o", str(exe)], check=True)
+    out = {}
+    for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines():
+        kind, dt, d, *kv = line.split()
+        out[(kind, dt, int(d))] = {k: int(v) for k, v in (x.split("=") for x in kv)}
+    return out
+
+
+def ptxas_info(text):
+    """function -> dict(regs, spill_st, spill_ld, stack, smem_static) from ptxas -v output."""
+    info, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            cur = m.group(1)
+            info[cur] = dict(regs=0, spill_st=0, spill_ld=0, stack=0, smem_static=0)
+            continue
+        if cur is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            info[cur].update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            info[cur]["regs"] = int(m.group(1))
+        m = re.search(r"(\d+) bytes smem", line)
+        if m:
+            info[cur]["smem_static"] = int(m.group(1))
+    return info
+
+
+def sass_functions(text):
+    """function -> [(address, opcode)] from cuobjdump -sass."""
+    funcs, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            cur = m.group(1)
+            funcs[cur] = []
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m and cur:
+            body = m.group(2).strip()
+            body = re.sub(r"^@!?U?P[T0-9]+\s+", "", body)  # predicate guard
+            funcs[cur].append((int(m.group(1), 16), body))
+    return funcs
+
+
+def main_loop(instrs):
+    """The steady-state main loop: of the outermost loops (regions from a backward branch's
+    target to the branch) that hold tensor-core instructions, the one with the most HMMA, and of
+    those the shortest (a kernel may run its masked tiles in a second copy of the loop)."""
+    loops = []
+    for addr, body in instrs:
+        m = re.match(r"BRA\s+(?:!?U?P\d,\s*)?(0x[0-9a-f]+)", body)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target >= addr:
+            continue
+        region = [b for a, b in instrs if target <= a <= addr]
+        n_hmma = sum(1 for b in region if b.startswith("HMMA"))
+        if n_hmma:
+            loops.append((target, addr, n_hmma, region))
+    outer = [l for l in loops
+             if not any(o is not l and o[0] <= l[0] and l[1] <= o[1] for o in loops)]
+    if not outer:
+        return []
+    return min(outer, key=lambda l: (-l[2], len(l[3])))[3]
+
+
+def occupancy(arch, threads, regs, smem):
+    a = ARCH[arch]
+    warps = (threads + 31) // 32
+    regs_per_warp = ((max(regs, 1) * 32 + 255) // 256) * 256
+    by_regs = a["regs"] // (regs_per_warp * warps)
+    by_smem = a["smem"] // (smem + a["reserved"]) if smem else a["blocks"]
+    by_warps = a["warps"] // warps
+    blocks = min(by_regs, by_smem, by_warps, a["blocks"])
+    limit = min((by_regs, "registers"), (by_smem, "shared memory"), (by_warps, "warps"),
+                key=lambda x: x[0])[1]
+    return blocks, blocks * warps, limit
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--apec", default=str(ROOT / "build/tools/apec"), help="apec (default build/tools/apec)")
+    ap.add_argument("--encodings", nargs="+", default=["rope", "alibi", "cable", "t5"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    ap.add_argument("--hd", nargs="+", type=int, default=[128, 64])
+    ap.add_argument("--arch", nargs="+", type=int, default=[80, 90])
+    ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
+    ap.add_argument("--venv", default=os.environ.get("APE_VENV", str(ROOT / ".venv")))
+    ap.add_argument("--md", help="write the Markdown table here")
+    ap.add_argument("--csv", help="write the rows as CSV here")
+    args = ap.parse_args()
+
+    cuobjdump = find_cuobjdump(args.venv)
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        tiles = tile_constants(args.nvcc, work)
+        gen = Path(work) / "gen"
+        for enc in args.encodings:
+            spec = ROOT / "examples" / "encodings" / f"{enc}.mlir"
+            subprocess.run([args.apec, str(spec), "-o", str(gen), "--emit=cuda",
+                            f"--cuda-dtypes={args.dtype}", "--cuda-head-dims=" + ",".join(map(str, args.hd))],
+                           check=True)
+            for hd in args.hd:
+                src = gen / f"{enc}_cuda_{args.dtype}_hd{hd}.cu"
+                for arch in args.arch:
+                    cubin = Path(work) / f"{enc}_{hd}_{arch}.cubin"
+                    r = subprocess.run([args.nvcc, "-std=c++17", "--expt-relaxed-constexpr", f"-arch=sm_{arch}",
+                                        "-cubin", "-Xptxas", "-v", "-I", str(ROOT / "kernels/include"),
+                                        "-I", str(gen), str(src), "-o", str(cubin)],
+                                       capture_output=True, text=True)
+                    if r.returncode:
+                        sys.exit(r.stderr)
+                    pinfo = ptxas_info(r.stderr + r.stdout)
+                    sass = sass_functions(subprocess.run([cuobjdump, "-sass", str(cubin)], check=True,
+                                                         capture_output=True, text=True).stdout)
+                    for fn, instrs in sass.items():
+                        kind = next((v for k, v in KERNELS.items() if k in fn), None)
+                        if kind is None:
+                            continue
+                        t = tiles[(kind, args.dtype, hd)]
+                        loop = main_loop(instrs)
+                        ops = [b.split()[0] for b in loop]
+                        counts = {c: sum(1 for o in ops if re.match(rx, o)) for c, rx in CLASSES}
+                        total_hmma = sum(1 for _, b in instrs if b.startswith("HMMA"))
+                        p = pinfo.get(fn, {})
+                        smem = t["smem"] + p.get("smem_static", 0)
+                        blocks, warps, limit = occupancy(arch, t["threads"], p.get("regs", 0), smem)
+                        mflop = t["flops"] / 1e6
+                        rows.append(dict(
+                            encoding=enc, kernel=kind, dtype=args.dtype, hd=hd, arch=f"sm_{arch}",
+                            regs=p.get("regs"), spill_st=p.get("spill_st"), spill_ld=p.get("spill_ld"),
+                            stack=p.get("stack"), smem=smem, threads=t["threads"],
+                            blocks_per_sm=blocks, warps_per_sm=warps, occupancy_limit=limit,
+                            loop_instrs=len(loop), mflop=round(mflop, 4),
+                            instrs_per_mflop=round(len(loop) / mflop) if loop else None,
+                            hmma_share=round(100.0 * counts["hmma"] / len(loop), 1) if loop else None,
+                            hmma_outside_loop=total_hmma - counts["hmma"], **counts))
+    cols = list(rows[0].keys())
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+    nvcc_version = subprocess.run([args.nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    lines = ["# The CUDA kernels by their compiled code", "",
+             "Command: `" + " ".join(["bench/cuda_sass_stats.py"] + sys.argv[1:]) + "`; " + nvcc_version +
+             f"; {args.dtype}; per warp and iteration of the steady-state main loop (bench/README.md).", "",
+             "| encoding | kernel | d_h | arch | regs | spills st/ld (B) | stack (B) | smem (B) | "
+             "blocks/SM (limit) | instrs / iter | MFLOP / iter | instrs / MFLOP | HMMA % | MUFU | "
+             "LDSM | cp.async | LDS/STS | LDG/STG | atomics | BAR | SHFL |",
+             "| --- " * 21 + "|"]
+    for r in rows:
+        lines.append(
+            f"| {r['encoding']} | {r['kernel']} | {r['hd']} | {r['arch']} | {r['regs']} | "
+            f"{r['spill_st']}/{r['spill_ld']} | {r['stack']} | {r['smem']} | "
+            f"{r['blocks_per_sm']} ({r['occupancy_limit']}) | {r['loop_instrs']} | {r['mflop']} | "
+            f"{r['instrs_per_mflop']} | {r['hmma_share']} | {r['mufu']} | {r['ldsm']} | "
+            f"{r['cp_async']} | {r['lds']}/{r['sts']} | {r['ldg']}/{r['stg']} | {r['atomics']} | "
+            f"{r['bar']} | {r['shfl']} |")
+    lines.append("")
+    lines.append(f"FlashAttention-2 (issue 14; sm_90, bf16, d_h = 128): forward {FA2['forward']['ipm']} "
+                 f"instrs/MFLOP, HMMA {FA2['forward']['hmma']}%; backward {FA2['backward']['ipm']} "
+                 f"instrs/MFLOP, HMMA {FA2['backward']['hmma']}%. The bar: <= 1.3x (1,150 forward, "
+                 f"960 backward), HMMA >= 20%, no spills.")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
