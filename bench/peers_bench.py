@@ -627,13 +627,13 @@ def main():
                                 continue
                             gib = needs_gib(method, enc, dtype, B, args.H, T)
                             if gib > budget:
-                                row["note"] = f"skipped: needs ~{gib:.0f} GiB (budget {budget:.0f} GiB)"
+                                row["note"] = f"skipped: needs ~{gib:.1f} GiB (budget {budget:.1f} GiB)"
                                 continue
                             prev = last.get((method, enc))
                             if prev:
                                 predicted = prev[1] * (T / prev[0]) ** 2 * (args.min_reps + 2)
                                 if predicted > args.max_seconds:
-                                    row["note"] = (f"skipped: ~{predicted / (args.min_reps + 2):.0f} s per step "
+                                    row["note"] = (f"skipped: ~{predicted / (args.min_reps + 2):.1f} s per step "
                                                    f"predicted from T={prev[0]}, > --max-seconds")
                                     continue
                             if method == "ape-runtime":
@@ -751,8 +751,11 @@ def report(args, rows, errors, gate, builds, run):
                      f"{'' if rb is None or r['method'] == 'ape' else f'{rb:.2f}x'} | {r['note'].strip().rstrip(';')} |")
     if errors:
         lines += ["", "## What PyTorch refused", ""]
+        grouped = {}
         for (method, enc, dtype), e in sorted(errors.items()):
-            lines.append(f"- {method}, {enc}, {dtype}: `{e}`")
+            grouped.setdefault((method, e), []).append(f"{enc} {dtype}")
+        for (method, e), where in grouped.items():
+            lines.append(f"- {method} ({', '.join(where)}): `{e}`")
     if gate:
         lines += ["", f"## Correctness gate (T={args.gate_T}, B=2, fp32, max |error| against the eager "
                   f"reference in fp64; tolerance {args.tol:g})", "", "```"]
