@@ -27,15 +27,15 @@ Internal: --child-op LIBDIR ENC T runs one operator measurement and prints a RES
 """
 import argparse
 import csv
-import importlib.util
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_library import ROOT, build_library, library_dir, load_helper, result, run  # noqa: E402
+from torch_library import loadavg as uptime  # noqa: E402
 LEVELS = ["baseline", "avx2", "avx512"]
 
 
@@ -45,10 +45,7 @@ def child_op(args):
     import torch
 
     torch.set_num_threads(args.threads)
-    path = os.path.join(args.child_op, "build", f"ape_{args.enc}.py")
-    spec = importlib.util.spec_from_file_location(f"ape_{args.enc}", path)
-    h = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(h)
+    h = load_helper(args.child_op, args.enc)
     ops = h.load()
     g = torch.Generator().manual_seed(args.seed)
     shape = (args.B, args.H, args.T, args.D)
@@ -88,20 +85,6 @@ def child_op(args):
 
 # ---- parent ---------------------------------------------------------------------------------------
 
-def run(cmd, env=None, what=""):
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"{what or cmd[0]} failed ({p.returncode}):\n{' '.join(cmd)}\n{p.stdout}{p.stderr}")
-    return p.stdout
-
-
-def result(out):
-    line = next((l for l in reversed(out.splitlines()) if l.startswith("RESULT")), None)
-    if line is None:
-        sys.exit(f"no RESULT line in:\n{out}")
-    return dict(kv.split("=", 1) for kv in line.split()[1:])
-
-
 def runnable_levels(bench):
     # The runtime's own detection, checked against /proc/cpuinfo by the test suite.
     levels = []
@@ -112,24 +95,6 @@ def runnable_levels(bench):
         if p.returncode == 0:
             levels.append(level)
     return levels
-
-
-def build_library(args, enc):
-    spec = os.path.join(ROOT, "examples", "encodings", f"{enc}.mlir")
-    lib = os.path.join(args.work, f"{enc}_torch_library")
-    run([args.apec, spec, "-o", args.work, "--emit=torch-library"], what="apec")
-    t0 = time.perf_counter()
-    run(["cmake", "-S", lib, "-B", os.path.join(lib, "build"), f"-DAPE_PYTHON={sys.executable}"],
-        what="cmake configure")
-    t1 = time.perf_counter()
-    run(["cmake", "--build", os.path.join(lib, "build")], what="cmake --build")
-    t2 = time.perf_counter()
-    return lib, t1 - t0, t2 - t1
-
-
-def uptime():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def main():
@@ -170,9 +135,9 @@ def main():
     libs, builds = {}, {}
     for enc in encodings:
         if args.skip_build:
-            libs[enc] = os.path.join(args.work, f"{enc}_torch_library")
+            libs[enc] = library_dir(args.work, enc)
         else:
-            libs[enc], conf_s, build_s = build_library(args, enc)
+            libs[enc], conf_s, build_s = build_library(args.apec, args.work, enc)
             builds[enc] = (conf_s, build_s)
             print(f"[build] {enc}: configure {conf_s:.1f} s, build {build_s:.1f} s", file=sys.stderr)
     levels = runnable_levels(bench) + ["auto"]
