@@ -17,9 +17,10 @@
 //   - CudaLaunch: every variant launches under the shared-memory limit of every architecture
 //     the kernels claim (sm_80, 86, 89, 90; emulator only: it can pose as each).
 // Tolerances (measured under the emulator, which rounds as the hardware does: bf16/f16 products
-// exact, f32 accumulation): f32 variants, max error <= 1e-4 of the quantity's magnitude plus an
-// absolute 2e-6 (kF32Floor) against both references (fp32 on both sides, different summation
-// orders). f16 / bf16 variants, FlashAttention's rule: max error
+// exact, f32 accumulation): f32 variants, max error against the fp64 reference <= 2x that of the
+// CPU fp32 kernel (the same-precision baseline) plus 1e-4 of the quantity's magnitude plus an
+// absolute 2e-6 (kF32Floor), and against the CPU fp32 kernel 3x (fp32 on both sides, different
+// summation orders). f16 / bf16 variants, FlashAttention's rule: max error
 // against the fp64 reference <= 2x that of a same-precision materialised attention (the
 // reference on inputs rounded to the dtype, rounding q', k', dS, P and o where a 16-bit flash
 // kernel does: kernel_reference.h, RefRounding; outputs rounded) plus 1e-3 of the quantity's
@@ -429,10 +430,15 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
       EXPECT_FALSE(torch::isnan(g).any().item<bool>()) << what << " has NaN (not written?)";
       const double mag = std::max(1e-3, max_abs(cpu_out[n].second));
       if (var.dtype == DType::F32) {
-        EXPECT_LE(max_err(g, cpu_out[n].second), 1e-4 * mag + kF32Floor)
-            << what << " vs the CPU fp32 kernel";
+        // The same-precision baseline of fp32 is the CPU fp32 kernel's own error against the
+        // fp64 reference (parameter gradients are sums over B·H·T·T terms, whose fp32 error
+        // can exceed any fixed floor); at most twice it, plus 1e-4 relative and the floor.
+        const double base = has_ref ? max_err(cpu_out[n].second, ref[n].second) : 0.0;
+        EXPECT_LE(max_err(g, cpu_out[n].second), 3 * base + 1e-4 * mag + kF32Floor)
+            << what << " vs the CPU fp32 kernel (whose error against the reference is " << base << ")";
         if (has_ref)
-          EXPECT_LE(max_err(g, ref[n].second), 1e-4 * mag + kF32Floor) << what << " vs the reference";
+          EXPECT_LE(max_err(g, ref[n].second), 2 * base + 1e-4 * mag + kF32Floor)
+              << what << " vs the reference (the CPU fp32 kernel's error: " << base << ")";
       } else if (has_ref) {
         const double err = max_err(g, ref[n].second), base = max_err(lowp[n].second, ref[n].second);
         EXPECT_LE(err, 2 * base + 1e-3 * mag)
