@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "cpu_dispatch.h"
+#include "enc_traits.h"
 
 #ifdef _OPENMP
 #define APE_PRAGMA(x) _Pragma(#x)
@@ -273,21 +274,11 @@ void mod_backward(const HeadCtx<Real> &ctx, const Real *x, const Real *gm, Real 
 // R_n(T, rows) = (x' + bias_h) table_h^T with x' = q' (rel_side(n) == 0) or k', table_h the
 // (rows, D) slice of head h of the (rows, H, D) param rel_table(n), bias_h the (D) row of the
 // optional (H, D) param rel_bias(n) (-1: none).
-template <class Enc, class = void> struct NumRel {
-  static constexpr int value = 0;
-};
-template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
-  static constexpr int value = Enc::kNumRel;
-};
+template <class Enc> using NumRel = traits::NumRel<Enc>;  // enc_traits.h
 
 // Enc::kHasValueRows: o_i += sum_j P_ij table[value_row(i, j), h, :] for the (kValueRows, H, D)
 // param kValueTable (false when the functor does not declare it).
-template <class Enc, class = void> struct HasValueRows {
-  static constexpr bool value = false;
-};
-template <class Enc> struct HasValueRows<Enc, std::void_t<decltype(Enc::kHasValueRows)>> {
-  static constexpr bool value = Enc::kHasValueRows;
-};
+template <class Enc> using HasValueRows = traits::HasValueRows<Enc>;
 
 template <class Enc, typename Real>
 void rel_rows_forward(const HeadCtx<Real> &ctx, int n, const Real *x, Real *out) {

@@ -71,6 +71,7 @@
 // CFILES-NEXT: c_abi_impl.h
 // CFILES-NEXT: cpu_attention.h
 // CFILES-NEXT: cpu_dispatch.h
+// CFILES-NEXT: enc_traits.h
 // CFILES-NEXT: kernel_entry.h
 // CFILES-NEXT: kernel_inputs.h
 
