@@ -184,8 +184,9 @@ const KernelEntry *open_library(const fs::path &lib, const std::string &name) {
 // `admit(name, hash)`, when set, is called once apec has named the encoding, before compiling.
 using Admit = std::function<void(const std::string &, const std::string &)>;
 
+// `shown` names the spec in the log line (the file, or where a recorded text came from).
 SpecLibrary load(const std::string &path, const std::string &text, const std::string &source_name,
-                 const SpecLibraryOptions &o, const Admit &admit = {}) {
+                 const SpecLibraryOptions &o, const Admit &admit = {}, const std::string &shown = "") {
   SpecLibrary lib;
   lib.spec_path = path;
   lib.spec_text = text;
@@ -278,7 +279,7 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     char took[32];
     std::snprintf(took, sizeof took, "%.1f s", s);
-    *o.log << "[spec] " << path << ": encoding '" << lib.name << "', kernel for " << choice.describe() << "; "
+    *o.log << "[spec] " << (shown.empty() ? path : shown) << ": encoding '" << lib.name << "', kernel for " << choice.describe() << "; "
            << (lib.cached ? "from the cache" : std::string("compiled in ") + took) << ": " << so.string() << "\n";
   }
   return lib;
@@ -352,7 +353,8 @@ SpecLibrary load_record(const nlohmann::json &record, const SpecLibraryOptions &
   const fs::path file = cache / (name + "-" + fnv + ".mlir");
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) write_file_atomically(file.string(), text);
-  SpecLibrary lib = load(file.string(), text, fs::path(path).filename().string(), opts, admit);
+  SpecLibrary lib = load(file.string(), text, fs::path(path).filename().string(), opts, admit,
+                         path + " (the text the checkpoint holds)");
   if (lib.name != name)
     throw std::runtime_error("spec record of '" + name + "' compiles to encoding '" + lib.name + "'");
   lib.spec_path = path;
