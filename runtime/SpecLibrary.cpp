@@ -2,10 +2,14 @@
 #include "runtime/SpecLibrary.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -160,6 +164,20 @@ fs::path temp_folder(const fs::path &parent, const std::string &prefix) {
   }
 }
 
+// Removes PREFIX<pid>-* folders under `parent` whose process is gone (killed mid-compile).
+void remove_stale_folders(const fs::path &parent, const std::string &prefix) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    const long pid = std::strtol(n.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
+}
+
 struct RemoveOnExit {
   fs::path path;
   ~RemoveOnExit() {
@@ -197,6 +215,7 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
   // 1. apec: the spec's errors surface here, at their file:line:col.
   const std::string apec = find_apec(o);
   const fs::path gen = temp_folder(cache, ".apec-");
+  remove_stale_folders(cache, ".apec-");
   RemoveOnExit gen_guard{gen};
   std::string out;
   const int rc = run_command({apec, path, "-o", gen.string(), "--emit=cpu,manifest", "--source-name", source_name}, out);
@@ -243,6 +262,16 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
   const fs::path dir = cache / (lib.name + "-" + hex16(key));
   const fs::path so = dir / ("libape_" + lib.name + ".so");
 
+  // One compiler per key at a time: a second process waits here, then finds the library (the
+  // rename below keeps the cache whole where the lock is not honoured).
+  struct Lock {
+    int fd = -1;
+    ~Lock() {
+      if (fd >= 0) ::close(fd);  // releases the flock
+    }
+  } lock;
+  lock.fd = ::open((cache / (dir.filename().string() + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock.fd >= 0) ::flock(lock.fd, LOCK_EX);
   std::error_code ec;
   if (fs::is_regular_file(so, ec)) {
     lib.cached = true;

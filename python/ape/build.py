@@ -100,6 +100,18 @@ def _folder_hash(folder, h):
             h.update(b"\0")
 
 
+def _remove_stale(cache):
+    """Removes .tmp-<pid>-* folders whose process is gone (killed mid-build)."""
+    for d in glob.glob(os.path.join(cache, ".tmp-*-*")):
+        try:
+            pid = int(os.path.basename(d).split("-")[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass
+
+
 def cached_library(spec, apec=None, cache_dir=None, log=None):
     """The built operator library folder of `spec`, from the cache or built now.
 
@@ -113,6 +125,7 @@ def cached_library(spec, apec=None, cache_dir=None, log=None):
     apec = find_apec(apec)
     cache = os.path.join(cache_dir or default_cache_dir(), "torch")
     os.makedirs(cache, exist_ok=True)
+    _remove_stale(cache)
     tmp = os.path.join(cache, f".tmp-{os.getpid()}-{time.monotonic_ns()}")
     os.makedirs(tmp)
     try:
