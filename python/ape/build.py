@@ -7,6 +7,7 @@
 `ape.load` calls these through a cache (cached_library); the benchmarks in bench/ call them on a
 work folder of their own.
 """
+import fcntl
 import glob
 import hashlib
 import os
@@ -118,8 +119,9 @@ def cached_library(spec, apec=None, cache_dir=None, log=None):
     apec runs every time (a fraction of a second; spec errors surface as its file:line:col); the
     library is built when the key is new: a hash of the emitted folder (so the spec, apec and the
     kernel headers it copies), this Python and its torch version, and the C++ compiler ($CXX).
-    The folder is built under a temporary name and renamed into place, so concurrent builds never
-    see a half-built library. Returns (encoding name, library folder, whether it was cached)."""
+    The folder is built under a temporary name and renamed into place, so no process sees a
+    half-built library, and a lock per key makes a second process wait for the first's build.
+    Returns (encoding name, library folder, whether it was cached)."""
     import torch
 
     apec = find_apec(apec)
@@ -136,18 +138,22 @@ def cached_library(spec, apec=None, cache_dir=None, log=None):
         final = os.path.join(cache, f"{name}-{h.hexdigest()[:16]}")
         lib = library_dir(final, name)
         helper = os.path.join(lib, "build", f"ape_{name}.py")
-        if os.path.exists(helper):
-            return name, lib, True
-        t0 = time.perf_counter()
-        if log:
-            log(f"[ape] building the operator library of {spec} (encoding '{name}') in {final}")
-        build(library_dir(tmp, name), cmake_args=["-DAPE_ENABLE_CUDA=" + ("ON" if torch.cuda.is_available() else "OFF")])
-        try:
-            os.rename(tmp, final)
-            tmp = None
-        except OSError:
-            if not os.path.exists(helper):  # not another process's finished copy
-                raise
+        # One build per key at a time: a second process waits here, then finds the library.
+        with open(final + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.path.exists(helper):
+                return name, lib, True
+            t0 = time.perf_counter()
+            if log:
+                log(f"[ape] building the operator library of {spec} (encoding '{name}') in {final}")
+            cuda = "ON" if torch.cuda.is_available() else "OFF"
+            build(library_dir(tmp, name), cmake_args=[f"-DAPE_ENABLE_CUDA={cuda}"])
+            try:
+                os.rename(tmp, final)
+                tmp = None
+            except OSError:
+                if not os.path.exists(helper):  # not another process's finished copy
+                    raise
         if log:
             log(f"[ape] built in {time.perf_counter() - t0:.1f} s")
         return name, lib, False
