@@ -94,6 +94,13 @@ TEST(SpecLibrary, SecondLoadComesFromTheCacheAndRegistersOnce) {
 TEST(SpecLibrary, SpecErrorsAreApecsLocatedDiagnostics) {
   EXPECT_ERROR(ape::load_spec_library(kSpecs + "/bad_spec.mlir", options()), "bad_spec.mlir:5:");
   EXPECT_ERROR(ape::load_spec_library(kSpecs + "/no_such.mlir", options()), "no_such.mlir: no such file");
+  ape::SpecLibraryOptions o = options();
+  o.apec = "/nonexistent/apec";
+  EXPECT_ERROR(ape::load_spec_library(kSpecs + "/strict_window.mlir", o), "cannot run apec (/nonexistent/apec)");
+  o = options();
+  o.cxx = "/nonexistent/c++";
+  EXPECT_ERROR(ape::load_spec_library(kSpecs + "/strict_window.mlir", o),
+               "the C++ compiler '/nonexistent/c++' does not run");
 }
 
 TEST(SpecLibrary, ABuiltInNameIsRefused) {
