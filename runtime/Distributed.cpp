@@ -279,6 +279,7 @@ double DataParallel::average_gradients(const std::vector<at::Tensor> &params, do
   }
   if (flats.empty()) flats.push_back(at::full({1}, loss, at::kDouble));
   // Every bucket in flight at once, then wait for each (Gloo runs them on its worker threads).
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
@@ -296,6 +297,10 @@ double DataParallel::average_gradients(const std::vector<at::Tensor> &params, do
   } catch (const std::exception &e) {
     group_failed(who(), what, e, cfg_.timeout_s);
   }
+  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++reduce_calls_;
+  reduce_bytes_ = 0;
+  for (const auto &f : flats) reduce_bytes_ += static_cast<int64_t>(f.nbytes());
   const double inv = 1.0 / double(cfg_.world_size);
   double mean_loss = 0;
   for (size_t b = 0; b < flats.size(); ++b) {

@@ -99,6 +99,12 @@ class DataParallel {
   // Waits for every rank.
   void barrier(const std::string &what);
 
+  // Time spent in average_gradients' all-reduces (from the first bucket sent to the last one back,
+  // waiting for the slower rank included), the calls, and the bytes reduced per call, so far.
+  double reduce_seconds() const { return reduce_seconds_; }
+  int64_t reduce_calls() const { return reduce_calls_; }
+  int64_t reduce_bytes() const { return reduce_bytes_; }
+
  protected:
   DataParallel() = default;
   struct Impl;
@@ -106,6 +112,8 @@ class DataParallel {
   DistConfig cfg_;
   std::string backend_;
   bool layout_checked_ = false;
+  double reduce_seconds_ = 0;
+  int64_t reduce_calls_ = 0, reduce_bytes_ = 0;
 };
 
 // FNV-1a over the bytes of `tensors` (contiguous CPU copies), for check_same.

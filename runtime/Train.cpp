@@ -390,8 +390,10 @@ void Trainer::distribute(DataParallel &dp) {
     throw std::invalid_argument("Trainer::distribute: the group has " + std::to_string(dp.world_size()) +
                                 " ranks, the training config's world_size is " + std::to_string(cfg_.world_size));
   // The same command on every rank: settings, model and encoding (a rank started with another
-  // --batch or --seed would silently train something else).
-  const std::string settings = cfg_.to_json().dump() + model_->config().to_json().dump();
+  // --batch or --seed would silently train something else). Threads may differ (machines differ).
+  nlohmann::json train = cfg_.to_json();
+  train.erase("threads");
+  const std::string settings = train.dump() + model_->config().to_json().dump();
   dp.check_same(fnv1a(settings.data(), settings.size()), "the training settings and model config");
   std::vector<at::Tensor> tensors;
   for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);

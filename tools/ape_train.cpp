@@ -62,6 +62,8 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   if (dp) std::cout << " x " << tc.world_size << " ranks";
   std::cout << ", budget " << budget << "\n";
   if (dp) trainer.distribute(*dp);
+  const double reduce0 = dp ? dp->reduce_seconds() : 0;
+  const int64_t calls0 = dp ? dp->reduce_calls() : 0;
   if (resume) {
     trainer.restore(*resume);
     std::cout << "[" << name << "] resumed from " << resume->path << " at step " << trainer.state().step << " ("
@@ -80,7 +82,17 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
                 "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last %lld steps)\n",
                 name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss, res.final_loss,
                 (long long)std::min<int64_t>(20, res.steps));
-  std::cout << summary << "[" << name << "] checkpoint -> " << ckpt << "\n";
+  std::cout << summary;
+  if (dp && dp->reduce_calls() > calls0) {
+    const double per = (dp->reduce_seconds() - reduce0) / double(dp->reduce_calls() - calls0);
+    std::snprintf(summary, sizeof summary,
+                  "[%s] data parallel: %d ranks (%s); gradient all-reduce of %.0f KiB: %.1f ms/step on rank 0, "
+                  "waiting for the slowest rank included\n",
+                  name.c_str(), int(dp->world_size()), dp->backend().c_str(), double(dp->reduce_bytes()) / 1024.0,
+                  1000.0 * per);
+    std::cout << summary;
+  }
+  std::cout << "[" << name << "] checkpoint -> " << ckpt << "\n";
   if (!dp) return ape::evaluate(model, corpus.test(), tc.seq_len, ec, &std::cout);
   ape::EvalShard shard;
   shard.rank = dp->rank();
