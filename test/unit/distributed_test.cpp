@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <exception>
+#include <optional>
 #include <thread>
 
 #include "runtime_fixtures.h"
@@ -195,4 +196,44 @@ TEST(Distributed, TwoRanksEqualOneWithTheDoubledBatch) {
   for (const auto &st : ck.tensors) tensors.emplace_back(st.name, ck.tensor(st));
   std::ofstream(path, std::ios::binary | std::ios::trunc) << ape::encode_checkpoint("test_bias", forged, tensors);
   EXPECT_ERROR(t2.restore(ape::read_checkpoint(path)), "the data positions of rank 0 and rank 1 differ");
+}
+
+// torchrun's variables, flags' ranges, and what a malformed value says.
+TEST(Distributed, ConfigFromTorchrunEnvironment) {
+  const char *names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char *n : names) saved.push_back(std::getenv(n) ? std::optional<std::string>(std::getenv(n)) : std::nullopt);
+  for (const char *n : names) ::unsetenv(n);
+  ape::DistConfig base;
+  EXPECT_FALSE(ape::DistConfig::from_env(base).enabled());  // not under torchrun: a single process
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  ::setenv("LOCAL_RANK", "1", 1);
+  ::setenv("MASTER_ADDR", "node0", 1);
+  ::setenv("MASTER_PORT", "29511", 1);
+  const ape::DistConfig c = ape::DistConfig::from_env(base);
+  EXPECT_EQ(c.rank, 1);
+  EXPECT_EQ(c.world_size, 4);
+  EXPECT_EQ(c.local_rank, 1);
+  EXPECT_EQ(c.master_addr, "node0");
+  EXPECT_EQ(c.master_port, 29511);
+  EXPECT_NO_THROW(c.validate());
+  ::setenv("RANK", "4", 1);
+  EXPECT_ERROR(ape::DistConfig::from_env(base), "environment variable RANK='4' must be a whole number in [0, 3]");
+  ::setenv("RANK", "1", 1);
+  ::setenv("MASTER_PORT", "http", 1);
+  EXPECT_ERROR(ape::DistConfig::from_env(base), "MASTER_PORT='http'");
+  ape::DistConfig bad = c;
+  bad.backend = "mpi";
+  EXPECT_ERROR(bad.validate(), "--dist-backend must be auto, gloo or nccl; got 'mpi'");
+  bad = c;
+  bad.timeout_s = 0;
+  EXPECT_ERROR(bad.validate(), "--dist-timeout must be a number in (0, 1e+06]");
+  bad = c;
+  bad.rank = 4;
+  EXPECT_ERROR(bad.validate(), "--rank must be a whole number in [0, 3]; got 4");
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i]) ::setenv(names[i], saved[i]->c_str(), 1);
+    else ::unsetenv(names[i]);
+  }
 }
