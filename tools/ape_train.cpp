@@ -72,11 +72,18 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   const nlohmann::json extra = {
       {"data", {{"vocab", corpus.vocab()}, {"tokenizer", corpus.tokenizer_path()}, {"tokenizer_fnv", corpus.tokenizer_hash()}}},
       {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}}};  // a resumed run evaluates the same way
-  trainer.interrupt = [](const ape::TrainState &) { return g_stop != 0; };
+  // Test hook (test/distributed): APE_TEST_STOP_AFTER_STEP=N asks to stop, as Ctrl-C does, once N
+  // steps are done: one rank asking stops every rank at the same step.
+  const char *stop_env = std::getenv("APE_TEST_STOP_AFTER_STEP");
+  const int64_t stop_after = stop_env ? std::atoll(stop_env) : 0;
+  trainer.interrupt = [stop_after](const ape::TrainState &s) {
+    return g_stop != 0 || (stop_after > 0 && s.step >= stop_after);
+  };
   ape::TrainResult res = trainer.run(std::cout, name, ckpt, extra);
   if (!trainer.state().complete)
     throw Interrupted("[" + name + "] interrupted at step " + std::to_string(trainer.state().step) +
-                      "; checkpoint -> " + ckpt + "; continue with: ape-train --resume " + ckpt);
+                      "; checkpoint -> " + ckpt + "; continue with: ape-train --resume " + ckpt +
+                      (dp ? " (started like this run, on every rank)" : ""));
   char summary[256];
   std::snprintf(summary, sizeof summary,
                 "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last %lld steps)\n",

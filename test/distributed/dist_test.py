@@ -7,12 +7,13 @@ equal    2 processes with --batch B (torchrun --standalone) against 1 process wi
          rope, alibi, cable (a token feature) and t5 (a shared param): the same losses, final
          parameters and evaluation within TOLERANCE (the measured differences are printed). The
          same run started with explicit flags (--rank/--world-size/--master-addr/--master-port) is
-         bit-identical to torchrun's. Resume: a 2-rank run stopped by SIGTERM on rank 1 continues
+         bit-identical to torchrun's. Resume: a 2-rank run stopped by rank 1 alone continues
          on 2 ranks bit-identical to the uninterrupted one, on 1 process (batch 2B) within
          TOLERANCE, and is refused on 3 ranks (the global batch 2B does not split).
 failure  a rank killed (SIGKILL; rank 1, then rank 0, which hosts the store) makes the other exit
-         with status 1 and a message naming the group failure within KILL_BOUND seconds; a rank
-         that hangs (SIGSTOP) makes the other give up after --dist-timeout.
+         with status 1 and a message naming the group failure within KILL_BOUND seconds; SIGTERM
+         on rank 1 alone stops both after the same step (checkpoint, status 130); a rank that
+         hangs (SIGSTOP) makes the other give up after --dist-timeout.
 
 Ports: torchrun --standalone picks its own; the explicit-flag runs take a port the kernel just
 handed out (bind to port 0) and start over with a new one when rank 0 reports it taken.
@@ -102,7 +103,7 @@ def run(cmd, log, env=None, timeout=600):
     return rc, time.time() - t0
 
 
-def launch_pair(train, args, work, tag, extra=()):
+def launch_pair(train, args, work, tag, extra=(), env1=None):
     """Starts ranks 0 and 1 with explicit flags on a fresh port and waits until they have formed the
     group; starts over on another port when rank 0 finds its port taken."""
     for attempt in range(4):
@@ -113,7 +114,8 @@ def launch_pair(train, args, work, tag, extra=()):
             logs.append(log)
             cmd = [train] + args + ["--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
                                     "--master-port", str(port)] + list(extra)
-            procs.append(subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT))
+            env = dict(os.environ, **(env1 or {})) if rank == 1 else None
+            procs.append(subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env))
         t0 = time.time()
         while time.time() - t0 < 120:
             text = open(logs[0]).read()
@@ -181,18 +183,20 @@ def test_equal(train, torchrun, cache, work):
     if subprocess.call([sys.executable, cmp, f"{work}/flags/cable.ckpt", f"{work}/two/cable.ckpt"]):
         fail("the explicit-flag run differs from torchrun's")
 
-    # Resume: SIGTERM to rank 1 once the group has formed stops both after step 1.
+    # Resume: rank 1 alone asks to stop after step 2 (as Ctrl-C or SIGTERM would: ape-train's test
+    # hook, so that the step is known); both ranks stop there, rank 0 writes the checkpoint.
     args = COMMON + ["--cache-dir", cache, "--encoding", "t5", "--batch", str(BATCH), "--out", f"{work}/cut"]
-    procs, logs = launch_pair(train, args, work, "cut")
-    procs[1].send_signal(signal.SIGTERM)
+    procs, logs = launch_pair(train, args, work, "cut", env1={"APE_TEST_STOP_AFTER_STEP": "2"})
     rcs = [p.wait(timeout=300) for p in procs]
     if rcs != [130, 130]:
-        fail(f"after SIGTERM on rank 1 the ranks exited {rcs}, expected 130 and 130:\n" + open(logs[0]).read())
+        fail(f"after rank 1 asked to stop the ranks exited {rcs}, expected 130 and 130:\n" + open(logs[0]).read())
     _, cfg, _ = read(f"{work}/cut/t5.ckpt")
-    step = cfg["state"]["step"]
-    if not 1 <= step < 6 or cfg["state"]["complete"] or len(cfg["state"]["samplers"]) != 2:
-        fail(f"unexpected interrupted checkpoint: {cfg['state']}")
-    print(f"stopped by SIGTERM on rank 1 at step {step}; checkpoint with {len(cfg['state']['samplers'])} sampler entries")
+    st = cfg["state"]
+    if st["step"] != 2 or st["complete"] or [e["rank"] for e in st["samplers"]] != [0, 1] or \
+            any(e["windows"] != 2 * 2 * BATCH for e in st["samplers"]):
+        fail(f"unexpected interrupted checkpoint: {st}")
+    print(f"rank 1 asked to stop after step 2: both stopped (status 130); checkpoint at step 2 with sampler "
+          f"entries for ranks 0 and 1 ({st['samplers'][0]['windows']} windows drawn)")
     for d in ("again2", "again1"):
         os.makedirs(f"{work}/{d}", exist_ok=True)
         with open(f"{work}/cut/t5.ckpt", "rb") as src, open(f"{work}/{d}/t5.ckpt", "wb") as dst:
@@ -240,6 +244,16 @@ def test_failure(train, cache, work):
             fail(f"rank {other} exited {rc} without a clear message after rank {victim} died:\n{msg}")
         print(f"rank {victim} killed: rank {other} exited {rc} after {took:.2f} s: "
               + [l for l in msg.splitlines() if "error" in l][-1][:220])
+    # SIGTERM on rank 1 alone: both stop after the same step, rank 0 writes the checkpoint, both exit 130.
+    procs, logs = launch_pair(train, args + ["--out", f"{work}/term"], work, "term")
+    wait_for(logs[0], r"step 1/", procs)
+    procs[1].send_signal(signal.SIGTERM)
+    rcs = [p.wait(timeout=KILL_BOUND) for p in procs]
+    _, cfg, _ = read(f"{work}/term/rope.ckpt")
+    if rcs != [130, 130] or cfg["state"]["complete"] or len(cfg["state"]["samplers"]) != 2:
+        fail(f"SIGTERM on rank 1: status {rcs}, state {cfg['state'].get('step')}:\n" + open(logs[0]).read())
+    print(f"SIGTERM on rank 1: both ranks exited 130; checkpoint at step {cfg['state']['step']}: "
+          + open(logs[0]).read().strip().splitlines()[-1][:160])
     procs, logs = launch_pair(train, args + ["--out", f"{work}/hang", "--dist-timeout", str(HANG_TIMEOUT)], work, "hang")
     wait_for(logs[0], r"step 1/", procs)
     procs[1].send_signal(signal.SIGSTOP)
