@@ -132,7 +132,7 @@ def launch_pair(train, args, work, tag, extra=(), env1=None):
     fail("no group formed after 4 ports")
 
 
-def wait_for(log, pattern, procs, timeout=120):
+def wait_for(log, pattern, procs, timeout=300):  # a cold corpus cache is prepared first
     t0 = time.time()
     while time.time() - t0 < timeout:
         if re.search(pattern, open(log).read()):
