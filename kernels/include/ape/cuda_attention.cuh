@@ -753,9 +753,11 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     if constexpr (kDist) {
       float *tb = sB + (kt & 1) * C::kDistLen;
       const int64_t d0 = i0 - int64_t(kt) * BK - (BK - 1);
-      for (int x = static_cast<int>(threadIdx.x); x < BQ + BK - 1; x += C::kThreads) {
+      #pragma unroll
+      for (int r = 0; r < (BQ + BK - 1 + C::kThreads - 1) / C::kThreads; ++r) {
+        const int x = static_cast<int>(threadIdx.x) + r * C::kThreads;
         const int64_t d = d0 + x;
-        tb[x] = d >= 0 && d < T ? Enc::template distance_bias<float>(ctx, d) : 0.f;
+        if (x < BQ + BK - 1) tb[x] = d >= 0 && d < T ? Enc::template distance_bias<float>(ctx, d) : 0.f;
       }
     }
   };
@@ -1135,9 +1137,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     if constexpr (kDist) {
       float *tb = sB + buf * C::kDistLen;
       const int64_t d0 = qt * BQ - j0 - (BK - 1);
-      for (int x = static_cast<int>(threadIdx.x); x < BQ + BK - 1; x += C::kThreads) {
+      #pragma unroll
+      for (int r = 0; r < (BQ + BK - 1 + C::kThreads - 1) / C::kThreads; ++r) {
+        const int x = static_cast<int>(threadIdx.x) + r * C::kThreads;
         const int64_t d = d0 + x;
-        tb[x] = d >= 0 && d < T ? Enc::template distance_bias<float>(ctx, d) : 0.f;
+        if (x < BQ + BK - 1) tb[x] = d >= 0 && d < T ? Enc::template distance_bias<float>(ctx, d) : 0.f;
       }
     }
   };
