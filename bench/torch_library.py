@@ -1,18 +1,16 @@
 """What the Python benchmarks share: emitting and building an encoding's PyTorch operator library
-exactly as docs/frameworks.md says, loading its generated helper, and running measurement
-children that print a `RESULT key=value ...` line.
-
-    apec examples/encodings/ENC.mlir -o WORK --emit=torch-library
-    cmake -S WORK/ENC_torch_library -B WORK/ENC_torch_library/build -DAPE_PYTHON=<this python>
-    cmake --build WORK/ENC_torch_library/build        -> libape_ENC_ops.so, ape_ENC.py
+(build_library and library_dir, from the repository's `ape` package: python/ape/build.py),
+loading its generated helper, and running measurement children that print a
+`RESULT key=value ...` line.
 """
 import importlib.util
 import os
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from ape.build import build_library, library_dir  # noqa: E402,F401  (the benchmarks' API)
 
 
 def run(cmd, env=None, what=""):
@@ -29,25 +27,6 @@ def result(out):
     if line is None:
         sys.exit(f"no RESULT line in:\n{out}")
     return dict(kv.split("=", 1) for kv in line.split()[1:])
-
-
-def library_dir(work, enc):
-    return os.path.join(work, f"{enc}_torch_library")
-
-
-def build_library(apec, work, enc):
-    """Emits and builds the operator library of examples/encodings/ENC.mlir under work, for the
-    PyTorch of this Python. Returns (library folder, configure seconds, build seconds)."""
-    spec = os.path.join(ROOT, "examples", "encodings", f"{enc}.mlir")
-    lib = library_dir(work, enc)
-    run([apec, spec, "-o", work, "--emit=torch-library"], what="apec")
-    t0 = time.perf_counter()
-    run(["cmake", "-S", lib, "-B", os.path.join(lib, "build"), f"-DAPE_PYTHON={sys.executable}"],
-        what="cmake configure")
-    t1 = time.perf_counter()
-    run(["cmake", "--build", os.path.join(lib, "build")], what="cmake --build")
-    t2 = time.perf_counter()
-    return lib, t1 - t0, t2 - t1
 
 
 def load_helper(lib, enc, load=True):

@@ -21,6 +21,8 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace mlir::ape;
 
@@ -86,6 +88,36 @@ struct KernelLayout {
     return success();
   }
 };
+
+/// A floating-point constant of the region's precision T. A spec may hold non-finite constants
+/// (`arith.constant 0xFF800000 : f32` is -inf, the natural way to mask a key in a score_mod):
+/// they are spelled std::numeric_limits<T> (<limits>: cpu_attention.h includes it; the CUDA header
+/// includes it when hasNonFiniteConstant), valid C++ in every backend; finite values print with
+/// 17 digits (exact for f64).
+std::string floatLiteral(double v) {
+  if (std::isnan(v))
+    return "std::numeric_limits<T>::quiet_NaN()";
+  if (std::isinf(v))
+    return v > 0 ? "std::numeric_limits<T>::infinity()" : "(-std::numeric_limits<T>::infinity())";
+  return llvm::formatv("T({0:e17})", v).str();
+}
+
+} // namespace
+
+bool mlir::ape::hasNonFiniteConstant(KernelOp kernel) {
+  bool found = false;
+  kernel.walk([&](Operation *op) {
+    if (auto c = dyn_cast<arith::ConstantOp>(op)) {
+      if (auto f = dyn_cast<FloatAttr>(c.getValue()))
+        found |= !std::isfinite(f.getValueAsDouble());
+    } else if (auto c = dyn_cast<ConstantOp>(op)) {
+      found |= !std::isfinite(c.getValue().convertToDouble());
+    }
+  });
+  return found;
+}
+
+namespace {
 
 std::string cType(Type t) {
   if (t.isF32() || t.isF64() || t.isF16() || t.isBF16())
@@ -181,14 +213,14 @@ private:
         llvm::TypeSwitch<Operation *, std::optional<std::string>>(&op)
             .Case([&](arith::ConstantOp c) -> std::optional<std::string> {
               if (auto f = dyn_cast<FloatAttr>(c.getValue()))
-                return llvm::formatv("T({0:e17})", f.getValueAsDouble()).str();
+                return floatLiteral(f.getValueAsDouble());
               if (auto i = dyn_cast<IntegerAttr>(c.getValue()))
                 return c.getType().isInteger(1) ? std::string(i.getInt() ? "true" : "false")
                                                 : "int64_t(" + std::to_string(i.getInt()) + ")";
               return std::nullopt;
             })
             .Case([&](ConstantOp c) {
-              return llvm::formatv("T({0:e17})", c.getValue().convertToDouble()).str();
+              return floatLiteral(c.getValue().convertToDouble());
             })
             .Case([&](arith::AddFOp) { return bin("+"); })
             .Case([&](arith::SubFOp) { return bin("-"); })

@@ -58,8 +58,9 @@ LogicalResult mlir::ape::emitCudaHeader(KernelOp kernel, StringRef source, raw_o
      << " (the same text as the CPU\n// kernel's); the flash-attention kernels live in "
         "ape/cuda_attention.cuh.\n"
      << "#pragma once\n\n#include \"ape/cuda_attention.cuh\"\n\n"
-     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n\n"
-     << "namespace ape_gen_" << name << " {\nAPE_CUDA_ABI_BEGIN\n\n";
+     << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n"
+     << (hasNonFiniteConstant(kernel) ? "#include <limits>  // std::numeric_limits: a non-finite constant\n" : "")
+     << "\nnamespace ape_gen_" << name << " {\nAPE_CUDA_ABI_BEGIN\n\n";
   if (failed(emitEncFunctor(kernel, FunctorTarget::Cuda, os)))
     return failure();
   os << "\nAPE_CUDA_ABI_END\n} // namespace ape_gen_" << name << "\n";

@@ -21,6 +21,10 @@ enum class FunctorTarget {
   Cuda, // members on any context type, declared APE_HD (kernels/include/ape/cuda_attention.cuh)
 };
 
+/// Whether a region of `kernel` holds a non-finite float constant (-inf, +inf, NaN): the functor
+/// then spells it with std::numeric_limits<T> and needs <limits>.
+bool hasNonFiniteConstant(KernelOp kernel);
+
 /// Writes `struct Enc { ... };`: the functor translated from the regions of `kernel` (token
 /// program, q/k mods, score mod and their gradients; docs/internals.md section 2). The CPU and
 /// the CUDA emitters share it; only the member declarations differ by `target`.

@@ -1,32 +1,58 @@
 // Lookup by name over the generated registry (kernel_registry is defined by the ape_kernels library).
 #include "runtime/Registry.h"
 
+#include <mutex>
 #include <stdexcept>
 
 #include "ape/cpu_dispatch.h"
 #include "ape/kernel_entry.h"
 
 namespace ape {
+namespace {
+std::mutex g_added_mu;
+std::vector<const KernelEntry *> &added() {  // register_kernel's, in order
+  static std::vector<const KernelEntry *> v;
+  return v;
+}
 
-std::vector<std::string> kernel_names() {
+// The built-in entries, then the added ones.
+std::vector<const KernelEntry *> all_entries() {
   size_t n = 0;
   const KernelEntry *const *all = kernel_registry(&n);
-  std::vector<std::string> names;
+  std::vector<const KernelEntry *> v;
   for (size_t i = 0; i < n; ++i)
-    if (all[i] && all[i]->name) names.emplace_back(all[i]->name);
+    if (all[i] && all[i]->name) v.push_back(all[i]);
+  std::lock_guard<std::mutex> lock(g_added_mu);
+  v.insert(v.end(), added().begin(), added().end());
+  return v;
+}
+}  // namespace
+
+void register_kernel(const KernelEntry *entry) {
+  if (!entry || !entry->name) throw std::runtime_error("register_kernel: an entry without a name");
+  for (const KernelEntry *e : all_entries())
+    if (std::string(e->name) == entry->name)
+      throw std::runtime_error("encoding '" + std::string(entry->name) +
+                               "' exists already (a built-in encoding or a spec loaded before); give "
+                               "the spec another name (ape.encoding @other_name)");
+  std::lock_guard<std::mutex> lock(g_added_mu);
+  added().push_back(entry);
+}
+
+std::vector<std::string> kernel_names() {
+  std::vector<std::string> names;
+  for (const KernelEntry *e : all_entries()) names.emplace_back(e->name);
   return names;
 }
 
 const KernelEntry &find_kernel(const std::string &name) {
-  size_t n = 0;
-  const KernelEntry *const *all = kernel_registry(&n);
-  for (size_t i = 0; i < n; ++i)
-    if (all[i] && all[i]->name && name == all[i]->name) return *all[i];
+  for (const KernelEntry *e : all_entries())
+    if (name == e->name) return *e;
   std::string list;
   for (const auto &s : kernel_names()) list += (list.empty() ? "" : ", ") + s;
   throw std::runtime_error("unknown encoding '" + name + "'; available: " +
                            (list.empty() ? std::string("(none: the kernel registry is empty)") : list) +
-                           " (ape-train --list)");
+                           " (ape-train --list; a spec file of your own: --spec FILE)");
 }
 
 std::string checked_kernel_cpu_level() {

@@ -1,4 +1,4 @@
-// Registry: how the runtime finds compiled encodings. The runtime never names an encoding itself.
+// Registry: how the runtime finds compiled encodings (the build's, and specs loaded at run time). The runtime never names an encoding itself.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +25,11 @@ std::string checked_kernel_cpu_level();
 // The paragraph of the tools' --help about APE_CPU_LEVEL: the built levels and this CPU's.
 std::string kernel_cpu_level_help();
 
-// Every registered encoding name, in registry order.
+// Adds an encoding compiled at run time (runtime/SpecLibrary.h) after the built-in ones; throws
+// std::runtime_error when its name is taken. `entry` must outlive the process's use of it.
+void register_kernel(const KernelEntry *entry);
+
+// Every registered encoding name, in registry order (built-in first, then register_kernel's).
 std::vector<std::string> kernel_names();
 
 // The entry named `name`; throws std::runtime_error listing the available names when absent.

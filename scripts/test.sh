@@ -10,6 +10,9 @@ scripts/install-deps.sh || exit 1
 scripts/build.sh || exit 1
 build=${APE_BUILD_DIR:-build}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# Specs compiled at run time (ape-train --spec, ape.load; runtime/SpecLibrary.h): one cache for the
+# tutorial's test (ctest) and the framework suite, so the library the first builds the second reuses.
+export APE_CACHE_DIR=${APE_CACHE_DIR:-$(cd "$build" && pwd)/spec-cache}
 log="$build/Testing/ape-test.log"
 mkdir -p "$build/Testing"
 

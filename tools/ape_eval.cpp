@@ -3,6 +3,7 @@
 //   ape-eval --checkpoint runs/rope.ckpt --checkpoint runs/cable.ckpt --csv runs/eval.csv
 //   ape-eval --checkpoint runs/rope.ckpt --encoding rope_yarn --set rope_factor=8
 //   ape-eval --checkpoint runs/exqpe.ckpt --set position_scale=0.5
+//   ape-eval --checkpoint runs/my_encoding.ckpt   # trained with --spec: rebuilt from the spec it holds
 #include <iostream>
 #include <map>
 #include <set>
@@ -18,6 +19,7 @@
 #include "runtime/Model.h"
 #include "runtime/Options.h"
 #include "runtime/Registry.h"
+#include "runtime/SpecLibrary.h"
 #include "runtime/Threads.h"
 #include "runtime/Train.h"
 
@@ -33,6 +35,7 @@ int main(int argc, char **argv) {
   std::string csv;
   std::string encoding;
   std::vector<std::string> set_args;
+  std::vector<std::string> specs;
   int64_t threads = 0;
 
   app.add_option("-c,--checkpoint", checkpoints, "Checkpoint written by ape-train (repeatable)")->required();
@@ -51,6 +54,11 @@ int main(int argc, char **argv) {
                  "rope checkpoint with rope_yarn); the trainable parameters must match in name and shape, fixed\n"
                  "params the checkpoint lacks keep NAME's values")
       ->type_name("NAME");
+  app.add_option("--spec", specs,
+                 "Compile this spec file (repeatable; cached, as ape-train --spec) and make its encoding\n"
+                 "available; a checkpoint trained from a spec of the same name must hold the same text.\n"
+                 "Without it, a checkpoint trained with --spec is rebuilt from the spec text it holds")
+      ->type_name("FILE");
   app.add_option("--set", set_args,
                  "NAME=VALUE (repeatable): set the fixed param NAME in every layer before evaluating, e.g.\n"
                  "rope_factor=8 or position_scale=0.5 (no recompilation; an unknown name lists the settable ones)")
@@ -65,6 +73,9 @@ int main(int argc, char **argv) {
     ec.validate();
     std::vector<std::pair<std::string, double>> sets;
     for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
+    ape::SpecLibraryOptions spec_opts;
+    spec_opts.log = &std::cout;
+    for (const auto &path : specs) ape::register_spec(path, spec_opts);
     if (!encoding.empty()) ape::find_kernel(encoding);  // unknown name: fail now, listing the names
     ape::set_threads(threads);
     const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
@@ -82,6 +93,7 @@ int main(int argc, char **argv) {
     for (const auto &path : checkpoints) {
       nlohmann::json config;
       std::vector<std::string> kept;
+      ape::register_checkpoint_spec(ape::read_checkpoint(path).config, path, spec_opts);  // trained with --spec
       ape::LanguageModel model = ape::load_model_as(path, encoding, &config, &kept);
       const std::string trained = config.at("model").at("encoding").get<std::string>();
       if (auto st = config.find("state"); st != config.end() && st->is_object() && !st->value("complete", true))

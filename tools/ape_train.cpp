@@ -2,6 +2,7 @@
 // evaluate it at multiples of the training length.
 //
 //   ape-train --encoding rope --encoding cable --minutes 2
+//   ape-train --spec my_encoding.mlir --minutes 2   # a spec file of your own, compiled now (cached)
 //   ape-train --resume runs/rope.ckpt          # continue an interrupted run where it stopped
 //   ape-train --list
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include "runtime/Model.h"
 #include "runtime/Options.h"
 #include "runtime/Registry.h"
+#include "runtime/SpecLibrary.h"
 #include "runtime/Threads.h"
 #include "runtime/Train.h"
 
@@ -60,9 +62,11 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
     std::cout << "[" << name << "] resumed from " << resume->path << " at step " << trainer.state().step << " ("
               << std::lround(trainer.state().elapsed) << " s trained)\n";
   }
-  const nlohmann::json extra = {
+  nlohmann::json extra = {
       {"data", {{"vocab", corpus.vocab()}, {"tokenizer", corpus.tokenizer_path()}, {"tokenizer_fnv", corpus.tokenizer_hash()}}},
       {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}}};  // a resumed run evaluates the same way
+  if (const ape::SpecLibrary *spec = ape::registered_spec(name))
+    extra["spec"] = spec->record();  // ape-eval and --resume rebuild the kernel from it
   trainer.interrupt = [](const ape::TrainState &) { return g_stop != 0; };
   ape::TrainResult res = trainer.run(std::cout, name, ckpt, extra);
   if (!trainer.state().complete)
@@ -105,6 +109,7 @@ int main(int argc, char **argv) {
                "loss of the last 10 steps exceeds --divergence-factor x the first step's loss; the other\n"
                "encodings of the run still train, and ape-train then exits with status 1."};
   std::vector<std::string> encodings;
+  std::vector<std::string> specs;
   int64_t steps = 0;
   double minutes = 0;
   ape::ModelConfig mc;
@@ -124,7 +129,12 @@ int main(int argc, char **argv) {
   auto *minutes_opt = app.add_option("--minutes", minutes,
                                      "Training time per encoding in minutes, in [0, 10^6] (default 2 when --steps is not\n"
                                      "given; with both, whichever ends first)");
-  std::vector<CLI::Option *> run_options = {enc_opt, steps_opt, minutes_opt};
+  auto *spec_opt = app.add_option("--spec", specs,
+                                  "Train the encoding of this spec file too (repeatable): compiled now by apec and\n"
+                                  "the C++ compiler into a cached library ($APE_CACHE_DIR, default ~/.cache/ape), no\n"
+                                  "rebuild of APE; its text is kept in the checkpoint")
+                       ->type_name("FILE");
+  std::vector<CLI::Option *> run_options = {enc_opt, spec_opt, steps_opt, minutes_opt};
   auto run_option = [&](CLI::Option *o) {
     run_options.push_back(o);
     return o;
@@ -170,6 +180,8 @@ int main(int argc, char **argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    ape::SpecLibraryOptions spec_opts;
+    spec_opts.log = &std::cout;
     if (list) {
       for (const auto &name : ape::kernel_names()) {
         const auto &m = ape::manifest_of(ape::find_kernel(name));
@@ -192,6 +204,7 @@ int main(int argc, char **argv) {
           throw std::invalid_argument("--resume continues the checkpoint's run with its own settings; " +
                                       o->get_name() + " cannot be given with it");
       resumed = std::make_unique<ape::Checkpoint>(ape::read_checkpoint(resume));
+      ape::register_checkpoint_spec(resumed->config, resume, spec_opts);  // trained from a spec file
       mc = ape::checked_model_config(*resumed);
       try {
         tc = ape::TrainConfig::from_json(resumed->config.at("train"));
@@ -214,7 +227,9 @@ int main(int argc, char **argv) {
       resume_ckpt = resume;
       if (!*threads_opt) threads = tc.threads;  // any count gives the same bits (Train.h); the run's by default
     } else {
-      if (encodings.empty()) throw std::invalid_argument("no encoding given: pass --encoding NAME (see --list)");
+      for (const auto &path : specs) encodings.push_back(ape::register_spec(path, spec_opts).name);
+      if (encodings.empty())
+        throw std::invalid_argument("no encoding given: pass --encoding NAME (see --list) or --spec FILE");
       tc.steps = steps;
       tc.minutes = minutes;
       if (!*steps_opt && !*minutes_opt) tc.minutes = 2.0;

@@ -4,6 +4,7 @@ find_package(CLI11 CONFIG QUIET)  # header-only; /usr/include/CLI is found witho
 foreach(_ape_tool train eval)
   add_executable(ape-${_ape_tool} ${CMAKE_CURRENT_LIST_DIR}/ape_${_ape_tool}.cpp)
   target_link_libraries(ape-${_ape_tool} PRIVATE ape_runtime ape_kernels)
+  add_dependencies(ape-${_ape_tool} apec)  # --spec runs it
   if(TARGET CLI11::CLI11)
     target_link_libraries(ape-${_ape_tool} PRIVATE CLI11::CLI11)
   endif()

@@ -43,6 +43,10 @@ fi
 cmake --build "$work/build" -- -j"$(nproc)"
 
 export APE_TEST_ARTIFACTS="$work/build"
+# ape.load (test_ape_load.py): the apec of this run, and a spec cache (scripts/test.sh shares the
+# build's, where the tutorial's test built the same library already).
+if [ -n "$apec" ]; then export APE_APEC="$apec"; fi
+export APE_CACHE_DIR=${APE_CACHE_DIR:-$work/spec-cache}
 # One OpenMP thread (APE_PYTEST_THREADS to change it; scripts/test.sh exports OMP_NUM_THREADS=2
 # for the GoogleTest suites): the problems are tiny, and on a shared 2-core machine a second
 # thread that is not scheduled stalls every call (measured: 9 us per small forward with 1 thread,

@@ -5,9 +5,14 @@ if(NOT TARGET GTest::gtest_main)
   find_package(GTest REQUIRED)
 endif()
 include(GoogleTest)
-add_executable(ape_runtime_test ${CMAKE_CURRENT_LIST_DIR}/runtime_test.cpp ${CMAKE_CURRENT_LIST_DIR}/resume_test.cpp)
+add_executable(ape_runtime_test ${CMAKE_CURRENT_LIST_DIR}/runtime_test.cpp ${CMAKE_CURRENT_LIST_DIR}/resume_test.cpp
+               ${CMAKE_CURRENT_LIST_DIR}/spec_library_test.cpp)
 target_link_libraries(ape_runtime_test PRIVATE ape_runtime ape_kernels GTest::gtest_main)
 target_compile_definitions(ape_runtime_test PRIVATE APE_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/data/pg30")
+# spec_library_test.cpp: its specs, and the kernel cache it compiles them into (runtime/SpecLibrary.h).
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/spec_library_test.cpp PROPERTIES COMPILE_DEFINITIONS
+  "APE_TEST_SPEC_DIR=\"${CMAKE_CURRENT_LIST_DIR}/Inputs\";APE_TEST_SPEC_CACHE=\"${CMAKE_BINARY_DIR}/spec-cache\";APE_SOURCE_DIR=\"${CMAKE_SOURCE_DIR}\"")
+add_dependencies(ape_runtime_test apec)
 gtest_discover_tests(ape_runtime_test
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}
   PROPERTIES LABELS runtime TIMEOUT 300

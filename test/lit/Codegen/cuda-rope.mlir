@@ -18,6 +18,7 @@
 // FILES-NEXT: rope_cuda_f32_hd64.cu
 
 // CHECK: #include "ape/cuda_attention.cuh"
+// CHECK-NOT: #include <limits>
 // CHECK: namespace ape_gen_rope {
 // CHECK-NEXT: APE_CUDA_ABI_BEGIN
 // CHECK: struct Enc {

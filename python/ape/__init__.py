@@ -1,0 +1,111 @@
+"""APE from Python: a spec file in, a differentiable fused attention out.
+
+    import ape
+    attn = ape.load("my_encoding.mlir", heads=8, head_dim=64)   # compiled once, then cached
+    o = attn(q, k, v)                   # q, k, v: (B, H, T, D); o.sum().backward() reaches every input
+    attn.parameters()                   # the encoding's trainable params, initialised from its manifest
+
+`load` runs apec (--emit=torch-library), builds the operator library for this Python's PyTorch
+(cached under $APE_CACHE_DIR, default ~/.cache/ape; see ape.build.cached_library), loads it and
+wraps torch.ops.ape_NAME.attention in an nn.Module. A spec error raises ape.BuildError whose
+message is apec's file:line:col diagnostics. Put the folder of this file's parent on sys.path (the
+repository's python/) to import it.
+"""
+import importlib.util
+import sys
+
+import torch
+
+from .build import BuildError, cached_library, default_cache_dir, find_apec  # noqa: F401
+
+__all__ = ["load", "Attention", "BuildError"]
+
+
+def _import_helper(lib, name):
+    """The generated module ape_NAME of a built library folder, its operators loaded."""
+    import os
+
+    path = os.path.join(lib, "build", f"ape_{name}.py")
+    module_name = f"ape_{name}"
+    if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None) == path:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    h = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h)
+    h.load()
+    sys.modules[module_name] = h
+    return h
+
+
+class Attention(torch.nn.Module):
+    """The fused attention of one encoding: forward(q, k, v, *features, scale=None).
+
+    q, k, v: (B, H, T, D); features: one (B, H, T) tensor per token feature of the encoding, in
+    the order of `.features` (the runtime computes them as a Linear(d, H) of the block input; here
+    they are inputs). The params the manifest declares are created by `materialize(heads,
+    head_dim)` (called by load when heads and head_dim are given, else at the first call from q's
+    shape): trainable ones are nn.Parameters in `.params`, fixed ones buffers of `.fixed`. Params derived from projection
+    weights (ExPE-style overrides) are not created: pass them with params={name: tensor}."""
+
+    def __init__(self, helper, library_dir):
+        super().__init__()
+        self.helper = helper
+        self.name = helper.ENCODING
+        self.manifest = helper.MANIFEST
+        self.features = list(helper.FEATURES)
+        self.library_dir = library_dir
+        self.params = torch.nn.ParameterDict()  # trainable params by manifest name
+        self.fixed = torch.nn.Module()          # fixed params, as buffers by manifest name
+        self._shape = None
+
+    def materialize(self, heads, head_dim, dtype=torch.float32, device=None, generator=None):
+        """Creates the params for `heads` heads of dimension `head_dim`, from the manifest's
+        initialisers."""
+        init = self.helper.init_params(heads, head_dim, dtype=dtype, device=device, generator=generator)
+        for p in self.manifest["params"]:
+            n = p["name"]
+            if n not in init:
+                continue
+            t = init[n].detach()
+            if p["trainable"]:
+                self.params[n] = torch.nn.Parameter(t)
+            else:
+                self.fixed.register_buffer(n, t)
+        self._shape = (heads, head_dim)
+        return self
+
+    def forward(self, q, k, v, *features, params=None, scale=None):
+        if len(features) != len(self.features):
+            raise ValueError(f"encoding {self.name!r} takes {len(self.features)} token feature(s) "
+                             f"{self.features} after q, k, v; got {len(features)}")
+        if q.dim() != 4:
+            raise ValueError(f"q must be (B, H, T, D); got shape {tuple(q.shape)}")
+        if self._shape is None:
+            self.materialize(q.shape[1], q.shape[3], dtype=q.dtype, device=q.device)
+        elif self._shape != (q.shape[1], q.shape[3]) and self.manifest["params"]:
+            raise ValueError(f"encoding {self.name!r}: params were made for (heads, head_dim) = {self._shape}; "
+                             f"q has {(q.shape[1], q.shape[3])}")
+        own = dict(self.params.items())
+        own.update(self.fixed.named_buffers())
+        given = dict(own, **(params or {}))
+        cast = {n: (t.to(q.dtype) if t.is_floating_point() and t.dtype != q.dtype else t) for n, t in given.items()}
+        return self.helper.attention(q, k, v, features, cast, scale=scale)
+
+    def extra_repr(self):
+        return f"encoding={self.name!r}, features={self.features}, library={self.library_dir!r}"
+
+
+def load(spec, heads=None, head_dim=None, *, apec=None, cache_dir=None, verbose=False):
+    """Compiles (cached), builds and loads the spec file `spec`; returns its Attention module.
+
+    heads, head_dim: the shape the params are made for (both, or neither: then at the first call,
+    from q). apec: the compiler (default $APE_APEC, else build/tools/apec of this checkout).
+    cache_dir: default $APE_CACHE_DIR, else ~/.cache/ape. verbose: say when a library is built."""
+    log = (lambda s: print(s, file=sys.stderr)) if verbose else None
+    name, lib, _ = cached_library(spec, apec=apec, cache_dir=cache_dir, log=log)
+    m = Attention(_import_helper(lib, name), lib)
+    if (heads is None) != (head_dim is None):
+        raise ValueError("give both heads and head_dim, or neither (then the params are made at the first call)")
+    if heads is not None:
+        m.materialize(heads, head_dim)
+    return m

@@ -1,0 +1,438 @@
+// A spec file compiled into a kernel at run time (SpecLibrary.h).
+#include "runtime/SpecLibrary.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "ape/cpu_dispatch.h"
+#include "ape/kernel_entry.h"
+#include "runtime/AtomicFile.h"
+#include "runtime/Data.h"  // fnv1a
+#include "runtime/Registry.h"
+
+// Set by runtime/CMakeLists.txt: the build's apec, compiler, kernel headers and OpenMP flags.
+#ifndef APE_APEC_PATH
+#define APE_APEC_PATH "apec"
+#endif
+#ifndef APE_CXX_COMPILER
+#define APE_CXX_COMPILER "c++"
+#endif
+#ifndef APE_KERNEL_INCLUDE_DIR
+#define APE_KERNEL_INCLUDE_DIR "kernels/include"
+#endif
+#ifndef APE_OPENMP_FLAGS
+#define APE_OPENMP_FLAGS "-fopenmp"
+#endif
+
+namespace fs = std::filesystem;
+
+namespace ape {
+namespace {
+
+std::string hex16(uint64_t h) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h);
+  return b;
+}
+
+std::string read_file(const fs::path &p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string shell_quote(const std::string &s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string join_command(const std::vector<std::string> &args) {
+  std::string cmd;
+  for (const auto &a : args) cmd += (cmd.empty() ? "" : " ") + shell_quote(a);
+  return cmd;
+}
+
+// Runs `args` (stdin from /dev/null); returns the exit status (-1: not run) and sets `output` to
+// its stdout and stderr together.
+int run_command(const std::vector<std::string> &args, std::string &output) {
+  output.clear();
+  const std::string cmd = join_command(args) + " </dev/null 2>&1";
+  FILE *p = ::popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
+  const int st = ::pclose(p);
+  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// The first `max_lines` lines of `text`, and a note of how many were left out.
+std::string head_lines(const std::string &text, int max_lines) {
+  std::istringstream in(text);
+  std::string line, out;
+  int n = 0, total = 0;
+  while (std::getline(in, line)) {
+    if (n < max_lines) out += line + "\n", ++n;
+    ++total;
+  }
+  if (total > n) out += "... (" + std::to_string(total - n) + " more lines)\n";
+  return out;
+}
+
+std::string env_or(const char *name, const std::string &fallback) {
+  const char *v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+// apec: $APE_APEC, else the one beside this program (build/tools/), else the build's.
+std::string find_apec(const SpecLibraryOptions &o) {
+  if (!o.apec.empty()) return o.apec;
+  if (const char *v = std::getenv("APE_APEC"); v && *v) return v;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path beside = self.parent_path() / "apec";
+    if (fs::is_regular_file(beside, ec)) return beside.string();
+  }
+  return APE_APEC_PATH;
+}
+
+// The compiler's `--version` first line (part of the cache key), once per compiler.
+std::string compiler_version(const std::string &cxx) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> known;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(cxx); it != known.end()) return it->second;
+  std::string out;
+  const int rc = run_command({cxx, "--version"}, out);
+  if (rc != 0)
+    throw std::runtime_error("the C++ compiler '" + cxx + "' does not run (" + head_lines(out, 3) +
+                             "); set APE_CXX to a C++17 compiler");
+  const std::string first = out.substr(0, out.find('\n'));
+  known[cxx] = first;
+  return first;
+}
+
+// FNV-1a over every file under the kernel headers, in path order: a header edit is a new key.
+uint64_t headers_hash(const fs::path &dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file()) files.push_back(it->path());
+  if (files.empty()) throw std::runtime_error("no kernel headers in " + dir.string());
+  std::sort(files.begin(), files.end());
+  uint64_t h = fnv1a("headers", 7);
+  for (const auto &f : files) {
+    const std::string rel = fs::relative(f, dir).string(), bytes = read_file(f);
+    h = fnv1a(rel.data(), rel.size(), h);
+    h = fnv1a(bytes.data(), bytes.size(), h);
+  }
+  return h;
+}
+
+// A fresh, empty folder under `parent` named PREFIX<pid>-<n>.
+fs::path temp_folder(const fs::path &parent, const std::string &prefix) {
+  static int counter = 0;
+  fs::create_directories(parent);
+  for (;;) {
+    fs::path p = parent / (prefix + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    if (fs::create_directory(p)) return p;
+  }
+}
+
+// Removes PREFIX<pid>-* folders under `parent` whose process is gone (killed mid-compile).
+void remove_stale_folders(const fs::path &parent, const std::string &prefix) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    const long pid = std::strtol(n.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
+}
+
+struct RemoveOnExit {
+  fs::path path;
+  ~RemoveOnExit() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+// `entry` of the library at `lib` (kept loaded for the process).
+const KernelEntry *open_library(const fs::path &lib, const std::string &name) {
+  void *h = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) throw std::runtime_error("cannot load " + lib.string() + ": " + ::dlerror());
+  const std::string sym = "ape_kernel_entry_" + name;
+  using EntryFn = const KernelEntry *(*)();
+  auto fn = reinterpret_cast<EntryFn>(::dlsym(h, sym.c_str()));
+  if (!fn) throw std::runtime_error(lib.string() + " has no " + sym + "(): not a kernel of encoding '" + name + "'");
+  const KernelEntry *e = fn();
+  if (!e || !e->name) throw std::runtime_error(lib.string() + ": " + sym + "() returned no entry");
+  return e;
+}
+
+// `admit(name, hash)`, when set, is called once apec has named the encoding, before compiling.
+using Admit = std::function<void(const std::string &, const std::string &)>;
+
+// `shown` names the spec in the log line (the file, or where a recorded text came from).
+SpecLibrary load(const std::string &path, const std::string &text, const std::string &source_name,
+                 const SpecLibraryOptions &o, const Admit &admit = {}, const std::string &shown = "") {
+  SpecLibrary lib;
+  lib.spec_path = path;
+  lib.spec_text = text;
+  lib.spec_hash = spec_fingerprint(text);
+  const fs::path cache = fs::path(o.cache_dir.empty() ? default_spec_cache_dir() : o.cache_dir) / "kernels";
+  const auto t0 = std::chrono::steady_clock::now();
+
+  // 1. apec: the spec's errors surface here, at their file:line:col.
+  const std::string apec = find_apec(o);
+  const fs::path gen = temp_folder(cache, ".apec-");
+  remove_stale_folders(cache, ".apec-");
+  RemoveOnExit gen_guard{gen};
+  std::string out;
+  const int rc = run_command({apec, path, "-o", gen.string(), "--emit=cpu,manifest", "--source-name", source_name}, out);
+  if (rc != 0) {
+    if (rc == -1 || rc == 126 || rc == 127)
+      throw std::runtime_error("cannot run apec (" + apec + "): " + head_lines(out, 5) +
+                               "build it (scripts/build.sh apec) or set APE_APEC to its path");
+    throw std::runtime_error("apec rejected " + path + ":\n" + head_lines(out, 40));
+  }
+  std::vector<std::string> names;
+  for (const auto &f : fs::directory_iterator(gen)) {
+    const std::string fn = f.path().filename().string();
+    const std::string tail = "_cpu.cpp";
+    if (fn.size() > tail.size() && fn.compare(fn.size() - tail.size(), tail.size(), tail) == 0)
+      names.push_back(fn.substr(0, fn.size() - tail.size()));
+  }
+  if (names.size() != 1)
+    throw std::runtime_error(path + " holds " + std::to_string(names.size()) +
+                             " encodings; a spec given to APE at run time holds exactly one ape.encoding");
+  lib.name = names[0];
+  if (admit) admit(lib.name, lib.spec_hash);
+  const std::string source = read_file(gen / (lib.name + "_cpu.cpp"));
+
+  // 2. The level: the best this CPU runs, or APE_CPU_LEVEL's (refused as the registry refuses it).
+  const unsigned buildable = APE_CPU_HAS_X86_LEVELS ? 7u : 1u;
+  CpuLevelChoice choice = choose_cpu_level(buildable, cpu_runnable_levels(), std::getenv("APE_CPU_LEVEL"));
+  if (choice.level < 0) throw std::runtime_error(choice.error);
+  lib.level = cpu_level_name(choice.level);
+  const unsigned mask = 1u | (1u << choice.level);
+  choice.built = mask;  // what the library holds (for the log line)
+
+  // 3. The key: everything that decides the library's bytes.
+  const std::string cxx = o.cxx.empty() ? env_or("APE_CXX", APE_CXX_COMPILER) : o.cxx;
+  const std::string include_dir = APE_KERNEL_INCLUDE_DIR;
+  std::vector<std::string> flags = {"-std=c++17", "-O3", "-fPIC", "-shared", "-fno-math-errno", "-Wno-unused-parameter",
+                                    "-DAPE_KERNEL_LEVELS=" + std::to_string(mask), "-I" + include_dir};
+  {
+    std::istringstream omp(APE_OPENMP_FLAGS);
+    for (std::string f; omp >> f;) flags.push_back(f);
+  }
+  std::string keytext = source + '\0' + cxx + '\0' + compiler_version(cxx) + '\0' + lib.level;
+  for (const auto &f : flags) keytext += '\0' + f;
+  const uint64_t key = fnv1a(keytext.data(), keytext.size(), headers_hash(fs::path(include_dir) / "ape"));
+  const fs::path dir = cache / (lib.name + "-" + hex16(key));
+  const fs::path so = dir / ("libape_" + lib.name + ".so");
+
+  // One compiler per key at a time: a second process waits here, then finds the library (the
+  // rename below keeps the cache whole where the lock is not honoured).
+  struct Lock {
+    int fd = -1;
+    ~Lock() {
+      if (fd >= 0) ::close(fd);  // releases the flock
+    }
+  } lock;
+  lock.fd = ::open((cache / (dir.filename().string() + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock.fd >= 0) ::flock(lock.fd, LOCK_EX);
+  std::error_code ec;
+  if (fs::is_regular_file(so, ec)) {
+    lib.cached = true;
+  } else {
+    // 4. Compile in gen/ (the baseline unit, and the level's through a two-line wrapper, as the
+    // build does), then rename gen/ to dir/: whole or not at all.
+    std::vector<std::string> cmd = {cxx};
+    cmd.insert(cmd.end(), flags.begin(), flags.end());
+    cmd.push_back("-o");
+    cmd.push_back((gen / so.filename()).string());
+    cmd.push_back((gen / (lib.name + "_cpu.cpp")).string());
+    if (choice.level > 0) {
+      const fs::path wrapper = gen / (lib.name + "_cpu_" + lib.level + ".cpp");
+      std::ofstream(wrapper) << "// The " << lib.name << " kernel for the " << lib.level << " level.\n#define APE_KERNEL_LEVEL "
+                             << choice.level << "\n#include \"" << lib.name << "_cpu.cpp\"\n";
+      cmd.push_back(wrapper.string());
+    }
+    if (run_command(cmd, out) != 0)
+      throw std::runtime_error("the kernel apec generated from " + path + " does not compile (a bug in APE: "
+                               "please report it with the spec):\n" + join_command(cmd) + "\n" + head_lines(out, 40));
+    std::ofstream(gen / "command.txt") << join_command(cmd) << "\n";
+    fs::rename(gen, dir, ec);
+    if (ec && !fs::is_regular_file(so)) {  // not another process's finished copy: a real failure
+      throw std::runtime_error("cannot move the compiled kernel into the cache " + dir.string() + ": " + ec.message());
+    }
+    if (!ec) gen_guard.path.clear();  // it is dir/ now
+  }
+  lib.library = so.string();
+  lib.entry = open_library(so, lib.name);
+  if (!lib.entry->cpu_level || std::string(lib.entry->cpu_level) != lib.level)
+    throw std::runtime_error(so.string() + ": its kernels run the " +
+                             std::string(lib.entry->cpu_level ? lib.entry->cpu_level : "?") + " level, not " + lib.level);
+  if (o.log) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    char took[32];
+    std::snprintf(took, sizeof took, "%.1f s", s);
+    *o.log << "[spec] " << (shown.empty() ? path : shown) << ": encoding '" << lib.name << "', kernel for " << choice.describe() << "; "
+           << (lib.cached ? "from the cache" : std::string("compiled in ") + took) << ": " << so.string() << "\n";
+  }
+  return lib;
+}
+
+std::mutex g_mu;
+std::map<std::string, std::unique_ptr<SpecLibrary>> &registered() {
+  static std::map<std::string, std::unique_ptr<SpecLibrary>> m;
+  return m;
+}
+
+// Refuses, before compiling, a name that a built-in encoding or another spec holds.
+void admit_name(const std::string &name, const std::string &hash, const std::string &path) {
+  auto &m = registered();
+  if (auto it = m.find(name); it != m.end()) {
+    if (it->second->spec_hash == hash) return;
+    throw std::runtime_error("two different specs define encoding '" + name + "': " + it->second->spec_path +
+                             " and " + path + " (rename one: ape.encoding @other_name)");
+  }
+  for (const auto &n : kernel_names())
+    if (n == name)
+      throw std::runtime_error(path + " defines encoding '" + name + "', which exists already (a built-in encoding); " +
+                               "give the spec another name (ape.encoding @other_name)");
+}
+
+const SpecLibrary &add(SpecLibrary lib) {
+  auto &m = registered();
+  if (auto it = m.find(lib.name); it != m.end()) return *it->second;  // the same spec (admit_name)
+  register_kernel(lib.entry);
+  auto p = std::make_unique<SpecLibrary>(std::move(lib));
+  const SpecLibrary &ref = *p;
+  m.emplace(ref.name, std::move(p));
+  return ref;
+}
+
+}  // namespace
+
+nlohmann::json SpecLibrary::record() const {
+  return {{"name", name}, {"path", spec_path}, {"fnv", spec_hash}, {"text", spec_text}};
+}
+
+std::string spec_fingerprint(const std::string &text) { return hex16(fnv1a(text.data(), text.size())); }
+
+std::string default_spec_cache_dir() {
+  if (const char *v = std::getenv("APE_CACHE_DIR"); v && *v) return v;
+  if (const char *v = std::getenv("XDG_CACHE_HOME"); v && *v) return std::string(v) + "/ape";
+  if (const char *v = std::getenv("HOME"); v && *v) return std::string(v) + "/.cache/ape";
+  return (fs::temp_directory_path() / "ape-cache").string();
+}
+
+namespace {
+SpecLibrary load_file(const std::string &path, const SpecLibraryOptions &opts, const Admit &admit) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw std::runtime_error("spec " + path + ": no such file");
+  return load(path, read_file(path), fs::path(path).filename().string(), opts, admit);
+}
+
+SpecLibrary load_record(const nlohmann::json &record, const SpecLibraryOptions &opts, const Admit &admit) {
+  std::string name, text, path, fnv;
+  try {
+    name = record.at("name").get<std::string>();
+    text = record.at("text").get<std::string>();
+    path = record.value("path", name + ".mlir");
+    fnv = record.at("fnv").get<std::string>();
+  } catch (const std::exception &e) {
+    throw std::runtime_error(std::string("bad spec record: ") + e.what());
+  }
+  if (spec_fingerprint(text) != fnv) throw std::runtime_error("spec record of '" + name + "': its text does not match its fnv");
+  const fs::path cache = fs::path(opts.cache_dir.empty() ? default_spec_cache_dir() : opts.cache_dir) / "specs";
+  fs::create_directories(cache);
+  const fs::path file = cache / (name + "-" + fnv + ".mlir");
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) write_file_atomically(file.string(), text);
+  SpecLibrary lib = load(file.string(), text, fs::path(path).filename().string(), opts, admit,
+                         path + " (the text the checkpoint holds)");
+  if (lib.name != name)
+    throw std::runtime_error("spec record of '" + name + "' compiles to encoding '" + lib.name + "'");
+  lib.spec_path = path;
+  return lib;
+}
+}  // namespace
+
+SpecLibrary load_spec_library(const std::string &path, const SpecLibraryOptions &opts) {
+  return load_file(path, opts, {});
+}
+
+SpecLibrary load_spec_record(const nlohmann::json &record, const SpecLibraryOptions &opts) {
+  return load_record(record, opts, {});
+}
+
+const SpecLibrary &register_spec(const std::string &path, const SpecLibraryOptions &opts) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return add(load_file(path, opts, [&](const std::string &name, const std::string &hash) {
+    admit_name(name, hash, path);
+  }));
+}
+
+const SpecLibrary &register_spec_record(const nlohmann::json &record, const SpecLibraryOptions &opts) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return add(load_record(record, opts, [&](const std::string &name, const std::string &hash) {
+    admit_name(name, hash, record.value("path", name));
+  }));
+}
+
+const SpecLibrary *registered_spec(const std::string &name) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = registered().find(name);
+  return it == registered().end() ? nullptr : it->second.get();
+}
+
+void register_checkpoint_spec(const nlohmann::json &config, const std::string &path, const SpecLibraryOptions &opts) {
+  const auto rec = config.find("spec");
+  if (rec == config.end() || rec->is_null()) return;
+  if (!rec->is_object() || !rec->contains("name") || !rec->contains("fnv"))
+    throw std::runtime_error("checkpoint " + path + ": bad \"spec\" record");
+  const std::string name = rec->at("name").get<std::string>(), fnv = rec->at("fnv").get<std::string>();
+  if (const SpecLibrary *s = registered_spec(name)) {
+    if (s->spec_hash == fnv) return;
+    throw std::runtime_error("checkpoint " + path + " was trained from another spec of encoding '" + name + "' (" +
+                             rec->value("path", std::string("?")) + ", fnv " + fnv + ") than " + s->spec_path +
+                             " (fnv " + s->spec_hash + "). Drop --spec to use the spec the checkpoint holds, or "
+                             "give the new spec another name (ape.encoding @new_name) and pass --encoding new_name");
+  }
+  register_spec_record(*rec, opts);
+}
+
+}  // namespace ape

@@ -1,0 +1,106 @@
+// runtime/SpecLibrary.h: a spec file compiled at run time (apec + the C++ compiler), cached and
+// loaded; and a -inf mask through that kernel, fully masked rows included, against a materialised
+// LibTorch reference (forward and autograd gradients, fp64).
+#include "runtime/SpecLibrary.h"
+
+#include "runtime_fixtures.h"
+
+namespace {
+
+const std::string kSpecs = APE_TEST_SPEC_DIR;  // test/unit/Inputs
+
+// One cache for the suite, in the build folder (fresh per configure of CI: the first test compiles).
+ape::SpecLibraryOptions options() {
+  ape::SpecLibraryOptions o;
+  o.cache_dir = APE_TEST_SPEC_CACHE;
+  return o;
+}
+
+// strict_window.mlir, materialised: l_ij = κ q_i·k_j − m_h (i − j) for 1 <= i − j <= 3, else
+// masked; a row without any key (i = 0) gives o_i = 0 (the template's contract), so its softmax
+// is taken over the kept keys only and multiplied by "row has a key".
+at::Tensor reference_strict_window(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                   const at::Tensor &slopes, double scale) {
+  const int64_t T = q.size(2);
+  at::Tensor i = at::arange(T, q.options()).view({T, 1}), j = at::arange(T, q.options()).view({1, T});
+  at::Tensor d = i - j;                                           // (T, T)
+  at::Tensor keep = (d >= 1).logical_and(d <= 3);                 // (T, T)
+  at::Tensor l = at::matmul(q, k.transpose(-1, -2)) * scale - slopes.view({1, -1, 1, 1}) * d;  // (B, H, T, T)
+  l = l.masked_fill(keep.logical_not(), -INFINITY);
+  at::Tensor has_key = keep.any(-1, /*keepdim=*/true);            // (T, 1)
+  at::Tensor safe = l.masked_fill(has_key.logical_not(), 0.0);    // a fully masked row: any finite logits
+  at::Tensor p = at::softmax(safe, -1) * has_key;
+  return at::matmul(p, v);
+}
+
+}  // namespace
+
+TEST(SpecLibrary, WindowedMinusInfMaskMatchesReferenceWithFullyMaskedRows) {
+  const ape::SpecLibrary lib = ape::load_spec_library(kSpecs + "/strict_window.mlir", options());
+  ASSERT_EQ(lib.name, "strict_window");
+  ASSERT_NE(lib.entry, nullptr);
+  const ape::Manifest &m = ape::manifest_of(*lib.entry);
+  ASSERT_EQ(m.params.size(), 1u);
+  // T = 1: the only row is fully masked; 7: a partial tile; 70: two key tiles (64).
+  for (int64_t T : {1, 7, 70}) {
+    at::manual_seed(T);
+    auto opt = at::TensorOptions().dtype(at::kDouble);
+    const int64_t B = 2, H = 3, D = 8;
+    at::Tensor q = at::randn({B, H, T, D}, opt).requires_grad_(), k = at::randn({B, H, T, D}, opt).requires_grad_(),
+               v = at::randn({B, H, T, D}, opt).requires_grad_();
+    at::Tensor slopes = (ape::init_param(m.params[0], H, D, at::kDouble) * 1.3).requires_grad_();
+    at::Tensor dout = at::randn({B, H, T, D}, opt);
+    const double scale = m.scale_for(D);
+    at::Tensor o = ape::fused_attention(*lib.entry, q, k, v, {}, {slopes}, scale);
+    auto g = torch::autograd::grad({o}, {q, k, v, slopes}, {dout});
+    at::Tensor ro = reference_strict_window(q, k, v, slopes, scale);
+    auto rg = torch::autograd::grad({ro}, {q, k, v, slopes}, {dout});
+    const std::string at_T = " (T = " + std::to_string(T) + ")";
+    for (const at::Tensor &t : {o, g[0], g[1], g[2], g[3]})
+      ASSERT_TRUE(at::isfinite(t).all().item<bool>()) << "a NaN or inf" << at_T;
+    // Row 0 has no key: o = 0 and dq = 0 there.
+    EXPECT_EQ(o.select(2, 0).abs().max().item<double>(), 0.0) << at_T;
+    EXPECT_EQ(g[0].select(2, 0).abs().max().item<double>(), 0.0) << at_T;
+    expect_close(o, ro, 1e-10, "o" + at_T);
+    expect_close(g[0], rg[0], 1e-9, "dq" + at_T);
+    expect_close(g[1], rg[1], 1e-9, "dk" + at_T);
+    expect_close(g[2], rg[2], 1e-9, "dv" + at_T);
+    expect_close(g[3], rg[3], 1e-8, "dslopes" + at_T);
+  }
+}
+
+TEST(SpecLibrary, SecondLoadComesFromTheCacheAndRegistersOnce) {
+  const ape::SpecLibrary a = ape::load_spec_library(kSpecs + "/strict_window.mlir", options());
+  const ape::SpecLibrary b = ape::load_spec_library(kSpecs + "/strict_window.mlir", options());
+  EXPECT_TRUE(b.cached);
+  EXPECT_EQ(a.library, b.library);
+  EXPECT_EQ(a.spec_hash, ape::spec_fingerprint(a.spec_text));
+  EXPECT_EQ(std::string(b.entry->cpu_level), b.level);
+  // Registered: found by name like a built-in encoding; the same spec again is the same entry.
+  const ape::SpecLibrary &r = ape::register_spec(kSpecs + "/strict_window.mlir", options());
+  EXPECT_EQ(&ape::find_kernel("strict_window"), r.entry);
+  EXPECT_EQ(&ape::register_spec(kSpecs + "/strict_window.mlir", options()), &r);
+  EXPECT_EQ(ape::registered_spec("strict_window"), &r);
+  // The record a checkpoint keeps rebuilds the same kernel; a record whose text was edited is refused.
+  nlohmann::json rec = r.record();
+  EXPECT_NO_THROW(ape::register_checkpoint_spec({{"spec", rec}}, "x.ckpt", options()));
+  rec["text"] = rec["text"].get<std::string>() + "\n// edited\n";
+  EXPECT_ERROR(ape::load_spec_record(rec, options()), "does not match its fnv");
+  rec["fnv"] = ape::spec_fingerprint(rec["text"].get<std::string>());
+  EXPECT_ERROR(ape::register_checkpoint_spec({{"spec", rec}}, "x.ckpt", options()),
+               "checkpoint x.ckpt was trained from another spec of encoding 'strict_window'");
+}
+
+TEST(SpecLibrary, SpecErrorsAreApecsLocatedDiagnostics) {
+  EXPECT_ERROR(ape::load_spec_library(kSpecs + "/bad_spec.mlir", options()), "bad_spec.mlir:5:");
+  EXPECT_ERROR(ape::load_spec_library(kSpecs + "/no_such.mlir", options()), "no_such.mlir: no such file");
+}
+
+TEST(SpecLibrary, ABuiltInNameIsRefused) {
+  const auto names = ape::kernel_names();
+  ASSERT_NE(std::find(names.begin(), names.end(), "alibi"), names.end());
+  // examples/encodings/alibi.mlir is a good spec, but its name is taken by the built-in kernel:
+  // refused after apec, before anything is compiled.
+  EXPECT_ERROR(ape::register_spec(std::string(APE_SOURCE_DIR) + "/examples/encodings/alibi.mlir", options()),
+               "defines encoding 'alibi', which exists already");
+}
