@@ -2,6 +2,7 @@
 // (docs/ape-check.md).
 //
 //   ape-check examples/encodings/rope.mlir
+//   ape-check my_encoding.mlir                  compiled now (runtime/SpecLibrary.h, cached)
 //   ape-check my_rope.mlir --kernel rope        the registry's rope kernel against my_rope's spec
 //
 // apec --emit=reference writes the spec's regions as data (after expand and push-override, before
@@ -28,6 +29,7 @@
 #include "runtime/Options.h"
 #include "runtime/Registry.h"
 #include "runtime/SpecCheck.h"
+#include "runtime/SpecLibrary.h"
 #include "runtime/SpecReference.h"
 #include "runtime/Threads.h"
 
@@ -133,10 +135,10 @@ int main(int argc, char **argv) {
       "central differences of the kernel's forward at --fd-entries entries of q, k, v, every\n"
       "feature and trainable param check its backward. Inputs are N(0, 1); params come from their manifest initialisers (fixed\n"
       "ones as they are, trainable ones moved off degenerate values; docs/ape-check.md).\n\n"
-      "The kernel: with --kernel NAME, the kernel NAME compiled into this build; otherwise, for a\n"
-      "spec that is one of the examples this build compiled (examples/encodings/NAME.mlir, same\n"
-      "text), that kernel. Other spec files are refused for now: checking them needs a kernel\n"
-      "compiled from the file itself.\n\n"
+      "The kernel: with --kernel NAME, the kernel NAME compiled into this build; for a spec that is\n"
+      "one of the examples this build compiled (examples/encodings/NAME.mlir, same text), that\n"
+      "kernel; any other spec file is compiled now, as ape-train --spec does (apec and the C++\n"
+      "compiler into a library cached under $APE_CACHE_DIR, default ~/.cache/ape).\n\n"
       "Prints a table with one row per quantity and precision (the worst cell) and exits with 0\n"
       "when every check passes, 1 when one fails, 2 when the spec or the arguments cannot be\n"
       "checked (apec's located diagnostics are shown)."};
@@ -208,6 +210,7 @@ int main(int argc, char **argv) {
     const ape::SpecReference ref = ape::SpecReference::parse(read_file(refs[0]), spec);
     const std::string name = ref.encoding();
     const ape::KernelEntry *entry = nullptr;
+    ape::SpecLibrary library;
     std::string origin;
     if (!kernel_name.empty()) {
       entry = &ape::find_kernel(kernel_name);
@@ -221,13 +224,15 @@ int main(int argc, char **argv) {
         entry = &ape::find_kernel(name);
         origin = "the kernel compiled into this build from examples/encodings/" + name + ".mlir";
       } else {
-        std::cerr << "ape-check: error: " << spec << " (@" << name
-                  << ") is not one of the examples compiled into this build"
-                  << (registered ? " (an example of that name exists, with other text)" : "")
-                  << "; checking another spec file needs a kernel compiled from it, which this build "
-                     "cannot load yet. To compare the spec with a compiled kernel, name one with "
-                     "--kernel NAME.\n";
-        return 2;
+        // Any other spec file: compiled now into a cached library (runtime/SpecLibrary.h).
+        ape::SpecLibraryOptions lib_opts;
+        lib_opts.apec = apec;
+        lib_opts.log = &std::cout;
+        library = ape::load_spec_library(spec, lib_opts);
+        entry = library.entry;
+        origin = "compiled from " + spec + " (" + library.library + (library.cached ? ", cached" : "") + ")";
+        if (library.name != name)
+          throw std::runtime_error("the compiled library holds @" + library.name + ", the spec @" + name);
       }
     }
     std::cout << "ape-check: " << spec << " (@" << name << ")\n"
