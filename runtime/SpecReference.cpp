@@ -484,4 +484,18 @@ Tensor SpecReference::embedding_table(int64_t T, int64_t d) const {
   }
 }
 
+std::vector<Tensor> evaluate_reference_region(const std::string &region_json,
+                                              const std::vector<Tensor> &args) {
+  SpecReferenceData data;
+  data.what = "a region";
+  Env env;
+  env.data = &data;
+  env.dtype = torch::kFloat64;
+  try {
+    return eval_region(json::parse(region_json), args, env);
+  } catch (const json::exception &e) {
+    fail(data.what, std::string("malformed: ") + e.what());
+  }
+}
+
 }  // namespace ape

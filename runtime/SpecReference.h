@@ -66,4 +66,9 @@ private:
   std::shared_ptr<const SpecReferenceData> data_;
 };
 
+// Evaluates one region of reference data ({"args", "ops", "yield"} as JSON text) on `args` in
+// float64, with no params or token sequences to load: the op semantics on their own (tests).
+std::vector<at::Tensor> evaluate_reference_region(const std::string &region_json,
+                                                  const std::vector<at::Tensor> &args);
+
 }  // namespace ape
