@@ -132,16 +132,18 @@ int main(int argc, char **argv) {
       "fp64 must agree within --fp64-tol (normalised error max|err| / max(1, max|ref|)); fp32 within\n"
       "max(--fp32-factor x the fp32 reference's own error, --fp32-floor); a param gradient, a sum\n"
       "over the N = B H T (T+1)/2 query-key pairs, at least --fp32-param-floor x sqrt(N). fp64\n"
-      "central differences of the kernel's forward at --fd-entries entries of q, k, v, every\n"
-      "feature and trainable param check its backward. Inputs are N(0, 1); params come from their manifest initialisers (fixed\n"
-      "ones as they are, trainable ones moved off degenerate values; docs/ape-check.md).\n\n"
+      "central differences of the kernel's forward (at the first partial-tile shape) at\n"
+      "--fd-entries entries of q, k, v, every feature and every trainable param check its\n"
+      "backward. Inputs are N(0, 1); params come from their manifest initialisers (fixed ones as\n"
+      "they are, trainable ones moved off degenerate values; docs/ape-check.md).\n\n"
       "The kernel: with --kernel NAME, the kernel NAME compiled into this build; for a spec that is\n"
       "one of the examples this build compiled (examples/encodings/NAME.mlir, same text), that\n"
       "kernel; any other spec file is compiled now, as ape-train --spec does (apec and the C++\n"
       "compiler into a library cached under $APE_CACHE_DIR, default ~/.cache/ape).\n\n"
       "Prints a table with one row per quantity and precision (the worst cell) and exits with 0\n"
-      "when every check passes, 1 when one fails, 2 when the spec or the arguments cannot be\n"
-      "checked (apec's located diagnostics are shown)."};
+      "when every check passes, 1 when one fails (or the kernel's params and features are not the\n"
+      "spec's), 2 when the spec or the arguments cannot be checked (apec's located diagnostics are\n"
+      "shown)."};
   std::string spec, kernel_name, shapes, apec = default_apec();
   ape::CheckOptions opt;
   int64_t seed = 1;
@@ -181,7 +183,8 @@ int main(int argc, char **argv) {
     ape::require_in("--fp32-floor", opt.fp32_floor, 0.0, 1.0, /*open_low=*/true);
     opt.seed = static_cast<uint64_t>(seed);
     if (!shapes.empty()) opt.grid = parse_shapes(shapes);
-    if (!fs::is_regular_file(spec)) throw std::runtime_error("cannot read " + spec + ": no such file");
+    if (!fs::exists(spec)) throw std::runtime_error("cannot read " + spec + ": no such file");
+    if (!fs::is_regular_file(spec)) throw std::runtime_error("cannot read " + spec + ": not a file");
     if (!kernel_name.empty()) ape::find_kernel(kernel_name);  // unknown: fail now, listing the names
     const std::string cpu_level = ape::checked_kernel_cpu_level();
   } catch (const std::exception &e) {
