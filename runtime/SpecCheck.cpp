@@ -10,7 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include "ape/kernel_entry.h"
 #include "runtime/Attention.h"
@@ -18,7 +19,7 @@
 
 namespace ape {
 
-using torch::Tensor;
+using at::Tensor;
 
 std::string CheckShape::str() const {
   return std::to_string(B) + "x" + std::to_string(H) + "x" + std::to_string(T) + "x" +
@@ -38,7 +39,7 @@ bool CheckReport::passed() const {
 
 namespace {
 
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
 
 // The inputs of one cell, fp64 masters; params and features in manifest order.
 struct Cell {
@@ -58,24 +59,24 @@ struct Cell {
 // exactly at a kink).
 Tensor make_param(const ParamSpec &p, int64_t H, int64_t D) {
   const auto shape = p.resolve_shape(H, D);
-  if (p.init.derived()) return torch::randn(shape, kF64) * 0.02;
-  Tensor base = init_param(p, H, D, torch::kFloat64);
+  if (p.init.derived()) return at::randn(shape, kF64) * 0.02;
+  Tensor base = init_param(p, H, D, at::kDouble);
   if (!p.trainable) return base;
   if (p.init.kind == InitSpec::Kind::Zeros || p.init.kind == InitSpec::Kind::Normal ||
       base.abs().max().item<double>() == 0.0)
-    return torch::randn(shape, kF64) * std::max(p.init.kind == InitSpec::Kind::Normal ? p.init.std : 0.0, 0.5);
-  return base * (1.0 + 0.1 * torch::randn(shape, kF64)).abs();
+    return at::randn(shape, kF64) * std::max(p.init.kind == InitSpec::Kind::Normal ? p.init.std : 0.0, 0.5);
+  return base * (1.0 + 0.1 * at::randn(shape, kF64)).abs();
 }
 
 Cell make_cell(const Manifest &man, const CheckShape &s, uint64_t seed) {
   Cell c;
   c.shape = s;
-  torch::manual_seed(seed);
-  c.q = torch::randn({s.B, s.H, s.T, s.D}, kF64);
-  c.k = torch::randn({s.B, s.H, s.T, s.D}, kF64);
-  c.v = torch::randn({s.B, s.H, s.T, s.D}, kF64);
-  c.dout = torch::randn({s.B, s.H, s.T, s.D}, kF64);
-  for (int64_t n = 0; n < man.num_features(); ++n) c.features.push_back(torch::randn({s.B, s.H, s.T}, kF64));
+  at::manual_seed(seed);
+  c.q = at::randn({s.B, s.H, s.T, s.D}, kF64);
+  c.k = at::randn({s.B, s.H, s.T, s.D}, kF64);
+  c.v = at::randn({s.B, s.H, s.T, s.D}, kF64);
+  c.dout = at::randn({s.B, s.H, s.T, s.D}, kF64);
+  for (int64_t n = 0; n < man.num_features(); ++n) c.features.push_back(at::randn({s.B, s.H, s.T}, kF64));
   for (const ParamSpec &p : man.params) c.params.push_back(make_param(p, s.H, s.D));
   c.scale = man.scale_for(s.D);
   return c;
@@ -85,7 +86,7 @@ using Outputs = std::map<std::string, Tensor>;  // quantity -> fp64 tensor
 
 // The reference in `dtype` (float64 or float32), gradients by autograd.
 Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell &c,
-                      torch::ScalarType dtype) {
+                      at::ScalarType dtype) {
   auto leaf = [&](const Tensor &t, bool grad) {
     return t.to(dtype).detach().clone().set_requires_grad(grad);
   };
@@ -104,24 +105,24 @@ Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell 
     prms[p.name] = t;
     if (p.trainable) inputs.push_back(t), names.push_back("dparam:" + p.name);
   }
-  torch::AutoGradMode grad_mode(true);
+  at::AutoGradMode grad_mode(true);
   SpecReference::Result r = ref.attention(q, k, v, feats, prms, c.scale);
   Outputs out;
-  out["o"] = r.o.detach().to(torch::kFloat64);
-  out["lse"] = r.lse.detach().to(torch::kFloat64);
+  out["o"] = r.o.detach().to(at::kDouble);
+  out["lse"] = r.lse.detach().to(at::kDouble);
   auto grads = torch::autograd::grad({r.o}, inputs, {c.dout.to(dtype)}, /*retain_graph=*/false,
                                      /*create_graph=*/false, /*allow_unused=*/true);
   for (size_t n = 0; n < inputs.size(); ++n)
-    out[names[n]] = grads[n].defined() ? grads[n].to(torch::kFloat64) : torch::zeros_like(inputs[n], kF64);
+    out[names[n]] = grads[n].defined() ? grads[n].to(at::kDouble) : at::zeros_like(inputs[n], kF64);
   for (size_t n = 0; n < c.params.size(); ++n)  // a fixed param gets no gradient
-    if (!man.params[n].trainable) out["dparam:" + man.params[n].name] = torch::zeros_like(c.params[n]);
+    if (!man.params[n].trainable) out["dparam:" + man.params[n].name] = at::zeros_like(c.params[n]);
   return out;
 }
 
 // One call of the kernel in precision Real; every output NaN-filled first, so that an output the
 // kernel does not write is caught.
 template <class Real> struct KernelRun {
-  static constexpr torch::ScalarType kType = std::is_same_v<Real, float> ? torch::kFloat32 : torch::kFloat64;
+  static constexpr at::ScalarType kType = std::is_same_v<Real, float> ? at::kFloat : at::kDouble;
   const KernelEntry &entry;
   Tensor q, k, v, o, lse, dout, dq, dk, dv;
   std::vector<Tensor> feat, prm, dfeat, dprm;
@@ -134,10 +135,10 @@ template <class Real> struct KernelRun {
     q = cvt(c.q), k = cvt(c.k), v = cvt(c.v), dout = cvt(c.dout);
     for (const auto &f : c.features) feat.push_back(cvt(f));
     for (const auto &t : c.params) prm.push_back(cvt(t));
-    o = torch::empty_like(q), lse = torch::empty({c.shape.B, c.shape.H, c.shape.T}, torch::dtype(kType));
-    dq = torch::empty_like(q), dk = torch::empty_like(q), dv = torch::empty_like(q);
-    for (auto &f : feat) dfeat.push_back(torch::empty_like(f)), feat_p.push_back(f.data_ptr<Real>());
-    for (auto &t : prm) dprm.push_back(torch::empty_like(t)), prm_p.push_back(t.data_ptr<Real>());
+    o = at::empty_like(q), lse = at::empty({c.shape.B, c.shape.H, c.shape.T}, at::dtype(kType));
+    dq = at::empty_like(q), dk = at::empty_like(q), dv = at::empty_like(q);
+    for (auto &f : feat) dfeat.push_back(at::empty_like(f)), feat_p.push_back(f.data_ptr<Real>());
+    for (auto &t : prm) dprm.push_back(at::empty_like(t)), prm_p.push_back(t.data_ptr<Real>());
     for (auto &t : dfeat) dfeat_p.push_back(t.data_ptr<Real>());
     for (auto &t : dprm) dprm_p.push_back(t.data_ptr<Real>());
     args.B = c.shape.B, args.H = c.shape.H, args.T = c.shape.T, args.D = c.shape.D;
@@ -163,7 +164,7 @@ template <class Real> struct KernelRun {
     else entry.backward_f64(args);
   }
   Outputs outputs(const Manifest &man) const {
-    auto d = [](const Tensor &t) { return t.to(torch::kFloat64); };
+    auto d = [](const Tensor &t) { return t.to(at::kDouble); };
     Outputs out = {{"o", d(o)}, {"lse", d(lse)}, {"dq", d(dq)}, {"dk", d(dk)}, {"dv", d(dv)}};
     for (size_t n = 0; n < dfeat.size(); ++n) out["dfeature:" + man.features[n].name] = d(dfeat[n]);
     for (size_t n = 0; n < dprm.size(); ++n) out["dparam:" + man.params[n].name] = d(dprm[n]);
@@ -187,16 +188,16 @@ struct Error {
 Error compare(const Tensor &got, const Tensor &ref) {
   if (got.sizes() != ref.sizes()) return {INFINITY, INFINITY};
   if (ref.numel() == 0) return {};
-  const Tensor finite = torch::isfinite(ref);
+  const Tensor finite = at::isfinite(ref);
   const Tensor odd = finite.logical_not();
   if (odd.any().item<bool>()) {
     const Tensor same = got.masked_select(odd).eq(ref.masked_select(odd)) |
-                        (torch::isnan(got.masked_select(odd)) & torch::isnan(ref.masked_select(odd)));
+                        (at::isnan(got.masked_select(odd)) & at::isnan(ref.masked_select(odd)));
     if (!same.all().item<bool>()) return {INFINITY, INFINITY};
   }
   if (!finite.any().item<bool>()) return {};
   const Tensor diff = (got.masked_select(finite) - ref.masked_select(finite)).abs();
-  const double err = torch::isnan(diff).any().item<bool>() ? NAN : diff.max().item<double>();
+  const double err = at::isnan(diff).any().item<bool>() ? NAN : diff.max().item<double>();
   const double mag = ref.masked_select(finite).abs().max().item<double>();
   return {err, err / std::max(1.0, mag)};
 }
@@ -250,7 +251,7 @@ void finite_differences(const KernelEntry &e, const Manifest &man, const Cell &c
     const Tensor g = in.grad.flatten();
     std::vector<int64_t> picks = {g.abs().argmax().item<int64_t>()};
     for (int r = 1; r < entries && r < g.numel(); ++r) {
-      int64_t e2 = torch::randint(g.numel(), {1}, torch::kLong).item<int64_t>();
+      int64_t e2 = at::randint(g.numel(), {1}, at::kLong).item<int64_t>();
       while (std::find(picks.begin(), picks.end(), e2) != picks.end()) e2 = (e2 + 1) % g.numel();
       picks.push_back(e2);
     }
@@ -331,8 +332,8 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
   table.verbose = opt.verbose;
   for (size_t cell = 0; cell < grid.size(); ++cell) {
     const Cell c = make_cell(man, grid[cell], opt.seed * 1000003u + cell);
-    const Outputs r64 = run_reference(ref, man, c, torch::kFloat64);
-    const Outputs r32 = run_reference(ref, man, c, torch::kFloat32);
+    const Outputs r64 = run_reference(ref, man, c, at::kDouble);
+    const Outputs r32 = run_reference(ref, man, c, at::kFloat);
     const Outputs k64 = run_kernel<double>(entry, man, c);
     const Outputs k32 = run_kernel<float>(entry, man, c);
     std::vector<std::string> order = {"o", "lse", "dq", "dk", "dv"};
@@ -362,7 +363,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
   if (entry.embed_table) {  // the fixed position table, at the largest cell's sizes
     const CheckShape &s = grid.back();
     const int64_t d = s.H * s.D;
-    Tensor got = torch::empty({s.T, d}, kF64);
+    Tensor got = at::empty({s.T, d}, kF64);
     entry.embed_table(s.T, d, got.data_ptr<double>());
     const Error e = compare(got, ref.embedding_table(s.T, d));
     table.add({"embed_table", "fp64", std::to_string(s.T) + "x" + std::to_string(d), e.max_abs,

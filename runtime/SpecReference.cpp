@@ -7,13 +7,13 @@
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 namespace ape {
 
 using json = nlohmann::json;
-using torch::Tensor;
-namespace I = torch::indexing;
+using at::Tensor;
+namespace I = at::indexing;
 
 struct SpecReferenceData {
   json doc;
@@ -51,7 +51,7 @@ Kind kind_of(const std::string &type) {
 // Everything a region may read: sizes, params, token slots, relative rows.
 struct Env {
   int64_t B = 0, H = 0, T = 0, D = 0;
-  torch::ScalarType dtype = torch::kFloat64;
+  at::ScalarType dtype = at::kDouble;
   std::vector<Tensor> params;  // spec order, working dtype
   std::vector<Tensor> tok;     // [B, H, T] per slot
   std::vector<Tensor> rows;    // [B, H, T, rows_n]
@@ -64,11 +64,11 @@ int64_t dim_size(const std::string &dim, const Env &env) {
   return std::stoll(dim);
 }
 
-Tensor scalar(double v, const Env &env) { return torch::scalar_tensor(v, torch::dtype(env.dtype)); }
-Tensor index_scalar(int64_t v) { return torch::scalar_tensor(v, torch::dtype(torch::kLong)); }
+Tensor scalar(double v, const Env &env) { return at::scalar_tensor(v, at::dtype(env.dtype)); }
+Tensor index_scalar(int64_t v) { return at::scalar_tensor(v, at::dtype(at::kLong)); }
 
 // C++ integer division and remainder (truncation toward zero), as MLIR's divsi / remsi.
-Tensor div_trunc(const Tensor &a, const Tensor &b) { return torch::div(a, b, "trunc"); }
+Tensor div_trunc(const Tensor &a, const Tensor &b) { return at::div(a, b, "trunc"); }
 Tensor rem_trunc(const Tensor &a, const Tensor &b) { return a - div_trunc(a, b) * b; }
 
 // The unsigned integer ops read their operands as uint64: the same as signed for values >= 0,
@@ -118,9 +118,9 @@ Tensor load(const json &src, const std::vector<Tensor> &idx, const Env &env) {
 }
 
 Tensor compare_f(const std::string &p, const Tensor &a, const Tensor &b, const SpecReferenceData &d) {
-  const Tensor unordered = torch::isnan(a) | torch::isnan(b);
-  if (p == "false") return torch::zeros_like(unordered);
-  if (p == "true") return torch::ones_like(unordered);
+  const Tensor unordered = at::isnan(a) | at::isnan(b);
+  if (p == "false") return at::zeros_like(unordered);
+  if (p == "true") return at::ones_like(unordered);
   if (p == "oeq") return a.eq(b);
   if (p == "ogt") return a.gt(b);
   if (p == "oge") return a.ge(b);
@@ -163,11 +163,11 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
       fail(d.what, name + " takes " + std::to_string(n) + " operands, got " + std::to_string(x.size()));
   };
   auto to_kind = [&](const Tensor &t) {
-    return kind == Kind::Real ? t.to(env.dtype) : kind == Kind::Int ? t.to(torch::kLong) : t.to(torch::kBool);
+    return kind == Kind::Real ? t.to(env.dtype) : kind == Kind::Int ? t.to(at::kLong) : t.to(at::kBool);
   };
   if (name == "arith.constant" || name == "ape.constant") {
     const json &v = op.at("value");
-    if (kind == Kind::Bool) return torch::scalar_tensor(v.get<bool>(), torch::dtype(torch::kBool));
+    if (kind == Kind::Bool) return at::scalar_tensor(v.get<bool>(), at::dtype(at::kBool));
     if (kind == Kind::Int) return index_scalar(v.get<int64_t>());
     return scalar(real(v, d.what), env);
   }
@@ -181,27 +181,27 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
   if (name == "arith.subf" || name == "arith.subi") return need(2), x[0] - x[1];
   if (name == "arith.mulf" || name == "arith.muli") return need(2), x[0] * x[1];
   if (name == "arith.divf") return need(2), x[0] / x[1];
-  if (name == "arith.remf") return need(2), torch::fmod(x[0], x[1]);
+  if (name == "arith.remf") return need(2), at::fmod(x[0], x[1]);
   if (name == "arith.negf") return need(1), -x[0];
   if (name == "arith.divsi") return need(2), div_trunc(x[0], x[1]);
   if (name == "arith.remsi") return need(2), rem_trunc(x[0], x[1]);
-  if (name == "arith.floordivsi") return need(2), torch::div(x[0], x[1], "floor");
-  if (name == "arith.ceildivsi") return need(2), -torch::div(-x[0], x[1], "floor");
+  if (name == "arith.floordivsi") return need(2), at::div(x[0], x[1], "floor");
+  if (name == "arith.ceildivsi") return need(2), -at::div(-x[0], x[1], "floor");
   if (name == "arith.divui") return need(2), require_nonnegative(x, name, d), div_trunc(x[0], x[1]);
   if (name == "arith.remui") return need(2), require_nonnegative(x, name, d), rem_trunc(x[0], x[1]);
-  if (name == "arith.maxsi") return need(2), torch::maximum(x[0], x[1]);
-  if (name == "arith.minsi") return need(2), torch::minimum(x[0], x[1]);
-  if (name == "arith.maxui") return need(2), require_nonnegative(x, name, d), torch::maximum(x[0], x[1]);
-  if (name == "arith.minui") return need(2), require_nonnegative(x, name, d), torch::minimum(x[0], x[1]);
-  // maximumf / minimumf propagate NaN (torch::maximum does); maxnumf / minnumf prefer the number.
-  if (name == "arith.maximumf") return need(2), torch::maximum(x[0], x[1]);
-  if (name == "arith.minimumf") return need(2), torch::minimum(x[0], x[1]);
-  if (name == "arith.maxnumf") return need(2), torch::fmax(x[0], x[1]);
-  if (name == "arith.minnumf") return need(2), torch::fmin(x[0], x[1]);
+  if (name == "arith.maxsi") return need(2), at::maximum(x[0], x[1]);
+  if (name == "arith.minsi") return need(2), at::minimum(x[0], x[1]);
+  if (name == "arith.maxui") return need(2), require_nonnegative(x, name, d), at::maximum(x[0], x[1]);
+  if (name == "arith.minui") return need(2), require_nonnegative(x, name, d), at::minimum(x[0], x[1]);
+  // maximumf / minimumf propagate NaN (at::maximum does); maxnumf / minnumf prefer the number.
+  if (name == "arith.maximumf") return need(2), at::maximum(x[0], x[1]);
+  if (name == "arith.minimumf") return need(2), at::minimum(x[0], x[1]);
+  if (name == "arith.maxnumf") return need(2), at::fmax(x[0], x[1]);
+  if (name == "arith.minnumf") return need(2), at::fmin(x[0], x[1]);
   if (name == "arith.andi") return need(2), kind == Kind::Bool ? x[0].logical_and(x[1]) : x[0].bitwise_and(x[1]);
   if (name == "arith.ori") return need(2), kind == Kind::Bool ? x[0].logical_or(x[1]) : x[0].bitwise_or(x[1]);
   if (name == "arith.xori") return need(2), kind == Kind::Bool ? x[0].logical_xor(x[1]) : x[0].bitwise_xor(x[1]);
-  if (name == "arith.select") return need(3), torch::where(x[0], x[1], x[2]);
+  if (name == "arith.select") return need(3), at::where(x[0], x[1], x[2]);
   if (name == "arith.cmpf") return need(2), compare_f(op.at("predicate"), x[0], x[1], d);
   if (name == "arith.cmpi") return need(2), compare_i(op.at("predicate"), x[0], x[1], d);
   // Conversions: integers are int64 throughout; fptosi truncates toward zero.
@@ -210,34 +210,34 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
     return need(1), to_kind(x[0]);
   if (name == "arith.sitofp") return need(1), x[0].to(env.dtype);
   if (name == "arith.uitofp") return need(1), require_nonnegative(x, name, d), x[0].to(env.dtype);
-  if (name == "arith.fptosi" || name == "arith.fptoui") return need(1), torch::trunc(x[0]).to(torch::kLong);
+  if (name == "arith.fptosi" || name == "arith.fptoui") return need(1), at::trunc(x[0]).to(at::kLong);
   if (name == "arith.extf" || name == "arith.truncf") return need(1), x[0];
   // math
-  if (name == "math.exp") return need(1), torch::exp(x[0]);
-  if (name == "math.exp2") return need(1), torch::exp2(x[0]);
-  if (name == "math.expm1") return need(1), torch::expm1(x[0]);
-  if (name == "math.log") return need(1), torch::log(x[0]);
-  if (name == "math.log2") return need(1), torch::log2(x[0]);
-  if (name == "math.log10") return need(1), torch::log10(x[0]);
-  if (name == "math.log1p") return need(1), torch::log1p(x[0]);
-  if (name == "math.sqrt") return need(1), torch::sqrt(x[0]);
-  if (name == "math.rsqrt") return need(1), torch::rsqrt(x[0]);
-  if (name == "math.sin") return need(1), torch::sin(x[0]);
-  if (name == "math.cos") return need(1), torch::cos(x[0]);
-  if (name == "math.tan") return need(1), torch::tan(x[0]);
-  if (name == "math.tanh") return need(1), torch::tanh(x[0]);
-  if (name == "math.atan") return need(1), torch::atan(x[0]);
-  if (name == "math.atan2") return need(2), torch::atan2(x[0], x[1]);
-  if (name == "math.erf") return need(1), torch::erf(x[0]);
-  if (name == "math.absf") return need(1), torch::abs(x[0]);
-  if (name == "math.floor") return need(1), torch::floor(x[0]);
-  if (name == "math.ceil") return need(1), torch::ceil(x[0]);
-  if (name == "math.trunc") return need(1), torch::trunc(x[0]);
-  if (name == "math.roundeven") return need(1), torch::round(x[0]);
-  // math.round rounds half away from zero (torch::round rounds half to even).
-  if (name == "math.round") return need(1), torch::sign(x[0]) * torch::floor(torch::abs(x[0]) + 0.5);
-  if (name == "math.powf") return need(2), torch::pow(x[0], x[1]);
-  if (name == "math.copysign") return need(2), torch::copysign(x[0], x[1]);
+  if (name == "math.exp") return need(1), at::exp(x[0]);
+  if (name == "math.exp2") return need(1), at::exp2(x[0]);
+  if (name == "math.expm1") return need(1), at::expm1(x[0]);
+  if (name == "math.log") return need(1), at::log(x[0]);
+  if (name == "math.log2") return need(1), at::log2(x[0]);
+  if (name == "math.log10") return need(1), at::log10(x[0]);
+  if (name == "math.log1p") return need(1), at::log1p(x[0]);
+  if (name == "math.sqrt") return need(1), at::sqrt(x[0]);
+  if (name == "math.rsqrt") return need(1), at::rsqrt(x[0]);
+  if (name == "math.sin") return need(1), at::sin(x[0]);
+  if (name == "math.cos") return need(1), at::cos(x[0]);
+  if (name == "math.tan") return need(1), at::tan(x[0]);
+  if (name == "math.tanh") return need(1), at::tanh(x[0]);
+  if (name == "math.atan") return need(1), at::atan(x[0]);
+  if (name == "math.atan2") return need(2), at::atan2(x[0], x[1]);
+  if (name == "math.erf") return need(1), at::erf(x[0]);
+  if (name == "math.absf") return need(1), at::abs(x[0]);
+  if (name == "math.floor") return need(1), at::floor(x[0]);
+  if (name == "math.ceil") return need(1), at::ceil(x[0]);
+  if (name == "math.trunc") return need(1), at::trunc(x[0]);
+  if (name == "math.roundeven") return need(1), at::round(x[0]);
+  // math.round rounds half away from zero (at::round rounds half to even).
+  if (name == "math.round") return need(1), at::sign(x[0]) * at::floor(at::abs(x[0]) + 0.5);
+  if (name == "math.powf") return need(2), at::pow(x[0], x[1]);
+  if (name == "math.copysign") return need(2), at::copysign(x[0], x[1]);
   if (name == "math.fma") return need(3), x[0] * x[1] + x[2];
   fail(d.what, "op '" + name + "' has no reference evaluation");
 }
@@ -287,14 +287,14 @@ Tensor partner_index(const std::string &pairing, double fraction, int64_t D) {
     else if (pairing == "half") p[c] = c < half ? c + half : c - half;
     else p[c] = c ^ 1;
   }
-  return torch::tensor(p, torch::kLong);
+  return at::tensor(p, at::kLong);
 }
 
 // Every q_mod (or k_mod) in order on x [B, H, T, D].
 Tensor apply_mods(const json &mods, Tensor x, const Env &env) {
-  const Tensor c = torch::arange(env.D, torch::kLong).view({1, 1, 1, env.D});
-  const Tensor t = torch::arange(env.T, torch::kLong).view({1, 1, env.T, 1});
-  const Tensor h = torch::arange(env.H, torch::kLong).view({1, env.H, 1, 1});
+  const Tensor c = at::arange(env.D, at::kLong).view({1, 1, 1, env.D});
+  const Tensor t = at::arange(env.T, at::kLong).view({1, 1, env.T, 1});
+  const Tensor h = at::arange(env.H, at::kLong).view({1, env.H, 1, 1});
   for (const json &m : mods) {
     const std::string pairing = m.at("pairing");
     if (pairing != "none" && pairing != "half" && pairing != "interleaved")
@@ -364,7 +364,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     Env env;
     env.data = &d;
     env.dtype = q_in.scalar_type();
-    if (env.dtype != torch::kFloat64 && env.dtype != torch::kFloat32)
+    if (env.dtype != at::kDouble && env.dtype != at::kFloat)
       fail(d.what, "the reference runs in float64 or float32");
     if (q_in.dim() != 4) fail(d.what, "q must be [B, H, T, D]");
     env.B = q_in.size(0), env.H = q_in.size(1), env.T = q_in.size(2), env.D = q_in.size(3);
@@ -396,7 +396,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
         const size_t in = t.at("input");
         if (in >= env.tok.size()) fail(d.what, "a token op reads a later slot");
         if (op == "map") env.tok.push_back(yield_real(t.at("body"), {env.tok[in]}, env, {B, H, T}));
-        else if (op == "scan") env.tok.push_back(torch::cumsum(env.tok[in], 2));
+        else if (op == "scan") env.tok.push_back(at::cumsum(env.tok[in], 2));
         else fail(d.what, "unknown token op '" + op + "'");
       }
     }
@@ -418,34 +418,34 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
         if (bias >= env.params.size()) fail(d.what, "rel_rows names an unknown bias");
         x = x + env.params[bias].reshape({1, H, 1, D});
       }
-      env.rows.push_back(torch::einsum("bhtd,rhd->bhtr", {x, tab}));
+      env.rows.push_back(at::einsum("bhtd,rhd->bhtr", {x, tab}));
     }
 
     // Logits on the causal pairs (i, j <= i), flattened row by row.
-    const Tensor ii = torch::arange(T, torch::kLong).view({T, 1}).expand({T, T});
-    const Tensor jj = torch::arange(T, torch::kLong).view({1, T}).expand({T, T});
+    const Tensor ii = at::arange(T, at::kLong).view({T, 1}).expand({T, T});
+    const Tensor jj = at::arange(T, at::kLong).view({1, T}).expand({T, T});
     const Tensor causal = jj.le(ii);
     const Tensor pi = ii.masked_select(causal), pj = jj.masked_select(causal);
     const Tensor flat = pi * T + pj;
     const int64_t np = flat.numel();
-    Tensor s = (scale * torch::matmul(q, k.transpose(2, 3))).reshape({B, H, T * T}).index_select(2, flat);
-    const Tensor bb = torch::arange(B, torch::kLong).view({B, 1, 1});
-    const Tensor hh = torch::arange(H, torch::kLong).view({1, H, 1});
+    Tensor s = (scale * at::matmul(q, k.transpose(2, 3))).reshape({B, H, T * T}).index_select(2, flat);
+    const Tensor bb = at::arange(B, at::kLong).view({B, 1, 1});
+    const Tensor hh = at::arange(H, at::kLong).view({1, H, 1});
     const Tensor iv = pi.view({1, 1, np}), jv = pj.view({1, 1, np});
     for (const json &m : doc.at("score_mods")) s = yield_real(m, {s, bb, hh, iv, jv}, env, {B, H, np});
     const double neg_inf = -std::numeric_limits<double>::infinity();
-    const Tensor logits = torch::full({B, H, T * T}, neg_inf, torch::dtype(env.dtype))
+    const Tensor logits = at::full({B, H, T * T}, neg_inf, at::dtype(env.dtype))
                               .scatter(2, flat.view({1, 1, np}).expand({B, H, np}), s)
                               .view({B, H, T, T});
 
     // Softmax; a row without a finite logit has P = 0 (and o = 0).
     Tensor m = std::get<0>(logits.detach().max(3, true));
-    m = torch::where(torch::isfinite(m), m, torch::zeros_like(m));
-    const Tensor e = torch::exp(logits - m);
+    m = at::where(at::isfinite(m), m, at::zeros_like(m));
+    const Tensor e = at::exp(logits - m);
     const Tensor sum = e.sum(3, true);
-    const Tensor P = e / torch::where(sum.gt(0), sum, torch::ones_like(sum));
-    Tensor o = torch::matmul(P, v);
-    const Tensor lse = (m + torch::log(sum)).squeeze(3);
+    const Tensor P = e / at::where(sum.gt(0), sum, at::ones_like(sum));
+    Tensor o = at::matmul(P, v);
+    const Tensor lse = (m + at::log(sum)).squeeze(3);
 
     if (doc.at("value_rows").is_object()) {  // o_i += sum_j P_ij table[r(i, j), h, :]
       const json &vr = doc.at("value_rows");
@@ -456,7 +456,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
         fail(d.what, "a value_rows table must be [rows, heads, head_dim]");
       auto out = eval_region(vr.at("index"), {bb, hh, iv, jv}, env);
       if (out.size() != 1) fail(d.what, "the value_rows index region must yield one index");
-      const Tensor r = clamp_index(out[0].to(torch::kLong), tab.size(0)).expand({B, H, np});
+      const Tensor r = clamp_index(out[0].to(at::kLong), tab.size(0)).expand({B, H, np});
       const Tensor rows = tab.index({r, hh.expand({B, H, np})});  // [B, H, np, D]
       const Tensor p = P.reshape({B, H, T * T}).index_select(2, flat);
       o = o.index_add(2, pi, p.unsqueeze(3) * rows);
@@ -472,11 +472,11 @@ Tensor SpecReference::embedding_table(int64_t T, int64_t d) const {
   if (!has_embedding_table()) fail(data.what, "the spec has no fixed position table");
   Env env;
   env.data = &data;
-  env.dtype = torch::kFloat64;
+  env.dtype = at::kDouble;
   env.T = T;
   try {
-    const Tensor n = torch::arange(T, torch::kLong).view({T, 1});
-    const Tensor c = torch::arange(d, torch::kLong).view({1, d});
+    const Tensor n = at::arange(T, at::kLong).view({T, 1});
+    const Tensor c = at::arange(d, at::kLong).view({1, d});
     return yield_real(data.doc.at("embedding").at("table"), {n, c, index_scalar(d)}, env, {T, d})
         .contiguous();
   } catch (const json::exception &e) {
@@ -490,7 +490,7 @@ std::vector<Tensor> evaluate_reference_region(const std::string &region_json,
   data.what = "a region";
   Env env;
   env.data = &data;
-  env.dtype = torch::kFloat64;
+  env.dtype = at::kDouble;
   try {
     return eval_region(json::parse(region_json), args, env);
   } catch (const json::exception &e) {

@@ -9,16 +9,16 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "runtime/SpecReference.h"
 
 namespace {
 
-using torch::Tensor;
+using at::Tensor;
 
-Tensor idx(int64_t v) { return torch::scalar_tensor(v, torch::kLong); }
-Tensor real(double v) { return torch::scalar_tensor(v, torch::kFloat64); }
+Tensor idx(int64_t v) { return at::scalar_tensor(v, at::kLong); }
+Tensor real(double v) { return at::scalar_tensor(v, at::kDouble); }
 
 // One op `name` of `type` on args 0..n-1 (optionally with a "predicate").
 std::string one_op(const std::string &name, const std::string &type, int args,
@@ -33,7 +33,7 @@ std::string one_op(const std::string &name, const std::string &type, int args,
 double eval1(const std::string &name, const std::string &type, const std::vector<Tensor> &args,
              const std::string &extra = "") {
   auto out = ape::evaluate_reference_region(one_op(name, type, int(args.size()), extra), args);
-  return out.at(0).to(torch::kFloat64).item<double>();
+  return out.at(0).to(at::kDouble).item<double>();
 }
 
 TEST(SpecReference, IntegerDivisionFollowsMlir) {
@@ -125,21 +125,21 @@ TEST(SpecReference, RowWithoutVisibleKey) {
       {"op": "arith.constant", "type": "f32", "operands": [], "value": "-inf"},
       {"op": "arith.select", "type": "f32", "operands": [10, 11, 0]}], "yield": [12]}]})";
   const ape::SpecReference ref = ape::SpecReference::parse(doc, "test data");
-  torch::manual_seed(0);
-  const auto opt = torch::TensorOptions().dtype(torch::kFloat64);
-  Tensor q = torch::randn({1, 1, 4, 2}, opt).requires_grad_(), k = torch::randn({1, 1, 4, 2}, opt).requires_grad_();
-  Tensor v = torch::randn({1, 1, 4, 2}, opt).requires_grad_();
+  at::manual_seed(0);
+  const auto opt = at::TensorOptions().dtype(at::kDouble);
+  Tensor q = at::randn({1, 1, 4, 2}, opt).requires_grad_(), k = at::randn({1, 1, 4, 2}, opt).requires_grad_();
+  Tensor v = at::randn({1, 1, 4, 2}, opt).requires_grad_();
   const auto r = ref.attention(q, k, v, {}, {}, 0.5);
   EXPECT_TRUE(r.o[0][0][0].eq(0).all().item<bool>());
   EXPECT_EQ(r.lse[0][0][0].item<double>(), -std::numeric_limits<double>::infinity());
   // Row 2 sees keys 1 and 2: o_2 = softmax(0.5 q_2 . k_{1,2}) v_{1,2}.
-  const Tensor l = 0.5 * torch::matmul(k.detach()[0][0].slice(0, 1, 3), q.detach()[0][0][2]);
-  const Tensor want = torch::matmul(torch::softmax(l, 0), v.detach()[0][0].slice(0, 1, 3));
-  EXPECT_TRUE(torch::allclose(r.o.detach()[0][0][2], want, 1e-14, 1e-14));
+  const Tensor l = 0.5 * at::matmul(k.detach()[0][0].slice(0, 1, 3), q.detach()[0][0][2]);
+  const Tensor want = at::matmul(at::softmax(l, 0), v.detach()[0][0].slice(0, 1, 3));
+  EXPECT_TRUE(at::allclose(r.o.detach()[0][0][2], want, 1e-14, 1e-14));
   r.o.sum().backward();
   EXPECT_TRUE(q.grad()[0][0][0].eq(0).all().item<bool>());
-  EXPECT_TRUE(torch::isfinite(q.grad()).all().item<bool>());
-  EXPECT_TRUE(torch::isfinite(k.grad()).all().item<bool>());
+  EXPECT_TRUE(at::isfinite(q.grad()).all().item<bool>());
+  EXPECT_TRUE(at::isfinite(k.grad()).all().item<bool>());
 }
 
 TEST(SpecReference, MalformedDataIsAnError) {
