@@ -5,7 +5,9 @@
 //   u32 version                2
 //   u32 n, encoding name       n in [1, 1024]
 //   u64 n, config JSON         {"model": ModelConfig, "train": TrainConfig, "state": the training
-//                              state (Train.h), "result", "data": {vocab, tokenizer_fnv}}
+//                              state (Train.h), "result", "data": {vocab, tokenizer_fnv}, and
+//                              for an encoding trained with --spec "spec": {name, path, fnv,
+//                              text} (SpecLibrary.h)}
 //   u64 count                  tensors, then per tensor:
 //     u32 n, name              n in [1, 4096]
 //     u8 dtype, u8 ndim        dtype 0 f32, 1 f64, 2 i64, 3 u8; ndim <= 8

@@ -75,11 +75,12 @@ std::string join_command(const std::vector<std::string> &args) {
   return cmd;
 }
 
-// Runs `args` (stdin from /dev/null); returns the exit status (-1: not run) and sets `output` to
-// its stdout and stderr together.
-int run_command(const std::vector<std::string> &args, std::string &output) {
+// Runs `args` (in the folder `cwd` when given; stdin from /dev/null); returns the exit status (-1:
+// not run) and sets `output` to its stdout and stderr together.
+int run_command(const std::vector<std::string> &args, std::string &output, const std::string &cwd = "") {
   output.clear();
-  const std::string cmd = join_command(args) + " </dev/null 2>&1";
+  const std::string cmd =
+      (cwd.empty() ? std::string() : "cd " + shell_quote(cwd) + " && ") + join_command(args) + " </dev/null 2>&1";
   FILE *p = ::popen(cmd.c_str(), "r");
   if (!p) return -1;
   char buf[4096];
@@ -277,19 +278,21 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
     lib.cached = true;
   } else {
     // 4. Compile in gen/ (the baseline unit, and the level's through a two-line wrapper, as the
-    // build does), then rename gen/ to dir/: whole or not at all.
+    // build does), then rename gen/ to dir/: whole or not at all. The command names the files
+    // relative to the folder, so command.txt rebuilds the library there.
     std::vector<std::string> cmd = {cxx};
     cmd.insert(cmd.end(), flags.begin(), flags.end());
     cmd.push_back("-o");
-    cmd.push_back((gen / so.filename()).string());
-    cmd.push_back((gen / (lib.name + "_cpu.cpp")).string());
+    cmd.push_back(so.filename().string());
+    cmd.push_back(lib.name + "_cpu.cpp");
     if (choice.level > 0) {
-      const fs::path wrapper = gen / (lib.name + "_cpu_" + lib.level + ".cpp");
-      std::ofstream(wrapper) << "// The " << lib.name << " kernel for the " << lib.level << " level.\n#define APE_KERNEL_LEVEL "
-                             << choice.level << "\n#include \"" << lib.name << "_cpu.cpp\"\n";
-      cmd.push_back(wrapper.string());
+      const std::string wrapper = lib.name + "_cpu_" + lib.level + ".cpp";
+      std::ofstream(gen / wrapper) << "// The " << lib.name << " kernel for the " << lib.level
+                                   << " level.\n#define APE_KERNEL_LEVEL " << choice.level << "\n#include \""
+                                   << lib.name << "_cpu.cpp\"\n";
+      cmd.push_back(wrapper);
     }
-    if (run_command(cmd, out) != 0)
+    if (run_command(cmd, out, gen.string()) != 0)
       throw std::runtime_error("the kernel apec generated from " + path + " does not compile (a bug in APE: "
                                "please report it with the spec):\n" + join_command(cmd) + "\n" + head_lines(out, 40));
     std::ofstream(gen / "command.txt") << join_command(cmd) << "\n";

@@ -95,14 +95,18 @@ class Attention(torch.nn.Module):
         return f"encoding={self.name!r}, features={self.features}, library={self.library_dir!r}"
 
 
-def load(spec, heads=None, head_dim=None, *, apec=None, cache_dir=None, verbose=False):
+def load(spec, heads=None, head_dim=None, *, apec=None, cache_dir=None, verbose=False, cuda_dtypes=None,
+         cuda_head_dims=None):
     """Compiles (cached), builds and loads the spec file `spec`; returns its Attention module.
 
     heads, head_dim: the shape the params are made for (both, or neither: then at the first call,
     from q). apec: the compiler (default $APE_APEC, else build/tools/apec of this checkout).
-    cache_dir: default $APE_CACHE_DIR, else ~/.cache/ape. verbose: say when a library is built."""
+    cache_dir: default $APE_CACHE_DIR, else ~/.cache/ape. verbose: say when a library is built.
+    cuda_dtypes, cuda_head_dims: the CUDA kernels to compile where PyTorch sees a GPU (e.g. ("bf16",)
+    and (64,); default every variant: nvcc takes minutes for all nine)."""
     log = (lambda s: print(s, file=sys.stderr)) if verbose else None
-    name, lib, _ = cached_library(spec, apec=apec, cache_dir=cache_dir, log=log)
+    name, lib, _ = cached_library(spec, apec=apec, cache_dir=cache_dir, log=log, cuda_dtypes=cuda_dtypes,
+                                  cuda_head_dims=cuda_head_dims)
     m = Attention(_import_helper(lib, name), lib)
     if (heads is None) != (head_dim is None):
         raise ValueError("give both heads and head_dim, or neither (then the params are made at the first call)")

@@ -113,7 +113,7 @@ def _remove_stale(cache):
             pass
 
 
-def cached_library(spec, apec=None, cache_dir=None, log=None):
+def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, cuda_head_dims=None):
     """The built operator library folder of `spec`, from the cache or built now.
 
     apec runs every time (a fraction of a second; spec errors surface as its file:line:col); the
@@ -121,6 +121,8 @@ def cached_library(spec, apec=None, cache_dir=None, log=None):
     kernel headers it copies), this Python and its torch version, and the C++ compiler ($CXX).
     The folder is built under a temporary name and renamed into place, so no process sees a
     half-built library, and a lock per key makes a second process wait for the first's build.
+    cuda_dtypes / cuda_head_dims narrow the CUDA variants (apec's --cuda-dtypes, --cuda-head-dims;
+    default: all of bf16, f16, f32 x 32, 64, 128), which nvcc compiles where PyTorch sees a GPU.
     Returns (encoding name, library folder, whether it was cached)."""
     import torch
 
@@ -131,7 +133,12 @@ def cached_library(spec, apec=None, cache_dir=None, log=None):
     tmp = os.path.join(cache, f".tmp-{os.getpid()}-{time.monotonic_ns()}")
     os.makedirs(tmp)
     try:
-        name = emit(apec, os.path.abspath(spec), tmp, ["--source-name", os.path.basename(spec)])
+        extra = ["--source-name", os.path.basename(spec)]
+        if cuda_dtypes:
+            extra.append("--cuda-dtypes=" + ",".join(cuda_dtypes))
+        if cuda_head_dims:
+            extra.append("--cuda-head-dims=" + ",".join(str(d) for d in cuda_head_dims))
+        name = emit(apec, os.path.abspath(spec), tmp, extra)
         h = hashlib.sha256()
         _folder_hash(library_dir(tmp, name), h)
         h.update(f"\0{sys.executable}\0{torch.__version__}\0{os.environ.get('CXX', '')}".encode())

@@ -50,15 +50,17 @@ def test_matches_reference_fp64(spec, T, window):
     dout = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
     fresh = ape.load(spec).materialize(H, D, dtype=torch.float64)
     fresh.fixed.window.fill_(window)
-    assert not fresh.params, "the tutorial's slopes are fixed"
+    slopes = fresh.params["slopes"]  # learned: an nn.Parameter of the module
+    with torch.no_grad():
+        slopes.mul_(1.3)  # away from the initial values
     o = fresh(q, k, v)
-    grads = torch.autograd.grad(o, (q, k, v), dout)
+    grads = torch.autograd.grad(o, (q, k, v, slopes), dout)
     scale = fresh.helper.default_scale(D)
-    o_ref = reference(q, k, v, fresh.fixed.slopes, window, scale)
-    grads_ref = torch.autograd.grad(o_ref, (q, k, v), dout)
+    o_ref = reference(q, k, v, slopes, window, scale)
+    grads_ref = torch.autograd.grad(o_ref, (q, k, v, slopes), dout)
     assert torch.isfinite(o).all()
     close(o, o_ref, "o", atol=1e-10, rtol=1e-9)
-    for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ref):
+    for name, a, b in zip(("dq", "dk", "dv", "dslopes"), grads, grads_ref):
         close(a, b, name, atol=1e-9, rtol=1e-8)
 
 
@@ -66,13 +68,14 @@ def test_module_params_and_cache(spec):
     m = ape.load(spec, heads=4, head_dim=16)
     assert m.name == "sliding_alibi" and m.features == []
     assert float(m.fixed.window) == 64.0  # the manifest's initial value
-    assert m.fixed.slopes.shape == (4,)
+    assert [n for n, _ in m.named_parameters()] == ["params.slopes"]
+    assert m.params["slopes"].shape == (4,) and m.params["slopes"].requires_grad
     name, lib, cached = ape.cached_library(spec)
     assert cached and name == "sliding_alibi" and lib == m.library_dir
     # The module is differentiable as a whole and moves with .double().
     q = torch.randn(1, 4, 5, 16, dtype=torch.float64, requires_grad=True)
     m.double()(q, q, q).sum().backward()
-    assert torch.isfinite(q.grad).all()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(m.params["slopes"].grad).all()
     with pytest.raises(ValueError, match=r"params were made for \(heads, head_dim\) = \(4, 16\)"):
         m(torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16))
 
