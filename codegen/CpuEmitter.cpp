@@ -137,10 +137,14 @@ public:
   std::string get(Value v) { return names.lookup(v); }
 
   /// Emits all ops but the terminator; returns the yielded values' names.
+  /// An op whose result was bound beforehand (a distance `i - j` bound to `d`) is not emitted.
   FailureOr<SmallVector<std::string>> emitBody(Block &block) {
-    for (Operation &op : block.without_terminator())
+    for (Operation &op : block.without_terminator()) {
+      if (op.getNumResults() == 1 && names.count(op.getResult(0)))
+        continue;
       if (failed(emitOp(op)))
         return failure();
+    }
     SmallVector<std::string> out;
     for (Value v : block.getTerminator()->getOperands())
       out.push_back(get(v));
@@ -449,6 +453,87 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorS
   return success();
 }
 
+/// A score mod of the form `s + B(i - j)` (B may be a sum of terms): the bias B reads the query and key positions only
+/// through their difference and does not depend on the logit. The templates then evaluate B once
+/// per distance (a table per (b, h) slice instead of one evaluation per (i, j)) and, in the
+/// backward, call its gradient once per distance with the sum of dS_ij along that diagonal
+/// (B's load gradients are linear in the incoming gradient, so the sum may go first).
+/// Region arguments: body (s, b, h, i, j), grad (s, b, h, i, j, g).
+bool isDistanceBias(ScoreModOp mod) {
+  auto onlyThroughDifference = [](Block &b) {
+    Value i = b.getArgument(3), j = b.getArgument(4);
+    for (Value x : {i, j})
+      for (Operation *user : x.getUsers()) {
+        auto sub = dyn_cast<arith::SubIOp>(user);
+        if (!sub || sub.getLhs() != i || sub.getRhs() != j)
+          return false;
+      }
+    return true;
+  };
+  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  if (!onlyThroughDifference(b) || !onlyThroughDifference(gb))
+    return false;
+  // body: the logit flows to the yield through a chain of additions `(s + X1) + X2 ...` (fused
+  // biases), each value of the chain used once, the X free of s (they cannot read it otherwise).
+  Value v = b.getArgument(0);
+  Operation *yield = b.getTerminator();
+  while (v != yield->getOperand(0)) {
+    if (!v.hasOneUse())
+      return false;
+    auto add = dyn_cast<arith::AddFOp>(*v.getUsers().begin());
+    if (!add || add.getLhs() == add.getRhs())
+      return false;
+    v = add.getResult();
+  }
+  if (!v.hasOneUse() || v == b.getArgument(0))
+    return false;
+  // grad: dS passes through unchanged (d(s + X)/ds = 1) and the logit is not read.
+  return gb.getArgument(0).use_empty() &&
+         gb.getTerminator()->getOperand(0) == gb.getArgument(5);
+}
+
+/// distance_bias(ctx, d) = B(d) and distance_bias_grad(ctx, d, g): B's load gradients for the
+/// incoming gradient g (a diagonal's sum of dS). The bodies are the score mod's own, with
+/// `i - j` bound to d and the logit to 0 (`0 + B(d)` is B(d) exactly; a sum `(s + X1) + X2`
+/// becomes X1 + X2).
+LogicalResult emitDistanceBias(raw_ostream &os, KernelLayout &layout, const FunctorStyle &st) {
+  ScoreModOp mod = layout.score;
+  StringRef args[] = {"T(0)", "ctx.b", "ctx.h", "i", "j", "g"};
+  auto bindDistance = [](RegionWriter &w, Block &b) {
+    for (Operation *user : b.getArgument(3).getUsers())
+      w.bind(user->getResult(0), "d");
+  };
+  os << "  // The score mod is s + B(i - j): B once per distance d (templates: kDistanceBias).\n"
+     << "  static constexpr bool kDistanceBias = true;\n"
+     << st.head << "T distance_bias(" << st.ctx << ", int64_t d) {\n";
+  RegionWriter w(os, layout, "v", kIndent);
+  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  for (unsigned k = 0; k < b.getNumArguments(); ++k)
+    w.bind(b.getArgument(k), args[k]);
+  bindDistance(w, b);
+  auto out = w.emitBody(b);
+  if (failed(out))
+    return failure();
+  os << "    return " << (*out)[0] << ";\n  }\n";
+  os << st.head << "void distance_bias_grad(" << st.ctx << ", int64_t d, T g) {\n";
+  RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
+  for (unsigned k = 0; k < b.getNumArguments(); ++k)
+    primal.bind(b.getArgument(k), args[k]);
+  for (unsigned k = 0; k < gb.getNumArguments(); ++k)
+    grad.bind(gb.getArgument(k), args[k]);
+  bindDistance(primal, b);
+  bindDistance(grad, gb);
+  if (failed(primal.emitBody(b)))
+    return failure();
+  out = grad.emitBody(gb);
+  if (failed(out))
+    return failure();
+  if (failed(emitLoadGrads(os, primal, mod.getBody(), ArrayRef(*out).drop_front(1))))
+    return failure();
+  os << "  }\n";
+  return success();
+}
+
 /// Map functions, then token_forward / token_backward over the token program.
 LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const FunctorStyle &st) {
   unsigned m = 0;
@@ -676,6 +761,8 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   if (failed(emitTokenProgram(os, layout, st)) ||
       failed(emitQKMod(os, layout, layout.qmod, "q", st)) ||
       failed(emitQKMod(os, layout, layout.kmod, "k", st)) || failed(emitScoreMod(os, layout, st)) ||
+      (layout.score && isDistanceBias(layout.score) &&
+       failed(emitDistanceBias(os, layout, st))) ||
       failed(emitEmbedTable(os, layout)))
     return failure();
   os << "};\n";

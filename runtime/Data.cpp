@@ -350,21 +350,27 @@ Corpus Corpus::open(const DataOptions &opts) {
 
 TrainSampler::TrainSampler(const TokenSplit &split, uint64_t seed) : split_(&split), rng_(seed) {}
 
-at::Tensor TrainSampler::next(int64_t batch, int64_t length) {
+at::Tensor TrainSampler::next(int64_t batch, int64_t length) { return next(batch, length, 0, batch); }
+
+at::Tensor TrainSampler::next(int64_t batch, int64_t length, int64_t first, int64_t count) {
+  if (first < 0 || count < 0 || first + count > batch)
+    throw std::invalid_argument("TrainSampler::next: rows [" + std::to_string(first) + ", " +
+                                std::to_string(first + count) + ") outside a batch of " + std::to_string(batch));
   const TokenSplit &s = *split_;
   // starts[i] = number of valid window starts in books 0..i-1
   std::vector<int64_t> cum{0};
   for (int64_t i = 0; i < s.num_docs(); ++i) cum.push_back(cum.back() + std::max<int64_t>(0, s.doc_size(i) - length + 1));
   if (cum.back() == 0)
     throw std::runtime_error("no training book holds a window of " + std::to_string(length) + " tokens");
-  at::Tensor out = at::empty({batch, length}, at::kLong);
+  at::Tensor out = at::empty({count, length}, at::kLong);
   int64_t *o = out.data_ptr<int64_t>();
   std::uniform_int_distribution<int64_t> pick(0, cum.back() - 1);
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t r = pick(rng_);
+    const int64_t r = pick(rng_);  // every row is drawn: the stream is the same on every rank
+    if (b < first || b >= first + count) continue;
     const int64_t d = std::upper_bound(cum.begin(), cum.end(), r) - cum.begin() - 1;
     const int32_t *src = s.doc(d) + (r - cum[d]);
-    for (int64_t t = 0; t < length; ++t) o[b * length + t] = src[t];
+    for (int64_t t = 0; t < length; ++t) o[(b - first) * length + t] = src[t];
   }
   windows_ += batch;
   return out;

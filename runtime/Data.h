@@ -98,6 +98,9 @@ class TrainSampler {
  public:
   TrainSampler(const TokenSplit &split, uint64_t seed);
   at::Tensor next(int64_t batch, int64_t length);  // (batch, length) int64
+  // Draws `batch` windows like next(batch, length) but returns rows [first, first + count) of them,
+  // (count, length): one data-parallel rank's shard of the step's batch (runtime/Distributed.h).
+  at::Tensor next(int64_t batch, int64_t length, int64_t first, int64_t count);
 
   // Its position, for resuming: the engine's state as text (the standard's mt19937_64 format)
   // and the windows drawn so far.

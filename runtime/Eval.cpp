@@ -91,7 +91,8 @@ std::string eval_label(const std::string &trained, const std::string &evaluated,
 }
 
 std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int64_t train_len,
-                              const EvalConfig &cfg, std::ostream *log, const std::string &label) {
+                              const EvalConfig &cfg, std::ostream *log, const std::string &label,
+                              const EvalShard *shard) {
   cfg.validate();
   require_in("the training length", train_len, 1, ape_rules::kMaxLength);
   const int64_t longest = *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
@@ -126,8 +127,9 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
     const int64_t per_batch = std::max<int64_t>(1, cfg.batch_tokens / len);
     double sum = 0;
     int64_t count = 0;
-    for (int64_t i = 0; i < N; i += per_batch) {
-      torch::Tensor w = windows.narrow(0, i, std::min(per_batch, N - i));
+    const int64_t lo = shard ? N * shard->rank / shard->world : 0, hi = shard ? N * (shard->rank + 1) / shard->world : N;
+    for (int64_t i = lo; i < hi; i += per_batch) {
+      torch::Tensor w = windows.narrow(0, i, std::min(per_batch, hi - i));
       torch::Tensor logits = model->forward(w.narrow(1, 0, len));
       torch::Tensor targets = w.narrow(1, 1, len);
       sum += torch::nn::functional::cross_entropy(
@@ -135,6 +137,12 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
                  torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                  .item<double>();
       count += targets.numel();
+    }
+    if (shard) {
+      std::vector<double> total{sum, double(count)};
+      shard->sum(total);
+      sum = total[0];
+      count = static_cast<int64_t>(total[1]);
     }
     EvalRow r;
     r.encoding = name;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <utility>
@@ -39,10 +40,19 @@ struct EvalRow {
 // "1,2,4,8" -> {1, 2, 4, 8}, each in [1, 1024]; throws std::invalid_argument on anything else.
 std::vector<int64_t> parse_multiples(const std::string &text);
 
+// Data parallel (runtime/Distributed.h): rank `rank` of `world` scores windows [N·rank/world,
+// N·(rank+1)/world) of each length, and `sum` adds the (loss sum, token count) pairs of all ranks
+// in place (DataParallel::sum); every rank gets the same rows.
+struct EvalShard {
+  int64_t rank = 0, world = 1;
+  std::function<void(std::vector<double> &)> sum;
+};
+
 // Evaluates `model` (trained at `train_len`) on `split`. `log` (optional) gets a progress line per length.
-// Rows are labelled `label` (default: the model's encoding).
+// Rows are labelled `label` (default: the model's encoding). With a `shard`, this rank's share only.
 std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int64_t train_len,
-                              const EvalConfig &cfg, std::ostream *log = nullptr, const std::string &label = "");
+                              const EvalConfig &cfg, std::ostream *log = nullptr, const std::string &label = "",
+                              const EvalShard *shard = nullptr);
 
 // "NAME=VALUE" (ape-eval --set) -> {NAME, VALUE}; throws std::invalid_argument on anything else.
 std::pair<std::string, double> parse_assignment(const std::string &text);

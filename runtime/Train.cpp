@@ -21,6 +21,7 @@
 
 #include "dialect/ValueRules.h"
 #include "runtime/AtomicFile.h"
+#include "runtime/Distributed.h"
 #include "runtime/Options.h"
 
 namespace ape {
@@ -45,6 +46,7 @@ void TrainConfig::validate() const {
   require_in("--checkpoint-minutes", checkpoint_minutes, 0.0, 1e6);
   if (divergence_factor != 0) require_in("--divergence-factor", divergence_factor, 1.0, 1e6, /*open_low=*/true);
   require_in("--threads", threads, 0, kMaxThreads);
+  require_in("--world-size", world_size, 1, 1 << 20);
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -62,7 +64,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"checkpoint_every", checkpoint_every},
           {"checkpoint_minutes", checkpoint_minutes},
           {"divergence_factor", divergence_factor},
-          {"threads", threads}};
+          {"threads", threads},
+          {"world_size", world_size}};
 }
 
 TrainConfig TrainConfig::from_json(const nlohmann::json &j) {
@@ -86,6 +89,7 @@ TrainConfig TrainConfig::from_json(const nlohmann::json &j) {
     c.checkpoint_minutes = j.value("checkpoint_minutes", 0.0);
     c.divergence_factor = j.value("divergence_factor", 2.0);
     c.threads = j.value("threads", int64_t{0});
+    c.world_size = j.value("world_size", int64_t{1});
   } catch (const nlohmann::json::exception &e) {
     throw std::runtime_error(std::string("training config JSON: ") + e.what());
   }
@@ -191,7 +195,8 @@ TrainResult Trainer::result() const {
   res.steps = state_.step;
   res.losses = state_.losses;
   res.seconds = state_.elapsed;
-  res.tokens_per_second = res.seconds > 0 ? double(res.steps * cfg_.batch * cfg_.seq_len) / res.seconds : 0.0;
+  res.tokens_per_second =
+      res.seconds > 0 ? double(res.steps * cfg_.batch * cfg_.world_size * cfg_.seq_len) / res.seconds : 0.0;
   if (!res.losses.empty()) {
     res.first_loss = res.losses.front();
     const size_t n = std::min<size_t>(20, res.losses.size());
@@ -203,6 +208,20 @@ TrainResult Trainer::result() const {
 }
 
 void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
+  if (dp_) {  // every rank holds the same model and data position; rank 0 writes them
+    std::vector<at::Tensor> tensors;
+    for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);
+    const std::string engine = sampler_.engine_state();
+    const int64_t position[2] = {state_.step, sampler_.windows()};
+    uint64_t h = fingerprint(tensors);
+    h = fnv1a(engine.data(), engine.size(), h);
+    h = fnv1a(position, sizeof position, h);
+    dp_->check_same(h, "the model and data position at step " + std::to_string(state_.step));
+    if (dp_->rank() != 0) return;
+  }
+  nlohmann::json samplers = nlohmann::json::array();
+  for (int64_t r = 0; r < cfg_.world_size; ++r)
+    samplers.push_back({{"rank", r}, {"engine", sampler_.engine_state()}, {"windows", sampler_.windows()}});
   nlohmann::json config = extra.is_object() ? extra : nlohmann::json::object();
   config["model"] = model_->config().to_json();
   config["train"] = cfg_.to_json();
@@ -211,9 +230,7 @@ void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
                      {"losses", state_.losses},
                      {"complete", state_.complete},
                      {"threads", at::get_num_threads()},
-                     {"samplers", nlohmann::json::array({{{"rank", 0},
-                                                          {"engine", sampler_.engine_state()},
-                                                          {"windows", sampler_.windows()}}})}};
+                     {"samplers", samplers}};
   if (state_.complete) config["result"] = result().to_json();
   auto tensors = model_tensors(model_);
   for (const auto &[name, p] : impl_->named) {
@@ -244,6 +261,17 @@ void Trainer::restore(const Checkpoint &ckpt) {
   } catch (const std::exception &e) {
     throw fail(std::string("bad training config: ") + e.what());
   }
+  const int64_t saved_world = saved.world_size;
+  if (saved.world_size != cfg_.world_size) {
+    // Another number of ranks: the data position maps exactly when the global batch is the same.
+    if (saved.batch * saved.world_size != cfg_.batch * cfg_.world_size)
+      throw fail("it was written by " + std::to_string(saved.world_size) + " data-parallel rank(s) of batch " +
+                 std::to_string(saved.batch) + " (global batch " + std::to_string(saved.batch * saved.world_size) +
+                 "); this run has " + std::to_string(cfg_.world_size) + " of batch " + std::to_string(cfg_.batch) +
+                 ": resume with a number of ranks that divides the global batch");
+    saved.batch = cfg_.batch;
+    saved.world_size = cfg_.world_size;
+  }
   if (saved.to_json() != cfg_.to_json())
     throw fail("its training config differs from this run's: " + ckpt.config.at("train").dump());
   const auto st = ckpt.config.find("state");
@@ -258,10 +286,18 @@ void Trainer::restore(const Checkpoint &ckpt) {
     s.losses = st->at("losses").get<std::vector<double>>();
     s.complete = st->at("complete").get<bool>();
     const auto &samplers = st->at("samplers");
-    if (!samplers.is_array() || samplers.size() != 1 || samplers[0].at("rank").get<int64_t>() != 0)
-      throw std::runtime_error("\"samplers\" must hold one entry, for rank 0 (a single-process run)");
+    if (!samplers.is_array() || int64_t(samplers.size()) != saved_world)
+      throw std::runtime_error("\"samplers\" must hold one entry per rank (" + std::to_string(saved_world) +
+                               ", the run's world_size)");
     engine = samplers[0].at("engine").get<std::string>();
     windows = samplers[0].at("windows").get<int64_t>();
+    for (int64_t r = 0; r < saved_world; ++r) {
+      if (samplers[r].at("rank").get<int64_t>() != r)
+        throw std::runtime_error("\"samplers\" entry " + std::to_string(r) + " is not rank " + std::to_string(r) + "'s");
+      // The ranks share one window stream: their positions must be the same.
+      if (samplers[r].at("engine").get<std::string>() != engine || samplers[r].at("windows").get<int64_t>() != windows)
+        throw std::runtime_error("the data positions of rank 0 and rank " + std::to_string(r) + " differ");
+    }
   } catch (const std::exception &e) {
     throw fail(std::string("bad training state: ") + e.what());
   }
@@ -272,9 +308,10 @@ void Trainer::restore(const Checkpoint &ckpt) {
   if (!(s.elapsed >= 0 && std::isfinite(s.elapsed))) throw fail("bad elapsed_seconds");
   for (double l : s.losses)
     if (!std::isfinite(l)) throw fail("a non-finite loss in the loss history");
-  if (windows != s.step * cfg_.batch)
+  if (windows != s.step * cfg_.batch * cfg_.world_size)
     throw fail(std::to_string(windows) + " windows drawn in " + std::to_string(s.step) + " steps of batch " +
-               std::to_string(cfg_.batch));
+               std::to_string(cfg_.batch) +
+               (cfg_.world_size > 1 ? " x " + std::to_string(cfg_.world_size) + " ranks" : std::string()));
   TrainSampler probe = sampler_;
   try {
     probe.restore(engine, windows);
@@ -348,20 +385,37 @@ void Trainer::restore(const Checkpoint &ckpt) {
   state_ = s;
 }
 
+void Trainer::distribute(DataParallel &dp) {
+  if (dp.world_size() != cfg_.world_size)
+    throw std::invalid_argument("Trainer::distribute: the group has " + std::to_string(dp.world_size()) +
+                                " ranks, the training config's world_size is " + std::to_string(cfg_.world_size));
+  // The same command on every rank: settings, model and encoding (a rank started with another
+  // --batch or --seed would silently train something else). Threads may differ (machines differ).
+  nlohmann::json train = cfg_.to_json();
+  train.erase("threads");
+  const std::string settings = train.dump() + model_->config().to_json().dump();
+  dp.check_same(fnv1a(settings.data(), settings.size()), "the training settings and model config");
+  std::vector<at::Tensor> tensors;
+  for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);
+  dp.broadcast_from_root(tensors, "the initial model");
+  dp_ = &dp;
+}
+
 TrainResult Trainer::run(std::ostream &out, const std::string &label, const std::string &checkpoint_path,
                          const nlohmann::json &extra) {
   const TrainConfig &cfg = cfg_;
   auto &opt = *impl_->opt;
   model_->train();
   const double budget_s = cfg.minutes * 60.0;
-  const int64_t tokens_per_step = cfg.batch * cfg.seq_len;
+  const int64_t tokens_per_step = cfg.batch * cfg.world_size * cfg.seq_len;  // of all ranks
+  const int64_t rank = dp_ ? dp_->rank() : 0;
   const std::string prefix = label.empty() ? "" : "[" + label + "] ";
   const std::string who = label.empty() ? std::string() : label + ": ";
   const auto t0 = clock_type::now();
   const double elapsed0 = state_.elapsed;  // trained before this run (resumed)
   const int64_t step0 = state_.step;
   auto last_print = t0 - std::chrono::seconds(10);
-  auto last_save = t0;
+  double last_save = elapsed0;  // state_.elapsed at the last checkpoint
   size_t last_width = 0;
   auto end_line = [&] {
     if (cfg.progress && cfg.progress_in_place && last_width) out << "\n";
@@ -375,9 +429,12 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     return "the checkpoint of step " + std::to_string(saved_step) + " (" + checkpoint_path + ") is kept";
   };
 
+  // The clock every rank goes by: this process's, or, data parallel, the ranks' agreed one, taken
+  // once a step together with the stop requests (below); the loop's branches follow it alike.
+  state_.elapsed = elapsed0;
   for (;;) {
     const int64_t step = state_.step;
-    state_.elapsed = elapsed0 + since_start();
+    if (!dp_) state_.elapsed = elapsed0 + since_start();
     const double p_steps = cfg.steps > 0 ? double(step) / double(cfg.steps) : 0.0;
     const double p_time = budget_s > 0 ? state_.elapsed / budget_s : 0.0;
     const double progress = std::max(p_steps, p_time);
@@ -386,10 +443,15 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     const double lr = learning_rate(cfg, step, progress);
     for (auto &g : opt.param_groups()) static_cast<torch::optim::AdamWOptions &>(g.options()).lr(lr);
 
-    torch::Tensor windows = sampler_.next(cfg.batch, cfg.seq_len + 1);
+    // This rank's rows of the step's draw (all of it in a single process).
+    torch::Tensor windows = sampler_.next(cfg.batch * cfg.world_size, cfg.seq_len + 1, rank * cfg.batch, cfg.batch);
     opt.zero_grad();
     torch::Tensor loss = model_->loss(windows);
-    const double l = loss.item<double>();
+    double l = loss.item<double>();
+    if (dp_) {  // the mean loss and gradients over the ranks: every rank then decides alike
+      loss.backward();
+      l = dp_->average_gradients(impl_->params, l, step + 1);
+    }
     char lr_text[32];
     std::snprintf(lr_text, sizeof lr_text, "%.3g", lr);
     if (!std::isfinite(l)) {
@@ -400,7 +462,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
                              (where.empty() ? "" : "; first non-finite value: " + where) +
                              ". Training stopped; " + kept() + ". Try a lower --lr.");
     }
-    loss.backward();
+    if (!dp_) loss.backward();
     const double gnorm = torch::nn::utils::clip_grad_norm_(impl_->params, cfg.grad_clip);
     if (!std::isfinite(gnorm)) {
       end_line();
@@ -438,20 +500,27 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     }
 
     const auto now = clock_type::now();
-    state_.elapsed = elapsed0 + since_start();
+    bool stop = false;
+    if (dp_) {
+      const auto [seconds, any_stop] = dp_->agree(since_start(), interrupt && interrupt(state_), state_.step);
+      state_.elapsed = elapsed0 + seconds;
+      stop = any_stop;
+    } else {
+      state_.elapsed = elapsed0 + since_start();
+    }
     const bool done_soon = (cfg.steps > 0 && state_.step >= cfg.steps) || (budget_s > 0 && state_.elapsed >= budget_s);
-    if (!done_soon && interrupt && interrupt(state_)) {
+    if (!dp_ && !done_soon) stop = interrupt && interrupt(state_);
+    if (!done_soon && stop) {
       end_line();
       if (!checkpoint_path.empty()) save(checkpoint_path, extra);
       return result();
     }
     if (!checkpoint_path.empty() && !done_soon &&
         ((cfg.checkpoint_every > 0 && state_.step % cfg.checkpoint_every == 0) ||
-         (cfg.checkpoint_minutes > 0 &&
-          std::chrono::duration<double>(now - last_save).count() >= cfg.checkpoint_minutes * 60.0))) {
+         (cfg.checkpoint_minutes > 0 && state_.elapsed - last_save >= cfg.checkpoint_minutes * 60.0))) {
       save(checkpoint_path, extra);
       saved_step = state_.step;
-      last_save = clock_type::now();
+      last_save = state_.elapsed;
     }
 
     if (cfg.progress) {

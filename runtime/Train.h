@@ -7,13 +7,22 @@
 //   config "train"  the TrainConfig (the resumed run uses it, not the command line)
 //   config "state"  {"step": steps done, "elapsed_seconds": training time so far, "losses": one per
 //                    step, "complete": the budget is spent, "threads": intra-op threads,
-//                    "samplers": [{"rank": 0, "engine": the data sampler's mt19937_64 state,
-//                                  "windows": windows drawn}]}
-//                   "samplers" holds one entry per data-parallel rank, by rank (one today); a
-//                   distributed run adds its ranks' positions there.
+//                    "samplers": [{"rank": r, "engine": the data sampler's mt19937_64 state,
+//                                  "windows": windows drawn}, ...]}
+//                   "samplers" holds one entry per data-parallel rank, by rank (world_size of the
+//                   "train" config; 1 for a single process). The ranks of a data-parallel run share
+//                   one window stream (runtime/Distributed.h), so every entry is the same position:
+//                   windows = step x batch x world_size; rank r keeps rows [r·batch, (r+1)·batch)
+//                   of each step's draw. Before writing, the ranks check that their models and
+//                   positions agree; rank 0 writes the file.
 //   tensors         "train/adam/<param>/exp_avg", ".../exp_avg_sq" (AdamW's moments, f32, the
 //                    param's shape) and ".../step" (i64 scalar) per parameter with optimizer state;
 //                    "train/rng/cpu" (u8): LibTorch's CPU generator.
+// Data parallel (Trainer::distribute, runtime/Distributed.h): N ranks with `batch` each take the
+// step a single process with batch N·batch takes (the same windows, the mean loss and gradient, to
+// the rounding of the all-reduce). A run may resume on another number of ranks when the global
+// batch stays the same (ape-train then sets batch = global / N); the data position maps exactly.
+//
 // A run resumed from its last checkpoint (Trainer::restore) continues with the same optimizer
 // moments, step, learning-rate schedule position, data order and random state, so with a step
 // budget and the same thread count it ends bit-identical to the run that was never interrupted
@@ -42,6 +51,7 @@
 #include "runtime/Model.h"
 
 namespace ape {
+class DataParallel;
 
 struct TrainConfig {
   int64_t steps = 0;        // step budget (0: none; then minutes must be > 0)
@@ -59,6 +69,7 @@ struct TrainConfig {
   double checkpoint_minutes = 10;  // minutes between checkpoints (0: none by time)
   double divergence_factor = 2.0;  // stop when the recent mean loss exceeds this x the first (0: never)
   int64_t threads = 0;             // intra-op threads the run uses (0: all); recorded for resuming
+  int64_t world_size = 1;          // data-parallel ranks; `batch` is each rank's (global: batch x world_size)
   bool progress = true;       // print the progress line
   bool progress_in_place = true;  // refresh it with '\r' (a terminal); otherwise a line now and then
 
@@ -70,7 +81,7 @@ struct TrainConfig {
 struct TrainResult {
   int64_t steps = 0;
   double seconds = 0;
-  double tokens_per_second = 0;
+  double tokens_per_second = 0;  // of all ranks together
   double first_loss = 0;  // loss of the first step
   double final_loss = 0;  // mean loss of the last min(20, steps) steps
   std::vector<double> losses;
@@ -111,6 +122,12 @@ class Trainer {
   // it; the trainer is then unchanged.
   void restore(const Checkpoint &ckpt);
 
+  // Trains as one rank of `dp` (cfg.world_size must be its size): checks that every rank has the
+  // same settings and model layout, copies rank 0's initial model to all, and from then on takes
+  // this rank's shard of every batch and averages the gradients over the ranks. Call before
+  // restore() and run(); `dp` must outlive the trainer. Throws GroupError (Distributed.h).
+  void distribute(DataParallel &dp);
+
   // Trains until the budget is spent. With a `checkpoint_path`, writes a checkpoint there every
   // cfg.checkpoint_every steps and every cfg.checkpoint_minutes minutes, and at the end (complete);
   // `extra` is added to each checkpoint's config (e.g. "data"). Throws TrainingDiverged.
@@ -134,6 +151,7 @@ class Trainer {
   TrainSampler &sampler_;
   TrainConfig cfg_;
   TrainState state_;
+  DataParallel *dp_ = nullptr;
 };
 
 // Trains in place from the start, no checkpoints (Trainer::run). `label` prefixes the progress line.

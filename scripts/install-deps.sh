@@ -18,6 +18,7 @@ packages=(
   libopenblas0                                             # fast BLAS for the fp64 references
   libsentencepiece-dev libgtest-dev nlohmann-json3-dev libcli11-dev
   libboost-context-dev                                     # fibers of the SIMT emulator
+  libgloo-dev          # Gloo's headers for LibTorch's c10d Gloo header (docs/distributed.md)
   clang libclang-rt-dev                                    # libFuzzer, ASan, UBSan (fuzz/run.sh)
   python3 python3-venv
   qemu-user                    # the kernels on emulated older CPUs (test/unit/cpu_levels_qemu.sh)

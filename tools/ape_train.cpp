@@ -5,6 +5,7 @@
 //   ape-train --spec my_encoding.mlir --minutes 2   # a spec file of your own, compiled now (cached)
 //   ape-train --resume runs/rope.ckpt          # continue an interrupted run where it stopped
 //   ape-train --list
+//   torchrun --nproc-per-node 2 --no-python ape-train --encoding rope --steps 200   # data parallel
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -24,6 +26,7 @@
 #include "runtime/AtomicFile.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
+#include "runtime/Distributed.h"
 #include "runtime/Eval.h"
 #include "runtime/Model.h"
 #include "runtime/Options.h"
@@ -45,9 +48,11 @@ struct Interrupted : std::runtime_error {
 
 // One encoding's run: a fresh one, or the continuation of `resume`. Returns its evaluation rows;
 // throws ape::TrainingDiverged when training stops.
+// With `dp`, as one rank of a data-parallel run (runtime/Distributed.h): rank 0 prints and writes.
 std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelConfig &mc, const ape::TrainConfig &tc,
                                     const ape::Corpus &corpus, const ape::EvalConfig &ec, const std::string &ckpt,
-                                    const ape::Checkpoint *resume, const std::string &budget) {
+                                    const ape::Checkpoint *resume, const std::string &budget,
+                                    ape::DataParallel *dp) {
   torch::manual_seed(tc.seed);
   ape::ModelConfig cfg = mc;
   cfg.encoding = name;
@@ -55,8 +60,12 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   ape::TrainSampler sampler(corpus.train(), tc.seed);
   ape::Trainer trainer(model, sampler, tc);
   std::cout << "\n[" << name << "] " << model->num_parameters() << " parameters; d " << cfg.d_model << ", "
-            << cfg.layers << " layers, " << cfg.heads << " heads, L " << tc.seq_len << ", batch " << tc.batch
-            << ", budget " << budget << "\n";
+            << cfg.layers << " layers, " << cfg.heads << " heads, L " << tc.seq_len << ", batch " << tc.batch;
+  if (dp) std::cout << " x " << tc.world_size << " ranks";
+  std::cout << ", budget " << budget << "\n";
+  if (dp) trainer.distribute(*dp);
+  const double reduce0 = dp ? dp->reduce_seconds() : 0;
+  const int64_t calls0 = dp ? dp->reduce_calls() : 0;
   if (resume) {
     trainer.restore(*resume);
     std::cout << "[" << name << "] resumed from " << resume->path << " at step " << trainer.state().step << " ("
@@ -67,18 +76,40 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
       {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}}};  // a resumed run evaluates the same way
   if (const ape::SpecLibrary *spec = ape::registered_spec(name))
     extra["spec"] = spec->record();  // ape-eval and --resume rebuild the kernel from it
-  trainer.interrupt = [](const ape::TrainState &) { return g_stop != 0; };
+  // Test hook (test/distributed): APE_TEST_STOP_AFTER_STEP=N asks to stop, as Ctrl-C does, once N
+  // steps are done: one rank asking stops every rank at the same step.
+  const char *stop_env = std::getenv("APE_TEST_STOP_AFTER_STEP");
+  const int64_t stop_after = stop_env ? std::atoll(stop_env) : 0;
+  trainer.interrupt = [stop_after](const ape::TrainState &s) {
+    return g_stop != 0 || (stop_after > 0 && s.step >= stop_after);
+  };
   ape::TrainResult res = trainer.run(std::cout, name, ckpt, extra);
   if (!trainer.state().complete)
     throw Interrupted("[" + name + "] interrupted at step " + std::to_string(trainer.state().step) +
-                      "; checkpoint -> " + ckpt + "; continue with: ape-train --resume " + ckpt);
+                      "; checkpoint -> " + ckpt + "; continue with: ape-train --resume " + ckpt +
+                      (dp ? " (started like this run, on every rank)" : ""));
   char summary[256];
   std::snprintf(summary, sizeof summary,
                 "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last %lld steps)\n",
                 name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss, res.final_loss,
                 (long long)std::min<int64_t>(20, res.steps));
-  std::cout << summary << "[" << name << "] checkpoint -> " << ckpt << "\n";
-  return ape::evaluate(model, corpus.test(), tc.seq_len, ec, &std::cout);
+  std::cout << summary;
+  if (dp && dp->reduce_calls() > calls0) {
+    const double per = (dp->reduce_seconds() - reduce0) / double(dp->reduce_calls() - calls0);
+    std::snprintf(summary, sizeof summary,
+                  "[%s] data parallel: %d ranks (%s); gradient all-reduce of %.0f KiB: %.1f ms/step on rank 0, "
+                  "waiting for the slowest rank included\n",
+                  name.c_str(), int(dp->world_size()), dp->backend().c_str(), double(dp->reduce_bytes()) / 1024.0,
+                  1000.0 * per);
+    std::cout << summary;
+  }
+  std::cout << "[" << name << "] checkpoint -> " << ckpt << "\n";
+  if (!dp) return ape::evaluate(model, corpus.test(), tc.seq_len, ec, &std::cout);
+  ape::EvalShard shard;
+  shard.rank = dp->rank();
+  shard.world = dp->world_size();
+  shard.sum = [dp](std::vector<double> &v) { dp->sum(v, "the evaluation's sums"); };
+  return ape::evaluate(model, corpus.test(), tc.seq_len, ec, &std::cout, "", &shard);
 }
 
 // A note when the output checkpoint is an unfinished run that this command starts over.
@@ -107,7 +138,14 @@ int main(int argc, char **argv) {
                "was stopped or killed, and with a step budget ends bit-identical to one never interrupted.\n"
                "Training stops on a NaN/inf loss or gradient (naming where it first appeared) and when the mean\n"
                "loss of the last 10 steps exceeds --divergence-factor x the first step's loss; the other\n"
-               "encodings of the run still train, and ape-train then exits with status 1."};
+               "encodings of the run still train, and ape-train then exits with status 1.\n\n"
+               "Data parallel (docs/distributed.md): started by `torchrun --nproc-per-node N --no-python ape-train\n"
+               "...` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or with --rank/--world-size/\n"
+               "--master-addr/--master-port on every process, ape-train joins a PyTorch c10d group (Gloo): each\n"
+               "rank trains on its own --batch windows of every step and the gradients are averaged, so N ranks\n"
+               "with --batch b train like one process with --batch N*b. Rank 0 prints and writes the checkpoint\n"
+               "and results.csv; a resumed run may use another number of ranks that divides the global batch.\n"
+               "If a rank dies the others stop with an error at once; a rank that hangs, after --dist-timeout."};
   std::vector<std::string> encodings;
   std::vector<std::string> specs;
   int64_t steps = 0;
@@ -122,6 +160,7 @@ int main(int argc, char **argv) {
   std::string resume;
   int64_t threads = 0;
   bool list = false;
+  ape::DistConfig dist_flags;
 
   auto *enc_opt = app.add_option("-e,--encoding", encodings, "Encoding to train (repeatable, or comma-separated); see --list")
                       ->delimiter(',');
@@ -176,9 +215,31 @@ int main(int argc, char **argv) {
   auto *threads_opt = app.add_option("--threads", threads,
                                      "CPU threads, in [0, 1024] (default 0: all hardware threads; with --resume: the run's)");
   app.add_flag("--list", list, "List the available encodings and exit");
+  const std::string dist_group = "Data parallel (default: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)";
+  auto *rank_opt = app.add_option("--rank", dist_flags.rank, "This process's rank, in [0, world-size)")->group(dist_group);
+  auto *world_opt = app.add_option("--world-size", dist_flags.world_size,
+                                   "Processes training together, in [1, 2^20]; each takes --batch windows a step")
+                        ->group(dist_group);
+  auto *local_opt = app.add_option("--local-rank", dist_flags.local_rank,
+                                   "Rank on this machine (prepares the data first when 0; the GPU index for nccl)")
+                        ->group(dist_group);
+  auto *addr_opt = app.add_option("--master-addr", dist_flags.master_addr,
+                                  "Host of rank 0, where the rendezvous store listens")
+                       ->group(dist_group)->capture_default_str();
+  auto *port_opt = app.add_option("--master-port", dist_flags.master_port, "Port of the rendezvous store, in [1, 65535]")
+                       ->group(dist_group)->capture_default_str();
+  app.add_option("--dist-backend", dist_flags.backend,
+                 "auto (= gloo), gloo, or nccl (reduces on each rank's GPU; a CUDA build with a GPU per rank)")
+      ->group(dist_group)->capture_default_str();
+  app.add_option("--dist-timeout", dist_flags.timeout_s,
+                 "Seconds to wait for the other ranks (joining, and every collective) before giving up,\n"
+                 "in (0, 10^6]: a rank that hangs stops the others after this long")
+      ->group(dist_group)->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
+  bool root = true;     // rank 0, or a single process: prints and writes
+  std::string who;      // "[rank r of N] " in a data-parallel run's errors
   try {
     ape::SpecLibraryOptions spec_opts;
     spec_opts.log = &std::cout;
@@ -192,6 +253,20 @@ int main(int argc, char **argv) {
       return 0;
     }
     ape::require_in("--threads", threads, 0, ape::kMaxThreads);
+    // Data parallel: torchrun's variables, the flags over them.
+    ape::DistConfig dist = ape::DistConfig::from_env(dist_flags);
+    if (*rank_opt) dist.rank = dist_flags.rank;
+    if (*world_opt) dist.world_size = dist_flags.world_size;
+    if (*local_opt) dist.local_rank = dist_flags.local_rank;
+    if (*addr_opt) dist.master_addr = dist_flags.master_addr;
+    if (*port_opt) dist.master_port = dist_flags.master_port;
+    if ((dist.world_size > 0) != (dist.rank >= 0))
+      throw std::invalid_argument("--rank and --world-size go together (or neither: torchrun's RANK and WORLD_SIZE)");
+    dist.validate();
+    const int64_t world = dist.enabled() ? dist.world_size : 1;
+    root = !dist.enabled() || dist.rank == 0;
+    if (dist.enabled()) who = "[rank " + std::to_string(dist.rank) + " of " + std::to_string(dist.world_size) + "] ";
+    if (!root) std::cout.setstate(std::ios::badbit);  // rank 0 prints; the others only their errors
     ec.multiples = ape::parse_multiples(multiples);
     ec.validate();
 
@@ -212,6 +287,20 @@ int main(int argc, char **argv) {
         throw std::runtime_error("checkpoint " + resume + ": bad training config: " + e.what());
       }
       encodings = {resumed->encoding};
+      if (tc.world_size != world) {  // another number of ranks: the same global batch, split anew
+        const int64_t global = tc.batch * tc.world_size;
+        if (global % world != 0)
+          throw std::invalid_argument("checkpoint " + resume + " was written by " + std::to_string(tc.world_size) +
+                                      " data-parallel rank(s) with --batch " + std::to_string(tc.batch) +
+                                      " (global batch " + std::to_string(global) + "); its data position cannot be "
+                                      "split over " + std::to_string(world) + " ranks: resume with a number of "
+                                      "ranks that divides " + std::to_string(global));
+        std::cout << "[note] the run was trained by " << tc.world_size << " rank(s) with batch " << tc.batch
+                  << "; it continues on " << world << " with batch " << global / world << " (global batch " << global
+                  << ")\n";
+        tc.batch = global / world;
+        tc.world_size = world;
+      }
       // The run's evaluation settings, unless given again.
       if (auto e = resumed->config.find("eval"); e != resumed->config.end() && e->is_object()) {
         try {
@@ -235,7 +324,12 @@ int main(int argc, char **argv) {
       if (!*steps_opt && !*minutes_opt) tc.minutes = 2.0;
       if (*steps_opt && !*minutes_opt) tc.minutes = 0.0;
       tc.threads = threads;
+      tc.world_size = world;
     }
+    // Several ranks on one machine share its cores (torchrun says how many ranks: LOCAL_WORLD_SIZE).
+    if (dist.enabled() && threads == 0)
+      if (const char *lws = std::getenv("LOCAL_WORLD_SIZE"); lws && std::atoi(lws) > 0)
+        threads = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / std::atoi(lws));
     (void)out_opt;
     std::set<std::string> seen;
     for (const auto &e : encodings) {
@@ -243,6 +337,7 @@ int main(int argc, char **argv) {
       ape::find_kernel(e);  // unknown name: fail now, before any work, with the list of names
     }
     tc.progress_in_place = ::isatty(STDOUT_FILENO);
+    tc.progress = root;
     tc.validate();
     mc.validate();
     if (mc.vocab < 300 || mc.vocab > 65535)
@@ -259,21 +354,33 @@ int main(int argc, char **argv) {
         if (std::string why = ape_rules::checkRotation(m.rotation->fraction, probe.head_dim()); !why.empty())
           throw std::invalid_argument("encoding '" + e + "' rotates q/k pairs: " + why +
                                       "; choose --d-model / --heads so that head_dim = d_model / heads fits");
-      ape::check_writable(out_dir, e + ".ckpt");
+      if (root) ape::check_writable(out_dir, e + ".ckpt");
     }
-    ape::check_writable(out_dir, "results.csv");
+    if (root) ape::check_writable(out_dir, "results.csv");
     ape::set_threads(threads);
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
     const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
     std::cout << "[cpu] kernels: " << cpu_level << "\n";
 
+    // The group forms once the command line is known good on this rank: from here on, a rank that
+    // fails makes the others fail at their next collective instead of waiting.
+    std::unique_ptr<ape::DataParallel> dp;
+    if (dist.enabled()) dp = ape::DataParallel::join(dist, &std::cout);
+
     ape::DataOptions dopt;
     dopt.data_dir = data_dir;
     dopt.cache_dir = cache_dir;
     dopt.vocab = mc.vocab;
     dopt.log = &std::cout;
-    ape::Corpus corpus = ape::Corpus::open(dopt);
+    // Data parallel: the first rank of each machine prepares the corpus cache (unpacking, tokenizer,
+    // token ids) while the others wait, then they read it.
+    const bool prepares = !dp || (dist.local_rank >= 0 ? dist.local_rank == 0 : dist.rank == 0);
+    std::optional<ape::Corpus> opened;
+    if (prepares) opened = ape::Corpus::open(dopt);
+    if (dp) dp->barrier("preparing the corpus cache");
+    if (!prepares) opened = ape::Corpus::open(dopt);
+    const ape::Corpus &corpus = *opened;
     std::cout << "[data] train " << corpus.train().size() << " tokens in " << corpus.train().num_docs()
               << " books; test " << corpus.test().size() << " tokens in " << corpus.test().num_docs()
               << " books\n";
@@ -298,14 +405,14 @@ int main(int argc, char **argv) {
     const std::string csv = (fs::path(out_dir) / "results.csv").string();
     for (const auto &name : encodings) {
       const std::string ckpt = resumed ? resume_ckpt : (fs::path(out_dir) / (name + ".ckpt")).string();
-      if (!resumed) note_unfinished(ckpt);
+      if (!resumed && root) note_unfinished(ckpt);
       std::vector<ape::EvalRow> rows;
       try {
-        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget);
+        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get());
       } catch (const ape::TrainingDiverged &e) {
-        // Reported; the other encodings still train.
+        // Reported (by rank 0: every rank stops at the same step); the other encodings still train.
         std::cout << std::flush;
-        std::cerr << "ape-train: error: " << e.what() << "\n";
+        if (root) std::cerr << "ape-train: error: " << e.what() << "\n";
         diverged.push_back(name);
         for (int64_t m : ec.multiples) {
           ape::EvalRow r;
@@ -319,7 +426,7 @@ int main(int argc, char **argv) {
         }
       }
       all_rows.insert(all_rows.end(), rows.begin(), rows.end());
-      ape::write_csv(csv, all_rows);  // after every encoding, so partial results survive
+      if (root) ape::write_csv(csv, all_rows);  // after every encoding, so partial results survive
     }
     std::cout << "\n";
     ape::print_table(std::cout, all_rows,
@@ -327,6 +434,7 @@ int main(int argc, char **argv) {
                          "), cells: mean token loss / perplexity; trained at L = " + std::to_string(tc.seq_len));
     std::cout << "\nresults -> " << csv << "\n";
     if (!diverged.empty()) {
+      if (!root) return 1;
       std::string names;
       for (const auto &n : diverged) names += (names.empty() ? "" : ", ") + n;
       std::cerr << "ape-train: error: " << diverged.size() << " of " << encodings.size()
@@ -336,11 +444,15 @@ int main(int argc, char **argv) {
     return 0;
   } catch (const Interrupted &e) {
     std::cout << std::flush;
-    std::cerr << e.what() << "\n";
+    if (root) std::cerr << e.what() << "\n";  // rank 0's (the others stop at the same step)
     return 130;
-  } catch (const std::exception &e) {
+  } catch (const ape::GroupError &e) {  // names its rank
     std::cout << std::flush;
     std::cerr << "ape-train: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception &e) {
+    std::cout << std::flush;
+    std::cerr << "ape-train: error: " << who << e.what() << "\n";
     return 1;
   }
 }

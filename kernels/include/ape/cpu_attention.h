@@ -280,6 +280,21 @@ template <class Enc> using NumRel = traits::NumRel<Enc>;  // enc_traits.h
 // param kValueTable (false when the functor does not declare it).
 template <class Enc> using HasValueRows = traits::HasValueRows<Enc>;
 
+// Enc::kDistanceBias: the score mod is s + B(i - j). Both passes evaluate B once per distance of
+// the slice into rb (T), reversed, rb[T - 1 - d] = B(d), so that B(i - j) for the keys j0 + jj of
+// a tile is rb[T - 1 - i + j0 + jj], contiguous in jj; the backward sums dS along each diagonal
+// (gb, same layout) and calls distance_bias_grad once per distance: T evaluations of B and its
+// gradient per slice instead of T^2 / 2. Encodings with value rows keep the per-element path.
+template <class Enc> using DistanceBias = traits::DistanceBias<Enc>;
+template <class Enc, typename Real> std::vector<Real> distance_table(const HeadCtx<Real> &ctx) {
+  std::vector<Real> rb;
+  if constexpr (DistanceBias<Enc>::value) {
+    rb.resize(static_cast<std::size_t>(ctx.T));
+    for (int64_t d = 0; d < ctx.T; ++d) rb[ctx.T - 1 - d] = Enc::distance_bias(ctx, d);
+  }
+  return rb;
+}
+
 template <class Enc, typename Real>
 void rel_rows_forward(const HeadCtx<Real> &ctx, int n, const Real *x, Real *out) {
   const int64_t T = ctx.T, D = ctx.D, H = ctx.H, h = ctx.h, R = Enc::rel_rows(n);
@@ -401,6 +416,8 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
   int64_t R = 0;  // value rows: unnormalised probability mass of each row, per query
   if constexpr (kValue) R = Enc::kValueRows;
   std::vector<Real> mass(static_cast<std::size_t>(kTileQ * R));
+  constexpr bool kDist = DistanceBias<Enc>::value && !kValue;
+  const std::vector<Real> rb = kDist ? distance_table<Enc>(ctx) : std::vector<Real>();
 
   for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
     const int64_t nq = std::min(kTileQ, T - i0);
@@ -415,7 +432,10 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
       for (int64_t ii = 0; ii < nq; ++ii) {
         const int64_t i = i0 + ii, nv = visible(i, j0, nk);
         Real *s = st.data() + ii * kTileK;
-        if constexpr (Enc::kHasScoreMod) {
+        if constexpr (kDist) {
+          const Real *bi = rb.data() + (T - 1 - i + j0);
+          APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] = scale * s[jj] + bi[jj];
+        } else if constexpr (Enc::kHasScoreMod) {
           for (int64_t jj = 0; jj < nv; ++jj)
             s[jj] = Enc::score_mod(ctx, i, j0 + jj, scale * s[jj]);
         } else {
@@ -517,6 +537,9 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   int64_t R = 0;
   if constexpr (kValue) R = Enc::kValueRows;
   std::vector<Real> drow(static_cast<std::size_t>(T * R)), mass(static_cast<std::size_t>(T * R));
+  constexpr bool kDist = DistanceBias<Enc>::value && !kValue;
+  const std::vector<Real> rb = kDist ? distance_table<Enc>(ctx) : std::vector<Real>();
+  std::vector<Real> gb(rb.size(), Real(0));  // diagonal sums of dS / scale, reversed like rb
   if constexpr (kValue) {
     const Real *table = a.params[Enc::kValueTable];
     for (int64_t t = 0; t < T; ++t)
@@ -558,6 +581,16 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
             else
               g[jj] = scale * gp;
           }
+        } else if constexpr (kDist) {
+          const Real *bi = rb.data() + (T - 1 - i + j0);
+          Real *gi = gb.data() + (T - 1 - i + j0);
+          APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) {
+            const Real p = softmax_exp(scale * s[jj] + bi[jj] - lse_i);
+            const Real gp = p * (g[jj] - delta_i);
+            s[jj] = p;
+            gi[jj] += gp;
+            g[jj] = scale * gp;
+          }
         } else if constexpr (Enc::kHasScoreMod) {
           for (int64_t jj = 0; jj < nv; ++jj) {
             const Real raw = scale * s[jj];
@@ -582,6 +615,10 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
     }
   }
 
+  if constexpr (kDist) {  // B's gradients, one call per distance with its diagonal's sum
+    for (int64_t d = 0; d < T; ++d)
+      if (const Real gd = gb[T - 1 - d]; gd != Real(0)) Enc::distance_bias_grad(ctx, d, gd);
+  }
   if constexpr (kValue) {  // table[r] gradient: sum_i mass_i[r] dO_i
     if constexpr (Enc::kValueTableTrainable) {
       Real *dtable = ctx.dparams[Enc::kValueTable];

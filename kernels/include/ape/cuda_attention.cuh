@@ -685,7 +685,21 @@ template <class In, int D> struct FlashFwd {
   static constexpr size_t q = 0, k = sizeof(In) * BQ * D, v = k + 2 * sizeof(In) * BK * D;
   static constexpr size_t bytes = v + 2 * sizeof(In) * BK * D;
   static_assert(bytes <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
+  // Distance biases: two tables of B(d) for the BQ + BK - 1 distances of a tile pair.
+  static constexpr int kDistLen = BQ + BK;
+  static constexpr size_t dist = bytes;
+  static constexpr size_t bytes_dist = dist + 2 * sizeof(float) * kDistLen;
+  static_assert(bytes_dist <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
+
+// Distance biases (Enc::kDistanceBias, enc_traits.h: the score mod is s + B(i - j)): the flash
+// kernels evaluate B once per distance of a tile pair into shared memory (BQ + BK - 1 values
+// instead of BQ BK), the forward adds it with one FFMA per element, and the backward sums
+// P (dP - Delta) along each diagonal of the tile in a fixed order and calls distance_bias_grad
+// once per distance: the sinks see BQ + BK - 1 terms per tile pair instead of BQ BK.
+template <class Enc> constexpr bool flash_distance() {
+  return traits::DistanceBias<Enc>::value && value_rows<Enc>() == 0;
+}
 
 template <class Enc, class In, int D>
 __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kernel(const Params<Enc, In> p) {
@@ -730,6 +744,22 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   // of the logits).
   const float kf = Enc::kHasScoreMod ? kLog2e : p.scale * kLog2e;
   const float mscale = Enc::kHasScoreMod ? 1.f : p.scale;  // m in logit units
+  // Distance bias: B(i - j) of key tile kt at x = i - j - (i0 - j0 - (BK - 1)) = rr - cc + BK - 1
+  // (x < BQ + BK - 1) in table kt & 1, filled a step ahead like K and V; distances outside
+  // [0, T) belong to masked elements only and get 0.
+  constexpr bool kDist = flash_distance<Enc>();
+  float *sB = reinterpret_cast<float *>(smem + C::dist);
+  auto fill_bias = [&](int kt) {
+    if constexpr (kDist) {
+      float *tb = sB + (kt & 1) * C::kDistLen;
+      const int64_t d0 = i0 - int64_t(kt) * BK - (BK - 1);
+      for (int x = static_cast<int>(threadIdx.x); x < BQ + BK - 1; x += C::kThreads) {
+        const int64_t d = d0 + x;
+        tb[x] = d >= 0 && d < T ? Enc::template distance_bias<float>(ctx, d) : 0.f;
+      }
+    }
+  };
+  if constexpr (kDist) fill_bias(0);
   auto step = [&](int kt, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     ptx::cp_async_wait<0>();
@@ -739,6 +769,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
                                                  int64_t(kt + 1) * BK, T);
       flash::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, p.v + base,
                                                  int64_t(kt + 1) * BK, T);
+      if constexpr (kDist) fill_bias(kt + 1);
     }
     ptx::cp_async_commit();
     const ptx::SmemAddr cK = lK + (kt & 1) * 2 * BK * D, cV = lV + (kt & 1) * 2 * BK * D;
@@ -770,6 +801,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     // their indices may lie outside the token arrays.
     const int dlt = static_cast<int>(i0 - j0 < BK ? i0 - j0 : BK);
     const int rows = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
+    // B at rr - cc + BK - 1: this lane's base, plus 16 mt + 8 h - 8 nt - e (immediates).
+    const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK - 1);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -783,7 +816,9 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
             const int cc = 8 * nt + 2 * t + e;
             const bool visible = !kMasked || (cc - rr <= dlt && rr < rows);
             float x = s[mt][nt][2 * h + e];  // without a score mod: the raw score (kf scales it)
-            if constexpr (Enc::kHasScoreMod) {
+            if constexpr (kDist) {
+              x = fmaf(x, p.scale, tb[16 * mt + 8 * h - 8 * nt - e]);
+            } else if constexpr (Enc::kHasScoreMod) {
               x *= p.scale;
               if (visible) x = Enc::score_mod(ctx, i0 + rr, j0 + cc, x);
             }
@@ -1039,6 +1074,13 @@ template <class In, int D> struct FlashBwd {
   static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
   static constexpr size_t bytes = delta + 2 * sizeof(float) * BQ;
   static_assert(bytes <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+  // Distance biases: two tables of B(d) (BQ + BK - 1 distances), and the tile's P (dP - Delta)
+  // in fp32 (BK, LG) for the diagonal sums; LG odd, so a warp's diagonals hit 32 banks.
+  static constexpr int kDistLen = BQ + BK, LG = BQ + 1;
+  static_assert(BQ + BK - 1 <= kThreads, "one diagonal per thread");
+  static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
+  static constexpr size_t bytes_dist = gsum + sizeof(float) * BK * LG;
+  static_assert(bytes_dist <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
 // lse (times log2 e; +inf for a row without a finite logit, so that its P is 0) and Delta (times
@@ -1085,6 +1127,22 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   const float dscale = Enc::kHasScoreMod ? 1.f : p.scale;
   const float *lse_bh = p.lse + bh * T, *delta_bh = p.delta + bh * T;
 
+  // Distance bias: B(i - j) of query tile qt at x = c - kr + BK - 1 (i - j = i0 - j0 + c - kr) in
+  // table (qt - qt0) & 1, filled a step ahead like lse; 0 outside [0, T) (masked elements).
+  constexpr bool kDist = flash_distance<Enc>();
+  float *sB = reinterpret_cast<float *>(smem + C::dist), *sG = reinterpret_cast<float *>(smem + C::gsum);
+  auto fill_bias = [&](int64_t qt, int buf) {
+    if constexpr (kDist) {
+      float *tb = sB + buf * C::kDistLen;
+      const int64_t d0 = qt * BQ - j0 - (BK - 1);
+      for (int x = static_cast<int>(threadIdx.x); x < BQ + BK - 1; x += C::kThreads) {
+        const int64_t d = d0 + x;
+        tb[x] = d >= 0 && d < T ? Enc::template distance_bias<float>(ctx, d) : 0.f;
+      }
+    }
+  };
+  if constexpr (kDist) fill_bias(qt0, 0);
+
   flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, j0, T);
   flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, j0, T);
   flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, qt0 * BQ, T);
@@ -1114,6 +1172,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
       load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ, lse_bh, delta_bh,
                                        i0 + BQ, T, dscale);
+      if constexpr (kDist) fill_bias(qt + 1, nb);
     }
     ptx::cp_async_commit();
     const int bo = buf * 2 * BQ * D;  // the buffer's byte offset
@@ -1145,6 +1204,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     // select).
     const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
     const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
+    // B at c - kr + BK - 1: this lane's base, plus 8 nt + e - 8 h (immediates).
+    const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK - 1);
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int kr = kr0 + g + 8 * h;
@@ -1156,7 +1217,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           const int c = 8 * nt + 2 * t + e;
           const bool visible = !kMasked || (kr - c <= dlt && c < cols);
           float pv, dsv;
-          if constexpr (Enc::kHasScoreMod) {
+          if constexpr (kDist) {  // P (dP - Delta) also to sG for the diagonal sums
+            pv = ptx::ex2(fmaf(fmaf(s[nt][2 * h + e], p.scale, tb[8 * nt + e - 8 * h]), kLog2e, -cLse[c]));
+            if constexpr (kMasked) pv = visible ? pv : 0.f;
+            const float gp = pv * (dp[nt][2 * h + e] - cDelta[c]);
+            sG[kr * C::LG + c] = gp;
+            dsv = p.scale * gp;
+          } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
             if (visible) {
               const int64_t i = i0 + c, j = j0 + kr;
@@ -1230,6 +1297,20 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       for (int dt = 0; dt < kQDT; ++dt) {
         atomicAdd(row + 8 * dt, dq[dt][2 * h]);
         atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
+      }
+    }
+    if constexpr (kDist) {  // diagonal c - kr = x - (BK - 1) of sG, summed in a fixed order
+      const int x = static_cast<int>(threadIdx.x), o = x - (BK - 1);
+      if (x < BQ + BK - 1) {
+        const int kr_a = o < 0 ? -o : 0, c_a = o < 0 ? 0 : o;
+        const int n = BK - kr_a < BQ - c_a ? BK - kr_a : BQ - c_a;
+        const float *gd = sG + kr_a * C::LG + c_a;
+        float sum = 0.f;
+        #pragma unroll
+        for (int u = 0; u < (BK < BQ ? BK : BQ); ++u)
+          if (u < n) sum += gd[u * (C::LG + 1)];
+        const int64_t d = i0 - j0 + o;
+        if (sum != 0.f && d >= 0 && d < T) Enc::distance_bias_grad(ctx, d, sum);
       }
     }
     __threadfence();  // our adds are visible before the release (after the next barrier)
@@ -1404,9 +1485,10 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
     if (Enc::kHasScoreMod || a.scale > 0) {
       using F = FlashFwd<In, kD>;
-      if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, F::bytes)) != cudaSuccess) return err;
+      constexpr size_t bytes = flash_distance<Enc>() ? F::bytes_dist : F::bytes;
+      if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
       const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ));
-      return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, F::bytes, st, p);
+      return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
     }
   }
   using L = FwdSmem<In, kD>;
@@ -1474,14 +1556,15 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
     return err;
   if constexpr (!std::is_same_v<In, float> && kValueRows == 0) {
     using F = FlashBwd<In, kD>;
+    constexpr size_t bytes = flash_distance<Enc>() ? F::bytes_dist : F::bytes;
     const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if (err != cudaSuccess ||
         (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
         (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
-        (err = allow_smem(flash_backward_kernel<Enc, In, kD>, F::bytes)) != cudaSuccess ||
+        (err = allow_smem(flash_backward_kernel<Enc, In, kD>, bytes)) != cudaSuccess ||
         (err = launch(flash_backward_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, F::BK)),
-                      F::kThreads, F::bytes, st, p)) != cudaSuccess)
+                      F::kThreads, bytes, st, p)) != cudaSuccess)
       return err;
   } else {
     using L = BwdSmem<In, kD>;

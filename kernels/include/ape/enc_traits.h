@@ -1,7 +1,10 @@
 // Optional members of a generated `Enc` functor, detected at compile time (plain C++17, usable by
 // every kernel template, CPU and CUDA):
 //   NumRel<Enc>::value        Enc::kNumRel, the number of ape.rel_rows values (0 when absent);
-//   HasValueRows<Enc>::value  Enc::kHasValueRows, an ape.value_rows term (false when absent).
+//   HasValueRows<Enc>::value  Enc::kHasValueRows, an ape.value_rows term (false when absent);
+//   DistanceBias<Enc>::value  Enc::kDistanceBias: the score mod is s + B(i - j), with
+//                             distance_bias(ctx, d) = B(d) and distance_bias_grad(ctx, d, g)
+//                             (false when absent: the templates call score_mod per element).
 // docs/internals.md lists the members they stand for.
 #pragma once
 
@@ -21,6 +24,13 @@ template <class Enc, class = void> struct HasValueRows {
 };
 template <class Enc> struct HasValueRows<Enc, std::void_t<decltype(Enc::kHasValueRows)>> {
   static constexpr bool value = Enc::kHasValueRows;
+};
+
+template <class Enc, class = void> struct DistanceBias {
+  static constexpr bool value = false;
+};
+template <class Enc> struct DistanceBias<Enc, std::void_t<decltype(Enc::kDistanceBias)>> {
+  static constexpr bool value = Enc::kDistanceBias;
 };
 
 }  // namespace ape::traits

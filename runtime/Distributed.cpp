@@ -1,0 +1,398 @@
+// Data-parallel training on c10d: the rendezvous, the Gloo (or NCCL) group, bucketed gradient
+// averaging and the small agreements the training loop needs (Distributed.h).
+#include "runtime/Distributed.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if APE_HAVE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "runtime/Data.h"  // fnv1a
+#include "runtime/Options.h"
+
+namespace ape {
+
+#if APE_HAVE_C10D_NCCL
+// DistributedNccl.cpp: c10d::ProcessGroupNCCL on GPU `device` (its own file: the NCCL header
+// pulls in CUDA's).
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store> &store, int rank,
+                                                   int world, std::chrono::milliseconds timeout, int device);
+bool nccl_device_present(int device);
+#endif
+
+// ---- configuration ---------------------------------------------------------------------------------
+
+void DistConfig::validate() const {
+  if (!enabled()) return;
+  require_in("--world-size", world_size, 1, 1 << 20);
+  require_in("--rank", rank, 0, world_size - 1);
+  if (local_rank != -1) require_in("--local-rank", local_rank, 0, 1 << 20);
+  require_in("--master-port", master_port, 1, 65535);
+  if (master_addr.empty()) throw std::invalid_argument("--master-addr must name a host (e.g. 127.0.0.1)");
+  if (backend != "auto" && backend != "gloo" && backend != "nccl")
+    throw std::invalid_argument("--dist-backend must be auto, gloo or nccl; got '" + backend + "'");
+  require_in("--dist-timeout", timeout_s, 0.0, 1e6, /*open_low=*/true);
+  require_in("bucket_bytes", bucket_bytes, 1, int64_t(1) << 40);
+}
+
+namespace {
+int64_t env_int(const char *name, int64_t lo, int64_t hi) {
+  const char *v = std::getenv(name);
+  std::string s = v ? v : "";
+  size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(s, &used);
+  } catch (const std::exception &) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size() || x < lo || x > hi)
+    throw std::invalid_argument(std::string("environment variable ") + name + "='" + s +
+                                "' must be a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+}  // namespace
+
+DistConfig DistConfig::from_env(DistConfig base) {
+  if (!std::getenv("RANK") || !std::getenv("WORLD_SIZE")) return base;
+  base.world_size = env_int("WORLD_SIZE", 1, 1 << 20);
+  base.rank = env_int("RANK", 0, base.world_size - 1);
+  if (std::getenv("LOCAL_RANK")) base.local_rank = env_int("LOCAL_RANK", 0, 1 << 20);
+  if (const char *a = std::getenv("MASTER_ADDR")) base.master_addr = a;
+  if (std::getenv("MASTER_PORT")) base.master_port = env_int("MASTER_PORT", 1, 65535);
+  return base;
+}
+
+std::string backend_unavailable(const std::string &backend) {
+  if (backend == "gloo") {
+#if APE_HAVE_C10D_GLOO
+    return "";
+#else
+    return "this build has no Gloo backend: LibTorch's c10d Gloo header needs Gloo's headers, which the "
+           "PyPI wheel does not ship (install libgloo-dev and reconfigure; docs/distributed.md)";
+#endif
+  }
+  if (backend == "nccl") {
+#if APE_HAVE_C10D_NCCL
+    return "";
+#else
+    return "this build has no NCCL backend (it needs a CUDA LibTorch and NCCL's headers at configure time)";
+#endif
+  }
+  return "unknown backend '" + backend + "' (auto, gloo or nccl)";
+}
+
+uint64_t fingerprint(const std::vector<at::Tensor> &tensors, uint64_t h) {
+  for (const auto &t0 : tensors) {
+    if (!t0.defined()) {
+      h = fnv1a("-", 1, h);
+      continue;
+    }
+    at::Tensor t = t0.detach().cpu().contiguous();
+    for (int64_t s : t.sizes()) h = fnv1a(&s, sizeof s, h);
+    h = fnv1a(t.data_ptr(), t.nbytes(), h);
+  }
+  return h;
+}
+
+// ---- the group --------------------------------------------------------------------------------------
+
+struct DataParallel::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> pg;
+  at::Device device{at::kCPU};  // where collectives run (a GPU for NCCL: buffers are staged there)
+};
+
+namespace {
+// The first line of a c10d error, without LibTorch's C++ backtrace.
+std::string reason(const std::exception &e) {
+  std::string s;
+  if (const auto *c = dynamic_cast<const c10::Error *>(&e)) s = c->what_without_backtrace();
+  else s = e.what();
+  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+  // Gloo's "[/path/to/pair.cc:545] Read error ...: Connection reset by peer. This is typically ...":
+  // the reason without the source location and the generic advice.
+  if (s.rfind("[", 0) == 0)
+    if (auto close = s.find("] "); close != std::string::npos && s.find(".cc:") < close) s.erase(0, close + 2);
+  if (auto advice = s.find(" This is typically caused"); advice != std::string::npos) s.resize(advice);
+  while (!s.empty() && (s.back() == '.' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+bool loopback(const std::string &host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+std::chrono::milliseconds millis(double s) { return std::chrono::milliseconds(int64_t(s * 1000.0 + 0.5)); }
+
+// Throws GroupError for a failed collective, naming the rank, what it was doing and the likely cause.
+[[noreturn]] void group_failed(const std::string &who, const std::string &what, const std::exception &e,
+                               double timeout_s) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%g", timeout_s);
+  throw GroupError(who + "the data-parallel group failed during " + what + ": " + reason(e) +
+                   ". Another rank has stopped (see its own error) or cannot be reached; a silent rank is given up "
+                   "after --dist-timeout " + t + " s");
+}
+}  // namespace
+
+DataParallel::~DataParallel() = default;
+
+std::string DataParallel::who() const {
+  return "[rank " + std::to_string(cfg_.rank) + " of " + std::to_string(cfg_.world_size) + "] ";
+}
+
+std::unique_ptr<DataParallel> DataParallel::join(const DistConfig &cfg, std::ostream *log) {
+  cfg.validate();
+  if (!cfg.enabled()) throw std::invalid_argument("DataParallel::join: not a distributed configuration");
+  std::unique_ptr<DataParallel> dp(new DataParallel());
+  dp->cfg_ = cfg;
+  dp->impl_ = std::make_unique<Impl>();
+  dp->backend_ = cfg.backend == "auto" ? "gloo" : cfg.backend;
+  const std::string who = dp->who();
+  if (std::string why = backend_unavailable(dp->backend_); !why.empty())
+    throw GroupError(who + "--dist-backend " + dp->backend_ + ": " + why);
+  const auto timeout = millis(cfg.timeout_s);
+  const std::string where = cfg.master_addr + ":" + std::to_string(cfg.master_port);
+
+  // Rendezvous. Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT and says
+  // so (as torch.distributed's env:// does, every rank is then a client); otherwise rank 0 hosts it.
+  const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const char *env_addr = std::getenv("MASTER_ADDR");
+  const char *env_port = std::getenv("MASTER_PORT");
+  const bool agent_store = agent && std::string(agent) == "True" && env_addr && env_port &&
+                           cfg.master_addr == env_addr && std::to_string(cfg.master_port) == env_port;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(cfg.master_port);
+  so.isServer = cfg.rank == 0 && !agent_store;
+  so.numWorkers = static_cast<size_t>(cfg.world_size);
+  so.waitWorkers = true;
+  so.timeout = timeout;
+  so.multiTenant = true;
+  try {
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(cfg.master_addr, so);
+    dp->impl_->store = c10::make_intrusive<c10d::PrefixStore>("ape", tcp);
+  } catch (const std::exception &e) {
+    throw GroupError(who + "rendezvous at " + where + " failed: " + reason(e) +
+                     (so.isServer ? " (is another run using this --master-port?)"
+                                  : " (is rank 0 running, and are --master-addr/--master-port the same on every rank?)"));
+  }
+
+  try {
+    if (dp->backend_ == "gloo") {
+#if APE_HAVE_C10D_GLOO
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      if (const char *ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      else if (loopback(cfg.master_addr))
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      else
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      dp->impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(dp->impl_->store, int(cfg.rank),
+                                                                  int(cfg.world_size), opts);
+#endif
+    } else {
+#if APE_HAVE_C10D_NCCL
+      const int device = int(cfg.local_rank >= 0 ? cfg.local_rank : cfg.rank);
+      if (!nccl_device_present(device))
+        throw GroupError(who + "--dist-backend nccl needs GPU " + std::to_string(device) +
+                         " (LOCAL_RANK / --local-rank) and none answers; use --dist-backend gloo");
+      dp->impl_->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+      dp->impl_->pg = make_nccl_backend(dp->impl_->store, int(cfg.rank), int(cfg.world_size), timeout, device);
+#endif
+    }
+  } catch (const GroupError &) {
+    throw;
+  } catch (const std::exception &e) {
+    throw GroupError(who + "forming the " + dp->backend_ + " group of " + std::to_string(cfg.world_size) +
+                     " ranks via " + where + " failed: " + reason(e));
+  }
+  dp->barrier("joining the group");
+  if (log && cfg.rank == 0)
+    *log << "[dist] " << cfg.world_size << " ranks, backend " << dp->backend_ << ", rendezvous " << where
+         << (agent_store ? " (torchrun's store)" : "") << ", timeout " << cfg.timeout_s << " s\n"
+         << std::flush;
+  return dp;
+}
+
+namespace {
+// Runs `op` on `tensors` (CPU) where the group computes (staged to the GPU for NCCL, copied back).
+template <typename Op>
+void run_collective(c10d::Backend &pg, const at::Device &device, std::vector<at::Tensor> &tensors, Op op) {
+  if (device.is_cpu()) {
+    op(tensors)->wait();
+    return;
+  }
+  std::vector<at::Tensor> staged;
+  for (auto &t : tensors) staged.push_back(t.to(device));
+  op(staged)->wait();
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(staged[i]);
+}
+}  // namespace
+
+double DataParallel::average_gradients(const std::vector<at::Tensor> &params, double loss, int64_t step) {
+  const std::string what = "the gradient all-reduce of step " + std::to_string(step);
+  std::vector<at::Tensor> grads;
+  for (const auto &p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (!layout_checked_) {  // the same parameters, shapes and gradients on every rank
+    uint64_t h = 1469598103934665603ULL;
+    for (const auto &p : params) {
+      for (int64_t s : p.sizes()) h = fnv1a(&s, sizeof s, h);
+      const char d = p.grad().defined() ? '1' : '0';
+      h = fnv1a(&d, 1, h);
+    }
+    check_same(h, "the model's parameters (names, shapes, which have gradients)");
+    layout_checked_ = true;
+  }
+  // Buckets of consecutive gradients of one dtype, at most bucket_bytes each (one gradient may
+  // exceed it alone); the loss rides in the last bucket as one more element.
+  std::vector<std::vector<size_t>> buckets;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(grads[i].nbytes());
+    if (buckets.empty() || bytes + n > cfg_.bucket_bytes ||
+        grads[buckets.back().front()].scalar_type() != grads[i].scalar_type()) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(i);
+    bytes += n;
+  }
+  std::vector<at::Tensor> flats;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    std::vector<at::Tensor> parts;
+    for (size_t i : buckets[b]) parts.push_back(grads[i].reshape({-1}));
+    if (b + 1 == buckets.size()) parts.push_back(at::full({1}, loss, grads[buckets[b].front()].options()));
+    flats.push_back(at::cat(parts));
+  }
+  if (flats.empty()) flats.push_back(at::full({1}, loss, at::kDouble));
+  // Every bucket in flight at once, then wait for each (Gloo runs them on its worker threads).
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    std::vector<std::vector<at::Tensor>> io(flats.size());
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    const bool cpu = impl_->device.is_cpu();
+    for (size_t b = 0; b < flats.size(); ++b) {
+      io[b] = {cpu ? flats[b] : flats[b].to(impl_->device)};
+      works.push_back(impl_->pg->allreduce(io[b], opts));
+    }
+    for (size_t b = 0; b < flats.size(); ++b) {
+      works[b]->wait();
+      if (!cpu) flats[b].copy_(io[b][0]);
+    }
+  } catch (const std::exception &e) {
+    group_failed(who(), what, e, cfg_.timeout_s);
+  }
+  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++reduce_calls_;
+  reduce_bytes_ = 0;
+  for (const auto &f : flats) reduce_bytes_ += static_cast<int64_t>(f.nbytes());
+  const double inv = 1.0 / double(cfg_.world_size);
+  double mean_loss = 0;
+  for (size_t b = 0; b < flats.size(); ++b) {
+    at::Tensor &flat = flats[b];
+    flat.mul_(inv);
+    int64_t off = 0;
+    if (b < buckets.size())
+      for (size_t i : buckets[b]) {
+        at::Tensor &g = grads[i];
+        g.view({-1}).copy_(flat.narrow(0, off, g.numel()));
+        off += g.numel();
+      }
+    if (b + 1 == flats.size()) mean_loss = flat[off].item<double>();
+  }
+  return mean_loss;
+}
+
+void DataParallel::broadcast_from_root(const std::vector<at::Tensor> &tensors, const std::string &what) {
+  at::NoGradGuard no_grad;
+  // One flat buffer per dtype.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
+  for (const auto &t : tensors)
+    if (t.defined() && t.numel() > 0) by_type[t.scalar_type()].push_back(t);
+  try {
+    for (auto &[type, list] : by_type) {
+      std::vector<at::Tensor> parts;
+      for (const auto &t : list) parts.push_back(t.detach().reshape({-1}));
+      std::vector<at::Tensor> io{at::cat(parts)};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      run_collective(*impl_->pg, impl_->device, io, [&](std::vector<at::Tensor> &v) { return impl_->pg->broadcast(v, opts); });
+      int64_t off = 0;
+      for (const auto &t : list) {
+        t.detach().view({-1}).copy_(io[0].narrow(0, off, t.numel()));
+        off += t.numel();
+      }
+    }
+  } catch (const std::exception &e) {
+    group_failed(who(), "broadcasting " + what, e, cfg_.timeout_s);
+  }
+}
+
+std::pair<double, bool> DataParallel::agree(double seconds, bool stop, int64_t step) {
+  std::vector<at::Tensor> io{at::tensor({seconds, stop ? 1.0 : 0.0}, at::kDouble)};
+  try {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    run_collective(*impl_->pg, impl_->device, io, [&](std::vector<at::Tensor> &v) { return impl_->pg->allreduce(v, opts); });
+  } catch (const std::exception &e) {
+    group_failed(who(), "the end of step " + std::to_string(step) + " (agreeing on the clock and stop requests)", e,
+                 cfg_.timeout_s);
+  }
+  const double *v = io[0].data_ptr<double>();
+  return {v[0], v[1] > 0};
+}
+
+void DataParallel::sum(std::vector<double> &values, const std::string &what) {
+  if (values.empty()) return;
+  std::vector<at::Tensor> io{at::tensor(values, at::kDouble)};
+  try {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    run_collective(*impl_->pg, impl_->device, io, [&](std::vector<at::Tensor> &v) { return impl_->pg->allreduce(v, opts); });
+  } catch (const std::exception &e) {
+    group_failed(who(), what, e, cfg_.timeout_s);
+  }
+  std::memcpy(values.data(), io[0].data_ptr<double>(), values.size() * sizeof(double));
+}
+
+void DataParallel::check_same(uint64_t fp, const std::string &what) {
+  // max and -min of both 32-bit halves in one allreduce(MAX): equal everywhere iff max == min.
+  const int64_t lo = int64_t(fp & 0xffffffffu), hi = int64_t(fp >> 32);
+  std::vector<at::Tensor> io{at::tensor(std::vector<int64_t>{lo, hi, -lo, -hi}, at::kLong)};
+  try {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    run_collective(*impl_->pg, impl_->device, io, [&](std::vector<at::Tensor> &v) { return impl_->pg->allreduce(v, opts); });
+  } catch (const std::exception &e) {
+    group_failed(who(), "comparing " + what, e, cfg_.timeout_s);
+  }
+  const int64_t *v = io[0].data_ptr<int64_t>();
+  if (v[0] != -v[2] || v[1] != -v[3])
+    throw GroupError(who() + what + " differs between the ranks; every rank must run the same command " +
+                     "(apart from --rank) with the same data and build");
+}
+
+void DataParallel::barrier(const std::string &what) {
+  std::vector<double> one{1.0};
+  sum(one, what);
+  if (one[0] != double(cfg_.world_size))
+    throw GroupError(who() + what + ": " + std::to_string(int64_t(one[0])) + " ranks answered, expected " +
+                     std::to_string(cfg_.world_size));
+}
+
+}  // namespace ape

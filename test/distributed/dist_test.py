@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Data-parallel ape-train on localhost (runtime/Distributed.h, docs/distributed.md).
+
+    dist_test.py APE_TRAIN TORCHRUN CACHE_DIR WORK_DIR equal|failure
+
+equal    2 processes with --batch B (torchrun --standalone) against 1 process with --batch 2B, for
+         rope, alibi, cable (a token feature) and t5 (a shared param): the same losses, final
+         parameters and evaluation within TOLERANCE (the measured differences are printed). The
+         same run started with explicit flags (--rank/--world-size/--master-addr/--master-port) is
+         bit-identical to torchrun's. Resume: a 2-rank run stopped by rank 1 alone continues
+         on 2 ranks bit-identical to the uninterrupted one, on 1 process (batch 2B) within
+         TOLERANCE, and is refused on 3 ranks (the global batch 2B does not split).
+failure  a rank killed (SIGKILL; rank 1, then rank 0, which hosts the store) makes the other exit
+         with status 1 and a message naming the group failure within KILL_BOUND seconds; SIGTERM
+         on rank 1 alone stops both after the same step (checkpoint, status 130); a rank that
+         hangs (SIGSTOP) makes the other give up after --dist-timeout.
+
+Ports: torchrun --standalone picks its own; the explicit-flag runs take a port the kernel just
+handed out (bind to port 0) and start over with a new one when rank 0 reports it taken.
+"""
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "resume"))
+from compare_checkpoints import read  # noqa: E402  (the checkpoint reader independent of the runtime)
+
+ENCODINGS = ["rope", "alibi", "cable", "t5"]
+BATCH = 2  # per rank
+COMMON = ["--steps", "6", "--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
+          "--eval-multiples", "1,2", "--eval-tokens", "512", "--threads", "1", "--checkpoint-minutes", "0"]
+# fp32: the ranks' gradients are summed in another order than one process sums its batch, and
+# AdamW's first steps divide by sqrt of the second moment, which turns a rounding difference of a
+# near-zero gradient into more. Measured (docs/distributed.md): at most 9.5e-7 on losses, 1.7e-6 on
+# parameters (|p| <= 1.01), 1.0e-6 on evaluation losses; the bounds are about 10x and 60x above.
+TOLERANCE = {"loss": 1e-5, "param": 1e-4, "eval": 1e-5}
+KILL_BOUND = 20.0  # seconds from a rank's death to the other's exit
+HANG_TIMEOUT = 4   # --dist-timeout of the hang case
+
+
+def fail(msg):
+    print(f"dist_test: FAIL: {msg}")
+    sys.exit(1)
+
+
+def free_port():
+    # The wildcard address, as c10d's store server binds: a port free on loopback alone may be taken.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def floats(entry):
+    dtype, shape, raw = entry
+    assert dtype == "f32", dtype
+    return struct.unpack(f"<{len(raw) // 4}f", raw)
+
+
+def compare(a_path, b_path, label):
+    """Max |a - b| of the losses and of every model tensor (not the training state)."""
+    _, ca, ta = read(a_path)
+    _, cb, tb = read(b_path)
+    la, lb = ca["state"]["losses"], cb["state"]["losses"]
+    if len(la) != len(lb):
+        fail(f"{label}: {len(la)} losses against {len(lb)}")
+    dl = max(abs(x - y) for x, y in zip(la, lb))
+    dp, where, big = 0.0, "", 0.0
+    for name in ta:
+        if name.startswith("train/"):
+            continue
+        if name not in tb or ta[name][1] != tb[name][1]:
+            fail(f"{label}: tensor {name} missing or of another shape")
+        for x, y in zip(floats(ta[name]), floats(tb[name])):
+            big = max(big, abs(x))
+            if abs(x - y) > dp:
+                dp, where = abs(x - y), name
+    print(f"  {label}: losses {la[0]:.4f} .. {la[-1]:.4f}, max |diff| {dl:.2e}; parameters (max |p| {big:.3f}) "
+          f"max |diff| {dp:.2e} ({where})")
+    if dl > TOLERANCE["loss"]:
+        fail(f"{label}: the losses differ by {dl:.3g} > {TOLERANCE['loss']}")
+    if dp > TOLERANCE["param"]:
+        fail(f"{label}: parameter {where} differs by {dp:.3g} > {TOLERANCE['param']}")
+    return dl, dp
+
+
+def eval_losses(csv):
+    rows = {}
+    for line in open(csv).read().splitlines()[1:]:
+        f = line.split(",")
+        rows[(f[0], f[2])] = float(f[4])
+    return rows
+
+
+def run(cmd, log, env=None, timeout=600):
+    t0 = time.time()
+    with open(log, "w") as out:
+        rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+    return rc, time.time() - t0
+
+
+def launch_pair(train, args, work, tag, extra=(), env1=None):
+    """Starts ranks 0 and 1 with explicit flags on a fresh port and waits until they have formed the
+    group; starts over on another port when rank 0 finds its port taken."""
+    for attempt in range(4):
+        port = free_port()
+        procs, logs = [], []
+        for rank in (0, 1):
+            log = os.path.join(work, f"{tag}.rank{rank}.log")
+            logs.append(log)
+            cmd = [train] + args + ["--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
+                                    "--master-port", str(port)] + list(extra)
+            env = dict(os.environ, **(env1 or {})) if rank == 1 else None
+            procs.append(subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env))
+        t0 = time.time()
+        while time.time() - t0 < 120:
+            text = open(logs[0]).read()
+            if re.search(r"\[dist\] 2 ranks|\bstep 1\b", text) or (procs[0].poll() is not None and
+                                                                  "already in use" not in text.lower()):
+                return procs, logs  # formed (or failed otherwise: the caller reports it)
+            if procs[0].poll() is not None:
+                break
+            time.sleep(0.05)
+        for p in procs:
+            p.kill()
+            p.wait()
+        print(f"  port {port} was taken (or the group did not form); trying another")
+    fail("no group formed after 4 ports")
+
+
+def wait_for(log, pattern, procs, timeout=300):  # a cold corpus cache is prepared first
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if re.search(pattern, open(log).read()):
+            return
+        if any(p.poll() is not None for p in procs):
+            fail(f"a rank exited before '{pattern}' appeared in {log}:\n" + open(log).read())
+        time.sleep(0.05)
+    fail(f"'{pattern}' did not appear in {log} within {timeout} s")
+
+
+def test_equal(train, torchrun, cache, work):
+    common = COMMON + ["--cache-dir", cache, "--encoding", ",".join(ENCODINGS)]
+    t0 = time.time()
+    rc, s = run([train] + common + ["--batch", str(2 * BATCH), "--out", f"{work}/one"], f"{work}/one.log")
+    if rc:
+        fail("the single-process run failed:\n" + open(f"{work}/one.log").read())
+    print(f"1 process, batch {2 * BATCH}: {s:.1f} s")
+    rc, s = run([torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", train] + common +
+                ["--batch", str(BATCH), "--out", f"{work}/two"], f"{work}/two.log")
+    if rc:
+        fail("the torchrun run failed:\n" + open(f"{work}/two.log").read())
+    print(f"torchrun, 2 processes, batch {BATCH} each: {s:.1f} s")
+    log = open(f"{work}/two.log").read()
+    if "[dist] 2 ranks, backend gloo" not in log:
+        fail("the torchrun run did not form a 2-rank Gloo group:\n" + log)
+    worst = [0.0, 0.0]
+    for enc in ENCODINGS:
+        dl, dp = compare(f"{work}/one/{enc}.ckpt", f"{work}/two/{enc}.ckpt", f"{enc} 2x{BATCH} vs 1x{2 * BATCH}")
+        worst = [max(worst[0], dl), max(worst[1], dp)]
+    e1, e2 = eval_losses(f"{work}/one/results.csv"), eval_losses(f"{work}/two/results.csv")
+    if set(e1) != set(e2):
+        fail("the evaluations have different rows")
+    de = max(abs(e1[k] - e2[k]) for k in e1)
+    print(f"  evaluation (sharded over 2 ranks): {len(e1)} cells, max |loss diff| {de:.2e}")
+    if de > TOLERANCE["eval"]:
+        fail(f"the evaluation losses differ by {de:.3g} > {TOLERANCE['eval']}")
+    print(f"worst: losses {worst[0]:.2e}, parameters {worst[1]:.2e}, evaluation {de:.2e} (tolerance {TOLERANCE})")
+
+    # Explicit flags: the same computation as torchrun's, bit for bit (one encoding).
+    args = COMMON + ["--cache-dir", cache, "--encoding", "cable", "--batch", str(BATCH), "--out", f"{work}/flags"]
+    procs, logs = launch_pair(train, args, work, "flags")
+    rcs = [p.wait(timeout=300) for p in procs]
+    if rcs != [0, 0]:
+        fail(f"the explicit-flag run exited {rcs}:\n" + open(logs[0]).read() + open(logs[1]).read())
+    if open(logs[1]).read().strip():
+        fail("rank 1 printed something (only rank 0 prints):\n" + open(logs[1]).read())
+    cmp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "resume", "compare_checkpoints.py")
+    if subprocess.call([sys.executable, cmp, f"{work}/flags/cable.ckpt", f"{work}/two/cable.ckpt"]):
+        fail("the explicit-flag run differs from torchrun's")
+
+    # Resume: rank 1 alone asks to stop after step 2 (as Ctrl-C or SIGTERM would: ape-train's test
+    # hook, so that the step is known); both ranks stop there, rank 0 writes the checkpoint.
+    args = COMMON + ["--cache-dir", cache, "--encoding", "t5", "--batch", str(BATCH), "--out", f"{work}/cut"]
+    procs, logs = launch_pair(train, args, work, "cut", env1={"APE_TEST_STOP_AFTER_STEP": "2"})
+    rcs = [p.wait(timeout=300) for p in procs]
+    if rcs != [130, 130]:
+        fail(f"after rank 1 asked to stop the ranks exited {rcs}, expected 130 and 130:\n" + open(logs[0]).read())
+    _, cfg, _ = read(f"{work}/cut/t5.ckpt")
+    st = cfg["state"]
+    if st["step"] != 2 or st["complete"] or [e["rank"] for e in st["samplers"]] != [0, 1] or \
+            any(e["windows"] != 2 * 2 * BATCH for e in st["samplers"]):
+        fail(f"unexpected interrupted checkpoint: {st}")
+    print(f"rank 1 asked to stop after step 2: both stopped (status 130); checkpoint at step 2 with sampler "
+          f"entries for ranks 0 and 1 ({st['samplers'][0]['windows']} windows drawn)")
+    for d in ("again2", "again1"):
+        os.makedirs(f"{work}/{d}", exist_ok=True)
+        with open(f"{work}/cut/t5.ckpt", "rb") as src, open(f"{work}/{d}/t5.ckpt", "wb") as dst:
+            dst.write(src.read())
+    resume = ["--resume", f"{work}/again2/t5.ckpt", "--cache-dir", cache]
+    procs, logs = launch_pair(train, resume, work, "again2")
+    rcs = [p.wait(timeout=300) for p in procs]
+    if rcs != [0, 0]:
+        fail(f"the 2-rank resume exited {rcs}:\n" + open(logs[0]).read() + open(logs[1]).read())
+    if subprocess.call([sys.executable, cmp, f"{work}/again2/t5.ckpt", f"{work}/two/t5.ckpt"]):
+        fail("the run resumed on 2 ranks differs from the uninterrupted 2-rank run")
+    rc, _ = run([train, "--resume", f"{work}/again1/t5.ckpt", "--cache-dir", cache], f"{work}/again1.log")
+    if rc or "continues on 1 with batch 4" not in open(f"{work}/again1.log").read():
+        fail("the 1-process resume of the 2-rank run failed:\n" + open(f"{work}/again1.log").read())
+    compare(f"{work}/again1/t5.ckpt", f"{work}/one/t5.ckpt", f"t5 resumed on 1 process vs 1x{2 * BATCH}")
+    rc, _ = run([train, "--resume", f"{work}/cut/t5.ckpt", "--cache-dir", cache, "--rank", "0", "--world-size", "3",
+                 "--master-port", str(free_port())], f"{work}/refused.log", timeout=60)
+    msg = open(f"{work}/refused.log").read()
+    if rc != 1 or "cannot be split over 3 ranks" not in msg:
+        fail(f"a resume on 3 ranks (global batch {2 * BATCH}) was not refused clearly (status {rc}):\n{msg}")
+    print("resume on 3 ranks refused: " + msg.strip().splitlines()[-1])
+    print(f"dist_test equal: PASS in {time.time() - t0:.1f} s")
+
+
+def test_failure(train, cache, work):
+    t0 = time.time()
+    args = ["--cache-dir", cache, "--encoding", "rope", "--steps", "100000", "--d-model", "32", "--layers", "1",
+            "--heads", "2", "--seq-len", "32", "--batch", "2", "--threads", "1", "--checkpoint-minutes", "0"]
+    for victim in (1, 0):
+        procs, logs = launch_pair(train, args + ["--out", f"{work}/kill{victim}"], work, f"kill{victim}")
+        wait_for(logs[0], r"step 1/", procs)
+        time.sleep(0.5)
+        procs[victim].kill()
+        killed = time.time()
+        other = 1 - victim
+        try:
+            rc = procs[other].wait(timeout=KILL_BOUND)
+        except subprocess.TimeoutExpired:
+            procs[other].kill()
+            fail(f"rank {other} still running {KILL_BOUND} s after rank {victim} was killed")
+        took = time.time() - killed
+        procs[victim].wait()
+        msg = open(logs[other]).read()
+        if rc != 1 or "the data-parallel group failed" not in msg or f"[rank {other} of 2]" not in msg:
+            fail(f"rank {other} exited {rc} without a clear message after rank {victim} died:\n{msg}")
+        print(f"rank {victim} killed: rank {other} exited {rc} after {took:.2f} s: "
+              + [l for l in msg.splitlines() if "error" in l][-1][:220])
+    # SIGTERM on rank 1 alone: both stop after the same step, rank 0 writes the checkpoint, both exit 130.
+    procs, logs = launch_pair(train, args + ["--out", f"{work}/term"], work, "term")
+    wait_for(logs[0], r"step 1/", procs)
+    procs[1].send_signal(signal.SIGTERM)
+    rcs = [p.wait(timeout=KILL_BOUND) for p in procs]
+    _, cfg, _ = read(f"{work}/term/rope.ckpt")
+    if rcs != [130, 130] or cfg["state"]["complete"] or len(cfg["state"]["samplers"]) != 2:
+        fail(f"SIGTERM on rank 1: status {rcs}, state {cfg['state'].get('step')}:\n" + open(logs[0]).read())
+    print(f"SIGTERM on rank 1: both ranks exited 130; checkpoint at step {cfg['state']['step']}: "
+          + open(logs[0]).read().strip().splitlines()[-1][:160])
+    procs, logs = launch_pair(train, args + ["--out", f"{work}/hang", "--dist-timeout", str(HANG_TIMEOUT)], work, "hang")
+    wait_for(logs[0], r"step 1/", procs)
+    procs[1].send_signal(signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        rc = procs[0].wait(timeout=HANG_TIMEOUT + KILL_BOUND)
+    except subprocess.TimeoutExpired:
+        procs[0].kill()
+        rc = None
+    took = time.time() - stopped
+    procs[1].kill()
+    procs[1].send_signal(signal.SIGCONT)
+    procs[1].wait()
+    msg = open(logs[0]).read()
+    if rc != 1 or "the data-parallel group failed" not in msg:
+        fail(f"rank 0 did not give up on a hung rank 1 within {HANG_TIMEOUT + KILL_BOUND} s (status {rc}):\n{msg}")
+    print(f"rank 1 hung (SIGSTOP): rank 0 exited {rc} after {took:.2f} s (--dist-timeout {HANG_TIMEOUT}): "
+          + [l for l in msg.splitlines() if "error" in l][-1][:220])
+    print(f"dist_test failure: PASS in {time.time() - t0:.1f} s")
+
+
+def main():
+    if len(sys.argv) != 6 or sys.argv[5] not in ("equal", "failure"):
+        print(__doc__)
+        return 2
+    train, torchrun, cache, work, what = sys.argv[1:]
+    os.makedirs(work, exist_ok=True)
+    if what == "equal":
+        test_equal(train, torchrun, cache, work)
+    else:
+        test_failure(train, cache, work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
