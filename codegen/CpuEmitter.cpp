@@ -238,6 +238,12 @@ private:
             .Case([&](arith::RemSIOp) { return bin("%"); })
             .Case([&](arith::DivUIOp) { return "int64_t(" + u64(0) + " / " + u64(1) + ")"; })
             .Case([&](arith::RemUIOp) { return "int64_t(" + u64(0) + " % " + u64(1) + ")"; })
+            // Bitwise on index/i64 (-ape-fuse's partner index c ^ 1), logical on i1 (masks).
+            .Case<arith::AndIOp, arith::OrIOp, arith::XOrIOp>([&](auto o) {
+              StringRef sym = isa<arith::AndIOp>(o) ? "&" : isa<arith::OrIOp>(o) ? "|" : "^";
+              return o.getType().isInteger(1) ? "bool(" + bin(sym) + ")"
+                                              : "int64_t(" + u64(0) + " " + sym.str() + " " + u64(1) + ")";
+            })
             .Case([&](arith::FloorDivSIOp) {  // rounds toward -inf
               return "(" + a(0) + " / " + a(1) + " - ((" + a(0) + " % " + a(1) + " != 0) && ((" +
                      a(0) + " < 0) != (" + a(1) + " < 0))))";

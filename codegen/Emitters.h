@@ -55,6 +55,13 @@ LogicalResult writeCudaPackageSupport(llvm::StringRef dir);
 /// initialisers, the masked projection, the logit scale and the schedule.
 LogicalResult emitManifest(KernelOp kernel, llvm::StringRef source, llvm::raw_ostream &os);
 
+/// Writes `encoding`, taken after -ape-expand and -ape-push-override (before -ape-fuse), as
+/// JSON data: its params, features, token program and every q_mod, k_mod, score_mod,
+/// rel_rows, value_rows and position table region as an expression graph, unfused and
+/// undifferentiated. `ape-check` evaluates it with LibTorch as the kernel's independent
+/// reference (docs/ape-check.md; the schema is at the top of ReferenceEmitter.cpp).
+LogicalResult emitReference(EncodingOp encoding, llvm::StringRef source, llvm::raw_ostream &os);
+
 /// One file of a self-contained emitted folder: its path inside the folder and its text.
 struct EmittedFile {
   std::string path;

@@ -1,6 +1,6 @@
 //===- apec.cpp - the APE compiler ----------------------------------------===//
 //
-//   apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,torch-library,c-abi,cuda,cuda-package]
+//   apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,reference,torch-library,c-abi,cuda,cuda-package]
 //
 // Parses and verifies the spec, lowers every ape.encoding in it through the
 // whole pipeline (expand, push-override, fuse, differentiate, schedule) and
@@ -8,7 +8,11 @@
 //   OUTDIR/NAME_cpu.cpp         the fused CPU kernel (Enc functor + instantiations)
 //   OUTDIR/NAME.manifest.json   inputs, params, features, projection, schedule
 //   OUTDIR/NAME.kernel.mlir     the lowered ape.kernel (for reading and lit)
-// and on request (docs/cuda.md):
+// and on request:
+//   --emit=reference      OUTDIR/NAME.reference.json: the encoding's regions as data, taken
+//                         after expand and push-override, before fuse (ape-check's reference;
+//                         docs/ape-check.md)
+// and (docs/cuda.md):
 //   --emit=cuda           OUTDIR/NAME_cuda.cuh, NAME_cuda.cu and one
 //                         NAME_cuda_<dtype>_hd<D>.cu per --cuda-dtypes x --cuda-head-dims
 //   --emit=cuda-package   a self-contained CUDA package in OUTDIR (run once per spec
@@ -35,6 +39,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/Timing.h"
 #include "mlir/Support/FileUtilities.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -53,7 +58,7 @@ static cl::opt<std::string> outDir("o", cl::desc("output folder (created if miss
                                    cl::value_desc("dir"), cl::init("."), cl::cat(apecCategory));
 static cl::list<std::string> emit("emit",
                                   cl::desc("what to write (default: cpu,manifest,kernel-mlir)"),
-                                  cl::value_desc("cpu|manifest|kernel-mlir|cuda|cuda-package|torch-library|c-abi"), cl::CommaSeparated,
+                                  cl::value_desc("cpu|manifest|kernel-mlir|reference|cuda|cuda-package|torch-library|c-abi"), cl::CommaSeparated,
                                   cl::cat(apecCategory));
 static cl::list<std::string> cudaDTypes(
     "cuda-dtypes",
@@ -185,19 +190,22 @@ int main(int argc, char **argv) {
   cl::ParseCommandLineOptions(
       argc, argv,
       "apec: compile an APE positional-encoding spec into fused attention kernels\n\n"
-      "  apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,torch-library,c-abi,cuda,cuda-package]\n\n"
+      "  apec SPEC.mlir -o OUTDIR [--emit=cpu,manifest,kernel-mlir,reference,torch-library,c-abi,\n"
+      "                            cuda,cuda-package]\n\n"
       "For every ape.encoding @NAME in SPEC.mlir writes OUTDIR/NAME_cpu.cpp (the fused CPU\n"
       "kernel), OUTDIR/NAME.manifest.json and OUTDIR/NAME.kernel.mlir (the lowered IR).\n"
       "--emit=torch-library / c-abi write OUTDIR/NAME_torch_library/ (PyTorch operators) and\n"
       "OUTDIR/NAME_c_abi/ (a C header and library), folders that build without MLIR.\n"
+      "--emit=reference writes OUTDIR/NAME.reference.json, the encoding's regions as data after\n"
+      "expand and push-override (unfused, undifferentiated): ape-check's reference.\n"
       "Errors in the spec are reported as file:line:col and apec exits with status 1.\n");
 
   llvm::StringSet<> wanted;
   for (const std::string &e : emit) {
-    if (e != "cpu" && e != "manifest" && e != "kernel-mlir" && e != "cuda" &&
+    if (e != "cpu" && e != "manifest" && e != "kernel-mlir" && e != "reference" && e != "cuda" &&
         e != "cuda-package" && e != "torch-library" && e != "c-abi") {
       llvm::errs() << "apec: unknown --emit value '" << e
-                   << "' (expected cpu, manifest, kernel-mlir, cuda, cuda-package, "
+                   << "' (expected cpu, manifest, kernel-mlir, reference, cuda, cuda-package, "
                       "torch-library or c-abi)\n";
       return 1;
     }
@@ -235,6 +243,23 @@ int main(int argc, char **argv) {
     }
   }
 
+  std::string source = sourceName.empty() ? inputFile.getValue() : sourceName.getValue();
+  // The reference data: a copy of the spec after expand and push-override only.
+  llvm::StringMap<std::string> referenceJson;  // by encoding name
+  if (wanted.contains("reference")) {
+    OwningOpRef<ModuleOp> copy = module->clone();
+    PassManager early(&context);
+    early.addPass(ape::createApeExpand());
+    early.addPass(ape::createApePushOverride());
+    if (failed(early.run(*copy)))
+      return 1;
+    for (ape::EncodingOp enc : copy->getOps<ape::EncodingOp>()) {
+      llvm::raw_string_ostream os(referenceJson[enc.getSymName()]);
+      if (failed(ape::emitReference(enc, source, os)))
+        return 1;
+    }
+  }
+
   PassManager pm(&context);
   if (failed(applyPassManagerCLOptions(pm)))
     return 1;
@@ -246,7 +271,6 @@ int main(int argc, char **argv) {
     llvm::errs() << "apec: cannot create " << outDir << ": " << ec.message() << "\n";
     return 1;
   }
-  std::string source = sourceName.empty() ? inputFile.getValue() : sourceName.getValue();
   for (ape::KernelOp kernel : module->getOps<ape::KernelOp>()) {
     llvm::SmallString<256> base(outDir);
     llvm::sys::path::append(base, kernel.getSymName());
@@ -258,6 +282,12 @@ int main(int argc, char **argv) {
     if (wanted.contains("manifest") &&
         failed(writeFile((base + ".manifest.json").str(), [&](raw_ostream &os) {
           return ape::emitManifest(kernel, source, os);
+        })))
+      return 1;
+    if (wanted.contains("reference") &&
+        failed(writeFile((base + ".reference.json").str(), [&](raw_ostream &os) {
+          os << referenceJson.lookup(kernel.getSymName());
+          return success();
         })))
       return 1;
     if (wanted.contains("cuda") && failed(writeCuda(kernel, source, outDir)))

@@ -10,3 +10,14 @@ foreach(_ape_tool train eval)
   endif()
 endforeach()
 unset(_ape_tool)
+
+# ape-check (docs/ape-check.md): a spec's kernel against the reference evaluated from the spec's
+# regions. It runs apec (a separate process: this side never links MLIR) and checks the kernel
+# compiled into this build from the same example file, or compiles another spec (SpecLibrary).
+add_executable(ape-check ${CMAKE_CURRENT_LIST_DIR}/ape_check.cpp)
+target_link_libraries(ape-check PRIVATE ape_runtime ape_kernels)
+if(TARGET CLI11::CLI11)
+  target_link_libraries(ape-check PRIVATE CLI11::CLI11)
+endif()
+target_compile_definitions(ape-check PRIVATE APE_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+add_dependencies(ape-check apec)

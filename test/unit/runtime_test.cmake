@@ -6,7 +6,8 @@ if(NOT TARGET GTest::gtest_main)
 endif()
 include(GoogleTest)
 add_executable(ape_runtime_test ${CMAKE_CURRENT_LIST_DIR}/runtime_test.cpp ${CMAKE_CURRENT_LIST_DIR}/resume_test.cpp
-               ${CMAKE_CURRENT_LIST_DIR}/spec_library_test.cpp ${CMAKE_CURRENT_LIST_DIR}/distributed_test.cpp)
+               ${CMAKE_CURRENT_LIST_DIR}/spec_library_test.cpp ${CMAKE_CURRENT_LIST_DIR}/distributed_test.cpp
+               ${CMAKE_CURRENT_LIST_DIR}/spec_reference_test.cpp)
 target_link_libraries(ape_runtime_test PRIVATE ape_runtime ape_kernels GTest::gtest_main)
 target_compile_definitions(ape_runtime_test PRIVATE APE_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/data/pg30")
 # spec_library_test.cpp: its specs, and the kernel cache it compiles them into (runtime/SpecLibrary.h).

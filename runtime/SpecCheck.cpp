@@ -1,0 +1,402 @@
+// ape-check's comparisons (see SpecCheck.h).
+#include "runtime/SpecCheck.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "ape/kernel_entry.h"
+#include "runtime/Attention.h"
+#include "runtime/Manifest.h"
+
+namespace ape {
+
+using at::Tensor;
+
+std::string CheckShape::str() const {
+  return std::to_string(B) + "x" + std::to_string(H) + "x" + std::to_string(T) + "x" +
+         std::to_string(D);
+}
+
+std::vector<CheckShape> default_grid() {
+  return {{1, 1, 1, 16}, {2, 3, 37, 16}, {1, 2, 64, 32}, {2, 2, 150, 64}};
+}
+
+bool CheckReport::passed() const {
+  if (!problems.empty()) return false;
+  for (const CheckRow &r : rows)
+    if (!r.pass) return false;
+  return true;
+}
+
+namespace {
+
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+
+// The inputs of one cell, fp64 masters; params and features in manifest order.
+struct Cell {
+  CheckShape shape;
+  Tensor q, k, v, dout;
+  std::vector<Tensor> features, params;
+  double scale = 0;
+};
+
+// A param's value for a check. Fixed params (settings such as rope_factor) and derived ones
+// (computed from a projection weight at run time; here random N(0, 0.02), like the weight they
+// come from) as a model would hold them. Trainable params start from their initialiser and move
+// off values where the encoding is degenerate: a zero or small-normal initialiser (tables,
+// hidden layers, biases) becomes N(0, max(std, 0.5)), so that its term visibly changes the
+// logits; a nonzero deterministic one (ALiBi slopes, KERPLE's p and a, FIRE's c and L) is
+// multiplied by |1 + 0.1 N(0, 1)|, which keeps its sign and breaks ties (no clamp or max sits
+// exactly at a kink).
+Tensor make_param(const ParamSpec &p, int64_t H, int64_t D) {
+  const auto shape = p.resolve_shape(H, D);
+  if (p.init.derived()) return at::randn(shape, kF64) * 0.02;
+  Tensor base = init_param(p, H, D, at::kDouble);
+  if (!p.trainable) return base;
+  if (p.init.kind == InitSpec::Kind::Zeros || p.init.kind == InitSpec::Kind::Normal ||
+      base.abs().max().item<double>() == 0.0)
+    return at::randn(shape, kF64) * std::max(p.init.kind == InitSpec::Kind::Normal ? p.init.std : 0.0, 0.5);
+  return base * (1.0 + 0.1 * at::randn(shape, kF64)).abs();
+}
+
+Cell make_cell(const Manifest &man, const CheckShape &s, uint64_t seed) {
+  Cell c;
+  c.shape = s;
+  at::manual_seed(seed);
+  c.q = at::randn({s.B, s.H, s.T, s.D}, kF64);
+  c.k = at::randn({s.B, s.H, s.T, s.D}, kF64);
+  c.v = at::randn({s.B, s.H, s.T, s.D}, kF64);
+  c.dout = at::randn({s.B, s.H, s.T, s.D}, kF64);
+  for (int64_t n = 0; n < man.num_features(); ++n) c.features.push_back(at::randn({s.B, s.H, s.T}, kF64));
+  for (const ParamSpec &p : man.params) c.params.push_back(make_param(p, s.H, s.D));
+  c.scale = man.scale_for(s.D);
+  return c;
+}
+
+using Outputs = std::map<std::string, Tensor>;  // quantity -> fp64 tensor
+
+// The reference in `dtype` (float64 or float32), gradients by autograd.
+Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell &c,
+                      at::ScalarType dtype) {
+  auto leaf = [&](const Tensor &t, bool grad) {
+    return t.to(dtype).detach().clone().set_requires_grad(grad);
+  };
+  Tensor q = leaf(c.q, true), k = leaf(c.k, true), v = leaf(c.v, true);
+  std::vector<Tensor> inputs = {q, k, v};
+  std::vector<std::string> names = {"dq", "dk", "dv"};
+  std::map<std::string, Tensor> feats, prms;
+  for (size_t n = 0; n < c.features.size(); ++n) {
+    Tensor f = leaf(c.features[n], true);
+    feats[man.features[n].name] = f;
+    inputs.push_back(f), names.push_back("dfeature:" + man.features[n].name);
+  }
+  for (size_t n = 0; n < c.params.size(); ++n) {
+    const ParamSpec &p = man.params[n];
+    Tensor t = leaf(c.params[n], p.trainable);
+    prms[p.name] = t;
+    if (p.trainable) inputs.push_back(t), names.push_back("dparam:" + p.name);
+  }
+  at::AutoGradMode grad_mode(true);
+  SpecReference::Result r = ref.attention(q, k, v, feats, prms, c.scale);
+  Outputs out;
+  out["o"] = r.o.detach().to(at::kDouble);
+  out["lse"] = r.lse.detach().to(at::kDouble);
+  auto grads = torch::autograd::grad({r.o}, inputs, {c.dout.to(dtype)}, /*retain_graph=*/false,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+  for (size_t n = 0; n < inputs.size(); ++n)
+    out[names[n]] = grads[n].defined() ? grads[n].to(at::kDouble) : at::zeros_like(inputs[n], kF64);
+  for (size_t n = 0; n < c.params.size(); ++n)  // a fixed param gets no gradient
+    if (!man.params[n].trainable) out["dparam:" + man.params[n].name] = at::zeros_like(c.params[n]);
+  return out;
+}
+
+// One call of the kernel in precision Real; every output NaN-filled first, so that an output the
+// kernel does not write is caught.
+template <class Real> struct KernelRun {
+  static constexpr at::ScalarType kType = std::is_same_v<Real, float> ? at::kFloat : at::kDouble;
+  const KernelEntry &entry;
+  Tensor q, k, v, o, lse, dout, dq, dk, dv;
+  std::vector<Tensor> feat, prm, dfeat, dprm;
+  std::vector<const Real *> feat_p, prm_p;
+  std::vector<Real *> dfeat_p, dprm_p;
+  AttnArgs<Real> args{};
+
+  KernelRun(const KernelEntry &e, const Cell &c) : entry(e) {
+    auto cvt = [&](const Tensor &t) { return t.to(kType).contiguous().clone(); };
+    q = cvt(c.q), k = cvt(c.k), v = cvt(c.v), dout = cvt(c.dout);
+    for (const auto &f : c.features) feat.push_back(cvt(f));
+    for (const auto &t : c.params) prm.push_back(cvt(t));
+    o = at::empty_like(q), lse = at::empty({c.shape.B, c.shape.H, c.shape.T}, at::dtype(kType));
+    dq = at::empty_like(q), dk = at::empty_like(q), dv = at::empty_like(q);
+    for (auto &f : feat) dfeat.push_back(at::empty_like(f)), feat_p.push_back(f.data_ptr<Real>());
+    for (auto &t : prm) dprm.push_back(at::empty_like(t)), prm_p.push_back(t.data_ptr<Real>());
+    for (auto &t : dfeat) dfeat_p.push_back(t.data_ptr<Real>());
+    for (auto &t : dprm) dprm_p.push_back(t.data_ptr<Real>());
+    args.B = c.shape.B, args.H = c.shape.H, args.T = c.shape.T, args.D = c.shape.D;
+    args.q = q.data_ptr<Real>(), args.k = k.data_ptr<Real>(), args.v = v.data_ptr<Real>();
+    args.o = o.data_ptr<Real>(), args.lse = lse.data_ptr<Real>();
+    args.features = feat_p.data(), args.params = prm_p.data();
+    args.scale = static_cast<Real>(c.scale);
+    args.dout = dout.data_ptr<Real>();
+    args.dq = dq.data_ptr<Real>(), args.dk = dk.data_ptr<Real>(), args.dv = dv.data_ptr<Real>();
+    args.dfeatures = dfeat_p.data(), args.dparams = dprm_p.data();
+  }
+  static void poison(Tensor &t) { t.fill_(std::numeric_limits<Real>::quiet_NaN()); }
+  void forward() {
+    poison(o), poison(lse);
+    if constexpr (std::is_same_v<Real, float>) entry.forward_f32(args);
+    else entry.forward_f64(args);
+  }
+  void backward() {
+    poison(dq), poison(dk), poison(dv);
+    for (auto &t : dfeat) poison(t);
+    for (auto &t : dprm) poison(t);
+    if constexpr (std::is_same_v<Real, float>) entry.backward_f32(args);
+    else entry.backward_f64(args);
+  }
+  Outputs outputs(const Manifest &man) const {
+    auto d = [](const Tensor &t) { return t.to(at::kDouble); };
+    Outputs out = {{"o", d(o)}, {"lse", d(lse)}, {"dq", d(dq)}, {"dk", d(dk)}, {"dv", d(dv)}};
+    for (size_t n = 0; n < dfeat.size(); ++n) out["dfeature:" + man.features[n].name] = d(dfeat[n]);
+    for (size_t n = 0; n < dprm.size(); ++n) out["dparam:" + man.params[n].name] = d(dprm[n]);
+    return out;
+  }
+};
+
+template <class Real> Outputs run_kernel(const KernelEntry &e, const Manifest &man, const Cell &c) {
+  KernelRun<Real> run(e, c);
+  run.forward();
+  run.backward();
+  return run.outputs(man);
+}
+
+struct Error {
+  double max_abs = 0, rel = 0;  // rel = max_abs / max(1, max |ref|); NaN / inf on a mismatch
+};
+
+// Where the reference is not finite (the -inf lse of a row with no visible key), the kernel must
+// give the same value; elsewhere the largest difference (NaN when the kernel gave a NaN).
+Error compare(const Tensor &got, const Tensor &ref) {
+  if (got.sizes() != ref.sizes()) return {INFINITY, INFINITY};
+  if (ref.numel() == 0) return {};
+  const Tensor finite = at::isfinite(ref);
+  const Tensor odd = finite.logical_not();
+  if (odd.any().item<bool>()) {
+    const Tensor same = got.masked_select(odd).eq(ref.masked_select(odd)) |
+                        (at::isnan(got.masked_select(odd)) & at::isnan(ref.masked_select(odd)));
+    if (!same.all().item<bool>()) return {INFINITY, INFINITY};
+  }
+  if (!finite.any().item<bool>()) return {};
+  const Tensor diff = (got.masked_select(finite) - ref.masked_select(finite)).abs();
+  const double err = at::isnan(diff).any().item<bool>() ? NAN : diff.max().item<double>();
+  const double mag = ref.masked_select(finite).abs().max().item<double>();
+  return {err, err / std::max(1.0, mag)};
+}
+
+// The worst row per (quantity, precision): the largest error relative to its tolerance.
+struct Table {
+  std::vector<CheckRow> rows;
+  std::map<std::pair<std::string, std::string>, size_t> at;
+  bool verbose = false;
+  void add(CheckRow r) {
+    r.pass = r.rel <= r.tol;  // false for NaN
+    if (verbose) return rows.push_back(r);
+    const auto key = std::make_pair(r.quantity, r.precision);
+    auto it = at.find(key);
+    if (it == at.end()) {
+      at[key] = rows.size();
+      rows.push_back(r);
+      return;
+    }
+    CheckRow &old = rows[it->second];
+    const bool pass = old.pass && r.pass;
+    const double ratio_old = old.rel / old.tol, ratio_new = r.rel / r.tol;
+    if (!(ratio_new <= ratio_old) || (!r.pass && old.pass)) old = r;
+    old.pass = pass;
+  }
+};
+
+// fp64 central differences of sum(o . dO) through the kernel's forward against its backward.
+void finite_differences(const KernelEntry &e, const Manifest &man, const Cell &c, int entries,
+                        Table &table) {
+  KernelRun<double> base(e, c);
+  base.forward();
+  base.backward();
+  const double h = 1e-5;
+  KernelRun<double> probe(e, c);
+  const Tensor w = base.dout;
+  auto loss = [&]() {
+    probe.forward();
+    return (probe.o * w).sum().item<double>();
+  };
+  struct Input {
+    std::string name;
+    Tensor value, grad;
+  };
+  std::vector<Input> inputs = {{"q", probe.q, base.dq}, {"k", probe.k, base.dk}, {"v", probe.v, base.dv}};
+  for (size_t n = 0; n < probe.feat.size(); ++n)
+    inputs.push_back({"feature:" + man.features[n].name, probe.feat[n], base.dfeat[n]});
+  for (size_t n = 0; n < probe.prm.size(); ++n)
+    if (man.params[n].trainable) inputs.push_back({"param:" + man.params[n].name, probe.prm[n], base.dprm[n]});
+  for (Input &in : inputs) {
+    const Tensor g = in.grad.flatten();
+    std::vector<int64_t> picks = {g.abs().argmax().item<int64_t>()};
+    for (int r = 1; r < entries && r < g.numel(); ++r) {
+      int64_t e2 = at::randint(g.numel(), {1}, at::kLong).item<int64_t>();
+      while (std::find(picks.begin(), picks.end(), e2) != picks.end()) e2 = (e2 + 1) % g.numel();
+      picks.push_back(e2);
+    }
+    double *x = in.value.data_ptr<double>();
+    const double norm = std::max(1e-2, g.abs().max().item<double>());
+    CheckRow row{"fd:" + in.name, "fp64", c.shape.str()};
+    row.tol = 1e-6;
+    std::ostringstream note;
+    for (int64_t p : picks) {
+      const double x0 = x[p];
+      x[p] = x0 + h;
+      const double lp = loss();
+      x[p] = x0 - h;
+      const double lm = loss();
+      x[p] = x0;
+      const double fd = (lp - lm) / (2 * h), an = g[p].item<double>();
+      const double err = std::abs(fd - an);
+      if (!(err <= row.max_abs)) row.max_abs = err;
+      note << (note.tellp() ? ", " : "") << "[" << p << "] " << an;
+    }
+    row.rel = row.max_abs / norm;
+    row.note = "entries " + note.str();
+    table.add(row);
+  }
+}
+
+}  // namespace
+
+CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, const CheckOptions &opt) {
+  CheckReport report;
+  const Manifest &man = manifest_of(entry);
+  if (!entry.forward_f64 || !entry.backward_f64 || !entry.forward_f32 || !entry.backward_f32)
+    throw std::runtime_error(std::string("kernel ") + entry.name + " lacks fp32 or fp64 kernels");
+
+  // The kernel's interface (manifest) must be the spec's.
+  const auto &rp = ref.params();
+  if (rp.size() != man.params.size())
+    report.problems.push_back("the spec declares " + std::to_string(rp.size()) +
+                              " params, the kernel's manifest " + std::to_string(man.params.size()));
+  for (size_t n = 0; n < std::min(rp.size(), man.params.size()); ++n) {
+    const ParamSpec &mp = man.params[n];
+    std::string shape;
+    for (const DimSpec &d : mp.shape) shape += (shape.empty() ? "" : ",") + d.str();
+    std::string rshape;
+    for (const std::string &d : rp[n].shape) rshape += (rshape.empty() ? "" : ",") + d;
+    if (rp[n].name != mp.name || rp[n].trainable != mp.trainable || rshape != shape)
+      report.problems.push_back("param " + std::to_string(n) + ": the spec has '" + rp[n].name +
+                                "' [" + rshape + "]" + (rp[n].trainable ? " trainable" : "") +
+                                ", the kernel '" + mp.name + "' [" + shape + "]" +
+                                (mp.trainable ? " trainable" : ""));
+  }
+  std::vector<std::string> mf;
+  for (const FeatureSpec &f : man.features) mf.push_back(f.name);
+  if (mf != ref.features())
+    report.problems.push_back("the spec's features differ from the kernel's manifest's");
+  if (ref.has_embedding_table() != (entry.embed_table != nullptr))
+    report.problems.push_back(std::string("the spec ") + (ref.has_embedding_table() ? "has" : "has no") +
+                              " fixed position table, the kernel " +
+                              (entry.embed_table ? "has one" : "none"));
+  if (!report.problems.empty()) return report;
+
+  // The grid, within the shapes the encoding accepts.
+  std::vector<CheckShape> grid;
+  for (CheckShape s : opt.grid.empty() ? default_grid() : opt.grid) {
+    if (man.head_dim_hint) s.D = *man.head_dim_hint;
+    if (man.model_dim_hint) {
+      if (*man.model_dim_hint % s.D != 0) continue;
+      s.H = *man.model_dim_hint / s.D;
+    }
+    if (man.rotation && !ape_rules::checkRotation(man.rotation->fraction, s.D).empty()) continue;
+    grid.push_back(s);
+  }
+  if (grid.empty())
+    throw std::runtime_error("no shape of the grid fits the encoding (its head_dim / model_dim "
+                             "hints or its rotation fraction); give one with --shapes");
+
+  Table table;
+  table.verbose = opt.verbose;
+  for (size_t cell = 0; cell < grid.size(); ++cell) {
+    const Cell c = make_cell(man, grid[cell], opt.seed * 1000003u + cell);
+    const Outputs r64 = run_reference(ref, man, c, at::kDouble);
+    const Outputs r32 = run_reference(ref, man, c, at::kFloat);
+    const Outputs k64 = run_kernel<double>(entry, man, c);
+    const Outputs k32 = run_kernel<float>(entry, man, c);
+    std::vector<std::string> order = {"o", "lse", "dq", "dk", "dv"};
+    for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
+    for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
+    for (const std::string &q : order) {
+      const Tensor &want = r64.at(q);
+      const Error e64 = compare(k64.at(q), want);
+      CheckRow row{q, "fp64", c.shape.str(), e64.max_abs, e64.rel, -1, opt.fp64_tol};
+      table.add(row);
+      const Error e32 = compare(k32.at(q), want), y = compare(r32.at(q), want);
+      const CheckShape &s = c.shape;
+      const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
+      const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * std::sqrt(pairs)
+                                                      : opt.fp32_floor;
+      CheckRow row32{q, "fp32", s.str(), e32.max_abs, e32.rel, y.rel,
+                     std::max(opt.fp32_factor * y.rel, floor)};
+      table.add(row32);
+    }
+  }
+  // Central differences at the partial-tile cell (or the first one).
+  CheckShape fd_shape = grid.front();
+  for (const CheckShape &s : grid)
+    if (s.T > 1 && s.T % 64 != 0) { fd_shape = s; break; }
+  finite_differences(entry, man, make_cell(man, fd_shape, opt.seed * 7919u), opt.fd_entries, table);
+
+  if (entry.embed_table) {  // the fixed position table, at the largest cell's sizes
+    const CheckShape &s = grid.back();
+    const int64_t d = s.H * s.D;
+    Tensor got = at::empty({s.T, d}, kF64);
+    entry.embed_table(s.T, d, got.data_ptr<double>());
+    const Error e = compare(got, ref.embedding_table(s.T, d));
+    table.add({"embed_table", "fp64", std::to_string(s.T) + "x" + std::to_string(d), e.max_abs,
+               e.rel, -1, 1e-12});
+  }
+  report.rows = table.rows;
+  return report;
+}
+
+void print_report(std::ostream &os, const CheckReport &report) {
+  for (const std::string &p : report.problems) os << "interface mismatch: " << p << "\n";
+  if (report.rows.empty()) return;
+  size_t w = 8;
+  for (const CheckRow &r : report.rows) w = std::max(w, r.quantity.size());
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%-*s  %-4s  %-12s  %-9s  %-9s  %-9s  %-9s  %s\n", int(w),
+                "quantity", "prec", "worst cell", "max|err|", "rel err", "yardstick", "tolerance",
+                "result");
+  os << buf;
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2e", v);
+    return std::string(b);
+  };
+  for (const CheckRow &r : report.rows) {
+    std::snprintf(buf, sizeof buf, "%-*s  %-4s  %-12s  %-9s  %-9s  %-9s  %-9s  %s", int(w),
+                  r.quantity.c_str(), r.precision.c_str(), r.shape.c_str(), num(r.max_abs).c_str(),
+                  num(r.rel).c_str(), r.yardstick < 0 ? "-" : num(r.yardstick).c_str(),
+                  num(r.tol).c_str(), r.pass ? "pass" : "FAIL");
+    os << buf;
+    if (!r.note.empty() && !r.pass) os << "  (" << r.note << ")";
+    os << "\n";
+  }
+}
+
+}  // namespace ape

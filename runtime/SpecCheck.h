@@ -1,0 +1,74 @@
+// SpecCheck: a compiled kernel against the reference derived from its spec (ape-check,
+// docs/ape-check.md).
+//
+// For every shape (B, H, T, D) of a small grid and one seed, random inputs (q, k, v, dO, features
+// ~ N(0, 1); params from their manifest initialiser, trainable ones moved off degenerate values,
+// see make_params) go through
+//   - the kernel's fp64 forward/backward against the fp64 reference (SpecReference, gradients by
+//     autograd): tolerance `fp64_tol` on the normalised error max|err| / max(1, max|ref|);
+//   - the kernel's fp32 forward/backward against the same fp64 reference, with the fp32
+//     reference's own error as the yardstick: tolerance max(fp32_factor x yardstick, fp32_floor);
+//     for a param gradient the floor is fp32_param_floor x sqrt(N), N = B H T (T + 1) / 2 the
+//     query-key pairs it sums: the kernel accumulates them in fp32 tile by tile (a rounding
+//     error growing like sqrt(N)) where torch's reductions sum pairwise, so the fp32 reference
+//     can be far more accurate there than any streaming kernel (measured up to 146x);
+//   - fp64 central differences of the kernel's forward at a few entries of q, k, v, every
+//     feature and every trainable param against its backward (one shape);
+//   - the fixed position table (embed_table), when the encoding has one.
+// Quantities: o, lse, dq, dk, dv, dfeature:NAME, dparam:NAME (a fixed param must get a zero
+// gradient), fd:INPUT, embed_table.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "runtime/SpecReference.h"
+
+namespace ape {
+struct KernelEntry;
+
+struct CheckShape {
+  int64_t B = 1, H = 1, T = 1, D = 16;
+  std::string str() const;  // "BxHxTxD"
+};
+
+struct CheckOptions {
+  std::vector<CheckShape> grid;  // empty: default_grid()
+  uint64_t seed = 1;
+  int fd_entries = 2;            // central differences per input: the largest gradient + random
+  double fp64_tol = 1e-10;
+  double fp32_factor = 8.0;
+  double fp32_floor = 4e-6;
+  double fp32_param_floor = 2e-6;  // times sqrt(query-key pairs)
+  bool verbose = false;          // a row per grid cell, not only the worst
+};
+
+// The default grid: T = 1, a partial tile (T = 37), exactly one 64 x 64 tile, several tiles with
+// a partial one (T = 150); head dims 16, 32, 64; B and H up to 3 (kernels/include/ape/
+// cpu_attention.h works on 64 x 64 tiles).
+std::vector<CheckShape> default_grid();
+
+struct CheckRow {
+  std::string quantity, precision, shape;  // shape: the worst cell
+  double max_abs = 0, rel = 0, yardstick = -1, tol = 0;  // yardstick < 0: none (fp64, fd)
+  bool pass = false;
+  std::string note;
+};
+
+struct CheckReport {
+  std::vector<CheckRow> rows;
+  std::vector<std::string> problems;  // interface mismatches: each one a failure
+  bool passed() const;
+};
+
+// Checks `entry` against `ref`. Throws std::runtime_error for inputs that cannot be checked
+// (e.g. no grid shape fits the encoding's head_dim / model_dim hints or its rotation).
+CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref,
+                         const CheckOptions &options);
+
+// The pass/fail table.
+void print_report(std::ostream &os, const CheckReport &report);
+
+}  // namespace ape

@@ -1,0 +1,501 @@
+// The reference interpreter of apec's reference data (see SpecReference.h). Only LibTorch ops;
+// nothing here reads the generated kernels, their templates or their gradient regions.
+#include "runtime/SpecReference.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+#include <ATen/ATen.h>
+
+namespace ape {
+
+using json = nlohmann::json;
+using at::Tensor;
+namespace I = at::indexing;
+
+struct SpecReferenceData {
+  json doc;
+  std::string what;
+  std::string encoding;
+  std::vector<SpecReference::ParamInfo> params;
+  std::vector<std::string> features;
+};
+
+namespace {
+
+[[noreturn]] void fail(const std::string &what, const std::string &msg) {
+  throw std::runtime_error("reference data of " + what + ": " + msg);
+}
+
+// A real value of the data: a number or "inf", "-inf", "nan".
+double real(const json &v, const std::string &what) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    if (s == "inf") return std::numeric_limits<double>::infinity();
+    if (s == "-inf") return -std::numeric_limits<double>::infinity();
+    if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+  }
+  fail(what, "a constant is neither a number nor \"inf\", \"-inf\", \"nan\": " + v.dump());
+}
+
+enum class Kind { Real, Int, Bool };
+Kind kind_of(const std::string &type) {
+  if (type == "i1") return Kind::Bool;
+  if (type == "index" || (type.size() > 1 && type[0] == 'i')) return Kind::Int;
+  return Kind::Real;  // f32, f64, f16, bf16: the working precision
+}
+
+// Everything a region may read: sizes, params, token slots, relative rows.
+struct Env {
+  int64_t B = 0, H = 0, T = 0, D = 0;
+  at::ScalarType dtype = at::kDouble;
+  std::vector<Tensor> params;  // spec order, working dtype
+  std::vector<Tensor> tok;     // [B, H, T] per slot
+  std::vector<Tensor> rows;    // [B, H, T, rows_n]
+  const SpecReferenceData *data = nullptr;
+};
+
+int64_t dim_size(const std::string &dim, const Env &env) {
+  if (dim == "heads") return env.H;
+  if (dim == "head_dim") return env.D;
+  return std::stoll(dim);
+}
+
+Tensor scalar(double v, const Env &env) { return at::scalar_tensor(v, at::dtype(env.dtype)); }
+Tensor index_scalar(int64_t v) { return at::scalar_tensor(v, at::dtype(at::kLong)); }
+
+// C++ integer division and remainder (truncation toward zero), as MLIR's divsi / remsi.
+Tensor div_trunc(const Tensor &a, const Tensor &b) { return at::div(a, b, "trunc"); }
+Tensor rem_trunc(const Tensor &a, const Tensor &b) { return a - div_trunc(a, b) * b; }
+
+// The unsigned integer ops read their operands as uint64: the same as signed for values >= 0,
+// which is all an index region computes in practice; a negative operand is refused.
+void require_nonnegative(const std::vector<Tensor> &xs, const std::string &op,
+                         const SpecReferenceData &d) {
+  for (const Tensor &x : xs)
+    if (x.lt(0).any().item<bool>())
+      fail(d.what, op + " on a negative operand: the reference reads unsigned operations only on "
+                        "values >= 0");
+}
+
+Tensor clamp_index(const Tensor &i, int64_t size) { return i.clamp(0, size - 1); }
+
+Tensor load(const json &src, const std::vector<Tensor> &idx, const Env &env) {
+  const SpecReferenceData &d = *env.data;
+  const std::string kind = src.at("kind");
+  if (kind == "param") {
+    const size_t n = src.at("param");
+    if (n >= env.params.size()) fail(d.what, "a load names param " + std::to_string(n));
+    const auto &shape = d.params[n].shape;
+    if (idx.size() != shape.size())
+      fail(d.what, "param '" + d.params[n].name + "' loaded with " + std::to_string(idx.size()) +
+                       " indices for " + std::to_string(shape.size()) + " dimensions");
+    std::vector<I::TensorIndex> at;
+    for (size_t k = 0; k < idx.size(); ++k) at.emplace_back(clamp_index(idx[k], dim_size(shape[k], env)));
+    return env.params[n].index(at);
+  }
+  if (kind == "tokens") {
+    const size_t s = src.at("slot");
+    if (s >= env.tok.size() || !env.tok[s].defined())
+      fail(d.what, "a load reads token slot " + std::to_string(s) + " before it is computed");
+    if (idx.size() != 3) fail(d.what, "a token load takes [b, h, t]");
+    return env.tok[s].index({clamp_index(idx[0], env.B), clamp_index(idx[1], env.H),
+                             clamp_index(idx[2], env.T)});
+  }
+  if (kind == "rows") {
+    const size_t r = src.at("rows");
+    if (r >= env.rows.size() || !env.rows[r].defined())
+      fail(d.what, "a load reads relative rows " + std::to_string(r) + " that are not computed");
+    if (idx.size() != 4) fail(d.what, "a rows load takes [b, h, t, r]");
+    const Tensor &R = env.rows[r];
+    return R.index({clamp_index(idx[0], env.B), clamp_index(idx[1], env.H),
+                    clamp_index(idx[2], env.T), clamp_index(idx[3], R.size(3))});
+  }
+  fail(d.what, "unknown load source kind '" + kind + "'");
+}
+
+Tensor compare_f(const std::string &p, const Tensor &a, const Tensor &b, const SpecReferenceData &d) {
+  const Tensor unordered = at::isnan(a) | at::isnan(b);
+  if (p == "false") return at::zeros_like(unordered);
+  if (p == "true") return at::ones_like(unordered);
+  if (p == "oeq") return a.eq(b);
+  if (p == "ogt") return a.gt(b);
+  if (p == "oge") return a.ge(b);
+  if (p == "olt") return a.lt(b);
+  if (p == "ole") return a.le(b);
+  if (p == "one") return a.ne(b) & unordered.logical_not();
+  if (p == "ord") return unordered.logical_not();
+  if (p == "ueq") return a.eq(b) | unordered;
+  if (p == "ugt") return a.gt(b) | unordered;
+  if (p == "uge") return a.ge(b) | unordered;
+  if (p == "ult") return a.lt(b) | unordered;
+  if (p == "ule") return a.le(b) | unordered;
+  if (p == "une") return a.ne(b);
+  if (p == "uno") return unordered;
+  fail(d.what, "unknown arith.cmpf predicate '" + p + "'");
+}
+
+Tensor compare_i(const std::string &p, const Tensor &a, const Tensor &b, const SpecReferenceData &d) {
+  if (p == "eq") return a.eq(b);
+  if (p == "ne") return a.ne(b);
+  if (p == "slt") return a.lt(b);
+  if (p == "sle") return a.le(b);
+  if (p == "sgt") return a.gt(b);
+  if (p == "sge") return a.ge(b);
+  require_nonnegative({a, b}, "arith.cmpi " + p, d);
+  if (p == "ult") return a.lt(b);
+  if (p == "ule") return a.le(b);
+  if (p == "ugt") return a.gt(b);
+  if (p == "uge") return a.ge(b);
+  fail(d.what, "unknown arith.cmpi predicate '" + p + "'");
+}
+
+// One op of a region on whole tensors (broadcasting); `x` its operands.
+Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
+  const SpecReferenceData &d = *env.data;
+  const std::string name = op.at("op");
+  const Kind kind = kind_of(op.at("type"));
+  auto need = [&](size_t n) {
+    if (x.size() != n)
+      fail(d.what, name + " takes " + std::to_string(n) + " operands, got " + std::to_string(x.size()));
+  };
+  auto to_kind = [&](const Tensor &t) {
+    return kind == Kind::Real ? t.to(env.dtype) : kind == Kind::Int ? t.to(at::kLong) : t.to(at::kBool);
+  };
+  if (name == "arith.constant" || name == "ape.constant") {
+    const json &v = op.at("value");
+    if (kind == Kind::Bool) return at::scalar_tensor(v.get<bool>(), at::dtype(at::kBool));
+    if (kind == Kind::Int) return index_scalar(v.get<int64_t>());
+    return scalar(real(v, d.what), env);
+  }
+  if (name == "ape.dim") {
+    const std::string which = op.at("which");
+    return index_scalar(which == "heads" ? env.H : which == "head_dim" ? env.D : env.T);
+  }
+  if (name == "ape.load") return load(op.at("source"), x, env);
+  // Binary arithmetic (floats and integers alike where the C++ meaning is the same).
+  if (name == "arith.addf" || name == "arith.addi") return need(2), x[0] + x[1];
+  if (name == "arith.subf" || name == "arith.subi") return need(2), x[0] - x[1];
+  if (name == "arith.mulf" || name == "arith.muli") return need(2), x[0] * x[1];
+  if (name == "arith.divf") return need(2), x[0] / x[1];
+  if (name == "arith.remf") return need(2), at::fmod(x[0], x[1]);
+  if (name == "arith.negf") return need(1), -x[0];
+  if (name == "arith.divsi") return need(2), div_trunc(x[0], x[1]);
+  if (name == "arith.remsi") return need(2), rem_trunc(x[0], x[1]);
+  if (name == "arith.floordivsi") return need(2), at::div(x[0], x[1], "floor");
+  if (name == "arith.ceildivsi") return need(2), -at::div(-x[0], x[1], "floor");
+  if (name == "arith.divui") return need(2), require_nonnegative(x, name, d), div_trunc(x[0], x[1]);
+  if (name == "arith.remui") return need(2), require_nonnegative(x, name, d), rem_trunc(x[0], x[1]);
+  if (name == "arith.maxsi") return need(2), at::maximum(x[0], x[1]);
+  if (name == "arith.minsi") return need(2), at::minimum(x[0], x[1]);
+  if (name == "arith.maxui") return need(2), require_nonnegative(x, name, d), at::maximum(x[0], x[1]);
+  if (name == "arith.minui") return need(2), require_nonnegative(x, name, d), at::minimum(x[0], x[1]);
+  // maximumf / minimumf propagate NaN (at::maximum does); maxnumf / minnumf prefer the number.
+  if (name == "arith.maximumf") return need(2), at::maximum(x[0], x[1]);
+  if (name == "arith.minimumf") return need(2), at::minimum(x[0], x[1]);
+  if (name == "arith.maxnumf") return need(2), at::fmax(x[0], x[1]);
+  if (name == "arith.minnumf") return need(2), at::fmin(x[0], x[1]);
+  if (name == "arith.andi") return need(2), kind == Kind::Bool ? x[0].logical_and(x[1]) : x[0].bitwise_and(x[1]);
+  if (name == "arith.ori") return need(2), kind == Kind::Bool ? x[0].logical_or(x[1]) : x[0].bitwise_or(x[1]);
+  if (name == "arith.xori") return need(2), kind == Kind::Bool ? x[0].logical_xor(x[1]) : x[0].bitwise_xor(x[1]);
+  if (name == "arith.select") return need(3), at::where(x[0], x[1], x[2]);
+  if (name == "arith.cmpf") return need(2), compare_f(op.at("predicate"), x[0], x[1], d);
+  if (name == "arith.cmpi") return need(2), compare_i(op.at("predicate"), x[0], x[1], d);
+  // Conversions: integers are int64 throughout; fptosi truncates toward zero.
+  if (name == "arith.index_cast" || name == "arith.index_castui" || name == "arith.extsi" ||
+      name == "arith.extui" || name == "arith.trunci")
+    return need(1), to_kind(x[0]);
+  if (name == "arith.sitofp") return need(1), x[0].to(env.dtype);
+  if (name == "arith.uitofp") return need(1), require_nonnegative(x, name, d), x[0].to(env.dtype);
+  if (name == "arith.fptosi" || name == "arith.fptoui") return need(1), at::trunc(x[0]).to(at::kLong);
+  if (name == "arith.extf" || name == "arith.truncf") return need(1), x[0];
+  // math
+  if (name == "math.exp") return need(1), at::exp(x[0]);
+  if (name == "math.exp2") return need(1), at::exp2(x[0]);
+  if (name == "math.expm1") return need(1), at::expm1(x[0]);
+  if (name == "math.log") return need(1), at::log(x[0]);
+  if (name == "math.log2") return need(1), at::log2(x[0]);
+  if (name == "math.log10") return need(1), at::log10(x[0]);
+  if (name == "math.log1p") return need(1), at::log1p(x[0]);
+  if (name == "math.sqrt") return need(1), at::sqrt(x[0]);
+  if (name == "math.rsqrt") return need(1), at::rsqrt(x[0]);
+  if (name == "math.sin") return need(1), at::sin(x[0]);
+  if (name == "math.cos") return need(1), at::cos(x[0]);
+  if (name == "math.tan") return need(1), at::tan(x[0]);
+  if (name == "math.tanh") return need(1), at::tanh(x[0]);
+  if (name == "math.atan") return need(1), at::atan(x[0]);
+  if (name == "math.atan2") return need(2), at::atan2(x[0], x[1]);
+  if (name == "math.erf") return need(1), at::erf(x[0]);
+  if (name == "math.absf") return need(1), at::abs(x[0]);
+  if (name == "math.floor") return need(1), at::floor(x[0]);
+  if (name == "math.ceil") return need(1), at::ceil(x[0]);
+  if (name == "math.trunc") return need(1), at::trunc(x[0]);
+  if (name == "math.roundeven") return need(1), at::round(x[0]);
+  // math.round rounds half away from zero (at::round rounds half to even).
+  if (name == "math.round") return need(1), at::sign(x[0]) * at::floor(at::abs(x[0]) + 0.5);
+  if (name == "math.powf") return need(2), at::pow(x[0], x[1]);
+  if (name == "math.copysign") return need(2), at::copysign(x[0], x[1]);
+  if (name == "math.fma") return need(3), x[0] * x[1] + x[2];
+  fail(d.what, "op '" + name + "' has no reference evaluation");
+}
+
+// Evaluates a region {"args", "ops", "yield"} on `args`; returns the yielded values.
+std::vector<Tensor> eval_region(const json &region, const std::vector<Tensor> &args, const Env &env) {
+  const SpecReferenceData &d = *env.data;
+  if (!region.is_object()) fail(d.what, "a region is missing");
+  if (region.at("args").get<size_t>() != args.size())
+    fail(d.what, "a region takes " + region.at("args").dump() + " arguments, the site gives " +
+                     std::to_string(args.size()));
+  std::vector<Tensor> values = args;
+  for (const json &op : region.at("ops")) {
+    std::vector<Tensor> operands;
+    for (const json &id : op.at("operands")) {
+      const size_t i = id.get<size_t>();
+      if (i >= values.size()) fail(d.what, "an operand refers to a later value");
+      operands.push_back(values[i]);
+    }
+    values.push_back(eval_op(op, operands, env));
+  }
+  std::vector<Tensor> out;
+  for (const json &id : region.at("yield")) {
+    const size_t i = id.get<size_t>();
+    if (i >= values.size()) fail(d.what, "a region yields an undefined value");
+    out.push_back(values[i]);
+  }
+  return out;
+}
+
+// The single real value a region yields, broadcast to `shape` in the working dtype.
+Tensor yield_real(const json &region, const std::vector<Tensor> &args, const Env &env,
+                  at::IntArrayRef shape) {
+  auto out = eval_region(region, args, env);
+  if (out.size() != 1) fail(env.data->what, "a region must yield one value");
+  return out[0].to(env.dtype).expand(shape);
+}
+
+// The coordinate paired with c in a q/k mod of `pairing` and `fraction` (the first
+// 2 floor(fraction D / 2) coordinates are paired, the rest are their own partner).
+Tensor partner_index(const std::string &pairing, double fraction, int64_t D) {
+  const int64_t half = static_cast<int64_t>(std::floor(fraction * static_cast<double>(D) / 2.0));
+  const int64_t r = 2 * half;
+  std::vector<int64_t> p(static_cast<size_t>(D));
+  for (int64_t c = 0; c < D; ++c) {
+    if (c >= r || pairing == "none") p[c] = c;
+    else if (pairing == "half") p[c] = c < half ? c + half : c - half;
+    else p[c] = c ^ 1;
+  }
+  return at::tensor(p, at::kLong);
+}
+
+// Every q_mod (or k_mod) in order on x [B, H, T, D].
+Tensor apply_mods(const json &mods, Tensor x, const Env &env) {
+  const Tensor c = at::arange(env.D, at::kLong).view({1, 1, 1, env.D});
+  const Tensor t = at::arange(env.T, at::kLong).view({1, 1, env.T, 1});
+  const Tensor h = at::arange(env.H, at::kLong).view({1, env.H, 1, 1});
+  for (const json &m : mods) {
+    const std::string pairing = m.at("pairing");
+    if (pairing != "none" && pairing != "half" && pairing != "interleaved")
+      fail(env.data->what, "unknown pairing '" + pairing + "'");
+    const Tensor y = x.index_select(3, partner_index(pairing, m.at("fraction").get<double>(), env.D));
+    x = yield_real(m.at("body"), {x, y, c, t, h}, env, x.sizes());
+  }
+  return x;
+}
+
+}  // namespace
+
+SpecReference SpecReference::parse(const std::string &json_text, const std::string &what) {
+  auto d = std::make_shared<SpecReferenceData>();
+  d->what = what;
+  try {
+    d->doc = json::parse(json_text);
+  } catch (const json::exception &e) {
+    fail(what, std::string("not JSON: ") + e.what());
+  }
+  try {
+    const json &doc = d->doc;
+    if (doc.at("format") != "ape-reference/1")
+      fail(what, "format " + doc.at("format").dump() + ", expected \"ape-reference/1\"");
+    d->encoding = doc.at("encoding");
+    for (const json &p : doc.at("params")) {
+      ParamInfo info;
+      info.name = p.at("name");
+      for (const json &s : p.at("shape")) {
+        const std::string dim = s;
+        const bool number = !dim.empty() && dim.size() < 10 &&
+                             dim.find_first_not_of("0123456789") == std::string::npos &&
+                             std::stoll(dim) > 0;
+        if (!number && dim != "heads" && dim != "head_dim")
+          fail(what, "param '" + info.name + "' has an unknown dimension '" + dim + "'");
+        info.shape.push_back(dim);
+      }
+      info.trainable = p.at("trainable");
+      d->params.push_back(info);
+    }
+    for (const json &f : doc.at("features")) d->features.push_back(f.at("name"));
+    for (const char *key : {"tokens", "rel_rows", "q_mods", "k_mods", "score_mods"})
+      if (!doc.at(key).is_array()) fail(what, std::string("\"") + key + "\" is not a list");
+  } catch (const json::exception &e) {
+    fail(what, std::string("malformed: ") + e.what());
+  }
+  SpecReference r;
+  r.data_ = d;
+  return r;
+}
+
+const std::string &SpecReference::encoding() const { return data_->encoding; }
+const std::vector<SpecReference::ParamInfo> &SpecReference::params() const { return data_->params; }
+const std::vector<std::string> &SpecReference::features() const { return data_->features; }
+bool SpecReference::has_embedding_table() const {
+  return data_->doc.at("embedding").is_object();
+}
+
+SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor &k_in,
+                                               const Tensor &v_in,
+                                               const std::map<std::string, Tensor> &features,
+                                               const std::map<std::string, Tensor> &params,
+                                               double scale) const {
+  const SpecReferenceData &d = *data_;
+  const json &doc = d.doc;
+  try {
+    Env env;
+    env.data = &d;
+    env.dtype = q_in.scalar_type();
+    if (env.dtype != at::kDouble && env.dtype != at::kFloat)
+      fail(d.what, "the reference runs in float64 or float32");
+    if (q_in.dim() != 4) fail(d.what, "q must be [B, H, T, D]");
+    env.B = q_in.size(0), env.H = q_in.size(1), env.T = q_in.size(2), env.D = q_in.size(3);
+    const int64_t B = env.B, H = env.H, T = env.T, D = env.D;
+    for (const ParamInfo &p : d.params) {
+      auto it = params.find(p.name);
+      if (it == params.end()) fail(d.what, "no value for param '" + p.name + "'");
+      std::vector<int64_t> shape;
+      for (const std::string &s : p.shape) shape.push_back(dim_size(s, env));
+      if (it->second.numel() != c10::multiply_integers(shape))
+        fail(d.what, "param '" + p.name + "' has " + std::to_string(it->second.numel()) +
+                         " elements, its shape needs " +
+                         std::to_string(c10::multiply_integers(shape)));
+      env.params.push_back(it->second.to(env.dtype).reshape(shape));
+    }
+    std::vector<Tensor> feats;
+    for (const std::string &f : d.features) {
+      auto it = features.find(f);
+      if (it == features.end()) fail(d.what, "no value for feature '" + f + "'");
+      feats.push_back(it->second.to(env.dtype).reshape({B, H, T}));
+    }
+
+    // Token program.
+    for (const json &t : doc.at("tokens")) {
+      const std::string op = t.at("op");
+      if (op == "feature") {
+        env.tok.push_back(feats.at(t.at("feature").get<size_t>()));
+      } else {
+        const size_t in = t.at("input");
+        if (in >= env.tok.size()) fail(d.what, "a token op reads a later slot");
+        if (op == "map") env.tok.push_back(yield_real(t.at("body"), {env.tok[in]}, env, {B, H, T}));
+        else if (op == "scan") env.tok.push_back(at::cumsum(env.tok[in], 2));
+        else fail(d.what, "unknown token op '" + op + "'");
+      }
+    }
+
+    // q', k' and the relative rows.
+    const Tensor q = apply_mods(doc.at("q_mods"), q_in.to(env.dtype), env);
+    const Tensor k = apply_mods(doc.at("k_mods"), k_in.to(env.dtype), env);
+    const Tensor v = v_in.to(env.dtype);
+    for (const json &r : doc.at("rel_rows")) {
+      const std::string side = r.at("side");
+      const size_t table = r.at("table");
+      if (table >= env.params.size()) fail(d.what, "rel_rows names an unknown table");
+      const Tensor tab = env.params[table];
+      if (tab.dim() != 3 || tab.size(1) != H || tab.size(2) != D)
+        fail(d.what, "a rel_rows table must be [rows, heads, head_dim]");
+      Tensor x = side == "q" ? q : k;
+      if (!r.at("bias").is_null()) {
+        const size_t bias = r.at("bias");
+        if (bias >= env.params.size()) fail(d.what, "rel_rows names an unknown bias");
+        x = x + env.params[bias].reshape({1, H, 1, D});
+      }
+      env.rows.push_back(at::einsum("bhtd,rhd->bhtr", {x, tab}));
+    }
+
+    // Logits on the causal pairs (i, j <= i), flattened row by row.
+    const Tensor ii = at::arange(T, at::kLong).view({T, 1}).expand({T, T});
+    const Tensor jj = at::arange(T, at::kLong).view({1, T}).expand({T, T});
+    const Tensor causal = jj.le(ii);
+    const Tensor pi = ii.masked_select(causal), pj = jj.masked_select(causal);
+    const Tensor flat = pi * T + pj;
+    const int64_t np = flat.numel();
+    Tensor s = (scale * at::matmul(q, k.transpose(2, 3))).reshape({B, H, T * T}).index_select(2, flat);
+    const Tensor bb = at::arange(B, at::kLong).view({B, 1, 1});
+    const Tensor hh = at::arange(H, at::kLong).view({1, H, 1});
+    const Tensor iv = pi.view({1, 1, np}), jv = pj.view({1, 1, np});
+    for (const json &m : doc.at("score_mods")) s = yield_real(m, {s, bb, hh, iv, jv}, env, {B, H, np});
+    const double neg_inf = -std::numeric_limits<double>::infinity();
+    const Tensor logits = at::full({B, H, T * T}, neg_inf, at::dtype(env.dtype))
+                              .scatter(2, flat.view({1, 1, np}).expand({B, H, np}), s)
+                              .view({B, H, T, T});
+
+    // Softmax; a row without a finite logit has P = 0 (and o = 0).
+    Tensor m = std::get<0>(logits.detach().max(3, true));
+    m = at::where(at::isfinite(m), m, at::zeros_like(m));
+    const Tensor e = at::exp(logits - m);
+    const Tensor sum = e.sum(3, true);
+    const Tensor P = e / at::where(sum.gt(0), sum, at::ones_like(sum));
+    Tensor o = at::matmul(P, v);
+    const Tensor lse = (m + at::log(sum)).squeeze(3);
+
+    if (doc.at("value_rows").is_object()) {  // o_i += sum_j P_ij table[r(i, j), h, :]
+      const json &vr = doc.at("value_rows");
+      const size_t table = vr.at("table");
+      if (table >= env.params.size()) fail(d.what, "value_rows names an unknown table");
+      const Tensor tab = env.params[table];
+      if (tab.dim() != 3 || tab.size(1) != H || tab.size(2) != D)
+        fail(d.what, "a value_rows table must be [rows, heads, head_dim]");
+      auto out = eval_region(vr.at("index"), {bb, hh, iv, jv}, env);
+      if (out.size() != 1) fail(d.what, "the value_rows index region must yield one index");
+      const Tensor r = clamp_index(out[0].to(at::kLong), tab.size(0)).expand({B, H, np});
+      const Tensor rows = tab.index({r, hh.expand({B, H, np})});  // [B, H, np, D]
+      const Tensor p = P.reshape({B, H, T * T}).index_select(2, flat);
+      o = o.index_add(2, pi, p.unsqueeze(3) * rows);
+    }
+    return {o, lse};
+  } catch (const json::exception &e) {
+    fail(d.what, std::string("malformed: ") + e.what());
+  }
+}
+
+Tensor SpecReference::embedding_table(int64_t T, int64_t d) const {
+  const SpecReferenceData &data = *data_;
+  if (!has_embedding_table()) fail(data.what, "the spec has no fixed position table");
+  Env env;
+  env.data = &data;
+  env.dtype = at::kDouble;
+  env.T = T;
+  try {
+    const Tensor n = at::arange(T, at::kLong).view({T, 1});
+    const Tensor c = at::arange(d, at::kLong).view({1, d});
+    return yield_real(data.doc.at("embedding").at("table"), {n, c, index_scalar(d)}, env, {T, d})
+        .contiguous();
+  } catch (const json::exception &e) {
+    fail(data.what, std::string("malformed: ") + e.what());
+  }
+}
+
+std::vector<Tensor> evaluate_reference_region(const std::string &region_json,
+                                              const std::vector<Tensor> &args) {
+  SpecReferenceData data;
+  data.what = "a region";
+  Env env;
+  env.data = &data;
+  env.dtype = at::kDouble;
+  try {
+    return eval_region(json::parse(region_json), args, env);
+  } catch (const json::exception &e) {
+    fail(data.what, std::string("malformed: ") + e.what());
+  }
+}
+
+}  // namespace ape

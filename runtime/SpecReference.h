@@ -1,0 +1,74 @@
+// SpecReference: a materialised attention reference evaluated from a spec's own regions
+// (docs/ape-check.md).
+//
+// `apec --emit=reference` writes an encoding after -ape-expand and -ape-push-override, before
+// -ape-fuse, as JSON data (every region an expression graph; codegen/ReferenceEmitter.cpp). This
+// evaluates that data with LibTorch ops, elementwise on whole tensors, never through the fused
+// kernel, its tiles or -ape-differentiate:
+//
+//   tok      the token program in order: a feature, a map (its region on [B, H, T]), a scan
+//            (cumsum along T)
+//   q', k'   every q_mod (k_mod) in spec order on the whole [B, H, T, D] tensor, its partner
+//            coordinate taken by the mod's own pairing and fraction
+//   R_n      rel_rows: (x' + bias[h]) . table[r, h, :], [B, H, T, rows]
+//   s_ij     scale q'_i . k'_j, then every score_mod in spec order, on the causal pairs j <= i
+//            only ([B, H, T(T+1)/2]; the others are -inf)
+//   P        softmax over j (a row with no finite logit gets P = 0, o = 0)
+//   o        P v (+ sum_j P_ij table[r(i, j), h, :] with value_rows)
+//   lse      log sum_j exp(l_ij)
+// Gradients come from torch autograd on this graph. Shapes: B batch, H heads, T tokens, D head
+// dim. Computed indices are clamped into their dimension, as the kernels do.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace ape {
+
+struct SpecReferenceData;  // the parsed JSON
+
+class SpecReference {
+public:
+  // Parses `json_text` (apec's NAME.reference.json); throws std::runtime_error naming `what` and
+  // the problem for anything malformed.
+  static SpecReference parse(const std::string &json_text, const std::string &what);
+
+  struct ParamInfo {
+    std::string name;
+    std::vector<std::string> shape;  // "heads", "head_dim" or a positive integer
+    bool trainable = false;
+  };
+  const std::string &encoding() const;
+  const std::vector<ParamInfo> &params() const;
+  const std::vector<std::string> &features() const;
+  bool has_embedding_table() const;
+
+  struct Result {
+    at::Tensor o, lse;  // [B, H, T, D], [B, H, T]
+  };
+  // The reference attention in the dtype of q (float64 or float32; everything else is converted
+  // to it). features and params by name (every one the spec declares); differentiable with
+  // respect to every input that requires grad.
+  Result attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                   const std::map<std::string, at::Tensor> &features,
+                   const std::map<std::string, at::Tensor> &params, double scale) const;
+
+  // The fixed absolute position table [T, d] in float64, from the position_embedding's region;
+  // throws when the spec has none.
+  at::Tensor embedding_table(int64_t T, int64_t d) const;
+
+private:
+  std::shared_ptr<const SpecReferenceData> data_;
+};
+
+// Evaluates one region of reference data ({"args", "ops", "yield"} as JSON text) on `args` in
+// float64, with no params or token sequences to load: the op semantics on their own (tests).
+std::vector<at::Tensor> evaluate_reference_region(const std::string &region_json,
+                                                  const std::vector<at::Tensor> &args);
+
+}  // namespace ape

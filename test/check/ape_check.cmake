@@ -1,0 +1,65 @@
+# ape-check (docs/ape-check.md), included from test/CMakeLists.txt:
+#   ape_check.<encoding>  every example spec passes against the kernel this build compiled from it
+#                         (~1.6 s each, the 31 in ~50 s on the shared 2-core machine);
+#   ape_check.spec_file   a spec outside examples/, compiled at run time (~15 s once, then cached);
+#   ape_check.mutant_*    a deliberately wrong spec (Inputs/) checked against an example's kernel
+#                         (--kernel) must fail with a readable table, in the rows that differ;
+#   ape_check.error_*     bad input: a clear message and exit status 2 (1 for a mismatch).
+set(_check ${CMAKE_CURRENT_LIST_DIR})
+set(_expect bash ${_check}/expect.sh)
+file(GLOB _specs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/encodings/*.mlir)
+foreach(spec ${_specs})
+  get_filename_component(name ${spec} NAME_WE)
+  add_test(NAME ape_check.${name} COMMAND ape-check ${spec})
+  set_tests_properties(ape_check.${name} PROPERTIES LABELS check TIMEOUT 120)
+endforeach()
+
+# T5 with max_distance 64 instead of 128: other buckets from distance 20 on. Every quantity fails
+# in both precisions; the kernel's own central differences still agree (the kernel is
+# self-consistent: it computes another encoding).
+add_test(NAME ape_check.mutant_t5_max_distance
+  COMMAND ${_expect} 1 "^o +fp64 +[0-9x]+ .* FAIL$" "^dparam:t5_table +fp64 .* FAIL$"
+          "^dq +fp32 .* FAIL$" "^fd:param:t5_table +fp64 .* pass$" "^ape-check: FAIL"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/t5_mutant.mlir --kernel t5)
+# ALiBi's slopes 1.000001 times too large: fp64 (1e-10) catches it, fp32 rounding hides it.
+add_test(NAME ape_check.mutant_alibi_slope_1e-6
+  COMMAND ${_expect} 1 "^o +fp64 .* FAIL$" "^dk +fp64 .* FAIL$" "^o +fp32 .* pass$"
+          "^ape-check: FAIL \\(5 of 15 checks\\)"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_off_by_1e-6.mlir --kernel alibi)
+# A spec file outside examples/: compiled now (SpecLibrary, cached in the build's spec cache, as
+# scripts/test.sh sets it), with -inf masks that leave the first rows without a visible key.
+add_test(NAME ape_check.spec_file
+  COMMAND ${_expect} 0 "kernel: +compiled from .*masked_mix.mlir" "^lse +fp64 .* pass$"
+          "^fd:feature:gate +fp64 .* pass$" "^ape-check: PASS \\(30 checks\\)"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_mix.mlir)
+set_tests_properties(ape_check.spec_file PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# A kernel whose params are not the spec's: no numbers, the mismatch.
+add_test(NAME ape_check.error_interface
+  COMMAND ${_expect} 1 "^interface mismatch: the spec declares 0 params, the kernel's manifest 1$"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope.mlir
+             --kernel alibi)
+add_test(NAME ape_check.error_malformed_spec
+  COMMAND ${_expect} 2 "bad_region.mlir:3:3: error: 'ape.score_mod' op body region must take"
+          "^ape-check: error: apec could not compile"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/bad_region.mlir)
+add_test(NAME ape_check.error_missing_file
+  COMMAND ${_expect} 2 "^ape-check: error: cannot read no/such.mlir: no such file$"
+          -- $<TARGET_FILE:ape-check> no/such.mlir)
+add_test(NAME ape_check.error_shapes
+  COMMAND ${_expect} 2 "--shapes: '2x3' is not BxHxTxD"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope.mlir --shapes 2x3)
+add_test(NAME ape_check.error_unknown_kernel
+  COMMAND ${_expect} 2 "^ape-check: error: unknown encoding 'nosuch'"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope.mlir
+             --kernel nosuch)
+add_test(NAME ape_check.help
+  COMMAND ${_expect} 0 "--kernel NAME" "--fp32-param-floor" "independent path"
+          -- $<TARGET_FILE:ape-check> --help)
+set_tests_properties(ape_check.mutant_t5_max_distance ape_check.mutant_alibi_slope_1e-6
+  ape_check.spec_file ape_check.error_interface ape_check.error_malformed_spec
+  ape_check.error_missing_file ape_check.error_shapes ape_check.error_unknown_kernel
+  ape_check.help PROPERTIES LABELS check TIMEOUT 120)
+unset(_check)
+unset(_expect)
+unset(_specs)

@@ -1,0 +1,265 @@
+// ape-check: a spec's fused kernel against a reference derived from the same spec by another path
+// (docs/ape-check.md).
+//
+//   ape-check examples/encodings/rope.mlir
+//   ape-check my_encoding.mlir                  compiled now (runtime/SpecLibrary.h, cached)
+//   ape-check my_rope.mlir --kernel rope        the registry's rope kernel against my_rope's spec
+//
+// apec --emit=reference writes the spec's regions as data (after expand and push-override, before
+// fuse and differentiate); SpecReference evaluates them with LibTorch ops on the materialised
+// T x T logits and takes gradients by autograd; SpecCheck compares the kernel with it (fp64,
+// fp32, central differences) and prints a pass/fail table. Exit status: 0 every check passed,
+// 1 a check failed, 2 the spec or the arguments could not be checked.
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "ape/kernel_entry.h"
+#include "runtime/Attention.h"
+#include "runtime/Options.h"
+#include "runtime/Registry.h"
+#include "runtime/SpecCheck.h"
+#include "runtime/SpecLibrary.h"
+#include "runtime/SpecReference.h"
+#include "runtime/Threads.h"
+
+#ifndef APE_SOURCE_DIR
+#error "APE_SOURCE_DIR: the source root whose examples/encodings/ the registry was compiled from"
+#endif
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const fs::path &p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The apec next to this executable (both live in the build's tools/), unless told otherwise.
+std::string default_apec() {
+  if (const char *env = std::getenv("APE_APEC"); env && *env) return env;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && fs::exists(self.parent_path() / "apec")) return (self.parent_path() / "apec").string();
+  return "apec";
+}
+
+// Runs apec on `spec` into `dir` (reference data and manifest); its diagnostics go to stderr.
+int run_apec(const std::string &apec, const std::string &spec, const fs::path &dir) {
+  const std::vector<std::string> args = {apec, spec, "-o", dir.string(), "--emit=reference,manifest"};
+  std::vector<char *> argv;
+  for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("cannot start apec");
+  if (pid == 0) {
+    execvp(argv[0], argv.data());
+    std::cerr << "ape-check: cannot run " << apec << " (give the compiler with --apec or $APE_APEC)\n";
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+// A temporary folder removed on scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ape-check-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a temporary folder");
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::vector<ape::CheckShape> parse_shapes(const std::string &text) {
+  std::vector<ape::CheckShape> out;
+  std::stringstream all(text);
+  std::string item;
+  while (std::getline(all, item, ',')) {
+    ape::CheckShape s;
+    long long b, h, t, d;
+    char x1, x2, x3;
+    std::istringstream in(item);
+    if (!(in >> b >> x1 >> h >> x2 >> t >> x3 >> d) || x1 != 'x' || x2 != 'x' || x3 != 'x' ||
+        !(in >> std::ws).eof())
+      throw std::runtime_error("--shapes: '" + item + "' is not BxHxTxD (e.g. 2x3x37x16)");
+    if (b < 1 || h < 1 || t < 1 || d < 2 || b > 64 || h > 64 || t > 4096 || d > 256)
+      throw std::runtime_error("--shapes: '" + item +
+                               "' out of range (B, H in [1, 64], T in [1, 4096], D in [2, 256])");
+    s.B = b, s.H = h, s.T = t, s.D = d;
+    out.push_back(s);
+  }
+  if (out.empty()) throw std::runtime_error("--shapes: no shape given");
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  ape::prefer_passive_openmp(argv);
+  CLI::App app{
+      "ape-check: check the fused kernel of a spec against a materialised reference derived from\n"
+      "the same spec by an independent path, forward and backward.\n\n"
+      "  ape-check SPEC.mlir [--kernel NAME] [--shapes BxHxTxD,...] [--seed N] [--verbose]\n\n"
+      "apec --emit=reference writes the spec's regions as data, taken after expand and\n"
+      "push-override (named components such as ape.rotary are already generic regions there),\n"
+      "before fuse and differentiate. LibTorch evaluates them elementwise: the token program per\n"
+      "token, every q/k mod on the whole q/k tensors, every score_mod on the full causal T x T\n"
+      "logits, then softmax, P.V (and value rows), and torch autograd gives the gradients; the\n"
+      "fused kernel, its tiles and -ape-differentiate are not involved. For every shape of the grid\n"
+      "(default 1x1x1x16, 2x3x37x16, 1x2x64x32, 2x2x150x64: T = 1, a partial 64-tile, one tile,\n"
+      "several tiles) the kernel's fp64 and fp32 results are compared with the fp64 reference:\n"
+      "o, lse, dq, dk, dv, the gradient of every feature and param, and the fixed position table.\n"
+      "fp64 must agree within --fp64-tol (normalised error max|err| / max(1, max|ref|)); fp32 within\n"
+      "max(--fp32-factor x the fp32 reference's own error, --fp32-floor); a param gradient, a sum\n"
+      "over the N = B H T (T+1)/2 query-key pairs, at least --fp32-param-floor x sqrt(N). fp64\n"
+      "central differences of the kernel's forward (at the first partial-tile shape) at\n"
+      "--fd-entries entries of q, k, v, every feature and every trainable param check its\n"
+      "backward. Inputs are N(0, 1); params come from their manifest initialisers (fixed ones as\n"
+      "they are, trainable ones moved off degenerate values; docs/ape-check.md).\n\n"
+      "The kernel: with --kernel NAME, the kernel NAME compiled into this build; for a spec that is\n"
+      "one of the examples this build compiled (examples/encodings/NAME.mlir, same text), that\n"
+      "kernel; any other spec file is compiled now, as ape-train --spec does (apec and the C++\n"
+      "compiler into a library cached under $APE_CACHE_DIR, default ~/.cache/ape).\n\n"
+      "Prints a table with one row per quantity and precision (the worst cell) and exits with 0\n"
+      "when every check passes, 1 when one fails (or the kernel's params and features are not the\n"
+      "spec's), 2 when the spec or the arguments cannot be checked (apec's located diagnostics are\n"
+      "shown)."};
+  std::string spec, kernel_name, shapes, apec = default_apec();
+  ape::CheckOptions opt;
+  int64_t seed = 1;
+  app.add_option("spec", spec, "The spec file (.mlir) holding one ape.encoding")->required();
+  app.add_option("--kernel", kernel_name,
+                 "Check the kernel NAME compiled into this build against SPEC's reference (its params and\n"
+                 "features must match the spec's)")
+      ->type_name("NAME");
+  app.add_option("--shapes", shapes, "Comma-separated grid of BxHxTxD (B, H in [1, 64], T in [1, 4096], D in [2, 256])")
+      ->type_name("BxHxTxD,...");
+  app.add_option("--seed", seed, "Seed of the random inputs, in [0, 2^31)")->capture_default_str();
+  app.add_option("--fd-entries", opt.fd_entries,
+                 "Central differences per input (the largest gradient entry, then random ones), in [1, 64]")
+      ->capture_default_str();
+  app.add_option("--fp64-tol", opt.fp64_tol, "Tolerance of the fp64 kernel's normalised error, in (0, 1]")
+      ->capture_default_str();
+  app.add_option("--fp32-factor", opt.fp32_factor,
+                 "fp32 tolerance: this many times the fp32 reference's own error, in [1, 1e6]")
+      ->capture_default_str();
+  app.add_option("--fp32-param-floor", opt.fp32_param_floor,
+                 "The least fp32 tolerance of a param gradient, per sqrt of the B H T (T+1)/2 query-key\n"
+                 "pairs it sums, in (0, 1]")
+      ->capture_default_str();
+  app.add_option("--fp32-floor", opt.fp32_floor, "The least fp32 tolerance, in (0, 1]")->capture_default_str();
+  app.add_option("--apec", apec, "The compiler (default: the apec next to ape-check, or $APE_APEC)")
+      ->capture_default_str();
+  app.add_flag("--verbose", opt.verbose, "A row per grid cell instead of the worst one per quantity");
+  app.footer(ape::kernel_cpu_level_help());
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    ape::require_in("--seed", seed, 0, (int64_t(1) << 31) - 1);
+    ape::require_in("--fd-entries", int64_t(opt.fd_entries), 1, 64);
+    ape::require_in("--fp64-tol", opt.fp64_tol, 0.0, 1.0, /*open_low=*/true);
+    ape::require_in("--fp32-factor", opt.fp32_factor, 1.0, 1e6);
+    ape::require_in("--fp32-param-floor", opt.fp32_param_floor, 0.0, 1.0, /*open_low=*/true);
+    ape::require_in("--fp32-floor", opt.fp32_floor, 0.0, 1.0, /*open_low=*/true);
+    opt.seed = static_cast<uint64_t>(seed);
+    if (!shapes.empty()) opt.grid = parse_shapes(shapes);
+    if (!fs::exists(spec)) throw std::runtime_error("cannot read " + spec + ": no such file");
+    if (!fs::is_regular_file(spec)) throw std::runtime_error("cannot read " + spec + ": not a file");
+    if (!kernel_name.empty()) ape::find_kernel(kernel_name);  // unknown: fail now, listing the names
+    const std::string cpu_level = ape::checked_kernel_cpu_level();
+  } catch (const std::exception &e) {
+    std::cerr << "ape-check: error: " << e.what() << "\n";
+    return 2;
+  }
+
+  TempDir dir;
+  const int rc = run_apec(apec, spec, dir.path);
+  if (rc != 0) {
+    std::cerr << "ape-check: error: apec could not compile " << spec << " (status " << rc << ")\n";
+    return 2;
+  }
+  std::vector<fs::path> refs;
+  for (const auto &e : fs::directory_iterator(dir.path))
+    if (e.path().string().size() > 15 &&
+        e.path().string().compare(e.path().string().size() - 15, 15, ".reference.json") == 0)
+      refs.push_back(e.path());
+  if (refs.size() != 1) {
+    std::cerr << "ape-check: error: " << spec << " holds " << refs.size()
+              << " encodings; ape-check takes a spec with exactly one\n";
+    return 2;
+  }
+
+  try {
+    const ape::SpecReference ref = ape::SpecReference::parse(read_file(refs[0]), spec);
+    const std::string name = ref.encoding();
+    const ape::KernelEntry *entry = nullptr;
+    ape::SpecLibrary library;
+    std::string origin;
+    if (!kernel_name.empty()) {
+      entry = &ape::find_kernel(kernel_name);
+      origin = "the kernel " + kernel_name + " compiled into this build (--kernel)";
+    } else {
+      const fs::path example = fs::path(APE_SOURCE_DIR) / "examples" / "encodings" / (name + ".mlir");
+      const auto names = ape::kernel_names();
+      const bool registered = std::find(names.begin(), names.end(), name) != names.end();
+      std::error_code ec;
+      if (registered && fs::is_regular_file(example, ec) && read_file(example) == read_file(spec)) {
+        entry = &ape::find_kernel(name);
+        origin = "the kernel compiled into this build from examples/encodings/" + name + ".mlir";
+      } else {
+        // Any other spec file: compiled now into a cached library (runtime/SpecLibrary.h).
+        ape::SpecLibraryOptions lib_opts;
+        lib_opts.apec = apec;
+        lib_opts.log = &std::cout;
+        library = ape::load_spec_library(spec, lib_opts);
+        entry = library.entry;
+        origin = "compiled from " + spec + " (" + library.library + (library.cached ? ", cached" : "") + ")";
+        if (library.name != name)
+          throw std::runtime_error("the compiled library holds @" + library.name + ", the spec @" + name);
+      }
+    }
+    std::cout << "ape-check: " << spec << " (@" << name << ")\n"
+              << "  kernel:    " << origin << ", CPU level " << (entry->cpu_level ? entry->cpu_level : "?")
+              << "\n"
+              << "  reference: the spec's regions (apec --emit=reference) evaluated by LibTorch, "
+                 "gradients by autograd\n";
+    std::cout << "  grid:      ";
+    const auto grid = opt.grid.empty() ? ape::default_grid() : opt.grid;
+    for (size_t n = 0; n < grid.size(); ++n) std::cout << (n ? ", " : "") << grid[n].str();
+    std::cout << " (BxHxTxD), seed " << opt.seed << "\n\n";
+    const ape::CheckReport report = ape::check_kernel(*entry, ref, opt);
+    ape::print_report(std::cout, report);
+    int failed = 0;
+    for (const auto &r : report.rows) failed += r.pass ? 0 : 1;
+    if (report.passed()) {
+      std::cout << "\nape-check: PASS (" << report.rows.size() << " checks)\n";
+      return 0;
+    }
+    std::cout << "\nape-check: FAIL (" << failed + report.problems.size() << " of "
+              << report.rows.size() + report.problems.size() << " checks)\n";
+    return 1;
+  } catch (const std::exception &e) {
+    std::cerr << "ape-check: error: " << e.what() << "\n";
+    return 2;
+  }
+}
