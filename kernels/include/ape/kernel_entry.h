@@ -71,10 +71,16 @@ template <unsigned kBuilt, typename Real> void refuse_decode(DecodeCache<Real> &
 template <unsigned kBuilt>
 inline constexpr DecodeEntry kRefusedDecode{&refuse_decode<kBuilt, float>, &refuse_decode<kBuilt, double>};
 
-// The decode steps of this unit's level: fp32, and fp64 at the baseline only.
+// The decode steps of this unit's level: fp32, and fp64 at the baseline only (not instantiated
+// above it).
+template <class Enc, bool kWithF64> constexpr DecodeEntry decode_entry_of() {
+  if constexpr (kWithF64)
+    return DecodeEntry{&decode_step<Enc, float>, &decode_step<Enc, double>};
+  else
+    return DecodeEntry{&decode_step<Enc, float>, nullptr};
+}
 template <class Enc, bool kWithF64>
-inline constexpr DecodeEntry kDecodeEntry{&decode_step<Enc, float>,
-                                          kWithF64 ? &decode_step<Enc, double> : nullptr};
+inline constexpr DecodeEntry kDecodeEntry = decode_entry_of<Enc, kWithF64>();
 }  // namespace entry_detail
 
 // The entry of the encoding functor Enc (instantiates the four template functions of this
