@@ -31,6 +31,9 @@
 //     runs and 1 vs 2 OpenMP threads, every output and every param gradient;
 //   - Edge, FeatureEdge, EdgeIdentity: T = 1, tile boundaries, features exactly 0,
 //     cross-encoding identities, determinism (two runs, 1 vs 2 OpenMP threads);
+//   - Decode, DecodeEdge: KV-cache decoding (ape/cpu_decode.h) of every encoding, prefill then
+//     steps of 1, 3, 5 and 70 tokens, against the full forward over the tokens so far (also at
+//     every level in CpuLevelsVsReference);
 //   - Registry: every entry of examples/encodings and its manifest;
 //   - CpuLevelChoice, CpuLevels: the instruction-set levels (ape/cpu_dispatch.h): the choice, the
 //     CPU detection against /proc/cpuinfo, the level the registry runs (ctest also runs these with
@@ -2105,7 +2108,10 @@ const std::vector<DecodeSchedule> kDecodeSchedules = {
     {130, {1, 5, 70, 1}},
 };
 
-template <class Real> void check_decode(const std::string &enc, const DecodeSchedule &sched) {
+// `level`: the decode steps and forwards of that level's entry (default: the chosen level's).
+template <class Real>
+void check_decode(const std::string &enc, const DecodeSchedule &sched,
+                  const ape::KernelEntry *level = nullptr) {
   int64_t N = sched.prompt;
   for (int64_t n : sched.steps) N += n;
   const int64_t B = 2, H = 2, D = 16;
@@ -2113,6 +2119,7 @@ template <class Real> void check_decode(const std::string &enc, const DecodeSche
   ASSERT_NE(p.entry, nullptr);
   // Dynamic NTK's base changes with the length past its original length: from length 33 here.
   if (enc == "rope_dynamic_ntk") set_param(p, "rope_original_length", 32);
+  if (level) p.entry = level;
   ASSERT_NE(p.entry->decode, nullptr) << enc << ": no decode entry";
   const double tol = std::is_same_v<Real, double> ? 1e-12 : 2e-5;
   const std::string prec = std::is_same_v<Real, double> ? "f64" : "f32";
@@ -2486,6 +2493,8 @@ TEST(CpuLevels, ChoiceFollowsEnvironment) {
       ASSERT_NE(at, nullptr);
       EXPECT_EQ(e->forward_f32, at->forward_f32);
       EXPECT_EQ(e->backward_f32, at->backward_f32);
+      ASSERT_TRUE(e->decode && at->decode);
+      EXPECT_EQ(e->decode->step_f32, at->decode->step_f32);
     } else {
       EXPECT_STREQ(e->cpu_level, "none");
       ape::AttnArgs<float> a{};
@@ -2496,6 +2505,9 @@ TEST(CpuLevels, ChoiceFollowsEnvironment) {
         EXPECT_EQ(err.what(), c.error);
         EXPECT_NE(c.error.find("APE_CPU_LEVEL=" + request), std::string::npos) << c.error;
       }
+      ape::DecodeCache<float> cache;
+      ape::DecodeArgs<float> da{};
+      EXPECT_THROW(e->decode->step_f32(cache, da), ape::CpuLevelError);
     }
   }
   if (want >= 0 && !request.empty())
@@ -2536,6 +2548,9 @@ TEST_P(CpuLevelsVsReference, MatchReference) {
       EXPECT_EQ(name, e->cpu_level);
       EXPECT_EQ(e->forward_f64, base->forward_f64);  // fp64: compiled at the baseline only
       EXPECT_EQ(e->backward_f64, base->backward_f64);
+      ASSERT_TRUE(e->decode && base->decode);
+      EXPECT_EQ(e->decode->step_f64, base->decode->step_f64);
+      if (T > 1) check_decode<float>(enc, kDecodeSchedules[2], e);  // this level's decode steps
       p.entry = e;
       KernelCall<float> kc(p);
       kc.forward(), kc.backward();

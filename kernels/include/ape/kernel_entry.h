@@ -81,6 +81,19 @@ template <class Enc, bool kWithF64> constexpr DecodeEntry decode_entry_of() {
 }
 template <class Enc, bool kWithF64>
 inline constexpr DecodeEntry kDecodeEntry = decode_entry_of<Enc, kWithF64>();
+
+// The entry's decode pointer. APE_KERNEL_DECODE=0 (the emitted operator libraries and C ABI
+// folders, which have no decode API) leaves the decode steps out: null, nothing instantiated.
+#ifndef APE_KERNEL_DECODE
+#define APE_KERNEL_DECODE 1
+#endif
+template <class Enc, bool kWithF64> constexpr const DecodeEntry *decode_pointer() {
+#if APE_KERNEL_DECODE
+  return &kDecodeEntry<Enc, kWithF64>;
+#else
+  return nullptr;
+#endif
+}
 }  // namespace entry_detail
 
 // The entry of the encoding functor Enc (instantiates the four template functions of this
@@ -95,7 +108,7 @@ constexpr KernelEntry make_kernel_entry(const char *name, const char *manifest_j
                      &attention_backward<Enc, double>,
                      entry_detail::EmbedTableOf<Enc>::value,
                      cpu_level_name(APE_KERNEL_LEVEL),
-                     &entry_detail::kDecodeEntry<Enc, true>};
+                     entry_detail::decode_pointer<Enc, true>()};
 }
 
 // What the unit of level kLevel contributes to its encoding's entries: name, manifest,
@@ -117,7 +130,7 @@ const KernelEntry *unit_kernel_entry(const char *name, const char *manifest_json
                                    nullptr,
                                    entry_detail::EmbedTableOf<Enc>::value,
                                    cpu_level_name(kLevel),
-                                   &entry_detail::kDecodeEntry<Enc, false>};
+                                   entry_detail::decode_pointer<Enc, false>()};
     return &entry;
   }
 }
