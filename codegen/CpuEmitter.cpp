@@ -701,6 +701,19 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
                       layout.qmod ? layout.qmod.getFraction().convertToDouble() : 1.0)
      << llvm::formatv("  static constexpr double kKFraction = {0:e17};\n",
                       layout.kmod ? layout.kmod.getFraction().convertToDouble() : 1.0);
+  // Decoding (cpu_decode.h) caches k' and the token sequences; it recomputes them at every step
+  // when they read the sequence length, which these flags (emitted only when true) say.
+  auto readsLength = [](Operation *op) {
+    bool reads = false;
+    if (op)
+      op->walk([&](DimOp d) { reads |= d.getWhich() == "seq_len"; });
+    return reads;
+  };
+  if (readsLength(layout.kmod))
+    os << "  static constexpr bool kKModReadsLength = true;  // k' is recomputed when decoding\n";
+  if (llvm::any_of(layout.tokenProgram, readsLength))
+    os << "  static constexpr bool kTokensReadLength = true;  // the token program reruns when "
+          "decoding\n";
   os << (target == FunctorTarget::Cuda ? "  APE_HD " : "  ")
      << "static int64_t param_numel(int n, int64_t H, int64_t D) {\n"
      << "    (void)H, (void)D;\n    switch (n) {\n";

@@ -127,6 +127,8 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND CMAKE_CXX_COMPILE
   set(ape_levels 7)
 endif()
 target_compile_definitions(@TARGET@ PRIVATE APE_KERNEL_LEVELS=${ape_levels})
+# The library has no KV-cache decode API (docs/decoding.md): the decode steps are not compiled.
+target_compile_definitions(@TARGET@ PRIVATE APE_KERNEL_DECODE=0)
 )CMAKE",
                     {{"NAME", name.str()}, {"TARGET", target.str()}});
 }

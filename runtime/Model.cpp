@@ -1,6 +1,7 @@
 // The decoder LM. Everything encoding-specific comes from the kernel's manifest.
 #include "runtime/Model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -174,31 +175,47 @@ torch::Tensor EncodedAttentionImpl::project(const torch::Tensor &xn, torch::nn::
   return torch::matmul(xn.narrow(-1, l, d - l), w->weight.narrow(1, l, d - l).t());
 }
 
-torch::Tensor EncodedAttentionImpl::forward(const torch::Tensor &xn) {
+EncodedAttentionImpl::Inputs EncodedAttentionImpl::inputs(const torch::Tensor &xn, int64_t pos0) {
   const Manifest &m = *manifest_;
   const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
   const auto &ov = m.override_;
   auto heads = [&](const torch::Tensor &t) {  // (B, T, d) -> (B, H, T, D)
     return t.view({B, T, H, D}).transpose(1, 2).contiguous();
   };
-  torch::Tensor q = heads(project(xn, wq, ov && ov->q));
-  torch::Tensor k = heads(project(xn, wk, ov && ov->k));
+  Inputs in;
+  in.q = heads(project(xn, wq, ov && ov->q));
+  in.k = heads(project(xn, wk, ov && ov->k));
   torch::Tensor v_lin = project(xn, wv, ov && ov->v);
   if (ov && ov->v) {
     // The value projection of the overridden input (σ·p_n, x̃[..., l:]): the tail part above plus
     // (σ·p_n) W_v[:, :l]ᵀ, the same for every batch row.
-    torch::Tensor pos = override_positions(T, xn.scalar_type());                    // (T, l)
+    torch::Tensor pos = override_positions(pos0 + T, xn.scalar_type()).narrow(0, pos0, T);  // (T, l)
     v_lin = v_lin + torch::matmul(pos, wv->weight.narrow(1, 0, ov->l).t()).unsqueeze(0);  // + (1, T, d)
   }
-  torch::Tensor v = heads(v_lin);
-
-  std::vector<torch::Tensor> feats;
+  in.v = heads(v_lin);
   if (wf) {  // (B, T, nf·H) -> nf x (B, H, T)
     const int64_t nf = m.num_features();
     torch::Tensor f = wf(xn).view({B, T, nf, H}).permute({2, 0, 3, 1}).contiguous();
-    feats = f.unbind(0);
+    in.feats = f.unbind(0);
   }
-  torch::Tensor o = fused_attention(*entry_, q, k, v, feats, kernel_params(), m.scale_for(D));
+  return in;
+}
+
+torch::Tensor EncodedAttentionImpl::forward(const torch::Tensor &xn) {
+  const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
+  Inputs in = inputs(xn, 0);
+  torch::Tensor o = fused_attention(*entry_, in.q, in.k, in.v, in.feats, kernel_params(),
+                                    manifest_->scale_for(D));
+  return wo(o.transpose(1, 2).reshape({B, T, H * D}));
+}
+
+torch::Tensor EncodedAttentionImpl::forward_cached(const torch::Tensor &xn, LayerCache &cache,
+                                                   int64_t pos0, int64_t capacity) {
+  torch::NoGradGuard no_grad;
+  const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
+  Inputs in = inputs(xn, pos0);
+  torch::Tensor o = decode_attention(*entry_, cache, capacity, in.q, in.k, in.v, in.feats,
+                                     kernel_params(), manifest_->scale_for(D));
   return wo(o.transpose(1, 2).reshape({B, T, H * D}));
 }
 
@@ -257,6 +274,12 @@ BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vect
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) { return forward(std::move(x), nullptr, 0); }
+
+torch::Tensor BlockImpl::forward_cached(torch::Tensor x, LayerCache &cache, int64_t pos0,
+                                        int64_t capacity) {
+  x = x + attn->forward_cached(layer_norm(ln1, x), cache, pos0, capacity);
+  return x + proj(F::gelu(fc(layer_norm(ln2, x))));
+}
 
 torch::Tensor BlockImpl::forward(torch::Tensor x, const ForwardProbe &probe, int64_t index) {
   torch::Tensor a = attn(layer_norm(ln1, x));
@@ -344,6 +367,26 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens, const Forw
   return logits;
 }
 
+torch::Tensor LanguageModelImpl::forward_cached(const torch::Tensor &tokens, KvCache &cache) {
+  torch::NoGradGuard no_grad;
+  if (cache.capacity < 1)
+    throw std::invalid_argument("LanguageModel::forward_cached: the cache has no capacity");
+  if (tokens.dim() == 2 && cache.len + tokens.size(1) > cache.capacity)
+    throw std::length_error("LanguageModel::forward_cached: " + std::to_string(cache.len) + " cached + " +
+                            std::to_string(tokens.size(1)) + " new tokens exceed the cache's capacity " +
+                            std::to_string(cache.capacity));
+  if (cache.layers.empty()) cache.layers.resize(blocks.size());
+  if (cache.layers.size() != blocks.size())
+    throw std::invalid_argument("LanguageModel::forward_cached: the cache has " + std::to_string(cache.layers.size()) +
+                                " layers, the model " + std::to_string(blocks.size()));
+  const int64_t pos0 = cache.len;
+  torch::Tensor x = embed(tokens, pos0, cache.capacity);
+  for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward_cached(x, cache.layers[l], pos0, cache.capacity);
+  cache.len += tokens.size(1);
+  x = layer_norm(ln_f, x);
+  return F::linear(x, wte->weight);
+}
+
 std::optional<int64_t> LanguageModelImpl::max_length() const {
   const Manifest &m = manifest();
   if (m.embedding && m.embedding->kind == EmbeddingSpec::Kind::Learned) return m.embedding->max_length;
@@ -368,19 +411,20 @@ torch::Tensor LanguageModelImpl::position_table(int64_t T, at::ScalarType dtype)
   return t;
 }
 
-torch::Tensor LanguageModelImpl::embed(const torch::Tensor &tokens) {
+torch::Tensor LanguageModelImpl::embed(const torch::Tensor &tokens, int64_t pos0, int64_t table_rows) {
   if (tokens.dim() != 2 || tokens.scalar_type() != torch::kLong)
     throw std::invalid_argument("LanguageModel::forward: tokens must be (B, T) int64, got " +
                                 std::string(c10::toString(tokens.scalar_type())) + " with " +
                                 std::to_string(tokens.dim()) + " dims");
   const int64_t T = tokens.size(1);
-  check_length(T);  // before any computation
+  check_length(pos0 + T);  // before any computation
   torch::Tensor x = wte(tokens);  // (B, T, d)
   const Manifest &m = manifest();
   if (!m.embedding) return x;
   if (m.embedding->scale_embedding) x = x * std::sqrt(static_cast<double>(cfg_.d_model));
-  if (m.embedding->kind == EmbeddingSpec::Kind::Learned) return x + wpe.narrow(0, 0, T).unsqueeze(0);
-  return x + position_table(T, x.scalar_type()).unsqueeze(0);
+  if (m.embedding->kind == EmbeddingSpec::Kind::Learned) return x + wpe.narrow(0, pos0, T).unsqueeze(0);
+  const int64_t rows = std::max(table_rows, pos0 + T);
+  return x + position_table(rows, x.scalar_type()).narrow(0, pos0, T).unsqueeze(0);
 }
 
 std::vector<std::string> LanguageModelImpl::settable_params() const {

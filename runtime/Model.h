@@ -31,6 +31,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include "runtime/Decode.h"
 #include "runtime/Manifest.h"
 
 namespace ape {
@@ -66,6 +67,10 @@ class EncodedAttentionImpl : public torch::nn::Module {
   EncodedAttentionImpl(const KernelEntry &entry, const ModelConfig &cfg,
                        std::vector<torch::Tensor> shared);
   torch::Tensor forward(const torch::Tensor &xn);  // (B, T, d) normalised -> (B, T, d)
+  // Cached decoding (docs/decoding.md): xn (B, n, d) holds the tokens at positions pos0 ..
+  // pos0 + n - 1, which the layer cache takes; no autograd graph.
+  torch::Tensor forward_cached(const torch::Tensor &xn, LayerCache &cache, int64_t pos0,
+                               int64_t capacity);
 
   // The param tensors handed to the kernel, in manifest order (derived params computed now).
   std::vector<torch::Tensor> kernel_params();
@@ -78,6 +83,12 @@ class EncodedAttentionImpl : public torch::nn::Module {
 
  private:
   torch::Tensor project(const torch::Tensor &xn, torch::nn::Linear &w, bool overridden) const;
+  // q, k, v (B, H, T, D) and the features of xn (B, T, d) at positions pos0 .. pos0 + T - 1.
+  struct Inputs {
+    torch::Tensor q, k, v;
+    std::vector<torch::Tensor> feats;
+  };
+  Inputs inputs(const torch::Tensor &xn, int64_t pos0);
   const KernelEntry *entry_;
   const Manifest *manifest_;
   ModelConfig cfg_;
@@ -91,6 +102,7 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor forward(torch::Tensor x);
   // The same, reporting "block <index> attention" and "block <index> MLP" to `probe`.
   torch::Tensor forward(torch::Tensor x, const ForwardProbe &probe, int64_t index);
+  torch::Tensor forward_cached(torch::Tensor x, LayerCache &cache, int64_t pos0, int64_t capacity);
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   EncodedAttention attn{nullptr};
   torch::nn::Linear fc{nullptr}, proj{nullptr};
@@ -107,8 +119,15 @@ class LanguageModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor &tokens);  // (B, T) int64 -> logits (B, T, V)
   // The same, reporting every stage's output to `probe` (ForwardProbe).
   torch::Tensor forward(const torch::Tensor &tokens, const ForwardProbe &probe);
-  // The blocks' input: wte(tokens)·(scale_embedding ? sqrt(d) : 1) + the absolute table, if any.
-  torch::Tensor embed(const torch::Tensor &tokens);
+  // Cached decoding (docs/decoding.md): logits (B, n, V) of tokens (B, n) at positions
+  // cache.len .., which every layer's cache takes. Equals the rows of forward() over all tokens
+  // so far (for encodings that read the sequence length, of a forward over exactly those).
+  // Inference only (no autograd graph); cache.capacity bounds the length (std::length_error).
+  torch::Tensor forward_cached(const torch::Tensor &tokens, KvCache &cache);
+  // The blocks' input: wte(tokens)·(scale_embedding ? sqrt(d) : 1) + the absolute table, if any;
+  // the tokens sit at positions pos0 .., and a fixed table is computed for table_rows rows (at
+  // least pos0 + T; cached).
+  torch::Tensor embed(const torch::Tensor &tokens, int64_t pos0 = 0, int64_t table_rows = 0);
   // The longest sequence the model can take (learned absolute positions), or none.
   std::optional<int64_t> max_length() const;
   // Throws std::invalid_argument naming T and max_length when T does not fit.

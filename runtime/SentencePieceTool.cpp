@@ -2,6 +2,8 @@
 //
 //   ape-spm train --input=a.txt,b.txt --model_prefix=m --vocab_size=4096 ...   (SentencePiece flags)
 //   ape-spm encode MODEL OUT BOOK...     books -> OUT (format below)
+//   ape-spm decode MODEL IDS OUT         IDS (whitespace-separated ids) -> OUT (UTF-8 text; each
+//                                        </s> id is a paragraph break, written as a blank line)
 //
 // Why a separate process: Debian's libsentencepiece.so.0 carries and exports its own protobuf-lite,
 // while LibTorch loads the system libprotobuf.so.32; a program linking both crashes before main()
@@ -122,13 +124,66 @@ int encode(int argc, char **argv) {
   return 0;
 }
 
+int decode(int argc, char **argv) {
+  if (argc != 5) {
+    std::cerr << "usage: ape-spm decode MODEL IDS OUT\n";
+    return 2;
+  }
+  sentencepiece::SentencePieceProcessor sp;
+  if (auto st = sp.Load(argv[2]); !st.ok()) {
+    std::cerr << "ape-spm: cannot load tokenizer " << argv[2] << ": " << st.ToString() << "\n";
+    return 1;
+  }
+  const int eos = sp.eos_id() >= 0 ? sp.eos_id() : sp.unk_id();
+  std::ifstream in(argv[3]);
+  if (!in) {
+    std::cerr << "ape-spm: cannot read " << argv[3] << "\n";
+    return 1;
+  }
+  std::string text;
+  std::vector<int> run;
+  auto flush = [&]() -> bool {
+    std::string piece;
+    if (auto st = sp.Decode(run, &piece); !st.ok()) {
+      std::cerr << "ape-spm: decoding: " << st.ToString() << "\n";
+      return false;
+    }
+    text += piece;
+    run.clear();
+    return true;
+  };
+  for (long long id; in >> id;) {
+    if (id < 0 || id >= sp.GetPieceSize()) {
+      std::cerr << "ape-spm: id " << id << " is outside the vocabulary [0, " << sp.GetPieceSize() << ")\n";
+      return 1;
+    }
+    if (id == eos) {
+      if (!flush()) return 1;
+      text += "\n\n";
+    } else {
+      run.push_back(static_cast<int>(id));
+    }
+  }
+  if (!flush()) return 1;
+  std::ofstream o(argv[4], std::ios::binary | std::ios::trunc);
+  o << text;
+  o.flush();
+  if (!o) {
+    std::cerr << "ape-spm: cannot write " << argv[4] << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "train") return train(argc, argv);
   if (cmd == "encode") return encode(argc, argv);
-  std::cerr << "usage: ape-spm train SENTENCEPIECE-FLAGS... | ape-spm encode MODEL OUT BOOK...\n"
+  if (cmd == "decode") return decode(argc, argv);
+  std::cerr << "usage: ape-spm train SENTENCEPIECE-FLAGS... | ape-spm encode MODEL OUT BOOK... | "
+               "ape-spm decode MODEL IDS OUT\n"
                "(a helper of ape-train / ape-eval; see runtime/Tokenizer.h)\n";
   return 2;
 }

@@ -102,4 +102,27 @@ EncodedBooks spm_encode_books(const std::string &model, const std::vector<std::s
   return out;
 }
 
+std::string spm_decode(const std::string &model, const std::vector<int32_t> &ids, const std::string &scratch,
+                       const std::string &log_path) {
+  const std::string in = scratch + ".ids", out = scratch + ".txt";
+  {
+    std::ofstream f(in, std::ios::trunc);
+    for (int32_t id : ids) f << id << '\n';
+    if (!f) throw std::runtime_error("cannot write " + in);
+  }
+  std::error_code ec;
+  try {
+    run({spm_tool_path(), "decode", model, in, out}, log_path, "detokenizing with " + model);
+  } catch (...) {
+    fs::remove(in, ec);
+    throw;
+  }
+  std::ifstream f(out, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  fs::remove(in, ec);
+  fs::remove(out, ec);
+  return ss.str();
+}
+
 }  // namespace ape

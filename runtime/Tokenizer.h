@@ -28,4 +28,10 @@ struct EncodedBooks {
 EncodedBooks spm_encode_books(const std::string &model, const std::vector<std::string> &books,
                               const std::string &scratch, const std::string &log_path);
 
+// The text of `ids` (a </s> id is a paragraph break: a blank line). `scratch` is a prefix for
+// temporary files (removed afterwards). Throws std::runtime_error (e.g. an id outside the
+// vocabulary, with the helper's message).
+std::string spm_decode(const std::string &model, const std::vector<int32_t> &ids, const std::string &scratch,
+                       const std::string &log_path);
+
 }  // namespace ape

@@ -31,6 +31,9 @@
 //     runs and 1 vs 2 OpenMP threads, every output and every param gradient;
 //   - Edge, FeatureEdge, EdgeIdentity: T = 1, tile boundaries, features exactly 0,
 //     cross-encoding identities, determinism (two runs, 1 vs 2 OpenMP threads);
+//   - Decode, DecodeEdge: KV-cache decoding (ape/cpu_decode.h) of every encoding, prefill then
+//     steps of 1, 3, 5 and 70 tokens, against the full forward over the tokens so far (also at
+//     every level in CpuLevelsVsReference);
 //   - Registry: every entry of examples/encodings and its manifest;
 //   - CpuLevelChoice, CpuLevels: the instruction-set levels (ape/cpu_dispatch.h): the choice, the
 //     CPU detection against /proc/cpuinfo, the level the registry runs (ctest also runs these with
@@ -2083,6 +2086,140 @@ TEST(XposLong, T16384Fp32) {
 }
 
 
+// ---- 4b. KV-cache decoding (ape/cpu_decode.h, docs/decoding.md) --------------------------------
+//
+// A prefill of P tokens, then steps of the given sizes up to N, through the entry's decode steps;
+// every step's outputs (o, lse of its new queries) against the full forward over the tokens so
+// far (rows L0 .. L - 1 of the forward of length L), and, for the encodings that do not read the
+// sequence length, against the rows of one full forward over all N tokens. Schedules: a T = 1
+// prompt decoded one token at a time across the first tile boundary (64); a prompt of 60 decoded
+// three at a time across two boundaries; a prompt of 130 (three tiles) with steps of 1, 5 and 70
+// (a step longer than a query tile). fp64 to 1e-12, fp32 to 2e-5 (normalised as the grid; the
+// decode step runs the forward's tile loop, so most cells agree bit for bit).
+const std::set<std::string> kReadsLength = {"rope_dynamic_ntk", "xpos"};
+
+struct DecodeSchedule {
+  int64_t prompt;
+  std::vector<int64_t> steps;  // sizes of the steps after the prompt
+};
+const std::vector<DecodeSchedule> kDecodeSchedules = {
+    {1, std::vector<int64_t>(69, 1)},
+    {60, std::vector<int64_t>(24, 3)},
+    {130, {1, 5, 70, 1}},
+};
+
+// `level`: the decode steps and forwards of that level's entry (default: the chosen level's).
+template <class Real>
+void check_decode(const std::string &enc, const DecodeSchedule &sched,
+                  const ape::KernelEntry *level = nullptr) {
+  int64_t N = sched.prompt;
+  for (int64_t n : sched.steps) N += n;
+  const int64_t B = 2, H = 2, D = 16;
+  Problem p = make_problem(enc, B, H, N, D, 1234);
+  ASSERT_NE(p.entry, nullptr);
+  // Dynamic NTK's base changes with the length past its original length: from length 33 here.
+  if (enc == "rope_dynamic_ntk") set_param(p, "rope_original_length", 32);
+  if (level) p.entry = level;
+  ASSERT_NE(p.entry->decode, nullptr) << enc << ": no decode entry";
+  const double tol = std::is_same_v<Real, double> ? 1e-12 : 2e-5;
+  const std::string prec = std::is_same_v<Real, double> ? "f64" : "f32";
+  KernelCall<Real> full(p);
+  full.forward();
+  KernelCall<Real> all(p);  // converted inputs of every token, sliced per step below
+
+  ape::DecodeCache<Real> cache;
+  cache.capacity = N;
+  std::vector<int64_t> sizes = {sched.prompt};
+  sizes.insert(sizes.end(), sched.steps.begin(), sched.steps.end());
+  int64_t L0 = 0;
+  for (int64_t n : sizes) {
+    auto cut = [&](const Tensor &t) { return t.narrow(2, L0, n).contiguous(); };
+    Tensor q = cut(all.q), k = cut(all.k), v = cut(all.v);
+    std::vector<Tensor> feats;
+    std::vector<const Real *> fp;
+    for (const auto &f : all.feat) feats.push_back(cut(f)), fp.push_back(feats.back().data_ptr<Real>());
+    Tensor o = torch::full({B, H, n, D}, std::numeric_limits<double>::quiet_NaN(),
+                           torch::TensorOptions().dtype(scalar_type<Real>()));
+    Tensor lse = torch::full({B, H, n}, std::numeric_limits<double>::quiet_NaN(),
+                             torch::TensorOptions().dtype(scalar_type<Real>()));
+    ape::DecodeArgs<Real> a{};
+    a.B = B, a.H = H, a.n = n, a.D = D;
+    a.q = q.data_ptr<Real>(), a.k = k.data_ptr<Real>(), a.v = v.data_ptr<Real>();
+    a.features = fp.data(), a.params = all.prm_p.data();
+    a.scale = static_cast<Real>(p.scale);
+    a.o = o.data_ptr<Real>(), a.lse = lse.data_ptr<Real>();
+    if constexpr (std::is_same_v<Real, float>) p.entry->decode->step_f32(cache, a);
+    else p.entry->decode->step_f64(cache, a);
+    const int64_t L = L0 + n;
+    ASSERT_EQ(cache.len, L);
+    const std::string where = enc + " " + prec + " prompt " + std::to_string(sched.prompt) +
+                              ", step of " + std::to_string(n) + " to length " + std::to_string(L);
+    KernelCall<Real> ref(prefix(p, L));
+    ref.forward();
+    expect_close("decode/" + prec + "/" + enc + "/o", where + ": o vs the forward over " +
+                 std::to_string(L) + " tokens", o, ref.o.narrow(2, L0, n).to(torch::kFloat64), tol);
+    expect_close("decode/" + prec + "/" + enc + "/lse", where + ": lse", lse,
+                 ref.lse.narrow(2, L0, n).to(torch::kFloat64), tol);
+    if (!kReadsLength.count(enc))
+      expect_close("decode/" + prec + "/" + enc + "/o_full", where + ": o vs the forward over all " +
+                   std::to_string(N) + " tokens", o, full.o.narrow(2, L0, n).to(torch::kFloat64), tol);
+    L0 = L;
+  }
+}
+
+class Decode : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Decode, MatchesFullForward) {
+  for (const auto &sched : kDecodeSchedules) {
+    check_decode<double>(GetParam(), sched);
+    check_decode<float>(GetParam(), sched);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Decode, ::testing::ValuesIn(kEncodings),
+                         [](const auto &info) { return info.param; });
+
+// Dynamic NTK really depends on the length past its original length (else the prefix check above
+// would not test the recomputation of k'): its rows differ from a longer forward's. (xPos reads
+// the length only through its centre, which cancels in q' . k' up to rounding.)
+TEST(DecodeEdge, DynamicNtkDiffersFromALongerForward) {
+  Problem p = make_problem("rope_dynamic_ntk", 1, 2, 300, 16, 7);
+  set_param(p, "rope_original_length", 64);
+  KernelCall<double> full(p), part(prefix(p, 100));
+  full.forward(), part.forward();
+  EXPECT_GT(max_abs_diff(part.o, full.o.narrow(2, 0, 100)), 1e-6);
+}
+
+TEST(DecodeEdge, ErrorsAreClear) {
+  const Problem p = make_problem("cable", 1, 1, 4, 8, 3);
+  KernelCall<double> all(p);
+  ape::DecodeCache<double> cache;
+  ape::DecodeArgs<double> a{};
+  a.B = 1, a.H = 1, a.n = 4, a.D = 8;
+  a.q = all.q.data_ptr<double>(), a.k = all.k.data_ptr<double>(), a.v = all.v.data_ptr<double>();
+  a.features = all.feat_p.data(), a.params = all.prm_p.data(), a.scale = 0.3;
+  Tensor o = torch::empty({1, 1, 4, 8}, kF64);
+  a.o = o.data_ptr<double>(), a.lse = nullptr;
+  auto message = [&](auto &&fn) {
+    try {
+      fn();
+    } catch (const std::exception &e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("no capacity"),
+            std::string::npos);
+  cache.capacity = 6;
+  p.entry->decode->step_f64(cache, a);
+  EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("exceed the cache's capacity 6"),
+            std::string::npos);
+  a.n = 1, a.H = 2;
+  EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("but the cache holds"),
+            std::string::npos);
+  EXPECT_EQ(cache.len, 4);
+}
+
 // ---- 5. the registry and the manifests ----------------------------------------------------------
 
 TEST(Registry, ContainsExactlyTheListedEncodings) {
@@ -2092,6 +2229,7 @@ TEST(Registry, ContainsExactlyTheListedEncodings) {
     ASSERT_NE(e->name, nullptr);
     names.insert(e->name);
     EXPECT_TRUE(e->forward_f32 && e->backward_f32 && e->forward_f64 && e->backward_f64) << e->name;
+    EXPECT_TRUE(e->decode && e->decode->step_f32 && e->decode->step_f64) << e->name;
   }
   EXPECT_EQ(names, std::multiset<std::string>(kEncodings.begin(), kEncodings.end()));
   for (const auto &enc : kEncodings) EXPECT_EQ(names.count(enc), 1u) << "kernel " << enc;
@@ -2355,6 +2493,8 @@ TEST(CpuLevels, ChoiceFollowsEnvironment) {
       ASSERT_NE(at, nullptr);
       EXPECT_EQ(e->forward_f32, at->forward_f32);
       EXPECT_EQ(e->backward_f32, at->backward_f32);
+      ASSERT_TRUE(e->decode && at->decode);
+      EXPECT_EQ(e->decode->step_f32, at->decode->step_f32);
     } else {
       EXPECT_STREQ(e->cpu_level, "none");
       ape::AttnArgs<float> a{};
@@ -2365,6 +2505,9 @@ TEST(CpuLevels, ChoiceFollowsEnvironment) {
         EXPECT_EQ(err.what(), c.error);
         EXPECT_NE(c.error.find("APE_CPU_LEVEL=" + request), std::string::npos) << c.error;
       }
+      ape::DecodeCache<float> cache;
+      ape::DecodeArgs<float> da{};
+      EXPECT_THROW(e->decode->step_f32(cache, da), ape::CpuLevelError);
     }
   }
   if (want >= 0 && !request.empty())
@@ -2405,6 +2548,9 @@ TEST_P(CpuLevelsVsReference, MatchReference) {
       EXPECT_EQ(name, e->cpu_level);
       EXPECT_EQ(e->forward_f64, base->forward_f64);  // fp64: compiled at the baseline only
       EXPECT_EQ(e->backward_f64, base->backward_f64);
+      ASSERT_TRUE(e->decode && base->decode);
+      EXPECT_EQ(e->decode->step_f64, base->decode->step_f64);
+      if (T > 1) check_decode<float>(enc, kDecodeSchedules[2], e);  // this level's decode steps
       p.entry = e;
       KernelCall<float> kc(p);
       kc.forward(), kc.backward();

@@ -3,6 +3,7 @@
 // test kernels (test_nope, test_bias, test_expe) defined below; the generated encodings are only
 // smoke-tested (RegisteredKernels.*), so this suite does not depend on any particular encoding.
 #include "runtime_fixtures.h"
+#include "runtime/Generate.h"
 
 // =====================================================================================================
 // Manifest
@@ -1171,4 +1172,145 @@ TEST(RegisteredKernels, RopeCheckpointEvaluatesUnderScaledRope) {
   m->set_fixed_param("rope_factor", 1.0);
   EXPECT_NEAR(m->loss(w).item<double>(), want, 1e-6);
   EXPECT_ERROR(m->set_fixed_param("rope_factr", 1.0), "its settable (fixed) params: ");
+}
+
+// Cached decoding through the model (runtime/Decode.h, docs/decoding.md), every registered
+// encoding: a prompt of 5 tokens, 8 steps of one token, 6 of three, one of 40 (across the 64-key
+// tile), in fp64; each step's logits against the full forward over the tokens so far (its last
+// rows). Two layers, so the second layer's cache is fed by decoded outputs; one layer for dynamic
+// NTK: past its original length the full forward over L tokens changes every layer's outputs at
+// earlier positions (the base depends on L), so a deeper layer's cached k, v (computed from
+// those outputs when they were decoded) cannot match it, as in any KV cache (docs/decoding.md).
+TEST(RegisteredKernels, CachedDecodingMatchesTheFullForward) {
+  const auto names = ape::kernel_names();
+  ASSERT_FALSE(names.empty()) << "the kernel registry is empty";
+  std::vector<int64_t> sizes = {5};
+  sizes.insert(sizes.end(), 8, 1);
+  sizes.insert(sizes.end(), 6, 3);
+  sizes.push_back(40);
+  int64_t N = 0;
+  for (int64_t n : sizes) N += n;
+  for (const auto &name : names) {
+    SCOPED_TRACE(name);
+    at::manual_seed(21);
+    ape::ModelConfig mc = tiny_config(name);
+    mc.d_model = 64;  // head_dim 32: room for overrides of l = d/8
+    if (name == "rope_dynamic_ntk") mc.layers = 1;
+    ape::LanguageModel model(mc);
+    model->to(at::kDouble);
+    if (name == "rope_dynamic_ntk") model->set_fixed_param("rope_original_length", 16);
+    at::Tensor tokens = at::randint(32, {2, N}, at::kLong);
+    ape::KvCache cache(N);
+    int64_t L0 = 0;
+    for (int64_t n : sizes) {
+      at::Tensor got = model->forward_cached(tokens.narrow(1, L0, n), cache);
+      const int64_t L = L0 + n;
+      ASSERT_EQ(cache.len, L);
+      at::Tensor ref;
+      {
+        at::NoGradGuard g;
+        ref = model->forward(tokens.narrow(1, 0, L)).narrow(1, L0, n);
+      }
+      const double err = (got - ref).abs().max().item<double>() / std::max(1.0, ref.abs().max().item<double>());
+      ASSERT_LT(err, 1e-10) << "step to length " << L;
+      L0 = L;
+    }
+    EXPECT_THROW(model->forward_cached(tokens.narrow(1, 0, 1), cache), std::length_error);
+  }
+}
+
+// fp32 decoding against the fp32 forward (loose), and the errors of a misused cache.
+TEST(RegisteredKernels, CachedDecodingFloat32AndErrors) {
+  at::manual_seed(22);
+  ape::ModelConfig mc = tiny_config("cable");
+  mc.d_model = 64;
+  ape::LanguageModel model(mc);
+  at::Tensor tokens = at::randint(32, {1, 100}, at::kLong);
+  ape::KvCache cache(100);
+  at::Tensor a = model->forward_cached(tokens.narrow(1, 0, 30), cache);
+  at::Tensor b = model->forward_cached(tokens.narrow(1, 30, 70), cache);
+  at::Tensor ref;
+  {
+    at::NoGradGuard g;
+    ref = model->forward(tokens);
+  }
+  EXPECT_LT((at::cat({a, b}, 1) - ref).abs().max().item<double>(), 1e-4);
+  ape::KvCache none;
+  EXPECT_THROW(model->forward_cached(tokens, none), std::invalid_argument);
+  // A learned absolute table refuses positions past its rows, before touching the cache.
+  ape::ModelConfig lc = tiny_config("learned_absolute");
+  lc.d_model = 64;
+  ape::LanguageModel learned(lc);
+  const int64_t max_len = *learned->max_length();
+  ape::KvCache big(max_len + 8);
+  learned->forward_cached(at::zeros({1, max_len}, at::kLong), big);
+  EXPECT_THROW(learned->forward_cached(at::zeros({1, 1}, at::kLong), big), std::invalid_argument);
+  EXPECT_EQ(big.len, max_len);
+}
+
+// ape-generate's scoring (runtime/Generate.h): the cached per-token losses, token by token and 16
+// at a time, average to the full forward's loss (LanguageModel::loss, what ape-eval computes) over
+// the same window, for encodings of each kind (rotary, bias, token program, relative rows); the
+// buckets' cumulative losses are the losses of the windows 1..to.
+TEST(Generate, CachedScoreEqualsTheFullForwardLoss) {
+  for (const std::string name : {"rope", "alibi", "cable", "shaw", "expe_qkv"}) {
+    SCOPED_TRACE(name);
+    at::manual_seed(31);
+    ape::ModelConfig mc = tiny_config(name);
+    mc.d_model = 64;
+    ape::LanguageModel model(mc);
+    std::vector<int64_t> ids(201);
+    for (auto &t : ids) t = at::randint(32, {1}, at::kLong).item<int64_t>();
+    at::Tensor window = at::tensor(ids, at::kLong).view({1, -1});
+    double full = 0, full50 = 0;
+    {
+      at::NoGradGuard g;
+      full = model->loss(window).item<double>();
+      full50 = model->loss(window.narrow(1, 0, 51)).item<double>();
+    }
+    for (int64_t chunk : {int64_t(1), int64_t(16)}) {
+      ape::ScoreResult r = ape::score_cached(model, ids, chunk);
+      ASSERT_EQ(r.loss.size(), 200u);
+      double mean = 0;
+      for (double l : r.loss) mean += l / 200.0;
+      EXPECT_NEAR(mean, full, 2e-5) << "chunk " << chunk;
+      auto buckets = ape::bucket_losses(r.loss, 50);
+      ASSERT_EQ(buckets.size(), 3u);  // 1..50, 51..100, 101..200
+      EXPECT_EQ(buckets[0].count + buckets[1].count + buckets[2].count, 200);
+      EXPECT_NEAR(buckets[0].cumulative_loss, full50, 2e-5);
+      EXPECT_NEAR(buckets[2].cumulative_loss, full, 2e-5);
+    }
+  }
+}
+
+TEST(Generate, SamplingIsSeededAndChecksItsInputs) {
+  at::manual_seed(32);
+  ape::ModelConfig mc = tiny_config("rope");
+  mc.d_model = 64;
+  ape::LanguageModel model(mc);
+  ape::SampleOptions o;
+  o.max_tokens = 20, o.temperature = 0.9, o.top_k = 8, o.seed = 5;
+  auto a = ape::sample(model, {1, 2, 3}, o), b = ape::sample(model, {1, 2, 3}, o);
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.tokens.size(), 20u);
+  o.seed = 6;
+  EXPECT_NE(ape::sample(model, {1, 2, 3}, o).tokens, a.tokens);
+  // Greedy sampling is the argmax of the full forward at every step.
+  o.temperature = 0;
+  auto g = ape::sample(model, {1, 2, 3}, o);
+  std::vector<int64_t> seq = {1, 2, 3};
+  for (int64_t t : g.tokens) {
+    at::NoGradGuard ng;
+    at::Tensor logits = model->forward(at::tensor(seq, at::kLong).view({1, -1}));
+    EXPECT_EQ(logits[0][-1].argmax().item<int64_t>(), t);
+    seq.push_back(t);
+  }
+  // top_k = 1 is greedy at any temperature.
+  o.temperature = 2.0, o.top_k = 1;
+  EXPECT_EQ(ape::sample(model, {1, 2, 3}, o).tokens, g.tokens);
+  EXPECT_THROW(ape::sample(model, {}, o), std::invalid_argument);
+  EXPECT_THROW(ape::sample(model, {1, 99}, o), std::invalid_argument);
+  o.top_k = 33;
+  EXPECT_THROW(ape::sample(model, {1}, o), std::invalid_argument);
+  EXPECT_THROW(ape::score_cached(model, {1}, 1), std::invalid_argument);
 }

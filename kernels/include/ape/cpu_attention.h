@@ -75,14 +75,23 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
   const Real *const *rel = nullptr;  // Enc::kNumRel arrays (T, rows_n): relative rows
   Real *const *drel = nullptr;       // their gradients, zeroed; null in forward
 
+  // Decoding (cpu_decode.h) extends the token program by new tokens instead of recomputing it:
+  // the stages start at token tok0 (the entries before it are already in tok) and each scan
+  // continues from its running sum scan_carry[slot] (double; slot = the scan's output sequence,
+  // (dst - tok) / T), which it updates. The full forward leaves them at 0 and null.
+  int64_t tok0 = 0;
+  double *scan_carry = nullptr;
+
   // The token program's stages (emitEncFunctor): every token, in order, by one thread.
-  static constexpr int64_t tok_first() { return 0; }
+  int64_t tok_first() const { return tok0; }
   static constexpr int64_t tok_step() { return 1; }
   static void tok_sync() {}
-  // dst[t] = sum_{u <= t} src[u], accumulated in double.
-  template <class T> static void tok_scan(const T *src, T *dst, int64_t n) {
-    double acc = 0;
-    for (int64_t t = 0; t < n; ++t) acc += src[t], dst[t] = T(acc);
+  // dst[t] = sum_{u <= t} src[u] for t >= tok0, accumulated in double (from scan_carry when set).
+  template <class T> void tok_scan(const T *src, T *dst, int64_t n) const {
+    double *carry = scan_carry ? scan_carry + (dst - tok) / this->T : nullptr;
+    double acc = carry ? *carry : 0;
+    for (int64_t t = tok0; t < n; ++t) acc += src[t], dst[t] = T(acc);
+    if (carry) *carry = acc;
   }
   // dst[t] += sum_{u >= t} src[u], accumulated in double (the scan's backward).
   template <class T> static void tok_rscan_add(const T *src, T *dst, int64_t n) {
@@ -229,21 +238,29 @@ inline std::vector<int64_t> partners(int pairing, double fraction, int64_t D) {
   return p;
 }
 
+// xm(n, D) = mod(x) of the n rows x(n, D) at positions t0, t0 + 1, ... for the q side (kIsQ) or
+// the k side.
+template <class Enc, bool kIsQ, typename Real>
+void mod_rows(const HeadCtx<Real> &ctx, const Real *x, int64_t t0, int64_t n, Real *xm) {
+  const int64_t D = ctx.D;
+  const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
+                                            : partners(Enc::kKPairing, Enc::kKFraction, D);
+  for (int64_t r = 0; r < n; ++r) {
+    const Real *xt = x + r * D;
+    const int64_t t = t0 + r;
+    for (int64_t c = 0; c < D; ++c) {
+      if constexpr (kIsQ)
+        xm[r * D + c] = Enc::q_mod(ctx, t, c, xt[c], xt[partner[c]]);
+      else
+        xm[r * D + c] = Enc::k_mod(ctx, t, c, xt[c], xt[partner[c]]);
+    }
+  }
+}
+
 // xm(T, D) = mod(x) for the q side (kIsQ) or the k side.
 template <class Enc, bool kIsQ, typename Real>
 void mod_forward(const HeadCtx<Real> &ctx, const Real *x, Real *xm) {
-  const int64_t T = ctx.T, D = ctx.D;
-  const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
-                                            : partners(Enc::kKPairing, Enc::kKFraction, D);
-  for (int64_t t = 0; t < T; ++t) {
-    const Real *xt = x + t * D;
-    for (int64_t c = 0; c < D; ++c) {
-      if constexpr (kIsQ)
-        xm[t * D + c] = Enc::q_mod(ctx, t, c, xt[c], xt[partner[c]]);
-      else
-        xm[t * D + c] = Enc::k_mod(ctx, t, c, xt[c], xt[partner[c]]);
-    }
-  }
+  mod_rows<Enc, kIsQ>(ctx, x, 0, ctx.T, xm);
 }
 
 // dx(T, D) = d mod(x) / dx applied to the gradient gm(T, D) w.r.t. the modded values.
@@ -280,11 +297,13 @@ template <class Enc> using NumRel = traits::NumRel<Enc>;  // enc_traits.h
 // param kValueTable (false when the functor does not declare it).
 template <class Enc> using HasValueRows = traits::HasValueRows<Enc>;
 
-// Enc::kDistanceBias: the score mod is s + B(i - j). Both passes evaluate B once per distance of
-// the slice into rb (T), reversed, rb[T - 1 - d] = B(d), so that B(i - j) for the keys j0 + jj of
-// a tile is rb[T - 1 - i + j0 + jj], contiguous in jj; the backward sums dS along each diagonal
-// (gb, same layout) and calls distance_bias_grad once per distance: T evaluations of B and its
-// gradient per slice instead of T^2 / 2. Encodings with value rows keep the per-element path.
+// Enc::kDistanceBias: the score mod is s + B(i - j). Both passes evaluate B once per distance:
+// the forward (attend_rows, also decoding) keeps B(d) in order and reads it backwards along a
+// tile row; the backward keeps the slice's table reversed, rb[T - 1 - d] = B(d), so that B(i - j)
+// for the keys j0 + jj of a tile is rb[T - 1 - i + j0 + jj], contiguous in jj, sums dS along each
+// diagonal (gb, same layout) and calls distance_bias_grad once per distance: T evaluations of B
+// and its gradient per slice instead of T^2 / 2. Encodings with value rows keep the per-element
+// path.
 template <class Enc> using DistanceBias = traits::DistanceBias<Enc>;
 template <class Enc, typename Real> std::vector<Real> distance_table(const HeadCtx<Real> &ctx) {
   std::vector<Real> rb;
@@ -295,9 +314,10 @@ template <class Enc, typename Real> std::vector<Real> distance_table(const HeadC
   return rb;
 }
 
+// rel_rows_forward for `count` rows x(count, D) (decoding: the new tokens), out (count, rows_n).
 template <class Enc, typename Real>
-void rel_rows_forward(const HeadCtx<Real> &ctx, int n, const Real *x, Real *out) {
-  const int64_t T = ctx.T, D = ctx.D, H = ctx.H, h = ctx.h, R = Enc::rel_rows(n);
+void rel_rows_range(const HeadCtx<Real> &ctx, int n, const Real *x, int64_t count, Real *out) {
+  const int64_t T = count, D = ctx.D, H = ctx.H, h = ctx.h, R = Enc::rel_rows(n);
   const Real *table = ctx.params[Enc::rel_table(n)];
   const Real *bias = Enc::rel_bias(n) >= 0 ? ctx.params[Enc::rel_bias(n)] + h * D : nullptr;
   std::vector<Real> xb(static_cast<std::size_t>(D));
@@ -310,6 +330,11 @@ void rel_rows_forward(const HeadCtx<Real> &ctx, int n, const Real *x, Real *out)
       out[t * R + r] = d;
     }
   }
+}
+
+template <class Enc, typename Real>
+void rel_rows_forward(const HeadCtx<Real> &ctx, int n, const Real *x, Real *out) {
+  rel_rows_range<Enc>(ctx, n, x, ctx.T, out);
 }
 
 // dx(T, D) += dR table_h; the slice's private table / bias gradients += dR^T (x' + bias_h) / dR table_h.
@@ -400,86 +425,111 @@ inline int64_t visible(int64_t i, int64_t j0, int64_t nk) {
   return std::clamp<int64_t>(i - j0 + 1, 0, nk);
 }
 
+// Scratch of attend_rows: one query tile's logits, output accumulator and softmax state.
+template <class Enc, typename Real> struct AttendScratch {
+  std::vector<Real> st;          // (kTileQ, kTileK): logits, then probabilities
+  std::vector<Real> acc;         // (kTileQ, D): unnormalised output
+  std::array<Real, kTileQ> m{}, l{};  // running max and sum of each query
+  int64_t R = 0;                 // value rows: unnormalised probability mass of each row, per query
+  std::vector<Real> mass;        // (kTileQ, R)
+  std::vector<Real> bias;        // distance bias: B(d) for d < bias.size() (extended on demand)
+  explicit AttendScratch(int64_t D) : st(kTileQ * kTileK), acc(static_cast<std::size_t>(kTileQ * D)) {
+    if constexpr (HasValueRows<Enc>::value) R = Enc::kValueRows;
+    mass.resize(static_cast<std::size_t>(kTileQ * R));
+  }
+};
+
+// The causal online-softmax attention of nq <= kTileQ queries at positions i0, ..., i0 + nq - 1
+// (qm: their (nq, D) rows after the q mod) over the keys j <= i: kt (D, ldk) holds k'^T, zero
+// padded so that every key tile of kTileK columns up to the last query is readable; v (., D) the
+// values. Writes o (nq, D) and lse (nq). The full forward runs it on every query tile of a slice,
+// decoding (cpu_decode.h) on the new queries against the cache: the same arithmetic in the same
+// order, key tile by key tile from j = 0.
+template <class Enc, typename Real>
+void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i0, int64_t nq,
+                 const Real *kt, int64_t ldk, const Real *v, Real *o, Real *lse,
+                 AttendScratch<Enc, Real> &w) {
+  const int64_t D = ctx.D;
+  constexpr bool kValue = HasValueRows<Enc>::value;
+  const int64_t R = w.R;
+  Real *st = w.st.data(), *acc = w.acc.data();
+  w.m.fill(neg_inf<Real>());
+  w.l.fill(Real(0));
+  std::fill(w.acc.begin(), w.acc.end(), Real(0));
+  std::fill(w.mass.begin(), w.mass.end(), Real(0));
+  const int64_t nkeys = i0 + nq;  // keys visible from the last query
+  // Distance bias: B(d) for the distances d < nkeys, once per call (not per (i, j)).
+  constexpr bool kDist = DistanceBias<Enc>::value && !kValue;
+  if constexpr (kDist) {
+    for (int64_t d = static_cast<int64_t>(w.bias.size()); d < nkeys; ++d)
+      w.bias.push_back(Enc::distance_bias(ctx, d));
+  }
+  for (int64_t j0 = 0; j0 < nkeys; j0 += kTileK) {  // tiles above the diagonal skipped
+    const int64_t nk = std::min(kTileK, nkeys - j0);
+    gemm<kTileK>(nq, D, kTileK, qm, D, 1, kt + j0, ldk, st, kTileK, false);
+    for (int64_t ii = 0; ii < nq; ++ii) {
+      const int64_t i = i0 + ii, nv = visible(i, j0, nk);
+      Real *s = st + ii * kTileK;
+      if constexpr (kDist) {
+        const Real *bi = w.bias.data() + (i - j0);  // B(i - j0 - jj) = bi[-jj]
+        APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] = scale * s[jj] + bi[-jj];
+      } else if constexpr (Enc::kHasScoreMod) {
+        for (int64_t jj = 0; jj < nv; ++jj) s[jj] = Enc::score_mod(ctx, i, j0 + jj, scale * s[jj]);
+      } else {
+        APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] *= scale;
+      }
+      Real mx = w.m[ii];
+      APE_SIMD_REDUCE(max : mx) for (int64_t jj = 0; jj < nv; ++jj) mx = s[jj] > mx ? s[jj] : mx;
+      // All logits so far -inf (a score_mod mask): keep exp finite, the row stays zero.
+      const Real ref = mx == neg_inf<Real>() ? Real(0) : mx;
+      Real sum = 0;
+      APE_SIMD_REDUCE(+ : sum) for (int64_t jj = 0; jj < nv; ++jj) {
+        s[jj] = softmax_exp(s[jj] - ref);
+        sum += s[jj];
+      }
+      std::fill(s + nv, s + kTileK, Real(0));  // masked keys: no exp
+      const Real alpha = softmax_exp(w.m[ii] - ref);
+      w.l[ii] = w.l[ii] * alpha + sum;
+      w.m[ii] = mx;
+      Real *accr = acc + ii * D;
+      APE_SIMD for (int64_t c = 0; c < D; ++c) accr[c] *= alpha;
+      if constexpr (kValue) {
+        Real *mr = w.mass.data() + ii * R;
+        for (int64_t r = 0; r < R; ++r) mr[r] *= alpha;
+        for (int64_t jj = 0; jj < nv; ++jj) mr[Enc::value_row(ctx, i, j0 + jj)] += s[jj];
+      }
+    }
+    gemm(nq, nk, D, st, kTileK, 1, v + j0 * D, D, acc, D, true);
+  }
+  for (int64_t ii = 0; ii < nq; ++ii) {
+    const Real inv = w.l[ii] > 0 ? Real(1) / w.l[ii] : Real(0);
+    const Real *accr = acc + ii * D;
+    Real *orow = o + ii * D;
+    APE_SIMD for (int64_t c = 0; c < D; ++c) orow[c] = accr[c] * inv;
+    if constexpr (kValue) {
+      const Real *table = ctx.params[Enc::kValueTable];
+      for (int64_t r = 0; r < R; ++r) {
+        const Real wr = w.mass[ii * R + r] * inv;
+        if (wr == Real(0)) continue;
+        const Real *row = table + (r * ctx.H + ctx.h) * D;
+        APE_SIMD for (int64_t c = 0; c < D; ++c) orow[c] += wr * row[c];
+      }
+    }
+    lse[ii] = w.m[ii] + std::log(w.l[ii]);
+  }
+}
+
 template <class Enc, typename Real>
 void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
   const SliceInputs<Enc, Real> in(a, b, h);
-  const HeadCtx<Real> &ctx = in.ctx;
   const int64_t T = a.T, D = a.D, row = b * a.H + h;
-  const Real scale = a.scale;
   Real *o = a.o + row * T * D;  // (T, D)
   Real *lse = a.lse + row * T;  // (T)
-
-  std::vector<Real> st(kTileQ * kTileK);  // (kTileQ, kTileK): logits, then probabilities
-  std::vector<Real> acc(kTileQ * D);      // (kTileQ, D): unnormalised output
-  std::array<Real, kTileQ> m, l;          // running max and sum of each query
-  constexpr bool kValue = HasValueRows<Enc>::value;
-  int64_t R = 0;  // value rows: unnormalised probability mass of each row, per query
-  if constexpr (kValue) R = Enc::kValueRows;
-  std::vector<Real> mass(static_cast<std::size_t>(kTileQ * R));
-  constexpr bool kDist = DistanceBias<Enc>::value && !kValue;
-  const std::vector<Real> rb = kDist ? distance_table<Enc>(ctx) : std::vector<Real>();
-
+  AttendScratch<Enc, Real> scratch(D);
   for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
     const int64_t nq = std::min(kTileQ, T - i0);
-    m.fill(neg_inf<Real>());
-    l.fill(Real(0));
-    std::fill(acc.begin(), acc.end(), Real(0));
-    std::fill(mass.begin(), mass.end(), Real(0));
-    for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTileK) {  // tiles above the diagonal skipped
-      const int64_t nk = std::min(kTileK, T - j0);
-      gemm<kTileK>(nq, D, kTileK, in.qm + i0 * D, D, 1, in.kt.data() + j0, in.Tp, st.data(),
-                   kTileK, false);
-      for (int64_t ii = 0; ii < nq; ++ii) {
-        const int64_t i = i0 + ii, nv = visible(i, j0, nk);
-        Real *s = st.data() + ii * kTileK;
-        if constexpr (kDist) {
-          const Real *bi = rb.data() + (T - 1 - i + j0);
-          APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] = scale * s[jj] + bi[jj];
-        } else if constexpr (Enc::kHasScoreMod) {
-          for (int64_t jj = 0; jj < nv; ++jj)
-            s[jj] = Enc::score_mod(ctx, i, j0 + jj, scale * s[jj]);
-        } else {
-          APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] *= scale;
-        }
-        Real mx = m[ii];
-        APE_SIMD_REDUCE(max : mx) for (int64_t jj = 0; jj < nv; ++jj) mx = s[jj] > mx ? s[jj] : mx;
-        // All logits so far -inf (a score_mod mask): keep exp finite, the row stays zero.
-        const Real ref = mx == neg_inf<Real>() ? Real(0) : mx;
-        Real sum = 0;
-        APE_SIMD_REDUCE(+ : sum) for (int64_t jj = 0; jj < nv; ++jj) {
-          s[jj] = softmax_exp(s[jj] - ref);
-          sum += s[jj];
-        }
-        std::fill(s + nv, s + kTileK, Real(0));  // masked keys: no exp
-        const Real alpha = softmax_exp(m[ii] - ref);
-        l[ii] = l[ii] * alpha + sum;
-        m[ii] = mx;
-        Real *accr = acc.data() + ii * D;
-        APE_SIMD for (int64_t c = 0; c < D; ++c) accr[c] *= alpha;
-        if constexpr (kValue) {
-          Real *mr = mass.data() + ii * R;
-          for (int64_t r = 0; r < R; ++r) mr[r] *= alpha;
-          for (int64_t jj = 0; jj < nv; ++jj) mr[Enc::value_row(ctx, i, j0 + jj)] += s[jj];
-        }
-      }
-      gemm(nq, nk, D, st.data(), kTileK, 1, in.v + j0 * D, D, acc.data(), D, true);
-    }
-    for (int64_t ii = 0; ii < nq; ++ii) {
-      const Real inv = l[ii] > 0 ? Real(1) / l[ii] : Real(0);
-      const Real *accr = acc.data() + ii * D;
-      Real *orow = o + (i0 + ii) * D;
-      APE_SIMD for (int64_t c = 0; c < D; ++c) orow[c] = accr[c] * inv;
-      if constexpr (kValue) {
-        const Real *table = ctx.params[Enc::kValueTable];
-        for (int64_t r = 0; r < R; ++r) {
-          const Real w = mass[ii * R + r] * inv;
-          if (w == Real(0)) continue;
-          const Real *row = table + (r * ctx.H + ctx.h) * D;
-          APE_SIMD for (int64_t c = 0; c < D; ++c) orow[c] += w * row[c];
-        }
-      }
-      lse[i0 + ii] = m[ii] + std::log(l[ii]);
-    }
+    attend_rows<Enc>(in.ctx, a.scale, in.qm + i0 * D, i0, nq, in.kt.data(), in.Tp, in.v,
+                     o + i0 * D, lse + i0, scratch);
   }
 }
 

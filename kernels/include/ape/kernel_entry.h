@@ -18,9 +18,17 @@
 #include <type_traits>
 
 #include "cpu_attention.h"
+#include "cpu_decode.h"
 #include "cpu_dispatch.h"
 
 namespace ape {
+
+// KV-cache decoding with the entry's functor (cpu_decode.h, docs/decoding.md): one step appends
+// new tokens to the cache and attends their queries to every cached key.
+struct DecodeEntry {
+  void (*step_f32)(DecodeCache<float> &, const DecodeArgs<float> &);
+  void (*step_f64)(DecodeCache<double> &, const DecodeArgs<double> &);
+};
 
 struct KernelEntry {
   const char *name;
@@ -36,6 +44,9 @@ struct KernelEntry {
   // "avx2", "avx512"); "none" in the entry of a refused APE_CPU_LEVEL, whose kernels throw
   // CpuLevelError; null in hand-written entries.
   const char *cpu_level = nullptr;
+  // Cached decoding (fp32 at the entry's level, fp64 at the baseline); null in hand-written
+  // entries.
+  const DecodeEntry *decode = nullptr;
 };
 
 namespace entry_detail {
@@ -54,6 +65,35 @@ struct EmbedTableOf<Enc, std::void_t<decltype(static_cast<void (*)(int64_t, int6
 template <unsigned kBuilt, typename Real> void refuse(const AttnArgs<Real> &) {
   throw CpuLevelError(cpu_level_choice<kBuilt>().error);
 }
+template <unsigned kBuilt, typename Real> void refuse_decode(DecodeCache<Real> &, const DecodeArgs<Real> &) {
+  throw CpuLevelError(cpu_level_choice<kBuilt>().error);
+}
+template <unsigned kBuilt>
+inline constexpr DecodeEntry kRefusedDecode{&refuse_decode<kBuilt, float>, &refuse_decode<kBuilt, double>};
+
+// The decode steps of this unit's level: fp32, and fp64 at the baseline only (not instantiated
+// above it).
+template <class Enc, bool kWithF64> constexpr DecodeEntry decode_entry_of() {
+  if constexpr (kWithF64)
+    return DecodeEntry{&decode_step<Enc, float>, &decode_step<Enc, double>};
+  else
+    return DecodeEntry{&decode_step<Enc, float>, nullptr};
+}
+template <class Enc, bool kWithF64>
+inline constexpr DecodeEntry kDecodeEntry = decode_entry_of<Enc, kWithF64>();
+
+// The entry's decode pointer. APE_KERNEL_DECODE=0 (the emitted operator libraries and C ABI
+// folders, which have no decode API) leaves the decode steps out: null, nothing instantiated.
+#ifndef APE_KERNEL_DECODE
+#define APE_KERNEL_DECODE 1
+#endif
+template <class Enc, bool kWithF64> constexpr const DecodeEntry *decode_pointer() {
+#if APE_KERNEL_DECODE
+  return &kDecodeEntry<Enc, kWithF64>;
+#else
+  return nullptr;
+#endif
+}
 }  // namespace entry_detail
 
 // The entry of the encoding functor Enc (instantiates the four template functions of this
@@ -67,7 +107,8 @@ constexpr KernelEntry make_kernel_entry(const char *name, const char *manifest_j
                      &attention_forward<Enc, double>,
                      &attention_backward<Enc, double>,
                      entry_detail::EmbedTableOf<Enc>::value,
-                     cpu_level_name(APE_KERNEL_LEVEL)};
+                     cpu_level_name(APE_KERNEL_LEVEL),
+                     entry_detail::decode_pointer<Enc, true>()};
 }
 
 // What the unit of level kLevel contributes to its encoding's entries: name, manifest,
@@ -88,7 +129,8 @@ const KernelEntry *unit_kernel_entry(const char *name, const char *manifest_json
                                    nullptr,
                                    nullptr,
                                    entry_detail::EmbedTableOf<Enc>::value,
-                                   cpu_level_name(kLevel)};
+                                   cpu_level_name(kLevel),
+                                   entry_detail::decode_pointer<Enc, false>()};
     return &entry;
   }
 }
@@ -98,6 +140,7 @@ const KernelEntry *unit_kernel_entry(const char *name, const char *manifest_json
 // halves the cost of each extra level (bench/results/cpu_levels.md).
 struct LevelEntries {
   KernelEntry entry[kNumCpuLevels];
+  DecodeEntry decode[kNumCpuLevels];  // entry[l].decode: level l's fp32 step, the baseline's fp64
   bool built[kNumCpuLevels];
 
   const KernelEntry *at(int level) const {
@@ -105,17 +148,22 @@ struct LevelEntries {
   }
 };
 
-inline LevelEntries compose_level_entries(const KernelEntry *const (&units)[kNumCpuLevels]) {
-  LevelEntries all{};
+// Fills `all` in place (its entries point at its own decode entries, so it is not copied).
+inline void compose_level_entries(LevelEntries &all, const KernelEntry *const (&units)[kNumCpuLevels]) {
+  all = LevelEntries{};
   const KernelEntry &base = *units[0];
   for (int l = 0; l < kNumCpuLevels; ++l) {
     if (!units[l]) continue;
     all.entry[l] = *units[l];
     all.entry[l].forward_f64 = base.forward_f64;
     all.entry[l].backward_f64 = base.backward_f64;
+    if (units[l]->decode && base.decode) {
+      all.decode[l] = *units[l]->decode;
+      all.decode[l].step_f64 = base.decode->step_f64;
+      all.entry[l].decode = &all.decode[l];
+    }
     all.built[l] = true;
   }
-  return all;
 }
 
 // The entry to use in this process: level(c) for the level c chosen among kBuilt (once, see
@@ -136,7 +184,8 @@ template <unsigned kBuilt> KernelEntry refused_kernel_entry(const KernelEntry &b
                      &entry_detail::refuse<kBuilt, double>,
                      &entry_detail::refuse<kBuilt, double>,
                      base.embed_table,
-                     "none"};
+                     "none",
+                     &entry_detail::kRefusedDecode<kBuilt>};
 }
 
 }  // namespace ape
@@ -168,8 +217,11 @@ template <unsigned kBuilt> KernelEntry refused_kernel_entry(const KernelEntry &b
   APE_DECLARE_UNIT_AVX2(NAME)                                                                   \
   APE_DECLARE_UNIT_AVX512(NAME)                                                                 \
   extern "C" const ::ape::KernelEntry *ape_kernel_entry_##NAME##_level(int level) {             \
-    static const ::ape::LevelEntries all = ::ape::compose_level_entries(                        \
-        {ape_kernel_unit_##NAME##_baseline(), APE_UNIT_AVX2(NAME), APE_UNIT_AVX512(NAME)});     \
+    static ::ape::LevelEntries all;                                                             \
+    static const bool composed = (::ape::compose_level_entries(                                 \
+        all, {ape_kernel_unit_##NAME##_baseline(), APE_UNIT_AVX2(NAME), APE_UNIT_AVX512(NAME)}), \
+                                  true);                                                        \
+    (void)composed;                                                                             \
     return all.at(level);                                                                       \
   }                                                                                             \
   extern "C" const ::ape::KernelEntry *ape_kernel_entry_##NAME() {                              \

@@ -45,6 +45,7 @@
 // FILES-NEXT: odd_names_cuda_f32_hd64.cu
 // FILES-NEXT: odd_names_ops.cpp
 // FILES: cpu_attention.h
+// FILES-NEXT: cpu_decode.h
 // FILES-NEXT: cpu_dispatch.h
 // FILES-NEXT: cuda_abi.h
 // FILES-NEXT: cuda_attention.cuh
@@ -70,6 +71,7 @@
 // CFILES: c_abi.h
 // CFILES-NEXT: c_abi_impl.h
 // CFILES-NEXT: cpu_attention.h
+// CFILES-NEXT: cpu_decode.h
 // CFILES-NEXT: cpu_dispatch.h
 // CFILES-NEXT: enc_traits.h
 // CFILES-NEXT: kernel_entry.h

@@ -1,0 +1,90 @@
+// ape-bench-decode: tokens/s of cached decoding (LanguageModel::forward_cached, docs/decoding.md)
+// against recomputing the full forward over the whole sequence for every new token, at several
+// context lengths. A randomly initialised model (the speed does not depend on the weights).
+//
+//   ape-bench-decode [--encodings rope,alibi,cable] [--lengths 256,1024,4096] [--new 32]
+//                    [--d-model 256 --layers 4 --heads 4] [--threads 0] [--csv out.csv]
+//
+// Per (encoding, length L): prefill L tokens into a cache, then time `new` single-token steps
+// (contexts L+1 .. L+new): cached tokens/s. Recompute: time forwards over L+1 tokens (the work one
+// new token costs without a cache), at least 3 and at least 1 s: recompute tokens/s.
+#include <chrono>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "runtime/Model.h"
+#include "runtime/Threads.h"
+
+namespace {
+std::vector<std::string> split(const std::string &s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
+  return out;
+}
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+int main(int argc, char **argv) {
+  ape::prefer_passive_openmp(argv);
+  std::string encodings = "nope,rope,rope_dynamic_ntk,alibi,cable,shaw", lengths = "256,1024,4096", csv;
+  int64_t n_new = 32, d_model = 256, layers = 4, heads = 4, threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) { std::cerr << a << " needs a value\n"; std::exit(2); }
+      return argv[++i];
+    };
+    if (a == "--encodings") encodings = next();
+    else if (a == "--lengths") lengths = next();
+    else if (a == "--new") n_new = std::stoll(next());
+    else if (a == "--d-model") d_model = std::stoll(next());
+    else if (a == "--layers") layers = std::stoll(next());
+    else if (a == "--heads") heads = std::stoll(next());
+    else if (a == "--threads") threads = std::stoll(next());
+    else if (a == "--csv") csv = next();
+    else { std::cerr << "unknown option " << a << " (see the top of bench/decode_bench.cpp)\n"; return 2; }
+  }
+  ape::set_threads(threads);
+  std::ostringstream rows;
+  rows << "encoding,length,cached_tok_s,recompute_tok_s,speedup\n";
+  std::cout << "d_model " << d_model << ", " << layers << " layers, " << heads << " heads, fp32, " << n_new
+            << " new tokens per length\n\n"
+            << std::left << std::setw(18) << "encoding" << std::right << std::setw(8) << "L" << std::setw(14)
+            << "cached tok/s" << std::setw(16) << "recompute tok/s" << std::setw(10) << "speedup\n";
+  for (const auto &enc : split(encodings)) {
+    for (const auto &ls : split(lengths)) {
+      const int64_t L = std::stoll(ls);
+      at::manual_seed(1);
+      ape::ModelConfig mc;
+      mc.encoding = enc, mc.vocab = 4096, mc.d_model = d_model, mc.layers = layers, mc.heads = heads;
+      ape::LanguageModel model(mc);
+      model->eval();
+      at::NoGradGuard ng;
+      at::Tensor tokens = at::randint(mc.vocab, {1, L + n_new}, at::kLong);
+      ape::KvCache cache(L + n_new);
+      model->forward_cached(tokens.narrow(1, 0, L), cache);
+      double t0 = now();
+      for (int64_t s = 0; s < n_new; ++s) model->forward_cached(tokens.narrow(1, L + s, 1), cache);
+      const double cached = double(n_new) / (now() - t0);
+      int64_t reps = 0;
+      t0 = now();
+      while (reps < 3 || now() - t0 < 1.0) model->forward(tokens.narrow(1, 0, L + 1)), ++reps;
+      const double recompute = double(reps) / (now() - t0);
+      std::cout << std::left << std::setw(18) << enc << std::right << std::setw(8) << L << std::fixed
+                << std::setprecision(1) << std::setw(14) << cached << std::setw(16) << recompute
+                << std::setw(9) << cached / recompute << "x\n";
+      rows << enc << "," << L << "," << cached << "," << recompute << "," << cached / recompute << "\n";
+    }
+  }
+  if (!csv.empty()) std::ofstream(csv) << rows.str();
+  return 0;
+}

@@ -1,0 +1,76 @@
+// decode_attention: checks the step's tensors and runs the entry's decode step.
+#include "runtime/Decode.h"
+
+#include <stdexcept>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "ape/kernel_entry.h"
+#include "runtime/Attention.h"
+
+namespace ape {
+namespace {
+
+[[noreturn]] void bad(const KernelEntry &e, const std::string &msg) {
+  throw std::invalid_argument(std::string("decode_attention(") + e.name + "): " + msg);
+}
+
+template <typename T>
+at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, const at::Tensor &q,
+                    const at::Tensor &k, const at::Tensor &v, const std::vector<at::Tensor> &feats,
+                    const std::vector<at::Tensor> &params, double scale) {
+  if (!c.started()) c.capacity = capacity;
+  std::vector<at::Tensor> keep;
+  std::vector<const T *> fp, pp;
+  for (const auto &f : feats) keep.push_back(f.contiguous()), fp.push_back(keep.back().data_ptr<T>());
+  for (const auto &p : params) keep.push_back(p.contiguous()), pp.push_back(keep.back().data_ptr<T>());
+  at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  at::Tensor o = at::empty_like(qc);
+  DecodeArgs<T> a{};
+  a.B = q.size(0), a.H = q.size(1), a.n = q.size(2), a.D = q.size(3);
+  a.q = qc.data_ptr<T>(), a.k = kc.data_ptr<T>(), a.v = vc.data_ptr<T>();
+  a.features = fp.data(), a.params = pp.data();
+  a.scale = static_cast<T>(scale);
+  a.o = o.data_ptr<T>(), a.lse = nullptr;
+  if constexpr (std::is_same_v<T, float>) e.decode->step_f32(c, a);
+  else e.decode->step_f64(c, a);
+  return o;
+}
+
+}  // namespace
+
+at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t capacity,
+                            const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                            const std::vector<at::Tensor> &features,
+                            const std::vector<at::Tensor> &params, double scale) {
+  const Manifest &m = manifest_of(e);
+  if (!e.decode) bad(e, "the kernel entry has no decode steps (rebuild the kernel with this apec)");
+  const bool f32 = q.scalar_type() == at::kFloat;
+  if (!q.defined() || q.dim() != 4 || !(f32 || q.scalar_type() == at::kDouble) || !q.device().is_cpu())
+    bad(e, "q must be (B, H, n, D) float32 or float64 on the CPU");
+  for (const at::Tensor *t : {&k, &v})
+    if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() || !t->device().is_cpu())
+      bad(e, "k and v must match q");
+  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), D = q.size(3);
+  if (int64_t(features.size()) != m.num_features())
+    bad(e, "expected " + std::to_string(m.num_features()) + " feature tensors, got " +
+               std::to_string(features.size()));
+  for (const auto &f : features)
+    if (!f.defined() || f.dim() != 3 || f.size(0) != B || f.size(1) != H || f.size(2) != n ||
+        f.scalar_type() != q.scalar_type())
+      bad(e, "every feature must be (B, H, n) like q");
+  if (int64_t(params.size()) != m.num_params())
+    bad(e, "expected " + std::to_string(m.num_params()) + " param tensors, got " + std::to_string(params.size()));
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!params[i].defined() || params[i].numel() != m.params[i].numel(H, D) ||
+        params[i].scalar_type() != q.scalar_type())
+      bad(e, "param '" + m.params[i].name + "' must have " + std::to_string(m.params[i].numel(H, D)) +
+                 " elements of q's dtype");
+  if ((f32 && cache.f64.started()) || (!f32 && cache.f32.started()))
+    bad(e, "the cache holds the other precision (one cache serves one dtype)");
+  return f32 ? run_step<float>(e, cache.f32, capacity, q, k, v, features, params, scale)
+             : run_step<double>(e, cache.f64, capacity, q, k, v, features, params, scale);
+}
+
+}  // namespace ape

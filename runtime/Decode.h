@@ -1,0 +1,42 @@
+// Decode: cached attention through the kernel entry's decode steps (kernels/include/ape/cpu_decode.h,
+// docs/decoding.md).
+//
+//   o = decode_attention(entry, cache, q, k, v, features, params, scale)
+//     q, k, v   (B, H, n, D)  float32 or float64, CPU: the n new tokens' raw projections
+//     features  n_features x (B, H, n), same dtype     (manifest "features", in order)
+//     params    n_params tensors, shapes per manifest  (as fused_attention)
+//     o         (B, H, n, D): the new queries' attention over every cached token and themselves
+// The cache takes the new tokens; its first step fixes B, H, D and the dtype.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "ape/cpu_decode.h"
+
+namespace ape {
+struct KernelEntry;
+
+// One attention layer's cache, in the precision of its first step.
+struct LayerCache {
+  DecodeCache<float> f32;
+  DecodeCache<double> f64;
+  int64_t len() const { return f32.started() ? f32.len : f64.len; }
+};
+
+// A model's caches: one per block, all with the same capacity (tokens).
+struct KvCache {
+  explicit KvCache(int64_t capacity = 0) : capacity(capacity) {}
+  int64_t capacity;
+  int64_t len = 0;  // tokens the model has seen (= every layer's len)
+  std::vector<LayerCache> layers;
+};
+
+at::Tensor decode_attention(const KernelEntry &entry, LayerCache &cache, int64_t capacity,
+                            const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                            const std::vector<at::Tensor> &features,
+                            const std::vector<at::Tensor> &params, double scale);
+
+}  // namespace ape

@@ -1,0 +1,192 @@
+// ape-generate: sample text from an ape-train checkpoint, or score a long text, with the KV cache
+// (docs/decoding.md).
+//
+//   ape-generate -c runs/rope.ckpt --prompt "It was a dark" --max-tokens 100 --temperature 0.8 --top-k 40 --seed 1
+//   ape-generate -c runs/rope.ckpt --score book.txt --score-tokens 4096
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include "runtime/Checkpoint.h"
+#include "runtime/Data.h"
+#include "runtime/Eval.h"
+#include "runtime/Generate.h"
+#include "runtime/Model.h"
+#include "runtime/Options.h"
+#include "runtime/Registry.h"
+#include "runtime/Threads.h"
+#include "runtime/Tokenizer.h"
+
+namespace fs = std::filesystem;
+
+int main(int argc, char **argv) {
+  ape::prefer_passive_openmp(argv);
+  CLI::App app{"ape-generate: sample text from an ape-train checkpoint, or report the per-token loss of a long\n"
+               "text at context lengths beyond training, decoding with the KV cache."};
+  std::string checkpoint, prompt, prompt_file, score_file, tokenizer, encoding;
+  std::string cache_dir = ape::default_cache_dir();
+  std::vector<std::string> set_args;
+  ape::SampleOptions so;
+  int64_t score_tokens = 0, chunk = 1, threads = 0;
+  bool show_ids = false;
+  app.add_option("-c,--checkpoint", checkpoint, "Checkpoint written by ape-train")->required();
+  auto *po = app.add_option("-p,--prompt", prompt, "Text to continue");
+  auto *pf = app.add_option("--prompt-file", prompt_file, "Read the prompt from this file");
+  auto *sf = app.add_option("--score", score_file,
+                            "Instead of sampling: tokenize FILE and report the mean next-token loss per bucket of\n"
+                            "context lengths (1..L, L+1..2L, 2L+1..4L, ... for training length L), decoding it\n"
+                            "token by token with the cache")
+                 ->type_name("FILE");
+  po->excludes(pf), po->excludes(sf), pf->excludes(sf);
+  app.add_option("-n,--max-tokens", so.max_tokens, "Tokens to sample, in [1, 2^20]")->capture_default_str();
+  app.add_option("-t,--temperature", so.temperature, "Sampling temperature in [0, 100]; 0: greedy")
+      ->capture_default_str();
+  app.add_option("-k,--top-k", so.top_k, "Sample among the k most likely tokens (0: all), in [0, vocab]")
+      ->capture_default_str();
+  app.add_option("--seed", so.seed, "Random seed: the same seed, checkpoint and prompt give the same text")
+      ->capture_default_str();
+  bool stop_paragraph = false;
+  app.add_flag("--stop-at-eos", stop_paragraph, "Stop after a paragraph break (the tokenizer's </s>)");
+  app.add_flag("--ids", show_ids, "Also print the token ids");
+  app.add_option("--score-tokens", score_tokens,
+                 "Score at most this many target tokens of FILE (0: all of it), in [0, 2^24]")
+      ->capture_default_str();
+  app.add_option("--chunk", chunk,
+                 "Tokens per cached step when scoring, in [1, 2^20] (1: strictly token by token; larger\n"
+                 "is faster and, for encodings that do not read the sequence length, gives the same losses)")
+      ->capture_default_str();
+  app.add_option("--tokenizer", tokenizer,
+                 "SentencePiece model (default: <cache-dir>/spm_bpe_<vocab>.model, the one ape-train made)");
+  app.add_option("--cache-dir", cache_dir, "ape-train's cache folder (for the tokenizer)")->capture_default_str();
+  app.add_option("--encoding", encoding, "Decode with the kernel NAME instead of the checkpoint's (as ape-eval)")
+      ->type_name("NAME");
+  app.add_option("--set", set_args, "NAME=VALUE (repeatable): set a fixed param, e.g. rope_factor=8 (as ape-eval)")
+      ->type_name("NAME=VALUE");
+  app.add_option("--threads", threads, "CPU threads, in [0, 1024] (default 0: all hardware threads)");
+  app.footer(ape::kernel_cpu_level_help());
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    ape::require_in("--threads", threads, 0, ape::kMaxThreads);
+    ape::require_in("--score-tokens", score_tokens, 0, int64_t(1) << 24);
+    ape::require_in("--chunk", chunk, 1, int64_t(1) << 20);
+    if (score_file.empty() && prompt_file.empty() && po->count() == 0)
+      throw std::invalid_argument("give a --prompt, a --prompt-file or --score FILE");
+    std::vector<std::pair<std::string, double>> sets;
+    for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
+    if (!encoding.empty()) ape::find_kernel(encoding);
+    ape::set_threads(threads);
+    std::cout << "[cpu] kernels: " << ape::checked_kernel_cpu_level() << "\n";
+
+    if (!fs::exists(checkpoint)) throw std::runtime_error("no checkpoint at " + checkpoint);
+    nlohmann::json config;
+    ape::LanguageModel model = ape::load_model_as(checkpoint, encoding, &config, nullptr);
+    model->eval();
+    for (const auto &[name, value] : sets) {
+      try {
+        model->set_fixed_param(name, value);
+      } catch (const std::exception &e) {
+        throw std::runtime_error("--set " + name + ": " + e.what());
+      }
+    }
+    const int64_t vocab = model->config().vocab;
+    int64_t train_len = 0;
+    if (config.contains("train") && config["train"].contains("seq_len"))
+      train_len = config["train"]["seq_len"].get<int64_t>();
+    if (tokenizer.empty())
+      tokenizer = (fs::path(cache_dir) / ("spm_bpe_" + std::to_string(vocab) + ".model")).string();
+    if (!fs::exists(tokenizer))
+      throw std::runtime_error("no tokenizer at " + tokenizer + " (pass --tokenizer, or the --cache-dir ape-train used)");
+    {
+      std::ifstream f(tokenizer, std::ios::binary);
+      std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(ape::fnv1a(bytes.data(), bytes.size())));
+      if (config.contains("data") && config["data"].contains("tokenizer_fnv") &&
+          config["data"]["tokenizer_fnv"].get<std::string>() != hex)
+        throw std::runtime_error("checkpoint " + checkpoint + " was trained with another tokenizer (" +
+                                 config["data"]["tokenizer_fnv"].get<std::string>() + ") than " + tokenizer + " (" + hex + ")");
+    }
+    const std::string scratch = (fs::temp_directory_path() / ("ape-generate-" + std::to_string(::getpid()))).string();
+    const std::string log = scratch + ".log";
+    auto encode = [&](const std::string &file) {
+      ape::EncodedBooks e = ape::spm_encode_books(tokenizer, {file}, scratch + ".bin", log);
+      if (e.pieces != vocab)
+        throw std::runtime_error("the tokenizer " + tokenizer + " has " + std::to_string(e.pieces) +
+                                 " pieces, the model a vocabulary of " + std::to_string(vocab));
+      return e;
+    };
+
+    if (!score_file.empty()) {
+      if (!fs::is_regular_file(score_file)) throw std::runtime_error("cannot read --score file " + score_file);
+      ape::EncodedBooks e = encode(score_file);
+      std::vector<int64_t> ids(e.books[0].begin(), e.books[0].end());
+      if (score_tokens > 0 && int64_t(ids.size()) > score_tokens + 1) ids.resize(size_t(score_tokens + 1));
+      if (ids.size() < 2) throw std::runtime_error(score_file + " holds " + std::to_string(ids.size()) + " tokens; scoring needs at least 2");
+      std::cout << "[score] " << score_file << ": " << ids.size() - 1 << " target tokens, " << model->config().encoding
+                << ", training length " << train_len << ", " << chunk << " token(s) per cached step\n";
+      ape::ScoreResult r = ape::score_cached(model, ids, chunk);
+      std::cout << "[score] " << r.loss.size() << " tokens in " << std::fixed << std::setprecision(2) << r.seconds
+                << " s (" << std::setprecision(1) << double(r.loss.size()) / std::max(r.seconds, 1e-9) << " tokens/s)\n\n";
+      std::cout << "  context       tokens    loss   ppl      cumulative loss (= full forward over 1..to)\n";
+      for (const auto &b : ape::bucket_losses(r.loss, train_len > 0 ? train_len : int64_t(r.loss.size()))) {
+        std::ostringstream range;
+        range << b.from << ".." << b.to;
+        std::cout << "  " << std::left << std::setw(13) << range.str() << std::right << std::setw(7) << b.count << "  "
+                  << std::setprecision(4) << std::setw(7) << b.mean_loss << "  " << std::setprecision(1) << std::setw(7)
+                  << std::exp(b.mean_loss) << "  " << std::setprecision(4) << std::setw(9) << b.cumulative_loss << "\n";
+      }
+      return 0;
+    }
+
+    if (!prompt_file.empty()) {
+      std::ifstream f(prompt_file, std::ios::binary);
+      if (!f) throw std::runtime_error("cannot read --prompt-file " + prompt_file);
+      std::ostringstream ss;
+      ss << f.rdbuf();
+      prompt = ss.str();
+    }
+    if (prompt.find_first_not_of(" \t\r\n") == std::string::npos)
+      throw std::invalid_argument("the prompt is empty (give some text to continue)");
+    const std::string prompt_path = scratch + ".prompt";
+    {
+      std::ofstream f(prompt_path, std::ios::trunc);
+      f << prompt;
+    }
+    ape::EncodedBooks e = encode(prompt_path);
+    std::error_code ec;
+    fs::remove(prompt_path, ec);
+    std::vector<int64_t> ids(e.books[0].begin(), e.books[0].end());
+    if (!ids.empty() && ids.back() == e.eos) ids.pop_back();  // the paragraph break after the last paragraph
+    if (ids.empty()) throw std::invalid_argument("the prompt tokenizes to nothing");
+    if (stop_paragraph) so.stop_token = e.eos;
+    ape::SampleResult r = ape::sample(model, ids, so);
+    std::vector<int32_t> all(ids.begin(), ids.end());
+    all.insert(all.end(), r.tokens.begin(), r.tokens.end());
+    const std::string text = ape::spm_decode(tokenizer, all, scratch, log);
+    fs::remove(log, ec);
+    std::cout << "\n" << text << "\n\n";
+    if (show_ids) {
+      std::cout << "[ids]";
+      for (int64_t id : r.tokens) std::cout << " " << id;
+      std::cout << "\n";
+    }
+    std::cout << std::fixed << std::setprecision(1) << "[generate] prompt " << ids.size() << " tokens (prefill "
+              << std::setprecision(3) << r.prefill_seconds << " s), " << r.tokens.size() << " new tokens in "
+              << r.decode_seconds << " s: " << std::setprecision(1)
+              << double(r.tokens.size()) / std::max(r.decode_seconds, 1e-9) << " tokens/s\n";
+    return 0;
+  } catch (const std::exception &e) {
+    std::cout << std::flush;
+    std::cerr << "ape-generate: error: " << e.what() << "\n";
+    return 1;
+  }
+}
