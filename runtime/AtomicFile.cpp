@@ -2,6 +2,7 @@
 #include "runtime/AtomicFile.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -61,8 +62,19 @@ int remove_stale_temporaries(const std::string &path) {
     const std::string digits = name.substr(prefix.size());
     if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
     const pid_t pid = static_cast<pid_t>(std::stol(digits));
-    // The writer is gone (or it is us: an earlier write of ours that failed).
-    if (pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH)) {
+    // A writer holds an exclusive lock on its temporary until it closes it; the kernel drops the
+    // lock when the writer dies, however it dies. So the temporary is stale when it is ours (an
+    // earlier write of ours that failed), or when its lock can be taken — whether or not a process
+    // of that pid still exists (pids are reused).
+    bool stale = pid == ::getpid();
+    if (!stale) {
+      const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        stale = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+        ::close(fd);
+      }
+    }
+    if (stale) {
       std::error_code rm;
       if (fs::remove(entry.path(), rm)) ++removed;
     }
@@ -82,6 +94,7 @@ void write_file_atomically(const std::string &path, std::string_view bytes, cons
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot write " + tmp + ": " + why());
+  ::flock(fd, LOCK_EX);  // ours until close or death: remove_stale_temporaries leaves it alone
   try {
     size_t first = bytes.size();
     if (kill_hook) {  // the crash-mid-write test hook (AtomicFile.h)

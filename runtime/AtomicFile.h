@@ -23,8 +23,10 @@ namespace ape {
 void write_file_atomically(const std::string &path, std::string_view bytes,
                            const char *kill_hook = nullptr);
 
-// Removes PATH.tmp.<pid> files left by writers that died (no process <pid>, or this process);
-// returns how many were removed.
+// Removes PATH.tmp.<pid> files left by writers that died: a writer holds an exclusive flock on its
+// temporary while it writes (the kernel releases it when the writer dies), so a temporary whose
+// lock can be taken, or this process's own, is stale even where its pid was reused. Returns how
+// many were removed.
 int remove_stale_temporaries(const std::string &path);
 
 // Throws std::runtime_error unless a file can be written in `dir` (created if missing) under the

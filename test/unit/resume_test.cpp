@@ -3,6 +3,8 @@
 // writes, training stopped and resumed in process (bit-identical), a restore that does not fit, the
 // divergence rule and where NaN/inf first appears, and the range of every option. The kill -9 loop
 // across processes is test/resume/kill_loop.sh.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -245,15 +247,42 @@ TEST(AtomicFile, StaleTemporariesGoAndErrorsKeepTheirCause) {
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   ::waitpid(child, nullptr, 0);
+  // A live pid that holds no lock (pids are reused: not a writer of ours), and a writer still
+  // writing: a child holding the flock a writer holds, until we close the pipe it waits on.
   const std::string dead = path + ".tmp." + std::to_string(child), mine = path + ".tmp." + std::to_string(::getpid()),
-                    alive = path + ".tmp." + std::to_string(::getppid()), other = path + ".tmpx";
-  for (const auto &f : {dead, mine, alive, other}) write_bytes(f, "partial");
+                    reused = path + ".tmp." + std::to_string(::getppid()), other = path + ".tmpx";
+  for (const auto &f : {dead, mine, reused, other}) write_bytes(f, "partial");
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t writer = ::fork();
+  if (writer == 0) {
+    ::close(pipefd[1]);
+    const int fd = ::open((path + ".tmp." + std::to_string(::getpid())).c_str(), O_WRONLY | O_CREAT, 0644);
+    ::flock(fd, LOCK_EX);
+    char c = 0;
+    (void)!::read(pipefd[0], &c, 1);  // until the parent closes its end
+    ::_exit(0);
+  }
+  ::close(pipefd[0]);
+  const std::string writing = path + ".tmp." + std::to_string(writer);
+  for (int i = 0; i < 500; ++i) {  // the child has created and locked its temporary
+    const int fd = ::open(writing.c_str(), O_RDONLY);
+    const bool locked = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+    if (fd >= 0) ::close(fd);
+    if (locked) break;
+    ::usleep(10000);
+  }
   ape::write_file_atomically(path, "new contents");
   EXPECT_EQ(read_bytes(path), "new contents");
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_FALSE(fs::exists(mine));
-  EXPECT_TRUE(fs::exists(alive));  // its writer may still be writing
+  EXPECT_FALSE(fs::exists(reused));
+  EXPECT_TRUE(fs::exists(writing));  // its writer is still writing
   EXPECT_TRUE(fs::exists(other));
+  ::close(pipefd[1]);
+  ::waitpid(writer, nullptr, 0);
+  ape::write_file_atomically(path, "newer contents");
+  EXPECT_FALSE(fs::exists(writing));  // its writer died without finishing
   // A folder where the file should go: named before anything is written, with the real reason.
   const std::string dir = tmp_path("is_a_folder.ckpt");
   fs::create_directories(dir);
