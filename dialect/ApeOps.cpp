@@ -165,7 +165,7 @@ LogicalResult EncodingOp::verify() {
     if (isa<XposOp>(op) && failed(checkRotationDims(&op, 1.0, headDim)))  // every pair rotates
       return failure();
     if (auto ov = dyn_cast<OverrideOp>(op)) {
-      if (modelDim && ov.getL() >= *modelDim)
+      if (modelDim && *modelDim >= 0 && ov.getL() >= static_cast<uint64_t>(*modelDim))
         return ov.emitOpError("l = ") << ov.getL() << " overwrites the whole input: it must be "
                                       << "less than the encoding's model_dim " << *modelDim;
     }

@@ -804,7 +804,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     const int dlt = static_cast<int>(i0 - j0 < BK ? i0 - j0 : BK);
     const int rows = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
     // B at rr - cc + BK - 1: this lane's base, plus 16 mt + 8 h - 8 nt - e (immediates).
-    const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK - 1);
+    [[maybe_unused]] const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK - 1);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -1209,7 +1209,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
     const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
     // B at c - kr + BK - 1: this lane's base, plus 8 nt + e - 8 h (immediates).
-    const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK - 1);
+    [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK - 1);
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int kr = kr0 + g + 8 * h;
