@@ -62,16 +62,22 @@ int train(int argc, char **argv) {
   return 0;
 }
 
+// Loads the tokenizer MODEL into sp; false (after saying why on stderr) when it cannot.
+bool load_tokenizer(sentencepiece::SentencePieceProcessor &sp, const char *model) {
+  if (auto st = sp.Load(model); !st.ok()) {
+    std::cerr << "ape-spm: cannot load tokenizer " << model << ": " << st.ToString() << "\n";
+    return false;
+  }
+  return true;
+}
+
 int encode(int argc, char **argv) {
   if (argc < 5) {
     std::cerr << "usage: ape-spm encode MODEL OUT BOOK...\n";
     return 2;
   }
   sentencepiece::SentencePieceProcessor sp;
-  if (auto st = sp.Load(argv[2]); !st.ok()) {
-    std::cerr << "ape-spm: cannot load tokenizer " << argv[2] << ": " << st.ToString() << "\n";
-    return 1;
-  }
+  if (!load_tokenizer(sp, argv[2])) return 1;
   const int eos = sp.eos_id() >= 0 ? sp.eos_id() : sp.unk_id();
   std::vector<std::string> books(argv + 4, argv + argc);
   std::vector<std::vector<int32_t>> ids(books.size());
@@ -130,10 +136,7 @@ int decode(int argc, char **argv) {
     return 2;
   }
   sentencepiece::SentencePieceProcessor sp;
-  if (auto st = sp.Load(argv[2]); !st.ok()) {
-    std::cerr << "ape-spm: cannot load tokenizer " << argv[2] << ": " << st.ToString() << "\n";
-    return 1;
-  }
+  if (!load_tokenizer(sp, argv[2])) return 1;
   const int eos = sp.eos_id() >= 0 ? sp.eos_id() : sp.unk_id();
   std::ifstream in(argv[3]);
   if (!in) {

@@ -47,13 +47,6 @@
 namespace fs = std::filesystem;
 
 namespace ape {
-namespace {
-
-std::string hex16(uint64_t h) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h);
-  return b;
-}
 
 std::string read_file(const fs::path &p) {
   std::ifstream in(p, std::ios::binary);
@@ -62,6 +55,15 @@ std::string read_file(const fs::path &p) {
   s << in.rdbuf();
   return s.str();
 }
+
+namespace {
+
+std::string hex16(uint64_t h) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h);
+  return b;
+}
+
 
 std::string shell_quote(const std::string &s) {
   std::string q = "'";

@@ -41,14 +41,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_file(const fs::path &p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + p.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // The apec next to this executable (both live in the build's tools/), unless told otherwise.
 std::string default_apec() {
   if (const char *env = std::getenv("APE_APEC"); env && *env) return env;
@@ -210,7 +202,7 @@ int main(int argc, char **argv) {
   }
 
   try {
-    const ape::SpecReference ref = ape::SpecReference::parse(read_file(refs[0]), spec);
+    const ape::SpecReference ref = ape::SpecReference::parse(ape::read_file(refs[0]), spec);
     const std::string name = ref.encoding();
     const ape::KernelEntry *entry = nullptr;
     ape::SpecLibrary library;
@@ -223,7 +215,7 @@ int main(int argc, char **argv) {
       const auto names = ape::kernel_names();
       const bool registered = std::find(names.begin(), names.end(), name) != names.end();
       std::error_code ec;
-      if (registered && fs::is_regular_file(example, ec) && read_file(example) == read_file(spec)) {
+      if (registered && fs::is_regular_file(example, ec) && ape::read_file(example) == ape::read_file(spec)) {
         entry = &ape::find_kernel(name);
         origin = "the kernel compiled into this build from examples/encodings/" + name + ".mlir";
       } else {
