@@ -34,6 +34,14 @@ add_test(NAME ape_check.spec_file
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_mix.mlir)
 set_tests_properties(ape_check.spec_file PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# Two fused distance terms (learned ALiBi + T5): the CPU template's per-distance table and
+# diagonal gradient sums against the reference's per-element evaluation.
+add_test(NAME ape_check.distance_sum
+  COMMAND ${_expect} 0 "^dparam:alibi_slopes +fp64 .* pass$" "^dparam:t5_table +fp32 .* pass$"
+          "^ape-check: PASS \\(19 checks\\)"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_t5_sum.mlir)
+set_tests_properties(ape_check.distance_sum PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A kernel whose params are not the spec's: no numbers, the mismatch.
 add_test(NAME ape_check.error_interface
   COMMAND ${_expect} 1 "^interface mismatch: the spec declares 0 params, the kernel's manifest 1$"
@@ -57,7 +65,7 @@ add_test(NAME ape_check.help
   COMMAND ${_expect} 0 "--kernel NAME" "--fp32-param-floor" "independent path"
           -- $<TARGET_FILE:ape-check> --help)
 set_tests_properties(ape_check.mutant_t5_max_distance ape_check.mutant_alibi_slope_1e-6
-  ape_check.spec_file ape_check.error_interface ape_check.error_malformed_spec
+  ape_check.spec_file ape_check.distance_sum ape_check.error_interface ape_check.error_malformed_spec
   ape_check.error_missing_file ape_check.error_shapes ape_check.error_unknown_kernel
   ape_check.help PROPERTIES LABELS check TIMEOUT 120)
 unset(_check)
