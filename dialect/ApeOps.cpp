@@ -560,7 +560,8 @@ static LogicalResult verifyRegionSignature(Operation *op, Region &region, String
       return inner.emitOpError("is not allowed in a ")
              << op->getName().stripDialect()
              << " region (use arith/math ops, ape.load, ape.dim and ape.yield)";
-  auto yield = dyn_cast<YieldOp>(block.getTerminator());
+  // An empty block has no terminator (getTerminator() would read past the list).
+  auto yield = block.empty() ? YieldOp() : dyn_cast<YieldOp>(block.getTerminator());
   if (!yield)
     return op->emitOpError(what) << " region must end with ape.yield";
   if (!llvm::equal(yield.getValues().getTypes(), results))
@@ -761,7 +762,8 @@ LogicalResult ValueRowsOp::verifyRegions() {
       return inner.emitOpError("is not allowed in a value_rows index region (use arith ops on "
                                "index values)");
   }
-  auto yield = dyn_cast<YieldOp>(getIndex().front().getTerminator());
+  Block &index = getIndex().front();
+  auto yield = index.empty() ? YieldOp() : dyn_cast<YieldOp>(index.getTerminator());
   if (!yield || yield.getValues().size() != 1 || yield.getValues()[0].getType() != idx)
     return emitOpError("index region must yield one index (the row)");
   return success();

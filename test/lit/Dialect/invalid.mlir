@@ -542,3 +542,33 @@ ape.encoding @e {
     ape.yield %f : f32
   }
 }
+
+// -----
+
+// An empty region block (the fuzzer's find: the verifier read a terminator that was not there).
+ape.encoding @e {
+  // expected-error @+1 {{'ape.position_embedding' op table region must end with ape.yield}}
+  ape.position_embedding table {
+  ^bb0(%n: index, %c: index, %d: index):
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  %t = ape.param "av" ["4", "heads", "head_dim"] init = "zeros" trainable
+  // expected-error @+1 {{'ape.value_rows' op index region must yield one index (the row)}}
+  ape.value_rows %t index {
+  ^bb0(%b: index, %h: index, %i: index, %j: index):
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  %f = ape.token_feature "f"
+  // expected-error @+1 {{empty block: expect at least a terminator}}
+  %m = ape.map %f {
+  ^bb0(%x: f32):
+  }
+}
