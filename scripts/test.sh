@@ -33,7 +33,18 @@ fuzz/run.sh 60 >"$log.fuzz" 2>&1
 fuzz_status=$?
 grep -E '^\[fuzz\]|^#[0-9]+ *DONE|ERROR|SUMMARY|^stat::(number_of_executed_units|peak_rss_mb)' "$log.fuzz"
 fuzz_runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log.fuzz" | grep -oE '[0-9]+$')
-if [ "$fuzz_status" -eq 0 ]; then fuzz_passed=1 fuzz_failed=0; else fuzz_passed=0 fuzz_failed=1; tail -40 "$log.fuzz"; fi
+if [ "$fuzz_status" -eq 0 ]; then
+  fuzz_passed=1 fuzz_failed=0
+else
+  # What a reader of the CI log needs to reproduce it: the report's stack, the failing input
+  # (also kept as build-fuzz/crash-*; `build-fuzz/fuzz/apec-fuzzer FILE` reruns it).
+  fuzz_passed=0 fuzz_failed=1
+  grep -E '^ *#[0-9]+ 0x|apec_fuzzer:|runtime error' "$log.fuzz" | head -40
+  for crash in $(grep -oE "Test unit written to [^ ]+" "$log.fuzz" | awk '{print $NF}'); do
+    [ -f "$crash" ] && { echo "[ape] the failing input ($crash), base64:"; base64 "$crash"; }
+  done
+  tail -15 "$log.fuzz"
+fi
 
 # Counts: lit's summary lines and ctest's, folded into one closing line.
 lit_passed=$(grep -E '^\s*Passed\s*:' "$log.lit" | grep -oE '[0-9]+' | head -1)
