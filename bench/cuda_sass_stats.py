@@ -96,11 +96,11 @@ using namespace ape::cuda::detail;
 template <class In, int D> void print(const char *dt) {
   using F = FlashFwd<In, D>;
   using B = FlashBwd<In, D>;
-  std::printf("forward %s %d threads=%d smem=%zu smem_dist=%zu flops=%lld\n", dt, D, F::kThreads,
-              F::bytes, F::bytes_dist, 4LL * 16 * F::kMT * F::BK * D);
+  std::printf("forward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
+              F::kThreads, F::bytes, F::bytes_dist, F::bytes_rowcol, 4LL * 16 * F::kMT * F::BK * D);
   // S^T, dP^T, dV, dK: 16 keys x BQ queries x D each; dQ: BQ x D x BK over the warps.
-  std::printf("backward %s %d threads=%d smem=%zu smem_dist=%zu flops=%lld\n", dt, D, B::kThreads,
-              B::bytes, B::bytes_dist, 8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps);
+  std::printf("backward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
+              B::kThreads, B::bytes, B::bytes_dist, B::bytes_rowcol, 8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps);
 }
 int main() {
   print<__nv_bfloat16, 32>("bf16"); print<__nv_bfloat16, 64>("bf16"); print<__nv_bfloat16, 128>("bf16");
@@ -223,7 +223,9 @@ def main():
                            check=True)
             for hd in args.hd:
                 src = gen / f"{enc}_cuda_{args.dtype}_hd{hd}.cu"
-                dist = "kDistanceBias = true" in (gen / f"{enc}_cuda.cuh").read_text()
+                functor = (gen / f"{enc}_cuda.cuh").read_text()
+                dist = "kDistanceBias = true" in functor
+                rowcol = not dist and "kRowColBias = true" in functor
                 for arch in args.arch:
                     cubin = Path(work) / f"{enc}_{hd}_{arch}.cubin"
                     r = subprocess.run([args.nvcc, "-std=c++17", "--expt-relaxed-constexpr", f"-arch=sm_{arch}",
@@ -245,8 +247,8 @@ def main():
                         counts = {c: sum(1 for o in ops if re.match(rx, o)) for c, rx in CLASSES}
                         total_hmma = sum(1 for _, b in instrs if b.startswith("HMMA"))
                         p = pinfo.get(fn, {})
-                        # Distance biases (kDistanceBias) add their tables to the flash kernels.
-                        smem = t["smem_dist" if dist else "smem"] + p.get("smem_static", 0)
+                        # Distance and row/column biases add their tables to the flash kernels.
+                        smem = t["smem_dist" if dist else "smem_rowcol" if rowcol else "smem"] + p.get("smem_static", 0)
                         blocks, warps, limit = occupancy(arch, t["threads"], p.get("regs", 0), smem)
                         mflop = t["flops"] / 1e6
                         rows.append(dict(

@@ -18,10 +18,12 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cmath>
+#include <functional>
 
 using namespace mlir;
 using namespace mlir::ape;
@@ -147,6 +149,30 @@ public:
     }
     SmallVector<std::string> out;
     for (Value v : block.getTerminator()->getOperands())
+      out.push_back(get(v));
+    return out;
+  }
+
+  /// Emits only the ops that `roots` depend on (in block order); returns the roots' names.
+  /// Values bound beforehand (block arguments) are leaves.
+  FailureOr<SmallVector<std::string>> emitSlice(Block &block, ArrayRef<Value> roots) {
+    llvm::SmallPtrSet<Operation *, 32> needed;
+    SmallVector<Value> work(roots.begin(), roots.end());
+    while (!work.empty()) {
+      Operation *def = work.pop_back_val().getDefiningOp();
+      if (!def || def->getBlock() != &block || !needed.insert(def).second)
+        continue;
+      for (Value operand : def->getOperands())
+        work.push_back(operand);
+    }
+    for (Operation &op : block.without_terminator()) {
+      if (!needed.count(&op) || (op.getNumResults() == 1 && names.count(op.getResult(0))))
+        continue;
+      if (failed(emitOp(op)))
+        return failure();
+    }
+    SmallVector<std::string> out;
+    for (Value v : roots)
       out.push_back(get(v));
     return out;
   }
@@ -351,12 +377,17 @@ constexpr FunctorStyle kCudaStyle{"  template <class T, class Ctx>\n  APE_HD sta
 
 /// Emits the gradient accumulations of the loads of `body` given the names of
 /// their gradients; non-trainable params receive none.
+/// With `keep`, only the loads k (in walk order) that it accepts.
 LogicalResult emitLoadGrads(raw_ostream &os, RegionWriter &primal, Region &body,
-                            ArrayRef<std::string> grads) {
+                            ArrayRef<std::string> grads,
+                            llvm::function_ref<bool(unsigned)> keep = nullptr) {
   unsigned k = 0;
   LogicalResult result = success();
   body.walk([&](LoadOp load) {
-    std::string g = grads[k++];
+    unsigned n = k++;
+    std::string g = grads[n];
+    if (keep && !keep(n))
+      return;
     if (auto p = load.getSource().getDefiningOp<ParamOp>(); p && !p.getTrainable())
       return;
     FailureOr<std::string> el = primal.element(load, "ctx.dtok", "ctx.dparams");
@@ -531,6 +562,166 @@ LogicalResult emitDistanceBias(raw_ostream &os, KernelLayout &layout, const Func
   if (failed(emitLoadGrads(os, primal, mod.getBody(), ArrayRef(*out).drop_front(1))))
     return failure();
   os << "  }\n";
+  return success();
+}
+
+/// Which of a region's index arguments a value reads, transitively: bit 0 the query position i,
+/// bit 1 the key position j, bit 2 the logit s (arguments 3, 4 and 0 of a score mod region).
+unsigned readsOf(Value v, Block &block, DenseMap<Value, unsigned> &memo) {
+  if (auto it = memo.find(v); it != memo.end())
+    return it->second;
+  unsigned r = 0;
+  if (auto arg = dyn_cast<BlockArgument>(v)) {
+    if (arg.getOwner() == &block)
+      r = arg.getArgNumber() == 3 ? 1u : arg.getArgNumber() == 4 ? 2u : arg.getArgNumber() == 0 ? 4u : 0u;
+  } else if (Operation *def = v.getDefiningOp()) {
+    for (Value operand : def->getOperands())
+      r |= readsOf(operand, block, memo);
+  }
+  return memo[v] = r;
+}
+
+/// A score mod of the form `s + R(i) + C(j)` (Cable, forget gates: S_i - S_j of cumulative
+/// sums): the bias splits into a term of the query row and a term of the key column. The CUDA
+/// flash kernels then evaluate R once per query and C once per key of a tile (BQ + BK values
+/// instead of BQ BK) and, in the backward, sum dS along each row and each column of the tile and
+/// call row_bias_grad / col_bias_grad once per row and column (load gradients are linear in the
+/// incoming gradient). Found by splitting the bias at additions, subtractions and negations into
+/// signed terms, each reading i or j but not both; every load's gradient must read only the side
+/// its accumulation is summed on.
+struct RowColBias {
+  SmallVector<std::pair<Value, bool>> rowTerms, colTerms;  // (term, negated)
+  SmallVector<Value> rowGrads, colGrads;                   // grad-region values of those loads
+  SmallVector<bool> loadIsRow;                             // per load of the body, walk order
+};
+
+std::optional<RowColBias> rowColBias(ScoreModOp mod) {
+  if (!mod || isDistanceBias(mod))
+    return std::nullopt;
+  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  if (!gb.getArgument(0).use_empty() || gb.getTerminator()->getOperand(0) != gb.getArgument(5))
+    return std::nullopt;
+  // The chain `(s + X1) + X2 ...` to the yield, as in isDistanceBias.
+  Value v = b.getArgument(0);
+  Operation *yield = b.getTerminator();
+  SmallVector<Value> biases;
+  while (v != yield->getOperand(0)) {
+    if (!v.hasOneUse())
+      return std::nullopt;
+    auto add = dyn_cast<arith::AddFOp>(*v.getUsers().begin());
+    if (!add || add.getLhs() == add.getRhs())
+      return std::nullopt;
+    biases.push_back(add.getLhs() == v ? add.getRhs() : add.getLhs());
+    v = add.getResult();
+  }
+  if (biases.empty())
+    return std::nullopt;
+  RowColBias rc;
+  DenseMap<Value, unsigned> memo, gmemo;
+  bool ok = true;
+  std::function<void(Value, bool)> split = [&](Value x, bool neg) {
+    if (auto add = x.getDefiningOp<arith::AddFOp>()) {
+      split(add.getLhs(), neg);
+      split(add.getRhs(), neg);
+      return;
+    }
+    if (auto sub = x.getDefiningOp<arith::SubFOp>()) {
+      split(sub.getLhs(), neg);
+      split(sub.getRhs(), !neg);
+      return;
+    }
+    if (auto n = x.getDefiningOp<arith::NegFOp>()) {
+      split(n.getOperand(), !neg);
+      return;
+    }
+    unsigned r = readsOf(x, b, memo);
+    if ((r & 4) || r == 3)
+      ok = false;
+    else
+      (r == 2 ? rc.colTerms : rc.rowTerms).push_back({x, neg});
+  };
+  for (Value x : biases)
+    split(x, false);
+  if (!ok || rc.colTerms.empty() || rc.rowTerms.empty())
+    return std::nullopt;
+  // Loads: the side of the load's own indices and of its gradient, together.
+  auto grads = gb.getTerminator()->getOperands().drop_front(1);
+  unsigned k = 0;
+  b.walk([&](LoadOp load) {
+    Value g = k < grads.size() ? grads[k] : Value();
+    ++k;
+    if (!g) {
+      ok = false;
+      return;
+    }
+    unsigned r = readsOf(load.getResult(), b, memo) | readsOf(g, gb, gmemo);
+    if ((r & 4) || r == 3)
+      ok = false;
+    rc.loadIsRow.push_back(r != 2);
+    (r != 2 ? rc.rowGrads : rc.colGrads).push_back(g);
+  });
+  if (!ok || k != grads.size())
+    return std::nullopt;
+  return rc;
+}
+
+/// row_bias(ctx, i) = R(i), col_bias(ctx, j) = C(j) and their gradients (one call per row or
+/// column with the sum of its dS): slices of the score mod's own regions.
+LogicalResult emitRowColBias(raw_ostream &os, KernelLayout &layout, const RowColBias &rc,
+                             const FunctorStyle &st) {
+  ScoreModOp mod = layout.score;
+  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  os << "  // The score mod is s + R(i) + C(j): R once per query, C once per key (CUDA flash\n"
+     << "  // kernels: kRowColBias).\n"
+     << "  static constexpr bool kRowColBias = true;\n";
+  for (bool row : {true, false}) {
+    StringRef side = row ? "row" : "col", index = row ? "i" : "j";
+    os << st.head << "T " << side << "_bias(" << st.ctx << ", int64_t " << index << ") {\n";
+    RegionWriter w(os, layout, "v", kIndent);
+    w.bind(b.getArgument(1), "ctx.b"), w.bind(b.getArgument(2), "ctx.h");
+    w.bind(b.getArgument(row ? 3 : 4), index);
+    const auto &terms = row ? rc.rowTerms : rc.colTerms;
+    SmallVector<Value> roots;
+    for (auto [x, neg] : terms)
+      roots.push_back(x);
+    auto out = w.emitSlice(b, roots);
+    if (failed(out))
+      return failure();
+    os << "    return T(0)";
+    for (auto [n, term] : llvm::enumerate(terms))
+      os << (term.second ? " - " : " + ") << (*out)[n];
+    os << ";\n  }\n";
+
+    os << st.head << "void " << side << "_bias_grad(" << st.ctx << ", int64_t " << index
+       << ", T g) {\n";
+    RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
+    for (RegionWriter *x : {&primal, &grad}) {
+      Block &blk = x == &primal ? b : gb;
+      x->bind(blk.getArgument(1), "ctx.b"), x->bind(blk.getArgument(2), "ctx.h");
+      x->bind(blk.getArgument(row ? 3 : 4), index);
+    }
+    grad.bind(gb.getArgument(5), "g");
+    SmallVector<Value> indices;
+    unsigned k = 0;
+    b.walk([&](LoadOp load) {
+      if (rc.loadIsRow[k++] == row)
+        indices.append(load.getIndices().begin(), load.getIndices().end());
+    });
+    if (failed(primal.emitSlice(b, indices)))
+      return failure();
+    const auto &gvals = row ? rc.rowGrads : rc.colGrads;
+    auto gout = grad.emitSlice(gb, gvals);
+    if (failed(gout))
+      return failure();
+    SmallVector<std::string> all;
+    unsigned n = 0;
+    for (bool isRow : rc.loadIsRow)
+      all.push_back(isRow == row ? (*gout)[n++] : std::string());
+    if (failed(emitLoadGrads(os, primal, mod.getBody(), all,
+                             [&](unsigned load) { return rc.loadIsRow[load] == row; })))
+      return failure();
+    os << "  }\n";
+  }
   return success();
 }
 
@@ -775,8 +966,12 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
       failed(emitQKMod(os, layout, layout.qmod, "q", st)) ||
       failed(emitQKMod(os, layout, layout.kmod, "k", st)) || failed(emitScoreMod(os, layout, st)) ||
       (layout.score && isDistanceBias(layout.score) &&
-       failed(emitDistanceBias(os, layout, st))) ||
-      failed(emitEmbedTable(os, layout)))
+       failed(emitDistanceBias(os, layout, st))))
+    return failure();
+  if (std::optional<RowColBias> rc = rowColBias(layout.score))
+    if (failed(emitRowColBias(os, layout, *rc, st)))
+      return failure();
+  if (failed(emitEmbedTable(os, layout)))
     return failure();
   os << "};\n";
   return success();

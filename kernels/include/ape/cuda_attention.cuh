@@ -690,6 +690,8 @@ template <class In, int D> struct FlashFwd {
   static constexpr size_t dist = bytes;
   static constexpr size_t bytes_dist = dist + 2 * sizeof(float) * kDistLen;
   static_assert(bytes_dist <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
+  // Row/column biases need no table in the forward (their terms are per-token loads).
+  static constexpr size_t bytes_rowcol = bytes;
 };
 
 // Distance biases (Enc::kDistanceBias, enc_traits.h: the score mod is s + B(i - j)): the flash
@@ -699,6 +701,21 @@ template <class In, int D> struct FlashFwd {
 // once per distance: the sinks see BQ + BK - 1 terms per tile pair instead of BQ BK.
 template <class Enc> constexpr bool flash_distance() {
   return traits::DistanceBias<Enc>::value && value_rows<Enc>() == 0;
+}
+
+// Row/column biases (Enc::kRowColBias, enc_traits.h: the score mod is s + R(i) + C(j), Cable's
+// S_i - S_j): the flash kernels evaluate R once per query and C once per key of a tile into
+// shared memory, the forward adds R + C with one FFMA per element, and the backward sums
+// P (dP - Delta) along each query row of the tile and each key column (over all the block's
+// query tiles) in a fixed order and calls row_bias_grad / col_bias_grad once per row and column:
+// the sinks see BQ terms per tile and BK per block instead of 2 BQ BK per tile.
+template <class Enc> constexpr bool flash_rowcol() {
+  return traits::RowColBias<Enc>::value && !flash_distance<Enc>() && value_rows<Enc>() == 0;
+}
+
+// Dynamic shared memory of a flash kernel (FlashFwd or FlashBwd layout F) for Enc.
+template <class Enc, class F> constexpr size_t flash_smem_bytes() {
+  return flash_distance<Enc>() ? F::bytes_dist : flash_rowcol<Enc>() ? F::bytes_rowcol : F::bytes;
 }
 
 template <class Enc, class In, int D>
@@ -1083,6 +1100,12 @@ template <class In, int D> struct FlashBwd {
   static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
   static constexpr size_t bytes_dist = gsum + sizeof(float) * BK * LG;
   static_assert(bytes_dist <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+  // Row/column biases: C(j) of the block's BK keys, two tables of R(i) for BQ queries, and the
+  // tile's P (dP - Delta) in fp32 (BK, LG) for the query-row sums.
+  static_assert(BQ <= kThreads, "one query-row sum per thread");
+  static constexpr size_t rowcol = bytes, rc_gsum = rowcol + sizeof(float) * (BK + 2 * BQ);
+  static constexpr size_t bytes_rowcol = rc_gsum + sizeof(float) * BK * LG;
+  static_assert(bytes_rowcol <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
 // lse (times log2 e; +inf for a row without a finite logit, so that its P is 0) and Delta (times
@@ -1146,6 +1169,29 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     }
   };
   if constexpr (kDist) fill_bias(qt0, 0);
+  // Row/column bias: C(j0 + kr) at sC[kr] for the whole block; R(i) of query tile qt at
+  // sR[buf BQ + c], filled a step ahead; 0 past T (masked elements only). The tile's
+  // P (dP - Delta) goes to sG, where thread c < BQ sums query column c per step; the key rows
+  // are summed in registers (a key row lies in one warp's quad rows: quad sums), kept in
+  // `col_sum[h]` by lane t = 0 over the block's steps.
+  constexpr bool kRC = flash_rowcol<Enc>();
+  float *sC = reinterpret_cast<float *>(smem + C::rowcol), *sR = sC + BK;
+  if constexpr (kRC) sG = reinterpret_cast<float *>(smem + C::rc_gsum);
+  [[maybe_unused]] float col_sum[2] = {0.f, 0.f};
+  auto fill_row = [&](int64_t qt, int buf) {
+    if constexpr (kRC) {
+      float *tr = sR + buf * BQ;
+      for (int x = static_cast<int>(threadIdx.x); x < BQ; x += C::kThreads) {
+        const int64_t i = qt * BQ + x;
+        tr[x] = i < T ? Enc::template row_bias<float>(ctx, i) : 0.f;
+      }
+    }
+  };
+  if constexpr (kRC) {
+    for (int x = static_cast<int>(threadIdx.x); x < BK; x += C::kThreads)
+      sC[x] = j0 + x < T ? Enc::template col_bias<float>(ctx, j0 + x) : 0.f;
+    fill_row(qt0, 0);
+  }
 
   flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, j0, T);
   flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, j0, T);
@@ -1177,6 +1223,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ, lse_bh, delta_bh,
                                        i0 + BQ, T, dscale);
       if constexpr (kDist) fill_bias(qt + 1, nb);
+      if constexpr (kRC) fill_row(qt + 1, nb);
     }
     ptx::cp_async_commit();
     const int bo = buf * 2 * BQ * D;  // the buffer's byte offset
@@ -1210,9 +1257,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
     // B at c - kr + BK - 1: this lane's base, plus 8 nt + e - 8 h (immediates).
     [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK - 1);
+    // R at c: this lane's base plus 8 nt + e.
+    [[maybe_unused]] const float *tr = sR + buf * BQ + 2 * t;
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int kr = kr0 + g + 8 * h;
+      [[maybe_unused]] const float cb = kRC ? sC[kr] : 0.f;
+      [[maybe_unused]] float key_sum = 0.f;
       #pragma unroll
       #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
@@ -1226,6 +1277,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             const float gp = pv * (dp[nt][2 * h + e] - cDelta[c]);
             sG[kr * C::LG + c] = gp;
+            dsv = p.scale * gp;
+          } else if constexpr (kRC) {  // likewise, for the row and column sums
+            pv = ptx::ex2(fmaf(fmaf(s[nt][2 * h + e], p.scale, cb + tr[8 * nt + e]), kLog2e, -cLse[c]));
+            if constexpr (kMasked) pv = visible ? pv : 0.f;
+            const float gp = pv * (dp[nt][2 * h + e] - cDelta[c]);
+            sG[kr * C::LG + c] = gp;
+            key_sum += gp;
             dsv = p.scale * gp;
           } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
@@ -1243,6 +1301,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           s[nt][2 * h + e] = pv;
           dp[nt][2 * h + e] = dsv;
         }
+      if constexpr (kRC) col_sum[h] += flash::quad_sum(key_sum);  // key kr's part of this tile
     }
 
     // dV += P^T dO, dK' += dS^T Q'.
@@ -1317,6 +1376,15 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         if (sum != 0.f && d >= 0 && d < T) Enc::distance_bias_grad(ctx, d, sum);
       }
     }
+    if constexpr (kRC) {  // query column x of sG, summed in a fixed order
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < BQ) {
+        float sum = 0.f;
+        #pragma unroll 8
+        for (int u = 0; u < BK; ++u) sum += sG[u * C::LG + x];
+        if (sum != 0.f && i0 + x < T) Enc::row_bias_grad(ctx, i0 + x, sum);
+      }
+    }
     __threadfence();  // our adds are visible before the release (after the next barrier)
   };
   // Query tiles [qt_plain, n_full) see every key of the block and exist whole: no mask. The first
@@ -1331,6 +1399,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   ptx::cp_async_wait<0>();
   __syncthreads();
   if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
+  if constexpr (kRC) {  // one gradient call per key of the block
+    for (int h = 0; h < 2; ++h) {
+      const int64_t j = j0 + kr0 + g + 8 * h;
+      if (t == 0 && col_sum[h] != 0.f && j < T) Enc::col_bias_grad(ctx, j, col_sum[h]);
+    }
+  }
 
   // dK' (fp32 scratch) and dV.
   for (int h = 0; h < 2; ++h) {
@@ -1489,7 +1563,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
     if (Enc::kHasScoreMod || a.scale > 0) {
       using F = FlashFwd<In, kD>;
-      constexpr size_t bytes = flash_distance<Enc>() ? F::bytes_dist : F::bytes;
+      constexpr size_t bytes = flash_smem_bytes<Enc, F>();
       if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
       const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ));
       return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
@@ -1560,7 +1634,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
     return err;
   if constexpr (!std::is_same_v<In, float> && kValueRows == 0) {
     using F = FlashBwd<In, kD>;
-    constexpr size_t bytes = flash_distance<Enc>() ? F::bytes_dist : F::bytes;
+    constexpr size_t bytes = flash_smem_bytes<Enc, F>();
     const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if (err != cudaSuccess ||

@@ -5,6 +5,9 @@
 //   DistanceBias<Enc>::value  Enc::kDistanceBias: the score mod is s + B(i - j), with
 //                             distance_bias(ctx, d) = B(d) and distance_bias_grad(ctx, d, g)
 //                             (false when absent: the templates call score_mod per element).
+//   RowColBias<Enc>::value    Enc::kRowColBias: the score mod is s + R(i) + C(j), with
+//                             row_bias / col_bias(ctx, i or j) and row_bias_grad /
+//                             col_bias_grad(ctx, i or j, g) (false when absent).
 // docs/internals.md lists the members they stand for.
 #pragma once
 
@@ -31,6 +34,13 @@ template <class Enc, class = void> struct DistanceBias {
 };
 template <class Enc> struct DistanceBias<Enc, std::void_t<decltype(Enc::kDistanceBias)>> {
   static constexpr bool value = Enc::kDistanceBias;
+};
+
+template <class Enc, class = void> struct RowColBias {
+  static constexpr bool value = false;
+};
+template <class Enc> struct RowColBias<Enc, std::void_t<decltype(Enc::kRowColBias)>> {
+  static constexpr bool value = Enc::kRowColBias;
 };
 
 }  // namespace ape::traits
