@@ -97,10 +97,19 @@ static LogicalResult verifyContainer(Operation *op, Region &body,
   if (scale)
     if (std::string why = ::ape_rules::kPositiveF32.check(*scale); !why.empty())
       return op->emitOpError("scale ") << why;
-  llvm::StringSet<> params, features;
-  for (Operation &inner : body.front()) {
+  // Before the nested ops' own verifiers (this reads only their attribute dictionaries): an f32
+  // attribute out of range is named as such rather than by the op's own range check.
+  for (Operation &inner : body.front())
     if (failed(verifyF32Attributes(&inner)))
       return failure();
+  return success();
+}
+
+/// The ops of an encoding or kernel body, together (from verifyRegions: each op verified, so
+/// their attributes are present and typed).
+static LogicalResult verifyContainerBody(Region &body) {
+  llvm::StringSet<> params, features;
+  for (Operation &inner : body.front()) {
     if (auto p = dyn_cast<ParamOp>(inner))
       if (!params.insert(p.getName()).second)
         return p.emitOpError("duplicate param name \"") << p.getName() << "\"";
@@ -145,6 +154,12 @@ LogicalResult EncodingOp::verify() {
   if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
       failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
     return failure();
+  return success();
+}
+
+LogicalResult EncodingOp::verifyRegions() {
+  if (failed(verifyContainerBody(getBody())))
+    return failure();
   std::optional<int64_t> headDim, modelDim;
   if (auto v = getHeadDim())
     headDim = static_cast<int64_t>(*v);
@@ -184,9 +199,8 @@ LogicalResult EncodingOp::verify() {
   return success();
 }
 
-LogicalResult KernelOp::verify() {
-  if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
-      failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
+LogicalResult KernelOp::verifyRegions() {
+  if (failed(verifyContainerBody(getBody())))
     return failure();
   unsigned q = 0, k = 0, s = 0, projections = 0, embeddings = 0;
   for (Operation &op : getBody().front()) {
@@ -202,6 +216,13 @@ LogicalResult KernelOp::verify() {
     if (isa<PositionEmbeddingOp>(op) && ++embeddings > 1)
       return op.emitOpError("a kernel holds at most one position embedding");
   }
+  return success();
+}
+
+LogicalResult KernelOp::verify() {
+  if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
+      failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
+    return failure();
   // One pass (online softmax) to three (statistics first); tiles the templates can hold.
   for (auto [name, v, hi] : {std::tuple{"passes", getPasses(), int64_t(3)},
                              std::tuple{"tile_q", getTileQ(), int64_t(1024)},

@@ -572,3 +572,20 @@ ape.encoding @e {
   ^bb0(%x: f32):
   }
 }
+
+// -----
+
+// A component missing a required attribute: its own verifier reports it before the encoding's
+// checks across components read it (the fuzzer's find: they read the absent `l`).
+ape.encoding @e attributes {model_dim = 256 : i64} {
+  // expected-error @+1 {{'ape.override' op requires attribute 'l'}}
+  ape.override {kind = "exqpe", targets = "qkv", theta2 = 0.125 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op requires attribute 'name'}}
+  %p = "ape.param"() {shape = ["heads"], init = "zeros"} : () -> !ape.param
+  %q = ape.param "w" ["heads"] init = "zeros"
+}
