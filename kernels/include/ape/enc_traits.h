@@ -4,7 +4,10 @@
 //   HasValueRows<Enc>::value  Enc::kHasValueRows, an ape.value_rows term (false when absent);
 //   DistanceBias<Enc>::value  Enc::kDistanceBias: the score mod is s + B(i - j), with
 //                             distance_bias(ctx, d) = B(d) and distance_bias_grad(ctx, d, g)
-//                             (false when absent: the templates call score_mod per element).
+//                             (false when absent: the templates call score_mod per element);
+//   HasTransition<Enc>::value Enc::kTransition, the ape::TransitionAttrs of an
+//                             ape.attention_transition (attention_transition.h; false when
+//                             absent): an inference-only encoding, forward and prefill only.
 // docs/internals.md lists the members they stand for.
 #pragma once
 
@@ -31,6 +34,13 @@ template <class Enc, class = void> struct DistanceBias {
 };
 template <class Enc> struct DistanceBias<Enc, std::void_t<decltype(Enc::kDistanceBias)>> {
   static constexpr bool value = Enc::kDistanceBias;
+};
+
+template <class Enc, class = void> struct HasTransition {
+  static constexpr bool value = false;
+};
+template <class Enc> struct HasTransition<Enc, std::void_t<decltype(Enc::kTransition)>> {
+  static constexpr bool value = true;
 };
 
 }  // namespace ape::traits
