@@ -40,6 +40,7 @@ struct KernelLayout {
   PositionEmbeddingOp embedding;  // site E; only its table region is code
   SmallVector<RelRowsOp> rels;    // relative rows, in order: ctx.rel[n] is (T, rows_n)
   ValueRowsOp valueRows;          // the value-side relative term, if any
+  AttentionTransitionOp transition;  // the prob site, if any (inference only)
   DenseMap<Value, unsigned> relIndex;
 
   /// The number of rows of a rel_rows table (its verified integer first dimension).
@@ -73,6 +74,8 @@ struct KernelLayout {
       } else if (auto r = dyn_cast<RelRowsOp>(op)) {
         relIndex[r] = rels.size();
         rels.push_back(r);
+      } else if (auto t = dyn_cast<AttentionTransitionOp>(op)) {
+        transition = t;
       } else if (auto v = dyn_cast<ValueRowsOp>(op)) {
         if (valueRows)
           return v.emitOpError("a kernel takes at most one ape.value_rows");
@@ -770,6 +773,17 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     if (failed(out))
       return failure();
     os << "    return std::clamp<int64_t>(" << (*out)[0] << ", 0, kValueRows - 1);\n  }\n";
+  }
+  if (AttentionTransitionOp t = layout.transition) {  // attention_transition.h
+    if (target == FunctorTarget::Cuda)
+      return t.emitOpError("is not supported on CUDA yet: the CUDA template has no post-softmax "
+                           "pass (the CPU kernel has it: apec --emit=cpu)");
+    os << "  // The attention transition (inference only: the entry has no backward).\n"
+       << "  static constexpr ::ape::TransitionAttrs kTransition{" << t.getDivisorOffset() << ", "
+       << t.getFirstLayer() << ", " << t.getSkipLast() << ", " << t.getIntervals() << ", "
+       << llvm::formatv("{0:e17}, {1:e17}", t.getAlpha().convertToDouble(),
+                        t.getBeta().convertToDouble())
+       << "};\n";
   }
   if (failed(emitTokenProgram(os, layout, st)) ||
       failed(emitQKMod(os, layout, layout.qmod, "q", st)) ||

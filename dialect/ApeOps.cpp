@@ -141,6 +141,27 @@ static LogicalResult checkRotationDims(Operation *op, double fraction,
   return success();
 }
 
+/// The prob site of an encoding or kernel: at most one ape.attention_transition, and not with
+/// ape.value_rows (whose per-row masses the fused transition does not carry).
+static LogicalResult verifyProbSite(Operation *container, Region &body) {
+  AttentionTransitionOp transition;
+  ValueRowsOp valueRows;
+  for (Operation &op : body.front()) {
+    if (auto t = dyn_cast<AttentionTransitionOp>(op)) {
+      if (transition)
+        return t.emitOpError("an encoding takes at most one attention transition");
+      transition = t;
+    }
+    if (auto v = dyn_cast<ValueRowsOp>(op))
+      valueRows = v;
+  }
+  if (transition && valueRows)
+    return transition.emitOpError("does not combine with ape.value_rows yet (the fused kernel "
+                                  "does not carry the value rows' masses through the transition)");
+  (void)container;
+  return success();
+}
+
 LogicalResult EncodingOp::verify() {
   if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
       failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
@@ -181,7 +202,7 @@ LogicalResult EncodingOp::verify() {
     if (isa<KernelOp>(op))
       return op.emitOpError("cannot be nested in an encoding");
   }
-  return success();
+  return verifyProbSite(*this, getBody());
 }
 
 LogicalResult KernelOp::verify() {
@@ -201,7 +222,13 @@ LogicalResult KernelOp::verify() {
       return op.emitOpError("a kernel holds at most one masked projection");
     if (isa<PositionEmbeddingOp>(op) && ++embeddings > 1)
       return op.emitOpError("a kernel holds at most one position embedding");
+    if (isa<AttentionTransitionOp>(op) && !getInferenceOnly())
+      return op.emitOpError("is inference-only (it has no derivative), so it cannot be part of a "
+                            "training kernel: mark the kernel `inference_only` (-ape-fuse does), "
+                            "which gives it no backward");
   }
+  if (failed(verifyProbSite(*this, getBody())))
+    return failure();
   // One pass (online softmax) to three (statistics first); tiles the templates can hold.
   for (auto [name, v, hi] : {std::tuple{"passes", getPasses(), int64_t(3)},
                              std::tuple{"tile_q", getTileQ(), int64_t(1024)},
@@ -388,6 +415,27 @@ LogicalResult OverrideOp::verify() {
 //===----------------------------------------------------------------------===//
 // Generic forms
 //===----------------------------------------------------------------------===//
+
+static LogicalResult verifyInContainer(Operation *op);
+
+LogicalResult AttentionTransitionOp::verify() {
+  if (failed(verifyInContainer(*this)))
+    return failure();
+  // Layer counts and offsets up to the runtime's deepest model (ape-train --layers <= 1024).
+  if (failed(verifyIntRange(*this, "divisor_offset", getDivisorOffset(), 1, 1024)) ||
+      failed(verifyIntRange(*this, "first_layer", getFirstLayer(), 0, 1024)) ||
+      failed(verifyIntRange(*this, "skip_last", getSkipLast(), 0, 1024)) ||
+      failed(verifyIntRange(*this, "intervals", getIntervals(), 1, 64)))
+    return failure();
+  double alpha = getAlpha().convertToDouble(), beta = getBeta().convertToDouble();
+  if (!(alpha > 0.0 && isFinite(alpha)))
+    return emitOpError("alpha (bound = alpha / e) must be a positive finite number, got ")
+           << num(alpha);
+  if (!(beta >= 0.0 && beta <= 1.0))
+    return emitOpError("beta (the share of the removed mass given back) must be in [0, 1], got ")
+           << num(beta);
+  return success();
+}
 
 static LogicalResult verifyInContainer(Operation *op) {
   if (!isa_and_nonnull<EncodingOp, KernelOp>(op->getParentOp()))
