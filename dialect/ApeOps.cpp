@@ -422,8 +422,10 @@ LogicalResult AttentionTransitionOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
   // Layer counts and offsets up to the runtime's deepest model (ape-train --layers <= 1024).
+  // first_layer >= 1: layer l's first interval starts at s = (l+1)I, and its window [s-2I, s)
+  // must lie in the row.
   if (failed(verifyIntRange(*this, "divisor_offset", getDivisorOffset(), 1, 1024)) ||
-      failed(verifyIntRange(*this, "first_layer", getFirstLayer(), 0, 1024)) ||
+      failed(verifyIntRange(*this, "first_layer", getFirstLayer(), 1, 1024)) ||
       failed(verifyIntRange(*this, "skip_last", getSkipLast(), 0, 1024)) ||
       failed(verifyIntRange(*this, "intervals", getIntervals(), 1, 64)))
     return failure();

@@ -392,7 +392,7 @@ def Ape_AttentionTransitionOp : Ape_Op<"attention_transition"> {
     The prob site (shared/spec/encodings.md, "Attention transition (P)"): while a
     prompt of T tokens is processed by a model of N layers (0-based), with
     I = floor(T / (N + `divisor_offset`)) rounded down to a multiple of 5, the
-    layers `first_layer` .. N-1-`skip_last` each transform `intervals`
+    layers `first_layer` (>= 1) .. N-1-`skip_last` each transform `intervals`
     consecutive intervals of query rows, [(l+1+k)I, (l+2+k)I) for layer l. On a
     row r of an interval [s, e), with post-softmax weights A: bound = `alpha`/e;
     weights below the bound (keys c < e) are zeroed and A[r, 0] halved; the

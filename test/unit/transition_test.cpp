@@ -65,6 +65,16 @@ TEST(TransitionRow, Geometry) {
   EXPECT_EQ(r.start(4 * 140 + 139), 4 * 140);
   EXPECT_EQ(r.start(5 * 140), 5 * 140);
   EXPECT_TRUE(ape::transition_rows_of(a, 1000, 0, 1).empty());  // no depth given: nothing
+  // Layer 0 has no window before its interval (s = I < 2I): never transformed.
+  TransitionAttrs zero = a;
+  zero.first_layer = 0;
+  EXPECT_TRUE(ape::transition_rows_of(zero, 1000, 6, 0).empty());
+  // Intervals past the end are clipped to T (divisor N + 2, three intervals, no layer skipped).
+  const TransitionAttrs wide{2, 1, 0, 3, 0.5, 0.1};
+  const auto last = ape::transition_rows_of(wide, 1000, 6, 5);  // I = 125: rows [750, 1125)
+  EXPECT_EQ(last.I, 125);
+  EXPECT_EQ(last.lo, 750);
+  EXPECT_EQ(last.hi, 1000);
 }
 
 // ---- test functors ------------------------------------------------------------------------------
@@ -128,6 +138,12 @@ struct Distance : NoMods {
   }
 };
 
+// Other attributes: divisor N + 2, layers 2 .. N-1, three intervals (the last layers' clipped
+// at T), alpha 0.3, beta 0.2.
+struct Custom : Rotated {
+  static constexpr ape::TransitionAttrs kTransition{2, 2, 0, 3, 0.3, 0.2};
+};
+
 // ---- the materialised reference -------------------------------------------------------------------
 
 struct Problem {
@@ -179,9 +195,11 @@ std::vector<double> reference(const Problem &p, int64_t layer, int64_t N) {
         for (int64_t j = 0; j < T; ++j) sum += P[i * T + j] = j <= i ? std::exp(P[i * T + j] - mx) : 0.0;
         for (int64_t j = 0; j <= i; ++j) P[i * T + j] /= sum;
         if (!rows.empty() && i >= rows.lo && i < rows.hi) {
-          const int64_t s = rows.start(i);
-          ape::transition_row_reference(P.data() + i * T, s, s + rows.I, Enc::kTransition.alpha,
-                                        Enc::kTransition.beta);
+          const int64_t s = rows.start(i), e = s + rows.I;  // e may pass T (a clipped interval)
+          std::vector<double> row(size_t(std::max(T, e)), 0.0);
+          std::copy(P.begin() + i * T, P.begin() + (i + 1) * T, row.begin());
+          ape::transition_row_reference(row.data(), s, e, Enc::kTransition.alpha, Enc::kTransition.beta);
+          std::copy(row.begin(), row.begin() + T, P.begin() + i * T);
         }
         for (int64_t j = 0; j <= i; ++j)
           for (int64_t c = 0; c < D; ++c) o[base + i * D + c] += P[i * T + j] * p.v[base + j * D + c];
@@ -277,6 +295,7 @@ TEST(TransitionFused, MatchesTheMaterialisedReference_NoMods) { check_fused<NoMo
 TEST(TransitionFused, MatchesTheMaterialisedReference_Rotated) { check_fused<Rotated>("rotated"); }
 TEST(TransitionFused, MatchesTheMaterialisedReference_ScoreMod) { check_fused<ScoreMod>("score mod"); }
 TEST(TransitionFused, MatchesTheMaterialisedReference_DistanceBias) { check_fused<Distance>("distance"); }
+TEST(TransitionFused, MatchesTheMaterialisedReference_OtherAttributes) { check_fused<Custom>("custom"); }
 
 // The prefill is the prompt: it equals the full forward over the prompt (transition at T =
 // prompt); later steps attend as usual (rows past the prompt equal plain attention).

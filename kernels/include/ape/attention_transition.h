@@ -37,7 +37,7 @@ namespace ape {
 
 struct TransitionAttrs {
   int64_t divisor_offset = 1;  // I = floor(T / (N + divisor_offset)), rounded down to 5
-  int64_t first_layer = 1;     // the first transformed layer (0-based)
+  int64_t first_layer = 1;     // the first transformed layer (0-based, >= 1)
   int64_t skip_last = 2;       // the last skip_last layers are not transformed
   int64_t intervals = 2;       // consecutive intervals per layer
   double alpha = 0.5;          // bound = alpha / e
@@ -67,7 +67,10 @@ struct TransitionRows {
 inline TransitionRows transition_rows_of(const TransitionAttrs &a, int64_t T, int64_t N,
                                          int64_t layer) {
   TransitionRows r;
-  if (layer < a.first_layer || layer > N - 1 - a.skip_last || a.intervals <= 0) return r;
+  // Layer 0 has no window before its first interval (s = I < 2I): never transformed (the
+  // verifier asks first_layer >= 1).
+  if (layer < std::max<int64_t>(a.first_layer, 1) || layer > N - 1 - a.skip_last || a.intervals <= 0)
+    return r;
   r.I = transition_width(a, T, N);
   if (r.I == 0) return r;
   r.lo = std::min(T, (layer + 1) * r.I);

@@ -10,8 +10,8 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.attention_transition' op first_layer must be in [0, 1024], got -1}}
-  ape.attention_transition {first_layer = -1}
+  // expected-error @+1 {{'ape.attention_transition' op first_layer must be in [1, 1024], got 0}}
+  ape.attention_transition {first_layer = 0}
 }
 
 // -----

@@ -12,9 +12,9 @@ ape.encoding @defaults {
 }
 
 // CHECK-LABEL: ape.encoding @custom
-// CHECK-NEXT: ape.attention_transition {alpha = 2.500000e-01 : f64, beta = 2.000000e-01 : f64, divisor_offset = 2 : i64, first_layer = 0 : i64, intervals = 3 : i64, skip_last = 1 : i64}
+// CHECK-NEXT: ape.attention_transition {alpha = 2.500000e-01 : f64, beta = 2.000000e-01 : f64, divisor_offset = 2 : i64, first_layer = 2 : i64, intervals = 3 : i64, skip_last = 1 : i64}
 ape.encoding @custom {
-  ape.attention_transition {divisor_offset = 2, first_layer = 0, skip_last = 1, intervals = 3,
+  ape.attention_transition {divisor_offset = 2, first_layer = 2, skip_last = 1, intervals = 3,
                             alpha = 0.25 : f64, beta = 0.2 : f64}
 }
 
