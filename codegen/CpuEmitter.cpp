@@ -41,6 +41,7 @@ struct KernelLayout {
   SmallVector<RelRowsOp> rels;    // relative rows, in order: ctx.rel[n] is (T, rows_n)
   ValueRowsOp valueRows;          // the value-side relative term, if any
   AttentionTransitionOp transition;  // the prob site, if any (inference only)
+  bool inferenceOnly = false;     // no backward: the functor gets no gradient members
   DenseMap<Value, unsigned> relIndex;
 
   /// The number of rows of a rel_rows table (its verified integer first dimension).
@@ -52,6 +53,7 @@ struct KernelLayout {
   }
 
   LogicalResult build(KernelOp kernel) {
+    inferenceOnly = kernel.getInferenceOnly();
     for (Operation &op : kernel.getBody().front()) {
       if (auto f = dyn_cast<TokenFeatureOp>(op)) {
         featureIndex[f] = features.size();
@@ -82,6 +84,8 @@ struct KernelLayout {
         valueRows = v;
       }
     }
+    if (inferenceOnly)  // forward only: -ape-differentiate derives nothing for it
+      return success();
     for (Operation *op : {qmod.getOperation(), kmod.getOperation(), score.getOperation()})
       if (op && op->getRegion(1).empty())
         return op->emitOpError("has no grad region: run -ape-differentiate before emitting");
@@ -390,6 +394,8 @@ LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, String
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
   }
+  if (layout.inferenceOnly)
+    return success();
   os << st.head << "void " << which << "_mod_grad(" << st.ctx
      << ", int64_t t, int64_t c, T x, T y, T g, T &dx, "
         "T &dy) {\n";
@@ -433,6 +439,8 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorS
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
   }
+  if (layout.inferenceOnly)
+    return success();
   os << st.head << "T score_mod_grad(" << st.ctx << ", int64_t i, "
         "int64_t j, T s, T g) {\n";
   if (!mod) {
@@ -473,8 +481,9 @@ bool isDistanceBias(ScoreModOp mod) {
       }
     return true;
   };
-  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
-  if (!onlyThroughDifference(b) || !onlyThroughDifference(gb))
+  Block &b = mod.getBody().front();
+  const bool hasGrad = !mod.getGrad().empty();  // none in an inference-only kernel
+  if (!onlyThroughDifference(b) || (hasGrad && !onlyThroughDifference(mod.getGrad().front())))
     return false;
   // body: the logit flows to the yield through a chain of additions `(s + X1) + X2 ...` (fused
   // biases), each value of the chain used once, the X free of s (they cannot read it otherwise).
@@ -490,7 +499,10 @@ bool isDistanceBias(ScoreModOp mod) {
   }
   if (!v.hasOneUse() || v == b.getArgument(0))
     return false;
+  if (!hasGrad)
+    return true;
   // grad: dS passes through unchanged (d(s + X)/ds = 1) and the logit is not read.
+  Block &gb = mod.getGrad().front();
   return gb.getArgument(0).use_empty() &&
          gb.getTerminator()->getOperand(0) == gb.getArgument(5);
 }
@@ -510,7 +522,7 @@ LogicalResult emitDistanceBias(raw_ostream &os, KernelLayout &layout, const Func
      << "  static constexpr bool kDistanceBias = true;\n"
      << st.head << "T distance_bias(" << st.ctx << ", int64_t d) {\n";
   RegionWriter w(os, layout, "v", kIndent);
-  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  Block &b = mod.getBody().front();
   for (unsigned k = 0; k < b.getNumArguments(); ++k)
     w.bind(b.getArgument(k), args[k]);
   bindDistance(w, b);
@@ -518,6 +530,9 @@ LogicalResult emitDistanceBias(raw_ostream &os, KernelLayout &layout, const Func
   if (failed(out))
     return failure();
   os << "    return " << (*out)[0] << ";\n  }\n";
+  if (layout.inferenceOnly)
+    return success();
+  Block &gb = mod.getGrad().front();
   os << st.head << "void distance_bias_grad(" << st.ctx << ", int64_t d, T g) {\n";
   RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
   for (unsigned k = 0; k < b.getNumArguments(); ++k)
@@ -553,6 +568,10 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
     if (failed(out))
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
+    if (layout.inferenceOnly) {
+      ++m;
+      continue;
+    }
     os << st.head << "T map_" << m << "_grad(" << st.ctx << ", T x, T g) {\n";
     g.bind(map.getGrad().getArgument(0), "x");
     g.bind(map.getGrad().getArgument(1), "g");
@@ -589,6 +608,8 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
     os << "    ctx.tok_sync();\n";
   }
   os << "  }\n";
+  if (layout.inferenceOnly)  // no backward
+    return success();
   os << "  // Token program, backward: consumers before producers; dtok holds the\n"
         "  // gradients that score/q/k mods accumulated.\n"
      << st.head << "void token_backward(" << st.ctx

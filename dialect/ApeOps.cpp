@@ -226,6 +226,10 @@ LogicalResult KernelOp::verify() {
       return op.emitOpError("is inference-only (it has no derivative), so it cannot be part of a "
                             "training kernel: mark the kernel `inference_only` (-ape-fuse does), "
                             "which gives it no backward");
+    if (getInferenceOnly() && isa<MapOp, QModOp, KModOp, ScoreModOp>(op) &&
+        !op.getRegion(1).empty())
+      return op.emitOpError("has a grad region in an inference_only kernel: such a kernel has no "
+                            "backward (-ape-differentiate leaves it alone)");
   }
   if (failed(verifyProbSite(*this, getBody())))
     return failure();

@@ -84,9 +84,9 @@ def ApeDifferentiate : Pass<"ape-differentiate", "mlir::ModuleOp"> {
     `plans` attribute naming the reduction each loaded input's gradient needs:
     tokens loaded at the query row [b, h, i] → "row_sum", at the key column
     [b, h, j] → "col_sum"; a param loaded at [h] → "head_sum"; at computed
-    indices → "scatter"; in a q/k mod → "token_sum". An
-    `ape.attention_transition` gets no gradient (its kernel is
-    `inference_only`: the entry's backward refuses).
+    indices → "scatter"; in a q/k mod → "token_sum". An `inference_only`
+    kernel (one holding an `ape.attention_transition`, which has no
+    derivative) is left alone: it has no backward.
 
     ```mlir
     // before

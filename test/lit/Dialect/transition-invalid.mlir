@@ -79,6 +79,21 @@ ape.kernel @k {
 
 // -----
 
+// An inference-only kernel has no backward: a grad region is refused.
+ape.kernel @k attributes {inference_only} {
+  ape.attention_transition
+  // expected-error @+1 {{'ape.score_mod' op has a grad region in an inference_only kernel: such a kernel has no backward (-ape-differentiate leaves it alone)}}
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    ape.yield %s : f32
+  } grad {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %g: f32):
+    ape.yield %g : f32
+  }
+}
+
+// -----
+
 module {
   // expected-error @+1 {{'ape.attention_transition' op must be directly inside an ape.encoding or ape.kernel}}
   ape.attention_transition
