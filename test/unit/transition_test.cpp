@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -138,6 +139,19 @@ struct Distance : NoMods {
   }
 };
 
+// A score mod that masks keys (-inf): every key j with j % 5 == 1, and every key of the rows
+// i % 23 == 7 (rows without a visible key: A = 0, the steps still apply to that zero row).
+struct Masked : NoMods {
+  static constexpr bool kHasScoreMod = true;
+  template <class T> static T mask(int64_t i, int64_t j, T s) {
+    return (j % 5 == 1 || i % 23 == 7) ? -std::numeric_limits<T>::infinity() : s;
+  }
+  template <class T> static T score_mod(const HeadCtx<T> &, int64_t i, int64_t j, T s) { return mask(i, j, s); }
+  template <class T> static T ref_logit(int64_t, int64_t i, int64_t j, T scale, T dot) {
+    return mask(i, j, scale * dot);
+  }
+};
+
 // Other attributes: divisor N + 2, layers 2 .. N-1, three intervals (the last layers' clipped
 // at T), alpha 0.3, beta 0.2.
 struct Custom : Rotated {
@@ -192,8 +206,9 @@ std::vector<double> reference(const Problem &p, int64_t layer, int64_t N) {
           mx = std::max(mx, P[i * T + j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < T; ++j) sum += P[i * T + j] = j <= i ? std::exp(P[i * T + j] - mx) : 0.0;
-        for (int64_t j = 0; j <= i; ++j) P[i * T + j] /= sum;
+        for (int64_t j = 0; j < T; ++j)
+          sum += P[i * T + j] = j <= i && mx > -INFINITY ? std::exp(P[i * T + j] - mx) : 0.0;
+        for (int64_t j = 0; j <= i; ++j) P[i * T + j] = sum > 0 ? P[i * T + j] / sum : 0.0;  // no key: 0
         if (!rows.empty() && i >= rows.lo && i < rows.hi) {
           const int64_t s = rows.start(i), e = s + rows.I;  // e may pass T (a clipped interval)
           std::vector<double> row(size_t(std::max(T, e)), 0.0);
@@ -296,6 +311,7 @@ TEST(TransitionFused, MatchesTheMaterialisedReference_Rotated) { check_fused<Rot
 TEST(TransitionFused, MatchesTheMaterialisedReference_ScoreMod) { check_fused<ScoreMod>("score mod"); }
 TEST(TransitionFused, MatchesTheMaterialisedReference_DistanceBias) { check_fused<Distance>("distance"); }
 TEST(TransitionFused, MatchesTheMaterialisedReference_OtherAttributes) { check_fused<Custom>("custom"); }
+TEST(TransitionFused, MatchesTheMaterialisedReference_MaskedKeysAndRows) { check_fused<Masked>("masked"); }
 
 // The prefill is the prompt: it equals the full forward over the prompt (transition at T =
 // prompt); later steps attend as usual (rows past the prompt equal plain attention).

@@ -576,7 +576,10 @@ void transition_rows(const HeadCtx<Real> &ctx, Real scale, const TransitionRows 
           const int64_t i = i0 + ii, nv = visible(i, j0, nk), s0 = start[ii];
           Real *s = st + ii * kTileK;
           final_logits<Enc>(ctx, scale, i, j0, nv, w.bias, s);
-          const Real l = lse[i], bd = bound[ii];
+          // A row whose every key a score mod masked (lse = -inf) has A = 0 (attend_rows wrote
+          // o = 0): subtracting +inf makes every exp 0 instead of NaN; the steps then apply to
+          // that zero row as to any other.
+          const Real l = lse[i] == neg_inf<Real>() ? -neg_inf<Real>() : lse[i], bd = bound[ii];
           if (pass == 2) {
             Real km = 0, nm = 0;
             for (int64_t jj = 0; jj < nv; ++jj) {
