@@ -143,7 +143,7 @@ static LogicalResult checkRotationDims(Operation *op, double fraction,
 
 /// The prob site of an encoding or kernel: at most one ape.attention_transition, and not with
 /// ape.value_rows (whose per-row masses the fused transition does not carry).
-static LogicalResult verifyProbSite(Operation *container, Region &body) {
+static LogicalResult verifyProbSite(Region &body) {
   AttentionTransitionOp transition;
   ValueRowsOp valueRows;
   for (Operation &op : body.front()) {
@@ -158,7 +158,6 @@ static LogicalResult verifyProbSite(Operation *container, Region &body) {
   if (transition && valueRows)
     return transition.emitOpError("does not combine with ape.value_rows yet (the fused kernel "
                                   "does not carry the value rows' masses through the transition)");
-  (void)container;
   return success();
 }
 
@@ -202,7 +201,7 @@ LogicalResult EncodingOp::verify() {
     if (isa<KernelOp>(op))
       return op.emitOpError("cannot be nested in an encoding");
   }
-  return verifyProbSite(*this, getBody());
+  return verifyProbSite(getBody());
 }
 
 LogicalResult KernelOp::verify() {
@@ -231,7 +230,7 @@ LogicalResult KernelOp::verify() {
       return op.emitOpError("has a grad region in an inference_only kernel: such a kernel has no "
                             "backward (-ape-differentiate leaves it alone)");
   }
-  if (failed(verifyProbSite(*this, getBody())))
+  if (failed(verifyProbSite(getBody())))
     return failure();
   // One pass (online softmax) to three (statistics first); tiles the templates can hold.
   for (auto [name, v, hi] : {std::tuple{"passes", getPasses(), int64_t(3)},
