@@ -236,6 +236,10 @@ beyond q, k and v; `ape/c_abi.h` states the memory contract. The APE repository'
 
 LogicalResult mlir::ape::emitCAbi(KernelOp kernel, StringRef spec,
                                   std::vector<EmittedFile> &files) {
+  if (kernel.getInferenceOnly())
+    return kernel.emitOpError("is inference-only (ape.attention_transition): the C ABI has a "
+                              "backward and is not emitted for it yet; the CPU kernel is "
+                              "(apec --emit=cpu)");
   FailureOr<KernelInputInfo> info = folder::collectInputs(kernel, {});
   if (failed(info))
     return failure();

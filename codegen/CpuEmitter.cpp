@@ -42,6 +42,8 @@ struct KernelLayout {
   PositionEmbeddingOp embedding;  // site E; only its table region is code
   SmallVector<RelRowsOp> rels;    // relative rows, in order: ctx.rel[n] is (T, rows_n)
   ValueRowsOp valueRows;          // the value-side relative term, if any
+  AttentionTransitionOp transition;  // the prob site, if any (inference only)
+  bool inferenceOnly = false;     // no backward: the functor gets no gradient members
   DenseMap<Value, unsigned> relIndex;
 
   /// The number of rows of a rel_rows table (its verified integer first dimension).
@@ -53,6 +55,7 @@ struct KernelLayout {
   }
 
   LogicalResult build(KernelOp kernel) {
+    inferenceOnly = kernel.getInferenceOnly();
     for (Operation &op : kernel.getBody().front()) {
       if (auto f = dyn_cast<TokenFeatureOp>(op)) {
         featureIndex[f] = features.size();
@@ -75,12 +78,16 @@ struct KernelLayout {
       } else if (auto r = dyn_cast<RelRowsOp>(op)) {
         relIndex[r] = rels.size();
         rels.push_back(r);
+      } else if (auto t = dyn_cast<AttentionTransitionOp>(op)) {
+        transition = t;
       } else if (auto v = dyn_cast<ValueRowsOp>(op)) {
         if (valueRows)
           return v.emitOpError("a kernel takes at most one ape.value_rows");
         valueRows = v;
       }
     }
+    if (inferenceOnly)  // forward only: -ape-differentiate derives nothing for it
+      return success();
     for (Operation *op : {qmod.getOperation(), kmod.getOperation(), score.getOperation()})
       if (op && op->getRegion(1).empty())
         return op->emitOpError("has no grad region: run -ape-differentiate before emitting");
@@ -418,6 +425,8 @@ LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, String
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
   }
+  if (layout.inferenceOnly)
+    return success();
   os << st.head << "void " << which << "_mod_grad(" << st.ctx
      << ", int64_t t, int64_t c, T x, T y, T g, T &dx, "
         "T &dy) {\n";
@@ -461,6 +470,8 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorS
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
   }
+  if (layout.inferenceOnly)
+    return success();
   os << st.head << "T score_mod_grad(" << st.ctx << ", int64_t i, "
         "int64_t j, T s, T g) {\n";
   if (!mod) {
@@ -501,8 +512,9 @@ bool isDistanceBias(ScoreModOp mod) {
       }
     return true;
   };
-  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
-  if (!onlyThroughDifference(b) || !onlyThroughDifference(gb))
+  Block &b = mod.getBody().front();
+  const bool hasGrad = !mod.getGrad().empty();  // none in an inference-only kernel
+  if (!onlyThroughDifference(b) || (hasGrad && !onlyThroughDifference(mod.getGrad().front())))
     return false;
   // body: the logit flows to the yield through a chain of additions `(s + X1) + X2 ...` (fused
   // biases), each value of the chain used once, the X free of s (they cannot read it otherwise).
@@ -518,7 +530,10 @@ bool isDistanceBias(ScoreModOp mod) {
   }
   if (!v.hasOneUse() || v == b.getArgument(0))
     return false;
+  if (!hasGrad)
+    return true;
   // grad: dS passes through unchanged (d(s + X)/ds = 1) and the logit is not read.
+  Block &gb = mod.getGrad().front();
   return gb.getArgument(0).use_empty() &&
          gb.getTerminator()->getOperand(0) == gb.getArgument(5);
 }
@@ -538,7 +553,7 @@ LogicalResult emitDistanceBias(raw_ostream &os, KernelLayout &layout, const Func
      << "  static constexpr bool kDistanceBias = true;\n"
      << st.head << "T distance_bias(" << st.ctx << ", int64_t d) {\n";
   RegionWriter w(os, layout, "v", kIndent);
-  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  Block &b = mod.getBody().front();
   for (unsigned k = 0; k < b.getNumArguments(); ++k)
     w.bind(b.getArgument(k), args[k]);
   bindDistance(w, b);
@@ -546,6 +561,9 @@ LogicalResult emitDistanceBias(raw_ostream &os, KernelLayout &layout, const Func
   if (failed(out))
     return failure();
   os << "    return " << (*out)[0] << ";\n  }\n";
+  if (layout.inferenceOnly)
+    return success();
+  Block &gb = mod.getGrad().front();
   os << st.head << "void distance_bias_grad(" << st.ctx << ", int64_t d, T g) {\n";
   RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
   for (unsigned k = 0; k < b.getNumArguments(); ++k)
@@ -596,7 +614,8 @@ struct RowColBias {
 };
 
 std::optional<RowColBias> rowColBias(ScoreModOp mod) {
-  if (!mod || isDistanceBias(mod))
+  // Only the backward uses the split: none without a grad region (an inference-only kernel).
+  if (!mod || mod.getGrad().empty() || isDistanceBias(mod))
     return std::nullopt;
   Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
   if (!gb.getArgument(0).use_empty() || gb.getTerminator()->getOperand(0) != gb.getArgument(5))
@@ -741,6 +760,10 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
     if (failed(out))
       return failure();
     os << "    return " << (*out)[0] << ";\n  }\n";
+    if (layout.inferenceOnly) {
+      ++m;
+      continue;
+    }
     os << st.head << "T map_" << m << "_grad(" << st.ctx << ", T x, T g) {\n";
     g.bind(map.getGrad().getArgument(0), "x");
     g.bind(map.getGrad().getArgument(1), "g");
@@ -777,6 +800,8 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
     os << "    ctx.tok_sync();\n";
   }
   os << "  }\n";
+  if (layout.inferenceOnly)  // no backward
+    return success();
   os << "  // Token program, backward: consumers before producers; dtok holds the\n"
         "  // gradients that score/q/k mods accumulated.\n"
      << st.head << "void token_backward(" << st.ctx
@@ -961,6 +986,17 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     if (failed(out))
       return failure();
     os << "    return std::clamp<int64_t>(" << (*out)[0] << ", 0, kValueRows - 1);\n  }\n";
+  }
+  if (AttentionTransitionOp t = layout.transition) {  // attention_transition.h
+    if (target == FunctorTarget::Cuda)
+      return t.emitOpError("is not supported on CUDA yet: the CUDA template has no post-softmax "
+                           "pass (the CPU kernel has it: apec --emit=cpu)");
+    os << "  // The attention transition (inference only: the entry has no backward).\n"
+       << "  static constexpr ::ape::TransitionAttrs kTransition{" << t.getDivisorOffset() << ", "
+       << t.getFirstLayer() << ", " << t.getSkipLast() << ", " << t.getIntervals() << ", "
+       << llvm::formatv("{0:e17}, {1:e17}", t.getAlpha().convertToDouble(),
+                        t.getBeta().convertToDouble())
+       << "};\n";
   }
   if (failed(emitTokenProgram(os, layout, st)) ||
       failed(emitQKMod(os, layout, layout.qmod, "q", st)) ||

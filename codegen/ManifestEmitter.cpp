@@ -83,6 +83,16 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
     if (auto q = dyn_cast<QModOp>(op); q && q.getPairing() != "none")
       rotation = llvm::json::Object{{"pairing", q.getPairing()},
                                     {"fraction", q.getFraction().convertToDouble()}};
+  // The prob site: an attention transition (inference only: the kernel has no backward).
+  llvm::json::Value transition = nullptr;
+  for (Operation &op : kernel.getBody().front())
+    if (auto t = dyn_cast<AttentionTransitionOp>(op))
+      transition = llvm::json::Object{{"divisor_offset", t.getDivisorOffset()},
+                                      {"first_layer", t.getFirstLayer()},
+                                      {"skip_last", t.getSkipLast()},
+                                      {"intervals", t.getIntervals()},
+                                      {"alpha", t.getAlpha().convertToDouble()},
+                                      {"beta", t.getBeta().convertToDouble()}};
   llvm::json::Value scale = nullptr;
   if (auto s = kernel.getScale())
     scale = s->convertToDouble();
@@ -108,7 +118,11 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
       {"override", std::move(override)},
       {"embedding", std::move(embedding)},
       {"rotation", std::move(rotation)},
-      {"grads", llvm::json::Array{"q", "k", "v", "features", "params"}}};
+      {"transition", std::move(transition)},
+      {"inference_only", kernel.getInferenceOnly()},
+      {"grads", kernel.getInferenceOnly()
+                    ? llvm::json::Array{}
+                    : llvm::json::Array{"q", "k", "v", "features", "params"}}};
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))) << "\n";
   return success();
 }

@@ -195,6 +195,10 @@ LogicalResult mlir::ape::emitReference(EncodingOp enc, StringRef source, raw_ost
           return failure();
         embedding = llvm::json::Object{{"table", std::move(*table)}};
       }
+    } else if (isa<AttentionTransitionOp>(op)) {
+      return op.emitOpError("has no reference here yet: ape-check's reference has no "
+                            "post-softmax site (the fused kernel is checked against a "
+                            "materialised reference in ape_transition_test)");
     } else if (!isa<MaskedProjectionOp>(op)) {
       // The masked projection acts before the kernel (the runtime projects x̃[..., l:]); the
       // kernel receives its result as q and k. Anything else was left by an earlier pass.

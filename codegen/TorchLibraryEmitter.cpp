@@ -469,6 +469,10 @@ LogicalResult addCudaSources(KernelOp kernel, StringRef source, ArrayRef<CudaVar
 LogicalResult mlir::ape::emitTorchLibrary(KernelOp kernel, StringRef source,
                                           ArrayRef<CudaVariant> cudaVariants,
                                           std::vector<EmittedFile> &files) {
+  if (kernel.getInferenceOnly())
+    return kernel.emitOpError("is inference-only (ape.attention_transition): the operator library "
+                              "is differentiable and is not emitted for it yet; the CPU kernel is "
+                              "(apec --emit=cpu)");
   SmallVector<StringRef> reserved(std::begin(kReserved), std::end(kReserved));
   FailureOr<KernelInputInfo> info = folder::collectInputs(kernel, reserved);
   if (failed(info))

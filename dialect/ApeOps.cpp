@@ -150,6 +150,26 @@ static LogicalResult checkRotationDims(Operation *op, double fraction,
   return success();
 }
 
+/// The prob site of an encoding or kernel: at most one ape.attention_transition, and not with
+/// ape.value_rows (whose per-row masses the fused transition does not carry).
+static LogicalResult verifyProbSite(Region &body) {
+  AttentionTransitionOp transition;
+  ValueRowsOp valueRows;
+  for (Operation &op : body.front()) {
+    if (auto t = dyn_cast<AttentionTransitionOp>(op)) {
+      if (transition)
+        return t.emitOpError("an encoding takes at most one attention transition");
+      transition = t;
+    }
+    if (auto v = dyn_cast<ValueRowsOp>(op))
+      valueRows = v;
+  }
+  if (transition && valueRows)
+    return transition.emitOpError("does not combine with ape.value_rows yet (the fused kernel "
+                                  "does not carry the value rows' masses through the transition)");
+  return success();
+}
+
 LogicalResult EncodingOp::verify() {
   if (failed(verifyContainer(*this, getBody(), toDouble(getScale()))) ||
       failed(verifyShapeHints(*this, getHeadDim(), getModelDim())))
@@ -196,7 +216,7 @@ LogicalResult EncodingOp::verifyRegions() {
     if (isa<KernelOp>(op))
       return op.emitOpError("cannot be nested in an encoding");
   }
-  return success();
+  return verifyProbSite(getBody());
 }
 
 LogicalResult KernelOp::verifyRegions() {
@@ -215,8 +235,16 @@ LogicalResult KernelOp::verifyRegions() {
       return op.emitOpError("a kernel holds at most one masked projection");
     if (isa<PositionEmbeddingOp>(op) && ++embeddings > 1)
       return op.emitOpError("a kernel holds at most one position embedding");
+    if (isa<AttentionTransitionOp>(op) && !getInferenceOnly())
+      return op.emitOpError("is inference-only (it has no derivative), so it cannot be part of a "
+                            "training kernel: mark the kernel `inference_only` (-ape-fuse does), "
+                            "which gives it no backward");
+    if (getInferenceOnly() && isa<MapOp, QModOp, KModOp, ScoreModOp>(op) &&
+        !op.getRegion(1).empty())
+      return op.emitOpError("has a grad region in an inference_only kernel: such a kernel has no "
+                            "backward (-ape-differentiate leaves it alone)");
   }
-  return success();
+  return verifyProbSite(getBody());
 }
 
 LogicalResult KernelOp::verify() {
@@ -409,6 +437,29 @@ LogicalResult OverrideOp::verify() {
 //===----------------------------------------------------------------------===//
 // Generic forms
 //===----------------------------------------------------------------------===//
+
+static LogicalResult verifyInContainer(Operation *op);
+
+LogicalResult AttentionTransitionOp::verify() {
+  if (failed(verifyInContainer(*this)))
+    return failure();
+  // Layer counts and offsets up to the runtime's deepest model (ape-train --layers <= 1024).
+  // first_layer >= 1: layer l's first interval starts at s = (l+1)I, and its window [s-2I, s)
+  // must lie in the row.
+  if (failed(verifyIntRange(*this, "divisor_offset", getDivisorOffset(), 1, 1024)) ||
+      failed(verifyIntRange(*this, "first_layer", getFirstLayer(), 1, 1024)) ||
+      failed(verifyIntRange(*this, "skip_last", getSkipLast(), 0, 1024)) ||
+      failed(verifyIntRange(*this, "intervals", getIntervals(), 1, 64)))
+    return failure();
+  double alpha = getAlpha().convertToDouble(), beta = getBeta().convertToDouble();
+  if (!(alpha > 0.0 && isFinite(alpha)))
+    return emitOpError("alpha (bound = alpha / e) must be a positive finite number, got ")
+           << num(alpha);
+  if (!(beta >= 0.0 && beta <= 1.0))
+    return emitOpError("beta (the share of the removed mass given back) must be in [0, 1], got ")
+           << num(beta);
+  return success();
+}
 
 static LogicalResult verifyInContainer(Operation *op) {
   if (!isa_and_nonnull<EncodingOp, KernelOp>(op->getParentOp()))

@@ -51,6 +51,10 @@ def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
     `ape.score_mod`, each the composition of every component of the encoding.
     `-ape-differentiate` adds the gradient regions; `-ape-schedule` sets
     `passes`, `tile_q` and `tile_k`. Code generators translate this op.
+    `inference_only` (set by `-ape-fuse` when the encoding holds an
+    `ape.attention_transition`) marks a kernel without a backward: the
+    emitted entry refuses training, and the verifier refuses a transition in a
+    kernel without it.
 
     ```mlir
     ape.kernel @alibi attributes {causal = true} {
@@ -67,7 +71,8 @@ def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
                        DefaultValuedAttr<BoolAttr, "true">:$causal,
                        OptionalAttr<I64Attr>:$passes,
                        OptionalAttr<I64Attr>:$tile_q,
-                       OptionalAttr<I64Attr>:$tile_k);
+                       OptionalAttr<I64Attr>:$tile_k,
+                       UnitAttr:$inference_only);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasVerifier = 1;
@@ -383,6 +388,46 @@ def Ape_ValueRowsOp : Ape_Op<"value_rows", [NoTerminator]> {
   let assemblyFormat = "$table attr-dict `index` $index";
   let hasVerifier = 1;
   let hasRegionVerifier = 1;
+}
+
+def Ape_AttentionTransitionOp : Ape_Op<"attention_transition"> {
+  let summary = "the attention transition: post-softmax redistribution of mass (inference only)";
+  let description = [{
+    The prob site (shared/spec/encodings.md, "Attention transition (P)"): while a
+    prompt of T tokens is processed by a model of N layers (0-based), with
+    I = floor(T / (N + `divisor_offset`)) rounded down to a multiple of 5, the
+    layers `first_layer` (>= 1) .. N-1-`skip_last` each transform `intervals`
+    consecutive intervals of query rows, [(l+1+k)I, (l+2+k)I) for layer l. On a
+    row r of an interval [s, e), with post-softmax weights A: bound = `alpha`/e;
+    weights below the bound (keys c < e) are zeroed and A[r, 0] halved; the
+    removed mass E = 1 - Σ A goes back, `beta`·E in all, to the window of keys
+    [s-2I, s): 7/10 of each unit to [s-I, s), 3/10 to [s-2I, s-I), in
+    proportion to a mask (1 where the weight is kept, 0.01 elsewhere). Rows are
+    not renormalised. I < 5 is a no-op. The defaults are the spec's (divisor
+    N + 1, layers 1 .. N-3, two intervals, alpha 0.5, beta 0.1).
+
+    It has no derivative: a kernel holding it is `inference_only` (-ape-fuse
+    marks it), has no backward, and a training run refuses it. The layer index
+    and the depth N reach the kernel at run time. The fused CPU kernel takes
+    three passes over the keys of a transformed row (the log-sum-exp, the kept
+    mass and mask sum, the output) and stores no T×T matrix; not supported on
+    CUDA yet, nor with `ape.value_rows`.
+
+    ```mlir
+    ape.encoding @rope_transition {
+      ape.rotary {base = 10000.0 : f64}
+      ape.attention_transition {alpha = 0.5 : f64, beta = 0.1 : f64, intervals = 2}
+    }
+    ```
+  }];
+  let arguments = (ins DefaultValuedAttr<I64Attr, "1">:$divisor_offset,
+                       DefaultValuedAttr<I64Attr, "1">:$first_layer,
+                       DefaultValuedAttr<I64Attr, "2">:$skip_last,
+                       DefaultValuedAttr<I64Attr, "2">:$intervals,
+                       DefaultValuedAttr<F64Attr, "0.5">:$alpha,
+                       DefaultValuedAttr<F64Attr, "0.1">:$beta);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
 }
 
 class Ape_RegionOp<string mnemonic, list<Trait> traits = []> :

@@ -340,6 +340,10 @@ StringRef scorePlan(LoadOp load, Block &block) {
 struct ApeDifferentiatePass : public mlir::ape::impl::ApeDifferentiateBase<ApeDifferentiatePass> {
   void runOnOperation() override {
     auto result = getOperation().walk([&](Operation *op) -> WalkResult {
+      // An inference-only kernel (an attention transition, which has no derivative) gets no
+      // backward at all.
+      if (auto kernel = op->getParentOfType<KernelOp>(); kernel && kernel.getInferenceOnly())
+        return WalkResult::advance();
       Builder b(op->getContext());
       if (auto map = dyn_cast<MapOp>(op)) {  // the verifier keeps loads out of maps
         return failed(differentiateRegion(op, map.getBody(), map.getGrad(), 1))

@@ -4,6 +4,8 @@
 // k_mods and score_mods. The kernel evaluates one of each, so they compose:
 //   q_mod:     q' = f_n(... f_2(f_1(x, y)) ...)   (tracking the partner through unpaired mods)
 //   score_mod: s' = g_n(... g_2(g_1(s)) ...)
+// The token program and the prob site (ape.attention_transition, which marks the kernel
+// inference_only) move over unchanged.
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
@@ -149,9 +151,12 @@ LogicalResult fuse(EncodingOp enc) {
       smods.push_back(s);
   }
   OpBuilder b(enc);
+  // A post-softmax transition has no derivative: the kernel is inference-only (no backward).
+  bool inferenceOnly = !enc.getBody().front().getOps<AttentionTransitionOp>().empty();
   auto kernel = b.create<KernelOp>(enc.getLoc(), enc.getSymNameAttr(), enc.getScaleAttr(),
                                    enc.getHeadDimAttr(), enc.getModelDimAttr(),
-                                   b.getBoolAttr(true), nullptr, nullptr, nullptr);
+                                   b.getBoolAttr(true), nullptr, nullptr, nullptr,
+                                   inferenceOnly ? b.getUnitAttr() : nullptr);
   Block *body = new Block();
   kernel.getBody().push_back(body);
   // The token program (params, features, maps, scans, masked projection, position

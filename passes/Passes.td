@@ -63,7 +63,9 @@ def ApeFuse : Pass<"ape-fuse", "mlir::ModuleOp"> {
     result of the earlier, the composite tracks each coordinate's partner;
     paired mods must share pairing and fraction), k_mods likewise, and
     score_mods chain (s' = f2(f1(s))). The logit scale (encoding `scale` or
-    cable `kappa`) becomes the kernel's `scale`.
+    cable `kappa`) becomes the kernel's `scale`. An `ape.attention_transition`
+    (the prob site) moves over unchanged and marks the kernel
+    `inference_only`: it has no derivative, so the kernel has no backward.
 
     ```mlir
     // before
@@ -82,7 +84,9 @@ def ApeDifferentiate : Pass<"ape-differentiate", "mlir::ModuleOp"> {
     `plans` attribute naming the reduction each loaded input's gradient needs:
     tokens loaded at the query row [b, h, i] → "row_sum", at the key column
     [b, h, j] → "col_sum"; a param loaded at [h] → "head_sum"; at computed
-    indices → "scatter"; in a q/k mod → "token_sum".
+    indices → "scatter"; in a q/k mod → "token_sum". An `inference_only`
+    kernel (one holding an `ape.attention_transition`, which has no
+    derivative) is left alone: it has no backward.
 
     ```mlir
     // before
@@ -98,8 +102,10 @@ def ApeDifferentiate : Pass<"ape-differentiate", "mlir::ModuleOp"> {
 def ApeSchedule : Pass<"ape-schedule", "mlir::ModuleOp"> {
   let summary = "Choose the pass structure and tile sizes of each kernel";
   let description = [{
-    One pass over K/V with online softmax (no component here needs full-row
-    statistics before the output), and the CPU tile sizes.
+    One pass over K/V with online softmax, and the CPU tile sizes; three
+    passes for a kernel holding an `ape.attention_transition`, which reads a
+    row's final weights (row log-sum-exp, then the kept mass and mask sums,
+    then the output).
 
     ```mlir
     // before

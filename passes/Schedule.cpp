@@ -1,8 +1,10 @@
 //===- Schedule.cpp - passes over K/V and tile sizes ----------------------===//
 //
-// Every component this version knows (q/k mods and score mods) leaves the
-// softmax untouched, so one pass over K/V with online softmax suffices; a
-// post-softmax prob_mod would need the row log-sum-exp first (two passes).
+// q/k mods and score mods leave the softmax untouched, so one pass over K/V
+// with online softmax suffices. The attention transition (the prob site)
+// reads the final weights of a row, so its rows take three: the row
+// log-sum-exp, then the kept mass and the mask sum, then the output with the
+// modified weights (cpu_attention.h, transition_rows).
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
@@ -25,7 +27,8 @@ struct ApeSchedulePass : public mlir::ape::impl::ApeScheduleBase<ApeSchedulePass
     }
     getOperation().walk([&](KernelOp kernel) {
       Builder b(kernel);
-      kernel.setPassesAttr(b.getI64IntegerAttr(1));
+      bool prob = !kernel.getBody().front().getOps<AttentionTransitionOp>().empty();
+      kernel.setPassesAttr(b.getI64IntegerAttr(prob ? 3 : 1));
       kernel.setTileQAttr(b.getI64IntegerAttr(tileQ));
       kernel.setTileKAttr(b.getI64IntegerAttr(tileK));
     });

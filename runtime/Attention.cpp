@@ -1,6 +1,7 @@
 // FusedAttention: a torch::autograd::Function whose forward/backward are the generated kernels.
 #include "runtime/Attention.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
@@ -79,7 +80,7 @@ const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at
 template <typename T>
 void run_forward(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                  const std::vector<at::Tensor> &feats, const std::vector<at::Tensor> &params,
-                 double scale, at::Tensor &o, at::Tensor &lse) {
+                 double scale, AttnLayer layer, at::Tensor &o, at::Tensor &lse) {
   std::vector<const T *> fp, pp;
   for (const auto &f : feats) fp.push_back(f.data_ptr<T>());
   for (const auto &p : params) pp.push_back(p.data_ptr<T>());
@@ -89,6 +90,7 @@ void run_forward(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k,
   a.o = o.data_ptr<T>(); a.lse = lse.data_ptr<T>();
   a.features = fp.data(); a.params = pp.data();
   a.scale = static_cast<T>(scale);
+  a.layer = layer.index, a.num_layers = layer.count;
   if constexpr (std::is_same_v<T, float>) {
     if (!e.forward_f32) bad(e, "the kernel has no float32 forward");
     e.forward_f32(a);
@@ -108,7 +110,7 @@ std::vector<at::Tensor> contiguous_all(at::TensorList ts) {
 std::pair<at::Tensor, at::Tensor> forward_impl(const KernelEntry &e, const at::Tensor &q0,
                                                const at::Tensor &k0, const at::Tensor &v0,
                                                at::TensorList features, at::TensorList params,
-                                               double scale) {
+                                               double scale, AttnLayer layer) {
   check_inputs(e, q0, k0, v0, features, params);
   at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
   auto feats = contiguous_all(features);
@@ -116,9 +118,9 @@ std::pair<at::Tensor, at::Tensor> forward_impl(const KernelEntry &e, const at::T
   at::Tensor o = at::empty_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   if (q.scalar_type() == at::kFloat)
-    run_forward<float>(e, q, k, v, feats, ps, scale, o, lse);
+    run_forward<float>(e, q, k, v, feats, ps, scale, layer, o, lse);
   else
-    run_forward<double>(e, q, k, v, feats, ps, scale, o, lse);
+    run_forward<double>(e, q, k, v, feats, ps, scale, layer, o, lse);
   return {o, lse};
 }
 
@@ -128,7 +130,7 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
                             const at::Tensor &v, at::TensorList features, at::TensorList params,
                             int64_t entry_bits, double scale) {
     const auto &e = *reinterpret_cast<const KernelEntry *>(static_cast<intptr_t>(entry_bits));
-    auto [o, lse] = forward_impl(e, q, k, v, features, params, scale);
+    auto [o, lse] = forward_impl(e, q, k, v, features, params, scale, AttnLayer{});
     variable_list saved = {q.contiguous(), k.contiguous(), v.contiguous(), o, lse};
     for (const auto &f : features) saved.push_back(f.contiguous());
     for (const auto &p : params) saved.push_back(p.contiguous());
@@ -219,8 +221,16 @@ void set_attention_impl(AttentionImpl impl) { g_attention_impl = impl; }
 
 at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                            const at::Tensor &v, const std::vector<at::Tensor> &features,
-                           const std::vector<at::Tensor> &params, double scale) {
-  check_inputs(entry, q, k, v, features, params);
+                           const std::vector<at::Tensor> &params, double scale, AttnLayer layer) {
+  const Manifest &m = check_inputs(entry, q, k, v, features, params);
+  if (m.inference_only) {  // an attention transition: forward only, at the caller's layer
+    auto records = [](const at::Tensor &t) { return t.requires_grad(); };
+    if (at::GradMode::is_enabled() &&
+        (records(q) || records(k) || records(v) || std::any_of(features.begin(), features.end(), records) ||
+         std::any_of(params.begin(), params.end(), records)))
+      throw std::invalid_argument(inference_only_message(m.encoding));
+    return forward_impl(entry, q, k, v, features, params, scale, layer).first;
+  }
   if (AttentionImpl impl = g_attention_impl.load()) return impl(entry, q, k, v, features, params, scale);
   return FusedAttention::apply(q, k, v, at::TensorList(features), at::TensorList(params),
                                static_cast<int64_t>(reinterpret_cast<intptr_t>(&entry)), scale);
@@ -229,9 +239,10 @@ at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const 
 std::pair<at::Tensor, at::Tensor> attention_forward(const KernelEntry &entry, const at::Tensor &q,
                                                     const at::Tensor &k, const at::Tensor &v,
                                                     const std::vector<at::Tensor> &features,
-                                                    const std::vector<at::Tensor> &params, double scale) {
+                                                    const std::vector<at::Tensor> &params, double scale,
+                                                    AttnLayer layer) {
   at::NoGradGuard no_grad;
-  return forward_impl(entry, q, k, v, features, params, scale);
+  return forward_impl(entry, q, k, v, features, params, scale, layer);
 }
 
 at::Tensor init_param(const ParamSpec &spec, int64_t heads, int64_t head_dim, at::ScalarType dtype) {

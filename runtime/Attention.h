@@ -5,7 +5,10 @@
 //     features  n_features x (B, H, T), same dtype          (manifest "features", in order)
 //     params    n_params tensors, shapes per manifest        (manifest "params", in order)
 //     o         (B, H, T, D)
-// Gradients flow to q, k, v, every feature and every param that requires grad.
+// Gradients flow to q, k, v, every feature and every param that requires grad. `layer` says which
+// layer of how deep a model calls (read only by an attention transition, which transforms the rows
+// of some layers; docs/decoding.md); an inference-only encoding refuses a call that records
+// gradients.
 #pragma once
 
 #include <utility>
@@ -18,13 +21,19 @@
 namespace ape {
 struct KernelEntry;
 
+// The layer a call computes: index (0-based) of count layers. count = 0: no layer is transformed.
+struct AttnLayer {
+  int64_t index = 0, count = 0;
+};
+
 // The entry's manifest, parsed once and cached (thread-safe). Throws on a malformed manifest.
 const Manifest &manifest_of(const KernelEntry &entry);
 
 // Differentiable fused attention through the entry's forward/backward kernels.
 at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                            const at::Tensor &v, const std::vector<at::Tensor> &features,
-                           const std::vector<at::Tensor> &params, double scale);
+                           const std::vector<at::Tensor> &params, double scale,
+                           AttnLayer layer = {});
 
 // Another implementation of fused_attention for this process (same arguments and contract), e.g.
 // the CUDA kernels on the SIMT emulator (runtime/SimtAttention.h); nullptr: the CPU kernels.
@@ -38,7 +47,8 @@ void set_attention_impl(AttentionImpl impl);
 std::pair<at::Tensor, at::Tensor> attention_forward(const KernelEntry &entry, const at::Tensor &q,
                                                     const at::Tensor &k, const at::Tensor &v,
                                                     const std::vector<at::Tensor> &features,
-                                                    const std::vector<at::Tensor> &params, double scale);
+                                                    const std::vector<at::Tensor> &params, double scale,
+                                                    AttnLayer layer = {});
 
 // The initial value of a parameter that is not derived (zeros, ones, normal, constant,
 // alibi_slopes, sinusoidal), with its manifest shape resolved for `heads` and `head_dim`. Throws for

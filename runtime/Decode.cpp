@@ -19,7 +19,7 @@ namespace {
 template <typename T>
 at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, const at::Tensor &q,
                     const at::Tensor &k, const at::Tensor &v, const std::vector<at::Tensor> &feats,
-                    const std::vector<at::Tensor> &params, double scale) {
+                    const std::vector<at::Tensor> &params, double scale, AttnLayer layer) {
   if (!c.started()) c.capacity = capacity;
   std::vector<at::Tensor> keep;
   std::vector<const T *> fp, pp;
@@ -33,6 +33,7 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
   a.features = fp.data(), a.params = pp.data();
   a.scale = static_cast<T>(scale);
   a.o = o.data_ptr<T>(), a.lse = nullptr;
+  a.layer = layer.index, a.num_layers = layer.count;
   if constexpr (std::is_same_v<T, float>) e.decode->step_f32(c, a);
   else e.decode->step_f64(c, a);
   return o;
@@ -43,7 +44,7 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
 at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t capacity,
                             const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                             const std::vector<at::Tensor> &features,
-                            const std::vector<at::Tensor> &params, double scale) {
+                            const std::vector<at::Tensor> &params, double scale, AttnLayer layer) {
   const Manifest &m = manifest_of(e);
   if (!e.decode) bad(e, "the kernel entry has no decode steps (rebuild the kernel with this apec)");
   const bool f32 = q.scalar_type() == at::kFloat;
@@ -69,8 +70,8 @@ at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t cap
                  " elements of q's dtype");
   if ((f32 && cache.f64.started()) || (!f32 && cache.f32.started()))
     bad(e, "the cache holds the other precision (one cache serves one dtype)");
-  return f32 ? run_step<float>(e, cache.f32, capacity, q, k, v, features, params, scale)
-             : run_step<double>(e, cache.f64, capacity, q, k, v, features, params, scale);
+  return f32 ? run_step<float>(e, cache.f32, capacity, q, k, v, features, params, scale, layer)
+             : run_step<double>(e, cache.f64, capacity, q, k, v, features, params, scale, layer);
 }
 
 }  // namespace ape

@@ -6,7 +6,8 @@
 //     features  n_features x (B, H, n), same dtype     (manifest "features", in order)
 //     params    n_params tensors, shapes per manifest  (as fused_attention)
 //     o         (B, H, n, D): the new queries' attention over every cached token and themselves
-// The cache takes the new tokens; its first step fixes B, H, D and the dtype.
+// The cache takes the new tokens; its first step fixes B, H, D and the dtype. `layer` as in
+// fused_attention: an attention transition transforms the first step (the prompt) of some layers.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "ape/cpu_decode.h"
+#include "runtime/Attention.h"
 
 namespace ape {
 struct KernelEntry;
@@ -37,6 +39,7 @@ struct KvCache {
 at::Tensor decode_attention(const KernelEntry &entry, LayerCache &cache, int64_t capacity,
                             const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                             const std::vector<at::Tensor> &features,
-                            const std::vector<at::Tensor> &params, double scale);
+                            const std::vector<at::Tensor> &params, double scale,
+                            AttnLayer layer = {});
 
 }  // namespace ape

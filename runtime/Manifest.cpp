@@ -219,6 +219,7 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
   if (what == "<manifest>") what = m.encoding;
   m.source = get_string(root, "source", what, "$", /*required=*/false);
   m.causal = get_bool(root, "causal", true, what, "$");
+  m.inference_only = get_bool(root, "inference_only", false, what, "$");
 
   if (auto it = root.find("scale"); it != root.end() && !it->is_null()) {
     if (!it->is_number()) fail(what, "$.scale", std::string("expected null or a number, got ") + it->dump());
@@ -427,6 +428,12 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
     m.embedding = e;
   }
   return m;
+}
+
+std::string inference_only_message(const std::string &encoding) {
+  return "encoding '" + encoding + "' is inference-only (an ape.attention_transition, which has no "
+         "derivative): it cannot be trained; train a model without it (e.g. rope) and evaluate that "
+         "checkpoint with --encoding " + encoding;
 }
 
 std::vector<double> alibi_slopes(int64_t heads) {

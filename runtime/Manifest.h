@@ -115,6 +115,9 @@ struct Manifest {
   std::optional<OverrideSpec> override_;
   std::optional<EmbeddingSpec> embedding;
   std::optional<RotationSpec> rotation;
+  // "inference_only": the kernel has no backward (an attention transition, docs/decoding.md);
+  // training refuses it (inference_only_message), evaluation and decoding run it.
+  bool inference_only = false;
   // Shape hints of the spec ("head_dim", "model_dim"): the kernel was compiled for these sizes.
   std::optional<int64_t> head_dim_hint, model_dim_hint;
 
@@ -128,6 +131,9 @@ struct Manifest {
   // Index of the param named `name` in params, or -1.
   int64_t param_index(const std::string &name) const;
 };
+
+// Why an inference-only encoding cannot be trained, and what to do instead.
+std::string inference_only_message(const std::string &encoding);
 
 // ALiBi slopes for H heads: power-of-two H: m_h = 2^(-8(h+1)/H); otherwise c = 2^floor(log2 H),
 // slopes(c) followed by slopes(2c)[0::2][:H-c].

@@ -75,8 +75,8 @@ std::string param_key(const std::string &name) {
 }  // namespace
 
 EncodedAttentionImpl::EncodedAttentionImpl(const KernelEntry &entry, const ModelConfig &cfg,
-                                           std::vector<torch::Tensor> shared)
-    : entry_(&entry), manifest_(&manifest_of(entry)), cfg_(cfg) {
+                                           std::vector<torch::Tensor> shared, int64_t layer)
+    : entry_(&entry), manifest_(&manifest_of(entry)), cfg_(cfg), layer_(layer) {
   const Manifest &m = *manifest_;
   const int64_t d = cfg.d_model, H = cfg.heads, D = cfg.head_dim();
   auto linear = [&](const char *name, int64_t in, int64_t out, bool bias, double std) {
@@ -205,7 +205,7 @@ torch::Tensor EncodedAttentionImpl::forward(const torch::Tensor &xn) {
   const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
   Inputs in = inputs(xn, 0);
   torch::Tensor o = fused_attention(*entry_, in.q, in.k, in.v, in.feats, kernel_params(),
-                                    manifest_->scale_for(D));
+                                    manifest_->scale_for(D), AttnLayer{layer_, cfg_.layers});
   return wo(o.transpose(1, 2).reshape({B, T, H * D}));
 }
 
@@ -215,7 +215,8 @@ torch::Tensor EncodedAttentionImpl::forward_cached(const torch::Tensor &xn, Laye
   const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
   Inputs in = inputs(xn, pos0);
   torch::Tensor o = decode_attention(*entry_, cache, capacity, in.q, in.k, in.v, in.feats,
-                                     kernel_params(), manifest_->scale_for(D));
+                                     kernel_params(), manifest_->scale_for(D),
+                                     AttnLayer{layer_, cfg_.layers});
   return wo(o.transpose(1, 2).reshape({B, T, H * D}));
 }
 
@@ -259,10 +260,11 @@ torch::Tensor layer_norm(const torch::nn::LayerNorm &ln, const torch::Tensor &x)
 
 // ---- block -------------------------------------------------------------------------------------------
 
-BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vector<torch::Tensor> shared) {
+BlockImpl::BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vector<torch::Tensor> shared,
+                     int64_t layer) {
   const int64_t d = cfg.d_model;
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-  attn = register_module("attn", EncodedAttention(entry, cfg, std::move(shared)));
+  attn = register_module("attn", EncodedAttention(entry, cfg, std::move(shared), layer));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   fc = register_module("fc", torch::nn::Linear(d, cfg.mlp_mult * d));
   proj = register_module("proj", torch::nn::Linear(cfg.mlp_mult * d, d));
@@ -351,7 +353,7 @@ void LanguageModelImpl::build() {
                             : register_buffer("shared_" + param_key(p.name), t);
   }
   for (int64_t l = 0; l < cfg_.layers; ++l)
-    blocks.push_back(register_module("block" + std::to_string(l), Block(*entry_, cfg_, shared)));
+    blocks.push_back(register_module("block" + std::to_string(l), Block(*entry_, cfg_, shared, l)));
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg_.d_model})));
 }
 

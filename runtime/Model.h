@@ -63,9 +63,10 @@ struct ModelConfig {
 class EncodedAttentionImpl : public torch::nn::Module {
  public:
   // `shared` holds the model-level (per_layer = false) params, indexed like manifest.params
-  // (undefined where the param is per layer).
+  // (undefined where the param is per layer). `layer`: this block's index (0-based) of cfg.layers,
+  // handed to the kernel (an attention transition transforms some layers only).
   EncodedAttentionImpl(const KernelEntry &entry, const ModelConfig &cfg,
-                       std::vector<torch::Tensor> shared);
+                       std::vector<torch::Tensor> shared, int64_t layer = 0);
   torch::Tensor forward(const torch::Tensor &xn);  // (B, T, d) normalised -> (B, T, d)
   // Cached decoding (docs/decoding.md): xn (B, n, d) holds the tokens at positions pos0 ..
   // pos0 + n - 1, which the layer cache takes; no autograd graph.
@@ -92,13 +93,15 @@ class EncodedAttentionImpl : public torch::nn::Module {
   const KernelEntry *entry_;
   const Manifest *manifest_;
   ModelConfig cfg_;
+  int64_t layer_ = 0;
   std::vector<torch::Tensor> params_;  // manifest order; undefined for projection_term
 };
 TORCH_MODULE(EncodedAttention);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vector<torch::Tensor> shared);
+  BlockImpl(const KernelEntry &entry, const ModelConfig &cfg, std::vector<torch::Tensor> shared,
+            int64_t layer = 0);
   torch::Tensor forward(torch::Tensor x);
   // The same, reporting "block <index> attention" and "block <index> MLP" to `probe`.
   torch::Tensor forward(torch::Tensor x, const ForwardProbe &probe, int64_t index);

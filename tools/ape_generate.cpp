@@ -3,6 +3,7 @@
 //
 //   ape-generate -c runs/rope.ckpt --prompt "It was a dark" --max-tokens 100 --temperature 0.8 --top-k 40 --seed 1
 //   ape-generate -c runs/rope.ckpt --score book.txt --score-tokens 4096
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "runtime/Attention.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
 #include "runtime/Eval.h"
@@ -133,6 +135,13 @@ int main(int argc, char **argv) {
       if (ids.size() < 2) throw std::runtime_error(score_file + " holds " + std::to_string(ids.size()) + " tokens; scoring needs at least 2");
       std::cout << "[score] " << score_file << ": " << ids.size() - 1 << " target tokens, " << model->config().encoding
                 << ", training length " << train_len << ", " << chunk << " token(s) per cached step\n";
+      if (ape::manifest_of(ape::find_kernel(model->config().encoding)).inference_only)
+        std::cout << "[score] " << model->config().encoding << " has an attention transition, which transforms "
+                  << "the prompt only: the first step (" << std::min<int64_t>(chunk, int64_t(ids.size()) - 1)
+                  << " tokens) is the prompt, later steps attend without it"
+                  << (chunk < int64_t(ids.size()) - 1 ? " (--chunk >= the tokens scores the whole text as one prompt)"
+                                                      : "")
+                  << "\n";
       ape::ScoreResult r = ape::score_cached(model, ids, chunk);
       std::cout << "[score] " << r.loss.size() << " tokens in " << std::fixed << std::setprecision(2) << r.seconds
                 << " s (" << std::setprecision(1) << double(r.loss.size()) / std::max(r.seconds, 1e-9) << " tokens/s)\n\n";

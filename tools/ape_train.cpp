@@ -346,6 +346,7 @@ int main(int argc, char **argv) {
       ape::ModelConfig probe = mc;
       probe.encoding = e;
       const auto &m = ape::manifest_of(ape::find_kernel(e));
+      if (m.inference_only) throw std::invalid_argument(ape::inference_only_message(e));
       if (m.embedding && m.embedding->kind == ape::EmbeddingSpec::Kind::Learned && tc.seq_len > m.embedding->max_length)
         throw std::invalid_argument("encoding '" + e + "': learned absolute positions: sequence length " +
                                     std::to_string(tc.seq_len) + " exceeds the table's max_length " +

@@ -10,6 +10,12 @@ set(_expect bash ${_check}/expect.sh)
 file(GLOB _specs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/encodings/*.mlir)
 foreach(spec ${_specs})
   get_filename_component(name ${spec} NAME_WE)
+  # Inference-only specs (an attention transition): ape-check's reference has no post-softmax
+  # site yet; test/unit/transition_test.cpp and Kernels.RopeTransition* check that kernel.
+  file(STRINGS ${spec} _prob_site REGEX "ape\\.attention_transition")
+  if(_prob_site)
+    continue()
+  endif()
   add_test(NAME ape_check.${name} COMMAND ape-check ${spec})
   set_tests_properties(ape_check.${name} PROPERTIES LABELS check TIMEOUT 120)
 endforeach()

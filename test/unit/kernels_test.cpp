@@ -99,6 +99,10 @@ const std::vector<std::string> kEncodings = {
     "t5", "kerple_log", "kerple_power", "fire", "kcable", "alibi_learned", "shaw", "deberta",
     "transformer_xl", "rope_t5",
 };
+// Inference-only encodings of examples/encodings/ (an ape.attention_transition): forward and
+// prefill only, their backward refuses, so they are not in the grids; RopeTransition.* below and
+// ape_transition_test check them.
+const std::vector<std::string> kInferenceOnly = {"rope_transition"};
 // The grid (see the file comment): the first seven encodings one cell per test (KernelGrid),
 // the others one test per (encoding, T) covering every (B, H, D) (KernelGridCells: each process
 // start loads LibTorch, ~0.4 s of CPU, which would dominate a per-cell split of 14 more
@@ -2231,8 +2235,77 @@ TEST(Registry, ContainsExactlyTheListedEncodings) {
     EXPECT_TRUE(e->forward_f32 && e->backward_f32 && e->forward_f64 && e->backward_f64) << e->name;
     EXPECT_TRUE(e->decode && e->decode->step_f32 && e->decode->step_f64) << e->name;
   }
-  EXPECT_EQ(names, std::multiset<std::string>(kEncodings.begin(), kEncodings.end()));
-  for (const auto &enc : kEncodings) EXPECT_EQ(names.count(enc), 1u) << "kernel " << enc;
+  std::multiset<std::string> listed(kEncodings.begin(), kEncodings.end());
+  listed.insert(kInferenceOnly.begin(), kInferenceOnly.end());
+  EXPECT_EQ(names, listed);
+  for (const auto &enc : listed) EXPECT_EQ(names.count(enc), 1u) << "kernel " << enc;
+}
+
+// ---- the attention transition (inference only) -------------------------------------------------
+// The generated rope_transition kernel (examples/encodings/rope_transition.mlir, the spec's
+// attributes) against a materialised reference: RoPE's q', k' (kernel_reference), the T x T
+// softmax, the spec's steps applied literally to every transformed row
+// (ape::transition_row_reference), times V; every layer of a 6-layer model, T = 300 (I = 40:
+// layers 1..3 transform rows [80, 160) .. [160, 240)). Untransformed layers equal rope's kernel
+// bit for bit.
+TEST(RopeTransition, MatchesTheMaterialisedReference) {
+  const int64_t N = 6;
+  Problem p = make_problem("rope_transition", 2, 2, 300, 16, 17);
+  Problem plain = p;
+  plain.entry = find_entry("rope");
+  ASSERT_TRUE(p.entry && plain.entry);
+  p.q = p.q * 2.5;  // sharper rows: weights on both sides of the bound
+  plain.q = p.q;
+  const auto [qm, km] = ape_test::reference_qk("rope", ref_inputs(p));
+  const Tensor logits = torch::matmul(qm, km.transpose(-1, -2)) * p.scale;
+  const Tensor mask = torch::ones({p.T, p.T}, torch::kBool).triu(1);
+  const Tensor P0 = torch::softmax(logits.masked_fill(mask, -INFINITY), -1).contiguous();
+  int transformed = 0;
+  for (int64_t layer = 0; layer < N; ++layer) {
+    SCOPED_TRACE("layer " + std::to_string(layer) + " of " + std::to_string(N));
+    const ape::TransitionRows rows = ape::transition_rows_of(ape::TransitionAttrs{}, p.T, N, layer);
+    Tensor P = P0.clone();
+    double *pd = P.data_ptr<double>();
+    for (int64_t s = 0; s < p.B * p.H; ++s)
+      for (int64_t i = rows.lo; i < rows.hi; ++i) {
+        const int64_t st = rows.start(i);
+        ape::transition_row_reference(pd + (s * p.T + i) * p.T, st, st + rows.I, 0.5, 0.1);
+      }
+    const Tensor ref = torch::matmul(P, p.v);
+    KernelCall<double> k64(p);
+    k64.args.layer = layer, k64.args.num_layers = N;
+    k64.forward();
+    KernelCall<float> k32(p);
+    k32.args.layer = layer, k32.args.num_layers = N;
+    k32.forward();
+    EXPECT_LT(normalised_error(k64.o, ref), 1e-12);
+    EXPECT_LT(normalised_error(k32.o, ref), 2e-5);
+    KernelCall<double> r64(plain);
+    r64.forward();
+    if (rows.empty()) {
+      EXPECT_TRUE(torch::equal(k64.o, r64.o)) << "an untransformed layer differs from rope";
+    } else {
+      ++transformed;
+      EXPECT_EQ(rows.I, 40);
+      EXPECT_GT(normalised_error(r64.o, ref), 1e-3) << "the transition changed nothing";
+    }
+    EXPECT_TRUE(torch::equal(k64.lse, r64.lse)) << "lse is the log-sum-exp before the transition";
+  }
+  EXPECT_EQ(transformed, 3);
+}
+
+// Its backward refuses with the reason (training it would compute some other gradient).
+TEST(RopeTransition, BackwardRefuses) {
+  Problem p = make_problem("rope_transition", 1, 1, 10, 8, 3);
+  ASSERT_TRUE(p.entry);
+  KernelCall<double> k(p);
+  k.forward();
+  try {
+    k.backward();
+    FAIL() << "the backward of an inference-only kernel ran";
+  } catch (const std::logic_error &e) {
+    EXPECT_NE(std::string(e.what()).find("inference-only"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Registry, EveryEncodingIsInTheGrid) {

@@ -1018,6 +1018,10 @@ TEST(RegisteredKernels, EveryEncodingBuildsAndTakesAStep) {
     mc.d_model = 64;  // head_dim 32: room for overrides of l = d/8
     ape::LanguageModel model(mc);
     at::Tensor w = at::randint(32, {2, 17}, at::kLong);
+    if (ape::manifest_of(ape::find_kernel(name)).inference_only) {  // a transition: no backward
+      EXPECT_ERROR(model->loss(w), "is inference-only (an ape.attention_transition");
+      continue;
+    }
     at::Tensor loss = model->loss(w);
     ASSERT_TRUE(std::isfinite(loss.item<double>()));
     loss.backward();
@@ -1040,6 +1044,7 @@ TEST(RegisteredKernels, EveryEncodingTrainsAndItsLossFalls) {
   s.add_doc("a", ids);
   for (const auto &name : names) {
     SCOPED_TRACE(name);
+    if (ape::manifest_of(ape::find_kernel(name)).inference_only) continue;  // refused (above)
     at::manual_seed(21);
     ape::ModelConfig mc = tiny_config(name, 16);
     mc.d_model = 64;  // head_dim 32: room for overrides of l = d/8
@@ -1217,6 +1222,44 @@ TEST(RegisteredKernels, CachedDecodingMatchesTheFullForward) {
     }
     EXPECT_THROW(model->forward_cached(tokens.narrow(1, 0, 1), cache), std::length_error);
   }
+}
+
+// The attention transition through the model (docs/decoding.md): a 6-layer fp64 model with
+// rope_transition and the same weights as one with rope. At T = 70 (I = 10) layers 1..3 transform
+// rows, so the logits differ from rope's; a prefill of the whole prompt equals the full forward
+// (each layer gets its index and the depth); later steps attend as rope does; a forward that
+// records gradients is refused.
+TEST(RegisteredKernels, AttentionTransitionThroughTheModel) {
+  ape::ModelConfig mc = tiny_config("rope_transition");
+  mc.layers = 6;
+  at::manual_seed(23);
+  ape::LanguageModel model(mc);
+  mc.encoding = "rope";
+  at::manual_seed(23);
+  ape::LanguageModel rope(mc);
+  model->to(at::kDouble);
+  rope->to(at::kDouble);
+  at::Tensor tokens = at::randint(32, {2, 75}, at::kLong);
+  at::Tensor prompt = tokens.narrow(1, 0, 70);
+  at::Tensor full, plain;
+  {
+    at::NoGradGuard g;
+    full = model->forward(prompt);
+    plain = rope->forward(prompt);
+    // Too short for an interval of 5 (I = floor(34 / 7) = 4): a no-op.
+    EXPECT_TRUE(torch::equal(model->forward(tokens.narrow(1, 0, 34)), rope->forward(tokens.narrow(1, 0, 34))));
+  }
+  // Rows before the first transformed interval of layer 1 ([20, 30)) are rope's.
+  EXPECT_TRUE(torch::equal(full.narrow(1, 0, 20), plain.narrow(1, 0, 20)));
+  EXPECT_GT((full - plain).abs().max().item<double>(), 1e-6);  // fp64: rounding is ~1e-14
+  ape::KvCache cache(75);
+  at::Tensor pre = model->forward_cached(prompt, cache);
+  EXPECT_LT((pre - full).abs().max().item<double>(), 1e-10);
+  at::Tensor step = model->forward_cached(tokens.narrow(1, 70, 5), cache);
+  // Later steps attend without the transition (checked at the kernel level:
+  // TransitionDecode.PrefillIsThePromptLaterStepsAreUnchanged); here that they run.
+  EXPECT_TRUE(step.isfinite().all().item<bool>());
+  EXPECT_ERROR(model->forward(prompt), "is inference-only");
 }
 
 // fp32 decoding against the fp32 forward (loose), and the errors of a misused cache.

@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_transition.h"
 #include "cpu_dispatch.h"
 #include "enc_traits.h"
 
@@ -64,6 +65,10 @@ template <typename Real> struct AttnArgs {
   Real *dq, *dk, *dv;              // (B, H, T, D), overwritten
   Real *const *dfeatures;          // (B, H, T) each, overwritten
   Real *const *dparams;            // shapes of params, overwritten
+  // The layer this call computes (0-based) of a model of num_layers: read only by encodings with
+  // an attention transition (attention_transition.h), which transform the rows of some layers;
+  // num_layers = 0 (the default) transforms none.
+  int64_t layer = 0, num_layers = 0;
 };
 
 template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the template
@@ -425,6 +430,22 @@ inline int64_t visible(int64_t i, int64_t j0, int64_t nk) {
   return std::clamp<int64_t>(i - j0 + 1, 0, nk);
 }
 
+// The final logits s[jj] = score_mod(scale * s[jj]) of query i against the nv visible keys
+// j0 + jj of a tile row holding q'_i . k'_j (bias: B(d) for d <= i, distance-bias encodings).
+template <class Enc, typename Real>
+inline void final_logits(const HeadCtx<Real> &ctx, Real scale, int64_t i, int64_t j0, int64_t nv,
+                         const std::vector<Real> &bias, Real *s) {
+  if constexpr (DistanceBias<Enc>::value && !HasValueRows<Enc>::value) {
+    const Real *bi = bias.data() + (i - j0);  // B(i - j0 - jj) = bi[-jj]
+    APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] = scale * s[jj] + bi[-jj];
+  } else if constexpr (Enc::kHasScoreMod) {
+    for (int64_t jj = 0; jj < nv; ++jj) s[jj] = Enc::score_mod(ctx, i, j0 + jj, scale * s[jj]);
+  } else {
+    (void)ctx, (void)i, (void)j0, (void)bias;
+    APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] *= scale;
+  }
+}
+
 // Scratch of attend_rows: one query tile's logits, output accumulator and softmax state.
 template <class Enc, typename Real> struct AttendScratch {
   std::vector<Real> st;          // (kTileQ, kTileK): logits, then probabilities
@@ -470,14 +491,7 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
     for (int64_t ii = 0; ii < nq; ++ii) {
       const int64_t i = i0 + ii, nv = visible(i, j0, nk);
       Real *s = st + ii * kTileK;
-      if constexpr (kDist) {
-        const Real *bi = w.bias.data() + (i - j0);  // B(i - j0 - jj) = bi[-jj]
-        APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] = scale * s[jj] + bi[-jj];
-      } else if constexpr (Enc::kHasScoreMod) {
-        for (int64_t jj = 0; jj < nv; ++jj) s[jj] = Enc::score_mod(ctx, i, j0 + jj, scale * s[jj]);
-      } else {
-        APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] *= scale;
-      }
+      final_logits<Enc>(ctx, scale, i, j0, nv, w.bias, s);
       Real mx = w.m[ii];
       APE_SIMD_REDUCE(max : mx) for (int64_t jj = 0; jj < nv; ++jj) mx = s[jj] > mx ? s[jj] : mx;
       // All logits so far -inf (a score_mod mask): keep exp finite, the row stays zero.
@@ -519,6 +533,76 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
   }
 }
 
+// The attention transition (attention_transition.h) of the rows [lo, hi) of this layer that a
+// T-key call transforms, on top of attend_rows' outputs: o and lse hold the ordinary forward of
+// every row (pass 1: lse is the row's log-sum-exp), and the rows of `rows` get o rewritten. Per
+// block of kTileQ rows, two passes over their keys, tile by tile, recomputing the logits:
+//   pass 2: A = exp(s - lse); kept mass K_r = Σ_c transition_kept(A) and, over the window
+//           W = [s - 2I, s), the mask sum N_r; avg_r = beta (1 - K_r) / N_r;
+//   pass 3: the weights w_rc = transition_weight(A, ...) and o_r = Σ_c w_rc v_c (a tile GEMM).
+// Only (kTileQ, kTileK) logits are ever held. Arguments as attend_rows (qm: the rows of all T
+// queries; kt (D, ldk); v (T, D); o (T, D); lse (T)).
+template <class Enc, typename Real>
+void transition_rows(const HeadCtx<Real> &ctx, Real scale, const TransitionRows &rows,
+                     const Real *qm, const Real *kt, int64_t ldk, const Real *v, Real *o,
+                     const Real *lse, AttendScratch<Enc, Real> &w) {
+  static_assert(!HasValueRows<Enc>::value, "the transition does not combine with value rows");
+  constexpr TransitionAttrs kAttrs = Enc::kTransition;
+  const int64_t D = ctx.D, I = rows.I;
+  Real *st = w.st.data(), *acc = w.acc.data();
+  std::array<Real, kTileQ> kept{}, nmask{}, avg{}, bound{};
+  std::array<int64_t, kTileQ> start{};
+  for (int64_t i0 = rows.lo; i0 < rows.hi; i0 += kTileQ) {
+    const int64_t nq = std::min(kTileQ, rows.hi - i0), nkeys = i0 + nq;
+    if constexpr (DistanceBias<Enc>::value) {
+      for (int64_t d = static_cast<int64_t>(w.bias.size()); d < nkeys; ++d)
+        w.bias.push_back(Enc::distance_bias(ctx, d));
+    }
+    for (int64_t ii = 0; ii < nq; ++ii) {
+      start[ii] = rows.start(i0 + ii);
+      bound[ii] = Real(kAttrs.alpha) / Real(start[ii] + I);  // 1. alpha / e
+      kept[ii] = nmask[ii] = Real(0);
+    }
+    for (int pass = 2; pass <= 3; ++pass) {
+      if (pass == 3) {
+        for (int64_t ii = 0; ii < nq; ++ii)
+          avg[ii] = Real(kAttrs.beta) * (Real(1) - kept[ii]) / nmask[ii];  // N_r >= 2I * 0.01
+        std::fill(w.acc.begin(), w.acc.begin() + nq * D, Real(0));
+      }
+      for (int64_t j0 = 0; j0 < nkeys; j0 += kTileK) {
+        const int64_t nk = std::min(kTileK, nkeys - j0);
+        gemm<kTileK>(nq, D, kTileK, qm + i0 * D, D, 1, kt + j0, ldk, st, kTileK, false);
+        for (int64_t ii = 0; ii < nq; ++ii) {
+          const int64_t i = i0 + ii, nv = visible(i, j0, nk), s0 = start[ii];
+          Real *s = st + ii * kTileK;
+          final_logits<Enc>(ctx, scale, i, j0, nv, w.bias, s);
+          // A row whose every key a score mod masked (lse = -inf) has A = 0 (attend_rows wrote
+          // o = 0): subtracting +inf makes every exp 0 instead of NaN; the steps then apply to
+          // that zero row as to any other.
+          const Real l = lse[i] == neg_inf<Real>() ? -neg_inf<Real>() : lse[i], bd = bound[ii];
+          if (pass == 2) {
+            Real km = 0, nm = 0;
+            for (int64_t jj = 0; jj < nv; ++jj) {
+              const int64_t c = j0 + jj;
+              const Real kc = transition_kept(softmax_exp(s[jj] - l), c, bd);
+              km += kc;
+              if (c >= s0 - 2 * I && c < s0) nm += transition_mask(kc, bd);
+            }
+            kept[ii] += km, nmask[ii] += nm;
+          } else {
+            const Real a = avg[ii];
+            for (int64_t jj = 0; jj < nv; ++jj)
+              s[jj] = transition_weight(softmax_exp(s[jj] - l), j0 + jj, s0, I, bd, a);
+            std::fill(s + nv, s + kTileK, Real(0));
+          }
+        }
+        if (pass == 3) gemm(nq, nk, D, st, kTileK, 1, v + j0 * D, D, acc, D, true);
+      }
+    }
+    std::copy(acc, acc + nq * D, o + i0 * D);  // the weights are not renormalised
+  }
+}
+
 template <class Enc, typename Real>
 void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
   const SliceInputs<Enc, Real> in(a, b, h);
@@ -530,6 +614,11 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
     const int64_t nq = std::min(kTileQ, T - i0);
     attend_rows<Enc>(in.ctx, a.scale, in.qm + i0 * D, i0, nq, in.kt.data(), in.Tp, in.v,
                      o + i0 * D, lse + i0, scratch);
+  }
+  if constexpr (traits::HasTransition<Enc>::value) {
+    const TransitionRows rows = transition_rows_of(Enc::kTransition, T, a.num_layers, a.layer);
+    if (!rows.empty())
+      transition_rows<Enc>(in.ctx, a.scale, rows, in.qm, in.kt.data(), in.Tp, in.v, o, lse, scratch);
   }
 }
 
@@ -708,6 +797,8 @@ template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> 
 }
 
 template <class Enc, typename Real> void attention_backward(const AttnArgs<Real> &a) {
+  static_assert(!traits::HasTransition<Enc>::value,
+                "an attention transition is inference-only: its encoding has no backward");
   const int64_t slices = a.B * a.H;
   // Private parameter-gradient accumulators: (B*H, sum_n numel_n), parameter n at offset poff[n].
   std::array<int64_t, detail::array_len(Enc::kNumParams)> poff{}, numel{};

@@ -60,6 +60,10 @@ template <typename Real> struct DecodeArgs {
   Real scale;                        // kappa
   Real *o;                           // (B, H, n, D)
   Real *lse;                         // (B, H, n) or null
+  // The layer (0-based) of a model of num_layers, as AttnArgs: an attention transition
+  // (attention_transition.h) transforms the prompt only, i.e. the prefill (the first step), at
+  // T = n; later steps attend as usual.
+  int64_t layer = 0, num_layers = 0;
 };
 
 namespace traits {
@@ -176,6 +180,13 @@ void decode_slice(DecodeCache<Real> &c, const DecodeArgs<Real> &a, int64_t b, in
     const int64_t nq = std::min(kTileQ, n - i0);
     attend_rows<Enc>(ctx, a.scale, qm + i0 * D, L0 + i0, nq, kt, Cp, c.v.data() + s * C * D,
                      o + i0 * D, lse + i0, scratch);
+  }
+  if constexpr (traits::HasTransition<Enc>::value) {
+    if (L0 == 0) {  // the prefill is the prompt: the full forward's transition at T = n
+      const TransitionRows rows = transition_rows_of(Enc::kTransition, n, a.num_layers, a.layer);
+      if (!rows.empty())
+        transition_rows<Enc>(ctx, a.scale, rows, qm, kt, Cp, c.v.data() + s * C * D, o, lse, scratch);
+    }
   }
 }
 

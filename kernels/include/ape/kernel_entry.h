@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 
 #include "cpu_attention.h"
@@ -61,6 +62,25 @@ struct EmbedTableOf<Enc, std::void_t<decltype(static_cast<void (*)(int64_t, int6
   static constexpr void (*value)(int64_t, int64_t, double *) = &Enc::embed_table;
 };
 
+// The backward of an inference-only encoding (an attention transition, attention_transition.h):
+// it has no derivative, so a training step fails here with the reason instead of computing the
+// gradient of some other function.
+struct InferenceOnlyError : std::logic_error {
+  using std::logic_error::logic_error;
+};
+template <typename Real> void refuse_backward(const AttnArgs<Real> &) {
+  throw InferenceOnlyError(
+      "this encoding is inference-only (ape.attention_transition has no derivative): train a "
+      "model without the transition and evaluate it with this encoding");
+}
+// attention_backward, or refuse_backward for an inference-only functor.
+template <class Enc, typename Real> constexpr void (*backward_of())(const AttnArgs<Real> &) {
+  if constexpr (traits::HasTransition<Enc>::value)
+    return &refuse_backward<Real>;
+  else
+    return &attention_backward<Enc, Real>;
+}
+
 // The kernels of a refused level choice: they throw the reason instead of computing.
 template <unsigned kBuilt, typename Real> void refuse(const AttnArgs<Real> &) {
   throw CpuLevelError(cpu_level_choice<kBuilt>().error);
@@ -103,9 +123,9 @@ constexpr KernelEntry make_kernel_entry(const char *name, const char *manifest_j
   return KernelEntry{name,
                      manifest_json,
                      &attention_forward<Enc, float>,
-                     &attention_backward<Enc, float>,
+                     entry_detail::backward_of<Enc, float>(),
                      &attention_forward<Enc, double>,
-                     &attention_backward<Enc, double>,
+                     entry_detail::backward_of<Enc, double>(),
                      entry_detail::EmbedTableOf<Enc>::value,
                      cpu_level_name(APE_KERNEL_LEVEL),
                      entry_detail::decode_pointer<Enc, true>()};
@@ -125,7 +145,7 @@ const KernelEntry *unit_kernel_entry(const char *name, const char *manifest_json
     static const KernelEntry entry{name,
                                    manifest_json,
                                    &attention_forward<Enc, float>,
-                                   &attention_backward<Enc, float>,
+                                   entry_detail::backward_of<Enc, float>(),
                                    nullptr,
                                    nullptr,
                                    entry_detail::EmbedTableOf<Enc>::value,
