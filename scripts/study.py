@@ -507,17 +507,23 @@ class Claims:
         return out
 
 
+# Distinct line colours (gnuplot's "podo" set and more); a line's style is (colour, dash, point).
+COLOURS = ["#000000", "#e69f00", "#56b4e9", "#009e73", "#d55e00", "#0072b2", "#cc79a7", "#999999",
+           "#8b0000", "#6a3d9a", "#b15928", "#33a02c"]
+
+
 def write_plot(args, cfg, table, order, png):
+    """Loss against evaluation length (log2 axis), the training length marked: left, every trained
+    encoding (first seed); right, the inference-time variants (dashed) beside their base models."""
     gp = shutil.which("gnuplot")
     if not gp:
         print("[study] note: no gnuplot (scripts/install-deps.sh installs gnuplot-nox); no plot", file=sys.stderr)
         return False
-    L = cfg["seq_len"]
+    L, top = cfg["seq_len"], max(cfg["multiples"])
     dat = os.path.join(args.out, "plot")
     os.makedirs(dat, exist_ok=True)
-    panels = {"trained": [], "variants": []}
-    for key in order:
-        run, variant = key
+    trained, variants = [], []
+    for run, variant in order:
         if not run.endswith(f"-s{cfg['seed']}"):
             continue
         pts = [(L * m, loss_of(table, run, variant, m)) for m in cfg["multiples"]]
@@ -529,24 +535,29 @@ def write_plot(args, cfg, table, order, png):
         path = os.path.join(dat, re.sub(r"[^A-Za-z0-9_.+-]", "_", name) + ".dat")
         with open(path, "w") as f:
             f.writelines(f"{x} {y}\n" for x, y in pts)
-        panels["trained"].append((name, path))
-        if variant != "trained" or enc in {v[1] for v in VARIANTS}:
-            panels["variants"].append((name, path))
-    if not panels["trained"]:
+        if variant == "trained":
+            trained.append((name, path))
+            if enc in {v[1] for v in VARIANTS}:
+                variants.append((name, path))
+        else:
+            variants.append((name, path))
+    if not trained:
         return False
-    script = [f'set terminal pngcairo size 1800,800 font ",10"', f'set output "{png}"',
+    script = ['set terminal pngcairo size 1800,800 font ",10" noenhanced', f'set output "{png}"',
               "set multiplot layout 1,2", "set logscale x 2", "set grid", "set key outside right top",
+              f"set xrange [{L / 1.4}:{L * top * 1.4}]", f"set xtics ({', '.join(str(L * m) for m in cfg['multiples'])})",
               'set xlabel "evaluation length (tokens)"', 'set ylabel "held-out loss (nats/token)"',
               f'set arrow from {L}, graph 0 to {L}, graph 1 nohead dt 2 lw 2 lc "black"',
               f'set label "training length {L}" at {L}, graph 0.97 offset 0.5,0']
-    for title, items in (("every encoding, as trained (seed %d)" % cfg["seed"], panels["trained"]),
-                         ("inference-time variants beside their base", panels["variants"])):
+    for title, items in ((f"every encoding as trained (seed {cfg['seed']})", trained),
+                         ("inference-time variants (dashed) beside their models", variants)):
         script.append(f'set title "{title}"')
         plots = []
         for i, (name, path) in enumerate(items):
-            dt = 1 if "+" not in name else 2
-            plots.append(f'"{path}" using 1:2 with linespoints dt {dt} pt {i % 13 + 1} lw 1.5 title "{name}"')
-        script.append("plot " + ", \\\n  ".join(plots) if plots else "plot NaN notitle")
+            dt = 2 if "+" in name else (1 if i < len(COLOURS) else 4)
+            plots.append(f'"{path}" using 1:2 with linespoints lc rgb "{COLOURS[i % len(COLOURS)]}" dt {dt} '
+                         f'pt {i % 13 + 1} lw 1.5 title "{name}"')
+        script.append("plot " + ", \\\n  ".join(plots))
     script.append("unset multiplot")
     r = subprocess.run([gp], input="\n".join(script) + "\n", text=True, capture_output=True)
     if r.returncode != 0:
@@ -560,6 +571,10 @@ def report(args, cfg):
     train = read_rows(os.path.join(args.out, "train.csv"))
     table, order = collect(results)
     runs = plan(cfg)
+    # Rows in the plan's order (runs), each run's variants after it in VARIANTS' order.
+    run_rank = {r.id: i for i, r in enumerate(runs)}
+    var_rank = {"trained": -1, **{v[0]: i for i, v in enumerate(VARIANTS)}}
+    order.sort(key=lambda k: (run_rank.get(k[0], len(runs)), k[0], var_rank.get(k[1], len(VARIANTS))))
     n_done = sum(any(k == (r.id, "trained") for k in table) for r in runs)
     n_var = sum(len(variants_of(r)) for r in runs)
     n_var_done = sum((r.id, v[0]) in table for r in runs for v in variants_of(r))
@@ -606,14 +621,18 @@ def report(args, cfg):
     status = ("complete" if n_done == len(runs) and n_var_done == n_var else
               f"PARTIAL: {n_done} of {len(runs)} training runs and {n_var_done} of {n_var} inference-time "
               f"variants have finished")
-    cmd = args.command_line
+    cmd = args.resume_command
+    quick_note = ""
+    if args.preset == "quick":
+        quick_note = (" The quick preset's models have not learnt beyond the first steps: its verdicts exercise "
+                   "the pipeline and mean nothing about the encodings.")
     md = [f"# The extrapolation study ({args.preset} preset)", "",
-          f"Status: **{status}**. Generated by `scripts/study.sh` from `{os.path.join(args.out, 'results.csv')}`"
+          f"Status: **{status}**.{quick_note} Generated by `scripts/study.sh` from `{os.path.join(args.out, 'results.csv')}`"
           f" on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; docs/study.md explains the design and "
           f"the rules below.", "",
           "Command (rerunning it skips what has finished and continues the rest):", "", "```", cmd, "```", "",
           "## Config", "",
-          f"One config for every encoding: d_model {cfg['d_model']}, layers {cfg['layers']}, {cfg['heads']} heads, "
+          f"One config for every encoding: d_model {cfg['d_model']}, layers {cfg['layers']}, heads {cfg['heads']}, "
           f"vocab {cfg['vocab']} (SentencePiece BPE), training length L = {L}, batch {cfg['batch']}, "
           f"{cfg['steps']} steps ({cfg['steps'] * cfg['batch'] * L:,} training tokens), AdamW lr {cfg['lr']} "
           f"(warmup {cfg['warmup']}, cosine), seed {cfg['seed']} (second seed {cfg['seed2']} for "
@@ -621,12 +640,29 @@ def report(args, cfg):
           f"{', '.join(f'{m}x' for m in mults)} L, {cfg['eval_tokens']} scored target tokens per length (the same "
           f"tokens at every length; a cell is the mean loss over all positions of windows of that length).", ""]
     if one_x:
+        med = sorted(one_x)[len(one_x) // 2]
         md += ["## How far the models got", "",
                f"Held-out loss at 1x: {min(one_x):.3f} to {max(one_x):.3f} nats over {len(one_x)} finished runs "
-               f"(median {sorted(one_x)[len(one_x) // 2]:.3f})."
-               + (f" A unigram model (no context) scores {unigram:.3f} on the same books" if unigram else "")
+               f"(median {med:.3f})."
+               + (f" A unigram model (no context) scores {unigram:.3f} on the same books: the median run is "
+                  f"{unigram - med:.2f} nats below it" if unigram else "")
                + "; the README's two-minute runs reach about 5.0 and the 150-step runs of "
                  "bench/results/issue4_encodings.md about 5.7.", ""]
+    pairs = [e for e in cfg["headline"] if (f"{e}-s{cfg['seed']}", "trained") in table
+             and (f"{e}-s{cfg['seed2']}", "trained") in table]
+    if pairs:
+        md += ["## Seed-to-seed noise", "",
+               f"The headline encodings trained with seeds {cfg['seed']} and {cfg['seed2']} (initialisation and "
+               "data order); cells: loss with the first seed / the second / their difference.", "",
+               "| encoding | " + " | ".join(f"{m}x" for m in mults) + " |", "|" + " --- |" * (len(mults) + 1)]
+        for e in pairs:
+            cells = []
+            for m in mults:
+                a = loss_of(table, f"{e}-s{cfg['seed']}", "trained", m)
+                b = loss_of(table, f"{e}-s{cfg['seed2']}", "trained", m)
+                cells.append("—" if a is None or b is None else f"{a:.3f} / {b:.3f} / {b - a:+.3f}")
+            md.append(f"| {e} | " + " | ".join(cells) + " |")
+        md.append("")
     md += ["## The seeds' claims", "", claims_tau_line(cfg, table), "",
            "| claim (seed paper) | APE's numbers (loss, nats) | verdict |", "| --- | --- | --- |"]
     for c in claims:
@@ -704,7 +740,6 @@ def main():
     ap.add_argument("-v", "--verbose", action="store_true", help="echo ape-train/ape-eval output (always in "
                                                                  "the runs' logs)")
     args = ap.parse_args()
-    args.command_line = "scripts/study.sh " + " ".join(sys.argv[1:])
     cfg = dict(PRESETS[args.preset])
     if args.encodings:
         want = [e for e in args.encodings.split(",") if e]
@@ -719,7 +754,17 @@ def main():
         cfg["steps"] = args.steps
     if args.threads < 0:
         die("--threads must be >= 0")
-    args.out = args.out or os.path.join(args.build_dir, f"study-{args.preset}")
+    default_out = os.path.join(args.build_dir, f"study-{args.preset}")
+    # The command that runs (and resumes) this study, for the report.
+    args.resume_command = " ".join(
+        ["scripts/study.sh"] + (["--quick"] if args.preset == "quick" else
+                                [] if args.preset == "full" else ["--preset", args.preset])
+        + (["--out", args.out] if args.out and os.path.normpath(args.out) != os.path.normpath(default_out) else [])
+        + (["--encodings", args.encodings] if args.encodings else [])
+        + (["--steps", str(args.steps)] if args.steps is not None else [])
+        + ["--threads", str(args.threads)]
+        + (["--publish", args.publish] if args.publish else []))
+    args.out = args.out or default_out
     args.cache_dir = args.cache_dir or os.path.join(args.build_dir, "cache")
 
     os.makedirs(args.out, exist_ok=True)

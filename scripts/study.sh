@@ -16,4 +16,5 @@ if [ "$needs_build" = 1 ] && [ -z "${APE_STUDY_NO_BUILD:-}" ]; then
   scripts/install-deps.sh >/dev/null
   scripts/build.sh ape-train ape-eval >&2
 fi
-exec /usr/bin/python3 scripts/study.py --build-dir "$build" "$@"
+export APE_BUILD_DIR="$build"
+exec /usr/bin/python3 scripts/study.py "$@"
