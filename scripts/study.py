@@ -663,6 +663,13 @@ def report(args, cfg):
                 cells.append("—" if a is None or b is None else f"{a:.3f} / {b:.3f} / {b - a:+.3f}")
             md.append(f"| {e} | " + " | ".join(cells) + " |")
         md.append("")
+    counts = {}
+    for c in claims:
+        counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+    md[4:4] = ["In short: of the seeds' " + str(len(claims)) + " claims below, " + ", ".join(
+        f"{counts[v]} {w}" for v, w in (("agrees", "agree"), ("disagrees", "disagree"),
+                                        ("inconclusive at this scale", "inconclusive at this scale"),
+                                        ("not yet run", "not yet run")) if v in counts) + ".", ""]
     md += ["## The seeds' claims", "", claims_tau_line(cfg, table), "",
            "| claim (seed paper) | APE's numbers (loss, nats) | verdict |", "| --- | --- | --- |"]
     for c in claims:
