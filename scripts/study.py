@@ -179,7 +179,8 @@ class Runner:
     def train(self, run):
         c = self.cfg
         d = os.path.join(self.args.out, "runs", run.id)
-        os.makedirs(d, exist_ok=True)
+        if not self.args.dry_run:
+            os.makedirs(d, exist_ok=True)
         ckpt = os.path.join(d, f"{run.encoding}.ckpt")
         run_csv = os.path.join(d, "results.csv")
         log = os.path.join(d, "train.log")
@@ -779,7 +780,8 @@ def main():
     args.out = args.out or default_out
     args.cache_dir = args.cache_dir or os.path.join(args.build_dir, "cache")
 
-    os.makedirs(args.out, exist_ok=True)
+    if not args.dry_run:
+        os.makedirs(args.out, exist_ok=True)
     cfg_path = os.path.join(args.out, "study.json")
     fixed = {k: cfg[k] for k in MODEL_KEYS}
     if os.path.exists(cfg_path):
