@@ -134,8 +134,9 @@ def plan(cfg):
     runs = [Run(e, cfg["seed"]) for e in cfg["encodings"]]
     second = [Run(e, cfg["seed2"]) for e in cfg["encodings"] if e in cfg["headline"]]
     # The claim encodings and the headline encodings' second seeds first, then the rest.
-    claim = [r for r in runs if r.encoding in CLAIM_ENCODINGS]
-    rest = [r for r in runs if r.encoding not in CLAIM_ENCODINGS]
+    first = CLAIM_ENCODINGS + list(SPEC_FILES)  # the study-only specs answer the claims too
+    claim = [r for r in runs if r.encoding in first]
+    rest = [r for r in runs if r.encoding not in first]
     return claim + second + rest
 
 
@@ -480,7 +481,9 @@ class Claims:
         out.append(dict(claim="Cable (Fig. 3): ALiBi holds its loss at long lengths",
                         ours=f"ALiBi loss 1x..{mx}x: {self.cells('alibi')}",
                         rule=f"agrees when the loss at {mx}x is at most τ above 1x, else disagrees", verdict=v))
-        for enc, nm in (("t5", "T5"), ("rope", "RoPE"), ("sinusoidal", "sinusoidal")):
+        for enc, nm in (("t5", "T5"), ("rope", "RoPE"), ("sinusoidal", "sinusoidal"),
+                        ("sinusoidal_scaled", "sinusoidal with the token embedding scaled by √d (study-only "
+                                              "spec)")):
             g = self.growth(enc, mx)
             v = "not yet run" if g is None else "agrees" if g > t else "disagrees"
             out.append(dict(claim=f"Cable (Fig. 3): {nm} degrades at long lengths",

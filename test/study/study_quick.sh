@@ -33,7 +33,7 @@ for f in study.md study.csv study.png table.md train.csv study.json; do
 done
 head -c 8 "$out/study.png" | od -An -tx1 | grep -q "89 50 4e 47" || fail "study.png is not a PNG"
 n=$(grep -c '| \*\*\(agrees\|disagrees\|inconclusive at this scale\|not yet run\)\*\* |' "$out/study.md")
-[ "$n" -eq 12 ] || fail "study.md has $n claim verdicts, expected 12"
+[ "$n" -eq 13 ] || fail "study.md has $n claim verdicts, expected 13"
 grep -q "Status: \*\*complete\*\*" "$out/study.md" || fail "study.md does not say complete"
 
 # A rerun finds everything finished and runs nothing.
