@@ -22,6 +22,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -154,6 +155,9 @@ class Runner:
         self.results = os.path.join(args.out, "results.csv")
         self.train_csv = os.path.join(args.out, "train.csv")
         self.failed = []
+        self.child, self.stopping = None, False
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGTERM, self.on_signal)
 
     def common(self):
         return ["--data", self.args.data, "--cache-dir", self.args.cache_dir,
@@ -168,6 +172,7 @@ class Runner:
             lf.write("$ " + " ".join(cmd) + "\n")
             lf.flush()
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.child = p
             text = []
             for line in p.stdout:
                 lf.write(line)
@@ -175,7 +180,22 @@ class Runner:
                 text.append(line)
                 if self.args.verbose:
                     sys.stdout.write(line)
-            return p.wait(), "".join(text)
+            rc = p.wait()
+            self.child = None
+            if self.stopping:
+                print(f"[study] stopped; the running tool was asked to save its state (see {log}); run the "
+                      "same command again to continue", file=sys.stderr)
+                sys.exit(130)
+            return rc, "".join(text)
+
+    def on_signal(self, signum, _frame):
+        """SIGINT/SIGTERM: ask the running ape-train/ape-eval to stop as Ctrl-C does (ape-train writes its
+        checkpoint), let it finish, then stop without recording a half-done job."""
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGINT)
+        else:
+            sys.exit(130)
 
     def done_jobs(self):
         return {(r["run"], r["variant"]) for r in read_rows(self.results)}
@@ -769,6 +789,7 @@ def main():
     ap.add_argument("-v", "--verbose", action="store_true", help="echo ape-train/ape-eval output (always in "
                                                                  "the runs' logs)")
     args = ap.parse_args()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `scripts/study.sh --list | head` ends quietly
     cfg = dict(PRESETS[args.preset])
     if args.encodings:
         want = [e for e in args.encodings.split(",") if e]

@@ -61,6 +61,26 @@ grep -q "ape-train --resume $out/runs/t5-s1234/t5.ckpt" "$work/resume.log" || fa
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
 [ "$rows" -eq 90 ] || fail "after the resume results.csv has $rows rows, expected 90"
 
+# SIGTERM to the driver mid-training: ape-train is asked to stop (it writes its checkpoint), the
+# driver exits 130 without recording the run, and --list shows the run as started.
+stop=$work/stop
+APE_STUDY_NO_BUILD=1 APE_BUILD_DIR="$build" scripts/study.sh --quick --steps 100000 --encodings rope \
+  --out "$stop" --cache-dir "$build/cache" > "$work/stop.log" 2>&1 &
+driver=$!
+for _ in $(seq 120); do
+  grep -q "step " "$stop/runs/rope-s1234/train.log" 2>/dev/null && break
+  sleep 0.5
+done
+kill -TERM "$driver"
+rc=0; wait "$driver" || rc=$?
+[ "$rc" -eq 130 ] || { cat "$work/stop.log"; fail "the stopped driver exited $rc, expected 130"; }
+grep -q "interrupted at step" "$stop/runs/rope-s1234/train.log" || fail "ape-train was not asked to stop"
+[ -s "$stop/runs/rope-s1234/rope.ckpt" ] || fail "no checkpoint after the stop"
+[ ! -s "$stop/results.csv" ] || fail "the stopped run was recorded"
+APE_STUDY_NO_BUILD=1 APE_BUILD_DIR="$build" scripts/study.sh --quick --steps 100000 --encodings rope \
+  --out "$stop" --list > "$work/list.log"
+grep -q "rope-s1234 *trained: started (checkpoint)" "$work/list.log" || fail "--list does not show it"
+
 # Bad input: a clear error and a non-zero exit.
 if study --encodings nosuch > "$work/bad.log" 2>&1; then fail "an unknown encoding was accepted"; fi
 grep -q "unknown encoding(s) nosuch" "$work/bad.log" || { cat "$work/bad.log"; fail "no clear error"; }
