@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -671,7 +672,7 @@ def report(args, cfg):
           f"{', '.join(f'{m}x' for m in mults)} L, {cfg['eval_tokens']} scored target tokens per length (the same "
           f"tokens at every length; a cell is the mean loss over all positions of windows of that length).", ""]
     if one_x:
-        med = sorted(one_x)[len(one_x) // 2]
+        med = statistics.median(one_x)
         md += ["## How far the models got", "",
                f"Held-out loss at 1x: {min(one_x):.3f} to {max(one_x):.3f} nats over {len(one_x)} finished runs "
                f"(median {med:.3f})."
