@@ -22,6 +22,7 @@ packages=(
   clang libclang-rt-dev                                    # libFuzzer, ASan, UBSan (fuzz/run.sh)
   python3 python3-venv
   qemu-user                    # the kernels on emulated older CPUs (test/unit/cpu_levels_qemu.sh)
+  gnuplot-nox                  # the extrapolation study's plot (scripts/study.sh, docs/study.md)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# scripts/study.sh --quick end to end (docs/study.md): every claim encoding trains and is evaluated
+# at 1x..16x, every inference-time variant is evaluated, the report (study.md with a verdict per
+# claim, study.csv, study.png) is written; a rerun skips everything; a removed job is redone and
+# only it; an interrupted training run is continued from its checkpoint; bad input is refused.
+# Usage: study_quick.sh SOURCE_DIR BUILD_DIR WORK_DIR
+set -euo pipefail
+src=$1 build=$2 work=$3
+rm -rf "$work"
+mkdir -p "$work"
+out=$work/out
+cd "$src"
+study() { APE_STUDY_NO_BUILD=1 APE_BUILD_DIR="$build" scripts/study.sh --quick --out "$out" \
+            --cache-dir "$build/cache" "$@"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+start=$(date +%s)
+study > "$work/first.log" 2>&1 || { cat "$work/first.log"; fail "the quick study failed"; }
+echo "quick study: $(( $(date +%s) - start )) s"
+
+# 8 runs (7 claim encodings + rope's second seed) x 5 lengths, and the variants: rope x 2 seeds x
+# (pi, ntk, yarn, dynamic_ntk), expe and exqpe at sigma 0.5: 18 jobs x 5 lengths.
+rows=$(tail -n +2 "$out/results.csv" | wc -l)
+[ "$rows" -eq 90 ] || fail "results.csv has $rows rows, expected 90"
+for v in trained pi ntk yarn dynamic_ntk sigma0.5; do
+  grep -q ",$v," "$out/results.csv" || fail "no rows of variant $v"
+done
+# Every loss is a finite number.
+awk -F, 'NR > 1 && !($10 ~ /^[0-9]+\.[0-9]+$/) { bad = 1; print "bad loss: " $0 } END { exit bad }' \
+  "$out/results.csv" || fail "a row without a loss"
+for f in study.md study.csv study.png table.md train.csv study.json; do
+  [ -s "$out/$f" ] || fail "no $out/$f"
+done
+head -c 8 "$out/study.png" | od -An -tx1 | grep -q "89 50 4e 47" || fail "study.png is not a PNG"
+n=$(grep -c '| \*\*\(agrees\|disagrees\|inconclusive at this scale\|not yet run\)\*\* |' "$out/study.md")
+[ "$n" -eq 13 ] || fail "study.md has $n claim verdicts, expected 13"
+grep -q "Status: \*\*complete\*\*" "$out/study.md" || fail "study.md does not say complete"
+
+# A rerun finds everything finished and runs nothing.
+study > "$work/rerun.log" 2>&1 || { cat "$work/rerun.log"; fail "the rerun failed"; }
+grep -q "0 jobs to do" "$work/rerun.log" || { cat "$work/rerun.log"; fail "the rerun did not skip"; }
+grep -q "ape-train\|ape-eval" "$work/rerun.log" && fail "the rerun ran a tool"
+
+# Remove one variant's rows and one run entirely: exactly those are redone.
+grep -v "^cable-s1234,\|^rope-s1234,rope,1234,yarn," "$out/results.csv" > "$work/r.csv"
+mv "$work/r.csv" "$out/results.csv"
+rm -rf "$out/runs/cable-s1234"
+study > "$work/redo.log" 2>&1 || { cat "$work/redo.log"; fail "the redo failed"; }
+grep -q "2 jobs to do" "$work/redo.log" || { cat "$work/redo.log"; fail "expected 2 jobs to redo"; }
+[ "$(grep -c 'ape-train -e cable' "$work/redo.log")" -eq 1 ] || fail "cable was not retrained once"
+[ "$(grep -c 'ape-train' "$work/redo.log")" -eq 1 ] || fail "another run was retrained"
+rows=$(tail -n +2 "$out/results.csv" | wc -l)
+[ "$rows" -eq 90 ] || fail "after the redo results.csv has $rows rows, expected 90"
+
+# An interrupted training run (its checkpoint, no results yet) is continued, not restarted.
+grep -v "^t5-s1234," "$out/results.csv" > "$work/r.csv"
+mv "$work/r.csv" "$out/results.csv"
+rm -f "$out/runs/t5-s1234/results.csv"
+study > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "the resume failed"; }
+grep -q "ape-train --resume $out/runs/t5-s1234/t5.ckpt" "$work/resume.log" || fail "t5 was not resumed"
+rows=$(tail -n +2 "$out/results.csv" | wc -l)
+[ "$rows" -eq 90 ] || fail "after the resume results.csv has $rows rows, expected 90"
+
+# SIGTERM to the driver mid-training: ape-train is asked to stop (it writes its checkpoint), the
+# driver exits 130 without recording the run, and --list shows the run as started.
+stop=$work/stop
+APE_STUDY_NO_BUILD=1 APE_BUILD_DIR="$build" scripts/study.sh --quick --steps 100000 --encodings rope \
+  --out "$stop" --cache-dir "$build/cache" > "$work/stop.log" 2>&1 &
+driver=$!
+for _ in $(seq 120); do
+  grep -q "step " "$stop/runs/rope-s1234/train.log" 2>/dev/null && break
+  sleep 0.5
+done
+kill -TERM "$driver"
+rc=0; wait "$driver" || rc=$?
+[ "$rc" -eq 130 ] || { cat "$work/stop.log"; fail "the stopped driver exited $rc, expected 130"; }
+grep -q "interrupted at step" "$stop/runs/rope-s1234/train.log" || fail "ape-train was not asked to stop"
+[ -s "$stop/runs/rope-s1234/rope.ckpt" ] || fail "no checkpoint after the stop"
+[ ! -s "$stop/results.csv" ] || fail "the stopped run was recorded"
+APE_STUDY_NO_BUILD=1 APE_BUILD_DIR="$build" scripts/study.sh --quick --steps 100000 --encodings rope \
+  --out "$stop" --list > "$work/list.log"
+grep -q "rope-s1234 *trained: started (checkpoint)" "$work/list.log" || fail "--list does not show it"
+
+# Bad input: a clear error and a non-zero exit.
+if study --encodings nosuch > "$work/bad.log" 2>&1; then fail "an unknown encoding was accepted"; fi
+grep -q "unknown encoding(s) nosuch" "$work/bad.log" || { cat "$work/bad.log"; fail "no clear error"; }
+if study --steps 9 > "$work/bad.log" 2>&1; then fail "another config in the same folder was accepted"; fi
+grep -q "holds a study with another config" "$work/bad.log" || { cat "$work/bad.log"; fail "no clear error"; }
+echo "study_quick: OK ($(( $(date +%s) - start )) s in all)"
