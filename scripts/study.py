@@ -422,6 +422,17 @@ class Claims:
         l1, lm = loss_of(self.table, run, "trained", 1), loss_of(self.table, run, variant, m)
         return None if l1 is None or lm is None else lm - l1
 
+    def variant_gain(self, enc, variant, mults):
+        """The variant's loss minus the trained model's at each of mults; None until all are in."""
+        run = f"{enc}-s{self.s}"
+        diffs = []
+        for m in mults:
+            a, b = loss_of(self.table, run, variant, m), loss_of(self.table, run, "trained", m)
+            if a is None or b is None:
+                return None
+            diffs.append(a - b)
+        return diffs
+
     def row(self, enc, variant="trained"):
         run = f"{enc}-s{self.s}"
         return [loss_of(self.table, run, variant, m) for m in self.mults]
@@ -459,13 +470,8 @@ class Claims:
         # 2. ExPE Tables 1 and 3: scaled positions (sigma = 0.5) help further out.
         for enc in ("expe", "exqpe"):
             far = [m for m in self.mults if m >= 4]
-            diffs = []
-            for m in far:
-                a = loss_of(self.table, f"{enc}-s{self.s}", "sigma0.5", m)
-                b = loss_of(self.table, f"{enc}-s{self.s}", "trained", m)
-                if a is not None and b is not None:
-                    diffs.append(a - b)
-            if len(diffs) < len(far):
+            diffs = self.variant_gain(enc, "sigma0.5", far)
+            if diffs is None:
                 v, ours = "not yet run", "—"
             else:
                 v = ("agrees" if all(d < -0.01 for d in diffs) else
@@ -514,13 +520,8 @@ class Claims:
         # 4. RoPE scalings at evaluation reduce a RoPE model's loss beyond the training length.
         for var, nm in (("pi", "PI"), ("ntk", "NTK"), ("dynamic_ntk", "dynamic NTK"), ("yarn", "YaRN")):
             far = [m for m in self.mults if m >= 2]
-            diffs = []
-            for m in far:
-                a = loss_of(self.table, f"rope-s{self.s}", var, m)
-                b = loss_of(self.table, f"rope-s{self.s}", "trained", m)
-                if a is not None and b is not None:
-                    diffs.append(a - b)
-            if len(diffs) < len(far):
+            diffs = self.variant_gain("rope", var, far)
+            if diffs is None:
                 v, ours = "not yet run", "—"
             else:
                 v = ("agrees" if all(d < -0.01 for d in diffs) else
