@@ -495,6 +495,59 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorS
   return success();
 }
 
+/// A q/k mod linear in its data: mod(x, y) = a(t, c) x + b(t, c) y with coefficients that read
+/// only the position, the column, constants, the call's dims and params at indices that do not
+/// read the head (not token sequences): RoPE and all its scalings, xPos. The CPU template then evaluates a = mod(1, 0) and
+/// b = mod(0, 1) once per call into a table that every (b, h) slice reads, instead of calling the
+/// mod (its pow, sin, cos) B H T D times. Found by classing each value: a coefficient (reads
+/// neither x nor y, nor anything per head), linear (a coefficient times a linear value, sums and
+/// differences of linear values, a select between linear values on a coefficient condition), or
+/// neither.
+bool isLinearMod(Operation *mod) {
+  if (!mod)
+    return false;
+  Block &b = mod->getRegion(0).front();
+  enum Kind { kCoef, kLinear, kOther };
+  DenseMap<Value, Kind> kind;
+  kind[b.getArgument(0)] = kind[b.getArgument(1)] = kLinear;           // x, y
+  kind[b.getArgument(2)] = kind[b.getArgument(3)] = kCoef;             // c, t
+  kind[b.getArgument(4)] = kOther;                                     // h: per head
+  auto of = [&](Value v) { return kind.lookup(v); };                   // absent: kCoef
+  for (Operation &op : b.without_terminator()) {
+    if (op.getNumResults() != 1)
+      return false;
+    Kind k = kCoef;
+    const bool anyLinear = llvm::any_of(op.getOperands(), [&](Value v) { return of(v) == kLinear; });
+    if (llvm::any_of(op.getOperands(), [&](Value v) { return of(v) == kOther; }))
+      k = kOther;
+    else if (auto load = dyn_cast<LoadOp>(op)) {  // a param is the call's; token sequences a slice's
+      // A trainable param's gradient comes from the mod's grad region: not tabulated.
+      auto param = load.getSource().getDefiningOp<ParamOp>();
+      k = param && !param.getTrainable() && !anyLinear ? kCoef : kOther;
+    }
+    else if (!anyLinear)
+      k = kCoef;
+    else if (isa<arith::MulFOp>(op))
+      k = of(op.getOperand(0)) == kCoef || of(op.getOperand(1)) == kCoef ? kLinear : kOther;
+    else if (isa<arith::DivFOp>(op))
+      k = of(op.getOperand(1)) == kCoef ? kLinear : kOther;
+    else if (isa<arith::AddFOp, arith::SubFOp>(op))
+      k = of(op.getOperand(0)) == kLinear && of(op.getOperand(1)) == kLinear ? kLinear : kOther;
+    else if (isa<arith::NegFOp>(op))
+      k = kLinear;
+    else if (auto sel = dyn_cast<arith::SelectOp>(op))
+      k = of(sel.getCondition()) == kCoef && of(sel.getTrueValue()) == kLinear &&
+                  of(sel.getFalseValue()) == kLinear
+              ? kLinear
+              : kOther;
+    else
+      k = kOther;
+    kind[op.getResult(0)] = k;
+  }
+  Operation *yield = b.getTerminator();
+  return yield->getNumOperands() == 1 && of(yield->getOperand(0)) == kLinear;
+}
+
 /// A score mod of the form `s + B(i - j)` (B may be a sum of terms): the bias B reads the query and key positions only
 /// through their difference and does not depend on the logit. The templates then evaluate B once
 /// per distance (a table per (b, h) slice instead of one evaluation per (i, j)) and, in the
@@ -925,6 +978,10 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
       op->walk([&](DimOp d) { reads |= d.getWhich() == "seq_len"; });
     return reads;
   };
+  if (isLinearMod(layout.qmod))
+    os << "  static constexpr bool kQModLinear = true;  // q_mod(x, y) = a(t, c) x + b(t, c) y\n";
+  if (isLinearMod(layout.kmod))
+    os << "  static constexpr bool kKModLinear = true;  // k_mod(x, y) = a(t, c) x + b(t, c) y\n";
   if (readsLength(layout.kmod))
     os << "  static constexpr bool kKModReadsLength = true;  // k' is recomputed when decoding\n";
   if (llvm::any_of(layout.tokenProgram, readsLength))

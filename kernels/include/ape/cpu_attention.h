@@ -243,16 +243,65 @@ inline std::vector<int64_t> partners(int pairing, double fraction, int64_t D) {
   return p;
 }
 
-// xm(n, D) = mod(x) of the n rows x(n, D) at positions t0, t0 + 1, ... for the q side (kIsQ) or
-// the k side.
+// Linear mods (traits::QModLinear / KModLinear, enc_traits.h: RoPE and its scalings, xPos):
+// mod(x, y) = a(t, c) x + b(t, c) y with a, b independent of the head, the batch and the data.
+// Their coefficients are evaluated once per call, a = mod(1, 0) and b = mod(0, 1), into a
+// (T, D, 2) table that every (b, h) slice reads: T D evaluations of the mod (its pow, sin and
+// cos) instead of B H T D, forward and backward. Empty when the side's mod is not linear.
+template <class Enc, bool kIsQ> constexpr bool linear_mod() {
+  if constexpr (kIsQ) return Enc::kHasQMod && traits::QModLinear<Enc>::value;
+  else return Enc::kHasKMod && traits::KModLinear<Enc>::value;
+}
+
+template <typename Real> struct ModCoefs {
+  std::vector<Real> q, k;  // (T, D, 2): a(t, c), b(t, c)
+};
+
 template <class Enc, bool kIsQ, typename Real>
-void mod_rows(const HeadCtx<Real> &ctx, const Real *x, int64_t t0, int64_t n, Real *xm) {
+void mod_coefs_side(const AttnArgs<Real> &a, std::vector<Real> &out) {
+  if constexpr (linear_mod<Enc, kIsQ>()) {
+    const int64_t T = a.T, D = a.D;
+    out.resize(static_cast<std::size_t>(2 * T * D));
+    // The coefficients read no head, batch, param or token value (isLinearMod in apec).
+    const HeadCtx<Real> ctx{0, 0, a.H, T, D, a.params, nullptr, nullptr, nullptr};
+    Real *ab = out.data();
+    APE_PRAGMA(omp parallel for schedule(static))
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < D; ++c) {
+        Real *e = ab + 2 * (t * D + c);
+        if constexpr (kIsQ)
+          e[0] = Enc::q_mod(ctx, t, c, Real(1), Real(0)), e[1] = Enc::q_mod(ctx, t, c, Real(0), Real(1));
+        else
+          e[0] = Enc::k_mod(ctx, t, c, Real(1), Real(0)), e[1] = Enc::k_mod(ctx, t, c, Real(0), Real(1));
+      }
+  } else {
+    (void)a, (void)out;
+  }
+}
+
+template <class Enc, typename Real> ModCoefs<Real> mod_coefs(const AttnArgs<Real> &a) {
+  ModCoefs<Real> m;
+  mod_coefs_side<Enc, true>(a, m.q);
+  mod_coefs_side<Enc, false>(a, m.k);
+  return m;
+}
+
+// xm(n, D) = mod(x) of the n rows x(n, D) at positions t0, t0 + 1, ... for the q side (kIsQ) or
+// the k side; `ab`: the side's (T, D, 2) coefficient table of a linear mod, or null.
+template <class Enc, bool kIsQ, typename Real>
+void mod_rows(const HeadCtx<Real> &ctx, const Real *x, int64_t t0, int64_t n, Real *xm,
+              const Real *ab = nullptr) {
   const int64_t D = ctx.D;
   const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
                                             : partners(Enc::kKPairing, Enc::kKFraction, D);
   for (int64_t r = 0; r < n; ++r) {
     const Real *xt = x + r * D;
     const int64_t t = t0 + r;
+    if (ab) {
+      const Real *e = ab + 2 * t * D;
+      for (int64_t c = 0; c < D; ++c) xm[r * D + c] = e[2 * c] * xt[c] + e[2 * c + 1] * xt[partner[c]];
+      continue;
+    }
     for (int64_t c = 0; c < D; ++c) {
       if constexpr (kIsQ)
         xm[r * D + c] = Enc::q_mod(ctx, t, c, xt[c], xt[partner[c]]);
@@ -264,13 +313,15 @@ void mod_rows(const HeadCtx<Real> &ctx, const Real *x, int64_t t0, int64_t n, Re
 
 // xm(T, D) = mod(x) for the q side (kIsQ) or the k side.
 template <class Enc, bool kIsQ, typename Real>
-void mod_forward(const HeadCtx<Real> &ctx, const Real *x, Real *xm) {
-  mod_rows<Enc, kIsQ>(ctx, x, 0, ctx.T, xm);
+void mod_forward(const HeadCtx<Real> &ctx, const Real *x, Real *xm, const Real *ab = nullptr) {
+  mod_rows<Enc, kIsQ>(ctx, x, 0, ctx.T, xm, ab);
 }
 
-// dx(T, D) = d mod(x) / dx applied to the gradient gm(T, D) w.r.t. the modded values.
+// dx(T, D) = d mod(x) / dx applied to the gradient gm(T, D) w.r.t. the modded values; `ab` as
+// in mod_rows (a linear mod's gradient: dx[c] += a g, dx[partner] += b g).
 template <class Enc, bool kIsQ, typename Real>
-void mod_backward(const HeadCtx<Real> &ctx, const Real *x, const Real *gm, Real *dx) {
+void mod_backward(const HeadCtx<Real> &ctx, const Real *x, const Real *gm, Real *dx,
+                  const Real *ab = nullptr) {
   const int64_t T = ctx.T, D = ctx.D;
   const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
                                             : partners(Enc::kKPairing, Enc::kKFraction, D);
@@ -278,13 +329,22 @@ void mod_backward(const HeadCtx<Real> &ctx, const Real *x, const Real *gm, Real 
   for (int64_t t = 0; t < T; ++t) {
     const Real *xt = x + t * D;
     Real *dxt = dx + t * D;
+    const Real *gt = gm + t * D;
+    if (ab) {
+      const Real *e = ab + 2 * t * D;
+      for (int64_t c = 0; c < D; ++c) {
+        dxt[c] += e[2 * c] * gt[c];
+        dxt[partner[c]] += e[2 * c + 1] * gt[c];
+      }
+      continue;
+    }
     for (int64_t c = 0; c < D; ++c) {
       const int64_t pc = partner[c];
       Real gx = 0, gy = 0;
       if constexpr (kIsQ)
-        Enc::q_mod_grad(ctx, t, c, xt[c], xt[pc], gm[t * D + c], gx, gy);
+        Enc::q_mod_grad(ctx, t, c, xt[c], xt[pc], gt[c], gx, gy);
       else
-        Enc::k_mod_grad(ctx, t, c, xt[c], xt[pc], gm[t * D + c], gx, gy);
+        Enc::k_mod_grad(ctx, t, c, xt[c], xt[pc], gt[c], gx, gy);
       dxt[c] += gx;
       dxt[pc] += gy;
     }
@@ -387,7 +447,8 @@ template <class Enc, typename Real> struct SliceInputs {
 
   SliceInputs(const SliceInputs &) = delete;  // ctx.tok points into tok
   SliceInputs &operator=(const SliceInputs &) = delete;
-  SliceInputs(const AttnArgs<Real> &a, int64_t b, int64_t h)
+  // `coefs`: the linear mods' coefficient tables of the call (mod_coefs).
+  SliceInputs(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs<Real> &coefs)
       : ctx{b, h, a.H, a.T, a.D, a.params, nullptr, nullptr, nullptr},
         Tp((a.T + kTileK - 1) / kTileK * kTileK) {
     const int64_t T = a.T, D = a.D, row = b * a.H + h;  // row of (B*H, T) arrays
@@ -403,13 +464,13 @@ template <class Enc, typename Real> struct SliceInputs {
     qm = q;
     if constexpr (Enc::kHasQMod) {
       qm_buf.resize(static_cast<std::size_t>(T * D));
-      mod_forward<Enc, true>(ctx, q, qm_buf.data());
+      mod_forward<Enc, true>(ctx, q, qm_buf.data(), coefs.q.empty() ? nullptr : coefs.q.data());
       qm = qm_buf.data();
     }
     km = k;
     if constexpr (Enc::kHasKMod) {
       km_buf.resize(static_cast<std::size_t>(T * D));
-      mod_forward<Enc, false>(ctx, k, km_buf.data());
+      mod_forward<Enc, false>(ctx, k, km_buf.data(), coefs.k.empty() ? nullptr : coefs.k.data());
       km = km_buf.data();
     }
     kt.resize(static_cast<std::size_t>(D * Tp));
@@ -604,8 +665,8 @@ void transition_rows(const HeadCtx<Real> &ctx, Real scale, const TransitionRows 
 }
 
 template <class Enc, typename Real>
-void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
-  const SliceInputs<Enc, Real> in(a, b, h);
+void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs<Real> &coefs) {
+  const SliceInputs<Enc, Real> in(a, b, h, coefs);
   const int64_t T = a.T, D = a.D, row = b * a.H + h;
   Real *o = a.o + row * T * D;  // (T, D)
   Real *lse = a.lse + row * T;  // (T)
@@ -625,8 +686,9 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h) {
 // dparams: this slice's private accumulators, parameter n at dparams + poff[n], zeroed.
 template <class Enc, typename Real>
 void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams,
-                    const std::array<int64_t, array_len(Enc::kNumParams)> &poff) {
-  SliceInputs<Enc, Real> in(a, b, h);
+                    const std::array<int64_t, array_len(Enc::kNumParams)> &poff,
+                    const ModCoefs<Real> &coefs) {
+  SliceInputs<Enc, Real> in(a, b, h, coefs);
   HeadCtx<Real> &ctx = in.ctx;
   const int64_t T = a.T, D = a.D, row = b * a.H + h;
   const Real scale = a.scale;
@@ -776,8 +838,10 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
       rel_rows_backward<Enc>(ctx, n, q_side ? in.qm : in.km, drel[n].data(), q_side ? dqm : dkm);
     }
   }
-  if constexpr (Enc::kHasQMod) mod_backward<Enc, true>(ctx, in.q, dqm, dq);
-  if constexpr (Enc::kHasKMod) mod_backward<Enc, false>(ctx, in.k, dkm, dk);
+  if constexpr (Enc::kHasQMod)
+    mod_backward<Enc, true>(ctx, in.q, dqm, dq, coefs.q.empty() ? nullptr : coefs.q.data());
+  if constexpr (Enc::kHasKMod)
+    mod_backward<Enc, false>(ctx, in.k, dkm, dk, coefs.k.empty() ? nullptr : coefs.k.data());
   if constexpr (Enc::kNumTok > 0) {
     std::array<Real *, array_len(Enc::kNumFeatures)> dfeat{};
     for (int n = 0; n < Enc::kNumFeatures; ++n) dfeat[n] = a.dfeatures[n] + row * T;
@@ -792,8 +856,9 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
 
 template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> &a) {
   const int64_t slices = a.B * a.H;
+  const detail::ModCoefs<Real> coefs = detail::mod_coefs<Enc>(a);
   APE_PRAGMA(omp parallel for schedule(dynamic, 1))
-  for (int64_t s = 0; s < slices; ++s) detail::forward_slice<Enc>(a, s / a.H, s % a.H);
+  for (int64_t s = 0; s < slices; ++s) detail::forward_slice<Enc>(a, s / a.H, s % a.H, coefs);
 }
 
 template <class Enc, typename Real> void attention_backward(const AttnArgs<Real> &a) {
@@ -811,10 +876,11 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
     }
   }
   std::vector<Real> priv(static_cast<std::size_t>(slices * per_slice), Real(0));
+  const detail::ModCoefs<Real> coefs = detail::mod_coefs<Enc>(a);
 
   APE_PRAGMA(omp parallel for schedule(dynamic, 1))
   for (int64_t s = 0; s < slices; ++s)
-    detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + s * per_slice, poff);
+    detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + s * per_slice, poff, coefs);
 
   // Fixed (b, h) order: bitwise reproducible for any thread count.
   for (int n = 0; n < Enc::kNumParams; ++n) {

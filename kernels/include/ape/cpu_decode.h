@@ -66,22 +66,6 @@ template <typename Real> struct DecodeArgs {
   int64_t layer = 0, num_layers = 0;
 };
 
-namespace traits {
-// Enc::kKModReadsLength / kTokensReadLength (emitted when true; false when absent).
-template <class Enc, class = void> struct KModReadsLength {
-  static constexpr bool value = false;
-};
-template <class Enc> struct KModReadsLength<Enc, std::void_t<decltype(Enc::kKModReadsLength)>> {
-  static constexpr bool value = Enc::kKModReadsLength;
-};
-template <class Enc, class = void> struct TokensReadLength {
-  static constexpr bool value = false;
-};
-template <class Enc> struct TokensReadLength<Enc, std::void_t<decltype(Enc::kTokensReadLength)>> {
-  static constexpr bool value = Enc::kTokensReadLength;
-};
-}  // namespace traits
-
 }  // namespace ape
 
 // Compiled for this unit's level (no #include inside the region, see cpu_dispatch.h).

@@ -8,6 +8,12 @@
 //   RowColBias<Enc>::value    Enc::kRowColBias: the score mod is s + R(i) + C(j), with
 //                             row_bias / col_bias(ctx, i or j) and row_bias_grad /
 //                             col_bias_grad(ctx, i or j, g) (false when absent);
+//   QModLinear<Enc>::value    Enc::kQModLinear (KModLinear: kKModLinear): q_mod(x, y) =
+//                             a(t, c) x + b(t, c) y with a, b independent of the head, the batch
+//                             and the data (cpu_attention.h tabulates them once per call);
+//   KModReadsLength<Enc>::value, TokensReadLength<Enc>::value  Enc::kKModReadsLength /
+//                             kTokensReadLength: k' / the token sequences read the sequence length
+//                             (cpu_decode.h recomputes them every step);
 //   HasTransition<Enc>::value Enc::kTransition, the ape::TransitionAttrs of an
 //                             ape.attention_transition (attention_transition.h; false when
 //                             absent): an inference-only encoding, forward and prefill only.
@@ -25,26 +31,23 @@ template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
   static constexpr int value = Enc::kNumRel;
 };
 
-template <class Enc, class = void> struct HasValueRows {
-  static constexpr bool value = false;
-};
-template <class Enc> struct HasValueRows<Enc, std::void_t<decltype(Enc::kHasValueRows)>> {
-  static constexpr bool value = Enc::kHasValueRows;
-};
+// A bool member `Enc::kMember`, emitted only when true: Name<Enc>::value (false when absent).
+#define APE_ENC_FLAG(Name, kMember)                                                          \
+  template <class Enc, class = void> struct Name {                                           \
+    static constexpr bool value = false;                                                     \
+  };                                                                                         \
+  template <class Enc> struct Name<Enc, std::void_t<decltype(Enc::kMember)>> {              \
+    static constexpr bool value = Enc::kMember;                                              \
+  };
 
-template <class Enc, class = void> struct DistanceBias {
-  static constexpr bool value = false;
-};
-template <class Enc> struct DistanceBias<Enc, std::void_t<decltype(Enc::kDistanceBias)>> {
-  static constexpr bool value = Enc::kDistanceBias;
-};
-
-template <class Enc, class = void> struct RowColBias {
-  static constexpr bool value = false;
-};
-template <class Enc> struct RowColBias<Enc, std::void_t<decltype(Enc::kRowColBias)>> {
-  static constexpr bool value = Enc::kRowColBias;
-};
+APE_ENC_FLAG(HasValueRows, kHasValueRows)
+APE_ENC_FLAG(DistanceBias, kDistanceBias)
+APE_ENC_FLAG(RowColBias, kRowColBias)
+APE_ENC_FLAG(QModLinear, kQModLinear)
+APE_ENC_FLAG(KModLinear, kKModLinear)
+APE_ENC_FLAG(KModReadsLength, kKModReadsLength)
+APE_ENC_FLAG(TokensReadLength, kTokensReadLength)
+#undef APE_ENC_FLAG
 
 template <class Enc, class = void> struct HasTransition {
   static constexpr bool value = false;
