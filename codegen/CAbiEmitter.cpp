@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/EmittedFolder.h"
+#include "codegen/EmitterRegistry.h"
 
 #include "llvm/Support/raw_ostream.h"
 
@@ -251,4 +252,17 @@ LogicalResult mlir::ape::emitCAbi(KernelOp kernel, StringRef spec,
   files.push_back({"CMakeLists.txt", cmakeLists(*info, spec)});
   files.push_back({"README.md", readme(*info, spec)});
   return success();
+}
+
+void mlir::ape::registerCAbiEmitter() {
+  registerEmitter({"c-abi",
+                   "OUTDIR/NAME_c_abi/: ape_NAME.h (plain-pointer forward/backward, status\n"
+                   "codes) and its library, CMakeLists.txt; builds without MLIR or the APE\n"
+                   "runtime (docs/frameworks.md)",
+                   [](KernelOp kernel, const EmitOptions &o) {
+                     return writeFolder(o.path(kernel.getSymName() + "_c_abi"),
+                                        [&](std::vector<EmittedFile> &files) {
+                                          return emitCAbi(kernel, o.source, files);
+                                        });
+                   }});
 }

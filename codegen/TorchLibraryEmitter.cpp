@@ -17,6 +17,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "codegen/EmittedFolder.h"
+#include "codegen/EmitterRegistry.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -500,4 +501,20 @@ LogicalResult mlir::ape::emitTorchLibrary(KernelOp kernel, StringRef source,
   files.push_back({"CMakeLists.txt", cmakeLists(*info, source, cudaSources)});
   files.push_back({"README.md", readme(*info, source, noCuda)});
   return success();
+}
+
+void mlir::ape::registerTorchLibraryEmitter() {
+  registerEmitter(
+      {"torch-library",
+       "OUTDIR/NAME_torch_library/: PyTorch operators ape_NAME::attention\n"
+       "(autograd) + raw forward/backward on the CPU kernel and the CUDA kernels of\n"
+       "--cuda-dtypes x --cuda-head-dims, CMakeLists.txt, ape_NAME.py; builds\n"
+       "without MLIR or the APE runtime (docs/frameworks.md)",
+       [](KernelOp kernel, const EmitOptions &o) {
+         return writeFolder(o.path(kernel.getSymName() + "_torch_library"),
+                            [&](std::vector<EmittedFile> &files) {
+                              return emitTorchLibrary(kernel, o.source, o.cudaVariants, files);
+                            });
+       },
+       kEmitUsesCudaVariants});
 }
