@@ -123,6 +123,21 @@ static LogicalResult createOutDir() {
   return success();
 }
 
+/// Creates -o's folder, then runs `fn` of every emitter in `wanted` that has one (emitKernel or
+/// emitEncoding) on every Op of `module`: op by op, emitter by emitter.
+template <class Op>
+static LogicalResult runEmitters(ModuleOp module, ArrayRef<const ape::Emitter *> wanted,
+                                 LogicalResult (*ape::Emitter::*fn)(Op, const ape::EmitOptions &),
+                                 const ape::EmitOptions &options) {
+  if (failed(createOutDir()))
+    return failure();
+  for (Op op : module.getOps<Op>())
+    for (const ape::Emitter *e : wanted)
+      if (e->*fn && failed((e->*fn)(op, options)))
+        return failure();
+  return success();
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   registerAsmPrinterCLOptions();
@@ -207,12 +222,8 @@ int main(int argc, char **argv) {
     early.addPass(ape::createApePushOverride());
     if (failed(early.run(*copy)))
       return 1;
-    if (failed(createOutDir()))
+    if (failed(runEmitters(*copy, wanted, &ape::Emitter::emitEncoding, options)))
       return 1;
-    for (ape::EncodingOp encoding : copy->getOps<ape::EncodingOp>())
-      for (const ape::Emitter *e : wanted)
-        if (e->emitEncoding && failed(e->emitEncoding(encoding, options)))
-          return 1;
   }
 
   PassManager pm(&context);
@@ -222,11 +233,7 @@ int main(int argc, char **argv) {
   if (failed(ape::lowerSpec(*module, pm)))
     return 1;
 
-  if (failed(createOutDir()))
+  if (failed(runEmitters(*module, wanted, &ape::Emitter::emitKernel, options)))
     return 1;
-  for (ape::KernelOp kernel : module->getOps<ape::KernelOp>())
-    for (const ape::Emitter *e : wanted)
-      if (e->emitKernel && failed(e->emitKernel(kernel, options)))
-        return 1;
   return 0;
 }
