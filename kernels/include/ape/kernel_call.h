@@ -52,21 +52,22 @@ AttnArgs<Real> backward_args(AttnArgs<Real> a, const Real *dout, Real *dq, Real 
   return a;
 }
 
-// The entry's forward / backward in precision Real (float or double); null when the entry lacks it
-// (only a hand-written entry can).
-template <typename Real> void (*entry_forward(const KernelEntry &e))(const AttnArgs<Real> &) {
+// `f32` when Real is float, `f64` when it is double.
+template <typename Real, class F32, class F64> constexpr auto by_precision(F32 f32, F64 f64) {
   static_assert(std::is_same_v<Real, float> || std::is_same_v<Real, double>);
   if constexpr (std::is_same_v<Real, float>)
-    return e.forward_f32;
+    return f32;
   else
-    return e.forward_f64;
+    return f64;
 }
-template <typename Real> void (*entry_backward(const KernelEntry &e))(const AttnArgs<Real> &) {
-  static_assert(std::is_same_v<Real, float> || std::is_same_v<Real, double>);
-  if constexpr (std::is_same_v<Real, float>)
-    return e.backward_f32;
-  else
-    return e.backward_f64;
+
+// The entry's forward / backward in precision Real (float or double): a
+// void (*)(const AttnArgs<Real> &), null when the entry lacks it (only a hand-written one can).
+template <typename Real> auto entry_forward(const KernelEntry &e) {
+  return by_precision<Real>(e.forward_f32, e.forward_f64);
+}
+template <typename Real> auto entry_backward(const KernelEntry &e) {
+  return by_precision<Real>(e.backward_f32, e.backward_f64);
 }
 
 }  // namespace ape
