@@ -25,7 +25,7 @@
 // timed region, as a tuned PyTorch implementation would cache them.
 //
 // Usage: see bench/README.md and `ape-bench-attention --help`.
-#include <ape/kernel_entry.h>
+#include <ape/kernel_call.h>
 #include "runtime/Manifest.h"  // ape::alibi_slopes: the slope rule the runtime uses
 
 #include <nlohmann/json.hpp>
@@ -232,16 +232,13 @@ struct ApeRun {
     }
     for (auto &d : dfeats) dfeat_ptrs.push_back(d.data());
     for (auto &d : dparams) dparam_ptrs.push_back(d.data());
-    a.B = B, a.H = H, a.T = T, a.D = D;
-    a.q = in.q.data_ptr<float>(), a.k = in.k.data_ptr<float>(), a.v = in.v.data_ptr<float>();
-    a.o = o.data(), a.lse = lse.data();
-    a.features = feat_ptrs.empty() ? nullptr : feat_ptrs.data();
-    a.params = param_ptrs.empty() ? nullptr : param_ptrs.data();
-    a.scale = float(in.scale);
-    a.dout = in.dout.data_ptr<float>();
-    a.dq = dq.data(), a.dk = dk.data(), a.dv = dv.data();
-    a.dfeatures = dfeat_ptrs.empty() ? nullptr : dfeat_ptrs.data();
-    a.dparams = dparam_ptrs.empty() ? nullptr : dparam_ptrs.data();
+    auto ptrs = [](auto &v) { return v.empty() ? nullptr : v.data(); };
+    a = ape::backward_args(
+        ape::forward_args<float>({B, H, T, D}, in.scale, in.q.data_ptr<float>(),
+                                 in.k.data_ptr<float>(), in.v.data_ptr<float>(), ptrs(feat_ptrs),
+                                 ptrs(param_ptrs), o.data(), lse.data()),
+        in.dout.data_ptr<float>(), dq.data(), dk.data(), dv.data(), ptrs(dfeat_ptrs),
+        ptrs(dparam_ptrs));
   }
   void forward() { entry->forward_f32(a); }
   void backward() { entry->backward_f32(a); }

@@ -14,7 +14,7 @@
 // deterministic accumulators.
 //
 //===----------------------------------------------------------------------===//
-#include "codegen/Emitters.h"
+#include "codegen/EmitterRegistry.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -1068,4 +1068,15 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     return failure();
   os << "};\n";
   return success();
+}
+
+void mlir::ape::registerCpuEmitter() {
+  registerEmitter({"cpu", "OUTDIR/NAME_cpu.cpp: the fused CPU kernel (Enc functor, instantiations)",
+                   [](KernelOp kernel, const EmitOptions &o) {
+                     return writeFile(o.path(kernel.getSymName() + "_cpu.cpp"),
+                                      [&](raw_ostream &os) {
+                                        return emitCpuKernel(kernel, o.source, os);
+                                      });
+                   },
+                   kEmitByDefault});
 }

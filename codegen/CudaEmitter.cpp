@@ -12,9 +12,11 @@
 // The entry file instantiates no kernel, so it is cheap to compile.
 //
 //===----------------------------------------------------------------------===//
-#include "codegen/Emitters.h"
+#include "codegen/EmitterRegistry.h"
 
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
 
 using namespace mlir;
 using namespace mlir::ape;
@@ -129,4 +131,38 @@ LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
      << name << "::kVariants, " << variants.size() << "};\n"
      << "  return &entry;\n}\n";
   return success();
+}
+
+LogicalResult mlir::ape::writeCudaSources(KernelOp kernel, StringRef source,
+                                          ArrayRef<CudaVariant> variants, StringRef dir) {
+  if (std::error_code ec = llvm::sys::fs::create_directories(dir)) {
+    llvm::errs() << "apec: cannot create " << dir << ": " << ec.message() << "\n";
+    return failure();
+  }
+  llvm::SmallString<256> base(dir);
+  llvm::sys::path::append(base, kernel.getSymName() + "_cuda");
+  if (failed(writeFile((base + ".cuh").str(),
+                       [&](raw_ostream &os) { return emitCudaHeader(kernel, source, os); })) ||
+      failed(writeFile((base + ".cu").str(), [&](raw_ostream &os) {
+        return emitCudaEntry(kernel, source, variants, os);
+      })))
+    return failure();
+  for (const CudaVariant &v : variants) {
+    if (failed(writeFile((base + "_" + variantSuffix(v) + ".cu").str(), [&](raw_ostream &os) {
+          emitCudaInstantiation(kernel, source, v, os);
+          return success();
+        })))
+      return failure();
+  }
+  return success();
+}
+
+void mlir::ape::registerCudaEmitter() {
+  registerEmitter({"cuda",
+                   "OUTDIR/NAME_cuda.cuh, NAME_cuda.cu and one NAME_cuda_<dtype>_hd<D>.cu per\n"
+                   "--cuda-dtypes x --cuda-head-dims (docs/cuda.md)",
+                   [](KernelOp kernel, const EmitOptions &o) {
+                     return writeCudaSources(kernel, o.source, o.cudaVariants, o.outDir);
+                   },
+                   kEmitUsesCudaVariants});
 }

@@ -8,7 +8,7 @@
 // source tree.
 //
 //===----------------------------------------------------------------------===//
-#include "codegen/Emitters.h"
+#include "codegen/EmitterRegistry.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -43,4 +43,24 @@ LogicalResult mlir::ape::writeCudaPackageSupport(StringRef dir) {
     os << f.text;
   }
   return success();
+}
+
+void mlir::ape::registerCudaPackageEmitter() {
+  registerEmitter(
+      {"cuda-package",
+       "a self-contained CUDA package in OUTDIR (run once per spec into the same\n"
+       "OUTDIR): the files of --emit=cuda under OUTDIR/kernels/ with the manifest,\n"
+       "the templates and a CMakeLists.txt (nvcc, no MLIR; docs/cuda.md)",
+       [](KernelOp kernel, const EmitOptions &o) -> LogicalResult {
+         std::string kernels = o.path("kernels");
+         llvm::SmallString<256> manifest(kernels);
+         llvm::sys::path::append(manifest, kernel.getSymName() + ".manifest.json");
+         if (failed(writeCudaPackageSupport(o.outDir)) ||
+             failed(writeCudaSources(kernel, o.source, o.cudaVariants, kernels)))
+           return failure();
+         return writeFile(manifest, [&](raw_ostream &os) {
+           return emitManifest(kernel, o.source, os);
+         });
+       },
+       kEmitUsesCudaVariants});
 }

@@ -1,7 +1,9 @@
 //===- EmittedFolder.cpp - shared by the self-contained library emitters --===//
 #include "codegen/EmittedFolder.h"
 
+#include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Regex.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <cctype>
@@ -19,6 +21,11 @@ struct EmbeddedFile {
 // written by codegen/EmbedFiles.cmake (see codegen/CMakeLists.txt).
 const EmbeddedFile kTemplates[] = {
 #include "LibraryTemplates.inc"
+};
+// {"torch_library/CMakeLists.txt", R"(...)"}, ...: the files of codegen/templates/ that the
+// emitters fill in (fromTemplate).
+const EmbeddedFile kFolderTemplates[] = {
+#include "FolderTemplates.inc"
 };
 }  // namespace
 
@@ -111,26 +118,37 @@ std::string folder::substitute(StringRef text,
   return out;
 }
 
+std::string folder::fromTemplate(StringRef name,
+                                 ArrayRef<std::pair<StringRef, std::string>> vars) {
+  const EmbeddedFile *found = nullptr;
+  for (const EmbeddedFile &f : kFolderTemplates)
+    if (name == f.path)
+      found = &f;
+  if (!found)
+    llvm::report_fatal_error("apec was built without the template codegen/templates/" + name);
+  // The template's keys and `vars` must match: a key left over or a value never used means the
+  // template and its emitter have drifted apart.
+  llvm::StringSet<> keys;
+  static const llvm::Regex key("@([A-Z][A-Z0-9_]*)@");
+  SmallVector<StringRef, 2> match;
+  for (StringRef text = found->text; key.match(text, &match);
+       text = text.drop_front(match[0].data() + match[0].size() - text.data() - 1))
+    keys.insert(match[1]);  // drops one '@' less, so "@A@B@" finds A and B
+  for (const auto &var : vars)
+    if (!keys.erase(var.first))
+      llvm::report_fatal_error("codegen/templates/" + name + " has no @" + var.first + "@");
+  if (!keys.empty())
+    llvm::report_fatal_error("codegen/templates/" + name + ": @" + keys.begin()->first() +
+                             "@ is not filled in");
+  return substitute(found->text, vars);
+}
+
 std::string folder::cpuLevelsCMake(StringRef name, StringRef target) {
-  return substitute(R"CMAKE(# Instruction-set levels (ape/cpu_dispatch.h): on x86-64 the kernel is compiled three times, as
-# it is (baseline x86-64) and through two generated wrappers for AVX2+FMA and AVX-512, and the best
-# level the CPU runs is chosen when the library is first used; APE_CPU_LEVEL=baseline|avx2|avx512
-# forces one. Elsewhere (aarch64: NEON is its baseline) the baseline unit alone.
-set(ape_levels 1)
-if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-  foreach(level 1 2)
-    set(wrapper ${CMAKE_CURRENT_BINARY_DIR}/@NAME@_cpu_level${level}.cpp)
-    file(GENERATE OUTPUT ${wrapper} CONTENT
-         "#define APE_KERNEL_LEVEL ${level}\n#include \"${CMAKE_CURRENT_SOURCE_DIR}/@NAME@_cpu.cpp\"\n")
-    target_sources(@TARGET@ PRIVATE ${wrapper})
-  endforeach()
-  set(ape_levels 7)
-endif()
-target_compile_definitions(@TARGET@ PRIVATE APE_KERNEL_LEVELS=${ape_levels})
-# The library has no KV-cache decode API (docs/decoding.md): the decode steps are not compiled.
-target_compile_definitions(@TARGET@ PRIVATE APE_KERNEL_DECODE=0)
-)CMAKE",
-                    {{"NAME", name.str()}, {"TARGET", target.str()}});
+  std::string text = fromTemplate("emitted_folder/cpu_levels.cmake",
+                                  {{"NAME", name.str()}, {"TARGET", target.str()}});
+  if (StringRef(text).ends_with("\n"))
+    text.pop_back();
+  return text;
 }
 
 std::string folder::cString(StringRef s) {

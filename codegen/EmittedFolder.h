@@ -72,11 +72,18 @@ LogicalResult addTemplates(KernelOp kernel, ArrayRef<std::string> templates,
 /// The CMake lines that compile the kernel NAME_cpu.cpp of a folder into `target` once per
 /// instruction-set level (kernels/include/ape/cpu_dispatch.h): on x86-64 with GCC or Clang two
 /// generated wrappers add the AVX2 and AVX-512 units, and every unit learns the set of levels
-/// (APE_KERNEL_LEVELS). To be placed after add_library(target ...).
+/// (APE_KERNEL_LEVELS). To be placed after add_library(target ...): a folder's CMakeLists.txt
+/// template has it as @CPU_LEVELS@ on a line of its own (the text has no final newline).
 std::string cpuLevelsCMake(StringRef name, StringRef target);
 
-/// `text` with every @KEY@ replaced by its value in `vars` (for file templates in raw strings).
+/// `text` with every @KEY@ replaced by its value in `vars` (values are not scanned again; an
+/// '@' that does not start a key of `vars` stays).
 std::string substitute(StringRef text, ArrayRef<std::pair<StringRef, std::string>> vars);
+
+/// The template codegen/templates/`name` (embedded in apec at build time) with its @KEY@s
+/// replaced by `vars`. Every @KEY@ (upper case) of the template must be in `vars` and every
+/// entry of `vars` must be used: a mismatch is a bug in apec and aborts it.
+std::string fromTemplate(StringRef name, ArrayRef<std::pair<StringRef, std::string>> vars);
 
 /// `x` as a C/C++ double literal that reads back exactly (finite x).
 std::string cDouble(double x);

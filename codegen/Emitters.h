@@ -46,6 +46,12 @@ LogicalResult emitCudaEntry(KernelOp kernel, llvm::StringRef source,
 void emitCudaInstantiation(KernelOp kernel, llvm::StringRef source, const CudaVariant &variant,
                            llvm::raw_ostream &os);
 
+/// Writes the three kinds of CUDA sources of `kernel` (emitCudaHeader, emitCudaEntry and one
+/// emitCudaInstantiation per variant) into the folder `dir` (created): DIR/NAME_cuda.cuh,
+/// DIR/NAME_cuda.cu and DIR/NAME_cuda_<dtype>_hd<D>.cu.
+LogicalResult writeCudaSources(KernelOp kernel, llvm::StringRef source,
+                               llvm::ArrayRef<CudaVariant> variants, llvm::StringRef dir);
+
 /// Writes the files of a self-contained CUDA package into `dir` (docs/cuda.md): the kernel
 /// templates (include/ape/), CMakeLists.txt, README.md and smoke.cpp. The encodings' own files
 /// go to `dir`/kernels/ (emitCudaHeader, emitCudaEntry, emitCudaInstantiation, emitManifest).

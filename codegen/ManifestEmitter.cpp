@@ -7,7 +7,7 @@
 // docs/internals.md, section 3.
 //
 //===----------------------------------------------------------------------===//
-#include "codegen/Emitters.h"
+#include "codegen/EmitterRegistry.h"
 
 #include "llvm/Support/JSON.h"
 
@@ -125,4 +125,16 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
                     : llvm::json::Array{"q", "k", "v", "features", "params"}}};
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))) << "\n";
   return success();
+}
+
+void mlir::ape::registerManifestEmitter() {
+  registerEmitter({"manifest",
+                   "OUTDIR/NAME.manifest.json: inputs, params, features, projection, schedule",
+                   [](KernelOp kernel, const EmitOptions &o) {
+                     return writeFile(o.path(kernel.getSymName() + ".manifest.json"),
+                                      [&](raw_ostream &os) {
+                                        return emitManifest(kernel, o.source, os);
+                                      });
+                   },
+                   kEmitByDefault});
 }

@@ -28,7 +28,7 @@
 // "slot": n} | {"kind": "rows", "rows": n}).
 //
 //===----------------------------------------------------------------------===//
-#include "codegen/Emitters.h"
+#include "codegen/EmitterRegistry.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -225,4 +225,23 @@ LogicalResult mlir::ape::emitReference(EncodingOp enc, StringRef source, raw_ost
                          {"embedding", std::move(embedding)}};
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(doc))) << "\n";
   return success();
+}
+
+void mlir::ape::registerReferenceEmitter() {
+  registerEmitter(
+      {"reference",
+       "OUTDIR/NAME.reference.json: the encoding's regions as data after expand\n"
+       "and push-override, unfused and undifferentiated (ape-check's reference;\n"
+       "docs/ape-check.md)",
+       [](EncodingOp encoding, const EmitOptions &o) {
+         std::string json;  // computed first: an encoding it cannot take writes no file
+         llvm::raw_string_ostream os(json);
+         if (failed(emitReference(encoding, o.source, os)))
+           return failure();
+         return writeFile(o.path(encoding.getSymName() + ".reference.json"),
+                          [&](raw_ostream &out) {
+                            out << json;
+                            return success();
+                          });
+       }});
 }

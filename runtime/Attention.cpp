@@ -1,4 +1,5 @@
-// FusedAttention: a torch::autograd::Function whose forward/backward are the generated kernels.
+// fused_attention: the generated CPU kernels of a KernelEntry behind the autograd binding shared
+// with the operator library (ape/attention_autograd.h); AttnArgs packed by ape/kernel_call.h.
 #include "runtime/Attention.h"
 
 #include <algorithm>
@@ -10,15 +11,12 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
-#include "ape/kernel_entry.h"
+#include "ape/attention_autograd.h"
+#include "ape/kernel_call.h"
 
 namespace ape {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 std::string describe(const at::Tensor &t) {
   if (!t.defined()) return "an undefined tensor";
@@ -77,6 +75,9 @@ const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at
   return m;
 }
 
+// "float32" or "float64", for messages.
+template <typename T> const char *dtype_word() { return std::is_same_v<T, float> ? "float32" : "float64"; }
+
 template <typename T>
 void run_forward(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                  const std::vector<at::Tensor> &feats, const std::vector<at::Tensor> &params,
@@ -84,20 +85,13 @@ void run_forward(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k,
   std::vector<const T *> fp, pp;
   for (const auto &f : feats) fp.push_back(f.data_ptr<T>());
   for (const auto &p : params) pp.push_back(p.data_ptr<T>());
-  AttnArgs<T> a{};
-  a.B = q.size(0); a.H = q.size(1); a.T = q.size(2); a.D = q.size(3);
-  a.q = q.data_ptr<T>(); a.k = k.data_ptr<T>(); a.v = v.data_ptr<T>();
-  a.o = o.data_ptr<T>(); a.lse = lse.data_ptr<T>();
-  a.features = fp.data(); a.params = pp.data();
-  a.scale = static_cast<T>(scale);
-  a.layer = layer.index, a.num_layers = layer.count;
-  if constexpr (std::is_same_v<T, float>) {
-    if (!e.forward_f32) bad(e, "the kernel has no float32 forward");
-    e.forward_f32(a);
-  } else {
-    if (!e.forward_f64) bad(e, "the kernel has no float64 forward");
-    e.forward_f64(a);
-  }
+  const AttnArgs<T> a = forward_args<T>({q.size(0), q.size(1), q.size(2), q.size(3)}, scale,
+                                         q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
+                                         fp.data(), pp.data(), o.data_ptr<T>(), lse.data_ptr<T>(),
+                                         layer.index, layer.count);
+  auto forward = entry_forward<T>(e);
+  if (!forward) bad(e, std::string("the kernel has no ") + dtype_word<T>() + " forward");
+  forward(a);
 }
 
 std::vector<at::Tensor> contiguous_all(at::TensorList ts) {
@@ -124,77 +118,67 @@ std::pair<at::Tensor, at::Tensor> forward_impl(const KernelEntry &e, const at::T
   return {o, lse};
 }
 
-// Saved layout: q, k, v, o, lse, features..., params...
-struct FusedAttention : public torch::autograd::Function<FusedAttention> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
-                            const at::Tensor &v, at::TensorList features, at::TensorList params,
-                            int64_t entry_bits, double scale) {
-    const auto &e = *reinterpret_cast<const KernelEntry *>(static_cast<intptr_t>(entry_bits));
-    auto [o, lse] = forward_impl(e, q, k, v, features, params, scale, AttnLayer{});
-    variable_list saved = {q.contiguous(), k.contiguous(), v.contiguous(), o, lse};
-    for (const auto &f : features) saved.push_back(f.contiguous());
-    for (const auto &p : params) saved.push_back(p.contiguous());
-    ctx->save_for_backward(saved);
-    ctx->saved_data["entry"] = entry_bits;
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["nf"] = static_cast<int64_t>(features.size());
-    ctx->saved_data["np"] = static_cast<int64_t>(params.size());
-    return o;
+// The raw gradients on the CPU: dq, dk, dv, dfeatures, dparams from dout and the forward's o, lse.
+AttentionGrads backward_impl(const KernelEntry &e, const at::Tensor &dout0, const at::Tensor &q0,
+                             const at::Tensor &k0, const at::Tensor &v0, const at::Tensor &o0,
+                             const at::Tensor &lse0, at::TensorList features, at::TensorList params,
+                             double scale) {
+  at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
+  at::Tensor o = o0.contiguous(), lse = lse0.contiguous(), dout = dout0.contiguous();
+  auto feats = contiguous_all(features);
+  auto ps = contiguous_all(params);
+  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  std::vector<at::Tensor> dfeats, dparams;
+  for (const auto &f : feats) dfeats.push_back(at::empty_like(f));
+  for (const auto &p : ps) dparams.push_back(at::zeros_like(p));
+
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<const T *> fp, pp;
+    std::vector<T *> dfp, dpp;
+    for (const auto &f : feats) fp.push_back(f.data_ptr<T>());
+    for (const auto &p : ps) pp.push_back(p.data_ptr<T>());
+    for (auto &f : dfeats) dfp.push_back(f.data_ptr<T>());
+    for (auto &p : dparams) dpp.push_back(p.data_ptr<T>());
+    const AttnArgs<T> a = backward_args(
+        forward_args<T>({q.size(0), q.size(1), q.size(2), q.size(3)}, scale, q.data_ptr<T>(),
+                        k.data_ptr<T>(), v.data_ptr<T>(), fp.data(), pp.data(), o.data_ptr<T>(),
+                        lse.data_ptr<T>()),
+        dout.data_ptr<T>(), dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), dfp.data(),
+        dpp.data());
+    auto backward = entry_backward<T>(e);
+    if (!backward) bad(e, std::string("the kernel has no ") + dtype_word<T>() + " backward");
+    backward(a);
+  };
+  if (q.scalar_type() == at::kFloat) run(float{}); else run(double{});
+  for (size_t i = 0; i < dparams.size(); ++i) dparams[i] = dparams[i].view_as(params[i]);
+  return {dq, dk, dv, dfeats, dparams};
+}
+
+// The runtime's side of the autograd binding (ape/attention_autograd.h): the CPU kernels of the
+// KernelEntry at `handle`.
+struct EntryOps {
+  static const KernelEntry &entry(int64_t handle) {
+    return *reinterpret_cast<const KernelEntry *>(static_cast<intptr_t>(handle));
   }
-
-  static variable_list backward(AutogradContext *ctx, variable_list grad_outputs) {
-    const auto &e = *reinterpret_cast<const KernelEntry *>(
-        static_cast<intptr_t>(ctx->saved_data["entry"].toInt()));
-    const double scale = ctx->saved_data["scale"].toDouble();
-    const int64_t nf = ctx->saved_data["nf"].toInt(), np = ctx->saved_data["np"].toInt();
-    auto s = ctx->get_saved_variables();
-    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &o = s[3], &lse = s[4];
-    std::vector<at::Tensor> feats(s.begin() + 5, s.begin() + 5 + nf);
-    std::vector<at::Tensor> params(s.begin() + 5 + nf, s.begin() + 5 + nf + np);
-    at::Tensor dout = grad_outputs[0].contiguous();
-
-    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-    std::vector<at::Tensor> dfeats, dparams;
-    for (const auto &f : feats) dfeats.push_back(at::empty_like(f));
-    for (const auto &p : params) dparams.push_back(at::zeros_like(p));
-
-    auto run = [&](auto tag) {
-      using T = decltype(tag);
-      std::vector<const T *> fp, pp;
-      std::vector<T *> dfp, dpp;
-      for (const auto &f : feats) fp.push_back(f.data_ptr<T>());
-      for (const auto &p : params) pp.push_back(p.data_ptr<T>());
-      for (auto &f : dfeats) dfp.push_back(f.data_ptr<T>());
-      for (auto &p : dparams) dpp.push_back(p.data_ptr<T>());
-      AttnArgs<T> a{};
-      a.B = q.size(0); a.H = q.size(1); a.T = q.size(2); a.D = q.size(3);
-      a.q = q.data_ptr<T>(); a.k = k.data_ptr<T>(); a.v = v.data_ptr<T>();
-      a.o = const_cast<T *>(o.data_ptr<T>()); a.lse = const_cast<T *>(lse.data_ptr<T>());
-      a.features = fp.data(); a.params = pp.data();
-      a.scale = static_cast<T>(scale);
-      a.dout = dout.data_ptr<T>();
-      a.dq = dq.data_ptr<T>(); a.dk = dk.data_ptr<T>(); a.dv = dv.data_ptr<T>();
-      a.dfeatures = dfp.data(); a.dparams = dpp.data();
-      if constexpr (std::is_same_v<T, float>) {
-        if (!e.backward_f32) bad(e, "the kernel has no float32 backward");
-        e.backward_f32(a);
-      } else {
-        if (!e.backward_f64) bad(e, "the kernel has no float64 backward");
-        e.backward_f64(a);
-      }
-    };
-    if (q.scalar_type() == at::kFloat) run(float{}); else run(double{});
-
-    // One gradient per forward argument: q, k, v, features..., params..., entry, scale.
-    variable_list grads = {dq, dk, dv};
-    for (auto &f : dfeats) grads.push_back(f);
-    for (int64_t i = 0; i < np; ++i)
-      grads.push_back(ctx->needs_input_grad(3 + nf + i) ? dparams[i].view_as(params[i]) : at::Tensor());
-    grads.emplace_back();
-    grads.emplace_back();
-    return grads;
+  static std::string prefix(int64_t handle) {
+    return std::string("fused_attention(") + entry(handle).name + "): ";
+  }
+  static std::tuple<at::Tensor, at::Tensor> forward(int64_t handle, const at::Tensor &q,
+                                                    const at::Tensor &k, const at::Tensor &v,
+                                                    at::TensorList features, at::TensorList params,
+                                                    double scale) {
+    auto [o, lse] = forward_impl(entry(handle), q, k, v, features, params, scale, AttnLayer{});
+    return {o, lse};
+  }
+  static AttentionGrads backward(int64_t handle, const at::Tensor &dout, const at::Tensor &q,
+                                 const at::Tensor &k, const at::Tensor &v, const at::Tensor &o,
+                                 const at::Tensor &lse, at::TensorList features,
+                                 at::TensorList params, double scale) {
+    return backward_impl(entry(handle), dout, q, k, v, o, lse, features, params, scale);
   }
 };
+using FusedAttention = AttentionAutograd<EntryOps>;
 
 }  // namespace
 

@@ -5,13 +5,15 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
+#include "ape/attention_autograd.h"
 #include "ape/kernel_entry.h"
 #include "runtime/Attention.h"
 
@@ -27,9 +29,6 @@ APE_CUDA_ABI_END
 }  // namespace cuda
 
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 std::atomic<int> g_dtype{static_cast<int>(cuda::DType::BF16)};
 
@@ -123,13 +122,39 @@ void fill_inputs(Call &c, const at::Tensor &q, const at::Tensor &k, const at::Te
   c.a.scale = static_cast<float>(scale);
 }
 
-// Saved: q, k, v, o, lse, features..., params...
-struct SimtAttention : public torch::autograd::Function<SimtAttention> {
-  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
-                            const at::Tensor &v, at::TensorList features, at::TensorList params,
-                            int64_t entry_bits, double scale) {
-    const auto &e = *reinterpret_cast<const KernelEntry *>(static_cast<intptr_t>(entry_bits));
-    const auto dtype = static_cast<cuda::DType>(g_dtype.load());
+// What one autograd node runs on: the encoding and the dtype of its CUDA variant (chosen by
+// use_simt_kernels when the forward ran, kept for the backward).
+struct SimtKernel {
+  const KernelEntry *entry;
+  cuda::DType dtype;
+};
+
+// A stable handle per (entry, dtype) for the autograd binding.
+int64_t simt_handle(const KernelEntry &entry, cuda::DType dtype) {
+  static std::mutex mu;
+  static std::map<std::pair<const KernelEntry *, int>, SimtKernel> kernels;
+  std::lock_guard<std::mutex> lock(mu);
+  const SimtKernel &k = kernels.try_emplace({&entry, static_cast<int>(dtype)}, SimtKernel{&entry, dtype})
+                            .first->second;
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(&k));
+}
+
+// The emulator's side of the autograd binding (ape/attention_autograd.h, shared with
+// fused_attention on the CPU kernels and the operator library).
+struct SimtOps {
+  static const SimtKernel &kernel(int64_t handle) {
+    return *reinterpret_cast<const SimtKernel *>(static_cast<intptr_t>(handle));
+  }
+  static std::string prefix(int64_t handle) {
+    return std::string("emulated CUDA attention (") + kernel(handle).entry->name + "): ";
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> forward(int64_t handle, const at::Tensor &q,
+                                                    const at::Tensor &k, const at::Tensor &v,
+                                                    at::TensorList features, at::TensorList params,
+                                                    double scale) {
+    const KernelEntry &e = *kernel(handle).entry;
+    const cuda::DType dtype = kernel(handle).dtype;
     const cuda::CudaVariant &var = variant_for(e, dtype, q.size(3));
     Call c;
     c.dev.enc = e.name;
@@ -142,39 +167,26 @@ struct SimtAttention : public torch::autograd::Function<SimtAttention> {
     // o in the kernel's dtype (the backward's Delta reads it), returned in the caller's dtype.
     at::Tensor o = c.dev.download(c.a.o, q.sizes(), dt, q.scalar_type());
     at::Tensor lse = c.dev.download(c.a.lse, {q.size(0), q.size(1), q.size(2)}, at::kFloat, at::kFloat);
-    variable_list saved = {q, k, v, o, lse};
-    for (const auto &f : features) saved.push_back(f);
-    for (const auto &p : params) saved.push_back(p);
-    ctx->save_for_backward(saved);
-    ctx->saved_data["entry"] = entry_bits;
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
-    ctx->saved_data["nf"] = static_cast<int64_t>(features.size());
-    ctx->saved_data["np"] = static_cast<int64_t>(params.size());
-    return o;
+    return {o, lse};
   }
 
-  static variable_list backward(AutogradContext *ctx, variable_list grad_outputs) {
-    const auto &e = *reinterpret_cast<const KernelEntry *>(
-        static_cast<intptr_t>(ctx->saved_data["entry"].toInt()));
-    const double scale = ctx->saved_data["scale"].toDouble();
-    const auto dtype = static_cast<cuda::DType>(ctx->saved_data["dtype"].toInt());
-    const int64_t nf = ctx->saved_data["nf"].toInt(), np = ctx->saved_data["np"].toInt();
-    auto s = ctx->get_saved_variables();
-    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &o = s[3], &lse = s[4];
-    std::vector<at::Tensor> feats(s.begin() + 5, s.begin() + 5 + nf);
-    std::vector<at::Tensor> params(s.begin() + 5 + nf, s.begin() + 5 + nf + np);
+  static AttentionGrads backward(int64_t handle, const at::Tensor &dout, const at::Tensor &q,
+                                 const at::Tensor &k, const at::Tensor &v, const at::Tensor &o,
+                                 const at::Tensor &lse, at::TensorList features,
+                                 at::TensorList params, double scale) {
+    const KernelEntry &e = *kernel(handle).entry;
+    const cuda::DType dtype = kernel(handle).dtype;
     const cuda::CudaVariant &var = variant_for(e, dtype, q.size(3));
     const at::ScalarType dt = torch_dtype(dtype);
 
     Call c;
     c.dev.enc = e.name;
-    fill_inputs(c, q, k, v, feats, params, scale, dtype);
+    fill_inputs(c, q, k, v, features.vec(), params.vec(), scale, dtype);
     c.a.o = c.dev.upload(o, dt);
     c.a.lse = static_cast<float *>(c.dev.upload(lse, at::kFloat));
-    c.a.dout = c.dev.upload(grad_outputs[0], dt);
+    c.a.dout = c.dev.upload(dout, dt);
     c.a.dq = c.dev.output(q, dt), c.a.dk = c.dev.output(k, dt), c.a.dv = c.dev.output(v, dt);
-    for (const auto &f : feats) c.dfeats.push_back(static_cast<float *>(c.dev.output(f, at::kFloat)));
+    for (const auto &f : features) c.dfeats.push_back(static_cast<float *>(c.dev.output(f, at::kFloat)));
     for (const auto &p : params) c.dparams.push_back(static_cast<float *>(c.dev.output(p, at::kFloat)));
     c.a.dfeatures = c.dfeats.data(), c.a.dparams = c.dparams.data();
     uint32_t *status = static_cast<uint32_t *>(c.dev.alloc(sizeof(uint32_t)));
@@ -186,27 +198,23 @@ struct SimtAttention : public torch::autograd::Function<SimtAttention> {
     check(e.name, cudaMemcpy(&st, status, sizeof st, cudaMemcpyDeviceToHost), "status");
     if (st & cuda::kStatusErrors) fail(e.name, std::string("backward: ") + cuda::status_message(st));
 
-    variable_list grads = {c.dev.download(c.a.dq, q.sizes(), dt, q.scalar_type()),
-                           c.dev.download(c.a.dk, k.sizes(), dt, k.scalar_type()),
-                           c.dev.download(c.a.dv, v.sizes(), dt, v.scalar_type())};
-    for (size_t n = 0; n < feats.size(); ++n)
-      grads.push_back(c.dev.download(c.dfeats[n], feats[n].sizes(), at::kFloat, feats[n].scalar_type()));
-    for (int64_t n = 0; n < np; ++n)
-      grads.push_back(ctx->needs_input_grad(3 + nf + n)
-                          ? c.dev.download(c.dparams[n], params[n].sizes(), at::kFloat,
-                                           params[n].scalar_type())
-                          : at::Tensor());
-    grads.emplace_back();
-    grads.emplace_back();
-    return grads;
+    std::vector<at::Tensor> df, dp;
+    for (size_t n = 0; n < features.size(); ++n)
+      df.push_back(c.dev.download(c.dfeats[n], features[n].sizes(), at::kFloat, features[n].scalar_type()));
+    for (size_t n = 0; n < params.size(); ++n)
+      dp.push_back(c.dev.download(c.dparams[n], params[n].sizes(), at::kFloat, params[n].scalar_type()));
+    return {c.dev.download(c.a.dq, q.sizes(), dt, q.scalar_type()),
+            c.dev.download(c.a.dk, k.sizes(), dt, k.scalar_type()),
+            c.dev.download(c.a.dv, v.sizes(), dt, v.scalar_type()), df, dp};
   }
 };
 
 at::Tensor simt_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                           const at::Tensor &v, const std::vector<at::Tensor> &features,
                           const std::vector<at::Tensor> &params, double scale) {
-  return SimtAttention::apply(q, k, v, at::TensorList(features), at::TensorList(params),
-                              static_cast<int64_t>(reinterpret_cast<intptr_t>(&entry)), scale);
+  return AttentionAutograd<SimtOps>::apply(
+      q, k, v, at::TensorList(features), at::TensorList(params),
+      simt_handle(entry, static_cast<cuda::DType>(g_dtype.load())), scale);
 }
 
 }  // namespace

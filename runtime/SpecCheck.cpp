@@ -13,7 +13,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "ape/kernel_entry.h"
+#include "ape/kernel_call.h"
 #include "runtime/Attention.h"
 #include "runtime/Manifest.h"
 
@@ -141,27 +141,23 @@ template <class Real> struct KernelRun {
     for (auto &t : prm) dprm.push_back(at::empty_like(t)), prm_p.push_back(t.data_ptr<Real>());
     for (auto &t : dfeat) dfeat_p.push_back(t.data_ptr<Real>());
     for (auto &t : dprm) dprm_p.push_back(t.data_ptr<Real>());
-    args.B = c.shape.B, args.H = c.shape.H, args.T = c.shape.T, args.D = c.shape.D;
-    args.q = q.data_ptr<Real>(), args.k = k.data_ptr<Real>(), args.v = v.data_ptr<Real>();
-    args.o = o.data_ptr<Real>(), args.lse = lse.data_ptr<Real>();
-    args.features = feat_p.data(), args.params = prm_p.data();
-    args.scale = static_cast<Real>(c.scale);
-    args.dout = dout.data_ptr<Real>();
-    args.dq = dq.data_ptr<Real>(), args.dk = dk.data_ptr<Real>(), args.dv = dv.data_ptr<Real>();
-    args.dfeatures = dfeat_p.data(), args.dparams = dprm_p.data();
+    args = backward_args(
+        forward_args<Real>({c.shape.B, c.shape.H, c.shape.T, c.shape.D}, c.scale,
+                           q.data_ptr<Real>(), k.data_ptr<Real>(), v.data_ptr<Real>(),
+                           feat_p.data(), prm_p.data(), o.data_ptr<Real>(), lse.data_ptr<Real>()),
+        dout.data_ptr<Real>(), dq.data_ptr<Real>(), dk.data_ptr<Real>(), dv.data_ptr<Real>(),
+        dfeat_p.data(), dprm_p.data());
   }
   static void poison(Tensor &t) { t.fill_(std::numeric_limits<Real>::quiet_NaN()); }
   void forward() {
     poison(o), poison(lse);
-    if constexpr (std::is_same_v<Real, float>) entry.forward_f32(args);
-    else entry.forward_f64(args);
+    entry_forward<Real>(entry)(args);
   }
   void backward() {
     poison(dq), poison(dk), poison(dv);
     for (auto &t : dfeat) poison(t);
     for (auto &t : dprm) poison(t);
-    if constexpr (std::is_same_v<Real, float>) entry.backward_f32(args);
-    else entry.backward_f64(args);
+    entry_backward<Real>(entry)(args);
   }
   Outputs outputs(const Manifest &man) const {
     auto d = [](const Tensor &t) { return t.to(at::kDouble); };

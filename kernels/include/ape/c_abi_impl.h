@@ -19,6 +19,7 @@
 #include "c_abi.h"
 #include "cpu_attention.h"
 #include "cpu_dispatch.h"
+#include "kernel_call.h"
 #include "kernel_entry.h"
 #include "kernel_inputs.h"
 
@@ -233,14 +234,9 @@ int forward(const KernelInputs &in, const char *function, const Args *a) noexcep
     std::vector<const Real *> fp, pp;
     for (auto &x : f) fp.push_back(x.ptr());
     for (const void *x : p) pp.push_back(static_cast<const Real *>(x));
-    AttnArgs<Real> k_{};
-    k_.B = s.B, k_.H = s.H, k_.T = s.T, k_.D = s.D;
-    k_.q = q.ptr(), k_.k = k.ptr(), k_.v = v.ptr(), k_.o = o.ptr();
-    k_.lse = static_cast<Real *>(a->lse);
-    k_.features = fp.data(), k_.params = pp.data();
-    k_.scale = static_cast<Real>(a->scale);
-    if constexpr (std::is_same_v<Real, float>) in.entry->forward_f32(k_);
-    else in.entry->forward_f64(k_);
+    entry_forward<Real>(*in.entry)(forward_args<Real>({s.B, s.H, s.T, s.D}, a->scale, q.ptr(),
+                                                      k.ptr(), v.ptr(), fp.data(), pp.data(),
+                                                      o.ptr(), static_cast<Real *>(a->lse)));
     finish(o);
   });
 }
@@ -266,17 +262,10 @@ int backward(const KernelInputs &in, const char *function, const Args *a) noexce
     for (const void *x : p) pp.push_back(static_cast<const Real *>(x));
     for (auto &x : df) dfp.push_back(x.ptr());
     for (void *x : dp) dpp.push_back(static_cast<Real *>(x));
-    AttnArgs<Real> k_{};
-    k_.B = s.B, k_.H = s.H, k_.T = s.T, k_.D = s.D;
-    k_.q = q.ptr(), k_.k = k.ptr(), k_.v = v.ptr(), k_.o = o.ptr();
-    k_.lse = static_cast<Real *>(a->lse);
-    k_.features = fp.data(), k_.params = pp.data();
-    k_.scale = static_cast<Real>(a->scale);
-    k_.dout = dout.ptr();
-    k_.dq = dq.ptr(), k_.dk = dk.ptr(), k_.dv = dv.ptr();
-    k_.dfeatures = dfp.data(), k_.dparams = dpp.data();
-    if constexpr (std::is_same_v<Real, float>) in.entry->backward_f32(k_);
-    else in.entry->backward_f64(k_);
+    entry_backward<Real>(*in.entry)(backward_args(
+        forward_args<Real>({s.B, s.H, s.T, s.D}, a->scale, q.ptr(), k.ptr(), v.ptr(), fp.data(),
+                           pp.data(), o.ptr(), static_cast<Real *>(a->lse)),
+        dout.ptr(), dq.ptr(), dk.ptr(), dv.ptr(), dfp.data(), dpp.data()));
     finish(dq), finish(dk), finish(dv);
     for (auto &x : df) finish(x);
   });

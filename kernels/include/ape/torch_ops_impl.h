@@ -58,7 +58,9 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_autograd.h"
 #include "derived_params.h"
+#include "kernel_call.h"
 #include "kernel_entry.h"
 #include "kernel_inputs.h"
 #include "torch_ops.h"
@@ -209,27 +211,23 @@ void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, con
                 const std::vector<at::Tensor> &dfeatures, const std::vector<at::Tensor> &dparams) {
   std::vector<Real *> fp = data_ptrs<Real>(features), pp = data_ptrs<Real>(params);
   std::vector<const Real *> cfp(fp.begin(), fp.end()), cpp(pp.begin(), pp.end());
-  AttnArgs<Real> a{};
-  a.B = s.B, a.H = s.H, a.T = s.T, a.D = s.D;
-  a.q = q.data_ptr<Real>(), a.k = k.data_ptr<Real>(), a.v = v.data_ptr<Real>();
-  a.o = o.data_ptr<Real>(), a.lse = lse.data_ptr<Real>();
-  a.features = cfp.data(), a.params = cpp.data();
-  a.scale = static_cast<Real>(scale);
+  const AttnArgs<Real> a =
+      forward_args<Real>({s.B, s.H, s.T, s.D}, scale, q.data_ptr<Real>(), k.data_ptr<Real>(),
+                         v.data_ptr<Real>(), cfp.data(), cpp.data(), o.data_ptr<Real>(),
+                         lse.data_ptr<Real>());
   const KernelEntry &e = *in.entry;
   if (!dout.defined()) {
-    if constexpr (std::is_same_v<Real, float>) e.forward_f32(a); else e.forward_f64(a);
+    entry_forward<Real>(e)(a);
     return;
   }
   std::vector<Real *> dfp = data_ptrs<Real>(dfeatures), dpp = data_ptrs<Real>(dparams);
-  a.dout = dout.data_ptr<Real>();
-  a.dq = dq.data_ptr<Real>(), a.dk = dk.data_ptr<Real>(), a.dv = dv.data_ptr<Real>();
-  a.dfeatures = dfp.data(), a.dparams = dpp.data();
-  if constexpr (std::is_same_v<Real, float>) e.backward_f32(a); else e.backward_f64(a);
+  entry_backward<Real>(e)(backward_args(a, dout.data_ptr<Real>(), dq.data_ptr<Real>(),
+                                        dk.data_ptr<Real>(), dv.data_ptr<Real>(), dfp.data(),
+                                        dpp.data()));
 }
 
 using ForwardResult = std::tuple<at::Tensor, at::Tensor>;
-using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>,
-                                  std::vector<at::Tensor>>;
+using BackwardResult = AttentionGrads;  // dq, dk, dv, dfeatures, dparams
 
 inline std::vector<at::Tensor> converted(std::vector<at::Tensor> ts, at::ScalarType dt) {
   for (auto &t : ts) t = t.to(dt);
@@ -410,52 +408,31 @@ inline c10::TypedOperatorHandle<BackwardSig> backward_op(const KernelInputs &in)
   return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").typed<BackwardSig>();
 }
 
-// Saved for backward: q, k, v, o, lse, features..., params... Forward and backward call the raw
-// operators through the dispatcher, so tracing (AOTAutograd) records attention_forward and
-// attention_backward, each with its device and Meta kernels.
-struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &q,
-                            const at::Tensor &k, const at::Tensor &v, at::TensorList features,
-                            at::TensorList params, int64_t inputs_bits, double scale) {
-    const auto &in = *reinterpret_cast<const KernelInputs *>(static_cast<intptr_t>(inputs_bits));
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [o, lse] = forward_op(in).call(q, k, v, features, params, scale);
-    torch::autograd::variable_list saved{q, k, v, o, lse};
-    saved.insert(saved.end(), features.begin(), features.end());
-    saved.insert(saved.end(), params.begin(), params.end());
-    ctx->save_for_backward(saved);
-    ctx->saved_data["inputs"] = inputs_bits;
-    ctx->saved_data["scale"] = scale;
-    return o;
+// The operator library's side of the autograd binding (attention_autograd.h), for the
+// KernelInputs at `handle`: forward and backward call the raw operators through the dispatcher, so
+// tracing (AOTAutograd) records attention_forward and attention_backward, each with its device
+// and Meta kernels.
+struct LibraryOps {
+  static const KernelInputs &inputs(int64_t handle) {
+    return *reinterpret_cast<const KernelInputs *>(static_cast<intptr_t>(handle));
   }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    const auto &in = *reinterpret_cast<const KernelInputs *>(
-        static_cast<intptr_t>(ctx->saved_data["inputs"].toInt()));
-    TORCH_CHECK(!at::GradMode::is_enabled(), prefix(in, "attention"),
-                "the kernel's backward is not differentiable (no double backward: "
-                "create_graph=True is not supported)");
-    const double scale = ctx->saved_data["scale"].toDouble();
-    const int nf = in.num_features, np = in.num_params;
-    auto s = ctx->get_saved_variables();
-    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &o = s[3], &lse = s[4];
-    std::vector<at::Tensor> features(s.begin() + 5, s.begin() + 5 + nf);
-    std::vector<at::Tensor> params(s.begin() + 5 + nf, s.begin() + 5 + nf + np);
-    at::Tensor dout = grad_outputs[0].defined() ? grad_outputs[0] : at::zeros_like(o);
-    auto [dq, dk, dv, df, dp] =
-        backward_op(in).call(dout, q, k, v, o, lse, features, params, scale);
-    // One gradient per forward argument: q, k, v, features..., params..., inputs_bits, scale.
-    torch::autograd::variable_list grads{dq, dk, dv};
-    for (int i = 0; i < nf; ++i)
-      grads.push_back(ctx->needs_input_grad(3 + i) ? df[i] : at::Tensor());
-    for (int i = 0; i < np; ++i)
-      grads.push_back(ctx->needs_input_grad(3 + nf + i) ? dp[i] : at::Tensor());
-    grads.emplace_back();
-    grads.emplace_back();
-    return grads;
+  static std::string prefix(int64_t handle) {
+    return torch_ops::prefix(inputs(handle), "attention");
+  }
+  static ForwardResult forward(int64_t handle, const at::Tensor &q, const at::Tensor &k,
+                               const at::Tensor &v, at::TensorList features, at::TensorList params,
+                               double scale) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op(inputs(handle)).call(q, k, v, features, params, scale);
+  }
+  static BackwardResult backward(int64_t handle, const at::Tensor &dout, const at::Tensor &q,
+                                 const at::Tensor &k, const at::Tensor &v, const at::Tensor &o,
+                                 const at::Tensor &lse, at::TensorList features,
+                                 at::TensorList params, double scale) {
+    return backward_op(inputs(handle)).call(dout, q, k, v, o, lse, features, params, scale);
   }
 };
+using AttentionFunction = AttentionAutograd<LibraryOps>;
 
 // scale None: the manifest's scale, else 1/sqrt(D) (D is then specialised under torch.compile).
 inline double resolve_scale(const KernelInputs &in, const at::Tensor &q,

@@ -44,6 +44,7 @@
 // FILES-NEXT: odd_names_cuda_bf16_hd64.cu
 // FILES-NEXT: odd_names_cuda_f32_hd64.cu
 // FILES-NEXT: odd_names_ops.cpp
+// FILES: attention_autograd.h
 // FILES: cpu_attention.h
 // FILES-NEXT: cpu_decode.h
 // FILES-NEXT: cpu_dispatch.h
@@ -54,6 +55,7 @@
 // FILES-NEXT: cuda_platform.cuh
 // FILES-NEXT: derived_params.h
 // FILES-NEXT: enc_traits.h
+// FILES-NEXT: kernel_call.h
 // FILES-NEXT: kernel_entry.h
 // FILES-NEXT: kernel_inputs.h
 // FILES-NEXT: torch_ops.cpp
@@ -74,6 +76,7 @@
 // CFILES-NEXT: cpu_decode.h
 // CFILES-NEXT: cpu_dispatch.h
 // CFILES-NEXT: enc_traits.h
+// CFILES-NEXT: kernel_call.h
 // CFILES-NEXT: kernel_entry.h
 // CFILES-NEXT: kernel_inputs.h
 
