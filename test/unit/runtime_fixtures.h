@@ -1,5 +1,6 @@
-// Shared by the runtime suites (runtime_test.cpp, resume_test.cpp): private test kernels, their
-// manifests, and small helpers. Everything has internal linkage (one copy per suite file).
+// Shared by the runtime suites (test/unit/runtime/*_test.cpp, resume_test.cpp and the others of
+// ape_runtime_test): private test kernels, their manifests, and small helpers. Everything has
+// internal linkage (one copy per suite file).
 #pragma once
 #include <algorithm>
 #include <cmath>
