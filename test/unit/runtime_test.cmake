@@ -3,7 +3,7 @@
 # and helpers), plus the suites of resuming, the spec library, data parallelism and the spec
 # reference. It links ape_kernels because the runtime's registry lookup needs ape::kernel_registry;
 # the tests use private test-only kernels, and also smoke-test every registered (generated)
-# encoding. The files share one precompiled header (test_pch.cmake).
+# encoding.
 if(NOT TARGET GTest::gtest_main)
   find_package(GTest REQUIRED)
 endif()
@@ -22,10 +22,9 @@ add_executable(ape_runtime_test
   ${CMAKE_CURRENT_LIST_DIR}/resume_test.cpp ${CMAKE_CURRENT_LIST_DIR}/spec_library_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/distributed_test.cpp ${CMAKE_CURRENT_LIST_DIR}/spec_reference_test.cpp)
 target_include_directories(ape_runtime_test PRIVATE ${CMAKE_CURRENT_LIST_DIR} ${_ape_runtime_test_dir})
-include(${CMAKE_CURRENT_LIST_DIR}/test_pch.cmake)
-ape_test_precompile_headers(ape_runtime_test <ATen/ATen.h> <torch/autograd.h> <torch/nn/module.h>
-  <torch/nn/modules/linear.h> <torch/nn/modules/embedding.h> <torch/nn/modules/normalization.h>
-  <nlohmann/json.hpp> <gtest/gtest.h>)
+# Two unity batches, as ape_kernels_test (kernels_test.cmake): one compilation per file would parse
+# LibTorch's headers 13 times.
+set_target_properties(ape_runtime_test PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 7)
 target_link_libraries(ape_runtime_test PRIVATE ape_runtime ape_kernels GTest::gtest_main)
 target_compile_definitions(ape_runtime_test PRIVATE APE_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/data/pg30")
 # spec_library_test.cpp: its specs, and the kernel cache it compiles them into (runtime/SpecLibrary.h).

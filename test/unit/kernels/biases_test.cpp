@@ -155,23 +155,7 @@ template <class Real> void bias_determinism(const std::string &enc) {
   Problem p = make_problem(enc, 2, 4, 600, 16, case_seed("det_bias_" + enc, 2, 4, 600, 16));
   ASSERT_NE(p.entry, nullptr);
   if (enc == "fire") set_param(p, "fire_l_mult", 1.0);
-  auto run = [&](int threads) {
-    const OmpThreads scope(threads);
-    KernelCall<Real> kc(p);
-    kc.forward();
-    kc.backward();
-    std::vector<std::pair<std::string, Tensor>> out;
-    for (auto &[name, t] : kc.outputs(p)) out.push_back({name, t.clone()});
-    return out;
-  };
-  const auto first = run(2), second = run(2), serial = run(1);
-  ASSERT_EQ(first.size(), serial.size());
-  for (size_t n = 0; n < first.size(); ++n) {
-    EXPECT_TRUE(torch::equal(first[n].second, second[n].second))
-        << first[n].first << " differs between two runs";
-    EXPECT_TRUE(torch::equal(first[n].second, serial[n].second))
-        << first[n].first << " differs between 1 and 2 threads";
-  }
+  expect_deterministic<Real>(p, 2);
 }
 TEST(Determinism, T5F32) { bias_determinism<float>("t5"); }
 TEST(Determinism, T5F64) { bias_determinism<double>("t5"); }

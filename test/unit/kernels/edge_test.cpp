@@ -63,27 +63,7 @@ TEST_P(Edge, TileBoundaries) {
 template <class Real> void determinism(const std::string &enc) {
   const Problem p = make_problem(enc, 2, 3, 150, 32, case_seed("det_" + enc, 2, 3, 150, 32));
   ASSERT_NE(p.entry, nullptr);
-  auto run = [&]() {
-    KernelCall<Real> kc(p);
-    kc.forward();
-    kc.backward();
-    std::vector<std::pair<std::string, Tensor>> out;
-    for (auto &[name, t] : kc.outputs(p)) out.push_back({name, t.clone()});
-    return out;
-  };
-  const auto first = run(), second = run();
-  std::vector<std::pair<std::string, Tensor>> serial;
-  {
-    const OmpThreads one_thread(1);
-    serial = run();
-  }
-  ASSERT_EQ(first.size(), second.size());
-  for (size_t n = 0; n < first.size(); ++n) {
-    EXPECT_TRUE(torch::equal(first[n].second, second[n].second))
-        << first[n].first << " differs between two runs";
-    EXPECT_TRUE(torch::equal(first[n].second, serial[n].second))
-        << first[n].first << " differs between 1 and " << torch::get_num_threads() << " threads";
-  }
+  expect_deterministic<Real>(p, 0);
 }
 TEST_P(Edge, DeterministicF32) { determinism<float>(GetParam()); }
 TEST_P(Edge, DeterministicF64) { determinism<double>(GetParam()); }

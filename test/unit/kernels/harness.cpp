@@ -95,6 +95,24 @@ std::vector<int64_t> param_shape(const ParamInfo &p, int64_t H, int64_t D) {
   return shape;
 }
 
+// ---- random problems ----------------------------------------------------------------------------
+
+namespace {
+
+// p's encoding, entry and manifest for `enc`; a failure (and false) when no kernel has that name.
+bool attach_entry(Problem &p, const std::string &enc) {
+  p.enc = enc;
+  p.entry = find_entry(enc);
+  if (!p.entry) {
+    ADD_FAILURE() << "no kernel named " << enc;
+    return false;
+  }
+  p.man = parse_manifest(*p.entry);
+  return true;
+}
+
+}  // namespace
+
 // The std of the random values of the bias and relative-position encodings' params: large enough
 // that their terms matter (at the manifests' inits, e.g. N(0, 0.02) tables or FIRE's zero b1,
 // the biases would be negligible or sit on ReLU kinks): T5's table O(1), the relative tables and
@@ -119,13 +137,7 @@ std::optional<double> bias_param_std(const std::string &name) {
 Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, int64_t D,
                      uint64_t seed) {
   Problem p;
-  p.enc = enc;
-  p.entry = find_entry(enc);
-  if (!p.entry) {
-    ADD_FAILURE() << "no kernel named " << enc;
-    return p;
-  }
-  p.man = parse_manifest(*p.entry);
+  if (!attach_entry(p, enc)) return p;
   p.B = B, p.H = H, p.T = T, p.D = D;
   p.scale = p.man.scale ? *p.man.scale : 1.0 / std::sqrt(static_cast<double>(D));
   torch::manual_seed(seed);
@@ -196,13 +208,7 @@ Problem prefix(const Problem &p, int64_t T) {
 // p with another encoding's kernel (same inputs; the other manifest must take the same params).
 Problem with_encoding(const Problem &p, const std::string &enc) {
   Problem r = p;
-  r.enc = enc;
-  r.entry = find_entry(enc);
-  if (!r.entry) {
-    ADD_FAILURE() << "no kernel named " << enc;
-    return r;
-  }
-  r.man = parse_manifest(*r.entry);
+  if (!attach_entry(r, enc)) return r;
   r.params.clear();
   for (const ParamInfo &info : r.man.params) {
     bool found = false;

@@ -270,6 +270,32 @@ class OmpThreads {
   int saved_ = 1;
 };
 
+// Two runs of forward + backward with `threads` OpenMP threads (0: the current count) give
+// bitwise-identical outputs and gradients (every output of KernelCall::outputs), and so does a
+// run with one thread.
+template <class Real> void expect_deterministic(const Problem &p, int threads) {
+  auto run = [&](int n) {
+    std::optional<OmpThreads> scope;
+    if (n > 0) scope.emplace(n);
+    KernelCall<Real> kc(p);
+    kc.forward();
+    kc.backward();
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (auto &[name, t] : kc.outputs(p)) out.push_back({name, t.clone()});
+    return out;
+  };
+  const auto first = run(threads), second = run(threads), serial = run(1);
+  ASSERT_EQ(first.size(), second.size());
+  ASSERT_EQ(first.size(), serial.size());
+  for (size_t n = 0; n < first.size(); ++n) {
+    EXPECT_TRUE(torch::equal(first[n].second, second[n].second))
+        << first[n].first << " differs between two runs";
+    EXPECT_TRUE(torch::equal(first[n].second, serial[n].second))
+        << first[n].first << " differs between 1 and "
+        << (threads > 0 ? threads : torch::get_num_threads()) << " threads";
+  }
+}
+
 // ---- probes: values of the spec read through a kernel's outputs ---------------------------------
 
 // got (flattened) equals want element by element to tol.

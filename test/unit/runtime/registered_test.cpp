@@ -37,10 +37,7 @@ TEST(RegisteredKernels, EveryEncodingBuildsAndTakesAStep) {
 TEST(RegisteredKernels, EveryEncodingTrainsAndItsLossFalls) {
   const auto names = ape::kernel_names();
   ASSERT_FALSE(names.empty()) << "the kernel registry is empty";
-  ape::TokenSplit s;
-  std::vector<int32_t> phrase{3, 1, 4, 15, 9, 2, 6, 5}, ids;
-  for (int r = 0; r < 200; ++r) ids.insert(ids.end(), phrase.begin(), phrase.end());
-  s.add_doc("a", ids);
+  const ape::TokenSplit s = phrase_book();
   for (const auto &name : names) {
     SCOPED_TRACE(name);
     if (ape::manifest_of(ape::find_kernel(name)).inference_only) continue;  // refused (above)
@@ -48,16 +45,8 @@ TEST(RegisteredKernels, EveryEncodingTrainsAndItsLossFalls) {
     ape::ModelConfig mc = tiny_config(name, 16);
     mc.d_model = 64;  // head_dim 32: room for overrides of l = d/8
     ape::LanguageModel model(mc);
-    ape::TrainConfig tc;
-    tc.steps = 12;
-    tc.batch = 4;
-    tc.seq_len = 16;
-    tc.lr = 1e-2;
-    tc.warmup_steps = 2;
-    tc.progress_in_place = false;
     std::ostringstream out;
-    ape::TrainSampler sampler(s, 1);
-    ape::TrainResult r = ape::train(model, sampler, tc, out, name);
+    ape::TrainResult r = train_briefly(model, s, 12, 4, 16, 2, out, name);
     ASSERT_EQ(r.steps, 12);
     EXPECT_LT(r.final_loss, r.first_loss - 0.5) << out.str();
   }

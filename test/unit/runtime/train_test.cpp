@@ -22,23 +22,11 @@ TEST(Train, LearningRateWarmupAndCosine) {
 
 TEST(Train, LossFallsOnATinyModel) {
   at::manual_seed(12);
-  // Books that repeat a fixed 8-token phrase: learnable fast, far below the uniform ln(16).
-  ape::TokenSplit s;
-  std::vector<int32_t> phrase{3, 1, 4, 15, 9, 2, 6, 5}, ids;
-  for (int r = 0; r < 200; ++r) ids.insert(ids.end(), phrase.begin(), phrase.end());
-  s.add_doc("a", ids);
+  const ape::TokenSplit s = phrase_book();
   ape::ModelConfig mc = tiny_config("test_nope", 16);
   ape::LanguageModel model(testk::nope, mc);
-  ape::TrainConfig tc;
-  tc.steps = 30;
-  tc.batch = 8;
-  tc.seq_len = 16;
-  tc.lr = 1e-2;
-  tc.warmup_steps = 3;
-  tc.progress_in_place = false;
   std::ostringstream out;
-  ape::TrainSampler sampler(s, 1);
-  ape::TrainResult r = ape::train(model, sampler, tc, out, "tiny");
+  ape::TrainResult r = train_briefly(model, s, 30, 8, 16, 3, out, "tiny");
   EXPECT_EQ(r.steps, 30);
   EXPECT_EQ(r.losses.size(), 30u);
   EXPECT_NEAR(r.first_loss, std::log(16.0), 0.3);
