@@ -23,7 +23,9 @@ add_executable(ape_runtime_test
   ${CMAKE_CURRENT_LIST_DIR}/distributed_test.cpp ${CMAKE_CURRENT_LIST_DIR}/spec_reference_test.cpp)
 target_include_directories(ape_runtime_test PRIVATE ${CMAKE_CURRENT_LIST_DIR} ${_ape_runtime_test_dir})
 # Two unity batches, as ape_kernels_test (kernels_test.cmake): one compilation per file would parse
-# LibTorch's headers 13 times.
+# LibTorch's headers 13 times (clean build without ccache, CPU seconds: before the split, five
+# files, 80; one per file with a precompiled header 125; two batches, spec_library_test.cpp on its
+# own for its definitions, 65).
 set_target_properties(ape_runtime_test PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 7)
 target_link_libraries(ape_runtime_test PRIVATE ape_runtime ape_kernels GTest::gtest_main)
 target_compile_definitions(ape_runtime_test PRIVATE APE_TEST_DATA_DIR="${CMAKE_SOURCE_DIR}/data/pg30")
