@@ -18,6 +18,10 @@ apec=""
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then apec=$1; shift; fi
 if [ $# -gt 0 ] && [ "$1" == "--" ]; then shift; fi
 python=${APE_PYTHON:-${APE_VENV:-$root/.venv}/bin/python}
+# The C ABIs to emit, the one list of them (CMakeLists.txt builds and test_c_abi.py tests what is
+# emitted). Deliberately a subset: the C entry points are the same for every encoding, so one of
+# each kind of input (a rotation, a param bias, a token feature, an override with its fixed
+# sigma) covers them while keeping the build short; examples/c uses rope's.
 c_abi=(rope alibi cable expe)
 mkdir -p "$work"
 work=$(cd "$work" && pwd)

@@ -20,9 +20,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # ape.attention_transition: no backward, so apec emits no operator library for them).
 ENCODINGS = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ROOT, "examples", "encodings", "*.mlir"))
                    if "ape.attention_transition" not in open(p).read())
-# Those with a materialised reference (the rest: opcheck, compile, gradcheck, their own fp64).
+# Those with a materialised reference (reference.ENCODINGS: the rest get opcheck, compile,
+# gradcheck and their own fp64).
 REFERENCE_ENCODINGS = reference.ENCODINGS
-C_ABI_ENCODINGS = ["rope", "alibi", "cable", "expe"]
+# The C ABIs run.sh emitted and CMakeLists.txt built (run.sh's c_abi list: the one list of them).
+_ARTIFACTS = os.environ.get("APE_TEST_ARTIFACTS", "")
+C_ABI_ENCODINGS = sorted(d[:-len("_c_abi")] for d in (os.listdir(_ARTIFACTS) if os.path.isdir(_ARTIFACTS) else [])
+                         if d.endswith("_c_abi") and os.path.isdir(os.path.join(_ARTIFACTS, d)))
 # The same tests run on CUDA tensors where PyTorch sees a GPU.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -113,6 +117,6 @@ def close(actual, expected, what, atol, rtol=0.0):
 def pair_sum_bound(exact):
     """The fp32 error allowed in a param gradient on top of twice PyTorch's: a distance bias's
     param gradient (ALiBi's learned slopes) sums up to B T^2 / 2 terms that cancel (every row of
-    dS sums to zero), in the kernel's order, not PyTorch's; test/unit/kernels_test.cpp measured
+    dS sums to zero), in the kernel's order, not PyTorch's; ape_kernels_test (test/unit/kernels/harness.cpp) measured
     1.3e-4 of the result for alibi_slopes at T = 129 and bounds it by 2e-3."""
     return 2e-3 * max(1.0, exact.abs().max().item())

@@ -9,7 +9,9 @@ the best level the CPU runs or the one APE_CPU_LEVEL names. Every check runs in 
     APE_ERROR_CPU_LEVEL with it;
   - with qemu-x86_64 (scripts/install-deps.sh installs qemu-user): on an emulated Haswell (AVX2,
     no AVX-512) the operator chooses avx2 by itself and matches the reference, and the C example
-    runs; on an emulated Nehalem (no AVX) the C example runs at the baseline."""
+    runs; on an emulated Nehalem (no AVX) the C example runs at the baseline.
+The encodings of each check are samples (each check is a fresh process, some emulated): the
+numerics of every encoding at every level are ape_kernels_test's CpuLevelsVsReference."""
 import json
 import os
 import platform

@@ -11,6 +11,8 @@
 //
 // Encodings nope, rope, alibi and cable (no params, none, ALiBi's slopes, one token feature), fp32
 // and fp64, forward and backward, B=1 H=2 T=130 D=64 (two full key tiles and a partial one).
+// Deliberately a subset: one encoding per kind of kernel input, since the emulated runs are slow;
+// every encoding at every level the CPU runs is ape_kernels_test's CpuLevelsVsReference.
 // Inputs are a fixed pseudo-random sequence. Exit status: 0 ok, 1 mismatch or error.
 #include <ape/cpu_dispatch.h>
 #include <ape/kernel_entry.h>

@@ -1,5 +1,6 @@
-// Shared by the runtime suites (runtime_test.cpp, resume_test.cpp): private test kernels, their
-// manifests, and small helpers. Everything has internal linkage (one copy per suite file).
+// Shared by the runtime suites (test/unit/runtime/*_test.cpp, resume_test.cpp and the others of
+// ape_runtime_test): private test kernels, their manifests, and small helpers. Everything has
+// internal linkage (one copy per suite file).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -337,6 +338,32 @@ const ape::KernelEntry *registered(const std::string &name) {
   for (const auto &n : ape::kernel_names())
     if (n == name) return &ape::find_kernel(name);
   return nullptr;
+}
+
+// A book "a" that repeats a fixed 8-token phrase 200 times: learnable fast, far below the uniform
+// ln(16) of a 16-token vocabulary.
+ape::TokenSplit phrase_book() {
+  ape::TokenSplit s;
+  std::vector<int32_t> phrase{3, 1, 4, 15, 9, 2, 6, 5}, ids;
+  for (int r = 0; r < 200; ++r) ids.insert(ids.end(), phrase.begin(), phrase.end());
+  s.add_doc("a", ids);
+  return s;
+}
+
+// A short training run of `model` on `split` (lr 1e-2, one worker, no in-place progress); the
+// progress lines go to `out`.
+ape::TrainResult train_briefly(ape::LanguageModel &model, const ape::TokenSplit &split, int64_t steps,
+                               int64_t batch, int64_t seq_len, int64_t warmup_steps, std::ostream &out,
+                               const std::string &label) {
+  ape::TrainConfig tc;
+  tc.steps = steps;
+  tc.batch = batch;
+  tc.seq_len = seq_len;
+  tc.lr = 1e-2;
+  tc.warmup_steps = warmup_steps;
+  tc.progress_in_place = false;
+  ape::TrainSampler sampler(split, 1);
+  return ape::train(model, sampler, tc, out, label);
 }
 
 ape::ModelConfig tiny_config(const std::string &enc, int64_t vocab = 32) {

@@ -1,0 +1,197 @@
+// Instruction-set levels (ape/cpu_dispatch.h): the choice, the CPU detection against
+// /proc/cpuinfo, the level the registry runs (ctest also runs these with APE_CPU_LEVEL forced to
+// each level and to a bad name: cpu_levels_test.cmake), and every trainable encoding at every
+// level this CPU runs against the reference (CpuLevelsVsReference). Everything else in
+// ape_kernels_test runs the level chosen for this process (the best one the CPU runs).
+#include "decode_check.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace {
+
+using namespace ape_test;
+
+// ---- instruction-set levels (ape/cpu_dispatch.h) ------------------------------------------------
+
+const ape::KernelEntry *level_entry(int level, const std::string &name) {
+  size_t n = 0;
+  const ape::KernelEntry *const *all = ape::kernel_registry_level(level, &n);
+  for (size_t i = 0; all && i < n; ++i)
+    if (all[i] && name == all[i]->name) return all[i];
+  return nullptr;
+}
+
+// The choice on given masks: the best usable level by default, a named level when it is built
+// and runnable, otherwise a refusal that says why.
+TEST(CpuLevelChoice, DefaultAndForced) {
+  EXPECT_EQ(ape::choose_cpu_level(7, 7, nullptr).level, 2);
+  EXPECT_EQ(ape::choose_cpu_level(7, 3, nullptr).level, 1);  // a CPU without AVX-512
+  EXPECT_EQ(ape::choose_cpu_level(7, 1, "").level, 0);        // empty = unset
+  EXPECT_EQ(ape::choose_cpu_level(1, 7, nullptr).level, 0);  // a baseline-only build
+  EXPECT_EQ(ape::choose_cpu_level(5, 7, nullptr).level, 2);  // avx2 not built
+  EXPECT_FALSE(ape::choose_cpu_level(7, 7, nullptr).forced);
+  for (const char *name : {"baseline", "avx2", "avx512"}) {
+    const ape::CpuLevelChoice c = ape::choose_cpu_level(7, 7, name);
+    EXPECT_EQ(c.level, ape::cpu_level_from_name(name)) << name;
+    EXPECT_TRUE(c.forced && c.error.empty()) << name;
+  }
+}
+
+TEST(CpuLevelChoice, RefusalsSayWhy) {
+  auto error = [](unsigned built, unsigned runnable, const char *name) {
+    const ape::CpuLevelChoice c = ape::choose_cpu_level(built, runnable, name);
+    EXPECT_EQ(c.level, -1) << name;
+    return c.error;
+  };
+  EXPECT_EQ(error(7, 7, "AVX2"), "APE_CPU_LEVEL=AVX2: not a level; use baseline, avx2 or avx512 "
+                                 "(or unset it for the best level this CPU runs)");
+  EXPECT_EQ(error(7, 3, "avx512"),
+            "APE_CPU_LEVEL=avx512: this CPU cannot run AVX-512 F/CD/BW/DQ/VL code (it runs "
+            "baseline, avx2); unset APE_CPU_LEVEL or name one of those");
+  EXPECT_EQ(error(1, 7, "avx2"),
+            "APE_CPU_LEVEL=avx2: these kernels were built without that level (built: baseline)");
+}
+
+// The runnable levels against the flags the kernel reports in /proc/cpuinfo (an independent
+// reading of cpuid, with the OS's support of the register state applied).
+TEST(CpuLevels, RunnableMatchesCpuinfo) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  std::set<std::string> flags;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      for (std::string w; words >> w;) flags.insert(w);
+      break;
+    }
+  ASSERT_FALSE(flags.empty()) << "no flags line in /proc/cpuinfo";
+#if defined(__x86_64__)
+  auto has = [&](std::initializer_list<const char *> names) {
+    return std::all_of(names.begin(), names.end(), [&](const char *f) { return flags.count(f) > 0; });
+  };
+  unsigned want = 1;
+  if (has({"avx2", "fma"})) want |= 2;
+  if ((want & 2) && has({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})) want |= 4;
+  EXPECT_EQ(ape::cpu_runnable_levels(), want) << ape::cpu_level_list(want) << " expected";
+#else
+  EXPECT_EQ(ape::cpu_runnable_levels(), 1u);
+#endif
+}
+
+// kernel_registry() runs the level APE_CPU_LEVEL names (or the best), and a level that cannot
+// run is refused: its kernels throw the reason. ctest runs this with APE_CPU_LEVEL unset, each
+// level and a bad name (kernels_test.cmake); a forced lower level also runs two encodings
+// against the reference through the registry.
+TEST(CpuLevels, ChoiceFollowsEnvironment) {
+  const char *env = std::getenv("APE_CPU_LEVEL");
+  const std::string request = env ? env : "";
+  const ape::CpuLevelChoice &c = ape::kernel_cpu_level();
+  EXPECT_EQ(c.runnable, ape::cpu_runnable_levels());
+  const unsigned usable = c.built & c.runnable;
+  int want = -1;
+  if (request.empty()) {
+    for (int l = 0; l < ape::kNumCpuLevels; ++l)
+      if (usable & (1u << l)) want = l;
+  } else if (const int l = ape::cpu_level_from_name(request); l >= 0 && (usable & (1u << l))) {
+    want = l;
+  }
+  ASSERT_EQ(c.level, want) << "APE_CPU_LEVEL=" << request << ": " << c.describe();
+  SCOPED_TRACE("APE_CPU_LEVEL=" + request + ": " + c.describe());
+  for (const ape::KernelEntry *e : registry()) {
+    SCOPED_TRACE(e->name);
+    if (want >= 0) {
+      EXPECT_STREQ(e->cpu_level, ape::cpu_level_name(want));
+      const ape::KernelEntry *at = level_entry(want, e->name);
+      ASSERT_NE(at, nullptr);
+      EXPECT_EQ(e->forward_f32, at->forward_f32);
+      EXPECT_EQ(e->backward_f32, at->backward_f32);
+      ASSERT_TRUE(e->decode && at->decode);
+      EXPECT_EQ(e->decode->step_f32, at->decode->step_f32);
+    } else {
+      EXPECT_STREQ(e->cpu_level, "none");
+      ape::AttnArgs<float> a{};
+      try {
+        e->forward_f32(a);
+        ADD_FAILURE() << "a refused level ran";
+      } catch (const ape::CpuLevelError &err) {
+        EXPECT_EQ(err.what(), c.error);
+        EXPECT_NE(c.error.find("APE_CPU_LEVEL=" + request), std::string::npos) << c.error;
+      }
+      ape::DecodeCache<float> cache;
+      ape::DecodeArgs<float> da{};
+      EXPECT_THROW(e->decode->step_f32(cache, da), ape::CpuLevelError);
+    }
+  }
+  if (want >= 0 && !request.empty())
+    for (const char *enc : {"rope", "cable"}) {
+      SCOPED_TRACE(enc);
+      check_against_reference(make_problem(enc, 2, 3, 130, 64, case_seed(enc, 2, 3, 130, 64)));
+    }
+}
+
+// Every encoding at every built level this CPU runs: fp32 against the reference at the grid's
+// tolerances (the same at every level) and against the baseline; fp64 is the baseline's at every
+// level. Shapes: 130 keys = two full tiles and a partial one, D 64; and T 1, D 16. The
+// normalised differences between levels are recorded (APE_KERNELS_TEST_STATS=1, "levels/"): no
+// level is bitwise equal to the baseline (FMA contraction and the vector width change rounding
+// and the order of the SIMD reductions), all stay far inside the tolerances.
+class CpuLevelsVsReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuLevelsVsReference, MatchReference) {
+  const std::string &enc = GetParam();
+  const ape::CpuLevelChoice &c = ape::kernel_cpu_level();
+  const ape::KernelEntry *base = level_entry(0, enc);
+  ASSERT_NE(base, nullptr);
+  EXPECT_STREQ(base->cpu_level, "baseline");
+  for (const auto &[B, H, T, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 3, 130, 64},
+                                   {1, 2, 1, 16}}) {
+    SCOPED_TRACE(case_name(enc, B, H, T, D));
+    Problem p = make_problem(enc, B, H, T, D, case_seed(enc, B, H, T, D));
+    const RefOutputs ref = ape_test::reference_attention(p.enc, ref_inputs(p), p.dout);
+    p.entry = base;
+    KernelCall<float> kb(p);
+    kb.forward(), kb.backward();
+    for (int level = 0; level < ape::kNumCpuLevels; ++level) {
+      const ape::KernelEntry *e = level_entry(level, enc);
+      EXPECT_EQ(e != nullptr, (c.built >> level & 1u) != 0) << "level " << level;
+      if (!e || !(c.runnable >> level & 1u)) continue;
+      const std::string name = ape::cpu_level_name(level);
+      SCOPED_TRACE("level " + name);
+      EXPECT_EQ(name, e->cpu_level);
+      EXPECT_EQ(e->forward_f64, base->forward_f64);  // fp64: compiled at the baseline only
+      EXPECT_EQ(e->backward_f64, base->backward_f64);
+      ASSERT_TRUE(e->decode && base->decode);
+      EXPECT_EQ(e->decode->step_f64, base->decode->step_f64);
+      if (T > 1) check_decode<float>(enc, kDecodeSchedules[2], e);  // this level's decode steps
+      p.entry = e;
+      KernelCall<float> kc(p);
+      kc.forward(), kc.backward();
+      compare_with_reference(p, kc, ref);
+      // Per level: the largest error / tolerance over every encoding and quantity (stats only).
+      const auto got = kc.outputs(p), want = kb.outputs(p);
+      for (const auto &[quantity, t] : got) {
+        const Tensor *r = quantity == "o" ? &ref.o : quantity == "lse" ? &ref.lse
+                        : quantity == "dq" ? &ref.dq : quantity == "dk" ? &ref.dk
+                        : quantity == "dv" ? &ref.dv : nullptr;
+        if (quantity.rfind("dparam:", 0) == 0 && ref.dparams.count(quantity.substr(7)))
+          r = &ref.dparams.at(quantity.substr(7));
+        for (size_t n = 0; n < p.man.features.size(); ++n)
+          if (quantity == "dfeature:" + p.man.features[n]) r = &ref.dfeatures[n];
+        if (!r) continue;
+        const double share = normalised_error(t, *r) / fp32_tol(enc, quantity);
+        auto &stat = error_stats()["levels-ref/" + name + " (error / tolerance)"];
+        if (!(share <= stat.first)) stat = {share, enc + " " + quantity};
+      }
+      for (size_t n = 0; n < got.size() && level > 0; ++n)
+        expect_close("levels/" + name + "/" + enc + "/" + got[n].first, got[n].first + " vs baseline",
+                     got[n].second, want[n].second.to(torch::kFloat64),
+                     2 * fp32_tol(enc, got[n].first));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CpuLevelsVsReference, ::testing::ValuesIn(trainable_encodings()),
+                         [](const ::testing::TestParamInfo<std::string> &info) { return info.param; });
+
+}  // namespace

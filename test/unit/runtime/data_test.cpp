@@ -1,0 +1,141 @@
+// Data (runtime/Data.h): the token cache, the training and evaluation windows, the corpus and its
+// errors.
+#include "runtime_fixtures.h"
+
+namespace {
+
+TEST(TokenCache, RoundTrip) {
+  ape::TokenSplit s = synthetic_split(3, 1000, 4096, 7);
+  const std::string path = tmp_path("round.bin");
+  ape::write_token_cache(path, s, 4096, 0xABCDEF);
+  ape::TokenSplit r = ape::read_token_cache(path, 4096, 0xABCDEF);
+  EXPECT_EQ(r.names, s.names);
+  EXPECT_EQ(r.offsets, s.offsets);
+  EXPECT_EQ(r.ids, s.ids);
+  EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+}
+
+TEST(TokenCache, TruncatedCorruptAndStaleFilesAreDetected) {
+  ape::TokenSplit s = synthetic_split(2, 500, 4096, 8);
+  const std::string path = tmp_path("bad.bin");
+  ape::write_token_cache(path, s, 4096, 42);
+  const auto size = fs::file_size(path);
+  auto expect_cache_error = [&](const std::string &substr) {
+    try {
+      ape::read_token_cache(path, 4096, 42);
+      ADD_FAILURE() << "no error for " << substr;
+    } catch (const ape::CacheError &e) {
+      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  };
+  EXPECT_ERROR(ape::read_token_cache(path, 4096, 43), "stale");
+  EXPECT_ERROR(ape::read_token_cache(path, 8000, 42), "built for vocabulary 4096, need 8000");
+  for (uint64_t cut : {size - 1, size / 2, uint64_t(20), uint64_t(3), uint64_t(0)}) {
+    ape::write_token_cache(path, s, 4096, 42);
+    fs::resize_file(path, cut);
+    expect_cache_error(cut < 8 ? "truncated" : "truncated");
+  }
+  // A flipped byte in the ids -> checksum; a flipped magic -> not a cache.
+  for (auto [offset, substr] : {std::pair<uint64_t, const char *>{size - 100, "checksum mismatch"}, {1, "bad magic"}}) {
+    ape::write_token_cache(path, s, 4096, 42);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(offset);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x5A;
+    f.seekp(offset);
+    f.write(&c, 1);
+    f.close();
+    expect_cache_error(substr);
+  }
+  // A header claiming more books than the file holds -> no huge allocation, a clear error.
+  ape::write_token_cache(path, s, 4096, 42);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t huge = uint64_t(1) << 60;
+    f.seekp(8 + 4 + 4 + 8);
+    f.write(reinterpret_cast<const char *>(&huge), 8);
+  }
+  expect_cache_error("more than the file holds");
+  fs::remove(path);
+  expect_cache_error("does not exist");
+}
+
+TEST(Windows, TrainSamplerStaysInsideOneBookAndIsSeeded) {
+  ape::TokenSplit s;
+  for (int d = 0; d < 4; ++d) {  // book d holds ids 1000·d + position
+    std::vector<int32_t> ids(50 + 30 * d);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1000 * d + int32_t(i);
+    s.add_doc("b" + std::to_string(d), ids);
+  }
+  ape::TrainSampler a(s, 5), b(s, 5);
+  for (int it = 0; it < 20; ++it) {
+    at::Tensor x = a.next(8, 40);
+    EXPECT_TRUE(x.equal(b.next(8, 40)));
+    auto acc = x.accessor<int64_t, 2>();
+    for (int r = 0; r < 8; ++r)
+      for (int t = 1; t < 40; ++t) ASSERT_EQ(acc[r][t], acc[r][t - 1] + 1);  // consecutive, same book
+  }
+  EXPECT_ERROR(a.next(1, 200), "no training book holds a window of 200 tokens");
+}
+
+TEST(Windows, EvalLengthsScoreTheSameTargets) {
+  ape::TokenSplit s = synthetic_split(2, 3000, 1 << 20, 9);
+  const int64_t L = 16, max_len = 8 * L, segments = 5;
+  std::vector<int32_t> first;
+  for (int64_t m : {1, 2, 4, 8}) {
+    at::Tensor w = ape::eval_windows(s, L * m, max_len, segments);
+    EXPECT_EQ(w.size(1), L * m + 1);
+    EXPECT_EQ(w.size(0), segments * 8 / m);
+    at::Tensor targets = w.narrow(1, 1, L * m).flatten();
+    std::vector<int32_t> t(targets.data_ptr<int64_t>(), targets.data_ptr<int64_t>() + targets.numel());
+    if (first.empty()) first = t;
+    EXPECT_EQ(t, first) << "multiple " << m;
+  }
+  // Too many segments asked: as many as fit; too long: a clear error.
+  EXPECT_EQ(ape::eval_windows(s, 1000, 1000, 100).size(0), 4);
+  EXPECT_ERROR(ape::eval_windows(s, 4000, 4000, 1), "too short for one window of 4001 tokens");
+}
+
+TEST(Corpus, MissingOrCorruptDataGivesClearErrors) {
+  ape::DataOptions o;
+  o.cache_dir = tmp_path("cache");
+  std::ostringstream log;
+  o.log = &log;
+  o.data_dir = tmp_path("no_such_dir");
+  EXPECT_ERROR(ape::Corpus::open(o), "data folder '" + o.data_dir + "' does not exist");
+
+  o.data_dir = tmp_path("data_no_archive");
+  fs::create_directories(o.data_dir);
+  std::ofstream(o.data_dir + "/SPLITS.tsv") << "id\tsplit\n1\ttrain\n2\ttest\n";
+  EXPECT_ERROR(ape::Corpus::open(o), "corpus archive " + o.data_dir + "/clean.tar.xz is missing");
+
+  std::ofstream(o.data_dir + "/clean.tar.xz") << "this is not an xz archive";
+  EXPECT_ERROR(ape::Corpus::open(o), "cannot unpack corpus archive " + o.data_dir + "/clean.tar.xz");
+
+  fs::remove(o.data_dir + "/SPLITS.tsv");
+  EXPECT_ERROR(ape::Corpus::open(o), "cannot read the split list " + o.data_dir + "/SPLITS.tsv");
+}
+
+// The real corpus end to end (unpack, tokenizer, caches): ~15 s, so opt-in with APE_TEST_CORPUS=1.
+// The shipped books end to end: unpack, train the tokenizer, tokenize, then reopen from the cache.
+TEST(Corpus, ShippedCorpusTokenizesAndCaches) {
+  ape::DataOptions o;
+  o.data_dir = APE_TEST_DATA_DIR;
+  o.cache_dir = tmp_path("corpus_cache");
+  std::ostringstream log;
+  o.log = &log;
+  ape::Corpus c = ape::Corpus::open(o);
+  EXPECT_EQ(c.train().num_docs(), 26);
+  EXPECT_EQ(c.valid().num_docs(), 2);
+  EXPECT_EQ(c.test().num_docs(), 2);
+  EXPECT_GT(c.train().size(), 1000000);
+  ape::Corpus again = ape::Corpus::open(o);  // everything from the cache now
+  EXPECT_EQ(again.test().ids, c.test().ids);
+  EXPECT_EQ(again.tokenizer_train_seconds(), 0.0);
+  EXPECT_EQ(again.tokenize_seconds(), 0.0);
+  std::cout << log.str();
+}
+
+}  // namespace

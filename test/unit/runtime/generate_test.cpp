@@ -1,0 +1,77 @@
+// ape-generate (runtime/Generate.h): cached scoring equals the full forward's loss; sampling is
+// seeded and checks its inputs.
+#include "runtime_fixtures.h"
+#include "runtime/Generate.h"
+
+namespace {
+
+// ape-generate's scoring (runtime/Generate.h): the cached per-token losses, token by token and 16
+// at a time, average to the full forward's loss (LanguageModel::loss, what ape-eval computes) over
+// the same window, for encodings of each kind (rotary, bias, token program, relative rows); the
+// buckets' cumulative losses are the losses of the windows 1..to. Deliberately one encoding per kind
+// (token by token, each is a few seconds): every encoding's cached decoding is
+// RegisteredKernels.CachedDecodingMatchesTheFullForward's.
+TEST(Generate, CachedScoreEqualsTheFullForwardLoss) {
+  for (const std::string name : {"rope", "alibi", "cable", "shaw", "expe_qkv"}) {
+    SCOPED_TRACE(name);
+    at::manual_seed(31);
+    ape::ModelConfig mc = tiny_config(name);
+    mc.d_model = 64;
+    ape::LanguageModel model(mc);
+    std::vector<int64_t> ids(201);
+    for (auto &t : ids) t = at::randint(32, {1}, at::kLong).item<int64_t>();
+    at::Tensor window = at::tensor(ids, at::kLong).view({1, -1});
+    double full = 0, full50 = 0;
+    {
+      at::NoGradGuard g;
+      full = model->loss(window).item<double>();
+      full50 = model->loss(window.narrow(1, 0, 51)).item<double>();
+    }
+    for (int64_t chunk : {int64_t(1), int64_t(16)}) {
+      ape::ScoreResult r = ape::score_cached(model, ids, chunk);
+      ASSERT_EQ(r.loss.size(), 200u);
+      double mean = 0;
+      for (double l : r.loss) mean += l / 200.0;
+      EXPECT_NEAR(mean, full, 2e-5) << "chunk " << chunk;
+      auto buckets = ape::bucket_losses(r.loss, 50);
+      ASSERT_EQ(buckets.size(), 3u);  // 1..50, 51..100, 101..200
+      EXPECT_EQ(buckets[0].count + buckets[1].count + buckets[2].count, 200);
+      EXPECT_NEAR(buckets[0].cumulative_loss, full50, 2e-5);
+      EXPECT_NEAR(buckets[2].cumulative_loss, full, 2e-5);
+    }
+  }
+}
+
+TEST(Generate, SamplingIsSeededAndChecksItsInputs) {
+  at::manual_seed(32);
+  ape::ModelConfig mc = tiny_config("rope");
+  mc.d_model = 64;
+  ape::LanguageModel model(mc);
+  ape::SampleOptions o;
+  o.max_tokens = 20, o.temperature = 0.9, o.top_k = 8, o.seed = 5;
+  auto a = ape::sample(model, {1, 2, 3}, o), b = ape::sample(model, {1, 2, 3}, o);
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.tokens.size(), 20u);
+  o.seed = 6;
+  EXPECT_NE(ape::sample(model, {1, 2, 3}, o).tokens, a.tokens);
+  // Greedy sampling is the argmax of the full forward at every step.
+  o.temperature = 0;
+  auto g = ape::sample(model, {1, 2, 3}, o);
+  std::vector<int64_t> seq = {1, 2, 3};
+  for (int64_t t : g.tokens) {
+    at::NoGradGuard ng;
+    at::Tensor logits = model->forward(at::tensor(seq, at::kLong).view({1, -1}));
+    EXPECT_EQ(logits[0][-1].argmax().item<int64_t>(), t);
+    seq.push_back(t);
+  }
+  // top_k = 1 is greedy at any temperature.
+  o.temperature = 2.0, o.top_k = 1;
+  EXPECT_EQ(ape::sample(model, {1, 2, 3}, o).tokens, g.tokens);
+  EXPECT_THROW(ape::sample(model, {}, o), std::invalid_argument);
+  EXPECT_THROW(ape::sample(model, {1, 99}, o), std::invalid_argument);
+  o.top_k = 33;
+  EXPECT_THROW(ape::sample(model, {1}, o), std::invalid_argument);
+  EXPECT_THROW(ape::score_cached(model, {1}, 1), std::invalid_argument);
+}
+
+}  // namespace

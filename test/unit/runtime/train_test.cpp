@@ -1,0 +1,72 @@
+// Training (runtime/Train.h): the learning-rate schedule, the loss falls on a tiny model,
+// divergence stops with a clear error.
+#include "runtime_fixtures.h"
+
+namespace {
+
+TEST(Train, LearningRateWarmupAndCosine) {
+  ape::TrainConfig c;
+  c.steps = 100;
+  c.lr = 1.0;
+  c.warmup_steps = 10;
+  c.min_lr_frac = 0.1;
+  EXPECT_NEAR(ape::learning_rate(c, 0, 0.0), 0.1, 1e-12);
+  EXPECT_NEAR(ape::learning_rate(c, 9, 0.09), 0.5 * (1.1 + 0.9 * std::cos(M_PI * 0.09)), 1e-12);
+  EXPECT_NEAR(ape::learning_rate(c, 50, 0.5), 0.55, 1e-12);
+  EXPECT_NEAR(ape::learning_rate(c, 99, 1.0), 0.1, 1e-12);
+  c.warmup_steps = 1000;  // capped at steps / 5
+  EXPECT_NEAR(ape::learning_rate(c, 19, 0.0), 1.0, 1e-12);
+  ape::TrainConfig none;
+  EXPECT_ERROR(none.validate(), "give a budget");
+}
+
+TEST(Train, LossFallsOnATinyModel) {
+  at::manual_seed(12);
+  const ape::TokenSplit s = phrase_book();
+  ape::ModelConfig mc = tiny_config("test_nope", 16);
+  ape::LanguageModel model(testk::nope, mc);
+  std::ostringstream out;
+  ape::TrainResult r = train_briefly(model, s, 30, 8, 16, 3, out, "tiny");
+  EXPECT_EQ(r.steps, 30);
+  EXPECT_EQ(r.losses.size(), 30u);
+  EXPECT_NEAR(r.first_loss, std::log(16.0), 0.3);
+  EXPECT_LT(r.final_loss, r.first_loss - 0.8) << out.str();
+  EXPECT_NE(out.str().find("[tiny] step 30/30"), std::string::npos) << out.str();
+
+  // And evaluation runs on it, with the same target count at every length.
+  ape::EvalConfig ec;
+  ec.multiples = {1, 2, 4};
+  ec.tokens = 3 * 64;
+  auto rows = ape::evaluate(model, s, 16, ec);
+  ASSERT_EQ(rows.size(), 3u);
+  for (const auto &row : rows) {
+    EXPECT_EQ(row.tokens, 3 * 64);
+    EXPECT_NEAR(row.ppl, std::exp(row.loss), 1e-9);
+    EXPECT_EQ(row.eval_len, 16 * row.multiple);
+  }
+}
+
+TEST(Train, DivergenceStopsWithAClearError) {
+  ape::TokenSplit s = synthetic_split(1, 500, 16, 13);
+  ape::LanguageModel model(testk::nope, tiny_config("test_nope", 16));
+  {
+    torch::NoGradGuard g;
+    model->wte->weight.fill_(NAN);
+  }
+  ape::TrainConfig tc;
+  tc.steps = 5;
+  tc.batch = 2;
+  tc.seq_len = 8;
+  tc.progress = false;
+  std::ostringstream out;
+  ape::TrainSampler sampler(s, 1);
+  try {
+    ape::train(model, sampler, tc, out, "nan");
+    ADD_FAILURE() << "no error";
+  } catch (const ape::TrainingDiverged &e) {
+    EXPECT_NE(std::string(e.what()).find("loss became NaN at step 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nothing was saved"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
