@@ -48,10 +48,7 @@ struct KernelLayout {
 
   /// The number of rows of a rel_rows table (its verified integer first dimension).
   int64_t rowCount(RelRowsOp r) const {
-    int64_t rows = 0;
-    auto shape = r.getTable().getDefiningOp<ParamOp>().getShape();
-    (void)cast<StringAttr>(shape[0]).getValue().getAsInteger(10, rows);
-    return rows;
+    return getDims(r.getTable().getDefiningOp<ParamOp>())[0].value;
   }
 
   LogicalResult build(KernelOp kernel) {
@@ -974,8 +971,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   }
   if (ValueRowsOp vr = layout.valueRows) {  // o_i += Σ_j P_ij table[r(i, j)] (the templates)
     auto table = vr.getTable().getDefiningOp<ParamOp>();
-    int64_t rows = 0;
-    (void)cast<StringAttr>(table.getShape()[0]).getValue().getAsInteger(10, rows);
+    int64_t rows = getDims(table)[0].value;  // verified: [rows, "heads", "head_dim"]
     os << "  static constexpr bool kHasValueRows = true;\n"
        << "  static constexpr int kValueTable = " << layout.paramIndex.lookup(table) << ";\n"
        << "  static constexpr int64_t kValueRows = " << rows << ";\n"
