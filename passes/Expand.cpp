@@ -122,13 +122,9 @@ struct PairInfo {
 PairInfo pairInfo(RegionBuilder &rb, Value c, double fraction, bool half) {
   OpBuilder &b = rb.b;
   Location loc = rb.loc;
-  Type idx = b.getIndexType();
   // r = 0 is the identity, as in the kernel template's pairing; the divisor r/2 is kept >= 1
   // so the index arithmetic stays defined.
-  Value dh = rb.toF32(rb.dim("head_dim"));
-  Value halfF = b.create<math::FloorOp>(loc, rb.mul(dh, rb.f32(fraction / 2.0)));
-  Value halfI = b.create<arith::IndexCastOp>(
-      loc, idx, b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
+  Value halfI = rb.rotatedHalf(fraction);
   PairInfo p;
   p.r = rb.imul(halfI, rb.idx(2));
   Value halfR = b.create<arith::MaxUIOp>(loc, halfI, rb.idx(1));

@@ -45,10 +45,7 @@ SmallVector<Value> inlineBody(OpBuilder &b, Region &region, ValueRange args) {
 Value partnerIndex(RegionBuilder &rb, abi::Pairing pairing, double fraction, Value c) {
   OpBuilder &b = rb.b;
   Location loc = rb.loc;
-  Value dh = rb.toF32(rb.dim("head_dim"));
-  Value halfF = b.create<math::FloorOp>(loc, rb.mul(dh, rb.f32(fraction / 2.0)));
-  Value half = b.create<arith::IndexCastOp>(
-      loc, b.getIndexType(), b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
+  Value half = rb.rotatedHalf(fraction);
   Value r = rb.imul(half, rb.idx(2));
   Value partner;
   if (pairing == abi::Pairing::Half) {
