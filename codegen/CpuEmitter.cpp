@@ -48,10 +48,7 @@ struct KernelLayout {
 
   /// The number of rows of a rel_rows table (its verified integer first dimension).
   int64_t rowCount(RelRowsOp r) const {
-    int64_t rows = 0;
-    auto shape = r.getTable().getDefiningOp<ParamOp>().getShape();
-    (void)cast<StringAttr>(shape[0]).getValue().getAsInteger(10, rows);
-    return rows;
+    return getDims(r.getTable().getDefiningOp<ParamOp>())[0].value;
   }
 
   LogicalResult build(KernelOp kernel) {
@@ -127,6 +124,13 @@ bool mlir::ape::hasNonFiniteConstant(KernelOp kernel) {
 }
 
 namespace {
+
+/// A param dimension as generated code: the symbols as `heads` and `headDim`, a size as itself.
+std::string dimExpr(const abi::Dim &d, StringRef heads, StringRef headDim) {
+  if (d.is(abi::Dim::Kind::Heads))
+    return heads.str();
+  return d.is(abi::Dim::Kind::HeadDim) ? headDim.str() : std::to_string(d.value);
+}
 
 std::string cType(Type t) {
   if (t.isF32() || t.isF64() || t.isF16() || t.isBF16())
@@ -213,9 +217,8 @@ public:
       return load.emitOpError("loads a value that is not an ape.param of this kernel");
     ParamOp p = layout.params[param->second];
     std::string flat;
-    for (auto [k, dimAttr] : llvm::enumerate(p.getShape())) {
-      StringRef dim = cast<StringAttr>(dimAttr).getValue();
-      std::string size = dim == "heads" ? "ctx.H" : dim == "head_dim" ? "ctx.D" : dim.str();
+    for (auto [k, dim] : llvm::enumerate(getDims(p))) {
+      std::string size = dimExpr(dim, "ctx.H", "ctx.D");
       // A region argument (h, c) is in range by construction; a computed index (a bucket,
       // say) is clamped to the dimension so no spec can read or write out of bounds.
       std::string i = get(idx[k]);
@@ -344,9 +347,12 @@ private:
             .Case([&](math::TruncOp) { return call("std::trunc"); })
             .Case([&](math::PowFOp) { return call("std::pow"); })
             .Case([&](DimOp d) {
-              return std::string(d.getWhich() == "heads"      ? "ctx.H"
-                                 : d.getWhich() == "head_dim" ? "ctx.D"
-                                                              : "ctx.T");
+              switch (d.getWhich()) {
+              case abi::DimWhich::Heads: return std::string("ctx.H");
+              case abi::DimWhich::HeadDim: return std::string("ctx.D");
+              case abi::DimWhich::SeqLen: break;
+              }
+              return std::string("ctx.T");
             })
             .Default([](Operation *) { return std::nullopt; });
     if (auto load = dyn_cast<LoadOp>(op)) {
@@ -905,7 +911,9 @@ LogicalResult emitEmbedTable(raw_ostream &os, KernelLayout &layout) {
   return success();
 }
 
-int pairingCode(StringRef p) { return p == "half" ? 1 : p == "interleaved" ? 2 : 0; }
+/// The pairing as the templates' Enc::kQPairing / kKPairing code: abi::Pairing's value
+/// (0 none, 1 half, 2 interleaved), which they pass back to abi::partner.
+int pairingCode(abi::Pairing p) { return static_cast<int>(p); }
 
 } // namespace
 
@@ -975,7 +983,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   auto readsLength = [](Operation *op) {
     bool reads = false;
     if (op)
-      op->walk([&](DimOp d) { reads |= d.getWhich() == "seq_len"; });
+      op->walk([&](DimOp d) { reads |= d.getWhich() == abi::DimWhich::SeqLen; });
     return reads;
   };
   if (isLinearMod(layout.qmod))
@@ -992,11 +1000,8 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
      << "    (void)H, (void)D;\n    switch (n) {\n";
   for (auto [n, p] : llvm::enumerate(layout.params)) {
     std::string numel;
-    for (Attribute a : p.getShape()) {
-      StringRef d = cast<StringAttr>(a).getValue();
-      numel += (numel.empty() ? "" : " * ") +
-               (d == "heads" ? std::string("H") : d == "head_dim" ? std::string("D") : d.str());
-    }
+    for (const abi::Dim &d : getDims(p))
+      numel += (numel.empty() ? "" : " * ") + dimExpr(d, "H", "D");
     os << "    case " << n << ": return " << numel << ";  // \"" << p.getName() << "\"\n";
   }
   os << "    default: return 0;\n    }\n  }\n";
@@ -1011,7 +1016,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     auto paramOf = [&](Value v) -> int64_t {
       return v ? static_cast<int64_t>(layout.paramIndex.lookup(v)) : -1;
     };
-    table("side", [&](RelRowsOp r) { return r.getSide() == "q" ? 0 : 1; });
+    table("side", [&](RelRowsOp r) { return r.getSide() == abi::Side::Q ? 0 : 1; });
     table("rows", [&](RelRowsOp r) { return layout.rowCount(r); });
     table("table", [&](RelRowsOp r) { return paramOf(r.getTable()); });
     table("bias", [&](RelRowsOp r) { return paramOf(r.getBias()); });
@@ -1023,8 +1028,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   }
   if (ValueRowsOp vr = layout.valueRows) {  // o_i += Σ_j P_ij table[r(i, j)] (the templates)
     auto table = vr.getTable().getDefiningOp<ParamOp>();
-    int64_t rows = 0;
-    (void)cast<StringAttr>(table.getShape()[0]).getValue().getAsInteger(10, rows);
+    int64_t rows = getDims(table)[0].value;  // verified: [rows, "heads", "head_dim"]
     os << "  static constexpr bool kHasValueRows = true;\n"
        << "  static constexpr int kValueTable = " << layout.paramIndex.lookup(table) << ";\n"
        << "  static constexpr int64_t kValueRows = " << rows << ";\n"

@@ -56,33 +56,24 @@ FailureOr<folder::KernelInputInfo> folder::collectInputs(KernelOp kernel,
       info.features.push_back({f.getName().str(), uniqueIdentifier(f.getName(), taken)});
     } else if (auto p = dyn_cast<ParamOp>(op)) {
       KernelInputInfo::Param param{p.getName().str(), uniqueIdentifier(p.getName(), taken),
-                                   {}, "[", p.getTrainable(), p.getInit().str()};
-      for (auto [i, a] : llvm::enumerate(p.getShape())) {
-        StringRef dim = cast<StringAttr>(a).getValue();
-        int64_t size = 0;
-        if (dim == "heads")
-          param.dims.push_back(-1);
-        else if (dim == "head_dim")
-          param.dims.push_back(-2);
-        else if (!dim.getAsInteger(10, size) && size >= 0)
-          param.dims.push_back(size);
-        else
-          return p.emitOpError("dimension \"") << dim << "\" is not heads, head_dim or a size";
+                                   {}, "[", p.getTrainable(), nameOf(p.getInit()).str()};
+      for (auto [i, dim] : llvm::enumerate(getDims(p))) {
+        param.dims.push_back(dim.is(abi::Dim::Kind::Heads)     ? -1
+                             : dim.is(abi::Dim::Kind::HeadDim) ? -2
+                                                               : dim.value);
         param.shapeText += (i ? ", " : "") + dim.str();
       }
       param.shapeText += "]";
-      if (param.init == "projection_term" || param.init == "projection_prefix") {
-        // The verifier (ParamOp::verify) guarantees these attributes for both kinds.
-        auto f64 = [&](StringRef name, double fallback) {
-          auto a = p->getAttrOfType<FloatAttr>(name);
-          return a ? a.getValueAsDouble() : fallback;
+      if (abi::is_derived(p.getInit())) {
+        // The verifier (ParamOp::verify) guarantees the arguments of each kind.
+        auto f64 = [](std::optional<APFloat> v, double fallback) {
+          return v ? v->convertToDouble() : fallback;
         };
-        KernelInputInfo::Param::Derived d{
-            p->getAttrOfType<StringAttr>("projection").getValue().front(),
-            p->getAttrOfType<IntegerAttr>("columns").getInt()};
-        d.start = f64("start", 0.0);
-        d.step = f64("step", 0.0);
-        d.scale = f64("scale", 1.0);
+        KernelInputInfo::Param::Derived d{nameOf(*p.getProjection()).front(),
+                                          static_cast<int64_t>(*p.getColumns())};
+        d.start = f64(p.getStart(), 0.0);
+        d.step = f64(p.getStep(), 0.0);
+        d.scale = f64(p.getScale(), 1.0);
         param.derived = d;
       }
       if (param.dims.size() > 8)

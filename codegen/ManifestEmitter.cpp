@@ -24,32 +24,42 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
                                             {"bias", f.getBias().convertToDouble()}});
     } else if (auto p = dyn_cast<ParamOp>(op)) {
       llvm::json::Array shape;
-      for (Attribute a : p.getShape()) {  // symbols stay strings, sizes become integers
-        StringRef dim = cast<StringAttr>(a).getValue();
-        int64_t size = 0;
-        if (!dim.getAsInteger(10, size))
-          shape.push_back(size);
+      for (const abi::Dim &d : getDims(p)) {  // symbols stay strings, sizes become integers
+        if (d.is(abi::Dim::Kind::Fixed))
+          shape.push_back(d.value);
         else
-          shape.push_back(dim);
+          shape.push_back(d.str());
       }
-      llvm::json::Object init{{"kind", p.getInit()}};
-      for (NamedAttribute a : p->getDiscardableAttrs()) {
-        if (llvm::is_contained({"min", "max", "integer", "shared"}, a.getName().getValue()))
-          continue;  // the value range and sharing are not part of the initialiser
-        if (auto fa = dyn_cast<FloatAttr>(a.getValue()))
-          init[a.getName().getValue()] = fa.getValueAsDouble();
-        else if (auto ia = dyn_cast<IntegerAttr>(a.getValue()))
-          init[a.getName().getValue()] = ia.getInt();
-        else if (auto sa = dyn_cast<StringAttr>(a.getValue()))
-          init[a.getName().getValue()] = sa.getValue();
-        else if (auto ba = dyn_cast<BoolAttr>(a.getValue()))
-          init[a.getName().getValue()] = ba.getValue();
+      // The kind and the arguments it takes (abi::init_arg_use; the verifier admits no other).
+      llvm::json::Object init{{"kind", nameOf(p.getInit())}};
+      auto f64 = [](std::optional<llvm::APFloat> v) -> llvm::json::Value {
+        return v ? llvm::json::Value(v->convertToDouble()) : llvm::json::Value(nullptr);
+      };
+      for (abi::InitArg arg : abi::kInitArgs) {
+        llvm::json::Value v = nullptr;
+        switch (arg) {
+        case abi::InitArg::Std: v = f64(p.getStd()); break;
+        case abi::InitArg::Value: v = f64(p.getValue()); break;
+        case abi::InitArg::Projection:
+          if (auto proj = p.getProjection())
+            v = nameOf(*proj);
+          break;
+        case abi::InitArg::Columns:
+          if (auto cols = p.getColumns())
+            v = static_cast<int64_t>(*cols);
+          break;
+        case abi::InitArg::Start: v = f64(p.getStart()); break;
+        case abi::InitArg::Step: v = f64(p.getStep()); break;
+        case abi::InitArg::Scale: v = f64(p.getScale()); break;
+        }
+        if (v.kind() != llvm::json::Value::Null)
+          init[nameOf(arg)] = std::move(v);
       }
       llvm::json::Object param{{"name", p.getName()},
                                {"shape", std::move(shape)},
                                {"init", std::move(init)},
                                {"trainable", p.getTrainable()},
-                               {"per_layer", !p->hasAttr("shared")}};
+                               {"per_layer", !p.getShared()}};
       if (std::optional<ape_rules::Range> range = getValueRange(p))
         param["range"] = llvm::json::Object{
             {"min", range->min}, {"max", range->max}, {"integer", range->integer}};
@@ -59,8 +69,8 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
       if (auto s = m.getPositionScale())
         sigma = *s;
       override = llvm::json::Object{{"l", m.getL()},
-                                    {"targets", m.getTargets()},
-                                    {"kind", m.getKind()},
+                                    {"targets", nameOf(m.getTargets())},
+                                    {"kind", nameOf(m.getKind())},
                                     {"start", m.getStart().convertToDouble()},
                                     {"theta", m.getTheta().convertToDouble()},
                                     {"theta1", m.getTheta1().convertToDouble()},
@@ -80,8 +90,8 @@ LogicalResult mlir::ape::emitManifest(KernelOp kernel, StringRef source, raw_ost
   // the spec says (ape_rules::checkRotation).
   llvm::json::Value rotation = nullptr;
   for (Operation &op : kernel.getBody().front())
-    if (auto q = dyn_cast<QModOp>(op); q && q.getPairing() != "none")
-      rotation = llvm::json::Object{{"pairing", q.getPairing()},
+    if (auto q = dyn_cast<QModOp>(op); q && q.getPairing() != abi::Pairing::None)
+      rotation = llvm::json::Object{{"pairing", nameOf(q.getPairing())},
                                     {"fraction", q.getFraction().convertToDouble()}};
   // The prob site: an attention transition (inference only: the kernel has no backward).
   llvm::json::Value transition = nullptr;

@@ -99,7 +99,7 @@ FailureOr<llvm::json::Value> region(Region &r, const Layout &layout) {
     } else if (auto c = dyn_cast<arith::CmpIOp>(op)) {
       o["predicate"] = arith::stringifyCmpIPredicate(c.getPredicate());
     } else if (auto d = dyn_cast<DimOp>(op)) {
-      o["which"] = d.getWhich();
+      o["which"] = nameOf(d.getWhich());
     } else if (load) {
       Value src = load.getSource();
       if (auto it = layout.param.find(src); it != layout.param.end())
@@ -163,13 +163,15 @@ LogicalResult mlir::ape::emitReference(EncodingOp enc, StringRef source, raw_ost
       if (r.getBias())
         bias = layout.param.lookup(r.getBias());
       rels.push_back(llvm::json::Object{
-          {"side", r.getSide()}, {"table", layout.param.lookup(r.getTable())}, {"bias", bias}});
+          {"side", nameOf(r.getSide())},
+          {"table", layout.param.lookup(r.getTable())},
+          {"bias", bias}});
     } else if (isa<QModOp, KModOp>(op)) {
       auto body = region(op.getRegion(0), layout);
       if (failed(body))
         return failure();
-      StringRef pairing = isa<QModOp>(op) ? cast<QModOp>(op).getPairing()
-                                          : cast<KModOp>(op).getPairing();
+      StringRef pairing = nameOf(isa<QModOp>(op) ? cast<QModOp>(op).getPairing()
+                                                 : cast<KModOp>(op).getPairing());
       double fraction = isa<QModOp>(op) ? cast<QModOp>(op).getFraction().convertToDouble()
                                         : cast<KModOp>(op).getFraction().convertToDouble();
       (isa<QModOp>(op) ? qmods : kmods)

@@ -23,11 +23,31 @@ using namespace mlir::ape;
 #define GET_OP_CLASSES
 #include "dialect/ApeOps.cpp.inc"
 
-bool mlir::ape::isValidShapeSymbol(llvm::StringRef dim) {
-  if (dim == "heads" || dim == "head_dim")
-    return true;
-  unsigned long long n = 0;
-  return !dim.getAsInteger(10, n) && n > 0;
+SmallVector<abi::Dim> mlir::ape::getDims(ParamOp param) {
+  SmallVector<abi::Dim> dims;
+  for (Attribute a : param.getShape())
+    dims.push_back(abi::parse_dim(cast<StringAttr>(a).getValue()).value_or(abi::Dim{}));
+  return dims;
+}
+
+ParamOp mlir::ape::createParam(OpBuilder &b, Location loc, StringRef name,
+                               ArrayRef<StringRef> shape, abi::InitKind init, bool trainable) {
+  OperationState state(loc, ParamOp::getOperationName());
+  state.addTypes(ParamType::get(b.getContext()));
+  state.addAttribute(ParamOp::getNameAttrName(state.name), b.getStringAttr(name));
+  state.addAttribute(ParamOp::getShapeAttrName(state.name), b.getStrArrayAttr(shape));
+  state.addAttribute(ParamOp::getInitAttrName(state.name), b.getStringAttr(abi::name(init)));
+  if (trainable)
+    state.addAttribute(ParamOp::getTrainableAttrName(state.name), b.getUnitAttr());
+  return cast<ParamOp>(b.create(state));
+}
+
+/// A param shape [rows, "heads", "head_dim"] (a relative table, a sinusoidal table), rows a
+/// positive integer.
+static bool isRowTable(ArrayRef<abi::Dim> d) {
+  using K = abi::Dim::Kind;
+  return d.size() == 3 && d[0].is(K::Fixed) && d[0].value > 0 && d[1].is(K::Heads) &&
+         d[2].is(K::HeadDim);
 }
 
 bool mlir::ape::isAllowedInRegion(Operation *op) {
@@ -270,42 +290,36 @@ LogicalResult RotaryOp::verify() {
     return emitOpError("base must be a finite number greater than 1, got ") << base;
   if (!(fraction > 0.0 && fraction <= 1.0))
     return emitOpError("fraction must be in (0, 1], got ") << fraction;
-  if (getPairing() != "half" && getPairing() != "interleaved")
-    return emitOpError("pairing must be \"half\" or \"interleaved\", got \"")
-           << getPairing() << "\"";
-  StringRef scaling = getScaling();
-  if (scaling != "none" && scaling != "linear" && scaling != "ntk" && scaling != "dynamic_ntk" &&
-      scaling != "yarn" && scaling != "llama3")
-    return emitOpError("scaling must be \"none\", \"linear\", \"ntk\", \"dynamic_ntk\", "
-                       "\"yarn\" or \"llama3\", got \"")
-           << scaling << "\"";
+  using abi::Scaling;
+  Scaling scaling = getScaling();
+  std::string quoted = "\"" + std::string(abi::name(scaling)) + "\"";
   std::optional<double> factor = toDouble(getFactor());
-  if (scaling == "none") {
+  if (scaling == Scaling::None) {
     if (factor || getOriginalLength())
       return emitOpError("factor and original_length need a scaling (\"linear\", \"ntk\", "
                          "\"dynamic_ntk\", \"yarn\" or \"llama3\")");
     return success();
   }
   if (!factor)
-    return emitOpError("scaling \"") << scaling << "\" needs a `factor` (f64)";
+    return emitOpError("scaling ") << quoted << " needs a `factor` (f64)";
   if (std::string why = ::ape_rules::kRopeFactor.check(*factor); !why.empty())
     return emitOpError("factor ") << why;
-  bool needsLength = scaling == "dynamic_ntk" || scaling == "yarn" || scaling == "llama3";
+  bool needsLength =
+      scaling == Scaling::DynamicNtk || scaling == Scaling::Yarn || scaling == Scaling::Llama3;
   if (needsLength && !getOriginalLength())
-    return emitOpError("scaling \"") << scaling
-                                     << "\" needs `original_length` (the training length L)";
+    return emitOpError("scaling ") << quoted << " needs `original_length` (the training length L)";
   if (getOriginalLength())
     if (std::string why = ::ape_rules::kRopeOriginalLength.check(
             static_cast<double>(static_cast<int64_t>(*getOriginalLength())));
         !why.empty())
       return emitOpError("original_length ") << why;
-  if (scaling == "yarn") {
+  if (scaling == Scaling::Yarn) {
     double fast = getBetaFast().convertToDouble(), slow = getBetaSlow().convertToDouble();
     if (!(fast > 0.0 && slow > 0.0 && fast > slow && isFinite(fast)))
       return emitOpError("beta_fast must exceed beta_slow and both be positive, got ")
              << num(fast) << " and " << num(slow);
   }
-  if (scaling == "llama3") {
+  if (scaling == Scaling::Llama3) {
     double low = getLowFreqFactor().convertToDouble(), high = getHighFreqFactor().convertToDouble();
     if (!(low > 0.0 && high > low && isFinite(high)))
       return emitOpError("high_freq_factor must exceed low_freq_factor and both be positive, "
@@ -328,10 +342,7 @@ LogicalResult XposOp::verify() {
 }
 
 LogicalResult AbsoluteOp::verify() {
-  StringRef kind = getKind();
-  if (kind != "sinusoidal" && kind != "learned")
-    return emitOpError("kind must be \"sinusoidal\" or \"learned\", got \"") << kind << "\"";
-  if (kind == "learned") {
+  if (getKind() == abi::AbsoluteKind::Learned) {
     if (!getMaxLength())
       return emitOpError("kind \"learned\" needs `max_length` (the rows of the table)");
     if (failed(verifyIntRange(*this, "max_length", static_cast<int64_t>(*getMaxLength()), 1,
@@ -370,13 +381,11 @@ LogicalResult T5BiasOp::verify() {
 }
 
 LogicalResult KerpleOp::verify() {
-  if (getKind() != "log" && getKind() != "power")
-    return emitOpError("kind must be \"log\" or \"power\", got \"") << getKind() << "\"";
   double p = getPInit().convertToDouble(), a = getAInit().convertToDouble();
   if (!(p >= 0.01 && a >= 0.01 && isFinite(p) && isFinite(a)))
     return emitOpError("p_init and a_init must be finite and at least 0.01, got ")
            << num(p) << " and " << num(a);
-  if (getKind() == "power" && p > 2.0)
+  if (getKind() == abi::KerpleKind::Power && p > 2.0)
     return emitOpError("p_init of the power kernel must be at most 2, got ") << num(p);
   return success();
 }
@@ -393,9 +402,6 @@ LogicalResult FireOp::verify() {
 }
 
 LogicalResult CableOp::verify() {
-  if (getKernel() != "none" && getKernel() != "log1p_sq")
-    return emitOpError("kernel must be \"none\" (Cable) or \"log1p_sq\" (K-Cable), got \"")
-           << getKernel() << "\"";
   if (auto k = toDouble(getKappa()))
     if (!(*k > 0.0 && isFinite(*k)))
       return emitOpError("kappa must be a positive finite number, got ") << *k;
@@ -406,32 +412,26 @@ LogicalResult CableOp::verify() {
 }
 
 /// Shared by ape.override and ape.masked_projection.
-static LogicalResult verifyOverrideValues(Operation *op, StringRef kind, int64_t l, double start,
-                                          double theta, double theta1, double theta2,
-                                          StringRef targets) {
+static LogicalResult verifyOverrideValues(Operation *op, abi::OverrideKind kind, int64_t l,
+                                          double start, double theta, double theta1,
+                                          double theta2) {
   if (l < 1 || l > ::ape_rules::kMaxDim)
     return op->emitOpError("l (the number of overwritten inputs) must be in [1, ")
            << ::ape_rules::kMaxDim << "], got " << l;
-  if (kind != "expe" && kind != "exqpe")
-    return op->emitOpError("kind must be \"expe\" or \"exqpe\", got \"") << kind << "\"";
   if (!isFinite(start))
     return op->emitOpError("start must be finite, got ") << start;
-  if (kind == "expe" && !(theta != 0.0 && isFinite(theta)))
+  if (kind == abi::OverrideKind::Expe && !(theta != 0.0 && isFinite(theta)))
     return op->emitOpError("theta must be a non-zero finite number, got ") << theta;
-  if (kind == "exqpe" && !(isFinite(theta1) && theta2 != 0.0 && isFinite(theta2)))
+  if (kind == abi::OverrideKind::Exqpe && !(isFinite(theta1) && theta2 != 0.0 && isFinite(theta2)))
     return op->emitOpError("theta1 must be finite and theta2 a non-zero finite number, got ")
            << num(theta1) << " and " << num(theta2);
-  if (targets != "qk" && targets != "qkv")
-    return op->emitOpError("targets must be \"qk\" (the q and k projections) or \"qkv\" "
-                           "(q, k and v), got \"")
-           << targets << "\"";
   return success();
 }
 
 LogicalResult OverrideOp::verify() {
   return verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
                               getTheta().convertToDouble(), getTheta1().convertToDouble(),
-                              getTheta2().convertToDouble(), getTargets());
+                              getTheta2().convertToDouble());
 }
 
 //===----------------------------------------------------------------------===//
@@ -467,46 +467,51 @@ static LogicalResult verifyInContainer(Operation *op) {
   return success();
 }
 
-static std::optional<double> getF64(Operation *op, StringRef name) {
-  if (auto a = op->getAttrOfType<FloatAttr>(name))
-    return a.getValueAsDouble();
-  return std::nullopt;
-}
-
 std::optional<::ape_rules::Range> mlir::ape::getValueRange(ParamOp param) {
-  auto min = param->getAttrOfType<FloatAttr>("min"), max = param->getAttrOfType<FloatAttr>("max");
+  auto min = toDouble(param.getMin()), max = toDouble(param.getMax());
   if (!min || !max)
     return std::nullopt;
-  return ::ape_rules::Range{min.getValueAsDouble(), max.getValueAsDouble(),
-                             param->hasAttr("integer")};
+  return ::ape_rules::Range{*min, *max, param.getInteger()};
 }
 
 void mlir::ape::setValueRange(ParamOp param, const ::ape_rules::Range &range) {
   Builder b(param.getContext());
-  param->setAttr("min", b.getF64FloatAttr(range.min));
-  param->setAttr("max", b.getF64FloatAttr(range.max));
-  if (range.integer)
-    param->setAttr("integer", b.getUnitAttr());
+  param.setMinAttr(b.getF64FloatAttr(range.min));
+  param.setMaxAttr(b.getF64FloatAttr(range.max));
+  param.setInteger(range.integer);
 }
 
 /// A declared value range: both bounds, min <= max, on a fixed constant param holding a value
 /// inside it.
 static LogicalResult verifyValueRange(ParamOp param) {
-  bool min = param->hasAttr("min"), max = param->hasAttr("max");
-  if (!min && !max && !param->hasAttr("integer"))
+  if (!param.getMin() && !param.getMax() && !param.getInteger())
     return success();
-  if (!param->getAttrOfType<FloatAttr>("min") || !param->getAttrOfType<FloatAttr>("max"))
+  if (!param.getMin() || !param.getMax())
     return param.emitOpError("a value range needs both `min` and `max` (f64)");
-  if (param.getTrainable() || param.getInit() != "constant")
+  if (param.getTrainable() || param.getInit() != abi::InitKind::Constant)
     return param.emitOpError("a value range applies to a fixed param (init \"constant\", not "
                              "trainable): the values a runtime may set");
   ::ape_rules::Range range = *getValueRange(param);
   if (!(range.min <= range.max))
     return param.emitOpError("min ") << num(range.min) << " exceeds max " << num(range.max);
-  if (auto value = param->getAttrOfType<FloatAttr>("value"))
-    if (std::string why = range.check(value.getValueAsDouble()); !why.empty())
+  if (auto value = toDouble(param.getValue()))
+    if (std::string why = range.check(*value); !why.empty())
       return param.emitOpError("value ") << why;
   return success();
+}
+
+/// Whether `param` carries init argument `arg` (its attribute is set).
+static bool hasInitArg(ParamOp param, abi::InitArg arg) {
+  switch (arg) {
+  case abi::InitArg::Std: return bool(param.getStdAttr());
+  case abi::InitArg::Value: return bool(param.getValueAttr());
+  case abi::InitArg::Projection: return bool(param.getProjectionAttr());
+  case abi::InitArg::Columns: return bool(param.getColumnsAttr());
+  case abi::InitArg::Start: return bool(param.getStartAttr());
+  case abi::InitArg::Step: return bool(param.getStepAttr());
+  case abi::InitArg::Scale: return bool(param.getScaleAttr());
+  }
+  return false;
 }
 
 LogicalResult ConstantOp::verify() {
@@ -525,82 +530,77 @@ LogicalResult ParamOp::verify() {
   int64_t elements = 1;  // of the integer dimensions
   for (Attribute a : getShape()) {
     StringRef dim = cast<StringAttr>(a).getValue();
-    if (!isValidShapeSymbol(dim))
+    std::optional<abi::Dim> d = abi::parse_dim(dim);
+    if (!d)
       return emitOpError("dimension \"")
              << dim << "\" is not \"heads\", \"head_dim\" or a positive integer";
-    unsigned long long n = 0;
-    if (!dim.getAsInteger(10, n)) {
-      if (n > static_cast<unsigned long long>(::ape_rules::kMaxDim))
+    if (d->is(abi::Dim::Kind::Fixed)) {
+      if (d->value > ::ape_rules::kMaxDim)
         return emitOpError("dimension ") << dim << " exceeds " << ::ape_rules::kMaxDim;
-      elements *= static_cast<int64_t>(n);
+      elements *= d->value;
       if (elements > ::ape_rules::kMaxParamElements)
         return emitOpError("integer dimensions of ") << elements << "+ elements exceed "
                                                      << ::ape_rules::kMaxParamElements;
     }
   }
+  // Every argument is declared (the init arguments, the value range, `shared`): a misspelt one
+  // would otherwise be ignored.
+  for (NamedAttribute a : (*this)->getDiscardableAttrs()) {
+    std::string known;
+    for (abi::InitArg arg : abi::kInitArgs)
+      known += std::string(abi::name(arg)) + ", ";
+    return emitOpError("has no attribute '")
+           << a.getName().getValue() << "' (its attributes: " << known
+           << "min, max, integer and shared)";
+  }
   if (failed(verifyValueRange(*this)))
     return failure();
-  StringRef init = getInit();
-  Operation *op = *this;
-  if (init == "zeros" || init == "ones")
-    return success();
-  if (init == "normal") {
-    auto std = getF64(op, "std");
-    if (!std || !(*std >= 0.0 && isFinite(*std)))
+  // The init arguments: exactly those the kind needs (one table, abi::init_arg_use).
+  const abi::InitKind init = getInit();
+  const std::string kind = "init \"" + std::string(abi::name(init)) + "\"";
+  for (abi::InitArg arg : abi::kInitArgs) {
+    bool has = hasInitArg(*this, arg);
+    bool needed = abi::init_arg_use(init, arg) == abi::ArgUse::Required;
+    if (needed && !has) {
+      std::string type = arg == abi::InitArg::Columns      ? "i64"
+                         : arg == abi::InitArg::Projection ? abi::allowed<abi::Projection>()
+                                                           : "f64";
+      return emitOpError(kind) << " needs a `" << abi::name(arg) << "` attribute (" << type << ")";
+    }
+    if (!needed && has)
+      return emitOpError(kind) << " takes no `" << abi::name(arg) << "` attribute";
+  }
+  if (abi::is_derived(init) && getShared())
+    return emitOpError(kind) << " is derived from a per-layer projection: it cannot be `shared`";
+  SmallVector<abi::Dim> dims = getDims(*this);
+  using K = abi::Dim::Kind;
+  switch (init) {
+  case abi::InitKind::Normal:
+    if (!(getStd()->convertToDouble() >= 0.0 && isFinite(getStd()->convertToDouble())))
       return emitOpError("init \"normal\" needs a non-negative `std` attribute (f64)");
     return success();
-  }
-  if (init == "constant") {
-    if (!getF64(op, "value"))
-      return emitOpError("init \"constant\" needs a `value` attribute (f64)");
-    return success();
-  }
-  if (init == "alibi_slopes") {
-    if (getShape().size() != 1 || cast<StringAttr>(getShape()[0]).getValue() != "heads")
+  case abi::InitKind::AlibiSlopes:
+    if (dims.size() != 1 || !dims[0].is(K::Heads))
       return emitOpError("init \"alibi_slopes\" needs shape [\"heads\"]");
     return success();
-  }
-  if (init == "projection_term") {
-    auto proj = op->getAttrOfType<StringAttr>("projection");
-    if (!proj || (proj.getValue() != "q" && proj.getValue() != "k" && proj.getValue() != "v"))
-      return emitOpError("init \"projection_term\" needs `projection` = \"q\", \"k\" or \"v\"");
-    auto cols = op->getAttrOfType<IntegerAttr>("columns");
-    if (!cols || cols.getInt() < 1)
-      return emitOpError("init \"projection_term\" needs a positive `columns` attribute");
-    if (!getF64(op, "start") || !getF64(op, "step"))
-      return emitOpError("init \"projection_term\" needs `start` and `step` attributes (f64)");
-    return success();
-  }
-  if (init == "sinusoidal") {  // [rows, "heads", "head_dim"]: PE[r, h·head_dim + c]
-    auto shape = getShape();
-    unsigned long long rows = 0;
-    if (shape.size() != 3 || cast<StringAttr>(shape[0]).getValue().getAsInteger(10, rows) ||
-        cast<StringAttr>(shape[1]).getValue() != "heads" ||
-        cast<StringAttr>(shape[2]).getValue() != "head_dim")
+  case abi::InitKind::Sinusoidal:  // [rows, "heads", "head_dim"]: PE[r, h·head_dim + c]
+    if (!isRowTable(dims))
       return emitOpError("init \"sinusoidal\" needs shape [rows, \"heads\", \"head_dim\"]");
     return success();
-  }
-  if (init == "projection_prefix") {
-    auto proj = op->getAttrOfType<StringAttr>("projection");
-    if (!proj || (proj.getValue() != "q" && proj.getValue() != "k" && proj.getValue() != "v"))
-      return emitOpError("init \"projection_prefix\" needs `projection` = \"q\", \"k\" or \"v\"");
-    auto cols = op->getAttrOfType<IntegerAttr>("columns");
-    if (!cols || cols.getInt() < 1)
-      return emitOpError("init \"projection_prefix\" needs a positive `columns` attribute");
-    if (!getF64(op, "scale"))
-      return emitOpError("init \"projection_prefix\" needs a `scale` attribute (f64)");
-    auto shape = getShape();
-    if (shape.size() != 3 || cast<StringAttr>(shape[0]).getValue() != std::to_string(cols.getInt()) ||
-        cast<StringAttr>(shape[1]).getValue() != "heads" ||
-        cast<StringAttr>(shape[2]).getValue() != "head_dim")
+  case abi::InitKind::ProjectionTerm:
+  case abi::InitKind::ProjectionPrefix: {
+    int64_t columns = static_cast<int64_t>(*getColumns());
+    if (columns < 1)
+      return emitOpError(kind) << " needs a positive `columns` attribute";
+    if (init == abi::InitKind::ProjectionPrefix &&
+        (!isRowTable(dims) || dims[0].value != columns))
       return emitOpError("init \"projection_prefix\" needs shape [\"")
-             << cols.getInt() << "\", \"heads\", \"head_dim\"]";
+             << columns << "\", \"heads\", \"head_dim\"]";
     return success();
   }
-  return emitOpError("unknown init \"")
-         << init
-         << "\" (expected zeros, ones, normal, constant, alibi_slopes, sinusoidal, projection_term "
-            "or projection_prefix)";
+  default:
+    return success();
+  }
 }
 
 LogicalResult TokenFeatureOp::verify() {
@@ -662,10 +662,6 @@ LogicalResult MapOp::verifyRegions() {
 template <typename OpT> static LogicalResult verifyQKMod(OpT op) {
   if (failed(verifyInContainer(op)))
     return failure();
-  StringRef p = op.getPairing();
-  if (p != "none" && p != "half" && p != "interleaved")
-    return op.emitOpError("pairing must be \"none\", \"half\" or \"interleaved\", got \"")
-           << p << "\"";
   double f = op.getFraction().convertToDouble();
   if (!(f > 0.0 && f <= 1.0))
     return op.emitOpError("fraction must be in (0, 1], got ") << f;
@@ -730,7 +726,7 @@ LogicalResult LoadOp::verify() {
     auto rows = getSource().getDefiningOp<RelRowsOp>();
     Block *block = (*this)->getBlock();
     auto idx = getIndices();
-    bool query = !rows || rows.getSide() == "q";
+    bool query = !rows || rows.getSide() == abi::Side::Q;
     if (!isa<ScoreModOp>(parent) || block->getNumArguments() < 5 ||
         idx[0] != block->getArgument(1) || idx[1] != block->getArgument(2) ||
         idx[2] != block->getArgument(query ? 3 : 4))
@@ -751,9 +747,6 @@ LogicalResult LoadOp::verify() {
 }
 
 LogicalResult DimOp::verify() {
-  if (getWhich() != "heads" && getWhich() != "head_dim" && getWhich() != "seq_len")
-    return emitOpError("unknown dimension \"")
-           << getWhich() << "\" (expected \"heads\", \"head_dim\" or \"seq_len\")";
   if (!isa_and_nonnull<MapOp, QModOp, KModOp, ScoreModOp>((*this)->getParentOp()))
     return emitOpError("is only allowed inside a map, q_mod, k_mod or score_mod region");
   return success();
@@ -764,15 +757,16 @@ LogicalResult MaskedProjectionOp::verify() {
     return failure();
   if (failed(verifyOverrideValues(*this, getKind(), getL(), getStart().convertToDouble(),
                                   getTheta().convertToDouble(), getTheta1().convertToDouble(),
-                                  getTheta2().convertToDouble(), getTargets())))
+                                  getTheta2().convertToDouble())))
     return failure();
   // σ is read by the runtime from the param it names: a fixed scalar of the same container
   // (the manifest's rule, runtime/Manifest.cpp).
   if (auto sigma = getPositionScale()) {
     for (Operation &op : *(*this)->getBlock())
       if (auto p = dyn_cast<ParamOp>(op); p && p.getName() == *sigma) {
-        if (p.getTrainable() || p.getInit() != "constant" || p.getShape().size() != 1 ||
-            cast<StringAttr>(p.getShape()[0]).getValue() != "1")
+        SmallVector<abi::Dim> dims = getDims(p);
+        if (p.getTrainable() || p.getInit() != abi::InitKind::Constant || dims.size() != 1 ||
+            dims[0] != abi::Dim{abi::Dim::Kind::Fixed, 1})
           return emitOpError("position_scale \"")
                  << *sigma << "\" must name a fixed param of shape [\"1\"] (init \"constant\", "
                  << "not trainable)";
@@ -787,24 +781,14 @@ LogicalResult MaskedProjectionOp::verify() {
 LogicalResult RelRowsOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
-  if (getSide() != "q" && getSide() != "k")
-    return emitOpError("side must be \"q\" (query rows) or \"k\" (key rows), got \"")
-           << getSide() << "\"";
-  auto shapeOf = [](Value v) -> std::optional<ArrayAttr> {
-    if (auto p = v.getDefiningOp<ParamOp>())
-      return p.getShape();
-    return std::nullopt;
-  };
-  auto dim = [](ArrayAttr shape, unsigned k) { return cast<StringAttr>(shape[k]).getValue(); };
-  auto table = shapeOf(getTable());
-  unsigned long long rows = 0;
-  if (!table || table->size() != 3 || dim(*table, 0).getAsInteger(10, rows) || rows == 0 ||
-      dim(*table, 1) != "heads" || dim(*table, 2) != "head_dim")
+  auto table = getTable().getDefiningOp<ParamOp>();
+  if (!table || !isRowTable(getDims(table)))
     return emitOpError("table must be an ape.param of shape [rows, \"heads\", \"head_dim\"] "
                        "with an integer number of rows");
   if (Value bias = getBias()) {
-    auto shape = shapeOf(bias);
-    if (!shape || shape->size() != 2 || dim(*shape, 0) != "heads" || dim(*shape, 1) != "head_dim")
+    auto param = bias.getDefiningOp<ParamOp>();
+    SmallVector<abi::Dim> d = param ? getDims(param) : SmallVector<abi::Dim>{};
+    if (d.size() != 2 || !d[0].is(abi::Dim::Kind::Heads) || !d[1].is(abi::Dim::Kind::HeadDim))
       return emitOpError("bias must be an ape.param of shape [\"heads\", \"head_dim\"]");
   }
   return success();
@@ -814,11 +798,7 @@ LogicalResult ValueRowsOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
   auto param = getTable().getDefiningOp<ParamOp>();
-  unsigned long long rows = 0;
-  if (!param || param.getShape().size() != 3 ||
-      cast<StringAttr>(param.getShape()[0]).getValue().getAsInteger(10, rows) || rows == 0 ||
-      cast<StringAttr>(param.getShape()[1]).getValue() != "heads" ||
-      cast<StringAttr>(param.getShape()[2]).getValue() != "head_dim")
+  if (!param || !isRowTable(getDims(param)))
     return emitOpError("table must be an ape.param of shape [rows, \"heads\", \"head_dim\"] "
                        "with an integer number of rows");
   return success();

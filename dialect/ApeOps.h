@@ -4,7 +4,9 @@
 
 #include "dialect/ApeDialect.h"
 #include "dialect/ValueRules.h"
+#include "ape/abi.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/SymbolTable.h"
@@ -14,8 +16,16 @@
 #include "dialect/ApeOps.h.inc"
 
 namespace mlir::ape {
-/// Reads a symbolic param shape: "heads", "head_dim" or a positive integer.
-bool isValidShapeSymbol(llvm::StringRef dim);
+/// The contract between the stages (closed vocabularies, shape symbols, init arguments).
+namespace abi = ::ape_abi;
+/// The name of a vocabulary value as a StringRef (for attributes, JSON and diagnostics).
+template <class E> llvm::StringRef nameOf(E value) { return llvm::StringRef(abi::name(value)); }
+
+/// The dimensions of a param's shape (verified: each is a valid abi::Dim).
+llvm::SmallVector<abi::Dim> getDims(ParamOp param);
+/// A param without init arguments (set them with the typed setters: setStdAttr, ...).
+ParamOp createParam(OpBuilder &b, Location loc, llvm::StringRef name,
+                    llvm::ArrayRef<llvm::StringRef> shape, abi::InitKind init, bool trainable);
 /// True for the ops allowed inside a map / q_mod / k_mod / score_mod region.
 bool isAllowedInRegion(Operation *op);
 /// The values a fixed param may take (its `min`, `max` and `integer` attributes), when it

@@ -8,6 +8,50 @@ include "mlir/IR/RegionKindInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 
 //===----------------------------------------------------------------------===//
+// Closed vocabularies (ape/abi.h)
+//===----------------------------------------------------------------------===//
+
+// A string attribute whose values form a closed vocabulary of ape/abi.h: the textual form stays a
+// string (`pairing = "half"`), the generated verifier refuses any other string with the message
+// "attribute 'pairing' failed to satisfy constraint: <allowed>" (`allowed` spells the values
+// `::ape_abi::<parser>` accepts, as ::ape_abi::allowed<E>() does), and the accessor returns
+// the enum `::ape_abi::<enumName>`.
+class Ape_VocabAttr<string enumName, string parser, string allowed> :
+    Attr<CPred<"::llvm::isa<::mlir::StringAttr>($_self) && ::ape_abi::" # parser # "("
+               "::llvm::cast<::mlir::StringAttr>($_self).getValue()).has_value()">,
+         allowed> {
+  let storageType = "::mlir::StringAttr";
+  let returnType = "::ape_abi::" # enumName;
+  let valueType = NoneType;
+  let convertFromStorage = "*::ape_abi::" # parser # "($_self.getValue())";
+  let constBuilderCall = "$_builder.getStringAttr(::ape_abi::name($0))";
+}
+
+def Ape_PairingAttr : Ape_VocabAttr<"Pairing", "parse_pairing",
+    "\"none\", \"half\" or \"interleaved\"">;
+def Ape_RotationPairingAttr : Ape_VocabAttr<"Pairing", "parse_rotation_pairing",
+    "\"half\" or \"interleaved\"">;
+def Ape_ScalingAttr : Ape_VocabAttr<"Scaling", "parse_scaling",
+    "\"none\", \"linear\", \"ntk\", \"dynamic_ntk\", \"yarn\" or \"llama3\"">;
+def Ape_InitKindAttr : Ape_VocabAttr<"InitKind", "parse_init_kind",
+    "\"zeros\", \"ones\", \"normal\", \"constant\", \"alibi_slopes\", \"sinusoidal\", "
+    "\"projection_term\" or \"projection_prefix\"">;
+def Ape_ProjectionAttr : Ape_VocabAttr<"Projection", "parse_projection",
+    "\"q\", \"k\" or \"v\"">;
+def Ape_OverrideKindAttr : Ape_VocabAttr<"OverrideKind", "parse_override_kind",
+    "\"expe\" or \"exqpe\"">;
+def Ape_TargetsAttr : Ape_VocabAttr<"Targets", "parse_targets", "\"qk\" or \"qkv\"">;
+def Ape_SideAttr : Ape_VocabAttr<"Side", "parse_side", "\"q\" or \"k\"">;
+def Ape_DimWhichAttr : Ape_VocabAttr<"DimWhich", "parse_dim_which",
+    "\"heads\", \"head_dim\" or \"seq_len\"">;
+def Ape_AbsoluteKindAttr : Ape_VocabAttr<"AbsoluteKind", "parse_absolute_kind",
+    "\"sinusoidal\" or \"learned\"">;
+def Ape_KerpleKindAttr : Ape_VocabAttr<"KerpleKind", "parse_kerple_kind",
+    "\"log\" or \"power\"">;
+def Ape_CableKernelAttr : Ape_VocabAttr<"CableKernel", "parse_cable_kernel",
+    "\"none\" or \"log1p_sq\"">;
+
+//===----------------------------------------------------------------------===//
 // Containers
 //===----------------------------------------------------------------------===//
 
@@ -122,8 +166,9 @@ def Ape_RotaryOp : Ape_ComponentOp<"rotary"> {
   }];
   let arguments = (ins DefaultValuedAttr<F64Attr, "10000.0">:$base,
                        DefaultValuedAttr<F64Attr, "1.0">:$fraction,
-                       DefaultValuedAttr<StrAttr, "\"half\"">:$pairing,
-                       DefaultValuedAttr<StrAttr, "\"none\"">:$scaling,
+                       DefaultValuedAttr<Ape_RotationPairingAttr,
+                                         "::ape_abi::Pairing::Half">:$pairing,
+                       DefaultValuedAttr<Ape_ScalingAttr, "::ape_abi::Scaling::None">:$scaling,
                        OptionalAttr<F64Attr>:$factor,
                        OptionalAttr<I64Attr>:$original_length,
                        DefaultValuedAttr<F64Attr, "32.0">:$beta_fast,
@@ -165,8 +210,8 @@ def Ape_AbsoluteOp : Ape_ComponentOp<"absolute"> {
     ape.absolute {kind = "learned", max_length = 1024}
     ```
   }];
-  let arguments = (ins StrAttr:$kind,
-                       DefaultValuedAttr<F64Attr, "10000.0">:$base,
+  let arguments = (ins Ape_AbsoluteKindAttr:$kind,
+                       DefaultValuedAttr<F64Attr, "::ape_abi::kSinusoidBase">:$base,
                        OptionalAttr<I64Attr>:$max_length,
                        DefaultValuedAttr<F64Attr, "0.02">:$std,
                        UnitAttr:$scale_embedding);
@@ -222,7 +267,7 @@ def Ape_KerpleOp : Ape_ComponentOp<"kerple"> {
     ape.kerple {kind = "power", p_init = 1.5 : f64, a_init = 0.5 : f64}
     ```
   }];
-  let arguments = (ins StrAttr:$kind,
+  let arguments = (ins Ape_KerpleKindAttr:$kind,
                        DefaultValuedAttr<F64Attr, "1.0">:$p_init,
                        DefaultValuedAttr<F64Attr, "1.0">:$a_init);
 }
@@ -258,7 +303,8 @@ def Ape_CableOp : Ape_ComponentOp<"cable"> {
     ape.cable {kernel = "log1p_sq", kappa = 1.0 : f64}
     ```
   }];
-  let arguments = (ins DefaultValuedAttr<StrAttr, "\"none\"">:$kernel,
+  let arguments = (ins DefaultValuedAttr<Ape_CableKernelAttr,
+                                         "::ape_abi::CableKernel::None">:$kernel,
                        OptionalAttr<F64Attr>:$kappa,
                        DefaultValuedAttr<F64Attr, "0.02">:$weight_std);
 }
@@ -283,13 +329,14 @@ def Ape_OverrideOp : Ape_ComponentOp<"override"> {
     ape.override {kind = "exqpe", l = 24, theta1 = 4.8828125e-04 : f64, theta2 = 6.25e-02 : f64}
     ```
   }];
-  let arguments = (ins DefaultValuedAttr<StrAttr, "\"expe\"">:$kind,
+  let arguments = (ins DefaultValuedAttr<Ape_OverrideKindAttr,
+                                         "::ape_abi::OverrideKind::Expe">:$kind,
                        I64Attr:$l,
                        DefaultValuedAttr<F64Attr, "0.0">:$start,
                        DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta,
                        DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta1,
                        DefaultValuedAttr<F64Attr, "6.25e-02">:$theta2,
-                       DefaultValuedAttr<StrAttr, "\"qk\"">:$targets);
+                       DefaultValuedAttr<Ape_TargetsAttr, "::ape_abi::Targets::Qk">:$targets);
 }
 
 //===----------------------------------------------------------------------===//
@@ -300,10 +347,15 @@ def Ape_ParamOp : Ape_Op<"param", [Pure]> {
   let summary = "a learned or fixed tensor of the encoding";
   let description = [{
     `shape` lists symbolic dimensions ("heads", "head_dim") or integers as
-    strings. `init` is one of "zeros", "ones", "normal" (attribute `std`),
-    "constant" (attribute `value`), "alibi_slopes", "projection_term"
-    (derived every step from a projection weight: attributes `projection`,
-    `columns`, `start`, `step`). Without `trainable` it is a fixed buffer.
+    strings. `init` is one of "zeros", "ones", "normal" (argument `std`),
+    "constant" (argument `value`), "alibi_slopes", "sinusoidal" (shape
+    [rows, "heads", "head_dim"]: the sinusoidal table PE[r, h·head_dim + c]),
+    "projection_term" (derived every step from a projection weight:
+    arguments `projection`, `columns`, `start`, `step`) or
+    "projection_prefix" (derived: `projection`, `columns`, `scale`); a kind
+    takes exactly the arguments it needs (ape/abi.h, init_arg_use). Without
+    `trainable` it is a fixed buffer; `shared` makes one tensor serve every
+    layer.
     A fixed "constant" param may declare the values it can take with `min`,
     `max` (f64, inclusive) and `integer`: its `value` is checked against them,
     and so is a value a runtime sets later (`ape-eval --set`; the manifest
@@ -316,8 +368,23 @@ def Ape_ParamOp : Ape_Op<"param", [Pure]> {
                                                           min = 1.0e-30 : f64, max = 1.0e30 : f64}
     ```
   }];
-  let arguments = (ins StrAttr:$name, StrArrayAttr:$shape, StrAttr:$init,
-                       UnitAttr:$trainable);
+  let arguments = (ins StrAttr:$name, StrArrayAttr:$shape, Ape_InitKindAttr:$init,
+                       UnitAttr:$trainable,
+                       // The init arguments: which kind needs which is one table,
+                       // ::ape_abi::init_arg_use; the verifier refuses the others.
+                       OptionalAttr<F64Attr>:$std,
+                       OptionalAttr<F64Attr>:$value,
+                       OptionalAttr<Ape_ProjectionAttr>:$projection,
+                       OptionalAttr<I64Attr>:$columns,
+                       OptionalAttr<F64Attr>:$start,
+                       OptionalAttr<F64Attr>:$step,
+                       OptionalAttr<F64Attr>:$scale,
+                       // The values a fixed "constant" param may take (ape_rules::Range).
+                       OptionalAttr<F64Attr>:$min,
+                       OptionalAttr<F64Attr>:$max,
+                       UnitAttr:$integer,
+                       // One tensor for every layer (the manifest's per_layer = false).
+                       UnitAttr:$shared);
   let results = (outs Ape_ParamType:$result);
   let assemblyFormat = "$name $shape `init` `=` $init (`trainable` $trainable^)? attr-dict";
   let hasVerifier = 1;
@@ -359,7 +426,7 @@ def Ape_RelRowsOp : Ape_Op<"rel_rows", [Pure]> {
     %rq = ape.rel_rows "k" %table bias %u
     ```
   }];
-  let arguments = (ins StrAttr:$side, Ape_ParamType:$table, Optional<Ape_ParamType>:$bias);
+  let arguments = (ins Ape_SideAttr:$side, Ape_ParamType:$table, Optional<Ape_ParamType>:$bias);
   let results = (outs Ape_RowsType:$result);
   let assemblyFormat = "$side $table (`bias` $bias^)? attr-dict";
   let hasVerifier = 1;
@@ -482,9 +549,8 @@ class Ape_QKModOp<string mnemonic, string which> : Ape_RegionOp<mnemonic> {
     `-ape-differentiate`, `grad` takes (x, y, c, t, h, g) and yields
     (g·∂f/∂x, g·∂f/∂y, g·∂f/∂load_0, ...).
   }];
-  let arguments = (ins DefaultValuedAttr<StrAttr, "\"none\"">:$pairing,
-                       DefaultValuedAttr<F64Attr, "1.0">:$fraction,
-                       OptionalAttr<StrArrayAttr>:$plans);
+  let arguments = (ins DefaultValuedAttr<Ape_PairingAttr, "::ape_abi::Pairing::None">:$pairing,
+                       DefaultValuedAttr<F64Attr, "1.0">:$fraction);
   let regions = (region SizedRegion<1>:$body, AnyRegion:$grad);
   let assemblyFormat = "attr-dict-with-keyword $body (`grad` $grad^)?";
 }
@@ -499,8 +565,7 @@ def Ape_ScoreModOp : Ape_RegionOp<"score_mod"> {
     is κ·q_i·k_j (after the q/k mods) for query i, key j, head h, batch b.
     The body yields the new logit. Several score_mods chain in order. After
     `-ape-differentiate`, `grad` takes (s, b, h, i, j, g) and yields
-    (g·∂f/∂s, g·∂f/∂load_0, ...) and `plans` names, per load, the reduction
-    its gradient needs ("row_sum", "col_sum", "head_sum", "scatter").
+    (g·∂f/∂s, g·∂f/∂load_0, ...).
 
     ```mlir
     ape.score_mod {
@@ -513,7 +578,6 @@ def Ape_ScoreModOp : Ape_RegionOp<"score_mod"> {
     }
     ```
   }];
-  let arguments = (ins OptionalAttr<StrArrayAttr>:$plans);
   let regions = (region SizedRegion<1>:$body, AnyRegion:$grad);
   let assemblyFormat = "attr-dict-with-keyword $body (`grad` $grad^)?";
 }
@@ -561,7 +625,7 @@ def Ape_DimOp : Ape_Op<"dim", [Pure]> {
     %d = ape.dim "head_dim"
     ```
   }];
-  let arguments = (ins StrAttr:$which);
+  let arguments = (ins Ape_DimWhichAttr:$which);
   let results = (outs Index:$result);
   let assemblyFormat = "$which attr-dict";
   let hasVerifier = 1;
@@ -581,8 +645,9 @@ def Ape_MaskedProjectionOp : Ape_Op<"masked_projection"> {
     ape.masked_projection {l = 16 : i64, targets = "qk"}
     ```
   }];
-  let arguments = (ins I64Attr:$l, StrAttr:$targets,
-                       DefaultValuedAttr<StrAttr, "\"expe\"">:$kind,
+  let arguments = (ins I64Attr:$l, Ape_TargetsAttr:$targets,
+                       DefaultValuedAttr<Ape_OverrideKindAttr,
+                                         "::ape_abi::OverrideKind::Expe">:$kind,
                        DefaultValuedAttr<F64Attr, "0.0">:$start,
                        DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta,
                        DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta1,

@@ -1,12 +1,13 @@
-//===- Differentiate.cpp - backward regions and reduction plans -----------===//
+//===- Differentiate.cpp - backward regions -------------------------------===//
 //
 // Users write forward regions only. For every map, q_mod, k_mod and
 // score_mod of an ape.kernel this pass adds a `grad` region: the body is
 // cloned (to recompute primal values) and, for each differentiable input u
 // (the region's value arguments and every ape.load), forward-mode tangents
 // are propagated through the arith/math ops; the region yields g·∂f/∂u.
-// The `plans` attribute names the reduction each load's gradient needs;
-// loads of fixed (non-trainable) params get plan "none" and a zero gradient.
+// Loads of fixed (non-trainable) params get a zero gradient. The code
+// generators read from each load's indices which reduction its gradient
+// needs (a row or column sum, a scatter, ...).
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
@@ -15,7 +16,6 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/IRMapping.h"
-#include "mlir/IR/Matchers.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -219,7 +219,7 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
 
   SmallVector<Value> results;
   for (Value u : inputs) {
-    if (isFixedParamLoad(u)) {  // a fixed param gets no gradient (plan "none")
+    if (isFixedParamLoad(u)) {  // a fixed param gets no gradient
       results.push_back(rb.f32(0.0));
       continue;
     }
@@ -305,38 +305,6 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
   return success();
 }
 
-/// The reduction the gradient of a load inside a score_mod needs.
-StringRef scorePlan(LoadOp load, Block &block) {
-  if (isFixedParamLoad(load))
-    return "none";
-  Value b = block.getArgument(1), h = block.getArgument(2), i = block.getArgument(3),
-        j = block.getArgument(4);
-  auto idx = load.getIndices();
-  if (isa<TokensType>(load.getSource().getType()) && idx[0] == b && idx[1] == h) {
-    if (idx[2] == i)
-      return "row_sum";
-    if (idx[2] == j)
-      return "col_sum";
-  }
-  if (auto rows = load.getSource().getDefiningOp<RelRowsOp>())  // back into q'/k' and the table
-    return rows.getSide() == "q" ? "query_rows" : "key_rows";
-  if (isa<ParamType>(load.getSource().getType())) {
-    // Indices that are constants or h: every (b, i, j) adds into the same element of its
-    // head ("head_sum") or of the whole param ("sum", a full reduction); a computed index
-    // (a bucket, say) scatters.
-    bool usesHead = false, constant = true;
-    for (Value v : idx) {
-      if (v == h)
-        usesHead = true;
-      else if (!matchPattern(v, m_Constant()))
-        constant = false;
-    }
-    if (constant)
-      return usesHead ? "head_sum" : "sum";
-  }
-  return "scatter";
-}
-
 struct ApeDifferentiatePass : public mlir::ape::impl::ApeDifferentiateBase<ApeDifferentiatePass> {
   void runOnOperation() override {
     auto result = getOperation().walk([&](Operation *op) -> WalkResult {
@@ -344,27 +312,15 @@ struct ApeDifferentiatePass : public mlir::ape::impl::ApeDifferentiateBase<ApeDi
       // backward at all.
       if (auto kernel = op->getParentOfType<KernelOp>(); kernel && kernel.getInferenceOnly())
         return WalkResult::advance();
-      Builder b(op->getContext());
       if (auto map = dyn_cast<MapOp>(op)) {  // the verifier keeps loads out of maps
         return failed(differentiateRegion(op, map.getBody(), map.getGrad(), 1))
                    ? WalkResult::interrupt() : WalkResult::advance();
       }
       if (isa<QModOp, KModOp>(op)) {
-        Region &body = op->getRegion(0);
-        SmallVector<StringRef> plans;
-        body.walk([&](LoadOp load) {
-          plans.push_back(isFixedParamLoad(load) ? "none" : "token_sum");
-        });
-        op->setAttr("plans", b.getStrArrayAttr(plans));
-        return failed(differentiateRegion(op, body, op->getRegion(1), 2))
+        return failed(differentiateRegion(op, op->getRegion(0), op->getRegion(1), 2))
                    ? WalkResult::interrupt() : WalkResult::advance();
       }
       if (auto score = dyn_cast<ScoreModOp>(op)) {
-        SmallVector<StringRef> plans;
-        score.getBody().walk([&](LoadOp load) {
-          plans.push_back(scorePlan(load, score.getBody().front()));
-        });
-        score.setPlansAttr(b.getStrArrayAttr(plans));
         return failed(differentiateRegion(op, score.getBody(), score.getGrad(), 1))
                    ? WalkResult::interrupt() : WalkResult::advance();
       }

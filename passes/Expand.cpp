@@ -30,9 +30,8 @@ namespace {
 /// verifier applied to the spec's attribute).
 ParamOp fixedScalar(OpBuilder &b, Location loc, StringRef name, double value,
                     const ape_rules::Range &range) {
-  auto p = b.create<ParamOp>(loc, ParamType::get(b.getContext()), b.getStringAttr(name),
-                             b.getStrArrayAttr({"1"}), b.getStringAttr("constant"), nullptr);
-  p->setAttr("value", b.getF64FloatAttr(value));
+  ParamOp p = createParam(b, loc, name, {"1"}, abi::InitKind::Constant, /*trainable=*/false);
+  p.setValueAttr(b.getF64FloatAttr(value));
   setValueRange(p, range);
   return p;
 }
@@ -54,18 +53,19 @@ Value scaledTheta(RegionBuilder &rb, RotaryOp rot, const RotaryScalars &sc, Valu
     return b.create<arith::CmpFOp>(loc, p, x, y).getResult();
   };
   double base = rot.getBase().convertToDouble();
-  StringRef scaling = rot.getScaling();
+  using abi::Scaling;
+  Scaling scaling = rot.getScaling();
   Value exponent = rb.div(rb.mul(kF, rb.f32(-2.0)), rF);  // -2k/r
   Value theta = pow(rb.f32(base), exponent);             // exact operands: fp64-exact in fp64
-  if (scaling == "none")
+  if (scaling == Scaling::None)
     return theta;
   Value s = rb.load(sc.factor, {rb.idx(0)});
-  if (scaling == "linear")  // position interpolation
+  if (scaling == Scaling::Linear)  // position interpolation
     return rb.div(theta, s);
-  if (scaling == "ntk" || scaling == "dynamic_ntk") {
+  if (scaling == Scaling::Ntk || scaling == Scaling::DynamicNtk) {
     // base' = base·g^(r/(r-2)), g = s (NTK) or s·l/L - (s-1), l = max(T, L) (dynamic NTK)
     Value g = s;
-    if (scaling == "dynamic_ntk") {
+    if (scaling == Scaling::DynamicNtk) {
       Value L = rb.load(sc.originalLength, {rb.idx(0)});
       Value l = rb.maxf(rb.toF32(rb.dim("seq_len")), L);
       g = rb.sub(rb.div(rb.mul(s, l), L), rb.sub(s, rb.f32(1.0)));
@@ -74,7 +74,7 @@ Value scaledTheta(RegionBuilder &rb, RotaryOp rot, const RotaryScalars &sc, Valu
     return pow(scaledBase, exponent);
   }
   Value L = rb.load(sc.originalLength, {rb.idx(0)});
-  if (scaling == "yarn") {
+  if (scaling == Scaling::Yarn) {
     // dimIdx(R) = r·ln(L/(2πR)) / (2 ln base); ramp over [low, high] blends θ/s into θ.
     auto dimIdx = [&](double rotations) {
       Value ratio = rb.div(L, rb.f32(2.0 * M_PI * rotations));
@@ -122,13 +122,9 @@ struct PairInfo {
 PairInfo pairInfo(RegionBuilder &rb, Value c, double fraction, bool half) {
   OpBuilder &b = rb.b;
   Location loc = rb.loc;
-  Type idx = b.getIndexType();
   // r = 0 is the identity, as in the kernel template's pairing; the divisor r/2 is kept >= 1
   // so the index arithmetic stays defined.
-  Value dh = rb.toF32(rb.dim("head_dim"));
-  Value halfF = b.create<math::FloorOp>(loc, rb.mul(dh, rb.f32(fraction / 2.0)));
-  Value halfI = b.create<arith::IndexCastOp>(
-      loc, idx, b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
+  Value halfI = rb.rotatedHalf(fraction);
   PairInfo p;
   p.r = rb.imul(halfI, rb.idx(2));
   Value halfR = b.create<arith::MaxUIOp>(loc, halfI, rb.idx(1));
@@ -151,7 +147,8 @@ void buildRotaryBody(OpBuilder &b, Region &region, RotaryOp rot, const RotarySca
   RegionBuilder rb{b, loc};
   Value x = block->getArgument(0), y = block->getArgument(1), c = block->getArgument(2),
         t = block->getArgument(3);
-  PairInfo p = pairInfo(rb, c, rot.getFraction().convertToDouble(), rot.getPairing() == "half");
+  PairInfo p = pairInfo(rb, c, rot.getFraction().convertToDouble(),
+                        rot.getPairing() == abi::Pairing::Half);
   Value mscale;
   Value theta = scaledTheta(rb, rot, sc, rb.toF32(p.k), rb.toF32(p.r), mscale);
   Value rotated = rotatePair(rb, x, y, p.first, rb.mul(rb.toF32(t), theta));
@@ -162,11 +159,12 @@ void buildRotaryBody(OpBuilder &b, Region &region, RotaryOp rot, const RotarySca
 void expandRotary(OpBuilder &b, RotaryOp rot) {
   Location loc = rot.getLoc();
   RotaryScalars sc;
-  StringRef scaling = rot.getScaling();
-  if (scaling != "none")
+  using abi::Scaling;
+  Scaling scaling = rot.getScaling();
+  if (scaling != Scaling::None)
     sc.factor = fixedScalar(b, loc, "rope_factor", rot.getFactor()->convertToDouble(),
                             ape_rules::kRopeFactor);
-  if (scaling == "dynamic_ntk" || scaling == "yarn" || scaling == "llama3")
+  if (scaling == Scaling::DynamicNtk || scaling == Scaling::Yarn || scaling == Scaling::Llama3)
     sc.originalLength = fixedScalar(b, loc, "rope_original_length",
                                     static_cast<double>(*rot.getOriginalLength()),
                                     ape_rules::kRopeOriginalLength);
@@ -174,8 +172,8 @@ void expandRotary(OpBuilder &b, RotaryOp rot) {
     OpBuilder::InsertionGuard guard(b);
     buildRotaryBody(b, mod.getBody(), rot, sc, loc);
   };
-  build(b.create<QModOp>(loc, rot.getPairingAttr(), rot.getFractionAttr(), nullptr));
-  build(b.create<KModOp>(loc, rot.getPairingAttr(), rot.getFractionAttr(), nullptr));
+  build(b.create<QModOp>(loc, rot.getPairingAttr(), rot.getFractionAttr()));
+  build(b.create<KModOp>(loc, rot.getPairingAttr(), rot.getFractionAttr()));
 }
 
 /// xPos: interleaved rotation times ζ_k^(±t_c/B), ζ_k = (k/(d_h/2) + γ)/(1 + γ),
@@ -204,16 +202,17 @@ void expandXpos(OpBuilder &b, XposOp op) {
     Value decay = b.create<math::PowFOp>(loc, zeta, power);
     rb.yield(rb.select(p.inRotation, rb.mul(rotated, decay), x));
   };
-  auto q = b.create<QModOp>(loc, b.getStringAttr("interleaved"), b.getF64FloatAttr(1.0), nullptr);
+  StringAttr interleaved = b.getStringAttr(abi::name(abi::Pairing::Interleaved));
+  auto q = b.create<QModOp>(loc, interleaved, b.getF64FloatAttr(1.0));
   build(q.getBody(), 1.0);
-  auto k = b.create<KModOp>(loc, b.getStringAttr("interleaved"), b.getF64FloatAttr(1.0), nullptr);
+  auto k = b.create<KModOp>(loc, interleaved, b.getF64FloatAttr(1.0));
   build(k.getBody(), -1.0);
 }
 
 /// Absolute positions: a sinusoidal table region or a learned table.
 void expandAbsolute(OpBuilder &b, AbsoluteOp op) {
   Location loc = op.getLoc();
-  bool learned = op.getKind() == "learned";
+  bool learned = op.getKind() == abi::AbsoluteKind::Learned;
   auto pe = b.create<PositionEmbeddingOp>(
       loc, learned ? b.getUnitAttr() : nullptr, op.getMaxLengthAttr(), op.getStdAttr(),
       op.getScaleEmbedding() ? b.getUnitAttr() : nullptr);
@@ -239,7 +238,7 @@ void expandAbsolute(OpBuilder &b, AbsoluteOp op) {
 /// s' = s + g(i, j) in a new score_mod; `bias` builds g from (b, h, i, j).
 template <typename Fn>
 void buildScoreMod(OpBuilder &b, Location loc, Fn bias) {
-  auto mod = b.create<ScoreModOp>(loc, /*plans=*/nullptr);
+  auto mod = b.create<ScoreModOp>(loc, TypeRange{}, ValueRange{});
   OpBuilder::InsertionGuard guard(b);
   MLIRContext *ctx = b.getContext();
   Type f32 = Float32Type::get(ctx), idx = IndexType::get(ctx);
@@ -253,10 +252,8 @@ void buildScoreMod(OpBuilder &b, Location loc, Fn bias) {
 
 void expandAlibi(OpBuilder &b, AlibiOp op) {
   Location loc = op.getLoc();
-  auto slopes = b.create<ParamOp>(loc, ParamType::get(b.getContext()),
-                                  b.getStringAttr("alibi_slopes"), b.getStrArrayAttr({"heads"}),
-                                  b.getStringAttr("alibi_slopes"),
-                                  op.getLearned() ? b.getUnitAttr() : nullptr);
+  ParamOp slopes = createParam(b, loc, "alibi_slopes", {"heads"}, abi::InitKind::AlibiSlopes,
+                               op.getLearned());
   // B_ij = -m_h·(i - j)
   buildScoreMod(b, loc, [&](RegionBuilder &rb, Value, Value h, Value i, Value j) {
     Value m = rb.load(slopes, {h});
@@ -280,7 +277,7 @@ void expandCable(OpBuilder &b, CableOp op) {
   }
   // S_t = Σ_{u<=t} b_u
   auto scan = b.create<ScanOp>(loc, tokens, map.getResult());
-  bool kernel = op.getKernel() == "log1p_sq";
+  bool kernel = op.getKernel() == abi::CableKernel::Log1pSq;
   buildScoreMod(b, loc, [&](RegionBuilder &rb, Value bb, Value h, Value i, Value j) {
     Value si = rb.load(scan, {bb, h, i});
     Value sj = rb.load(scan, {bb, h, j});
@@ -294,12 +291,9 @@ void expandCable(OpBuilder &b, CableOp op) {
 
 /// A param of `shape` with initialiser `init`; `shared` params are one tensor for all layers.
 ParamOp newParam(OpBuilder &b, Location loc, StringRef name, ArrayRef<StringRef> shape,
-                 StringRef init, bool trainable, bool shared = false) {
-  auto p = b.create<ParamOp>(loc, ParamType::get(b.getContext()), b.getStringAttr(name),
-                             b.getStrArrayAttr(shape), b.getStringAttr(init),
-                             trainable ? b.getUnitAttr() : nullptr);
-  if (shared)
-    p->setAttr("shared", b.getUnitAttr());
+                 abi::InitKind init, bool trainable, bool shared = false) {
+  ParamOp p = createParam(b, loc, name, shape, init, trainable);
+  p.setShared(shared);
   return p;
 }
 
@@ -314,8 +308,9 @@ void expandT5(OpBuilder &b, T5BiasOp op) {
   int64_t buckets = op.getBuckets(), exact = buckets / 2;
   double maxDistance = static_cast<double>(op.getMaxDistance());
   std::string rows = std::to_string(buckets);
-  ParamOp table = newParam(b, loc, "t5_table", {rows, "heads"}, "normal", true, /*shared=*/true);
-  table->setAttr("std", op.getStdAttr());
+  ParamOp table = newParam(b, loc, "t5_table", {rows, "heads"}, abi::InitKind::Normal, true,
+                           /*shared=*/true);
+  table.setStdAttr(op.getStdAttr());
   buildScoreMod(b, loc, [&](RegionBuilder &rb, Value, Value h, Value i, Value j) {
     OpBuilder &ob = rb.b;
     Value n = distance(rb, i, j);
@@ -338,11 +333,13 @@ void expandT5(OpBuilder &b, T5BiasOp op) {
 /// KERPLE: -p_h·ln(1 + a_h·Δ) ("log") or -a_h·Δ^(p_h) ("power"), p and a clamped.
 void expandKerple(OpBuilder &b, KerpleOp op) {
   Location loc = op.getLoc();
-  bool power = op.getKind() == "power";
-  ParamOp p = newParam(b, loc, "kerple_p", {"heads"}, "constant", true, /*shared=*/true);
-  p->setAttr("value", op.getPInitAttr());
-  ParamOp a = newParam(b, loc, "kerple_a", {"heads"}, "constant", true, /*shared=*/true);
-  a->setAttr("value", op.getAInitAttr());
+  bool power = op.getKind() == abi::KerpleKind::Power;
+  ParamOp p =
+      newParam(b, loc, "kerple_p", {"heads"}, abi::InitKind::Constant, true, /*shared=*/true);
+  p.setValueAttr(op.getPInitAttr());
+  ParamOp a =
+      newParam(b, loc, "kerple_a", {"heads"}, abi::InitKind::Constant, true, /*shared=*/true);
+  a.setValueAttr(op.getAInitAttr());
   buildScoreMod(b, loc, [&](RegionBuilder &rb, Value, Value h, Value i, Value j) {
     Value pv = rb.maxf(rb.load(p, {h}), rb.f32(0.01));
     Value av = rb.maxf(rb.load(a, {h}), rb.f32(0.01));
@@ -362,16 +359,16 @@ void expandFire(OpBuilder &b, FireOp op) {
   Location loc = op.getLoc();
   int64_t hidden = op.getHidden();
   std::string width = std::to_string(hidden);
-  ParamOp c = newParam(b, loc, "fire_c", {"1"}, "constant", true);
-  c->setAttr("value", op.getCAttr());
-  ParamOp lMult = newParam(b, loc, "fire_l_mult", {"1"}, "constant", true);
-  lMult->setAttr("value", b.getF64FloatAttr(1.0));
-  ParamOp w1 = newParam(b, loc, "fire_w1", {width}, "normal", true);
-  w1->setAttr("std", b.getF64FloatAttr(1.0));
-  ParamOp b1 = newParam(b, loc, "fire_b1", {width}, "zeros", true);
-  ParamOp w2 = newParam(b, loc, "fire_w2", {width, "heads"}, "normal", true);
-  w2->setAttr("std", b.getF64FloatAttr(0.1));
-  ParamOp b2 = newParam(b, loc, "fire_b2", {"heads"}, "zeros", true);
+  ParamOp c = newParam(b, loc, "fire_c", {"1"}, abi::InitKind::Constant, true);
+  c.setValueAttr(op.getCAttr());
+  ParamOp lMult = newParam(b, loc, "fire_l_mult", {"1"}, abi::InitKind::Constant, true);
+  lMult.setValueAttr(b.getF64FloatAttr(1.0));
+  ParamOp w1 = newParam(b, loc, "fire_w1", {width}, abi::InitKind::Normal, true);
+  w1.setStdAttr(b.getF64FloatAttr(1.0));
+  ParamOp b1 = newParam(b, loc, "fire_b1", {width}, abi::InitKind::Zeros, true);
+  ParamOp w2 = newParam(b, loc, "fire_w2", {width, "heads"}, abi::InitKind::Normal, true);
+  w2.setStdAttr(b.getF64FloatAttr(0.1));
+  ParamOp b2 = newParam(b, loc, "fire_b2", {"heads"}, abi::InitKind::Zeros, true);
   double lInit = op.getLInit().convertToDouble();
   buildScoreMod(b, loc, [&](RegionBuilder &rb, Value, Value h, Value i, Value j) {
     Value cv = rb.load(c, {rb.idx(0)});

@@ -39,18 +39,16 @@ SmallVector<Value> inlineBody(OpBuilder &b, Region &region, ValueRange args) {
   return out;
 }
 
-/// The coordinate paired with c: (c, c ± r/2) for "half", (c, c ^ 1) for
-/// "interleaved", c itself past r = 2·floor(fraction·d_h/2) (as the template pairs them).
-Value partnerIndex(RegionBuilder &rb, StringRef pairing, double fraction, Value c) {
+/// The coordinate paired with c, as IR over the run-time head_dim: (c, c ± r/2) for "half",
+/// (c, c ^ 1) for "interleaved", c itself past r = 2·floor(fraction·d_h/2) — the rule of
+/// ape_abi::partner, which the kernel templates call.
+Value partnerIndex(RegionBuilder &rb, abi::Pairing pairing, double fraction, Value c) {
   OpBuilder &b = rb.b;
   Location loc = rb.loc;
-  Value dh = rb.toF32(rb.dim("head_dim"));
-  Value halfF = b.create<math::FloorOp>(loc, rb.mul(dh, rb.f32(fraction / 2.0)));
-  Value half = b.create<arith::IndexCastOp>(
-      loc, b.getIndexType(), b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
+  Value half = rb.rotatedHalf(fraction);
   Value r = rb.imul(half, rb.idx(2));
   Value partner;
-  if (pairing == "half") {
+  if (pairing == abi::Pairing::Half) {
     Value up = rb.iadd(c, half);
     Value down = rb.isub(c, half);
     partner = rb.select(rb.ult(c, half), up, down);
@@ -74,7 +72,7 @@ LogicalResult composeQK(OpBuilder &b, MutableArrayRef<ModOp> mods) {
   }
   ModOp paired;
   for (ModOp m : mods) {
-    if (m.getPairing() == "none")
+    if (m.getPairing() == abi::Pairing::None)
       continue;
     if (paired && (paired.getPairing() != m.getPairing() ||
                    paired.getFraction() != m.getFraction()))
@@ -86,7 +84,7 @@ LogicalResult composeQK(OpBuilder &b, MutableArrayRef<ModOp> mods) {
   }
   ModOp ref = paired ? paired : mods.front();
   Location loc = ref.getLoc();
-  auto fused = b.create<ModOp>(loc, ref.getPairingAttr(), ref.getFractionAttr(), nullptr);
+  auto fused = b.create<ModOp>(loc, ref.getPairingAttr(), ref.getFractionAttr());
   OpBuilder::InsertionGuard guard(b);
   Block *block = createRegionBlock(b, fused.getBody(),
                                    ref.getBody().front().getArgumentTypes(), loc);
@@ -101,7 +99,7 @@ LogicalResult composeQK(OpBuilder &b, MutableArrayRef<ModOp> mods) {
     Value p = partnerIndex(rb, paired.getPairing(), paired.getFraction().convertToDouble(), c);
     Value y = args[1];
     for (ModOp m : mods) {
-      bool unpaired = m.getPairing() == "none";
+      bool unpaired = m.getPairing() == abi::Pairing::None;
       Value nx = inlineBody(b, m.getBody(), {x, unpaired ? x : y, c, t, h})[0];
       Value ny = inlineBody(b, m.getBody(), {y, unpaired ? y : x, p, t, h})[0];
       x = nx, y = ny;
@@ -121,7 +119,7 @@ void composeScore(OpBuilder &b, MutableArrayRef<ScoreModOp> mods) {
     return;
   }
   Location loc = mods.front().getLoc();
-  auto fused = b.create<ScoreModOp>(loc, nullptr);
+  auto fused = b.create<ScoreModOp>(loc, TypeRange{}, ValueRange{});
   OpBuilder::InsertionGuard guard(b);
   Block *block = createRegionBlock(b, fused.getBody(),
                                    mods.front().getBody().front().getArgumentTypes(), loc);

@@ -77,22 +77,20 @@ def ApeFuse : Pass<"ape-fuse", "mlir::ModuleOp"> {
 }
 
 def ApeDifferentiate : Pass<"ape-differentiate", "mlir::ModuleOp"> {
-  let summary = "Derive the backward regions and reduction plans";
+  let summary = "Derive the backward regions";
   let description = [{
     Adds a `grad` region to every map, q_mod, k_mod and score_mod of an
-    `ape.kernel` by symbolic differentiation of its arith/math body, and a
-    `plans` attribute naming the reduction each loaded input's gradient needs:
-    tokens loaded at the query row [b, h, i] → "row_sum", at the key column
-    [b, h, j] → "col_sum"; a param loaded at [h] → "head_sum"; at computed
-    indices → "scatter"; in a q/k mod → "token_sum". An `inference_only`
-    kernel (one holding an `ape.attention_transition`, which has no
-    derivative) is left alone: it has no backward.
+    `ape.kernel` by symbolic differentiation of its arith/math body: the
+    grad region yields g times the partial derivative of the body for each
+    value argument and each ape.load, in op order (fixed params get 0). An
+    `inference_only` kernel (one holding an `ape.attention_transition`, which
+    has no derivative) is left alone: it has no backward.
 
     ```mlir
     // before
     ape.score_mod { ^bb0(%s, %b, %h, %i, %j): %ci = ape.load %c[%b, %h, %i] ... s + ci - cj }
     // after
-    ape.score_mod {plans = ["row_sum", "col_sum"]} { ... }
+    ape.score_mod { ... }
     grad { ^bb0(%s, %b, %h, %i, %j, %g): ape.yield %g, %g, -%g }
     ```
   }];

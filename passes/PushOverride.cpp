@@ -31,38 +31,37 @@ namespace {
 
 /// A [heads, head_dim] param computed by the runtime as W[:, :columns]·u,
 /// u_i = start + step·i, with W the weight of `projection`.
-ParamOp projectionTerm(OpBuilder &b, Location loc, StringRef name, StringRef projection,
+ParamOp projectionTerm(OpBuilder &b, Location loc, StringRef name, abi::Projection projection,
                        int64_t columns, double start, double step) {
-  auto p = b.create<ParamOp>(loc, ParamType::get(b.getContext()), b.getStringAttr(name),
-                             b.getStrArrayAttr({"heads", "head_dim"}),
-                             b.getStringAttr("projection_term"), b.getUnitAttr());
-  p->setAttr("projection", b.getStringAttr(projection));
-  p->setAttr("columns", b.getI64IntegerAttr(columns));
-  p->setAttr("start", b.getF64FloatAttr(start));
-  p->setAttr("step", b.getF64FloatAttr(step));
+  ParamOp p = createParam(b, loc, name, {"heads", "head_dim"}, abi::InitKind::ProjectionTerm,
+                          /*trainable=*/true);
+  p.setProjectionAttr(b.getStringAttr(abi::name(projection)));
+  p.setColumnsAttr(b.getI64IntegerAttr(columns));
+  p.setStartAttr(b.getF64FloatAttr(start));
+  p.setStepAttr(b.getF64FloatAttr(step));
   return p;
 }
 
 /// A [columns, heads, head_dim] param computed by the runtime as
 /// P[r] = scale·Σ_{j<=r} W[:, j] with W the weight of `projection`.
-ParamOp projectionPrefix(OpBuilder &b, Location loc, StringRef name, StringRef projection,
+ParamOp projectionPrefix(OpBuilder &b, Location loc, StringRef name, abi::Projection projection,
                          int64_t columns, double scale) {
-  auto p = b.create<ParamOp>(loc, ParamType::get(b.getContext()), b.getStringAttr(name),
-                             b.getStrArrayAttr({std::to_string(columns), "heads", "head_dim"}),
-                             b.getStringAttr("projection_prefix"), b.getUnitAttr());
-  p->setAttr("projection", b.getStringAttr(projection));
-  p->setAttr("columns", b.getI64IntegerAttr(columns));
-  p->setAttr("scale", b.getF64FloatAttr(scale));
+  std::string rows = std::to_string(columns);
+  ParamOp p = createParam(b, loc, name, {rows, "heads", "head_dim"},
+                          abi::InitKind::ProjectionPrefix, /*trainable=*/true);
+  p.setProjectionAttr(b.getStringAttr(abi::name(projection)));
+  p.setColumnsAttr(b.getI64IntegerAttr(columns));
+  p.setScaleAttr(b.getF64FloatAttr(scale));
   return p;
 }
 
 template <typename ModOp>
-void pushInto(OpBuilder &b, OverrideOp op, StringRef target, ParamOp sigma) {
+void pushInto(OpBuilder &b, OverrideOp op, abi::Projection target, ParamOp sigma) {
   Location loc = op.getLoc();
   int64_t l = op.getL();
   double start = op.getStart().convertToDouble();
-  bool counter = op.getKind() == "exqpe";
-  std::string prefix = ("override_" + target + "_").str();
+  bool counter = op.getKind() == abi::OverrideKind::Exqpe;
+  std::string prefix = "override_" + std::string(abi::name(target)) + "_";
   ParamOp a, slope, prefixTable;
   if (!counter) {
     double theta = op.getTheta().convertToDouble();
@@ -76,7 +75,8 @@ void pushInto(OpBuilder &b, OverrideOp op, StringRef target, ParamOp sigma) {
     slope = projectionTerm(b, loc, prefix + "b", target, l, theta2, 0.0);
     prefixTable = projectionPrefix(b, loc, prefix + "p", target, l, theta2);
   }
-  auto mod = b.create<ModOp>(loc, b.getStringAttr("none"), b.getF64FloatAttr(1.0), nullptr);
+  auto mod = b.create<ModOp>(loc, b.getStringAttr(abi::name(abi::Pairing::None)),
+                             b.getF64FloatAttr(1.0));
   OpBuilder::InsertionGuard guard(b);
   MLIRContext *ctx = b.getContext();
   Type f32 = Float32Type::get(ctx), idx = IndexType::get(ctx);
@@ -108,17 +108,16 @@ struct ApePushOverridePass : public mlir::ape::impl::ApePushOverrideBase<ApePush
       // q/k transform (R(q + σ(a + n·b)), not R(q) + σ(a + n·b)).
       OpBuilder b(op->getContext());
       b.setInsertionPointToStart(op->getBlock());
-      auto sigma = b.create<ParamOp>(op.getLoc(), ParamType::get(b.getContext()),
-                                     b.getStringAttr("position_scale"), b.getStrArrayAttr({"1"}),
-                                     b.getStringAttr("constant"), nullptr);
-      sigma->setAttr("value", b.getF64FloatAttr(1.0));
+      ParamOp sigma = createParam(b, op.getLoc(), "position_scale", {"1"},
+                                  abi::InitKind::Constant, /*trainable=*/false);
+      sigma.setValueAttr(b.getF64FloatAttr(1.0));
       setValueRange(sigma, ape_rules::kPositionScale);
       b.create<MaskedProjectionOp>(op.getLoc(), op.getLAttr(), op.getTargetsAttr(),
                                    op.getKindAttr(), op.getStartAttr(), op.getThetaAttr(),
                                    op.getTheta1Attr(), op.getTheta2Attr(),
                                    b.getStringAttr("position_scale"));
-      pushInto<QModOp>(b, op, "q", sigma);
-      pushInto<KModOp>(b, op, "k", sigma);
+      pushInto<QModOp>(b, op, abi::Projection::Q, sigma);
+      pushInto<KModOp>(b, op, abi::Projection::K, sigma);
       op->erase();
     }
   }

@@ -45,6 +45,12 @@ Value RegionBuilder::load(Value src, ValueRange indices) {
 Value RegionBuilder::dim(StringRef which) {
   return b.create<DimOp>(loc, b.getIndexType(), b.getStringAttr(which));
 }
+Value RegionBuilder::rotatedHalf(double fraction) {
+  Value dh = toF32(dim("head_dim"));  // before the constant: the ops in reading order
+  Value halfF = b.create<math::FloorOp>(loc, mul(dh, f32(fraction / 2.0)));
+  return b.create<arith::IndexCastOp>(loc, b.getIndexType(),
+                                      b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
+}
 Value RegionBuilder::softplus(Value x) {
   // softplus(x) = max(x, 0) + log1p(exp(-|x|)); locals fix the op order.
   Value positive = maxf(x, f32(0.0));

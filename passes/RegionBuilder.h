@@ -34,6 +34,9 @@ struct RegionBuilder {
   Value irem(Value x, Value y);             // unsigned remainder
   Value load(Value src, ValueRange indices);
   Value dim(StringRef which);
+  /// r/2 = floor(fraction·head_dim/2) as an index: half the coordinates a q/k pairing rotates
+  /// (the IR form of ape_abi::rotated_dims over the run-time head_dim).
+  Value rotatedHalf(double fraction);
   /// softplus(x) = max(x, 0) + log1p(exp(-|x|)), stable for any x.
   Value softplus(Value x);
   void yield(ValueRange values);

@@ -245,17 +245,12 @@ at::Tensor init_param(const ParamSpec &spec, int64_t heads, int64_t head_dim, at
       const int64_t rows = shape.at(0), d = heads * head_dim;
       std::vector<double> pe(static_cast<size_t>(rows * d));
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < d; ++c) {
-          const double angle = double(r) / std::pow(10000.0, double(c - c % 2) / double(d));
-          pe[r * d + c] = c % 2 == 0 ? std::sin(angle) : std::cos(angle);
-        }
+        for (int64_t c = 0; c < d; ++c) pe[r * d + c] = abi::sinusoid(r, c, d);
       return at::tensor(pe, at::TensorOptions().dtype(at::kDouble)).to(dtype).view(shape);
     }
     case InitSpec::Kind::ProjectionTerm:
     case InitSpec::Kind::ProjectionPrefix:
-      throw std::logic_error("init_param: '" + spec.name + "' is a " +
-                             (spec.init.kind == InitSpec::Kind::ProjectionTerm ? "projection_term"
-                                                                                : "projection_prefix") +
+      throw std::logic_error("init_param: '" + spec.name + "' is a " + std::string(abi::name(spec.init.kind)) +
                              "; the model computes it from the " + spec.init.projection +
                              " projection every step");
   }

@@ -81,85 +81,54 @@ InitSpec parse_init(const json &j, const std::string &what, const std::string &p
   }
   static const json empty = json::object();
   const json &o = j.is_object() ? j : empty;
-  if (kind == "zeros") {
-    init.kind = InitSpec::Kind::Zeros;
-  } else if (kind == "ones") {
-    init.kind = InitSpec::Kind::Ones;
-  } else if (kind == "normal") {
-    init.kind = InitSpec::Kind::Normal;
-    init.std = get_number(o, "std", 0.02, what, path);
-    if (init.std < 0) fail(what, path + ".std", "must be >= 0");
-  } else if (kind == "constant") {
-    init.kind = InitSpec::Kind::Constant;
-    if (!o.contains("value")) fail(what, path + ".value", "missing (constant init needs a value)");
-    init.value = get_number(o, "value", 0.0, what, path);
-  } else if (kind == "alibi_slopes") {
-    init.kind = InitSpec::Kind::AlibiSlopes;
-  } else if (kind == "sinusoidal") {
-    init.kind = InitSpec::Kind::Sinusoidal;
-  } else if (kind == "projection_term") {
-    init.kind = InitSpec::Kind::ProjectionTerm;
-    init.projection = get_string(o, "projection", what, path);
-    if (init.projection != "q" && init.projection != "k" && init.projection != "v")
-      fail(what, path + ".projection", "expected \"q\", \"k\" or \"v\", got \"" + init.projection + "\"");
-    init.columns = get_int(o, "columns", what, path);
-    if (init.columns <= 0 || init.columns > ape_rules::kMaxDim) fail(what, path + ".columns", "must be in [1, 65536]");
-    init.start = get_number(o, "start", 0.0, what, path);
-    init.step = get_number(o, "step", 0.0, what, path);
-  } else if (kind == "projection_prefix") {
-    init.kind = InitSpec::Kind::ProjectionPrefix;
-    init.projection = get_string(o, "projection", what, path);
-    if (init.projection != "q" && init.projection != "k" && init.projection != "v")
-      fail(what, path + ".projection", "expected \"q\", \"k\" or \"v\", got \"" + init.projection + "\"");
-    init.columns = get_int(o, "columns", what, path);
-    if (init.columns <= 0 || init.columns > ape_rules::kMaxDim) fail(what, path + ".columns", "must be in [1, 65536]");
-    if (!o.contains("scale")) fail(what, path + ".scale", "missing (projection_prefix needs a scale)");
-    init.scale = get_number(o, "scale", 1.0, what, path);
-  } else {
-    fail(what, path + ".kind",
-         "unknown init kind \"" + kind +
-             "\" (expected zeros, ones, normal, constant, alibi_slopes, sinusoidal, projection_term or "
-             "projection_prefix)");
+  std::optional<InitSpec::Kind> parsed = abi::parse_init_kind(kind);
+  if (!parsed)
+    fail(what, path + ".kind", "unknown init kind \"" + kind + "\" (expected " +
+                                   abi::allowed<abi::InitKind>() + ")");
+  init.kind = *parsed;
+  switch (init.kind) {
+    case InitSpec::Kind::Normal:
+      init.std = get_number(o, "std", 0.02, what, path);
+      if (init.std < 0) fail(what, path + ".std", "must be >= 0");
+      break;
+    case InitSpec::Kind::Constant:
+      if (!o.contains("value")) fail(what, path + ".value", "missing (constant init needs a value)");
+      init.value = get_number(o, "value", 0.0, what, path);
+      break;
+    case InitSpec::Kind::ProjectionTerm:
+    case InitSpec::Kind::ProjectionPrefix:
+      init.projection = get_string(o, "projection", what, path);
+      if (!abi::parse_projection(init.projection))
+        fail(what, path + ".projection",
+             "expected " + abi::allowed<abi::Projection>() + ", got \"" + init.projection + "\"");
+      init.columns = get_int(o, "columns", what, path);
+      if (init.columns <= 0 || init.columns > ape_rules::kMaxDim) fail(what, path + ".columns", "must be in [1, 65536]");
+      if (init.kind == InitSpec::Kind::ProjectionTerm) {
+        init.start = get_number(o, "start", 0.0, what, path);
+        init.step = get_number(o, "step", 0.0, what, path);
+      } else {
+        if (!o.contains("scale")) fail(what, path + ".scale", "missing (projection_prefix needs a scale)");
+        init.scale = get_number(o, "scale", 1.0, what, path);
+      }
+      break;
+    default: break;  // zeros, ones, alibi_slopes, sinusoidal: no argument
   }
   return init;
 }
 
 }  // namespace
 
-int64_t DimSpec::resolve(int64_t heads, int64_t head_dim) const {
-  switch (kind) {
-    case Kind::Heads: return heads;
-    case Kind::HeadDim: return head_dim;
-    case Kind::Fixed: return value;
-  }
-  return value;
-}
-
-std::string DimSpec::str() const {
-  switch (kind) {
-    case Kind::Heads: return "heads";
-    case Kind::HeadDim: return "head_dim";
-    case Kind::Fixed: return std::to_string(value);
-  }
-  return "?";
-}
-
 std::string InitSpec::str() const {
   std::ostringstream s;
+  s << abi::name(kind);
   switch (kind) {
-    case Kind::Zeros: s << "zeros"; break;
-    case Kind::Ones: s << "ones"; break;
-    case Kind::Normal: s << "normal(std=" << std << ")"; break;
-    case Kind::Constant: s << "constant(" << value << ")"; break;
-    case Kind::AlibiSlopes: s << "alibi_slopes"; break;
-    case Kind::Sinusoidal: s << "sinusoidal"; break;
+    case Kind::Normal: s << "(std=" << std << ")"; break;
+    case Kind::Constant: s << "(" << value << ")"; break;
     case Kind::ProjectionTerm:
-      s << "projection_term(" << projection << ", columns=" << columns << ", start=" << start
-        << ", step=" << step << ")";
+      s << "(" << projection << ", columns=" << columns << ", start=" << start << ", step=" << step << ")";
       break;
-    case Kind::ProjectionPrefix:
-      s << "projection_prefix(" << projection << ", columns=" << columns << ", scale=" << scale << ")";
-      break;
+    case Kind::ProjectionPrefix: s << "(" << projection << ", columns=" << columns << ", scale=" << scale << ")"; break;
+    default: break;  // no argument
   }
   return s.str();
 }
@@ -272,17 +241,12 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
         const json &d = (*sh)[k];
         std::string dpath = path + ".shape[" + std::to_string(k) + "]";
         DimSpec ds;
-        if (d.is_string()) {
+        if (d.is_string()) {  // a symbol, or a size written as a string, e.g. "1" or "16"
           std::string s = d.get<std::string>();
-          if (s == "heads") ds.kind = DimSpec::Kind::Heads;
-          else if (s == "head_dim") ds.kind = DimSpec::Kind::HeadDim;
-          else if (!s.empty() && s.size() <= 18 &&
-                   s.find_first_not_of("0123456789") == std::string::npos && std::stoll(s) > 0) {
-            ds.kind = DimSpec::Kind::Fixed;  // a size written as a string, e.g. "1" or "16"
-            ds.value = std::stoll(s);
-          } else {
+          std::optional<DimSpec> parsed = abi::parse_dim(s);
+          if (!parsed)
             fail(what, dpath, "unknown shape symbol \"" + s + "\" (expected \"heads\", \"head_dim\" or a positive integer)");
-          }
+          ds = *parsed;
         } else if (d.is_number_integer() && d.get<int64_t>() > 0) {
           ds.kind = DimSpec::Kind::Fixed;
           ds.value = d.get<int64_t>();
@@ -352,22 +316,26 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
     o.l = get_int(oj, "l", what, op);
     if (o.l <= 0 || o.l > ape_rules::kMaxDim) fail(what, op + ".l", "must be in [1, " + std::to_string(ape_rules::kMaxDim) + "]");
     o.targets = get_string(oj, "targets", what, op);
-    if (o.targets == "qk") { o.q = o.k = true; }
-    else if (o.targets == "qkv") { o.q = o.k = o.v = true; }
-    else fail(what, op + ".targets", "expected \"qk\" or \"qkv\", got \"" + o.targets + "\"");
+    std::optional<abi::Targets> targets = abi::parse_targets(o.targets);
+    if (!targets)
+      fail(what, op + ".targets", "expected " + abi::allowed<abi::Targets>() + ", got \"" + o.targets + "\"");
+    o.q = o.k = true;
+    o.v = *targets == abi::Targets::Qkv;
     // "kind" is absent in manifests that predate ExQPE: those are ExPE.
     const std::string kind = get_string(oj, "kind", what, op, /*required=*/false);
     const bool explicit_kind = !kind.empty();
-    if (kind.empty() || kind == "expe") o.kind = OverrideSpec::Kind::Expe;
-    else if (kind == "exqpe") o.kind = OverrideSpec::Kind::Exqpe;
-    else fail(what, op + ".kind", "expected \"expe\" or \"exqpe\", got \"" + kind + "\"");
+    std::optional<OverrideSpec::Kind> parsed_kind =
+        kind.empty() ? OverrideSpec::Kind::Expe : abi::parse_override_kind(kind);
+    if (!parsed_kind)
+      fail(what, op + ".kind", "expected " + abi::allowed<abi::OverrideKind>() + ", got \"" + kind + "\"");
+    o.kind = *parsed_kind;
     // The position values are needed by the runtime for "qkv" (the value path); with an explicit
     // kind they are always required, so a manifest describes its positions completely.
     const bool need = explicit_kind || o.v;
     auto number = [&](const char *key) {
       if (need && (!oj.contains(key) || oj.at(key).is_null()))
         fail(what, op + "." + key,
-             std::string("missing (an ") + (o.kind == OverrideSpec::Kind::Expe ? "expe" : "exqpe") +
+             std::string("missing (an ") + std::string(abi::name(o.kind)) +
                  " override" + (o.v ? " with targets \"qkv\"" : "") + " needs a number)");
       return get_number(oj, key, 0.0, what, op);
     };
@@ -398,7 +366,7 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
     if (!it->is_object()) fail(what, rp, std::string("expected null or an object {pairing, fraction}, got ") + type_name(*it));
     RotationSpec r;
     r.pairing = get_string(*it, "pairing", what, rp);
-    if (r.pairing != "half" && r.pairing != "interleaved")
+    if (!abi::parse_rotation_pairing(r.pairing))
       fail(what, rp + ".pairing", "expected \"half\" or \"interleaved\", got \"" + r.pairing + "\"");
     r.fraction = get_number(*it, "fraction", 1.0, what, rp);
     if (!(r.fraction > 0 && r.fraction <= 1)) fail(what, rp + ".fraction", "must be in (0, 1]");
@@ -412,9 +380,10 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
                          type_name(*it));
     EmbeddingSpec e;
     const std::string kind = get_string(*it, "kind", what, ep);
-    if (kind == "table") {
+    std::optional<EmbeddingSpec::Kind> parsed_kind = abi::parse_embedding_kind(kind);
+    if (parsed_kind == EmbeddingSpec::Kind::Table) {
       e.kind = EmbeddingSpec::Kind::Table;
-    } else if (kind == "learned") {
+    } else if (parsed_kind == EmbeddingSpec::Kind::Learned) {
       e.kind = EmbeddingSpec::Kind::Learned;
       e.max_length = get_int(*it, "max_length", what, ep);
       if (e.max_length <= 0 || e.max_length > ape_rules::kMaxLength)
@@ -438,18 +407,7 @@ std::string inference_only_message(const std::string &encoding) {
 
 std::vector<double> alibi_slopes(int64_t heads) {
   if (heads <= 0) throw std::invalid_argument("alibi_slopes: heads must be > 0");
-  auto pow2 = [](int64_t n) {
-    std::vector<double> s(n);
-    for (int64_t h = 0; h < n; ++h) s[h] = std::exp2(-8.0 * double(h + 1) / double(n));
-    return s;
-  };
-  if ((heads & (heads - 1)) == 0) return pow2(heads);
-  int64_t c = 1;
-  while (c * 2 <= heads) c *= 2;
-  std::vector<double> out = pow2(c);
-  std::vector<double> extra = pow2(2 * c);
-  for (int64_t i = 0; i < 2 * c && int64_t(out.size()) < heads; i += 2) out.push_back(extra[i]);
-  return out;
+  return abi::alibi_slopes(heads);
 }
 
 }  // namespace ape

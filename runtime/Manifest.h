@@ -12,9 +12,12 @@
 #include <variant>
 #include <vector>
 
+#include "ape/abi.h"             // the contract: vocabularies, shape symbols, shared math
 #include "dialect/ValueRules.h"  // plain C++: the rules apec's verifier applies
 
 namespace ape {
+
+namespace abi = ::ape_abi;  // the contract (ape/abi.h)
 
 // One entry of "features": f_t,h = w_h·x̃_t + c_h, a Linear(d, H) of the normalised block input.
 struct FeatureSpec {
@@ -23,18 +26,13 @@ struct FeatureSpec {
   double bias = 0.0;
 };
 
-// A dimension of a parameter's shape: a symbol resolved at model build time, or a number.
-struct DimSpec {
-  enum class Kind { Heads, HeadDim, Fixed };
-  Kind kind = Kind::Fixed;
-  int64_t value = 0;  // for Fixed
-  int64_t resolve(int64_t heads, int64_t head_dim) const;
-  std::string str() const;  // "heads", "head_dim" or the number
-};
+// A dimension of a parameter's shape: a symbol resolved at model build time, or a number
+// (abi::Dim: resolve(heads, head_dim), str()).
+using DimSpec = abi::Dim;
 
 struct InitSpec {
   // sinusoidal: shape [rows, heads, head_dim], value PE[r, h·head_dim + c] (encodings.md, d = H·D).
-  enum class Kind { Zeros, Ones, Normal, Constant, AlibiSlopes, Sinusoidal, ProjectionTerm, ProjectionPrefix };
+  using Kind = abi::InitKind;  // zeros, ones, normal, ..., projection_prefix
   Kind kind = Kind::Zeros;
   double std = 0.02;    // normal
   double value = 0.0;   // constant
@@ -46,7 +44,7 @@ struct InitSpec {
   double step = 0.0;
   double scale = 1.0;       // projection_prefix
   // projection_term / projection_prefix: computed from a projection weight every step (not free).
-  bool derived() const { return kind == Kind::ProjectionTerm || kind == Kind::ProjectionPrefix; }
+  bool derived() const { return abi::is_derived(kind); }
   std::string str() const;  // e.g. "normal(std=0.02)"
 };
 
@@ -73,7 +71,7 @@ struct ParamSpec {
 //   exqpe: p_{n,j} = start + j·θ1 + θ2·(floor(n/l) + [j <= n mod l])
 // σ is the value of the fixed param named by position_scale (1 when there is none).
 struct OverrideSpec {
-  enum class Kind { Expe, Exqpe };
+  using Kind = abi::OverrideKind;
   Kind kind = Kind::Expe;
   int64_t l = 0;
   bool q = false, k = false, v = false;  // from targets "qk" | "qkv"
@@ -91,7 +89,7 @@ struct OverrideSpec {
 // "table": PE is fixed, filled by the kernel entry's embed_table; "learned": PE = wpe[:T], a
 // trainable [max_length, d] parameter, init N(0, std); longer sequences are an error.
 struct EmbeddingSpec {
-  enum class Kind { Table, Learned };
+  using Kind = abi::EmbeddingKind;
   Kind kind = Kind::Table;
   int64_t max_length = 0;  // learned
   double std = 0.02;       // learned
@@ -135,8 +133,7 @@ struct Manifest {
 // Why an inference-only encoding cannot be trained, and what to do instead.
 std::string inference_only_message(const std::string &encoding);
 
-// ALiBi slopes for H heads: power-of-two H: m_h = 2^(-8(h+1)/H); otherwise c = 2^floor(log2 H),
-// slopes(c) followed by slopes(2c)[0::2][:H-c].
+// ALiBi slopes for H heads (abi::alibi_slopes); throws std::invalid_argument for heads <= 0.
 std::vector<double> alibi_slopes(int64_t heads);
 
 }  // namespace ape

@@ -2,6 +2,8 @@
 // nothing here reads the generated kernels, their templates or their gradient regions.
 #include "runtime/SpecReference.h"
 
+#include "ape/abi.h"
+
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -10,6 +12,8 @@
 #include <ATen/ATen.h>
 
 namespace ape {
+
+namespace abi = ::ape_abi;
 
 using json = nlohmann::json;
 using at::Tensor;
@@ -58,10 +62,8 @@ struct Env {
   const SpecReferenceData *data = nullptr;
 };
 
-int64_t dim_size(const std::string &dim, const Env &env) {
-  if (dim == "heads") return env.H;
-  if (dim == "head_dim") return env.D;
-  return std::stoll(dim);
+int64_t dim_size(const std::string &dim, const Env &env) {  // checked at parse
+  return abi::parse_dim(dim).value_or(abi::Dim{}).resolve(env.H, env.D);
 }
 
 Tensor scalar(double v, const Env &env) { return at::scalar_tensor(v, at::dtype(env.dtype)); }
@@ -172,8 +174,11 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
     return scalar(real(v, d.what), env);
   }
   if (name == "ape.dim") {
-    const std::string which = op.at("which");
-    return index_scalar(which == "heads" ? env.H : which == "head_dim" ? env.D : env.T);
+    const std::optional<abi::DimWhich> which = abi::parse_dim_which(op.at("which").get<std::string>());
+    if (!which) fail(env.data->what, "unknown ape.dim '" + op.at("which").get<std::string>() + "'");
+    return index_scalar(*which == abi::DimWhich::Heads     ? env.H
+                        : *which == abi::DimWhich::HeadDim ? env.D
+                                                           : env.T);
   }
   if (name == "ape.load") return load(op.at("source"), x, env);
   // Binary arithmetic (floats and integers alike where the C++ meaning is the same).
@@ -277,14 +282,15 @@ Tensor yield_real(const json &region, const std::vector<Tensor> &args, const Env
 }
 
 // The coordinate paired with c in a q/k mod of `pairing` and `fraction` (the first
-// 2 floor(fraction D / 2) coordinates are paired, the rest are their own partner).
-Tensor partner_index(const std::string &pairing, double fraction, int64_t D) {
+// 2 floor(fraction D / 2) coordinates are paired, the rest are their own partner). Written here
+// from the spec, not with abi::partner: the reference checks the kernels' pairing.
+Tensor partner_index(abi::Pairing pairing, double fraction, int64_t D) {
   const int64_t half = static_cast<int64_t>(std::floor(fraction * static_cast<double>(D) / 2.0));
   const int64_t r = 2 * half;
   std::vector<int64_t> p(static_cast<size_t>(D));
   for (int64_t c = 0; c < D; ++c) {
-    if (c >= r || pairing == "none") p[c] = c;
-    else if (pairing == "half") p[c] = c < half ? c + half : c - half;
+    if (c >= r || pairing == abi::Pairing::None) p[c] = c;
+    else if (pairing == abi::Pairing::Half) p[c] = c < half ? c + half : c - half;
     else p[c] = c ^ 1;
   }
   return at::tensor(p, at::kLong);
@@ -297,9 +303,9 @@ Tensor apply_mods(const json &mods, Tensor x, const Env &env) {
   const Tensor h = at::arange(env.H, at::kLong).view({1, env.H, 1, 1});
   for (const json &m : mods) {
     const std::string pairing = m.at("pairing");
-    if (pairing != "none" && pairing != "half" && pairing != "interleaved")
-      fail(env.data->what, "unknown pairing '" + pairing + "'");
-    const Tensor y = x.index_select(3, partner_index(pairing, m.at("fraction").get<double>(), env.D));
+    const std::optional<abi::Pairing> parsed = abi::parse_pairing(pairing);
+    if (!parsed) fail(env.data->what, "unknown pairing '" + pairing + "'");
+    const Tensor y = x.index_select(3, partner_index(*parsed, m.at("fraction").get<double>(), env.D));
     x = yield_real(m.at("body"), {x, y, c, t, h}, env, x.sizes());
   }
   return x;
@@ -325,10 +331,8 @@ SpecReference SpecReference::parse(const std::string &json_text, const std::stri
       info.name = p.at("name");
       for (const json &s : p.at("shape")) {
         const std::string dim = s;
-        const bool number = !dim.empty() && dim.size() < 10 &&
-                             dim.find_first_not_of("0123456789") == std::string::npos &&
-                             std::stoll(dim) > 0;
-        if (!number && dim != "heads" && dim != "head_dim")
+        const std::optional<abi::Dim> d = abi::parse_dim(dim);
+        if (!d || (d->is(abi::Dim::Kind::Fixed) && d->value >= 1000000000))
           fail(what, "param '" + info.name + "' has an unknown dimension '" + dim + "'");
         info.shape.push_back(dim);
       }

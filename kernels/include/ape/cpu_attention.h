@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "abi.h"
 #include "attention_transition.h"
 #include "cpu_dispatch.h"
 #include "enc_traits.h"
@@ -225,21 +226,13 @@ void transpose_padded(const Real *x, int64_t T, int64_t D, int64_t Tp, Real *xt)
 }
 
 // ---- q / k mods ---------------------------------------------------------------------------------
-// Partner columns under a pairing (0 none, 1 half, 2 interleaved) rotating r = 2*floor(f*D/2)
-// dims: half pairs c with c +- r/2, interleaved pairs c with c^1, columns c >= r pair with
-// themselves (the mod is still called, with y = x).
+// Partner columns under a pairing (Enc::kQPairing / kKPairing: ape_abi::Pairing's code, 0 none,
+// 1 half, 2 interleaved), the rule of ape_abi::partner; a column paired with itself still calls the
+// mod, with y = x.
 inline std::vector<int64_t> partners(int pairing, double fraction, int64_t D) {
-  const int64_t r = std::clamp<int64_t>(
-      2 * static_cast<int64_t>(std::floor(fraction * static_cast<double>(D) / 2)), 0, D - D % 2);
   std::vector<int64_t> p(static_cast<std::size_t>(D));
-  for (int64_t c = 0; c < D; ++c) {
-    if (pairing == 0 || c >= r)
-      p[c] = c;
-    else if (pairing == 1)
-      p[c] = c < r / 2 ? c + r / 2 : c - r / 2;
-    else
-      p[c] = c ^ 1;
-  }
+  for (int64_t c = 0; c < D; ++c)
+    p[c] = ::ape_abi::partner(static_cast<::ape_abi::Pairing>(pairing), fraction, D, c);
   return p;
 }
 

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "abi.h"
 #include "cuda_flash_tile.cuh"
 #include "cuda_kernel_entry.h"
 #include "enc_traits.h"
@@ -265,14 +266,10 @@ __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, boo
   return c;
 }
 
-// Partner column under a pairing (0 none, 1 half, 2 interleaved) rotating r = 2 floor(f D / 2)
-// dims; columns c >= r pair with themselves (as in cpu_attention.h).
+// Partner column under a pairing (Enc::kQPairing / kKPairing: ape_abi::Pairing's code, 0 none,
+// 1 half, 2 interleaved): the rule of ape_abi::partner, shared with cpu_attention.h.
 APE_HD inline int64_t partner(int pairing, double fraction, int64_t D, int64_t c) {
-  int64_t r = 2 * static_cast<int64_t>(floor(fraction * static_cast<double>(D) / 2));
-  r = r < 0 ? 0 : r > D - D % 2 ? D - D % 2 : r;
-  if (pairing == 0 || c >= r) return c;
-  if (pairing == 1) return c < r / 2 ? c + r / 2 : c - r / 2;
-  return c ^ 1;
+  return ::ape_abi::partner(static_cast<::ape_abi::Pairing>(pairing), fraction, D, c);
 }
 
 // ---- tiles -----------------------------------------------------------------------------------------

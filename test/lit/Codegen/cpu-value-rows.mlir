@@ -16,7 +16,7 @@
 
 // IR: ape.value_rows %{{.*}} index {
 // IR-NEXT: ^bb0(%{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index):
-// IR: ape.score_mod attributes {plans = ["query_rows"]}
+// IR: ape.score_mod {
 // Shaw relative positions, written in the generic form, with both terms:
 //   key term   l_ij += q_i·a^K_r / sqrt(d_h)
 //   value term z_i  += Σ_j A_ij·a^V_r

@@ -16,7 +16,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.rotary' op pairing must be "half" or "interleaved", got "diagonal"}}
+  // expected-error @+1 {{'ape.rotary' op attribute 'pairing' failed to satisfy constraint: "half" or "interleaved"}}
   ape.rotary {pairing = "diagonal"}
 }
 
@@ -31,7 +31,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.cable' op kernel must be "none" (Cable) or "log1p_sq" (K-Cable), got "gauss"}}
+  // expected-error @+1 {{'ape.cable' op attribute 'kernel' failed to satisfy constraint: "none" or "log1p_sq"}}
   ape.cable {kernel = "gauss"}
 }
 
@@ -66,7 +66,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.override' op targets must be "qk" (the q and k projections) or "qkv" (q, k and v), got "v"}}
+  // expected-error @+1 {{'ape.override' op attribute 'targets' failed to satisfy constraint: "qk" or "qkv"}}
   ape.override {l = 8, targets = "v"}
 }
 
@@ -100,14 +100,14 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.param' op unknown init "uniform" (expected zeros, ones, normal, constant, alibi_slopes, sinusoidal, projection_term or projection_prefix)}}
+  // expected-error @+1 {{'ape.param' op attribute 'init' failed to satisfy constraint: "zeros", "ones", "normal", "constant", "alibi_slopes", "sinusoidal", "projection_term" or "projection_prefix"}}
   %p = ape.param "w" ["heads"] init = "uniform"
 }
 
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.param' op init "normal" needs a non-negative `std` attribute (f64)}}
+  // expected-error @+1 {{'ape.param' op init "normal" needs a `std` attribute (f64)}}
   %p = ape.param "w" ["heads"] init = "normal" trainable
 }
 
@@ -179,7 +179,7 @@ ape.encoding @e {
 ape.encoding @e {
   ape.score_mod {
   ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
-    // expected-error @+1 {{'ape.dim' op unknown dimension "width" (expected "heads", "head_dim" or "seq_len")}}
+    // expected-error @+1 {{'ape.dim' op attribute 'which' failed to satisfy constraint: "heads", "head_dim" or "seq_len"}}
     %d = ape.dim "width"
     ape.yield %s : f32
   }
@@ -321,7 +321,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.rotary' op scaling must be "none", "linear", "ntk", "dynamic_ntk", "yarn" or "llama3", got "longrope"}}
+  // expected-error @+1 {{'ape.rotary' op attribute 'scaling' failed to satisfy constraint: "none", "linear", "ntk", "dynamic_ntk", "yarn" or "llama3"}}
   ape.rotary {scaling = "longrope", factor = 2.0 : f64}
 }
 
@@ -372,7 +372,7 @@ ape.encoding @e attributes {model_dim = 64 : i64} {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.override' op kind must be "expe" or "exqpe", got "rope"}}
+  // expected-error @+1 {{'ape.override' op attribute 'kind' failed to satisfy constraint: "expe" or "exqpe"}}
   ape.override {kind = "rope", l = 8}
 }
 
@@ -406,7 +406,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.absolute' op kind must be "sinusoidal" or "learned", got "alibi"}}
+  // expected-error @+1 {{'ape.absolute' op attribute 'kind' failed to satisfy constraint: "sinusoidal" or "learned"}}
   ape.absolute {kind = "alibi"}
 }
 
@@ -468,7 +468,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.kerple' op kind must be "log" or "power", got "cosine"}}
+  // expected-error @+1 {{'ape.kerple' op attribute 'kind' failed to satisfy constraint: "log" or "power"}}
   ape.kerple {kind = "cosine"}
 }
 
@@ -512,7 +512,7 @@ ape.encoding @e {
 
 ape.encoding @e {
   %t = ape.param "rel" ["4", "heads", "head_dim"] init = "zeros" trainable
-  // expected-error @+1 {{'ape.rel_rows' op side must be "q" (query rows) or "k" (key rows), got "v"}}
+  // expected-error @+1 {{'ape.rel_rows' op attribute 'side' failed to satisfy constraint: "q" or "k"}}
   %r = ape.rel_rows "v" %t
 }
 
@@ -588,4 +588,51 @@ ape.encoding @e {
   // expected-error @+1 {{'ape.param' op requires attribute 'name'}}
   %p = "ape.param"() {shape = ["heads"], init = "zeros"} : () -> !ape.param
   %q = ape.param "w" ["heads"] init = "zeros"
+}
+
+// -----
+
+// An init kind takes exactly its arguments (ape/abi.h, init_arg_use).
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op init "zeros" takes no `std` attribute}}
+  %p = ape.param "w" ["heads"] init = "zeros" trainable {std = 0.02 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op init "projection_term" needs a `step` attribute (f64)}}
+  %p = ape.param "a" ["heads", "head_dim"] init = "projection_term" trainable {projection = "q", columns = 4 : i64, start = 0.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op attribute 'projection' failed to satisfy constraint: "q", "k" or "v"}}
+  %p = ape.param "a" ["heads", "head_dim"] init = "projection_term" trainable {projection = "o", columns = 4 : i64, start = 0.0 : f64, step = 1.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op init "projection_prefix" is derived from a per-layer projection: it cannot be `shared`}}
+  %p = ape.param "p" ["4", "heads", "head_dim"] init = "projection_prefix" trainable {projection = "k", columns = 4 : i64, scale = 1.0 : f64, shared}
+}
+
+// -----
+
+// A misspelt argument is refused rather than ignored.
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op has no attribute 'stdev' (its attributes: std, value, projection, columns, start, step, scale, min, max, integer and shared)}}
+  %p = ape.param "w" ["heads"] init = "normal" trainable {stdev = 0.02 : f64}
+}
+
+// -----
+
+ape.kernel @k {
+  // expected-error @+1 {{'ape.q_mod' op attribute 'pairing' failed to satisfy constraint: "none", "half" or "interleaved"}}
+  ape.q_mod attributes {pairing = "diagonal"} {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    ape.yield %x : f32
+  }
 }

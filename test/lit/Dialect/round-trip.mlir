@@ -80,7 +80,7 @@ ape.encoding @generic {
 // CHECK: ape.map
 // CHECK: } grad {
 // CHECK: ^bb0(%{{.*}}: f32, %{{.*}}: f32):
-// CHECK: ape.score_mod attributes {plans = ["row_sum"]}
+// CHECK: ape.score_mod {
 // CHECK: } grad {
 ape.kernel @fused attributes {scale = 0.125 : f64, passes = 1, tile_q = 16, tile_k = 32} {
   %f = ape.token_feature "f"
@@ -91,7 +91,7 @@ ape.kernel @fused attributes {scale = 0.125 : f64, passes = 1, tile_q = 16, tile
   ^bb0(%x: f32, %g: f32):
     ape.yield %g : f32
   }
-  ape.score_mod attributes {plans = ["row_sum"]} {
+  ape.score_mod {
   ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
     %v = ape.load %m[%b, %h, %i] : !ape.tokens
     %r = arith.addf %s, %v : f32

@@ -1,5 +1,5 @@
 // RUN: ape-opt %s -split-input-file -ape-expand | FileCheck %s --check-prefix=EXPAND
-// RUN: ape-opt %s -split-input-file -ape-lower | FileCheck %s --check-prefix=PLAN
+// RUN: ape-opt %s -split-input-file -ape-lower | FileCheck %s --check-prefix=LOWER
 // The learned biases after expansion, and the reduction plan -ape-differentiate chooses for
 // each input of their score_mod: scatter by bucket (T5), per-head sums (KERPLE), full
 // reductions and per-head sums (FIRE's MLP), row and column sums (Cable), none (fixed slopes).
@@ -21,8 +21,8 @@
 // EXPAND-NEXT: %[[B:.*]] = arith.select %[[SMALL]], %[[N]], %[[LARGE]] : index
 // EXPAND-NEXT: %[[V:.*]] = ape.load %[[T]][%[[B]], %[[H]]] : !ape.param
 // EXPAND-NEXT: %[[R:.*]] = arith.addf %[[S]], %[[V]] : f32
-// PLAN-LABEL: ape.kernel @t5
-// PLAN: ape.score_mod attributes {plans = ["scatter"]}
+// LOWER-LABEL: ape.kernel @t5
+// LOWER: ape.score_mod {
 ape.encoding @t5 {
   ape.t5_bias {buckets = 32, max_distance = 128}
 }
@@ -41,8 +41,8 @@ ape.encoding @t5 {
 // EXPAND: %[[POS:.*]] = arith.cmpf ogt
 // EXPAND: %[[POW:.*]] = math.powf
 // EXPAND: arith.select %[[POS]], %[[POW]], %{{.*}} : f32
-// PLAN-LABEL: ape.kernel @kerple
-// PLAN: ape.score_mod attributes {plans = ["head_sum", "head_sum"]}
+// LOWER-LABEL: ape.kernel @kerple
+// LOWER: ape.score_mod {
 ape.encoding @kerple {
   ape.kerple {kind = "power", p_init = 1.5 : f64, a_init = 0.5 : f64}
 }
@@ -60,8 +60,8 @@ ape.encoding @kerple {
 // EXPAND: ape.score_mod {
 // EXPAND: math.log1p
 // EXPAND: arith.maximumf
-// PLAN-LABEL: ape.kernel @fire
-// PLAN: ape.score_mod attributes {plans = ["sum", "sum", "sum", "sum", "head_sum", "sum", "sum", "head_sum", "head_sum"]}
+// LOWER-LABEL: ape.kernel @fire
+// LOWER: ape.score_mod {
 ape.encoding @fire {
   ape.fire {hidden = 2}
 }
@@ -69,11 +69,11 @@ ape.encoding @fire {
 // -----
 
 // Composition: RoPE + T5 + Cable + fixed ALiBi slopes in one kernel.
-// PLAN-LABEL: ape.kernel @mixed
-// PLAN: ape.q_mod
-// PLAN: ape.k_mod
-// PLAN: ape.score_mod attributes {plans = ["scatter", "none", "row_sum", "col_sum"]}
-// PLAN-NOT: ape.score_mod
+// LOWER-LABEL: ape.kernel @mixed
+// LOWER: ape.q_mod
+// LOWER: ape.k_mod
+// LOWER: ape.score_mod {
+// LOWER-NOT: ape.score_mod
 ape.encoding @mixed {
   ape.rotary
   ape.t5_bias
@@ -85,13 +85,13 @@ ape.encoding @mixed {
 
 // Query-dependent relative terms: q'_i·table_r rows (with an optional bias added to q') and
 // k'_j rows, gathered at a computed distance; their gradients go back through the rows.
-// PLAN-LABEL: ape.kernel @relative
-// PLAN: %[[T:.*]] = ape.param "rel" ["9", "heads", "head_dim"] init = "normal" trainable
-// PLAN: %[[V:.*]] = ape.param "v" ["heads", "head_dim"] init = "zeros" trainable
-// PLAN: %[[U:.*]] = ape.param "u" ["1", "heads", "head_dim"] init = "zeros" trainable
-// PLAN: ape.rel_rows "q" %[[T]] bias %[[V]]
-// PLAN: ape.rel_rows "k" %[[U]]
-// PLAN: ape.score_mod attributes {plans = ["query_rows", "key_rows"]}
+// LOWER-LABEL: ape.kernel @relative
+// LOWER: %[[T:.*]] = ape.param "rel" ["9", "heads", "head_dim"] init = "normal" trainable
+// LOWER: %[[V:.*]] = ape.param "v" ["heads", "head_dim"] init = "zeros" trainable
+// LOWER: %[[U:.*]] = ape.param "u" ["1", "heads", "head_dim"] init = "zeros" trainable
+// LOWER: ape.rel_rows "q" %[[T]] bias %[[V]]
+// LOWER: ape.rel_rows "k" %[[U]]
+// LOWER: ape.score_mod {
 ape.encoding @relative {
   %t = ape.param "rel" ["9", "heads", "head_dim"] init = "normal" trainable {std = 0.02 : f64}
   %v = ape.param "v" ["heads", "head_dim"] init = "zeros" trainable

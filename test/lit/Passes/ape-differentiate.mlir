@@ -10,7 +10,7 @@
 // CHECK: %[[D:.*]] = arith.divf
 // CHECK: %[[R:.*]] = arith.mulf %[[G]], %{{.*}} : f32
 // CHECK-NEXT: ape.yield %[[R]] : f32
-// CHECK: ape.score_mod attributes {plans = ["row_sum", "col_sum"]} {
+// CHECK: ape.score_mod {
 // CHECK: } grad {
 // CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[GS:.*]]: f32):
 // CHECK-NEXT: %[[M1:.*]] = arith.constant -1.000000e+00 : f32
@@ -71,7 +71,7 @@ ape.kernel @kcable {
 // A learned slope per head reduces per head; a table read at a computed
 // index (T5-style) scatters.
 // CHECK-LABEL: ape.kernel @slopes
-// CHECK: ape.score_mod attributes {plans = ["head_sum", "scatter"]} {
+// CHECK: ape.score_mod {
 // CHECK: } grad {
 // CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %[[I:.*]]: index, %[[J:.*]]: index, %[[G:.*]]: f32):
 // CHECK: %[[D:.*]] = arith.subi %[[I]], %[[J]] : index
@@ -101,7 +101,7 @@ ape.kernel @slopes {
 
 // RoPE's backward is the transpose rotation: ∂x'/∂x = cos, ∂x'/∂y = ∓sin.
 // CHECK-LABEL: ape.kernel @rotation
-// CHECK: ape.q_mod attributes {pairing = "half", plans = []} {
+// CHECK: ape.q_mod attributes {pairing = "half"} {
 // CHECK: } grad {
 // CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: f32, %{{.*}}: index, %[[T:.*]]: index, %{{.*}}: index, %[[G:.*]]: f32):
 // CHECK: %[[A:.*]] = arith.sitofp %{{.*}} : i64 to f32
@@ -129,7 +129,7 @@ ape.kernel @rotation {
 
 // Params inside a q_mod (ExPE's a + t·b) reduce over tokens.
 // CHECK-LABEL: ape.kernel @additive
-// CHECK: ape.q_mod attributes {plans = ["token_sum", "token_sum"]} {
+// CHECK: ape.q_mod {
 // CHECK: } grad {
 // CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: f32, %{{.*}}: index, %[[T:.*]]: index, %{{.*}}: index, %[[G:.*]]: f32):
 // CHECK: %[[TF:.*]] = arith.sitofp

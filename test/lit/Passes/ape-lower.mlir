@@ -9,12 +9,11 @@
 // CHECK: ape.map
 // CHECK: } grad {
 // CHECK: ape.scan
-// CHECK: ape.q_mod attributes {pairing = "half", plans = []} {
+// CHECK: ape.q_mod attributes {pairing = "half"} {
 // CHECK: } grad {
-// CHECK: ape.k_mod attributes {pairing = "half", plans = []} {
+// CHECK: ape.k_mod attributes {pairing = "half"} {
 // CHECK: } grad {
-// Fixed ALiBi slopes need no gradient (plan "none"); Cable's S_i and S_j need row and column sums.
-// CHECK: ape.score_mod attributes {plans = ["none", "row_sum", "col_sum"]} {
+// CHECK: ape.score_mod {
 // CHECK: } grad {
 // CHECK-NOT: ape.score_mod
 // CHECK-NOT: ape.q_mod
@@ -29,9 +28,9 @@ ape.encoding @rope_alibi_cable {
 // CHECK: ape.param "position_scale" ["1"] init = "constant" {max = 3.4028234663852886E+38 : f64, min = -3.4028234663852886E+38 : f64, value = 1.000000e+00 : f64}
 // CHECK: ape.masked_projection {l = 4 : i64, position_scale = "position_scale", targets = "qk"}
 // CHECK-COUNT-4: init = "projection_term"
-// CHECK: ape.q_mod attributes {plans = ["token_sum", "token_sum", "none"]}
-// CHECK: ape.k_mod attributes {plans = ["token_sum", "token_sum", "none"]}
-// CHECK: ape.score_mod attributes {plans = ["row_sum", "col_sum"]}
+// CHECK: ape.q_mod {
+// CHECK: ape.k_mod {
+// CHECK: ape.score_mod {
 ape.encoding @expe_cable {
   ape.override {l = 4}
   ape.cable

@@ -5,15 +5,14 @@
 // RUN: ape-opt %s -ape-expand -ape-push-override -ape-fuse | FileCheck %s --check-prefix=FUSE
 // RUN: ape-opt %s -ape-lower | ape-opt -ape-schedule | FileCheck %s --check-prefix=AGAIN
 
-// The inference-only kernel gets no backward from -ape-differentiate: no grad regions, no plans.
+// The inference-only kernel gets no backward from -ape-differentiate: no grad regions.
 // CHECK-LABEL: ape.kernel @rope_transition attributes {inference_only, passes = 3 : i64, tile_k = 64 : i64, tile_q = 64 : i64}
 // CHECK: ape.attention_transition {alpha = 2.500000e-01 : f64}
 // CHECK: ape.q_mod attributes {pairing = "half"} {
 // CHECK-NOT: grad
-// CHECK-NOT: plans
 // CHECK-LABEL: ape.kernel @rope attributes {passes = 1 : i64, tile_k = 64 : i64, tile_q = 64 : i64}
 // CHECK-NOT: ape.attention_transition
-// CHECK: ape.q_mod attributes {pairing = "half", plans = []}
+// CHECK: ape.q_mod attributes {pairing = "half"}
 // CHECK: } grad {
 
 // FUSE-LABEL: ape.kernel @rope_transition attributes {inference_only}
