@@ -405,7 +405,7 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
     run_gpu(var, p, gpu);
     if (HasFatalFailure()) return;
     const Outputs cpu_out = run_cpu(*cpu, p);
-    Outputs ref, lowp;
+    Outputs ref, lowp, lowp_own_o;
     if (has_ref) {
       ref = from_reference(p, ape_test::reference_attention(name, ref_inputs(p), p.dout));
       if (var.dtype != DType::F32) {
@@ -421,6 +421,16 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
         lowp = from_reference(
             p, ape_test::reference_attention(name, ref_inputs(r), r.dout, {torch_type(var.dtype)}));
         for (size_t n = 0; n < 5; ++n) lowp[n].second = n == 1 ? lowp[n].second : rnd(lowp[n].second);
+        // Parameter gradients sum P (dP - Delta) times the bias's derivative over B·H·T·T
+        // elements; their same-precision error is dominated by the rounding of o in Delta
+        // (Delta_i = dO_i . o_i misses sum_j P_ij dP_ij by about 2^-8 |dO_i| |o_i| in bf16),
+        // weighted by the derivative (for ALiBi's slope the distance i - j, up to T). That error
+        // is one sample of a sum of ~T rounding terms, so a second same-precision backward that
+        // reads the kernel's own rounded o (which the kernel's backward reads) is an equally
+        // valid baseline; parameter gradients are held to the larger of the two.
+        lowp_own_o = from_reference(
+            p, ape_test::reference_attention(name, ref_inputs(r), r.dout,
+                                             {torch_type(var.dtype), gpu[0].second}));
       }
     }
     ASSERT_EQ(gpu.size(), cpu_out.size());
@@ -440,7 +450,10 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
           EXPECT_LE(max_err(g, ref[n].second), 2 * base + 1e-4 * mag + kF32Floor)
               << what << " vs the reference (the CPU fp32 kernel's error: " << base << ")";
       } else if (has_ref) {
-        const double err = max_err(g, ref[n].second), base = max_err(lowp[n].second, ref[n].second);
+        const double err = max_err(g, ref[n].second);
+        double base = max_err(lowp[n].second, ref[n].second);
+        if (what.rfind("dparam:", 0) == 0)
+          base = std::max(base, max_err(lowp_own_o[n].second, ref[n].second));
         EXPECT_LE(err, 2 * base + 1e-3 * mag)
             << what << ": kernel error " << err << ", same-precision materialised error " << base;
       } else {

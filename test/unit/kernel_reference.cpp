@@ -415,12 +415,14 @@ struct RoundGrad : torch::autograd::Function<RoundGrad> {
 };
 
 // o = softmax(logits) v with the kernel's rounding: P rounded for P V and dV = P^T dO, o rounded,
-// and the backward's Delta_i = dO_i . o_i read from the rounded o. With a value table aV
+// and the backward's Delta_i = dO_i . o_i read from the rounded o (or from delta_o when given).
+// With a value table aV
 // ([R, H, D], Shaw's value term with r(i, j) = clip(i - j, 0, R - 1); empty: none), o_i also gains
 // sum_j P_ij aV[r(i, j)] from the unrounded P, before o is rounded.
 struct SoftmaxV : torch::autograd::Function<SoftmaxV> {
   static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &logits,
-                               const torch::Tensor &v, const torch::Tensor &aV, int64_t dtype) {
+                               const torch::Tensor &v, const torch::Tensor &aV, int64_t dtype,
+                               const torch::Tensor &delta_o) {
     const auto dt = static_cast<torch::ScalarType>(dtype);
     const auto P = torch::softmax(logits, -1);
     const auto Pr = P.to(dt).to(torch::kFloat64);
@@ -433,7 +435,7 @@ struct SoftmaxV : torch::autograd::Function<SoftmaxV> {
       o = o + torch::einsum("bhtr,rhd->bhtd", {mass, aV});
     }
     o = o.to(dt).to(torch::kFloat64);
-    ctx->save_for_backward({P, Pr, v, o, aV, r});
+    ctx->save_for_backward({P, Pr, v, delta_o.numel() > 0 ? delta_o.to(torch::kFloat64) : o, aV, r});
     return o;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
@@ -452,7 +454,7 @@ struct SoftmaxV : torch::autograd::Function<SoftmaxV> {
       daV = torch::einsum("bhtr,bhtd->rhd", {mass, dO});
     }
     const auto delta = (dO * o).sum(-1, /*keepdim=*/true);
-    return {P * (dP - delta), dv, daV, torch::Tensor()};
+    return {P * (dP - delta), dv, daV, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -501,12 +503,14 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
     out.lse = torch::logsumexp(logits.detach(), -1);
   }
   const int64_t rdt = static_cast<int64_t>(rounding.dtype);
+  // (an autograd Function takes no undefined tensor: none is empty)
+  const torch::Tensor delta_o = rounding.delta_o.defined() ? rounding.delta_o : torch::empty({0}, kF64);
   auto P = torch::softmax(logits, -1);
   torch::Tensor o;
   if (round && encoding == "shaw")
-    o = SoftmaxV::apply(logits, in.v, param(in.params, "shaw_value"), rdt);
+    o = SoftmaxV::apply(logits, in.v, param(in.params, "shaw_value"), rdt, delta_o);
   else if (round)
-    o = SoftmaxV::apply(logits, in.v, torch::empty({0}, kF64), rdt);
+    o = SoftmaxV::apply(logits, in.v, torch::empty({0}, kF64), rdt, delta_o);
   else
     o = torch::matmul(P, in.v);
   if (encoding == "shaw" && !round) {

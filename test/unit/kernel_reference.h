@@ -102,6 +102,10 @@ const std::vector<std::string> &reference_encodings();
 //   (which the backward reads in Delta_i = dO_i . o_i). Everything else stays fp64.
 struct RefRounding {
   torch::ScalarType dtype = torch::kFloat64;  // kBFloat16 or kHalf: round; kFloat64: exact
+  // When defined ([B, H, T, D]), Delta_i = dO_i . delta_o_i reads this o (e.g. a kernel's own
+  // rounded output) instead of the reference's rounded o: a second same-precision backward that
+  // differs from the first only in which rounding of o it reads (with dtype rounding only).
+  torch::Tensor delta_o;
 };
 
 // Forward (and, when dout is defined, backward by autograd) of encoding `encoding`.
