@@ -419,9 +419,9 @@ class Claims:
         self.noise_by = {e: g for e, (g, _) in noise_estimate(cfg, table).items()}
         gs = sorted(self.noise_by.values())
         self.noise_default = gs[len(gs) // 2] if gs else None
-        own = ", ".join(f"{e} {fmt(2 * g)}" for e, g in self.noise_by.items())
+        own = ", ".join(f"{e} {fmt(self.tau_of(e))}" for e in self.noise_by)
         self.tau_note = (f"τ = max(0.02, 2 × seed noise of the growth): an encoding's own where it has "
-                         f"both seeds ({own}), else twice the median of those, {fmt(self.tau_of(None))} nats"
+                         f"both seeds (τ: {own}), else twice the median noise of those, {fmt(self.tau_of(None))} nats"
                          if gs else
                          "τ = 0.05 nats (no headline encoding has both seeds yet, so no measured noise)")
 
