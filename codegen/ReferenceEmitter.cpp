@@ -17,7 +17,9 @@
 //    "q_mods", "k_mods": [{"pairing", "fraction", "body": R}],    applied in order
 //    "score_mods": [R],                                           chained in order
 //    "value_rows": {"table": param, "index": R} | null,
-//    "embedding":  {"table": R} | null}                           a fixed position table
+//    "embedding":  {"table": R} | null,                           a fixed position table
+//    "transition": {"divisor_offset", "first_layer", "skip_last",  the post-softmax site
+//                   "intervals", "alpha", "beta"} | null}          (inference only)
 //
 // A region R is {"args": n, "ops": [...], "yield": [ids]}: the block arguments
 // are values 0..n-1 and op k defines value n+k. An op is {"op": its MLIR name,
@@ -131,7 +133,7 @@ FailureOr<llvm::json::Value> region(Region &r, const Layout &layout) {
 LogicalResult mlir::ape::emitReference(EncodingOp enc, StringRef source, raw_ostream &os) {
   Layout layout;
   llvm::json::Array params, features, tokens, rels, qmods, kmods, smods;
-  llvm::json::Value valueRows = nullptr, embedding = nullptr;
+  llvm::json::Value valueRows = nullptr, embedding = nullptr, transition = nullptr;
   DenseMap<Operation *, unsigned> featureIndex;
   for (Operation &op : enc.getBody().front()) {
     if (auto p = dyn_cast<ParamOp>(op)) {
@@ -197,10 +199,17 @@ LogicalResult mlir::ape::emitReference(EncodingOp enc, StringRef source, raw_ost
           return failure();
         embedding = llvm::json::Object{{"table", std::move(*table)}};
       }
-    } else if (isa<AttentionTransitionOp>(op)) {
-      return op.emitOpError("has no reference here yet: ape-check's reference has no "
-                            "post-softmax site (the fused kernel is checked against a "
-                            "materialised reference in ape_transition_test)");
+    } else if (auto t = dyn_cast<AttentionTransitionOp>(op)) {
+      // The post-softmax site: its attributes as the spec states them; the reference applies
+      // the spec's steps to the materialised weights (runtime/SpecReference.cpp).
+      if (transition.kind() != llvm::json::Value::Null)
+        return t.emitOpError("an encoding takes at most one ape.attention_transition");
+      transition = llvm::json::Object{{"divisor_offset", int64_t(t.getDivisorOffset())},
+                                      {"first_layer", int64_t(t.getFirstLayer())},
+                                      {"skip_last", int64_t(t.getSkipLast())},
+                                      {"intervals", int64_t(t.getIntervals())},
+                                      {"alpha", t.getAlpha().convertToDouble()},
+                                      {"beta", t.getBeta().convertToDouble()}};
     } else if (!isa<MaskedProjectionOp>(op)) {
       // The masked projection acts before the kernel (the runtime projects x̃[..., l:]); the
       // kernel receives its result as q and k. Anything else was left by an earlier pass.
@@ -224,7 +233,8 @@ LogicalResult mlir::ape::emitReference(EncodingOp enc, StringRef source, raw_ost
                          {"k_mods", std::move(kmods)},
                          {"score_mods", std::move(smods)},
                          {"value_rows", std::move(valueRows)},
-                         {"embedding", std::move(embedding)}};
+                         {"embedding", std::move(embedding)},
+                         {"transition", std::move(transition)}};
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(doc))) << "\n";
   return success();
 }

@@ -47,6 +47,11 @@ struct Cell {
   Tensor q, k, v, dout;
   std::vector<Tensor> features, params;
   double scale = 0;
+  SpecReference::Site site;   // an attention transition's layer of num_layers
+  bool forward_only = false;  // an inference-only kernel: o and lse, no backward
+  std::string label() const {
+    return site.num_layers > 0 ? shape.str() + " L" + std::to_string(site.layer) : shape.str();
+  }
 };
 
 // A param's value for a check. Fixed params (settings such as rope_factor) and derived ones
@@ -87,6 +92,15 @@ using Outputs = std::map<std::string, Tensor>;  // quantity -> fp64 tensor
 // The reference in `dtype` (float64 or float32), gradients by autograd.
 Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell &c,
                       at::ScalarType dtype) {
+  if (c.forward_only) {  // no gradients: the kernel has no backward
+    std::map<std::string, Tensor> feats, prms;
+    for (size_t n = 0; n < c.features.size(); ++n) feats[man.features[n].name] = c.features[n].to(dtype);
+    for (size_t n = 0; n < c.params.size(); ++n) prms[man.params[n].name] = c.params[n].to(dtype);
+    at::NoGradGuard no_grad;
+    const SpecReference::Result r =
+        ref.attention(c.q.to(dtype), c.k.to(dtype), c.v.to(dtype), feats, prms, c.scale, c.site);
+    return {{"o", r.o.to(at::kDouble)}, {"lse", r.lse.to(at::kDouble)}};
+  }
   auto leaf = [&](const Tensor &t, bool grad) {
     return t.to(dtype).detach().clone().set_requires_grad(grad);
   };
@@ -147,6 +161,7 @@ template <class Real> struct KernelRun {
                            feat_p.data(), prm_p.data(), o.data_ptr<Real>(), lse.data_ptr<Real>()),
         dout.data_ptr<Real>(), dq.data_ptr<Real>(), dk.data_ptr<Real>(), dv.data_ptr<Real>(),
         dfeat_p.data(), dprm_p.data());
+    args.layer = c.site.layer, args.num_layers = c.site.num_layers;
   }
   static void poison(Tensor &t) { t.fill_(std::numeric_limits<Real>::quiet_NaN()); }
   void forward() {
@@ -171,6 +186,7 @@ template <class Real> struct KernelRun {
 template <class Real> Outputs run_kernel(const KernelEntry &e, const Manifest &man, const Cell &c) {
   KernelRun<Real> run(e, c);
   run.forward();
+  if (c.forward_only) return {{"o", run.o.to(at::kDouble)}, {"lse", run.lse.to(at::kDouble)}};
   run.backward();
   return run.outputs(man);
 }
@@ -253,7 +269,7 @@ void finite_differences(const KernelEntry &e, const Manifest &man, const Cell &c
     }
     double *x = in.value.data_ptr<double>();
     const double norm = std::max(1e-2, g.abs().max().item<double>());
-    CheckRow row{"fd:" + in.name, "fp64", c.shape.str()};
+    CheckRow row{"fd:" + in.name, "fp64", c.label()};
     row.tol = 1e-6;
     std::ostringstream note;
     for (int64_t p : picks) {
@@ -307,6 +323,11 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
     report.problems.push_back(std::string("the spec ") + (ref.has_embedding_table() ? "has" : "has no") +
                               " fixed position table, the kernel " +
                               (entry.embed_table ? "has one" : "none"));
+  if (ref.has_transition() != man.inference_only)
+    report.problems.push_back(std::string("the spec ") +
+                              (ref.has_transition() ? "has" : "has no") +
+                              " attention transition, the kernel is " +
+                              (man.inference_only ? "inference-only" : "a training kernel"));
   if (!report.problems.empty()) return report;
 
   // The grid, within the shapes the encoding accepts.
@@ -326,35 +347,70 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
 
   Table table;
   table.verbose = opt.verbose;
+  // An inference-only kernel (an attention transition) has no backward: o and lse at every layer
+  // of a model of opt.num_layers, the transformed ones and the others.
+  const bool forward_only = man.inference_only;
+  if (forward_only && opt.num_layers < 1)
+    throw std::runtime_error("an attention transition is checked at the layers of a model: "
+                             "num_layers must be at least 1");
+  double transition_effect = 0;  // the largest change of the fp64 reference's o by a layer
   for (size_t cell = 0; cell < grid.size(); ++cell) {
-    const Cell c = make_cell(man, grid[cell], opt.seed * 1000003u + cell);
-    const Outputs r64 = run_reference(ref, man, c, at::kDouble);
-    const Outputs r32 = run_reference(ref, man, c, at::kFloat);
-    const Outputs k64 = run_kernel<double>(entry, man, c);
-    const Outputs k32 = run_kernel<float>(entry, man, c);
-    std::vector<std::string> order = {"o", "lse", "dq", "dk", "dv"};
-    for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
-    for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
-    for (const std::string &q : order) {
-      const Tensor &want = r64.at(q);
-      const Error e64 = compare(k64.at(q), want);
-      CheckRow row{q, "fp64", c.shape.str(), e64.max_abs, e64.rel, -1, opt.fp64_tol};
-      table.add(row);
-      const Error e32 = compare(k32.at(q), want), y = compare(r32.at(q), want);
-      const CheckShape &s = c.shape;
-      const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
-      const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * std::sqrt(pairs)
-                                                      : opt.fp32_floor;
-      CheckRow row32{q, "fp32", s.str(), e32.max_abs, e32.rel, y.rel,
-                     std::max(opt.fp32_factor * y.rel, floor)};
-      table.add(row32);
+    Cell base = make_cell(man, grid[cell], opt.seed * 1000003u + cell);
+    base.forward_only = forward_only;
+    std::vector<Cell> sites;
+    if (!forward_only) sites.push_back(base);
+    for (int64_t l = 0; forward_only && l < opt.num_layers; ++l) {
+      sites.push_back(base);
+      sites.back().site = {l, opt.num_layers};
     }
+    Tensor plain_o;  // the untransformed reference (no layer), for transition_effect
+    if (forward_only) plain_o = run_reference(ref, man, base, at::kDouble).at("o");
+    for (const Cell &c : sites) {
+      const Outputs r64 = run_reference(ref, man, c, at::kDouble);
+      const Outputs r32 = run_reference(ref, man, c, at::kFloat);
+      const Outputs k64 = run_kernel<double>(entry, man, c);
+      const Outputs k32 = run_kernel<float>(entry, man, c);
+      if (forward_only)
+        transition_effect = std::max(transition_effect,
+                                     (r64.at("o") - plain_o).abs().max().item<double>());
+      std::vector<std::string> order = {"o", "lse"};
+      if (!forward_only) {
+        for (const char *g : {"dq", "dk", "dv"}) order.push_back(g);
+        for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
+        for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
+      }
+      for (const std::string &q : order) {
+        const Tensor &want = r64.at(q);
+        const Error e64 = compare(k64.at(q), want);
+        CheckRow row{q, "fp64", c.label(), e64.max_abs, e64.rel, -1, opt.fp64_tol};
+        table.add(row);
+        const Error e32 = compare(k32.at(q), want), y = compare(r32.at(q), want);
+        const CheckShape &s = c.shape;
+        const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
+        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * std::sqrt(pairs)
+                                                        : opt.fp32_floor;
+        CheckRow row32{q, "fp32", c.label(), e32.max_abs, e32.rel, y.rel,
+                       std::max(opt.fp32_factor * y.rel, floor)};
+        table.add(row32);
+      }
+    }
+  }
+  if (forward_only) {
+    // A check that never reaches a transformed row could not fail: say so.
+    if (!(transition_effect > 0))
+      report.problems.push_back(
+          "no shape of the grid reaches a row the attention transition transforms at " +
+          std::to_string(opt.num_layers) + " layers (it needs T >= 5 (layers + divisor_offset)); "
+          "give longer shapes with --shapes or another --layers");
+    report.rows = table.rows;
+    return report;
   }
   // Central differences at the partial-tile cell (or the first one).
   CheckShape fd_shape = grid.front();
   for (const CheckShape &s : grid)
     if (s.T > 1 && s.T % 64 != 0) { fd_shape = s; break; }
   finite_differences(entry, man, make_cell(man, fd_shape, opt.seed * 7919u), opt.fd_entries, table);
+
 
   if (entry.embed_table) {  // the fixed position table, at the largest cell's sizes
     const CheckShape &s = grid.back();

@@ -16,7 +16,9 @@
 //     feature and every trainable param against its backward (one shape);
 //   - the fixed position table (embed_table), when the encoding has one.
 // Quantities: o, lse, dq, dk, dv, dfeature:NAME, dparam:NAME (a fixed param must get a zero
-// gradient), fd:INPUT, embed_table.
+// gradient), fd:INPUT, embed_table. An inference-only kernel (an attention transition) has no
+// backward: o and lse only, at every layer of a model of num_layers layers (the cell's label
+// "BxHxTxD Ll"), and the check fails when no cell reaches a transformed row.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,7 @@ struct CheckOptions {
   double fp32_floor = 4e-6;
   double fp32_param_floor = 2e-6;  // times sqrt(query-key pairs)
   bool verbose = false;          // a row per grid cell, not only the worst
+  int64_t num_layers = 6;        // an attention transition: checked at every layer of a model this deep
 };
 
 // The default grid: T = 1, a partial tile (T = 37), exactly one 64 x 64 tile, several tiles with

@@ -311,6 +311,49 @@ Tensor apply_mods(const json &mods, Tensor x, const Env &env) {
   return x;
 }
 
+// The attention transition, written from the spec's text (shared/spec/encodings.md, "Attention
+// transition (P)"), on the materialised weights P [B, H, T, T] of layer site.layer of
+// site.num_layers: I = floor(T / (N + divisor_offset)) - (that mod 5), no-op when I < 5; layers
+// first_layer .. N-1-skip_last; layer l holds `intervals` intervals [(l+1+k) I, (l+2+k) I); on
+// each query row r of an interval [s, e) (r < T):
+//   1. bound = alpha / e
+//   2. A[r, c] = 0 where A[r, c] < bound (c < e); then A[r, 0] /= 2
+//   3. E_r = 1 - sum_c A[r, c]
+//   4. mask_c = 1 where A[r, c] >= bound (after 2) else 0.01 on W = [s - 2I, s);
+//      avg_r = beta E_r / sum_W mask
+//   5. A[r, s-I .. s) += 7 avg_r mask, A[r, s-2I .. s-I) += 3 avg_r mask; no renormalisation.
+// Row by row with whole-tensor ops over (B, H); returns A (P where nothing is transformed).
+Tensor apply_transition(const json &t, const Tensor &P, const SpecReference::Site &site,
+                        const std::string &what) {
+  const int64_t off = t.at("divisor_offset"), first = t.at("first_layer"),
+                skip = t.at("skip_last"), count = t.at("intervals");
+  const double alpha = real(t.at("alpha"), what), beta = real(t.at("beta"), what);
+  const int64_t N = site.num_layers, l = site.layer, T = P.size(3);
+  if (N <= 0 || l < first || l > N - 1 - skip || count <= 0 || N + off <= 0) return P;
+  const int64_t unit = T / (N + off), width = unit - unit % 5;
+  if (width < 5) return P;
+  const auto opts = P.options();
+  auto c = [&](double x) { return at::scalar_tensor(x, opts); };
+  const Tensor keys = at::arange(T, at::kLong);
+  std::vector<Tensor> rows = P.unbind(2);  // T rows of [B, H, T]
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t s = (l + 1 + k) * width, e = s + width;
+    if (s - 2 * width < 0) fail(what, "a transition interval starts before its window (layer 0)");
+    const double bound = alpha / double(e);                                        // 1.
+    const Tensor in_w = keys.ge(s - 2 * width) & keys.lt(s);
+    const Tensor share = at::where(keys.ge(s - width), c(7.0), c(3.0));
+    for (int64_t r = s; r < std::min(e, T); ++r) {
+      Tensor a = at::where(rows[r].lt(bound) & keys.lt(e), c(0.0), rows[r]);      // 2.
+      a = a * at::where(keys.eq(0), c(0.5), c(1.0));
+      const Tensor E = 1.0 - a.sum(-1, /*keepdim=*/true);                           // 3.
+      const Tensor mask = at::where(in_w, at::where(a.ge(bound), c(1.0), c(0.01)), c(0.0));  // 4.
+      const Tensor avg = beta * E / mask.sum(-1, /*keepdim=*/true);
+      rows[r] = a + share * avg * mask;                                             // 5.
+    }
+  }
+  return at::stack(rows, 2);
+}
+
 }  // namespace
 
 SpecReference SpecReference::parse(const std::string &json_text, const std::string &what) {
@@ -357,11 +400,15 @@ bool SpecReference::has_embedding_table() const {
   return data_->doc.at("embedding").is_object();
 }
 
+bool SpecReference::has_transition() const {
+  return data_->doc.contains("transition") && data_->doc.at("transition").is_object();
+}
+
 SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor &k_in,
                                                const Tensor &v_in,
                                                const std::map<std::string, Tensor> &features,
                                                const std::map<std::string, Tensor> &params,
-                                               double scale) const {
+                                               double scale, const Site &site) const {
   const SpecReferenceData &d = *data_;
   const json &doc = d.doc;
   try {
@@ -448,8 +495,12 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     const Tensor e = at::exp(logits - m);
     const Tensor sum = e.sum(3, true);
     const Tensor P = e / at::where(sum.gt(0), sum, at::ones_like(sum));
-    Tensor o = at::matmul(P, v);
     const Tensor lse = (m + at::log(sum)).squeeze(3);
+    if (doc.contains("transition") && doc.at("transition").is_object()) {
+      const Tensor A = apply_transition(doc.at("transition"), P, site, d.what);
+      return {at::matmul(A, v), lse};
+    }
+    Tensor o = at::matmul(P, v);
 
     if (doc.at("value_rows").is_object()) {  // o_i += sum_j P_ij table[r(i, j), h, :]
       const json &vr = doc.at("value_rows");

@@ -16,6 +16,9 @@
 //   P        softmax over j (a row with no finite logit gets P = 0, o = 0)
 //   o        P v (+ sum_j P_ij table[r(i, j), h, :] with value_rows)
 //   lse      log sum_j exp(l_ij)
+//   A        with an attention transition, at layer l of a model of N layers: the spec's steps
+//            1-5 applied to the rows of P it names (shared/spec/encodings.md, "Attention
+//            transition"), o = A v; lse stays the softmax's
 // Gradients come from torch autograd on this graph. Shapes: B batch, H heads, T tokens, D head
 // dim. Computed indices are clamped into their dimension, as the kernels do.
 #pragma once
@@ -31,6 +34,12 @@
 namespace ape {
 
 struct SpecReferenceData;  // the parsed JSON
+
+// Where in a model a reference call sits: read only by an attention transition (layer `layer`,
+// 0-based, of `num_layers`; num_layers = 0 transforms nothing, as in the kernels).
+struct ReferenceSite {
+  int64_t layer = 0, num_layers = 0;
+};
 
 class SpecReference {
 public:
@@ -48,15 +57,20 @@ public:
   const std::vector<std::string> &features() const;
   bool has_embedding_table() const;
 
+  // The spec has an attention transition: an inference-only kernel (no gradients to check).
+  bool has_transition() const;
+
   struct Result {
     at::Tensor o, lse;  // [B, H, T, D], [B, H, T]
   };
+  using Site = ReferenceSite;
   // The reference attention in the dtype of q (float64 or float32; everything else is converted
   // to it). features and params by name (every one the spec declares); differentiable with
   // respect to every input that requires grad.
   Result attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                    const std::map<std::string, at::Tensor> &features,
-                   const std::map<std::string, at::Tensor> &params, double scale) const;
+                   const std::map<std::string, at::Tensor> &params, double scale,
+                   const Site &site = {}) const;
 
   // The fixed absolute position table [T, d] in float64, from the position_embedding's region;
   // throws when the spec has none.

@@ -128,6 +128,9 @@ int main(int argc, char **argv) {
       "--fd-entries entries of q, k, v, every feature and every trainable param check its\n"
       "backward. Inputs are N(0, 1); params come from their manifest initialisers (fixed ones as\n"
       "they are, trainable ones moved off degenerate values; docs/ape-check.md).\n\n"
+      "An inference-only spec (an ape.attention_transition) has no backward: o and lse are checked\n"
+      "at every layer of a model of --layers layers (the transformed layers and the others), the\n"
+      "reference applying the spec's steps to the materialised softmax weights.\n\n"
       "The kernel: with --kernel NAME, the kernel NAME compiled into this build; for a spec that is\n"
       "one of the examples this build compiled (examples/encodings/NAME.mlir, same text), that\n"
       "kernel; any other spec file is compiled now, as ape-train --spec does (apec and the C++\n"
@@ -162,6 +165,9 @@ int main(int argc, char **argv) {
   app.add_option("--fp32-floor", opt.fp32_floor, "The least fp32 tolerance, in (0, 1]")->capture_default_str();
   app.add_option("--apec", apec, "The compiler (default: the apec next to ape-check, or $APE_APEC)")
       ->capture_default_str();
+  app.add_option("--layers", opt.num_layers,
+                 "An attention transition: the depth of the model whose every layer is checked, in [1, 256]")
+      ->capture_default_str();
   app.add_flag("--verbose", opt.verbose, "A row per grid cell instead of the worst one per quantity");
   app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
@@ -169,6 +175,7 @@ int main(int argc, char **argv) {
   try {
     ape::require_in("--seed", seed, 0, (int64_t(1) << 31) - 1);
     ape::require_in("--fd-entries", int64_t(opt.fd_entries), 1, 64);
+    ape::require_in("--layers", opt.num_layers, int64_t(1), int64_t(256));
     ape::require_in("--fp64-tol", opt.fp64_tol, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--fp32-factor", opt.fp32_factor, 1.0, 1e6);
     ape::require_in("--fp32-param-floor", opt.fp32_param_floor, 0.0, 1.0, /*open_low=*/true);
@@ -234,7 +241,12 @@ int main(int argc, char **argv) {
               << "  kernel:    " << origin << ", CPU level " << (entry->cpu_level ? entry->cpu_level : "?")
               << "\n"
               << "  reference: the spec's regions (apec --emit=reference) evaluated by LibTorch, "
-                 "gradients by autograd\n";
+              << (ref.has_transition()
+                      ? "the attention transition's steps on its softmax weights; inference only: "
+                        "forward at layers 0-" + std::to_string(opt.num_layers - 1) + " of " +
+                            std::to_string(opt.num_layers)
+                      : std::string("gradients by autograd"))
+              << "\n";
     std::cout << "  grid:      ";
     const auto grid = opt.grid.empty() ? ape::default_grid() : opt.grid;
     for (size_t n = 0; n < grid.size(); ++n) std::cout << (n ? ", " : "") << grid[n].str();

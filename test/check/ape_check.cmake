@@ -10,12 +10,6 @@ set(_expect bash ${_check}/expect.sh)
 file(GLOB _specs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/encodings/*.mlir)
 foreach(spec ${_specs})
   get_filename_component(name ${spec} NAME_WE)
-  # Inference-only specs (an attention transition): ape-check's reference has no post-softmax
-  # site yet; test/unit/transition_test.cpp and Kernels.RopeTransition* check that kernel.
-  file(STRINGS ${spec} _prob_site REGEX "ape\\.attention_transition")
-  if(_prob_site)
-    continue()
-  endif()
   add_test(NAME ape_check.${name} COMMAND ape-check ${spec})
   set_tests_properties(ape_check.${name} PROPERTIES LABELS check TIMEOUT 120)
 endforeach()
@@ -32,6 +26,19 @@ add_test(NAME ape_check.mutant_alibi_slope_1e-6
   COMMAND ${_expect} 1 "^o +fp64 .* FAIL$" "^dk +fp64 .* FAIL$" "^o +fp32 .* pass$"
           "^ape-check: FAIL \\(5 of 15 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_off_by_1e-6.mlir --kernel alibi)
+# The attention transition (inference only: o and lse at each of 6 layers) with beta 0.11
+# instead of 0.1: o fails at a transformed layer, lse (the softmax's) passes.
+add_test(NAME ape_check.mutant_transition_beta
+  COMMAND ${_expect} 1 "^o +fp64 +[0-9x]+ L[123] .* FAIL$" "^lse +fp64 .* pass$"
+          "^ape-check: FAIL \\(2 of 4 checks\\)"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/transition_beta_mutant.mlir
+             --kernel rope_transition)
+# skip_last 1 instead of 2: the reference transforms layer 4 of 6 as well; only layer 4 fails.
+add_test(NAME ape_check.mutant_transition_layers
+  COMMAND ${_expect} 1 "^o +fp64 +[0-9x]+ L4 .* FAIL$" "^o +fp32 +[0-9x]+ L4 .* FAIL$"
+          "^ape-check: FAIL \\(2 of 4 checks\\)"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/transition_layers_mutant.mlir
+             --kernel rope_transition)
 # A spec file outside examples/: compiled now (SpecLibrary, cached in the build's spec cache, as
 # scripts/test.sh sets it), with -inf masks that leave the first rows without a visible key.
 add_test(NAME ape_check.spec_file
@@ -68,10 +75,10 @@ add_test(NAME ape_check.error_unknown_kernel
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope.mlir
              --kernel nosuch)
 add_test(NAME ape_check.help
-  COMMAND ${_expect} 0 "--kernel NAME" "--fp32-param-floor" "independent path"
+  COMMAND ${_expect} 0 "--kernel NAME" "--fp32-param-floor" "independent path" "--layers"
           -- $<TARGET_FILE:ape-check> --help)
 set_tests_properties(ape_check.mutant_t5_max_distance ape_check.mutant_alibi_slope_1e-6
-  ape_check.spec_file ape_check.distance_sum ape_check.error_interface ape_check.error_malformed_spec
+  ape_check.mutant_transition_beta ape_check.mutant_transition_layers ape_check.spec_file ape_check.distance_sum ape_check.error_interface ape_check.error_malformed_spec
   ape_check.error_missing_file ape_check.error_shapes ape_check.error_unknown_kernel
   ape_check.help PROPERTIES LABELS check TIMEOUT 120)
 unset(_check)

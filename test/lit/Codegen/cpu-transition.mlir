@@ -1,7 +1,8 @@
 // The attention transition: the CPU functor is forward only and carries its attributes (kTransition, which selects
 // the three-pass rows of cpu_attention.h and a refusing backward), the manifest says the kernel is
-// inference-only with no gradients, and every target without a post-softmax pass refuses it with
-// a located error instead of emitting something else.
+// inference-only with no gradients, the reference data (ape-check) carries the attributes, and every
+// target without a post-softmax pass refuses it with a located error instead of emitting something
+// else.
 // RUN: rm -rf %t && apec %s -o %t --emit=cpu,manifest
 // RUN: FileCheck %s --input-file=%t/rope_transition_cpu.cpp
 // RUN: FileCheck %s --check-prefix=MANIFEST --input-file=%t/rope_transition.manifest.json
@@ -9,7 +10,8 @@
 // RUN: not apec %s -o %t/cuda --emit=cuda 2>&1 | FileCheck %s --check-prefix=CUDA
 // RUN: not apec %s -o %t/torch --emit=torch-library 2>&1 | FileCheck %s --check-prefix=TORCH
 // RUN: not apec %s -o %t/cabi --emit=c-abi 2>&1 | FileCheck %s --check-prefix=CABI
-// RUN: not apec %s -o %t/ref --emit=reference 2>&1 | FileCheck %s --check-prefix=REF
+// RUN: apec %s -o %t/ref --emit=reference
+// RUN: FileCheck %s --check-prefix=REF --input-file=%t/ref/rope_transition.reference.json
 
 // CHECK: struct Enc {
 // CHECK: static constexpr ::ape::TransitionAttrs kTransition{1, 2, 1, 3, 2.50000000000000000e-01, 1.00000000000000006e-01};
@@ -30,10 +32,19 @@
 // MANIFEST-NEXT: "intervals": 3,
 // MANIFEST-NEXT: "skip_last": 1
 
+// REF: "format": "ape-reference/1",
+// REF: "transition": {
+// REF-NEXT: "alpha": 0.25,
+// REF-NEXT: "beta": 0.10000000000000001,
+// REF-NEXT: "divisor_offset": 1,
+// REF-NEXT: "first_layer": 2,
+// REF-NEXT: "intervals": 3,
+// REF-NEXT: "skip_last": 1
+
 // CUDA: cpu-transition.mlir:[[@LINE+6]]:3: error: 'ape.attention_transition' op is not supported on CUDA yet: the CUDA template has no post-softmax pass (the CPU kernel has it: apec --emit=cpu)
 // TORCH: cpu-transition.mlir:[[@LINE+3]]:1: error: 'ape.kernel' op is inference-only (ape.attention_transition): the operator library is differentiable and is not emitted for it yet; the CPU kernel is (apec --emit=cpu)
 // CABI: cpu-transition.mlir:[[@LINE+2]]:1: error: 'ape.kernel' op is inference-only (ape.attention_transition): the C ABI has a backward and is not emitted for it yet
-// REF: cpu-transition.mlir:[[@LINE+3]]:3: error: 'ape.attention_transition' op has no reference here yet
+// (--emit=reference takes it: REF above.)
 ape.encoding @rope_transition {
   ape.rotary
   ape.attention_transition {first_layer = 2, skip_last = 1, intervals = 3, alpha = 0.25 : f64}
