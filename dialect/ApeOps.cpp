@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "dialect/ApeOps.h"
+#include "dialect/ComponentSupport.h"
 #include "dialect/ValueRules.h"
 
 #include "mlir/IR/Builders.h"
@@ -19,8 +20,10 @@
 
 using namespace mlir;
 using namespace mlir::ape;
+using namespace mlir::ape::component;
 
 #define GET_OP_CLASSES
+#include "dialect/ApeInterfaces.cpp.inc"
 #include "dialect/ApeOps.cpp.inc"
 
 SmallVector<abi::Dim> mlir::ape::getDims(ParamOp param) {
@@ -57,10 +60,10 @@ bool mlir::ape::isAllowedInRegion(Operation *op) {
   return isa<LoadOp, DimOp, YieldOp, ConstantOp>(op);
 }
 
-static bool isFinite(double v) { return std::isfinite(v); }
+bool component::isFinite(double v) { return std::isfinite(v); }
 
 /// A number as a diagnostic shows it: shortest form, "0.5" rather than "5.000000e-01".
-static std::string num(double v) {
+std::string component::num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
@@ -77,14 +80,14 @@ static LogicalResult verifyF32Attributes(Operation *op) {
 }
 
 /// An integer attribute within [lo, hi], or a located error naming it.
-static LogicalResult verifyIntRange(Operation *op, StringRef name, int64_t v, int64_t lo,
-                                    int64_t hi) {
+LogicalResult component::verifyIntRange(Operation *op, StringRef name, int64_t v, int64_t lo,
+                                         int64_t hi) {
   if (v < lo || v > hi)
     return op->emitOpError(name) << " must be in [" << lo << ", " << hi << "], got " << v;
   return success();
 }
 
-static std::optional<double> toDouble(std::optional<llvm::APFloat> v) {
+std::optional<double> component::toDouble(std::optional<llvm::APFloat> v) {
   if (!v)
     return std::nullopt;
   return v->convertToDouble();
@@ -281,135 +284,8 @@ LogicalResult KernelOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
-// Named components
+// Named components: each in dialect/components/NAME.cpp (verifier and expansion)
 //===----------------------------------------------------------------------===//
-
-LogicalResult RotaryOp::verify() {
-  double base = getBase().convertToDouble(), fraction = getFraction().convertToDouble();
-  if (!(base > 1.0 && isFinite(base)))
-    return emitOpError("base must be a finite number greater than 1, got ") << base;
-  if (!(fraction > 0.0 && fraction <= 1.0))
-    return emitOpError("fraction must be in (0, 1], got ") << fraction;
-  using abi::Scaling;
-  Scaling scaling = getScaling();
-  std::string quoted = "\"" + std::string(abi::name(scaling)) + "\"";
-  std::optional<double> factor = toDouble(getFactor());
-  if (scaling == Scaling::None) {
-    if (factor || getOriginalLength())
-      return emitOpError("factor and original_length need a scaling (\"linear\", \"ntk\", "
-                         "\"dynamic_ntk\", \"yarn\" or \"llama3\")");
-    return success();
-  }
-  if (!factor)
-    return emitOpError("scaling ") << quoted << " needs a `factor` (f64)";
-  if (std::string why = ::ape_rules::kRopeFactor.check(*factor); !why.empty())
-    return emitOpError("factor ") << why;
-  bool needsLength =
-      scaling == Scaling::DynamicNtk || scaling == Scaling::Yarn || scaling == Scaling::Llama3;
-  if (needsLength && !getOriginalLength())
-    return emitOpError("scaling ") << quoted << " needs `original_length` (the training length L)";
-  if (getOriginalLength())
-    if (std::string why = ::ape_rules::kRopeOriginalLength.check(
-            static_cast<double>(static_cast<int64_t>(*getOriginalLength())));
-        !why.empty())
-      return emitOpError("original_length ") << why;
-  if (scaling == Scaling::Yarn) {
-    double fast = getBetaFast().convertToDouble(), slow = getBetaSlow().convertToDouble();
-    if (!(fast > 0.0 && slow > 0.0 && fast > slow && isFinite(fast)))
-      return emitOpError("beta_fast must exceed beta_slow and both be positive, got ")
-             << num(fast) << " and " << num(slow);
-  }
-  if (scaling == Scaling::Llama3) {
-    double low = getLowFreqFactor().convertToDouble(), high = getHighFreqFactor().convertToDouble();
-    if (!(low > 0.0 && high > low && isFinite(high)))
-      return emitOpError("high_freq_factor must exceed low_freq_factor and both be positive, "
-                         "got ")
-             << num(high) << " and " << num(low);
-  }
-  return success();
-}
-
-LogicalResult XposOp::verify() {
-  double gamma = getGamma().convertToDouble(), scaleBase = getScaleBase().convertToDouble(),
-         base = getBase().convertToDouble();
-  if (!(gamma > 0.0 && isFinite(gamma)))
-    return emitOpError("gamma must be a positive finite number, got ") << gamma;
-  if (!(scaleBase > 0.0 && isFinite(scaleBase)))
-    return emitOpError("scale_base must be a positive finite number, got ") << scaleBase;
-  if (!(base > 1.0 && isFinite(base)))
-    return emitOpError("base must be a finite number greater than 1, got ") << base;
-  return success();
-}
-
-LogicalResult AbsoluteOp::verify() {
-  if (getKind() == abi::AbsoluteKind::Learned) {
-    if (!getMaxLength())
-      return emitOpError("kind \"learned\" needs `max_length` (the rows of the table)");
-    if (failed(verifyIntRange(*this, "max_length", static_cast<int64_t>(*getMaxLength()), 1,
-                              ::ape_rules::kMaxLength)))
-      return failure();
-    double std = getStd().convertToDouble();
-    if (!(std >= 0.0 && isFinite(std)))
-      return emitOpError("std must be a non-negative finite number, got ") << std;
-  } else {
-    if (getMaxLength())
-      return emitOpError("max_length applies to kind \"learned\" only (the sinusoidal "
-                         "table has no limit)");
-    double base = getBase().convertToDouble();
-    if (!(base > 1.0 && isFinite(base)))
-      return emitOpError("base must be a finite number greater than 1, got ") << base;
-  }
-  return success();
-}
-
-LogicalResult AlibiOp::verify() { return success(); }
-
-LogicalResult T5BiasOp::verify() {
-  int64_t buckets = getBuckets(), maxDistance = getMaxDistance();
-  if (buckets < 2 || buckets % 2 != 0 || buckets > ::ape_rules::kMaxDim)
-    return emitOpError("buckets must be even and in [2, ") << ::ape_rules::kMaxDim << "], got "
-                                                          << buckets;
-  if (failed(verifyIntRange(*this, "max_distance", maxDistance, 1, ::ape_rules::kMaxLength)))
-    return failure();
-  if (maxDistance <= buckets / 2)
-    return emitOpError("max_distance ") << maxDistance << " must exceed buckets/2 = "
-                                        << buckets / 2 << " (the exact buckets)";
-  double std = getStd().convertToDouble();
-  if (!(std >= 0.0 && isFinite(std)))
-    return emitOpError("std must be a non-negative finite number, got ") << num(std);
-  return success();
-}
-
-LogicalResult KerpleOp::verify() {
-  double p = getPInit().convertToDouble(), a = getAInit().convertToDouble();
-  if (!(p >= 0.01 && a >= 0.01 && isFinite(p) && isFinite(a)))
-    return emitOpError("p_init and a_init must be finite and at least 0.01, got ")
-           << num(p) << " and " << num(a);
-  if (getKind() == abi::KerpleKind::Power && p > 2.0)
-    return emitOpError("p_init of the power kernel must be at most 2, got ") << num(p);
-  return success();
-}
-
-LogicalResult FireOp::verify() {
-  if (getHidden() < 1 || getHidden() > 256)
-    return emitOpError("hidden must be in [1, 256], got ") << getHidden();
-  double c = getC().convertToDouble(), l = getLInit().convertToDouble();
-  if (!(c > 0.0 && isFinite(c)))
-    return emitOpError("c must be a positive finite number, got ") << num(c);
-  if (!(l >= 1.0 && isFinite(l)))
-    return emitOpError("l_init must be a finite number >= 1, got ") << num(l);
-  return success();
-}
-
-LogicalResult CableOp::verify() {
-  if (auto k = toDouble(getKappa()))
-    if (!(*k > 0.0 && isFinite(*k)))
-      return emitOpError("kappa must be a positive finite number, got ") << *k;
-  double std = getWeightStd().convertToDouble();
-  if (!(std >= 0.0 && isFinite(std)))
-    return emitOpError("weight_std must be a non-negative finite number, got ") << std;
-  return success();
-}
 
 /// Shared by ape.override and ape.masked_projection.
 static LogicalResult verifyOverrideValues(Operation *op, abi::OverrideKind kind, int64_t l,

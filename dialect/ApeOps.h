@@ -12,6 +12,8 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include "dialect/ApeInterfaces.h.inc"
+
 #define GET_OP_CLASSES
 #include "dialect/ApeOps.h.inc"
 

@@ -133,7 +133,28 @@ class Ape_ComponentOp<string mnemonic, list<Trait> traits = []> :
   let hasVerifier = 1;
 }
 
-def Ape_RotaryOp : Ape_ComponentOp<"rotary"> {
+// A named component that -ape-expand replaces by its generic form. Each one lives in its own
+// file, dialect/components/NAME.cpp: its verifier and its expansion (docs/internals.md, "How to
+// add a named component").
+def Ape_ExpandableComponent : OpInterface<"ExpandableComponent"> {
+  let cppNamespace = "::mlir::ape";
+  let description = [{
+    A named component (ape.rotary, ape.alibi, ...): sugar for the params, token features,
+    maps, scans and mod regions it stands for. -ape-expand calls `expand` with a builder placed
+    before the op, then erases the op.
+  }];
+  let methods = [
+    InterfaceMethod<[{
+      Writes the component's generic form at the builder's insertion point (before the op).
+      }], "void", "expand", (ins "::mlir::OpBuilder &":$builder)>,
+  ];
+}
+
+class Ape_NamedComponentOp<string mnemonic, list<Trait> traits = []> :
+    Ape_ComponentOp<mnemonic,
+                    !listconcat(traits, [DeclareOpInterfaceMethods<Ape_ExpandableComponent>])>;
+
+def Ape_RotaryOp : Ape_NamedComponentOp<"rotary"> {
   let summary = "rotary position embedding (RoPE) of q and k, with its scalings";
   let description = [{
     Rotates each pair of q/k coordinates by t·θ'_k with θ_k = base^(-2k/d_r),
@@ -177,7 +198,7 @@ def Ape_RotaryOp : Ape_ComponentOp<"rotary"> {
                        DefaultValuedAttr<F64Attr, "4.0">:$high_freq_factor);
 }
 
-def Ape_XposOp : Ape_ComponentOp<"xpos"> {
+def Ape_XposOp : Ape_NamedComponentOp<"xpos"> {
   let summary = "xPos: interleaved rotation with a per-pair exponential decay";
   let description = [{
     q̃_t = R(t)q_t ⊙ ζ^(t_c/B), k̃_t = R(t)k_t ⊙ ζ^(-t_c/B) with
@@ -196,7 +217,7 @@ def Ape_XposOp : Ape_ComponentOp<"xpos"> {
                        DefaultValuedAttr<F64Attr, "10000.0">:$base);
 }
 
-def Ape_AbsoluteOp : Ape_ComponentOp<"absolute"> {
+def Ape_AbsoluteOp : Ape_NamedComponentOp<"absolute"> {
   let summary = "absolute positions added once to the input embedding";
   let description = [{
     `kind = "sinusoidal"`: PE[n, 2k] = sin(n/base^(2k/d)), PE[n, 2k+1] =
@@ -217,7 +238,7 @@ def Ape_AbsoluteOp : Ape_ComponentOp<"absolute"> {
                        UnitAttr:$scale_embedding);
 }
 
-def Ape_AlibiOp : Ape_ComponentOp<"alibi"> {
+def Ape_AlibiOp : Ape_NamedComponentOp<"alibi"> {
   let summary = "ALiBi: a linear distance penalty with per-head slopes";
   let description = [{
     B_ij = -m_h·(i - j) with the standard slopes (including the rule for a
@@ -233,7 +254,7 @@ def Ape_AlibiOp : Ape_ComponentOp<"alibi"> {
   let arguments = (ins UnitAttr:$learned);
 }
 
-def Ape_T5BiasOp : Ape_ComponentOp<"t5_bias"> {
+def Ape_T5BiasOp : Ape_NamedComponentOp<"t5_bias"> {
   let summary = "T5 relative bias: a learned table over log-spaced distance buckets";
   let description = [{
     B_ij = T[bucket(i - j), h] with n = max(i - j, 0) and (decoder form)
@@ -253,7 +274,7 @@ def Ape_T5BiasOp : Ape_ComponentOp<"t5_bias"> {
                        DefaultValuedAttr<F64Attr, "0.02">:$std);
 }
 
-def Ape_KerpleOp : Ape_ComponentOp<"kerple"> {
+def Ape_KerpleOp : Ape_NamedComponentOp<"kerple"> {
   let summary = "KERPLE: a learned conditionally positive definite distance kernel";
   let description = [{
     kind "log":   B_ij = -p_h·ln(1 + a_h·(i - j))
@@ -272,7 +293,7 @@ def Ape_KerpleOp : Ape_ComponentOp<"kerple"> {
                        DefaultValuedAttr<F64Attr, "1.0">:$a_init);
 }
 
-def Ape_FireOp : Ape_ComponentOp<"fire"> {
+def Ape_FireOp : Ape_NamedComponentOp<"fire"> {
   let summary = "FIRE: a learned MLP of the normalised log distance";
   let description = [{
     B_ij = MLP_h(ψ(i - j) / (ψ(max(i, l_init·L)) + 1e-6)) with ψ(x) = ln(|c·x| + 1),
@@ -290,7 +311,7 @@ def Ape_FireOp : Ape_ComponentOp<"fire"> {
                        DefaultValuedAttr<F64Attr, "512.0">:$l_init);
 }
 
-def Ape_CableOp : Ape_ComponentOp<"cable"> {
+def Ape_CableOp : Ape_NamedComponentOp<"cable"> {
   let summary = "Cable: context-aware cumulative biases from the block input";
   let description = [{
     b_t = -softplus(f(x̃_t)) per head with f = Linear(d, H); S_t = Σ_{u<=t} b_u;

@@ -1,8 +1,9 @@
 //===- ValueRules.h - the values a kernel can use, written once -----------===//
 //
-// Plain C++17, no MLIR: the verifier (dialect/ApeOps.cpp), the passes that create fixed params
-// (passes/Expand.cpp, PushOverride.cpp) and the runtime (runtime/Manifest.cpp, Model.cpp: the
-// manifest's "range" and "rotation", `ape-eval --set`) all check values with these rules, so a
+// Plain C++17, no MLIR: the verifiers (dialect/ApeOps.cpp, dialect/components/), the expansions
+// and passes that create fixed params (dialect/components/, passes/PushOverride.cpp) and the
+// runtime (runtime/Manifest.cpp, Model.cpp: the manifest's "range" and "rotation", `ape-eval
+// --set`) all check values with these rules, so a
 // value apec refuses in a spec is refused at run time with the same words.
 //
 // The kernels compute in f32 (CPU and CUDA; fp64 only in tests), so a real number must fit f32

@@ -9,7 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
-#include "passes/RegionBuilder.h"
+#include "dialect/RegionBuilder.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -137,8 +137,7 @@ LogicalResult fuse(EncodingOp enc) {
   SmallVector<KModOp> kmods;
   SmallVector<ScoreModOp> smods;
   for (Operation &op : enc.getBody().front()) {
-    if (isa<RotaryOp, XposOp, AbsoluteOp, AlibiOp, CableOp, T5BiasOp, KerpleOp, FireOp,
-            OverrideOp>(op))
+    if (isa<ExpandableComponent, OverrideOp>(op))
       return op.emitOpError("is a named component: run -ape-expand and -ape-push-override "
                             "before -ape-fuse");
     if (auto q = dyn_cast<QModOp>(op))

@@ -17,7 +17,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
-#include "passes/RegionBuilder.h"
+#include "dialect/RegionBuilder.h"
 
 namespace mlir::ape {
 #define GEN_PASS_DEF_APEPUSHOVERRIDE

@@ -1,5 +1,5 @@
 //===- RegionBuilder.cpp - helpers to build ape region bodies -------------===//
-#include "passes/RegionBuilder.h"
+#include "dialect/RegionBuilder.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"

@@ -1,6 +1,6 @@
 //===- RegionBuilder.h - helpers to build ape region bodies ---------------===//
-#ifndef APE_PASSES_REGIONBUILDER_H
-#define APE_PASSES_REGIONBUILDER_H
+#ifndef APE_DIALECT_REGIONBUILDER_H
+#define APE_DIALECT_REGIONBUILDER_H
 
 #include "dialect/ApeOps.h"
 #include "mlir/IR/Builders.h"
@@ -48,4 +48,4 @@ Block *createRegionBlock(OpBuilder &b, Region &region, TypeRange argTypes, Locat
 
 } // namespace mlir::ape
 
-#endif // APE_PASSES_REGIONBUILDER_H
+#endif // APE_DIALECT_REGIONBUILDER_H
