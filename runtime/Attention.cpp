@@ -242,10 +242,7 @@ at::Tensor init_param(const ParamSpec &spec, int64_t heads, int64_t head_dim, at
       return at::tensor(s, at::TensorOptions().dtype(at::kDouble)).to(dtype).view(shape);
     }
     case InitSpec::Kind::Sinusoidal: {  // PE[r, c], c = h·head_dim + j over d = heads·head_dim
-      const int64_t rows = shape.at(0), d = heads * head_dim;
-      std::vector<double> pe(static_cast<size_t>(rows * d));
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < d; ++c) pe[r * d + c] = abi::sinusoid(r, c, d);
+      const auto pe = abi::sinusoid_table(shape.at(0), heads * head_dim);
       return at::tensor(pe, at::TensorOptions().dtype(at::kDouble)).to(dtype).view(shape);
     }
     case InitSpec::Kind::ProjectionTerm:

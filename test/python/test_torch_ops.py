@@ -135,6 +135,35 @@ def test_derived_params_errors():
     assert ops("rope").derived_params(heads=2, head_dim=4) == []  # nothing derived
 
 
+@pytest.mark.parametrize("heads", [1, 3, 6, 8, 12])
+def test_init_values_are_the_specs(heads):
+    """init_value (the library's values, ape/abi.h; init_params calls it) against reference.py's
+    ALiBi slopes and the sinusoid of encodings.md, written here: PE[r, 2k] = sin(r / 10000^(2k/d)),
+    PE[r, 2k+1] = cos(the same), d = heads * head_dim."""
+    slopes = ops("alibi").init_value("alibi_slopes", heads=heads, head_dim=16)
+    close(slopes, torch.tensor(reference.alibi_slopes(heads), dtype=torch.float64), "alibi slopes", 1e-15)
+    assert slopes.dtype == torch.float64 and list(slopes.shape) == [heads]
+    D = 4
+    table = ops("transformer_xl").init_value("xl_rel", heads=heads, head_dim=D)
+    d = heads * D
+    r = torch.arange(257, dtype=torch.float64)[:, None]
+    k = torch.arange(d // 2, dtype=torch.float64)[None, :]
+    angle = r / 10000.0 ** (2 * k / d)
+    want = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).reshape(257, heads, D)
+    close(table, want, "sinusoidal table", 1e-12)
+    h = helper("alibi")
+    close(h.init_params(heads, 16)["alibi_slopes"], slopes, "init_params slopes", 1e-7)
+
+
+def test_init_value_errors():
+    with pytest.raises(ValueError, match=r"ape_alibi\.init_value: the encoding has no param 'nosuch'; its params: \[alibi_slopes\]"):
+        ops("alibi").init_value("nosuch", heads=2, head_dim=4)
+    with pytest.raises(ValueError, match=r"param 't5_table' has init 'normal': init_value computes alibi_slopes and sinusoidal ones"):
+        ops("t5").init_value("t5_table", heads=2, head_dim=4)
+    with pytest.raises(ValueError, match=r"heads and head_dim must be >= 1, got heads = 0"):
+        ops("alibi").init_value("alibi_slopes", heads=0, head_dim=4)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_strided_inputs_explicit_scale_and_raw_ops(encoding, device):

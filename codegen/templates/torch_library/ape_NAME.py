@@ -68,17 +68,6 @@ def param_shape(name, heads, head_dim):
     return [sizes[d] if isinstance(d, str) else int(d) for d in _param(name)["shape"]]
 
 
-def alibi_slopes(heads):
-    """The standard ALiBi slopes: 2^(-8(h+1)/H) for a power of two H, else those of the largest
-    power of two c < H followed by every other slope of 2c."""
-    def pow2(n):
-        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
-    if heads & (heads - 1) == 0:
-        return pow2(heads)
-    c = 1 << (heads.bit_length() - 1)
-    return pow2(c) + pow2(2 * c)[0::2][: heads - c]
-
-
 def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=None):
     """{name: tensor} for every param whose manifest initialiser is zeros, ones, normal, constant,
     alibi_slopes or sinusoidal; trainable ones require grad. The DERIVED params (see
@@ -96,16 +85,8 @@ def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=Non
             t = torch.randn(shape, dtype=dtype, generator=generator).to(device) * init.get("std", 0.02)
         elif kind == "constant":
             t = torch.full(shape, float(init.get("value", 0.0)), dtype=dtype, device=device)
-        elif kind == "alibi_slopes":
-            t = torch.tensor(alibi_slopes(heads), dtype=torch.float64).to(dtype).view(shape)
-            t = t.to(device)
-        elif kind == "sinusoidal":  # [rows, heads, head_dim]: PE[r, h*head_dim + c], d = heads*head_dim
-            d = heads * head_dim
-            r = torch.arange(shape[0], dtype=torch.float64).unsqueeze(1)
-            c = torch.arange(d)
-            angle = r / torch.pow(torch.tensor(10000.0, dtype=torch.float64), (c - c % 2).double() / d)
-            t = torch.where(c % 2 == 0, torch.sin(angle), torch.cos(angle))
-            t = t.to(dtype).view(shape).to(device)
+        elif kind in ("alibi_slopes", "sinusoidal"):  # the library's values (ape/abi.h)
+            t = load().init_value(p["name"], heads=heads, head_dim=head_dim).to(dtype).to(device)
         else:
             continue
         out[p["name"]] = t.requires_grad_(bool(p["trainable"]))

@@ -259,6 +259,15 @@ inline double sinusoid(int64_t r, int64_t c, int64_t d, double base = kSinusoidB
   return c % 2 == 0 ? std::sin(angle) : std::cos(angle);
 }
 
+// The whole table, rows x d, row-major: what an ape.param with init "sinusoidal" of shape
+// [rows, heads, head_dim] holds (d = heads·head_dim, column c = h·head_dim + j).
+inline std::vector<double> sinusoid_table(int64_t rows, int64_t d) {
+  std::vector<double> pe(static_cast<std::size_t>(rows > 0 && d > 0 ? rows * d : 0));
+  for (int64_t r = 0; r < rows && d > 0; ++r)
+    for (int64_t c = 0; c < d; ++c) pe[static_cast<std::size_t>(r * d + c)] = sinusoid(r, c, d);
+  return pe;
+}
+
 // The rotation pairing of a q_mod / k_mod over D coordinates: r = 2·floor(fraction·D/2) of them
 // (clamped to [0, D - D mod 2]) are paired, "half" coordinate c with c ± r/2, "interleaved" 2k
 // with 2k+1; coordinates c >= r (and every one under "none") are their own partner. fraction > 0,

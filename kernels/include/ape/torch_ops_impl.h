@@ -22,6 +22,9 @@
 //                  int head_dim) -> Tensor[]
 //       the params an override derives from the projection weights (derived_params.h), in
 //       manifest order; ATen ops, so gradients reach the weights.
+//   init_value(str name, *, int heads, int head_dim) -> Tensor
+//       the float64 initial value of an alibi_slopes or sinusoidal param (ape/abi.h's math, as
+//       APE's runtime computes it), in its manifest shape
 //   manifest() -> str
 //   cuda_kernels() -> str[]    the CUDA variants compiled in ("bf16/hd64", ...; none: [])
 //   cpu_level() -> str         the CPU kernels' instruction-set level (ape/cpu_dispatch.h)
@@ -36,7 +39,7 @@
 //                              and head dim, the CPU kernel on host copies (warned once)
 //   Meta                       the raw pair: shapes and dtypes only; symbolic sizes allowed, so
 //                              fake tensors (torch.compile, opcheck) trace through
-//   CompositeImplicitAutograd  derived_params, manifest, cuda_kernels, cpu_level
+//   CompositeImplicitAutograd  derived_params, init_value, manifest, cuda_kernels, cpu_level
 //
 // Shapes: q, k, v, o, dout (B, H, T, D); lse and every feature (B, H, T); params by their
 // manifest shape with "heads" = H and "head_dim" = D. One dtype for q, k, v, dout, o, features
@@ -58,6 +61,7 @@
 #include <tuple>
 #include <vector>
 
+#include "abi.h"
 #include "attention_autograd.h"
 #include "derived_params.h"
 #include "kernel_call.h"
@@ -504,7 +508,7 @@ inline std::vector<at::Tensor> derived_params(const KernelInputs &in,
                       w, arg, " must have shape [heads*head_dim, d] = [", H * D, ", d >= ",
                       p.derived.columns, "] (a torch.nn.Linear weight), got ", W->sym_sizes());
     const at::Tensor Wp = p.trainable ? *W : W->detach();
-    out.push_back(std::string(p.init) == "projection_prefix"
+    out.push_back(ape_abi::parse_init_kind(p.init) == ape_abi::InitKind::ProjectionPrefix
                       ? derived::projection_prefix(Wp, p.derived.columns, p.derived.scale, H, D)
                       : derived::projection_term(Wp, p.derived.columns, p.derived.start,
                                                  p.derived.step, H, D));
@@ -512,12 +516,45 @@ inline std::vector<at::Tensor> derived_params(const KernelInputs &in,
   return out;
 }
 
+// ---- fixed initial values ------------------------------------------------------------------------
+// The initial value of a param whose manifest init is alibi_slopes or sinusoidal, float64 on the
+// CPU in its manifest shape: the values of ape/abi.h, the ones APE's runtime uses, so the Python
+// helper (init_params) does not compute them again. Other kinds are random or trivial (zeros,
+// ones, normal, constant: the helper makes them) or derived (derived_params).
+inline at::Tensor init_value(const KernelInputs &in, const std::string &name, int64_t H, int64_t D) {
+  const std::string w = prefix(in, "init_value");
+  TORCH_CHECK_VALUE(H >= 1 && D >= 1, w, "heads and head_dim must be >= 1, got heads = ", H,
+                    ", head_dim = ", D);
+  const ParamInput *p = nullptr;
+  std::string names;
+  for (int i = 0; i < in.num_params; ++i) {
+    if (name == in.params[i].name) p = &in.params[i];
+    names += std::string(names.empty() ? "" : ", ") + in.params[i].name;
+  }
+  TORCH_CHECK_VALUE(p, w, "the encoding has no param '", name, "'; its params: [", names, "]");
+  std::vector<int64_t> shape;
+  for (int d = 0; d < p->rank; ++d) shape.push_back(resolve_dim(p->dims[d], H, D));
+  const auto kind = ape_abi::parse_init_kind(p->init);
+  std::vector<double> values;
+  if (kind == ape_abi::InitKind::AlibiSlopes)
+    values = ape_abi::alibi_slopes(H);
+  else if (kind == ape_abi::InitKind::Sinusoidal && p->rank == 3)
+    values = ape_abi::sinusoid_table(shape[0], H * D);
+  else
+    TORCH_CHECK_VALUE(false, w, "param '", name, "' has init '", p->init,
+                      "': init_value computes alibi_slopes and sinusoidal ones");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(values.size()) == c10::multiply_integers(shape), w,
+                    "param '", name, "' has shape ", at::IntArrayRef(shape), ", its init '",
+                    p->init, "' gives ", values.size(), " values");
+  return at::tensor(values, at::TensorOptions().dtype(at::kDouble)).view(shape);
+}
+
 // ---- boxed kernels and registration -------------------------------------------------------------
 // Every kernel is one boxed functor holding the library: no per-encoding template instantiation,
 // so this file is compiled once whatever the encoding (the attention schema's arity varies).
 enum class Op {
-  kForward, kBackward, kAttention, kAttentionNoGrad, kDerivedParams, kManifest, kCudaKernels,
-  kCpuLevel
+  kForward, kBackward, kAttention, kAttentionNoGrad, kDerivedParams, kInitValue, kManifest,
+  kCudaKernels, kCpuLevel
 };
 
 
@@ -573,6 +610,13 @@ class Kernel final : public c10::OperatorKernel {
         torch::jit::push(*stack, std::move(out));
         return;
       }
+      case Op::kInitValue: {  // (name, heads, head_dim) -> Tensor
+        auto a = torch::jit::last(*stack, 3);
+        at::Tensor out = init_value(in, a[0].toStringRef(), a[1].toInt(), a[2].toInt());
+        torch::jit::drop(*stack, 3);
+        torch::jit::push(*stack, std::move(out));
+        return;
+      }
       case Op::kManifest:
         torch::jit::push(*stack, std::string(in.entry->manifest_json));
         return;
@@ -624,12 +668,14 @@ void register_operators(const Library &lib) {
   def.def("derived_params(Tensor? w_q=None, Tensor? w_k=None, Tensor? w_v=None, *, int heads, "
           "int head_dim) -> Tensor[]",
           tags);
+  def.def("init_value(str name, *, int heads, int head_dim) -> Tensor", tags);
   def.def("manifest() -> str", tags);
   def.def("cuda_kernels() -> str[]", tags);
   def.def("cpu_level() -> str", tags);
 
   torch::Library &composite = library(torch::Library::IMPL, c10::DispatchKey::CompositeImplicitAutograd);
   composite.impl("derived_params", kernel(lib, Op::kDerivedParams));
+  composite.impl("init_value", kernel(lib, Op::kInitValue));
   composite.impl("manifest", kernel(lib, Op::kManifest));
   composite.impl("cuda_kernels", kernel(lib, Op::kCudaKernels));
   composite.impl("cpu_level", kernel(lib, Op::kCpuLevel));
