@@ -6,7 +6,7 @@
 //===----------------------------------------------------------------------===//
 #include "dialect/ApeOps.h"
 #include "dialect/ComponentSupport.h"
-#include "dialect/ValueRules.h"
+#include "ape/value_rules.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"

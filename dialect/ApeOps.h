@@ -3,7 +3,7 @@
 #define APE_DIALECT_APEOPS_H
 
 #include "dialect/ApeDialect.h"
-#include "dialect/ValueRules.h"
+#include "ape/value_rules.h"
 #include "ape/abi.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/Builders.h"

@@ -13,7 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "ape/kernel_entry.h"
-#include "dialect/ValueRules.h"
+#include "ape/value_rules.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Data.h"  // fnv1a
 #include "runtime/Options.h"

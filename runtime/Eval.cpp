@@ -18,7 +18,7 @@
 
 #include <torch/nn/functional/loss.h>
 
-#include "dialect/ValueRules.h"
+#include "ape/value_rules.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Options.h"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "ape/abi.h"             // the contract: vocabularies, shape symbols, shared math
-#include "dialect/ValueRules.h"  // plain C++: the rules apec's verifier applies
+#include "ape/value_rules.h"  // plain C++: the rules apec's verifier applies
 
 namespace ape {
 
@@ -55,7 +55,7 @@ struct ParamSpec {
   bool trainable = false;
   bool per_layer = true;
   // "range": the values a fixed param may take (ape-eval --set), checked with the rule the
-  // verifier applied to the spec (dialect/ValueRules.h). Absent: any finite value.
+  // verifier applied to the spec (kernels/include/ape/value_rules.h). Absent: any finite value.
   std::optional<ape_rules::Range> range;
   // A fixed param: neither trainable nor derived (settable at evaluation, e.g. "rope_factor").
   bool fixed() const { return !trainable && !init.derived(); }

@@ -453,7 +453,7 @@ void LanguageModelImpl::set_fixed_param(const std::string &name, double value) {
                                 (p.init.derived() ? "derived from a projection weight"
                                                   : "trainable (its value comes from training)") +
                                 ", not a fixed param; settable: " + settable());
-  // The rule apec's verifier applied to the spec's value (dialect/ValueRules.h), carried by
+  // The rule apec's verifier applied to the spec's value (kernels/include/ape/value_rules.h), carried by
   // the manifest; a param without one takes any value a f32 kernel can hold.
   const ape_rules::Range range = p.range ? *p.range : ape_rules::kFiniteF32;
   if (std::string why = range.check(value); !why.empty())

@@ -19,7 +19,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
-#include "dialect/ValueRules.h"
+#include "ape/value_rules.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Distributed.h"
 #include "runtime/Options.h"

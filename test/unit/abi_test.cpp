@@ -4,6 +4,11 @@
 #include "ape/abi.h"
 
 #include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -53,6 +58,58 @@ TEST(Abi, PairingCodesAreTheTemplatesCodes) {
 TEST(Abi, AllowedListsTheValues) {
   EXPECT_EQ(ape_abi::allowed<ape_abi::Pairing>(), "\"none\", \"half\" or \"interleaved\"");
   EXPECT_EQ(ape_abi::allowed<ape_abi::Targets>(), "\"qk\" or \"qkv\"");
+}
+
+// The values a parser accepts, spelled as allowed<E>() spells them.
+template <class E> std::string accepted_by(std::optional<E> (*parser)(std::string_view)) {
+  std::vector<std::string_view> names;
+  for (std::size_t i = 0; i < ape_abi::Vocab<E>::kSize; ++i)
+    if (parser(ape_abi::Vocab<E>::kNames[i])) names.push_back(ape_abi::Vocab<E>::kNames[i]);
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + ("\"" + std::string(names[i]) + "\"");
+  return out;
+}
+
+// An ODS constraint summary must be a literal, so dialect/ApeOps.td spells each vocabulary's
+// values again (they become the verifier's "failed to satisfy constraint: ..." message): every
+// Ape_VocabAttr there must spell exactly what its parser accepts, so the two cannot drift.
+TEST(Abi, OdsSummariesSpellEachVocabulary) {
+  using namespace ape_abi;
+  const std::map<std::string, std::function<std::string()>> parsers = {
+      {"parse_pairing", [] { return accepted_by<Pairing>(parse_pairing); }},
+      {"parse_rotation_pairing", [] { return accepted_by<Pairing>(parse_rotation_pairing); }},
+      {"parse_scaling", [] { return accepted_by<Scaling>(parse_scaling); }},
+      {"parse_init_kind", [] { return accepted_by<InitKind>(parse_init_kind); }},
+      {"parse_projection", [] { return accepted_by<Projection>(parse_projection); }},
+      {"parse_override_kind", [] { return accepted_by<OverrideKind>(parse_override_kind); }},
+      {"parse_targets", [] { return accepted_by<Targets>(parse_targets); }},
+      {"parse_side", [] { return accepted_by<Side>(parse_side); }},
+      {"parse_dim_which", [] { return accepted_by<DimWhich>(parse_dim_which); }},
+      {"parse_absolute_kind", [] { return accepted_by<AbsoluteKind>(parse_absolute_kind); }},
+      {"parse_kerple_kind", [] { return accepted_by<KerpleKind>(parse_kerple_kind); }},
+      {"parse_cable_kernel", [] { return accepted_by<CableKernel>(parse_cable_kernel); }},
+  };
+  std::ifstream in(APE_ODS_FILE);
+  ASSERT_TRUE(in) << "cannot read " << APE_ODS_FILE;
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string td = text.str();
+  // def Ape_XAttr : Ape_VocabAttr<"Enum", "parser", "..." "...">;  (TableGen joins the literals)
+  const std::regex def(R"re(def (Ape_\w+) : Ape_VocabAttr<"\w+", "(\w+)",\s*((?:"(?:[^"\\]|\\.)*"\s*)+)>;)re");
+  const std::regex literal(R"re("((?:[^"\\]|\\.)*)")re");
+  int seen = 0;
+  for (auto it = std::sregex_iterator(td.begin(), td.end(), def); it != std::sregex_iterator(); ++it) {
+    const std::string attr = (*it)[1], parser = (*it)[2], lits = (*it)[3];
+    std::string summary;
+    for (auto l = std::sregex_iterator(lits.begin(), lits.end(), literal); l != std::sregex_iterator(); ++l)
+      summary += std::regex_replace((*l)[1].str(), std::regex(R"re(\\")re"), "\"");
+    auto p = parsers.find(parser);
+    ASSERT_NE(p, parsers.end()) << attr << " names parser " << parser << ", unknown to this test";
+    EXPECT_EQ(summary, p->second()) << attr << "'s summary in dialect/ApeOps.td";
+    ++seen;
+  }
+  EXPECT_EQ(seen, static_cast<int>(parsers.size())) << "Ape_VocabAttr definitions found in " << APE_ODS_FILE;
 }
 
 TEST(Abi, ShapeSymbols) {

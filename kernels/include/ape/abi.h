@@ -206,7 +206,7 @@ enum class ArgUse { Forbidden, Required };
 //   zeros, ones, alibi_slopes, sinusoidal   no argument
 //   normal                                  std                       N(0, std)
 //   constant                                value                     (a value range: min, max,
-//                                                                      integer, see ValueRules.h)
+//                                                                      integer, see value_rules.h)
 //   projection_term                         projection, columns, start, step
 //                                           (W[:, :columns]·(start + step·j)_j).view(H, D)
 //   projection_prefix                       projection, columns, scale

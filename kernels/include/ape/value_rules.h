@@ -1,4 +1,4 @@
-//===- ValueRules.h - the values a kernel can use, written once -----------===//
+//===- value_rules.h - the values a kernel can use, written once ----------===//
 //
 // Plain C++17, no MLIR: the verifiers (dialect/ApeOps.cpp, dialect/components/), the expansions
 // and passes that create fixed params (dialect/components/, passes/PushOverride.cpp) and the
@@ -10,8 +10,8 @@
 // (|x| <= FLT_MAX) and a length must keep positions exact in f32 (below 2^24).
 //
 //===----------------------------------------------------------------------===//
-#ifndef APE_DIALECT_VALUERULES_H
-#define APE_DIALECT_VALUERULES_H
+#ifndef APE_VALUE_RULES_H
+#define APE_VALUE_RULES_H
 
 #include <cfloat>
 #include <cmath>
@@ -91,4 +91,4 @@ inline std::string checkRotation(double fraction, int64_t headDim) {
 
 } // namespace ape_rules
 
-#endif // APE_DIALECT_VALUERULES_H
+#endif // APE_VALUE_RULES_H
