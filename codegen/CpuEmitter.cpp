@@ -388,6 +388,21 @@ constexpr FunctorStyle kCpuStyle{"  template <class T>\n  static ", "const ape::
 constexpr FunctorStyle kCudaStyle{"  template <class T, class Ctx>\n  APE_HD static ",
                                   "const Ctx &ctx"};
 
+/// Binds `args` to the block arguments of a region (`b`) and of its gradient region (`gb`,
+/// which reads the primal's values), writes the primal body, then the gradient body; returns the
+/// gradient's yielded expressions.
+FailureOr<SmallVector<std::string>> emitPrimalThenGrad(RegionWriter &primal, RegionWriter &grad,
+                                                       Block &b, Block &gb,
+                                                       ArrayRef<StringRef> args) {
+  for (unsigned i = 0; i < b.getNumArguments(); ++i)
+    primal.bind(b.getArgument(i), args[i]);
+  for (unsigned i = 0; i < gb.getNumArguments(); ++i)
+    grad.bind(gb.getArgument(i), args[i]);
+  if (failed(primal.emitBody(b)))
+    return failure();
+  return grad.emitBody(gb);
+}
+
 /// Emits the gradient accumulations of the loads of `body` given the names of
 /// their gradients; non-trainable params receive none.
 /// With `keep`, only the loads k (in walk order) that it accepts.
@@ -441,15 +456,8 @@ LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, String
     return success();
   }
   RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
-  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
-  StringRef args[] = {"x", "y", "c", "t", "ctx.h", "g"};
-  for (unsigned i = 0; i < b.getNumArguments(); ++i)
-    primal.bind(b.getArgument(i), args[i]);
-  for (unsigned i = 0; i < gb.getNumArguments(); ++i)
-    grad.bind(gb.getArgument(i), args[i]);
-  if (failed(primal.emitBody(b)))
-    return failure();
-  auto out = grad.emitBody(gb);
+  auto out = emitPrimalThenGrad(primal, grad, mod.getBody().front(), mod.getGrad().front(),
+                                {"x", "y", "c", "t", "ctx.h", "g"});
   if (failed(out))
     return failure();
   os << "    dx = " << (*out)[0] << ";\n    dy = " << (*out)[1] << ";\n";
@@ -485,14 +493,7 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorS
     return success();
   }
   RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
-  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
-  for (unsigned k = 0; k < b.getNumArguments(); ++k)
-    primal.bind(b.getArgument(k), args[k]);
-  for (unsigned k = 0; k < gb.getNumArguments(); ++k)
-    grad.bind(gb.getArgument(k), args[k]);
-  if (failed(primal.emitBody(b)))
-    return failure();
-  auto out = grad.emitBody(gb);
+  auto out = emitPrimalThenGrad(primal, grad, mod.getBody().front(), mod.getGrad().front(), args);
   if (failed(out))
     return failure();
   if (failed(emitLoadGrads(os, primal, mod.getBody(), ArrayRef(*out).drop_front(1))))
