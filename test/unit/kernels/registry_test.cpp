@@ -131,7 +131,7 @@ TEST(Registry, ManifestInputsMatchTheSpecs) {
         << enc;
     EXPECT_EQ(ov.at("position_scale"), "position_scale") << enc << ": sigma's param";
   }
-  // The bias and relative-position encodings (docs/internals.md, passes/Expand.cpp and the specs).
+  // The bias and relative-position encodings (docs/internals.md, dialect/components/ and the specs).
   const WantParam t5_table = {"t5_table", {"32", "heads"}, true, "normal"};
   expect_params("t5", {t5_table});
   expect_params("rope_t5", {t5_table});
