@@ -325,7 +325,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
                               (entry.embed_table ? "has one" : "none"));
   if (ref.has_transition() != man.inference_only)
     report.problems.push_back(std::string("the spec ") +
-                              (ref.has_transition() ? "has" : "has no") +
+                              (ref.has_transition() ? "has an" : "has no") +
                               " attention transition, the kernel is " +
                               (man.inference_only ? "inference-only" : "a training kernel"));
   if (!report.problems.empty()) return report;
@@ -399,7 +399,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
     // A check that never reaches a transformed row could not fail: say so.
     if (!(transition_effect > 0))
       report.problems.push_back(
-          "no shape of the grid reaches a row the attention transition transforms at " +
+          "not checked: no shape of the grid reaches a row the attention transition transforms at " +
           std::to_string(opt.num_layers) + " layers (it needs T >= 5 (layers + divisor_offset)); "
           "give longer shapes with --shapes or another --layers");
     report.rows = table.rows;
@@ -426,7 +426,9 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
 }
 
 void print_report(std::ostream &os, const CheckReport &report) {
-  for (const std::string &p : report.problems) os << "interface mismatch: " << p << "\n";
+  // An interface mismatch, or a check the grid could not make ("not checked: ...").
+  for (const std::string &p : report.problems)
+    os << (p.rfind("not checked: ", 0) == 0 ? "" : "interface mismatch: ") << p << "\n";
   if (report.rows.empty()) return;
   size_t w = 8;
   for (const CheckRow &r : report.rows) w = std::max(w, r.quantity.size());

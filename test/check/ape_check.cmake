@@ -39,6 +39,18 @@ add_test(NAME ape_check.mutant_transition_layers
           "^ape-check: FAIL \\(2 of 4 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/transition_layers_mutant.mlir
              --kernel rope_transition)
+# A training spec against the inference-only kernel, and the reverse: an interface mismatch.
+add_test(NAME ape_check.error_transition_interface
+  COMMAND ${_expect} 1
+          "^interface mismatch: the spec has no attention transition, the kernel is inference-only$"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope.mlir
+             --kernel rope_transition)
+# T = 20 is too short for any transformed row at 6 layers (I = 20 / 7 < 5): the check could not
+# fail there, so it fails.
+add_test(NAME ape_check.error_transition_unreached
+  COMMAND ${_expect} 1 "^not checked: no shape of the grid reaches a row the attention transition"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope_transition.mlir
+             --shapes 1x1x20x16)
 # A spec file outside examples/: compiled now (SpecLibrary, cached in the build's spec cache, as
 # scripts/test.sh sets it), with -inf masks that leave the first rows without a visible key.
 add_test(NAME ape_check.spec_file
@@ -78,7 +90,8 @@ add_test(NAME ape_check.help
   COMMAND ${_expect} 0 "--kernel NAME" "--fp32-param-floor" "independent path" "--layers"
           -- $<TARGET_FILE:ape-check> --help)
 set_tests_properties(ape_check.mutant_t5_max_distance ape_check.mutant_alibi_slope_1e-6
-  ape_check.mutant_transition_beta ape_check.mutant_transition_layers ape_check.spec_file ape_check.distance_sum ape_check.error_interface ape_check.error_malformed_spec
+  ape_check.mutant_transition_beta ape_check.mutant_transition_layers
+  ape_check.error_transition_interface ape_check.error_transition_unreached ape_check.spec_file ape_check.distance_sum ape_check.error_interface ape_check.error_malformed_spec
   ape_check.error_missing_file ape_check.error_shapes ape_check.error_unknown_kernel
   ape_check.help PROPERTIES LABELS check TIMEOUT 120)
 unset(_check)
