@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>  // before the emulator's CUDA surface and its macros
 
+#include <ape/cuda_decode.h>
 #include <ape/cuda_kernel_entry.h>
 #include <ape/kernel_entry.h>
 #ifdef APE_SIMT
@@ -509,6 +510,107 @@ TEST_P(CudaKernel, SliceAloneEqualsSliceInBatch) {
     EXPECT_TRUE(torch::equal(pick(all[n].second), alone[n].second))
         << alone[n].first << " of batch element " << b << " differs from the same element alone";
   }
+}
+
+// The forward alone over the first L tokens of p: o (in the variant's dtype) and lse, on the host.
+void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int64_t L, Tensor &o,
+                        Tensor &lse) {
+  const auto dt = torch_type(var.dtype);
+  auto head = [&](const Tensor &t) { return t.narrow(2, 0, L).contiguous(); };
+  const Tensor q = head(p.q).to(dt), k = head(p.k).to(dt), v = head(p.v).to(dt);
+  const Tensor lse_like = torch::empty({p.B, p.H, L}, torch::kFloat32);
+  DevBuf qd, kd, vd, od, ld;
+  upload(qd, q), upload(kd, k), upload(vd, v);
+  upload(od, torch::zeros_like(q)), upload(ld, lse_like.zero_());
+  std::vector<DevBuf> feats(p.features.size()), prms(p.params.size());
+  std::vector<const float *> fp, pp;
+  for (size_t n = 0; n < p.features.size(); ++n) {
+    upload(feats[n], head(p.features[n]).to(torch::kFloat32));
+    fp.push_back(static_cast<const float *>(feats[n].ptr));
+  }
+  for (size_t n = 0; n < p.params.size(); ++n) {
+    upload(prms[n], p.params[n].to(torch::kFloat32));
+    pp.push_back(static_cast<const float *>(prms[n].ptr));
+  }
+  CudaAttnArgs a;
+  a.B = p.B, a.H = p.H, a.T = L, a.D = p.D, a.dtype = var.dtype;
+  a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.lse = static_cast<float *>(ld.ptr);
+  a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
+  ASSERT_CUDA(var.forward(a));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  o = download(od, q), lse = download(ld, lse_like);
+}
+
+// Decoding (cuda_decode.h): a prefill of 120 tokens, 13 steps of one token (crossing row 128:
+// the query tiles are 32, 64 or 128 rows, so every kernel skips tiles), then 7 tokens at once;
+// every step's o and lse equal, bit for bit, the rows L0 .. L-1 of the full forward over the L
+// tokens so far (the contract of cpu_decode.h, kept here). Then the refusals: a step past the
+// capacity, another dtype, a missing pointer.
+TEST_P(CudaKernel, DecodeStepsEqualTheFullForward) {
+  const auto &[name, index] = GetParam();
+  const CudaKernelEntry *e = find_cuda(name);
+  ASSERT_NE(e, nullptr);
+  const auto &var = e->variants[index];
+  const int64_t T = 140;
+  const Problem p = make_problem(*e, 2, 1, T, var.head_dim, 23);
+  const auto dt = torch_type(var.dtype);
+  std::vector<int64_t> steps = {120};
+  for (int s = 0; s < 13; ++s) steps.push_back(1);
+  steps.push_back(7);
+  ape::cuda::CudaDecodeCache cache;
+  cache.capacity = T;
+  std::vector<DevBuf> prms(p.params.size());
+  std::vector<const float *> pp;
+  for (size_t n = 0; n < p.params.size(); ++n) {
+    upload(prms[n], p.params[n].to(torch::kFloat32));
+    pp.push_back(static_cast<const float *>(prms[n].ptr));
+  }
+  int64_t L0 = 0;
+  for (int64_t n : steps) {
+    SCOPED_TRACE("step of " + std::to_string(n) + " tokens at L0 = " + std::to_string(L0));
+    auto part = [&](const Tensor &t) { return t.narrow(2, L0, n).contiguous(); };
+    const Tensor q = part(p.q).to(dt);
+    DevBuf qd, kd, vd, od, ld;
+    upload(qd, q), upload(kd, part(p.k).to(dt)), upload(vd, part(p.v).to(dt));
+    upload(od, torch::zeros_like(q));
+    const Tensor lse_like = torch::zeros({p.B, p.H, n}, torch::kFloat32);
+    upload(ld, lse_like);
+    std::vector<DevBuf> feats(p.features.size());
+    std::vector<const float *> fp;
+    for (size_t f = 0; f < p.features.size(); ++f) {
+      upload(feats[f], part(p.features[f]).to(torch::kFloat32));
+      fp.push_back(static_cast<const float *>(feats[f].ptr));
+    }
+    ape::cuda::CudaDecodeArgs a;
+    a.B = p.B, a.H = p.H, a.n = n, a.D = p.D, a.dtype = var.dtype;
+    a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.lse = static_cast<float *>(ld.ptr);
+    a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
+    ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    ASSERT_EQ(cache.len, L0 + n);
+    const Tensor o = download(od, q), lse = download(ld, lse_like);
+    Tensor full_o, full_lse;
+    run_forward_prefix(var, p, L0 + n, full_o, full_lse);
+    if (HasFatalFailure()) return;
+    EXPECT_TRUE(torch::equal(o, full_o.narrow(2, L0, n))) << "o differs from the full forward";
+    EXPECT_TRUE(torch::equal(lse, full_lse.narrow(2, L0, n))) << "lse differs from the full forward";
+    L0 += n;
+  }
+  expect_no_findings();
+  // Refusals leave the cache as it was.
+  DevBuf buf;
+  ASSERT_CUDA(cudaMalloc(&buf.ptr, 1 << 20));
+  std::vector<const float *> side(16, static_cast<const float *>(buf.ptr));
+  ape::cuda::CudaDecodeArgs a;
+  a.B = p.B, a.H = p.H, a.n = 1, a.D = p.D, a.dtype = var.dtype;
+  a.q = a.k = a.v = buf.ptr, a.o = buf.ptr, a.features = side.data(), a.params = pp.data();
+  EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "past the capacity";
+  cache.capacity = T + 1;
+  a.dtype = var.dtype == DType::F32 ? DType::BF16 : DType::F32;
+  EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "another dtype";
+  a.dtype = var.dtype, a.o = nullptr;
+  EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "no output";
+  EXPECT_EQ(cache.len, T);
 }
 
 // The backward refuses missing gradient pointers (and a missing status word) instead of

@@ -211,6 +211,7 @@ template <class Enc, class In> struct Params {
   const float *feat[NF];
   const float *params[NP];
   float scale;
+  int64_t tile0;                    // forward: the first query tile computed (first_row / BQ)
   const In *dout;
   In *dq, *dk, *dv;
   float *dfeat[NF];
@@ -573,7 +574,8 @@ template <class Enc, class In, int D> constexpr size_t fwd_smem_bytes() {
   return align_up(L::bytes + sizeof(float) * L::BQ * value_rows<Enc>());
 }
 
-// One block per (query tile, slice): grid (B*H, ceil(T / BQ)). With value rows, each query row
+// One block per (query tile, slice): grid (B*H, ceil(T / BQ) - tile0), query tiles from tile0
+// (CudaAttnArgs::first_row; 0 but for a decode step). With value rows, each query row
 // also keeps its unnormalised probability mass per table row (rescaled with the running max
 // like O), and o_i gains sum_r mass_i[r] table[r, h, :] / l_i.
 template <class Enc, class In, int D>
@@ -590,7 +592,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
   float *sM = reinterpret_cast<float *>(smem + L::m), *sL = reinterpret_cast<float *>(smem + L::l);
   float *sA = reinterpret_cast<float *>(smem + L::alpha);
 
-  const int64_t bh = blockIdx.x, T = p.T, i0 = int64_t(blockIdx.y) * BQ;
+  const int64_t bh = blockIdx.x, T = p.T, i0 = (p.tile0 + int64_t(blockIdx.y)) * BQ;
   const int64_t base = bh * T * D;
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
 
@@ -726,8 +728,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int g = lane / 4, t = lane % 4;
   const int64_t bh = blockIdx.x, T = p.T;
-  // The longest rows (last query tiles) start first.
-  const int64_t i0 = int64_t(gridDim.y - 1 - blockIdx.y) * BQ;
+  // The longest rows (last query tiles) start first; tiles before p.tile0 are not computed.
+  const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
   const int64_t base = bh * T * D;
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
@@ -1456,6 +1458,8 @@ inline unsigned blocks_for(int64_t n, int per_block) {
 template <class Enc>
 cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T) || (backward && a.first_row != 0))
+    return cudaErrorInvalidValue;
   if (a.B * a.H * a.T == 0) return cudaSuccess;
   if (!a.q || !a.k || !a.v || !a.o || !a.lse) return cudaErrorInvalidValue;
   if (Enc::kNumFeatures > 0 && !a.features) return cudaErrorInvalidValue;
@@ -1562,14 +1566,16 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       using F = FlashFwd<In, kD>;
       constexpr size_t bytes = flash_smem_bytes<Enc, F>();
       if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ));
+      p.tile0 = a.first_row / F::BQ;
+      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
       return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
     }
   }
   using L = FwdSmem<In, kD>;
   constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
   if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ));
+  p.tile0 = a.first_row / L::BQ;
+  const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
   return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
 }
 

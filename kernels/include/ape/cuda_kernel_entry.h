@@ -63,6 +63,12 @@ struct CudaAttnArgs {
   const float *const *features = nullptr;
   const float *const *params = nullptr;
   float scale = 0;  // kappa
+  // Forward only: the first query row whose output is wanted. The query tiles before the one
+  // holding it are skipped (rows [first_row, T) of o and lse are written, and the rows of that
+  // tile before first_row with their same values); the token program and q', k' still cover all
+  // T tokens. 0: every row. A decode step (cuda_decode.h) passes its cache length. The backward
+  // needs 0.
+  int64_t first_row = 0;
   // backward only (reads q, k, v, o, lse, dout)
   const void *dout = nullptr;
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // overwritten

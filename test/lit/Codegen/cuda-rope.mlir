@@ -44,6 +44,7 @@
 // PKG-DAG: smoke.cpp
 // PKG-DAG: cuda_attention.cuh
 // PKG-DAG: cuda_kernel_entry.h
+// PKG-DAG: cuda_decode.h
 // PKG-DAG: cuda_platform.cuh
 // PKG-DAG: enc_traits.h
 // PKG-DAG: rope.manifest.json

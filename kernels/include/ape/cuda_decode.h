@@ -1,0 +1,160 @@
+// CUDA KV-cache decoding for generated positional encodings (docs/decoding.md).
+//
+// The CUDA sibling of cpu_decode.h, driving the same generated kernels as the full forward
+// (cuda_attention.cuh, through CudaKernelEntry): a step appends n new tokens (their raw q, k, v
+// and token features, on the device) to a cache of L0 tokens and returns the attention outputs
+// of the n new queries over all L = L0 + n keys. A prefill is the first step (L0 = 0).
+// Contract, as on the CPU: the outputs of a step equal rows L0 .. L - 1 of the full forward over
+// the L tokens so far, bit for bit (they are that forward's rows: the same kernels over the same
+// inputs, with the query tiles before the one holding row L0 skipped, CudaAttnArgs::first_row).
+//
+// How: the cache keeps the raw q, k, v (B, H, L, D) and features (B, H, L) of every token; a step
+// re-packs them at the new length and runs the forward with T = L and first_row = L0. The
+// prepare stage (the token program, q' and k') therefore runs over all L tokens at every step:
+// O(L·D) per step, the order of the attention of one new query itself (O(L·D) per query), and
+// exact for every encoding, including those whose k mod or token program reads the sequence
+// length (dynamic NTK, xPos), which must recompute them anyway. What this leaves to a later
+// kernel: cached k' and scan carries (as cpu_decode.h keeps), and keeping q only for the rows the
+// first query tile reads.
+//
+// Plain C++17 over the CUDA runtime API (the host compiler builds it, as cuda_kernel_entry.h);
+// under -DAPE_SIMT the same code runs on the SIMT emulator. Errors are returned, never thrown.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cuda_kernel_entry.h"
+
+namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
+
+inline size_t dtype_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// The cache of one attention layer (device memory owned by it; free it with release()).
+struct CudaDecodeCache {
+  int64_t capacity = 0;           // tokens it may hold; set before the first step
+  int64_t len = 0;                // tokens cached
+  int64_t B = 0, H = 0, D = 0;    // fixed by the first step
+  DType dtype = DType::BF16;
+  void *q = nullptr, *k = nullptr, *v = nullptr;  // (B, H, len, D) raw projections
+  std::vector<float *> features;                  // Enc::kNumFeatures x (B, H, len)
+  bool started() const { return B > 0; }
+  void release() {
+    cudaFree(q), cudaFree(k), cudaFree(v);
+    for (float *f : features) cudaFree(f);
+    q = k = v = nullptr, features.clear(), len = 0, B = H = D = 0;
+  }
+  ~CudaDecodeCache() { release(); }
+  CudaDecodeCache() = default;
+  CudaDecodeCache(const CudaDecodeCache &) = delete;
+  CudaDecodeCache &operator=(const CudaDecodeCache &) = delete;
+};
+
+// One step: n new tokens of every (b, h) slice; device pointers as in CudaAttnArgs.
+struct CudaDecodeArgs {
+  int64_t B = 0, H = 0, n = 0, D = 0;
+  DType dtype = DType::BF16;
+  const void *q = nullptr, *k = nullptr, *v = nullptr;  // (B, H, n, D) contiguous
+  const float *const *features = nullptr;  // HOST array of Enc::kNumFeatures device (B, H, n)
+  const float *const *params = nullptr;    // HOST array of device params, as CudaAttnArgs
+  float scale = 0;                          // kappa
+  void *o = nullptr;                        // (B, H, n, D)
+  float *lse = nullptr;                     // (B, H, n) or null
+  cudaStream_t stream = nullptr;
+};
+
+namespace decode_detail {
+
+// dst (S, rows_dst, W) <- src (S, rows_src, W) rows [0, rows) of every slice, to dst rows
+// [row0, row0 + rows); W bytes per row.
+inline cudaError_t copy_rows(void *dst, int64_t rows_dst, int64_t row0, const void *src,
+                             int64_t rows_src, int64_t rows, int64_t S, size_t W,
+                             cudaStream_t st) {
+  if (rows == 0) return cudaSuccess;
+  for (int64_t s = 0; s < S; ++s) {
+    const cudaError_t err = cudaMemcpyAsync(
+        static_cast<char *>(dst) + (s * rows_dst + row0) * W,
+        static_cast<const char *>(src) + s * rows_src * W, rows * W, cudaMemcpyDeviceToDevice, st);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// A (S, L, W) buffer holding old's rows [0, L0) then add's rows [0, n); old is freed.
+inline cudaError_t append(void *&buf, const void *add, int64_t S, int64_t L0, int64_t n, size_t W,
+                          cudaStream_t st) {
+  void *next = nullptr;
+  cudaError_t err = cudaMallocAsync(&next, static_cast<size_t>(S * (L0 + n)) * W, st);
+  if (err != cudaSuccess) return err;
+  if ((err = copy_rows(next, L0 + n, 0, buf, L0, L0, S, W, st)) != cudaSuccess ||
+      (err = copy_rows(next, L0 + n, L0, add, n, n, S, W, st)) != cudaSuccess) {
+    cudaFreeAsync(next, st);
+    return err;
+  }
+  if (buf) cudaFreeAsync(buf, st);
+  buf = next;
+  return cudaSuccess;
+}
+
+}  // namespace decode_detail
+
+// Appends a.n tokens to `c` and writes their attention outputs (see the top of this file).
+// cudaErrorInvalidValue for shapes that do not match the cache, a step past its capacity, a
+// missing pointer, or a (dtype, head dim) this build did not instantiate: the cache is then
+// unchanged. An error of the runtime itself (an allocation, a copy, a launch) may leave it
+// half-extended: release() it.
+inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, const CudaDecodeArgs &a) {
+  using namespace decode_detail;
+  if (a.B < 1 || a.H < 1 || a.D < 1 || a.n < 1 || !a.q || !a.k || !a.v || !a.o)
+    return cudaErrorInvalidValue;
+  if (e.num_features > 0 && !a.features) return cudaErrorInvalidValue;
+  if (!find_variant(e, a.dtype, a.D) || c.capacity < 1 || c.len + a.n > c.capacity)
+    return cudaErrorInvalidValue;
+  if (c.started() && (a.B != c.B || a.H != c.H || a.D != c.D || a.dtype != c.dtype))
+    return cudaErrorInvalidValue;
+  const cudaStream_t st = a.stream;
+  const int64_t S = a.B * a.H, L0 = c.len, n = a.n, L = L0 + n, D = a.D;
+  const size_t row = static_cast<size_t>(D) * dtype_bytes(a.dtype);
+  if (!c.started()) {
+    c.B = a.B, c.H = a.H, c.D = D, c.dtype = a.dtype;
+    c.features.assign(static_cast<size_t>(e.num_features), nullptr);
+  }
+  // The cache at length L.
+  cudaError_t err = cudaSuccess;
+  if ((err = append(c.q, a.q, S, L0, n, row, st)) != cudaSuccess ||
+      (err = append(c.k, a.k, S, L0, n, row, st)) != cudaSuccess ||
+      (err = append(c.v, a.v, S, L0, n, row, st)) != cudaSuccess)
+    return err;
+  for (int f = 0; f < e.num_features; ++f) {
+    void *buf = c.features[f];
+    if ((err = append(buf, a.features[f], S, L0, n, sizeof(float), st)) != cudaSuccess) return err;
+    c.features[f] = static_cast<float *>(buf);
+  }
+  c.len = L;
+  // The forward over the L tokens from row L0, into (S, L, .) outputs; rows [L0, L) copied out.
+  void *o = nullptr, *lse = nullptr;
+  if ((err = cudaMallocAsync(&o, static_cast<size_t>(S * L) * row, st)) != cudaSuccess) return err;
+  if ((err = cudaMallocAsync(&lse, static_cast<size_t>(S * L) * sizeof(float), st)) != cudaSuccess) {
+    cudaFreeAsync(o, st);
+    return err;
+  }
+  CudaAttnArgs f;
+  f.B = a.B, f.H = a.H, f.T = L, f.D = D, f.dtype = a.dtype;
+  f.q = c.q, f.k = c.k, f.v = c.v, f.o = o, f.lse = static_cast<float *>(lse);
+  std::vector<const float *> feats(c.features.begin(), c.features.end());
+  f.features = feats.empty() ? nullptr : feats.data();
+  f.params = a.params, f.scale = a.scale, f.first_row = L0, f.stream = st;
+  err = forward(e, f);
+  if (err == cudaSuccess) err = copy_rows(a.o, n, 0, static_cast<char *>(o) + L0 * row, L, n, S, row, st);
+  if (err == cudaSuccess && a.lse)
+    err = copy_rows(a.lse, n, 0, static_cast<char *>(lse) + L0 * sizeof(float), L, n, S,
+                    sizeof(float), st);
+  cudaFreeAsync(o, st);
+  cudaFreeAsync(lse, st);
+  return err;
+}
+
+APE_CUDA_ABI_END
+}  // namespace ape::cuda
