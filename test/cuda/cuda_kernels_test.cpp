@@ -18,9 +18,10 @@
 //     the kernels claim (sm_80, 86, 89, 90; emulator only: it can pose as each).
 // Tolerances (measured under the emulator, which rounds as the hardware does: bf16/f16 products
 // exact, f32 accumulation): f32 variants, max error against the fp64 reference <= 2x that of the
-// CPU fp32 kernel (the same-precision baseline) plus 1e-4 of the quantity's magnitude plus an
-// absolute 2e-6 (kF32Floor), and against the CPU fp32 kernel 3x (fp32 on both sides, different
-// summation orders). f16 / bf16 variants, FlashAttention's rule: max error
+// CPU fp32 kernel (the same-precision baseline; for parameter gradients the larger of it and the
+// fp32-rounded materialised attention's, whose exact sums of fp32 terms are the kernel's scheme)
+// plus 1e-4 of the quantity's magnitude plus an absolute 2e-6 (kF32Floor), and against the CPU
+// fp32 kernel 3x (fp32 on both sides, different summation orders). f16 / bf16 variants, FlashAttention's rule: max error
 // against the fp64 reference <= 2x that of a same-precision materialised attention (the
 // reference on inputs rounded to the dtype, rounding q', k', dS, P and o where a 16-bit flash
 // kernel does: kernel_reference.h, RefRounding; outputs rounded) plus 1e-3 of the quantity's
