@@ -156,9 +156,12 @@ TEST(Registry, ManifestInputsMatchTheSpecs) {
                                    {"xl_v", hw, true, "zeros"},
                                    {"xl_u", {"1", "heads", "head_dim"}, true, "zeros"}});
   // T5's table and KERPLE's scalars are one tensor shared by every layer.
-  for (const char *enc : {"t5", "rope_t5", "kerple_log", "kerple_power"})
-    for (const auto &p : parse_manifest(*find_entry(enc)).json.at("params"))
+  // (The manifest is held: a range over at() of a temporary would outlive it; ASan found that.)
+  for (const char *enc : {"t5", "rope_t5", "kerple_log", "kerple_power"}) {
+    const auto manifest = parse_manifest(*find_entry(enc));
+    for (const auto &p : manifest.json.at("params"))
       EXPECT_EQ(p.value("per_layer", true), false) << enc << ": " << p.at("name");
+  }
   // ExPE's terms keep this order (q before k, a before b).
   std::vector<std::string> order;
   for (const auto &p : parse_manifest(*find_entry("expe")).params)
