@@ -408,7 +408,8 @@ FailureOr<SmallVector<std::string>> emitPrimalThenGrad(RegionWriter &primal, Reg
 /// With `keep`, only the loads k (in walk order) that it accepts.
 LogicalResult emitLoadGrads(raw_ostream &os, RegionWriter &primal, Region &body,
                             ArrayRef<std::string> grads,
-                            llvm::function_ref<bool(unsigned)> keep = nullptr) {
+                            llvm::function_ref<bool(unsigned)> keep = nullptr,
+                            unsigned *emitted = nullptr) {
   unsigned k = 0;
   LogicalResult result = success();
   body.walk([&](LoadOp load) {
@@ -424,6 +425,8 @@ LogicalResult emitLoadGrads(raw_ostream &os, RegionWriter &primal, Region &body,
       return;
     }
     os << kIndent << *el << " += " << g << ";\n";
+    if (emitted)
+      ++*emitted;
   });
   return result;
 }
@@ -598,6 +601,13 @@ bool isDistanceBias(ScoreModOp mod) {
          gb.getTerminator()->getOperand(0) == gb.getArgument(5);
 }
 
+/// Emitted after the bias gradients when they write nothing (every load of the bias is a fixed
+/// param or a feature without a gradient: ALiBi's standard slopes): the backward kernels then skip
+/// the bias sums altogether (enc_traits.h: BiasFixed).
+constexpr const char *kBiasFixedDecl =
+    "  // The bias has no gradient: the backward skips its sums (templates: kBiasFixed).\n"
+    "  static constexpr bool kBiasFixed = true;\n";
+
 /// distance_bias(ctx, d) = B(d) and distance_bias_grad(ctx, d, g): B's load gradients for the
 /// incoming gradient g (a diagonal's sum of dS). The bodies are the score mod's own, with
 /// `i - j` bound to d and the logit to 0 (`0 + B(d)` is B(d) exactly; a sum `(s + X1) + X2`
@@ -637,9 +647,13 @@ LogicalResult emitDistanceBias(raw_ostream &os, KernelLayout &layout, const Func
   out = grad.emitBody(gb);
   if (failed(out))
     return failure();
-  if (failed(emitLoadGrads(os, primal, mod.getBody(), ArrayRef(*out).drop_front(1))))
+  unsigned sinks = 0;
+  if (failed(emitLoadGrads(os, primal, mod.getBody(), ArrayRef(*out).drop_front(1), nullptr,
+                           &sinks)))
     return failure();
   os << "  }\n";
+  if (sinks == 0)
+    os << kBiasFixedDecl;
   return success();
 }
 
@@ -753,6 +767,7 @@ LogicalResult emitRowColBias(raw_ostream &os, KernelLayout &layout, const RowCol
   os << "  // The score mod is s + R(i) + C(j): R once per query, C once per key (CUDA flash\n"
      << "  // kernels: kRowColBias).\n"
      << "  static constexpr bool kRowColBias = true;\n";
+  unsigned sinks = 0;
   for (bool row : {true, false}) {
     StringRef side = row ? "row" : "col", index = row ? "i" : "j";
     os << st.head << "T " << side << "_bias(" << st.ctx << ", int64_t " << index << ") {\n";
@@ -797,10 +812,13 @@ LogicalResult emitRowColBias(raw_ostream &os, KernelLayout &layout, const RowCol
     for (bool isRow : rc.loadIsRow)
       all.push_back(isRow == row ? (*gout)[n++] : std::string());
     if (failed(emitLoadGrads(os, primal, mod.getBody(), all,
-                             [&](unsigned load) { return rc.loadIsRow[load] == row; })))
+                             [&](unsigned load) { return rc.loadIsRow[load] == row; },
+                             &sinks)))
       return failure();
     os << "  }\n";
   }
+  if (sinks == 0)
+    os << kBiasFixedDecl;
   return success();
 }
 

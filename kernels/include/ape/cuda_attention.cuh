@@ -1174,6 +1174,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   // are summed in registers (a key row lies in one warp's quad rows: quad sums), kept in
   // `col_sum[h]` by lane t = 0 over the block's steps.
   constexpr bool kRC = flash_rowcol<Enc>();
+  // A bias without a gradient (Enc::kBiasFixed: ALiBi's standard slopes) needs none of the sums.
+  constexpr bool kBiasGrad = !traits::BiasFixed<Enc>::value;
   float *sC = reinterpret_cast<float *>(smem + C::rowcol), *sR = sC + BK;
   if constexpr (kRC) sG = reinterpret_cast<float *>(smem + C::rc_gsum);
   [[maybe_unused]] float col_sum[2] = {0.f, 0.f};
@@ -1275,14 +1277,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
             pv = ptx::ex2(fmaf(fmaf(s[nt][2 * h + e], p.scale, tb[8 * nt + e - 8 * h]), kLog2e, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             const float gp = pv * (dp[nt][2 * h + e] - cDelta[c]);
-            sG[kr * C::LG + c] = gp;
+            if constexpr (kBiasGrad) sG[kr * C::LG + c] = gp;
             dsv = p.scale * gp;
           } else if constexpr (kRC) {  // likewise, for the row and column sums
             pv = ptx::ex2(fmaf(fmaf(s[nt][2 * h + e], p.scale, cb + tr[8 * nt + e]), kLog2e, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             const float gp = pv * (dp[nt][2 * h + e] - cDelta[c]);
-            sG[kr * C::LG + c] = gp;
-            key_sum += gp;
+            if constexpr (kBiasGrad) sG[kr * C::LG + c] = gp, key_sum += gp;
             dsv = p.scale * gp;
           } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
@@ -1300,7 +1301,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           s[nt][2 * h + e] = pv;
           dp[nt][2 * h + e] = dsv;
         }
-      if constexpr (kRC) col_sum[h] += flash::quad_sum(key_sum);  // key kr's part of this tile
+      if constexpr (kRC && kBiasGrad) col_sum[h] += flash::quad_sum(key_sum);  // key kr's part of this tile
     }
 
     // dV += P^T dO, dK' += dS^T Q'.
@@ -1361,7 +1362,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
       }
     }
-    if constexpr (kDist) {  // diagonal c - kr = x - (BK - 1) of sG, summed in a fixed order
+    if constexpr (kDist && kBiasGrad) {  // diagonal c - kr = x - (BK - 1) of sG, in a fixed order
       const int x = static_cast<int>(threadIdx.x), o = x - (BK - 1);
       if (x < BQ + BK - 1) {
         const int kr_a = o < 0 ? -o : 0, c_a = o < 0 ? 0 : o;
@@ -1375,7 +1376,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         if (sum != 0.f && d >= 0 && d < T) Enc::distance_bias_grad(ctx, d, sum);
       }
     }
-    if constexpr (kRC) {  // query column x of sG, summed in a fixed order
+    if constexpr (kRC && kBiasGrad) {  // query column x of sG, summed in a fixed order
       const int x = static_cast<int>(threadIdx.x);
       if (x < BQ) {
         float sum = 0.f;
@@ -1398,7 +1399,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   ptx::cp_async_wait<0>();
   __syncthreads();
   if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
-  if constexpr (kRC) {  // one gradient call per key of the block
+  if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
     for (int h = 0; h < 2; ++h) {
       const int64_t j = j0 + kr0 + g + 8 * h;
       if (t == 0 && col_sum[h] != 0.f && j < T) Enc::col_bias_grad(ctx, j, col_sum[h]);

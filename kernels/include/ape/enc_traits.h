@@ -8,6 +8,9 @@
 //   RowColBias<Enc>::value    Enc::kRowColBias: the score mod is s + R(i) + C(j), with
 //                             row_bias / col_bias(ctx, i or j) and row_bias_grad /
 //                             col_bias_grad(ctx, i or j, g) (false when absent);
+//   BiasFixed<Enc>::value     Enc::kBiasFixed: the distance or row/column bias has no gradient
+//                             (its _grad functions write nothing): the backward skips the bias
+//                             sums (false when absent);
 //   QModLinear<Enc>::value    Enc::kQModLinear (KModLinear: kKModLinear): q_mod(x, y) =
 //                             a(t, c) x + b(t, c) y with a, b independent of the head, the batch
 //                             and the data (cpu_attention.h tabulates them once per call);
@@ -43,6 +46,7 @@ template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
 APE_ENC_FLAG(HasValueRows, kHasValueRows)
 APE_ENC_FLAG(DistanceBias, kDistanceBias)
 APE_ENC_FLAG(RowColBias, kRowColBias)
+APE_ENC_FLAG(BiasFixed, kBiasFixed)
 APE_ENC_FLAG(QModLinear, kQModLinear)
 APE_ENC_FLAG(KModLinear, kKModLinear)
 APE_ENC_FLAG(KModReadsLength, kKModReadsLength)

@@ -5,6 +5,8 @@
 // RUN: apec %t/sum.mlir -o %t/out --emit=cpu
 // RUN: FileCheck %s --check-prefix=SUM --input-file=%t/out/sum_cpu.cpp
 // RUN: %cxx -std=c++17 -fsyntax-only -fopenmp -I %ape_templates %t/out/sum_cpu.cpp
+// RUN: apec %t/fixed.mlir -o %t/out --emit=cpu
+// RUN: FileCheck %s --check-prefix=FIXED --input-file=%t/out/fixed_cpu.cpp
 // RUN: apec %t/row.mlir -o %t/out --emit=cpu
 // RUN: FileCheck %s --check-prefix=NOT --input-file=%t/out/row_cpu.cpp
 // RUN: apec %t/scaled.mlir -o %t/out --emit=cpu
@@ -24,6 +26,14 @@
 // SUM: ctx.dparams[0][(ctx.h)] += {{g[0-9]+}};
 // SUM-NEXT: ctx.dparams[1][((std::clamp<int64_t>({{p[0-9]+}}, 0, int64_t(32) - 1)) * ctx.H + (ctx.h))] += g;
 // SUM-NEXT: }
+// SUM-NOT: kBiasFixed
+
+// Standard (fixed) ALiBi slopes: the bias has no gradient, and the backward skips its sums.
+// FIXED: static void distance_bias_grad(const ape::HeadCtx<T> &ctx, int64_t d, T g) {
+// FIXED-NOT: +=
+// FIXED: }
+// FIXED-NEXT: // The bias has no gradient: the backward skips its sums (templates: kBiasFixed).
+// FIXED-NEXT: static constexpr bool kBiasFixed = true;
 
 // NOT-NOT: kDistanceBias
 
@@ -31,6 +41,11 @@
 ape.encoding @sum {
   ape.alibi {learned}
   ape.t5_bias {buckets = 32, max_distance = 128}
+}
+
+//--- fixed.mlir
+ape.encoding @fixed {
+  ape.alibi
 }
 
 //--- row.mlir
