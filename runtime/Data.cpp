@@ -1,6 +1,8 @@
 // The corpus pipeline: unpack once, train the tokenizer once, tokenize each split once.
 #include "runtime/Data.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -252,6 +254,66 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, const std::string &fnv_hex) {
+  const std::string head = "spm_bpe_" + std::to_string(vocab);
+  std::vector<std::string> candidates, matches;
+  std::error_code ec;
+  if (fs::is_directory(cache_dir, ec))
+    for (const auto &e : fs::directory_iterator(cache_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      // spm_bpe_<vocab>.model (older caches) or spm_bpe_<vocab>_<tag>.model
+      if (name.rfind(head, 0) != 0 || e.path().extension() != ".model" || name.find(".tmp.") != std::string::npos)
+        continue;
+      const std::string rest = name.substr(head.size());
+      if (rest != ".model" && rest[0] != '_') continue;
+      candidates.push_back(e.path().string());
+    }
+  std::sort(candidates.begin(), candidates.end());
+  for (const auto &path : candidates) {
+    if (fnv_hex.empty()) {
+      matches.push_back(path);
+      continue;
+    }
+    const std::string bytes = read_file(path);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(bytes.data(), bytes.size())));
+    if (hex == fnv_hex) return path;
+  }
+  if (matches.size() == 1) return matches[0];
+  std::string found;
+  for (const auto &path : candidates) found += (found.empty() ? "" : ", ") + fs::path(path).filename().string();
+  if (candidates.empty())
+    throw std::runtime_error("no " + std::to_string(vocab) + "-piece tokenizer in " + cache_dir +
+                             " (pass --tokenizer, or the --cache-dir ape-train used)");
+  if (!fnv_hex.empty())
+    throw std::runtime_error("none of the tokenizers in " + cache_dir + " (" + found +
+                             ") is the checkpoint's (FNV " + fnv_hex +
+                             "); pass --tokenizer, or the --cache-dir ape-train used");
+  throw std::runtime_error("several tokenizers in " + cache_dir + " (" + found + "); pass --tokenizer");
+}
+
+namespace {
+// An exclusive flock(2) on `path` (created if missing) for the object's lifetime.
+class FileLock {
+ public:
+  explicit FileLock(const std::string &path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) throw std::runtime_error("cannot open the cache lock " + path + ": " + std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0)
+      if (errno != EINTR) {
+        const int err = errno;
+        ::close(fd_);
+        throw std::runtime_error("cannot lock " + path + ": " + std::strerror(err));
+      }
+  }
+  ~FileLock() { ::close(fd_); }
+  FileLock(const FileLock &) = delete;
+  FileLock &operator=(const FileLock &) = delete;
+
+ private:
+  int fd_;
+};
+}  // namespace
+
 Corpus Corpus::open(const DataOptions &opts) {
   std::ostream &log = opts.log ? *opts.log : std::cerr;
   if (opts.data_dir.empty() || !fs::is_directory(opts.data_dir))
@@ -273,13 +335,25 @@ Corpus Corpus::open(const DataOptions &opts) {
   const std::string pid = std::to_string(::getpid());
 
   // ---- tokenizer: trained once on the train books ----
-  const std::string prefix = (fs::path(opts.cache_dir) / ("spm_bpe_" + std::to_string(opts.vocab))).string();
-  c.tokenizer_path_ = prefix + ".model";
+  // The files of a cache are named by the hash of what they were made from (the train books,
+  // the vocabulary, the sample size): corpora that share a cache folder never overwrite each
+  // other's tokenizer (which would orphan the checkpoints trained with it).
   std::string key = "v1 bpe vocab=" + std::to_string(opts.vocab) +
                     " sentences=" + std::to_string(opts.input_sentence_size);
   for (const auto &p : books["train"])
     key += " " + fs::path(p).filename().string() + ":" + std::to_string(fs::file_size(p));
+  char tag[9];
+  std::snprintf(tag, sizeof tag, "%08llx",
+                static_cast<unsigned long long>(fnv1a(key.data(), key.size()) & 0xffffffffULL));
+  const std::string stem = std::to_string(opts.vocab) + "_" + tag;
+  const std::string prefix = (fs::path(opts.cache_dir) / ("spm_bpe_" + stem)).string();
+  c.tokenizer_path_ = prefix + ".model";
   const std::string key_path = prefix + ".key";
+  // One process at a time makes a cache's files (ctest and users run several trainings at once);
+  // the others wait and then read them. The kernel drops the lock of a killed holder. Without it,
+  // two runs on a fresh cache each trained a tokenizer: the same pieces, but different bytes (the
+  // model records its temporary path), so the checkpoints of the first no longer matched the cache.
+  const FileLock lock(prefix + ".lock");
   const bool have_model = fs::exists(c.tokenizer_path_) && fs::exists(key_path) && read_file(key_path) == key;
   if (!have_model) {
     log << "[data] training a " << opts.vocab << "-piece BPE tokenizer on " << books["train"].size()
@@ -319,7 +393,7 @@ Corpus Corpus::open(const DataOptions &opts) {
       fp = fnv1a(tag.data(), tag.size(), fp);
     }
     const std::string cache = (fs::path(opts.cache_dir) /
-                               ("tokens_" + split + "_" + std::to_string(opts.vocab) + ".bin")).string();
+                               ("tokens_" + split + "_" + stem + ".bin")).string();
     try {
       out = read_token_cache(cache, static_cast<uint32_t>(opts.vocab), fp);
       return;

@@ -1,8 +1,11 @@
 // Data: the shipped pg30 corpus (30 public-domain books) -> token ids -> training and eval windows.
 //
 //   data/pg30/clean.tar.xz ──tar -xJf──▶ <cache>/pg30/clean/pg<ID>_<slug>.txt    (once)
-//   train split ──SentencePiece BPE──▶ <cache>/spm_bpe_<V>.model                  (once)
-//   each split ──encode──▶ <cache>/tokens_<split>_<V>.bin                          (once; versioned)
+//   train split ──SentencePiece BPE──▶ <cache>/spm_bpe_<V>_<H>.model              (once)
+//   each split ──encode──▶ <cache>/tokens_<split>_<V>_<H>.bin                      (once; versioned)
+//
+// <H>: 8 hex digits of the FNV-1a of the tokenizer's inputs (train books' names and sizes, V,
+// the sentence sample): corpora sharing a cache folder keep their own files.
 //
 // SentencePiece runs in the ape-spm helper process (runtime/Tokenizer.h). Books are split into
 // paragraphs at blank lines; the lines of a paragraph are joined with spaces, encoded, and followed
@@ -52,6 +55,11 @@ TokenSplit read_token_cache(const std::string &path, uint32_t vocab, uint64_t fi
 
 // 64-bit FNV-1a, for fingerprints and checksums.
 uint64_t fnv1a(const void *data, size_t n, uint64_t h = 1469598103934665603ULL);
+
+// The tokenizer ape-train made in `cache_dir` for a `vocab`-piece model whose file has FNV-1a
+// `fnv_hex` (a checkpoint's data.tokenizer_fnv; empty: the only spm_bpe_<vocab>*.model there).
+// Throws with what it found when none (or, without fnv_hex, more than one) matches.
+std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, const std::string &fnv_hex);
 
 // ---- the corpus ------------------------------------------------------------------------------------
 struct DataOptions {

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
                  "is faster and, for encodings that do not read the sequence length, gives the same losses)")
       ->capture_default_str();
   app.add_option("--tokenizer", tokenizer,
-                 "SentencePiece model (default: <cache-dir>/spm_bpe_<vocab>.model, the one ape-train made)");
+                 "SentencePiece model (default: the checkpoint's, found in --cache-dir by its FNV-1a)");
   app.add_option("--cache-dir", cache_dir, "ape-train's cache folder (for the tokenizer)")->capture_default_str();
   app.add_option("--encoding", encoding, "Decode with the kernel NAME instead of the checkpoint's (as ape-eval)")
       ->type_name("NAME");
@@ -103,8 +103,12 @@ int main(int argc, char **argv) {
     int64_t train_len = 0;
     if (config.contains("train") && config["train"].contains("seq_len"))
       train_len = config["train"]["seq_len"].get<int64_t>();
-    if (tokenizer.empty())
-      tokenizer = (fs::path(cache_dir) / ("spm_bpe_" + std::to_string(vocab) + ".model")).string();
+    if (tokenizer.empty()) {
+      std::string fnv;
+      if (config.contains("data") && config["data"].contains("tokenizer_fnv"))
+        fnv = config["data"]["tokenizer_fnv"].get<std::string>();
+      tokenizer = ape::find_cached_tokenizer(cache_dir, vocab, fnv);
+    }
     if (!fs::exists(tokenizer))
       throw std::runtime_error("no tokenizer at " + tokenizer + " (pass --tokenizer, or the --cache-dir ape-train used)");
     {

@@ -40,7 +40,11 @@ expect_error "prompt is empty" -c "$ckpt" --cache-dir "$cache" --prompt "   "
 expect_error "give a --prompt" -c "$ckpt" --cache-dir "$cache"
 expect_error "top-k" -c "$ckpt" --cache-dir "$cache" --prompt hi --top-k 100000
 expect_error "temperature" -c "$ckpt" --cache-dir "$cache" --prompt hi --temperature -1
-expect_error "no tokenizer at" -c "$ckpt" --cache-dir "$work/nowhere" --prompt hi
+expect_error "tokenizer in $work/nowhere" -c "$ckpt" --cache-dir "$work/nowhere" --prompt hi
+# A cache whose tokenizers are not the checkpoint's (the cache holds one per corpus, by hash).
+mkdir -p "$work/other"
+for f in "$cache"/spm_bpe_*.model; do printf 'not this one' >"$work/other/$(basename "$f")"; done
+expect_error "is the checkpoint's" -c "$ckpt" --cache-dir "$work/other" --prompt hi
 expect_error "cannot read --score" -c "$ckpt" --cache-dir "$cache" --score "$work/missing.txt"
 expect_error "excludes" -c "$ckpt" --prompt hi --score "$work/book.txt"
 expect_error "max-tokens" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 0

@@ -10,19 +10,33 @@
 set -uo pipefail
 train=$1 cache=$2 work=$3 kills=${4:-8}
 here=$(cd "$(dirname "$0")" && pwd)
-args=(--encoding t5 --steps 80 --d-model 32 --layers 1 --heads 2 --seq-len 32 --batch 4
+steps=80
+args=(--encoding t5 --steps $steps --d-model 32 --layers 1 --heads 2 --seq-len 32 --batch 4
       --checkpoint-every 1 --eval-multiples 1 --eval-tokens 256 --cache-dir "$cache" --threads 2)
 rm -rf "$work"
 mkdir -p "$work"
 fail() { echo "kill_loop: FAIL: $*"; exit 1; }
 
-# 1. The reference: the same run, never interrupted (it also warms the corpus cache).
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+# 1. The reference: the same run, never interrupted (it also warms the corpus cache). Its wall
+# time, and that of a run's fixed part (start-up, data, the final evaluation: a resume at the last
+# step), set the kill times, so that kills land in training and in checkpoint writes on a fast
+# machine and under a sanitizer alike.
+t0=$(now_ms)
 "$train" "${args[@]}" --out "$work/ref" >"$work/ref.log" 2>&1 || { cat "$work/ref.log"; fail "reference run"; }
+ref_ms=$(( $(now_ms) - t0 ))
+cp -r "$work/ref" "$work/fixed"  # resumed in a copy: it writes to its checkpoint's folder
+t0=$(now_ms)
+"$train" --resume "$work/fixed/t5.ckpt" --cache-dir "$cache" >"$work/fixed.log" 2>&1 ||
+  { cat "$work/fixed.log"; fail "resuming the finished reference run"; }
+fixed_ms=$(( $(now_ms) - t0 ))
+train_ms=$(( ref_ms > fixed_ms ? ref_ms - fixed_ms : 0 ))
+echo "reference: ${ref_ms} ms, of which ${fixed_ms} ms start-up and evaluation"
 ckpt="$work/run/t5.ckpt"
 
 # 2. The run, killed and resumed until it finishes.
 RANDOM=${APE_KILL_SEED:-16}
-mid_write_round=$(( kills / 2 ))
+mid_write_round=2
 killed=0 round=0
 while :; do
   round=$(( round + 1 ))
@@ -43,7 +57,10 @@ while :; do
     continue
   fi
   if [ "$killed" -lt "$kills" ]; then
-    ms=$(( 700 + RANDOM % 2000 ))  # startup takes ~1 s: kills land in training and in writes
+    # A moment from late in the start-up to the end of the training this round has left.
+    done_steps=$(grep -ao '"step":[0-9]*' "$ckpt" 2>/dev/null | head -1 | cut -d: -f2)
+    left_ms=$(( train_ms * (steps - ${done_steps:-0}) / steps ))
+    ms=$(( fixed_ms * 3 / 4 + (RANDOM * 32768 + RANDOM) % (left_ms + 1) ))
     # (in a subshell whose stderr drops bash's "Killed" notice)
     ( timeout --preserve-status -s KILL "$(printf '%d.%03d' $(( ms / 1000 )) $(( ms % 1000 )))" \
         "${cmd[@]}" >"$work/round$round.log" 2>&1; exit $? ) 2>/dev/null
@@ -59,6 +76,8 @@ while :; do
   fi
   [ "$rc" -eq 0 ] || { cat "$work/round$round.log"; fail "round $round: ape-train exited with status $rc"; }
   echo "round $round: finished (step ${step})"
+  # A round meant to be killed that finished first would leave the test checking less.
+  [ "$killed" -ge "$kills" ] || fail "the run finished after only $killed of $kills kills"
   break
 done
 

@@ -118,6 +118,34 @@ TEST(Corpus, MissingOrCorruptDataGivesClearErrors) {
   EXPECT_ERROR(ape::Corpus::open(o), "cannot read the split list " + o.data_dir + "/SPLITS.tsv");
 }
 
+// ape-generate's tokenizer lookup: the cache holds one tokenizer per corpus (spm_bpe_<V>_<hash>);
+// the checkpoint's is the one with its FNV-1a.
+TEST(Corpus, CachedTokenizerIsFoundByItsHash) {
+  const std::string dir = tmp_path("tokenizers");
+  fs::remove_all(dir);
+  EXPECT_ERROR(ape::find_cached_tokenizer(dir, 300, ""), "no 300-piece tokenizer in " + dir);
+  fs::create_directories(dir);
+  auto put = [&](const std::string &name, const std::string &bytes) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(ape::fnv1a(bytes.data(), bytes.size())));
+    return std::string(hex);
+  };
+  const std::string a = put("spm_bpe_300_0000aaaa.model", "corpus a");
+  EXPECT_EQ(ape::find_cached_tokenizer(dir, 300, ""), dir + "/spm_bpe_300_0000aaaa.model");
+  const std::string b = put("spm_bpe_300_0000bbbb.model", "corpus b");
+  put("spm_bpe_3000_0000cccc.model", "corpus b");         // another vocabulary
+  put("spm_bpe_300_0000dddd.tmp.77.model", "corpus b");  // a killed training's temporary
+  EXPECT_EQ(ape::find_cached_tokenizer(dir, 300, a), dir + "/spm_bpe_300_0000aaaa.model");
+  EXPECT_EQ(ape::find_cached_tokenizer(dir, 300, b), dir + "/spm_bpe_300_0000bbbb.model");
+  EXPECT_ERROR(ape::find_cached_tokenizer(dir, 300, "0123456789abcdef"),
+               "(spm_bpe_300_0000aaaa.model, spm_bpe_300_0000bbbb.model) is the checkpoint's");
+  EXPECT_ERROR(ape::find_cached_tokenizer(dir, 300, ""), "several tokenizers in " + dir);
+  put("spm_bpe_300.model", "an older cache");  // the name before the hash
+  EXPECT_EQ(ape::find_cached_tokenizer(dir, 300, put("spm_bpe_300.model", "an older cache")),
+            dir + "/spm_bpe_300.model");
+}
+
 // The real corpus end to end (unpack, tokenizer, caches): ~15 s, so opt-in with APE_TEST_CORPUS=1.
 // The shipped books end to end: unpack, train the tokenizer, tokenize, then reopen from the cache.
 TEST(Corpus, ShippedCorpusTokenizesAndCaches) {
