@@ -17,21 +17,8 @@ rm -rf "$work"
 mkdir -p "$work"
 fail() { echo "kill_loop: FAIL: $*"; exit 1; }
 
-now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
-# 1. The reference: the same run, never interrupted (it also warms the corpus cache). Its wall
-# time, and that of a run's fixed part (start-up, data, the final evaluation: a resume at the last
-# step), set the kill times, so that kills land in training and in checkpoint writes on a fast
-# machine and under a sanitizer alike.
-t0=$(now_ms)
+# 1. The reference: the same run, never interrupted (it also warms the corpus cache).
 "$train" "${args[@]}" --out "$work/ref" >"$work/ref.log" 2>&1 || { cat "$work/ref.log"; fail "reference run"; }
-ref_ms=$(( $(now_ms) - t0 ))
-cp -r "$work/ref" "$work/fixed"  # resumed in a copy: it writes to its checkpoint's folder
-t0=$(now_ms)
-"$train" --resume "$work/fixed/t5.ckpt" --cache-dir "$cache" >"$work/fixed.log" 2>&1 ||
-  { cat "$work/fixed.log"; fail "resuming the finished reference run"; }
-fixed_ms=$(( $(now_ms) - t0 ))
-train_ms=$(( ref_ms > fixed_ms ? ref_ms - fixed_ms : 0 ))
-echo "reference: ${ref_ms} ms, of which ${fixed_ms} ms start-up and evaluation"
 ckpt="$work/run/t5.ckpt"
 
 # 2. The run, killed and resumed until it finishes.
@@ -57,13 +44,23 @@ while :; do
     continue
   fi
   if [ "$killed" -lt "$kills" ]; then
-    # A moment from late in the start-up to the end of the training this round has left.
+    # Kills follow the run's progress, not the clock (which a loaded or sanitized machine
+    # stretches): once the checkpoint reaches a random step ahead (leaving room for the kills
+    # still to come), SIGKILL after a random 0-9 ms, which lands in a step or in a write.
     done_steps=$(grep -ao '"step":[0-9]*' "$ckpt" 2>/dev/null | head -1 | cut -d: -f2)
-    left_ms=$(( train_ms * (steps - ${done_steps:-0}) / steps ))
-    ms=$(( fixed_ms * 3 / 4 + (RANDOM * 32768 + RANDOM) % (left_ms + 1) ))
-    # (in a subshell whose stderr drops bash's "Killed" notice)
-    ( timeout --preserve-status -s KILL "$(printf '%d.%03d' $(( ms / 1000 )) $(( ms % 1000 )))" \
-        "${cmd[@]}" >"$work/round$round.log" 2>&1; exit $? ) 2>/dev/null
+    room=$(( (steps - 10 - ${done_steps:-0}) / (kills - killed + 1) ))
+    target=$(( ${done_steps:-0} + 1 + RANDOM % (room > 1 ? room : 1) ))
+    ms=$(( RANDOM % 10 ))
+    "${cmd[@]}" >"$work/round$round.log" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+      s=$(grep -ao '"step":[0-9]*' "$ckpt" 2>/dev/null | head -1 | cut -d: -f2)
+      [ "${s:-0}" -lt "$target" ] || break
+      sleep 0.005
+    done
+    sleep "0.00$ms"
+    kill -KILL "$pid" 2>/dev/null
+    { wait "$pid"; } 2>/dev/null
   else
     "${cmd[@]}" >"$work/round$round.log" 2>&1
   fi
@@ -71,7 +68,7 @@ while :; do
   step=$(grep -ao '"step":[0-9]*' "$ckpt" 2>/dev/null | head -1 | cut -d: -f2)
   if [ "$rc" -eq 137 ]; then
     killed=$(( killed + 1 ))
-    echo "round $round: SIGKILL after ${ms} ms; checkpoint at step ${step:-none}"
+    echo "round $round: SIGKILL ${ms} ms after step $target's checkpoint; checkpoint at step ${step:-none}"
     continue
   fi
   [ "$rc" -eq 0 ] || { cat "$work/round$round.log"; fail "round $round: ape-train exited with status $rc"; }
