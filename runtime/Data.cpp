@@ -254,6 +254,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+std::string fnv1a_hex(const std::string &bytes) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(bytes.data(), bytes.size())));
+  return hex;
+}
+
 std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, const std::string &fnv_hex) {
   const std::string head = "spm_bpe_" + std::to_string(vocab);
   std::vector<std::string> candidates, matches;
@@ -274,10 +280,7 @@ std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, c
       matches.push_back(path);
       continue;
     }
-    const std::string bytes = read_file(path);
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(bytes.data(), bytes.size())));
-    if (hex == fnv_hex) return path;
+    if (fnv1a_hex(read_file(path)) == fnv_hex) return path;
   }
   if (matches.size() == 1) return matches[0];
   std::string found;
@@ -376,12 +379,7 @@ Corpus Corpus::open(const DataOptions &opts) {
     log << "[data] tokenizer trained in " << c.spm_seconds_ << " s -> " << c.tokenizer_path_ << "\n";
   }
   const std::string model_bytes = read_file(c.tokenizer_path_);
-  {
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx",
-                  static_cast<unsigned long long>(fnv1a(model_bytes.data(), model_bytes.size())));
-    c.tokenizer_hash_ = hex;
-  }
+  c.tokenizer_hash_ = fnv1a_hex(model_bytes);
 
   // ---- token caches, one per split ----
   auto load_split = [&](const std::string &split, TokenSplit &out) {

@@ -114,8 +114,7 @@ int main(int argc, char **argv) {
     {
       std::ifstream f(tokenizer, std::ios::binary);
       std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      char hex[17];
-      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(ape::fnv1a(bytes.data(), bytes.size())));
+      const std::string hex = ape::fnv1a_hex(bytes);
       if (config.contains("data") && config["data"].contains("tokenizer_fnv") &&
           config["data"]["tokenizer_fnv"].get<std::string>() != hex)
         throw std::runtime_error("checkpoint " + checkpoint + " was trained with another tokenizer (" +

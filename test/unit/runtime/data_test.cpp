@@ -127,9 +127,7 @@ TEST(Corpus, CachedTokenizerIsFoundByItsHash) {
   fs::create_directories(dir);
   auto put = [&](const std::string &name, const std::string &bytes) {
     std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(ape::fnv1a(bytes.data(), bytes.size())));
-    return std::string(hex);
+    return ape::fnv1a_hex(bytes);
   };
   const std::string a = put("spm_bpe_300_0000aaaa.model", "corpus a");
   EXPECT_EQ(ape::find_cached_tokenizer(dir, 300, ""), dir + "/spm_bpe_300_0000aaaa.model");
