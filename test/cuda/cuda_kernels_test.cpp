@@ -388,98 +388,122 @@ class CudaKernel : public ::testing::TestWithParam<Case> {
   }
 };
 
+// One problem through a CUDA variant against the references: the fp64 materialised attention
+// (with same-precision baselines) where the encoding has one, else the CPU fp32 kernel.
+void check_problem(const std::string &name, const ape::cuda::CudaVariant &var, const Problem &p) {
+  const auto &known = ape_test::reference_encodings();
+  const bool has_ref = std::find(known.begin(), known.end(), name) != known.end();
+  const ape::KernelEntry *cpu = cpu_entry(name);
+  ASSERT_NE(cpu, nullptr);
+  Outputs gpu;
+  run_gpu(var, p, gpu);
+  if (::testing::Test::HasFatalFailure()) return;
+  const Outputs cpu_out = run_cpu(*cpu, p);
+  Outputs ref, lowp, lowp_own_o;
+  if (has_ref) {
+    ref = from_reference(p, ape_test::reference_attention(name, ref_inputs(p), p.dout));
+    if (var.dtype == DType::F32 && !p.params.empty()) {
+      // The kernel's parameter gradients are exact (fixed-point) sums of fp32 terms
+      // dS_ij (times the bias's derivative): the same-precision materialised attention that
+      // rounds q', k', the logits, P, dS and o to fp32 and sums in fp64 is that scheme, so its
+      // error is the parameter gradients' second baseline (as for 16-bit kernels, one
+      // sample of a sum's rounding noise is not enough; a gradient that is exactly 0, such
+      // as FIRE's per-head b2 under softmax's shift invariance, is nothing but that noise).
+      lowp = from_reference(
+          p, ape_test::reference_attention(name, ref_inputs(p), p.dout, {torch::kFloat32}));
+      lowp_own_o = from_reference(
+          p, ape_test::reference_attention(name, ref_inputs(p), p.dout,
+                                           {torch::kFloat32, gpu[0].second}));
+    }
+    if (var.dtype != DType::F32) {
+      // Same-precision materialised attention: inputs rounded to the dtype, and the reference
+      // rounding where a 16-bit flash kernel does (kernel_reference.h, RefRounding), outputs
+      // rounded.
+      Problem r = p;
+      const auto dt = torch_type(var.dtype);
+      auto rnd = [&](const Tensor &t) { return t.to(dt).to(torch::kFloat64); };
+      r.q = rnd(p.q), r.k = rnd(p.k), r.v = rnd(p.v), r.dout = rnd(p.dout);
+      for (auto &t : r.features) t = t.to(torch::kFloat32).to(torch::kFloat64);
+      for (auto &t : r.params) t = t.to(torch::kFloat32).to(torch::kFloat64);
+      lowp = from_reference(
+          p, ape_test::reference_attention(name, ref_inputs(r), r.dout, {torch_type(var.dtype)}));
+      for (size_t n = 0; n < 5; ++n) lowp[n].second = n == 1 ? lowp[n].second : rnd(lowp[n].second);
+      // Parameter gradients sum P (dP - Delta) times the bias's derivative over B·H·T·T
+      // elements; their same-precision error is dominated by the rounding of o in Delta
+      // (Delta_i = dO_i . o_i misses sum_j P_ij dP_ij by about 2^-8 |dO_i| |o_i| in bf16),
+      // weighted by the derivative (for ALiBi's slope the distance i - j, up to T). That error
+      // is one sample of a sum of ~T rounding terms, so a second same-precision backward that
+      // reads the kernel's own rounded o (which the kernel's backward reads) is an equally
+      // valid baseline; parameter gradients are held to the larger of the two.
+      lowp_own_o = from_reference(
+          p, ape_test::reference_attention(name, ref_inputs(r), r.dout,
+                                           {torch_type(var.dtype), gpu[0].second}));
+    }
+  }
+  ASSERT_EQ(gpu.size(), cpu_out.size());
+  for (size_t n = 0; n < gpu.size(); ++n) {
+    const std::string &what = gpu[n].first;
+    const Tensor &g = gpu[n].second;
+    EXPECT_FALSE(torch::isnan(g).any().item<bool>()) << what << " has NaN (not written?)";
+    const double mag = std::max(1e-3, max_abs(cpu_out[n].second));
+    if (var.dtype == DType::F32) {
+      // The same-precision baseline of fp32 is the CPU fp32 kernel's own error against the
+      // fp64 reference (parameter gradients are sums over B·H·T·T terms, whose fp32 error
+      // can exceed any fixed floor); at most twice it, plus 1e-4 relative and the floor.
+      const double base = has_ref ? max_err(cpu_out[n].second, ref[n].second) : 0.0;
+      EXPECT_LE(max_err(g, cpu_out[n].second), 3 * base + 1e-4 * mag + kF32Floor)
+          << what << " vs the CPU fp32 kernel (whose error against the reference is " << base << ")";
+      double ref_base = base;
+      if (has_ref && what.rfind("dparam:", 0) == 0 && !lowp.empty())
+        ref_base = std::max({base, max_err(lowp[n].second, ref[n].second),
+                             max_err(lowp_own_o[n].second, ref[n].second)});
+      if (has_ref)
+        EXPECT_LE(max_err(g, ref[n].second), 2 * ref_base + 1e-4 * mag + kF32Floor)
+            << what << " vs the reference (same-precision baselines: the CPU fp32 kernel's error "
+            << base << ", the larger with the fp32 materialised attention " << ref_base << ")";
+    } else if (has_ref) {
+      const double err = max_err(g, ref[n].second);
+      double base = max_err(lowp[n].second, ref[n].second);
+      if (what.rfind("dparam:", 0) == 0)
+        base = std::max(base, max_err(lowp_own_o[n].second, ref[n].second));
+      EXPECT_LE(err, 2 * base + 1e-3 * mag)
+          << what << ": kernel error " << err << ", same-precision materialised error " << base;
+    } else {
+      EXPECT_LE(max_err(g, cpu_out[n].second) / mag, 5e-2) << what << " vs the CPU fp32 kernel";
+    }
+  }
+}
+
 TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
   const auto &[name, index] = GetParam();
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
-  const auto &known = ape_test::reference_encodings();
-  const bool has_ref = std::find(known.begin(), known.end(), name) != known.end();
-  const ape::KernelEntry *cpu = cpu_entry(name);
-  ASSERT_NE(cpu, nullptr);
   for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 130},
                          {2, 1, 257}}) {
     SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
                  std::to_string(var.head_dim) + " B=" + std::to_string(B) + " H=" +
                  std::to_string(H) + " T=" + std::to_string(T));
-    const Problem p = make_problem(*e, B, H, T, var.head_dim, 1000 * T + 10 * B + H);
-    Outputs gpu;
-    run_gpu(var, p, gpu);
+    check_problem(name, var, make_problem(*e, B, H, T, var.head_dim, 1000 * T + 10 * B + H));
     if (HasFatalFailure()) return;
-    const Outputs cpu_out = run_cpu(*cpu, p);
-    Outputs ref, lowp, lowp_own_o;
-    if (has_ref) {
-      ref = from_reference(p, ape_test::reference_attention(name, ref_inputs(p), p.dout));
-      if (var.dtype == DType::F32 && !p.params.empty()) {
-        // The kernel's parameter gradients are exact (fixed-point) sums of fp32 terms
-        // dS_ij (times the bias's derivative): the same-precision materialised attention that
-        // rounds q', k', the logits, P, dS and o to fp32 and sums in fp64 is that scheme, so its
-        // error is the parameter gradients' second baseline (as for 16-bit kernels, one
-        // sample of a sum's rounding noise is not enough; a gradient that is exactly 0, such
-        // as FIRE's per-head b2 under softmax's shift invariance, is nothing but that noise).
-        lowp = from_reference(
-            p, ape_test::reference_attention(name, ref_inputs(p), p.dout, {torch::kFloat32}));
-        lowp_own_o = from_reference(
-            p, ape_test::reference_attention(name, ref_inputs(p), p.dout,
-                                             {torch::kFloat32, gpu[0].second}));
-      }
-      if (var.dtype != DType::F32) {
-        // Same-precision materialised attention: inputs rounded to the dtype, and the reference
-        // rounding where a 16-bit flash kernel does (kernel_reference.h, RefRounding), outputs
-        // rounded.
-        Problem r = p;
-        const auto dt = torch_type(var.dtype);
-        auto rnd = [&](const Tensor &t) { return t.to(dt).to(torch::kFloat64); };
-        r.q = rnd(p.q), r.k = rnd(p.k), r.v = rnd(p.v), r.dout = rnd(p.dout);
-        for (auto &t : r.features) t = t.to(torch::kFloat32).to(torch::kFloat64);
-        for (auto &t : r.params) t = t.to(torch::kFloat32).to(torch::kFloat64);
-        lowp = from_reference(
-            p, ape_test::reference_attention(name, ref_inputs(r), r.dout, {torch_type(var.dtype)}));
-        for (size_t n = 0; n < 5; ++n) lowp[n].second = n == 1 ? lowp[n].second : rnd(lowp[n].second);
-        // Parameter gradients sum P (dP - Delta) times the bias's derivative over B·H·T·T
-        // elements; their same-precision error is dominated by the rounding of o in Delta
-        // (Delta_i = dO_i . o_i misses sum_j P_ij dP_ij by about 2^-8 |dO_i| |o_i| in bf16),
-        // weighted by the derivative (for ALiBi's slope the distance i - j, up to T). That error
-        // is one sample of a sum of ~T rounding terms, so a second same-precision backward that
-        // reads the kernel's own rounded o (which the kernel's backward reads) is an equally
-        // valid baseline; parameter gradients are held to the larger of the two.
-        lowp_own_o = from_reference(
-            p, ape_test::reference_attention(name, ref_inputs(r), r.dout,
-                                             {torch_type(var.dtype), gpu[0].second}));
-      }
-    }
-    ASSERT_EQ(gpu.size(), cpu_out.size());
-    for (size_t n = 0; n < gpu.size(); ++n) {
-      const std::string &what = gpu[n].first;
-      const Tensor &g = gpu[n].second;
-      EXPECT_FALSE(torch::isnan(g).any().item<bool>()) << what << " has NaN (not written?)";
-      const double mag = std::max(1e-3, max_abs(cpu_out[n].second));
-      if (var.dtype == DType::F32) {
-        // The same-precision baseline of fp32 is the CPU fp32 kernel's own error against the
-        // fp64 reference (parameter gradients are sums over B·H·T·T terms, whose fp32 error
-        // can exceed any fixed floor); at most twice it, plus 1e-4 relative and the floor.
-        const double base = has_ref ? max_err(cpu_out[n].second, ref[n].second) : 0.0;
-        EXPECT_LE(max_err(g, cpu_out[n].second), 3 * base + 1e-4 * mag + kF32Floor)
-            << what << " vs the CPU fp32 kernel (whose error against the reference is " << base << ")";
-        double ref_base = base;
-        if (has_ref && what.rfind("dparam:", 0) == 0 && !lowp.empty())
-          ref_base = std::max({base, max_err(lowp[n].second, ref[n].second),
-                               max_err(lowp_own_o[n].second, ref[n].second)});
-        if (has_ref)
-          EXPECT_LE(max_err(g, ref[n].second), 2 * ref_base + 1e-4 * mag + kF32Floor)
-              << what << " vs the reference (same-precision baselines: the CPU fp32 kernel's error "
-              << base << ", the larger with the fp32 materialised attention " << ref_base << ")";
-      } else if (has_ref) {
-        const double err = max_err(g, ref[n].second);
-        double base = max_err(lowp[n].second, ref[n].second);
-        if (what.rfind("dparam:", 0) == 0)
-          base = std::max(base, max_err(lowp_own_o[n].second, ref[n].second));
-        EXPECT_LE(err, 2 * base + 1e-3 * mag)
-            << what << ": kernel error " << err << ", same-precision materialised error " << base;
-      } else {
-        EXPECT_LE(max_err(g, cpu_out[n].second) / mag, 5e-2) << what << " vs the CPU fp32 kernel";
-      }
-    }
+  }
+}
+
+// A scale <= 0 (legal: only a finite scale is required) takes other paths: the flash kernels
+// keep raw scores (S = Q'K'^T + B / scale with a distance bias) and need scale > 0 in the
+// forward and scale != 0 in a distance bias's backward; the rest runs the general kernels.
+TEST_P(CudaKernel, NonPositiveScalesMatchReferences) {
+  const auto &[name, index] = GetParam();
+  const CudaKernelEntry *e = find_cuda(name);
+  ASSERT_NE(e, nullptr);
+  const auto &var = e->variants[index];
+  for (double scale : {-0.3, 0.0}) {
+    SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
+                 std::to_string(var.head_dim) + " scale=" + std::to_string(scale));
+    Problem p = make_problem(*e, 1, 2, 130, var.head_dim, 4242);
+    p.scale = scale;
+    check_problem(name, var, p);
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -57,6 +57,9 @@ constexpr int array_len(int n) { return n > 0 ? n : 1; }
 constexpr size_t align_up(size_t n) { return (n + 127) / 128 * 128; }
 constexpr float kInf = __builtin_huge_valf();
 constexpr int kTokThreads = 256;  // threads of the token program's block (one per slice)
+// Zeros before and after a slice's table of distance biases (dist_table_kernel): a flash tile's
+// window reaches BQ + BK distances before 0 and past T at most.
+constexpr int64_t kDistPad = 256;
 
 // ---- element types -------------------------------------------------------------------------------
 template <class In> __device__ inline float to_float(In x);
@@ -226,6 +229,10 @@ template <class Enc, class In> struct Params {
   unsigned long long *dparam_fx[NP];  // numel x 2 words each
   uint32_t *status;                 // CudaAttnArgs::status (backward)
   int *dq_sem;                      // (B*H, ceil(T / BQ)): the order of dQ' adds (flash backward)
+  // distance biases in the flash kernels (flash_distance<Enc>())
+  float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
+  int64_t dist_ld;
+  unsigned long long *dist_g;       // (B*H, T) x 2 words: sum of scale P (dP - Delta) per distance
   // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
   static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
@@ -551,6 +558,29 @@ __global__ void value_dtable_kernel(const Params<Enc, In> p) {
 }
 
 // ---- forward ---------------------------------------------------------------------------------------
+// Distance biases for the flash kernels (flash_distance<Enc>()): B(d) / scale of every distance
+// of a slice, once, at dist[bh dist_ld + kDistPad + d], 0 outside [0, T). A tile's window of
+// distances is then a run of 16-byte cp.async copies, and B / scale is the initial value of its
+// S accumulators (S = Q'K'^T + B / scale: raw scores, scaled in the exponent like a plain
+// softmax). The host launches it with scale > 0 (the backward: scale != 0).
+template <class Enc, class In> __global__ void dist_table_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.dist_ld) return;
+  const int64_t bh = e / p.dist_ld, d = e % p.dist_ld - kDistPad;
+  float v = 0.f;
+  if (d >= 0 && d < p.T) v = Enc::template distance_bias<float>(make_ctx(p, bh, false), d) / p.scale;
+  p.dist[e] = v;
+}
+
+// The flash backward's per-distance sums of scale P (dP - Delta) (fixed point, p.dist_g) into the
+// encoding's gradient: one distance_bias_grad call per (slice, distance) with a nonzero sum.
+template <class Enc, class In> __global__ void dist_grad_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const float g = from_fixed(p.dist_g + 2 * e) / p.scale;
+  if (g != 0.f) Enc::distance_bias_grad(make_ctx(p, e / p.T, true), e % p.T, g);
+}
+
 template <class In, int D> struct FwdSmem {
   using C = Cfg<In, D>;
   static constexpr int BQ = C::kFwdBQ, BK = C::kFwdBK, LI = C::kLdIn, LO = C::kLdAcc;
@@ -684,7 +714,8 @@ template <class In, int D> struct FlashFwd {
   static constexpr size_t q = 0, k = sizeof(In) * BQ * D, v = k + 2 * sizeof(In) * BK * D;
   static constexpr size_t bytes = v + 2 * sizeof(In) * BK * D;
   static_assert(bytes <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
-  // Distance biases: two tables of B(d) for the BQ + BK - 1 distances of a tile pair.
+  // Distance biases: two windows of the slice's table of B(d) / scale (dist_table_kernel), BQ + BK
+  // distances each (those of a tile pair and one before).
   static constexpr int kDistLen = BQ + BK;
   static constexpr size_t dist = bytes;
   static constexpr size_t bytes_dist = dist + 2 * sizeof(float) * kDistLen;
@@ -734,9 +765,27 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
 
+  // Distance bias: B(i - j) / scale of key tile kt at x = i - j - (i0 - j0 - (BK - 1)) + 1 =
+  // rr - cc + BK in window kt & 1, copied from the slice's table a step ahead like K and V (16-byte
+  // cp.async: the window starts at distance i0 - j0 - BK, a multiple of BK); it is the initial
+  // value of the S accumulators, so that S = Q'K'^T + B / scale holds raw scores and kf scales
+  // them like a plain softmax. Distances outside [0, T) belong to masked elements only (0).
+  constexpr bool kDist = flash_distance<Enc>();
+  constexpr bool kRaw = !Enc::kHasScoreMod || kDist;  // S in raw-score units
+  float *sB = reinterpret_cast<float *>(smem + C::dist);
+  [[maybe_unused]] const float *dist_bh = p.dist + bh * p.dist_ld + kDistPad;
+  auto fill_bias = [&](int kt) {
+    if constexpr (kDist) {
+      static_assert(C::kDistLen % 4 == 0 && C::kDistLen / 4 <= C::kThreads, "one chunk per thread");
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < C::kDistLen / 4)
+        ptx::cp_async_16(sB + (kt & 1) * C::kDistLen + 4 * x, dist_bh + (i0 - int64_t(kt) * BK - BK) + 4 * x);
+    }
+  };
   flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, i0, T);
   flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, 0, T);
   flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, 0, T);
+  fill_bias(0);
   ptx::cp_async_commit();
 
   // ldmatrix lane bases (cuda_flash_tile.cuh); the other buffer is BK D elements on.
@@ -755,29 +804,11 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   // steady state carries no masking code.
   const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
   // The softmax in base 2: p = 2^(x kf - m kf). With a score mod, x and m are logits and kf =
-  // log2 e; without one they are raw scores q'.k' and kf = scale log2 e (one FFMA per element;
-  // the host launches this kernel only with scale > 0, so the max of the raw scores is the max
-  // of the logits).
-  const float kf = Enc::kHasScoreMod ? kLog2e : p.scale * kLog2e;
-  const float mscale = Enc::kHasScoreMod ? 1.f : p.scale;  // m in logit units
-  // Distance bias: B(i - j) of key tile kt at x = i - j - (i0 - j0 - (BK - 1)) = rr - cc + BK - 1
-  // (x < BQ + BK - 1) in table kt & 1, filled a step ahead like K and V; distances outside
-  // [0, T) belong to masked elements only and get 0.
-  constexpr bool kDist = flash_distance<Enc>();
-  float *sB = reinterpret_cast<float *>(smem + C::dist);
-  auto fill_bias = [&](int kt) {
-    if constexpr (kDist) {
-      float *tb = sB + (kt & 1) * C::kDistLen;
-      const int64_t d0 = i0 - int64_t(kt) * BK - (BK - 1);
-      #pragma unroll
-      for (int r = 0; r < (BQ + BK - 1 + C::kThreads - 1) / C::kThreads; ++r) {
-        const int x = static_cast<int>(threadIdx.x) + r * C::kThreads;
-        const int64_t d = d0 + x;
-        if (x < BQ + BK - 1) tb[x] = d >= 0 && d < T ? Enc::template distance_bias<float>(ctx, d) : 0.f;
-      }
-    }
-  };
-  if constexpr (kDist) fill_bias(0);
+  // log2 e; without one (or with a distance bias, in S) they are raw scores q'.k' (+ B / scale)
+  // and kf = scale log2 e (one FFMA per element; the host launches this kernel then only with
+  // scale > 0, so the max of the raw scores is the max of the logits).
+  const float kf = kRaw ? p.scale * kLog2e : kLog2e;
+  const float mscale = kRaw ? p.scale : 1.f;  // m in logit units
   auto step = [&](int kt, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     ptx::cp_async_wait<0>();
@@ -793,8 +824,18 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     const ptx::SmemAddr cK = lK + (kt & 1) * 2 * BK * D, cV = lV + (kt & 1) * 2 * BK * D;
     const int64_t j0 = int64_t(kt) * BK;
 
-    // S = Q' K'^T
+    // B at rr - cc + BK: this lane's base, plus 16 mt + 8 h - 8 nt - e (immediates).
+    [[maybe_unused]] const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK);
+    // S = Q' K'^T (+ B / scale)
     float s[kMT][kNT][4] = {};
+    if constexpr (kDist) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) s[mt][nt][x] = tb[16 * mt + 8 * (x / 2) - 8 * nt - x % 2];
+    }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[kMT][4];
@@ -819,8 +860,6 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     // their indices may lie outside the token arrays.
     const int dlt = static_cast<int>(i0 - j0 < BK ? i0 - j0 : BK);
     const int rows = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
-    // B at rr - cc + BK - 1: this lane's base, plus 16 mt + 8 h - 8 nt - e (immediates).
-    [[maybe_unused]] const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK - 1);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -833,10 +872,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
           for (int e = 0; e < 2; ++e) {
             const int cc = 8 * nt + 2 * t + e;
             const bool visible = !kMasked || (cc - rr <= dlt && rr < rows);
-            float x = s[mt][nt][2 * h + e];  // without a score mod: the raw score (kf scales it)
-            if constexpr (kDist) {
-              x = fmaf(x, p.scale, tb[16 * mt + 8 * h - 8 * nt - e]);
-            } else if constexpr (Enc::kHasScoreMod) {
+            float x = s[mt][nt][2 * h + e];  // kRaw: the raw score (kf scales it)
+            if constexpr (Enc::kHasScoreMod && !kDist) {
               x *= p.scale;
               if (visible) x = Enc::score_mod(ctx, i0 + rr, j0 + cc, x);
             }
@@ -1092,12 +1129,16 @@ template <class In, int D> struct FlashBwd {
   static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
   static constexpr size_t bytes = delta + 2 * sizeof(float) * BQ;
   static_assert(bytes <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
-  // Distance biases: two tables of B(d) (BQ + BK - 1 distances), and the tile's P (dP - Delta)
-  // in fp32 (BK, LG) for the diagonal sums; LG odd, so a warp's diagonals hit 32 banks.
-  static constexpr int kDistLen = BQ + BK, LG = BQ + 1;
+  // Distance biases: two windows of the slice's table of B(d) / scale (BQ + BK distances: those of
+  // a tile pair and one before), the tile's scale P (dP - Delta) in fp32 (BK, LG) for the
+  // diagonal sums (LG odd, so a warp's diagonals hit 32 banks), and kDistAcc running sums per
+  // distance (slot d mod kDistAcc) that carry a distance over the steps that see it.
+  static constexpr int kDistLen = BQ + BK, LG = BQ + 1, kDistAcc = 128;
   static_assert(BQ + BK - 1 <= kThreads, "one diagonal per thread");
+  static_assert(BQ + BK - 1 <= kDistAcc, "a step's distances in distinct slots");
   static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
-  static constexpr size_t bytes_dist = gsum + sizeof(float) * BK * LG;
+  static constexpr size_t dacc = gsum + sizeof(float) * BK * LG;
+  static constexpr size_t bytes_dist = dacc + sizeof(float) * kDistAcc;
   static_assert(bytes_dist <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
   // Row/column biases: C(j) of the block's BK keys, two tables of R(i) for BQ queries, and the
   // tile's P (dP - Delta) in fp32 (BK, LG) for the query-row sums.
@@ -1146,25 +1187,25 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
   int *sem = p.dq_sem + bh * n_qt;
   const DevCtx<Enc> ctx = make_ctx(p, bh, true);
-  const float kf = p.scale * kLog2e;  // without a score mod: P = 2^(s kf - lse log2 e)
-  // Without a score mod Delta is kept times the scale: dS = P (scale dP - scale Delta), one FFMA.
-  const float dscale = Enc::kHasScoreMod ? 1.f : p.scale;
-  const float *lse_bh = p.lse + bh * T, *delta_bh = p.delta + bh * T;
-
-  // Distance bias: B(i - j) of query tile qt at x = c - kr + BK - 1 (i - j = i0 - j0 + c - kr) in
-  // table (qt - qt0) & 1, filled a step ahead like lse; 0 outside [0, T) (masked elements).
+  // Distance bias: B(i - j) / scale of query tile qt at x = c - kr + BK (i - j = i0 - j0 + c - kr)
+  // in window (qt - qt0) & 1, copied from the slice's table a step ahead like Q' and dO (the
+  // window starts at distance i0 - j0 - BK, a multiple of BQ); the initial value of the S^T
+  // accumulators, as in the forward. 0 outside [0, T) (masked elements).
   constexpr bool kDist = flash_distance<Enc>();
+  constexpr bool kRaw = !Enc::kHasScoreMod || kDist;  // S^T in raw-score units
+  const float kf = p.scale * kLog2e;  // kRaw: P = 2^(s kf - lse log2 e)
+  // kRaw: Delta is kept times the scale, dS = P (scale dP - scale Delta), one FFMA.
+  const float dscale = kRaw ? p.scale : 1.f;
+  const float *lse_bh = p.lse + bh * T, *delta_bh = p.delta + bh * T;
   float *sB = reinterpret_cast<float *>(smem + C::dist), *sG = reinterpret_cast<float *>(smem + C::gsum);
+  [[maybe_unused]] float *sAcc = reinterpret_cast<float *>(smem + C::dacc);
+  [[maybe_unused]] const float *dist_bh = p.dist + bh * p.dist_ld + kDistPad;
   auto fill_bias = [&](int64_t qt, int buf) {
     if constexpr (kDist) {
-      float *tb = sB + buf * C::kDistLen;
-      const int64_t d0 = qt * BQ - j0 - (BK - 1);
-      #pragma unroll
-      for (int r = 0; r < (BQ + BK - 1 + C::kThreads - 1) / C::kThreads; ++r) {
-        const int x = static_cast<int>(threadIdx.x) + r * C::kThreads;
-        const int64_t d = d0 + x;
-        if (x < BQ + BK - 1) tb[x] = d >= 0 && d < T ? Enc::template distance_bias<float>(ctx, d) : 0.f;
-      }
+      static_assert(C::kDistLen % 4 == 0 && C::kDistLen / 4 <= C::kThreads, "one chunk per thread");
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < C::kDistLen / 4)
+        ptx::cp_async_16(sB + buf * C::kDistLen + 4 * x, dist_bh + (qt * BQ - j0 - BK) + 4 * x);
     }
   };
   if constexpr (kDist) fill_bias(qt0, 0);
@@ -1178,6 +1219,9 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   constexpr bool kBiasGrad = !traits::BiasFixed<Enc>::value;
   float *sC = reinterpret_cast<float *>(smem + C::rowcol), *sR = sC + BK;
   if constexpr (kRC) sG = reinterpret_cast<float *>(smem + C::rc_gsum);
+  [[maybe_unused]] const FixedSink dist_g{p.dist_g ? p.dist_g + 2 * bh * T : nullptr, p.status};
+  if constexpr (kDist && kBiasGrad)
+    for (int x = static_cast<int>(threadIdx.x); x < C::kDistAcc; x += C::kThreads) sAcc[x] = 0.f;
   [[maybe_unused]] float col_sum[2] = {0.f, 0.f};
   auto fill_row = [&](int64_t qt, int buf) {
     if constexpr (kRC) {
@@ -1230,8 +1274,16 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     const int bo = buf * 2 * BQ * D;  // the buffer's byte offset
     const float *cLse = sLse + buf * BQ, *cDelta = sDelta + buf * BQ;
 
-    // S^T = K' Q'^T, dP^T = V dO^T (this warp's 16 keys x BQ queries).
+    // B at c - kr + BK: this lane's base, plus 8 nt + e - 8 h (immediates).
+    [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK);
+    // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (this warp's 16 keys x BQ queries).
     float s[kNT][4] = {}, dp[kNT][4] = {};
+    if constexpr (kDist) {
+      #pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        #pragma unroll
+        for (int x = 0; x < 4; ++x) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
+    }
     #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ak[4], av[4];
@@ -1256,8 +1308,6 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     // select).
     const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
     const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
-    // B at c - kr + BK - 1: this lane's base, plus 8 nt + e - 8 h (immediates).
-    [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK - 1);
     // R at c: this lane's base plus 8 nt + e.
     [[maybe_unused]] const float *tr = sR + buf * BQ + 2 * t;
     #pragma unroll
@@ -1273,12 +1323,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           const int c = 8 * nt + 2 * t + e;
           const bool visible = !kMasked || (kr - c <= dlt && c < cols);
           float pv, dsv;
-          if constexpr (kDist) {  // P (dP - Delta) also to sG for the diagonal sums
-            pv = ptx::ex2(fmaf(fmaf(s[nt][2 * h + e], p.scale, tb[8 * nt + e - 8 * h]), kLog2e, -cLse[c]));
+          if constexpr (kDist) {  // scale P (dP - Delta) also to sG for the diagonal sums
+            pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
-            const float gp = pv * (dp[nt][2 * h + e] - cDelta[c]);
-            if constexpr (kBiasGrad) sG[kr * C::LG + c] = gp;
-            dsv = p.scale * gp;
+            dsv = pv * fmaf(dp[nt][2 * h + e], p.scale, -cDelta[c]);
+            if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv;
           } else if constexpr (kRC) {  // likewise, for the row and column sums
             pv = ptx::ex2(fmaf(fmaf(s[nt][2 * h + e], p.scale, cb + tr[8 * nt + e]), kLog2e, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
@@ -1372,8 +1421,16 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         #pragma unroll
         for (int u = 0; u < (BK < BQ ? BK : BQ); ++u)
           if (u < n) sum += gd[u * (C::LG + 1)];
+        // Into the running sum of distance d; the lowest BQ distances of the step are seen by no
+        // later step: they go to the slice's fixed-point sums (dist_grad_kernel reads them).
         const int64_t d = i0 - j0 + o;
-        if (sum != 0.f && d >= 0 && d < T) Enc::distance_bias_grad(ctx, d, sum);
+        float &acc = sAcc[d & (C::kDistAcc - 1)];
+        acc += sum;
+        if (x < BQ) {
+          const float v = acc;
+          acc = 0.f;
+          if (v != 0.f && d >= 0 && d < T) dist_g[d] += v;
+        }
       }
     }
     if constexpr (kRC && kBiasGrad) {  // query column x of sG, summed in a fixed order
@@ -1399,6 +1456,14 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   ptx::cp_async_wait<0>();
   __syncthreads();
   if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
+  if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
+    const int x = static_cast<int>(threadIdx.x);
+    const int64_t d = (n_qt - 1) * BQ - j0 - (BK - 1) + x;
+    if (x >= BQ && x < BQ + BK - 1) {
+      const float v = sAcc[d & (C::kDistAcc - 1)];
+      if (v != 0.f && d < T) dist_g[d] += v;
+    }
+  }
   if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
     for (int h = 0; h < 2; ++h) {
       const int64_t j = j0 + kr0 + g + 8 * h;
@@ -1541,6 +1606,17 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
   return cudaSuccess;
 }
 
+// The slice tables of distance biases of the flash kernels (dist_table_kernel; scale != 0).
+template <class Enc, class In>
+cudaError_t make_dist_table(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
+  cudaError_t err = cudaSuccess;
+  p.dist_ld = (p.T + 3) / 4 * 4 + 2 * kDistPad;  // rows 16-byte aligned
+  const int64_t m = p.B * p.H * p.dist_ld;
+  p.dist = scratch.take<float>(m, err);
+  if (err != cudaSuccess) return err;
+  return launch(dist_table_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
+}
+
 template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return bytes > 48 * 1024
              ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1560,11 +1636,13 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
   if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
-  // The flash kernel: 16-bit inputs without value rows (and, without a score mod, a positive
-  // scale); the general kernel otherwise.
+  // The flash kernel: 16-bit inputs without value rows (and, without a score mod or with a
+  // distance bias, a positive scale); the general kernel otherwise.
   if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
-    if (Enc::kHasScoreMod || a.scale > 0) {
+    if ((Enc::kHasScoreMod && !flash_distance<Enc>()) || a.scale > 0) {
       using F = FlashFwd<In, kD>;
+      if constexpr (flash_distance<Enc>())
+        if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
       constexpr size_t bytes = flash_smem_bytes<Enc, F>();
       if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
       p.tile0 = a.first_row / F::BQ;
@@ -1636,27 +1714,48 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   const unsigned ubh = static_cast<unsigned>(BH);
   if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, 128), 128, 0, st, p)))
     return err;
-  if constexpr (!std::is_same_v<In, float> && kValueRows == 0) {
-    using F = FlashBwd<In, kD>;
-    constexpr size_t bytes = flash_smem_bytes<Enc, F>();
-    const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
-    p.dq_sem = scratch.take<int>(BH * n_qt, err);
-    if (err != cudaSuccess ||
-        (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
-        (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
-        (err = allow_smem(flash_backward_kernel<Enc, In, kD>, bytes)) != cudaSuccess ||
-        (err = launch(flash_backward_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, F::BK)),
-                      F::kThreads, bytes, st, p)) != cudaSuccess)
-      return err;
-  } else {
-    using L = BwdSmem<In, kD>;
-    if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) ||
-        (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) ||
-        (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
-                      L::bytes_dkdv, st, p)) ||
-        (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads,
-                      L::bytes_dq, st, p)))
-      return err;
+  // The flash backward: 16-bit inputs without value rows (with a distance bias, scale != 0: its
+  // table holds B / scale); the two-kernel backward otherwise.
+  constexpr bool kFlash = !std::is_same_v<In, float> && kValueRows == 0;
+  bool flash = kFlash;
+  if constexpr (kFlash && flash_distance<Enc>()) flash = a.scale != 0.f;
+  if constexpr (kFlash) {
+    if (flash) {
+      using F = FlashBwd<In, kD>;
+      constexpr size_t bytes = flash_smem_bytes<Enc, F>();
+      const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
+      p.dq_sem = scratch.take<int>(BH * n_qt, err);
+      if constexpr (flash_distance<Enc>()) {
+        if (err == cudaSuccess) err = make_dist_table(p, scratch, st);
+        if constexpr (!traits::BiasFixed<Enc>::value) {
+          p.dist_g = scratch.take<unsigned long long>(2 * BH * T, err);
+          if (err == cudaSuccess)
+            err = cudaMemsetAsync(p.dist_g, 0, 2 * sizeof(unsigned long long) * BH * T, st);
+        }
+      }
+      if (err != cudaSuccess ||
+          (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
+          (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
+          (err = allow_smem(flash_backward_kernel<Enc, In, kD>, bytes)) != cudaSuccess ||
+          (err = launch(flash_backward_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, F::BK)),
+                        F::kThreads, bytes, st, p)) != cudaSuccess)
+        return err;
+      if constexpr (flash_distance<Enc>() && !traits::BiasFixed<Enc>::value)
+        if ((err = launch(dist_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))
+          return err;
+    }
+  }
+  if constexpr (!kFlash || flash_distance<Enc>()) {
+    if (!flash) {
+      using L = BwdSmem<In, kD>;
+      if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) ||
+          (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) ||
+          (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
+                        L::bytes_dkdv, st, p)) ||
+          (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads,
+                        L::bytes_dq, st, p)))
+        return err;
+    }
   }
   if constexpr (kNumRel > 0)
   for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'
