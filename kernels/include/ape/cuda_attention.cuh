@@ -214,6 +214,7 @@ template <class Enc, class In> struct Params {
   const float *feat[NF];
   const float *params[NP];
   float scale;
+  float log2_scale, inv_scale;      // flash kernels (scale > 0 there: positive_scale)
   int64_t tile0;                    // forward: the first query tile computed (first_row / BQ)
   const In *dout;
   In *dq, *dk, *dv;
@@ -562,7 +563,7 @@ __global__ void value_dtable_kernel(const Params<Enc, In> p) {
 // of a slice, once, at dist[bh dist_ld + kDistPad + d], 0 outside [0, T). A tile's window of
 // distances is then a run of 16-byte cp.async copies, and B / scale is the initial value of its
 // S accumulators (S = Q'K'^T + B / scale: raw scores, scaled in the exponent like a plain
-// softmax). The host launches it with scale > 0 (the backward: scale != 0).
+// softmax). The host launches it with scale > 0 (positive_scale).
 template <class Enc, class In> __global__ void dist_table_kernel(const Params<Enc, In> p) {
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (e >= p.B * p.H * p.dist_ld) return;
@@ -805,8 +806,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
   // The softmax in base 2: p = 2^(x kf - m kf). With a score mod, x and m are logits and kf =
   // log2 e; without one (or with a distance bias, in S) they are raw scores q'.k' (+ B / scale)
-  // and kf = scale log2 e (one FFMA per element; the host launches this kernel then only with
-  // scale > 0, so the max of the raw scores is the max of the logits).
+  // and kf = scale log2 e (one FFMA per element; the host launches the flash kernels with
+  // scale > 0, positive_scale, so the max of the raw scores is the max of the logits).
   const float kf = kRaw ? p.scale * kLog2e : kLog2e;
   const float mscale = kRaw ? p.scale : 1.f;  // m in logit units
   auto step = [&](int kt, auto masked) {
@@ -1148,12 +1149,13 @@ template <class In, int D> struct FlashBwd {
   static_assert(bytes_rowcol <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
-// lse (times log2 e; +inf for a row without a finite logit, so that its P is 0) and Delta (times
-// `dscale`) of the query rows [i0, i0 + BQ) of a slice; rows >= T get +inf and 0. `lse`, `delta`
-// point at the slice's rows.
+// lse (times log2 e, plus `lshift`; +inf for a row without a finite logit, so that its P is 0)
+// and Delta (times `dscale`) of the query rows [i0, i0 + BQ) of a slice; rows >= T get +inf and
+// 0. `lse`, `delta` point at the slice's rows.
 template <int BQ, int kThreads>
 __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *lse,
-                                      const float *delta, int64_t i0, int64_t T, float dscale) {
+                                      const float *delta, int64_t i0, int64_t T, float lshift,
+                                      float dscale) {
   static_assert(BQ <= kThreads, "one row per thread");
   constexpr float kLog2e = 1.44269504088896341f;
   const int r = static_cast<int>(threadIdx.x);
@@ -1161,7 +1163,7 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *l
   if (r < BQ) {
     const bool in = r < rows;
     const float l = in ? lse[i0 + r] : kInf;
-    sLse[r] = l == -kInf ? kInf : l * kLog2e;
+    sLse[r] = l == -kInf ? kInf : fmaf(l, kLog2e, lshift);
     sDelta[r] = in ? delta[i0 + r] * dscale : 0.f;
   }
 }
@@ -1193,9 +1195,14 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   // accumulators, as in the forward. 0 outside [0, T) (masked elements).
   constexpr bool kDist = flash_distance<Enc>();
   constexpr bool kRaw = !Enc::kHasScoreMod || kDist;  // S^T in raw-score units
-  const float kf = p.scale * kLog2e;  // kRaw: P = 2^(s kf - lse log2 e)
-  // kRaw: Delta is kept times the scale, dS = P (scale dP - scale Delta), one FFMA.
-  const float dscale = kRaw ? p.scale : 1.f;
+  constexpr bool kRC = flash_rowcol<Enc>();
+  // Without a score mod of its own (kRaw, kRC) the kernel computes P' = scale P (the host
+  // launches it with scale > 0: lse is kept as lse log2 e - log2 scale) and starts the dP^T
+  // accumulators at -Delta, so that dS = P' (dP - Delta) is one FMUL; dV accumulates scale dV
+  // (1 / scale at the end), the bias sums scale P (dP - Delta).
+  constexpr bool kScaledP = kRaw || kRC;
+  const float kf = p.scale * kLog2e;  // kRaw: P' = 2^(s kf - lse')
+  const float lshift = kScaledP ? -p.log2_scale : 0.f, dscale = kScaledP ? -1.f : 1.f;
   const float *lse_bh = p.lse + bh * T, *delta_bh = p.delta + bh * T;
   float *sB = reinterpret_cast<float *>(smem + C::dist), *sG = reinterpret_cast<float *>(smem + C::gsum);
   [[maybe_unused]] float *sAcc = reinterpret_cast<float *>(smem + C::dacc);
@@ -1214,7 +1221,6 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   // P (dP - Delta) goes to sG, where thread c < BQ sums query column c per step; the key rows
   // are summed in registers (a key row lies in one warp's quad rows: quad sums), kept in
   // `col_sum[h]` by lane t = 0 over the block's steps.
-  constexpr bool kRC = flash_rowcol<Enc>();
   // A bias without a gradient (Enc::kBiasFixed: ALiBi's standard slopes) needs none of the sums.
   constexpr bool kBiasGrad = !traits::BiasFixed<Enc>::value;
   float *sC = reinterpret_cast<float *>(smem + C::rowcol), *sR = sC + BK;
@@ -1243,7 +1249,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, qt0 * BQ, T);
   flash::load_tile_async<BQ, D, C::kThreads>(sDO, p.dout + base, qt0 * BQ, T);
   ptx::cp_async_commit();
-  load_row_stats<BQ, C::kThreads>(sLse, sDelta, lse_bh, delta_bh, qt0 * BQ, T, dscale);
+  load_row_stats<BQ, C::kThreads>(sLse, sDelta, lse_bh, delta_bh, qt0 * BQ, T, lshift, dscale);
 
   // ldmatrix lane bases (cuda_flash_tile.cuh); the other buffer is BQ D elements on.
   const ptx::SmemAddr lK = flash::lane_base<D, flash::kRowsByQuad>(sK);   // A of S^T, B of dQ
@@ -1266,7 +1272,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
       flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
       load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ, lse_bh, delta_bh,
-                                       i0 + BQ, T, dscale);
+                                       i0 + BQ, T, lshift, dscale);
       if constexpr (kDist) fill_bias(qt + 1, nb);
       if constexpr (kRC) fill_row(qt + 1, nb);
     }
@@ -1276,14 +1282,16 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
 
     // B at c - kr + BK: this lane's base, plus 8 nt + e - 8 h (immediates).
     [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK);
-    // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (this warp's 16 keys x BQ queries).
+    // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (- Delta with kScaledP: cDelta holds -Delta)
+    // (this warp's 16 keys x BQ queries).
     float s[kNT][4] = {}, dp[kNT][4] = {};
-    if constexpr (kDist) {
+    #pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
       #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-        #pragma unroll
-        for (int x = 0; x < 4; ++x) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
-    }
+      for (int x = 0; x < 4; ++x) {
+        if constexpr (kDist) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
+        if constexpr (kScaledP) dp[nt][x] = cDelta[8 * nt + 2 * t + x % 2];
+      }
     #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ak[4], av[4];
@@ -1323,17 +1331,16 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           const int c = 8 * nt + 2 * t + e;
           const bool visible = !kMasked || (kr - c <= dlt && c < cols);
           float pv, dsv;
-          if constexpr (kDist) {  // scale P (dP - Delta) also to sG for the diagonal sums
+          if constexpr (kDist) {  // dS also to sG for the diagonal sums
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
-            dsv = pv * fmaf(dp[nt][2 * h + e], p.scale, -cDelta[c]);
+            dsv = pv * dp[nt][2 * h + e];
             if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv;
           } else if constexpr (kRC) {  // likewise, for the row and column sums
             pv = ptx::ex2(fmaf(fmaf(s[nt][2 * h + e], p.scale, cb + tr[8 * nt + e]), kLog2e, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
-            const float gp = pv * (dp[nt][2 * h + e] - cDelta[c]);
-            if constexpr (kBiasGrad) sG[kr * C::LG + c] = gp, key_sum += gp;
-            dsv = p.scale * gp;
+            dsv = pv * dp[nt][2 * h + e];
+            if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv, key_sum += dsv;
           } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
             if (visible) {
@@ -1345,7 +1352,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           } else {  // the scale folded into the exponent: one FFMA
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
-            dsv = pv * fmaf(dp[nt][2 * h + e], p.scale, -cDelta[c]);
+            dsv = pv * dp[nt][2 * h + e];
           }
           s[nt][2 * h + e] = pv;
           dp[nt][2 * h + e] = dsv;
@@ -1439,7 +1446,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         float sum = 0.f;
         #pragma unroll 8
         for (int u = 0; u < BK; ++u) sum += sG[u * C::LG + x];
-        if (sum != 0.f && i0 + x < T) Enc::row_bias_grad(ctx, i0 + x, sum);
+        if (sum != 0.f && i0 + x < T) Enc::row_bias_grad(ctx, i0 + x, sum * p.inv_scale);
       }
     }
     __threadfence();  // our adds are visible before the release (after the next barrier)
@@ -1467,20 +1474,20 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
     for (int h = 0; h < 2; ++h) {
       const int64_t j = j0 + kr0 + g + 8 * h;
-      if (t == 0 && col_sum[h] != 0.f && j < T) Enc::col_bias_grad(ctx, j, col_sum[h]);
+      if (t == 0 && col_sum[h] != 0.f && j < T) Enc::col_bias_grad(ctx, j, col_sum[h] * p.inv_scale);
     }
   }
 
   // dK' (fp32 scratch) and dV.
   for (int h = 0; h < 2; ++h) {
-    const int64_t j = j0 + kr0 + g + 8 * h;
+    const int64_t j = kt * BK + kr0 + g + 8 * h;  // j0 + ..., in 32 bits (kt < 2^16: gridDim.y)
     if (j >= T) continue;
     for (int dt = 0; dt < kDT; ++dt) {
       const int64_t off = base + j * D + 8 * dt + 2 * t;
       p.dkm[off] = dk[dt][2 * h];
       p.dkm[off + 1] = dk[dt][2 * h + 1];
-      p.dv[off] = from_float<In>(dv[dt][2 * h]);
-      p.dv[off + 1] = from_float<In>(dv[dt][2 * h + 1]);
+      p.dv[off] = from_float<In>(kScaledP ? dv[dt][2 * h] * p.inv_scale : dv[dt][2 * h]);
+      p.dv[off + 1] = from_float<In>(kScaledP ? dv[dt][2 * h + 1] * p.inv_scale : dv[dt][2 * h + 1]);
     }
   }
 }
@@ -1524,6 +1531,7 @@ inline unsigned blocks_for(int64_t n, int per_block) {
 template <class Enc>
 cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  if (!std::isfinite(a.scale)) return cudaErrorInvalidValue;
   if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T) || (backward && a.first_row != 0))
     return cudaErrorInvalidValue;
   if (a.B * a.H * a.T == 0) return cudaSuccess;
@@ -1606,7 +1614,37 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
   return cudaSuccess;
 }
 
-// The slice tables of distance biases of the flash kernels (dist_table_kernel; scale != 0).
+// y = c x elementwise (x, y of n elements; y may be x).
+template <class X> __global__ void scale_kernel(const X *x, X *y, int64_t n, float c) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e < n) y[e] = from_float<X>(c * to_float<X>(x[e]));
+}
+
+// The flash kernels take the max of raw scores and keep lse - log2 scale: they need scale > 0. A
+// call with scale <= 0 runs them on q'' = sign(scale) q' (0 for scale 0) with scale |scale| (1 for
+// 0): the same logits, and dq' = sign(scale) dq'' (dk' and the rest are unchanged). `qsign` gets
+// sign(scale) (1 when nothing changed).
+template <class Enc, class In>
+cudaError_t positive_scale(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, float &qsign) {
+  qsign = 1.f;
+  if (p.scale > 0) {
+    p.log2_scale = std::log2(p.scale), p.inv_scale = 1.f / p.scale;
+    return cudaSuccess;
+  }
+  qsign = p.scale < 0 ? -1.f : 0.f;
+  p.scale = p.scale < 0 ? -p.scale : 1.f;
+  p.log2_scale = std::log2(p.scale), p.inv_scale = 1.f / p.scale;
+  cudaError_t err = cudaSuccess;
+  const int64_t n = p.B * p.H * p.T * p.D;
+  In *qs = scratch.take<In>(n, err);
+  if (err != cudaSuccess) return err;
+  if ((err = launch(scale_kernel<In>, blocks_for(n, 256), 256, 0, st, p.qm, qs, n, qsign)))
+    return err;
+  p.qm = qs;
+  return cudaSuccess;
+}
+
+// The slice tables of distance biases of the flash kernels (dist_table_kernel; scale > 0).
 template <class Enc, class In>
 cudaError_t make_dist_table(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
   cudaError_t err = cudaSuccess;
@@ -1636,26 +1674,26 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
   if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
-  // The flash kernel: 16-bit inputs without value rows (and, without a score mod or with a
-  // distance bias, a positive scale); the general kernel otherwise.
+  // The flash kernel: 16-bit inputs without value rows; the general kernel otherwise.
   if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
-    if ((Enc::kHasScoreMod && !flash_distance<Enc>()) || a.scale > 0) {
-      using F = FlashFwd<In, kD>;
-      if constexpr (flash_distance<Enc>())
-        if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
-      constexpr size_t bytes = flash_smem_bytes<Enc, F>();
-      if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-      p.tile0 = a.first_row / F::BQ;
-      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
-      return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
-    }
+    using F = FlashFwd<In, kD>;
+    float qsign;
+    if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
+    if constexpr (flash_distance<Enc>())
+      if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
+    constexpr size_t bytes = flash_smem_bytes<Enc, F>();
+    if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+    p.tile0 = a.first_row / F::BQ;
+    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
+    return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
+  } else {
+    using L = FwdSmem<In, kD>;
+    constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
+    if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+    p.tile0 = a.first_row / L::BQ;
+    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
+    return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
   }
-  using L = FwdSmem<In, kD>;
-  constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
-  if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-  p.tile0 = a.first_row / L::BQ;
-  const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
-  return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
 }
 
 // Backward: dq, dk, dv, dfeatures, dparams from q, k, v, o, lse, dout, features, params.
@@ -1714,48 +1752,46 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   const unsigned ubh = static_cast<unsigned>(BH);
   if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, 128), 128, 0, st, p)))
     return err;
-  // The flash backward: 16-bit inputs without value rows (with a distance bias, scale != 0: its
-  // table holds B / scale); the two-kernel backward otherwise.
-  constexpr bool kFlash = !std::is_same_v<In, float> && kValueRows == 0;
-  bool flash = kFlash;
-  if constexpr (kFlash && flash_distance<Enc>()) flash = a.scale != 0.f;
-  if constexpr (kFlash) {
-    if (flash) {
-      using F = FlashBwd<In, kD>;
-      constexpr size_t bytes = flash_smem_bytes<Enc, F>();
-      const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
-      p.dq_sem = scratch.take<int>(BH * n_qt, err);
-      if constexpr (flash_distance<Enc>()) {
-        if (err == cudaSuccess) err = make_dist_table(p, scratch, st);
-        if constexpr (!traits::BiasFixed<Enc>::value) {
-          p.dist_g = scratch.take<unsigned long long>(2 * BH * T, err);
-          if (err == cudaSuccess)
-            err = cudaMemsetAsync(p.dist_g, 0, 2 * sizeof(unsigned long long) * BH * T, st);
-        }
+  // The flash backward: 16-bit inputs without value rows; the two-kernel backward otherwise.
+  if constexpr (!std::is_same_v<In, float> && kValueRows == 0) {
+    using F = FlashBwd<In, kD>;
+    const In *qm = p.qm;  // the kernels after this one read q' and the scale as given
+    float qsign;
+    if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
+    constexpr size_t bytes = flash_smem_bytes<Enc, F>();
+    const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
+    p.dq_sem = scratch.take<int>(BH * n_qt, err);
+    if constexpr (flash_distance<Enc>()) {
+      if (err == cudaSuccess) err = make_dist_table(p, scratch, st);
+      if constexpr (!traits::BiasFixed<Enc>::value) {
+        p.dist_g = scratch.take<unsigned long long>(2 * BH * T, err);
+        if (err == cudaSuccess)
+          err = cudaMemsetAsync(p.dist_g, 0, 2 * sizeof(unsigned long long) * BH * T, st);
       }
-      if (err != cudaSuccess ||
-          (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
-          (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
-          (err = allow_smem(flash_backward_kernel<Enc, In, kD>, bytes)) != cudaSuccess ||
-          (err = launch(flash_backward_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, F::BK)),
-                        F::kThreads, bytes, st, p)) != cudaSuccess)
-        return err;
-      if constexpr (flash_distance<Enc>() && !traits::BiasFixed<Enc>::value)
-        if ((err = launch(dist_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))
-          return err;
     }
-  }
-  if constexpr (!kFlash || flash_distance<Enc>()) {
-    if (!flash) {
-      using L = BwdSmem<In, kD>;
-      if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) ||
-          (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) ||
-          (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
-                        L::bytes_dkdv, st, p)) ||
-          (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads,
-                        L::bytes_dq, st, p)))
+    if (err != cudaSuccess ||
+        (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
+        (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
+        (err = allow_smem(flash_backward_kernel<Enc, In, kD>, bytes)) != cudaSuccess ||
+        (err = launch(flash_backward_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, F::BK)),
+                      F::kThreads, bytes, st, p)) != cudaSuccess)
+      return err;
+    if constexpr (flash_distance<Enc>() && !traits::BiasFixed<Enc>::value)
+      if ((err = launch(dist_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))
         return err;
-    }
+    if (qsign != 1.f &&
+        (err = launch(scale_kernel<float>, blocks_for(n, 256), 256, 0, st, p.dqm, p.dqm, n, qsign)))
+      return err;
+    p.qm = qm, p.scale = a.scale;
+  } else {
+    using L = BwdSmem<In, kD>;
+    if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) ||
+        (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) ||
+        (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
+                      L::bytes_dkdv, st, p)) ||
+        (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads,
+                      L::bytes_dq, st, p)))
+      return err;
   }
   if constexpr (kNumRel > 0)
   for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'

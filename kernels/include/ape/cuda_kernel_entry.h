@@ -62,7 +62,7 @@ struct CudaAttnArgs {
   float *lse = nullptr;
   const float *const *features = nullptr;
   const float *const *params = nullptr;
-  float scale = 0;  // kappa
+  float scale = 0;  // kappa: finite (else cudaErrorInvalidValue); <= 0 allowed
   // Forward only: the first query row whose output is wanted. The query tiles before the one
   // holding it are skipped (rows [first_row, T) of o and lse are written, and the rows of that
   // tile before first_row with their same values); the token program and q', k' still cover all
