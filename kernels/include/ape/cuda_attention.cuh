@@ -234,6 +234,9 @@ template <class Enc, class In> struct Params {
   float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
   int64_t dist_ld;
   unsigned long long *dist_g;       // (B*H, T) x 2 words: sum of scale P (dP - Delta) per distance
+  // row/column biases in the flash kernels (flash_rowcol<Enc>())
+  float *rc;                        // (B*H, 2, rc_ld): R(i) / scale, then C(j) / scale; 0 past T
+  int64_t rc_ld;
   // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
   static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
@@ -573,6 +576,22 @@ template <class Enc, class In> __global__ void dist_table_kernel(const Params<En
   p.dist[e] = v;
 }
 
+// Row/column biases for the flash kernels (flash_rowcol<Enc>()): R(i) / scale and C(j) / scale of
+// every token of a slice, once, at rc[(2 bh) rc_ld + i] and rc[(2 bh + 1) rc_ld + j], 0 past T
+// (rc_ld: T rounded up to the forward's query tile, so that tiles copy whole 16-byte chunks).
+// R + C (over scale) is the initial value of a tile's S accumulators, as for distance biases.
+template <class Enc, class In> __global__ void rowcol_table_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= 2 * p.B * p.H * p.rc_ld) return;
+  const int64_t row = e / p.rc_ld, bh = row / 2, t = e % p.rc_ld;
+  float v = 0.f;
+  if (t < p.T) {
+    const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+    v = (row % 2 ? Enc::template col_bias<float>(ctx, t) : Enc::template row_bias<float>(ctx, t)) / p.scale;
+  }
+  p.rc[e] = v;
+}
+
 // The flash backward's per-distance sums of scale P (dP - Delta) (fixed point, p.dist_g) into the
 // encoding's gradient: one distance_bias_grad call per (slice, distance) with a nonzero sum.
 template <class Enc, class In> __global__ void dist_grad_kernel(const Params<Enc, In> p) {
@@ -721,8 +740,10 @@ template <class In, int D> struct FlashFwd {
   static constexpr size_t dist = bytes;
   static constexpr size_t bytes_dist = dist + 2 * sizeof(float) * kDistLen;
   static_assert(bytes_dist <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
-  // Row/column biases need no table in the forward (their terms are per-token loads).
-  static constexpr size_t bytes_rowcol = bytes;
+  // Row/column biases: two windows of the slice's column table (BK keys); the rows are per-thread
+  // registers.
+  static constexpr size_t rowcol = bytes, bytes_rowcol = rowcol + 2 * sizeof(float) * BK;
+  static_assert(bytes_rowcol <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
 // Distance biases (Enc::kDistanceBias, enc_traits.h: the score mod is s + B(i - j)): the flash
@@ -771,22 +792,33 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   // cp.async: the window starts at distance i0 - j0 - BK, a multiple of BK); it is the initial
   // value of the S accumulators, so that S = Q'K'^T + B / scale holds raw scores and kf scales
   // them like a plain softmax. Distances outside [0, T) belong to masked elements only (0).
-  constexpr bool kDist = flash_distance<Enc>();
-  constexpr bool kRaw = !Enc::kHasScoreMod || kDist;  // S in raw-score units
+  // Row/column bias (flash_rowcol): likewise R(i) / scale + C(j) / scale, R of the thread's rows
+  // in registers, C of key tile kt in window kt & 1 (cp.async from the slice's table).
+  constexpr bool kDist = flash_distance<Enc>(), kRC = flash_rowcol<Enc>();
+  constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;  // S in raw-score units
   float *sB = reinterpret_cast<float *>(smem + C::dist);
+  [[maybe_unused]] float *sCw = reinterpret_cast<float *>(smem + C::rowcol);
   [[maybe_unused]] const float *dist_bh = p.dist + bh * p.dist_ld + kDistPad;
+  [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
   auto fill_bias = [&](int kt) {
     if constexpr (kDist) {
       static_assert(C::kDistLen % 4 == 0 && C::kDistLen / 4 <= C::kThreads, "one chunk per thread");
       const int x = static_cast<int>(threadIdx.x);
       if (x < C::kDistLen / 4)
         ptx::cp_async_16(sB + (kt & 1) * C::kDistLen + 4 * x, dist_bh + (i0 - int64_t(kt) * BK - BK) + 4 * x);
+    } else if constexpr (kRC) {
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < BK / 4) ptx::cp_async_16(sCw + (kt & 1) * BK + 4 * x, rc_bh + p.rc_ld + int64_t(kt) * BK + 4 * x);
     }
   };
+  [[maybe_unused]] float rb[kMT][2];  // R / scale of the thread's rows (rc_ld covers the tile)
+  if constexpr (kRC)
+    for (int mt = 0; mt < kMT; ++mt)
+      for (int h = 0; h < 2; ++h) rb[mt][h] = rc_bh[i0 + r0 + 16 * mt + g + 8 * h];
   flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, i0, T);
   flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, 0, T);
   flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, 0, T);
-  fill_bias(0);
+  fill_bias(0);  // and the column window
   ptx::cp_async_commit();
 
   // ldmatrix lane bases (cuda_flash_tile.cuh); the other buffer is BK D elements on.
@@ -819,7 +851,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
                                                  int64_t(kt + 1) * BK, T);
       flash::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, p.v + base,
                                                  int64_t(kt + 1) * BK, T);
-      if constexpr (kDist) fill_bias(kt + 1);
+      fill_bias(kt + 1);
     }
     ptx::cp_async_commit();
     const ptx::SmemAddr cK = lK + (kt & 1) * 2 * BK * D, cV = lV + (kt & 1) * 2 * BK * D;
@@ -827,16 +859,19 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
 
     // B at rr - cc + BK: this lane's base, plus 16 mt + 8 h - 8 nt - e (immediates).
     [[maybe_unused]] const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK);
-    // S = Q' K'^T (+ B / scale)
+    // C at cc: this lane's base plus 8 nt + e.
+    [[maybe_unused]] const float *cw = sCw + (kt & 1) * BK + 2 * t;
+    // S = Q' K'^T (+ B / scale, or + (R + C) / scale)
     float s[kMT][kNT][4] = {};
-    if constexpr (kDist) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-          for (int x = 0; x < 4; ++x) s[mt][nt][x] = tb[16 * mt + 8 * (x / 2) - 8 * nt - x % 2];
-    }
+        for (int x = 0; x < 4; ++x) {
+          if constexpr (kDist) s[mt][nt][x] = tb[16 * mt + 8 * (x / 2) - 8 * nt - x % 2];
+          if constexpr (kRC) s[mt][nt][x] = rb[mt][x / 2] + cw[8 * nt + x % 2];
+        }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[kMT][4];
@@ -874,7 +909,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
             const int cc = 8 * nt + 2 * t + e;
             const bool visible = !kMasked || (cc - rr <= dlt && rr < rows);
             float x = s[mt][nt][2 * h + e];  // kRaw: the raw score (kf scales it)
-            if constexpr (Enc::kHasScoreMod && !kDist) {
+            if constexpr (!kRaw) {
               x *= p.scale;
               if (visible) x = Enc::score_mod(ctx, i0 + rr, j0 + cc, x);
             }
@@ -1194,13 +1229,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   // window starts at distance i0 - j0 - BK, a multiple of BQ); the initial value of the S^T
   // accumulators, as in the forward. 0 outside [0, T) (masked elements).
   constexpr bool kDist = flash_distance<Enc>();
-  constexpr bool kRaw = !Enc::kHasScoreMod || kDist;  // S^T in raw-score units
   constexpr bool kRC = flash_rowcol<Enc>();
+  constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;  // S^T in raw-score units
   // Without a score mod of its own (kRaw, kRC) the kernel computes P' = scale P (the host
   // launches it with scale > 0: lse is kept as lse log2 e - log2 scale) and starts the dP^T
   // accumulators at -Delta, so that dS = P' (dP - Delta) is one FMUL; dV accumulates scale dV
   // (1 / scale at the end), the bias sums scale P (dP - Delta).
-  constexpr bool kScaledP = kRaw || kRC;
+  constexpr bool kScaledP = kRaw;
   const float kf = p.scale * kLog2e;  // kRaw: P' = 2^(s kf - lse')
   const float lshift = kScaledP ? -p.log2_scale : 0.f, dscale = kScaledP ? -1.f : 1.f;
   const float *lse_bh = p.lse + bh * T, *delta_bh = p.delta + bh * T;
@@ -1225,22 +1260,21 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   constexpr bool kBiasGrad = !traits::BiasFixed<Enc>::value;
   float *sC = reinterpret_cast<float *>(smem + C::rowcol), *sR = sC + BK;
   if constexpr (kRC) sG = reinterpret_cast<float *>(smem + C::rc_gsum);
+  static_assert(BK / 4 <= C::kThreads && BQ % 4 == 0, "one chunk per thread");
   [[maybe_unused]] const FixedSink dist_g{p.dist_g ? p.dist_g + 2 * bh * T : nullptr, p.status};
   if constexpr (kDist && kBiasGrad)
     for (int x = static_cast<int>(threadIdx.x); x < C::kDistAcc; x += C::kThreads) sAcc[x] = 0.f;
   [[maybe_unused]] float col_sum[2] = {0.f, 0.f};
+  [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
   auto fill_row = [&](int64_t qt, int buf) {
     if constexpr (kRC) {
-      float *tr = sR + buf * BQ;
-      for (int x = static_cast<int>(threadIdx.x); x < BQ; x += C::kThreads) {
-        const int64_t i = qt * BQ + x;
-        tr[x] = i < T ? Enc::template row_bias<float>(ctx, i) : 0.f;
-      }
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < BQ / 4) ptx::cp_async_16(sR + buf * BQ + 4 * x, rc_bh + qt * BQ + 4 * x);
     }
   };
   if constexpr (kRC) {
-    for (int x = static_cast<int>(threadIdx.x); x < BK; x += C::kThreads)
-      sC[x] = j0 + x < T ? Enc::template col_bias<float>(ctx, j0 + x) : 0.f;
+    const int x = static_cast<int>(threadIdx.x);
+    if (x < BK / 4) ptx::cp_async_16(sC + 4 * x, rc_bh + p.rc_ld + j0 + 4 * x);
     fill_row(qt0, 0);
   }
 
@@ -1284,12 +1318,17 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK);
     // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (- Delta with kScaledP: cDelta holds -Delta)
     // (this warp's 16 keys x BQ queries).
+    // R at c: this lane's base plus 8 nt + e.
+    [[maybe_unused]] const float *tr = sR + buf * BQ + 2 * t;
+    [[maybe_unused]] float cb[2];  // C of the thread's keys
+    if constexpr (kRC) cb[0] = sC[kr0 + g], cb[1] = sC[kr0 + g + 8];
     float s[kNT][4] = {}, dp[kNT][4] = {};
     #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
       #pragma unroll
       for (int x = 0; x < 4; ++x) {
         if constexpr (kDist) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
+        if constexpr (kRC) s[nt][x] = cb[x / 2] + tr[8 * nt + x % 2];
         if constexpr (kScaledP) dp[nt][x] = cDelta[8 * nt + 2 * t + x % 2];
       }
     #pragma unroll
@@ -1316,12 +1355,9 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     // select).
     const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
     const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
-    // R at c: this lane's base plus 8 nt + e.
-    [[maybe_unused]] const float *tr = sR + buf * BQ + 2 * t;
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int kr = kr0 + g + 8 * h;
-      [[maybe_unused]] const float cb = kRC ? sC[kr] : 0.f;
       [[maybe_unused]] float key_sum = 0.f;
       #pragma unroll
       #pragma unroll
@@ -1337,7 +1373,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
             dsv = pv * dp[nt][2 * h + e];
             if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv;
           } else if constexpr (kRC) {  // likewise, for the row and column sums
-            pv = ptx::ex2(fmaf(fmaf(s[nt][2 * h + e], p.scale, cb + tr[8 * nt + e]), kLog2e, -cLse[c]));
+            pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             dsv = pv * dp[nt][2 * h + e];
             if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv, key_sum += dsv;
@@ -1655,6 +1691,17 @@ cudaError_t make_dist_table(Params<Enc, In> &p, Scratch &scratch, cudaStream_t s
   return launch(dist_table_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
 }
 
+// The slice tables of row/column biases of the flash kernels (rowcol_table_kernel; scale > 0).
+template <class Enc, class In>
+cudaError_t make_rowcol_table(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
+  cudaError_t err = cudaSuccess;
+  p.rc_ld = (p.T + 127) / 128 * 128;  // whole forward query tiles (and backward tiles)
+  const int64_t m = 2 * p.B * p.H * p.rc_ld;
+  p.rc = scratch.take<float>(m, err);
+  if (err != cudaSuccess) return err;
+  return launch(rowcol_table_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
+}
+
 template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return bytes > 48 * 1024
              ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1681,6 +1728,8 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
     if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
     if constexpr (flash_distance<Enc>())
       if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
+    if constexpr (flash_rowcol<Enc>())
+      if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
     constexpr size_t bytes = flash_smem_bytes<Enc, F>();
     if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
     p.tile0 = a.first_row / F::BQ;
@@ -1769,6 +1818,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
           err = cudaMemsetAsync(p.dist_g, 0, 2 * sizeof(unsigned long long) * BH * T, st);
       }
     }
+    if constexpr (flash_rowcol<Enc>())
+      if (err == cudaSuccess) err = make_rowcol_table(p, scratch, st);
     if (err != cudaSuccess ||
         (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
         (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
