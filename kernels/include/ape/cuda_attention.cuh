@@ -237,6 +237,7 @@ template <class Enc, class In> struct Params {
   // row/column biases in the flash kernels (flash_rowcol<Enc>())
   float *rc;                        // (B*H, 2, rc_ld): R(i) / scale, then C(j) / scale; 0 past T
   int64_t rc_ld;
+  float *row_g;                     // (B*H, T): sum of scale P (dP - Delta) per query row
   // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
   static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
@@ -590,6 +591,15 @@ template <class Enc, class In> __global__ void rowcol_table_kernel(const Params<
     v = (row % 2 ? Enc::template col_bias<float>(ctx, t) : Enc::template row_bias<float>(ctx, t)) / p.scale;
   }
   p.rc[e] = v;
+}
+
+// The flash backward's per-row sums of scale P (dP - Delta) (p.row_g) into the encoding's
+// gradient: one row_bias_grad call per (slice, row) with a nonzero sum.
+template <class Enc, class In> __global__ void row_grad_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const float g = p.row_g[e] * p.inv_scale;
+  if (g != 0.f) Enc::row_bias_grad(make_ctx(p, e / p.T, true), e % p.T, g);
 }
 
 // The flash backward's per-distance sums of scale P (dP - Delta) (fixed point, p.dist_g) into the
@@ -1176,21 +1186,23 @@ template <class In, int D> struct FlashBwd {
   static constexpr size_t dacc = gsum + sizeof(float) * BK * LG;
   static constexpr size_t bytes_dist = dacc + sizeof(float) * kDistAcc;
   static_assert(bytes_dist <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
-  // Row/column biases: C(j) of the block's BK keys, two tables of R(i) for BQ queries, and the
-  // tile's P (dP - Delta) in fp32 (BK, LG) for the query-row sums.
+  // Row/column biases: C(j) / scale of the block's BK keys (R(i) goes into the rows' lse), and the
+  // tile's scale P (dP - Delta) in fp32 (BK, LG) for the query-row sums.
   static_assert(BQ <= kThreads, "one query-row sum per thread");
-  static constexpr size_t rowcol = bytes, rc_gsum = rowcol + sizeof(float) * (BK + 2 * BQ);
+  static constexpr size_t rowcol = bytes, rc_gsum = rowcol + sizeof(float) * BK;
   static constexpr size_t bytes_rowcol = rc_gsum + sizeof(float) * BK * LG;
   static_assert(bytes_rowcol <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
-// lse (times log2 e, plus `lshift`; +inf for a row without a finite logit, so that its P is 0)
-// and Delta (times `dscale`) of the query rows [i0, i0 + BQ) of a slice; rows >= T get +inf and
-// 0. `lse`, `delta` point at the slice's rows.
+// lse (times log2 e, plus `lshift`, minus `rbias[i] rscale` when `rbias` is given; +inf for a row
+// without a finite logit, so that its P is 0) and Delta (times `dscale`) of the query rows
+// [i0, i0 + BQ) of a slice; rows >= T get +inf and 0. `lse`, `delta`, `rbias` point at the
+// slice's rows.
 template <int BQ, int kThreads>
 __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *lse,
                                       const float *delta, int64_t i0, int64_t T, float lshift,
-                                      float dscale) {
+                                      float dscale, const float *rbias = nullptr,
+                                      float rscale = 0.f) {
   static_assert(BQ <= kThreads, "one row per thread");
   constexpr float kLog2e = 1.44269504088896341f;
   const int r = static_cast<int>(threadIdx.x);
@@ -1198,7 +1210,7 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *l
   if (r < BQ) {
     const bool in = r < rows;
     const float l = in ? lse[i0 + r] : kInf;
-    sLse[r] = l == -kInf ? kInf : fmaf(l, kLog2e, lshift);
+    sLse[r] = l == -kInf ? kInf : fmaf(l, kLog2e, lshift) - (rbias ? rbias[i0 + r] * rscale : 0.f);
     sDelta[r] = in ? delta[i0 + r] * dscale : 0.f;
   }
 }
@@ -1251,31 +1263,28 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     }
   };
   if constexpr (kDist) fill_bias(qt0, 0);
-  // Row/column bias: C(j0 + kr) at sC[kr] for the whole block; R(i) of query tile qt at
-  // sR[buf BQ + c], filled a step ahead; 0 past T (masked elements only). The tile's
-  // P (dP - Delta) goes to sG, where thread c < BQ sums query column c per step; the key rows
-  // are summed in registers (a key row lies in one warp's quad rows: quad sums), kept in
-  // `col_sum[h]` by lane t = 0 over the block's steps.
+  // Row/column bias: C(j0 + kr) / scale at sC[kr] for the whole block, the initial value of S^T's
+  // key rows; R(i) is a constant of query row i, so it goes into the row's lse (load_row_stats).
+  // The tile's scale P (dP - Delta) goes to sG, where thread c < BQ sums query column c per step
+  // and adds it to the row's fp32 sum in p.row_g during the block's turn on the query tile (the
+  // dQ' order: deterministic without fixed point; row_grad_kernel makes the calls). R's gradient
+  // is 0 in exact arithmetic, but it carries the rounding of Delta that the key sums carry too,
+  // and the two cancel downstream: it is summed like the rest. The key sums are kept per lane in
+  // `col_sum[h]` over the block's steps and summed over the quad at the end.
   // A bias without a gradient (Enc::kBiasFixed: ALiBi's standard slopes) needs none of the sums.
   constexpr bool kBiasGrad = !traits::BiasFixed<Enc>::value;
-  float *sC = reinterpret_cast<float *>(smem + C::rowcol), *sR = sC + BK;
+  float *sC = reinterpret_cast<float *>(smem + C::rowcol);
   if constexpr (kRC) sG = reinterpret_cast<float *>(smem + C::rc_gsum);
-  static_assert(BK / 4 <= C::kThreads && BQ % 4 == 0, "one chunk per thread");
+  static_assert(BK / 4 <= C::kThreads, "one chunk per thread");
   [[maybe_unused]] const FixedSink dist_g{p.dist_g ? p.dist_g + 2 * bh * T : nullptr, p.status};
   if constexpr (kDist && kBiasGrad)
     for (int x = static_cast<int>(threadIdx.x); x < C::kDistAcc; x += C::kThreads) sAcc[x] = 0.f;
   [[maybe_unused]] float col_sum[2] = {0.f, 0.f};
   [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
-  auto fill_row = [&](int64_t qt, int buf) {
-    if constexpr (kRC) {
-      const int x = static_cast<int>(threadIdx.x);
-      if (x < BQ / 4) ptx::cp_async_16(sR + buf * BQ + 4 * x, rc_bh + qt * BQ + 4 * x);
-    }
-  };
+  const float *rows = kRC ? rc_bh : nullptr;  // R / scale: times kf in log2 units
   if constexpr (kRC) {
     const int x = static_cast<int>(threadIdx.x);
     if (x < BK / 4) ptx::cp_async_16(sC + 4 * x, rc_bh + p.rc_ld + j0 + 4 * x);
-    fill_row(qt0, 0);
   }
 
   flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, j0, T);
@@ -1283,7 +1292,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, qt0 * BQ, T);
   flash::load_tile_async<BQ, D, C::kThreads>(sDO, p.dout + base, qt0 * BQ, T);
   ptx::cp_async_commit();
-  load_row_stats<BQ, C::kThreads>(sLse, sDelta, lse_bh, delta_bh, qt0 * BQ, T, lshift, dscale);
+  load_row_stats<BQ, C::kThreads>(sLse, sDelta, lse_bh, delta_bh, qt0 * BQ, T, lshift, dscale,
+                                   rows, kf);
 
   // ldmatrix lane bases (cuda_flash_tile.cuh); the other buffer is BQ D elements on.
   const ptx::SmemAddr lK = flash::lane_base<D, flash::kRowsByQuad>(sK);   // A of S^T, B of dQ
@@ -1306,9 +1316,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
       flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
       load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ, lse_bh, delta_bh,
-                                       i0 + BQ, T, lshift, dscale);
+                                       i0 + BQ, T, lshift, dscale, rows, kf);
       if constexpr (kDist) fill_bias(qt + 1, nb);
-      if constexpr (kRC) fill_row(qt + 1, nb);
     }
     ptx::cp_async_commit();
     const int bo = buf * 2 * BQ * D;  // the buffer's byte offset
@@ -1318,9 +1327,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK);
     // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (- Delta with kScaledP: cDelta holds -Delta)
     // (this warp's 16 keys x BQ queries).
-    // R at c: this lane's base plus 8 nt + e.
-    [[maybe_unused]] const float *tr = sR + buf * BQ + 2 * t;
-    [[maybe_unused]] float cb[2];  // C of the thread's keys
+    [[maybe_unused]] float cb[2];  // C / scale of the thread's keys
     if constexpr (kRC) cb[0] = sC[kr0 + g], cb[1] = sC[kr0 + g + 8];
     float s[kNT][4] = {}, dp[kNT][4] = {};
     #pragma unroll
@@ -1328,7 +1335,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       #pragma unroll
       for (int x = 0; x < 4; ++x) {
         if constexpr (kDist) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
-        if constexpr (kRC) s[nt][x] = cb[x / 2] + tr[8 * nt + x % 2];
+        if constexpr (kRC) s[nt][x] = cb[x / 2];
         if constexpr (kScaledP) dp[nt][x] = cDelta[8 * nt + 2 * t + x % 2];
       }
     #pragma unroll
@@ -1358,7 +1365,6 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int kr = kr0 + g + 8 * h;
-      [[maybe_unused]] float key_sum = 0.f;
       #pragma unroll
       #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
@@ -1372,11 +1378,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             dsv = pv * dp[nt][2 * h + e];
             if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv;
-          } else if constexpr (kRC) {  // likewise, for the row and column sums
+          } else if constexpr (kRC) {  // dS also to sG and the key sums
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             dsv = pv * dp[nt][2 * h + e];
-            if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv, key_sum += dsv;
+            if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv, col_sum[h] += dsv;
           } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
             if (visible) {
@@ -1393,7 +1399,6 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           s[nt][2 * h + e] = pv;
           dp[nt][2 * h + e] = dsv;
         }
-      if constexpr (kRC && kBiasGrad) col_sum[h] += flash::quad_sum(key_sum);  // key kr's part of this tile
     }
 
     // dV += P^T dO, dK' += dS^T Q'.
@@ -1482,7 +1487,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         float sum = 0.f;
         #pragma unroll 8
         for (int u = 0; u < BK; ++u) sum += sG[u * C::LG + x];
-        if (sum != 0.f && i0 + x < T) Enc::row_bias_grad(ctx, i0 + x, sum * p.inv_scale);
+        if (i0 + x < T) atomicAdd(p.row_g + bh * T + i0 + x, sum);  // our turn on tile qt
       }
     }
     __threadfence();  // our adds are visible before the release (after the next barrier)
@@ -1509,8 +1514,9 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   }
   if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
     for (int h = 0; h < 2; ++h) {
-      const int64_t j = j0 + kr0 + g + 8 * h;
-      if (t == 0 && col_sum[h] != 0.f && j < T) Enc::col_bias_grad(ctx, j, col_sum[h] * p.inv_scale);
+      const int64_t j = kt * BK + kr0 + g + 8 * h;
+      const float sum = flash::quad_sum(col_sum[h]);
+      if (t == 0 && sum != 0.f && j < T) Enc::col_bias_grad(ctx, j, sum * p.inv_scale);
     }
   }
 
@@ -1818,8 +1824,13 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
           err = cudaMemsetAsync(p.dist_g, 0, 2 * sizeof(unsigned long long) * BH * T, st);
       }
     }
-    if constexpr (flash_rowcol<Enc>())
+    if constexpr (flash_rowcol<Enc>()) {
       if (err == cudaSuccess) err = make_rowcol_table(p, scratch, st);
+      if constexpr (!traits::BiasFixed<Enc>::value) {
+        p.row_g = scratch.take<float>(BH * T, err);
+        if (err == cudaSuccess) err = cudaMemsetAsync(p.row_g, 0, sizeof(float) * BH * T, st);
+      }
+    }
     if (err != cudaSuccess ||
         (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
         (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
@@ -1829,6 +1840,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
       return err;
     if constexpr (flash_distance<Enc>() && !traits::BiasFixed<Enc>::value)
       if ((err = launch(dist_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))
+        return err;
+    if constexpr (flash_rowcol<Enc>() && !traits::BiasFixed<Enc>::value)
+      if ((err = launch(row_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))
         return err;
     if (qsign != 1.f &&
         (err = launch(scale_kernel<float>, blocks_for(n, 256), 256, 0, st, p.dqm, p.dqm, n, qsign)))
