@@ -1276,12 +1276,16 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   float *sC = reinterpret_cast<float *>(smem + C::rowcol);
   if constexpr (kRC) sG = reinterpret_cast<float *>(smem + C::rc_gsum);
   static_assert(BK / 4 <= C::kThreads, "one chunk per thread");
-  [[maybe_unused]] const FixedSink dist_g{p.dist_g ? p.dist_g + 2 * bh * T : nullptr, p.status};
+  // The slice's fixed-point sum of distance d (formed where used: no pointers live in the loop).
+  [[maybe_unused]] auto dist_g = [&](int64_t d) {
+    return FixedRef{p.dist_g + 2 * (int64_t(blockIdx.x) * p.T + d), p.status};
+  };
   if constexpr (kDist && kBiasGrad)
     for (int x = static_cast<int>(threadIdx.x); x < C::kDistAcc; x += C::kThreads) sAcc[x] = 0.f;
   [[maybe_unused]] float col_sum[2] = {0.f, 0.f};
   [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
-  const float *rows = kRC ? rc_bh : nullptr;  // R / scale: times kf in log2 units
+  // R / scale (times kf in log2 units), formed where used: no pointer live in the loop.
+  auto rows = [&] { return kRC ? p.rc + 2 * int64_t(blockIdx.x) * p.rc_ld : nullptr; };
   if constexpr (kRC) {
     const int x = static_cast<int>(threadIdx.x);
     if (x < BK / 4) ptx::cp_async_16(sC + 4 * x, rc_bh + p.rc_ld + j0 + 4 * x);
@@ -1293,7 +1297,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   flash::load_tile_async<BQ, D, C::kThreads>(sDO, p.dout + base, qt0 * BQ, T);
   ptx::cp_async_commit();
   load_row_stats<BQ, C::kThreads>(sLse, sDelta, lse_bh, delta_bh, qt0 * BQ, T, lshift, dscale,
-                                   rows, kf);
+                                   rows(), kf);
 
   // ldmatrix lane bases (cuda_flash_tile.cuh); the other buffer is BQ D elements on.
   const ptx::SmemAddr lK = flash::lane_base<D, flash::kRowsByQuad>(sK);   // A of S^T, B of dQ
@@ -1316,7 +1320,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
       flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
       load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ, lse_bh, delta_bh,
-                                       i0 + BQ, T, lshift, dscale, rows, kf);
+                                       i0 + BQ, T, lshift, dscale, rows(), kf);
       if constexpr (kDist) fill_bias(qt + 1, nb);
     }
     ptx::cp_async_commit();
@@ -1477,7 +1481,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         if (x < BQ) {
           const float v = acc;
           acc = 0.f;
-          if (v != 0.f && d >= 0 && d < T) dist_g[d] += v;
+          if (v != 0.f && d >= 0 && d < T) dist_g(d) += v;
         }
       }
     }
@@ -1506,10 +1510,10 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
   if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
     const int x = static_cast<int>(threadIdx.x);
-    const int64_t d = (n_qt - 1) * BQ - j0 - (BK - 1) + x;
+    const int64_t d = (n_qt - 1) * BQ - kt * BK - (BK - 1) + x;  // j0 = kt BK (32 bits)
     if (x >= BQ && x < BQ + BK - 1) {
       const float v = sAcc[d & (C::kDistAcc - 1)];
-      if (v != 0.f && d < T) dist_g[d] += v;
+      if (v != 0.f && d < T) dist_g(d) += v;
     }
   }
   if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
