@@ -847,9 +847,10 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   // steady state carries no masking code.
   const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
   // The softmax in base 2: p = 2^(x kf - m kf). With a score mod, x and m are logits and kf =
-  // log2 e; without one (or with a distance bias, in S) they are raw scores q'.k' (+ B / scale)
-  // and kf = scale log2 e (one FFMA per element; the host launches the flash kernels with
-  // scale > 0, positive_scale, so the max of the raw scores is the max of the logits).
+  // log2 e; without one (or with a distance or row/column bias, in S) they are raw scores
+  // q'.k' (+ the bias / scale) and kf = scale log2 e (one FFMA per element; the host launches the
+  // flash kernels with scale > 0, positive_scale, so the max of the raw scores is the max of the
+  // logits).
   const float kf = kRaw ? p.scale * kLog2e : kLog2e;
   const float mscale = kRaw ? p.scale : 1.f;  // m in logit units
   auto step = [&](int kt, auto masked) {
