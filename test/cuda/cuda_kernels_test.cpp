@@ -25,7 +25,9 @@
 // against the fp64 reference <= 2x that of a same-precision materialised attention (the
 // reference on inputs rounded to the dtype, rounding q', k', dS, P and o where a 16-bit flash
 // kernel does: kernel_reference.h, RefRounding; outputs rounded) plus 1e-3 of the quantity's
-// magnitude.
+// magnitude plus kF32Floor: the 16-bit kernels accumulate in fp32 too, which the materialised
+// attention does not model (dP - Delta starts from -Delta in the tensor-core accumulator: at
+// T = 1, where a distance bias's gradient is exactly 0, f16 at D = 128 leaves 2e-6).
 //
 // Shapes: q, k, v, o, dout [B, H, T, D]; lse, features [B, H, T]; params per manifest.
 #include "kernel_reference.h"
@@ -466,7 +468,7 @@ void check_problem(const std::string &name, const ape::cuda::CudaVariant &var, c
       double base = max_err(lowp[n].second, ref[n].second);
       if (what.rfind("dparam:", 0) == 0)
         base = std::max(base, max_err(lowp_own_o[n].second, ref[n].second));
-      EXPECT_LE(err, 2 * base + 1e-3 * mag)
+      EXPECT_LE(err, 2 * base + 1e-3 * mag + kF32Floor)
           << what << ": kernel error " << err << ", same-precision materialised error " << base;
     } else {
       EXPECT_LE(max_err(g, cpu_out[n].second) / mag, 5e-2) << what << " vs the CPU fp32 kernel";

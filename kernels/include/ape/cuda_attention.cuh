@@ -1177,14 +1177,15 @@ template <class In, int D> struct FlashBwd {
   static constexpr size_t bytes = delta + 2 * sizeof(float) * BQ;
   static_assert(bytes <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
   // Distance biases: two windows of the slice's table of B(d) / scale (BQ + BK distances: those of
-  // a tile pair and one before), the tile's scale P (dP - Delta) in fp32 (BK, LG) for the
-  // diagonal sums (LG odd, so a warp's diagonals hit 32 banks), and kDistAcc running sums per
-  // distance (slot d mod kDistAcc) that carry a distance over the steps that see it.
-  static constexpr int kDistLen = BQ + BK, LG = BQ + 1, kDistAcc = 128;
+  // a tile pair and one before), each warp's two sets of partial diagonal sums of the tile's
+  // scale P (dP - Delta) (kDiagLen slots per set, by tile diagonal; flash_diag_partials), and
+  // kDistAcc running sums per distance (slot d mod kDistAcc) that carry a distance over the steps
+  // that see it.
+  static constexpr int kDistLen = BQ + BK, LG = BQ + 1, kDistAcc = 128, kDiagLen = BQ + BK;
   static_assert(BQ + BK - 1 <= kThreads, "one diagonal per thread");
   static_assert(BQ + BK - 1 <= kDistAcc, "a step's distances in distinct slots");
   static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
-  static constexpr size_t dacc = gsum + sizeof(float) * BK * LG;
+  static constexpr size_t dacc = gsum + sizeof(float) * 2 * kWarps * kDiagLen;
   static constexpr size_t bytes_dist = dacc + sizeof(float) * kDistAcc;
   static_assert(bytes_dist <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
   // Row/column biases: C(j) / scale of the block's BK keys (R(i) goes into the rows' lse), and the
@@ -1194,6 +1195,60 @@ template <class In, int D> struct FlashBwd {
   static constexpr size_t bytes_rowcol = rc_gsum + sizeof(float) * BK * LG;
   static_assert(bytes_rowcol <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
+
+// The diagonal sums of one warp's 16 x 8 kNT tile in the m16n8 accumulator layout (element
+// (g + 8 h, 8 nt + 2 t + e) in v[nt][2 h + e] of lane 4 g + t), in registers and shuffles: the
+// element's diagonal is o = c - r = 8 k + s with k = nt - h, s = 2 t + e - g. A lane adds its pairs
+// (h = 0, nt = k) + (h = 1, nt = k + 1); lane (g, t) adds e = 1 of lane (g + 1, t) to its e = 0
+// (shuffle by 4); the lanes of equal s = 2 t - g, (g + 2 m, t + m), add into their first lane (the
+// chain's head, g < 2 or t = 0; shuffles by 9 and 18); lane (0, t)'s e = 1 sums (s = 2 t + 1) join
+// head (1, t + 1), and lane (0, 3)'s (s = 7) stay. Each head writes its kNT + 1 sums to
+// set0[o + xoff] (s >= 0) or set1[o + xoff] (s < 0), lane (0, 3) its s = 7 sums to set0: every
+// slot has one writer, the same on every call, so the unwritten ones stay as they were (0), and
+// the order of the additions is fixed.
+template <int kNT>
+__device__ inline void diag_partials(const float (&v)[kNT][4], float *set0, float *set1, int xoff) {
+  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  float w0[kNT + 1], w1[kNT + 1];  // k + 1: e = 0, e = 1
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float *w = e ? w1 : w0;
+    w[0] = v[0][2 + e];
+    #pragma unroll
+    for (int k = 0; k + 1 < kNT; ++k) w[k + 1] = v[k][e] + v[k + 1][2 + e];
+    w[kNT] = v[kNT - 1][e];
+  }
+  #pragma unroll
+  for (int k = 0; k <= kNT; ++k) {
+    const float r = __shfl_down_sync(0xffffffffu, w1[k], 4);
+    if (g < 7) w0[k] += r;
+  }
+  #pragma unroll
+  for (int k = 0; k <= kNT; ++k) {
+    const float r = __shfl_down_sync(0xffffffffu, w0[k], 9);
+    if (g <= 5 && t <= 2) w0[k] += r;
+  }
+  #pragma unroll
+  for (int k = 0; k <= kNT; ++k) {
+    const float r = __shfl_down_sync(0xffffffffu, w0[k], 18);
+    if (g <= 3 && t <= 1) w0[k] += r;
+  }
+  #pragma unroll
+  for (int k = 0; k <= kNT; ++k) {
+    const float r = __shfl_up_sync(0xffffffffu, w1[k], 5);
+    if (g == 1 && t >= 1) w0[k] += r;
+  }
+  const int s = 2 * t - g;
+  if (g < 2 || t == 0) {
+    float *out = (s >= 0 ? set0 : set1) + s + xoff - 8;
+    #pragma unroll
+    for (int k = 0; k <= kNT; ++k) out[8 * k] = w0[k];
+  }
+  if (lane == 3) {
+    #pragma unroll
+    for (int k = 0; k <= kNT; ++k) set0[8 * k + 7 + xoff - 8] = w1[k];
+  }
+}
 
 // lse (times log2 e, plus `lshift`, minus `rbias[i] rscale` when `rbias` is given; +inf for a row
 // without a finite logit, so that its P is 0) and Delta (times `dscale`) of the query rows
@@ -1281,8 +1336,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   [[maybe_unused]] auto dist_g = [&](int64_t d) {
     return FixedRef{p.dist_g + 2 * (int64_t(blockIdx.x) * p.T + d), p.status};
   };
-  if constexpr (kDist && kBiasGrad)
+  if constexpr (kDist && kBiasGrad) {
     for (int x = static_cast<int>(threadIdx.x); x < C::kDistAcc; x += C::kThreads) sAcc[x] = 0.f;
+    for (int x = static_cast<int>(threadIdx.x); x < 2 * C::kWarps * C::kDiagLen; x += C::kThreads)
+      sG[x] = 0.f;  // diag_partials' sets
+  }
   [[maybe_unused]] float col_sum[2] = {0.f, 0.f};
   [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
   // R / scale (times kf in log2 units), formed where used: no pointer live in the loop.
@@ -1378,11 +1436,10 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           const int c = 8 * nt + 2 * t + e;
           const bool visible = !kMasked || (kr - c <= dlt && c < cols);
           float pv, dsv;
-          if constexpr (kDist) {  // dS also to sG for the diagonal sums
+          if constexpr (kDist) {  // (the diagonal sums below)
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             dsv = pv * dp[nt][2 * h + e];
-            if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv;
           } else if constexpr (kRC) {  // dS also to sG and the key sums
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
@@ -1405,6 +1462,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           dp[nt][2 * h + e] = dsv;
         }
     }
+
+    // The warp's diagonal sums of dS (= scale P (dP - Delta)) into its two sets, by tile diagonal
+    // x = c - kr + BK - 1.
+    if constexpr (kDist && kBiasGrad)
+      diag_partials<kNT>(dp, sG + 2 * warp * C::kDiagLen, sG + (2 * warp + 1) * C::kDiagLen,
+                         BK - 1 - kr0);
 
     // dV += P^T dO, dK' += dS^T Q'.
     #pragma unroll
@@ -1464,16 +1527,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
       }
     }
-    if constexpr (kDist && kBiasGrad) {  // diagonal c - kr = x - (BK - 1) of sG, in a fixed order
+    if constexpr (kDist && kBiasGrad) {  // diagonal c - kr = x - (BK - 1): the warps' sets, in order
       const int x = static_cast<int>(threadIdx.x), o = x - (BK - 1);
       if (x < BQ + BK - 1) {
-        const int kr_a = o < 0 ? -o : 0, c_a = o < 0 ? 0 : o;
-        const int n = BK - kr_a < BQ - c_a ? BK - kr_a : BQ - c_a;
-        const float *gd = sG + kr_a * C::LG + c_a;
-        float sum = 0.f;
+        float sum = sG[x];
         #pragma unroll
-        for (int u = 0; u < (BK < BQ ? BK : BQ); ++u)
-          if (u < n) sum += gd[u * (C::LG + 1)];
+        for (int u = 1; u < 2 * C::kWarps; ++u) sum += sG[u * C::kDiagLen + x];
         // Into the running sum of distance d; the lowest BQ distances of the step are seen by no
         // later step: they go to the slice's fixed-point sums (dist_grad_kernel reads them).
         const int64_t d = i0 - j0 + o;
