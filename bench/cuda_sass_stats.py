@@ -23,8 +23,9 @@ loops with tensor-core instructions, the one with the most HMMA, then the shorte
   .venv/bin/python bench/cuda_sass_stats.py --apec build/tools/apec \\
       --md bench/results/cuda_sass.md --csv bench/results/cuda_sass.csv
 
-cuobjdump comes from the CUDA toolkit or, when it lacks it, from PyPI's nvidia-cuda-cuobjdump,
-which this script installs into the project's virtual environment (--venv, default .venv).
+cuobjdump (and nvdisasm, which it calls for sm_90a code) come from the CUDA toolkit or, when it
+lacks them, from PyPI's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm, which this script
+installs into the project's virtual environment (--venv, default .venv).
 """
 import argparse
 import csv
@@ -54,11 +55,12 @@ FA2 = {"forward": dict(ipm=874, hmma=27.9), "backward": dict(ipm=738, hmma=33.0)
 
 KERNELS = {  # mangled-name fragment -> report name
     "flash_forward_kernel": "forward",
+    "hopper_forward_kernel": "hopper_forward",
     "flash_backward_kernel": "backward",
 }
 
 CLASSES = [  # (column, regex on the opcode)
-    ("hmma", r"^HMMA"),
+    ("hmma", r"^(HMMA|HGMMA)"),  # tensor-core instructions: mma.sync and wgmma
     ("mufu", r"^MUFU"),
     ("ldsm", r"^LDSM"),
     ("cp_async", r"^LDGSTS"),
@@ -70,6 +72,23 @@ CLASSES = [  # (column, regex on the opcode)
     ("bar", r"^BAR(\.|$)"),
     ("shfl", r"^SHFL"),
 ]
+
+
+def ensure_nvdisasm(venv, cuobjdump):
+    """cuobjdump hands sm_90a code to nvdisasm: the toolkit's, or PyPI's nvidia-cuda-nvdisasm
+    (installed into the virtual environment when missing), found through NVDISASM_PATH."""
+    if shutil.which("nvdisasm") or os.environ.get("NVDISASM_PATH"):
+        return
+    here = Path(cuobjdump).parent / "nvdisasm"
+    if not here.exists():
+        py = Path(venv) / "bin" / "python"
+        if not py.exists():
+            sys.exit(f"no nvdisasm, and no virtual environment at {venv} to install it into")
+        print("[sass] installing nvidia-cuda-nvdisasm into", venv, file=sys.stderr)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "nvidia-cuda-nvdisasm"], check=True)
+    if not here.exists():
+        sys.exit(f"nvdisasm not found next to {cuobjdump} after installing nvidia-cuda-nvdisasm")
+    os.environ["NVDISASM_PATH"] = str(here.parent)
 
 
 def find_cuobjdump(venv):
@@ -96,8 +115,12 @@ using namespace ape::cuda::detail;
 template <class In, int D> void print(const char *dt) {
   using F = FlashFwd<In, D>;
   using B = FlashBwd<In, D>;
+  using H = HopperFwd<In, D>;
   std::printf("forward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
               F::kThreads, F::bytes, F::bytes_dist, F::bytes_rowcol, 4LL * 16 * F::kMT * F::BK * D);
+  // wgmma: a warp's part of the warpgroup's 64 rows is 16 rows.
+  std::printf("hopper_forward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt,
+              D, H::kThreads, H::bytes, H::bytes_dist, H::bytes_rowcol, 4LL * 16 * H::BK * D);
   // S^T, dP^T, dV, dK: 16 keys x BQ queries x D each; dQ: BQ x D x BK over the warps.
   std::printf("backward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
               B::kThreads, B::bytes, B::bytes_dist, B::bytes_rowcol, 8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps);
@@ -175,7 +198,7 @@ def main_loop(instrs):
         if target >= addr:
             continue
         region = [b for a, b in instrs if target <= a <= addr]
-        n_hmma = sum(1 for b in region if b.startswith("HMMA"))
+        n_hmma = sum(1 for b in region if b.startswith(("HMMA", "HGMMA")))
         if n_hmma:
             loops.append((target, addr, n_hmma, region))
     outer = [l for l in loops
@@ -204,7 +227,8 @@ def main():
     ap.add_argument("--encodings", nargs="+", default=["rope", "alibi", "cable", "t5"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--hd", nargs="+", type=int, default=[128, 64])
-    ap.add_argument("--arch", nargs="+", type=int, default=[80, 90])
+    ap.add_argument("--arch", nargs="+", default=["80", "90a"],
+                    help="architectures (80, 86, 89, 90, 90a: sm_90a adds the wgmma forward)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
     ap.add_argument("--venv", default=os.environ.get("APE_VENV", str(ROOT / ".venv")))
     ap.add_argument("--md", help="write the Markdown table here")
@@ -212,6 +236,7 @@ def main():
     args = ap.parse_args()
 
     cuobjdump = find_cuobjdump(args.venv)
+    ensure_nvdisasm(args.venv, cuobjdump)
     rows = []
     with tempfile.TemporaryDirectory() as work:
         tiles = tile_constants(args.nvcc, work)
@@ -245,11 +270,11 @@ def main():
                         loop = main_loop(instrs)
                         ops = [b.split()[0] for b in loop]
                         counts = {c: sum(1 for o in ops if re.match(rx, o)) for c, rx in CLASSES}
-                        total_hmma = sum(1 for _, b in instrs if b.startswith("HMMA"))
+                        total_hmma = sum(1 for _, b in instrs if b.startswith(("HMMA", "HGMMA")))
                         p = pinfo.get(fn, {})
                         # Distance and row/column biases add their tables to the flash kernels.
                         smem = t["smem_dist" if dist else "smem_rowcol" if rowcol else "smem"] + p.get("smem_static", 0)
-                        blocks, warps, limit = occupancy(arch, t["threads"], p.get("regs", 0), smem)
+                        blocks, warps, limit = occupancy(int(arch.rstrip("a")), t["threads"], p.get("regs", 0), smem)
                         mflop = t["flops"] / 1e6
                         rows.append(dict(
                             encoding=enc, kernel=kind, dtype=args.dtype, hd=hd, arch=f"sm_{arch}",
@@ -288,7 +313,7 @@ def main():
                  f"instrs/MFLOP, HMMA {FA2['forward']['hmma']}%; backward {FA2['backward']['ipm']} "
                  f"instrs/MFLOP, HMMA {FA2['backward']['hmma']}%. The bar: <= 1.3x (1,150 forward, "
                  f"960 backward), HMMA >= 20%, no spills.")
-    bar = {"forward": 1150, "backward": 960}
+    bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")
     lines.append("")

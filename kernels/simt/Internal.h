@@ -1,7 +1,7 @@
 // Internals of the SIMT emulator shared by Runtime.cpp (launches, fibers, barriers, device
 // memory, the runtime API), Checks.cpp (the access hooks and the shadow state behind memcheck,
 // racecheck and initcheck) and Warp.cpp (warp collectives: shuffles, WMMA, mma.sync, ldmatrix,
-// cp.async). Not installed: the public surfaces are ape/simt/cuda.h and ape/simt/runtime.h.
+// cp.async, wgmma). Not installed: the public surfaces are ape/simt/cuda.h and ape/simt/runtime.h.
 #pragma once
 
 #include "ape/simt/cuda.h"
@@ -72,8 +72,19 @@ struct Thread {
   std::deque<std::vector<AsyncCopy>> groups;  // committed cp.async groups, oldest first
 };
 
+// A wgmma of one warp, issued and not yet computed (Warp.cpp).
+struct WgmmaOp {
+  int elem = 0, n = 0;
+  float *d[32] = {};
+  uint32_t a[32][4] = {};
+  bool a_regs = false, scale_d = false, trans_b = false;
+  uint64_t a_desc = 0, b_desc = 0;
+};
+
 struct Warp {
   unsigned index = 0;
+  std::vector<WgmmaOp> wgmma_open;               // issued since the last commit
+  std::deque<std::vector<WgmmaOp>> wgmma_groups;  // committed, oldest first
   unsigned valid = 0;   // lanes that exist (a last partial warp has fewer)
   unsigned exited = 0;  // lanes that returned
   uint32_t sync_count = 0;  // completed __syncwarp: orders the accesses of its lanes
@@ -159,6 +170,10 @@ enum CollectiveKind : int {
   kWmmaMma,
   kMma,
   kLdmatrix,
+  kWgmma,
+  kWgmmaFence,
+  kWgmmaCommit,
+  kWgmmaWait,
 };
 
 }  // namespace ape::simt::detail

@@ -303,6 +303,8 @@ bool run_block(Block &b, Body body) {
           tp->state = State::Done;
           Warp &w = b.warps[tp->tid / 32];
           w.exited |= 1u << (tp->tid % 32);
+          if (w.exited == w.valid && (!w.wgmma_open.empty() || !w.wgmma_groups.empty()))
+            report(Check::Async, "warp returns with wgmma operations never waited for");
           return std::move(tp->back);
         });
     t.stack_hi = static_cast<const char *>(tl_last_stack.sp);  // local memory: unchecked
@@ -574,6 +576,17 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t dynami
 }
 
 unsigned char *dynamic_smem() { return reinterpret_cast<unsigned char *>(tl_worker.block->smem); }
+
+uint32_t smem_window_offset(const void *p) {
+  const Block *b = tl_worker.block;
+  const char *c = static_cast<const char *>(p);
+  if (!b || c < b->smem || c > b->window + b->window_bytes) {
+    report(Check::Memcheck, "a wgmma descriptor's address is not in the block's shared memory",
+           __builtin_return_address(0));
+    return 0;
+  }
+  return static_cast<uint32_t>(c - b->smem);
+}
 
 void *static_smem(const void *id, size_t bytes, size_t align) {
   Block &b = *tl_worker.block;

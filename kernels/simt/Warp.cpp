@@ -17,6 +17,9 @@
 // WMMA m16n16k16 (the layout of its sm_80 implementation, see ape/simt/cuda.h) uses the same maps:
 // matrix_a one mma A fragment, matrix_b and accumulators two mma fragments (n 0-7, then 8-15).
 //
+// wgmma.m64nNk16 (sm_90a): warp w % 4 of a warpgroup holds rows 16 (w % 4) .. + 15 of A (register
+//   form: an m16n8k16 A fragment) and D (d[4 j + x]: C/D element x of n8 tile j); shared-memory
+//   operands through matrix descriptors (ape/cuda_platform.cuh states the canonical layouts).
 // cp.async: a copy is recorded when issued and lands when a cp.async.wait_group lets it, i.e. as
 // late as the program allows; until then its destination bytes are marked, and touching them is
 // a finding.
@@ -353,5 +356,143 @@ void cp_async_wait(int pending_groups) {
     t->groups.pop_front();
   }
 }
+
+// ---- wgmma (sm_90a) ---------------------------------------------------------------------------------
+// Each warp computes its own 16 rows of a warpgroup's product (the rows of A and D it holds), so
+// the instruction is emulated as a warp collective per warp. An issued product is recorded and
+// computed when a wgmma.wait_group lets its group complete: shared memory and D are read then, as
+// late as the program allows, so a kernel that overwrites an operand tile or reads D before the
+// wait computes wrong numbers here, as it may on a GPU.
+namespace {
+struct WgmmaArg {
+  int elem, n;
+  float *d;
+  const uint32_t *a;
+  uint64_t a_desc, b_desc;
+  bool scale_d, trans_b;
+};
+
+// The byte offset, from the block's dynamic shared memory, of element (x, k) of an operand given
+// by a descriptor: x its row (A: m, B: n), k in [0, 16); `mn_major`: contiguous along x. The
+// canonical layouts of ape/cuda_platform.cuh (PTX ISA, "Shared Memory Matrix Layout").
+bool desc_offset(uint64_t desc, bool mn_major, int x, int k, uint32_t &off) {
+  const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
+  const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4;
+  const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
+  const unsigned base = static_cast<unsigned>((desc >> 49) & 7), mode = static_cast<unsigned>(desc >> 62);
+  if (base != 0) return false;  // the matrix base offset: not used by the kernels
+  const uint32_t W = mode == 1 ? 8 : mode == 2 ? 4 : mode == 3 ? 2 : 1;  // 16-byte units per row
+  const uint32_t ux = static_cast<uint32_t>(x), uk = static_cast<uint32_t>(k);
+  uint32_t o;
+  if (!mn_major)
+    o = mode == 0 ? (ux % 8) * 16 + (ux / 8) * sbo + (uk % 8) * 2 + (uk / 8) * lbo
+                  : (ux % 8) * 16 * W + (ux / 8) * sbo + uk * 2;
+  else
+    o = mode == 0 ? (ux % 8) * 2 + (ux / 8) * sbo + (uk % 8) * 16 + (uk / 8) * lbo
+                  : (ux % (8 * W)) * 2 + (ux / (8 * W)) * lbo + (uk % 8) * 16 * W + (uk / 8) * sbo;
+  uint32_t addr = start + o;
+  if (mode != 0) addr ^= ((addr >> 7) & (W - 1)) << 4;
+  off = addr;
+  return true;
+}
+
+void wgmma_run(Warp &w, const WgmmaOp &op) {
+  Block &b = *tl_worker.block;
+  const int wi = static_cast<int>(w.index % 4);  // the warp's rows: 16 wi .. 16 wi + 15
+  auto read = [&](uint64_t desc, bool mn_major, int x, int k, float &v) {
+    uint32_t off;
+    if (!desc_offset(desc, mn_major, x, k, off)) {
+      report(Check::Memcheck, "wgmma descriptor with a matrix base offset (unsupported)");
+      return false;
+    }
+    const char *p = b.smem + off;
+    if (p < b.smem || p + 2 > b.window + b.window_bytes - kSmemRedzone) {
+      std::ostringstream os;
+      os << "wgmma reads shared memory at offset " << off << ", outside the block's";
+      report(Check::Memcheck, os.str());
+      return false;
+    }
+    check_access(p, 2, Access::Read, nullptr);
+    v = elem_to_f32(op.elem, p, 0);
+    return true;
+  };
+  float A[16][16];
+  if (op.a_regs) {
+    for (unsigned lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 8; ++i) {
+        const RC rc = a_coord(lane, i);
+        A[rc.r][rc.c] = elem_to_f32(op.elem, op.a[lane], i);
+      }
+  } else {
+    for (int r = 0; r < 16; ++r)
+      for (int k = 0; k < 16; ++k)
+        if (!read(op.a_desc, false, 16 * wi + r, k, A[r][k])) return;
+  }
+  std::vector<float> B(static_cast<size_t>(16 * op.n));
+  for (int k = 0; k < 16; ++k)
+    for (int x = 0; x < op.n; ++x)
+      if (!read(op.b_desc, op.trans_b, x, k, B[static_cast<size_t>(k * op.n + x)])) return;
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+    for (int i = 0; i < op.n / 2; ++i) {
+      const int r = g + 8 * ((i % 4) / 2), c = 8 * (i / 4) + 2 * t + i % 2;
+      float acc = op.scale_d ? op.d[lane][i] : 0.f;
+      for (int k = 0; k < 16; ++k) acc += A[r][k] * B[static_cast<size_t>(k * op.n + c)];
+      op.d[lane][i] = acc;
+    }
+  }
+}
+}  // namespace
+
+void wgmma(int elem, int n, float *d, const uint32_t *a, uint64_t a_desc, uint64_t b_desc,
+           bool scale_d, bool trans_b) {
+  WgmmaArg arg{elem, n, d, a, a_desc, b_desc, scale_d, trans_b};
+  collective(kWgmma, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
+    if (mask != 0xffffffffu) return report(Check::Synccheck, "wgmma needs all 32 lanes");
+    const auto *x0 = static_cast<WgmmaArg *>(args[0]);
+    WgmmaOp op;
+    op.elem = x0->elem, op.n = x0->n, op.a_regs = x0->a != nullptr, op.scale_d = x0->scale_d;
+    op.trans_b = x0->trans_b, op.a_desc = x0->a_desc, op.b_desc = x0->b_desc;
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      const auto *x = static_cast<WgmmaArg *>(args[lane]);
+      if (x->elem != op.elem || x->n != op.n || (x->a != nullptr) != op.a_regs ||
+          x->scale_d != op.scale_d || x->trans_b != op.trans_b || x->b_desc != op.b_desc ||
+          (!op.a_regs && x->a_desc != op.a_desc))
+        return report(Check::Synccheck, "wgmma: lanes give different shapes or descriptors");
+      op.d[lane] = x->d;
+      if (op.a_regs) std::memcpy(op.a[lane], x->a, sizeof op.a[lane]);
+    }
+    w.wgmma_open.push_back(op);
+  }, Site{__builtin_return_address(0)});
+}
+
+void wgmma_fence() {
+  collective(kWgmmaFence, 0xffffffffu, nullptr, [](Warp &, unsigned mask, void *const *) {
+    if (mask != 0xffffffffu) report(Check::Synccheck, "wgmma.fence needs all 32 lanes");
+  }, Site{__builtin_return_address(0)});
+}
+
+void wgmma_commit() {
+  collective(kWgmmaCommit, 0xffffffffu, nullptr, [](Warp &w, unsigned mask, void *const *) {
+    if (mask != 0xffffffffu) return report(Check::Synccheck, "wgmma.commit_group needs all 32 lanes");
+    w.wgmma_groups.push_back(std::move(w.wgmma_open));
+    w.wgmma_open.clear();
+  }, Site{__builtin_return_address(0)});
+}
+
+void wgmma_wait(int pending_groups) {
+  int arg = pending_groups;
+  collective(kWgmmaWait, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
+    if (mask != 0xffffffffu) return report(Check::Synccheck, "wgmma.wait_group needs all 32 lanes");
+    const int n = *static_cast<int *>(args[0]);
+    while (static_cast<int>(w.wgmma_groups.size()) > n) {
+      for (const WgmmaOp &op : w.wgmma_groups.front()) wgmma_run(w, op);
+      w.wgmma_groups.pop_front();
+    }
+  }, Site{__builtin_return_address(0)});
+}
+
+// The emulator's shared memory has one proxy: the fence orders nothing more than program order.
+void fence_proxy_async() {}
 
 }  // namespace ape::simt

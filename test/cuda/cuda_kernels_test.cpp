@@ -491,6 +491,30 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
   }
 }
 
+#ifdef APE_SIMT
+// The same through the sm_90 path: the emulator poses as an H100, so the 16-bit forward runs the
+// wgmma kernel (hopper_forward_kernel; the backward and f32 are the same kernels as at sm_80,
+// here under sm_90's limits). Sizes: one row, partial tiles, several query and key tiles of 128.
+TEST_P(CudaKernel, Sm90PathMatchesReferences) {
+  const auto &[name, index] = GetParam();
+  const CudaKernelEntry *e = find_cuda(name);
+  ASSERT_NE(e, nullptr);
+  const auto &var = e->variants[index];
+  struct ArchGuard {
+    int saved = ape::simt::arch();
+    ArchGuard() { ape::simt::set_arch(90); }
+    ~ArchGuard() { ape::simt::set_arch(saved); }
+  } guard;
+  for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
+    SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
+                 std::to_string(var.head_dim) + " B=" + std::to_string(B) + " H=" +
+                 std::to_string(H) + " T=" + std::to_string(T) + " sm_90");
+    check_problem(name, var, make_problem(*e, B, H, T, var.head_dim, 7000 * T + 10 * B + H));
+    if (HasFatalFailure()) return;
+  }
+}
+#endif
+
 // A scale <= 0 (legal: only a finite scale is required) takes other paths: the flash kernels
 // keep raw scores (S = Q'K'^T + B / scale with a distance bias) and need scale > 0 in the
 // forward and scale != 0 in a distance bias's backward; the rest runs the general kernels.

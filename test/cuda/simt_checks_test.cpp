@@ -214,6 +214,46 @@ TEST_F(Simt, MmaFollowsThePtxIsaLayoutAndAWrongLaneMapFails) {
   EXPECT_GT((wrong - want).abs().max().item<double>(), 0.5) << "a wrong lane map went unnoticed";
 }
 
+// wgmma: every swizzle, B K-major and MN-major (transposed by the instruction), A from shared
+// memory and from registers, against a matmul; D read before the wait is not the product, and a
+// warp that never waits is a finding.
+TEST_F(Simt, WgmmaFollowsTheCanonicalLayoutsAndDefersItsResult) {
+  torch::manual_seed(5);
+  for (int n : {64, 128}) {
+    const torch::Tensor A = torch::randn({64, 16}).to(torch::kBFloat16);
+    const torch::Tensor B = torch::randn({16, n}).to(torch::kBFloat16);
+    std::vector<uint16_t> a(64 * 16), b(static_cast<size_t>(16 * n));
+    std::memcpy(a.data(), A.data_ptr(), a.size() * 2);
+    std::memcpy(b.data(), B.data_ptr(), b.size() * 2);
+    const torch::Tensor want = A.to(torch::kFloat64).matmul(B.to(torch::kFloat64));
+    for (int swizzle : {0, 32, 64, 128})
+      for (bool mn : {false, true})
+        for (bool regs : {false, true}) {
+          SCOPED_TRACE("n " + std::to_string(n) + " swizzle " + std::to_string(swizzle) +
+                       (mn ? " B MN-major" : " B K-major") + (regs ? " A registers" : " A shared"));
+          std::vector<float> d;
+          ASSERT_EQ(planted::wgmma_64xnx16(a, b, n, swizzle, mn, regs, planted::WgmmaMode::Correct, d), 0);
+          const auto fs = findings();
+          EXPECT_TRUE(fs.empty()) << dump(fs);
+          const torch::Tensor got = torch::from_blob(d.data(), {64, n}).to(torch::kFloat64);
+          EXPECT_LE((got - want).abs().max().item<double>(), 1e-5);
+        }
+  }
+  const torch::Tensor A = torch::randn({64, 16}).to(torch::kBFloat16);
+  const torch::Tensor B = torch::randn({16, 64}).to(torch::kBFloat16);
+  std::vector<uint16_t> a(64 * 16), b(16 * 64);
+  std::memcpy(a.data(), A.data_ptr(), a.size() * 2);
+  std::memcpy(b.data(), B.data_ptr(), b.size() * 2);
+  const torch::Tensor want = A.to(torch::kFloat64).matmul(B.to(torch::kFloat64));
+  std::vector<float> d;
+  ASSERT_EQ(planted::wgmma_64xnx16(a, b, 64, 128, true, false, planted::WgmmaMode::ReadBeforeWait, d), 0);
+  const torch::Tensor early = torch::from_blob(d.data(), {64, 64}).to(torch::kFloat64);
+  EXPECT_GT((early - want).abs().max().item<double>(), 0.5) << "D read before the wait was the product";
+  planted::wgmma_64xnx16(a, b, 64, 128, true, false, planted::WgmmaMode::NeverWait, d);
+  const auto fs = findings();
+  EXPECT_TRUE(has(fs, ape::simt::Check::Async, "wgmma operations never waited for")) << dump(fs);
+}
+
 TEST_F(Simt, WmmaComputesAGemm) {
   torch::manual_seed(4);
   const torch::Tensor A = torch::randn({16, 16}).to(torch::kBFloat16);

@@ -57,6 +57,15 @@ int ldmatrix_x4(const std::vector<uint16_t> &m, bool trans, std::vector<uint32_t
 // swaps the roles of groupID and threadID_in_group in A (a lane-mapping bug).
 int mma_16x8x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
                 const std::vector<float> &c, bool wrong_lanes, std::vector<float> &d);
+// D(64 x n) = A(64 x 16) B(16 x n) with one wgmma.m64nNk16 by a warpgroup (bf16 in, f32 out; n =
+// 64 or 128), A and B row-major on the host. B is stored in shared memory K-major ([n][k]) or
+// MN-major ([k][n]), both with a `swizzle`-byte swizzle (0: none, 32, 64, 128), by per-element
+// stores at the canonical layouts' offsets (written out here in CUTLASS's form of them); A from a
+// K-major tile with the same swizzle (`a_regs` false) or from each warp's m16n8k16 A fragment.
+// Planted bugs: the accumulators read before the wait (D is not yet written), or no wait at all.
+enum class WgmmaMode { Correct, ReadBeforeWait, NeverWait };
+int wgmma_64xnx16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b, int n,
+                  int swizzle, bool b_mn_major, bool a_regs, WgmmaMode mode, std::vector<float> &d);
 // A 16x16x16 bf16 GEMM (row-major A, B; f32 C) through nvcuda::wmma.
 int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
                   const std::vector<float> &c, std::vector<float> &d);

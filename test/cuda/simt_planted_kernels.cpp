@@ -185,7 +185,98 @@ __global__ void wmma_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, cons
   wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
 }
 
+// The canonical wgmma layouts of 16-bit elements in CUTLASS's form (cute GMMA::Layout_*_Atom,
+// make_gmma_desc), in elements with T = 8 per 16 bytes and W = swizzle / 16 (1: interleaved):
+//   K-major:   ((8, m), (T, 2)) : ((W T, SBO), (1, LBO or T))   interleaved: ((8, m), (T, 2)) : ((T, SBO), (1, LBO))
+//   MN-major:  ((T, W, m), (8, k)) : ((1, T, LBO), (W T, SBO))  interleaved: ((T, m), (8, k)) : ((1, SBO), (T, LBO))
+// then Swizzle<log2 W, 4, 3> on the byte address. The tiles here: K-major 8-row groups SBO apart
+// (interleaved: the two k halves LBO = 128 bytes apart, groups SBO = 256); MN-major atoms of
+// 8 k-rows of 8 W elements, the two k halves SBO apart and atom columns LBO apart.
+struct WgLayout {
+  int W;
+  uint32_t lbo, sbo;  // bytes
+};
+__device__ uint32_t wg_offset(const WgLayout &l, bool mn_major, int x, int k) {
+  uint32_t e;
+  if (!mn_major)
+    e = l.W == 1 ? (x % 8) * 8 + (x / 8) * (l.sbo / 2) + (k % 8) + (k / 8) * (l.lbo / 2)
+                 : (x % 8) * 8 * l.W + (x / 8) * (l.sbo / 2) + (k % 8) + (k / 8) * 8;
+  else
+    e = l.W == 1 ? (x % 8) + (x / 8) * (l.sbo / 2) + (k % 8) * 8 + (k / 8) * (l.lbo / 2)
+                 : (x % 8) + ((x / 8) % l.W) * 8 + (x / (8 * l.W)) * (l.lbo / 2) + (k % 8) * 8 * l.W +
+                       (k / 8) * (l.sbo / 2);
+  uint32_t byte = 2 * e;
+  if (l.W > 1) byte ^= ((byte >> 7) & uint32_t(l.W - 1)) << 4;
+  return byte;
+}
+WgLayout wg_layout(int swizzle, bool mn_major, int n) {
+  const int W = swizzle / 16 > 0 ? swizzle / 16 : 1;
+  if (W == 1) return mn_major ? WgLayout{1, uint32_t(n / 8) * 128, 128} : WgLayout{1, 128, 256};
+  return mn_major ? WgLayout{W, uint32_t(2 * 8 * W * 16), uint32_t(8 * W * 16)}
+                  : WgLayout{W, 16, uint32_t(8 * W * 16)};
+}
+
+template <int N>
+__global__ void wgmma_kernel(const uint16_t *a, const uint16_t *b, float *d, int swizzle,
+                             bool b_mn_major, bool a_regs, WgmmaMode mode) {
+  namespace ptx = ape::cuda::ptx;
+  APE_DYNAMIC_SMEM(smem);
+  // A: up to 64 rows of 128 bytes (a K-major row holds a whole swizzle row); B after it.
+  uint16_t *sA = reinterpret_cast<uint16_t *>(smem), *sB = sA + 64 * 64;
+  const WgLayout la = wg_layout(swizzle, false, 64), lb = wg_layout(swizzle, b_mn_major, N);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  for (int e = tid; e < 64 * 16; e += 128) sA[wg_offset(la, false, e / 16, e % 16) / 2] = a[e];
+  for (int e = tid; e < 16 * N; e += 128) sB[wg_offset(lb, b_mn_major, e % N, e / N) / 2] = b[e];
+  ptx::fence_proxy_async();
+  __syncthreads();
+  const uint64_t da = ptx::smem_desc(ptx::smem_window_offset(sA), swizzle, la.lbo, la.sbo);
+  const uint64_t db = ptx::smem_desc(ptx::smem_window_offset(sB), swizzle, lb.lbo, lb.sbo);
+  auto pack = [](uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; };
+  const int r0 = 16 * warp;
+  const uint32_t ra[4] = {pack(a[(r0 + g) * 16 + 2 * t], a[(r0 + g) * 16 + 2 * t + 1]),
+                          pack(a[(r0 + g + 8) * 16 + 2 * t], a[(r0 + g + 8) * 16 + 2 * t + 1]),
+                          pack(a[(r0 + g) * 16 + 2 * t + 8], a[(r0 + g) * 16 + 2 * t + 9]),
+                          pack(a[(r0 + g + 8) * 16 + 2 * t + 8], a[(r0 + g + 8) * 16 + 2 * t + 9])};
+  float acc[N / 2];
+  for (float &x : acc) x = -1.f;  // scale_d = 0: ignored
+  ptx::wgmma_fence();
+  if (b_mn_major) {
+    if (a_regs) ptx::wgmma_rs<__nv_bfloat16, N, 1>(acc, ra, db, 0);
+    else ptx::wgmma_ss<__nv_bfloat16, N, 1>(acc, da, db, 0);
+  } else {
+    if (a_regs) ptx::wgmma_rs<__nv_bfloat16, N, 0>(acc, ra, db, 0);
+    else ptx::wgmma_ss<__nv_bfloat16, N, 0>(acc, da, db, 0);
+  }
+  ptx::wgmma_commit();
+  float early[N / 2];
+  for (int i = 0; i < N / 2; ++i) early[i] = acc[i];
+  if (mode != WgmmaMode::NeverWait) ptx::wgmma_wait<0>();
+  ptx::fence_regs(acc);
+  for (int i = 0; i < N / 2; ++i) {
+    const int r = r0 + g + 8 * ((i % 4) / 2), c = 8 * (i / 4) + 2 * t + i % 2;
+    d[r * N + c] = mode == WgmmaMode::ReadBeforeWait ? early[i] : acc[i];
+  }
+}
+
 }  // namespace
+
+int wgmma_64xnx16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b, int n,
+                  int swizzle, bool b_mn_major, bool a_regs, WgmmaMode mode, std::vector<float> &d) {
+  uint16_t *da = device_alloc<uint16_t>(64 * 16), *db = device_alloc<uint16_t>(16 * n);
+  float *dd = device_alloc<float>(64 * n);
+  cudaMemcpy(da, a.data(), 64 * 16 * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), 16 * n * 2, cudaMemcpyHostToDevice);
+  const size_t smem = 64 * 128 + 128 * static_cast<size_t>(n);
+  const int err = n == 64 ? launch(wgmma_kernel<64>, 1, 128, smem, nullptr,
+                                   static_cast<const uint16_t *>(da), static_cast<const uint16_t *>(db),
+                                   dd, swizzle, b_mn_major, a_regs, mode)
+                          : launch(wgmma_kernel<128>, 1, 128, smem, nullptr,
+                                   static_cast<const uint16_t *>(da), static_cast<const uint16_t *>(db),
+                                   dd, swizzle, b_mn_major, a_regs, mode);
+  to_host(d, dd, static_cast<size_t>(64 * n));
+  cudaFree(da), cudaFree(db), cudaFree(dd);
+  return err;
+}
 
 int neighbour_exchange(int threads, bool sync, std::vector<int> &out) {
   int *d = device_alloc<int>(threads);

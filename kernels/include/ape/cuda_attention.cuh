@@ -780,6 +780,63 @@ template <class Enc, class F> constexpr size_t flash_smem_bytes() {
   return flash_distance<Enc>() ? F::bytes_dist : flash_rowcol<Enc>() ? F::bytes_rowcol : F::bytes;
 }
 
+// Logits and the online softmax of one key tile (keys j0 ..) for the thread's rows of a flash forward:
+// scale, score mod, causal mask (kMasked), then each of the thread's rows (mt, h) is reduced over
+// its quad of lanes and exponentiated in base 2 (kf: see the callers), its running max m and
+// partial sum l updated and its O accumulators rescaled; S becomes P. Element (row rr = r0 + 16
+// mt + g + 8 h, column cc = 8 nt + 2 t + e) of S (the mma.m16n8k16 / wgmma accumulator layout) is
+// query i = i0 + rr, key j = j0 + cc: visible iff cc - rr <= dlt (j <= i) and rr < rows (i < T),
+// in 32-bit tile coordinates. Masked elements never reach the score mod: their indices may lie
+// outside the token arrays.
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT>
+__device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
+                                              float (&m)[kMT][2], float (&l)[kMT][2],
+                                              const DevCtx<Enc> &ctx, float scale, float kf,
+                                              int64_t i0, int64_t j0, int r0, int g, int t,
+                                              int64_t T) {
+  constexpr int BK = 8 * kNT;
+  const int dlt = static_cast<int>(i0 - j0 < BK ? i0 - j0 : BK);
+  const int rows = static_cast<int>(T - i0 < 65536 ? T - i0 : 65536);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = r0 + 16 * mt + g + 8 * h;
+      float mx = m[mt][h];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int cc = 8 * nt + 2 * t + e;
+          const bool visible = !kMasked || (cc - rr <= dlt && rr < rows);
+          float x = s[mt][nt][2 * h + e];  // kRaw: the raw score (kf scales it)
+          if constexpr (!kRaw) {
+            x *= scale;
+            if (visible) x = Enc::score_mod(ctx, i0 + rr, j0 + cc, x);
+          }
+          if constexpr (kMasked) x = visible ? x : -kInf;
+          s[mt][nt][2 * h + e] = x;
+          mx = fmaxf(mx, x);
+        }
+      mx = flash::quad_max(mx);
+      const float ref = mx == -kInf ? 0.f : mx * kf;  // no finite logit yet: the row stays 0
+      const float alpha = ptx::ex2(fmaf(m[mt][h], kf, -ref));
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = ptx::ex2(fmaf(s[mt][nt][2 * h + e], kf, -ref));
+          s[mt][nt][2 * h + e] = pe;
+          sum += pe;
+        }
+      l[mt][h] = l[mt][h] * alpha + sum;  // this lane's part of the row sum
+      m[mt][h] = mx;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) o[mt][dt][2 * h] *= alpha, o[mt][dt][2 * h + 1] *= alpha;
+    }
+}
+
 template <class Enc, class In, int D>
 __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kernel(const Params<Enc, In> p) {
   using C = FlashFwd<In, D>;
@@ -900,51 +957,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       }
     }
 
-    // Logits: scale, score mod, causal mask (masked steps), then the online softmax of each of
-    // the thread's rows (mt, h). Element (row rr = r0 + 16 mt + g + 8 h, column cc = 8 nt + 2 t
-    // + e) is query i = i0 + rr, key j = j0 + cc: visible iff cc - rr <= dlt (j <= i) and
-    // rr < rows (i < T), in 32-bit tile coordinates. Masked elements never reach the score mod:
-    // their indices may lie outside the token arrays.
-    const int dlt = static_cast<int>(i0 - j0 < BK ? i0 - j0 : BK);
-    const int rows = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int rr = r0 + 16 * mt + g + 8 * h;
-        float mx = m[mt][h];
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int cc = 8 * nt + 2 * t + e;
-            const bool visible = !kMasked || (cc - rr <= dlt && rr < rows);
-            float x = s[mt][nt][2 * h + e];  // kRaw: the raw score (kf scales it)
-            if constexpr (!kRaw) {
-              x *= p.scale;
-              if (visible) x = Enc::score_mod(ctx, i0 + rr, j0 + cc, x);
-            }
-            if constexpr (kMasked) x = visible ? x : -kInf;
-            s[mt][nt][2 * h + e] = x;
-            mx = fmaxf(mx, x);
-          }
-        mx = flash::quad_max(mx);
-        const float ref = mx == -kInf ? 0.f : mx * kf;  // no finite logit yet: the row stays 0
-        const float alpha = ptx::ex2(fmaf(m[mt][h], kf, -ref));
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = ptx::ex2(fmaf(s[mt][nt][2 * h + e], kf, -ref));
-            s[mt][nt][2 * h + e] = pe;
-            sum += pe;
-          }
-        l[mt][h] = l[mt][h] * alpha + sum;  // this lane's part of the row sum
-        m[mt][h] = mx;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) o[mt][dt][2 * h] *= alpha, o[mt][dt][2 * h + 1] *= alpha;
-      }
+    flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
 
     // O += P V, P from registers.
 #pragma unroll
@@ -982,6 +995,203 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       }
       if (t == 0) p.lse[bh * T + i] = m[mt][h] * mscale + logf(lt);
     }
+}
+
+// ---- forward, Hopper (sm_90a: wgmma) ---------------------------------------------------------------
+// One block of two warpgroups (8 warps) per (query tile of BQ = 128 rows, slice); warpgroup w owns
+// rows 64 w .. 64 w + 63, each of its warps 16 of them, for the whole loop. Both products run on
+// wgmma.m64nNk16 from shared memory, one instruction per 16-deep step for the warpgroup's 64 rows:
+// S = Q'K'^T (m64 n128: A = Q and B = K' from their tiles, both K-major) and O += P V (m64 nD: A = P
+// from registers, the S accumulators rounded to In as they stand, B = V read MN-major, i.e.
+// transposed by the tensor core). Tiles are stored in the canonical layout wgmma reads: 8-row groups
+// of swizzle rows (128 bytes, 64 at D = 32) whose 16-byte chunks are XOR-permuted by the row, so the
+// 16-byte cp.async that fill them and the tensor core's reads are free of bank conflicts. K and V
+// tiles of BK = 128 keys are prefetched one tile ahead into double buffers (cp.async, then
+// fence.proxy.async so the tensor core sees them); one barrier per tile. The softmax is the FA2
+// path's (flash_softmax) on the same accumulator layout; scores and the causal mask are handled
+// the same way, and distance and row/column biases enter as the initial S accumulators.
+template <class In, int D> struct HopperFwd {
+  static constexpr int kWarpGroups = 2, kThreads = 128 * kWarpGroups;
+  static constexpr int BQ = 64 * kWarpGroups, BK = 128;
+  static constexpr int kNT = BK / 8, kDT = D / 8;
+  static constexpr int kSwizzle = 2 * D < 128 ? 2 * D : 128;  // bytes per swizzle row
+  static constexpr int kRowElems = kSwizzle / 2, kAtomCols = D / kRowElems;
+  static constexpr size_t q = 0, k = sizeof(In) * BQ * D, v = k + 2 * sizeof(In) * BK * D;
+  static constexpr size_t bytes = v + 2 * sizeof(In) * BK * D;
+  static constexpr int kDistLen = BQ + BK;
+  static constexpr size_t dist = bytes, bytes_dist = dist + 2 * sizeof(float) * kDistLen;
+  static constexpr size_t rowcol = bytes, bytes_rowcol = rowcol + 2 * sizeof(float) * BK;
+  static_assert(bytes_dist <= 227 * 1024, "forward tiles exceed sm_90's 227 KiB of shared memory");
+};
+
+namespace hopper {
+// The byte offset of 16-byte chunk c (columns 8c .. 8c + 7) of row r in a tile of R rows of D
+// 16-bit elements in the canonical wgmma layout (ape/cuda_platform.cuh): atom column c / (W) of
+// R rows of kSwizzle bytes, chunk c % W of the row, XOR-permuted by the row's place in its 8-row
+// group (address bits 7.. of the offset; tiles start 1024-byte aligned).
+template <int R, int D> __device__ constexpr uint32_t chunk_offset(int r, int c) {
+  constexpr int kSw = 2 * D < 128 ? 2 * D : 128, W = kSw / 16;
+  const uint32_t off = uint32_t(c / W) * R * kSw + uint32_t(r) * kSw + uint32_t(c % W) * 16;
+  return off ^ (((off >> 7) & (W - 1)) << 4);
+}
+
+// Rows [row0, row0 + R) of a (T, D) matrix into a canonical tile at shared offset `tile`, one
+// 16-byte cp.async per chunk; rows >= T are zero-filled without reading. The caller commits.
+template <int R, int D, int kThreads, class In>
+__device__ inline void load_tile_async(In *tile, const In *g, int64_t row0, int64_t T) {
+  constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kSteps = R / kRowStep;
+  static_assert(kThreads % kChunks == 0 && R % kRowStep == 0 && kRowStep % 8 == 0,
+                "whole 8-row groups per step");
+  constexpr int kSw = 2 * D < 128 ? 2 * D : 128;
+  const int tid = static_cast<int>(threadIdx.x), r = tid / kChunks, c = tid % kChunks;
+  const ptx::SmemAddr dst = ptx::smem_addr_of(tile) + chunk_offset<R, D>(r, c);
+  const int rows = T - row0 < R ? static_cast<int>(T - row0) : R;
+  const In *src = g + (row0 + r) * D + 8 * c;
+#pragma unroll
+  for (int it = 0; it < kSteps; ++it)
+    ptx::cp_async_16_at(dst + kSw * kRowStep * it, src + D * kRowStep * it,
+                        r + it * kRowStep < rows ? 16 : 0);
+}
+
+// Descriptors of a canonical tile of R rows at shared-window offset `base`, for the 16-deep step
+// kk: K-major (the k of the product runs along the row: Q, K'), and MN-major (the k runs down the
+// rows: V, whose columns are the product's n).
+template <int R, int D> __device__ inline uint64_t desc_k(uint32_t base, int kk) {
+  constexpr int kSw = 2 * D < 128 ? 2 * D : 128;
+  const uint32_t off = uint32_t(32 * kk / kSw) * R * kSw + uint32_t(32 * kk % kSw);
+  return ptx::smem_desc(base + off, kSw, 16, 8 * kSw);
+}
+template <int R, int D> __device__ inline uint64_t desc_mn(uint32_t base, int kk) {
+  constexpr int kSw = 2 * D < 128 ? 2 * D : 128;
+  return ptx::smem_desc(base + uint32_t(16 * kk) * kSw, kSw, R * kSw, 8 * kSw);
+}
+}  // namespace hopper
+
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(HopperFwd<In, D>::kThreads) hopper_forward_kernel(const Params<Enc, In> p) {
+  using C = HopperFwd<In, D>;
+  constexpr int BQ = C::BQ, BK = C::BK, kNT = C::kNT, kDT = C::kDT;
+  constexpr float kLog2e = 1.44269504088896341f;
+  APE_DYNAMIC_SMEM(smem);
+  In *sQ = reinterpret_cast<In *>(smem + C::q), *sK = reinterpret_cast<In *>(smem + C::k);
+  In *sV = reinterpret_cast<In *>(smem + C::v);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4, wg = warp / 4;
+  const int64_t bh = blockIdx.x, T = p.T;
+  const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
+  const int64_t base = bh * T * D;
+  const int r0 = 16 * warp;  // this warp's first row in the tile (warpgroup wg: rows 64 wg ..)
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+
+  // Biases: as flash_forward_kernel (the windows of the slice's tables, copied a tile ahead).
+  constexpr bool kDist = flash_distance<Enc>(), kRC = flash_rowcol<Enc>();
+  constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;
+  float *sB = reinterpret_cast<float *>(smem + C::dist);
+  [[maybe_unused]] float *sCw = reinterpret_cast<float *>(smem + C::rowcol);
+  [[maybe_unused]] const float *dist_bh = p.dist + bh * p.dist_ld + kDistPad;
+  [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
+  auto fill_bias = [&](int kt) {
+    const int x = static_cast<int>(threadIdx.x);
+    if constexpr (kDist) {
+      static_assert(C::kDistLen % 4 == 0 && C::kDistLen / 4 <= C::kThreads, "one chunk per thread");
+      if (x < C::kDistLen / 4)
+        ptx::cp_async_16(sB + (kt & 1) * C::kDistLen + 4 * x, dist_bh + (i0 - int64_t(kt) * BK - BK) + 4 * x);
+    } else if constexpr (kRC) {
+      if (x < BK / 4) ptx::cp_async_16(sCw + (kt & 1) * BK + 4 * x, rc_bh + p.rc_ld + int64_t(kt) * BK + 4 * x);
+    }
+  };
+  [[maybe_unused]] float rb[2];
+  if constexpr (kRC)
+    for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
+  hopper::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, i0, T);
+  hopper::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, 0, T);
+  hopper::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, 0, T);
+  fill_bias(0);
+  ptx::cp_async_commit();
+
+  // Shared-window offsets of the tiles; this warpgroup's Q rows start 64 wg rows in.
+  const uint32_t aQ = ptx::smem_window_offset(sQ) + uint32_t(64 * wg) * C::kSwizzle;
+  const uint32_t aK = ptx::smem_window_offset(sK), aV = ptx::smem_window_offset(sV);
+  constexpr uint32_t kTileBytes = sizeof(In) * BK * D;
+  float o[1][kDT][4] = {};
+  float m[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.f, 0.f}};
+  float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o[0][0][0]);
+
+  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+  const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);
+  const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
+  const float kf = kRaw ? p.scale * kLog2e : kLog2e;
+  const float mscale = kRaw ? p.scale : 1.f;
+  auto step = [&](int kt, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    ptx::cp_async_wait<0>();
+    ptx::fence_proxy_async();  // the landed tiles, to the tensor core
+    __syncthreads();           // tile kt landed; every warpgroup is done with buffer (kt + 1) % 2
+    if (kt + 1 < n_tiles) {
+      hopper::load_tile_async<BK, D, C::kThreads>(sK + ((kt + 1) & 1) * BK * D, p.km + base,
+                                                  int64_t(kt + 1) * BK, T);
+      hopper::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, p.v + base,
+                                                  int64_t(kt + 1) * BK, T);
+      fill_bias(kt + 1);
+    }
+    ptx::cp_async_commit();
+    const uint32_t cK = aK + (kt & 1) * kTileBytes, cV = aV + (kt & 1) * kTileBytes;
+    const int64_t j0 = int64_t(kt) * BK;
+
+    // S = Q' K'^T (+ B / scale, or + (R + C) / scale, as its initial value)
+    float s[1][kNT][4];
+    float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s[0][0][0]);
+    [[maybe_unused]] const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK);
+    [[maybe_unused]] const float *cw = sCw + (kt & 1) * BK + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        if constexpr (kDist) s[0][nt][x] = tb[8 * (x / 2) - 8 * nt - x % 2];
+        else if constexpr (kRC) s[0][nt][x] = rb[x / 2] + cw[8 * nt + x % 2];
+        else s[0][nt][x] = 0.f;
+      }
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      ptx::wgmma_ss<In, BK>(sf, hopper::desc_k<BQ, D>(aQ, kk), hopper::desc_k<BK, D>(cK, kk),
+                            kDist || kRC || kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::fence_regs(sf);
+
+    flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
+
+    // O += P V, P from registers (kept until the products complete).
+    uint32_t a[BK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      ptx::wgmma_rs<In, D, 1>(of, a[kk], hopper::desc_mn<BK, D>(cV, kk), 1);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::fence_regs(of);
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
+  };
+  for (int kt = 0; kt < n_plain; ++kt) step(kt, std::false_type{});
+  for (int kt = n_plain; kt < n_tiles; ++kt) step(kt, std::true_type{});
+  ptx::cp_async_wait<0>();
+
+  for (int h = 0; h < 2; ++h) {
+    const int64_t i = i0 + r0 + g + 8 * h;
+    const float lt = flash::quad_sum(l[0][h]);
+    if (i >= T) continue;
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    In *orow = p.o + base + i * D;
+    for (int dt = 0; dt < kDT; ++dt) {
+      orow[8 * dt + 2 * t] = from_float<In>(o[0][dt][2 * h] * inv);
+      orow[8 * dt + 2 * t + 1] = from_float<In>(o[0][dt][2 * h + 1] * inv);
+    }
+    if (t == 0) p.lse[bh * T + i] = m[0][h] * mscale + logf(lt);
+  }
 }
 
 // ---- backward --------------------------------------------------------------------------------------
@@ -1772,6 +1982,22 @@ cudaError_t make_rowcol_table(Params<Enc, In> &p, Scratch &scratch, cudaStream_t
   return launch(rowcol_table_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
 }
 
+// True when the current device runs the sm_90a (wgmma) kernels: compute capability 9.0 and a
+// build with sm_90a code (APE_CUDA_SM90A, set with an sm_90a target; always under the emulator,
+// which poses as sm_90 with APE_SIMT_ARCH=90 or ape::simt::set_arch(90)).
+inline bool hopper_device() {
+#if defined(APE_SIMT) || defined(APE_CUDA_SM90A)
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
 template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return bytes > 48 * 1024
              ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1791,7 +2017,8 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
   if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
-  // The flash kernel: 16-bit inputs without value rows; the general kernel otherwise.
+  // The flash kernels: 16-bit inputs without value rows (wgmma on sm_90 where the build has
+  // sm_90a code, mma.sync elsewhere); the general kernel otherwise.
   if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
     using F = FlashFwd<In, kD>;
     float qsign;
@@ -1800,6 +2027,14 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
     if constexpr (flash_rowcol<Enc>())
       if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
+    if (hopper_device()) {
+      using H = HopperFwd<In, kD>;
+      constexpr size_t bytes = flash_smem_bytes<Enc, H>();
+      if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+      p.tile0 = a.first_row / H::BQ;
+      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, H::BQ) - unsigned(p.tile0));
+      return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p);
+    }
     constexpr size_t bytes = flash_smem_bytes<Enc, F>();
     if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
     p.tile0 = a.first_row / F::BQ;

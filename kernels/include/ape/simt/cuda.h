@@ -3,7 +3,7 @@
 // A kernel source written for nvcc compiles unchanged against this header with the host C++
 // compiler (-DAPE_SIMT; ape/cuda_platform.cuh picks it instead of the CUDA headers) and runs on
 // the CPU: every thread of a block is a fiber, `__syncthreads` is a block barrier, warp
-// collectives (shuffles, votes, WMMA, mma.sync, ldmatrix) are executed once per warp when every
+// collectives (shuffles, votes, WMMA, mma.sync, ldmatrix, wgmma) are executed once per warp when every
 // lane of their mask has arrived, with each lane's registers laid out as the PTX ISA documents,
 // and cp.async copies land only when a wait allows them. The kernel translation units are
 // compiled with gcc's -fsanitize=thread instrumentation but linked WITHOUT its runtime: the
@@ -342,6 +342,21 @@ void ldmatrix(int count, bool trans, uint32_t *regs, const void *row_addr);
 void cp_async(void *smem_dst, const void *gmem_src, int bytes, int src_bytes);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);
+// wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}.{bf16,f16} (`elem` 1 f16, 2 bf16): the
+// calling warp's 16 rows (warp % 4 of its warpgroup) of D (+)= A B; A from the lanes' registers
+// `a` (m16n8k16 A fragments) or, when `a` is null, from the descriptor `a_desc` (K-major); B from
+// `b_desc` (K-major, or MN-major with `trans_b`). Warp collective. The product is recorded when
+// issued and computed when a wgmma_wait lets its group complete (reading shared memory and D
+// then, as late as the program allows); `a` is read when issued.
+void wgmma(int elem, int n, float *d, const uint32_t *a, uint64_t a_desc, uint64_t b_desc,
+           bool scale_d, bool trans_b);
+void wgmma_fence();
+void wgmma_commit();
+void wgmma_wait(int pending_groups);
+void fence_proxy_async();
+// The offset of a shared-memory address from the block's dynamic shared memory (which stands at
+// a 1024-byte aligned offset of the shared window on a GPU): what wgmma descriptors hold.
+uint32_t smem_window_offset(const void *p);
 }  // namespace ape::simt
 
 // ---- tensor cores: nvcuda::wmma ------------------------------------------------------------------
