@@ -1069,6 +1069,10 @@ template <int R, int D> __device__ inline uint64_t desc_mn(uint32_t base, int kk
 
 template <class Enc, class In, int D>
 __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads) hopper_forward_kernel(const Params<Enc, In> p) {
+#ifndef APE_SM90A_CODE
+  (void)p;
+  __trap();  // sm_90a only (hopper_device)
+#else
   using C = HopperFwd<In, D>;
   constexpr int BQ = C::BQ, BK = C::BK, kNT = C::kNT, kDT = C::kDT;
   constexpr float kLog2e = 1.44269504088896341f;
@@ -1192,6 +1196,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads) hopper_forward_ker
     }
     if (t == 0) p.lse[bh * T + i] = m[0][h] * mscale + logf(lt);
   }
+#endif
 }
 
 // ---- backward --------------------------------------------------------------------------------------

@@ -39,6 +39,12 @@
 #define APE_HD __host__ __device__
 #endif
 
+// Defined where device code may use sm_90a instructions (wgmma, TMA, mbarrier): the sm_90a
+// compilation pass and the emulator. Kernels built on them compile to a trap elsewhere.
+#if defined(APE_SIMT) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define APE_SM90A_CODE 1
+#endif
+
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
 
@@ -222,14 +228,14 @@ __device__ inline uint32_t smem_window_offset(const void *p) {
 __device__ inline void wgmma_fence() {
 #ifdef APE_SIMT
   ::ape::simt::wgmma_fence();
-#else
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
 __device__ inline void wgmma_commit() {
 #ifdef APE_SIMT
   ::ape::simt::wgmma_commit();
-#else
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
@@ -237,7 +243,7 @@ __device__ inline void wgmma_commit() {
 template <int N> __device__ inline void wgmma_wait() {
 #ifdef APE_SIMT
   ::ape::simt::wgmma_wait(N);
-#else
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
@@ -246,7 +252,7 @@ template <int N> __device__ inline void wgmma_wait() {
 __device__ inline void fence_proxy_async() {
 #ifdef APE_SIMT
   ::ape::simt::fence_proxy_async();
-#else
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
