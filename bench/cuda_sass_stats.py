@@ -199,6 +199,10 @@ def main_loop(instrs):
         if target >= addr:
             continue
         region = [b for a, b in instrs if target <= a <= addr]
+        # Not a loop: the jump back from an out-of-line block (an mbarrier wait's retry, placed
+        # after the function's exit, returns into the code it left).
+        if any(b.startswith("EXIT") for b in region):
+            continue
         n_hmma = sum(1 for b in region if b.startswith(("HMMA", "HGMMA")))
         if n_hmma:
             loops.append((target, addr, n_hmma, region))

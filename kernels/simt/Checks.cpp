@@ -101,6 +101,20 @@ void shared_access(Thread &t, Block &b, const char *a, size_t n, Access kind, co
   }
 }
 
+}  // namespace
+
+void mark_async_shared_write(Block &b, const char *p, size_t n) {
+  const size_t off = static_cast<size_t>(p - b.window);
+  for (size_t i = 0; i < n; ++i) {
+    Cell &c = b.cells[off + i];
+    c.w_epoch = 0, c.r_epoch = 0;
+    uint8_t &f = b.flags[off + i];
+    f = static_cast<uint8_t>((f | kInit) & ~(kRMulti | kWAtomic));
+  }
+}
+
+namespace {
+
 void global_access(const char *a, size_t n, Access kind, const void *pc, bool host) {
   uint8_t *s = g_arena_shadow + (a - g_arena_lo);
   if (host) {

@@ -31,7 +31,7 @@ extern char *g_arena_lo, *g_arena_hi;  // [lo, hi): the reserved device range (n
 extern uint8_t *g_arena_shadow;        // one byte per byte of the range
 
 // ---- threads, warps, blocks ------------------------------------------------------------------
-enum class State : uint8_t { Ready, Barrier, Collective, Done };
+enum class State : uint8_t { Ready, Barrier, Collective, Mbarrier, Done };
 
 // A cp.async in flight: lands when a wait lets it.
 struct AsyncCopy {
@@ -110,8 +110,17 @@ struct Launch {
 
 constexpr size_t kSmemRedzone = 256;
 
+// An mbarrier object of a block (its 8 bytes in shared memory are the key): arrivals expected
+// per phase, arrivals and transaction bytes still due in the current phase, phases completed.
+struct Mbar {
+  unsigned count = 0, pending = 0;
+  long long tx = 0;
+  unsigned completed = 0;
+};
+
 struct Block {
   Launch *launch = nullptr;
+  std::vector<std::pair<const void *, Mbar>> mbars;
   uint3 idx{};
   std::vector<Thread> threads;
   std::vector<Warp> warps;
@@ -146,6 +155,10 @@ enum class Access : uint8_t { Read, Write, Atomic };
 // Checks one access of `bytes` at `addr` by the running emulated thread (or host code), as the
 // instrumentation hooks do; the emulator's own loads and stores on behalf of a thread go here.
 void check_access(const void *addr, size_t bytes, Access kind, const void *pc);
+// Marks [p, p + n) of the block's shared memory as written by the async proxy (TMA, bulk
+// copies): initialised, and no thread's write for the race rule (mbarriers order these writes,
+// which block barriers do not describe).
+void mark_async_shared_write(Block &b, const char *p, size_t n);
 // Marks [p, p + n) of device memory as written (memset, copies from the host).
 void mark_initialised(const void *p, size_t n);
 // True when [p, p + n) lies in one live device allocation.

@@ -238,6 +238,7 @@ const char *state_name(const Thread &t) {
   case State::Ready: return "runnable";
   case State::Barrier: return "at __syncthreads";
   case State::Collective: return "in a warp collective";
+  case State::Mbarrier: return "waiting on an mbarrier";
   case State::Done: return "returned";
   }
   return "?";
@@ -275,6 +276,7 @@ bool run_block(Block &b, Body body) {
   b.threads.resize(nthreads);
   b.warps.assign(nwarps, Warp{});
   b.epoch = 1;
+  b.mbars.clear();
   reset_shared_shadow(b);  // before the statics are forgotten: it clears what they used
   b.statics.clear();
   b.static_bytes = 0;

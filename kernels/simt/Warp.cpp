@@ -495,4 +495,170 @@ void wgmma_wait(int pending_groups) {
 // The emulator's shared memory has one proxy: the fence orders nothing more than program order.
 void fence_proxy_async() {}
 
+// ---- mbarriers, TMA, bulk copies (sm_90) -----------------------------------------------------------
+namespace {
+Mbar *find_mbar(Block &b, const void *bar) {
+  for (auto &[key, m] : b.mbars)
+    if (key == bar) return &m;
+  return nullptr;
+}
+bool in_shared(const Block &b, const void *p, size_t n) {
+  const char *c = static_cast<const char *>(p);
+  return c >= b.smem && c + n <= b.window + b.window_bytes - kSmemRedzone;
+}
+Mbar *mbar_of(const void *bar, const char *what, const void *pc) {
+  Block &b = *tl_worker.block;
+  Mbar *m = find_mbar(b, bar);
+  if (!m) {
+    std::ostringstream os;
+    os << what << " on " << bar << ", which is no initialised mbarrier of the block";
+    report(Check::Synccheck, os.str(), pc);
+  }
+  return m;
+}
+// Completes the current phase when its arrivals and transaction bytes are all in; wakes waiters.
+void mbar_settle(Block &b, const void *bar, Mbar &m) {
+  if (m.pending != 0 || m.tx != 0) return;
+  ++m.completed;
+  m.pending = m.count;
+  for (Thread &t : b.threads)
+    if (t.state == State::Mbarrier && t.op_arg == bar) t.state = State::Ready;
+}
+void complete_tx(const void *bar, long long bytes, const void *pc) {
+  Block &b = *tl_worker.block;
+  if (Mbar *m = mbar_of(bar, "a copy completes its bytes", pc)) {
+    m->tx -= bytes;
+    mbar_settle(b, bar, *m);
+  }
+}
+
+// The emulator's tensor map, inside CUtensorMap's 128 bytes.
+struct TensorMap {
+  uint32_t magic, elem_bytes, rank, swizzle;
+  const char *base;
+  uint64_t dims[3], strides[3];  // strides[0] = elem_bytes
+  uint32_t box[3];
+};
+static_assert(sizeof(TensorMap) <= 128, "fits CUtensorMap");
+constexpr uint32_t kMapMagic = 0x41504554;  // "APET"
+}  // namespace
+
+void mbar_init(void *bar, unsigned count) {
+  Block &b = *tl_worker.block;
+  const void *pc = __builtin_return_address(0);
+  if (!in_shared(b, bar, 8) || reinterpret_cast<uintptr_t>(bar) % 8 || count == 0) {
+    report(Check::Memcheck, "mbarrier.init: needs 8 aligned bytes of shared memory and a count > 0", pc);
+    return;
+  }
+  if (Mbar *m = find_mbar(b, bar)) *m = Mbar{count, count, 0, 0};
+  else b.mbars.push_back({bar, Mbar{count, count, 0, 0}});
+}
+
+void mbar_arrive(void *bar, unsigned tx_bytes) {
+  Block &b = *tl_worker.block;
+  const void *pc = __builtin_return_address(0);
+  Mbar *m = mbar_of(bar, "mbarrier.arrive", pc);
+  if (!m) return;
+  m->tx += tx_bytes;
+  if (m->pending == 0) {
+    report(Check::Synccheck, "mbarrier.arrive: more arrivals than the barrier's count in one phase", pc);
+    return;
+  }
+  --m->pending;
+  mbar_settle(b, bar, *m);
+}
+
+void mbar_wait(void *bar, unsigned parity) {
+  Thread *t = self();
+  const void *pc = __builtin_return_address(0);
+  for (;;) {
+    Mbar *m = mbar_of(bar, "mbarrier.try_wait", pc);
+    if (!m || (m->completed & 1u) != (parity & 1u)) return;
+    t->state = State::Mbarrier;
+    t->op_arg = bar;
+    t->site = Site{pc};
+    yield_to_scheduler();
+  }
+}
+
+bool tensor_map_encode(void *map, int elem_bytes, int rank, const void *base, const uint64_t *dims,
+                       const uint64_t *strides, const uint32_t *box, int swizzle_bytes) {
+  TensorMap tm{};
+  bool ok = (elem_bytes == 2 || elem_bytes == 4) && rank >= 1 && rank <= 3 &&
+            reinterpret_cast<uintptr_t>(base) % 16 == 0 &&
+            (swizzle_bytes == 0 || swizzle_bytes == 32 || swizzle_bytes == 64 || swizzle_bytes == 128);
+  for (int d = 0; ok && d < rank; ++d) {
+    ok = dims[d] >= 1 && box[d] >= 1 && box[d] <= 256 && (d == 0 || strides[d - 1] % 16 == 0);
+    tm.dims[d] = dims[d], tm.box[d] = box[d];
+    tm.strides[d] = d == 0 ? static_cast<uint64_t>(elem_bytes) : strides[d - 1];
+  }
+  // The inner box extent is a multiple of 16 bytes, at most the swizzle span.
+  ok = ok && (box[0] * static_cast<uint32_t>(elem_bytes)) % 16 == 0 &&
+       (swizzle_bytes == 0 || box[0] * static_cast<uint32_t>(elem_bytes) <= static_cast<uint32_t>(swizzle_bytes));
+  if (!ok) {
+    report(Check::Launch, "cuTensorMapEncodeTiled: arguments the driver refuses");
+    return false;
+  }
+  tm.magic = kMapMagic, tm.elem_bytes = static_cast<uint32_t>(elem_bytes);
+  tm.rank = static_cast<uint32_t>(rank), tm.swizzle = static_cast<uint32_t>(swizzle_bytes);
+  tm.base = static_cast<const char *>(base);
+  std::memset(map, 0, 128);
+  std::memcpy(map, &tm, sizeof tm);
+  return true;
+}
+
+void tma_load(void *dst, const void *map, const int *coords, void *bar) {
+  Block &b = *tl_worker.block;
+  const void *pc = __builtin_return_address(0);
+  TensorMap tm;
+  std::memcpy(&tm, map, sizeof tm);
+  if (tm.magic != kMapMagic) return report(Check::Memcheck, "TMA load with a tensor map that was never encoded", pc);
+  const size_t row = static_cast<size_t>(tm.box[0]) * tm.elem_bytes;
+  const size_t rows = (tm.rank > 1 ? tm.box[1] : 1) * (tm.rank > 2 ? tm.box[2] : 1);
+  char *d = static_cast<char *>(dst);
+  const size_t align = tm.swizzle ? 8 * static_cast<size_t>(tm.swizzle) : 128;
+  if (!in_shared(b, d, row * rows) || static_cast<size_t>(d - b.smem) % align != 0) {
+    std::ostringstream os;
+    os << "TMA load destination not in the block's shared memory or not " << align << "-byte aligned";
+    return report(Check::Memcheck, os.str(), pc);
+  }
+  const uint32_t W = tm.swizzle / 16;
+  std::vector<char> elem(tm.elem_bytes);
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t c1 = tm.rank > 1 ? coords[1] + static_cast<int64_t>(r % tm.box[1]) : 0;
+    const int64_t c2 = tm.rank > 2 ? coords[2] + static_cast<int64_t>(r / tm.box[1]) : 0;
+    for (uint32_t x = 0; x < tm.box[0]; ++x) {
+      const int64_t c0 = coords[0] + x;
+      const bool in = c0 >= 0 && c0 < static_cast<int64_t>(tm.dims[0]) &&
+                      (tm.rank < 2 || (c1 >= 0 && c1 < static_cast<int64_t>(tm.dims[1]))) &&
+                      (tm.rank < 3 || (c2 >= 0 && c2 < static_cast<int64_t>(tm.dims[2])));
+      uint32_t off = static_cast<uint32_t>((d - b.smem) + r * row + x * tm.elem_bytes);
+      if (W > 1) off ^= ((off >> 7) & (W - 1)) << 4;
+      char *to = b.smem + off;
+      if (in) {
+        const char *from = tm.base + c0 * static_cast<int64_t>(tm.strides[0]) +
+                           c1 * static_cast<int64_t>(tm.strides[1]) + c2 * static_cast<int64_t>(tm.strides[2]);
+        check_access(from, tm.elem_bytes, Access::Read, pc);
+        std::memcpy(to, from, tm.elem_bytes);
+      } else {
+        std::memset(to, 0, tm.elem_bytes);
+      }
+      mark_async_shared_write(b, to, tm.elem_bytes);
+    }
+  }
+  complete_tx(bar, static_cast<long long>(row * rows), pc);
+}
+
+void bulk_copy(void *dst, const void *src, unsigned bytes, void *bar) {
+  Block &b = *tl_worker.block;
+  const void *pc = __builtin_return_address(0);
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16 ||
+      !in_shared(b, dst, bytes))
+    return report(Check::Memcheck, "bulk copy: 16-byte aligned shared destination, source and size", pc);
+  check_access(src, bytes, Access::Read, pc);
+  std::memcpy(dst, src, bytes);
+  mark_async_shared_write(b, static_cast<char *>(dst), bytes);
+  complete_tx(bar, bytes, pc);
+}
+
 }  // namespace ape::simt

@@ -997,65 +997,53 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     }
 }
 
-// ---- forward, Hopper (sm_90a: wgmma) ---------------------------------------------------------------
-// One block of two warpgroups (8 warps) per (query tile of BQ = 128 rows, slice); warpgroup w owns
-// rows 64 w .. 64 w + 63, each of its warps 16 of them, for the whole loop. Both products run on
-// wgmma.m64nNk16 from shared memory, one instruction per 16-deep step for the warpgroup's 64 rows:
-// S = Q'K'^T (m64 n128: A = Q and B = K' from their tiles, both K-major) and O += P V (m64 nD: A = P
-// from registers, the S accumulators rounded to In as they stand, B = V read MN-major, i.e.
-// transposed by the tensor core). Tiles are stored in the canonical layout wgmma reads: 8-row groups
-// of swizzle rows (128 bytes, 64 at D = 32) whose 16-byte chunks are XOR-permuted by the row, so the
-// 16-byte cp.async that fill them and the tensor core's reads are free of bank conflicts. K and V
-// tiles of BK = 128 keys are prefetched one tile ahead into double buffers (cp.async, then
-// fence.proxy.async so the tensor core sees them); one barrier per tile. The softmax is the FA2
-// path's (flash_softmax) on the same accumulator layout; scores and the causal mask are handled
-// the same way, and distance and row/column biases enter as the initial S accumulators.
+// ---- forward, Hopper (sm_90a: TMA, mbarriers, wgmma) -------------------------------------------------
+// One block of three warpgroups per (query tile of BQ = 128 rows, slice), FlashAttention-3's
+// structure: warpgroup 0 is the producer, warpgroups 1 and 2 the consumers.
+//   Producer: one thread issues every copy by TMA (cp.async.bulk.tensor, boxes of the [B·H, T, D]
+//     tensors, zeros past T): the Q tile once, then per key tile K' and V into stage kt % 2 of a
+//     two-stage ring, each stage with a "full" mbarrier per operand that the copies complete
+//     (arrive.expect_tx announces the bytes) and an "empty" mbarrier the consumers arrive on when
+//     they are done with the stage; a distance or column bias's window comes with K' by a bulk
+//     copy. The warpgroup gives its registers back (setmaxnreg.dec) and the consumers take them
+//     (setmaxnreg.inc 240).
+//   Consumers: consumer warpgroup c owns rows 64 c .. 64 c + 63 (each warp 16) for the whole loop;
+//     per key tile it waits for K', runs S = Q'K'^T on wgmma.m64n128k16 (Q and K' read from their
+//     tiles, both K-major), the softmax of the FA2 path (flash_softmax) on the accumulators,
+//     waits for V, runs O += P V on wgmma.m64nDk16 (P from registers, the S accumulators rounded
+//     to In as they stand; V read MN-major, i.e. transposed by the tensor core) and releases the
+//     stage. No block barrier after the start: the producer runs up to two tiles ahead, and while
+//     one consumer warpgroup is in its softmax the other's products keep the tensor cores busy.
+// Tiles are stored in the canonical layout wgmma reads, which is the layout a TMA box with the
+// same swizzle writes: 8-row groups of swizzle rows (128 bytes; 64 at D = 32) whose 16-byte chunks
+// are XOR-permuted by the row, a box per 64 columns.
 template <class In, int D> struct HopperFwd {
-  static constexpr int kWarpGroups = 2, kThreads = 128 * kWarpGroups;
-  static constexpr int BQ = 64 * kWarpGroups, BK = 128;
+  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
+  static constexpr int BQ = 64 * kConsumers, BK = 128, kStages = 2;
   static constexpr int kNT = BK / 8, kDT = D / 8;
   static constexpr int kSwizzle = 2 * D < 128 ? 2 * D : 128;  // bytes per swizzle row
   static constexpr int kRowElems = kSwizzle / 2, kAtomCols = D / kRowElems;
-  static constexpr size_t q = 0, k = sizeof(In) * BQ * D, v = k + 2 * sizeof(In) * BK * D;
-  static constexpr size_t bytes = v + 2 * sizeof(In) * BK * D;
   static constexpr int kDistLen = BQ + BK;
-  static constexpr size_t dist = bytes, bytes_dist = dist + 2 * sizeof(float) * kDistLen;
-  static constexpr size_t rowcol = bytes, bytes_rowcol = rowcol + 2 * sizeof(float) * BK;
-  static_assert(bytes_dist <= 227 * 1024, "forward tiles exceed sm_90's 227 KiB of shared memory");
+  // mbarriers (q, full_k[2], full_v[2], empty[2]), the bias windows, then the 1024-byte aligned
+  // tiles.
+  static constexpr size_t bars = 0, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
+  static constexpr size_t v = k + kStages * sizeof(In) * BK * D;
+  static constexpr size_t bytes = v + kStages * sizeof(In) * BK * D;
+  static constexpr size_t dist = bias, rowcol = bias, bytes_dist = bytes, bytes_rowcol = bytes;
+  static_assert(kStages * sizeof(float) * kDistLen <= q - bias, "bias windows fit");
+  static_assert(bytes <= 227 * 1024, "forward tiles exceed sm_90's 227 KiB of shared memory");
+  static constexpr unsigned kTileBytes = sizeof(In) * BK * D;
+};
+
+// TMA descriptors of q', k', v as [B·H, T, D] tensors (host: make_hopper_maps).
+struct HopperMaps {
+  CUtensorMap q, k, v;
 };
 
 namespace hopper {
-// The byte offset of 16-byte chunk c (columns 8c .. 8c + 7) of row r in a tile of R rows of D
-// 16-bit elements in the canonical wgmma layout (ape/cuda_platform.cuh): atom column c / (W) of
-// R rows of kSwizzle bytes, chunk c % W of the row, XOR-permuted by the row's place in its 8-row
-// group (address bits 7.. of the offset; tiles start 1024-byte aligned).
-template <int R, int D> __device__ constexpr uint32_t chunk_offset(int r, int c) {
-  constexpr int kSw = 2 * D < 128 ? 2 * D : 128, W = kSw / 16;
-  const uint32_t off = uint32_t(c / W) * R * kSw + uint32_t(r) * kSw + uint32_t(c % W) * 16;
-  return off ^ (((off >> 7) & (W - 1)) << 4);
-}
-
-// Rows [row0, row0 + R) of a (T, D) matrix into a canonical tile at shared offset `tile`, one
-// 16-byte cp.async per chunk; rows >= T are zero-filled without reading. The caller commits.
-template <int R, int D, int kThreads, class In>
-__device__ inline void load_tile_async(In *tile, const In *g, int64_t row0, int64_t T) {
-  constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kSteps = R / kRowStep;
-  static_assert(kThreads % kChunks == 0 && R % kRowStep == 0 && kRowStep % 8 == 0,
-                "whole 8-row groups per step");
-  constexpr int kSw = 2 * D < 128 ? 2 * D : 128;
-  const int tid = static_cast<int>(threadIdx.x), r = tid / kChunks, c = tid % kChunks;
-  const ptx::SmemAddr dst = ptx::smem_addr_of(tile) + chunk_offset<R, D>(r, c);
-  const int rows = T - row0 < R ? static_cast<int>(T - row0) : R;
-  const In *src = g + (row0 + r) * D + 8 * c;
-#pragma unroll
-  for (int it = 0; it < kSteps; ++it)
-    ptx::cp_async_16_at(dst + kSw * kRowStep * it, src + D * kRowStep * it,
-                        r + it * kRowStep < rows ? 16 : 0);
-}
-
 // Descriptors of a canonical tile of R rows at shared-window offset `base`, for the 16-deep step
 // kk: K-major (the k of the product runs along the row: Q, K'), and MN-major (the k runs down the
-// rows: V, whose columns are the product's n).
+// rows: V, whose columns are the product's n). A tile is kAtomCols boxes of R rows.
 template <int R, int D> __device__ inline uint64_t desc_k(uint32_t base, int kk) {
   constexpr int kSw = 2 * D < 128 ? 2 * D : 128;
   const uint32_t off = uint32_t(32 * kk / kSw) * R * kSw + uint32_t(32 * kk % kSw);
@@ -1065,12 +1053,21 @@ template <int R, int D> __device__ inline uint64_t desc_mn(uint32_t base, int kk
   constexpr int kSw = 2 * D < 128 ? 2 * D : 128;
   return ptx::smem_desc(base + uint32_t(16 * kk) * kSw, kSw, R * kSw, 8 * kSw);
 }
+// The R-row tile at `tile` from rows row0.. of slice bh, one box per 64 (32 at D = 32) columns.
+template <int R, int D, class In>
+__device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, int64_t bh, uint64_t *bar) {
+  constexpr int kCols = (2 * D < 128 ? 2 * D : 128) / 2;
+#pragma unroll
+  for (int a = 0; a < D / kCols; ++a)
+    ptx::tma_load_3d(tile + a * R * kCols, map, a * kCols, static_cast<int>(row0), static_cast<int>(bh), bar);
+}
 }  // namespace hopper
 
 template <class Enc, class In, int D>
-__global__ void __launch_bounds__(HopperFwd<In, D>::kThreads) hopper_forward_kernel(const Params<Enc, In> p) {
+__global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
+    hopper_forward_kernel(const __grid_constant__ Params<Enc, In> p, const __grid_constant__ HopperMaps maps) {
 #ifndef APE_SM90A_CODE
-  (void)p;
+  (void)p, (void)maps;
   __trap();  // sm_90a only (hopper_device)
 #else
   using C = HopperFwd<In, D>;
@@ -1079,81 +1076,90 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads) hopper_forward_ker
   APE_DYNAMIC_SMEM(smem);
   In *sQ = reinterpret_cast<In *>(smem + C::q), *sK = reinterpret_cast<In *>(smem + C::k);
   In *sV = reinterpret_cast<In *>(smem + C::v);
+  uint64_t *bar_q = reinterpret_cast<uint64_t *>(smem + C::bars);
+  uint64_t *full_k = bar_q + 1, *full_v = bar_q + 3, *empty = bar_q + 5;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int g = lane / 4, t = lane % 4, wg = warp / 4;
   const int64_t bh = blockIdx.x, T = p.T;
   const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
-  const int64_t base = bh * T * D;
-  const int r0 = 16 * warp;  // this warp's first row in the tile (warpgroup wg: rows 64 wg ..)
-  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
-
-  // Biases: as flash_forward_kernel (the windows of the slice's tables, copied a tile ahead).
+  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+  const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);
   constexpr bool kDist = flash_distance<Enc>(), kRC = flash_rowcol<Enc>();
   constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;
-  float *sB = reinterpret_cast<float *>(smem + C::dist);
-  [[maybe_unused]] float *sCw = reinterpret_cast<float *>(smem + C::rowcol);
-  [[maybe_unused]] const float *dist_bh = p.dist + bh * p.dist_ld + kDistPad;
-  [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
-  auto fill_bias = [&](int kt) {
-    const int x = static_cast<int>(threadIdx.x);
-    if constexpr (kDist) {
-      static_assert(C::kDistLen % 4 == 0 && C::kDistLen / 4 <= C::kThreads, "one chunk per thread");
-      if (x < C::kDistLen / 4)
-        ptx::cp_async_16(sB + (kt & 1) * C::kDistLen + 4 * x, dist_bh + (i0 - int64_t(kt) * BK - BK) + 4 * x);
-    } else if constexpr (kRC) {
-      if (x < BK / 4) ptx::cp_async_16(sCw + (kt & 1) * BK + 4 * x, rc_bh + p.rc_ld + int64_t(kt) * BK + 4 * x);
+  float *sB = reinterpret_cast<float *>(smem + C::bias);  // distance or column windows
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(bar_q, 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      ptx::mbar_init(full_k + s, 1);
+      ptx::mbar_init(full_v + s, 1);
+      ptx::mbar_init(empty + s, 128 * C::kConsumers);
     }
-  };
-  [[maybe_unused]] float rb[2];
-  if constexpr (kRC)
-    for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
-  hopper::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, i0, T);
-  hopper::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, 0, T);
-  hopper::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, 0, T);
-  fill_bias(0);
-  ptx::cp_async_commit();
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
 
-  // Shared-window offsets of the tiles; this warpgroup's Q rows start 64 wg rows in.
-  const uint32_t aQ = ptx::smem_window_offset(sQ) + uint32_t(64 * wg) * C::kSwizzle;
+  if (wg == 0) {  // ---- producer
+    ptx::setmaxnreg_dec<24>();
+    if (threadIdx.x != 0) return;
+    ptx::mbar_arrive_expect_tx(bar_q, sizeof(In) * BQ * D);
+    hopper::tma_tile<BQ, D>(sQ, &maps.q, i0, bh, bar_q);
+    constexpr unsigned kBiasBytes = kDist ? sizeof(float) * C::kDistLen : kRC ? sizeof(float) * BK : 0;
+    for (int kt = 0; kt < n_tiles; ++kt) {
+      const int s = kt & 1;
+      if (kt >= C::kStages) ptx::mbar_wait(empty + s, ((kt >> 1) - 1) & 1);
+      const int64_t j0 = int64_t(kt) * BK;
+      ptx::mbar_arrive_expect_tx(full_k + s, C::kTileBytes + kBiasBytes);
+      hopper::tma_tile<BK, D>(sK + s * BK * D, &maps.k, j0, bh, full_k + s);
+      if constexpr (kDist)  // distances i0 - j0 - BK + x, x < BQ + BK (dist_table_kernel's pads)
+        ptx::bulk_copy(sB + s * C::kDistLen, p.dist + bh * p.dist_ld + kDistPad + (i0 - j0 - BK),
+                       kBiasBytes, full_k + s);
+      if constexpr (kRC)
+        ptx::bulk_copy(sB + s * BK, p.rc + 2 * bh * p.rc_ld + p.rc_ld + j0, kBiasBytes, full_k + s);
+      ptx::mbar_arrive_expect_tx(full_v + s, C::kTileBytes);
+      hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, bh, full_v + s);
+    }
+    return;
+  }
+
+  // ---- consumers
+  ptx::setmaxnreg_inc<240>();
+  const int cw = wg - 1;           // consumer warpgroup: rows 64 cw ..
+  const int r0 = 16 * (warp - 4);  // this warp's first row in the tile
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  [[maybe_unused]] float rb[2];  // R / scale of the thread's rows
+  if constexpr (kRC) {
+    const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
+    for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
+  }
+  const uint32_t aQ = ptx::smem_window_offset(sQ) + uint32_t(64 * cw) * C::kSwizzle;
   const uint32_t aK = ptx::smem_window_offset(sK), aV = ptx::smem_window_offset(sV);
-  constexpr uint32_t kTileBytes = sizeof(In) * BK * D;
   float o[1][kDT][4] = {};
   float m[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.f, 0.f}};
   float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o[0][0][0]);
-
-  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
-  const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);
   const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
   const float kf = kRaw ? p.scale * kLog2e : kLog2e;
   const float mscale = kRaw ? p.scale : 1.f;
+  ptx::mbar_wait(bar_q, 0);
   auto step = [&](int kt, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    ptx::cp_async_wait<0>();
-    ptx::fence_proxy_async();  // the landed tiles, to the tensor core
-    __syncthreads();           // tile kt landed; every warpgroup is done with buffer (kt + 1) % 2
-    if (kt + 1 < n_tiles) {
-      hopper::load_tile_async<BK, D, C::kThreads>(sK + ((kt + 1) & 1) * BK * D, p.km + base,
-                                                  int64_t(kt + 1) * BK, T);
-      hopper::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, p.v + base,
-                                                  int64_t(kt + 1) * BK, T);
-      fill_bias(kt + 1);
-    }
-    ptx::cp_async_commit();
-    const uint32_t cK = aK + (kt & 1) * kTileBytes, cV = aV + (kt & 1) * kTileBytes;
+    const int s = kt & 1;
+    const unsigned phase = (kt >> 1) & 1;
+    const uint32_t cK = aK + s * C::kTileBytes, cV = aV + s * C::kTileBytes;
     const int64_t j0 = int64_t(kt) * BK;
+    ptx::mbar_wait(full_k + s, phase);
 
     // S = Q' K'^T (+ B / scale, or + (R + C) / scale, as its initial value)
-    float s[1][kNT][4];
-    float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s[0][0][0]);
-    [[maybe_unused]] const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK);
-    [[maybe_unused]] const float *cw = sCw + (kt & 1) * BK + 2 * t;
+    float s_acc[1][kNT][4];
+    float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s_acc[0][0][0]);
+    [[maybe_unused]] const float *tb = sB + s * C::kDistLen + (r0 + g - 2 * t + BK);
+    [[maybe_unused]] const float *cwin = sB + s * BK + 2 * t;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
-        if constexpr (kDist) s[0][nt][x] = tb[8 * (x / 2) - 8 * nt - x % 2];
-        else if constexpr (kRC) s[0][nt][x] = rb[x / 2] + cw[8 * nt + x % 2];
-        else s[0][nt][x] = 0.f;
+        if constexpr (kDist) s_acc[0][nt][x] = tb[8 * (x / 2) - 8 * nt - x % 2];
+        else if constexpr (kRC) s_acc[0][nt][x] = rb[x / 2] + cwin[8 * nt + x % 2];
+        else s_acc[0][nt][x] = 0.f;
       }
     ptx::wgmma_fence();
 #pragma unroll
@@ -1164,12 +1170,13 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads) hopper_forward_ker
     ptx::wgmma_wait<0>();
     ptx::fence_regs(sf);
 
-    flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
+    flash_softmax<Enc, kMasked, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
 
     // O += P V, P from registers (kept until the products complete).
     uint32_t a[BK / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+    for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s_acc[0][2 * kk], s_acc[0][2 * kk + 1]);
+    ptx::mbar_wait(full_v + s, phase);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
@@ -1179,11 +1186,12 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads) hopper_forward_ker
     ptx::fence_regs(of);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
+    ptx::mbar_arrive(empty + s);  // this thread is done with stage s
   };
   for (int kt = 0; kt < n_plain; ++kt) step(kt, std::false_type{});
   for (int kt = n_plain; kt < n_tiles; ++kt) step(kt, std::true_type{});
-  ptx::cp_async_wait<0>();
 
+  const int64_t base = bh * T * D;
   for (int h = 0; h < 2; ++h) {
     const int64_t i = i0 + r0 + g + 8 * h;
     const float lt = flash::quad_sum(l[0][h]);
@@ -2034,11 +2042,20 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
     if (hopper_device()) {
       using H = HopperFwd<In, kD>;
-      constexpr size_t bytes = flash_smem_bytes<Enc, H>();
+      HopperMaps maps;
+      const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
+      const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(a.T)};
+      const uint32_t box_q[3] = {uint32_t(H::kRowElems), uint32_t(H::BQ), 1};
+      const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
+      if ((err = make_tensor_map_16(&maps.q, p.qm, 3, dims, strides, box_q, H::kSwizzle)) != cudaSuccess ||
+          (err = make_tensor_map_16(&maps.k, p.km, 3, dims, strides, box_kv, H::kSwizzle)) != cudaSuccess ||
+          (err = make_tensor_map_16(&maps.v, p.v, 3, dims, strides, box_kv, H::kSwizzle)) != cudaSuccess)
+        return err;
+      constexpr size_t bytes = H::bytes;
       if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
       p.tile0 = a.first_row / H::BQ;
       const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, H::BQ) - unsigned(p.tile0));
-      return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p);
+      return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p, maps);
     }
     constexpr size_t bytes = flash_smem_bytes<Enc, F>();
     if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;

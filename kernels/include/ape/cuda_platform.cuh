@@ -22,6 +22,8 @@
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda.h>  // CUtensorMap and its enums (types only: no driver library is linked)
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 #ifdef __CUDA_ARCH__
@@ -378,6 +380,118 @@ __device__ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint6
 #endif
 }
 
+// ---- mbarriers, TMA, bulk copies (sm_90) ------------------------------------------------------------
+// An mbarrier (8 bytes of shared memory) completes a phase when `count` arrivals and the
+// transaction bytes announced by arrive_expect_tx have all come in (the copies that name it
+// complete their bytes on it); waiting names the parity of the phase awaited.
+__device__ inline void mbar_init(uint64_t *bar, unsigned count) {
+#ifdef APE_SIMT
+  ::ape::simt::mbar_init(bar, count);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+// Makes the initialised barriers visible to the async proxy (then a __syncthreads).
+__device__ inline void mbar_init_fence() {
+#if !defined(APE_SIMT) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ inline void mbar_arrive(uint64_t *bar) {
+#ifdef APE_SIMT
+  ::ape::simt::mbar_arrive(bar, 0);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+__device__ inline void mbar_arrive_expect_tx(uint64_t *bar, unsigned bytes) {
+#ifdef APE_SIMT
+  ::ape::simt::mbar_arrive(bar, bytes);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes) : "memory");
+#endif
+}
+__device__ inline void mbar_wait(uint64_t *bar, unsigned parity) {
+#ifdef APE_SIMT
+  ::ape::simt::mbar_wait(bar, parity);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE;\nbra WAIT;\nDONE:\n}\n" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+#endif
+}
+// A box of a 3-dimensional tensor (coordinates innermost first) into shared memory by TMA.
+__device__ inline void tma_load_3d(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                   uint64_t *bar) {
+#ifdef APE_SIMT
+  const int coords[3] = {c0, c1, c2};
+  ::ape::simt::tma_load(dst, map, coords, bar);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4, %5}], [%2];\n" ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+#endif
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory.
+__device__ inline void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+#ifdef APE_SIMT
+  ::ape::simt::bulk_copy(dst, src, bytes, bar);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+#endif
+}
+// setmaxnreg: a warpgroup gives back registers (producers) or takes them (consumers).
+template <int N> __device__ inline void setmaxnreg_dec() {
+#if !defined(APE_SIMT) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N> __device__ inline void setmaxnreg_inc() {
+#if !defined(APE_SIMT) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 }  // namespace ptx
+
+// A tiled TMA descriptor of a 16-bit tensor of `rank` <= 3 dimensions (innermost first; strides
+// in bytes of dimensions 1..), boxes of `box` elements, `swizzle` bytes (0, 32, 64, 128), zeros
+// out of bounds: cuTensorMapEncodeTiled (through the runtime's driver entry point, so no driver
+// library is linked), the emulator's own encoding under APE_SIMT.
+inline cudaError_t make_tensor_map_16(CUtensorMap *map, const void *base, int rank,
+                                      const uint64_t *dims, const uint64_t *strides,
+                                      const uint32_t *box, int swizzle) {
+#ifdef APE_SIMT
+  return ::ape::simt::tensor_map_encode(map, 2, rank, base, dims, strides, box, swizzle)
+             ? cudaSuccess
+             : cudaErrorInvalidValue;
+#else
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return cudaErrorNotSupported;
+  const cuuint32_t estride[3] = {1, 1, 1};
+  const CUtensorMapSwizzle sw = swizzle == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                : swizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                : swizzle == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                : CU_TENSOR_MAP_SWIZZLE_NONE;
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, static_cast<cuuint32_t>(rank),
+                            const_cast<void *>(base), reinterpret_cast<const cuuint64_t *>(dims),
+                            reinterpret_cast<const cuuint64_t *>(strides), box, estride,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+#endif
+}
 APE_CUDA_ABI_END
 }  // namespace ape::cuda

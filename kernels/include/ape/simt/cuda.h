@@ -37,6 +37,12 @@
 #define __align__(n) alignas(n)
 #define __launch_bounds__(...)
 #define __constant__ static
+#define __grid_constant__
+
+// The driver's opaque tensor map (cuda.h): the emulator keeps its own encoding in it.
+typedef struct CUtensorMap_st {
+  alignas(64) unsigned long long opaque[16];
+} CUtensorMap;
 
 // ---- built-in vector types and variables ----------------------------------------------------------
 struct uint3 {
@@ -354,6 +360,27 @@ void wgmma_fence();
 void wgmma_commit();
 void wgmma_wait(int pending_groups);
 void fence_proxy_async();
+// mbarrier.init.shared.b64 [bar], count.
+void mbar_init(void *bar, unsigned count);
+// mbarrier.arrive[.expect_tx].shared.b64: `tx_bytes` > 0 first adds them to the phase's
+// expected transaction bytes.
+void mbar_arrive(void *bar, unsigned tx_bytes);
+// mbarrier.try_wait.parity in a loop: blocks until the phase of parity `parity` has completed
+// (the count of completed phases has the other parity).
+void mbar_wait(void *bar, unsigned parity);
+// cuTensorMapEncodeTiled for 16-bit or 32-bit elements, interleave none, L2 promotion and OOB
+// fill as the kernels ask (zeros): dims and box innermost first, strides (bytes) of dims 1..;
+// swizzle 0, 32, 64 or 128 bytes. False (and a finding) when the driver would refuse it.
+bool tensor_map_encode(void *map, int elem_bytes, int rank, const void *base, const uint64_t *dims,
+                       const uint64_t *strides, const uint32_t *box, int swizzle_bytes);
+// cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [map,
+// coords], [bar]: the box at `coords` (innermost first; out-of-bounds elements are zero), rows
+// of the box's inner extent laid out one after another in shared memory with the map's swizzle;
+// the box's bytes complete on `bar`. The copy lands when issued.
+void tma_load(void *dst, const void *map, const int *coords, void *bar);
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [bar].
+void bulk_copy(void *dst, const void *src, unsigned bytes, void *bar);
+// setmaxnreg: nothing to emulate.
 // The offset of a shared-memory address from the block's dynamic shared memory (which stands at
 // a 1024-byte aligned offset of the shared window on a GPU): what wgmma descriptors hold.
 uint32_t smem_window_offset(const void *p);
