@@ -254,6 +254,26 @@ TEST_F(Simt, WgmmaFollowsTheCanonicalLayoutsAndDefersItsResult) {
   EXPECT_TRUE(has(fs, ape::simt::Check::Async, "wgmma operations never waited for")) << dump(fs);
 }
 
+// TMA: a box lands swizzled, rows past the tensor zero-filled, and completes its mbarrier's
+// phase; a phase that never completes is a deadlock, reported.
+TEST_F(Simt, TmaBoxesLandSwizzledAndMbarriersOrderThem) {
+  const int T = 20;
+  std::vector<uint16_t> src(static_cast<size_t>(T) * 64);
+  for (size_t e = 0; e < src.size(); ++e) src[e] = static_cast<uint16_t>(e * 7 + 1);
+  std::vector<uint16_t> out;
+  ASSERT_EQ(planted::tma_box(src, T, 8, 16, true, out), 0);
+  auto fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 64; ++c) {
+      const uint16_t want = 8 + r < T ? src[static_cast<size_t>((8 + r) * 64 + c)] : 0;
+      ASSERT_EQ(out[static_cast<size_t>(r * 64 + c)], want) << "row " << r << " column " << c;
+    }
+  EXPECT_NE(planted::tma_box(src, T, 0, 8, false, out), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, ape::simt::Check::Synccheck, "waiting on an mbarrier")) << dump(fs);
+}
+
 TEST_F(Simt, WmmaComputesAGemm) {
   torch::manual_seed(4);
   const torch::Tensor A = torch::randn({16, 16}).to(torch::kBFloat16);

@@ -66,6 +66,13 @@ int mma_16x8x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
 enum class WgmmaMode { Correct, ReadBeforeWait, NeverWait };
 int wgmma_64xnx16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b, int n,
                   int swizzle, bool b_mn_major, bool a_regs, WgmmaMode mode, std::vector<float> &d);
+// A TMA box of `rows` x 64 bf16 elements with a 128-byte swizzle from rows [row0, row0 + rows)
+// of a (T, 64) matrix (rows >= T zero-filled), completed on an mbarrier that every thread of the
+// block waits on, then read back element by element through the swizzle (row r, chunk c at
+// r 128 + ((c ^ r % 8) 16)). `arrive`: the barrier's one expected arrival comes (with the
+// transaction bytes); without it every thread waits forever (a deadlock finding).
+int tma_box(const std::vector<uint16_t> &src, int T, int row0, int rows, bool arrive,
+            std::vector<uint16_t> &out);
 // A 16x16x16 bf16 GEMM (row-major A, B; f32 C) through nvcuda::wmma.
 int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
                   const std::vector<float> &c, std::vector<float> &d);

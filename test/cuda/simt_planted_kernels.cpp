@@ -258,7 +258,47 @@ __global__ void wgmma_kernel(const uint16_t *a, const uint16_t *b, float *d, int
   }
 }
 
+__global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int row0, int rows, bool arrive,
+                           uint16_t *out) {
+  namespace ptx = ape::cuda::ptx;
+  APE_DYNAMIC_SMEM(smem);
+  uint64_t *bar = reinterpret_cast<uint64_t *>(smem);
+  uint16_t *tile = reinterpret_cast<uint16_t *>(smem + 1024);
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(bar, 1);
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && arrive) {
+    ptx::mbar_arrive_expect_tx(bar, 128u * static_cast<unsigned>(rows));
+    ptx::tma_load_3d(tile, &map, 0, row0, 0, bar);
+  }
+  ptx::mbar_wait(bar, 0);
+  for (int e = threadIdx.x; e < rows * 64; e += blockDim.x) {
+    const int r = e / 64, c = e % 64;
+    out[e] = tile[(r * 128 + (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) / 2];
+  }
+}
+
 }  // namespace
+
+int tma_box(const std::vector<uint16_t> &src, int T, int row0, int rows, bool arrive,
+            std::vector<uint16_t> &out) {
+  uint16_t *dsrc = device_alloc<uint16_t>(static_cast<size_t>(T) * 64);
+  uint16_t *dout = device_alloc<uint16_t>(static_cast<size_t>(rows) * 64);
+  cudaMemcpy(dsrc, src.data(), static_cast<size_t>(T) * 128, cudaMemcpyHostToDevice);
+  CUtensorMap map;
+  const uint64_t dims[3] = {64, static_cast<uint64_t>(T), 1};
+  const uint64_t strides[2] = {128, 128 * static_cast<uint64_t>(T)};
+  const uint32_t box[3] = {64, static_cast<uint32_t>(rows), 1};
+  int err = ape::cuda::make_tensor_map_16(&map, dsrc, 3, dims, strides, box, 128);
+  if (err == 0)
+    err = launch(tma_kernel, 1, 64, 1024 + 128 * static_cast<size_t>(rows), nullptr, map, row0, rows,
+                 arrive, dout);
+  to_host(out, dout, static_cast<size_t>(rows) * 64);
+  cudaFree(dsrc), cudaFree(dout);
+  return err;
+}
 
 int wgmma_64xnx16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b, int n,
                   int swizzle, bool b_mn_major, bool a_regs, WgmmaMode mode, std::vector<float> &d) {
