@@ -1564,7 +1564,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     for (int x = static_cast<int>(threadIdx.x); x < 2 * C::kWarps * C::kDiagLen; x += C::kThreads)
       sG[x] = 0.f;  // diag_partials' sets
   }
-  [[maybe_unused]] float col_sum[2] = {0.f, 0.f};
+  // Row/column bias sums on the tensor cores: dS (rounded to In, as dQ' and dK' use it) times a
+  // column of ones, an extra n8 tile of the dK' product (key sums, over the block's steps) and
+  // of the dQ' product (query rows' sums over the block's keys, by the warps of the first column
+  // slice).
+  [[maybe_unused]] float col_acc[4] = {};
+  [[maybe_unused]] const uint32_t kOnes[2] = {flash::pack2<In>(1.f, 1.f), flash::pack2<In>(1.f, 1.f)};
   [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
   // R / scale (times kf in log2 units), formed where used: no pointer live in the loop.
   auto rows = [&] { return kRC ? p.rc + 2 * int64_t(blockIdx.x) * p.rc_ld : nullptr; };
@@ -1613,15 +1618,14 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK);
     // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (- Delta with kScaledP: cDelta holds -Delta)
     // (this warp's 16 keys x BQ queries).
-    [[maybe_unused]] float cb[2];  // C / scale of the thread's keys
-    if constexpr (kRC) cb[0] = sC[kr0 + g], cb[1] = sC[kr0 + g + 8];
+    [[maybe_unused]] float cq[4] = {};  // C / scale of the thread's keys, as an accumulator
+    if constexpr (kRC) cq[0] = cq[1] = sC[kr0 + g], cq[2] = cq[3] = sC[kr0 + g + 8];
     float s[kNT][4] = {}, dp[kNT][4] = {};
     #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
       #pragma unroll
       for (int x = 0; x < 4; ++x) {
         if constexpr (kDist) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
-        if constexpr (kRC) s[nt][x] = cb[x / 2];
         if constexpr (kScaledP) dp[nt][x] = cDelta[8 * nt + 2 * t + x % 2];
       }
     #pragma unroll
@@ -1633,8 +1637,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       for (int nt = 0; nt < kNT; nt += 2) {
         uint32_t b[4];
         flash::ldsm_b_nk(b, flash::frag_at<D>(lQn + bo, 8 * nt, 16 * kk));
-        flash::mma<In>(s[nt], ak, b);
-        flash::mma<In>(s[nt + 1], ak, b + 2);
+        if (kRC && kk == 0) {  // the first step adds C / scale: one register quad for every tile
+          ptx::mma_m16n8k16<In>(s[nt], ak, b, cq);
+          ptx::mma_m16n8k16<In>(s[nt + 1], ak, b + 2, cq);
+        } else {
+          flash::mma<In>(s[nt], ak, b);
+          flash::mma<In>(s[nt + 1], ak, b + 2);
+        }
         flash::ldsm_b_nk(b, flash::frag_at<D>(lDOn + bo, 8 * nt, 16 * kk));
         flash::mma<In>(dp[nt], av, b);
         flash::mma<In>(dp[nt + 1], av, b + 2);
@@ -1667,7 +1676,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             dsv = pv * dp[nt][2 * h + e];
-            if constexpr (kBiasGrad) sG[kr * C::LG + c] = dsv, col_sum[h] += dsv;
+            (void)kr;  // the sums: ones-column products below
           } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
             if (visible) {
@@ -1698,6 +1707,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       uint32_t ap[4], ads[4];
       flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
       flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
+      if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, ads, kOnes);  // key sums
       #pragma unroll
       for (int dt = 0; dt < kDT; dt += 2) {
         uint32_t b[4];
@@ -1727,10 +1737,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     __syncthreads();  // dS^T complete, and the turn is ours
 
     float dq[kQDT][4] = {};
+    [[maybe_unused]] float row_acc[4] = {};
     #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t a[4];
       flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
+      if constexpr (kRC && kBiasGrad) flash::mma<In>(row_acc, a, kOnes);  // the query rows' sums
       #pragma unroll
       for (int dt = 0; dt < kQDT; dt += 2) {
         uint32_t b[4];
@@ -1768,14 +1780,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         }
       }
     }
-    if constexpr (kRC && kBiasGrad) {  // query column x of sG, summed in a fixed order
-      const int x = static_cast<int>(threadIdx.x);
-      if (x < BQ) {
-        float sum = 0.f;
-        #pragma unroll 8
-        for (int u = 0; u < BK; ++u) sum += sG[u * C::LG + x];
-        if (i0 + x < T) atomicAdd(p.row_g + bh * T + i0 + x, sum);  // our turn on tile qt
-      }
+    if constexpr (kRC && kBiasGrad) {  // the rows' sums over the block's keys, in our turn
+      if (qc0 == 0 && t == 0)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t i = i0 + qr0 + g + 8 * h;
+          if (i < T) atomicAdd(p.row_g + bh * T + i, row_acc[2 * h]);
+        }
     }
     __threadfence();  // our adds are visible before the release (after the next barrier)
   };
@@ -1802,7 +1813,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
     for (int h = 0; h < 2; ++h) {
       const int64_t j = kt * BK + kr0 + g + 8 * h;
-      const float sum = flash::quad_sum(col_sum[h]);
+      const float sum = col_acc[2 * h];  // every lane of the quad holds it
       if (t == 0 && sum != 0.f && j < T) Enc::col_bias_grad(ctx, j, sum * p.inv_scale);
     }
   }
