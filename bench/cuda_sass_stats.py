@@ -213,6 +213,62 @@ def main_loop(instrs):
     return min(outer, key=lambda l: (-l[2], len(l[3])))[3]
 
 
+TOKEN_KERNELS = {"token_forward_kernel": "token forward", "token_backward_kernel": "token backward"}
+TOK_THREADS = 256  # kTokThreads in cuda_attention.cuh
+
+
+def token_cost(instrs, T):
+    """A static estimate of the token program's work at sequence length T (one block of
+    TOK_THREADS threads per slice): the kernel's loops (regions from a backward branch's target to
+    the branch, none holding an EXIT), each with its instructions per iteration n and the tokens
+    an iteration handles u (its global stores, else its global loads: the compiler unrolls the
+    contiguous chunk loops of the scans by 16 and leaves the strided stage loops at 1), grouped
+    into stages (an unrolled loop and its remainder: adjacent, with the same kinds of memory
+    instruction); a stage costs its cheapest n / u per token times the tokens of a thread,
+    T / TOK_THREADS (shared-memory loops: the TOK_THREADS chunk sums one thread scans).
+    Returns (stages, per-thread instructions, serial instructions of thread 0)."""
+    loops = []
+    for addr, body in instrs:
+        m = re.match(r"BRA\s+(?:!?U?P\d,\s*)?(0x[0-9a-f]+)", body)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        region = [b for a, b in instrs if int(m.group(1), 16) <= a <= addr]
+        if any(b.startswith("EXIT") for b in region):
+            continue
+        ops = [b.split()[0] for b in region]
+        ldg = sum(1 for o in ops if re.match(r"^LDG(\.|$)", o))
+        stg = sum(1 for o in ops if re.match(r"^STG(\.|$)", o))
+        lds = sum(1 for o in ops if re.match(r"^LDS(\.|$)", o))
+        sts = sum(1 for o in ops if re.match(r"^STS(\.|$)", o))
+        shared = ldg == 0 and stg == 0
+        u = (sts or lds) if shared else (stg or ldg)
+        kinds = (ldg > 0, stg > 0, lds > 0, sts > 0)
+        loops.append(dict(n=len(region), u=max(u, 1), shared=shared, kinds=kinds))
+    stages = []
+    for l in loops:
+        prev = stages[-1] if stages else None
+        # An unrolled loop and its remainder (one token per iteration) are one stage; the strided
+        # stage loops, one token per iteration each, are stages of their own.
+        if prev and prev[0]["kinds"] == l["kinds"] and (
+                l["shared"] or (len(prev) == 1 and (l["u"] > 1) != (prev[0]["u"] > 1))):
+            prev.append(l)
+        else:
+            stages.append([l])
+    per_thread = serial = 0.0
+    out = []
+    for st in stages:
+        per_item = min(l["n"] / l["u"] for l in st)
+        items = TOK_THREADS if st[0]["shared"] else (T + TOK_THREADS - 1) // TOK_THREADS
+        cost = per_item * items
+        if st[0]["shared"]:
+            serial += cost
+        else:
+            per_thread += cost
+        out.append(dict(loops=[(l["n"], l["u"]) for l in st], per_item=per_item, items=items,
+                        shared=st[0]["shared"], cost=cost))
+    return out, per_thread, serial
+
+
 def occupancy(arch, threads, regs, smem):
     a = ARCH[arch]
     warps = (threads + 31) // 32
@@ -238,11 +294,14 @@ def main():
     ap.add_argument("--venv", default=os.environ.get("APE_VENV", str(ROOT / ".venv")))
     ap.add_argument("--md", help="write the Markdown table here")
     ap.add_argument("--csv", help="write the rows as CSV here")
+    ap.add_argument("--token-T", type=int, default=16384,
+                    help="sequence length of the token program's static estimate (default 16384)")
     args = ap.parse_args()
 
     cuobjdump = find_cuobjdump(args.venv)
     ensure_nvdisasm(args.venv, cuobjdump)
     rows = []
+    token_rows = []
     with tempfile.TemporaryDirectory() as work:
         tiles = tile_constants(args.nvcc, work)
         gen = Path(work) / "gen"
@@ -268,6 +327,12 @@ def main():
                     sass = sass_functions(subprocess.run([cuobjdump, "-sass", str(cubin)], check=True,
                                                          capture_output=True, text=True).stdout)
                     for fn, instrs in sass.items():
+                        tok = next((v for k, v in TOKEN_KERNELS.items() if k in fn), None)
+                        if tok and hd == args.hd[0]:  # the token program does not depend on d_h
+                            stages, per_thread, serial = token_cost(instrs, args.token_T)
+                            token_rows.append(dict(encoding=enc, kernel=tok, arch=f"sm_{arch}",
+                                                   regs=pinfo.get(fn, {}).get("regs"), stages=stages,
+                                                   per_thread=per_thread, serial=serial))
                         kind = next((v for k, v in KERNELS.items() if k in fn), None)
                         if kind is None or (kind == "hopper_forward" and arch != "90a"):
                             continue  # the wgmma kernel is a trap without sm_90a code
@@ -336,6 +401,24 @@ def main():
             misses.append(f"spills {r['spill_st']}/{r['spill_ld']} B")
         lines.append(f"- {r['encoding']} {r['kernel']} {r['arch']}: " +
                      ("meets it" if not misses else "misses it: " + ", ".join(misses)))
+    if token_rows:
+        T = args.token_T
+        lines += ["", f"## The token program at T = {T:,} (static estimate)", "",
+                  f"One block of {TOK_THREADS} threads per (b, h) slice runs the token program's stages "
+                  "(token_forward_kernel, token_backward_kernel; scans block-parallel in double). From the "
+                  "SASS: each stage's cheapest loop copy, instructions per token (per chunk sum for the "
+                  "shared-memory scan of the chunk sums, which one thread runs), times the tokens of one "
+                  f"thread ({(T + TOK_THREADS - 1) // TOK_THREADS}) or the {TOK_THREADS} chunk sums "
+                  "(token_cost in this script). Per-thread and serial counts are instructions of one thread; "
+                  "the slice's block issues per-thread x 8 warps.", "",
+                  "| encoding | kernel | arch | regs | stages (loop instrs / tokens per iteration) | "
+                  "instrs per thread | + serial (thread 0) |", "| --- " * 7 + "|"]
+        for r in token_rows:
+            st = "; ".join(
+                ("chunk sums " if x["shared"] else "") + ", ".join(f"{n}/{u}" for n, u in x["loops"]) +
+                f" = {x['per_item']:.1f} x {x['items']}" for x in r["stages"])
+            lines.append(f"| {r['encoding']} | {r['kernel']} | {r['arch']} | {r['regs']} | {st} | "
+                         f"{r['per_thread']:,.0f} | {r['serial']:,.0f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.md:

@@ -492,6 +492,13 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
 }
 
 #ifdef APE_SIMT
+// The emulator poses as an sm_90 device while one lives (then as what it was).
+struct PoseAsSm90 {
+  int saved = ape::simt::arch();
+  PoseAsSm90() { ape::simt::set_arch(90); }
+  ~PoseAsSm90() { ape::simt::set_arch(saved); }
+};
+
 // The same through the sm_90 path: the emulator poses as an H100, so the 16-bit forward runs the
 // wgmma kernel (hopper_forward_kernel; the backward and f32 are the same kernels as at sm_80,
 // here under sm_90's limits). Sizes: one row, partial tiles, several query and key tiles of 128.
@@ -500,11 +507,7 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
-  struct ArchGuard {
-    int saved = ape::simt::arch();
-    ArchGuard() { ape::simt::set_arch(90); }
-    ~ArchGuard() { ape::simt::set_arch(saved); }
-  } guard;
+  const PoseAsSm90 guard;
   for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
     SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
                  std::to_string(var.head_dim) + " B=" + std::to_string(B) + " H=" +
@@ -615,8 +618,7 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
 // every step's o and lse equal, bit for bit, the rows L0 .. L-1 of the full forward over the L
 // tokens so far (the contract of cpu_decode.h, kept here). Then the refusals: a step past the
 // capacity, another dtype, a missing pointer.
-TEST_P(CudaKernel, DecodeStepsEqualTheFullForward) {
-  const auto &[name, index] = GetParam();
+void check_decode_steps(const std::string &name, size_t index) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
@@ -660,7 +662,7 @@ TEST_P(CudaKernel, DecodeStepsEqualTheFullForward) {
     const Tensor o = download(od, q), lse = download(ld, lse_like);
     Tensor full_o, full_lse;
     run_forward_prefix(var, p, L0 + n, full_o, full_lse);
-    if (HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
     EXPECT_TRUE(torch::equal(o, full_o.narrow(2, L0, n))) << "o differs from the full forward";
     EXPECT_TRUE(torch::equal(lse, full_lse.narrow(2, L0, n))) << "lse differs from the full forward";
     L0 += n;
@@ -684,6 +686,22 @@ TEST_P(CudaKernel, DecodeStepsEqualTheFullForward) {
 
 // The backward refuses missing gradient pointers (and a missing status word) instead of
 // dereferencing them, for every variant of every encoding with side inputs.
+
+TEST_P(CudaKernel, DecodeStepsEqualTheFullForward) {
+  const auto &[name, index] = GetParam();
+  check_decode_steps(name, index);
+}
+
+#ifdef APE_SIMT
+// The same through the sm_90 path (the 16-bit forward is the Hopper kernel; its query tiles of
+// 128 rows are skipped by first_row as the others are).
+TEST_P(CudaKernel, Sm90DecodeStepsEqualTheFullForward) {
+  const auto &[name, index] = GetParam();
+  const PoseAsSm90 guard;
+  check_decode_steps(name, index);
+}
+#endif
+
 TEST(CudaArgs, NullGradientPointersAreRefused) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
   DevBuf buf;

@@ -234,10 +234,16 @@ template <class Enc, class In> struct Params {
   float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
   int64_t dist_ld;
   unsigned long long *dist_g;       // (B*H, T) x 2 words: sum of scale P (dP - Delta) per distance
+  unsigned long long *dist_fp;      // (B*H, T): fingerprints of B's gradient per distance
+  int *dist_sat;                    // (B*H): distances >= it share one gradient (dist_sat_kernel)
   // row/column biases in the flash kernels (flash_rowcol<Enc>())
   float *rc;                        // (B*H, 2, rc_ld): R(i) / scale, then C(j) / scale; 0 past T
   int64_t rc_ld;
   float *row_g;                     // (B*H, T): sum of scale P (dP - Delta) per query row
+  // the flash backward's row statistics (row_stats_kernel): (B*H, 2, stats_ld), the rows' lse in
+  // the kernel's units, then their Delta (signed as it uses it); rows past T: +inf and 0
+  float *stats;
+  int64_t stats_ld;
   // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
   static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
@@ -783,13 +789,14 @@ template <class Enc, class F> constexpr size_t flash_smem_bytes() {
 // Logits and the online softmax of one key tile (keys j0 ..) for the thread's rows of a flash forward:
 // scale, score mod, causal mask (kMasked), then each of the thread's rows (mt, h) is reduced over
 // its quad of lanes and exponentiated in base 2 (kf: see the callers), its running max m and
-// partial sum l updated and its O accumulators rescaled; S becomes P. Element (row rr = r0 + 16
+// partial sum l updated and the factor alpha of its O accumulators given back
+// (flash_softmax_alpha; flash_softmax applies it); S becomes P. Element (row rr = r0 + 16
 // mt + g + 8 h, column cc = 8 nt + 2 t + e) of S (the mma.m16n8k16 / wgmma accumulator layout) is
 // query i = i0 + rr, key j = j0 + cc: visible iff cc - rr <= dlt (j <= i) and rr < rows (i < T),
 // in 32-bit tile coordinates. Masked elements never reach the score mod: their indices may lie
 // outside the token arrays.
-template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT>
-__device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT>
+__device__ __forceinline__ void flash_softmax_alpha(float (&s)[kMT][kNT][4], float (&alpha_out)[kMT][2],
                                               float (&m)[kMT][2], float (&l)[kMT][2],
                                               const DevCtx<Enc> &ctx, float scale, float kf,
                                               int64_t i0, int64_t j0, int r0, int g, int t,
@@ -832,9 +839,23 @@ __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o
         }
       l[mt][h] = l[mt][h] * alpha + sum;  // this lane's part of the row sum
       m[mt][h] = mx;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) o[mt][dt][2 * h] *= alpha, o[mt][dt][2 * h + 1] *= alpha;
+      alpha_out[mt][h] = alpha;  // the factor of the row's O accumulators
     }
+}
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT>
+__device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
+                                              float (&m)[kMT][2], float (&l)[kMT][2],
+                                              const DevCtx<Enc> &ctx, float scale, float kf,
+                                              int64_t i0, int64_t j0, int r0, int g, int t,
+                                              int64_t T) {
+  float alpha[kMT][2];
+  flash_softmax_alpha<Enc, kMasked, kRaw>(s, alpha, m, l, ctx, scale, kf, i0, j0, r0, g, t, T);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[mt][dt][x] *= alpha[mt][x / 2];
 }
 
 template <class Enc, class In, int D>
@@ -1140,17 +1161,17 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   const float kf = kRaw ? p.scale * kLog2e : kLog2e;
   const float mscale = kRaw ? p.scale : 1.f;
   ptx::mbar_wait(bar_q, 0);
-  auto step = [&](int kt, auto masked) {
-    constexpr bool kMasked = decltype(masked)::value;
+  // The softmax of tile kt overlaps the P V product of tile kt - 1 (FlashAttention-3's pipelining
+  // inside a warpgroup): issue S_kt, issue O += P_{kt-1} V_{kt-1}, wait for S_kt only, run the
+  // softmax, then wait for the product, release stage kt - 1, rescale O and pack P_kt (its
+  // registers, the A operand of the next product, are free once the product completed).
+  float s_acc[1][kNT][4];
+  float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s_acc[0][0][0]);
+  uint32_t a[BK / 16][4];  // P of the previous tile
+  auto issue_s = [&](int kt) {
     const int s = kt & 1;
-    const unsigned phase = (kt >> 1) & 1;
-    const uint32_t cK = aK + s * C::kTileBytes, cV = aV + s * C::kTileBytes;
-    const int64_t j0 = int64_t(kt) * BK;
-    ptx::mbar_wait(full_k + s, phase);
-
+    ptx::mbar_wait(full_k + s, (kt >> 1) & 1);
     // S = Q' K'^T (+ B / scale, or + (R + C) / scale, as its initial value)
-    float s_acc[1][kNT][4];
-    float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s_acc[0][0][0]);
     [[maybe_unused]] const float *tb = sB + s * C::kDistLen + (r0 + g - 2 * t + BK);
     [[maybe_unused]] const float *cwin = sB + s * BK + 2 * t;
 #pragma unroll
@@ -1161,35 +1182,64 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
         else if constexpr (kRC) s_acc[0][nt][x] = rb[x / 2] + cwin[8 * nt + x % 2];
         else s_acc[0][nt][x] = 0.f;
       }
+    const uint32_t cK = aK + s * C::kTileBytes;
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       ptx::wgmma_ss<In, BK>(sf, hopper::desc_k<BQ, D>(aQ, kk), hopper::desc_k<BK, D>(cK, kk),
                             kDist || kRC || kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::fence_regs(sf);
-
-    flash_softmax<Enc, kMasked, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
-
-    // O += P V, P from registers (kept until the products complete).
-    uint32_t a[BK / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s_acc[0][2 * kk], s_acc[0][2 * kk + 1]);
-    ptx::mbar_wait(full_v + s, phase);
+  };
+  auto issue_pv = [&](int kt) {  // O += P_kt V_kt
+    const int s = kt & 1;
+    ptx::mbar_wait(full_v + s, (kt >> 1) & 1);
+    const uint32_t cV = aV + s * C::kTileBytes;
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
       ptx::wgmma_rs<In, D, 1>(of, a[kk], hopper::desc_mn<BK, D>(cV, kk), 1);
     ptx::wgmma_commit();
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s_acc[0][2 * kk], s_acc[0][2 * kk + 1]);
+  };
+  auto step = [&](int kt, auto masked) {  // kt >= 1
+    constexpr bool kMasked = decltype(masked)::value;
+    issue_s(kt);
+    issue_pv(kt - 1);
+    ptx::wgmma_wait<1>();  // S_kt (the product of tile kt - 1 may still run)
+    ptx::fence_regs(sf);
+    float alpha[1][2];
+    flash_softmax_alpha<Enc, kMasked, kRaw>(s_acc, alpha, m, l, ctx, p.scale, kf, i0,
+                                            int64_t(kt) * BK, r0, g, t, T);
     ptx::wgmma_wait<0>();
     ptx::fence_regs(of);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
-    ptx::mbar_arrive(empty + s);  // this thread is done with stage s
+    ptx::mbar_arrive(empty + ((kt - 1) & 1));  // this thread is done with stage kt - 1
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[0][dt][x] *= alpha[0][x / 2];
+    pack_p();
   };
-  for (int kt = 0; kt < n_plain; ++kt) step(kt, std::false_type{});
-  for (int kt = n_plain; kt < n_tiles; ++kt) step(kt, std::true_type{});
+  // Tile 0 (O is 0: no product to wait for), the steady state, the masked tiles, the last product.
+  issue_s(0);
+  ptx::wgmma_wait<0>();
+  ptx::fence_regs(sf);
+  if (n_plain > 0) flash_softmax<Enc, false, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+  else flash_softmax<Enc, true, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+  pack_p();
+  int kt = 1;
+  for (; kt < n_plain; ++kt) step(kt, std::false_type{});
+  for (; kt < n_tiles; ++kt) step(kt, std::true_type{});
+  issue_pv(n_tiles - 1);
+  ptx::wgmma_wait<0>();
+  ptx::fence_regs(of);
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
+  ptx::mbar_arrive(empty + ((n_tiles - 1) & 1));
 
   const int64_t base = bh * T * D;
   for (int h = 0; h < 2; ++h) {
@@ -1411,11 +1461,10 @@ template <class In, int D> struct FlashBwd {
   static constexpr size_t dacc = gsum + sizeof(float) * 2 * kWarps * kDiagLen;
   static constexpr size_t bytes_dist = dacc + sizeof(float) * kDistAcc;
   static_assert(bytes_dist <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
-  // Row/column biases: C(j) / scale of the block's BK keys (R(i) goes into the rows' lse), and the
-  // tile's scale P (dP - Delta) in fp32 (BK, LG) for the query-row sums.
-  static_assert(BQ <= kThreads, "one query-row sum per thread");
-  static constexpr size_t rowcol = bytes, rc_gsum = rowcol + sizeof(float) * BK;
-  static constexpr size_t bytes_rowcol = rc_gsum + sizeof(float) * BK * LG;
+  // Row/column biases: C(j) / scale of the block's BK keys (R(i) goes into the rows' lse), and a
+  // 16-byte row of 16-bit ones: the B fragment of the sums' products, by ldmatrix.
+  static constexpr size_t rowcol = bytes, ones = rowcol + sizeof(float) * BK;
+  static constexpr size_t bytes_rowcol = ones + 16;
   static_assert(bytes_rowcol <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
 };
 
@@ -1473,24 +1522,98 @@ __device__ inline void diag_partials(const float (&v)[kNT][4], float *set0, floa
   }
 }
 
-// lse (times log2 e, plus `lshift`, minus `rbias[i] rscale` when `rbias` is given; +inf for a row
-// without a finite logit, so that its P is 0) and Delta (times `dscale`) of the query rows
-// [i0, i0 + BQ) of a slice; rows >= T get +inf and 0. `lse`, `delta`, `rbias` point at the
-// slice's rows.
-template <int BQ, int kThreads>
-__device__ inline void load_row_stats(float *sLse, float *sDelta, const float *lse,
-                                      const float *delta, int64_t i0, int64_t T, float lshift,
-                                      float dscale, const float *rbias = nullptr,
-                                      float rscale = 0.f) {
-  static_assert(BQ <= kThreads, "one row per thread");
+// ---- a distance bias's saturation ---------------------------------------------------------------
+// Many distance biases stop depending on the distance past some point (T5's buckets: every
+// distance >= 113 reads the last one). Where B's gradient is the same linear map of g for every
+// d >= d_sat, the backward needs one sum of dS over those distances instead of one per distance.
+// d_sat is found at run time, per slice, from the spec's own gradient: distance_bias_grad(d, 1)
+// runs against sinks that fold every (sink, element, coefficient) they receive into a 64-bit
+// fingerprint (FingerprintCtx, order-independent); d_sat is 1 + the last d whose fingerprint
+// differs from that of T - 1 (dist_sat_kernel; 0 when all agree, T - 1 at most).
+struct FpAcc {
+  unsigned long long *h;
+  int sink;
+  __device__ static unsigned long long mix(unsigned long long x) {  // splitmix64's finaliser
+    x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27, x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+  struct Ref {
+    unsigned long long *h;
+    unsigned long long key;
+    __device__ void operator+=(float g) const {
+      uint32_t bits;
+      memcpy(&bits, &g, 4);
+      *h += mix(key ^ mix(bits + 0x9e3779b97f4a7c15ull));
+    }
+  };
+  __device__ Ref operator[](int64_t i) const {
+    return Ref{h, mix(static_cast<unsigned long long>(i) * 0x100000001b3ull + static_cast<unsigned long long>(sink))};
+  }
+};
+template <int N> struct FpSinks {
+  unsigned long long *h;
+  __device__ FpAcc operator[](int n) const { return FpAcc{h, n + 1}; }
+};
+template <class Enc> struct FingerprintCtx : DevCtx<Enc> {
+  FpSinks<array_len(Enc::kNumParams)> dparams;  // shadows DevCtx's sinks
+  FpAcc dtok;
+};
+
+template <class Enc, class In> __global__ void dist_fp_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const int64_t bh = e / p.T, d = e % p.T;
+  unsigned long long h = 0;
+  FingerprintCtx<Enc> ctx;
+  static_cast<DevCtx<Enc> &>(ctx) = make_ctx(p, bh, false);
+  ctx.dparams.h = &h;
+  ctx.dtok = FpAcc{&h, 0};
+  if constexpr (!traits::BiasFixed<Enc>::value) Enc::distance_bias_grad(ctx, d, 1.f);
+  p.dist_fp[e] = h;
+}
+template <class Enc, class In> __global__ void dist_sat_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const int64_t bh = e / p.T, d = e % p.T;
+  if (p.dist_fp[e] != p.dist_fp[bh * p.T + p.T - 1]) atomicMax(p.dist_sat + bh, static_cast<int>(d + 1));
+}
+
+// The flash backward's row statistics, one thread per (slice, row) of p.stats (rows past T too):
+// lse' = lse log2 e (- log2 scale where the kernel computes P' = scale P, flash_scaled_p; - R(i) /
+// scale times scale log2 e with a row/column bias, whose R folds into the row) and Delta (negated
+// with P': the dP^T accumulators start at it); a row without a finite logit gets +inf (its P is 0).
+template <class Enc> constexpr bool flash_scaled_p() {
+  return !Enc::kHasScoreMod || flash_distance<Enc>() || flash_rowcol<Enc>();
+}
+template <class Enc, class In> __global__ void row_stats_kernel(const Params<Enc, In> p) {
   constexpr float kLog2e = 1.44269504088896341f;
-  const int r = static_cast<int>(threadIdx.x);
-  const int rows = T - i0 < BQ ? static_cast<int>(T - i0) : BQ;
-  if (r < BQ) {
-    const bool in = r < rows;
-    const float l = in ? lse[i0 + r] : kInf;
-    sLse[r] = l == -kInf ? kInf : fmaf(l, kLog2e, lshift) - (rbias ? rbias[i0 + r] * rscale : 0.f);
-    sDelta[r] = in ? delta[i0 + r] * dscale : 0.f;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.stats_ld) return;
+  const int64_t bh = e / p.stats_ld, i = e % p.stats_ld;
+  float *row = p.stats + 2 * bh * p.stats_ld + i;
+  if (i >= p.T) {
+    row[0] = kInf, row[p.stats_ld] = 0.f;
+    return;
+  }
+  const float l = p.lse[bh * p.T + i], d = p.delta[bh * p.T + i];
+  float lse2 = l * kLog2e;
+  if constexpr (flash_scaled_p<Enc>()) lse2 -= p.log2_scale;
+  if constexpr (flash_rowcol<Enc>()) lse2 -= p.rc[2 * bh * p.rc_ld + i] * (p.scale * kLog2e);
+  row[0] = l == -kInf ? kInf : lse2;
+  row[p.stats_ld] = flash_scaled_p<Enc>() ? -d : d;
+}
+
+// The row statistics of query rows [i0, i0 + BQ) of a slice (row_stats_kernel: `stats` points at
+// the slice's lse row, `ld` on is its Delta row) into shared memory, 16-byte cp.async.
+template <int BQ, int kThreads>
+__device__ inline void load_row_stats(float *sLse, float *sDelta, const float *stats, int64_t ld,
+                                      int64_t i0) {
+  static_assert(BQ / 4 <= kThreads, "one chunk per thread");
+  const int x = static_cast<int>(threadIdx.x);
+  if (x < BQ / 4) {
+    ptx::cp_async_16(sLse + 4 * x, stats + i0 + 4 * x);
+    ptx::cp_async_16(sDelta + 4 * x, stats + ld + i0 + 4 * x);
   }
 }
 
@@ -1527,9 +1650,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   // accumulators at -Delta, so that dS = P' (dP - Delta) is one FMUL; dV accumulates scale dV
   // (1 / scale at the end), the bias sums scale P (dP - Delta).
   constexpr bool kScaledP = kRaw;
+  static_assert(kScaledP == flash_scaled_p<Enc>(), "row_stats_kernel's units");
   const float kf = p.scale * kLog2e;  // kRaw: P' = 2^(s kf - lse')
-  const float lshift = kScaledP ? -p.log2_scale : 0.f, dscale = kScaledP ? -1.f : 1.f;
-  const float *lse_bh = p.lse + bh * T, *delta_bh = p.delta + bh * T;
   float *sB = reinterpret_cast<float *>(smem + C::dist), *sG = reinterpret_cast<float *>(smem + C::gsum);
   [[maybe_unused]] float *sAcc = reinterpret_cast<float *>(smem + C::dacc);
   [[maybe_unused]] const float *dist_bh = p.dist + bh * p.dist_ld + kDistPad;
@@ -1553,7 +1675,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   // A bias without a gradient (Enc::kBiasFixed: ALiBi's standard slopes) needs none of the sums.
   constexpr bool kBiasGrad = !traits::BiasFixed<Enc>::value;
   float *sC = reinterpret_cast<float *>(smem + C::rowcol);
-  if constexpr (kRC) sG = reinterpret_cast<float *>(smem + C::rc_gsum);
+  if constexpr (kRC && kBiasGrad)
+    if (threadIdx.x < 4) {  // read after the first step's barrier
+      const uint32_t one2 = flash::pack2<In>(1.f, 1.f);
+      memcpy(smem + C::ones + 4 * threadIdx.x, &one2, 4);
+    }
   static_assert(BK / 4 <= C::kThreads, "one chunk per thread");
   // The slice's fixed-point sum of distance d (formed where used: no pointers live in the loop).
   [[maybe_unused]] auto dist_g = [&](int64_t d) {
@@ -1569,10 +1695,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   // of the dQ' product (query rows' sums over the block's keys, by the warps of the first column
   // slice).
   [[maybe_unused]] float col_acc[4] = {};
-  [[maybe_unused]] const uint32_t kOnes[2] = {flash::pack2<In>(1.f, 1.f), flash::pack2<In>(1.f, 1.f)};
+  // The ones: every lane's ldmatrix row is the same 16 bytes (a fresh register pair per use, no
+  // copies of one register into pairs).
+  [[maybe_unused]] const ptx::SmemAddr lOnes = ptx::smem_addr_of(smem + C::ones);
+  [[maybe_unused]] auto ones = [&](uint32_t (&b)[4]) { ptx::ldmatrix_at<4>(b, lOnes); };
   [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
-  // R / scale (times kf in log2 units), formed where used: no pointer live in the loop.
-  auto rows = [&] { return kRC ? p.rc + 2 * int64_t(blockIdx.x) * p.rc_ld : nullptr; };
   if constexpr (kRC) {
     const int x = static_cast<int>(threadIdx.x);
     if (x < BK / 4) ptx::cp_async_16(sC + 4 * x, rc_bh + p.rc_ld + j0 + 4 * x);
@@ -1582,9 +1709,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, j0, T);
   flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, qt0 * BQ, T);
   flash::load_tile_async<BQ, D, C::kThreads>(sDO, p.dout + base, qt0 * BQ, T);
+  load_row_stats<BQ, C::kThreads>(sLse, sDelta, p.stats + 2 * bh * p.stats_ld, p.stats_ld, qt0 * BQ);
   ptx::cp_async_commit();
-  load_row_stats<BQ, C::kThreads>(sLse, sDelta, lse_bh, delta_bh, qt0 * BQ, T, lshift, dscale,
-                                   rows(), kf);
 
   // ldmatrix lane bases (cuda_flash_tile.cuh); the other buffer is BQ D elements on.
   const ptx::SmemAddr lK = flash::lane_base<D, flash::kRowsByQuad>(sK);   // A of S^T, B of dQ
@@ -1595,8 +1721,10 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   const ptx::SmemAddr lDOk = flash::lane_base<D, flash::kRowsByQuad>(sDO);
   const ptx::SmemAddr lDS = flash::lane_base<BQ, flash::kColsByQuad>(sDS);
   float dk[kDT][4] = {}, dv[kDT][4] = {};
-  auto step = [&](int64_t qt, auto masked) {
-    constexpr bool kMasked = decltype(masked)::value;
+  // A saturated step (kSat: every distance of the tile >= the slice's d_sat, unmasked) adds its
+  // dS to one fp32 sum per thread instead of its diagonals' sums.
+  auto step = [&](int64_t qt, auto masked, auto sat, [[maybe_unused]] float &sat_sum) {
+    constexpr bool kMasked = decltype(masked)::value, kSat = decltype(sat)::value;
     const int buf = static_cast<int>((qt - qt0) & 1);
     const int64_t i0 = qt * BQ;
     ptx::cp_async_wait<0>();
@@ -1606,8 +1734,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       const int nb = buf ^ 1;
       flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
       flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
-      load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ, lse_bh, delta_bh,
-                                       i0 + BQ, T, lshift, dscale, rows(), kf);
+      load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ,
+                                       p.stats + 2 * int64_t(blockIdx.x) * p.stats_ld, p.stats_ld, i0 + BQ);
       if constexpr (kDist) fill_bias(qt + 1, nb);
     }
     ptx::cp_async_commit();
@@ -1672,6 +1800,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             dsv = pv * dp[nt][2 * h + e];
+            if constexpr (kSat) sat_sum += dsv;
           } else if constexpr (kRC) {  // dS also to sG and the key sums
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
@@ -1697,17 +1826,19 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
 
     // The warp's diagonal sums of dS (= scale P (dP - Delta)) into its two sets, by tile diagonal
     // x = c - kr + BK - 1.
-    if constexpr (kDist && kBiasGrad)
+    if constexpr (kDist && kBiasGrad && !kSat)
       diag_partials<kNT>(dp, sG + 2 * warp * C::kDiagLen, sG + (2 * warp + 1) * C::kDiagLen,
                          BK - 1 - kr0);
 
     // dV += P^T dO, dK' += dS^T Q'.
+    [[maybe_unused]] uint32_t ones_k[4];  // two B fragments of ones
+    if constexpr (kRC && kBiasGrad) ones(ones_k);
     #pragma unroll
     for (int kk = 0; kk < BQ / 16; ++kk) {
       uint32_t ap[4], ads[4];
       flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
       flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
-      if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, ads, kOnes);  // key sums
+      if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, ads, ones_k + 2 * (kk & 1));  // key sums
       #pragma unroll
       for (int dt = 0; dt < kDT; dt += 2) {
         uint32_t b[4];
@@ -1737,12 +1868,14 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
     __syncthreads();  // dS^T complete, and the turn is ours
 
     float dq[kQDT][4] = {};
+    [[maybe_unused]] uint32_t ones_q[4];
+    if constexpr (kRC && kBiasGrad) ones(ones_q);
     [[maybe_unused]] float row_acc[4] = {};
     #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t a[4];
       flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
-      if constexpr (kRC && kBiasGrad) flash::mma<In>(row_acc, a, kOnes);  // the query rows' sums
+      if constexpr (kRC && kBiasGrad) flash::mma<In>(row_acc, a, ones_q + 2 * (kk & 1));  // row sums
       #pragma unroll
       for (int dt = 0; dt < kQDT; dt += 2) {
         uint32_t b[4];
@@ -1762,7 +1895,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
       }
     }
-    if constexpr (kDist && kBiasGrad) {  // diagonal c - kr = x - (BK - 1): the warps' sets, in order
+    if constexpr (kDist && kBiasGrad && !kSat) {  // diagonal c - kr = x - (BK - 1): the warps' sets, in order
       const int x = static_cast<int>(threadIdx.x), o = x - (BK - 1);
       if (x < BQ + BK - 1) {
         float sum = sG[x];
@@ -1781,12 +1914,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       }
     }
     if constexpr (kRC && kBiasGrad) {  // the rows' sums over the block's keys, in our turn
-      if (qc0 == 0 && t == 0)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t i = i0 + qr0 + g + 8 * h;
-          if (i < T) atomicAdd(p.row_g + bh * T + i, row_acc[2 * h]);
-        }
+      const bool mine = qc0 == 0 && t == 0;
+      const int rows_left = static_cast<int>(T - i0 < BQ ? T - i0 : BQ) - (qr0 + g);
+      float *rg = p.row_g + bh * T + i0 + qr0 + g;
+      if (mine && rows_left > 0) atomicAdd(rg, row_acc[0]);
+      if (mine && rows_left > 8) atomicAdd(rg + 8, row_acc[2]);
     }
     __threadfence();  // our adds are visible before the release (after the next barrier)
   };
@@ -1795,10 +1927,39 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   const int64_t n_full = T / BQ;
   int64_t qt_plain = (j0 + BK - 1 + BQ - 1) / BQ;  // first tile with i0 >= j0 + BK - 1
   if (qt_plain > n_full) qt_plain = n_full;
+  // Saturated query tiles [qt_sat, n_full): every distance >= d_sat (dist_sat_kernel).
+  int64_t qt_sat = n_full;
+  if constexpr (kDist && kBiasGrad) {
+    qt_sat = (p.dist_sat[bh] + j0 + BK - 1 + BQ - 1) / BQ;
+    qt_sat = qt_sat < qt_plain ? qt_plain : qt_sat > n_full ? n_full : qt_sat;
+  }
+  using Yes = std::true_type;
+  using No = std::false_type;
   int64_t qt = qt0;
-  for (; qt < qt_plain; ++qt) step(qt, std::true_type{});
-  for (; qt < n_full; ++qt) step(qt, std::false_type{});
-  for (; qt < n_qt; ++qt) step(qt, std::true_type{});
+  float unused = 0.f;
+  for (; qt < qt_plain; ++qt) step(qt, Yes{}, No{}, unused);
+  for (; qt < qt_sat; ++qt) step(qt, No{}, No{}, unused);
+  if constexpr (kDist && kBiasGrad) {
+    if (qt_sat < n_full) {  // the running sums the last diagonal step left, before the others
+      __syncthreads();
+      const int x = static_cast<int>(threadIdx.x);
+      const int64_t d = (qt_sat - 1) * BQ - j0 - (BK - 1) + x;
+      if (x >= BQ && x < BQ + BK - 1) {
+        float &acc = sAcc[d & (C::kDistAcc - 1)];
+        const float v = acc;
+        acc = 0.f;
+        if (v != 0.f && d < T) dist_g(d) += v;
+      }
+    }
+    float sat_sum = 0.f;
+    for (; qt < n_full; ++qt) step(qt, No{}, Yes{}, sat_sum);
+    // One term at distance T - 1 (saturated like every d >= d_sat) per warp, in fixed point.
+    #pragma unroll
+    for (int o = 16; o > 0; o /= 2) sat_sum += __shfl_xor_sync(0xffffffffu, sat_sum, o);
+    if (lane == 0 && sat_sum != 0.f) dist_g(T - 1) += sat_sum;
+  }
+  for (; qt < n_full; ++qt) step(qt, No{}, No{}, unused);
+  for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();
   __syncthreads();
   if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
@@ -2152,8 +2313,15 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
       if (err == cudaSuccess) err = make_dist_table(p, scratch, st);
       if constexpr (!traits::BiasFixed<Enc>::value) {
         p.dist_g = scratch.take<unsigned long long>(2 * BH * T, err);
+        p.dist_fp = scratch.take<unsigned long long>(BH * T, err);
+        p.dist_sat = scratch.take<int>(BH, err);
         if (err == cudaSuccess)
           err = cudaMemsetAsync(p.dist_g, 0, 2 * sizeof(unsigned long long) * BH * T, st);
+        if (err == cudaSuccess) err = cudaMemsetAsync(p.dist_sat, 0, sizeof(int) * BH, st);
+        if (err == cudaSuccess)
+          err = launch(dist_fp_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p);
+        if (err == cudaSuccess)
+          err = launch(dist_sat_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p);
       }
     }
     if constexpr (flash_rowcol<Enc>()) {
@@ -2163,6 +2331,10 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
         if (err == cudaSuccess) err = cudaMemsetAsync(p.row_g, 0, sizeof(float) * BH * T, st);
       }
     }
+    p.stats_ld = (T + 63) / 64 * 64;  // a whole number of query tiles, 16-byte rows
+    p.stats = scratch.take<float>(2 * BH * p.stats_ld, err);
+    if (err == cudaSuccess)
+      err = launch(row_stats_kernel<Enc, In>, blocks_for(BH * p.stats_ld, 256), 256, 0, st, p);
     if (err != cudaSuccess ||
         (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
         (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
