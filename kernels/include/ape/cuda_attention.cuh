@@ -1454,7 +1454,7 @@ template <class In, int D> struct FlashBwd {
   // scale P (dP - Delta) (kDiagLen slots per set, by tile diagonal; flash_diag_partials), and
   // kDistAcc running sums per distance (slot d mod kDistAcc) that carry a distance over the steps
   // that see it.
-  static constexpr int kDistLen = BQ + BK, LG = BQ + 1, kDistAcc = 128, kDiagLen = BQ + BK;
+  static constexpr int kDistLen = BQ + BK, kDistAcc = 128, kDiagLen = BQ + BK;
   static_assert(BQ + BK - 1 <= kThreads, "one diagonal per thread");
   static_assert(BQ + BK - 1 <= kDistAcc, "a step's distances in distinct slots");
   static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
@@ -1666,12 +1666,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   if constexpr (kDist) fill_bias(qt0, 0);
   // Row/column bias: C(j0 + kr) / scale at sC[kr] for the whole block, the initial value of S^T's
   // key rows; R(i) is a constant of query row i, so it goes into the row's lse (load_row_stats).
-  // The tile's scale P (dP - Delta) goes to sG, where thread c < BQ sums query column c per step
-  // and adds it to the row's fp32 sum in p.row_g during the block's turn on the query tile (the
-  // dQ' order: deterministic without fixed point; row_grad_kernel makes the calls). R's gradient
-  // is 0 in exact arithmetic, but it carries the rounding of Delta that the key sums carry too,
-  // and the two cancel downstream: it is summed like the rest. The key sums are kept per lane in
-  // `col_sum[h]` over the block's steps and summed over the quad at the end.
+  // The query rows' sums of scale P (dP - Delta) over the block's keys are added to the rows' fp32
+  // sums in p.row_g during the block's turn on the query tile (the dQ' order: deterministic
+  // without fixed point; row_grad_kernel makes the calls). R's gradient is 0 in exact arithmetic,
+  // but it carries the rounding of Delta that the key sums carry too, and the two cancel
+  // downstream: it is summed like the rest. The key sums stay in an accumulator over the block's
+  // steps (col_acc below).
   // A bias without a gradient (Enc::kBiasFixed: ALiBi's standard slopes) needs none of the sums.
   constexpr bool kBiasGrad = !traits::BiasFixed<Enc>::value;
   float *sC = reinterpret_cast<float *>(smem + C::rowcol);
@@ -1796,16 +1796,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
           const int c = 8 * nt + 2 * t + e;
           const bool visible = !kMasked || (kr - c <= dlt && c < cols);
           float pv, dsv;
-          if constexpr (kDist) {  // (the diagonal sums below)
+          if constexpr (kDist || kRC) {  // the bias is in S^T; its sums below
             pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             dsv = pv * dp[nt][2 * h + e];
             if constexpr (kSat) sat_sum += dsv;
-          } else if constexpr (kRC) {  // dS also to sG and the key sums
-            pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
-            if constexpr (kMasked) pv = visible ? pv : 0.f;
-            dsv = pv * dp[nt][2 * h + e];
-            (void)kr;  // the sums: ones-column products below
           } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
             if (visible) {
