@@ -1,6 +1,7 @@
 // fp64 materialised reference of the encodings (see kernel_reference.h). Only LibTorch ops;
 // nothing here reads the generated kernels or their code.
 #include "kernel_reference.h"
+#include "reference_lse.h"
 
 #include <algorithm>
 #include <cmath>
@@ -500,7 +501,7 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
   RefOutputs out;
   {
     torch::NoGradGuard no_grad;
-    out.lse = torch::logsumexp(logits.detach(), -1);
+    out.lse = reference_logsumexp(logits);
   }
   const int64_t rdt = static_cast<int64_t>(rounding.dtype);
   // (an autograd Function takes no undefined tensor: none is empty)
