@@ -1062,22 +1062,38 @@ struct HopperMaps {
 };
 
 namespace hopper {
-// Descriptors of a canonical tile of R rows at shared-window offset `base`, for the 16-deep step
-// kk: K-major (the k of the product runs along the row: Q, K'), and MN-major (the k runs down the
-// rows: V, whose columns are the product's n). A tile is kAtomCols boxes of R rows.
-template <int R, int D> __device__ inline uint64_t desc_k(uint32_t base, int kk) {
-  constexpr int kSw = 2 * D < 128 ? 2 * D : 128;
-  const uint32_t off = uint32_t(32 * kk / kSw) * R * kSw + uint32_t(32 * kk % kSw);
-  return ptx::smem_desc(base + off, kSw, 16, 8 * kSw);
+// A matrix descriptor kept as its two words. The high word (stride offset, swizzle) is a constant
+// of the tile's layout; the low word holds the start address >> 4 (bits 0-13) and the leading
+// offset. Moving the operand by a multiple of 16 bytes adds to the low word alone: the block's
+// shared window ends below 256 KiB, so the address field never carries into the leading offset.
+// Built once per kernel, a descriptor then costs one uniform add per wgmma (the stage's offset,
+// then each 16-deep step's, are constants of the loop), as CUTLASS's descriptor iterators do,
+// instead of rebuilding the fields from an address every time.
+struct Desc {
+  uint32_t lo, hi;
+  __device__ Desc plus(uint32_t bytes) const { return Desc{lo + (bytes >> 4), hi}; }
+  __device__ uint64_t at(uint32_t bytes) const { return (uint64_t(hi) << 32) | (lo + (bytes >> 4)); }
+};
+__device__ inline Desc split(uint64_t d) { return Desc{uint32_t(d), uint32_t(d >> 32)}; }
+template <int D> constexpr int swizzle_bytes() { return 2 * D < 128 ? 2 * D : 128; }
+// Canonical tiles of R rows at shared-window offset `base`, kAtomCols boxes of R rows each:
+// K-major (the k of the product runs along the row: Q, K'), and MN-major (the k runs down the
+// rows: V, whose columns are the product's n). step_*(kk): the byte offset of the 16-deep step kk.
+template <int R, int D> __device__ inline Desc desc_k(uint32_t base) {
+  return split(ptx::smem_desc(base, swizzle_bytes<D>(), 16, 8 * swizzle_bytes<D>()));
 }
-template <int R, int D> __device__ inline uint64_t desc_mn(uint32_t base, int kk) {
-  constexpr int kSw = 2 * D < 128 ? 2 * D : 128;
-  return ptx::smem_desc(base + uint32_t(16 * kk) * kSw, kSw, R * kSw, 8 * kSw);
+template <int R, int D> constexpr uint32_t step_k(int kk) {
+  constexpr int kSw = swizzle_bytes<D>();
+  return uint32_t(32 * kk / kSw) * R * kSw + uint32_t(32 * kk % kSw);
 }
+template <int R, int D> __device__ inline Desc desc_mn(uint32_t base) {
+  return split(ptx::smem_desc(base, swizzle_bytes<D>(), R * swizzle_bytes<D>(), 8 * swizzle_bytes<D>()));
+}
+template <int D> constexpr uint32_t step_mn(int kk) { return uint32_t(16 * kk) * swizzle_bytes<D>(); }
 // The R-row tile at `tile` from rows row0.. of slice bh, one box per 64 (32 at D = 32) columns.
 template <int R, int D, class In>
 __device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, int64_t bh, uint64_t *bar) {
-  constexpr int kCols = (2 * D < 128 ? 2 * D : 128) / 2;
+  constexpr int kCols = swizzle_bytes<D>() / 2;
 #pragma unroll
   for (int a = 0; a < D / kCols; ++a)
     ptx::tma_load_3d(tile + a * R * kCols, map, a * kCols, static_cast<int>(row0), static_cast<int>(bh), bar);
@@ -1152,8 +1168,9 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
     for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
   }
-  const uint32_t aQ = ptx::smem_window_offset(sQ) + uint32_t(64 * cw) * C::kSwizzle;
-  const uint32_t aK = ptx::smem_window_offset(sK), aV = ptx::smem_window_offset(sV);
+  const hopper::Desc dQ = hopper::desc_k<BQ, D>(ptx::smem_window_offset(sQ) + uint32_t(64 * cw) * C::kSwizzle);
+  const hopper::Desc dK = hopper::desc_k<BK, D>(ptx::smem_window_offset(sK));
+  const hopper::Desc dV = hopper::desc_mn<BK, D>(ptx::smem_window_offset(sV));
   float o[1][kDT][4] = {};
   float m[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.f, 0.f}};
   float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o[0][0][0]);
@@ -1182,22 +1199,21 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
         else if constexpr (kRC) s_acc[0][nt][x] = rb[x / 2] + cwin[8 * nt + x % 2];
         else s_acc[0][nt][x] = 0.f;
       }
-    const uint32_t cK = aK + s * C::kTileBytes;
+    const hopper::Desc cK = dK.plus(s * C::kTileBytes);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      ptx::wgmma_ss<In, BK>(sf, hopper::desc_k<BQ, D>(aQ, kk), hopper::desc_k<BK, D>(cK, kk),
+      ptx::wgmma_ss<In, BK>(sf, dQ.at(hopper::step_k<BQ, D>(kk)), cK.at(hopper::step_k<BK, D>(kk)),
                             kDist || kRC || kk > 0);
     ptx::wgmma_commit();
   };
   auto issue_pv = [&](int kt) {  // O += P_kt V_kt
     const int s = kt & 1;
     ptx::mbar_wait(full_v + s, (kt >> 1) & 1);
-    const uint32_t cV = aV + s * C::kTileBytes;
+    const hopper::Desc cV = dV.plus(s * C::kTileBytes);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-      ptx::wgmma_rs<In, D, 1>(of, a[kk], hopper::desc_mn<BK, D>(cV, kk), 1);
+    for (int kk = 0; kk < BK / 16; ++kk) ptx::wgmma_rs<In, D, 1>(of, a[kk], cV.at(hopper::step_mn<D>(kk)), 1);
     ptx::wgmma_commit();
   };
   auto pack_p = [&] {
