@@ -47,13 +47,16 @@ else
 fi
 
 # A failed GoogleTest or ctest script is named again here, next to the counts, with the end of its
-# output (a long log is often read from its tail), and run once more: whether it fails again tells
+# output (a long log is often read from its tail), and (up to 20) run once more: whether it fails again tells
 # a reader a deterministic failure from one that depends on timing or load. It still counts failed.
 if [ "$ctest_status" -ne 0 ]; then
   echo "[ape] failed GoogleTest/ctest cases:"
   sed -n '/The following tests FAILED/,$p' "$log.ctest" | grep -E '^\s+[0-9]+ - ' | head -20
-  echo "[ape] run once more, with their output (the failure counts either way):"
-  (cd "$build" && ctest --rerun-failed --output-on-failure --timeout 1200) 2>&1 | tail -60
+  n_failed=$(sed -n '/The following tests FAILED/,$p' "$log.ctest" | grep -cE '^\s+[0-9]+ - ')
+  if [ "$n_failed" -le 20 ]; then
+    echo "[ape] run once more, with their output (the failure counts either way):"
+    (cd "$build" && ctest --rerun-failed --output-on-failure --timeout 1200) 2>&1 | tail -60
+  fi
 fi
 
 # Counts: lit's summary lines and ctest's, folded into one closing line.
