@@ -1038,11 +1038,15 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
 // Tiles are stored in the canonical layout wgmma reads, which is the layout a TMA box with the
 // same swizzle writes: 8-row groups of swizzle rows (128 bytes; 64 at D = 32) whose 16-byte chunks
 // are XOR-permuted by the row, a box per 64 columns.
+namespace hopper {
+// Bytes per swizzle row of a tile of D 16-bit columns (the TMA boxes' and the descriptors' mode).
+template <int D> constexpr int swizzle_bytes() { return 2 * D < 128 ? 2 * D : 128; }
+}  // namespace hopper
 template <class In, int D> struct HopperFwd {
   static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
   static constexpr int BQ = 64 * kConsumers, BK = 128, kStages = 2;
   static constexpr int kNT = BK / 8, kDT = D / 8;
-  static constexpr int kSwizzle = 2 * D < 128 ? 2 * D : 128;  // bytes per swizzle row
+  static constexpr int kSwizzle = hopper::swizzle_bytes<D>();
   static constexpr int kRowElems = kSwizzle / 2, kAtomCols = D / kRowElems;
   static constexpr int kDistLen = BQ + BK;
   // mbarriers (q, full_k[2], full_v[2], empty[2]), the bias windows, then the 1024-byte aligned
@@ -1075,11 +1079,10 @@ struct Desc {
   __device__ uint64_t at(uint32_t bytes) const { return (uint64_t(hi) << 32) | (lo + (bytes >> 4)); }
 };
 __device__ inline Desc split(uint64_t d) { return Desc{uint32_t(d), uint32_t(d >> 32)}; }
-template <int D> constexpr int swizzle_bytes() { return 2 * D < 128 ? 2 * D : 128; }
 // Canonical tiles of R rows at shared-window offset `base`, kAtomCols boxes of R rows each:
 // K-major (the k of the product runs along the row: Q, K'), and MN-major (the k runs down the
 // rows: V, whose columns are the product's n). step_*(kk): the byte offset of the 16-deep step kk.
-template <int R, int D> __device__ inline Desc desc_k(uint32_t base) {
+template <int D> __device__ inline Desc desc_k(uint32_t base) {
   return split(ptx::smem_desc(base, swizzle_bytes<D>(), 16, 8 * swizzle_bytes<D>()));
 }
 template <int R, int D> constexpr uint32_t step_k(int kk) {
@@ -1168,8 +1171,8 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
     for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
   }
-  const hopper::Desc dQ = hopper::desc_k<BQ, D>(ptx::smem_window_offset(sQ) + uint32_t(64 * cw) * C::kSwizzle);
-  const hopper::Desc dK = hopper::desc_k<BK, D>(ptx::smem_window_offset(sK));
+  const hopper::Desc dQ = hopper::desc_k<D>(ptx::smem_window_offset(sQ) + uint32_t(64 * cw) * C::kSwizzle);
+  const hopper::Desc dK = hopper::desc_k<D>(ptx::smem_window_offset(sK));
   const hopper::Desc dV = hopper::desc_mn<BK, D>(ptx::smem_window_offset(sV));
   float o[1][kDT][4] = {};
   float m[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.f, 0.f}};
