@@ -381,12 +381,28 @@ constexpr StringLiteral kIndent = "    ";
 /// context type (the device context redirects gradient accumulations) and `APE_HD` (host and
 /// device under nvcc). The bodies are the same text for both.
 struct FunctorStyle {
-  StringLiteral head;  // up to the return type
-  StringLiteral ctx;   // the context parameter
+  StringLiteral head;       // up to the return type
+  StringLiteral ctx;        // the context parameter
+  StringLiteral outOfLine;  // before the return type of a function called, not inlined
 };
-constexpr FunctorStyle kCpuStyle{"  template <class T>\n  static ", "const ape::HeadCtx<T> &ctx"};
+constexpr FunctorStyle kCpuStyle{"  template <class T>\n  static ", "const ape::HeadCtx<T> &ctx", ""};
 constexpr FunctorStyle kCudaStyle{"  template <class T, class Ctx>\n  APE_HD static ",
-                                  "const Ctx &ctx"};
+                                  "const Ctx &ctx", "APE_NOINLINE "};
+
+/// A score mod (primal, or primal with gradient) of more operations than this is called out of
+/// line by the CUDA kernels (APE_NOINLINE, ape/cuda_platform.cuh). The flash kernels evaluate
+/// it at every element of fully unrolled tile loops, 16-64 copies per kernel and several kernels
+/// per variant; the example specs' mods have at most ~60 operations (KERPLE's gradient), FIRE's
+/// MLP ~1,600 with 99 gradient sinks, which inlined drove ptxas past 23 GB and 5 minutes for one
+/// variant (bench/results/cuda_compile_memory.md). A call costs a few instructions per element
+/// against the hundreds of such a mod.
+constexpr unsigned kOutOfLineOps = 160;
+
+unsigned countOps(Region &r) {
+  unsigned n = 0;
+  r.walk([&](Operation *) { ++n; });
+  return n;
+}
 
 /// Binds `args` to the block arguments of a region (`b`) and of its gradient region (`gb`,
 /// which reads the primal's values), writes the primal body, then the gradient body; returns the
@@ -472,8 +488,10 @@ LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, String
 
 LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorStyle &st) {
   ScoreModOp mod = layout.score;
-  os << st.head << "T score_mod(" << st.ctx << ", int64_t i, "
-        "int64_t j, T s) {\n";
+  const unsigned primalOps = mod ? countOps(mod.getBody()) : 0;
+  const unsigned gradOps = mod && !layout.inferenceOnly ? primalOps + countOps(mod.getGrad()) : 0;
+  os << st.head << (primalOps > kOutOfLineOps ? st.outOfLine : "") << "T score_mod(" << st.ctx
+     << ", int64_t i, int64_t j, T s) {\n";
   StringRef args[] = {"s", "ctx.b", "ctx.h", "i", "j", "g"};
   if (!mod) {
     os << "    return s;\n  }\n";
@@ -489,8 +507,8 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorS
   }
   if (layout.inferenceOnly)
     return success();
-  os << st.head << "T score_mod_grad(" << st.ctx << ", int64_t i, "
-        "int64_t j, T s, T g) {\n";
+  os << st.head << (gradOps > kOutOfLineOps ? st.outOfLine : "") << "T score_mod_grad("
+     << st.ctx << ", int64_t i, int64_t j, T s, T g) {\n";
   if (!mod) {
     os << "    return g;\n  }\n";
     return success();

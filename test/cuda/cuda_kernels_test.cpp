@@ -742,8 +742,10 @@ INSTANTIATE_TEST_SUITE_P(All, CudaKernel, ::testing::ValuesIn(all_cases()),
                          });
 
 // The status word reports what the fixed-point gradient sums cannot hold (cuda_kernel_entry.h):
-// a NaN token feature makes the feature gradients NaN and sets kStatusNonFinite; gradient terms
-// beyond 2^31 set kStatusRange. Any encoding with a token program does (the first one built).
+// a NaN token feature sets kStatusNonFinite; gradient terms beyond 2^31 set kStatusRange. Either
+// way the sums are poisoned on the device: every feature gradient is NaN, so a caller that never
+// reads the word (the operator library does not: it would wait for the GPU) cannot use a clamped
+// gradient. Any encoding with a token program does (the first one built).
 TEST(CudaStatus, NonFiniteAndOutOfRangeTermsAreReported) {
   const CudaKernelEntry *e = nullptr;
   for (const CudaKernelEntry *c : cuda_entries())
@@ -766,6 +768,10 @@ TEST(CudaStatus, NonFiniteAndOutOfRangeTermsAreReported) {
   run_gpu(var, big, out, &st);
   EXPECT_TRUE(st & ape::cuda::kStatusRange) << "status " << st;
   EXPECT_FALSE(st & ape::cuda::kStatusNonFinite) << "status " << st;
+  for (auto &[what, t] : out)
+    if (what.rfind("dfeature", 0) == 0) EXPECT_TRUE(torch::isnan(t).all().item<bool>()) << what;
+    else if (what == "o" || what == "lse" || what == "dv")  // not from the sums: they stand
+      EXPECT_FALSE(torch::isnan(t).any().item<bool>()) << what;
 }
 
 #ifdef APE_SIMT

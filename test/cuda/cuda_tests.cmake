@@ -32,6 +32,14 @@ if(APE_HAVE_CUDA)
       PROPERTIES LABELS "cuda;gpu" TIMEOUT 600
       DISCOVERY_TIMEOUT 60)
   endif()
+  # The largest unit of the example specs (FIRE: an MLP score mod) compiles within 4 GiB, so
+  # every spec of that shape reaches a GPU (compile_bounds.sh; bench/results/cuda_compile_memory.md).
+  list(GET APE_CUDA_ARCHS 0 _ape_bounds_arch)
+  add_test(NAME cuda_compile_bounds
+           COMMAND ${APE_SOURCE_DIR}/test/cuda/compile_bounds.sh $<TARGET_FILE:apec>
+                   ${CMAKE_CUDA_COMPILER} ${APE_SOURCE_DIR}/kernels/include ${_ape_bounds_arch}
+                   ${APE_SOURCE_DIR}/examples/encodings/fire.mlir 4096 900)
+  set_tests_properties(cuda_compile_bounds PROPERTIES LABELS "cuda;nvcc" TIMEOUT 1000)
 endif()
 
 add_library(ape_simt_planted STATIC ${APE_SOURCE_DIR}/test/cuda/simt_planted_kernels.cpp)

@@ -13,7 +13,11 @@
   rounding of the float64 result (and, where reference.py has the encoding, at most twice the
   error of PyTorch's own materialised attention in that dtype).
 """
+import importlib
+import importlib.util
 import os
+import re
+import sys
 
 import pytest
 import torch
@@ -21,8 +25,8 @@ from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
 import reference
-from support import (ENCODINGS, REFERENCE_ENCODINGS, artifacts, close, helper, make_inputs, ops, ordered,
-                     pair_sum_bound)
+from support import (ENCODINGS, REFERENCE_ENCODINGS, ROOT, artifact, artifacts, close, helper, make_inputs,
+                     ops, ordered, pair_sum_bound)
 
 # Inductor compiles C++ for each graph: one encoding per kind of input (none; a token feature;
 # fixed and trainable params with a derived bias; derived params; relative rows).
@@ -232,3 +236,81 @@ def _built_with_nvcc():
                 value = line.split("=", 1)[1].strip()
                 return bool(value) and not value.endswith("NOTFOUND")
     return False
+
+
+def _function_body(text, signature):
+    """The text of the C++ function that starts with `signature`, to its closing brace."""
+    start = text.index(signature)
+    depth, i = 0, text.index("{", start)
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[start:j + 1]
+    raise AssertionError(f"unbalanced braces after {signature}")
+
+
+def test_cuda_calls_never_wait_for_the_device():
+    """The operators' CUDA forward and backward read nothing back from the device (a training step
+    must not wait for the GPU; test_cuda.py checks it on a GPU under set_sync_debug_mode("error"),
+    where the backward's .item() of its status word once failed 12 of 12): no host copy, item or
+    synchronisation in their code, except the opt-in APE_CUDA_SYNC_CHECK branch."""
+    path = os.path.join(ROOT, "kernels", "include", "ape", "torch_ops_cuda.h")
+    text = open(path).read()
+    syncing = re.compile(r"\.item\s*[<(]|\.cpu\s*\(|\.to\s*\(\s*at::kCPU|Synchronize|"
+                         r"cudaMemcpy\s*\(|\.tolist|\.equal\s*\(|is_nonzero")
+    for fn in ("inline ForwardResult forward_cuda(", "inline BackwardResult backward_cuda("):
+        body = _function_body(text, fn)
+        if "sync_check_requested()" in body:  # the debugging branch, opt-in
+            branch = _function_body(body, "if (sync_check_requested())")
+            body = body.replace(branch, "")
+        found = syncing.findall(body)
+        assert not found, f"{fn.split('(')[0]}: host synchronisation {found} in {path}"
+
+
+def test_backward_status_without_cuda():
+    """backward_status() and the helper's check_backward() exist for every library and read 0 where
+    no CUDA backward ran (the CPU kernels have no status word: their sums are floating point)."""
+    for enc in ("rope", "cable"):
+        assert ops(enc).backward_status() == 0
+        assert ops(enc).backward_status(torch.device("cpu"), clear=False) == 0
+        assert helper(enc).backward_status() == (0, [])
+        assert helper(enc).check_backward() == 0
+    # The messages follow the bits of ape/cuda_kernel_entry.h, most serious first.
+    assert [b for b, _ in helper("rope").STATUS_MESSAGES] == [1, 2, 4, 8]
+    assert helper("rope").STATUS_ERRORS == 7
+
+
+def test_helper_is_importable_by_its_name():
+    """The generated helper loaded from its file by importlib (as support.helper and the docs'
+    examples do, without registering it) puts itself into sys.modules under its name: Dynamo
+    imports the modules of the functions it inlines by name (torch.compile on CUDA once failed
+    with "No module named 'ape_rope'"). A module already registered under the name is kept."""
+    path = artifact("rope_torch_library", "ape_rope.py")
+    saved = sys.modules.pop("ape_rope", None)
+    try:
+        spec = importlib.util.spec_from_file_location("ape_rope", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # no sys.modules[...] = module: the helper does it
+        assert importlib.import_module("ape_rope") is module
+        again = importlib.util.module_from_spec(importlib.util.spec_from_file_location("ape_rope", path))
+        again.__spec__.loader.exec_module(again)
+        assert sys.modules["ape_rope"] is module, "a second load replaced the registered module"
+    finally:
+        if saved is not None:
+            sys.modules["ape_rope"] = saved
+        else:
+            sys.modules.pop("ape_rope", None)
+    assert importlib.import_module("ape_cable") is helper("cable")
+
+
+def test_compile_through_the_helper():
+    """torch.compile(fullgraph=True) of a function that reaches the operator through the helper
+    loaded from a file (support.ops -> helper.load(), the shape of test_cuda.py's compile test),
+    on the CPU: Dynamo inlines the helper's functions and guards on its globals by module name."""
+    torch._dynamo.reset()
+    q, k, v, features, params = make_inputs("cable", 2, 2, 9, 16, torch.float32)
+    fn = lambda q, k, v, *rest: ops("cable").attention(q, k, v, *rest).square().sum()
+    args = (q, k, v, *features, *ordered("cable", params))
+    eager = fn(*args)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)
+    close(compiled, eager, "loss", atol=0, rtol=1e-6)

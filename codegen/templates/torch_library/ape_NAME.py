@@ -10,10 +10,19 @@ Inputs beyond q, k and v, in argument order:
 scale (optional): the logit scale; None = the manifest's, else 1/sqrt(D).
 Params whose init is projection_term or projection_prefix are derived from a
 projection weight: see derived_params().
+
+On CUDA the backward never waits for the GPU: a gradient its fixed-point sums cannot hold is NaN
+(poisoned on the device), and check_backward() says why where you choose to synchronise.
+
+The module is importable by its name however it was loaded (import, or importlib from a file
+path): torch.compile imports the modules of the functions it traces by name.
 """
+import gc
 import json
 import math
 import os
+import sys
+import types
 
 import torch
 
@@ -47,6 +56,35 @@ def load(path=None):
         torch.ops.load_library(path)
         _loaded = path
     return getattr(torch.ops, "ape_" + ENCODING)
+
+
+# The backward's status bits (ape/cuda_kernel_entry.h), most serious first.
+STATUS_MESSAGES = [
+    (1, "a token or parameter gradient term was NaN or infinite"),
+    (2, "a token or parameter gradient term exceeded 2^31 and was clamped"),
+    (4, "a token or parameter gradient sum exceeded 2^31 and wrapped"),
+    (8, "gradient terms below 2^-65 were dropped"),
+]
+STATUS_ERRORS = 1 | 2 | 4
+
+
+def backward_status(device=None, clear=True):
+    """The OR of the status bits of every CUDA backward on `device` (None: the current CUDA
+    device) since the last clear, and their reasons: (bits, [message, ...]). It waits for the
+    device, as any read of a device value does; the backward itself never does. 0 on the CPU."""
+    bits = load().backward_status(device, clear)
+    return bits, [m for b, m in STATUS_MESSAGES if bits & b]
+
+
+def check_backward(device=None, clear=True):
+    """Raises RuntimeError if a CUDA backward on `device` since the last clear could not sum a
+    token or parameter gradient (those gradients are NaN); call it where you synchronise anyway
+    (e.g. next to loss.item()). Returns the bits otherwise (8: tiny terms dropped, harmless)."""
+    bits, messages = backward_status(device, clear)
+    if bits & STATUS_ERRORS:
+        raise RuntimeError(f"ape_{ENCODING}.attention backward on CUDA: " + "; ".join(messages) +
+                           " (those gradients are NaN)")
+    return bits
 
 
 def default_scale(head_dim):
@@ -119,3 +157,20 @@ def attention(q, k, v, features=(), params=None, scale=None):
             raise ValueError(f"ape_{ENCODING}.attention: missing params {missing}")
         params = [params[n] for n in PARAMS]
     return ops.attention(q, k, v, *features, *params, scale=scale)
+
+
+def _register_by_name():
+    """Puts this module into sys.modules under its name when the loader did not (importlib's
+    module_from_spec + exec_module from a file path does not), so that `import ape_@NAME@` and
+    importlib.import_module(__name__), which torch.compile uses, find it. A module already there
+    under the name is left as it is."""
+    if __name__ in sys.modules:
+        return
+    mine = globals()
+    for ref in gc.get_referrers(mine):
+        if isinstance(ref, types.ModuleType) and ref.__dict__ is mine:
+            sys.modules[__name__] = ref
+            return
+
+
+_register_by_name()

@@ -80,10 +80,11 @@ template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 // hi = round(g 2^32) to the first and lo = round((g 2^32 - hi) 2^32) to the second, so the sum
 // is hi_sum 2^-32 + lo_sum 2^-64, exact to 2^-64 per term and the same for any order of the
 // additions. What fixed point cannot hold is reported in the call's status word
-// (cuda_kernel_entry.h): a non-finite term (kStatusNonFinite: every sink result of the call
-// becomes NaN), a term of magnitude >= 2^31 (kStatusRange: clamped), a sum leaving
-// (-2^31, 2^31) (kStatusOverflow), a non-zero term below 2^-65 that rounds to nothing
-// (kStatusDropped, for information).
+// (cuda_kernel_entry.h): a non-finite term (kStatusNonFinite), a term of magnitude >= 2^31
+// (kStatusRange: clamped), a sum leaving (-2^31, 2^31) (kStatusOverflow), a non-zero term below
+// 2^-65 that rounds to nothing (kStatusDropped, for information). After any of the three errors
+// every sink result of the call is NaN (fixed_to_float_kernel): a gradient that cannot be trusted
+// is poisoned on the device, so no caller has to read the word before using the gradients.
 constexpr double kFixedScale = 4294967296.0;  // 2^32
 
 struct FixedTerm {
@@ -404,12 +405,14 @@ __global__ void __launch_bounds__(kTokThreads) token_backward_kernel(const Param
   Enc::token_backward(ctx, feat, p.tok + off, p.dtok + off, dfeat);
 }
 
-// dst[e] = the fixed-point sum of element e; NaN when a term of the call was not finite.
+// dst[e] = the fixed-point sum of element e; NaN when the call's status word holds an error (a
+// term that was not finite, was clamped, or a sum that wrapped): the poisoned gradient is the
+// error's signal on the device, with no host synchronisation (docs/cuda.md, "The status word").
 template <class Unused = void>
 __global__ void fixed_to_float_kernel(const unsigned long long *src, float *dst, int64_t n,
                                       const uint32_t *status) {
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e < n) dst[e] = (*status & kStatusNonFinite) ? __int_as_float(0x7fc00000) : from_fixed(src + 2 * e);
+  if (e < n) dst[e] = (*status & kStatusErrors) ? __int_as_float(0x7fc00000) : from_fixed(src + 2 * e);
 }
 
 // xm = mod(x) elementwise (kIsQ: q_mod, else k_mod), computed in fp32.

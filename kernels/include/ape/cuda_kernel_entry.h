@@ -31,8 +31,9 @@ namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
 
 // Bits of the backward's status word: what the deterministic fixed-point gradient sums (token and
-// parameter gradients; cuda_attention.cuh) could not represent. The errors:
-constexpr uint32_t kStatusNonFinite = 1u;  // a gradient term was NaN or infinite: those sums are NaN
+// parameter gradients; cuda_attention.cuh) could not represent. The errors (after any of them
+// every sum of the call, and what is computed from the sums, is NaN: poisoned on the device):
+constexpr uint32_t kStatusNonFinite = 1u;  // a gradient term was NaN or infinite
 constexpr uint32_t kStatusRange = 2u;      // a term of magnitude >= 2^31 was clamped
 constexpr uint32_t kStatusOverflow = 4u;   // a sum left (-2^31, 2^31) and wrapped
 constexpr uint32_t kStatusErrors = kStatusNonFinite | kStatusRange | kStatusOverflow;
@@ -75,7 +76,8 @@ struct CudaAttnArgs {
   float *const *dfeatures = nullptr;                  // overwritten
   float *const *dparams = nullptr;                    // overwritten (zero where not trainable)
   // Device word the backward ORs its kStatus* bits into (the caller zeroes it and reads it when
-  // it likes: no synchronisation here). Required when the encoding has token or parameter
+  // it likes: no synchronisation here; the sums are already NaN after an error, so a caller need
+  // not read it before using the gradients). Required when the encoding has token or parameter
   // gradients (Enc::kNumTok > 0 or kNumParams > 0): without it the backward returns
   // cudaErrorInvalidValue.
   uint32_t *status = nullptr;

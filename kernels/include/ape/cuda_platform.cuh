@@ -41,6 +41,19 @@
 #define APE_HD __host__ __device__
 #endif
 
+// On a member function of a generated functor (apec, codegen/CpuEmitter.cpp: a score mod of more
+// than kOutOfLineOps operations): one copy that the kernels call, instead of a copy inlined at
+// every element of their unrolled tile loops (FIRE's MLP and its ~100 gradient sinks, inlined
+// there, drove ptxas past 23 GB; bench/results/cuda_compile_memory.md). Under the emulator:
+// nothing (a host compiler handles either).
+#ifndef APE_NOINLINE
+#ifdef APE_SIMT
+#define APE_NOINLINE
+#else
+#define APE_NOINLINE __noinline__
+#endif
+#endif
+
 // Defined where device code may use sm_90a instructions (wgmma, TMA, mbarrier): the sm_90a
 // compilation pass and the emulator. Kernels built on them compile to a trap elsewhere.
 #if defined(APE_SIMT) || defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -8,11 +8,25 @@
 // gradients) in float32. So: features and params are converted to float32 on the device (small:
 // (B, H, T) and the params), their gradients converted back; strided inputs are made contiguous
 // on the device. Scratch memory comes from the stream-ordered allocator of the kernels.
+//
+// No call waits for the GPU (a training step keeps its overlap; test_cuda.py runs every call
+// under torch.cuda.set_sync_debug_mode("error")). The backward's status word (cuda_kernel_entry.h:
+// what the fixed-point gradient sums could not hold) is therefore never read here:
+//   - the kernels poison every gradient an error concerns with NaN on the device, so a clamped or
+//     wrapped sum is never used silently (NaN reaches the loss, the gradient norm, GradScaler);
+//   - each call's word is ORed, on the stream, into a per-device record that the operator
+//     backward_status() returns (and clears) when the user asks: a synchronisation the user
+//     places, e.g. next to a loss.item() already paid for. The Python helper's
+//     check_backward() raises with the reason;
+//   - APE_CUDA_SYNC_CHECK=1 in the environment reads the word after every backward and raises at
+//     once (it waits for the GPU: for debugging).
 #pragma once
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdlib>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +101,42 @@ inline ForwardResult forward_cuda(const KernelInputs &in, const cuda::CudaVarian
   return {o, lse};
 }
 
+// The record of one device: the OR of every backward's status word there since the last
+// backward_status(clear=True), an int32 on that device. Never freed (a CUDA tensor destroyed at
+// process exit may outlive the CUDA context).
+inline at::Tensor status_record(const at::Device &device) {
+  static std::mutex mutex;
+  static auto *records = new std::vector<at::Tensor>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  const size_t index = static_cast<size_t>(device.index());
+  if (records->size() <= index) records->resize(index + 1);
+  at::Tensor &r = (*records)[index];
+  if (!r.defined())
+    r = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kInt));
+  return r;
+}
+
+inline bool sync_check_requested() {
+  static const bool on = [] {
+    const char *e = std::getenv("APE_CUDA_SYNC_CHECK");
+    return e && *e && std::string(e) != "0";
+  }();
+  return on;
+}
+
+// backward_status(device, clear): the record of `device` (the current CUDA device when index < 0);
+// it waits for that device's work to reach it, as any read of a device value does.
+inline int64_t backward_status_cuda(int64_t index, bool clear) {
+  if (!at::hasCUDA()) return 0;
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(
+                                         index < 0 ? c10::cuda::current_device() : index));
+  const c10::cuda::CUDAGuard guard(device);
+  at::Tensor r = status_record(device);
+  const int64_t st = static_cast<uint32_t>(r.item<int32_t>());
+  if (clear) r.zero_();
+  return st;
+}
+
 inline BackwardResult backward_cuda(const KernelInputs &in, const cuda::CudaVariant &var,
                                     const at::Tensor &dout, const at::Tensor &q,
                                     const at::Tensor &k, const at::Tensor &v, const at::Tensor &o,
@@ -111,14 +161,17 @@ inline BackwardResult backward_cuda(const KernelInputs &in, const cuda::CudaVari
     for (auto &t : dp) dpp.push_back(t.data_ptr<float>());
     a.features = fp.data(), a.params = pp.data();
     a.dfeatures = dfp.data(), a.dparams = dpp.data();
-    // The status word of the deterministic gradient sums (cuda_kernel_entry.h). Reading it waits
-    // for the backward: the price of never handing back a clamped or wrapped gradient silently.
+    // The status word of the deterministic gradient sums (top of this file): filled and ORed
+    // into the device's record on the stream, never read here unless APE_CUDA_SYNC_CHECK asks.
     at::Tensor status = at::zeros({1}, qc.options().dtype(at::kInt));
     a.status = reinterpret_cast<uint32_t *>(status.data_ptr<int32_t>());
     check_cuda(var.backward(a), in, "attention_backward");
-    const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
-    TORCH_CHECK((st & cuda::kStatusErrors) == 0, prefix(in, "attention_backward"),
-                cuda::status_message(st));
+    status_record(q.device()).bitwise_or_(status);
+    if (sync_check_requested()) {
+      const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
+      TORCH_CHECK((st & cuda::kStatusErrors) == 0, prefix(in, "attention_backward"),
+                  cuda::status_message(st), " (APE_CUDA_SYNC_CHECK)");
+    }
   } else {
     for (auto &t : df) t.zero_();
   }

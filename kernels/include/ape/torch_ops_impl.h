@@ -28,6 +28,11 @@
 //   manifest() -> str
 //   cuda_kernels() -> str[]    the CUDA variants compiled in ("bf16/hd64", ...; none: [])
 //   cpu_level() -> str         the CPU kernels' instruction-set level (ape/cpu_dispatch.h)
+//   backward_status(Device? device=None, bool clear=True) -> int
+//       the OR of the status words (ape/cuda_kernel_entry.h kStatus*) of every CUDA backward on
+//       the device (None: the current CUDA device) since the last clear; 0 on the CPU and without
+//       CUDA kernels. Reading it waits for the device: the backward itself never does
+//       (torch_ops_cuda.h); after an error the gradients it concerns are NaN already.
 //
 // Kernels by dispatch key:
 //   Autograd                   attention: AttentionFunction; the raw pair falls through
@@ -39,7 +44,8 @@
 //                              and head dim, the CPU kernel on host copies (warned once)
 //   Meta                       the raw pair: shapes and dtypes only; symbolic sizes allowed, so
 //                              fake tensors (torch.compile, opcheck) trace through
-//   CompositeImplicitAutograd  derived_params, init_value, manifest, cuda_kernels, cpu_level
+//   CompositeImplicitAutograd  derived_params, init_value, manifest, cuda_kernels, cpu_level,
+//                              backward_status
 //
 // Shapes: q, k, v, o, dout (B, H, T, D); lse and every feature (B, H, T); params by their
 // manifest shape with "heads" = H and "head_dim" = D. One dtype for q, k, v, dout, o, features
@@ -554,7 +560,7 @@ inline at::Tensor init_value(const KernelInputs &in, const std::string &name, in
 // so this file is compiled once whatever the encoding (the attention schema's arity varies).
 enum class Op {
   kForward, kBackward, kAttention, kAttentionNoGrad, kDerivedParams, kInitValue, kManifest,
-  kCudaKernels, kCpuLevel
+  kCudaKernels, kCpuLevel, kBackwardStatus
 };
 
 
@@ -623,6 +629,20 @@ class Kernel final : public c10::OperatorKernel {
       case Op::kCpuLevel:  // "none" when APE_CPU_LEVEL names a level that cannot run here
         torch::jit::push(*stack, std::string(in.entry->cpu_level ? in.entry->cpu_level : "none"));
         return;
+      case Op::kBackwardStatus: {  // (device?, clear) -> int
+        auto a = torch::jit::last(*stack, 2);
+        const std::optional<c10::Device> device = a[0].toOptional<c10::Device>();
+        const bool clear = a[1].toBool();
+        torch::jit::drop(*stack, 2);
+        int64_t st = 0;
+#ifdef APE_TORCH_OPS_CUDA
+        if (!device || device->is_cuda()) st = backward_status_cuda(device ? device->index() : -1, clear);
+#else
+        (void)device, (void)clear;
+#endif
+        torch::jit::push(*stack, st);
+        return;
+      }
       case Op::kCudaKernels: {
         c10::List<std::string> names;
         for (auto &n : cuda_kernel_names(lib_)) names.push_back(std::move(n));
@@ -672,6 +692,7 @@ void register_operators(const Library &lib) {
   def.def("manifest() -> str", tags);
   def.def("cuda_kernels() -> str[]", tags);
   def.def("cpu_level() -> str", tags);
+  def.def("backward_status(Device? device=None, bool clear=True) -> int");
 
   torch::Library &composite = library(torch::Library::IMPL, c10::DispatchKey::CompositeImplicitAutograd);
   composite.impl("derived_params", kernel(lib, Op::kDerivedParams));
@@ -679,6 +700,7 @@ void register_operators(const Library &lib) {
   composite.impl("manifest", kernel(lib, Op::kManifest));
   composite.impl("cuda_kernels", kernel(lib, Op::kCudaKernels));
   composite.impl("cpu_level", kernel(lib, Op::kCpuLevel));
+  composite.impl("backward_status", kernel(lib, Op::kBackwardStatus));
 
   torch::Library &autograd = library(torch::Library::IMPL, c10::DispatchKey::Autograd);
   autograd.impl("attention", kernel(lib, Op::kAttention));

@@ -1,0 +1,866 @@
+#!/usr/bin/env python3
+"""APE's CUDA kernels against the peers a PyTorch user would pick instead, on one GPU, in one run.
+
+    python bench/gpu_bench.py --libs LIBDIR [--quick] [--encodings nope,rope,alibi,t5,cable] \\
+        [--methods ape,sdpa-cudnn,sdpa-flash,sdpa-mask,flex] [--configs 2x16x8192x128,...] \\
+        [--mask-limit-gib 4] [--md out.md] [--csv out.csv]
+
+LIBDIR holds the operator libraries that `apec --emit=torch-library` and CMake build
+(docs/frameworks.md) with their CUDA kernels (bf16 at head dims 64 and 128):
+LIBDIR/ENC_torch_library/build/ape_ENC.py next to libape_ENC_ops.so (default LIBDIR: this script's
+folder). The script needs PyTorch only (and takes Triton's timer where Triton imports); it imports
+nothing of the repository, so it may be copied alone next to the libraries.
+
+Methods (bf16, causal, the encoding's logit scale (1/sqrt(D)), gradients of q, k, v, every feature
+and every trainable param; the encodings of examples/encodings/ENC.mlir):
+  ape         ape_ENC.attention of the generated helper: torch.ops.ape_ENC.attention on its CUDA
+              kernel (a row is skipped when the library has no bf16/hdD kernel); features randn
+              (B, H, T), params from init_params(H, D) in bf16 (t5's table drawn with std 0.5
+              rather than 0.02 so that the spot check sees the bias; no timing depends on it).
+              After its runs the helper's backward_status() is read (where the helper has it):
+              a backward whose fixed-point sums failed is named in the notes.
+  sdpa-cudnn  torch.nn.functional.scaled_dot_product_attention(is_causal=True) under
+  sdpa-flash  sdpa_kernel(SDPBackend.CUDNN_ATTENTION / FLASH_ATTENTION): nope; rope as
+              "... + eager rotary": q and k rotated by torch ops first (rotate-half pairs, base
+              10000, the spec's RoPE; cos/sin tables built outside the timing)
+  sdpa-mask   alibi, t5, cable: SDPA with bias and causal mask as a 4-D (B, H, T, T) bf16
+              attn_mask under the memory-efficient backend (the math backend where that one
+              refuses). alibi's mask is a constant built outside the timing; t5's (from the
+              trainable table, as T5 models build it: embedding of the bucket index) and cable's
+              (S_i - S_j in fp32, S = cumsum(-softplus(f))) are built in the step so that their
+              gradients flow. Skipped where B*H*T*T*2 bytes > --mask-limit-gib.
+  flex        torch.compile(flex_attention, dynamic=False) with a causal BlockMask (built outside
+              the timing) and the encoding as a score_mod: alibi s - m_h (i - j); t5
+              s + table[bucket(i - j), h] (T5's decoder buckets: 32, max distance 128, computed
+              by torch ops inside the score_mod); cable s + S[b, h, i] - S[b, h, j] with S computed
+              in the step, outside flex; rope "flex + eager rotary" without a score_mod. Where
+              PyTorch refuses (e.g. the backward for a trainable captured tensor) its error is
+              the cell.
+
+Phases: fwd = the training forward (autograd recording); bwd = torch.autograd.grad(o, inputs,
+dout, retain_graph=True) of an o computed outside the timing (where a compiled backward refuses
+retain_graph, bwd = (fwd+bwd) - fwd, said in the notes); fwd+bwd = both. Each is timed by
+triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") (L2 flushed between calls),
+or by CUDA events around the same loop where Triton does not import. The first call of every
+method (flex: its compilation) is a warm-up outside the timing.
+
+TFLOP/s by FlashAttention's count: causal forward 4*B*H*T*T*D/2 (= 2*B*H*T*T*D), backward 2.5x
+and fwd+bwd 3.5x that; rotary, biases and masks are not counted.
+
+Peak memory: torch.cuda.max_memory_allocated() over one fwd+bwd step after
+reset_peak_memory_stats(), every live tensor included (q, k, v, dout, features, params, the
+method's constants).
+
+Spot check: at the smallest configuration, every peer's o against APE's: max |difference|
+(bf16: about 1e-2; above 5e-2 flagged MISMATCH), and each gradient's max |difference| relative to
+the largest |APE gradient| (for information).
+
+Every (method, configuration, phase) is tried on its own: an error (out of memory, a compile
+failure, a missing backend) becomes the table cell ("OOM", "n/a: reason", "fails: first line")
+and the run goes on. Exit status: 0 when the run finished (failed cells included), 1 when no
+APE library loaded, 2 without a CUDA device.
+"""
+import argparse
+import csv
+import datetime
+import gc
+import importlib.util
+import inspect
+import math
+import os
+import shlex
+import statistics
+import sys
+import time
+
+ENCODINGS = ["nope", "rope", "alibi", "t5", "cable"]
+METHODS = ["ape", "sdpa-cudnn", "sdpa-flash", "sdpa-mask", "flex"]
+PEERS = {  # the peers of each encoding, in table order (other encodings: ape alone)
+    "nope": ["sdpa-cudnn", "sdpa-flash", "flex"],
+    "rope": ["sdpa-cudnn", "sdpa-flash", "flex"],
+    "alibi": ["sdpa-mask", "flex"],
+    "t5": ["sdpa-mask", "flex"],
+    "cable": ["sdpa-mask", "flex"],
+}
+FULL = [(2, 16, 8192, 128), (8, 16, 2048, 128), (2, 32, 8192, 64)]  # (B, H, T, D)
+QUICK = [(1, 16, 4096, 128), (4, 16, 1024, 64)]
+PHASES = ["fwd", "bwd", "fwdbwd"]
+PHASE_NAMES = {"fwd": "fwd", "bwd": "bwd", "fwdbwd": "fwd+bwd"}
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+MISMATCH = 5e-2  # max |o - APE's o| above this is flagged (bf16: about 1e-2 expected)
+T5_TABLE_STD = 0.5
+GIB, MIB = 1 << 30, 1 << 20
+
+torch = None  # imported in main(), after the arguments (so that --help needs no PyTorch)
+F = None
+
+
+def log(text):
+    print(f"[gpu_bench] {text}", file=sys.stderr, flush=True)
+
+
+def label(enc, method):
+    """The row's name: the rope peers say that they rotate q and k by torch ops first."""
+    if enc == "rope" and method != "ape":
+        return f"{method} + eager rotary"
+    return method
+
+
+def config_name(cfg):
+    B, H, T, D = cfg
+    return f"B{B} H{H} T{T} D{D}"
+
+
+def forward_flops(cfg):
+    """FlashAttention's count for the causal forward: 4*B*H*T*T*D / 2."""
+    B, H, T, D = cfg
+    return 4.0 * B * H * T * T * D / 2
+
+
+# ---- errors as table cells ------------------------------------------------------------------------
+
+class NotApplicable(Exception):
+    """The method does not apply to this encoding or configuration: the cell reads 'n/a: reason'."""
+
+
+def is_oom(exc):
+    oom = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                            getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    return isinstance(exc, oom) or "out of memory" in str(exc).lower()
+
+
+def error_text(exc):
+    """'OOM', 'n/a: reason', or 'fails: Type: first line' (and the next line where the first only
+    announces it, as torch.compile's 'backend raised:' does)."""
+    if isinstance(exc, NotApplicable):
+        return f"n/a: {exc}"
+    if is_oom(exc):
+        return "OOM"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        text += " " + lines[1]
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return "fails: " + (text if len(text) <= 200 else text[:197] + "...")
+
+
+def short(err):
+    """An error's tag inside a 'fwd / bwd / fwd+bwd' cell (the whole text goes to the notes)."""
+    return err if err in ("OOM", "-") else err.split(":")[0]
+
+
+def free_memory(device):
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---- timing ----------------------------------------------------------------------------------------
+
+def make_timer(device):
+    """(fn -> median ms, description)."""
+    if device == "cpu":  # --selftest-cpu: plumbing only
+        def cpu_median_ms(fn, reps=3):
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+            return statistics.median(times)
+        return cpu_median_ms, "time.perf_counter, median of 3 (CPU self-test: no meaning)"
+    try:
+        import triton
+        from triton.testing import do_bench
+        if "return_mode" in inspect.signature(do_bench).parameters:
+            def triton_ms(fn):
+                return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+            return triton_ms, (f"triton.testing.do_bench(warmup=25, rep=100, return_mode=\"median\"), "
+                               f"Triton {triton.__version__}")
+    except Exception:  # Triton missing or too old: CUDA events around the same loop
+        pass
+    return events_median_ms, "CUDA events, median (do_bench's loop: warm-up 25 ms, 100 ms of reps, L2 flushed)"
+
+
+def events_median_ms(fn, warmup=25, rep=100):
+    """triton.testing.do_bench's loop with CUDA events: one call, five to estimate, warmup ms of
+    calls, then rep ms of timed calls, the L2 cache flushed before each; the median in ms."""
+    cache = torch.empty(256 * MIB, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        cache.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    n_warmup, n_repeat = max(1, int(warmup / estimate)), max(1, int(rep / estimate))
+    for _ in range(n_warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    for s, e in zip(starts, ends):
+        cache.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+# ---- the APE libraries -----------------------------------------------------------------------------
+
+def load_helper(libs, enc):
+    """(the generated module ape_ENC, torch.ops.ape_ENC) of LIBS/ENC_torch_library/build/: imported
+    from its file path, registered in sys.modules under its name first (Python's recipe; torch.compile
+    imports the modules it traces by name), its operator library loaded."""
+    path = os.path.join(libs, f"{enc}_torch_library", "build", f"ape_{enc}.py")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing")
+    name = f"ape_{enc}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    helper = importlib.util.module_from_spec(spec)
+    sys.modules[name] = helper
+    try:
+        spec.loader.exec_module(helper)
+        ops = helper.load()
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return helper, ops
+
+
+# ---- the encodings in torch ops (the peers' side) ---------------------------------------------------
+
+def rotary_tables(T, D, device):
+    """cos, sin (T, D) in bf16 for rotate-half RoPE, base 10000: pairs (c, c + D/2), angle
+    n * 10000^(-2c/D)."""
+    theta = 1e4 ** (-2.0 * torch.arange(D // 2, dtype=torch.float64) / D)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta[None, :]
+    angle = torch.cat([angle, angle], dim=-1)
+    return (torch.cos(angle).to(device=device, dtype=torch.bfloat16),
+            torch.sin(angle).to(device=device, dtype=torch.bfloat16))
+
+
+def rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def t5_bucket(n):
+    """T5's relative-position bucket, decoder form (bidirectional=False, 32 buckets, max distance
+    128), of the distance n = max(i - j, 0) (an integer tensor of any shape): n below 16, else
+    min(16 + floor(ln(n / 16) / ln(128 / 16) * 16), 31)."""
+    large = 16 + (torch.log(torch.clamp(n, min=16).to(torch.float32) / 16.0)
+                  / math.log(128 / 16) * 16.0).to(n.dtype)
+    return torch.where(n < 16, n, torch.clamp(large, max=31))
+
+
+class Case:
+    """One encoding at one configuration: the inputs every method shares."""
+
+    def __init__(self, enc, helper, ops, cfg, device, seed):
+        self.enc, self.h, self.ops, self.cfg, self.device = enc, helper, ops, cfg, device
+        self.B, self.H, self.T, self.D = B, H, T, D = cfg
+        bf16 = torch.bfloat16
+        torch.manual_seed(seed)
+        g = torch.Generator(device=device).manual_seed(seed)
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=g, device=device, dtype=bf16)
+        self.q, self.k, self.v = (randn(B, H, T, D).requires_grad_() for _ in range(3))
+        self.dout = randn(B, H, T, D)
+        self.features = [randn(B, H, T).requires_grad_() for _ in helper.FEATURES]
+        init = helper.init_params(H, D)
+        self.missing = [n for n in helper.PARAMS if n not in init]
+        self.params = {}
+        for p in helper.MANIFEST["params"]:
+            if p["name"] not in init:
+                continue
+            t = init[p["name"]]
+            if enc == "t5" and p["name"] == "t5_table" and p["init"]["kind"] == "normal":
+                t = t * (T5_TABLE_STD / float(p["init"].get("std", 0.02)))
+            self.params[p["name"]] = t.detach().to(device=device, dtype=bf16).requires_grad_(t.requires_grad)
+        trainable = [n for n, t in self.params.items() if t.requires_grad]
+        self.leaves = [self.q, self.k, self.v, *self.features, *[self.params[n] for n in trainable]]
+        self.leaf_names = ["q", "k", "v", *[f"f:{n}" for n in helper.FEATURES], *trainable]
+        self.scale = helper.default_scale(D)
+
+    def param(self, name):
+        if name not in self.params:
+            raise NotApplicable(f"the manifest has no param {name!r} (params: {list(self.params)})")
+        return self.params[name]
+
+    def feature(self, index):
+        if index >= len(self.features):
+            raise NotApplicable(f"the manifest has no feature {index}")
+        return self.features[index]
+
+
+def sdpa_mask_builder(case):
+    """() -> the (B, H, T, T) bf16 attn_mask (bias, -inf above the diagonal) of alibi, t5 or cable;
+    built inside the step where it depends on a trainable input."""
+    B, H, T = case.B, case.H, case.T
+    pos = torch.arange(T, device=case.device)
+    upper, inf = pos[None, :] > pos[:, None], float("inf")  # (T, T): True where the key follows the query
+    if case.enc == "alibi":  # -m_h (i - j)
+        m = case.param("alibi_slopes")
+        i = torch.arange(T, device=case.device, dtype=torch.float32)
+        dist = i[:, None] - i[None, :]
+
+        def alibi():
+            bias = (-m.float().view(H, 1, 1) * dist).masked_fill_(upper, -inf)
+            return bias.to(torch.bfloat16).unsqueeze(0).expand(B, -1, -1, -1)
+        if m.requires_grad:
+            return alibi
+        with torch.no_grad():
+            const = alibi()
+        return lambda: const
+    if case.enc == "t5":  # table[bucket(i - j), h]; index 32 (row of -inf) above the diagonal
+        table = case.param("t5_table")
+        i = torch.arange(T, device=case.device, dtype=torch.int32)
+        index = t5_bucket(torch.clamp(i[:, None] - i[None, :], min=0)).masked_fill_(upper, 32)
+        neg = torch.full((1, H), -inf, device=case.device, dtype=torch.bfloat16)
+
+        def t5():
+            bias = F.embedding(index, torch.cat([table, neg]))  # (T, T, H)
+            return bias.permute(2, 0, 1).contiguous().unsqueeze(0).expand(B, -1, -1, -1)
+        return t5
+    if case.enc == "cable":  # S_i - S_j in fp32, S = cumsum(-softplus(f))
+        f = case.feature(0)
+
+        def cable():
+            s = torch.cumsum(-F.softplus(f.float()), dim=-1)
+            return (s[..., :, None] - s[..., None, :]).masked_fill_(upper, -inf).to(torch.bfloat16)
+        return cable
+    raise NotApplicable(f"no mask written for {case.enc}")
+
+
+_compiled_flex = None
+
+
+def compiled_flex():
+    global _compiled_flex
+    if _compiled_flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def flex_builder(case):
+    """() -> o through compiled flex_attention, the encoding as a score_mod (closures made in the
+    step capture what it computes: their tensors are graph inputs, not recompiles)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    flex = compiled_flex()
+    q, k, v, enc = case.q, case.k, case.v, case.enc
+    if enc not in PEERS:
+        raise NotApplicable(f"no score_mod written for {enc}")
+    block_mask = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, case.T, case.T, device=case.device)
+
+    def run(q, k, score_mod=None):
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=case.scale)
+    if enc == "nope":
+        return lambda: run(q, k)
+    if enc == "rope":
+        cos, sin = rotary_tables(case.T, case.D, case.device)
+        return lambda: run(rotate(q, cos, sin), rotate(k, cos, sin))
+    if enc == "alibi":
+        m = case.param("alibi_slopes")
+
+        def alibi():
+            slopes = m.float()
+            return run(q, k, lambda s, b, h, qi, kv: s - slopes[h] * (qi - kv))
+        return alibi
+    if enc == "t5":
+        table = case.param("t5_table")
+
+        def t5():
+            t = table.float()
+            return run(q, k, lambda s, b, h, qi, kv: s + t[t5_bucket(torch.clamp(qi - kv, min=0)), h])
+        return t5
+    f = case.feature(0)  # cable
+
+    def cable():
+        S = torch.cumsum(-F.softplus(f.float()), dim=-1)
+        return run(q, k, lambda s, b, h, qi, kv: s + (S[b, h, qi] - S[b, h, kv]))
+    return cable
+
+
+def candidates(method, case, mask_limit_gib):
+    """[(note, builder)]: the ways to run the method, tried in order until one warms up (forward
+    and backward); each builder returns the forward () -> o."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    enc = case.enc
+    if method == "ape":
+        def ape():
+            if case.missing:
+                raise NotApplicable(f"params without a manifest initialiser: {case.missing}")
+            if case.device == "cuda":
+                want, have = f"bf16/hd{case.D}", list(case.ops.cuda_kernels())
+                if want not in have:
+                    raise NotApplicable(f"the library has no {want} CUDA kernel (it has {have or 'none'})")
+            h, q, k, v, features, params = case.h, case.q, case.k, case.v, case.features, case.params
+            return lambda: h.attention(q, k, v, features, params)
+        return [("", ape)]
+    if method in ("sdpa-cudnn", "sdpa-flash"):
+        backend = SDPBackend.CUDNN_ATTENTION if method == "sdpa-cudnn" else SDPBackend.FLASH_ATTENTION
+
+        def sdpa():
+            if enc not in ("nope", "rope"):
+                raise NotApplicable("takes no bias (see sdpa-mask)")
+            q, k, v, scale = case.q, case.k, case.v, case.scale
+            rot = rotary_tables(case.T, case.D, case.device) if enc == "rope" else None
+
+            def fwd():
+                qq, kk = (rotate(q, *rot), rotate(k, *rot)) if rot else (q, k)
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qq, kk, v, is_causal=True, scale=scale)
+            return fwd
+        return [("", sdpa)]
+    if method == "sdpa-mask":
+        def masked(backend):
+            def build():
+                if enc not in ("alibi", "t5", "cable"):
+                    raise NotApplicable("no bias to materialise (see sdpa-cudnn, sdpa-flash)")
+                need = case.B * case.H * case.T * case.T * 2
+                if need > mask_limit_gib * GIB:
+                    raise NotApplicable(f"the (B, H, T, T) bf16 mask would take {need / GIB:.1f} GiB "
+                                        f"> {mask_limit_gib:g} GiB")
+                mask = sdpa_mask_builder(case)
+                q, k, v, scale = case.q, case.k, case.v, case.scale
+
+                def fwd():
+                    m = mask()
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale)
+                return fwd
+            return build
+        return [("memory-efficient backend", masked(SDPBackend.EFFICIENT_ATTENTION)),
+                ("math backend", masked(SDPBackend.MATH))]
+    if method == "flex":
+        return [("", lambda: flex_builder(case))]
+    raise ValueError(method)
+
+
+# ---- one method at one configuration ---------------------------------------------------------------
+
+class Cell:
+    """The results of one method at one configuration."""
+
+    def __init__(self, enc, method, cfg):
+        self.enc, self.method, self.cfg = enc, method, cfg
+        self.ms, self.err, self.notes = {}, {}, []
+        self.peak_mib = None
+        self.check = None  # spot-check text
+
+    def fail_all(self, text):
+        for p in PHASES:
+            self.err.setdefault(p, text)
+
+    def tflops(self, phase):
+        ms = self.ms.get(phase)
+        return forward_flops(self.cfg) * FLOP_FACTOR[phase] / (ms * 1e-3) / 1e12 if ms else None
+
+
+def run_method(method, case, timer, mask_limit_gib, keep_outputs):
+    """Warms up, times the three phases, measures the peak of one fwd+bwd step. Returns the Cell
+    and, when keep_outputs, (o, grads) of that step (grads None where the backward failed)."""
+    cell, device = Cell(case.enc, method, case.cfg), case.device
+    leaves, dout = case.leaves, case.dout
+    chosen = fallback = None
+    tried = []  # (way, error) of the ways that did not warm up
+    t0 = time.perf_counter()
+    for way, build in candidates(method, case, mask_limit_gib):
+        try:
+            f = build()
+        except Exception as exc:
+            if isinstance(exc, NotApplicable) or is_oom(exc):  # another way would not do better
+                cell.fail_all(error_text(exc))
+                free_memory(device)
+                return cell, None
+            tried.append((way, error_text(exc)))
+            continue
+        fwd_err = bwd_err = None
+        try:  # warm-up (flex: compiles the forward and the backward)
+            o = f()
+            sync(device)
+            try:
+                torch.autograd.grad(o, leaves, dout)
+                sync(device)
+            except Exception as exc:
+                bwd_err = error_text(exc)
+            o = None
+        except Exception as exc:
+            fwd_err = error_text(exc)
+        free_memory(device)
+        if fwd_err is None and bwd_err is None:
+            chosen = (way, f, None)
+            break
+        tried.append((way, fwd_err or bwd_err))
+        if fwd_err is None and fallback is None:
+            fallback = (way, f, bwd_err)  # the forward runs: timed, the backward's error recorded
+        if "OOM" in (fwd_err, bwd_err):
+            break
+    chosen = chosen or fallback
+    if chosen is None:
+        cell.fail_all(tried[0][1] if tried else "fails: no way to run it")
+        cell.notes += [f"{w}: {e}" for w, e in tried[1:]]
+        return cell, None
+    way, f, bwd_err = chosen
+    if way:
+        others = [f"{w}: {e}" for w, e in tried if w != way]
+        cell.notes.append(way + (f" ({'; '.join(others)})" if others else ""))
+    if method == "flex":
+        cell.notes.append(f"compile and warm-up {time.perf_counter() - t0:.1f} s")
+
+    def attempt(phase, fn):
+        try:
+            cell.ms[phase] = timer(fn)
+        except Exception as exc:
+            cell.err[phase] = error_text(exc)
+        free_memory(device)
+
+    attempt("fwd", f)
+    if bwd_err is not None:
+        cell.err["bwd"] = cell.err["fwdbwd"] = bwd_err
+    else:
+        try:  # o outside the timing, its graph kept
+            o = f()
+            attempt("bwd", lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True))
+        except Exception as exc:
+            cell.err["bwd"] = error_text(exc)
+        o = None
+        free_memory(device)
+        attempt("fwdbwd", lambda: torch.autograd.grad(f(), leaves, dout))
+        if cell.err.get("bwd", "OOM") != "OOM" and "fwdbwd" in cell.ms and "fwd" in cell.ms:
+            cell.notes.append(f"bwd = (fwd+bwd) - fwd: the retain_graph backward {cell.err.pop('bwd')}")
+            cell.ms["bwd"] = max(cell.ms["fwdbwd"] - cell.ms["fwd"], 0.0)
+    outputs = None
+    if "fwd" in cell.ms and (keep_outputs or "fwdbwd" in cell.ms):
+        try:  # one fwd+bwd step: the peak memory, and the spot check's outputs
+            free_memory(device)
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            o, grads = f(), None
+            if bwd_err is None:
+                try:
+                    grads = torch.autograd.grad(o, leaves, dout)
+                except Exception:
+                    pass
+            sync(device)
+            if device == "cuda" and grads is not None and "fwdbwd" in cell.ms:
+                cell.peak_mib = torch.cuda.max_memory_allocated() / MIB
+            if keep_outputs:
+                outputs = (o.detach(), None if grads is None else [g.detach() for g in grads])
+            o = grads = None
+        except Exception as exc:
+            cell.notes.append(f"peak/spot-check step {error_text(exc)}")
+    if method == "ape" and device == "cuda" and hasattr(case.h, "backward_status"):
+        try:  # what the CUDA backward could not sum (the gradients concerned are NaN)
+            bits, messages = case.h.backward_status(clear=True)
+            if bits & 7:
+                cell.notes.append(f"backward status {bits}: {'; '.join(messages)}")
+        except Exception as exc:
+            cell.notes.append(f"backward_status {error_text(exc)}")
+    return cell, outputs
+
+
+def spot_check(ref, got, names):
+    """(text, mismatch) comparing a peer's (o, grads) with APE's."""
+    o, g = got
+    o_ref = ref[0].to(o.device)
+    g_ref = None if ref[1] is None else [t.to(o.device) for t in ref[1]]
+    d = (o.float() - o_ref.float()).abs().max().item()
+    bad = not math.isfinite(d) or d > MISMATCH
+    text = f"max |o - APE's o| {d:.1e}" + (" MISMATCH" if bad else "")
+    if g is not None and g_ref is not None:
+        rel = []
+        for n, a, b in zip(names, g, g_ref):
+            scale = b.float().abs().max().item()
+            rel.append(f"{n} {(a.float() - b.float()).abs().max().item() / max(scale, 1e-30):.1e}")
+        text += "; gradients, max |diff| / max |APE's|: " + ", ".join(rel)
+    return text, bad
+
+
+# ---- the report -------------------------------------------------------------------------------------
+
+def fmt_ms(x):
+    return f"{x:.3f}" if x < 1 else (f"{x:.2f}" if x < 100 else f"{x:.0f}")
+
+
+def fmt_tflops(x):
+    return f"{x:.0f}" if x >= 100 else (f"{x:.1f}" if x >= 1 else f"{x:.2f}")
+
+
+def cell_text(cell, value):
+    """'fwd / bwd / fwd+bwd' of value(phase), or the one error all three share."""
+    if cell is None:
+        return ""
+    errs = [cell.err.get(p) for p in PHASES]
+    if not cell.ms and errs[0] is not None and all(e == errs[0] for e in errs):
+        text = errs[0].replace("|", "/")
+        return text if len(text) <= 100 else text[:97] + "..."  # the whole line is in the notes
+    parts = []
+    for p in PHASES:
+        v = value(p)
+        parts.append(short(cell.err.get(p, "-")) if v is None else v)
+    return " / ".join(parts)
+
+
+def report(args, cells, rows_order, configs, header, notes):
+    by_key = {(c.enc, c.method, c.cfg): c for c in cells}
+    head = "| encoding | method | " + " | ".join(config_name(c) for c in configs) + " |"
+    rule = "| --- | --- |" + " ---: |" * len(configs)
+
+    def table(text_of):
+        """One row per (encoding, method), one column per configuration: text_of(cell)."""
+        lines = [head, rule]
+        for enc, method in rows_order:
+            cells_ = [by_key.get((enc, method, cfg)) for cfg in configs]
+            lines.append(f"| {enc} | {label(enc, method)} | " +
+                         " | ".join("" if c is None else text_of(c) for c in cells_) + " |")
+        return lines
+
+    def tflops(c, p):
+        return None if c.tflops(p) is None else fmt_tflops(c.tflops(p))
+
+    def ms(c, p):
+        return fmt_ms(c.ms[p]) if p in c.ms else None
+
+    def peak(c):
+        return f"{c.peak_mib:.0f}" if c.peak_mib is not None else short(c.err.get("fwdbwd", "-"))
+
+    def speedup(c):  # c: APE's cell
+        parts = []
+        for p in ("fwd", "fwdbwd"):
+            peers = [x for (e, m, k), x in by_key.items() if e == c.enc and k == c.cfg and m != "ape" and p in x.ms]
+            best = min(peers, key=lambda x: x.ms[p]) if peers else None
+            if best is not None and p in c.ms and c.ms[p] > 0:
+                parts.append(f"{PHASE_NAMES[p]} {best.ms[p] / c.ms[p]:.2f}x ({label(c.enc, best.method)})")
+            else:
+                parts.append(f"{PHASE_NAMES[p]} -")
+        return "; ".join(parts)
+
+    lines = ["# APE's CUDA kernels against PyTorch's attention peers (bf16, causal)", ""]
+    lines += [f"- {k}: {v}" for k, v in header]
+    lines += ["", "fwd: the training forward; bwd: torch.autograd.grad of an o computed outside the timing; "
+              "fwd+bwd: both. Gradients of q, k, v, every feature and every trainable param. The rope peers "
+              "include the eager rotary of q and k. TFLOP/s by FlashAttention's count: fwd 4*B*H*T*T*D/2 "
+              "(causal), bwd 2.5x, fwd+bwd 3.5x. The methods: the docstring of gpu_bench.py.",
+              "", "## TFLOP/s (fwd / bwd / fwd+bwd)", ""]
+    lines += table(lambda c: cell_text(c, lambda p: tflops(c, p)))
+    lines += ["", "## Time, ms (fwd / bwd / fwd+bwd)", ""]
+    lines += table(lambda c: cell_text(c, lambda p: ms(c, p)))
+    lines += ["", "## Peak memory of one fwd+bwd step, MiB", "",
+              "torch.cuda.max_memory_allocated() after reset_peak_memory_stats(): everything live, "
+              "q, k, v, dout, features, params and the method's constants included.", ""]
+    lines += table(peak)
+    lines += ["", "## APE against the fastest peer", "",
+              "speed-up = the fastest peer's ms / APE's ms (> 1: APE faster), that peer in brackets.", "",
+              head, rule]
+    for enc in dict.fromkeys(e for e, m in rows_order if m == "ape"):
+        cells_ = [by_key.get((enc, "ape", cfg)) for cfg in configs]
+        lines.append(f"| {enc} | ape | " + " | ".join("" if c is None else speedup(c) for c in cells_) + " |")
+    notes = list(notes)
+    for enc, method in rows_order:
+        for cfg in configs:
+            c = by_key.get((enc, method, cfg))
+            if c is None:
+                continue
+            where = f"{enc} / {label(enc, method)} / {config_name(cfg)}"
+            errs = {}
+            for p in PHASES:
+                if p in c.err and c.err[p] != "OOM" and (not c.err[p].startswith("n/a") or len(c.err[p]) > 100):
+                    errs.setdefault(c.err[p], []).append(PHASE_NAMES[p])
+            notes += [f"{where}: {', '.join(phases)} {e}" for e, phases in errs.items()]
+            notes += [f"{where}: {n}" for n in c.notes]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["encoding", "method", "config", "phase", "ms", "tflops", "note", "peak_mib", "B", "H", "T", "D"])
+            for enc, method in rows_order:
+                for cfg in configs:
+                    c = by_key.get((enc, method, cfg))
+                    if c is None:
+                        continue
+                    for p in PHASES:
+                        note = [c.err[p]] if p in c.err else []
+                        if p == "fwd" and c.check:
+                            note.append(c.check)
+                        if p == "fwdbwd":
+                            note += c.notes
+                        ms_, tf = c.ms.get(p), c.tflops(p)
+                        w.writerow([enc, label(enc, method), config_name(cfg), PHASE_NAMES[p],
+                                    "" if ms_ is None else f"{ms_:.4f}", "" if tf is None else f"{tf:.2f}",
+                                    "; ".join(note),
+                                    f"{c.peak_mib:.1f}" if p == "fwdbwd" and c.peak_mib is not None else "", *cfg])
+
+
+# ---- main -------------------------------------------------------------------------------------------
+
+def parse_configs(text):
+    out = []
+    for item in text.split(","):
+        parts = item.lower().split("x")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            sys.exit(f"bad --configs item {item!r}: want BxHxTxD, e.g. 2x16x8192x128")
+        out.append(tuple(int(p) for p in parts))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--libs", default=os.path.dirname(os.path.abspath(__file__)),
+                    help="folder holding ENC_torch_library/build/ape_ENC.py (default: this script's folder)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the configurations " + ", ".join(config_name(c) for c in QUICK) +
+                    " instead of " + ", ".join(config_name(c) for c in FULL))
+    ap.add_argument("--configs", help="BxHxTxD,... instead of the default or --quick configurations")
+    ap.add_argument("--encodings", default=",".join(ENCODINGS),
+                    help="comma-separated (default %(default)s); others run ape alone")
+    ap.add_argument("--methods", default=",".join(METHODS), help="a subset of %(default)s")
+    ap.add_argument("--mask-limit-gib", type=float, default=4.0,
+                    help="skip sdpa-mask where its (B, H, T, T) bf16 mask takes more (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--md", help="write the Markdown report here (it is printed either way)")
+    ap.add_argument("--csv", help="write one row per (encoding, method, config, phase) here")
+    ap.add_argument("--selftest-cpu", action="store_true", help=argparse.SUPPRESS)  # plumbing check, tiny shapes
+    args = ap.parse_args()
+    encodings = [e for e in args.encodings.split(",") if e]
+    methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not encodings:
+        sys.exit(f"unknown methods {bad} (known: {','.join(METHODS)})" if bad else "no encodings")
+    configs = parse_configs(args.configs) if args.configs else (QUICK if args.quick else FULL)
+    if args.selftest_cpu and not args.configs:
+        configs = [(1, 2, 256, 64), (2, 2, 128, 128)]
+
+    global torch, F
+    try:
+        import torch as _torch
+    except ImportError as exc:
+        print(f"gpu_bench: needs PyTorch with CUDA ({exc})", file=sys.stderr)
+        return 2
+    torch, F = _torch, _torch.nn.functional
+    device = "cpu" if args.selftest_cpu else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"gpu_bench: no CUDA device: torch.cuda.is_available() is False (PyTorch {torch.__version__}, "
+              f"built for CUDA {torch.version.cuda or 'none'}). This benchmark times CUDA kernels; run it "
+              f"where a GPU is visible.", file=sys.stderr)
+        return 2
+    started = datetime.datetime.now().astimezone()
+    timer, timer_text = make_timer(device)
+
+    helpers, load_notes = {}, []
+    for enc in encodings:
+        try:
+            helpers[enc] = load_helper(args.libs, enc)
+            kernels = list(helpers[enc][1].cuda_kernels()) if hasattr(helpers[enc][1], "cuda_kernels") else "?"
+            log(f"loaded ape_{enc}: CUDA kernels {kernels}")
+        except Exception as exc:
+            load_notes.append(f"{enc}: APE library not loaded ({error_text(exc).removeprefix('fails: ')}); "
+                              "encoding skipped")
+            log(load_notes[-1])
+    if not helpers:
+        print(f"gpu_bench: no APE library could be loaded from {args.libs}:\n  " + "\n  ".join(load_notes),
+              file=sys.stderr)
+        return 1
+
+    for name in ("recompile_limit", "cache_size_limit"):  # one compile per configuration and encoding
+        try:
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 16))
+        except Exception:
+            pass
+
+    check_cfg = min(configs, key=forward_flops)
+    cells, rows_order, check_notes = [], [], []
+    t_start = time.perf_counter()
+    for enc, (helper, ops) in helpers.items():
+        enc_methods = [m for m in ["ape"] + PEERS.get(enc, []) if m in methods]
+        rows_order += [(enc, m) for m in enc_methods]
+        for cfg in configs:
+            free_memory(device)
+            try:
+                case = Case(enc, helper, ops, cfg, device, args.seed)
+            except Exception as exc:
+                text = error_text(exc)
+                for m in enc_methods:
+                    c = Cell(enc, m, cfg)
+                    c.fail_all(text)
+                    cells.append(c)
+                log(f"{enc} {config_name(cfg)}: inputs {text}")
+                continue
+            ref = None
+            for method in enc_methods:
+                keep = cfg == check_cfg
+                try:
+                    cell, outputs = run_method(method, case, timer, args.mask_limit_gib, keep)
+                except Exception as exc:  # a failure outside the guarded phases: still one cell
+                    cell, outputs = Cell(enc, method, cfg), None
+                    cell.fail_all(error_text(exc))
+                if keep and outputs is not None:
+                    if method == "ape":  # kept on the host: it must not count in the peers' peaks
+                        ref = (outputs[0].cpu(), None if outputs[1] is None else [g.cpu() for g in outputs[1]])
+                        outputs = ref
+                        bad = [n for n, t in zip(["o"] + case.leaf_names, [outputs[0]] + list(outputs[1] or []))
+                               if not bool(torch.isfinite(t).all())]
+                        cell.check = "spot-check reference" + (f"; non-finite {bad}" if bad else "")
+                    elif ref is not None:
+                        try:
+                            cell.check, mismatch = spot_check(ref, outputs, case.leaf_names)
+                        except Exception as exc:
+                            cell.check = f"spot check {error_text(exc)}"
+                        check_notes.append(f"spot check, {enc} / {label(enc, method)} / {config_name(cfg)}: "
+                                           f"{cell.check}")
+                outputs = None
+                cells.append(cell)
+                summary = ", ".join(f"{PHASE_NAMES[p]} " + (f"{fmt_ms(cell.ms[p])} ms" if p in cell.ms
+                                                             else cell.err.get(p, "-")) for p in PHASES)
+                log(f"{enc} {config_name(cfg)} {label(enc, method)}: {summary}"
+                    + (f"; peak {cell.peak_mib:.0f} MiB" if cell.peak_mib else "")
+                    + (f"; {'; '.join(cell.notes)}" if cell.notes else "")
+                    + (f"; {cell.check}" if cell.check else ""))
+                free_memory(device)
+            ref = case = None
+            free_memory(device)
+        try:  # the compiled flex graphs of this encoding
+            torch._dynamo.reset()
+        except Exception:
+            pass
+
+    minutes = (time.perf_counter() - t_start) / 60
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        gpu = (f"{torch.cuda.get_device_name(0)} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, "
+               f"{props.total_memory / GIB:.0f} GiB)")
+    else:
+        gpu = "none (CPU self-test: the numbers mean nothing)"
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    header = [
+        ("GPU", gpu),
+        ("PyTorch", f"{torch.__version__}; CUDA {torch.version.cuda}; cuDNN {cudnn}"),
+        ("Date", f"{started:%Y-%m-%d %H:%M %Z}, {minutes:.1f} min after the libraries loaded"),
+        ("Timer", timer_text),
+        ("Command", "`" + " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv) + "`"),
+        ("Spot check", f"at {config_name(check_cfg)}: each peer's o against APE's, MISMATCH above {MISMATCH:g}"),
+    ]
+    report(args, cells, rows_order, configs, header, load_notes + check_notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

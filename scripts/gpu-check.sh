@@ -1,0 +1,345 @@
+#!/usr/bin/env bash
+# One command that checks everything GPU on a lent GPU machine (docs/cuda.md, "Checking on a GPU").
+#
+#   scripts/gpu-check.sh prepare [DIR]      here (MLIR, apec): writes DIR (default build/gpu-check),
+#                                           one self-contained folder of at most 64 MiB
+#   scripts/gpu-check.sh run [DIR] [--logs LOGDIR] [--full-bench] [--stages a,b,...]
+#                                           there (CUDA, CMake, its own PyTorch, no MLIR, no network):
+#                                           builds against that machine's PyTorch and CUDA, runs every
+#                                           stage under a time limit, prints one table, writes the
+#                                           logs to LOGDIR (default DIR/logs)
+#
+# `prepare` emits with apec what the GPU machine cannot make (it has no MLIR): the CPU and CUDA
+# sources of every example spec for the GPU suite, the PyTorch operator libraries of the framework
+# tests and of the benchmark; and copies the sources, GoogleTest's and nlohmann/json's that they
+# build with. `run` stages (--stages picks some; each has its limit in seconds):
+#   build      the GPU suite (test/cuda/standalone) and the operator libraries        300
+#   suite      ape_cuda_kernels_test, sharded over the cores                          240
+#   sanitizer  compute-sanitizer memcheck, racecheck, synccheck, initcheck on a
+#              representative set (in parallel with `python`)                         200
+#   python     test/python/test_cuda.py and the cuda cases of the framework tests     200
+#   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
+#              FlexAttention, one configuration unless --full-bench                   240
+#   train      a training smoke on the GPU (the runtime cannot train on a GPU yet:
+#              reported as not run)
+# Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
+set -uo pipefail
+
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+mode=${1:-}
+[ -n "$mode" ] || usage
+shift
+
+# Encodings of the GPU suite's every dtype and head dim (the emulated suite's full set: a plain
+# score, row/column, relative-row and distance biases); the others at bf16, head dims 64 and 128
+# (the Hopper forward's dims). The benchmark's encodings.
+full_encodings="rope cable shaw t5"
+bench_encodings="nope rope alibi t5 cable"
+# Specs whose CUDA kernels are not compiled here, with why (none: every spec compiles within
+# the bounds of bench/results/cuda_compile_memory.md).
+skip_cuda=""
+
+prepare() {
+  set -e
+  local root dir apec
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  dir=${1:-$root/build/gpu-check}
+  apec=${APE_APEC:-$root/build/tools/apec}
+  if [ ! -x "$apec" ]; then
+    echo "[gpu-check] building apec" >&2
+    "$root/scripts/build.sh" apec >&2
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  local src=$dir/src
+  echo "[gpu-check] preparing $dir" >&2
+
+  # The sources the GPU machine builds, at their paths in the repository.
+  mkdir -p "$src/kernels" "$src/test/cuda/standalone" "$src/test/unit" "$src/test/python" \
+           "$src/examples" "$src/bench" "$src/scripts"
+  cp -r "$root/kernels/include" "$src/kernels/"
+  mkdir -p "$src/cmake" && cp "$root/cmake/ApeNvccPool.cmake" "$src/cmake/"
+  cp "$root/test/cuda/cuda_kernels_test.cpp" "$src/test/cuda/"
+  cp "$root/test/cuda/standalone/CMakeLists.txt" "$src/test/cuda/standalone/"
+  cp "$root"/test/unit/kernel_reference.{h,cpp} "$root/test/unit/reference_lse.h" "$src/test/unit/"
+  cp "$root"/test/python/*.py "$root/test/python/run.sh" "$root/test/python/CMakeLists.txt" \
+     "$src/test/python/"
+  cp -r "$root/examples/c" "$root/examples/encodings" "$src/examples/"
+  cp "$root/bench/gpu_bench.py" "$src/bench/"
+  cp "$root/scripts/gpu-check.sh" "$src/scripts/"
+  mkdir -p "$dir/third_party/json"
+  cp -r /usr/src/googletest "$dir/third_party/googletest"
+  cp -r /usr/include/nlohmann "$dir/third_party/json/nlohmann"
+
+  # apec's outputs.
+  local spec enc emit
+  for spec in "$root"/examples/encodings/*.mlir; do
+    enc=$(basename "$spec" .mlir)
+    local src_name="examples/encodings/$enc.mlir"
+    "$apec" "$spec" -o "$dir/generated/cpu" --emit=cpu --expect-name "$enc" --source-name "$src_name"
+    # Inference-only specs (an attention transition): CPU kernels only, no operator library.
+    if grep -q 'ape\.attention_transition' "$spec"; then continue; fi
+    if [[ " $skip_cuda " != *" $enc "* ]]; then
+      if [[ " $full_encodings " == *" $enc "* ]]; then
+        "$apec" "$spec" -o "$dir/generated/cuda" --emit=cuda --cuda-dtypes=bf16,f16,f32 \
+          --cuda-head-dims=32,64,128 --expect-name "$enc" --source-name "$src_name"
+      else
+        "$apec" "$spec" -o "$dir/generated/cuda" --emit=cuda --cuda-dtypes=bf16 \
+          --cuda-head-dims=64,128 --expect-name "$enc" --source-name "$src_name"
+      fi
+    fi
+    # The framework tests' libraries, as test/python/run.sh emits them.
+    emit=torch-library
+    case " rope alibi cable expe " in *" $enc "*) emit=torch-library,c-abi ;; esac
+    "$apec" "$spec" -o "$dir/emitted" --emit=$emit --cuda-dtypes=bf16,f32 --cuda-head-dims=64 \
+      --expect-name "$enc" --source-name "$src_name"
+    if [[ " $bench_encodings " == *" $enc "* ]]; then
+      "$apec" "$spec" -o "$dir/bench-libs" --emit=torch-library --cuda-dtypes=bf16 \
+        --cuda-head-dims=64,128 --expect-name "$enc" --source-name "$src_name"
+    fi
+  done
+
+  {
+    echo "prepared: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(
+      git -C "$root" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "cuda variants: $(ls "$dir/generated/cuda" | grep -c '_hd[0-9]*\.cu$')"
+    echo "skipped on CUDA: ${skip_cuda:-none}"
+  } >"$dir/PREPARED"
+  local bytes
+  bytes=$(du -sb "$dir" | cut -f1)
+  echo "size: $bytes bytes" >>"$dir/PREPARED"
+  if [ "$bytes" -gt $((64 * 1024 * 1024)) ]; then
+    echo "[gpu-check] error: $dir is $bytes bytes, more than the 64 MiB that travel to a GPU machine" >&2
+    exit 1
+  fi
+  cat "$dir/PREPARED"
+  echo "[gpu-check] done: copy $dir to the GPU machine and run: scripts/gpu-check.sh run $dir" >&2
+  echo "  (with the device tool: carry [\"${dir#$root/}\"], command \"scripts/gpu-check.sh run ${dir#$root/} --logs \$OUT/gpu-check\")" >&2
+}
+
+# ---- run: on the GPU machine ---------------------------------------------------------------------
+declare -A stage_status stage_time stage_note
+stage_order=()
+
+record() {  # stage status seconds note
+  stage_order+=("$1")
+  stage_status[$1]=$2 stage_time[$1]=$3 stage_note[$1]=$4
+}
+
+run() {
+  local dir="" logs="" full_bench=0 stages="build,suite,sanitizer,python,bench,train"
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --logs) logs=$2; shift 2 ;;
+      --full-bench) full_bench=1; shift ;;
+      --stages) stages=$2; shift 2 ;;
+      -h|--help) usage ;;
+      -*) echo "[gpu-check] unknown option $1" >&2; exit 2 ;;
+      *) dir=$1; shift ;;
+    esac
+  done
+  if [ -z "$dir" ]; then  # the copy inside a prepared folder runs its folder; else build/gpu-check
+    dir=$(cd "$(dirname "$0")/../.." && pwd)
+    [ -f "$dir/PREPARED" ] || dir=$(cd "$(dirname "$0")/.." && pwd)/build/gpu-check
+  fi
+  [ -f "$dir/PREPARED" ] || { echo "[gpu-check] $dir is not a prepared folder (no PREPARED): run 'scripts/gpu-check.sh prepare' where apec is" >&2; exit 2; }
+  dir=$(cd "$dir" && pwd)
+  logs=${logs:-$dir/logs}
+  mkdir -p "$logs"
+  logs=$(cd "$logs" && pwd)
+  local src=$dir/src py=${APE_PYTHON:-python3} jobs
+  jobs=$(nproc)
+  local t0
+  t0=$(date +%s)
+  want() { [[ ",$stages," == *",$1,"* ]]; }
+
+  # The machine.
+  {
+    echo "prepared folder: $dir"; cat "$dir/PREPARED"
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1
+    nvcc --version 2>&1 | tail -1
+    cmake --version | head -1
+    "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())' 2>&1
+  } | tee "$logs/machine.txt"
+  local cap arch
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+  case $cap in
+    9.0) arch=90a ;;
+    "") arch=${APE_GPU_ARCH:-}  # no GPU: only a build can be checked (APE_GPU_ARCH=90a --stages build)
+        [ -n "$arch" ] || { echo "[gpu-check] error: nvidia-smi found no GPU" >&2; exit 2; } ;;
+    *) arch=${cap/./} ;;
+  esac
+  arch=${APE_GPU_ARCH:-$arch}
+  echo "architecture: sm_$arch" | tee -a "$logs/machine.txt"
+  local torch_prefix
+  torch_prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)') ||
+    { echo "[gpu-check] error: $py cannot import torch" >&2; exit 2; }
+
+  local suite_build=$dir/build-suite fw_build=$dir/build-python bench_build=$dir/build-bench
+  local status note s
+
+  # -- build ----------------------------------------------------------------------------------
+  if want build; then
+    s=$(date +%s)
+    (
+      cmake -S "$src/test/cuda/standalone" -B "$suite_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DAPE_SOURCE_DIR="$src" -DAPE_GENERATED_CPU="$dir/generated/cpu" \
+        -DAPE_GENERATED_CUDA="$dir/generated/cuda" -DAPE_GTEST_SOURCE="$dir/third_party/googletest" \
+        -DAPE_JSON_INCLUDE="$dir/third_party/json" -DCMAKE_PREFIX_PATH="$torch_prefix" \
+        -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
+      timeout 300 cmake --build "$suite_build" -- -j"$jobs"
+    ) >"$logs/build-suite.log" 2>&1 &
+    local p1=$!
+    (
+      cmake -S "$src/test/python" -B "$fw_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CXX_FLAGS_RELEASE=-O2 -DCMAKE_C_FLAGS_RELEASE=-O2 -DAPE_EMITTED_DIR="$dir/emitted" \
+        -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" &&
+      timeout 300 cmake --build "$fw_build" -- -j"$jobs"
+    ) >"$logs/build-python.log" 2>&1 &
+    local p2=$!
+    (
+      # The benchmark's libraries, each with its own CMakeLists.txt as a user builds it.
+      for lib in "$dir"/bench-libs/*_torch_library; do
+        cmake -S "$lib" -B "$lib/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPE_PYTHON="$py" \
+          -DAPE_CUDA_ARCHS="$arch" || exit 1
+      done
+      for lib in "$dir"/bench-libs/*_torch_library; do
+        timeout 300 cmake --build "$lib/build" -- -j"$jobs" || exit 1
+      done
+    ) >"$logs/build-bench.log" 2>&1 &
+    local p3=$!
+    local ok=1 failed_parts=""
+    wait $p1 || { ok=0; failed_parts+=" suite"; }
+    wait $p2 || { ok=0; failed_parts+=" python"; }
+    wait $p3 || { ok=0; failed_parts+=" bench"; }
+    if [ $ok = 1 ]; then
+      record build pass $(( $(date +%s) - s )) "sm_$arch, $(ls "$dir/generated/cuda" | grep -c '_hd[0-9]*\.cu$') CUDA variants"
+    else
+      record build FAIL $(( $(date +%s) - s )) "failed:$failed_parts (logs/build-*.log)"
+      tail -30 "$logs"/build-*.log
+    fi
+  fi
+
+  local exe=$suite_build/ape_cuda_kernels_test
+  # -- suite ----------------------------------------------------------------------------------
+  if want suite; then
+    s=$(date +%s)
+    if [ -x "$exe" ]; then
+      local shards=$(( jobs / 2 > 8 ? 8 : (jobs / 2 < 1 ? 1 : jobs / 2) )) i pids=()
+      for ((i = 0; i < shards; i++)); do
+        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 "$exe" --gtest_brief=1 \
+          >"$logs/suite.$i.log" 2>&1 & pids+=($!)
+      done
+      local bad=0
+      for p in "${pids[@]}"; do wait "$p" || bad=1; done
+      local passed failed
+      passed=$(cat "$logs"/suite.*.log | grep -oE '\[  PASSED  \] [0-9]+' | awk '{n += $NF} END {print n + 0}')
+      failed=$(cat "$logs"/suite.*.log | grep -cE '^\[  FAILED  \] [A-Za-z]')
+      cat "$logs"/suite.*.log >"$logs/suite.log"; rm -f "$logs"/suite.*.log
+      note="${passed:-0} passed, $failed failed ($shards shards)"
+      if [ $bad = 0 ] && [ "$failed" = 0 ] && [ "${passed:-0}" -gt 0 ]; then status=pass; else status=FAIL; fi
+      record suite $status $(( $(date +%s) - s )) "$note"
+    else
+      record suite FAIL 0 "not built"
+    fi
+  fi
+
+  # -- sanitizer (in the background) and python --------------------------------------------------
+  local san_pid=""
+  local san_filter='All/CudaKernel.MatchesReferencesForwardAndGradients/rope_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/cable_bf16_hd64:All/CudaKernel.MatchesReferencesForwardAndGradients/t5_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/rope_f32_hd64:All/CudaKernel.DecodeStepsEqualTheFullForward/cable_bf16_hd128:CudaStatus.*'
+  local san_start
+  if want sanitizer; then
+    san_start=$(date +%s)
+    if [ -x "$exe" ] && command -v compute-sanitizer >/dev/null; then
+      (
+        for tool in memcheck racecheck synccheck initcheck; do
+          timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" \
+            --gtest_filter="$san_filter" --gtest_brief=1 >"$logs/sanitizer-$tool.log" 2>&1 &
+        done
+        wait
+      ) & san_pid=$!
+    fi
+  fi
+
+  if want python; then
+    s=$(date +%s)
+    if [ -f "$fw_build/CMakeCache.txt" ]; then
+      (
+        export APE_TEST_ARTIFACTS=$fw_build OMP_NUM_THREADS=1
+        export TORCHINDUCTOR_CACHE_DIR=$dir/inductor-cache
+        cd "$src/test/python" &&
+        timeout 200 "$py" -m pytest -p no:cacheprovider -q -rs test_cuda.py test_torch_ops.py \
+          test_c_abi.py test_pytorch2.py test_examples.py -k "cuda or CUDA"
+      ) >"$logs/python.log" 2>&1
+      local rc=$?
+      note=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' "$logs/python.log" | tail -1 | tr -d '=' | sed 's/^ *//')
+      [ $rc = 0 ] && status=pass || status=FAIL
+      [ $rc = 124 ] && note="timed out; $note"
+      record python $status $(( $(date +%s) - s )) "${note:-see logs/python.log}"
+    else
+      record python FAIL 0 "libraries not built"
+    fi
+  fi
+
+  if want sanitizer; then
+    if [ -n "$san_pid" ]; then
+      wait "$san_pid"
+      local tool summary all=pass notes=""
+      for tool in memcheck racecheck synccheck initcheck; do
+        summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer-$tool.log" | tail -1)
+        if ! grep -qE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$logs/sanitizer-$tool.log" ||
+           ! grep -qE '\[  PASSED  \]' "$logs/sanitizer-$tool.log"; then
+          all=FAIL; notes+=" $tool: ${summary:-no summary (timed out?)};"
+        fi
+      done
+      record sanitizer $all $(( $(date +%s) - san_start )) "${notes:- 4 tools, 0 errors on $(echo "$san_filter" | tr ':' '\n' | wc -l) tests}"
+    else
+      record sanitizer FAIL 0 "no compute-sanitizer or no suite binary"
+    fi
+  fi
+
+  # -- bench ------------------------------------------------------------------------------------
+  if want bench; then
+    s=$(date +%s)
+    # Quick: one configuration (B 1, H 16, T 4096, d_h 128): each FlexAttention compiles once.
+    local quick=(--quick --configs 1x16x4096x128)
+    [ $full_bench = 1 ] && quick=()
+    timeout 240 "$py" "$src/bench/gpu_bench.py" --libs "$dir/bench-libs" "${quick[@]}" \
+      --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
+    local rc=$?
+    [ $rc = 0 ] && status=pass || status=FAIL
+    note="logs/gpu_bench.md"
+    [ $rc = 124 ] && note="timed out (logs/bench.log)"
+    record bench $status $(( $(date +%s) - s )) "$note"
+  fi
+
+  if want train; then
+    record train "not run" 0 "the runtime does not train on a GPU yet (issue 32)"
+  fi
+
+  # -- the table ----------------------------------------------------------------------------------
+  local st any_fail=0
+  {
+    echo
+    echo "| stage | result | seconds | notes |"
+    echo "| --- | --- | --- | --- |"
+    for st in "${stage_order[@]}"; do
+      echo "| $st | ${stage_status[$st]} | ${stage_time[$st]} | ${stage_note[$st]} |"
+      [ "${stage_status[$st]}" = FAIL ] && any_fail=1
+    done
+    echo
+    echo "total: $(( $(date +%s) - t0 )) s; logs in $logs"
+  } | tee "$logs/summary.md"
+  [ -f "$logs/gpu_bench.md" ] && { echo; cat "$logs/gpu_bench.md"; }
+  return $any_fail
+}
+
+case $mode in
+  prepare) prepare "$@" ;;
+  run) run "$@" ;;
+  -h|--help|help) usage ;;
+  *) echo "[gpu-check] unknown mode '$mode' (prepare or run)" >&2; usage ;;
+esac

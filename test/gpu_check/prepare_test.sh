@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh prepare, as CI runs it (docs/cuda.md, "Checking on a GPU"): the folder is
+# written, self-contained and within the 64 MiB that travel to a GPU machine; its copy of the
+# script and the benchmark parse; and, where nvcc and a CUDA LibTorch are here, the GPU suite's
+# standalone project (no MLIR) configures against them, as it will there. The GPU stages
+# themselves need a GPU: `run` refuses without one and says so.
+#
+#   prepare_test.sh REPO APEC PYTHON WORKDIR
+set -euo pipefail
+root=$1 apec=$2 python=$3 work=$4
+rm -rf "$work"
+APE_APEC=$apec "$root/scripts/gpu-check.sh" prepare "$work/gpu-check" >"$work.prepare.log" 2>&1 ||
+  { cat "$work.prepare.log"; exit 1; }
+dir=$work/gpu-check
+for f in PREPARED src/scripts/gpu-check.sh src/test/cuda/standalone/CMakeLists.txt \
+         src/test/cuda/cuda_kernels_test.cpp src/bench/gpu_bench.py src/test/python/test_cuda.py \
+         third_party/googletest/CMakeLists.txt third_party/json/nlohmann/json.hpp \
+         generated/cpu/rope_cpu.cpp generated/cuda/rope_cuda_bf16_hd128.cu \
+         generated/cuda/fire_cuda_bf16_hd128.cu emitted/cable_torch_library/CMakeLists.txt \
+         bench-libs/t5_torch_library/CMakeLists.txt; do
+  [ -e "$dir/$f" ] || { echo "FAIL: $f is missing from the prepared folder"; exit 1; }
+done
+# Every spec the CUDA template takes has its CUDA entry and a CPU twin.
+for spec in "$root"/examples/encodings/*.mlir; do
+  enc=$(basename "$spec" .mlir)
+  [ -e "$dir/generated/cpu/${enc}_cpu.cpp" ] || { echo "FAIL: no CPU kernel of $enc"; exit 1; }
+  grep -q 'ape\.attention_transition' "$spec" && continue
+  [ -e "$dir/generated/cuda/${enc}_cuda.cu" ] || { echo "FAIL: no CUDA entry of $enc"; exit 1; }
+done
+bytes=$(du -sb "$dir" | cut -f1)
+[ "$bytes" -le $((64 * 1024 * 1024)) ] || { echo "FAIL: $bytes bytes > 64 MiB"; exit 1; }
+bash -n "$dir/src/scripts/gpu-check.sh"
+"$python" -m py_compile "$dir/src/bench/gpu_bench.py"
+# Without a GPU, run says so and fails (never a silent pass).
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  set +e
+  out=$(env -u APE_GPU_ARCH "$dir/src/scripts/gpu-check.sh" run 2>&1)
+  rc=$?
+  set -e
+  [ $rc -ne 0 ] && echo "$out" | grep -q "found no GPU" ||
+    { echo "FAIL: run without a GPU: exit $rc: $out"; exit 1; }
+fi
+# The standalone suite configures (CUDA, LibTorch, GoogleTest from source) where nvcc is found.
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=$PATH:/usr/local/cuda/bin
+  prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  cmake -S "$dir/src/test/cuda/standalone" -B "$work/suite" -G Ninja -DAPE_SOURCE_DIR="$dir/src" \
+    -DAPE_GENERATED_CPU="$dir/generated/cpu" -DAPE_GENERATED_CUDA="$dir/generated/cuda" \
+    -DAPE_GTEST_SOURCE="$dir/third_party/googletest" -DAPE_JSON_INCLUDE="$dir/third_party/json" \
+    -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90a >"$work/configure.log" 2>&1 ||
+    { tail -30 "$work/configure.log"; echo "FAIL: the standalone GPU suite does not configure"; exit 1; }
+  ninja -C "$work/suite" -t targets all | grep -q '^ape_cuda_kernels_test:' ||
+    { echo "FAIL: no ape_cuda_kernels_test target"; exit 1; }
+fi
+echo "ok: $(grep -E 'cuda variants|size' "$dir/PREPARED" | tr '\n' ' ')"
