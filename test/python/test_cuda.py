@@ -1,7 +1,8 @@
 """The operators' CUDA kernels on a GPU (docs/frameworks.md). They need a device: skipped where
-PyTorch sees none, which is every machine of this project so far, so none of this has run yet
-(test_pytorch2.py::test_cuda_kernels_are_compiled_in checks, without a GPU, that the kernels are
-compiled into the libraries).
+PyTorch sees none (the project's own machines); scripts/gpu-check.sh runs them on a lent GPU
+machine (docs/cuda.md). Without a GPU, test_pytorch2.py checks that the kernels are compiled into
+the libraries, that the CUDA calls contain no host synchronisation, and the helper's import by
+name.
 
 For rope and cable (test/python/CMakeLists.txt: APE_CUDA_ENCODINGS, variants bf16 and f32 at
 head dim 64, run.sh): forward and gradients against the float64 reference, under
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import reference
-from support import close, make_inputs, ops, ordered
+from support import close, helper, make_inputs, ops, ordered
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -82,3 +83,26 @@ def test_cuda_compile_fullgraph(encoding):
     eager = fn(*args)
     compiled = torch.compile(fn, fullgraph=True)(*args)
     close(compiled, eager, "loss", atol=0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["nan", "range"])
+def test_cuda_backward_errors_poison_without_waiting(mode):
+    """A backward whose fixed-point sums cannot hold a term (a NaN feature; terms beyond 2^31 from
+    a huge dout) waits for nothing: its feature gradients are NaN on the device, and the reason
+    reaches the user where they choose to synchronise (check_backward raises, naming it; the
+    record is then clear)."""
+    h = helper("cable")
+    h.backward_status()  # clear what earlier tests left
+    q, k, v, features, params = make_inputs("cable", 1, 2, 40, 64, torch.float32, "cuda")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).cuda()
+    if mode == "nan":
+        with torch.no_grad():
+            features[0][0, 1, 17] = float("nan")
+    else:
+        dout = dout * 1e12
+    grads = _run("cable", q, k, v, features, params, dout)[1:]  # under set_sync_debug_mode("error")
+    dfeature = grads[3]
+    assert torch.isnan(dfeature).all(), "the feature gradient of a failed sum must be NaN"
+    with pytest.raises(RuntimeError, match="NaN or infinite" if mode == "nan" else "clamped"):
+        h.check_backward()
+    assert h.backward_status() == (0, []), "check_backward clears the record"
