@@ -30,16 +30,18 @@ bool hasNonFiniteConstant(KernelOp kernel);
 /// the CUDA emitters share it; only the member declarations differ by `target`.
 LogicalResult emitEncFunctor(KernelOp kernel, FunctorTarget target, llvm::raw_ostream &os);
 
-/// Writes the CUDA sources of `kernel` for the CUDA template (kernels/include/ape/
-/// cuda_attention.cuh): `header` gets the functor and the manifest (NAME_cuda.cuh), `entry` the
-/// dispatch over the instantiated (dtype, head_dim) pairs and
-/// `extern "C" const ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_<name>()` (NAME_cuda.cu),
-/// and `instantiation(dtype, headDim)` one explicit instantiation per pair
-/// (NAME_cuda_<dtype>_hd<D>.cu), so that nvcc compiles them in parallel.
+/// One CUDA instantiation: input dtype and head dim.
 struct CudaVariant {
   std::string dtype; // "f32", "f16" or "bf16"
   int64_t headDim;   // 32, 64 or 128
 };
+
+/// The CUDA sources of `kernel` for the CUDA template (kernels/include/ape/cuda_attention.cuh):
+/// emitCudaHeader writes the functor (NAME_cuda.cuh); emitCudaEntry the manifest, the table of
+/// the instantiated (dtype, head_dim) pairs and
+/// `extern "C" const ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_<name>()` (NAME_cuda.cu);
+/// emitCudaInstantiation one explicit instantiation per pair (NAME_cuda_<dtype>_hd<D>.cu), so
+/// that nvcc compiles them in parallel.
 LogicalResult emitCudaHeader(KernelOp kernel, llvm::StringRef source, llvm::raw_ostream &os);
 LogicalResult emitCudaEntry(KernelOp kernel, llvm::StringRef source,
                             llvm::ArrayRef<CudaVariant> variants, llvm::raw_ostream &os);

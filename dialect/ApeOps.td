@@ -134,8 +134,8 @@ class Ape_ComponentOp<string mnemonic, list<Trait> traits = []> :
 }
 
 // A named component that -ape-expand replaces by its generic form. Each one lives in its own
-// file, dialect/components/NAME.cpp: its verifier and its expansion (docs/internals.md, "How to
-// add a named component").
+// file, dialect/components/NAME.cpp: its verifier and its expansion (docs/internals.md, section 5,
+// "A newcomer's map": a named component).
 def Ape_ExpandableComponent : OpInterface<"ExpandableComponent"> {
   let cppNamespace = "::mlir::ape";
   let description = [{

@@ -4,8 +4,8 @@
 // verifier (NAME::verify) and its expansion into generic forms (NAME::expand,
 // the ExpandableComponent interface that -ape-expand calls). This header holds
 // what several of them use: attribute checks for the verifiers and IR
-// builders for the expansions (docs/internals.md, "How to add a named
-// component").
+// builders for the expansions (docs/internals.md, section 5, "A newcomer's
+// map": a named component).
 //
 //===----------------------------------------------------------------------===//
 #ifndef APE_DIALECT_COMPONENTSUPPORT_H

@@ -16,11 +16,7 @@ using namespace mlir;
 using namespace mlir::ape;
 using namespace mlir::ape::component;
 
-namespace {
-
-/// Absolute positions: a sinusoidal table region or a learned table.
-
-} // namespace
+// Absolute positions: a sinusoidal table region or a learned table.
 
 LogicalResult AbsoluteOp::verify() {
   if (getKind() == abi::AbsoluteKind::Learned) {

@@ -15,15 +15,12 @@ using namespace mlir;
 using namespace mlir::ape;
 using namespace mlir::ape::component;
 
-namespace {
-
-/// FIRE: MLP_h(ψ(Δ) / (ψ(max(i, l_init·L)) + 1e-6)), ψ(x) = ln(|c·x| + 1), ReLU hidden layer.
-
-} // namespace
+// FIRE: MLP_h(ψ(Δ) / (ψ(max(i, l_init·L)) + 1e-6)), ψ(x) = ln(|c·x| + 1), ReLU hidden layer.
 
 LogicalResult FireOp::verify() {
-  if (getHidden() < 1 || getHidden() > 256)
-    return emitOpError("hidden must be in [1, 256], got ") << getHidden();
+  if (getHidden() < 1 || getHidden() > ::ape_rules::kMaxFireHidden)
+    return emitOpError("hidden must be in [1, ") << ::ape_rules::kMaxFireHidden << "], got "
+                                                 << getHidden();
   double c = getC().convertToDouble(), l = getLInit().convertToDouble();
   if (!(c > 0.0 && isFinite(c)))
     return emitOpError("c must be a positive finite number, got ") << num(c);

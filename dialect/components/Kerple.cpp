@@ -16,11 +16,7 @@ using namespace mlir;
 using namespace mlir::ape;
 using namespace mlir::ape::component;
 
-namespace {
-
-/// KERPLE: -p_h·ln(1 + a_h·Δ) ("log") or -a_h·Δ^(p_h) ("power"), p and a clamped.
-
-} // namespace
+// KERPLE: -p_h·ln(1 + a_h·Δ) ("log") or -a_h·Δ^(p_h) ("power"), p and a clamped.
 
 LogicalResult KerpleOp::verify() {
   double p = getPInit().convertToDouble(), a = getAInit().convertToDouble();

@@ -16,11 +16,7 @@ using namespace mlir;
 using namespace mlir::ape;
 using namespace mlir::ape::component;
 
-namespace {
-
-/// T5: B_ij = T[bucket(i - j), h], one [buckets, heads] table shared by all layers.
-
-} // namespace
+// T5: B_ij = T[bucket(i - j), h], one [buckets, heads] table shared by all layers.
 
 LogicalResult T5BiasOp::verify() {
   int64_t buckets = getBuckets(), maxDistance = getMaxDistance();

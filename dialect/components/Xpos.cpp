@@ -15,12 +15,8 @@ using namespace mlir;
 using namespace mlir::ape;
 using namespace mlir::ape::component;
 
-namespace {
-
-/// xPos: interleaved rotation times ζ_k^(±t_c/B), ζ_k = (k/(d_h/2) + γ)/(1 + γ),
-/// t_c = t - floor(T/2); + for q, - for k.
-
-} // namespace
+// xPos: interleaved rotation times ζ_k^(±t_c/B), ζ_k = (k/(d_h/2) + γ)/(1 + γ),
+// t_c = t - floor(T/2); + for q, - for k.
 
 LogicalResult XposOp::verify() {
   double gamma = getGamma().convertToDouble(), scaleBase = getScaleBase().convertToDouble(),

@@ -11,9 +11,8 @@ The page's fenced blocks, in order:
   ```python  a script, run with PYTHON in the work folder;
   ```text    shown, not run.
 CI settings (CI_ARGS): the training and evaluation commands get tiny sizes, substituted for the
-page's budget (`--minutes N`) or appended, and the page says what the user runs. A command whose
-tool is not built on this branch is skipped with a TODO line (TOOLS_PENDING), never silently.
-Exit status 0 when every command ran and passed.
+page's budget (`--minutes N`) or appended, and the page says what the user runs. No command is
+skipped. Exit status 0 when every command ran and passed.
 """
 import argparse
 import os
@@ -32,8 +31,6 @@ CI_TRAIN = ["--steps", "3", "--seq-len", "32", "--batch", "2", "--d-model", "32"
             "--eval-multiples", "1,2", "--eval-tokens", "256"]
 # What an ape-eval command gets appended.
 CI_EVAL = ["--eval-multiples", "1,2", "--eval-tokens", "256"]
-# Tools that another branch builds: their commands are skipped, loudly, while they are missing.
-TOOLS_PENDING = {}
 
 
 def blocks(page):
@@ -87,7 +84,7 @@ def main():
     env.setdefault("OMP_NUM_THREADS", "2")
     print(f"[doc] {os.path.relpath(page, ROOT)} in {work} (APE_CACHE_DIR={env['APE_CACHE_DIR']})", flush=True)
 
-    ran, skipped, t_all = 0, [], time.perf_counter()
+    ran, t_all = 0, time.perf_counter()
     for kind, text, line in blocks(page):
         where = f"{os.path.relpath(page, ROOT)}:{line}"
         if kind == "mlir":
@@ -108,10 +105,6 @@ def main():
         for shown, argv in commands:
             if kind == "sh":
                 words = shlex.split(shown)
-                if words[0] in TOOLS_PENDING and not os.path.exists(os.path.join(work, words[0])):
-                    print(f"[doc] {where}: TODO skipped `{shown}`: {TOOLS_PENDING[words[0]]}", flush=True)
-                    skipped.append(shown)
-                    continue
                 argv = ["bash", "-c", shlex.join(ci_command(words))]
             t0 = time.perf_counter()
             print(f"[doc] {where}: $ {argv[-1] if kind == 'sh' else shown}", flush=True)
@@ -123,8 +116,7 @@ def main():
                 sys.exit(f"[doc] FAILED ({p.returncode}) {where}: {shown}")
             print(f"{tail}\n[doc]   ok ({time.perf_counter() - t0:.1f} s)", flush=True)
             ran += 1
-    print(f"[doc] {ran} commands passed in {time.perf_counter() - t_all:.0f} s"
-          + (f"; {len(skipped)} skipped (TODO above)" if skipped else ""))
+    print(f"[doc] {ran} commands passed in {time.perf_counter() - t_all:.0f} s")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

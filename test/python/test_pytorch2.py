@@ -306,7 +306,10 @@ def test_helper_is_importable_by_its_name():
 def test_compile_through_the_helper():
     """torch.compile(fullgraph=True) of a function that reaches the operator through the helper
     loaded from a file (support.ops -> helper.load(), the shape of test_cuda.py's compile test),
-    on the CPU: Dynamo inlines the helper's functions and guards on its globals by module name."""
+    on the CPU. Dynamo inlines the helper's functions; PyTorch 2.11 on CUDA then imported the
+    helper's module by name and failed. PyTorch 2.15 on the CPU does not import it here (this
+    passes without the registration too): test_helper_is_importable_by_its_name is the check
+    that fails without it, and test_cuda.py's compile test the one on a GPU."""
     torch._dynamo.reset()
     q, k, v, features, params = make_inputs("cable", 2, 2, 9, 16, torch.float32)
     fn = lambda q, k, v, *rest: ops("cable").attention(q, k, v, *rest).square().sum()

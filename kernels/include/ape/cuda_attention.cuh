@@ -1044,31 +1044,6 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
 namespace hopper {
 // Bytes per swizzle row of a tile of D 16-bit columns (the TMA boxes' and the descriptors' mode).
 template <int D> constexpr int swizzle_bytes() { return 2 * D < 128 ? 2 * D : 128; }
-}  // namespace hopper
-template <class In, int D> struct HopperFwd {
-  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
-  static constexpr int BQ = 64 * kConsumers, BK = 128, kStages = 2;
-  static constexpr int kNT = BK / 8, kDT = D / 8;
-  static constexpr int kSwizzle = hopper::swizzle_bytes<D>();
-  static constexpr int kRowElems = kSwizzle / 2, kAtomCols = D / kRowElems;
-  static constexpr int kDistLen = BQ + BK;
-  // mbarriers (q, full_k[2], full_v[2], empty[2]), the bias windows, then the 1024-byte aligned
-  // tiles.
-  static constexpr size_t bars = 0, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
-  static constexpr size_t v = k + kStages * sizeof(In) * BK * D;
-  static constexpr size_t bytes = v + kStages * sizeof(In) * BK * D;
-  static constexpr size_t dist = bias, rowcol = bias, bytes_dist = bytes, bytes_rowcol = bytes;
-  static_assert(kStages * sizeof(float) * kDistLen <= q - bias, "bias windows fit");
-  static_assert(bytes <= 227 * 1024, "forward tiles exceed sm_90's 227 KiB of shared memory");
-  static constexpr unsigned kTileBytes = sizeof(In) * BK * D;
-};
-
-// TMA descriptors of q', k', v as [B·H, T, D] tensors (host: make_hopper_maps).
-struct HopperMaps {
-  CUtensorMap q, k, v;
-};
-
-namespace hopper {
 // A matrix descriptor kept as its two words. The high word (stride offset, swizzle) is a constant
 // of the tile's layout; the low word holds the start address >> 4 (bits 0-13) and the leading
 // offset. Moving the operand by a multiple of 16 bytes adds to the low word alone: the block's
@@ -1105,6 +1080,29 @@ __device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, 
     ptx::tma_load_3d(tile + a * R * kCols, map, a * kCols, static_cast<int>(row0), static_cast<int>(bh), bar);
 }
 }  // namespace hopper
+
+template <class In, int D> struct HopperFwd {
+  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
+  static constexpr int BQ = 64 * kConsumers, BK = 128, kStages = 2;
+  static constexpr int kNT = BK / 8, kDT = D / 8;
+  static constexpr int kSwizzle = hopper::swizzle_bytes<D>();
+  static constexpr int kRowElems = kSwizzle / 2, kAtomCols = D / kRowElems;
+  static constexpr int kDistLen = BQ + BK;
+  // mbarriers (q, full_k[2], full_v[2], empty[2]), the bias windows, then the 1024-byte aligned
+  // tiles.
+  static constexpr size_t bars = 0, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
+  static constexpr size_t v = k + kStages * sizeof(In) * BK * D;
+  static constexpr size_t bytes = v + kStages * sizeof(In) * BK * D;
+  static constexpr size_t dist = bias, rowcol = bias, bytes_dist = bytes, bytes_rowcol = bytes;
+  static_assert(kStages * sizeof(float) * kDistLen <= q - bias, "bias windows fit");
+  static_assert(bytes <= 227 * 1024, "forward tiles exceed sm_90's 227 KiB of shared memory");
+  static constexpr unsigned kTileBytes = sizeof(In) * BK * D;
+};
+
+// TMA descriptors of q', k', v as [B·H, T, D] tensors (host: make_hopper_maps).
+struct HopperMaps {
+  CUtensorMap q, k, v;
+};
 
 template <class Enc, class In, int D>
 __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
@@ -2296,12 +2294,13 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   }
   constexpr int kNumRel = traits::NumRel<Enc>::value;
   constexpr int64_t kValueRows = value_rows<Enc>();
-  if constexpr (kNumRel > 0)
-  for (int r = 0; r < kNumRel; ++r) {
-    const int64_t m = BH * T * Enc::rel_rows(r);
-    p.drel_fx[r] = scratch.take<unsigned long long>(2 * m, err);
-    p.drel[r] = scratch.take<float>(m, err);
-    if (err == cudaSuccess) err = cudaMemsetAsync(p.drel_fx[r], 0, 2 * sizeof(unsigned long long) * m, st);
+  if constexpr (kNumRel > 0) {
+    for (int r = 0; r < kNumRel; ++r) {
+      const int64_t m = BH * T * Enc::rel_rows(r);
+      p.drel_fx[r] = scratch.take<unsigned long long>(2 * m, err);
+      p.drel[r] = scratch.take<float>(m, err);
+      if (err == cudaSuccess) err = cudaMemsetAsync(p.drel_fx[r], 0, 2 * sizeof(unsigned long long) * m, st);
+    }
   }
   if constexpr (kValueRows > 0) {
     const int64_t m = BH * T * kValueRows;
@@ -2379,14 +2378,15 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
                       L::bytes_dq, st, p)))
       return err;
   }
-  if constexpr (kNumRel > 0)
-  for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'
-    const int64_t m = BH * T * Enc::rel_rows(r);
-    if ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
-                      static_cast<const unsigned long long *>(p.drel_fx[r]), p.drel[r], m,
-                      static_cast<const uint32_t *>(p.status))) ||
-        (err = launch(rel_rows_dx_kernel<Enc, In>, blocks_for(n, 256), 256, 0, st, p, r)))
-      return err;
+  if constexpr (kNumRel > 0) {
+    for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'
+      const int64_t m = BH * T * Enc::rel_rows(r);
+      if ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
+                        static_cast<const unsigned long long *>(p.drel_fx[r]), p.drel[r], m,
+                        static_cast<const uint32_t *>(p.status))) ||
+          (err = launch(rel_rows_dx_kernel<Enc, In>, blocks_for(n, 256), 256, 0, st, p, r)))
+        return err;
+    }
   }
   if ((err = launch(mod_backward_kernel<Enc, In, true, kD>, blocks_for(BH * T, 64), 64, 0, st, p,
                     p.q, p.dqm, p.dq)) ||
@@ -2415,11 +2415,12 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
       return err;
   }
   // Tables of relative rows and value rows: their gradients add to what the sinks summed.
-  if constexpr (kNumRel > 0)
-  for (int r = 0; r < kNumRel; ++r) {
-    const int64_t m = Enc::rel_rows(r) * a.H * kD;
-    if ((err = launch(rel_rows_dparams_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)))
-      return err;
+  if constexpr (kNumRel > 0) {
+    for (int r = 0; r < kNumRel; ++r) {
+      const int64_t m = Enc::rel_rows(r) * a.H * kD;
+      if ((err = launch(rel_rows_dparams_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)))
+        return err;
+    }
   }
   if constexpr (kValueRows > 0) {
     const int64_t m = BH * T * kValueRows, tab = kValueRows * a.H * kD;

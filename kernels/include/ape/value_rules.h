@@ -27,6 +27,9 @@ constexpr int64_t kMaxLength = int64_t(1) << 24;
 /// Model dimensions (head_dim, model_dim hints, an override's l, T5's buckets) and each integer
 /// dimension of a param's shape.
 constexpr int64_t kMaxDim = int64_t(1) << 16;
+/// FIRE's hidden width (ape.fire's `hidden`): its MLP is evaluated at every (i, j), and its
+/// weights are params of [hidden] and [hidden, heads] elements.
+constexpr int64_t kMaxFireHidden = 256;
 /// Elements of a param's integer dimensions together (["16", "heads"] counts 16): keeps every
 /// size product far from int64 overflow and every table allocatable.
 constexpr int64_t kMaxParamElements = int64_t(1) << 28;
