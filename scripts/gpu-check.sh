@@ -59,7 +59,7 @@ prepare() {
   mkdir -p "$src/kernels" "$src/test/cuda/standalone" "$src/test/unit" "$src/test/python" \
            "$src/examples" "$src/bench" "$src/scripts"
   cp -r "$root/kernels/include" "$src/kernels/"
-  mkdir -p "$src/cmake" && cp "$root/cmake/ApeNvccPool.cmake" "$src/cmake/"
+  mkdir -p "$src/cmake" && cp "$root/cmake/ApeNvccPool.cmake" "$root/cmake/ApeRegistries.cmake" "$src/cmake/"
   cp "$root/test/cuda/cuda_kernels_test.cpp" "$src/test/cuda/"
   cp "$root/test/cuda/standalone/CMakeLists.txt" "$src/test/cuda/standalone/"
   cp "$root"/test/unit/kernel_reference.{h,cpp} "$root/test/unit/reference_lse.h" "$src/test/unit/"
