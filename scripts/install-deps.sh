@@ -14,6 +14,7 @@ python_packages=(numpy pytest expecttest)
 
 packages=(
   cmake ninja-build g++ pkg-config xz-utils
+  ccache                  # compiler cache: a clean checkout reuses earlier builds' objects
   libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools   # MLIR 19, FileCheck, lit
   libopenblas0                                             # fast BLAS for the fp64 references
   libsentencepiece-dev libgtest-dev nlohmann-json3-dev libcli11-dev
