@@ -1,6 +1,6 @@
 //===- CudaEmitter.cpp - ape.kernel to CUDA C++ ---------------------------===//
 //
-// The sibling of CpuEmitter.cpp: the same `Enc` functor (emitEncFunctor with
+// The sibling of CpuEmitter.cpp: the same `Enc` functor (FunctorWriter.cpp, with
 // FunctorTarget::Cuda: members APE_HD and templated on the context type), put
 // into a header of its own, plus thin instantiation files of the CUDA template
 // kernels/include/ape/cuda_attention.cuh, one per (input dtype, head dim)

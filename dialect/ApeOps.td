@@ -100,6 +100,15 @@ def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
     emitted entry refuses training, and the verifier refuses a transition in a
     kernel without it.
 
+    `-ape-classify` records the facts that choose the kernels' fast paths
+    (analysis/KernelFacts.h); an emitter takes a fast path only where its fact
+    is recorded, and refuses a recorded fact that does not hold:
+    `q_mod_linear` / `k_mod_linear` (the mod is a(t, c) x + b(t, c) y: its
+    coefficients are tabulated once per call), `score_bias = "distance"`
+    (s + B(i - j): B once per distance) or `"row_col"` (s + R(i) + C(j): R
+    once per row and C once per column of a tile), `k_mod_reads_length` and
+    `tokens_read_length` (decoding recomputes what it caches).
+
     ```mlir
     ape.kernel @alibi attributes {causal = true} {
       %m = ape.param "slopes" ["heads"] init = "alibi_slopes"
@@ -116,7 +125,10 @@ def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
                        OptionalAttr<I64Attr>:$passes,
                        OptionalAttr<I64Attr>:$tile_q,
                        OptionalAttr<I64Attr>:$tile_k,
-                       UnitAttr:$inference_only);
+                       UnitAttr:$inference_only,
+                       UnitAttr:$q_mod_linear, UnitAttr:$k_mod_linear,
+                       OptionalAttr<StrAttr>:$score_bias,
+                       UnitAttr:$k_mod_reads_length, UnitAttr:$tokens_read_length);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasVerifier = 1;

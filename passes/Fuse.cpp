@@ -152,8 +152,10 @@ LogicalResult fuse(EncodingOp enc) {
   bool inferenceOnly = !enc.getBody().front().getOps<AttentionTransitionOp>().empty();
   auto kernel = b.create<KernelOp>(enc.getLoc(), enc.getSymNameAttr(), enc.getScaleAttr(),
                                    enc.getHeadDimAttr(), enc.getModelDimAttr(),
-                                   b.getBoolAttr(true), nullptr, nullptr, nullptr,
-                                   inferenceOnly ? b.getUnitAttr() : nullptr);
+                                   b.getBoolAttr(true), /*passes=*/nullptr, /*tile_q=*/nullptr,
+                                   /*tile_k=*/nullptr, inferenceOnly ? b.getUnitAttr() : nullptr,
+                                   // the facts of -ape-classify, recorded after differentiation
+                                   nullptr, nullptr, nullptr, nullptr, nullptr);
   Block *body = new Block();
   kernel.getBody().push_back(body);
   // The token program (params, features, maps, scans, masked projection, position

@@ -14,7 +14,7 @@ namespace mlir::ape {
 #include "passes/Passes.h.inc"
 
 /// Adds the whole lowering, spec to scheduled kernel, to `pm`:
-/// expand, push-override, fuse, differentiate, schedule, then canonicalize.
+/// expand, push-override, fuse, canonicalize and CSE, differentiate, schedule, classify.
 void buildApeLoweringPipeline(OpPassManager &pm);
 
 } // namespace mlir::ape

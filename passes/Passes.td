@@ -118,4 +118,25 @@ def ApeSchedule : Pass<"ape-schedule", "mlir::ModuleOp"> {
   ];
 }
 
+def ApeClassify : Pass<"ape-classify", "mlir::ModuleOp"> {
+  let summary = "Record the facts that choose each kernel's fast paths";
+  let description = [{
+    Sets the attributes of every `ape.kernel` that say which fast paths its
+    regions allow (analysis/KernelFacts.h), replacing any set before:
+    `q_mod_linear`, `k_mod_linear` (a mod linear in its data: the CPU
+    template tabulates its coefficients once per call), `score_bias` =
+    `"distance"` (s + B(i - j)) or `"row_col"` (s + R(i) + C(j), kernels
+    with a backward), `k_mod_reads_length` and `tokens_read_length` (what
+    decoding must recompute at every step). The emitters read them.
+
+    ```mlir
+    // before
+    ape.kernel @rope_alibi attributes {passes = 1 : i64, ...} { ... }
+    // after
+    ape.kernel @rope_alibi attributes {k_mod_linear, passes = 1 : i64,
+        q_mod_linear, score_bias = "distance", ...} { ... }
+    ```
+  }];
+}
+
 #endif // APE_PASSES_TD

@@ -12,4 +12,5 @@ void mlir::ape::buildApeLoweringPipeline(OpPassManager &pm) {
   pm.addPass(createCSEPass());
   pm.addPass(createApeDifferentiate());
   pm.addPass(createApeSchedule());
+  pm.addPass(createApeClassify());
 }

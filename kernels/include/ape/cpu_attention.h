@@ -255,7 +255,8 @@ void mod_coefs_side(const AttnArgs<Real> &a, std::vector<Real> &out) {
   if constexpr (linear_mod<Enc, kIsQ>()) {
     const int64_t T = a.T, D = a.D;
     out.resize(static_cast<std::size_t>(2 * T * D));
-    // The coefficients read no head, batch, param or token value (isLinearMod in apec).
+    // The coefficients read no head, batch, param or token value (the kernel's q_mod_linear /
+    // k_mod_linear, recorded by -ape-classify: analysis/KernelFacts.h).
     const HeadCtx<Real> ctx{0, 0, a.H, T, D, a.params, nullptr, nullptr, nullptr};
     Real *ab = out.data();
     APE_PRAGMA(omp parallel for schedule(static))

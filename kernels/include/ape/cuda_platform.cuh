@@ -41,7 +41,7 @@
 #define APE_HD __host__ __device__
 #endif
 
-// On a member function of a generated functor (apec, codegen/CpuEmitter.cpp: a score mod of more
+// On a member function of a generated functor (apec, codegen/FunctorWriter.cpp: a score mod of more
 // than kOutOfLineOps operations): one copy that the kernels call, instead of a copy inlined at
 // every element of their unrolled tile loops (FIRE's MLP and its ~100 gradient sinks, inlined
 // there, drove ptxas past 23 GB; bench/results/cuda_compile_memory.md). Under the emulator:

@@ -259,6 +259,13 @@ ape.kernel @k attributes {passes = 9 : i64} {
 
 // -----
 
+// A score bias no template has a fast path for (-ape-classify records "distance" or "row_col").
+// expected-error @+1 {{'ape.kernel' op score_bias must be "distance" or "row_col", got "diagonal"}}
+ape.kernel @k attributes {score_bias = "diagonal"} {
+}
+
+// -----
+
 // An infinite kernel scale.
 // expected-error @+1 {{'ape.kernel' op scale must be a positive number in [1.17549435e-38, 3.40282347e+38]; got inf}}
 ape.kernel @k attributes {scale = 0x7FF0000000000000 : f64} {

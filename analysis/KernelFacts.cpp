@@ -1,0 +1,195 @@
+//===- KernelFacts.cpp - the analyses behind the kernels' fast paths ------===//
+#include "analysis/KernelFacts.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+
+#include <functional>
+
+using namespace mlir;
+using namespace mlir::ape;
+
+namespace {
+
+/// Which of a region's index arguments a value reads, transitively: bit 0 the query position i,
+/// bit 1 the key position j, bit 2 the logit s (arguments 3, 4 and 0 of a score mod region).
+unsigned readsOf(Value v, Block &block, DenseMap<Value, unsigned> &memo) {
+  if (auto it = memo.find(v); it != memo.end())
+    return it->second;
+  unsigned r = 0;
+  if (auto arg = dyn_cast<BlockArgument>(v)) {
+    if (arg.getOwner() == &block)
+      r = arg.getArgNumber() == 3 ? 1u : arg.getArgNumber() == 4 ? 2u : arg.getArgNumber() == 0 ? 4u : 0u;
+  } else if (Operation *def = v.getDefiningOp()) {
+    for (Value operand : def->getOperands())
+      r |= readsOf(operand, block, memo);
+  }
+  return memo[v] = r;
+}
+
+/// The chain `(s + X1) + X2 ...` from the logit to the yield of a score mod's body (fused biases),
+/// each value of the chain used once: the X, in order; none when the body is not of that form.
+std::optional<SmallVector<Value>> biasChain(Block &b) {
+  Value v = b.getArgument(0);
+  Operation *yield = b.getTerminator();
+  SmallVector<Value> biases;
+  while (v != yield->getOperand(0)) {
+    if (!v.hasOneUse())
+      return std::nullopt;
+    auto add = dyn_cast<arith::AddFOp>(*v.getUsers().begin());
+    if (!add || add.getLhs() == add.getRhs())
+      return std::nullopt;
+    biases.push_back(add.getLhs() == v ? add.getRhs() : add.getLhs());
+    v = add.getResult();
+  }
+  if (!v.hasOneUse() || v == b.getArgument(0))
+    return std::nullopt;
+  return biases;
+}
+
+/// A grad region that passes dS through unchanged (d(s + X)/ds = 1) and does not read the logit.
+bool passesGradientThrough(Block &gb) {
+  return gb.getArgument(0).use_empty() && gb.getTerminator()->getOperand(0) == gb.getArgument(5);
+}
+
+} // namespace
+
+bool mlir::ape::isLinearMod(Operation *mod) {
+  if (!mod)
+    return false;
+  Block &b = mod->getRegion(0).front();
+  enum Kind { kCoef, kLinear, kOther };
+  DenseMap<Value, Kind> kind;
+  kind[b.getArgument(0)] = kind[b.getArgument(1)] = kLinear;           // x, y
+  kind[b.getArgument(2)] = kind[b.getArgument(3)] = kCoef;             // c, t
+  kind[b.getArgument(4)] = kOther;                                     // h: per head
+  auto of = [&](Value v) { return kind.lookup(v); };                   // absent: kCoef
+  for (Operation &op : b.without_terminator()) {
+    if (op.getNumResults() != 1)
+      return false;
+    Kind k = kCoef;
+    const bool anyLinear = llvm::any_of(op.getOperands(), [&](Value v) { return of(v) == kLinear; });
+    if (llvm::any_of(op.getOperands(), [&](Value v) { return of(v) == kOther; }))
+      k = kOther;
+    else if (auto load = dyn_cast<LoadOp>(op)) {  // a param is the call's; token sequences a slice's
+      // A trainable param's gradient comes from the mod's grad region: not tabulated.
+      auto param = load.getSource().getDefiningOp<ParamOp>();
+      k = param && !param.getTrainable() && !anyLinear ? kCoef : kOther;
+    }
+    else if (!anyLinear)
+      k = kCoef;
+    else if (isa<arith::MulFOp>(op))
+      k = of(op.getOperand(0)) == kCoef || of(op.getOperand(1)) == kCoef ? kLinear : kOther;
+    else if (isa<arith::DivFOp>(op))
+      k = of(op.getOperand(1)) == kCoef ? kLinear : kOther;
+    else if (isa<arith::AddFOp, arith::SubFOp>(op))
+      k = of(op.getOperand(0)) == kLinear && of(op.getOperand(1)) == kLinear ? kLinear : kOther;
+    else if (isa<arith::NegFOp>(op))
+      k = kLinear;
+    else if (auto sel = dyn_cast<arith::SelectOp>(op))
+      k = of(sel.getCondition()) == kCoef && of(sel.getTrueValue()) == kLinear &&
+                  of(sel.getFalseValue()) == kLinear
+              ? kLinear
+              : kOther;
+    else
+      k = kOther;
+    kind[op.getResult(0)] = k;
+  }
+  Operation *yield = b.getTerminator();
+  return yield->getNumOperands() == 1 && of(yield->getOperand(0)) == kLinear;
+}
+
+bool mlir::ape::isDistanceBias(ScoreModOp mod) {
+  auto onlyThroughDifference = [](Block &b) {
+    Value i = b.getArgument(3), j = b.getArgument(4);
+    for (Value x : {i, j})
+      for (Operation *user : x.getUsers()) {
+        auto sub = dyn_cast<arith::SubIOp>(user);
+        if (!sub || sub.getLhs() != i || sub.getRhs() != j)
+          return false;
+      }
+    return true;
+  };
+  Block &b = mod.getBody().front();
+  const bool hasGrad = !mod.getGrad().empty();  // none in an inference-only kernel
+  if (!onlyThroughDifference(b) || (hasGrad && !onlyThroughDifference(mod.getGrad().front())))
+    return false;
+  // body: the logit flows to the yield through a chain of additions `(s + X1) + X2 ...` (fused
+  // biases), the X free of s (they cannot read it otherwise); grad: dS passes through.
+  if (!biasChain(b))
+    return false;
+  return !hasGrad || passesGradientThrough(mod.getGrad().front());
+}
+
+std::optional<RowColBias> mlir::ape::rowColBias(ScoreModOp mod) {
+  // Only the backward uses the split: none without a grad region (an inference-only kernel).
+  if (!mod || mod.getGrad().empty() || isDistanceBias(mod))
+    return std::nullopt;
+  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  std::optional<SmallVector<Value>> biases = biasChain(b);
+  if (!biases || !passesGradientThrough(gb))
+    return std::nullopt;
+  RowColBias rc;
+  DenseMap<Value, unsigned> memo, gmemo;
+  bool ok = true;
+  std::function<void(Value, bool)> split = [&](Value x, bool neg) {
+    if (auto add = x.getDefiningOp<arith::AddFOp>()) {
+      split(add.getLhs(), neg);
+      split(add.getRhs(), neg);
+      return;
+    }
+    if (auto sub = x.getDefiningOp<arith::SubFOp>()) {
+      split(sub.getLhs(), neg);
+      split(sub.getRhs(), !neg);
+      return;
+    }
+    if (auto n = x.getDefiningOp<arith::NegFOp>()) {
+      split(n.getOperand(), !neg);
+      return;
+    }
+    unsigned r = readsOf(x, b, memo);
+    if ((r & 4) || r == 3)
+      ok = false;
+    else
+      (r == 2 ? rc.colTerms : rc.rowTerms).push_back({x, neg});
+  };
+  for (Value x : *biases)
+    split(x, false);
+  if (!ok || rc.colTerms.empty() || rc.rowTerms.empty())
+    return std::nullopt;
+  // Loads: the side of the load's own indices and of its gradient, together.
+  auto grads = gb.getTerminator()->getOperands().drop_front(1);
+  unsigned k = 0;
+  b.walk([&](LoadOp load) {
+    Value g = k < grads.size() ? grads[k] : Value();
+    ++k;
+    if (!g) {
+      ok = false;
+      return;
+    }
+    unsigned r = readsOf(load.getResult(), b, memo) | readsOf(g, gb, gmemo);
+    if ((r & 4) || r == 3)
+      ok = false;
+    rc.loadIsRow.push_back(r != 2);
+    (r != 2 ? rc.rowGrads : rc.colGrads).push_back(g);
+  });
+  if (!ok || k != grads.size())
+    return std::nullopt;
+  return rc;
+}
+
+bool mlir::ape::readsSequenceLength(Operation *op) {
+  bool reads = false;
+  if (op)
+    op->walk([&](DimOp d) { reads |= d.getWhich() == abi::DimWhich::SeqLen; });
+  return reads;
+}
+
+std::optional<StringRef> mlir::ape::scoreBiasKind(KernelOp kernel) {
+  for (ScoreModOp mod : kernel.getBody().front().getOps<ScoreModOp>()) {
+    if (isDistanceBias(mod))
+      return StringRef("distance");
+    if (rowColBias(mod))
+      return StringRef("row_col");
+  }
+  return std::nullopt;
+}

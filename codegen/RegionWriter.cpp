@@ -1,0 +1,312 @@
+//===- RegionWriter.cpp - ape.kernel regions as C++ statements -----------===//
+#include "codegen/RegionWriter.h"
+
+#include "analysis/KernelFacts.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "llvm/ADT/SmallPtrSet.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::ape;
+using namespace mlir::ape::codegen;
+
+LogicalResult KernelLayout::build(KernelOp kernel) {
+  inferenceOnly = kernel.getInferenceOnly();
+  for (Operation &op : kernel.getBody().front()) {
+    if (auto f = dyn_cast<TokenFeatureOp>(op)) {
+      featureIndex[f] = features.size();
+      features.push_back(f);
+    }
+    if (isa<TokenFeatureOp, MapOp, ScanOp>(op)) {
+      tokSlot[op.getResult(0)] = tokSlot.size();
+      tokenProgram.push_back(&op);
+    } else if (auto p = dyn_cast<ParamOp>(op)) {
+      paramIndex[p] = params.size();
+      params.push_back(p);
+    } else if (auto q = dyn_cast<QModOp>(op)) {
+      qmod = q;
+    } else if (auto k = dyn_cast<KModOp>(op)) {
+      kmod = k;
+    } else if (auto s = dyn_cast<ScoreModOp>(op)) {
+      score = s;
+    } else if (auto e = dyn_cast<PositionEmbeddingOp>(op)) {
+      embedding = e;
+    } else if (auto r = dyn_cast<RelRowsOp>(op)) {
+      relIndex[r] = rels.size();
+      rels.push_back(r);
+    } else if (auto t = dyn_cast<AttentionTransitionOp>(op)) {
+      transition = t;
+    } else if (auto v = dyn_cast<ValueRowsOp>(op)) {
+      if (valueRows)
+        return v.emitOpError("a kernel takes at most one ape.value_rows");
+      valueRows = v;
+    }
+  }
+  if (inferenceOnly)  // forward only: -ape-differentiate derives nothing for it
+    return success();
+  for (Operation *op : {qmod.getOperation(), kmod.getOperation(), score.getOperation()})
+    if (op && op->getRegion(1).empty())
+      return op->emitOpError("has no grad region: run -ape-differentiate before emitting");
+  for (Operation *op : tokenProgram)
+    if (auto m = dyn_cast<MapOp>(op); m && m.getGrad().empty())
+      return m.emitOpError("has no grad region: run -ape-differentiate before emitting");
+  return success();
+}
+
+LogicalResult KernelLayout::checkFacts(KernelOp kernel) const {
+  auto claim = [&](bool recorded, bool holds, StringRef what) -> LogicalResult {
+    if (!recorded || holds)
+      return success();
+    return kernel.emitOpError("claims ") << what << ", which its regions do not satisfy "
+                                         << "(run -ape-classify to record the facts that hold)";
+  };
+  std::optional<StringRef> bias = kernel.getScoreBias();
+  return success(
+      succeeded(claim(kernel.getQModLinear(), isLinearMod(qmod), "q_mod_linear")) &&
+      succeeded(claim(kernel.getKModLinear(), isLinearMod(kmod), "k_mod_linear")) &&
+      succeeded(claim(kernel.getKModReadsLength(), readsSequenceLength(kmod),
+                      "k_mod_reads_length")) &&
+      succeeded(claim(kernel.getTokensReadLength(),
+                      llvm::any_of(tokenProgram, readsSequenceLength), "tokens_read_length")) &&
+      succeeded(claim(bias == "distance", score && isDistanceBias(score),
+                      "score_bias = \"distance\"")) &&
+      succeeded(claim(bias == "row_col", score && rowColBias(score).has_value(),
+                      "score_bias = \"row_col\"")));
+}
+
+std::string codegen::floatLiteral(double v) {
+  if (std::isnan(v))
+    return "std::numeric_limits<T>::quiet_NaN()";
+  if (std::isinf(v))
+    return v > 0 ? "std::numeric_limits<T>::infinity()" : "(-std::numeric_limits<T>::infinity())";
+  return llvm::formatv("T({0:e17})", v).str();
+}
+
+std::string codegen::dimExpr(const abi::Dim &d, StringRef heads, StringRef headDim) {
+  if (d.is(abi::Dim::Kind::Heads))
+    return heads.str();
+  return d.is(abi::Dim::Kind::HeadDim) ? headDim.str() : std::to_string(d.value);
+}
+
+std::string codegen::cType(Type t) {
+  if (t.isF32() || t.isF64() || t.isF16() || t.isBF16())
+    return "T";
+  if (t.isInteger(1))
+    return "bool";
+  return "int64_t";
+}
+
+FailureOr<SmallVector<std::string>> RegionWriter::emitBody(Block &block) {
+  for (Operation &op : block.without_terminator()) {
+    if (op.getNumResults() == 1 && names.count(op.getResult(0)))
+      continue;
+    if (failed(emitOp(op)))
+      return failure();
+  }
+  SmallVector<std::string> out;
+  for (Value v : block.getTerminator()->getOperands())
+    out.push_back(get(v));
+  return out;
+}
+
+FailureOr<SmallVector<std::string>> RegionWriter::emitSlice(Block &block, ArrayRef<Value> roots) {
+  llvm::SmallPtrSet<Operation *, 32> needed;
+  SmallVector<Value> work(roots.begin(), roots.end());
+  while (!work.empty()) {
+    Operation *def = work.pop_back_val().getDefiningOp();
+    if (!def || def->getBlock() != &block || !needed.insert(def).second)
+      continue;
+    for (Value operand : def->getOperands())
+      work.push_back(operand);
+  }
+  for (Operation &op : block.without_terminator()) {
+    if (!needed.count(&op) || (op.getNumResults() == 1 && names.count(op.getResult(0))))
+      continue;
+    if (failed(emitOp(op)))
+      return failure();
+  }
+  SmallVector<std::string> out;
+  for (Value v : roots)
+    out.push_back(get(v));
+  return out;
+}
+
+FailureOr<std::string> RegionWriter::element(LoadOp load, StringRef tokBase, StringRef paramBase) {
+  Value src = load.getSource();
+  auto idx = load.getIndices();
+  if (isa<TokensType>(src.getType())) {
+    auto slot = layout.tokSlot.find(src);
+    if (slot == layout.tokSlot.end())
+      return load.emitOpError("loads a token sequence the kernel does not compute");
+    return llvm::formatv("{0}[{1} * ctx.T + ({2})]", tokBase, slot->second, get(idx[2])).str();
+  }
+  if (isa<RowsType>(src.getType())) {  // rows of this slice: ctx.rel[n] / ctx.drel[n]
+    auto rel = layout.relIndex.find(src);
+    if (rel == layout.relIndex.end())
+      return load.emitOpError("loads rows the kernel does not compute");
+    std::string base = tokBase == "ctx.dtok" ? "ctx.drel" : "ctx.rel";
+    int64_t rows = layout.rowCount(layout.rels[rel->second]);
+    std::string r = get(idx[3]);
+    if (!isa<BlockArgument>(idx[3]))
+      r = "std::clamp<int64_t>(" + r + ", 0, int64_t(" + std::to_string(rows) + ") - 1)";
+    return llvm::formatv("{0}[{1}][({2}) * {3} + ({4})]", base, rel->second, get(idx[2]), rows,
+                         r)
+        .str();
+  }
+  auto param = layout.paramIndex.find(src);
+  if (param == layout.paramIndex.end())
+    return load.emitOpError("loads a value that is not an ape.param of this kernel");
+  ParamOp p = layout.params[param->second];
+  std::string flat;
+  for (auto [k, dim] : llvm::enumerate(getDims(p))) {
+    std::string size = dimExpr(dim, "ctx.H", "ctx.D");
+    // A region argument (h, c) is in range by construction; a computed index (a bucket,
+    // say) is clamped to the dimension so no spec can read or write out of bounds.
+    std::string i = get(idx[k]);
+    if (!isa<BlockArgument>(idx[k]))
+      i = "std::clamp<int64_t>(" + i + ", 0, int64_t(" + size + ") - 1)";
+    flat = k == 0 ? "(" + i + ")" : "(" + flat + " * " + size + " + (" + i + "))";
+  }
+  return llvm::formatv("{0}[{1}][{2}]", paramBase, param->second, flat).str();
+}
+
+void RegionWriter::define(Operation &op, const std::string &expr) {
+  std::string n = fresh();
+  os << indent << "[[maybe_unused]] const " << cType(op.getResult(0).getType()) << " " << n
+     << " = " << expr << ";\n";
+  names[op.getResult(0)] = n;
+}
+
+LogicalResult RegionWriter::emitOp(Operation &op) {
+  auto a = [&](unsigned i) { return get(op.getOperand(i)); };
+  auto bin = [&](StringRef sym) { return "(" + a(0) + " " + sym.str() + " " + a(1) + ")"; };
+  auto call = [&](StringRef fn) {
+    std::string s = fn.str() + "(";
+    for (unsigned i = 0; i < op.getNumOperands(); ++i)
+      s += (i ? ", " : "") + a(i);
+    return s + ")";
+  };
+  auto u64 = [&](unsigned i) { return "static_cast<uint64_t>(" + a(i) + ")"; };
+  std::optional<std::string> e =
+      llvm::TypeSwitch<Operation *, std::optional<std::string>>(&op)
+          .Case([&](arith::ConstantOp c) -> std::optional<std::string> {
+            if (auto f = dyn_cast<FloatAttr>(c.getValue()))
+              return floatLiteral(f.getValueAsDouble());
+            if (auto i = dyn_cast<IntegerAttr>(c.getValue()))
+              return c.getType().isInteger(1) ? std::string(i.getInt() ? "true" : "false")
+                                              : "int64_t(" + std::to_string(i.getInt()) + ")";
+            return std::nullopt;
+          })
+          .Case([&](ConstantOp c) {
+            return floatLiteral(c.getValue().convertToDouble());
+          })
+          .Case([&](arith::AddFOp) { return bin("+"); })
+          .Case([&](arith::SubFOp) { return bin("-"); })
+          .Case([&](arith::MulFOp) { return bin("*"); })
+          .Case([&](arith::DivFOp) { return bin("/"); })
+          .Case([&](arith::NegFOp) { return "(-" + a(0) + ")"; })
+          .Case([&](arith::AddIOp) { return bin("+"); })
+          .Case([&](arith::SubIOp) { return bin("-"); })
+          .Case([&](arith::MulIOp) { return bin("*"); })
+          .Case([&](arith::DivSIOp) { return bin("/"); })
+          .Case([&](arith::RemSIOp) { return bin("%"); })
+          .Case([&](arith::DivUIOp) { return "int64_t(" + u64(0) + " / " + u64(1) + ")"; })
+          .Case([&](arith::RemUIOp) { return "int64_t(" + u64(0) + " % " + u64(1) + ")"; })
+          // Bitwise on index/i64 (-ape-fuse's partner index c ^ 1), logical on i1 (masks).
+          .Case<arith::AndIOp, arith::OrIOp, arith::XOrIOp>([&](auto o) {
+            StringRef sym = isa<arith::AndIOp>(o) ? "&" : isa<arith::OrIOp>(o) ? "|" : "^";
+            return o.getType().isInteger(1) ? "bool(" + bin(sym) + ")"
+                                            : "int64_t(" + u64(0) + " " + sym.str() + " " + u64(1) + ")";
+          })
+          .Case([&](arith::FloorDivSIOp) {  // rounds toward -inf
+            return "(" + a(0) + " / " + a(1) + " - ((" + a(0) + " % " + a(1) + " != 0) && ((" +
+                   a(0) + " < 0) != (" + a(1) + " < 0))))";
+          })
+          .Case([&](arith::MaxSIOp) { return call("std::max<int64_t>"); })
+          .Case([&](arith::MinSIOp) { return call("std::min<int64_t>"); })
+          .Case([&](arith::MaxUIOp) {
+            return "int64_t(std::max(" + u64(0) + ", " + u64(1) + "))";
+          })
+          .Case([&](arith::MinUIOp) {
+            return "int64_t(std::min(" + u64(0) + ", " + u64(1) + "))";
+          })
+          .Case<arith::MaximumFOp, arith::MaxNumFOp>([&](auto) { return call("std::max<T>"); })
+          .Case<arith::MinimumFOp, arith::MinNumFOp>([&](auto) { return call("std::min<T>"); })
+          .Case([&](arith::SelectOp) { return "(" + a(0) + " ? " + a(1) + " : " + a(2) + ")"; })
+          .Case<arith::IndexCastOp, arith::IndexCastUIOp, arith::ExtSIOp, arith::TruncIOp>(
+              [&](auto) { return "int64_t(" + a(0) + ")"; })
+          .Case([&](arith::SIToFPOp) { return "T(" + a(0) + ")"; })
+          .Case([&](arith::UIToFPOp) { return "T(" + u64(0) + ")"; })
+          .Case<arith::FPToSIOp, arith::FPToUIOp>([&](auto) { return "int64_t(" + a(0) + ")"; })
+          .Case([&](arith::CmpFOp c) -> std::optional<std::string> {
+            using P = arith::CmpFPredicate;
+            switch (c.getPredicate()) {
+            case P::OEQ: case P::UEQ: return bin("==");
+            case P::ONE: case P::UNE: return bin("!=");
+            case P::OLT: case P::ULT: return bin("<");
+            case P::OLE: case P::ULE: return bin("<=");
+            case P::OGT: case P::UGT: return bin(">");
+            case P::OGE: case P::UGE: return bin(">=");
+            case P::AlwaysTrue: return std::string("true");
+            case P::AlwaysFalse: return std::string("false");
+            default: return std::nullopt;
+            }
+          })
+          .Case([&](arith::CmpIOp c) -> std::optional<std::string> {
+            using P = arith::CmpIPredicate;
+            auto ub = [&](StringRef s) { return "(" + u64(0) + " " + s.str() + " " + u64(1) + ")"; };
+            switch (c.getPredicate()) {
+            case P::eq: return bin("==");
+            case P::ne: return bin("!=");
+            case P::slt: return bin("<");
+            case P::sle: return bin("<=");
+            case P::sgt: return bin(">");
+            case P::sge: return bin(">=");
+            case P::ult: return ub("<");
+            case P::ule: return ub("<=");
+            case P::ugt: return ub(">");
+            case P::uge: return ub(">=");
+            }
+            return std::nullopt;
+          })
+          .Case([&](math::ExpOp) { return call("std::exp"); })
+          .Case([&](math::Exp2Op) { return call("std::exp2"); })
+          .Case([&](math::LogOp) { return call("std::log"); })
+          .Case([&](math::Log2Op) { return call("std::log2"); })
+          .Case([&](math::Log1pOp) { return call("std::log1p"); })
+          .Case([&](math::SqrtOp) { return call("std::sqrt"); })
+          .Case([&](math::SinOp) { return call("std::sin"); })
+          .Case([&](math::CosOp) { return call("std::cos"); })
+          .Case([&](math::TanhOp) { return call("std::tanh"); })
+          .Case([&](math::AbsFOp) { return call("std::abs"); })
+          .Case([&](math::FloorOp) { return call("std::floor"); })
+          .Case([&](math::CeilOp) { return call("std::ceil"); })
+          .Case([&](math::RoundOp) { return call("std::round"); })
+          .Case([&](math::TruncOp) { return call("std::trunc"); })
+          .Case([&](math::PowFOp) { return call("std::pow"); })
+          .Case([&](DimOp d) {
+            switch (d.getWhich()) {
+            case abi::DimWhich::Heads: return std::string("ctx.H");
+            case abi::DimWhich::HeadDim: return std::string("ctx.D");
+            case abi::DimWhich::SeqLen: break;
+            }
+            return std::string("ctx.T");
+          })
+          .Default([](Operation *) { return std::nullopt; });
+  if (auto load = dyn_cast<LoadOp>(op)) {
+    FailureOr<std::string> el = element(load, "ctx.tok", "ctx.params");
+    if (failed(el))
+      return failure();
+    define(op, *el);
+    return success();
+  }
+  if (!e || op.getNumResults() != 1)
+    return op.emitOpError("has no CPU C++ translation");
+  define(op, *e);
+  return success();
+}
