@@ -15,7 +15,7 @@
 #include "ape/kernel_entry.h"
 #include "ape/value_rules.h"
 #include "runtime/AtomicFile.h"
-#include "runtime/Data.h"  // fnv1a
+#include "runtime/Util.h"
 #include "runtime/Options.h"
 
 namespace fs = std::filesystem;

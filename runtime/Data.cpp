@@ -22,6 +22,7 @@
 
 #include "runtime/AtomicFile.h"
 #include "runtime/Tokenizer.h"
+#include "runtime/Util.h"
 
 #ifndef APE_SOURCE_DIR
 #define APE_SOURCE_DIR "."
@@ -33,15 +34,6 @@
 namespace fs = std::filesystem;
 
 namespace ape {
-
-uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
-  const auto *p = static_cast<const unsigned char *>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
 
 std::string default_data_dir() { return std::string(APE_SOURCE_DIR) + "/data/pg30"; }
 std::string default_cache_dir() { return std::string(APE_BINARY_DIR) + "/cache"; }
@@ -66,14 +58,6 @@ template <typename Fill> void atomic_write(const std::string &path, Fill fill) {
   std::ostringstream o;
   fill(o);
   write_file_atomically(path, o.str());
-}
-
-std::string read_file(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 }  // namespace
 
@@ -166,12 +150,6 @@ TokenSplit read_token_cache(const std::string &path, uint32_t vocab, uint64_t fi
 
 namespace {
 
-std::string shell_quote(const std::string &s) {
-  std::string q = "'";
-  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Returns the folder holding the pg<ID>_*.txt books: <data>/clean if present, else the archive
 // unpacked (once) into <cache>/pg30/clean.
 std::string text_dir(const DataOptions &o, std::ostream &log) {
@@ -248,17 +226,8 @@ std::string find_book(const std::string &dir, const std::string &id) {
   throw std::runtime_error("book " + id + " (listed in SPLITS.tsv) has no file " + prefix + "*.txt in " + dir);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
-std::string fnv1a_hex(const std::string &bytes) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(bytes.data(), bytes.size())));
-  return hex;
-}
 
 std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, const std::string &fnv_hex) {
   const std::string head = "spm_bpe_" + std::to_string(vocab);

@@ -53,11 +53,6 @@ void write_token_cache(const std::string &path, const TokenSplit &split, uint32_
 // Throws CacheError unless the file is complete, intact and matches vocab and fingerprint.
 TokenSplit read_token_cache(const std::string &path, uint32_t vocab, uint64_t fingerprint);
 
-// 64-bit FNV-1a, for fingerprints and checksums.
-uint64_t fnv1a(const void *data, size_t n, uint64_t h = 1469598103934665603ULL);
-// fnv1a of `bytes` as 16 hex digits (a tokenizer file's identity in checkpoints and caches).
-std::string fnv1a_hex(const std::string &bytes);
-
 // The tokenizer ape-train made in `cache_dir` for a `vocab`-piece model whose file has FNV-1a
 // `fnv_hex` (a checkpoint's data.tokenizer_fnv; empty: the only spm_bpe_<vocab>*.model there).
 // Throws with what it found when none (or, without fnv_hex, more than one) matches.

@@ -18,7 +18,7 @@
 #endif
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "runtime/Data.h"  // fnv1a
+#include "runtime/Util.h"
 #include "runtime/Options.h"
 
 namespace ape {

@@ -12,12 +12,10 @@
 #include <torch/nn/functional/loss.h>
 
 #include "runtime/Options.h"
+#include "runtime/Util.h"
 
 namespace ape {
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 at::Tensor ids_tensor(const std::vector<int64_t> &ids, size_t from, size_t n) {
   return at::tensor(std::vector<int64_t>(ids.begin() + from, ids.begin() + from + n), at::kLong).view({1, int64_t(n)});
 }

@@ -15,6 +15,7 @@
 
 #include "ape/kernel_call.h"
 #include "runtime/Attention.h"
+#include "runtime/FiniteDifference.h"
 #include "runtime/Manifest.h"
 
 namespace ape {
@@ -273,13 +274,7 @@ void finite_differences(const KernelEntry &e, const Manifest &man, const Cell &c
     row.tol = 1e-6;
     std::ostringstream note;
     for (int64_t p : picks) {
-      const double x0 = x[p];
-      x[p] = x0 + h;
-      const double lp = loss();
-      x[p] = x0 - h;
-      const double lm = loss();
-      x[p] = x0;
-      const double fd = (lp - lm) / (2 * h), an = g[p].item<double>();
+      const double fd = central_difference(x, p, h, loss), an = g[p].item<double>();
       const double err = std::abs(fd - an);
       if (!(err <= row.max_abs)) row.max_abs = err;
       note << (note.tellp() ? ", " : "") << "[" << p << "] " << an;

@@ -27,7 +27,7 @@
 #include "ape/cpu_dispatch.h"
 #include "ape/kernel_entry.h"
 #include "runtime/AtomicFile.h"
-#include "runtime/Data.h"  // fnv1a
+#include "runtime/Util.h"
 #include "runtime/Registry.h"
 
 // Set by runtime/CMakeLists.txt: the build's apec, compiler, kernel headers and OpenMP flags.
@@ -48,28 +48,9 @@ namespace fs = std::filesystem;
 
 namespace ape {
 
-std::string read_file(const fs::path &p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + p.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 namespace {
 
-std::string hex16(uint64_t h) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h);
-  return b;
-}
 
-
-std::string shell_quote(const std::string &s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 std::string join_command(const std::vector<std::string> &args) {
   std::string cmd;

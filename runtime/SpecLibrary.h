@@ -26,8 +26,6 @@
 
 namespace ape {
 
-// The bytes of the file `p`; throws std::runtime_error("cannot read P") when it cannot be read.
-std::string read_file(const std::filesystem::path &p);
 struct KernelEntry;
 
 struct SpecLibraryOptions {

@@ -23,6 +23,7 @@
 #include "runtime/AtomicFile.h"
 #include "runtime/Distributed.h"
 #include "runtime/Options.h"
+#include "runtime/Util.h"
 
 namespace ape {
 

@@ -32,6 +32,7 @@
 #include "runtime/SpecLibrary.h"
 #include "runtime/SpecReference.h"
 #include "runtime/Threads.h"
+#include "runtime/Util.h"
 
 #ifndef APE_SOURCE_DIR
 #error "APE_SOURCE_DIR: the source root whose examples/encodings/ the registry was compiled from"

@@ -26,6 +26,7 @@
 #include "runtime/Registry.h"
 #include "runtime/Threads.h"
 #include "runtime/Tokenizer.h"
+#include "runtime/Util.h"
 
 namespace fs = std::filesystem;
 

@@ -13,6 +13,7 @@
 #include "runtime/AtomicFile.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Options.h"
+#include "runtime/Util.h"
 
 namespace {
 

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "runtime/FiniteDifference.h"
+
 namespace ape_test {
 
 // ---- registry and manifests ---------------------------------------------------------------------
@@ -454,29 +456,17 @@ void finite_difference_check(const Problem &p) {
                                      : torch::randperm(numel, torch::kLong).narrow(0, 0, 64);
     std::vector<double> fd;
     for (int64_t i = 0; i < elems.numel(); ++i) {
-      const int64_t e = elems[i].item<int64_t>();
-      const double x0 = x[e];
-      x[e] = x0 + h;
-      const double lp = loss();
-      x[e] = x0 - h;
-      const double lm = loss();
-      x[e] = x0;
-      fd.push_back((lp - lm) / (2 * h));
+      fd.push_back(ape::central_difference(x, elems[i].item<int64_t>(), h, loss));
     }
     const Tensor an = kc.dprm[n].flatten();
     const std::string name = "param:" + p.man.params[n].name;
     check(name, fd, an.index_select(0, elems).contiguous());
     if (numel <= 64) continue;
-    const Tensor x0 = xt.clone();
     for (int d = 0; d < 8; ++d) {
       Tensor u = torch::randn({numel}, kF64);
       u /= u.norm();
-      xt.copy_(x0 + h * u.view_as(xt));
-      const double lp = loss();
-      xt.copy_(x0 - h * u.view_as(xt));
-      const double lm = loss();
-      xt.copy_(x0);
-      const double along = (an * u).sum().item<double>(), central = (lp - lm) / (2 * h);
+      const double central = ape::central_difference(xt, u.view_as(xt), h, loss);
+      const double along = (an * u).sum().item<double>();
       const double err = std::abs(central - along) / std::max(1e-2, an.norm().item<double>());
       auto &s = error_stats()["fd/" + enc + "/" + name + " (directions)"];
       if (!(err <= s.first)) s = {err, current_test_name()};

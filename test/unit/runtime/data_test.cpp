@@ -1,6 +1,7 @@
 // Data (runtime/Data.h): the token cache, the training and evaluation windows, the corpus and its
 // errors.
 #include "runtime_fixtures.h"
+#include "runtime/Util.h"
 
 namespace {
 

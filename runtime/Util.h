@@ -1,0 +1,30 @@
+// Util: the small helpers every part of the runtime uses, written once: fingerprints and checksums
+// (FNV-1a), reading a whole file, quoting for /bin/sh, elapsed time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace ape {
+
+// 64-bit FNV-1a, for fingerprints and checksums; `h` continues an earlier hash.
+uint64_t fnv1a(const void *data, size_t n, uint64_t h = 1469598103934665603ULL);
+// fnv1a of `bytes` as 16 hex digits (a tokenizer file's identity in checkpoints and caches).
+std::string fnv1a_hex(const std::string &bytes);
+// `h` as 16 hex digits.
+std::string hex16(uint64_t h);
+
+// The bytes of the file `p`; throws std::runtime_error("cannot read P: <reason>") when it cannot
+// be read.
+std::string read_file(const std::filesystem::path &p);
+
+// `s` quoted for /bin/sh: one word, whatever it holds.
+std::string shell_quote(const std::string &s);
+
+// Seconds on the steady clock since `t0`.
+double seconds_since(std::chrono::steady_clock::time_point t0);
+
+}  // namespace ape
