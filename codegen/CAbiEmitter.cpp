@@ -44,7 +44,7 @@ std::string header(const KernelInputInfo &info, StringRef source) {
        << f.name << "\", [B, H, T]\n";
   for (const auto &p : info.params)
     in << " *   params[APE_" << N << "_PARAM_" << upper(p.ident) << "]: \"" << p.name << "\" "
-       << p.shapeText << ", init " << p.init << (p.trainable ? ", trainable" : ", not trainable")
+       << p.shapeText << ", init " << abi::name(p.init) << (p.trainable ? ", trainable" : ", not trainable")
        << "\n";
   if (llvm::any_of(info.params, [](const auto &p) { return p.derived.has_value(); }))
     in << " * A projection_term / projection_prefix param is derived from a projection weight (the\n"

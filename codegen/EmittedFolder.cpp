@@ -56,11 +56,9 @@ FailureOr<folder::KernelInputInfo> folder::collectInputs(KernelOp kernel,
       info.features.push_back({f.getName().str(), uniqueIdentifier(f.getName(), taken)});
     } else if (auto p = dyn_cast<ParamOp>(op)) {
       KernelInputInfo::Param param{p.getName().str(), uniqueIdentifier(p.getName(), taken),
-                                   {}, "[", p.getTrainable(), nameOf(p.getInit()).str()};
+                                   {}, "[", p.getTrainable(), p.getInit()};
       for (auto [i, dim] : llvm::enumerate(getDims(p))) {
-        param.dims.push_back(dim.is(abi::Dim::Kind::Heads)     ? -1
-                             : dim.is(abi::Dim::Kind::HeadDim) ? -2
-                                                               : dim.value);
+        param.dims.push_back(dim);
         param.shapeText += (i ? ", " : "") + dim.str();
       }
       param.shapeText += "]";
@@ -69,7 +67,7 @@ FailureOr<folder::KernelInputInfo> folder::collectInputs(KernelOp kernel,
         auto f64 = [](std::optional<APFloat> v, double fallback) {
           return v ? v->convertToDouble() : fallback;
         };
-        KernelInputInfo::Param::Derived d{nameOf(*p.getProjection()).front(),
+        KernelInputInfo::Param::Derived d{*p.getProjection(),
                                           static_cast<int64_t>(*p.getColumns())};
         d.start = f64(p.getStart(), 0.0);
         d.step = f64(p.getStep(), 0.0);
@@ -169,6 +167,40 @@ std::string folder::cDouble(double x) {
   return s;
 }
 
+namespace {
+// The C++ spellings of the contract's values in the generated tables (ape/abi.h); the switches
+// name every enumerator, so a new one is a compile error here, not a wrong table.
+std::string dimInitializer(const abi::Dim &d) {
+  switch (d.kind) {
+  case abi::Dim::Kind::Heads: return "{ape_abi::Dim::Kind::Heads, 0}";
+  case abi::Dim::Kind::HeadDim: return "{ape_abi::Dim::Kind::HeadDim, 0}";
+  case abi::Dim::Kind::Fixed: return "{ape_abi::Dim::Kind::Fixed, " + std::to_string(d.value) + "}";
+  }
+  llvm_unreachable("unknown dim kind");
+}
+std::string enumerator(abi::InitKind k) {
+  switch (k) {
+  case abi::InitKind::Zeros: return "ape_abi::InitKind::Zeros";
+  case abi::InitKind::Ones: return "ape_abi::InitKind::Ones";
+  case abi::InitKind::Normal: return "ape_abi::InitKind::Normal";
+  case abi::InitKind::Constant: return "ape_abi::InitKind::Constant";
+  case abi::InitKind::AlibiSlopes: return "ape_abi::InitKind::AlibiSlopes";
+  case abi::InitKind::Sinusoidal: return "ape_abi::InitKind::Sinusoidal";
+  case abi::InitKind::ProjectionTerm: return "ape_abi::InitKind::ProjectionTerm";
+  case abi::InitKind::ProjectionPrefix: return "ape_abi::InitKind::ProjectionPrefix";
+  }
+  llvm_unreachable("unknown init kind");
+}
+std::string enumerator(abi::Projection p) {
+  switch (p) {
+  case abi::Projection::Q: return "ape_abi::Projection::Q";
+  case abi::Projection::K: return "ape_abi::Projection::K";
+  case abi::Projection::V: return "ape_abi::Projection::V";
+  }
+  llvm_unreachable("unknown projection");
+}
+} // namespace
+
 std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -186,13 +218,10 @@ std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
     for (const auto &p : info.params) {
       os << "      {" << cString(p.name) << ", " << p.dims.size() << ", {";
       for (auto [i, d] : llvm::enumerate(p.dims))
-        os << (i ? ", " : "")
-           << (d == -1 ? std::string("ape::kDimHeads")
-               : d == -2 ? std::string("ape::kDimHeadDim")
-                         : std::to_string(d));
-      os << "}, " << (p.trainable ? "true" : "false") << ", " << cString(p.init) << ", ";
+        os << (i ? ", " : "") << dimInitializer(d);
+      os << "}, " << (p.trainable ? "true" : "false") << ", " << enumerator(p.init) << ", ";
       if (p.derived)
-        os << "{'" << p.derived->projection << "', " << p.derived->columns << ", "
+        os << "{true, " << enumerator(p.derived->projection) << ", " << p.derived->columns << ", "
            << cDouble(p.derived->start) << ", " << cDouble(p.derived->step) << ", "
            << cDouble(p.derived->scale) << "}";
       else

@@ -28,15 +28,15 @@ struct KernelInputInfo {
   };
   struct Param {
     std::string name, ident;
-    SmallVector<int64_t> dims;  // sizes, or -1 = "heads", -2 = "head_dim"
-    std::string shapeText;      // "[heads, head_dim]"
+    SmallVector<abi::Dim> dims;  // "heads", "head_dim" or a size
+    std::string shapeText;       // "[heads, head_dim]"
     bool trainable;
-    std::string init;           // manifest init kind
+    abi::InitKind init;
     /// For a param computed from a projection weight (init projection_term or
     /// projection_prefix): which weight ('q', 'k', 'v'), how many columns, and the init's
     /// start/step (term) or scale (prefix). Absent for every other param.
     struct Derived {
-      char projection;
+      abi::Projection projection;
       int64_t columns;
       double start = 0, step = 0, scale = 1;
     };

@@ -118,7 +118,7 @@ std::string pythonHelper(const KernelInputInfo &info, StringRef source, StringRe
     in << "    " << f.ident << ": (B, H, T), token feature '" << f.name << "'\n";
   for (const auto &p : info.params)
     in << "    " << p.ident << ": " << p.shapeText << ", param '" << p.name << "', init "
-       << p.init << (p.trainable ? ", trainable" : ", not trainable") << "\n";
+       << abi::name(p.init) << (p.trainable ? ", trainable" : ", not trainable") << "\n";
   inputs.pop_back();  // the template ends the line
   for (const auto &f : info.features)
     arguments += (arguments.empty() ? "" : ", ") + folder::cString(f.ident);

@@ -12,21 +12,22 @@
 #include <string>
 #include <vector>
 
+#include "abi.h"
 #include "kernel_entry.h"
 
 namespace ape {
 
-// A param dimension is a size (>= 0) or one of the run-time symbols below.
-constexpr int64_t kDimHeads = -1;    // "heads"    = H
-constexpr int64_t kDimHeadDim = -2;  // "head_dim" = D
+// The vocabularies are the contract's (ape/abi.h): a dimension is an ape_abi::Dim ("heads",
+// "head_dim" or a size), an init kind an ape_abi::InitKind, a projection an ape_abi::Projection.
 constexpr int kMaxParamRank = 8;
 
 // How a derived param (init "projection_term" or "projection_prefix", docs/internals.md §3) is
 // computed from a projection weight W (out_features H·D x in_features) every step; the math is
 // ape/derived_params.h.
 struct DerivedInit {
-  char projection;  // 'q', 'k' or 'v': which weight; 0 = the param is not derived
-  int64_t columns;  // the first `columns` input columns of W
+  bool derived;                    // false: the param is not derived (the rest is unused)
+  ape_abi::Projection projection;  // which weight: W_q, W_k or W_v
+  int64_t columns;                 // the first `columns` input columns of W
   double start;     // projection_term: (W[:, :columns] @ u).view(H, D), u_j = start + step·j
   double step;
   double scale;     // projection_prefix: P[r] = scale·Σ_{j<=r} W[:, j], [columns, H, D]
@@ -35,12 +36,12 @@ struct DerivedInit {
 struct ParamInput {
   const char *name;               // manifest name
   int rank;                       // number of dimensions, <= kMaxParamRank
-  int64_t dims[kMaxParamRank];    // sizes or kDimHeads / kDimHeadDim
+  ape_abi::Dim dims[kMaxParamRank];  // "heads", "head_dim" or a size
   bool trainable;                 // false: the kernel computes no gradient (it writes zeros)
-  const char *init;               // manifest init kind ("alibi_slopes", "projection_term", ...)
-  DerivedInit derived;            // projection != 0 for projection_term / projection_prefix
+  ape_abi::InitKind init;         // the manifest's init kind
+  DerivedInit derived;            // derived for projection_term / projection_prefix
 
-  bool is_derived() const { return derived.projection != 0; }
+  bool is_derived() const { return derived.derived; }
 };
 
 struct KernelInputs {
@@ -58,20 +59,16 @@ struct KernelInputs {
   }
 };
 
-inline int64_t resolve_dim(int64_t dim, int64_t heads, int64_t head_dim) {
-  return dim == kDimHeads ? heads : dim == kDimHeadDim ? head_dim : dim;
-}
-
 // The shape of param p for H heads of dimension D.
 inline std::vector<int64_t> param_shape(const ParamInput &p, int64_t heads, int64_t head_dim) {
   std::vector<int64_t> shape;
-  for (int i = 0; i < p.rank; ++i) shape.push_back(resolve_dim(p.dims[i], heads, head_dim));
+  for (int i = 0; i < p.rank; ++i) shape.push_back(p.dims[i].resolve(heads, head_dim));
   return shape;
 }
 
 inline int64_t param_numel(const ParamInput &p, int64_t heads, int64_t head_dim) {
   int64_t n = 1;
-  for (int i = 0; i < p.rank; ++i) n *= resolve_dim(p.dims[i], heads, head_dim);
+  for (int i = 0; i < p.rank; ++i) n *= p.dims[i].resolve(heads, head_dim);
   return n;
 }
 
@@ -80,9 +77,7 @@ inline std::string param_shape_text(const ParamInput &p) {
   std::string s = "[";
   for (int i = 0; i < p.rank; ++i) {
     if (i) s += ", ";
-    s += p.dims[i] == kDimHeads      ? std::string("heads")
-         : p.dims[i] == kDimHeadDim ? std::string("head_dim")
-                                    : std::to_string(p.dims[i]);
+    s += p.dims[i].str();
   }
   return s + "]";
 }

@@ -136,8 +136,9 @@ inline void check_like_q(const std::string &w, const at::Tensor &q, const at::Te
 inline SymSizes sym_param_shape(const ParamInput &p, const c10::SymInt &H, const c10::SymInt &D) {
   SymSizes shape;
   for (int i = 0; i < p.rank; ++i)
-    shape.push_back(p.dims[i] == kDimHeads ? H : p.dims[i] == kDimHeadDim ? D
-                                                                          : c10::SymInt(p.dims[i]));
+    shape.push_back(p.dims[i].is(ape_abi::Dim::Kind::Heads)     ? H
+                    : p.dims[i].is(ape_abi::Dim::Kind::HeadDim) ? D
+                                                                : c10::SymInt(p.dims[i].value));
   return shape;
 }
 
@@ -503,18 +504,19 @@ inline std::vector<at::Tensor> derived_params(const KernelInputs &in,
   for (int i = 0; i < in.num_params; ++i) {
     const ParamInput &p = in.params[i];
     if (!p.is_derived()) continue;
-    const char proj = p.derived.projection;
-    const std::optional<at::Tensor> &W = proj == 'q' ? w_q : proj == 'k' ? w_k : w_v;
-    const std::string arg = std::string("w_") + proj;
+    const ape_abi::Projection proj = p.derived.projection;
+    const std::optional<at::Tensor> &W =
+        proj == ape_abi::Projection::Q ? w_q : proj == ape_abi::Projection::K ? w_k : w_v;
+    const std::string arg = "w_" + std::string(ape_abi::name(proj));
     TORCH_CHECK_VALUE(W.has_value() && W->defined(), w, "param '", p.name,
-                      "' is derived from the ", proj, " projection: pass ", arg);
+                      "' is derived from the ", ape_abi::name(proj), " projection: pass ", arg);
     TORCH_CHECK_TYPE(at::isFloatingType(W->scalar_type()), w, arg, " has dtype ",
                      dtype_name(W->scalar_type()), "; it must be a floating-point tensor");
     TORCH_CHECK_VALUE(W->dim() == 2 && W->sym_size(0) == H * D && W->sym_size(1) >= p.derived.columns,
                       w, arg, " must have shape [heads*head_dim, d] = [", H * D, ", d >= ",
                       p.derived.columns, "] (a torch.nn.Linear weight), got ", W->sym_sizes());
     const at::Tensor Wp = p.trainable ? *W : W->detach();
-    out.push_back(ape_abi::parse_init_kind(p.init) == ape_abi::InitKind::ProjectionPrefix
+    out.push_back(p.init == ape_abi::InitKind::ProjectionPrefix
                       ? derived::projection_prefix(Wp, p.derived.columns, p.derived.scale, H, D)
                       : derived::projection_term(Wp, p.derived.columns, p.derived.start,
                                                  p.derived.step, H, D));
@@ -539,19 +541,19 @@ inline at::Tensor init_value(const KernelInputs &in, const std::string &name, in
   }
   TORCH_CHECK_VALUE(p, w, "the encoding has no param '", name, "'; its params: [", names, "]");
   std::vector<int64_t> shape;
-  for (int d = 0; d < p->rank; ++d) shape.push_back(resolve_dim(p->dims[d], H, D));
-  const auto kind = ape_abi::parse_init_kind(p->init);
+  for (int d = 0; d < p->rank; ++d) shape.push_back(p->dims[d].resolve(H, D));
+  const ape_abi::InitKind kind = p->init;
   std::vector<double> values;
   if (kind == ape_abi::InitKind::AlibiSlopes)
     values = ape_abi::alibi_slopes(H);
   else if (kind == ape_abi::InitKind::Sinusoidal && p->rank == 3)
     values = ape_abi::sinusoid_table(shape[0], H * D);
   else
-    TORCH_CHECK_VALUE(false, w, "param '", name, "' has init '", p->init,
+    TORCH_CHECK_VALUE(false, w, "param '", name, "' has init '", ape_abi::name(kind),
                       "': init_value computes alibi_slopes and sinusoidal ones");
   TORCH_CHECK_VALUE(static_cast<int64_t>(values.size()) == c10::multiply_integers(shape), w,
                     "param '", name, "' has shape ", at::IntArrayRef(shape), ", its init '",
-                    p->init, "' gives ", values.size(), " values");
+                    ape_abi::name(kind), "' gives ", values.size(), " values");
   return at::tensor(values, at::TensorOptions().dtype(at::kDouble)).view(shape);
 }
 
