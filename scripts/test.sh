@@ -21,8 +21,11 @@ echo "[ape] lit suites (dialect, passes, codegen, tools)"
 lit_status=${PIPESTATUS[0]}
 
 echo "[ape] GoogleTest suites (kernels against materialised references, template, runtime)"
-(cd "$build" && ctest -E '^lit$' --output-on-failure -j2 --timeout 1200) | tee "$log.ctest"
+rm -rf "$build/Testing/gtest"  # the shards' reports (cmake/ApeGTestShards.cmake), written afresh
+(cd "$build" && ctest -E '^lit$' --output-on-failure -j2 --timeout 1800) | tee "$log.ctest"
 ctest_status=${PIPESTATUS[0]}
+# This run's shard reports, kept from the rerun of failed tests below (the counts are this run's).
+rm -rf "$build/Testing/gtest-run" && cp -r "$build/Testing/gtest" "$build/Testing/gtest-run" 2>/dev/null
 
 echo "[ape] framework suite (apec --emit=torch-library,c-abi built and loaded: pytest, the project's PyTorch)"
 test/python/run.sh "$build/framework-tests" "$build/tools/apec" -- -q -rs 2>&1 | tee "$log.pytest"
@@ -55,7 +58,7 @@ if [ "$ctest_status" -ne 0 ]; then
   n_failed=$(sed -n '/The following tests FAILED/,$p' "$log.ctest" | grep -cE '^\s+[0-9]+ - ')
   if [ "$n_failed" -le 20 ]; then
     echo "[ape] run once more, with their output (the failure counts either way):"
-    (cd "$build" && ctest --rerun-failed --output-on-failure --timeout 1200) 2>&1 | tail -60
+    (cd "$build" && ctest --rerun-failed --output-on-failure --timeout 1800) 2>&1 | tail -60
   fi
 fi
 
@@ -67,14 +70,44 @@ gt_failed=$(grep -oE '[0-9]+ tests failed out of' "$log.ctest" | grep -oE '^[0-9
 gt_skipped=$(grep -c '(Skipped)' "$log.ctest")
 lit_passed=${lit_passed:-0}; lit_failed=${lit_failed:-0}
 gt_total=${gt_total:-0}; gt_failed=${gt_failed:-0}
-gt_passed=$(( gt_total - gt_failed - gt_skipped ))
+# The large GoogleTest suites run in shards of many cases (cmake/ApeGTestShards.cmake): their
+# cases are counted from the shards' reports, in place of the shards; a shard that failed without a
+# report (it crashed or timed out) counts as one failure. Every other ctest test counts as one.
+read -r shard_runs shard_failed_runs case_passed case_failed case_skipped < <(
+  /usr/bin/python3 - "$log.ctest" "$build/Testing/gtest-run" <<'PY'
+import pathlib, re, sys, xml.etree.ElementTree as ET
+log, reports = sys.argv[1], pathlib.Path(sys.argv[2])
+status = {}
+for m in re.finditer(r"Test +#\d+: (\S+_shard_\d+_of_\d+) .*?(Passed|\*\*\*\S+|Failed|Not Run|Exception)",
+                     open(log, errors="replace").read()):
+    status[m.group(1)] = m.group(2) == "Passed"
+passed = failed = skipped = 0
+for name, ok in status.items():
+    report = reports / (name + ".xml")
+    if not report.exists():
+        continue
+    for case in ET.parse(report).iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif case.get("result") == "skipped" or case.find("skipped") is not None:
+            skipped += 1
+        else:
+            passed += 1
+no_report = sum(1 for name, ok in status.items() if not ok and not (reports / (name + ".xml")).exists())
+print(len(status), sum(1 for ok in status.values() if not ok), passed, failed + no_report, skipped)
+PY
+)
+shard_passed_runs=$(( ${shard_runs:-0} - ${shard_failed_runs:-0} ))
+gt_passed=$(( gt_total - gt_failed - gt_skipped - shard_passed_runs + ${case_passed:-0} ))
+gt_failed=$(( gt_failed - ${shard_failed_runs:-0} + ${case_failed:-0} ))
+gt_skipped=$(( gt_skipped + ${case_skipped:-0} ))
 # pytest's closing line, e.g. "1 failed, 76 passed, 2 skipped in 20.1s"; errors count as failed.
 py_summary=$(grep -E '^[0-9]+ (passed|failed|skipped|errors?|deselected)' "$log.pytest" | tail -1)
 py_count() { echo "$py_summary" | grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
 py_passed=$(py_count passed); py_skipped=$(py_count skipped)
 py_failed=$(( $(py_count failed) + $(py_count 'errors?') ))
 if [ "$pytest_status" -ne 0 ] && [ "$py_failed" -eq 0 ]; then py_failed=1; fi  # build or setup failed
-echo "[ape] lit: ${lit_passed} passed, ${lit_failed} failed; GoogleTest: ${gt_passed} passed, ${gt_failed} failed, ${gt_skipped} skipped; pytest: ${py_passed} passed, ${py_failed} failed, ${py_skipped} skipped; fuzz: ${fuzz_runs:-0} inputs, $([ "$fuzz_status" -eq 0 ] && echo "no crash" || echo "FAILED (see $log.fuzz)")"
+echo "[ape] lit: ${lit_passed} passed, ${lit_failed} failed; GoogleTest and ctest scripts: ${gt_passed} passed, ${gt_failed} failed, ${gt_skipped} skipped (in ${gt_total} ctest runs); pytest: ${py_passed} passed, ${py_failed} failed, ${py_skipped} skipped; fuzz: ${fuzz_runs:-0} inputs, $([ "$fuzz_status" -eq 0 ] && echo "no crash" || echo "FAILED (see $log.fuzz)")"
 echo "[ape] test command finished in $(( $(date +%s) - start )) s"
 echo "tests: $(( lit_passed + gt_passed + py_passed + fuzz_passed )) passed, $(( lit_failed + gt_failed + py_failed + fuzz_failed )) failed, $(( gt_skipped + py_skipped )) skipped"
 if [ "$lit_status" -ne 0 ] || [ "$ctest_status" -ne 0 ] || [ "$pytest_status" -ne 0 ] ||

@@ -16,9 +16,10 @@ target_compile_options(ape_simt_kernels_test PRIVATE -O2)
 target_link_libraries(ape_simt_kernels_test PRIVATE ape_simt_kernels ape_kernels
                       "${TORCH_LIBRARIES}" GTest::gtest nlohmann_json::nlohmann_json)
 set_target_properties(ape_simt_kernels_test PROPERTIES ENABLE_EXPORTS ON)  # kernel names in reports
-gtest_discover_tests(ape_simt_kernels_test
-  PROPERTIES LABELS "cuda;simt" TIMEOUT 1200 ENVIRONMENT "APE_SIMT_QUIET=0"
-  DISCOVERY_TIMEOUT 120)
+# ~300 emulated tests in 10 shards (cmake/ApeGTestShards.cmake).
+include(${APE_SOURCE_DIR}/cmake/ApeGTestShards.cmake)
+ape_gtest_shards(ape_simt_kernels_test SHARDS 10 LABELS cuda simt TIMEOUT 1800
+                 ENVIRONMENT APE_SIMT_QUIET=0)
 
 if(APE_HAVE_CUDA)
   add_executable(ape_cuda_kernels_test ${APE_CUDA_TEST_SOURCES})

@@ -34,7 +34,8 @@ add_executable(ape_kernels_test
   ${_ape_kernels_test_dir}/levels_test.cpp       # instruction-set levels
   ${APE_SOURCE_DIR}/test/unit/kernel_reference.cpp)
 target_include_directories(ape_kernels_test PRIVATE
-  ${APE_SOURCE_DIR}/kernels/include ${APE_SOURCE_DIR}/test/unit ${_ape_kernels_test_dir})
+  ${APE_SOURCE_DIR}/kernels/include ${APE_SOURCE_DIR}/test/unit ${_ape_kernels_test_dir}
+  ${APE_SOURCE_DIR})  # runtime/FiniteDifference.h (header only): the central differences of ape-check
 target_compile_definitions(ape_kernels_test PRIVATE
   APE_EXAMPLE_SPECS_DIR="${APE_SOURCE_DIR}/examples/encodings")
 # Compiled as two unity batches of seven files: each file alone would parse LibTorch's headers
@@ -51,6 +52,7 @@ target_link_libraries(ape_kernels_test PRIVATE ape_kernels "${TORCH_LIBRARIES}" 
 if(TARGET OpenMP::OpenMP_CXX)  # omp_set_num_threads in the determinism check
   target_link_libraries(ape_kernels_test PRIVATE OpenMP::OpenMP_CXX)
 endif()
-gtest_discover_tests(ape_kernels_test
-  PROPERTIES LABELS kernels TIMEOUT 300
-  DISCOVERY_TIMEOUT 60)
+# ~1,000 tests in 12 shards (cmake/ApeGTestShards.cmake: one process per test spent more CPU
+# starting LibTorch than most tests take).
+include(${APE_SOURCE_DIR}/cmake/ApeGTestShards.cmake)
+ape_gtest_shards(ape_kernels_test SHARDS 12 LABELS kernels TIMEOUT 1200)
