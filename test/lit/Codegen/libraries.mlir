@@ -86,8 +86,8 @@
 // OPS-NEXT: #ifdef APE_TORCH_OPS_CUDA_KERNELS
 // OPS-NEXT: extern "C" const ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_odd_names();
 // OPS: static const char *const features[] = {"gate-1"};
-// OPS: {"q", 1, {ape::kDimHeads}, true, "zeros", {}},  // [heads]
-// OPS-NEXT: {"lambda", 2, {ape::kDimHeads, ape::kDimHeadDim}, false, "ones", {}},  // [heads, head_dim]
+// OPS: {"q", 1, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}}, true, ape_abi::InitKind::Zeros, {}},  // [heads]
+// OPS-NEXT: {"lambda", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, false, ape_abi::InitKind::Ones, {}},  // [heads, head_dim]
 // OPS: static const ape::KernelInputs inputs{"odd_names", ape_kernel_entry_odd_names(), 1, features, 2, params, false,
 // OPS: "attention(Tensor q, Tensor k, Tensor v, Tensor gate_1, Tensor q_, Tensor lambda_, float? scale=None) -> Tensor",
 // OPS-NEXT: #ifdef APE_TORCH_OPS_CUDA_KERNELS
@@ -106,11 +106,11 @@
 // PY-NEXT: # The params computed
 // PY-NEXT: DERIVED = []
 
-// EXQPE: {"position_scale", 1, {1}, false, "constant", {}},  // [1]
-// EXQPE-NEXT: {"override_q_a", 2, {ape::kDimHeads, ape::kDimHeadDim}, true, "projection_term", {'q', 16, 0.0, 0.00048828125, 1.0}},
-// EXQPE-NEXT: {"override_q_b", 2, {ape::kDimHeads, ape::kDimHeadDim}, true, "projection_term", {'q', 16, 0.0625, 0.0, 1.0}},
-// EXQPE-NEXT: {"override_q_p", 3, {16, ape::kDimHeads, ape::kDimHeadDim}, true, "projection_prefix", {'q', 16, 0.0, 0.0, 0.0625}},
-// EXQPE-NEXT: {"override_k_a", {{.*}}, "projection_term", {'k', 16,
+// EXQPE: {"position_scale", 1, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 1}}, false, ape_abi::InitKind::Constant, {}},  // [1]
+// EXQPE-NEXT: {"override_q_a", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::Q, 16, 0.0, 0.00048828125, 1.0}},
+// EXQPE-NEXT: {"override_q_b", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::Q, 16, 0.0625, 0.0, 1.0}},
+// EXQPE-NEXT: {"override_q_p", 3, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 16}, {ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionPrefix, {true, ape_abi::Projection::Q, 16, 0.0, 0.0, 0.0625}},
+// EXQPE-NEXT: {"override_k_a", {{.*}}, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::K, 16,
 // EXQPE-PY: DERIVED = ["override_q_a", "override_q_b", "override_q_p", "override_k_a", "override_k_b", "override_k_p"]
 
 // SHAW-FILES: shaw_cuda.cu
