@@ -70,6 +70,20 @@ unsigned countOps(Region &r) {
   return n;
 }
 
+/// Binds `args` to the block arguments of a primal region and writes its body, then
+/// `    return <its value>;` and the closing brace of the member function.
+LogicalResult emitPrimalReturn(raw_ostream &os, KernelLayout &layout, Block &b,
+                               ArrayRef<StringRef> args) {
+  RegionWriter w(os, layout, "v", kIndent);
+  for (unsigned k = 0; k < b.getNumArguments(); ++k)
+    w.bind(b.getArgument(k), args[k]);
+  auto out = w.emitBody(b);
+  if (failed(out))
+    return failure();
+  os << "    return " << (*out)[0] << ";\n  }\n";
+  return success();
+}
+
 /// Binds `args` to the block arguments of a region (`b`) and of its gradient region (`gb`,
 /// which reads the primal's values), writes the primal body, then the gradient body; returns the
 /// gradient's yielded expressions.
@@ -121,15 +135,9 @@ LogicalResult emitQKMod(raw_ostream &os, KernelLayout &layout, ModOp mod, String
      << ", int64_t t, int64_t c, T x, T y) {\n";
   if (!mod) {
     os << "    return x;\n  }\n";
-  } else {
-    RegionWriter w(os, layout, "v", kIndent);
-    Block &b = mod.getBody().front();
-    w.bind(b.getArgument(0), "x"), w.bind(b.getArgument(1), "y"), w.bind(b.getArgument(2), "c");
-    w.bind(b.getArgument(3), "t"), w.bind(b.getArgument(4), "ctx.h");
-    auto out = w.emitBody(b);
-    if (failed(out))
-      return failure();
-    os << "    return " << (*out)[0] << ";\n  }\n";
+  } else if (failed(emitPrimalReturn(os, layout, mod.getBody().front(),
+                                      {"x", "y", "c", "t", "ctx.h"}))) {
+    return failure();
   }
   if (layout.inferenceOnly)
     return success();
@@ -161,15 +169,8 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorS
   StringRef args[] = {"s", "ctx.b", "ctx.h", "i", "j", "g"};
   if (!mod) {
     os << "    return s;\n  }\n";
-  } else {
-    RegionWriter w(os, layout, "v", kIndent);
-    Block &b = mod.getBody().front();
-    for (unsigned k = 0; k < b.getNumArguments(); ++k)
-      w.bind(b.getArgument(k), args[k]);
-    auto out = w.emitBody(b);
-    if (failed(out))
-      return failure();
-    os << "    return " << (*out)[0] << ";\n  }\n";
+  } else if (failed(emitPrimalReturn(os, layout, mod.getBody().front(), args))) {
+    return failure();
   }
   if (layout.inferenceOnly)
     return success();
