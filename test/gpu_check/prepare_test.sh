@@ -37,7 +37,7 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   out=$(env -u APE_GPU_ARCH "$dir/src/scripts/gpu-check.sh" run 2>&1)
   rc=$?
   set -e
-  [ $rc -ne 0 ] && echo "$out" | grep -q "found no GPU" ||
+  [ $rc -ne 0 ] && grep -q "found no GPU" <<<"$out" ||
     { echo "FAIL: run without a GPU: exit $rc: $out"; exit 1; }
 fi
 # The standalone suite configures (CUDA, LibTorch, GoogleTest from source) where nvcc is found.
@@ -49,7 +49,10 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
     -DAPE_GTEST_SOURCE="$dir/third_party/googletest" -DAPE_JSON_INCLUDE="$dir/third_party/json" \
     -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90a >"$work/configure.log" 2>&1 ||
     { tail -30 "$work/configure.log"; echo "FAIL: the standalone GPU suite does not configure"; exit 1; }
-  ninja -C "$work/suite" -t targets all | grep -q '^ape_cuda_kernels_test:' ||
+  # Into a variable first: `ninja ... | grep -q` fails under pipefail whenever grep exits before
+  # ninja has written everything (SIGPIPE), which made this check fail at random.
+  targets=$(ninja -C "$work/suite" -t targets all)
+  grep -q '^ape_cuda_kernels_test:' <<<"$targets" ||
     { echo "FAIL: no ape_cuda_kernels_test target"; exit 1; }
 fi
 echo "ok: $(grep -E 'cuda variants|size' "$dir/PREPARED" | tr '\n' ' ')"
