@@ -14,6 +14,7 @@
 
 #include "ape/attention_autograd.h"
 #include "ape/kernel_call.h"
+#include "runtime/CudaAttention.h"
 
 namespace ape {
 namespace {
@@ -30,31 +31,43 @@ std::string describe(const at::Tensor &t) {
   throw std::invalid_argument(std::string("fused_attention(") + e.name + "): " + msg);
 }
 
-// Validates every input against the entry's manifest; returns the parsed manifest.
+// Validates every input against the entry's manifest; returns the parsed manifest. On the CPU
+// every tensor is float32 or float64, q's dtype; on a GPU q, k, v are float32, float16 or
+// bfloat16 (one dtype) and the features and params any of those (autocast leaves params in
+// float32), all on q's device.
 const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k,
                              const at::Tensor &v, at::TensorList features, at::TensorList params) {
   const Manifest &m = manifest_of(e);
-  auto is_fp = [](const at::Tensor &t) {
-    return t.defined() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+  const bool gpu = q.defined() && q.is_cuda();
+  auto is_fp = [&](const at::Tensor &t) {
+    if (!t.defined()) return false;
+    const at::ScalarType s = t.scalar_type();
+    return gpu ? (s == at::kFloat || s == at::kBFloat16 || s == at::kHalf)
+               : (s == at::kFloat || s == at::kDouble);
   };
-  if (!is_fp(q) || q.dim() != 4 || !q.device().is_cpu())
-    bad(e, "q must be [B,H,T,D] float32 or float64 on the CPU, got " + describe(q));
+  // Features and params: q's dtype on the CPU, any GPU float dtype on a GPU.
+  auto fits = [&](const at::Tensor &t) {
+    return t.defined() && t.device() == q.device() && (gpu ? is_fp(t) : t.scalar_type() == q.scalar_type());
+  };
+  if (!is_fp(q) || q.dim() != 4 || !(q.device().is_cpu() || gpu))
+    bad(e, "q must be [B,H,T,D] float32 or float64 on the CPU, or float32, float16 or bfloat16 on a GPU, got " +
+               describe(q));
   for (const auto &[name, t] : {std::pair<const char *, const at::Tensor *>{"k", &k}, {"v", &v}}) {
     if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() ||
-        !t->device().is_cpu())
+        t->device() != q.device())
       bad(e, std::string(name) + " must match q (" + describe(q) + "), got " + describe(*t));
   }
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   if (int64_t(features.size()) != m.num_features())
     bad(e, "expected " + std::to_string(m.num_features()) + " feature tensors (manifest), got " +
                std::to_string(features.size()));
+  const std::string want_dtype = gpu ? std::string("float32, float16 or bfloat16 on ") + q.device().str()
+                                     : std::string(c10::toString(q.scalar_type()));
   for (size_t i = 0; i < features.size(); ++i) {
     const auto &f = features[i];
-    if (!f.defined() || f.dim() != 3 || f.size(0) != B || f.size(1) != H || f.size(2) != T ||
-        f.scalar_type() != q.scalar_type() || !f.device().is_cpu())
+    if (!fits(f) || f.dim() != 3 || f.size(0) != B || f.size(1) != H || f.size(2) != T)
       bad(e, "feature '" + m.features[i].name + "' must be [B,H,T] = [" + std::to_string(B) + ", " +
-                 std::to_string(H) + ", " + std::to_string(T) + "] " +
-                 std::string(c10::toString(q.scalar_type())) + ", got " + describe(f));
+                 std::to_string(H) + ", " + std::to_string(T) + "] " + want_dtype + ", got " + describe(f));
   }
   if (int64_t(params.size()) != m.num_params())
     bad(e, "expected " + std::to_string(m.num_params()) + " param tensors (manifest), got " +
@@ -62,9 +75,9 @@ const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at
   for (size_t i = 0; i < params.size(); ++i) {
     const auto &p = params[i];
     const int64_t want = m.params[i].numel(H, D);
-    if (!p.defined() || p.numel() != want || p.scalar_type() != q.scalar_type() || !p.device().is_cpu())
-      bad(e, "param '" + m.params[i].name + "' must have " + std::to_string(want) + " " +
-                 std::string(c10::toString(q.scalar_type())) + " elements (shape " +
+    if (!fits(p) || p.numel() != want)
+      bad(e, "param '" + m.params[i].name + "' must have " + std::to_string(want) + " " + want_dtype +
+                 " elements (shape " +
                  [&] {
                    std::string s = "[";
                    for (size_t d = 0; d < m.params[i].shape.size(); ++d)
@@ -72,6 +85,8 @@ const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at
                    return s + "]";
                  }() + "), got " + describe(p));
   }
+  if (gpu && m.inference_only)
+    bad(e, "an attention transition has CPU kernels only (docs/decoding.md): run it on the CPU");
   return m;
 }
 
@@ -106,6 +121,7 @@ std::pair<at::Tensor, at::Tensor> forward_impl(const KernelEntry &e, const at::T
                                                at::TensorList features, at::TensorList params,
                                                double scale, AttnLayer layer) {
   check_inputs(e, q0, k0, v0, features, params);
+  if (q0.is_cuda()) return cuda_attention_forward(e, q0, k0, v0, features.vec(), params.vec(), scale);
   at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
   auto feats = contiguous_all(features);
   auto ps = contiguous_all(params);
@@ -215,6 +231,7 @@ at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const 
       throw std::invalid_argument(inference_only_message(m.encoding));
     return forward_impl(entry, q, k, v, features, params, scale, layer).first;
   }
+  if (q.is_cuda()) return cuda_fused_attention(entry, q, k, v, features, params, scale);
   if (AttentionImpl impl = g_attention_impl.load()) return impl(entry, q, k, v, features, params, scale);
   return FusedAttention::apply(q, k, v, at::TensorList(features), at::TensorList(params),
                                static_cast<int64_t>(reinterpret_cast<intptr_t>(&entry)), scale);

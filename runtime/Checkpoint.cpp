@@ -288,7 +288,10 @@ void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string 
   at::NoGradGuard no_grad;
   for (auto &[t, s] : copies) {
     TORCH_CHECK(t.is_contiguous() && t.scalar_type() == at::kFloat);
-    std::memcpy(t.data_ptr(), ckpt.bytes.data() + s->offset, s->nbytes);
+    if (t.device().is_cpu())
+      std::memcpy(t.data_ptr(), ckpt.bytes.data() + s->offset, s->nbytes);
+    else  // a model on a GPU: files are device-independent (written from CPU copies)
+      t.copy_(ckpt.tensor(*s));
   }
 }
 

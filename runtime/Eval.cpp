@@ -125,19 +125,24 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
     torch::Tensor windows = eval_windows(split, len, max_len, segments);  // (N, len + 1)
     const int64_t N = windows.size(0);
     const int64_t per_batch = std::max<int64_t>(1, cfg.batch_tokens / len);
-    double sum = 0;
     int64_t count = 0;
     const int64_t lo = shard ? N * shard->rank / shard->world : 0, hi = shard ? N * (shard->rank + 1) / shard->world : N;
+    // The sum stays on the model's device (float64) and is read once per length: on a GPU the
+    // batches are queued without waiting.
+    const at::Device device = model->placement().device;
+    if (!device.is_cpu()) windows = windows.to(device);
+    torch::Tensor total = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     for (int64_t i = lo; i < hi; i += per_batch) {
       torch::Tensor w = windows.narrow(0, i, std::min(per_batch, hi - i));
-      torch::Tensor logits = model->forward(w.narrow(1, 0, len));
+      torch::Tensor logits = model->forward(w.narrow(1, 0, len)).to(torch::kFloat);
       torch::Tensor targets = w.narrow(1, 1, len);
-      sum += torch::nn::functional::cross_entropy(
-                 logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                 .item<double>();
+      total += torch::nn::functional::cross_entropy(
+                   logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                   .to(torch::kDouble);
       count += targets.numel();
     }
+    double sum = total.item<double>();
     if (shard) {
       std::vector<double> total{sum, double(count)};
       shard->sum(total);

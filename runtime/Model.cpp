@@ -159,7 +159,7 @@ torch::Tensor EncodedAttentionImpl::override_positions(int64_t T, at::ScalarType
   const OverrideSpec &ov = *m.override_;
   torch::Tensor p = torch::tensor(ov.positions(T), torch::TensorOptions().dtype(torch::kDouble))
                         .view({T, ov.l})
-                        .to(dtype);
+                        .to(wq->weight.device(), dtype);
   if (!ov.position_scale.empty()) {
     const torch::Tensor &sigma = params_.at(m.param_index(ov.position_scale));
     p = p * sigma.detach().to(dtype).reshape({1, 1});
@@ -359,7 +359,15 @@ void LanguageModelImpl::build() {
 
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens) { return forward(tokens, nullptr); }
 
+void LanguageModelImpl::place(const ComputeDevice &dev) {
+  check_encoding_on(dev, *entry_, cfg_.head_dim());
+  to(dev.device);
+  table_cache_.clear();
+  placement_ = dev;
+}
+
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens, const ForwardProbe &probe) {
+  AutocastScope autocast(placement_);
   torch::Tensor x = embed(tokens);  // (B, T, d)
   if (probe) probe("the embedding", x);
   for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward(x, probe, static_cast<int64_t>(l));
@@ -382,6 +390,7 @@ torch::Tensor LanguageModelImpl::forward_cached(const torch::Tensor &tokens, KvC
     throw std::invalid_argument("LanguageModel::forward_cached: the cache has " + std::to_string(cache.layers.size()) +
                                 " layers, the model " + std::to_string(blocks.size()));
   const int64_t pos0 = cache.len;
+  AutocastScope autocast(placement_);
   torch::Tensor x = embed(tokens, pos0, cache.capacity);
   for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward_cached(x, cache.layers[l], pos0, cache.capacity);
   cache.len += tokens.size(1);
@@ -407,7 +416,7 @@ torch::Tensor LanguageModelImpl::position_table(int64_t T, at::ScalarType dtype)
   if (it != table_cache_.end()) return it->second;
   torch::Tensor t = torch::empty({T, cfg_.d_model}, torch::TensorOptions().dtype(torch::kDouble));
   entry_->embed_table(T, cfg_.d_model, t.data_ptr<double>());
-  t = t.to(dtype);
+  t = t.to(wte->weight.device(), dtype);
   if (table_cache_.size() >= 16) table_cache_.clear();  // a handful of lengths in practice
   table_cache_.emplace(key, t);
   return t;
@@ -466,7 +475,8 @@ torch::Tensor LanguageModelImpl::loss(const torch::Tensor &windows) {
   const int64_t T1 = windows.size(1);
   if (windows.dim() != 2 || T1 < 2)
     throw std::invalid_argument("LanguageModel::loss: windows must be (B, T+1) with T >= 1");
-  torch::Tensor logits = forward(windows.narrow(1, 0, T1 - 1));
+  // float32 logits for the loss (bf16 under autocast; a no-op in float32).
+  torch::Tensor logits = forward(windows.narrow(1, 0, T1 - 1)).to(torch::kFloat);
   torch::Tensor targets = windows.narrow(1, 1, T1 - 1);
   return F::cross_entropy(logits.reshape({-1, cfg_.vocab}), targets.reshape({-1}));
 }

@@ -32,6 +32,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "runtime/Decode.h"
+#include "runtime/Device.h"
 #include "runtime/Manifest.h"
 
 namespace ape {
@@ -144,6 +145,12 @@ class LanguageModelImpl : public torch::nn::Module {
   // Mean next-token cross-entropy of windows (B, T+1): inputs [:, :-1], targets [:, 1:].
   torch::Tensor loss(const torch::Tensor &windows);
 
+  // Moves the model to dev.device and runs its forward passes in dev.precision from now on (bf16:
+  // autocast on the GPU; the parameters stay float32). Throws std::invalid_argument, before
+  // moving anything, when the encoding has no kernel there (runtime/Device.h).
+  void place(const ComputeDevice &dev);
+  const ComputeDevice &placement() const { return placement_; }
+
   const ModelConfig &config() const { return cfg_; }
   const KernelEntry &entry() const { return *entry_; }
   const Manifest &manifest() const;
@@ -159,7 +166,8 @@ class LanguageModelImpl : public torch::nn::Module {
   torch::Tensor position_table(int64_t T, at::ScalarType dtype);  // "table": PE[:T], no grad
   const KernelEntry *entry_;
   ModelConfig cfg_;
-  std::map<std::pair<int64_t, int>, torch::Tensor> table_cache_;  // by (T, dtype)
+  std::map<std::pair<int64_t, int>, torch::Tensor> table_cache_;  // by (T, dtype), on the model's device
+  ComputeDevice placement_;
 };
 TORCH_MODULE(LanguageModel);
 

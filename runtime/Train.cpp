@@ -16,11 +16,11 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
 #include "ape/value_rules.h"
 #include "runtime/AtomicFile.h"
+#include "runtime/CudaAttention.h"
 #include "runtime/Distributed.h"
 #include "runtime/Options.h"
 #include "runtime/Util.h"
@@ -129,10 +129,28 @@ std::string locate_nonfinite(LanguageModel &model, const at::Tensor &windows) {
     if (!finite(kv.value())) return std::string("fixed param '") + kv.key() + "' (" + kind_of(kv.value()) + ")";
   at::NoGradGuard no_grad;
   std::string where;
-  model->forward(windows.narrow(1, 0, windows.size(1) - 1), [&](const std::string &stage, const at::Tensor &t) {
+  model->forward(windows.narrow(1, 0, windows.size(1) - 1).to(model->placement().device), [&](const std::string &stage, const at::Tensor &t) {
     if (where.empty() && !finite(t)) where = "the output of " + stage + " (" + kind_of(t) + ")";
   });
   return where;
+}
+
+// ---- gradient clipping without a host read ----------------------------------------------------------
+
+at::Tensor clip_gradients(const std::vector<at::Tensor> &params, double max_norm) {
+  // torch::nn::utils::clip_grad_norm_ (norm 2) step for step, so the bits are the same, but the
+  // norm is returned as a tensor: on a GPU nothing here waits for the device.
+  std::vector<at::Tensor> with_grad;
+  for (const auto &p : params)
+    if (p.grad().defined()) with_grad.push_back(p);
+  if (with_grad.empty()) return at::zeros({}, at::kDouble);
+  std::vector<at::Tensor> norms;
+  norms.reserve(with_grad.size());
+  for (const auto &p : with_grad) norms.emplace_back(p.grad().data().norm(2));
+  at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
+  at::Tensor coef = at::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  for (auto &p : with_grad) p.grad().data().mul_(coef);
+  return total;
 }
 
 // ---- the trainer -------------------------------------------------------------------------------------
@@ -374,8 +392,8 @@ void Trainer::restore(const Checkpoint &ckpt) {
     int64_t step = 0;
     std::memcpy(&step, ckpt.bytes.data() + it->second[2]->offset, sizeof step);
     ps->step(step);
-    ps->exp_avg(ckpt.tensor(*it->second[0]));
-    ps->exp_avg_sq(ckpt.tensor(*it->second[1]));
+    ps->exp_avg(ckpt.tensor(*it->second[0]).to(p.device()));  // files are device-independent
+    ps->exp_avg_sq(ckpt.tensor(*it->second[1]).to(p.device()));
     states[p.unsafeGetTensorImpl()] = std::move(ps);
   }
   {
@@ -430,6 +448,91 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     return "the checkpoint of step " + std::to_string(saved_step) + " (" + checkpoint_path + ") is kept";
   };
 
+  // On a GPU a step never waits for the device (Train.h): the loss and the gradient norm stay there
+  // and are read kReadEvery steps at a time (and before a checkpoint, a progress line, the end),
+  // then checked in step order as a CPU run checks them at once. Data parallel runs read every step
+  // (the ranks agree on the loss each step).
+  const at::Device device = model_->placement().device;
+  const bool on_cpu = device.is_cpu();
+  const bool deferred = !on_cpu && !dp_;
+  constexpr int64_t kReadEvery = 16;
+  struct Pending {
+    at::Tensor loss_and_norm;  // float64 [2] on the device
+    double lr;
+  };
+  std::vector<Pending> pending;
+  double last_loss = state_.losses.empty() ? 0.0 : state_.losses.back();
+  // A non-finite gradient norm stops training (Train.h); `now` says whether the step is current
+  // (the model can still be searched for where it came from).
+  auto check_gnorm = [&](int64_t step, double l, double gnorm, const char *lr_text, bool now) {
+    if (std::isfinite(gnorm)) return;
+    end_line();
+    std::string where;
+    if (now)
+      for (const auto &[name, p] : impl_->named)
+        if (!finite(p.grad())) {
+          where = "the gradient of '" + name + "' (" + kind_of(p.grad()) + ")";
+          break;
+        }
+    throw TrainingDiverged(who + "gradient norm became non-finite at step " + std::to_string(step + 1) +
+                           " (loss " + std::to_string(l) + ", lr " + lr_text + ")" +
+                           (where.empty() ? "" : "; first non-finite value: " + where) +
+                           ". Training stopped; " + kept() + ". Try a lower --lr.");
+  };
+  // Records one step's loss and applies the divergence rule (Train.h): the recent mean far above
+  // where training started.
+  auto account = [&](double l) {
+    state_.losses.push_back(l);
+    last_loss = l;
+    constexpr size_t kWindow = 10;
+    if (cfg.divergence_factor > 0 && state_.losses.size() >= kWindow) {
+      double recent = 0;
+      for (size_t i = state_.losses.size() - kWindow; i < state_.losses.size(); ++i) recent += state_.losses[i];
+      recent /= double(kWindow);
+      const double first = state_.losses.front();
+      if (recent > cfg.divergence_factor * first) {
+        end_line();
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "loss diverged: the mean of steps %lld-%lld is %.4g, more than %g x the first step's %.4g "
+                      "(--divergence-factor). Training stopped; ",
+                      (long long)(state_.losses.size() - kWindow + 1), (long long)state_.losses.size(), recent,
+                      cfg.divergence_factor, first);
+        throw TrainingDiverged(who + buf + kept() + ". Try a lower --lr.");
+      }
+    }
+  };
+  // Reads the queued steps (one wait for the device) and checks them in order.
+  auto read_pending = [&] {
+    if (pending.empty()) return;
+    std::vector<at::Tensor> all;
+    for (const auto &p : pending) all.push_back(p.loss_and_norm);
+    const at::Tensor host = at::stack(all).cpu();
+    const double *v = host.data_ptr<double>();
+    const int64_t first_step = int64_t(state_.losses.size());
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const double l = v[2 * i], gnorm = v[2 * i + 1];
+      const int64_t step = first_step + int64_t(i);
+      char lr_text[32];
+      std::snprintf(lr_text, sizeof lr_text, "%.3g", pending[i].lr);
+      if (!std::isfinite(l)) {
+        end_line();
+        throw TrainingDiverged(who + "loss became " + (std::isnan(l) ? "NaN" : "inf") + " at step " +
+                               std::to_string(step + 1) + " (lr " + lr_text + "; found when the GPU's losses were read, " +
+                               std::to_string(pending.size() - i - 1) + " step(s) later). Training stopped; " +
+                               kept() + ". Try a lower --lr.");
+      }
+      check_gnorm(step, l, gnorm, lr_text, false);
+      account(l);
+    }
+    pending.clear();
+    // What the fixed-point gradient sums of the attention kernels could not hold (the gradients
+    // concerned are NaN, so the checks above stop the run first; this names the cause).
+    if (const std::string why = cuda_backward_error(device.index()); !why.empty())
+      throw TrainingDiverged(who + "the CUDA attention backward failed by step " + std::to_string(state_.step) +
+                             ": " + why + ". Training stopped; " + kept() + ".");
+  };
+
   // The clock every rank goes by: this process's, or, data parallel, the ranks' agreed one, taken
   // once a step together with the stop requests (below); the loop's branches follow it alike.
   state_.elapsed = elapsed0;
@@ -446,60 +549,39 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
 
     // This rank's rows of the step's draw (all of it in a single process).
     torch::Tensor windows = sampler_.next(cfg.batch * cfg.world_size, cfg.seq_len + 1, rank * cfg.batch, cfg.batch);
+    if (!on_cpu) windows = windows.to(device);
     opt.zero_grad();
     torch::Tensor loss = model_->loss(windows);
-    double l = loss.item<double>();
-    if (dp_) {  // the mean loss and gradients over the ranks: every rank then decides alike
-      loss.backward();
-      l = dp_->average_gradients(impl_->params, l, step + 1);
-    }
     char lr_text[32];
     std::snprintf(lr_text, sizeof lr_text, "%.3g", lr);
-    if (!std::isfinite(l)) {
-      end_line();
-      const std::string where = locate_nonfinite(model_, windows);
-      throw TrainingDiverged(who + "loss became " + (std::isnan(l) ? "NaN" : "inf") + " at step " +
-                             std::to_string(step + 1) + " (lr " + lr_text + ")" +
-                             (where.empty() ? "" : "; first non-finite value: " + where) +
-                             ". Training stopped; " + kept() + ". Try a lower --lr.");
-    }
-    if (!dp_) loss.backward();
-    const double gnorm = torch::nn::utils::clip_grad_norm_(impl_->params, cfg.grad_clip);
-    if (!std::isfinite(gnorm)) {
-      end_line();
-      std::string where;
-      for (const auto &[name, p] : impl_->named)
-        if (!finite(p.grad())) {
-          where = "the gradient of '" + name + "' (" + kind_of(p.grad()) + ")";
-          break;
-        }
-      throw TrainingDiverged(who + "gradient norm became non-finite at step " + std::to_string(step + 1) +
-                             " (loss " + std::to_string(l) + ", lr " + lr_text + ")" +
-                             (where.empty() ? "" : "; first non-finite value: " + where) +
-                             ". Training stopped; " + kept() + ". Try a lower --lr.");
-    }
-    opt.step();
-    state_.losses.push_back(l);
-    state_.step = step + 1;
-    // The divergence rule (Train.h): the recent mean far above where training started.
-    constexpr size_t kWindow = 10;
-    if (cfg.divergence_factor > 0 && state_.losses.size() >= kWindow) {
-      double recent = 0;
-      for (size_t i = state_.losses.size() - kWindow; i < state_.losses.size(); ++i) recent += state_.losses[i];
-      recent /= double(kWindow);
-      const double first = state_.losses.front();
-      if (recent > cfg.divergence_factor * first) {
-        end_line();
-        char buf[320];
-        std::snprintf(buf, sizeof buf,
-                      "loss diverged: the mean of steps %lld-%lld is %.4g, more than %g x the first step's %.4g "
-                      "(--divergence-factor). Training stopped; ",
-                      (long long)(state_.step - int64_t(kWindow) + 1), (long long)state_.step, recent,
-                      cfg.divergence_factor, first);
-        throw TrainingDiverged(who + buf + kept() + ". Try a lower --lr.");
+    if (deferred) {  // a GPU: the step is queued; its loss and gradient norm are read later
+      loss.backward();
+      at::Tensor gnorm = clip_gradients(impl_->params, cfg.grad_clip);
+      opt.step();
+      pending.push_back({at::stack({loss.detach().to(at::kDouble), gnorm.detach().to(at::kDouble)}), lr});
+      state_.step = step + 1;
+      if (int64_t(pending.size()) >= kReadEvery) read_pending();
+    } else {
+      double l = loss.item<double>();
+      if (dp_) {  // the mean loss and gradients over the ranks: every rank then decides alike
+        loss.backward();
+        l = dp_->average_gradients(impl_->params, l, step + 1);
       }
+      if (!std::isfinite(l)) {
+        end_line();
+        const std::string where = locate_nonfinite(model_, windows);
+        throw TrainingDiverged(who + "loss became " + (std::isnan(l) ? "NaN" : "inf") + " at step " +
+                               std::to_string(step + 1) + " (lr " + lr_text + ")" +
+                               (where.empty() ? "" : "; first non-finite value: " + where) +
+                               ". Training stopped; " + kept() + ". Try a lower --lr.");
+      }
+      if (!dp_) loss.backward();
+      const double gnorm = clip_gradients(impl_->params, cfg.grad_clip).item<double>();
+      check_gnorm(step, l, gnorm, lr_text, true);
+      opt.step();
+      state_.step = step + 1;
+      account(l);
     }
-
     const auto now = clock_type::now();
     bool stop = false;
     if (dp_) {
@@ -513,12 +595,14 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     if (!dp_ && !done_soon) stop = interrupt && interrupt(state_);
     if (!done_soon && stop) {
       end_line();
+      read_pending();
       if (!checkpoint_path.empty()) save(checkpoint_path, extra);
       return result();
     }
     if (!checkpoint_path.empty() && !done_soon &&
         ((cfg.checkpoint_every > 0 && state_.step % cfg.checkpoint_every == 0) ||
          (cfg.checkpoint_minutes > 0 && state_.elapsed - last_save >= cfg.checkpoint_minutes * 60.0))) {
+      read_pending();
       save(checkpoint_path, extra);
       saved_step = state_.step;
       last_save = state_.elapsed;
@@ -537,7 +621,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
         std::ostringstream line;
         line << prefix << "step " << state_.step;
         if (cfg.steps > 0) line << "/" << cfg.steps;
-        line << "  loss " << std::fixed << std::setprecision(4) << l << "  lr " << std::scientific
+        line << "  loss " << std::fixed << std::setprecision(4) << last_loss << "  lr " << std::scientific
              << std::setprecision(2) << lr << "  " << rate_str(tps) << " tok/s  " << clock_str(state_.elapsed)
              << " elapsed, " << clock_str(std::max(0.0, left)) << " left";
         std::string s = line.str();
@@ -552,6 +636,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       }
     }
   }
+  read_pending();
   end_line();
   state_.complete = true;
   if (!checkpoint_path.empty()) save(checkpoint_path, extra);

@@ -14,6 +14,7 @@
 
 #include "runtime/Attention.h"
 #include "runtime/Data.h"
+#include "runtime/Device.h"
 #include "runtime/Eval.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Model.h"
@@ -64,6 +65,11 @@ int main(int argc, char **argv) {
                  "rope_factor=8 or position_scale=0.5 (no recompilation; an unknown name lists the settable ones)")
       ->type_name("NAME=VALUE");
   app.add_option("--threads", threads, "CPU threads, in [0, 1024] (default 0: all hardware threads)");
+  std::string device_name = "cpu", precision = "auto";
+  app.add_option("--device", device_name,
+                 std::string(ape::kDeviceHelp) + " (any device reads any checkpoint)")
+      ->capture_default_str();
+  app.add_option("--precision", precision, ape::kPrecisionHelp)->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
@@ -77,6 +83,7 @@ int main(int argc, char **argv) {
     spec_opts.log = &std::cout;
     for (const auto &path : specs) ape::register_spec(path, spec_opts);
     if (!encoding.empty()) ape::find_kernel(encoding);  // unknown name: fail now, listing the names
+    const ape::ComputeDevice device = ape::choose_device(device_name, precision);
     ape::set_threads(threads);
     const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
     std::cout << "[cpu] kernels: " << cpu_level << "\n";
@@ -135,6 +142,7 @@ int main(int argc, char **argv) {
       std::string tok;
       if (config.contains("data") && config["data"].contains("tokenizer_fnv"))
         tok = config["data"]["tokenizer_fnv"].get<std::string>();
+      model->place(device);  // throws when the encoding has no kernel there
       models.push_back({path, model, L, tok, label});
     }
 

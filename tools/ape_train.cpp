@@ -26,6 +26,7 @@
 #include "runtime/AtomicFile.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
+#include "runtime/Device.h"
 #include "runtime/Distributed.h"
 #include "runtime/Eval.h"
 #include "runtime/Model.h"
@@ -52,17 +53,18 @@ struct Interrupted : std::runtime_error {
 std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelConfig &mc, const ape::TrainConfig &tc,
                                     const ape::Corpus &corpus, const ape::EvalConfig &ec, const std::string &ckpt,
                                     const ape::Checkpoint *resume, const std::string &budget,
-                                    ape::DataParallel *dp) {
+                                    ape::DataParallel *dp, const ape::ComputeDevice &device) {
   torch::manual_seed(tc.seed);
   ape::ModelConfig cfg = mc;
   cfg.encoding = name;
-  ape::LanguageModel model(cfg);
+  ape::LanguageModel model(cfg);  // initialised on the CPU: the same weights on every device
+  model->place(device);
   ape::TrainSampler sampler(corpus.train(), tc.seed);
   ape::Trainer trainer(model, sampler, tc);
   std::cout << "\n[" << name << "] " << model->num_parameters() << " parameters; d " << cfg.d_model << ", "
             << cfg.layers << " layers, " << cfg.heads << " heads, L " << tc.seq_len << ", batch " << tc.batch;
   if (dp) std::cout << " x " << tc.world_size << " ranks";
-  std::cout << ", budget " << budget << "\n";
+  std::cout << ", budget " << budget << "; " << device.str() << "\n";
   if (dp) trainer.distribute(*dp);
   const double reduce0 = dp ? dp->reduce_seconds() : 0;
   const int64_t calls0 = dp ? dp->reduce_calls() : 0;
@@ -214,6 +216,12 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   auto *threads_opt = app.add_option("--threads", threads,
                                      "CPU threads, in [0, 1024] (default 0: all hardware threads; with --resume: the run's)");
+  std::string device_name = "cpu", precision = "auto";
+  app.add_option("--device", device_name,
+                 std::string(ape::kDeviceHelp) + "; data parallel, cuda means cuda:LOCAL_RANK. A run may "
+                 "resume on another device (checkpoints are device-independent)")
+      ->capture_default_str();
+  app.add_option("--precision", precision, ape::kPrecisionHelp)->capture_default_str();
   app.add_flag("--list", list, "List the available encodings and exit");
   const std::string dist_group = "Data parallel (default: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)";
   auto *rank_opt = app.add_option("--rank", dist_flags.rank, "This process's rank, in [0, world-size)")->group(dist_group);
@@ -336,6 +344,10 @@ int main(int argc, char **argv) {
       if (!seen.insert(e).second) throw std::invalid_argument("encoding '" + e + "' is given twice");
       ape::find_kernel(e);  // unknown name: fail now, before any work, with the list of names
     }
+    // One GPU per rank: plain "cuda" is this machine's rank's (torchrun's LOCAL_RANK).
+    if (device_name == "cuda" && dist.enabled() && dist.local_rank > 0)
+      device_name = "cuda:" + std::to_string(dist.local_rank);
+    const ape::ComputeDevice device = ape::choose_device(device_name, precision);
     tc.progress_in_place = ::isatty(STDOUT_FILENO);
     tc.progress = root;
     tc.validate();
@@ -355,6 +367,7 @@ int main(int argc, char **argv) {
         if (std::string why = ape_rules::checkRotation(m.rotation->fraction, probe.head_dim()); !why.empty())
           throw std::invalid_argument("encoding '" + e + "' rotates q/k pairs: " + why +
                                       "; choose --d-model / --heads so that head_dim = d_model / heads fits");
+      ape::check_encoding_on(device, ape::find_kernel(e), probe.head_dim());
       if (root) ape::check_writable(out_dir, e + ".ckpt");
     }
     if (root) ape::check_writable(out_dir, "results.csv");
@@ -409,7 +422,7 @@ int main(int argc, char **argv) {
       if (!resumed && root) note_unfinished(ckpt);
       std::vector<ape::EvalRow> rows;
       try {
-        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get());
+        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get(), device);
       } catch (const ape::TrainingDiverged &e) {
         // Reported (by rank 0: every rank stops at the same step); the other encodings still train.
         std::cout << std::flush;

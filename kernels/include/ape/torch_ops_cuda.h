@@ -57,8 +57,9 @@ inline const cuda::CudaVariant *cuda_variant(const Library &lib, const at::Tenso
   return v && v->forward ? v : nullptr;
 }
 
-inline void check_cuda(cudaError_t status, const KernelInputs &in, const char *op) {
-  TORCH_CHECK(status == cudaSuccess, prefix(in, op), "the CUDA kernel failed: ",
+// `who`: the start of every message ("ape_NAME.attention_forward: ").
+inline void check_cuda(cudaError_t status, const std::string &who) {
+  TORCH_CHECK(status == cudaSuccess, who, "the CUDA kernel failed: ",
               cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
 }
 
@@ -83,7 +84,8 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
   return a;
 }
 
-inline ForwardResult forward_cuda(const KernelInputs &in, const cuda::CudaVariant &var,
+// forward_cuda / backward_cuda: also the runtime's CUDA attention (runtime/CudaAttention.cpp).
+inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVariant &var,
                                   const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                   at::TensorList features, at::TensorList params, double scale) {
   const c10::cuda::CUDAGuard device(q.device());
@@ -97,7 +99,7 @@ inline ForwardResult forward_cuda(const KernelInputs &in, const cuda::CudaVarian
   a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
   std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
   a.features = fp.data(), a.params = pp.data();
-  check_cuda(var.forward(a), in, "attention_forward");
+  check_cuda(var.forward(a), who);
   return {o, lse};
 }
 
@@ -137,7 +139,9 @@ inline int64_t backward_status_cuda(int64_t index, bool clear) {
   return st;
 }
 
-inline BackwardResult backward_cuda(const KernelInputs &in, const cuda::CudaVariant &var,
+// Each gradient has its input's dtype (the operator library's inputs share q's; the runtime's
+// params stay float32 under autocast).
+inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVariant &var,
                                     const at::Tensor &dout, const at::Tensor &q,
                                     const at::Tensor &k, const at::Tensor &v, const at::Tensor &o,
                                     const at::Tensor &lse, at::TensorList features,
@@ -165,18 +169,19 @@ inline BackwardResult backward_cuda(const KernelInputs &in, const cuda::CudaVari
     // into the device's record on the stream, never read here unless APE_CUDA_SYNC_CHECK asks.
     at::Tensor status = at::zeros({1}, qc.options().dtype(at::kInt));
     a.status = reinterpret_cast<uint32_t *>(status.data_ptr<int32_t>());
-    check_cuda(var.backward(a), in, "attention_backward");
+    check_cuda(var.backward(a), who);
     status_record(q.device()).bitwise_or_(status);
     if (sync_check_requested()) {
       const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
-      TORCH_CHECK((st & cuda::kStatusErrors) == 0, prefix(in, "attention_backward"),
+      TORCH_CHECK((st & cuda::kStatusErrors) == 0, who,
                   cuda::status_message(st), " (APE_CUDA_SYNC_CHECK)");
     }
   } else {
     for (auto &t : df) t.zero_();
   }
-  const at::ScalarType dt = q.scalar_type();
-  return {dq, dk, dv, converted(df, dt), converted(dp, dt)};
+  for (size_t i = 0; i < df.size(); ++i) df[i] = df[i].to(features[i].scalar_type());
+  for (size_t i = 0; i < dp.size(); ++i) dp[i] = dp[i].to(params[i].scalar_type());
+  return {dq, dk, dv, df, dp};
 }
 
 }  // namespace ape::torch_ops

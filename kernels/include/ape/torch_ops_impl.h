@@ -346,7 +346,7 @@ inline ForwardResult forward_on(Where where, const Library &lib, const at::Tenso
       TORCH_CHECK(q.is_cuda(), prefix(in, op), "the CUDA kernel got q on ", q.device());
 #ifdef APE_TORCH_OPS_CUDA
       if (const cuda::CudaVariant *var = cuda_variant(lib, q))
-        return forward_cuda(in, *var, q, k, v, features, params, scale);
+        return forward_cuda(prefix(in, op), *var, q, k, v, features, params, scale);
 #endif
       warn_host_copies(lib, q);
       auto [o, lse] = forward_cpu(in, q.cpu(), k.cpu(), v.cpu(), to_host(features),
@@ -382,7 +382,7 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
       TORCH_CHECK(q.is_cuda(), w, "the CUDA kernel got q on ", q.device());
 #ifdef APE_TORCH_OPS_CUDA
       if (const cuda::CudaVariant *var = cuda_variant(lib, q))
-        return backward_cuda(in, *var, dout, q, k, v, o, lse, features, params, scale);
+        return backward_cuda(w, *var, dout, q, k, v, o, lse, features, params, scale);
 #endif
       warn_host_copies(lib, q);
       auto [dq, dk, dv, df, dp] = backward_cpu(in, dout.cpu(), q.cpu(), k.cpu(), v.cpu(),

@@ -1,0 +1,187 @@
+// runtime/CudaAttention.h. With APE_RUNTIME_CUDA (runtime/CMakeLists.txt) the generated CUDA kernels
+// (ape_cuda_kernels' registry) behind ape/attention_autograd.h and ape/torch_ops_cuda.h; without
+// it, the refusals.
+#include "runtime/CudaAttention.h"
+
+#include <stdexcept>
+
+#include "ape/kernel_entry.h"
+
+#if APE_RUNTIME_CUDA
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "ape/torch_ops_impl.h"  // with APE_TORCH_OPS_CUDA: forward_cuda, backward_cuda
+
+namespace ape {
+namespace cuda {
+APE_CUDA_ABI_BEGIN
+const CudaKernelEntry *const *cuda_kernel_registry(size_t *count);
+APE_CUDA_ABI_END
+}  // namespace cuda
+
+namespace {
+
+const cuda::CudaKernelEntry *cuda_entry(const char *name) {
+  size_t n = 0;
+  const cuda::CudaKernelEntry *const *all = cuda::cuda_kernel_registry(&n);
+  for (size_t k = 0; k < n; ++k)
+    if (all[k] && name && std::strcmp(all[k]->name, name) == 0) return all[k];
+  return nullptr;
+}
+
+std::string variant_list(const cuda::CudaKernelEntry &e) {
+  std::string s;
+  for (size_t i = 0; i < e.num_variants; ++i)
+    s += (i ? " " : "") + std::string(cuda::dtype_name(e.variants[i].dtype)) + "/hd" +
+         std::to_string(e.variants[i].head_dim);
+  return s;
+}
+
+std::string names_with_kernels() {
+  size_t n = 0;
+  const cuda::CudaKernelEntry *const *all = cuda::cuda_kernel_registry(&n);
+  std::string s;
+  for (size_t k = 0; k < n; ++k)
+    if (all[k]) s += (s.empty() ? "" : ", ") + std::string(all[k]->name);
+  return s.empty() ? "none" : s;
+}
+
+// What one autograd node runs: the encoding and its variant, with the message prefix.
+struct CudaKernel {
+  const KernelEntry *entry;
+  const cuda::CudaVariant *variant;
+  std::string who;
+};
+
+const CudaKernel &kernel_for(const KernelEntry &entry, const at::Tensor &q) {
+  static std::mutex mu;
+  static std::map<std::pair<const KernelEntry *, const cuda::CudaVariant *>, CudaKernel> kernels;
+  const std::optional<cuda::DType> dt = torch_ops::cuda_dtype(q.scalar_type());
+  const cuda::CudaKernelEntry *e = cuda_entry(entry.name);
+  const cuda::CudaVariant *var = dt && e ? cuda::find_variant(*e, *dt, q.size(3)) : nullptr;
+  if (!var || !var->forward)
+    throw std::invalid_argument(std::string("fused_attention(") + entry.name + ") on " +
+                                q.device().str() + ": " +
+                                cuda_attention_problem(entry, q.scalar_type(), q.size(3)));
+  if (e->num_features < 0 || e->num_params < 0) throw std::logic_error("bad CUDA kernel entry");
+  std::lock_guard<std::mutex> lock(mu);
+  return kernels
+      .try_emplace({&entry, var},
+                   CudaKernel{&entry, var, std::string("fused_attention(") + entry.name + ", CUDA): "})
+      .first->second;
+}
+
+// The CUDA side of the autograd binding (ape/attention_autograd.h).
+struct CudaOps {
+  static const CudaKernel &kernel(int64_t handle) {
+    return *reinterpret_cast<const CudaKernel *>(static_cast<intptr_t>(handle));
+  }
+  static std::string prefix(int64_t handle) { return kernel(handle).who; }
+  static std::tuple<at::Tensor, at::Tensor> forward(int64_t handle, const at::Tensor &q,
+                                                    const at::Tensor &k, const at::Tensor &v,
+                                                    at::TensorList features, at::TensorList params,
+                                                    double scale) {
+    const CudaKernel &c = kernel(handle);
+    return torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale);
+  }
+  static AttentionGrads backward(int64_t handle, const at::Tensor &dout, const at::Tensor &q,
+                                 const at::Tensor &k, const at::Tensor &v, const at::Tensor &o,
+                                 const at::Tensor &lse, at::TensorList features,
+                                 at::TensorList params, double scale) {
+    const CudaKernel &c = kernel(handle);
+    // dout arrives in o's dtype under autocast too (o is the kernel's output).
+    return torch_ops::backward_cuda(c.who, *c.variant, dout.to(o.scalar_type()), q, k, v, o, lse,
+                                    features, params, scale);
+  }
+};
+
+}  // namespace
+
+bool cuda_attention_built() { return true; }
+
+std::vector<std::string> cuda_attention_kernels() {
+  size_t n = 0;
+  const cuda::CudaKernelEntry *const *all = cuda::cuda_kernel_registry(&n);
+  std::vector<std::string> out;
+  for (size_t k = 0; k < n; ++k)
+    if (all[k]) out.push_back(std::string(all[k]->name) + ": " + variant_list(*all[k]));
+  return out;
+}
+
+std::string cuda_attention_problem(const KernelEntry &entry, at::ScalarType dtype, int64_t head_dim) {
+  const cuda::CudaKernelEntry *e = cuda_entry(entry.name);
+  if (!e)
+    return "encoding '" + std::string(entry.name) + "' has no CUDA kernels in this build (built: " +
+           names_with_kernels() +
+           "; cmake -DAPE_CUDA_ALL_ENCODINGS=ON, or -DAPE_CUDA_ENCODINGS=..., compiles others)";
+  const std::optional<cuda::DType> dt = torch_ops::cuda_dtype(dtype);
+  if (!dt)
+    return std::string("the CUDA kernels take float32, float16 or bfloat16, not ") +
+           c10::toString(dtype);
+  if (!cuda::find_variant(*e, *dt, head_dim))
+    return "encoding '" + std::string(entry.name) + "' has no " + cuda::dtype_name(*dt) +
+           " CUDA kernel at head dim " + std::to_string(head_dim) + " in this build (it has " +
+           variant_list(*e) + "; cmake -DAPE_CUDA_DTYPES=... -DAPE_CUDA_HEAD_DIMS=... compiles others)";
+  return "";
+}
+
+at::Tensor cuda_fused_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
+                                const at::Tensor &v, const std::vector<at::Tensor> &features,
+                                const std::vector<at::Tensor> &params, double scale) {
+  const CudaKernel &c = kernel_for(entry, q);
+  return AttentionAutograd<CudaOps>::apply(q, k, v, at::TensorList(features), at::TensorList(params),
+                                           static_cast<int64_t>(reinterpret_cast<intptr_t>(&c)), scale);
+}
+
+std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entry, const at::Tensor &q,
+                                                         const at::Tensor &k, const at::Tensor &v,
+                                                         const std::vector<at::Tensor> &features,
+                                                         const std::vector<at::Tensor> &params,
+                                                         double scale) {
+  const CudaKernel &c = kernel_for(entry, q);
+  auto [o, lse] = torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale);
+  return {o, lse};
+}
+
+std::string cuda_backward_error(int64_t index) {
+  const auto st = static_cast<uint32_t>(torch_ops::backward_status_cuda(index, /*clear=*/true));
+  return (st & cuda::kStatusErrors) ? cuda::status_message(st) : "";
+}
+
+}  // namespace ape
+
+#else  // no CUDA kernels in this build
+
+namespace ape {
+namespace {
+[[noreturn]] void unbuilt() {
+  throw std::runtime_error(
+      "this build of APE has no CUDA kernels (CMake found no nvcc or no CUDA LibTorch; docs/cuda.md)");
+}
+}  // namespace
+
+bool cuda_attention_built() { return false; }
+std::vector<std::string> cuda_attention_kernels() { return {}; }
+std::string cuda_attention_problem(const KernelEntry &, at::ScalarType, int64_t) {
+  return "this build of APE has no CUDA kernels (CMake found no nvcc or no CUDA LibTorch; docs/cuda.md)";
+}
+at::Tensor cuda_fused_attention(const KernelEntry &, const at::Tensor &, const at::Tensor &,
+                                const at::Tensor &, const std::vector<at::Tensor> &,
+                                const std::vector<at::Tensor> &, double) {
+  unbuilt();
+}
+std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &, const at::Tensor &,
+                                                         const at::Tensor &, const at::Tensor &,
+                                                         const std::vector<at::Tensor> &,
+                                                         const std::vector<at::Tensor> &, double) {
+  unbuilt();
+}
+std::string cuda_backward_error(int64_t) { return ""; }
+
+}  // namespace ape
+#endif

@@ -1,0 +1,54 @@
+// CudaAttention: fused_attention on CUDA tensors, through the nvcc-compiled kernels of the
+// encoding (ape_cuda_kernels: apec --emit=cuda of the example specs; docs/cuda.md).
+//
+// The same autograd binding as the CPU kernels and the operator library (ape/attention_autograd.h)
+// and the operator library's launch code (ape/torch_ops_cuda.h): q, k, v in float32, float16 or
+// bfloat16 (one dtype), features and params in any floating dtype (computed in float32), every
+// gradient returned in its input's dtype; the kernels run on the current CUDA stream of q's device
+// and no call waits for the GPU. The backward's status word (what the deterministic gradient sums
+// could not hold; the gradients it concerns are NaN already) is ORed into a per-device record on
+// the stream, which cuda_backward_status() reads when the caller syncs anyway (the trainer does it
+// with the losses it reads).
+//
+// Built when CMake found nvcc and a CUDA LibTorch (APE_RUNTIME_CUDA); otherwise every function
+// here says so: cuda_attention_built() is false and the others throw std::runtime_error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace ape {
+struct KernelEntry;
+
+// Whether this build has CUDA kernels at all.
+bool cuda_attention_built();
+
+// "name: bf16/hd32 bf16/hd64 ..." for every encoding with CUDA kernels in this build.
+std::vector<std::string> cuda_attention_kernels();
+
+// "" when `entry` has a CUDA kernel for `dtype` (float32, float16, bfloat16) at `head_dim`;
+// otherwise why not, in words a user can act on (for --device refusals).
+std::string cuda_attention_problem(const KernelEntry &entry, at::ScalarType dtype, int64_t head_dim);
+
+// Differentiable attention on CUDA tensors (fused_attention's contract, runtime/Attention.h).
+at::Tensor cuda_fused_attention(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
+                                const at::Tensor &v, const std::vector<at::Tensor> &features,
+                                const std::vector<at::Tensor> &params, double scale);
+
+// Forward only: {o, lse}, lse float32.
+std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entry, const at::Tensor &q,
+                                                         const at::Tensor &k, const at::Tensor &v,
+                                                         const std::vector<at::Tensor> &features,
+                                                         const std::vector<at::Tensor> &params,
+                                                         double scale);
+
+// Why a CUDA attention backward on device `index` failed since the last call (its status word,
+// ape/cuda_kernel_entry.h: a gradient sum that could not be held; those gradients are NaN), or ""
+// when none did. Reading waits for that device's work so far; the record is cleared.
+std::string cuda_backward_error(int64_t index);
+
+}  // namespace ape
