@@ -449,13 +449,13 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   };
 
   // On a GPU a step never waits for the device (Train.h): the loss and the gradient norm stay there
-  // and are read kReadEvery steps at a time (and before a checkpoint, a progress line, the end),
+  // and are read `every` steps at a time (and before a checkpoint, a progress line, the end),
   // then checked in step order as a CPU run checks them at once. Data parallel runs read every step
   // (the ranks agree on the loss each step).
   const at::Device device = model_->placement().device;
   const bool on_cpu = device.is_cpu();
-  const bool deferred = !on_cpu && !dp_;
-  constexpr int64_t kReadEvery = 16;
+  const int64_t every = read_every > 0 ? read_every : (on_cpu ? 1 : 16);
+  const bool deferred = every > 1 && !dp_;
   struct Pending {
     at::Tensor loss_and_norm;  // float64 [2] on the device
     double lr;
@@ -518,7 +518,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       if (!std::isfinite(l)) {
         end_line();
         throw TrainingDiverged(who + "loss became " + (std::isnan(l) ? "NaN" : "inf") + " at step " +
-                               std::to_string(step + 1) + " (lr " + lr_text + "; found when the GPU's losses were read, " +
+                               std::to_string(step + 1) + " (lr " + lr_text + "; found when the queued losses were read, " +
                                std::to_string(pending.size() - i - 1) + " step(s) later). Training stopped; " +
                                kept() + ". Try a lower --lr.");
       }
@@ -560,7 +560,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       opt.step();
       pending.push_back({at::stack({loss.detach().to(at::kDouble), gnorm.detach().to(at::kDouble)}), lr});
       state_.step = step + 1;
-      if (int64_t(pending.size()) >= kReadEvery) read_pending();
+      if (int64_t(pending.size()) >= every) read_pending();
     } else {
       double l = loss.item<double>();
       if (dp_) {  // the mean loss and gradients over the ranks: every rank then decides alike

@@ -101,6 +101,10 @@ double learning_rate(const TrainConfig &cfg, int64_t step, double progress);
 // first layer output in forward order ("block 1 attention", ...); "" when every value is finite.
 std::string locate_nonfinite(LanguageModel &model, const at::Tensor &windows);
 
+// torch::nn::utils::clip_grad_norm_(params, max_norm) bit for bit (norm 2), returning the total norm
+// as a tensor on the gradients' device instead of reading it (which would wait for a GPU).
+at::Tensor clip_gradients(const std::vector<at::Tensor> &params, double max_norm);
+
 // The state of a training run besides the model (see the header comment).
 struct TrainState {
   int64_t step = 0;       // steps done
@@ -143,6 +147,10 @@ class Trainer {
   // Asked after every step: when it returns true, run() writes the checkpoint (if it has a path)
   // and returns early, the run not complete (ape-train: Ctrl-C / SIGTERM; tests: stop at a step).
   std::function<bool(const TrainState &)> interrupt;
+  // Steps between reads of the loss and gradient norm (0: automatic, every step on the CPU and
+  // data parallel, 16 on a GPU, where a read waits for the device). The losses, checks and bits
+  // are the same at any setting; only when a divergence is noticed changes (tests set it on the CPU).
+  int64_t read_every = 0;
 
  private:
   struct Impl;

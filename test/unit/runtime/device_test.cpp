@@ -1,0 +1,175 @@
+// Devices (runtime/Device.h, runtime/CudaAttention.h): --device / --precision and their refusals,
+// the CUDA kernels' refusals by encoding, dtype and head dim, and the trainer's GPU habits checked
+// on the CPU: clipping without a host read (the bits of LibTorch's) and losses read in batches
+// (the same run, the same checks, whatever the batch).
+#include <ATen/Context.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include "runtime/CudaAttention.h"
+#include "runtime/Device.h"
+#include "runtime_fixtures.h"
+
+namespace {
+
+TEST(Device, TheCpuAndItsPrecision) {
+  const ape::ComputeDevice d = ape::choose_device("cpu");
+  EXPECT_TRUE(d.device.is_cpu());
+  EXPECT_EQ(d.precision, ape::Precision::F32);
+  EXPECT_EQ(d.attention_dtype(), at::kFloat);
+  EXPECT_EQ(ape::choose_device("cpu", "f32").str(), "cpu (f32)");
+  EXPECT_ERROR(ape::choose_device("cpu", "bf16"), "--precision bf16: the CPU kernels compute in float32");
+  EXPECT_ERROR(ape::choose_device("cpu", "f16"), "float16 training needs loss scaling");
+  EXPECT_ERROR(ape::choose_device("cpu", "fp8"), "--precision fp8: expected auto, bf16 or f32");
+}
+
+TEST(Device, BadNamesAreRefused) {
+  EXPECT_ERROR(ape::choose_device("gpu"), "--device gpu: unknown device; expected cpu, cuda or cuda:N");
+  EXPECT_ERROR(ape::choose_device("CPU"), "unknown device");
+  EXPECT_ERROR(ape::choose_device("cuda:"), "expected cuda:N");
+  EXPECT_ERROR(ape::choose_device("cuda:-1"), "expected cuda:N");
+  EXPECT_ERROR(ape::choose_device("cuda:0x1"), "expected cuda:N");
+}
+
+// What --device cuda does here depends on the machine, and each case is checked: no CUDA kernels
+// in the build, no GPU visible (CI), or a GPU (the one-command GPU check).
+TEST(Device, CudaNeedsKernelsAndAVisibleGpu) {
+  if (!ape::cuda_attention_built()) {
+    EXPECT_ERROR(ape::choose_device("cuda"), "this build of APE has no CUDA kernels");
+    EXPECT_TRUE(ape::cuda_attention_kernels().empty());
+    return;
+  }
+  EXPECT_FALSE(ape::cuda_attention_kernels().empty());
+  if (!at::globalContext().hasCUDA()) {
+    EXPECT_ERROR(ape::choose_device("cuda"), "--device cuda: no CUDA device is visible to this process");
+    EXPECT_ERROR(ape::choose_device("cuda:1", "bf16"), "no CUDA device is visible");
+    return;
+  }
+  const ape::ComputeDevice d = ape::choose_device("cuda");
+  EXPECT_TRUE(d.is_cuda());
+  EXPECT_EQ(d.device.index(), 0);
+  EXPECT_EQ(d.precision, ape::Precision::BF16);  // auto on a GPU
+  EXPECT_EQ(d.str(), "cuda:0 (bf16 autocast)");
+  EXPECT_EQ(ape::choose_device("cuda:0", "f32").attention_dtype(), at::kFloat);
+  EXPECT_ERROR(ape::choose_device("cuda:99"), "--device cuda:99: this process sees");
+}
+
+TEST(Device, EncodingsWithoutACudaKernelAreRefusedByName) {
+  if (!ape::cuda_attention_built()) {
+    EXPECT_NE(ape::cuda_attention_problem(ape::find_kernel("rope"), at::kBFloat16, 64).find("no CUDA kernels"),
+              std::string::npos);
+    return;
+  }
+  const ape::KernelEntry &rope = ape::find_kernel("rope");  // compiled for CUDA in every build
+  EXPECT_EQ(ape::cuda_attention_problem(rope, at::kBFloat16, 64), "");
+  EXPECT_EQ(ape::cuda_attention_problem(rope, at::kFloat, 32), "");
+  const std::string dim = ape::cuda_attention_problem(rope, at::kBFloat16, 48);
+  EXPECT_NE(dim.find("encoding 'rope' has no bf16 CUDA kernel at head dim 48 in this build (it has "),
+            std::string::npos) << dim;
+  EXPECT_NE(dim.find("bf16/hd64"), std::string::npos) << dim;
+  EXPECT_NE(ape::cuda_attention_problem(rope, at::kDouble, 64).find("float32, float16 or bfloat16"),
+            std::string::npos);
+  // An encoding this build did not compile for CUDA (the default build compiles rope and cable).
+  std::string built;
+  for (const auto &k : ape::cuda_attention_kernels()) built += k.substr(0, k.find(':')) + " ";
+  for (const auto &name : ape::kernel_names()) {
+    if (built.find(name + " ") != std::string::npos || ape::manifest_of(ape::find_kernel(name)).inference_only)
+      continue;
+    const std::string why = ape::cuda_attention_problem(ape::find_kernel(name), at::kBFloat16, 64);
+    EXPECT_NE(why.find("encoding '" + name + "' has no CUDA kernels in this build (built: "), std::string::npos)
+        << why;
+    EXPECT_NE(why.find("APE_CUDA_ALL_ENCODINGS=ON"), std::string::npos) << why;
+    break;
+  }
+  // The checks a command runs before any work, on a device it was given.
+  const ape::ComputeDevice gpu{c10::Device(c10::kCUDA, 0), ape::Precision::BF16};
+  EXPECT_ERROR(ape::check_encoding_on(gpu, rope, 48), "--device cuda:0: encoding 'rope' has no bf16 CUDA kernel");
+  EXPECT_ERROR(ape::check_encoding_on(gpu, ape::find_kernel("rope_transition"), 64),
+               "encoding 'rope_transition' has an attention transition, whose kernels are CPU-only");
+  EXPECT_NO_THROW(ape::check_encoding_on(gpu, rope, 64));
+  EXPECT_NO_THROW(ape::check_encoding_on(ape::choose_device("cpu"), ape::find_kernel("rope_transition"), 48));
+}
+
+TEST(Device, FusedAttentionSaysWhichDtypesEachDeviceTakes) {
+  const ape::KernelEntry &rope = ape::find_kernel("rope");
+  at::Tensor q = at::randn({1, 2, 5, 64}).to(at::kBFloat16);
+  EXPECT_ERROR(ape::fused_attention(rope, q, q, q, {}, {}, 0.125),
+               "q must be [B,H,T,D] float32 or float64 on the CPU, or float32, float16 or bfloat16 on a GPU");
+}
+
+TEST(Device, ClippingIsLibTorchsBitForBitWithoutAHostRead) {
+  at::manual_seed(3);
+  std::vector<at::Tensor> a, b;
+  for (auto shape : std::vector<std::vector<int64_t>>{{7, 5}, {13}, {3, 3, 2}}) {
+    at::Tensor p = at::randn(shape).requires_grad_();
+    p.mutable_grad() = at::randn(shape) * 4;
+    at::Tensor r = p.detach().clone().requires_grad_();
+    r.mutable_grad() = p.grad().clone();
+    a.push_back(p);
+    b.push_back(r);
+  }
+  at::Tensor none = at::zeros({2}).requires_grad_();  // no gradient: skipped by both
+  a.push_back(none);
+  b.push_back(none);
+  for (double max_norm : {1.0, 1e6}) {  // clipped, and not
+    const at::Tensor norm = ape::clip_gradients(a, max_norm);
+    const double want = torch::nn::utils::clip_grad_norm_(b, max_norm);
+    EXPECT_EQ(norm.item<double>(), want);
+    for (size_t i = 0; i + 1 < a.size(); ++i) EXPECT_TRUE(at::equal(a[i].grad(), b[i].grad())) << i;
+  }
+  EXPECT_EQ(ape::clip_gradients({none}, 1.0).item<double>(), 0.0);
+}
+
+// The trainer's reads of a GPU's losses, on the CPU: reading every 7 steps trains bit for bit like
+// reading every step, and a non-finite loss stops the run with the step it happened at.
+TEST(Device, LossesReadInBatchesTrainTheSameRun) {
+  const ape::TokenSplit s = phrase_book();
+  auto run = [&](int64_t every, std::vector<at::Tensor> *weights) {
+    at::manual_seed(5);
+    ape::LanguageModel model(testk::nope, tiny_config("test_nope", 16));
+    model->place(ape::choose_device("cpu"));
+    ape::TrainConfig tc;
+    tc.steps = 23;
+    tc.batch = 4;
+    tc.seq_len = 16;
+    tc.progress = false;
+    ape::TrainSampler sampler(s, 1);
+    ape::Trainer t(model, sampler, tc);
+    t.read_every = every;
+    std::ostringstream out;
+    ape::TrainResult r = t.run(out, "batched");
+    for (const auto &p : model->parameters()) weights->push_back(p.detach().clone());
+    return r.losses;
+  };
+  std::vector<at::Tensor> w1, w7;
+  const std::vector<double> l1 = run(1, &w1), l7 = run(7, &w7);
+  ASSERT_EQ(l1.size(), 23u);
+  EXPECT_EQ(l1, l7);
+  ASSERT_EQ(w1.size(), w7.size());
+  for (size_t i = 0; i < w1.size(); ++i) EXPECT_TRUE(at::equal(w1[i], w7[i])) << i;
+
+  ape::TokenSplit bad = synthetic_split(1, 500, 16, 13);
+  ape::LanguageModel model(testk::nope, tiny_config("test_nope", 16));
+  {
+    torch::NoGradGuard g;
+    model->wte->weight.fill_(NAN);
+  }
+  ape::TrainConfig tc;
+  tc.steps = 9;
+  tc.batch = 2;
+  tc.seq_len = 8;
+  tc.progress = false;
+  ape::TrainSampler sampler(bad, 1);
+  ape::Trainer t(model, sampler, tc);
+  t.read_every = 4;
+  std::ostringstream out;
+  try {
+    t.run(out, "nan");
+    ADD_FAILURE() << "no error";
+  } catch (const ape::TrainingDiverged &e) {
+    EXPECT_NE(std::string(e.what()).find("loss became NaN at step 1 (lr"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("found when the queued losses were read, 3 step(s) later"),
+              std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
