@@ -14,8 +14,10 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include "ape/torch_ops_impl.h"  // with APE_TORCH_OPS_CUDA: forward_cuda, backward_cuda
+#include "runtime/SpecLibrary.h"
 
 namespace ape {
 namespace cuda {
@@ -115,6 +117,10 @@ std::vector<std::string> cuda_attention_kernels() {
 
 std::string cuda_attention_problem(const KernelEntry &entry, at::ScalarType dtype, int64_t head_dim) {
   const cuda::CudaKernelEntry *e = cuda_entry(entry.name);
+  if (!e && registered_spec(entry.name))
+    return "encoding '" + std::string(entry.name) +
+           "' was compiled at run time (--spec), which builds its CPU kernels only for now; add the spec "
+           "to examples/encodings/ and build with -DAPE_CUDA_ENCODINGS=... to get CUDA kernels";
   if (!e)
     return "encoding '" + std::string(entry.name) + "' has no CUDA kernels in this build (built: " +
            names_with_kernels() +
@@ -142,15 +148,20 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
                                                          const at::Tensor &k, const at::Tensor &v,
                                                          const std::vector<at::Tensor> &features,
                                                          const std::vector<at::Tensor> &params,
-                                                         double scale) {
+                                                         double scale, int64_t first_row) {
   const CudaKernel &c = kernel_for(entry, q);
-  auto [o, lse] = torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale);
+  auto [o, lse] = torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale, first_row);
   return {o, lse};
 }
 
 std::string cuda_backward_error(int64_t index) {
   const auto st = static_cast<uint32_t>(torch_ops::backward_status_cuda(index, /*clear=*/true));
   return (st & cuda::kStatusErrors) ? cuda::status_message(st) : "";
+}
+
+int64_t cuda_peak_memory(int64_t index) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+  return stats.allocated_bytes[0].peak;  // [0]: StatType::AGGREGATE, all pools
 }
 
 }  // namespace ape
@@ -178,10 +189,11 @@ at::Tensor cuda_fused_attention(const KernelEntry &, const at::Tensor &, const a
 std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &, const at::Tensor &,
                                                          const at::Tensor &, const at::Tensor &,
                                                          const std::vector<at::Tensor> &,
-                                                         const std::vector<at::Tensor> &, double) {
+                                                         const std::vector<at::Tensor> &, double, int64_t) {
   unbuilt();
 }
 std::string cuda_backward_error(int64_t) { return ""; }
+int64_t cuda_peak_memory(int64_t) { return 0; }
 
 }  // namespace ape
 #endif

@@ -39,16 +39,21 @@ at::Tensor cuda_fused_attention(const KernelEntry &entry, const at::Tensor &q, c
                                 const at::Tensor &v, const std::vector<at::Tensor> &features,
                                 const std::vector<at::Tensor> &params, double scale);
 
-// Forward only: {o, lse}, lse float32.
+// Forward only: {o, lse}, lse float32. Rows before `first_row`'s query tile are not computed
+// (a decode step: runtime/Decode.h); rows from first_row on are the full forward's, bit for bit.
 std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entry, const at::Tensor &q,
                                                          const at::Tensor &k, const at::Tensor &v,
                                                          const std::vector<at::Tensor> &features,
                                                          const std::vector<at::Tensor> &params,
-                                                         double scale);
+                                                         double scale, int64_t first_row = 0);
 
 // Why a CUDA attention backward on device `index` failed since the last call (its status word,
 // ape/cuda_kernel_entry.h: a gradient sum that could not be held; those gradients are NaN), or ""
 // when none did. Reading waits for that device's work so far; the record is cleared.
 std::string cuda_backward_error(int64_t index);
+
+// The most memory LibTorch's caching allocator held allocated on CUDA device `index` since the
+// process started (bytes; 0 without CUDA kernels). For the training summary.
+int64_t cuda_peak_memory(int64_t index);
 
 }  // namespace ape

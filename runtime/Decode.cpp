@@ -8,6 +8,7 @@
 
 #include "ape/kernel_entry.h"
 #include "runtime/Attention.h"
+#include "runtime/CudaAttention.h"
 
 namespace ape {
 namespace {
@@ -39,6 +40,37 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
   return o;
 }
 
+// A step on a GPU: the new tokens appended to the cache's rows, then the CUDA forward over all of
+// them from the first new row (CudaAttnArgs::first_row).
+at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &cache, int64_t capacity,
+                         const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                         const std::vector<at::Tensor> &features, const std::vector<at::Tensor> &params,
+                         double scale) {
+  if (m.inference_only) bad(e, "an attention transition has CPU kernels only (docs/decoding.md)");
+  if (cache.f32.started() || cache.f64.started()) bad(e, "the cache holds CPU steps (one cache serves one device)");
+  if (q.dim() != 4) bad(e, "q must be (B, H, n, D)");
+  for (const at::Tensor *t : {&k, &v})
+    if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() || t->device() != q.device())
+      bad(e, "k and v must match q");
+  if (int64_t(features.size()) != m.num_features())
+    bad(e, "expected " + std::to_string(m.num_features()) + " feature tensors, got " +
+               std::to_string(features.size()));
+  const int64_t L0 = cache.len(), n = q.size(2);
+  if (L0 + n > capacity)
+    bad(e, std::to_string(L0) + " cached + " + std::to_string(n) + " new tokens exceed the capacity " +
+               std::to_string(capacity));
+  if (cache.q.defined() && (cache.q.size(0) != q.size(0) || cache.q.size(1) != q.size(1) ||
+                            cache.q.size(3) != q.size(3) || cache.q.scalar_type() != q.scalar_type() ||
+                            cache.q.device() != q.device()))
+    bad(e, "the step's B, H, D, dtype or device differ from the cache's");
+  auto append = [](at::Tensor &all, const at::Tensor &t) { all = all.defined() ? at::cat({all, t}, 2) : t.clone(); };
+  append(cache.q, q), append(cache.k, k), append(cache.v, v);
+  cache.features.resize(features.size());
+  for (size_t i = 0; i < features.size(); ++i) append(cache.features[i], features[i]);
+  at::Tensor o = cuda_attention_forward(e, cache.q, cache.k, cache.v, cache.features, params, scale, L0).first;
+  return o.narrow(2, L0, n);
+}
+
 }  // namespace
 
 at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t capacity,
@@ -46,6 +78,7 @@ at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t cap
                             const std::vector<at::Tensor> &features,
                             const std::vector<at::Tensor> &params, double scale, AttnLayer layer) {
   const Manifest &m = manifest_of(e);
+  if (q.defined() && q.is_cuda()) return decode_on_gpu(e, m, cache, capacity, q, k, v, features, params, scale);
   if (!e.decode) bad(e, "the kernel entry has no decode steps (rebuild the kernel with this apec)");
   const bool f32 = q.scalar_type() == at::kFloat;
   if (!q.defined() || q.dim() != 4 || !(f32 || q.scalar_type() == at::kDouble) || !q.device().is_cpu())

@@ -2,7 +2,10 @@
 // docs/decoding.md).
 //
 //   o = decode_attention(entry, cache, q, k, v, features, params, scale)
-//     q, k, v   (B, H, n, D)  float32 or float64, CPU: the n new tokens' raw projections
+//     q, k, v   (B, H, n, D)  float32 or float64 on the CPU (the entry's decode steps), or
+//                             float32 / bfloat16 / float16 on a GPU (the generated CUDA
+//                             kernels' forward over every token so far, from the first new row:
+//                             the rows of the full forward, bit for bit, as ape/cuda_decode.h)
 //     features  n_features x (B, H, n), same dtype     (manifest "features", in order)
 //     params    n_params tensors, shapes per manifest  (as fused_attention)
 //     o         (B, H, n, D): the new queries' attention over every cached token and themselves
@@ -21,11 +24,14 @@
 namespace ape {
 struct KernelEntry;
 
-// One attention layer's cache, in the precision of its first step.
+// One attention layer's cache, in the precision and on the device of its first step.
 struct LayerCache {
   DecodeCache<float> f32;
   DecodeCache<double> f64;
-  int64_t len() const { return f32.started() ? f32.len : f64.len; }
+  // On a GPU: every token's raw q, k, v (B, H, len, D) and features (B, H, len).
+  at::Tensor q, k, v;
+  std::vector<at::Tensor> features;
+  int64_t len() const { return q.defined() ? q.size(2) : f32.started() ? f32.len : f64.len; }
 };
 
 // A model's caches: one per block, all with the same capacity (tokens).

@@ -28,7 +28,7 @@ void SampleOptions::validate(int64_t vocab) const {
 }
 
 int64_t sample_token(const at::Tensor &logits, const SampleOptions &opt, std::mt19937_64 &rng) {
-  at::Tensor l = logits.to(at::kDouble).contiguous().view({-1});
+  at::Tensor l = logits.to(at::kCPU, at::kDouble).contiguous().view({-1});
   const double *p = l.data_ptr<double>();
   const int64_t V = l.numel();
   if (opt.temperature == 0) return std::max_element(p, p + V) - p;
@@ -96,7 +96,7 @@ ScoreResult score_cached(LanguageModel &model, const std::vector<int64_t> &token
     const int64_t n = std::min(chunk, T - t);
     at::Tensor logits = model->forward_cached(ids_tensor(tokens, size_t(t), size_t(n)), cache);  // (1, n, V)
     at::Tensor target = ids_tensor(tokens, size_t(t + 1), size_t(n)).view({n});
-    at::Tensor l = F::cross_entropy(logits.view({n, V}).to(at::kDouble), target,
+    at::Tensor l = F::cross_entropy(logits.view({n, V}).to(at::kCPU, at::kDouble), target,
                                     F::CrossEntropyFuncOptions().reduction(torch::kNone));
     const double *lp = l.data_ptr<double>();
     r.loss.insert(r.loss.end(), lp, lp + n);

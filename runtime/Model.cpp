@@ -391,7 +391,7 @@ torch::Tensor LanguageModelImpl::forward_cached(const torch::Tensor &tokens, KvC
                                 " layers, the model " + std::to_string(blocks.size()));
   const int64_t pos0 = cache.len;
   AutocastScope autocast(placement_);
-  torch::Tensor x = embed(tokens, pos0, cache.capacity);
+  torch::Tensor x = embed(tokens.to(placement_.device), pos0, cache.capacity);
   for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward_cached(x, cache.layers[l], pos0, cache.capacity);
   cache.len += tokens.size(1);
   x = layer_norm(ln_f, x);

@@ -20,8 +20,11 @@
 #   python     test/python/test_cuda.py and the cuda cases of the framework tests     200
 #   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
 #              FlexAttention, one configuration unless --full-bench                   240
-#   train      a training smoke on the GPU (the runtime cannot train on a GPU yet:
-#              reported as not run)
+#   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
+#              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
+#              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
+#              and across devices, evaluated and decoded on the other device, NCCL with
+#              one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py)   300
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
@@ -66,7 +69,24 @@ prepare() {
   cp "$root"/test/python/*.py "$root/test/python/run.sh" "$root/test/python/CMakeLists.txt" \
      "$src/test/python/"
   cp -r "$root/examples/c" "$root/examples/encodings" "$src/examples/"
-  cp "$root/bench/gpu_bench.py" "$src/bench/"
+  cp "$root/bench/gpu_bench.py" "$root/bench/train_peer.py" "$src/bench/"
+  # The runtime and its tools (the train stage), CLI11's headers, the corpus and its tokenized
+  # cache (the GPU machine has no SentencePiece): made here by a one-step run if missing.
+  cp -r "$root/runtime" "$src/"
+  mkdir -p "$src/tools" "$src/test/gpu_check" "$src/data"
+  cp "$root"/tools/ape_{train,eval,generate}.cpp "$src/tools/"
+  cp "$root/test/gpu_check/train_smoke.py" "$src/test/gpu_check/"
+  cp -r "$root/data/pg30" "$src/data/"
+  mkdir -p "$dir/third_party/cli11" && cp -r /usr/include/CLI "$dir/third_party/cli11/"
+  local cache=${APE_CACHE_DIR:-$root/build/cache}
+  if ! ls "$cache"/tokens_test_4096_*.bin >/dev/null 2>&1; then
+    echo "[gpu-check] tokenizing the corpus (one training step)" >&2
+    "${APE_TRAIN:-$root/build/tools/ape-train}" -e nope --steps 1 --eval-multiples 1 --eval-tokens 1 \
+      --cache-dir "$cache" --out "$dir/tmp-run" >&2
+    rm -rf "$dir/tmp-run"
+  fi
+  mkdir -p "$dir/cache"
+  cp "$cache"/spm_bpe_4096_*.model "$cache"/spm_bpe_4096_*.key "$cache"/tokens_*_4096_*.bin "$dir/cache/"
   cp "$root/scripts/gpu-check.sh" "$src/scripts/"
   mkdir -p "$dir/third_party/json"
   cp -r /usr/src/googletest "$dir/third_party/googletest"
@@ -117,6 +137,58 @@ prepare() {
   cat "$dir/PREPARED"
   echo "[gpu-check] done: copy $dir to the GPU machine and run: scripts/gpu-check.sh run $dir" >&2
   echo "  (with the device tool: carry [\"${dir#$root/}\"], command \"scripts/gpu-check.sh run ${dir#$root/} --logs \$OUT/gpu-check\")" >&2
+}
+
+# ---- the train stage: the runtime on the GPU (issue 32) ------------------------------------------
+train_stage() {  # dir suite_build logs python jobs
+  local dir=$1 build=$2 py=$4 jobs=$5
+  local out=$3/train
+  mkdir -p "$out"
+  timeout 240 cmake --build "$build" --target ape-train ape-eval ape-generate -- -j"$jobs" \
+    >"$out/build.log" 2>&1 || { echo "the runtime did not build (logs/train/build.log)" >"$out/verdict.txt"; return 1; }
+  local bin=$build cache=$dir/cache-run
+  rm -rf "$cache" && cp -r "$dir/cache" "$cache"
+  local common=(--data "$dir/src/data/pg30" --cache-dir "$cache" --steps 200 --eval-multiples 1,2
+                --eval-tokens 8192 --checkpoint-every 50 --seed 1234)
+  local rc=0
+  step() {  # name command...: runs it, its output in OUT/name.log
+    local name=$1; shift
+    echo "+ $*" >"$out/$name.log"
+    timeout 120 "$@" >>"$out/$name.log" 2>&1
+    local r=$?
+    echo "$name: exit $r" | tee -a "$out/steps.txt"
+    return $r
+  }
+  step cpu "$bin/ape-train" -e rope,cable "${common[@]}" --device cpu --out "$out/cpu" || rc=1
+  step gpu-f32 "$bin/ape-train" -e rope,cable "${common[@]}" --device cuda --precision f32 --out "$out/gpu-f32" || rc=1
+  step gpu-bf16 "$bin/ape-train" -e rope,cable "${common[@]}" --device cuda --out "$out/gpu-bf16" || rc=1
+  # Stopped at step 120 (as Ctrl-C stops it: exit 130), then resumed: on the GPU, and on the CPU.
+  APE_TEST_STOP_AFTER_STEP=120 step stop-gpu "$bin/ape-train" -e rope "${common[@]}" --device cuda \
+    --out "$out/resume-gpu"
+  step resume-gpu "$bin/ape-train" --resume "$out/resume-gpu/rope.ckpt" --device cuda || rc=1
+  APE_TEST_STOP_AFTER_STEP=120 step stop-for-cpu "$bin/ape-train" -e rope "${common[@]}" --device cuda \
+    --out "$out/resume-cpu"
+  step resume-cpu "$bin/ape-train" --resume "$out/resume-cpu/rope.ckpt" --device cpu || rc=1
+  step eval-gpu-ckpt-on-cpu "$bin/ape-eval" -c "$out/gpu-bf16/rope.ckpt" --device cpu --eval-multiples 1,2 \
+    --eval-tokens 8192 --data "$dir/src/data/pg30" --cache-dir "$cache" || rc=1
+  step eval-cpu-ckpt-on-gpu "$bin/ape-eval" -c "$out/cpu/cable.ckpt" --device cuda --eval-multiples 1,2 \
+    --eval-tokens 8192 --data "$dir/src/data/pg30" --cache-dir "$cache" || rc=1
+  step generate "$bin/ape-generate" -c "$out/gpu-bf16/rope.ckpt" --device cpu -p "It was a dark night" \
+    -n 24 --cache-dir "$cache" || rc=1
+  step generate-gpu "$bin/ape-generate" -c "$out/cpu/cable.ckpt" --device cuda -p "It was a dark night" \
+    -n 24 --cache-dir "$cache" || rc=1
+  step nccl "$bin/ape-train" -e rope --steps 20 --eval-multiples 1 --eval-tokens 2048 --data "$dir/src/data/pg30" \
+    --cache-dir "$cache" --device cuda --rank 0 --world-size 1 --master-addr 127.0.0.1 --master-port 29561 \
+    --out "$out/nccl" || rc=1
+  # Speed: one larger model, APE's kernels against PyTorch SDPA (bf16, the same architecture).
+  local speed=(--d-model 1024 --layers 8 --heads 16 --seq-len 2048 --batch 8)
+  step speed-ape "$bin/ape-train" -e rope "${speed[@]}" --steps 40 --warmup 5 --eval-multiples 1 \
+    --eval-tokens 2048 --checkpoint-every 0 --checkpoint-minutes 0 --data "$dir/src/data/pg30" \
+    --cache-dir "$cache" --device cuda --out "$out/speed" || rc=1
+  step speed-sdpa "$py" "$dir/src/bench/train_peer.py" "${speed[@]}" --steps 40 --vocab 4096 || rc=1
+  "$py" "$dir/src/test/gpu_check/train_smoke.py" "$out" | tee "$out/verdict.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  return $rc
 }
 
 # ---- run: on the GPU machine ---------------------------------------------------------------------
@@ -189,6 +261,7 @@ run() {
         -DAPE_SOURCE_DIR="$src" -DAPE_GENERATED_CPU="$dir/generated/cpu" \
         -DAPE_GENERATED_CUDA="$dir/generated/cuda" -DAPE_GTEST_SOURCE="$dir/third_party/googletest" \
         -DAPE_JSON_INCLUDE="$dir/third_party/json" -DCMAKE_PREFIX_PATH="$torch_prefix" \
+        -DAPE_CLI11_INCLUDE="$dir/third_party/cli11" \
         -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
       timeout 300 cmake --build "$suite_build" -- -j"$jobs"
     ) >"$logs/build-suite.log" 2>&1 &
@@ -321,7 +394,12 @@ run() {
   fi
 
   if want train; then
-    record train "not run" 0 "the runtime does not train on a GPU yet (issue 32)"
+    s=$(date +%s)
+    train_stage "$dir" "$suite_build" "$logs" "$py" "$jobs"
+    local rc=$?
+    note=$(tail -1 "$logs/train/verdict.txt" 2>/dev/null)
+    [ $rc = 0 ] && status=pass || status=FAIL
+    record train $status $(( $(date +%s) - s )) "${note:-see logs/train/}"
   fi
 
   # -- the table ----------------------------------------------------------------------------------

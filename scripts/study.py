@@ -161,8 +161,9 @@ class Runner:
         signal.signal(signal.SIGTERM, self.on_signal)
 
     def common(self):
+        device = [] if self.args.device == "cpu" else ["--device", self.args.device]
         return ["--data", self.args.data, "--cache-dir", self.args.cache_dir,
-                "--threads", str(self.args.threads)]
+                "--threads", str(self.args.threads)] + device
 
     def run_cmd(self, cmd, log):
         """Runs cmd, its output to log (appended) and, with --verbose, to the terminal."""
@@ -794,6 +795,10 @@ def main():
     ap.add_argument("--data", default="data/pg30", help="corpus folder (default data/pg30)")
     ap.add_argument("--cache-dir", help="tokenizer and token-id cache (default BUILD/cache)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per run (default 1; 0: all)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu (default) or cuda[:N]: ape-train and ape-eval on that GPU (bf16 autocast; a build "
+                         "with -DAPE_CUDA_ALL_ENCODINGS=ON has CUDA kernels for every seed encoding; the study-only "
+                         "specs compiled at run time have CPU kernels only and are refused there)")
     ap.add_argument("--encodings", help="comma-separated subset of the preset's encodings")
     ap.add_argument("--steps", type=int, help="override the preset's training steps (a new study folder "
                                                "is needed: the config is fixed per folder)")
@@ -827,6 +832,7 @@ def main():
         + (["--encodings", args.encodings] if args.encodings else [])
         + (["--steps", str(args.steps)] if args.steps is not None else [])
         + ["--threads", str(args.threads)]
+        + (["--device", args.device] if args.device != "cpu" else [])
         + (["--publish", args.publish] if args.publish else []))
     args.out = args.out or default_out
     args.cache_dir = args.cache_dir or os.path.join(args.build_dir, "cache")

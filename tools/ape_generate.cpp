@@ -19,6 +19,7 @@
 #include "runtime/Attention.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
+#include "runtime/Device.h"
 #include "runtime/Eval.h"
 #include "runtime/Generate.h"
 #include "runtime/Model.h"
@@ -74,11 +75,11 @@ int main(int argc, char **argv) {
   app.add_option("--set", set_args, "NAME=VALUE (repeatable): set a fixed param, e.g. rope_factor=8 (as ape-eval)")
       ->type_name("NAME=VALUE");
   app.add_option("--threads", threads, "CPU threads, in [0, 1024] (default 0: all hardware threads)");
-  std::string device_name = "cpu";
+  std::string device_name = "cpu", precision = "auto";
   app.add_option("--device", device_name,
-                 "Where the model runs: cpu (decoding on a GPU is not built yet; a checkpoint trained on a GPU "
-                 "decodes here)")
+                 std::string(ape::kDeviceHelp) + "; the KV cache lives there (any device reads any checkpoint)")
       ->capture_default_str();
+  app.add_option("--precision", precision, ape::kPrecisionHelp)->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
@@ -91,11 +92,7 @@ int main(int argc, char **argv) {
     std::vector<std::pair<std::string, double>> sets;
     for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
     if (!encoding.empty()) ape::find_kernel(encoding);
-    if (device_name != "cpu")
-      throw std::invalid_argument("--device " + device_name +
-                                  ": ape-generate decodes on the CPU only for now (the KV-cache decode kernels of "
-                                  "the GPU, ape/cuda_decode.h, are not wired into the runtime yet); checkpoints "
-                                  "are device-independent, so one trained on a GPU decodes with --device cpu");
+    const ape::ComputeDevice device = ape::choose_device(device_name, precision);
     ape::set_threads(threads);
     std::cout << "[cpu] kernels: " << ape::checked_kernel_cpu_level() << "\n";
 
@@ -103,6 +100,7 @@ int main(int argc, char **argv) {
     nlohmann::json config;
     ape::LanguageModel model = ape::load_model_as(checkpoint, encoding, &config, nullptr);
     model->eval();
+    model->place(device);  // throws when the encoding has no kernel there
     for (const auto &[name, value] : sets) {
       try {
         model->set_fixed_param(name, value);

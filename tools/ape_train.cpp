@@ -25,6 +25,7 @@
 #include "runtime/Attention.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Checkpoint.h"
+#include "runtime/CudaAttention.h"
 #include "runtime/Data.h"
 #include "runtime/Device.h"
 #include "runtime/Distributed.h"
@@ -96,6 +97,9 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
                 name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss, res.final_loss,
                 (long long)std::min<int64_t>(20, res.steps));
   std::cout << summary;
+  if (device.is_cuda())
+    std::cout << "[" << name << "] GPU memory: peak " << ape::cuda_peak_memory(device.device.index()) / (1 << 20)
+              << " MiB allocated (" << device.str() << ")\n";
   if (dp && dp->reduce_calls() > calls0) {
     const double per = (dp->reduce_seconds() - reduce0) / double(dp->reduce_calls() - calls0);
     std::snprintf(summary, sizeof summary,
@@ -348,6 +352,13 @@ int main(int argc, char **argv) {
     if (device_name == "cuda" && dist.enabled() && dist.local_rank > 0)
       device_name = "cuda:" + std::to_string(dist.local_rank);
     const ape::ComputeDevice device = ape::choose_device(device_name, precision);
+    if (dist.enabled() && device.is_cuda()) {  // gradients on the GPU: NCCL reduces them in place
+      if (dist.backend == "gloo")
+        throw std::invalid_argument("--dist-backend gloo with --device " + device.device.str() +
+                                    ": this build's Gloo group reduces CPU tensors; use --dist-backend nccl (the "
+                                    "default with a GPU)");
+      dist.backend = "nccl";
+    }
     tc.progress_in_place = ::isatty(STDOUT_FILENO);
     tc.progress = root;
     tc.validate();

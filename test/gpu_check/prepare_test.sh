@@ -5,11 +5,11 @@
 # standalone project (no MLIR) configures against them, as it will there. The GPU stages
 # themselves need a GPU: `run` refuses without one and says so.
 #
-#   prepare_test.sh REPO APEC PYTHON WORKDIR
+#   prepare_test.sh REPO APEC PYTHON WORKDIR APE_TRAIN CACHE_DIR
 set -euo pipefail
-root=$1 apec=$2 python=$3 work=$4
+root=$1 apec=$2 python=$3 work=$4 train=$5 cache=$6
 rm -rf "$work"
-APE_APEC=$apec "$root/scripts/gpu-check.sh" prepare "$work/gpu-check" >"$work.prepare.log" 2>&1 ||
+APE_APEC=$apec APE_TRAIN=$train APE_CACHE_DIR=$cache "$root/scripts/gpu-check.sh" prepare "$work/gpu-check" >"$work.prepare.log" 2>&1 ||
   { cat "$work.prepare.log"; exit 1; }
 dir=$work/gpu-check
 for f in PREPARED src/scripts/gpu-check.sh src/test/cuda/standalone/CMakeLists.txt \
@@ -17,7 +17,9 @@ for f in PREPARED src/scripts/gpu-check.sh src/test/cuda/standalone/CMakeLists.t
          third_party/googletest/CMakeLists.txt third_party/json/nlohmann/json.hpp \
          generated/cpu/rope_cpu.cpp generated/cuda/rope_cuda_bf16_hd128.cu \
          generated/cuda/fire_cuda_bf16_hd128.cu emitted/cable_torch_library/CMakeLists.txt \
-         bench-libs/t5_torch_library/CMakeLists.txt; do
+         bench-libs/t5_torch_library/CMakeLists.txt src/runtime/CudaAttention.cpp \
+         src/tools/ape_train.cpp src/bench/train_peer.py src/test/gpu_check/train_smoke.py \
+         src/data/pg30/clean.tar.xz third_party/cli11/CLI/CLI.hpp; do
   [ -e "$dir/$f" ] || { echo "FAIL: $f is missing from the prepared folder"; exit 1; }
 done
 # Every spec the CUDA template takes has its CUDA entry and a CPU twin.
@@ -27,10 +29,15 @@ for spec in "$root"/examples/encodings/*.mlir; do
   grep -q 'ape\.attention_transition' "$spec" && continue
   [ -e "$dir/generated/cuda/${enc}_cuda.cu" ] || { echo "FAIL: no CUDA entry of $enc"; exit 1; }
 done
+# The train stage's corpus cache: the tokenizer and the token ids (no SentencePiece there).
+ls "$dir"/cache/spm_bpe_4096_*.model "$dir"/cache/tokens_train_4096_*.bin "$dir"/cache/tokens_test_4096_*.bin \
+  >/dev/null || { echo "FAIL: the prepared folder has no tokenized corpus"; exit 1; }
 bytes=$(du -sb "$dir" | cut -f1)
 [ "$bytes" -le $((64 * 1024 * 1024)) ] || { echo "FAIL: $bytes bytes > 64 MiB"; exit 1; }
 bash -n "$dir/src/scripts/gpu-check.sh"
-"$python" -m py_compile "$dir/src/bench/gpu_bench.py"
+for py in bench/gpu_bench.py bench/train_peer.py test/gpu_check/train_smoke.py; do
+  "$python" -m py_compile "$dir/src/$py"
+done
 # Without a GPU, run says so and fails (never a silent pass).
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   set +e
@@ -47,12 +54,16 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
   cmake -S "$dir/src/test/cuda/standalone" -B "$work/suite" -G Ninja -DAPE_SOURCE_DIR="$dir/src" \
     -DAPE_GENERATED_CPU="$dir/generated/cpu" -DAPE_GENERATED_CUDA="$dir/generated/cuda" \
     -DAPE_GTEST_SOURCE="$dir/third_party/googletest" -DAPE_JSON_INCLUDE="$dir/third_party/json" \
-    -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90a >"$work/configure.log" 2>&1 ||
+    -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DAPE_CLI11_INCLUDE="$dir/third_party/cli11" >"$work/configure.log" 2>&1 ||
     { tail -30 "$work/configure.log"; echo "FAIL: the standalone GPU suite does not configure"; exit 1; }
   # Into a variable first: `ninja ... | grep -q` fails under pipefail whenever grep exits before
   # ninja has written everything (SIGPIPE), which made this check fail at random.
   targets=$(ninja -C "$work/suite" -t targets all)
   grep -q '^ape_cuda_kernels_test:' <<<"$targets" ||
     { echo "FAIL: no ape_cuda_kernels_test target"; exit 1; }
+  for t in ape-train ape-eval ape-generate; do
+    grep -q "^$t:" <<<"$targets" || { echo "FAIL: no $t target in the standalone project"; exit 1; }
+  done
 fi
 echo "ok: $(grep -E 'cuda variants|size' "$dir/PREPARED" | tr '\n' ' ')"

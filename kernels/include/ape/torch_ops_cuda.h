@@ -85,9 +85,11 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
 }
 
 // forward_cuda / backward_cuda: also the runtime's CUDA attention (runtime/CudaAttention.cpp).
+// first_row: the first query row whose output is wanted (CudaAttnArgs::first_row; a decode step).
 inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVariant &var,
                                   const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                                  at::TensorList features, at::TensorList params, double scale) {
+                                  at::TensorList features, at::TensorList params, double scale,
+                                  int64_t first_row = 0) {
   const c10::cuda::CUDAGuard device(q.device());
   at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   Float32Tensors f(features), p(params);
@@ -97,6 +99,7 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   cuda::CudaAttnArgs a = cuda_args(var, q, scale);
   a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();
   a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
+  a.first_row = first_row;
   std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
   a.features = fp.data(), a.params = pp.data();
   check_cuda(var.forward(a), who);

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Verdicts of gpu-check's train stage (scripts/gpu-check.sh): reads the checkpoints and logs the
+stage wrote under OUT and prints one line per check, then a summary line; exit 1 if any failed.
+
+The loss rules (docs/cuda.md, "Training on a GPU"): the runs start from the same weights (the
+model is initialised on the CPU, then moved) and draw the same windows, so they differ only by
+rounding.
+  - f32 on the GPU against the CPU: the same float32 arithmetic in another order (cuBLAS, the
+    generated kernels' tiles; TF32 is off). Step 1's loss within 1e-3, the mean of the last 20
+    steps within 0.02 nats (trajectories drift apart by rounding over 200 steps).
+  - bf16 autocast against the CPU: matmul inputs rounded to 8 significant bits (relative 2^-9),
+    float32 accumulation; on a loss near ln(4096) = 8.3 step 1 moves by well under 0.02, and the
+    curves stay within 0.05 nats (0.7%) over the last 20 steps.
+  - stopped at step 120 and resumed on the same GPU: every loss bit-identical to the run that was
+    never stopped (the kernels are deterministic; the trainer's state is whole).
+  - stopped on the GPU and resumed on the CPU: it finishes, with a loss within the bf16 rule.
+"""
+import json
+import math
+import re
+import struct
+import sys
+from pathlib import Path
+
+
+def checkpoint_config(path):
+    """The config JSON of an APE checkpoint (runtime/Checkpoint.h, format 2)."""
+    with open(path, "rb") as f:
+        if f.read(8) != b"APECKPT1":
+            raise ValueError(f"{path}: not an APE checkpoint")
+        (version,) = struct.unpack("<I", f.read(4))
+        (n,) = struct.unpack("<I", f.read(4))
+        f.read(n)
+        (m,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(m))
+
+
+def losses(out, run, enc):
+    p = out / run / f"{enc}.ckpt"
+    if not p.exists():
+        return None
+    return checkpoint_config(p)["state"]["losses"]
+
+
+def tail_mean(xs, n=20):
+    xs = xs[-n:]
+    return sum(xs) / len(xs)
+
+
+def main():
+    out = Path(sys.argv[1])
+    results = []
+
+    def check(name, ok, detail):
+        results.append(ok)
+        print(f"{'pass' if ok else 'FAIL'}  {name}: {detail}")
+
+    for enc in ("rope", "cable"):
+        cpu = losses(out, "cpu", enc)
+        if cpu is None or len(cpu) != 200:
+            check(f"{enc} on the CPU", False, "no complete run (logs/train/cpu.log)")
+            continue
+        for run, first_tol, tail_tol in (("gpu-f32", 1e-3, 0.02), ("gpu-bf16", 0.02, 0.05)):
+            gpu = losses(out, run, enc)
+            if gpu is None or len(gpu) != 200:
+                check(f"{enc} {run}", False, f"no complete run (logs/train/{run}.log)")
+                continue
+            d1, dt = abs(gpu[0] - cpu[0]), abs(tail_mean(gpu) - tail_mean(cpu))
+            check(f"{enc} {run} against the CPU", d1 <= first_tol and dt <= tail_tol and all(map(math.isfinite, gpu)),
+                  f"step 1 {gpu[0]:.5f} vs {cpu[0]:.5f} (|d| {d1:.2e} <= {first_tol}); last 20 "
+                  f"{tail_mean(gpu):.4f} vs {tail_mean(cpu):.4f} (|d| {dt:.4f} <= {tail_tol})")
+
+    whole, resumed = losses(out, "gpu-bf16", "rope"), losses(out, "resume-gpu", "rope")
+    if whole and resumed:
+        same = whole == resumed
+        first = next((i for i, (a, b) in enumerate(zip(whole, resumed)) if a != b), None)
+        check("rope stopped at 120 and resumed on the GPU", same and len(resumed) == 200,
+              "all 200 losses bit-identical" if same else f"first difference at step {first + 1 if first is not None else '?'}")
+    else:
+        check("rope stopped at 120 and resumed on the GPU", False, "missing checkpoint")
+    cross, cpu = losses(out, "resume-cpu", "rope"), losses(out, "cpu", "rope")
+    if cross and cpu and len(cross) == 200:
+        dt = abs(tail_mean(cross) - tail_mean(cpu))
+        check("rope stopped on the GPU, resumed on the CPU", dt <= 0.05,
+              f"last 20 {tail_mean(cross):.4f} vs the CPU run's {tail_mean(cpu):.4f}")
+    else:
+        check("rope stopped on the GPU, resumed on the CPU", False, "missing or incomplete checkpoint")
+
+    steps = {}
+    steps_file = out / "steps.txt"
+    if steps_file.exists():
+        for line in steps_file.read_text().splitlines():
+            name, _, rc = line.partition(": exit ")
+            steps[name] = int(rc)
+    for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "nccl"):
+        check(name, steps.get(name) == 0, f"exit {steps.get(name, 'not run')} (logs/train/{name}.log)")
+
+    # Speed: tokens/s and memory of APE's run and the PyTorch SDPA peer's.
+    def grab(log, pattern):
+        p = out / log
+        m = re.search(pattern, p.read_text()) if p.exists() else None
+        return m.groups() if m else None
+
+    ape = grab("speed-ape.log", r"\[rope\] \d+ steps in [\d.]+ s, (\d+) tok/s")
+    ape_mem = grab("speed-ape.log", r"GPU memory: peak (\d+) MiB")
+    peer = grab("speed-sdpa.log", r"all steps: (\d+) tok/s.*peak (\d+) MiB")
+    if ape and peer:
+        print(f"speed  APE {ape[0]} tok/s, peak {ape_mem[0] if ape_mem else '?'} MiB; PyTorch SDPA "
+              f"{peer[0]} tok/s, peak {peer[1]} MiB (d 1024, 8 layers, 16 heads, L 2048, batch 8, bf16)")
+    n_pass = sum(results)
+    print(f"{n_pass} of {len(results)} training checks passed"
+          + (f"; APE {ape[0]} vs SDPA {peer[0]} tok/s" if ape and peer else ""))
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
