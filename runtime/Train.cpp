@@ -449,7 +449,8 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   };
 
   // On a GPU a step never waits for the device (Train.h): the loss and the gradient norm stay there
-  // and are read `every` steps at a time (and before a checkpoint, a progress line, the end),
+  // and are read `every` steps at a time (and before a checkpoint, a stop, the end; the progress
+  // line shows the latest loss read),
   // then checked in step order as a CPU run checks them at once. Data parallel runs read every step
   // (the ranks agree on the loss each step).
   const at::Device device = model_->placement().device;

@@ -29,6 +29,11 @@
 // (test/resume/kill_loop.sh kills one at random moments, mid-write too). With a time budget the
 // schedule follows the clock, which no two runs share; the time already trained is restored.
 //
+// Devices (runtime/Device.h): the trainer runs where the model is placed (LanguageModel::place).
+// On a GPU no step waits for the device: the loss and the gradient norm stay there and are read
+// read_every (16) steps at a time, then checked in step order as a CPU run checks them each step
+// (docs/cuda.md, "Training on a GPU"); checkpoints hold CPU copies, so a run resumes on any device.
+//
 // Divergence (documented in --help): training stops with TrainingDiverged when the loss or the
 // gradient norm is NaN or inf (the message names the parameter, or the first layer output, where
 // it first appears), or when the mean loss of the last 10 steps exceeds divergence_factor (2) times
