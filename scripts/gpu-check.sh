@@ -25,6 +25,8 @@
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
 #              and across devices, evaluated and decoded on the other device, NCCL with
 #              one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py)   300
+#   study      (only when named) scripts/study.sh --preset gpu-small --device cuda: every seed
+#              encoding trained and evaluated on the GPU, the report in LOGDIR/study/   540
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
@@ -87,7 +89,8 @@ prepare() {
   fi
   mkdir -p "$dir/cache"
   cp "$cache"/spm_bpe_4096_*.model "$cache"/spm_bpe_4096_*.key "$cache"/tokens_*_4096_*.bin "$dir/cache/"
-  cp "$root/scripts/gpu-check.sh" "$src/scripts/"
+  cp "$root/scripts/gpu-check.sh" "$root/scripts/study.py" "$src/scripts/"
+  mkdir -p "$src/bench/study" && cp "$root"/bench/study/*.mlir "$src/bench/study/"
   mkdir -p "$dir/third_party/json"
   cp -r /usr/src/googletest "$dir/third_party/googletest"
   cp -r /usr/include/nlohmann "$dir/third_party/json/nlohmann"
@@ -146,7 +149,7 @@ train_stage() {  # dir suite_build logs python jobs
   mkdir -p "$out"
   timeout 240 cmake --build "$build" --target ape-train ape-eval ape-generate -- -j"$jobs" \
     >"$out/build.log" 2>&1 || { echo "the runtime did not build (logs/train/build.log)" >"$out/verdict.txt"; return 1; }
-  local bin=$build cache=$dir/cache-run
+  local bin=$build/tools cache=$dir/cache-run
   rm -rf "$cache" && cp -r "$dir/cache" "$cache"
   local common=(--data "$dir/src/data/pg30" --cache-dir "$cache" --steps 200 --eval-multiples 1,2
                 --eval-tokens 8192 --checkpoint-every 50 --seed 1234)
@@ -400,6 +403,23 @@ run() {
     note=$(tail -1 "$logs/train/verdict.txt" 2>/dev/null)
     [ $rc = 0 ] && status=pass || status=FAIL
     record train $status $(( $(date +%s) - s )) "${note:-see logs/train/}"
+  fi
+
+  # -- study (only when named: --stages build,study) -----------------------------------------------
+  if [[ ",$stages," == *",study,"* ]]; then
+    s=$(date +%s)
+    if timeout 240 cmake --build "$suite_build" --target ape-train ape-eval -- -j"$jobs" >"$logs/study-build.log" 2>&1; then
+      rm -rf "$dir/cache-study" && cp -r "$dir/cache" "$dir/cache-study"
+      (cd "$src" && timeout 540 "$py" scripts/study.py --preset gpu-small --device cuda --threads 0 \
+        --build-dir "$suite_build" --data "$src/data/pg30" --cache-dir "$dir/cache-study" \
+        --out "$logs/study" --publish "$logs/study") >"$logs/study.log" 2>&1
+      local rc=$?
+      [ $rc = 0 ] && status=pass || status=FAIL
+      note="logs/study/study.md"; [ $rc = 124 ] && note="timed out: rerun the stage to continue (logs/study.log)"
+    else
+      status=FAIL note="ape-train did not build (logs/study-build.log)"
+    fi
+    record study $status $(( $(date +%s) - s )) "$note"
   fi
 
   # -- the table ----------------------------------------------------------------------------------

@@ -71,6 +71,13 @@ PRESETS = {
     "full": dict(d_model=128, layers=2, heads=4, seq_len=128, batch=16, steps=2000, warmup=50, lr=3e-3,
                  vocab=4096, multiples=[1, 2, 4, 8, 16], eval_tokens=32768, seed=1234, seed2=4321,
                  encodings=ALL_ENCODINGS, headline=HEADLINE, checkpoint_minutes=5.0),
+    # Every seed encoding in about ten GPU-minutes (an estimate until run; docs/study.md): 4.2M
+    # parameters (d 256, 4 layers, head dim 64), 8.2M training tokens per run at L 256. On a GPU
+    # (--device cuda, a build with CUDA kernels for every encoding: scripts/gpu-check.sh's study stage).
+    "gpu-small": dict(d_model=256, layers=4, heads=4, seq_len=256, batch=32, steps=1000, warmup=100,
+                      lr=2e-3, vocab=4096, multiples=[1, 2, 4, 8, 16], eval_tokens=32768, seed=1234,
+                      seed2=4321, encodings=CLAIM_ENCODINGS + OTHER_ENCODINGS, headline=HEADLINE,
+                      checkpoint_minutes=5.0),
     # The ExPE paper's small scale (about 35M parameters, train 512, evaluate to 8k = 16x). Sized
     # for a GPU; see docs/study.md for what running it takes today. No results are committed.
     "gpu": dict(d_model=512, layers=10, heads=8, seq_len=512, batch=32, steps=20000, warmup=1000,
@@ -361,7 +368,13 @@ def unigram_loss(cache_dir, vocab):
     (add-one smoothed): what a model that ignores all context can reach. Reads the token caches
     (runtime/Data.cpp: header, names, int32 ids, fnv64)."""
     def ids(split):
-        path = os.path.join(cache_dir, f"tokens_{split}_{vocab}.bin")
+        # tokens_SPLIT_VOCAB_TAG.bin (TAG: the hash of the books the tokenizer was trained on;
+        # runtime/Data.cpp), or tokens_SPLIT_VOCAB.bin of older caches; the newest.
+        found = [os.path.join(cache_dir, n) for n in os.listdir(cache_dir)
+                 if re.fullmatch(rf"tokens_{split}_{vocab}(_[0-9a-f]+)?\.bin", n)]
+        if not found:
+            raise FileNotFoundError(f"no tokens_{split}_{vocab}*.bin in {cache_dir}")
+        path = max(found, key=os.path.getmtime)
         with open(path, "rb") as f:
             b = f.read()
         if b[:8] != b"APETOKS\0":
