@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include "ape/torch_ops_impl.h"  // with APE_TORCH_OPS_CUDA: forward_cuda, backward_cuda
@@ -28,7 +29,19 @@ APE_CUDA_ABI_END
 
 namespace {
 
+// The CUDA kernels of specs compiled at run time (cuda_compile_spec), before the build's.
+std::mutex g_spec_mu;
+std::vector<const cuda::CudaKernelEntry *> &spec_entries() {
+  static std::vector<const cuda::CudaKernelEntry *> v;
+  return v;
+}
+
 const cuda::CudaKernelEntry *cuda_entry(const char *name) {
+  {
+    std::lock_guard<std::mutex> lock(g_spec_mu);
+    for (const cuda::CudaKernelEntry *e : spec_entries())
+      if (name && std::strcmp(e->name, name) == 0) return e;
+  }
   size_t n = 0;
   const cuda::CudaKernelEntry *const *all = cuda::cuda_kernel_registry(&n);
   for (size_t k = 0; k < n; ++k)
@@ -110,6 +123,10 @@ std::vector<std::string> cuda_attention_kernels() {
   size_t n = 0;
   const cuda::CudaKernelEntry *const *all = cuda::cuda_kernel_registry(&n);
   std::vector<std::string> out;
+  {
+    std::lock_guard<std::mutex> lock(g_spec_mu);
+    for (const cuda::CudaKernelEntry *e : spec_entries()) out.push_back(std::string(e->name) + ": " + variant_list(*e));
+  }
   for (size_t k = 0; k < n; ++k)
     if (all[k]) out.push_back(std::string(all[k]->name) + ": " + variant_list(*all[k]));
   return out;
@@ -119,8 +136,7 @@ std::string cuda_attention_problem(const KernelEntry &entry, at::ScalarType dtyp
   const cuda::CudaKernelEntry *e = cuda_entry(entry.name);
   if (!e && registered_spec(entry.name))
     return "encoding '" + std::string(entry.name) +
-           "' was compiled at run time (--spec), which builds its CPU kernels only for now; add the spec "
-           "to examples/encodings/ and build with -DAPE_CUDA_ENCODINGS=... to get CUDA kernels";
+           "' was compiled at run time (--spec) and its CUDA kernels are not compiled yet (cuda_compile_spec)";
   if (!e)
     return "encoding '" + std::string(entry.name) + "' has no CUDA kernels in this build (built: " +
            names_with_kernels() +
@@ -152,6 +168,33 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
   const CudaKernel &c = kernel_for(entry, q);
   auto [o, lse] = torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale, first_row);
   return {o, lse};
+}
+
+std::string cuda_arch(int64_t index) {
+  if (const char *a = std::getenv("APE_CUDA_ARCH"); a && *a) return a;
+  const cudaDeviceProp *p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
+  // sm_90 runs the wgmma forward only when compiled for 90a (APE_CUDA_SM90A).
+  return p->major == 9 && p->minor == 0 ? "90a" : std::to_string(p->major) + std::to_string(p->minor);
+}
+
+void cuda_compile_spec(const KernelEntry &entry, at::ScalarType dtype, int64_t head_dim, const std::string &arch,
+                       std::ostream *log) {
+  const SpecLibrary *spec = registered_spec(entry.name);
+  if (!spec) throw std::invalid_argument(std::string("encoding '") + entry.name + "' is not a spec compiled at run time");
+  const std::optional<cuda::DType> dt = torch_ops::cuda_dtype(dtype);
+  if (!dt) throw std::invalid_argument(std::string("the CUDA kernels take float32, float16 or bfloat16, not ") +
+                                       c10::toString(dtype));
+  if (const cuda::CudaKernelEntry *e = cuda_entry(entry.name); e && cuda::find_variant(*e, *dt, head_dim)) return;
+  SpecLibraryOptions opts;
+  opts.log = log;
+  const auto *e = static_cast<const cuda::CudaKernelEntry *>(
+      load_spec_cuda(*spec, SpecCudaOptions{arch, {cuda::dtype_name(*dt)}, {head_dim}}, opts));
+  if (!e->name || std::strcmp(e->name, entry.name) != 0 || !cuda::find_variant(*e, *dt, head_dim))
+    throw std::runtime_error("the CUDA kernels compiled for spec '" + std::string(entry.name) +
+                             "' are not the ones asked for");
+  std::lock_guard<std::mutex> lock(g_spec_mu);
+  auto &v = spec_entries();
+  v.insert(v.begin(), e);  // the newest library of an encoding (another variant) first
 }
 
 std::string cuda_backward_error(int64_t index) {
@@ -193,6 +236,10 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &, co
   unbuilt();
 }
 std::string cuda_backward_error(int64_t) { return ""; }
+std::string cuda_arch(int64_t) { unbuilt(); }
+void cuda_compile_spec(const KernelEntry &, at::ScalarType, int64_t, const std::string &, std::ostream *) {
+  unbuilt();
+}
 int64_t cuda_peak_memory(int64_t) { return 0; }
 
 }  // namespace ape

@@ -7,7 +7,7 @@
 // gradient returned in its input's dtype; the kernels run on the current CUDA stream of q's device
 // and no call waits for the GPU. The backward's status word (what the deterministic gradient sums
 // could not hold; the gradients it concerns are NaN already) is ORed into a per-device record on
-// the stream, which cuda_backward_status() reads when the caller syncs anyway (the trainer does it
+// the stream, which cuda_backward_error() reads when the caller syncs anyway (the trainer does it
 // with the losses it reads).
 //
 // Built when CMake found nvcc and a CUDA LibTorch (APE_RUNTIME_CUDA); otherwise every function
@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,6 +47,16 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
                                                          const std::vector<at::Tensor> &features,
                                                          const std::vector<at::Tensor> &params,
                                                          double scale, int64_t first_row = 0);
+
+// The CUDA kernels of a spec compiled at run time (runtime/SpecLibrary.h, --spec) for `dtype` at
+// `head_dim`, compiled by nvcc for GPU architecture `arch` (cuda_arch) unless this process has them,
+// then used like the build's. Throws std::runtime_error when nvcc fails (or is missing).
+void cuda_compile_spec(const KernelEntry &entry, at::ScalarType dtype, int64_t head_dim, const std::string &arch,
+                       std::ostream *log = nullptr);
+
+// nvcc's architecture for CUDA device `index` ("90a" on an H100, "80" on an A100; $APE_CUDA_ARCH
+// overrides).
+std::string cuda_arch(int64_t index);
 
 // Why a CUDA attention backward on device `index` failed since the last call (its status word,
 // ape/cuda_kernel_entry.h: a gradient sum that could not be held; those gradients are NaN), or ""

@@ -9,6 +9,7 @@
 #include "ape/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/CudaAttention.h"
+#include "runtime/SpecLibrary.h"
 
 namespace ape {
 
@@ -96,13 +97,20 @@ AutocastScope::~AutocastScope() {
   at::autocast::set_autocast_dtype(c10::kCUDA, was_dtype_);
 }
 
-void check_encoding_on(const ComputeDevice &dev, const KernelEntry &entry, int64_t head_dim) {
+void check_encoding_on(const ComputeDevice &dev, const KernelEntry &entry, int64_t head_dim, std::ostream *log) {
   if (!dev.is_cuda()) return;
   const std::string who = "--device " + dev.device.str() + ": ";
   if (manifest_of(entry).inference_only)
     throw std::invalid_argument(who + "encoding '" + entry.name +
                                 "' has an attention transition, whose kernels are CPU-only "
                                 "(docs/decoding.md); use --device cpu");
+  if (registered_spec(entry.name)) {
+    try {
+      cuda_compile_spec(entry, dev.attention_dtype(), head_dim, cuda_arch(dev.device.index()), log);
+    } catch (const std::exception &e) {
+      throw std::invalid_argument(who + "the CUDA kernels of spec '" + entry.name + "': " + e.what());
+    }
+  }
   if (std::string why = cuda_attention_problem(entry, dev.attention_dtype(), head_dim); !why.empty())
     throw std::invalid_argument(who + why);
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -41,8 +42,11 @@ struct ComputeDevice {
 ComputeDevice choose_device(const std::string &device, const std::string &precision = "auto");
 
 // Throws std::invalid_argument when `entry` cannot run on `dev` at `head_dim` (no CUDA kernel for
-// the precision and head dim; an inference-only encoding on a GPU).
-void check_encoding_on(const ComputeDevice &dev, const KernelEntry &entry, int64_t head_dim);
+// the precision and head dim; an inference-only encoding on a GPU). A spec compiled at run time
+// (--spec) gets its CUDA kernels compiled first, for the GPU's architecture (nvcc; cached; one line
+// to `log`).
+void check_encoding_on(const ComputeDevice &dev, const KernelEntry &entry, int64_t head_dim,
+                       std::ostream *log = nullptr);
 
 // Autocast to bfloat16 on dev's GPU while it lives (torch.autocast("cuda", torch.bfloat16));
 // nothing for float32 or on the CPU.

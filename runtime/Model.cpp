@@ -359,8 +359,8 @@ void LanguageModelImpl::build() {
 
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens) { return forward(tokens, nullptr); }
 
-void LanguageModelImpl::place(const ComputeDevice &dev) {
-  check_encoding_on(dev, *entry_, cfg_.head_dim());
+void LanguageModelImpl::place(const ComputeDevice &dev, std::ostream *log) {
+  check_encoding_on(dev, *entry_, cfg_.head_dim(), log);
   to(dev.device);
   table_cache_.clear();
   placement_ = dev;

@@ -148,7 +148,8 @@ class LanguageModelImpl : public torch::nn::Module {
   // Moves the model to dev.device and runs its forward passes in dev.precision from now on (bf16:
   // autocast on the GPU; the parameters stay float32). Throws std::invalid_argument, before
   // moving anything, when the encoding has no kernel there (runtime/Device.h).
-  void place(const ComputeDevice &dev);
+  // `log`: where a run-time spec's CUDA compile says so (check_encoding_on).
+  void place(const ComputeDevice &dev, std::ostream *log = nullptr);
   const ComputeDevice &placement() const { return placement_; }
 
   const ModelConfig &config() const { return cfg_; }

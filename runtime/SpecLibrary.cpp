@@ -43,6 +43,9 @@
 #ifndef APE_OPENMP_FLAGS
 #define APE_OPENMP_FLAGS "-fopenmp"
 #endif
+#ifndef APE_NVCC_PATH
+#define APE_NVCC_PATH "nvcc"
+#endif
 
 namespace fs = std::filesystem;
 
@@ -193,7 +196,8 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
   lib.spec_path = path;
   lib.spec_text = text;
   lib.spec_hash = spec_fingerprint(text);
-  const fs::path cache = fs::path(o.cache_dir.empty() ? default_spec_cache_dir() : o.cache_dir) / "kernels";
+  lib.cache_dir = o.cache_dir.empty() ? default_spec_cache_dir() : o.cache_dir;
+  const fs::path cache = fs::path(lib.cache_dir) / "kernels";
   const auto t0 = std::chrono::steady_clock::now();
 
   // 1. apec: the spec's errors surface here, at their file:line:col.
@@ -376,6 +380,105 @@ SpecLibrary load_record(const nlohmann::json &record, const SpecLibraryOptions &
   return lib;
 }
 }  // namespace
+
+const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, const SpecLibraryOptions &o) {
+  auto join = [](const auto &xs) {
+    std::string s;
+    for (const auto &x : xs) {
+      std::ostringstream one;
+      one << x;
+      s += (s.empty() ? "" : ",") + one.str();
+    }
+    return s;
+  };
+  if (c.arch.empty() || c.arch.find_first_not_of("0123456789a") != std::string::npos)
+    throw std::runtime_error("load_spec_cuda: bad GPU architecture '" + c.arch + "'");
+  if (c.dtypes.empty() || c.head_dims.empty()) throw std::runtime_error("load_spec_cuda: no variants asked for");
+  const fs::path cache = fs::path(!o.cache_dir.empty()   ? o.cache_dir
+                                  : !lib.cache_dir.empty() ? lib.cache_dir
+                                                           : default_spec_cache_dir()) /
+                         "kernels";
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path gen = temp_folder(cache, ".apec-cuda-");
+  remove_stale_folders(cache, ".apec-cuda-");
+  RemoveOnExit gen_guard{gen};
+  const std::string spec_file = (gen / (lib.name + ".mlir")).string();
+  std::ofstream(spec_file) << lib.spec_text;
+  const std::string apec = find_apec(o);
+  std::string out;
+  if (run_command({apec, spec_file, "-o", gen.string(), "--emit=cuda", "--cuda-dtypes=" + join(c.dtypes),
+                   "--cuda-head-dims=" + join(c.head_dims), "--expect-name", lib.name, "--source-name",
+                   fs::path(lib.spec_path).filename().string()},
+                  out) != 0)
+    throw std::runtime_error("apec --emit=cuda rejected the spec of '" + lib.name + "':\n" + head_lines(out, 40));
+  std::vector<std::string> sources = {lib.name + "_cuda.cu"};
+  std::string source_text = read_file(gen / sources[0]);
+  for (const auto &d : c.dtypes)
+    for (int64_t D : c.head_dims) {
+      sources.push_back(lib.name + "_cuda_" + d + "_hd" + std::to_string(D) + ".cu");
+      source_text += '\0' + read_file(gen / sources.back());
+    }
+  source_text += '\0' + read_file(gen / (lib.name + "_cuda.cuh"));
+  const std::string nvcc = env_or("APE_NVCC", APE_NVCC_PATH);
+  std::string version;
+  if (run_command({nvcc, "--version"}, version) != 0)
+    throw std::runtime_error("cannot run nvcc (" + nvcc + ") to compile the CUDA kernels of spec '" + lib.name +
+                             "': " + head_lines(version, 3) + "install the CUDA toolkit or set APE_NVCC");
+  const std::string include_dir = APE_KERNEL_INCLUDE_DIR;
+  std::vector<std::string> flags = {"-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
+                                    "--expt-relaxed-constexpr", "-cudart", "shared",
+                                    "-gencode", "arch=compute_" + c.arch + ",code=sm_" + c.arch,
+                                    "-I" + include_dir, "-I."};
+  if (c.arch == "90a") flags.push_back("-DAPE_CUDA_SM90A");
+  std::string keytext = source_text + '\0' + nvcc + '\0' + version;
+  for (const auto &f : flags) keytext += '\0' + f;
+  const uint64_t key = fnv1a(keytext.data(), keytext.size(), headers_hash(fs::path(include_dir) / "ape"));
+  const fs::path dir = cache / (lib.name + "-cuda-" + hex16(key));
+  const fs::path so = dir / ("libape_" + lib.name + "_cuda.so");
+  struct Lock {
+    int fd = -1;
+    ~Lock() {
+      if (fd >= 0) ::close(fd);
+    }
+  } lock;
+  lock.fd = ::open((cache / (dir.filename().string() + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock.fd >= 0) ::flock(lock.fd, LOCK_EX);
+  std::error_code ec;
+  const bool cached = fs::is_regular_file(so, ec);
+  if (!cached) {
+    std::vector<std::string> cmd = {nvcc};
+    cmd.insert(cmd.end(), flags.begin(), flags.end());
+    cmd.push_back("-o");
+    cmd.push_back(so.filename().string());
+    cmd.insert(cmd.end(), sources.begin(), sources.end());
+    if (run_command(cmd, out, gen.string()) != 0)
+      throw std::runtime_error("the CUDA kernels apec generated for spec '" + lib.name + "' do not compile:\n" +
+                               join_command(cmd) + "\n" + head_lines(out, 40));
+    std::ofstream(gen / "command.txt") << join_command(cmd) << "\n";
+    fs::rename(gen, dir, ec);
+    if (ec && !fs::is_regular_file(so))
+      throw std::runtime_error("cannot move the compiled CUDA kernels into the cache " + dir.string() + ": " +
+                               ec.message());
+    if (!ec) gen_guard.path.clear();
+  }
+  void *h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) throw std::runtime_error("cannot load " + so.string() + ": " + ::dlerror());
+  const std::string sym = "ape_cuda_kernel_entry_" + lib.name;
+  using EntryFn = const void *(*)();
+  auto fn = reinterpret_cast<EntryFn>(::dlsym(h, sym.c_str()));
+  if (!fn) throw std::runtime_error(so.string() + " has no " + sym + "()");
+  const void *entry = fn();
+  if (!entry) throw std::runtime_error(so.string() + ": " + sym + "() returned no entry");
+  if (o.log) {
+    char took[32];
+    std::snprintf(took, sizeof took, "%.1f s",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    *o.log << "[spec] " << lib.name << ": CUDA kernels for sm_" << c.arch << " (" << join(c.dtypes) << " at head dim "
+           << join(c.head_dims) << "); " << (cached ? "from the cache" : std::string("compiled in ") + took) << ": "
+           << so.string() << "\n";
+  }
+  return entry;
+}
 
 SpecLibrary load_spec_library(const std::string &path, const SpecLibraryOptions &opts) {
   return load_file(path, opts, {});

@@ -21,6 +21,7 @@
 #include <iosfwd>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,7 @@ struct SpecLibrary {
   std::string library;    // path of the shared library
   std::string level;      // instruction-set level compiled ("baseline", "avx2", "avx512")
   bool cached = false;    // found in the cache (not compiled now)
+  std::string cache_dir;  // the cache it was compiled into (its CUDA kernels go there too)
 
   // What a checkpoint records of it: {"name", "path", "fnv", "text"} (spec_record_matches).
   nlohmann::json record() const;
@@ -69,6 +71,22 @@ SpecLibrary load_spec_record(const nlohmann::json &record, const SpecLibraryOpti
 // the first load; another spec with the name of a registered encoding is refused.
 const SpecLibrary &register_spec(const std::string &path, const SpecLibraryOptions &opts = {});
 const SpecLibrary &register_spec_record(const nlohmann::json &record, const SpecLibraryOptions &opts = {});
+
+// The CUDA kernels of a loaded spec, compiled at run time for one GPU architecture:
+//   spec text ──apec --emit=cuda──▶ NAME_cuda*.cu ──nvcc -shared──▶ libape_NAME_cuda.so ──dlopen──▶
+//   ape_cuda_kernel_entry_NAME(), the entry the build's ape_cuda_kernels holds for example specs
+// cached like the CPU library (CACHE/kernels/NAME-cuda-KEY/, CACHE the library's unless `opts` names one; KEY: the generated sources, nvcc, its
+// version, the architecture, the flags and the kernel headers). nvcc is the one APE was built
+// with ($APE_NVCC overrides). Returns the entry as `const void *` (a const
+// ape::cuda::CudaKernelEntry *: this header stays free of CUDA's); runtime/CudaAttention.h
+// registers it. Throws std::runtime_error when nvcc is missing or the kernels do not compile.
+struct SpecCudaOptions {
+  std::string arch;                  // "90a", "80", ... (nvcc's sm_ARCH)
+  std::vector<std::string> dtypes;   // "bf16", "f16", "f32"
+  std::vector<int64_t> head_dims;    // 32, 64, 128
+};
+const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &cuda,
+                           const SpecLibraryOptions &opts = {});
 
 // The registered spec of encoding `name`, or null (the name is built in or unknown).
 const SpecLibrary *registered_spec(const std::string &name);

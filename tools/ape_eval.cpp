@@ -142,7 +142,7 @@ int main(int argc, char **argv) {
       std::string tok;
       if (config.contains("data") && config["data"].contains("tokenizer_fnv"))
         tok = config["data"]["tokenizer_fnv"].get<std::string>();
-      model->place(device);  // throws when the encoding has no kernel there
+      model->place(device, &std::cout);  // throws when the encoding has no kernel there
       models.push_back({path, model, L, tok, label});
     }
 

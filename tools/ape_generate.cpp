@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
     nlohmann::json config;
     ape::LanguageModel model = ape::load_model_as(checkpoint, encoding, &config, nullptr);
     model->eval();
-    model->place(device);  // throws when the encoding has no kernel there
+    model->place(device, &std::cout);  // throws when the encoding has no kernel there
     for (const auto &[name, value] : sets) {
       try {
         model->set_fixed_param(name, value);

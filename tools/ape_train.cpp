@@ -378,7 +378,7 @@ int main(int argc, char **argv) {
         if (std::string why = ape_rules::checkRotation(m.rotation->fraction, probe.head_dim()); !why.empty())
           throw std::invalid_argument("encoding '" + e + "' rotates q/k pairs: " + why +
                                       "; choose --d-model / --heads so that head_dim = d_model / heads fits");
-      ape::check_encoding_on(device, ape::find_kernel(e), probe.head_dim());
+      ape::check_encoding_on(device, ape::find_kernel(e), probe.head_dim(), &std::cout);
       if (root) ape::check_writable(out_dir, e + ".ckpt");
     }
     if (root) ape::check_writable(out_dir, "results.csv");

@@ -3,6 +3,7 @@
 // LibTorch reference (forward and autograd gradients, fp64).
 #include "runtime/SpecLibrary.h"
 
+#include "runtime/CudaAttention.h"
 #include "runtime_fixtures.h"
 
 namespace {
@@ -120,4 +121,37 @@ TEST(SpecLibrary, ABuiltInNameIsRefused) {
   // refused after apec, before anything is compiled.
   EXPECT_ERROR(ape::register_spec(std::string(APE_SOURCE_DIR) + "/examples/encodings/alibi.mlir", options()),
                "defines encoding 'alibi', which exists already");
+}
+
+// --spec on a GPU: the spec's CUDA kernels compiled at run time by nvcc (SpecLibrary.h,
+// load_spec_cuda), cached beside the CPU library, then found by the CUDA attention like the build's
+// (CudaAttention.h, cuda_compile_spec). sm_80, f32 at head dim 32: the cheapest variant to compile;
+// running it needs a GPU (scripts/gpu-check.sh).
+TEST(SpecLibrary, CudaKernelsCompileAtRunTime) {
+  const ape::SpecLibrary &lib = ape::register_spec(kSpecs + "/strict_window.mlir", options());
+  const ape::KernelEntry &entry = *lib.entry;
+  if (!ape::cuda_attention_built()) {  // a build without nvcc: the reason, not a crash
+    EXPECT_NE(ape::cuda_attention_problem(entry, at::kFloat, 32).find("no CUDA kernels"), std::string::npos);
+    return;
+  }
+  EXPECT_NE(ape::cuda_attention_problem(entry, at::kFloat, 32).find("compiled at run time (--spec)"),
+            std::string::npos);
+  std::ostringstream log;
+  ape::cuda_compile_spec(entry, at::kFloat, 32, "80", &log);
+  EXPECT_NE(log.str().find("[spec] strict_window: CUDA kernels for sm_80 (f32 at head dim 32)"), std::string::npos)
+      << log.str();
+  EXPECT_EQ(ape::cuda_attention_problem(entry, at::kFloat, 32), "");
+  const std::string other = ape::cuda_attention_problem(entry, at::kBFloat16, 32);
+  EXPECT_NE(other.find("has no bf16 CUDA kernel at head dim 32 in this build (it has f32/hd32"), std::string::npos)
+      << other;
+  bool listed = false;
+  for (const auto &k : ape::cuda_attention_kernels()) listed |= k == "strict_window: f32/hd32";
+  EXPECT_TRUE(listed);
+  // The same library again: from the cache (the entry is the one registered above).
+  std::ostringstream again;
+  ape::SpecLibraryOptions o = options();
+  o.log = &again;
+  EXPECT_NE(ape::load_spec_cuda(lib, ape::SpecCudaOptions{"80", {"f32"}, {32}}, o), nullptr);
+  EXPECT_NE(again.str().find("from the cache"), std::string::npos) << again.str();
+  EXPECT_ERROR(ape::load_spec_cuda(lib, ape::SpecCudaOptions{"sm90", {"f32"}, {32}}, o), "bad GPU architecture");
 }
