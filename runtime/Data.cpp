@@ -264,28 +264,6 @@ std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, c
   throw std::runtime_error("several tokenizers in " + cache_dir + " (" + found + "); pass --tokenizer");
 }
 
-namespace {
-// An exclusive flock(2) on `path` (created if missing) for the object's lifetime.
-class FileLock {
- public:
-  explicit FileLock(const std::string &path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    if (fd_ < 0) throw std::runtime_error("cannot open the cache lock " + path + ": " + std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0)
-      if (errno != EINTR) {
-        const int err = errno;
-        ::close(fd_);
-        throw std::runtime_error("cannot lock " + path + ": " + std::strerror(err));
-      }
-  }
-  ~FileLock() { ::close(fd_); }
-  FileLock(const FileLock &) = delete;
-  FileLock &operator=(const FileLock &) = delete;
-
- private:
-  int fd_;
-};
-}  // namespace
-
 Corpus Corpus::open(const DataOptions &opts) {
   std::ostream &log = opts.log ? *opts.log : std::cerr;
   if (opts.data_dir.empty() || !fs::is_directory(opts.data_dir))

@@ -252,14 +252,7 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
 
   // One compiler per key at a time: a second process waits here, then finds the library (the
   // rename below keeps the cache whole where the lock is not honoured).
-  struct Lock {
-    int fd = -1;
-    ~Lock() {
-      if (fd >= 0) ::close(fd);  // releases the flock
-    }
-  } lock;
-  lock.fd = ::open((cache / (dir.filename().string() + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-  if (lock.fd >= 0) ::flock(lock.fd, LOCK_EX);
+  const FileLock lock((cache / (dir.filename().string() + ".lock")).string());
   std::error_code ec;
   if (fs::is_regular_file(so, ec)) {
     lib.cached = true;
@@ -435,14 +428,7 @@ const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, con
   const uint64_t key = fnv1a(keytext.data(), keytext.size(), headers_hash(fs::path(include_dir) / "ape"));
   const fs::path dir = cache / (lib.name + "-cuda-" + hex16(key));
   const fs::path so = dir / ("libape_" + lib.name + "_cuda.so");
-  struct Lock {
-    int fd = -1;
-    ~Lock() {
-      if (fd >= 0) ::close(fd);
-    }
-  } lock;
-  lock.fd = ::open((cache / (dir.filename().string() + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-  if (lock.fd >= 0) ::flock(lock.fd, LOCK_EX);
+  const FileLock lock((cache / (dir.filename().string() + ".lock")).string());  // as load() does
   std::error_code ec;
   const bool cached = fs::is_regular_file(so, ec);
   if (!cached) {

@@ -1,5 +1,9 @@
 #include "runtime/Util.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -43,5 +47,17 @@ std::string shell_quote(const std::string &s) {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+FileLock::FileLock(const std::string &path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+  if (fd_ < 0) throw std::runtime_error("cannot open the cache lock " + path + ": " + std::strerror(errno));
+  while (::flock(fd_, LOCK_EX) != 0)
+    if (errno != EINTR) {
+      const int err = errno;
+      ::close(fd_);
+      throw std::runtime_error("cannot lock " + path + ": " + std::strerror(err));
+    }
+}
+
+FileLock::~FileLock() { ::close(fd_); }
 
 }  // namespace ape

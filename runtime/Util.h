@@ -1,5 +1,5 @@
 // Util: the small helpers every part of the runtime uses, written once: fingerprints and checksums
-// (FNV-1a), reading a whole file, quoting for /bin/sh, elapsed time.
+// (FNV-1a), reading a whole file, quoting for /bin/sh, elapsed time, a lock file.
 #pragma once
 
 #include <chrono>
@@ -26,5 +26,19 @@ std::string shell_quote(const std::string &s);
 
 // Seconds on the steady clock since `t0`.
 double seconds_since(std::chrono::steady_clock::time_point t0);
+
+// An exclusive flock(2) on `path` (created if missing) for the object's lifetime: one process at a
+// time makes a cache's files (the corpus cache, the spec kernels); the kernel drops the lock of a
+// killed holder. Throws std::runtime_error when the file cannot be opened or locked.
+class FileLock {
+ public:
+  explicit FileLock(const std::string &path);
+  ~FileLock();
+  FileLock(const FileLock &) = delete;
+  FileLock &operator=(const FileLock &) = delete;
+
+ private:
+  int fd_;
+};
 
 }  // namespace ape
