@@ -143,7 +143,8 @@ at::Tensor clip_gradients(const std::vector<at::Tensor> &params, double max_norm
   std::vector<at::Tensor> with_grad;
   for (const auto &p : params)
     if (p.grad().defined()) with_grad.push_back(p);
-  if (with_grad.empty()) return at::zeros({}, at::kDouble);
+  if (with_grad.empty())  // on the parameters' device, like the norm it stands for
+    return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(params.empty() ? at::kCPU : params[0].device()));
   std::vector<at::Tensor> norms;
   norms.reserve(with_grad.size());
   for (const auto &p : with_grad) norms.emplace_back(p.grad().data().norm(2));
