@@ -366,6 +366,16 @@ ape::TrainResult train_briefly(ape::LanguageModel &model, const ape::TokenSplit 
   return ape::train(model, sampler, tc, out, label);
 }
 
+// A step budget of windows (batch, seq_len), without the progress line.
+ape::TrainConfig quiet_train_config(int64_t steps, int64_t batch, int64_t seq_len) {
+  ape::TrainConfig tc;
+  tc.steps = steps;
+  tc.batch = batch;
+  tc.seq_len = seq_len;
+  tc.progress = false;
+  return tc;
+}
+
 ape::ModelConfig tiny_config(const std::string &enc, int64_t vocab = 32) {
   ape::ModelConfig c;
   c.encoding = enc;
@@ -374,6 +384,14 @@ ape::ModelConfig tiny_config(const std::string &enc, int64_t vocab = 32) {
   c.layers = 2;
   c.heads = 2;
   return c;
+}
+
+// A tiny NoPE model whose token embedding is all NaN: its first loss is NaN.
+ape::LanguageModel nan_model() {
+  ape::LanguageModel model(testk::nope, tiny_config("test_nope", 16));
+  torch::NoGradGuard g;
+  model->wte->weight.fill_(NAN);
+  return model;
 }
 
 }  // namespace

@@ -127,13 +127,8 @@ TEST(Device, LossesReadInBatchesTrainTheSameRun) {
     at::manual_seed(5);
     ape::LanguageModel model(testk::nope, tiny_config("test_nope", 16));
     model->place(ape::choose_device("cpu"));
-    ape::TrainConfig tc;
-    tc.steps = 23;
-    tc.batch = 4;
-    tc.seq_len = 16;
-    tc.progress = false;
     ape::TrainSampler sampler(s, 1);
-    ape::Trainer t(model, sampler, tc);
+    ape::Trainer t(model, sampler, quiet_train_config(23, 4, 16));
     t.read_every = every;
     std::ostringstream out;
     ape::TrainResult r = t.run(out, "batched");
@@ -148,18 +143,9 @@ TEST(Device, LossesReadInBatchesTrainTheSameRun) {
   for (size_t i = 0; i < w1.size(); ++i) EXPECT_TRUE(at::equal(w1[i], w7[i])) << i;
 
   ape::TokenSplit bad = synthetic_split(1, 500, 16, 13);
-  ape::LanguageModel model(testk::nope, tiny_config("test_nope", 16));
-  {
-    torch::NoGradGuard g;
-    model->wte->weight.fill_(NAN);
-  }
-  ape::TrainConfig tc;
-  tc.steps = 9;
-  tc.batch = 2;
-  tc.seq_len = 8;
-  tc.progress = false;
+  ape::LanguageModel model = nan_model();
   ape::TrainSampler sampler(bad, 1);
-  ape::Trainer t(model, sampler, tc);
+  ape::Trainer t(model, sampler, quiet_train_config(9, 2, 8));
   t.read_every = 4;
   std::ostringstream out;
   try {

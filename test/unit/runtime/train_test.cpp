@@ -48,20 +48,11 @@ TEST(Train, LossFallsOnATinyModel) {
 
 TEST(Train, DivergenceStopsWithAClearError) {
   ape::TokenSplit s = synthetic_split(1, 500, 16, 13);
-  ape::LanguageModel model(testk::nope, tiny_config("test_nope", 16));
-  {
-    torch::NoGradGuard g;
-    model->wte->weight.fill_(NAN);
-  }
-  ape::TrainConfig tc;
-  tc.steps = 5;
-  tc.batch = 2;
-  tc.seq_len = 8;
-  tc.progress = false;
+  ape::LanguageModel model = nan_model();
   std::ostringstream out;
   ape::TrainSampler sampler(s, 1);
   try {
-    ape::train(model, sampler, tc, out, "nan");
+    ape::train(model, sampler, quiet_train_config(5, 2, 8), out, "nan");
     ADD_FAILURE() << "no error";
   } catch (const ape::TrainingDiverged &e) {
     EXPECT_NE(std::string(e.what()).find("loss became NaN at step 1"), std::string::npos) << e.what();
