@@ -145,7 +145,23 @@ void global_access(const char *a, size_t n, Access kind, const void *pc, bool ho
     for (size_t i = 0; i < n; ++i) s[i] |= kInit;
 }
 
+// One access of an emulated thread to device memory, into its launch's traffic.
+void count_traffic(Launch &l, size_t n, Access kind) {
+  constexpr auto relaxed = std::memory_order_relaxed;
+  l.traffic[kind == Access::Read ? kTrRead : kind == Access::Write ? kTrWritten : kTrAtomic].fetch_add(n, relaxed);
+  const int width = tl_async_copy ? kTrAsync
+                    : n >= 16     ? kTrW16
+                    : n >= 8      ? kTrW8
+                    : n >= 4      ? kTrW4
+                    : n >= 2      ? kTrW2
+                                  : kTrW1;
+  l.traffic[width].fetch_add(n, relaxed);
+  l.traffic[kTrAccesses].fetch_add(1, relaxed);
+}
+
 }  // namespace
+
+thread_local bool tl_async_copy = false;
 
 void check_access(const void *addr, size_t n, Access kind, const void *pc) {
   const char *a = static_cast<const char *>(addr);
@@ -160,7 +176,10 @@ void check_access(const void *addr, size_t n, Access kind, const void *pc) {
     }
   }
   if (a >= g_arena_lo && a < g_arena_hi) {
-    if (t) access_counter().fetch_add(1, std::memory_order_relaxed);
+    if (t) {
+      access_counter().fetch_add(1, std::memory_order_relaxed);
+      count_traffic(*tl_worker.block->launch, n, kind);
+    }
     global_access(a, n, kind, pc, t == nullptr);
   }
 }

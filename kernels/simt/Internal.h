@@ -99,6 +99,11 @@ struct Cell {
   uint16_t r_tid, r_wsync;
 };
 
+// Global-memory traffic of a launch (runtime.h, Traffic): bytes by kind, then by access width.
+enum TrafficSlot : int {
+  kTrRead, kTrWritten, kTrAtomic, kTrW1, kTrW2, kTrW4, kTrW8, kTrW16, kTrAsync, kTrAccesses, kTrSlots
+};
+
 struct Launch {
   const void *kernel;
   std::string name;
@@ -106,6 +111,7 @@ struct Launch {
   size_t dynamic_smem;
   bool failed = false;  // a finding that stopped a block (deadlock)
   std::atomic<size_t> printed{0};
+  std::atomic<size_t> traffic[kTrSlots] = {};
 };
 
 constexpr size_t kSmemRedzone = 256;
@@ -167,6 +173,11 @@ bool device_range_ok(const void *p, size_t n);
 void reset_shared_shadow(Block &b);
 
 std::atomic<size_t> &access_counter();
+// Set while the emulator copies on behalf of cp.async, TMA or a bulk copy: their global reads
+// count as async copies in the traffic (not by the width of the emulator's element loop).
+extern thread_local bool tl_async_copy;
+// Adds a finished launch's traffic to the process's per-kernel totals (take_traffic).
+void record_traffic(const Launch &l, size_t blocks, size_t threads);
 
 // ---- warp collectives (Runtime.cpp) ------------------------------------------------------------
 // Waits until every lane of `mask` has called the same collective (`kind`, same mask), then runs

@@ -54,6 +54,28 @@ thread_local cudaError_t tl_last_error = cudaSuccess;
 
 std::atomic<size_t> &access_counter() { return g_accesses; }
 
+namespace {
+std::mutex g_traffic_mu;
+std::vector<Traffic> g_traffic;  // per kernel name, in order of first launch
+}  // namespace
+
+void record_traffic(const Launch &l, size_t blocks, size_t threads) {
+  std::lock_guard<std::mutex> lock(g_traffic_mu);
+  auto it = std::find_if(g_traffic.begin(), g_traffic.end(),
+                         [&](const Traffic &t) { return t.kernel == l.name; });
+  if (it == g_traffic.end()) {
+    g_traffic.emplace_back();
+    g_traffic.back().kernel = l.name;
+    it = g_traffic.end() - 1;
+  }
+  Traffic &t = *it;
+  auto get = [&](int slot) { return l.traffic[slot].load(); };
+  t.launches += 1, t.blocks += blocks, t.threads += threads;
+  t.read += get(kTrRead), t.written += get(kTrWritten), t.atomic += get(kTrAtomic);
+  for (int w = 0; w < 6; ++w) t.by_width[w] += get(kTrW1 + w);
+  t.accesses += get(kTrAccesses);
+}
+
 // ---- findings ------------------------------------------------------------------------------------
 std::string demangle(const char *name) {
   int status = 0;
@@ -473,6 +495,13 @@ int arch() {
   return g_arch.load();
 }
 
+std::vector<Traffic> take_traffic() {
+  std::lock_guard<std::mutex> lock(detail::g_traffic_mu);
+  std::vector<Traffic> out;
+  out.swap(detail::g_traffic);
+  return out;
+}
+
 Stats stats() {
   Stats s;
   s.launches = g_launches.load(), s.blocks = g_blocks.load(), s.switches = g_switches.load();
@@ -574,6 +603,7 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t dynami
     for (int w = 0; w < workers; ++w) pool.emplace_back(worker, std::ref(next));
     for (auto &th : pool) th.join();
   }
+  record_traffic(l, nblocks, nblocks * threads);
   return l.failed ? set_error(cudaErrorLaunchFailure) : cudaSuccess;
 }
 

@@ -295,6 +295,16 @@ void ldmatrix(int count, bool trans, uint32_t *regs, const void *row_addr) {
   }, Site{__builtin_return_address(0)});
 }
 
+// ---- 16-byte global accesses ------------------------------------------------------------------------
+void global_load16(void *dst, const void *src) {
+  check_access(src, 16, Access::Read, __builtin_return_address(0));
+  std::memcpy(dst, src, 16);
+}
+void global_store16(void *dst, const void *src) {
+  check_access(dst, 16, Access::Write, __builtin_return_address(0));
+  std::memcpy(dst, src, 16);
+}
+
 // ---- cp.async ---------------------------------------------------------------------------------------
 void cp_async(void *smem_dst, const void *gmem_src, int bytes, int src_bytes) {
   Thread *t = self();
@@ -348,7 +358,9 @@ void cp_async_wait(int pending_groups) {
     for (const AsyncCopy &c : t->groups.front()) {
       for (int i = 0; i < c.bytes; ++i)
         b.flags[c.dst - b.window + i] &= static_cast<uint8_t>(~kPending);
+      tl_async_copy = true;
       if (c.src_bytes > 0) check_access(c.src, static_cast<size_t>(c.src_bytes), Access::Read, nullptr);
+      tl_async_copy = false;
       check_access(c.dst, static_cast<size_t>(c.bytes), Access::Write, nullptr);
       std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
       std::memset(c.dst + c.src_bytes, 0, static_cast<size_t>(c.bytes - c.src_bytes));
@@ -638,7 +650,9 @@ void tma_load(void *dst, const void *map, const int *coords, void *bar) {
       if (in) {
         const char *from = tm.base + c0 * static_cast<int64_t>(tm.strides[0]) +
                            c1 * static_cast<int64_t>(tm.strides[1]) + c2 * static_cast<int64_t>(tm.strides[2]);
+        tl_async_copy = true;
         check_access(from, tm.elem_bytes, Access::Read, pc);
+        tl_async_copy = false;
         std::memcpy(to, from, tm.elem_bytes);
       } else {
         std::memset(to, 0, tm.elem_bytes);
@@ -655,7 +669,9 @@ void bulk_copy(void *dst, const void *src, unsigned bytes, void *bar) {
   if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16 ||
       !in_shared(b, dst, bytes))
     return report(Check::Memcheck, "bulk copy: 16-byte aligned shared destination, source and size", pc);
+  tl_async_copy = true;
   check_access(src, bytes, Access::Read, pc);
+  tl_async_copy = false;
   std::memcpy(dst, src, bytes);
   mark_async_shared_write(b, static_cast<char *>(dst), bytes);
   complete_tx(bar, bytes, pc);

@@ -101,3 +101,11 @@ target_link_libraries(ape_masked_rows_simt_test PRIVATE ape_masked_rows_simt_ker
                       ape_runtime ape_kernels GTest::gtest_main)
 set_target_properties(ape_masked_rows_simt_test PROPERTIES ENABLE_EXPORTS ON)
 gtest_discover_tests(ape_masked_rows_simt_test PROPERTIES LABELS "cuda;simt" TIMEOUT 300 DISCOVERY_TIMEOUT 60)
+
+# The global-memory bytes of the emulated kernels against the committed counts
+# (bench/results/cuda_traffic.csv, from `ape-cuda-traffic --T 1024 --csv ...`): fails when a kernel
+# moves more than 2% more bytes, or a new side kernel appears (docs/cuda.md, "Traffic without a
+# GPU").
+add_test(NAME cuda_traffic_regression
+         COMMAND ape-cuda-traffic --T 1024 --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic.csv)
+set_tests_properties(cuda_traffic_regression PROPERTIES LABELS "cuda;simt" TIMEOUT 300)

@@ -74,6 +74,34 @@ TEST_F(Simt, RacecheckLetsAtomicsMeetButNotAPlainRead) {
   EXPECT_TRUE(has(fs, Check::Racecheck)) << dump(fs);
 }
 
+TEST_F(Simt, TrafficCountsEveryDeviceAccessByKindAndWidth) {
+  ape::simt::take_traffic();
+  float counter = 0;
+  ASSERT_EQ(planted::traffic(64, counter), 0);
+  EXPECT_EQ(counter, 64.f);
+  const auto all = ape::simt::take_traffic();
+  ASSERT_EQ(all.size(), 1u);  // host copies and memsets are not a kernel's traffic
+  const ape::simt::Traffic &t = all[0];
+  EXPECT_FALSE(t.kernel.empty());
+  EXPECT_EQ(t.launches, 1u);
+  EXPECT_EQ(t.blocks, 1u);
+  EXPECT_EQ(t.threads, 64u);
+  EXPECT_EQ(t.read, 64u * 16);
+  EXPECT_EQ(t.written, 64u * 4);
+  EXPECT_EQ(t.atomic, 64u * 4);
+  EXPECT_EQ(t.by_width[4], 64u * 16);  // the 16-byte loads
+  EXPECT_EQ(t.by_width[2], 64u * 8);   // 4-byte stores and atomics
+  EXPECT_EQ(t.by_width[0] + t.by_width[1] + t.by_width[3] + t.by_width[5], 0u);
+  EXPECT_EQ(t.accesses, 64u * 3);
+  EXPECT_TRUE(ape::simt::take_traffic().empty());  // taken: cleared
+  // cp.async sources count as async copies.
+  std::vector<float> out;
+  ASSERT_EQ(planted::async_copy(planted::AsyncMode::Correct, 16, out), 0);
+  size_t async_bytes = 0;
+  for (const auto &k : ape::simt::take_traffic()) async_bytes += k.by_width[5];
+  EXPECT_EQ(async_bytes, 32u * 16);
+}
+
 TEST_F(Simt, MemcheckCatchesAnOffByOnePartialTile) {
   std::vector<float> out;
   ASSERT_EQ(planted::tile_copy(100, false, out), 0);

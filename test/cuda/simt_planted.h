@@ -38,6 +38,10 @@ int deadlock();
 // Atomic adds of every thread to one shared counter (no race), then, with `plain_read`, a plain
 // read of it by another thread before the barrier (a race).
 int shared_atomics(bool plain_read, int &total);
+// `threads` threads: each reads 16 bytes of a device buffer (ld.global.cg), writes one float
+// and adds 1 to a float counter atomically: the traffic counts (ape::simt::take_traffic) must
+// say 16·threads bytes read by 16-byte accesses, 4·threads written and 4·threads atomic.
+int traffic(int threads, float &counter);
 // cp.async of a 16-byte chunk per thread into shared memory, read back after commit + wait +
 // __syncthreads (`wait`), or read before any wait (a finding), or never waited for (a finding);
 // src_bytes < 16 zero-fills the rest.

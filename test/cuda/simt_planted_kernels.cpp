@@ -46,6 +46,13 @@ __global__ void tile_copy_kernel(const float *src, float *dst, int n, bool off_b
   if (off_by_one ? i <= n : i < n) dst[i < n ? i : n - 1] = src[i];
 }
 
+__global__ void traffic_kernel(const float *src, float *dst, float *counter) {
+  const int t = threadIdx.x;
+  const ape::cuda::ptx::F4 v = ape::cuda::ptx::ld_cg_16(src + 4 * t);
+  dst[t] = v.x + v.y + v.z + v.w;
+  atomicAdd(counter, 1.f);
+}
+
 __global__ void shared_overflow_kernel(float *out) {
   APE_DYNAMIC_SMEM(smem);
   float *s = reinterpret_cast<float *>(smem);
@@ -341,6 +348,20 @@ int tile_copy(int n, bool off_by_one, std::vector<float> &out) {
   const int err = launch(tile_copy_kernel, (n + 63) / 64, 64, 0, nullptr, src, dst, n, off_by_one);
   to_host(out, dst, n);
   cudaFree(src), cudaFree(dst);
+  return err;
+}
+
+int traffic(int threads, float &counter) {
+  float *src = device_alloc<float>(4 * threads), *dst = device_alloc<float>(threads);
+  float *count = device_alloc<float>(1);
+  std::vector<float> host(4 * threads, 1.0f);
+  cudaMemcpy(src, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemset(count, 0, sizeof(float));
+  const int err = launch(traffic_kernel, 1, threads, 0, nullptr, static_cast<const float *>(src), dst, count);
+  std::vector<float> out;
+  to_host(out, count, 1);
+  counter = out[0];
+  cudaFree(src), cudaFree(dst), cudaFree(count);
   return err;
 }
 

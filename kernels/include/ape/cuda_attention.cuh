@@ -231,6 +231,7 @@ template <class Enc, class In> struct Params {
   unsigned long long *dparam_fx[NP];  // numel x 2 words each
   uint32_t *status;                 // CudaAttnArgs::status (backward)
   int *dq_sem;                      // (B*H, ceil(T / BQ)): the order of dQ' adds (flash backward)
+  bool dq_direct;                   // flash backward: key tile 0 writes dq (flash_dq_direct)
   // distance biases in the flash kernels (flash_distance<Enc>())
   float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
   int64_t dist_ld;
@@ -415,66 +416,187 @@ __global__ void fixed_to_float_kernel(const unsigned long long *src, float *dst,
   if (e < n) dst[e] = (*status & kStatusErrors) ? __int_as_float(0x7fc00000) : from_fixed(src + 2 * e);
 }
 
-// xm = mod(x) elementwise (kIsQ: q_mod, else k_mod), computed in fp32.
-template <class Enc, class In, bool kIsQ>
-__global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm) {
-  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t D = p.D;
-  if (e >= p.B * p.H * p.T * D) return;
-  const int64_t c = e % D, t = (e / D) % p.T, bh = e / (D * p.T);
-  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
-  const float xv = to_float(x[e]);
-  if constexpr (kIsQ) {
-    const float yv = to_float(x[e - c + partner(Enc::kQPairing, Enc::kQFraction, D, c)]);
-    xm[e] = from_float<In>(Enc::q_mod(ctx, t, c, xv, yv));
-  } else {
-    const float yv = to_float(x[e - c + partner(Enc::kKPairing, Enc::kKFraction, D, c)]);
-    xm[e] = from_float<In>(Enc::k_mod(ctx, t, c, xv, yv));
+// ---- runs: kV consecutive elements of a row, in 16-byte loads and stores ---------------------------
+template <class In> constexpr int run_len() { return 16 / static_cast<int>(sizeof(In)); }
+
+// v = r[c0 .. c0 + kV) (c0 kV-aligned, so every 16-byte chunk is aligned).
+template <class X, int kV> __device__ inline void load_run(const X *r, int64_t c0, X (&v)[kV]) {
+  static_assert(kV * sizeof(X) % 16 == 0, "whole 16-byte chunks");
+  constexpr int kPer = 16 / static_cast<int>(sizeof(X));
+  #pragma unroll
+  for (int k = 0; k < kV / kPer; ++k) {
+    const ptx::F4 w = *reinterpret_cast<const ptx::F4 *>(r + c0 + k * kPer);
+    memcpy(v + k * kPer, &w, 16);
+  }
+}
+template <class X, int kV> __device__ inline void store_run(X *r, const X (&v)[kV]) {
+  static_assert(kV * sizeof(X) % 16 == 0, "whole 16-byte chunks");
+  constexpr int kPer = 16 / static_cast<int>(sizeof(X));
+  #pragma unroll
+  for (int k = 0; k < kV / kPer; ++k) {
+    ptx::F4 w;
+    memcpy(&w, v + k * kPer, 16);
+    *reinterpret_cast<ptx::F4 *>(r + k * kPer) = w;
   }
 }
 
-// dx = (d mod / dx)^T gm, one thread per token row (the partner term crosses columns); param
-// gradients of the mod go to the sinks. Without a mod: dx = gm.
+// The run at p0 = partner(c0) when the partners of run c0 form a run of their own, in order (the
+// half pairing with whole runs per half): then each of the two runs is the other's partner run,
+// and the thread of the lower one does both. -1 otherwise.
+template <int kV, int D> __device__ inline int64_t partner_run(int pairing, double fraction, int64_t c0) {
+  const int64_t p0 = partner(pairing, fraction, D, c0);
+  return p0 % kV == 0 && (p0 >= c0 + kV || p0 + kV <= c0) &&
+                 partner(pairing, fraction, D, c0 + kV - 1) == p0 + kV - 1
+             ? p0
+             : -1;
+}
+
+// out[u] = r[partner(c0 + u)] for the run at c0 whose values are `own` (no partner run): from
+// `own` where the partner falls inside the run (the interleaved pairing, unpaired columns), one
+// by one otherwise.
+template <class X, int kV, int D>
+__device__ inline void gather_partners(int pairing, double fraction, const X *r, int64_t c0,
+                                       const X (&own)[kV], X (&out)[kV]) {
+  #pragma unroll
+  for (int u = 0; u < kV; ++u) {
+    const int64_t pc = partner(pairing, fraction, D, c0 + u);
+    out[u] = pc >= c0 && pc < c0 + kV ? own[pc - c0] : r[pc];
+  }
+}
+
+// xm = mod(x) (kIsQ: q_mod, else k_mod), computed in fp32: a thread per run of kV elements, or
+// per pair of partner runs (partner_run), in 16-byte loads and stores: each byte read and
+// written once.
+template <class Enc, class In, bool kIsQ, int D>
+__global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm) {
+  constexpr int kV = run_len<In>();
+  constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
+  constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
+  static_assert(D % kV == 0, "whole runs per row");
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
+  if (e >= p.B * p.H * p.T * D) return;
+  const int64_t c0 = e % D, row = e / D, t = row % p.T, bh = row / p.T;
+  const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
+  if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  auto mod = [&](int64_t c, In xv, In yv) {
+    if constexpr (kIsQ) return from_float<In>(Enc::q_mod(ctx, t, c, to_float(xv), to_float(yv)));
+    else return from_float<In>(Enc::k_mod(ctx, t, c, to_float(xv), to_float(yv)));
+  };
+  const In *xr = x + row * D;
+  In own[kV], part[kV], out[kV];
+  load_run<In, kV>(xr, c0, own);
+  if (p0 >= 0) {
+    load_run<In, kV>(xr, p0, part);
+    In outp[kV];
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]), outp[u] = mod(p0 + u, part[u], own[u]);
+    store_run<In, kV>(xm + row * D + p0, outp);
+  } else {
+    gather_partners<In, kV, D>(kPairing, kFraction, xr, c0, own, part);
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]);
+  }
+  store_run<In, kV>(xm + e, out);
+}
+
+// dx = (d mod / dx)^T gm, a thread per run of kV elements (or pair of partner runs), in 16-byte
+// loads and stores. Without a mod dx = gm. With one, column c sums its own term's d/dx and its
+// partner's term's d/dy (ape_abi::partner pairs columns, so the partner's partner is c; a column
+// paired with itself adds both of its own): the same two additions as a row-wise sum, in either
+// order. Each term's param gradients go to the sinks once: a pair of runs computes each of its
+// terms once; a lone run computes its partners' terms again without sinks.
 template <class Enc, class In, bool kIsQ, int D>
 __global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const float *gm, In *dx) {
-  const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (row >= p.B * p.H * p.T) return;
-  const int64_t t = row % p.T, bh = row / p.T;
-  const In *xr = x + row * D;
-  const float *gr = gm + row * D;
-  In *dr = dx + row * D;
   constexpr bool kHasMod = kIsQ ? Enc::kHasQMod : Enc::kHasKMod;
+  constexpr int kV = run_len<In>();
+  static_assert(D % kV == 0, "whole runs per row");
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
+  if (e >= p.B * p.H * p.T * D) return;
+  const int64_t c0 = e % D, row = e / D;
+  const float *gr = gm + row * D;
+  float g[kV];
+  In out[kV];
   if constexpr (!kHasMod) {
-    for (int c = 0; c < D; ++c) dr[c] = from_float<In>(gr[c]);
+    load_run<float, kV>(gr, c0, g);
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) out[u] = from_float<In>(g[u]);
   } else {
-    const DevCtx<Enc> ctx = make_ctx(p, bh, true);
-    float acc[D];
-    for (int c = 0; c < D; ++c) acc[c] = 0.f;
-    for (int c = 0; c < D; ++c) {
-      float gx = 0.f, gy = 0.f;
-      if constexpr (kIsQ) {
-        const int64_t pc = partner(Enc::kQPairing, Enc::kQFraction, D, c);
-        Enc::q_mod_grad(ctx, t, int64_t(c), to_float(xr[c]), to_float(xr[pc]), gr[c], gx, gy);
-        acc[c] += gx;
-        acc[pc] += gy;
-      } else {
-        const int64_t pc = partner(Enc::kKPairing, Enc::kKFraction, D, c);
-        Enc::k_mod_grad(ctx, t, int64_t(c), to_float(xr[c]), to_float(xr[pc]), gr[c], gx, gy);
-        acc[c] += gx;
-        acc[pc] += gy;
+    constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
+    constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
+    const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
+    if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+    const int64_t t = row % p.T, bh = row / p.T;
+    const In *xr = x + row * D;
+    In xo[kV], xp[kV];
+    float gp[kV];
+    load_run<float, kV>(gr, c0, g);
+    load_run<In, kV>(xr, c0, xo);
+    const DevCtx<Enc> sinks = make_ctx(p, bh, true);
+    // The term of column c (value xv, partner value yv, gradient gv): d/dx, d/dy.
+    auto term = [&](const DevCtx<Enc> &ctx, int64_t c, In xv, In yv, float gv, float &gx, float &gy) {
+      if constexpr (kIsQ) Enc::q_mod_grad(ctx, t, c, to_float(xv), to_float(yv), gv, gx, gy);
+      else Enc::k_mod_grad(ctx, t, c, to_float(xv), to_float(yv), gv, gx, gy);
+    };
+    if (p0 >= 0) {
+      load_run<float, kV>(gr, p0, gp);
+      load_run<In, kV>(xr, p0, xp);
+      In outp[kV];
+      #pragma unroll
+      for (int u = 0; u < kV; ++u) {
+        float gx = 0.f, gy = 0.f, hx = 0.f, hy = 0.f;
+        term(sinks, c0 + u, xo[u], xp[u], g[u], gx, gy);
+        term(sinks, p0 + u, xp[u], xo[u], gp[u], hx, hy);
+        out[u] = from_float<In>(gx + hy), outp[u] = from_float<In>(hx + gy);
+      }
+      store_run<In, kV>(dx + row * D + p0, outp);
+    } else {
+      gather_partners<In, kV, D>(kPairing, kFraction, xr, c0, xo, xp);
+      gather_partners<float, kV, D>(kPairing, kFraction, gr, c0, g, gp);
+      const DevCtx<Enc> plain = make_ctx(p, bh, false);
+      #pragma unroll
+      for (int u = 0; u < kV; ++u) {
+        const int64_t c = c0 + u, pc = partner(kPairing, kFraction, D, c);
+        float gx = 0.f, gy = 0.f;
+        term(sinks, c, xo[u], xp[u], g[u], gx, gy);
+        if (pc != c) {
+          float unused = 0.f;
+          term(plain, pc, xp[u], xo[u], gp[u], unused, gy);  // the partner's term: its d/dy is ours
+        }
+        out[u] = from_float<In>(gx + gy);
       }
     }
-    for (int c = 0; c < D; ++c) dr[c] = from_float<In>(acc[c]);
   }
+  store_run<In, kV>(dx + e, out);
 }
 
-// Delta_i = dO_i . O_i (fp32), one thread per row.
+// Delta_i = dO_i . O_i (fp32), added in column order, one fp32 accumulator per row, exactly as a
+// thread per row would (at T = 1, where dS = P (dP - Delta) vanishes, the gradients left are the
+// rounding difference of Delta and the tensor cores' dP: the tests bound it). The loads are
+// coalesced: a block of 128 threads reads kDeltaRows rows in 16-byte chunks into shared memory
+// (rows padded by one float: no bank conflicts), then a thread per row adds them up.
+constexpr int kDeltaRows = 16, kDeltaThreads = 128;
 template <class Enc, class In, int D> __global__ void delta_kernel(const Params<Enc, In> p) {
-  const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (row >= p.B * p.H * p.T) return;
-  float d = 0.f;
-  for (int c = 0; c < D; ++c) d += to_float(p.dout[row * D + c]) * to_float(p.o[row * D + c]);
-  p.delta[row] = d;
+  constexpr int kV = run_len<In>(), kLd = D + 1;
+  APE_STATIC_SMEM(float, sO, kDeltaRows * kLd);
+  APE_STATIC_SMEM(float, sDO, kDeltaRows * kLd);
+  const int64_t row0 = blockIdx.x * int64_t(kDeltaRows), rows = p.B * p.H * p.T;
+  for (int x = static_cast<int>(threadIdx.x); x < kDeltaRows * (D / kV); x += kDeltaThreads) {
+    const int r = x / (D / kV), c = (x % (D / kV)) * kV;
+    if (row0 + r >= rows) break;
+    In a[kV], b[kV];
+    load_run<In, kV>(p.dout + (row0 + r) * D, c, a);
+    load_run<In, kV>(p.o + (row0 + r) * D, c, b);
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) sDO[r * kLd + c + u] = to_float(a[u]), sO[r * kLd + c + u] = to_float(b[u]);
+  }
+  __syncthreads();
+  const int r = static_cast<int>(threadIdx.x);
+  if (r < kDeltaRows && row0 + r < rows) {
+    float d = 0.f;
+    for (int c = 0; c < D; ++c) d += sDO[r * kLd + c] * sO[r * kLd + c];
+    p.delta[row0 + r] = d;
+  }
 }
 
 // ---- relative rows and the value-rows term ----------------------------------------------------------
@@ -1447,14 +1569,17 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const Params<Enc, In> p) {
 // registers until the end. Q', dO of the next query tile are prefetched by cp.async into the
 // other half of double buffers.
 //
-// dQ is deterministic: the blocks of one slice add their dQ' tiles into the fp32 dQ' (global
-// atomics) in a fixed order, highest key tile first, by a semaphore per (slice, query tile): the
-// block of key tile kt adds to query tile qt once the last(qt) - kt blocks of higher key tiles
-// have (last(qt) is the last key tile that qt sees), then releases it. The grid runs the highest
-// key tiles first (blockIdx.y = 0 is the last key tile), so a block waits on blocks that started
-// before it, and in steady state each block trails its neighbour by one query tile. Cost: the
-// atomics of a non-deterministic backward, one spin per tile by one thread, and a start-up
-// skew of one step per key tile; the sums are identical run to run.
+// dQ is deterministic: the blocks of one slice add their dQ' tiles into the fp32 dQ' in a fixed
+// order, highest key tile first, by a semaphore per (slice, query tile): the block of key tile kt
+// adds to query tile qt once the last(qt) - kt blocks of higher key tiles have (last(qt) is the
+// last key tile that qt sees), then releases it. While it holds the turn the rows are its own, so
+// the add is a plain read-modify-write of 16-byte chunks through L2 (the tile staged in shared
+// memory first), not atomics; the first block stores, and key tile 0, the last, can write dq. The
+// grid is 1-D and slice-major, highest key tile first within a slice, so a block waits only on
+// blocks that started before it, in steady state each block trails its neighbour by one query
+// tile, and the blocks resident at once touch the dQ' rows of a few slices (L2, not DRAM). Cost:
+// one spin per tile by one thread and a start-up skew of one step per key tile; the sums are
+// identical run to run.
 template <class In, int D> struct FlashBwd {
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
   static constexpr int BK = 16 * kWarps;          // keys per block, 16 per warp
@@ -1606,6 +1731,15 @@ template <class Enc, class In> __global__ void dist_sat_kernel(const Params<Enc,
 template <class Enc> constexpr bool flash_scaled_p() {
   return !Enc::kHasScoreMod || flash_distance<Enc>() || flash_rowcol<Enc>();
 }
+// The flash backward writes dk itself (no fp32 dK', no mod pass) where dk = dK': no k mod and
+// no relative rows (whose gradients add to dK' afterwards). dq likewise, from key tile 0, where
+// also the scale was positive (Params::dq_direct, set by the host).
+template <class Enc> constexpr bool flash_dk_direct() {
+  return !Enc::kHasKMod && traits::NumRel<Enc>::value == 0;
+}
+template <class Enc> constexpr bool flash_dq_direct() {
+  return !Enc::kHasQMod && traits::NumRel<Enc>::value == 0;
+}
 template <class Enc, class In> __global__ void row_stats_kernel(const Params<Enc, In> p) {
   constexpr float kLog2e = 1.44269504088896341f;
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -1650,8 +1784,10 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   float *sDelta = reinterpret_cast<float *>(smem + C::delta);
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int g = lane / 4, t = lane % 4;
-  const int64_t bh = blockIdx.x, T = p.T, base = bh * T * D;
-  const int kt = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // highest key tile first
+  // One slice's key tiles run together, highest first (blocks n_kt bh .. n_kt bh + n_kt - 1):
+  // the blocks on the GPU at once share few slices, so the fp32 dQ' rows they add to stay in L2.
+  const int64_t T = p.T, n_kt = (T + BK - 1) / BK, bh = int64_t(blockIdx.x) / n_kt, base = bh * T * D;
+  const int kt = static_cast<int>(n_kt - 1 - int64_t(blockIdx.x) % n_kt);
   const int64_t j0 = int64_t(kt) * BK;
   const int kr0 = 16 * warp;                                    // this warp's keys in the tile
   const int qr0 = 16 * (warp / C::kQW), qc0 = (warp % C::kQW) * C::kQCols;  // its dQ' part
@@ -1703,7 +1839,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   static_assert(BK / 4 <= C::kThreads, "one chunk per thread");
   // The slice's fixed-point sum of distance d (formed where used: no pointers live in the loop).
   [[maybe_unused]] auto dist_g = [&](int64_t d) {
-    return FixedRef{p.dist_g + 2 * (int64_t(blockIdx.x) * p.T + d), p.status};
+    return FixedRef{p.dist_g + 2 * (bh * p.T + d), p.status};
   };
   if constexpr (kDist && kBiasGrad) {
     for (int x = static_cast<int>(threadIdx.x); x < C::kDistAcc; x += C::kThreads) sAcc[x] = 0.f;
@@ -1741,6 +1877,16 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   const ptx::SmemAddr lDOk = flash::lane_base<D, flash::kRowsByQuad>(sDO);
   const ptx::SmemAddr lDS = flash::lane_base<BQ, flash::kColsByQuad>(sDS);
   float dk[kDT][4] = {}, dv[kDT][4] = {};
+  // The staging rows of a step's fp32 dQ' tile (BQ x D): rows [0, BQ/2) in the step's Q' buffer,
+  // the rest in its dO buffer (each BQ D 16-bit elements: BQ/2 rows of D floats). 16-byte chunk k
+  // of row r sits at chunk k ^ swz(r): the fragment stores (8 bytes, rows g of a quad's lanes) and
+  // the chunk reads (one row per 8 lanes) are free of bank conflicts.
+  static_assert(sizeof(In) == 2 && BQ % 16 == 0 && D >= 32, "staging rows in the 16-bit buffers");
+  auto dq_stage = [&](int b, int r, int k) -> float * {
+    In *half = (r < BQ / 2 ? sQ : sDO) + b * BQ * D;
+    const int swz = ((r & 7) << 1) & (D / 4 - 1);
+    return reinterpret_cast<float *>(half) + (r % (BQ / 2)) * D + 4 * (k ^ swz);
+  };
   // A saturated step (kSat: every distance of the tile >= the slice's d_sat, unmasked) adds its
   // dS to one fp32 sum per thread instead of its diagonals' sums.
   auto step = [&](int64_t qt, auto masked, auto sat, [[maybe_unused]] float &sat_sum) {
@@ -1755,7 +1901,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
       flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
       load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ,
-                                       p.stats + 2 * int64_t(blockIdx.x) * p.stats_ld, p.stats_ld, i0 + BQ);
+                                       p.stats + 2 * bh * p.stats_ld, p.stats_ld, i0 + BQ);
       if constexpr (kDist) fill_bias(qt + 1, nb);
     }
     ptx::cp_async_commit();
@@ -1899,15 +2045,56 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
         flash::mma<In>(dq[dt + 1], a, b + 2);
       }
     }
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t i = i0 + qr0 + g + 8 * h;
-      if (kMasked && i >= T) continue;
-      float *row = p.dqm + base + i * D + qc0 + 2 * t;
+    // Our turn on the fp32 dQ' rows. The first key tile to reach the query tile stores them, and
+    // key tile 0, the last, adds the sum so far and writes dq itself where dq = dQ'
+    // (p.dq_direct): both through the staging rows (the current Q' and dO buffers, which no warp
+    // reads again and the next step's prefetch does not fill) in 16-byte chunks, 512 contiguous
+    // bytes per warp instruction, with no memset before and no conversion pass after. The other
+    // key tiles add their fragments by fp32 reductions. The order of the adds is the semaphore's.
+    const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+    const bool first = (i_end - 1) / BK == kt, to_dq = kt == 0 && p.dq_direct;
+    if (first || to_dq) {  // the same for every thread of the block
       #pragma unroll
-      for (int dt = 0; dt < kQDT; ++dt) {
-        atomicAdd(row + 8 * dt, dq[dt][2 * h]);
-        atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
+      for (int h = 0; h < 2; ++h)
+        #pragma unroll
+        for (int dt = 0; dt < kQDT; ++dt) {
+          const int c = qc0 + 8 * dt + 2 * t;
+          *reinterpret_cast<ptx::F2 *>(dq_stage(buf, qr0 + g + 8 * h, c / 4) + c % 4) =
+              ptx::F2{dq[dt][2 * h], dq[dt][2 * h + 1]};
+        }
+      __syncthreads();  // the staged tile is complete
+      static_assert(BQ * D / 4 % C::kThreads == 0, "whole chunks per thread");
+      const int n_live = static_cast<int>(i_end - i0) * (D / 4);  // chunks of the rows < T
+      float *gq = p.dqm + base + i0 * D;                         // the tile's rows, contiguous
+      In *gd = p.dq + base + i0 * D;
+      for (int u = 0; u < BQ * D / 4 / C::kThreads; ++u) {
+        const int x = static_cast<int>(threadIdx.x) + u * C::kThreads;  // 16-byte chunk x
+        if (kMasked && x >= n_live) break;
+        ptx::F4 v = *reinterpret_cast<const ptx::F4 *>(dq_stage(buf, x / (D / 4), x % (D / 4)));
+        if (!first) {
+          const ptx::F4 a = ptx::ld_cg_16(gq + 4 * x);
+          v = ptx::F4{a.x + v.x, a.y + v.y, a.z + v.z, a.w + v.w};
+        }
+        if (to_dq) {
+          struct alignas(8) Four {
+            uint32_t lo, hi;
+          };
+          *reinterpret_cast<Four *>(gd + 4 * x) = Four{flash::pack2<In>(v.x, v.y), flash::pack2<In>(v.z, v.w)};
+        } else {
+          ptx::st_cg_16(gq + 4 * x, v);
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + qr0 + g + 8 * h;
+        if (kMasked && i >= T) continue;
+        float *row = p.dqm + base + i * D + qc0 + 2 * t;
+        #pragma unroll
+        for (int dt = 0; dt < kQDT; ++dt) {
+          atomicAdd(row + 8 * dt, dq[dt][2 * h]);
+          atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
+        }
       }
     }
     if constexpr (kDist && kBiasGrad && !kSat) {  // diagonal c - kr = x - (BK - 1): the warps' sets, in order
@@ -1980,7 +2167,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
   if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
     const int x = static_cast<int>(threadIdx.x);
-    const int64_t d = (n_qt - 1) * BQ - kt * BK - (BK - 1) + x;  // j0 = kt BK (32 bits)
+    const int64_t d = (n_qt - 1) * BQ - j0 - (BK - 1) + x;
     if (x >= BQ && x < BQ + BK - 1) {
       const float v = sAcc[d & (C::kDistAcc - 1)];
       if (v != 0.f && d < T) dist_g(d) += v;
@@ -1988,20 +2175,25 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
   }
   if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
     for (int h = 0; h < 2; ++h) {
-      const int64_t j = kt * BK + kr0 + g + 8 * h;
+      const int64_t j = j0 + kr0 + g + 8 * h;
       const float sum = col_acc[2 * h];  // every lane of the quad holds it
       if (t == 0 && sum != 0.f && j < T) Enc::col_bias_grad(ctx, j, sum * p.inv_scale);
     }
   }
 
-  // dK' (fp32 scratch) and dV.
+  // dK' (fp32 scratch; dk itself where dk = dK': flash_dk_direct) and dV.
   for (int h = 0; h < 2; ++h) {
-    const int64_t j = kt * BK + kr0 + g + 8 * h;  // j0 + ..., in 32 bits (kt < 2^16: gridDim.y)
+    const int64_t j = j0 + kr0 + g + 8 * h;
     if (j >= T) continue;
     for (int dt = 0; dt < kDT; ++dt) {
       const int64_t off = base + j * D + 8 * dt + 2 * t;
-      p.dkm[off] = dk[dt][2 * h];
-      p.dkm[off + 1] = dk[dt][2 * h + 1];
+      if constexpr (flash_dk_direct<Enc>()) {
+        p.dk[off] = from_float<In>(dk[dt][2 * h]);
+        p.dk[off + 1] = from_float<In>(dk[dt][2 * h + 1]);
+      } else {
+        p.dkm[off] = dk[dt][2 * h];
+        p.dkm[off + 1] = dk[dt][2 * h + 1];
+      }
       p.dv[off] = from_float<In>(kScaledP ? dv[dt][2 * h] * p.inv_scale : dv[dt][2 * h]);
       p.dv[off + 1] = from_float<In>(kScaledP ? dv[dt][2 * h + 1] * p.inv_scale : dv[dt][2 * h + 1]);
     }
@@ -2091,7 +2283,7 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
 }
 
 // tok, q', k' of every slice (the forward's inputs; the backward recomputes them).
-template <class Enc, class In>
+template <class Enc, class In, int kModD>
 cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
   cudaError_t err = cudaSuccess;
   const int64_t BH = p.B * p.H, n = BH * p.T * p.D;
@@ -2105,7 +2297,7 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
   if constexpr (Enc::kHasQMod) {
     In *qm = scratch.take<In>(n, err);
     if (err != cudaSuccess) return err;
-    if ((err = launch(mod_forward_kernel<Enc, In, true>, blocks_for(n, 256), 256, 0, st, p, p.q,
+    if ((err = launch(mod_forward_kernel<Enc, In, true, kModD>, blocks_for(n / run_len<In>(), 256), 256, 0, st, p, p.q,
                       qm)) != cudaSuccess)
       return err;
     p.qm = qm;
@@ -2113,7 +2305,7 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
   if constexpr (Enc::kHasKMod) {
     In *km = scratch.take<In>(n, err);
     if (err != cudaSuccess) return err;
-    if ((err = launch(mod_forward_kernel<Enc, In, false>, blocks_for(n, 256), 256, 0, st, p, p.k,
+    if ((err = launch(mod_forward_kernel<Enc, In, false, kModD>, blocks_for(n / run_len<In>(), 256), 256, 0, st, p, p.k,
                       km)) != cudaSuccess)
       return err;
     p.km = km;
@@ -2216,7 +2408,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   const cudaStream_t st = a.stream;
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
-  if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
+  if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
   // The flash kernels: 16-bit inputs without value rows (wgmma on sm_90 where the build has
   // sm_90a code, mma.sync elsewhere); the general kernel otherwise.
   if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
@@ -2276,10 +2468,16 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   }
   if (n == 0) return cudaSuccess;
   Scratch scratch(st);
-  if ((err = prepare(p, scratch, st)) != cudaSuccess) return err;
+  if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
+  constexpr int kNumRel = traits::NumRel<Enc>::value;
+  constexpr int64_t kValueRows = value_rows<Enc>();
+  constexpr bool kFlash = !std::is_same_v<In, float> && kValueRows == 0;
+  // The flash backward writes dk itself where dk = dK' (and dq, where dq = dQ' and scale > 0).
+  constexpr bool kDirectK = kFlash && flash_dk_direct<Enc>();
+  bool direct_q = false;
   p.delta = scratch.take<float>(BH * T, err);
   p.dqm = scratch.take<float>(n, err);
-  p.dkm = scratch.take<float>(n, err);
+  if constexpr (!kDirectK) p.dkm = scratch.take<float>(n, err);
   if constexpr (Enc::kNumTok > 0) {
     p.dtok_fx = scratch.take<unsigned long long>(2 * BH * Enc::kNumTok * T, err);
     p.dtok = scratch.take<float>(BH * Enc::kNumTok * T, err);
@@ -2292,8 +2490,6 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
     if (err == cudaSuccess && numel > 0)
       err = cudaMemsetAsync(p.dparam_fx[k], 0, 2 * sizeof(unsigned long long) * numel, st);
   }
-  constexpr int kNumRel = traits::NumRel<Enc>::value;
-  constexpr int64_t kValueRows = value_rows<Enc>();
   if constexpr (kNumRel > 0) {
     for (int r = 0; r < kNumRel; ++r) {
       const int64_t m = BH * T * Enc::rel_rows(r);
@@ -2314,10 +2510,10 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   if (err != cudaSuccess) return err;
 
   const unsigned ubh = static_cast<unsigned>(BH);
-  if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, 128), 128, 0, st, p)))
+  if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, kDeltaRows), kDeltaThreads, 0, st, p)))
     return err;
   // The flash backward: 16-bit inputs without value rows; the two-kernel backward otherwise.
-  if constexpr (!std::is_same_v<In, float> && kValueRows == 0) {
+  if constexpr (kFlash) {
     using F = FlashBwd<In, kD>;
     const In *qm = p.qm;  // the kernels after this one read q' and the scale as given
     float qsign;
@@ -2351,11 +2547,15 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
     p.stats = scratch.take<float>(2 * BH * p.stats_ld, err);
     if (err == cudaSuccess)
       err = launch(row_stats_kernel<Enc, In>, blocks_for(BH * p.stats_ld, 256), 256, 0, st, p);
+    direct_q = flash_dq_direct<Enc>() && qsign == 1.f;
+    p.dq_direct = direct_q;
+    // 1-D, slice-major (flash_backward_kernel): B H ceil(T / BK) blocks.
+    const int64_t blocks = BH * blocks_for(T, F::BK);
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     if (err != cudaSuccess ||
         (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
-        (err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st)) != cudaSuccess ||
         (err = allow_smem(flash_backward_kernel<Enc, In, kD>, bytes)) != cudaSuccess ||
-        (err = launch(flash_backward_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, F::BK)),
+        (err = launch(flash_backward_kernel<Enc, In, kD>, static_cast<unsigned>(blocks),
                       F::kThreads, bytes, st, p)) != cudaSuccess)
       return err;
     if constexpr (flash_distance<Enc>() && !traits::BiasFixed<Enc>::value)
@@ -2388,11 +2588,15 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
         return err;
     }
   }
-  if ((err = launch(mod_backward_kernel<Enc, In, true, kD>, blocks_for(BH * T, 64), 64, 0, st, p,
-                    p.q, p.dqm, p.dq)) ||
-      (err = launch(mod_backward_kernel<Enc, In, false, kD>, blocks_for(BH * T, 64), 64, 0, st, p,
-                    p.k, p.dkm, p.dk)))
+  // dq, dk from dQ', dK' (mod_backward_kernel), where the flash backward did not write them.
+  const unsigned mod_blocks = blocks_for(n / run_len<In>(), 256);
+  if (!direct_q && (err = launch(mod_backward_kernel<Enc, In, true, kD>, mod_blocks, 256, 0, st, p,
+                                 p.q, p.dqm, p.dq)))
     return err;
+  if constexpr (!kDirectK)
+    if ((err = launch(mod_backward_kernel<Enc, In, false, kD>, mod_blocks, 256, 0, st, p, p.k, p.dkm,
+                      p.dk)))
+      return err;
   if constexpr (Enc::kNumTok > 0) {
     const int64_t nt = BH * Enc::kNumTok * T;
     if ((err = launch(fixed_to_float_kernel<>, blocks_for(nt, 256), 256, 0, st,

@@ -181,6 +181,38 @@ template <int N> __device__ inline void cp_async_wait() {
 #endif
 }
 
+// 16 bytes of global memory through L2 only (ld/st.global.cg: never a stale line of this SM's
+// L1): data another block wrote and released by a fence and a flag, like the flash backward's
+// dQ' tiles. `p` is 16-byte aligned.
+struct alignas(16) F4 {
+  float x, y, z, w;
+};
+struct alignas(8) F2 {
+  float x, y;
+};
+__device__ inline F4 ld_cg_16(const float *p) {
+#ifdef APE_SIMT
+  F4 v;
+  ::ape::simt::global_load16(&v, p);
+  return v;
+#else
+  F4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p));
+  return v;
+#endif
+}
+__device__ inline void st_cg_16(float *p, F4 v) {
+#ifdef APE_SIMT
+  ::ape::simt::global_store16(p, &v);
+#else
+  asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w)
+               : "memory");
+#endif
+}
+
 // 2^x by ex2.approx.ftz.f32 (one MUFU.EX2; max relative error 2^-22, subnormal results flushed
 // to 0): the softmax's exponential. exp2f without --use_fast_math adds a range fix-up (a compare
 // and two multiplies) around the same instruction. The emulator rounds 2^x to float and

@@ -346,6 +346,10 @@ void ldmatrix(int count, bool trans, uint32_t *regs, const void *row_addr);
 // cp.async.{ca,cg}.shared.global [dst], [src], bytes, src_bytes: copies src_bytes and zero-fills
 // the rest; the bytes land when a cp.async.wait_group lets them (as late as allowed).
 void cp_async(void *smem_dst, const void *gmem_src, int bytes, int src_bytes);
+// One 16-byte global load or store (ld/st.global.cg.v4): checked and counted as one access of 16
+// bytes, however the host compiler would split a copy of the value.
+void global_load16(void *dst, const void *src);
+void global_store16(void *dst, const void *src);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);
 // wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}.{bf16,f16} (`elem` 1 f16, 2 bf16): the

@@ -57,4 +57,19 @@ struct Stats {
 };
 Stats stats();
 
+// Global-memory traffic of the emulated kernels since the last call (which clears it): one entry
+// per kernel (its demangled name), in order of first launch. The bytes its threads read, wrote
+// and updated atomically in device memory, and the same bytes by the width of the access that
+// moved them. These are the threads' requests, what the SMs ask of L1 and L2: no cache is
+// modelled, so they are not DRAM bytes (bench/cuda_traffic.cpp and docs/cuda.md read them).
+struct Traffic {
+  std::string kernel;
+  size_t launches = 0, blocks = 0, threads = 0;
+  size_t read = 0, written = 0, atomic = 0;  // bytes
+  // bytes by access width: 1, 2, 4, 8, 16 bytes (and wider), then cp.async / TMA / bulk copies
+  size_t by_width[6] = {};
+  size_t accesses = 0;
+};
+std::vector<Traffic> take_traffic();
+
 }  // namespace ape::simt
