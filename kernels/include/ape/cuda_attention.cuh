@@ -2067,6 +2067,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kern
       const int n_live = static_cast<int>(i_end - i0) * (D / 4);  // chunks of the rows < T
       float *gq = p.dqm + base + i0 * D;                         // the tile's rows, contiguous
       In *gd = p.dq + base + i0 * D;
+      #pragma unroll 1  // a rare step (twice per query tile): few registers beside the loop's
       for (int u = 0; u < BQ * D / 4 / C::kThreads; ++u) {
         const int x = static_cast<int>(threadIdx.x) + u * C::kThreads;  // 16-byte chunk x
         if (kMasked && x >= n_live) break;
