@@ -8,7 +8,7 @@
 //
 // Attention is causal (key j visible from query i iff j <= i). Per (b, h) slice:
 //   forward : tok = token_forward(features)           one block per slice (block-parallel scans)
-//             q' = q_mod(q), k' = k_mod(k)            elementwise, fp32, stored in the input dtype
+//             q' = q_mod(q), k' = k_mod(k)            16-byte runs, fp32, stored in the input dtype
 //             per query tile: s_ij = score_mod(scale q'_i.k'_j), online softmax, o = P v,
 //             lse_i = log sum_j exp(s_ij)             16-bit inputs: flash_forward_kernel
 //                                                     (mma.sync, docs/cuda.md); f32 inputs and
@@ -16,10 +16,11 @@
 //   backward: recompute tok, q', k'; Delta_i = dO_i . O_i; P = exp(s - lse) recomputed;
 //             dS = scale score_mod_grad(P (dP - Delta)) with dP = dO V^T;
 //             16-bit inputs: flash_backward_kernel, one pass over the key tiles (dV = P^T dO,
-//             dK' = dS^T Q' in registers, dQ' = dS K' added in a fixed order); otherwise
+//             dK' = dS^T Q' in registers, dQ' = dS K' added in a fixed order; dq, dk written
+//             there in the input dtype where no mod or relative rows follow); otherwise
 //             dkdv_kernel per key tile and dq_kernel per query tile;
-//             then back through the mods (one thread per token row) and the token program
-//             (one block per slice, reverse scans).
+//             then back through the mods (16-byte runs, where the kernel did not write dq, dk)
+//             and the token program (one block per slice, reverse scans).
 // Deterministic: every float sum has a fixed order. The gradients that the functors accumulate
 // into token slots (row/column sums of the score mod) and into params (head sums, scatters,
 // token sums of the q/k mods) are added as 128-bit fixed-point integers (two 64-bit words;
