@@ -27,6 +27,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -110,21 +111,22 @@ std::string short_name(const std::string &full) {
   const size_t space = base.rfind(' ');
   if (space != std::string::npos) base = base.substr(space + 1);
   if (lt != std::string::npos && lt < paren) {
-    std::string args;
+    std::string args, cur;
+    auto take_bool = [&] {  // a bool template argument (q or k) goes into the short name
+      const bool t = cur == "true" || cur == " true", f = cur == "false" || cur == " false";
+      if (t || f) args += (args.empty() ? "" : ",") + std::string(t ? "true" : "false");
+      cur.clear();
+    };
     int depth = 0;
-    std::string cur;
     for (size_t i = lt + 1; i < full.size(); ++i) {
       const char c = full[i];
       if (c == '<') ++depth;
       if (c == '>' && depth-- == 0) {
-        if (cur == " true" || cur == "true" || cur == " false" || cur == "false")
-          args += (args.empty() ? "" : ",") + std::string(cur.find("true") != std::string::npos ? "true" : "false");
+        take_bool();
         break;
       }
       if (c == ',' && depth == 0) {
-        if (cur == " true" || cur == "true" || cur == " false" || cur == "false")
-          args += (args.empty() ? "" : ",") + std::string(cur.find("true") != std::string::npos ? "true" : "false");
-        cur.clear();
+        take_bool();
         continue;
       }
       cur += c;
@@ -317,9 +319,14 @@ int main(int argc, char **argv) {
       std::stringstream ss(line);
       for (std::string x; std::getline(ss, x, ',');) c.push_back(x);
       if (c.size() != 12) die("malformed baseline line: " + line);
-      if (std::stoll(c[8]) != o.B || std::stoll(c[9]) != o.H || std::stoll(c[10]) != o.T || std::stoll(c[11]) != o.D)
-        die("the baseline was measured at another shape: rerun with its B, H, T, D");
-      base[c[0] + "/" + c[1] + "/" + c[2]] = std::stoull(c[4]) + std::stoull(c[5]) + std::stoull(c[6]);
+      try {
+        if (std::stoll(c[8]) != o.B || std::stoll(c[9]) != o.H || std::stoll(c[10]) != o.T ||
+            std::stoll(c[11]) != o.D)
+          die("the baseline was measured at another shape: rerun with its B, H, T, D");
+        base[c[0] + "/" + c[1] + "/" + c[2]] = std::stoull(c[4]) + std::stoull(c[5]) + std::stoull(c[6]);
+      } catch (const std::logic_error &) {  // stoll / stoull on a field that is not a number
+        die("malformed baseline line: " + line);
+      }
     }
     int bad = 0;
     for (const Row &r : rows) {
