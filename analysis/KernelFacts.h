@@ -44,7 +44,7 @@ struct RowColBias {
 std::optional<RowColBias> rowColBias(ScoreModOp mod);
 
 /// Whether `op` (a region holder of the kernel) reads the sequence length (ape.dim "seq_len"):
-/// decoding (cpu_decode.h) must then recompute what it caches at every step. Attributes:
+/// decoding (cpu/decode.h) must then recompute what it caches at every step. Attributes:
 /// `k_mod_reads_length` (the k mod), `tokens_read_length` (any op of the token program).
 bool readsSequenceLength(Operation *op);
 

@@ -25,7 +25,7 @@
 // timed region, as a tuned PyTorch implementation would cache them.
 //
 // Usage: see bench/README.md and `ape-bench-attention --help`.
-#include <ape/kernel_call.h>
+#include <ape/cpu/kernel_call.h>
 #include "runtime/Manifest.h"  // ape::alibi_slopes: the slope rule the runtime uses
 
 #include <nlohmann/json.hpp>
@@ -426,7 +426,7 @@ int run_one(const Options &opt, const std::string &mode, const std::string &enc,
       run.backward();
     });
     print_timings(fwd, fb);
-    // The instruction-set level the registry chose (ape/cpu_dispatch.h; APE_CPU_LEVEL forces one).
+    // The instruction-set level the registry chose (ape/cpu/dispatch.h; APE_CPU_LEVEL forces one).
     std::printf(" level=%s", info.entry->cpu_level ? info.entry->cpu_level : "unknown");
   } else if (mode == "libtorch" || mode == "libtorch-tuned") {
     if (mode == "libtorch-tuned") {  // the driver also sets tuned_env() before the exec

@@ -6,7 +6,7 @@
 #   baseline    the baseline unit now (fp32 + fp64, the dispatcher)
 #   avx2        an avx2 unit now (fp32 only: fp64 is compiled at the baseline only)
 #   avx512      an avx512 unit now (fp32 only)
-#   avx2_f64    an avx2 unit if it also instantiated fp64 (kernel_entry.h patched in a copy)
+#   avx2_f64    an avx2 unit if it also instantiated fp64 (cpu/kernel_entry.h patched in a copy)
 #   avx512_f64  the same for avx512
 #
 #   bench/cpu_levels_compile_cost.sh BUILD [REPEATS [ENCODINGS...]]
@@ -27,9 +27,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r "$root/kernels/include" "$work/include_f64"
 sed -i -z 's|&attention_backward<Enc, float>,\n *nullptr,\n *nullptr,|\&attention_backward<Enc, float>, \&attention_forward<Enc, double>, \&attention_backward<Enc, double>,|' \
-  "$work/include_f64/ape/kernel_entry.h"
-grep -q 'attention_backward<Enc, float>, &attention_forward<Enc, double>' "$work/include_f64/ape/kernel_entry.h" ||
-  { echo "could not patch kernel_entry.h for the fp64 variants" >&2; exit 1; }
+  "$work/include_f64/ape/cpu/kernel_entry.h"
+grep -q 'attention_backward<Enc, float>, &attention_forward<Enc, double>' \
+  "$work/include_f64/ape/cpu/kernel_entry.h" ||
+  { echo "could not patch cpu/kernel_entry.h for the fp64 variants" >&2; exit 1; }
 flags=(-O3 -DNDEBUG -fno-math-errno -Wno-unused-parameter -fopenmp -std=gnu++17)
 inc=(-I"$root/kernels/include")
 echo "# $("$cxx" --version | head -1); load $(cut -d' ' -f1-3 /proc/loadavg)"

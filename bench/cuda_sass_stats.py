@@ -7,7 +7,7 @@ reports, per kernel:
 
   from ptxas -v     registers, spill stores/loads (bytes), stack frame, static shared memory
   from the source   dynamic shared memory and threads per block (a host program prints the tile
-                    constants of cuda_attention.cuh), hence the theoretical occupancy per arch
+                    constants of cuda/attention.cuh), hence the theoretical occupancy per arch
   from the SASS     (cuobjdump -sass) the main loop: the outermost loop (a backward branch)
                     that holds the tensor-core instructions; per iteration of it, per warp:
                     instructions, instructions per MFLOP, tensor-core (HMMA, and HGMMA for wgmma)
@@ -114,7 +114,7 @@ def find_cuobjdump(venv):
 
 
 TILE_PROGRAM = r"""
-#include "ape/cuda_attention.cuh"
+#include "ape/cuda/attention.cuh"
 #include <cstdio>
 using namespace ape::cuda::detail;
 template <class In, int D> void print(const char *dt) {
@@ -218,7 +218,7 @@ def main_loop(instrs):
 
 
 TOKEN_KERNELS = {"token_forward_kernel": "token forward", "token_backward_kernel": "token backward"}
-TOK_THREADS = 256  # kTokThreads in cuda_attention.cuh
+TOK_THREADS = 256  # kTokThreads in cuda/attention.cuh
 
 
 def token_cost(instrs, T):

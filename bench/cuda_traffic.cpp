@@ -16,7 +16,7 @@
 // --check fails (exit 1) when a kernel moves more than 2% more bytes than in BASELINE (the same
 // command's committed CSV), or a kernel appears that BASELINE does not have: the CI's guard
 // against traffic regressions. The counts are exact and deterministic (one emulator worker).
-#include <ape/cuda_kernel_entry.h>
+#include <ape/cuda/kernel_entry.h>
 #include <ape/simt/runtime.h>
 
 #include <cmath>

@@ -24,6 +24,15 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 git -C "$root" archive "$rev" kernels/include | tar -x -C "$work"
 old=$work/kernels/include
+# A revision from before the headers moved into folders (ape/cuda_attention.cuh, ...): the
+# generated sources include the new paths, so give them shims that include the old ones.
+for pair in cuda/attention.cuh=cuda_attention.cuh cuda/kernel_entry.h=cuda_kernel_entry.h; do
+  new=${pair%%=*} was=${pair#*=}
+  if [ ! -f "$old/ape/$new" ] && [ -f "$old/ape/$was" ]; then
+    mkdir -p "$(dirname "$old/ape/$new")"
+    printf '#pragma once\n#include "ape/%s"\n' "$was" > "$old/ape/$new"
+  fi
+done
 flags=(-DAPE_SIMT -DBOOST_ALL_NO_LIB -DBOOST_CONTEXT_DYN_LINK -I"$gen" -I"$old" -O2 -g0
        -fno-sanitize=all -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
        -Wno-unused-parameter -Wno-psabi -std=gnu++17)
@@ -40,7 +49,7 @@ for e in "${encodings[@]}"; do
   entries+="APE_CUDA_ENTRY($e)(), "
 done
 cat > "$work/registry.cpp" <<EOR
-#include "ape/cuda_kernel_entry.h"
+#include "ape/cuda/kernel_entry.h"
 $decls
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN

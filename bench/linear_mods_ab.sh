@@ -16,7 +16,7 @@ trap 'rm -rf "$work"' EXIT
 grep -v 'ModLinear = true' "$work/rope_cpu.cpp" |
   sed 's/APE_DEFINE_KERNEL_ENTRY(rope,/APE_DEFINE_KERNEL_ENTRY(rope_per_element,/' > "$work/old_cpu.cpp"
 cat > "$work/main.cpp" <<'CPP'
-#include "ape/kernel_entry.h"
+#include "ape/cpu/kernel_entry.h"
 #include <algorithm>
 #include <chrono>
 #include <cmath>

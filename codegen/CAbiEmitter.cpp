@@ -4,9 +4,9 @@
 // compiler only (docs/frameworks.md):
 //
 //   ape_NAME.h            the C header: ape_NAME_args, forward/backward in f32 and f64, error
-//                         strings, param sizes, the manifest (types shared in ape/c_abi.h)
+//                         strings, param sizes, the manifest (types shared in ape/c/abi.h)
 //   ape_NAME_c.cpp        the extern "C" functions (checks, strided copies and the exception
-//                         barrier live in ape/c_abi_impl.h)
+//                         barrier live in ape/c/abi_impl.h)
 //   NAME_cpu.cpp, ape/*.h the fused CPU kernel and its templates
 //   CMakeLists.txt, NAME.manifest.json, README.md
 //
@@ -106,7 +106,7 @@ LogicalResult mlir::ape::emitCAbi(KernelOp kernel, StringRef spec,
   FailureOr<KernelInputInfo> info = folder::collectInputs(kernel, {});
   if (failed(info))
     return failure();
-  if (failed(folder::addKernelSources(kernel, spec, {"ape/c_abi_impl.h"}, files)))
+  if (failed(folder::addKernelSources(kernel, spec, {"ape/c/abi_impl.h"}, files)))
     return failure();
   const std::string &n = info->encoding;
   files.push_back({"ape_" + n + ".h", header(*info, spec)});

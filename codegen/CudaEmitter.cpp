@@ -3,7 +3,7 @@
 // The sibling of CpuEmitter.cpp: the same `Enc` functor (FunctorWriter.cpp, with
 // FunctorTarget::Cuda: members APE_HD and templated on the context type), put
 // into a header of its own, plus thin instantiation files of the CUDA template
-// kernels/include/ape/cuda_attention.cuh, one per (input dtype, head dim)
+// kernels/include/ape/cuda/attention.cuh, one per (input dtype, head dim)
 // and named by both, so that nvcc compiles them in parallel and a build
 // compiles only the variants it asks for:
 //   NAME_cuda.cuh               the functor (namespace ape_gen_NAME)
@@ -49,7 +49,7 @@ void banner(KernelOp kernel, StringRef source, raw_ostream &os) {
 } // namespace
 
 LogicalResult mlir::ape::emitCudaHeader(KernelOp kernel, StringRef source, raw_ostream &os) {
-  // What kernels/include/ape/cuda_attention.cuh implements: causal attention; its tiles are
+  // What kernels/include/ape/cuda/attention.cuh implements: causal attention; its tiles are
   // its own (per dtype and head dim), so the schedule's CPU tiles do not constrain it.
   if (!kernel.getCausal())
     return kernel.emitOpError("is not causal: the CUDA kernel template implements causal "
@@ -61,8 +61,8 @@ LogicalResult mlir::ape::emitCudaHeader(KernelOp kernel, StringRef source, raw_o
   banner(kernel, source, os);
   os << "// The functor below is translated from the regions of ape.kernel @" << name
      << " (the same text as the CPU\n// kernel's); the flash-attention kernels live in "
-        "ape/cuda_attention.cuh.\n"
-     << "#pragma once\n\n#include \"ape/cuda_attention.cuh\"\n\n"
+        "ape/cuda/attention.cuh.\n"
+     << "#pragma once\n\n#include \"ape/cuda/attention.cuh\"\n\n"
      << "#include <algorithm>\n#include <cmath>\n#include <cstdint>\n"
      << (hasNonFiniteConstant(kernel) ? "#include <limits>  // std::numeric_limits: a non-finite constant\n" : "")
      << "\nnamespace ape_gen_" << name << " {\nAPE_CUDA_ABI_BEGIN\n\n";

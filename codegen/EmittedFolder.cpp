@@ -17,7 +17,7 @@ struct EmbeddedFile {
   const char *path;
   const char *text;
 };
-// {"ape/cpu_attention.h", R"(...)"}, ...: kernels/include/ape/*.h that the folders copy,
+// {"ape/cpu/attention.h", R"(...)"}, ...: kernels/include/ape/*.h that the folders copy,
 // written by codegen/EmbedFiles.cmake (see codegen/CMakeLists.txt).
 const EmbeddedFile kTemplates[] = {
 #include "LibraryTemplates.inc"
@@ -168,7 +168,7 @@ std::string folder::cDouble(double x) {
 }
 
 namespace {
-// The C++ spellings of the contract's values in the generated tables (ape/abi.h); the switches
+// The C++ spellings of the contract's values in the generated tables (vocabulary.h); the switches
 // name every enumerator, so a new one is a compile error here, not a wrong table.
 std::string dimInitializer(const abi::Dim &d) {
   switch (d.kind) {
@@ -205,7 +205,7 @@ std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
   std::string text;
   llvm::raw_string_ostream os(text);
   os << "// The inputs of @" << info.encoding
-     << " beyond q, k and v, in manifest order (ape/kernel_inputs.h).\n"
+     << " beyond q, k and v, in manifest order (ape/contract/kernel_inputs.h).\n"
      << "const ape::KernelInputs &kernel_inputs() {\n";
   if (!info.features.empty()) {
     os << "  static const char *const features[] = {";
@@ -241,7 +241,8 @@ std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
 }
 
 /// The "ape/..." headers that `text` (a file at `path`) includes with quotes: `#include
-/// "ape/x.h"` from a source at the folder root, `#include "x.h"` from a header inside ape/.
+/// "ape/cpu/x.h"` (from the folder root, as the kernel headers include each other), or `#include
+/// "x.h"` beside the including file.
 /// Includes inside `#ifdef APE_SIMT` (the SIMT emulator's surface, for APE's own tests) are not
 /// part of an emitted folder.
 static SmallVector<std::string> apeIncludes(StringRef path, StringRef text) {
@@ -272,7 +273,8 @@ static SmallVector<std::string> apeIncludes(StringRef path, StringRef text) {
     if (simtDepth || !line.consume_front("#include") || !line.ltrim().starts_with("\""))
       continue;
     StringRef name = line.ltrim().drop_front().split('"').first;
-    std::string full = dir.empty() ? name.str() : (dir + "/" + name).str();
+    std::string full =
+        dir.empty() || name.starts_with("ape/") ? name.str() : (dir + "/" + name).str();
     if (StringRef(full).starts_with("ape/"))
       out.push_back(full);
   }

@@ -4,7 +4,7 @@
 // `apec --emit=c-abi` (CAbiEmitter.cpp) share. Both write a folder that builds without MLIR or
 // the APE runtime: the generated CPU kernel, the kernel templates it includes (embedded in apec
 // at build time), the manifest, and a table of the kernel's inputs (kernels/include/ape/
-// kernel_inputs.h) that the library checks its arguments against.
+// contract/kernel_inputs.h) that the library checks its arguments against.
 //
 //===----------------------------------------------------------------------===//
 #ifndef APE_CODEGEN_EMITTEDFOLDER_H
@@ -59,7 +59,7 @@ std::string uniqueIdentifier(StringRef name, llvm::StringSet<> &taken);
 std::string kernelInputsDefinition(const KernelInputInfo &info);
 
 /// Appends to `files`: NAME_cpu.cpp (the CPU kernel), NAME.manifest.json, the embedded
-/// templates named in `templates` (paths under kernels/include, e.g. "ape/torch_ops.h") and
+/// templates named in `templates` (paths under kernels/include, e.g. "ape/torch/ops.h") and
 /// every template that they or the kernel include.
 LogicalResult addKernelSources(KernelOp kernel, StringRef source, ArrayRef<StringRef> templates,
                                std::vector<EmittedFile> &files);
@@ -70,7 +70,7 @@ LogicalResult addTemplates(KernelOp kernel, ArrayRef<std::string> templates,
                            std::vector<EmittedFile> &files);
 
 /// The CMake lines that compile the kernel NAME_cpu.cpp of a folder into `target` once per
-/// instruction-set level (kernels/include/ape/cpu_dispatch.h): on x86-64 with GCC or Clang two
+/// instruction-set level (kernels/include/ape/cpu/dispatch.h): on x86-64 with GCC or Clang two
 /// generated wrappers add the AVX2 and AVX-512 units, and every unit learns the set of levels
 /// (APE_KERNEL_LEVELS). To be placed after add_library(target ...): a folder's CMakeLists.txt
 /// template has it as @CPU_LEVELS@ on a line of its own (the text has no final newline).

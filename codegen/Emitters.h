@@ -10,15 +10,15 @@
 namespace mlir::ape {
 
 /// Writes the CPU C++ source of `kernel`: an `Enc` functor struct generated from
-/// its regions, the instantiations of kernels/include/ape/cpu_attention.h and
+/// its regions, the instantiations of kernels/include/ape/cpu/attention.h and
 /// `extern "C" const ape::KernelEntry *ape_kernel_entry_<name>()`. `source` names
 /// the spec the kernel came from (written into the header comment).
 LogicalResult emitCpuKernel(KernelOp kernel, llvm::StringRef source, llvm::raw_ostream &os);
 
 /// Which kernel template an `Enc` functor is written for.
 enum class FunctorTarget {
-  Cpu,  // members on ape::HeadCtx<T> (kernels/include/ape/cpu_attention.h)
-  Cuda, // members on any context type, declared APE_HD (kernels/include/ape/cuda_attention.cuh)
+  Cpu,  // members on ape::HeadCtx<T> (kernels/include/ape/cpu/attention.h)
+  Cuda, // members on any context type, declared APE_HD (kernels/include/ape/cuda/attention.cuh)
 };
 
 /// Whether a region of `kernel` holds a non-finite float constant (-inf, +inf, NaN): the functor
@@ -36,7 +36,7 @@ struct CudaVariant {
   int64_t headDim;   // 32, 64 or 128
 };
 
-/// The CUDA sources of `kernel` for the CUDA template (kernels/include/ape/cuda_attention.cuh):
+/// The CUDA sources of `kernel` for the CUDA template (kernels/include/ape/cuda/attention.cuh):
 /// emitCudaHeader writes the functor (NAME_cuda.cuh); emitCudaEntry the manifest, the table of
 /// the instantiated (dtype, head_dim) pairs and
 /// `extern "C" const ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_<name>()` (NAME_cuda.cu);

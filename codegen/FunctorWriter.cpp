@@ -2,8 +2,8 @@
 //
 // Translates each region of a kernel into a static member function of an `Enc` functor struct
 // (templated on the scalar type T, so one kernel serves fp32 training and fp64 gradient checks),
-// which the kernel templates instantiate: kernels/include/ape/cpu_attention.h (CpuEmitter.cpp)
-// and cuda_attention.cuh (CudaEmitter.cpp). The member declarations differ by target
+// which the kernel templates instantiate: kernels/include/ape/cpu/attention.h (CpuEmitter.cpp)
+// and cuda/attention.cuh (CudaEmitter.cpp). The member declarations differ by target
 // (FunctorStyle), the bodies are the same text.
 //
 // The gradient of each load (the `grad` region's trailing results) is added to `ctx.dtok` or
@@ -56,7 +56,7 @@ constexpr FunctorStyle kCudaStyle{"  template <class T, class Ctx>\n  APE_HD sta
                                   "const Ctx &ctx", "APE_NOINLINE "};
 
 /// A score mod (primal, or primal with gradient) of more operations than this is called out of
-/// line by the CUDA kernels (APE_NOINLINE, ape/cuda_platform.cuh). The flash kernels evaluate
+/// line by the CUDA kernels (APE_NOINLINE, ape/cuda/platform.cuh). The flash kernels evaluate
 /// it at every element of fully unrolled tile loops, 16-64 copies per kernel and several kernels
 /// per variant; the example specs' mods have at most ~60 operations (KERPLE's gradient), FIRE's
 /// MLP ~1,600 with 99 gradient sinks, which inlined drove ptxas past 23 GB and 5 minutes for one
@@ -192,7 +192,7 @@ LogicalResult emitScoreMod(raw_ostream &os, KernelLayout &layout, const FunctorS
 
 /// Emitted after the bias gradients when they write nothing (every load of the bias is a fixed
 /// param or a feature without a gradient: ALiBi's standard slopes): the backward kernels then skip
-/// the bias sums altogether (enc_traits.h: BiasFixed).
+/// the bias sums altogether (contract/enc_traits.h: BiasFixed).
 constexpr const char *kBiasFixedDecl =
     "  // The bias has no gradient: the backward skips its sums (templates: kBiasFixed).\n"
     "  static constexpr bool kBiasFixed = true;\n";
@@ -444,7 +444,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
                       layout.qmod ? layout.qmod.getFraction().convertToDouble() : 1.0)
      << llvm::formatv("  static constexpr double kKFraction = {0:e17};\n",
                       layout.kmod ? layout.kmod.getFraction().convertToDouble() : 1.0);
-  // Decoding (cpu_decode.h) caches k' and the token sequences; it recomputes them at every step
+  // Decoding (cpu/decode.h) caches k' and the token sequences; it recomputes them at every step
   // when they read the sequence length, which these flags (emitted only when true) say.
   // The facts of -ape-classify (analysis/KernelFacts.h), each checked before it is used.
   if (failed(layout.checkFacts(kernel)))
@@ -511,7 +511,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
       return failure();
     os << "    return std::clamp<int64_t>(" << (*out)[0] << ", 0, kValueRows - 1);\n  }\n";
   }
-  if (AttentionTransitionOp t = layout.transition) {  // attention_transition.h
+  if (AttentionTransitionOp t = layout.transition) {  // contract/transition.h
     if (target == FunctorTarget::Cuda)
       return t.emitOpError("is not supported on CUDA yet: the CUDA template has no post-softmax "
                            "pass (the CPU kernel has it: apec --emit=cpu)");

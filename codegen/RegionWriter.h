@@ -52,7 +52,7 @@ struct KernelLayout {
 
 /// A floating-point constant of the region's precision T. A spec may hold non-finite constants
 /// (`arith.constant 0xFF800000 : f32` is -inf, the natural way to mask a key in a score_mod):
-/// they are spelled std::numeric_limits<T> (<limits>: cpu_attention.h includes it; the CUDA header
+/// they are spelled std::numeric_limits<T> (<limits>: cpu/attention.h includes it; the CUDA header
 /// includes it when hasNonFiniteConstant), valid C++ in every backend; finite values print with
 /// 17 digits (exact for f64).
 std::string floatLiteral(double v);

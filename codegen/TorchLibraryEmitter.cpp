@@ -8,7 +8,7 @@
 //   NAME_cpu.cpp          the fused CPU kernel (as --emit=cpu)
 //   NAME_ops.cpp          the kernel's inputs and the registration of torch.ops.ape_NAME (no
 //                         LibTorch include: it compiles in a blink)
-//   ape/torch_ops.cpp     the operator code, the same for every encoding (ape/torch_ops_impl.h)
+//   ape/torch_ops.cpp     the operator code, the same for every encoding (ape/torch/ops_impl.h)
 //   NAME_cuda*.cu(h)      the CUDA kernels (as --emit=cuda), unless the CUDA template cannot
 //                         take the encoding yet
 //   ape/*.h, ape/*.cuh    the kernel templates
@@ -59,9 +59,9 @@ std::string opsSource(const KernelInputInfo &info, StringRef source, StringRef n
      << "_cpu.cpp" << (noCuda.empty() ? " and " + n + "_cuda*.cu" : "") << ":\n"
      << "// this file describes the kernel's inputs and registers the operators when the "
         "library is loaded;\n"
-     << "// the operator code (checks, dtypes, devices, autograd) is ape/torch_ops_impl.h. "
+     << "// the operator code (checks, dtypes, devices, autograd) is ape/torch/ops_impl.h. "
         "docs/frameworks.md\n// has the usage.\n"
-     << "#include \"ape/torch_ops.h\"\n\n"
+     << "#include \"ape/torch/ops.h\"\n\n"
      << "extern \"C\" const ape::KernelEntry *ape_kernel_entry_" << n << "();\n";
   if (noCuda.empty())
     os << "#ifdef APE_TORCH_OPS_CUDA_KERNELS  // set by CMakeLists.txt when it compiles "
@@ -200,7 +200,7 @@ LogicalResult addCudaSources(KernelOp kernel, StringRef source, ArrayRef<CudaVar
     if (failed(emitCudaEntry(kernel, source, variants, os)))
       return failure();
   }
-  if (failed(folder::addTemplates(kernel, {std::string("ape/cuda_attention.cuh")}, files)))
+  if (failed(folder::addTemplates(kernel, {std::string("ape/cuda/attention.cuh")}, files)))
     return failure();
   files.push_back({n + "_cuda.cuh", std::move(header)});
   files.push_back({n + "_cuda.cu", std::move(entry)});
@@ -229,7 +229,7 @@ LogicalResult mlir::ape::emitTorchLibrary(KernelOp kernel, StringRef source,
   FailureOr<KernelInputInfo> info = folder::collectInputs(kernel, reserved);
   if (failed(info))
     return failure();
-  if (failed(folder::addKernelSources(kernel, source, {"ape/torch_ops.h", "ape/torch_ops_impl.h"},
+  if (failed(folder::addKernelSources(kernel, source, {"ape/torch/ops.h", "ape/torch/ops_impl.h"},
                                       files)))
     return failure();
   SmallVector<std::string> cudaSources;

@@ -6,7 +6,7 @@
 //===----------------------------------------------------------------------===//
 #include "dialect/ApeOps.h"
 #include "dialect/ComponentSupport.h"
-#include "ape/value_rules.h"
+#include "ape/contract/value_rules.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"

@@ -3,8 +3,8 @@
 #define APE_DIALECT_APEOPS_H
 
 #include "dialect/ApeDialect.h"
-#include "ape/value_rules.h"
-#include "ape/abi.h"
+#include "ape/contract/value_rules.h"
+#include "ape/contract/vocabulary.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"

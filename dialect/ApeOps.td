@@ -8,14 +8,14 @@ include "mlir/IR/RegionKindInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 
 //===----------------------------------------------------------------------===//
-// Closed vocabularies (ape/abi.h)
+// Closed vocabularies (ape/contract/vocabulary.h)
 //===----------------------------------------------------------------------===//
 
-// A string attribute whose values form a closed vocabulary of ape/abi.h: the textual form stays a
-// string (`pairing = "half"`), the generated verifier refuses any other string with the message
-// "attribute 'pairing' failed to satisfy constraint: <allowed>" (`allowed` spells the values
-// `::ape_abi::<parser>` accepts, as ::ape_abi::allowed<E>() does), and the accessor returns
-// the enum `::ape_abi::<enumName>`.
+// A string attribute whose values form a closed vocabulary of contract/vocabulary.h: the textual
+// form stays a string (`pairing = "half"`), the generated verifier refuses any other string with
+// the message "attribute 'pairing' failed to satisfy constraint: <allowed>" (`allowed` spells
+// the values `::ape_abi::<parser>` accepts, as ::ape_abi::allowed<E>() does), and the accessor
+// returns the enum `::ape_abi::<enumName>`.
 class Ape_VocabAttr<string enumName, string parser, string allowed> :
     Attr<CPred<"::llvm::isa<::mlir::StringAttr>($_self) && ::ape_abi::" # parser # "("
                "::llvm::cast<::mlir::StringAttr>($_self).getValue()).has_value()">,
@@ -386,7 +386,7 @@ def Ape_ParamOp : Ape_Op<"param", [Pure]> {
     "projection_term" (derived every step from a projection weight:
     arguments `projection`, `columns`, `start`, `step`) or
     "projection_prefix" (derived: `projection`, `columns`, `scale`); a kind
-    takes exactly the arguments it needs (ape/abi.h, init_arg_use). Without
+    takes exactly the arguments it needs (ape/contract/vocabulary.h, init_arg_use). Without
     `trainable` it is a fixed buffer; `shared` makes one tensor serve every
     layer.
     A fixed "constant" param may declare the values it can take with `min`,

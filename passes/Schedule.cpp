@@ -4,7 +4,7 @@
 // with online softmax suffices. The attention transition (the prob site)
 // reads the final weights of a row, so its rows take three: the row
 // log-sum-exp, then the kept mass and the mask sum, then the output with the
-// modified weights (cpu_attention.h, transition_rows).
+// modified weights (cpu/attention.h, transition_rows).
 //
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"

@@ -1,5 +1,5 @@
 // fused_attention: the generated CPU kernels of a KernelEntry behind the autograd binding shared
-// with the operator library (ape/attention_autograd.h); AttnArgs packed by ape/kernel_call.h.
+// with the operator library (ape/torch/autograd.h); AttnArgs packed by ape/cpu/kernel_call.h.
 #include "runtime/Attention.h"
 
 #include <algorithm>
@@ -12,8 +12,8 @@
 
 #include <ATen/ATen.h>
 
-#include "ape/attention_autograd.h"
-#include "ape/kernel_call.h"
+#include "ape/torch/autograd.h"
+#include "ape/cpu/kernel_call.h"
 #include "runtime/CudaAttention.h"
 
 namespace ape {
@@ -171,7 +171,7 @@ AttentionGrads backward_impl(const KernelEntry &e, const at::Tensor &dout0, cons
   return {dq, dk, dv, dfeats, dparams};
 }
 
-// The runtime's side of the autograd binding (ape/attention_autograd.h): the CPU kernels of the
+// The runtime's side of the autograd binding (ape/torch/autograd.h): the CPU kernels of the
 // KernelEntry at `handle`.
 struct EntryOps {
   static const KernelEntry &entry(int64_t handle) {

@@ -12,8 +12,8 @@
 
 #include <ATen/ATen.h>
 
-#include "ape/kernel_entry.h"
-#include "ape/value_rules.h"
+#include "ape/cpu/kernel_entry.h"
+#include "ape/contract/value_rules.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Util.h"
 #include "runtime/Options.h"

@@ -1,11 +1,11 @@
 // runtime/CudaAttention.h. With APE_RUNTIME_CUDA (runtime/CMakeLists.txt) the generated CUDA kernels
-// (ape_cuda_kernels' registry) behind ape/attention_autograd.h and ape/torch_ops_cuda.h; without
+// (ape_cuda_kernels' registry) behind ape/torch/autograd.h and ape/torch/ops_cuda.h; without
 // it, the refusals.
 #include "runtime/CudaAttention.h"
 
 #include <stdexcept>
 
-#include "ape/kernel_entry.h"
+#include "ape/cpu/kernel_entry.h"
 
 #if APE_RUNTIME_CUDA
 #include <cstring>
@@ -17,7 +17,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "ape/torch_ops_impl.h"  // with APE_TORCH_OPS_CUDA: forward_cuda, backward_cuda
+#include "ape/torch/ops_impl.h"  // with APE_TORCH_OPS_CUDA: forward_cuda, backward_cuda
 #include "runtime/SpecLibrary.h"
 
 namespace ape {
@@ -91,7 +91,7 @@ const CudaKernel &kernel_for(const KernelEntry &entry, const at::Tensor &q) {
       .first->second;
 }
 
-// The CUDA side of the autograd binding (ape/attention_autograd.h).
+// The CUDA side of the autograd binding (ape/torch/autograd.h).
 struct CudaOps {
   static const CudaKernel &kernel(int64_t handle) {
     return *reinterpret_cast<const CudaKernel *>(static_cast<intptr_t>(handle));

@@ -1,8 +1,8 @@
 // CudaAttention: fused_attention on CUDA tensors, through the nvcc-compiled kernels of the
 // encoding (ape_cuda_kernels: apec --emit=cuda of the example specs; docs/cuda.md).
 //
-// The same autograd binding as the CPU kernels and the operator library (ape/attention_autograd.h)
-// and the operator library's launch code (ape/torch_ops_cuda.h): q, k, v in float32, float16 or
+// The same autograd binding as the CPU kernels and the operator library (ape/torch/autograd.h)
+// and the operator library's launch code (ape/torch/ops_cuda.h): q, k, v in float32, float16 or
 // bfloat16 (one dtype), features and params in any floating dtype (computed in float32), every
 // gradient returned in its input's dtype; the kernels run on the current CUDA stream of q's device
 // and no call waits for the GPU. The backward's status word (what the deterministic gradient sums
@@ -59,7 +59,7 @@ void cuda_compile_spec(const KernelEntry &entry, at::ScalarType dtype, int64_t h
 std::string cuda_arch(int64_t index);
 
 // Why a CUDA attention backward on device `index` failed since the last call (its status word,
-// ape/cuda_kernel_entry.h: a gradient sum that could not be held; those gradients are NaN), or ""
+// ape/cuda/kernel_entry.h: a gradient sum that could not be held; those gradients are NaN), or ""
 // when none did. Reading waits for that device's work so far; the record is cleared.
 std::string cuda_backward_error(int64_t index);
 

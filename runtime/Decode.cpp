@@ -6,7 +6,7 @@
 
 #include <ATen/ATen.h>
 
-#include "ape/kernel_entry.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/CudaAttention.h"
 

@@ -1,11 +1,11 @@
-// Decode: cached attention through the kernel entry's decode steps (kernels/include/ape/cpu_decode.h,
+// Decode: cached attention through the kernel entry's decode steps (ape/cpu/decode.h,
 // docs/decoding.md).
 //
 //   o = decode_attention(entry, cache, q, k, v, features, params, scale)
 //     q, k, v   (B, H, n, D)  float32 or float64 on the CPU (the entry's decode steps), or
 //                             float32 / bfloat16 / float16 on a GPU (the generated CUDA
 //                             kernels' forward over every token so far, from the first new row:
-//                             the rows of the full forward, bit for bit, as ape/cuda_decode.h)
+//                             the rows of the full forward, bit for bit, as ape/cuda/decode.h)
 //     features  n_features x (B, H, n), same dtype     (manifest "features", in order)
 //     params    n_params tensors, shapes per manifest  (as fused_attention)
 //     o         (B, H, n, D): the new queries' attention over every cached token and themselves
@@ -18,7 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "ape/cpu_decode.h"
+#include "ape/cpu/decode.h"
 #include "runtime/Attention.h"
 
 namespace ape {

@@ -6,7 +6,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
-#include "ape/kernel_entry.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/CudaAttention.h"
 #include "runtime/SpecLibrary.h"

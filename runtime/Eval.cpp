@@ -18,7 +18,7 @@
 
 #include <torch/nn/functional/loss.h>
 
-#include "ape/value_rules.h"
+#include "ape/contract/value_rules.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Options.h"
 

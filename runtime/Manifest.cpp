@@ -216,7 +216,7 @@ std::vector<DimSpec> parse_shape(const json &p, const std::string &what, const s
     } else {
       fail(what, dpath, "expected \"heads\", \"head_dim\" or a positive integer, got " + d.dump());
     }
-    if (ds.kind == DimSpec::Kind::Fixed) {  // the verifier's limits (kernels/include/ape/value_rules.h)
+    if (ds.kind == DimSpec::Kind::Fixed) {  // the verifier's limits (ape/contract/value_rules.h)
       if (ds.value > ape_rules::kMaxDim)
         fail(what, dpath, std::to_string(ds.value) + " exceeds " + std::to_string(ape_rules::kMaxDim));
       fixed_elements *= ds.value;

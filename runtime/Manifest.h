@@ -12,12 +12,12 @@
 #include <variant>
 #include <vector>
 
-#include "ape/abi.h"             // the contract: vocabularies, shape symbols, shared math
-#include "ape/value_rules.h"  // plain C++: the rules apec's verifier applies
+#include "ape/contract/vocabulary.h"  // the contract: vocabularies, shape symbols, shared math
+#include "ape/contract/value_rules.h"  // plain C++: the rules apec's verifier applies
 
 namespace ape {
 
-namespace abi = ::ape_abi;  // the contract (ape/abi.h)
+namespace abi = ::ape_abi;  // the contract (ape/contract/vocabulary.h)
 
 // One entry of "features": f_t,h = w_h·x̃_t + c_h, a Linear(d, H) of the normalised block input.
 struct FeatureSpec {
@@ -55,7 +55,7 @@ struct ParamSpec {
   bool trainable = false;
   bool per_layer = true;
   // "range": the values a fixed param may take (ape-eval --set), checked with the rule the
-  // verifier applied to the spec (kernels/include/ape/value_rules.h). Absent: any finite value.
+  // verifier applied to the spec (ape/contract/value_rules.h). Absent: any finite value.
   std::optional<ape_rules::Range> range;
   // A fixed param: neither trainable nor derived (settable at evaluation, e.g. "rope_factor").
   bool fixed() const { return !trainable && !init.derived(); }

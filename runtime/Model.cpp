@@ -12,8 +12,8 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 
-#include "ape/derived_params.h"
-#include "ape/kernel_entry.h"
+#include "ape/torch/derived_params.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/Options.h"
 #include "runtime/Registry.h"
@@ -143,7 +143,7 @@ std::vector<torch::Tensor> EncodedAttentionImpl::kernel_params() {
     const auto &pr = p.init.projection;
     torch::Tensor W = (pr == "q" ? wq : pr == "k" ? wk : wv)->weight;
     if (!p.trainable) W = W.detach();
-    // ape/derived_params.h, shared with the emitted operator libraries; autograd reaches W.
+    // ape/torch/derived_params.h, shared with the emitted operator libraries; autograd reaches W.
     out[i] = p.init.kind == InitSpec::Kind::ProjectionTerm
                  ? ape::derived::projection_term(W, p.init.columns, p.init.start, p.init.step,
                                                  cfg_.heads, cfg_.head_dim())
@@ -462,7 +462,7 @@ void LanguageModelImpl::set_fixed_param(const std::string &name, double value) {
                                 (p.init.derived() ? "derived from a projection weight"
                                                   : "trainable (its value comes from training)") +
                                 ", not a fixed param; settable: " + settable());
-  // The rule apec's verifier applied to the spec's value (kernels/include/ape/value_rules.h), carried by
+  // The rule apec's verifier applied to the spec's value (ape/contract/value_rules.h), carried by
   // the manifest; a param without one takes any value a f32 kernel can hold.
   const ape_rules::Range range = p.range ? *p.range : ape_rules::kFiniteF32;
   if (std::string why = range.check(value); !why.empty())

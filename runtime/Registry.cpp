@@ -4,8 +4,8 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "ape/cpu_dispatch.h"
-#include "ape/kernel_entry.h"
+#include "ape/cpu/dispatch.h"
+#include "ape/cpu/kernel_entry.h"
 
 namespace ape {
 namespace {

@@ -10,7 +10,7 @@ struct KernelEntry;
 struct CpuLevelChoice;
 
 // Defined in the build-generated registry.cpp: every encoding compiled from examples/encodings,
-// at the instruction-set level chosen for this process (ape/cpu_dispatch.h).
+// at the instruction-set level chosen for this process (ape/cpu/dispatch.h).
 const KernelEntry *const *kernel_registry(size_t *count);
 // The same encodings compiled for `level` (0 baseline, 1 avx2, 2 avx512), null where the level
 // was not built (APE_CPU_LEVELS); null for a level out of range. For tests and benchmarks.

@@ -1,5 +1,5 @@
 // fused_attention on the CUDA kernels under the SIMT emulator (runtime/SimtAttention.h). Compiled
-// with -DAPE_SIMT: ape/cuda_kernel_entry.h then declares the emulated kernels' interface and the
+// with -DAPE_SIMT: ape/cuda/kernel_entry.h then declares the emulated kernels' interface and the
 // emulator's runtime API (ape/simt/cuda.h) stands in for CUDA's.
 #include "runtime/SimtAttention.h"
 
@@ -13,12 +13,12 @@
 
 #include <ATen/ATen.h>
 
-#include "ape/attention_autograd.h"
-#include "ape/kernel_entry.h"
+#include "ape/torch/autograd.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 
 // After LibTorch: the emulator's CUDA surface defines macros (threadIdx, __device__, ...).
-#include "ape/cuda_kernel_entry.h"
+#include "ape/cuda/kernel_entry.h"
 #include "ape/simt/runtime.h"
 
 namespace ape {
@@ -139,7 +139,7 @@ int64_t simt_handle(const KernelEntry &entry, cuda::DType dtype) {
   return static_cast<int64_t>(reinterpret_cast<intptr_t>(&k));
 }
 
-// The emulator's side of the autograd binding (ape/attention_autograd.h, shared with
+// The emulator's side of the autograd binding (ape/torch/autograd.h, shared with
 // fused_attention on the CPU kernels and the operator library).
 struct SimtOps {
   static const SimtKernel &kernel(int64_t handle) {

@@ -13,7 +13,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "ape/kernel_call.h"
+#include "ape/cpu/kernel_call.h"
 #include "runtime/Attention.h"
 #include "runtime/FiniteDifference.h"
 #include "runtime/Manifest.h"

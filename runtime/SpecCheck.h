@@ -50,7 +50,7 @@ struct CheckOptions {
 
 // The default grid: T = 1, a partial tile (T = 37), exactly one 64 x 64 tile, several tiles with
 // a partial one (T = 150); head dims 16, 32, 64; B and H up to 3 (kernels/include/ape/
-// cpu_attention.h works on 64 x 64 tiles).
+// cpu/attention.h works on 64 x 64 tiles).
 std::vector<CheckShape> default_grid();
 
 struct CheckRow {

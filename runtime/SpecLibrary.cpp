@@ -24,8 +24,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "ape/cpu_dispatch.h"
-#include "ape/kernel_entry.h"
+#include "ape/cpu/dispatch.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Util.h"
 #include "runtime/Registry.h"

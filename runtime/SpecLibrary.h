@@ -6,7 +6,7 @@
 // apec is the one next to the running program (build/tools/apec; $APE_APEC overrides), the C++
 // compiler the one APE was built with ($APE_CXX overrides). The generated source is compiled for
 // one instruction-set level, the best the running CPU has (or the one APE_CPU_LEVEL forces; see
-// ape/cpu_dispatch.h), plus the baseline unit that holds the entry and the fp64 kernels.
+// ape/cpu/dispatch.h), plus the baseline unit that holds the entry and the fp64 kernels.
 //
 // Cache: CACHE/kernels/NAME-KEY/ holds the generated source, the manifest and the library; KEY is
 // a hash of what decides the library's bytes: the generated source (so the spec and apec), the

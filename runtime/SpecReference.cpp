@@ -2,7 +2,7 @@
 // nothing here reads the generated kernels, their templates or their gradient regions.
 #include "runtime/SpecReference.h"
 
-#include "ape/abi.h"
+#include "ape/contract/vocabulary.h"
 
 #include <cmath>
 #include <limits>

@@ -18,7 +18,7 @@
 #include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
 
-#include "ape/value_rules.h"
+#include "ape/contract/value_rules.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/CudaAttention.h"
 #include "runtime/Distributed.h"

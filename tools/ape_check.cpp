@@ -24,7 +24,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "ape/kernel_entry.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/Options.h"
 #include "runtime/Registry.h"

@@ -21,7 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/utils.h>
 
-#include "ape/kernel_entry.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Checkpoint.h"

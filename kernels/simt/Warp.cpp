@@ -19,7 +19,7 @@
 //
 // wgmma.m64nNk16 (sm_90a): warp w % 4 of a warpgroup holds rows 16 (w % 4) .. + 15 of A (register
 //   form: an m16n8k16 A fragment) and D (d[4 j + x]: C/D element x of n8 tile j); shared-memory
-//   operands through matrix descriptors (ape/cuda_platform.cuh states the canonical layouts).
+//   operands through matrix descriptors (ape/cuda/platform.cuh states the canonical layouts).
 // cp.async: a copy is recorded when issued and lands when a cp.async.wait_group lets it, i.e. as
 // late as the program allows; until then its destination bytes are marked, and touching them is
 // a finding.
@@ -386,7 +386,7 @@ struct WgmmaArg {
 
 // The byte offset, from the block's dynamic shared memory, of element (x, k) of an operand given
 // by a descriptor: x its row (A: m, B: n), k in [0, 16); `mn_major`: contiguous along x. The
-// canonical layouts of ape/cuda_platform.cuh (PTX ISA, "Shared Memory Matrix Layout").
+// canonical layouts of ape/cuda/platform.cuh (PTX ISA, "Shared Memory Matrix Layout").
 bool desc_offset(uint64_t desc, bool mn_major, int x, int k, uint32_t &off) {
   const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
   const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4;

@@ -36,9 +36,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>  // before the emulator's CUDA surface and its macros
 
-#include <ape/cuda_decode.h>
-#include <ape/cuda_kernel_entry.h>
-#include <ape/kernel_entry.h>
+#include <ape/cuda/decode.h>
+#include <ape/cuda/kernel_entry.h>
+#include <ape/cpu/kernel_entry.h>
 #ifdef APE_SIMT
 #include <ape/simt/runtime.h>
 #endif
@@ -613,10 +613,10 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
   o = download(od, q), lse = download(ld, lse_like);
 }
 
-// Decoding (cuda_decode.h): a prefill of 120 tokens, 13 steps of one token (crossing row 128:
+// Decoding (cuda/decode.h): a prefill of 120 tokens, 13 steps of one token (crossing row 128:
 // the query tiles are 32, 64 or 128 rows, so every kernel skips tiles), then 7 tokens at once;
 // every step's o and lse equal, bit for bit, the rows L0 .. L-1 of the full forward over the L
-// tokens so far (the contract of cpu_decode.h, kept here). Then the refusals: a step past the
+// tokens so far (the contract of cpu/decode.h, kept here). Then the refusals: a step past the
 // capacity, another dtype, a missing pointer.
 void check_decode_steps(const std::string &name, size_t index) {
   const CudaKernelEntry *e = find_cuda(name);
@@ -741,7 +741,7 @@ INSTANTIATE_TEST_SUITE_P(All, CudaKernel, ::testing::ValuesIn(all_cases()),
                                   std::to_string(v.head_dim);
                          });
 
-// The status word reports what the fixed-point gradient sums cannot hold (cuda_kernel_entry.h):
+// The status word reports what the fixed-point gradient sums cannot hold (cuda/kernel_entry.h):
 // a NaN token feature sets kStatusNonFinite; gradient terms beyond 2^31 set kStatusRange. Either
 // way the sums are poisoned on the device: every feature gradient is NaN, so a caller that never
 // reads the word (the operator library does not: it would wait for the GPU) cannot use a clamped

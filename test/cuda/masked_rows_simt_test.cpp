@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
-#include "ape/kernel_entry.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/SimtAttention.h"
 

@@ -2,7 +2,7 @@
 // with the emulator's access instrumentation: test/cuda/cuda_tests.cmake).
 #include "simt_planted.h"
 
-#include "ape/cuda_platform.cuh"
+#include "ape/cuda/platform.cuh"
 
 #include <cstring>
 

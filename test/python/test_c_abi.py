@@ -12,7 +12,7 @@ import reference
 from support import C_ABI_ENCODINGS, artifact, close, helper, make_inputs
 
 
-class Tensor(ctypes.Structure):  # ape_tensor (ape/c_abi.h)
+class Tensor(ctypes.Structure):  # ape_tensor (ape/c/abi.h)
     _fields_ = [("data", ctypes.c_void_p), ("strides", ctypes.POINTER(ctypes.c_int64))]
 
 

@@ -254,7 +254,7 @@ def test_cuda_calls_never_wait_for_the_device():
     must not wait for the GPU; test_cuda.py checks it on a GPU under set_sync_debug_mode("error"),
     where the backward's .item() of its status word once failed 12 of 12): no host copy, item or
     synchronisation in their code, except the opt-in APE_CUDA_SYNC_CHECK branch."""
-    path = os.path.join(ROOT, "kernels", "include", "ape", "torch_ops_cuda.h")
+    path = os.path.join(ROOT, "kernels", "include", "ape", "torch/ops_cuda.h")
     text = open(path).read()
     syncing = re.compile(r"\.item\s*[<(]|\.cpu\s*\(|\.to\s*\(\s*at::kCPU|Synchronize|"
                          r"cudaMemcpy\s*\(|\.tolist|\.equal\s*\(|is_nonzero")
@@ -275,7 +275,7 @@ def test_backward_status_without_cuda():
         assert ops(enc).backward_status(torch.device("cpu"), clear=False) == 0
         assert helper(enc).backward_status() == (0, [])
         assert helper(enc).check_backward() == 0
-    # The messages follow the bits of ape/cuda_kernel_entry.h, most serious first.
+    # The messages follow the bits of ape/cuda/kernel_entry.h, most serious first.
     assert [b for b, _ in helper("rope").STATUS_MESSAGES] == [1, 2, 4, 8]
     assert helper("rope").STATUS_ERRORS == 7
 

@@ -86,7 +86,7 @@ def test_float32_error_at_most_twice_pytorch(encoding, shape, device):
 @pytest.mark.parametrize("encoding", ["expe", "expe_qkv", "exqpe"])
 def test_override_through_the_projection(encoding, device):
     """The derived params computed as the APE runtime does (ape_<enc>.derived_params: the
-    library's operator, ape/derived_params.h) and the tail projection x[..., l:] W[:, l:]^T
+    library's operator, ape/torch/derived_params.h) and the tail projection x[..., l:] W[:, l:]^T
     reproduce the literal override: positions written into the first l inputs of the q/k (and,
     for targets "qkv", v) projections, forward and gradients w.r.t. x and every projection
     weight. ExQPE's counter positions exercise projection_prefix."""
@@ -137,7 +137,7 @@ def test_derived_params_errors():
 
 @pytest.mark.parametrize("heads", [1, 3, 6, 8, 12])
 def test_init_values_are_the_specs(heads):
-    """init_value (the library's values, ape/abi.h; init_params calls it) against reference.py's
+    """init_value (the library's values, vocabulary.h; init_params calls it) against reference.py's
     ALiBi slopes and the sinusoid of encodings.md, written here: PE[r, 2k] = sin(r / 10000^(2k/d)),
     PE[r, 2k+1] = cos(the same), d = heads * head_dim."""
     slopes = ops("alibi").init_value("alibi_slopes", heads=heads, head_dim=16)

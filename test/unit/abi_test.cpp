@@ -1,7 +1,7 @@
-// The contract between the stages (kernels/include/ape/abi.h), checked against values written out
+// The contract between the stages (contract/vocabulary.h), checked against values written out
 // here from the spec (shared/spec/encodings.md) and the dialect's documentation, not computed with
 // the header's own formulas.
-#include "ape/abi.h"
+#include "ape/contract/vocabulary.h"
 
 #include <cmath>
 #include <fstream>
@@ -47,7 +47,7 @@ TEST(Abi, VocabulariesRoundTrip) {
 }
 
 TEST(Abi, PairingCodesAreTheTemplatesCodes) {
-  // Enc::kQPairing / kKPairing carry these numbers into cpu_attention.h and cuda_attention.cuh.
+  // Enc::kQPairing / kKPairing carry these numbers into cpu/attention.h and cuda/attention.cuh.
   EXPECT_EQ(static_cast<int>(ape_abi::Pairing::None), 0);
   EXPECT_EQ(static_cast<int>(ape_abi::Pairing::Half), 1);
   EXPECT_EQ(static_cast<int>(ape_abi::Pairing::Interleaved), 2);

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Audits the instruction sets inside libape_kernels.a (kernels/include/ape/cpu_dispatch.h).
+"""Audits the instruction sets inside libape_kernels.a (kernels/include/ape/cpu/dispatch.h).
 
     cpu_levels_isa.py OBJDUMP LIBRARY        (ctest: cpu_levels_isa)
 

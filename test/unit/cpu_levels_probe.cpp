@@ -1,5 +1,5 @@
 // ape_cpu_levels_probe: runs generated kernels of ape_kernels through the registry, at the
-// instruction-set level chosen for this process (ape/cpu_dispatch.h), without LibTorch, so that
+// instruction-set level chosen for this process (ape/cpu/dispatch.h), without LibTorch, so that
 // it can run on an emulated CPU (cpu_levels_qemu.sh runs it under qemu-x86_64 as a CPU without
 // AVX-512 and as one without AVX).
 //
@@ -14,8 +14,8 @@
 // Deliberately a subset: one encoding per kind of kernel input, since the emulated runs are slow;
 // every encoding at every level the CPU runs is ape_kernels_test's CpuLevelsVsReference.
 // Inputs are a fixed pseudo-random sequence. Exit status: 0 ok, 1 mismatch or error.
-#include <ape/cpu_dispatch.h>
-#include <ape/kernel_entry.h>
+#include <ape/cpu/dispatch.h>
+#include <ape/cpu/kernel_entry.h>
 
 #include <cmath>
 #include <cstdint>

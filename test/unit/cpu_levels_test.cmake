@@ -1,4 +1,4 @@
-# Instruction-set levels of the CPU kernels (kernels/include/ape/cpu_dispatch.h), included from
+# Instruction-set levels of the CPU kernels (kernels/include/ape/cpu/dispatch.h), included from
 # test/CMakeLists.txt after kernels_test.cmake:
 #   - kernels_cpu_level_<x>: ape_kernels_test's choice tests with APE_CPU_LEVEL=x for every level
 #     and a bad name: a forced lower level runs (and matches the reference through the registry),

@@ -1,10 +1,10 @@
-// Tests of the CPU attention template (kernels/include/ape/cpu_attention.h) with hand-written
+// Tests of the CPU attention template (kernels/include/ape/cpu/attention.h) with hand-written
 // encoding functors, against a materialised fp64 LibTorch reference (full T x T logits, explicit
 // rotations and biases, causal mask, softmax, autograd).
 //
 // Shapes: q, k, v, o, dout (B, H, T, D); lse, features (B, H, T); logits (B, H, T, T).
-#include <ape/cpu_attention.h>
-#include <ape/kernel_entry.h>
+#include <ape/cpu/attention.h>
+#include <ape/cpu/kernel_entry.h>
 
 #include <gtest/gtest.h>
 #include "reference_lse.h"

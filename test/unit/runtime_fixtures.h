@@ -19,7 +19,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
-#include "ape/kernel_entry.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/Data.h"
 #include "runtime/Eval.h"

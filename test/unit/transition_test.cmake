@@ -1,4 +1,4 @@
-# GoogleTest suite of the attention transition (kernels/include/ape/attention_transition.h): the
+# GoogleTest suite of the attention transition (kernels/include/ape/contract/transition.h): the
 # spec's hand row and the fused kernel against a materialised reference, with hand-written functors
 # (no generated code, no LibTorch: it builds in seconds). Included from test/CMakeLists.txt.
 include(GoogleTest)

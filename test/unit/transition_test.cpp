@@ -1,14 +1,14 @@
-// The attention transition (kernels/include/ape/attention_transition.h, shared/spec/encodings.md
+// The attention transition (kernels/include/ape/contract/transition.h, shared/spec/encodings.md
 // "Attention transition (P)"): the spec's hand-checked row, and the fused three-pass kernel of
-// cpu_attention.h / cpu_decode.h against a materialised reference (the T x T softmax, the steps
+// cpu/attention.h / cpu/decode.h against a materialised reference (the T x T softmax, the steps
 // applied literally to each transformed row, times V), with hand-written functors: no RoPE, a
 // rotary q/k mod, a per-element score mod and a distance bias.
 //
 // Shapes: q, k, v, o (B, H, T, D); lse (B, H, T); P (T, T) per slice.
-#include <ape/attention_transition.h>
-#include <ape/cpu_attention.h>
-#include <ape/cpu_decode.h>
-#include <ape/kernel_entry.h>
+#include <ape/contract/transition.h>
+#include <ape/cpu/attention.h>
+#include <ape/cpu/decode.h>
+#include <ape/cpu/kernel_entry.h>
 
 #include <gtest/gtest.h>
 

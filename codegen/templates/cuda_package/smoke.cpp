@@ -11,7 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "ape/cuda_kernel_entry.h"
+#include "ape/cuda/kernel_entry.h"
 
 namespace ape::cuda {
 const CudaKernelEntry *const *cuda_kernel_registry(size_t *count);
@@ -139,7 +139,7 @@ bool run_variant(const ape::cuda::CudaKernelEntry &e, const ape::cuda::CudaVaria
   a.features = fp.data(), a.params = pp.data(), a.scale = 1.f / std::sqrt(float(D));
   a.dout = dout.p, a.dq = dq.p, a.dk = dk.p, a.dv = dv.p;
   a.dfeatures = dfp.data(), a.dparams = dpp.data();
-  Buffer status;  // the backward's status word (cuda_kernel_entry.h), zeroed
+  Buffer status;  // the backward's status word (cuda/kernel_entry.h), zeroed
   if (!upload(status, std::vector<float>(1, 0.f), DType::F32)) return false;
   a.status = static_cast<uint32_t *>(status.p);
   CHECK(v.forward(a));

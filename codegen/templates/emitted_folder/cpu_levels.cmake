@@ -1,4 +1,4 @@
-# Instruction-set levels (ape/cpu_dispatch.h): on x86-64 the kernel is compiled three times, as
+# Instruction-set levels (ape/cpu/dispatch.h): on x86-64 the kernel is compiled three times, as
 # it is (baseline x86-64) and through two generated wrappers for AVX2+FMA and AVX-512, and the best
 # level the CPU runs is chosen when the library is first used; APE_CPU_LEVEL=baseline|avx2|avx512
 # forces one. Elsewhere (aarch64: NEON is its baseline) the baseline unit alone.

@@ -58,7 +58,7 @@ def load(path=None):
     return getattr(torch.ops, "ape_" + ENCODING)
 
 
-# The backward's status bits (ape/cuda_kernel_entry.h), most serious first.
+# The backward's status bits (ape/cuda/kernel_entry.h), most serious first.
 STATUS_MESSAGES = [
     (1, "a token or parameter gradient term was NaN or infinite"),
     (2, "a token or parameter gradient term exceeded 2^31 and was clamped"),
@@ -123,7 +123,7 @@ def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=Non
             t = torch.randn(shape, dtype=dtype, generator=generator).to(device) * init.get("std", 0.02)
         elif kind == "constant":
             t = torch.full(shape, float(init.get("value", 0.0)), dtype=dtype, device=device)
-        elif kind in ("alibi_slopes", "sinusoidal"):  # the library's values (ape/abi.h)
+        elif kind in ("alibi_slopes", "sinusoidal"):  # the library's values (contract/vocabulary.h)
             t = load().init_value(p["name"], heads=heads, head_dim=head_dim).to(dtype).to(device)
         else:
             continue
@@ -134,7 +134,7 @@ def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=Non
 def derived_params(weights, heads, head_dim):
     """{name: tensor} for the DERIVED params, computed from the projection weights
     {"q": W_q, "k": W_k, "v": W_v} (torch.nn.Linear layout: [heads*head_dim, d]) by the library's
-    operator derived_params, the same code as APE's runtime (ape/derived_params.h): a
+    operator derived_params, the same code as APE's runtime (ape/torch/derived_params.h): a
     projection_term is (W[:, :columns] @ u).view(heads, head_dim), u_j = start + step * j; a
     projection_prefix is P[r] = scale * sum_{j<=r} W[:, j], [columns, heads, head_dim]. The result
     carries autograd to W (detached when the param is not trainable). With such params the

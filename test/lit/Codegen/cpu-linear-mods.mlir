@@ -1,6 +1,6 @@
 // Linear q/k mods: mod(x, y) = a(t, c) x + b(t, c) y with coefficients that read only positions,
 // columns, constants, dims and fixed params at head-free indices get kQModLinear / kKModLinear;
-// the CPU template then tabulates a and b once per call (ape/cpu_attention.h, mod_coefs). A mod
+// the CPU template then tabulates a and b once per call (ape/cpu/attention.h, mod_coefs). A mod
 // that reads the head, a trainable param, a token sequence, or is not linear in x and y keeps the
 // per-element path.
 // RUN: rm -rf %t && split-file %s %t

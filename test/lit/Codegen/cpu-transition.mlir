@@ -1,5 +1,5 @@
 // The attention transition: the CPU functor is forward only and carries its attributes (kTransition, which selects
-// the three-pass rows of cpu_attention.h and a refusing backward), the manifest says the kernel is
+// the three-pass rows of cpu/attention.h and a refusing backward), the manifest says the kernel is
 // inference-only with no gradients, the reference data (ape-check) carries the attributes, and every
 // target without a post-softmax pass refuses it with a located error instead of emitting something
 // else.
@@ -15,7 +15,7 @@
 
 // CHECK: struct Enc {
 // CHECK: static constexpr ::ape::TransitionAttrs kTransition{1, 2, 1, 3, 2.50000000000000000e-01, 1.00000000000000006e-01};
-// Forward only: no gradient members (the entry's backward refuses, kernel_entry.h).
+// Forward only: no gradient members (the entry's backward refuses, cpu/kernel_entry.h).
 // CHECK: static T q_mod(
 // CHECK-NOT: _grad(
 // CHECK-NOT: token_backward

@@ -7,7 +7,7 @@
 // RUN: FileCheck %s --check-prefix=ENTRY --input-file=%t/rope_cuda.cu
 // RUN: FileCheck %s --check-prefix=INST --input-file=%t/rope_cuda_bf16_hd128.cu
 // RUN: apec %s -o %t/pkg --emit=cuda-package --cuda-dtypes=bf16 --cuda-head-dims=64
-// RUN: ls %t/pkg %t/pkg/include/ape %t/pkg/kernels | FileCheck %s --check-prefix=PKG
+// RUN: (ls %t/pkg %t/pkg/kernels && cd %t/pkg && find include -type f) | FileCheck %s --check-prefix=PKG
 // RUN: not apec %s -o %t/bad --emit=cuda --cuda-head-dims=48 2>&1 | FileCheck %s --check-prefix=BAD
 
 // FILES: rope_cuda.cu
@@ -17,7 +17,7 @@
 // FILES-NEXT: rope_cuda_f32_hd128.cu
 // FILES-NEXT: rope_cuda_f32_hd64.cu
 
-// CHECK: #include "ape/cuda_attention.cuh"
+// CHECK: #include "ape/cuda/attention.cuh"
 // CHECK-NOT: #include <limits>
 // CHECK: namespace ape_gen_rope {
 // CHECK-NEXT: APE_CUDA_ABI_BEGIN
@@ -42,11 +42,12 @@
 // PKG-DAG: CMakeLists.txt
 // PKG-DAG: README.md
 // PKG-DAG: smoke.cpp
-// PKG-DAG: cuda_attention.cuh
-// PKG-DAG: cuda_kernel_entry.h
-// PKG-DAG: cuda_decode.h
-// PKG-DAG: cuda_platform.cuh
-// PKG-DAG: enc_traits.h
+// PKG-DAG: cuda/attention.cuh
+// PKG-DAG: cuda/kernel_entry.h
+// PKG-DAG: cuda/decode.h
+// PKG-DAG: cuda/platform.cuh
+// PKG-DAG: include/ape/contract/enc_traits.h
+// PKG-DAG: include/ape/contract/vocabulary.h
 // PKG-DAG: rope.manifest.json
 // PKG-DAG: rope_cuda_bf16_hd64.cu
 

@@ -5,8 +5,10 @@
 // NAME_ops.cpp includes no LibTorch header (it compiles here without one, with or without the
 // CUDA kernels' entry).
 // RUN: rm -rf %t && apec %s -o %t --emit=torch-library,c-abi --cuda-dtypes=bf16,f32 --cuda-head-dims=64
-// RUN: ls %t %t/odd_names_torch_library %t/odd_names_torch_library/ape | FileCheck %s --check-prefix=FILES
-// RUN: ls %t/odd_names_c_abi %t/odd_names_c_abi/ape | FileCheck %s --check-prefix=CFILES
+// RUN: ls %t %t/odd_names_torch_library | FileCheck %s --check-prefix=FILES
+// RUN: cd %t/odd_names_torch_library && find ape -type f | LC_ALL=C sort | FileCheck %s --check-prefix=HEADERS
+// RUN: ls %t/odd_names_c_abi | FileCheck %s --check-prefix=CFILES
+// RUN: cd %t/odd_names_c_abi && find ape -type f | LC_ALL=C sort | FileCheck %s --check-prefix=CHEADERS
 // RUN: FileCheck %s --check-prefix=OPS --input-file=%t/odd_names_torch_library/odd_names_ops.cpp
 // RUN: FileCheck %s --check-prefix=CMAKE --input-file=%t/odd_names_torch_library/CMakeLists.txt
 // RUN: FileCheck %s --check-prefix=PY --input-file=%t/odd_names_torch_library/ape_odd_names.py
@@ -44,24 +46,36 @@
 // FILES-NEXT: odd_names_cuda_bf16_hd64.cu
 // FILES-NEXT: odd_names_cuda_f32_hd64.cu
 // FILES-NEXT: odd_names_ops.cpp
-// FILES: attention_autograd.h
-// FILES: cpu_attention.h
-// FILES-NEXT: cpu_decode.h
-// FILES-NEXT: cpu_dispatch.h
-// FILES-NEXT: cuda_abi.h
-// FILES-NEXT: cuda_attention.cuh
-// FILES-NEXT: cuda_flash_tile.cuh
-// FILES-NEXT: cuda_kernel_entry.h
-// FILES-NEXT: cuda_platform.cuh
-// FILES-NEXT: derived_params.h
-// FILES-NEXT: enc_traits.h
-// FILES-NEXT: kernel_call.h
-// FILES-NEXT: kernel_entry.h
-// FILES-NEXT: kernel_inputs.h
-// FILES-NEXT: torch_ops.cpp
-// FILES-NEXT: torch_ops.h
-// FILES-NEXT: torch_ops_cuda.h
-// FILES-NEXT: torch_ops_impl.h
+// The kernel headers a folder copies: those its sources include, transitively (the CUDA parts too).
+// HEADERS: ape/contract/enc_traits.h
+// HEADERS-NEXT: ape/contract/kernel_inputs.h
+// HEADERS-NEXT: ape/contract/transition.h
+// HEADERS-NEXT: ape/contract/vocabulary.h
+// HEADERS-NEXT: ape/cpu/attention.h
+// HEADERS-NEXT: ape/cpu/decode.h
+// HEADERS-NEXT: ape/cpu/dispatch.h
+// HEADERS-NEXT: ape/cpu/kernel_call.h
+// HEADERS-NEXT: ape/cpu/kernel_entry.h
+// HEADERS-NEXT: ape/cuda/attention.cuh
+// HEADERS-NEXT: ape/cuda/backward.cuh
+// HEADERS-NEXT: ape/cuda/common.cuh
+// HEADERS-NEXT: ape/cuda/flash_backward.cuh
+// HEADERS-NEXT: ape/cuda/flash_forward.cuh
+// HEADERS-NEXT: ape/cuda/flash_tile.cuh
+// HEADERS-NEXT: ape/cuda/forward.cuh
+// HEADERS-NEXT: ape/cuda/hopper_forward.cuh
+// HEADERS-NEXT: ape/cuda/kernel_entry.h
+// HEADERS-NEXT: ape/cuda/launch.cuh
+// HEADERS-NEXT: ape/cuda/platform.cuh
+// HEADERS-NEXT: ape/cuda/side_kernels.cuh
+// HEADERS-NEXT: ape/cuda/symbols.h
+// HEADERS-NEXT: ape/torch/autograd.h
+// HEADERS-NEXT: ape/torch/derived_params.h
+// HEADERS-NEXT: ape/torch/ops.h
+// HEADERS-NEXT: ape/torch/ops_cuda.h
+// HEADERS-NEXT: ape/torch/ops_impl.h
+// HEADERS-NEXT: ape/torch_ops.cpp
+// HEADERS-NOT: {{.}}
 
 // CFILES: CMakeLists.txt
 // CFILES-NEXT: README.md
@@ -70,17 +84,20 @@
 // CFILES-NEXT: ape_odd_names_c.cpp
 // CFILES-NEXT: odd_names.manifest.json
 // CFILES-NEXT: odd_names_cpu.cpp
-// CFILES: c_abi.h
-// CFILES-NEXT: c_abi_impl.h
-// CFILES-NEXT: cpu_attention.h
-// CFILES-NEXT: cpu_decode.h
-// CFILES-NEXT: cpu_dispatch.h
-// CFILES-NEXT: enc_traits.h
-// CFILES-NEXT: kernel_call.h
-// CFILES-NEXT: kernel_entry.h
-// CFILES-NEXT: kernel_inputs.h
+// CHEADERS: ape/c/abi.h
+// CHEADERS-NEXT: ape/c/abi_impl.h
+// CHEADERS-NEXT: ape/contract/enc_traits.h
+// CHEADERS-NEXT: ape/contract/kernel_inputs.h
+// CHEADERS-NEXT: ape/contract/transition.h
+// CHEADERS-NEXT: ape/contract/vocabulary.h
+// CHEADERS-NEXT: ape/cpu/attention.h
+// CHEADERS-NEXT: ape/cpu/decode.h
+// CHEADERS-NEXT: ape/cpu/dispatch.h
+// CHEADERS-NEXT: ape/cpu/kernel_call.h
+// CHEADERS-NEXT: ape/cpu/kernel_entry.h
+// CHEADERS-NOT: {{.}}
 
-// OPS: #include "ape/torch_ops.h"
+// OPS: #include "ape/torch/ops.h"
 // OPS-NOT: #include <
 // OPS: extern "C" const ape::KernelEntry *ape_kernel_entry_odd_names();
 // OPS-NEXT: #ifdef APE_TORCH_OPS_CUDA_KERNELS
@@ -118,7 +135,7 @@
 // SHAW: #ifdef APE_TORCH_OPS_CUDA_KERNELS
 // SHAW-CMAKE: set(ape_cuda_sources shaw_cuda.cu shaw_cuda_bf16_hd32.cu
 
-// HEADER: #include "ape/c_abi.h"
+// HEADER: #include "ape/c/abi.h"
 // HEADER: #define APE_ODD_NAMES_NUM_FEATURES 1
 // HEADER-NEXT: #define APE_ODD_NAMES_NUM_PARAMS 2
 // HEADER-NEXT: enum { APE_ODD_NAMES_FEATURE_GATE_1 = 0 };

@@ -592,7 +592,7 @@ ape.encoding @e {
 
 // -----
 
-// An init kind takes exactly its arguments (ape/abi.h, init_arg_use).
+// An init kind takes exactly its arguments (ape/contract/vocabulary.h, init_arg_use).
 ape.encoding @e {
   // expected-error @+1 {{'ape.param' op init "zeros" takes no `std` attribute}}
   %p = ape.param "w" ["heads"] init = "zeros" trainable {std = 0.02 : f64}

@@ -5,7 +5,7 @@
 
 namespace ape_test {
 
-// ---- KV-cache decoding (ape/cpu_decode.h, docs/decoding.md) -------------------------------------
+// ---- KV-cache decoding (ape/cpu/decode.h, docs/decoding.md) -------------------------------------
 //
 // A prefill of P tokens, then steps of the given sizes up to N, through the entry's decode steps;
 // every step's outputs (o, lse of its new queries) against the full forward over the tokens so

@@ -1,4 +1,4 @@
-// Inference: KV-cache decoding (ape/cpu_decode.h) of every trainable encoding, prefill then steps
+// Inference: KV-cache decoding (ape/cpu/decode.h) of every trainable encoding, prefill then steps
 // of 1, 3, 5 and 70 tokens, against the full forward over the tokens so far (also at every level
 // in CpuLevelsVsReference, levels_test.cpp); and the inference-only attention transition
 // (rope_transition) against a materialised reference.

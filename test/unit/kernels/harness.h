@@ -12,8 +12,8 @@
 
 #include "kernel_reference.h"
 
-#include <ape/cpu_dispatch.h>
-#include <ape/kernel_entry.h>
+#include <ape/cpu/dispatch.h>
+#include <ape/cpu/kernel_entry.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// Instruction-set levels (ape/cpu_dispatch.h): the choice, the CPU detection against
+// Instruction-set levels (ape/cpu/dispatch.h): the choice, the CPU detection against
 // /proc/cpuinfo, the level the registry runs (ctest also runs these with APE_CPU_LEVEL forced to
 // each level and to a bad name: cpu_levels_test.cmake), and every trainable encoding at every
 // level this CPU runs against the reference (CpuLevelsVsReference). Everything else in
@@ -12,7 +12,7 @@ namespace {
 
 using namespace ape_test;
 
-// ---- instruction-set levels (ape/cpu_dispatch.h) ------------------------------------------------
+// ---- instruction-set levels (ape/cpu/dispatch.h) ------------------------------------------------
 
 const ape::KernelEntry *level_entry(int level, const std::string &name) {
   size_t n = 0;

@@ -180,7 +180,7 @@ TEST(Manifest, MalformedManifestsGiveClearErrors) {
        "$.embedding.std: must be >= 0"},
       {R"({"encoding": "x", "embedding": {"kind": "table", "scale_embedding": "yes"}})",
        "$.embedding.scale_embedding: expected true or false"},
-      // The verifier's limits (kernels/include/ape/value_rules.h), the same in a manifest.
+      // The verifier's limits (kernels/include/ape/contract/value_rules.h), the same in a manifest.
       {R"({"encoding": "x", "params": [{"name": "t", "shape": ["70000"], "init": "zeros"}]})",
        "$.params[0].shape[0]: 70000 exceeds 65536"},
       {R"({"encoding": "x", "params": [{"name": "t", "shape": [65536, 65536], "init": "zeros"}]})",

@@ -1,7 +1,7 @@
 // The CUDA surface of the SIMT emulator (docs/cuda.md, "The emulator").
 //
 // A kernel source written for nvcc compiles unchanged against this header with the host C++
-// compiler (-DAPE_SIMT; ape/cuda_platform.cuh picks it instead of the CUDA headers) and runs on
+// compiler (-DAPE_SIMT; ape/cuda/platform.cuh picks it instead of the CUDA headers) and runs on
 // the CPU: every thread of a block is a fiber, `__syncthreads` is a block barrier, warp
 // collectives (shuffles, votes, WMMA, mma.sync, ldmatrix, wgmma) are executed once per warp when every
 // lane of their mask has arrived, with each lane's registers laid out as the PTX ISA documents,
@@ -334,7 +334,7 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 
-// ---- PTX-level operations (ape/cuda_platform.cuh wraps them; kernels/simt/Warp.cpp) -------------
+// ---- PTX-level operations (ape/cuda/platform.cuh wraps them; kernels/simt/Warp.cpp) -------------
 namespace ape::simt {
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: d = a b + c with the PTX ISA's
 // fragment layouts (`elem` 1 f16, 2 bf16). Warp collective (all 32 lanes).

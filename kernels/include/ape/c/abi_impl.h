@@ -1,5 +1,5 @@
 // C ABI implementation: argument checks, strided copies and the exception barrier behind every
-// generated ape_NAME_* entry point (c_abi.h has the contract; docs/frameworks.md the usage).
+// generated ape_NAME_* entry point (c/abi.h has the contract; docs/frameworks.md the usage).
 //
 // apec --emit=c-abi writes ape_NAME_c.cpp, which defines kernel_inputs() (kernel_inputs.h) and
 // forwards each extern "C" function to forward() / backward() below with its ape_NAME_args.
@@ -16,12 +16,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "c_abi.h"
-#include "cpu_attention.h"
-#include "cpu_dispatch.h"
-#include "kernel_call.h"
-#include "kernel_entry.h"
-#include "kernel_inputs.h"
+#include "ape/c/abi.h"
+#include "ape/contract/kernel_inputs.h"
+#include "ape/cpu/attention.h"
+#include "ape/cpu/dispatch.h"
+#include "ape/cpu/kernel_call.h"
+#include "ape/cpu/kernel_entry.h"
 
 namespace ape::c_abi {
 

@@ -1,4 +1,4 @@
-// Register-level tile primitives of the FlashAttention-2-class CUDA kernels (cuda_attention.cuh):
+// Register-level tile primitives of the FlashAttention-2-class CUDA kernels (cuda/attention.cuh):
 // swizzled shared-memory tiles filled by 16-byte cp.async, ldmatrix fragment loads and
 // mma.sync.m16n8k16 on fragments, with 16-bit inputs (bf16 or f16) and fp32 accumulators.
 //
@@ -10,7 +10,7 @@
 // to 16 bits: that is how P stays in registers for P V.
 #pragma once
 
-#include "cuda_platform.cuh"
+#include "ape/cuda/platform.cuh"
 
 #include <cstdint>
 

@@ -13,12 +13,12 @@
 //                             sums (false when absent);
 //   QModLinear<Enc>::value    Enc::kQModLinear (KModLinear: kKModLinear): q_mod(x, y) =
 //                             a(t, c) x + b(t, c) y with a, b independent of the head, the batch
-//                             and the data (cpu_attention.h tabulates them once per call);
+//                             and the data (cpu/attention.h tabulates them once per call);
 //   KModReadsLength<Enc>::value, TokensReadLength<Enc>::value  Enc::kKModReadsLength /
 //                             kTokensReadLength: k' / the token sequences read the sequence length
-//                             (cpu_decode.h recomputes them every step);
+//                             (cpu/decode.h recomputes them every step);
 //   HasTransition<Enc>::value Enc::kTransition, the ape::TransitionAttrs of an
-//                             ape.attention_transition (attention_transition.h; false when
+//                             ape.attention_transition (contract/transition.h; false when
 //                             absent): an inference-only encoding, forward and prefill only.
 // docs/internals.md lists the members they stand for.
 #pragma once

@@ -1,6 +1,6 @@
 // The autograd binding of a fused attention kernel: one torch::autograd::Function, shared by the
 // runtime (runtime/Attention.cpp: fused_attention over a KernelEntry) and the operator library
-// (torch_ops_impl.h: the differentiable ape_NAME::attention). What differs between the two is
+// (torch/ops_impl.h: the differentiable ape_NAME::attention). What differs between the two is
 // how the raw forward and backward run, which `Ops` supplies:
 //
 //   struct Ops {

@@ -9,9 +9,9 @@
 //   ape::cuda::ptx::*                 mma.sync, ldmatrix, cp.async, wgmma (inline PTX under nvcc)
 #pragma once
 
-#include "cuda_abi.h"
+#include "ape/cuda/symbols.h"
 #ifdef APE_SIMT
-#include "simt/cuda.h"
+#include "ape/simt/cuda.h"
 #define APE_DEVICE_CODE 1
 #define APE_DYNAMIC_SMEM(name) unsigned char *name = ::ape::simt::dynamic_smem()
 // Reserved once per block (keyed by the address of a static marker), after the dynamic part.
@@ -232,7 +232,7 @@ __device__ inline float ex2(float x) {
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}: a warpgroup (4 consecutive warps, the first
 // a multiple of 4) computes D (64 x N, fp32) = A (64 x 16) B (16 x N) (+ D when scale_d != 0).
 // Warp w % 4 of the group owns rows 16 (w % 4) .. + 15 of A and D, with mma.m16n8k16's lane
-// layouts (cuda_flash_tile.cuh): d[4 j + x] is element (g + 8 (x / 2), 8 j + 2 t + x % 2) of the
+// layouts (cuda/flash_tile.cuh): d[4 j + x] is element (g + 8 (x / 2), 8 j + 2 t + x % 2) of the
 // warp's rows, and a register A (the _rs form) is an m16n8k16 A fragment of those rows. Operands
 // in shared memory are given by matrix descriptors (smem_desc). The instruction is asynchronous:
 // it is issued (wgmma_fence first, whenever registers it reads or accumulates were written since

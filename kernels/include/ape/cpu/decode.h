@@ -1,6 +1,6 @@
 // CPU KV-cache decoding for generated positional encodings (docs/decoding.md).
 //
-// The same `Enc` functor as the full forward (cpu_attention.h), driven step by step: a step
+// The same `Enc` functor as the full forward (cpu/attention.h), driven step by step: a step
 // appends n new tokens (their raw q, k, v and token features) to a cache of L0 tokens and
 // returns the attention outputs of the n new queries over all L = L0 + n keys. A prefill is the
 // first step (L0 = 0). Contract: the outputs of a step equal rows L0 .. L - 1 of the full
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_attention.h"
+#include "ape/cpu/attention.h"
 
 namespace ape {
 
@@ -61,14 +61,14 @@ template <typename Real> struct DecodeArgs {
   Real *o;                           // (B, H, n, D)
   Real *lse;                         // (B, H, n) or null
   // The layer (0-based) of a model of num_layers, as AttnArgs: an attention transition
-  // (attention_transition.h) transforms the prompt only, i.e. the prefill (the first step), at
+  // (contract/transition.h) transforms the prompt only, i.e. the prefill (the first step), at
   // T = n; later steps attend as usual.
   int64_t layer = 0, num_layers = 0;
 };
 
 }  // namespace ape
 
-// Compiled for this unit's level (no #include inside the region, see cpu_dispatch.h).
+// Compiled for this unit's level (no #include inside the region, see cpu/dispatch.h).
 APE_CPU_BEGIN
 namespace ape {
 inline namespace APE_CPU_NS {

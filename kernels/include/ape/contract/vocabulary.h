@@ -1,4 +1,4 @@
-// The contract between the stages (docs/internals.md, "The contract (ape/abi.h)").
+// The contract between the stages (docs/internals.md, "The contract (ape/contract/vocabulary.h)").
 //
 // What the dialect's verifier accepts, what passes and emitters write, what the manifest carries
 // and what the runtime and the kernel templates read is spelled once here:

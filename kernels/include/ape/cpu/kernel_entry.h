@@ -2,7 +2,7 @@
 //
 // A generated source defines its `Enc` functor and ends with
 //   APE_DEFINE_KERNEL_ENTRY(rope, RopeEnc, kManifestJson)
-// The source is compiled once per instruction-set level (cpu_dispatch.h). In the baseline unit
+// The source is compiled once per instruction-set level (cpu/dispatch.h). In the baseline unit
 // the macro defines
 //   ape_kernel_entry_rope()            the entry of the level chosen for this process: what every
 //                                      caller (registry, operator library, C ABI) uses;
@@ -18,13 +18,13 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "cpu_attention.h"
-#include "cpu_decode.h"
-#include "cpu_dispatch.h"
+#include "ape/cpu/attention.h"
+#include "ape/cpu/decode.h"
+#include "ape/cpu/dispatch.h"
 
 namespace ape {
 
-// KV-cache decoding with the entry's functor (cpu_decode.h, docs/decoding.md): one step appends
+// KV-cache decoding with the entry's functor (cpu/decode.h, docs/decoding.md): one step appends
 // new tokens to the cache and attends their queries to every cached key.
 struct DecodeEntry {
   void (*step_f32)(DecodeCache<float> &, const DecodeArgs<float> &);
@@ -62,7 +62,7 @@ struct EmbedTableOf<Enc, std::void_t<decltype(static_cast<void (*)(int64_t, int6
   static constexpr void (*value)(int64_t, int64_t, double *) = &Enc::embed_table;
 };
 
-// The backward of an inference-only encoding (an attention transition, attention_transition.h):
+// The backward of an inference-only encoding (an attention transition, contract/transition.h):
 // it has no derivative, so a training step fails here with the reason instead of computing the
 // gradient of some other function.
 struct InferenceOnlyError : std::logic_error {

@@ -1,4 +1,4 @@
-//===- value_rules.h - the values a kernel can use, written once ----------===//
+//===- contract/value_rules.h - the values a kernel can use, written once ----------===//
 //
 // Plain C++17, no MLIR: the verifiers (dialect/ApeOps.cpp, dialect/components/), the expansions
 // and passes that create fixed params (dialect/components/, passes/PushOverride.cpp) and the

@@ -1,4 +1,4 @@
-// Operator-library implementation: the PyTorch operators of one generated kernel. torch_ops.h
+// Operator-library implementation: the PyTorch operators of one generated kernel. torch/ops.h
 // declares what the generated NAME_ops.cpp calls; docs/frameworks.md has the user's contract.
 // Compiled once per library from the emitted ape/torch_ops.cpp: nothing here depends on the
 // encoding at compile time (the kernel's inputs come as a KernelInputs table at run time), so a
@@ -20,19 +20,19 @@
 //       the raw kernels (no autograd history), for other autograd systems.
 //   derived_params(Tensor? w_q=None, Tensor? w_k=None, Tensor? w_v=None, *, int heads,
 //                  int head_dim) -> Tensor[]
-//       the params an override derives from the projection weights (derived_params.h), in
+//       the params an override derives from the projection weights (torch/derived_params.h), in
 //       manifest order; ATen ops, so gradients reach the weights.
 //   init_value(str name, *, int heads, int head_dim) -> Tensor
-//       the float64 initial value of an alibi_slopes or sinusoidal param (ape/abi.h's math, as
+//       the float64 initial value of an alibi_slopes or sinusoidal param (vocabulary.h's math, as
 //       APE's runtime computes it), in its manifest shape
 //   manifest() -> str
 //   cuda_kernels() -> str[]    the CUDA variants compiled in ("bf16/hd64", ...; none: [])
-//   cpu_level() -> str         the CPU kernels' instruction-set level (ape/cpu_dispatch.h)
+//   cpu_level() -> str         the CPU kernels' instruction-set level (ape/cpu/dispatch.h)
 //   backward_status(Device? device=None, bool clear=True) -> int
-//       the OR of the status words (ape/cuda_kernel_entry.h kStatus*) of every CUDA backward on
+//       the OR of the status words (ape/cuda/kernel_entry.h kStatus*) of every CUDA backward on
 //       the device (None: the current CUDA device) since the last clear; 0 on the CPU and without
 //       CUDA kernels. Reading it waits for the device: the backward itself never does
-//       (torch_ops_cuda.h); after an error the gradients it concerns are NaN already.
+//       (torch/ops_cuda.h); after an error the gradients it concerns are NaN already.
 //
 // Kernels by dispatch key:
 //   Autograd                   attention: AttentionFunction; the raw pair falls through
@@ -40,7 +40,7 @@
 //   CPU                        the raw pair: the fused CPU kernel (OpenMP); float32 and float64
 //                              directly, bfloat16 and float16 in float32 (converted copies)
 //   CUDA                       the raw pair: the generated CUDA kernels on the current stream
-//                              (torch_ops_cuda.h); where the library has no kernel for the dtype
+//                              (torch/ops_cuda.h); where the library has no kernel for the dtype
 //                              and head dim, the CPU kernel on host copies (warned once)
 //   Meta                       the raw pair: shapes and dtypes only; symbolic sizes allowed, so
 //                              fake tensors (torch.compile, opcheck) trace through
@@ -67,13 +67,13 @@
 #include <tuple>
 #include <vector>
 
-#include "abi.h"
-#include "attention_autograd.h"
-#include "derived_params.h"
-#include "kernel_call.h"
-#include "kernel_entry.h"
-#include "kernel_inputs.h"
-#include "torch_ops.h"
+#include "ape/contract/kernel_inputs.h"
+#include "ape/contract/vocabulary.h"
+#include "ape/cpu/kernel_call.h"
+#include "ape/cpu/kernel_entry.h"
+#include "ape/torch/autograd.h"
+#include "ape/torch/derived_params.h"
+#include "ape/torch/ops.h"
 
 namespace ape::torch_ops {
 
@@ -285,7 +285,7 @@ inline BackwardResult backward_cpu(const KernelInputs &in, const at::Tensor &dou
 }  // namespace ape::torch_ops
 
 #ifdef APE_TORCH_OPS_CUDA  // set by the emitted CMakeLists.txt when LibTorch has CUDA
-#include "torch_ops_cuda.h"  // the CUDA kernels' calls; uses the helpers above
+#include "ape/torch/ops_cuda.h"  // the CUDA kernels' calls; uses the helpers above
 #endif
 
 namespace ape::torch_ops {
@@ -419,7 +419,7 @@ inline c10::TypedOperatorHandle<BackwardSig> backward_op(const KernelInputs &in)
   return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").typed<BackwardSig>();
 }
 
-// The operator library's side of the autograd binding (attention_autograd.h), for the
+// The operator library's side of the autograd binding (torch/autograd.h), for the
 // KernelInputs at `handle`: forward and backward call the raw operators through the dispatcher, so
 // tracing (AOTAutograd) records attention_forward and attention_backward, each with its device
 // and Meta kernels.
@@ -490,7 +490,7 @@ inline at::Tensor attention_forward_only(const KernelInputs &in, const at::Tenso
 
 // ---- derived params ------------------------------------------------------------------------------
 // One tensor per derived param (ParamInput::is_derived), in manifest order, from the projection
-// weights (torch.nn.Linear layout: [H·D, d]); derived_params.h has the math. A param that is
+// weights (torch.nn.Linear layout: [H·D, d]); torch/derived_params.h has the math. A param that is
 // not trainable is computed from the detached weight.
 inline std::vector<at::Tensor> derived_params(const KernelInputs &in,
                                               const std::optional<at::Tensor> &w_q,
@@ -526,7 +526,7 @@ inline std::vector<at::Tensor> derived_params(const KernelInputs &in,
 
 // ---- fixed initial values ------------------------------------------------------------------------
 // The initial value of a param whose manifest init is alibi_slopes or sinusoidal, float64 on the
-// CPU in its manifest shape: the values of ape/abi.h, the ones APE's runtime uses, so the Python
+// CPU in its manifest shape: the values of vocabulary.h, the ones APE's runtime uses, so the Python
 // helper (init_params) does not compute them again. Other kinds are random or trivial (zeros,
 // ones, normal, constant: the helper makes them) or derived (derived_params).
 inline at::Tensor init_value(const KernelInputs &in, const std::string &name, int64_t H, int64_t D) {
@@ -664,7 +664,7 @@ inline torch::CppFunction kernel(const Library &lib, Op op, Where where = Where:
   return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(lib, op, where));
 }
 
-// Defined here, not inline: torch_ops.h declares it for NAME_ops.cpp, and this header is included
+// Defined here, not inline: torch/ops.h declares it for NAME_ops.cpp, and this header is included
 // by one file per library (ape/torch_ops.cpp).
 void register_operators(const Library &lib) {
   // Alive until the process exits, as the objects of TORCH_LIBRARY / TORCH_LIBRARY_IMPL are

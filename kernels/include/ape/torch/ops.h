@@ -4,14 +4,14 @@
 // so it compiles in a blink): it describes the kernel's inputs (kernel_inputs.h) and, when the
 // library is loaded, registers the operator namespace ape_NAME through register_operators().
 // The operator code itself (checks, dtypes, devices, autograd, fake tensors) is LibTorch-heavy
-// and the same for every encoding: torch_ops_impl.h, compiled once per library from the emitted
+// and the same for every encoding: torch/ops_impl.h, compiled once per library from the emitted
 // ape/torch_ops.cpp (and once per CMake project that builds several emitted folders).
 #pragma once
 
-#include "kernel_inputs.h"
+#include "ape/contract/kernel_inputs.h"
 
 namespace ape::cuda {
-struct CudaKernelEntry;  // cuda_kernel_entry.h
+struct CudaKernelEntry;  // cuda/kernel_entry.h
 }
 
 namespace ape::torch_ops {
@@ -24,7 +24,7 @@ struct Library {
 };
 
 // Defines the operators of `lib` in the namespace ape_<encoding> and registers their CPU, CUDA,
-// Meta and autograd kernels (torch_ops_impl.h). `lib` must outlive the process.
+// Meta and autograd kernels (torch/ops_impl.h). `lib` must outlive the process.
 void register_operators(const Library &lib);
 
 // A static object of NAME_ops.cpp: registers at load time, like TORCH_LIBRARY.

@@ -22,7 +22,7 @@
 // score_mod, score_mod_grad; kNumTok == 0: token_forward, token_backward; kNumParams == 0:
 // param_numel.
 //
-// Instruction-set levels (cpu_dispatch.h): the loops below are compiled once per level; they sit
+// Instruction-set levels (cpu/dispatch.h): the loops below are compiled once per level; they sit
 // in a target region and in the level's namespace (ape::cpu_avx2::attention_forward, ...), which
 // `inline` makes reachable as ape::attention_forward in every unit. AttnArgs and HeadCtx are
 // plain data shared by all levels.
@@ -37,10 +37,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "abi.h"
-#include "attention_transition.h"
-#include "cpu_dispatch.h"
-#include "enc_traits.h"
+#include "ape/contract/enc_traits.h"
+#include "ape/contract/transition.h"
+#include "ape/contract/vocabulary.h"
+#include "ape/cpu/dispatch.h"
 
 #ifdef _OPENMP
 #define APE_PRAGMA(x) _Pragma(#x)
@@ -67,7 +67,7 @@ template <typename Real> struct AttnArgs {
   Real *const *dfeatures;          // (B, H, T) each, overwritten
   Real *const *dparams;            // shapes of params, overwritten
   // The layer this call computes (0-based) of a model of num_layers: read only by encodings with
-  // an attention transition (attention_transition.h), which transform the rows of some layers;
+  // an attention transition (contract/transition.h), which transform the rows of some layers;
   // num_layers = 0 (the default) transforms none.
   int64_t layer = 0, num_layers = 0;
 };
@@ -81,7 +81,7 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
   const Real *const *rel = nullptr;  // Enc::kNumRel arrays (T, rows_n): relative rows
   Real *const *drel = nullptr;       // their gradients, zeroed; null in forward
 
-  // Decoding (cpu_decode.h) extends the token program by new tokens instead of recomputing it:
+  // Decoding (cpu/decode.h) extends the token program by new tokens instead of recomputing it:
   // the stages start at token tok0 (the entries before it are already in tok) and each scan
   // continues from its running sum scan_carry[slot] (double; slot = the scan's output sequence,
   // (dst - tok) / T), which it updates. The full forward leaves them at 0 and null.
@@ -108,7 +108,7 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
 
 }  // namespace ape
 
-// Compiled for this unit's level (no #include inside the region, see cpu_dispatch.h).
+// Compiled for this unit's level (no #include inside the region, see cpu/dispatch.h).
 APE_CPU_BEGIN
 namespace ape {
 inline namespace APE_CPU_NS {
@@ -350,7 +350,7 @@ void mod_backward(const HeadCtx<Real> &ctx, const Real *x, const Real *gm, Real 
 // R_n(T, rows) = (x' + bias_h) table_h^T with x' = q' (rel_side(n) == 0) or k', table_h the
 // (rows, D) slice of head h of the (rows, H, D) param rel_table(n), bias_h the (D) row of the
 // optional (H, D) param rel_bias(n) (-1: none).
-template <class Enc> using NumRel = traits::NumRel<Enc>;  // enc_traits.h
+template <class Enc> using NumRel = traits::NumRel<Enc>;  // contract/enc_traits.h
 
 // Enc::kHasValueRows: o_i += sum_j P_ij table[value_row(i, j), h, :] for the (kValueRows, H, D)
 // param kValueTable (false when the functor does not declare it).
@@ -519,7 +519,7 @@ template <class Enc, typename Real> struct AttendScratch {
 // (qm: their (nq, D) rows after the q mod) over the keys j <= i: kt (D, ldk) holds k'^T, zero
 // padded so that every key tile of kTileK columns up to the last query is readable; v (., D) the
 // values. Writes o (nq, D) and lse (nq). The full forward runs it on every query tile of a slice,
-// decoding (cpu_decode.h) on the new queries against the cache: the same arithmetic in the same
+// decoding (cpu/decode.h) on the new queries against the cache: the same arithmetic in the same
 // order, key tile by key tile from j = 0.
 template <class Enc, typename Real>
 void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i0, int64_t nq,
@@ -588,7 +588,7 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
   }
 }
 
-// The attention transition (attention_transition.h) of the rows [lo, hi) of this layer that a
+// The attention transition (contract/transition.h) of the rows [lo, hi) of this layer that a
 // T-key call transforms, on top of attend_rows' outputs: o and lse hold the ordinary forward of
 // every row (pass 1: lse is the row's log-sum-exp), and the rows of `rows` get o rewritten. Per
 // block of kTileQ rows, two passes over their keys, tile by tile, recomputing the logits:

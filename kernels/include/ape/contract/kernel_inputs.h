@@ -3,7 +3,7 @@
 //
 // apec --emit=torch-library and --emit=c-abi write, next to the generated kernel, a function
 //   const ape::KernelInputs &kernel_inputs();
-// that the operator library (torch_ops.h) and the C ABI (c_abi_impl.h) check their inputs against.
+// that the operator library (torch/ops.h) and the C ABI (c/abi_impl.h) check their inputs against.
 // No LibTorch, no JSON parser: the tables are generated from the same kernel as the manifest.
 #pragma once
 
@@ -12,18 +12,21 @@
 #include <string>
 #include <vector>
 
-#include "abi.h"
-#include "kernel_entry.h"
+#include "ape/contract/vocabulary.h"
 
 namespace ape {
 
-// The vocabularies are the contract's (ape/abi.h): a dimension is an ape_abi::Dim ("heads",
+// The kernel's CPU entry (ape/cpu/kernel_entry.h, a floor above: callers that run the kernel
+// include it); the tables here only point at it.
+struct KernelEntry;
+
+// The vocabularies are the contract's (vocabulary.h): a dimension is an ape_abi::Dim ("heads",
 // "head_dim" or a size), an init kind an ape_abi::InitKind, a projection an ape_abi::Projection.
 constexpr int kMaxParamRank = 8;
 
 // How a derived param (init "projection_term" or "projection_prefix", docs/internals.md §3) is
 // computed from a projection weight W (out_features H·D x in_features) every step; the math is
-// ape/derived_params.h.
+// ape/torch/derived_params.h.
 struct DerivedInit {
   bool derived;                    // false: the param is not derived (the rest is unused)
   ape_abi::Projection projection;  // which weight: W_q, W_k or W_v

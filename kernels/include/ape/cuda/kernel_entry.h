@@ -20,9 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda_abi.h"
+#include "ape/cuda/symbols.h"
 #ifdef APE_SIMT
-#include "simt/cuda.h"
+#include "ape/simt/cuda.h"
 #else
 #include <cuda_runtime_api.h>
 #endif
@@ -31,7 +31,7 @@ namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
 
 // Bits of the backward's status word: what the deterministic fixed-point gradient sums (token and
-// parameter gradients; cuda_attention.cuh) could not represent. The errors (after any of them
+// parameter gradients; cuda/attention.cuh) could not represent. The errors (after any of them
 // every sum of the call, and what is computed from the sums, is NaN: poisoned on the device):
 constexpr uint32_t kStatusNonFinite = 1u;  // a gradient term was NaN or infinite
 constexpr uint32_t kStatusRange = 2u;      // a term of magnitude >= 2^31 was clamped
@@ -67,7 +67,7 @@ struct CudaAttnArgs {
   // Forward only: the first query row whose output is wanted. The query tiles before the one
   // holding it are skipped (rows [first_row, T) of o and lse are written, and the rows of that
   // tile before first_row with their same values); the token program and q', k' still cover all
-  // T tokens. 0: every row. A decode step (cuda_decode.h) passes its cache length. The backward
+  // T tokens. 0: every row. A decode step (cuda/decode.h) passes its cache length. The backward
   // needs 0.
   int64_t first_row = 0;
   // backward only (reads q, k, v, o, lse, dout)

@@ -1,7 +1,7 @@
 // One call of a generated CPU kernel (KernelEntry) on plain arrays: the one place that packs
-// AttnArgs (cpu_attention.h) and picks the entry's function for the precision. Shared by the
-// runtime (runtime/Attention.cpp, SpecCheck), the operator library (torch_ops_impl.h) and the C
-// ABI (c_abi_impl.h); no LibTorch.
+// AttnArgs (cpu/attention.h) and picks the entry's function for the precision. Shared by the
+// runtime (runtime/Attention.cpp, SpecCheck), the operator library (torch/ops_impl.h) and the C
+// ABI (c/abi_impl.h); no LibTorch.
 //
 //   AttnArgs<float> a = forward_args<float>({B, H, T, D}, scale, q, k, v, features, params, o, lse);
 //   entry_forward<float>(entry)(a);                                  // o, lse written
@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cpu_attention.h"
-#include "kernel_entry.h"
+#include "ape/cpu/attention.h"
+#include "ape/cpu/kernel_entry.h"
 
 namespace ape {
 

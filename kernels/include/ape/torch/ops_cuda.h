@@ -1,6 +1,6 @@
 // The CUDA kernels of the operator library: the raw pair on CUDA tensors calls the generated
-// kernels (apec --emit=cuda; cuda_kernel_entry.h, docs/cuda.md) on the current CUDA stream of
-// q's device, with no host copies. Included by torch_ops_impl.h (when the emitted CMakeLists.txt
+// kernels (apec --emit=cuda; cuda/kernel_entry.h, docs/cuda.md) on the current CUDA stream of
+// q's device, with no host copies. Included by torch/ops_impl.h (when the emitted CMakeLists.txt
 // finds a LibTorch with CUDA: APE_TORCH_OPS_CUDA), after the helpers it uses.
 //
 // The CUDA kernels take q, k, v, o, dout, dq, dk, dv in float32, float16 or bfloat16 at the
@@ -10,7 +10,7 @@
 // on the device. Scratch memory comes from the stream-ordered allocator of the kernels.
 //
 // No call waits for the GPU (a training step keeps its overlap; test_cuda.py runs every call
-// under torch.cuda.set_sync_debug_mode("error")). The backward's status word (cuda_kernel_entry.h:
+// under torch.cuda.set_sync_debug_mode("error")). The backward's status word (cuda/kernel_entry.h:
 // what the fixed-point gradient sums could not hold) is therefore never read here:
 //   - the kernels poison every gradient an error concerns with NaN on the device, so a clamped or
 //     wrapped sum is never used silently (NaN reaches the loss, the gradient norm, GradScaler);
@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_kernel_entry.h"
+#include "ape/cuda/kernel_entry.h"
 
 namespace ape::torch_ops {
 

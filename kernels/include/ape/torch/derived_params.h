@@ -1,6 +1,6 @@
 // Derived params: the params that an override (ExPE, ExQPE; docs/internals.md §3) computes from
 // a projection weight every step, written once for every LibTorch caller: APE's runtime
-// (runtime/Model.cpp) and the emitted operator libraries (torch_ops_impl.h: the operator
+// (runtime/Model.cpp) and the emitted operator libraries (torch/ops_impl.h: the operator
 // ape_NAME::derived_params that the Python helper calls).
 //
 // W is a torch.nn.Linear weight, (out_features, in_features) = (H·D, d); both functions use its

@@ -22,7 +22,7 @@
 // `static constexpr ape::TransitionAttrs kTransition`), the interval geometry, the per-weight
 // formulas of the fused kernel (transition_weight and friends) and the literal reference
 // (transition_row_reference) that applies steps 1-5 to one materialised row. The fused form, in
-// cpu_attention.h (transition_rows), takes three passes over the keys of a transformed row and
+// cpu/attention.h (transition_rows), takes three passes over the keys of a transformed row and
 // never stores a T x T matrix: pass 1 the row's log-sum-exp (the ordinary forward), pass 2 the
 // kept mass Σ A' and the mask sum N_r, pass 3 the output Σ_c w_c v_c with the modified weights.
 // Plain C++17, no MLIR, no LibTorch.

@@ -25,7 +25,7 @@
 // Levels a target does not have (avx2 / avx512 outside x86-64, or a compiler without target
 // pragmas) compile to an empty entry, so a build may add the three units everywhere.
 //
-// Choosing. The baseline unit also defines the dispatcher (kernel_entry.h): the entry of the
+// Choosing. The baseline unit also defines the dispatcher (cpu/kernel_entry.h): the entry of the
 // best built level the CPU runs, or the level the environment variable APE_CPU_LEVEL names
 // (baseline | avx2 | avx512; unset or empty: the best). A named level that is unknown, not built
 // or not runnable here is refused: the kernels then throw CpuLevelError with the reason instead

@@ -1,7 +1,7 @@
 // CUDA KV-cache decoding for generated positional encodings (docs/decoding.md).
 //
-// The CUDA sibling of cpu_decode.h, driving the same generated kernels as the full forward
-// (cuda_attention.cuh, through CudaKernelEntry): a step appends n new tokens (their raw q, k, v
+// The CUDA sibling of cpu/decode.h, driving the same generated kernels as the full forward
+// (cuda/attention.cuh, through CudaKernelEntry): a step appends n new tokens (their raw q, k, v
 // and token features, on the device) to a cache of L0 tokens and returns the attention outputs
 // of the n new queries over all L = L0 + n keys. A prefill is the first step (L0 = 0).
 // Contract, as on the CPU: the outputs of a step equal rows L0 .. L - 1 of the full forward over
@@ -14,10 +14,10 @@
 // O(L·D) per step, the order of the attention of one new query itself (O(L·D) per query), and
 // exact for every encoding, including those whose k mod or token program reads the sequence
 // length (dynamic NTK, xPos), which must recompute them anyway. What this leaves to a later
-// kernel: cached k' and scan carries (as cpu_decode.h keeps), and keeping q only for the rows the
+// kernel: cached k' and scan carries (as cpu/decode.h keeps), and keeping q only for the rows the
 // first query tile reads.
 //
-// Plain C++17 over the CUDA runtime API (the host compiler builds it, as cuda_kernel_entry.h);
+// Plain C++17 over the CUDA runtime API (the host compiler builds it, as cuda/kernel_entry.h);
 // under -DAPE_SIMT the same code runs on the SIMT emulator. Errors are returned, never thrown.
 #pragma once
 
@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda_kernel_entry.h"
+#include "ape/cuda/kernel_entry.h"
 
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN

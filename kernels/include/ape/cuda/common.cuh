@@ -1,0 +1,358 @@
+// Common to the CUDA attention kernels (ape/cuda/attention.cuh): element types, the deterministic
+// gradient sinks (fixed point), the device context of a functor call, the launch parameters
+// (Params), the tile configuration and the wmma helpers of the general path.
+#pragma once
+
+#include "ape/cuda/platform.cuh"
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "ape/contract/enc_traits.h"
+#include "ape/contract/vocabulary.h"
+#include "ape/cuda/kernel_entry.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "ape/cuda/attention.cuh needs sm_80 or newer (bf16 tensor cores)"
+#endif
+
+
+namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
+namespace detail {
+
+constexpr int kThreads = 128;  // 4 warps per block
+constexpr int kWarps = kThreads / 32;
+
+constexpr int array_len(int n) { return n > 0 ? n : 1; }
+constexpr size_t align_up(size_t n) { return (n + 127) / 128 * 128; }
+constexpr float kInf = __builtin_huge_valf();
+constexpr int kTokThreads = 256;  // threads of the token program's block (one per slice)
+// Zeros before and after a slice's table of distance biases (dist_table_kernel): a flash tile's
+// window reaches BQ + BK distances before 0 and past T at most.
+constexpr int64_t kDistPad = 256;
+
+// ---- element types -------------------------------------------------------------------------------
+template <class In> __device__ inline float to_float(In x);
+template <> __device__ inline float to_float<float>(float x) { return x; }
+template <> __device__ inline float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <class In> __device__ inline In from_float(float x);
+template <> __device__ inline float from_float<float>(float x) { return x; }
+template <> __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// ---- deterministic gradient sinks (fixed point, attention.cuh says why) -------------------------
+// A sink element is a 128-bit fixed-point number kept as two 64-bit integers: a term g adds
+// hi = round(g 2^32) to the first and lo = round((g 2^32 - hi) 2^32) to the second, so the sum
+// is hi_sum 2^-32 + lo_sum 2^-64, exact to 2^-64 per term and the same for any order of the
+// additions. What fixed point cannot hold is reported in the call's status word
+// (cuda/kernel_entry.h): a non-finite term (kStatusNonFinite), a term of magnitude >= 2^31
+// (kStatusRange: clamped), a sum leaving (-2^31, 2^31) (kStatusOverflow), a non-zero term below
+// 2^-65 that rounds to nothing (kStatusDropped, for information). After any of the three errors
+// every sink result of the call is NaN (fixed_to_float_kernel): a gradient that cannot be trusted
+// is poisoned on the device, so no caller has to read the word before using the gradients.
+constexpr double kFixedScale = 4294967296.0;  // 2^32
+
+struct FixedTerm {
+  long long hi, lo;
+  uint32_t status;
+};
+APE_HD inline FixedTerm to_fixed(float g) {
+  if (!(g == g) || g - g != 0.f) return {0, 0, kStatusNonFinite};
+  const double x = static_cast<double>(g) * kFixedScale;  // exact
+  if (x >= 9.2233720368547758e18 || x <= -9.2233720368547758e18) {
+    const long long clamp = x > 0 ? 9223372036854775807LL : -9223372036854775807LL;
+    return {clamp, 0, kStatusRange};
+  }
+  const long long hi = llrint(x);
+  const long long lo = llrint((x - static_cast<double>(hi)) * kFixedScale);
+  return {hi, lo, (g != 0.f && hi == 0 && lo == 0) ? kStatusDropped : 0u};
+}
+APE_HD inline float from_fixed(const unsigned long long *v) {
+  return static_cast<float>(static_cast<double>(static_cast<long long>(v[0])) / kFixedScale +
+                            static_cast<double>(static_cast<long long>(v[1])) /
+                                (kFixedScale * kFixedScale));
+}
+
+// `sink[i] += g` adds g to element i (nothing when the sink is off).
+struct FixedRef {
+  unsigned long long *p;  // the element's two words
+  uint32_t *status;
+  APE_HD void operator+=(float g) const {
+#ifdef APE_DEVICE_CODE
+    if (!p) return;
+    const FixedTerm t = to_fixed(g);
+    uint32_t st = t.status;
+    if (t.hi != 0) {
+      const long long old = static_cast<long long>(atomicAdd(p, static_cast<unsigned long long>(t.hi)));
+      const long long sum = static_cast<long long>(static_cast<unsigned long long>(old) +
+                                                   static_cast<unsigned long long>(t.hi));
+      if (((old ^ sum) & (t.hi ^ sum)) < 0) st |= kStatusOverflow;  // signed wrap
+    }
+    if (t.lo != 0) atomicAdd(p + 1, static_cast<unsigned long long>(t.lo));
+    if (st) atomicOr(status, st);
+#else
+    (void)g;
+    __builtin_trap();  // the sinks exist on the device only
+#endif
+  }
+};
+struct FixedSink {
+  unsigned long long *data;
+  uint32_t *status;
+  APE_HD FixedRef operator[](int64_t i) const {
+    return FixedRef{data ? data + 2 * i : nullptr, status};
+  }
+};
+template <int N> struct FixedSinks {
+  unsigned long long *p[N];
+  uint32_t *status;
+  APE_HD FixedSink operator[](int n) const { return FixedSink{p[n], status}; }
+};
+template <int N> struct ParamPtrs {
+  const float *p[N];
+  APE_HD const float *operator[](int n) const { return p[n]; }
+};
+
+// The context the functors see on the GPU: the members of ape::HeadCtx, with sinks in place of
+// the private accumulators.
+template <class Enc> struct DevCtx {
+  static constexpr int NR = array_len(traits::NumRel<Enc>::value);
+  int64_t b, h, H, T, D;
+  ParamPtrs<array_len(Enc::kNumParams)> params;
+  const float *tok;                              // this slice: tok[n*T + t]
+  FixedSink dtok;                                // this slice, same layout
+  FixedSinks<array_len(Enc::kNumParams)> dparams;  // global sums
+  ParamPtrs<NR> rel;                             // this slice's relative rows n: (T, rows_n)
+  FixedSinks<NR> drel;                           // their gradients, same layout
+  FixedSink vmass;                               // value rows: sum_j P_ij per (i, row), (T, rows)
+
+  // The token program's stages (emitEncFunctor), run by all threads of one block per slice
+  // (token_forward_kernel, token_backward_kernel): each thread takes every blockDim-th token,
+  // a barrier separates the stages, and the scans are block-parallel in double.
+  __device__ static int64_t tok_first() { return threadIdx.x; }
+  __device__ static int64_t tok_step() { return blockDim.x; }
+  __device__ static void tok_sync() { __syncthreads(); }
+  // dst[t] = sum_{u <= t} src[u] (kReverse: dst[t] += sum_{u >= t} src[u]), in double. Thread k
+  // sums a contiguous chunk, thread 0 scans the block's chunk sums (a fixed order: the result
+  // does not depend on the schedule), then each thread rescans its chunk from its offset.
+  template <bool kReverse, class T>
+  __device__ static void block_scan(const T *__restrict__ src, T *__restrict__ dst, int64_t n) {
+    APE_STATIC_SMEM(double, part, kTokThreads);
+    const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+    const int64_t chunk = (n + nt - 1) / nt;
+    const int64_t a = tid * chunk < n ? tid * chunk : n, b = a + chunk < n ? a + chunk : n;
+    double sum = 0;
+    for (int64_t t = a; t < b; ++t) sum += src[t];
+    part[tid] = sum;
+    __syncthreads();
+    if (tid == 0) {  // exclusive prefix (suffix) sums of the chunks
+      double acc = 0;
+      for (int k = 0; k < nt; ++k) {
+        const int c = kReverse ? nt - 1 - k : k;
+        const double v = part[c];
+        part[c] = acc;
+        acc += v;
+      }
+    }
+    __syncthreads();
+    double acc = part[tid];
+    if constexpr (kReverse)
+      for (int64_t t = b - 1; t >= a; --t) acc += src[t], dst[t] += T(acc);
+    else
+      for (int64_t t = a; t < b; ++t) acc += src[t], dst[t] = T(acc);
+    __syncthreads();  // `part` is free again
+  }
+  template <class T> __device__ static void tok_scan(const T *src, T *dst, int64_t n) {
+    block_scan<false>(src, dst, n);
+  }
+  template <class T> __device__ static void tok_rscan_add(const T *src, T *dst, int64_t n) {
+    block_scan<true>(src, dst, n);
+  }
+};
+
+// ---- launch parameters (one plain struct, by value) -----------------------------------------------
+template <class Enc, class In> struct Params {
+  static constexpr int NF = array_len(Enc::kNumFeatures), NP = array_len(Enc::kNumParams);
+  int64_t B, H, T, D;
+  const In *q, *k, *v;
+  In *o;
+  float *lse;
+  const float *feat[NF];
+  const float *params[NP];
+  float scale;
+  float log2_scale, inv_scale;      // flash kernels (scale > 0 there: positive_scale)
+  int64_t tile0;                    // forward: the first query tile computed (first_row / BQ)
+  const In *dout;
+  In *dq, *dk, *dv;
+  float *dfeat[NF];
+  float *dparams[NP];
+  // scratch
+  float *tok;                       // (B*H, kNumTok, T)
+  const In *qm, *km;                // (B*H, T, D): q', k' (= q, k without a mod)
+  float *delta;                     // (B*H, T)
+  float *dqm, *dkm;                 // (B*H, T, D) gradients w.r.t. q', k'
+  unsigned long long *dtok_fx;      // (B*H, kNumTok, T) x 2 words
+  float *dtok;                      // (B*H, kNumTok, T)
+  unsigned long long *dparam_fx[NP];  // numel x 2 words each
+  uint32_t *status;                 // CudaAttnArgs::status (backward)
+  int *dq_sem;                      // (B*H, ceil(T / BQ)): the order of dQ' adds (flash backward)
+  bool dq_direct;                   // flash backward: key tile 0 writes dq (flash_dq_direct)
+  // distance biases in the flash kernels (flash_distance<Enc>())
+  float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
+  int64_t dist_ld;
+  unsigned long long *dist_g;       // (B*H, T) x 2 words: sum of scale P (dP - Delta) per distance
+  unsigned long long *dist_fp;      // (B*H, T): fingerprints of B's gradient per distance
+  int *dist_sat;                    // (B*H): distances >= it share one gradient (dist_sat_kernel)
+  // row/column biases in the flash kernels (flash_rowcol<Enc>())
+  float *rc;                        // (B*H, 2, rc_ld): R(i) / scale, then C(j) / scale; 0 past T
+  int64_t rc_ld;
+  float *row_g;                     // (B*H, T): sum of scale P (dP - Delta) per query row
+  // the flash backward's row statistics (row_stats_kernel): (B*H, 2, stats_ld), the rows' lse in
+  // the kernel's units, then their Delta (signed as it uses it); rows past T: +inf and 0
+  float *stats;
+  int64_t stats_ld;
+  // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
+  static constexpr int NR = array_len(traits::NumRel<Enc>::value);
+  float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
+  unsigned long long *drel_fx[NR];  // (B*H, T, rows_n) x 2 words
+  float *drel[NR];                  // (B*H, T, rows_n)
+  float *vdrow;                     // (B*H, T, kValueRows): dO_i . table[r, h, :]
+  unsigned long long *vmass_fx;     // (B*H, T, kValueRows) x 2 words: sum_j P_ij [r(i, j) = r]
+  float *vmass;                     // (B*H, T, kValueRows)
+};
+
+// Rows of the value-rows table (0 without one).
+template <class Enc> constexpr int64_t value_rows() {
+  if constexpr (traits::HasValueRows<Enc>::value) return Enc::kValueRows;
+  else return 0;
+}
+
+template <class Enc, class In>
+__device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, bool sinks) {
+  DevCtx<Enc> c;
+  c.b = bh / p.H, c.h = bh % p.H, c.H = p.H, c.T = p.T, c.D = p.D;
+  for (int n = 0; n < Params<Enc, In>::NP; ++n) {
+    c.params.p[n] = p.params[n];
+    c.dparams.p[n] = sinks ? p.dparam_fx[n] : nullptr;
+  }
+  c.dparams.status = p.status;
+  c.tok = p.tok ? p.tok + bh * Enc::kNumTok * p.T : nullptr;
+  c.dtok.data = (sinks && p.dtok_fx) ? p.dtok_fx + 2 * bh * Enc::kNumTok * p.T : nullptr;
+  c.dtok.status = p.status;
+  if constexpr (traits::NumRel<Enc>::value > 0) {
+    for (int n = 0; n < Enc::kNumRel; ++n) {
+      const int64_t rows = Enc::rel_rows(n);
+      c.rel.p[n] = p.rel[n] + bh * p.T * rows;
+      c.drel.p[n] = (sinks && p.drel_fx[n]) ? p.drel_fx[n] + 2 * bh * p.T * rows : nullptr;
+    }
+  }
+  c.drel.status = p.status;
+  c.vmass.data = (sinks && p.vmass_fx) ? p.vmass_fx + 2 * bh * p.T * value_rows<Enc>() : nullptr;
+  c.vmass.status = p.status;
+  return c;
+}
+
+// Partner column under a pairing (Enc::kQPairing / kKPairing: ape_abi::Pairing's code, 0 none,
+// 1 half, 2 interleaved): the rule of ape_abi::partner, shared with cpu/attention.h.
+APE_HD inline int64_t partner(int pairing, double fraction, int64_t D, int64_t c) {
+  return ::ape_abi::partner(static_cast<::ape_abi::Pairing>(pairing), fraction, D, c);
+}
+
+// ---- tiles -----------------------------------------------------------------------------------------
+// Every kernel fits the smallest per-block shared memory of the architectures it claims (sm_80,
+// 86, 89, 90): sm_86/89's 99 KiB (kSmemLimit). Tensor-core tiles are 64 x 64 where that fits and
+// 64 x 32 or 32 x 32 at D = 128; fp32 (SIMT, for testing) uses 32-row tiles, 16 at D = 128 in the
+// backward.
+constexpr size_t kSmemLimit = 101376;  // 99 KiB
+template <class In, int D> struct Cfg {
+  static constexpr bool kTC = !std::is_same_v<In, float>;  // tensor cores
+  static constexpr int kFwdBQ = kTC ? 64 : 32;
+  static constexpr int kFwdBK = (kTC && D == 128) ? 32 : kFwdBQ;
+  static constexpr int kBwdBQ = kTC ? (D == 128 ? 32 : 64) : (D == 128 ? 16 : 32);
+  static constexpr int kBwdBK = kTC ? (D == 32 ? 64 : 32) : (D == 128 ? 16 : 32);
+  static constexpr int kPadIn = kTC ? 8 : 4;  // 16 bytes: WMMA leading dims, fewer bank conflicts
+  static constexpr int kLdIn = D + kPadIn;   // rows of q, k, v, dout tiles (In)
+  static constexpr int kLdAcc = D + 4;       // rows of fp32 accumulators (o, dq, dk, dv)
+};
+
+// Rows [r0, r0 + R) of a (T, D) matrix into shared memory (leading dim ld); rows >= T are zero.
+template <class In, int R, int D>
+__device__ inline void load_rows(In *dst, int ld, const In *src, int64_t r0, int64_t T) {
+  for (int e = threadIdx.x; e < R * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    dst[r * ld + c] = r0 + r < T ? src[(r0 + r) * D + c] : from_float<In>(0.f);
+  }
+}
+
+template <int R, int C> __device__ inline void zero_acc(float *a, int ld) {
+  for (int e = threadIdx.x; e < R * C; e += kThreads) a[(e / C) * ld + e % C] = 0.f;
+}
+
+namespace wmma = nvcuda::wmma;
+
+// C(M, N) = A(M, K) B(N, K)^T; A, B row-major in shared memory, C fp32.
+template <int M, int N, int K, class In>
+__device__ inline void mm_abt(const In *A, int la, const In *B, int lb, float *C, int lc) {
+  if constexpr (std::is_same_v<In, float>) {
+    for (int e = threadIdx.x; e < M * N; e += kThreads) {
+      const int r = e / N, c = e % N;
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc += A[r * la + k] * B[c * lb + k];
+      C[r * lc + c] = acc;
+    }
+  } else {
+    for (int f = threadIdx.x / 32; f < (M / 16) * (N / 16); f += kWarps) {
+      const int fm = f / (N / 16), fn = f % (N / 16);
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.f);
+      for (int k = 0; k < K; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, In, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, In, wmma::col_major> b;  // B^T
+        wmma::load_matrix_sync(a, A + fm * 16 * la + k, la);
+        wmma::load_matrix_sync(b, B + fn * 16 * lb + k, lb);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(C + fm * 16 * lc + fn * 16, acc, lc, wmma::mem_row_major);
+    }
+  }
+}
+
+// C(M, N) += op(A) B(K, N) with op(A) = A (stored (M, K)) or, kTransA, A^T (stored (K, M)).
+template <int M, int N, int K, bool kTransA, class In>
+__device__ inline void mm_acc(const In *A, int la, const In *B, int lb, float *C, int lc) {
+  if constexpr (std::is_same_v<In, float>) {
+    for (int e = threadIdx.x; e < M * N; e += kThreads) {
+      const int r = e / N, c = e % N;
+      float acc = C[r * lc + c];
+      for (int k = 0; k < K; ++k)
+        acc += (kTransA ? A[k * la + r] : A[r * la + k]) * B[k * lb + c];
+      C[r * lc + c] = acc;
+    }
+  } else {
+    using LayoutA = std::conditional_t<kTransA, wmma::col_major, wmma::row_major>;
+    for (int f = threadIdx.x / 32; f < (M / 16) * (N / 16); f += kWarps) {
+      const int fm = f / (N / 16), fn = f % (N / 16);
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, C + fm * 16 * lc + fn * 16, lc, wmma::mem_row_major);
+      for (int k = 0; k < K; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, In, LayoutA> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, In, wmma::row_major> b;
+        wmma::load_matrix_sync(a, kTransA ? A + k * la + fm * 16 : A + fm * 16 * la + k, la);
+        wmma::load_matrix_sync(b, B + k * lb + fn * 16, lb);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(C + fm * 16 * lc + fn * 16, acc, lc, wmma::mem_row_major);
+    }
+  }
+}
+
+}  // namespace detail
+APE_CUDA_ABI_END
+}  // namespace ape::cuda

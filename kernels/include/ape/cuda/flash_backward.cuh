@@ -1,0 +1,658 @@
+// The FlashAttention-2-class backward (ape/cuda/attention.cuh): one pass over the key tiles on
+// mma.sync, 16-bit inputs, sm_80+, with the side kernels only it uses (a distance bias's
+// saturation, the row statistics).
+#pragma once
+
+#include "ape/cuda/flash_forward.cuh"
+#include "ape/cuda/side_kernels.cuh"
+
+namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
+namespace detail {
+
+// ---- FlashAttention-2-class backward (16-bit inputs) ---------------------------------------------
+// One pass over the key tiles: a block owns 64 keys (16 per warp) and walks the query tiles that
+// see them, from the diagonal down. Per query tile, on mma.sync m16n8k16 with ldmatrix operands:
+//   S^T = K' Q'^T and dP^T = V dO^T            (keys are the M dimension: rows of this warp)
+//   P^T = exp2(S^T log2e - lse log2e), dS^T = scale * mod_grad(P^T (dP^T - Delta))   (registers)
+//   dV += P^T dO,  dK' += dS^T Q'               (P^T, dS^T reused from registers as A operands)
+//   dQ'(tile) += dS K'                          (dS^T through shared memory, ldmatrix.trans)
+// so 5 GEMMs per tile pair (the two-kernel backward recomputed S and dP: 7), with dK', dV in
+// registers until the end. Q', dO of the next query tile are prefetched by cp.async into the
+// other half of double buffers.
+//
+// dQ is deterministic: the blocks of one slice add their dQ' tiles into the fp32 dQ' in a fixed
+// order, highest key tile first, by a semaphore per (slice, query tile): the block of key tile kt
+// adds to query tile qt once the last(qt) - kt blocks of higher key tiles have (last(qt) is the
+// last key tile that qt sees), then releases it. While it holds the turn the rows are its own, so
+// the add is a plain read-modify-write of 16-byte chunks through L2 (the tile staged in shared
+// memory first), not atomics; the first block stores, and key tile 0, the last, can write dq. The
+// grid is 1-D and slice-major, highest key tile first within a slice, so a block waits only on
+// blocks that started before it, in steady state each block trails its neighbour by one query
+// tile, and the blocks resident at once touch the dQ' rows of a few slices (L2, not DRAM). Cost:
+// one spin per tile by one thread and a start-up skew of one step per key tile; the sums are
+// identical run to run.
+template <class In, int D> struct FlashBwd {
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int BK = 16 * kWarps;          // keys per block, 16 per warp
+  static constexpr int BQ = D == 128 ? 32 : 64;   // queries per step (registers at D = 128)
+  static constexpr int kNT = BQ / 8, kDT = D / 8;
+  // The dQ' tile (BQ x D) over the warps: kQW warps per 16 rows, kQCols columns each.
+  static constexpr int kQW = kWarps / (BQ / 16), kQCols = D / kQW;
+  static constexpr size_t k = 0, v = k + sizeof(In) * BK * D, q = v + sizeof(In) * BK * D;
+  static constexpr size_t dout = q + 2 * sizeof(In) * BQ * D;
+  static constexpr size_t ds = dout + 2 * sizeof(In) * BQ * D;
+  static constexpr size_t lse = ds + sizeof(In) * BK * BQ;
+  static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
+  static constexpr size_t bytes = delta + 2 * sizeof(float) * BQ;
+  static_assert(bytes <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+  // Distance biases: two windows of the slice's table of B(d) / scale (BQ + BK distances: those of
+  // a tile pair and one before), each warp's two sets of partial diagonal sums of the tile's
+  // scale P (dP - Delta) (kDiagLen slots per set, by tile diagonal; flash_diag_partials), and
+  // kDistAcc running sums per distance (slot d mod kDistAcc) that carry a distance over the steps
+  // that see it.
+  static constexpr int kDistLen = BQ + BK, kDistAcc = 128, kDiagLen = BQ + BK;
+  static_assert(BQ + BK - 1 <= kThreads, "one diagonal per thread");
+  static_assert(BQ + BK - 1 <= kDistAcc, "a step's distances in distinct slots");
+  static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
+  static constexpr size_t dacc = gsum + sizeof(float) * 2 * kWarps * kDiagLen;
+  static constexpr size_t bytes_dist = dacc + sizeof(float) * kDistAcc;
+  static_assert(bytes_dist <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+  // Row/column biases: C(j) / scale of the block's BK keys (R(i) goes into the rows' lse), and a
+  // 16-byte row of 16-bit ones: the B fragment of the sums' products, by ldmatrix.
+  static constexpr size_t rowcol = bytes, ones = rowcol + sizeof(float) * BK;
+  static constexpr size_t bytes_rowcol = ones + 16;
+  static_assert(bytes_rowcol <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+};
+
+// The diagonal sums of one warp's 16 x 8 kNT tile in the m16n8 accumulator layout (element
+// (g + 8 h, 8 nt + 2 t + e) in v[nt][2 h + e] of lane 4 g + t), in registers and shuffles: the
+// element's diagonal is o = c - r = 8 k + s with k = nt - h, s = 2 t + e - g. A lane adds its pairs
+// (h = 0, nt = k) + (h = 1, nt = k + 1); lane (g, t) adds e = 1 of lane (g + 1, t) to its e = 0
+// (shuffle by 4); the lanes of equal s = 2 t - g, (g + 2 m, t + m), add into their first lane (the
+// chain's head, g < 2 or t = 0; shuffles by 9 and 18); lane (0, t)'s e = 1 sums (s = 2 t + 1) join
+// head (1, t + 1), and lane (0, 3)'s (s = 7) stay. Each head writes its kNT + 1 sums to
+// set0[o + xoff] (s >= 0) or set1[o + xoff] (s < 0), lane (0, 3) its s = 7 sums to set0: every
+// slot has one writer, the same on every call, so the unwritten ones stay as they were (0), and
+// the order of the additions is fixed.
+template <int kNT>
+__device__ inline void diag_partials(const float (&v)[kNT][4], float *set0, float *set1, int xoff) {
+  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  float w0[kNT + 1], w1[kNT + 1];  // k + 1: e = 0, e = 1
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float *w = e ? w1 : w0;
+    w[0] = v[0][2 + e];
+    #pragma unroll
+    for (int k = 0; k + 1 < kNT; ++k) w[k + 1] = v[k][e] + v[k + 1][2 + e];
+    w[kNT] = v[kNT - 1][e];
+  }
+  #pragma unroll
+  for (int k = 0; k <= kNT; ++k) {
+    const float r = __shfl_down_sync(0xffffffffu, w1[k], 4);
+    if (g < 7) w0[k] += r;
+  }
+  #pragma unroll
+  for (int k = 0; k <= kNT; ++k) {
+    const float r = __shfl_down_sync(0xffffffffu, w0[k], 9);
+    if (g <= 5 && t <= 2) w0[k] += r;
+  }
+  #pragma unroll
+  for (int k = 0; k <= kNT; ++k) {
+    const float r = __shfl_down_sync(0xffffffffu, w0[k], 18);
+    if (g <= 3 && t <= 1) w0[k] += r;
+  }
+  #pragma unroll
+  for (int k = 0; k <= kNT; ++k) {
+    const float r = __shfl_up_sync(0xffffffffu, w1[k], 5);
+    if (g == 1 && t >= 1) w0[k] += r;
+  }
+  const int s = 2 * t - g;
+  if (g < 2 || t == 0) {
+    float *out = (s >= 0 ? set0 : set1) + s + xoff - 8;
+    #pragma unroll
+    for (int k = 0; k <= kNT; ++k) out[8 * k] = w0[k];
+  }
+  if (lane == 3) {
+    #pragma unroll
+    for (int k = 0; k <= kNT; ++k) set0[8 * k + 7 + xoff - 8] = w1[k];
+  }
+}
+
+// ---- a distance bias's saturation ---------------------------------------------------------------
+// Many distance biases stop depending on the distance past some point (T5's buckets: every
+// distance >= 113 reads the last one). Where B's gradient is the same linear map of g for every
+// d >= d_sat, the backward needs one sum of dS over those distances instead of one per distance.
+// d_sat is found at run time, per slice, from the spec's own gradient: distance_bias_grad(d, 1)
+// runs against sinks that fold every (sink, element, coefficient) they receive into a 64-bit
+// fingerprint (FingerprintCtx, order-independent); d_sat is 1 + the last d whose fingerprint
+// differs from that of T - 1 (dist_sat_kernel; 0 when all agree, T - 1 at most).
+struct FpAcc {
+  unsigned long long *h;
+  int sink;
+  __device__ static unsigned long long mix(unsigned long long x) {  // splitmix64's finaliser
+    x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27, x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+  struct Ref {
+    unsigned long long *h;
+    unsigned long long key;
+    __device__ void operator+=(float g) const {
+      uint32_t bits;
+      memcpy(&bits, &g, 4);
+      *h += mix(key ^ mix(bits + 0x9e3779b97f4a7c15ull));
+    }
+  };
+  __device__ Ref operator[](int64_t i) const {
+    return Ref{h, mix(static_cast<unsigned long long>(i) * 0x100000001b3ull + static_cast<unsigned long long>(sink))};
+  }
+};
+template <int N> struct FpSinks {
+  unsigned long long *h;
+  __device__ FpAcc operator[](int n) const { return FpAcc{h, n + 1}; }
+};
+template <class Enc> struct FingerprintCtx : DevCtx<Enc> {
+  FpSinks<array_len(Enc::kNumParams)> dparams;  // shadows DevCtx's sinks
+  FpAcc dtok;
+};
+
+template <class Enc, class In> __global__ void dist_fp_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const int64_t bh = e / p.T, d = e % p.T;
+  unsigned long long h = 0;
+  FingerprintCtx<Enc> ctx;
+  static_cast<DevCtx<Enc> &>(ctx) = make_ctx(p, bh, false);
+  ctx.dparams.h = &h;
+  ctx.dtok = FpAcc{&h, 0};
+  if constexpr (!traits::BiasFixed<Enc>::value) Enc::distance_bias_grad(ctx, d, 1.f);
+  p.dist_fp[e] = h;
+}
+template <class Enc, class In> __global__ void dist_sat_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const int64_t bh = e / p.T, d = e % p.T;
+  if (p.dist_fp[e] != p.dist_fp[bh * p.T + p.T - 1]) atomicMax(p.dist_sat + bh, static_cast<int>(d + 1));
+}
+
+// The flash backward's row statistics, one thread per (slice, row) of p.stats (rows past T too):
+// lse' = lse log2 e (- log2 scale where the kernel computes P' = scale P, flash_scaled_p; - R(i) /
+// scale times scale log2 e with a row/column bias, whose R folds into the row) and Delta (negated
+// with P': the dP^T accumulators start at it); a row without a finite logit gets +inf (its P is 0).
+template <class Enc> constexpr bool flash_scaled_p() {
+  return !Enc::kHasScoreMod || flash_distance<Enc>() || flash_rowcol<Enc>();
+}
+// The flash backward writes dk itself (no fp32 dK', no mod pass) where dk = dK': no k mod and
+// no relative rows (whose gradients add to dK' afterwards). dq likewise, from key tile 0, where
+// also the scale was positive (Params::dq_direct, set by the host).
+template <class Enc> constexpr bool flash_dk_direct() {
+  return !Enc::kHasKMod && traits::NumRel<Enc>::value == 0;
+}
+template <class Enc> constexpr bool flash_dq_direct() {
+  return !Enc::kHasQMod && traits::NumRel<Enc>::value == 0;
+}
+template <class Enc, class In> __global__ void row_stats_kernel(const Params<Enc, In> p) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.stats_ld) return;
+  const int64_t bh = e / p.stats_ld, i = e % p.stats_ld;
+  float *row = p.stats + 2 * bh * p.stats_ld + i;
+  if (i >= p.T) {
+    row[0] = kInf, row[p.stats_ld] = 0.f;
+    return;
+  }
+  const float l = p.lse[bh * p.T + i], d = p.delta[bh * p.T + i];
+  float lse2 = l * kLog2e;
+  if constexpr (flash_scaled_p<Enc>()) lse2 -= p.log2_scale;
+  if constexpr (flash_rowcol<Enc>()) lse2 -= p.rc[2 * bh * p.rc_ld + i] * (p.scale * kLog2e);
+  row[0] = l == -kInf ? kInf : lse2;
+  row[p.stats_ld] = flash_scaled_p<Enc>() ? -d : d;
+}
+
+// The row statistics of query rows [i0, i0 + BQ) of a slice (row_stats_kernel: `stats` points at
+// the slice's lse row, `ld` on is its Delta row) into shared memory, 16-byte cp.async.
+template <int BQ, int kThreads>
+__device__ inline void load_row_stats(float *sLse, float *sDelta, const float *stats, int64_t ld,
+                                      int64_t i0) {
+  static_assert(BQ / 4 <= kThreads, "one chunk per thread");
+  const int x = static_cast<int>(threadIdx.x);
+  if (x < BQ / 4) {
+    ptx::cp_async_16(sLse + 4 * x, stats + i0 + 4 * x);
+    ptx::cp_async_16(sDelta + 4 * x, stats + ld + i0 + 4 * x);
+  }
+}
+
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kernel(const Params<Enc, In> p) {
+  using C = FlashBwd<In, D>;
+  constexpr int BQ = C::BQ, BK = C::BK, kNT = C::kNT, kDT = C::kDT, kQDT = C::kQCols / 8;
+  constexpr float kLog2e = 1.44269504088896341f;
+  APE_DYNAMIC_SMEM(smem);
+  In *sK = reinterpret_cast<In *>(smem + C::k), *sV = reinterpret_cast<In *>(smem + C::v);
+  In *sQ = reinterpret_cast<In *>(smem + C::q), *sDO = reinterpret_cast<In *>(smem + C::dout);
+  In *sDS = reinterpret_cast<In *>(smem + C::ds);
+  float *sLse = reinterpret_cast<float *>(smem + C::lse);
+  float *sDelta = reinterpret_cast<float *>(smem + C::delta);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4;
+  // One slice's key tiles run together, highest first (blocks n_kt bh .. n_kt bh + n_kt - 1):
+  // the blocks on the GPU at once share few slices, so the fp32 dQ' rows they add to stay in L2.
+  const int64_t T = p.T, n_kt = (T + BK - 1) / BK, bh = int64_t(blockIdx.x) / n_kt, base = bh * T * D;
+  const int kt = static_cast<int>(n_kt - 1 - int64_t(blockIdx.x) % n_kt);
+  const int64_t j0 = int64_t(kt) * BK;
+  const int kr0 = 16 * warp;                                    // this warp's keys in the tile
+  const int qr0 = 16 * (warp / C::kQW), qc0 = (warp % C::kQW) * C::kQCols;  // its dQ' part
+  const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
+  int *sem = p.dq_sem + bh * n_qt;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, true);
+  // Distance bias: B(i - j) / scale of query tile qt at x = c - kr + BK (i - j = i0 - j0 + c - kr)
+  // in window (qt - qt0) & 1, copied from the slice's table a step ahead like Q' and dO (the
+  // window starts at distance i0 - j0 - BK, a multiple of BQ); the initial value of the S^T
+  // accumulators, as in the forward. 0 outside [0, T) (masked elements).
+  constexpr bool kDist = flash_distance<Enc>();
+  constexpr bool kRC = flash_rowcol<Enc>();
+  constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;  // S^T in raw-score units
+  // Without a score mod of its own (kRaw, kRC) the kernel computes P' = scale P (the host
+  // launches it with scale > 0: lse is kept as lse log2 e - log2 scale) and starts the dP^T
+  // accumulators at -Delta, so that dS = P' (dP - Delta) is one FMUL; dV accumulates scale dV
+  // (1 / scale at the end), the bias sums scale P (dP - Delta).
+  constexpr bool kScaledP = kRaw;
+  static_assert(kScaledP == flash_scaled_p<Enc>(), "row_stats_kernel's units");
+  const float kf = p.scale * kLog2e;  // kRaw: P' = 2^(s kf - lse')
+  float *sB = reinterpret_cast<float *>(smem + C::dist), *sG = reinterpret_cast<float *>(smem + C::gsum);
+  [[maybe_unused]] float *sAcc = reinterpret_cast<float *>(smem + C::dacc);
+  [[maybe_unused]] const float *dist_bh = p.dist + bh * p.dist_ld + kDistPad;
+  auto fill_bias = [&](int64_t qt, int buf) {
+    if constexpr (kDist) {
+      static_assert(C::kDistLen % 4 == 0 && C::kDistLen / 4 <= C::kThreads, "one chunk per thread");
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < C::kDistLen / 4)
+        ptx::cp_async_16(sB + buf * C::kDistLen + 4 * x, dist_bh + (qt * BQ - j0 - BK) + 4 * x);
+    }
+  };
+  if constexpr (kDist) fill_bias(qt0, 0);
+  // Row/column bias: C(j0 + kr) / scale at sC[kr] for the whole block, the initial value of S^T's
+  // key rows; R(i) is a constant of query row i, so it goes into the row's lse (load_row_stats).
+  // The query rows' sums of scale P (dP - Delta) over the block's keys are added to the rows' fp32
+  // sums in p.row_g during the block's turn on the query tile (the dQ' order: deterministic
+  // without fixed point; row_grad_kernel makes the calls). R's gradient is 0 in exact arithmetic,
+  // but it carries the rounding of Delta that the key sums carry too, and the two cancel
+  // downstream: it is summed like the rest. The key sums stay in an accumulator over the block's
+  // steps (col_acc below).
+  // A bias without a gradient (Enc::kBiasFixed: ALiBi's standard slopes) needs none of the sums.
+  constexpr bool kBiasGrad = !traits::BiasFixed<Enc>::value;
+  float *sC = reinterpret_cast<float *>(smem + C::rowcol);
+  if constexpr (kRC && kBiasGrad)
+    if (threadIdx.x < 4) {  // read after the first step's barrier
+      const uint32_t one2 = flash::pack2<In>(1.f, 1.f);
+      memcpy(smem + C::ones + 4 * threadIdx.x, &one2, 4);
+    }
+  static_assert(BK / 4 <= C::kThreads, "one chunk per thread");
+  // The slice's fixed-point sum of distance d (formed where used: no pointers live in the loop).
+  [[maybe_unused]] auto dist_g = [&](int64_t d) {
+    return FixedRef{p.dist_g + 2 * (bh * p.T + d), p.status};
+  };
+  if constexpr (kDist && kBiasGrad) {
+    for (int x = static_cast<int>(threadIdx.x); x < C::kDistAcc; x += C::kThreads) sAcc[x] = 0.f;
+    for (int x = static_cast<int>(threadIdx.x); x < 2 * C::kWarps * C::kDiagLen; x += C::kThreads)
+      sG[x] = 0.f;  // diag_partials' sets
+  }
+  // Row/column bias sums on the tensor cores: dS (rounded to In, as dQ' and dK' use it) times a
+  // column of ones, an extra n8 tile of the dK' product (key sums, over the block's steps) and
+  // of the dQ' product (query rows' sums over the block's keys, by the warps of the first column
+  // slice).
+  [[maybe_unused]] float col_acc[4] = {};
+  // The ones: every lane's ldmatrix row is the same 16 bytes (a fresh register pair per use, no
+  // copies of one register into pairs).
+  [[maybe_unused]] const ptx::SmemAddr lOnes = ptx::smem_addr_of(smem + C::ones);
+  [[maybe_unused]] auto ones = [&](uint32_t (&b)[4]) { ptx::ldmatrix_at<4>(b, lOnes); };
+  [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
+  if constexpr (kRC) {
+    const int x = static_cast<int>(threadIdx.x);
+    if (x < BK / 4) ptx::cp_async_16(sC + 4 * x, rc_bh + p.rc_ld + j0 + 4 * x);
+  }
+
+  flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, j0, T);
+  flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, j0, T);
+  flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, qt0 * BQ, T);
+  flash::load_tile_async<BQ, D, C::kThreads>(sDO, p.dout + base, qt0 * BQ, T);
+  load_row_stats<BQ, C::kThreads>(sLse, sDelta, p.stats + 2 * bh * p.stats_ld, p.stats_ld, qt0 * BQ);
+  ptx::cp_async_commit();
+
+  // ldmatrix lane bases (cuda/flash_tile.cuh); the other buffer is BQ D elements on.
+  const ptx::SmemAddr lK = flash::lane_base<D, flash::kRowsByQuad>(sK);   // A of S^T, B of dQ
+  const ptx::SmemAddr lV = flash::lane_base<D, flash::kRowsByQuad>(sV);   // A of dP^T
+  const ptx::SmemAddr lQn = flash::lane_base<D, flash::kColsByQuad>(sQ);  // B of S^T
+  const ptx::SmemAddr lDOn = flash::lane_base<D, flash::kColsByQuad>(sDO);
+  const ptx::SmemAddr lQk = flash::lane_base<D, flash::kRowsByQuad>(sQ);  // B of dK
+  const ptx::SmemAddr lDOk = flash::lane_base<D, flash::kRowsByQuad>(sDO);
+  const ptx::SmemAddr lDS = flash::lane_base<BQ, flash::kColsByQuad>(sDS);
+  float dk[kDT][4] = {}, dv[kDT][4] = {};
+  // The staging rows of a step's fp32 dQ' tile (BQ x D): rows [0, BQ/2) in the step's Q' buffer,
+  // the rest in its dO buffer (each BQ D 16-bit elements: BQ/2 rows of D floats). 16-byte chunk k
+  // of row r sits at chunk k ^ swz(r): the fragment stores (8 bytes, rows g of a quad's lanes) and
+  // the chunk reads (one row per 8 lanes) are free of bank conflicts.
+  static_assert(sizeof(In) == 2 && BQ % 16 == 0 && D >= 32, "staging rows in the 16-bit buffers");
+  auto dq_stage = [&](int b, int r, int k) -> float * {
+    In *half = (r < BQ / 2 ? sQ : sDO) + b * BQ * D;
+    const int swz = ((r & 7) << 1) & (D / 4 - 1);
+    return reinterpret_cast<float *>(half) + (r % (BQ / 2)) * D + 4 * (k ^ swz);
+  };
+  // A saturated step (kSat: every distance of the tile >= the slice's d_sat, unmasked) adds its
+  // dS to one fp32 sum per thread instead of its diagonals' sums.
+  auto step = [&](int64_t qt, auto masked, auto sat, [[maybe_unused]] float &sat_sum) {
+    constexpr bool kMasked = decltype(masked)::value, kSat = decltype(sat)::value;
+    const int buf = static_cast<int>((qt - qt0) & 1);
+    const int64_t i0 = qt * BQ;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // tile qt landed; every warp is done with the other buffers and with sDS
+    if (qt > qt0 && threadIdx.x == 0) atomicAdd(sem + qt - 1, 1);  // release qt - 1 (fenced)
+    if (qt + 1 < n_qt) {
+      const int nb = buf ^ 1;
+      flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
+      flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
+      load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ,
+                                       p.stats + 2 * bh * p.stats_ld, p.stats_ld, i0 + BQ);
+      if constexpr (kDist) fill_bias(qt + 1, nb);
+    }
+    ptx::cp_async_commit();
+    const int bo = buf * 2 * BQ * D;  // the buffer's byte offset
+    const float *cLse = sLse + buf * BQ, *cDelta = sDelta + buf * BQ;
+
+    // B at c - kr + BK: this lane's base, plus 8 nt + e - 8 h (immediates).
+    [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK);
+    // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (- Delta with kScaledP: cDelta holds -Delta)
+    // (this warp's 16 keys x BQ queries).
+    [[maybe_unused]] float cq[4] = {};  // C / scale of the thread's keys, as an accumulator
+    if constexpr (kRC) cq[0] = cq[1] = sC[kr0 + g], cq[2] = cq[3] = sC[kr0 + g + 8];
+    float s[kNT][4] = {}, dp[kNT][4] = {};
+    #pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+      #pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        if constexpr (kDist) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
+        if constexpr (kScaledP) dp[nt][x] = cDelta[8 * nt + 2 * t + x % 2];
+      }
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      flash::ldsm_a(ak, flash::frag_at<D>(lK, kr0, 16 * kk));
+      flash::ldsm_a(av, flash::frag_at<D>(lV, kr0, 16 * kk));
+      #pragma unroll
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_nk(b, flash::frag_at<D>(lQn + bo, 8 * nt, 16 * kk));
+        if (kRC && kk == 0) {  // the first step adds C / scale: one register quad for every tile
+          ptx::mma_m16n8k16<In>(s[nt], ak, b, cq);
+          ptx::mma_m16n8k16<In>(s[nt + 1], ak, b + 2, cq);
+        } else {
+          flash::mma<In>(s[nt], ak, b);
+          flash::mma<In>(s[nt + 1], ak, b + 2);
+        }
+        flash::ldsm_b_nk(b, flash::frag_at<D>(lDOn + bo, 8 * nt, 16 * kk));
+        flash::mma<In>(dp[nt], av, b);
+        flash::mma<In>(dp[nt + 1], av, b + 2);
+      }
+    }
+
+    // P^T and dS^T in place of S^T and dP^T. Element (key row kr = kr0 + g + 8 h, query column
+    // c = 8 nt + 2 t + e) is key j = j0 + kr, query i = i0 + c: visible iff kr - c <= dlt
+    // (j <= i) and c < cols (i < T), in 32-bit tile coordinates; only masked steps test. Masked
+    // elements are 0 and never reach the score mod (with one, the test is a branch; without, a
+    // select).
+    const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
+    const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int kr = kr0 + g + 8 * h;
+      #pragma unroll
+      #pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * nt + 2 * t + e;
+          const bool visible = !kMasked || (kr - c <= dlt && c < cols);
+          float pv, dsv;
+          if constexpr (kDist || kRC) {  // the bias is in S^T; its sums below
+            pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
+            if constexpr (kMasked) pv = visible ? pv : 0.f;
+            dsv = pv * dp[nt][2 * h + e];
+            if constexpr (kSat) sat_sum += dsv;
+          } else if constexpr (Enc::kHasScoreMod) {
+            pv = 0.f, dsv = 0.f;
+            if (visible) {
+              const int64_t i = i0 + c, j = j0 + kr;
+              const float raw = p.scale * s[nt][2 * h + e];
+              pv = ptx::ex2(fmaf(Enc::score_mod(ctx, i, j, raw), kLog2e, -cLse[c]));
+              dsv = p.scale * Enc::score_mod_grad(ctx, i, j, raw, pv * (dp[nt][2 * h + e] - cDelta[c]));
+            }
+          } else {  // the scale folded into the exponent: one FFMA
+            pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
+            if constexpr (kMasked) pv = visible ? pv : 0.f;
+            dsv = pv * dp[nt][2 * h + e];
+          }
+          s[nt][2 * h + e] = pv;
+          dp[nt][2 * h + e] = dsv;
+        }
+    }
+
+    // The warp's diagonal sums of dS (= scale P (dP - Delta)) into its two sets, by tile diagonal
+    // x = c - kr + BK - 1.
+    if constexpr (kDist && kBiasGrad && !kSat)
+      diag_partials<kNT>(dp, sG + 2 * warp * C::kDiagLen, sG + (2 * warp + 1) * C::kDiagLen,
+                         BK - 1 - kr0);
+
+    // dV += P^T dO, dK' += dS^T Q'.
+    [[maybe_unused]] uint32_t ones_k[4];  // two B fragments of ones
+    if constexpr (kRC && kBiasGrad) ones(ones_k);
+    #pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      uint32_t ap[4], ads[4];
+      flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
+      flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
+      if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, ads, ones_k + 2 * (kk & 1));  // key sums
+      #pragma unroll
+      for (int dt = 0; dt < kDT; dt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_kn(b, flash::frag_at<D>(lDOk + bo, 16 * kk, 8 * dt));
+        flash::mma<In>(dv[dt], ap, b);
+        flash::mma<In>(dv[dt + 1], ap, b + 2);
+        flash::ldsm_b_kn(b, flash::frag_at<D>(lQk + bo, 16 * kk, 8 * dt));
+        flash::mma<In>(dk[dt], ads, b);
+        flash::mma<In>(dk[dt + 1], ads, b + 2);
+      }
+    }
+
+    // dS^T into shared memory for dQ' = dS K'.
+    #pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+      #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t v2 = flash::pack2<In>(dp[nt][2 * h], dp[nt][2 * h + 1]);
+        memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, 8 * nt + 2 * t), &v2, 4);
+      }
+    if (threadIdx.x == 0) {  // our turn for query tile qt: the higher key tiles have added
+      const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
+      const int target = static_cast<int>(i_last / BK) - kt;
+      while (atomicAdd(sem + qt, 0) != target) {
+      }
+    }
+    __syncthreads();  // dS^T complete, and the turn is ours
+
+    float dq[kQDT][4] = {};
+    [[maybe_unused]] uint32_t ones_q[4];
+    if constexpr (kRC && kBiasGrad) ones(ones_q);
+    [[maybe_unused]] float row_acc[4] = {};
+    #pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t a[4];
+      flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
+      if constexpr (kRC && kBiasGrad) flash::mma<In>(row_acc, a, ones_q + 2 * (kk & 1));  // row sums
+      #pragma unroll
+      for (int dt = 0; dt < kQDT; dt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_kn(b, flash::frag_at<D>(lK, 16 * kk, qc0 + 8 * dt));
+        flash::mma<In>(dq[dt], a, b);
+        flash::mma<In>(dq[dt + 1], a, b + 2);
+      }
+    }
+    // Our turn on the fp32 dQ' rows. The first key tile to reach the query tile stores them, and
+    // key tile 0, the last, adds the sum so far and writes dq itself where dq = dQ'
+    // (p.dq_direct): both through the staging rows (the current Q' and dO buffers, which no warp
+    // reads again and the next step's prefetch does not fill) in 16-byte chunks, 512 contiguous
+    // bytes per warp instruction, with no memset before and no conversion pass after. The other
+    // key tiles add their fragments by fp32 reductions. The order of the adds is the semaphore's.
+    const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+    const bool first = (i_end - 1) / BK == kt, to_dq = kt == 0 && p.dq_direct;
+    if (first || to_dq) {  // the same for every thread of the block
+      #pragma unroll
+      for (int h = 0; h < 2; ++h)
+        #pragma unroll
+        for (int dt = 0; dt < kQDT; ++dt) {
+          const int c = qc0 + 8 * dt + 2 * t;
+          *reinterpret_cast<ptx::F2 *>(dq_stage(buf, qr0 + g + 8 * h, c / 4) + c % 4) =
+              ptx::F2{dq[dt][2 * h], dq[dt][2 * h + 1]};
+        }
+      __syncthreads();  // the staged tile is complete
+      static_assert(BQ * D / 4 % C::kThreads == 0, "whole chunks per thread");
+      const int n_live = static_cast<int>(i_end - i0) * (D / 4);  // chunks of the rows < T
+      float *gq = p.dqm + base + i0 * D;                         // the tile's rows, contiguous
+      In *gd = p.dq + base + i0 * D;
+      #pragma unroll 1  // a rare step (twice per query tile): few registers beside the loop's
+      for (int u = 0; u < BQ * D / 4 / C::kThreads; ++u) {
+        const int x = static_cast<int>(threadIdx.x) + u * C::kThreads;  // 16-byte chunk x
+        if (kMasked && x >= n_live) break;
+        ptx::F4 v = *reinterpret_cast<const ptx::F4 *>(dq_stage(buf, x / (D / 4), x % (D / 4)));
+        if (!first) {
+          const ptx::F4 a = ptx::ld_cg_16(gq + 4 * x);
+          v = ptx::F4{a.x + v.x, a.y + v.y, a.z + v.z, a.w + v.w};
+        }
+        if (to_dq) {
+          struct alignas(8) Four {
+            uint32_t lo, hi;
+          };
+          *reinterpret_cast<Four *>(gd + 4 * x) = Four{flash::pack2<In>(v.x, v.y), flash::pack2<In>(v.z, v.w)};
+        } else {
+          ptx::st_cg_16(gq + 4 * x, v);
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + qr0 + g + 8 * h;
+        if (kMasked && i >= T) continue;
+        float *row = p.dqm + base + i * D + qc0 + 2 * t;
+        #pragma unroll
+        for (int dt = 0; dt < kQDT; ++dt) {
+          atomicAdd(row + 8 * dt, dq[dt][2 * h]);
+          atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
+        }
+      }
+    }
+    if constexpr (kDist && kBiasGrad && !kSat) {  // diagonal c - kr = x - (BK - 1): the warps' sets, in order
+      const int x = static_cast<int>(threadIdx.x), o = x - (BK - 1);
+      if (x < BQ + BK - 1) {
+        float sum = sG[x];
+        #pragma unroll
+        for (int u = 1; u < 2 * C::kWarps; ++u) sum += sG[u * C::kDiagLen + x];
+        // Into the running sum of distance d; the lowest BQ distances of the step are seen by no
+        // later step: they go to the slice's fixed-point sums (dist_grad_kernel reads them).
+        const int64_t d = i0 - j0 + o;
+        float &acc = sAcc[d & (C::kDistAcc - 1)];
+        acc += sum;
+        if (x < BQ) {
+          const float v = acc;
+          acc = 0.f;
+          if (v != 0.f && d >= 0 && d < T) dist_g(d) += v;
+        }
+      }
+    }
+    if constexpr (kRC && kBiasGrad) {  // the rows' sums over the block's keys, in our turn
+      const bool mine = qc0 == 0 && t == 0;
+      const int rows_left = static_cast<int>(T - i0 < BQ ? T - i0 : BQ) - (qr0 + g);
+      float *rg = p.row_g + bh * T + i0 + qr0 + g;
+      if (mine && rows_left > 0) atomicAdd(rg, row_acc[0]);
+      if (mine && rows_left > 8) atomicAdd(rg + 8, row_acc[2]);
+    }
+    __threadfence();  // our adds are visible before the release (after the next barrier)
+  };
+  // Query tiles [qt_plain, n_full) see every key of the block and exist whole: no mask. The first
+  // ones (the diagonal) and a partial last one test each element.
+  const int64_t n_full = T / BQ;
+  int64_t qt_plain = (j0 + BK - 1 + BQ - 1) / BQ;  // first tile with i0 >= j0 + BK - 1
+  if (qt_plain > n_full) qt_plain = n_full;
+  // Saturated query tiles [qt_sat, n_full): every distance >= d_sat (dist_sat_kernel).
+  int64_t qt_sat = n_full;
+  if constexpr (kDist && kBiasGrad) {
+    qt_sat = (p.dist_sat[bh] + j0 + BK - 1 + BQ - 1) / BQ;
+    qt_sat = qt_sat < qt_plain ? qt_plain : qt_sat > n_full ? n_full : qt_sat;
+  }
+  using Yes = std::true_type;
+  using No = std::false_type;
+  int64_t qt = qt0;
+  float unused = 0.f;
+  for (; qt < qt_plain; ++qt) step(qt, Yes{}, No{}, unused);
+  for (; qt < qt_sat; ++qt) step(qt, No{}, No{}, unused);
+  if constexpr (kDist && kBiasGrad) {
+    if (qt_sat < n_full) {  // the running sums the last diagonal step left, before the others
+      __syncthreads();
+      const int x = static_cast<int>(threadIdx.x);
+      const int64_t d = (qt_sat - 1) * BQ - j0 - (BK - 1) + x;
+      if (x >= BQ && x < BQ + BK - 1) {
+        float &acc = sAcc[d & (C::kDistAcc - 1)];
+        const float v = acc;
+        acc = 0.f;
+        if (v != 0.f && d < T) dist_g(d) += v;
+      }
+    }
+    float sat_sum = 0.f;
+    for (; qt < n_full; ++qt) step(qt, No{}, Yes{}, sat_sum);
+    // One term at distance T - 1 (saturated like every d >= d_sat) per warp, in fixed point.
+    #pragma unroll
+    for (int o = 16; o > 0; o /= 2) sat_sum += __shfl_xor_sync(0xffffffffu, sat_sum, o);
+    if (lane == 0 && sat_sum != 0.f) dist_g(T - 1) += sat_sum;
+  }
+  for (; qt < n_full; ++qt) step(qt, No{}, No{}, unused);
+  for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
+  if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
+    const int x = static_cast<int>(threadIdx.x);
+    const int64_t d = (n_qt - 1) * BQ - j0 - (BK - 1) + x;
+    if (x >= BQ && x < BQ + BK - 1) {
+      const float v = sAcc[d & (C::kDistAcc - 1)];
+      if (v != 0.f && d < T) dist_g(d) += v;
+    }
+  }
+  if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
+    for (int h = 0; h < 2; ++h) {
+      const int64_t j = j0 + kr0 + g + 8 * h;
+      const float sum = col_acc[2 * h];  // every lane of the quad holds it
+      if (t == 0 && sum != 0.f && j < T) Enc::col_bias_grad(ctx, j, sum * p.inv_scale);
+    }
+  }
+
+  // dK' (fp32 scratch; dk itself where dk = dK': flash_dk_direct) and dV.
+  for (int h = 0; h < 2; ++h) {
+    const int64_t j = j0 + kr0 + g + 8 * h;
+    if (j >= T) continue;
+    for (int dt = 0; dt < kDT; ++dt) {
+      const int64_t off = base + j * D + 8 * dt + 2 * t;
+      if constexpr (flash_dk_direct<Enc>()) {
+        p.dk[off] = from_float<In>(dk[dt][2 * h]);
+        p.dk[off + 1] = from_float<In>(dk[dt][2 * h + 1]);
+      } else {
+        p.dkm[off] = dk[dt][2 * h];
+        p.dkm[off + 1] = dk[dt][2 * h + 1];
+      }
+      p.dv[off] = from_float<In>(kScaledP ? dv[dt][2 * h] * p.inv_scale : dv[dt][2 * h]);
+      p.dv[off + 1] = from_float<In>(kScaledP ? dv[dt][2 * h + 1] * p.inv_scale : dv[dt][2 * h + 1]);
+    }
+  }
+}
+
+}  // namespace detail
+APE_CUDA_ABI_END
+}  // namespace ape::cuda

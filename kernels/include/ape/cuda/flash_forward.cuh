@@ -1,0 +1,303 @@
+// The FlashAttention-2-class forward (ape/cuda/attention.cuh): mma.sync on register fragments,
+// 16-bit inputs, sm_80+; its softmax and bias helpers are shared with the Hopper forward and the
+// flash backward.
+#pragma once
+
+#include "ape/cuda/common.cuh"
+#include "ape/cuda/flash_tile.cuh"
+
+namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
+namespace detail {
+
+// ---- forward, FlashAttention-2 class (16-bit inputs) ----------------------------------------------
+// One block of 4 warps per (query tile of BQ = 128 rows, slice); each warp owns 32 query rows
+// (two m16 tiles) for the whole loop. Q stays in shared memory (ldmatrix per k-step), K and V
+// tiles of BK = 64 keys are prefetched with 16-byte cp.async into double buffers one tile ahead;
+// S = Q'K'^T and O += P V on mma.sync.m16n8k16 with fp32 accumulators; S, P and O never leave
+// registers: the score mod and the causal mask are applied to the accumulator elements, the
+// online softmax reduces each row over its quad of lanes (shuffles) and uses exp2 with log2 e
+// folded into one FMA, and P, rounded to the input dtype, is the A operand of P V as it stands.
+// One barrier per tile (after the wait that lands it), which also frees the buffer the next
+// prefetch overwrites.
+template <class In, int D> struct FlashFwd {
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int kMT = D == 128 ? 1 : 2;   // m16 tiles per warp (registers at D = 128)
+  static constexpr int BQ = kWarps * 16 * kMT;   // 128 query rows
+  static constexpr int BK = 64;                  // keys per tile
+  static constexpr int kNT = BK / 8;             // n8 tiles of S per row block
+  static constexpr int kDT = D / 8;              // n8 tiles of O per row block
+  static constexpr size_t q = 0, k = sizeof(In) * BQ * D, v = k + 2 * sizeof(In) * BK * D;
+  static constexpr size_t bytes = v + 2 * sizeof(In) * BK * D;
+  static_assert(bytes <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
+  // Distance biases: two windows of the slice's table of B(d) / scale (dist_table_kernel), BQ + BK
+  // distances each (those of a tile pair and one before).
+  static constexpr int kDistLen = BQ + BK;
+  static constexpr size_t dist = bytes;
+  static constexpr size_t bytes_dist = dist + 2 * sizeof(float) * kDistLen;
+  static_assert(bytes_dist <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
+  // Row/column biases: two windows of the slice's column table (BK keys); the rows are per-thread
+  // registers.
+  static constexpr size_t rowcol = bytes, bytes_rowcol = rowcol + 2 * sizeof(float) * BK;
+  static_assert(bytes_rowcol <= kSmemLimit, "forward tiles exceed sm_86/89's 99 KiB of shared memory");
+};
+
+// Distance biases (Enc::kDistanceBias, contract/enc_traits.h: the score mod is s + B(i - j)): the flash
+// kernels evaluate B once per distance of a tile pair into shared memory (BQ + BK - 1 values
+// instead of BQ BK), the forward adds it with one FFMA per element, and the backward sums
+// P (dP - Delta) along each diagonal of the tile in a fixed order and calls distance_bias_grad
+// once per distance: the sinks see BQ + BK - 1 terms per tile pair instead of BQ BK.
+template <class Enc> constexpr bool flash_distance() {
+  return traits::DistanceBias<Enc>::value && value_rows<Enc>() == 0;
+}
+
+// Row/column biases (Enc::kRowColBias, contract/enc_traits.h: the score mod is s + R(i) + C(j), Cable's
+// S_i - S_j): the flash kernels evaluate R once per query and C once per key of a tile into
+// shared memory, the forward adds R + C with one FFMA per element, and the backward sums
+// P (dP - Delta) along each query row of the tile and each key column (over all the block's
+// query tiles) in a fixed order and calls row_bias_grad / col_bias_grad once per row and column:
+// the sinks see BQ terms per tile and BK per block instead of 2 BQ BK per tile.
+template <class Enc> constexpr bool flash_rowcol() {
+  return traits::RowColBias<Enc>::value && !flash_distance<Enc>() && value_rows<Enc>() == 0;
+}
+
+// Dynamic shared memory of a flash kernel (FlashFwd or FlashBwd layout F) for Enc.
+template <class Enc, class F> constexpr size_t flash_smem_bytes() {
+  return flash_distance<Enc>() ? F::bytes_dist : flash_rowcol<Enc>() ? F::bytes_rowcol : F::bytes;
+}
+
+// Logits and the online softmax of one key tile (keys j0 ..) for the thread's rows of a flash forward:
+// scale, score mod, causal mask (kMasked), then each of the thread's rows (mt, h) is reduced over
+// its quad of lanes and exponentiated in base 2 (kf: see the callers), its running max m and
+// partial sum l updated and the factor alpha of its O accumulators given back
+// (flash_softmax_alpha; flash_softmax applies it); S becomes P. Element (row rr = r0 + 16
+// mt + g + 8 h, column cc = 8 nt + 2 t + e) of S (the mma.m16n8k16 / wgmma accumulator layout) is
+// query i = i0 + rr, key j = j0 + cc: visible iff cc - rr <= dlt (j <= i) and rr < rows (i < T),
+// in 32-bit tile coordinates. Masked elements never reach the score mod: their indices may lie
+// outside the token arrays.
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT>
+__device__ __forceinline__ void flash_softmax_alpha(float (&s)[kMT][kNT][4], float (&alpha_out)[kMT][2],
+                                              float (&m)[kMT][2], float (&l)[kMT][2],
+                                              const DevCtx<Enc> &ctx, float scale, float kf,
+                                              int64_t i0, int64_t j0, int r0, int g, int t,
+                                              int64_t T) {
+  constexpr int BK = 8 * kNT;
+  const int dlt = static_cast<int>(i0 - j0 < BK ? i0 - j0 : BK);
+  const int rows = static_cast<int>(T - i0 < 65536 ? T - i0 : 65536);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = r0 + 16 * mt + g + 8 * h;
+      float mx = m[mt][h];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int cc = 8 * nt + 2 * t + e;
+          const bool visible = !kMasked || (cc - rr <= dlt && rr < rows);
+          float x = s[mt][nt][2 * h + e];  // kRaw: the raw score (kf scales it)
+          if constexpr (!kRaw) {
+            x *= scale;
+            if (visible) x = Enc::score_mod(ctx, i0 + rr, j0 + cc, x);
+          }
+          if constexpr (kMasked) x = visible ? x : -kInf;
+          s[mt][nt][2 * h + e] = x;
+          mx = fmaxf(mx, x);
+        }
+      mx = flash::quad_max(mx);
+      const float ref = mx == -kInf ? 0.f : mx * kf;  // no finite logit yet: the row stays 0
+      const float alpha = ptx::ex2(fmaf(m[mt][h], kf, -ref));
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = ptx::ex2(fmaf(s[mt][nt][2 * h + e], kf, -ref));
+          s[mt][nt][2 * h + e] = pe;
+          sum += pe;
+        }
+      l[mt][h] = l[mt][h] * alpha + sum;  // this lane's part of the row sum
+      m[mt][h] = mx;
+      alpha_out[mt][h] = alpha;  // the factor of the row's O accumulators
+    }
+}
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT>
+__device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
+                                              float (&m)[kMT][2], float (&l)[kMT][2],
+                                              const DevCtx<Enc> &ctx, float scale, float kf,
+                                              int64_t i0, int64_t j0, int r0, int g, int t,
+                                              int64_t T) {
+  float alpha[kMT][2];
+  flash_softmax_alpha<Enc, kMasked, kRaw>(s, alpha, m, l, ctx, scale, kf, i0, j0, r0, g, t, T);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[mt][dt][x] *= alpha[mt][x / 2];
+}
+
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kernel(const Params<Enc, In> p) {
+  using C = FlashFwd<In, D>;
+  constexpr int BQ = C::BQ, BK = C::BK, kMT = C::kMT, kNT = C::kNT, kDT = C::kDT;
+  constexpr float kLog2e = 1.44269504088896341f;
+  APE_DYNAMIC_SMEM(smem);
+  In *sQ = reinterpret_cast<In *>(smem + C::q), *sK = reinterpret_cast<In *>(smem + C::k);
+  In *sV = reinterpret_cast<In *>(smem + C::v);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4;
+  const int64_t bh = blockIdx.x, T = p.T;
+  // The longest rows (last query tiles) start first; tiles before p.tile0 are not computed.
+  const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
+  const int64_t base = bh * T * D;
+  const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+
+  // Distance bias: B(i - j) / scale of key tile kt at x = i - j - (i0 - j0 - (BK - 1)) + 1 =
+  // rr - cc + BK in window kt & 1, copied from the slice's table a step ahead like K and V (16-byte
+  // cp.async: the window starts at distance i0 - j0 - BK, a multiple of BK); it is the initial
+  // value of the S accumulators, so that S = Q'K'^T + B / scale holds raw scores and kf scales
+  // them like a plain softmax. Distances outside [0, T) belong to masked elements only (0).
+  // Row/column bias (flash_rowcol): likewise R(i) / scale + C(j) / scale, R of the thread's rows
+  // in registers, C of key tile kt in window kt & 1 (cp.async from the slice's table).
+  constexpr bool kDist = flash_distance<Enc>(), kRC = flash_rowcol<Enc>();
+  constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;  // S in raw-score units
+  float *sB = reinterpret_cast<float *>(smem + C::dist);
+  [[maybe_unused]] float *sCw = reinterpret_cast<float *>(smem + C::rowcol);
+  [[maybe_unused]] const float *dist_bh = p.dist + bh * p.dist_ld + kDistPad;
+  [[maybe_unused]] const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
+  auto fill_bias = [&](int kt) {
+    if constexpr (kDist) {
+      static_assert(C::kDistLen % 4 == 0 && C::kDistLen / 4 <= C::kThreads, "one chunk per thread");
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < C::kDistLen / 4)
+        ptx::cp_async_16(sB + (kt & 1) * C::kDistLen + 4 * x, dist_bh + (i0 - int64_t(kt) * BK - BK) + 4 * x);
+    } else if constexpr (kRC) {
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < BK / 4) ptx::cp_async_16(sCw + (kt & 1) * BK + 4 * x, rc_bh + p.rc_ld + int64_t(kt) * BK + 4 * x);
+    }
+  };
+  [[maybe_unused]] float rb[kMT][2];  // R / scale of the thread's rows (rc_ld covers the tile)
+  if constexpr (kRC)
+    for (int mt = 0; mt < kMT; ++mt)
+      for (int h = 0; h < 2; ++h) rb[mt][h] = rc_bh[i0 + r0 + 16 * mt + g + 8 * h];
+  flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, i0, T);
+  flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, 0, T);
+  flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, 0, T);
+  fill_bias(0);  // and the column window
+  ptx::cp_async_commit();
+
+  // ldmatrix lane bases (cuda/flash_tile.cuh); the other buffer is BK D elements on.
+  const ptx::SmemAddr lQ = flash::lane_base<D, flash::kRowsByQuad>(sQ);
+  const ptx::SmemAddr lK = flash::lane_base<D, flash::kColsByQuad>(sK);
+  const ptx::SmemAddr lV = flash::lane_base<D, flash::kRowsByQuad>(sV);
+  float o[kMT][kDT][4] = {};
+  float m[kMT][2], l[kMT][2];
+  for (int mt = 0; mt < kMT; ++mt)
+    for (int h = 0; h < 2; ++h) m[mt][h] = -kInf, l[mt][h] = 0.f;
+
+  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+  const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);  // causal: keys < i_end
+  // Tiles [0, n_plain) lie below the diagonal for every row of the block (and the block's rows
+  // exist): they run without a mask; the rest test each element. Two copies of the step, so the
+  // steady state carries no masking code.
+  const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
+  // The softmax in base 2: p = 2^(x kf - m kf). With a score mod, x and m are logits and kf =
+  // log2 e; without one (or with a distance or row/column bias, in S) they are raw scores
+  // q'.k' (+ the bias / scale) and kf = scale log2 e (one FFMA per element; the host launches the
+  // flash kernels with scale > 0, positive_scale, so the max of the raw scores is the max of the
+  // logits).
+  const float kf = kRaw ? p.scale * kLog2e : kLog2e;
+  const float mscale = kRaw ? p.scale : 1.f;  // m in logit units
+  auto step = [&](int kt, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // tile kt landed; every warp is done with buffer (kt + 1) % 2
+    if (kt + 1 < n_tiles) {
+      flash::load_tile_async<BK, D, C::kThreads>(sK + ((kt + 1) & 1) * BK * D, p.km + base,
+                                                 int64_t(kt + 1) * BK, T);
+      flash::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, p.v + base,
+                                                 int64_t(kt + 1) * BK, T);
+      fill_bias(kt + 1);
+    }
+    ptx::cp_async_commit();
+    const ptx::SmemAddr cK = lK + (kt & 1) * 2 * BK * D, cV = lV + (kt & 1) * 2 * BK * D;
+    const int64_t j0 = int64_t(kt) * BK;
+
+    // B at rr - cc + BK: this lane's base, plus 16 mt + 8 h - 8 nt - e (immediates).
+    [[maybe_unused]] const float *tb = sB + (kt & 1) * C::kDistLen + (r0 + g - 2 * t + BK);
+    // C at cc: this lane's base plus 8 nt + e.
+    [[maybe_unused]] const float *cw = sCw + (kt & 1) * BK + 2 * t;
+    // S = Q' K'^T (+ B / scale, or + (R + C) / scale)
+    float s[kMT][kNT][4] = {};
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          if constexpr (kDist) s[mt][nt][x] = tb[16 * mt + 8 * (x / 2) - 8 * nt - x % 2];
+          if constexpr (kRC) s[mt][nt][x] = rb[mt][x / 2] + cw[8 * nt + x % 2];
+        }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) flash::ldsm_a(a[mt], flash::frag_at<D>(lQ, r0 + 16 * mt, 16 * kk));
+#pragma unroll
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_nk(b, flash::frag_at<D>(cK, 8 * nt, 16 * kk));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          flash::mma<In>(s[mt][nt], a[mt], b);
+          flash::mma<In>(s[mt][nt + 1], a[mt], b + 2);
+        }
+      }
+    }
+
+    flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
+
+    // O += P V, P from registers.
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) flash::acc_to_a<In>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+      for (int dt = 0; dt < kDT; dt += 2) {
+        uint32_t b[4];
+        flash::ldsm_b_kn(b, flash::frag_at<D>(cV, 16 * kk, 8 * dt));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          flash::mma<In>(o[mt][dt], a[mt], b);
+          flash::mma<In>(o[mt][dt + 1], a[mt], b + 2);
+        }
+      }
+    }
+  };
+  for (int kt = 0; kt < n_plain; ++kt) step(kt, std::false_type{});
+  for (int kt = n_plain; kt < n_tiles; ++kt) step(kt, std::true_type{});
+  ptx::cp_async_wait<0>();
+
+  // o = O / l, lse = m + log l (natural log); a row without a finite logit: o = 0, lse = -inf.
+  for (int mt = 0; mt < kMT; ++mt)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
+      const float lt = flash::quad_sum(l[mt][h]);
+      if (i >= T) continue;
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      In *orow = p.o + base + i * D;
+      for (int dt = 0; dt < kDT; ++dt) {
+        orow[8 * dt + 2 * t] = from_float<In>(o[mt][dt][2 * h] * inv);
+        orow[8 * dt + 2 * t + 1] = from_float<In>(o[mt][dt][2 * h + 1] * inv);
+      }
+      if (t == 0) p.lse[bh * T + i] = m[mt][h] * mscale + logf(lt);
+    }
+}
+
+}  // namespace detail
+APE_CUDA_ABI_END
+}  // namespace ape::cuda

@@ -1,0 +1,269 @@
+// The Hopper forward (ape/cuda/attention.cuh): sm_90a, TMA, mbarriers and wgmma with a producer
+// warpgroup and two consumer warpgroups, as FlashAttention-3.
+#pragma once
+
+#include "ape/cuda/flash_forward.cuh"
+
+namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
+namespace detail {
+
+// ---- forward, Hopper (sm_90a: TMA, mbarriers, wgmma) -------------------------------------------------
+// One block of three warpgroups per (query tile of BQ = 128 rows, slice), FlashAttention-3's
+// structure: warpgroup 0 is the producer, warpgroups 1 and 2 the consumers.
+//   Producer: one thread issues every copy by TMA (cp.async.bulk.tensor, boxes of the [B·H, T, D]
+//     tensors, zeros past T): the Q tile once, then per key tile K' and V into stage kt % 2 of a
+//     two-stage ring, each stage with a "full" mbarrier per operand that the copies complete
+//     (arrive.expect_tx announces the bytes) and an "empty" mbarrier the consumers arrive on when
+//     they are done with the stage; a distance or column bias's window comes with K' by a bulk
+//     copy. The warpgroup gives its registers back (setmaxnreg.dec) and the consumers take them
+//     (setmaxnreg.inc 240).
+//   Consumers: consumer warpgroup c owns rows 64 c .. 64 c + 63 (each warp 16) for the whole loop;
+//     per key tile it waits for K', runs S = Q'K'^T on wgmma.m64n128k16 (Q and K' read from their
+//     tiles, both K-major), the softmax of the FA2 path (flash_softmax) on the accumulators,
+//     waits for V, runs O += P V on wgmma.m64nDk16 (P from registers, the S accumulators rounded
+//     to In as they stand; V read MN-major, i.e. transposed by the tensor core) and releases the
+//     stage. No block barrier after the start: the producer runs up to two tiles ahead, and while
+//     one consumer warpgroup is in its softmax the other's products keep the tensor cores busy.
+// Tiles are stored in the canonical layout wgmma reads, which is the layout a TMA box with the
+// same swizzle writes: 8-row groups of swizzle rows (128 bytes; 64 at D = 32) whose 16-byte chunks
+// are XOR-permuted by the row, a box per 64 columns.
+namespace hopper {
+// Bytes per swizzle row of a tile of D 16-bit columns (the TMA boxes' and the descriptors' mode).
+template <int D> constexpr int swizzle_bytes() { return 2 * D < 128 ? 2 * D : 128; }
+// A matrix descriptor kept as its two words. The high word (stride offset, swizzle) is a constant
+// of the tile's layout; the low word holds the start address >> 4 (bits 0-13) and the leading
+// offset. Moving the operand by a multiple of 16 bytes adds to the low word alone: the block's
+// shared window ends below 256 KiB, so the address field never carries into the leading offset.
+// Built once per kernel, a descriptor then costs one uniform add per wgmma (the stage's offset,
+// then each 16-deep step's, are constants of the loop), as CUTLASS's descriptor iterators do,
+// instead of rebuilding the fields from an address every time.
+struct Desc {
+  uint32_t lo, hi;
+  __device__ Desc plus(uint32_t bytes) const { return Desc{lo + (bytes >> 4), hi}; }
+  __device__ uint64_t at(uint32_t bytes) const { return (uint64_t(hi) << 32) | (lo + (bytes >> 4)); }
+};
+__device__ inline Desc split(uint64_t d) { return Desc{uint32_t(d), uint32_t(d >> 32)}; }
+// Canonical tiles of R rows at shared-window offset `base`, kAtomCols boxes of R rows each:
+// K-major (the k of the product runs along the row: Q, K'), and MN-major (the k runs down the
+// rows: V, whose columns are the product's n). step_*(kk): the byte offset of the 16-deep step kk.
+template <int D> __device__ inline Desc desc_k(uint32_t base) {
+  return split(ptx::smem_desc(base, swizzle_bytes<D>(), 16, 8 * swizzle_bytes<D>()));
+}
+template <int R, int D> constexpr uint32_t step_k(int kk) {
+  constexpr int kSw = swizzle_bytes<D>();
+  return uint32_t(32 * kk / kSw) * R * kSw + uint32_t(32 * kk % kSw);
+}
+template <int R, int D> __device__ inline Desc desc_mn(uint32_t base) {
+  return split(ptx::smem_desc(base, swizzle_bytes<D>(), R * swizzle_bytes<D>(), 8 * swizzle_bytes<D>()));
+}
+template <int D> constexpr uint32_t step_mn(int kk) { return uint32_t(16 * kk) * swizzle_bytes<D>(); }
+// The R-row tile at `tile` from rows row0.. of slice bh, one box per 64 (32 at D = 32) columns.
+template <int R, int D, class In>
+__device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, int64_t bh, uint64_t *bar) {
+  constexpr int kCols = swizzle_bytes<D>() / 2;
+#pragma unroll
+  for (int a = 0; a < D / kCols; ++a)
+    ptx::tma_load_3d(tile + a * R * kCols, map, a * kCols, static_cast<int>(row0), static_cast<int>(bh), bar);
+}
+}  // namespace hopper
+
+template <class In, int D> struct HopperFwd {
+  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
+  static constexpr int BQ = 64 * kConsumers, BK = 128, kStages = 2;
+  static constexpr int kNT = BK / 8, kDT = D / 8;
+  static constexpr int kSwizzle = hopper::swizzle_bytes<D>();
+  static constexpr int kRowElems = kSwizzle / 2, kAtomCols = D / kRowElems;
+  static constexpr int kDistLen = BQ + BK;
+  // mbarriers (q, full_k[2], full_v[2], empty[2]), the bias windows, then the 1024-byte aligned
+  // tiles.
+  static constexpr size_t bars = 0, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
+  static constexpr size_t v = k + kStages * sizeof(In) * BK * D;
+  static constexpr size_t bytes = v + kStages * sizeof(In) * BK * D;
+  static constexpr size_t dist = bias, rowcol = bias, bytes_dist = bytes, bytes_rowcol = bytes;
+  static_assert(kStages * sizeof(float) * kDistLen <= q - bias, "bias windows fit");
+  static_assert(bytes <= 227 * 1024, "forward tiles exceed sm_90's 227 KiB of shared memory");
+  static constexpr unsigned kTileBytes = sizeof(In) * BK * D;
+};
+
+// TMA descriptors of q', k', v as [B·H, T, D] tensors (host: make_hopper_maps).
+struct HopperMaps {
+  CUtensorMap q, k, v;
+};
+
+template <class Enc, class In, int D>
+__global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
+    hopper_forward_kernel(const __grid_constant__ Params<Enc, In> p, const __grid_constant__ HopperMaps maps) {
+#ifndef APE_SM90A_CODE
+  (void)p, (void)maps;
+  __trap();  // sm_90a only (hopper_device)
+#else
+  using C = HopperFwd<In, D>;
+  constexpr int BQ = C::BQ, BK = C::BK, kNT = C::kNT, kDT = C::kDT;
+  constexpr float kLog2e = 1.44269504088896341f;
+  APE_DYNAMIC_SMEM(smem);
+  In *sQ = reinterpret_cast<In *>(smem + C::q), *sK = reinterpret_cast<In *>(smem + C::k);
+  In *sV = reinterpret_cast<In *>(smem + C::v);
+  uint64_t *bar_q = reinterpret_cast<uint64_t *>(smem + C::bars);
+  uint64_t *full_k = bar_q + 1, *full_v = bar_q + 3, *empty = bar_q + 5;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4, t = lane % 4, wg = warp / 4;
+  const int64_t bh = blockIdx.x, T = p.T;
+  const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
+  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+  const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);
+  constexpr bool kDist = flash_distance<Enc>(), kRC = flash_rowcol<Enc>();
+  constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;
+  float *sB = reinterpret_cast<float *>(smem + C::bias);  // distance or column windows
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(bar_q, 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      ptx::mbar_init(full_k + s, 1);
+      ptx::mbar_init(full_v + s, 1);
+      ptx::mbar_init(empty + s, 128 * C::kConsumers);
+    }
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer
+    ptx::setmaxnreg_dec<24>();
+    if (threadIdx.x != 0) return;
+    ptx::mbar_arrive_expect_tx(bar_q, sizeof(In) * BQ * D);
+    hopper::tma_tile<BQ, D>(sQ, &maps.q, i0, bh, bar_q);
+    constexpr unsigned kBiasBytes = kDist ? sizeof(float) * C::kDistLen : kRC ? sizeof(float) * BK : 0;
+    for (int kt = 0; kt < n_tiles; ++kt) {
+      const int s = kt & 1;
+      if (kt >= C::kStages) ptx::mbar_wait(empty + s, ((kt >> 1) - 1) & 1);
+      const int64_t j0 = int64_t(kt) * BK;
+      ptx::mbar_arrive_expect_tx(full_k + s, C::kTileBytes + kBiasBytes);
+      hopper::tma_tile<BK, D>(sK + s * BK * D, &maps.k, j0, bh, full_k + s);
+      if constexpr (kDist)  // distances i0 - j0 - BK + x, x < BQ + BK (dist_table_kernel's pads)
+        ptx::bulk_copy(sB + s * C::kDistLen, p.dist + bh * p.dist_ld + kDistPad + (i0 - j0 - BK),
+                       kBiasBytes, full_k + s);
+      if constexpr (kRC)
+        ptx::bulk_copy(sB + s * BK, p.rc + 2 * bh * p.rc_ld + p.rc_ld + j0, kBiasBytes, full_k + s);
+      ptx::mbar_arrive_expect_tx(full_v + s, C::kTileBytes);
+      hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, bh, full_v + s);
+    }
+    return;
+  }
+
+  // ---- consumers
+  ptx::setmaxnreg_inc<240>();
+  const int cw = wg - 1;           // consumer warpgroup: rows 64 cw ..
+  const int r0 = 16 * (warp - 4);  // this warp's first row in the tile
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  [[maybe_unused]] float rb[2];  // R / scale of the thread's rows
+  if constexpr (kRC) {
+    const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
+    for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
+  }
+  const hopper::Desc dQ = hopper::desc_k<D>(ptx::smem_window_offset(sQ) + uint32_t(64 * cw) * C::kSwizzle);
+  const hopper::Desc dK = hopper::desc_k<D>(ptx::smem_window_offset(sK));
+  const hopper::Desc dV = hopper::desc_mn<BK, D>(ptx::smem_window_offset(sV));
+  float o[1][kDT][4] = {};
+  float m[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.f, 0.f}};
+  float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o[0][0][0]);
+  const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
+  const float kf = kRaw ? p.scale * kLog2e : kLog2e;
+  const float mscale = kRaw ? p.scale : 1.f;
+  ptx::mbar_wait(bar_q, 0);
+  // The softmax of tile kt overlaps the P V product of tile kt - 1 (FlashAttention-3's pipelining
+  // inside a warpgroup): issue S_kt, issue O += P_{kt-1} V_{kt-1}, wait for S_kt only, run the
+  // softmax, then wait for the product, release stage kt - 1, rescale O and pack P_kt (its
+  // registers, the A operand of the next product, are free once the product completed).
+  float s_acc[1][kNT][4];
+  float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s_acc[0][0][0]);
+  uint32_t a[BK / 16][4];  // P of the previous tile
+  auto issue_s = [&](int kt) {
+    const int s = kt & 1;
+    ptx::mbar_wait(full_k + s, (kt >> 1) & 1);
+    // S = Q' K'^T (+ B / scale, or + (R + C) / scale, as its initial value)
+    [[maybe_unused]] const float *tb = sB + s * C::kDistLen + (r0 + g - 2 * t + BK);
+    [[maybe_unused]] const float *cwin = sB + s * BK + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        if constexpr (kDist) s_acc[0][nt][x] = tb[8 * (x / 2) - 8 * nt - x % 2];
+        else if constexpr (kRC) s_acc[0][nt][x] = rb[x / 2] + cwin[8 * nt + x % 2];
+        else s_acc[0][nt][x] = 0.f;
+      }
+    const hopper::Desc cK = dK.plus(s * C::kTileBytes);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      ptx::wgmma_ss<In, BK>(sf, dQ.at(hopper::step_k<BQ, D>(kk)), cK.at(hopper::step_k<BK, D>(kk)),
+                            kDist || kRC || kk > 0);
+    ptx::wgmma_commit();
+  };
+  auto issue_pv = [&](int kt) {  // O += P_kt V_kt
+    const int s = kt & 1;
+    ptx::mbar_wait(full_v + s, (kt >> 1) & 1);
+    const hopper::Desc cV = dV.plus(s * C::kTileBytes);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) ptx::wgmma_rs<In, D, 1>(of, a[kk], cV.at(hopper::step_mn<D>(kk)), 1);
+    ptx::wgmma_commit();
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s_acc[0][2 * kk], s_acc[0][2 * kk + 1]);
+  };
+  auto step = [&](int kt, auto masked) {  // kt >= 1
+    constexpr bool kMasked = decltype(masked)::value;
+    issue_s(kt);
+    issue_pv(kt - 1);
+    ptx::wgmma_wait<1>();  // S_kt (the product of tile kt - 1 may still run)
+    ptx::fence_regs(sf);
+    float alpha[1][2];
+    flash_softmax_alpha<Enc, kMasked, kRaw>(s_acc, alpha, m, l, ctx, p.scale, kf, i0,
+                                            int64_t(kt) * BK, r0, g, t, T);
+    ptx::wgmma_wait<0>();
+    ptx::fence_regs(of);
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
+    ptx::mbar_arrive(empty + ((kt - 1) & 1));  // this thread is done with stage kt - 1
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[0][dt][x] *= alpha[0][x / 2];
+    pack_p();
+  };
+  // Tile 0 (O is 0: no product to wait for), the steady state, the masked tiles, the last product.
+  issue_s(0);
+  ptx::wgmma_wait<0>();
+  ptx::fence_regs(sf);
+  if (n_plain > 0) flash_softmax<Enc, false, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+  else flash_softmax<Enc, true, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+  pack_p();
+  int kt = 1;
+  for (; kt < n_plain; ++kt) step(kt, std::false_type{});
+  for (; kt < n_tiles; ++kt) step(kt, std::true_type{});
+  issue_pv(n_tiles - 1);
+  ptx::wgmma_wait<0>();
+  ptx::fence_regs(of);
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
+  ptx::mbar_arrive(empty + ((n_tiles - 1) & 1));
+
+  const int64_t base = bh * T * D;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t i = i0 + r0 + g + 8 * h;
+    const float lt = flash::quad_sum(l[0][h]);
+    if (i >= T) continue;
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    In *orow = p.o + base + i * D;
+    for (int dt = 0; dt < kDT; ++dt) {
+      orow[8 * dt + 2 * t] = from_float<In>(o[0][dt][2 * h] * inv);
+      orow[8 * dt + 2 * t + 1] = from_float<In>(o[0][dt][2 * h + 1] * inv);
+    }
+    if (t == 0) p.lse[bh * T + i] = m[0][h] * mscale + logf(lt);
+  }
+#endif
+}
+
+}  // namespace detail
+APE_CUDA_ABI_END
+}  // namespace ape::cuda

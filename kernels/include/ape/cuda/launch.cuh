@@ -1,0 +1,463 @@
+// The host side of the CUDA attention (ape/cuda/attention.cuh): scratch memory, the launch
+// sequences of attention_forward and attention_backward, and APE_CUDA_INSTANTIATE.
+#pragma once
+
+#include "ape/cuda/backward.cuh"
+#include "ape/cuda/flash_backward.cuh"
+#include "ape/cuda/hopper_forward.cuh"
+#include "ape/cuda/side_kernels.cuh"
+
+namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
+namespace detail {
+
+// ---- host side -------------------------------------------------------------------------------------
+// Scratch memory of one call, stream ordered, freed when the call returns (the frees are queued
+// behind the kernels).
+class Scratch {
+ public:
+  explicit Scratch(cudaStream_t s) : stream_(s) {}
+  Scratch(const Scratch &) = delete;
+  Scratch &operator=(const Scratch &) = delete;
+  ~Scratch() {
+    for (int n = 0; n < count_; ++n) cudaFreeAsync(ptrs_[n], stream_);
+  }
+  template <class X> X *take(int64_t n, cudaError_t &err) {
+    if (err != cudaSuccess || n <= 0 || count_ == kMax) {
+      if (count_ == kMax) err = cudaErrorMemoryAllocation;
+      return nullptr;
+    }
+    void *ptr = nullptr;
+    err = cudaMallocAsync(&ptr, sizeof(X) * static_cast<size_t>(n), stream_);
+    if (err != cudaSuccess) return nullptr;
+    ptrs_[count_++] = ptr;
+    return static_cast<X *>(ptr);
+  }
+
+ private:
+  static constexpr int kMax = 16 + 2 * 64;
+  cudaStream_t stream_;
+  void *ptrs_[kMax] = {};
+  int count_ = 0;
+};
+
+inline unsigned blocks_for(int64_t n, int per_block) {
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
+}
+
+// The arguments of one call checked against the encoding: every pointer the call reads or
+// writes is present (a null dfeatures / dparams with features or params would be dereferenced).
+template <class Enc>
+cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
+  if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  if (!std::isfinite(a.scale)) return cudaErrorInvalidValue;
+  if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T) || (backward && a.first_row != 0))
+    return cudaErrorInvalidValue;
+  if (a.B * a.H * a.T == 0) return cudaSuccess;
+  if (!a.q || !a.k || !a.v || !a.o || !a.lse) return cudaErrorInvalidValue;
+  if (Enc::kNumFeatures > 0 && !a.features) return cudaErrorInvalidValue;
+  if (Enc::kNumParams > 0 && !a.params) return cudaErrorInvalidValue;
+  for (int n = 0; n < Enc::kNumFeatures; ++n)
+    if (!a.features[n]) return cudaErrorInvalidValue;
+  for (int n = 0; n < Enc::kNumParams; ++n)
+    if (!a.params[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
+  if (!backward) return cudaSuccess;
+  if (!a.dout || !a.dq || !a.dk || !a.dv) return cudaErrorInvalidValue;
+  if (Enc::kNumFeatures > 0 && !a.dfeatures) return cudaErrorInvalidValue;
+  if (Enc::kNumParams > 0 && !a.dparams) return cudaErrorInvalidValue;
+  for (int n = 0; n < Enc::kNumFeatures; ++n)
+    if (!a.dfeatures[n]) return cudaErrorInvalidValue;
+  for (int n = 0; n < Enc::kNumParams; ++n)
+    if (!a.dparams[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
+  if ((Enc::kNumTok > 0 || Enc::kNumParams > 0) && !a.status) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+template <class Enc, class In>
+Params<Enc, In> make_params(const CudaAttnArgs &a) {
+  Params<Enc, In> p{};
+  p.B = a.B, p.H = a.H, p.T = a.T, p.D = a.D;
+  p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
+  p.v = static_cast<const In *>(a.v), p.o = static_cast<In *>(a.o), p.lse = a.lse;
+  for (int n = 0; n < Enc::kNumFeatures; ++n) p.feat[n] = a.features[n];
+  for (int n = 0; n < Enc::kNumParams; ++n) p.params[n] = a.params[n];
+  p.scale = a.scale;
+  p.dout = static_cast<const In *>(a.dout);
+  p.dq = static_cast<In *>(a.dq), p.dk = static_cast<In *>(a.dk), p.dv = static_cast<In *>(a.dv);
+  if (a.dfeatures)
+    for (int n = 0; n < Enc::kNumFeatures; ++n) p.dfeat[n] = a.dfeatures[n];
+  if (a.dparams)
+    for (int n = 0; n < Enc::kNumParams; ++n) p.dparams[n] = a.dparams[n];
+  p.qm = p.q, p.km = p.k;
+  p.status = a.status;
+  return p;
+}
+
+// tok, q', k' of every slice (the forward's inputs; the backward recomputes them).
+template <class Enc, class In, int kModD>
+cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
+  cudaError_t err = cudaSuccess;
+  const int64_t BH = p.B * p.H, n = BH * p.T * p.D;
+  if constexpr (Enc::kNumTok > 0) {
+    p.tok = scratch.take<float>(BH * Enc::kNumTok * p.T, err);
+    if (err != cudaSuccess) return err;
+    if ((err = launch(token_forward_kernel<Enc, In>, static_cast<unsigned>(BH), kTokThreads, 0, st,
+                      p)) != cudaSuccess)
+      return err;
+  }
+  if constexpr (Enc::kHasQMod) {
+    In *qm = scratch.take<In>(n, err);
+    if (err != cudaSuccess) return err;
+    if ((err = launch(mod_forward_kernel<Enc, In, true, kModD>, blocks_for(n / run_len<In>(), 256), 256, 0, st, p, p.q,
+                      qm)) != cudaSuccess)
+      return err;
+    p.qm = qm;
+  }
+  if constexpr (Enc::kHasKMod) {
+    In *km = scratch.take<In>(n, err);
+    if (err != cudaSuccess) return err;
+    if ((err = launch(mod_forward_kernel<Enc, In, false, kModD>, blocks_for(n / run_len<In>(), 256), 256, 0, st, p, p.k,
+                      km)) != cudaSuccess)
+      return err;
+    p.km = km;
+  }
+  if constexpr (traits::NumRel<Enc>::value > 0) {
+    for (int r = 0; r < Enc::kNumRel; ++r) {
+      const int64_t m = BH * p.T * Enc::rel_rows(r);
+      p.rel[r] = scratch.take<float>(m, err);
+      if (err != cudaSuccess ||
+          (err = launch(rel_rows_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)) != cudaSuccess)
+        return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+// y = c x elementwise (x, y of n elements; y may be x).
+template <class X> __global__ void scale_kernel(const X *x, X *y, int64_t n, float c) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e < n) y[e] = from_float<X>(c * to_float<X>(x[e]));
+}
+
+// The flash kernels take the max of raw scores and keep lse - log2 scale: they need scale > 0. A
+// call with scale <= 0 runs them on q'' = sign(scale) q' (0 for scale 0) with scale |scale| (1 for
+// 0): the same logits, and dq' = sign(scale) dq'' (dk' and the rest are unchanged). `qsign` gets
+// sign(scale) (1 when nothing changed).
+template <class Enc, class In>
+cudaError_t positive_scale(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, float &qsign) {
+  qsign = 1.f;
+  if (p.scale > 0) {
+    p.log2_scale = std::log2(p.scale), p.inv_scale = 1.f / p.scale;
+    return cudaSuccess;
+  }
+  qsign = p.scale < 0 ? -1.f : 0.f;
+  p.scale = p.scale < 0 ? -p.scale : 1.f;
+  p.log2_scale = std::log2(p.scale), p.inv_scale = 1.f / p.scale;
+  cudaError_t err = cudaSuccess;
+  const int64_t n = p.B * p.H * p.T * p.D;
+  In *qs = scratch.take<In>(n, err);
+  if (err != cudaSuccess) return err;
+  if ((err = launch(scale_kernel<In>, blocks_for(n, 256), 256, 0, st, p.qm, qs, n, qsign)))
+    return err;
+  p.qm = qs;
+  return cudaSuccess;
+}
+
+// The slice tables of distance biases of the flash kernels (dist_table_kernel; scale > 0).
+template <class Enc, class In>
+cudaError_t make_dist_table(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
+  cudaError_t err = cudaSuccess;
+  p.dist_ld = (p.T + 3) / 4 * 4 + 2 * kDistPad;  // rows 16-byte aligned
+  const int64_t m = p.B * p.H * p.dist_ld;
+  p.dist = scratch.take<float>(m, err);
+  if (err != cudaSuccess) return err;
+  return launch(dist_table_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
+}
+
+// The slice tables of row/column biases of the flash kernels (rowcol_table_kernel; scale > 0).
+template <class Enc, class In>
+cudaError_t make_rowcol_table(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
+  cudaError_t err = cudaSuccess;
+  p.rc_ld = (p.T + 127) / 128 * 128;  // whole forward query tiles (and backward tiles)
+  const int64_t m = 2 * p.B * p.H * p.rc_ld;
+  p.rc = scratch.take<float>(m, err);
+  if (err != cudaSuccess) return err;
+  return launch(rowcol_table_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
+}
+
+// True when the current device runs the sm_90a (wgmma) kernels: compute capability 9.0 and a
+// build with sm_90a code (APE_CUDA_SM90A, set with an sm_90a target; always under the emulator,
+// which poses as sm_90 with APE_SIMT_ARCH=90 or ape::simt::set_arch(90)).
+inline bool hopper_device() {
+#if defined(APE_SIMT) || defined(APE_CUDA_SM90A)
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
+template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
+  return bytes > 48 * 1024
+             ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes))
+             : cudaSuccess;
+}
+
+}  // namespace detail
+
+// Forward: o, lse from q, k, v, features, params (CudaAttnArgs, D == kD).
+template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaAttnArgs &a) {
+  using namespace detail;
+  static_assert(kD == 32 || kD == 64 || kD == 128, "head_dim 32, 64 or 128");
+  cudaError_t err = check_args<Enc>(a, kD, false);
+  if (err != cudaSuccess || a.B * a.H * a.T == 0) return err;
+  const cudaStream_t st = a.stream;
+  Params<Enc, In> p = make_params<Enc, In>(a);
+  Scratch scratch(st);
+  if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
+  // The flash kernels: 16-bit inputs without value rows (wgmma on sm_90 where the build has
+  // sm_90a code, mma.sync elsewhere); the general kernel otherwise.
+  if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
+    using F = FlashFwd<In, kD>;
+    float qsign;
+    if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
+    if constexpr (flash_distance<Enc>())
+      if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
+    if constexpr (flash_rowcol<Enc>())
+      if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
+    if (hopper_device()) {
+      using H = HopperFwd<In, kD>;
+      HopperMaps maps;
+      const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
+      const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(a.T)};
+      const uint32_t box_q[3] = {uint32_t(H::kRowElems), uint32_t(H::BQ), 1};
+      const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
+      if ((err = make_tensor_map_16(&maps.q, p.qm, 3, dims, strides, box_q, H::kSwizzle)) != cudaSuccess ||
+          (err = make_tensor_map_16(&maps.k, p.km, 3, dims, strides, box_kv, H::kSwizzle)) != cudaSuccess ||
+          (err = make_tensor_map_16(&maps.v, p.v, 3, dims, strides, box_kv, H::kSwizzle)) != cudaSuccess)
+        return err;
+      constexpr size_t bytes = H::bytes;
+      if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+      p.tile0 = a.first_row / H::BQ;
+      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, H::BQ) - unsigned(p.tile0));
+      return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p, maps);
+    }
+    constexpr size_t bytes = flash_smem_bytes<Enc, F>();
+    if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+    p.tile0 = a.first_row / F::BQ;
+    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
+    return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
+  } else {
+    using L = FwdSmem<In, kD>;
+    constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
+    if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+    p.tile0 = a.first_row / L::BQ;
+    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
+    return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
+  }
+}
+
+// Backward: dq, dk, dv, dfeatures, dparams from q, k, v, o, lse, dout, features, params.
+template <class Enc, class In, int kD> cudaError_t attention_backward(const CudaAttnArgs &a) {
+  using namespace detail;
+  static_assert(kD == 32 || kD == 64 || kD == 128, "head_dim 32, 64 or 128");
+  cudaError_t err = check_args<Enc>(a, kD, true);
+  if (err != cudaSuccess) return err;
+  const cudaStream_t st = a.stream;
+  Params<Enc, In> p = make_params<Enc, In>(a);
+  const int64_t BH = a.B * a.H, T = a.T, n = BH * T * kD;
+  // Param gradients are global sums: zero them even when there is nothing to sum.
+  for (int k = 0; k < Enc::kNumParams; ++k) {
+    const int64_t numel = Enc::param_numel(k, a.H, a.D);
+    if (numel > 0 && (err = cudaMemsetAsync(a.dparams[k], 0, sizeof(float) * numel, st)) != cudaSuccess)
+      return err;
+  }
+  if (n == 0) return cudaSuccess;
+  Scratch scratch(st);
+  if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
+  constexpr int kNumRel = traits::NumRel<Enc>::value;
+  constexpr int64_t kValueRows = value_rows<Enc>();
+  constexpr bool kFlash = !std::is_same_v<In, float> && kValueRows == 0;
+  // The flash backward writes dk itself where dk = dK' (and dq, where dq = dQ' and scale > 0).
+  constexpr bool kDirectK = kFlash && flash_dk_direct<Enc>();
+  bool direct_q = false;
+  p.delta = scratch.take<float>(BH * T, err);
+  p.dqm = scratch.take<float>(n, err);
+  if constexpr (!kDirectK) p.dkm = scratch.take<float>(n, err);
+  if constexpr (Enc::kNumTok > 0) {
+    p.dtok_fx = scratch.take<unsigned long long>(2 * BH * Enc::kNumTok * T, err);
+    p.dtok = scratch.take<float>(BH * Enc::kNumTok * T, err);
+    if (err == cudaSuccess)
+      err = cudaMemsetAsync(p.dtok_fx, 0, 2 * sizeof(unsigned long long) * BH * Enc::kNumTok * T, st);
+  }
+  for (int k = 0; k < Enc::kNumParams; ++k) {
+    const int64_t numel = Enc::param_numel(k, a.H, a.D);
+    p.dparam_fx[k] = scratch.take<unsigned long long>(2 * numel, err);
+    if (err == cudaSuccess && numel > 0)
+      err = cudaMemsetAsync(p.dparam_fx[k], 0, 2 * sizeof(unsigned long long) * numel, st);
+  }
+  if constexpr (kNumRel > 0) {
+    for (int r = 0; r < kNumRel; ++r) {
+      const int64_t m = BH * T * Enc::rel_rows(r);
+      p.drel_fx[r] = scratch.take<unsigned long long>(2 * m, err);
+      p.drel[r] = scratch.take<float>(m, err);
+      if (err == cudaSuccess) err = cudaMemsetAsync(p.drel_fx[r], 0, 2 * sizeof(unsigned long long) * m, st);
+    }
+  }
+  if constexpr (kValueRows > 0) {
+    const int64_t m = BH * T * kValueRows;
+    p.vdrow = scratch.take<float>(m, err);
+    p.vmass_fx = scratch.take<unsigned long long>(2 * m, err);
+    p.vmass = scratch.take<float>(m, err);
+    if (err == cudaSuccess) err = cudaMemsetAsync(p.vmass_fx, 0, 2 * sizeof(unsigned long long) * m, st);
+    if (err == cudaSuccess)
+      err = launch(value_drow_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
+  }
+  if (err != cudaSuccess) return err;
+
+  const unsigned ubh = static_cast<unsigned>(BH);
+  if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, kDeltaRows), kDeltaThreads, 0, st, p)))
+    return err;
+  // The flash backward: 16-bit inputs without value rows; the two-kernel backward otherwise.
+  if constexpr (kFlash) {
+    using F = FlashBwd<In, kD>;
+    const In *qm = p.qm;  // the kernels after this one read q' and the scale as given
+    float qsign;
+    if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
+    constexpr size_t bytes = flash_smem_bytes<Enc, F>();
+    const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
+    p.dq_sem = scratch.take<int>(BH * n_qt, err);
+    if constexpr (flash_distance<Enc>()) {
+      if (err == cudaSuccess) err = make_dist_table(p, scratch, st);
+      if constexpr (!traits::BiasFixed<Enc>::value) {
+        p.dist_g = scratch.take<unsigned long long>(2 * BH * T, err);
+        p.dist_fp = scratch.take<unsigned long long>(BH * T, err);
+        p.dist_sat = scratch.take<int>(BH, err);
+        if (err == cudaSuccess)
+          err = cudaMemsetAsync(p.dist_g, 0, 2 * sizeof(unsigned long long) * BH * T, st);
+        if (err == cudaSuccess) err = cudaMemsetAsync(p.dist_sat, 0, sizeof(int) * BH, st);
+        if (err == cudaSuccess)
+          err = launch(dist_fp_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p);
+        if (err == cudaSuccess)
+          err = launch(dist_sat_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p);
+      }
+    }
+    if constexpr (flash_rowcol<Enc>()) {
+      if (err == cudaSuccess) err = make_rowcol_table(p, scratch, st);
+      if constexpr (!traits::BiasFixed<Enc>::value) {
+        p.row_g = scratch.take<float>(BH * T, err);
+        if (err == cudaSuccess) err = cudaMemsetAsync(p.row_g, 0, sizeof(float) * BH * T, st);
+      }
+    }
+    p.stats_ld = (T + 63) / 64 * 64;  // a whole number of query tiles, 16-byte rows
+    p.stats = scratch.take<float>(2 * BH * p.stats_ld, err);
+    if (err == cudaSuccess)
+      err = launch(row_stats_kernel<Enc, In>, blocks_for(BH * p.stats_ld, 256), 256, 0, st, p);
+    direct_q = flash_dq_direct<Enc>() && qsign == 1.f;
+    p.dq_direct = direct_q;
+    // 1-D, slice-major (flash_backward_kernel): B H ceil(T / BK) blocks.
+    const int64_t blocks = BH * blocks_for(T, F::BK);
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    if (err != cudaSuccess ||
+        (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
+        (err = allow_smem(flash_backward_kernel<Enc, In, kD>, bytes)) != cudaSuccess ||
+        (err = launch(flash_backward_kernel<Enc, In, kD>, static_cast<unsigned>(blocks),
+                      F::kThreads, bytes, st, p)) != cudaSuccess)
+      return err;
+    if constexpr (flash_distance<Enc>() && !traits::BiasFixed<Enc>::value)
+      if ((err = launch(dist_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))
+        return err;
+    if constexpr (flash_rowcol<Enc>() && !traits::BiasFixed<Enc>::value)
+      if ((err = launch(row_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))
+        return err;
+    if (qsign != 1.f &&
+        (err = launch(scale_kernel<float>, blocks_for(n, 256), 256, 0, st, p.dqm, p.dqm, n, qsign)))
+      return err;
+    p.qm = qm, p.scale = a.scale;
+  } else {
+    using L = BwdSmem<In, kD>;
+    if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) ||
+        (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) ||
+        (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
+                      L::bytes_dkdv, st, p)) ||
+        (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads,
+                      L::bytes_dq, st, p)))
+      return err;
+  }
+  if constexpr (kNumRel > 0) {
+    for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'
+      const int64_t m = BH * T * Enc::rel_rows(r);
+      if ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
+                        static_cast<const unsigned long long *>(p.drel_fx[r]), p.drel[r], m,
+                        static_cast<const uint32_t *>(p.status))) ||
+          (err = launch(rel_rows_dx_kernel<Enc, In>, blocks_for(n, 256), 256, 0, st, p, r)))
+        return err;
+    }
+  }
+  // dq, dk from dQ', dK' (mod_backward_kernel), where the flash backward did not write them.
+  const unsigned mod_blocks = blocks_for(n / run_len<In>(), 256);
+  if (!direct_q && (err = launch(mod_backward_kernel<Enc, In, true, kD>, mod_blocks, 256, 0, st, p,
+                                 p.q, p.dqm, p.dq)))
+    return err;
+  if constexpr (!kDirectK)
+    if ((err = launch(mod_backward_kernel<Enc, In, false, kD>, mod_blocks, 256, 0, st, p, p.k, p.dkm,
+                      p.dk)))
+      return err;
+  if constexpr (Enc::kNumTok > 0) {
+    const int64_t nt = BH * Enc::kNumTok * T;
+    if ((err = launch(fixed_to_float_kernel<>, blocks_for(nt, 256), 256, 0, st,
+                      static_cast<const unsigned long long *>(p.dtok_fx), p.dtok, nt,
+                      static_cast<const uint32_t *>(p.status))) ||
+        (err = launch(token_backward_kernel<Enc, In>, static_cast<unsigned>(BH), kTokThreads, 0,
+                      st, p)))
+      return err;
+  } else {
+    for (int k = 0; k < Enc::kNumFeatures; ++k)  // features without tokens have no effect
+      if ((err = cudaMemsetAsync(a.dfeatures[k], 0, sizeof(float) * BH * T, st)) != cudaSuccess)
+        return err;
+  }
+  for (int k = 0; k < Enc::kNumParams; ++k) {
+    const int64_t numel = Enc::param_numel(k, a.H, a.D);
+    if (numel > 0 &&
+        (err = launch(fixed_to_float_kernel<>, blocks_for(numel, 256), 256, 0, st,
+                      static_cast<const unsigned long long *>(p.dparam_fx[k]), a.dparams[k], numel,
+                      static_cast<const uint32_t *>(p.status))))
+      return err;
+  }
+  // Tables of relative rows and value rows: their gradients add to what the sinks summed.
+  if constexpr (kNumRel > 0) {
+    for (int r = 0; r < kNumRel; ++r) {
+      const int64_t m = Enc::rel_rows(r) * a.H * kD;
+      if ((err = launch(rel_rows_dparams_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)))
+        return err;
+    }
+  }
+  if constexpr (kValueRows > 0) {
+    const int64_t m = BH * T * kValueRows, tab = kValueRows * a.H * kD;
+    if (Enc::kValueTableTrainable &&
+        ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
+                       static_cast<const unsigned long long *>(p.vmass_fx), p.vmass, m,
+                       static_cast<const uint32_t *>(p.status))) ||
+         (err = launch(value_dtable_kernel<Enc, In>, blocks_for(tab, 256), 256, 0, st, p))))
+      return err;
+  }
+  return cudaSuccess;
+}
+
+APE_CUDA_ABI_END
+}  // namespace ape::cuda
+
+// The two functions of one (encoding, dtype, head dim) variant, for the generated entry:
+//   APE_CUDA_INSTANTIATE(ns::Enc, __nv_bfloat16, 64, forward_bf16_hd64, backward_bf16_hd64)
+#define APE_CUDA_INSTANTIATE(ENC, IN, D, FWD, BWD)                                         \
+  cudaError_t FWD(const ::ape::cuda::CudaAttnArgs &a) {                                    \
+    return ::ape::cuda::attention_forward<ENC, IN, D>(a);                                  \
+  }                                                                                        \
+  cudaError_t BWD(const ::ape::cuda::CudaAttnArgs &a) {                                    \
+    return ::ape::cuda::attention_backward<ENC, IN, D>(a);                                 \
+  }

@@ -1,0 +1,376 @@
+// The side kernels of the CUDA attention (ape/cuda/attention.cuh): the token program, the q/k
+// mods and their backward on 16-byte runs, Delta, relative rows and the value-rows term, and the
+// tables of distance and row/column biases the flash kernels read, with their gradients.
+#pragma once
+
+#include "ape/cuda/common.cuh"
+
+namespace ape::cuda {
+APE_CUDA_ABI_BEGIN
+namespace detail {
+
+// ---- token program and mods ------------------------------------------------------------------------
+// One block of kTokThreads per slice (grid B*H): the stages of the token program cooperatively.
+template <class Enc, class In>
+__global__ void __launch_bounds__(kTokThreads) token_forward_kernel(const Params<Enc, In> p) {
+  const int64_t bh = blockIdx.x;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  const float *feat[Params<Enc, In>::NF];
+  for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = p.feat[n] + bh * p.T;
+  Enc::token_forward(ctx, feat, p.tok + bh * Enc::kNumTok * p.T);
+}
+
+template <class Enc, class In>
+__global__ void __launch_bounds__(kTokThreads) token_backward_kernel(const Params<Enc, In> p) {
+  const int64_t bh = blockIdx.x;
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  const float *feat[Params<Enc, In>::NF];
+  float *dfeat[Params<Enc, In>::NF];
+  for (int n = 0; n < Enc::kNumFeatures; ++n) {
+    feat[n] = p.feat[n] + bh * p.T;
+    dfeat[n] = p.dfeat[n] + bh * p.T;
+  }
+  const int64_t off = bh * Enc::kNumTok * p.T;
+  Enc::token_backward(ctx, feat, p.tok + off, p.dtok + off, dfeat);
+}
+
+// dst[e] = the fixed-point sum of element e; NaN when the call's status word holds an error (a
+// term that was not finite, was clamped, or a sum that wrapped): the poisoned gradient is the
+// error's signal on the device, with no host synchronisation (docs/cuda.md, "The status word").
+template <class Unused = void>
+__global__ void fixed_to_float_kernel(const unsigned long long *src, float *dst, int64_t n,
+                                      const uint32_t *status) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e < n) dst[e] = (*status & kStatusErrors) ? __int_as_float(0x7fc00000) : from_fixed(src + 2 * e);
+}
+
+// ---- runs: kV consecutive elements of a row, in 16-byte loads and stores ---------------------------
+template <class In> constexpr int run_len() { return 16 / static_cast<int>(sizeof(In)); }
+
+// v = r[c0 .. c0 + kV) (c0 kV-aligned, so every 16-byte chunk is aligned).
+template <class X, int kV> __device__ inline void load_run(const X *r, int64_t c0, X (&v)[kV]) {
+  static_assert(kV * sizeof(X) % 16 == 0, "whole 16-byte chunks");
+  constexpr int kPer = 16 / static_cast<int>(sizeof(X));
+  #pragma unroll
+  for (int k = 0; k < kV / kPer; ++k) {
+    const ptx::F4 w = *reinterpret_cast<const ptx::F4 *>(r + c0 + k * kPer);
+    memcpy(v + k * kPer, &w, 16);
+  }
+}
+template <class X, int kV> __device__ inline void store_run(X *r, const X (&v)[kV]) {
+  static_assert(kV * sizeof(X) % 16 == 0, "whole 16-byte chunks");
+  constexpr int kPer = 16 / static_cast<int>(sizeof(X));
+  #pragma unroll
+  for (int k = 0; k < kV / kPer; ++k) {
+    ptx::F4 w;
+    memcpy(&w, v + k * kPer, 16);
+    *reinterpret_cast<ptx::F4 *>(r + k * kPer) = w;
+  }
+}
+
+// The run at p0 = partner(c0) when the partners of run c0 form a run of their own, in order (the
+// half pairing with whole runs per half): then each of the two runs is the other's partner run,
+// and the thread of the lower one does both. -1 otherwise.
+template <int kV, int D> __device__ inline int64_t partner_run(int pairing, double fraction, int64_t c0) {
+  const int64_t p0 = partner(pairing, fraction, D, c0);
+  return p0 % kV == 0 && (p0 >= c0 + kV || p0 + kV <= c0) &&
+                 partner(pairing, fraction, D, c0 + kV - 1) == p0 + kV - 1
+             ? p0
+             : -1;
+}
+
+// out[u] = r[partner(c0 + u)] for the run at c0 whose values are `own` (no partner run): from
+// `own` where the partner falls inside the run (the interleaved pairing, unpaired columns), one
+// by one otherwise.
+template <class X, int kV, int D>
+__device__ inline void gather_partners(int pairing, double fraction, const X *r, int64_t c0,
+                                       const X (&own)[kV], X (&out)[kV]) {
+  #pragma unroll
+  for (int u = 0; u < kV; ++u) {
+    const int64_t pc = partner(pairing, fraction, D, c0 + u);
+    out[u] = pc >= c0 && pc < c0 + kV ? own[pc - c0] : r[pc];
+  }
+}
+
+// xm = mod(x) (kIsQ: q_mod, else k_mod), computed in fp32: a thread per run of kV elements, or
+// per pair of partner runs (partner_run), in 16-byte loads and stores: each byte read and
+// written once.
+template <class Enc, class In, bool kIsQ, int D>
+__global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm) {
+  constexpr int kV = run_len<In>();
+  constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
+  constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
+  static_assert(D % kV == 0, "whole runs per row");
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
+  if (e >= p.B * p.H * p.T * D) return;
+  const int64_t c0 = e % D, row = e / D, t = row % p.T, bh = row / p.T;
+  const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
+  if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  auto mod = [&](int64_t c, In xv, In yv) {
+    if constexpr (kIsQ) return from_float<In>(Enc::q_mod(ctx, t, c, to_float(xv), to_float(yv)));
+    else return from_float<In>(Enc::k_mod(ctx, t, c, to_float(xv), to_float(yv)));
+  };
+  const In *xr = x + row * D;
+  In own[kV], part[kV], out[kV];
+  load_run<In, kV>(xr, c0, own);
+  if (p0 >= 0) {
+    load_run<In, kV>(xr, p0, part);
+    In outp[kV];
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]), outp[u] = mod(p0 + u, part[u], own[u]);
+    store_run<In, kV>(xm + row * D + p0, outp);
+  } else {
+    gather_partners<In, kV, D>(kPairing, kFraction, xr, c0, own, part);
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]);
+  }
+  store_run<In, kV>(xm + e, out);
+}
+
+// dx = (d mod / dx)^T gm, a thread per run of kV elements (or pair of partner runs), in 16-byte
+// loads and stores. Without a mod dx = gm. With one, column c sums its own term's d/dx and its
+// partner's term's d/dy (ape_abi::partner pairs columns, so the partner's partner is c; a column
+// paired with itself adds both of its own): the same two additions as a row-wise sum, in either
+// order. Each term's param gradients go to the sinks once: a pair of runs computes each of its
+// terms once; a lone run computes its partners' terms again without sinks.
+template <class Enc, class In, bool kIsQ, int D>
+__global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const float *gm, In *dx) {
+  constexpr bool kHasMod = kIsQ ? Enc::kHasQMod : Enc::kHasKMod;
+  constexpr int kV = run_len<In>();
+  static_assert(D % kV == 0, "whole runs per row");
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
+  if (e >= p.B * p.H * p.T * D) return;
+  const int64_t c0 = e % D, row = e / D;
+  const float *gr = gm + row * D;
+  float g[kV];
+  In out[kV];
+  if constexpr (!kHasMod) {
+    load_run<float, kV>(gr, c0, g);
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) out[u] = from_float<In>(g[u]);
+  } else {
+    constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
+    constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
+    const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
+    if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+    const int64_t t = row % p.T, bh = row / p.T;
+    const In *xr = x + row * D;
+    In xo[kV], xp[kV];
+    float gp[kV];
+    load_run<float, kV>(gr, c0, g);
+    load_run<In, kV>(xr, c0, xo);
+    const DevCtx<Enc> sinks = make_ctx(p, bh, true);
+    // The term of column c (value xv, partner value yv, gradient gv): d/dx, d/dy.
+    auto term = [&](const DevCtx<Enc> &ctx, int64_t c, In xv, In yv, float gv, float &gx, float &gy) {
+      if constexpr (kIsQ) Enc::q_mod_grad(ctx, t, c, to_float(xv), to_float(yv), gv, gx, gy);
+      else Enc::k_mod_grad(ctx, t, c, to_float(xv), to_float(yv), gv, gx, gy);
+    };
+    if (p0 >= 0) {
+      load_run<float, kV>(gr, p0, gp);
+      load_run<In, kV>(xr, p0, xp);
+      In outp[kV];
+      #pragma unroll
+      for (int u = 0; u < kV; ++u) {
+        float gx = 0.f, gy = 0.f, hx = 0.f, hy = 0.f;
+        term(sinks, c0 + u, xo[u], xp[u], g[u], gx, gy);
+        term(sinks, p0 + u, xp[u], xo[u], gp[u], hx, hy);
+        out[u] = from_float<In>(gx + hy), outp[u] = from_float<In>(hx + gy);
+      }
+      store_run<In, kV>(dx + row * D + p0, outp);
+    } else {
+      gather_partners<In, kV, D>(kPairing, kFraction, xr, c0, xo, xp);
+      gather_partners<float, kV, D>(kPairing, kFraction, gr, c0, g, gp);
+      const DevCtx<Enc> plain = make_ctx(p, bh, false);
+      #pragma unroll
+      for (int u = 0; u < kV; ++u) {
+        const int64_t c = c0 + u, pc = partner(kPairing, kFraction, D, c);
+        float gx = 0.f, gy = 0.f;
+        term(sinks, c, xo[u], xp[u], g[u], gx, gy);
+        if (pc != c) {
+          float unused = 0.f;
+          term(plain, pc, xp[u], xo[u], gp[u], unused, gy);  // the partner's term: its d/dy is ours
+        }
+        out[u] = from_float<In>(gx + gy);
+      }
+    }
+  }
+  store_run<In, kV>(dx + e, out);
+}
+
+// Delta_i = dO_i . O_i (fp32), added in column order, one fp32 accumulator per row, exactly as a
+// thread per row would (at T = 1, where dS = P (dP - Delta) vanishes, the gradients left are the
+// rounding difference of Delta and the tensor cores' dP: the tests bound it). The loads are
+// coalesced: a block of 128 threads reads kDeltaRows rows in 16-byte chunks into shared memory
+// (rows padded by one float: no bank conflicts), then a thread per row adds them up.
+constexpr int kDeltaRows = 16, kDeltaThreads = 128;
+template <class Enc, class In, int D> __global__ void delta_kernel(const Params<Enc, In> p) {
+  constexpr int kV = run_len<In>(), kLd = D + 1;
+  APE_STATIC_SMEM(float, sO, kDeltaRows * kLd);
+  APE_STATIC_SMEM(float, sDO, kDeltaRows * kLd);
+  const int64_t row0 = blockIdx.x * int64_t(kDeltaRows), rows = p.B * p.H * p.T;
+  for (int x = static_cast<int>(threadIdx.x); x < kDeltaRows * (D / kV); x += kDeltaThreads) {
+    const int r = x / (D / kV), c = (x % (D / kV)) * kV;
+    if (row0 + r >= rows) break;
+    In a[kV], b[kV];
+    load_run<In, kV>(p.dout + (row0 + r) * D, c, a);
+    load_run<In, kV>(p.o + (row0 + r) * D, c, b);
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) sDO[r * kLd + c + u] = to_float(a[u]), sO[r * kLd + c + u] = to_float(b[u]);
+  }
+  __syncthreads();
+  const int r = static_cast<int>(threadIdx.x);
+  if (r < kDeltaRows && row0 + r < rows) {
+    float d = 0.f;
+    for (int c = 0; c < D; ++c) d += sDO[r * kLd + c] * sO[r * kLd + c];
+    p.delta[row0 + r] = d;
+  }
+}
+
+// ---- relative rows and the value-rows term ----------------------------------------------------------
+// R_n[bh, t, r] = (x'_t + bias_h) . table[r, h, :] with x' = q' (rel_side 0) or k', for every
+// slice, row and table row: one thread each, the dot product in fp32 in column order.
+template <class Enc, class In>
+__global__ void rel_rows_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * rows) return;
+  const int64_t r = e % rows, t = (e / rows) % p.T, bh = e / (rows * p.T), h = bh % p.H;
+  const In *x = (Enc::rel_side(n) == 0 ? p.qm : p.km) + (bh * p.T + t) * D;
+  const float *table = p.params[Enc::rel_table(n)] + (r * p.H + h) * D;
+  const float *bias = Enc::rel_bias(n) >= 0 ? p.params[Enc::rel_bias(n)] + h * D : nullptr;
+  float acc = 0.f;
+  for (int64_t c = 0; c < D; ++c) acc += (to_float(x[c]) + (bias ? bias[c] : 0.f)) * table[c];
+  p.rel[n][e] = acc;
+}
+
+// dx'[bh, t, c] += sum_r dR_n[bh, t, r] table[r, h, c] (into dq' or dk', after the attention
+// kernels wrote them).
+template <class Enc, class In>
+__global__ void rel_rows_dx_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * D) return;
+  const int64_t c = e % D, bht = e / D, h = (bht / p.T) % p.H;
+  const float *dr = p.drel[n] + bht * rows;
+  const float *table = p.params[Enc::rel_table(n)] + h * D + c;
+  float acc = 0.f;
+  for (int64_t r = 0; r < rows; ++r) acc += dr[r] * table[r * p.H * D];
+  (Enc::rel_side(n) == 0 ? p.dqm : p.dkm)[e] += acc;
+}
+
+// The table's and the bias's gradients, one thread per element, summed over (b, t) (and r for
+// the bias) in a fixed order, added to the parameter gradients the sinks wrote.
+template <class Enc, class In>
+__global__ void rel_rows_dparams_kernel(const Params<Enc, In> p, int n) {
+  const int64_t rows = Enc::rel_rows(n), D = p.D, H = p.H, T = p.T;
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int tab = Enc::rel_table(n), bi = Enc::rel_bias(n);
+  const float *bias = bi >= 0 ? p.params[bi] : nullptr;
+  const In *xs = Enc::rel_side(n) == 0 ? p.qm : p.km;
+  if (e < rows * H * D && Enc::rel_table_trainable(n)) {  // dtable[r, h, c]
+    const int64_t c = e % D, h = (e / D) % H, r = e / (D * H);
+    float acc = 0.f;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t bht = (b * H + h) * T + t;
+        acc += p.drel[n][bht * rows + r] * (to_float(xs[bht * D + c]) + (bias ? bias[h * D + c] : 0.f));
+      }
+    p.dparams[tab][e] += acc;
+  }
+  if (bi >= 0 && Enc::rel_bias_trainable(n) && e < H * D) {  // dbias[h, c]
+    const int64_t c = e % D, h = e / D;
+    const float *table = p.params[tab];
+    float acc = 0.f;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const float *dr = p.drel[n] + ((b * H + h) * T + t) * rows;
+        for (int64_t r = 0; r < rows; ++r) acc += dr[r] * table[(r * H + h) * D + c];
+      }
+    p.dparams[bi][e] += acc;
+  }
+}
+
+// Value rows, backward inputs: vdrow[bh, i, r] = dO_i . table[r, h, :].
+template <class Enc, class In>
+__global__ void value_drow_kernel(const Params<Enc, In> p) {
+  constexpr int64_t R = value_rows<Enc>();
+  const int64_t D = p.D, e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T * R) return;
+  const int64_t r = e % R, bht = e / R, h = (bht / p.T) % p.H;
+  const In *dout = p.dout + bht * D;
+  const float *table = p.params[Enc::kValueTable] + (r * p.H + h) * D;
+  float acc = 0.f;
+  for (int64_t c = 0; c < D; ++c) acc += to_float(dout[c]) * table[c];
+  p.vdrow[e] = acc;
+}
+
+// dtable[r, h, c] += sum_{b, i} mass[b, h, i, r] dO[b, h, i, c], one thread per element.
+template <class Enc, class In>
+__global__ void value_dtable_kernel(const Params<Enc, In> p) {
+  constexpr int64_t R = value_rows<Enc>();
+  const int64_t D = p.D, H = p.H, T = p.T, e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= R * H * D) return;
+  const int64_t c = e % D, h = (e / D) % H, r = e / (D * H);
+  float acc = 0.f;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t bhi = (b * H + h) * T + i;
+      acc += p.vmass[bhi * R + r] * to_float(p.dout[bhi * D + c]);
+    }
+  p.dparams[Enc::kValueTable][e] += acc;
+}
+
+
+// ---- tables of distance and row/column biases, and their gradients ----------------------------
+// Distance biases for the flash kernels (flash_distance<Enc>()): B(d) / scale of every distance
+// of a slice, once, at dist[bh dist_ld + kDistPad + d], 0 outside [0, T). A tile's window of
+// distances is then a run of 16-byte cp.async copies, and B / scale is the initial value of its
+// S accumulators (S = Q'K'^T + B / scale: raw scores, scaled in the exponent like a plain
+// softmax). The host launches it with scale > 0 (positive_scale).
+template <class Enc, class In> __global__ void dist_table_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.dist_ld) return;
+  const int64_t bh = e / p.dist_ld, d = e % p.dist_ld - kDistPad;
+  float v = 0.f;
+  if (d >= 0 && d < p.T) v = Enc::template distance_bias<float>(make_ctx(p, bh, false), d) / p.scale;
+  p.dist[e] = v;
+}
+
+// Row/column biases for the flash kernels (flash_rowcol<Enc>()): R(i) / scale and C(j) / scale of
+// every token of a slice, once, at rc[(2 bh) rc_ld + i] and rc[(2 bh + 1) rc_ld + j], 0 past T
+// (rc_ld: T rounded up to the forward's query tile, so that tiles copy whole 16-byte chunks).
+// R + C (over scale) is the initial value of a tile's S accumulators, as for distance biases.
+template <class Enc, class In> __global__ void rowcol_table_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= 2 * p.B * p.H * p.rc_ld) return;
+  const int64_t row = e / p.rc_ld, bh = row / 2, t = e % p.rc_ld;
+  float v = 0.f;
+  if (t < p.T) {
+    const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+    v = (row % 2 ? Enc::template col_bias<float>(ctx, t) : Enc::template row_bias<float>(ctx, t)) / p.scale;
+  }
+  p.rc[e] = v;
+}
+
+// The flash backward's per-row sums of scale P (dP - Delta) (p.row_g) into the encoding's
+// gradient: one row_bias_grad call per (slice, row) with a nonzero sum.
+template <class Enc, class In> __global__ void row_grad_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const float g = p.row_g[e] * p.inv_scale;
+  if (g != 0.f) Enc::row_bias_grad(make_ctx(p, e / p.T, true), e % p.T, g);
+}
+
+// The flash backward's per-distance sums of scale P (dP - Delta) (fixed point, p.dist_g) into the
+// encoding's gradient: one distance_bias_grad call per (slice, distance) with a nonzero sum.
+template <class Enc, class In> __global__ void dist_grad_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const float g = from_fixed(p.dist_g + 2 * e) / p.scale;
+  if (g != 0.f) Enc::distance_bias_grad(make_ctx(p, e / p.T, true), e % p.T, g);
+}
+
+}  // namespace detail
+APE_CUDA_ABI_END
+}  // namespace ape::cuda
