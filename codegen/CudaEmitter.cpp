@@ -54,9 +54,6 @@ LogicalResult mlir::ape::emitCudaHeader(KernelOp kernel, StringRef source, raw_o
   if (!kernel.getCausal())
     return kernel.emitOpError("is not causal: the CUDA kernel template implements causal "
                               "(decoder) attention only");
-  for (auto t : kernel.getBody().front().getOps<AttentionTransitionOp>())
-    return t.emitOpError("is not supported on CUDA yet: the CUDA template has no post-softmax "
-                         "pass (the CPU kernel has it: apec --emit=cpu)");
   StringRef name = kernel.getSymName();
   banner(kernel, source, os);
   os << "// The functor below is translated from the regions of ape.kernel @" << name

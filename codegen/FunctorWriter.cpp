@@ -512,9 +512,6 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     os << "    return std::clamp<int64_t>(" << (*out)[0] << ", 0, kValueRows - 1);\n  }\n";
   }
   if (AttentionTransitionOp t = layout.transition) {  // contract/transition.h
-    if (target == FunctorTarget::Cuda)
-      return t.emitOpError("is not supported on CUDA yet: the CUDA template has no post-softmax "
-                           "pass (the CPU kernel has it: apec --emit=cpu)");
     os << "  // The attention transition (inference only: the entry has no backward).\n"
        << "  static constexpr ::ape::TransitionAttrs kTransition{" << t.getDivisorOffset() << ", "
        << t.getFirstLayer() << ", " << t.getSkipLast() << ", " << t.getIntervals() << ", "

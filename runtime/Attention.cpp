@@ -85,8 +85,6 @@ const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at
                    return s + "]";
                  }() + "), got " + describe(p));
   }
-  if (gpu && m.inference_only)
-    bad(e, "an attention transition has CPU kernels only (docs/decoding.md): run it on the CPU");
   return m;
 }
 
@@ -121,7 +119,7 @@ std::pair<at::Tensor, at::Tensor> forward_impl(const KernelEntry &e, const at::T
                                                at::TensorList features, at::TensorList params,
                                                double scale, AttnLayer layer) {
   check_inputs(e, q0, k0, v0, features, params);
-  if (q0.is_cuda()) return cuda_attention_forward(e, q0, k0, v0, features.vec(), params.vec(), scale);
+  if (q0.is_cuda()) return cuda_attention_forward(e, q0, k0, v0, features.vec(), params.vec(), scale, 0, layer);
   at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
   auto feats = contiguous_all(features);
   auto ps = contiguous_all(params);

@@ -164,9 +164,11 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
                                                          const at::Tensor &k, const at::Tensor &v,
                                                          const std::vector<at::Tensor> &features,
                                                          const std::vector<at::Tensor> &params,
-                                                         double scale, int64_t first_row) {
+                                                         double scale, int64_t first_row,
+                                                         AttnLayer layer) {
   const CudaKernel &c = kernel_for(entry, q);
-  auto [o, lse] = torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale, first_row);
+  auto [o, lse] = torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale, first_row,
+                                          layer.index, layer.count);
   return {o, lse};
 }
 
@@ -232,7 +234,8 @@ at::Tensor cuda_fused_attention(const KernelEntry &, const at::Tensor &, const a
 std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &, const at::Tensor &,
                                                          const at::Tensor &, const at::Tensor &,
                                                          const std::vector<at::Tensor> &,
-                                                         const std::vector<at::Tensor> &, double, int64_t) {
+                                                         const std::vector<at::Tensor> &, double, int64_t,
+                                                         AttnLayer) {
   unbuilt();
 }
 std::string cuda_backward_error(int64_t) { return ""; }

@@ -22,6 +22,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "runtime/Attention.h"  // AttnLayer
+
 namespace ape {
 struct KernelEntry;
 
@@ -42,11 +44,13 @@ at::Tensor cuda_fused_attention(const KernelEntry &entry, const at::Tensor &q, c
 
 // Forward only: {o, lse}, lse float32. Rows before `first_row`'s query tile are not computed
 // (a decode step: runtime/Decode.h); rows from first_row on are the full forward's, bit for bit.
+// layer: the layer of a model this call computes (read by an attention transition only).
 std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entry, const at::Tensor &q,
                                                          const at::Tensor &k, const at::Tensor &v,
                                                          const std::vector<at::Tensor> &features,
                                                          const std::vector<at::Tensor> &params,
-                                                         double scale, int64_t first_row = 0);
+                                                         double scale, int64_t first_row = 0,
+                                                         AttnLayer layer = {});
 
 // The CUDA kernels of a spec compiled at run time (runtime/SpecLibrary.h, --spec) for `dtype` at
 // `head_dim`, compiled by nvcc for GPU architecture `arch` (cuda_arch) unless this process has them,

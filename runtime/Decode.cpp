@@ -45,8 +45,7 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
 at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &cache, int64_t capacity,
                          const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                          const std::vector<at::Tensor> &features, const std::vector<at::Tensor> &params,
-                         double scale) {
-  if (m.inference_only) bad(e, "an attention transition has CPU kernels only (docs/decoding.md)");
+                         double scale, AttnLayer layer) {
   if (cache.f32.started() || cache.f64.started()) bad(e, "the cache holds CPU steps (one cache serves one device)");
   if (q.dim() != 4) bad(e, "q must be (B, H, n, D)");
   for (const at::Tensor *t : {&k, &v})
@@ -67,7 +66,9 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
   append(cache.q, q), append(cache.k, k), append(cache.v, v);
   cache.features.resize(features.size());
   for (size_t i = 0; i < features.size(); ++i) append(cache.features[i], features[i]);
-  at::Tensor o = cuda_attention_forward(e, cache.q, cache.k, cache.v, cache.features, params, scale, L0).first;
+  // An attention transition transforms the prompt only (the prefill, the first step), as on the CPU.
+  const AttnLayer at = L0 == 0 ? layer : AttnLayer{};
+  at::Tensor o = cuda_attention_forward(e, cache.q, cache.k, cache.v, cache.features, params, scale, L0, at).first;
   return o.narrow(2, L0, n);
 }
 
@@ -78,7 +79,8 @@ at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t cap
                             const std::vector<at::Tensor> &features,
                             const std::vector<at::Tensor> &params, double scale, AttnLayer layer) {
   const Manifest &m = manifest_of(e);
-  if (q.defined() && q.is_cuda()) return decode_on_gpu(e, m, cache, capacity, q, k, v, features, params, scale);
+  if (q.defined() && q.is_cuda())
+    return decode_on_gpu(e, m, cache, capacity, q, k, v, features, params, scale, layer);
   if (!e.decode) bad(e, "the kernel entry has no decode steps (rebuild the kernel with this apec)");
   const bool f32 = q.scalar_type() == at::kFloat;
   if (!q.defined() || q.dim() != 4 || !(f32 || q.scalar_type() == at::kDouble) || !q.device().is_cpu())

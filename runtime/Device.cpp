@@ -100,10 +100,6 @@ AutocastScope::~AutocastScope() {
 void check_encoding_on(const ComputeDevice &dev, const KernelEntry &entry, int64_t head_dim, std::ostream *log) {
   if (!dev.is_cuda()) return;
   const std::string who = "--device " + dev.device.str() + ": ";
-  if (manifest_of(entry).inference_only)
-    throw std::invalid_argument(who + "encoding '" + entry.name +
-                                "' has an attention transition, whose kernels are CPU-only "
-                                "(docs/decoding.md); use --device cpu");
   if (registered_spec(entry.name)) {
     try {
       cuda_compile_spec(entry, dev.attention_dtype(), head_dim, cuda_arch(dev.device.index()), log);

@@ -101,8 +101,6 @@ prepare() {
     enc=$(basename "$spec" .mlir)
     local src_name="examples/encodings/$enc.mlir"
     "$apec" "$spec" -o "$dir/generated/cpu" --emit=cpu --expect-name "$enc" --source-name "$src_name"
-    # Inference-only specs (an attention transition): CPU kernels only, no operator library.
-    if grep -q 'ape\.attention_transition' "$spec"; then continue; fi
     if [[ " $skip_cuda " != *" $enc "* ]]; then
       if [[ " $full_encodings " == *" $enc "* ]]; then
         "$apec" "$spec" -o "$dir/generated/cuda" --emit=cuda --cuda-dtypes=bf16,f16,f32 \
@@ -112,6 +110,8 @@ prepare() {
           --cuda-head-dims=64,128 --expect-name "$enc" --source-name "$src_name"
       fi
     fi
+    # Inference-only specs (an attention transition): no operator library (it is differentiable).
+    if grep -q 'ape\.attention_transition' "$spec"; then continue; fi
     # The framework tests' libraries, as test/python/run.sh emits them.
     emit=torch-library
     case " rope alibi cable expe " in *" $enc "*) emit=torch-library,c-abi ;; esac

@@ -949,6 +949,7 @@ const char *cudaGetErrorString(cudaError_t err) {
   case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
   case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
   case cudaErrorLaunchFailure: return "unspecified launch failure";
+  case cudaErrorNotSupported: return "operation not supported";
   }
   return "unrecognized error code";
 }

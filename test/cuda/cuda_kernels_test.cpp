@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>  // before the emulator's CUDA surface and its macros
 
+#include <ape/contract/transition.h>
 #include <ape/cuda/decode.h>
 #include <ape/cuda/kernel_entry.h>
 #include <ape/cpu/kernel_entry.h>
@@ -264,8 +265,15 @@ void expect_no_findings() {
 
 // One forward + backward of a CUDA variant; outputs in the order of from_reference. The status
 // word goes to *status_out when given, else it must hold no error.
+// What run_gpu runs beyond the forward of every row: the backward (not for an inference-only
+// encoding), and the forward's layer of a model (an attention transition's).
+struct RunOptions {
+  bool backward = true;
+  int64_t layer = 0, num_layers = 0;
+};
+
 void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
-             uint32_t *status_out = nullptr) {
+             uint32_t *status_out = nullptr, RunOptions opt = {}) {
   const auto dt = torch_type(var.dtype);
   const Tensor q = p.q.to(dt), k = p.k.to(dt), v = p.v.to(dt), dout = p.dout.to(dt);
   const Tensor lse_like = torch::empty({p.B, p.H, p.T}, torch::kFloat32);
@@ -299,8 +307,9 @@ void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
   DevBuf status;
   upload(status, torch::zeros({1}, torch::kInt32));
   a.status = static_cast<uint32_t *>(status.ptr);
+  a.layer = opt.layer, a.num_layers = opt.num_layers;
   ASSERT_CUDA(var.forward(a));
-  ASSERT_CUDA(var.backward(a));
+  if (opt.backward) ASSERT_CUDA(var.backward(a));
   ASSERT_CUDA(cudaDeviceSynchronize());
   uint32_t st = 0;
   ASSERT_CUDA(cudaMemcpy(&st, status.ptr, sizeof st, cudaMemcpyDeviceToHost));
@@ -368,10 +377,17 @@ TEST(CudaRegistry, UninstantiatedVariantIsRefused) {
 // ---- numerics (GPU) ------------------------------------------------------------------------------------
 using Case = std::tuple<std::string, size_t>;  // encoding, variant index
 
+// An inference-only encoding (an attention transition): a forward, no backward.
+bool inference_only(const CudaKernelEntry &e) {
+  return nlohmann::json::parse(e.manifest_json).value("inference_only", false);
+}
+
+// The trainable encodings' variants (the inference-only ones have CudaTransition below).
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const CudaKernelEntry *e : cuda_entries())
-    for (size_t k = 0; k < e->num_variants; ++k) cases.push_back({e->name, k});
+    if (!inference_only(*e))
+      for (size_t k = 0; k < e->num_variants; ++k) cases.push_back({e->name, k});
   return cases;
 }
 
@@ -741,6 +757,93 @@ INSTANTIATE_TEST_SUITE_P(All, CudaKernel, ::testing::ValuesIn(all_cases()),
                                   std::to_string(v.head_dim);
                          });
 
+// ---- the attention transition (inference only) ------------------------------------------------
+// rope_transition through each CUDA variant at every layer of a 6-layer model, against the
+// materialised reference: RoPE's q', k' (kernel_reference) from the inputs rounded to the dtype
+// and rounded again as the kernels store them, the T x T softmax in fp64, the spec's steps
+// applied literally to every transformed row (ape::transition_row_reference), times V. The
+// transformed rows are summed in fp32 from those same rounded values, so what is left there is
+// the rounding of o: half an ulp, at most 2^-8 of the largest |o| in bf16 (2^-11 in f16; f32:
+// 1e-5); measured 1.4e-3 to 2.2e-3 in bf16. The other rows are the flash forward's, which also
+// rounds P before P V: held to twice that (measured 2.4e-3). Untransformed layers equal rope's CUDA
+// kernel bit for bit, lse always does (the transition rewrites o of its rows only), and a
+// transformed layer differs from rope's by more than 4x the tolerance (0.027 to 0.25 here).
+// T = 300: I = 40, layers 1..3 transform [80, 160) .. [160, 240); T = 77: I = 10, a partial block
+// of rows.
+TEST(CudaTransition, MatchesTheMaterialisedReferenceAtEveryLayer) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const CudaKernelEntry *e = find_cuda("rope_transition"), *plain = find_cuda("rope");
+  if (!e) GTEST_SKIP() << "rope_transition is not in this build";
+  ASSERT_NE(plain, nullptr);
+  const int64_t N = 6;
+  for (size_t k = 0; k < e->num_variants; ++k) {
+    const auto &var = e->variants[k];
+    const ape::cuda::CudaVariant *pv = ape::cuda::find_variant(*plain, var.dtype, var.head_dim);
+    ASSERT_NE(pv, nullptr);
+    const double tol = var.dtype == DType::BF16 ? 0x1p-8 : var.dtype == DType::F16 ? 0x1p-11 : 1e-5;
+    for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{2, 2, 300}, {1, 1, 77}}) {
+      Problem p = make_problem(*e, B, H, T, var.head_dim, 7 * T + k);
+      p.q = p.q * 2.5;  // sharper rows: weights on both sides of the bound
+      const auto dt = torch_type(var.dtype);
+      auto rnd = [&](const Tensor &x) { return x.to(dt).to(torch::kFloat64); };
+      Problem r = p;
+      r.q = rnd(p.q), r.k = rnd(p.k), r.v = rnd(p.v);
+      auto [qm, km] = ape_test::reference_qk("rope", ref_inputs(r));
+      const Tensor logits = torch::matmul(rnd(qm), rnd(km).transpose(-1, -2)) * p.scale;
+      const Tensor mask = torch::ones({T, T}, torch::kBool).triu(1);
+      const Tensor P0 = torch::softmax(logits.masked_fill(mask, -INFINITY), -1).contiguous();
+      int transformed = 0;
+      for (int64_t layer = 0; layer < N; ++layer) {
+        SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
+                     std::to_string(var.head_dim) + " T=" + std::to_string(T) + " layer " +
+                     std::to_string(layer) + " of " + std::to_string(N));
+        const ape::TransitionRows rows =
+            ape::transition_rows_of(ape::TransitionAttrs{}, T, N, layer);
+        Tensor P = P0.clone();
+        double *pd = P.data_ptr<double>();
+        for (int64_t s = 0; s < B * H; ++s)
+          for (int64_t i = rows.lo; i < rows.hi; ++i) {
+            const int64_t st = rows.start(i);
+            ape::transition_row_reference(pd + (s * T + i) * T, st, st + rows.I, 0.5, 0.1);
+          }
+        const Tensor ref = torch::matmul(P, r.v);
+        Outputs got, base;
+        run_gpu(var, p, got, nullptr, {false, layer, N});
+        run_gpu(*pv, p, base, nullptr, {false, 0, 0});
+        if (HasFatalFailure()) return;
+        EXPECT_TRUE(torch::equal(got[1].second, base[1].second)) << "lse is the softmax's";
+        const double err = max_err(got[0].second, ref) / max_abs(ref);
+        EXPECT_LE(err, 2 * tol) << "o against the materialised transition";
+        if (rows.empty()) {
+          EXPECT_TRUE(torch::equal(got[0].second, base[0].second))
+              << "an untransformed layer differs from rope";
+        } else {
+          ++transformed;
+          using torch::indexing::Slice;
+          const Tensor mine = got[0].second.index({Slice(), Slice(), Slice(rows.lo, rows.hi)});
+          const Tensor theirs = ref.index({Slice(), Slice(), Slice(rows.lo, rows.hi)});
+          const double row_err = max_err(mine, theirs) / max_abs(ref);
+          EXPECT_LE(row_err, tol) << "the transformed rows against the materialised transition";
+          EXPECT_GT(max_err(base[0].second, ref) / max_abs(ref), 4 * tol)
+              << "the transition changed nothing the tolerance would see";
+        }
+      }
+      EXPECT_EQ(transformed, 3);
+    }
+  }
+}
+
+// Its backward refuses (training it would compute some other gradient), before reading anything.
+TEST(CudaTransition, BackwardIsRefused) {
+  const CudaKernelEntry *e = find_cuda("rope_transition");
+  if (!e) GTEST_SKIP() << "rope_transition is not in this build";
+  for (size_t k = 0; k < e->num_variants; ++k) {
+    CudaAttnArgs a;
+    a.B = 1, a.H = 1, a.T = 8, a.D = e->variants[k].head_dim, a.dtype = e->variants[k].dtype;
+    EXPECT_EQ(e->variants[k].backward(a), cudaErrorNotSupported);
+  }
+}
+
 // The status word reports what the fixed-point gradient sums cannot hold (cuda/kernel_entry.h):
 // a NaN token feature sets kStatusNonFinite; gradient terms beyond 2^31 set kStatusRange. Either
 // way the sums are poisoned on the device: every feature gradient is NaN, so a caller that never
@@ -788,7 +891,7 @@ TEST(CudaLaunch, EveryVariantFitsEveryClaimedArchitecture) {
                      std::to_string(var.head_dim) + " sm_" + std::to_string(sm));
         const Problem p = make_problem(*e, 1, 1, 3, var.head_dim, 3);
         Outputs out;
-        run_gpu(var, p, out);
+        run_gpu(var, p, out, nullptr, {!inference_only(*e), 0, 0});
       }
   }
   ape::simt::set_arch(saved);

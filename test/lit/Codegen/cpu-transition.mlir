@@ -1,13 +1,15 @@
 // The attention transition: the CPU functor is forward only and carries its attributes (kTransition, which selects
 // the three-pass rows of cpu/attention.h and a refusing backward), the manifest says the kernel is
-// inference-only with no gradients, the reference data (ape-check) carries the attributes, and every
-// target without a post-softmax pass refuses it with a located error instead of emitting something
-// else.
+// inference-only with no gradients, the reference data (ape-check) carries the attributes, the CUDA
+// functor carries them too (cuda/transition.cuh's rows after the forward; the backward returns
+// cudaErrorNotSupported), and the differentiable libraries refuse it with a located error instead
+// of emitting something else.
 // RUN: rm -rf %t && apec %s -o %t --emit=cpu,manifest
 // RUN: FileCheck %s --input-file=%t/rope_transition_cpu.cpp
 // RUN: FileCheck %s --check-prefix=MANIFEST --input-file=%t/rope_transition.manifest.json
 // RUN: %cxx -std=c++17 -fsyntax-only -fopenmp -I %ape_templates %t/rope_transition_cpu.cpp
-// RUN: not apec %s -o %t/cuda --emit=cuda 2>&1 | FileCheck %s --check-prefix=CUDA
+// RUN: apec %s -o %t/cuda --emit=cuda --cuda-dtypes=bf16 --cuda-head-dims=64
+// RUN: FileCheck %s --check-prefix=CUDA --input-file=%t/cuda/rope_transition_cuda.cuh
 // RUN: not apec %s -o %t/torch --emit=torch-library 2>&1 | FileCheck %s --check-prefix=TORCH
 // RUN: not apec %s -o %t/cabi --emit=c-abi 2>&1 | FileCheck %s --check-prefix=CABI
 // RUN: apec %s -o %t/ref --emit=reference
@@ -41,7 +43,9 @@
 // REF-NEXT: "intervals": 3,
 // REF-NEXT: "skip_last": 1
 
-// CUDA: cpu-transition.mlir:[[@LINE+6]]:3: error: 'ape.attention_transition' op is not supported on CUDA yet: the CUDA template has no post-softmax pass (the CPU kernel has it: apec --emit=cpu)
+// CUDA: struct Enc {
+// CUDA: static constexpr ::ape::TransitionAttrs kTransition{1, 2, 1, 3, 2.50000000000000000e-01, 1.00000000000000006e-01};
+// CUDA-NOT: _grad(
 // TORCH: cpu-transition.mlir:[[@LINE+3]]:1: error: 'ape.kernel' op is inference-only (ape.attention_transition): the operator library is differentiable and is not emitted for it yet; the CPU kernel is (apec --emit=cpu)
 // CABI: cpu-transition.mlir:[[@LINE+2]]:1: error: 'ape.kernel' op is inference-only (ape.attention_transition): the C ABI has a backward and is not emitted for it yet
 // (--emit=reference takes it: REF above.)

@@ -69,6 +69,7 @@
 // HEADERS-NEXT: ape/cuda/platform.cuh
 // HEADERS-NEXT: ape/cuda/side_kernels.cuh
 // HEADERS-NEXT: ape/cuda/symbols.h
+// HEADERS-NEXT: ape/cuda/transition.cuh
 // HEADERS-NEXT: ape/torch/autograd.h
 // HEADERS-NEXT: ape/torch/derived_params.h
 // HEADERS-NEXT: ape/torch/ops.h

@@ -20,11 +20,12 @@
 // This header holds the contract shared by every stage: the attributes (the dialect's
 // ape.attention_transition carries the same names; apec emits them into the functor as
 // `static constexpr ape::TransitionAttrs kTransition`), the interval geometry, the per-weight
-// formulas of the fused kernel (transition_weight and friends) and the literal reference
-// (transition_row_reference) that applies steps 1-5 to one materialised row. The fused form, in
-// cpu/attention.h (transition_rows), takes three passes over the keys of a transformed row and
-// never stores a T x T matrix: pass 1 the row's log-sum-exp (the ordinary forward), pass 2 the
-// kept mass Σ A' and the mask sum N_r, pass 3 the output Σ_c w_c v_c with the modified weights.
+// formulas of the fused kernels (transition_weight and friends; APE_ABI_HD: host and device) and
+// the literal reference (transition_row_reference) that applies steps 1-5 to one materialised
+// row. The fused forms, in cpu/attention.h (transition_rows) and cuda/transition.cuh, take three
+// passes over the keys of a transformed row and never store a T x T matrix: pass 1 the row's
+// log-sum-exp (the ordinary forward), pass 2 the kept mass Σ A' and the mask sum N_r, pass 3 the
+// output Σ_c w_c v_c with the modified weights.
 // Plain C++17, no MLIR, no LibTorch.
 #pragma once
 
@@ -32,6 +33,8 @@
 #include <cstdint>
 #include <cstddef>
 #include <vector>
+
+#include "ape/contract/vocabulary.h"  // APE_ABI_HD
 
 namespace ape {
 
@@ -80,19 +83,20 @@ inline TransitionRows transition_rows_of(const TransitionAttrs &a, int64_t T, in
 
 // Step 2 for one weight A = A[r, c] of a row whose interval ends at e: the weight after zeroing
 // and halving.
-template <typename Real> inline Real transition_kept(Real A, int64_t c, Real bound) {
+template <typename Real> APE_ABI_HD inline Real transition_kept(Real A, int64_t c, Real bound) {
   const Real kept = A >= bound ? A : Real(0);
   return c == 0 ? kept * Real(0.5) : kept;
 }
 
 // Step 4's mask of a kept weight (after step 2).
-template <typename Real> inline Real transition_mask(Real kept, Real bound) {
+template <typename Real> APE_ABI_HD inline Real transition_mask(Real kept, Real bound) {
   return kept >= bound ? Real(1) : Real(kTransitionLowMask);
 }
 
 // Step 5: the final weight of key c in a row of the interval [s, s + I), given avg_r.
 template <typename Real>
-inline Real transition_weight(Real A, int64_t c, int64_t s, int64_t I, Real bound, Real avg) {
+APE_ABI_HD inline Real transition_weight(Real A, int64_t c, int64_t s, int64_t I, Real bound,
+                                        Real avg) {
   const Real kept = transition_kept(A, c, bound);
   if (c >= s || c < s - 2 * I) return kept;
   const Real share = c >= s - I ? Real(kTransitionNear) : Real(kTransitionFar);

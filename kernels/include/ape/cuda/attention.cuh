@@ -39,6 +39,7 @@
 //   flash_forward.cuh   the FlashAttention-2-class forward (flash_tile.cuh's mma.sync tiles)
 //   hopper_forward.cuh  the Hopper forward (sm_90a: TMA, mbarriers, wgmma)
 //   flash_backward.cuh  the FlashAttention-2-class backward
+//   transition.cuh      an attention transition's rows after the forward (inference only)
 //   launch.cuh          the host side: attention_forward / attention_backward, APE_CUDA_INSTANTIATE
 #pragma once
 

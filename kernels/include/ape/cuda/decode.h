@@ -62,6 +62,10 @@ struct CudaDecodeArgs {
   float scale = 0;                          // kappa
   void *o = nullptr;                        // (B, H, n, D)
   float *lse = nullptr;                     // (B, H, n) or null
+  // The layer (0-based) of a model of num_layers, as CudaAttnArgs: an attention transition
+  // transforms the prompt only, i.e. the prefill (the first step), at T = n; later steps attend
+  // as usual (cpu/decode.h likewise).
+  int64_t layer = 0, num_layers = 0;
   cudaStream_t stream = nullptr;
 };
 
@@ -146,6 +150,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   std::vector<const float *> feats(c.features.begin(), c.features.end());
   f.features = feats.empty() ? nullptr : feats.data();
   f.params = a.params, f.scale = a.scale, f.first_row = L0, f.stream = st;
+  if (L0 == 0) f.layer = a.layer, f.num_layers = a.num_layers;  // the prefill
   err = forward(e, f);
   if (err == cudaSuccess) err = copy_rows(a.o, n, 0, static_cast<char *>(o) + L0 * row, L, n, S, row, st);
   if (err == cudaSuccess && a.lse)

@@ -70,6 +70,10 @@ struct CudaAttnArgs {
   // T tokens. 0: every row. A decode step (cuda/decode.h) passes its cache length. The backward
   // needs 0.
   int64_t first_row = 0;
+  // Forward only: the layer (0-based) of a model of num_layers that this call computes, read by
+  // an attention transition (contract/transition.h), which rewrites the rows of some layers;
+  // num_layers = 0 (the default) transforms none. 0 <= layer < num_layers when num_layers > 0.
+  int64_t layer = 0, num_layers = 0;
   // backward only (reads q, k, v, o, lse, dout)
   const void *dout = nullptr;
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;  // overwritten

@@ -6,6 +6,7 @@
 #include "ape/cuda/flash_backward.cuh"
 #include "ape/cuda/hopper_forward.cuh"
 #include "ape/cuda/side_kernels.cuh"
+#include "ape/cuda/transition.cuh"
 
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
@@ -52,6 +53,8 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
   if (!std::isfinite(a.scale)) return cudaErrorInvalidValue;
   if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T) || (backward && a.first_row != 0))
+    return cudaErrorInvalidValue;
+  if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
     return cudaErrorInvalidValue;
   if (a.B * a.H * a.T == 0) return cudaSuccess;
   if (!a.q || !a.k || !a.v || !a.o || !a.lse) return cudaErrorInvalidValue;
@@ -220,51 +223,76 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
   if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
-  // The flash kernels: 16-bit inputs without value rows (wgmma on sm_90 where the build has
-  // sm_90a code, mma.sync elsewhere); the general kernel otherwise.
-  if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
-    using F = FlashFwd<In, kD>;
-    float qsign;
-    if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
-    if constexpr (flash_distance<Enc>())
-      if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
-    if constexpr (flash_rowcol<Enc>())
-      if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
-    if (hopper_device()) {
-      using H = HopperFwd<In, kD>;
-      HopperMaps maps;
-      const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
-      const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(a.T)};
-      const uint32_t box_q[3] = {uint32_t(H::kRowElems), uint32_t(H::BQ), 1};
-      const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
-      if ((err = make_tensor_map_16(&maps.q, p.qm, 3, dims, strides, box_q, H::kSwizzle)) != cudaSuccess ||
-          (err = make_tensor_map_16(&maps.k, p.km, 3, dims, strides, box_kv, H::kSwizzle)) != cudaSuccess ||
-          (err = make_tensor_map_16(&maps.v, p.v, 3, dims, strides, box_kv, H::kSwizzle)) != cudaSuccess)
-        return err;
-      constexpr size_t bytes = H::bytes;
-      if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-      p.tile0 = a.first_row / H::BQ;
-      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, H::BQ) - unsigned(p.tile0));
-      return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p, maps);
+  // The attention itself: the flash kernels for 16-bit inputs without value rows (wgmma on sm_90
+  // where the build has sm_90a code, mma.sync elsewhere), the general kernel otherwise; p as the
+  // kernel read it (q', k' and the scale that go together) for the transition after it.
+  auto attend = [&]() -> cudaError_t {
+    if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
+      using F = FlashFwd<In, kD>;
+      float qsign;
+      if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
+      if constexpr (flash_distance<Enc>())
+        if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
+      if constexpr (flash_rowcol<Enc>())
+        if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
+      if (hopper_device()) {
+        using H = HopperFwd<In, kD>;
+        HopperMaps maps;
+        const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
+        const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(a.T)};
+        const uint32_t box_q[3] = {uint32_t(H::kRowElems), uint32_t(H::BQ), 1};
+        const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
+        auto map = [&](CUtensorMap *m, const void *x, const uint32_t *box) {
+          return make_tensor_map_16(m, x, 3, dims, strides, box, H::kSwizzle);
+        };
+        if ((err = map(&maps.q, p.qm, box_q)) != cudaSuccess ||
+            (err = map(&maps.k, p.km, box_kv)) != cudaSuccess ||
+            (err = map(&maps.v, p.v, box_kv)) != cudaSuccess)
+          return err;
+        constexpr size_t bytes = H::bytes;
+        if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess)
+          return err;
+        p.tile0 = a.first_row / H::BQ;
+        const dim3 grid(static_cast<unsigned>(a.B * a.H),
+                        blocks_for(a.T, H::BQ) - unsigned(p.tile0));
+        return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p, maps);
+      }
+      constexpr size_t bytes = flash_smem_bytes<Enc, F>();
+      if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+      p.tile0 = a.first_row / F::BQ;
+      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
+      return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
+    } else {
+      using L = FwdSmem<In, kD>;
+      constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
+      if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+      p.tile0 = a.first_row / L::BQ;
+      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
+      return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
     }
-    constexpr size_t bytes = flash_smem_bytes<Enc, F>();
-    if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-    p.tile0 = a.first_row / F::BQ;
-    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
-    return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
-  } else {
-    using L = FwdSmem<In, kD>;
-    constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
-    if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-    p.tile0 = a.first_row / L::BQ;
-    const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
-    return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
-  }
+  };
+  if ((err = attend()) != cudaSuccess) return err;
+  if constexpr (traits::HasTransition<Enc>::value)  // an attention transition: its rows, after
+    return launch_transition<Enc, In, kD>(p, a, st);
+  return cudaSuccess;
 }
 
+namespace detail {
+template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const CudaAttnArgs &a);
+}  // namespace detail
+
 // Backward: dq, dk, dv, dfeatures, dparams from q, k, v, o, lse, dout, features, params.
+// An inference-only encoding (an attention transition: no derivative) has none: it returns
+// cudaErrorNotSupported and writes nothing.
 template <class Enc, class In, int kD> cudaError_t attention_backward(const CudaAttnArgs &a) {
-  using namespace detail;
+  if constexpr (traits::HasTransition<Enc>::value)
+    return cudaErrorNotSupported;
+  else
+    return detail::attention_backward_impl<Enc, In, kD>(a);
+}
+
+namespace detail {
+template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const CudaAttnArgs &a) {
   static_assert(kD == 32 || kD == 64 || kD == 128, "head_dim 32, 64 or 128");
   cudaError_t err = check_args<Enc>(a, kD, true);
   if (err != cudaSuccess) return err;
@@ -448,6 +476,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward(const Cuda
   }
   return cudaSuccess;
 }
+}  // namespace detail
 
 APE_CUDA_ABI_END
 }  // namespace ape::cuda

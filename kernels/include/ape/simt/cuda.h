@@ -84,6 +84,7 @@ enum cudaError_t : int {
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchOutOfResources = 701,
   cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
 };
 enum cudaMemcpyKind : int {
   cudaMemcpyHostToHost = 0,

@@ -85,11 +85,13 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
 }
 
 // forward_cuda / backward_cuda: also the runtime's CUDA attention (runtime/CudaAttention.cpp).
-// first_row: the first query row whose output is wanted (CudaAttnArgs::first_row; a decode step).
+// first_row: the first query row whose output is wanted (CudaAttnArgs::first_row; a decode step);
+// layer of num_layers: the layer of a model this call computes (an attention transition's).
 inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVariant &var,
                                   const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                   at::TensorList features, at::TensorList params, double scale,
-                                  int64_t first_row = 0) {
+                                  int64_t first_row = 0, int64_t layer = 0,
+                                  int64_t num_layers = 0) {
   const c10::cuda::CUDAGuard device(q.device());
   at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   Float32Tensors f(features), p(params);
@@ -99,7 +101,7 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   cuda::CudaAttnArgs a = cuda_args(var, q, scale);
   a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();
   a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
-  a.first_row = first_row;
+  a.first_row = first_row, a.layer = layer, a.num_layers = num_layers;
   std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
   a.features = fp.data(), a.params = pp.data();
   check_cuda(var.forward(a), who);
