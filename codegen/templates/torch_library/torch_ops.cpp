@@ -1,3 +1,3 @@
 // Copied by apec --emit=torch-library. The operator code of the library, the same for every
 // encoding (ape/torch/ops_impl.h); CMakeLists.txt compiles it once per project.
-#include "torch/ops_impl.h"
+#include "ape/torch/ops_impl.h"
