@@ -833,14 +833,28 @@ TEST(CudaTransition, MatchesTheMaterialisedReferenceAtEveryLayer) {
   }
 }
 
-// Its backward refuses (training it would compute some other gradient), before reading anything.
-TEST(CudaTransition, BackwardIsRefused) {
+// Its backward refuses (training it would compute some other gradient), before reading anything;
+// so does a forward given a layer outside its model.
+TEST(CudaTransition, BackwardAndLayersOutsideTheModelAreRefused) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
   const CudaKernelEntry *e = find_cuda("rope_transition");
   if (!e) GTEST_SKIP() << "rope_transition is not in this build";
   for (size_t k = 0; k < e->num_variants; ++k) {
     CudaAttnArgs a;
     a.B = 1, a.H = 1, a.T = 8, a.D = e->variants[k].head_dim, a.dtype = e->variants[k].dtype;
     EXPECT_EQ(e->variants[k].backward(a), cudaErrorNotSupported);
+    // A layer outside the model is refused (every other argument valid: layer 0 of 6 runs).
+    const Tensor x = torch::zeros({1, 1, 8, a.D}, torch_type(a.dtype));
+    DevBuf qd, od, lsed;
+    upload(qd, x), upload(od, x), upload(lsed, torch::zeros({1, 1, 8}, torch::kFloat32));
+    a.q = a.k = a.v = qd.ptr, a.o = od.ptr, a.lse = static_cast<float *>(lsed.ptr), a.scale = 1.f;
+    a.layer = 0, a.num_layers = 6;
+    EXPECT_EQ(e->variants[k].forward(a), cudaSuccess);
+    for (auto [layer, count] : {std::pair<int64_t, int64_t>{6, 6}, {-1, 6}, {0, -1}}) {
+      a.layer = layer, a.num_layers = count;
+      EXPECT_EQ(e->variants[k].forward(a), cudaErrorInvalidValue) << layer << " of " << count;
+    }
+    ASSERT_CUDA(cudaDeviceSynchronize());
   }
 }
 
