@@ -76,6 +76,7 @@ CLASSES = [  # (column, regex on the opcode)
     ("atomics", r"^(RED|ATOM)"),
     ("bar", r"^BAR(\.|$)"),
     ("shfl", r"^SHFL"),
+    ("local", r"^(LDL|STL)"),  # spill traffic inside the loop
 ]
 
 
@@ -119,7 +120,8 @@ TILE_PROGRAM = r"""
 using namespace ape::cuda::detail;
 template <class In, int D> void print(const char *dt) {
   using F = FlashFwd<In, D>;
-  using B = FlashBwd<In, D>;
+  using B = FlashBwd<In, D, true>;
+  using N = FlashBwd<In, D, false>;
   using H = HopperFwd<In, D>;
   std::printf("forward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
               F::kThreads, F::bytes, F::bytes_dist, F::bytes_rowcol, 4LL * 16 * F::kMT * F::BK * D);
@@ -129,6 +131,9 @@ template <class In, int D> void print(const char *dt) {
   // S^T, dP^T, dV, dK: 16 keys x BQ queries x D each; dQ: BQ x D x BK over the warps.
   std::printf("backward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
               B::kThreads, B::bytes, B::bytes_dist, B::bytes_rowcol, 8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps);
+  // The narrow layout (64 keys, 4 warps): D = 128 on sm_86/89 only.
+  std::printf("backward_narrow %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
+              N::kThreads, N::bytes, N::bytes_dist, N::bytes_rowcol, 8LL * 16 * N::BQ * D + 2LL * N::BQ * D * N::BK / N::kWarps);
 }
 int main() {
   print<__nv_bfloat16, 32>("bf16"); print<__nv_bfloat16, 64>("bf16"); print<__nv_bfloat16, 128>("bf16");
@@ -292,7 +297,7 @@ def main():
     ap.add_argument("--encodings", nargs="+", default=["rope", "alibi", "cable", "t5"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--hd", nargs="+", type=int, default=[128, 64])
-    ap.add_argument("--arch", nargs="+", default=["80", "90a"],
+    ap.add_argument("--arch", nargs="+", default=["80", "86", "90a"],
                     help="architectures (80, 86, 89, 90, 90a: sm_90a adds the wgmma forward)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
     ap.add_argument("--venv", default=os.environ.get("APE_VENV", str(ROOT / ".venv")))
@@ -338,6 +343,9 @@ def main():
                                                    regs=pinfo.get(fn, {}).get("regs"), stages=stages,
                                                    per_thread=per_thread, serial=serial))
                         kind = next((v for k, v in KERNELS.items() if k in fn), None)
+                        # The flash backward's bool template argument after d_h is its layout.
+                        if kind == "backward" and re.search(r"Li\d+ELb0E", fn):
+                            kind = "backward_narrow"
                         if kind is None or (kind == "hopper_forward" and arch != "90a"):
                             continue  # the wgmma kernel is a trap without sm_90a code
                         t = tiles[(kind, args.dtype, hd)]
@@ -372,8 +380,8 @@ def main():
              f"; {args.dtype}; per warp and iteration of the steady-state main loop (bench/README.md).", "",
              "| encoding | kernel | d_h | arch | regs | spills st/ld (B) | stack (B) | smem (B) | "
              "blocks/SM (limit) | instrs / iter | MFLOP / iter | instrs / MFLOP | HMMA % | MUFU | "
-             "LDSM | cp.async | LDS/STS | LDG/STG | atomics | BAR | SHFL |",
-             "| --- " * 21 + "|"]
+             "LDSM | cp.async | LDS/STS | LDG/STG | atomics | BAR | SHFL | LDL+STL |",
+             "| --- " * 22 + "|"]
     for r in rows:
         lines.append(
             f"| {r['encoding']} | {r['kernel']} | {r['hd']} | {r['arch']} | {r['regs']} | "
@@ -381,7 +389,7 @@ def main():
             f"{r['blocks_per_sm']} ({r['occupancy_limit']}) | {r['loop_instrs']} | {r['mflop']} | "
             f"{r['instrs_per_mflop']} | {r['hmma_share']} | {r['mufu']} | {r['ldsm']} | "
             f"{r['cp_async']} | {r['lds']}/{r['sts']} | {r['ldg']}/{r['stg']} | {r['atomics']} | "
-            f"{r['bar']} | {r['shfl']} |")
+            f"{r['bar']} | {r['shfl']} | {r['local']} |")
     lines.append("")
     lines.append(f"FlashAttention-2 (issue 14; sm_90, bf16, d_h = 128): forward {FA2['forward']['ipm']} "
                  f"instrs/MFLOP, HMMA {FA2['forward']['hmma']}%; backward {FA2['backward']['ipm']} "
@@ -393,7 +401,7 @@ def main():
                  f"{FA3['causal']['hgmma']} HGMMA, {FA3['causal']['mufu']} MUFU), non-causal "
                  f"{FA3['non-causal']['ipm']} ({FA3['non-causal']['instrs']}, {FA3['non-causal']['hgmma']} HGMMA): "
                  "the reference for the hopper_forward rows.")
-    bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960}
+    bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")
     lines.append("")

@@ -101,7 +101,8 @@ Options parse(int argc, char **argv) {
 }
 
 // "void ape::cuda::detail::mod_backward_kernel<ape_gen_rope::Enc, __nv_bfloat16, true, 64>(...)"
-// -> "mod_backward_kernel<true>": the kernel's name and its bool template arguments (q or k).
+// -> "mod_backward_kernel<true>": the kernel's name and its bool template arguments (q or k;
+// the flash backward's layout, "flash_backward_kernel<wide>").
 std::string short_name(const std::string &full) {
   const size_t lt = full.find('<'), paren = full.find('(');
   const size_t end = std::min(lt, paren);
@@ -131,6 +132,9 @@ std::string short_name(const std::string &full) {
       }
       cur += c;
     }
+    // The flash backward's one bool is its layout (FlashBwd): 128 or 64 keys per block.
+    if (base == "flash_backward_kernel" && (args == "true" || args == "false"))
+      args = args == "true" ? "wide" : "narrow";
     if (!args.empty()) base += "<" + args + ">";
   }
   return base;
@@ -140,7 +144,7 @@ std::string short_name(const std::string &full) {
 bool is_main(const std::string &name) {
   return name.find("forward_kernel") != std::string::npos
              ? name != "token_forward_kernel" && name.rfind("mod_forward_kernel", 0) != 0
-             : name == "flash_backward_kernel" || name == "dkdv_kernel" || name == "dq_kernel";
+             : name.rfind("flash_backward_kernel", 0) == 0 || name == "dkdv_kernel" || name == "dq_kernel";
 }
 
 struct Row {

@@ -508,12 +508,55 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
 }
 
 #ifdef APE_SIMT
-// The emulator poses as an sm_90 device while one lives (then as what it was).
-struct PoseAsSm90 {
+// The emulator poses as an sm_XX device while one lives (then as what it was).
+struct PoseAs {
   int saved = ape::simt::arch();
-  PoseAsSm90() { ape::simt::set_arch(90); }
-  ~PoseAsSm90() { ape::simt::set_arch(saved); }
+  explicit PoseAs(int sm) { ape::simt::set_arch(sm); }
+  ~PoseAs() { ape::simt::set_arch(saved); }
 };
+struct PoseAsSm90 : PoseAs {
+  PoseAsSm90() : PoseAs(90) {}
+};
+
+// The layouts of the flash backward (FlashBwd) that the launches since the last call ran, by the
+// emulator's traffic records: "wide" (128 keys per block), "narrow" (64), one entry per launch.
+std::vector<std::string> flash_backward_layouts() {
+  std::vector<std::string> out;
+  for (const auto &t : ape::simt::take_traffic())
+    if (t.kernel.find("flash_backward_kernel<") != std::string::npos) {
+      const size_t close = t.kernel.find(">(");
+      const std::string args = t.kernel.substr(0, close);
+      for (size_t n = 0; n < t.launches; ++n)
+        out.push_back(args.size() >= 5 && args.compare(args.size() - 5, 5, " true") == 0 ? "wide"
+                      : args.size() >= 6 && args.compare(args.size() - 6, 6, " false") == 0
+                          ? "narrow"
+                          : "unknown: " + t.kernel);
+    }
+  return out;
+}
+
+// The device picks the flash backward's layout: the wide one (128 keys, 8 warps) wherever its
+// shared memory fits a block, the narrow one (64 keys) at D = 128 on sm_86/89 (99 KiB a block).
+TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
+  const CudaKernelEntry *e = find_cuda("rope");
+  ASSERT_NE(e, nullptr);
+  int seen = 0;
+  for (int D : {64, 128}) {
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+    if (!var) continue;
+    for (int sm : {80, 86, 89, 90}) {
+      SCOPED_TRACE("rope bf16 hd" + std::to_string(D) + " sm_" + std::to_string(sm));
+      const PoseAs guard(sm);
+      Outputs out;
+      ape::simt::take_traffic();
+      run_gpu(*var, make_problem(*e, 1, 1, 70, D, 3), out);
+      const bool narrow = D == 128 && (sm == 86 || sm == 89);
+      EXPECT_EQ(flash_backward_layouts(), std::vector<std::string>{narrow ? "narrow" : "wide"});
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 8) << "rope's bf16 variants at D 64 and 128 are in the emulated build";
+}
 
 // The same through the sm_90 path: the emulator poses as an H100, so the 16-bit forward runs the
 // wgmma kernel (hopper_forward_kernel; the backward and f32 are the same kernels as at sm_80,
@@ -531,6 +574,31 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
     check_problem(name, var, make_problem(*e, B, H, T, var.head_dim, 7000 * T + 10 * B + H));
     if (HasFatalFailure()) return;
   }
+}
+
+// The narrow layout against the references where it runs (D = 128, 16-bit inputs, posing as
+// sm_86; the other tests run the wide one), for every such variant with a flash backward (those
+// with value rows have the general backward): one row, partial tiles, several key tiles of 64.
+TEST(CudaLaunch, NarrowFlashBackwardMatchesReferences) {
+  const PoseAs guard(86);
+  int narrow = 0;
+  for (const auto &[name, index] : all_cases()) {
+    const CudaKernelEntry *e = find_cuda(name);
+    const auto &var = e->variants[index];
+    if (var.head_dim != 128 || var.dtype == DType::F32) continue;
+    for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
+      SCOPED_TRACE(name + " " + ape::cuda::dtype_name(var.dtype) + " D=128 B=" + std::to_string(B) +
+                   " H=" + std::to_string(H) + " T=" + std::to_string(T) + " sm_86");
+      ape::simt::take_traffic();
+      check_problem(name, var, make_problem(*e, B, H, T, var.head_dim, 8000 * T + 10 * B + H));
+      if (HasFatalFailure()) return;
+      const std::vector<std::string> layouts = flash_backward_layouts();
+      if (layouts.empty()) break;  // the general backward (value rows): no layout to check
+      for (const std::string &layout : layouts) EXPECT_EQ(layout, "narrow");
+      narrow += T == 300;
+    }
+  }
+  EXPECT_GE(narrow, 4) << "rope and cable at bf16 and f16, D = 128, are in the emulated build";
 }
 #endif
 

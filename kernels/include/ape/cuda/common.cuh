@@ -267,10 +267,14 @@ APE_HD inline int64_t partner(int pairing, double fraction, int64_t D, int64_t c
 
 // ---- tiles -----------------------------------------------------------------------------------------
 // Every kernel fits the smallest per-block shared memory of the architectures it claims (sm_80,
-// 86, 89, 90): sm_86/89's 99 KiB (kSmemLimit). Tensor-core tiles are 64 x 64 where that fits and
+// 86, 89, 90): sm_86/89's 99 KiB (kSmemLimit), except the flash backward's wide layout at
+// D = 128, which has a narrow twin for those two. Tensor-core tiles are 64 x 64 where that fits and
 // 64 x 32 or 32 x 32 at D = 128; fp32 (SIMT, for testing) uses 32-row tiles, 16 at D = 128 in the
 // backward.
 constexpr size_t kSmemLimit = 101376;  // 99 KiB
+// The flash backward's wide layout (FlashBwd) runs only where a block may have more: at most
+// sm_80's 163 KiB (the launch checks the device's own limit first).
+constexpr size_t kSmemLimitWide = 166912;
 template <class In, int D> struct Cfg {
   static constexpr bool kTC = !std::is_same_v<In, float>;  // tensor cores
   static constexpr int kFwdBQ = kTC ? 64 : 32;

@@ -11,8 +11,8 @@ APE_CUDA_ABI_BEGIN
 namespace detail {
 
 // ---- FlashAttention-2-class backward (16-bit inputs) ---------------------------------------------
-// One pass over the key tiles: a block owns 64 keys (16 per warp) and walks the query tiles that
-// see them, from the diagonal down. Per query tile, on mma.sync m16n8k16 with ldmatrix operands:
+// One pass over the key tiles: a block owns 128 keys (16 per warp; 64 in the narrow layout,
+// FlashBwd) and walks the query tiles that see them, from the diagonal down. Per query tile, on mma.sync m16n8k16 with ldmatrix operands:
 //   S^T = K' Q'^T and dP^T = V dO^T            (keys are the M dimension: rows of this warp)
 //   P^T = exp2(S^T log2e - lse log2e), dS^T = scale * mod_grad(P^T (dP^T - Delta))   (registers)
 //   dV += P^T dO,  dK' += dS^T Q'               (P^T, dS^T reused from registers as A operands)
@@ -32,38 +32,53 @@ namespace detail {
 // tile, and the blocks resident at once touch the dQ' rows of a few slices (L2, not DRAM). Cost:
 // one spin per tile by one thread and a start-up skew of one step per key tile; the sums are
 // identical run to run.
-template <class In, int D> struct FlashBwd {
-  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+template <class In, int D, bool kWide = true> struct FlashBwd {
+  // Two layouts of one kernel. Every step reloads a Q' and a dO tile and adds a dQ' tile for the
+  // block's BK keys, so those bytes per FLOP fall as 1 / BK: the wide layout (8 warps, 128 keys)
+  // moves half of what the narrow one (4 warps, 64 keys) does, with the same registers per thread
+  // (16 keys per warp either way; the dQ' tile over twice the warps). The narrow one remains for
+  // D = 128 on sm_86/89, whose 99 KiB per block the wide tiles exceed (flash_bwd_fallback).
+  static constexpr int kWarps = kWide ? 8 : 4, kThreads = 32 * kWarps;
+  static constexpr size_t kLimit = kWide ? kSmemLimitWide : kSmemLimit;
   static constexpr int BK = 16 * kWarps;          // keys per block, 16 per warp
   static constexpr int BQ = D == 128 ? 32 : 64;   // queries per step (registers at D = 128)
   static constexpr int kNT = BQ / 8, kDT = D / 8;
   // The dQ' tile (BQ x D) over the warps: kQW warps per 16 rows, kQCols columns each.
   static constexpr int kQW = kWarps / (BQ / 16), kQCols = D / kQW;
+  static_assert(kQW >= 1 && kQCols % 16 == 0, "the dQ' tile's columns in pairs of n8 tiles");
   static constexpr size_t k = 0, v = k + sizeof(In) * BK * D, q = v + sizeof(In) * BK * D;
   static constexpr size_t dout = q + 2 * sizeof(In) * BQ * D;
   static constexpr size_t ds = dout + 2 * sizeof(In) * BQ * D;
   static constexpr size_t lse = ds + sizeof(In) * BK * BQ;
   static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
   static constexpr size_t bytes = delta + 2 * sizeof(float) * BQ;
-  static_assert(bytes <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+  static_assert(bytes <= kLimit, "backward tiles exceed the shared memory of a block");
   // Distance biases: two windows of the slice's table of B(d) / scale (BQ + BK distances: those of
   // a tile pair and one before), each warp's two sets of partial diagonal sums of the tile's
   // scale P (dP - Delta) (kDiagLen slots per set, by tile diagonal; flash_diag_partials), and
   // kDistAcc running sums per distance (slot d mod kDistAcc) that carry a distance over the steps
   // that see it.
-  static constexpr int kDistLen = BQ + BK, kDistAcc = 128, kDiagLen = BQ + BK;
+  static constexpr int kDistLen = BQ + BK, kDistAcc = kWide ? 256 : 128, kDiagLen = BQ + BK;
   static_assert(BQ + BK - 1 <= kThreads, "one diagonal per thread");
   static_assert(BQ + BK - 1 <= kDistAcc, "a step's distances in distinct slots");
   static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
   static constexpr size_t dacc = gsum + sizeof(float) * 2 * kWarps * kDiagLen;
   static constexpr size_t bytes_dist = dacc + sizeof(float) * kDistAcc;
-  static_assert(bytes_dist <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+  static_assert(bytes_dist <= kLimit, "backward tiles exceed the shared memory of a block");
   // Row/column biases: C(j) / scale of the block's BK keys (R(i) goes into the rows' lse), and a
   // 16-byte row of 16-bit ones: the B fragment of the sums' products, by ldmatrix.
   static constexpr size_t rowcol = bytes, ones = rowcol + sizeof(float) * BK;
   static constexpr size_t bytes_rowcol = ones + 16;
-  static_assert(bytes_rowcol <= kSmemLimit, "backward tiles exceed sm_86/89's 99 KiB of shared memory");
+  static_assert(bytes_rowcol <= kLimit, "backward tiles exceed the shared memory of a block");
 };
+
+// The narrow layout is needed where the wide one's shared memory for Enc exceeds what every
+// claimed architecture allows a block (sm_86/89's 99 KiB: D = 128, 104-117 KiB): the launch then
+// asks the device (attention_backward) and runs the wide layout where it fits (sm_80, 87, 90:
+// 163-227 KiB), the narrow one elsewhere. Everywhere else only the wide one is compiled.
+template <class Enc, class In, int D> constexpr bool flash_bwd_fallback() {
+  return flash_smem_bytes<Enc, FlashBwd<In, D, true>>() > kSmemLimit;
+}
 
 // The diagonal sums of one warp's 16 x 8 kNT tile in the m16n8 accumulator layout (element
 // (g + 8 h, 8 nt + 2 t + e) in v[nt][2 h + e] of lane 4 g + t), in registers and shuffles: the
@@ -223,9 +238,10 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
   }
 }
 
-template <class Enc, class In, int D>
-__global__ void __launch_bounds__(FlashBwd<In, D>::kThreads) flash_backward_kernel(const Params<Enc, In> p) {
-  using C = FlashBwd<In, D>;
+template <class Enc, class In, int D, bool kWide>
+__global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
+    flash_backward_kernel(const Params<Enc, In> p) {
+  using C = FlashBwd<In, D, kWide>;
   constexpr int BQ = C::BQ, BK = C::BK, kNT = C::kNT, kDT = C::kDT, kQDT = C::kQCols / 8;
   constexpr float kLog2e = 1.44269504088896341f;
   APE_DYNAMIC_SMEM(smem);

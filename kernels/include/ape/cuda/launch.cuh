@@ -353,11 +353,21 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     return err;
   // The flash backward: 16-bit inputs without value rows; the two-kernel backward otherwise.
   if constexpr (kFlash) {
-    using F = FlashBwd<In, kD>;
+    using F = FlashBwd<In, kD>;  // the wide layout; BQ is both layouts'
+    static_assert(F::BQ == FlashBwd<In, kD, false>::BQ, "one query tiling for the semaphores");
     const In *qm = p.qm;  // the kernels after this one read q' and the scale as given
     float qsign;
     if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
-    constexpr size_t bytes = flash_smem_bytes<Enc, F>();
+    // The wide layout where the device gives a block its shared memory (flash_bwd_fallback).
+    [[maybe_unused]] bool wide = true;
+    if constexpr (flash_bwd_fallback<Enc, In, kD>()) {
+      int dev = 0, optin = 0;
+      if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
+          (err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
+              cudaSuccess)
+        return err;
+      wide = static_cast<size_t>(optin) >= flash_smem_bytes<Enc, F>();
+    }
     const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if constexpr (flash_distance<Enc>()) {
@@ -388,15 +398,25 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       err = launch(row_stats_kernel<Enc, In>, blocks_for(BH * p.stats_ld, 256), 256, 0, st, p);
     direct_q = flash_dq_direct<Enc>() && qsign == 1.f;
     p.dq_direct = direct_q;
+    if (err == cudaSuccess) err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st);
+    if (err != cudaSuccess) return err;
     // 1-D, slice-major (flash_backward_kernel): B H ceil(T / BK) blocks.
-    const int64_t blocks = BH * blocks_for(T, F::BK);
-    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    if (err != cudaSuccess ||
-        (err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st)) != cudaSuccess ||
-        (err = allow_smem(flash_backward_kernel<Enc, In, kD>, bytes)) != cudaSuccess ||
-        (err = launch(flash_backward_kernel<Enc, In, kD>, static_cast<unsigned>(blocks),
-                      F::kThreads, bytes, st, p)) != cudaSuccess)
-      return err;
+    auto run = [&](auto layout) -> cudaError_t {
+      constexpr bool kWide = decltype(layout)::value;
+      using L = FlashBwd<In, kD, kWide>;
+      constexpr size_t bytes = flash_smem_bytes<Enc, L>();
+      const int64_t blocks = BH * blocks_for(T, L::BK);
+      if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+      cudaError_t e = allow_smem(flash_backward_kernel<Enc, In, kD, kWide>, bytes);
+      return e != cudaSuccess ? e
+                              : launch(flash_backward_kernel<Enc, In, kD, kWide>,
+                                       static_cast<unsigned>(blocks), L::kThreads, bytes, st, p);
+    };
+    if constexpr (flash_bwd_fallback<Enc, In, kD>())
+      err = wide ? run(std::true_type{}) : run(std::false_type{});
+    else
+      err = run(std::true_type{});
+    if (err != cudaSuccess) return err;
     if constexpr (flash_distance<Enc>() && !traits::BiasFixed<Enc>::value)
       if ((err = launch(dist_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))
         return err;
