@@ -11,8 +11,10 @@ APE_CUDA_ABI_BEGIN
 namespace detail {
 
 // ---- forward, FlashAttention-2 class (16-bit inputs) ----------------------------------------------
-// One block of 4 warps per (query tile of BQ = 128 rows, slice); each warp owns 32 query rows
-// (two m16 tiles) for the whole loop. Q stays in shared memory (ldmatrix per k-step), K and V
+// One block per (query tile of BQ = 128 rows, slice): 4 warps of 32 query rows (two m16 tiles)
+// each, or at D = 128, where a warp's registers hold one m16 tile, 8 warps of 16 rows (each K
+// and V tile serves 128 rows either way: half the bytes per FLOP of 64-row tiles; 96 KiB of
+// shared memory, within sm_86/89's 99 KiB). Q stays in shared memory (ldmatrix per k-step), K and V
 // tiles of BK = 64 keys are prefetched with 16-byte cp.async into double buffers one tile ahead;
 // S = Q'K'^T and O += P V on mma.sync.m16n8k16 with fp32 accumulators; S, P and O never leave
 // registers: the score mod and the causal mask are applied to the accumulator elements, the
@@ -21,8 +23,8 @@ namespace detail {
 // One barrier per tile (after the wait that lands it), which also frees the buffer the next
 // prefetch overwrites.
 template <class In, int D> struct FlashFwd {
-  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
   static constexpr int kMT = D == 128 ? 1 : 2;   // m16 tiles per warp (registers at D = 128)
+  static constexpr int kWarps = 8 / kMT, kThreads = 32 * kWarps;
   static constexpr int BQ = kWarps * 16 * kMT;   // 128 query rows
   static constexpr int BK = 64;                  // keys per tile
   static constexpr int kNT = BK / 8;             // n8 tiles of S per row block
