@@ -109,3 +109,10 @@ gtest_discover_tests(ape_masked_rows_simt_test PROPERTIES LABELS "cuda;simt" TIM
 add_test(NAME cuda_traffic_regression
          COMMAND ape-cuda-traffic --T 1024 --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic.csv)
 set_tests_properties(cuda_traffic_regression PROPERTIES LABELS "cuda;simt" TIMEOUT 300)
+# The same at D = 128 (its own tiles: the flash forward's 8 warps, the backward's 128-key blocks
+# at 104-117 KiB) for the encodings the emulated build has at that head dim (cuda_traffic_d128.csv,
+# `--T 1024 --D 128 --encodings rope t5 cable --csv ...`).
+add_test(NAME cuda_traffic_regression_d128
+         COMMAND ape-cuda-traffic --T 1024 --D 128 --encodings rope t5 cable
+                 --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic_d128.csv)
+set_tests_properties(cuda_traffic_regression_d128 PROPERTIES LABELS "cuda;simt" TIMEOUT 300)
