@@ -12,7 +12,8 @@ namespace detail {
 
 // ---- FlashAttention-2-class backward (16-bit inputs) ---------------------------------------------
 // One pass over the key tiles: a block owns 128 keys (16 per warp; 64 in the narrow layout,
-// FlashBwd) and walks the query tiles that see them, from the diagonal down. Per query tile, on mma.sync m16n8k16 with ldmatrix operands:
+// FlashBwd) and walks the query tiles that see them, from the diagonal down. Per query tile, on
+// mma.sync m16n8k16 with ldmatrix operands:
 //   S^T = K' Q'^T and dP^T = V dO^T            (keys are the M dimension: rows of this warp)
 //   P^T = exp2(S^T log2e - lse log2e), dS^T = scale * mod_grad(P^T (dP^T - Delta))   (registers)
 //   dV += P^T dO,  dK' += dS^T Q'               (P^T, dS^T reused from registers as A operands)
