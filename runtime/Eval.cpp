@@ -131,24 +131,31 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
     // batches are queued without waiting.
     const at::Device device = model->placement().device;
     if (!device.is_cpu()) windows = windows.to(device);
-    torch::Tensor total = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+    // Loss sums per window (float64, on the model's device); windows are segment-major
+    // (eval_windows), so the segments' sums are a reshape away.
+    torch::Tensor per_window = torch::zeros({N}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     for (int64_t i = lo; i < hi; i += per_batch) {
-      torch::Tensor w = windows.narrow(0, i, std::min(per_batch, hi - i));
+      const int64_t b = std::min(per_batch, hi - i);
+      torch::Tensor w = windows.narrow(0, i, b);
       torch::Tensor logits = model->forward(w.narrow(1, 0, len)).to(torch::kFloat);
       torch::Tensor targets = w.narrow(1, 1, len);
-      total += torch::nn::functional::cross_entropy(
-                   logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                   .to(torch::kDouble);
+      per_window.narrow(0, i, b) += torch::nn::functional::cross_entropy(
+                                        logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
+                                        .reshape({b, len})
+                                        .to(torch::kDouble)
+                                        .sum(1);
       count += targets.numel();
     }
-    double sum = total.item<double>();
-    if (shard) {
-      std::vector<double> total{sum, double(count)};
-      shard->sum(total);
-      sum = total[0];
-      count = static_cast<int64_t>(total[1]);
-    }
+    const int64_t per_seg = max_len / len, n_seg = N / per_seg;
+    torch::Tensor seg = per_window.view({n_seg, per_seg}).sum(1).cpu().contiguous();
+    std::vector<double> sums(seg.data_ptr<double>(), seg.data_ptr<double>() + n_seg);
+    sums.push_back(double(count));
+    if (shard) shard->sum(sums);  // a rank's segments outside its windows are 0
+    count = static_cast<int64_t>(sums.back());
+    sums.pop_back();
+    double sum = 0;
+    for (double x : sums) sum += x;
     EvalRow r;
     r.encoding = name;
     r.train_len = train_len;
@@ -157,6 +164,7 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
     r.tokens = count;
     r.loss = sum / double(count);
     r.ppl = std::exp(r.loss);
+    for (double x : sums) r.segment_losses.push_back(x / double(per_seg * len));
     rows.push_back(r);
     if (log) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -234,13 +242,15 @@ void write_csv(const std::string &path, const std::vector<EvalRow> &rows) {
     return q + "\"";
   };
   std::ostringstream o;
-  o << "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note\n";
+  o << "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses\n";
   o << std::setprecision(6) << std::fixed;
   for (const auto &r : rows) {
     o << field(r.encoding) << "," << r.train_len << "," << r.eval_len << "," << r.multiple << ",";
     if (r.skipped()) o << ",";
     else o << r.loss << "," << r.ppl;
-    o << "," << r.tokens << "," << field(r.note) << "\n";
+    o << "," << r.tokens << "," << field(r.note) << ",";
+    for (size_t i = 0; i < r.segment_losses.size(); ++i) o << (i ? ";" : "") << r.segment_losses[i];
+    o << "\n";
   }
   write_file_atomically(path, o.str());
 }

@@ -34,6 +34,10 @@ struct EvalRow {
   double loss = 0, ppl = 0;
   int64_t tokens = 0;  // target tokens scored
   std::string note;    // non-empty: the cell was skipped (loss and ppl are NaN), and why
+  // The mean loss of each segment (the same target tokens at every length, in the same order):
+  // what a confidence interval over the evaluation tokens, or a paired difference between two
+  // models or lengths, is computed from (scripts/study.py). Empty for a skipped cell.
+  std::vector<double> segment_losses;
   bool skipped() const { return !note.empty(); }
 };
 
@@ -66,8 +70,8 @@ std::string eval_label(const std::string &trained, const std::string &evaluated,
 // for a skipped cell; the notes follow the table).
 void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std::string &title = "");
 
-// encoding,train_len,eval_len,multiple,loss,ppl,tokens,note (written atomically); a skipped cell has
-// empty loss and ppl and its note.
+// encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses (written atomically;
+// segment_losses joined by ';'); a skipped cell has empty loss, ppl and segment_losses, and its note.
 void write_csv(const std::string &path, const std::vector<EvalRow> &rows);
 
 }  // namespace ape

@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
       ->capture_default_str();
   app.add_option("--csv", csv,
-                 "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens,note)");
+                 "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses)");
   app.add_option("--encoding", encoding,
                  "Evaluate with the kernel NAME instead of the one each checkpoint was trained with (e.g. a\n"
                  "rope checkpoint with rope_yarn); the trainable parameters must match in name and shape, fixed\n"

@@ -18,11 +18,12 @@ start=$(date +%s)
 study > "$work/first.log" 2>&1 || { cat "$work/first.log"; fail "the quick study failed"; }
 echo "quick study: $(( $(date +%s) - start )) s"
 
-# 8 runs (7 claim encodings + rope's second seed) x 5 lengths, and the variants: rope x 2 seeds x
-# (pi, ntk, yarn, dynamic_ntk), expe and exqpe at sigma 0.5: 18 jobs x 5 lengths.
+# 9 runs (7 claim encodings, rope's second seed, the 4-layer rope of the attention transition) x 5
+# lengths, and the variants: rope x 2 seeds x (pi, ntk, yarn, dynamic_ntk), expe and exqpe at sigma
+# 0.5, the transition at beta 0.5: 20 jobs x 5 lengths.
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 90 ] || fail "results.csv has $rows rows, expected 90"
-for v in trained pi ntk yarn dynamic_ntk sigma0.5; do
+[ "$rows" -eq 100 ] || fail "results.csv has $rows rows, expected 100"
+for v in trained pi ntk yarn dynamic_ntk sigma0.5 transition_b0p5_i2; do
   grep -q ",$v," "$out/results.csv" || fail "no rows of variant $v"
 done
 # Every loss is a finite number.
@@ -32,8 +33,16 @@ for f in study.md study.csv study.png table.md train.csv study.json; do
   [ -s "$out/$f" ] || fail "no $out/$f"
 done
 head -c 8 "$out/study.png" | od -An -tx1 | grep -q "89 50 4e 47" || fail "study.png is not a PNG"
-n=$(grep -c '| \*\*\(agrees\|disagrees\|inconclusive at this scale\|not yet run\)\*\* |' "$out/study.md")
-[ "$n" -eq 13 ] || fail "study.md has $n claim verdicts, expected 13"
+# 25 claims, each with a verdict; those of rope's two seeds are decided (the quick preset takes two).
+n=$(grep -c '^| [0-9]* | .* | \*\*\(agrees\|disagrees\|inconclusive\|not yet run\|too few seeds ([0-9] of 2)\)\*\* |$' "$out/study.md")
+[ "$n" -eq 25 ] || fail "study.md has $n claim verdicts, expected 25"
+grep -q '^| [0-9]* | RoPE scalings | YaRN .* | 2 | \*\*\(agrees\|disagrees\|inconclusive\)\*\* |$' "$out/study.md" ||
+  fail "the YaRN claim (two seeds of rope) has no verdict"
+grep -q '^| β 0.5, 2 intervals | .* | \*\*\(agrees\|disagrees\|inconclusive\)\*\* |$' "$out/study.md" ||
+  fail "the attention transition has no verdict"
+# Every trained and evaluated cell carries its per-segment losses (the token intervals).
+awk -F, 'NR > 1 && $14 !~ /^[0-9.]+(;[0-9.]+)+$/ { bad = 1; print "no segments: " $0 } END { exit bad }' \
+  "$out/results.csv" || fail "a row without segment losses"
 grep -q "Status: \*\*complete\*\*" "$out/study.md" || fail "study.md does not say complete"
 
 # A rerun finds everything finished and runs nothing.
@@ -50,7 +59,7 @@ grep -q "2 jobs to do" "$work/redo.log" || { cat "$work/redo.log"; fail "expecte
 [ "$(grep -c 'ape-train -e cable' "$work/redo.log")" -eq 1 ] || fail "cable was not retrained once"
 [ "$(grep -c 'ape-train' "$work/redo.log")" -eq 1 ] || fail "another run was retrained"
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 90 ] || fail "after the redo results.csv has $rows rows, expected 90"
+[ "$rows" -eq 100 ] || fail "after the redo results.csv has $rows rows, expected 100"
 
 # An interrupted training run (its checkpoint, no results yet) is continued, not restarted.
 grep -v "^t5-s1234," "$out/results.csv" > "$work/r.csv"
@@ -59,7 +68,7 @@ rm -f "$out/runs/t5-s1234/results.csv"
 study > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "the resume failed"; }
 grep -q "ape-train --resume $out/runs/t5-s1234/t5.ckpt" "$work/resume.log" || fail "t5 was not resumed"
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 90 ] || fail "after the resume results.csv has $rows rows, expected 90"
+[ "$rows" -eq 100 ] || fail "after the resume results.csv has $rows rows, expected 100"
 
 # SIGTERM to the driver mid-training: ape-train is asked to stop (it writes its checkpoint), the
 # driver exits 130 without recording the run, and --list shows the run as started.

@@ -25,7 +25,8 @@ TEST(Eval, MultiplesTableAndCsv) {
   EXPECT_ERROR(ape::parse_multiples("2048"), "--eval-multiples: expected whole numbers in [1, 1024]");
   std::vector<ape::EvalRow> rows;
   for (const char *enc : {"rope", "cable"})
-    for (int64_t m : {1, 2}) rows.push_back({enc, 128, 128 * m, m, 4.0 + m, std::exp(4.0 + m), 1000});
+    for (int64_t m : {1, 2})
+      rows.push_back({enc, 128, 128 * m, m, 4.0 + m, std::exp(4.0 + m), 1000, "", {3.9 + m, 4.1 + m}});
   std::ostringstream out;
   ape::print_table(out, rows, "title");
   const std::string t = out.str();
@@ -40,8 +41,8 @@ TEST(Eval, MultiplesTableAndCsv) {
   std::string header, first;
   std::getline(f, header);
   std::getline(f, first);
-  EXPECT_EQ(header, "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note");
-  EXPECT_EQ(first, "rope,128,128,1,5.000000,148.413159,1000,") << first;
+  EXPECT_EQ(header, "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses");
+  EXPECT_EQ(first, "rope,128,128,1,5.000000,148.413159,1000,,4.900000;5.100000") << first;
 }
 
 }  // namespace

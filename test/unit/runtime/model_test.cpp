@@ -157,7 +157,7 @@ TEST(Model, LearnedAbsoluteTableTrainsSavesAndRefusesLongSequences) {
   std::string line, last;
   while (std::getline(f, line)) last = line;
   EXPECT_EQ(last, "test_learned,4,16,4,,,0,learned absolute positions: sequence length 16 exceeds the table's "
-                  "max_length 8");
+                  "max_length 8,");
 }
 
 TEST(Model, SetFixedParamChangesTheModelAndRejectsOtherNames) {

@@ -43,7 +43,24 @@ TEST(Train, LossFallsOnATinyModel) {
     EXPECT_EQ(row.tokens, 3 * 64);
     EXPECT_NEAR(row.ppl, std::exp(row.loss), 1e-9);
     EXPECT_EQ(row.eval_len, 16 * row.multiple);
+    // One mean loss per segment of 64 targets, averaging to the cell's loss.
+    ASSERT_EQ(row.segment_losses.size(), 3u);
+    double mean = 0;
+    for (double x : row.segment_losses) mean += x / 3;
+    EXPECT_NEAR(mean, row.loss, 1e-9);
   }
+  // Segment 1 at 2x, recomputed by hand: its two windows of 32 tokens through the model.
+  at::NoGradGuard ng;
+  model->eval();
+  at::Tensor w = ape::eval_windows(s, 32, 64, 3);  // segment-major: rows 2 and 3 are segment 1
+  ASSERT_EQ(w.size(0), 6);
+  at::Tensor seg1 = w.narrow(0, 2, 2);
+  at::Tensor logits = model->forward(seg1.narrow(1, 0, 32)).to(at::kFloat);
+  const double by_hand = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}),
+                                                seg1.narrow(1, 1, 32).reshape({-1}))
+                             .item<double>();
+  EXPECT_NEAR(rows[1].segment_losses[1], by_hand, 1e-5);
+  EXPECT_NE(rows[1].segment_losses[0], rows[1].segment_losses[1]);
 }
 
 TEST(Train, DivergenceStopsWithAClearError) {

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The study's intervals and verdicts (scripts/study.py: Quantity, Claims.verdict) against values
+computed here by hand from a small made-up table: the mean over seeds, Student's t over the seeds,
+the evaluation tokens' standard error from paired per-segment differences, and each verdict rule."""
+import math
+import os
+import statistics
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import study  # noqa: E402
+
+
+def row(loss, segs=None):
+    return {"loss": f"{loss}", "segments": ";".join(f"{x}" for x in segs) if segs else ""}
+
+
+def table_of(cells):
+    """{(enc, seed, variant, multiple): (loss, segments)} -> the driver's {(run, variant): {m: row}}."""
+    t = {}
+    for (enc, seed, var, m), (loss, segs) in cells.items():
+        t.setdefault((f"{enc}-s{seed}", var), {})[m] = row(loss, segs)
+    return t
+
+
+class QuantityTest(unittest.TestCase):
+    def test_growth_over_three_seeds_with_segments(self):
+        # growth at 4x = loss(4x) - loss(1x), seeds 1, 2, 3; two segments each.
+        cells = {}
+        seg1 = {1: [4.0, 5.0], 2: [4.1, 5.1], 3: [3.9, 5.3]}
+        seg4 = {1: [4.3, 5.5], 2: [4.2, 5.4], 3: [4.4, 5.6]}
+        for s in (1, 2, 3):
+            cells[("rope", s, "trained", 1)] = (statistics.fmean(seg1[s]), seg1[s])
+            cells[("rope", s, "trained", 4)] = (statistics.fmean(seg4[s]), seg4[s])
+        q = study.Quantity(table_of(cells), [1, 2, 3], [(1, "rope", "trained", 4), (-1, "rope", "trained", 1)])
+        growth = [statistics.fmean(seg4[s]) - statistics.fmean(seg1[s]) for s in (1, 2, 3)]
+        self.assertEqual(q.n, 3)
+        self.assertAlmostEqual(q.mean, statistics.fmean(growth))
+        se_seeds = statistics.stdev(growth) / math.sqrt(3)
+        # Per segment: the growth averaged over the seeds, then its standard error over 2 segments.
+        per_b = [statistics.fmean(seg4[s][b] - seg1[s][b] for s in (1, 2, 3)) for b in (0, 1)]
+        se_tok = statistics.stdev(per_b) / math.sqrt(2)
+        self.assertAlmostEqual(q.se_seeds, se_seeds)
+        self.assertAlmostEqual(q.se_tokens, se_tok)
+        self.assertAlmostEqual(q.half, 4.303 * math.sqrt(se_seeds ** 2 + se_tok ** 2))
+
+    def test_missing_cells_and_one_seed(self):
+        cells = {("a", 1, "trained", 1): (4.0, None), ("b", 1, "trained", 1): (4.5, None),
+                 ("a", 2, "trained", 1): (4.1, None)}  # b has no seed 2
+        q = study.Quantity(table_of(cells), [1, 2], [(1, "b", "trained", 1), (-1, "a", "trained", 1)])
+        self.assertEqual(q.n, 1)
+        self.assertAlmostEqual(q.mean, 0.5)
+        self.assertIsNone(q.half)  # one seed and no segments: no interval
+        self.assertIn("1 seed", q.text())
+        empty = study.Quantity(table_of(cells), [1, 2], [(1, "c", "trained", 1)])
+        self.assertIsNone(empty.mean)
+        self.assertEqual(empty.text(), "—")
+
+    def test_token_only_interval_for_one_checkpoint(self):
+        segs_a, segs_b = [5.0, 5.2, 4.9, 5.1], [4.9, 5.15, 4.85, 5.0]
+        cells = {("m", 1, "trained", 16): (statistics.fmean(segs_a), segs_a),
+                 ("m", 1, "v", 16): (statistics.fmean(segs_b), segs_b)}
+        q = study.Quantity(table_of(cells), [1], [(1, "m", "v", 16), (-1, "m", "trained", 16)], token_only=True)
+        d = [b - a for a, b in zip(segs_a, segs_b)]
+        self.assertAlmostEqual(q.mean, statistics.fmean(d))
+        self.assertAlmostEqual(q.half, 3.182 * statistics.stdev(d) / 2)  # t(3) over 4 segments
+
+
+class VerdictTest(unittest.TestCase):
+    def judge(self, mean, half, kind, n=3):
+        q = study.Quantity({}, [], [])
+        q.mean, q.half, q.n = mean, half, n
+        return study.Claims(dict(study.PRESETS["full"]), {}).verdict(q, kind)
+
+    def test_rules(self):
+        self.assertEqual(self.judge(-0.10, 0.05, "less"), "agrees")
+        self.assertEqual(self.judge(0.10, 0.05, "less"), "disagrees")
+        self.assertEqual(self.judge(-0.02, 0.05, "less"), "inconclusive")
+        self.assertEqual(self.judge(0.10, 0.05, "greater"), "agrees")
+        self.assertEqual(self.judge(-0.10, 0.05, "greater"), "disagrees")
+        self.assertEqual(self.judge(0.01, 0.02, "flat"), "agrees")      # below FLAT = 0.05 throughout
+        self.assertEqual(self.judge(0.20, 0.05, "flat"), "disagrees")
+        self.assertEqual(self.judge(0.04, 0.03, "flat"), "inconclusive")
+        self.assertEqual(self.judge(0.00, 0.04, "same"), "agrees")
+        self.assertEqual(self.judge(0.09, 0.03, "same"), "disagrees")
+        self.assertEqual(self.judge(0.04, 0.03, "same"), "inconclusive")
+        self.assertEqual(self.judge(-0.5, 0.01, "less", n=2), "too few seeds (2 of 3)")
+        self.assertEqual(self.judge(None, None, "less", n=0), "not yet run")
+
+    def test_t_quantiles(self):
+        self.assertEqual(study.t95(1), 12.706)
+        self.assertEqual(study.t95(2), 4.303)
+        self.assertEqual(study.t95(11), 2.228)  # the table's next lower entry: conservative
+        self.assertEqual(study.t95(100), 1.96)
+
+
+class PlanTest(unittest.TestCase):
+    def test_full_plan_gives_the_claims_three_seeds_first(self):
+        cfg = dict(study.PRESETS["full"])
+        runs = study.plan(cfg)
+        ids = [r.id for r in runs]
+        self.assertEqual(len(ids), len(set(ids)))
+        for e in study.SEEDED:
+            for s in cfg["seeds"]:
+                self.assertIn(f"{e}-s{s}", ids)
+        # The seeded encodings' runs come before every other encoding's, the transition's model last.
+        first_other = min(i for i, r in enumerate(runs) if r.encoding not in study.SEEDED)
+        self.assertEqual(first_other, len(study.SEEDED) * len(cfg["seeds"]))
+        self.assertEqual(runs[-1].tag, study.TRANSITION_TAG)
+        self.assertEqual(runs[-1].layers, 6)
+        self.assertEqual(len(study.variants_of(runs[-1], cfg)), len(cfg["transition"]["settings"]))
+
+    def test_generated_specs(self):
+        text = study.expe_rule_spec(study.PRESETS["full"])
+        self.assertIn("l = 16,", text)
+        self.assertIn("theta = 0.00390625 : f64", text)  # 1/(2 * 128)
+        self.assertEqual(study.transition_name(0.3, 2), "transition_b0p3_i2")
+        spec = study.transition_spec("transition_b0p3_i2", 0.3, 2)
+        self.assertIn("ape.encoding @rope_transition_b0p3_i2 {", spec)
+        self.assertIn("intervals = 2,", spec)
+        self.assertIn("beta = 0.3 : f64", spec)
+
+
+if __name__ == "__main__":
+    unittest.main()
