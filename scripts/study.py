@@ -15,7 +15,9 @@ Standard library only (Debian's python3); the plot is drawn by gnuplot (scripts/
 """
 
 import argparse
+import contextlib
 import csv
+import fcntl
 import io
 import json
 import math
@@ -57,9 +59,10 @@ def expe_rule_spec(cfg):
 SPEC_MAKERS = {"expe_rule": expe_rule_spec}
 ALL_ENCODINGS = CLAIM_ENCODINGS + OTHER_ENCODINGS + list(SPEC_FILES) + list(SPEC_MAKERS)
 # The encodings a verdict depends on get every seed of the preset (issue 33: at least three);
-# the rest one.
-SEEDED = ["rope", "sinusoidal_scaled", "expe_rule", "cable", "alibi", "t5", "exqpe", "expe", "kcable",
-          "xpos", "nope", "learned_absolute"]
+# the rest one. The first group (the headline claims: ExPE's Table 2, Cable's Fig. 3, the RoPE
+# scalings) runs first, every seed, then the attention transition's model, then the second group.
+SEEDED_FIRST = ["rope", "sinusoidal_scaled", "expe_rule", "cable", "alibi", "t5"]
+SEEDED = SEEDED_FIRST + ["exqpe", "expe", "kcable", "xpos", "nope", "learned_absolute"]
 
 # Inference-time variants of a trained checkpoint, evaluated with ape-eval (no retraining).
 #   factor "multiple": one ape-eval per length with rope_factor = eval length / training length
@@ -149,10 +152,23 @@ def write_rows(path, fields, rows):
     write_atomically(path, out.getvalue())
 
 
+@contextlib.contextmanager
+def locked(path):
+    """An exclusive lock on path + ".lock" (flock: released when the process dies)."""
+    with open(path + ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def append_rows(path, fields, new_rows):
-    """A job's rows are added all at once (the file is rewritten atomically), so a kill leaves either
-    all of a job's rows or none."""
-    write_rows(path, fields, read_rows(path) + new_rows)
+    """A job's rows are added all at once (the file is rewritten atomically, under a lock, so that
+    drivers running side by side do not lose each other's rows), so a kill leaves either all of a
+    job's rows or none."""
+    with locked(path):
+        write_rows(path, fields, read_rows(path) + new_rows)
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -168,16 +184,18 @@ class Run:
 
 
 def plan(cfg):
-    """Every encoding with the first seed, the seeded ones with every seed. Order: the seeded
-    encodings seed by seed (so that a partial study answers the claims with as many seeds as it can),
-    then the rest."""
+    """Every encoding with the first seed, the seeded ones with every seed. Order (so that a partial
+    study answers the headline claims with every seed first): the first group of seeded encodings
+    seed by seed, the attention transition's model, the other seeded encodings seed by seed, then
+    the rest."""
     seeds, seeded = cfg["seeds"], [e for e in cfg["seeded"] if e in cfg["encodings"]]
-    runs = [Run(e, s) for s in seeds for e in seeded]
-    runs += [Run(e, seeds[0]) for e in cfg["encodings"] if e not in seeded]
+    first = [e for e in seeded if e in SEEDED_FIRST]
+    runs = [Run(e, s) for s in seeds for e in first]
     if cfg.get("transition") and "rope" in cfg["encodings"]:
         t = cfg["transition"]
         runs.append(Run("rope", seeds[0], TRANSITION_TAG, t["layers"], t["steps"]))
-    return runs
+    runs += [Run(e, s) for s in seeds for e in seeded if e not in first]
+    return runs + [Run(e, seeds[0]) for e in cfg["encodings"] if e not in seeded]
 
 
 def transition_name(beta, intervals):
@@ -393,19 +411,47 @@ class Runner:
             (r.id, v[0]) not in done for r in runs for v in variants_of(r, self.cfg))
         print(f"[study] {len(runs)} runs; {todo} jobs to do, {len(done)} finished before (skipped)", flush=True)
         for run in runs:
-            if (run.id, "trained") not in done:
-                if not self.train(run):
+            done = self.done_jobs()
+            if (run.id, "trained") in done and all((run.id, v[0]) in done for v in variants_of(run, self.cfg)):
+                continue
+            with self.run_lock(run) as mine:
+                if not mine:
+                    print(f"[study] {run.id}: another driver is running it; skipped", flush=True)
                     continue
                 done = self.done_jobs()
-            trained = [r for r in read_rows(self.results) if r["run"] == run.id and r["variant"] == "trained"]
-            if trained and not trained[0]["train_len"] and "diverged" in trained[0]["note"]:
-                continue  # no checkpoint to evaluate
-            for v in variants_of(run, self.cfg):
-                if (run.id, v[0]) not in done:
-                    self.variant(run, v)
+                if (run.id, "trained") not in done:
+                    if not self.train(run):
+                        continue
+                    done = self.done_jobs()
+                trained = [r for r in read_rows(self.results) if r["run"] == run.id and r["variant"] == "trained"]
+                if trained and not trained[0]["train_len"] and "diverged" in trained[0]["note"]:
+                    continue  # no checkpoint to evaluate
+                for v in variants_of(run, self.cfg):
+                    if (run.id, v[0]) not in done:
+                        self.variant(run, v)
             if not self.args.dry_run and run is not runs[-1]:
                 report(self.args, self.cfg)  # outputs stay current while the study runs
         return not self.failed
+
+    @contextlib.contextmanager
+    def run_lock(self, run):
+        """Holds OUT/runs/ID.lock while this driver trains or evaluates the run, so that several
+        drivers started on one study folder (one per core) share its runs instead of repeating
+        them; yields False when another holds it."""
+        if self.args.dry_run:
+            yield True
+            return
+        os.makedirs(os.path.join(self.args.out, "runs"), exist_ok=True)
+        with open(os.path.join(self.args.out, "runs", f"{run.id}.lock"), "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ---- the report ------------------------------------------------------------------------------
