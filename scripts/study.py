@@ -177,9 +177,9 @@ class Run:
     """One training run. `tag` names it in the tables ("rope_6layers" for the attention transition's
     deeper RoPE model: encoding rope, `layers` and `steps` its own)."""
 
-    def __init__(self, encoding, seed, tag=None, layers=None, steps=None):
+    def __init__(self, encoding, seed, tag=None, layers=None, steps=None, seq_len=None):
         self.encoding, self.seed = encoding, seed
-        self.tag, self.layers, self.steps = tag or encoding, layers, steps
+        self.tag, self.layers, self.steps, self.seq_len = tag or encoding, layers, steps, seq_len
         self.id = f"{self.tag}-s{seed}"
 
 
@@ -195,6 +195,11 @@ def plan(cfg):
         t = cfg["transition"]
         runs.append(Run("rope", seeds[0], TRANSITION_TAG, t["layers"], t["steps"]))
     runs += [Run(e, s) for s in seeds for e in seeded if e not in first]
+    if "sinusoidal_scaled" in seeded and "cable" in seeded:
+        # Cable's abstract compares Cable trained at L with sinusoidal trained at 2L, both at 2L:
+        # the sinusoidal baseline at twice the length, half the steps (the same training tokens).
+        runs += [Run("sinusoidal_scaled", s, TWO_L_TAG, steps=cfg["steps"] // 2, seq_len=2 * cfg["seq_len"])
+                 for s in seeds]
     return runs + [Run(e, seeds[0]) for e in cfg["encodings"] if e not in seeded]
 
 
@@ -216,6 +221,8 @@ def transition_spec(name, beta, intervals):
 # The attention transition's model: RoPE with more layers (the transition leaves the first and the
 # last two alone), evaluated as trained and with the transition at each setting of the preset.
 TRANSITION_TAG = "rope_6layers"
+# The sinusoidal baseline trained at twice the training length (Cable's abstract's comparison).
+TWO_L_TAG = "sinusoidal_scaled_2L"
 
 
 def variants_of(run, cfg=None):
@@ -310,7 +317,7 @@ class Runner:
             what = ["--spec", self.spec_file(run.encoding)] if run.encoding in SPEC_FILES or \
                 run.encoding in SPEC_MAKERS else ["-e", run.encoding]
             cmd = [self.train_bin] + what + ["--seed", str(run.seed), "--steps", str(run.steps or c["steps"]),
-                   "--seq-len", str(c["seq_len"]), "--batch", str(c["batch"]), "--d-model", str(c["d_model"]),
+                   "--seq-len", str(run.seq_len or c["seq_len"]), "--batch", str(c["batch"]), "--d-model", str(c["d_model"]),
                    "--layers", str(run.layers or c["layers"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
                    "--lr", repr(c["lr"]), "--warmup", str(c["warmup"]),
                    "--eval-multiples", ",".join(map(str, c["multiples"])), "--eval-tokens", str(c["eval_tokens"]),
@@ -682,6 +689,9 @@ class Claims:
             add("Cable, Fig. 3", f"{nm} degrades at long lengths", f"growth at {mx}x", self.growth(enc, mx), "greater")
         add("Cable, Table 1 (as issue 33 reads it)", "Cable is better than RoPE at the training length",
             "Cable − RoPE at 1x", self.diff("cable", "rope", 1), "less")
+        add("Cable, abstract (v1)", "Cable trained at L beats the sinusoidal baseline trained at 2L, both evaluated "
+            "at 2L (the same training tokens)", "Cable (L) at 2x − sinusoidal × √d (2L) at 1x",
+            [(1, "cable", "trained", 2), (-1, TWO_L_TAG, "trained", 1)], "less", None, "−0.65 in perplexity (334M)")
         add("Cable, Fig. 6", "K-Cable beats Cable in a shallow network (here 2 layers)",
             f"K-Cable − Cable at {mx}x", self.diff("kcable", "cable", mx), "less",
             curves=[("K-Cable", "kcable", "trained")])
@@ -714,7 +724,9 @@ COLOURS = ["#000000", "#e69f00", "#56b4e9", "#009e73", "#d55e00", "#0072b2", "#c
 
 def write_plot(args, cfg, table, order, png):
     """Loss against evaluation length (log2 axis), the training length marked: left, every trained
-    encoding (first seed); right, the inference-time variants (dashed) beside their base models."""
+    encoding; right, the inference-time variants (dashed) beside their base models. A line is the
+    mean over the encoding's seeds, its error bars the range of the seeds (one seed: no bar). The
+    runs of another shape (the transition's 6-layer model, the model trained at 2L) are left out."""
     gp = shutil.which("gnuplot")
     if not gp:
         print("[study] note: no gnuplot (scripts/install-deps.sh installs gnuplot-nox); no plot", file=sys.stderr)
@@ -726,15 +738,22 @@ def write_plot(args, cfg, table, order, png):
     for run, variant in order:
         if not run.endswith(f"-s{cfg['seeds'][0]}"):
             continue
-        pts = [(L * m, loss_of(table, run, variant, m)) for m in cfg["multiples"]]
-        pts = [(x, y) for x, y in pts if y is not None]
+        enc = run.rsplit("-s", 1)[0]
+        if enc in (TRANSITION_TAG, TWO_L_TAG):
+            continue
+        pts, n_seeds = [], 0
+        for m in cfg["multiples"]:
+            ys = [loss_of(table, f"{enc}-s{s}", variant, m) for s in cfg["seeds"]]
+            ys = [y for y in ys if y is not None]
+            if ys:
+                pts.append((L * m, statistics.fmean(ys), min(ys), max(ys)))
+                n_seeds = max(n_seeds, len(ys))
         if not pts:
             continue
-        enc = run.rsplit("-s", 1)[0]
-        name = enc if variant == "trained" else f"{enc}+{variant}"
+        name = (enc if variant == "trained" else f"{enc}+{variant}") + (f" ({n_seeds} seeds)" if n_seeds > 1 else "")
         path = os.path.join(dat, re.sub(r"[^A-Za-z0-9_.+-]", "_", name) + ".dat")
         with open(path, "w") as f:
-            f.writelines(f"{x} {y}\n" for x, y in pts)
+            f.writelines(f"{x} {y} {lo} {hi}\n" for x, y, lo, hi in pts)
         if variant == "trained":
             trained.append((name, path))
             if enc in {v[1] for v in VARIANTS}:
@@ -749,7 +768,7 @@ def write_plot(args, cfg, table, order, png):
               'set xlabel "evaluation length (tokens)"', 'set ylabel "held-out loss (nats/token)"',
               f'set arrow from {L}, graph 0 to {L}, graph 1 nohead dt 2 lw 2 lc "black"',
               f'set label "training length {L}" at {L}, graph 0.97 offset 0.5,0']
-    for title, items in ((f"every encoding as trained (seed {cfg['seeds'][0]})", trained),
+    for title, items in (("every encoding as trained (mean over its seeds; bars: their range)", trained),
                          ("inference-time variants (dashed) beside their models", variants)):
         if not items:
             continue
@@ -757,7 +776,7 @@ def write_plot(args, cfg, table, order, png):
         plots = []
         for i, (name, path) in enumerate(items):
             dt = 2 if "+" in name else (1 if i < len(COLOURS) else 4)
-            plots.append(f'"{path}" using 1:2 with linespoints lc rgb "{COLOURS[i % len(COLOURS)]}" dt {dt} '
+            plots.append(f'"{path}" using 1:2:3:4 with yerrorlines lc rgb "{COLOURS[i % len(COLOURS)]}" dt {dt} '
                          f'pt {i % 13 + 1} lw 1.5 title "{name}"')
         script.append("plot " + ", \\\n  ".join(plots))
     script.append("unset multiplot")
@@ -961,8 +980,8 @@ def report(args, cfg):
         md += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
     if png_ok:
         md += ["## Plot", "", "![loss against evaluation length](study.png)", "",
-               "Left: every trained encoding (first seed), the training length marked; right: the "
-               "inference-time variants (dashed) beside the models they evaluate.", ""]
+               "Left: every trained encoding, the mean over its seeds (bars: the range of the seeds), the training "
+               "length marked; right: the inference-time variants (dashed) beside the models they evaluate.", ""]
     if train:
         md += ["## Training", "", "| run | parameters | steps | time (s) | tok/s | loss first -> last 20 | status |",
                "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -33,9 +33,9 @@ for f in study.md study.csv study.png table.md train.csv study.json; do
   [ -s "$out/$f" ] || fail "no $out/$f"
 done
 head -c 8 "$out/study.png" | od -An -tx1 | grep -q "89 50 4e 47" || fail "study.png is not a PNG"
-# 25 claims, each with a verdict; those of rope's two seeds are decided (the quick preset takes two).
+# 26 claims, each with a verdict; those of rope's two seeds are decided (the quick preset takes two).
 n=$(grep -c '^| [0-9]* | .* | \*\*\(agrees\|disagrees\|inconclusive\|not yet run\|too few seeds ([0-9] of 2)\)\*\* |$' "$out/study.md")
-[ "$n" -eq 25 ] || fail "study.md has $n claim verdicts, expected 25"
+[ "$n" -eq 26 ] || fail "study.md has $n claim verdicts, expected 26"
 grep -q '^| [0-9]* | RoPE scalings | YaRN .* | 2 | \*\*\(agrees\|disagrees\|inconclusive\)\*\* |$' "$out/study.md" ||
   fail "the YaRN claim (two seeds of rope) has no verdict"
 grep -q '^| β 0.5, 2 intervals | .* | \*\*\(agrees\|disagrees\|inconclusive\)\*\* |$' "$out/study.md" ||

@@ -145,7 +145,11 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(len(study.variants_of(runs[k], cfg)), len(cfg["transition"]["settings"]))
         m = len(study.SEEDED) * len(cfg["seeds"]) + 1
         self.assertTrue(all(r.encoding in study.SEEDED for r in runs[:m]))
-        self.assertTrue(all(r.encoding not in study.SEEDED for r in runs[m:]))
+        # Then the sinusoidal baseline at 2L with every seed (the same training tokens), then the rest.
+        two_l = runs[m:m + len(cfg["seeds"])]
+        self.assertTrue(all(r.tag == study.TWO_L_TAG and r.seq_len == 2 * cfg["seq_len"]
+                            and r.steps == cfg["steps"] // 2 for r in two_l))
+        self.assertTrue(all(r.encoding not in study.SEEDED for r in runs[m + len(cfg["seeds"]):]))
 
     def test_generated_specs(self):
         text = study.expe_rule_spec(study.PRESETS["full"])
