@@ -768,10 +768,20 @@ def write_plot(args, cfg, table, order, png):
               'set xlabel "evaluation length (tokens)"', 'set ylabel "held-out loss (nats/token)"',
               f'set arrow from {L}, graph 0 to {L}, graph 1 nohead dt 2 lw 2 lc "black"',
               f'set label "training length {L}" at {L}, graph 0.97 offset 0.5,0']
-    for title, items in (("every encoding as trained (mean over its seeds; bars: their range)", trained),
-                         ("inference-time variants (dashed) beside their models", variants)):
+    # The left panel's range: from the lowest point to 0.6 nats above the median 1x loss, so that one
+    # model that barely trains (the shipped sinusoidal) does not flatten every other line.
+    lows = [float(l.split()[2]) for _, p in trained for l in open(p)]
+    first = sorted(float(open(p).readline().split()[1]) for _, p in trained)
+    top_y = max(float(l.split()[3]) for _, p in trained for l in open(p))
+    cut = first[len(first) // 2] + 0.6
+    left = (f"set yrange [{min(lows) - 0.02:.3f}:{min(top_y, cut) + 0.02:.3f}]", "set autoscale y")
+    for k, (title, items) in enumerate(
+            (("every encoding as trained (mean over its seeds; bars: their range)"
+              + (f"; cut at {cut:.2f}" if top_y > cut else ""), trained),
+             ("inference-time variants (dashed) beside their models", variants))):
         if not items:
             continue
+        script.append(left[k])
         script.append(f'set title "{title}"')
         plots = []
         for i, (name, path) in enumerate(items):
