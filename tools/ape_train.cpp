@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <CLI/CLI.hpp>
 #include <torch/utils.h>
@@ -48,17 +49,36 @@ struct Interrupted : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// How a fresh run starts: from the weights of `init_from` (a checkpoint; fine-tuning) or a fresh
+// initialisation, with the fixed params `sets` applied (ape-eval --set's NAME=VALUE).
+struct Start {
+  std::string init_from;
+  std::vector<std::pair<std::string, double>> sets;
+};
+
 // One encoding's run: a fresh one, or the continuation of `resume`. Returns its evaluation rows;
 // throws ape::TrainingDiverged when training stops.
 // With `dp`, as one rank of a data-parallel run (runtime/Distributed.h): rank 0 prints and writes.
 std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelConfig &mc, const ape::TrainConfig &tc,
                                     const ape::Corpus &corpus, const ape::EvalConfig &ec, const std::string &ckpt,
                                     const ape::Checkpoint *resume, const std::string &budget,
-                                    ape::DataParallel *dp, const ape::ComputeDevice &device) {
+                                    ape::DataParallel *dp, const ape::ComputeDevice &device, const Start &start) {
   torch::manual_seed(tc.seed);
   ape::ModelConfig cfg = mc;
   cfg.encoding = name;
-  ape::LanguageModel model(cfg);  // initialised on the CPU: the same weights on every device
+  // Initialised on the CPU: the same weights on every device. A resumed run's weights (fixed params
+  // included) come from its checkpoint below.
+  const bool init = !resume && !start.init_from.empty();
+  std::vector<std::string> kept;
+  ape::LanguageModel model = init ? ape::load_model_as(start.init_from, name, nullptr, &kept) : ape::LanguageModel(cfg);
+  if (!resume)
+    for (const auto &[param, value] : start.sets) {
+      try {
+        model->set_fixed_param(param, value);
+      } catch (const std::exception &e) {
+        throw std::invalid_argument("--set " + param + ": " + e.what());
+      }
+    }
   model->place(device);
   ape::TrainSampler sampler(corpus.train(), tc.seed);
   ape::Trainer trainer(model, sampler, tc);
@@ -74,9 +94,27 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
     std::cout << "[" << name << "] resumed from " << resume->path << " at step " << trainer.state().step << " ("
               << std::lround(trainer.state().elapsed) << " s trained)\n";
   }
+  if (init) {
+    std::cout << "[" << name << "] initialised from " << start.init_from;
+    if (!kept.empty()) std::cout << " (" << kept.size() << " tensors it does not hold keep " << name << "'s values)";
+    std::cout << "\n";
+  }
+  for (const auto &[param, value] : start.sets)
+    if (!resume) std::cout << "[" << name << "] " << param << " = " << value << "\n";
   nlohmann::json extra = {
       {"data", {{"vocab", corpus.vocab()}, {"tokenizer", corpus.tokenizer_path()}, {"tokenizer_fnv", corpus.tokenizer_hash()}}},
       {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}}};  // a resumed run evaluates the same way
+  if (resume) {  // where the run started, as its first checkpoint said
+    for (const char *key : {"init_from", "sets"})
+      if (auto it = resume->config.find(key); it != resume->config.end()) extra[key] = *it;
+  } else {
+    if (init) extra["init_from"] = start.init_from;
+    if (!start.sets.empty()) {
+      nlohmann::json sets = nlohmann::json::object();
+      for (const auto &[param, value] : start.sets) sets[param] = value;
+      extra["sets"] = sets;
+    }
+  }
   if (const ape::SpecLibrary *spec = ape::registered_spec(name))
     extra["spec"] = spec->record();  // ape-eval and --resume rebuild the kernel from it
   // Test hook (test/distributed): APE_TEST_STOP_AFTER_STEP=N asks to stop, as Ctrl-C does, once N
@@ -166,7 +204,8 @@ int main(int argc, char **argv) {
   std::string out_dir = "runs";
   std::string data_dir = ape::default_data_dir();
   std::string cache_dir = ape::default_cache_dir();
-  std::string resume;
+  std::string resume, init_from;
+  std::vector<std::string> set_args;
   int64_t threads = 0;
   bool list = false;
   ape::DistConfig dist_flags;
@@ -208,6 +247,16 @@ int main(int argc, char **argv) {
                  ->capture_default_str());
   auto *out_opt = run_option(app.add_option("--out", out_dir, "Output folder: <encoding>.ckpt per encoding and results.csv")
                                  ->capture_default_str());
+  run_option(app.add_option("--init-from", init_from,
+                            "Start from the weights of CKPT (an ape-train checkpoint) instead of a fresh initialisation:\n"
+                            "fine-tuning, e.g. at a longer --seq-len with a scaled RoPE (-e rope_pi --set rope_factor=2).\n"
+                            "One encoding; its trainable params must match CKPT's in name and shape (as ape-eval\n"
+                            "--encoding); the model's size is CKPT's; optimizer, schedule and data order start anew")
+                 ->type_name("CKPT"));
+  run_option(app.add_option("--set", set_args,
+                            "NAME=VALUE (repeatable): set the fixed param NAME in every layer before training, e.g.\n"
+                            "rope_factor=2 (as ape-eval --set; kept in the checkpoint)")
+                 ->type_name("NAME=VALUE"));
   app.add_option("--resume", resume,
                  "Continue the run that wrote CKPT (its encoding, model, training settings and state); the\n"
                  "checkpoint is updated in place and results.csv written beside it")
@@ -340,7 +389,30 @@ int main(int argc, char **argv) {
       if (*steps_opt && !*minutes_opt) tc.minutes = 0.0;
       tc.threads = threads;
       tc.world_size = world;
+      if (!init_from.empty()) {
+        // Fine-tuning: one encoding, the model's size from the checkpoint (a size given on the command
+        // line must agree with it).
+        if (encodings.size() != 1)
+          throw std::invalid_argument("--init-from fine-tunes one encoding; " + std::to_string(encodings.size()) +
+                                      " were given");
+        const ape::Checkpoint init = ape::read_checkpoint(init_from);
+        ape::register_checkpoint_spec(init.config, init_from, spec_opts);  // trained from a spec file
+        const ape::ModelConfig from = ape::checked_model_config(init);
+        for (auto [opt, given, has] : {std::tuple{"--d-model", mc.d_model, from.d_model},
+                                       std::tuple{"--layers", mc.layers, from.layers},
+                                       std::tuple{"--heads", mc.heads, from.heads},
+                                       std::tuple{"--vocab", mc.vocab, from.vocab}})
+          if (app.count(opt) && given != has)
+            throw std::invalid_argument(std::string(opt) + " " + std::to_string(given) + " differs from the model of " +
+                                        init_from + " (" + std::to_string(has) + "); --init-from takes its size");
+        const std::string enc = mc.encoding;
+        mc = from;
+        mc.encoding = enc;
+      }
     }
+    Start start;
+    start.init_from = init_from;
+    for (const auto &a : set_args) start.sets.push_back(ape::parse_assignment(a));
     // Several ranks on one machine share its cores (torchrun says how many ranks: LOCAL_WORLD_SIZE).
     if (dist.enabled() && threads == 0)
       if (const char *lws = std::getenv("LOCAL_WORLD_SIZE"); lws && std::atoi(lws) > 0)
@@ -421,6 +493,15 @@ int main(int argc, char **argv) {
                                  "); pass the --data and --cache-dir used for training");
     }
 
+    if (!init_from.empty()) {  // the weights were trained on the same token ids
+      const ape::Checkpoint init = ape::read_checkpoint(init_from);
+      const auto &d = init.config.value("data", nlohmann::json::object());
+      const std::string tok = d.is_object() ? d.value("tokenizer_fnv", std::string()) : std::string();
+      if (!tok.empty() && tok != corpus.tokenizer_hash())
+        throw std::runtime_error("--init-from " + init_from + ": trained with a different tokenizer (" + tok +
+                                 ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
+                                 "); pass the --data and --cache-dir it was trained with");
+    }
     std::string budget;
     if (tc.steps > 0) budget = std::to_string(tc.steps) + " steps";
     if (tc.minutes > 0) {
@@ -436,7 +517,7 @@ int main(int argc, char **argv) {
       if (!resumed && root) note_unfinished(ckpt);
       std::vector<ape::EvalRow> rows;
       try {
-        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get(), device);
+        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get(), device, start);
       } catch (const ape::TrainingDiverged &e) {
         // Reported (by rank 0: every rank stops at the same step); the other encodings still train.
         std::cout << std::flush;

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# ape-train --init-from / --set (fine-tuning): a run started from a checkpoint's weights with zero
+# steps scores exactly what ape-eval gives that checkpoint evaluated the same way (the weights and
+# the fixed param arrive intact); a few steps change the weights, the checkpoint records where it
+# started and resumes; bad combinations get a clear error.
+# Usage: init_from.sh APE_TRAIN APE_EVAL CACHE_DIR WORK_DIR
+set -euo pipefail
+train=$1 eval=$2 cache=$3 work=$4
+rm -rf "$work"
+mkdir -p "$work"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+small=(--d-model 32 --layers 1 --heads 2 --vocab 4096 --batch 4 --cache-dir "$cache" --threads 1)
+
+# A RoPE model trained at L = 16.
+"$train" -e rope --steps 6 --seq-len 16 "${small[@]}" --eval-multiples 1 --eval-tokens 64 --out "$work/base" \
+  > "$work/base.log" 2>&1 || { cat "$work/base.log"; fail "training the base model"; }
+ckpt=$work/base/rope.ckpt
+
+# One step at lr 1e-9 (the weights move by ~1e-9: a run needs a budget) from it as rope_pi with
+# rope_factor 2 at L = 32: the loss at 32 tokens is ape-eval's of the base checkpoint as rope_pi,
+# rope_factor 2, at 2 x 16, to the 6 decimals of the CSV (the same windows: both place them by 32
+# tokens).
+"$train" -e rope_pi --init-from "$ckpt" --set rope_factor=2 --steps 1 --lr 1e-9 --warmup 0 --seq-len 32 --batch 4 \
+  --cache-dir "$cache" --threads 1 --eval-multiples 1 --eval-tokens 128 --out "$work/ft0" \
+  > "$work/ft0.log" 2>&1 || { cat "$work/ft0.log"; fail "--init-from with 1 step"; }
+grep -q "initialised from $ckpt" "$work/ft0.log" || fail "no 'initialised from' line"
+grep -q "rope_factor = 2" "$work/ft0.log" || fail "the --set value is not reported"
+"$eval" -c "$ckpt" --encoding rope_pi --set rope_factor=2 --eval-multiples 2 --eval-tokens 128 \
+  --cache-dir "$cache" --threads 1 --csv "$work/eval.csv" > "$work/eval.log" 2>&1 ||
+  { cat "$work/eval.log"; fail "ape-eval of the base model"; }
+a=$(awk -F, 'NR == 2 { print $5 }' "$work/ft0/results.csv")
+b=$(awk -F, 'NR == 2 { print $5 }' "$work/eval.csv")
+[ -n "$a" ] && [ "$a" = "$b" ] || fail "fine-tune with 1 step at lr 1e-9 scores $a, ape-eval of its start $b"
+# Without --set the same start scores differently (rope_factor 1): the value is not ignored.
+"$train" -e rope_pi --init-from "$ckpt" --steps 1 --lr 1e-9 --warmup 0 --seq-len 32 --batch 4 --cache-dir "$cache" --threads 1 \
+  --eval-multiples 1 --eval-tokens 128 --out "$work/ft0b" > "$work/ft0b.log" 2>&1 || fail "--init-from alone"
+c=$(awk -F, 'NR == 2 { print $5 }' "$work/ft0b/results.csv")
+[ "$c" != "$a" ] || fail "rope_factor 2 and 1 score the same ($a)"
+
+# A few steps: the loss moves, and the run resumes from its checkpoint like any other.
+"$train" -e rope_pi --init-from "$ckpt" --set rope_factor=2 --steps 4 --seq-len 32 --batch 4 \
+  --cache-dir "$cache" --threads 1 --eval-multiples 1 --eval-tokens 128 --checkpoint-every 2 \
+  --out "$work/ft" > "$work/ft.log" 2>&1 || { cat "$work/ft.log"; fail "--init-from with 4 steps"; }
+d=$(awk -F, 'NR == 2 { print $5 }' "$work/ft/results.csv")
+[ "$d" != "$a" ] || fail "4 steps of fine-tuning left the loss at $a"
+"$train" --resume "$work/ft/rope_pi.ckpt" > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "--resume"; }
+grep -q "resumed from" "$work/resume.log" || fail "the fine-tuned run did not resume"
+e=$(awk -F, 'NR == 2 { print $5 }' "$work/ft/results.csv")
+[ "$e" = "$d" ] || fail "the resumed (finished) run scores $e, it scored $d"
+
+# Bad input: a clear error and status 1.
+bad() {  # EXPECTED-TEXT ARGS...
+  local want=$1; shift
+  if "$train" "$@" > "$work/bad.log" 2>&1; then fail "accepted: $*"; fi
+  grep -q -- "$want" "$work/bad.log" || { cat "$work/bad.log"; fail "no clear error for: $*"; }
+}
+bad "fine-tunes one encoding; 2 were given" -e rope,rope_pi --init-from "$ckpt" --steps 1 --cache-dir "$cache" \
+  --out "$work/x"
+bad "differs from the model of" -e rope_pi --init-from "$ckpt" --d-model 64 --steps 1 --cache-dir "$cache" --out "$work/x"
+bad "no_such.ckpt" -e rope_pi --init-from "$work/no_such.ckpt" --steps 1 --cache-dir "$cache" --out "$work/x"
+bad "cannot be given with it" --resume "$work/ft/rope_pi.ckpt" --init-from "$ckpt"
+bad "--set nosuch" -e rope --init-from "$ckpt" --set nosuch=1 --steps 1 --cache-dir "$cache" --out "$work/x"
+bad "is not a finite number" -e rope --set rope_factor=x --steps 1 --cache-dir "$cache" --out "$work/x"
+echo "init_from: OK"
