@@ -86,7 +86,8 @@ PRESETS = {
     "quick": dict(d_model=32, layers=1, heads=2, seq_len=16, batch=4, steps=8, warmup=2, lr=3e-3,
                   vocab=4096, multiples=[1, 2, 4, 8, 16], eval_tokens=512, seeds=[1234, 4321],
                   encodings=CLAIM_ENCODINGS, seeded=["rope"], min_seeds=2, checkpoint_minutes=5.0,
-                  transition=dict(layers=4, steps=8, settings=[(0.5, 2)])),
+                  transition=dict(layers=4, steps=8, settings=[(0.5, 2)]),
+                  finetune=dict(steps=2, lr_scale=0.1, warmup=0)),
     # The committed study (bench/results/study.md), one thread per run: 4.1M training tokens per
     # run (about 10-15 minutes on one core of the development machine); three seeds for the
     # encodings of the claims.
@@ -97,7 +98,10 @@ PRESETS = {
                  # transformed), half the steps, at the spec's beta 0.1 and above, 2 intervals per
                  # layer, and 1 and 3 intervals at beta 0.3.
                  transition=dict(layers=6, steps=1000, settings=[(0.1, 2), (0.2, 2), (0.3, 2), (0.4, 2),
-                                                                  (0.5, 2), (0.3, 1), (0.3, 3)])),
+                                                                  (0.5, 2), (0.3, 1), (0.3, 3)]),
+                 # PI's fine-tune: 200 steps at 2L (a tenth of the training steps, a fifth of its tokens),
+                 # a tenth of the learning rate, 20 warmup steps.
+                 finetune=dict(steps=200, lr_scale=0.1, warmup=20)),
     # Every seed encoding in about ten GPU-minutes (an estimate until run; docs/study.md): 4.2M
     # parameters (d 256, 4 layers, head dim 64), 8.2M training tokens per run at L 256. On a GPU
     # (--device cuda, a build with CUDA kernels for every encoding: scripts/gpu-check.sh's study stage).
@@ -112,7 +116,7 @@ PRESETS = {
                 seeds=[1234, 4321, 2025], encodings=ALL_ENCODINGS, seeded=SEEDED, checkpoint_minutes=10.0),
 }
 MODEL_KEYS = ["d_model", "layers", "heads", "seq_len", "batch", "steps", "warmup", "lr", "vocab",
-              "multiples", "eval_tokens", "seeds", "transition"]
+              "multiples", "eval_tokens", "seeds", "transition", "finetune"]
 
 RESULT_FIELDS = ["run", "encoding", "seed", "variant", "evaluated", "settings", "train_len",
                  "eval_len", "multiple", "loss", "ppl", "tokens", "note", "segments"]
@@ -177,9 +181,13 @@ class Run:
     """One training run. `tag` names it in the tables ("rope_6layers" for the attention transition's
     deeper RoPE model: encoding rope, `layers` and `steps` its own)."""
 
-    def __init__(self, encoding, seed, tag=None, layers=None, steps=None, seq_len=None):
+    def __init__(self, encoding, seed, tag=None, layers=None, steps=None, seq_len=None, init=None, sets=None,
+                 lr=None, warmup=None):
         self.encoding, self.seed = encoding, seed
         self.tag, self.layers, self.steps, self.seq_len = tag or encoding, layers, steps, seq_len
+        # A fine-tune: `init` is the run whose final checkpoint it starts from (ape-train --init-from),
+        # `sets` the fixed params it trains with (--set).
+        self.init, self.sets, self.lr, self.warmup = init, sets or {}, lr, warmup
         self.id = f"{self.tag}-s{seed}"
 
 
@@ -195,12 +203,26 @@ def plan(cfg):
         t = cfg["transition"]
         runs.append(Run("rope", seeds[0], TRANSITION_TAG, t["layers"], t["steps"]))
     runs += [Run(e, s) for s in seeds for e in seeded if e not in first]
+    if "rope" in seeded and cfg.get("finetune"):
+        # PI as its paper uses it (and the survey's claim): each RoPE model fine-tuned briefly at 2L
+        # with PI (rope_pi, rope_factor 2), and, the control, without it (plain RoPE at 2L).
+        f = cfg["finetune"]
+        for tag, enc, sets in ((PI_FT_TAG, "rope_pi", {"rope_factor": 2}), (ROPE_FT_TAG, "rope", {})):
+            runs += [Run(enc, s, tag, steps=f["steps"], seq_len=2 * cfg["seq_len"], init=f"rope-s{s}", sets=sets,
+                         lr=cfg["lr"] * f["lr_scale"], warmup=f["warmup"]) for s in seeds]
     if "sinusoidal_scaled" in seeded and "cable" in seeded:
         # Cable's abstract compares Cable trained at L with sinusoidal trained at 2L, both at 2L:
         # the sinusoidal baseline at twice the length, half the steps (the same training tokens).
         runs += [Run("sinusoidal_scaled", s, TWO_L_TAG, steps=cfg["steps"] // 2, seq_len=2 * cfg["seq_len"])
                  for s in seeds]
     return runs + [Run(e, seeds[0]) for e in cfg["encodings"] if e not in seeded]
+
+
+def eval_multiples(cfg, run):
+    """A run trained at L' (a multiple of the study's L) is evaluated at the study's lengths from L'
+    on, as multiples of L': the same lengths, the same longest one, so the same scored tokens."""
+    L, Lr = cfg["seq_len"], run.seq_len or cfg["seq_len"]
+    return [m * L // Lr for m in cfg["multiples"] if m * L >= Lr and m * L % Lr == 0]
 
 
 def transition_name(beta, intervals):
@@ -223,6 +245,8 @@ def transition_spec(name, beta, intervals):
 TRANSITION_TAG = "rope_6layers"
 # The sinusoidal baseline trained at twice the training length (Cable's abstract's comparison).
 TWO_L_TAG = "sinusoidal_scaled_2L"
+# The RoPE models fine-tuned at 2L with position interpolation, and without it (the control).
+PI_FT_TAG, ROPE_FT_TAG = "rope_pi_ft", "rope_ft"
 
 
 def variants_of(run, cfg=None):
@@ -286,6 +310,13 @@ class Runner:
         else:
             sys.exit(130)
 
+    def final_ckpt(self, run_id):
+        """The checkpoint of a finished run of this study (None until it has finished)."""
+        enc = run_id.rsplit("-s", 1)[0]
+        done = any(r["run"] == run_id and r["variant"] == "trained" and r["train_len"] for r in read_rows(self.results))
+        path = os.path.join(self.args.out, "runs", run_id, f"{enc}.ckpt")
+        return path if done else path + ".unfinished"
+
     def spec_file(self, enc):
         """A study-only spec's file: bench/study's, or the one made for this preset in OUT/specs."""
         if enc in SPEC_FILES:
@@ -313,15 +344,22 @@ class Runner:
             print(f"[study] {run.id}: trained and evaluated before (its results.csv); recording it")
         elif os.path.exists(ckpt):
             rc, text = self.run_cmd([self.train_bin, "--resume", ckpt] + self.common(), log)
+        elif run.init and not os.path.exists(self.final_ckpt(run.init)):
+            print(f"[study] {run.id}: waits for {run.init} (its start) to finish", flush=True)
+            return False
         else:
             what = ["--spec", self.spec_file(run.encoding)] if run.encoding in SPEC_FILES or \
                 run.encoding in SPEC_MAKERS else ["-e", run.encoding]
             cmd = [self.train_bin] + what + ["--seed", str(run.seed), "--steps", str(run.steps or c["steps"]),
                    "--seq-len", str(run.seq_len or c["seq_len"]), "--batch", str(c["batch"]), "--d-model", str(c["d_model"]),
                    "--layers", str(run.layers or c["layers"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
-                   "--lr", repr(c["lr"]), "--warmup", str(c["warmup"]),
-                   "--eval-multiples", ",".join(map(str, c["multiples"])), "--eval-tokens", str(c["eval_tokens"]),
+                   "--lr", repr(run.lr or c["lr"]), "--warmup", str(c["warmup"] if run.warmup is None else run.warmup),
+                   "--eval-multiples", ",".join(map(str, eval_multiples(c, run))), "--eval-tokens", str(c["eval_tokens"]),
                    "--checkpoint-minutes", str(c["checkpoint_minutes"]), "--out", d] + self.common()
+            if run.init:
+                cmd += ["--init-from", self.final_ckpt(run.init)]
+            for k, val in run.sets.items():
+                cmd += ["--set", f"{k}={val}"]
             rc, text = self.run_cmd(cmd, log)
         if self.args.dry_run:
             return True
@@ -350,9 +388,11 @@ class Runner:
             return False
         rows = []
         for r in read_rows(run_csv):
+            # multiple: of the study's L (a run trained at 2L evaluates at 2L, 4L, ...: 2x, 4x, ...)
             rows.append(dict(run=run.id, encoding=run.encoding, seed=run.seed, variant="trained",
                              evaluated=run.encoding, settings="", train_len=r["train_len"],
-                             eval_len=r["eval_len"], multiple=r["multiple"], loss=r["loss"], ppl=r["ppl"],
+                             eval_len=r["eval_len"], multiple=int(r["eval_len"]) // c["seq_len"],
+                             loss=r["loss"], ppl=r["ppl"],
                              tokens=r["tokens"], note=r["note"], segments=r.get("segment_losses", "")))
         info["status"] = "ok"
         append_rows(self.train_csv, TRAIN_FIELDS, [info])
@@ -691,7 +731,7 @@ class Claims:
             "Cable − RoPE at 1x", self.diff("cable", "rope", 1), "less")
         add("Cable, abstract (v1)", "Cable trained at L beats the sinusoidal baseline trained at 2L, both evaluated "
             "at 2L (the same training tokens)", "Cable (L) at 2x − sinusoidal × √d (2L) at 1x",
-            [(1, "cable", "trained", 2), (-1, TWO_L_TAG, "trained", 1)], "less", None, "−0.65 in perplexity (334M)")
+            [(1, "cable", "trained", 2), (-1, TWO_L_TAG, "trained", 2)], "less", None, "−0.65 in perplexity (334M)")
         add("Cable, Fig. 6", "K-Cable beats Cable in a shallow network (here 2 layers)",
             f"K-Cable − Cable at {mx}x", self.diff("kcable", "cable", mx), "less",
             curves=[("K-Cable", "kcable", "trained")])
@@ -710,6 +750,14 @@ class Claims:
             self.diff("rope", "rope", mx, "pi"), "greater")
         add("survey; YaRN", "without fine-tuning, NTK scaling beats PI", f"RoPE+NTK − RoPE+PI at {mx}x",
             self.diff("rope", "rope", mx, "ntk", "pi"), "less")
+        f = self.cfg.get("finetune") or {}
+        ft = f"a {f.get('steps', 0)}-step fine-tune at 2L"
+        add("PI (Chen et al.), abstract", f"PI with {ft} lowers a RoPE model's loss beyond L",
+            f"RoPE+PI fine-tuned − RoPE at {mx}x", self.diff(PI_FT_TAG, "rope", mx), "less",
+            curves=[("RoPE+PI fine-tuned", PI_FT_TAG, "trained")])
+        add("PI (Chen et al.)", f"with {ft}, PI beats fine-tuning without it (extending the length directly)",
+            f"RoPE+PI fine-tuned − RoPE fine-tuned at {mx}x", self.diff(PI_FT_TAG, ROPE_FT_TAG, mx), "less",
+            curves=[("RoPE fine-tuned", ROPE_FT_TAG, "trained")])
         for var, nm in (("ntk", "NTK"), ("dynamic_ntk", "dynamic NTK"), ("yarn", "YaRN")):
             add("RoPE scalings", f"{nm} applied at evaluation lowers a RoPE model's loss beyond L",
                 f"RoPE+{nm} − RoPE at {mx}x", self.diff("rope", "rope", mx, var), "less",
@@ -739,7 +787,7 @@ def write_plot(args, cfg, table, order, png):
         if not run.endswith(f"-s{cfg['seeds'][0]}"):
             continue
         enc = run.rsplit("-s", 1)[0]
-        if enc in (TRANSITION_TAG, TWO_L_TAG):
+        if enc in (TRANSITION_TAG, TWO_L_TAG, PI_FT_TAG, ROPE_FT_TAG):
             continue
         pts, n_seeds = [], 0
         for m in cfg["multiples"]:

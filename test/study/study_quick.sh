@@ -20,9 +20,14 @@ echo "quick study: $(( $(date +%s) - start )) s"
 
 # 9 runs (7 claim encodings, rope's second seed, the 4-layer rope of the attention transition) x 5
 # lengths, and the variants: rope x 2 seeds x (pi, ntk, yarn, dynamic_ntk), expe and exqpe at sigma
-# 0.5, the transition at beta 0.5: 20 jobs x 5 lengths.
+# 0.5, the transition at beta 0.5: 20 jobs x 5 lengths; and each rope model fine-tuned at 2L with
+# and without PI (4 runs x the 4 lengths from 2L on).
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 100 ] || fail "results.csv has $rows rows, expected 100"
+[ "$rows" -eq 116 ] || fail "results.csv has $rows rows, expected 116"
+grep -q "^rope_pi_ft-s4321,rope_pi,4321,trained,rope_pi,,32,256,16," "$out/results.csv" ||
+  fail "no row of the PI fine-tune at 16x"
+grep -q -- "--init-from $out/runs/rope-s4321/rope.ckpt --set rope_factor=2" "$work/first.log" ||
+  fail "the PI fine-tune did not start from its RoPE model with rope_factor 2"
 for v in trained pi ntk yarn dynamic_ntk sigma0.5 transition_b0p5_i2; do
   grep -q ",$v," "$out/results.csv" || fail "no rows of variant $v"
 done
@@ -33,9 +38,9 @@ for f in study.md study.csv study.png table.md train.csv study.json; do
   [ -s "$out/$f" ] || fail "no $out/$f"
 done
 head -c 8 "$out/study.png" | od -An -tx1 | grep -q "89 50 4e 47" || fail "study.png is not a PNG"
-# 26 claims, each with a verdict; those of rope's two seeds are decided (the quick preset takes two).
+# 28 claims, each with a verdict; those of rope's two seeds are decided (the quick preset takes two).
 n=$(grep -c '^| [0-9]* | .* | \*\*\(agrees\|disagrees\|inconclusive\|not yet run\|too few seeds ([0-9] of 2)\)\*\* |$' "$out/study.md")
-[ "$n" -eq 26 ] || fail "study.md has $n claim verdicts, expected 26"
+[ "$n" -eq 28 ] || fail "study.md has $n claim verdicts, expected 28"
 grep -q '^| [0-9]* | RoPE scalings | YaRN .* | 2 | \*\*\(agrees\|disagrees\|inconclusive\)\*\* |$' "$out/study.md" ||
   fail "the YaRN claim (two seeds of rope) has no verdict"
 grep -q '^| β 0.5, 2 intervals | .* | \*\*\(agrees\|disagrees\|inconclusive\)\*\* |$' "$out/study.md" ||
@@ -59,7 +64,7 @@ grep -q "2 jobs to do" "$work/redo.log" || { cat "$work/redo.log"; fail "expecte
 [ "$(grep -c 'ape-train -e cable' "$work/redo.log")" -eq 1 ] || fail "cable was not retrained once"
 [ "$(grep -c 'ape-train' "$work/redo.log")" -eq 1 ] || fail "another run was retrained"
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 100 ] || fail "after the redo results.csv has $rows rows, expected 100"
+[ "$rows" -eq 116 ] || fail "after the redo results.csv has $rows rows, expected 116"
 
 # An interrupted training run (its checkpoint, no results yet) is continued, not restarted.
 grep -v "^t5-s1234," "$out/results.csv" > "$work/r.csv"
@@ -68,7 +73,7 @@ rm -f "$out/runs/t5-s1234/results.csv"
 study > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "the resume failed"; }
 grep -q "ape-train --resume $out/runs/t5-s1234/t5.ckpt" "$work/resume.log" || fail "t5 was not resumed"
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 100 ] || fail "after the resume results.csv has $rows rows, expected 100"
+[ "$rows" -eq 116 ] || fail "after the resume results.csv has $rows rows, expected 116"
 
 # SIGTERM to the driver mid-training: ape-train is asked to stop (it writes its checkpoint), the
 # driver exits 130 without recording the run, and --list shows the run as started.

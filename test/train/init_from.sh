@@ -12,7 +12,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 small=(--d-model 32 --layers 1 --heads 2 --vocab 4096 --batch 4 --cache-dir "$cache" --threads 1)
 
 # A RoPE model trained at L = 16.
-"$train" -e rope --steps 6 --seq-len 16 "${small[@]}" --eval-multiples 1 --eval-tokens 64 --out "$work/base" \
+"$train" -e rope --steps 40 --seq-len 16 "${small[@]}" --eval-multiples 1 --eval-tokens 64 --out "$work/base" \
   > "$work/base.log" 2>&1 || { cat "$work/base.log"; fail "training the base model"; }
 ckpt=$work/base/rope.ckpt
 
