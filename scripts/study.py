@@ -194,15 +194,14 @@ class Run:
 def plan(cfg):
     """Every encoding with the first seed, the seeded ones with every seed. Order (so that a partial
     study answers the headline claims with every seed first): the first group of seeded encodings
-    seed by seed, the attention transition's model, the other seeded encodings seed by seed, then
-    the rest."""
+    seed by seed, the attention transition's model, the RoPE models' short fine-tunes, the other
+    seeded encodings seed by seed, the sinusoidal baseline at 2L, then the rest."""
     seeds, seeded = cfg["seeds"], [e for e in cfg["seeded"] if e in cfg["encodings"]]
     first = [e for e in seeded if e in SEEDED_FIRST]
     runs = [Run(e, s) for s in seeds for e in first]
     if cfg.get("transition") and "rope" in cfg["encodings"]:
         t = cfg["transition"]
         runs.append(Run("rope", seeds[0], TRANSITION_TAG, t["layers"], t["steps"]))
-    runs += [Run(e, s) for s in seeds for e in seeded if e not in first]
     if "rope" in seeded and cfg.get("finetune"):
         # PI as its paper uses it (and the survey's claim): each RoPE model fine-tuned briefly at 2L
         # with PI (rope_pi, rope_factor 2), and, the control, without it (plain RoPE at 2L).
@@ -210,6 +209,7 @@ def plan(cfg):
         for tag, enc, sets in ((PI_FT_TAG, "rope_pi", {"rope_factor": 2}), (ROPE_FT_TAG, "rope", {})):
             runs += [Run(enc, s, tag, steps=f["steps"], seq_len=2 * cfg["seq_len"], init=f"rope-s{s}", sets=sets,
                          lr=cfg["lr"] * f["lr_scale"], warmup=f["warmup"]) for s in seeds]
+    runs += [Run(e, s) for s in seeds for e in seeded if e not in first]
     if "sinusoidal_scaled" in seeded and "cable" in seeded:
         # Cable's abstract compares Cable trained at L with sinusoidal trained at 2L, both at 2L:
         # the sinusoidal baseline at twice the length, half the steps (the same training tokens).

@@ -143,22 +143,23 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(runs[k].tag, study.TRANSITION_TAG)
         self.assertEqual(runs[k].layers, 6)
         self.assertEqual(len(study.variants_of(runs[k], cfg)), len(cfg["transition"]["settings"]))
-        m = len(study.SEEDED) * len(cfg["seeds"]) + 1
-        self.assertTrue(all(r.encoding in study.SEEDED for r in runs[:m]))
-        # Then each RoPE model fine-tuned at 2L with PI and without (from its own checkpoint), then
-        # the sinusoidal baseline at 2L with every seed (the same training tokens), then the rest.
+        # Then each RoPE model fine-tuned at 2L with PI and without (from its own checkpoint), the
+        # other seeded encodings, the sinusoidal baseline at 2L with every seed (the same training
+        # tokens), then the rest.
         n = len(cfg["seeds"])
-        ft = runs[m:m + 2 * n]
+        ft = runs[k + 1:k + 1 + 2 * n]
         self.assertEqual([r.tag for r in ft], [study.PI_FT_TAG] * n + [study.ROPE_FT_TAG] * n)
         self.assertEqual([r.init for r in ft], [f"rope-s{s}" for s in cfg["seeds"]] * 2)
         self.assertEqual(ft[0].encoding, "rope_pi")
         self.assertEqual(ft[0].sets, {"rope_factor": 2})
         self.assertEqual(ft[n].sets, {})
         self.assertTrue(all(r.seq_len == 2 * cfg["seq_len"] and r.steps == 200 for r in ft))
-        two_l = runs[m + 2 * n:m + 3 * n]
+        m = len(study.SEEDED) * n + 1 + 2 * n
+        self.assertTrue(all(r.encoding in study.SEEDED for r in runs[k + 1 + 2 * n:m]))
+        two_l = runs[m:m + n]
         self.assertTrue(all(r.tag == study.TWO_L_TAG and r.seq_len == 2 * cfg["seq_len"]
                             and r.steps == cfg["steps"] // 2 for r in two_l))
-        self.assertTrue(all(r.encoding not in study.SEEDED for r in runs[m + 3 * n:]))
+        self.assertTrue(all(r.encoding not in study.SEEDED for r in runs[m + n:]))
         # A run at 2L is evaluated at the study's lengths from 2L on: the same longest length.
         self.assertEqual(study.eval_multiples(cfg, two_l[0]), [1, 2, 4, 8])
         self.assertEqual(study.eval_multiples(cfg, runs[0]), cfg["multiples"])
