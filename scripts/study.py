@@ -87,7 +87,7 @@ PRESETS = {
                   vocab=4096, multiples=[1, 2, 4, 8, 16], eval_tokens=512, seeds=[1234, 4321],
                   encodings=CLAIM_ENCODINGS, seeded=["rope"], min_seeds=2, checkpoint_minutes=5.0,
                   transition=dict(layers=4, steps=8, settings=[(0.5, 2)]),
-                  finetune=dict(steps=2, lr_scale=0.1, warmup=0)),
+                  finetune=dict(steps=2, lr_scale=0.1, warmup=0), lr_sweep=[0.01]),
     # The committed study (bench/results/study.md), one thread per run: 4.1M training tokens per
     # run (about 10-15 minutes on one core of the development machine); three seeds for the
     # encodings of the claims.
@@ -101,7 +101,9 @@ PRESETS = {
                                                                   (0.5, 2), (0.3, 1), (0.3, 3)]),
                  # PI's fine-tune: 200 steps at 2L (a tenth of the training steps, a fifth of its tokens),
                  # a tenth of the learning rate, 20 warmup steps.
-                 finetune=dict(steps=200, lr_scale=0.1, warmup=20)),
+                 finetune=dict(steps=200, lr_scale=0.1, warmup=20),
+                 # The learning-rate sweep: half and twice the preset's rate (1.5e-3, 6e-3), first seed.
+                 lr_sweep=[0.5, 2.0]),
     # Every seed encoding in about ten GPU-minutes (an estimate until run; docs/study.md): 4.2M
     # parameters (d 256, 4 layers, head dim 64), 8.2M training tokens per run at L 256. On a GPU
     # (--device cuda, a build with CUDA kernels for every encoding: scripts/gpu-check.sh's study stage).
@@ -116,7 +118,7 @@ PRESETS = {
                 seeds=[1234, 4321, 2025], encodings=ALL_ENCODINGS, seeded=SEEDED, checkpoint_minutes=10.0),
 }
 MODEL_KEYS = ["d_model", "layers", "heads", "seq_len", "batch", "steps", "warmup", "lr", "vocab",
-              "multiples", "eval_tokens", "seeds", "transition", "finetune"]
+              "multiples", "eval_tokens", "seeds", "transition", "finetune", "lr_sweep"]
 
 RESULT_FIELDS = ["run", "encoding", "seed", "variant", "evaluated", "settings", "train_len",
                  "eval_len", "multiple", "loss", "ppl", "tokens", "note", "segments"]
@@ -182,8 +184,10 @@ class Run:
     deeper RoPE model: encoding rope, `layers` and `steps` its own)."""
 
     def __init__(self, encoding, seed, tag=None, layers=None, steps=None, seq_len=None, init=None, sets=None,
-                 lr=None, warmup=None):
-        self.encoding, self.seed = encoding, seed
+                 lr=None, warmup=None, main=True):
+        # main: a run of the encoding as the study compares it (its variants are evaluated on it); the
+        # learning-rate sweep's and the special runs (transition, fine-tunes, 2L) are not.
+        self.encoding, self.seed, self.main = encoding, seed, main
         self.tag, self.layers, self.steps, self.seq_len = tag or encoding, layers, steps, seq_len
         # A fine-tune: `init` is the run whose final checkpoint it starts from (ape-train --init-from),
         # `sets` the fixed params it trains with (--set).
@@ -191,30 +195,80 @@ class Run:
         self.id = f"{self.tag}-s{seed}"
 
 
-def plan(cfg):
-    """Every encoding with the first seed, the seeded ones with every seed. Order (so that a partial
-    study answers the headline claims with every seed first): the first group of seeded encodings
-    seed by seed, the attention transition's model, the RoPE models' short fine-tunes, the other
-    seeded encodings seed by seed, the sinusoidal baseline at 2L, then the rest."""
-    seeds, seeded = cfg["seeds"], [e for e in cfg["seeded"] if e in cfg["encodings"]]
+def seeded_of(cfg):
+    return [e for e in cfg["seeded"] if e in cfg["encodings"]]
+
+
+def sweep_lrs(cfg):
+    """The learning-rate sweep's other rates (the preset's lr times each factor of lr_sweep)."""
+    return [cfg["lr"] * k for k in cfg.get("lr_sweep") or []]
+
+
+def run_tag(cfg, chosen, name):
+    """The tag of an encoding's runs (or a special run's) at the learning rate chosen for it: the name
+    itself at the preset's lr, NAME_lrX at another ("rope_lr0.006"); the fine-tunes follow rope's
+    rate, the sinusoidal baseline at 2L sinusoidal_scaled's."""
+    base = {PI_FT_TAG: "rope", ROPE_FT_TAG: "rope", TWO_L_TAG: "sinusoidal_scaled"}.get(name, name)
+    lr = (chosen or {}).get(base, cfg["lr"])
+    return name if lr == cfg["lr"] else f"{name}_lr{lr:g}"
+
+
+def chosen_lrs(cfg, table):
+    """{encoding: learning rate} for each seeded encoding whose sweep has finished: of the preset's lr
+    and the sweep's, the one whose first-seed model has the lowest loss at 1x on the validation books
+    (never a test-book or extrapolation number)."""
+    out, s0 = {}, cfg["seeds"][0]
+    if not sweep_lrs(cfg):
+        return out
+    for e in seeded_of(cfg):
+        cands = [(cfg["lr"], f"{e}-s{s0}")] + [(lr, f"{e}_lr{lr:g}-s{s0}") for lr in sweep_lrs(cfg)]
+        losses = [(loss_of(table, rid, "valid", 1), lr) for lr, rid in cands]
+        if all(x is not None for x, _ in losses):
+            out[e] = min(losses)[1]
+    return out
+
+
+def plan(cfg, chosen=None):
+    """Every encoding with the first seed, the seeded ones with every seed, each at the learning rate
+    chosen for it (`chosen`, from the sweep; the preset's until the sweep has finished). Order (so that
+    a partial study answers the headline claims with every seed first): the first group of seeded
+    encodings seed by seed, the attention transition's model, the RoPE models' short fine-tunes, the
+    learning-rate sweep (first seed, each other rate), the other seeded encodings seed by seed, the
+    sinusoidal baseline at 2L, then the rest."""
+    chosen = chosen or {}
+    seeds, seeded = cfg["seeds"], seeded_of(cfg)
     first = [e for e in seeded if e in SEEDED_FIRST]
-    runs = [Run(e, s) for s in seeds for e in first]
+
+    def main(e, s):
+        lr = chosen.get(e, cfg["lr"])
+        return Run(e, s) if lr == cfg["lr"] else Run(e, s, run_tag(cfg, chosen, e), lr=lr)
+
+    runs = [main(e, s) for s in seeds for e in first]
     if cfg.get("transition") and "rope" in cfg["encodings"]:
         t = cfg["transition"]
-        runs.append(Run("rope", seeds[0], TRANSITION_TAG, t["layers"], t["steps"]))
+        runs.append(Run("rope", seeds[0], TRANSITION_TAG, t["layers"], t["steps"], main=False))
     if "rope" in seeded and cfg.get("finetune"):
         # PI as its paper uses it (and the survey's claim): each RoPE model fine-tuned briefly at 2L
         # with PI (rope_pi, rope_factor 2), and, the control, without it (plain RoPE at 2L).
-        f = cfg["finetune"]
+        f, lr = cfg["finetune"], chosen.get("rope", cfg["lr"])
         for tag, enc, sets in ((PI_FT_TAG, "rope_pi", {"rope_factor": 2}), (ROPE_FT_TAG, "rope", {})):
-            runs += [Run(enc, s, tag, steps=f["steps"], seq_len=2 * cfg["seq_len"], init=f"rope-s{s}", sets=sets,
-                         lr=cfg["lr"] * f["lr_scale"], warmup=f["warmup"]) for s in seeds]
-    runs += [Run(e, s) for s in seeds for e in seeded if e not in first]
+            runs += [Run(enc, s, run_tag(cfg, chosen, tag), steps=f["steps"], seq_len=2 * cfg["seq_len"],
+                         init=f"{run_tag(cfg, chosen, 'rope')}-s{s}", sets=sets, lr=lr * f["lr_scale"],
+                         warmup=f["warmup"], main=False) for s in seeds]
+    # The sweep: the first seed at each other rate (a run that is chosen becomes that seed's main run).
+    ids = {r.id for r in runs}
+    for e in first + [e for e in seeded if e not in first]:
+        for lr in sweep_lrs(cfg):
+            r = Run(e, seeds[0], f"{e}_lr{lr:g}", lr=lr, main=chosen.get(e) == lr)
+            if r.id not in ids:
+                runs.append(r)
+    runs += [main(e, s) for s in seeds for e in seeded if e not in first]
     if "sinusoidal_scaled" in seeded and "cable" in seeded:
         # Cable's abstract compares Cable trained at L with sinusoidal trained at 2L, both at 2L:
         # the sinusoidal baseline at twice the length, half the steps (the same training tokens).
-        runs += [Run("sinusoidal_scaled", s, TWO_L_TAG, steps=cfg["steps"] // 2, seq_len=2 * cfg["seq_len"])
-                 for s in seeds]
+        lr = chosen.get("sinusoidal_scaled", cfg["lr"])
+        runs += [Run("sinusoidal_scaled", s, run_tag(cfg, chosen, TWO_L_TAG), steps=cfg["steps"] // 2,
+                     seq_len=2 * cfg["seq_len"], lr=None if lr == cfg["lr"] else lr, main=False) for s in seeds]
     return runs + [Run(e, seeds[0]) for e in cfg["encodings"] if e not in seeded]
 
 
@@ -250,11 +304,23 @@ PI_FT_TAG, ROPE_FT_TAG = "rope_pi_ft", "rope_ft"
 
 
 def variants_of(run, cfg=None):
+    """The evaluations of a trained run besides its own: the transition's settings (its model), the
+    encoding's inference-time variants (a main run), and, for the learning-rate sweep, the 1x loss on
+    the validation books (the first seed's run at every rate of a seeded encoding)."""
+    cfg = cfg or {}
     if run.tag == TRANSITION_TAG:
-        t = (cfg or {}).get("transition") or {}
+        t = cfg.get("transition") or {}
         return [(transition_name(b, n), TRANSITION_TAG, f"rope_{transition_name(b, n)}", {}, False,
                  transition_spec(transition_name(b, n), b, n)) for b, n in t.get("settings", [])]
-    return [v + (None,) for v in VARIANTS if v[1] == run.tag]
+    out = [v + (None,) for v in VARIANTS if v[1] == run.encoding] if run.main else []
+    if (sweep_lrs(cfg) and run.seed == cfg["seeds"][0] and run.encoding in seeded_of(cfg)
+            and run.tag in (run.encoding, f"{run.encoding}_lr{(run.lr or 0):g}")):
+        out.append(VALID_VARIANT)
+    return out
+
+
+# The learning-rate sweep's evaluation: ape-eval --split valid at 1x.
+VALID_VARIANT = ("valid", None, None, {}, False, None)
 
 
 # ---- running -----------------------------------------------------------------------------------
@@ -312,10 +378,11 @@ class Runner:
 
     def final_ckpt(self, run_id):
         """The checkpoint of a finished run of this study (None until it has finished)."""
-        enc = run_id.rsplit("-s", 1)[0]
         done = any(r["run"] == run_id and r["variant"] == "trained" and r["train_len"] for r in read_rows(self.results))
-        path = os.path.join(self.args.out, "runs", run_id, f"{enc}.ckpt")
-        return path if done else path + ".unfinished"
+        d = os.path.join(self.args.out, "runs", run_id)
+        found = sorted(n for n in os.listdir(d) if n.endswith(".ckpt")) if os.path.isdir(d) else []
+        path = os.path.join(d, found[0] if found else "none.ckpt")  # a run writes one, ENCODING.ckpt
+        return path if done and found else path + ".unfinished"
 
     def spec_file(self, enc):
         """A study-only spec's file: bench/study's, or the one made for this preset in OUT/specs."""
@@ -412,7 +479,9 @@ class Runner:
         # every call scores the same target tokens as the trained row, and keeps the one it is for.
         calls = []
         top = max(c["multiples"])
-        if per_length:
+        if name == VALID_VARIANT[0]:
+            calls.append(([1], None, {}))
+        elif per_length:
             for m in c["multiples"]:
                 calls.append((sorted({m, top}), m, dict(sets, rope_factor=str(m))))
         else:
@@ -422,6 +491,9 @@ class Runner:
             out_csv = os.path.join(d, f"eval_{name}_{i}.csv")
             cmd = [self.eval_bin, "-c", ckpt, "--eval-multiples", ",".join(map(str, mults)),
                    "--eval-tokens", str(c["eval_tokens"]), "--csv", out_csv] + self.common()
+            if name == VALID_VARIANT[0]:
+                cmd += ["--split", "valid"]
+                evaluated = run.encoding
             if spec_text is not None:
                 spec = os.path.join(self.args.out, "specs", f"{evaluated}.mlir")
                 if not self.args.dry_run:
@@ -451,16 +523,27 @@ class Runner:
             append_rows(self.results, RESULT_FIELDS, rows)
         return True
 
+    def current_plan(self):
+        """The plan at the learning rates chosen so far (the sweep's results decide them)."""
+        table, _ = collect(read_rows(self.results))
+        return plan(self.cfg, chosen_lrs(self.cfg, table))
+
     def go(self):
-        runs = plan(self.cfg)
+        runs = self.current_plan()
         done = self.done_jobs()
         todo = sum((r.id, "trained") not in done for r in runs) + sum(
             (r.id, v[0]) not in done for r in runs for v in variants_of(r, self.cfg))
         print(f"[study] {len(runs)} runs; {todo} jobs to do, {len(done)} finished before (skipped)", flush=True)
-        for run in runs:
-            done = self.done_jobs()
-            if (run.id, "trained") in done and all((run.id, v[0]) in done for v in variants_of(run, self.cfg)):
-                continue
+        tried = set()
+        while True:
+            # The plan again after every run: a finished sweep may choose another learning rate for an
+            # encoding, and so add its runs at that rate.
+            runs, done = self.current_plan(), self.done_jobs()
+            run = next((r for r in runs if r.id not in tried and not (
+                (r.id, "trained") in done and all((r.id, v[0]) in done for v in variants_of(r, self.cfg)))), None)
+            if run is None:
+                break
+            tried.add(run.id)
             with self.run_lock(run) as mine:
                 if not mine:
                     print(f"[study] {run.id}: another driver is running it; skipped", flush=True)
@@ -476,7 +559,7 @@ class Runner:
                 for v in variants_of(run, self.cfg):
                     if (run.id, v[0]) not in done:
                         self.variant(run, v)
-            if not self.args.dry_run and run is not runs[-1]:
+            if not self.args.dry_run:
                 report(self.args, self.cfg)  # outputs stay current while the study runs
         return not self.failed
 
@@ -648,9 +731,13 @@ class Claims:
         self.cfg, self.table = cfg, table
         self.mults = cfg["multiples"]
         self.top = max(self.mults)
+        self.chosen = chosen_lrs(cfg, table)  # each encoding's runs at the rate its sweep chose
+
+    def tag(self, name):
+        return run_tag(self.cfg, self.chosen, name)
 
     def q(self, terms):
-        return Quantity(self.table, self.cfg["seeds"], terms)
+        return Quantity(self.table, self.cfg["seeds"], [(k, self.tag(e), v, m) for k, e, v, m in terms])
 
     def growth(self, enc, m, variant="trained"):
         return [(1, enc, variant, m), (-1, enc, "trained", 1)]
@@ -662,7 +749,7 @@ class Claims:
         """The encoding's mean loss over its seeds at every multiple, and its seed count."""
         cells = []
         for m in self.mults:
-            xs = [loss_of(self.table, f"{enc}-s{s}", variant, m) for s in self.cfg["seeds"]]
+            xs = [loss_of(self.table, f"{self.tag(enc)}-s{s}", variant, m) for s in self.cfg["seeds"]]
             xs = [x for x in xs if x is not None]
             cells.append(fmt(statistics.fmean(xs), 2) if xs else "—")
         return " / ".join(cells)
@@ -770,7 +857,7 @@ COLOURS = ["#000000", "#e69f00", "#56b4e9", "#009e73", "#d55e00", "#0072b2", "#c
            "#8b0000", "#6a3d9a", "#b15928", "#33a02c"]
 
 
-def write_plot(args, cfg, table, order, png):
+def write_plot(args, cfg, table, order, png, chosen=None):
     """Loss against evaluation length (log2 axis), the training length marked: left, every trained
     encoding; right, the inference-time variants (dashed) beside their base models. A line is the
     mean over the encoding's seeds, its error bars the range of the seeds (one seed: no bar). The
@@ -787,18 +874,21 @@ def write_plot(args, cfg, table, order, png):
         if not run.endswith(f"-s{cfg['seeds'][0]}"):
             continue
         enc = run.rsplit("-s", 1)[0]
-        if enc in (TRANSITION_TAG, TWO_L_TAG, PI_FT_TAG, ROPE_FT_TAG):
+        if enc in (TRANSITION_TAG, TWO_L_TAG, PI_FT_TAG, ROPE_FT_TAG) or re.search(r"_lr[0-9.e+-]+$", enc):
             continue
+        shown = run_tag(cfg, chosen or {}, enc)  # the encoding at the rate chosen for it
         pts, n_seeds = [], 0
         for m in cfg["multiples"]:
-            ys = [loss_of(table, f"{enc}-s{s}", variant, m) for s in cfg["seeds"]]
+            ys = [loss_of(table, f"{shown}-s{s}", variant, m) for s in cfg["seeds"]]
             ys = [y for y in ys if y is not None]
             if ys:
                 pts.append((L * m, statistics.fmean(ys), min(ys), max(ys)))
                 n_seeds = max(n_seeds, len(ys))
-        if not pts:
+        if not pts or variant == VALID_VARIANT[0]:
             continue
         name = (enc if variant == "trained" else f"{enc}+{variant}") + (f" ({n_seeds} seeds)" if n_seeds > 1 else "")
+        if shown != enc:
+            name += f" (lr {chosen[enc]:g})"
         path = os.path.join(dat, re.sub(r"[^A-Za-z0-9_.+-]", "_", name) + ".dat")
         with open(path, "w") as f:
             f.writelines(f"{x} {y} {lo} {hi}\n" for x, y, lo, hi in pts)
@@ -849,7 +939,8 @@ def report(args, cfg):
     results = read_rows(os.path.join(args.out, "results.csv"))
     train = read_rows(os.path.join(args.out, "train.csv"))
     table, order = collect(results)
-    runs = plan(cfg)
+    chosen = chosen_lrs(cfg, table)
+    runs = plan(cfg, chosen)
     # Rows in the plan's order (runs), each run's variants after it in VARIANTS' order.
     run_rank = {r.id: i for i, r in enumerate(runs)}
     var_rank = {"trained": -1, **{v[0]: i for i, v in enumerate(VARIANTS)}}
@@ -865,7 +956,7 @@ def report(args, cfg):
     # CSV: every row, as measured.
     for dest in dests:
         write_rows(os.path.join(dest, "study.csv"), RESULT_FIELDS, results)
-    png_ok = write_plot(args, cfg, table, order, os.path.join(args.out, "study.png"))
+    png_ok = write_plot(args, cfg, table, order, os.path.join(args.out, "study.png"), chosen)
     if png_ok and args.publish:
         shutil.copyfile(os.path.join(args.out, "study.png"), os.path.join(args.publish, "study.png"))
 
@@ -934,24 +1025,44 @@ def report(args, cfg):
                    + ", ".join(f"{i} ({x:.3f})" for i, x in behind)
                    + ". Their growth with length is measured from a weaker model; docs/study.md says what is known "
                      "of why.", ""]
-    seeded = [e for e in cfg["seeded"] if e in cfg["encodings"]]
+    seeded = seeded_of(cfg)
     seed_rows = []
     for e in seeded:
         cells, n_max = [], 0
         for m in mults:
-            xs = [loss_of(table, f"{e}-s{s}", "trained", m) for s in cfg["seeds"]]
+            xs = [loss_of(table, f"{run_tag(cfg, chosen, e)}-s{s}", "trained", m) for s in cfg["seeds"]]
             xs = [x for x in xs if x is not None]
             n_max = max(n_max, len(xs))
             cells.append("—" if not xs else f"{statistics.fmean(xs):.3f}" if len(xs) == 1 else
                          f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}")
         if n_max >= 2:
-            seed_rows.append(f"| {e} | {n_max} | " + " | ".join(cells) + " |")
+            seed_rows.append(f"| {e} | {chosen.get(e, cfg['lr']):g} | {n_max} | " + " | ".join(cells) + " |")
     if seed_rows:
         md += ["## Seeds", "",
                f"The encodings the claims depend on are trained with seeds {', '.join(map(str, cfg['seeds']))} "
-               "(initialisation and data order); cells: mean loss over the seeds ± their standard deviation.", "",
-               "| encoding | seeds | " + " | ".join(f"{m}x" for m in mults) + " |",
-               "|" + " --- |" * (len(mults) + 2)] + seed_rows + [""]
+               "(initialisation and data order), at the learning rate chosen for them; cells: mean loss over the "
+               "seeds ± their standard deviation.", "",
+               "| encoding | lr | seeds | " + " | ".join(f"{m}x" for m in mults) + " |",
+               "|" + " --- |" * (len(mults) + 3)] + seed_rows + [""]
+    if sweep_lrs(cfg):
+        rates = [cfg["lr"]] + sweep_lrs(cfg)
+        s0 = cfg["seeds"][0]
+        rows_lr = []
+        for e in seeded:
+            cells = []
+            for lr in rates:
+                rid = f"{e}-s{s0}" if lr == cfg["lr"] else f"{e}_lr{lr:g}-s{s0}"
+                x = loss_of(table, rid, "valid", 1)
+                cells.append("—" if x is None else f"**{x:.3f}**" if chosen.get(e) == lr else f"{x:.3f}")
+            rows_lr.append(f"| {e} | " + " | ".join(cells) + f" | {chosen[e]:g} |" if e in chosen else
+                           f"| {e} | " + " | ".join(cells) + " | (sweep not finished: the preset's) |")
+        md += ["## Learning rates", "",
+               f"Each seeded encoding's learning rate is chosen by a sweep at the same budget, seed {s0}: the rate "
+               "whose model has the lowest loss at 1x on the two validation books (never a test-book or "
+               "extrapolation number); its seeds then train at that rate. Cells: loss at 1x on the validation "
+               "books (nats).", "",
+               "| encoding | " + " | ".join(f"lr {lr:g}" for lr in rates) + " | chosen |",
+               "|" + " --- |" * (len(rates) + 2)] + rows_lr + [""]
     counts = {}
     for c in claims:
         key = "too few seeds" if c["verdict"].startswith("too few seeds") else c["verdict"]
@@ -1021,8 +1132,11 @@ def report(args, cfg):
            f"{cfg['steps'] * cfg['batch'] * L / 1e6:.1f}M tokens. Effects here are several times smaller than the "
            "papers' (the ratio column), so a verdict says which way an effect goes at this scale, not how big it is "
            "at theirs.",
-           "- The learning rate is the same for every encoding (no per-encoding sweep has been run yet); an encoding "
-           "that trains worse at this rate is judged from a weaker model.",
+           ("- Learning rates: " + (f"{len(chosen)} of {len(seeded)} seeded encodings have finished their sweep "
+            f"(Learning rates, above); the others are judged at the preset's rate, {cfg['lr']:g}, and one that trains "
+            "worse at it is judged from a weaker model." if sweep_lrs(cfg) else
+            f"every encoding trains at the preset's rate, {cfg['lr']:g}; one that trains worse at it is judged "
+            "from a weaker model.")),
            "- Long-document tasks. Every number is next-token loss on two held-out books; the attention transition's "
            "paper, for one, scores summaries of long documents.",
            "- PI as its paper uses it: PI is meant to be followed by a short fine-tune at the longer length; here it "
@@ -1141,8 +1255,9 @@ def main():
                                                "encodings": cfg["encodings"]}, indent=1) + "\n")
 
     if args.list:
-        done = {(r["run"], r["variant"]) for r in read_rows(os.path.join(args.out, "results.csv"))}
-        for r in plan(cfg):
+        rows = read_rows(os.path.join(args.out, "results.csv"))
+        done = {(r["run"], r["variant"]) for r in rows}
+        for r in plan(cfg, chosen_lrs(cfg, collect(rows)[0])):
             state = "done" if (r.id, "trained") in done else (
                 "started (checkpoint)" if os.path.exists(os.path.join(args.out, "runs", r.id, f"{r.encoding}.ckpt"))
                 else "to do")

@@ -4,6 +4,7 @@
 //   ape-eval --checkpoint runs/rope.ckpt --encoding rope_yarn --set rope_factor=8
 //   ape-eval --checkpoint runs/exqpe.ckpt --set position_scale=0.5
 //   ape-eval --checkpoint runs/my_encoding.ckpt   # trained with --spec: rebuilt from the spec it holds
+//   ape-eval --checkpoint runs/rope.ckpt --split valid --eval-multiples 1   # the validation books
 #include <iostream>
 #include <map>
 #include <set>
@@ -47,6 +48,12 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz")->capture_default_str();
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
+      ->capture_default_str();
+  std::string split = "test";
+  app.add_option("--split", split,
+                 "The held-out books scored: test (default) or valid (the validation books: for choosing\n"
+                 "settings, e.g. a learning rate, without looking at the test books)")
+      ->check(CLI::IsMember({"test", "valid"}))
       ->capture_default_str();
   app.add_option("--csv", csv,
                  "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses)");
@@ -163,11 +170,13 @@ int main(int argc, char **argv) {
         throw std::runtime_error("checkpoint " + m.path + " was trained with a different tokenizer (" + m.tokenizer +
                                  ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
                                  "); pass the --cache-dir used for training");
-      auto r = ape::evaluate(m.model, corpus.test(), m.train_len, ec, &std::cout, m.label);
+      auto r = ape::evaluate(m.model, split == "valid" ? corpus.valid() : corpus.test(), m.train_len, ec, &std::cout,
+                             m.label);
       rows.insert(rows.end(), r.begin(), r.end());
     }
     std::cout << "\n";
-    ape::print_table(std::cout, rows, "Held-out test books, cells: mean token loss / perplexity");
+    ape::print_table(std::cout, rows, std::string("Held-out ") + (split == "valid" ? "validation" : "test") +
+                                         " books, cells: mean token loss / perplexity");
     if (!csv.empty()) {
       ape::write_csv(csv, rows);
       std::cout << "\nresults -> " << csv << "\n";

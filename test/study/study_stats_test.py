@@ -154,8 +154,14 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(ft[0].sets, {"rope_factor": 2})
         self.assertEqual(ft[n].sets, {})
         self.assertTrue(all(r.seq_len == 2 * cfg["seq_len"] and r.steps == 200 for r in ft))
-        m = len(study.SEEDED) * n + 1 + 2 * n
-        self.assertTrue(all(r.encoding in study.SEEDED for r in runs[k + 1 + 2 * n:m]))
+        # The learning-rate sweep: the first seed of every seeded encoding at each other rate.
+        w = len(study.SEEDED) * len(cfg["lr_sweep"])
+        sweep = runs[k + 1 + 2 * n:k + 1 + 2 * n + w]
+        self.assertEqual({r.tag for r in sweep}, {f"{e}_lr{lr:g}" for e in study.SEEDED for lr in (0.0015, 0.006)})
+        self.assertTrue(all(r.seed == cfg["seeds"][0] and not r.main for r in sweep))
+        self.assertEqual([v[0] for v in study.variants_of(sweep[0], cfg)], ["valid"])
+        m = len(study.SEEDED) * n + 1 + 2 * n + w
+        self.assertTrue(all(r.encoding in study.SEEDED for r in runs[k + 1 + 2 * n + w:m]))
         two_l = runs[m:m + n]
         self.assertTrue(all(r.tag == study.TWO_L_TAG and r.seq_len == 2 * cfg["seq_len"]
                             and r.steps == cfg["steps"] // 2 for r in two_l))
@@ -163,6 +169,34 @@ class PlanTest(unittest.TestCase):
         # A run at 2L is evaluated at the study's lengths from 2L on: the same longest length.
         self.assertEqual(study.eval_multiples(cfg, two_l[0]), [1, 2, 4, 8])
         self.assertEqual(study.eval_multiples(cfg, runs[0]), cfg["multiples"])
+
+    def test_the_sweep_chooses_by_the_validation_books_and_the_plan_follows(self):
+        cfg = dict(study.PRESETS["full"])
+        # rope: 6e-3 is best on the validation books (its test-book losses say otherwise: ignored).
+        cells = {("rope", 1234, "valid", 1): (4.60, None), ("rope_lr0.0015", 1234, "valid", 1): (4.70, None),
+                 ("rope_lr0.006", 1234, "valid", 1): (4.55, None), ("rope", 1234, "trained", 1): (4.0, None),
+                 ("cable", 1234, "valid", 1): (4.6, None)}  # cable: its sweep has not finished
+        chosen = study.chosen_lrs(cfg, table_of(cells))
+        self.assertEqual(chosen, {"rope": 0.006})
+        self.assertEqual(study.run_tag(cfg, chosen, "rope"), "rope_lr0.006")
+        self.assertEqual(study.run_tag(cfg, chosen, "cable"), "cable")
+        self.assertEqual(study.run_tag(cfg, chosen, study.PI_FT_TAG), "rope_pi_ft_lr0.006")
+        runs = study.plan(cfg, chosen)
+        ids = [r.id for r in runs]
+        self.assertEqual(ids[0], "rope_lr0.006-s1234")  # the sweep's run is the first seed's main run
+        self.assertIn("rope_lr0.006-s2025", ids)
+        self.assertNotIn("rope-s2025", ids)
+        self.assertEqual(len(ids), len(set(ids)))
+        main = runs[0]
+        self.assertTrue(main.main)
+        self.assertEqual(main.lr, 0.006)
+        self.assertEqual([v[0] for v in study.variants_of(main, cfg)], ["pi", "ntk", "yarn", "dynamic_ntk", "valid"])
+        ft = next(r for r in runs if r.tag == "rope_pi_ft_lr0.006")
+        self.assertEqual(ft.init, "rope_lr0.006-s1234")
+        self.assertAlmostEqual(ft.lr, 0.0006)
+        # The claims read the chosen runs.
+        claims = study.Claims(cfg, table_of(cells))
+        self.assertEqual(claims.tag("rope"), "rope_lr0.006")
 
     def test_generated_specs(self):
         text = study.expe_rule_spec(study.PRESETS["full"])
