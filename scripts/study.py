@@ -332,7 +332,7 @@ class Runner:
         self.eval_bin = os.path.join(args.build_dir, "tools", "ape-eval")
         self.results = os.path.join(args.out, "results.csv")
         self.train_csv = os.path.join(args.out, "train.csv")
-        self.failed = []
+        self.failed, self.waiting = [], []
         self.child, self.stopping = None, False
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGTERM, self.on_signal)
@@ -412,7 +412,8 @@ class Runner:
         elif os.path.exists(ckpt):
             rc, text = self.run_cmd([self.train_bin, "--resume", ckpt] + self.common(), log)
         elif run.init and not os.path.exists(self.final_ckpt(run.init)):
-            print(f"[study] {run.id}: waits for {run.init} (its start) to finish", flush=True)
+            print(f"[study] {run.id}: waits for {run.init}'s checkpoint (its start)", flush=True)
+            self.waiting.append(run.id)
             return False
         else:
             what = ["--spec", self.spec_file(run.encoding)] if run.encoding in SPEC_FILES or \
@@ -472,6 +473,13 @@ class Runner:
         c = self.cfg
         d = os.path.join(self.args.out, "runs", run.id)
         ckpt = os.path.join(d, f"{run.encoding}.ckpt")
+        if not os.path.exists(ckpt) and not self.args.dry_run:
+            # A run recorded in results.csv whose folder is gone: its other jobs wait for it.
+            print(f"[study] {run.id}/{name}: no checkpoint {ckpt} (the run is recorded but its folder is gone); "
+                  f"remove {run.id}'s rows from results.csv to train it again (the same seed gives the same model)",
+                  file=sys.stderr, flush=True)
+            self.waiting.append(f"{run.id}/{name}")
+            return False
         log = os.path.join(d, f"eval_{name}.log")
         sets = {k: (str(c["seq_len"]) if val == "L" else val) for k, val in params.items()}
         # (multiples evaluated, the multiple kept, sets). ape-eval places its windows by the largest
