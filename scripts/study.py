@@ -222,10 +222,16 @@ def chosen_lrs(cfg, table):
         return out
     for e in seeded_of(cfg):
         cands = [(cfg["lr"], f"{e}-s{s0}")] + [(lr, f"{e}_lr{lr:g}-s{s0}") for lr in sweep_lrs(cfg)]
-        losses = [(loss_of(table, rid, "valid", 1), lr) for lr, rid in cands]
-        if all(x is not None for x, _ in losses):
+        losses = [(math.inf if diverged(table, rid) else loss_of(table, rid, "valid", 1), lr) for lr, rid in cands]
+        if all(x is not None for x, _ in losses) and min(losses)[0] < math.inf:
             out[e] = min(losses)[1]
     return out
+
+
+def diverged(table, run_id):
+    """The run's training diverged: it is recorded (Runner.train) by one trained row without a
+    multiple, so collect() gives it no cells."""
+    return table.get((run_id, "trained")) == {}
 
 
 def plan(cfg, chosen=None):
@@ -243,7 +249,20 @@ def plan(cfg, chosen=None):
         lr = chosen.get(e, cfg["lr"])
         return Run(e, s) if lr == cfg["lr"] else Run(e, s, run_tag(cfg, chosen, e), lr=lr)
 
-    runs = [main(e, s) for s in seeds for e in first]
+    mains = {main(e, s).id for e in seeded for s in seeds}
+
+    def sweep(encs):
+        """The first seed at each other rate (a run that is chosen is that seed's main run already)."""
+        out = []
+        for e in encs:
+            for lr in sweep_lrs(cfg):
+                r = Run(e, seeds[0], f"{e}_lr{lr:g}", lr=lr, main=False)
+                if r.id not in mains:
+                    out.append(r)
+        return out
+
+    # The first group's first seed and its sweep before its other seeds: a rate chosen early wastes none.
+    runs = [main(e, seeds[0]) for e in first] + sweep(first) + [main(e, s) for s in seeds[1:] for e in first]
     if cfg.get("transition") and "rope" in cfg["encodings"]:
         t = cfg["transition"]
         runs.append(Run("rope", seeds[0], TRANSITION_TAG, t["layers"], t["steps"], main=False))
@@ -255,19 +274,13 @@ def plan(cfg, chosen=None):
             runs += [Run(enc, s, run_tag(cfg, chosen, tag), steps=f["steps"], seq_len=2 * cfg["seq_len"],
                          init=f"{run_tag(cfg, chosen, 'rope')}-s{s}", sets=sets, lr=lr * f["lr_scale"],
                          warmup=f["warmup"], main=False) for s in seeds]
-    # The sweep: the first seed at each other rate (a run that is chosen becomes that seed's main run).
-    ids = {r.id for r in runs}
-    for e in first + [e for e in seeded if e not in first]:
-        for lr in sweep_lrs(cfg):
-            r = Run(e, seeds[0], f"{e}_lr{lr:g}", lr=lr, main=chosen.get(e) == lr)
-            if r.id not in ids:
-                runs.append(r)
-    runs += [main(e, s) for s in seeds for e in seeded if e not in first]
+    others = [e for e in seeded if e not in first]
+    runs += [main(e, seeds[0]) for e in others] + sweep(others) + [main(e, s) for s in seeds[1:] for e in others]
     if "sinusoidal_scaled" in seeded and "cable" in seeded:
         # Cable's abstract compares Cable trained at L with sinusoidal trained at 2L, both at 2L:
         # the sinusoidal baseline at twice the length, half the steps (the same training tokens).
         lr = chosen.get("sinusoidal_scaled", cfg["lr"])
-        runs += [Run("sinusoidal_scaled", s, run_tag(cfg, chosen, TWO_L_TAG), steps=cfg["steps"] // 2,
+        runs += [Run("sinusoidal_scaled", s, run_tag(cfg, chosen, TWO_L_TAG), steps=max(1, cfg["steps"] // 2),
                      seq_len=2 * cfg["seq_len"], lr=None if lr == cfg["lr"] else lr, main=False) for s in seeds]
     return runs + [Run(e, seeds[0]) for e in cfg["encodings"] if e not in seeded]
 
@@ -412,7 +425,8 @@ class Runner:
         elif os.path.exists(ckpt):
             rc, text = self.run_cmd([self.train_bin, "--resume", ckpt] + self.common(), log)
         elif run.init and not os.path.exists(self.final_ckpt(run.init)):
-            print(f"[study] {run.id}: waits for {run.init}'s checkpoint (its start)", flush=True)
+            print(f"[study] {run.id}: waits for {run.init}'s final checkpoint, its start (if {run.init} is recorded but "
+                  f"its folder is gone, remove its rows from results.csv to train it again)", flush=True)
             self.waiting.append(run.id)
             return False
         else:
@@ -547,11 +561,15 @@ class Runner:
             # The plan again after every run: a finished sweep may choose another learning rate for an
             # encoding, and so add its runs at that rate.
             runs, done = self.current_plan(), self.done_jobs()
-            run = next((r for r in runs if r.id not in tried and not (
+            # A run is tried once per set of jobs it has: one whose variants change (the sweep made it a
+            # main run) is taken again.
+            def key(r):
+                return r.id, tuple(v[0] for v in variants_of(r, self.cfg))
+            run = next((r for r in runs if key(r) not in tried and not (
                 (r.id, "trained") in done and all((r.id, v[0]) in done for v in variants_of(r, self.cfg)))), None)
             if run is None:
                 break
-            tried.add(run.id)
+            tried.add(key(run))
             with self.run_lock(run) as mine:
                 if not mine:
                     print(f"[study] {run.id}: another driver is running it; skipped", flush=True)
@@ -569,6 +587,9 @@ class Runner:
                         self.variant(run, v)
             if not self.args.dry_run:
                 report(self.args, self.cfg)  # outputs stay current while the study runs
+        if self.waiting:
+            print(f"[study] waiting (they need a run that has not finished here, or whose folder is gone): "
+                  f"{', '.join(self.waiting)}", flush=True)
         return not self.failed
 
     @contextlib.contextmanager
@@ -664,11 +685,11 @@ def segments_of(table, run, variant, m):
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (a z of 1.96 past 30).
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-       10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+       10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
 
 
 def t95(df):
-    return T95[max(k for k in T95 if k <= df)] if df <= 30 else 1.96
+    return T95[max(k for k in T95 if k <= df)]
 
 
 class Quantity:
@@ -716,6 +737,8 @@ class Quantity:
         return f"{self.mean:+.{nd}f} ± {self.half:.{nd}f}"
 
 
+# examples/encodings/learned_absolute.mlir's table (positions): the longest length it can be scored at.
+LEARNED_TABLE = 1024
 # The fewest seeds a verdict needs (issue 33; the quick preset, which has two, takes two so that CI
 # exercises the verdicts) and the margin of "about the same" / "stays flat".
 MIN_SEEDS = 3
@@ -833,15 +856,16 @@ class Claims:
         # The survey and the papers it summarises.
         add("survey; xPos (Sun et al.)", "xPos extrapolates better than RoPE", f"xPos − RoPE at {mx}x",
             self.diff("xpos", "rope", mx), "less", curves=[("xPos", "xpos", "trained")])
+        la = max([m for m in self.mults if m * self.cfg["seq_len"] <= LEARNED_TABLE] or [1])
         add("survey; xPos Table 1", "learned absolute positions degrade past the training length (and cannot go past "
-            "their table)", "growth at 8x", self.growth("learned_absolute", 8), "greater",
+            "their table)", f"growth at {la}x", self.growth("learned_absolute", la), "greater",
             curves=[("learned", "learned_absolute", "trained")])
         add("survey; Kazemnejad et al.", "NoPE holds its loss beyond the training length", f"growth at {mx}x",
             self.growth("nope", mx), "flat", curves=[("NoPE", "nope", "trained")])
         add("survey", "NoPE is worse than RoPE at the training length", "NoPE − RoPE at 1x",
             self.diff("nope", "rope", 1), "greater")
-        add("PI (Chen et al.); survey", "PI without its fine-tuning does not help a RoPE model beyond L "
-            "(the paper fine-tunes for up to 1000 steps)", f"RoPE+PI − RoPE at {mx}x",
+        add("PI (Chen et al.); survey", "PI without its fine-tuning does not help a RoPE model beyond L: it raises "
+            "the loss (the paper fine-tunes for up to 1000 steps)", f"RoPE+PI − RoPE at {mx}x",
             self.diff("rope", "rope", mx, "pi"), "greater")
         add("survey; YaRN", "without fine-tuning, NTK scaling beats PI", f"RoPE+NTK − RoPE+PI at {mx}x",
             self.diff("rope", "rope", mx, "ntk", "pi"), "less")
@@ -944,6 +968,13 @@ def write_plot(args, cfg, table, order, png, chosen=None):
 
 
 def report(args, cfg):
+    """Writes the report; under a lock, as drivers side by side rewrite it (the plot's files too)."""
+    os.makedirs(args.out, exist_ok=True)
+    with locked(os.path.join(args.out, "report")):
+        write_report(args, cfg)
+
+
+def write_report(args, cfg):
     results = read_rows(os.path.join(args.out, "results.csv"))
     train = read_rows(os.path.join(args.out, "train.csv"))
     table, order = collect(results)
@@ -1012,7 +1043,8 @@ def report(args, cfg):
           "## Config", "",
           f"One config for every encoding: d_model {cfg['d_model']}, layers {cfg['layers']}, heads {cfg['heads']}, "
           f"vocab {cfg['vocab']} (SentencePiece BPE), training length L = {L}, batch {cfg['batch']}, "
-          f"{cfg['steps']} steps ({cfg['steps'] * cfg['batch'] * L:,} training tokens), AdamW lr {cfg['lr']} "
+          f"{cfg['steps']} steps ({cfg['steps'] * cfg['batch'] * L:,} training tokens), AdamW lr {cfg['lr']}"
+          + (" (the seeded encodings' chosen by a sweep: Learning rates, below) " if sweep_lrs(cfg) else " ") +
           f"(warmup {cfg['warmup']}, cosine), seed {cfg['seeds'][0]} (and {', '.join(map(str, cfg['seeds'][1:]))} for "
           f"{', '.join(e for e in cfg['seeded'] if e in cfg['encodings'])}). Evaluated on the held-out test books of pg30 at "
           f"{', '.join(f'{m}x' for m in mults)} L, {cfg['eval_tokens']} scored target tokens per length (the same "
@@ -1132,8 +1164,9 @@ def report(args, cfg):
                     v = "agrees" if hi < 0 else "disagrees" if lo >= 0 else "inconclusive"
             md.append(f"| β {b:g}, {n} interval{'s' if n != 1 else ''} | " + " | ".join(
                 fmt(loss_of(table, tid, name, m), 4) for m in mults) + f" | {q.text(4)} | {claim} | **{v}** |")
-        md += ["", "Verdicts: \"no gain\" agrees when the interval does not lie below 0; \"lower loss\" agrees when "
-                   "the whole interval is below 0 and disagrees when it is not below 0 at all.", ""]
+        md += ["", f"Verdicts: \"no gain\" agrees when the interval lies within ±{FLAT} and not wholly below 0, "
+                   "disagrees when it lies wholly below 0 (a gain), else inconclusive; \"lower loss\" agrees when the "
+                   "whole interval is below 0 and disagrees when it is not below 0 at all.", ""]
     md += ["## What this does not show", "",
            f"- Magnitudes. The papers train 35M-334M-parameter models at 512-1024 tokens on billions of tokens; this "
            f"preset trains {cfg['d_model']}-wide, {cfg['layers']}-layer models at L = {L} on "
@@ -1147,8 +1180,8 @@ def report(args, cfg):
             "from a weaker model.")),
            "- Long-document tasks. Every number is next-token loss on two held-out books; the attention transition's "
            "paper, for one, scores summaries of long documents.",
-           "- PI as its paper uses it: PI is meant to be followed by a short fine-tune at the longer length; here it "
-           "is applied at evaluation only.",
+           "- PI's fine-tune as its paper runs it: PI is judged both at evaluation only and after a short "
+           "fine-tune at 2L (claims 24-25), much shorter and at a far smaller scale than the paper's.",
            "- Tokens beyond the two test books: the token interval covers which tokens of those books are scored, "
            "not other kinds of text.", ""]
     md += ["## Loss / perplexity by evaluation length", "",
@@ -1187,7 +1220,8 @@ def main():
                     "write the table, CSV, plot and the claim-by-claim report. Resumable: rerun the same "
                     "command to skip finished jobs and continue an interrupted training run.",
         epilog="Presets: --quick (CI: tiny models, the claim encodings, a minute or two), full (the default; "
-               "the committed bench/results/study.md: 26 runs of ~10 minutes on one core), --preset gpu (the ExPE "
+               "the committed bench/results/study.md: 24 encodings, 3 seeds for those of the claims, a learning-rate "
+               "sweep, runs of ~10-15 minutes on one core; start it once per core to share the work), --preset gpu (the ExPE "
                "small scale, ~35M params, train 512, evaluate to 8k; see docs/study.md). "
                "Examples:\n  scripts/study.sh --quick\n  scripts/study.sh --threads 1 --publish bench/results\n"
                "  scripts/study.sh --report-only --publish bench/results")

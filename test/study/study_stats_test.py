@@ -95,7 +95,7 @@ class VerdictTest(unittest.TestCase):
         self.assertEqual(study.t95(1), 12.706)
         self.assertEqual(study.t95(2), 4.303)
         self.assertEqual(study.t95(11), 2.228)  # the table's next lower entry: conservative
-        self.assertEqual(study.t95(100), 1.96)
+        self.assertEqual(study.t95(100), 2.0)  # t(60): conservative
 
 
 class LockTest(unittest.TestCase):
@@ -136,39 +136,62 @@ class PlanTest(unittest.TestCase):
         for e in study.SEEDED:
             for s in cfg["seeds"]:
                 self.assertIn(f"{e}-s{s}", ids)
-        # The headline group with every seed, then the transition's model, then the other seeded
-        # encodings with every seed, then the rest.
-        k = len(study.SEEDED_FIRST) * len(cfg["seeds"])
-        self.assertTrue(all(r.encoding in study.SEEDED_FIRST and r.tag == r.encoding for r in runs[:k]))
-        self.assertEqual(runs[k].tag, study.TRANSITION_TAG)
-        self.assertEqual(runs[k].layers, 6)
-        self.assertEqual(len(study.variants_of(runs[k], cfg)), len(cfg["transition"]["settings"]))
-        # Then each RoPE model fine-tuned at 2L with PI and without (from its own checkpoint), the
-        # other seeded encodings, the sinusoidal baseline at 2L with every seed (the same training
-        # tokens), then the rest.
-        n = len(cfg["seeds"])
-        ft = runs[k + 1:k + 1 + 2 * n]
+        n, A, B = len(cfg["seeds"]), study.SEEDED_FIRST, [e for e in study.SEEDED if e not in study.SEEDED_FIRST]
+        w = len(cfg["lr_sweep"])
+        i = 0
+
+        def take(count):
+            nonlocal i
+            out = runs[i:i + count]
+            i += count
+            return out
+        # The headline group's first seed, its sweep (first seed, each other rate), its other seeds.
+        self.assertEqual([r.id for r in take(len(A))], [f"{e}-s1234" for e in A])
+        sw = take(len(A) * w)
+        self.assertEqual({r.tag for r in sw}, {f"{e}_lr{lr:g}" for e in A for lr in (0.0015, 0.006)})
+        self.assertTrue(all(r.seed == 1234 and not r.main for r in sw))
+        self.assertEqual([v[0] for v in study.variants_of(sw[0], cfg)], ["valid"])
+        self.assertEqual([r.id for r in take(len(A) * (n - 1))], [f"{e}-s{s}" for s in cfg["seeds"][1:] for e in A])
+        # The transition's model.
+        t = take(1)[0]
+        self.assertEqual((t.tag, t.layers), (study.TRANSITION_TAG, 6))
+        self.assertEqual(len(study.variants_of(t, cfg)), len(cfg["transition"]["settings"]))
+        # Each RoPE model fine-tuned at 2L with PI and without, from its own checkpoint.
+        ft = take(2 * n)
         self.assertEqual([r.tag for r in ft], [study.PI_FT_TAG] * n + [study.ROPE_FT_TAG] * n)
         self.assertEqual([r.init for r in ft], [f"rope-s{s}" for s in cfg["seeds"]] * 2)
         self.assertEqual(ft[0].encoding, "rope_pi")
         self.assertEqual(ft[0].sets, {"rope_factor": 2})
         self.assertEqual(ft[n].sets, {})
         self.assertTrue(all(r.seq_len == 2 * cfg["seq_len"] and r.steps == 200 for r in ft))
-        # The learning-rate sweep: the first seed of every seeded encoding at each other rate.
-        w = len(study.SEEDED) * len(cfg["lr_sweep"])
-        sweep = runs[k + 1 + 2 * n:k + 1 + 2 * n + w]
-        self.assertEqual({r.tag for r in sweep}, {f"{e}_lr{lr:g}" for e in study.SEEDED for lr in (0.0015, 0.006)})
-        self.assertTrue(all(r.seed == cfg["seeds"][0] and not r.main for r in sweep))
-        self.assertEqual([v[0] for v in study.variants_of(sweep[0], cfg)], ["valid"])
-        m = len(study.SEEDED) * n + 1 + 2 * n + w
-        self.assertTrue(all(r.encoding in study.SEEDED for r in runs[k + 1 + 2 * n + w:m]))
-        two_l = runs[m:m + n]
+        # The other seeded encodings the same way: first seed, sweep, other seeds.
+        self.assertEqual([r.id for r in take(len(B))], [f"{e}-s1234" for e in B])
+        self.assertEqual(len({r.tag for r in take(len(B) * w)}), len(B) * w)
+        self.assertEqual([r.id for r in take(len(B) * (n - 1))], [f"{e}-s{s}" for s in cfg["seeds"][1:] for e in B])
+        # The sinusoidal baseline at 2L with every seed (the same training tokens), then the rest.
+        two_l = take(n)
         self.assertTrue(all(r.tag == study.TWO_L_TAG and r.seq_len == 2 * cfg["seq_len"]
                             and r.steps == cfg["steps"] // 2 for r in two_l))
-        self.assertTrue(all(r.encoding not in study.SEEDED for r in runs[m + n:]))
+        self.assertTrue(all(r.encoding not in study.SEEDED and r.seed == 1234 for r in runs[i:]))
         # A run at 2L is evaluated at the study's lengths from 2L on: the same longest length.
         self.assertEqual(study.eval_multiples(cfg, two_l[0]), [1, 2, 4, 8])
         self.assertEqual(study.eval_multiples(cfg, runs[0]), cfg["multiples"])
+
+    def test_a_chosen_rate_of_any_group_gives_no_duplicate_runs(self):
+        cfg = dict(study.PRESETS["full"])
+        for chosen in ({"exqpe": 0.006}, {"rope": 0.0015, "kcable": 0.006}):
+            ids = [r.id for r in study.plan(cfg, chosen)]
+            self.assertEqual(len(ids), len(set(ids)), chosen)
+
+    def test_a_diverged_sweep_run_loses(self):
+        cfg = dict(study.PRESETS["full"])
+        cells = {("rope", 1234, "valid", 1): (4.60, None), ("rope_lr0.0015", 1234, "valid", 1): (4.70, None)}
+        t = table_of(cells)
+        # As Runner.train records a diverged run, through collect().
+        t.update(study.collect([dict(run="rope_lr0.006-s1234", encoding="rope", seed="1234", variant="trained",
+                                     evaluated="rope", settings="", multiple="", note="training diverged; see x")])[0])
+        self.assertTrue(study.diverged(t, "rope_lr0.006-s1234"))
+        self.assertEqual(study.chosen_lrs(cfg, t), {"rope": 0.003})
 
     def test_the_sweep_chooses_by_the_validation_books_and_the_plan_follows(self):
         cfg = dict(study.PRESETS["full"])
