@@ -1164,6 +1164,13 @@ def write_report(args, cfg):
                     v = "agrees" if hi < 0 else "disagrees" if lo >= 0 else "inconclusive"
             md.append(f"| β {b:g}, {n} interval{'s' if n != 1 else ''} | " + " | ".join(
                 fmt(loss_of(table, tid, name, m), 4) for m in mults) + f" | {q.text(4)} | {claim} | **{v}** |")
+        gains = [q for q in (Quantity(table, [cfg["seeds"][0]], [(1, TRANSITION_TAG, transition_name(b, n), top),
+                                                                 (-1, TRANSITION_TAG, "trained", top)])
+                             for b, n in tr["settings"]) if q.mean is not None]
+        if gains:
+            best = min(q.mean for q in gains)
+            md += ["", f"Magnitude: the largest change at {top}x is {best:+.4f} nats ({100 * math.expm1(best):+.2f}% in "
+                       "perplexity): the verdicts give the direction of the change, not a size that matters."]
         md += ["", f"Verdicts: \"no gain\" agrees when the interval lies within ±{FLAT} and not wholly below 0, "
                    "disagrees when it lies wholly below 0 (a gain), else inconclusive; \"lower loss\" agrees when the "
                    "whole interval is below 0 and disagrees when it is not below 0 at all.", ""]
