@@ -204,13 +204,21 @@ def sweep_lrs(cfg):
     return [cfg["lr"] * k for k in cfg.get("lr_sweep") or []]
 
 
+def lr_tag(cfg, name, lr):
+    """The tag of NAME's runs at learning rate LR: the name itself at the preset's rate, NAME_lrX at
+    another ("rope_lr0.006"). The one place that spells it; LR_TAG_RE recognises it."""
+    return name if lr is None or lr == cfg["lr"] else f"{name}_lr{lr:g}"
+
+
+LR_TAG_RE = re.compile(r"_lr[0-9.e+-]+$")
+
+
 def run_tag(cfg, chosen, name):
     """The tag of an encoding's runs (or a special run's) at the learning rate chosen for it: the name
     itself at the preset's lr, NAME_lrX at another ("rope_lr0.006"); the fine-tunes follow rope's
     rate, the sinusoidal baseline at 2L sinusoidal_scaled's."""
     base = {PI_FT_TAG: "rope", ROPE_FT_TAG: "rope", TWO_L_TAG: "sinusoidal_scaled"}.get(name, name)
-    lr = (chosen or {}).get(base, cfg["lr"])
-    return name if lr == cfg["lr"] else f"{name}_lr{lr:g}"
+    return lr_tag(cfg, name, (chosen or {}).get(base, cfg["lr"]))
 
 
 def chosen_lrs(cfg, table):
@@ -221,7 +229,7 @@ def chosen_lrs(cfg, table):
     if not sweep_lrs(cfg):
         return out
     for e in seeded_of(cfg):
-        cands = [(cfg["lr"], f"{e}-s{s0}")] + [(lr, f"{e}_lr{lr:g}-s{s0}") for lr in sweep_lrs(cfg)]
+        cands = [(lr, f"{lr_tag(cfg, e, lr)}-s{s0}") for lr in [cfg["lr"]] + sweep_lrs(cfg)]
         losses = [(math.inf if diverged(table, rid) else loss_of(table, rid, "valid", 1), lr) for lr, rid in cands]
         if all(x is not None for x, _ in losses) and min(losses)[0] < math.inf:
             out[e] = min(losses)[1]
@@ -237,10 +245,11 @@ def diverged(table, run_id):
 def plan(cfg, chosen=None):
     """Every encoding with the first seed, the seeded ones with every seed, each at the learning rate
     chosen for it (`chosen`, from the sweep; the preset's until the sweep has finished). Order (so that
-    a partial study answers the headline claims with every seed first): the first group of seeded
-    encodings seed by seed, the attention transition's model, the RoPE models' short fine-tunes, the
-    learning-rate sweep (first seed, each other rate), the other seeded encodings seed by seed, the
-    sinusoidal baseline at 2L, then the rest."""
+    a partial study answers every claim with every seed first): the first group of seeded encodings
+    seed by seed, the attention transition's model, the other seeded encodings seed by seed, the RoPE
+    models' short fine-tunes, the sinusoidal baseline at 2L, the learning-rate sweep (first seed, each
+    other rate), then the rest. A sweep that chooses another rate for an encoding puts its runs at
+    that rate at the front of the plan (their tag says the rate); the claims use them once they exist."""
     chosen = chosen or {}
     seeds, seeded = cfg["seeds"], seeded_of(cfg)
     first = [e for e in seeded if e in SEEDED_FIRST]
@@ -256,16 +265,17 @@ def plan(cfg, chosen=None):
         out = []
         for e in encs:
             for lr in sweep_lrs(cfg):
-                r = Run(e, seeds[0], f"{e}_lr{lr:g}", lr=lr, main=False)
+                r = Run(e, seeds[0], lr_tag(cfg, e, lr), lr=lr, main=False)
                 if r.id not in mains:
                     out.append(r)
         return out
 
-    # The first group's first seed and its sweep before its other seeds: a rate chosen early wastes none.
-    runs = [main(e, seeds[0]) for e in first] + sweep(first) + [main(e, s) for s in seeds[1:] for e in first]
+    runs = [main(e, s) for s in seeds for e in first]
     if cfg.get("transition") and "rope" in cfg["encodings"]:
         t = cfg["transition"]
         runs.append(Run("rope", seeds[0], TRANSITION_TAG, t["layers"], t["steps"], main=False))
+    others = [e for e in seeded if e not in first]
+    runs += [main(e, s) for s in seeds for e in others]
     if "rope" in seeded and cfg.get("finetune"):
         # PI as its paper uses it (and the survey's claim): each RoPE model fine-tuned briefly at 2L
         # with PI (rope_pi, rope_factor 2), and, the control, without it (plain RoPE at 2L).
@@ -274,15 +284,13 @@ def plan(cfg, chosen=None):
             runs += [Run(enc, s, run_tag(cfg, chosen, tag), steps=f["steps"], seq_len=2 * cfg["seq_len"],
                          init=f"{run_tag(cfg, chosen, 'rope')}-s{s}", sets=sets, lr=lr * f["lr_scale"],
                          warmup=f["warmup"], main=False) for s in seeds]
-    others = [e for e in seeded if e not in first]
-    runs += [main(e, seeds[0]) for e in others] + sweep(others) + [main(e, s) for s in seeds[1:] for e in others]
     if "sinusoidal_scaled" in seeded and "cable" in seeded:
         # Cable's abstract compares Cable trained at L with sinusoidal trained at 2L, both at 2L:
         # the sinusoidal baseline at twice the length, half the steps (the same training tokens).
         lr = chosen.get("sinusoidal_scaled", cfg["lr"])
         runs += [Run("sinusoidal_scaled", s, run_tag(cfg, chosen, TWO_L_TAG), steps=max(1, cfg["steps"] // 2),
                      seq_len=2 * cfg["seq_len"], lr=None if lr == cfg["lr"] else lr, main=False) for s in seeds]
-    return runs + [Run(e, seeds[0]) for e in cfg["encodings"] if e not in seeded]
+    return runs + sweep(first) + sweep(others) + [Run(e, seeds[0]) for e in cfg["encodings"] if e not in seeded]
 
 
 def eval_multiples(cfg, run):
@@ -327,7 +335,7 @@ def variants_of(run, cfg=None):
                  transition_spec(transition_name(b, n), b, n)) for b, n in t.get("settings", [])]
     out = [v + (None,) for v in VARIANTS if v[1] == run.encoding] if run.main else []
     if (sweep_lrs(cfg) and run.seed == cfg["seeds"][0] and run.encoding in seeded_of(cfg)
-            and run.tag in (run.encoding, f"{run.encoding}_lr{(run.lr or 0):g}")):
+            and run.tag == lr_tag(cfg, run.encoding, run.lr)):
         out.append(VALID_VARIANT)
     return out
 
@@ -906,7 +914,7 @@ def write_plot(args, cfg, table, order, png, chosen=None):
         if not run.endswith(f"-s{cfg['seeds'][0]}"):
             continue
         enc = run.rsplit("-s", 1)[0]
-        if enc in (TRANSITION_TAG, TWO_L_TAG, PI_FT_TAG, ROPE_FT_TAG) or re.search(r"_lr[0-9.e+-]+$", enc):
+        if enc in (TRANSITION_TAG, TWO_L_TAG, PI_FT_TAG, ROPE_FT_TAG) or LR_TAG_RE.search(enc):
             continue
         shown = run_tag(cfg, chosen or {}, enc)  # the encoding at the rate chosen for it
         pts, n_seeds = [], 0
@@ -1091,7 +1099,7 @@ def write_report(args, cfg):
         for e in seeded:
             cells = []
             for lr in rates:
-                rid = f"{e}-s{s0}" if lr == cfg["lr"] else f"{e}_lr{lr:g}-s{s0}"
+                rid = f"{lr_tag(cfg, e, lr)}-s{s0}"
                 x = loss_of(table, rid, "valid", 1)
                 cells.append("—" if x is None else f"**{x:.3f}**" if chosen.get(e) == lr else f"{x:.3f}")
             rows_lr.append(f"| {e} | " + " | ".join(cells) + f" | {chosen[e]:g} |" if e in chosen else

@@ -145,17 +145,13 @@ class PlanTest(unittest.TestCase):
             out = runs[i:i + count]
             i += count
             return out
-        # The headline group's first seed, its sweep (first seed, each other rate), its other seeds.
-        self.assertEqual([r.id for r in take(len(A))], [f"{e}-s1234" for e in A])
-        sw = take(len(A) * w)
-        self.assertEqual({r.tag for r in sw}, {f"{e}_lr{lr:g}" for e in A for lr in (0.0015, 0.006)})
-        self.assertTrue(all(r.seed == 1234 and not r.main for r in sw))
-        self.assertEqual([v[0] for v in study.variants_of(sw[0], cfg)], ["valid"])
-        self.assertEqual([r.id for r in take(len(A) * (n - 1))], [f"{e}-s{s}" for s in cfg["seeds"][1:] for e in A])
-        # The transition's model.
+        # The headline group seed by seed, the transition's model, the other seeded encodings seed by
+        # seed: every claim's runs with every seed before the sweep.
+        self.assertEqual([r.id for r in take(len(A) * n)], [f"{e}-s{s}" for s in cfg["seeds"] for e in A])
         t = take(1)[0]
         self.assertEqual((t.tag, t.layers), (study.TRANSITION_TAG, 6))
         self.assertEqual(len(study.variants_of(t, cfg)), len(cfg["transition"]["settings"]))
+        self.assertEqual([r.id for r in take(len(B) * n)], [f"{e}-s{s}" for s in cfg["seeds"] for e in B])
         # Each RoPE model fine-tuned at 2L with PI and without, from its own checkpoint.
         ft = take(2 * n)
         self.assertEqual([r.tag for r in ft], [study.PI_FT_TAG] * n + [study.ROPE_FT_TAG] * n)
@@ -164,14 +160,15 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(ft[0].sets, {"rope_factor": 2})
         self.assertEqual(ft[n].sets, {})
         self.assertTrue(all(r.seq_len == 2 * cfg["seq_len"] and r.steps == 200 for r in ft))
-        # The other seeded encodings the same way: first seed, sweep, other seeds.
-        self.assertEqual([r.id for r in take(len(B))], [f"{e}-s1234" for e in B])
-        self.assertEqual(len({r.tag for r in take(len(B) * w)}), len(B) * w)
-        self.assertEqual([r.id for r in take(len(B) * (n - 1))], [f"{e}-s{s}" for s in cfg["seeds"][1:] for e in B])
-        # The sinusoidal baseline at 2L with every seed (the same training tokens), then the rest.
+        # The sinusoidal baseline at 2L with every seed (the same training tokens).
         two_l = take(n)
         self.assertTrue(all(r.tag == study.TWO_L_TAG and r.seq_len == 2 * cfg["seq_len"]
                             and r.steps == cfg["steps"] // 2 for r in two_l))
+        # The sweep (first seed, each other rate; judged on the validation books), then the rest.
+        sw = take((len(A) + len(B)) * w)
+        self.assertEqual([r.tag for r in sw], [f"{e}_lr{lr:g}" for e in A + B for lr in (0.0015, 0.006)])
+        self.assertTrue(all(r.seed == 1234 and not r.main for r in sw))
+        self.assertEqual([v[0] for v in study.variants_of(sw[0], cfg)], ["valid"])
         self.assertTrue(all(r.encoding not in study.SEEDED and r.seed == 1234 for r in runs[i:]))
         # A run at 2L is evaluated at the study's lengths from 2L on: the same longest length.
         self.assertEqual(study.eval_multiples(cfg, two_l[0]), [1, 2, 4, 8])
