@@ -106,11 +106,12 @@ PRESETS = {
                  lr_sweep=[0.5, 2.0]),
     # Every seed encoding in about ten GPU-minutes (an estimate until run; docs/study.md): 4.2M
     # parameters (d 256, 4 layers, head dim 64), 8.2M training tokens per run at L 256. On a GPU
-    # (--device cuda, a build with CUDA kernels for every encoding: scripts/gpu-check.sh's study stage).
+    # (--device cuda, a build with CUDA kernels for every encoding: scripts/gpu-check.sh's study
+    # stage, whose build has the study-only specs compiled in: --builtin-specs).
     "gpu-small": dict(d_model=256, layers=4, heads=4, seq_len=256, batch=32, steps=1000, warmup=100,
                       lr=2e-3, vocab=4096, multiples=[1, 2, 4, 8, 16], eval_tokens=32768,
-                      seeds=[1234, 4321, 2025], encodings=CLAIM_ENCODINGS + OTHER_ENCODINGS,
-                      seeded=SEEDED, checkpoint_minutes=5.0),
+                      seeds=[1234, 4321, 2025], encodings=ALL_ENCODINGS, seeded=SEEDED,
+                      checkpoint_minutes=5.0),
     # The ExPE paper's small scale (about 35M parameters, train 512, evaluate to 8k = 16x). Sized
     # for a GPU; see docs/study.md for what running it takes today. No results are committed.
     "gpu": dict(d_model=512, layers=10, heads=8, seq_len=512, batch=32, steps=20000, warmup=1000,
@@ -344,6 +345,40 @@ def variants_of(run, cfg=None):
 VALID_VARIANT = ("valid", None, None, {}, False, None)
 
 
+def study_specs(cfg):
+    """{name: spec text} of the preset's study-only specs: the ones it trains (bench/study's files,
+    the ones made from the preset) and the attention transition's settings (evaluated with ape-eval
+    --spec). --write-specs writes them; a build that compiles them in runs them as -e NAME."""
+    out = {}
+    for e in cfg["encodings"]:
+        if e in SPEC_FILES:
+            with open(SPEC_FILES[e], encoding="utf-8") as f:
+                out[e] = f.read()
+        elif e in SPEC_MAKERS:
+            out[e] = SPEC_MAKERS[e](cfg)
+    if cfg.get("transition") and "rope" in cfg["encodings"]:
+        for b, n in cfg["transition"]["settings"]:
+            out[f"rope_{transition_name(b, n)}"] = transition_spec(transition_name(b, n), b, n)
+    return out
+
+
+def builtin_specs(folder, cfg):
+    """The study-only specs that the build has compiled in: FOLDER holds the files it compiled
+    (scripts/gpu-check.sh prepare writes them with --write-specs). A spec there whose text is not
+    the preset's is an error (the build is of another preset or another version of the driver)."""
+    out = set()
+    for name, text in study_specs(cfg).items():
+        path = os.path.join(folder, f"{name}.mlir")
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            if f.read() != text:
+                die(f"{path} is not this preset's {name} spec (the build compiled another preset's or an older "
+                    f"driver's); prepare the build again (scripts/gpu-check.sh prepare) or drop --builtin-specs")
+        out.add(name)
+    return out
+
+
 # ---- running -----------------------------------------------------------------------------------
 
 class Runner:
@@ -354,6 +389,7 @@ class Runner:
         self.results = os.path.join(args.out, "results.csv")
         self.train_csv = os.path.join(args.out, "train.csv")
         self.failed, self.waiting = [], []
+        self.builtin = builtin_specs(args.builtin_specs, cfg) if args.builtin_specs else set()
         self.child, self.stopping = None, False
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGTERM, self.on_signal)
@@ -415,6 +451,16 @@ class Runner:
             write_atomically(path, SPEC_MAKERS[enc](self.cfg))
         return path
 
+    def encoding_args(self, enc):
+        """How ape-train names a run's encoding: -e NAME for a built-in one and for a study-only spec
+        that the build has compiled in (--builtin-specs: the same text), --spec FILE (compiled at run
+        time, which needs apec) for the other study-only specs."""
+        if enc not in SPEC_FILES and enc not in SPEC_MAKERS:
+            return ["-e", enc]
+        if enc in self.builtin:
+            return ["-e", enc]
+        return ["--spec", self.spec_file(enc)]
+
     def done_jobs(self):
         return {(r["run"], r["variant"]) for r in read_rows(self.results)}
 
@@ -438,9 +484,7 @@ class Runner:
             self.waiting.append(run.id)
             return False
         else:
-            what = ["--spec", self.spec_file(run.encoding)] if run.encoding in SPEC_FILES or \
-                run.encoding in SPEC_MAKERS else ["-e", run.encoding]
-            cmd = [self.train_bin] + what + ["--seed", str(run.seed), "--steps", str(run.steps or c["steps"]),
+            cmd = [self.train_bin] + self.encoding_args(run.encoding) + ["--seed", str(run.seed), "--steps", str(run.steps or c["steps"]),
                    "--seq-len", str(run.seq_len or c["seq_len"]), "--batch", str(c["batch"]), "--d-model", str(c["d_model"]),
                    "--layers", str(run.layers or c["layers"]), "--heads", str(c["heads"]), "--vocab", str(c["vocab"]),
                    "--lr", repr(run.lr or c["lr"]), "--warmup", str(c["warmup"] if run.warmup is None else run.warmup),
@@ -524,7 +568,7 @@ class Runner:
             if name == VALID_VARIANT[0]:
                 cmd += ["--split", "valid"]
                 evaluated = run.encoding
-            if spec_text is not None:
+            if spec_text is not None and evaluated not in self.builtin:
                 spec = os.path.join(self.args.out, "specs", f"{evaluated}.mlir")
                 if not self.args.dry_run:
                     os.makedirs(os.path.dirname(spec), exist_ok=True)
@@ -1254,10 +1298,15 @@ def main():
     ap.add_argument("--device", default="cpu",
                     help="cpu (default) or cuda[:N]: ape-train and ape-eval on that GPU (bf16 autocast; a build "
                          "with -DAPE_CUDA_ALL_ENCODINGS=ON has CUDA kernels for every seed encoding; the study-only "
-                         "specs compiled at run time have CPU kernels only and are refused there)")
+                         "specs get theirs compiled at run time where apec is, or compiled in: --builtin-specs)")
     ap.add_argument("--encodings", help="comma-separated subset of the preset's encodings")
     ap.add_argument("--steps", type=int, help="override the preset's training steps (a new study folder "
                                                "is needed: the config is fixed per folder)")
+    ap.add_argument("--builtin-specs", metavar="DIR",
+                    help="the study-only specs compiled into the build (their files, as --write-specs writes them): "
+                         "those run as built-in encodings (-e NAME) instead of --spec, which needs apec at run time")
+    ap.add_argument("--write-specs", metavar="DIR",
+                    help="write the preset's study-only specs (NAME.mlir) into DIR for a build to compile in, and exit")
     ap.add_argument("--report-only", action="store_true", help="only (re)write the report from results.csv")
     ap.add_argument("--list", action="store_true", help="list the runs and variants with their state, and exit")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -1279,6 +1328,14 @@ def main():
         cfg["steps"] = args.steps
     if args.threads < 0:
         die("--threads must be >= 0")
+    if args.write_specs:
+        os.makedirs(args.write_specs, exist_ok=True)
+        for name, text in study_specs(cfg).items():
+            write_atomically(os.path.join(args.write_specs, f"{name}.mlir"), text)
+            print(os.path.join(args.write_specs, f"{name}.mlir"))
+        return 0
+    if args.builtin_specs and not os.path.isdir(args.builtin_specs):
+        die(f"--builtin-specs {args.builtin_specs}: no such folder")
     default_out = os.path.join(args.build_dir, f"study-{args.preset}")
     # The command that runs (and resumes) this study, for the report.
     args.resume_command = " ".join(

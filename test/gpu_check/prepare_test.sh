@@ -28,6 +28,26 @@ for spec in "$root"/examples/encodings/*.mlir; do
   [ -e "$dir/generated/cpu/${enc}_cpu.cpp" ] || { echo "FAIL: no CPU kernel of $enc"; exit 1; }
   [ -e "$dir/generated/cuda/${enc}_cuda.cu" ] || { echo "FAIL: no CUDA entry of $enc"; exit 1; }
 done
+# The study-only specs of --preset gpu-small are compiled in (the GPU machine has no apec for
+# --spec), and the driver runs them as built-in encodings there; a spec that is not the preset's is
+# refused.
+for enc in sinusoidal_scaled expe_rule; do
+  [ -e "$dir/study-specs/$enc.mlir" ] && [ -e "$dir/generated/cpu/${enc}_cpu.cpp" ] &&
+    [ -e "$dir/generated/cuda/${enc}_cuda_bf16_hd64.cu" ] || { echo "FAIL: $enc is not compiled in"; exit 1; }
+done
+build=$(dirname "$(dirname "$train")")
+cmds=$("$python" "$root/scripts/study.py" --preset gpu-small --builtin-specs "$dir/study-specs" --dry-run \
+  --build-dir "$build" --out "$work/study-dry" --device cuda)
+grep -q -- "ape-train -e expe_rule " <<<"$cmds" && grep -q -- "ape-train -e sinusoidal_scaled " <<<"$cmds" ||
+  { echo "FAIL: the study does not run the compiled-in specs as built-in encodings"; exit 1; }
+! grep -q -- "--spec" <<<"$cmds" || { echo "FAIL: the study still compiles a spec at run time"; exit 1; }
+cp -r "$dir/study-specs" "$work/study-specs-other"
+sed -i 's/theta = /theta = 2.0 * /' "$work/study-specs-other/expe_rule.mlir"
+if out=$("$python" "$root/scripts/study.py" --preset gpu-small --builtin-specs "$work/study-specs-other" \
+    --dry-run --build-dir "$build" --out "$work/study-dry" 2>&1); then
+  echo "FAIL: a compiled-in spec that is not the preset's was accepted"; exit 1
+fi
+grep -q "is not this preset's expe_rule spec" <<<"$out" || { echo "FAIL: unclear refusal: $out"; exit 1; }
 # The train stage's corpus cache: the tokenizer and the token ids (no SentencePiece there).
 ls "$dir"/cache/spm_bpe_4096_*.model "$dir"/cache/tokens_train_4096_*.bin "$dir"/cache/tokens_test_4096_*.bin \
   >/dev/null || { echo "FAIL: the prepared folder has no tokenized corpus"; exit 1; }
