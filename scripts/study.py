@@ -747,11 +747,14 @@ def t95(df):
 class Quantity:
     """A linear combination of cells, sum(coef * loss(encoding, variant, multiple)), computed per seed
     (every term from the runs of that seed) and per evaluation segment (runs whose ape-eval wrote
-    segment losses). Its interval is mean ± t(n-1) · sqrt(se_seeds² + se_tokens²): se_seeds = the
+    segment losses). Its interval is mean ± t(df) · sqrt(se_seeds² + se_tokens²): se_seeds = the
     standard deviation over the n seeds / √n; se_tokens = the standard deviation over the B segments
-    of the per-segment value (averaged over the seeds that have segments) / √B. Every seed scores
-    the same tokens, so the token noise does not shrink with more seeds; differences of two cells
-    are paired on those tokens, which is why they are computed per segment."""
+    of the per-segment value (averaged over the seeds that have segments) / √B; df by Welch and
+    Satterthwaite from the two terms (n − 1 and B − 1 degrees of freedom), so that a token term
+    estimated from B segments is not given the seeds' few degrees of freedom. Every seed scores the
+    same tokens, so the token noise does not shrink with more seeds; differences of two cells are
+    paired on those tokens, which is why they are computed per segment. n_tok: the seeds whose runs
+    have segment losses (older ape-eval runs have none)."""
 
     def __init__(self, table, seeds, terms, token_only=False):
         self.values, segs = {}, {}
@@ -772,9 +775,14 @@ class Quantity:
             per_b = [statistics.fmean(v[b] for v in segs.values()) for b in range(len(next(iter(segs.values()))))]
             if len(per_b) >= 2:
                 self.se_tokens = statistics.stdev(per_b) / math.sqrt(len(per_b))
-        self.half = None
+        self.half, self.df = None, None
         if self.n >= 2:
-            self.half = t95(self.n - 1) * math.sqrt(self.se_seeds ** 2 + (self.se_tokens or 0.0) ** 2)
+            a, b = self.se_seeds ** 2, (self.se_tokens or 0.0) ** 2
+            self.df = self.n - 1
+            if b > 0:
+                nb = len(per_b)
+                self.df = (a + b) ** 2 / (a * a / (self.n - 1) + b * b / (nb - 1))
+            self.half = t95(max(1, int(self.df))) * math.sqrt(a + b)
         elif self.se_tokens is not None and token_only:
             self.half = t95(len(per_b) - 1) * self.se_tokens
 
@@ -797,13 +805,44 @@ MIN_SEEDS = 3
 FLAT = 0.05  # nats: about 5% in perplexity
 
 
+def rule(kind, lo, hi):
+    """A claim's verdict from the 95% interval [lo, hi] of its quantity (Claims says what each kind
+    claims). A direction (less, greater) that the interval confirms but that lies wholly within
+    ±FLAT is "agrees (small)"; an interval wholly within ±FLAT that confirms neither direction is
+    "negligible": more seeds would not make such an effect matter."""
+    within = -FLAT < lo and hi < FLAT
+    if kind in ("less", "greater"):
+        a, b = (lo, hi) if kind == "greater" else (-hi, -lo)  # the interval of the claimed sign
+        if a > 0:
+            return "agrees (small)" if within else "agrees"
+        if b < 0:
+            return "disagrees"
+        return "negligible" if within else "inconclusive"
+    if kind == "no_gain":
+        return "agrees" if lo > -FLAT else "disagrees" if hi < -FLAT else "inconclusive"
+    if kind == "flat":
+        return "agrees" if hi < FLAT else "disagrees" if lo > FLAT else "inconclusive"
+    if kind == "same":
+        return "agrees" if within else "disagrees" if lo > FLAT or hi < -FLAT else "inconclusive"
+    raise ValueError(kind)
+
+
+# The verdicts, in the order the report counts them: (verdict, what the summary calls it).
+VERDICTS = [("agrees", "agree"), ("agrees (small)", "agree by less than {flat} nats"),
+            ("disagrees", "disagree"), ("negligible", "find no effect beyond ±{flat} nats"),
+            ("inconclusive", "inconclusive")]
+
+
 class Claims:
     """The seeds' claims, restated from the papers (docs/study.md quotes what could be quoted), each
     judged from one quantity with a 95% interval over seeds and evaluation tokens (Quantity):
 
     - less:    the paper says the quantity is below 0 (e.g. a variant lowers the loss): agrees when
-               the interval is below 0, disagrees when it is above 0;
+               the interval is below 0 ("agrees (small)" when it also lies within ±FLAT), disagrees
+               when it is above 0, "negligible" when it lies within ±FLAT otherwise;
     - greater: the paper says it is above 0 (e.g. a model degrades): the mirror image;
+    - no_gain: the paper says the quantity is not below 0 (a method does not help): agrees when
+               the interval lies above -FLAT, disagrees when it lies below -FLAT;
     - flat:    the paper says it stays within FLAT (a model holds its loss): agrees when the
                interval is below FLAT, disagrees when it is above FLAT;
     - same:    the paper says two models are about the same: agrees when the interval lies inside
@@ -843,24 +882,15 @@ class Claims:
             return "not yet run"
         if q.n < need:
             return f"too few seeds ({q.n} of {need})"
-        lo, hi = q.interval()
-        if kind == "less":
-            return "agrees" if hi < 0 else "disagrees" if lo > 0 else "inconclusive"
-        if kind == "greater":
-            return "agrees" if lo > 0 else "disagrees" if hi < 0 else "inconclusive"
-        if kind == "flat":
-            return "agrees" if hi < FLAT else "disagrees" if lo > FLAT else "inconclusive"
-        if kind == "same":
-            return "agrees" if -FLAT < lo and hi < FLAT else "disagrees" if lo > FLAT or hi < -FLAT else "inconclusive"
-        raise ValueError(kind)
+        return rule(kind, *q.interval())
 
     def judge(self):
         mx, out = self.top, []
 
         def add(source, claim, what, terms, kind, paper=None, paper_text=None, curves=()):
             q = self.q(terms)
-            ratio = "—"
-            if paper not in (None, 0) and q.mean is not None:
+            ratio = "—"  # a ratio of two near-zero numbers (flat, same) is no effect size
+            if paper not in (None, 0) and q.mean is not None and kind in ("less", "greater"):
                 ratio = f"{q.mean / paper:.2f}"
             ours = q.text()
             if curves:
@@ -883,11 +913,11 @@ class Claims:
         add("ExPE, Table 2", "ExPE is about as good as RoPE at the training length",
             "ExPE − RoPE at 1x", self.diff(exp, "rope", 1), "same", 3.93 - 3.88, f"{3.93 - 3.88:+.2f}")
         for enc, nm in ((exp, "ExPE"), ("exqpe", "ExQPE")):
-            add("ExPE, σ = 0.5", f"{nm}: positions scaled by σ = 0.5 at evaluation help at the longest extrapolation",
-                f"σ 0.5 − σ 1 at {mx}x", self.diff(enc, enc, mx, "sigma0.5"), "less",
+            add("ExPE, Table 3 (v2)", f"{nm}: positions scaled by σ = 0.5 at evaluation help at the longest "
+                "extrapolation", f"σ 0.5 − σ 1 at {mx}x", self.diff(enc, enc, mx, "sigma0.5"), "less",
                 curves=[("σ 1", enc, "trained"), ("σ 0.5", enc, "sigma0.5")])
-            add("ExPE, 8-16x", f"{nm} degrades when extrapolated 8-16x", f"growth at {mx}x",
-                self.growth(enc, mx), "greater")
+            add("ExPE, Table 3 (v2)", f"{nm} breaks down when extrapolated 8-16x (past the 4x it holds to)",
+                f"loss {mx}x − 4x", [(1, enc, "trained", mx), (-1, enc, "trained", 4)], "greater")
         # Cable (Veisi et al.).
         add("Cable, Fig. 3", f"Cable's loss keeps falling with length up to {mx}x", f"growth at {mx}x",
             self.growth("cable", mx), "less", curves=[("Cable", "cable", "trained")])
@@ -916,23 +946,40 @@ class Claims:
             self.growth("nope", mx), "flat", curves=[("NoPE", "nope", "trained")])
         add("survey", "NoPE is worse than RoPE at the training length", "NoPE − RoPE at 1x",
             self.diff("nope", "rope", 1), "greater")
-        add("PI (Chen et al.); survey", "PI without its fine-tuning does not help a RoPE model beyond L: it raises "
-            "the loss (the paper fine-tunes for up to 1000 steps)", f"RoPE+PI − RoPE at {mx}x",
-            self.diff("rope", "rope", mx, "pi"), "greater")
+        add("PI (Chen et al.); survey", "PI without its fine-tuning does not help a RoPE model beyond L (the paper "
+            "fine-tunes for up to 1000 steps)", f"RoPE+PI − RoPE at {mx}x (no gain: above −{FLAT})",
+            self.diff("rope", "rope", mx, "pi"), "no_gain")
         add("survey; YaRN", "without fine-tuning, NTK scaling beats PI", f"RoPE+NTK − RoPE+PI at {mx}x",
             self.diff("rope", "rope", mx, "ntk", "pi"), "less")
         f = self.cfg.get("finetune") or {}
         ft = f"a {f.get('steps', 0)}-step fine-tune at 2L"
-        add("PI (Chen et al.), abstract", f"PI with {ft} lowers a RoPE model's loss beyond L",
-            f"RoPE+PI fine-tuned − RoPE at {mx}x", self.diff(PI_FT_TAG, "rope", mx), "less",
+        # Judged inside the window PI extends to (2L, the fine-tune's length): the paper's claim; the
+        # curves show the longer lengths, which no PI model is claimed to reach.
+        add("PI (Chen et al.), abstract", f"PI with {ft} lowers a RoPE model's loss in the extended window (2L)",
+            "RoPE+PI fine-tuned − RoPE at 2x", self.diff(PI_FT_TAG, "rope", 2), "less",
             curves=[("RoPE+PI fine-tuned", PI_FT_TAG, "trained")])
-        add("PI (Chen et al.)", f"with {ft}, PI beats fine-tuning without it (extending the length directly)",
-            f"RoPE+PI fine-tuned − RoPE fine-tuned at {mx}x", self.diff(PI_FT_TAG, ROPE_FT_TAG, mx), "less",
-            curves=[("RoPE fine-tuned", ROPE_FT_TAG, "trained")])
+        add("PI (Chen et al.)", f"with {ft}, PI beats fine-tuning without it (extending the length directly) "
+            "in the extended window", "RoPE+PI fine-tuned − RoPE fine-tuned at 2x",
+            self.diff(PI_FT_TAG, ROPE_FT_TAG, 2), "less", curves=[("RoPE fine-tuned", ROPE_FT_TAG, "trained")])
         for var, nm in (("ntk", "NTK"), ("dynamic_ntk", "dynamic NTK"), ("yarn", "YaRN")):
             add("RoPE scalings", f"{nm} applied at evaluation lowers a RoPE model's loss beyond L",
                 f"RoPE+{nm} − RoPE at {mx}x", self.diff("rope", "rope", mx, var), "less",
                 curves=[(f"RoPE+{nm}", "rope", var)])
+        # Rows added after the first report (numbered after it, so that the numbers docs/study.md
+        # cites stay): the papers' headline comparisons, ALiBi's own growth, the shipped ExPE at 1x.
+        add("Cable, Figs. 1 and 3", f"ALiBi degrades at very long lengths ({mx}x)", f"growth at {mx}x",
+            self.growth("alibi", mx), "greater")
+        add("ExPE, abstract and Table 2", "ExPE has a lower loss than RoPE beyond the training length",
+            "ExPE − RoPE at 4x", self.diff(exp, "rope", 4), "less", 3.88 - 5.05, f"{3.88 - 5.05:+.2f}")
+        add("ExPE, abstract and Table 2", "ExPE has a lower loss than sinusoidal beyond the training length",
+            "ExPE − sinusoidal × √d at 4x", self.diff(exp, "sinusoidal_scaled", 4), "less", 3.88 - 5.64,
+            f"{3.88 - 5.64:+.2f}")
+        for enc, nm in (("rope", "RoPE"), ("t5", "T5"), ("alibi", "ALiBi")):
+            add("Cable, abstract (v2/v3)", f"Cable has a lower loss than {nm} beyond the training length",
+                f"Cable − {nm} at {mx}x", self.diff("cable", enc, mx), "less")
+        add("ExPE, Table 2", "ExPE with the shipped θ = 1/2048 is about as good as RoPE at the training length",
+            "ExPE (θ 1/2048) − RoPE at 1x", self.diff("expe", "rope", 1), "same", 3.93 - 3.88,
+            f"{3.93 - 3.88:+.2f}")
         return out
 
 
@@ -1077,7 +1124,11 @@ def write_report(args, cfg):
 
     claims = Claims(cfg, table).judge()
     unigram = unigram_loss(args.cache_dir, cfg["vocab"])
-    one_x = [loss_of(table, r.id, "trained", 1) for r in runs]
+    # Every trained run of the study's shape in results.csv (a run outside today's plan, such as an
+    # earlier study's seed, too): not the transition's deeper model nor the runs at 2L.
+    shaped = [run for run, v in order if v == "trained" and run.rsplit("-s", 1)[0] not in
+              (TRANSITION_TAG, TWO_L_TAG, PI_FT_TAG, ROPE_FT_TAG)]
+    one_x = [loss_of(table, run, "trained", 1) for run in shaped]
     one_x = [x for x in one_x if x is not None]
     status = ("complete" if n_done == len(runs) and n_var_done == n_var else
               f"PARTIAL: {n_done} of {len(runs)} training runs and {n_var_done} of {n_var} inference-time "
@@ -1096,7 +1147,8 @@ def write_report(args, cfg):
           f"One config for every encoding: d_model {cfg['d_model']}, layers {cfg['layers']}, heads {cfg['heads']}, "
           f"vocab {cfg['vocab']} (SentencePiece BPE), training length L = {L}, batch {cfg['batch']}, "
           f"{cfg['steps']} steps ({cfg['steps'] * cfg['batch'] * L:,} training tokens), AdamW lr {cfg['lr']}"
-          + (" (the seeded encodings' chosen by a sweep: Learning rates, below) " if sweep_lrs(cfg) else " ") +
+          + (f" ({len(chosen)} of {len(seeded_of(cfg))} seeded encodings at the rate their sweep chose: Learning "
+             "rates, below) " if sweep_lrs(cfg) else " ") +
           f"(warmup {cfg['warmup']}, cosine), seed {cfg['seeds'][0]} (and {', '.join(map(str, cfg['seeds'][1:]))} for "
           f"{', '.join(e for e in cfg['seeded'] if e in cfg['encodings'])}). Evaluated on the held-out test books of pg30 at "
           f"{', '.join(f'{m}x' for m in mults)} L, {cfg['eval_tokens']} scored target tokens per length (the same "
@@ -1110,7 +1162,7 @@ def write_report(args, cfg):
                   f"{unigram - med:.2f} nats below it" if unigram else "")
                + "; the README's two-minute runs reach about 5.0 and the 150-step runs of "
                  "bench/results/issue4_encodings.md about 5.7.", ""]
-        behind = [(r.id, loss_of(table, r.id, "trained", 1)) for r in runs]
+        behind = [(run, loss_of(table, run, "trained", 1)) for run in shaped]
         behind = [(i, x) for i, x in behind if x is not None and x > med + 0.2]
         if behind:
             md += ["Runs that learnt clearly less in the same budget (1x loss more than 0.2 nats above the median): "
@@ -1132,7 +1184,8 @@ def write_report(args, cfg):
     if seed_rows:
         md += ["## Seeds", "",
                f"The encodings the claims depend on are trained with seeds {', '.join(map(str, cfg['seeds']))} "
-               "(initialisation and data order), at the learning rate chosen for them; cells: mean loss over the "
+               "(initialisation and data order), at the learning rate in the table (the preset's until a sweep has "
+           "chosen one); cells: mean loss over the "
                "seeds ± their standard deviation.", "",
                "| encoding | lr | seeds | " + " | ".join(f"{m}x" for m in mults) + " |",
                "|" + " --- |" * (len(mults) + 3)] + seed_rows + [""]
@@ -1159,14 +1212,15 @@ def write_report(args, cfg):
     for c in claims:
         key = "too few seeds" if c["verdict"].startswith("too few seeds") else c["verdict"]
         counts[key] = counts.get(key, 0) + 1
+    params = [int(t["parameters"]) for t in train if t.get("parameters") and t["run"].split("-s")[0] in seeded]
+    size = f"{statistics.median(params) / 1e6:.2f}M-parameter" if params else f"{cfg['d_model']}-wide"
     md[4:4] = ["In short: of the " + str(len(claims)) + " claims below, " + ", ".join(
-        f"{counts[v]} {w}" for v, w in (("agrees", "agree"), ("disagrees", "disagree"),
-                                        ("inconclusive", "inconclusive"),
-                                        ("too few seeds", f"have fewer than {cfg.get('min_seeds', MIN_SEEDS)} seeds so far"),
-                                        ("not yet run", "not yet run")) if v in counts)
-               + f". Every verdict is about direction at this scale ({cfg['d_model']}-wide models of "
-                 f"{cfg['layers']} layers trained at L = {L}), not about the papers' magnitudes: see the ratio "
-                 "column.", ""]
+        f"{counts[v]} {w.format(flat=FLAT)}" for v, w in VERDICTS + [
+            ("too few seeds", f"have fewer than {cfg.get('min_seeds', MIN_SEEDS)} seeds so far"),
+            ("not yet run", "not yet run")] if v in counts)
+               + f". Every verdict is about direction at this scale ({size} models of {cfg['layers']} layers trained "
+                 f"at L = {L} on {cfg['steps'] * cfg['batch'] * L / 1e6:.1f}M tokens; the transition's model has "
+                 "more layers), not about the papers' magnitudes: see the ratio column.", ""]
     md += ["## The seeds' claims", "",
            "Each claim is restated from its paper (docs/study.md quotes the sentences that could be quoted) and "
            "judged from one quantity: its mean over the seeds ± the half-width of a 95% interval (Student's t over "
@@ -1189,13 +1243,14 @@ def write_report(args, cfg):
         md += ["## The attention transition", "",
                f"Seed 002's inference-time method, applied at evaluation to one RoPE model with {tr['layers']} layers "
                f"(the transition leaves the first layer and the last two alone, so the 2-layer models have no layer to "
-               f"transform), trained like the others for {tr['steps']} steps. The paper's claim, as issue 33 reads "
+               f"transform), trained with the same config but {tr['layers']} layers and {tr['steps']} steps (the others: "
+               f"{cfg['layers']} layers, {cfg['steps']} steps). The paper's claim, as issue 33 reads "
                "its tables: at α 0.5, β 0.1 and 2 intervals per layer (the spec's setting) it shows no gain (its "
                "Table 2); its gains need β above 0.1 (Table 3), on a pretrained model scored on long-document "
                "summaries. Rows: the transition at each β and interval count against the same checkpoint without "
                f"it; Δ at {top}x ± a 95% interval over the evaluation tokens (paired on the same tokens). One model, "
-               "one seed: the comparison is of one checkpoint with itself under two evaluations, so the seeds do not "
-               "enter it (the interval is over tokens only).", "",
+               "one seed: the interval covers which tokens are scored, not how the effect varies between trained "
+               "models (the RoPE scalings' effects vary by seed: see their rows), which one model cannot show.", "",
                "| setting | " + " | ".join(f"{m}x" for m in mults) + f" | Δ at {top}x (nats) | claim | verdict |",
                "|" + " --- |" * (len(mults) + 4)]
         md.append("| without the transition | " + " | ".join(
@@ -1207,13 +1262,8 @@ def write_report(args, cfg):
             if q.mean is None or q.half is None:
                 claim, v = "—", "not yet run"
             else:
-                lo, hi = q.interval()
-                if b <= 0.1:
-                    claim = "no gain (Table 2)"
-                    v = "agrees" if -FLAT < lo and hi < FLAT and not hi < 0 else "disagrees" if hi < 0 else "inconclusive"
-                else:
-                    claim = "lower loss (Table 3)"
-                    v = "agrees" if hi < 0 else "disagrees" if lo >= 0 else "inconclusive"
+                claim, kind = ("no gain (Table 2)", "no_gain") if b <= 0.1 else ("lower loss (Table 3)", "less")
+                v = rule(kind, *q.interval())
             md.append(f"| β {b:g}, {n} interval{'s' if n != 1 else ''} | " + " | ".join(
                 fmt(loss_of(table, tid, name, m), 4) for m in mults) + f" | {q.text(4)} | {claim} | **{v}** |")
         gains = [q for q in (Quantity(table, [cfg["seeds"][0]], [(1, TRANSITION_TAG, transition_name(b, n), top),
@@ -1223,9 +1273,9 @@ def write_report(args, cfg):
             best = min(q.mean for q in gains)
             md += ["", f"Magnitude: the largest change at {top}x is {best:+.4f} nats ({100 * math.expm1(best):+.2f}% in "
                        "perplexity): the verdicts give the direction of the change, not a size that matters."]
-        md += ["", f"Verdicts: \"no gain\" agrees when the interval lies within ±{FLAT} and not wholly below 0, "
-                   "disagrees when it lies wholly below 0 (a gain), else inconclusive; \"lower loss\" agrees when the "
-                   "whole interval is below 0 and disagrees when it is not below 0 at all.", ""]
+        md += ["", f"Verdicts: the claims' rules (above): \"no gain\" agrees when the interval lies above −{FLAT}; "
+                   f"\"lower loss\" agrees when it lies below 0, \"agrees (small)\" when it also lies within ±{FLAT}, "
+                   f"and is \"negligible\" when it lies within ±{FLAT} without excluding 0.", ""]
     md += ["## What this does not show", "",
            f"- Magnitudes. The papers train 35M-334M-parameter models at 512-1024 tokens on billions of tokens; this "
            f"preset trains {cfg['d_model']}-wide, {cfg['layers']}-layer models at L = {L} on "
@@ -1233,14 +1283,15 @@ def write_report(args, cfg):
            "papers' (the ratio column), so a verdict says which way an effect goes at this scale, not how big it is "
            "at theirs.",
            ("- Learning rates: " + (f"{len(chosen)} of {len(seeded)} seeded encodings have finished their sweep "
-            f"(Learning rates, above); the others are judged at the preset's rate, {cfg['lr']:g}, and one that trains "
+            f"(Learning rates, above); {'the others are' if chosen else 'all are'} judged at the preset's rate, "
+            f"{cfg['lr']:g}, and one that trains "
             "worse at it is judged from a weaker model." if sweep_lrs(cfg) else
             f"every encoding trains at the preset's rate, {cfg['lr']:g}; one that trains worse at it is judged "
             "from a weaker model.")),
            "- Long-document tasks. Every number is next-token loss on two held-out books; the attention transition's "
            "paper, for one, scores summaries of long documents.",
            "- PI's fine-tune as its paper runs it: PI is judged both at evaluation only and after a short "
-           "fine-tune at 2L (claims 24-25), much shorter and at a far smaller scale than the paper's.",
+           "fine-tune at 2L (the fine-tuned rows), much shorter and at a far smaller scale than the paper's.",
            "- Tokens beyond the two test books: the token interval covers which tokens of those books are scored, "
            "not other kinds of text.", ""]
     md += ["## Loss / perplexity by evaluation length", "",

@@ -46,7 +46,26 @@ class QuantityTest(unittest.TestCase):
         se_tok = statistics.stdev(per_b) / math.sqrt(2)
         self.assertAlmostEqual(q.se_seeds, se_seeds)
         self.assertAlmostEqual(q.se_tokens, se_tok)
-        self.assertAlmostEqual(q.half, 4.303 * math.sqrt(se_seeds ** 2 + se_tok ** 2))
+        a, b = se_seeds ** 2, se_tok ** 2
+        df = (a + b) ** 2 / (a * a / 2 + b * b / 1)  # Welch-Satterthwaite: 2 and 1 degrees of freedom
+        self.assertAlmostEqual(q.df, df)
+        self.assertAlmostEqual(q.half, study.t95(int(df)) * math.sqrt(a + b))
+
+    def test_a_token_term_from_many_segments_has_their_degrees_of_freedom(self):
+        # Three seeds that agree closely, 16 noisy segments: the token term dominates, so the
+        # interval takes t with about 15 degrees of freedom, not the seeds' 2.
+        base = [4.0 + 0.3 * math.sin(7 * b) for b in range(16)]
+        cells = {}
+        for s, shift in ((1, 0.100), (2, 0.101), (3, 0.099)):
+            segs = [x + shift + 0.05 * math.cos(3 * b) for b, x in enumerate(base)]
+            cells[("x", s, "trained", 4)] = (statistics.fmean(segs), segs)
+            cells[("x", s, "trained", 1)] = (statistics.fmean(base), base)
+        q = study.Quantity(table_of(cells), [1, 2, 3], [(1, "x", "trained", 4), (-1, "x", "trained", 1)])
+        self.assertGreater(q.se_tokens, 10 * q.se_seeds)
+        self.assertGreaterEqual(int(q.df), 14)
+        self.assertLessEqual(q.df, 17)
+        self.assertAlmostEqual(q.half, study.t95(int(q.df)) * math.sqrt(q.se_seeds ** 2 + q.se_tokens ** 2))
+        self.assertLess(q.half, 4.303 * math.sqrt(q.se_seeds ** 2 + q.se_tokens ** 2) / 1.8)
 
     def test_missing_cells_and_one_seed(self):
         cells = {("a", 1, "trained", 1): (4.0, None), ("b", 1, "trained", 1): (4.5, None),
@@ -80,6 +99,16 @@ class VerdictTest(unittest.TestCase):
         self.assertEqual(self.judge(-0.10, 0.05, "less"), "agrees")
         self.assertEqual(self.judge(0.10, 0.05, "less"), "disagrees")
         self.assertEqual(self.judge(-0.02, 0.05, "less"), "inconclusive")
+        # A direction confirmed within ±FLAT is small; an interval within ±FLAT either way, negligible.
+        self.assertEqual(self.judge(-0.02, 0.01, "less"), "agrees (small)")
+        self.assertEqual(self.judge(0.02, 0.01, "greater"), "agrees (small)")
+        self.assertEqual(self.judge(0.00, 0.02, "less"), "negligible")
+        self.assertEqual(self.judge(0.02, 0.01, "less"), "disagrees")
+        # "Does not help": agrees above -FLAT, disagrees below it.
+        self.assertEqual(self.judge(0.00, 0.02, "no_gain"), "agrees")
+        self.assertEqual(self.judge(0.30, 0.02, "no_gain"), "agrees")
+        self.assertEqual(self.judge(-0.10, 0.02, "no_gain"), "disagrees")
+        self.assertEqual(self.judge(-0.04, 0.03, "no_gain"), "inconclusive")
         self.assertEqual(self.judge(0.10, 0.05, "greater"), "agrees")
         self.assertEqual(self.judge(-0.10, 0.05, "greater"), "disagrees")
         self.assertEqual(self.judge(0.01, 0.02, "flat"), "agrees")      # below FLAT = 0.05 throughout
