@@ -193,6 +193,9 @@ class PlanTest(unittest.TestCase):
         two_l = take(n)
         self.assertTrue(all(r.tag == study.TWO_L_TAG and r.seq_len == 2 * cfg["seq_len"]
                             and r.steps == cfg["steps"] // 2 for r in two_l))
+        # The transition's model with the other seeds.
+        self.assertEqual([(r.tag, r.seed, r.layers) for r in take(n - 1)],
+                         [(study.TRANSITION_TAG, s, 6) for s in cfg["seeds"][1:]])
         # The sweep (first seed, each other rate; judged on the validation books), then the rest.
         sw = take((len(A) + len(B)) * w)
         self.assertEqual([r.tag for r in sw], [f"{e}_lr{lr:g}" for e in A + B for lr in (0.0015, 0.006)])
