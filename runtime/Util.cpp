@@ -1,11 +1,15 @@
 #include "runtime/Util.h"
 
 #include <fcntl.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -20,6 +24,15 @@ uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
     h *= 1099511628211ULL;
   }
   return h;
+}
+
+void tune_allocator() {
+#if defined(__GLIBC__)
+  const char *tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables && std::strstr(tunables, "glibc.malloc.")) return;
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+#endif
 }
 
 std::string hex16(uint64_t h) {

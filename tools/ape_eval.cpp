@@ -24,9 +24,11 @@
 #include "runtime/SpecLibrary.h"
 #include "runtime/Threads.h"
 #include "runtime/Train.h"
+#include "runtime/Util.h"
 
 int main(int argc, char **argv) {
   ape::prefer_passive_openmp(argv);
+  ape::tune_allocator();
   CLI::App app{"ape-eval: load ape-train checkpoints and report mean token loss / perplexity on the held-out\n"
                "test books at multiples of each checkpoint's training length."};
   std::vector<std::string> checkpoints;

@@ -37,6 +37,7 @@
 #include "runtime/SpecLibrary.h"
 #include "runtime/Threads.h"
 #include "runtime/Train.h"
+#include "runtime/Util.h"
 
 namespace fs = std::filesystem;
 
@@ -174,6 +175,7 @@ void note_unfinished(const std::string &ckpt) {
 
 int main(int argc, char **argv) {
   ape::prefer_passive_openmp(argv);
+  ape::tune_allocator();
   CLI::App app{"ape-train: train a small decoder language model with each named encoding on the shipped\n"
                "pg30 books (same seed, same data order), save a checkpoint per encoding, and report loss /\n"
                "perplexity on the held-out test books at multiples of the training length.\n\n"
