@@ -547,7 +547,7 @@ class Runner:
         if not os.path.exists(ckpt) and not self.args.dry_run:
             # A run recorded in results.csv whose folder is gone: its other jobs wait for it.
             print(f"[study] {run.id}/{name}: no checkpoint {ckpt} (the run is recorded but its folder is gone); "
-                  f"remove {run.id}'s rows from results.csv to train it again (the same seed gives the same model)",
+                  f"remove {run.id}'s rows from results.csv to train it again (the same seed gives the same model, within rounding across builds)",
                   file=sys.stderr, flush=True)
             self.waiting.append(f"{run.id}/{name}")
             return False
