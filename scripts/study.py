@@ -170,12 +170,14 @@ def locked(path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def append_rows(path, fields, new_rows):
+def append_rows(path, fields, new_rows, replace_run=None):
     """A job's rows are added all at once (the file is rewritten atomically, under a lock, so that
     drivers running side by side do not lose each other's rows), so a kill leaves either all of a
-    job's rows or none."""
+    job's rows or none. replace_run: every earlier row of that run is dropped in the same write (a
+    run trained again replaces its trained and evaluated rows at once)."""
     with locked(path):
-        write_rows(path, fields, read_rows(path) + new_rows)
+        old = [r for r in read_rows(path) if replace_run is None or r["run"] != replace_run]
+        write_rows(path, fields, old + new_rows)
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -469,6 +471,17 @@ class Runner:
     def done_jobs(self):
         return {(r["run"], r["variant"]) for r in read_rows(self.results)}
 
+    def to_retrain(self, run, done):
+        """--retrain-missing: a run recorded in results.csv whose folder has no finished run (a first
+        study's run: no checkpoint for the jobs that start from it, no segment losses) is trained
+        again, or resumed from the checkpoint of a retraining that was stopped; its old rows stay
+        until the new ones replace them. Not a diverged run (it never finishes)."""
+        if not self.args.retrain_missing or (run.id, "trained") not in done:
+            return False
+        finished = os.path.join(self.args.out, "runs", run.id, "results.csv")
+        trained = [r for r in read_rows(self.results) if r["run"] == run.id and r["variant"] == "trained"]
+        return not os.path.exists(finished) and not (trained and "diverged" in trained[0]["note"])
+
     def train(self, run):
         c = self.cfg
         d = os.path.join(self.args.out, "runs", run.id)
@@ -478,6 +491,7 @@ class Runner:
         run_csv = os.path.join(d, "results.csv")
         log = os.path.join(d, "train.log")
         t0 = time.time()
+        replace = run.id if self.to_retrain(run, self.done_jobs()) else None
         if os.path.exists(run_csv) and not self.args.dry_run:
             rc, text = 0, open(log, encoding="utf-8").read() if os.path.exists(log) else ""
             print(f"[study] {run.id}: trained and evaluated before (its results.csv); recording it")
@@ -515,10 +529,10 @@ class Runner:
             if rc != 0 and diverged:
                 # A diverged run is a result (it stays diverged when run again): recorded, not retried.
                 info["status"] = "diverged"
-                append_rows(self.train_csv, TRAIN_FIELDS, [info])
+                append_rows(self.train_csv, TRAIN_FIELDS, [info], replace_run=replace)
                 append_rows(self.results, RESULT_FIELDS, [dict(
                     run=run.id, encoding=run.encoding, seed=run.seed, variant="trained",
-                    evaluated=run.encoding, settings="", note="training diverged; see " + log)])
+                    evaluated=run.encoding, settings="", note="training diverged; see " + log)], replace_run=replace)
                 print(f"[study] {run.id}: training diverged (recorded; see {log})")
                 return False
             self.failed.append(run.id)
@@ -534,8 +548,8 @@ class Runner:
                              loss=r["loss"], ppl=r["ppl"],
                              tokens=r["tokens"], note=r["note"], segments=r.get("segment_losses", "")))
         info["status"] = "ok"
-        append_rows(self.train_csv, TRAIN_FIELDS, [info])
-        append_rows(self.results, RESULT_FIELDS, rows)
+        append_rows(self.train_csv, TRAIN_FIELDS, [info], replace_run=replace)
+        append_rows(self.results, RESULT_FIELDS, rows, replace_run=replace)
         print(f"[study] {run.id}: done in {time.time() - t0:.0f} s", flush=True)
         return True
 
@@ -622,8 +636,8 @@ class Runner:
             # main run) is taken again.
             def key(r):
                 return r.id, tuple(v[0] for v in variants_of(r, self.cfg))
-            run = next((r for r in runs if key(r) not in tried and not (
-                (r.id, "trained") in done and all((r.id, v[0]) in done for v in variants_of(r, self.cfg)))), None)
+            run = next((r for r in runs if key(r) not in tried and (self.to_retrain(r, done) or not (
+                (r.id, "trained") in done and all((r.id, v[0]) in done for v in variants_of(r, self.cfg))))), None)
             if run is None:
                 break
             tried.add(key(run))
@@ -632,7 +646,7 @@ class Runner:
                     print(f"[study] {run.id}: another driver is running it; skipped", flush=True)
                     continue
                 done = self.done_jobs()
-                if (run.id, "trained") not in done:
+                if (run.id, "trained") not in done or self.to_retrain(run, done):
                     if not self.train(run):
                         continue
                     done = self.done_jobs()
@@ -1374,6 +1388,10 @@ def main():
                          "those run as built-in encodings (-e NAME) instead of --spec, which needs apec at run time")
     ap.add_argument("--write-specs", metavar="DIR",
                     help="write the preset's study-only specs (NAME.mlir) into DIR for a build to compile in, and exit")
+    ap.add_argument("--retrain-missing", action="store_true",
+                    help="train again the runs recorded in results.csv whose checkpoint is gone (an earlier study's: "
+                         "the jobs that start from a checkpoint need it, and it has no segment losses); their rows "
+                         "stay in the report until the new ones replace them")
     ap.add_argument("--report-only", action="store_true", help="only (re)write the report from results.csv")
     ap.add_argument("--list", action="store_true", help="list the runs and variants with their state, and exit")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

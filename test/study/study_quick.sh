@@ -80,6 +80,21 @@ grep -q "ape-train --resume $out/runs/t5-s1234/t5.ckpt" "$work/resume.log" || fa
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
 [ "$rows" -eq 133 ] || fail "after the resume results.csv has $rows rows, expected 133"
 
+# --retrain-missing: a run recorded whose folder is gone (an earlier study's) is trained again,
+# its rows (trained and evaluated) replaced at once; without the flag nothing runs.
+grep -q "^alibi-s1234," "$out/results.csv" || fail "no alibi-s1234 rows"
+rm -rf "$out/runs/alibi-s1234"
+study > "$work/norerun.log" 2>&1 || { cat "$work/norerun.log"; fail "the run without --retrain-missing failed"; }
+grep -q "ape-train" "$work/norerun.log" && fail "a recorded run was retrained without --retrain-missing"
+study --retrain-missing > "$work/retrain.log" 2>&1 || { cat "$work/retrain.log"; fail "--retrain-missing failed"; }
+[ "$(grep -c 'ape-train' "$work/retrain.log")" -eq 1 ] && grep -q "ape-train -e alibi" "$work/retrain.log" ||
+  { cat "$work/retrain.log"; fail "--retrain-missing did not retrain exactly alibi-s1234"; }
+[ -s "$out/runs/alibi-s1234/alibi.ckpt" ] || fail "the retrained run has no checkpoint"
+rows=$(tail -n +2 "$out/results.csv" | wc -l)
+[ "$rows" -eq 133 ] || fail "after the retrain results.csv has $rows rows, expected 133"
+[ "$(grep -c '^alibi-s1234,' "$out/results.csv")" -eq 5 ] || fail "alibi-s1234's rows were not replaced"
+[ "$(grep -c '^alibi-s1234,' "$out/train.csv")" -eq 1 ] || fail "alibi-s1234's training row was not replaced"
+
 # SIGTERM to the driver mid-training: ape-train is asked to stop (it writes its checkpoint), the
 # driver exits 130 without recording the run, and --list shows the run as started.
 stop=$work/stop
