@@ -30,8 +30,9 @@ void tune_allocator() {
 #if defined(__GLIBC__)
   const char *tunables = std::getenv("GLIBC_TUNABLES");
   if (tunables && std::strstr(tunables, "glibc.malloc.")) return;
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  // The trim threshold only where the mmap threshold took: setting either one fixes both, and a
+  // glibc that refuses 256 MB would be left at its 128 KB starting threshold.
+  if (mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1) mallopt(M_TRIM_THRESHOLD, 512 << 20);
 #endif
 }
 

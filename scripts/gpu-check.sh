@@ -423,13 +423,17 @@ run() {
   if [[ ",$stages," == *",study,"* ]]; then
     s=$(date +%s)
     if timeout 240 cmake --build "$suite_build" --target ape-train ape-eval -- -j"$jobs" >"$logs/study-build.log" 2>&1; then
-      rm -rf "$dir/cache-study" && cp -r "$dir/cache" "$dir/cache-study"
+      # The study's folder beside the carried one (which each device call replaces): a rerun on the
+      # same machine continues it (its runs resume); the report is published into the logs.
+      local study_out=${APE_GPU_STUDY_DIR:-$(dirname "$dir")/gpu-study}
+      mkdir -p "$study_out"
+      [ -d "$study_out/cache" ] || cp -r "$dir/cache" "$study_out/cache"
       (cd "$src" && timeout 540 "$py" scripts/study.py --preset gpu-small --device cuda --threads 0 \
-        --builtin-specs "$dir/study-specs" --build-dir "$suite_build" --data "$src/data/pg30" --cache-dir "$dir/cache-study" \
-        --out "$logs/study" --publish "$logs/study") >"$logs/study.log" 2>&1
+        --builtin-specs "$dir/study-specs" --build-dir "$suite_build" --data "$src/data/pg30" \
+        --cache-dir "$study_out/cache" --out "$study_out" --publish "$logs/study") >"$logs/study.log" 2>&1
       local rc=$?
       [ $rc = 0 ] && status=pass || status=FAIL
-      note="logs/study/study.md"; [ $rc = 124 ] && note="timed out: rerun the stage to continue (logs/study.log)"
+      note="logs/study/study.md"; [ $rc = 124 ] && note="timed out: rerun the stage on this machine to continue ($study_out)"
     else
       status=FAIL note="ape-train did not build (logs/study-build.log)"
     fi

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 build=${APE_BUILD_DIR:-build}
 needs_build=1
 for a in "$@"; do
-  case "$a" in -h|--help|--report-only|--list|--dry-run) needs_build=0 ;; esac
+  case "$a" in -h|--help|--report-only|--list|--dry-run|--write-specs) needs_build=0 ;; esac
 done
 if [ "$needs_build" = 1 ] && [ -z "${APE_STUDY_NO_BUILD:-}" ]; then
   scripts/install-deps.sh >/dev/null

@@ -246,9 +246,17 @@ class PlanTest(unittest.TestCase):
         ft = next(r for r in runs if r.tag == "rope_pi_ft_lr0.006")
         self.assertEqual(ft.init, "rope_lr0.006-s1234")
         self.assertAlmostEqual(ft.lr, 0.0006)
-        # The claims read the chosen runs.
+        # The claims read the chosen rate's runs once they have as many seeds as the preset's rate
+        # has (its other seeds train after the sweep): never fewer seeds for a claim.
         claims = study.Claims(cfg, table_of(cells))
-        self.assertEqual(claims.tag("rope"), "rope_lr0.006")
+        self.assertEqual(claims.tag("rope"), "rope")
+        more = dict(cells)
+        more[("rope_lr0.006", 1234, "trained", 1)] = (4.5, None)
+        self.assertEqual(study.Claims(cfg, table_of(more)).tag("rope"), "rope_lr0.006")
+        more[("rope", 4321, "trained", 1)] = (4.6, None)
+        self.assertEqual(study.Claims(cfg, table_of(more)).tag("rope"), "rope")
+        more[("rope_lr0.006", 4321, "trained", 1)] = (4.5, None)
+        self.assertEqual(study.judged_lrs(cfg, table_of(more)), {"rope": 0.006})
 
     def test_generated_specs(self):
         text = study.expe_rule_spec(study.PRESETS["full"])
