@@ -1493,9 +1493,12 @@ def main():
         rows = read_rows(os.path.join(args.out, "results.csv"))
         done = {(r["run"], r["variant"]) for r in rows}
         for r in plan(cfg, chosen_lrs(cfg, collect(rows)[0])):
-            state = "done" if (r.id, "trained") in done else (
-                "started (checkpoint)" if os.path.exists(os.path.join(args.out, "runs", r.id, f"{r.encoding}.ckpt"))
-                else "to do")
+            folder = os.path.join(args.out, "runs", r.id)
+            started = os.path.exists(os.path.join(folder, f"{r.encoding}.ckpt"))
+            state = ("started (checkpoint)" if started else "to do") if (r.id, "trained") not in done else (
+                "done" if os.path.exists(os.path.join(folder, "results.csv")) else
+                "done, retraining (--retrain-missing continues it)" if started else
+                "done, no checkpoint (--retrain-missing trains it again)")
             print(f"{r.id:24s} trained: {state}")
             for v in variants_of(r, cfg):
                 print(f"{r.id:24s} +{v[0]}: {'done' if (r.id, v[0]) in done else 'to do'}")
