@@ -32,7 +32,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0);
 // (at most 32 MB, adjusted as blocks are freed) with mmap and returns them with munmap, so every
 // step faulted in and zeroed fresh pages: a third of a small CPU training run's time went to page
 // faults (measured: 2.27M faults and 26.7 s of CPU for 60 RoPE steps of the study's model; 0.18M
-// and 17.8 s with the blocks kept). This keeps blocks up to 256 MB in the heap and trims it back
+// and 17.8 s with the blocks kept; bench/cpu_allocator.sh, bench/results/cpu_allocator.md). This keeps blocks up to 256 MB in the heap and trims it back
 // above 512 MB free. A user's GLIBC_TUNABLES malloc settings win. No effect on the numbers.
 void tune_allocator();
 
