@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "ape/cpu/kernel_call.h"
@@ -97,7 +98,7 @@ Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell 
     std::map<std::string, Tensor> feats, prms;
     for (size_t n = 0; n < c.features.size(); ++n) feats[man.features[n].name] = c.features[n].to(dtype);
     for (size_t n = 0; n < c.params.size(); ++n) prms[man.params[n].name] = c.params[n].to(dtype);
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     const SpecReference::Result r =
         ref.attention(c.q.to(dtype), c.k.to(dtype), c.v.to(dtype), feats, prms, c.scale, c.site);
     return {{"o", r.o.to(at::kDouble)}, {"lse", r.lse.to(at::kDouble)}};
@@ -120,7 +121,7 @@ Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell 
     prms[p.name] = t;
     if (p.trainable) inputs.push_back(t), names.push_back("dparam:" + p.name);
   }
-  at::AutoGradMode grad_mode(true);
+  c10::AutoGradMode grad_mode(true);
   SpecReference::Result r = ref.attention(q, k, v, feats, prms, c.scale);
   Outputs out;
   out["o"] = r.o.detach().to(at::kDouble);

@@ -4,6 +4,7 @@
 #   scripts/gpu-check.sh prepare [DIR]      here (MLIR, apec): writes DIR (default build/gpu-check),
 #                                           one self-contained folder of at most 64 MiB
 #   scripts/gpu-check.sh run [DIR] [--logs LOGDIR] [--full-bench] [--stages a,b,...]
+#                            [--bench-configs BxHxTxD,...] [--bench-encodings a,b,...]
 #                                           there (CUDA, CMake, its own PyTorch, no MLIR, no network):
 #                                           builds against that machine's PyTorch and CUDA, runs every
 #                                           stage under a time limit, prints one table, writes the
@@ -13,24 +14,34 @@
 # sources of every example spec for the GPU suite, the PyTorch operator libraries of the framework
 # tests and of the benchmark; and copies the sources, GoogleTest's and nlohmann/json's that they
 # build with. `run` stages (--stages picks some; each has its limit in seconds):
-#   build      the GPU suite (test/cuda/standalone) and the operator libraries        300
+#   build      what the other chosen stages need: the GPU suite (test/cuda/standalone),
+#              the runtime's tools, the framework tests' and the benchmark's operator
+#              libraries, in DIR-build beside DIR (kept when a later device call replaces
+#              DIR, so a rerun on the same machine builds only what changed)          300
 #   suite      ape_cuda_kernels_test, sharded over the cores                          240
 #   sanitizer  compute-sanitizer memcheck, racecheck, synccheck, initcheck on a
 #              representative set (in parallel with `python`)                         200
 #   python     test/python/test_cuda.py and the cuda cases of the framework tests     200
 #   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
-#              FlexAttention, one configuration unless --full-bench                   240
+#              FlexAttention, one configuration (1x16x4096x128) unless --full-bench or
+#              --bench-configs; --bench-encodings picks encodings                     240
 #   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
 #              and across devices, evaluated and decoded on the other device, NCCL with
 #              one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py)   300
+#   counters   (only when named) Nsight Compute's counters of APE's kernels for one
+#              forward+backward of nope and rope (bench/gpu_counters.py: time, DRAM and
+#              L2 bytes, atomics, registers, occupancy), LOGDIR/gpu_counters.md      180
 #   study      (only when named) scripts/study.sh --preset gpu-small --device cuda: every seed
 #              encoding trained and evaluated on the GPU, the report in LOGDIR/study/   540
+# APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs and leaves out the
+# study's (a shorter build for a short lease: the train stage needs rope and cable, the benchmark
+# nope, rope, alibi, t5 and cable; the study stage then refuses).
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || usage
 shift
@@ -71,7 +82,7 @@ prepare() {
   cp "$root"/test/python/*.py "$root/test/python/run.sh" "$root/test/python/CMakeLists.txt" \
      "$src/test/python/"
   cp -r "$root/examples/c" "$root/examples/encodings" "$src/examples/"
-  cp "$root/bench/gpu_bench.py" "$root/bench/train_peer.py" "$src/bench/"
+  cp "$root/bench/gpu_bench.py" "$root/bench/gpu_counters.py" "$root/bench/train_peer.py" "$src/bench/"
   # The runtime and its tools (the train stage), CLI11's headers, the corpus and its tokenized
   # cache (the GPU machine has no SentencePiece): made here by a one-step run if missing.
   cp -r "$root/runtime" "$src/"
@@ -96,9 +107,10 @@ prepare() {
   cp -r /usr/include/nlohmann "$dir/third_party/json/nlohmann"
 
   # apec's outputs.
-  local spec enc emit
+  local spec enc emit only=${APE_GPU_CHECK_ENCODINGS:-}
   for spec in "$root"/examples/encodings/*.mlir; do
     enc=$(basename "$spec" .mlir)
+    if [ -n "$only" ] && [[ ",$only," != *",$enc,"* ]]; then continue; fi
     local src_name="examples/encodings/$enc.mlir"
     "$apec" "$spec" -o "$dir/generated/cpu" --emit=cpu --expect-name "$enc" --source-name "$src_name"
     if [[ " $skip_cuda " != *" $enc "* ]]; then
@@ -127,8 +139,9 @@ prepare() {
   # the preset, such as ExPE at its own theta), compiled in as built-in encodings: the GPU machine
   # has no apec to compile them at run time. The study stage names the folder (--builtin-specs),
   # and the driver checks that each file is still the spec it would run.
-  /usr/bin/python3 "$root/scripts/study.py" --preset gpu-small --write-specs "$dir/study-specs" >/dev/null
+  [ -z "$only" ] && /usr/bin/python3 "$root/scripts/study.py" --preset gpu-small --write-specs "$dir/study-specs" >/dev/null
   for spec in "$dir"/study-specs/*.mlir; do
+    [ -f "$spec" ] || continue
     enc=$(basename "$spec" .mlir)
     "$apec" "$spec" -o "$dir/generated/cpu" --emit=cpu --expect-name "$enc" --source-name "study-specs/$enc.mlir"
     "$apec" "$spec" -o "$dir/generated/cuda" --emit=cuda --cuda-dtypes=bf16 --cuda-head-dims=64,128 \
@@ -141,6 +154,7 @@ prepare() {
       git -C "$root" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
     echo "cuda variants: $(ls "$dir/generated/cuda" | grep -c '_hd[0-9]*\.cu$')"
     echo "skipped on CUDA: ${skip_cuda:-none}"
+    [ -z "$only" ] || echo "encodings: $only only (APE_GPU_CHECK_ENCODINGS; no study specs)"
   } >"$dir/PREPARED"
   local bytes
   bytes=$(du -sb "$dir" | cut -f1)
@@ -219,10 +233,13 @@ record() {  # stage status seconds note
 
 run() {
   local dir="" logs="" full_bench=0 stages="build,suite,sanitizer,python,bench,train"
+  local bench_configs="" bench_encodings=""
   while [ $# -gt 0 ]; do
     case $1 in
       --logs) logs=$2; shift 2 ;;
       --full-bench) full_bench=1; shift ;;
+      --bench-configs) bench_configs=$2; shift 2 ;;
+      --bench-encodings) bench_encodings=$2; shift 2 ;;
       --stages) stages=$2; shift 2 ;;
       -h|--help) usage ;;
       -*) echo "[gpu-check] unknown option $1" >&2; exit 2 ;;
@@ -267,12 +284,22 @@ run() {
   torch_prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)') ||
     { echo "[gpu-check] error: $py cannot import torch" >&2; exit 2; }
 
-  local suite_build=$dir/build-suite fw_build=$dir/build-python bench_build=$dir/build-bench
+  # The builds beside the carried folder: a device call replaces the folder, the builds stay.
+  local build_root=${APE_GPU_CHECK_BUILD:-$dir-build}
+  mkdir -p "$build_root"
+  local suite_build=$build_root/suite fw_build=$build_root/python bench_libs=$build_root/bench-libs
   local status note s
 
   # -- build ----------------------------------------------------------------------------------
   if want build; then
     s=$(date +%s)
+    # Only what the chosen stages use.
+    local suite_targets=()
+    { want suite || want sanitizer; } && suite_targets+=(ape_cuda_kernels_test)
+    { want train || want study; } && suite_targets+=(ape-train ape-eval ape-generate)
+    local p1="" p2="" p3="" built=""
+    if [ ${#suite_targets[@]} -gt 0 ]; then
+    built+=" suite(${suite_targets[*]})"
     (
       cmake -S "$src/test/cuda/standalone" -B "$suite_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DAPE_SOURCE_DIR="$src" -DAPE_GENERATED_CPU="$dir/generated/cpu" \
@@ -280,36 +307,44 @@ run() {
         -DAPE_JSON_INCLUDE="$dir/third_party/json" -DCMAKE_PREFIX_PATH="$torch_prefix" \
         -DAPE_CLI11_INCLUDE="$dir/third_party/cli11" \
         -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
-      timeout 300 cmake --build "$suite_build" -- -j"$jobs"
+      timeout 300 cmake --build "$suite_build" --target "${suite_targets[@]}" -- -j"$jobs"
     ) >"$logs/build-suite.log" 2>&1 &
-    local p1=$!
+    p1=$!
+    fi
+    if want python; then
+    built+=" python"
     (
       cmake -S "$src/test/python" -B "$fw_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CXX_FLAGS_RELEASE=-O2 -DCMAKE_C_FLAGS_RELEASE=-O2 -DAPE_EMITTED_DIR="$dir/emitted" \
         -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" &&
       timeout 300 cmake --build "$fw_build" -- -j"$jobs"
     ) >"$logs/build-python.log" 2>&1 &
-    local p2=$!
+    p2=$!
+    fi
+    if want bench || want counters; then
+    built+=" bench"
     (
-      # The benchmark's libraries, each with its own CMakeLists.txt as a user builds it.
+      # The benchmark's libraries, each with its own CMakeLists.txt as a user builds it (the
+      # benchmark finds BENCH_LIBS/ENC_torch_library/build/ape_ENC.py).
       for lib in "$dir"/bench-libs/*_torch_library; do
-        cmake -S "$lib" -B "$lib/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPE_PYTHON="$py" \
-          -DAPE_CUDA_ARCHS="$arch" || exit 1
+        cmake -S "$lib" -B "$bench_libs/$(basename "$lib")/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+          -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" || exit 1
       done
       for lib in "$dir"/bench-libs/*_torch_library; do
-        timeout 300 cmake --build "$lib/build" -- -j"$jobs" || exit 1
+        timeout 300 cmake --build "$bench_libs/$(basename "$lib")/build" -- -j"$jobs" || exit 1
       done
     ) >"$logs/build-bench.log" 2>&1 &
-    local p3=$!
+    p3=$!
+    fi
     local ok=1 failed_parts=""
-    wait $p1 || { ok=0; failed_parts+=" suite"; }
-    wait $p2 || { ok=0; failed_parts+=" python"; }
-    wait $p3 || { ok=0; failed_parts+=" bench"; }
+    [ -z "$p1" ] || wait $p1 || { ok=0; failed_parts+=" suite"; }
+    [ -z "$p2" ] || wait $p2 || { ok=0; failed_parts+=" python"; }
+    [ -z "$p3" ] || wait $p3 || { ok=0; failed_parts+=" bench"; }
     if [ $ok = 1 ]; then
-      record build pass $(( $(date +%s) - s )) "sm_$arch, $(ls "$dir/generated/cuda" | grep -c '_hd[0-9]*\.cu$') CUDA variants"
+      record build pass $(( $(date +%s) - s )) "sm_$arch,${built:- nothing}; $(ls "$dir/generated/cuda" | grep -c '_hd[0-9]*\.cu$') CUDA variants"
     else
       record build FAIL $(( $(date +%s) - s )) "failed:$failed_parts (logs/build-*.log)"
-      tail -30 "$logs"/build-*.log
+      tail -n 30 "$logs"/build-*.log
     fi
   fi
 
@@ -395,13 +430,24 @@ run() {
     fi
   fi
 
+  # -- train (before the timings: the runtime on the GPU is the larger unknown) ----------------------
+  if want train; then
+    s=$(date +%s)
+    train_stage "$dir" "$suite_build" "$logs" "$py" "$jobs"
+    local rc=$?
+    note=$(tail -1 "$logs/train/verdict.txt" 2>/dev/null)
+    [ $rc = 0 ] && status=pass || status=FAIL
+    record train $status $(( $(date +%s) - s )) "${note:-see logs/train/}"
+  fi
+
   # -- bench ------------------------------------------------------------------------------------
   if want bench; then
     s=$(date +%s)
     # Quick: one configuration (B 1, H 16, T 4096, d_h 128): each FlexAttention compiles once.
-    local quick=(--quick --configs 1x16x4096x128)
+    local quick=(--quick --configs "${bench_configs:-1x16x4096x128}")
     [ $full_bench = 1 ] && quick=()
-    timeout 240 "$py" "$src/bench/gpu_bench.py" --libs "$dir/bench-libs" "${quick[@]}" \
+    [ -n "$bench_encodings" ] && quick+=(--encodings "$bench_encodings")
+    PYTHONFAULTHANDLER=1 timeout 240 "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" "${quick[@]}" \
       --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
     local rc=$?
     [ $rc = 0 ] && status=pass || status=FAIL
@@ -410,13 +456,21 @@ run() {
     record bench $status $(( $(date +%s) - s )) "$note"
   fi
 
-  if want train; then
+  # -- counters (only when named) -----------------------------------------------------------------
+  if want counters; then
     s=$(date +%s)
-    train_stage "$dir" "$suite_build" "$logs" "$py" "$jobs"
+    local ncu_csv=$logs/gpu_counters.ncu.csv
+    timeout 180 ncu --profile-from-start off --csv --page raw --print-kernel-base demangled \
+      --metrics "$("$py" "$src/bench/gpu_counters.py" --metrics)" --log-file "$ncu_csv" \
+      "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings nope,rope --config 1x16x8192x128 \
+      >"$logs/counters.log" 2>&1
     local rc=$?
-    note=$(tail -1 "$logs/train/verdict.txt" 2>/dev/null)
-    [ $rc = 0 ] && status=pass || status=FAIL
-    record train $status $(( $(date +%s) - s )) "${note:-see logs/train/}"
+    if [ $rc = 0 ] && "$py" "$src/bench/gpu_counters.py" --summarize "$ncu_csv" --encodings nope,rope \
+         --config 1x16x8192x128 >"$logs/gpu_counters.md" 2>>"$logs/counters.log"; then
+      record counters pass $(( $(date +%s) - s )) "logs/gpu_counters.md"
+    else
+      record counters FAIL $(( $(date +%s) - s )) "exit $rc (logs/counters.log)"
+    fi
   fi
 
   # -- study (only when named: --stages build,study) -----------------------------------------------
@@ -454,6 +508,7 @@ run() {
     echo "total: $(( $(date +%s) - t0 )) s; logs in $logs"
   } | tee "$logs/summary.md"
   [ -f "$logs/gpu_bench.md" ] && { echo; cat "$logs/gpu_bench.md"; }
+  [ -f "$logs/gpu_counters.md" ] && { echo; cat "$logs/gpu_counters.md"; }
   return $any_fail
 }
 
