@@ -464,6 +464,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   };
   std::vector<Pending> pending;
   double last_loss = state_.losses.empty() ? 0.0 : state_.losses.back();
+  double steady_s = -1;  // since_start() once kSteadyAfter steps are done (the work on the device too)
   // A non-finite gradient norm stops training (Train.h); `now` says whether the step is current
   // (the model can still be searched for where it came from).
   auto check_gnorm = [&](int64_t step, double l, double gnorm, const char *lr_text, bool now) {
@@ -610,8 +611,13 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       last_save = state_.elapsed;
     }
 
+    if (state_.step == step0 + kSteadyAfter) {
+      read_pending();  // waits for the device: the steady rate's clock starts when its steps are done
+      steady_s = since_start();
+    }
     if (cfg.progress) {
       const double since = std::chrono::duration<double>(now - last_print).count();
+      if (state_.step == step0 + 1) read_pending();  // the first line shows the first loss
       if (since >= (cfg.progress_in_place ? 0.2 : 15.0) || state_.step == step0 + 1 || done_soon) {
         last_print = now;
         const double run_s = since_start();
@@ -640,12 +646,15 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   }
   read_pending();
   end_line();
+  // This run's own speed (a resumed run reports what it did itself), before the last checkpoint
+  // is written; and after its first kSteadyAfter steps (allocations, library handles, autotuning).
+  const double run_s = since_start();
   state_.complete = true;
   if (!checkpoint_path.empty()) save(checkpoint_path, extra);
   TrainResult res = result();
-  // This run's own speed (a resumed run reports what it did itself).
-  const double run_s = since_start();
   res.tokens_per_second = run_s > 0 ? double((state_.step - step0) * tokens_per_step) / run_s : 0.0;
+  if (steady_s >= 0 && run_s > steady_s && state_.step - step0 > 2 * kSteadyAfter)
+    res.steady_tokens_per_second = double((state_.step - step0 - kSteadyAfter) * tokens_per_step) / (run_s - steady_s);
   return res;
 }
 

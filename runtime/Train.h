@@ -83,10 +83,15 @@ struct TrainConfig {
   static TrainConfig from_json(const nlohmann::json &j);  // validated; throws std::runtime_error
 };
 
+// The steps a run's steady speed leaves out (TrainResult::steady_tokens_per_second).
+inline constexpr int64_t kSteadyAfter = 5;
+
 struct TrainResult {
   int64_t steps = 0;
   double seconds = 0;
   double tokens_per_second = 0;  // of all ranks together
+  // After the run's first kSteadyAfter steps (0 when it ran at most 2 kSteadyAfter steps).
+  double steady_tokens_per_second = 0;
   double first_loss = 0;  // loss of the first step
   double final_loss = 0;  // mean loss of the last min(20, steps) steps
   std::vector<double> losses;

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # The pinned PyTorch (docs/pytorch.md says why this one) and the Python packages of the tests.
 torch_pin="torch==2.15.0"
-python_packages=(numpy pytest expecttest)
+python_packages=(numpy pytest expecttest sentencepiece)  # sentencepiece: scripts/ape_spm.py's test
 
 packages=(
   cmake ninja-build g++ pkg-config xz-utils
@@ -44,7 +44,7 @@ venv=${APE_VENV:-$PWD/.venv}
 py="$venv/bin/python"
 want=${torch_pin#torch==}
 have=$("$py" -c 'import torch, sys; sys.stdout.write(torch.__version__.split("+")[0])' 2>/dev/null || true)
-if [ "$have" != "$want" ] || ! "$py" -c 'import numpy, pytest, expecttest' 2>/dev/null; then
+if [ "$have" != "$want" ] || ! "$py" -c 'import numpy, pytest, expecttest, sentencepiece' 2>/dev/null; then
   echo "[ape] PyTorch $want into $venv (first time: a few GB from PyPI; pip's cache makes it quick afterwards)" >&2
   [ -x "$py" ] || /usr/bin/python3 -m venv "$venv" >&2
   "$py" -m pip install -q --disable-pip-version-check "$torch_pin" "${python_packages[@]}" >&2

@@ -181,6 +181,32 @@ def append_rows(path, fields, new_rows, replace_run=None):
         write_rows(path, fields, old + new_rows)
 
 
+def seed_study(args):
+    """--seed-from DIR: a study folder with no results.csv gets DIR/study.csv's rows (and
+    DIR/study_train.csv's as train.csv): a fresh checkout continues a study whose runs are only in a
+    published report. A folder that has results.csv is left alone (said once)."""
+    src = os.path.join(args.seed_from, "study.csv")
+    if not os.path.exists(src):
+        die(f"--seed-from {args.seed_from}: no study.csv there")
+    dst = os.path.join(args.out, "results.csv")
+    if os.path.exists(dst):
+        print(f"[study] {dst} exists: --seed-from {args.seed_from} is not needed (nothing copied)", flush=True)
+        return
+    rows = read_rows(src)
+    bad = [f for f in RESULT_FIELDS if rows and f not in rows[0]]
+    if bad:
+        die(f"--seed-from {src}: not a study's results (no column(s) {', '.join(bad)})")
+    if args.dry_run:
+        print(f"[study] would seed {dst} with {len(rows)} rows of {src}")
+        return
+    train_src = os.path.join(args.seed_from, "study_train.csv")
+    if os.path.exists(train_src) and not os.path.exists(os.path.join(args.out, "train.csv")):
+        write_rows(os.path.join(args.out, "train.csv"), TRAIN_FIELDS, read_rows(train_src))
+    write_rows(dst, RESULT_FIELDS, rows)
+    runs = len({r["run"] for r in rows if r["variant"] == "trained"})
+    print(f"[study] seeded {dst} with {len(rows)} rows ({runs} runs) of {src}", flush=True)
+
+
 # ---- the plan ----------------------------------------------------------------------------------
 
 class Run:
@@ -1139,9 +1165,11 @@ def write_report(args, cfg):
     for dest in dests:
         os.makedirs(dest, exist_ok=True)
 
-    # CSV: every row, as measured.
+    # CSV: every row, as measured; and the runs' training rows (--seed-from reads both back).
     for dest in dests:
         write_rows(os.path.join(dest, "study.csv"), RESULT_FIELDS, results)
+        if dest != args.out:
+            write_rows(os.path.join(dest, "study_train.csv"), TRAIN_FIELDS, train)
     png_ok = write_plot(args, cfg, table, order, os.path.join(args.out, "study.png"), judged)
     if png_ok and args.publish:
         shutil.copyfile(os.path.join(args.out, "study.png"), os.path.join(args.publish, "study.png"))
@@ -1427,6 +1455,10 @@ def main():
                     help="train again the runs recorded in results.csv whose checkpoint is gone (an earlier study's: "
                          "the jobs that start from a checkpoint need it, and it has no segment losses); their rows "
                          "stay in the report until the new ones replace them")
+    ap.add_argument("--seed-from", metavar="DIR",
+                    help="a study folder without results.csv starts from a published report's rows (DIR/study.csv "
+                         "and DIR/study_train.csv, as --publish writes them): its runs count as done, without "
+                         "checkpoints (--retrain-missing trains them again), and the plan goes on from there")
     ap.add_argument("--report-only", action="store_true", help="only (re)write the report from results.csv")
     ap.add_argument("--list", action="store_true", help="list the runs and variants with their state, and exit")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -1473,6 +1505,8 @@ def main():
 
     if not args.dry_run:
         os.makedirs(args.out, exist_ok=True)
+    if args.seed_from:
+        seed_study(args)
     cfg_path = os.path.join(args.out, "study.json")
     fixed = json.loads(json.dumps({k: cfg.get(k) for k in MODEL_KEYS}))  # as study.json holds it
     if os.path.exists(cfg_path):

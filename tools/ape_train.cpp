@@ -55,6 +55,7 @@ struct Interrupted : std::runtime_error {
 struct Start {
   std::string init_from;
   std::vector<std::pair<std::string, double>> sets;
+  std::string data_dir, cache_dir;  // absolute: recorded for --resume
 };
 
 // One encoding's run: a fresh one, or the continuation of `resume`. Returns its evaluation rows;
@@ -103,7 +104,8 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   for (const auto &[param, value] : start.sets)
     if (!resume) std::cout << "[" << name << "] " << param << " = " << value << "\n";
   nlohmann::json extra = {
-      {"data", {{"vocab", corpus.vocab()}, {"tokenizer", corpus.tokenizer_path()}, {"tokenizer_fnv", corpus.tokenizer_hash()}}},
+      {"data", {{"vocab", corpus.vocab()}, {"tokenizer", corpus.tokenizer_path()}, {"tokenizer_fnv", corpus.tokenizer_hash()},
+                {"dir", start.data_dir}, {"cache_dir", start.cache_dir}}},
       {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}}};  // a resumed run evaluates the same way
   if (resume) {  // where the run started, as its first checkpoint said
     for (const char *key : {"init_from", "sets"})
@@ -136,6 +138,9 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
                 name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss, res.final_loss,
                 (long long)std::min<int64_t>(20, res.steps));
   std::cout << summary;
+  if (res.steady_tokens_per_second > 0)
+    std::cout << "[" << name << "] after step " << ape::kSteadyAfter << ": " << std::llround(res.steady_tokens_per_second)
+              << " tok/s\n";
   if (device.is_cuda())
     std::cout << "[" << name << "] GPU memory: peak " << ape::cuda_peak_memory(device.device.index()) / (1 << 20)
               << " MiB allocated (" << device.str() << ")\n";
@@ -269,9 +274,10 @@ int main(int argc, char **argv) {
   auto *tokens_opt =
       app.add_option("--eval-tokens", ec.tokens, "Target tokens scored per length (the same at every length), in [1, 10^9]")
           ->capture_default_str();
-  app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz")->capture_default_str();
-  app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
-      ->capture_default_str();
+  auto *data_opt = app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz "
+                                  "(with --resume: the run's, where it still exists)")->capture_default_str();
+  auto *cache_opt = app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the "
+                                   "token ids (with --resume: the run's, where it still exists)")->capture_default_str();
   auto *threads_opt = app.add_option("--threads", threads,
                                      "CPU threads, in [0, 1024] (default 0: all hardware threads; with --resume: the run's)");
   std::string device_name = "cpu", precision = "auto";
@@ -377,6 +383,14 @@ int main(int argc, char **argv) {
         }
         ec.validate();
       }
+      // The run's corpus and cache folders (recorded since they are kept in "data"), unless given
+      // again or gone: a resumed run reads the same token ids without being told where they are.
+      if (auto d = resumed->config.find("data"); d != resumed->config.end() && d->is_object()) {
+        std::error_code ec_fs;
+        const std::string dir = d->value("dir", std::string()), cache = d->value("cache_dir", std::string());
+        if (!*data_opt && !dir.empty() && fs::is_directory(dir, ec_fs)) data_dir = dir;
+        if (!*cache_opt && !cache.empty() && fs::is_directory(cache, ec_fs)) cache_dir = cache;
+      }
       const fs::path p(resume);
       out_dir = p.has_parent_path() ? p.parent_path().string() : ".";
       resume_ckpt = resume;
@@ -414,6 +428,9 @@ int main(int argc, char **argv) {
     }
     Start start;
     start.init_from = init_from;
+    std::error_code abs_ec;
+    start.data_dir = fs::absolute(data_dir, abs_ec).lexically_normal().string();
+    start.cache_dir = fs::absolute(cache_dir, abs_ec).lexically_normal().string();
     for (const auto &a : set_args) start.sets.push_back(ape::parse_assignment(a));
     // Several ranks on one machine share its cores (torchrun says how many ranks: LOCAL_WORLD_SIZE).
     if (dist.enabled() && threads == 0)

@@ -269,5 +269,30 @@ class PlanTest(unittest.TestCase):
         self.assertIn("beta = 0.3 : f64", spec)
 
 
+class SeedTest(unittest.TestCase):
+    def test_seed_from_a_published_report(self):
+        # --seed-from DIR: an empty study folder gets DIR's rows; one with results.csv is left alone.
+        with tempfile.TemporaryDirectory() as d:
+            pub, out = os.path.join(d, "pub"), os.path.join(d, "out")
+            os.makedirs(pub)
+            rows = [{"run": "rope-s1", "encoding": "rope", "seed": "1", "variant": "trained", "evaluated": "rope",
+                     "train_len": "128", "eval_len": "128", "multiple": "1", "loss": "4.5"}]
+            study.write_rows(os.path.join(pub, "study.csv"), study.RESULT_FIELDS, rows)
+            study.write_rows(os.path.join(pub, "study_train.csv"), study.TRAIN_FIELDS,
+                             [{"run": "rope-s1", "encoding": "rope", "seed": "1", "steps": "2000"}])
+            os.makedirs(out)
+            args = type("Args", (), {"seed_from": pub, "out": out, "dry_run": False})()
+            study.seed_study(args)
+            self.assertEqual([r["loss"] for r in study.read_rows(os.path.join(out, "results.csv"))], ["4.5"])
+            self.assertEqual([r["steps"] for r in study.read_rows(os.path.join(out, "train.csv"))], ["2000"])
+            rows[0]["loss"] = "9.9"
+            study.write_rows(os.path.join(pub, "study.csv"), study.RESULT_FIELDS, rows)
+            study.seed_study(args)  # results.csv exists: untouched
+            self.assertEqual([r["loss"] for r in study.read_rows(os.path.join(out, "results.csv"))], ["4.5"])
+            args.seed_from = os.path.join(d, "nowhere")
+            with self.assertRaises(SystemExit):
+                study.seed_study(args)
+
+
 if __name__ == "__main__":
     unittest.main()
