@@ -57,20 +57,49 @@ the largest |APE gradient| (for information).
 
 Every (method, configuration, phase) is tried on its own: an error (out of memory, a compile
 failure, a missing backend) becomes the table cell ("OOM", "n/a: reason", "fails: first line")
-and the run goes on. Exit status: 0 when the run finished (failed cells included), 1 when no
-APE library loaded, 2 without a CUDA device.
+and the run goes on.
+
+Crashes: each encoding runs in a process of its own (this script again, with the hidden option
+--one-encoding; the spot check stays inside it), which hands its finished cells to the parent as
+JSON after every cell and says which method, configuration and phase it is starting. A process
+that dies (a segfault or abort inside a library, a nonzero exit) costs only what it had not
+finished: the cell it was in reads "crashed: signal 11 (SIGSEGV) in ape at B1 H16 T4096 D128
+(warm-up); see the log" (its faulthandler traceback is on stderr, before the parent's line
+"[gpu_bench] crashed: ..."), the same method's later configurations "not run: ape crashed at
+B1 H16 T4096 D128", and a new process runs the rest of the encoding (its peers, without a spot
+check where APE's reference was in the dead process). A process whose CUDA context is lost (a
+sticky error such as an illegal memory access, which the failing cell names; checked after every
+failed cell) stops the same way, the cell keeping its error. The Markdown and CSV files are
+rewritten after every process (marked partial until the end; on SIGTERM or SIGINT, e.g. a time
+limit, once more saying so), so a run that is stopped keeps every finished row.
+
+Exit status: 0 when the run finished (failed cells included), 1 when no APE library loaded,
+2 without a CUDA device, 3 when it finished but a process crashed or lost its CUDA context (the
+cells and the notes say where; every other row stands), 128 + N when stopped by signal N.
+
+Test-only: APE_BENCH_TEST_CRASH=ENC[/METHOD][@N][:abort|segv|exit|lost],... makes ENC's process
+die when it starts METHOD (default ape) at the N-th configuration (default 0): os.abort()
+(SIGABRT, the default), a real segfault (SIGSEGV), os._exit(7), or a simulated loss of the CUDA
+context (the cell fails with a fake CUDA error); used with --selftest-cpu to test the above.
 """
 import argparse
 import csv
 import datetime
+import faulthandler
 import gc
 import importlib.util
 import inspect
+import json
 import math
 import os
+import re
 import shlex
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 ENCODINGS = ["nope", "rope", "alibi", "t5", "cable"]
@@ -467,16 +496,30 @@ class Cell:
         ms = self.ms.get(phase)
         return forward_flops(self.cfg) * FLOP_FACTOR[phase] / (ms * 1e-3) / 1e12 if ms else None
 
+    def to_json(self):
+        return {"enc": self.enc, "method": self.method, "cfg": list(self.cfg), "ms": self.ms, "err": self.err,
+                "notes": self.notes, "peak_mib": self.peak_mib, "check": self.check}
 
-def run_method(method, case, timer, mask_limit_gib, keep_outputs):
+    @classmethod
+    def from_json(cls, d):
+        c = cls(d["enc"], d["method"], tuple(d["cfg"]))
+        c.ms, c.err, c.notes = dict(d["ms"]), dict(d["err"]), list(d["notes"])
+        c.peak_mib, c.check = d["peak_mib"], d["check"]
+        return c
+
+
+def run_method(method, case, timer, mask_limit_gib, keep_outputs, progress=None):
     """Warms up, times the three phases, measures the peak of one fwd+bwd step. Returns the Cell
-    and, when keep_outputs, (o, grads) of that step (grads None where the backward failed)."""
+    and, when keep_outputs, (o, grads) of that step (grads None where the backward failed).
+    progress(phase), where given, is told each phase before it starts."""
+    progress = progress or (lambda phase: None)
     cell, device = Cell(case.enc, method, case.cfg), case.device
     leaves, dout = case.leaves, case.dout
     chosen = fallback = None
     tried = []  # (way, error) of the ways that did not warm up
     t0 = time.perf_counter()
     for way, build in candidates(method, case, mask_limit_gib):
+        progress("warm-up" + (f", {way}" if way else ""))
         try:
             f = build()
         except Exception as exc:
@@ -520,6 +563,7 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs):
         cell.notes.append(f"compile and warm-up {time.perf_counter() - t0:.1f} s")
 
     def attempt(phase, fn):
+        progress(PHASE_NAMES[phase])
         try:
             cell.ms[phase] = timer(fn)
         except Exception as exc:
@@ -544,6 +588,7 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs):
     outputs = None
     if "fwd" in cell.ms and (keep_outputs or "fwdbwd" in cell.ms):
         try:  # one fwd+bwd step: the peak memory, and the spot check's outputs
+            progress("peak-memory step")
             free_memory(device)
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -562,6 +607,7 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs):
         except Exception as exc:
             cell.notes.append(f"peak/spot-check step {error_text(exc)}")
     if method == "ape" and device == "cuda" and hasattr(case.h, "backward_status"):
+        progress("backward_status")
         try:  # what the CUDA backward could not sum (the gradients concerned are NaN)
             bits, messages = case.h.backward_status(clear=True)
             if bits & 7:
@@ -613,7 +659,29 @@ def cell_text(cell, value):
     return " / ".join(parts)
 
 
-def report(args, cells, rows_order, configs, header, notes):
+class replaced:
+    """open(path, "w") for a report rewritten during the run: a regular file is written beside and
+    renamed over (a reader, or a kill, never sees half of it); anything else (/dev/stdout) as is."""
+
+    def __init__(self, path):
+        self.path = path
+        regular = not os.path.exists(path) or (os.path.isfile(path) and not os.path.islink(path))
+        self.tmp = path + ".tmp" if regular else None
+
+    def __enter__(self):
+        self.f = open(self.tmp or self.path, "w", newline="")
+        return self.f
+
+    def __exit__(self, kind, exc, tb):
+        self.f.close()
+        if self.tmp and kind is None:
+            os.replace(self.tmp, self.path)
+        elif self.tmp:
+            os.unlink(self.tmp)
+
+
+def report(args, cells, rows_order, configs, header, notes, final=True):
+    """Writes the Markdown (--md) and CSV (--csv) reports; prints the Markdown when final."""
     by_key = {(c.enc, c.method, c.cfg): c for c in cells}
     head = "| encoding | method | " + " | ".join(config_name(c) for c in configs) + " |"
     rule = "| --- | --- |" + " ---: |" * len(configs)
@@ -676,19 +744,21 @@ def report(args, cells, rows_order, configs, header, notes):
             where = f"{enc} / {label(enc, method)} / {config_name(cfg)}"
             errs = {}
             for p in PHASES:
-                if p in c.err and c.err[p] != "OOM" and (not c.err[p].startswith("n/a") or len(c.err[p]) > 100):
+                if (p in c.err and c.err[p] != "OOM" and not c.err[p].startswith("not run:")
+                        and (not c.err[p].startswith("n/a") or len(c.err[p]) > 100)):
                     errs.setdefault(c.err[p], []).append(PHASE_NAMES[p])
             notes += [f"{where}: {', '.join(phases)} {e}" for e, phases in errs.items()]
             notes += [f"{where}: {n}" for n in c.notes]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     text = "\n".join(lines) + "\n"
-    print(text, flush=True)
+    if final:
+        print(text, flush=True)
     if args.md:
-        with open(args.md, "w") as f:
+        with replaced(args.md) as f:
             f.write(text)
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
+        with replaced(args.csv) as f:
             w = csv.writer(f)
             w.writerow(["encoding", "method", "config", "phase", "ms", "tflops", "note", "peak_mib", "B", "H", "T", "D"])
             for enc, method in rows_order:
@@ -709,7 +779,10 @@ def report(args, cells, rows_order, configs, header, notes):
                                     f"{c.peak_mib:.1f}" if p == "fwdbwd" and c.peak_mib is not None else "", *cfg])
 
 
-# ---- main -------------------------------------------------------------------------------------------
+# ---- one encoding, in a process of its own -------------------------------------------------------
+
+CONTEXT_LOST = 4  # a child's exit status: its CUDA context is lost (the JSON's "lost" says where)
+
 
 def parse_configs(text):
     out = []
@@ -719,6 +792,209 @@ def parse_configs(text):
             sys.exit(f"bad --configs item {item!r}: want BxHxTxD, e.g. 2x16x8192x128")
         out.append(tuple(int(p) for p in parts))
     return out
+
+
+def config_arg(cfg):
+    return "x".join(str(x) for x in cfg)
+
+
+def encoding_methods(enc, methods):
+    return [m for m in ["ape"] + PEERS.get(enc, []) if m in methods]
+
+
+def test_crashes(enc):
+    """APE_BENCH_TEST_CRASH (test-only, see the docstring): {(method, config index): kind} for enc."""
+    out = {}
+    for item in filter(None, os.environ.get("APE_BENCH_TEST_CRASH", "").split(",")):
+        m = re.fullmatch(r"([\w-]+)(?:/([\w-]+))?(?:@(\d+))?(?::(abort|segv|exit|lost))?", item.strip())
+        if not m:
+            sys.exit(f"bad APE_BENCH_TEST_CRASH item {item!r}: want ENC[/METHOD][@N][:abort|segv|exit|lost]")
+        if m.group(1) == enc:
+            out[(m.group(2) or "ape", int(m.group(3) or 0))] = m.group(4) or "abort"
+    return out
+
+
+def die_for_test(kind):
+    log(f"APE_BENCH_TEST_CRASH: {kind} (test-only)")
+    if kind == "abort":
+        os.abort()
+    if kind == "segv":
+        import ctypes
+        ctypes.string_at(0)  # a real segfault: faulthandler prints the traceback, the signal kills
+    if kind == "exit":
+        os._exit(7)
+
+
+def context_lost(device, simulated=False):
+    """None while the CUDA context still runs work, else the error that says it does not (a sticky
+    error such as an illegal memory access poisons every later call in the process)."""
+    if simulated:
+        return "CUDA error: an illegal memory access was encountered (simulated, APE_BENCH_TEST_CRASH)"
+    if device != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize()
+        x = torch.ones(1, device="cuda")
+        if float((x + 1).item()) != 2.0:
+            return "a trivial CUDA computation returned a wrong value"
+        return None
+    except Exception as exc:
+        return None if is_oom(exc) else error_text(exc).removeprefix("fails: ")
+
+
+def environment(device, timer_text):
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        gpu = (f"{torch.cuda.get_device_name(0)} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, "
+               f"{props.total_memory / GIB:.0f} GiB)")
+    else:
+        gpu = "none (CPU self-test: the numbers mean nothing)"
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"gpu": gpu, "pytorch": f"{torch.__version__}; CUDA {torch.version.cuda}; cuDNN {cudnn}",
+            "timer": timer_text}
+
+
+def child_main(args, enc, methods, configs, device):
+    """--one-encoding ENC: runs ENC's methods at the configurations not in --skip and keeps
+    --cells-json up to date (written beside and renamed over, so the parent never reads half)."""
+    faulthandler.enable()  # a segfault's Python traceback on stderr (the parent names the cell)
+    state = {"encoding": enc, "status": "running", "loaded": False, "load_note": None, "env": None,
+             "cells": [], "check_notes": [], "current": {"phase": "starting"}, "lost": None}
+
+    def save():
+        with open(args.cells_json + ".tmp", "w") as f:
+            json.dump(state, f)
+        os.replace(args.cells_json + ".tmp", args.cells_json)
+
+    def progress(method, cfg, phase):
+        state["current"] = {"method": method, "cfg": None if cfg is None else list(cfg), "phase": phase}
+        save()
+
+    save()
+    timer, timer_text = make_timer(device)
+    state["env"] = environment(device, timer_text)
+    progress(None, None, "loading the library")
+    try:
+        helper, ops = load_helper(args.libs, enc)
+        kernels = list(ops.cuda_kernels()) if hasattr(ops, "cuda_kernels") else "?"
+        log(f"loaded ape_{enc}: CUDA kernels {kernels}")
+    except Exception as exc:
+        state.update(status="not-loaded", current=None,
+                     load_note=f"{enc}: APE library not loaded ({error_text(exc).removeprefix('fails: ')}); "
+                               "encoding skipped")
+        log(state["load_note"])
+        save()
+        return 1
+    state["loaded"] = True
+    progress(None, None, "setting up, after loading the library")
+    for name in ("recompile_limit", "cache_size_limit"):  # one compile per configuration
+        try:
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 16))
+        except Exception:
+            pass
+    skip = set()
+    for item in filter(None, (args.skip or "").split(",")):
+        method, _, cfg = item.partition("@")
+        skip.add((method, parse_configs(cfg)[0]))
+    crashes = test_crashes(enc)
+    enc_methods = encoding_methods(enc, methods)
+    check_cfg = min(configs, key=forward_flops)
+    for index, cfg in enumerate(configs):
+        todo = [m for m in enc_methods if (m, cfg) not in skip and ("*", cfg) not in skip]
+        if not todo:
+            continue
+        progress(None, cfg, "making the inputs")
+        free_memory(device)
+        try:
+            case = Case(enc, helper, ops, cfg, device, args.seed)
+        except Exception as exc:
+            text = error_text(exc)
+            for m in todo:
+                c = Cell(enc, m, cfg)
+                c.fail_all(text)
+                state["cells"].append(c.to_json())
+            log(f"{enc} {config_name(cfg)}: inputs {text}")
+            continue
+        ref = None
+        for method in todo:
+            keep = cfg == check_cfg
+            progress(method, cfg, "starting")
+            crash = crashes.get((method, index))
+            if crash and crash != "lost":
+                die_for_test(crash)
+            try:
+                if crash == "lost":
+                    raise RuntimeError(context_lost(device, simulated=True))
+                cell, outputs = run_method(method, case, timer, args.mask_limit_gib, keep,
+                                           lambda phase: progress(method, cfg, phase))
+            except Exception as exc:  # a failure outside the guarded phases: still one cell
+                cell, outputs = Cell(enc, method, cfg), None
+                cell.fail_all(error_text(exc))
+            if keep and outputs is not None:
+                progress(method, cfg, "spot check")
+                if method == "ape":  # kept on the host: it must not count in the peers' peaks
+                    ref = (outputs[0].cpu(), None if outputs[1] is None else [g.cpu() for g in outputs[1]])
+                    outputs = ref
+                    bad = [n for n, t in zip(["o"] + case.leaf_names, [outputs[0]] + list(outputs[1] or []))
+                           if not bool(torch.isfinite(t).all())]
+                    cell.check = "spot-check reference" + (f"; non-finite {bad}" if bad else "")
+                elif ref is not None:
+                    try:
+                        cell.check, mismatch = spot_check(ref, outputs, case.leaf_names)
+                    except Exception as exc:
+                        cell.check = f"spot check {error_text(exc)}"
+                    state["check_notes"].append(f"spot check, {enc} / {label(enc, method)} / {config_name(cfg)}: "
+                                                f"{cell.check}")
+                elif "ape" in enc_methods and "ape" not in todo:
+                    cell.check = "no spot check: APE did not run in this process (restarted after a crash)"
+            outputs = None
+            state["cells"].append(cell.to_json())
+            summary = ", ".join(f"{PHASE_NAMES[p]} " + (f"{fmt_ms(cell.ms[p])} ms" if p in cell.ms
+                                                         else cell.err.get(p, "-")) for p in PHASES)
+            log(f"{enc} {config_name(cfg)} {label(enc, method)}: {summary}"
+                + (f"; peak {cell.peak_mib:.0f} MiB" if cell.peak_mib else "")
+                + (f"; {'; '.join(cell.notes)}" if cell.notes else "")
+                + (f"; {cell.check}" if cell.check else ""))
+            lost = context_lost(device, simulated=crash == "lost") if cell.err else None
+            if lost:  # every later cell would fail the same way: a fresh process runs them
+                state.update(status="context-lost", current=None,
+                             lost={"method": method, "cfg": list(cfg), "error": lost})
+                log(f"{enc} {config_name(cfg)} {label(enc, method)}: the CUDA context is lost ({lost}); "
+                    "this process stops")
+                save()
+                return CONTEXT_LOST
+            progress(method, cfg, "freeing memory")
+            free_memory(device)
+        ref = case = None
+        free_memory(device)
+    state.update(status="done", current=None)
+    save()
+    return 0
+
+
+# ---- the parent: one process per encoding, one report -----------------------------------------------
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached the parent (a time limit, Ctrl-C)."""
+
+
+def death_text(rc):
+    """'signal 11 (SIGSEGV)' or 'exit status 7' of a child's return code."""
+    if rc < 0:
+        try:
+            return f"signal {-rc} ({signal.Signals(-rc).name})"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit status {rc}"
+
+
+def read_state(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def main():
@@ -738,6 +1014,10 @@ def main():
     ap.add_argument("--md", help="write the Markdown report here (it is printed either way)")
     ap.add_argument("--csv", help="write one row per (encoding, method, config, phase) here")
     ap.add_argument("--selftest-cpu", action="store_true", help=argparse.SUPPRESS)  # plumbing check, tiny shapes
+    # The child process of one encoding (see the docstring, "Crashes"):
+    ap.add_argument("--one-encoding", help=argparse.SUPPRESS)
+    ap.add_argument("--cells-json", help=argparse.SUPPRESS)
+    ap.add_argument("--skip", help=argparse.SUPPRESS)  # METHOD@BxHxTxD,... (METHOD * : every method)
     args = ap.parse_args()
     encodings = [e for e in args.encodings.split(",") if e]
     methods = [m for m in args.methods.split(",") if m]
@@ -747,6 +1027,8 @@ def main():
     configs = parse_configs(args.configs) if args.configs else (QUICK if args.quick else FULL)
     if args.selftest_cpu and not args.configs:
         configs = [(1, 2, 256, 64), (2, 2, 128, 128)]
+    if args.one_encoding and not args.cells_json:
+        ap.error("--one-encoding needs --cells-json")
 
     global torch, F
     try:
@@ -761,104 +1043,180 @@ def main():
               f"built for CUDA {torch.version.cuda or 'none'}). This benchmark times CUDA kernels; run it "
               f"where a GPU is visible.", file=sys.stderr)
         return 2
-    started = datetime.datetime.now().astimezone()
-    timer, timer_text = make_timer(device)
+    if args.one_encoding:
+        return child_main(args, args.one_encoding, methods, configs, device)
+    return parent_main(args, encodings, methods, configs)
 
-    helpers, load_notes = {}, []
-    for enc in encodings:
-        try:
-            helpers[enc] = load_helper(args.libs, enc)
-            kernels = list(helpers[enc][1].cuda_kernels()) if hasattr(helpers[enc][1], "cuda_kernels") else "?"
-            log(f"loaded ape_{enc}: CUDA kernels {kernels}")
-        except Exception as exc:
-            load_notes.append(f"{enc}: APE library not loaded ({error_text(exc).removeprefix('fails: ')}); "
-                              "encoding skipped")
-            log(load_notes[-1])
-    if not helpers:
+
+def parent_main(args, encodings, methods, configs):
+    """Runs each encoding in a child process (again and again, past the methods that crashed),
+    gathers the cells, rewrites the report after each child and prints it at the end."""
+    test_crashes("")  # a bad APE_BENCH_TEST_CRASH stops here, not in a child
+    started = datetime.datetime.now().astimezone()
+    t_start = time.perf_counter()
+    check_cfg = min(configs, key=forward_flops)
+    cells, rows_order, load_notes, check_notes, crash_notes = [], [], [], [], []
+    env, loaded_any, crashed = None, False, []
+    work = tempfile.mkdtemp(prefix="gpu_bench.")
+    forward = ["--libs", args.libs, "--configs", ",".join(config_arg(c) for c in configs),
+               "--methods", ",".join(methods), "--mask-limit-gib", repr(args.mask_limit_gib),
+               "--seed", str(args.seed)] + (["--selftest-cpu"] if args.selftest_cpu else [])
+    proc = None
+    status = None  # the report's "Status" line until the run is over
+
+    def write(final):
+        header = [
+            ("GPU", env["gpu"] if env else "?"),
+            ("PyTorch", env["pytorch"] if env else torch.__version__),
+            ("Date", f"{started:%Y-%m-%d %H:%M %Z}, {(time.perf_counter() - t_start) / 60:.1f} min"),
+            ("Timer", env["timer"] if env else "?"),
+            ("Command", "`" + " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv) + "`"),
+            ("Spot check", f"at {config_name(check_cfg)}: each peer's o against APE's, MISMATCH above {MISMATCH:g}"),
+        ]
+        if status:
+            header.append(("Status", status))
+        report(args, cells, rows_order, configs, header, load_notes + crash_notes + check_notes, final)
+
+    def on_signal(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise Stopped(signum)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # (a background job keeps ignoring SIGINT)
+            signal.signal(sig, on_signal)
+
+    def merge(enc, path, have):
+        """Adds the cells, spot-check notes and rows of the child's JSON at path; returns it."""
+        nonlocal env, loaded_any
+        state = read_state(path) or {}
+        env = env or state.get("env")
+        loaded_any = loaded_any or bool(state.get("loaded"))
+        for d in state.get("cells", []):
+            c = Cell.from_json(d)
+            have[(c.method, c.cfg)] = c
+            cells.append(c)
+        check_notes.extend(state.get("check_notes", []))
+        if state.get("loaded") and enc not in {e for e, _ in rows_order}:
+            rows_order.extend((enc, m) for m in encoding_methods(enc, methods))
+        return state
+
+    current_enc = pending = None
+    try:
+        for n, enc in enumerate(encodings):
+            current_enc = enc
+            enc_methods = encoding_methods(enc, methods)
+            have = {}  # (method, cfg) -> Cell
+            skip = set()  # (method, cfg) the next child leaves out; method "*": the whole configuration
+            path = os.path.join(work, f"{enc}.json")
+            for attempt in range(1 + len(enc_methods) * len(configs)):
+                if os.path.exists(path):
+                    os.unlink(path)
+                cmd = [sys.executable, os.path.abspath(__file__), *forward, "--encodings", enc,
+                       "--one-encoding", enc, "--cells-json", path]
+                if skip:
+                    cmd += ["--skip", ",".join(f"{m}@{config_arg(c)}" for m, c in sorted(skip))]
+                    log(f"{enc}: a new process for the rest (skipping {len(skip)} of "
+                        f"{len(enc_methods) * len(configs)} cells)")
+                pending = path  # its cells are not merged yet
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+                rc = proc.wait()
+                proc = None
+                state = merge(enc, path, have)
+                pending = None
+                for key in have:
+                    skip.add(key)
+                if rc == 0 and state.get("status") == "done":
+                    break
+                if state.get("status") == "not-loaded":
+                    load_notes.append(state.get("load_note") or f"{enc}: APE library not loaded; encoding skipped")
+                    break
+                if rc == 2 and not state:
+                    print(f"gpu_bench: the process for {enc} exited with status 2 before it started (no CUDA "
+                          "device? see above)", file=sys.stderr)
+                    return 2
+                # It died or lost its CUDA context: name the cell, skip the method from there on.
+                if state.get("status") == "context-lost":
+                    lost = state["lost"]
+                    method, cfg = lost["method"], tuple(lost["cfg"])
+                    what = f"{label(enc, method)} lost the CUDA context at {config_name(cfg)}"
+                    crashed.append(f"{enc}: {what}")
+                    crash_notes.append(f"{enc}: {what} ({lost['error']}); a new process ran the rest")
+                    log(f"crashed: {enc}: {what} ({lost['error']})")
+                else:
+                    how = death_text(rc) if rc != 0 else "exit status 0 before the end"
+                    cur = state.get("current") or {"phase": "starting (no state written)"}
+                    method, cfg = cur.get("method"), None if cur.get("cfg") is None else tuple(cur["cfg"])
+                    phase = cur.get("phase") or "?"
+                    if method is not None:
+                        where = f"in {label(enc, method)} at {config_name(cfg)} ({phase})"
+                    elif cfg is not None:
+                        where = f"while {phase} at {config_name(cfg)}"
+                    else:
+                        where = f"while {phase}"
+                    text = f"crashed: {how} {where}; see the log"
+                    crashed.append(f"{enc}: {how} {where}")
+                    log(f"crashed: {enc}: {how} {where}")
+                    if cfg is None:  # loading the library, or before: nothing to skip past
+                        load_notes.append(f"{enc}: the process {text}")
+                        break
+                    if method is not None and (method, cfg) in have:  # after its cell was kept
+                        crash_notes.append(f"{enc}: the process {text} (after that cell's results were kept)")
+                    for m in ([method] if method is not None else enc_methods):
+                        if (m, cfg) in have:
+                            continue
+                        c = Cell(enc, m, cfg)
+                        c.fail_all(text)
+                        have[(m, cfg)] = c
+                        skip.add((m, cfg))
+                        cells.append(c)
+                    if method is None:
+                        what = f"the inputs crashed at {config_name(cfg)}"
+                    else:
+                        what = f"{label(enc, method)} crashed at {config_name(cfg)}"
+                if method is not None:  # its later configurations: not run
+                    for c2 in configs:
+                        if (method, c2) not in have:
+                            c = Cell(enc, method, c2)
+                            c.fail_all(f"not run: {what}")
+                            have[(method, c2)] = c
+                            skip.add((method, c2))
+                            cells.append(c)
+                if all((m, c2) in have for m in enc_methods for c2 in configs):
+                    break
+                status = f"partial: {enc} restarted after a crash"
+                write(False)
+            left = encodings[n + 1:]
+            if left and (rows_order or crashed):
+                status = f"partial: {', '.join(encodings[:n + 1])} done; {', '.join(left)} not yet run"
+                write(False)
+    except Stopped as stop:
+        name = signal.Signals(stop.args[0]).name
+        if proc is not None:  # the child (under `timeout` it got the signal too)
+            try:
+                proc.terminate()
+                proc.wait(timeout=10)
+            except Exception:
+                proc.kill()
+                proc.wait()
+        if pending:  # what the child had finished
+            merge(current_enc, pending, {})
+        left = encodings[encodings.index(current_enc) + 1:] if current_enc else encodings
+        status = (f"stopped by {name} while running {current_enc or 'nothing'}: its unfinished cells are empty"
+                  + (f"; not run: {', '.join(left)}" if left else ""))
+        log(status)
+        write(True)
+        shutil.rmtree(work, ignore_errors=True)
+        return 128 + stop.args[0]
+    shutil.rmtree(work, ignore_errors=True)
+    if not loaded_any and not crashed:
         print(f"gpu_bench: no APE library could be loaded from {args.libs}:\n  " + "\n  ".join(load_notes),
               file=sys.stderr)
         return 1
-
-    for name in ("recompile_limit", "cache_size_limit"):  # one compile per configuration and encoding
-        try:
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 16))
-        except Exception:
-            pass
-
-    check_cfg = min(configs, key=forward_flops)
-    cells, rows_order, check_notes = [], [], []
-    t_start = time.perf_counter()
-    for enc, (helper, ops) in helpers.items():
-        enc_methods = [m for m in ["ape"] + PEERS.get(enc, []) if m in methods]
-        rows_order += [(enc, m) for m in enc_methods]
-        for cfg in configs:
-            free_memory(device)
-            try:
-                case = Case(enc, helper, ops, cfg, device, args.seed)
-            except Exception as exc:
-                text = error_text(exc)
-                for m in enc_methods:
-                    c = Cell(enc, m, cfg)
-                    c.fail_all(text)
-                    cells.append(c)
-                log(f"{enc} {config_name(cfg)}: inputs {text}")
-                continue
-            ref = None
-            for method in enc_methods:
-                keep = cfg == check_cfg
-                try:
-                    cell, outputs = run_method(method, case, timer, args.mask_limit_gib, keep)
-                except Exception as exc:  # a failure outside the guarded phases: still one cell
-                    cell, outputs = Cell(enc, method, cfg), None
-                    cell.fail_all(error_text(exc))
-                if keep and outputs is not None:
-                    if method == "ape":  # kept on the host: it must not count in the peers' peaks
-                        ref = (outputs[0].cpu(), None if outputs[1] is None else [g.cpu() for g in outputs[1]])
-                        outputs = ref
-                        bad = [n for n, t in zip(["o"] + case.leaf_names, [outputs[0]] + list(outputs[1] or []))
-                               if not bool(torch.isfinite(t).all())]
-                        cell.check = "spot-check reference" + (f"; non-finite {bad}" if bad else "")
-                    elif ref is not None:
-                        try:
-                            cell.check, mismatch = spot_check(ref, outputs, case.leaf_names)
-                        except Exception as exc:
-                            cell.check = f"spot check {error_text(exc)}"
-                        check_notes.append(f"spot check, {enc} / {label(enc, method)} / {config_name(cfg)}: "
-                                           f"{cell.check}")
-                outputs = None
-                cells.append(cell)
-                summary = ", ".join(f"{PHASE_NAMES[p]} " + (f"{fmt_ms(cell.ms[p])} ms" if p in cell.ms
-                                                             else cell.err.get(p, "-")) for p in PHASES)
-                log(f"{enc} {config_name(cfg)} {label(enc, method)}: {summary}"
-                    + (f"; peak {cell.peak_mib:.0f} MiB" if cell.peak_mib else "")
-                    + (f"; {'; '.join(cell.notes)}" if cell.notes else "")
-                    + (f"; {cell.check}" if cell.check else ""))
-                free_memory(device)
-            ref = case = None
-            free_memory(device)
-        try:  # the compiled flex graphs of this encoding
-            torch._dynamo.reset()
-        except Exception:
-            pass
-
-    minutes = (time.perf_counter() - t_start) / 60
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        gpu = (f"{torch.cuda.get_device_name(0)} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, "
-               f"{props.total_memory / GIB:.0f} GiB)")
-    else:
-        gpu = "none (CPU self-test: the numbers mean nothing)"
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    header = [
-        ("GPU", gpu),
-        ("PyTorch", f"{torch.__version__}; CUDA {torch.version.cuda}; cuDNN {cudnn}"),
-        ("Date", f"{started:%Y-%m-%d %H:%M %Z}, {minutes:.1f} min after the libraries loaded"),
-        ("Timer", timer_text),
-        ("Command", "`" + " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv) + "`"),
-        ("Spot check", f"at {config_name(check_cfg)}: each peer's o against APE's, MISMATCH above {MISMATCH:g}"),
-    ]
-    report(args, cells, rows_order, configs, header, load_notes + check_notes)
+    status = None
+    write(True)
+    if crashed:
+        log("processes that crashed: " + "; ".join(crashed))
+        return 3
     return 0
 
 

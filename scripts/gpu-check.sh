@@ -100,7 +100,7 @@ prepare() {
   fi
   mkdir -p "$dir/cache"
   cp "$cache"/spm_bpe_4096_*.model "$cache"/spm_bpe_4096_*.key "$cache"/tokens_*_4096_*.bin "$dir/cache/"
-  cp "$root/scripts/gpu-check.sh" "$root/scripts/study.py" "$src/scripts/"
+  cp "$root/scripts/gpu-check.sh" "$root/scripts/study.py" "$root/scripts/ape_spm.py" "$src/scripts/"
   mkdir -p "$src/bench/study" && cp "$root"/bench/study/*.mlir "$src/bench/study/"
   mkdir -p "$dir/third_party/json"
   cp -r /usr/src/googletest "$dir/third_party/googletest"
@@ -177,6 +177,9 @@ train_stage() {  # dir suite_build logs python jobs
     >"$out/build.log" 2>&1 || { echo "the runtime did not build (logs/train/build.log)" >"$out/verdict.txt"; return 1; }
   local bin=$build/tools cache=$dir/cache-run
   rm -rf "$cache" && cp -r "$dir/cache" "$cache"
+  # The tools there are built without SentencePiece's C++ library: prompts and generated text go
+  # through its Python package (scripts/ape_spm.py, the same bytes as ape-spm).
+  export APE_SPM_TOOL=$dir/src/scripts/ape_spm.py
   local common=(--data "$dir/src/data/pg30" --cache-dir "$cache" --steps 200 --eval-multiples 1,2
                 --eval-tokens 8192 --checkpoint-every 50 --seed 1234)
   local rc=0
@@ -447,29 +450,55 @@ run() {
     local quick=(--quick --configs "${bench_configs:-1x16x4096x128}")
     [ $full_bench = 1 ] && quick=()
     [ -n "$bench_encodings" ] && quick+=(--encodings "$bench_encodings")
+    # Each encoding runs in a process of its own: a crash (a segfault in a library, a lost CUDA
+    # context) costs that process's unfinished cells, which say so (exit 3), and the report is
+    # rewritten after every process, so a time limit keeps the finished rows.
     PYTHONFAULTHANDLER=1 timeout 240 "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" "${quick[@]}" \
       --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
     local rc=$?
     [ $rc = 0 ] && status=pass || status=FAIL
-    note="logs/gpu_bench.md"
-    [ $rc = 124 ] && note="timed out (logs/bench.log)"
+    case $rc in
+      0) note="logs/gpu_bench.md" ;;
+      3) note="crashed: $(sed -n 's/^\[gpu_bench\] crashed: \([a-z0-9_]*\): .*/\1/p' "$logs/bench.log" |
+           awk '!seen[$0]++' | paste -sd, -); the other cells in logs/gpu_bench.md (logs/bench.log)" ;;
+      124) note="timed out; the finished rows in logs/gpu_bench.md (logs/bench.log)" ;;
+      *) note="exit $rc (logs/bench.log)" ;;
+    esac
     record bench $status $(( $(date +%s) - s )) "$note"
   fi
 
   # -- counters (only when named) -----------------------------------------------------------------
   if want counters; then
     s=$(date +%s)
-    local ncu_csv=$logs/gpu_counters.ncu.csv
-    timeout 180 ncu --profile-from-start off --csv --page raw --print-kernel-base demangled \
-      --metrics "$("$py" "$src/bench/gpu_counters.py" --metrics)" --log-file "$ncu_csv" \
-      "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings nope,rope --config 1x16x8192x128 \
-      >"$logs/counters.log" 2>&1
-    local rc=$?
-    if [ $rc = 0 ] && "$py" "$src/bench/gpu_counters.py" --summarize "$ncu_csv" --encodings nope,rope \
-         --config 1x16x8192x128 >"$logs/gpu_counters.md" 2>>"$logs/counters.log"; then
+    # One ncu run per encoding, one CSV each (a kernel's name does not say its encoding: the file
+    # does), within the stage's 180 s; the summary labels each file's rows and totals them.
+    local enc csv left metrics rc failed="" ncu_units=() summary_args=()
+    metrics=$("$py" "$src/bench/gpu_counters.py" --metrics)
+    # Base units (ns, bytes) where this ncu can print them; the summary converts either way.
+    grep -q -- '--print-units' <<<"$(ncu --help 2>&1)" && ncu_units=(--print-units base)
+    rm -f "$logs"/gpu_counters.*.ncu.csv
+    : >"$logs/counters.log"
+    for enc in nope rope; do
+      csv=$logs/gpu_counters.$enc.ncu.csv
+      left=$(( 180 - ($(date +%s) - s) ))
+      if [ $left -lt 10 ]; then failed+="; $enc: no time left"; continue; fi
+      echo "[gpu-check] counters: $enc (at most ${left} s)" >>"$logs/counters.log"
+      timeout $left ncu --profile-from-start off --csv --page raw --print-kernel-base demangled "${ncu_units[@]}" \
+        --metrics "$metrics" --log-file "$csv" \
+        "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings "$enc" --config 1x16x8192x128 \
+        >>"$logs/counters.log" 2>&1
+      rc=$?
+      [ $rc = 0 ] || failed+="; $enc: exit $rc"
+      [ -s "$csv" ] && summary_args+=("$enc=$csv")
+    done
+    if [ ${#summary_args[@]} -gt 0 ]; then
+      "$py" "$src/bench/gpu_counters.py" --summarize "${summary_args[@]}" --config 1x16x8192x128 \
+        >"$logs/gpu_counters.md" 2>>"$logs/counters.log" || failed+="; summary: exit $?"
+    fi
+    if [ -z "$failed" ]; then
       record counters pass $(( $(date +%s) - s )) "logs/gpu_counters.md"
     else
-      record counters FAIL $(( $(date +%s) - s )) "exit $rc (logs/counters.log)"
+      record counters FAIL $(( $(date +%s) - s )) "${failed#; } (logs/counters.log)"
     fi
   fi
 

@@ -54,7 +54,8 @@ ls "$dir"/cache/spm_bpe_4096_*.model "$dir"/cache/tokens_train_4096_*.bin "$dir"
 bytes=$(du -sb "$dir" | cut -f1)
 [ "$bytes" -le $((64 * 1024 * 1024)) ] || { echo "FAIL: $bytes bytes > 64 MiB"; exit 1; }
 bash -n "$dir/src/scripts/gpu-check.sh"
-for py in bench/gpu_bench.py bench/train_peer.py test/gpu_check/train_smoke.py; do
+for py in bench/gpu_bench.py bench/gpu_counters.py bench/train_peer.py test/gpu_check/train_smoke.py \
+          scripts/ape_spm.py; do
   "$python" -m py_compile "$dir/src/$py"
 done
 # Without a GPU, run says so and fails (never a silent pass).

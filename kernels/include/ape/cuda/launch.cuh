@@ -96,6 +96,11 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   return p;
 }
 
+// The grid of the linear mods' kernels: x over a slice's runs, y over groups of kLinBh slices.
+template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D) {
+  return dim3(blocks_for(p.T * D / run_len<In>(), 256), blocks_for(p.B * p.H, kLinBh));
+}
+
 // tok, q', k' of every slice (the forward's inputs; the backward recomputes them).
 template <class Enc, class In, int kModD>
 cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
@@ -108,20 +113,26 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
                       p)) != cudaSuccess)
       return err;
   }
+  // A linear mod (side_kernels.cuh): its coefficients once per position and run for kLinBh slices.
+  auto mod = [&](auto is_q, const In *x, In *xm) -> cudaError_t {
+    constexpr bool kIsQ = decltype(is_q)::value;
+    if constexpr (linear_mod<Enc, kIsQ>())
+      return launch(mod_forward_linear_kernel<Enc, In, kIsQ, kModD>, linear_mod_grid<In>(p, kModD), 256, 0, st, p,
+                    x, xm);
+    else
+      return launch(mod_forward_kernel<Enc, In, kIsQ, kModD>, blocks_for(n / run_len<In>(), 256), 256, 0, st, p, x,
+                    xm);
+  };
   if constexpr (Enc::kHasQMod) {
     In *qm = scratch.take<In>(n, err);
     if (err != cudaSuccess) return err;
-    if ((err = launch(mod_forward_kernel<Enc, In, true, kModD>, blocks_for(n / run_len<In>(), 256), 256, 0, st, p, p.q,
-                      qm)) != cudaSuccess)
-      return err;
+    if ((err = mod(std::true_type{}, p.q, qm)) != cudaSuccess) return err;
     p.qm = qm;
   }
   if constexpr (Enc::kHasKMod) {
     In *km = scratch.take<In>(n, err);
     if (err != cudaSuccess) return err;
-    if ((err = launch(mod_forward_kernel<Enc, In, false, kModD>, blocks_for(n / run_len<In>(), 256), 256, 0, st, p, p.k,
-                      km)) != cudaSuccess)
-      return err;
+    if ((err = mod(std::false_type{}, p.k, km)) != cudaSuccess) return err;
     p.km = km;
   }
   if constexpr (traits::NumRel<Enc>::value > 0) {
@@ -449,13 +460,17 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
   }
   // dq, dk from dQ', dK' (mod_backward_kernel), where the flash backward did not write them.
   const unsigned mod_blocks = blocks_for(n / run_len<In>(), 256);
-  if (!direct_q && (err = launch(mod_backward_kernel<Enc, In, true, kD>, mod_blocks, 256, 0, st, p,
-                                 p.q, p.dqm, p.dq)))
-    return err;
+  auto mod_back = [&](auto is_q, const In *x, const float *gm, In *dx) -> cudaError_t {
+    constexpr bool kIsQ = decltype(is_q)::value;
+    if constexpr (linear_mod<Enc, kIsQ>())
+      return launch(mod_backward_linear_kernel<Enc, In, kIsQ, kD>, linear_mod_grid<In>(p, kD), 256, 0, st, p, gm,
+                    dx);
+    else
+      return launch(mod_backward_kernel<Enc, In, kIsQ, kD>, mod_blocks, 256, 0, st, p, x, gm, dx);
+  };
+  if (!direct_q && (err = mod_back(std::true_type{}, p.q, p.dqm, p.dq))) return err;
   if constexpr (!kDirectK)
-    if ((err = launch(mod_backward_kernel<Enc, In, false, kD>, mod_blocks, 256, 0, st, p, p.k, p.dkm,
-                      p.dk)))
-      return err;
+    if ((err = mod_back(std::false_type{}, p.k, p.dkm, p.dk))) return err;
   if constexpr (Enc::kNumTok > 0) {
     const int64_t nt = BH * Enc::kNumTok * T;
     if ((err = launch(fixed_to_float_kernel<>, blocks_for(nt, 256), 256, 0, st,

@@ -198,6 +198,123 @@ __global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const 
   store_run<In, kV>(dx + e, out);
 }
 
+// ---- linear mods (traits::QModLinear / KModLinear: RoPE and its scalings, xPos) -------------------
+// mod(x, y) = a(t, c) x + b(t, c) y with a, b independent of the batch, the head, the data and any
+// trainable param (analysis/KernelFacts.h, isLinearMod): a = mod(1, 0) and b = mod(0, 1) are
+// evaluated once per (position, run) for kLinBh slices instead of once per element, so these
+// kernels move bytes at memory speed where the per-element mod (pow, sin, cos and the column's
+// index arithmetic) kept the generic ones compute-bound (bench/results/gpu_h100.md: 147 M
+// instructions for 16.8 M elements). Grid: x over the T D / kV runs of a slice, y over groups of
+// kLinBh slices; each thread loops over its group's slices, its accesses coalesced in every slice.
+// The same products and sums as the CPU template's coefficient table (cpu/attention.h).
+constexpr int kLinBh = 32;
+
+template <class Enc, bool kIsQ> constexpr bool linear_mod() {
+  if constexpr (kIsQ) return Enc::kHasQMod && traits::QModLinear<Enc>::value;
+  else return Enc::kHasKMod && traits::KModLinear<Enc>::value;
+}
+
+// a(t, c), b(t, c) of the side's mod (ctx of any slice: the coefficients read none of it).
+template <class Enc, bool kIsQ>
+__device__ inline void mod_coefs(const DevCtx<Enc> &ctx, int64_t t, int64_t c, float &a, float &b) {
+  if constexpr (kIsQ)
+    a = Enc::q_mod(ctx, t, c, 1.f, 0.f), b = Enc::q_mod(ctx, t, c, 0.f, 1.f);
+  else
+    a = Enc::k_mod(ctx, t, c, 1.f, 0.f), b = Enc::k_mod(ctx, t, c, 0.f, 1.f);
+}
+
+// xm = mod(x) for a linear mod: what mod_forward_kernel computes, with the coefficients of the
+// thread's run (and its partner run) evaluated once for its kLinBh slices.
+template <class Enc, class In, bool kIsQ, int D>
+__global__ void mod_forward_linear_kernel(const Params<Enc, In> p, const In *x, In *xm) {
+  constexpr int kV = run_len<In>();
+  constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
+  constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
+  static_assert(D % kV == 0, "whole runs per row");
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;  // in one slice
+  const int64_t BH = p.B * p.H, bh0 = int64_t(blockIdx.y) * kLinBh;
+  if (e >= p.T * D || bh0 >= BH) return;
+  const int64_t c0 = e % D, t = e / D, bh1 = bh0 + kLinBh < BH ? bh0 + kLinBh : BH;
+  const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
+  if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+  const DevCtx<Enc> ctx = make_ctx(p, bh0, false);
+  float a[kV], b[kV], ap[kV] = {}, bp[kV] = {};
+  #pragma unroll
+  for (int u = 0; u < kV; ++u) {
+    mod_coefs<Enc, kIsQ>(ctx, t, c0 + u, a[u], b[u]);
+    if (p0 >= 0) mod_coefs<Enc, kIsQ>(ctx, t, p0 + u, ap[u], bp[u]);
+  }
+  for (int64_t bh = bh0; bh < bh1; ++bh) {
+    const int64_t row = bh * p.T + t;
+    const In *xr = x + row * D;
+    In own[kV], part[kV], out[kV];
+    load_run<In, kV>(xr, c0, own);
+    if (p0 >= 0) {
+      load_run<In, kV>(xr, p0, part);
+      In outp[kV];
+      #pragma unroll
+      for (int u = 0; u < kV; ++u) {
+        const float xo = to_float(own[u]), xp = to_float(part[u]);
+        out[u] = from_float<In>(a[u] * xo + b[u] * xp), outp[u] = from_float<In>(ap[u] * xp + bp[u] * xo);
+      }
+      store_run<In, kV>(xm + row * D + p0, outp);
+    } else {
+      gather_partners<In, kV, D>(kPairing, kFraction, xr, c0, own, part);
+      #pragma unroll
+      for (int u = 0; u < kV; ++u) out[u] = from_float<In>(a[u] * to_float(own[u]) + b[u] * to_float(part[u]));
+    }
+    store_run<In, kV>(xm + row * D + c0, out);
+  }
+}
+
+// dx = (d mod / dx)^T gm for a linear mod: dx_c = a(t, c) g_c + b(t, pc) g_pc (pc = partner(c);
+// the partner's partner is c, and a column paired with itself gets (a + b) g), as
+// mod_backward_kernel adds its terms; the coefficients once per run for kLinBh slices. A linear mod
+// reads no trainable param: no param gradient to add.
+template <class Enc, class In, bool kIsQ, int D>
+__global__ void mod_backward_linear_kernel(const Params<Enc, In> p, const float *gm, In *dx) {
+  constexpr int kV = run_len<In>();
+  constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
+  constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
+  static_assert(D % kV == 0, "whole runs per row");
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
+  const int64_t BH = p.B * p.H, bh0 = int64_t(blockIdx.y) * kLinBh;
+  if (e >= p.T * D || bh0 >= BH) return;
+  const int64_t c0 = e % D, t = e / D, bh1 = bh0 + kLinBh < BH ? bh0 + kLinBh : BH;
+  const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
+  if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+  const DevCtx<Enc> ctx = make_ctx(p, bh0, false);
+  // a of the own columns; b of their partners (for the lone run: of each column's partner).
+  float a[kV], bq[kV], ap[kV], bo[kV];
+  #pragma unroll
+  for (int u = 0; u < kV; ++u) {
+    float unused;
+    mod_coefs<Enc, kIsQ>(ctx, t, c0 + u, a[u], bo[u]);
+    if (p0 >= 0) mod_coefs<Enc, kIsQ>(ctx, t, p0 + u, ap[u], bq[u]);
+    else mod_coefs<Enc, kIsQ>(ctx, t, partner(kPairing, kFraction, D, c0 + u), unused, bq[u]);
+  }
+  for (int64_t bh = bh0; bh < bh1; ++bh) {
+    const int64_t row = bh * p.T + t;
+    const float *gr = gm + row * D;
+    float g[kV], gp[kV];
+    In out[kV];
+    load_run<float, kV>(gr, c0, g);
+    if (p0 >= 0) {
+      load_run<float, kV>(gr, p0, gp);
+      In outp[kV];
+      #pragma unroll
+      for (int u = 0; u < kV; ++u)
+        out[u] = from_float<In>(a[u] * g[u] + bq[u] * gp[u]), outp[u] = from_float<In>(ap[u] * gp[u] + bo[u] * g[u]);
+      store_run<In, kV>(dx + row * D + p0, outp);
+    } else {
+      gather_partners<float, kV, D>(kPairing, kFraction, gr, c0, g, gp);
+      #pragma unroll
+      for (int u = 0; u < kV; ++u) out[u] = from_float<In>(a[u] * g[u] + bq[u] * gp[u]);
+    }
+    store_run<In, kV>(dx + row * D + c0, out);
+  }
+}
+
 // Delta_i = dO_i . O_i (fp32), added in column order, one fp32 accumulator per row, exactly as a
 // thread per row would (at T = 1, where dS = P (dP - Delta) vanishes, the gradients left are the
 // rounding difference of Delta and the tensor cores' dP: the tests bound it). The loads are
