@@ -464,6 +464,16 @@ run() {
       124) note="timed out; the finished rows in logs/gpu_bench.md (logs/bench.log)" ;;
       *) note="exit $rc (logs/bench.log)" ;;
     esac
+    # A crashed encoding's host stack: APE alone at a small shape under cuda-gdb (this machine has
+    # no gdb), its backtrace in logs/bench-crash-ENC.log.
+    if [ $rc = 3 ] && command -v cuda-gdb >/dev/null; then
+      local crashed
+      for crashed in $(sed -n 's/^\[gpu_bench\] crashed: \([a-z0-9_]*\): .*/\1/p' "$logs/bench.log" | sort -u); do
+        timeout 120 cuda-gdb -q -batch -ex run -ex bt -ex quit --args "$py" "$src/bench/gpu_bench.py" \
+          --libs "$bench_libs" --one-encoding "$crashed" --cells-json "$logs/bench-crash-$crashed.json" \
+          --methods ape --configs 1x2x256x128 >"$logs/bench-crash-$crashed.log" 2>&1
+      done
+    fi
     record bench $status $(( $(date +%s) - s )) "$note"
   fi
 
