@@ -207,6 +207,44 @@ def summarize(inputs, config):
     return 0
 
 
+def stalls(path, top=12):
+    """Where a kernel's warps wait: from ncu's --csv --page raw log of the WarpStateStats section,
+    each kernel's smsp__average_warps_issue_stalled_REASON_per_issue_active ratios (warps stalled
+    for REASON per issued instruction), largest first, with cycles per issued instruction."""
+    import csv
+    import re
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(ln for ln in f if ln.startswith('"')))
+    except OSError as exc:
+        print(f"gpu_counters: {exc}", file=sys.stderr)
+        return 1
+    if len(rows) < 3:
+        print(f"gpu_counters: no kernels in {path}", file=sys.stderr)
+        return 1
+    head, data = rows[0], rows[2:]
+    pat = re.compile(r"^smsp__average_warps_issue_stalled_(.+)_per_issue_active\.ratio$")
+    reasons = [(i, m.group(1)) for i, h in enumerate(head) if (m := pat.match(h))]
+    name_col = head.index("Kernel Name") if "Kernel Name" in head else None
+    for r in data:
+        name = r[name_col] if name_col is not None else "?"
+        vals = []
+        for i, reason in reasons:
+            try:
+                vals.append((float(r[i].replace(",", "")), reason))
+            except ValueError:
+                pass
+        vals.sort(reverse=True)
+        total = sum(v for v, _ in vals)
+        print(f"{name.split('(')[0][:100]}: {total:.1f} warp-cycles stalled per issued instruction")
+        print("| stall reason | warps per issued instruction | share |")
+        print("| --- | --- | --- |")
+        for v, reason in vals[:top]:
+            print(f"| {reason} | {v:.2f} | {100 * v / total if total else 0:.0f}% |")
+        print()
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--libs", help="the operator libraries' folder (as bench/gpu_bench.py --libs)")
@@ -216,7 +254,12 @@ def main():
     ap.add_argument("--summarize", nargs="+", metavar="ENC=NCU_CSV",
                     help="print a Markdown table of ncu's --csv --page raw logs, one per encoding (one row "
                     "per kernel, labelled ENC; per-encoding totals) and exit")
+    ap.add_argument("--stalls", metavar="NCU_CSV",
+                    help="print each kernel's warp stall reasons from ncu's --section WarpStateStats --csv "
+                    "--page raw log and exit")
     args = ap.parse_args()
+    if args.stalls:
+        return stalls(args.stalls)
     if args.metrics:
         print(",".join(METRICS))
         return 0

@@ -505,6 +505,17 @@ run() {
       "$py" "$src/bench/gpu_counters.py" --summarize "${summary_args[@]}" --config 1x16x8192x128 \
         >"$logs/gpu_counters.md" 2>>"$logs/counters.log" || failed+="; summary: exit $?"
     fi
+    # Where the attention kernels' warps wait (NoPE: the kernels alone): the stall reasons.
+    left=$(( 180 - ($(date +%s) - s) ))
+    if [ $left -ge 20 ]; then
+      csv=$logs/gpu_counters.stalls.ncu.csv
+      timeout $left ncu --profile-from-start off --csv --page raw --print-kernel-base demangled \
+        --kernel-name regex:'flash_backward|hopper_forward|flash_forward' --section WarpStateStats \
+        --log-file "$csv" "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings nope \
+        --config 1x16x8192x128 >>"$logs/counters.log" 2>&1 &&
+        { echo; echo "## Warp stalls (NoPE)"; echo; "$py" "$src/bench/gpu_counters.py" --stalls "$csv"; } \
+          >>"$logs/gpu_counters.md" 2>>"$logs/counters.log" || failed+="; stalls: exit $?"
+    fi
     if [ -z "$failed" ]; then
       record counters pass $(( $(date +%s) - s )) "logs/gpu_counters.md"
     else
