@@ -733,6 +733,22 @@ float atomic_add_f32(float *p, float v) {
                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   return bits_f32(old);
 }
+void atomic_add_f32x2(float *p, float a, float b) {
+  if (reinterpret_cast<uintptr_t>(p) % 8 != 0) {
+    std::ostringstream os;
+    os << "8-byte reduction at " << static_cast<const void *>(p) << ": the address is not 8-byte aligned";
+    detail::report(Check::Memcheck, os.str(), __builtin_return_address(0));
+  }
+  APE_ATOMIC_CHECK(p, 8);
+  for (int k = 0; k < 2; ++k) {
+    uint32_t old = __atomic_load_n(reinterpret_cast<uint32_t *>(p + k), __ATOMIC_RELAXED), next;
+    const float v = k == 0 ? a : b;
+    do {
+      next = f32_bits(bits_f32(old) + v);
+    } while (!__atomic_compare_exchange_n(reinterpret_cast<uint32_t *>(p + k), &old, next, true,
+                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  }
+}
 double atomic_add_f64(double *p, double v) {
   APE_ATOMIC_CHECK(p, 8);
   uint64_t old = __atomic_load_n(reinterpret_cast<uint64_t *>(p), __ATOMIC_RELAXED), next;

@@ -204,6 +204,7 @@ template <class Enc, class In> struct Params {
   uint32_t *status;                 // CudaAttnArgs::status (backward)
   int *dq_sem;                      // (B*H, ceil(T / BQ)): the order of dQ' adds (flash backward)
   bool dq_direct;                   // flash backward: key tile 0 writes dq (flash_dq_direct)
+  bool red_v2;                      // flash backward: dQ' adds as 8-byte reductions (sm_90+)
   // distance biases in the flash kernels (flash_distance<Enc>())
   float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
   int64_t dist_ld;

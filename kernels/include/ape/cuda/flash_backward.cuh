@@ -519,7 +519,10 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     // (p.dq_direct): both through the staging rows (the current Q' and dO buffers, which no warp
     // reads again and the next step's prefetch does not fill) in 16-byte chunks, 512 contiguous
     // bytes per warp instruction, with no memset before and no conversion pass after. The other
-    // key tiles add their fragments by fp32 reductions. The order of the adds is the semaphore's.
+    // key tiles add their fragments by fp32 reductions, a lane's two adjacent columns as one 8-byte
+    // reduction on sm_90 (ptx::red_add2: a warp's rows then fill whole 32-byte sectors; the H100
+    // counted 192 M sectors for 2.15 GB of adds with scalar ones). The order of the adds is the
+    // semaphore's.
     const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
     const bool first = (i_end - 1) / BK == kt, to_dq = kt == 0 && p.dq_direct;
     if (first || to_dq) {  // the same for every thread of the block
@@ -561,10 +564,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
         if (kMasked && i >= T) continue;
         float *row = p.dqm + base + i * D + qc0 + 2 * t;
         #pragma unroll
-        for (int dt = 0; dt < kQDT; ++dt) {
-          atomicAdd(row + 8 * dt, dq[dt][2 * h]);
-          atomicAdd(row + 8 * dt + 1, dq[dt][2 * h + 1]);
-        }
+        for (int dt = 0; dt < kQDT; ++dt) ptx::red_add2(row + 8 * dt, dq[dt][2 * h], dq[dt][2 * h + 1], p.red_v2);
       }
     }
     if constexpr (kDist && kBiasGrad && !kSat) {  // diagonal c - kr = x - (BK - 1): the warps' sets, in order

@@ -215,6 +215,15 @@ inline bool hopper_device() {
 #endif
 }
 
+// The current device's compute capability major (0 when it cannot be read).
+inline int device_major() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return 0;
+  return major;
+}
+
 template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return bytes > 48 * 1024
              ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -409,6 +418,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       err = launch(row_stats_kernel<Enc, In>, blocks_for(BH * p.stats_ld, 256), 256, 0, st, p);
     direct_q = flash_dq_direct<Enc>() && qsign == 1.f;
     p.dq_direct = direct_q;
+    p.red_v2 = device_major() >= 9;  // ptx::red_add2
     if (err == cudaSuccess) err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st);
     if (err != cudaSuccess) return err;
     // 1-D, slice-major (flash_backward_kernel): B H ceil(T / BK) blocks.

@@ -80,6 +80,28 @@ cudaError_t launch(void (*kernel)(KP...), dim3 grid, dim3 block, size_t smem, cu
 // Lane layouts: the PTX ISA's (kernels/simt/Warp.cpp states them in full).
 namespace ptx {
 
+// p[0] += a, p[1] += b (p 8-byte aligned). `v2`: as one 8-byte reduction (sm_90's
+// red.global.add.v2.f32: a warp's fragment rows then fill whole 32-byte L2 sectors, where two
+// scalar reductions each fill half of twice as many); the caller sets it where the device is
+// sm_90 or later. Elsewhere, and in code compiled for an older target, two fp32 reductions.
+__device__ inline void red_add2(float *p, float a, float b, bool v2) {
+#if defined(APE_SIMT)
+  if (v2) {
+    ::ape::simt::atomic_add_f32x2(p, a, b);
+    return;
+  }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (v2) {
+    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(a, b));
+    return;
+  }
+#else
+  (void)v2;
+#endif
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+}
+
 // d = a b + c for one m16n8k16 tile: a 4 registers (8 x 16-bit), b 2 registers, c and d 4 floats.
 // In = __nv_bfloat16 or __half.
 template <class In>

@@ -179,6 +179,8 @@ unsigned active_mask();
 
 // Atomics on global or shared memory: checked as atomic accesses, then applied.
 float atomic_add_f32(float *p, float v);
+// p[0] += a, p[1] += b as one 8-byte access (sm_90's red.global.add.v2.f32; p 8-byte aligned).
+void atomic_add_f32x2(float *p, float a, float b);
 double atomic_add_f64(double *p, double v);
 unsigned long long atomic_add_u64(unsigned long long *p, unsigned long long v);
 unsigned atomic_add_u32(unsigned *p, unsigned v);
