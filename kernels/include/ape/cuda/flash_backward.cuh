@@ -25,14 +25,18 @@ namespace detail {
 // dQ is deterministic: the blocks of one slice add their dQ' tiles into the fp32 dQ' in a fixed
 // order, highest key tile first, by a semaphore per (slice, query tile): the block of key tile kt
 // adds to query tile qt once the last(qt) - kt blocks of higher key tiles have (last(qt) is the
-// last key tile that qt sees), then releases it. While it holds the turn the rows are its own, so
-// the add is a plain read-modify-write of 16-byte chunks through L2 (the tile staged in shared
-// memory first), not atomics; the first block stores, and key tile 0, the last, can write dq. The
-// grid is 1-D and slice-major, highest key tile first within a slice, so a block waits only on
-// blocks that started before it, in steady state each block trails its neighbour by one query
-// tile, and the blocks resident at once touch the dQ' rows of a few slices (L2, not DRAM). Cost:
-// one spin per tile by one thread and a start-up skew of one step per key tile; the sums are
-// identical run to run.
+// last key tile that qt sees), then releases it. While it holds the turn the rows are its own:
+// the first block to reach the tile stores it and key tile 0, the last, adds the sum so far and
+// can write dq, both in 16-byte chunks staged in shared memory; the blocks between add their
+// fragments by fp32 reductions, in the semaphore's order. The semaphores work as CUTLASS's generic
+// barrier: thread 0 polls with relaxed loads (the first issued a step before it is needed),
+// fences (acq_rel, gpu scope) and increments by a relaxed reduction, and the bar.sync before the
+// fence makes it cover every thread's adds (cumulativity): no thread of the block fences its own.
+// The grid is 1-D and slice-major, highest key tile first within a slice, so a block waits only on
+// blocks that started before it; a block starts at its diagonal, BK / BQ query tiles below its
+// neighbour's, so in steady state it trails by as many steps and finds its turn ready; the blocks
+// resident at once touch the dQ' rows of a few slices (L2, not DRAM). The sums are identical run
+// to run.
 template <class In, int D, bool kWide = true> struct FlashBwd {
   // Two layouts of one kernel. Every step reloads a Q' and a dO tile and adds a dQ' tile for the
   // block's BK keys, so those bytes per FLOP fall as 1 / BK: the wide layout (8 warps, 128 keys)
@@ -364,7 +368,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     const int64_t i0 = qt * BQ;
     ptx::cp_async_wait<0>();
     __syncthreads();  // tile qt landed; every warp is done with the other buffers and with sDS
-    if (qt > qt0 && threadIdx.x == 0) atomicAdd(sem + qt - 1, 1);  // release qt - 1 (fenced)
+    // Thread 0 reads qt's semaphore now and uses the value at our turn, a step's GEMMs later: in
+    // steady state the higher key tiles are steps ahead and the turn costs no round trip to L2.
+    // (Not in the narrow layout, whose registers are spent: the register would spill there.)
+    [[maybe_unused]] int turn = -1;
+    if constexpr (kWide)
+      if (threadIdx.x == 0) turn = ptx::ld_relaxed_gpu(sem + qt);
     if (qt + 1 < n_qt) {
       const int nb = buf ^ 1;
       flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
@@ -492,8 +501,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     if (threadIdx.x == 0) {  // our turn for query tile qt: the higher key tiles have added
       const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
       const int target = static_cast<int>(i_last / BK) - kt;
-      while (atomicAdd(sem + qt, 0) != target) {
-      }
+      while (turn != target) turn = ptx::ld_relaxed_gpu(sem + qt);
+      // Acquire (their adds to qt before ours) and release: every thread's adds to qt - 1 came
+      // before this step's first barrier, and they were issued a step ago, so the fence has
+      // little to wait for. Releasing qt - 1 here rather than at the step's start delays the
+      // block below by half a step, which the steps it trails by absorb.
+      ptx::fence_acq_rel_gpu();
+      if (qt > qt0) ptx::red_relaxed_gpu_add(sem + qt - 1, 1);
     }
     __syncthreads();  // dS^T complete, and the turn is ours
 
@@ -592,7 +606,6 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
       if (mine && rows_left > 0) atomicAdd(rg, row_acc[0]);
       if (mine && rows_left > 8) atomicAdd(rg + 8, row_acc[2]);
     }
-    __threadfence();  // our adds are visible before the release (after the next barrier)
   };
   // Query tiles [qt_plain, n_full) see every key of the block and exist whole: no mask. The first
   // ones (the diagonal) and a partial last one test each element.
@@ -633,8 +646,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   for (; qt < n_full; ++qt) step(qt, No{}, No{}, unused);
   for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(sem + n_qt - 1, 1);
+  __syncthreads();  // every thread's adds to the last query tile, then their release
+  if (threadIdx.x == 0) {
+    ptx::fence_acq_rel_gpu();
+    ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
+  }
   if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
     const int x = static_cast<int>(threadIdx.x);
     const int64_t d = (n_qt - 1) * BQ - j0 - (BK - 1) + x;

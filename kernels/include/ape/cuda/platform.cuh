@@ -212,6 +212,34 @@ struct alignas(16) F4 {
 struct alignas(8) F2 {
   float x, y;
 };
+// The flash backward's semaphores (cuda/flash_backward.cuh), as CUTLASS's generic barrier does
+// them: a relaxed load to poll (issued early, its latency hidden until the value is used), a
+// gpu-scope acq_rel fence (after a successful poll: acquire; before an increment: release, which
+// by cumulativity covers every write of the block ordered before it by a bar.sync) and a
+// relaxed reduction to increment. The emulator runs its blocks in launch order with sequentially
+// consistent memory: a load, no fence, an add.
+__device__ inline int ld_relaxed_gpu(const int *p) {
+#ifdef APE_SIMT
+  return atomicAdd(const_cast<int *>(p), 0);
+#else
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+__device__ inline void fence_acq_rel_gpu() {
+#ifndef APE_SIMT
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+#endif
+}
+__device__ inline void red_relaxed_gpu_add(int *p, int v) {
+#ifdef APE_SIMT
+  atomicAdd(p, v);
+#else
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
 __device__ inline F4 ld_cg_16(const float *p) {
 #ifdef APE_SIMT
   F4 v;

@@ -92,20 +92,33 @@ __device__ inline void gather_partners(int pairing, double fraction, const X *r,
   }
 }
 
+// A side's mod (kIsQ: q_mod, else k_mod) as its kernels walk it: runs of kV elements, the side's
+// pairing, and the partner run of the run at c0 (partner_run), or kSkip where that run's thread
+// does both.
+template <class Enc, class In, bool kIsQ, int D> struct ModSide {
+  static constexpr int kV = run_len<In>();
+  static constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
+  static constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
+  static_assert(D % kV == 0, "whole runs per row");
+  static constexpr int64_t kSkip = -2;
+  __device__ static int64_t partner_of(int64_t c0) {
+    const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
+    return p0 >= 0 && p0 < c0 ? kSkip : p0;
+  }
+};
+
 // xm = mod(x) (kIsQ: q_mod, else k_mod), computed in fp32: a thread per run of kV elements, or
 // per pair of partner runs (partner_run), in 16-byte loads and stores: each byte read and
 // written once.
 template <class Enc, class In, bool kIsQ, int D>
 __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm) {
-  constexpr int kV = run_len<In>();
-  constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
-  constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
-  static_assert(D % kV == 0, "whole runs per row");
+  using S = ModSide<Enc, In, kIsQ, D>;
+  constexpr int kV = S::kV;
   const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
   if (e >= p.B * p.H * p.T * D) return;
   const int64_t c0 = e % D, row = e / D, t = row % p.T, bh = row / p.T;
-  const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
-  if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+  const int64_t p0 = S::partner_of(c0);
+  if (p0 == S::kSkip) return;
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
   auto mod = [&](int64_t c, In xv, In yv) {
     if constexpr (kIsQ) return from_float<In>(Enc::q_mod(ctx, t, c, to_float(xv), to_float(yv)));
@@ -121,7 +134,7 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm)
     for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]), outp[u] = mod(p0 + u, part[u], own[u]);
     store_run<In, kV>(xm + row * D + p0, outp);
   } else {
-    gather_partners<In, kV, D>(kPairing, kFraction, xr, c0, own, part);
+    gather_partners<In, kV, D>(S::kPairing, S::kFraction, xr, c0, own, part);
     #pragma unroll
     for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]);
   }
@@ -137,8 +150,9 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm)
 template <class Enc, class In, bool kIsQ, int D>
 __global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const float *gm, In *dx) {
   constexpr bool kHasMod = kIsQ ? Enc::kHasQMod : Enc::kHasKMod;
-  constexpr int kV = run_len<In>();
-  static_assert(D % kV == 0, "whole runs per row");
+  using S = ModSide<Enc, In, kIsQ, D>;
+  constexpr int kV = S::kV, kPairing = S::kPairing;
+  constexpr double kFraction = S::kFraction;
   const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
   if (e >= p.B * p.H * p.T * D) return;
   const int64_t c0 = e % D, row = e / D;
@@ -150,10 +164,8 @@ __global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const 
     #pragma unroll
     for (int u = 0; u < kV; ++u) out[u] = from_float<In>(g[u]);
   } else {
-    constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
-    constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
-    const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
-    if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+    const int64_t p0 = S::partner_of(c0);
+    if (p0 == S::kSkip) return;
     const int64_t t = row % p.T, bh = row / p.T;
     const In *xr = x + row * D;
     In xo[kV], xp[kV];
@@ -223,20 +235,30 @@ __device__ inline void mod_coefs(const DevCtx<Enc> &ctx, int64_t t, int64_t c, f
     a = Enc::k_mod(ctx, t, c, 1.f, 0.f), b = Enc::k_mod(ctx, t, c, 0.f, 1.f);
 }
 
+// A linear mod kernel's thread: its run at c0 of position t, the partner run p0 (ModSide), and the
+// slices [bh0, bh1) of its group. False where the thread has nothing to do.
+struct LinearRun {
+  int64_t c0, t, p0, bh0, bh1;
+};
+template <class S, int D, class P> __device__ inline bool linear_run(const P &p, LinearRun &r) {
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * S::kV;  // in one slice
+  const int64_t BH = p.B * p.H;
+  r.bh0 = int64_t(blockIdx.y) * kLinBh;
+  if (e >= p.T * D || r.bh0 >= BH) return false;
+  r.c0 = e % D, r.t = e / D, r.bh1 = r.bh0 + kLinBh < BH ? r.bh0 + kLinBh : BH;
+  r.p0 = S::partner_of(r.c0);
+  return r.p0 != S::kSkip;
+}
+
 // xm = mod(x) for a linear mod: what mod_forward_kernel computes, with the coefficients of the
 // thread's run (and its partner run) evaluated once for its kLinBh slices.
 template <class Enc, class In, bool kIsQ, int D>
 __global__ void mod_forward_linear_kernel(const Params<Enc, In> p, const In *x, In *xm) {
-  constexpr int kV = run_len<In>();
-  constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
-  constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
-  static_assert(D % kV == 0, "whole runs per row");
-  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;  // in one slice
-  const int64_t BH = p.B * p.H, bh0 = int64_t(blockIdx.y) * kLinBh;
-  if (e >= p.T * D || bh0 >= BH) return;
-  const int64_t c0 = e % D, t = e / D, bh1 = bh0 + kLinBh < BH ? bh0 + kLinBh : BH;
-  const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
-  if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+  using S = ModSide<Enc, In, kIsQ, D>;
+  constexpr int kV = S::kV;
+  LinearRun r;
+  if (!linear_run<S, D>(p, r)) return;
+  const int64_t c0 = r.c0, t = r.t, p0 = r.p0, bh0 = r.bh0, bh1 = r.bh1;
   const DevCtx<Enc> ctx = make_ctx(p, bh0, false);
   float a[kV], b[kV], ap[kV] = {}, bp[kV] = {};
   #pragma unroll
@@ -259,7 +281,7 @@ __global__ void mod_forward_linear_kernel(const Params<Enc, In> p, const In *x, 
       }
       store_run<In, kV>(xm + row * D + p0, outp);
     } else {
-      gather_partners<In, kV, D>(kPairing, kFraction, xr, c0, own, part);
+      gather_partners<In, kV, D>(S::kPairing, S::kFraction, xr, c0, own, part);
       #pragma unroll
       for (int u = 0; u < kV; ++u) out[u] = from_float<In>(a[u] * to_float(own[u]) + b[u] * to_float(part[u]));
     }
@@ -273,16 +295,11 @@ __global__ void mod_forward_linear_kernel(const Params<Enc, In> p, const In *x, 
 // reads no trainable param: no param gradient to add.
 template <class Enc, class In, bool kIsQ, int D>
 __global__ void mod_backward_linear_kernel(const Params<Enc, In> p, const float *gm, In *dx) {
-  constexpr int kV = run_len<In>();
-  constexpr int kPairing = kIsQ ? Enc::kQPairing : Enc::kKPairing;
-  constexpr double kFraction = kIsQ ? Enc::kQFraction : Enc::kKFraction;
-  static_assert(D % kV == 0, "whole runs per row");
-  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
-  const int64_t BH = p.B * p.H, bh0 = int64_t(blockIdx.y) * kLinBh;
-  if (e >= p.T * D || bh0 >= BH) return;
-  const int64_t c0 = e % D, t = e / D, bh1 = bh0 + kLinBh < BH ? bh0 + kLinBh : BH;
-  const int64_t p0 = partner_run<kV, D>(kPairing, kFraction, c0);
-  if (p0 >= 0 && p0 < c0) return;  // the thread of run p0 does this one
+  using S = ModSide<Enc, In, kIsQ, D>;
+  constexpr int kV = S::kV;
+  LinearRun r;
+  if (!linear_run<S, D>(p, r)) return;
+  const int64_t c0 = r.c0, t = r.t, p0 = r.p0, bh0 = r.bh0, bh1 = r.bh1;
   const DevCtx<Enc> ctx = make_ctx(p, bh0, false);
   // a of the own columns; b of their partners (for the lone run: of each column's partner).
   float a[kV], bq[kV], ap[kV], bo[kV];
@@ -291,7 +308,7 @@ __global__ void mod_backward_linear_kernel(const Params<Enc, In> p, const float 
     float unused;
     mod_coefs<Enc, kIsQ>(ctx, t, c0 + u, a[u], bo[u]);
     if (p0 >= 0) mod_coefs<Enc, kIsQ>(ctx, t, p0 + u, ap[u], bq[u]);
-    else mod_coefs<Enc, kIsQ>(ctx, t, partner(kPairing, kFraction, D, c0 + u), unused, bq[u]);
+    else mod_coefs<Enc, kIsQ>(ctx, t, partner(S::kPairing, S::kFraction, D, c0 + u), unused, bq[u]);
   }
   for (int64_t bh = bh0; bh < bh1; ++bh) {
     const int64_t row = bh * p.T + t;
@@ -307,7 +324,7 @@ __global__ void mod_backward_linear_kernel(const Params<Enc, In> p, const float 
         out[u] = from_float<In>(a[u] * g[u] + bq[u] * gp[u]), outp[u] = from_float<In>(ap[u] * gp[u] + bo[u] * g[u]);
       store_run<In, kV>(dx + row * D + p0, outp);
     } else {
-      gather_partners<float, kV, D>(kPairing, kFraction, gr, c0, g, gp);
+      gather_partners<float, kV, D>(S::kPairing, S::kFraction, gr, c0, g, gp);
       #pragma unroll
       for (int u = 0; u < kV; ++u) out[u] = from_float<In>(a[u] * g[u] + bq[u] * gp[u]);
     }
