@@ -24,7 +24,8 @@
 #   python     test/python/test_cuda.py and the cuda cases of the framework tests     200
 #   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
 #              FlexAttention, one configuration (1x16x4096x128) unless --full-bench or
-#              --bench-configs; --bench-encodings picks encodings                     240
+#              --bench-configs; --bench-encodings picks encodings; then APE's NoPE and
+#              RoPE with the backward's dQ' in any order (what determinism costs)    330
 #   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
@@ -464,6 +465,12 @@ run() {
       124) note="timed out; the finished rows in logs/gpu_bench.md (logs/bench.log)" ;;
       *) note="exit $rc (logs/bench.log)" ;;
     esac
+    # What the deterministic dQ' order costs: APE's NoPE and RoPE again with the flash backward's
+    # dQ' tiles added in any order (APE_CUDA_DETERMINISTIC=0, ops_cuda.h), beside the rows above.
+    APE_CUDA_DETERMINISTIC=0 PYTHONFAULTHANDLER=1 timeout 90 "$py" "$src/bench/gpu_bench.py" \
+      --libs "$bench_libs" "${quick[@]}" --methods ape --encodings nope,rope \
+      --md "$logs/gpu_bench_any_order.md" --csv "$logs/gpu_bench_any_order.csv" \
+      >"$logs/bench-any-order.log" 2>&1 || note+=" (the any-order run failed: logs/bench-any-order.log)"
     # A crashed encoding's host stack: APE alone at a small shape under cuda-gdb (this machine has
     # no gdb), its backtrace in logs/bench-crash-ENC.log.
     if [ $rc = 3 ] && command -v cuda-gdb >/dev/null; then

@@ -205,6 +205,8 @@ template <class Enc, class In> struct Params {
   int *dq_sem;                      // (B*H, ceil(T / BQ)): the order of dQ' adds (flash backward)
   bool dq_direct;                   // flash backward: key tile 0 writes dq (flash_dq_direct)
   bool red_v2;                      // flash backward: dQ' adds as 8-byte reductions (sm_90+)
+  bool dq_ordered;                  // flash backward: dQ' adds in the semaphores' order
+                                    // (CudaAttnArgs::deterministic); else all reductions
   // distance biases in the flash kernels (flash_distance<Enc>())
   float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
   int64_t dist_ld;

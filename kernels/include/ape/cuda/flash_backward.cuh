@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     // (Not in the narrow layout, whose registers are spent: the register would spill there.)
     [[maybe_unused]] int turn = -1;
     if constexpr (kWide)
-      if (threadIdx.x == 0) turn = ptx::ld_relaxed_gpu(sem + qt);
+      if (threadIdx.x == 0 && p.dq_ordered) turn = ptx::ld_relaxed_gpu(sem + qt);
     if (qt + 1 < n_qt) {
       const int nb = buf ^ 1;
       flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
         const uint32_t v2 = flash::pack2<In>(dp[nt][2 * h], dp[nt][2 * h + 1]);
         memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, 8 * nt + 2 * t), &v2, 4);
       }
-    if (threadIdx.x == 0) {  // our turn for query tile qt: the higher key tiles have added
+    if (threadIdx.x == 0 && p.dq_ordered) {  // our turn for qt: the higher key tiles have added
       const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
       const int target = static_cast<int>(i_last / BK) - kt;
       while (turn != target) turn = ptx::ld_relaxed_gpu(sem + qt);
@@ -538,7 +538,11 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     // counted 192 M sectors for 2.15 GB of adds with scalar ones). The order of the adds is the
     // semaphore's.
     const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
-    const bool first = (i_end - 1) / BK == kt, to_dq = kt == 0 && p.dq_direct;
+    // (In any order, p.dq_ordered false: every block reduces into the zeroed dQ'.) A block is
+    // first on the query tiles of its diagonal only, which are masked steps: the unmasked ones
+    // compile without that path.
+    const bool first = kMasked && (i_end - 1) / BK == kt && p.dq_ordered;
+    const bool to_dq = kt == 0 && p.dq_direct;
     if (first || to_dq) {  // the same for every thread of the block
       #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -647,7 +651,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();
   __syncthreads();  // every thread's adds to the last query tile, then their release
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && p.dq_ordered) {
     ptx::fence_acq_rel_gpu();
     ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
   }

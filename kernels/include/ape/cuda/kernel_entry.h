@@ -86,6 +86,12 @@ struct CudaAttnArgs {
   // cudaErrorInvalidValue.
   uint32_t *status = nullptr;
   cudaStream_t stream = nullptr;
+  // Backward only: true (the default) adds the flash backward's dQ' tiles in a fixed order, so
+  // the gradients are bitwise identical run to run; false lets its blocks add them as they come
+  // (fp32 reductions into a zeroed dQ', as FlashAttention-2 does by default, then a conversion
+  // pass): no waits between blocks, sums that may differ in their last bits between runs. The
+  // other gradients and the general (two-kernel) backward are deterministic either way.
+  bool deterministic = true;
 };
 
 using CudaAttnFn = cudaError_t (*)(const CudaAttnArgs &);

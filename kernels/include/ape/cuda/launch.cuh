@@ -416,10 +416,14 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     p.stats = scratch.take<float>(2 * BH * p.stats_ld, err);
     if (err == cudaSuccess)
       err = launch(row_stats_kernel<Enc, In>, blocks_for(BH * p.stats_ld, 256), 256, 0, st, p);
-    direct_q = flash_dq_direct<Enc>() && qsign == 1.f;
+    // In order (deterministic), key tile 0 writes dq where dq = dQ'; in any order, every block
+    // reduces into a zeroed dQ' and the conversion pass below writes dq.
+    p.dq_ordered = a.deterministic;
+    direct_q = flash_dq_direct<Enc>() && qsign == 1.f && p.dq_ordered;
     p.dq_direct = direct_q;
     p.red_v2 = device_major() >= 9;  // ptx::red_add2
     if (err == cudaSuccess) err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st);
+    if (err == cudaSuccess && !p.dq_ordered) err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st);
     if (err != cudaSuccess) return err;
     // 1-D, slice-major (flash_backward_kernel): B H ceil(T / BK) blocks.
     auto run = [&](auto layout) -> cudaError_t {

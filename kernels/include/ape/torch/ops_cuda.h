@@ -20,6 +20,12 @@
 //     check_backward() raises with the reason;
 //   - APE_CUDA_SYNC_CHECK=1 in the environment reads the word after every backward and raises at
 //     once (it waits for the GPU: for debugging).
+//
+// The backward is bitwise deterministic by default (CudaAttnArgs::deterministic: the flash
+// backward adds its dQ' tiles in a fixed order). APE_CUDA_DETERMINISTIC=0 in the environment,
+// read at each call, lets it add them in any order, as FlashAttention-2 does by default: faster,
+// with dq that may differ in its last bits from run to run. torch.use_deterministic_algorithms(True)
+// keeps the fixed order whatever the variable says.
 #pragma once
 
 #include <c10/cuda/CUDAGuard.h>
@@ -123,6 +129,13 @@ inline at::Tensor status_record(const at::Device &device) {
   return r;
 }
 
+// CudaAttnArgs::deterministic of a backward (top of this file).
+inline bool deterministic_backward() {
+  if (at::globalContext().deterministicAlgorithms()) return true;
+  const char *e = std::getenv("APE_CUDA_DETERMINISTIC");
+  return !(e && std::string(e) == "0");
+}
+
 inline bool sync_check_requested() {
   static const bool on = [] {
     const char *e = std::getenv("APE_CUDA_SYNC_CHECK");
@@ -170,6 +183,7 @@ inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVari
     for (auto &t : dp) dpp.push_back(t.data_ptr<float>());
     a.features = fp.data(), a.params = pp.data();
     a.dfeatures = dfp.data(), a.dparams = dpp.data();
+    a.deterministic = deterministic_backward();
     // The status word of the deterministic gradient sums (top of this file): filled and ORed
     // into the device's record on the stream, never read here unless APE_CUDA_SYNC_CHECK asks.
     at::Tensor status = at::zeros({1}, qc.options().dtype(at::kInt));
