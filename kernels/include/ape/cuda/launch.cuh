@@ -46,6 +46,13 @@ inline unsigned blocks_for(int64_t n, int per_block) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
 
+template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
+  return bytes > 48 * 1024
+             ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes))
+             : cudaSuccess;
+}
+
 // The arguments of one call checked against the encoding: every pointer the call reads or
 // writes is present (a null dfeatures / dparams with features or params would be dereferenced).
 template <class Enc>
@@ -101,6 +108,17 @@ template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D) {
   return dim3(blocks_for(p.T * D / run_len<In>(), 256), blocks_for(p.B * p.H, kLinBh));
 }
 
+// y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] (side_kernels.cuh, table_rows_kernel).
+template <class In, int D, class P>
+cudaError_t launch_table_rows(const In *x, const float *bias, const float *table, int64_t rows, const P &p,
+                              float *y, cudaStream_t st) {
+  constexpr size_t bytes = table_rows_smem<D>();
+  cudaError_t err = allow_smem(table_rows_kernel<In, D>, bytes);
+  if (err != cudaSuccess) return err;
+  return launch(table_rows_kernel<In, D>, dim3(blocks_for(p.T, kTabTok), static_cast<unsigned>(p.B * p.H)),
+                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y);
+}
+
 // tok, q', k' of every slice (the forward's inputs; the backward recomputes them).
 template <class Enc, class In, int kModD>
 cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
@@ -140,7 +158,10 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
       const int64_t m = BH * p.T * Enc::rel_rows(r);
       p.rel[r] = scratch.take<float>(m, err);
       if (err != cudaSuccess ||
-          (err = launch(rel_rows_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)) != cudaSuccess)
+          (err = launch_table_rows<In, kModD>(Enc::rel_side(r) == 0 ? p.qm : p.km,
+                                              Enc::rel_bias(r) >= 0 ? p.params[Enc::rel_bias(r)] : nullptr,
+                                              p.params[Enc::rel_table(r)], Enc::rel_rows(r), p, p.rel[r],
+                                              st)) != cudaSuccess)
         return err;
     }
   }
@@ -224,12 +245,6 @@ inline int device_major() {
   return major;
 }
 
-template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  return bytes > 48 * 1024
-             ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bytes))
-             : cudaSuccess;
-}
 
 }  // namespace detail
 
@@ -363,8 +378,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     p.vmass_fx = scratch.take<unsigned long long>(2 * m, err);
     p.vmass = scratch.take<float>(m, err);
     if (err == cudaSuccess) err = cudaMemsetAsync(p.vmass_fx, 0, 2 * sizeof(unsigned long long) * m, st);
-    if (err == cudaSuccess)
-      err = launch(value_drow_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p);
+    if (err == cudaSuccess)  // vdrow = dO table^T
+      err = launch_table_rows<In, kD>(p.dout, nullptr, p.params[Enc::kValueTable], kValueRows, p, p.vdrow, st);
   }
   if (err != cudaSuccess) return err;
 
@@ -468,7 +483,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       if ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
                         static_cast<const unsigned long long *>(p.drel_fx[r]), p.drel[r], m,
                         static_cast<const uint32_t *>(p.status))) ||
-          (err = launch(rel_rows_dx_kernel<Enc, In>, blocks_for(n, 256), 256, 0, st, p, r)))
+          (err = launch(table_dx_kernel<kD>, dim3(blocks_for(T, kTabTok), ubh), kTabThreads, 0, st,
+                        static_cast<const float *>(p.drel[r]), p.params[Enc::rel_table(r)], Enc::rel_rows(r),
+                        a.H, T, Enc::rel_side(r) == 0 ? p.dqm : p.dkm)))
         return err;
     }
   }
@@ -498,29 +515,42 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       if ((err = cudaMemsetAsync(a.dfeatures[k], 0, sizeof(float) * BH * T, st)) != cudaSuccess)
         return err;
   }
+  // Tables of relative rows and value rows: their gradients, added in fixed point to what the
+  // sinks summed (table_grad_kernel), before the parameters' gradients are converted.
+  const dim3 tab_grid(blocks_for(a.B * T, kTabGradTok), 0, static_cast<unsigned>(a.H));
+  auto table_grad = [&](const float *g, const In *x, int bias, int table, int64_t rows, bool table_trains,
+                        bool bias_trains) -> cudaError_t {
+    if (!table_trains && !bias_trains) return cudaSuccess;
+    dim3 grid = tab_grid;
+    grid.y = blocks_for(rows, kTabRows);
+    return launch(table_grad_kernel<In, kD>, grid, kTabThreads, 0, st, g, x,
+                  bias >= 0 ? static_cast<const float *>(p.params[bias]) : nullptr,
+                  static_cast<const float *>(p.params[table]), rows, a.B, a.H, T,
+                  table_trains ? p.dparam_fx[table] : nullptr, bias >= 0 && bias_trains ? p.dparam_fx[bias] : nullptr,
+                  p.status);
+  };
+  if constexpr (kNumRel > 0) {
+    for (int r = 0; r < kNumRel; ++r)
+      if ((err = table_grad(p.drel[r], Enc::rel_side(r) == 0 ? p.qm : p.km, Enc::rel_bias(r), Enc::rel_table(r),
+                            Enc::rel_rows(r), Enc::rel_table_trainable(r) > 0,
+                            Enc::rel_bias(r) >= 0 && Enc::rel_bias_trainable(r) > 0)))
+        return err;
+  }
+  if constexpr (kValueRows > 0) {
+    const int64_t m = BH * T * kValueRows;
+    if (Enc::kValueTableTrainable &&
+        ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
+                       static_cast<const unsigned long long *>(p.vmass_fx), p.vmass, m,
+                       static_cast<const uint32_t *>(p.status))) ||
+         (err = table_grad(p.vmass, p.dout, -1, Enc::kValueTable, kValueRows, true, false))))
+      return err;
+  }
   for (int k = 0; k < Enc::kNumParams; ++k) {
     const int64_t numel = Enc::param_numel(k, a.H, a.D);
     if (numel > 0 &&
         (err = launch(fixed_to_float_kernel<>, blocks_for(numel, 256), 256, 0, st,
                       static_cast<const unsigned long long *>(p.dparam_fx[k]), a.dparams[k], numel,
                       static_cast<const uint32_t *>(p.status))))
-      return err;
-  }
-  // Tables of relative rows and value rows: their gradients add to what the sinks summed.
-  if constexpr (kNumRel > 0) {
-    for (int r = 0; r < kNumRel; ++r) {
-      const int64_t m = Enc::rel_rows(r) * a.H * kD;
-      if ((err = launch(rel_rows_dparams_kernel<Enc, In>, blocks_for(m, 256), 256, 0, st, p, r)))
-        return err;
-    }
-  }
-  if constexpr (kValueRows > 0) {
-    const int64_t m = BH * T * kValueRows, tab = kValueRows * a.H * kD;
-    if (Enc::kValueTableTrainable &&
-        ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
-                       static_cast<const unsigned long long *>(p.vmass_fx), p.vmass, m,
-                       static_cast<const uint32_t *>(p.status))) ||
-         (err = launch(value_dtable_kernel<Enc, In>, blocks_for(tab, 256), 256, 0, st, p))))
       return err;
   }
   return cudaSuccess;

@@ -361,100 +361,164 @@ template <class Enc, class In, int D> __global__ void delta_kernel(const Params<
   }
 }
 
-// ---- relative rows and the value-rows term ----------------------------------------------------------
-// R_n[bh, t, r] = (x'_t + bias_h) . table[r, h, :] with x' = q' (rel_side 0) or k', for every
-// slice, row and table row: one thread each, the dot product in fp32 in column order.
-template <class Enc, class In>
-__global__ void rel_rows_kernel(const Params<Enc, In> p, int n) {
-  const int64_t rows = Enc::rel_rows(n), D = p.D;
-  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= p.B * p.H * p.T * rows) return;
-  const int64_t r = e % rows, t = (e / rows) % p.T, bh = e / (rows * p.T), h = bh % p.H;
-  const In *x = (Enc::rel_side(n) == 0 ? p.qm : p.km) + (bh * p.T + t) * D;
-  const float *table = p.params[Enc::rel_table(n)] + (r * p.H + h) * D;
-  const float *bias = Enc::rel_bias(n) >= 0 ? p.params[Enc::rel_bias(n)] + h * D : nullptr;
-  float acc = 0.f;
-  for (int64_t c = 0; c < D; ++c) acc += (to_float(x[c]) + (bias ? bias[c] : 0.f)) * table[c];
-  p.rel[n][e] = acc;
+// ---- relative rows and the value-rows term: small GEMMs against a (rows, H, D) table -----------
+// Relative rows R_n[bh, t, r] = (x'_t + bias_h) . table[r, h, :] (x' = q' or k'), their gradients
+// dx' += dR table and dtable += dR^T (x' + bias), dbias += colsum(dR) table, and the value rows'
+// vdrow = dO table^T and dtable += mass^T dO are products of a slice's rows with a table of
+// `rows` rows. Three tiled kernels serve all five: each stages a tile of tokens and a chunk of
+// 32 table rows in shared memory, so a table element is read once per 64 tokens (not once per
+// token and row) and a token row once per 32 table rows; every output is one thread's fp32 sum
+// in a fixed order, and the table's gradient adds its per-block partial sums in fixed point
+// (deterministic in any order).
+constexpr int kTabTok = 64, kTabRows = 32, kTabThreads = 256, kTabGradTok = 2048;
+
+template <int D> constexpr size_t table_rows_smem() {
+  return sizeof(float) * (size_t(kTabTok) * D + size_t(kTabRows) * (D + 1));
 }
 
-// dx'[bh, t, c] += sum_r dR_n[bh, t, r] table[r, h, c] (into dq' or dk', after the attention
-// kernels wrote them).
-template <class Enc, class In>
-__global__ void rel_rows_dx_kernel(const Params<Enc, In> p, int n) {
-  const int64_t rows = Enc::rel_rows(n), D = p.D;
-  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= p.B * p.H * p.T * D) return;
-  const int64_t c = e % D, bht = e / D, h = (bht / p.T) % p.H;
-  const float *dr = p.drel[n] + bht * rows;
-  const float *table = p.params[Enc::rel_table(n)] + h * D + c;
-  float acc = 0.f;
-  for (int64_t r = 0; r < rows; ++r) acc += dr[r] * table[r * p.H * D];
-  (Enc::rel_side(n) == 0 ? p.dqm : p.dkm)[e] += acc;
-}
-
-// The table's and the bias's gradients, one thread per element, summed over (b, t) (and r for
-// the bias) in a fixed order, added to the parameter gradients the sinks wrote.
-template <class Enc, class In>
-__global__ void rel_rows_dparams_kernel(const Params<Enc, In> p, int n) {
-  const int64_t rows = Enc::rel_rows(n), D = p.D, H = p.H, T = p.T;
-  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int tab = Enc::rel_table(n), bi = Enc::rel_bias(n);
-  const float *bias = bi >= 0 ? p.params[bi] : nullptr;
-  const In *xs = Enc::rel_side(n) == 0 ? p.qm : p.km;
-  if (e < rows * H * D && Enc::rel_table_trainable(n)) {  // dtable[r, h, c]
-    const int64_t c = e % D, h = (e / D) % H, r = e / (D * H);
-    float acc = 0.f;
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t bht = (b * H + h) * T + t;
-        acc += p.drel[n][bht * rows + r] * (to_float(xs[bht * D + c]) + (bias ? bias[h * D + c] : 0.f));
-      }
-    p.dparams[tab][e] += acc;
+// y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] for r < rows (y's row stride rows;
+// bias may be null): grid (ceil(T / 64), B*H). Lane l serves table row r0 + l of each chunk,
+// warp w the tokens w, w + 8, ..., w + 56 of the tile (their x read as a broadcast).
+template <class In, int D>
+__global__ void __launch_bounds__(kTabThreads)
+    table_rows_kernel(const In *x, const float *bias, const float *table, int64_t rows, int64_t H,
+                      int64_t T, float *y) {
+  APE_DYNAMIC_SMEM(smem);
+  float *sX = reinterpret_cast<float *>(smem);  // (kTabTok, D)
+  float *sT = sX + kTabTok * D;                 // (kTabRows, D + 1)
+  const int64_t bh = blockIdx.y, h = bh % H, t0 = blockIdx.x * int64_t(kTabTok);
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  for (int e = threadIdx.x; e < kTabTok * D; e += kTabThreads) {
+    const int tt = e / D, c = e % D;
+    float v = 0.f;
+    if (t0 + tt < T) v = to_float(x[(bh * T + t0 + tt) * D + c]) + (bias ? bias[h * D + c] : 0.f);
+    sX[e] = v;
   }
-  if (bi >= 0 && Enc::rel_bias_trainable(n) && e < H * D) {  // dbias[h, c]
-    const int64_t c = e % D, h = e / D;
-    const float *table = p.params[tab];
-    float acc = 0.f;
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t t = 0; t < T; ++t) {
-        const float *dr = p.drel[n] + ((b * H + h) * T + t) * rows;
-        for (int64_t r = 0; r < rows; ++r) acc += dr[r] * table[(r * H + h) * D + c];
-      }
-    p.dparams[bi][e] += acc;
-  }
-}
-
-// Value rows, backward inputs: vdrow[bh, i, r] = dO_i . table[r, h, :].
-template <class Enc, class In>
-__global__ void value_drow_kernel(const Params<Enc, In> p) {
-  constexpr int64_t R = value_rows<Enc>();
-  const int64_t D = p.D, e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= p.B * p.H * p.T * R) return;
-  const int64_t r = e % R, bht = e / R, h = (bht / p.T) % p.H;
-  const In *dout = p.dout + bht * D;
-  const float *table = p.params[Enc::kValueTable] + (r * p.H + h) * D;
-  float acc = 0.f;
-  for (int64_t c = 0; c < D; ++c) acc += to_float(dout[c]) * table[c];
-  p.vdrow[e] = acc;
-}
-
-// dtable[r, h, c] += sum_{b, i} mass[b, h, i, r] dO[b, h, i, c], one thread per element.
-template <class Enc, class In>
-__global__ void value_dtable_kernel(const Params<Enc, In> p) {
-  constexpr int64_t R = value_rows<Enc>();
-  const int64_t D = p.D, H = p.H, T = p.T, e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (e >= R * H * D) return;
-  const int64_t c = e % D, h = (e / D) % H, r = e / (D * H);
-  float acc = 0.f;
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t i = 0; i < T; ++i) {
-      const int64_t bhi = (b * H + h) * T + i;
-      acc += p.vmass[bhi * R + r] * to_float(p.dout[bhi * D + c]);
+  for (int64_t r0 = 0; r0 < rows; r0 += kTabRows) {
+    __syncthreads();  // sX written; the last chunk's sT read
+    for (int e = threadIdx.x; e < kTabRows * D; e += kTabThreads) {
+      const int r = e / D, c = e % D;
+      sT[r * (D + 1) + c] = r0 + r < rows ? table[((r0 + r) * H + h) * D + c] : 0.f;
     }
-  p.dparams[Enc::kValueTable][e] += acc;
+    __syncthreads();
+    float acc[kTabTok / 8] = {};
+    for (int c = 0; c < D; ++c) {
+      const float tv = sT[lane * (D + 1) + c];
+      #pragma unroll
+      for (int k = 0; k < kTabTok / 8; ++k) acc[k] += sX[(w + 8 * k) * D + c] * tv;
+    }
+    if (r0 + lane < rows)
+      #pragma unroll
+      for (int k = 0; k < kTabTok / 8; ++k)
+        if (t0 + w + 8 * k < T) y[(bh * T + t0 + w + 8 * k) * rows + r0 + lane] = acc[k];
+  }
 }
 
+// dx[bh, t, c] += sum_r g[bh, t, r] table[r, h, c] (g's row stride rows): grid (ceil(T / 64),
+// B*H). Lane l serves the columns l, l + 32, ..., warp w the tokens w, w + 8, ..., w + 56.
+template <int D>
+__global__ void __launch_bounds__(kTabThreads)
+    table_dx_kernel(const float *g, const float *table, int64_t rows, int64_t H, int64_t T, float *dx) {
+  APE_STATIC_SMEM(float, sG, kTabTok * (kTabRows + 1));
+  APE_STATIC_SMEM(float, sT, kTabRows * D);
+  const int64_t bh = blockIdx.y, h = bh % H, t0 = blockIdx.x * int64_t(kTabTok);
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  float acc[kTabTok / 8][D / 32] = {};
+  for (int64_t r0 = 0; r0 < rows; r0 += kTabRows) {
+    if (r0 > 0) __syncthreads();
+    for (int e = threadIdx.x; e < kTabTok * kTabRows; e += kTabThreads) {
+      const int tt = e / kTabRows, r = e % kTabRows;
+      sG[tt * (kTabRows + 1) + r] = t0 + tt < T && r0 + r < rows ? g[(bh * T + t0 + tt) * rows + r0 + r] : 0.f;
+    }
+    for (int e = threadIdx.x; e < kTabRows * D; e += kTabThreads) {
+      const int r = e / D, c = e % D;
+      sT[e] = r0 + r < rows ? table[((r0 + r) * H + h) * D + c] : 0.f;
+    }
+    __syncthreads();
+    for (int r = 0; r < kTabRows; ++r) {
+      float tv[D / 32];
+      #pragma unroll
+      for (int m = 0; m < D / 32; ++m) tv[m] = sT[r * D + lane + 32 * m];
+      #pragma unroll
+      for (int k = 0; k < kTabTok / 8; ++k) {
+        const float gv = sG[(w + 8 * k) * (kTabRows + 1) + r];
+        #pragma unroll
+        for (int m = 0; m < D / 32; ++m) acc[k][m] += gv * tv[m];
+      }
+    }
+  }
+  #pragma unroll
+  for (int k = 0; k < kTabTok / 8; ++k)
+    if (t0 + w + 8 * k < T)
+      #pragma unroll
+      for (int m = 0; m < D / 32; ++m) dx[(bh * T + t0 + w + 8 * k) * D + lane + 32 * m] += acc[k][m];
+}
+
+// The table's gradient dtable[r, h, c] += sum_{b,t} g[b, h, t, r] (x[b, h, t, c] + bias[h, c])
+// and the bias's dbias[h, c] += sum_{b,t,r} g[b, h, t, r] table[r, h, c], into fixed-point sums
+// (either may be null): grid (ceil(B*T / 2048), ceil(rows / 32), H), each block one chunk of
+// 2048 of head h's (b, t) and 32 table rows, its partial sums added once per element. Lane l
+// serves the columns l, l + 32, ..., warp w the table rows w, w + 8, w + 16, w + 24.
+template <class In, int D>
+__global__ void __launch_bounds__(kTabThreads)
+    table_grad_kernel(const float *g, const In *x, const float *bias, const float *table, int64_t rows,
+                      int64_t B, int64_t H, int64_t T, unsigned long long *dtable_fx,
+                      unsigned long long *dbias_fx, uint32_t *status) {
+  constexpr int kTok = 32;
+  APE_STATIC_SMEM(float, sG, kTok * (kTabRows + 1));
+  APE_STATIC_SMEM(float, sX, kTok * D);
+  APE_STATIC_SMEM(float, sSum, kTabRows);
+  const int64_t h = blockIdx.z, r0 = blockIdx.y * int64_t(kTabRows), n0 = blockIdx.x * int64_t(kTabGradTok);
+  const int64_t n_end = n0 + kTabGradTok < B * T ? n0 + kTabGradTok : B * T;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  float acc[kTabRows / 8][D / 32] = {};
+  float colsum = 0.f;  // thread r < 32: sum of g over the chunk for table row r0 + r
+  for (int64_t n = n0; n < n_end; n += kTok) {
+    if (n > n0) __syncthreads();
+    for (int e = threadIdx.x; e < kTok * kTabRows; e += kTabThreads) {
+      const int tt = e / kTabRows, r = e % kTabRows;
+      const int64_t nn = n + tt, row = ((nn / T) * H + h) * T + nn % T;
+      sG[tt * (kTabRows + 1) + r] = nn < n_end && r0 + r < rows ? g[row * rows + r0 + r] : 0.f;
+    }
+    for (int e = threadIdx.x; e < kTok * D; e += kTabThreads) {
+      const int tt = e / D, c = e % D;
+      const int64_t nn = n + tt, row = ((nn / T) * H + h) * T + nn % T;
+      sX[e] = nn < n_end ? to_float(x[row * D + c]) + (bias ? bias[h * D + c] : 0.f) : 0.f;
+    }
+    __syncthreads();
+    if (dbias_fx && threadIdx.x < kTabRows)
+      for (int tt = 0; tt < kTok; ++tt) colsum += sG[tt * (kTabRows + 1) + threadIdx.x];
+    if (dtable_fx)
+      for (int tt = 0; tt < kTok; ++tt) {
+        float xv[D / 32];
+        #pragma unroll
+        for (int m = 0; m < D / 32; ++m) xv[m] = sX[tt * D + lane + 32 * m];
+        #pragma unroll
+        for (int k = 0; k < kTabRows / 8; ++k) {
+          const float gv = sG[tt * (kTabRows + 1) + w + 8 * k];
+          #pragma unroll
+          for (int m = 0; m < D / 32; ++m) acc[k][m] += gv * xv[m];
+        }
+      }
+  }
+  if (dtable_fx)
+    #pragma unroll
+    for (int k = 0; k < kTabRows / 8; ++k)
+      if (r0 + w + 8 * k < rows)
+        #pragma unroll
+        for (int m = 0; m < D / 32; ++m)
+          FixedRef{dtable_fx + 2 * (((r0 + w + 8 * k) * H + h) * D + lane + 32 * m), status} += acc[k][m];
+  if (dbias_fx) {
+    __syncthreads();
+    if (threadIdx.x < kTabRows) sSum[threadIdx.x] = colsum;
+    __syncthreads();
+    for (int c = threadIdx.x; c < D; c += kTabThreads) {
+      float s = 0.f;
+      for (int r = 0; r < kTabRows && r0 + r < rows; ++r) s += sSum[r] * table[((r0 + r) * H + h) * D + c];
+      FixedRef{dbias_fx + 2 * (h * D + c), status} += s;
+    }
+  }
+}
 
 // ---- tables of distance and row/column biases, and their gradients ----------------------------
 // Distance biases for the flash kernels (flash_distance<Enc>()): B(d) / scale of every distance
