@@ -189,6 +189,7 @@ enum CollectiveKind : int {
   kSyncwarp = 1,
   kShfl,
   kBallot,
+  kMatch,
   kWmmaLoad,
   kWmmaStore,
   kWmmaMma,

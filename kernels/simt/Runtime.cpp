@@ -714,6 +714,21 @@ unsigned ballot(unsigned mask, bool pred, const char *file, int line) {
   return arg.out;
 }
 
+unsigned match_any(unsigned mask, uint64_t value, const char *file, int line) {
+  ShflArg arg{value, 0, 0, 0, 0};
+  collective(kMatch, mask, &arg, [](Warp &, unsigned m, void *const *args) {
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      if (!(m >> lane & 1u)) continue;
+      auto *a = static_cast<ShflArg *>(args[lane]);
+      unsigned peers = 0;
+      for (unsigned other = 0; other < 32; ++other)
+        if ((m >> other & 1u) && static_cast<ShflArg *>(args[other])->value == a->value) peers |= 1u << other;
+      a->out = peers;
+    }
+  }, Site{__builtin_return_address(0), file, line});
+  return static_cast<unsigned>(arg.out);
+}
+
 unsigned active_mask() {
   Thread *t = self();
   if (!t) return 0;

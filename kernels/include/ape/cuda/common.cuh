@@ -120,6 +120,70 @@ template <int N> struct ParamPtrs {
   APE_HD const float *operator[](int n) const { return p[n]; }
 };
 
+// `sink[i] += g` as a warp collective: every lane of the warp adds at once (one term each, 0 for
+// none). Lanes adding to the same element sum their terms first, in a tree over the lanes
+// (integers: exact, so the element's sum is the same as with one atomic per term), and the lowest
+// of them adds the sum; a partial sum that leaves the range is an overflow, as a running one is.
+// Where many lanes hit one element (a relative row at a saturated distance, a per-head
+// parameter) this divides the L2 atomics by their number.
+struct WarpFixedRef {
+  unsigned long long *p;
+  uint32_t *status;
+  APE_HD void operator+=(float g) const {
+#ifdef APE_DEVICE_CODE
+    if (!p) return;  // the same for every lane: the sink is on or off for the whole call
+    constexpr unsigned kAll = 0xffffffffu;
+    const FixedTerm t = to_fixed(g);
+    uint32_t st = t.status;
+    long long hi = t.hi, lo = t.lo;
+    const unsigned lane = threadIdx.x % 32u;
+    unsigned peers = __match_any_sync(kAll, reinterpret_cast<unsigned long long>(p));
+    const int first = __ffs(static_cast<int>(peers)) - 1;
+    int rank = __popc(peers & ((1u << lane) - 1u));  // this lane's place among its peers
+    peers &= 0xfffffffeu << lane;                     // the peers above it
+    while (__any_sync(kAll, peers != 0)) {
+      const int next = __ffs(static_cast<int>(peers));  // the next peer still summing, 1-based
+      const long long h2 = __shfl_sync(kAll, hi, next ? next - 1 : static_cast<int>(lane));
+      const long long l2 = __shfl_sync(kAll, lo, next ? next - 1 : static_cast<int>(lane));
+      if (next) {
+        const long long sum = static_cast<long long>(static_cast<unsigned long long>(hi) +
+                                                     static_cast<unsigned long long>(h2));
+        if (((hi ^ sum) & (h2 ^ sum)) < 0) st |= kStatusOverflow;
+        hi = sum;
+        lo = static_cast<long long>(static_cast<unsigned long long>(lo) + static_cast<unsigned long long>(l2));
+      }
+      peers &= ~__ballot_sync(kAll, rank & 1);  // lanes at odd places are summed into others
+      rank >>= 1;
+    }
+    if (static_cast<int>(lane) == first) {
+      if (hi != 0) {
+        const long long old = static_cast<long long>(atomicAdd(p, static_cast<unsigned long long>(hi)));
+        const long long sum = static_cast<long long>(static_cast<unsigned long long>(old) +
+                                                     static_cast<unsigned long long>(hi));
+        if (((old ^ sum) & (hi ^ sum)) < 0) st |= kStatusOverflow;
+      }
+      if (lo != 0) atomicAdd(p + 1, static_cast<unsigned long long>(lo));
+    }
+    if (st) atomicOr(status, st);
+#else
+    (void)g;
+    __builtin_trap();
+#endif
+  }
+};
+struct WarpFixedSink {
+  unsigned long long *data;
+  uint32_t *status;
+  APE_HD WarpFixedRef operator[](int64_t i) const {
+    return WarpFixedRef{data ? data + 2 * i : nullptr, status};
+  }
+};
+template <int N> struct WarpFixedSinks {
+  unsigned long long *p[N];
+  uint32_t *status;
+  APE_HD WarpFixedSink operator[](int n) const { return WarpFixedSink{p[n], status}; }
+};
+
 // The context the functors see on the GPU: the members of ape::HeadCtx, with sinks in place of
 // the private accumulators.
 template <class Enc> struct DevCtx {
@@ -261,6 +325,21 @@ __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, boo
   c.vmass.status = p.status;
   return c;
 }
+
+// DevCtx with warp-collective sinks (WarpFixedRef): for a call every lane of the warp makes at
+// once.
+template <class Enc> struct WarpDevCtx : DevCtx<Enc> {
+  WarpFixedSink dtok;                                  // shadow DevCtx's sinks
+  WarpFixedSinks<array_len(Enc::kNumParams)> dparams;
+  WarpFixedSinks<DevCtx<Enc>::NR> drel;
+  explicit APE_HD WarpDevCtx(const DevCtx<Enc> &c) : DevCtx<Enc>(c) {
+    dtok = WarpFixedSink{c.dtok.data, c.dtok.status};
+    for (int n = 0; n < array_len(Enc::kNumParams); ++n) dparams.p[n] = c.dparams.p[n];
+    dparams.status = c.dparams.status;
+    for (int n = 0; n < DevCtx<Enc>::NR; ++n) drel.p[n] = c.drel.p[n];
+    drel.status = c.drel.status;
+  }
+};
 
 // Partner column under a pairing (Enc::kQPairing / kKPairing: ape_abi::Pairing's code, 0 none,
 // 1 half, 2 interleaved): the rule of ape_abi::partner, shared with cpu/attention.h.

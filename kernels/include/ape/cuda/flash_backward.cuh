@@ -267,6 +267,14 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
   int *sem = p.dq_sem + bh * n_qt;
   const DevCtx<Enc> ctx = make_ctx(p, bh, true);
+  // Relative rows (Transformer-XL, DeBERTa): the score mod's gradient adds to the rows' sums
+  // per element, so every lane calls it at once and the sinks are warp collectives
+  // (WarpFixedRef): the lanes adding to one row element (at saturated distances, a quarter or
+  // more of the warp) issue one pair of atomics.
+  constexpr bool kWarpSinks = traits::NumRel<Enc>::value > 0 && Enc::kHasScoreMod &&
+                              !flash_distance<Enc>() && !flash_rowcol<Enc>();
+  using SinkCtx = std::conditional_t<kWarpSinks, WarpDevCtx<Enc>, DevCtx<Enc>>;
+  [[maybe_unused]] const SinkCtx sink_ctx(ctx);
   // Distance bias: B(i - j) / scale of query tile qt at x = c - kr + BK (i - j = i0 - j0 + c - kr)
   // in window (qt - qt0) & 1, copied from the slice's table a step ahead like Q' and dO (the
   // window starts at distance i0 - j0 - BK, a multiple of BQ); the initial value of the S^T
@@ -445,6 +453,15 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
             if constexpr (kMasked) pv = visible ? pv : 0.f;
             dsv = pv * dp[nt][2 * h + e];
             if constexpr (kSat) sat_sum += dsv;
+          } else if constexpr (kWarpSinks) {
+            // Every lane calls: a masked element at a visible stand-in pair (i', j') with a zero
+            // term, which adds nothing; its P and dS stay 0.
+            const int64_t i = i0 + c, j = j0 + kr;
+            const int64_t is = i < T ? i : T - 1, js = j < is ? j : is;
+            const float raw = p.scale * s[nt][2 * h + e];
+            pv = visible ? ptx::ex2(fmaf(Enc::score_mod(ctx, is, js, raw), kLog2e, -cLse[c])) : 0.f;
+            dsv = p.scale * Enc::score_mod_grad(sink_ctx, is, js, raw, pv * (dp[nt][2 * h + e] - cDelta[c]));
+            dsv = visible ? dsv : 0.f;
           } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
             if (visible) {

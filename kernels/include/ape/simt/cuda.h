@@ -172,6 +172,8 @@ cudaError_t launch(void (*kernel)(KP...), dim3 grid, dim3 block, size_t smem, cu
 void syncthreads(const char *file, int line);
 void syncwarp(unsigned mask, const char *file, int line);
 unsigned ballot(unsigned mask, bool pred, const char *file, int line);
+// __match_any_sync: the lanes of mask whose value equals this lane's.
+unsigned match_any(unsigned mask, uint64_t value, const char *file, int line);
 // Shuffles move 4 or 8 bytes; `mode`: 0 idx, 1 up, 2 down, 3 xor.
 uint64_t shfl(unsigned mask, uint64_t value, int src, int width, int mode, int bytes,
               const char *file, int line);
@@ -207,6 +209,9 @@ inline int __any_sync(unsigned mask, int pred, APE_SIMT_HERE) {
 }
 inline int __all_sync(unsigned mask, int pred, APE_SIMT_HERE) {
   return ::ape::simt::ballot(mask, pred != 0, file, line) == (mask & ::ape::simt::active_mask());
+}
+inline unsigned __match_any_sync(unsigned mask, unsigned long long value, APE_SIMT_HERE) {
+  return ::ape::simt::match_any(mask, value, file, line);
 }
 inline unsigned __activemask() { return ::ape::simt::active_mask(); }
 inline void __threadfence() {}
