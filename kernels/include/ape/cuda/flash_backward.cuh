@@ -267,12 +267,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
   int *sem = p.dq_sem + bh * n_qt;
   const DevCtx<Enc> ctx = make_ctx(p, bh, true);
-  // Relative rows (Transformer-XL, DeBERTa): the score mod's gradient adds to the rows' sums
-  // per element, so every lane calls it at once and the sinks are warp collectives
-  // (WarpFixedRef): the lanes adding to one row element (at saturated distances, a quarter or
-  // more of the warp) issue one pair of atomics.
-  constexpr bool kWarpSinks = traits::NumRel<Enc>::value > 0 && Enc::kHasScoreMod &&
-                              !flash_distance<Enc>() && !flash_rowcol<Enc>();
+  // A score mod of the general form (neither a distance nor a row/column bias) whose gradient
+  // may add to sums per element (relative rows: Transformer-XL, DeBERTa; token sums: K-Cable;
+  // parameters: FIRE): every lane calls it at once and the sinks are warp collectives
+  // (WarpFixedRef), so the lanes adding to one element (one query's or key's sum: 4 or 8 lanes;
+  // a relative row at a saturated distance; a parameter: all 32) issue one pair of atomics.
+  constexpr bool kWarpSinks = Enc::kHasScoreMod && !flash_distance<Enc>() && !flash_rowcol<Enc>() &&
+                              (traits::NumRel<Enc>::value > 0 || Enc::kNumTok > 0 || Enc::kNumParams > 0);
   using SinkCtx = std::conditional_t<kWarpSinks, WarpDevCtx<Enc>, DevCtx<Enc>>;
   [[maybe_unused]] const SinkCtx sink_ctx(ctx);
   // Distance bias: B(i - j) / scale of query tile qt at x = c - kr + BK (i - j = i0 - j0 + c - kr)
