@@ -116,3 +116,9 @@ add_test(NAME cuda_traffic_regression_d128
          COMMAND ape-cuda-traffic --T 1024 --D 128 --encodings rope t5 cable
                  --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic_d128.csv)
 set_tests_properties(cuda_traffic_regression_d128 PROPERTIES LABELS "cuda;simt" TIMEOUT 300)
+# The general path: relative rows, value rows, per-element token sums, FIRE's MLP
+# (cuda_traffic_general.csv, `--T 512 --encodings deberta transformer_xl shaw kcable fire --csv ...`).
+add_test(NAME cuda_traffic_regression_general
+         COMMAND ape-cuda-traffic --T 512 --encodings deberta transformer_xl shaw kcable fire
+                 --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic_general.csv)
+set_tests_properties(cuda_traffic_regression_general PROPERTIES LABELS "cuda;simt" TIMEOUT 300)

@@ -268,12 +268,14 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   int *sem = p.dq_sem + bh * n_qt;
   const DevCtx<Enc> ctx = make_ctx(p, bh, true);
   // A score mod of the general form (neither a distance nor a row/column bias) whose gradient
-  // may add to sums per element (relative rows: Transformer-XL, DeBERTa; token sums: K-Cable;
-  // parameters: FIRE): every lane calls it at once and the sinks are warp collectives
-  // (WarpFixedRef), so the lanes adding to one element (one query's or key's sum: 4 or 8 lanes;
-  // a relative row at a saturated distance; a parameter: all 32) issue one pair of atomics.
+  // adds to per-token sums for each element (relative rows: Transformer-XL, DeBERTa; token sums:
+  // K-Cable): every lane calls it at once and the sinks are warp collectives (WarpFixedRef), so
+  // the lanes adding to one element (one query's sum: 8 lanes of a call; a key's: 4; a relative
+  // row at a saturated distance) issue one pair of atomics. Not for parameters alone (FIRE's
+  // MLP): there every sink is warp-uniform, and the emulated suite would pay 20x its time for
+  // the collectives (docs/cuda.md).
   constexpr bool kWarpSinks = Enc::kHasScoreMod && !flash_distance<Enc>() && !flash_rowcol<Enc>() &&
-                              (traits::NumRel<Enc>::value > 0 || Enc::kNumTok > 0 || Enc::kNumParams > 0);
+                              (traits::NumRel<Enc>::value > 0 || Enc::kNumTok > 0);
   using SinkCtx = std::conditional_t<kWarpSinks, WarpDevCtx<Enc>, DevCtx<Enc>>;
   [[maybe_unused]] const SinkCtx sink_ctx(ctx);
   // Distance bias: B(i - j) / scale of query tile qt at x = c - kr + BK (i - j = i0 - j0 + c - kr)

@@ -388,11 +388,11 @@ __global__ void __launch_bounds__(kTabThreads)
   float *sT = sX + kTabTok * D;                 // (kTabRows, D + 1)
   const int64_t bh = blockIdx.y, h = bh % H, t0 = blockIdx.x * int64_t(kTabTok);
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  static_assert(kTabThreads % D == 0, "a thread stages one column of x");
+  const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
   for (int e = threadIdx.x; e < kTabTok * D; e += kTabThreads) {
     const int tt = e / D, c = e % D;
-    float v = 0.f;
-    if (t0 + tt < T) v = to_float(x[(bh * T + t0 + tt) * D + c]) + (bias ? bias[h * D + c] : 0.f);
-    sX[e] = v;
+    sX[e] = t0 + tt < T ? to_float(x[(bh * T + t0 + tt) * D + c]) + bv : 0.f;
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kTabRows) {
     __syncthreads();  // sX written; the last chunk's sT read
@@ -473,6 +473,8 @@ __global__ void __launch_bounds__(kTabThreads)
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   float acc[kTabRows / 8][D / 32] = {};
   float colsum = 0.f;  // thread r < 32: sum of g over the chunk for table row r0 + r
+  static_assert(kTabThreads % D == 0, "a thread stages one column of x");
+  const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
   for (int64_t n = n0; n < n_end; n += kTok) {
     if (n > n0) __syncthreads();
     for (int e = threadIdx.x; e < kTok * kTabRows; e += kTabThreads) {
@@ -483,7 +485,7 @@ __global__ void __launch_bounds__(kTabThreads)
     for (int e = threadIdx.x; e < kTok * D; e += kTabThreads) {
       const int tt = e / D, c = e % D;
       const int64_t nn = n + tt, row = ((nn / T) * H + h) * T + nn % T;
-      sX[e] = nn < n_end ? to_float(x[row * D + c]) + (bias ? bias[h * D + c] : 0.f) : 0.f;
+      sX[e] = nn < n_end ? to_float(x[row * D + c]) + bv : 0.f;
     }
     __syncthreads();
     if (dbias_fx && threadIdx.x < kTabRows)
