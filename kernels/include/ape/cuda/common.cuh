@@ -80,6 +80,28 @@ APE_HD inline float from_fixed(const unsigned long long *v) {
                                 (kFixedScale * kFixedScale));
 }
 
+// a + b in two's complement (no undefined behaviour), with `wrapped` set where the signed sum
+// left the range of 64 bits.
+APE_HD inline long long wrap_add(long long a, long long b, bool &wrapped) {
+  const long long sum = static_cast<long long>(static_cast<unsigned long long>(a) + static_cast<unsigned long long>(b));
+  wrapped = ((a ^ sum) & (b ^ sum)) < 0;
+  return sum;
+}
+
+#ifdef APE_DEVICE_CODE
+// Adds (hi, lo) to the element's two words; a wrap of the running sum is an overflow.
+__device__ inline uint32_t fixed_atomic_add(unsigned long long *p, long long hi, long long lo) {
+  uint32_t st = 0;
+  if (hi != 0) {
+    bool wrapped;
+    wrap_add(static_cast<long long>(atomicAdd(p, static_cast<unsigned long long>(hi))), hi, wrapped);
+    if (wrapped) st |= kStatusOverflow;
+  }
+  if (lo != 0) atomicAdd(p + 1, static_cast<unsigned long long>(lo));
+  return st;
+}
+#endif
+
 // `sink[i] += g` adds g to element i (nothing when the sink is off).
 struct FixedRef {
   unsigned long long *p;  // the element's two words
@@ -88,14 +110,7 @@ struct FixedRef {
 #ifdef APE_DEVICE_CODE
     if (!p) return;
     const FixedTerm t = to_fixed(g);
-    uint32_t st = t.status;
-    if (t.hi != 0) {
-      const long long old = static_cast<long long>(atomicAdd(p, static_cast<unsigned long long>(t.hi)));
-      const long long sum = static_cast<long long>(static_cast<unsigned long long>(old) +
-                                                   static_cast<unsigned long long>(t.hi));
-      if (((old ^ sum) & (t.hi ^ sum)) < 0) st |= kStatusOverflow;  // signed wrap
-    }
-    if (t.lo != 0) atomicAdd(p + 1, static_cast<unsigned long long>(t.lo));
+    const uint32_t st = t.status | fixed_atomic_add(p, t.hi, t.lo);
     if (st) atomicOr(status, st);
 #else
     (void)g;
@@ -146,24 +161,15 @@ struct WarpFixedRef {
       const long long h2 = __shfl_sync(kAll, hi, next ? next - 1 : static_cast<int>(lane));
       const long long l2 = __shfl_sync(kAll, lo, next ? next - 1 : static_cast<int>(lane));
       if (next) {
-        const long long sum = static_cast<long long>(static_cast<unsigned long long>(hi) +
-                                                     static_cast<unsigned long long>(h2));
-        if (((hi ^ sum) & (h2 ^ sum)) < 0) st |= kStatusOverflow;
-        hi = sum;
-        lo = static_cast<long long>(static_cast<unsigned long long>(lo) + static_cast<unsigned long long>(l2));
+        bool wrapped, lo_wrapped;  // low words, as in the atomics, unchecked: |lo| < 2^31 per term
+        hi = wrap_add(hi, h2, wrapped);
+        lo = wrap_add(lo, l2, lo_wrapped);
+        if (wrapped) st |= kStatusOverflow;
       }
       peers &= ~__ballot_sync(kAll, rank & 1);  // lanes at odd places are summed into others
       rank >>= 1;
     }
-    if (static_cast<int>(lane) == first) {
-      if (hi != 0) {
-        const long long old = static_cast<long long>(atomicAdd(p, static_cast<unsigned long long>(hi)));
-        const long long sum = static_cast<long long>(static_cast<unsigned long long>(old) +
-                                                     static_cast<unsigned long long>(hi));
-        if (((old ^ sum) & (hi ^ sum)) < 0) st |= kStatusOverflow;
-      }
-      if (lo != 0) atomicAdd(p + 1, static_cast<unsigned long long>(lo));
-    }
+    if (static_cast<int>(lane) == first) st |= fixed_atomic_add(p, hi, lo);
     if (st) atomicOr(status, st);
 #else
     (void)g;
