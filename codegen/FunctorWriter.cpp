@@ -458,6 +458,20 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   if (kernel.getTokensReadLength())
     os << "  static constexpr bool kTokensReadLength = true;  // the token program reruns when "
           "decoding\n";
+  // The parameters the score mod reads (and its gradient adds to), a bit each: the flash kernels
+  // stage those in shared memory (cuda/flash_forward.cuh, ParamCache). Emitted when some are.
+  if (layout.score && layout.params.size() <= 32) {
+    uint32_t mask = 0;
+    layout.score->walk([&](LoadOp load) {
+      auto it = layout.paramIndex.find(load.getSource());
+      if (it != layout.paramIndex.end())
+        mask |= 1u << it->second;
+    });
+    if (mask)
+      os << llvm::formatv("  static constexpr unsigned kScoreParams = {0:x}u;  // read by the score "
+                          "mod, a bit each\n",
+                          mask);
+  }
   os << (target == FunctorTarget::Cuda ? "  APE_HD " : "  ")
      << "static int64_t param_numel(int n, int64_t H, int64_t D) {\n"
      << "    (void)H, (void)D;\n    switch (n) {\n";

@@ -1312,7 +1312,8 @@ def write_report(args, cfg):
            f"above −{FLAT} (\"agrees (gain < {FLAT})\" when it is below 0) and disagrees when it lies below; "
            f"\"holds\" agrees when the interval is below {FLAT} and disagrees when it is above; \"about the "
            f"same\" agrees when the interval lies within ±{FLAT}; anything else is inconclusive. docs/study.md "
-           "(Verdicts) lists the rules changed after an earlier report was read, with what each change did. A verdict needs {cfg.get('min_seeds', MIN_SEEDS)} seeds. Paper: the paper's own "
+           "(Verdicts) lists the rules changed after an earlier report was read, with what each change did. "
+           f"A verdict needs {cfg.get('min_seeds', MIN_SEEDS)} seeds. Paper: the paper's own "
            "number for the same quantity where it prints one; ratio: ours / the paper's.", "",
            "| # | source | claim | quantity (nats) | paper | ours (mean ± 95%) | ratio | seeds | verdict |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -641,6 +641,23 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
 #endif
 }
 
+// A general score mod's parameters staged in shared memory (ParamCache, cuda/flash_forward.cuh):
+// each parameter is staged while it fits (48 KiB in the backward, 8 KiB in the forward), the rest
+// read and summed in global memory. FIRE's w2 has 32 H elements: at H = 3 every parameter is
+// staged; at H = 80 (2706 elements, 53 KiB with their gradients) w2 is not and the others are, in
+// both passes. Both against the references, with the gradients summed per block.
+TEST(CudaLaunch, StagedParametersMatchReferences) {
+  const CudaKernelEntry *e = find_cuda("fire");
+  if (!e) GTEST_SKIP() << "FIRE's CUDA kernels are not in this build";
+  const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 64);
+  ASSERT_NE(var, nullptr) << "fire bf16/hd64 is in every build with FIRE";
+  for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{2, 3, 77}, {1, 80, 33}}) {
+    SCOPED_TRACE("fire bf16 D=64 B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T));
+    check_problem("fire", *var, make_problem(*e, B, H, T, 64, 7000 * T + 10 * B + H));
+    if (HasFatalFailure()) return;
+  }
+}
+
 // A scale <= 0 (legal: only a finite scale is required) takes other paths: the flash kernels
 // keep raw scores (S = Q'K'^T + B / scale with a distance bias) and need scale > 0 in the
 // forward and scale != 0 in a distance bias's backward; the rest runs the general kernels.

@@ -34,6 +34,15 @@ template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
   static constexpr int value = Enc::kNumRel;
 };
 
+// The parameters the score mod reads, a bit each (Enc::kScoreParams, emitted when some are; an
+// Enc without it, written by hand, may read any).
+template <class Enc, class = void> struct ScoreParams {
+  static constexpr unsigned value = ~0u;
+};
+template <class Enc> struct ScoreParams<Enc, std::void_t<decltype(Enc::kScoreParams)>> {
+  static constexpr unsigned value = Enc::kScoreParams;
+};
+
 // A bool member `Enc::kMember`, emitted only when true: Name<Enc>::value (false when absent).
 #define APE_ENC_FLAG(Name, kMember)                                                          \
   template <class Enc, class = void> struct Name {                                           \

@@ -299,6 +299,8 @@ template <class Enc, class In> struct Params {
   float *vdrow;                     // (B*H, T, kValueRows): dO_i . table[r, h, :]
   unsigned long long *vmass_fx;     // (B*H, T, kValueRows) x 2 words: sum_j P_ij [r(i, j) = r]
   float *vmass;                     // (B*H, T, kValueRows)
+  // the parameters a flash kernel stages in shared memory (ParamCache): bit n for parameter n
+  uint32_t param_cache;
 };
 
 // Rows of the value-rows table (0 without one).

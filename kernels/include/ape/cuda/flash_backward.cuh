@@ -266,7 +266,10 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   const int qr0 = 16 * (warp / C::kQW), qc0 = (warp % C::kQW) * C::kQCols;  // its dQ' part
   const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
   int *sem = p.dq_sem + bh * n_qt;
-  const DevCtx<Enc> ctx = make_ctx(p, bh, true);
+  DevCtx<Enc> ctx = make_ctx(p, bh, true);
+  [[maybe_unused]] unsigned char *cache = smem + flash_smem_bytes<Enc, C>();
+  if constexpr (flash_param_cache<Enc>())  // used after the first step's barrier
+    ParamCache<Enc>::stage(p, cache, ctx, true);
   // A score mod of the general form (neither a distance nor a row/column bias) whose gradient
   // adds to per-token sums for each element (relative rows: Transformer-XL, DeBERTa; token sums:
   // K-Cable): every lane calls it at once and the sinks are warp collectives (WarpFixedRef), so
@@ -675,6 +678,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     ptx::fence_acq_rel_gpu();
     ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
   }
+  if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::flush(p, cache);  // every sink is in
   if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
     const int x = static_cast<int>(threadIdx.x);
     const int64_t d = (n_qt - 1) * BQ - j0 - (BK - 1) + x;

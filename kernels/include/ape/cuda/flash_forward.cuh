@@ -63,6 +63,109 @@ template <class Enc> constexpr bool flash_rowcol() {
   return traits::RowColBias<Enc>::value && !flash_distance<Enc>() && value_rows<Enc>() == 0;
 }
 
+// Parameters of a general score mod in shared memory. A score mod that is neither a distance nor
+// a row/column bias (those have their own tables) runs at every element, and may read parameters
+// and add to their gradients there: FIRE's MLP of the distance reads 99 parameters per pair and
+// its gradient adds to as many sums, one pair of fixed-point L2 atomics each, per lane. A flash
+// kernel stages such parameters (Enc::kScoreParams) once per block in shared memory
+// (Params::param_cache: bit n for parameter n, chosen at launch while they fit, param_cache_mask), the functors read them there
+// and, in the backward, add their gradients to block sums there in the same fixed point
+// (shared-memory atomics on the two words, FixedRef; integer sums, so the same in any order); the
+// block adds each non-zero sum to the global one at its end. A parameter's gradient then costs one
+// pair of L2 atomics per block instead of one per element. Layout from the cache's base (16-byte
+// aligned, after the kernel's tiles): the gradients' two words per element (backward), then the
+// values, the cached parameters in order.
+template <class Enc> constexpr bool flash_param_cache() {
+  return Enc::kHasScoreMod && Enc::kNumParams > 0 && Enc::kNumParams <= 32 && !traits::DistanceBias<Enc>::value &&
+         !traits::RowColBias<Enc>::value && value_rows<Enc>() == 0 && (traits::ScoreParams<Enc>::value != 0u);
+}
+constexpr size_t kParamCacheValue = sizeof(float), kParamCacheGrad = 2 * sizeof(unsigned long long);
+// At most this many bytes of a block's shared memory (the backward's largest FIRE case, H 64: 43 KiB).
+constexpr size_t kParamCacheMax = 48 * 1024;
+template <class Enc> APE_HD inline int64_t param_cache_elems(uint32_t mask, int64_t H, int64_t D) {
+  int64_t n_el = 0;
+  for (int n = 0; n < array_len(Enc::kNumParams); ++n)
+    if (mask >> n & 1u) n_el += Enc::param_numel(n, H, D);
+  return n_el;
+}
+APE_HD constexpr size_t param_cache_bytes(int64_t n_el, bool grads) {
+  return (static_cast<size_t>(n_el) * (kParamCacheValue + (grads ? kParamCacheGrad : 0)) + 15) / 16 * 16;
+}
+// The parameters to stage, in order, each that fits in `budget` bytes with those before it.
+template <class Enc> inline uint32_t param_cache_mask(int64_t H, int64_t D, size_t budget, bool grads) {
+  uint32_t mask = 0;
+  if constexpr (flash_param_cache<Enc>()) {
+    const size_t cap = budget < kParamCacheMax ? budget : kParamCacheMax;
+    int64_t n_el = 0;
+    for (int n = 0; n < Enc::kNumParams; ++n) {
+      const int64_t numel = Enc::param_numel(n, H, D);
+      if ((traits::ScoreParams<Enc>::value >> n & 1u) && numel > 0 && param_cache_bytes(n_el + numel, grads) <= cap)
+        mask |= 1u << n, n_el += numel;
+    }
+  }
+  return mask;
+}
+// Stages the cached parameters at `base` and points the context's parameters (and, with `grads`,
+// its parameter sinks) there; a barrier must follow before the functors run. flush() adds the
+// block's sums to the global ones after a barrier that follows the last sink.
+template <class Enc> struct ParamCache {
+  template <class In>
+  __device__ static void stage(const Params<Enc, In> &p, unsigned char *base, DevCtx<Enc> &ctx, bool grads) {
+    copy(p, base, grads);
+    point(p, base, ctx, grads);
+  }
+  // The two halves of stage(), for a kernel whose threads make their contexts after the barrier.
+  template <class In> __device__ static void copy(const Params<Enc, In> &p, unsigned char *base, bool grads) {
+    const uint32_t mask = p.param_cache;
+    if (!mask) return;
+    const int64_t n_el = param_cache_elems<Enc>(mask, p.H, p.D);
+    unsigned long long *g = reinterpret_cast<unsigned long long *>(base);
+    float *v = reinterpret_cast<float *>(base + (grads ? kParamCacheGrad * n_el : 0));
+    int64_t off = 0;
+    for (int n = 0; n < Enc::kNumParams; ++n) {
+      if (!(mask >> n & 1u)) continue;
+      const int64_t numel = Enc::param_numel(n, p.H, p.D);
+      for (int64_t x = threadIdx.x; x < numel; x += blockDim.x) {
+        v[off + x] = p.params[n][x];
+        if (grads) g[2 * (off + x)] = g[2 * (off + x) + 1] = 0;
+      }
+      off += numel;
+    }
+  }
+  template <class In>
+  __device__ static void point(const Params<Enc, In> &p, unsigned char *base, DevCtx<Enc> &ctx, bool grads) {
+    const uint32_t mask = p.param_cache;
+    if (!mask) return;
+    const int64_t n_el = param_cache_elems<Enc>(mask, p.H, p.D);
+    unsigned long long *g = reinterpret_cast<unsigned long long *>(base);
+    float *v = reinterpret_cast<float *>(base + (grads ? kParamCacheGrad * n_el : 0));
+    int64_t off = 0;
+    for (int n = 0; n < Enc::kNumParams; ++n) {
+      if (!(mask >> n & 1u)) continue;
+      ctx.params.p[n] = v + off;
+      if (grads && ctx.dparams.p[n]) ctx.dparams.p[n] = g + 2 * off;
+      off += Enc::param_numel(n, p.H, p.D);
+    }
+  }
+  template <class In> __device__ static void flush(const Params<Enc, In> &p, const unsigned char *base) {
+    const uint32_t mask = p.param_cache;
+    if (!mask) return;
+    const unsigned long long *g = reinterpret_cast<const unsigned long long *>(base);
+    uint32_t st = 0;
+    int64_t off = 0;
+    for (int n = 0; n < Enc::kNumParams; ++n) {
+      if (!(mask >> n & 1u)) continue;
+      const int64_t numel = Enc::param_numel(n, p.H, p.D);
+      for (int64_t x = threadIdx.x; x < numel; x += blockDim.x) {
+        const long long hi = static_cast<long long>(g[2 * (off + x)]), lo = static_cast<long long>(g[2 * (off + x) + 1]);
+        if (hi != 0 || lo != 0) st |= fixed_atomic_add(p.dparam_fx[n] + 2 * x, hi, lo);
+      }
+      off += numel;
+    }
+    if (st) atomicOr(p.status, st);
+  }
+};
+
 // Dynamic shared memory of a flash kernel (FlashFwd or FlashBwd layout F) for Enc.
 template <class Enc, class F> constexpr size_t flash_smem_bytes() {
   return flash_distance<Enc>() ? F::bytes_dist : flash_rowcol<Enc>() ? F::bytes_rowcol : F::bytes;
@@ -155,7 +258,9 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
   const int64_t base = bh * T * D;
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
-  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  if constexpr (flash_param_cache<Enc>())  // read after the first step's barrier
+    ParamCache<Enc>::stage(p, smem + flash_smem_bytes<Enc, C>(), ctx, false);
 
   // Distance bias: B(i - j) / scale of key tile kt at x = i - j - (i0 - j0 - (BK - 1)) + 1 =
   // rr - cc + BK in window kt & 1, copied from the slice's table a step ahead like K and V (16-byte

@@ -124,6 +124,8 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     }
     ptx::mbar_init_fence();
   }
+  static_assert(C::bytes % 16 == 0, "the parameter cache's base");
+  if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::copy(p, smem + C::bytes, false);
   __syncthreads();
 
   if (wg == 0) {  // ---- producer
@@ -153,7 +155,8 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   ptx::setmaxnreg_inc<240>();
   const int cw = wg - 1;           // consumer warpgroup: rows 64 cw ..
   const int r0 = 16 * (warp - 4);  // this warp's first row in the tile
-  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::point(p, smem + C::bytes, ctx, false);
   [[maybe_unused]] float rb[2];  // R / scale of the thread's rows
   if constexpr (kRC) {
     const float *rc_bh = p.rc + 2 * bh * p.rc_ld;

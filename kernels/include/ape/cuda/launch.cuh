@@ -53,6 +53,27 @@ template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
              : cudaSuccess;
 }
 
+// Params::param_cache for a flash kernel whose tiles take `bytes` of shared memory (ParamCache,
+// flash_forward.cuh): the backward stages what fits in what the device gives a block beyond them;
+// the forward, whose occupancy the cache must not lower, at most kParamCacheFwdMax. `extra` is
+// the bytes the cache adds to the launch.
+constexpr size_t kParamCacheFwdMax = 8 * 1024;
+template <class Enc, class In>
+cudaError_t plan_param_cache(Params<Enc, In> &p, size_t bytes, bool grads, size_t &extra) {
+  p.param_cache = 0, extra = 0;
+  if constexpr (flash_param_cache<Enc>()) {
+    int dev = 0, optin = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (err != cudaSuccess) return err;
+    size_t budget = static_cast<size_t>(optin) > bytes ? static_cast<size_t>(optin) - bytes : 0;
+    if (!grads && budget > kParamCacheFwdMax) budget = kParamCacheFwdMax;
+    p.param_cache = param_cache_mask<Enc>(p.H, p.D, budget, grads);
+    extra = param_cache_bytes(param_cache_elems<Enc>(p.param_cache, p.H, p.D), grads);
+  }
+  return cudaSuccess;
+}
+
 // The arguments of one call checked against the encoding: every pointer the call reads or
 // writes is present (a null dfeatures / dparams with features or params would be dereferenced).
 template <class Enc>
@@ -284,7 +305,9 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
             (err = map(&maps.k, p.km, box_kv)) != cudaSuccess ||
             (err = map(&maps.v, p.v, box_kv)) != cudaSuccess)
           return err;
-        constexpr size_t bytes = H::bytes;
+        size_t bytes = H::bytes, extra = 0;
+        if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
+        bytes += extra;
         if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess)
           return err;
         p.tile0 = a.first_row / H::BQ;
@@ -292,7 +315,9 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
                         blocks_for(a.T, H::BQ) - unsigned(p.tile0));
         return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p, maps);
       }
-      constexpr size_t bytes = flash_smem_bytes<Enc, F>();
+      size_t bytes = flash_smem_bytes<Enc, F>(), extra = 0;
+      if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
+      bytes += extra;
       if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
       p.tile0 = a.first_row / F::BQ;
       const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
@@ -444,10 +469,13 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     auto run = [&](auto layout) -> cudaError_t {
       constexpr bool kWide = decltype(layout)::value;
       using L = FlashBwd<In, kD, kWide>;
-      constexpr size_t bytes = flash_smem_bytes<Enc, L>();
+      size_t bytes = flash_smem_bytes<Enc, L>(), extra = 0;
       const int64_t blocks = BH * blocks_for(T, L::BK);
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-      cudaError_t e = allow_smem(flash_backward_kernel<Enc, In, kD, kWide>, bytes);
+      cudaError_t e = plan_param_cache(p, bytes, true, extra);
+      if (e != cudaSuccess) return e;
+      bytes += extra;
+      e = allow_smem(flash_backward_kernel<Enc, In, kD, kWide>, bytes);
       return e != cudaSuccess ? e
                               : launch(flash_backward_kernel<Enc, In, kD, kWide>,
                                        static_cast<unsigned>(blocks), L::kThreads, bytes, st, p);
