@@ -118,18 +118,20 @@ struct FixedRef {
 #endif
   }
 };
-struct FixedSink {
+// A sink over an array of fixed-point elements (two words each): sink[i] is element i's Ref (a
+// FixedRef, or a WarpFixedRef below), a null array one that is off; SinksOf holds N of them.
+template <class Ref> struct SinkOf {
   unsigned long long *data;
   uint32_t *status;
-  APE_HD FixedRef operator[](int64_t i) const {
-    return FixedRef{data ? data + 2 * i : nullptr, status};
-  }
+  APE_HD Ref operator[](int64_t i) const { return Ref{data ? data + 2 * i : nullptr, status}; }
 };
-template <int N> struct FixedSinks {
+template <class Ref, int N> struct SinksOf {
   unsigned long long *p[N];
   uint32_t *status;
-  APE_HD FixedSink operator[](int n) const { return FixedSink{p[n], status}; }
+  APE_HD SinkOf<Ref> operator[](int n) const { return SinkOf<Ref>{p[n], status}; }
 };
+using FixedSink = SinkOf<FixedRef>;
+template <int N> using FixedSinks = SinksOf<FixedRef, N>;
 template <int N> struct ParamPtrs {
   const float *p[N];
   APE_HD const float *operator[](int n) const { return p[n]; }
@@ -177,18 +179,8 @@ struct WarpFixedRef {
 #endif
   }
 };
-struct WarpFixedSink {
-  unsigned long long *data;
-  uint32_t *status;
-  APE_HD WarpFixedRef operator[](int64_t i) const {
-    return WarpFixedRef{data ? data + 2 * i : nullptr, status};
-  }
-};
-template <int N> struct WarpFixedSinks {
-  unsigned long long *p[N];
-  uint32_t *status;
-  APE_HD WarpFixedSink operator[](int n) const { return WarpFixedSink{p[n], status}; }
-};
+using WarpFixedSink = SinkOf<WarpFixedRef>;
+template <int N> using WarpFixedSinks = SinksOf<WarpFixedRef, N>;
 
 // The context the functors see on the GPU: the members of ape::HeadCtx, with sinks in place of
 // the private accumulators.

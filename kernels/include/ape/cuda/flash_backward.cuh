@@ -275,8 +275,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   // K-Cable): every lane calls it at once and the sinks are warp collectives (WarpFixedRef), so
   // the lanes adding to one element (one query's sum: 8 lanes of a call; a key's: 4; a relative
   // row at a saturated distance) issue one pair of atomics. Not for parameters alone (FIRE's
-  // MLP): there every sink is warp-uniform, and the emulated suite would pay 20x its time for
-  // the collectives (docs/cuda.md).
+  // MLP): those sum in shared memory (ParamCache), and the emulated suite would pay 20x its time
+  // for the collectives (docs/cuda.md).
   constexpr bool kWarpSinks = Enc::kHasScoreMod && !flash_distance<Enc>() && !flash_rowcol<Enc>() &&
                               (traits::NumRel<Enc>::value > 0 || Enc::kNumTok > 0);
   using SinkCtx = std::conditional_t<kWarpSinks, WarpDevCtx<Enc>, DevCtx<Enc>>;
