@@ -171,6 +171,25 @@ template <class Enc, class F> constexpr size_t flash_smem_bytes() {
   return flash_distance<Enc>() ? F::bytes_dist : flash_rowcol<Enc>() ? F::bytes_rowcol : F::bytes;
 }
 
+// Value rows (Enc::kHasValueRows: Shaw's value term, o_i += sum_j P_ij table[r(i, j), h, :]) in the
+// flash forward: each query row keeps its unnormalised probability mass per table row in shared
+// memory (BQ x kValueRows floats after the tiles), rescaled with the running max like O; the quad
+// of lanes that holds a row adds its P to the row's masses one lane after the other (a fixed
+// order: the same sums run to run), and at the end o_i gains sum_r mass_i[r] table[r, h, :] / l_i.
+// Where the masses do not fit sm_86/89's 99 KiB beside the tiles (D = 128: 96 KiB of tiles) the
+// general forward runs.
+template <class Enc, class In, int D> constexpr size_t flash_mass_bytes() {
+  return sizeof(float) * FlashFwd<In, D>::BQ * value_rows<Enc>();
+}
+template <class Enc, class In, int D> constexpr bool flash_forward_runs() {
+  if constexpr (std::is_same_v<In, float>) return false;
+  else return value_rows<Enc>() == 0 || FlashFwd<In, D>::bytes + flash_mass_bytes<Enc, In, D>() <= kSmemLimit;
+}
+// Dynamic shared memory of the flash forward for Enc, the parameter cache aside.
+template <class Enc, class In, int D> constexpr size_t flash_fwd_bytes() {
+  return flash_smem_bytes<Enc, FlashFwd<In, D>>() + flash_mass_bytes<Enc, In, D>();
+}
+
 // Logits and the online softmax of one key tile (keys j0 ..) for the thread's rows of a flash forward:
 // scale, score mod, causal mask (kMasked), then each of the thread's rows (mt, h) is reduced over
 // its quad of lanes and exponentiated in base 2 (kf: see the callers), its running max m and
@@ -260,7 +279,12 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
   DevCtx<Enc> ctx = make_ctx(p, bh, false);
   if constexpr (flash_param_cache<Enc>())  // read after the first step's barrier
-    ParamCache<Enc>::stage(p, smem + flash_smem_bytes<Enc, C>(), ctx, false);
+    ParamCache<Enc>::stage(p, smem + flash_fwd_bytes<Enc, In, D>(), ctx, false);
+  // Value rows: the masses of this warp's rows (kMass per row) at sMass (flash_forward_runs).
+  constexpr int kMass = static_cast<int>(value_rows<Enc>());
+  [[maybe_unused]] float *sMass = reinterpret_cast<float *>(smem + flash_smem_bytes<Enc, C>());
+  if constexpr (kMass > 0)
+    for (int x = static_cast<int>(threadIdx.x); x < BQ * kMass; x += C::kThreads) sMass[x] = 0.f;
 
   // Distance bias: B(i - j) / scale of key tile kt at x = i - j - (i0 - j0 - (BK - 1)) + 1 =
   // rr - cc + BK in window kt & 1, copied from the slice's table a step ahead like K and V (16-byte
@@ -365,7 +389,46 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       }
     }
 
-    flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
+    if constexpr (kMass == 0) {
+      flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
+    } else {
+      float alpha[kMT][2];
+      flash_softmax_alpha<Enc, kMasked, kRaw>(s, alpha, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) o[mt][dt][x] *= alpha[mt][x / 2];
+      // The rows' masses: rescaled (lane t of the quad takes the rows' entries t, t + 4, ...),
+      // then each lane of the quad in turn adds its P (masked and underflowed elements: 0).
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float *row = sMass + (r0 + 16 * mt + g + 8 * h) * kMass;
+          for (int k = t; k < kMass; k += 4) row[k] *= alpha[mt][h];
+        }
+      __syncwarp();
+      for (int turn = 0; turn < 4; ++turn) {
+        if (t == turn)
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int rr = r0 + 16 * mt + g + 8 * h;
+              float *row = sMass + rr * kMass;
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const float pe = s[mt][nt][2 * h + e];
+                  if (pe != 0.f) row[Enc::value_row(ctx, i0 + rr, j0 + 8 * nt + 2 * t + e)] += pe;
+                }
+            }
+        __syncwarp();
+      }
+    }
 
     // O += P V, P from registers.
 #pragma unroll
@@ -389,14 +452,40 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   for (int kt = n_plain; kt < n_tiles; ++kt) step(kt, std::true_type{});
   ptx::cp_async_wait<0>();
 
+  // Value rows: this head's table rows, table[r, h, :] for every r, into the K and V buffers
+  // (free now) as floats, read by every row of the block below.
+  [[maybe_unused]] float *sTab = reinterpret_cast<float *>(smem + C::k);
+  if constexpr (kMass > 0) {
+    static_assert(sizeof(float) * kMass * D <= C::bytes - C::k, "the value table in the K and V buffers");
+    __syncthreads();  // every warp is done with K and V
+    const float *table = p.params[Enc::kValueTable] + (bh % p.H) * D;
+    for (int x = static_cast<int>(threadIdx.x); x < kMass * D; x += C::kThreads)
+      sTab[x] = table[int64_t(x / D) * p.H * D + x % D];
+    __syncthreads();
+  }
   // o = O / l, lse = m + log l (natural log); a row without a finite logit: o = 0, lse = -inf.
+#pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
       const float lt = flash::quad_sum(l[mt][h]);
       if (i >= T) continue;
       const float inv = lt > 0.f ? 1.f / lt : 0.f;
       In *orow = p.o + base + i * D;
+      if constexpr (kMass > 0) {  // O += sum_r mass[r] table[r, h, :] (the masses' order: r)
+        const float *row = sMass + (r0 + 16 * mt + g + 8 * h) * kMass;
+        for (int r = 0; r < kMass; ++r) {
+          const float w = row[r];
+          if (w == 0.f) continue;
+          const float *tr = sTab + r * D + 2 * t;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            o[mt][dt][2 * h] = fmaf(w, tr[8 * dt], o[mt][dt][2 * h]);
+            o[mt][dt][2 * h + 1] = fmaf(w, tr[8 * dt + 1], o[mt][dt][2 * h + 1]);
+          }
+        }
+      }
       for (int dt = 0; dt < kDT; ++dt) {
         orow[8 * dt + 2 * t] = from_float<In>(o[mt][dt][2 * h] * inv);
         orow[8 * dt + 2 * t + 1] = from_float<In>(o[mt][dt][2 * h + 1] * inv);

@@ -279,11 +279,12 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
   if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
-  // The attention itself: the flash kernels for 16-bit inputs without value rows (wgmma on sm_90
-  // where the build has sm_90a code, mma.sync elsewhere), the general kernel otherwise; p as the
-  // kernel read it (q', k' and the scale that go together) for the transition after it.
+  // The attention itself: the flash kernels for 16-bit inputs (wgmma on sm_90 where the build has
+  // sm_90a code, mma.sync elsewhere and with value rows: flash_forward_runs), the general kernel
+  // otherwise; p as the kernel read it (q', k' and the scale that go together) for the transition
+  // after it.
   auto attend = [&]() -> cudaError_t {
-    if constexpr (!std::is_same_v<In, float> && value_rows<Enc>() == 0) {
+    if constexpr (flash_forward_runs<Enc, In, kD>()) {
       using F = FlashFwd<In, kD>;
       float qsign;
       if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
@@ -291,6 +292,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
       if constexpr (flash_rowcol<Enc>())
         if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
+      if constexpr (value_rows<Enc>() == 0)
       if (hopper_device()) {
         using H = HopperFwd<In, kD>;
         HopperMaps maps;
@@ -315,7 +317,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
                         blocks_for(a.T, H::BQ) - unsigned(p.tile0));
         return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p, maps);
       }
-      size_t bytes = flash_smem_bytes<Enc, F>(), extra = 0;
+      size_t bytes = flash_fwd_bytes<Enc, In, kD>(), extra = 0;
       if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
       bytes += extra;
       if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
