@@ -560,6 +560,36 @@ TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
   EXPECT_EQ(seen, 8) << "rope's bf16 variants at D 64 and 128 are in the emulated build";
 }
 
+// The forward with value rows (Shaw) follows the device too: the flash forward (the masses after
+// its tiles) where they fit a block, the general forward at D = 128 on sm_86/89 (99 KiB).
+TEST(CudaLaunch, ValueRowsForwardFollowsTheDevice) {
+  const CudaKernelEntry *e = find_cuda("shaw");
+  ASSERT_NE(e, nullptr);
+  int seen = 0;
+  for (int D : {64, 128}) {
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+    if (!var) continue;
+    for (int sm : {80, 86, 89, 90}) {
+      SCOPED_TRACE("shaw bf16 hd" + std::to_string(D) + " sm_" + std::to_string(sm));
+      const PoseAs guard(sm);
+      Outputs out;
+      ape::simt::take_traffic();
+      run_gpu(*var, make_problem(*e, 1, 1, 70, D, 3), out);
+      std::vector<std::string> forwards;
+      for (const auto &t : ape::simt::take_traffic()) {
+        std::string name = t.kernel.substr(0, t.kernel.find('<'));  // "... ns::kernel_name"
+        name = name.substr(name.find_last_of(": ") + 1);
+        if (name == "flash_forward_kernel" || name == "forward_kernel" || name == "hopper_forward_kernel")
+          forwards.push_back(name);
+      }
+      const bool general = D == 128 && (sm == 86 || sm == 89);
+      EXPECT_EQ(forwards, std::vector<std::string>{general ? "forward_kernel" : "flash_forward_kernel"});
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 8) << "shaw's bf16 variants at D 64 and 128 are in the emulated build";
+}
+
 // The same through the sm_90 path: the emulator poses as an H100, so the 16-bit forward runs the
 // wgmma kernel (hopper_forward_kernel; the backward and f32 are the same kernels as at sm_80,
 // here under sm_90's limits). Sizes: one row, partial tiles, several query and key tiles of 128.

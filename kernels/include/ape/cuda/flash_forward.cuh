@@ -176,12 +176,17 @@ template <class Enc, class F> constexpr size_t flash_smem_bytes() {
 // memory (BQ x kValueRows floats after the tiles), rescaled with the running max like O; the quad
 // of lanes that holds a row adds its P to the row's masses one lane after the other (a fixed
 // order: the same sums run to run), and at the end o_i gains sum_r mass_i[r] table[r, h, :] / l_i.
-// Where the masses do not fit sm_86/89's 99 KiB beside the tiles (D = 128: 96 KiB of tiles) the
-// general forward runs.
+// Where the masses do not fit sm_86/89's 99 KiB beside the tiles (D = 128: 96 KiB of tiles) it
+// runs where the device gives a block more (sm_80, 90: flash_forward_everywhere false, the launch
+// asks), the general forward elsewhere.
 template <class Enc, class In, int D> constexpr size_t flash_mass_bytes() {
   return sizeof(float) * FlashFwd<In, D>::BQ * value_rows<Enc>();
 }
 template <class Enc, class In, int D> constexpr bool flash_forward_runs() {
+  if constexpr (std::is_same_v<In, float>) return false;
+  else return value_rows<Enc>() == 0 || FlashFwd<In, D>::bytes + flash_mass_bytes<Enc, In, D>() <= kSmemLimitWide;
+}
+template <class Enc, class In, int D> constexpr bool flash_forward_everywhere() {
   if constexpr (std::is_same_v<In, float>) return false;
   else return value_rows<Enc>() == 0 || FlashFwd<In, D>::bytes + flash_mass_bytes<Enc, In, D>() <= kSmemLimit;
 }

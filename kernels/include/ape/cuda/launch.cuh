@@ -58,14 +58,19 @@ template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
 // the forward, whose occupancy the cache must not lower, at most kParamCacheFwdMax. `extra` is
 // the bytes the cache adds to the launch.
 constexpr size_t kParamCacheFwdMax = 8 * 1024;
+// The shared memory the current device gives a block (opting in).
+inline cudaError_t device_smem_optin(int &optin) {
+  int dev = 0;
+  optin = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  return err == cudaSuccess ? cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) : err;
+}
 template <class Enc, class In>
 cudaError_t plan_param_cache(Params<Enc, In> &p, size_t bytes, bool grads, size_t &extra) {
   p.param_cache = 0, extra = 0;
   if constexpr (flash_param_cache<Enc>()) {
-    int dev = 0, optin = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (err != cudaSuccess) return err;
+    int optin = 0;
+    if (cudaError_t err = device_smem_optin(optin); err != cudaSuccess) return err;
     size_t budget = static_cast<size_t>(optin) > bytes ? static_cast<size_t>(optin) - bytes : 0;
     if (!grads && budget > kParamCacheFwdMax) budget = kParamCacheFwdMax;
     p.param_cache = param_cache_mask<Enc>(p.H, p.D, budget, grads);
@@ -283,9 +288,26 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   // sm_90a code, mma.sync elsewhere and with value rows: flash_forward_runs), the general kernel
   // otherwise; p as the kernel read it (q', k' and the scale that go together) for the transition
   // after it.
+  auto general = [&]() -> cudaError_t {
+    if constexpr (!flash_forward_everywhere<Enc, In, kD>()) {
+      using L = FwdSmem<In, kD>;
+      constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
+      if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+      p.tile0 = a.first_row / L::BQ;
+      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
+      return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
+    } else {
+      return cudaErrorNotSupported;  // not called: the flash forward runs everywhere
+    }
+  };
   auto attend = [&]() -> cudaError_t {
     if constexpr (flash_forward_runs<Enc, In, kD>()) {
       using F = FlashFwd<In, kD>;
+      if constexpr (!flash_forward_everywhere<Enc, In, kD>()) {  // the device decides
+        int optin = 0;
+        if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
+        if (static_cast<size_t>(optin) < flash_fwd_bytes<Enc, In, kD>()) return general();
+      }
       float qsign;
       if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
       if constexpr (flash_distance<Enc>())
@@ -325,12 +347,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
       return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
     } else {
-      using L = FwdSmem<In, kD>;
-      constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
-      if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-      p.tile0 = a.first_row / L::BQ;
-      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
-      return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
+      return general();
     }
   };
   if ((err = attend()) != cudaSuccess) return err;
@@ -423,11 +440,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     // The wide layout where the device gives a block its shared memory (flash_bwd_fallback).
     [[maybe_unused]] bool wide = true;
     if constexpr (flash_bwd_fallback<Enc, In, kD>()) {
-      int dev = 0, optin = 0;
-      if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
-          (err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
-              cudaSuccess)
-        return err;
+      int optin = 0;
+      if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
       wide = static_cast<size_t>(optin) >= flash_smem_bytes<Enc, F>();
     }
     const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
