@@ -537,56 +537,56 @@ std::vector<std::string> flash_backward_layouts() {
   return out;
 }
 
-// The device picks the flash backward's layout: the wide one (128 keys, 8 warps) wherever its
-// shared memory fits a block, the narrow one (64 keys) at D = 128 on sm_86/89 (99 KiB a block).
-TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
-  const CudaKernelEntry *e = find_cuda("rope");
-  ASSERT_NE(e, nullptr);
+// Runs `name`'s bf16 variants at D 64 and 128 (one slice, T 70) as each architecture the kernels
+// claim, calling check(D, sm) after each run (the emulator's traffic records hold its launches);
+// returns how many ran.
+template <class Check> int run_as_each_arch(const char *name, Check check) {
+  const CudaKernelEntry *e = find_cuda(name);
+  if (!e) {
+    ADD_FAILURE() << name << " is not in the emulated build";
+    return 0;
+  }
   int seen = 0;
   for (int D : {64, 128}) {
     const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
     if (!var) continue;
     for (int sm : {80, 86, 89, 90}) {
-      SCOPED_TRACE("rope bf16 hd" + std::to_string(D) + " sm_" + std::to_string(sm));
+      SCOPED_TRACE(std::string(name) + " bf16 hd" + std::to_string(D) + " sm_" + std::to_string(sm));
       const PoseAs guard(sm);
       Outputs out;
       ape::simt::take_traffic();
       run_gpu(*var, make_problem(*e, 1, 1, 70, D, 3), out);
-      const bool narrow = D == 128 && (sm == 86 || sm == 89);
-      EXPECT_EQ(flash_backward_layouts(), std::vector<std::string>{narrow ? "narrow" : "wide"});
+      check(D, sm);
       ++seen;
     }
   }
+  return seen;
+}
+
+// The device picks the flash backward's layout: the wide one (128 keys, 8 warps) wherever its
+// shared memory fits a block, the narrow one (64 keys) at D = 128 on sm_86/89 (99 KiB a block).
+TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
+  const int seen = run_as_each_arch("rope", [](int D, int sm) {
+    const bool narrow = D == 128 && (sm == 86 || sm == 89);
+    EXPECT_EQ(flash_backward_layouts(), std::vector<std::string>{narrow ? "narrow" : "wide"});
+  });
   EXPECT_EQ(seen, 8) << "rope's bf16 variants at D 64 and 128 are in the emulated build";
 }
 
 // The forward with value rows (Shaw) follows the device too: the flash forward (the masses after
 // its tiles) where they fit a block, the general forward at D = 128 on sm_86/89 (99 KiB).
 TEST(CudaLaunch, ValueRowsForwardFollowsTheDevice) {
-  const CudaKernelEntry *e = find_cuda("shaw");
-  ASSERT_NE(e, nullptr);
-  int seen = 0;
-  for (int D : {64, 128}) {
-    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
-    if (!var) continue;
-    for (int sm : {80, 86, 89, 90}) {
-      SCOPED_TRACE("shaw bf16 hd" + std::to_string(D) + " sm_" + std::to_string(sm));
-      const PoseAs guard(sm);
-      Outputs out;
-      ape::simt::take_traffic();
-      run_gpu(*var, make_problem(*e, 1, 1, 70, D, 3), out);
-      std::vector<std::string> forwards;
-      for (const auto &t : ape::simt::take_traffic()) {
-        std::string name = t.kernel.substr(0, t.kernel.find('<'));  // "... ns::kernel_name"
-        name = name.substr(name.find_last_of(": ") + 1);
-        if (name == "flash_forward_kernel" || name == "forward_kernel" || name == "hopper_forward_kernel")
-          forwards.push_back(name);
-      }
-      const bool general = D == 128 && (sm == 86 || sm == 89);
-      EXPECT_EQ(forwards, std::vector<std::string>{general ? "forward_kernel" : "flash_forward_kernel"});
-      ++seen;
+  const int seen = run_as_each_arch("shaw", [](int D, int sm) {
+    std::vector<std::string> forwards;
+    for (const auto &t : ape::simt::take_traffic()) {
+      std::string name = t.kernel.substr(0, t.kernel.find('<'));  // "... ns::kernel_name"
+      name = name.substr(name.find_last_of(": ") + 1);
+      if (name == "flash_forward_kernel" || name == "forward_kernel" || name == "hopper_forward_kernel")
+        forwards.push_back(name);
     }
-  }
+    const bool general = D == 128 && (sm == 86 || sm == 89);
+    EXPECT_EQ(forwards, std::vector<std::string>{general ? "forward_kernel" : "flash_forward_kernel"});
+  });
   EXPECT_EQ(seen, 8) << "shaw's bf16 variants at D 64 and 128 are in the emulated build";
 }
 

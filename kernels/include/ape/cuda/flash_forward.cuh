@@ -116,24 +116,33 @@ template <class Enc> struct ParamCache {
   }
   // The two halves of stage(), for a kernel whose threads make their contexts after the barrier.
   template <class In> __device__ static void copy(const Params<Enc, In> &p, unsigned char *base, bool grads) {
-    const uint32_t mask = p.param_cache;
-    if (!mask) return;
-    const int64_t n_el = param_cache_elems<Enc>(mask, p.H, p.D);
-    unsigned long long *g = reinterpret_cast<unsigned long long *>(base);
-    float *v = reinterpret_cast<float *>(base + (grads ? kParamCacheGrad * n_el : 0));
-    int64_t off = 0;
-    for (int n = 0; n < Enc::kNumParams; ++n) {
-      if (!(mask >> n & 1u)) continue;
-      const int64_t numel = Enc::param_numel(n, p.H, p.D);
+    each(p, base, grads, [&](int n, int64_t numel, float *v, unsigned long long *g) {
       for (int64_t x = threadIdx.x; x < numel; x += blockDim.x) {
-        v[off + x] = p.params[n][x];
-        if (grads) g[2 * (off + x)] = g[2 * (off + x) + 1] = 0;
+        v[x] = p.params[n][x];
+        if (grads) g[2 * x] = g[2 * x + 1] = 0;
       }
-      off += numel;
-    }
+    });
   }
   template <class In>
   __device__ static void point(const Params<Enc, In> &p, unsigned char *base, DevCtx<Enc> &ctx, bool grads) {
+    each(p, base, grads, [&](int n, int64_t, float *v, unsigned long long *g) {
+      ctx.params.p[n] = v;
+      if (grads && ctx.dparams.p[n]) ctx.dparams.p[n] = g;
+    });
+  }
+  template <class In> __device__ static void flush(const Params<Enc, In> &p, unsigned char *base) {
+    uint32_t st = 0;
+    each(p, base, true, [&](int n, int64_t numel, float *, unsigned long long *g) {
+      for (int64_t x = threadIdx.x; x < numel; x += blockDim.x) {
+        const long long hi = static_cast<long long>(g[2 * x]), lo = static_cast<long long>(g[2 * x + 1]);
+        if (hi != 0 || lo != 0) st |= fixed_atomic_add(p.dparam_fx[n] + 2 * x, hi, lo);
+      }
+    });
+    if (st) atomicOr(p.status, st);
+  }
+  // f(n, numel, values, gradient words) for each cached parameter, in order.
+  template <class In, class F>
+  __device__ static void each(const Params<Enc, In> &p, unsigned char *base, bool grads, F &&f) {
     const uint32_t mask = p.param_cache;
     if (!mask) return;
     const int64_t n_el = param_cache_elems<Enc>(mask, p.H, p.D);
@@ -142,27 +151,10 @@ template <class Enc> struct ParamCache {
     int64_t off = 0;
     for (int n = 0; n < Enc::kNumParams; ++n) {
       if (!(mask >> n & 1u)) continue;
-      ctx.params.p[n] = v + off;
-      if (grads && ctx.dparams.p[n]) ctx.dparams.p[n] = g + 2 * off;
-      off += Enc::param_numel(n, p.H, p.D);
-    }
-  }
-  template <class In> __device__ static void flush(const Params<Enc, In> &p, const unsigned char *base) {
-    const uint32_t mask = p.param_cache;
-    if (!mask) return;
-    const unsigned long long *g = reinterpret_cast<const unsigned long long *>(base);
-    uint32_t st = 0;
-    int64_t off = 0;
-    for (int n = 0; n < Enc::kNumParams; ++n) {
-      if (!(mask >> n & 1u)) continue;
       const int64_t numel = Enc::param_numel(n, p.H, p.D);
-      for (int64_t x = threadIdx.x; x < numel; x += blockDim.x) {
-        const long long hi = static_cast<long long>(g[2 * (off + x)]), lo = static_cast<long long>(g[2 * (off + x) + 1]);
-        if (hi != 0 || lo != 0) st |= fixed_atomic_add(p.dparam_fx[n] + 2 * x, hi, lo);
-      }
+      f(n, numel, v + off, g + 2 * off);
       off += numel;
     }
-    if (st) atomicOr(p.status, st);
   }
 };
 
@@ -256,8 +248,7 @@ __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o
                                               float (&m)[kMT][2], float (&l)[kMT][2],
                                               const DevCtx<Enc> &ctx, float scale, float kf,
                                               int64_t i0, int64_t j0, int r0, int g, int t,
-                                              int64_t T) {
-  float alpha[kMT][2];
+                                              int64_t T, float (&alpha)[kMT][2]) {
   flash_softmax_alpha<Enc, kMasked, kRaw>(s, alpha, m, l, ctx, scale, kf, i0, j0, r0, g, t, T);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -265,6 +256,15 @@ __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o
     for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
       for (int x = 0; x < 4; ++x) o[mt][dt][x] *= alpha[mt][x / 2];
+}
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT>
+__device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
+                                              float (&m)[kMT][2], float (&l)[kMT][2],
+                                              const DevCtx<Enc> &ctx, float scale, float kf,
+                                              int64_t i0, int64_t j0, int r0, int g, int t,
+                                              int64_t T) {
+  float alpha[kMT][2];
+  flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, scale, kf, i0, j0, r0, g, t, T, alpha);
 }
 
 template <class Enc, class In, int D>
@@ -394,17 +394,9 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       }
     }
 
-    if constexpr (kMass == 0) {
-      flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
-    } else {
-      float alpha[kMT][2];
-      flash_softmax_alpha<Enc, kMasked, kRaw>(s, alpha, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T);
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-          for (int x = 0; x < 4; ++x) o[mt][dt][x] *= alpha[mt][x / 2];
+    float alpha[kMT][2];
+    flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T, alpha);
+    if constexpr (kMass > 0) {
       // The rows' masses: rescaled (lane t of the quad takes the rows' entries t, t + 4, ...),
       // then each lane of the quad in turn adds its P (masked and underflowed elements: 0).
 #pragma unroll
