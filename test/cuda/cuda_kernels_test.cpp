@@ -521,10 +521,12 @@ struct PoseAsSm90 : PoseAs {
 };
 
 // The layouts of the flash backward (FlashBwd) that the launches since the last call ran, by the
-// emulator's traffic records: "wide" (128 keys per block), "narrow" (64), one entry per launch.
-std::vector<std::string> flash_backward_layouts() {
+// emulator's traffic records (those given, or taken now): "wide" (128 keys per block), "narrow"
+// (64), one entry per launch.
+template <class Records = decltype(ape::simt::take_traffic())>
+std::vector<std::string> flash_backward_layouts(const Records &records = ape::simt::take_traffic()) {
   std::vector<std::string> out;
-  for (const auto &t : ape::simt::take_traffic())
+  for (const auto &t : records)
     if (t.kernel.find("flash_backward_kernel<") != std::string::npos) {
       const size_t close = t.kernel.find(">(");
       const std::string args = t.kernel.substr(0, close);
@@ -573,18 +575,23 @@ TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
   EXPECT_EQ(seen, 8) << "rope's bf16 variants at D 64 and 128 are in the emulated build";
 }
 
-// The forward with value rows (Shaw) follows the device too: the flash forward (the masses after
-// its tiles) where they fit a block, the general forward at D = 128 on sm_86/89 (99 KiB).
-TEST(CudaLaunch, ValueRowsForwardFollowsTheDevice) {
+// The kernels with value rows (Shaw) follow the device too: the flash forward (the masses after its
+// tiles) where they fit a block, the general forward at D = 128 on sm_86/89 (99 KiB); the flash
+// backward (the step's masses after its tiles) in the wide layout where it fits, the narrow one
+// on sm_86/89 at D = 64 and 128 (the wide one needs 114 and 121 KiB there).
+TEST(CudaLaunch, ValueRowsFollowTheDevice) {
   const int seen = run_as_each_arch("shaw", [](int D, int sm) {
+    const auto records = ape::simt::take_traffic();
+    const bool small = sm == 86 || sm == 89;
+    EXPECT_EQ(flash_backward_layouts(records), std::vector<std::string>{small ? "narrow" : "wide"});
     std::vector<std::string> forwards;
-    for (const auto &t : ape::simt::take_traffic()) {
+    for (const auto &t : records) {
       std::string name = t.kernel.substr(0, t.kernel.find('<'));  // "... ns::kernel_name"
       name = name.substr(name.find_last_of(": ") + 1);
       if (name == "flash_forward_kernel" || name == "forward_kernel" || name == "hopper_forward_kernel")
         forwards.push_back(name);
     }
-    const bool general = D == 128 && (sm == 86 || sm == 89);
+    const bool general = D == 128 && small;
     EXPECT_EQ(forwards, std::vector<std::string>{general ? "forward_kernel" : "flash_forward_kernel"});
   });
   EXPECT_EQ(seen, 8) << "shaw's bf16 variants at D 64 and 128 are in the emulated build";

@@ -88,9 +88,9 @@ APE_HD inline long long wrap_add(long long a, long long b, bool &wrapped) {
   return sum;
 }
 
-#ifdef APE_DEVICE_CODE
 // Adds (hi, lo) to the element's two words; a wrap of the running sum is an overflow.
-__device__ inline uint32_t fixed_atomic_add(unsigned long long *p, long long hi, long long lo) {
+APE_HD inline uint32_t fixed_atomic_add(unsigned long long *p, long long hi, long long lo) {
+#ifdef APE_DEVICE_CODE
   uint32_t st = 0;
   if (hi != 0) {
     bool wrapped;
@@ -99,8 +99,11 @@ __device__ inline uint32_t fixed_atomic_add(unsigned long long *p, long long hi,
   }
   if (lo != 0) atomicAdd(p + 1, static_cast<unsigned long long>(lo));
   return st;
-}
+#else
+  (void)p, (void)hi, (void)lo;
+  __builtin_trap();  // the sinks exist on the device only
 #endif
+}
 
 // `sink[i] += g` adds g to element i (nothing when the sink is off).
 struct FixedRef {

@@ -77,12 +77,35 @@ template <class In, int D, bool kWide = true> struct FlashBwd {
   static_assert(bytes_rowcol <= kLimit, "backward tiles exceed the shared memory of a block");
 };
 
+// Value rows (Enc::kHasValueRows: Shaw's value term, o_i += sum_j P_ij table[r(i, j), h, :]) in the
+// flash backward. dP_ij gains dO_i . table[r(i, j)], read from the rows vdrow = dO table^T that a
+// side kernel forms before (table_rows_kernel); the table's gradient is mass^T dO with
+// mass_i[r] = sum_j P_ij [r(i, j) = r] (table_grad_kernel, after). A block sums its keys' share of
+// the masses of the step's query rows in shared memory, BQ x kValueRows elements after the tiles
+// in the sinks' fixed point (shared-memory atomics on integers: the same sums in any order), and
+// adds the non-zero ones to the slice's fixed-point masses after the step's last barrier: one pair
+// of L2 atomics per (query row, table row) that the block's keys reach, instead of one per
+// element. For Shaw's clipped distance, a query tile BQ or more below the block's keys reaches one
+// table row.
+template <class Enc> constexpr bool value_table_trains() {
+  if constexpr (traits::HasValueRows<Enc>::value) return Enc::kValueTableTrainable;
+  else return false;
+}
+template <class Enc, class L> constexpr size_t flash_bwd_mass_bytes() {
+  return value_table_trains<Enc>() ? 2 * sizeof(unsigned long long) * L::BQ * value_rows<Enc>() : 0;
+}
+// Dynamic shared memory of the flash backward for Enc in layout L, before a parameter cache.
+template <class Enc, class L> constexpr size_t flash_bwd_bytes() {
+  return flash_smem_bytes<Enc, L>() + flash_bwd_mass_bytes<Enc, L>();
+}
+
 // The narrow layout is needed where the wide one's shared memory for Enc exceeds what every
-// claimed architecture allows a block (sm_86/89's 99 KiB: D = 128, 104-117 KiB): the launch then
-// asks the device (attention_backward) and runs the wide layout where it fits (sm_80, 87, 90:
-// 163-227 KiB), the narrow one elsewhere. Everywhere else only the wide one is compiled.
+// claimed architecture allows a block (sm_86/89's 99 KiB: D = 128, 104-117 KiB; value rows' masses
+// at D = 64 too): the launch then asks the device (attention_backward) and runs the wide layout
+// where it fits (sm_80, 87, 90: 163-227 KiB), the narrow one elsewhere. Everywhere else only the
+// wide one is compiled.
 template <class Enc, class In, int D> constexpr bool flash_bwd_fallback() {
-  return flash_smem_bytes<Enc, FlashBwd<In, D, true>>() > kSmemLimit;
+  return flash_bwd_bytes<Enc, FlashBwd<In, D, true>>() > kSmemLimit;
 }
 
 // The diagonal sums of one warp's 16 x 8 kNT tile in the m16n8 accumulator layout (element
@@ -201,16 +224,23 @@ template <class Enc, class In> __global__ void dist_sat_kernel(const Params<Enc,
 // scale times scale log2 e with a row/column bias, whose R folds into the row) and Delta (negated
 // with P': the dP^T accumulators start at it); a row without a finite logit gets +inf (its P is 0).
 template <class Enc> constexpr bool flash_scaled_p() {
-  return !Enc::kHasScoreMod || flash_distance<Enc>() || flash_rowcol<Enc>();
+  return (!Enc::kHasScoreMod && value_rows<Enc>() == 0) || flash_distance<Enc>() || flash_rowcol<Enc>();
+}
+// Whether Enc has relative rows of the queries (side 0) or of the keys (side 1).
+template <class Enc> constexpr bool rel_rows_on(int side) {
+  if constexpr (traits::NumRel<Enc>::value > 0)
+    for (int n = 0; n < Enc::kNumRel; ++n)
+      if (Enc::rel_side(n) == side) return true;
+  return false;
 }
 // The flash backward writes dk itself (no fp32 dK', no mod pass) where dk = dK': no k mod and
-// no relative rows (whose gradients add to dK' afterwards). dq likewise, from key tile 0, where
-// also the scale was positive (Params::dq_direct, set by the host).
+// no relative rows of the keys (whose gradients add to dK' afterwards). dq likewise, from key
+// tile 0, where also the scale was positive (Params::dq_direct, set by the host).
 template <class Enc> constexpr bool flash_dk_direct() {
-  return !Enc::kHasKMod && traits::NumRel<Enc>::value == 0;
+  return !Enc::kHasKMod && !rel_rows_on<Enc>(1);
 }
 template <class Enc> constexpr bool flash_dq_direct() {
-  return !Enc::kHasQMod && traits::NumRel<Enc>::value == 0;
+  return !Enc::kHasQMod && !rel_rows_on<Enc>(0);
 }
 template <class Enc, class In> __global__ void row_stats_kernel(const Params<Enc, In> p) {
   constexpr float kLog2e = 1.44269504088896341f;
@@ -267,7 +297,13 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
   int *sem = p.dq_sem + bh * n_qt;
   DevCtx<Enc> ctx = make_ctx(p, bh, true);
-  [[maybe_unused]] unsigned char *cache = smem + flash_smem_bytes<Enc, C>();
+  static_assert(flash_bwd_bytes<Enc, C>() <= C::kLimit, "backward tiles exceed the shared memory of a block");
+  // Value rows: the step's masses (flash_bwd_mass_bytes), zero between steps; then the cache.
+  constexpr int64_t kVR = value_rows<Enc>();
+  [[maybe_unused]] unsigned long long *sMass = reinterpret_cast<unsigned long long *>(smem + flash_smem_bytes<Enc, C>());
+  if constexpr (value_table_trains<Enc>())  // used after the first step's barrier
+    for (int x = static_cast<int>(threadIdx.x); x < 2 * BQ * kVR; x += C::kThreads) sMass[x] = 0;
+  [[maybe_unused]] unsigned char *cache = smem + flash_bwd_bytes<Enc, C>();
   if constexpr (flash_param_cache<Enc>())  // used after the first step's barrier
     ParamCache<Enc>::stage(p, cache, ctx, true);
   // A score mod of the general form (neither a distance nor a row/column bias) whose gradient
@@ -277,8 +313,10 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   // row at a saturated distance) issue one pair of atomics. Not for parameters alone (FIRE's
   // MLP): those sum in shared memory (ParamCache), and the emulated suite would pay 20x its time
   // for the collectives (docs/cuda.md).
-  constexpr bool kWarpSinks = Enc::kHasScoreMod && !flash_distance<Enc>() && !flash_rowcol<Enc>() &&
-                              (traits::NumRel<Enc>::value > 0 || Enc::kNumTok > 0);
+  // Value rows take this path too, with or without a score mod (their masses sum in shared memory).
+  constexpr bool kWarpSinks = !flash_distance<Enc>() && !flash_rowcol<Enc>() &&
+                              ((Enc::kHasScoreMod && (traits::NumRel<Enc>::value > 0 || Enc::kNumTok > 0)) ||
+                               kVR > 0);
   using SinkCtx = std::conditional_t<kWarpSinks, WarpDevCtx<Enc>, DevCtx<Enc>>;
   [[maybe_unused]] const SinkCtx sink_ctx(ctx);
   // Distance bias: B(i - j) / scale of query tile qt at x = c - kr + BK (i - j = i0 - j0 + c - kr)
@@ -287,7 +325,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   // accumulators, as in the forward. 0 outside [0, T) (masked elements).
   constexpr bool kDist = flash_distance<Enc>();
   constexpr bool kRC = flash_rowcol<Enc>();
-  constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;  // S^T in raw-score units
+  constexpr bool kRaw = (!Enc::kHasScoreMod && kVR == 0) || kDist || kRC;  // S^T in raw-score units
   // Without a score mod of its own (kRaw, kRC) the kernel computes P' = scale P (the host
   // launches it with scale > 0: lse is kept as lse log2 e - log2 scale) and starts the dP^T
   // accumulators at -Delta, so that dS = P' (dP - Delta) is one FMUL; dV accumulates scale dV
@@ -465,8 +503,23 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
             const int64_t i = i0 + c, j = j0 + kr;
             const int64_t is = i < T ? i : T - 1, js = j < is ? j : is;
             const float raw = p.scale * s[nt][2 * h + e];
-            pv = visible ? ptx::ex2(fmaf(Enc::score_mod(ctx, is, js, raw), kLog2e, -cLse[c])) : 0.f;
-            dsv = p.scale * Enc::score_mod_grad(sink_ctx, is, js, raw, pv * (dp[nt][2 * h + e] - cDelta[c]));
+            float dpv = dp[nt][2 * h + e];
+            pv = 0.f;
+            if (visible) {  // the score mod's loads for visible elements only
+              float logit = raw;
+              if constexpr (Enc::kHasScoreMod) logit = Enc::score_mod(ctx, is, js, raw);
+              pv = ptx::ex2(fmaf(logit, kLog2e, -cLse[c]));
+            }
+            if constexpr (kVR > 0)  // dP += dO_i . table[r(i, j)]; the block's masses
+              if (visible) {
+                const int64_t vr = Enc::value_row(ctx, i, j);
+                dpv += p.vdrow[(bh * T + i) * kVR + vr];
+                if constexpr (value_table_trains<Enc>()) FixedRef{sMass + 2 * (c * kVR + vr), p.status} += pv;
+              }
+            if constexpr (Enc::kHasScoreMod)
+              dsv = p.scale * Enc::score_mod_grad(sink_ctx, is, js, raw, pv * (dpv - cDelta[c]));
+            else
+              dsv = p.scale * (pv * (dpv - cDelta[c]));
             dsv = visible ? dsv : 0.f;
           } else if constexpr (Enc::kHasScoreMod) {
             pv = 0.f, dsv = 0.f;
@@ -632,6 +685,22 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
       float *rg = p.row_g + bh * T + i0 + qr0 + g;
       if (mine && rows_left > 0) atomicAdd(rg, row_acc[0]);
       if (mine && rows_left > 8) atomicAdd(rg + 8, row_acc[2]);
+    }
+    if constexpr (value_table_trains<Enc>()) {
+      // The step's masses, complete since the barrier before dQ' (the next adds follow the next
+      // step's first barrier): the non-zero ones to the slice's, and zero again. Rows past T
+      // have none.
+      uint32_t st = 0;
+      unsigned long long *gm = p.vmass_fx + 2 * (bh * T + i0) * kVR;
+      #pragma unroll 1
+      for (int x = static_cast<int>(threadIdx.x); x < BQ * kVR; x += C::kThreads) {
+        const long long hi = static_cast<long long>(sMass[2 * x]), lo = static_cast<long long>(sMass[2 * x + 1]);
+        if (hi != 0 || lo != 0) {
+          st |= fixed_atomic_add(gm + 2 * x, hi, lo);
+          sMass[2 * x] = sMass[2 * x + 1] = 0;
+        }
+      }
+      if (st) atomicOr(p.status, st);
     }
   };
   // Query tiles [qt_plain, n_full) see every key of the block and exist whole: no mask. The first

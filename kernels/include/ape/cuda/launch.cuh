@@ -389,7 +389,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
   if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
   constexpr int kNumRel = traits::NumRel<Enc>::value;
   constexpr int64_t kValueRows = value_rows<Enc>();
-  constexpr bool kFlash = !std::is_same_v<In, float> && kValueRows == 0;
+  constexpr bool kFlash = !std::is_same_v<In, float>;
   // The flash backward writes dk itself where dk = dK' (and dq, where dq = dQ' and scale > 0).
   constexpr bool kDirectK = kFlash && flash_dk_direct<Enc>();
   bool direct_q = false;
@@ -430,7 +430,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
   const unsigned ubh = static_cast<unsigned>(BH);
   if ((err = launch(delta_kernel<Enc, In, kD>, blocks_for(BH * T, kDeltaRows), kDeltaThreads, 0, st, p)))
     return err;
-  // The flash backward: 16-bit inputs without value rows; the two-kernel backward otherwise.
+  // The flash backward: 16-bit inputs; the two-kernel backward for f32.
   if constexpr (kFlash) {
     using F = FlashBwd<In, kD>;  // the wide layout; BQ is both layouts'
     static_assert(F::BQ == FlashBwd<In, kD, false>::BQ, "one query tiling for the semaphores");
@@ -442,7 +442,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     if constexpr (flash_bwd_fallback<Enc, In, kD>()) {
       int optin = 0;
       if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
-      wide = static_cast<size_t>(optin) >= flash_smem_bytes<Enc, F>();
+      wide = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, F>();
     }
     const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
@@ -485,7 +485,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     auto run = [&](auto layout) -> cudaError_t {
       constexpr bool kWide = decltype(layout)::value;
       using L = FlashBwd<In, kD, kWide>;
-      size_t bytes = flash_smem_bytes<Enc, L>(), extra = 0;
+      size_t bytes = flash_bwd_bytes<Enc, L>(), extra = 0;
       const int64_t blocks = BH * blocks_for(T, L::BK);
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
       cudaError_t e = plan_param_cache(p, bytes, true, extra);
@@ -521,19 +521,33 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
                       L::bytes_dq, st, p)))
       return err;
   }
+  // A side with relative rows and no mod: the last of its rows' products writes dq (dk) itself.
+  constexpr bool kDqFromRows = !Enc::kHasQMod && rel_rows_on<Enc>(0);
+  constexpr bool kDkFromRows = !Enc::kHasKMod && rel_rows_on<Enc>(1);
   if constexpr (kNumRel > 0) {
     for (int r = 0; r < kNumRel; ++r) {  // the relative rows' gradients into dq', dk'
       const int64_t m = BH * T * Enc::rel_rows(r);
+      const int side = Enc::rel_side(r);
+      bool last = true;  // of its side
+      for (int r2 = r + 1; r2 < kNumRel; ++r2) last = last && Enc::rel_side(r2) != side;
+      float *acc = side == 0 ? p.dqm : p.dkm;
+      const dim3 grid(blocks_for(T, kTabTok), ubh);
+      const float *g = p.drel[r], *table = p.params[Enc::rel_table(r)];
       if ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
                         static_cast<const unsigned long long *>(p.drel_fx[r]), p.drel[r], m,
-                        static_cast<const uint32_t *>(p.status))) ||
-          (err = launch(table_dx_kernel<kD>, dim3(blocks_for(T, kTabTok), ubh), kTabThreads, 0, st,
-                        static_cast<const float *>(p.drel[r]), p.params[Enc::rel_table(r)], Enc::rel_rows(r),
-                        a.H, T, Enc::rel_side(r) == 0 ? p.dqm : p.dkm)))
+                        static_cast<const uint32_t *>(p.status))))
         return err;
+      if (last && (side == 0 ? kDqFromRows : kDkFromRows))
+        err = launch(table_dx_kernel<kD, In>, grid, kTabThreads, 0, st, g, table, Enc::rel_rows(r), a.H, T,
+                     static_cast<const float *>(acc), side == 0 ? p.dq : p.dk);
+      else
+        err = launch(table_dx_kernel<kD, float>, grid, kTabThreads, 0, st, g, table, Enc::rel_rows(r), a.H, T,
+                     static_cast<const float *>(acc), acc);
+      if (err != cudaSuccess) return err;
     }
   }
-  // dq, dk from dQ', dK' (mod_backward_kernel), where the flash backward did not write them.
+  // dq, dk from dQ', dK' (mod_backward_kernel), where neither the flash backward nor the relative
+  // rows' products wrote them.
   const unsigned mod_blocks = blocks_for(n / run_len<In>(), 256);
   auto mod_back = [&](auto is_q, const In *x, const float *gm, In *dx) -> cudaError_t {
     constexpr bool kIsQ = decltype(is_q)::value;
@@ -543,8 +557,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     else
       return launch(mod_backward_kernel<Enc, In, kIsQ, kD>, mod_blocks, 256, 0, st, p, x, gm, dx);
   };
-  if (!direct_q && (err = mod_back(std::true_type{}, p.q, p.dqm, p.dq))) return err;
-  if constexpr (!kDirectK)
+  if (!direct_q && !kDqFromRows && (err = mod_back(std::true_type{}, p.q, p.dqm, p.dq))) return err;
+  if constexpr (!kDirectK && !kDkFromRows)
     if ((err = mod_back(std::false_type{}, p.k, p.dkm, p.dk))) return err;
   if constexpr (Enc::kNumTok > 0) {
     const int64_t nt = BH * Enc::kNumTok * T;

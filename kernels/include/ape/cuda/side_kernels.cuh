@@ -414,11 +414,14 @@ __global__ void __launch_bounds__(kTabThreads)
   }
 }
 
-// dx[bh, t, c] += sum_r g[bh, t, r] table[r, h, c] (g's row stride rows): grid (ceil(T / 64),
-// B*H). Lane l serves the columns l, l + 32, ..., warp w the tokens w, w + 8, ..., w + 56.
-template <int D>
+// dx[bh, t, c] = x[bh, t, c] + sum_r g[bh, t, r] table[r, h, c] (g's row stride rows), in Out: x
+// and dx are one fp32 array (dx += ...), or dx is the 16-bit gradient the backward returns (the
+// last rows of a side without a mod: no conversion pass after). Grid (ceil(T / 64), B*H). Lane l
+// serves the columns l, l + 32, ..., warp w the tokens w, w + 8, ..., w + 56.
+template <int D, class Out>
 __global__ void __launch_bounds__(kTabThreads)
-    table_dx_kernel(const float *g, const float *table, int64_t rows, int64_t H, int64_t T, float *dx) {
+    table_dx_kernel(const float *g, const float *table, int64_t rows, int64_t H, int64_t T, const float *x,
+                    Out *dx) {
   APE_STATIC_SMEM(float, sG, kTabTok * (kTabRows + 1));
   APE_STATIC_SMEM(float, sT, kTabRows * D);
   const int64_t bh = blockIdx.y, h = bh % H, t0 = blockIdx.x * int64_t(kTabTok);
@@ -451,7 +454,10 @@ __global__ void __launch_bounds__(kTabThreads)
   for (int k = 0; k < kTabTok / 8; ++k)
     if (t0 + w + 8 * k < T)
       #pragma unroll
-      for (int m = 0; m < D / 32; ++m) dx[(bh * T + t0 + w + 8 * k) * D + lane + 32 * m] += acc[k][m];
+      for (int m = 0; m < D / 32; ++m) {
+        const int64_t e = (bh * T + t0 + w + 8 * k) * D + lane + 32 * m;
+        dx[e] = from_float<Out>(x[e] + acc[k][m]);
+      }
 }
 
 // The table's gradient dtable[r, h, c] += sum_{b,t} g[b, h, t, r] (x[b, h, t, c] + bias[h, c])
