@@ -85,8 +85,8 @@ template <class In, int D, bool kWide = true> struct FlashBwd {
 // in the sinks' fixed point (shared-memory atomics on integers: the same sums in any order), and
 // adds the non-zero ones to the slice's fixed-point masses after the step's last barrier: one pair
 // of L2 atomics per (query row, table row) that the block's keys reach, instead of one per
-// element. For Shaw's clipped distance, a query tile BQ or more below the block's keys reaches one
-// table row.
+// element. For Shaw's clipped distance, a query tile more than 32 positions past the block's last
+// key reaches one table row (r = 32).
 template <class Enc> constexpr bool value_table_trains() {
   if constexpr (traits::HasValueRows<Enc>::value) return Enc::kValueTableTrainable;
   else return false;
