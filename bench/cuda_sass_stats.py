@@ -122,6 +122,7 @@ template <class In, int D> void print(const char *dt) {
   using F = FlashFwd<In, D>;
   using B = FlashBwd<In, D, true>;
   using N = FlashBwd<In, D, false>;
+  using W = HopperBwd<In, D == 32 ? 64 : D>;
   using H = HopperFwd<In, D>;
   std::printf("forward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
               F::kThreads, F::bytes, F::bytes_dist, F::bytes_rowcol, 4LL * 16 * F::kMT * F::BK * D);
@@ -134,6 +135,9 @@ template <class In, int D> void print(const char *dt) {
   // The narrow layout (64 keys, 4 warps): D = 128 on sm_86/89 only.
   std::printf("backward_narrow %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
               N::kThreads, N::bytes, N::bytes_dist, N::bytes_rowcol, 8LL * 16 * N::BQ * D + 2LL * N::BQ * D * N::BK / N::kWarps);
+  // The wgmma layout (sm_90a, D 64 and 128): 128 keys over two warpgroups, BQ 64.
+  std::printf("backward_wgmma %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
+              W::kThreads, W::bytes, W::bytes_dist, W::bytes_rowcol, 8LL * 16 * W::BQ * D + 2LL * W::BQ * D * W::BK / W::kWarps);
 }
 int main() {
   print<__nv_bfloat16, 32>("bf16"); print<__nv_bfloat16, 64>("bf16"); print<__nv_bfloat16, 128>("bf16");
@@ -343,11 +347,13 @@ def main():
                                                    regs=pinfo.get(fn, {}).get("regs"), stages=stages,
                                                    per_thread=per_thread, serial=serial))
                         kind = next((v for k, v in KERNELS.items() if k in fn), None)
-                        # The flash backward's bool template argument after d_h is its layout.
-                        if kind == "backward" and re.search(r"Li\d+ELb0E", fn):
+                        # The flash backward's template argument after d_h is its layout (BwdTiles).
+                        if kind == "backward" and re.search(r"Li\d+ELi0E", fn):
                             kind = "backward_narrow"
-                        if kind is None or (kind == "hopper_forward" and arch != "90a"):
-                            continue  # the wgmma kernel is a trap without sm_90a code
+                        if kind == "backward" and re.search(r"Li\d+ELi2E", fn):
+                            kind = "backward_wgmma"
+                        if kind is None or (kind in ("hopper_forward", "backward_wgmma") and arch != "90a"):
+                            continue  # the wgmma kernels are a trap without sm_90a code
                         t = tiles[(kind, args.dtype, hd)]
                         loop = main_loop(instrs)
                         ops = [b.split()[0] for b in loop]
@@ -401,7 +407,7 @@ def main():
                  f"{FA3['causal']['hgmma']} HGMMA, {FA3['causal']['mufu']} MUFU), non-causal "
                  f"{FA3['non-causal']['ipm']} ({FA3['non-causal']['instrs']}, {FA3['non-causal']['hgmma']} HGMMA): "
                  "the reference for the hopper_forward rows.")
-    bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960}
+    bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_wgmma": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")
     lines.append("")
@@ -417,7 +423,7 @@ def main():
             misses.append(f"{r['instrs_per_mflop']} > {bar[r['kernel']]} instrs/MFLOP")
         # One HGMMA (m64nNk16, per warp a quarter of 64 x N x 16) does N / 8 times an HMMA
         # m16n8k16's work: the tensor-core instruction share applies to the mma.sync kernels.
-        if r["kernel"] != "hopper_forward" and r["hmma_share"] < 20:
+        if r["kernel"] not in ("hopper_forward", "backward_wgmma") and r["hmma_share"] < 20:
             misses.append(f"HMMA {r['hmma_share']}% < 20%")
         if r["spill_st"] or r["spill_ld"]:
             misses.append(f"spills {r['spill_st']}/{r['spill_ld']} B")

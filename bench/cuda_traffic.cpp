@@ -132,9 +132,13 @@ std::string short_name(const std::string &full) {
       }
       cur += c;
     }
-    // The flash backward's one bool is its layout (FlashBwd): 128 or 64 keys per block.
-    if (base == "flash_backward_kernel" && (args == "true" || args == "false"))
-      args = args == "true" ? "wide" : "narrow";
+    // The flash backward's last argument is its layout (BwdTiles): 0 narrow (64 keys per block),
+    // 1 wide (128), 2 wgmma (128, sm_90a).
+    if (base == "flash_backward_kernel") {
+      const size_t gt = full.rfind('>', paren), comma = full.rfind(',', gt);
+      const std::string last = comma == std::string::npos ? "" : full.substr(comma + 1, gt - comma - 1);
+      args = last == " 0" ? "narrow" : last == " 1" ? "wide" : last == " 2" ? "wgmma" : args;
+    }
     if (!args.empty()) base += "<" + args + ">";
   }
   return base;

@@ -382,7 +382,7 @@ run() {
 
   # -- sanitizer (in the background) and python --------------------------------------------------
   local san_pid=""
-  local san_filter='All/CudaKernel.MatchesReferencesForwardAndGradients/rope_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/cable_bf16_hd64:All/CudaKernel.MatchesReferencesForwardAndGradients/t5_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/rope_f32_hd64:All/CudaKernel.DecodeStepsEqualTheFullForward/cable_bf16_hd128:CudaStatus.*'
+  local san_filter='All/CudaKernel.MatchesReferencesForwardAndGradients/rope_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/cable_bf16_hd64:All/CudaKernel.MatchesReferencesForwardAndGradients/t5_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/rope_f32_hd64:All/CudaKernel.DecodeStepsEqualTheFullForward/cable_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/rope_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/t5_bf16_hd64:CudaStatus.*'
   local san_start
   if want sanitizer; then
     san_start=$(date +%s)
@@ -471,6 +471,12 @@ run() {
       --libs "$bench_libs" "${quick[@]}" --methods ape --encodings nope,rope \
       --md "$logs/gpu_bench_any_order.md" --csv "$logs/gpu_bench_any_order.csv" \
       >"$logs/bench-any-order.log" 2>&1 || note+=" (the any-order run failed: logs/bench-any-order.log)"
+    # The flash backward's wgmma layout (APE_CUDA_WGMMA_BACKWARD=1: sm_90 with sm_90a code; off by
+    # default until timed), APE alone, beside the rows above.
+    APE_CUDA_WGMMA_BACKWARD=1 PYTHONFAULTHANDLER=1 timeout 120 "$py" "$src/bench/gpu_bench.py" \
+      --libs "$bench_libs" "${quick[@]}" --methods ape \
+      --md "$logs/gpu_bench_wgmma.md" --csv "$logs/gpu_bench_wgmma.csv" \
+      >"$logs/bench-wgmma.log" 2>&1 || note+=" (the wgmma-backward run failed: logs/bench-wgmma.log)"
     # A crashed encoding's host stack: APE alone at a small shape under cuda-gdb (this machine has
     # no gdb), its backtrace in logs/bench-crash-ENC.log.
     if [ $rc = 3 ] && command -v cuda-gdb >/dev/null; then

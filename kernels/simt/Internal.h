@@ -77,7 +77,7 @@ struct WgmmaOp {
   int elem = 0, n = 0;
   float *d[32] = {};
   uint32_t a[32][4] = {};
-  bool a_regs = false, scale_d = false, trans_b = false;
+  bool a_regs = false, scale_d = false, trans_a = false, trans_b = false;
   uint64_t a_desc = 0, b_desc = 0;
 };
 

@@ -381,7 +381,7 @@ struct WgmmaArg {
   float *d;
   const uint32_t *a;
   uint64_t a_desc, b_desc;
-  bool scale_d, trans_b;
+  bool scale_d, trans_b, trans_a;
 };
 
 // The byte offset, from the block's dynamic shared memory, of element (x, k) of an operand given
@@ -438,7 +438,7 @@ void wgmma_run(Warp &w, const WgmmaOp &op) {
   } else {
     for (int r = 0; r < 16; ++r)
       for (int k = 0; k < 16; ++k)
-        if (!read(op.a_desc, false, 16 * wi + r, k, A[r][k])) return;
+        if (!read(op.a_desc, op.trans_a, 16 * wi + r, k, A[r][k])) return;
   }
   std::vector<float> B(static_cast<size_t>(16 * op.n));
   for (int k = 0; k < 16; ++k)
@@ -457,18 +457,18 @@ void wgmma_run(Warp &w, const WgmmaOp &op) {
 }  // namespace
 
 void wgmma(int elem, int n, float *d, const uint32_t *a, uint64_t a_desc, uint64_t b_desc,
-           bool scale_d, bool trans_b) {
-  WgmmaArg arg{elem, n, d, a, a_desc, b_desc, scale_d, trans_b};
+           bool scale_d, bool trans_b, bool trans_a) {
+  WgmmaArg arg{elem, n, d, a, a_desc, b_desc, scale_d, trans_b, trans_a};
   collective(kWgmma, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
     if (mask != 0xffffffffu) return report(Check::Synccheck, "wgmma needs all 32 lanes");
     const auto *x0 = static_cast<WgmmaArg *>(args[0]);
     WgmmaOp op;
     op.elem = x0->elem, op.n = x0->n, op.a_regs = x0->a != nullptr, op.scale_d = x0->scale_d;
-    op.trans_b = x0->trans_b, op.a_desc = x0->a_desc, op.b_desc = x0->b_desc;
+    op.trans_b = x0->trans_b, op.trans_a = x0->trans_a, op.a_desc = x0->a_desc, op.b_desc = x0->b_desc;
     for (unsigned lane = 0; lane < 32; ++lane) {
       const auto *x = static_cast<WgmmaArg *>(args[lane]);
       if (x->elem != op.elem || x->n != op.n || (x->a != nullptr) != op.a_regs ||
-          x->scale_d != op.scale_d || x->trans_b != op.trans_b || x->b_desc != op.b_desc ||
+          x->scale_d != op.scale_d || x->trans_b != op.trans_b || x->trans_a != op.trans_a || x->b_desc != op.b_desc ||
           (!op.a_regs && x->a_desc != op.a_desc))
         return report(Check::Synccheck, "wgmma: lanes give different shapes or descriptors");
       op.d[lane] = x->d;

@@ -509,6 +509,12 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
   }
 }
 
+// The flash backward's wgmma layout asked for (APE_CUDA_WGMMA_BACKWARD=1) while in scope.
+struct WgmmaBackward {
+  WgmmaBackward() { setenv("APE_CUDA_WGMMA_BACKWARD", "1", 1); }
+  ~WgmmaBackward() { unsetenv("APE_CUDA_WGMMA_BACKWARD"); }
+};
+
 #ifdef APE_SIMT
 // The emulator poses as an sm_XX device while one lives (then as what it was).
 struct PoseAs {
@@ -520,9 +526,9 @@ struct PoseAsSm90 : PoseAs {
   PoseAsSm90() : PoseAs(90) {}
 };
 
-// The layouts of the flash backward (FlashBwd) that the launches since the last call ran, by the
+// The layouts of the flash backward (BwdTiles) that the launches since the last call ran, by the
 // emulator's traffic records (those given, or taken now): "wide" (128 keys per block), "narrow"
-// (64), one entry per launch.
+// (64), "wgmma" (128 keys on sm_90a's wgmma), one entry per launch.
 template <class Records = decltype(ape::simt::take_traffic())>
 std::vector<std::string> flash_backward_layouts(const Records &records = ape::simt::take_traffic()) {
   std::vector<std::string> out;
@@ -531,10 +537,10 @@ std::vector<std::string> flash_backward_layouts(const Records &records = ape::si
       const size_t close = t.kernel.find(">(");
       const std::string args = t.kernel.substr(0, close);
       for (size_t n = 0; n < t.launches; ++n)
-        out.push_back(args.size() >= 5 && args.compare(args.size() - 5, 5, " true") == 0 ? "wide"
-                      : args.size() >= 6 && args.compare(args.size() - 6, 6, " false") == 0
-                          ? "narrow"
-                          : "unknown: " + t.kernel);
+        out.push_back(args.size() >= 3 && args.compare(args.size() - 3, 3, ", 1") == 0   ? "wide"
+                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 0") == 0 ? "narrow"
+                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 2") == 0 ? "wgmma"
+                                                                                         : "unknown: " + t.kernel);
     }
   return out;
 }
@@ -597,15 +603,20 @@ TEST(CudaLaunch, ValueRowsFollowTheDevice) {
   EXPECT_EQ(seen, 8) << "shaw's bf16 variants at D 64 and 128 are in the emulated build";
 }
 
-// The same through the sm_90 path: the emulator poses as an H100, so the 16-bit forward runs the
-// wgmma kernel (hopper_forward_kernel; the backward and f32 are the same kernels as at sm_80,
-// here under sm_90's limits). Sizes: one row, partial tiles, several query and key tiles of 128.
+// The same through the sm_90 path with every wgmma kernel: the emulator poses as an H100, so the
+// 16-bit forward runs hopper_forward_kernel and, with APE_CUDA_WGMMA_BACKWARD=1, the 16-bit
+// backward at D 64 and 128 the flash backward's wgmma layout (checked from the launches; f32 and
+// D 32 run the kernels of sm_80, here under sm_90's limits; the mma.sync backward at sm_90:
+// Sm90MmaSyncBackwardMatchesReferences). Sizes: one row, partial tiles, several query and key
+// tiles of 128.
 TEST_P(CudaKernel, Sm90PathMatchesReferences) {
   const auto &[name, index] = GetParam();
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
   const PoseAsSm90 guard;
+  const WgmmaBackward wgmma;
+  ape::simt::take_traffic();
   for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
     SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
                  std::to_string(var.head_dim) + " B=" + std::to_string(B) + " H=" +
@@ -613,6 +624,33 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
     check_problem(name, var, make_problem(*e, B, H, T, var.head_dim, 7000 * T + 10 * B + H));
     if (HasFatalFailure()) return;
   }
+  const std::vector<std::string> layouts = flash_backward_layouts();
+  const bool wg = var.dtype != DType::F32 && var.head_dim >= 64;
+  EXPECT_EQ(layouts.size(), var.dtype == DType::F32 ? 0u : 3u) << "a flash backward per size";
+  for (const std::string &layout : layouts) EXPECT_EQ(layout, wg ? "wgmma" : "wide");
+}
+
+// The mma.sync backward posing as sm_90 (its default there: 8-byte dQ' reductions, sm_90's
+// limits), through each of its paths: no mod, a q/k mod, trainable distance and row/column biases,
+// value rows, relative rows. Partial tiles, several key and query tiles.
+TEST(CudaLaunch, Sm90MmaSyncBackwardMatchesReferences) {
+  const PoseAsSm90 guard;
+  int checked = 0;
+  for (const char *name : {"nope", "rope", "t5", "cable", "shaw", "transformer_xl"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    ASSERT_NE(e, nullptr) << name;
+    for (int D : {64, 128}) {
+      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+      if (!var) continue;
+      SCOPED_TRACE(std::string(name) + " bf16 D=" + std::to_string(D) + " B=1 H=2 T=300 sm_90, mma.sync");
+      ape::simt::take_traffic();
+      check_problem(name, *var, make_problem(*e, 1, 2, 300, D, 9100 + D));
+      if (HasFatalFailure()) return;
+      for (const std::string &layout : flash_backward_layouts()) EXPECT_EQ(layout, "wide");
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 6) << "each at bf16/hd64 is in the emulated build";
 }
 
 // The narrow layout against the references where it runs (D = 128, 16-bit inputs, posing as
@@ -638,6 +676,31 @@ TEST(CudaLaunch, NarrowFlashBackwardMatchesReferences) {
     }
   }
   EXPECT_GE(narrow, 4) << "rope and cable at bf16 and f16, D = 128, are in the emulated build";
+}
+#else
+// On an sm_90 GPU, the flash backward's wgmma layout (APE_CUDA_WGMMA_BACKWARD=1; the build's
+// sm_90a code) against the references, as the emulated suite checks it posing as one
+// (Sm90PathMatchesReferences). Other GPUs have no such layout.
+TEST_P(CudaKernel, WgmmaBackwardMatchesReferences) {
+  const auto &[name, index] = GetParam();
+  const CudaKernelEntry *e = find_cuda(name);
+  ASSERT_NE(e, nullptr);
+  const auto &var = e->variants[index];
+  int dev = 0, major = 0, minor = 0;
+  if (!has_gpu() || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+      major != 9 || minor != 0)
+    GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks this layout posing as one)";
+  if (var.dtype == DType::F32 || var.head_dim < 64) GTEST_SKIP() << "16-bit inputs at D 64 and 128 only";
+  const WgmmaBackward wgmma;
+  for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
+    SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" + std::to_string(var.head_dim) +
+                 " B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
+                 " wgmma backward");
+    check_problem(name, var, make_problem(*e, B, H, T, var.head_dim, 7000 * T + 10 * B + H));
+    if (HasFatalFailure()) return;
+  }
 }
 #endif
 

@@ -360,6 +360,8 @@ constexpr size_t kSmemLimit = 101376;  // 99 KiB
 // The flash backward's wide layout (FlashBwd) runs only where a block may have more: at most
 // sm_80's 163 KiB (the launch checks the device's own limit first).
 constexpr size_t kSmemLimitWide = 166912;
+// sm_90's 227 KiB: the flash backward's wgmma layout (sm_90a only).
+constexpr size_t kSmemLimitSm90 = 232448;
 template <class In, int D> struct Cfg {
   static constexpr bool kTC = !std::is_same_v<In, float>;  // tensor cores
   static constexpr int kFwdBQ = kTC ? 64 : 32;

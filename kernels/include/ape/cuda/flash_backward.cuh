@@ -1,6 +1,6 @@
-// The FlashAttention-2-class backward (ape/cuda/attention.cuh): one pass over the key tiles on
-// mma.sync, 16-bit inputs, sm_80+, with the side kernels only it uses (a distance bias's
-// saturation, the row statistics).
+// The flash backward (ape/cuda/attention.cuh): one pass over the key tiles, 16-bit inputs, on
+// mma.sync (sm_80+) or, in its wgmma layout, on wgmma (sm_90a; BwdTiles below), with the side
+// kernels only it uses (a distance bias's saturation, the row statistics).
 #pragma once
 
 #include "ape/cuda/flash_forward.cuh"
@@ -37,20 +37,30 @@ namespace detail {
 // neighbour's, so in steady state it trails by as many steps and finds its turn ready; the blocks
 // resident at once touch the dQ' rows of a few slices (L2, not DRAM). The sums are identical run
 // to run.
-template <class In, int D, bool kWide = true> struct FlashBwd {
-  // Two layouts of one kernel. Every step reloads a Q' and a dO tile and adds a dQ' tile for the
-  // block's BK keys, so those bytes per FLOP fall as 1 / BK: the wide layout (8 warps, 128 keys)
-  // moves half of what the narrow one (4 warps, 64 keys) does, with the same registers per thread
-  // (16 keys per warp either way; the dQ' tile over twice the warps). The narrow one remains for
-  // D = 128 on sm_86/89, whose 99 KiB per block the wide tiles exceed (flash_bwd_fallback).
-  static constexpr int kWarps = kWide ? 8 : 4, kThreads = 32 * kWarps;
-  static constexpr size_t kLimit = kWide ? kSmemLimitWide : kSmemLimit;
+// The layouts of the kernel (its template argument kLayout):
+//   kBwdNarrow  4 warps, 64 keys: D = 128 on sm_86/89, whose 99 KiB per block the wide tiles exceed
+//               (flash_bwd_fallback);
+//   kBwdWide    8 warps, 128 keys, on mma.sync (sm_80+);
+//   kBwdWgmma   8 warps (two warpgroups of 64 keys), 128 keys, BQ 64 at every head dim, the five
+//               products on wgmma (sm_90a, D 64 and 128: HopperBwd below).
+// Every step reloads a Q' and a dO tile and adds a dQ' tile for the block's BK keys, so those
+// bytes per FLOP fall as 1 / BK: the wide layouts move half of what the narrow one does, with the
+// same registers per thread (16 keys per warp either way; the dQ' tile over twice the warps).
+inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2;
+template <class In, int D, int kLayout> struct BwdTiles {
+  static constexpr bool kWgmma = kLayout == kBwdWgmma;
+  static constexpr int kWarps = kLayout == kBwdNarrow ? 4 : 8, kThreads = 32 * kWarps;
+  static constexpr size_t kLimit = kLayout == kBwdNarrow ? kSmemLimit : kWgmma ? kSmemLimitSm90 : kSmemLimitWide;
   static constexpr int BK = 16 * kWarps;          // keys per block, 16 per warp
-  static constexpr int BQ = D == 128 ? 32 : 64;   // queries per step (registers at D = 128)
+  static constexpr int BQ = D == 128 && !kWgmma ? 32 : 64;  // queries per step (mma.sync's registers at D = 128)
   static constexpr int kNT = BQ / 8, kDT = D / 8;
-  // The dQ' tile (BQ x D) over the warps: kQW warps per 16 rows, kQCols columns each.
+  // The dQ' tile (BQ x D) over the warps: kQW warps per 16 rows, kQCols columns each (with
+  // wgmma, warpgroup w's product holds columns [w D / 2, (w + 1) D / 2) of every row).
   static constexpr int kQW = kWarps / (BQ / 16), kQCols = D / kQW;
   static_assert(kQW >= 1 && kQCols % 16 == 0, "the dQ' tile's columns in pairs of n8 tiles");
+  static_assert(!kWgmma || (kQW == 2 && (D == 64 || D == 128)), "wgmma: two warpgroups, D 64 or 128");
+  __device__ static int dq_row0(int warp) { return kWgmma ? 16 * (warp % 4) : 16 * (warp / kQW); }
+  __device__ static int dq_col0(int warp) { return kWgmma ? (warp / 4) * kQCols : (warp % kQW) * kQCols; }
   static constexpr size_t k = 0, v = k + sizeof(In) * BK * D, q = v + sizeof(In) * BK * D;
   static constexpr size_t dout = q + 2 * sizeof(In) * BQ * D;
   static constexpr size_t ds = dout + 2 * sizeof(In) * BQ * D;
@@ -63,7 +73,7 @@ template <class In, int D, bool kWide = true> struct FlashBwd {
   // scale P (dP - Delta) (kDiagLen slots per set, by tile diagonal; flash_diag_partials), and
   // kDistAcc running sums per distance (slot d mod kDistAcc) that carry a distance over the steps
   // that see it.
-  static constexpr int kDistLen = BQ + BK, kDistAcc = kWide ? 256 : 128, kDiagLen = BQ + BK;
+  static constexpr int kDistLen = BQ + BK, kDistAcc = kWarps == 8 ? 256 : 128, kDiagLen = BQ + BK;
   static_assert(BQ + BK - 1 <= kThreads, "one diagonal per thread");
   static_assert(BQ + BK - 1 <= kDistAcc, "a step's distances in distinct slots");
   static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
@@ -76,6 +86,8 @@ template <class In, int D, bool kWide = true> struct FlashBwd {
   static constexpr size_t bytes_rowcol = ones + 16;
   static_assert(bytes_rowcol <= kLimit, "backward tiles exceed the shared memory of a block");
 };
+template <class In, int D, bool kWide = true> using FlashBwd = BwdTiles<In, D, kWide ? kBwdWide : kBwdNarrow>;
+template <class In, int D> using HopperBwd = BwdTiles<In, D, kBwdWgmma>;
 
 // Value rows (Enc::kHasValueRows: Shaw's value term, o_i += sum_j P_ij table[r(i, j), h, :]) in the
 // flash backward. dP_ij gains dO_i . table[r(i, j)], read from the rows vdrow = dO table^T that a
@@ -273,10 +285,17 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
   }
 }
 
-template <class Enc, class In, int D, bool kWide>
-__global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
+template <class Enc, class In, int D, int kLayout>
+__global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     flash_backward_kernel(const Params<Enc, In> p) {
-  using C = FlashBwd<In, D, kWide>;
+  using C = BwdTiles<In, D, kLayout>;
+  constexpr bool kWg = C::kWgmma;  // the products on wgmma (sm_90a)
+#ifndef APE_SM90A_CODE
+  if constexpr (kWg) {
+    __trap();  // sm_90a only (the launch asks hopper_device)
+    return;
+  }
+#endif
   constexpr int BQ = C::BQ, BK = C::BK, kNT = C::kNT, kDT = C::kDT, kQDT = C::kQCols / 8;
   constexpr float kLog2e = 1.44269504088896341f;
   APE_DYNAMIC_SMEM(smem);
@@ -293,7 +312,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   const int kt = static_cast<int>(n_kt - 1 - int64_t(blockIdx.x) % n_kt);
   const int64_t j0 = int64_t(kt) * BK;
   const int kr0 = 16 * warp;                                    // this warp's keys in the tile
-  const int qr0 = 16 * (warp / C::kQW), qc0 = (warp % C::kQW) * C::kQCols;  // its dQ' part
+  const int qr0 = C::dq_row0(warp), qc0 = C::dq_col0(warp);  // its dQ' part
   const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
   int *sem = p.dq_sem + bh * n_qt;
   DevCtx<Enc> ctx = make_ctx(p, bh, true);
@@ -331,6 +350,9 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   // accumulators at -Delta, so that dS = P' (dP - Delta) is one FMUL; dV accumulates scale dV
   // (1 / scale at the end), the bias sums scale P (dP - Delta).
   constexpr bool kScaledP = kRaw;
+  // With wgmma and no score mod of its own (kRaw), P^T = 2^(S^T kf - lse') is formed while the
+  // tensor cores still compute dP^T.
+  constexpr bool kEarlyP = kWg && kRaw;
   static_assert(kScaledP == flash_scaled_p<Enc>(), "row_stats_kernel's units");
   const float kf = p.scale * kLog2e;  // kRaw: P' = 2^(s kf - lse')
   float *sB = reinterpret_cast<float *>(smem + C::dist), *sG = reinterpret_cast<float *>(smem + C::gsum);
@@ -386,10 +408,18 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     if (x < BK / 4) ptx::cp_async_16(sC + 4 * x, rc_bh + p.rc_ld + j0 + 4 * x);
   }
 
-  flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, j0, T);
-  flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, j0, T);
-  flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, qt0 * BQ, T);
-  flash::load_tile_async<BQ, D, C::kThreads>(sDO, p.dout + base, qt0 * BQ, T);
+  // The tiles in mma.sync's swizzle (flash::Swizzle) or wgmma's canonical layout (hopper::).
+  auto load_tile = [&](auto rows, In *tile, const In *g, int64_t row0) {
+    constexpr int R = decltype(rows)::value;
+    if constexpr (kWg) hopper::load_tile_async<R, D, C::kThreads>(tile, g, row0, T);
+    else flash::load_tile_async<R, D, C::kThreads>(tile, g, row0, T);
+  };
+  using KRows = std::integral_constant<int, BK>;
+  using QRows = std::integral_constant<int, BQ>;
+  load_tile(KRows{}, sK, p.km + base, j0);
+  load_tile(KRows{}, sV, p.v + base, j0);
+  load_tile(QRows{}, sQ, p.qm + base, qt0 * BQ);
+  load_tile(QRows{}, sDO, p.dout + base, qt0 * BQ);
   load_row_stats<BQ, C::kThreads>(sLse, sDelta, p.stats + 2 * bh * p.stats_ld, p.stats_ld, qt0 * BQ);
   ptx::cp_async_commit();
 
@@ -402,6 +432,25 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
   const ptx::SmemAddr lDOk = flash::lane_base<D, flash::kRowsByQuad>(sDO);
   const ptx::SmemAddr lDS = flash::lane_base<BQ, flash::kColsByQuad>(sDS);
   float dk[kDT][4] = {}, dv[kDT][4] = {};
+  // wgmma (kWg): warpgroup wg = warp / 4 owns keys [64 wg, 64 wg + 64) of the block, so that each
+  // warp's accumulator rows are its 16 keys, as with mma.sync, and every element-wise step below
+  // is shared. Descriptors of the operands, by role (the Q' and dO buffers are bo bytes on):
+  //   S^T = K'_wg Q'^T, dP^T = V_wg dO^T      A K-major (the warpgroup's rows), B K-major
+  //   dV += P^T dO, dK' += dS^T Q'            A from registers, B MN-major
+  //   dQ'(:, half wg) = dS K'(:, half wg)     A = dS^T's tile read MN-major, B MN-major
+  [[maybe_unused]] hopper::Desc wK, wV, wQk, wDOk, wQm, wDOm, wDS, wKm;
+  if constexpr (kWg) {
+    const int wg = warp / 4;
+    wK = hopper::desc_k<D>(ptx::smem_window_offset(sK) + uint32_t(64 * wg * 128));
+    wV = hopper::desc_k<D>(ptx::smem_window_offset(sV) + uint32_t(64 * wg * 128));
+    wQk = hopper::desc_k<D>(ptx::smem_window_offset(sQ));
+    wDOk = hopper::desc_k<D>(ptx::smem_window_offset(sDO));
+    wQm = hopper::desc_mn<BQ, D>(ptx::smem_window_offset(sQ));
+    wDOm = hopper::desc_mn<BQ, D>(ptx::smem_window_offset(sDO));
+    wDS = hopper::desc_mn<BK, BQ>(ptx::smem_window_offset(sDS));
+    // Columns [wg D / 2, ...) of K': the second box at D = 128, 64 bytes into each row at D = 64.
+    wKm = hopper::desc_mn<BK, D>(ptx::smem_window_offset(sK) + uint32_t(D == 128 ? wg * BK * 128 : wg * 64));
+  }
   // The staging rows of a step's fp32 dQ' tile (BQ x D): rows [0, BQ/2) in the step's Q' buffer,
   // the rest in its dO buffer (each BQ D 16-bit elements: BQ/2 rows of D floats). 16-byte chunk k
   // of row r sits at chunk k ^ swz(r): the fragment stores (8 bytes, rows g of a quad's lanes) and
@@ -419,17 +468,18 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     const int buf = static_cast<int>((qt - qt0) & 1);
     const int64_t i0 = qt * BQ;
     ptx::cp_async_wait<0>();
+    if constexpr (kWg) ptx::fence_proxy_async();  // the copies, for wgmma's reads
     __syncthreads();  // tile qt landed; every warp is done with the other buffers and with sDS
     // Thread 0 reads qt's semaphore now and uses the value at our turn, a step's GEMMs later: in
     // steady state the higher key tiles are steps ahead and the turn costs no round trip to L2.
     // (Not in the narrow layout, whose registers are spent: the register would spill there.)
     [[maybe_unused]] int turn = -1;
-    if constexpr (kWide)
+    if constexpr (C::kWarps == 8)
       if (threadIdx.x == 0 && p.dq_ordered) turn = ptx::ld_relaxed_gpu(sem + qt);
     if (qt + 1 < n_qt) {
       const int nb = buf ^ 1;
-      flash::load_tile_async<BQ, D, C::kThreads>(sQ + nb * BQ * D, p.qm + base, i0 + BQ, T);
-      flash::load_tile_async<BQ, D, C::kThreads>(sDO + nb * BQ * D, p.dout + base, i0 + BQ, T);
+      load_tile(QRows{}, sQ + nb * BQ * D, p.qm + base, i0 + BQ);
+      load_tile(QRows{}, sDO + nb * BQ * D, p.dout + base, i0 + BQ);
       load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ,
                                        p.stats + 2 * bh * p.stats_ld, p.stats_ld, i0 + BQ);
       if constexpr (kDist) fill_bias(qt + 1, nb);
@@ -442,6 +492,8 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK);
     // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (- Delta with kScaledP: cDelta holds -Delta)
     // (this warp's 16 keys x BQ queries).
+    const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
+    const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
     [[maybe_unused]] float cq[4] = {};  // C / scale of the thread's keys, as an accumulator
     if constexpr (kRC) cq[0] = cq[1] = sC[kr0 + g], cq[2] = cq[3] = sC[kr0 + g + 8];
     float s[kNT][4] = {}, dp[kNT][4] = {};
@@ -450,27 +502,64 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
       #pragma unroll
       for (int x = 0; x < 4; ++x) {
         if constexpr (kDist) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
+        if constexpr (kRC && kWg) s[nt][x] = cq[x];
         if constexpr (kScaledP) dp[nt][x] = cDelta[8 * nt + 2 * t + x % 2];
       }
-    #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ak[4], av[4];
-      flash::ldsm_a(ak, flash::frag_at<D>(lK, kr0, 16 * kk));
-      flash::ldsm_a(av, flash::frag_at<D>(lV, kr0, 16 * kk));
+    if constexpr (kWg) {
+      float(&sf)[BQ / 2] = reinterpret_cast<float(&)[BQ / 2]>(s[0][0]);
+      float(&dpf)[BQ / 2] = reinterpret_cast<float(&)[BQ / 2]>(dp[0][0]);
+      // The initial values in their registers before the products (else the compiler may write
+      // them between two wgmmas, and ptxas serialises the warpgroup around the write).
+      ptx::fence_regs(sf);
+      ptx::fence_regs(dpf);
+      ptx::wgmma_fence();
       #pragma unroll
-      for (int nt = 0; nt < kNT; nt += 2) {
-        uint32_t b[4];
-        flash::ldsm_b_nk(b, flash::frag_at<D>(lQn + bo, 8 * nt, 16 * kk));
-        if (kRC && kk == 0) {  // the first step adds C / scale: one register quad for every tile
-          ptx::mma_m16n8k16<In>(s[nt], ak, b, cq);
-          ptx::mma_m16n8k16<In>(s[nt + 1], ak, b + 2, cq);
-        } else {
-          flash::mma<In>(s[nt], ak, b);
-          flash::mma<In>(s[nt + 1], ak, b + 2);
+      for (int kk = 0; kk < D / 16; ++kk)
+        ptx::wgmma_ss<In, BQ>(sf, wK.at(hopper::step_k<BK, D>(kk)), wQk.at(bo + hopper::step_k<BQ, D>(kk)),
+                              kDist || kRC || kk > 0);
+      ptx::wgmma_commit();
+      #pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ptx::wgmma_ss<In, BQ>(dpf, wV.at(hopper::step_k<BK, D>(kk)), wDOk.at(bo + hopper::step_k<BQ, D>(kk)),
+                              kScaledP || kk > 0);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<1>();  // S^T; dP^T may still run
+      ptx::fence_regs(sf);
+      if constexpr (kEarlyP) {  // P^T while the tensor cores form dP^T (FlashAttention-3's order)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h)
+          #pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = 8 * nt + 2 * t + e;
+              const float pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
+              s[nt][2 * h + e] = !kMasked || (kr0 + g + 8 * h - c <= dlt && c < cols) ? pv : 0.f;
+            }
+      }
+      ptx::wgmma_wait<0>();
+      ptx::fence_regs(dpf);
+    } else {
+      #pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ak[4], av[4];
+        flash::ldsm_a(ak, flash::frag_at<D>(lK, kr0, 16 * kk));
+        flash::ldsm_a(av, flash::frag_at<D>(lV, kr0, 16 * kk));
+        #pragma unroll
+        for (int nt = 0; nt < kNT; nt += 2) {
+          uint32_t b[4];
+          flash::ldsm_b_nk(b, flash::frag_at<D>(lQn + bo, 8 * nt, 16 * kk));
+          if (kRC && kk == 0) {  // the first step adds C / scale: one register quad for every tile
+            ptx::mma_m16n8k16<In>(s[nt], ak, b, cq);
+            ptx::mma_m16n8k16<In>(s[nt + 1], ak, b + 2, cq);
+          } else {
+            flash::mma<In>(s[nt], ak, b);
+            flash::mma<In>(s[nt + 1], ak, b + 2);
+          }
+          flash::ldsm_b_nk(b, flash::frag_at<D>(lDOn + bo, 8 * nt, 16 * kk));
+          flash::mma<In>(dp[nt], av, b);
+          flash::mma<In>(dp[nt + 1], av, b + 2);
         }
-        flash::ldsm_b_nk(b, flash::frag_at<D>(lDOn + bo, 8 * nt, 16 * kk));
-        flash::mma<In>(dp[nt], av, b);
-        flash::mma<In>(dp[nt + 1], av, b + 2);
       }
     }
 
@@ -479,8 +568,6 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     // (j <= i) and c < cols (i < T), in 32-bit tile coordinates; only masked steps test. Masked
     // elements are 0 and never reach the score mod (with one, the test is a branch; without, a
     // select).
-    const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
-    const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int kr = kr0 + g + 8 * h;
@@ -493,8 +580,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
           const bool visible = !kMasked || (kr - c <= dlt && c < cols);
           float pv, dsv;
           if constexpr (kDist || kRC) {  // the bias is in S^T; its sums below
-            pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
-            if constexpr (kMasked) pv = visible ? pv : 0.f;
+            if constexpr (kEarlyP) {
+              pv = s[nt][2 * h + e];
+            } else {
+              pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
+              if constexpr (kMasked) pv = visible ? pv : 0.f;
+            }
             dsv = pv * dp[nt][2 * h + e];
             if constexpr (kSat) sat_sum += dsv;
           } else if constexpr (kWarpSinks) {
@@ -530,8 +621,12 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
               dsv = p.scale * Enc::score_mod_grad(ctx, i, j, raw, pv * (dp[nt][2 * h + e] - cDelta[c]));
             }
           } else {  // the scale folded into the exponent: one FFMA
-            pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
-            if constexpr (kMasked) pv = visible ? pv : 0.f;
+            if constexpr (kEarlyP) {
+              pv = s[nt][2 * h + e];
+            } else {
+              pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
+              if constexpr (kMasked) pv = visible ? pv : 0.f;
+            }
             dsv = pv * dp[nt][2 * h + e];
           }
           s[nt][2 * h + e] = pv;
@@ -548,32 +643,66 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     // dV += P^T dO, dK' += dS^T Q'.
     [[maybe_unused]] uint32_t ones_k[4];  // two B fragments of ones
     if constexpr (kRC && kBiasGrad) ones(ones_k);
-    #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk) {
-      uint32_t ap[4], ads[4];
-      flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
-      flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
-      if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, ads, ones_k + 2 * (kk & 1));  // key sums
+    [[maybe_unused]] uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];  // kWg: read until the wait after dQ'
+    if constexpr (kWg) {
+      float(&dvf)[D / 2] = reinterpret_cast<float(&)[D / 2]>(dv[0][0]);
+      float(&dkf)[D / 2] = reinterpret_cast<float(&)[D / 2]>(dk[0][0]);
       #pragma unroll
-      for (int dt = 0; dt < kDT; dt += 2) {
-        uint32_t b[4];
-        flash::ldsm_b_kn(b, flash::frag_at<D>(lDOk + bo, 16 * kk, 8 * dt));
-        flash::mma<In>(dv[dt], ap, b);
-        flash::mma<In>(dv[dt + 1], ap, b + 2);
-        flash::ldsm_b_kn(b, flash::frag_at<D>(lQk + bo, 16 * kk, 8 * dt));
-        flash::mma<In>(dk[dt], ads, b);
-        flash::mma<In>(dk[dt + 1], ads, b + 2);
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        flash::acc_to_a<In>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        flash::acc_to_a<In>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
+        if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, dsa[kk], ones_k + 2 * (kk & 1));  // key sums
       }
-    }
+      ptx::wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) ptx::wgmma_rs<In, D, 1>(dvf, pa[kk], wDOm.at(bo + hopper::step_mn<D>(kk)), 1);
+      #pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) ptx::wgmma_rs<In, D, 1>(dkf, dsa[kk], wQm.at(bo + hopper::step_mn<D>(kk)), 1);
+      ptx::wgmma_commit();
+      // dS^T into shared memory for dQ' = dS K', from the packed registers (pair (2 kk + x / 2,
+      // h = x % 2) in dsa[kk][x]), visible to wgmma's reads after the barrier.
+      #pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk)
+        #pragma unroll
+        for (int x = 0; x < 4; ++x)
+          memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * (x % 2), 16 * kk + 8 * (x / 2) + 2 * t), &dsa[kk][x], 4);
+      ptx::fence_proxy_async();
+      // At D = 128 the products complete here, before dQ': P^T and dS^T's registers are then free
+      // for dQ's accumulators (their overlap with dQ' would spill: 120-270 bytes for ALiBi and
+      // Cable, ptxas, sm_90a).
+      if constexpr (D == 128) {
+        ptx::wgmma_wait<0>();
+        ptx::fence_regs(dvf);
+        ptx::fence_regs(dkf);
+      }
+    } else {
+      #pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        uint32_t ap[4], ads[4];
+        flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
+        flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
+        if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, ads, ones_k + 2 * (kk & 1));  // key sums
+        #pragma unroll
+        for (int dt = 0; dt < kDT; dt += 2) {
+          uint32_t b[4];
+          flash::ldsm_b_kn(b, flash::frag_at<D>(lDOk + bo, 16 * kk, 8 * dt));
+          flash::mma<In>(dv[dt], ap, b);
+          flash::mma<In>(dv[dt + 1], ap, b + 2);
+          flash::ldsm_b_kn(b, flash::frag_at<D>(lQk + bo, 16 * kk, 8 * dt));
+          flash::mma<In>(dk[dt], ads, b);
+          flash::mma<In>(dk[dt + 1], ads, b + 2);
+        }
+      }
 
-    // dS^T into shared memory for dQ' = dS K'.
-    #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      // dS^T into shared memory for dQ' = dS K'.
       #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint32_t v2 = flash::pack2<In>(dp[nt][2 * h], dp[nt][2 * h + 1]);
-        memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, 8 * nt + 2 * t), &v2, 4);
-      }
+      for (int nt = 0; nt < kNT; ++nt)
+        #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+          const uint32_t v2 = flash::pack2<In>(dp[nt][2 * h], dp[nt][2 * h + 1]);
+          memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, 8 * nt + 2 * t), &v2, 4);
+        }
+    }
     if (threadIdx.x == 0 && p.dq_ordered) {  // our turn for qt: the higher key tiles have added
       const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
       const int target = static_cast<int>(i_last / BK) - kt;
@@ -591,17 +720,43 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     [[maybe_unused]] uint32_t ones_q[4];
     if constexpr (kRC && kBiasGrad) ones(ones_q);
     [[maybe_unused]] float row_acc[4] = {};
-    #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t a[4];
-      flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
-      if constexpr (kRC && kBiasGrad) flash::mma<In>(row_acc, a, ones_q + 2 * (kk & 1));  // row sums
+    if constexpr (kWg) {
+      // dQ'(rows, this warpgroup's columns) = dS K', dS read from dS^T's tile as an MN-major A.
+      float(&dqf)[C::kQCols / 2] = reinterpret_cast<float(&)[C::kQCols / 2]>(dq[0][0]);
+      ptx::fence_regs(dqf);  // its zeros written before the products (the first one ignores them)
+      ptx::wgmma_fence();
       #pragma unroll
-      for (int dt = 0; dt < kQDT; dt += 2) {
-        uint32_t b[4];
-        flash::ldsm_b_kn(b, flash::frag_at<D>(lK, 16 * kk, qc0 + 8 * dt));
-        flash::mma<In>(dq[dt], a, b);
-        flash::mma<In>(dq[dt + 1], a, b + 2);
+      for (int kk = 0; kk < BK / 16; ++kk)
+        ptx::wgmma_ss<In, C::kQCols, 1, 1>(dqf, wDS.at(hopper::step_mn<BQ>(kk)), wKm.at(hopper::step_mn<D>(kk)),
+                                           kk > 0);
+      ptx::wgmma_commit();
+      if constexpr (kRC && kBiasGrad) {  // the row sums on mma.sync meanwhile
+        #pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          uint32_t a[4];
+          flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
+          flash::mma<In>(row_acc, a, ones_q + 2 * (kk & 1));
+        }
+      }
+      ptx::wgmma_wait<0>();  // dQ', and dV, dK' of this step: their operands are free
+      ptx::fence_regs(dqf);
+      ptx::fence_regs(reinterpret_cast<float(&)[D / 2]>(dv[0][0]));
+      ptx::fence_regs(reinterpret_cast<float(&)[D / 2]>(dk[0][0]));
+      #pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) ptx::fence_regs(pa[kk]), ptx::fence_regs(dsa[kk]);
+    } else {
+      #pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t a[4];
+        flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
+        if constexpr (kRC && kBiasGrad) flash::mma<In>(row_acc, a, ones_q + 2 * (kk & 1));  // row sums
+        #pragma unroll
+        for (int dt = 0; dt < kQDT; dt += 2) {
+          uint32_t b[4];
+          flash::ldsm_b_kn(b, flash::frag_at<D>(lK, 16 * kk, qc0 + 8 * dt));
+          flash::mma<In>(dq[dt], a, b);
+          flash::mma<In>(dq[dt + 1], a, b + 2);
+        }
       }
     }
     // Our turn on the fp32 dQ' rows. The first key tile to reach the query tile stores them, and
@@ -620,6 +775,7 @@ __global__ void __launch_bounds__(FlashBwd<In, D, kWide>::kThreads)
     const bool first = kMasked && (i_end - 1) / BK == kt && p.dq_ordered;
     const bool to_dq = kt == 0 && p.dq_direct;
     if (first || to_dq) {  // the same for every thread of the block
+      if constexpr (kWg) __syncthreads();  // every warpgroup's products read the Q' and dO buffers
       #pragma unroll
       for (int h = 0; h < 2; ++h)
         #pragma unroll

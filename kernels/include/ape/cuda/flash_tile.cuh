@@ -139,5 +139,61 @@ __device__ inline float quad_sum(float x) {
 }
 
 }  // namespace flash
+
+// ---- the canonical layouts of wgmma's shared-memory operands (the Hopper kernels) ------------------
+// Tiles are stored in the layout wgmma reads, which is the layout a TMA box with the same swizzle
+// writes: 8-row groups of swizzle rows (128 bytes; 64 at D = 32) whose 16-byte chunks are
+// XOR-permuted by the row, a box per 64 columns.
+namespace hopper {
+// Bytes per swizzle row of a tile of D 16-bit columns (the TMA boxes' and the descriptors' mode).
+template <int D> constexpr int swizzle_bytes() { return 2 * D < 128 ? 2 * D : 128; }
+// A matrix descriptor kept as its two words. The high word (stride offset, swizzle) is a constant
+// of the tile's layout; the low word holds the start address >> 4 (bits 0-13) and the leading
+// offset. Moving the operand by a multiple of 16 bytes adds to the low word alone: the block's
+// shared window ends below 256 KiB, so the address field never carries into the leading offset.
+// Built once per kernel, a descriptor then costs one uniform add per wgmma (the stage's offset,
+// then each 16-deep step's, are constants of the loop), as CUTLASS's descriptor iterators do,
+// instead of rebuilding the fields from an address every time.
+struct Desc {
+  uint32_t lo, hi;
+  __device__ Desc plus(uint32_t bytes) const { return Desc{lo + (bytes >> 4), hi}; }
+  __device__ uint64_t at(uint32_t bytes) const { return (uint64_t(hi) << 32) | (lo + (bytes >> 4)); }
+};
+__device__ inline Desc split(uint64_t d) { return Desc{uint32_t(d), uint32_t(d >> 32)}; }
+// Canonical tiles of R rows at shared-window offset `base`, kAtomCols boxes of R rows each:
+// K-major (the k of the product runs along the row: Q, K'), and MN-major (the k runs down the
+// rows: V, whose columns are the product's n). step_*(kk): the byte offset of the 16-deep step kk.
+template <int D> __device__ inline Desc desc_k(uint32_t base) {
+  return split(ptx::smem_desc(base, swizzle_bytes<D>(), 16, 8 * swizzle_bytes<D>()));
+}
+template <int R, int D> constexpr uint32_t step_k(int kk) {
+  constexpr int kSw = swizzle_bytes<D>();
+  return uint32_t(32 * kk / kSw) * R * kSw + uint32_t(32 * kk % kSw);
+}
+template <int R, int D> __device__ inline Desc desc_mn(uint32_t base) {
+  return split(ptx::smem_desc(base, swizzle_bytes<D>(), R * swizzle_bytes<D>(), 8 * swizzle_bytes<D>()));
+}
+template <int D> constexpr uint32_t step_mn(int kk) { return uint32_t(16 * kk) * swizzle_bytes<D>(); }
+// Rows [row0, row0 + R) of a (T, D) matrix in global memory into such a tile (128-byte swizzle:
+// D 64 or 128, a box of R rows per 64 columns; chunk c of row r at 16 (c ^ r % 8) in its row),
+// 16 bytes per cp.async, rows >= T zero-filled without reading; at D = 64 the layout is
+// flash::Swizzle<64>'s. The caller commits, waits, and fences the async proxy before a wgmma reads.
+template <int R, int D, int kThreads, class In>
+__device__ inline void load_tile_async(In *tile, const In *g, int64_t row0, int64_t T) {
+  static_assert(sizeof(In) == 2 && (D == 64 || D == 128), "16-bit inputs, 128-byte rows");
+  constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kSteps = R / kRowStep;
+  static_assert(kThreads % kChunks == 0 && R % kRowStep == 0 && kRowStep % 8 == 0,
+                "whole rows per step, a multiple of the swizzle's period");
+  const int tid = static_cast<int>(threadIdx.x), r = tid / kChunks, c = tid % kChunks;
+  const ptx::SmemAddr dst = ptx::smem_addr_of(tile) + (c / 8) * R * 128 + r * 128 + 16 * ((c % 8) ^ (r % 8));
+  const int rows = T - row0 < R ? static_cast<int>(T - row0) : R;
+  const In *src = g + (row0 + r) * D + 8 * c;
+#pragma unroll
+  for (int it = 0; it < kSteps; ++it) {
+    const bool in = r + it * kRowStep < rows;
+    ptx::cp_async_16_at(dst + 128 * kRowStep * it, src + D * kRowStep * it, in ? 16 : 0);
+  }
+}
+}  // namespace hopper
 APE_CUDA_ABI_END
 }  // namespace ape::cuda

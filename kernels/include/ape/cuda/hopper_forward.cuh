@@ -6,6 +6,17 @@
 
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
+namespace hopper {
+// The R-row tile at `tile` from rows row0.. of slice bh, one box per 64 (32 at D = 32) columns.
+template <int R, int D, class In>
+__device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, int64_t bh, uint64_t *bar) {
+  constexpr int kCols = swizzle_bytes<D>() / 2;
+#pragma unroll
+  for (int a = 0; a < D / kCols; ++a)
+    ptx::tma_load_3d(tile + a * R * kCols, map, a * kCols, static_cast<int>(row0), static_cast<int>(bh), bar);
+}
+}  // namespace hopper
+
 namespace detail {
 
 // ---- forward, Hopper (sm_90a: TMA, mbarriers, wgmma) -------------------------------------------------
@@ -25,49 +36,7 @@ namespace detail {
 //     to In as they stand; V read MN-major, i.e. transposed by the tensor core) and releases the
 //     stage. No block barrier after the start: the producer runs up to two tiles ahead, and while
 //     one consumer warpgroup is in its softmax the other's products keep the tensor cores busy.
-// Tiles are stored in the canonical layout wgmma reads, which is the layout a TMA box with the
-// same swizzle writes: 8-row groups of swizzle rows (128 bytes; 64 at D = 32) whose 16-byte chunks
-// are XOR-permuted by the row, a box per 64 columns.
-namespace hopper {
-// Bytes per swizzle row of a tile of D 16-bit columns (the TMA boxes' and the descriptors' mode).
-template <int D> constexpr int swizzle_bytes() { return 2 * D < 128 ? 2 * D : 128; }
-// A matrix descriptor kept as its two words. The high word (stride offset, swizzle) is a constant
-// of the tile's layout; the low word holds the start address >> 4 (bits 0-13) and the leading
-// offset. Moving the operand by a multiple of 16 bytes adds to the low word alone: the block's
-// shared window ends below 256 KiB, so the address field never carries into the leading offset.
-// Built once per kernel, a descriptor then costs one uniform add per wgmma (the stage's offset,
-// then each 16-deep step's, are constants of the loop), as CUTLASS's descriptor iterators do,
-// instead of rebuilding the fields from an address every time.
-struct Desc {
-  uint32_t lo, hi;
-  __device__ Desc plus(uint32_t bytes) const { return Desc{lo + (bytes >> 4), hi}; }
-  __device__ uint64_t at(uint32_t bytes) const { return (uint64_t(hi) << 32) | (lo + (bytes >> 4)); }
-};
-__device__ inline Desc split(uint64_t d) { return Desc{uint32_t(d), uint32_t(d >> 32)}; }
-// Canonical tiles of R rows at shared-window offset `base`, kAtomCols boxes of R rows each:
-// K-major (the k of the product runs along the row: Q, K'), and MN-major (the k runs down the
-// rows: V, whose columns are the product's n). step_*(kk): the byte offset of the 16-deep step kk.
-template <int D> __device__ inline Desc desc_k(uint32_t base) {
-  return split(ptx::smem_desc(base, swizzle_bytes<D>(), 16, 8 * swizzle_bytes<D>()));
-}
-template <int R, int D> constexpr uint32_t step_k(int kk) {
-  constexpr int kSw = swizzle_bytes<D>();
-  return uint32_t(32 * kk / kSw) * R * kSw + uint32_t(32 * kk % kSw);
-}
-template <int R, int D> __device__ inline Desc desc_mn(uint32_t base) {
-  return split(ptx::smem_desc(base, swizzle_bytes<D>(), R * swizzle_bytes<D>(), 8 * swizzle_bytes<D>()));
-}
-template <int D> constexpr uint32_t step_mn(int kk) { return uint32_t(16 * kk) * swizzle_bytes<D>(); }
-// The R-row tile at `tile` from rows row0.. of slice bh, one box per 64 (32 at D = 32) columns.
-template <int R, int D, class In>
-__device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, int64_t bh, uint64_t *bar) {
-  constexpr int kCols = swizzle_bytes<D>() / 2;
-#pragma unroll
-  for (int a = 0; a < D / kCols; ++a)
-    ptx::tma_load_3d(tile + a * R * kCols, map, a * kCols, static_cast<int>(row0), static_cast<int>(bh), bar);
-}
-}  // namespace hopper
-
+// Tiles are stored in the canonical layout wgmma reads (cuda/flash_tile.cuh, namespace hopper).
 template <class In, int D> struct HopperFwd {
   static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
   static constexpr int BQ = 64 * kConsumers, BK = 128, kStages = 2;

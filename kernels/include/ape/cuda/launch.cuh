@@ -8,6 +8,8 @@
 #include "ape/cuda/side_kernels.cuh"
 #include "ape/cuda/transition.cuh"
 
+#include <cstdlib>
+
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
 namespace detail {
@@ -262,6 +264,14 @@ inline bool hopper_device() {
 #endif
 }
 
+// Whether the flash backward may take its wgmma layout on sm_90 (kBwdWgmma): APE_CUDA_WGMMA_BACKWARD
+// set to 1. Off by default until a GPU has timed it against the mma.sync layout; the emulated
+// suite checks it (posing as sm_90) and the GPU check runs its suite and benchmark both ways.
+inline bool hopper_backward_enabled() {
+  const char *v = std::getenv("APE_CUDA_WGMMA_BACKWARD");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 // The current device's compute capability major (0 when it cannot be read).
 inline int device_major() {
   int dev = 0, major = 0;
@@ -432,7 +442,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     return err;
   // The flash backward: 16-bit inputs; the two-kernel backward for f32.
   if constexpr (kFlash) {
-    using F = FlashBwd<In, kD>;  // the wide layout; BQ is both layouts'
+    using F = FlashBwd<In, kD>;  // the wide layout; BQ is both mma.sync layouts'
     static_assert(F::BQ == FlashBwd<In, kD, false>::BQ, "one query tiling for the semaphores");
     const In *qm = p.qm;  // the kernels after this one read q' and the scale as given
     float qsign;
@@ -444,7 +454,11 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
       wide = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, F>();
     }
-    const int64_t n_qt = (T + F::BQ - 1) / F::BQ;
+    // The wgmma layout on sm_90 where the build has sm_90a code and it is asked for
+    // (hopper_backward_enabled), at D 64 and 128.
+    const bool wg = kD >= 64 && hopper_device() && hopper_backward_enabled();
+    const int bq = wg ? HopperBwd<In, kD == 32 ? 64 : kD>::BQ : F::BQ;
+    const int64_t n_qt = (T + bq - 1) / bq;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if constexpr (flash_distance<Enc>()) {
       if (err == cudaSuccess) err = make_dist_table(p, scratch, st);
@@ -483,23 +497,28 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     if (err != cudaSuccess) return err;
     // 1-D, slice-major (flash_backward_kernel): B H ceil(T / BK) blocks.
     auto run = [&](auto layout) -> cudaError_t {
-      constexpr bool kWide = decltype(layout)::value;
-      using L = FlashBwd<In, kD, kWide>;
+      constexpr int kLayout = decltype(layout)::value;
+      using L = BwdTiles<In, kD, kLayout>;
       size_t bytes = flash_bwd_bytes<Enc, L>(), extra = 0;
       const int64_t blocks = BH * blocks_for(T, L::BK);
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
       cudaError_t e = plan_param_cache(p, bytes, true, extra);
       if (e != cudaSuccess) return e;
       bytes += extra;
-      e = allow_smem(flash_backward_kernel<Enc, In, kD, kWide>, bytes);
+      e = allow_smem(flash_backward_kernel<Enc, In, kD, kLayout>, bytes);
       return e != cudaSuccess ? e
-                              : launch(flash_backward_kernel<Enc, In, kD, kWide>,
+                              : launch(flash_backward_kernel<Enc, In, kD, kLayout>,
                                        static_cast<unsigned>(blocks), L::kThreads, bytes, st, p);
     };
-    if constexpr (flash_bwd_fallback<Enc, In, kD>())
-      err = wide ? run(std::true_type{}) : run(std::false_type{});
-    else
-      err = run(std::true_type{});
+    using Narrow = std::integral_constant<int, kBwdNarrow>;
+    using Wide = std::integral_constant<int, kBwdWide>;
+    if constexpr (kD >= 64) {
+      if (wg) err = run(std::integral_constant<int, kBwdWgmma>{});
+      else if constexpr (flash_bwd_fallback<Enc, In, kD>()) err = wide ? run(Wide{}) : run(Narrow{});
+      else err = run(Wide{});
+    } else {
+      err = run(Wide{});
+    }
     if (err != cudaSuccess) return err;
     if constexpr (flash_distance<Enc>() && !traits::BiasFixed<Enc>::value)
       if ((err = launch(dist_grad_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p)))

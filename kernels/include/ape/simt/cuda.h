@@ -362,12 +362,12 @@ void cp_async_commit();
 void cp_async_wait(int pending_groups);
 // wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}.{bf16,f16} (`elem` 1 f16, 2 bf16): the
 // calling warp's 16 rows (warp % 4 of its warpgroup) of D (+)= A B; A from the lanes' registers
-// `a` (m16n8k16 A fragments) or, when `a` is null, from the descriptor `a_desc` (K-major); B from
-// `b_desc` (K-major, or MN-major with `trans_b`). Warp collective. The product is recorded when
+// `a` (m16n8k16 A fragments) or, when `a` is null, from the descriptor `a_desc` (K-major, or
+// MN-major with `trans_a`); B from `b_desc` (K-major, or MN-major with `trans_b`). Warp collective. The product is recorded when
 // issued and computed when a wgmma_wait lets its group complete (reading shared memory and D
 // then, as late as the program allows); `a` is read when issued.
 void wgmma(int elem, int n, float *d, const uint32_t *a, uint64_t a_desc, uint64_t b_desc,
-           bool scale_d, bool trans_b);
+           bool scale_d, bool trans_b, bool trans_a = false);
 void wgmma_fence();
 void wgmma_commit();
 void wgmma_wait(int pending_groups);
