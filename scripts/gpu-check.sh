@@ -477,6 +477,16 @@ run() {
       --libs "$bench_libs" "${quick[@]}" --methods ape \
       --md "$logs/gpu_bench_wgmma.md" --csv "$logs/gpu_bench_wgmma.csv" \
       >"$logs/bench-wgmma.log" 2>&1 || note+=" (the wgmma-backward run failed: logs/bench-wgmma.log)"
+    # The forward per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 with the Hopper
+    # forward (the default) and with the FlashAttention-2-class one (APE_CUDA_HOPPER_FORWARD=0).
+    local fwd_env
+    for fwd_env in 1 0; do
+      APE_CUDA_HOPPER_FORWARD=$fwd_env PYTHONFAULTHANDLER=1 timeout 90 "$py" "$src/bench/gpu_bench.py" \
+        --libs "$bench_libs" --quick --configs 1x32x4096x64,1x16x4096x128 --methods ape --encodings nope,rope \
+        --md "$logs/gpu_bench_forward_hopper$fwd_env.md" --csv "$logs/gpu_bench_forward_hopper$fwd_env.csv" \
+        >"$logs/bench-forward-hopper$fwd_env.log" 2>&1 ||
+        note+=" (the forward run with APE_CUDA_HOPPER_FORWARD=$fwd_env failed: logs/bench-forward-hopper$fwd_env.log)"
+    done
     # A crashed encoding's host stack: APE alone at a small shape under cuda-gdb (this machine has
     # no gdb), its backtrace in logs/bench-crash-ENC.log.
     if [ $rc = 3 ] && command -v cuda-gdb >/dev/null; then

@@ -630,6 +630,31 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
   for (const std::string &layout : layouts) EXPECT_EQ(layout, wg ? "wgmma" : "wide");
 }
 
+// APE_CUDA_HOPPER_FORWARD=0 runs the FlashAttention-2-class forward on sm_90 (the GPU check times
+// both per head dim): the forward kernel each setting launches, and the references with it.
+TEST(CudaLaunch, HopperForwardSwitch) {
+  const PoseAsSm90 guard;
+  const CudaKernelEntry *e = find_cuda("rope");
+  ASSERT_NE(e, nullptr);
+  const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 64);
+  ASSERT_NE(var, nullptr) << "rope bf16/hd64 is in the emulated build";
+  for (const char *setting : {"1", "0"}) {
+    SCOPED_TRACE(std::string("APE_CUDA_HOPPER_FORWARD=") + setting);
+    setenv("APE_CUDA_HOPPER_FORWARD", setting, 1);
+    ape::simt::take_traffic();
+    check_problem("rope", *var, make_problem(*e, 2, 3, 77, 64, 9300));
+    unsetenv("APE_CUDA_HOPPER_FORWARD");
+    if (HasFatalFailure()) return;
+    int hopper = 0, flash = 0;
+    for (const auto &t : ape::simt::take_traffic()) {
+      hopper += t.kernel.find("hopper_forward_kernel<") != std::string::npos ? static_cast<int>(t.launches) : 0;
+      flash += t.kernel.find("flash_forward_kernel<") != std::string::npos ? static_cast<int>(t.launches) : 0;
+    }
+    EXPECT_GT(setting[0] == '1' ? hopper : flash, 0);
+    EXPECT_EQ(setting[0] == '1' ? flash : hopper, 0);
+  }
+}
+
 // The mma.sync backward posing as sm_90 (its default there: 8-byte dQ' reductions, sm_90's
 // limits), through each of its paths: no mod, a q/k mod, trainable distance and row/column biases,
 // value rows, relative rows. Partial tiles, several key and query tiles.

@@ -577,7 +577,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = 8 * nt + 2 * t + e;
-          const bool visible = !kMasked || (kr - c <= dlt && c < cols);
+          [[maybe_unused]] const bool visible = !kMasked || (kr - c <= dlt && c < cols);  // (kEarlyP: tested then)
           float pv, dsv;
           if constexpr (kDist || kRC) {  // the bias is in S^T; its sums below
             if constexpr (kEarlyP) {

@@ -264,6 +264,15 @@ inline bool hopper_device() {
 #endif
 }
 
+// Whether the 16-bit forward takes the Hopper kernel on sm_90 (hopper_device): yes unless
+// APE_CUDA_HOPPER_FORWARD=0, which runs the FlashAttention-2-class forward there instead: the GPU
+// check times both per head dim (issue 30 measured the latter faster at D = 64, before the Hopper
+// forward's descriptor rework), so the choice per head dim can follow a measurement.
+inline bool hopper_forward_enabled() {
+  const char *v = std::getenv("APE_CUDA_HOPPER_FORWARD");
+  return !(v != nullptr && v[0] == '0' && v[1] == '\0');
+}
+
 // Whether the flash backward may take its wgmma layout on sm_90 (kBwdWgmma): APE_CUDA_WGMMA_BACKWARD
 // set to 1. Off by default until a GPU has timed it against the mma.sync layout; the emulated
 // suite checks it (posing as sm_90) and the GPU check runs its suite and benchmark both ways.
@@ -325,7 +334,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       if constexpr (flash_rowcol<Enc>())
         if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
       if constexpr (value_rows<Enc>() == 0)
-      if (hopper_device()) {
+      if (hopper_device() && hopper_forward_enabled()) {
         using H = HopperFwd<In, kD>;
         HopperMaps maps;
         const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
