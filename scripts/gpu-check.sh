@@ -478,14 +478,19 @@ run() {
       --md "$logs/gpu_bench_wgmma.md" --csv "$logs/gpu_bench_wgmma.csv" \
       >"$logs/bench-wgmma.log" 2>&1 || note+=" (the wgmma-backward run failed: logs/bench-wgmma.log)"
     # The forward per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 with the Hopper
-    # forward (the default) and with the FlashAttention-2-class one (APE_CUDA_HOPPER_FORWARD=0).
-    local fwd_env
-    for fwd_env in 1 0; do
-      APE_CUDA_HOPPER_FORWARD=$fwd_env PYTHONFAULTHANDLER=1 timeout 90 "$py" "$src/bench/gpu_bench.py" \
+    # forward (the default: hopper1), its consumers taking turns (APE_CUDA_PINGPONG=1: pingpong;
+    # off by default until timed) and the FlashAttention-2-class forward (APE_CUDA_HOPPER_FORWARD=0:
+    # hopper0).
+    local fwd_run
+    for fwd_run in hopper1 pingpong hopper0; do
+      local fwd_vars=(APE_CUDA_HOPPER_FORWARD=1)
+      [ $fwd_run = pingpong ] && fwd_vars+=(APE_CUDA_PINGPONG=1)
+      [ $fwd_run = hopper0 ] && fwd_vars=(APE_CUDA_HOPPER_FORWARD=0)
+      env "${fwd_vars[@]}" PYTHONFAULTHANDLER=1 timeout 90 "$py" "$src/bench/gpu_bench.py" \
         --libs "$bench_libs" --quick --configs 1x32x4096x64,1x16x4096x128 --methods ape --encodings nope,rope \
-        --md "$logs/gpu_bench_forward_hopper$fwd_env.md" --csv "$logs/gpu_bench_forward_hopper$fwd_env.csv" \
-        >"$logs/bench-forward-hopper$fwd_env.log" 2>&1 ||
-        note+=" (the forward run with APE_CUDA_HOPPER_FORWARD=$fwd_env failed: logs/bench-forward-hopper$fwd_env.log)"
+        --md "$logs/gpu_bench_forward_$fwd_run.md" --csv "$logs/gpu_bench_forward_$fwd_run.csv" \
+        >"$logs/bench-forward-$fwd_run.log" 2>&1 ||
+        note+=" (the forward run with ${fwd_vars[*]} failed: logs/bench-forward-$fwd_run.log)"
     done
     # A crashed encoding's host stack: APE alone at a small shape under cuda-gdb (this machine has
     # no gdb), its backtrace in logs/bench-crash-ENC.log.

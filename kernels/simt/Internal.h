@@ -31,7 +31,7 @@ extern char *g_arena_lo, *g_arena_hi;  // [lo, hi): the reserved device range (n
 extern uint8_t *g_arena_shadow;        // one byte per byte of the range
 
 // ---- threads, warps, blocks ------------------------------------------------------------------
-enum class State : uint8_t { Ready, Barrier, Collective, Mbarrier, Done };
+enum class State : uint8_t { Ready, Barrier, Named, Collective, Mbarrier, Done };
 
 // A cp.async in flight: lands when a wait lets it.
 struct AsyncCopy {
@@ -101,7 +101,8 @@ struct Cell {
 
 // Global-memory traffic of a launch (runtime.h, Traffic): bytes by kind, then by access width.
 enum TrafficSlot : int {
-  kTrRead, kTrWritten, kTrAtomic, kTrW1, kTrW2, kTrW4, kTrW8, kTrW16, kTrAsync, kTrAccesses, kTrSlots
+  kTrRead, kTrWritten, kTrAtomic, kTrW1, kTrW2, kTrW4, kTrW8, kTrW16, kTrAsync, kTrAccesses,
+  kTrNamedRounds, kTrSlots
 };
 
 struct Launch {
@@ -124,9 +125,16 @@ struct Mbar {
   unsigned completed = 0;
 };
 
+// A named barrier (bar.sync id, count; ids 1-15, 0 is __syncthreads'): the threads expected in
+// the current round (0: none arrived yet) and those arrived.
+struct NamedBar {
+  unsigned count = 0, arrived = 0;
+};
+
 struct Block {
   Launch *launch = nullptr;
   std::vector<std::pair<const void *, Mbar>> mbars;
+  NamedBar named[16];
   uint3 idx{};
   std::vector<Thread> threads;
   std::vector<Warp> warps;

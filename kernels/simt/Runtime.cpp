@@ -74,6 +74,7 @@ void record_traffic(const Launch &l, size_t blocks, size_t threads) {
   t.read += get(kTrRead), t.written += get(kTrWritten), t.atomic += get(kTrAtomic);
   for (int w = 0; w < 6; ++w) t.by_width[w] += get(kTrW1 + w);
   t.accesses += get(kTrAccesses);
+  t.named_rounds += get(kTrNamedRounds);
 }
 
 // ---- findings ------------------------------------------------------------------------------------
@@ -259,6 +260,7 @@ const char *state_name(const Thread &t) {
   switch (t.state) {
   case State::Ready: return "runnable";
   case State::Barrier: return "at __syncthreads";
+  case State::Named: return "at a named barrier";
   case State::Collective: return "in a warp collective";
   case State::Mbarrier: return "waiting on an mbarrier";
   case State::Done: return "returned";
@@ -280,6 +282,7 @@ std::string describe_waits(const Block &b) {
     os << (first ? "" : "; ") << "threads " << i;
     if (j - 1 > i) os << "-" << j - 1;
     os << " " << state_name(t);
+    if (t.state == State::Named) os << " " << t.op_kind;
     if (t.state == State::Collective) os << " (kind " << t.op_kind << ", mask 0x" << std::hex
                                          << t.op_mask << std::dec << ")";
     if (t.state != State::Done) os << where(t.site);
@@ -299,6 +302,7 @@ bool run_block(Block &b, Body body) {
   b.warps.assign(nwarps, Warp{});
   b.epoch = 1;
   b.mbars.clear();
+  for (NamedBar &nb : b.named) nb = NamedBar{};
   reset_shared_shadow(b);  // before the statics are forgotten: it clears what they used
   b.statics.clear();
   b.static_bytes = 0;
@@ -344,7 +348,17 @@ bool run_block(Block &b, Body body) {
       }
       all_done = all_done && t.state == State::Done;
     }
-    if (all_done) return true;
+    if (all_done) {
+      // A round of a named barrier left incomplete: arrivals the protocol never matched.
+      for (int id = 1; id < 16; ++id)
+        if (b.named[id].arrived != 0) {
+          std::ostringstream os;
+          os << "the block ends with " << b.named[id].arrived << " of " << b.named[id].count
+             << " threads arrived at named barrier " << id << " (a round never completed)";
+          report(Check::Synccheck, os.str());
+        }
+      return true;
+    }
     if (ran) continue;
     // Nobody can run: a barrier every live thread reached completes; anything else is stuck.
     const Site *site = nullptr;
@@ -647,6 +661,49 @@ void syncthreads(const char *file, int line) {
   }
   t->site = Site{__builtin_return_address(0), file, line};
   t->state = State::Barrier;
+  while (t->state != State::Ready) yield_to_scheduler();
+}
+
+// bar.sync / bar.arrive id, count: a round of barrier `id` completes when `count` threads (whole
+// warps) of the block have arrived, by either; bar.sync waits for its round, bar.arrive does not.
+// The race check credits only block barriers and warp collectives with ordering, so accesses that
+// only a named barrier orders across warps are reported (conservative: the kernels use named
+// barriers to order work, e.g. whose wgmma issue comes first, not to publish shared memory).
+void named_barrier(int id, int count, bool wait, const char *file, int line) {
+  Thread *t = self();
+  if (!t) {
+    report(Check::Synccheck, "bar.sync / bar.arrive is called from host code");
+    std::abort();
+  }
+  Block &b = *tl_worker.block;
+  const int nthreads = static_cast<int>(b.threads.size());
+  t->site = Site{__builtin_return_address(0), file, line};
+  if (id < 1 || id > 15 || count <= 0 || count % 32 != 0 || count > nthreads) {
+    std::ostringstream os;
+    os << (wait ? "bar.sync " : "bar.arrive ") << id << ", " << count
+       << ": needs an id of 1-15 (0 is __syncthreads') and "
+       << "a count of whole warps, at most the block's " << nthreads << " threads";
+    report(Check::Synccheck, os.str(), __builtin_return_address(0));
+    return;
+  }
+  NamedBar &nb = b.named[id];
+  if (nb.arrived == 0) {
+    nb.count = static_cast<unsigned>(count);
+  } else if (nb.count != static_cast<unsigned>(count)) {
+    std::ostringstream os;
+    os << "barrier " << id << ": threads arrive with counts " << nb.count << " and " << count;
+    report(Check::Synccheck, os.str(), __builtin_return_address(0));
+  }
+  if (++nb.arrived >= nb.count) {  // the round completes: its waiters run on
+    nb.arrived = 0;
+    b.launch->traffic[kTrNamedRounds].fetch_add(1, std::memory_order_relaxed);
+    for (Thread &o : b.threads)
+      if (o.state == State::Named && o.op_kind == id) o.state = State::Ready;
+    return;
+  }
+  if (!wait) return;
+  t->state = State::Named;
+  t->op_kind = id;
   while (t->state != State::Ready) yield_to_scheduler();
 }
 

@@ -509,10 +509,11 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
   }
 }
 
-// The flash backward's wgmma layout asked for (APE_CUDA_WGMMA_BACKWARD=1) while in scope.
-struct WgmmaBackward {
-  WgmmaBackward() { setenv("APE_CUDA_WGMMA_BACKWARD", "1", 1); }
-  ~WgmmaBackward() { unsetenv("APE_CUDA_WGMMA_BACKWARD"); }
+// The sm_90a paths that are off by default asked for while in scope: the flash backward's wgmma
+// layout (APE_CUDA_WGMMA_BACKWARD=1) and the Hopper forward's turns (APE_CUDA_PINGPONG=1).
+struct HopperOptIns {
+  HopperOptIns() { setenv("APE_CUDA_WGMMA_BACKWARD", "1", 1), setenv("APE_CUDA_PINGPONG", "1", 1); }
+  ~HopperOptIns() { unsetenv("APE_CUDA_WGMMA_BACKWARD"), unsetenv("APE_CUDA_PINGPONG"); }
 };
 
 #ifdef APE_SIMT
@@ -604,18 +605,19 @@ TEST(CudaLaunch, ValueRowsFollowTheDevice) {
 }
 
 // The same through the sm_90 path with every wgmma kernel: the emulator poses as an H100, so the
-// 16-bit forward runs hopper_forward_kernel and, with APE_CUDA_WGMMA_BACKWARD=1, the 16-bit
-// backward at D 64 and 128 the flash backward's wgmma layout (checked from the launches; f32 and
-// D 32 run the kernels of sm_80, here under sm_90's limits; the mma.sync backward at sm_90:
-// Sm90MmaSyncBackwardMatchesReferences). Sizes: one row, partial tiles, several query and key
-// tiles of 128.
+// 16-bit forward runs hopper_forward_kernel, its consumers taking turns (APE_CUDA_PINGPONG=1:
+// the named barriers' rounds counted), and, with APE_CUDA_WGMMA_BACKWARD=1, the 16-bit backward
+// at D 64 and 128 the flash backward's wgmma layout (checked from the launches; f32 and D 32 run
+// the kernels of sm_80, here under sm_90's limits; the mma.sync backward and the forward without
+// turns at sm_90: Sm90MmaSyncBackwardMatchesReferences). Sizes: one row, partial tiles, several
+// query and key tiles of 128.
 TEST_P(CudaKernel, Sm90PathMatchesReferences) {
   const auto &[name, index] = GetParam();
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
   const PoseAsSm90 guard;
-  const WgmmaBackward wgmma;
+  const HopperOptIns opt_ins;
   ape::simt::take_traffic();
   for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
     SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
@@ -624,7 +626,15 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
     check_problem(name, var, make_problem(*e, B, H, T, var.head_dim, 7000 * T + 10 * B + H));
     if (HasFatalFailure()) return;
   }
-  const std::vector<std::string> layouts = flash_backward_layouts();
+  const auto records = ape::simt::take_traffic();
+  size_t hopper = 0, rounds = 0;
+  for (const auto &t : records)
+    if (t.kernel.find("hopper_forward_kernel<") != std::string::npos)
+      hopper += t.launches, rounds += t.named_rounds;
+  // A block of n key tiles takes n - 1 turns per consumer (one round of each barrier per turn):
+  // at T = 300, query tiles 0, 1, 2 of both slices, 2 (0 + 1 + 2) x 2 = 12 rounds; T <= 128: none.
+  if (hopper > 0) EXPECT_EQ(rounds, 12u) << "the consumers took turns";
+  const std::vector<std::string> layouts = flash_backward_layouts(records);
   const bool wg = var.dtype != DType::F32 && var.head_dim >= 64;
   EXPECT_EQ(layouts.size(), var.dtype == DType::F32 ? 0u : 3u) << "a flash backward per size";
   for (const std::string &layout : layouts) EXPECT_EQ(layout, wg ? "wgmma" : "wide");
@@ -647,6 +657,8 @@ TEST(CudaLaunch, HopperForwardSwitch) {
     if (HasFatalFailure()) return;
     int hopper = 0, flash = 0;
     for (const auto &t : ape::simt::take_traffic()) {
+      if (t.kernel.find("hopper_forward_kernel<") != std::string::npos)
+        EXPECT_EQ(t.named_rounds, 0u) << "no turns without APE_CUDA_PINGPONG=1";
       hopper += t.kernel.find("hopper_forward_kernel<") != std::string::npos ? static_cast<int>(t.launches) : 0;
       flash += t.kernel.find("flash_forward_kernel<") != std::string::npos ? static_cast<int>(t.launches) : 0;
     }
@@ -704,8 +716,9 @@ TEST(CudaLaunch, NarrowFlashBackwardMatchesReferences) {
 }
 #else
 // On an sm_90 GPU, the flash backward's wgmma layout (APE_CUDA_WGMMA_BACKWARD=1; the build's
-// sm_90a code) against the references, as the emulated suite checks it posing as one
-// (Sm90PathMatchesReferences). Other GPUs have no such layout.
+// sm_90a code) and the Hopper forward's turns (APE_CUDA_PINGPONG=1) against the references, as
+// the emulated suite checks them posing as one (Sm90PathMatchesReferences). Other GPUs have
+// neither.
 TEST_P(CudaKernel, WgmmaBackwardMatchesReferences) {
   const auto &[name, index] = GetParam();
   const CudaKernelEntry *e = find_cuda(name);
@@ -718,7 +731,7 @@ TEST_P(CudaKernel, WgmmaBackwardMatchesReferences) {
       major != 9 || minor != 0)
     GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks this layout posing as one)";
   if (var.dtype == DType::F32 || var.head_dim < 64) GTEST_SKIP() << "16-bit inputs at D 64 and 128 only";
-  const WgmmaBackward wgmma;
+  const HopperOptIns opt_ins;
   for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
     SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" + std::to_string(var.head_dim) +
                  " B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +

@@ -302,6 +302,32 @@ TEST_F(Simt, TmaBoxesLandSwizzledAndMbarriersOrderThem) {
   EXPECT_TRUE(has(fs, ape::simt::Check::Synccheck, "waiting on an mbarrier")) << dump(fs);
 }
 
+// Named barriers: bar.sync waits for its round, bar.arrive does not; two groups alternate as
+// FlashAttention-3's warpgroup scheduling makes them (the emulator alone would run group 0's
+// rounds first: it resumes threads in order). A missing first arrival deadlocks, reported; a
+// count that is not whole warps and a round left incomplete at the block's end are findings.
+TEST_F(Simt, NamedBarriersAlternateTwoGroups) {
+  std::vector<int> order;
+  ape::simt::take_traffic();
+  ASSERT_EQ(planted::named_barrier_turns(5, true, true, 256, order), 0);
+  size_t rounds = 0;
+  for (const auto &t : ape::simt::take_traffic()) rounds += t.named_rounds;
+  EXPECT_EQ(rounds, 10u) << "5 rounds of each barrier";
+  auto fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  ASSERT_EQ(order.size(), 10u);
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], static_cast<int>(i % 2)) << "turn " << i;
+  EXPECT_NE(planted::named_barrier_turns(3, false, true, 256, order), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Synccheck, "at a named barrier")) << dump(fs);
+  planted::named_barrier_turns(1, true, true, 100, order);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Synccheck, "whole warps")) << dump(fs);
+  ASSERT_EQ(planted::named_barrier_turns(2, true, false, 256, order), 0);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Synccheck, "a round never completed")) << dump(fs);
+}
+
 TEST_F(Simt, WmmaComputesAGemm) {
   torch::manual_seed(4);
   const torch::Tensor A = torch::randn({16, 16}).to(torch::kBFloat16);

@@ -77,6 +77,14 @@ int wgmma_64xnx16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b
 // transaction bytes); without it every thread waits forever (a deadlock finding).
 int tma_box(const std::vector<uint16_t> &src, int T, int row0, int rows, bool arrive,
             std::vector<uint16_t> &out);
+// Two groups of 128 threads take turns by named barriers, as FlashAttention-3's consumer
+// warpgroups do: group c waits on barrier 1 + c (bar.sync, 256), appends c to `order` (its
+// thread 0, by a global atomic index), and lets the other group go (bar.arrive 1 + (1 - c), 256);
+// group 0 starts by an arrival on its own barrier, group 1's last round hands on nothing
+// (`balanced` false: it does, and the block ends with a round incomplete, a finding). `start`: without that arrival every thread
+// waits forever (a deadlock finding). `count`: the barriers' thread count (256; another value
+// that is not whole warps is a synccheck finding).
+int named_barrier_turns(int rounds, bool start, bool balanced, int count, std::vector<int> &order);
 // A 16x16x16 bf16 GEMM (row-major A, B; f32 C) through nvcuda::wmma.
 int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
                   const std::vector<float> &c, std::vector<float> &d);

@@ -4,6 +4,7 @@
 
 #include "ape/cuda/platform.cuh"
 
+#include <algorithm>
 #include <cstring>
 
 namespace planted {
@@ -38,6 +39,18 @@ __global__ void read_then_overwrite_kernel(int *out) {
   __syncthreads();
   out[t] = s[t];
   s[(t + 1) % n] = -t;  // thread t+1 may not have read its element yet
+}
+
+// ---- named barriers: two groups of 128 threads take turns ----------------------------------------
+__global__ void turns_kernel(int *log, int rounds, bool start, bool balanced, int count) {
+  namespace ptx = ape::cuda::ptx;
+  const int c = static_cast<int>(threadIdx.x / 128);
+  if (c == 0 && start) ptx::bar_arrive(1, count);
+  for (int r = 0; r < rounds; ++r) {
+    ptx::bar_sync(1 + c, count);
+    if (threadIdx.x % 128 == 0) log[1 + atomicAdd(log, 1)] = c;
+    if (c == 0 || r + 1 < rounds || !balanced) ptx::bar_arrive(1 + (1 - c), count);
+  }
 }
 
 // ---- bounds -----------------------------------------------------------------------------------------
@@ -322,6 +335,17 @@ int wgmma_64xnx16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b
                                    dd, swizzle, b_mn_major, a_regs, mode);
   to_host(d, dd, static_cast<size_t>(64 * n));
   cudaFree(da), cudaFree(db), cudaFree(dd);
+  return err;
+}
+
+int named_barrier_turns(int rounds, bool start, bool balanced, int count, std::vector<int> &order) {
+  int *d = device_alloc<int>(static_cast<size_t>(2 * rounds + 1));
+  cudaMemset(d, 0, sizeof(int) * static_cast<size_t>(2 * rounds + 1));
+  const int err = launch(turns_kernel, 1, 256, 0, nullptr, d, rounds, start, balanced, count);
+  std::vector<int> all;
+  to_host(all, d, static_cast<size_t>(2 * rounds + 1));
+  order.assign(all.begin() + 1, all.begin() + 1 + std::min(all[0], 2 * rounds));
+  cudaFree(d);
   return err;
 }
 

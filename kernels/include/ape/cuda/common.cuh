@@ -272,6 +272,8 @@ template <class Enc, class In> struct Params {
   bool red_v2;                      // flash backward: dQ' adds as 8-byte reductions (sm_90+)
   bool dq_ordered;                  // flash backward: dQ' adds in the semaphores' order
                                     // (CudaAttnArgs::deterministic); else all reductions
+  bool pingpong;                    // Hopper forward: the consumer warpgroups take turns
+                                    // issuing their products (hopper_pingpong_enabled)
   // distance biases in the flash kernels (flash_distance<Enc>())
   float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
   int64_t dist_ld;

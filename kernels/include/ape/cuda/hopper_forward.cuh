@@ -36,6 +36,10 @@ namespace detail {
 //     to In as they stand; V read MN-major, i.e. transposed by the tensor core) and releases the
 //     stage. No block barrier after the start: the producer runs up to two tiles ahead, and while
 //     one consumer warpgroup is in its softmax the other's products keep the tensor cores busy.
+//   With p.pingpong (FlashAttention-3's scheduling of the two), the consumers take turns issuing
+//     a tile's products by two named barriers: consumer c waits for its turn (bar.sync 1 + c),
+//     issues S_kt and P_{kt-1} V_{kt-1}, and hands the turn to the other (bar.arrive), so that
+//     one warpgroup's products run while the other computes its softmax, in alternation.
 // Tiles are stored in the canonical layout wgmma reads (cuda/flash_tile.cuh, namespace hopper).
 template <class In, int D> struct HopperFwd {
   static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
@@ -122,7 +126,9 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
 
   // ---- consumers
   ptx::setmaxnreg_inc<240>();
-  const int cw = wg - 1;           // consumer warpgroup: rows 64 cw ..
+  // Consumer warpgroup: rows 64 cw .. (through a shuffle, so that the compiler knows it uniform
+  // across the warp: the turns' barrier ids and tests stay in uniform registers).
+  const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;
   const int r0 = 16 * (warp - 4);  // this warp's first row in the tile
   DevCtx<Enc> ctx = make_ctx(p, bh, false);
   if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::point(p, smem + C::bytes, ctx, false);
@@ -183,10 +189,18 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s_acc[0][2 * kk], s_acc[0][2 * kk + 1]);
   };
+  // The turns (p.pingpong): consumer cw issues its steps' products between bar.sync 1 + cw and
+  // bar.arrive 2 - cw (256 threads: its own and the other's arrivals). Consumer 0 starts with an
+  // arrival on its own barrier; consumer 1's last step hands on no turn, so that every round of
+  // both barriers completes (n_tiles - 1 steps each).
+  const bool pingpong = p.pingpong && n_tiles > 1;
+  if (pingpong && cw == 0) ptx::bar_arrive(1, 256);
   auto step = [&](int kt, auto masked) {  // kt >= 1
     constexpr bool kMasked = decltype(masked)::value;
+    if (pingpong) ptx::bar_sync(1 + cw, 256);
     issue_s(kt);
     issue_pv(kt - 1);
+    if (pingpong && (cw == 0 || kt + 1 < n_tiles)) ptx::bar_arrive(2 - cw, 256);
     ptx::wgmma_wait<1>();  // S_kt (the product of tile kt - 1 may still run)
     ptx::fence_regs(sf);
     float alpha[1][2];

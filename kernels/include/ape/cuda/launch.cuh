@@ -273,6 +273,14 @@ inline bool hopper_forward_enabled() {
   return !(v != nullptr && v[0] == '0' && v[1] == '\0');
 }
 
+// Whether the Hopper forward's two consumer warpgroups take turns issuing their products
+// (Params::pingpong, FlashAttention-3's scheduling): APE_CUDA_PINGPONG set to 1. Off by default
+// until a GPU has timed it against the free-running consumers; the emulated suite checks both.
+inline bool hopper_pingpong_enabled() {
+  const char *v = std::getenv("APE_CUDA_PINGPONG");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 // Whether the flash backward may take its wgmma layout on sm_90 (kBwdWgmma): APE_CUDA_WGMMA_BACKWARD
 // set to 1. Off by default until a GPU has timed it against the mma.sync layout; the emulated
 // suite checks it (posing as sm_90) and the GPU check runs its suite and benchmark both ways.
@@ -354,6 +362,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess)
           return err;
         p.tile0 = a.first_row / H::BQ;
+        p.pingpong = hopper_pingpong_enabled();
         const dim3 grid(static_cast<unsigned>(a.B * a.H),
                         blocks_for(a.T, H::BQ) - unsigned(p.tile0));
         return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p, maps);

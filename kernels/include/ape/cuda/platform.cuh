@@ -353,6 +353,24 @@ __device__ inline void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// Named barriers (ids 1-15; 0 is __syncthreads'): a round of barrier `id` completes when `count`
+// threads (whole warps) arrived. bar_sync arrives and waits for the round, bar_arrive arrives and
+// runs on (FlashAttention-3's scheduling of two warpgroups).
+#ifdef APE_SIMT
+__device__ inline void bar_sync(int id, int count, APE_SIMT_HERE) {
+  ::ape::simt::named_barrier(id, count, true, file, line);
+}
+__device__ inline void bar_arrive(int id, int count, APE_SIMT_HERE) {
+  ::ape::simt::named_barrier(id, count, false, file, line);
+}
+#else
+__device__ inline void bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ inline void bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+#endif
 // Keeps the compiler from moving accesses of these registers across the surrounding wgmma
 // instructions (they are written asynchronously).
 template <int K> __device__ inline void fence_regs(float (&r)[K]) {
