@@ -102,7 +102,7 @@ struct Cell {
 // Global-memory traffic of a launch (runtime.h, Traffic): bytes by kind, then by access width.
 enum TrafficSlot : int {
   kTrRead, kTrWritten, kTrAtomic, kTrW1, kTrW2, kTrW4, kTrW8, kTrW16, kTrAsync, kTrAccesses,
-  kTrNamedRounds, kTrSlots
+  kTrNamedRounds, kTrSlots = kTrNamedRounds + 16  // then the named barriers' rounds, by id
 };
 
 struct Launch {

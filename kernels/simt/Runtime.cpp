@@ -74,7 +74,7 @@ void record_traffic(const Launch &l, size_t blocks, size_t threads) {
   t.read += get(kTrRead), t.written += get(kTrWritten), t.atomic += get(kTrAtomic);
   for (int w = 0; w < 6; ++w) t.by_width[w] += get(kTrW1 + w);
   t.accesses += get(kTrAccesses);
-  t.named_rounds += get(kTrNamedRounds);
+  for (int id = 0; id < 16; ++id) t.named_rounds[id] += get(kTrNamedRounds + id);
 }
 
 // ---- findings ------------------------------------------------------------------------------------
@@ -696,7 +696,7 @@ void named_barrier(int id, int count, bool wait, const char *file, int line) {
   }
   if (++nb.arrived >= nb.count) {  // the round completes: its waiters run on
     nb.arrived = 0;
-    b.launch->traffic[kTrNamedRounds].fetch_add(1, std::memory_order_relaxed);
+    b.launch->traffic[kTrNamedRounds + id].fetch_add(1, std::memory_order_relaxed);
     for (Thread &o : b.threads)
       if (o.state == State::Named && o.op_kind == id) o.state = State::Ready;
     return;

@@ -311,7 +311,11 @@ TEST_F(Simt, NamedBarriersAlternateTwoGroups) {
   ape::simt::take_traffic();
   ASSERT_EQ(planted::named_barrier_turns(5, true, true, 256, order), 0);
   size_t rounds = 0;
-  for (const auto &t : ape::simt::take_traffic()) rounds += t.named_rounds;
+  for (const auto &t : ape::simt::take_traffic()) {
+    EXPECT_EQ(t.named_rounds[1], 5u);
+    EXPECT_EQ(t.named_rounds[2], 5u);
+    rounds += t.named_rounds[1] + t.named_rounds[2];
+  }
   EXPECT_EQ(rounds, 10u) << "5 rounds of each barrier";
   auto fs = findings();
   EXPECT_TRUE(fs.empty()) << dump(fs);

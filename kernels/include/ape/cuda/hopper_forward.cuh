@@ -234,18 +234,43 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
   ptx::mbar_arrive(empty + ((n_tiles - 1) & 1));
 
-  const int64_t base = bh * T * D;
+  // o = O / l through shared memory: each warp stages its 16 rows in its own rows of the Q tile
+  // (whose only readers, this warpgroup's S products, are complete once every warp of it is here:
+  // the named barrier), then stores whole rows in 16-byte chunks, 512 contiguous bytes per warp
+  // instruction at D = 128, where the fragments' 2-byte stores each touched 8 rows. The staging
+  // rows keep the tile's layout: kSwizzle-byte rows per box of kRowElems columns, 16-byte chunk k
+  // of row r at k ^ (r % kChunks), so that the fragment writes (a row per lane quad) and the chunk
+  // reads (a row per kChunks lanes) are free of bank conflicts.
+  constexpr int kChunks = C::kSwizzle / 16;  // 16-byte chunks per staging row
+  ptx::bar_sync(3 + cw, 128);                // the warpgroup's products have read its Q rows
+  unsigned char *stage = smem + C::q + size_t(r0) * C::kSwizzle;  // box a's rows at + a BQ kSwizzle
+  auto chunk_at = [&](int r, int k) {  // row r of the warp's 16, chunk k of the row's D / 8
+    return stage + size_t(k / kChunks) * BQ * C::kSwizzle + r * C::kSwizzle + 16 * ((k % kChunks) ^ (r % kChunks));
+  };
+  float lt[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lt[h] = flash::quad_sum(l[0][h]);
+    const float inv = lt[h] > 0.f ? 1.f / lt[h] : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      *reinterpret_cast<uint32_t *>(chunk_at(g + 8 * h, dt) + 4 * t) =
+          flash::pack2<In>(o[0][dt][2 * h] * inv, o[0][dt][2 * h + 1] * inv);
+    }
+  }
+  __syncwarp();
+  const int64_t base = bh * T * D, rows = T - (i0 + r0) < 16 ? T - (i0 + r0) : 16;
+  static_assert(16 * D / 8 % 32 == 0, "whole chunks per lane");
+#pragma unroll
+  for (int u = 0; u < 16 * D / 8 / 32; ++u) {
+    const int x = lane + 32 * u, r = x / (D / 8), k = x % (D / 8);
+    if (r < rows)
+      *reinterpret_cast<ptx::F4 *>(p.o + base + (i0 + r0 + r) * D + 8 * k) =
+          *reinterpret_cast<const ptx::F4 *>(chunk_at(r, k));
+  }
   for (int h = 0; h < 2; ++h) {
     const int64_t i = i0 + r0 + g + 8 * h;
-    const float lt = flash::quad_sum(l[0][h]);
-    if (i >= T) continue;
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
-    In *orow = p.o + base + i * D;
-    for (int dt = 0; dt < kDT; ++dt) {
-      orow[8 * dt + 2 * t] = from_float<In>(o[0][dt][2 * h] * inv);
-      orow[8 * dt + 2 * t + 1] = from_float<In>(o[0][dt][2 * h + 1] * inv);
-    }
-    if (t == 0) p.lse[bh * T + i] = m[0][h] * mscale + logf(lt);
+    if (i < T && t == 0) p.lse[bh * T + i] = m[0][h] * mscale + logf(lt[h]);
   }
 #endif
 }

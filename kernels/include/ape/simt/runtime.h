@@ -69,7 +69,7 @@ struct Traffic {
   // bytes by access width: 1, 2, 4, 8, 16 bytes (and wider), then cp.async / TMA / bulk copies
   size_t by_width[6] = {};
   size_t accesses = 0;
-  size_t named_rounds = 0;  // completed rounds of named barriers (bar.sync / bar.arrive)
+  size_t named_rounds[16] = {};  // completed rounds of named barrier id (bar.sync / bar.arrive)
 };
 std::vector<Traffic> take_traffic();
 
