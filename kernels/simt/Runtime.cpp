@@ -42,6 +42,7 @@ int env_int(const char *name, int fallback) {
 }
 
 std::atomic<int> g_arch{0};
+std::atomic<int> g_sms{0};  // 0: the architecture's (set_sm_count)
 std::atomic<int> g_print{-1};
 std::atomic<size_t> g_launches{0}, g_blocks{0}, g_switches{0}, g_accesses{0}, g_findings{0};
 std::mutex g_findings_mu;
@@ -508,6 +509,11 @@ int arch() {
   if (g_arch.load() == 0) set_arch(env_int("APE_SIMT_ARCH", 80));
   return g_arch.load();
 }
+void set_sm_count(int n) { g_sms = n > 0 ? n : 0; }
+int sm_count() {
+  const int n = g_sms.load();
+  return n > 0 ? n : arch() == 90 ? 132 : 108;
+}
 
 std::vector<Traffic> take_traffic() {
   std::lock_guard<std::mutex> lock(detail::g_traffic_mu);
@@ -862,6 +868,10 @@ int atomic_max_i32(int *p, int v) {
   }
   return old;
 }
+int atomic_exch_i32(int *p, int v) {
+  APE_ATOMIC_CHECK(p, 4);
+  return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
+}
 unsigned atomic_cas_u32(unsigned *p, unsigned compare, unsigned v) {
   APE_ATOMIC_CHECK(p, 4);
   __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
@@ -1014,7 +1024,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int) {
     return cudaSuccess;
   case cudaDevAttrComputeCapabilityMajor: *value = arch() / 10; return cudaSuccess;
   case cudaDevAttrComputeCapabilityMinor: *value = arch() % 10; return cudaSuccess;
-  case cudaDevAttrMultiProcessorCount: *value = arch() == 90 ? 132 : 108; return cudaSuccess;
+  case cudaDevAttrMultiProcessorCount: *value = sm_count(); return cudaSuccess;
   }
   return set_error(cudaErrorInvalidValue);
 }

@@ -510,10 +510,16 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
 }
 
 // The sm_90a paths that are off by default asked for while in scope: the flash backward's wgmma
-// layout (APE_CUDA_WGMMA_BACKWARD=1) and the Hopper forward's turns (APE_CUDA_PINGPONG=1).
+// layout (APE_CUDA_WGMMA_BACKWARD=1), the Hopper forward's turns (APE_CUDA_PINGPONG=1) and its
+// persistent grid (APE_CUDA_PERSISTENT=1).
 struct HopperOptIns {
-  HopperOptIns() { setenv("APE_CUDA_WGMMA_BACKWARD", "1", 1), setenv("APE_CUDA_PINGPONG", "1", 1); }
-  ~HopperOptIns() { unsetenv("APE_CUDA_WGMMA_BACKWARD"), unsetenv("APE_CUDA_PINGPONG"); }
+  static constexpr const char *kVars[] = {"APE_CUDA_WGMMA_BACKWARD", "APE_CUDA_PINGPONG", "APE_CUDA_PERSISTENT"};
+  HopperOptIns() {
+    for (const char *v : kVars) setenv(v, "1", 1);
+  }
+  ~HopperOptIns() {
+    for (const char *v : kVars) unsetenv(v);
+  }
 };
 
 #ifdef APE_SIMT
@@ -525,6 +531,11 @@ struct PoseAs {
 };
 struct PoseAsSm90 : PoseAs {
   PoseAsSm90() : PoseAs(90) {}
+};
+// The emulated device reports `n` multiprocessors while one lives (then its architecture's).
+struct PoseWithSms {
+  explicit PoseWithSms(int n) { ape::simt::set_sm_count(n); }
+  ~PoseWithSms() { ape::simt::set_sm_count(0); }
 };
 
 // The layouts of the flash backward (BwdTiles) that the launches since the last call ran, by the
@@ -604,9 +615,12 @@ TEST(CudaLaunch, ValueRowsFollowTheDevice) {
   EXPECT_EQ(seen, 8) << "shaw's bf16 variants at D 64 and 128 are in the emulated build";
 }
 
-// The same through the sm_90 path with every wgmma kernel: the emulator poses as an H100, so the
-// 16-bit forward runs hopper_forward_kernel, its consumers taking turns (APE_CUDA_PINGPONG=1:
-// the named barriers' rounds counted), and, with APE_CUDA_WGMMA_BACKWARD=1, the 16-bit backward
+// The same through the sm_90 path with every wgmma kernel: the emulator poses as an H100 of two
+// multiprocessors, so the 16-bit forward runs hopper_forward_kernel on its persistent grid
+// (APE_CUDA_PERSISTENT=1: two blocks, each claiming further tiles where there are more than two,
+// the ring of key tiles running on across a block's tiles), its consumers taking turns
+// (APE_CUDA_PINGPONG=1: the named barriers' rounds counted), and, with APE_CUDA_WGMMA_BACKWARD=1,
+// the 16-bit backward
 // at D 64 and 128 the flash backward's wgmma layout (checked from the launches; f32 and D 32 run
 // the kernels of sm_80, here under sm_90's limits; the mma.sync backward and the forward without
 // turns at sm_90: Sm90MmaSyncBackwardMatchesReferences). Sizes: one row, partial tiles, several
@@ -617,6 +631,7 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
   const PoseAsSm90 guard;
+  const PoseWithSms two_sms(2);
   const HopperOptIns opt_ins;
   ape::simt::take_traffic();
   for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
@@ -627,13 +642,17 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
     if (HasFatalFailure()) return;
   }
   const auto records = ape::simt::take_traffic();
-  size_t hopper = 0, rounds = 0;
+  size_t hopper = 0, rounds = 0, blocks = 0;
   for (const auto &t : records)
     if (t.kernel.find("hopper_forward_kernel<") != std::string::npos)
-      hopper += t.launches, rounds += t.named_rounds[1] + t.named_rounds[2];
-  // A block of n key tiles takes n - 1 turns per consumer (one round of each barrier per turn):
-  // at T = 300, query tiles 0, 1, 2 of both slices, 2 (0 + 1 + 2) x 2 = 12 rounds; T <= 128: none.
-  if (hopper > 0) EXPECT_EQ(rounds, 12u) << "the consumers took turns";
+      hopper += t.launches, rounds += t.named_rounds[1] + t.named_rounds[2], blocks += t.blocks;
+  // A query tile of n key tiles takes n - 1 turns per consumer (one round of each barrier per
+  // turn): at T = 300, query tiles 0, 1, 2 of both slices, 2 (0 + 1 + 2) x 2 = 12 rounds; T <= 128:
+  // none. Blocks: 1 for the one tile at T = 1, then 2 (of 6 tiles) at each other size.
+  if (hopper > 0) {
+    EXPECT_EQ(rounds, 12u) << "the consumers took turns";
+    EXPECT_EQ(blocks, 5u) << "a block per multiprocessor, claiming the other tiles";
+  }
   const std::vector<std::string> layouts = flash_backward_layouts(records);
   const bool wg = var.dtype != DType::F32 && var.head_dim >= 64;
   EXPECT_EQ(layouts.size(), var.dtype == DType::F32 ? 0u : 3u) << "a flash backward per size";

@@ -274,6 +274,9 @@ template <class Enc, class In> struct Params {
                                     // (CudaAttnArgs::deterministic); else all reductions
   bool pingpong;                    // Hopper forward: the consumer warpgroups take turns
                                     // issuing their products (hopper_pingpong_enabled)
+  int64_t n_qt;                     // Hopper forward: query tiles per slice (from tile0)
+  int *sched;                       // Hopper forward: the tiles claimed after each block's first
+                                    // (a zeroed counter), or null: a block per tile
   // distance biases in the flash kernels (flash_distance<Enc>())
   float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
   int64_t dist_ld;

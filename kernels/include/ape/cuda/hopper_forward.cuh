@@ -20,22 +20,30 @@ __device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, 
 namespace detail {
 
 // ---- forward, Hopper (sm_90a: TMA, mbarriers, wgmma) -------------------------------------------------
-// One block of three warpgroups per (query tile of BQ = 128 rows, slice), FlashAttention-3's
-// structure: warpgroup 0 is the producer, warpgroups 1 and 2 the consumers.
-//   Producer: one thread issues every copy by TMA (cp.async.bulk.tensor, boxes of the [B·H, T, D]
-//     tensors, zeros past T): the Q tile once, then per key tile K' and V into stage kt % 2 of a
-//     two-stage ring, each stage with a "full" mbarrier per operand that the copies complete
-//     (arrive.expect_tx announces the bytes) and an "empty" mbarrier the consumers arrive on when
-//     they are done with the stage; a distance or column bias's window comes with K' by a bulk
-//     copy. The warpgroup gives its registers back (setmaxnreg.dec) and the consumers take them
-//     (setmaxnreg.inc 240).
-//   Consumers: consumer warpgroup c owns rows 64 c .. 64 c + 63 (each warp 16) for the whole loop;
-//     per key tile it waits for K', runs S = Q'K'^T on wgmma.m64n128k16 (Q and K' read from their
+// Blocks of three warpgroups, FlashAttention-3's structure: warpgroup 0 is the producer,
+// warpgroups 1 and 2 the consumers. A block computes query tiles of BQ = 128 rows of a slice,
+// heaviest first: tile number x is the (x / (B·H))-th query tile from the last of slice x % (B·H).
+// Block b takes tile b; with p.sched (the persistent grid: a block per SM), it then claims the
+// next tile from the counter (number gridDim.x + the counter's old value) until none is left;
+// without it (a block per tile) it stops after its first.
+//   Producer: one thread claims the tiles, publishes each one's number in a word of shared memory
+//     with the Q tile's mbarrier, and issues every copy by TMA (cp.async.bulk.tensor, boxes of the
+//     [B·H, T, D] tensors, zeros past T): a tile's Q once the consumers' last S product of the
+//     previous tile has read its Q ("q_empty"), then per key tile K' and V into the next stage of
+//     a two-stage ring that runs on across the block's tiles, each stage with a "full" mbarrier per
+//     operand that the copies complete (arrive.expect_tx announces the bytes) and an "empty"
+//     mbarrier the consumers arrive on when they are done with the stage; a distance or column
+//     bias's window comes with K' by a bulk copy. The next tile's Q, K' and V so arrive while the
+//     consumers finish the last one. The warpgroup gives its registers back (setmaxnreg.dec) and
+//     the consumers take them (setmaxnreg.inc 240).
+//   Consumers: consumer warpgroup c owns rows 64 c .. 64 c + 63 of each tile (each warp 16); per
+//     key tile it waits for K', runs S = Q'K'^T on wgmma.m64n128k16 (Q and K' read from their
 //     tiles, both K-major), the softmax of the FA2 path (flash_softmax) on the accumulators,
 //     waits for V, runs O += P V on wgmma.m64nDk16 (P from registers, the S accumulators rounded
 //     to In as they stand; V read MN-major, i.e. transposed by the tensor core) and releases the
-//     stage. No block barrier after the start: the producer runs up to two tiles ahead, and while
-//     one consumer warpgroup is in its softmax the other's products keep the tensor cores busy.
+//     stage; o leaves through the warp's own rows of a staging tile. No block barrier after the
+//     start: the producer runs up to two key tiles ahead, and while one consumer warpgroup is in
+//     its softmax the other's products keep the tensor cores busy.
 //   With p.pingpong (FlashAttention-3's scheduling of the two), the consumers take turns issuing
 //     a tile's products by two named barriers: consumer c waits for its turn (bar.sync 1 + c),
 //     issues S_kt and P_{kt-1} V_{kt-1}, and hands the turn to the other (bar.arrive), so that
@@ -48,13 +56,16 @@ template <class In, int D> struct HopperFwd {
   static constexpr int kSwizzle = hopper::swizzle_bytes<D>();
   static constexpr int kRowElems = kSwizzle / 2, kAtomCols = D / kRowElems;
   static constexpr int kDistLen = BQ + BK;
-  // mbarriers (q, full_k[2], full_v[2], empty[2]), the bias windows, then the 1024-byte aligned
-  // tiles.
-  static constexpr size_t bars = 0, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
+  // mbarriers (q, full_k[2], full_v[2], empty[2], q_empty) and the tile number's word, the bias
+  // windows, then the 1024-byte aligned tiles: Q, the K' and V rings, the output's staging tile.
+  static constexpr size_t bars = 0, slot = 64, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
   static constexpr size_t v = k + kStages * sizeof(In) * BK * D;
-  static constexpr size_t bytes = v + kStages * sizeof(In) * BK * D;
+  static constexpr size_t o = v + kStages * sizeof(In) * BK * D;
+  static constexpr size_t bytes = o + sizeof(In) * BQ * D;
   static constexpr size_t dist = bias, rowcol = bias, bytes_dist = bytes, bytes_rowcol = bytes;
+  static_assert(slot >= 8 * 8 && slot + sizeof(int) <= bias, "the mbarriers and the tile number fit");
   static_assert(kStages * sizeof(float) * kDistLen <= q - bias, "bias windows fit");
+  static_assert(o % 1024 == 0, "the staging tile's rows keep the tiles' alignment");
   static_assert(bytes <= 227 * 1024, "forward tiles exceed sm_90's 227 KiB of shared memory");
   static constexpr unsigned kTileBytes = sizeof(In) * BK * D;
 };
@@ -78,13 +89,23 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   In *sQ = reinterpret_cast<In *>(smem + C::q), *sK = reinterpret_cast<In *>(smem + C::k);
   In *sV = reinterpret_cast<In *>(smem + C::v);
   uint64_t *bar_q = reinterpret_cast<uint64_t *>(smem + C::bars);
-  uint64_t *full_k = bar_q + 1, *full_v = bar_q + 3, *empty = bar_q + 5;
+  uint64_t *full_k = bar_q + 1, *full_v = bar_q + 3, *empty = bar_q + 5, *q_empty = bar_q + 7;
+  int *slot = reinterpret_cast<int *>(smem + C::slot);  // the tile number, -1: none left
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int g = lane / 4, t = lane % 4, wg = warp / 4;
-  const int64_t bh = blockIdx.x, T = p.T;
-  const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
-  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
-  const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);
+  // Tile numbers, slices and rows in 32 bits (the launch checks that they fit): the producer
+  // runs on 24 registers.
+  const int64_t T = p.T;
+  const int BH = static_cast<int>(p.B * p.H), n_qt = static_cast<int>(p.n_qt), total = BH * n_qt;
+  const int last_qt = static_cast<int>(p.tile0) + n_qt - 1, T32 = static_cast<int>(T);
+  auto tile_rows = [&](int x, int &bh, int &i0) {  // tile number x: slice, first row
+    bh = x % BH;
+    i0 = (last_qt - x / BH) * BQ;
+  };
+  auto key_tiles = [&](int i0) {  // the key tiles rows i0 .. i0 + BQ - 1 see
+    const int i_end = i0 + BQ < T32 ? i0 + BQ : T32;
+    return (i_end + BK - 1) / BK;
+  };
   constexpr bool kDist = flash_distance<Enc>(), kRC = flash_rowcol<Enc>();
   constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;
   float *sB = reinterpret_cast<float *>(smem + C::bias);  // distance or column windows
@@ -95,6 +116,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       ptx::mbar_init(full_v + s, 1);
       ptx::mbar_init(empty + s, 128 * C::kConsumers);
     }
+    ptx::mbar_init(q_empty, 128 * C::kConsumers);
     ptx::mbar_init_fence();
   }
   static_assert(C::bytes % 16 == 0, "the parameter cache's base");
@@ -103,25 +125,50 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
 
   if (wg == 0) {  // ---- producer
     ptx::setmaxnreg_dec<24>();
-    if (threadIdx.x != 0) return;
-    ptx::mbar_arrive_expect_tx(bar_q, sizeof(In) * BQ * D);
-    hopper::tma_tile<BQ, D>(sQ, &maps.q, i0, bh, bar_q);
+    // One warp runs the loop (its values uniform: the claimed tile number reaches every lane by a
+    // shuffle, as FlashAttention-3's scheduler does, so that they live in uniform registers), and
+    // its lane 0 issues every claim, copy and arrival.
+    if (warp != 0) return;
+    const bool leader = lane == 0;
     constexpr unsigned kBiasBytes = kDist ? sizeof(float) * C::kDistLen : kRC ? sizeof(float) * BK : 0;
-    for (int kt = 0; kt < n_tiles; ++kt) {
-      const int s = kt & 1;
-      if (kt >= C::kStages) ptx::mbar_wait(empty + s, ((kt >> 1) - 1) & 1);
-      const int64_t j0 = int64_t(kt) * BK;
-      ptx::mbar_arrive_expect_tx(full_k + s, C::kTileBytes + kBiasBytes);
-      hopper::tma_tile<BK, D>(sK + s * BK * D, &maps.k, j0, bh, full_k + s);
-      if constexpr (kDist)  // distances i0 - j0 - BK + x, x < BQ + BK (dist_table_kernel's pads)
-        ptx::bulk_copy(sB + s * C::kDistLen, p.dist + bh * p.dist_ld + kDistPad + (i0 - j0 - BK),
-                       kBiasBytes, full_k + s);
-      if constexpr (kRC)
-        ptx::bulk_copy(sB + s * BK, p.rc + 2 * bh * p.rc_ld + p.rc_ld + j0, kBiasBytes, full_k + s);
-      ptx::mbar_arrive_expect_tx(full_v + s, C::kTileBytes);
-      hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, bh, full_v + s);
+    int it = 0;  // key tiles loaded for the block's earlier query tiles
+    int x = static_cast<int>(blockIdx.x);
+    for (int job = 0;; ++job) {
+      if (job > 0) {
+        int claim = 0;
+        if (leader && p.sched) claim = atomicAdd(p.sched, 1);
+        x = p.sched ? static_cast<int>(gridDim.x) + __shfl_sync(0xffffffffu, claim, 0) : total;
+        ptx::mbar_wait(q_empty, (job - 1) & 1);  // the last tile's S products have read Q
+      }
+      if (leader) ptx::st_relaxed_cta(slot, x < total ? x : -1);
+      if (x >= total) {
+        if (leader) ptx::mbar_arrive(bar_q);  // the consumers read -1 and stop
+        return;
+      }
+      int bh, i0;
+      tile_rows(x, bh, i0);
+      const int n_tiles = key_tiles(i0);
+      if (leader) {
+        ptx::mbar_arrive_expect_tx(bar_q, sizeof(In) * BQ * D);
+        hopper::tma_tile<BQ, D>(sQ, &maps.q, i0, bh, bar_q);
+      }
+      for (int kt = 0; kt < n_tiles; ++kt) {
+        const int u = it + kt, s = u & 1;
+        if (u >= C::kStages) ptx::mbar_wait(empty + s, ((u >> 1) - 1) & 1);
+        if (!leader) continue;
+        const int j0 = kt * BK;
+        ptx::mbar_arrive_expect_tx(full_k + s, C::kTileBytes + kBiasBytes);
+        hopper::tma_tile<BK, D>(sK + s * BK * D, &maps.k, j0, bh, full_k + s);
+        if constexpr (kDist)  // distances i0 - j0 - BK + x, x < BQ + BK (dist_table_kernel's pads)
+          ptx::bulk_copy(sB + s * C::kDistLen, p.dist + bh * p.dist_ld + kDistPad + (i0 - j0 - BK),
+                         kBiasBytes, full_k + s);
+        if constexpr (kRC)
+          ptx::bulk_copy(sB + s * BK, p.rc + 2 * bh * p.rc_ld + p.rc_ld + j0, kBiasBytes, full_k + s);
+        ptx::mbar_arrive_expect_tx(full_v + s, C::kTileBytes);
+        hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, bh, full_v + s);
+      }
+      it += n_tiles;
     }
-    return;
   }
 
   // ---- consumers
@@ -130,147 +177,160 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   // across the warp: the turns' barrier ids and tests stay in uniform registers).
   const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;
   const int r0 = 16 * (warp - 4);  // this warp's first row in the tile
-  DevCtx<Enc> ctx = make_ctx(p, bh, false);
-  if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::point(p, smem + C::bytes, ctx, false);
-  [[maybe_unused]] float rb[2];  // R / scale of the thread's rows
-  if constexpr (kRC) {
-    const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
-    for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
-  }
   const hopper::Desc dQ = hopper::desc_k<D>(ptx::smem_window_offset(sQ) + uint32_t(64 * cw) * C::kSwizzle);
   const hopper::Desc dK = hopper::desc_k<D>(ptx::smem_window_offset(sK));
   const hopper::Desc dV = hopper::desc_mn<BK, D>(ptx::smem_window_offset(sV));
-  float o[1][kDT][4] = {};
-  float m[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.f, 0.f}};
-  float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o[0][0][0]);
-  const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
   const float kf = kRaw ? p.scale * kLog2e : kLog2e;
   const float mscale = kRaw ? p.scale : 1.f;
-  ptx::mbar_wait(bar_q, 0);
-  // The softmax of tile kt overlaps the P V product of tile kt - 1 (FlashAttention-3's pipelining
-  // inside a warpgroup): issue S_kt, issue O += P_{kt-1} V_{kt-1}, wait for S_kt only, run the
-  // softmax, then wait for the product, release stage kt - 1, rescale O and pack P_kt (its
-  // registers, the A operand of the next product, are free once the product completed).
-  float s_acc[1][kNT][4];
-  float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s_acc[0][0][0]);
-  uint32_t a[BK / 16][4];  // P of the previous tile
-  auto issue_s = [&](int kt) {
-    const int s = kt & 1;
-    ptx::mbar_wait(full_k + s, (kt >> 1) & 1);
-    // S = Q' K'^T (+ B / scale, or + (R + C) / scale, as its initial value)
-    [[maybe_unused]] const float *tb = sB + s * C::kDistLen + (r0 + g - 2 * t + BK);
-    [[maybe_unused]] const float *cwin = sB + s * BK + 2 * t;
+  int it = 0;  // key tiles consumed for the block's earlier query tiles
+  for (int job = 0;; ++job) {
+    ptx::mbar_wait(bar_q, job & 1);
+    const int x = ptx::ld_relaxed_cta(slot);
+    if (x < 0) return;
+    int bh32, i032;
+    tile_rows(x, bh32, i032);
+    const int64_t bh = bh32, i0 = i032;
+    const int n_tiles = key_tiles(i032);
+    DevCtx<Enc> ctx = make_ctx(p, bh, false);
+    if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::point(p, smem + C::bytes, ctx, false);
+    [[maybe_unused]] float rb[2];  // R / scale of the thread's rows
+    if constexpr (kRC) {
+      const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
+      for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
+    }
+    float o[1][kDT][4] = {};
+    float m[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.f, 0.f}};
+    float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o[0][0][0]);
+    const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
+    // The softmax of tile kt overlaps the P V product of tile kt - 1 (FlashAttention-3's
+    // pipelining inside a warpgroup): issue S_kt, issue O += P_{kt-1} V_{kt-1}, wait for S_kt
+    // only, run the softmax, then wait for the product, release stage kt - 1, rescale O and pack
+    // P_kt (its registers, the A operand of the next product, are free once the product completed).
+    float s_acc[1][kNT][4];
+    float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s_acc[0][0][0]);
+    uint32_t a[BK / 16][4];  // P of the previous tile
+    auto issue_s = [&](int kt) {
+      const int u = it + kt, s = u & 1;
+      ptx::mbar_wait(full_k + s, (u >> 1) & 1);
+      // S = Q' K'^T (+ B / scale, or + (R + C) / scale, as its initial value)
+      [[maybe_unused]] const float *tb = sB + s * C::kDistLen + (r0 + g - 2 * t + BK);
+      [[maybe_unused]] const float *cwin = sB + s * BK + 2 * t;
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        if constexpr (kDist) s_acc[0][nt][x] = tb[8 * (x / 2) - 8 * nt - x % 2];
-        else if constexpr (kRC) s_acc[0][nt][x] = rb[x / 2] + cwin[8 * nt + x % 2];
-        else s_acc[0][nt][x] = 0.f;
-      }
-    const hopper::Desc cK = dK.plus(s * C::kTileBytes);
-    ptx::wgmma_fence();
+        for (int x4 = 0; x4 < 4; ++x4) {
+          if constexpr (kDist) s_acc[0][nt][x4] = tb[8 * (x4 / 2) - 8 * nt - x4 % 2];
+          else if constexpr (kRC) s_acc[0][nt][x4] = rb[x4 / 2] + cwin[8 * nt + x4 % 2];
+          else s_acc[0][nt][x4] = 0.f;
+        }
+      const hopper::Desc cK = dK.plus(s * C::kTileBytes);
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      ptx::wgmma_ss<In, BK>(sf, dQ.at(hopper::step_k<BQ, D>(kk)), cK.at(hopper::step_k<BK, D>(kk)),
-                            kDist || kRC || kk > 0);
-    ptx::wgmma_commit();
-  };
-  auto issue_pv = [&](int kt) {  // O += P_kt V_kt
-    const int s = kt & 1;
-    ptx::mbar_wait(full_v + s, (kt >> 1) & 1);
-    const hopper::Desc cV = dV.plus(s * C::kTileBytes);
-    ptx::wgmma_fence();
+      for (int kk = 0; kk < D / 16; ++kk)
+        ptx::wgmma_ss<In, BK>(sf, dQ.at(hopper::step_k<BQ, D>(kk)), cK.at(hopper::step_k<BK, D>(kk)),
+                              kDist || kRC || kk > 0);
+      ptx::wgmma_commit();
+    };
+    auto issue_pv = [&](int kt) {  // O += P_kt V_kt
+      const int u = it + kt, s = u & 1;
+      ptx::mbar_wait(full_v + s, (u >> 1) & 1);
+      const hopper::Desc cV = dV.plus(s * C::kTileBytes);
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) ptx::wgmma_rs<In, D, 1>(of, a[kk], cV.at(hopper::step_mn<D>(kk)), 1);
-    ptx::wgmma_commit();
-  };
-  auto pack_p = [&] {
+      for (int kk = 0; kk < BK / 16; ++kk) ptx::wgmma_rs<In, D, 1>(of, a[kk], cV.at(hopper::step_mn<D>(kk)), 1);
+      ptx::wgmma_commit();
+    };
+    auto pack_p = [&] {
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s_acc[0][2 * kk], s_acc[0][2 * kk + 1]);
-  };
-  // The turns (p.pingpong): consumer cw issues its steps' products between bar.sync 1 + cw and
-  // bar.arrive 2 - cw (256 threads: its own and the other's arrivals). Consumer 0 starts with an
-  // arrival on its own barrier; consumer 1's last step hands on no turn, so that every round of
-  // both barriers completes (n_tiles - 1 steps each).
-  const bool pingpong = p.pingpong && n_tiles > 1;
-  if (pingpong && cw == 0) ptx::bar_arrive(1, 256);
-  auto step = [&](int kt, auto masked) {  // kt >= 1
-    constexpr bool kMasked = decltype(masked)::value;
-    if (pingpong) ptx::bar_sync(1 + cw, 256);
-    issue_s(kt);
-    issue_pv(kt - 1);
-    if (pingpong && (cw == 0 || kt + 1 < n_tiles)) ptx::bar_arrive(2 - cw, 256);
-    ptx::wgmma_wait<1>();  // S_kt (the product of tile kt - 1 may still run)
+      for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s_acc[0][2 * kk], s_acc[0][2 * kk + 1]);
+    };
+    // The turns (p.pingpong): consumer cw issues its steps' products between bar.sync 1 + cw and
+    // bar.arrive 2 - cw (256 threads: its own and the other's arrivals). Consumer 0 starts each
+    // tile with an arrival on its own barrier; consumer 1's last step hands on no turn, so that
+    // every round of both barriers completes (n_tiles - 1 steps each). A consumer 0 a tile ahead
+    // cannot take a round of the other's: the next tile's Q waits for consumer 1's last S product.
+    const bool pingpong = p.pingpong && n_tiles > 1;
+    if (pingpong && cw == 0) ptx::bar_arrive(1, 256);
+    auto step = [&](int kt, auto masked) {  // kt >= 1
+      constexpr bool kMasked = decltype(masked)::value;
+      if (pingpong) ptx::bar_sync(1 + cw, 256);
+      issue_s(kt);
+      issue_pv(kt - 1);
+      if (pingpong && (cw == 0 || kt + 1 < n_tiles)) ptx::bar_arrive(2 - cw, 256);
+      ptx::wgmma_wait<1>();  // S_kt (the product of tile kt - 1 may still run)
+      ptx::fence_regs(sf);
+      if (kt + 1 == n_tiles) ptx::mbar_arrive(q_empty);  // the tile's last read of Q is done
+      float alpha[1][2];
+      flash_softmax_alpha<Enc, kMasked, kRaw>(s_acc, alpha, m, l, ctx, p.scale, kf, i0,
+                                              int64_t(kt) * BK, r0, g, t, T);
+      ptx::wgmma_wait<0>();
+      ptx::fence_regs(of);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
+      ptx::mbar_arrive(empty + ((it + kt - 1) & 1));  // this thread is done with stage kt - 1
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+        for (int x4 = 0; x4 < 4; ++x4) o[0][dt][x4] *= alpha[0][x4 / 2];
+      pack_p();
+    };
+    // Tile 0 (O is 0: no product to wait for), the steady state, the masked tiles, the last product.
+    issue_s(0);
+    ptx::wgmma_wait<0>();
     ptx::fence_regs(sf);
-    float alpha[1][2];
-    flash_softmax_alpha<Enc, kMasked, kRaw>(s_acc, alpha, m, l, ctx, p.scale, kf, i0,
-                                            int64_t(kt) * BK, r0, g, t, T);
+    if (n_tiles == 1) ptx::mbar_arrive(q_empty);
+    if (n_plain > 0) flash_softmax<Enc, false, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+    else flash_softmax<Enc, true, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+    pack_p();
+    int kt = 1;
+    for (; kt < n_plain; ++kt) step(kt, std::false_type{});
+    for (; kt < n_tiles; ++kt) step(kt, std::true_type{});
+    issue_pv(n_tiles - 1);
     ptx::wgmma_wait<0>();
     ptx::fence_regs(of);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
-    ptx::mbar_arrive(empty + ((kt - 1) & 1));  // this thread is done with stage kt - 1
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) o[0][dt][x] *= alpha[0][x / 2];
-    pack_p();
-  };
-  // Tile 0 (O is 0: no product to wait for), the steady state, the masked tiles, the last product.
-  issue_s(0);
-  ptx::wgmma_wait<0>();
-  ptx::fence_regs(sf);
-  if (n_plain > 0) flash_softmax<Enc, false, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
-  else flash_softmax<Enc, true, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
-  pack_p();
-  int kt = 1;
-  for (; kt < n_plain; ++kt) step(kt, std::false_type{});
-  for (; kt < n_tiles; ++kt) step(kt, std::true_type{});
-  issue_pv(n_tiles - 1);
-  ptx::wgmma_wait<0>();
-  ptx::fence_regs(of);
-#pragma unroll
-  for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
-  ptx::mbar_arrive(empty + ((n_tiles - 1) & 1));
+    ptx::mbar_arrive(empty + ((it + n_tiles - 1) & 1));
+    it += n_tiles;
 
-  // o = O / l through shared memory: each warp stages its 16 rows in its own rows of the Q tile
-  // (whose only readers, this warpgroup's S products, are complete once every warp of it is here:
-  // the named barrier), then stores whole rows in 16-byte chunks, 512 contiguous bytes per warp
-  // instruction at D = 128, where the fragments' 2-byte stores each touched 8 rows. The staging
-  // rows keep the tile's layout: kSwizzle-byte rows per box of kRowElems columns, 16-byte chunk k
-  // of row r at k ^ (r % kChunks), so that the fragment writes (a row per lane quad) and the chunk
-  // reads (a row per kChunks lanes) are free of bank conflicts.
-  constexpr int kChunks = C::kSwizzle / 16;  // 16-byte chunks per staging row
-  ptx::bar_sync(3 + cw, 128);                // the warpgroup's products have read its Q rows
-  unsigned char *stage = smem + C::q + size_t(r0) * C::kSwizzle;  // box a's rows at + a BQ kSwizzle
-  auto chunk_at = [&](int r, int k) {  // row r of the warp's 16, chunk k of the row's D / 8
-    return stage + size_t(k / kChunks) * BQ * C::kSwizzle + r * C::kSwizzle + 16 * ((k % kChunks) ^ (r % kChunks));
-  };
-  float lt[2];
+    // o = O / l through shared memory: each warp stages its 16 rows in its own rows of the staging
+    // tile (after __syncwarp: its lanes' reads of the last tile's rows are done), then stores whole
+    // rows in 16-byte chunks, 512 contiguous bytes per warp instruction at D = 128, where the
+    // fragments' 2-byte stores each touched 8 rows. The staging rows have the tiles' layout:
+    // kSwizzle-byte rows per box of kRowElems columns, 16-byte chunk k of row r at k ^ (r % kChunks),
+    // so that the fragment writes (a row per lane quad) and the chunk reads (a row per kChunks
+    // lanes) are free of bank conflicts.
+    constexpr int kChunks = C::kSwizzle / 16;  // 16-byte chunks per staging row
+    __syncwarp();
+    unsigned char *stage = smem + C::o + size_t(r0) * C::kSwizzle;  // box a's rows at + a BQ kSwizzle
+    auto chunk_at = [&](int r, int k) {  // row r of the warp's 16, chunk k of the row's D / 8
+      return stage + size_t(k / kChunks) * BQ * C::kSwizzle + r * C::kSwizzle + 16 * ((k % kChunks) ^ (r % kChunks));
+    };
+    float lt[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    lt[h] = flash::quad_sum(l[0][h]);
-    const float inv = lt[h] > 0.f ? 1.f / lt[h] : 0.f;
+    for (int h = 0; h < 2; ++h) {
+      lt[h] = flash::quad_sum(l[0][h]);
+      const float inv = lt[h] > 0.f ? 1.f / lt[h] : 0.f;
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      *reinterpret_cast<uint32_t *>(chunk_at(g + 8 * h, dt) + 4 * t) =
-          flash::pack2<In>(o[0][dt][2 * h] * inv, o[0][dt][2 * h + 1] * inv);
+      for (int dt = 0; dt < kDT; ++dt) {
+        *reinterpret_cast<uint32_t *>(chunk_at(g + 8 * h, dt) + 4 * t) =
+            flash::pack2<In>(o[0][dt][2 * h] * inv, o[0][dt][2 * h + 1] * inv);
+      }
     }
-  }
-  __syncwarp();
-  const int64_t base = bh * T * D, rows = T - (i0 + r0) < 16 ? T - (i0 + r0) : 16;
-  static_assert(16 * D / 8 % 32 == 0, "whole chunks per lane");
+    __syncwarp();
+    const int64_t base = bh * T * D, rows = T - (i0 + r0) < 16 ? T - (i0 + r0) : 16;
+    static_assert(16 * D / 8 % 32 == 0, "whole chunks per lane");
 #pragma unroll
-  for (int u = 0; u < 16 * D / 8 / 32; ++u) {
-    const int x = lane + 32 * u, r = x / (D / 8), k = x % (D / 8);
-    if (r < rows)
-      *reinterpret_cast<ptx::F4 *>(p.o + base + (i0 + r0 + r) * D + 8 * k) =
-          *reinterpret_cast<const ptx::F4 *>(chunk_at(r, k));
-  }
-  for (int h = 0; h < 2; ++h) {
-    const int64_t i = i0 + r0 + g + 8 * h;
-    if (i < T && t == 0) p.lse[bh * T + i] = m[0][h] * mscale + logf(lt[h]);
+    for (int u = 0; u < 16 * D / 8 / 32; ++u) {
+      const int xc = lane + 32 * u, r = xc / (D / 8), k = xc % (D / 8);
+      if (r < rows)
+        *reinterpret_cast<ptx::F4 *>(p.o + base + (i0 + r0 + r) * D + 8 * k) =
+            *reinterpret_cast<const ptx::F4 *>(chunk_at(r, k));
+    }
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = i0 + r0 + g + 8 * h;
+      if (i < T && t == 0) p.lse[bh * T + i] = m[0][h] * mscale + logf(lt[h]);
+    }
   }
 #endif
 }

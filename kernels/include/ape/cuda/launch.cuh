@@ -9,6 +9,7 @@
 #include "ape/cuda/transition.cuh"
 
 #include <cstdlib>
+#include <limits>
 
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
@@ -281,6 +282,15 @@ inline bool hopper_pingpong_enabled() {
   return v != nullptr && v[0] == '1' && v[1] == '\0';
 }
 
+// Whether the Hopper forward runs a block per SM that claims its tiles, heaviest first, from a
+// counter (Params::sched, FlashAttention-3's persistent scheduling: the next tile's Q, K' and V
+// load while the block finishes the last) instead of a block per tile: APE_CUDA_PERSISTENT set to
+// 1. Off by default until a GPU has timed it; the emulated suite checks both.
+inline bool hopper_persistent_enabled() {
+  const char *v = std::getenv("APE_CUDA_PERSISTENT");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 // Whether the flash backward may take its wgmma layout on sm_90 (kBwdWgmma): APE_CUDA_WGMMA_BACKWARD
 // set to 1. Off by default until a GPU has timed it against the mma.sync layout; the emulated
 // suite checks it (posing as sm_90) and the GPU check runs its suite and benchmark both ways.
@@ -363,9 +373,28 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           return err;
         p.tile0 = a.first_row / H::BQ;
         p.pingpong = hopper_pingpong_enabled();
-        const dim3 grid(static_cast<unsigned>(a.B * a.H),
-                        blocks_for(a.T, H::BQ) - unsigned(p.tile0));
-        return launch(hopper_forward_kernel<Enc, In, kD>, grid, H::kThreads, bytes, st, p, maps);
+        p.n_qt = blocks_for(a.T, H::BQ) - p.tile0;
+        // A block per tile, or (APE_CUDA_PERSISTENT=1) a block per SM, each claiming tiles from
+        // a zeroed counter after its first (hopper_forward_kernel).
+        const int64_t tiles = a.B * a.H * p.n_qt;
+        constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+        if (tiles > kIntMax / 2 || a.T > kIntMax - H::BQ) return cudaErrorInvalidValue;  // the kernel's ints
+        int64_t blocks = tiles;
+        p.sched = nullptr;
+        if (hopper_persistent_enabled()) {
+          int dev = 0, sms = 0;
+          if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
+              (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+            return err;
+          if (sms > 0 && sms < tiles) {
+            blocks = sms;
+            p.sched = scratch.take<int>(1, err);
+            if (err != cudaSuccess || (err = cudaMemsetAsync(p.sched, 0, sizeof(int), st)) != cudaSuccess)
+              return err;
+          }
+        }
+        return launch(hopper_forward_kernel<Enc, In, kD>, dim3(static_cast<unsigned>(blocks)), H::kThreads,
+                      bytes, st, p, maps);
       }
       size_t bytes = flash_fwd_bytes<Enc, In, kD>(), extra = 0;
       if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;

@@ -240,6 +240,27 @@ __device__ inline void red_relaxed_gpu_add(int *p, int v) {
 #endif
 }
 
+// A word of shared memory that one thread of a block publishes to others, the order given by an
+// mbarrier (arrive: release, wait: acquire; the Hopper forward's tile numbers): relaxed atomic
+// accesses, which never race with each other (the emulator's race check, which credits block
+// barriers and warp collectives alone with ordering, treats them as atomics).
+__device__ inline void st_relaxed_cta(int *p, int v) {
+#ifdef APE_SIMT
+  atomicExch(p, v);
+#else
+  asm volatile("st.relaxed.cta.shared.s32 [%0], %1;\n" ::"r"(smem_addr(p)), "r"(v) : "memory");
+#endif
+}
+__device__ inline int ld_relaxed_cta(const int *p) {
+#ifdef APE_SIMT
+  return atomicAdd(const_cast<int *>(p), 0);
+#else
+  int v;
+  asm volatile("ld.relaxed.cta.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+#endif
+}
+
 __device__ inline F4 ld_cg_16(const float *p) {
 #ifdef APE_SIMT
   F4 v;

@@ -193,6 +193,7 @@ int atomic_add_i32(int *p, int v);
 unsigned atomic_or_u32(unsigned *p, unsigned v);
 unsigned long long atomic_or_u64(unsigned long long *p, unsigned long long v);
 int atomic_max_i32(int *p, int v);
+int atomic_exch_i32(int *p, int v);
 unsigned atomic_cas_u32(unsigned *p, unsigned compare, unsigned v);
 unsigned long long atomic_cas_u64(unsigned long long *p, unsigned long long compare,
                                   unsigned long long v);
@@ -263,6 +264,7 @@ inline unsigned long long atomicOr(unsigned long long *p, unsigned long long v) 
   return ::ape::simt::atomic_or_u64(p, v);
 }
 inline int atomicMax(int *p, int v) { return ::ape::simt::atomic_max_i32(p, v); }
+inline int atomicExch(int *p, int v) { return ::ape::simt::atomic_exch_i32(p, v); }
 inline unsigned atomicCAS(unsigned *p, unsigned c, unsigned v) {
   return ::ape::simt::atomic_cas_u32(p, c, v);
 }

@@ -49,6 +49,11 @@ void set_print(bool on);
 // 227 KiB (90); 1024 threads per block; grid y and z at most 65535.
 void set_arch(int sm);
 int arch();
+// The multiprocessors the emulated device reports (cudaDevAttrMultiProcessorCount): the
+// architecture's (132 on sm_90, 108 otherwise; n <= 0 restores that) or n, so that a test sees
+// the grids of a smaller device, e.g. a persistent kernel's blocks each taking several tiles.
+void set_sm_count(int n);
+int sm_count();
 size_t max_dynamic_smem(int sm);
 
 // Statistics of this process: launches, blocks, thread switches, instrumented accesses checked.
