@@ -24,8 +24,10 @@
 #   python     test/python/test_cuda.py and the cuda cases of the framework tests     200
 #   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
 #              FlexAttention, one configuration (1x16x4096x128) unless --full-bench or
-#              --bench-configs; --bench-encodings picks encodings; then APE's NoPE and
-#              RoPE with the backward's dQ' in any order (what determinism costs)    330
+#              --bench-configs; --bench-encodings picks encodings; then APE alone: NoPE
+#              and RoPE with the backward's dQ' in any order (what determinism costs),
+#              the wgmma backward, and each Hopper forward setting (turns,
+#              persistent grid, both, the FlashAttention-2-class one)            240 + 660
 #   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
@@ -477,17 +479,23 @@ run() {
       --libs "$bench_libs" "${quick[@]}" --methods ape \
       --md "$logs/gpu_bench_wgmma.md" --csv "$logs/gpu_bench_wgmma.csv" \
       >"$logs/bench-wgmma.log" 2>&1 || note+=" (the wgmma-backward run failed: logs/bench-wgmma.log)"
-    # The forward per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 with the Hopper
-    # forward (the default: hopper1), its consumers taking turns (APE_CUDA_PINGPONG=1: pingpong;
-    # off by default until timed) and the FlashAttention-2-class forward (APE_CUDA_HOPPER_FORWARD=0:
+    # The forward per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 (T 4096) and at
+    # d_h 128, T 2048, B 8 (short sequences, where a block's start and end weigh most) with the
+    # Hopper forward (the default: hopper1), its consumers taking turns (APE_CUDA_PINGPONG=1:
+    # pingpong), its persistent grid (APE_CUDA_PERSISTENT=1: persistent), both (fa3; the two off
+    # by default until timed) and the FlashAttention-2-class forward (APE_CUDA_HOPPER_FORWARD=0:
     # hopper0).
     local fwd_run
-    for fwd_run in hopper1 pingpong hopper0; do
+    for fwd_run in hopper1 pingpong persistent fa3 hopper0; do
       local fwd_vars=(APE_CUDA_HOPPER_FORWARD=1)
-      [ $fwd_run = pingpong ] && fwd_vars+=(APE_CUDA_PINGPONG=1)
-      [ $fwd_run = hopper0 ] && fwd_vars=(APE_CUDA_HOPPER_FORWARD=0)
+      case $fwd_run in
+        pingpong) fwd_vars+=(APE_CUDA_PINGPONG=1) ;;
+        persistent) fwd_vars+=(APE_CUDA_PERSISTENT=1) ;;
+        fa3) fwd_vars+=(APE_CUDA_PINGPONG=1 APE_CUDA_PERSISTENT=1) ;;
+        hopper0) fwd_vars=(APE_CUDA_HOPPER_FORWARD=0) ;;
+      esac
       env "${fwd_vars[@]}" PYTHONFAULTHANDLER=1 timeout 90 "$py" "$src/bench/gpu_bench.py" \
-        --libs "$bench_libs" --quick --configs 1x32x4096x64,1x16x4096x128 --methods ape --encodings nope,rope \
+        --libs "$bench_libs" --quick --configs 1x32x4096x64,1x16x4096x128,8x16x2048x128 --methods ape --encodings nope,rope \
         --md "$logs/gpu_bench_forward_$fwd_run.md" --csv "$logs/gpu_bench_forward_$fwd_run.csv" \
         >"$logs/bench-forward-$fwd_run.log" 2>&1 ||
         note+=" (the forward run with ${fwd_vars[*]} failed: logs/bench-forward-$fwd_run.log)"
