@@ -3,7 +3,7 @@
 
     python bench/gpu_bench.py --libs LIBDIR [--quick] [--encodings nope,rope,alibi,t5,cable] \\
         [--methods ape,sdpa-cudnn,sdpa-flash,sdpa-mask,flex] [--configs 2x16x8192x128,...] \\
-        [--mask-limit-gib 4] [--md out.md] [--csv out.csv]
+        [--ape-settings NAME:VAR=VALUE[+VAR=VALUE...],...] [--mask-limit-gib 4] [--md out.md] [--csv out.csv]
 
 LIBDIR holds the operator libraries that `apec --emit=torch-library` and CMake build
 (docs/frameworks.md) with their CUDA kernels (bf16 at head dims 64 and 128):
@@ -19,6 +19,12 @@ and every trainable param; the encodings of examples/encodings/ENC.mlir):
               rather than 0.02 so that the spot check sees the bias; no timing depends on it).
               After its runs the helper's backward_status() is read (where the helper has it):
               a backward whose fixed-point sums failed is named in the notes.
+  ape:NAME    with --ape-settings NAME:VAR=VALUE[+VAR=VALUE...]: APE again, in the same process,
+              with those environment variables set while its cells run (the kernels read
+              APE_CUDA_PINGPONG, APE_CUDA_PERSISTENT, APE_CUDA_HOPPER_FORWARD,
+              APE_CUDA_WGMMA_BACKWARD and APE_CUDA_DETERMINISTIC at every call), after `ape`; its
+              spot check is against `ape`, and the report adds a table of each setting's speed-up
+              over the default.
   sdpa-cudnn  torch.nn.functional.scaled_dot_product_attention(is_causal=True) under
   sdpa-flash  sdpa_kernel(SDPBackend.CUDNN_ATTENTION / FLASH_ATTENTION): nope; rope as
               "... + eager rotary": q and k rotated by torch ops first (rotate-half pairs, base
@@ -118,6 +124,7 @@ PHASE_NAMES = {"fwd": "fwd", "bwd": "bwd", "fwdbwd": "fwd+bwd"}
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 MISMATCH = 5e-2  # max |o - APE's o| above this is flagged (bf16: about 1e-2 expected)
 T5_TABLE_STD = 0.5
+SETTINGS = {}  # --ape-settings: NAME -> {VAR: VALUE}, the methods ape:NAME
 GIB, MIB = 1 << 30, 1 << 20
 
 torch = None  # imported in main(), after the arguments (so that --help needs no PyTorch)
@@ -128,9 +135,14 @@ def log(text):
     print(f"[gpu_bench] {text}", file=sys.stderr, flush=True)
 
 
+def is_ape(method):
+    """APE's own rows: `ape` and its settings `ape:NAME`."""
+    return method == "ape" or method.startswith("ape:")
+
+
 def label(enc, method):
     """The row's name: the rope peers say that they rotate q and k by torch ops first."""
-    if enc == "rope" and method != "ape":
+    if enc == "rope" and not is_ape(method):
         return f"{method} + eager rotary"
     return method
 
@@ -426,7 +438,7 @@ def candidates(method, case, mask_limit_gib):
     and backward); each builder returns the forward () -> o."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     enc = case.enc
-    if method == "ape":
+    if is_ape(method):
         def ape():
             if case.missing:
                 raise NotApplicable(f"params without a manifest initialiser: {case.missing}")
@@ -606,7 +618,7 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs, progress=None)
             o = grads = None
         except Exception as exc:
             cell.notes.append(f"peak/spot-check step {error_text(exc)}")
-    if method == "ape" and device == "cuda" and hasattr(case.h, "backward_status"):
+    if is_ape(method) and device == "cuda" and hasattr(case.h, "backward_status"):
         progress("backward_status")
         try:  # what the CUDA backward could not sum (the gradients concerned are NaN)
             bits, messages = case.h.backward_status(clear=True)
@@ -707,7 +719,7 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
     def speedup(c):  # c: APE's cell
         parts = []
         for p in ("fwd", "fwdbwd"):
-            peers = [x for (e, m, k), x in by_key.items() if e == c.enc and k == c.cfg and m != "ape" and p in x.ms]
+            peers = [x for (e, m, k), x in by_key.items() if e == c.enc and k == c.cfg and not is_ape(m) and p in x.ms]
             best = min(peers, key=lambda x: x.ms[p]) if peers else None
             if best is not None and p in c.ms and c.ms[p] > 0:
                 parts.append(f"{PHASE_NAMES[p]} {best.ms[p] / c.ms[p]:.2f}x ({label(c.enc, best.method)})")
@@ -735,6 +747,20 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
     for enc in dict.fromkeys(e for e, m in rows_order if m == "ape"):
         cells_ = [by_key.get((enc, "ape", cfg)) for cfg in configs]
         lines.append(f"| {enc} | ape | " + " | ".join("" if c is None else speedup(c) for c in cells_) + " |")
+    if SETTINGS:
+        def over_default(c):  # c: an ape:NAME cell
+            base = by_key.get((c.enc, "ape", c.cfg))
+            return cell_text(c, lambda p: f"{base.ms[p] / c.ms[p]:.2f}x"
+                             if base is not None and p in base.ms and p in c.ms and c.ms[p] > 0 else None)
+        lines += ["", "## APE's settings against its default", "",
+                  "speed-up = `ape`'s ms / the setting's ms (> 1: the setting is faster), fwd / bwd / fwd+bwd; "
+                  "the settings: " + "; ".join(f"`ape:{n}` " + " ".join(f"{k}={v}" for k, v in env.items())
+                                               for n, env in SETTINGS.items()) + ".", "", head, rule]
+        for enc, method in rows_order:
+            if method.startswith("ape:"):
+                cells_ = [by_key.get((enc, method, cfg)) for cfg in configs]
+                lines.append(f"| {enc} | {method} | " + " | ".join("" if c is None else over_default(c)
+                                                                     for c in cells_) + " |")
     notes = list(notes)
     for enc, method in rows_order:
         for cfg in configs:
@@ -799,7 +825,47 @@ def config_arg(cfg):
 
 
 def encoding_methods(enc, methods):
-    return [m for m in ["ape"] + PEERS.get(enc, []) if m in methods]
+    """The methods of enc's rows, in order: ape, its settings (where ape runs), the peers."""
+    ape = ["ape"] + [f"ape:{n}" for n in SETTINGS] if "ape" in methods else []
+    return ape + [m for m in PEERS.get(enc, []) if m in methods]
+
+
+class ape_setting:
+    """While in scope, the environment variables of the method's setting (ape:NAME); nothing for
+    other methods. The previous values come back afterwards."""
+
+    def __init__(self, method):
+        self.env = SETTINGS.get(method[4:], {}) if method.startswith("ape:") else {}
+        self.saved = {}
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def parse_settings(text):
+    """--ape-settings NAME:VAR=VALUE[+VAR=VALUE...],... -> {NAME: {VAR: VALUE}}."""
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        name, _, assigns = item.partition(":")
+        env = {}
+        for a in filter(None, assigns.split("+")):
+            var, eq, value = a.partition("=")
+            if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
+                sys.exit(f"bad --ape-settings item {item!r}: want NAME:VAR=VALUE[+VAR=VALUE...]")
+            env[var] = value
+        if not re.fullmatch(r"[\w-]+", name) or not env or name in out:
+            sys.exit(f"bad --ape-settings item {item!r}: want NAME:VAR=VALUE[+VAR=VALUE...] with a new name")
+        out[name] = env
+    return out
 
 
 def test_crashes(enc):
@@ -926,8 +992,9 @@ def child_main(args, enc, methods, configs, device):
             try:
                 if crash == "lost":
                     raise RuntimeError(context_lost(device, simulated=True))
-                cell, outputs = run_method(method, case, timer, args.mask_limit_gib, keep,
-                                           lambda phase: progress(method, cfg, phase))
+                with ape_setting(method):
+                    cell, outputs = run_method(method, case, timer, args.mask_limit_gib, keep,
+                                               lambda phase: progress(method, cfg, phase))
             except Exception as exc:  # a failure outside the guarded phases: still one cell
                 cell, outputs = Cell(enc, method, cfg), None
                 cell.fail_all(error_text(exc))
@@ -1008,6 +1075,8 @@ def main():
     ap.add_argument("--encodings", default=",".join(ENCODINGS),
                     help="comma-separated (default %(default)s); others run ape alone")
     ap.add_argument("--methods", default=",".join(METHODS), help="a subset of %(default)s")
+    ap.add_argument("--ape-settings", metavar="NAME:VAR=VALUE[+VAR=VALUE...],...",
+                    help="APE again with these environment variables, as the method ape:NAME (see above)")
     ap.add_argument("--mask-limit-gib", type=float, default=4.0,
                     help="skip sdpa-mask where its (B, H, T, T) bf16 mask takes more (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
@@ -1025,6 +1094,7 @@ def main():
     if bad or not encodings:
         sys.exit(f"unknown methods {bad} (known: {','.join(METHODS)})" if bad else "no encodings")
     configs = parse_configs(args.configs) if args.configs else (QUICK if args.quick else FULL)
+    SETTINGS.update(parse_settings(args.ape_settings))
     if args.selftest_cpu and not args.configs:
         configs = [(1, 2, 256, 64), (2, 2, 128, 128)]
     if args.one_encoding and not args.cells_json:
@@ -1060,7 +1130,8 @@ def parent_main(args, encodings, methods, configs):
     work = tempfile.mkdtemp(prefix="gpu_bench.")
     forward = ["--libs", args.libs, "--configs", ",".join(config_arg(c) for c in configs),
                "--methods", ",".join(methods), "--mask-limit-gib", repr(args.mask_limit_gib),
-               "--seed", str(args.seed)] + (["--selftest-cpu"] if args.selftest_cpu else [])
+               "--seed", str(args.seed)] + (["--selftest-cpu"] if args.selftest_cpu else []) + \
+        (["--ape-settings", args.ape_settings] if args.ape_settings else [])
     proc = None
     status = None  # the report's "Status" line until the run is over
 

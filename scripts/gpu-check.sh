@@ -24,10 +24,11 @@
 #   python     test/python/test_cuda.py and the cuda cases of the framework tests     200
 #   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
 #              FlexAttention, one configuration (1x16x4096x128) unless --full-bench or
-#              --bench-configs; --bench-encodings picks encodings; then APE alone: NoPE
-#              and RoPE with the backward's dQ' in any order (what determinism costs),
-#              the wgmma backward, and each Hopper forward setting (turns,
-#              persistent grid, both, the FlashAttention-2-class one)            240 + 660
+#              --bench-configs; --bench-encodings picks encodings; with APE's
+#              settings that are off by default (wgmma backward, dQ' in any order,
+#              the Hopper forward's turns, its persistent grid, both) beside it; then
+#              NoPE and RoPE's forwards per head dim (the FlashAttention-2-class one
+#              too)                                                               240 + 150
 #   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
@@ -453,11 +454,18 @@ run() {
     local quick=(--quick --configs "${bench_configs:-1x16x4096x128}")
     [ $full_bench = 1 ] && quick=()
     [ -n "$bench_encodings" ] && quick+=(--encodings "$bench_encodings")
+    # APE's settings that are off by default until timed, each timed beside the default in the same
+    # process (the kernels read the variables at every call; gpu_bench.py --ape-settings): the
+    # wgmma backward, dQ' in any order (what determinism costs), the Hopper forward's turns, its
+    # persistent grid, both.
+    local settings="wgmma:APE_CUDA_WGMMA_BACKWARD=1,any-order:APE_CUDA_DETERMINISTIC=0"
+    settings+=",pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1"
+    settings+=",fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1"
     # Each encoding runs in a process of its own: a crash (a segfault in a library, a lost CUDA
     # context) costs that process's unfinished cells, which say so (exit 3), and the report is
     # rewritten after every process, so a time limit keeps the finished rows.
     PYTHONFAULTHANDLER=1 timeout 240 "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" "${quick[@]}" \
-      --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
+      --ape-settings "$settings" --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
     local rc=$?
     [ $rc = 0 ] && status=pass || status=FAIL
     case $rc in
@@ -467,39 +475,15 @@ run() {
       124) note="timed out; the finished rows in logs/gpu_bench.md (logs/bench.log)" ;;
       *) note="exit $rc (logs/bench.log)" ;;
     esac
-    # What the deterministic dQ' order costs: APE's NoPE and RoPE again with the flash backward's
-    # dQ' tiles added in any order (APE_CUDA_DETERMINISTIC=0, ops_cuda.h), beside the rows above.
-    APE_CUDA_DETERMINISTIC=0 PYTHONFAULTHANDLER=1 timeout 90 "$py" "$src/bench/gpu_bench.py" \
-      --libs "$bench_libs" "${quick[@]}" --methods ape --encodings nope,rope \
-      --md "$logs/gpu_bench_any_order.md" --csv "$logs/gpu_bench_any_order.csv" \
-      >"$logs/bench-any-order.log" 2>&1 || note+=" (the any-order run failed: logs/bench-any-order.log)"
-    # The flash backward's wgmma layout (APE_CUDA_WGMMA_BACKWARD=1: sm_90 with sm_90a code; off by
-    # default until timed), APE alone, beside the rows above.
-    APE_CUDA_WGMMA_BACKWARD=1 PYTHONFAULTHANDLER=1 timeout 120 "$py" "$src/bench/gpu_bench.py" \
-      --libs "$bench_libs" "${quick[@]}" --methods ape \
-      --md "$logs/gpu_bench_wgmma.md" --csv "$logs/gpu_bench_wgmma.csv" \
-      >"$logs/bench-wgmma.log" 2>&1 || note+=" (the wgmma-backward run failed: logs/bench-wgmma.log)"
-    # The forward per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 (T 4096) and at
-    # d_h 128, T 2048, B 8 (short sequences, where a block's start and end weigh most) with the
-    # Hopper forward (the default: hopper1), its consumers taking turns (APE_CUDA_PINGPONG=1:
-    # pingpong), its persistent grid (APE_CUDA_PERSISTENT=1: persistent), both (fa3; the two off
-    # by default until timed) and the FlashAttention-2-class forward (APE_CUDA_HOPPER_FORWARD=0:
-    # hopper0).
-    local fwd_run
-    for fwd_run in hopper1 pingpong persistent fa3 hopper0; do
-      local fwd_vars=(APE_CUDA_HOPPER_FORWARD=1)
-      case $fwd_run in
-        pingpong) fwd_vars+=(APE_CUDA_PINGPONG=1) ;;
-        persistent) fwd_vars+=(APE_CUDA_PERSISTENT=1) ;;
-        fa3) fwd_vars+=(APE_CUDA_PINGPONG=1 APE_CUDA_PERSISTENT=1) ;;
-        hopper0) fwd_vars=(APE_CUDA_HOPPER_FORWARD=0) ;;
-      esac
-      env "${fwd_vars[@]}" PYTHONFAULTHANDLER=1 timeout 90 "$py" "$src/bench/gpu_bench.py" \
-        --libs "$bench_libs" --quick --configs 1x32x4096x64,1x16x4096x128,8x16x2048x128 --methods ape --encodings nope,rope \
-        --md "$logs/gpu_bench_forward_$fwd_run.md" --csv "$logs/gpu_bench_forward_$fwd_run.csv" \
-        >"$logs/bench-forward-$fwd_run.log" 2>&1 ||
-        note+=" (the forward run with ${fwd_vars[*]} failed: logs/bench-forward-$fwd_run.log)"
-    done
+    # The forward per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 (T 4096) and at d_h
+    # 128, T 2048, B 8 (short sequences, where a block's start and end weigh most), the Hopper
+    # forward (the default) beside its settings and the FlashAttention-2-class forward
+    # (APE_CUDA_HOPPER_FORWARD=0: hopper0), so that the default per head dim follows a measurement.
+    PYTHONFAULTHANDLER=1 timeout 150 "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" \
+      --configs 1x32x4096x64,1x16x4096x128,8x16x2048x128 --methods ape --encodings nope,rope \
+      --ape-settings "pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1,fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1,hopper0:APE_CUDA_HOPPER_FORWARD=0" \
+      --md "$logs/gpu_bench_forward.md" --csv "$logs/gpu_bench_forward.csv" >"$logs/bench-forward.log" 2>&1 ||
+      note+=" (the forward run failed: logs/bench-forward.log)"
     # A crashed encoding's host stack: APE alone at a small shape under cuda-gdb (this machine has
     # no gdb), its backtrace in logs/bench-crash-ENC.log.
     if [ $rc = 3 ] && command -v cuda-gdb >/dev/null; then
