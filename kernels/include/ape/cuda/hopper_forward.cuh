@@ -131,7 +131,10 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     if (warp != 0) return;
     const bool leader = lane == 0;
     constexpr unsigned kBiasBytes = kDist ? sizeof(float) * C::kDistLen : kRC ? sizeof(float) * BK : 0;
-    int it = 0;  // key tiles loaded for the block's earlier query tiles
+    // Key tiles loaded for the block's earlier query tiles, modulo 2^32 (a block may load more:
+    // stage u % 2 and phase (u / 2) % 2 wrap with it), and the stages not yet used once.
+    unsigned it = 0;
+    int fresh = C::kStages;
     int x = static_cast<int>(blockIdx.x);
     for (int job = 0;; ++job) {
       if (job > 0) {
@@ -153,8 +156,9 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
         hopper::tma_tile<BQ, D>(sQ, &maps.q, i0, bh, bar_q);
       }
       for (int kt = 0; kt < n_tiles; ++kt) {
-        const int u = it + kt, s = u & 1;
-        if (u >= C::kStages) ptx::mbar_wait(empty + s, ((u >> 1) - 1) & 1);
+        const unsigned u = it + unsigned(kt), s = u & 1;
+        if (fresh > 0) --fresh;
+        else ptx::mbar_wait(empty + s, ((u >> 1) - 1) & 1);
         if (!leader) continue;
         const int j0 = kt * BK;
         ptx::mbar_arrive_expect_tx(full_k + s, C::kTileBytes + kBiasBytes);
@@ -167,7 +171,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
         ptx::mbar_arrive_expect_tx(full_v + s, C::kTileBytes);
         hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, bh, full_v + s);
       }
-      it += n_tiles;
+      it += unsigned(n_tiles);
     }
   }
 
@@ -182,7 +186,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   const hopper::Desc dV = hopper::desc_mn<BK, D>(ptx::smem_window_offset(sV));
   const float kf = kRaw ? p.scale * kLog2e : kLog2e;
   const float mscale = kRaw ? p.scale : 1.f;
-  int it = 0;  // key tiles consumed for the block's earlier query tiles
+  unsigned it = 0;  // key tiles consumed for the block's earlier query tiles, modulo 2^32
   for (int job = 0;; ++job) {
     ptx::mbar_wait(bar_q, job & 1);
     const int x = ptx::ld_relaxed_cta(slot);
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     float(&sf)[BK / 2] = reinterpret_cast<float(&)[BK / 2]>(s_acc[0][0][0]);
     uint32_t a[BK / 16][4];  // P of the previous tile
     auto issue_s = [&](int kt) {
-      const int u = it + kt, s = u & 1;
+      const unsigned u = it + unsigned(kt), s = u & 1;
       ptx::mbar_wait(full_k + s, (u >> 1) & 1);
       // S = Q' K'^T (+ B / scale, or + (R + C) / scale, as its initial value)
       [[maybe_unused]] const float *tb = sB + s * C::kDistLen + (r0 + g - 2 * t + BK);
@@ -232,7 +236,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       ptx::wgmma_commit();
     };
     auto issue_pv = [&](int kt) {  // O += P_kt V_kt
-      const int u = it + kt, s = u & 1;
+      const unsigned u = it + unsigned(kt), s = u & 1;
       ptx::mbar_wait(full_v + s, (u >> 1) & 1);
       const hopper::Desc cV = dV.plus(s * C::kTileBytes);
       ptx::wgmma_fence();
@@ -267,7 +271,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       ptx::fence_regs(of);
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
-      ptx::mbar_arrive(empty + ((it + kt - 1) & 1));  // this thread is done with stage kt - 1
+      ptx::mbar_arrive(empty + ((it + unsigned(kt) - 1) & 1));  // this thread is done with stage kt - 1
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
@@ -290,8 +294,8 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     ptx::fence_regs(of);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
-    ptx::mbar_arrive(empty + ((it + n_tiles - 1) & 1));
-    it += n_tiles;
+    ptx::mbar_arrive(empty + ((it + unsigned(n_tiles) - 1) & 1));
+    it += unsigned(n_tiles);
 
     // o = O / l through shared memory: each warp stages its 16 rows in its own rows of the staging
     // tile (after __syncwarp: its lanes' reads of the last tile's rows are done), then stores whole
