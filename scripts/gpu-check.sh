@@ -33,7 +33,8 @@
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
 #              and across devices, evaluated and decoded on the other device, NCCL with
-#              one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py)   300
+#              one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py):
+#              240 to build, 120 a run (the CPU run 240)
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
 #              forward+backward of nope and rope (bench/gpu_counters.py: time, DRAM and
 #              L2 bytes, atomics, registers, occupancy), LOGDIR/gpu_counters.md      180

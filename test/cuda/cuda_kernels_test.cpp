@@ -759,6 +759,36 @@ TEST_P(CudaKernel, WgmmaBackwardMatchesReferences) {
     if (HasFatalFailure()) return;
   }
 }
+
+// The Hopper forward's persistent grid where it claims tiles on a GPU: more query tiles (3 x 80
+// slices) than an H100 or H200 has SMs, so blocks take several each (the emulated suite poses as a
+// device of two SMs instead: Sm90PathMatchesReferences). NoPE, RoPE (a q/k mod), ALiBi (a distance
+// bias) and Cable (row/column biases) at bf16, D 64 and 128, with the turns as well.
+TEST(CudaLaunch, PersistentHopperForwardMatchesReferences) {
+  int dev = 0, major = 0, minor = 0, sms = 0;
+  if (!has_gpu() || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || major != 9 || minor != 0)
+    GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks this grid posing as one)";
+  constexpr int64_t B = 2, H = 40, T = 300;  // 3 query tiles of 128 per slice
+  ASSERT_GT(B * H * 3, sms) << "more tiles than SMs";
+  const HopperOptIns opt_ins;
+  int checked = 0;
+  for (const char *name : {"nope", "rope", "alibi", "cable"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    if (!e) continue;  // not in this build (APE_GPU_CHECK_ENCODINGS)
+    for (int D : {64, 128}) {
+      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+      if (!var) continue;
+      SCOPED_TRACE(std::string(name) + " bf16 D=" + std::to_string(D) + " persistent");
+      check_problem(name, *var, make_problem(*e, B, H, T, D, 4100 + D));
+      if (HasFatalFailure()) return;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0) << "none of nope, rope, alibi, cable at bf16 is in this build";
+}
 #endif
 
 // The flash backward with its dQ' in any order (CudaAttnArgs::deterministic false: every block
