@@ -9,7 +9,9 @@ reports, per kernel:
   from the source   dynamic shared memory and threads per block (a host program prints the tile
                     constants of cuda/attention.cuh), hence the theoretical occupancy per arch
   from the SASS     (cuobjdump -sass) the main loop: the outermost loop (a backward branch)
-                    that holds the tensor-core instructions; per iteration of it, per warp:
+                    that holds the tensor-core instructions (the flash backward's loop over
+                    a step's sub-tiles inside it counted once per sub-tile); per iteration of
+                    it, per warp:
                     instructions, instructions per MFLOP, tensor-core (HMMA, and HGMMA for wgmma)
                     share of the instructions, MUFU,
                     ldmatrix, cp.async, shared / global loads and stores, global atomics,
@@ -123,6 +125,7 @@ template <class In, int D> void print(const char *dt) {
   using B = FlashBwd<In, D, true>;
   using N = FlashBwd<In, D, false>;
   using W = HopperBwd<In, D == 32 ? 64 : D>;
+  using S = BwdTiles<In, D, kBwdWideSub>;
   using H = HopperFwd<In, D>;
   std::printf("forward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
               F::kThreads, F::bytes, F::bytes_dist, F::bytes_rowcol, 4LL * 16 * F::kMT * F::BK * D);
@@ -130,14 +133,22 @@ template <class In, int D> void print(const char *dt) {
   std::printf("hopper_forward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt,
               D, H::kThreads, H::bytes, H::bytes_dist, H::bytes_rowcol, 4LL * 16 * H::BK * D);
   // S^T, dP^T, dV, dK: 16 keys x BQ queries x D each; dQ: BQ x D x BK over the warps.
-  std::printf("backward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
-              B::kThreads, B::bytes, B::bytes_dist, B::bytes_rowcol, 8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps);
+  // subs: the sub-tiles of a step (BwdTiles::kSubs), a loop inside the step's loop.
+  std::printf("backward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              B::kThreads, B::bytes, B::bytes_dist, B::bytes_rowcol, 8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps,
+              B::kSubs);
   // The narrow layout (64 keys, 4 warps): D = 128 on sm_86/89 only.
-  std::printf("backward_narrow %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
-              N::kThreads, N::bytes, N::bytes_dist, N::bytes_rowcol, 8LL * 16 * N::BQ * D + 2LL * N::BQ * D * N::BK / N::kWarps);
+  std::printf("backward_narrow %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              N::kThreads, N::bytes, N::bytes_dist, N::bytes_rowcol, 8LL * 16 * N::BQ * D + 2LL * N::BQ * D * N::BK / N::kWarps,
+              N::kSubs);
+  // The wide layout in sub-tiles (APE_CUDA_BWD_SUBTILES=1, D 128): steps of 64 queries.
+  std::printf("backward_sub %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              S::kThreads, S::bytes, S::bytes_dist, S::bytes_rowcol, 8LL * 16 * S::BQ * D + 2LL * S::BQ * D * S::BK / S::kWarps,
+              S::kSubs);
   // The wgmma layout (sm_90a, D 64 and 128): 128 keys over two warpgroups, BQ 64.
-  std::printf("backward_wgmma %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
-              W::kThreads, W::bytes, W::bytes_dist, W::bytes_rowcol, 8LL * 16 * W::BQ * D + 2LL * W::BQ * D * W::BK / W::kWarps);
+  std::printf("backward_wgmma %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              W::kThreads, W::bytes, W::bytes_dist, W::bytes_rowcol, 8LL * 16 * W::BQ * D + 2LL * W::BQ * D * W::BK / W::kWarps,
+              W::kSubs);
 }
 int main() {
   print<__nv_bfloat16, 32>("bf16"); print<__nv_bfloat16, 64>("bf16"); print<__nv_bfloat16, 128>("bf16");
@@ -199,10 +210,12 @@ def sass_functions(text):
     return funcs
 
 
-def main_loop(instrs):
+def main_loop(instrs, trips=1):
     """The steady-state main loop: of the outermost loops (regions from a backward branch's
     target to the branch) that hold tensor-core instructions, the one with the most HMMA, and of
-    those the shortest (a kernel may run its masked tiles in a second copy of the loop)."""
+    those the shortest (a kernel may run its masked tiles in a second copy of the loop). With
+    trips > 1, the loop's largest inner loop with tensor-core instructions (the flash backward's
+    sub-tiles of a step) runs `trips` times per iteration: its instructions count that often."""
     loops = []
     for addr, body in instrs:
         m = re.match(r"BRA\s+(?:!?U?P\d,\s*)?(0x[0-9a-f]+)", body)
@@ -223,7 +236,11 @@ def main_loop(instrs):
              if not any(o is not l and o[0] <= l[0] and l[1] <= o[1] for o in loops)]
     if not outer:
         return []
-    return min(outer, key=lambda l: (-l[2], len(l[3])))[3]
+    best = min(outer, key=lambda l: (-l[2], len(l[3])))
+    inner = [l for l in loops if l is not best and best[0] <= l[0] and l[1] <= best[1]]
+    if trips > 1 and inner:
+        return best[3] + max(inner, key=lambda l: l[2])[3] * (trips - 1)
+    return best[3]
 
 
 TOKEN_KERNELS = {"token_forward_kernel": "token forward", "token_backward_kernel": "token backward"}
@@ -352,10 +369,12 @@ def main():
                             kind = "backward_narrow"
                         if kind == "backward" and re.search(r"Li\d+ELi2E", fn):
                             kind = "backward_wgmma"
+                        if kind == "backward" and re.search(r"Li\d+ELi3E", fn):
+                            kind = "backward_sub"
                         if kind is None or (kind in ("hopper_forward", "backward_wgmma") and arch != "90a"):
                             continue  # the wgmma kernels are a trap without sm_90a code
                         t = tiles[(kind, args.dtype, hd)]
-                        loop = main_loop(instrs)
+                        loop = main_loop(instrs, t.get("subs", 1))
                         ops = [b.split()[0] for b in loop]
                         counts = {c: sum(1 for o in ops if re.match(rx, o)) for c, rx in CLASSES}
                         total_hmma = sum(1 for _, b in instrs if b.startswith(("HMMA", "HGMMA")))
@@ -407,7 +426,8 @@ def main():
                  f"{FA3['causal']['hgmma']} HGMMA, {FA3['causal']['mufu']} MUFU), non-causal "
                  f"{FA3['non-causal']['ipm']} ({FA3['non-causal']['instrs']}, {FA3['non-causal']['hgmma']} HGMMA): "
                  "the reference for the hopper_forward rows.")
-    bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_wgmma": 960}
+    bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
+           "backward_wgmma": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")
     lines.append("")

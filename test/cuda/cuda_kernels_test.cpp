@@ -540,7 +540,8 @@ struct PoseWithSms {
 
 // The layouts of the flash backward (BwdTiles) that the launches since the last call ran, by the
 // emulator's traffic records (those given, or taken now): "wide" (128 keys per block), "narrow"
-// (64), "wgmma" (128 keys on sm_90a's wgmma), one entry per launch.
+// (64), "wgmma" (128 keys on sm_90a's wgmma), "wide_sub" (the wide layout's 128 keys in steps of
+// 64 queries formed in sub-tiles of 32), one entry per launch.
 template <class Records = decltype(ape::simt::take_traffic())>
 std::vector<std::string> flash_backward_layouts(const Records &records = ape::simt::take_traffic()) {
   std::vector<std::string> out;
@@ -552,6 +553,7 @@ std::vector<std::string> flash_backward_layouts(const Records &records = ape::si
         out.push_back(args.size() >= 3 && args.compare(args.size() - 3, 3, ", 1") == 0   ? "wide"
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 0") == 0 ? "narrow"
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 2") == 0 ? "wgmma"
+                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 3") == 0 ? "wide_sub"
                                                                                          : "unknown: " + t.kernel);
     }
   return out;
@@ -825,6 +827,116 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
   EXPECT_EQ(checked, 24);
 #else
   EXPECT_EQ(checked, 12);
+#endif
+}
+
+// A distance bias that stops depending on the distance (T5: every distance >= 113 reads bucket 31):
+// the flash backward adds the dS of a query tile whose distances all lie past the slice's d_sat
+// (dist_sat_kernel) to one sum per thread instead of its diagonals' (the saturated steps), after
+// handing the running sums of the last diagonal step to the slice's. The other tests' sizes have
+// no such step; at T 520 the first key tile has 4 (64 queries per step, 128 keys per block) and
+// the second 2; the narrow layout (D 128 posing as sm_86: 32 and 64) has 10 and 8.
+TEST(CudaLaunch, SaturatedDistanceStepsMatchReferences) {
+  const CudaKernelEntry *e = find_cuda("t5");
+  ASSERT_NE(e, nullptr);
+  int checked = 0;
+  for (int D : {64, 128}) {
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+    ASSERT_NE(var, nullptr) << "t5 bf16/hd" << D << " is in the emulated build";
+#ifdef APE_SIMT
+    for (int sm : {80, 86, 90}) {
+      if (sm == 86 && D == 64) continue;  // the wide layout, as sm_80's
+      const PoseAs guard(sm);
+#else
+    for (int sm : {0}) {  // the device's own path (0 in the trace)
+#endif
+      SCOPED_TRACE("t5 bf16 D=" + std::to_string(D) + " B=1 H=1 T=520 sm_" + std::to_string(sm));
+      check_problem("t5", *var, make_problem(*e, 1, 1, 520, D, 9300 + D + sm));
+      if (HasFatalFailure()) return;
+      ++checked;
+    }
+  }
+#ifdef APE_SIMT
+  EXPECT_EQ(checked, 5);
+#else
+  EXPECT_EQ(checked, 2);
+#endif
+}
+
+// The flash backward's wide layout in sub-tiles (APE_CUDA_BWD_SUBTILES=1, kBwdWideSub): at D = 128
+// a step of 64 queries forms S^T, dP^T, P^T, dS^T and the dV, dK' products in two sub-tiles of 32
+// (the distance sums' shared group carried from one to the next), then adds its dQ' tile once.
+// Every 16-bit variant at D 128 against the references (one row, partial tiles, several key and
+// query tiles), T5's saturated steps (T 520), and dQ' in any order; posing as sm_80 and sm_90
+// under emulation (as sm_86 the narrow layout runs: the setting does not apply). Value rows'
+// masses do not fit beside 64-query tiles: Shaw keeps its 32-query steps.
+struct SubTileOptIn {
+  SubTileOptIn() { setenv("APE_CUDA_BWD_SUBTILES", "1", 1); }
+  ~SubTileOptIn() { unsetenv("APE_CUDA_BWD_SUBTILES"); }
+};
+TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
+  const SubTileOptIn opt_in;
+  int sub = 0;
+#ifdef APE_SIMT
+  for (int sm : {80, 90, 86}) {
+    const PoseAs guard(sm);
+#else
+  for (int sm : {0}) {  // the device's own path (0 in the trace)
+#endif
+    for (const auto &[name, index] : all_cases()) {
+      const CudaKernelEntry *e = find_cuda(name);
+      const auto &var = e->variants[index];
+      if (var.head_dim != 128 || var.dtype == DType::F32) continue;
+      for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
+        // Every size for bf16 as sm_80 (and on a GPU); f16 and the other poses (the layout's
+        // choice) at T 300.
+        const bool full = sm == 80 || sm == 0;
+        if ((!full || var.dtype != DType::BF16) && T != 300) continue;
+        if (!full && var.dtype != DType::BF16) continue;
+        SCOPED_TRACE(name + " " + ape::cuda::dtype_name(var.dtype) + " D=128 B=" + std::to_string(B) + " H=" +
+                     std::to_string(H) + " T=" + std::to_string(T) + " sm_" + std::to_string(sm) + ", sub-tiles");
+#ifdef APE_SIMT
+        ape::simt::take_traffic();
+#endif
+        check_problem(name, var, make_problem(*e, B, H, T, 128, 9400 * T + 10 * B + H));
+        if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+        for (const std::string &layout : flash_backward_layouts()) {
+          const bool value_rows = name == "shaw";
+          EXPECT_EQ(layout, sm == 86 ? "narrow" : value_rows ? "wide" : "wide_sub");
+          sub += layout == "wide_sub";
+        }
+#else
+        ++sub;
+#endif
+      }
+    }
+  }
+  const CudaKernelEntry *t5 = find_cuda("t5");
+  ASSERT_NE(t5, nullptr);
+  const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*t5, DType::BF16, 128);
+  ASSERT_NE(var, nullptr) << "t5 bf16/hd128 is in the emulated build";
+  {
+    SCOPED_TRACE("t5 bf16 D=128 B=1 H=1 T=520, sub-tiles: saturated steps");
+#ifdef APE_SIMT
+    const PoseAs guard(80);
+#endif
+    check_problem("t5", *var, make_problem(*t5, 1, 1, 520, 128, 9480));
+    if (HasFatalFailure()) return;
+  }
+  {
+    SCOPED_TRACE("t5 bf16 D=128 B=2 H=3 T=300, sub-tiles, dQ' in any order");
+#ifdef APE_SIMT
+    const PoseAs guard(90);
+#endif
+    Problem p = make_problem(*t5, 2, 3, 300, 128, 9490);
+    p.deterministic = false;
+    check_problem("t5", *var, p);
+  }
+#ifdef APE_SIMT
+  EXPECT_GE(sub, 15) << "rope, cable, t5: at bf16 3 sizes as sm_80 and T 300 as sm_90, at f16 T 300";
+#else
+  EXPECT_GE(sub, 8) << "rope and cable (every build has them): at bf16 3 sizes, at f16 T 300";
 #endif
 }
 

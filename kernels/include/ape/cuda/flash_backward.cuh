@@ -42,18 +42,31 @@ namespace detail {
 //               (flash_bwd_fallback);
 //   kBwdWide    8 warps, 128 keys, on mma.sync (sm_80+);
 //   kBwdWgmma   8 warps (two warpgroups of 64 keys), 128 keys, BQ 64 at every head dim, the five
-//               products on wgmma (sm_90a, D 64 and 128: HopperBwd below).
+//               products on wgmma (sm_90a, D 64 and 128: HopperBwd below);
+//   kBwdWideSub the wide layout at D = 128 with steps of 64 queries in sub-tiles of 32
+//               (APE_CUDA_BWD_SUBTILES=1: BwdTiles below).
 // Every step reloads a Q' and a dO tile and adds a dQ' tile for the block's BK keys, so those
 // bytes per FLOP fall as 1 / BK: the wide layouts move half of what the narrow one does, with the
 // same registers per thread (16 keys per warp either way; the dQ' tile over twice the warps).
-inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2;
-template <class In, int D, int kLayout> struct BwdTiles {
+inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 3;
+// kQ: the queries per step, BQ: 32 on mma.sync at D = 128 (its registers: S^T and dP^T beside the
+// 128 of dK' and dV), 64 elsewhere, and 32 where an encoding's shared memory at 64 would exceed
+// the layout's (BwdLayout). kBwdWideSub takes 64 at D = 128 on mma.sync and works in sub-tiles of
+// kSub = 32 queries (S^T, dP^T, P^T, dS^T, the dV and dK' products, a loop inside the step's):
+// the registers of a 32-query step, while the step's two barriers, its turn on the dQ' tile and
+// its dQ' product come once per 64 queries. Off by default until a GPU has timed it.
+constexpr int bwd_default_bq(int D, int kLayout) {
+  return D == 128 && (kLayout == kBwdNarrow || kLayout == kBwdWide) ? 32 : 64;
+}
+template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> struct BwdTiles {
   static constexpr bool kWgmma = kLayout == kBwdWgmma;
   static constexpr int kWarps = kLayout == kBwdNarrow ? 4 : 8, kThreads = 32 * kWarps;
   static constexpr size_t kLimit = kLayout == kBwdNarrow ? kSmemLimit : kWgmma ? kSmemLimitSm90 : kSmemLimitWide;
-  static constexpr int BK = 16 * kWarps;          // keys per block, 16 per warp
-  static constexpr int BQ = D == 128 && !kWgmma ? 32 : 64;  // queries per step (mma.sync's registers at D = 128)
-  static constexpr int kNT = BQ / 8, kDT = D / 8;
+  static constexpr int BK = 16 * kWarps;  // keys per block, 16 per warp
+  static constexpr int BQ = kQ;           // queries per step
+  static_assert(BQ == 32 || BQ == 64, "32 or 64 queries per step");
+  static constexpr int kSub = kLayout == kBwdWideSub && D == 128 ? 32 : BQ, kSubs = BQ / kSub;  // a step's sub-tiles
+  static constexpr int kNT = kSub / 8, kDT = D / 8;
   // The dQ' tile (BQ x D) over the warps: kQW warps per 16 rows, kQCols columns each (with
   // wgmma, warpgroup w's product holds columns [w D / 2, (w + 1) D / 2) of every row).
   static constexpr int kQW = kWarps / (BQ / 16), kQCols = D / kQW;
@@ -111,13 +124,23 @@ template <class Enc, class L> constexpr size_t flash_bwd_bytes() {
   return flash_smem_bytes<Enc, L>() + flash_bwd_mass_bytes<Enc, L>();
 }
 
+// The layout kLayout of the flash backward for Enc: its queries per step where its shared memory
+// fits the layout's, else 32 (value rows' masses at D = 128 in kBwdWideSub: no sub-tiles there).
+template <class Enc, class In, int D, int kLayout> constexpr int flash_bwd_bq() {
+  constexpr int bq = bwd_default_bq(D, kLayout);
+  using L = BwdTiles<In, D, kLayout, bq>;
+  return bq == 64 && flash_bwd_bytes<Enc, L>() > L::kLimit ? 32 : bq;
+}
+template <class Enc, class In, int D, int kLayout>
+using BwdLayout = BwdTiles<In, D, kLayout, flash_bwd_bq<Enc, In, D, kLayout>()>;
+
 // The narrow layout is needed where the wide one's shared memory for Enc exceeds what every
 // claimed architecture allows a block (sm_86/89's 99 KiB: D = 128, 104-117 KiB; value rows' masses
 // at D = 64 too): the launch then asks the device (attention_backward) and runs the wide layout
 // where it fits (sm_80, 87, 90: 163-227 KiB), the narrow one elsewhere. Everywhere else only the
 // wide one is compiled.
 template <class Enc, class In, int D> constexpr bool flash_bwd_fallback() {
-  return flash_bwd_bytes<Enc, FlashBwd<In, D, true>>() > kSmemLimit;
+  return flash_bwd_bytes<Enc, BwdLayout<Enc, In, D, kBwdWide>>() > kSmemLimit;
 }
 
 // The diagonal sums of one warp's 16 x 8 kNT tile in the m16n8 accumulator layout (element
@@ -130,8 +153,13 @@ template <class Enc, class In, int D> constexpr bool flash_bwd_fallback() {
 // set0[o + xoff] (s >= 0) or set1[o + xoff] (s < 0), lane (0, 3) its s = 7 sums to set0: every
 // slot has one writer, the same on every call, so the unwritten ones stay as they were (0), and
 // the order of the additions is fixed.
+// A step in sub-tiles (BwdTiles::kSubs) calls once per sub-tile, xoff 8 kNT on from the last: the
+// last group of sums (k = kNT) of a sub-tile is the first (k = 0) of the next, in the same lanes.
+// With carry_out it is not written but kept in `carry`, and the next call (carry_in) adds it to its
+// first group: each slot still has one writer and a fixed order.
 template <int kNT>
-__device__ inline void diag_partials(const float (&v)[kNT][4], float *set0, float *set1, int xoff) {
+__device__ inline void diag_partials(const float (&v)[kNT][4], float *set0, float *set1, int xoff,
+                                     float (&carry)[2], bool carry_in, bool carry_out) {
   const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
   float w0[kNT + 1], w1[kNT + 1];  // k + 1: e = 0, e = 1
   #pragma unroll
@@ -162,15 +190,19 @@ __device__ inline void diag_partials(const float (&v)[kNT][4], float *set0, floa
     const float r = __shfl_up_sync(0xffffffffu, w1[k], 5);
     if (g == 1 && t >= 1) w0[k] += r;
   }
-  const int s = 2 * t - g;
+  if (carry_in) w0[0] += carry[0], w1[0] += carry[1];
+  if (carry_out) carry[0] = w0[kNT], carry[1] = w1[kNT];
+  const int s = 2 * t - g, n = carry_out ? kNT : kNT + 1;
   if (g < 2 || t == 0) {
     float *out = (s >= 0 ? set0 : set1) + s + xoff - 8;
     #pragma unroll
-    for (int k = 0; k <= kNT; ++k) out[8 * k] = w0[k];
+    for (int k = 0; k <= kNT; ++k)
+      if (k < n) out[8 * k] = w0[k];
   }
   if (lane == 3) {
     #pragma unroll
-    for (int k = 0; k <= kNT; ++k) set0[8 * k + 7 + xoff - 8] = w1[k];
+    for (int k = 0; k <= kNT; ++k)
+      if (k < n) set0[8 * k + 7 + xoff - 8] = w1[k];
   }
 }
 
@@ -288,7 +320,7 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
 template <class Enc, class In, int D, int kLayout>
 __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     flash_backward_kernel(const Params<Enc, In> p) {
-  using C = BwdTiles<In, D, kLayout>;
+  using C = BwdLayout<Enc, In, D, kLayout>;
   constexpr bool kWg = C::kWgmma;  // the products on wgmma (sm_90a)
 #ifndef APE_SM90A_CODE
   if constexpr (kWg) {
@@ -496,14 +528,22 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
     [[maybe_unused]] float cq[4] = {};  // C / scale of the thread's keys, as an accumulator
     if constexpr (kRC) cq[0] = cq[1] = sC[kr0 + g], cq[2] = cq[3] = sC[kr0 + g + 8];
+    [[maybe_unused]] uint32_t pa[kNT / 2][4], dsa[kNT / 2][4];  // kWg: read until the wait after dQ'
+    // The diagonal sums' group that a sub-tile shares with the next (diag_partials).
+    [[maybe_unused]] float dcarry[2] = {};
+    // The step's sub-tiles (C::kSubs of kSub queries, columns c0 ..; one, but in kBwdWideSub):
+    // the arrays below hold one sub-tile's.
+    #pragma unroll 1
+    for (int sub = 0; sub < C::kSubs; ++sub) {
+    const int c0 = sub * C::kSub;
     float s[kNT][4] = {}, dp[kNT][4] = {};
     #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
       #pragma unroll
       for (int x = 0; x < 4; ++x) {
-        if constexpr (kDist) s[nt][x] = tb[8 * nt + x % 2 - 8 * (x / 2)];
+        if constexpr (kDist) s[nt][x] = tb[c0 + 8 * nt + x % 2 - 8 * (x / 2)];
         if constexpr (kRC && kWg) s[nt][x] = cq[x];
-        if constexpr (kScaledP) dp[nt][x] = cDelta[8 * nt + 2 * t + x % 2];
+        if constexpr (kScaledP) dp[nt][x] = cDelta[c0 + 8 * nt + 2 * t + x % 2];
       }
     if constexpr (kWg) {
       float(&sf)[BQ / 2] = reinterpret_cast<float(&)[BQ / 2]>(s[0][0]);
@@ -532,7 +572,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
           for (int nt = 0; nt < kNT; ++nt)
             #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int c = 8 * nt + 2 * t + e;
+              const int c = c0 + 8 * nt + 2 * t + e;
               const float pv = ptx::ex2(fmaf(s[nt][2 * h + e], kf, -cLse[c]));
               s[nt][2 * h + e] = !kMasked || (kr0 + g + 8 * h - c <= dlt && c < cols) ? pv : 0.f;
             }
@@ -548,7 +588,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         #pragma unroll
         for (int nt = 0; nt < kNT; nt += 2) {
           uint32_t b[4];
-          flash::ldsm_b_nk(b, flash::frag_at<D>(lQn + bo, 8 * nt, 16 * kk));
+          flash::ldsm_b_nk(b, flash::frag_at<D>(lQn + bo, c0 + 8 * nt, 16 * kk));
           if (kRC && kk == 0) {  // the first step adds C / scale: one register quad for every tile
             ptx::mma_m16n8k16<In>(s[nt], ak, b, cq);
             ptx::mma_m16n8k16<In>(s[nt + 1], ak, b + 2, cq);
@@ -556,7 +596,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
             flash::mma<In>(s[nt], ak, b);
             flash::mma<In>(s[nt + 1], ak, b + 2);
           }
-          flash::ldsm_b_nk(b, flash::frag_at<D>(lDOn + bo, 8 * nt, 16 * kk));
+          flash::ldsm_b_nk(b, flash::frag_at<D>(lDOn + bo, c0 + 8 * nt, 16 * kk));
           flash::mma<In>(dp[nt], av, b);
           flash::mma<In>(dp[nt + 1], av, b + 2);
         }
@@ -576,7 +616,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     for (int nt = 0; nt < kNT; ++nt)
         #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int c = 8 * nt + 2 * t + e;
+          const int c = c0 + 8 * nt + 2 * t + e;
           [[maybe_unused]] const bool visible = !kMasked || (kr - c <= dlt && c < cols);  // (kEarlyP: tested then)
           float pv, dsv;
           if constexpr (kDist || kRC) {  // the bias is in S^T; its sums below
@@ -638,17 +678,16 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     // x = c - kr + BK - 1.
     if constexpr (kDist && kBiasGrad && !kSat)
       diag_partials<kNT>(dp, sG + 2 * warp * C::kDiagLen, sG + (2 * warp + 1) * C::kDiagLen,
-                         BK - 1 - kr0);
+                         BK - 1 - kr0 + c0, dcarry, sub > 0, sub + 1 < C::kSubs);
 
     // dV += P^T dO, dK' += dS^T Q'.
     [[maybe_unused]] uint32_t ones_k[4];  // two B fragments of ones
     if constexpr (kRC && kBiasGrad) ones(ones_k);
-    [[maybe_unused]] uint32_t pa[BQ / 16][4], dsa[BQ / 16][4];  // kWg: read until the wait after dQ'
     if constexpr (kWg) {
       float(&dvf)[D / 2] = reinterpret_cast<float(&)[D / 2]>(dv[0][0]);
       float(&dkf)[D / 2] = reinterpret_cast<float(&)[D / 2]>(dk[0][0]);
       #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
+      for (int kk = 0; kk < kNT / 2; ++kk) {
         flash::acc_to_a<In>(pa[kk], s[2 * kk], s[2 * kk + 1]);
         flash::acc_to_a<In>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
         if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, dsa[kk], ones_k + 2 * (kk & 1));  // key sums
@@ -677,7 +716,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       }
     } else {
       #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
+      for (int kk = 0; kk < kNT / 2; ++kk) {
         uint32_t ap[4], ads[4];
         flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
         flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
@@ -685,10 +724,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         #pragma unroll
         for (int dt = 0; dt < kDT; dt += 2) {
           uint32_t b[4];
-          flash::ldsm_b_kn(b, flash::frag_at<D>(lDOk + bo, 16 * kk, 8 * dt));
+          flash::ldsm_b_kn(b, flash::frag_at<D>(lDOk + bo, c0 + 16 * kk, 8 * dt));
           flash::mma<In>(dv[dt], ap, b);
           flash::mma<In>(dv[dt + 1], ap, b + 2);
-          flash::ldsm_b_kn(b, flash::frag_at<D>(lQk + bo, 16 * kk, 8 * dt));
+          flash::ldsm_b_kn(b, flash::frag_at<D>(lQk + bo, c0 + 16 * kk, 8 * dt));
           flash::mma<In>(dk[dt], ads, b);
           flash::mma<In>(dk[dt + 1], ads, b + 2);
         }
@@ -700,9 +739,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         #pragma unroll
       for (int h = 0; h < 2; ++h) {
           const uint32_t v2 = flash::pack2<In>(dp[nt][2 * h], dp[nt][2 * h + 1]);
-          memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, 8 * nt + 2 * t), &v2, 4);
+          memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, c0 + 8 * nt + 2 * t), &v2, 4);
         }
     }
+    }  // the sub-tiles
     if (threadIdx.x == 0 && p.dq_ordered) {  // our turn for qt: the higher key tiles have added
       const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
       const int target = static_cast<int>(i_last / BK) - kt;

@@ -299,6 +299,15 @@ inline bool hopper_backward_enabled() {
   return v != nullptr && v[0] == '1' && v[1] == '\0';
 }
 
+// Whether the flash backward's wide layout at D = 128 runs in steps of 64 queries formed in two
+// sub-tiles of 32 (kBwdWideSub: half the barriers and dQ' turns per query of the 32-query steps,
+// with their registers) instead of steps of 32: APE_CUDA_BWD_SUBTILES set to 1. Off by default
+// until a GPU has timed it against the wide layout; the emulated suite checks both.
+inline bool bwd_subtiles_enabled() {
+  const char *v = std::getenv("APE_CUDA_BWD_SUBTILES");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 // The current device's compute capability major (0 when it cannot be read).
 inline int device_major() {
   int dev = 0, major = 0;
@@ -489,22 +498,28 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     return err;
   // The flash backward: 16-bit inputs; the two-kernel backward for f32.
   if constexpr (kFlash) {
-    using F = FlashBwd<In, kD>;  // the wide layout; BQ is both mma.sync layouts'
-    static_assert(F::BQ == FlashBwd<In, kD, false>::BQ, "one query tiling for the semaphores");
+    using F = BwdLayout<Enc, In, kD, kBwdWide>;  // the wide layout; BQ is both mma.sync layouts'
+    static_assert(F::BQ == BwdLayout<Enc, In, kD, kBwdNarrow>::BQ, "one query tiling for the semaphores");
+    using S = BwdLayout<Enc, In, kD, kBwdWideSub>;  // the wide layout in sub-tiles (D = 128)
+    static_assert(S::kSubs == 1 || flash_bwd_fallback<Enc, In, kD>(), "the device is asked for its shared memory");
     const In *qm = p.qm;  // the kernels after this one read q' and the scale as given
     float qsign;
     if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
     // The wide layout where the device gives a block its shared memory (flash_bwd_fallback).
-    [[maybe_unused]] bool wide = true;
+    [[maybe_unused]] bool wide = true, sub_fits = true;
     if constexpr (flash_bwd_fallback<Enc, In, kD>()) {
       int optin = 0;
       if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
       wide = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, F>();
+      sub_fits = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, S>();
     }
     // The wgmma layout on sm_90 where the build has sm_90a code and it is asked for
     // (hopper_backward_enabled), at D 64 and 128.
     const bool wg = kD >= 64 && hopper_device() && hopper_backward_enabled();
-    const int bq = wg ? HopperBwd<In, kD == 32 ? 64 : kD>::BQ : F::BQ;
+    // The wide layout in sub-tiles (steps of 64 queries at D = 128) in the wide one's place where
+    // it is asked for (bwd_subtiles_enabled) and the device gives a block its shared memory.
+    const bool sub = S::kSubs > 1 && !wg && wide && sub_fits && bwd_subtiles_enabled();
+    const int bq = wg ? HopperBwd<In, kD == 32 ? 64 : kD>::BQ : sub ? S::BQ : F::BQ;
     const int64_t n_qt = (T + bq - 1) / bq;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if constexpr (flash_distance<Enc>()) {
@@ -545,7 +560,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     // 1-D, slice-major (flash_backward_kernel): B H ceil(T / BK) blocks.
     auto run = [&](auto layout) -> cudaError_t {
       constexpr int kLayout = decltype(layout)::value;
-      using L = BwdTiles<In, kD, kLayout>;
+      using L = BwdLayout<Enc, In, kD, kLayout>;
       size_t bytes = flash_bwd_bytes<Enc, L>(), extra = 0;
       const int64_t blocks = BH * blocks_for(T, L::BK);
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -561,7 +576,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     using Wide = std::integral_constant<int, kBwdWide>;
     if constexpr (kD >= 64) {
       if (wg) err = run(std::integral_constant<int, kBwdWgmma>{});
-      else if constexpr (flash_bwd_fallback<Enc, In, kD>()) err = wide ? run(Wide{}) : run(Narrow{});
+      else if (sub) {
+        if constexpr (S::kSubs > 1) err = run(std::integral_constant<int, kBwdWideSub>{});
+      } else if constexpr (flash_bwd_fallback<Enc, In, kD>()) err = wide ? run(Wide{}) : run(Narrow{});
       else err = run(Wide{});
     } else {
       err = run(Wide{});
