@@ -838,7 +838,11 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
 // the second 2; the narrow layout (D 128 posing as sm_86: 32 and 64) has 10 and 8.
 TEST(CudaLaunch, SaturatedDistanceStepsMatchReferences) {
   const CudaKernelEntry *e = find_cuda("t5");
-  ASSERT_NE(e, nullptr);
+#ifdef APE_SIMT
+  ASSERT_NE(e, nullptr) << "t5 is in the emulated build";
+#else
+  if (!e) GTEST_SKIP() << "T5's CUDA kernels are not in this build (APE_CUDA_ALL_ENCODINGS=ON has them)";
+#endif
   int checked = 0;
   for (int D : {64, 128}) {
     const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
@@ -912,8 +916,17 @@ TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
       }
     }
   }
+#ifdef APE_SIMT
+  EXPECT_GE(sub, 15) << "rope, cable, t5: at bf16 3 sizes as sm_80 and T 300 as sm_90, at f16 T 300";
+#else
+  EXPECT_GE(sub, 8) << "rope and cable (every build has them): at bf16 3 sizes, at f16 T 300";
+#endif
   const CudaKernelEntry *t5 = find_cuda("t5");
-  ASSERT_NE(t5, nullptr);
+#ifdef APE_SIMT
+  ASSERT_NE(t5, nullptr) << "t5 is in the emulated build";
+#else
+  if (!t5) return;  // T5's kernels are not in this build (APE_CUDA_ALL_ENCODINGS=ON has them)
+#endif
   const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*t5, DType::BF16, 128);
   ASSERT_NE(var, nullptr) << "t5 bf16/hd128 is in the emulated build";
   {
@@ -933,11 +946,6 @@ TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
     p.deterministic = false;
     check_problem("t5", *var, p);
   }
-#ifdef APE_SIMT
-  EXPECT_GE(sub, 15) << "rope, cable, t5: at bf16 3 sizes as sm_80 and T 300 as sm_90, at f16 T 300";
-#else
-  EXPECT_GE(sub, 8) << "rope and cable (every build has them): at bf16 3 sizes, at f16 T 300";
-#endif
 }
 
 // A general score mod's parameters staged in shared memory (ParamCache, cuda/flash_forward.cuh):
