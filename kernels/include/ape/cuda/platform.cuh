@@ -83,23 +83,24 @@ namespace ptx {
 // p[0] += a, p[1] += b (p 8-byte aligned). `v2`: as one 8-byte reduction (sm_90's
 // red.global.add.v2.f32: a warp's fragment rows then fill whole 32-byte L2 sectors, where two
 // scalar reductions each fill half of twice as many); the caller sets it where the device is
-// sm_90 or later. Elsewhere, and in code compiled for an older target, two fp32 reductions.
+// sm_90 or later. Code compiled for sm_90 or later takes it without a test (it runs on no older
+// device); code for an older target makes two fp32 reductions; the emulator follows `v2`.
 __device__ inline void red_add2(float *p, float a, float b, bool v2) {
 #if defined(APE_SIMT)
   if (v2) {
     ::ape::simt::atomic_add_f32x2(p, a, b);
     return;
   }
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (v2) {
-    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(a, b));
-    return;
-  }
-#else
-  (void)v2;
-#endif
   atomicAdd(p, a);
   atomicAdd(p + 1, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  (void)v2;  // code for sm_90 and later runs on such devices only: no test, no second path
+  atomicAdd(reinterpret_cast<float2 *>(p), make_float2(a, b));
+#else
+  (void)v2;
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
 }
 
 // d = a b + c for one m16n8k16 tile: a 4 registers (8 x 16-bit), b 2 registers, c and d 4 floats.
