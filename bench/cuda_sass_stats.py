@@ -364,16 +364,19 @@ def main():
                                                    regs=pinfo.get(fn, {}).get("regs"), stages=stages,
                                                    per_thread=per_thread, serial=serial))
                         kind = next((v for k, v in KERNELS.items() if k in fn), None)
-                        # The flash backward's template argument after d_h is its layout (BwdTiles).
-                        if kind == "backward" and re.search(r"Li\d+ELi0E", fn):
-                            kind = "backward_narrow"
-                        if kind == "backward" and re.search(r"Li\d+ELi2E", fn):
-                            kind = "backward_wgmma"
-                        if kind == "backward" and re.search(r"Li\d+ELi3E", fn):
-                            kind = "backward_sub"
+                        # The flash backward's template arguments after d_h: the order (kOrdered), then
+                        # the layout (BwdTiles). The kernels for dQ' in any order: the wide layout's only.
+                        tiles_kind = kind
+                        if kind == "backward":
+                            ordered, lay = re.search(r"Li\d+ELb([01])ELi(\d)E", fn).groups()
+                            kind = {"0": "backward_narrow", "1": "backward", "2": "backward_wgmma",
+                                    "3": "backward_sub"}[lay]
+                            tiles_kind = kind
+                            if ordered == "0":
+                                kind = "backward_anyorder" if lay == "1" else None
                         if kind is None or (kind in ("hopper_forward", "backward_wgmma") and arch != "90a"):
                             continue  # the wgmma kernels are a trap without sm_90a code
-                        t = tiles[(kind, args.dtype, hd)]
+                        t = tiles[(tiles_kind, args.dtype, hd)]
                         loop = main_loop(instrs, t.get("subs", 1))
                         ops = [b.split()[0] for b in loop]
                         counts = {c: sum(1 for o in ops if re.match(rx, o)) for c, rx in CLASSES}
@@ -427,7 +430,7 @@ def main():
                  f"{FA3['non-causal']['ipm']} ({FA3['non-causal']['instrs']}, {FA3['non-causal']['hgmma']} HGMMA): "
                  "the reference for the hopper_forward rows.")
     bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
-           "backward_wgmma": 960}
+           "backward_wgmma": 960, "backward_anyorder": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")
     lines.append("")

@@ -817,8 +817,21 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
                      ", dQ' in any order");
         Problem p = make_problem(*e, B, H, T, 64, 9000 * T + 10 * B + H);
         p.deterministic = false;
+#ifdef APE_SIMT
+        ape::simt::take_traffic();
+#endif
         check_problem(name, *var, p);
         if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+        // The wide layout's kernel without the order's fence (flash_backward_kernel<..., false, 1>).
+        int any_order = 0;
+        for (const auto &t : ape::simt::take_traffic())
+          if (t.kernel.find("flash_backward_kernel<") != std::string::npos) {
+            EXPECT_NE(t.kernel.find(", false, 1>"), std::string::npos) << t.kernel;
+            any_order += t.kernel.find(", false, 1>") != std::string::npos;
+          }
+        EXPECT_GT(any_order, 0);
+#endif
         ++checked;
       }
     }

@@ -317,7 +317,12 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
   }
 }
 
-template <class Enc, class In, int D, int kLayout>
+// kOrdered false: the kernel for dQ' in any order (Params::dq_ordered false), of the wide layout
+// only. The order's fence, present in a kernel, makes ptxas compile every reduction in it as a
+// returning atomic (ATOMG) where the kernel without one issues fire-and-forget REDG
+// (bench/results/gpu_h100.md, "The dQ' adds in compiled code"); the other layouts' kernels
+// (kOrdered true) follow Params::dq_ordered at run time, as the wide one did before.
+template <class Enc, class In, int D, bool kOrdered, int kLayout>
 __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     flash_backward_kernel(const Params<Enc, In> p) {
   using C = BwdLayout<Enc, In, D, kLayout>;
@@ -347,6 +352,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   const int qr0 = C::dq_row0(warp), qc0 = C::dq_col0(warp);  // its dQ' part
   const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
   int *sem = p.dq_sem + bh * n_qt;
+  // dQ' in the semaphores' order (read from the parameters where used: no register held).
+  auto ordered = [&p] { return kOrdered && p.dq_ordered; };
   DevCtx<Enc> ctx = make_ctx(p, bh, true);
   static_assert(flash_bwd_bytes<Enc, C>() <= C::kLimit, "backward tiles exceed the shared memory of a block");
   // Value rows: the step's masses (flash_bwd_mass_bytes), zero between steps; then the cache.
@@ -472,7 +479,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   //   dQ'(:, half wg) = dS K'(:, half wg)     A = dS^T's tile read MN-major, B MN-major
   [[maybe_unused]] hopper::Desc wK, wV, wQk, wDOk, wQm, wDOm, wDS, wKm;
   if constexpr (kWg) {
-    const int wg = warp / 4;
+    // At D = 64 through a shuffle, so that the compiler knows it uniform across the warp: the
+    // descriptors below then live in uniform registers, with no R2UR moves before each wgmma in
+    // the loop. (At D = 128 the same moves the spills into the loop: 8-148 bytes became 84-560.)
+    const int wg = D == 64 ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
     wK = hopper::desc_k<D>(ptx::smem_window_offset(sK) + uint32_t(64 * wg * 128));
     wV = hopper::desc_k<D>(ptx::smem_window_offset(sV) + uint32_t(64 * wg * 128));
     wQk = hopper::desc_k<D>(ptx::smem_window_offset(sQ));
@@ -507,7 +517,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     // (Not in the narrow layout, whose registers are spent: the register would spill there.)
     [[maybe_unused]] int turn = -1;
     if constexpr (C::kWarps == 8)
-      if (threadIdx.x == 0 && p.dq_ordered) turn = ptx::ld_relaxed_gpu(sem + qt);
+      if (threadIdx.x == 0 && ordered()) turn = ptx::ld_relaxed_gpu(sem + qt);
     if (qt + 1 < n_qt) {
       const int nb = buf ^ 1;
       load_tile(QRows{}, sQ + nb * BQ * D, p.qm + base, i0 + BQ);
@@ -743,7 +753,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         }
     }
     }  // the sub-tiles
-    if (threadIdx.x == 0 && p.dq_ordered) {  // our turn for qt: the higher key tiles have added
+    if (threadIdx.x == 0 && ordered()) {  // our turn for qt: the higher key tiles have added
       const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
       const int target = static_cast<int>(i_last / BK) - kt;
       while (turn != target) turn = ptx::ld_relaxed_gpu(sem + qt);
@@ -809,10 +819,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     // counted 192 M sectors for 2.15 GB of adds with scalar ones). The order of the adds is the
     // semaphore's.
     const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
-    // (In any order, p.dq_ordered false: every block reduces into the zeroed dQ'.) A block is
+    // (In any order, !ordered(): every block reduces into the zeroed dQ'.) A block is
     // first on the query tiles of its diagonal only, which are masked steps: the unmasked ones
     // compile without that path.
-    const bool first = kMasked && (i_end - 1) / BK == kt && p.dq_ordered;
+    const bool first = kMasked && (i_end - 1) / BK == kt && ordered();
     const bool to_dq = kt == 0 && p.dq_direct;
     if (first || to_dq) {  // the same for every thread of the block
       if constexpr (kWg) __syncthreads();  // every warpgroup's products read the Q' and dO buffers
@@ -939,7 +949,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();
   __syncthreads();  // every thread's adds to the last query tile, then their release
-  if (threadIdx.x == 0 && p.dq_ordered) {
+  if (threadIdx.x == 0 && ordered()) {
     ptx::fence_acq_rel_gpu();
     ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
   }

@@ -567,10 +567,14 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       cudaError_t e = plan_param_cache(p, bytes, true, extra);
       if (e != cudaSuccess) return e;
       bytes += extra;
-      e = allow_smem(flash_backward_kernel<Enc, In, kD, kLayout>, bytes);
-      return e != cudaSuccess ? e
-                              : launch(flash_backward_kernel<Enc, In, kD, kLayout>,
-                                       static_cast<unsigned>(blocks), L::kThreads, bytes, st, p);
+      auto go = [&](auto kernel) {
+        const cudaError_t x = allow_smem(kernel, bytes);
+        return x != cudaSuccess ? x : launch(kernel, static_cast<unsigned>(blocks), L::kThreads, bytes, st, p);
+      };
+      // dQ' in any order: the wide layout's kernel without the order's fence (kOrdered).
+      if constexpr (kLayout == kBwdWide)
+        if (!p.dq_ordered) return go(flash_backward_kernel<Enc, In, kD, false, kLayout>);
+      return go(flash_backward_kernel<Enc, In, kD, true, kLayout>);
     };
     using Narrow = std::integral_constant<int, kBwdNarrow>;
     using Wide = std::integral_constant<int, kBwdWide>;
