@@ -37,7 +37,8 @@
 #              240 to build, 120 a run (the CPU run 240)
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
 #              forward+backward of nope and rope (bench/gpu_counters.py: time, DRAM and
-#              L2 bytes, atomics, registers, occupancy), LOGDIR/gpu_counters.md      180
+#              L2 bytes, atomics, registers, occupancy), NoPE's warp stalls, and with
+#              time left NoPE with dQ' in any order (nope-anyorder), LOGDIR/gpu_counters.md 180
 #   study      (only when named) scripts/study.sh --preset gpu-small --device cuda: every seed
 #              encoding trained and evaluated on the GPU, the report in LOGDIR/study/   540
 # APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs and leaves out the
@@ -504,40 +505,51 @@ run() {
     s=$(date +%s)
     # One ncu run per encoding, one CSV each (a kernel's name does not say its encoding: the file
     # does), within the stage's 180 s; the summary labels each file's rows and totals them.
-    local enc csv left metrics rc failed="" ncu_units=() summary_args=()
+    local run enc csv left metrics rc failed="" ncu_units=() summary_args=() run_env stalls_md
     metrics=$("$py" "$src/bench/gpu_counters.py" --metrics)
     # Base units (ns, bytes) where this ncu can print them; the summary converts either way.
     grep -q -- '--print-units' <<<"$(ncu --help 2>&1)" && ncu_units=(--print-units base)
     rm -f "$logs"/gpu_counters.*.ncu.csv
     : >"$logs/counters.log"
-    for enc in nope rope; do
-      csv=$logs/gpu_counters.$enc.ncu.csv
+    stalls_md=$logs/gpu_counters.stalls.md
+    rm -f "$stalls_md"
+    # nope, rope, the stall reasons, then (time left) nope with dQ' in any order
+    # (APE_CUDA_DETERMINISTIC=0: the any-order kernel, whose dQ' adds are REDG, not ATOMG).
+    for run in nope rope stalls nope-anyorder; do
       left=$(( 180 - ($(date +%s) - s) ))
-      if [ $left -lt 10 ]; then failed+="; $enc: no time left"; continue; fi
-      echo "[gpu-check] counters: $enc (at most ${left} s)" >>"$logs/counters.log"
-      timeout $left ncu --profile-from-start off --csv --page raw --print-kernel-base demangled "${ncu_units[@]}" \
+      if [ "$run" = stalls ]; then
+        # Where the attention kernels' warps wait (NoPE: the kernels alone): the stall reasons.
+        [ $left -ge 20 ] || continue
+        csv=$logs/gpu_counters.stalls.ncu.csv
+        timeout $left ncu --profile-from-start off --csv --page raw --print-kernel-base demangled \
+          --kernel-name regex:'flash_backward|hopper_forward|flash_forward' --section WarpStateStats \
+          --log-file "$csv" "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings nope \
+          --config 1x16x8192x128 >>"$logs/counters.log" 2>&1 &&
+          { echo; echo "## Warp stalls (NoPE)"; echo; "$py" "$src/bench/gpu_counters.py" --stalls "$csv"; } \
+            >"$stalls_md" 2>>"$logs/counters.log" || failed+="; stalls: exit $?"
+        continue
+      fi
+      enc=${run%%-*}
+      run_env=()
+      [ "$run" = nope-anyorder ] && run_env=(APE_CUDA_DETERMINISTIC=0)
+      csv=$logs/gpu_counters.$run.ncu.csv
+      if [ $left -lt 10 ] || { [ "$run" = nope-anyorder ] && [ $left -lt 30 ]; }; then
+        failed+="; $run: no time left"; continue
+      fi
+      echo "[gpu-check] counters: $run (at most ${left} s)" >>"$logs/counters.log"
+      timeout $left env "${run_env[@]}" ncu --profile-from-start off --csv --page raw --print-kernel-base demangled "${ncu_units[@]}" \
         --metrics "$metrics" --log-file "$csv" \
         "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings "$enc" --config 1x16x8192x128 \
         >>"$logs/counters.log" 2>&1
       rc=$?
-      [ $rc = 0 ] || failed+="; $enc: exit $rc"
-      [ -s "$csv" ] && summary_args+=("$enc=$csv")
+      [ $rc = 0 ] || failed+="; $run: exit $rc"
+      [ -s "$csv" ] && summary_args+=("$run=$csv")
     done
     if [ ${#summary_args[@]} -gt 0 ]; then
       "$py" "$src/bench/gpu_counters.py" --summarize "${summary_args[@]}" --config 1x16x8192x128 \
         >"$logs/gpu_counters.md" 2>>"$logs/counters.log" || failed+="; summary: exit $?"
     fi
-    # Where the attention kernels' warps wait (NoPE: the kernels alone): the stall reasons.
-    left=$(( 180 - ($(date +%s) - s) ))
-    if [ $left -ge 20 ]; then
-      csv=$logs/gpu_counters.stalls.ncu.csv
-      timeout $left ncu --profile-from-start off --csv --page raw --print-kernel-base demangled \
-        --kernel-name regex:'flash_backward|hopper_forward|flash_forward' --section WarpStateStats \
-        --log-file "$csv" "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings nope \
-        --config 1x16x8192x128 >>"$logs/counters.log" 2>&1 &&
-        { echo; echo "## Warp stalls (NoPE)"; echo; "$py" "$src/bench/gpu_counters.py" --stalls "$csv"; } \
-          >>"$logs/gpu_counters.md" 2>>"$logs/counters.log" || failed+="; stalls: exit $?"
-    fi
+    [ -s "$stalls_md" ] && cat "$stalls_md" >>"$logs/gpu_counters.md"
     if [ -z "$failed" ]; then
       record counters pass $(( $(date +%s) - s )) "logs/gpu_counters.md"
     else
