@@ -19,8 +19,8 @@ namespace detail {
 //   dV += P^T dO,  dK' += dS^T Q'               (P^T, dS^T reused from registers as A operands)
 //   dQ'(tile) += dS K'                          (dS^T through shared memory, ldmatrix.trans)
 // so 5 GEMMs per tile pair (the two-kernel backward recomputed S and dP: 7), with dK', dV in
-// registers until the end. Q', dO of the next query tile are prefetched by cp.async into the
-// other half of double buffers.
+// registers until the end. Q', dO of the next query tile are prefetched into the other half of
+// double buffers: by cp.async, or by TMA from thread 0 in the wgmma layout.
 //
 // dQ is deterministic: the blocks of one slice add their dQ' tiles into the fp32 dQ' in a fixed
 // order, highest key tile first, by a semaphore per (slice, query tile): the block of key tile kt
@@ -79,7 +79,9 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   static constexpr size_t ds = dout + 2 * sizeof(In) * BQ * D;
   static constexpr size_t lse = ds + sizeof(In) * BK * BQ;
   static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
-  static constexpr size_t bytes = delta + 2 * sizeof(float) * BQ;
+  // wgmma: the mbarriers of the two Q' and dO buffers, which TMA fills.
+  static constexpr size_t bars = delta + 2 * sizeof(float) * BQ;
+  static constexpr size_t bytes = bars + (kWgmma ? 2 * sizeof(uint64_t) : 0);
   static_assert(bytes <= kLimit, "backward tiles exceed the shared memory of a block");
   // Distance biases: two windows of the slice's table of B(d) / scale (BQ + BK distances: those of
   // a tile pair and one before), each warp's two sets of partial diagonal sums of the tile's
@@ -324,7 +326,7 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
 // (kOrdered true) follow Params::dq_ordered at run time, as the wide one did before.
 template <class Enc, class In, int D, bool kOrdered, int kLayout>
 __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
-    flash_backward_kernel(const Params<Enc, In> p) {
+    flash_backward_kernel(const __grid_constant__ Params<Enc, In> p, const __grid_constant__ BwdMaps maps) {
   using C = BwdLayout<Enc, In, D, kLayout>;
   constexpr bool kWg = C::kWgmma;  // the products on wgmma (sm_90a)
 #ifndef APE_SM90A_CODE
@@ -455,10 +457,27 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   };
   using KRows = std::integral_constant<int, BK>;
   using QRows = std::integral_constant<int, BQ>;
+  // wgmma: thread 0 loads each step's Q' and dO tiles by TMA into the buffer's half, completing on
+  // its mbarrier (phase: the buffer's fills so far, mod 2); everything else is cp.async.
+  [[maybe_unused]] uint64_t *bars = reinterpret_cast<uint64_t *>(smem + C::bars);
+  [[maybe_unused]] auto tma_q_dout = [&](int b, int64_t qt) {
+    ptx::mbar_arrive_expect_tx(bars + b, 2u * sizeof(In) * BQ * D);
+    hopper::tma_tile<BQ, D>(sQ + b * BQ * D, &maps.q, qt * BQ, bh, bars + b);
+    hopper::tma_tile<BQ, D>(sDO + b * BQ * D, &maps.dout, qt * BQ, bh, bars + b);
+  };
   load_tile(KRows{}, sK, p.km + base, j0);
   load_tile(KRows{}, sV, p.v + base, j0);
-  load_tile(QRows{}, sQ, p.qm + base, qt0 * BQ);
-  load_tile(QRows{}, sDO, p.dout + base, qt0 * BQ);
+  if constexpr (kWg) {
+    if (threadIdx.x == 0) {  // waited on after the first step's barrier
+      ptx::mbar_init(bars, 1);
+      ptx::mbar_init(bars + 1, 1);
+      ptx::mbar_init_fence();
+      tma_q_dout(0, qt0);
+    }
+  } else {
+    load_tile(QRows{}, sQ, p.qm + base, qt0 * BQ);
+    load_tile(QRows{}, sDO, p.dout + base, qt0 * BQ);
+  }
   load_row_stats<BQ, C::kThreads>(sLse, sDelta, p.stats + 2 * bh * p.stats_ld, p.stats_ld, qt0 * BQ);
   ptx::cp_async_commit();
 
@@ -510,7 +529,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     const int buf = static_cast<int>((qt - qt0) & 1);
     const int64_t i0 = qt * BQ;
     ptx::cp_async_wait<0>();
-    if constexpr (kWg) ptx::fence_proxy_async();  // the copies, for wgmma's reads
+    if constexpr (kWg) {
+      ptx::mbar_wait(bars + buf, static_cast<unsigned>((qt - qt0) >> 1) & 1u);  // Q', dO of tile qt
+      ptx::fence_proxy_async();  // the cp.async copies (K', V), for wgmma's reads
+    }
     __syncthreads();  // tile qt landed; every warp is done with the other buffers and with sDS
     // Thread 0 reads qt's semaphore now and uses the value at our turn, a step's GEMMs later: in
     // steady state the higher key tiles are steps ahead and the turn costs no round trip to L2.
@@ -520,8 +542,12 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       if (threadIdx.x == 0 && ordered()) turn = ptx::ld_relaxed_gpu(sem + qt);
     if (qt + 1 < n_qt) {
       const int nb = buf ^ 1;
-      load_tile(QRows{}, sQ + nb * BQ * D, p.qm + base, i0 + BQ);
-      load_tile(QRows{}, sDO + nb * BQ * D, p.dout + base, i0 + BQ);
+      if constexpr (kWg) {
+        if (threadIdx.x == 0) tma_q_dout(nb, qt + 1);
+      } else {
+        load_tile(QRows{}, sQ + nb * BQ * D, p.qm + base, i0 + BQ);
+        load_tile(QRows{}, sDO + nb * BQ * D, p.dout + base, i0 + BQ);
+      }
       load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ,
                                        p.stats + 2 * bh * p.stats_ld, p.stats_ld, i0 + BQ);
       if constexpr (kDist) fill_bias(qt + 1, nb);
@@ -857,6 +883,9 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
           ptx::st_cg_16(gq + 4 * x, v);
         }
       }
+      // The staging rows' generic accesses before the TMA that refills the buffer (the step after
+      // next: its copy is issued after the next step's barrier).
+      if constexpr (kWg) ptx::fence_proxy_async();
     } else {
       #pragma unroll
       for (int h = 0; h < 2; ++h) {

@@ -194,6 +194,27 @@ __device__ inline void load_tile_async(In *tile, const In *g, int64_t row0, int6
     ptx::cp_async_16_at(dst + 128 * kRowStep * it, src + D * kRowStep * it, in ? 16 : 0);
   }
 }
+// The R-row tile at `tile` from rows row0.. of slice bh by TMA (the layout above; zeros past the
+// map's rows), one box per 64 (32 at D = 32) columns, completing on `bar`.
+template <int R, int D, class In>
+__device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, int64_t bh, uint64_t *bar) {
+  constexpr int kCols = swizzle_bytes<D>() / 2;
+#pragma unroll
+  for (int a = 0; a < D / kCols; ++a)
+    ptx::tma_load_3d(tile + a * R * kCols, map, a * kCols, static_cast<int>(row0), static_cast<int>(bh), bar);
+}
 }  // namespace hopper
+
+namespace detail {
+// The TMA descriptors of the 16-bit [B·H, T, D] tensors a kernel reads, by value
+// (__grid_constant__): the Hopper forward's q', k', v; the flash backward's q' and dO (its wgmma
+// layout; the other layouts get them unset and read none).
+struct HopperMaps {
+  CUtensorMap q, k, v;
+};
+struct BwdMaps {
+  CUtensorMap q, dout;
+};
+}  // namespace detail
 APE_CUDA_ABI_END
 }  // namespace ape::cuda

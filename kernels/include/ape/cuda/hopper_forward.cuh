@@ -6,17 +6,6 @@
 
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
-namespace hopper {
-// The R-row tile at `tile` from rows row0.. of slice bh, one box per 64 (32 at D = 32) columns.
-template <int R, int D, class In>
-__device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, int64_t bh, uint64_t *bar) {
-  constexpr int kCols = swizzle_bytes<D>() / 2;
-#pragma unroll
-  for (int a = 0; a < D / kCols; ++a)
-    ptx::tma_load_3d(tile + a * R * kCols, map, a * kCols, static_cast<int>(row0), static_cast<int>(bh), bar);
-}
-}  // namespace hopper
-
 namespace detail {
 
 // ---- forward, Hopper (sm_90a: TMA, mbarriers, wgmma) -------------------------------------------------
@@ -71,9 +60,6 @@ template <class In, int D> struct HopperFwd {
 };
 
 // TMA descriptors of q', k', v as [B·H, T, D] tensors (host: make_hopper_maps).
-struct HopperMaps {
-  CUtensorMap q, k, v;
-};
 
 template <class Enc, class In, int D>
 __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)

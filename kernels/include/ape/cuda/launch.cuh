@@ -567,9 +567,21 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       cudaError_t e = plan_param_cache(p, bytes, true, extra);
       if (e != cudaSuccess) return e;
       bytes += extra;
+      // The wgmma layout's Q' and dO tiles come by TMA (boxes of BQ rows as its buffers hold them).
+      BwdMaps maps{};
+      if constexpr (L::kWgmma) {
+        constexpr int kRowElems = hopper::swizzle_bytes<kD>() / 2;
+        const uint64_t dims[3] = {uint64_t(kD), uint64_t(T), uint64_t(BH)};
+        const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(T)};
+        const uint32_t box[3] = {uint32_t(kRowElems), uint32_t(L::BQ), 1};
+        if (T > 0x7fffffff - L::BQ || BH > 0x7fffffff) return cudaErrorInvalidValue;  // TMA's int coordinates
+        cudaError_t m = make_tensor_map_16(&maps.q, p.qm, 3, dims, strides, box, hopper::swizzle_bytes<kD>());
+        if (m == cudaSuccess) m = make_tensor_map_16(&maps.dout, p.dout, 3, dims, strides, box, hopper::swizzle_bytes<kD>());
+        if (m != cudaSuccess) return m;
+      }
       auto go = [&](auto kernel) {
         const cudaError_t x = allow_smem(kernel, bytes);
-        return x != cudaSuccess ? x : launch(kernel, static_cast<unsigned>(blocks), L::kThreads, bytes, st, p);
+        return x != cudaSuccess ? x : launch(kernel, static_cast<unsigned>(blocks), L::kThreads, bytes, st, p, maps);
       };
       // dQ' in any order: the wide layout's kernel without the order's fence (kOrdered).
       if constexpr (kLayout == kBwdWide)
