@@ -49,9 +49,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace ape {
@@ -512,14 +515,25 @@ TEST_P(CudaKernel, MatchesReferencesForwardAndGradients) {
 // The sm_90a paths that are off by default asked for while in scope: the flash backward's wgmma
 // layout (APE_CUDA_WGMMA_BACKWARD=1), the Hopper forward's turns (APE_CUDA_PINGPONG=1) and its
 // persistent grid (APE_CUDA_PERSISTENT=1).
-struct HopperOptIns {
-  static constexpr const char *kVars[] = {"APE_CUDA_WGMMA_BACKWARD", "APE_CUDA_PINGPONG", "APE_CUDA_PERSISTENT"};
-  HopperOptIns() {
-    for (const char *v : kVars) setenv(v, "1", 1);
+// Environment variables set while one lives, then as they were (unset, or their old values).
+struct EnvScope {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  explicit EnvScope(std::initializer_list<std::pair<const char *, const char *>> vars) {
+    for (const auto &[name, value] : vars) {
+      const char *old = std::getenv(name);
+      saved.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(name, value, 1);
+    }
   }
-  ~HopperOptIns() {
-    for (const char *v : kVars) unsetenv(v);
+  ~EnvScope() {
+    for (const auto &[name, old] : saved)
+      if (old) setenv(name.c_str(), old->c_str(), 1);
+      else unsetenv(name.c_str());
   }
+};
+struct HopperOptIns : EnvScope {
+  HopperOptIns()
+      : EnvScope({{"APE_CUDA_WGMMA_BACKWARD", "1"}, {"APE_CUDA_PINGPONG", "1"}, {"APE_CUDA_PERSISTENT", "1"}}) {}
 };
 
 #ifdef APE_SIMT
@@ -887,12 +901,29 @@ TEST(CudaLaunch, SaturatedDistanceStepsMatchReferences) {
 // query tiles), T5's saturated steps (T 520), and dQ' in any order; posing as sm_80 and sm_90
 // under emulation (as sm_86 the narrow layout runs: the setting does not apply). Value rows'
 // masses do not fit beside 64-query tiles: Shaw keeps its 32-query steps.
-struct SubTileOptIn {
-  SubTileOptIn() { setenv("APE_CUDA_BWD_SUBTILES", "1", 1); }
-  ~SubTileOptIn() { unsetenv("APE_CUDA_BWD_SUBTILES"); }
+// (The wgmma layout, which would take the sub-tiles' place on sm_90, stays off while one lives.)
+struct SubTileOptIn : EnvScope {
+  SubTileOptIn() : EnvScope({{"APE_CUDA_BWD_SUBTILES", "1"}, {"APE_CUDA_WGMMA_BACKWARD", "0"}}) {}
 };
+#ifndef APE_SIMT
+// On a GPU: whether the device gives a block the sub-tile layout's shared memory (sm_80, sm_90;
+// not sm_86/89, where the narrow layout runs), else the test's reason to skip.
+std::string sub_tiles_unavailable() {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return "the device's shared memory per block could not be read";
+  if (optin < 166912)
+    return "this device gives a block " + std::to_string(optin) +
+           " bytes of shared memory: the narrow layout runs, the sub-tiles do not";
+  return "";
+}
+#endif
 TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
   const SubTileOptIn opt_in;
+#ifndef APE_SIMT
+  if (const std::string why = sub_tiles_unavailable(); !why.empty()) GTEST_SKIP() << why;
+#endif
   int sub = 0;
 #ifdef APE_SIMT
   for (int sm : {80, 90, 86}) {
@@ -957,8 +988,59 @@ TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
 #endif
     Problem p = make_problem(*t5, 2, 3, 300, 128, 9490);
     p.deterministic = false;
+#ifdef APE_SIMT
+    ape::simt::take_traffic();
+#endif
     check_problem("t5", *var, p);
+#ifdef APE_SIMT
+    // The sub-tile layout's kernel without the order's fence (flash_backward_kernel<..., false, 3>).
+    for (const auto &t : ape::simt::take_traffic())
+      if (t.kernel.find("flash_backward_kernel<") != std::string::npos)
+        EXPECT_NE(t.kernel.find(", false, 3>"), std::string::npos) << t.kernel;
+#endif
   }
+}
+
+// The sub-tile layout's dQ' order while blocks run at once (3 emulator threads: the blocks of a
+// slice interleave): its semaphores count the layout's 64-query tiles, so the sums come in
+// key-tile order and the gradients are the same bits as with the blocks one after another.
+TEST(CudaLaunch, SubTileBackwardIsDeterministic) {
+  const SubTileOptIn opt_in;
+#ifndef APE_SIMT
+  if (const std::string why = sub_tiles_unavailable(); !why.empty()) GTEST_SKIP() << why;
+#endif
+  int checked = 0;
+  for (const char *name : {"rope", "t5"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+#ifdef APE_SIMT
+    ASSERT_NE(e, nullptr) << name << " is in the emulated build";
+    const PoseAs guard(80);
+#else
+    if (!e) continue;  // T5's kernels are not in this build (APE_CUDA_ALL_ENCODINGS=ON has them)
+#endif
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 128);
+    ASSERT_NE(var, nullptr) << name << " bf16/hd128";
+    SCOPED_TRACE(std::string(name) + " bf16 D=128 B=2 H=2 T=300, sub-tiles, blocks at once");
+    const Problem p = make_problem(*e, 2, 2, 300, 128, 9600);
+    Outputs first, second;
+    run_gpu(*var, p, first);
+#ifdef APE_SIMT
+    {
+      const EnvScope workers({{"APE_SIMT_WORKERS", "3"}});
+      ape::simt::take_traffic();
+      run_gpu(*var, p, second);
+      for (const std::string &layout : flash_backward_layouts()) EXPECT_EQ(layout, "wide_sub");
+    }
+#else
+    run_gpu(*var, p, second);
+#endif
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(first.size(), second.size());
+    for (size_t n = 0; n < first.size(); ++n)
+      EXPECT_TRUE(torch::equal(first[n].second, second[n].second)) << first[n].first << " differs";
+    ++checked;
+  }
+  EXPECT_GE(checked, 1);
 }
 
 // A general score mod's parameters staged in shared memory (ParamCache, cuda/flash_forward.cuh):

@@ -319,11 +319,11 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
   }
 }
 
-// kOrdered false: the kernel for dQ' in any order (Params::dq_ordered false), of the wide layout
-// only. The order's fence, present in a kernel, makes ptxas compile every reduction in it as a
-// returning atomic (ATOMG) where the kernel without one issues fire-and-forget REDG
-// (bench/results/gpu_h100.md, "The dQ' adds in compiled code"); the other layouts' kernels
-// (kOrdered true) follow Params::dq_ordered at run time, as the wide one did before.
+// kOrdered false: the kernel for dQ' in any order (Params::dq_ordered false), of the 128-key
+// mma.sync layouts (kBwdWide, kBwdWideSub). The order's fence, present in a kernel, makes ptxas
+// compile every reduction in it as a returning atomic (ATOMG) where the kernel without one issues
+// fire-and-forget REDG (bench/results/gpu_h100.md, "The dQ' adds in compiled code"); the other
+// layouts' kernels (kOrdered true) follow Params::dq_ordered at run time.
 template <class Enc, class In, int D, bool kOrdered, int kLayout>
 __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     flash_backward_kernel(const __grid_constant__ Params<Enc, In> p, const __grid_constant__ BwdMaps maps) {
@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     // B at c - kr + BK: this lane's base, plus 8 nt + e - 8 h (immediates).
     [[maybe_unused]] const float *tb = sB + buf * C::kDistLen + (2 * t - kr0 - g + BK);
     // S^T = K' Q'^T (+ B / scale), dP^T = V dO^T (- Delta with kScaledP: cDelta holds -Delta)
-    // (this warp's 16 keys x BQ queries).
+    // (this warp's 16 keys x the sub-tile's kSub queries: BQ but in kBwdWideSub).
     const int dlt = static_cast<int>(i0 - j0);  // >= 0: the first query tile starts at j0
     const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
     [[maybe_unused]] float cq[4] = {};  // C / scale of the thread's keys, as an accumulator
@@ -640,7 +640,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     }
 
     // P^T and dS^T in place of S^T and dP^T. Element (key row kr = kr0 + g + 8 h, query column
-    // c = 8 nt + 2 t + e) is key j = j0 + kr, query i = i0 + c: visible iff kr - c <= dlt
+    // c = c0 + 8 nt + 2 t + e) is key j = j0 + kr, query i = i0 + c: visible iff kr - c <= dlt
     // (j <= i) and c < cols (i < T), in 32-bit tile coordinates; only masked steps test. Masked
     // elements are 0 and never reach the score mod (with one, the test is a branch; without, a
     // select).

@@ -519,7 +519,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     // The wide layout in sub-tiles (steps of 64 queries at D = 128) in the wide one's place where
     // it is asked for (bwd_subtiles_enabled) and the device gives a block its shared memory.
     const bool sub = S::kSubs > 1 && !wg && wide && sub_fits && bwd_subtiles_enabled();
-    const int bq = wg ? HopperBwd<In, kD == 32 ? 64 : kD>::BQ : sub ? S::BQ : F::BQ;
+    int bq = sub ? S::BQ : F::BQ;  // the queries per step of the layout that runs (its semaphores)
+    if constexpr (kD >= 64)
+      if (wg) bq = BwdLayout<Enc, In, kD, kBwdWgmma>::BQ;
     const int64_t n_qt = (T + bq - 1) / bq;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if constexpr (flash_distance<Enc>()) {
@@ -583,8 +585,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
         const cudaError_t x = allow_smem(kernel, bytes);
         return x != cudaSuccess ? x : launch(kernel, static_cast<unsigned>(blocks), L::kThreads, bytes, st, p, maps);
       };
-      // dQ' in any order: the wide layout's kernel without the order's fence (kOrdered).
-      if constexpr (kLayout == kBwdWide)
+      // dQ' in any order: the 128-key mma.sync layouts' kernels without the order's fence
+      // (kOrdered).
+      if constexpr (kLayout == kBwdWide || kLayout == kBwdWideSub)
         if (!p.dq_ordered) return go(flash_backward_kernel<Enc, In, kD, false, kLayout>);
       return go(flash_backward_kernel<Enc, In, kD, true, kLayout>);
     };
