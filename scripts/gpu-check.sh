@@ -387,7 +387,7 @@ run() {
 
   # -- sanitizer (in the background) and python --------------------------------------------------
   local san_pid=""
-  local san_filter='All/CudaKernel.MatchesReferencesForwardAndGradients/rope_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/cable_bf16_hd64:All/CudaKernel.MatchesReferencesForwardAndGradients/t5_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/rope_f32_hd64:All/CudaKernel.DecodeStepsEqualTheFullForward/cable_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/rope_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/t5_bf16_hd64:CudaLaunch.SubTileBackwardIsDeterministic:CudaStatus.*'
+  local san_filter='All/CudaKernel.MatchesReferencesForwardAndGradients/rope_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/cable_bf16_hd64:All/CudaKernel.MatchesReferencesForwardAndGradients/t5_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/rope_f32_hd64:All/CudaKernel.DecodeStepsEqualTheFullForward/cable_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/rope_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/t5_bf16_hd64:CudaLaunch.WgmmaBackwardDqByTmaReductions:CudaLaunch.SubTileBackwardIsDeterministic:CudaStatus.*'
   local san_start
   if want sanitizer; then
     san_start=$(date +%s)

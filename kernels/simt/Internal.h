@@ -40,6 +40,17 @@ struct AsyncCopy {
   int bytes, src_bytes;
 };
 
+// A TMA reduction in flight (Warp.cpp): its shared-memory source is read at the issuing thread's
+// bulk_wait_read or bulk_wait (as late as the program allows), its adds land at bulk_wait or when
+// the thread returns.
+struct BulkReduce {
+  unsigned char map[128];
+  int coords[3];
+  const char *src;
+  std::vector<float> values;  // the in-bounds elements of the source, once read
+  bool read = false;
+};
+
 struct Block;
 
 // Where a thread waits: the source line of a barrier or intrinsic when the call site passed it
@@ -70,7 +81,11 @@ struct Thread {
   const char *stack_lo = nullptr, *stack_hi = nullptr;  // its stack: local memory, unchecked
   std::vector<AsyncCopy> uncommitted;
   std::deque<std::vector<AsyncCopy>> groups;  // committed cp.async groups, oldest first
+  std::vector<BulkReduce> bulk_open;               // TMA reductions since the last bulk_commit
+  std::deque<std::vector<BulkReduce>> bulk_groups;  // committed, oldest first
 };
+// Completes every TMA reduction of the thread (read, then added): what a return leaves in flight.
+void bulk_drain(Thread &t);
 
 // A wgmma of one warp, issued and not yet computed (Warp.cpp).
 struct WgmmaOp {

@@ -329,6 +329,7 @@ bool run_block(Block &b, Body body) {
           body.call(body.self);
           if (!tp->uncommitted.empty() || !tp->groups.empty())
             report(Check::Async, "returns with cp.async copies never waited for");
+          bulk_drain(*tp);  // TMA reductions' adds may land after a return, their reads may not
           tp->state = State::Done;
           Warp &w = b.warps[tp->tid / 32];
           w.exited |= 1u << (tp->tid % 32);

@@ -663,6 +663,123 @@ void tma_load(void *dst, const void *map, const int *coords, void *bar) {
   complete_tx(bar, static_cast<long long>(row * rows), pc);
 }
 
+void tma_reduce_add(const void *map, const int *coords, const void *src) {
+  Thread *t = self();
+  if (!t) return;
+  Block &b = *tl_worker.block;
+  const void *pc = __builtin_return_address(0);
+  TensorMap tm;
+  std::memcpy(&tm, map, sizeof tm);
+  if (tm.magic != kMapMagic) return report(Check::Memcheck, "TMA reduction with a tensor map that was never encoded", pc);
+  if (tm.elem_bytes != 4) return report(Check::Memcheck, "TMA add reduction: the emulator takes fp32 tensors only", pc);
+  const size_t bytes = static_cast<size_t>(tm.box[0]) * tm.elem_bytes * (tm.rank > 1 ? tm.box[1] : 1) *
+                       (tm.rank > 2 ? tm.box[2] : 1);
+  const char *s = static_cast<const char *>(src);
+  const size_t align = tm.swizzle ? 8 * static_cast<size_t>(tm.swizzle) : 128;
+  if (!in_shared(b, s, bytes) || static_cast<size_t>(s - b.smem) % align != 0) {
+    std::ostringstream os;
+    os << "TMA reduction source not in the block's shared memory or not " << align << "-byte aligned";
+    return report(Check::Memcheck, os.str(), pc);
+  }
+  BulkReduce r;
+  std::memcpy(r.map, map, sizeof r.map);
+  for (int d = 0; d < 3; ++d) r.coords[d] = d < static_cast<int>(tm.rank) ? coords[d] : 0;
+  r.src = s;
+  t->bulk_open.push_back(std::move(r));
+}
+
+namespace {
+// Visits the in-bounds elements of a reduction's box in order: f(smem offset, global element).
+template <class F> void for_box(const BulkReduce &r, F f) {
+  const Block &b = *tl_worker.block;
+  TensorMap tm;
+  std::memcpy(&tm, r.map, sizeof tm);
+  const size_t row = static_cast<size_t>(tm.box[0]) * tm.elem_bytes;
+  const size_t rows = (tm.rank > 1 ? tm.box[1] : 1) * (tm.rank > 2 ? tm.box[2] : 1);
+  const uint32_t W = tm.swizzle / 16;
+  for (size_t y = 0; y < rows; ++y) {
+    const int64_t c1 = tm.rank > 1 ? r.coords[1] + static_cast<int64_t>(y % tm.box[1]) : 0;
+    const int64_t c2 = tm.rank > 2 ? r.coords[2] + static_cast<int64_t>(y / tm.box[1]) : 0;
+    for (uint32_t x = 0; x < tm.box[0]; ++x) {
+      const int64_t c0 = r.coords[0] + x;
+      const bool in = c0 >= 0 && c0 < static_cast<int64_t>(tm.dims[0]) &&
+                      (tm.rank < 2 || (c1 >= 0 && c1 < static_cast<int64_t>(tm.dims[1]))) &&
+                      (tm.rank < 3 || (c2 >= 0 && c2 < static_cast<int64_t>(tm.dims[2])));
+      if (!in) continue;
+      uint32_t off = static_cast<uint32_t>((r.src - b.smem) + y * row + x * tm.elem_bytes);
+      if (W > 1) off ^= ((off >> 7) & (W - 1)) << 4;
+      f(off, reinterpret_cast<float *>(const_cast<char *>(tm.base) + c0 * static_cast<int64_t>(tm.strides[0]) +
+                                       c1 * static_cast<int64_t>(tm.strides[1]) +
+                                       c2 * static_cast<int64_t>(tm.strides[2])));
+    }
+  }
+}
+void bulk_read(BulkReduce &r) {
+  if (r.read) return;
+  const Block &b = *tl_worker.block;
+  for_box(r, [&](uint32_t off, float *) {
+    check_access(b.smem + off, 4, Access::Read, nullptr);
+    float v;
+    std::memcpy(&v, b.smem + off, 4);
+    r.values.push_back(v);
+  });
+  r.read = true;
+}
+void bulk_add(BulkReduce &r) {
+  bulk_read(r);
+  size_t n = 0;
+  for_box(r, [&](uint32_t, float *to) {
+    tl_async_copy = true;
+    atomic_add_f32(to, r.values[n++]);
+    tl_async_copy = false;
+  });
+}
+}  // namespace
+
+void bulk_commit() {
+  Thread *t = self();
+  if (!t) return;
+  t->bulk_groups.push_back(std::move(t->bulk_open));
+  t->bulk_open.clear();
+}
+
+void bulk_wait(int pending_groups, bool read_only) {
+  Thread *t = self();
+  if (!t) return;
+  const size_t keep = pending_groups < 0 ? 0 : static_cast<size_t>(pending_groups);
+  if (read_only) {
+    for (size_t g = 0; g + keep < t->bulk_groups.size(); ++g)
+      for (BulkReduce &r : t->bulk_groups[g]) bulk_read(r);
+    return;
+  }
+  while (t->bulk_groups.size() > keep) {
+    for (BulkReduce &r : t->bulk_groups.front()) bulk_add(r);
+    t->bulk_groups.pop_front();
+  }
+}
+
+void fence_release() {
+  Thread *t = self();
+  if (!t || (t->bulk_open.empty() && t->bulk_groups.empty())) return;
+  report(Check::Async,
+         "a release fence with TMA reductions in flight: their adds are not ordered before it (bulk_wait first)",
+         __builtin_return_address(0));
+}
+
+namespace detail {
+void bulk_drain(Thread &t) {
+  bool unread = !t.bulk_open.empty();
+  for (const auto &g : t.bulk_groups)
+    for (const BulkReduce &r : g) unread = unread || !r.read;
+  if (unread) report(Check::Async, "returns with TMA reductions whose reads of shared memory were never waited for");
+  t.bulk_groups.push_back(std::move(t.bulk_open));
+  t.bulk_open.clear();
+  for (auto &g : t.bulk_groups)
+    for (BulkReduce &r : g) bulk_add(r);
+  t.bulk_groups.clear();
+}
+}  // namespace detail
+
 void bulk_copy(void *dst, const void *src, unsigned bytes, void *bar) {
   Block &b = *tl_worker.block;
   const void *pc = __builtin_return_address(0);

@@ -1043,6 +1043,69 @@ TEST(CudaLaunch, SubTileBackwardIsDeterministic) {
   EXPECT_GE(checked, 1);
 }
 
+// The wgmma backward's dQ' by TMA reductions (BwdTiles::dqs; FlashAttention-3's form): in order,
+// bit for bit the same whether its blocks run one after another or three at once (the semaphores
+// order the reductions), and in any order within the references (each block's reductions into the
+// zeroed dQ'); NoPE (key tile 0 writes dq), RoPE (a conversion pass writes it), T5 (the distance
+// sums in the turn), at D 64 and 128. T 300: 5 query tiles of 64 over 3 key tiles, the last tile
+// partial (the reductions must not write its rows past T, which belong to the next slice).
+TEST(CudaLaunch, WgmmaBackwardDqByTmaReductions) {
+#ifdef APE_SIMT
+  const PoseAsSm90 guard;
+#else
+  int dev = 0, major = 0, minor = 0;
+  if (!has_gpu() || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+      major != 9 || minor != 0)
+    GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks this layout posing as one)";
+#endif
+  const EnvScope wgmma({{"APE_CUDA_WGMMA_BACKWARD", "1"}});
+  int checked = 0;
+  for (const char *name : {"nope", "rope", "t5"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+#ifdef APE_SIMT
+    ASSERT_NE(e, nullptr) << name << " is in the emulated build";
+#else
+    if (!e) continue;  // T5's kernels are not in this build (APE_CUDA_ALL_ENCODINGS=ON has them)
+#endif
+    for (int D : {64, 128}) {
+      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+      if (!var) continue;
+      SCOPED_TRACE(std::string(name) + " bf16 D=" + std::to_string(D) + " B=2 H=2 T=300, wgmma backward");
+      Problem p = make_problem(*e, 2, 2, 300, D, 9700 + D);
+      Outputs first, second;
+      run_gpu(*var, p, first);
+      {
+#ifdef APE_SIMT
+        const EnvScope workers({{"APE_SIMT_WORKERS", "3"}});
+        ape::simt::take_traffic();
+#endif
+        run_gpu(*var, p, second);
+#ifdef APE_SIMT
+        const std::vector<std::string> layouts = flash_backward_layouts();
+        EXPECT_EQ(layouts.size(), 1u);
+        for (const std::string &layout : layouts) EXPECT_EQ(layout, "wgmma");
+#endif
+      }
+      if (HasFatalFailure()) return;
+      ASSERT_EQ(first.size(), second.size());
+      for (size_t n = 0; n < first.size(); ++n)
+        EXPECT_TRUE(torch::equal(first[n].second, second[n].second)) << first[n].first << " differs";
+      p.deterministic = false;
+      SCOPED_TRACE("dQ' in any order");
+      check_problem(name, *var, p);
+      if (HasFatalFailure()) return;
+      ++checked;
+    }
+  }
+#ifdef APE_SIMT
+  EXPECT_EQ(checked, 5) << "nope at bf16/hd64, rope and t5 at bf16/hd64 and hd128 are in the emulated build";
+#else
+  EXPECT_GE(checked, 1);
+#endif
+}
+
 // A general score mod's parameters staged in shared memory (ParamCache, cuda/flash_forward.cuh):
 // each parameter is staged while it fits (48 KiB in the backward, 8 KiB in the forward), the rest
 // read and summed in global memory. FIRE's w2 has 32 H elements: at H = 3 every parameter is

@@ -28,7 +28,8 @@ namespace detail {
 // last key tile that qt sees), then releases it. While it holds the turn the rows are its own:
 // the first block to reach the tile stores it and key tile 0, the last, adds the sum so far and
 // can write dq, both in 16-byte chunks staged in shared memory; the blocks between add their
-// fragments by fp32 reductions, in the semaphore's order. The semaphores work as CUTLASS's generic
+// fragments by fp32 reductions, in the semaphore's order (the wgmma layout: the staged tile by TMA
+// reductions, complete before the release). The semaphores work as CUTLASS's generic
 // barrier: thread 0 polls with relaxed loads (the first issued a step before it is needed),
 // fences (acq_rel, gpu scope) and increments by a relaxed reduction, and the bar.sync before the
 // fence makes it cover every thread's adds (cumulativity): no thread of the block fences its own.
@@ -77,7 +78,11 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   static constexpr size_t k = 0, v = k + sizeof(In) * BK * D, q = v + sizeof(In) * BK * D;
   static constexpr size_t dout = q + 2 * sizeof(In) * BQ * D;
   static constexpr size_t ds = dout + 2 * sizeof(In) * BQ * D;
-  static constexpr size_t lse = ds + sizeof(In) * BK * BQ;
+  // wgmma: the step's fp32 dQ' tile, which a TMA reduction adds to dQ': D / 32 boxes of 32 columns,
+  // BQ rows of 128 bytes each in TMA's 128-byte swizzle (1024-byte aligned, as every tile here).
+  static constexpr size_t dqs = ds + sizeof(In) * BK * BQ;
+  static_assert(dqs % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
+  static constexpr size_t lse = dqs + (kWgmma ? sizeof(float) * BQ * D : 0);
   static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
   // wgmma: the mbarriers of the two Q' and dO buffers, which TMA fills.
   static constexpr size_t bars = delta + 2 * sizeof(float) * BQ;
@@ -522,6 +527,12 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     const int swz = ((r & 7) << 1) & (D / 4 - 1);
     return reinterpret_cast<float *>(half) + (r % (BQ / 2)) * D + 4 * (k ^ swz);
   };
+  // wgmma: element (r, c) of the step's fp32 dQ' tile in its own rows (BwdTiles::dqs), the boxes
+  // of 32 columns that the TMA reduction reads (16-byte chunk k of row r at chunk k ^ (r mod 8)).
+  [[maybe_unused]] float *sDQ = reinterpret_cast<float *>(smem + C::dqs);
+  [[maybe_unused]] auto dq_box = [&](int r, int c) -> float * {
+    return sDQ + (c / 32) * (BQ * 32) + r * 32 + 4 * (((c % 32) / 4) ^ (r & 7)) + c % 4;
+  };
   // A saturated step (kSat: every distance of the tile >= the slice's d_sat, unmasked) adds its
   // dS to one fp32 sum per thread instead of its diagonals' sums.
   auto step = [&](int64_t qt, auto masked, auto sat, [[maybe_unused]] float &sat_sum) {
@@ -779,16 +790,26 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         }
     }
     }  // the sub-tiles
-    if (threadIdx.x == 0 && ordered()) {  // our turn for qt: the higher key tiles have added
-      const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
-      const int target = static_cast<int>(i_last / BK) - kt;
-      while (turn != target) turn = ptx::ld_relaxed_gpu(sem + qt);
-      // Acquire (their adds to qt before ours) and release: every thread's adds to qt - 1 came
-      // before this step's first barrier, and they were issued a step ago, so the fence has
-      // little to wait for. Releasing qt - 1 here rather than at the step's start delays the
-      // block below by half a step, which the steps it trails by absorb.
-      ptx::fence_acq_rel_gpu();
-      if (qt > qt0) ptx::red_relaxed_gpu_add(sem + qt - 1, 1);
+    if (threadIdx.x == 0) {
+      // wgmma: the last step's TMA reduction (issued a step's products ago) has read the dQ' rows
+      // (the barrier below frees them for this step's) and, in order, added them: its sums then
+      // precede the release of qt - 1 below.
+      if constexpr (kWg) {
+        if (ordered()) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();
+        else ptx::bulk_wait_read<0>();
+      }
+      if (ordered()) {  // our turn for qt: the higher key tiles have added
+        const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
+        const int target = static_cast<int>(i_last / BK) - kt;
+        while (turn != target) turn = ptx::ld_relaxed_gpu(sem + qt);
+        // Acquire (their adds to qt before ours) and release: every thread's adds to qt - 1 came
+        // before this step's first barrier, and they were issued a step ago, so the fence has
+        // little to wait for. Releasing qt - 1 here rather than at the step's start delays the
+        // block below by half a step, which the steps it trails by absorb.
+        ptx::fence_acq_rel_gpu();
+        if constexpr (kWg) ptx::fence_proxy_async_global();  // our TMA reduction after their adds
+        if (qt > qt0) ptx::red_relaxed_gpu_add(sem + qt - 1, 1);
+      }
     }
     __syncthreads();  // dS^T complete, and the turn is ours
 
@@ -837,30 +858,31 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     }
     // Our turn on the fp32 dQ' rows. The first key tile to reach the query tile stores them, and
     // key tile 0, the last, adds the sum so far and writes dq itself where dq = dQ'
-    // (p.dq_direct): both through the staging rows (the current Q' and dO buffers, which no warp
-    // reads again and the next step's prefetch does not fill) in 16-byte chunks, 512 contiguous
-    // bytes per warp instruction, with no memset before and no conversion pass after. The other
-    // key tiles add their fragments by fp32 reductions, a lane's two adjacent columns as one 8-byte
-    // reduction on sm_90 (ptx::red_add2: a warp's rows then fill whole 32-byte sectors; the H100
-    // counted 192 M sectors for 2.15 GB of adds with scalar ones). The order of the adds is the
-    // semaphore's.
+    // (p.dq_direct): both through the staging rows (mma.sync: the current Q' and dO buffers, which
+    // no warp reads again and the next step's prefetch does not fill; wgmma: sDQ) in 16-byte
+    // chunks, 512 contiguous bytes per warp instruction, with no memset before and no conversion
+    // pass after. The other key tiles add their fragments by fp32 reductions, a lane's two
+    // adjacent columns as one 8-byte reduction on sm_90 (ptx::red_add2: a warp's rows then fill
+    // whole 32-byte sectors; the H100 counted 192 M sectors for 2.15 GB of adds with scalar ones),
+    // or with wgmma by TMA reductions of the staged tile. The order of the adds is the semaphore's.
     const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
     // (In any order, !ordered(): every block reduces into the zeroed dQ'.) A block is
     // first on the query tiles of its diagonal only, which are masked steps: the unmasked ones
     // compile without that path.
     const bool first = kMasked && (i_end - 1) / BK == kt && ordered();
     const bool to_dq = kt == 0 && p.dq_direct;
-    if (first || to_dq) {  // the same for every thread of the block
-      if constexpr (kWg) __syncthreads();  // every warpgroup's products read the Q' and dO buffers
+    // The fragments into the staging rows (`at(r, c)`: element (r, c), c even, a lane's pair in
+    // one 16-byte chunk), and the staged tile's rows < T to dQ' or dq in 16-byte chunks.
+    auto stage_rows = [&](auto at) {
       #pragma unroll
       for (int h = 0; h < 2; ++h)
         #pragma unroll
         for (int dt = 0; dt < kQDT; ++dt) {
           const int c = qc0 + 8 * dt + 2 * t;
-          *reinterpret_cast<ptx::F2 *>(dq_stage(buf, qr0 + g + 8 * h, c / 4) + c % 4) =
-              ptx::F2{dq[dt][2 * h], dq[dt][2 * h + 1]};
+          *reinterpret_cast<ptx::F2 *>(at(qr0 + g + 8 * h, c)) = ptx::F2{dq[dt][2 * h], dq[dt][2 * h + 1]};
         }
-      __syncthreads();  // the staged tile is complete
+    };
+    auto rows_out = [&](auto at) {
       static_assert(BQ * D / 4 % C::kThreads == 0, "whole chunks per thread");
       const int n_live = static_cast<int>(i_end - i0) * (D / 4);  // chunks of the rows < T
       float *gq = p.dqm + base + i0 * D;                         // the tile's rows, contiguous
@@ -869,7 +891,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       for (int u = 0; u < BQ * D / 4 / C::kThreads; ++u) {
         const int x = static_cast<int>(threadIdx.x) + u * C::kThreads;  // 16-byte chunk x
         if (kMasked && x >= n_live) break;
-        ptx::F4 v = *reinterpret_cast<const ptx::F4 *>(dq_stage(buf, x / (D / 4), x % (D / 4)));
+        ptx::F4 v = *reinterpret_cast<const ptx::F4 *>(at(x / (D / 4), 4 * (x % (D / 4))));
         if (!first) {
           const ptx::F4 a = ptx::ld_cg_16(gq + 4 * x);
           v = ptx::F4{a.x + v.x, a.y + v.y, a.z + v.z, a.w + v.w};
@@ -883,9 +905,31 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
           ptx::st_cg_16(gq + 4 * x, v);
         }
       }
-      // The staging rows' generic accesses before the TMA that refills the buffer (the step after
-      // next: its copy is issued after the next step's barrier).
-      if constexpr (kWg) ptx::fence_proxy_async();
+    };
+    if constexpr (kWg) {
+      // wgmma (FlashAttention-3's form): every block stages its tile in sDQ; the first and the
+      // last go on as below, the others add it by one TMA reduction per box of 32 columns (thread
+      // 0: bulk reductions of whole 128-byte rows, no per-thread atomics; rows past T are not
+      // written), waited on at the next step's turn or at the kernel's end.
+      stage_rows(dq_box);
+      const bool bulk = !(first || to_dq);  // the same for every thread of the block
+      if (bulk) ptx::fence_proxy_async();  // the rows, for the TMA's reads
+      __syncthreads();                     // the staged tile is complete
+      if (bulk) {
+        if (threadIdx.x == 0) {
+          #pragma unroll
+          for (int bx = 0; bx < D / 32; ++bx)
+            ptx::tma_reduce_add_3d(&maps.dq, sDQ + bx * (BQ * 32), 32 * bx, static_cast<int>(i0), static_cast<int>(bh));
+          ptx::bulk_commit();
+        }
+      } else {
+        rows_out(dq_box);
+      }
+    } else if (first || to_dq) {  // the same for every thread of the block
+      auto at = [&](int r, int c) { return dq_stage(buf, r, c / 4) + c % 4; };
+      stage_rows(at);
+      __syncthreads();  // the staged tile is complete
+      rows_out(at);
     } else {
       #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -978,9 +1022,12 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();
   __syncthreads();  // every thread's adds to the last query tile, then their release
-  if (threadIdx.x == 0 && ordered()) {
-    ptx::fence_acq_rel_gpu();
-    ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
+  if (threadIdx.x == 0) {
+    if constexpr (kWg) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();  // the last TMA reduction
+    if (ordered()) {
+      ptx::fence_acq_rel_gpu();
+      ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
+    }
   }
   if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::flush(p, cache);  // every sink is in
   if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left

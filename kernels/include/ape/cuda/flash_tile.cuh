@@ -206,14 +206,15 @@ __device__ inline void tma_tile(In *tile, const CUtensorMap *map, int64_t row0, 
 }  // namespace hopper
 
 namespace detail {
-// The TMA descriptors of the 16-bit [B·H, T, D] tensors a kernel reads, by value
-// (__grid_constant__): the Hopper forward's q', k', v; the flash backward's q' and dO (its wgmma
-// layout; the other layouts get them unset and read none).
+// The TMA descriptors of the [B·H, T, D] tensors a kernel reads or adds to, by value
+// (__grid_constant__): the Hopper forward's q', k', v; the flash backward's q' and dO, and its
+// fp32 dQ' in boxes of 32 columns (its wgmma layout; the other layouts get them unset and use
+// none).
 struct HopperMaps {
   CUtensorMap q, k, v;
 };
 struct BwdMaps {
-  CUtensorMap q, dout;
+  CUtensorMap q, dout, dq;
 };
 }  // namespace detail
 APE_CUDA_ABI_END

@@ -569,7 +569,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       cudaError_t e = plan_param_cache(p, bytes, true, extra);
       if (e != cudaSuccess) return e;
       bytes += extra;
-      // The wgmma layout's Q' and dO tiles come by TMA (boxes of BQ rows as its buffers hold them).
+      // The wgmma layout's Q' and dO tiles come by TMA (boxes of BQ rows as its buffers hold them),
+      // and its dQ' tiles go by TMA reductions (boxes of 32 fp32 columns and BQ rows, as sDQ holds
+      // them).
       BwdMaps maps{};
       if constexpr (L::kWgmma) {
         constexpr int kRowElems = hopper::swizzle_bytes<kD>() / 2;
@@ -579,6 +581,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
         if (T > 0x7fffffff - L::BQ || BH > 0x7fffffff) return cudaErrorInvalidValue;  // TMA's int coordinates
         cudaError_t m = make_tensor_map_16(&maps.q, p.qm, 3, dims, strides, box, hopper::swizzle_bytes<kD>());
         if (m == cudaSuccess) m = make_tensor_map_16(&maps.dout, p.dout, 3, dims, strides, box, hopper::swizzle_bytes<kD>());
+        const uint64_t dq_strides[2] = {sizeof(float) * kD, sizeof(float) * kD * uint64_t(T)};
+        const uint32_t dq_box[3] = {32, uint32_t(L::BQ), 1};
+        if (m == cudaSuccess) m = make_tensor_map(&maps.dq, 4, p.dqm, 3, dims, dq_strides, dq_box, 128);
         if (m != cudaSuccess) return m;
       }
       auto go = [&](auto kernel) {

@@ -229,7 +229,9 @@ __device__ inline int ld_relaxed_gpu(const int *p) {
 #endif
 }
 __device__ inline void fence_acq_rel_gpu() {
-#ifndef APE_SIMT
+#ifdef APE_SIMT
+  ::ape::simt::fence_release();
+#else
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 #endif
 }
@@ -580,6 +582,55 @@ __device__ inline void bulk_copy(void *dst, const void *src, unsigned bytes, uin
                ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 #endif
 }
+// The box of a 3-dimensional fp32 tensor at (c0, c1, c2) += the box at `src` in shared memory
+// (laid out as a TMA load of the map would leave it, swizzle included), by TMA, in this thread's
+// current bulk group (bulk_commit): elements out of the tensor's bounds are not written. Each
+// element's add is atomic, as red.add's; the source may be reused after bulk_wait_read, the
+// sums are complete (for this thread, then by its release for others) after bulk_wait.
+__device__ inline void tma_reduce_add_3d(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
+#ifdef APE_SIMT
+  const int coords[3] = {c0, c1, c2};
+  ::ape::simt::tma_reduce_add(map, coords, src);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+#else
+  (void)map, (void)src, (void)c0, (void)c1, (void)c2;
+#endif
+}
+// cp.async.bulk.commit_group: the thread's bulk stores and reductions so far form a group.
+__device__ inline void bulk_commit() {
+#ifdef APE_SIMT
+  ::ape::simt::bulk_commit();
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most N of the thread's bulk groups are in flight: their writes complete
+// (bulk_wait), or only their reads of shared memory (bulk_wait_read).
+template <int N> __device__ inline void bulk_wait() {
+#ifdef APE_SIMT
+  ::ape::simt::bulk_wait(N, false);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+template <int N> __device__ inline void bulk_wait_read() {
+#ifdef APE_SIMT
+  ::ape::simt::bulk_wait(N, true);
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// fence.proxy.async.global: orders this thread's global accesses in the generic proxy against
+// its accesses through the async proxy (TMA reductions), either way.
+__device__ inline void fence_proxy_async_global() {
+#if !defined(APE_SIMT) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
 // setmaxnreg: a warpgroup gives back registers (producers) or takes them (consumers).
 template <int N> __device__ inline void setmaxnreg_dec() {
 #if !defined(APE_SIMT) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -594,15 +645,16 @@ template <int N> __device__ inline void setmaxnreg_inc() {
 
 }  // namespace ptx
 
-// A tiled TMA descriptor of a 16-bit tensor of `rank` <= 3 dimensions (innermost first; strides
-// in bytes of dimensions 1..), boxes of `box` elements, `swizzle` bytes (0, 32, 64, 128), zeros
-// out of bounds: cuTensorMapEncodeTiled (through the runtime's driver entry point, so no driver
-// library is linked), the emulator's own encoding under APE_SIMT.
-inline cudaError_t make_tensor_map_16(CUtensorMap *map, const void *base, int rank,
-                                      const uint64_t *dims, const uint64_t *strides,
-                                      const uint32_t *box, int swizzle) {
+// A tiled TMA descriptor of a tensor of 16-bit (elem_bytes 2) or fp32 (4) elements and `rank` <= 3
+// dimensions (innermost first; strides in bytes of dimensions 1..), boxes of `box` elements,
+// `swizzle` bytes (0, 32, 64, 128), zeros out of bounds: cuTensorMapEncodeTiled (through the
+// runtime's driver entry point, so no driver library is linked), the emulator's own encoding
+// under APE_SIMT.
+inline cudaError_t make_tensor_map(CUtensorMap *map, int elem_bytes, const void *base, int rank,
+                                   const uint64_t *dims, const uint64_t *strides,
+                                   const uint32_t *box, int swizzle) {
 #ifdef APE_SIMT
-  return ::ape::simt::tensor_map_encode(map, 2, rank, base, dims, strides, box, swizzle)
+  return ::ape::simt::tensor_map_encode(map, elem_bytes, rank, base, dims, strides, box, swizzle)
              ? cudaSuccess
              : cudaErrorInvalidValue;
 #else
@@ -621,13 +673,18 @@ inline cudaError_t make_tensor_map_16(CUtensorMap *map, const void *base, int ra
                                 : swizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                 : swizzle == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
                                                 : CU_TENSOR_MAP_SWIZZLE_NONE;
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, static_cast<cuuint32_t>(rank),
+  const CUresult r = encode(map, elem_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                            static_cast<cuuint32_t>(rank),
                             const_cast<void *>(base), reinterpret_cast<const cuuint64_t *>(dims),
                             reinterpret_cast<const cuuint64_t *>(strides), box, estride,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 #endif
+}
+inline cudaError_t make_tensor_map_16(CUtensorMap *map, const void *base, int rank, const uint64_t *dims,
+                                      const uint64_t *strides, const uint32_t *box, int swizzle) {
+  return make_tensor_map(map, 2, base, rank, dims, strides, box, swizzle);
 }
 APE_CUDA_ABI_END
 }  // namespace ape::cuda

@@ -397,6 +397,20 @@ bool tensor_map_encode(void *map, int elem_bytes, int rank, const void *base, co
 void tma_load(void *dst, const void *map, const int *coords, void *bar);
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [bar].
 void bulk_copy(void *dst, const void *src, unsigned bytes, void *bar);
+// cp.reduce.async.bulk.tensor.Nd.global.shared::cta.add.tile.bulk_group [map, coords], [src]: the
+// fp32 box at `coords` += the box at `src` (laid out as tma_load leaves it, swizzle included),
+// each element an atomic add, elements out of bounds not written. In flight until the thread's
+// waits: the source is read at cp.async.bulk.wait_group.read (or wait_group) that lets its group
+// complete, the adds land at wait_group (or when the thread returns), the latest a GPU may: a
+// kernel that rewrites the source or releases the sums too early computes wrong numbers here.
+void tma_reduce_add(const void *map, const int *coords, const void *src);
+// cp.async.bulk.commit_group; cp.async.bulk.wait_group[.read] n.
+void bulk_commit();
+void bulk_wait(int pending_groups, bool read_only);
+// A release fence (fence.acq_rel): orders what the thread wrote before it, but not the adds of its
+// TMA reductions still in flight (only a completed wait_group brings those into its order). The
+// emulator reports a fence issued with such adds in flight: the kernels release sums with it.
+void fence_release();
 // setmaxnreg: nothing to emulate.
 // The offset of a shared-memory address from the block's dynamic shared memory (which stands at
 // a 1024-byte aligned offset of the shared window on a GPU): what wgmma descriptors hold.
