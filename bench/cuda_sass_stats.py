@@ -126,6 +126,7 @@ template <class In, int D> void print(const char *dt) {
   using N = FlashBwd<In, D, false>;
   using W = HopperBwd<In, D == 32 ? 64 : D>;
   using S = BwdTiles<In, D, kBwdWideSub>;
+  using X = BwdTiles<In, D == 32 ? 64 : D, kBwdWideTma>;
   using H = HopperFwd<In, D>;
   std::printf("forward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld\n", dt, D,
               F::kThreads, F::bytes, F::bytes_dist, F::bytes_rowcol, 4LL * 16 * F::kMT * F::BK * D);
@@ -149,6 +150,10 @@ template <class In, int D> void print(const char *dt) {
   std::printf("backward_wgmma %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
               W::kThreads, W::bytes, W::bytes_dist, W::bytes_rowcol, 8LL * 16 * W::BQ * D + 2LL * W::BQ * D * W::BK / W::kWarps,
               W::kSubs);
+  // The wide layout with dQ' by TMA reductions (APE_CUDA_DQ_TMA=1; sm_90a, D 64 and 128).
+  std::printf("backward_dqtma %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              X::kThreads, X::bytes, X::bytes_dist, X::bytes_rowcol, 8LL * 16 * X::BQ * D + 2LL * X::BQ * D * X::BK / X::kWarps,
+              X::kSubs);
 }
 int main() {
   print<__nv_bfloat16, 32>("bf16"); print<__nv_bfloat16, 64>("bf16"); print<__nv_bfloat16, 128>("bf16");
@@ -370,12 +375,13 @@ def main():
                         if kind == "backward":
                             ordered, lay = re.search(r"Li\d+ELb([01])ELi(\d)E", fn).groups()
                             kind = {"0": "backward_narrow", "1": "backward", "2": "backward_wgmma",
-                                    "3": "backward_sub"}[lay]
+                                    "3": "backward_sub", "4": "backward_dqtma"}[lay]
                             tiles_kind = kind
                             if ordered == "0":
                                 kind = "backward_anyorder" if lay == "1" else None
-                        if kind is None or (kind in ("hopper_forward", "backward_wgmma") and arch != "90a"):
-                            continue  # the wgmma kernels are a trap without sm_90a code
+                        if kind is None or (kind in ("hopper_forward", "backward_wgmma", "backward_dqtma")
+                                            and arch != "90a"):
+                            continue  # the wgmma and TMA kernels are a trap without sm_90a code
                         t = tiles[(tiles_kind, args.dtype, hd)]
                         loop = main_loop(instrs, t.get("subs", 1))
                         ops = [b.split()[0] for b in loop]
@@ -430,7 +436,7 @@ def main():
                  f"{FA3['non-causal']['ipm']} ({FA3['non-causal']['instrs']}, {FA3['non-causal']['hgmma']} HGMMA): "
                  "the reference for the hopper_forward rows.")
     bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
-           "backward_wgmma": 960, "backward_anyorder": 960}
+           "backward_wgmma": 960, "backward_anyorder": 960, "backward_dqtma": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")
     lines.append("")

@@ -137,7 +137,7 @@ std::string short_name(const std::string &full) {
     if (base == "flash_backward_kernel") {
       const size_t gt = full.rfind('>', paren), comma = full.rfind(',', gt);
       const std::string last = comma == std::string::npos ? "" : full.substr(comma + 1, gt - comma - 1);
-      args = last == " 0" ? "narrow" : last == " 1" ? "wide" : last == " 2" ? "wgmma" : last == " 3" ? "wide_sub" : args;
+      args = last == " 0" ? "narrow" : last == " 1" ? "wide" : last == " 2" ? "wgmma" : last == " 3" ? "wide_sub" : last == " 4" ? "wide_tma" : args;
     }
     if (!args.empty()) base += "<" + args + ">";
   }

@@ -38,7 +38,9 @@
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
 #              forward+backward of nope and rope (bench/gpu_counters.py: time, DRAM and
 #              L2 bytes, atomics, registers, occupancy), NoPE's warp stalls, and with
-#              time left NoPE with dQ' in any order (nope-anyorder), LOGDIR/gpu_counters.md 180
+#              time left NoPE with dQ' in any order (nope-anyorder), with dQ' by TMA
+#              reductions (nope-dqtma) and on the wgmma backward (nope-wgmma),
+#              LOGDIR/gpu_counters.md                                                    180
 #   study      (only when named) scripts/study.sh --preset gpu-small --device cuda: every seed
 #              encoding trained and evaluated on the GPU, the report in LOGDIR/study/   540
 # APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs and leaves out the
@@ -387,7 +389,7 @@ run() {
 
   # -- sanitizer (in the background) and python --------------------------------------------------
   local san_pid=""
-  local san_filter='All/CudaKernel.MatchesReferencesForwardAndGradients/rope_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/cable_bf16_hd64:All/CudaKernel.MatchesReferencesForwardAndGradients/t5_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/rope_f32_hd64:All/CudaKernel.DecodeStepsEqualTheFullForward/cable_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/rope_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/t5_bf16_hd64:CudaLaunch.WgmmaBackwardDqByTmaReductions:CudaLaunch.SubTileBackwardIsDeterministic:CudaStatus.*'
+  local san_filter='All/CudaKernel.MatchesReferencesForwardAndGradients/rope_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/cable_bf16_hd64:All/CudaKernel.MatchesReferencesForwardAndGradients/t5_bf16_hd128:All/CudaKernel.MatchesReferencesForwardAndGradients/rope_f32_hd64:All/CudaKernel.DecodeStepsEqualTheFullForward/cable_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/rope_bf16_hd128:All/CudaKernel.WgmmaBackwardMatchesReferences/t5_bf16_hd64:CudaLaunch.DqByTmaReductions:CudaLaunch.SubTileBackwardIsDeterministic:CudaStatus.*'
   local san_start
   if want sanitizer; then
     san_start=$(date +%s)
@@ -460,7 +462,7 @@ run() {
     # process (the kernels read the variables at every call; gpu_bench.py --ape-settings): the
     # wgmma backward, the mma.sync backward's steps of 64 queries in sub-tiles (d_h 128), dQ' in
     # any order (what determinism costs), the Hopper forward's turns, its persistent grid, both.
-    local settings="wgmma:APE_CUDA_WGMMA_BACKWARD=1,subtiles:APE_CUDA_BWD_SUBTILES=1"
+    local settings="wgmma:APE_CUDA_WGMMA_BACKWARD=1,subtiles:APE_CUDA_BWD_SUBTILES=1,dq-tma:APE_CUDA_DQ_TMA=1"
     settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
     settings+=",pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1"
     settings+=",fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1"
@@ -514,8 +516,10 @@ run() {
     stalls_md=$logs/gpu_counters.stalls.md
     rm -f "$stalls_md"
     # nope, rope, the stall reasons, then (time left) nope with dQ' in any order
-    # (APE_CUDA_DETERMINISTIC=0: the any-order kernel, whose dQ' adds are REDG, not ATOMG).
-    for run in nope rope stalls nope-anyorder; do
+    # (APE_CUDA_DETERMINISTIC=0: the any-order kernel, whose dQ' adds are REDG, not ATOMG) and on
+    # the mma.sync and wgmma backwards with dQ' by TMA reductions (APE_CUDA_DQ_TMA=1,
+    # APE_CUDA_WGMMA_BACKWARD=1: no per-thread adds).
+    for run in nope rope stalls nope-anyorder nope-dqtma nope-wgmma; do
       left=$(( 180 - ($(date +%s) - s) ))
       if [ "$run" = stalls ]; then
         # Where the attention kernels' warps wait (NoPE: the kernels alone): the stall reasons.
@@ -532,8 +536,10 @@ run() {
       enc=${run%%-*}
       run_env=()
       [ "$run" = nope-anyorder ] && run_env=(APE_CUDA_DETERMINISTIC=0)
+      [ "$run" = nope-wgmma ] && run_env=(APE_CUDA_WGMMA_BACKWARD=1)
+      [ "$run" = nope-dqtma ] && run_env=(APE_CUDA_DQ_TMA=1)
       csv=$logs/gpu_counters.$run.ncu.csv
-      if [ $left -lt 10 ] || { [ "$run" = nope-anyorder ] && [ $left -lt 30 ]; }; then
+      if [ $left -lt 10 ] || { [ "$run" != nope ] && [ "$run" != rope ] && [ $left -lt 30 ]; }; then
         failed+="; $run: no time left"; continue
       fi
       echo "[gpu-check] counters: $run (at most ${left} s)" >>"$logs/counters.log"

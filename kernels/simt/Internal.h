@@ -47,7 +47,8 @@ struct BulkReduce {
   unsigned char map[128];
   int coords[3];
   const char *src;
-  std::vector<float> values;  // the in-bounds elements of the source, once read
+  std::vector<float> issued;  // the in-bounds elements of the source when issued
+  std::vector<float> values;  // the same, once read
   bool read = false;
 };
 

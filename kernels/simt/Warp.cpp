@@ -663,31 +663,6 @@ void tma_load(void *dst, const void *map, const int *coords, void *bar) {
   complete_tx(bar, static_cast<long long>(row * rows), pc);
 }
 
-void tma_reduce_add(const void *map, const int *coords, const void *src) {
-  Thread *t = self();
-  if (!t) return;
-  Block &b = *tl_worker.block;
-  const void *pc = __builtin_return_address(0);
-  TensorMap tm;
-  std::memcpy(&tm, map, sizeof tm);
-  if (tm.magic != kMapMagic) return report(Check::Memcheck, "TMA reduction with a tensor map that was never encoded", pc);
-  if (tm.elem_bytes != 4) return report(Check::Memcheck, "TMA add reduction: the emulator takes fp32 tensors only", pc);
-  const size_t bytes = static_cast<size_t>(tm.box[0]) * tm.elem_bytes * (tm.rank > 1 ? tm.box[1] : 1) *
-                       (tm.rank > 2 ? tm.box[2] : 1);
-  const char *s = static_cast<const char *>(src);
-  const size_t align = tm.swizzle ? 8 * static_cast<size_t>(tm.swizzle) : 128;
-  if (!in_shared(b, s, bytes) || static_cast<size_t>(s - b.smem) % align != 0) {
-    std::ostringstream os;
-    os << "TMA reduction source not in the block's shared memory or not " << align << "-byte aligned";
-    return report(Check::Memcheck, os.str(), pc);
-  }
-  BulkReduce r;
-  std::memcpy(r.map, map, sizeof r.map);
-  for (int d = 0; d < 3; ++d) r.coords[d] = d < static_cast<int>(tm.rank) ? coords[d] : 0;
-  r.src = s;
-  t->bulk_open.push_back(std::move(r));
-}
-
 namespace {
 // Visits the in-bounds elements of a reduction's box in order: f(smem offset, global element).
 template <class F> void for_box(const BulkReduce &r, F f) {
@@ -714,16 +689,25 @@ template <class F> void for_box(const BulkReduce &r, F f) {
     }
   }
 }
-void bulk_read(BulkReduce &r) {
-  if (r.read) return;
+// The source's in-bounds elements into `out`, each read checked as this thread's.
+void snapshot(const BulkReduce &r, std::vector<float> &out, const void *pc) {
   const Block &b = *tl_worker.block;
+  out.clear();
   for_box(r, [&](uint32_t off, float *) {
-    check_access(b.smem + off, 4, Access::Read, nullptr);
+    check_access(b.smem + off, 4, Access::Read, pc);
     float v;
     std::memcpy(&v, b.smem + off, 4);
-    r.values.push_back(v);
+    out.push_back(v);
   });
+}
+// The read of the source, as late as the program allows; a source rewritten since the issue
+// (before the wait that lets the reduction read it) is reported.
+void bulk_read(BulkReduce &r) {
+  if (r.read) return;
+  snapshot(r, r.values, nullptr);
   r.read = true;
+  if (std::memcmp(r.values.data(), r.issued.data(), sizeof(float) * r.values.size()) != 0)
+    report(Check::Async, "the source of a TMA reduction changed while it was in flight (wait_group.read first)");
 }
 void bulk_add(BulkReduce &r) {
   bulk_read(r);
@@ -735,6 +719,34 @@ void bulk_add(BulkReduce &r) {
   });
 }
 }  // namespace
+
+void tma_reduce_add(const void *map, const int *coords, const void *src) {
+  Thread *t = self();
+  if (!t) return;
+  Block &b = *tl_worker.block;
+  const void *pc = __builtin_return_address(0);
+  TensorMap tm;
+  std::memcpy(&tm, map, sizeof tm);
+  if (tm.magic != kMapMagic) return report(Check::Memcheck, "TMA reduction with a tensor map that was never encoded", pc);
+  if (tm.elem_bytes != 4) return report(Check::Memcheck, "TMA add reduction: the emulator takes fp32 tensors only", pc);
+  const size_t bytes = static_cast<size_t>(tm.box[0]) * tm.elem_bytes * (tm.rank > 1 ? tm.box[1] : 1) *
+                       (tm.rank > 2 ? tm.box[2] : 1);
+  const char *s = static_cast<const char *>(src);
+  const size_t align = tm.swizzle ? 8 * static_cast<size_t>(tm.swizzle) : 128;
+  if (!in_shared(b, s, bytes) || static_cast<size_t>(s - b.smem) % align != 0) {
+    std::ostringstream os;
+    os << "TMA reduction source not in the block's shared memory or not " << align << "-byte aligned";
+    return report(Check::Memcheck, os.str(), pc);
+  }
+  BulkReduce r;
+  std::memcpy(r.map, map, sizeof r.map);
+  for (int d = 0; d < 3; ++d) r.coords[d] = d < static_cast<int>(tm.rank) ? coords[d] : 0;
+  r.src = s;
+  // The source as issued, read by this thread for the race rule (its writers must be ordered
+  // before the issue: a barrier, not the later wait); bulk_read compares it with what it reads.
+  snapshot(r, r.issued, pc);
+  t->bulk_open.push_back(std::move(r));
+}
 
 void bulk_commit() {
   Thread *t = self();

@@ -555,7 +555,8 @@ struct PoseWithSms {
 // The layouts of the flash backward (BwdTiles) that the launches since the last call ran, by the
 // emulator's traffic records (those given, or taken now): "wide" (128 keys per block), "narrow"
 // (64), "wgmma" (128 keys on sm_90a's wgmma), "wide_sub" (the wide layout's 128 keys in steps of
-// 64 queries formed in sub-tiles of 32), one entry per launch.
+// 64 queries formed in sub-tiles of 32), "wide_tma" (the wide layout with dQ' by TMA reductions),
+// one entry per launch.
 template <class Records = decltype(ape::simt::take_traffic())>
 std::vector<std::string> flash_backward_layouts(const Records &records = ape::simt::take_traffic()) {
   std::vector<std::string> out;
@@ -568,6 +569,7 @@ std::vector<std::string> flash_backward_layouts(const Records &records = ape::si
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 0") == 0 ? "narrow"
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 2") == 0 ? "wgmma"
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 3") == 0 ? "wide_sub"
+                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 4") == 0 ? "wide_tma"
                                                                                          : "unknown: " + t.kernel);
     }
   return out;
@@ -750,6 +752,14 @@ TEST(CudaLaunch, NarrowFlashBackwardMatchesReferences) {
   EXPECT_GE(narrow, 4) << "rope and cable at bf16 and f16, D = 128, are in the emulated build";
 }
 #else
+// Whether the GPU is an sm_90 device (compute capability 9.0: the build's sm_90a kernels run).
+bool sm90_device() {
+  int dev = 0, major = 0, minor = 0;
+  return has_gpu() && cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+         minor == 0;
+}
 // On an sm_90 GPU, the flash backward's wgmma layout (APE_CUDA_WGMMA_BACKWARD=1; the build's
 // sm_90a code) and the Hopper forward's turns (APE_CUDA_PINGPONG=1) against the references, as
 // the emulated suite checks them posing as one (Sm90PathMatchesReferences). Other GPUs have
@@ -759,12 +769,7 @@ TEST_P(CudaKernel, WgmmaBackwardMatchesReferences) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
-  int dev = 0, major = 0, minor = 0;
-  if (!has_gpu() || cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-      major != 9 || minor != 0)
-    GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks this layout posing as one)";
+  if (!sm90_device()) GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks this layout posing as one)";
   if (var.dtype == DType::F32 || var.head_dim < 64) GTEST_SKIP() << "16-bit inputs at D 64 and 128 only";
   const HopperOptIns opt_ins;
   for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
@@ -781,11 +786,9 @@ TEST_P(CudaKernel, WgmmaBackwardMatchesReferences) {
 // device of two SMs instead: Sm90PathMatchesReferences). NoPE, RoPE (a q/k mod), ALiBi (a distance
 // bias) and Cable (row/column biases) at bf16, D 64 and 128, with the turns as well.
 TEST(CudaLaunch, PersistentHopperForwardMatchesReferences) {
-  int dev = 0, major = 0, minor = 0, sms = 0;
-  if (!has_gpu() || cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || major != 9 || minor != 0)
+  int dev = 0, sms = 0;
+  if (!sm90_device() || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks this grid posing as one)";
   constexpr int64_t B = 2, H = 40, T = 300;  // 3 query tiles of 128 per slice
   ASSERT_GT(B * H * 3, sms) << "more tiles than SMs";
@@ -1043,68 +1046,98 @@ TEST(CudaLaunch, SubTileBackwardIsDeterministic) {
   EXPECT_GE(checked, 1);
 }
 
-// The wgmma backward's dQ' by TMA reductions (BwdTiles::dqs; FlashAttention-3's form): in order,
-// bit for bit the same whether its blocks run one after another or three at once (the semaphores
-// order the reductions), and in any order within the references (each block's reductions into the
-// zeroed dQ'); NoPE (key tile 0 writes dq), RoPE (a conversion pass writes it), T5 (the distance
-// sums in the turn), at D 64 and 128. T 300: 5 query tiles of 64 over 3 key tiles, the last tile
-// partial (the reductions must not write its rows past T, which belong to the next slice).
-TEST(CudaLaunch, WgmmaBackwardDqByTmaReductions) {
+// dQ' by TMA reductions (BwdTiles::kDqTma; FlashAttention-3's form), in the wgmma layout
+// (APE_CUDA_WGMMA_BACKWARD=1) and the wide one (APE_CUDA_DQ_TMA=1): in order, bit for bit the same
+// whether the blocks run one after another or three at once (the semaphores order the
+// reductions), and in any order within the references (each block's reductions into the zeroed
+// dQ'); NoPE (key tile 0 writes dq), RoPE (a conversion pass writes it), T5 (the distance sums in
+// the turn), at D 64 and 128. T 300: 5 or 10 query tiles over 3 key tiles, the last tile partial
+// (the reductions must not write its rows past T, which belong to the next slice).
+TEST(CudaLaunch, DqByTmaReductions) {
 #ifdef APE_SIMT
   const PoseAsSm90 guard;
 #else
-  int dev = 0, major = 0, minor = 0;
-  if (!has_gpu() || cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-      major != 9 || minor != 0)
-    GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks this layout posing as one)";
+  if (!sm90_device()) GTEST_SKIP() << "needs an sm_90 GPU (the emulated suite checks these layouts posing as one)";
 #endif
-  const EnvScope wgmma({{"APE_CUDA_WGMMA_BACKWARD", "1"}});
   int checked = 0;
-  for (const char *name : {"nope", "rope", "t5"}) {
-    const CudaKernelEntry *e = find_cuda(name);
+  for (auto [variable, layout_name] : {std::pair<const char *, const char *>{"APE_CUDA_WGMMA_BACKWARD", "wgmma"},
+                                       {"APE_CUDA_DQ_TMA", "wide_tma"}}) {
+    const EnvScope setting({{variable, "1"}});
+    for (const char *name : {"nope", "rope", "t5"}) {
+      const CudaKernelEntry *e = find_cuda(name);
 #ifdef APE_SIMT
-    ASSERT_NE(e, nullptr) << name << " is in the emulated build";
+      ASSERT_NE(e, nullptr) << name << " is in the emulated build";
 #else
-    if (!e) continue;  // T5's kernels are not in this build (APE_CUDA_ALL_ENCODINGS=ON has them)
+      if (!e) continue;  // T5's kernels are not in this build (APE_CUDA_ALL_ENCODINGS=ON has them)
 #endif
-    for (int D : {64, 128}) {
-      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
-      if (!var) continue;
-      SCOPED_TRACE(std::string(name) + " bf16 D=" + std::to_string(D) + " B=2 H=2 T=300, wgmma backward");
-      Problem p = make_problem(*e, 2, 2, 300, D, 9700 + D);
-      Outputs first, second;
-      run_gpu(*var, p, first);
-      {
+      for (int D : {64, 128}) {
+        const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+        if (!var) continue;
+        SCOPED_TRACE(std::string(name) + " bf16 D=" + std::to_string(D) + " B=2 H=2 T=300, " + variable + "=1");
+        Problem p = make_problem(*e, 2, 2, 300, D, 9700 + D);
+        Outputs first, second;
+        run_gpu(*var, p, first);
+        {
 #ifdef APE_SIMT
-        const EnvScope workers({{"APE_SIMT_WORKERS", "3"}});
+          const EnvScope workers({{"APE_SIMT_WORKERS", "3"}});
+          ape::simt::take_traffic();
+#endif
+          run_gpu(*var, p, second);
+#ifdef APE_SIMT
+          const std::vector<std::string> layouts = flash_backward_layouts();
+          EXPECT_EQ(layouts.size(), 1u);
+          for (const std::string &layout : layouts) EXPECT_EQ(layout, layout_name);
+#endif
+        }
+        if (HasFatalFailure()) return;
+        ASSERT_EQ(first.size(), second.size());
+        for (size_t n = 0; n < first.size(); ++n)
+          EXPECT_TRUE(torch::equal(first[n].second, second[n].second)) << first[n].first << " differs";
+        p.deterministic = false;
+        SCOPED_TRACE("dQ' in any order");
+#ifdef APE_SIMT
         ape::simt::take_traffic();
 #endif
-        run_gpu(*var, p, second);
+        check_problem(name, *var, p);
+        if (HasFatalFailure()) return;
 #ifdef APE_SIMT
-        const std::vector<std::string> layouts = flash_backward_layouts();
-        EXPECT_EQ(layouts.size(), 1u);
-        for (const std::string &layout : layouts) EXPECT_EQ(layout, "wgmma");
+        for (const std::string &layout : flash_backward_layouts()) EXPECT_EQ(layout, layout_name);
 #endif
+        ++checked;
       }
-      if (HasFatalFailure()) return;
-      ASSERT_EQ(first.size(), second.size());
-      for (size_t n = 0; n < first.size(); ++n)
-        EXPECT_TRUE(torch::equal(first[n].second, second[n].second)) << first[n].first << " differs";
-      p.deterministic = false;
-      SCOPED_TRACE("dQ' in any order");
-      check_problem(name, *var, p);
-      if (HasFatalFailure()) return;
-      ++checked;
     }
   }
 #ifdef APE_SIMT
-  EXPECT_EQ(checked, 5) << "nope at bf16/hd64, rope and t5 at bf16/hd64 and hd128 are in the emulated build";
+  EXPECT_EQ(checked, 10) << "nope at bf16/hd64, rope and t5 at bf16/hd64 and hd128 are in the emulated build";
 #else
-  EXPECT_GE(checked, 1);
+  EXPECT_GE(checked, 2);
 #endif
 }
+
+// The wide layout with dQ' by TMA reductions (APE_CUDA_DQ_TMA=1, posing as sm_90) against the
+// references for every 16-bit variant at D 64 and 128: its staging tile moves the shared memory of
+// the distance and row/column sums, value rows' masses and the parameter cache. One size with
+// partial tiles and several key and query tiles.
+#ifdef APE_SIMT
+TEST(CudaLaunch, WideDqTmaMatchesReferences) {
+  const PoseAsSm90 guard;
+  const EnvScope setting({{"APE_CUDA_DQ_TMA", "1"}});
+  int checked = 0;
+  for (const auto &[name, index] : all_cases()) {
+    const CudaKernelEntry *e = find_cuda(name);
+    const auto &var = e->variants[index];
+    if (var.head_dim < 64 || var.dtype == DType::F32) continue;
+    SCOPED_TRACE(name + " " + ape::cuda::dtype_name(var.dtype) + " D=" + std::to_string(var.head_dim) +
+                 " B=1 H=2 T=300 sm_90, APE_CUDA_DQ_TMA=1");
+    ape::simt::take_traffic();
+    check_problem(name, var, make_problem(*e, 1, 2, 300, var.head_dim, 9800 + var.head_dim));
+    if (HasFatalFailure()) return;
+    for (const std::string &layout : flash_backward_layouts()) EXPECT_EQ(layout, "wide_tma");
+    ++checked;
+  }
+  EXPECT_GE(checked, 20);
+}
+#endif
 
 // A general score mod's parameters staged in shared memory (ParamCache, cuda/flash_forward.cuh):
 // each parameter is staged while it fits (48 KiB in the backward, 8 KiB in the forward), the rest

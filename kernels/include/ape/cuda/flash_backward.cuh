@@ -28,8 +28,8 @@ namespace detail {
 // last key tile that qt sees), then releases it. While it holds the turn the rows are its own:
 // the first block to reach the tile stores it and key tile 0, the last, adds the sum so far and
 // can write dq, both in 16-byte chunks staged in shared memory; the blocks between add their
-// fragments by fp32 reductions, in the semaphore's order (the wgmma layout: the staged tile by TMA
-// reductions, complete before the release). The semaphores work as CUTLASS's generic
+// fragments by fp32 reductions, in the semaphore's order (the wgmma layout and kBwdWideTma: the
+// staged tile by TMA reductions, complete before the release). The semaphores work as CUTLASS's generic
 // barrier: thread 0 polls with relaxed loads (the first issued a step before it is needed),
 // fences (acq_rel, gpu scope) and increments by a relaxed reduction, and the bar.sync before the
 // fence makes it cover every thread's adds (cumulativity): no thread of the block fences its own.
@@ -45,11 +45,13 @@ namespace detail {
 //   kBwdWgmma   8 warps (two warpgroups of 64 keys), 128 keys, BQ 64 at every head dim, the five
 //               products on wgmma (sm_90a, D 64 and 128: HopperBwd below);
 //   kBwdWideSub the wide layout at D = 128 with steps of 64 queries in sub-tiles of 32
-//               (APE_CUDA_BWD_SUBTILES=1: BwdTiles below).
+//               (APE_CUDA_BWD_SUBTILES=1: BwdTiles below);
+//   kBwdWideTma the wide layout with its dQ' tiles added by TMA reductions from shared memory, as
+//               the wgmma layout adds them (sm_90a, D 64 and 128; APE_CUDA_DQ_TMA=1).
 // Every step reloads a Q' and a dO tile and adds a dQ' tile for the block's BK keys, so those
 // bytes per FLOP fall as 1 / BK: the wide layouts move half of what the narrow one does, with the
 // same registers per thread (16 keys per warp either way; the dQ' tile over twice the warps).
-inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 3;
+inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 3, kBwdWideTma = 4;
 // kQ: the queries per step, BQ: 32 on mma.sync at D = 128 (its registers: S^T and dP^T beside the
 // 128 of dK' and dV), 64 elsewhere, and 32 where an encoding's shared memory at 64 would exceed
 // the layout's (BwdLayout). kBwdWideSub takes 64 at D = 128 on mma.sync and works in sub-tiles of
@@ -57,12 +59,15 @@ inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 
 // the registers of a 32-query step, while the step's two barriers, its turn on the dQ' tile and
 // its dQ' product come once per 64 queries. Off by default until a GPU has timed it.
 constexpr int bwd_default_bq(int D, int kLayout) {
-  return D == 128 && (kLayout == kBwdNarrow || kLayout == kBwdWide) ? 32 : 64;
+  return D == 128 && (kLayout == kBwdNarrow || kLayout == kBwdWide || kLayout == kBwdWideTma) ? 32 : 64;
 }
 template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> struct BwdTiles {
   static constexpr bool kWgmma = kLayout == kBwdWgmma;
+  // dQ' staged in shared memory and added by TMA reductions (sm_90a): the wgmma layout's way, and
+  // the wide layout's in kBwdWideTma.
+  static constexpr bool kDqTma = kWgmma || kLayout == kBwdWideTma;
   static constexpr int kWarps = kLayout == kBwdNarrow ? 4 : 8, kThreads = 32 * kWarps;
-  static constexpr size_t kLimit = kLayout == kBwdNarrow ? kSmemLimit : kWgmma ? kSmemLimitSm90 : kSmemLimitWide;
+  static constexpr size_t kLimit = kLayout == kBwdNarrow ? kSmemLimit : kDqTma ? kSmemLimitSm90 : kSmemLimitWide;
   static constexpr int BK = 16 * kWarps;  // keys per block, 16 per warp
   static constexpr int BQ = kQ;           // queries per step
   static_assert(BQ == 32 || BQ == 64, "32 or 64 queries per step");
@@ -78,11 +83,12 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   static constexpr size_t k = 0, v = k + sizeof(In) * BK * D, q = v + sizeof(In) * BK * D;
   static constexpr size_t dout = q + 2 * sizeof(In) * BQ * D;
   static constexpr size_t ds = dout + 2 * sizeof(In) * BQ * D;
-  // wgmma: the step's fp32 dQ' tile, which a TMA reduction adds to dQ': D / 32 boxes of 32 columns,
-  // BQ rows of 128 bytes each in TMA's 128-byte swizzle (1024-byte aligned, as every tile here).
+  // kDqTma: the step's fp32 dQ' tile, which TMA reductions add to dQ': D / 32 boxes of 32
+  // columns, BQ rows of 128 bytes each in TMA's 128-byte swizzle (1024-byte aligned, as every tile
+  // here).
   static constexpr size_t dqs = ds + sizeof(In) * BK * BQ;
   static_assert(dqs % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
-  static constexpr size_t lse = dqs + (kWgmma ? sizeof(float) * BQ * D : 0);
+  static constexpr size_t lse = dqs + (kDqTma ? sizeof(float) * BQ * D : 0);
   static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
   // wgmma: the mbarriers of the two Q' and dO buffers, which TMA fills.
   static constexpr size_t bars = delta + 2 * sizeof(float) * BQ;
@@ -333,9 +339,10 @@ template <class Enc, class In, int D, bool kOrdered, int kLayout>
 __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     flash_backward_kernel(const __grid_constant__ Params<Enc, In> p, const __grid_constant__ BwdMaps maps) {
   using C = BwdLayout<Enc, In, D, kLayout>;
-  constexpr bool kWg = C::kWgmma;  // the products on wgmma (sm_90a)
+  constexpr bool kWg = C::kWgmma;       // the products on wgmma (sm_90a)
+  constexpr bool kDqTma = C::kDqTma;    // dQ' by TMA reductions (sm_90a)
 #ifndef APE_SM90A_CODE
-  if constexpr (kWg) {
+  if constexpr (kWg || kDqTma) {
     __trap();  // sm_90a only (the launch asks hopper_device)
     return;
   }
@@ -527,7 +534,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     const int swz = ((r & 7) << 1) & (D / 4 - 1);
     return reinterpret_cast<float *>(half) + (r % (BQ / 2)) * D + 4 * (k ^ swz);
   };
-  // wgmma: element (r, c) of the step's fp32 dQ' tile in its own rows (BwdTiles::dqs), the boxes
+  // kDqTma: element (r, c) of the step's fp32 dQ' tile in its own rows (BwdTiles::dqs), the boxes
   // of 32 columns that the TMA reduction reads (16-byte chunk k of row r at chunk k ^ (r mod 8)).
   [[maybe_unused]] float *sDQ = reinterpret_cast<float *>(smem + C::dqs);
   [[maybe_unused]] auto dq_box = [&](int r, int c) -> float * {
@@ -791,10 +798,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     }
     }  // the sub-tiles
     if (threadIdx.x == 0) {
-      // wgmma: the last step's TMA reduction (issued a step's products ago) has read the dQ' rows
+      // kDqTma: the last step's TMA reduction (issued a step's products ago) has read the dQ' rows
       // (the barrier below frees them for this step's) and, in order, added them: its sums then
       // precede the release of qt - 1 below.
-      if constexpr (kWg) {
+      if constexpr (kDqTma) {
         if (ordered()) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();
         else ptx::bulk_wait_read<0>();
       }
@@ -807,7 +814,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         // little to wait for. Releasing qt - 1 here rather than at the step's start delays the
         // block below by half a step, which the steps it trails by absorb.
         ptx::fence_acq_rel_gpu();
-        if constexpr (kWg) ptx::fence_proxy_async_global();  // our TMA reduction after their adds
+        if constexpr (kDqTma) ptx::fence_proxy_async_global();  // our TMA reduction after their adds
         if (qt > qt0) ptx::red_relaxed_gpu_add(sem + qt - 1, 1);
       }
     }
@@ -859,12 +866,12 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     // Our turn on the fp32 dQ' rows. The first key tile to reach the query tile stores them, and
     // key tile 0, the last, adds the sum so far and writes dq itself where dq = dQ'
     // (p.dq_direct): both through the staging rows (mma.sync: the current Q' and dO buffers, which
-    // no warp reads again and the next step's prefetch does not fill; wgmma: sDQ) in 16-byte
+    // no warp reads again and the next step's prefetch does not fill; kDqTma: sDQ) in 16-byte
     // chunks, 512 contiguous bytes per warp instruction, with no memset before and no conversion
     // pass after. The other key tiles add their fragments by fp32 reductions, a lane's two
     // adjacent columns as one 8-byte reduction on sm_90 (ptx::red_add2: a warp's rows then fill
     // whole 32-byte sectors; the H100 counted 192 M sectors for 2.15 GB of adds with scalar ones),
-    // or with wgmma by TMA reductions of the staged tile. The order of the adds is the semaphore's.
+    // or (kDqTma) by TMA reductions of the staged tile. The order of the adds is the semaphore's.
     const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
     // (In any order, !ordered(): every block reduces into the zeroed dQ'.) A block is
     // first on the query tiles of its diagonal only, which are masked steps: the unmasked ones
@@ -906,8 +913,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         }
       }
     };
-    if constexpr (kWg) {
-      // wgmma (FlashAttention-3's form): every block stages its tile in sDQ; the first and the
+    if constexpr (kDqTma) {
+      // kDqTma (FlashAttention-3's form): every block stages its tile in sDQ; the first and the
       // last go on as below, the others add it by one TMA reduction per box of 32 columns (thread
       // 0: bulk reductions of whole 128-byte rows, no per-thread atomics; rows past T are not
       // written), waited on at the next step's turn or at the kernel's end.
@@ -1023,7 +1030,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   ptx::cp_async_wait<0>();
   __syncthreads();  // every thread's adds to the last query tile, then their release
   if (threadIdx.x == 0) {
-    if constexpr (kWg) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();  // the last TMA reduction
+    if constexpr (kDqTma) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();  // the last TMA reduction
     if (ordered()) {
       ptx::fence_acq_rel_gpu();
       ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);

@@ -299,6 +299,15 @@ inline bool hopper_backward_enabled() {
   return v != nullptr && v[0] == '1' && v[1] == '\0';
 }
 
+// Whether the flash backward's wide layout on sm_90 (hopper_device) adds its dQ' tiles by TMA
+// reductions from shared memory (kBwdWideTma, the wgmma layout's way) instead of per-thread fp32
+// reductions: APE_CUDA_DQ_TMA set to 1, at D 64 and 128. Off by default until a GPU has timed it
+// against the wide layout; the emulated suite checks both.
+inline bool dq_tma_enabled() {
+  const char *v = std::getenv("APE_CUDA_DQ_TMA");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 // Whether the flash backward's wide layout at D = 128 runs in steps of 64 queries formed in two
 // sub-tiles of 32 (kBwdWideSub: half the barriers and dQ' turns per query of the 32-query steps,
 // with their registers) instead of steps of 32: APE_CUDA_BWD_SUBTILES set to 1. Off by default
@@ -519,9 +528,14 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     // The wide layout in sub-tiles (steps of 64 queries at D = 128) in the wide one's place where
     // it is asked for (bwd_subtiles_enabled) and the device gives a block its shared memory.
     const bool sub = S::kSubs > 1 && !wg && wide && sub_fits && bwd_subtiles_enabled();
+    // The wide layout with dQ' by TMA reductions in its place where it is asked for (dq_tma_enabled)
+    // on sm_90 (hopper_device), at D 64 and 128.
+    const bool tma = kD >= 64 && !wg && !sub && wide && hopper_device() && dq_tma_enabled();
     int bq = sub ? S::BQ : F::BQ;  // the queries per step of the layout that runs (its semaphores)
-    if constexpr (kD >= 64)
+    if constexpr (kD >= 64) {
       if (wg) bq = BwdLayout<Enc, In, kD, kBwdWgmma>::BQ;
+      if (tma) bq = BwdLayout<Enc, In, kD, kBwdWideTma>::BQ;
+    }
     const int64_t n_qt = (T + bq - 1) / bq;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if constexpr (flash_distance<Enc>()) {
@@ -570,17 +584,20 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       if (e != cudaSuccess) return e;
       bytes += extra;
       // The wgmma layout's Q' and dO tiles come by TMA (boxes of BQ rows as its buffers hold them),
-      // and its dQ' tiles go by TMA reductions (boxes of 32 fp32 columns and BQ rows, as sDQ holds
-      // them).
+      // and its dQ' tiles (kBwdWideTma's too) go by TMA reductions (boxes of 32 fp32 columns and BQ
+      // rows, as sDQ holds them).
       BwdMaps maps{};
-      if constexpr (L::kWgmma) {
-        constexpr int kRowElems = hopper::swizzle_bytes<kD>() / 2;
+      if constexpr (L::kDqTma) {
         const uint64_t dims[3] = {uint64_t(kD), uint64_t(T), uint64_t(BH)};
-        const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(T)};
-        const uint32_t box[3] = {uint32_t(kRowElems), uint32_t(L::BQ), 1};
         if (T > 0x7fffffff - L::BQ || BH > 0x7fffffff) return cudaErrorInvalidValue;  // TMA's int coordinates
-        cudaError_t m = make_tensor_map_16(&maps.q, p.qm, 3, dims, strides, box, hopper::swizzle_bytes<kD>());
-        if (m == cudaSuccess) m = make_tensor_map_16(&maps.dout, p.dout, 3, dims, strides, box, hopper::swizzle_bytes<kD>());
+        cudaError_t m = cudaSuccess;
+        if constexpr (L::kWgmma) {
+          constexpr int kRowElems = hopper::swizzle_bytes<kD>() / 2;
+          const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(T)};
+          const uint32_t box[3] = {uint32_t(kRowElems), uint32_t(L::BQ), 1};
+          m = make_tensor_map_16(&maps.q, p.qm, 3, dims, strides, box, hopper::swizzle_bytes<kD>());
+          if (m == cudaSuccess) m = make_tensor_map_16(&maps.dout, p.dout, 3, dims, strides, box, hopper::swizzle_bytes<kD>());
+        }
         const uint64_t dq_strides[2] = {sizeof(float) * kD, sizeof(float) * kD * uint64_t(T)};
         const uint32_t dq_box[3] = {32, uint32_t(L::BQ), 1};
         if (m == cudaSuccess) m = make_tensor_map(&maps.dq, 4, p.dqm, 3, dims, dq_strides, dq_box, 128);
@@ -602,7 +619,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       if (wg) err = run(std::integral_constant<int, kBwdWgmma>{});
       else if (sub) {
         if constexpr (S::kSubs > 1) err = run(std::integral_constant<int, kBwdWideSub>{});
-      } else if constexpr (flash_bwd_fallback<Enc, In, kD>()) err = wide ? run(Wide{}) : run(Narrow{});
+      } else if (tma) err = run(std::integral_constant<int, kBwdWideTma>{});
+      else if constexpr (flash_bwd_fallback<Enc, In, kD>()) err = wide ? run(Wide{}) : run(Narrow{});
       else err = run(Wide{});
     } else {
       err = run(Wide{});

@@ -598,6 +598,7 @@ __device__ inline void tma_reduce_add_3d(const CUtensorMap *map, const void *src
       "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
 #else
   (void)map, (void)src, (void)c0, (void)c1, (void)c2;
+  __trap();  // sm_90a only: a build without it must not drop the adds silently
 #endif
 }
 // cp.async.bulk.commit_group: the thread's bulk stores and reductions so far form a group.
