@@ -1004,6 +1004,31 @@ TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
   }
 }
 
+// The gradients of `p` bit for bit the same whether the blocks run one after another or (under
+// the emulator) three at once, where the blocks of a slice interleave: what the flash backward's
+// dQ' order promises. On a GPU the two runs are simply two runs. Emulated, the second run's flash
+// backward launches must all be of layout `layout` (flash_backward_layouts).
+void expect_same_bits_with_blocks_at_once(const ape::cuda::CudaVariant &var, const Problem &p,
+                                          [[maybe_unused]] const std::string &layout) {
+  Outputs first, second;
+  run_gpu(var, p, first);
+#ifdef APE_SIMT
+  {
+    const EnvScope workers({{"APE_SIMT_WORKERS", "3"}});
+    ape::simt::take_traffic();
+    run_gpu(var, p, second);
+    const std::vector<std::string> layouts = flash_backward_layouts();
+    EXPECT_EQ(layouts.size(), 1u);
+    for (const std::string &l : layouts) EXPECT_EQ(l, layout);
+  }
+#else
+  run_gpu(var, p, second);
+#endif
+  ASSERT_EQ(first.size(), second.size());
+  for (size_t n = 0; n < first.size(); ++n)
+    EXPECT_TRUE(torch::equal(first[n].second, second[n].second)) << first[n].first << " differs";
+}
+
 // The sub-tile layout's dQ' order while blocks run at once (3 emulator threads: the blocks of a
 // slice interleave): its semaphores count the layout's 64-query tiles, so the sums come in
 // key-tile order and the gradients are the same bits as with the blocks one after another.
@@ -1024,23 +1049,8 @@ TEST(CudaLaunch, SubTileBackwardIsDeterministic) {
     const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 128);
     ASSERT_NE(var, nullptr) << name << " bf16/hd128";
     SCOPED_TRACE(std::string(name) + " bf16 D=128 B=2 H=2 T=300, sub-tiles, blocks at once");
-    const Problem p = make_problem(*e, 2, 2, 300, 128, 9600);
-    Outputs first, second;
-    run_gpu(*var, p, first);
-#ifdef APE_SIMT
-    {
-      const EnvScope workers({{"APE_SIMT_WORKERS", "3"}});
-      ape::simt::take_traffic();
-      run_gpu(*var, p, second);
-      for (const std::string &layout : flash_backward_layouts()) EXPECT_EQ(layout, "wide_sub");
-    }
-#else
-    run_gpu(*var, p, second);
-#endif
+    expect_same_bits_with_blocks_at_once(*var, make_problem(*e, 2, 2, 300, 128, 9600), "wide_sub");
     if (HasFatalFailure()) return;
-    ASSERT_EQ(first.size(), second.size());
-    for (size_t n = 0; n < first.size(); ++n)
-      EXPECT_TRUE(torch::equal(first[n].second, second[n].second)) << first[n].first << " differs";
     ++checked;
   }
   EXPECT_GE(checked, 1);
@@ -1075,24 +1085,8 @@ TEST(CudaLaunch, DqByTmaReductions) {
         if (!var) continue;
         SCOPED_TRACE(std::string(name) + " bf16 D=" + std::to_string(D) + " B=2 H=2 T=300, " + variable + "=1");
         Problem p = make_problem(*e, 2, 2, 300, D, 9700 + D);
-        Outputs first, second;
-        run_gpu(*var, p, first);
-        {
-#ifdef APE_SIMT
-          const EnvScope workers({{"APE_SIMT_WORKERS", "3"}});
-          ape::simt::take_traffic();
-#endif
-          run_gpu(*var, p, second);
-#ifdef APE_SIMT
-          const std::vector<std::string> layouts = flash_backward_layouts();
-          EXPECT_EQ(layouts.size(), 1u);
-          for (const std::string &layout : layouts) EXPECT_EQ(layout, layout_name);
-#endif
-        }
+        expect_same_bits_with_blocks_at_once(*var, p, layout_name);
         if (HasFatalFailure()) return;
-        ASSERT_EQ(first.size(), second.size());
-        for (size_t n = 0; n < first.size(); ++n)
-          EXPECT_TRUE(torch::equal(first[n].second, second[n].second)) << first[n].first << " differs";
         p.deterministic = false;
         SCOPED_TRACE("dQ' in any order");
 #ifdef APE_SIMT
