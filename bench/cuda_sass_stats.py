@@ -15,7 +15,10 @@ reports, per kernel:
                     instructions, instructions per MFLOP, tensor-core (HMMA, and HGMMA for wgmma)
                     share of the instructions, MUFU,
                     ldmatrix, cp.async, shared / global loads and stores, global atomics,
-                    barriers, shuffles
+                    barriers, shuffles; the bytes moved through shared memory per kFLOP:
+                    by the load/store unit (ldmatrix, shared loads and stores, cp.async's
+                    writes: its 128 bytes per cycle per SM are a limit of the mma.sync
+                    kernels) and by wgmma's operand reads from shared memory (descriptors)
 
 Instruction counts are static: every instruction inside the loop once, both sides of a branch
 included. The kernels run the tiles that need no causal mask in their own copy of the loop
@@ -58,6 +61,12 @@ FA2 = {"forward": dict(ipm=874, hmma=27.9), "backward": dict(ipm=738, hmma=33.0)
 # FlashAttention-3's forward (flash_fwd_hdim128_bf16_sm90.cu, commit 0251105 with CUTLASS 7127592,
 # its own nvcc flags), sm_90a SASS from the same nvcc 13.0, per consumer warp and iteration of its
 # steady-state loop (the innermost loop holding HGMMA; causal: the loop without the mask).
+# FlashAttention-2's backward by the same count (smem_bytes, main loop): PyTorch 2.15's build
+# (libtorch_cuda.so, sm_90 SASS) of flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel with
+# Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false>, bf16, causal, even sizes: per
+# warp and 64-query step (its steady-state loop, 1,085 instructions, 320 HMMA, 1.3107 MFLOP):
+# 144 ldmatrix.x4 (73,728 bytes), 32 STS (P and dS), 6 LDS, 8 cp.async: 82,688 bytes.
+FA2_SMEM = dict(bytes_per_kflop=63.1)
 FA3 = {"causal": dict(instrs=469, ipm=447, hgmma=16, mufu=66), "non-causal": dict(instrs=594, ipm=412, hgmma=19, mufu=90)}
 
 KERNELS = {  # mangled-name fragment -> report name
@@ -304,6 +313,36 @@ def token_cost(instrs, T):
     return out, per_thread, serial
 
 
+def smem_bytes(body):
+    """Bytes one warp's instruction moves through the load/store unit's shared-memory path:
+    ldmatrix (128 bytes per 8x8 matrix: .x1/.x2/.x4), shared loads and stores (32 lanes x their
+    width), cp.async's writes (LDGSTS); 0 for anything else."""
+    op = body.split()[0]
+    if op.startswith("LDSM"):
+        m = re.search(r"\.(\d)$", op)
+        return 128 * (int(m.group(1)) if m else 1)
+    m = re.match(r"^(LDS|STS|LDGSTS)(\..*)?$", op)
+    if not m:
+        return 0
+    width = 4
+    for mod in (m.group(2) or "").split("."):
+        width = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}.get(mod, width)
+    return 32 * width
+
+
+def wgmma_smem_bytes(body):
+    """A warp's share (a quarter of its warpgroup's) of the bytes one wgmma (HGMMA.64xNxK) reads
+    from shared memory through its descriptors: A (64 x K) unless it comes from registers, and B
+    (N x K)."""
+    m = re.match(r"^HGMMA\.64x(\d+)x(\d+)\.\w+\.(\w+)\s+\S+,\s*(\S+)", body)
+    if not m:
+        return 0
+    n, k, ab, a = int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
+    size = {"BF16": 2, "F16": 2, "TF32": 4, "E4M3": 1, "E5M2": 1}.get(ab, 2)
+    a_bytes = 0 if re.match(r"^R\d+", a) else 64 * k * size
+    return (a_bytes + n * k * size) // 4
+
+
 def occupancy(arch, threads, regs, smem):
     a = ARCH[arch]
     warps = (threads + 31) // 32
@@ -392,6 +431,8 @@ def main():
                         smem = t["smem_dist" if dist else "smem_rowcol" if rowcol else "smem"] + p.get("smem_static", 0)
                         blocks, warps, limit = occupancy(int(arch.rstrip("a")), t["threads"], p.get("regs", 0), smem)
                         mflop = t["flops"] / 1e6
+                        lsu = sum(smem_bytes(b) for b in loop)
+                        wg = sum(wgmma_smem_bytes(b) for b in loop)
                         rows.append(dict(
                             encoding=enc, kernel=kind, dtype=args.dtype, hd=hd, arch=f"sm_{arch}",
                             regs=p.get("regs"), spill_st=p.get("spill_st"), spill_ld=p.get("spill_ld"),
@@ -400,7 +441,9 @@ def main():
                             loop_instrs=len(loop), mflop=round(mflop, 4),
                             instrs_per_mflop=round(len(loop) / mflop) if loop else None,
                             hmma_share=round(100.0 * counts["hmma"] / len(loop), 1) if loop else None,
-                            hmma_outside_loop=total_hmma - counts["hmma"], **counts))
+                            hmma_outside_loop=total_hmma - counts["hmma"], **counts,
+                            smem_bytes=lsu, smem_b_per_kflop=round(lsu / (mflop * 1e3), 1) if loop else None,
+                            wgmma_b_per_kflop=round(wg / (mflop * 1e3), 1) if loop else None))
     cols = list(rows[0].keys())
     if args.csv:
         with open(args.csv, "w", newline="") as f:
@@ -414,8 +457,9 @@ def main():
              f"; {args.dtype}; per warp and iteration of the steady-state main loop (bench/README.md).", "",
              "| encoding | kernel | d_h | arch | regs | spills st/ld (B) | stack (B) | smem (B) | "
              "blocks/SM (limit) | instrs / iter | MFLOP / iter | instrs / MFLOP | HMMA % | MUFU | "
-             "LDSM | cp.async | LDS/STS | LDG/STG | atomics | BAR | SHFL | LDL+STL |",
-             "| --- " * 22 + "|"]
+             "LDSM | cp.async | LDS/STS | LDG/STG | atomics | BAR | SHFL | LDL+STL | "
+             "smem B / kFLOP (LSU + wgmma) |",
+             "| --- " * 23 + "|"]
     for r in rows:
         lines.append(
             f"| {r['encoding']} | {r['kernel']} | {r['hd']} | {r['arch']} | {r['regs']} | "
@@ -423,7 +467,7 @@ def main():
             f"{r['blocks_per_sm']} ({r['occupancy_limit']}) | {r['loop_instrs']} | {r['mflop']} | "
             f"{r['instrs_per_mflop']} | {r['hmma_share']} | {r['mufu']} | {r['ldsm']} | "
             f"{r['cp_async']} | {r['lds']}/{r['sts']} | {r['ldg']}/{r['stg']} | {r['atomics']} | "
-            f"{r['bar']} | {r['shfl']} | {r['local']} |")
+            f"{r['bar']} | {r['shfl']} | {r['local']} | {r['smem_b_per_kflop']} + {r['wgmma_b_per_kflop']} |")
     lines.append("")
     lines.append(f"FlashAttention-2 (issue 14; sm_90, bf16, d_h = 128): forward {FA2['forward']['ipm']} "
                  f"instrs/MFLOP, HMMA {FA2['forward']['hmma']}%; backward {FA2['backward']['ipm']} "
@@ -435,6 +479,12 @@ def main():
                  f"{FA3['causal']['hgmma']} HGMMA, {FA3['causal']['mufu']} MUFU), non-causal "
                  f"{FA3['non-causal']['ipm']} ({FA3['non-causal']['instrs']}, {FA3['non-causal']['hgmma']} HGMMA): "
                  "the reference for the hopper_forward rows.")
+    lines.append("")
+    lines.append(f"Shared memory per kFLOP: FlashAttention-2's backward (PyTorch's build, sm_90, bf16, d_h = 128, "
+                 f"causal; FA2_SMEM in this script) {FA2_SMEM['bytes_per_kflop']} bytes through the load/store "
+                 "unit (0 by wgmma). At 128 bytes per cycle per SM that pipe alone bounds an mma.sync kernel "
+                 "at 128 / (bytes per FLOP) FLOP per cycle per SM: at 63 bytes per kFLOP about 470 TFLOP/s "
+                 "on an H100 SXM (132 SMs, 1.755 GHz), at 96 about 310.")
     bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
            "backward_wgmma": 960, "backward_anyorder": 960, "backward_dqtma": 960}
     lines.append("")

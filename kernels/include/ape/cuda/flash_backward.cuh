@@ -760,14 +760,6 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         for (int x = 0; x < 4; ++x)
           memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * (x % 2), 16 * kk + 8 * (x / 2) + 2 * t), &dsa[kk][x], 4);
       ptx::fence_proxy_async();
-      // At D = 128 the products complete here, before dQ': P^T and dS^T's registers are then free
-      // for dQ's accumulators (their overlap with dQ' would spill: 120-270 bytes for ALiBi and
-      // Cable, ptxas, sm_90a).
-      if constexpr (D == 128) {
-        ptx::wgmma_wait<0>();
-        ptx::fence_regs(dvf);
-        ptx::fence_regs(dkf);
-      }
     } else {
       #pragma unroll
       for (int kk = 0; kk < kNT / 2; ++kk) {
@@ -817,6 +809,15 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         if constexpr (kDqTma) ptx::fence_proxy_async_global();  // our TMA reduction after their adds
         if (qt > qt0) ptx::red_relaxed_gpu_add(sem + qt - 1, 1);
       }
+    }
+    // kWg at D = 128: dV and dK' complete here, before dQ': P^T and dS^T's registers are then free
+    // for dQ's accumulators (their overlap with dQ' would spill: 120-270 bytes for ALiBi and
+    // Cable, ptxas, sm_90a). After thread 0's turn above, whose waits (the last step's TMA
+    // reductions, the semaphore, the fence) then run under these products instead of after them.
+    if constexpr (kWg && D == 128) {
+      ptx::wgmma_wait<0>();
+      ptx::fence_regs(reinterpret_cast<float(&)[D / 2]>(dv[0][0]));
+      ptx::fence_regs(reinterpret_cast<float(&)[D / 2]>(dk[0][0]));
     }
     __syncthreads();  // dS^T complete, and the turn is ours
 
