@@ -213,20 +213,18 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
           .Case([&](arith::AddIOp) { return bin("+"); })
           .Case([&](arith::SubIOp) { return bin("-"); })
           .Case([&](arith::MulIOp) { return bin("*"); })
-          .Case([&](arith::DivSIOp) { return bin("/"); })
-          .Case([&](arith::RemSIOp) { return bin("%"); })
-          .Case([&](arith::DivUIOp) { return "int64_t(" + u64(0) + " / " + u64(1) + ")"; })
-          .Case([&](arith::RemUIOp) { return "int64_t(" + u64(0) + " % " + u64(1) + ")"; })
+          // Integer division and remainder are total (contract/int_math.h): x / 0 = 0, x % 0 = x.
+          .Case([&](arith::DivSIOp) { return call("::ape::int_math::div"); })
+          .Case([&](arith::RemSIOp) { return call("::ape::int_math::rem"); })
+          .Case([&](arith::DivUIOp) { return call("::ape::int_math::udiv"); })
+          .Case([&](arith::RemUIOp) { return call("::ape::int_math::urem"); })
           // Bitwise on index/i64 (-ape-fuse's partner index c ^ 1), logical on i1 (masks).
           .Case<arith::AndIOp, arith::OrIOp, arith::XOrIOp>([&](auto o) {
             StringRef sym = isa<arith::AndIOp>(o) ? "&" : isa<arith::OrIOp>(o) ? "|" : "^";
             return o.getType().isInteger(1) ? "bool(" + bin(sym) + ")"
                                             : "int64_t(" + u64(0) + " " + sym.str() + " " + u64(1) + ")";
           })
-          .Case([&](arith::FloorDivSIOp) {  // rounds toward -inf
-            return "(" + a(0) + " / " + a(1) + " - ((" + a(0) + " % " + a(1) + " != 0) && ((" +
-                   a(0) + " < 0) != (" + a(1) + " < 0))))";
-          })
+          .Case([&](arith::FloorDivSIOp) { return call("::ape::int_math::floordiv"); })
           .Case([&](arith::MaxSIOp) { return call("std::max<int64_t>"); })
           .Case([&](arith::MinSIOp) { return call("std::min<int64_t>"); })
           .Case([&](arith::MaxUIOp) {

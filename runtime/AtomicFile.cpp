@@ -110,18 +110,31 @@ void write_file_atomically(const std::string &path, std::string_view bytes, cons
     ::unlink(tmp.c_str());
     throw;
   }
-  if (::close(fd) != 0) {
-    const std::string reason = why();
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("writing " + tmp + " failed: " + reason + " (disk full?); " + path + " is untouched");
-  }
+  // The lock is held until the rename: another writer's remove_stale_temporaries, which may run
+  // at any moment, must not take the temporary for a dead writer's between our close and rename.
   sync_folder(dir);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string reason = why();  // before unlink can overwrite errno
+    ::close(fd);
     ::unlink(tmp.c_str());
     throw std::runtime_error("cannot replace " + path + " with " + tmp + ": " + reason);
   }
+  ::close(fd);  // the data is on disk (fsync above); the lock goes with it
   sync_folder(dir);
+}
+
+FolderLock::FolderLock(const std::string &dir, const std::string &what) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) throw std::runtime_error("cannot open folder " + dir + ": " + why());
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const std::string reason = errno == EWOULDBLOCK ? "" : std::string(" (") + why() + ")";
+    ::close(fd_);
+    throw std::runtime_error(dir + " is in use by another process" + reason + ": " + what);
+  }
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void check_writable(const std::string &dir, const std::string &file) {

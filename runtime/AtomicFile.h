@@ -29,6 +29,22 @@ void write_file_atomically(const std::string &path, std::string_view bytes,
 // many were removed.
 int remove_stale_temporaries(const std::string &path);
 
+// An exclusive lock on a folder for the lifetime of the object (flock on the folder itself: the
+// kernel drops it when the process dies, however it dies). Two runs that would write the same
+// files (ape-train's checkpoints and results.csv in one --out) refuse each other instead of
+// replacing each other's files: the constructor throws std::runtime_error "DIR is in use by another
+// process: WHAT" when the lock is held.
+class FolderLock {
+ public:
+  FolderLock(const std::string &dir, const std::string &what);
+  ~FolderLock();
+  FolderLock(const FolderLock &) = delete;
+  FolderLock &operator=(const FolderLock &) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Throws std::runtime_error unless a file can be written in `dir` (created if missing) under the
 // name `file`: catches an output folder that is not writable, or a checkpoint path that is a
 // folder, before hours of training.

@@ -69,9 +69,18 @@ int64_t dim_size(const std::string &dim, const Env &env) {  // checked at parse
 Tensor scalar(double v, const Env &env) { return at::scalar_tensor(v, at::dtype(env.dtype)); }
 Tensor index_scalar(int64_t v) { return at::scalar_tensor(v, at::dtype(at::kLong)); }
 
-// C++ integer division and remainder (truncation toward zero), as MLIR's divsi / remsi.
-Tensor div_trunc(const Tensor &a, const Tensor &b) { return at::div(a, b, "trunc"); }
+// The kernels' integer division and remainder (contract/int_math.h): truncation toward zero, total:
+// x / 0 = 0, x % 0 = x, INT64_MIN / -1 wraps (no ZeroDivisionError, no trap).
+Tensor div_trunc(const Tensor &a, const Tensor &b) {
+  const Tensor zero = b.eq(0), minus_one = b.eq(-1);
+  const Tensor q = at::div(a, at::where(zero.logical_or(minus_one), at::ones_like(b), b), "trunc");
+  return at::where(zero, at::zeros_like(q), at::where(minus_one, a.neg(), q));
+}
 Tensor rem_trunc(const Tensor &a, const Tensor &b) { return a - div_trunc(a, b) * b; }
+Tensor div_floor(const Tensor &a, const Tensor &b) {
+  const Tensor r = rem_trunc(a, b);
+  return div_trunc(a, b) - (r.ne(0).logical_and(a.lt(0).ne(b.lt(0)))).to(a.scalar_type());
+}
 
 // The unsigned integer ops read their operands as uint64: the same as signed for values >= 0,
 // which is all an index region computes in practice; a negative operand is refused.
@@ -190,8 +199,8 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
   if (name == "arith.negf") return need(1), -x[0];
   if (name == "arith.divsi") return need(2), div_trunc(x[0], x[1]);
   if (name == "arith.remsi") return need(2), rem_trunc(x[0], x[1]);
-  if (name == "arith.floordivsi") return need(2), at::div(x[0], x[1], "floor");
-  if (name == "arith.ceildivsi") return need(2), -at::div(-x[0], x[1], "floor");
+  if (name == "arith.floordivsi") return need(2), div_floor(x[0], x[1]);
+  if (name == "arith.ceildivsi") return need(2), -div_floor(-x[0], x[1]);
   if (name == "arith.divui") return need(2), require_nonnegative(x, name, d), div_trunc(x[0], x[1]);
   if (name == "arith.remui") return need(2), require_nonnegative(x, name, d), rem_trunc(x[0], x[1]);
   if (name == "arith.maxsi") return need(2), at::maximum(x[0], x[1]);

@@ -3,6 +3,7 @@
 //
 //   ape-generate -c runs/rope.ckpt --prompt "It was a dark" --max-tokens 100 --temperature 0.8 --top-k 40 --seed 1
 //   ape-generate -c runs/rope.ckpt --score book.txt --score-tokens 4096
+//   ape-generate -c runs/my_encoding.ckpt --prompt "It was"   # trained with --spec: rebuilt from the spec it holds
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "runtime/Model.h"
 #include "runtime/Options.h"
 #include "runtime/Registry.h"
+#include "runtime/SpecLibrary.h"
 #include "runtime/Threads.h"
 #include "runtime/Tokenizer.h"
 #include "runtime/Util.h"
@@ -39,6 +41,7 @@ int main(int argc, char **argv) {
   std::string checkpoint, prompt, prompt_file, score_file, tokenizer, encoding;
   std::string cache_dir = ape::default_cache_dir();
   std::vector<std::string> set_args;
+  std::vector<std::string> specs;
   ape::SampleOptions so;
   int64_t score_tokens = 0, chunk = 1, threads = 0;
   bool show_ids = false;
@@ -75,6 +78,11 @@ int main(int argc, char **argv) {
       ->type_name("NAME");
   app.add_option("--set", set_args, "NAME=VALUE (repeatable): set a fixed param, e.g. rope_factor=8 (as ape-eval)")
       ->type_name("NAME=VALUE");
+  app.add_option("--spec", specs,
+                 "Compile this spec file (repeatable; cached, as ape-train --spec) and make its encoding\n"
+                 "available (as ape-eval). Without it, a checkpoint trained with --spec is rebuilt from the\n"
+                 "spec text it holds")
+      ->type_name("FILE");
   app.add_option("--threads", threads, "CPU threads, in [0, 1024] (default 0: all hardware threads)");
   std::string device_name = "cpu", precision = "auto";
   app.add_option("--device", device_name,
@@ -92,12 +100,16 @@ int main(int argc, char **argv) {
       throw std::invalid_argument("give a --prompt, a --prompt-file or --score FILE");
     std::vector<std::pair<std::string, double>> sets;
     for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
+    ape::SpecLibraryOptions spec_opts;
+    spec_opts.log = &std::cout;
+    for (const auto &path : specs) ape::register_spec(path, spec_opts);
     if (!encoding.empty()) ape::find_kernel(encoding);
     const ape::ComputeDevice device = ape::choose_device(device_name, precision);
     ape::set_threads(threads);
     std::cout << "[cpu] kernels: " << ape::checked_kernel_cpu_level() << "\n";
 
     if (!fs::exists(checkpoint)) throw std::runtime_error("no checkpoint at " + checkpoint);
+    ape::register_checkpoint_spec(ape::read_checkpoint(checkpoint).config, checkpoint, spec_opts);  // trained with --spec
     nlohmann::json config;
     ape::LanguageModel model = ape::load_model_as(checkpoint, encoding, &config, nullptr);
     model->eval();

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <set>
 #include <thread>
@@ -162,18 +163,32 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   return ape::evaluate(model, corpus.test(), tc.seq_len, ec, &std::cout, "", &shard);
 }
 
-// A note when the output checkpoint is an unfinished run that this command starts over.
-void note_unfinished(const std::string &ckpt) {
+// An unfinished run at the output checkpoint, which this command starts over, is kept: renamed to
+// NAME.unfinished-stepN.ckpt beside it (-2, -3, ... where that exists), with a note saying how to
+// continue it. A user's training is never replaced by a new run's first checkpoint.
+void keep_unfinished(const std::string &ckpt) {
   std::error_code ec;
   if (!fs::is_regular_file(ckpt, ec)) return;
+  int64_t step = 0;
   try {
     const ape::Checkpoint c = ape::read_checkpoint(ckpt);
     const auto st = c.config.find("state");
-    if (st != c.config.end() && st->is_object() && !st->value("complete", true))
-      std::cout << "[note] " << ckpt << " holds an unfinished run (step " << st->value("step", int64_t{0})
-                << "); starting over. To continue it instead: ape-train --resume " << ckpt << "\n";
+    if (st == c.config.end() || !st->is_object() || st->value("complete", true)) return;
+    step = st->value("step", int64_t{0});
   } catch (const std::exception &) {
+    return;  // not a checkpoint this version reads: replaced, as any other file there
   }
+  const fs::path p(ckpt);
+  const std::string stem = (p.parent_path() / p.stem()).string() + ".unfinished-step" + std::to_string(step);
+  std::string kept = stem + ".ckpt";
+  for (int n = 2; fs::exists(kept, ec); ++n) kept = stem + "-" + std::to_string(n) + ".ckpt";
+  fs::rename(ckpt, kept, ec);
+  if (ec)
+    throw std::runtime_error(ckpt + " holds an unfinished run (step " + std::to_string(step) +
+                             ") that could not be kept as " + kept + " (" + ec.message() +
+                             "): ape-train --resume " + ckpt + " continues it; move it away to start over");
+  std::cout << "[note] " << ckpt << " held an unfinished run (step " << step << "): kept as " << kept
+            << "; starting over. To continue it instead: ape-train --resume " << kept << "\n";
 }
 
 }  // namespace
@@ -476,6 +491,11 @@ int main(int argc, char **argv) {
       if (root) ape::check_writable(out_dir, e + ".ckpt");
     }
     if (root) ape::check_writable(out_dir, "results.csv");
+    // One run per output folder: a second would replace this one's checkpoints and results.csv.
+    std::unique_ptr<ape::FolderLock> out_lock;
+    if (root)
+      out_lock = std::make_unique<ape::FolderLock>(
+          out_dir, "another ape-train is writing its checkpoints there; wait for it, or pass another --out");
     ape::set_threads(threads);
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
@@ -533,7 +553,7 @@ int main(int argc, char **argv) {
     const std::string csv = (fs::path(out_dir) / "results.csv").string();
     for (const auto &name : encodings) {
       const std::string ckpt = resumed ? resume_ckpt : (fs::path(out_dir) / (name + ".ckpt")).string();
-      if (!resumed && root) note_unfinished(ckpt);
+      if (!resumed && root) keep_unfinished(ckpt);
       std::vector<ape::EvalRow> rows;
       try {
         rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get(), device, start);

@@ -212,6 +212,10 @@ int main(int argc, char **argv) {
   }
 
   std::string source = sourceName.empty() ? inputFile.getValue() : sourceName.getValue();
+  // Recorded in comments of the generated sources: a control character (a newline in a file name)
+  // would end the comment and put the rest of the name into the code.
+  for (char &c : source)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
   // The emitters that read the encodings as written (--emit=reference) run on a copy of the
   // spec after expand and push-override only, before the spec is lowered.
   ape::EmitOptions options{source, outDir, variants};

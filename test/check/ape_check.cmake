@@ -59,6 +59,19 @@ add_test(NAME ape_check.spec_file
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_mix.mlir)
 set_tests_properties(ape_check.spec_file PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# Integer division and remainder by i - j, 0 on the diagonal: total in the kernel and the reference
+# (contract/int_math.h: x / 0 = 0, x % 0 = x), where C++ traps.
+add_test(NAME ape_check.spec_int_division
+  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/int_division.mlir)
+set_tests_properties(ape_check.spec_int_division PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# A spec computing NaN fails, though the kernel computes the same NaNs as the reference.
+add_test(NAME ape_check.error_nan_spec
+  COMMAND ${_expect} 1 "^o +fp64 .* FAIL$" "^ape-check: FAIL"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/nan_score.mlir)
+set_tests_properties(ape_check.error_nan_spec PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Two fused distance terms (learned ALiBi + T5): the CPU template's per-distance table and
 # diagonal gradient sums against the reference's per-element evaluation.
 add_test(NAME ape_check.distance_sum

@@ -83,4 +83,32 @@ done
 if ls "$ckpt".tmp.* >/dev/null 2>&1; then fail "stale temporaries remain: $(ls "$ckpt".tmp.*)"; fi
 cmp -s <(grep -v '^\[eval\]' "$work/ref/results.csv") <(grep -v '^\[eval\]' "$work/run/results.csv") ||
   fail "results.csv differs"
-echo "kill_loop: PASS: $killed kills in $round rounds; the resumed run is bit-identical to the uninterrupted one"
+
+# 4. A new run (no --resume) over an unfinished one keeps it: renamed beside it, not replaced.
+mkdir -p "$work/keep"
+( APE_TEST_KILL_DURING_CHECKPOINT=3 "$train" "${args[@]}" --out "$work/keep" >"$work/keep1.log" 2>&1; exit $? ) 2>/dev/null
+old_step=$(grep -ao '"step":[0-9]*' "$work/keep/t5.ckpt" 2>/dev/null | head -1 | cut -d: -f2)
+[ -n "$old_step" ] || fail "no unfinished checkpoint to keep"
+short=()  # the same run of 2 steps
+for a in "${args[@]}"; do [ "$a" = "$steps" ] && short+=(2) || short+=("$a"); done
+"$train" "${short[@]}" --out "$work/keep" >"$work/keep2.log" 2>&1 || { cat "$work/keep2.log"; fail "the new run"; }
+kept="$work/keep/t5.unfinished-step$old_step.ckpt"
+[ -f "$kept" ] || { cat "$work/keep2.log"; fail "the unfinished run (step $old_step) was not kept as $kept"; }
+grep -q "kept as $kept" "$work/keep2.log" || fail "no note names $kept"
+kept_step=$(grep -ao '"step":[0-9]*' "$kept" | head -1 | cut -d: -f2)
+[ "$kept_step" = "$old_step" ] || fail "the kept checkpoint is at step $kept_step, not $old_step"
+
+# 5. A second run into the folder of a running one is refused (it would replace its checkpoints).
+long=()  # the same run, long enough to be running still when the second starts (then stopped)
+for a in "${args[@]}"; do [ "$a" = "$steps" ] && long+=(100000) || long+=("$a"); done
+"$train" "${long[@]}" --out "$work/lock" >"$work/lock1.log" 2>&1 &
+first=$!
+for _ in $(seq 1 500); do [ -f "$work/lock/t5.ckpt" ] && break; sleep 0.02; done
+[ -f "$work/lock/t5.ckpt" ] || { kill "$first" 2>/dev/null; fail "the first run wrote no checkpoint"; }
+"$train" "${short[@]}" --out "$work/lock" >"$work/lock2.log" 2>&1
+rc=$?
+kill -TERM "$first" 2>/dev/null; wait "$first" 2>/dev/null
+[ "$rc" -eq 1 ] || { cat "$work/lock2.log"; fail "a second run into a busy --out exited $rc, not 1"; }
+grep -q "is in use by another process" "$work/lock2.log" || { cat "$work/lock2.log"; fail "no reason given"; }
+echo "kill_loop: PASS: $killed kills in $round rounds; the resumed run is bit-identical to the uninterrupted one;"
+echo "  a new run over an unfinished one kept it ($kept); a second run into a busy --out was refused"

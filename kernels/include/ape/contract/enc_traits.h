@@ -25,6 +25,8 @@
 
 #include <type_traits>
 
+#include "ape/contract/int_math.h"  // the regions' integer division (every emitted functor)
+
 namespace ape::traits {
 
 template <class Enc, class = void> struct NumRel {
