@@ -61,11 +61,12 @@ FA2 = {"forward": dict(ipm=874, hmma=27.9), "backward": dict(ipm=738, hmma=33.0)
 # FlashAttention-3's forward (flash_fwd_hdim128_bf16_sm90.cu, commit 0251105 with CUTLASS 7127592,
 # its own nvcc flags), sm_90a SASS from the same nvcc 13.0, per consumer warp and iteration of its
 # steady-state loop (the innermost loop holding HGMMA; causal: the loop without the mask).
-# FlashAttention-2's backward by the same count (smem_bytes, main loop): PyTorch 2.15's build
-# (libtorch_cuda.so, sm_90 SASS) of flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel with
-# Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false>, bf16, causal, even sizes: per
-# warp and 64-query step (its steady-state loop, 1,085 instructions, 320 HMMA, 1.3107 MFLOP):
-# 144 ldmatrix.x4 (73,728 bytes), 32 STS (P and dS), 6 LDS, 8 cp.async: 82,688 bytes.
+# FlashAttention-2's backward by the same count (smem_bytes): PyTorch 2.15's build (libtorch_cuda.so,
+# sm_90 SASS) of flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel with Flash_bwd_kernel_traits<128, 64,
+# 128, 8, 2, 4, 2, false, false>, bf16, causal, even sizes: per warp and 64-query step of its loop
+# over query tiles (SASS 0x2480-0x6840, 1,085 instructions, 320 HMMA, 1.3107 MFLOP; main_loop()
+# would take the loop over key blocks around it), 144 ldmatrix.x4 (73,728 bytes), 32 STS (P and
+# dS), 6 LDS, 8 cp.async: 82,688 bytes.
 FA2_SMEM = dict(bytes_per_kflop=63.1)
 FA3 = {"causal": dict(instrs=469, ipm=447, hgmma=16, mufu=66), "non-causal": dict(instrs=594, ipm=412, hgmma=19, mufu=90)}
 
@@ -163,6 +164,12 @@ template <class In, int D> void print(const char *dt) {
   std::printf("backward_dqtma %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
               X::kThreads, X::bytes, X::bytes_dist, X::bytes_rowcol, 8LL * 16 * X::BQ * D + 2LL * X::BQ * D * X::BK / X::kWarps,
               X::kSubs);
+  // FlashAttention-2's tiling (APE_CUDA_BWD_SQUARE=1, D 128): the five products over 8 warps.
+  if constexpr (D == 128) {
+    using Q = ape::cuda::detail::BwdTiles<In, D, ape::cuda::detail::kBwdSquare>;
+    std::printf("backward_square %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+                Q::kThreads, Q::bytes, Q::bytes, Q::bytes, 10LL * Q::BK * Q::BQ * D / Q::kWarps, Q::kSubs);
+  }
 }
 int main() {
   print<__nv_bfloat16, 32>("bf16"); print<__nv_bfloat16, 64>("bf16"); print<__nv_bfloat16, 128>("bf16");
@@ -333,14 +340,15 @@ def smem_bytes(body):
 def wgmma_smem_bytes(body):
     """A warp's share (a quarter of its warpgroup's) of the bytes one wgmma (HGMMA.64xNxK) reads
     from shared memory through its descriptors: A (64 x K) unless it comes from registers, and B
-    (N x K)."""
-    m = re.match(r"^HGMMA\.64x(\d+)x(\d+)\.\w+\.(\w+)\s+\S+,\s*(\S+)", body)
+    (N x K); K elements are 32 bytes for every dense 16-bit and tf32 wgmma (the f16 form names only
+    its accumulator type: HGMMA.64x128x16.F32)."""
+    m = re.match(r"^HGMMA\.64x(\d+)x(\d+)(?:\.\w+)*\s+[^,]+,\s*([^,\s]+)", body)
     if not m:
         return 0
-    n, k, ab, a = int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
-    size = {"BF16": 2, "F16": 2, "TF32": 4, "E4M3": 1, "E5M2": 1}.get(ab, 2)
-    a_bytes = 0 if re.match(r"^R\d+", a) else 64 * k * size
-    return (a_bytes + n * k * size) // 4
+    n, k, a = int(m.group(1)), int(m.group(2)), m.group(3)
+    row = 32  # bytes of K elements of a row: 16 x 2 (16-bit) or 8 x 4 (tf32), whatever SASS names the type
+    a_bytes = 0 if re.match(r"^R\d+", a) else 64 * row
+    return (a_bytes + n * row) // 4
 
 
 def occupancy(arch, threads, regs, smem):
@@ -359,7 +367,7 @@ def occupancy(arch, threads, regs, smem):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--apec", default=str(ROOT / "build/tools/apec"), help="apec (default build/tools/apec)")
-    ap.add_argument("--encodings", nargs="+", default=["rope", "alibi", "cable", "t5"])
+    ap.add_argument("--encodings", nargs="+", default=["nope", "rope", "alibi", "cable", "t5"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--hd", nargs="+", type=int, default=[128, 64])
     ap.add_argument("--arch", nargs="+", default=["80", "86", "90a"],
@@ -414,7 +422,7 @@ def main():
                         if kind == "backward":
                             ordered, lay = re.search(r"Li\d+ELb([01])ELi(\d)E", fn).groups()
                             kind = {"0": "backward_narrow", "1": "backward", "2": "backward_wgmma",
-                                    "3": "backward_sub", "4": "backward_dqtma"}[lay]
+                                    "3": "backward_sub", "4": "backward_dqtma", "5": "backward_square"}[lay]
                             tiles_kind = kind
                             if ordered == "0":
                                 kind = "backward_anyorder" if lay == "1" else None
@@ -483,10 +491,10 @@ def main():
     lines.append(f"Shared memory per kFLOP: FlashAttention-2's backward (PyTorch's build, sm_90, bf16, d_h = 128, "
                  f"causal; FA2_SMEM in this script) {FA2_SMEM['bytes_per_kflop']} bytes through the load/store "
                  "unit (0 by wgmma). At 128 bytes per cycle per SM that pipe alone bounds an mma.sync kernel "
-                 "at 128 / (bytes per FLOP) FLOP per cycle per SM: at 63 bytes per kFLOP about 470 TFLOP/s "
-                 "on an H100 SXM (132 SMs, 1.755 GHz), at 96 about 310.")
+                 "at 128 / (bytes per FLOP) FLOP per cycle per SM: at 63 bytes per kFLOP about 530 TFLOP/s "
+                 "on an H100 SXM (132 SMs at its 1.98 GHz boost clock), at 96 about 350.")
     bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
-           "backward_wgmma": 960, "backward_anyorder": 960, "backward_dqtma": 960}
+           "backward_wgmma": 960, "backward_anyorder": 960, "backward_dqtma": 960, "backward_square": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")
     lines.append("")

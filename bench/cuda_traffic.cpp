@@ -133,11 +133,12 @@ std::string short_name(const std::string &full) {
       cur += c;
     }
     // The flash backward's last argument is its layout (BwdTiles): 0 narrow (64 keys per block),
-    // 1 wide (128), 2 wgmma (128, sm_90a), 3 wide in sub-tiles (APE_CUDA_BWD_SUBTILES=1).
+    // 1 wide (128), 2 wgmma (128, sm_90a), 3 wide in sub-tiles (APE_CUDA_BWD_SUBTILES=1), 4 wide with
+    // dQ' by TMA reductions (APE_CUDA_DQ_TMA=1), 5 square (APE_CUDA_BWD_SQUARE=1).
     if (base == "flash_backward_kernel") {
       const size_t gt = full.rfind('>', paren), comma = full.rfind(',', gt);
       const std::string last = comma == std::string::npos ? "" : full.substr(comma + 1, gt - comma - 1);
-      args = last == " 0" ? "narrow" : last == " 1" ? "wide" : last == " 2" ? "wgmma" : last == " 3" ? "wide_sub" : last == " 4" ? "wide_tma" : args;
+      args = last == " 0" ? "narrow" : last == " 1" ? "wide" : last == " 2" ? "wgmma" : last == " 3" ? "wide_sub" : last == " 4" ? "wide_tma" : last == " 5" ? "square" : args;
     }
     if (!args.empty()) base += "<" + args + ">";
   }

@@ -460,9 +460,11 @@ run() {
     [ -n "$bench_encodings" ] && quick+=(--encodings "$bench_encodings")
     # APE's settings that are off by default until timed, each timed beside the default in the same
     # process (the kernels read the variables at every call; gpu_bench.py --ape-settings): the
-    # wgmma backward, the mma.sync backward's steps of 64 queries in sub-tiles (d_h 128), dQ' in
-    # any order (what determinism costs), the Hopper forward's turns, its persistent grid, both.
+    # wgmma backward, the mma.sync backward's steps of 64 queries in sub-tiles (d_h 128), its dQ' by
+    # TMA reductions, its square tiling (FlashAttention-2's), dQ' in any order (what determinism
+    # costs), the Hopper forward's turns, its persistent grid, both.
     local settings="wgmma:APE_CUDA_WGMMA_BACKWARD=1,subtiles:APE_CUDA_BWD_SUBTILES=1,dq-tma:APE_CUDA_DQ_TMA=1"
+    settings+=",square:APE_CUDA_BWD_SQUARE=1"
     settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
     settings+=",pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1"
     settings+=",fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1"

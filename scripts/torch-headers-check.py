@@ -7,16 +7,19 @@ header that one version declares and the other does not costs a device call: doc
 
     .venv/bin/python scripts/torch-headers-check.py [--torch 2.11.0] [--build build]
 
-Downloads that version's wheel for this interpreter from PyPI once (about 0.5-1 GB, kept in
+Downloads that version's wheel for this interpreter from PyPI once (0.5-1 GB; its headers are kept in
 --cache), unpacks its headers, and runs every compile command of BUILD/compile_commands.json that
 includes LibTorch with those headers and -fsyntax-only, then the operator library's sources as
-`apec --emit=torch-library` writes them (CUDA on: ape/torch_ops.cpp, NAME_ops.cpp). Exit status 1
-when any fails. Nothing is linked: the check is the headers' API, which is what broke before."""
+`apec --emit=torch-library` writes them (CUDA on: ape/torch_ops.cpp, NAME_ops.cpp). Exit status:
+0 when every source compiles, 1 when one fails, 2 when the check could not run (no build, no
+download, no LibTorch compile command in the build). Nothing is linked: the check is the headers'
+API, which is what broke before."""
 import argparse
 import concurrent.futures
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,38 +29,61 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def setup_error(message):
+    print(f"torch-headers-check: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def torch_headers(version, cache):
-    """The include folder of torch==version's wheel, downloaded and unpacked into cache once."""
+    """The include folder of torch==version's wheel, downloaded and unpacked into cache once (into
+    a temporary folder first: an interrupted unpack leaves nothing the next run would take)."""
     dest = cache / version
     include = dest / "torch" / "include"
     if include.is_dir():
         return include
-    dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", f"torch=={version}", "--no-deps",
-                    "--only-binary=:all:", "-d", str(dest)], check=True)
-    wheel = next(dest.glob(f"torch-{version}*.whl"))
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(dest, [n for n in z.namelist() if n.startswith("torch/include/")])
-    wheel.unlink()  # the headers are all this check reads
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", f"torch=={version}", "--no-deps",
+                            "--only-binary=:all:", "-d", tmp])
+        wheels = list(Path(tmp).glob("torch-*.whl"))
+        if r.returncode or len(wheels) != 1:
+            setup_error(f"could not download torch=={version}'s wheel for this Python from PyPI")
+        unpacked = Path(tmp) / "unpacked"
+        with zipfile.ZipFile(wheels[0]) as z:
+            z.extractall(unpacked, [n for n in z.namelist() if n.startswith("torch/include/")])
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(unpacked, dest)  # the headers are all this check keeps
     return include
+
+
+def torch_include_of(argv):
+    """The LibTorch include folder a compile command names (-isystem/-I .../torch/include), or None."""
+    for n, a in enumerate(argv):
+        path = argv[n + 1] if a in ("-isystem", "-I") and n + 1 < len(argv) else \
+            a[2:] if a.startswith("-I") else None
+        if path and path.rstrip("/").endswith("torch/include"):
+            return path.rstrip("/")
+    return None
 
 
 def commands(build, include):
     """(label, argv, cwd) of each LibTorch compile command, with `include` for LibTorch's."""
-    import torch  # this venv's: its include folder is the one to replace
-    ours = str(Path(torch.__file__).resolve().parent / "include")
     for c in json.loads((build / "compile_commands.json").read_text()):
-        if ours not in c["command"]:
+        argv = c["arguments"] if "arguments" in c else shlex.split(c["command"])
+        ours = torch_include_of(argv)
+        if ours is None:
             continue
-        argv, skip = [], False
-        for a in shlex.split(c["command"].replace(ours, str(include))):
+        out, skip = [], False
+        for a in argv:
             if skip:
                 skip = False
             elif a == "-o":
                 skip = True
-            else:
-                argv.append(a)
-        yield os.path.relpath(c["file"], ROOT), argv + ["-fsyntax-only"], c["directory"]
+            else:  # the prefix in an argument of its own or after -I / -isystem=
+                out.append(str(include) + a[len(ours):] if a.startswith(ours) else
+                           a[:2] + str(include) + a[2 + len(ours):] if a.startswith("-I" + ours) else a)
+        yield os.path.relpath(c["file"], ROOT), out + ["-fsyntax-only"], c["directory"]
 
 
 def library_commands(apec, include, out):
@@ -81,11 +107,19 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     if not (args.build / "compile_commands.json").is_file():
-        sys.exit(f"torch-headers-check: no {args.build}/compile_commands.json: run scripts/build.sh first")
+        setup_error(f"no {args.build}/compile_commands.json: run scripts/build.sh first")
+    apec = args.build / "tools" / "apec"
+    if not os.access(apec, os.X_OK):
+        setup_error(f"no {apec}: run scripts/build.sh first")
     include = torch_headers(args.torch, args.cache)
     with tempfile.TemporaryDirectory() as tmp:
         jobs = list(commands(args.build, include))
-        jobs += list(library_commands(args.build / "tools" / "apec", include, Path(tmp)))
+        if not jobs:
+            setup_error(f"no compile command of {args.build} includes LibTorch (torch/include)")
+        try:
+            jobs += list(library_commands(apec, include, Path(tmp)))
+        except subprocess.CalledProcessError as e:
+            setup_error(f"apec failed: {e}")
 
         def run(job):
             label, argv, cwd = job

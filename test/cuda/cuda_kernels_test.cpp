@@ -52,6 +52,7 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -556,7 +557,7 @@ struct PoseWithSms {
 // emulator's traffic records (those given, or taken now): "wide" (128 keys per block), "narrow"
 // (64), "wgmma" (128 keys on sm_90a's wgmma), "wide_sub" (the wide layout's 128 keys in steps of
 // 64 queries formed in sub-tiles of 32), "wide_tma" (the wide layout with dQ' by TMA reductions),
-// one entry per launch.
+// "square" (FlashAttention-2's tiling of the products), one entry per launch.
 template <class Records = decltype(ape::simt::take_traffic())>
 std::vector<std::string> flash_backward_layouts(const Records &records = ape::simt::take_traffic()) {
   std::vector<std::string> out;
@@ -570,6 +571,7 @@ std::vector<std::string> flash_backward_layouts(const Records &records = ape::si
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 2") == 0 ? "wgmma"
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 3") == 0 ? "wide_sub"
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 4") == 0 ? "wide_tma"
+                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 5") == 0 ? "square"
                                                                                          : "unknown: " + t.kernel);
     }
   return out;
@@ -897,6 +899,24 @@ TEST(CudaLaunch, SaturatedDistanceStepsMatchReferences) {
 #endif
 }
 
+// Calls f(sm, name, entry, variant) for every case (all_cases) of the build: under the emulator
+// posing as each architecture in `poses`, on a GPU once on the device's own path (sm 0). Stops at a
+// fatal failure.
+template <class F> void for_each_pose_and_case([[maybe_unused]] std::initializer_list<int> poses, F f) {
+#ifdef APE_SIMT
+  for (int sm : poses) {
+    const PoseAs guard(sm);
+#else
+  for (int sm : {0}) {
+#endif
+    for (const auto &[name, index] : all_cases()) {
+      const CudaKernelEntry *e = find_cuda(name);
+      f(sm, name, *e, e->variants[index]);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 // The flash backward's wide layout in sub-tiles (APE_CUDA_BWD_SUBTILES=1, kBwdWideSub): at D = 128
 // a step of 64 queries forms S^T, dP^T, P^T, dS^T and the dV, dK' products in two sub-tiles of 32
 // (the distance sums' shared group carried from one to the next), then adds its dQ' tile once.
@@ -928,41 +948,34 @@ TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
   if (const std::string why = sub_tiles_unavailable(); !why.empty()) GTEST_SKIP() << why;
 #endif
   int sub = 0;
+  for_each_pose_and_case({80, 90, 86}, [&](int sm, const std::string &name, const CudaKernelEntry &e,
+                                          const ape::cuda::CudaVariant &var) {
+    if (var.head_dim != 128 || var.dtype == DType::F32) return;
+    for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
+      // Every size for bf16 as sm_80 (and on a GPU); f16 and the other poses (the layout's
+      // choice) at T 300.
+      const bool full = sm == 80 || sm == 0;
+      if ((!full || var.dtype != DType::BF16) && T != 300) continue;
+      if (!full && var.dtype != DType::BF16) continue;
+      SCOPED_TRACE(name + " " + ape::cuda::dtype_name(var.dtype) + " D=128 B=" + std::to_string(B) + " H=" +
+                   std::to_string(H) + " T=" + std::to_string(T) + " sm_" + std::to_string(sm) + ", sub-tiles");
 #ifdef APE_SIMT
-  for (int sm : {80, 90, 86}) {
-    const PoseAs guard(sm);
-#else
-  for (int sm : {0}) {  // the device's own path (0 in the trace)
+      ape::simt::take_traffic();
 #endif
-    for (const auto &[name, index] : all_cases()) {
-      const CudaKernelEntry *e = find_cuda(name);
-      const auto &var = e->variants[index];
-      if (var.head_dim != 128 || var.dtype == DType::F32) continue;
-      for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
-        // Every size for bf16 as sm_80 (and on a GPU); f16 and the other poses (the layout's
-        // choice) at T 300.
-        const bool full = sm == 80 || sm == 0;
-        if ((!full || var.dtype != DType::BF16) && T != 300) continue;
-        if (!full && var.dtype != DType::BF16) continue;
-        SCOPED_TRACE(name + " " + ape::cuda::dtype_name(var.dtype) + " D=128 B=" + std::to_string(B) + " H=" +
-                     std::to_string(H) + " T=" + std::to_string(T) + " sm_" + std::to_string(sm) + ", sub-tiles");
+      check_problem(name, var, make_problem(e, B, H, T, 128, 9400 * T + 10 * B + H));
+      if (HasFatalFailure()) return;
 #ifdef APE_SIMT
-        ape::simt::take_traffic();
-#endif
-        check_problem(name, var, make_problem(*e, B, H, T, 128, 9400 * T + 10 * B + H));
-        if (HasFatalFailure()) return;
-#ifdef APE_SIMT
-        for (const std::string &layout : flash_backward_layouts()) {
-          const bool value_rows = name == "shaw";
-          EXPECT_EQ(layout, sm == 86 ? "narrow" : value_rows ? "wide" : "wide_sub");
-          sub += layout == "wide_sub";
-        }
-#else
-        ++sub;
-#endif
+      for (const std::string &layout : flash_backward_layouts()) {
+        const bool value_rows = name == "shaw";
+        EXPECT_EQ(layout, sm == 86 ? "narrow" : value_rows ? "wide" : "wide_sub");
+        sub += layout == "wide_sub";
       }
+#else
+      ++sub;
+#endif
     }
-  }
+  });
+  if (HasFatalFailure()) return;
 #ifdef APE_SIMT
   EXPECT_GE(sub, 15) << "rope, cable, t5: at bf16 3 sizes as sm_80 and T 300 as sm_90, at f16 T 300";
 #else
@@ -1132,6 +1145,87 @@ TEST(CudaLaunch, WideDqTmaMatchesReferences) {
   EXPECT_GE(checked, 20);
 }
 #endif
+
+// FlashAttention-2's tiling of the backward's products (APE_CUDA_BWD_SQUARE=1, kBwdSquare: 32 x 32
+// warp tiles of S^T and dP^T, P^T and dS^T through shared memory, dK' and dV of 32 keys x D/2
+// columns, dQ' of 32 queries x D/4) for the encodings without a score mod of their own or value
+// rows, at D = 128: every 16-bit variant at D 64 and 128 against the references (the other
+// encodings, and D 64, keep their layouts and must pass as well), one row, partial tiles and several key and query
+// tiles for NoPE and RoPE, T 300 for the others; posing as sm_80 and (NoPE and RoPE) as sm_86, where
+// its 161 KiB do not fit a block (the narrow layout runs). Then its dQ' order with the blocks three
+// at once (bit for bit), and dQ' in any order (its kernel without the order's fence).
+struct SquareOptIn : EnvScope {
+  SquareOptIn() : EnvScope({{"APE_CUDA_BWD_SQUARE", "1"}, {"APE_CUDA_WGMMA_BACKWARD", "0"}}) {}
+};
+TEST(CudaLaunch, SquareBackwardMatchesReferences) {
+  const SquareOptIn opt_in;
+  // Without a score mod of their own: the layout must run for these, and never for the others.
+  const std::set<std::string> plain = {"nope", "rope"};
+  const std::set<std::string> not_plain = {"alibi", "t5", "cable", "shaw", "fire", "kerple"};
+  int square = 0;
+  for_each_pose_and_case({80, 86}, [&](int sm, const std::string &name, const CudaKernelEntry &e,
+                                      const ape::cuda::CudaVariant &var) {
+    if (var.head_dim < 64 || var.dtype == DType::F32) return;
+    // Every size for NoPE and RoPE at bf16 as sm_80 (and on a GPU), T 300 for the rest; as sm_86
+    // NoPE and RoPE only (the layout's choice by the device's shared memory).
+    if (sm == 86 && !plain.count(name)) return;
+    for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
+      const bool full = (sm == 80 || sm == 0) && var.dtype == DType::BF16 && plain.count(name);
+      if (!full && T != 300) continue;
+      SCOPED_TRACE(name + " " + ape::cuda::dtype_name(var.dtype) + " D=" + std::to_string(var.head_dim) +
+                   " B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) + " sm_" +
+                   std::to_string(sm) + ", APE_CUDA_BWD_SQUARE=1");
+#ifdef APE_SIMT
+      ape::simt::take_traffic();
+#endif
+      check_problem(name, var, make_problem(e, B, H, T, var.head_dim, 9900 * T + 10 * B + H));
+      if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+      for (const std::string &layout : flash_backward_layouts()) {
+        if (plain.count(name))
+          EXPECT_EQ(layout, var.head_dim == 64 ? "wide" : sm == 86 ? "narrow" : "square");
+        if (not_plain.count(name)) EXPECT_NE(layout, "square");
+        square += layout == "square";
+      }
+#endif
+    }
+  });
+  if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+  EXPECT_GE(square, 3) << "rope at bf16/hd128: 3 sizes as sm_80";
+#endif
+  for (const char *name : {"nope", "rope"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    if (!e) continue;
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 128);
+    if (!var) continue;
+#ifdef APE_SIMT
+    const PoseAs guard(80);
+#endif
+    {
+      SCOPED_TRACE(std::string(name) + " bf16 D=128 B=2 H=2 T=300, square: blocks at once");
+      expect_same_bits_with_blocks_at_once(*var, make_problem(*e, 2, 2, 300, 128, 9950), "square");
+      if (HasFatalFailure()) return;
+    }
+    {
+      SCOPED_TRACE(std::string(name) + " bf16 D=128 B=2 H=3 T=300, square, dQ' in any order");
+      Problem p = make_problem(*e, 2, 3, 300, 128, 9960);
+      p.deterministic = false;
+#ifdef APE_SIMT
+      ape::simt::take_traffic();
+#endif
+      check_problem(name, *var, p);
+      if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+      bool unordered = false;
+      for (const auto &t : ape::simt::take_traffic())
+        unordered |= t.kernel.find("flash_backward_kernel<") != std::string::npos &&
+                     t.kernel.find(", false, 5>") != std::string::npos;
+      EXPECT_TRUE(unordered) << "the square layout's kernel without the order's fence ran";
+#endif
+    }
+  }
+}
 
 // A general score mod's parameters staged in shared memory (ParamCache, cuda/flash_forward.cuh):
 // each parameter is staged while it fits (48 KiB in the backward, 8 KiB in the forward), the rest

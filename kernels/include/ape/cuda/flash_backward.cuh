@@ -47,11 +47,20 @@ namespace detail {
 //   kBwdWideSub the wide layout at D = 128 with steps of 64 queries in sub-tiles of 32
 //               (APE_CUDA_BWD_SUBTILES=1: BwdTiles below);
 //   kBwdWideTma the wide layout with its dQ' tiles added by TMA reductions from shared memory, as
-//               the wgmma layout adds them (sm_90a, D 64 and 128; APE_CUDA_DQ_TMA=1).
+//               the wgmma layout adds them (sm_90a, D 64 and 128; APE_CUDA_DQ_TMA=1);
+//   kBwdSquare  8 warps, 128 keys, 64 queries per step, FlashAttention-2's tiling of the products
+//               (APE_CUDA_BWD_SQUARE=1, encodings without a score mod of their own or value rows,
+//               D = 128; flash_bwd_square): a warp forms S^T and dP^T for 32 keys x 32
+//               queries, P^T and dS^T go to shared memory, and its dK', dV are 32 keys x D/2
+//               columns, its dQ' 32 queries x D/4 columns. The others keep P^T and dS^T in
+//               registers (A fragments of dV, dK'), so a warp owns 16 keys x every column and its
+//               S^T tiles are 16 x BQ: every warp reads all of Q' and dO twice a step, 96 bytes of
+//               shared memory per kFLOP at D = 128 where this tiling moves about 63
+//               (bench/results/cuda_sass.md; docs/cuda.md, "Shared memory per FLOP").
 // Every step reloads a Q' and a dO tile and adds a dQ' tile for the block's BK keys, so those
 // bytes per FLOP fall as 1 / BK: the wide layouts move half of what the narrow one does, with the
 // same registers per thread (16 keys per warp either way; the dQ' tile over twice the warps).
-inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 3, kBwdWideTma = 4;
+inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 3, kBwdWideTma = 4, kBwdSquare = 5;
 // kQ: the queries per step, BQ: 32 on mma.sync at D = 128 (its registers: S^T and dP^T beside the
 // 128 of dK' and dV), 64 elsewhere, and 32 where an encoding's shared memory at 64 would exceed
 // the layout's (BwdLayout). kBwdWideSub takes 64 at D = 128 on mma.sync and works in sub-tiles of
@@ -66,6 +75,7 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   // dQ' staged in shared memory and added by TMA reductions (sm_90a): the wgmma layout's way, and
   // the wide layout's in kBwdWideTma.
   static constexpr bool kDqTma = kWgmma || kLayout == kBwdWideTma;
+  static constexpr bool kSquare = kLayout == kBwdSquare;
   static constexpr int kWarps = kLayout == kBwdNarrow ? 4 : 8, kThreads = 32 * kWarps;
   static constexpr size_t kLimit = kLayout == kBwdNarrow ? kSmemLimit : kDqTma ? kSmemLimitSm90 : kSmemLimitWide;
   static constexpr int BK = 16 * kWarps;  // keys per block, 16 per warp
@@ -73,20 +83,29 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   static_assert(BQ == 32 || BQ == 64, "32 or 64 queries per step");
   static constexpr int kSub = kLayout == kBwdWideSub && D == 128 ? 32 : BQ, kSubs = BQ / kSub;  // a step's sub-tiles
   static constexpr int kNT = kSub / 8, kDT = D / 8;
-  // The dQ' tile (BQ x D) over the warps: kQW warps per 16 rows, kQCols columns each (with
-  // wgmma, warpgroup w's product holds columns [w D / 2, (w + 1) D / 2) of every row).
-  static constexpr int kQW = kWarps / (BQ / 16), kQCols = D / kQW;
+  // The dQ' tile (BQ x D) over the warps: kQW warps per 16 kQM rows, kQCols columns each (with
+  // wgmma, warpgroup w's product holds columns [w D / 2, (w + 1) D / 2) of every row; kBwdSquare:
+  // 32 rows, kQM = 2 m16 tiles, by 4 warps of D / 4 columns).
+  static constexpr int kQM = kSquare ? 2 : 1;
+  static constexpr int kQW = kSquare ? 4 : kWarps / (BQ / 16), kQCols = D / kQW;
   static_assert(kQW >= 1 && kQCols % 16 == 0, "the dQ' tile's columns in pairs of n8 tiles");
   static_assert(!kWgmma || (kQW == 2 && (D == 64 || D == 128)), "wgmma: two warpgroups, D 64 or 128");
-  __device__ static int dq_row0(int warp) { return kWgmma ? 16 * (warp % 4) : 16 * (warp / kQW); }
-  __device__ static int dq_col0(int warp) { return kWgmma ? (warp / 4) * kQCols : (warp % kQW) * kQCols; }
+  static_assert(!kSquare || (kWarps == 8 && BQ == 64), "kBwdSquare: 8 warps of 32 x 32 tiles");
+  __device__ static int dq_row0(int warp) {
+    return kWgmma ? 16 * (warp % 4) : kSquare ? 32 * (warp / 4) : 16 * (warp / kQW);
+  }
+  __device__ static int dq_col0(int warp) {
+    return kWgmma ? (warp / 4) * kQCols : (warp % kQW) * kQCols;
+  }
   static constexpr size_t k = 0, v = k + sizeof(In) * BK * D, q = v + sizeof(In) * BK * D;
   static constexpr size_t dout = q + 2 * sizeof(In) * BQ * D;
   static constexpr size_t ds = dout + 2 * sizeof(In) * BQ * D;
   // kDqTma: the step's fp32 dQ' tile, which TMA reductions add to dQ': D / 32 boxes of 32
   // columns, BQ rows of 128 bytes each in TMA's 128-byte swizzle (1024-byte aligned, as every tile
   // here).
-  static constexpr size_t dqs = ds + sizeof(In) * BK * BQ;
+  // kBwdSquare: P^T beside dS^T (BK x BQ, the A fragments of dV).
+  static constexpr size_t ps = ds + sizeof(In) * BK * BQ;
+  static constexpr size_t dqs = ps + (kSquare ? sizeof(In) * BK * BQ : 0);
   static_assert(dqs % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
   static constexpr size_t lse = dqs + (kDqTma ? sizeof(float) * BQ * D : 0);
   static constexpr size_t delta = lse + 2 * sizeof(float) * BQ;
@@ -105,12 +124,13 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
   static constexpr size_t dacc = gsum + sizeof(float) * 2 * kWarps * kDiagLen;
   static constexpr size_t bytes_dist = dacc + sizeof(float) * kDistAcc;
-  static_assert(bytes_dist <= kLimit, "backward tiles exceed the shared memory of a block");
+  // (kBwdSquare has neither the distance nor the row/column sums.)
+  static_assert(kSquare || bytes_dist <= kLimit, "backward tiles exceed the shared memory of a block");
   // Row/column biases: C(j) / scale of the block's BK keys (R(i) goes into the rows' lse), and a
   // 16-byte row of 16-bit ones: the B fragment of the sums' products, by ldmatrix.
   static constexpr size_t rowcol = bytes, ones = rowcol + sizeof(float) * BK;
   static constexpr size_t bytes_rowcol = ones + 16;
-  static_assert(bytes_rowcol <= kLimit, "backward tiles exceed the shared memory of a block");
+  static_assert(kSquare || bytes_rowcol <= kLimit, "backward tiles exceed the shared memory of a block");
 };
 template <class In, int D, bool kWide = true> using FlashBwd = BwdTiles<In, D, kWide ? kBwdWide : kBwdNarrow>;
 template <class In, int D> using HopperBwd = BwdTiles<In, D, kBwdWgmma>;
@@ -146,6 +166,13 @@ template <class Enc, class In, int D, int kLayout> constexpr int flash_bwd_bq() 
 }
 template <class Enc, class In, int D, int kLayout>
 using BwdLayout = BwdTiles<In, D, kLayout, flash_bwd_bq<Enc, In, D, kLayout>()>;
+
+// Whether kBwdSquare applies to Enc at D (16-bit inputs): no score mod of its own (NoPE, the q/k
+// mods: RoPE and its scalings, xPos, ...), no value rows, D = 128. (At D = 64 it compiles and runs,
+// but moves 93 bytes of shared memory per kFLOP where the wide layout moves 95: not worth a kernel.)
+template <class Enc, class In, int D> constexpr bool flash_bwd_square() {
+  return sizeof(In) == 2 && D == 128 && !Enc::kHasScoreMod && value_rows<Enc>() == 0;
+}
 
 // The narrow layout is needed where the wide one's shared memory for Enc exceeds what every
 // claimed architecture allows a block (sm_86/89's 99 KiB: D = 128, 104-117 KiB; value rows' masses
@@ -331,7 +358,7 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
 }
 
 // kOrdered false: the kernel for dQ' in any order (Params::dq_ordered false), of the 128-key
-// mma.sync layouts (kBwdWide, kBwdWideSub). The order's fence, present in a kernel, makes ptxas
+// mma.sync layouts (kBwdWide, kBwdWideSub, kBwdSquare). The order's fence, present in a kernel, makes ptxas
 // compile every reduction in it as a returning atomic (ATOMG) where the kernel without one issues
 // fire-and-forget REDG (bench/results/gpu_h100.md, "The dQ' adds in compiled code"); the other
 // layouts' kernels (kOrdered true) follow Params::dq_ordered at run time.
@@ -362,7 +389,12 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   const int64_t T = p.T, n_kt = (T + BK - 1) / BK, bh = int64_t(blockIdx.x) / n_kt, base = bh * T * D;
   const int kt = static_cast<int>(n_kt - 1 - int64_t(blockIdx.x) % n_kt);
   const int64_t j0 = int64_t(kt) * BK;
-  const int kr0 = 16 * warp;                                    // this warp's keys in the tile
+  constexpr bool kSq = C::kSquare;
+  // This warp's keys in the tile (16, or kBwdSquare's 32: kKM m16 tiles, whose dK' and dV are
+  // columns [dc0, dc0 + D / kKM), kKDT n8 tiles each; its S^T columns are queries [sc0, sc0 + 32)).
+  const int kr0 = kSq ? 32 * (warp % 4) : 16 * warp;
+  [[maybe_unused]] const int sc0 = kSq ? 32 * (warp / 4) : 0, dc0 = kSq ? (D / 2) * (warp / 4) : 0;
+  constexpr int kKM = kSq ? 2 : 1, kKDT = kDT / kKM;
   const int qr0 = C::dq_row0(warp), qc0 = C::dq_col0(warp);  // its dQ' part
   const int64_t n_qt = (T + BQ - 1) / BQ, qt0 = j0 / BQ;
   int *sem = p.dq_sem + bh * n_qt;
@@ -407,6 +439,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   // tensor cores still compute dP^T.
   constexpr bool kEarlyP = kWg && kRaw;
   static_assert(kScaledP == flash_scaled_p<Enc>(), "row_stats_kernel's units");
+  static_assert(!kSq || (!Enc::kHasScoreMod && kVR == 0 && !kDist && !kRC && !kWg && C::kSubs == 1),
+                "kBwdSquare: encodings without a score mod of their own or value rows (flash_bwd_square)");
   const float kf = p.scale * kLog2e;  // kRaw: P' = 2^(s kf - lse')
   float *sB = reinterpret_cast<float *>(smem + C::dist), *sG = reinterpret_cast<float *>(smem + C::gsum);
   [[maybe_unused]] float *sAcc = reinterpret_cast<float *>(smem + C::dacc);
@@ -501,6 +535,24 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   const ptx::SmemAddr lQk = flash::lane_base<D, flash::kRowsByQuad>(sQ);  // B of dK
   const ptx::SmemAddr lDOk = flash::lane_base<D, flash::kRowsByQuad>(sDO);
   const ptx::SmemAddr lDS = flash::lane_base<BQ, flash::kColsByQuad>(sDS);
+  // kBwdSquare: the lane bases with the warp's rows added and its columns XORed in (a row offset is
+  // a multiple of 8 rows, which keeps the swizzle's phase, and adds whole rows; a column offset is
+  // a multiple of the columns its fragment offsets span, so the XORs combine): every fragment
+  // offset below is then a compile-time constant.
+  [[maybe_unused]] ptx::SmemAddr sqK = 0, sqV = 0, sqQn = 0, sqDOn = 0, sqP = 0, sqDSk = 0, sqQk = 0, sqDOk = 0,
+                                 sqDSt = 0, sqKq = 0;
+  if constexpr (kSq) {
+    const auto rows = [](ptx::SmemAddr l, int row_elems, int r0) {
+      return l + static_cast<ptx::SmemAddr>(2 * row_elems * r0);
+    };
+    const auto cols = [](ptx::SmemAddr l, int c0) { return l ^ static_cast<ptx::SmemAddr>(2 * c0); };
+    sqK = rows(lK, D, kr0), sqV = rows(lV, D, kr0);          // A of S^T, dP^T
+    sqQn = rows(lQn, D, sc0), sqDOn = rows(lDOn, D, sc0);    // B of S^T, dP^T
+    sqP = rows(flash::lane_base<BQ, flash::kRowsByQuad>(smem + C::ps), BQ, kr0);  // A of dV
+    sqDSk = rows(flash::lane_base<BQ, flash::kRowsByQuad>(sDS), BQ, kr0);         // A of dK'
+    sqQk = cols(lQk, dc0), sqDOk = cols(lDOk, dc0);          // B of dK', dV
+    sqDSt = cols(lDS, qr0), sqKq = cols(lK, qc0);            // A, B of dQ'
+  }
   float dk[kDT][4] = {}, dv[kDT][4] = {};
   // wgmma (kWg): warpgroup wg = warp / 4 owns keys [64 wg, 64 wg + 64) of the block, so that each
   // warp's accumulator rows are its 16 keys, as with mma.sync, and every element-wise step below
@@ -539,6 +591,27 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   [[maybe_unused]] float *sDQ = reinterpret_cast<float *>(smem + C::dqs);
   [[maybe_unused]] auto dq_box = [&](int r, int c) -> float * {
     return sDQ + (c / 32) * (BQ * 32) + r * 32 + 4 * (((c % 32) / 4) ^ (r & 7)) + c % 4;
+  };
+  // kBwdSquare: acc[4 m + n] += A_m B_n over kK steps of 16 (a warp's 32 x 32 tile: m16 tiles m =
+  // 0, 1, n8 tiles n = 0..3), load_a(a, m, kk) the A fragment of tile m, load_b(b, n, kk) the B
+  // fragments of tiles n and n + 1 (n even).
+  [[maybe_unused]] auto sq_product = [](float(&acc)[8][4], auto k_steps, auto load_a, auto load_b) {
+    #pragma unroll
+    for (int kk = 0; kk < decltype(k_steps)::value; ++kk) {
+      uint32_t a[2][4];
+      #pragma unroll
+      for (int m = 0; m < 2; ++m) load_a(a[m], m, kk);
+      #pragma unroll
+      for (int n = 0; n < 4; n += 2) {
+        uint32_t b[4];
+        load_b(b, n, kk);
+        #pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          flash::mma<In>(acc[4 * m + n], a[m], b);
+          flash::mma<In>(acc[4 * m + n + 1], a[m], b + 2);
+        }
+      }
+    }
   };
   // A saturated step (kSat: every distance of the tile >= the slice's d_sat, unmasked) adds its
   // dS to one fp32 sum per thread instead of its diagonals' sums.
@@ -582,13 +655,54 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     const int cols = static_cast<int>(T - i0 < BQ ? T - i0 : BQ);
     [[maybe_unused]] float cq[4] = {};  // C / scale of the thread's keys, as an accumulator
     if constexpr (kRC) cq[0] = cq[1] = sC[kr0 + g], cq[2] = cq[3] = sC[kr0 + g + 8];
-    [[maybe_unused]] uint32_t pa[kNT / 2][4], dsa[kNT / 2][4];  // kWg: read until the wait after dQ'
+    // kWg: read by the dV and dK' wgmmas until their wait (before the step's second barrier at D =
+    // 128, after dQ' at 64).
+    [[maybe_unused]] uint32_t pa[kNT / 2][4], dsa[kNT / 2][4];
     // The diagonal sums' group that a sub-tile shares with the next (diag_partials).
     [[maybe_unused]] float dcarry[2] = {};
     // The step's sub-tiles (C::kSubs of kSub queries, columns c0 ..; one, but in kBwdWideSub):
     // the arrays below hold one sub-tile's.
+    if constexpr (kSq) {
+      // kBwdSquare: S^T and dP^T for keys [kr0, kr0 + 32) x queries [sc0, sc0 + 32) (tile
+      // 4 m + nt: m16 tile m, n8 tile nt), P^T and dS^T (no score mod of its own: kScaledP) into
+      // their tiles in shared memory for the products after the barrier.
+      // One product after the other (not interleaved as in the other layouts): the A fragments
+      // of one in registers beside the 128 of dK' and dV.
+      float s[8][4] = {}, dp[8][4];
+      auto st_product = [&](float(&acc)[8][4], ptx::SmemAddr lA, ptx::SmemAddr lB) {
+        sq_product(acc, std::integral_constant<int, D / 16>{},
+                   [&](uint32_t(&a)[4], int m, int kk) { flash::ldsm_a(a, flash::frag_at<D>(lA, 16 * m, 16 * kk)); },
+                   [&](uint32_t(&b)[4], int n, int kk) { flash::ldsm_b_nk(b, flash::frag_at<D>(lB, 8 * n, 16 * kk)); });
+      };
+      st_product(s, sqK, sqQn + bo);
+      #pragma unroll
+      for (int x = 0; x < 32; ++x) dp[x / 4][x % 4] = cDelta[sc0 + 8 * (x / 4 % 4) + 2 * t + x % 2];
+      st_product(dp, sqV, sqDOn + bo);
+      In *sP = reinterpret_cast<In *>(smem + C::ps);
+      #pragma unroll
+      for (int m = 0; m < 2; ++m)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int kr = kr0 + 16 * m + g + 8 * h;
+          #pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            float pv[2], dsv[2];
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = sc0 + 8 * nt + 2 * t + e;
+              pv[e] = ptx::ex2(fmaf(s[4 * m + nt][2 * h + e], kf, -cLse[c]));
+              if constexpr (kMasked) pv[e] = kr - c <= dlt && c < cols ? pv[e] : 0.f;
+              dsv[e] = pv[e] * dp[4 * m + nt][2 * h + e];
+            }
+            const uint32_t p2 = flash::pack2<In>(pv[0], pv[1]), ds2 = flash::pack2<In>(dsv[0], dsv[1]);
+            const int off = flash::Swizzle<BQ>::offset(kr, sc0 + 8 * nt + 2 * t);
+            memcpy(sP + off, &p2, 4);
+            memcpy(sDS + off, &ds2, 4);
+          }
+        }
+    }
     #pragma unroll 1
-    for (int sub = 0; sub < C::kSubs; ++sub) {
+    for (int sub = 0; sub < (kSq ? 0 : C::kSubs); ++sub) {
     const int c0 = sub * C::kSub;
     float s[kNT][4] = {}, dp[kNT][4] = {};
     #pragma unroll
@@ -821,7 +935,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     }
     __syncthreads();  // dS^T complete, and the turn is ours
 
-    float dq[kQDT][4] = {};
+    float dq[C::kQM * kQDT][4] = {};  // tile m kQDT + dt: rows qr0 + 16 m, columns qc0 + 8 dt
     [[maybe_unused]] uint32_t ones_q[4];
     if constexpr (kRC && kBiasGrad) ones(ones_q);
     [[maybe_unused]] float row_acc[4] = {};
@@ -849,6 +963,38 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       ptx::fence_regs(reinterpret_cast<float(&)[D / 2]>(dk[0][0]));
       #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) ptx::fence_regs(pa[kk]), ptx::fence_regs(dsa[kk]);
+    } else if constexpr (kSq) {
+      // dV += P^T dO, dK' += dS^T Q' (keys [kr0, kr0 + 32) x columns [dc0, dc0 + D / 2), from the
+      // tiles every warp wrote), then dQ' = dS K' (queries [qr0, qr0 + 32) x columns [qc0, qc0 + D / 4)).
+      #pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        uint32_t ap[2][4], ads[2][4];
+        #pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          flash::ldsm_a(ap[m], flash::frag_at<BQ>(sqP, 16 * m, 16 * kk));
+          flash::ldsm_a(ads[m], flash::frag_at<BQ>(sqDSk, 16 * m, 16 * kk));
+        }
+        #pragma unroll
+        for (int dt = 0; dt < kKDT; dt += 2) {
+          uint32_t b[4];
+          flash::ldsm_b_kn(b, flash::frag_at<D>(sqDOk + bo, 16 * kk, 8 * dt));
+          #pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            flash::mma<In>(dv[kKDT * m + dt], ap[m], b);
+            flash::mma<In>(dv[kKDT * m + dt + 1], ap[m], b + 2);
+          }
+          flash::ldsm_b_kn(b, flash::frag_at<D>(sqQk + bo, 16 * kk, 8 * dt));
+          #pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            flash::mma<In>(dk[kKDT * m + dt], ads[m], b);
+            flash::mma<In>(dk[kKDT * m + dt + 1], ads[m], b + 2);
+          }
+        }
+      }
+      static_assert(kQDT == 4, "kBwdSquare: dQ' in 2 x 4 tiles per warp");
+      sq_product(dq, std::integral_constant<int, BK / 16>{},
+                 [&](uint32_t(&a)[4], int m, int kk) { flash::ldsm_a_t(a, flash::frag_at<BQ>(sqDSt, 16 * kk, 16 * m)); },
+                 [&](uint32_t(&b)[4], int n, int kk) { flash::ldsm_b_kn(b, flash::frag_at<D>(sqKq, 16 * kk, 8 * n)); });
     } else {
       #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
@@ -883,12 +1029,15 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     // one 16-byte chunk), and the staged tile's rows < T to dQ' or dq in 16-byte chunks.
     auto stage_rows = [&](auto at) {
       #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int m = 0; m < C::kQM; ++m)
         #pragma unroll
-        for (int dt = 0; dt < kQDT; ++dt) {
-          const int c = qc0 + 8 * dt + 2 * t;
-          *reinterpret_cast<ptx::F2 *>(at(qr0 + g + 8 * h, c)) = ptx::F2{dq[dt][2 * h], dq[dt][2 * h + 1]};
-        }
+        for (int h = 0; h < 2; ++h)
+          #pragma unroll
+          for (int dt = 0; dt < kQDT; ++dt) {
+            const int c = qc0 + 8 * dt + 2 * t;
+            const float(&v)[4] = dq[kQDT * m + dt];
+            *reinterpret_cast<ptx::F2 *>(at(qr0 + 16 * m + g + 8 * h, c)) = ptx::F2{v[2 * h], v[2 * h + 1]};
+          }
     };
     auto rows_out = [&](auto at) {
       static_assert(BQ * D / 4 % C::kThreads == 0, "whole chunks per thread");
@@ -935,18 +1084,22 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       }
     } else if (first || to_dq) {  // the same for every thread of the block
       auto at = [&](int r, int c) { return dq_stage(buf, r, c / 4) + c % 4; };
+      if constexpr (kSq) __syncthreads();  // every warp's dV and dK' products have read Q' and dO
       stage_rows(at);
       __syncthreads();  // the staged tile is complete
       rows_out(at);
     } else {
       #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t i = i0 + qr0 + g + 8 * h;
-        if (kMasked && i >= T) continue;
-        float *row = p.dqm + base + i * D + qc0 + 2 * t;
+      for (int m = 0; m < C::kQM; ++m)
         #pragma unroll
-        for (int dt = 0; dt < kQDT; ++dt) ptx::red_add2(row + 8 * dt, dq[dt][2 * h], dq[dt][2 * h + 1], p.red_v2);
-      }
+        for (int h = 0; h < 2; ++h) {
+          const int64_t i = i0 + qr0 + 16 * m + g + 8 * h;
+          if (kMasked && i >= T) continue;
+          float *row = p.dqm + base + i * D + qc0 + 2 * t;
+          #pragma unroll
+          for (int dt = 0; dt < kQDT; ++dt)
+            ptx::red_add2(row + 8 * dt, dq[kQDT * m + dt][2 * h], dq[kQDT * m + dt][2 * h + 1], p.red_v2);
+        }
     }
     if constexpr (kDist && kBiasGrad && !kSat) {  // diagonal c - kr = x - (BK - 1): the warps' sets, in order
       const int x = static_cast<int>(threadIdx.x), o = x - (BK - 1);
@@ -1026,7 +1179,15 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     for (int o = 16; o > 0; o /= 2) sat_sum += __shfl_xor_sync(0xffffffffu, sat_sum, o);
     if (lane == 0 && sat_sum != 0.f) dist_g(T - 1) += sat_sum;
   }
-  for (; qt < n_full; ++qt) step(qt, No{}, No{}, unused);
+  // qt = n_full here (qt_sat <= n_full, and the saturated steps end there), so this third copy of
+  // the unmasked step never runs. ptxas compiles it all the same, and its register allocation of
+  // the whole kernel depends on it: without it RoPE's wide layout at D = 128 (sm_90a) spills 24
+  // bytes and its live loop grows 623 -> 637 instructions, while kBwdSquare's loses 230 bytes of
+  // spills. Kept but for kBwdSquare. (bench/cuda_sass_stats.py reports the shortest unmasked copy,
+  // which can be this one: at D = 64 the live copy of RoPE's wide layout has 799 instructions per
+  // step, this one 665.)
+  if constexpr (!kSq)
+    for (; qt < n_full; ++qt) step(qt, No{}, No{}, unused);
   for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();
   __syncthreads();  // every thread's adds to the last query tile, then their release
@@ -1055,22 +1216,22 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   }
 
   // dK' (fp32 scratch; dk itself where dk = dK': flash_dk_direct) and dV.
-  for (int h = 0; h < 2; ++h) {
-    const int64_t j = j0 + kr0 + g + 8 * h;
-    if (j >= T) continue;
-    for (int dt = 0; dt < kDT; ++dt) {
-      const int64_t off = base + j * D + 8 * dt + 2 * t;
+  // (Tile n: keys kr0 + 16 (n / kKDT), columns dc0 + 8 (n % kKDT).)
+  for (int n = 0; n < kDT; ++n)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t j = j0 + kr0 + 16 * (n / kKDT) + g + 8 * h;
+      if (j >= T) continue;
+      const int64_t off = base + j * D + dc0 + 8 * (n % kKDT) + 2 * t;
       if constexpr (flash_dk_direct<Enc>()) {
-        p.dk[off] = from_float<In>(dk[dt][2 * h]);
-        p.dk[off + 1] = from_float<In>(dk[dt][2 * h + 1]);
+        p.dk[off] = from_float<In>(dk[n][2 * h]);
+        p.dk[off + 1] = from_float<In>(dk[n][2 * h + 1]);
       } else {
-        p.dkm[off] = dk[dt][2 * h];
-        p.dkm[off + 1] = dk[dt][2 * h + 1];
+        p.dkm[off] = dk[n][2 * h];
+        p.dkm[off + 1] = dk[n][2 * h + 1];
       }
-      p.dv[off] = from_float<In>(kScaledP ? dv[dt][2 * h] * p.inv_scale : dv[dt][2 * h]);
-      p.dv[off + 1] = from_float<In>(kScaledP ? dv[dt][2 * h + 1] * p.inv_scale : dv[dt][2 * h + 1]);
+      p.dv[off] = from_float<In>(kScaledP ? dv[n][2 * h] * p.inv_scale : dv[n][2 * h]);
+      p.dv[off + 1] = from_float<In>(kScaledP ? dv[n][2 * h + 1] * p.inv_scale : dv[n][2 * h + 1]);
     }
-  }
 }
 
 }  // namespace detail

@@ -308,6 +308,15 @@ inline bool dq_tma_enabled() {
   return v != nullptr && v[0] == '1' && v[1] == '\0';
 }
 
+// Whether the flash backward takes FlashAttention-2's tiling of its products (kBwdSquare: 32 x 32
+// warp tiles of S^T, P^T and dS^T through shared memory; flash_bwd_square) where it applies, in the
+// wide layout's place: APE_CUDA_BWD_SQUARE set to 1. Off by default until a GPU has timed it; the
+// emulated suite checks both.
+inline bool bwd_square_enabled() {
+  const char *v = std::getenv("APE_CUDA_BWD_SQUARE");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 // Whether the flash backward's wide layout at D = 128 runs in steps of 64 queries formed in two
 // sub-tiles of 32 (kBwdWideSub: half the barriers and dQ' turns per query of the 32-query steps,
 // with their registers) instead of steps of 32: APE_CUDA_BWD_SUBTILES set to 1. Off by default
@@ -531,11 +540,25 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     // The wide layout with dQ' by TMA reductions in its place where it is asked for (dq_tma_enabled)
     // on sm_90 (hopper_device), at D 64 and 128.
     const bool tma = kD >= 64 && !wg && !sub && wide && hopper_device() && dq_tma_enabled();
+    // FlashAttention-2's tiling (kBwdSquare) in the others' place where it is asked for
+    // (bwd_square_enabled), applies (flash_bwd_square) and the device gives a block its shared
+    // memory, but under the wgmma layout.
+    [[maybe_unused]] bool square = false;
+    if constexpr (flash_bwd_square<Enc, In, kD>()) {
+      if (!wg && bwd_square_enabled()) {
+        int optin = 0;
+        if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
+        using Q = BwdLayout<Enc, In, kD, kBwdSquare>;
+        square = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, Q>();
+      }
+    }
     int bq = sub ? S::BQ : F::BQ;  // the queries per step of the layout that runs (its semaphores)
     if constexpr (kD >= 64) {
       if (wg) bq = BwdLayout<Enc, In, kD, kBwdWgmma>::BQ;
       if (tma) bq = BwdLayout<Enc, In, kD, kBwdWideTma>::BQ;
     }
+    if constexpr (flash_bwd_square<Enc, In, kD>())
+      if (square) bq = BwdLayout<Enc, In, kD, kBwdSquare>::BQ;
     const int64_t n_qt = (T + bq - 1) / bq;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if constexpr (flash_distance<Enc>()) {
@@ -609,7 +632,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       };
       // dQ' in any order: the 128-key mma.sync layouts' kernels without the order's fence
       // (kOrdered).
-      if constexpr (kLayout == kBwdWide || kLayout == kBwdWideSub)
+      if constexpr (kLayout == kBwdWide || kLayout == kBwdWideSub || kLayout == kBwdSquare)
         if (!p.dq_ordered) return go(flash_backward_kernel<Enc, In, kD, false, kLayout>);
       return go(flash_backward_kernel<Enc, In, kD, true, kLayout>);
     };
@@ -617,7 +640,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     using Wide = std::integral_constant<int, kBwdWide>;
     if constexpr (kD >= 64) {
       if (wg) err = run(std::integral_constant<int, kBwdWgmma>{});
-      else if (sub) {
+      else if (square) {
+        if constexpr (flash_bwd_square<Enc, In, kD>()) err = run(std::integral_constant<int, kBwdSquare>{});
+      } else if (sub) {
         if constexpr (S::kSubs > 1) err = run(std::integral_constant<int, kBwdWideSub>{});
       } else if (tma) err = run(std::integral_constant<int, kBwdWideTma>{});
       else if constexpr (flash_bwd_fallback<Enc, In, kD>()) err = wide ? run(Wide{}) : run(Narrow{});
