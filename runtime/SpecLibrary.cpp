@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -173,6 +174,33 @@ struct RemoveOnExit {
   }
 };
 
+// A compiled library's fingerprint, "<bytes> <fnv1a>": written beside it (library.fnv) before its
+// folder is renamed into the cache, and compared before every load from the cache. A library
+// damaged there (a truncated copy, a full disk) would otherwise crash dlopen (SIGBUS) rather than
+// fail.
+std::string library_fingerprint(const fs::path &so) {
+  std::ifstream f(so, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return std::to_string(bytes.size()) + " " + hex16(fnv1a(bytes.data(), bytes.size()));
+}
+void write_fingerprint(const fs::path &folder, const fs::path &so) {
+  std::ofstream(folder / "library.fnv") << library_fingerprint(so) << "\n";
+}
+// Whether `so` in the cache folder `dir` is there and whole (its fingerprint). One that is there
+// but damaged, or has no fingerprint (a cache of an older APE), is removed with its folder, with a
+// note, to be compiled again.
+bool intact_in_cache(const fs::path &dir, const fs::path &so, std::ostream *log) {
+  std::error_code ec;
+  if (!fs::is_regular_file(so, ec)) return false;
+  std::ifstream f(dir / "library.fnv");
+  std::string want;
+  if (std::getline(f, want) && want == library_fingerprint(so)) return true;
+  if (log) *log << "[spec] " << so.string() << " is damaged or unverified in the cache: compiling it again\n";
+  fs::remove_all(dir, ec);
+  if (ec) throw std::runtime_error("cannot remove the damaged cache folder " + dir.string() + ": " + ec.message());
+  return false;
+}
+
 // `entry` of the library at `lib` (kept loaded for the process).
 const KernelEntry *open_library(const fs::path &lib, const std::string &name) {
   void *h = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -254,7 +282,7 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
   // rename below keeps the cache whole where the lock is not honoured).
   const FileLock lock((cache / (dir.filename().string() + ".lock")).string());
   std::error_code ec;
-  if (fs::is_regular_file(so, ec)) {
+  if (intact_in_cache(dir, so, o.log)) {
     lib.cached = true;
   } else {
     // 4. Compile in gen/ (the baseline unit, and the level's through a two-line wrapper, as the
@@ -276,6 +304,7 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
       throw std::runtime_error("the kernel apec generated from " + path + " does not compile (a bug in APE: "
                                "please report it with the spec):\n" + join_command(cmd) + "\n" + head_lines(out, 40));
     std::ofstream(gen / "command.txt") << join_command(cmd) << "\n";
+    write_fingerprint(gen, gen / so.filename());
     fs::rename(gen, dir, ec);
     if (ec && !fs::is_regular_file(so)) {  // not another process's finished copy: a real failure
       throw std::runtime_error("cannot move the compiled kernel into the cache " + dir.string() + ": " + ec.message());
@@ -430,7 +459,7 @@ const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, con
   const fs::path so = dir / ("libape_" + lib.name + "_cuda.so");
   const FileLock lock((cache / (dir.filename().string() + ".lock")).string());  // as load() does
   std::error_code ec;
-  const bool cached = fs::is_regular_file(so, ec);
+  const bool cached = intact_in_cache(dir, so, o.log);
   if (!cached) {
     std::vector<std::string> cmd = {nvcc};
     cmd.insert(cmd.end(), flags.begin(), flags.end());
@@ -441,6 +470,7 @@ const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, con
       throw std::runtime_error("the CUDA kernels apec generated for spec '" + lib.name + "' do not compile:\n" +
                                join_command(cmd) + "\n" + head_lines(out, 40));
     std::ofstream(gen / "command.txt") << join_command(cmd) << "\n";
+    write_fingerprint(gen, gen / so.filename());
     fs::rename(gen, dir, ec);
     if (ec && !fs::is_regular_file(so))
       throw std::runtime_error("cannot move the compiled CUDA kernels into the cache " + dir.string() + ": " +

@@ -3,6 +3,10 @@
 // LibTorch reference (forward and autograd gradients, fp64).
 #include "runtime/SpecLibrary.h"
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "runtime/CudaAttention.h"
 #include "runtime_fixtures.h"
 
@@ -100,6 +104,31 @@ TEST(SpecLibrary, SecondLoadComesFromTheCacheAndRegistersOnce) {
   rec["fnv"] = ape::spec_fingerprint(rec["text"].get<std::string>());
   EXPECT_ERROR(ape::register_checkpoint_spec({{"spec", rec}}, "x.ckpt", options()),
                "checkpoint x.ckpt was trained from another spec of encoding 'strict_window'");
+}
+
+// A library damaged in the cache (here cut to 4 KiB: dlopen of it would crash with SIGBUS) fails its
+// fingerprint and is compiled again, with a note; the next load finds it whole. (A truncated copy
+// is renamed over it: the library this process has loaded keeps its own pages.)
+TEST(SpecLibrary, ADamagedCachedLibraryIsCompiledAgain) {
+  namespace fs = std::filesystem;
+  const ape::SpecLibrary a = ape::load_spec_library(kSpecs + "/strict_window.mlir", options());
+  const auto size = fs::file_size(a.library);
+  {
+    std::ifstream in(a.library, std::ios::binary);
+    std::string head(4096, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    std::ofstream(a.library + ".cut", std::ios::binary) << head;
+  }
+  fs::rename(a.library + ".cut", a.library);
+  std::ostringstream log;
+  ape::SpecLibraryOptions o = options();
+  o.log = &log;
+  const ape::SpecLibrary b = ape::load_spec_library(kSpecs + "/strict_window.mlir", o);
+  EXPECT_FALSE(b.cached);
+  EXPECT_NE(log.str().find("is damaged or unverified in the cache: compiling it again"), std::string::npos)
+      << log.str();
+  EXPECT_EQ(fs::file_size(b.library), size);
+  EXPECT_TRUE(ape::load_spec_library(kSpecs + "/strict_window.mlir", options()).cached);
 }
 
 TEST(SpecLibrary, SpecErrorsAreApecsLocatedDiagnostics) {
