@@ -5,6 +5,7 @@
 //   ape-eval --checkpoint runs/exqpe.ckpt --set position_scale=0.5
 //   ape-eval --checkpoint runs/my_encoding.ckpt   # trained with --spec: rebuilt from the spec it holds
 //   ape-eval --checkpoint runs/rope.ckpt --split valid --eval-multiples 1   # the validation books
+#include <cstdio>
 #include <iostream>
 #include <map>
 #include <set>
@@ -27,6 +28,8 @@
 #include "runtime/Util.h"
 
 int main(int argc, char **argv) {
+  // Lines reach a log file as they are written (progress to follow, and every line before a crash).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ape::prefer_passive_openmp(argv);
   ape::tune_allocator();
   CLI::App app{"ape-eval: load ape-train checkpoints and report mean token loss / perplexity on the held-out\n"

@@ -194,6 +194,8 @@ void keep_unfinished(const std::string &ckpt) {
 }  // namespace
 
 int main(int argc, char **argv) {
+  // Lines reach a log file as they are written (progress to follow, and every line before a crash).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ape::prefer_passive_openmp(argv);
   ape::tune_allocator();
   CLI::App app{"ape-train: train a small decoder language model with each named encoding on the shipped\n"
@@ -551,7 +553,18 @@ int main(int argc, char **argv) {
     std::vector<ape::EvalRow> all_rows;
     std::vector<std::string> diverged;
     const std::string csv = (fs::path(out_dir) / "results.csv").string();
-    for (const auto &name : encodings) {
+    for (size_t n = 0; n < encodings.size(); ++n) {
+      const std::string &name = encodings[n];
+      // Ctrl-C or SIGTERM during the last encoding's evaluation: no next encoding starts (it would
+      // stop at its first step and replace that encoding's checkpoint). (With data-parallel ranks
+      // the training loop agrees on the stop; a signal between encodings is one rank's.)
+      if (n > 0 && g_stop != 0 && !dp) {
+        std::string rest;
+        for (size_t k = n; k < encodings.size(); ++k) rest += (rest.empty() ? "" : ", ") + encodings[k];
+        if (root) ape::write_csv(csv, all_rows);
+        throw Interrupted("ape-train: stopped (Ctrl-C or SIGTERM) after " + encodings[n - 1] +
+                          "; not trained: " + rest + " (results so far -> " + csv + ")");
+      }
       const std::string ckpt = resumed ? resume_ckpt : (fs::path(out_dir) / (name + ".ckpt")).string();
       if (!resumed && root) keep_unfinished(ckpt);
       std::vector<ape::EvalRow> rows;
@@ -581,6 +594,10 @@ int main(int argc, char **argv) {
                      "Held-out test books (" + std::to_string(corpus.test().num_docs()) +
                          "), cells: mean token loss / perplexity; trained at L = " + std::to_string(tc.seq_len));
     std::cout << "\nresults -> " << csv << "\n";
+    if (g_stop != 0 && !dp) {  // during the last evaluation, which finished: its results are in
+      std::cerr << "ape-train: stopped (Ctrl-C or SIGTERM) during the evaluation, after it finished\n";
+      return 130;
+    }
     if (!diverged.empty()) {
       if (!root) return 1;
       std::string names;

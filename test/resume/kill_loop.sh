@@ -110,5 +110,21 @@ rc=$?
 kill -TERM "$first" 2>/dev/null; wait "$first" 2>/dev/null
 [ "$rc" -eq 1 ] || { cat "$work/lock2.log"; fail "a second run into a busy --out exited $rc, not 1"; }
 grep -q "is in use by another process" "$work/lock2.log" || { cat "$work/lock2.log"; fail "no reason given"; }
+
+# 6. Ctrl-C during an encoding's evaluation: the next encoding does not start (it would stop at its
+# first step and replace its checkpoint); status 130.
+sig=()  # 2 steps of t5, then nope, each evaluated on 200000 tokens (seconds: room for the signal)
+for a in "${short[@]}"; do [ "$a" = 256 ] && sig+=(200000) || sig+=("$a"); done
+set -m  # the background run gets SIGINT as a terminal's Ctrl-C would give it
+"$train" "${sig[@]}" --encoding nope --out "$work/sig" >"$work/sig.log" 2>&1 &
+run=$!
+for _ in $(seq 1 1000); do grep -q "^\[t5\] checkpoint" "$work/sig.log" 2>/dev/null && break; sleep 0.02; done
+sleep 0.2
+kill -INT "$run"; wait "$run"; rc=$?
+set +m
+[ "$rc" -eq 130 ] || { cat "$work/sig.log"; fail "Ctrl-C during the evaluation: status $rc, not 130"; }
+grep -q "not trained: nope" "$work/sig.log" || { cat "$work/sig.log"; fail "no word of the encoding not trained"; }
+[ ! -e "$work/sig/nope.ckpt" ] || fail "the next encoding started after Ctrl-C"
 echo "kill_loop: PASS: $killed kills in $round rounds; the resumed run is bit-identical to the uninterrupted one;"
-echo "  a new run over an unfinished one kept it ($kept); a second run into a busy --out was refused"
+echo "  a new run over an unfinished one kept it ($kept); a second run into a busy --out was refused;"
+echo "  Ctrl-C during an evaluation started no further encoding"
