@@ -168,7 +168,7 @@ template <class In, int D> void print(const char *dt) {
   if constexpr (D == 128) {
     using Q = ape::cuda::detail::BwdTiles<In, D, ape::cuda::detail::kBwdSquare>;
     std::printf("backward_square %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
-                Q::kThreads, Q::bytes, Q::bytes, Q::bytes, 10LL * Q::BK * Q::BQ * D / Q::kWarps, Q::kSubs);
+                Q::kThreads, Q::bytes, Q::bytes_dist, Q::bytes_rowcol, 10LL * Q::BK * Q::BQ * D / Q::kWarps, Q::kSubs);
   }
 }
 int main() {

@@ -49,8 +49,9 @@ namespace detail {
 //   kBwdWideTma the wide layout with its dQ' tiles added by TMA reductions from shared memory, as
 //               the wgmma layout adds them (sm_90a, D 64 and 128; APE_CUDA_DQ_TMA=1);
 //   kBwdSquare  8 warps, 128 keys, 64 queries per step, FlashAttention-2's tiling of the products
-//               (APE_CUDA_BWD_SQUARE=1, encodings without a score mod of their own or value rows,
-//               D = 128; flash_bwd_square): a warp forms S^T and dP^T for 32 keys x 32
+//               (APE_CUDA_BWD_SQUARE=1, encodings without a score mod of their own, or with a
+//               distance or row/column bias, and without value rows, D = 128; flash_bwd_square):
+//               a warp forms S^T and dP^T for 32 keys x 32
 //               queries, P^T and dS^T go to shared memory, and its dK', dV are 32 keys x D/2
 //               columns, its dQ' 32 queries x D/4 columns. The others keep P^T and dS^T in
 //               registers (A fragments of dV, dK'), so a warp owns 16 keys x every column and its
@@ -77,7 +78,9 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   static constexpr bool kDqTma = kWgmma || kLayout == kBwdWideTma;
   static constexpr bool kSquare = kLayout == kBwdSquare;
   static constexpr int kWarps = kLayout == kBwdNarrow ? 4 : 8, kThreads = 32 * kWarps;
-  static constexpr size_t kLimit = kLayout == kBwdNarrow ? kSmemLimit : kDqTma ? kSmemLimitSm90 : kSmemLimitWide;
+  // (kBwdSquare: sm_90's where its distance sums need it; the launch asks the device.)
+  static constexpr size_t kLimit =
+      kLayout == kBwdNarrow ? kSmemLimit : kDqTma || kSquare ? kSmemLimitSm90 : kSmemLimitWide;
   static constexpr int BK = 16 * kWarps;  // keys per block, 16 per warp
   static constexpr int BQ = kQ;           // queries per step
   static_assert(BQ == 32 || BQ == 64, "32 or 64 queries per step");
@@ -124,13 +127,12 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   static constexpr size_t dist = bytes, gsum = dist + 2 * sizeof(float) * kDistLen;
   static constexpr size_t dacc = gsum + sizeof(float) * 2 * kWarps * kDiagLen;
   static constexpr size_t bytes_dist = dacc + sizeof(float) * kDistAcc;
-  // (kBwdSquare has neither the distance nor the row/column sums.)
-  static_assert(kSquare || bytes_dist <= kLimit, "backward tiles exceed the shared memory of a block");
+  static_assert(bytes_dist <= kLimit, "backward tiles exceed the shared memory of a block");
   // Row/column biases: C(j) / scale of the block's BK keys (R(i) goes into the rows' lse), and a
   // 16-byte row of 16-bit ones: the B fragment of the sums' products, by ldmatrix.
   static constexpr size_t rowcol = bytes, ones = rowcol + sizeof(float) * BK;
   static constexpr size_t bytes_rowcol = ones + 16;
-  static_assert(kSquare || bytes_rowcol <= kLimit, "backward tiles exceed the shared memory of a block");
+  static_assert(bytes_rowcol <= kLimit, "backward tiles exceed the shared memory of a block");
 };
 template <class In, int D, bool kWide = true> using FlashBwd = BwdTiles<In, D, kWide ? kBwdWide : kBwdNarrow>;
 template <class In, int D> using HopperBwd = BwdTiles<In, D, kBwdWgmma>;
@@ -168,10 +170,14 @@ template <class Enc, class In, int D, int kLayout>
 using BwdLayout = BwdTiles<In, D, kLayout, flash_bwd_bq<Enc, In, D, kLayout>()>;
 
 // Whether kBwdSquare applies to Enc at D (16-bit inputs): no score mod of its own (NoPE, the q/k
-// mods: RoPE and its scalings, xPos, ...), no value rows, D = 128. (At D = 64 it compiles and runs,
-// but moves 93 bytes of shared memory per kFLOP where the wide layout moves 95: not worth a kernel.)
+// mods: RoPE and its scalings, xPos, ...) or a distance bias (ALiBi, T5, KERPLE) or a row/column
+// bias (Cable), no value rows, D = 128. Its 161 KiB of tiles fit sm_80's and sm_90's blocks with
+// Cable's row/column tables; the distance tables and sums make 175 KiB, sm_90's only (the launch
+// asks the device, and the wide layout runs elsewhere). (At D = 64 it compiles and runs, but moves
+// 93 bytes of shared memory per kFLOP where the wide layout moves 95: not worth a kernel.)
 template <class Enc, class In, int D> constexpr bool flash_bwd_square() {
-  return sizeof(In) == 2 && D == 128 && !Enc::kHasScoreMod && value_rows<Enc>() == 0;
+  return sizeof(In) == 2 && D == 128 && value_rows<Enc>() == 0 &&
+         (!Enc::kHasScoreMod || flash_distance<Enc>() || flash_rowcol<Enc>());
 }
 
 // The narrow layout is needed where the wide one's shared memory for Enc exceeds what every
@@ -439,8 +445,9 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   // tensor cores still compute dP^T.
   constexpr bool kEarlyP = kWg && kRaw;
   static_assert(kScaledP == flash_scaled_p<Enc>(), "row_stats_kernel's units");
-  static_assert(!kSq || (!Enc::kHasScoreMod && kVR == 0 && !kDist && !kRC && !kWg && C::kSubs == 1),
-                "kBwdSquare: encodings without a score mod of their own or value rows (flash_bwd_square)");
+  static_assert(!kSq || (kRaw && kVR == 0 && !kWg && C::kSubs == 1),
+                "kBwdSquare: encodings without a score mod of their own, or with a distance or row/column "
+                "bias, and without value rows (flash_bwd_square)");
   const float kf = p.scale * kLog2e;  // kRaw: P' = 2^(s kf - lse')
   float *sB = reinterpret_cast<float *>(smem + C::dist), *sG = reinterpret_cast<float *>(smem + C::gsum);
   [[maybe_unused]] float *sAcc = reinterpret_cast<float *>(smem + C::dacc);
@@ -484,7 +491,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   // column of ones, an extra n8 tile of the dK' product (key sums, over the block's steps) and
   // of the dQ' product (query rows' sums over the block's keys, by the warps of the first column
   // slice).
-  [[maybe_unused]] float col_acc[4] = {};
+  [[maybe_unused]] float col_acc[kKM][4] = {};  // (kBwdSquare: by the warps of the first column half)
   // The ones: every lane's ldmatrix row is the same 16 bytes (a fresh register pair per use, no
   // copies of one register into pairs).
   [[maybe_unused]] const ptx::SmemAddr lOnes = ptx::smem_addr_of(smem + C::ones);
@@ -667,8 +674,15 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       // 4 m + nt: m16 tile m, n8 tile nt), P^T and dS^T (no score mod of its own: kScaledP) into
       // their tiles in shared memory for the products after the barrier.
       // One product after the other (not interleaved as in the other layouts): the A fragments
-      // of one in registers beside the 128 of dK' and dV.
+      // of one in registers beside the 128 of dK' and dV. S^T starts at the bias (kDist: B / scale
+      // at x = c - kr + BK of the window, kRC: C / scale of the key row), as in the wide layout.
       float s[8][4] = {}, dp[8][4];
+      #pragma unroll
+      for (int x = 0; x < 32; ++x) {
+        const int m = x / 16, nt = x / 4 % 4, h = x % 4 / 2, e = x % 2;
+        if constexpr (kDist) s[x / 4][x % 4] = tb[sc0 + 8 * nt + e - 8 * h - 16 * m];
+        if constexpr (kRC) s[x / 4][x % 4] = sC[kr0 + 16 * m + g + 8 * h];
+      }
       auto st_product = [&](float(&acc)[8][4], ptx::SmemAddr lA, ptx::SmemAddr lB) {
         sq_product(acc, std::integral_constant<int, D / 16>{},
                    [&](uint32_t(&a)[4], int m, int kk) { flash::ldsm_a(a, flash::frag_at<D>(lA, 16 * m, 16 * kk)); },
@@ -693,6 +707,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
               pv[e] = ptx::ex2(fmaf(s[4 * m + nt][2 * h + e], kf, -cLse[c]));
               if constexpr (kMasked) pv[e] = kr - c <= dlt && c < cols ? pv[e] : 0.f;
               dsv[e] = pv[e] * dp[4 * m + nt][2 * h + e];
+              dp[4 * m + nt][2 * h + e] = dsv[e];  // for the distance sums
+              if constexpr (kSat) sat_sum += dsv[e];
             }
             const uint32_t p2 = flash::pack2<In>(pv[0], pv[1]), ds2 = flash::pack2<In>(dsv[0], dsv[1]);
             const int off = flash::Swizzle<BQ>::offset(kr, sc0 + 8 * nt + 2 * t);
@@ -700,6 +716,21 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
             memcpy(sDS + off, &ds2, 4);
           }
         }
+      // The warp's diagonal sums of dS into its two sets: its 32 x 32 tile as one 16 x 48 tile of
+      // the same diagonals (key row kr0 + 16 + r, query column c is on the diagonal of row kr0 + r
+      // and column c - 16): n8 tile n of the 16 x 48 holds m16 tile 1's n8 tile n (n < 4) plus m16
+      // tile 0's n8 tile n - 2 (n >= 2), its column 0 at query column sc0 - 16.
+      if constexpr (kDist && kBiasGrad && !kSat) {
+        float v[6][4];
+        #pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          v[0][x] = dp[4][x], v[1][x] = dp[5][x];
+          v[2][x] = dp[6][x] + dp[0][x], v[3][x] = dp[7][x] + dp[1][x];
+          v[4][x] = dp[2][x], v[5][x] = dp[3][x];
+        }
+        diag_partials<6>(v, sG + 2 * warp * C::kDiagLen, sG + (2 * warp + 1) * C::kDiagLen, BK - 1 - kr0 + sc0 - 16,
+                         dcarry, false, false);
+      }
     }
     #pragma unroll 1
     for (int sub = 0; sub < (kSq ? 0 : C::kSubs); ++sub) {
@@ -858,7 +889,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       for (int kk = 0; kk < kNT / 2; ++kk) {
         flash::acc_to_a<In>(pa[kk], s[2 * kk], s[2 * kk + 1]);
         flash::acc_to_a<In>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
-        if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, dsa[kk], ones_k + 2 * (kk & 1));  // key sums
+        if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc[0], dsa[kk], ones_k + 2 * (kk & 1));  // key sums
       }
       ptx::wgmma_fence();
       #pragma unroll
@@ -880,7 +911,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         uint32_t ap[4], ads[4];
         flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
         flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
-        if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc, ads, ones_k + 2 * (kk & 1));  // key sums
+        if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc[0], ads, ones_k + 2 * (kk & 1));  // key sums
         #pragma unroll
         for (int dt = 0; dt < kDT; dt += 2) {
           uint32_t b[4];
@@ -938,7 +969,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     float dq[C::kQM * kQDT][4] = {};  // tile m kQDT + dt: rows qr0 + 16 m, columns qc0 + 8 dt
     [[maybe_unused]] uint32_t ones_q[4];
     if constexpr (kRC && kBiasGrad) ones(ones_q);
-    [[maybe_unused]] float row_acc[4] = {};
+    [[maybe_unused]] float row_acc[C::kQM][4] = {};
     if constexpr (kWg) {
       // dQ'(rows, this warpgroup's columns) = dS K', dS read from dS^T's tile as an MN-major A.
       float(&dqf)[C::kQCols / 2] = reinterpret_cast<float(&)[C::kQCols / 2]>(dq[0][0]);
@@ -954,7 +985,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         for (int kk = 0; kk < BK / 16; ++kk) {
           uint32_t a[4];
           flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
-          flash::mma<In>(row_acc, a, ones_q + 2 * (kk & 1));
+          flash::mma<In>(row_acc[0], a, ones_q + 2 * (kk & 1));
         }
       }
       ptx::wgmma_wait<0>();  // dQ', and dV, dK' of this step: their operands are free
@@ -973,6 +1004,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         for (int m = 0; m < 2; ++m) {
           flash::ldsm_a(ap[m], flash::frag_at<BQ>(sqP, 16 * m, 16 * kk));
           flash::ldsm_a(ads[m], flash::frag_at<BQ>(sqDSk, 16 * m, 16 * kk));
+          if constexpr (kRC && kBiasGrad)  // the key sums, by the warps of the first column half
+            if (dc0 == 0) flash::mma<In>(col_acc[m], ads[m], ones_q + 2 * (kk & 1));
         }
         #pragma unroll
         for (int dt = 0; dt < kKDT; dt += 2) {
@@ -995,12 +1028,23 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       sq_product(dq, std::integral_constant<int, BK / 16>{},
                  [&](uint32_t(&a)[4], int m, int kk) { flash::ldsm_a_t(a, flash::frag_at<BQ>(sqDSt, 16 * kk, 16 * m)); },
                  [&](uint32_t(&b)[4], int n, int kk) { flash::ldsm_b_kn(b, flash::frag_at<D>(sqKq, 16 * kk, 8 * n)); });
+      if constexpr (kRC && kBiasGrad)  // the query rows' sums, by the warps of the first column quarter
+        if (qc0 == 0) {
+          #pragma unroll
+          for (int kk = 0; kk < BK / 16; ++kk)
+            #pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              uint32_t a[4];
+              flash::ldsm_a_t(a, flash::frag_at<BQ>(sqDSt, 16 * kk, 16 * m));
+              flash::mma<In>(row_acc[m], a, ones_q + 2 * (kk & 1));
+            }
+        }
     } else {
       #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
         uint32_t a[4];
         flash::ldsm_a_t(a, flash::frag_at<BQ>(lDS, 16 * kk, qr0));
-        if constexpr (kRC && kBiasGrad) flash::mma<In>(row_acc, a, ones_q + 2 * (kk & 1));  // row sums
+        if constexpr (kRC && kBiasGrad) flash::mma<In>(row_acc[0], a, ones_q + 2 * (kk & 1));  // row sums
         #pragma unroll
         for (int dt = 0; dt < kQDT; dt += 2) {
           uint32_t b[4];
@@ -1121,10 +1165,13 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     }
     if constexpr (kRC && kBiasGrad) {  // the rows' sums over the block's keys, in our turn
       const bool mine = qc0 == 0 && t == 0;
-      const int rows_left = static_cast<int>(T - i0 < BQ ? T - i0 : BQ) - (qr0 + g);
-      float *rg = p.row_g + bh * T + i0 + qr0 + g;
-      if (mine && rows_left > 0) atomicAdd(rg, row_acc[0]);
-      if (mine && rows_left > 8) atomicAdd(rg + 8, row_acc[2]);
+      #pragma unroll
+      for (int m = 0; m < C::kQM; ++m) {
+        const int rows_left = static_cast<int>(T - i0 < BQ ? T - i0 : BQ) - (qr0 + 16 * m + g);
+        float *rg = p.row_g + bh * T + i0 + qr0 + 16 * m + g;
+        if (mine && rows_left > 0) atomicAdd(rg, row_acc[m][0]);
+        if (mine && rows_left > 8) atomicAdd(rg + 8, row_acc[m][2]);
+      }
     }
     if constexpr (value_table_trains<Enc>()) {
       // The step's masses, complete since the barrier before dQ' (the next adds follow the next
@@ -1208,11 +1255,12 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     }
   }
   if constexpr (kRC && kBiasGrad) {  // one gradient call per key of the block
-    for (int h = 0; h < 2; ++h) {
-      const int64_t j = j0 + kr0 + g + 8 * h;
-      const float sum = col_acc[2 * h];  // every lane of the quad holds it
-      if (t == 0 && sum != 0.f && j < T) Enc::col_bias_grad(ctx, j, sum * p.inv_scale);
-    }
+    for (int m = 0; m < kKM; ++m)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t j = j0 + kr0 + 16 * m + g + 8 * h;
+        const float sum = col_acc[m][2 * h];  // every lane of the quad holds it
+        if (t == 0 && dc0 == 0 && sum != 0.f && j < T) Enc::col_bias_grad(ctx, j, sum * p.inv_scale);
+      }
   }
 
   // dK' (fp32 scratch; dk itself where dk = dK': flash_dk_direct) and dV.

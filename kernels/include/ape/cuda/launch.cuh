@@ -265,21 +265,26 @@ inline bool hopper_device() {
 #endif
 }
 
+// Whether environment variable `name` is exactly the one character `value` (the opt-ins below:
+// "1" turns one on, "0" one off; any other value leaves the default).
+inline bool env_is(const char *name, char value) {
+  const char *v = std::getenv(name);
+  return v != nullptr && v[0] == value && v[1] == '\0';
+}
+
 // Whether the 16-bit forward takes the Hopper kernel on sm_90 (hopper_device): yes unless
 // APE_CUDA_HOPPER_FORWARD=0, which runs the FlashAttention-2-class forward there instead: the GPU
 // check times both per head dim (issue 30 measured the latter faster at D = 64, before the Hopper
 // forward's descriptor rework), so the choice per head dim can follow a measurement.
 inline bool hopper_forward_enabled() {
-  const char *v = std::getenv("APE_CUDA_HOPPER_FORWARD");
-  return !(v != nullptr && v[0] == '0' && v[1] == '\0');
+  return !env_is("APE_CUDA_HOPPER_FORWARD", '0');
 }
 
 // Whether the Hopper forward's two consumer warpgroups take turns issuing their products
 // (Params::pingpong, FlashAttention-3's scheduling): APE_CUDA_PINGPONG set to 1. Off by default
 // until a GPU has timed it against the free-running consumers; the emulated suite checks both.
 inline bool hopper_pingpong_enabled() {
-  const char *v = std::getenv("APE_CUDA_PINGPONG");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return env_is("APE_CUDA_PINGPONG", '1');
 }
 
 // Whether the Hopper forward runs a block per SM that claims its tiles, heaviest first, from a
@@ -287,16 +292,14 @@ inline bool hopper_pingpong_enabled() {
 // load while the block finishes the last) instead of a block per tile: APE_CUDA_PERSISTENT set to
 // 1. Off by default until a GPU has timed it; the emulated suite checks both.
 inline bool hopper_persistent_enabled() {
-  const char *v = std::getenv("APE_CUDA_PERSISTENT");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return env_is("APE_CUDA_PERSISTENT", '1');
 }
 
 // Whether the flash backward may take its wgmma layout on sm_90 (kBwdWgmma): APE_CUDA_WGMMA_BACKWARD
 // set to 1. Off by default until a GPU has timed it against the mma.sync layout; the emulated
 // suite checks it (posing as sm_90) and the GPU check runs its suite and benchmark both ways.
 inline bool hopper_backward_enabled() {
-  const char *v = std::getenv("APE_CUDA_WGMMA_BACKWARD");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return env_is("APE_CUDA_WGMMA_BACKWARD", '1');
 }
 
 // Whether the flash backward's wide layout on sm_90 (hopper_device) adds its dQ' tiles by TMA
@@ -304,8 +307,7 @@ inline bool hopper_backward_enabled() {
 // reductions: APE_CUDA_DQ_TMA set to 1, at D 64 and 128. Off by default until a GPU has timed it
 // against the wide layout; the emulated suite checks both.
 inline bool dq_tma_enabled() {
-  const char *v = std::getenv("APE_CUDA_DQ_TMA");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return env_is("APE_CUDA_DQ_TMA", '1');
 }
 
 // Whether the flash backward takes FlashAttention-2's tiling of its products (kBwdSquare: 32 x 32
@@ -313,8 +315,7 @@ inline bool dq_tma_enabled() {
 // wide layout's place: APE_CUDA_BWD_SQUARE set to 1. Off by default until a GPU has timed it; the
 // emulated suite checks both.
 inline bool bwd_square_enabled() {
-  const char *v = std::getenv("APE_CUDA_BWD_SQUARE");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return env_is("APE_CUDA_BWD_SQUARE", '1');
 }
 
 // Whether the flash backward's wide layout at D = 128 runs in steps of 64 queries formed in two
@@ -322,8 +323,7 @@ inline bool bwd_square_enabled() {
 // with their registers) instead of steps of 32: APE_CUDA_BWD_SUBTILES set to 1. Off by default
 // until a GPU has timed it against the wide layout; the emulated suite checks both.
 inline bool bwd_subtiles_enabled() {
-  const char *v = std::getenv("APE_CUDA_BWD_SUBTILES");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return env_is("APE_CUDA_BWD_SUBTILES", '1');
 }
 
 // The current device's compute capability major (0 when it cannot be read).
