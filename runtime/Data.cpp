@@ -266,9 +266,12 @@ std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, c
 
 Corpus Corpus::open(const DataOptions &opts) {
   std::ostream &log = opts.log ? *opts.log : std::cerr;
-  if (opts.data_dir.empty() || !fs::is_directory(opts.data_dir))
-    throw std::runtime_error("data folder '" + opts.data_dir +
-                             "' does not exist (it should hold SPLITS.tsv and clean.tar.xz; pass --data DIR)");
+  if (opts.data_dir.empty() || !fs::is_directory(opts.data_dir)) {
+    std::error_code ec;
+    throw std::runtime_error("data folder '" + opts.data_dir + "' " +
+                             (fs::exists(opts.data_dir, ec) ? "is a file, not a folder" : "does not exist") +
+                             " (it should hold SPLITS.tsv and clean.tar.xz; pass --data DIR)");
+  }
   if (opts.vocab < 300 || opts.vocab > 65535)
     throw std::invalid_argument("vocab must be in [300, 65535], got " + std::to_string(opts.vocab));
   const auto splits = read_splits((fs::path(opts.data_dir) / "SPLITS.tsv").string());

@@ -438,18 +438,19 @@ torch::Tensor LanguageModelImpl::embed(const torch::Tensor &tokens, int64_t pos0
   return x + position_table(rows, x.scalar_type()).narrow(0, pos0, T).unsqueeze(0);
 }
 
-std::vector<std::string> LanguageModelImpl::settable_params() const {
+std::vector<std::string> settable_params(const Manifest &m) {
   std::vector<std::string> out;
-  for (const auto &p : manifest().params)
+  for (const auto &p : m.params)
     if (p.fixed()) out.push_back(p.name);
   return out;
 }
 
-void LanguageModelImpl::set_fixed_param(const std::string &name, double value) {
-  const Manifest &m = manifest();
+std::vector<std::string> LanguageModelImpl::settable_params() const { return ape::settable_params(manifest()); }
+
+int64_t check_fixed_param(const Manifest &m, const std::string &name, double value) {
   auto settable = [&] {
     std::string list;
-    for (const auto &n : settable_params()) list += (list.empty() ? "" : ", ") + n;
+    for (const auto &n : settable_params(m)) list += (list.empty() ? "" : ", ") + n;
     return list.empty() ? std::string("(none)") : list;
   };
   const int64_t idx = m.param_index(name);
@@ -467,6 +468,11 @@ void LanguageModelImpl::set_fixed_param(const std::string &name, double value) {
   const ape_rules::Range range = p.range ? *p.range : ape_rules::kFiniteF32;
   if (std::string why = range.check(value); !why.empty())
     throw std::invalid_argument("param '" + name + "' of encoding '" + m.encoding + "' " + why);
+  return idx;
+}
+
+void LanguageModelImpl::set_fixed_param(const std::string &name, double value) {
+  const int64_t idx = check_fixed_param(manifest(), name, value);
   torch::NoGradGuard g;
   for (auto &b : blocks) b->attn->stored_param(static_cast<size_t>(idx)).fill_(value);
 }

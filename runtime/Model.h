@@ -113,6 +113,14 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// The fixed params of an encoding (not trainable, not derived: e.g. "rope_factor"), by name.
+std::vector<std::string> settable_params(const Manifest &m);
+// Whether `name` = `value` can be set in a model of `m`'s encoding: returns the param's index;
+// unknown, trainable or derived names, or a value outside the param's range (the spec's rule):
+// std::invalid_argument naming the reason and the settable names. (ape-train checks every
+// encoding's --set before training the first.)
+int64_t check_fixed_param(const Manifest &m, const std::string &name, double value);
+
 class LanguageModelImpl : public torch::nn::Module {
  public:
   // Builds the model for `entry` (which must match cfg.encoding when that is set).
@@ -139,8 +147,8 @@ class LanguageModelImpl : public torch::nn::Module {
 
   // Fixed params (not trainable, not derived: e.g. "rope_factor", "position_scale"), by name.
   std::vector<std::string> settable_params() const;
-  // Sets every copy (all layers and shared) of the fixed param `name` to `value`. Unknown,
-  // trainable or derived names: std::invalid_argument listing the settable names.
+  // Sets every copy (all layers and shared) of the fixed param `name` to `value`, as checked by
+  // check_fixed_param below.
   void set_fixed_param(const std::string &name, double value);
   // Mean next-token cross-entropy of windows (B, T+1): inputs [:, :-1], targets [:, 1:].
   torch::Tensor loss(const torch::Tensor &windows);

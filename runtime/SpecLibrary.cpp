@@ -374,7 +374,10 @@ std::string default_spec_cache_dir() {
 namespace {
 SpecLibrary load_file(const std::string &path, const SpecLibraryOptions &opts, const Admit &admit) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw std::runtime_error("spec " + path + ": no such file");
+  if (!fs::is_regular_file(path, ec))
+    throw std::runtime_error("spec " + path + (fs::is_directory(path, ec) ? ": is a folder, not a spec file"
+                                               : fs::exists(path, ec)     ? ": not a regular file"
+                                                                          : ": no such file"));
   return load(path, read_file(path), fs::path(path).filename().string(), opts, admit);
 }
 

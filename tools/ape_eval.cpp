@@ -6,6 +6,7 @@
 //   ape-eval --checkpoint runs/my_encoding.ckpt   # trained with --spec: rebuilt from the spec it holds
 //   ape-eval --checkpoint runs/rope.ckpt --split valid --eval-multiples 1   # the validation books
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <set>
@@ -14,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "runtime/AtomicFile.h"
 #include "runtime/Attention.h"
 #include "runtime/Data.h"
 #include "runtime/Device.h"
@@ -26,6 +28,8 @@
 #include "runtime/Threads.h"
 #include "runtime/Train.h"
 #include "runtime/Util.h"
+
+namespace fs = std::filesystem;
 
 int main(int argc, char **argv) {
   // Lines reach a log file as they are written (progress to follow, and every line before a crash).
@@ -96,6 +100,10 @@ int main(int argc, char **argv) {
     for (const auto &path : specs) ape::register_spec(path, spec_opts);
     if (!encoding.empty()) ape::find_kernel(encoding);  // unknown name: fail now, listing the names
     const ape::ComputeDevice device = ape::choose_device(device_name, precision);
+    if (!csv.empty()) {  // fail now, not after the evaluation
+      const fs::path c(csv);
+      ape::check_writable(c.has_parent_path() ? c.parent_path().string() : ".", c.filename().string());
+    }
     ape::set_threads(threads);
     const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
     std::cout << "[cpu] kernels: " << cpu_level << "\n";

@@ -59,7 +59,8 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   app.add_option("-k,--top-k", so.top_k, "Sample among the k most likely tokens (0: all), in [0, vocab]")
       ->capture_default_str();
-  app.add_option("--seed", so.seed, "Random seed: the same seed, checkpoint and prompt give the same text")
+  int64_t seed = static_cast<int64_t>(so.seed);  // (signed: a negative one is refused, not wrapped)
+  app.add_option("--seed", seed, "Random seed in [0, 2^63): the same seed, checkpoint and prompt give the same text")
       ->capture_default_str();
   bool stop_paragraph = false;
   app.add_flag("--stop-at-eos", stop_paragraph, "Stop after a paragraph break (the tokenizer's </s>)");
@@ -94,6 +95,8 @@ int main(int argc, char **argv) {
 
   try {
     ape::require_in("--threads", threads, 0, ape::kMaxThreads);
+    ape::require_in("--seed", seed, 0, INT64_MAX);
+    so.seed = static_cast<uint64_t>(seed);
     ape::require_in("--score-tokens", score_tokens, 0, int64_t(1) << 24);
     ape::require_in("--chunk", chunk, 1, int64_t(1) << 20);
     if (score_file.empty() && prompt_file.empty() && po->count() == 0)

@@ -258,7 +258,8 @@ int main(int argc, char **argv) {
   run_option(app.add_option("--vocab", mc.vocab, "SentencePiece BPE vocabulary size, in [300, 65535]")->capture_default_str());
   run_option(app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay), in (0, 10]")->capture_default_str());
   run_option(app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps, in [0, 10^9] (at most steps/5 with --steps)")->capture_default_str());
-  run_option(app.add_option("--seed", tc.seed, "Random seed (model init and data order)")->capture_default_str());
+  int64_t seed = static_cast<int64_t>(tc.seed);  // (signed: a negative one is refused, not wrapped)
+  run_option(app.add_option("--seed", seed, "Random seed (model init and data order), in [0, 2^63)")->capture_default_str());
   run_option(app.add_option("--checkpoint-every", tc.checkpoint_every,
                             "Also write the checkpoint every N steps, in [0, 10^9] (0: only by time and at the end)")
                  ->capture_default_str());
@@ -416,6 +417,8 @@ int main(int argc, char **argv) {
       for (const auto &path : specs) encodings.push_back(ape::register_spec(path, spec_opts).name);
       if (encodings.empty())
         throw std::invalid_argument("no encoding given: pass --encoding NAME (see --list) or --spec FILE");
+      ape::require_in("--seed", seed, 0, INT64_MAX);
+      tc.seed = static_cast<uint64_t>(seed);
       tc.steps = steps;
       tc.minutes = minutes;
       if (!*steps_opt && !*minutes_opt) tc.minutes = 2.0;
@@ -489,6 +492,15 @@ int main(int argc, char **argv) {
         if (std::string why = ape_rules::checkRotation(m.rotation->fraction, probe.head_dim()); !why.empty())
           throw std::invalid_argument("encoding '" + e + "' rotates q/k pairs: " + why +
                                       "; choose --d-model / --heads so that head_dim = d_model / heads fits");
+      if (!resumed) {  // every encoding's --set, before the first trains
+        for (const auto &[param, value] : start.sets) {
+          try {
+            ape::check_fixed_param(m, param, value);
+          } catch (const std::exception &ex) {
+            throw std::invalid_argument("--set " + param + ": " + ex.what());
+          }
+        }
+      }
       ape::check_encoding_on(device, ape::find_kernel(e), probe.head_dim(), &std::cout);
       if (root) ape::check_writable(out_dir, e + ".ckpt");
     }

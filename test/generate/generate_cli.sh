@@ -48,6 +48,7 @@ expect_error "is the checkpoint's" -c "$ckpt" --cache-dir "$work/other" --prompt
 expect_error "cannot read --score" -c "$ckpt" --cache-dir "$cache" --score "$work/missing.txt"
 expect_error "excludes" -c "$ckpt" --prompt hi --score "$work/book.txt"
 expect_error "max-tokens" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 0
+expect_error "seed must be a whole number" -c "$ckpt" --cache-dir "$cache" --prompt hi --seed -1
 
 # A checkpoint trained from a spec file (ape-train --spec) decodes from the spec text it holds. The
 # spec divides integers by i - j, 0 on the diagonal: total in the kernels (contract/int_math.h), so

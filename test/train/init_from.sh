@@ -61,4 +61,17 @@ bad "no_such.ckpt" -e rope_pi --init-from "$work/no_such.ckpt" --steps 1 --cache
 bad "cannot be given with it" --resume "$work/ft/rope_pi.ckpt" --init-from "$ckpt"
 bad "--set nosuch" -e rope --init-from "$ckpt" --set nosuch=1 --steps 1 --cache-dir "$cache" --out "$work/x"
 bad "is not a finite number" -e rope --set rope_factor=x --steps 1 --cache-dir "$cache" --out "$work/x"
+# Every encoding's --set is checked before the first trains (rope has no rope_factor).
+bad "encoding 'rope' has no param 'rope_factor'" -e rope_pi,rope --set rope_factor=2 --steps 1 --cache-dir "$cache" \
+  --out "$work/late"
+[ ! -e "$work/late/rope_pi.ckpt" ] || fail "rope_pi trained before rope's --set was refused"
+bad "--seed must be a whole number in \[0," -e rope --seed -1 --steps 1 --cache-dir "$cache" --out "$work/x"
+bad "is a folder, not a spec file" --spec "$work" --steps 1 --cache-dir "$cache" --out "$work/x"
+bad "is a file, not a folder" -e rope --data "$ckpt" --steps 1 --cache-dir "$cache" --out "$work/x"
+# ape-eval: an unwritable --csv fails before the evaluation.
+if "$eval" -c "$ckpt" --cache-dir "$cache" --threads 1 --csv "$ckpt/eval.csv" > "$work/bad.log" 2>&1; then
+  fail "ape-eval accepted --csv under a file"
+fi
+grep -q "cannot be created" "$work/bad.log" || { cat "$work/bad.log"; fail "no clear error for ape-eval --csv under a file"; }
+! grep -q "Held-out" "$work/bad.log" || fail "ape-eval evaluated before refusing its --csv"
 echo "init_from: OK"
