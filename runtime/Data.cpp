@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -178,12 +177,7 @@ std::string text_dir(const DataOptions &o, std::ostream &log) {
   const int rc = std::system(cmd.c_str());
   if (rc != 0 || !fs::is_directory(tmp / "clean")) {
     fs::remove_all(tmp, ec);
-    // std::system returns a wait status: say what happened, not the raw number (512 = exit 2).
-    std::string what;
-    if (rc == -1) what = "could not be started";
-    else if (WIFEXITED(rc)) what = "exited with status " + std::to_string(WEXITSTATUS(rc));
-    else if (WIFSIGNALED(rc)) what = "was killed by signal " + std::to_string(WTERMSIG(rc));
-    else what = "failed";
+    const std::string what = rc == 0 ? "exited with status 0" : system_status_text(rc);
     throw std::runtime_error("cannot unpack corpus archive " + archive + " (`" + cmd + "` " + what +
                              (rc == 0 ? ", but the archive holds no clean/ folder" : "") +
                              "); the archive is missing, corrupt, or xz is not installed");

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "runtime/Util.h"
+
 #ifndef APE_SPM_TOOL
 #define APE_SPM_TOOL ""
 #endif
@@ -16,12 +18,6 @@ namespace fs = std::filesystem;
 
 namespace ape {
 namespace {
-
-std::string quote(const std::string &s) {
-  std::string q = "'";
-  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 std::string log_tail(const std::string &path) {
   std::ifstream f(path);
@@ -34,14 +30,14 @@ std::string log_tail(const std::string &path) {
 
 void run(const std::vector<std::string> &argv, const std::string &log_path, const std::string &what) {
   std::string cmd;
-  for (const auto &a : argv) cmd += (cmd.empty() ? "" : " ") + quote(a);
-  cmd += " > " + quote(log_path) + " 2>&1";
+  for (const auto &a : argv) cmd += (cmd.empty() ? "" : " ") + shell_quote(a);
+  cmd += " > " + shell_quote(log_path) + " 2>&1";
   const int rc = std::system(cmd.c_str());
   std::error_code ec;
   if (rc == 0 && fs::file_size(log_path, ec) == 0 && !ec) fs::remove(log_path, ec);  // nothing to keep
   if (rc != 0)
-    throw std::runtime_error(what + " failed (" + argv[0] + " exited with status " + std::to_string(rc) +
-                             "; log " + log_path + "):\n" + log_tail(log_path));
+    throw std::runtime_error(what + " failed (" + argv[0] + " " + system_status_text(rc) + "; log " + log_path +
+                             "):\n" + log_tail(log_path));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <malloc.h>
 #endif
 #include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -56,6 +57,13 @@ std::string shell_quote(const std::string &s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+std::string system_status_text(int rc) {
+  if (rc == -1) return "could not be started";
+  if (WIFEXITED(rc)) return "exited with status " + std::to_string(WEXITSTATUS(rc));
+  if (WIFSIGNALED(rc)) return "was killed by signal " + std::to_string(WTERMSIG(rc));
+  return "failed (wait status " + std::to_string(rc) + ")";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

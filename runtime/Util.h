@@ -24,6 +24,10 @@ std::string read_file(const std::filesystem::path &p);
 // `s` quoted for /bin/sh: one word, whatever it holds.
 std::string shell_quote(const std::string &s);
 
+// What std::system's wait status `rc` says of the command, for a message: "could not be started"
+// (-1), "exited with status N", "was killed by signal N" (not the raw number: 256 is exit 1).
+std::string system_status_text(int rc);
+
 // Seconds on the steady clock since `t0`.
 double seconds_since(std::chrono::steady_clock::time_point t0);
 

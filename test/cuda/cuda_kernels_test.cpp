@@ -577,18 +577,6 @@ std::vector<std::string> flash_backward_layouts(const Records &records = ape::si
   return out;
 }
 
-// Every flash backward launch of `records` ran `layout`'s kernel for dQ' in any order (kOrdered
-// false: flash_backward_kernel<..., false, L>, without the order's fence), and one ran at least.
-template <class Records = decltype(ape::simt::take_traffic())>
-void expect_any_order_kernel(const std::string &layout, const Records &records = ape::simt::take_traffic()) {
-  const std::vector<std::string> layouts = flash_backward_layouts(records);
-  EXPECT_FALSE(layouts.empty()) << "no flash backward ran";
-  for (const std::string &l : layouts) EXPECT_EQ(l, layout);
-  for (const auto &t : records)
-    if (t.kernel.find("flash_backward_kernel<") != std::string::npos)
-      EXPECT_NE(t.kernel.find(", false, "), std::string::npos) << "the ordered kernel ran: " << t.kernel;
-}
-
 // Runs `name`'s bf16 variants at D 64 and 128 (one slice, T 70) as each architecture the kernels
 // claim, calling check(D, sm) after each run (the emulator's traffic records hold its launches);
 // returns how many ran.
@@ -824,6 +812,29 @@ TEST(CudaLaunch, PersistentHopperForwardMatchesReferences) {
 }
 #endif
 
+// `p` with dQ' in any order (Problem::deterministic false) against the references; under the
+// emulator, every flash backward that ran (one at least) took `layout`, and with `fence_free` its
+// kernel without the order's fence (flash_backward_kernel<..., false, L>: the 128-key mma.sync
+// layouts have one).
+void check_in_any_order(const std::string &name, const ape::cuda::CudaVariant &var, Problem p,
+                        [[maybe_unused]] const std::string &layout, [[maybe_unused]] bool fence_free = true) {
+  p.deterministic = false;
+#ifdef APE_SIMT
+  ape::simt::take_traffic();
+#endif
+  check_problem(name, var, p);
+#ifdef APE_SIMT
+  const auto records = ape::simt::take_traffic();
+  const std::vector<std::string> layouts = flash_backward_layouts(records);
+  EXPECT_FALSE(layouts.empty()) << "no flash backward ran";
+  for (const std::string &l : layouts) EXPECT_EQ(l, layout);
+  if (fence_free)
+    for (const auto &t : records)
+      if (t.kernel.find("flash_backward_kernel<") != std::string::npos)
+        EXPECT_NE(t.kernel.find(", false, "), std::string::npos) << "the ordered kernel ran: " << t.kernel;
+#endif
+}
+
 // The flash backward with its dQ' in any order (CudaAttnArgs::deterministic false: every block
 // reduces into a zeroed dQ' and the conversion pass writes dq, where key tile 0 writes it in
 // order) against the references, through each flash path: no mod (NoPE), fixed and trainable
@@ -846,16 +857,8 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
         SCOPED_TRACE(std::string(name) + " bf16 D=64 B=" + std::to_string(B) + " H=" +
                      std::to_string(H) + " T=" + std::to_string(T) + " sm_" + std::to_string(sm) +
                      ", dQ' in any order");
-        Problem p = make_problem(*e, B, H, T, 64, 9000 * T + 10 * B + H);
-        p.deterministic = false;
-#ifdef APE_SIMT
-        ape::simt::take_traffic();
-#endif
-        check_problem(name, *var, p);
+        check_in_any_order(name, *var, make_problem(*e, B, H, T, 64, 9000 * T + 10 * B + H), "wide");
         if (HasFatalFailure()) return;
-#ifdef APE_SIMT
-        expect_any_order_kernel("wide");
-#endif
         ++checked;
       }
     }
@@ -1007,15 +1010,7 @@ TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
 #ifdef APE_SIMT
     const PoseAs guard(90);
 #endif
-    Problem p = make_problem(*t5, 2, 3, 300, 128, 9490);
-    p.deterministic = false;
-#ifdef APE_SIMT
-    ape::simt::take_traffic();
-#endif
-    check_problem("t5", *var, p);
-#ifdef APE_SIMT
-    expect_any_order_kernel("wide_sub");
-#endif
+    check_in_any_order("t5", *var, make_problem(*t5, 2, 3, 300, 128, 9490), "wide_sub");
   }
 }
 
@@ -1102,16 +1097,9 @@ TEST(CudaLaunch, DqByTmaReductions) {
         Problem p = make_problem(*e, 2, 2, 300, D, 9700 + D);
         expect_same_bits_with_blocks_at_once(*var, p, layout_name);
         if (HasFatalFailure()) return;
-        p.deterministic = false;
         SCOPED_TRACE("dQ' in any order");
-#ifdef APE_SIMT
-        ape::simt::take_traffic();
-#endif
-        check_problem(name, *var, p);
+        check_in_any_order(name, *var, p, layout_name, false);  // (these layouts have no fence-free kernel)
         if (HasFatalFailure()) return;
-#ifdef APE_SIMT
-        for (const std::string &layout : flash_backward_layouts()) EXPECT_EQ(layout, layout_name);
-#endif
         ++checked;
       }
     }
@@ -1223,16 +1211,8 @@ TEST(CudaLaunch, SquareBackwardMatchesReferences) {
     }
     if (std::string(name) != "cable") {
       SCOPED_TRACE(std::string(name) + " bf16 D=128 B=2 H=3 T=300, square, dQ' in any order");
-      Problem p = make_problem(*e, 2, 3, 300, 128, 9960);
-      p.deterministic = false;
-#ifdef APE_SIMT
-      ape::simt::take_traffic();
-#endif
-      check_problem(name, *var, p);
+      check_in_any_order(name, *var, make_problem(*e, 2, 3, 300, 128, 9960), "square");
       if (HasFatalFailure()) return;
-#ifdef APE_SIMT
-      expect_any_order_kernel("square");
-#endif
     }
   }
 }

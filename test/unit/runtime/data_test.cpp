@@ -107,6 +107,10 @@ TEST(Corpus, MissingOrCorruptDataGivesClearErrors) {
   o.data_dir = tmp_path("no_such_dir");
   EXPECT_ERROR(ape::Corpus::open(o), "data folder '" + o.data_dir + "' does not exist");
 
+  o.data_dir = tmp_path("a_file");
+  std::ofstream(o.data_dir) << "not a folder";
+  EXPECT_ERROR(ape::Corpus::open(o), "data folder '" + o.data_dir + "' is a file, not a folder");
+
   o.data_dir = tmp_path("data_no_archive");
   fs::create_directories(o.data_dir);
   std::ofstream(o.data_dir + "/SPLITS.tsv") << "id\tsplit\n1\ttrain\n2\ttest\n";
@@ -117,6 +121,13 @@ TEST(Corpus, MissingOrCorruptDataGivesClearErrors) {
 
   fs::remove(o.data_dir + "/SPLITS.tsv");
   EXPECT_ERROR(ape::Corpus::open(o), "cannot read the split list " + o.data_dir + "/SPLITS.tsv");
+}
+
+// The messages of a command that failed say how (std::system's wait status: 256 is exit 1).
+TEST(Util, SystemStatusSaysHowTheCommandEnded) {
+  EXPECT_EQ(ape::system_status_text(std::system("exit 3")), "exited with status 3");
+  EXPECT_EQ(ape::system_status_text(std::system("kill -9 $$")), "was killed by signal 9");
+  EXPECT_EQ(ape::system_status_text(-1), "could not be started");
 }
 
 // ape-generate's tokenizer lookup: the cache holds one tokenizer per corpus (spm_bpe_<V>_<hash>);
