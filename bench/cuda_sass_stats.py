@@ -145,30 +145,35 @@ template <class In, int D> void print(const char *dt) {
               D, H::kThreads, H::bytes, H::bytes_dist, H::bytes_rowcol, 4LL * 16 * H::BK * D);
   // S^T, dP^T, dV, dK: 16 keys x BQ queries x D each; dQ: BQ x D x BK over the warps.
   // subs: the sub-tiles of a step (BwdTiles::kSubs), a loop inside the step's loop.
-  std::printf("backward %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
-              B::kThreads, B::bytes, B::bytes_dist, B::bytes_rowcol, 8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps,
+  std::printf("backward %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              B::kThreads, B::bytes, B::bytes_dist, B::gsum, B::bytes_rowcol, 8LL * 16 * B::BQ * D + 2LL * B::BQ * D * B::BK / B::kWarps,
               B::kSubs);
   // The narrow layout (64 keys, 4 warps): D = 128 on sm_86/89 only.
-  std::printf("backward_narrow %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
-              N::kThreads, N::bytes, N::bytes_dist, N::bytes_rowcol, 8LL * 16 * N::BQ * D + 2LL * N::BQ * D * N::BK / N::kWarps,
+  std::printf("backward_narrow %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              N::kThreads, N::bytes, N::bytes_dist, N::gsum, N::bytes_rowcol, 8LL * 16 * N::BQ * D + 2LL * N::BQ * D * N::BK / N::kWarps,
               N::kSubs);
   // The wide layout in sub-tiles (APE_CUDA_BWD_SUBTILES=1, D 128): steps of 64 queries.
-  std::printf("backward_sub %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
-              S::kThreads, S::bytes, S::bytes_dist, S::bytes_rowcol, 8LL * 16 * S::BQ * D + 2LL * S::BQ * D * S::BK / S::kWarps,
+  std::printf("backward_sub %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              S::kThreads, S::bytes, S::bytes_dist, S::gsum, S::bytes_rowcol, 8LL * 16 * S::BQ * D + 2LL * S::BQ * D * S::BK / S::kWarps,
               S::kSubs);
   // The wgmma layout (sm_90a, D 64 and 128): 128 keys over two warpgroups, BQ 64.
-  std::printf("backward_wgmma %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
-              W::kThreads, W::bytes, W::bytes_dist, W::bytes_rowcol, 8LL * 16 * W::BQ * D + 2LL * W::BQ * D * W::BK / W::kWarps,
+  std::printf("backward_wgmma %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              W::kThreads, W::bytes, W::bytes_dist, W::gsum, W::bytes_rowcol, 8LL * 16 * W::BQ * D + 2LL * W::BQ * D * W::BK / W::kWarps,
               W::kSubs);
   // The wide layout with dQ' by TMA reductions (APE_CUDA_DQ_TMA=1; sm_90a, D 64 and 128).
-  std::printf("backward_dqtma %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
-              X::kThreads, X::bytes, X::bytes_dist, X::bytes_rowcol, 8LL * 16 * X::BQ * D + 2LL * X::BQ * D * X::BK / X::kWarps,
+  std::printf("backward_dqtma %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+              X::kThreads, X::bytes, X::bytes_dist, X::gsum, X::bytes_rowcol, 8LL * 16 * X::BQ * D + 2LL * X::BQ * D * X::BK / X::kWarps,
               X::kSubs);
   // FlashAttention-2's tiling (APE_CUDA_BWD_SQUARE=1, D 128): the five products over 8 warps.
   if constexpr (D == 128) {
     using Q = ape::cuda::detail::BwdTiles<In, D, ape::cuda::detail::kBwdSquare>;
-    std::printf("backward_square %s %d threads=%d smem=%zu smem_dist=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
-                Q::kThreads, Q::bytes, Q::bytes_dist, Q::bytes_rowcol, 10LL * Q::BK * Q::BQ * D / Q::kWarps, Q::kSubs);
+    std::printf("backward_square %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
+                Q::kThreads, Q::bytes, Q::bytes_dist, Q::gsum, Q::bytes_rowcol, 10LL * Q::BK * Q::BQ * D / Q::kWarps, Q::kSubs);
+    // The same with dQ' by TMA reductions (APE_CUDA_BWD_SQUARE=1 with APE_CUDA_DQ_TMA=1; sm_90a).
+    using QT = ape::cuda::detail::BwdTiles<In, D, ape::cuda::detail::kBwdSquareTma>;
+    std::printf("backward_square_tma %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt,
+                D, QT::kThreads, QT::bytes, QT::bytes_dist, QT::gsum, QT::bytes_rowcol, 10LL * QT::BK * QT::BQ * D / QT::kWarps,
+                QT::kSubs);
   }
 }
 int main() {
@@ -396,6 +401,7 @@ def main():
                 src = gen / f"{enc}_cuda_{args.dtype}_hd{hd}.cu"
                 functor = (gen / f"{enc}_cuda.cuh").read_text()
                 dist = "kDistanceBias = true" in functor
+                fixed = dist and "kBiasFixed = true" in functor  # its windows only in the backward
                 rowcol = not dist and "kRowColBias = true" in functor
                 for arch in args.arch:
                     cubin = Path(work) / f"{enc}_{hd}_{arch}.cubin"
@@ -422,11 +428,13 @@ def main():
                         if kind == "backward":
                             ordered, lay = re.search(r"Li\d+ELb([01])ELi(\d)E", fn).groups()
                             kind = {"0": "backward_narrow", "1": "backward", "2": "backward_wgmma",
-                                    "3": "backward_sub", "4": "backward_dqtma", "5": "backward_square"}[lay]
+                                    "3": "backward_sub", "4": "backward_dqtma", "5": "backward_square",
+                                    "6": "backward_square_tma"}[lay]
                             tiles_kind = kind
                             if ordered == "0":
                                 kind = "backward_anyorder" if lay == "1" else None
-                        if kind is None or (kind in ("hopper_forward", "backward_wgmma", "backward_dqtma")
+                        if kind is None or (kind in ("hopper_forward", "backward_wgmma", "backward_dqtma",
+                                                     "backward_square_tma")
                                             and arch != "90a"):
                             continue  # the wgmma and TMA kernels are a trap without sm_90a code
                         t = tiles[(tiles_kind, args.dtype, hd)]
@@ -436,7 +444,10 @@ def main():
                         total_hmma = sum(1 for _, b in instrs if b.startswith(("HMMA", "HGMMA")))
                         p = pinfo.get(fn, {})
                         # Distance and row/column biases add their tables to the flash kernels.
-                        smem = t["smem_dist" if dist else "smem_rowcol" if rowcol else "smem"] + p.get("smem_static", 0)
+                        key = "smem_dist" if dist else "smem_rowcol" if rowcol else "smem"
+                        if fixed and "smem_dist_fixed" in t:
+                            key = "smem_dist_fixed"
+                        smem = t[key] + p.get("smem_static", 0)
                         blocks, warps, limit = occupancy(int(arch.rstrip("a")), t["threads"], p.get("regs", 0), smem)
                         mflop = t["flops"] / 1e6
                         lsu = sum(smem_bytes(b) for b in loop)
@@ -494,7 +505,8 @@ def main():
                  "at 128 / (bytes per FLOP) FLOP per cycle per SM: at 63 bytes per kFLOP about 530 TFLOP/s "
                  "on an H100 SXM (132 SMs at its 1.98 GHz boost clock), at 96 about 350.")
     bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
-           "backward_wgmma": 960, "backward_anyorder": 960, "backward_dqtma": 960, "backward_square": 960}
+           "backward_wgmma": 960, "backward_anyorder": 960, "backward_dqtma": 960, "backward_square": 960,
+           "backward_square_tma": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")
     lines.append("")

@@ -461,10 +461,10 @@ run() {
     # APE's settings that are off by default until timed, each timed beside the default in the same
     # process (the kernels read the variables at every call; gpu_bench.py --ape-settings): the
     # wgmma backward, the mma.sync backward's steps of 64 queries in sub-tiles (d_h 128), its dQ' by
-    # TMA reductions, its square tiling (FlashAttention-2's), dQ' in any order (what determinism
-    # costs), the Hopper forward's turns, its persistent grid, both.
+    # TMA reductions, its square tiling (FlashAttention-2's; and with dQ' by TMA reductions), dQ' in
+    # any order (what determinism costs), the Hopper forward's turns, its persistent grid, both.
     local settings="wgmma:APE_CUDA_WGMMA_BACKWARD=1,subtiles:APE_CUDA_BWD_SUBTILES=1,dq-tma:APE_CUDA_DQ_TMA=1"
-    settings+=",square:APE_CUDA_BWD_SQUARE=1"
+    settings+=",square:APE_CUDA_BWD_SQUARE=1,square-tma:APE_CUDA_BWD_SQUARE=1+APE_CUDA_DQ_TMA=1"
     settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
     settings+=",pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1"
     settings+=",fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1"
@@ -491,11 +491,17 @@ run() {
       --ape-settings "pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1,fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1,hopper0:APE_CUDA_HOPPER_FORWARD=0" \
       --md "$logs/gpu_bench_forward.md" --csv "$logs/gpu_bench_forward.csv" >"$logs/bench-forward.log" 2>&1 ||
       note+=" (the forward run failed: logs/bench-forward.log)"
-    # A crashed encoding's host stack: APE alone at a small shape under cuda-gdb (this machine has
-    # no gdb), its backtrace in logs/bench-crash-ENC.log.
-    if [ $rc = 3 ] && command -v cuda-gdb >/dev/null; then
+    # A crashed encoding: which step of its operator call fails (bench/op_probe.py: on CPU tensors,
+    # on CUDA tensors without autograd, without grad mode, with autograd; each in a process of its
+    # own, a crashed one again under cuda-gdb) in logs/bench-crash-ENC-probe.log, and its host stack
+    # in the benchmark itself at a small shape under cuda-gdb (this machine has no gdb) in
+    # logs/bench-crash-ENC.log.
+    if [ $rc = 3 ]; then
       local crashed
       for crashed in $(sed -n 's/^\[gpu_bench\] crashed: \([a-z0-9_]*\): .*/\1/p' "$logs/bench.log" | sort -u); do
+        timeout 200 "$py" "$src/bench/op_probe.py" --helper "$bench_libs/${crashed}_torch_library/build/ape_$crashed.py" \
+          --steps cpu,raw,nograd,grad --gdb >"$logs/bench-crash-$crashed-probe.log" 2>&1
+        command -v cuda-gdb >/dev/null || continue
         timeout 120 cuda-gdb -q -batch -ex run -ex bt -ex quit --args "$py" "$src/bench/gpu_bench.py" \
           --libs "$bench_libs" --one-encoding "$crashed" --cells-json "$logs/bench-crash-$crashed.json" \
           --methods ape --configs 1x2x256x128 >"$logs/bench-crash-$crashed.log" 2>&1

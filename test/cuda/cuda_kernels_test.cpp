@@ -557,7 +557,8 @@ struct PoseWithSms {
 // emulator's traffic records (those given, or taken now): "wide" (128 keys per block), "narrow"
 // (64), "wgmma" (128 keys on sm_90a's wgmma), "wide_sub" (the wide layout's 128 keys in steps of
 // 64 queries formed in sub-tiles of 32), "wide_tma" (the wide layout with dQ' by TMA reductions),
-// "square" (FlashAttention-2's tiling of the products), one entry per launch.
+// "square" (FlashAttention-2's tiling of the products), "square_tma" (the same with dQ' by TMA
+// reductions), one entry per launch.
 template <class Records = decltype(ape::simt::take_traffic())>
 std::vector<std::string> flash_backward_layouts(const Records &records = ape::simt::take_traffic()) {
   std::vector<std::string> out;
@@ -572,6 +573,7 @@ std::vector<std::string> flash_backward_layouts(const Records &records = ape::si
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 3") == 0 ? "wide_sub"
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 4") == 0 ? "wide_tma"
                       : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 5") == 0 ? "square"
+                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 6") == 0 ? "square_tma"
                                                                                          : "unknown: " + t.kernel);
     }
   return out;
@@ -1153,8 +1155,8 @@ struct SquareOptIn : EnvScope {
 // square tiling asked for ("" where the test does not expect one; a GPU runs the device's own).
 std::string square_expected(const std::string &name, int sm) {
   if (sm == 86) return "narrow";
-  if (name == "rope" || name == "nope" || name == "cable") return "square";
-  if (name == "t5" || name == "alibi" || name == "kerple") return sm == 90 ? "square" : "wide";
+  if (name == "rope" || name == "nope" || name == "cable" || name == "alibi") return "square";
+  if (name == "t5" || name == "kerple_log" || name == "kerple_power") return sm == 90 ? "square" : "wide";
   return "";
 }
 TEST(CudaLaunch, SquareBackwardMatchesReferences) {
@@ -1216,6 +1218,52 @@ TEST(CudaLaunch, SquareBackwardMatchesReferences) {
     }
   }
 }
+
+// The square tiling with its dQ' tiles added by TMA reductions from shared memory
+// (APE_CUDA_BWD_SQUARE=1 with APE_CUDA_DQ_TMA=1, kBwdSquareTma; sm_90a), posing as sm_90: RoPE,
+// Cable and T5 at D = 128 against the references (T5's saturated steps at T 520), the layout read
+// back; RoPE and Cable bit for bit with the blocks three at once; RoPE with dQ' in any order. As
+// sm_80 the setting does not apply (the square layout runs).
+#ifdef APE_SIMT
+TEST(CudaLaunch, SquareDqTmaMatchesReferences) {
+  const EnvScope opt_in({{"APE_CUDA_BWD_SQUARE", "1"}, {"APE_CUDA_DQ_TMA", "1"}, {"APE_CUDA_WGMMA_BACKWARD", "0"}});
+  int checked = 0;
+  for (const char *name : {"rope", "cable", "t5"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    ASSERT_NE(e, nullptr) << name << " is in the emulated build";
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, dt, 128);
+      ASSERT_NE(var, nullptr) << name << " at D = 128 is in the emulated build";
+      for (auto [B, H, T, sm] : {std::tuple<int64_t, int64_t, int64_t, int>{1, 2, 300, 90}, {2, 3, 77, 90},
+                                 {1, 1, 520, 90}, {1, 2, 300, 80}}) {
+        if (dt == DType::F16 && (T != 300 || sm != 90)) continue;
+        if (T == 520 && std::string(name) != "t5") continue;
+        if (sm == 80 && std::string(name) == "t5") continue;  // (its distance sums: the wide layout there)
+        SCOPED_TRACE(std::string(name) + " " + ape::cuda::dtype_name(dt) + " D=128 B=" + std::to_string(B) +
+                     " H=" + std::to_string(H) + " T=" + std::to_string(T) + " sm_" + std::to_string(sm) +
+                     ", square tiling with dQ' by TMA reductions");
+        const PoseAs guard(sm);
+        ape::simt::take_traffic();
+        check_problem(name, *var, make_problem(*e, B, H, T, 128, 9970 * T + 10 * B + H));
+        if (HasFatalFailure()) return;
+        for (const std::string &layout : flash_backward_layouts()) EXPECT_EQ(layout, sm == 90 ? "square_tma" : "square");
+        ++checked;
+      }
+    }
+    if (std::string(name) == "t5") continue;
+    const PoseAs guard(90);
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 128);
+    SCOPED_TRACE(std::string(name) + " bf16 D=128 B=2 H=2 T=300, square_tma");
+    expect_same_bits_with_blocks_at_once(*var, make_problem(*e, 2, 2, 300, 128, 9980), "square_tma");
+    if (HasFatalFailure()) return;
+    if (std::string(name) == "rope") {
+      check_in_any_order(name, *var, make_problem(*e, 2, 3, 300, 128, 9990), "square_tma", false);
+      if (HasFatalFailure()) return;
+    }
+  }
+  EXPECT_EQ(checked, 12) << "rope and cable: 3 bf16 sizes and poses and f16; t5: 3 bf16 sizes as sm_90 and f16";
+}
+#endif
 
 // A general score mod's parameters staged in shared memory (ParamCache, cuda/flash_forward.cuh):
 // each parameter is staged while it fits (48 KiB in the backward, 8 KiB in the forward), the rest

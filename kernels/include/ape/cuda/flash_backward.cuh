@@ -58,10 +58,13 @@ namespace detail {
 //               S^T tiles are 16 x BQ: every warp reads all of Q' and dO twice a step, 96 bytes of
 //               shared memory per kFLOP at D = 128 where this tiling moves about 63
 //               (bench/results/cuda_sass.md; docs/cuda.md, "Shared memory per FLOP").
+//   kBwdSquareTma kBwdSquare with its dQ' tiles added by TMA reductions from shared memory, as in
+//               kBwdWideTma (sm_90a; APE_CUDA_BWD_SQUARE=1 and APE_CUDA_DQ_TMA=1).
 // Every step reloads a Q' and a dO tile and adds a dQ' tile for the block's BK keys, so those
 // bytes per FLOP fall as 1 / BK: the wide layouts move half of what the narrow one does, with the
 // same registers per thread (16 keys per warp either way; the dQ' tile over twice the warps).
-inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 3, kBwdWideTma = 4, kBwdSquare = 5;
+inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 3, kBwdWideTma = 4, kBwdSquare = 5,
+                     kBwdSquareTma = 6;
 // kQ: the queries per step, BQ: 32 on mma.sync at D = 128 (its registers: S^T and dP^T beside the
 // 128 of dK' and dV), 64 elsewhere, and 32 where an encoding's shared memory at 64 would exceed
 // the layout's (BwdLayout). kBwdWideSub takes 64 at D = 128 on mma.sync and works in sub-tiles of
@@ -74,9 +77,9 @@ constexpr int bwd_default_bq(int D, int kLayout) {
 template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> struct BwdTiles {
   static constexpr bool kWgmma = kLayout == kBwdWgmma;
   // dQ' staged in shared memory and added by TMA reductions (sm_90a): the wgmma layout's way, and
-  // the wide layout's in kBwdWideTma.
-  static constexpr bool kDqTma = kWgmma || kLayout == kBwdWideTma;
-  static constexpr bool kSquare = kLayout == kBwdSquare;
+  // the wide and square layouts' in kBwdWideTma and kBwdSquareTma.
+  static constexpr bool kDqTma = kWgmma || kLayout == kBwdWideTma || kLayout == kBwdSquareTma;
+  static constexpr bool kSquare = kLayout == kBwdSquare || kLayout == kBwdSquareTma;
   static constexpr int kWarps = kLayout == kBwdNarrow ? 4 : 8, kThreads = 32 * kWarps;
   // (kBwdSquare: sm_90's where its distance sums need it; the launch asks the device.)
   static constexpr size_t kLimit =
@@ -155,8 +158,13 @@ template <class Enc, class L> constexpr size_t flash_bwd_mass_bytes() {
   return value_table_trains<Enc>() ? 2 * sizeof(unsigned long long) * L::BQ * value_rows<Enc>() : 0;
 }
 // Dynamic shared memory of the flash backward for Enc in layout L, before a parameter cache.
+// A distance bias without a gradient (traits::BiasFixed: ALiBi's standard slopes) takes only its
+// windows of the table (up to L::gsum): no diagonal sets, no running sums.
 template <class Enc, class L> constexpr size_t flash_bwd_bytes() {
-  return flash_smem_bytes<Enc, L>() + flash_bwd_mass_bytes<Enc, L>();
+  if constexpr (flash_distance<Enc>() && traits::BiasFixed<Enc>::value)
+    return L::gsum + flash_bwd_mass_bytes<Enc, L>();
+  else
+    return flash_smem_bytes<Enc, L>() + flash_bwd_mass_bytes<Enc, L>();
 }
 
 // The layout kLayout of the flash backward for Enc: its queries per step where its shared memory
@@ -172,8 +180,9 @@ using BwdLayout = BwdTiles<In, D, kLayout, flash_bwd_bq<Enc, In, D, kLayout>()>;
 // Whether kBwdSquare applies to Enc at D (16-bit inputs): no score mod of its own (NoPE, the q/k
 // mods: RoPE and its scalings, xPos, ...) or a distance bias (ALiBi, T5, KERPLE) or a row/column
 // bias (Cable), no value rows, D = 128. Its 161 KiB of tiles fit sm_80's and sm_90's blocks with
-// Cable's row/column tables; the distance tables and sums make 175 KiB, sm_90's only (the launch
-// asks the device, and the wide layout runs elsewhere). (At D = 64 it compiles and runs, but moves
+// Cable's row/column tables and ALiBi's distance windows (fixed slopes: no sums); the distance sums
+// of T5 and KERPLE make 175 KiB, sm_90's only (the launch asks the device, and the wide layout
+// runs elsewhere). (At D = 64 it compiles and runs, but moves
 // 93 bytes of shared memory per kFLOP where the wide layout moves 95: not worth a kernel.)
 template <class Enc, class In, int D> constexpr bool flash_bwd_square() {
   return sizeof(In) == 2 && D == 128 && value_rows<Enc>() == 0 &&

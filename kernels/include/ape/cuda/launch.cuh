@@ -542,14 +542,18 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     const bool tma = kD >= 64 && !wg && !sub && wide && hopper_device() && dq_tma_enabled();
     // FlashAttention-2's tiling (kBwdSquare) in the others' place where it is asked for
     // (bwd_square_enabled), applies (flash_bwd_square) and the device gives a block its shared
-    // memory, but under the wgmma layout.
-    [[maybe_unused]] bool square = false;
+    // memory, but under the wgmma layout; with its dQ' by TMA reductions (kBwdSquareTma) where
+    // those are asked for too (dq_tma_enabled) on sm_90.
+    [[maybe_unused]] bool square = false, square_tma = false;
     if constexpr (flash_bwd_square<Enc, In, kD>()) {
       if (!wg && bwd_square_enabled()) {
         int optin = 0;
         if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
         using Q = BwdLayout<Enc, In, kD, kBwdSquare>;
+        using QT = BwdLayout<Enc, In, kD, kBwdSquareTma>;
         square = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, Q>();
+        square_tma = square && hopper_device() && dq_tma_enabled() &&
+                     static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, QT>();
       }
     }
     int bq = sub ? S::BQ : F::BQ;  // the queries per step of the layout that runs (its semaphores)
@@ -557,8 +561,11 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       if (wg) bq = BwdLayout<Enc, In, kD, kBwdWgmma>::BQ;
       if (tma) bq = BwdLayout<Enc, In, kD, kBwdWideTma>::BQ;
     }
-    if constexpr (flash_bwd_square<Enc, In, kD>())
+    if constexpr (flash_bwd_square<Enc, In, kD>()) {
+      static_assert(BwdLayout<Enc, In, kD, kBwdSquare>::BQ == BwdLayout<Enc, In, kD, kBwdSquareTma>::BQ,
+                    "one query tiling for both square layouts");
       if (square) bq = BwdLayout<Enc, In, kD, kBwdSquare>::BQ;
+    }
     const int64_t n_qt = (T + bq - 1) / bq;
     p.dq_sem = scratch.take<int>(BH * n_qt, err);
     if constexpr (flash_distance<Enc>()) {
@@ -641,7 +648,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     if constexpr (kD >= 64) {
       if (wg) err = run(std::integral_constant<int, kBwdWgmma>{});
       else if (square) {
-        if constexpr (flash_bwd_square<Enc, In, kD>()) err = run(std::integral_constant<int, kBwdSquare>{});
+        if constexpr (flash_bwd_square<Enc, In, kD>())
+          err = square_tma ? run(std::integral_constant<int, kBwdSquareTma>{})
+                           : run(std::integral_constant<int, kBwdSquare>{});
       } else if (sub) {
         if constexpr (S::kSubs > 1) err = run(std::integral_constant<int, kBwdWideSub>{});
       } else if (tma) err = run(std::integral_constant<int, kBwdWideTma>{});
