@@ -16,6 +16,7 @@
 // --check fails (exit 1) when a kernel moves more than 2% more bytes than in BASELINE (the same
 // command's committed CSV), or a kernel appears that BASELINE does not have: the CI's guard
 // against traffic regressions. The counts are exact and deterministic (one emulator worker).
+#include <ape/cuda/bwd_layouts.h>
 #include <ape/cuda/kernel_entry.h>
 #include <ape/simt/runtime.h>
 
@@ -132,13 +133,14 @@ std::string short_name(const std::string &full) {
       }
       cur += c;
     }
-    // The flash backward's last argument is its layout (BwdTiles): 0 narrow (64 keys per block),
-    // 1 wide (128), 2 wgmma (128, sm_90a), 3 wide in sub-tiles (APE_CUDA_BWD_SUBTILES=1), 4 wide with
-    // dQ' by TMA reductions (APE_CUDA_DQ_TMA=1), 5 square (APE_CUDA_BWD_SQUARE=1).
+    // The flash backward's last argument is its layout (BwdTiles; its name: cuda/bwd_layouts.h).
     if (base == "flash_backward_kernel") {
       const size_t gt = full.rfind('>', paren), comma = full.rfind(',', gt);
       const std::string last = comma == std::string::npos ? "" : full.substr(comma + 1, gt - comma - 1);
-      args = last == " 0" ? "narrow" : last == " 1" ? "wide" : last == " 2" ? "wgmma" : last == " 3" ? "wide_sub" : last == " 4" ? "wide_tma" : last == " 5" ? "square" : args;
+      const char *name = last.size() == 2 && last[0] == ' ' && last[1] >= '0' && last[1] <= '9'
+                             ? ape::cuda::detail::bwd_layout_name(last[1] - '0')
+                             : nullptr;
+      if (name) args = name;
     }
     if (!args.empty()) base += "<" + args + ">";
   }

@@ -37,6 +37,7 @@
 #include <torch/torch.h>  // before the emulator's CUDA surface and its macros
 
 #include <ape/contract/transition.h>
+#include <ape/cuda/bwd_layouts.h>
 #include <ape/cuda/decode.h>
 #include <ape/cuda/kernel_entry.h>
 #include <ape/cpu/kernel_entry.h>
@@ -566,15 +567,10 @@ std::vector<std::string> flash_backward_layouts(const Records &records = ape::si
     if (t.kernel.find("flash_backward_kernel<") != std::string::npos) {
       const size_t close = t.kernel.find(">(");
       const std::string args = t.kernel.substr(0, close);
-      for (size_t n = 0; n < t.launches; ++n)
-        out.push_back(args.size() >= 3 && args.compare(args.size() - 3, 3, ", 1") == 0   ? "wide"
-                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 0") == 0 ? "narrow"
-                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 2") == 0 ? "wgmma"
-                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 3") == 0 ? "wide_sub"
-                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 4") == 0 ? "wide_tma"
-                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 5") == 0 ? "square"
-                      : args.size() >= 3 && args.compare(args.size() - 3, 3, ", 6") == 0 ? "square_tma"
-                                                                                         : "unknown: " + t.kernel);
+      // Its last template argument, the layout's id (cuda/bwd_layouts.h).
+      const char d = args.size() >= 3 && args.compare(args.size() - 3, 2, ", ") == 0 ? args.back() : '?';
+      const char *layout = d >= '0' && d <= '9' ? ape::cuda::detail::bwd_layout_name(d - '0') : nullptr;
+      for (size_t n = 0; n < t.launches; ++n) out.push_back(layout ? std::string(layout) : "unknown: " + t.kernel);
     }
   return out;
 }

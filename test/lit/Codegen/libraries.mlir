@@ -59,6 +59,7 @@
 // HEADERS-NEXT: ape/cpu/kernel_entry.h
 // HEADERS-NEXT: ape/cuda/attention.cuh
 // HEADERS-NEXT: ape/cuda/backward.cuh
+// HEADERS-NEXT: ape/cuda/bwd_layouts.h
 // HEADERS-NEXT: ape/cuda/common.cuh
 // HEADERS-NEXT: ape/cuda/flash_backward.cuh
 // HEADERS-NEXT: ape/cuda/flash_forward.cuh

@@ -3,6 +3,7 @@
 // kernels only it uses (a distance bias's saturation, the row statistics).
 #pragma once
 
+#include "ape/cuda/bwd_layouts.h"
 #include "ape/cuda/flash_forward.cuh"
 #include "ape/cuda/side_kernels.cuh"
 
@@ -63,8 +64,7 @@ namespace detail {
 // Every step reloads a Q' and a dO tile and adds a dQ' tile for the block's BK keys, so those
 // bytes per FLOP fall as 1 / BK: the wide layouts move half of what the narrow one does, with the
 // same registers per thread (16 keys per warp either way; the dQ' tile over twice the warps).
-inline constexpr int kBwdNarrow = 0, kBwdWide = 1, kBwdWgmma = 2, kBwdWideSub = 3, kBwdWideTma = 4, kBwdSquare = 5,
-                     kBwdSquareTma = 6;
+// (The ids, and the names the tests and tools print: cuda/bwd_layouts.h.)
 // kQ: the queries per step, BQ: 32 on mma.sync at D = 128 (its registers: S^T and dP^T beside the
 // 128 of dK' and dV), 64 elsewhere, and 32 where an encoding's shared memory at 64 would exceed
 // the layout's (BwdLayout). kBwdWideSub takes 64 at D = 128 on mma.sync and works in sub-tiles of
