@@ -69,6 +69,15 @@ FA2 = {"forward": dict(ipm=874, hmma=27.9), "backward": dict(ipm=738, hmma=33.0)
 # dS), 6 LDS, 8 cp.async: 82,688 bytes.
 FA2_SMEM = dict(bytes_per_kflop=63.1)
 FA3 = {"causal": dict(instrs=469, ipm=447, hgmma=16, mufu=66), "non-causal": dict(instrs=594, ipm=412, hgmma=19, mufu=90)}
+# FlashAttention-3's backward (flash_bwd_hdim128_bf16_sm90.cu, same commits and flags; causal,
+# kBlockM 64 x kBlockN 128, two consumer warpgroups raised to 240 registers by setmaxnreg, one
+# producer warpgroup lowered to 24): per consumer warp and iteration of its loop over query tiles
+# (SASS 0x15e0-0x3430 of the kernel without the deterministic order; the deterministic one's loop
+# is one instruction longer), 486 instructions (its causal mask's selects included), 32 HGMMA,
+# 1.3107 MFLOP; through the load/store unit 10,240 bytes (16 LDS: lse and dPsum; 8 STS.128: the
+# dQ tile in the accumulators' own order, which a producer warp adds by a bulk reduction; 4 STSM:
+# dS), by wgmma 32,768.
+FA3_BWD = dict(instrs=486, ipm=371, hgmma=32, lsu_b_per_kflop=7.8, wgmma_b_per_kflop=25.0)
 
 KERNELS = {  # mangled-name fragment -> report name
     "flash_forward_kernel": "forward",
@@ -80,6 +89,7 @@ CLASSES = [  # (column, regex on the opcode)
     ("hmma", r"^(HMMA|HGMMA)"),  # tensor-core instructions: mma.sync and wgmma
     ("mufu", r"^MUFU"),
     ("ldsm", r"^LDSM"),
+    ("stsm", r"^STSM"),  # stmatrix (sm_90)
     ("cp_async", r"^LDGSTS"),
     ("lds", r"^LDS(\.|$)"),
     ("sts", r"^STS(\.|$)"),
@@ -327,10 +337,10 @@ def token_cost(instrs, T):
 
 def smem_bytes(body):
     """Bytes one warp's instruction moves through the load/store unit's shared-memory path:
-    ldmatrix (128 bytes per 8x8 matrix: .x1/.x2/.x4), shared loads and stores (32 lanes x their
+    ldmatrix and stmatrix (128 bytes per 8x8 matrix: .x1/.x2/.x4), shared loads and stores (32 lanes x their
     width), cp.async's writes (LDGSTS); 0 for anything else."""
     op = body.split()[0]
-    if op.startswith("LDSM"):
+    if op.startswith(("LDSM", "STSM")):
         m = re.search(r"\.(\d)$", op)
         return 128 * (int(m.group(1)) if m else 1)
     m = re.match(r"^(LDS|STS|LDGSTS)(\..*)?$", op)
@@ -476,7 +486,7 @@ def main():
              f"; {args.dtype}; per warp and iteration of the steady-state main loop (bench/README.md).", "",
              "| encoding | kernel | d_h | arch | regs | spills st/ld (B) | stack (B) | smem (B) | "
              "blocks/SM (limit) | instrs / iter | MFLOP / iter | instrs / MFLOP | HMMA % | MUFU | "
-             "LDSM | cp.async | LDS/STS | LDG/STG | atomics | BAR | SHFL | LDL+STL | "
+             "LDSM/STSM | cp.async | LDS/STS | LDG/STG | atomics | BAR | SHFL | LDL+STL | "
              "smem B / kFLOP (LSU + wgmma) |",
              "| --- " * 23 + "|"]
     for r in rows:
@@ -484,7 +494,7 @@ def main():
             f"| {r['encoding']} | {r['kernel']} | {r['hd']} | {r['arch']} | {r['regs']} | "
             f"{r['spill_st']}/{r['spill_ld']} | {r['stack']} | {r['smem']} | "
             f"{r['blocks_per_sm']} ({r['occupancy_limit']}) | {r['loop_instrs']} | {r['mflop']} | "
-            f"{r['instrs_per_mflop']} | {r['hmma_share']} | {r['mufu']} | {r['ldsm']} | "
+            f"{r['instrs_per_mflop']} | {r['hmma_share']} | {r['mufu']} | {r['ldsm']}/{r['stsm']} | "
             f"{r['cp_async']} | {r['lds']}/{r['sts']} | {r['ldg']}/{r['stg']} | {r['atomics']} | "
             f"{r['bar']} | {r['shfl']} | {r['local']} | {r['smem_b_per_kflop']} + {r['wgmma_b_per_kflop']} |")
     lines.append("")
@@ -499,13 +509,19 @@ def main():
                  f"{FA3['non-causal']['ipm']} ({FA3['non-causal']['instrs']}, {FA3['non-causal']['hgmma']} HGMMA): "
                  "the reference for the hopper_forward rows.")
     lines.append("")
+    lines.append(f"FlashAttention-3's backward (sm_90a, bf16, d_h = 128, causal; FA3_BWD in this script): "
+                 f"{FA3_BWD['ipm']} instrs/MFLOP ({FA3_BWD['instrs']} per consumer warp and iteration, "
+                 f"{FA3_BWD['hgmma']} HGMMA), {FA3_BWD['lsu_b_per_kflop']} + {FA3_BWD['wgmma_b_per_kflop']} "
+                 "bytes of shared memory per kFLOP: the reference for the backward_wgmma rows, whose bar is "
+                 f"<= 1.3x ({round(1.3 * FA3_BWD['ipm'])}).")
+    lines.append("")
     lines.append(f"Shared memory per kFLOP: FlashAttention-2's backward (PyTorch's build, sm_90, bf16, d_h = 128, "
                  f"causal; FA2_SMEM in this script) {FA2_SMEM['bytes_per_kflop']} bytes through the load/store "
                  "unit (0 by wgmma). At 128 bytes per cycle per SM that pipe alone bounds an mma.sync kernel "
                  "at 128 / (bytes per FLOP) FLOP per cycle per SM: at 63 bytes per kFLOP about 530 TFLOP/s "
                  "on an H100 SXM (132 SMs at its 1.98 GHz boost clock), at 96 about 350.")
     bar = {"forward": 1150, "hopper_forward": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
-           "backward_wgmma": 960, "backward_anyorder": 960, "backward_dqtma": 960, "backward_square": 960,
+           "backward_wgmma": round(1.3 * FA3_BWD["ipm"]), "backward_anyorder": 960, "backward_dqtma": 960, "backward_square": 960,
            "backward_square_tma": 960}
     lines.append("")
     lines.append("Against the bar (d_h = 128):")

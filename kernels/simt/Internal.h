@@ -219,6 +219,7 @@ enum CollectiveKind : int {
   kWmmaMma,
   kMma,
   kLdmatrix,
+  kStmatrix,
   kWgmma,
   kWgmmaFence,
   kWgmmaCommit,

@@ -295,6 +295,60 @@ void ldmatrix(int count, bool trans, uint32_t *regs, const void *row_addr) {
   }, Site{__builtin_return_address(0)});
 }
 
+// ---- stmatrix ---------------------------------------------------------------------------------------
+namespace {
+struct StmatrixArg {
+  int count;
+  bool trans;
+  const uint32_t *regs;
+  void *row;
+};
+}  // namespace
+
+void stmatrix(int count, bool trans, const uint32_t *regs, void *row_addr) {
+  StmatrixArg arg{count, trans, regs, row_addr};
+  collective(kStmatrix, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
+    if (mask != 0xffffffffu) return report(Check::Synccheck, "stmatrix needs all 32 lanes");
+    if (arch() < 90) {  // the instruction does not exist before sm_90: an illegal instruction there
+      std::ostringstream os;
+      os << "stmatrix needs sm_90 or later; the emulator poses as sm_" << arch();
+      return report(Check::Launch, os.str());
+    }
+    const int count = static_cast<StmatrixArg *>(args[0])->count;
+    const bool trans = static_cast<StmatrixArg *>(args[0])->trans;
+    for (unsigned lane = 1; lane < 32; ++lane) {
+      auto *x = static_cast<StmatrixArg *>(args[lane]);
+      if (x->count != count || x->trans != trans)
+        return report(Check::Synccheck, "stmatrix: lanes give different shapes");
+    }
+    uint16_t m[4][8][8];
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      const auto *x = static_cast<StmatrixArg *>(args[lane]);
+      const int r = static_cast<int>(lane / 4), c = 2 * static_cast<int>(lane % 4);
+      for (int mat = 0; mat < count; ++mat) {
+        const auto lo = static_cast<uint16_t>(x->regs[mat]), hi = static_cast<uint16_t>(x->regs[mat] >> 16);
+        (trans ? m[mat][c][r] : m[mat][r][c]) = lo;
+        (trans ? m[mat][c + 1][r] : m[mat][r][c + 1]) = hi;
+      }
+    }
+    Thread *runner = tl_worker.thread;
+    for (int mat = 0; mat < count; ++mat)
+      for (int r = 0; r < 8; ++r) {
+        const unsigned lane = static_cast<unsigned>(8 * mat + r);
+        char *row = static_cast<char *>(static_cast<StmatrixArg *>(args[lane])->row);
+        tl_worker.thread = w.lanes[lane];  // the lane that gives the address writes the row
+        if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+          std::ostringstream os;
+          os << "stmatrix: lane " << lane << " gives a row address that is not 16-byte aligned";
+          report(Check::Memcheck, os.str());
+        }
+        check_access(row, 16, Access::Write, nullptr);
+        std::memcpy(row, m[mat][r], 16);
+      }
+    tl_worker.thread = runner;
+  }, Site{__builtin_return_address(0)});
+}
+
 // ---- 16-byte global accesses ------------------------------------------------------------------------
 void global_load16(void *dst, const void *src) {
   check_access(src, 16, Access::Read, __builtin_return_address(0));

@@ -220,6 +220,39 @@ TEST_F(Simt, LdmatrixGivesEachLaneThePtxIsaElements) {
   }
 }
 
+TEST_F(Simt, StmatrixWritesEachLanesPtxIsaElements) {
+  ape::simt::set_arch(90);  // sm_90's instruction
+  std::vector<uint32_t> regs(128);
+  for (int i = 0; i < 128; ++i)  // distinct halves: lane, register and half recoverable
+    regs[i] = static_cast<uint32_t>(2 * i + 1) | static_cast<uint32_t>(2 * i + 2) << 16;
+  for (bool trans : {false, true}) {
+    std::vector<uint16_t> m;
+    ASSERT_EQ(planted::stmatrix_x4(regs, trans, m), 0);
+    const auto fs = findings();
+    EXPECT_TRUE(fs.empty()) << dump(fs);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int mat = 0; mat < 4; ++mat) {
+        // PTX ISA, stmatrix: thread l holds row l/4, elements 2(l%4) and 2(l%4)+1 of each matrix
+        // (with .trans, of the transposed matrix): ldmatrix's layout.
+        const int r = lane / 4, c = 2 * (lane % 4);
+        auto at = [&](int row, int col) { return m[mat * 64 + row * 8 + col]; };
+        const uint32_t got = trans ? (uint32_t(at(c, r)) | uint32_t(at(c + 1, r)) << 16)
+                                   : (uint32_t(at(r, c)) | uint32_t(at(r, c + 1)) << 16);
+        ASSERT_EQ(got, regs[lane * 4 + mat]) << "lane " << lane << " matrix " << mat
+                                             << (trans ? " .trans" : "");
+      }
+  }
+  // A row address off its 16-byte alignment is a finding; so is the instruction posing as sm_80.
+  std::vector<uint16_t> m;
+  planted::stmatrix_x4(regs, false, m, 3);
+  auto fs = findings();
+  EXPECT_TRUE(has(fs, Check::Memcheck, "not 16-byte aligned")) << dump(fs);
+  ape::simt::set_arch(80);
+  planted::stmatrix_x4(regs, false, m);
+  fs = findings();
+  EXPECT_TRUE(has(fs, Check::Launch, "stmatrix needs sm_90")) << dump(fs);
+}
+
 TEST_F(Simt, MmaFollowsThePtxIsaLayoutAndAWrongLaneMapFails) {
   torch::manual_seed(3);
   const torch::Tensor A = torch::randn({16, 16}).to(torch::kBFloat16);

@@ -56,6 +56,10 @@ int host_reads_device();
 // ldmatrix.x4 (optionally .trans) of four 8x8 bf16 matrices m[4][8][8] (row major): each lane's
 // four registers, regs[lane * 4 + m].
 int ldmatrix_x4(const std::vector<uint16_t> &m, bool trans, std::vector<uint32_t> &regs);
+// stmatrix.x4 of regs (4 per lane) into four 8 x 8 matrices, read back into m (256 elements);
+// misalign_lane >= 0: that lane gives a row address 8 bytes off its row.
+int stmatrix_x4(const std::vector<uint32_t> &regs, bool trans, std::vector<uint16_t> &m,
+                int misalign_lane = -1);
 // D(16 x 8) = A(16 x 16) B(16 x 8) + C with one mma.m16n8k16 (bf16 in, f32 out), each lane
 // filling its fragments from row-major A, B, C by the PTX formulas. `wrong_lanes`: the kernel
 // swaps the roles of groupID and threadID_in_group in A (a lane-mapping bug).

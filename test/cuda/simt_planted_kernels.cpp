@@ -171,6 +171,24 @@ __global__ void ldmatrix_kernel(const uint16_t *m, uint32_t *regs, bool trans) {
   for (int k = 0; k < 4; ++k) regs[lane * 4 + k] = r[k];
 }
 
+// Each lane's registers regs[4 lane + k] into four 8 x 8 matrices of shared memory by stmatrix,
+// then the matrices back to `m` (lane l gives the address of row l % 8 of matrix l / 8; with
+// `misalign_lane` >= 0 that lane gives a row address 8 bytes off, not 16-byte aligned).
+__global__ void stmatrix_kernel(const uint32_t *regs, uint16_t *m, bool trans, int misalign_lane) {
+  APE_DYNAMIC_SMEM(smem);
+  uint16_t *s = reinterpret_cast<uint16_t *>(smem);
+  const int lane = threadIdx.x;
+  for (int e = lane; e < 4 * 64 + 8; e += 32) s[e] = 0;
+  __syncthreads();
+  uint16_t *row = s + (lane / 8) * 64 + (lane % 8) * 8 + (lane == misalign_lane ? 4 : 0);
+  uint32_t r[4];
+  for (int k = 0; k < 4; ++k) r[k] = regs[lane * 4 + k];
+  if (trans) ape::cuda::ptx::stmatrix_x4<true>(row, r);
+  else ape::cuda::ptx::stmatrix_x4<false>(row, r);
+  __syncthreads();
+  for (int e = lane; e < 4 * 64; e += 32) m[e] = s[e];
+}
+
 __global__ void mma_kernel(const uint16_t *a, const uint16_t *b, const float *c, float *d,
                            bool wrong) {
   const int lane = threadIdx.x;
@@ -493,6 +511,18 @@ int ldmatrix_x4(const std::vector<uint16_t> &m, bool trans, std::vector<uint32_t
   const int err = launch(ldmatrix_kernel, 1, 32, 256 * sizeof(uint16_t), nullptr,
                          static_cast<const uint16_t *>(dm), dr, trans);
   to_host(regs, dr, 128);
+  cudaFree(dm), cudaFree(dr);
+  return err;
+}
+
+int stmatrix_x4(const std::vector<uint32_t> &regs, bool trans, std::vector<uint16_t> &m,
+                int misalign_lane) {
+  uint32_t *dr = device_alloc<uint32_t>(128);
+  uint16_t *dm = device_alloc<uint16_t>(256);
+  cudaMemcpy(dr, regs.data(), 128 * sizeof(uint32_t), cudaMemcpyHostToDevice);
+  const int err = launch(stmatrix_kernel, 1, 32, (256 + 8) * sizeof(uint16_t), nullptr,
+                         static_cast<const uint32_t *>(dr), dm, trans, misalign_lane);
+  to_host(m, dm, 256);
   cudaFree(dm), cudaFree(dr);
   return err;
 }

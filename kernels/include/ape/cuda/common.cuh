@@ -269,7 +269,7 @@ template <class Enc, class In> struct Params {
   uint32_t *status;                 // CudaAttnArgs::status (backward)
   int *dq_sem;                      // (B*H, ceil(T / BQ)): the order of dQ' adds (flash backward)
   bool dq_direct;                   // flash backward: key tile 0 writes dq (flash_dq_direct)
-  bool red_v2;                      // flash backward: dQ' adds as 8-byte reductions (sm_90+; compiled code follows its target, the emulator this)
+  bool sm90;                        // flash backward: the device is sm_90+ (ptx::sm90_code: 8-byte dQ' reductions, stmatrix; compiled code follows its target, the emulator this)
   bool dq_ordered;                  // flash backward: dQ' adds in the semaphores' order
                                     // (CudaAttnArgs::deterministic); else all reductions
   bool pingpong;                    // Hopper forward: the consumer warpgroups take turns

@@ -688,7 +688,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       float s[8][4] = {}, dp[8][4];
       #pragma unroll
       for (int x = 0; x < 32; ++x) {
-        const int m = x / 16, nt = x / 4 % 4, h = x % 4 / 2, e = x % 2;
+        [[maybe_unused]] const int m = x / 16, nt = x / 4 % 4, h = x % 4 / 2, e = x % 2;
         if constexpr (kDist) s[x / 4][x % 4] = tb[sc0 + 8 * nt + e - 8 * h - 16 * m];
         if constexpr (kRC) s[x / 4][x % 4] = sC[kr0 + 16 * m + g + 8 * h];
       }
@@ -702,29 +702,52 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       for (int x = 0; x < 32; ++x) dp[x / 4][x % 4] = cDelta[sc0 + 8 * (x / 4 % 4) + 2 * t + x % 2];
       st_product(dp, sqV, sqDOn + bo);
       In *sP = reinterpret_cast<In *>(smem + C::ps);
-      #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      // P^T and dS^T of m16 tile m, rows g + 8 h, n8 tile nt: this lane's pair of each, packed.
+      auto p_ds = [&](int m, int h, int nt, uint32_t &p2, uint32_t &ds2) {
+        const int kr = kr0 + 16 * m + g + 8 * h;
+        float pv[2], dsv[2];
         #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int kr = kr0 + 16 * m + g + 8 * h;
-          #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            float pv[2], dsv[2];
-            #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = sc0 + 8 * nt + 2 * t + e;
-              pv[e] = ptx::ex2(fmaf(s[4 * m + nt][2 * h + e], kf, -cLse[c]));
-              if constexpr (kMasked) pv[e] = kr - c <= dlt && c < cols ? pv[e] : 0.f;
-              dsv[e] = pv[e] * dp[4 * m + nt][2 * h + e];
-              dp[4 * m + nt][2 * h + e] = dsv[e];  // for the distance sums
-              if constexpr (kSat) sat_sum += dsv[e];
-            }
-            const uint32_t p2 = flash::pack2<In>(pv[0], pv[1]), ds2 = flash::pack2<In>(dsv[0], dsv[1]);
-            const int off = flash::Swizzle<BQ>::offset(kr, sc0 + 8 * nt + 2 * t);
-            memcpy(sP + off, &p2, 4);
-            memcpy(sDS + off, &ds2, 4);
-          }
+        for (int e = 0; e < 2; ++e) {
+          const int c = sc0 + 8 * nt + 2 * t + e;
+          pv[e] = ptx::ex2(fmaf(s[4 * m + nt][2 * h + e], kf, -cLse[c]));
+          if constexpr (kMasked) pv[e] = kr - c <= dlt && c < cols ? pv[e] : 0.f;
+          dsv[e] = pv[e] * dp[4 * m + nt][2 * h + e];
+          dp[4 * m + nt][2 * h + e] = dsv[e];  // for the distance sums
+          if constexpr (kSat) sat_sum += dsv[e];
         }
+        p2 = flash::pack2<In>(pv[0], pv[1]), ds2 = flash::pack2<In>(dsv[0], dsv[1]);
+      };
+      if (ptx::sm90_code(p.sm90)) {
+        // sm_90: a 16 x 16 tile (m, n8 tiles 2 np and 2 np + 1) of each by one stmatrix: its four
+        // 8 x 8 matrices are (h, nt) = (0, 2 np), (1, 2 np), (0, 2 np + 1), (1, 2 np + 1), and lane
+        // l gives row l % 8 of matrix l / 8. 8 stores and 2 addresses where 32-bit stores take 32
+        // and 16 addresses.
+        const int sr = kr0 + lane % 8 + 8 * (lane / 8 % 2), scs = sc0 + 8 * (lane / 16);
+        #pragma unroll
+        for (int m = 0; m < 2; ++m)
+          #pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            uint32_t pr[4], dr[4];
+            #pragma unroll
+            for (int x = 0; x < 4; ++x) p_ds(m, x % 2, 2 * np + x / 2, pr[x], dr[x]);
+            const int off = flash::Swizzle<BQ>::offset(sr + 16 * m, scs + 16 * np);
+            ptx::stmatrix_x4(sP + off, pr);
+            ptx::stmatrix_x4(sDS + off, dr);
+          }
+      } else {
+        #pragma unroll
+        for (int m = 0; m < 2; ++m)
+          #pragma unroll
+          for (int h = 0; h < 2; ++h)
+            #pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+              uint32_t p2, ds2;
+              p_ds(m, h, nt, p2, ds2);
+              const int off = flash::Swizzle<BQ>::offset(kr0 + 16 * m + g + 8 * h, sc0 + 8 * nt + 2 * t);
+              memcpy(sP + off, &p2, 4);
+              memcpy(sDS + off, &ds2, 4);
+            }
+      }
       // The warp's diagonal sums of dS into its two sets: its 32 x 32 tile as one 16 x 48 tile of
       // the same diagonals (key row kr0 + 16 + r, query column c is on the diagonal of row kr0 + r
       // and column c - 16): n8 tile n of the 16 x 48 holds m16 tile 1's n8 tile n (n < 4) plus m16
@@ -906,13 +929,17 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) ptx::wgmma_rs<In, D, 1>(dkf, dsa[kk], wQm.at(bo + hopper::step_mn<D>(kk)), 1);
       ptx::wgmma_commit();
-      // dS^T into shared memory for dQ' = dS K', from the packed registers (pair (2 kk + x / 2,
-      // h = x % 2) in dsa[kk][x]), visible to wgmma's reads after the barrier.
-      #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk)
+      // dS^T into shared memory for dQ' = dS K', visible to wgmma's reads after the barrier: the
+      // packed registers dsa[kk] are an m16n8k16 A fragment (rows kr0 + g + 8 (x % 2), columns
+      // 16 kk + 8 (x / 2) + 2 t), which is stmatrix's layout of four 8 x 8 matrices: one store
+      // of 16 keys x 16 queries per kk (lane l gives row l % 8 of matrix l / 8), where 32-bit
+      // stores take four and an address register each.
+      {
+        const int sr = kr0 + lane % 8 + 8 * (lane / 8 % 2), sc = 8 * (lane / 16);
         #pragma unroll
-        for (int x = 0; x < 4; ++x)
-          memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * (x % 2), 16 * kk + 8 * (x / 2) + 2 * t), &dsa[kk][x], 4);
+        for (int kk = 0; kk < BQ / 16; ++kk)
+          ptx::stmatrix_x4(sDS + flash::Swizzle<BQ>::offset(sr, 16 * kk + sc), dsa[kk]);
+      }
       ptx::fence_proxy_async();
     } else {
       #pragma unroll
@@ -1151,7 +1178,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
           float *row = p.dqm + base + i * D + qc0 + 2 * t;
           #pragma unroll
           for (int dt = 0; dt < kQDT; ++dt)
-            ptx::red_add2(row + 8 * dt, dq[kQDT * m + dt][2 * h], dq[kQDT * m + dt][2 * h + 1], p.red_v2);
+            ptx::red_add2(row + 8 * dt, dq[kQDT * m + dt][2 * h], dq[kQDT * m + dt][2 * h + 1], p.sm90);
         }
     }
     if constexpr (kDist && kBiasGrad && !kSat) {  // diagonal c - kr = x - (BK - 1): the warps' sets, in order

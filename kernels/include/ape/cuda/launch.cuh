@@ -599,7 +599,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     p.dq_ordered = a.deterministic;
     direct_q = flash_dq_direct<Enc>() && qsign == 1.f && p.dq_ordered;
     p.dq_direct = direct_q;
-    p.red_v2 = device_major() >= 9;  // ptx::red_add2
+    p.sm90 = device_major() >= 9;  // ptx::sm90_code
     if (err == cudaSuccess) err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st);
     if (err == cudaSuccess && !p.dq_ordered) err = cudaMemsetAsync(p.dqm, 0, sizeof(float) * n, st);
     if (err != cudaSuccess) return err;

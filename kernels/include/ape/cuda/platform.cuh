@@ -80,6 +80,22 @@ cudaError_t launch(void (*kernel)(KP...), dim3 grid, dim3 block, size_t smem, cu
 // Lane layouts: the PTX ISA's (kernels/simt/Warp.cpp states them in full).
 namespace ptx {
 
+// Whether code may use what sm_90 added (stmatrix, 8-byte reductions): code compiled for sm_90 or
+// later runs on no older device, so it is true there and false in code for an older target, both
+// known to the compiler (the other path is not compiled in); the emulator, one build for every
+// architecture it poses as, follows `device_sm90` (the launch's test of the device).
+__device__ inline bool sm90_code(bool device_sm90) {
+#if defined(APE_SIMT)
+  return device_sm90;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  (void)device_sm90;
+  return true;
+#else
+  (void)device_sm90;
+  return false;
+#endif
+}
+
 // p[0] += a, p[1] += b (p 8-byte aligned). `v2`: as one 8-byte reduction (sm_90's
 // red.global.add.v2.f32: a warp's fragment rows then fill whole 32-byte L2 sectors, where two
 // scalar reductions each fill half of twice as many); the caller sets it where the device is
@@ -173,6 +189,30 @@ __device__ inline void ldmatrix_at(uint32_t *regs, SmemAddr a) {
 template <int N, bool kTrans = false>
 __device__ inline void ldmatrix(uint32_t *regs, const void *row) {
   ldmatrix_at<N, kTrans>(regs, smem_addr_of(row));
+}
+
+// stmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (sm_90+): ldmatrix's inverse. `a` is this lane's
+// row address (lanes 8m..8m+7 give the rows of matrix m); regs[m] holds this lane's pair of matrix m
+// (row l/4, columns 2(l%4) and 2(l%4)+1; transposed with kTrans): four m16n8k16 A fragments'
+// registers store a 16 x 16 tile in one instruction where 32-bit stores take four.
+template <bool kTrans = false>
+__device__ inline void stmatrix_x4_at(SmemAddr a, const uint32_t *regs) {
+#ifdef APE_SIMT
+  ::ape::simt::stmatrix(4, kTrans, regs, reinterpret_cast<void *>(a));
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (!kTrans)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n"
+                 ::"r"(a), "r"(regs[0]), "r"(regs[1]), "r"(regs[2]), "r"(regs[3]) : "memory");
+  else
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
+                 ::"r"(a), "r"(regs[0]), "r"(regs[1]), "r"(regs[2]), "r"(regs[3]) : "memory");
+#else
+  __trap();  // sm_90 and later only: callers choose it by architecture
+#endif
+}
+template <bool kTrans = false>
+__device__ inline void stmatrix_x4(void *row, const uint32_t *regs) {
+  stmatrix_x4_at<kTrans>(smem_addr_of(row), regs);
 }
 
 // cp.async.cg.shared.global: 16 bytes, of which the first `src_bytes` come from `src` and the

@@ -356,6 +356,10 @@ void mma_m16n8k16(int elem, float *d, const uint32_t *a, const uint32_t *b, cons
 // address given by one lane (lanes 8m..8m+7 for matrix m); lane l receives in regs[m] the pair
 // (row l/4, columns 2(l%4), 2(l%4)+1) of matrix m (transposed with `trans`). Warp collective.
 void ldmatrix(int count, bool trans, uint32_t *regs, const void *row_addr);
+// stmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16 (sm_90): ldmatrix's inverse, the same
+// lanes give the rows' addresses and regs[m] of lane l is the pair (row l/4, columns 2(l%4),
+// 2(l%4)+1) of matrix m (transposed with `trans`), written to shared memory. Warp collective.
+void stmatrix(int count, bool trans, const uint32_t *regs, void *row_addr);
 // cp.async.{ca,cg}.shared.global [dst], [src], bytes, src_bytes: copies src_bytes and zero-fills
 // the rest; the bytes land when a cp.async.wait_group lets them (as late as allowed).
 void cp_async(void *smem_dst, const void *gmem_src, int bytes, int src_bytes);
