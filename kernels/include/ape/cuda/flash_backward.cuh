@@ -943,11 +943,19 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       }
       ptx::fence_proxy_async();
     } else {
+      // dS^T into shared memory for dQ' = dS K': on sm_90 by stmatrix from the A fragments of the
+      // dK' product (four 8 x 8 matrices: rows kr0 + 8 (x % 2), columns c0 + 16 kk + 8 (x / 2);
+      // lane l gives row l % 8 of matrix l / 8), one store per 16 x 16 tile; before sm_90 by
+      // 32-bit stores below.
+      const bool stsm = ptx::sm90_code(p.sm90);
       #pragma unroll
       for (int kk = 0; kk < kNT / 2; ++kk) {
         uint32_t ap[4], ads[4];
         flash::acc_to_a<In>(ap, s[2 * kk], s[2 * kk + 1]);
         flash::acc_to_a<In>(ads, dp[2 * kk], dp[2 * kk + 1]);
+        if (stsm)
+          ptx::stmatrix_x4(sDS + flash::Swizzle<BQ>::offset(kr0 + lane % 8 + 8 * (lane / 8 % 2), c0 + 16 * kk + 8 * (lane / 16)),
+                           ads);
         if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc[0], ads, ones_k + 2 * (kk & 1));  // key sums
         #pragma unroll
         for (int dt = 0; dt < kDT; dt += 2) {
@@ -961,14 +969,14 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         }
       }
 
-      // dS^T into shared memory for dQ' = dS K'.
-      #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
+      if (!stsm)
         #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-          const uint32_t v2 = flash::pack2<In>(dp[nt][2 * h], dp[nt][2 * h + 1]);
-          memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, c0 + 8 * nt + 2 * t), &v2, 4);
-        }
+        for (int nt = 0; nt < kNT; ++nt)
+          #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t v2 = flash::pack2<In>(dp[nt][2 * h], dp[nt][2 * h + 1]);
+            memcpy(sDS + flash::Swizzle<BQ>::offset(kr0 + g + 8 * h, c0 + 8 * nt + 2 * t), &v2, 4);
+          }
     }
     }  // the sub-tiles
     if (threadIdx.x == 0) {
