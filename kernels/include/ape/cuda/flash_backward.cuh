@@ -924,24 +924,25 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
         flash::acc_to_a<In>(dsa[kk], dp[2 * kk], dp[2 * kk + 1]);
         if constexpr (kRC && kBiasGrad) flash::mma<In>(col_acc[0], dsa[kk], ones_k + 2 * (kk & 1));  // key sums
       }
-      ptx::wgmma_fence();
-      #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) ptx::wgmma_rs<In, D, 1>(dvf, pa[kk], wDOm.at(bo + hopper::step_mn<D>(kk)), 1);
-      #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) ptx::wgmma_rs<In, D, 1>(dkf, dsa[kk], wQm.at(bo + hopper::step_mn<D>(kk)), 1);
-      ptx::wgmma_commit();
-      // dS^T into shared memory for dQ' = dS K', visible to wgmma's reads after the barrier: the
-      // packed registers dsa[kk] are an m16n8k16 A fragment (rows kr0 + g + 8 (x % 2), columns
-      // 16 kk + 8 (x / 2) + 2 t), which is stmatrix's layout of four 8 x 8 matrices: one store
-      // of 16 keys x 16 queries per kk (lane l gives row l % 8 of matrix l / 8), where 32-bit
-      // stores take four and an address register each.
+      // dS^T into shared memory for dQ' = dS K', before the dK' product takes dsa as its A operand
+      // (a wgmma's A registers may not be touched until its wait): the packed registers dsa[kk]
+      // are an m16n8k16 A fragment (rows kr0 + g + 8 (x % 2), columns 16 kk + 8 (x / 2) + 2 t),
+      // which is stmatrix's layout of four 8 x 8 matrices: one store of 16 keys x 16 queries per
+      // kk (lane l gives row l % 8 of matrix l / 8), where 32-bit stores take four and an address
+      // register each.
       {
         const int sr = kr0 + lane % 8 + 8 * (lane / 8 % 2), sc = 8 * (lane / 16);
         #pragma unroll
         for (int kk = 0; kk < BQ / 16; ++kk)
           ptx::stmatrix_x4(sDS + flash::Swizzle<BQ>::offset(sr, 16 * kk + sc), dsa[kk]);
       }
-      ptx::fence_proxy_async();
+      ptx::wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) ptx::wgmma_rs<In, D, 1>(dvf, pa[kk], wDOm.at(bo + hopper::step_mn<D>(kk)), 1);
+      #pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) ptx::wgmma_rs<In, D, 1>(dkf, dsa[kk], wQm.at(bo + hopper::step_mn<D>(kk)), 1);
+      ptx::wgmma_commit();
+      ptx::fence_proxy_async();  // dS^T's stores above, for the dQ' product's reads after the barrier
     } else {
       // dS^T into shared memory for dQ' = dS K': on sm_90 by stmatrix from the A fragments of the
       // dK' product (four 8 x 8 matrices: rows kr0 + 8 (x % 2), columns c0 + 16 kk + 8 (x / 2);
