@@ -673,9 +673,12 @@ void syncthreads(const char *file, int line) {
 
 // bar.sync / bar.arrive id, count: a round of barrier `id` completes when `count` threads (whole
 // warps) of the block have arrived, by either; bar.sync waits for its round, bar.arrive does not.
-// The race check credits only block barriers and warp collectives with ordering, so accesses that
-// only a named barrier orders across warps are reported (conservative: the kernels use named
-// barriers to order work, e.g. whose wgmma issue comes first, not to publish shared memory).
+// The race check credits block barriers, rounds of a named barrier that every thread of the block
+// takes part in (count = the block's threads: a block barrier under another id, as warp-specialised
+// kernels use one where their roles run different code) and warp collectives with ordering, so
+// accesses that only a named barrier of fewer threads orders across warps are reported
+// (conservative: the kernels use those to order work, e.g. whose wgmma issue comes first, not to
+// publish shared memory).
 void named_barrier(int id, int count, bool wait, const char *file, int line) {
   Thread *t = self();
   if (!t) {
@@ -703,6 +706,7 @@ void named_barrier(int id, int count, bool wait, const char *file, int line) {
   }
   if (++nb.arrived >= nb.count) {  // the round completes: its waiters run on
     nb.arrived = 0;
+    if (nb.count == static_cast<unsigned>(nthreads)) ++b.epoch;  // every thread: a block barrier
     b.launch->traffic[kTrNamedRounds + id].fetch_add(1, std::memory_order_relaxed);
     for (Thread &o : b.threads)
       if (o.state == State::Named && o.op_kind == id) o.state = State::Ready;

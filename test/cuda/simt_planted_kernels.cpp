@@ -31,6 +31,19 @@ __global__ void neighbour_kernel(int *out, bool sync) {
   out[t] = s[(t + 1) % n];
 }
 
+// The same exchange ordered by a named barrier: of every thread of the block (`whole`, a block
+// barrier under another id), or of each half of it under its own id.
+__global__ void neighbour_named_kernel(int *out, bool whole) {
+  namespace ptx = ape::cuda::ptx;
+  APE_DYNAMIC_SMEM(smem);
+  int *s = reinterpret_cast<int *>(smem);
+  const int t = threadIdx.x, n = blockDim.x;
+  s[t] = t;
+  if (whole) ptx::bar_sync(1, n);
+  else ptx::bar_sync(1 + 2 * t / n, n / 2);
+  out[t] = s[(t + 1) % n];
+}
+
 __global__ void read_then_overwrite_kernel(int *out) {
   APE_DYNAMIC_SMEM(smem);
   int *s = reinterpret_cast<int *>(smem);
@@ -370,6 +383,14 @@ int named_barrier_turns(int rounds, bool start, bool balanced, int count, std::v
 int neighbour_exchange(int threads, bool sync, std::vector<int> &out) {
   int *d = device_alloc<int>(threads);
   const int err = launch(neighbour_kernel, 1, threads, threads * sizeof(int), nullptr, d, sync);
+  to_host(out, d, threads);
+  cudaFree(d);
+  return err;
+}
+
+int neighbour_exchange_named(int threads, bool whole, std::vector<int> &out) {
+  int *d = device_alloc<int>(threads);
+  const int err = launch(neighbour_named_kernel, 1, threads, threads * sizeof(int), nullptr, d, whole);
   to_host(out, d, threads);
   cudaFree(d);
   return err;

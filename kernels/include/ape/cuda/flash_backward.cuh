@@ -81,6 +81,11 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   static constexpr bool kDqTma = kWgmma || kLayout == kBwdWideTma || kLayout == kBwdSquareTma;
   static constexpr bool kSquare = kLayout == kBwdSquare || kLayout == kBwdSquareTma;
   static constexpr int kWarps = kLayout == kBwdNarrow ? 4 : 8, kThreads = 32 * kWarps;
+  // kBwdWgmma: a producer warpgroup beside the kWarps consumer warps (warps kWarps .. kWarps + 3,
+  // FlashAttention-3's form; flash_backward_kernel): the block's threads. Every other layout's
+  // threads are its consumers.
+  static constexpr bool kProducer = kWgmma;
+  static constexpr int kBlockThreads = kThreads + (kProducer ? 128 : 0);
   // (kBwdSquare: sm_90's where its distance sums need it; the launch asks the device.)
   static constexpr size_t kLimit =
       kLayout == kBwdNarrow ? kSmemLimit : kDqTma || kSquare ? kSmemLimitSm90 : kSmemLimitWide;
@@ -378,7 +383,7 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
 // fire-and-forget REDG (bench/results/gpu_h100.md, "The dQ' adds in compiled code"); the other
 // layouts' kernels (kOrdered true) follow Params::dq_ordered at run time.
 template <class Enc, class In, int D, bool kOrdered, int kLayout>
-__global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
+__global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads)
     flash_backward_kernel(const __grid_constant__ Params<Enc, In> p, const __grid_constant__ BwdMaps maps) {
   using C = BwdLayout<Enc, In, D, kLayout>;
   constexpr bool kWg = C::kWgmma;       // the products on wgmma (sm_90a)
@@ -415,6 +420,129 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   int *sem = p.dq_sem + bh * n_qt;
   // dQ' in the semaphores' order (read from the parameters where used: no register held).
   auto ordered = [&p] { return kOrdered && p.dq_ordered; };
+  // The block's barrier: with a producer warpgroup a named barrier of every thread (id 1), which the
+  // roles reach from their own code (__syncthreads wants one call for the whole block).
+  auto block_sync = [] {
+    if constexpr (C::kProducer) ptx::bar_sync(1, C::kBlockThreads);
+    else __syncthreads();
+  };
+  // The query tiles of the block's steps: [qt0, qt_plain) and [n_full, n_qt) masked (the diagonal,
+  // a partial last tile), [qt_sat, n_full) saturated (a distance bias: every distance >= d_sat,
+  // dist_sat_kernel).
+  constexpr bool kSatSteps = flash_distance<Enc>() && !traits::BiasFixed<Enc>::value;
+  const int64_t n_full = T / BQ;
+  int64_t qt_plain = (j0 + BK - 1 + BQ - 1) / BQ;  // first tile with i0 >= j0 + BK - 1
+  if (qt_plain > n_full) qt_plain = n_full;
+  int64_t qt_sat = n_full;
+  if constexpr (kSatSteps) {
+    qt_sat = (p.dist_sat[bh] + j0 + BK - 1 + BQ - 1) / BQ;
+    qt_sat = qt_sat < qt_plain ? qt_plain : qt_sat > n_full ? n_full : qt_sat;
+  }
+  // The block's turn on query tile qt (dQ' in the semaphores' order), taken by one thread between
+  // the step's two first barriers (the consumers' thread 0, or the producer's): the last step's
+  // TMA reduction waited for (kDqTma), the semaphore polled (`turn`: a value read before, or -1),
+  // acquired, and qt - 1 released.
+  auto take_turn = [&](int64_t qt, int turn) {
+    // kDqTma: the last step's TMA reduction (issued a step's products ago) has read the dQ' rows
+    // (the barrier below frees them for this step's) and, in order, added them: its sums then
+    // precede the release of qt - 1 below.
+    if constexpr (kDqTma) {
+      if (ordered()) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();
+      else ptx::bulk_wait_read<0>();
+    }
+    if (ordered()) {  // our turn for qt: the higher key tiles have added
+      const int64_t i0 = qt * BQ, i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
+      const int target = static_cast<int>(i_last / BK) - kt;
+      while (turn != target) turn = ptx::ld_relaxed_gpu(sem + qt);
+      // Acquire (their adds to qt before ours) and release: every thread's adds to qt - 1 came
+      // before this step's first barrier, and they were issued a step ago, so the fence has
+      // little to wait for. Releasing qt - 1 here rather than at the step's start delays the
+      // block below by half a step, which the steps it trails by absorb.
+      ptx::fence_acq_rel_gpu();
+      if constexpr (kDqTma) ptx::fence_proxy_async_global();  // our TMA reduction after their adds
+      if (qt > qt0) ptx::red_relaxed_gpu_add(sem + qt - 1, 1);
+    }
+  };
+  // Whether a step adds its dQ' tile by a reduction (kDqTma: the staged tile's TMA reductions):
+  // the first key tile to reach the query tile stores it instead, and key tile 0, the last, writes
+  // dq itself where dq = dQ' (p.dq_direct); both in 16-byte chunks by every consumer thread. A
+  // block is first on the query tiles of its diagonal only, masked steps.
+  auto first_on = [&](int64_t qt, bool masked) {
+    const int64_t i_end = qt * BQ + BQ < T ? qt * BQ + BQ : T;
+    return masked && (i_end - 1) / BK == kt && ordered();
+  };
+  auto to_dq = [&] { return kt == 0 && p.dq_direct; };
+  // kDqTma: the staged dQ' tile of query tile qt added to dQ' (thread 0 of the consumers, or the
+  // producer's): one TMA reduction per box of 32 columns (bulk reductions of whole 128-byte rows,
+  // no per-thread atomics; rows past T are not written), waited on at the next step's turn or at
+  // the kernel's end.
+  [[maybe_unused]] float *sDQ = reinterpret_cast<float *>(smem + C::dqs);
+  [[maybe_unused]] auto reduce_dq = [&](int64_t qt) {
+    #pragma unroll
+    for (int bx = 0; bx < D / 32; ++bx)
+      ptx::tma_reduce_add_3d(&maps.dq, sDQ + bx * (BQ * 32), 32 * bx, static_cast<int>(qt * BQ), static_cast<int>(bh));
+    ptx::bulk_commit();
+  };
+  // After the last step's barrier: its TMA reduction complete, the last query tile released.
+  auto release_last = [&] {
+    if constexpr (kDqTma) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();  // the last TMA reduction
+    if (ordered()) {
+      ptx::fence_acq_rel_gpu();
+      ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
+    }
+  };
+  if constexpr (C::kProducer) {
+    // kBwdWgmma's producer warpgroup (FlashAttention-3's form): its warp 0 loads each step's Q'
+    // and dO tiles by TMA into the double buffers (their mbarriers: phase the buffer's fills so
+    // far, mod 2), two steps ahead; its warp 1 takes the block's turns on the query tiles and adds
+    // the staged dQ' tiles by TMA reductions. The consumers keep their products and element-wise
+    // work only: the issue code, the semaphore's polls and fences and the reductions' waits leave
+    // their instruction stream (thread 0 ran them there, and its warpgroup waited for it). All
+    // four warps pass every block barrier with the consumers (three a step, one before the
+    // saturated steps where a distance bias has them, one after the last), which order the
+    // producer's work exactly as they ordered thread 0's. It keeps 24 registers and gives the
+    // rest to the consumers (setmaxnreg: 240 each).
+    if (threadIdx.x == 0) {
+      uint64_t *b = reinterpret_cast<uint64_t *>(smem + C::bars);
+      ptx::mbar_init(b, 1);
+      ptx::mbar_init(b + 1, 1);
+      ptx::mbar_init_fence();
+    }
+    block_sync();  // the mbarriers initialised before anyone uses them (the consumers wait before their first barrier)
+    if (warp >= C::kWarps) {
+      ptx::setmaxnreg_dec<24>();
+      const int role = warp - C::kWarps;
+      const bool lead = lane == 0;
+      In *pQ = reinterpret_cast<In *>(smem + C::q), *pDO = reinterpret_cast<In *>(smem + C::dout);
+      uint64_t *pbars = reinterpret_cast<uint64_t *>(smem + C::bars);
+      auto tma_q_dout = [&](int b, int64_t qt) {
+        ptx::mbar_arrive_expect_tx(pbars + b, 2u * sizeof(In) * BQ * D);
+        hopper::tma_tile<BQ, D>(pQ + b * BQ * D, &maps.q, qt * BQ, bh, pbars + b);
+        hopper::tma_tile<BQ, D>(pDO + b * BQ * D, &maps.dout, qt * BQ, bh, pbars + b);
+      };
+      if (role == 0 && lead) {  // both buffers at once
+        tma_q_dout(0, qt0);
+        if (qt0 + 1 < n_qt) tma_q_dout(1, qt0 + 1);
+      }
+      for (int64_t qt = qt0; qt < n_qt; ++qt) {
+        if constexpr (kSatSteps)
+          if (qt == qt_sat && qt_sat < n_full) block_sync();  // the consumers' before the saturated steps
+        block_sync();  // the step's first
+        if (role == 1 && lead) take_turn(qt, -1);
+        block_sync();  // dS^T complete (the consumers' products read it after), the turn ours
+        block_sync();  // the staged dQ' tile complete
+        if (role == 1 && lead && !(first_on(qt, qt < qt_plain || qt >= n_full) || to_dq())) reduce_dq(qt);
+        // This step's buffer for step qt + 2: every product that reads it (S^T, dP^T, dV, dK')
+        // completed before the barrier above, so the copy runs under the rest of this step and
+        // the next one (the consumers' own cp.async of the row statistics go a step ahead).
+        if (role == 0 && lead && qt + 2 < n_qt) tma_q_dout(static_cast<int>((qt - qt0) & 1), qt + 2);
+      }
+      block_sync();  // every consumer's adds to the last query tile
+      if (role == 1 && lead) release_last();
+      return;
+    }
+    ptx::setmaxnreg_inc<240>();
+  }
   DevCtx<Enc> ctx = make_ctx(p, bh, true);
   static_assert(flash_bwd_bytes<Enc, C>() <= C::kLimit, "backward tiles exceed the shared memory of a block");
   // Value rows: the step's masses (flash_bwd_mass_bytes), zero between steps; then the cache.
@@ -519,24 +647,13 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   };
   using KRows = std::integral_constant<int, BK>;
   using QRows = std::integral_constant<int, BQ>;
-  // wgmma: thread 0 loads each step's Q' and dO tiles by TMA into the buffer's half, completing on
-  // its mbarrier (phase: the buffer's fills so far, mod 2); everything else is cp.async.
+  // wgmma: the producer warpgroup loads each step's Q' and dO tiles by TMA into the buffer's half,
+  // completing on its mbarrier (phase: the buffer's fills so far, mod 2); everything else is
+  // cp.async.
   [[maybe_unused]] uint64_t *bars = reinterpret_cast<uint64_t *>(smem + C::bars);
-  [[maybe_unused]] auto tma_q_dout = [&](int b, int64_t qt) {
-    ptx::mbar_arrive_expect_tx(bars + b, 2u * sizeof(In) * BQ * D);
-    hopper::tma_tile<BQ, D>(sQ + b * BQ * D, &maps.q, qt * BQ, bh, bars + b);
-    hopper::tma_tile<BQ, D>(sDO + b * BQ * D, &maps.dout, qt * BQ, bh, bars + b);
-  };
   load_tile(KRows{}, sK, p.km + base, j0);
   load_tile(KRows{}, sV, p.v + base, j0);
-  if constexpr (kWg) {
-    if (threadIdx.x == 0) {  // waited on after the first step's barrier
-      ptx::mbar_init(bars, 1);
-      ptx::mbar_init(bars + 1, 1);
-      ptx::mbar_init_fence();
-      tma_q_dout(0, qt0);
-    }
-  } else {
+  if constexpr (!kWg) {
     load_tile(QRows{}, sQ, p.qm + base, qt0 * BQ);
     load_tile(QRows{}, sDO, p.dout + base, qt0 * BQ);
   }
@@ -605,7 +722,6 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   };
   // kDqTma: element (r, c) of the step's fp32 dQ' tile in its own rows (BwdTiles::dqs), the boxes
   // of 32 columns that the TMA reduction reads (16-byte chunk k of row r at chunk k ^ (r mod 8)).
-  [[maybe_unused]] float *sDQ = reinterpret_cast<float *>(smem + C::dqs);
   [[maybe_unused]] auto dq_box = [&](int r, int c) -> float * {
     return sDQ + (c / 32) * (BQ * 32) + r * 32 + 4 * (((c % 32) / 4) ^ (r & 7)) + c % 4;
   };
@@ -641,18 +757,17 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       ptx::mbar_wait(bars + buf, static_cast<unsigned>((qt - qt0) >> 1) & 1u);  // Q', dO of tile qt
       ptx::fence_proxy_async();  // the cp.async copies (K', V), for wgmma's reads
     }
-    __syncthreads();  // tile qt landed; every warp is done with the other buffers and with sDS
+    block_sync();  // tile qt landed; every warp is done with the other buffers and with sDS
     // Thread 0 reads qt's semaphore now and uses the value at our turn, a step's GEMMs later: in
     // steady state the higher key tiles are steps ahead and the turn costs no round trip to L2.
-    // (Not in the narrow layout, whose registers are spent: the register would spill there.)
+    // (Not in the narrow layout, whose registers are spent: the register would spill there; nor
+    // with a producer warpgroup, which takes the turns.)
     [[maybe_unused]] int turn = -1;
-    if constexpr (C::kWarps == 8)
+    if constexpr (C::kWarps == 8 && !C::kProducer)
       if (threadIdx.x == 0 && ordered()) turn = ptx::ld_relaxed_gpu(sem + qt);
     if (qt + 1 < n_qt) {
       const int nb = buf ^ 1;
-      if constexpr (kWg) {
-        if (threadIdx.x == 0) tma_q_dout(nb, qt + 1);
-      } else {
+      if constexpr (!kWg) {  // (wgmma: the producer's TMA)
         load_tile(QRows{}, sQ + nb * BQ * D, p.qm + base, i0 + BQ);
         load_tile(QRows{}, sDO + nb * BQ * D, p.dout + base, i0 + BQ);
       }
@@ -980,27 +1095,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
           }
     }
     }  // the sub-tiles
-    if (threadIdx.x == 0) {
-      // kDqTma: the last step's TMA reduction (issued a step's products ago) has read the dQ' rows
-      // (the barrier below frees them for this step's) and, in order, added them: its sums then
-      // precede the release of qt - 1 below.
-      if constexpr (kDqTma) {
-        if (ordered()) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();
-        else ptx::bulk_wait_read<0>();
-      }
-      if (ordered()) {  // our turn for qt: the higher key tiles have added
-        const int64_t i_last = (i0 + BQ < T ? i0 + BQ : T) - 1;
-        const int target = static_cast<int>(i_last / BK) - kt;
-        while (turn != target) turn = ptx::ld_relaxed_gpu(sem + qt);
-        // Acquire (their adds to qt before ours) and release: every thread's adds to qt - 1 came
-        // before this step's first barrier, and they were issued a step ago, so the fence has
-        // little to wait for. Releasing qt - 1 here rather than at the step's start delays the
-        // block below by half a step, which the steps it trails by absorb.
-        ptx::fence_acq_rel_gpu();
-        if constexpr (kDqTma) ptx::fence_proxy_async_global();  // our TMA reduction after their adds
-        if (qt > qt0) ptx::red_relaxed_gpu_add(sem + qt - 1, 1);
-      }
-    }
+    if (!C::kProducer && threadIdx.x == 0) take_turn(qt, turn);
     // kWg at D = 128: dV and dK' complete here, before dQ': P^T and dS^T's registers are then free
     // for dQ's accumulators (their overlap with dQ' would spill: 120-270 bytes for ALiBi and
     // Cable, ptxas, sm_90a). After thread 0's turn above, whose waits (the last step's TMA
@@ -1010,7 +1105,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
       ptx::fence_regs(reinterpret_cast<float(&)[D / 2]>(dv[0][0]));
       ptx::fence_regs(reinterpret_cast<float(&)[D / 2]>(dk[0][0]));
     }
-    __syncthreads();  // dS^T complete, and the turn is ours
+    block_sync();  // dS^T complete, and the turn is ours
 
     float dq[C::kQM * kQDT][4] = {};  // tile m kQDT + dt: rows qr0 + 16 m, columns qc0 + 8 dt
     [[maybe_unused]] uint32_t ones_q[4];
@@ -1110,11 +1205,9 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     // whole 32-byte sectors; the H100 counted 192 M sectors for 2.15 GB of adds with scalar ones),
     // or (kDqTma) by TMA reductions of the staged tile. The order of the adds is the semaphore's.
     const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
-    // (In any order, !ordered(): every block reduces into the zeroed dQ'.) A block is
-    // first on the query tiles of its diagonal only, which are masked steps: the unmasked ones
-    // compile without that path.
-    const bool first = kMasked && (i_end - 1) / BK == kt && ordered();
-    const bool to_dq = kt == 0 && p.dq_direct;
+    // (In any order, !ordered(): every block reduces into the zeroed dQ'.) The unmasked steps
+    // compile without the first block's path.
+    const bool first = first_on(qt, kMasked);
     // The fragments into the staging rows (`at(r, c)`: element (r, c), c even, a lane's pair in
     // one 16-byte chunk), and the staged tile's rows < T to dQ' or dq in 16-byte chunks.
     auto stage_rows = [&](auto at) {
@@ -1143,7 +1236,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
           const ptx::F4 a = ptx::ld_cg_16(gq + 4 * x);
           v = ptx::F4{a.x + v.x, a.y + v.y, a.z + v.z, a.w + v.w};
         }
-        if (to_dq) {
+        if (to_dq()) {
           struct alignas(8) Four {
             uint32_t lo, hi;
           };
@@ -1155,24 +1248,40 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     };
     if constexpr (kDqTma) {
       // kDqTma (FlashAttention-3's form): every block stages its tile in sDQ; the first and the
-      // last go on as below, the others add it by one TMA reduction per box of 32 columns (thread
-      // 0: bulk reductions of whole 128-byte rows, no per-thread atomics; rows past T are not
-      // written), waited on at the next step's turn or at the kernel's end.
-      stage_rows(dq_box);
-      const bool bulk = !(first || to_dq);  // the same for every thread of the block
-      if (bulk) ptx::fence_proxy_async();  // the rows, for the TMA's reads
-      __syncthreads();                     // the staged tile is complete
-      if (bulk) {
-        if (threadIdx.x == 0) {
+      // last go on as below, the others add it by TMA reductions (reduce_dq: thread 0, or the
+      // producer's after this barrier).
+      if constexpr (C::kQCols % 32 == 0) {
+        // The fragments' 16 8-byte stores from four addresses: with qc0 a multiple of 32 and
+        // qr0 of 8, element (qr0 + 16 m + g + 8 h, qc0 + 8 dt + 2 t) is at box qc0 / 32 + dt / 4,
+        // row qr0 + g + 16 m + 8 h, chunk (2 (dt % 4) + t / 2) ^ g = (2 (dt % 4) ^ (g & 6)) +
+        // ((t / 2) ^ (g & 1)): a lane base, one of four lane offsets (dt % 4) and immediates.
+        // (dq_box's expression, which the compiler kept as 16 registers, 7 of them spilled.)
+        float *lb = sDQ + (qc0 / 32) * (BQ * 32) + (qr0 + g) * 32 + 4 * ((t >> 1) ^ (g & 1)) + 2 * (t & 1);
+        float *at[4];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) at[j] = lb + 4 * ((2 * j) ^ (g & 6));
+        #pragma unroll
+        for (int m = 0; m < C::kQM; ++m)
           #pragma unroll
-          for (int bx = 0; bx < D / 32; ++bx)
-            ptx::tma_reduce_add_3d(&maps.dq, sDQ + bx * (BQ * 32), 32 * bx, static_cast<int>(i0), static_cast<int>(bh));
-          ptx::bulk_commit();
-        }
+          for (int h = 0; h < 2; ++h)
+            #pragma unroll
+            for (int dt = 0; dt < kQDT; ++dt) {
+              const float(&v)[4] = dq[kQDT * m + dt];
+              *reinterpret_cast<ptx::F2 *>(at[dt % 4] + (dt / 4) * (BQ * 32) + (16 * m + 8 * h) * 32) =
+                  ptx::F2{v[2 * h], v[2 * h + 1]};
+            }
+      } else {
+        stage_rows(dq_box);
+      }
+      const bool bulk = !(first || to_dq());  // the same for every thread of the block
+      if (bulk) ptx::fence_proxy_async();    // the rows, for the TMA's reads
+      block_sync();                          // the staged tile is complete
+      if (bulk) {
+        if (!C::kProducer && threadIdx.x == 0) reduce_dq(qt);
       } else {
         rows_out(dq_box);
       }
-    } else if (first || to_dq) {  // the same for every thread of the block
+    } else if (first || to_dq()) {  // the same for every thread of the block
       auto at = [&](int r, int c) { return dq_stage(buf, r, c / 4) + c % 4; };
       if constexpr (kSq) __syncthreads();  // every warp's dV and dK' products have read Q' and dO
       stage_rows(at);
@@ -1237,16 +1346,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     }
   };
   // Query tiles [qt_plain, n_full) see every key of the block and exist whole: no mask. The first
-  // ones (the diagonal) and a partial last one test each element.
-  const int64_t n_full = T / BQ;
-  int64_t qt_plain = (j0 + BK - 1 + BQ - 1) / BQ;  // first tile with i0 >= j0 + BK - 1
-  if (qt_plain > n_full) qt_plain = n_full;
-  // Saturated query tiles [qt_sat, n_full): every distance >= d_sat (dist_sat_kernel).
-  int64_t qt_sat = n_full;
-  if constexpr (kDist && kBiasGrad) {
-    qt_sat = (p.dist_sat[bh] + j0 + BK - 1 + BQ - 1) / BQ;
-    qt_sat = qt_sat < qt_plain ? qt_plain : qt_sat > n_full ? n_full : qt_sat;
-  }
+  // ones (the diagonal) and a partial last one test each element (qt_plain, qt_sat: above).
+  static_assert(kSatSteps == (kDist && kBiasGrad), "the saturated steps");
   using Yes = std::true_type;
   using No = std::false_type;
   int64_t qt = qt0;
@@ -1255,7 +1356,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
   for (; qt < qt_sat; ++qt) step(qt, No{}, No{}, unused);
   if constexpr (kDist && kBiasGrad) {
     if (qt_sat < n_full) {  // the running sums the last diagonal step left, before the others
-      __syncthreads();
+      block_sync();
       const int x = static_cast<int>(threadIdx.x);
       const int64_t d = (qt_sat - 1) * BQ - j0 - (BK - 1) + x;
       if (x >= BQ && x < BQ + BK - 1) {
@@ -1283,14 +1384,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kThreads)
     for (; qt < n_full; ++qt) step(qt, No{}, No{}, unused);
   for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();
-  __syncthreads();  // every thread's adds to the last query tile, then their release
-  if (threadIdx.x == 0) {
-    if constexpr (kDqTma) ptx::bulk_wait<0>(), ptx::fence_proxy_async_global();  // the last TMA reduction
-    if (ordered()) {
-      ptx::fence_acq_rel_gpu();
-      ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
-    }
-  }
+  block_sync();  // every thread's adds to the last query tile, then their release
+  if (!C::kProducer && threadIdx.x == 0) release_last();
   if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::flush(p, cache);  // every sink is in
   if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
     const int x = static_cast<int>(threadIdx.x);

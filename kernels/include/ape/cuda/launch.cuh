@@ -635,7 +635,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       }
       auto go = [&](auto kernel) {
         const cudaError_t x = allow_smem(kernel, bytes);
-        return x != cudaSuccess ? x : launch(kernel, static_cast<unsigned>(blocks), L::kThreads, bytes, st, p, maps);
+        return x != cudaSuccess ? x : launch(kernel, static_cast<unsigned>(blocks), L::kBlockThreads, bytes, st, p, maps);
       };
       // dQ' in any order: the 128-key mma.sync layouts' kernels without the order's fence
       // (kOrdered).
