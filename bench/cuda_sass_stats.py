@@ -166,9 +166,10 @@ template <class In, int D> void print(const char *dt) {
   std::printf("backward_sub %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
               S::kThreads, S::bytes, S::bytes_dist, S::gsum, S::bytes_rowcol, 8LL * 16 * S::BQ * D + 2LL * S::BQ * D * S::BK / S::kWarps,
               S::kSubs);
-  // The wgmma layout (sm_90a, D 64 and 128): 128 keys over two warpgroups, BQ 64.
+  // The wgmma layout (sm_90a, D 64 and 128): 128 keys over two consumer warpgroups, BQ 64, and a
+  // producer warpgroup (the block's threads; the FLOPs are the consumer warps').
   std::printf("backward_wgmma %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
-              W::kThreads, W::bytes, W::bytes_dist, W::gsum, W::bytes_rowcol, 8LL * 16 * W::BQ * D + 2LL * W::BQ * D * W::BK / W::kWarps,
+              W::kBlockThreads, W::bytes, W::bytes_dist, W::gsum, W::bytes_rowcol, 8LL * 16 * W::BQ * D + 2LL * W::BQ * D * W::BK / W::kWarps,
               W::kSubs);
   // The wide layout with dQ' by TMA reductions (APE_CUDA_DQ_TMA=1; sm_90a, D 64 and 128).
   std::printf("backward_dqtma %s %d threads=%d smem=%zu smem_dist=%zu smem_dist_fixed=%zu smem_rowcol=%zu flops=%lld subs=%d\n", dt, D,
@@ -513,7 +514,10 @@ def main():
                  f"{FA3_BWD['ipm']} instrs/MFLOP ({FA3_BWD['instrs']} per consumer warp and iteration, "
                  f"{FA3_BWD['hgmma']} HGMMA), {FA3_BWD['lsu_b_per_kflop']} + {FA3_BWD['wgmma_b_per_kflop']} "
                  "bytes of shared memory per kFLOP: the reference for the backward_wgmma rows, whose bar is "
-                 f"<= 1.3x ({round(1.3 * FA3_BWD['ipm'])}).")
+                 f"<= 1.3x ({round(1.3 * FA3_BWD['ipm'])}). Its rows' registers are the launch's (384 threads: "
+                 "168); the consumer warpgroups run with 240 (setmaxnreg), the producer warpgroup with 24, "
+                 "whose loop (TMA loads, the semaphore's turns, the dQ' tiles' TMA reductions) is not counted: the "
+                 "consumers' instruction stream is.")
     lines.append("")
     lines.append(f"Shared memory per kFLOP: FlashAttention-2's backward (PyTorch's build, sm_90, bf16, d_h = 128, "
                  f"causal; FA2_SMEM in this script) {FA2_SMEM['bytes_per_kflop']} bytes through the load/store "

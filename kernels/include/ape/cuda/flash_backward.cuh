@@ -86,6 +86,11 @@ template <class In, int D, int kLayout, int kQ = bwd_default_bq(D, kLayout)> str
   // threads are its consumers.
   static constexpr bool kProducer = kWgmma;
   static constexpr int kBlockThreads = kThreads + (kProducer ? 128 : 0);
+  // __launch_bounds__'s minimum of blocks per SM, stated so that ptxas knows the registers a
+  // thread starts with (65,536 / 384 = 168 with a producer; 255 for every other layout, as without
+  // it): without it ptxas ignores setmaxnreg where it cannot tell them (its note C7508; the wgmma
+  // layout at d_h 64 then ran its consumers in 168 registers and spilled).
+  static constexpr int kMinBlocks = kProducer ? 1 : 0;
   // (kBwdSquare: sm_90's where its distance sums need it; the launch asks the device.)
   static constexpr size_t kLimit =
       kLayout == kBwdNarrow ? kSmemLimit : kDqTma || kSquare ? kSmemLimitSm90 : kSmemLimitWide;
@@ -383,7 +388,7 @@ __device__ inline void load_row_stats(float *sLse, float *sDelta, const float *s
 // fire-and-forget REDG (bench/results/gpu_h100.md, "The dQ' adds in compiled code"); the other
 // layouts' kernels (kOrdered true) follow Params::dq_ordered at run time.
 template <class Enc, class In, int D, bool kOrdered, int kLayout>
-__global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads)
+__global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTiles<In, D, kLayout>::kMinBlocks)
     flash_backward_kernel(const __grid_constant__ Params<Enc, In> p, const __grid_constant__ BwdMaps maps) {
   using C = BwdLayout<Enc, In, D, kLayout>;
   constexpr bool kWg = C::kWgmma;       // the products on wgmma (sm_90a)
@@ -471,7 +476,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads)
     const int64_t i_end = qt * BQ + BQ < T ? qt * BQ + BQ : T;
     return masked && (i_end - 1) / BK == kt && ordered();
   };
-  auto to_dq = [&] { return kt == 0 && p.dq_direct; };
+  auto writes_dq = [&] { return kt == 0 && p.dq_direct; };
   // kDqTma: the staged dQ' tile of query tile qt added to dQ' (thread 0 of the consumers, or the
   // producer's): one TMA reduction per box of 32 columns (bulk reductions of whole 128-byte rows,
   // no per-thread atomics; rows past T are not written), waited on at the next step's turn or at
@@ -531,7 +536,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads)
         if (role == 1 && lead) take_turn(qt, -1);
         block_sync();  // dS^T complete (the consumers' products read it after), the turn ours
         block_sync();  // the staged dQ' tile complete
-        if (role == 1 && lead && !(first_on(qt, qt < qt_plain || qt >= n_full) || to_dq())) reduce_dq(qt);
+        if (role == 1 && lead && !(first_on(qt, qt < qt_plain || qt >= n_full) || writes_dq())) reduce_dq(qt);
         // This step's buffer for step qt + 2: every product that reads it (S^T, dP^T, dV, dK')
         // completed before the barrier above, so the copy runs under the rest of this step and
         // the next one (the consumers' own cp.async of the row statistics go a step ahead).
@@ -1208,6 +1213,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads)
     // (In any order, !ordered(): every block reduces into the zeroed dQ'.) The unmasked steps
     // compile without the first block's path.
     const bool first = first_on(qt, kMasked);
+    const bool to_dq = writes_dq();  // (once: read again, the compiler compiled rows_out twice)
     // The fragments into the staging rows (`at(r, c)`: element (r, c), c even, a lane's pair in
     // one 16-byte chunk), and the staged tile's rows < T to dQ' or dq in 16-byte chunks.
     auto stage_rows = [&](auto at) {
@@ -1236,7 +1242,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads)
           const ptx::F4 a = ptx::ld_cg_16(gq + 4 * x);
           v = ptx::F4{a.x + v.x, a.y + v.y, a.z + v.z, a.w + v.w};
         }
-        if (to_dq()) {
+        if (to_dq) {
           struct alignas(8) Four {
             uint32_t lo, hi;
           };
@@ -1273,7 +1279,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads)
       } else {
         stage_rows(dq_box);
       }
-      const bool bulk = !(first || to_dq());  // the same for every thread of the block
+      const bool bulk = !(first || to_dq);  // the same for every thread of the block
       if (bulk) ptx::fence_proxy_async();    // the rows, for the TMA's reads
       block_sync();                          // the staged tile is complete
       if (bulk) {
@@ -1281,7 +1287,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads)
       } else {
         rows_out(dq_box);
       }
-    } else if (first || to_dq()) {  // the same for every thread of the block
+    } else if (first || to_dq) {  // the same for every thread of the block
       auto at = [&](int r, int c) { return dq_stage(buf, r, c / 4) + c % 4; };
       if constexpr (kSq) __syncthreads();  // every warp's dV and dK' products have read Q' and dO
       stage_rows(at);
