@@ -246,106 +246,98 @@ void mma_m16n8k16(int elem, float *d, const uint32_t *a, const uint32_t *b, cons
   }, Site{__builtin_return_address(0)});
 }
 
-// ---- ldmatrix ---------------------------------------------------------------------------------------
+// ---- ldmatrix, stmatrix -----------------------------------------------------------------------------
+// `count` 8 x 8 matrices of 16-bit elements between shared memory and a warp's registers: lane
+// 8 mat + r gives the address of row r of matrix mat (16 bytes, 16-byte aligned), and lane l's
+// register mat holds elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix mat, in its
+// low and high halves (.trans: the elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4)).
 namespace {
-struct LdmatrixArg {
+struct MatrixArg {
   int count;
   bool trans;
   uint32_t *regs;
-  const void *row;
+  void *row;
 };
+using Matrices = uint16_t[4][8][8];
+
+// Every lane present and asking for the same shape; else a finding.
+bool matrix_shapes(const char *op, unsigned mask, void *const *args) {
+  if (mask != 0xffffffffu) {
+    report(Check::Synccheck, std::string(op) + " needs all 32 lanes");
+    return false;
+  }
+  const auto *first = static_cast<MatrixArg *>(args[0]);
+  for (unsigned lane = 1; lane < 32; ++lane) {
+    const auto *x = static_cast<MatrixArg *>(args[lane]);
+    if (x->count != first->count || x->trans != first->trans) {
+      report(Check::Synccheck, std::string(op) + ": lanes give different shapes");
+      return false;
+    }
+  }
+  return true;
+}
+
+// Each matrix row between shared memory and m, accessed as the lane that gives its address.
+void matrix_rows(const char *op, Warp &w, void *const *args, Matrices &m, bool store) {
+  const int count = static_cast<MatrixArg *>(args[0])->count;
+  Thread *runner = tl_worker.thread;
+  for (int mat = 0; mat < count; ++mat)
+    for (int r = 0; r < 8; ++r) {
+      const unsigned lane = static_cast<unsigned>(8 * mat + r);
+      char *row = static_cast<char *>(static_cast<MatrixArg *>(args[lane])->row);
+      tl_worker.thread = w.lanes[lane];
+      if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+        std::ostringstream os;
+        os << op << ": lane " << lane << " gives a row address that is not 16-byte aligned";
+        report(Check::Memcheck, os.str());
+      }
+      check_access(row, 16, store ? Access::Write : Access::Read, nullptr);
+      if (store) std::memcpy(row, m[mat][r], 16);
+      else std::memcpy(m[mat][r], row, 16);
+    }
+  tl_worker.thread = runner;
+}
+
+// Element e (0: low half, 1: high) of lane's register mat.
+uint16_t &matrix_elem(Matrices &m, int mat, unsigned lane, int e, bool trans) {
+  const int r = static_cast<int>(lane / 4), c = 2 * static_cast<int>(lane % 4) + e;
+  return trans ? m[mat][c][r] : m[mat][r][c];
+}
 }  // namespace
 
 void ldmatrix(int count, bool trans, uint32_t *regs, const void *row_addr) {
-  LdmatrixArg arg{count, trans, regs, row_addr};
+  MatrixArg arg{count, trans, regs, const_cast<void *>(row_addr)};
   collective(kLdmatrix, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
-    if (mask != 0xffffffffu) return report(Check::Synccheck, "ldmatrix needs all 32 lanes");
-    const int count = static_cast<LdmatrixArg *>(args[0])->count;
-    const bool trans = static_cast<LdmatrixArg *>(args[0])->trans;
-    for (unsigned lane = 1; lane < 32; ++lane) {
-      auto *x = static_cast<LdmatrixArg *>(args[lane]);
-      if (x->count != count || x->trans != trans)
-        return report(Check::Synccheck, "ldmatrix: lanes ask for different shapes");
-    }
-    uint16_t m[4][8][8];
-    Thread *runner = tl_worker.thread;
-    for (int mat = 0; mat < count; ++mat)
-      for (int r = 0; r < 8; ++r) {
-        const unsigned lane = static_cast<unsigned>(8 * mat + r);
-        const char *row = static_cast<const char *>(static_cast<LdmatrixArg *>(args[lane])->row);
-        tl_worker.thread = w.lanes[lane];  // the lane that gives the address reads the row
-        if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
-          std::ostringstream os;
-          os << "ldmatrix: lane " << lane << " gives a row address that is not 16-byte aligned";
-          report(Check::Memcheck, os.str());
-        }
-        check_access(row, 16, Access::Read, nullptr);
-        std::memcpy(m[mat][r], row, 16);
-      }
-    tl_worker.thread = runner;
-    for (unsigned lane = 0; lane < 32; ++lane) {
-      auto *x = static_cast<LdmatrixArg *>(args[lane]);
-      const int r = static_cast<int>(lane / 4), c = 2 * static_cast<int>(lane % 4);
-      for (int mat = 0; mat < count; ++mat) {
-        const uint16_t lo = trans ? m[mat][c][r] : m[mat][r][c];
-        const uint16_t hi = trans ? m[mat][c + 1][r] : m[mat][r][c + 1];
-        x->regs[mat] = static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16;
-      }
-    }
+    if (!matrix_shapes("ldmatrix", mask, args)) return;
+    const auto *a0 = static_cast<MatrixArg *>(args[0]);
+    Matrices m;
+    matrix_rows("ldmatrix", w, args, m, false);
+    for (unsigned lane = 0; lane < 32; ++lane)
+      for (int mat = 0; mat < a0->count; ++mat)
+        static_cast<MatrixArg *>(args[lane])->regs[mat] =
+            static_cast<uint32_t>(matrix_elem(m, mat, lane, 0, a0->trans)) |
+            static_cast<uint32_t>(matrix_elem(m, mat, lane, 1, a0->trans)) << 16;
   }, Site{__builtin_return_address(0)});
 }
 
-// ---- stmatrix ---------------------------------------------------------------------------------------
-namespace {
-struct StmatrixArg {
-  int count;
-  bool trans;
-  const uint32_t *regs;
-  void *row;
-};
-}  // namespace
-
 void stmatrix(int count, bool trans, const uint32_t *regs, void *row_addr) {
-  StmatrixArg arg{count, trans, regs, row_addr};
+  MatrixArg arg{count, trans, const_cast<uint32_t *>(regs), row_addr};
   collective(kStmatrix, 0xffffffffu, &arg, [](Warp &w, unsigned mask, void *const *args) {
-    if (mask != 0xffffffffu) return report(Check::Synccheck, "stmatrix needs all 32 lanes");
+    if (!matrix_shapes("stmatrix", mask, args)) return;
     if (arch() < 90) {  // the instruction does not exist before sm_90: an illegal instruction there
       std::ostringstream os;
       os << "stmatrix needs sm_90 or later; the emulator poses as sm_" << arch();
       return report(Check::Launch, os.str());
     }
-    const int count = static_cast<StmatrixArg *>(args[0])->count;
-    const bool trans = static_cast<StmatrixArg *>(args[0])->trans;
-    for (unsigned lane = 1; lane < 32; ++lane) {
-      auto *x = static_cast<StmatrixArg *>(args[lane]);
-      if (x->count != count || x->trans != trans)
-        return report(Check::Synccheck, "stmatrix: lanes give different shapes");
-    }
-    uint16_t m[4][8][8];
-    for (unsigned lane = 0; lane < 32; ++lane) {
-      const auto *x = static_cast<StmatrixArg *>(args[lane]);
-      const int r = static_cast<int>(lane / 4), c = 2 * static_cast<int>(lane % 4);
-      for (int mat = 0; mat < count; ++mat) {
-        const auto lo = static_cast<uint16_t>(x->regs[mat]), hi = static_cast<uint16_t>(x->regs[mat] >> 16);
-        (trans ? m[mat][c][r] : m[mat][r][c]) = lo;
-        (trans ? m[mat][c + 1][r] : m[mat][r][c + 1]) = hi;
+    const auto *a0 = static_cast<MatrixArg *>(args[0]);
+    Matrices m;
+    for (unsigned lane = 0; lane < 32; ++lane)
+      for (int mat = 0; mat < a0->count; ++mat) {
+        const uint32_t v = static_cast<MatrixArg *>(args[lane])->regs[mat];
+        matrix_elem(m, mat, lane, 0, a0->trans) = static_cast<uint16_t>(v);
+        matrix_elem(m, mat, lane, 1, a0->trans) = static_cast<uint16_t>(v >> 16);
       }
-    }
-    Thread *runner = tl_worker.thread;
-    for (int mat = 0; mat < count; ++mat)
-      for (int r = 0; r < 8; ++r) {
-        const unsigned lane = static_cast<unsigned>(8 * mat + r);
-        char *row = static_cast<char *>(static_cast<StmatrixArg *>(args[lane])->row);
-        tl_worker.thread = w.lanes[lane];  // the lane that gives the address writes the row
-        if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
-          std::ostringstream os;
-          os << "stmatrix: lane " << lane << " gives a row address that is not 16-byte aligned";
-          report(Check::Memcheck, os.str());
-        }
-        check_access(row, 16, Access::Write, nullptr);
-        std::memcpy(row, m[mat][r], 16);
-      }
-    tl_worker.thread = runner;
+    matrix_rows("stmatrix", w, args, m, true);
   }, Site{__builtin_return_address(0)});
 }
 
