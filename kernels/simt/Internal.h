@@ -145,6 +145,7 @@ struct Mbar {
 // the current round (0: none arrived yet) and those arrived.
 struct NamedBar {
   unsigned count = 0, arrived = 0;
+  bool arrive_only = false;  // a thread of the round arrived without waiting (bar.arrive)
 };
 
 struct Block {

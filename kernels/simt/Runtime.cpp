@@ -674,8 +674,9 @@ void syncthreads(const char *file, int line) {
 // bar.sync / bar.arrive id, count: a round of barrier `id` completes when `count` threads (whole
 // warps) of the block have arrived, by either; bar.sync waits for its round, bar.arrive does not.
 // The race check credits block barriers, rounds of a named barrier that every thread of the block
-// takes part in (count = the block's threads: a block barrier under another id, as warp-specialised
-// kernels use one where their roles run different code) and warp collectives with ordering, so
+// takes part in by bar.sync (count = the block's threads: a block barrier under another id, as
+// warp-specialised kernels use one where their roles run different code; a thread that arrives by
+// bar.arrive runs on unordered) and warp collectives with ordering, so
 // accesses that only a named barrier of fewer threads orders across warps are reported
 // (conservative: the kernels use those to order work, e.g. whose wgmma issue comes first, not to
 // publish shared memory).
@@ -704,9 +705,11 @@ void named_barrier(int id, int count, bool wait, const char *file, int line) {
     os << "barrier " << id << ": threads arrive with counts " << nb.count << " and " << count;
     report(Check::Synccheck, os.str(), __builtin_return_address(0));
   }
+  if (!wait) nb.arrive_only = true;
   if (++nb.arrived >= nb.count) {  // the round completes: its waiters run on
     nb.arrived = 0;
-    if (nb.count == static_cast<unsigned>(nthreads)) ++b.epoch;  // every thread: a block barrier
+    if (nb.count == static_cast<unsigned>(nthreads) && !nb.arrive_only) ++b.epoch;  // a block barrier
+    nb.arrive_only = false;
     b.launch->traffic[kTrNamedRounds + id].fetch_add(1, std::memory_order_relaxed);
     for (Thread &o : b.threads)
       if (o.state == State::Named && o.op_kind == id) o.state = State::Ready;

@@ -873,7 +873,9 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
 // (dist_sat_kernel) to one sum per thread instead of its diagonals' (the saturated steps), after
 // handing the running sums of the last diagonal step to the slice's. The other tests' sizes have
 // no such step; at T 520 the first key tile has 4 (64 queries per step, 128 keys per block) and
-// the second 2; the narrow layout (D 128 posing as sm_86: 32 and 64) has 10 and 8.
+// the second 2; the narrow layout (D 128 posing as sm_86: 32 and 64) has 10 and 8. Posing as
+// sm_90, also the wgmma backward (APE_CUDA_WGMMA_BACKWARD=1), whose producer warpgroup takes the
+// consumers' barrier before the saturated steps too.
 TEST(CudaLaunch, SaturatedDistanceStepsMatchReferences) {
   const CudaKernelEntry *e = find_cuda("t5");
 #ifdef APE_SIMT
@@ -896,10 +898,21 @@ TEST(CudaLaunch, SaturatedDistanceStepsMatchReferences) {
       check_problem("t5", *var, make_problem(*e, 1, 1, 520, D, 9300 + D + sm));
       if (HasFatalFailure()) return;
       ++checked;
+#ifdef APE_SIMT
+      if (sm == 90) {
+        SCOPED_TRACE("wgmma backward");
+        const EnvScope wgmma({{"APE_CUDA_WGMMA_BACKWARD", "1"}});
+        ape::simt::take_traffic();
+        check_problem("t5", *var, make_problem(*e, 1, 1, 520, D, 9400 + D));
+        if (HasFatalFailure()) return;
+        EXPECT_EQ(flash_backward_layouts(), std::vector<std::string>{"wgmma"});
+        ++checked;
+      }
+#endif
     }
   }
 #ifdef APE_SIMT
-  EXPECT_EQ(checked, 5);
+  EXPECT_EQ(checked, 7);
 #else
   EXPECT_EQ(checked, 2);
 #endif
@@ -1265,16 +1278,34 @@ TEST(CudaLaunch, SquareDqTmaMatchesReferences) {
 // each parameter is staged while it fits (48 KiB in the backward, 8 KiB in the forward), the rest
 // read and summed in global memory. FIRE's w2 has 32 H elements: at H = 3 every parameter is
 // staged; at H = 80 (2706 elements, 53 KiB with their gradients) w2 is not and the others are, in
-// both passes. Both against the references, with the gradients summed per block.
+// both passes. Both against the references, with the gradients summed per block. Then through the
+// Hopper kernels (their opt-ins; posing as sm_90 under the emulator): the wgmma backward stages and
+// flushes with its consumers' 256 threads (its producer warpgroup does neither), so at H = 12
+// w2's 384 elements, staged, take two rounds of them (a stride of the block's 384 threads once
+// left elements 256-383 unstaged and their gradients unsummed); the Hopper forward copies with all
+// of its threads.
 TEST(CudaLaunch, StagedParametersMatchReferences) {
   const CudaKernelEntry *e = find_cuda("fire");
   if (!e) GTEST_SKIP() << "FIRE's CUDA kernels are not in this build";
   const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 64);
   ASSERT_NE(var, nullptr) << "fire bf16/hd64 is in every build with FIRE";
-  for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{2, 3, 77}, {1, 80, 33}}) {
-    SCOPED_TRACE("fire bf16 D=64 B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T));
-    check_problem("fire", *var, make_problem(*e, B, H, T, 64, 7000 * T + 10 * B + H));
-    if (HasFatalFailure()) return;
+  for (bool hopper : {false, true}) {
+#ifdef APE_SIMT
+    std::optional<PoseAsSm90> pose;
+    if (hopper) pose.emplace(), ape::simt::take_traffic();
+#endif
+    std::optional<HopperOptIns> opt_ins;
+    if (hopper) opt_ins.emplace();
+    for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{2, 3, 77}, {1, 12, 33}, {1, 80, 33}}) {
+      if (!hopper && H == 12) continue;
+      SCOPED_TRACE(std::string(hopper ? "Hopper kernels: " : "") + "fire bf16 D=64 B=" + std::to_string(B) +
+                   " H=" + std::to_string(H) + " T=" + std::to_string(T));
+      check_problem("fire", *var, make_problem(*e, B, H, T, 64, 7000 * T + 10 * B + H));
+      if (HasFatalFailure()) return;
+    }
+#ifdef APE_SIMT
+    if (hopper) EXPECT_EQ(flash_backward_layouts(), std::vector<std::string>(3, "wgmma"));
+#endif
   }
 }
 

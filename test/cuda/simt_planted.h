@@ -13,7 +13,7 @@ namespace planted {
 // Block of `threads`: each thread writes smem[t] = t, then reads smem[(t + 1) % threads] into
 // out[t]. With `sync`, a __syncthreads separates the two; without, racecheck must fire.
 int neighbour_exchange(int threads, bool sync, std::vector<int> &out);
-int neighbour_exchange_named(int threads, bool whole, std::vector<int> &out);
+int neighbour_exchange_named(int threads, int mode, std::vector<int> &out);
 // Each thread reads smem[t] and then writes smem[(t + 1) % threads] without a barrier in between:
 // a write-after-read race.
 int read_then_overwrite(int threads);

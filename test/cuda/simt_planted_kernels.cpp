@@ -31,16 +31,18 @@ __global__ void neighbour_kernel(int *out, bool sync) {
   out[t] = s[(t + 1) % n];
 }
 
-// The same exchange ordered by a named barrier: of every thread of the block (`whole`, a block
-// barrier under another id), or of each half of it under its own id.
-__global__ void neighbour_named_kernel(int *out, bool whole) {
+// The same exchange ordered by a named barrier: of every thread of the block (mode 0, a block
+// barrier under another id), of each half of it under its own id (1), or of every thread with the
+// last warp arriving by bar.arrive (2: it runs on without waiting for the others' writes).
+__global__ void neighbour_named_kernel(int *out, int mode) {
   namespace ptx = ape::cuda::ptx;
   APE_DYNAMIC_SMEM(smem);
   int *s = reinterpret_cast<int *>(smem);
   const int t = threadIdx.x, n = blockDim.x;
   s[t] = t;
-  if (whole) ptx::bar_sync(1, n);
-  else ptx::bar_sync(1 + 2 * t / n, n / 2);
+  if (mode == 1) ptx::bar_sync(1 + 2 * t / n, n / 2);
+  else if (mode == 2 && t >= n - 32) ptx::bar_arrive(1, n);
+  else ptx::bar_sync(1, n);
   out[t] = s[(t + 1) % n];
 }
 
@@ -388,9 +390,9 @@ int neighbour_exchange(int threads, bool sync, std::vector<int> &out) {
   return err;
 }
 
-int neighbour_exchange_named(int threads, bool whole, std::vector<int> &out) {
+int neighbour_exchange_named(int threads, int mode, std::vector<int> &out) {
   int *d = device_alloc<int>(threads);
-  const int err = launch(neighbour_named_kernel, 1, threads, threads * sizeof(int), nullptr, d, whole);
+  const int err = launch(neighbour_named_kernel, 1, threads, threads * sizeof(int), nullptr, d, mode);
   to_host(out, d, threads);
   cudaFree(d);
   return err;

@@ -21,7 +21,8 @@ namespace detail {
 //   dQ'(tile) += dS K'                          (dS^T through shared memory, ldmatrix.trans)
 // so 5 GEMMs per tile pair (the two-kernel backward recomputed S and dP: 7), with dK', dV in
 // registers until the end. Q', dO of the next query tile are prefetched into the other half of
-// double buffers: by cp.async, or by TMA from thread 0 in the wgmma layout.
+// double buffers: by cp.async, or in the wgmma layout by TMA from its producer warpgroup, two
+// steps ahead.
 //
 // dQ is deterministic: the blocks of one slice add their dQ' tiles into the fp32 dQ' in a fixed
 // order, highest key tile first, by a semaphore per (slice, query tile): the block of key tile kt
@@ -31,9 +32,10 @@ namespace detail {
 // can write dq, both in 16-byte chunks staged in shared memory; the blocks between add their
 // fragments by fp32 reductions, in the semaphore's order (the wgmma layout and kBwdWideTma: the
 // staged tile by TMA reductions, complete before the release). The semaphores work as CUTLASS's generic
-// barrier: thread 0 polls with relaxed loads (the first issued a step before it is needed),
-// fences (acq_rel, gpu scope) and increments by a relaxed reduction, and the bar.sync before the
-// fence makes it cover every thread's adds (cumulativity): no thread of the block fences its own.
+// barrier: one thread (thread 0; the producer's in the wgmma layout) polls with relaxed loads (thread
+// 0 issues the first a step before it is needed), fences (acq_rel, gpu scope) and increments by a
+// relaxed reduction, and the bar.sync before the fence makes it cover every thread's adds
+// (cumulativity): no thread of the block fences its own.
 // The grid is 1-D and slice-major, highest key tile first within a slice, so a block waits only on
 // blocks that started before it; a block starts at its diagonal, BK / BQ query tiles below its
 // neighbour's, so in steady state it trails by as many steps and finds its turn ready; the blocks
@@ -496,6 +498,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
       ptx::red_relaxed_gpu_add(sem + n_qt - 1, 1);
     }
   };
+  [[maybe_unused]] uint64_t *bars = reinterpret_cast<uint64_t *>(smem + C::bars);
   if constexpr (C::kProducer) {
     // kBwdWgmma's producer warpgroup (FlashAttention-3's form): its warp 0 loads each step's Q'
     // and dO tiles by TMA into the double buffers (their mbarriers: phase the buffer's fills so
@@ -508,9 +511,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     // producer's work exactly as they ordered thread 0's. It keeps 24 registers and gives the
     // rest to the consumers (setmaxnreg: 240 each).
     if (threadIdx.x == 0) {
-      uint64_t *b = reinterpret_cast<uint64_t *>(smem + C::bars);
-      ptx::mbar_init(b, 1);
-      ptx::mbar_init(b + 1, 1);
+      ptx::mbar_init(bars, 1);
+      ptx::mbar_init(bars + 1, 1);
       ptx::mbar_init_fence();
     }
     block_sync();  // the mbarriers initialised before anyone uses them (the consumers wait before their first barrier)
@@ -519,11 +521,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
       const int role = warp - C::kWarps;
       const bool lead = lane == 0;
       In *pQ = reinterpret_cast<In *>(smem + C::q), *pDO = reinterpret_cast<In *>(smem + C::dout);
-      uint64_t *pbars = reinterpret_cast<uint64_t *>(smem + C::bars);
       auto tma_q_dout = [&](int b, int64_t qt) {
-        ptx::mbar_arrive_expect_tx(pbars + b, 2u * sizeof(In) * BQ * D);
-        hopper::tma_tile<BQ, D>(pQ + b * BQ * D, &maps.q, qt * BQ, bh, pbars + b);
-        hopper::tma_tile<BQ, D>(pDO + b * BQ * D, &maps.dout, qt * BQ, bh, pbars + b);
+        ptx::mbar_arrive_expect_tx(bars + b, 2u * sizeof(In) * BQ * D);
+        hopper::tma_tile<BQ, D>(pQ + b * BQ * D, &maps.q, qt * BQ, bh, bars + b);
+        hopper::tma_tile<BQ, D>(pDO + b * BQ * D, &maps.dout, qt * BQ, bh, bars + b);
       };
       if (role == 0 && lead) {  // both buffers at once
         tma_q_dout(0, qt0);
@@ -557,7 +558,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     for (int x = static_cast<int>(threadIdx.x); x < 2 * BQ * kVR; x += C::kThreads) sMass[x] = 0;
   [[maybe_unused]] unsigned char *cache = smem + flash_bwd_bytes<Enc, C>();
   if constexpr (flash_param_cache<Enc>())  // used after the first step's barrier
-    ParamCache<Enc>::stage(p, cache, ctx, true);
+    ParamCache<Enc>::stage(p, cache, ctx, true, C::kThreads);  // (the consumers)
   // A score mod of the general form (neither a distance nor a row/column bias) whose gradient
   // adds to per-token sums for each element (relative rows: Transformer-XL, DeBERTa; token sums:
   // K-Cable): every lane calls it at once and the sinks are warp collectives (WarpFixedRef), so
@@ -653,9 +654,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   using KRows = std::integral_constant<int, BK>;
   using QRows = std::integral_constant<int, BQ>;
   // wgmma: the producer warpgroup loads each step's Q' and dO tiles by TMA into the buffer's half,
-  // completing on its mbarrier (phase: the buffer's fills so far, mod 2); everything else is
-  // cp.async.
-  [[maybe_unused]] uint64_t *bars = reinterpret_cast<uint64_t *>(smem + C::bars);
+  // completing on its mbarrier `bars` (phase: the buffer's fills so far, mod 2); everything else
+  // is cp.async.
   load_tile(KRows{}, sK, p.km + base, j0);
   load_tile(KRows{}, sV, p.v + base, j0);
   if constexpr (!kWg) {
@@ -1103,8 +1103,8 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     if (!C::kProducer && threadIdx.x == 0) take_turn(qt, turn);
     // kWg at D = 128: dV and dK' complete here, before dQ': P^T and dS^T's registers are then free
     // for dQ's accumulators (their overlap with dQ' would spill: 120-270 bytes for ALiBi and
-    // Cable, ptxas, sm_90a). After thread 0's turn above, whose waits (the last step's TMA
-    // reductions, the semaphore, the fence) then run under these products instead of after them.
+    // Cable, ptxas, sm_90a). (The producer takes the turn meanwhile: its waits, for the last
+    // step's TMA reductions, the semaphore and the fence, run under these products.)
     if constexpr (kWg && D == 128) {
       ptx::wgmma_wait<0>();
       ptx::fence_regs(reinterpret_cast<float(&)[D / 2]>(dv[0][0]));
@@ -1256,12 +1256,13 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
       // kDqTma (FlashAttention-3's form): every block stages its tile in sDQ; the first and the
       // last go on as below, the others add it by TMA reductions (reduce_dq: thread 0, or the
       // producer's after this barrier).
-      if constexpr (C::kQCols % 32 == 0) {
+      if constexpr (C::kQCols % 32 == 0 && !kSq) {
         // The fragments' 16 8-byte stores from four addresses: with qc0 a multiple of 32 and
         // qr0 of 8, element (qr0 + 16 m + g + 8 h, qc0 + 8 dt + 2 t) is at box qc0 / 32 + dt / 4,
         // row qr0 + g + 16 m + 8 h, chunk (2 (dt % 4) + t / 2) ^ g = (2 (dt % 4) ^ (g & 6)) +
         // ((t / 2) ^ (g & 1)): a lane base, one of four lane offsets (dt % 4) and immediates.
-        // (dq_box's expression, which the compiler kept as 16 registers, 7 of them spilled.)
+        // (dq_box's expression, which the compiler kept as 16 registers, 7 of them spilled. Not
+        // for kBwdSquareTma, whose spills it moved: 388 -> 420 bytes for NoPE.)
         float *lb = sDQ + (qc0 / 32) * (BQ * 32) + (qr0 + g) * 32 + 4 * ((t >> 1) ^ (g & 1)) + 2 * (t & 1);
         float *at[4];
         #pragma unroll
@@ -1392,7 +1393,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   ptx::cp_async_wait<0>();
   block_sync();  // every thread's adds to the last query tile, then their release
   if (!C::kProducer && threadIdx.x == 0) release_last();
-  if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::flush(p, cache);  // every sink is in
+  if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::flush(p, cache, C::kThreads);  // every sink is in
   if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
     const int x = static_cast<int>(threadIdx.x);
     const int64_t d = (n_qt - 1) * BQ - j0 - (BK - 1) + x;

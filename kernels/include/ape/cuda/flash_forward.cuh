@@ -107,17 +107,21 @@ template <class Enc> inline uint32_t param_cache_mask(int64_t H, int64_t D, size
 }
 // Stages the cached parameters at `base` and points the context's parameters (and, with `grads`,
 // its parameter sinks) there; a barrier must follow before the functors run. flush() adds the
-// block's sums to the global ones after a barrier that follows the last sink.
+// block's sums to the global ones after a barrier that follows the last sink. Threads
+// 0 .. threads - 1 copy and flush (every thread of the block, or a warp-specialised kernel's
+// consumers: the wgmma backward's producer warpgroup does neither).
 template <class Enc> struct ParamCache {
   template <class In>
-  __device__ static void stage(const Params<Enc, In> &p, unsigned char *base, DevCtx<Enc> &ctx, bool grads) {
-    copy(p, base, grads);
+  __device__ static void stage(const Params<Enc, In> &p, unsigned char *base, DevCtx<Enc> &ctx, bool grads,
+                               int threads) {
+    copy(p, base, grads, threads);
     point(p, base, ctx, grads);
   }
   // The two halves of stage(), for a kernel whose threads make their contexts after the barrier.
-  template <class In> __device__ static void copy(const Params<Enc, In> &p, unsigned char *base, bool grads) {
+  template <class In>
+  __device__ static void copy(const Params<Enc, In> &p, unsigned char *base, bool grads, int threads) {
     each(p, base, grads, [&](int n, int64_t numel, float *v, unsigned long long *g) {
-      for (int64_t x = threadIdx.x; x < numel; x += blockDim.x) {
+      for (int64_t x = threadIdx.x; x < numel; x += threads) {
         v[x] = p.params[n][x];
         if (grads) g[2 * x] = g[2 * x + 1] = 0;
       }
@@ -130,10 +134,10 @@ template <class Enc> struct ParamCache {
       if (grads && ctx.dparams.p[n]) ctx.dparams.p[n] = g;
     });
   }
-  template <class In> __device__ static void flush(const Params<Enc, In> &p, unsigned char *base) {
+  template <class In> __device__ static void flush(const Params<Enc, In> &p, unsigned char *base, int threads) {
     uint32_t st = 0;
     each(p, base, true, [&](int n, int64_t numel, float *, unsigned long long *g) {
-      for (int64_t x = threadIdx.x; x < numel; x += blockDim.x) {
+      for (int64_t x = threadIdx.x; x < numel; x += threads) {
         const long long hi = static_cast<long long>(g[2 * x]), lo = static_cast<long long>(g[2 * x + 1]);
         if (hi != 0 || lo != 0) st |= fixed_atomic_add(p.dparam_fx[n] + 2 * x, hi, lo);
       }
@@ -284,7 +288,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
   DevCtx<Enc> ctx = make_ctx(p, bh, false);
   if constexpr (flash_param_cache<Enc>())  // read after the first step's barrier
-    ParamCache<Enc>::stage(p, smem + flash_fwd_bytes<Enc, In, D>(), ctx, false);
+    ParamCache<Enc>::stage(p, smem + flash_fwd_bytes<Enc, In, D>(), ctx, false, C::kThreads);
   // Value rows: the masses of this warp's rows (kMass per row) at sMass (flash_forward_runs).
   constexpr int kMass = static_cast<int>(value_rows<Enc>());
   [[maybe_unused]] float *sMass = reinterpret_cast<float *>(smem + flash_smem_bytes<Enc, C>());

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     ptx::mbar_init_fence();
   }
   static_assert(C::bytes % 16 == 0, "the parameter cache's base");
-  if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::copy(p, smem + C::bytes, false);
+  if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::copy(p, smem + C::bytes, false, C::kThreads);
   __syncthreads();
 
   if (wg == 0) {  // ---- producer
