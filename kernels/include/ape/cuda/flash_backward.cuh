@@ -1214,19 +1214,22 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     // compile without the first block's path.
     const bool first = first_on(qt, kMasked);
     const bool to_dq = writes_dq();  // (once: read again, the compiler compiled rows_out twice)
-    // The fragments into the staging rows (`at(r, c)`: element (r, c), c even, a lane's pair in
+    // The fragments into the staging rows (`frag(m, h, dt)`: where the lane's pair of rows h of
+    // tile m kQDT + dt goes; `rc(at)` that of `at(r, c)`, element (r, c), c even, a lane's pair in
     // one 16-byte chunk), and the staged tile's rows < T to dQ' or dq in 16-byte chunks.
-    auto stage_rows = [&](auto at) {
+    auto stage_frags = [&](auto frag) {
       #pragma unroll
       for (int m = 0; m < C::kQM; ++m)
         #pragma unroll
         for (int h = 0; h < 2; ++h)
           #pragma unroll
           for (int dt = 0; dt < kQDT; ++dt) {
-            const int c = qc0 + 8 * dt + 2 * t;
             const float(&v)[4] = dq[kQDT * m + dt];
-            *reinterpret_cast<ptx::F2 *>(at(qr0 + 16 * m + g + 8 * h, c)) = ptx::F2{v[2 * h], v[2 * h + 1]};
+            *reinterpret_cast<ptx::F2 *>(frag(m, h, dt)) = ptx::F2{v[2 * h], v[2 * h + 1]};
           }
+    };
+    auto stage_rows = [&](auto at) {
+      stage_frags([&](int m, int h, int dt) { return at(qr0 + 16 * m + g + 8 * h, qc0 + 8 * dt + 2 * t); });
     };
     auto rows_out = [&](auto at) {
       static_assert(BQ * D / 4 % C::kThreads == 0, "whole chunks per thread");
@@ -1267,16 +1270,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
         float *at[4];
         #pragma unroll
         for (int j = 0; j < 4; ++j) at[j] = lb + 4 * ((2 * j) ^ (g & 6));
-        #pragma unroll
-        for (int m = 0; m < C::kQM; ++m)
-          #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            #pragma unroll
-            for (int dt = 0; dt < kQDT; ++dt) {
-              const float(&v)[4] = dq[kQDT * m + dt];
-              *reinterpret_cast<ptx::F2 *>(at[dt % 4] + (dt / 4) * (BQ * 32) + (16 * m + 8 * h) * 32) =
-                  ptx::F2{v[2 * h], v[2 * h + 1]};
-            }
+        stage_frags([&](int m, int h, int dt) { return at[dt % 4] + (dt / 4) * (BQ * 32) + (16 * m + 8 * h) * 32; });
       } else {
         stage_rows(dq_box);
       }
