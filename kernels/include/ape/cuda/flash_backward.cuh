@@ -20,9 +20,9 @@ namespace detail {
 //   dV += P^T dO,  dK' += dS^T Q'               (P^T, dS^T reused from registers as A operands)
 //   dQ'(tile) += dS K'                          (dS^T through shared memory, ldmatrix.trans)
 // so 5 GEMMs per tile pair (the two-kernel backward recomputed S and dP: 7), with dK', dV in
-// registers until the end. Q', dO of the next query tile are prefetched into the other half of
-// double buffers: by cp.async, or in the wgmma layout by TMA from its producer warpgroup, two
-// steps ahead.
+// registers until the end. Q', dO of the next query tile (and its rows' lse and Delta) are
+// prefetched into the other half of double buffers: by cp.async, or in the wgmma layout by TMA and
+// bulk copies from its producer warpgroup, two steps ahead.
 //
 // dQ is deterministic: the blocks of one slice add their dQ' tiles into the fp32 dQ' in a fixed
 // order, highest key tile first, by a semaphore per (slice, query tile): the block of key tile kt
@@ -501,11 +501,12 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   [[maybe_unused]] uint64_t *bars = reinterpret_cast<uint64_t *>(smem + C::bars);
   if constexpr (C::kProducer) {
     // kBwdWgmma's producer warpgroup (FlashAttention-3's form): its warp 0 loads each step's Q'
-    // and dO tiles by TMA into the double buffers (their mbarriers: phase the buffer's fills so
-    // far, mod 2), two steps ahead; its warp 1 takes the block's turns on the query tiles and adds
-    // the staged dQ' tiles by TMA reductions. The consumers keep their products and element-wise
-    // work only: the issue code, the semaphore's polls and fences and the reductions' waits leave
-    // their instruction stream (thread 0 ran them there, and its warpgroup waited for it). All
+    // and dO tiles by TMA, its rows' lse and Delta (and a distance bias's window) by bulk copies,
+    // into the double buffers (their mbarriers: phase the buffer's fills so far, mod 2), two
+    // steps ahead; its warp 1 takes the block's turns on the query tiles and adds the staged dQ'
+    // tiles by TMA reductions. The consumers keep their products and element-wise work only: the
+    // copies' issue code, the semaphore's polls and fences and the reductions' waits leave their
+    // instruction stream (thread 0 ran them there, and its warpgroup waited for it). All
     // four warps pass every block barrier with the consumers (three a step, one before the
     // saturated steps where a distance bias has them, one after the last), which order the
     // producer's work exactly as they ordered thread 0's. It keeps 24 registers and gives the
@@ -521,10 +522,21 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
       const int role = warp - C::kWarps;
       const bool lead = lane == 0;
       In *pQ = reinterpret_cast<In *>(smem + C::q), *pDO = reinterpret_cast<In *>(smem + C::dout);
+      // A step's operands on the buffer's mbarrier: Q' and dO by TMA, the rows' lse and Delta
+      // and (a distance bias) the step's window of B(d) / scale by bulk copies (16-byte aligned:
+      // the rows' strides are multiples of 4 floats, i0 of BQ, j0 of BK).
       auto tma_q_dout = [&](int b, int64_t qt) {
-        ptx::mbar_arrive_expect_tx(bars + b, 2u * sizeof(In) * BQ * D);
+        constexpr bool kDist = flash_distance<Enc>();
+        constexpr unsigned kStats = 2u * sizeof(float) * BQ, kBias = kDist ? sizeof(float) * C::kDistLen : 0u;
+        ptx::mbar_arrive_expect_tx(bars + b, 2u * sizeof(In) * BQ * D + kStats + kBias);
         hopper::tma_tile<BQ, D>(pQ + b * BQ * D, &maps.q, qt * BQ, bh, bars + b);
         hopper::tma_tile<BQ, D>(pDO + b * BQ * D, &maps.dout, qt * BQ, bh, bars + b);
+        const float *stats = p.stats + 2 * bh * p.stats_ld + qt * BQ;
+        ptx::bulk_copy(sLse + b * BQ, stats, kStats / 2, bars + b);
+        ptx::bulk_copy(sDelta + b * BQ, stats + p.stats_ld, kStats / 2, bars + b);
+        if constexpr (kDist)  // distances i0 - j0 - BK + x, x < BQ + BK (dist_table_kernel's pads)
+          ptx::bulk_copy(reinterpret_cast<float *>(smem + C::dist) + b * C::kDistLen,
+                         p.dist + bh * p.dist_ld + kDistPad + (qt * BQ - j0 - BK), kBias, bars + b);
       };
       if (role == 0 && lead) {  // both buffers at once
         tma_q_dout(0, qt0);
@@ -539,8 +551,9 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
         block_sync();  // the staged dQ' tile complete
         if (role == 1 && lead && !(first_on(qt, qt < qt_plain || qt >= n_full) || writes_dq())) reduce_dq(qt);
         // This step's buffer for step qt + 2: every product that reads it (S^T, dP^T, dV, dK')
-        // completed before the barrier above, so the copy runs under the rest of this step and
-        // the next one (the consumers' own cp.async of the row statistics go a step ahead).
+        // completed before the barrier above, and so did every read of its lse, Delta and bias
+        // window (P^T and dS^T, before the barrier before), so the copy runs under the rest of this
+        // step and the next one.
         if (role == 0 && lead && qt + 2 < n_qt) tma_q_dout(static_cast<int>((qt - qt0) & 1), qt + 2);
       }
       block_sync();  // every consumer's adds to the last query tile
@@ -573,7 +586,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   using SinkCtx = std::conditional_t<kWarpSinks, WarpDevCtx<Enc>, DevCtx<Enc>>;
   [[maybe_unused]] const SinkCtx sink_ctx(ctx);
   // Distance bias: B(i - j) / scale of query tile qt at x = c - kr + BK (i - j = i0 - j0 + c - kr)
-  // in window (qt - qt0) & 1, copied from the slice's table a step ahead like Q' and dO (the
+  // in window (qt - qt0) & 1, copied from the slice's table ahead like Q' and dO (the
   // window starts at distance i0 - j0 - BK, a multiple of BQ); the initial value of the S^T
   // accumulators, as in the forward. 0 outside [0, T) (masked elements).
   constexpr bool kDist = flash_distance<Enc>();
@@ -603,7 +616,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
         ptx::cp_async_16(sB + buf * C::kDistLen + 4 * x, dist_bh + (qt * BQ - j0 - BK) + 4 * x);
     }
   };
-  if constexpr (kDist) fill_bias(qt0, 0);
+  if constexpr (kDist && !kWg) fill_bias(qt0, 0);
   // Row/column bias: C(j0 + kr) / scale at sC[kr] for the whole block, the initial value of S^T's
   // key rows; R(i) is a constant of query row i, so it goes into the row's lse (load_row_stats).
   // The query rows' sums of scale P (dP - Delta) over the block's keys are added to the rows' fp32
@@ -662,7 +675,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     load_tile(QRows{}, sQ, p.qm + base, qt0 * BQ);
     load_tile(QRows{}, sDO, p.dout + base, qt0 * BQ);
   }
-  load_row_stats<BQ, C::kThreads>(sLse, sDelta, p.stats + 2 * bh * p.stats_ld, p.stats_ld, qt0 * BQ);
+  if constexpr (!kWg) load_row_stats<BQ, C::kThreads>(sLse, sDelta, p.stats + 2 * bh * p.stats_ld, p.stats_ld, qt0 * BQ);
   ptx::cp_async_commit();
 
   // ldmatrix lane bases (cuda/flash_tile.cuh); the other buffer is BQ D elements on.
@@ -759,7 +772,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     const int64_t i0 = qt * BQ;
     ptx::cp_async_wait<0>();
     if constexpr (kWg) {
-      ptx::mbar_wait(bars + buf, static_cast<unsigned>((qt - qt0) >> 1) & 1u);  // Q', dO of tile qt
+      ptx::mbar_wait(bars + buf, static_cast<unsigned>((qt - qt0) >> 1) & 1u);  // Q', dO, lse, Delta (B) of tile qt
       ptx::fence_proxy_async();  // the cp.async copies (K', V), for wgmma's reads
     }
     block_sync();  // tile qt landed; every warp is done with the other buffers and with sDS
@@ -770,17 +783,17 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     [[maybe_unused]] int turn = -1;
     if constexpr (C::kWarps == 8 && !C::kProducer)
       if (threadIdx.x == 0 && ordered()) turn = ptx::ld_relaxed_gpu(sem + qt);
-    if (qt + 1 < n_qt) {
-      const int nb = buf ^ 1;
-      if constexpr (!kWg) {  // (wgmma: the producer's TMA)
+    if constexpr (!kWg) {  // (wgmma: the producer's copies)
+      if (qt + 1 < n_qt) {
+        const int nb = buf ^ 1;
         load_tile(QRows{}, sQ + nb * BQ * D, p.qm + base, i0 + BQ);
         load_tile(QRows{}, sDO + nb * BQ * D, p.dout + base, i0 + BQ);
+        load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ,
+                                         p.stats + 2 * bh * p.stats_ld, p.stats_ld, i0 + BQ);
+        if constexpr (kDist) fill_bias(qt + 1, nb);
       }
-      load_row_stats<BQ, C::kThreads>(sLse + nb * BQ, sDelta + nb * BQ,
-                                       p.stats + 2 * bh * p.stats_ld, p.stats_ld, i0 + BQ);
-      if constexpr (kDist) fill_bias(qt + 1, nb);
+      ptx::cp_async_commit();
     }
-    ptx::cp_async_commit();
     const int bo = buf * 2 * BQ * D;  // the buffer's byte offset
     const float *cLse = sLse + buf * BQ, *cDelta = sDelta + buf * BQ;
 
