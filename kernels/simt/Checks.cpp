@@ -14,7 +14,10 @@
 // Race rule (per byte of shared memory): two accesses by different threads conflict unless a
 // block barrier completed between them, or both threads are lanes of one warp and a __syncwarp
 // (or other warp collective) of that warp completed between them; a conflict needs a write, and
-// two atomics never conflict.
+// two atomics never conflict. Bytes an async copy (TMA, bulk copy) wrote are ordered by their
+// mbarrier instead: a thread touches them only once it is ordered after the phase the copy
+// completes in (Thread::seen: its waits, and what block barriers, named barriers' rounds, warp
+// collectives and mbarriers' arrivals pass on), and a second copy over them likewise.
 #include "Internal.h"
 
 #include <sstream>
@@ -57,6 +60,22 @@ void shared_access(Thread &t, Block &b, const char *a, size_t n, Access kind, co
       return;
     }
     Cell &c = b.cells[at];
+    if (c.a_bar != 0) {  // an async copy's bytes: ordered only after its mbarrier's phase
+      const size_t m = c.a_bar - 1u;
+      if (m >= t.seen.size() || t.seen[m] <= c.a_phase) {
+        std::ostringstream os;
+        os << (write ? "writes " : "reads ") << n << " bytes at " << offset_text(off)
+           << " that a TMA or bulk copy writes, before this thread waited for the copy's mbarrier"
+           << " (at shared memory offset "
+           << static_cast<const char *>(b.mbars[m].first) - b.smem << ") to complete phase "
+           << c.a_phase << " (" << (write ? "write-after-write" : "read-after-write")
+           << " race with the async proxy)";
+        report(Check::Racecheck, os.str(), pc);
+        c.a_bar = 0;  // one report per conflict
+        return;
+      }
+      if (write) c.a_bar = 0;
+    }
     if (c.w_epoch == b.epoch && !ordered(c.w_tid, c.w_wsync) &&
         !(atomic && (f & kWAtomic))) {
       std::ostringstream os;
@@ -103,11 +122,36 @@ void shared_access(Thread &t, Block &b, const char *a, size_t n, Access kind, co
 
 }  // namespace
 
-void mark_async_shared_write(Block &b, const char *p, size_t n) {
+int mbar_index(const Block &b, const void *bar) {
+  for (size_t i = 0; i < b.mbars.size(); ++i)
+    if (b.mbars[i].first == bar) return static_cast<int>(i);
+  return -1;
+}
+
+void mark_async_shared_write(Block &b, const char *p, size_t n, const void *bar, bool &reported,
+                             const void *pc) {
   const size_t off = static_cast<size_t>(p - b.window);
+  const int m = mbar_index(b, bar);
+  const Thread *t = self();
   for (size_t i = 0; i < n; ++i) {
     Cell &c = b.cells[off + i];
+    if (c.a_bar != 0 && t && !reported) {
+      const size_t prev = c.a_bar - 1u;
+      if (prev >= t->seen.size() || t->seen[prev] <= c.a_phase) {
+        std::ostringstream os;
+        os << "an async copy writes shared memory offset "
+           << static_cast<long long>(off + i) - static_cast<long long>(kSmemRedzone)
+           << " that an earlier one writes, before this thread waited for the earlier copy's"
+           << " mbarrier (at shared memory offset "
+           << static_cast<const char *>(b.mbars[prev].first) - b.smem << ") to complete phase "
+           << c.a_phase << " (write-after-write race between async copies)";
+        report(Check::Racecheck, os.str(), pc);
+        reported = true;
+      }
+    }
     c.w_epoch = 0, c.r_epoch = 0;
+    c.a_bar = static_cast<uint16_t>(m + 1);
+    c.a_phase = m >= 0 ? b.mbars[static_cast<size_t>(m)].second.completed : 0;
     uint8_t &f = b.flags[off + i];
     f = static_cast<uint8_t>((f | kInit) & ~(kRMulti | kWAtomic));
   }

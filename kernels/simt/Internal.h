@@ -84,7 +84,16 @@ struct Thread {
   std::deque<std::vector<AsyncCopy>> groups;  // committed cp.async groups, oldest first
   std::vector<BulkReduce> bulk_open;               // TMA reductions since the last bulk_commit
   std::deque<std::vector<BulkReduce>> bulk_groups;  // committed, oldest first
+  // Per mbarrier of the block (its index in Block::mbars): how many of its phases this thread is
+  // ordered after, by its own waits and by what block barriers, named barriers, warp collectives
+  // and mbarrier arrivals passed on from other threads (the race rule of async copies, Checks.cpp).
+  std::vector<uint32_t> seen;
 };
+// seen = max(seen, from), element-wise.
+inline void join_seen(std::vector<uint32_t> &seen, const std::vector<uint32_t> &from) {
+  if (seen.size() < from.size()) seen.resize(from.size(), 0);
+  for (size_t i = 0; i < from.size(); ++i) seen[i] = seen[i] > from[i] ? seen[i] : from[i];
+}
 // Completes every TMA reduction of the thread (read, then added): what a return leaves in flight.
 void bulk_drain(Thread &t);
 
@@ -113,6 +122,10 @@ struct Cell {
   uint16_t w_tid, w_wsync;
   uint32_t r_epoch;  // a read since that write, 0: none
   uint16_t r_tid, r_wsync;
+  // The last write was an async copy's (TMA, bulk copy) that completes in phase a_phase of
+  // mbarrier a_bar - 1 (0: not an async copy's).
+  uint32_t a_phase;
+  uint16_t a_bar;
 };
 
 // Global-memory traffic of a launch (runtime.h, Traffic): bytes by kind, then by access width.
@@ -139,6 +152,9 @@ struct Mbar {
   unsigned count = 0, pending = 0;
   long long tx = 0;
   unsigned completed = 0;
+  // What the current phase's arrivals were ordered after (Thread::seen, joined), and what the
+  // last completed phase of each parity passes on to the threads that wait for it.
+  std::vector<uint32_t> arrived_seen, done_seen[2];
 };
 
 // A named barrier (bar.sync id, count; ids 1-15, 0 is __syncthreads'): the threads expected in
@@ -146,6 +162,7 @@ struct Mbar {
 struct NamedBar {
   unsigned count = 0, arrived = 0;
   bool arrive_only = false;  // a thread of the round arrived without waiting (bar.arrive)
+  std::vector<uint32_t> round_seen;  // the round's arrivals' Thread::seen, joined
 };
 
 struct Block {
@@ -187,9 +204,15 @@ enum class Access : uint8_t { Read, Write, Atomic };
 // instrumentation hooks do; the emulator's own loads and stores on behalf of a thread go here.
 void check_access(const void *addr, size_t bytes, Access kind, const void *pc);
 // Marks [p, p + n) of the block's shared memory as written by the async proxy (TMA, bulk
-// copies): initialised, and no thread's write for the race rule (mbarriers order these writes,
-// which block barriers do not describe).
-void mark_async_shared_write(Block &b, const char *p, size_t n);
+// copies) for the running thread, completing on mbarrier `bar` in its current phase: initialised,
+// no thread's write for the block-barrier race rule (mbarriers order these writes, which block
+// barriers do not describe), and readable by a thread only once it is ordered after that phase
+// (Thread::seen). An earlier async copy's bytes that this thread is not yet ordered after are a
+// write-after-write race (reported once per call: `reported`).
+void mark_async_shared_write(Block &b, const char *p, size_t n, const void *bar, bool &reported,
+                             const void *pc);
+// The index of mbarrier `bar` in b.mbars, -1 when it is none.
+int mbar_index(const Block &b, const void *bar);
 // Marks [p, p + n) of device memory as written (memset, copies from the host).
 void mark_initialised(const void *p, size_t n);
 // True when [p, p + n) lies in one live device allocation.

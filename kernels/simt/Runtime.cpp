@@ -293,6 +293,14 @@ std::string describe_waits(const Block &b) {
   return os.str();
 }
 
+// A block barrier: every thread is ordered after what any thread was (Thread::seen).
+void join_all_seen(Block &b) {
+  if (b.mbars.empty()) return;
+  std::vector<uint32_t> seen;
+  for (const Thread &t : b.threads) join_seen(seen, t.seen);
+  for (Thread &t : b.threads) t.seen = seen;
+}
+
 // Runs one block to its end. False when it was abandoned (deadlock).
 bool run_block(Block &b, Body body) {
   Launch &l = *b.launch;
@@ -376,6 +384,7 @@ bool run_block(Block &b, Body body) {
         report(Check::Synccheck, "threads wait at different __syncthreads calls: " +
                                      describe_waits(b));
       ++b.epoch;
+      join_all_seen(b);
       for (Thread &t : b.threads)
         if (t.state == State::Barrier) t.state = State::Ready;
       continue;
@@ -459,6 +468,13 @@ void collective(int kind, unsigned mask, void *arg, Complete complete, const Sit
   void *args[32] = {};
   for (unsigned lane = 0; lane < 32; ++lane)
     if (mask >> lane & 1u) args[lane] = w.lanes[lane]->op_arg;
+  if (!b.mbars.empty()) {  // the lanes are ordered after what any of them was (Thread::seen)
+    std::vector<uint32_t> seen;
+    for (unsigned lane = 0; lane < 32; ++lane)
+      if (mask >> lane & 1u) join_seen(seen, w.lanes[lane]->seen);
+    for (unsigned lane = 0; lane < 32; ++lane)
+      if (mask >> lane & 1u) w.lanes[lane]->seen = seen;
+  }
   complete(w, mask, args);
   ++w.sync_count;
   for (unsigned lane = 0; lane < 32; ++lane)
@@ -706,13 +722,19 @@ void named_barrier(int id, int count, bool wait, const char *file, int line) {
     report(Check::Synccheck, os.str(), __builtin_return_address(0));
   }
   if (!wait) nb.arrive_only = true;
+  join_seen(nb.round_seen, t->seen);  // an arrival releases what its thread was ordered after
   if (++nb.arrived >= nb.count) {  // the round completes: its waiters run on
     nb.arrived = 0;
     if (nb.count == static_cast<unsigned>(nthreads) && !nb.arrive_only) ++b.epoch;  // a block barrier
     nb.arrive_only = false;
     b.launch->traffic[kTrNamedRounds + id].fetch_add(1, std::memory_order_relaxed);
     for (Thread &o : b.threads)
-      if (o.state == State::Named && o.op_kind == id) o.state = State::Ready;
+      if (o.state == State::Named && o.op_kind == id) {
+        join_seen(o.seen, nb.round_seen);
+        o.state = State::Ready;
+      }
+    if (wait) join_seen(t->seen, nb.round_seen);
+    nb.round_seen.clear();
     return;
   }
   if (!wait) return;

@@ -577,6 +577,8 @@ Mbar *mbar_of(const void *bar, const char *what, const void *pc) {
 // Completes the current phase when its arrivals and transaction bytes are all in; wakes waiters.
 void mbar_settle(Block &b, const void *bar, Mbar &m) {
   if (m.pending != 0 || m.tx != 0) return;
+  m.done_seen[m.completed & 1u] = std::move(m.arrived_seen);
+  m.arrived_seen.clear();
   ++m.completed;
   m.pending = m.count;
   for (Thread &t : b.threads)
@@ -608,8 +610,8 @@ void mbar_init(void *bar, unsigned count) {
     report(Check::Memcheck, "mbarrier.init: needs 8 aligned bytes of shared memory and a count > 0", pc);
     return;
   }
-  if (Mbar *m = find_mbar(b, bar)) *m = Mbar{count, count, 0, 0};
-  else b.mbars.push_back({bar, Mbar{count, count, 0, 0}});
+  if (Mbar *m = find_mbar(b, bar)) *m = Mbar{count, count, 0, 0, {}, {}};
+  else b.mbars.push_back({bar, Mbar{count, count, 0, 0, {}, {}}});
 }
 
 void mbar_arrive(void *bar, unsigned tx_bytes) {
@@ -622,6 +624,7 @@ void mbar_arrive(void *bar, unsigned tx_bytes) {
     report(Check::Synccheck, "mbarrier.arrive: more arrivals than the barrier's count in one phase", pc);
     return;
   }
+  join_seen(m->arrived_seen, self()->seen);  // an arrival releases what its thread was ordered after
   --m->pending;
   mbar_settle(b, bar, *m);
 }
@@ -631,7 +634,16 @@ void mbar_wait(void *bar, unsigned parity) {
   const void *pc = __builtin_return_address(0);
   for (;;) {
     Mbar *m = mbar_of(bar, "mbarrier.try_wait", pc);
-    if (!m || (m->completed & 1u) != (parity & 1u)) return;
+    if (m && (m->completed & 1u) != (parity & 1u)) {
+      // Phase completed - 1 (the last of this parity) is complete: the thread is ordered after it
+      // and after what its arrivals were.
+      const size_t i = static_cast<size_t>(mbar_index(*tl_worker.block, bar));
+      if (t->seen.size() <= i) t->seen.resize(i + 1, 0);
+      t->seen[i] = t->seen[i] > m->completed ? t->seen[i] : m->completed;
+      join_seen(t->seen, m->done_seen[(m->completed - 1u) & 1u]);
+      return;
+    }
+    if (!m) return;
     t->state = State::Mbarrier;
     t->op_arg = bar;
     t->site = Site{pc};
@@ -681,6 +693,7 @@ void tma_load(void *dst, const void *map, const int *coords, void *bar) {
     return report(Check::Memcheck, os.str(), pc);
   }
   const uint32_t W = tm.swizzle / 16;
+  bool reported = false;
   std::vector<char> elem(tm.elem_bytes);
   for (size_t r = 0; r < rows; ++r) {
     const int64_t c1 = tm.rank > 1 ? coords[1] + static_cast<int64_t>(r % tm.box[1]) : 0;
@@ -703,7 +716,7 @@ void tma_load(void *dst, const void *map, const int *coords, void *bar) {
       } else {
         std::memset(to, 0, tm.elem_bytes);
       }
-      mark_async_shared_write(b, to, tm.elem_bytes);
+      mark_async_shared_write(b, to, tm.elem_bytes, bar, reported, pc);
     }
   }
   complete_tx(bar, static_cast<long long>(row * rows), pc);
@@ -848,7 +861,8 @@ void bulk_copy(void *dst, const void *src, unsigned bytes, void *bar) {
   check_access(src, bytes, Access::Read, pc);
   tl_async_copy = false;
   std::memcpy(dst, src, bytes);
-  mark_async_shared_write(b, static_cast<char *>(dst), bytes);
+  bool reported = false;
+  mark_async_shared_write(b, static_cast<char *>(dst), bytes, bar, reported, pc);
   complete_tx(bar, bytes, pc);
 }
 

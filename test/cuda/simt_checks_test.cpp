@@ -354,6 +354,31 @@ TEST_F(Simt, TmaBoxesLandSwizzledAndMbarriersOrderThem) {
   EXPECT_TRUE(has(fs, ape::simt::Check::Synccheck, "waiting on an mbarrier")) << dump(fs);
 }
 
+// The race check of async copies (TMA, bulk copies): their bytes are read or overwritten only by
+// a thread ordered after the phase of the mbarrier they complete on: by its own wait, or through a
+// warp collective, a named barrier's round or another mbarrier whose arrivals were. A block
+// barrier alone does not order them (the copy lands whenever its bytes arrive), nor does issuing
+// a second copy into the same bytes before the first was waited for.
+TEST_F(Simt, RacecheckOrdersAsyncCopiesByTheirMbarriers) {
+  for (int mode = 0; mode < 8; ++mode) {
+    std::vector<float> out;
+    ASSERT_EQ(planted::async_order(mode, out), 0) << "mode " << mode;
+    const auto fs = findings();
+    if (mode == 1) {
+      EXPECT_TRUE(has(fs, Check::Racecheck, "read-after-write race with the async proxy")) << dump(fs);
+    } else if (mode == 4 || mode == 7) {
+      EXPECT_TRUE(has(fs, Check::Racecheck, "write-after-write race between async copies")) << dump(fs);
+    } else {
+      EXPECT_TRUE(fs.empty()) << "mode " << mode << ": " << dump(fs);
+    }
+    for (int t = 0; t < 64; ++t) {
+      const float copied = static_cast<float>(mode >= 4 ? 64 + t : t);
+      const float early = mode >= 6 && t >= 32 ? static_cast<float>(t - 32) : 0.f;
+      ASSERT_EQ(out[static_cast<size_t>(t)], copied + early) << "mode " << mode << " thread " << t;
+    }
+  }
+}
+
 // Named barriers: bar.sync waits for its round, bar.arrive does not; two groups alternate as
 // FlashAttention-3's warpgroup scheduling makes them (the emulator alone would run group 0's
 // rounds first: it resumes threads in order). A missing first arrival deadlocks, reported; a

@@ -14,6 +14,14 @@ namespace planted {
 // out[t]. With `sync`, a __syncthreads separates the two; without, racecheck must fire.
 int neighbour_exchange(int threads, bool sync, std::vector<int> &out);
 int neighbour_exchange_named(int threads, int mode, std::vector<int> &out);
+// A bulk copy into shared memory read by 64 threads, ordered by `mode`: 0 every thread waits on
+// its mbarrier; 1 warp 1 passes a block barrier but never waits (a race); 2 lane 0 of each warp
+// waits, then __syncwarp; 3 warp 0 waits and bar.arrives where warp 1 bar.syncs; 4 a second copy
+// into the same bytes issued before its thread waited for the first (a race); 5 the same after
+// the wait; 6 warp 1 reads and releases the buffer by a second mbarrier, which the refilling
+// thread waits for; 7 warp 1 releases it before its wait and read (a race, seen as the refill
+// not ordered after the first copy). out[t]: what thread t read.
+int async_order(int mode, std::vector<float> &out);
 // Each thread reads smem[t] and then writes smem[(t + 1) % threads] without a barrier in between:
 // a write-after-read race.
 int read_then_overwrite(int threads);

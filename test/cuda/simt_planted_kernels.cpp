@@ -333,6 +333,72 @@ __global__ void tma_kernel(const __grid_constant__ CUtensorMap map, int row0, in
   }
 }
 
+// One bulk copy of 64 floats into shared memory (thread 0, mbarrier `full`), read by every thread
+// of the block's two warps; `mode` picks how the readers are ordered after the copy (AsyncOrder).
+__global__ void async_order_kernel(const float *src, int mode, float *out) {
+  namespace ptx = ape::cuda::ptx;
+  APE_DYNAMIC_SMEM(smem);
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem), *empty = full + 1;
+  float *buf = reinterpret_cast<float *>(smem + 1024);
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    ptx::mbar_init(full, 1);
+    ptx::mbar_init(empty, 32);
+    ptx::mbar_init_fence();
+  }
+  __syncthreads();
+  auto copy = [&](int half) {
+    ptx::mbar_arrive_expect_tx(full, 256);
+    ptx::bulk_copy(buf, src + 64 * half, 256, full);
+  };
+  if (tid == 0) copy(0);
+  float v = 0.f;
+  switch (mode) {
+    case 0:  // every thread waits
+      ptx::mbar_wait(full, 0);
+      break;
+    case 1:  // warp 1 passes a block barrier but never waits: the barrier does not order the copy
+      __syncthreads();
+      if (warp == 0) ptx::mbar_wait(full, 0);
+      break;
+    case 2:  // one lane of each warp waits; the warp's collective passes it on
+      if (lane == 0) ptx::mbar_wait(full, 0);
+      __syncwarp();
+      break;
+    case 3:  // warp 0 waits and arrives at a named barrier, where warp 1 waits
+      if (warp == 0) {
+        ptx::mbar_wait(full, 0);
+        ptx::bar_arrive(1, 64);
+      } else {
+        ptx::bar_sync(1, 64);
+      }
+      break;
+    case 4:  // a second copy into the same bytes before its thread waited for the first
+    case 5:  // the same after the wait
+      if (tid == 0) {
+        if (mode == 5) ptx::mbar_wait(full, 0);
+        copy(1);
+      }
+      ptx::mbar_wait(full, 1);
+      break;
+    case 6:  // warp 1 reads, then releases the buffer (mbarrier `empty`); thread 0 refills it after
+    case 7:  // ... but warp 1 releases it before its wait for the copy and its read
+      if (warp == 1) {
+        if (mode == 7) ptx::mbar_arrive(empty);
+        ptx::mbar_wait(full, 0);
+        v = buf[lane];
+        if (mode == 6) ptx::mbar_arrive(empty);
+      }
+      if (tid == 0) {
+        ptx::mbar_wait(empty, 0);
+        copy(1);
+      }
+      ptx::mbar_wait(full, 1);
+      break;
+  }
+  out[tid] = v + buf[tid];
+}
+
 }  // namespace
 
 int tma_box(const std::vector<uint16_t> &src, int T, int row0, int rows, bool arrive,
@@ -350,6 +416,17 @@ int tma_box(const std::vector<uint16_t> &src, int T, int row0, int rows, bool ar
                  arrive, dout);
   to_host(out, dout, static_cast<size_t>(rows) * 64);
   cudaFree(dsrc), cudaFree(dout);
+  return err;
+}
+
+int async_order(int mode, std::vector<float> &out) {
+  float *src = device_alloc<float>(128), *dout = device_alloc<float>(64);
+  std::vector<float> host(128);
+  for (int i = 0; i < 128; ++i) host[static_cast<size_t>(i)] = static_cast<float>(i);
+  cudaMemcpy(src, host.data(), 128 * sizeof(float), cudaMemcpyHostToDevice);
+  const int err = launch(async_order_kernel, 1, 64, 1024 + 256, nullptr, src, mode, dout);
+  to_host(out, dout, 64);
+  cudaFree(src), cudaFree(dout);
   return err;
 }
 

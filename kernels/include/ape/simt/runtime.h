@@ -7,7 +7,8 @@
 //              memory, or a host-code dereference of device memory;
 //   racecheck  two threads of a block touching the same byte of shared memory between two
 //              barriers, at least one of them writing (atomic pairs excepted; lanes of one warp
-//              are ordered by __syncwarp);
+//              are ordered by __syncwarp), or touching a TMA or bulk copy's bytes (or copying
+//              over them) before it is ordered after the phase of the copy's mbarrier;
 //   initcheck  a read of shared or device memory that nothing has written (memset and
 //              host-to-device copies count as writes);
 //   synccheck  a block barrier or a warp collective that not every participating thread
