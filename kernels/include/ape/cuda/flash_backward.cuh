@@ -445,8 +445,21 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     qt_sat = (p.dist_sat[bh] + j0 + BK - 1 + BQ - 1) / BQ;
     qt_sat = qt_sat < qt_plain ? qt_plain : qt_sat > n_full ? n_full : qt_sat;
   }
-  // The block's turn on query tile qt (dQ' in the semaphores' order), taken by one thread between
-  // the step's two first barriers (the consumers' thread 0, or the producer's): the last step's
+  // Whether step qt (masked, saturated) opens with a block barrier. The first step does (a masked
+  // one: its tile holds the diagonal, so the unmasked steps' code has no test of it): the
+  // cp.async copies of every thread before it (K', V, the parameters, a row/column bias's
+  // values) become everyone's there. The mma.sync layouts' every step does: their Q', dO and row
+  // statistics are every thread's cp.async. With wgmma, a later step needs none of that (each
+  // thread waits on the step's mbarrier for the producer's copies), and the barrier that ended
+  // the step before orders its shared memory: but for the sums a step writes before its second
+  // barrier and reads after its third (a trained distance bias's diagonal sums outside the
+  // saturated steps, value rows' masses), whose next writes must wait for every thread's reads.
+  auto opens_with_barrier = [&](int64_t qt, bool masked, bool sat) {
+    return !kWg || (masked && qt == qt0) || value_table_trains<Enc>() || (kSatSteps && !sat);
+  };
+  // The block's turn on query tile qt (dQ' in the semaphores' order), taken by one thread before
+  // the step's barrier before dQ' (the consumers' thread 0 after the step's first barrier, or the
+  // producer's after the barrier that ended the step before): the last step's
   // TMA reduction waited for (kDqTma), the semaphore polled (`turn`: a value read before, or -1),
   // acquired, and qt - 1 released.
   auto take_turn = [&](int64_t qt, int turn) {
@@ -507,9 +520,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     // tiles by TMA reductions. The consumers keep their products and element-wise work only: the
     // copies' issue code, the semaphore's polls and fences and the reductions' waits leave their
     // instruction stream (thread 0 ran them there, and its warpgroup waited for it). All
-    // four warps pass every block barrier with the consumers (three a step, one before the
-    // saturated steps where a distance bias has them, one after the last), which order the
-    // producer's work exactly as they ordered thread 0's. It keeps 24 registers and gives the
+    // four warps pass every block barrier with the consumers (two a step, three where a step
+    // opens with one: opens_with_barrier; one before the saturated steps where a distance bias
+    // has them, one after the last), which order the producer's work exactly as they ordered
+    // thread 0's. It keeps 24 registers and gives the
     // rest to the consumers (setmaxnreg: 240 each).
     if (threadIdx.x == 0) {
       ptx::mbar_init(bars, 1);
@@ -545,11 +559,12 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
       for (int64_t qt = qt0; qt < n_qt; ++qt) {
         if constexpr (kSatSteps)
           if (qt == qt_sat && qt_sat < n_full) block_sync();  // the consumers' before the saturated steps
-        block_sync();  // the step's first
+        const bool masked = qt < qt_plain || qt >= n_full, sat = kSatSteps && qt >= qt_sat && !masked;
+        if (opens_with_barrier(qt, masked, sat)) block_sync();  // the step's first
         if (role == 1 && lead) take_turn(qt, -1);
         block_sync();  // dS^T complete (the consumers' products read it after), the turn ours
         block_sync();  // the staged dQ' tile complete
-        if (role == 1 && lead && !(first_on(qt, qt < qt_plain || qt >= n_full) || writes_dq())) reduce_dq(qt);
+        if (role == 1 && lead && !(first_on(qt, masked) || writes_dq())) reduce_dq(qt);
         // This step's buffer for step qt + 2: every product that reads it (S^T, dP^T, dV, dK')
         // completed before the barrier above, and so did every read of its lse, Delta and bias
         // window (P^T and dS^T, before the barrier before), so the copy runs under the rest of this
@@ -775,7 +790,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
       ptx::mbar_wait(bars + buf, static_cast<unsigned>((qt - qt0) >> 1) & 1u);  // Q', dO, lse, Delta (B) of tile qt
       ptx::fence_proxy_async();  // the cp.async copies (K', V), for wgmma's reads
     }
-    block_sync();  // tile qt landed; every warp is done with the other buffers and with sDS
+    if (opens_with_barrier(qt, kMasked, kSat)) block_sync();  // tile qt landed; every warp is done with the other buffers and with sDS
     // Thread 0 reads qt's semaphore now and uses the value at our turn, a step's GEMMs later: in
     // steady state the higher key tiles are steps ahead and the turn costs no round trip to L2.
     // (Not in the narrow layout, whose registers are spent: the register would spill there; nor
