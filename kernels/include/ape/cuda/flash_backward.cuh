@@ -790,7 +790,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
       ptx::mbar_wait(bars + buf, static_cast<unsigned>((qt - qt0) >> 1) & 1u);  // Q', dO, lse, Delta (B) of tile qt
       ptx::fence_proxy_async();  // the cp.async copies (K', V), for wgmma's reads
     }
-    if (opens_with_barrier(qt, kMasked, kSat)) block_sync();  // tile qt landed; every warp is done with the other buffers and with sDS
+    // Tile qt landed; every warp is done with the other buffers and with sDS. (The mma.sync
+    // layouts' call apart: through the lambda, ptxas's allocation of their code moved.)
+    if constexpr (!kWg) block_sync();
+    else if (opens_with_barrier(qt, kMasked, kSat)) block_sync();
     // Thread 0 reads qt's semaphore now and uses the value at our turn, a step's GEMMs later: in
     // steady state the higher key tiles are steps ahead and the turn costs no round trip to L2.
     // (Not in the narrow layout, whose registers are spent: the register would spill there; nor
