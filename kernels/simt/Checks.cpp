@@ -67,7 +67,7 @@ void shared_access(Thread &t, Block &b, const char *a, size_t n, Access kind, co
         os << (write ? "writes " : "reads ") << n << " bytes at " << offset_text(off)
            << " that a TMA or bulk copy writes, before this thread waited for the copy's mbarrier"
            << " (at shared memory offset "
-           << static_cast<const char *>(b.mbars[m].first) - b.smem << ") to complete phase "
+           << static_cast<const char *>(b.mbars[m].first) - b.smem << ") to complete phase (since the block began) "
            << c.a_phase << " (" << (write ? "write-after-write" : "read-after-write")
            << " race with the async proxy)";
         report(Check::Racecheck, os.str(), pc);
@@ -143,7 +143,7 @@ void mark_async_shared_write(Block &b, const char *p, size_t n, const void *bar,
            << static_cast<long long>(off + i) - static_cast<long long>(kSmemRedzone)
            << " that an earlier one writes, before this thread waited for the earlier copy's"
            << " mbarrier (at shared memory offset "
-           << static_cast<const char *>(b.mbars[prev].first) - b.smem << ") to complete phase "
+           << static_cast<const char *>(b.mbars[prev].first) - b.smem << ") to complete phase (since the block began) "
            << c.a_phase << " (write-after-write race between async copies)";
         report(Check::Racecheck, os.str(), pc);
         reported = true;
@@ -151,7 +151,10 @@ void mark_async_shared_write(Block &b, const char *p, size_t n, const void *bar,
     }
     c.w_epoch = 0, c.r_epoch = 0;
     c.a_bar = static_cast<uint16_t>(m + 1);
-    c.a_phase = m >= 0 ? b.mbars[static_cast<size_t>(m)].second.completed : 0;
+    if (m >= 0) {
+      const Mbar &mb = b.mbars[static_cast<size_t>(m)].second;
+      c.a_phase = mb.base + mb.completed;
+    }
     uint8_t &f = b.flags[off + i];
     f = static_cast<uint8_t>((f | kInit) & ~(kRMulti | kWAtomic));
   }

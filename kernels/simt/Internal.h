@@ -152,6 +152,10 @@ struct Mbar {
   unsigned count = 0, pending = 0;
   long long tx = 0;
   unsigned completed = 0;
+  // Phases completed before the last mbarrier.init of this object: Thread::seen and Cell::a_phase
+  // count phases from the block's start (base + completed), so that a re-initialised barrier's
+  // phases are not taken for ones a thread saw before.
+  unsigned base = 0;
   // What the current phase's arrivals were ordered after (Thread::seen, joined), and what the
   // last completed phase of each parity passes on to the threads that wait for it.
   std::vector<uint32_t> arrived_seen, done_seen[2];

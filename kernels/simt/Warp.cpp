@@ -610,8 +610,8 @@ void mbar_init(void *bar, unsigned count) {
     report(Check::Memcheck, "mbarrier.init: needs 8 aligned bytes of shared memory and a count > 0", pc);
     return;
   }
-  if (Mbar *m = find_mbar(b, bar)) *m = Mbar{count, count, 0, 0, {}, {}};
-  else b.mbars.push_back({bar, Mbar{count, count, 0, 0, {}, {}}});
+  if (Mbar *m = find_mbar(b, bar)) *m = Mbar{count, count, 0, 0, m->base + m->completed, {}, {}};
+  else b.mbars.push_back({bar, Mbar{count, count, 0, 0, 0, {}, {}}});
 }
 
 void mbar_arrive(void *bar, unsigned tx_bytes) {
@@ -639,7 +639,8 @@ void mbar_wait(void *bar, unsigned parity) {
       // and after what its arrivals were.
       const size_t i = static_cast<size_t>(mbar_index(*tl_worker.block, bar));
       if (t->seen.size() <= i) t->seen.resize(i + 1, 0);
-      t->seen[i] = t->seen[i] > m->completed ? t->seen[i] : m->completed;
+      const unsigned done = m->base + m->completed;
+      t->seen[i] = t->seen[i] > done ? t->seen[i] : done;
       join_seen(t->seen, m->done_seen[(m->completed - 1u) & 1u]);
       return;
     }
