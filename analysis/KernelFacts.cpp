@@ -4,6 +4,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 
 #include <functional>
+#include <map>
 
 using namespace mlir;
 using namespace mlir::ape;
@@ -185,11 +186,112 @@ bool mlir::ape::readsSequenceLength(Operation *op) {
 }
 
 std::optional<StringRef> mlir::ape::scoreBiasKind(KernelOp kernel) {
-  for (ScoreModOp mod : kernel.getBody().front().getOps<ScoreModOp>()) {
+  Block &body = kernel.getBody().front();
+  ValueRowsOp valueRows;
+  for (ValueRowsOp v : body.getOps<ValueRowsOp>())
+    valueRows = v;
+  for (ScoreModOp mod : body.getOps<ScoreModOp>()) {
     if (isDistanceBias(mod))
       return StringRef("distance");
     if (rowColBias(mod))
       return StringRef("row_col");
+    if (scoreFeatures(mod, valueRows))
+      return StringRef("features");
   }
   return std::nullopt;
+}
+
+namespace {
+/// What an index value of a region reads, transitively (bits below): the distance d is the value
+/// of `arith.subi %i, %j` and reads nothing else.
+enum Reads : unsigned { kI = 1, kJ = 2, kD = 4, kSlice = 8, kOther = 16 };
+unsigned featureReads(Value v, Value i, Value j, Block &block, DenseMap<Value, unsigned> &memo) {
+  if (auto it = memo.find(v); it != memo.end())
+    return it->second;
+  unsigned r = 0;
+  if (v == i)
+    r = kI;
+  else if (v == j)
+    r = kJ;
+  else if (auto arg = dyn_cast<BlockArgument>(v))
+    r = arg.getOwner() == &block ? kOther : 0u;  // (b, h: the callers bind them as kSlice)
+  else if (auto sub = v.getDefiningOp<arith::SubIOp>(); sub && sub.getLhs() == i && sub.getRhs() == j)
+    r = kD;
+  else if (Operation *def = v.getDefiningOp()) {
+    if (isa<LoadOp>(def))
+      r = kOther;  // an index read from memory
+    for (Value operand : def->getOperands())
+      r |= featureReads(operand, i, j, block, memo);
+  }
+  return memo[v] = r;
+}
+/// A structural key of a region value (ops, attributes, block arguments by number), equal for the
+/// same computation in the body and the grad region.
+std::string structuralKey(Value v, DenseMap<Value, std::string> &memo) {
+  if (auto it = memo.find(v); it != memo.end())
+    return it->second;
+  std::string key;
+  if (auto arg = dyn_cast<BlockArgument>(v)) {
+    key = "a" + std::to_string(arg.getArgNumber());
+  } else if (Operation *def = v.getDefiningOp()) {
+    llvm::raw_string_ostream os(key);
+    os << def->getName() << "#" << cast<OpResult>(v).getResultNumber() << def->getAttrDictionary() << "(";
+    for (Value operand : def->getOperands())
+      os << structuralKey(operand, memo) << ",";
+    os << ")";
+  }
+  return memo[v] = key;
+}
+} // namespace
+
+std::optional<ScoreFeatures> mlir::ape::scoreFeatures(ScoreModOp mod, ValueRowsOp valueRows) {
+  if (!mod || mod.getGrad().empty() || isDistanceBias(mod) || rowColBias(mod))
+    return std::nullopt;
+  ScoreFeatures sf;
+  std::map<std::pair<void *, std::string>, unsigned> byKey;
+  bool ok = true;
+  unsigned slots[3] = {0, 0, 0};
+  for (Region *region : {&mod.getBody(), &mod.getGrad()}) {
+    Block &b = region->front();
+    Value i = b.getArgument(3), j = b.getArgument(4);
+    DenseMap<Value, unsigned> memo;
+    memo[b.getArgument(1)] = memo[b.getArgument(2)] = kSlice;  // b, h
+    DenseMap<Value, std::string> keys;
+    b.walk([&](LoadOp load) {
+      unsigned all = 0;
+      std::string key;
+      for (Value x : load.getIndices()) {
+        const unsigned r = featureReads(x, i, j, b, memo);
+        // A component that reads d reads nothing else (one saturation point per call).
+        if ((r & kOther) || ((r & kD) && (r & ~kD)))
+          ok = false;
+        all |= r;
+        key += structuralKey(x, keys) + ";";
+      }
+      if ((all & kI) && (all & kJ))
+        ok = false;
+      if (!ok)
+        return;
+      const ScoreFeatures::Side side = (all & kI) ? ScoreFeatures::kRow
+                                       : (all & kJ) ? ScoreFeatures::kCol
+                                                    : ScoreFeatures::kSlice;
+      auto [it, fresh] = byKey.try_emplace({load.getSource().getAsOpaquePointer(), key},
+                                           static_cast<unsigned>(sf.features.size()));
+      if (fresh)
+        sf.features.push_back({load, side, slots[side]++, (all & kD) != 0});
+      sf.featureOf[load] = it->second;
+    });
+  }
+  if (!ok || sf.features.empty() || slots[0] > ScoreFeatures::kMaxFeatures ||
+      slots[1] > ScoreFeatures::kMaxFeatures || slots[2] > ScoreFeatures::kMaxFeatures)
+    return std::nullopt;
+  if (valueRows) {  // its row index: of d and constants only
+    Block &vb = valueRows.getIndex().front();
+    DenseMap<Value, unsigned> memo;
+    const unsigned r = featureReads(vb.getTerminator()->getOperand(0), vb.getArgument(2),
+                                    vb.getArgument(3), vb, memo);
+    if (r & ~kD)
+      return std::nullopt;
+  }
+  return sf;
 }

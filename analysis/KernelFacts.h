@@ -43,12 +43,40 @@ struct RowColBias {
 };
 std::optional<RowColBias> rowColBias(ScoreModOp mod);
 
+/// A score mod whose memory reads are features (CUDA flash kernels: kFeatures): every load (of the
+/// body and of the grad region) reads at an index of the query row i, of the key column j, or of
+/// the slice (neither), where an index component may also read the distance d = i - j
+/// (`arith.subi %i, %j`) if it then reads nothing but d, constants and dims. Shaw's,
+/// Transformer-XL's and DeBERTa's relative rows (row i, row r(d)), K-Cable's token sums (S_i,
+/// S_j). Past the distance from which every such component is constant (found at run time), a
+/// tile reads one value per feature and query, key or slice: the flash backward then calls the
+/// score mod on values in registers and sums each feature's gradient per query, key and block
+/// before it reaches memory. The value-rows index, if any, must read only d and constants. Not
+/// for a distance or row/column bias (their own fast paths), nor past kMaxFeatures per side.
+/// Attribute: `score_bias = "features"`.
+struct ScoreFeatures {
+  enum Side : unsigned { kRow, kCol, kSlice };
+  static constexpr unsigned kMaxFeatures = 4;
+  struct Feature {
+    LoadOp load;         // its first load (the body's where the body has one)
+    Side side;
+    unsigned slot;       // its index among the features of its side
+    bool readsDistance;  // some index component reads d
+  };
+  SmallVector<Feature> features;
+  DenseMap<Operation *, unsigned> featureOf;  // every load of the body and grad region
+  unsigned count(Side s) const {
+    return static_cast<unsigned>(llvm::count_if(features, [&](const Feature &f) { return f.side == s; }));
+  }
+};
+std::optional<ScoreFeatures> scoreFeatures(ScoreModOp mod, ValueRowsOp valueRows);
+
 /// Whether `op` (a region holder of the kernel) reads the sequence length (ape.dim "seq_len"):
 /// decoding (cpu/decode.h) must then recompute what it caches at every step. Attributes:
 /// `k_mod_reads_length` (the k mod), `tokens_read_length` (any op of the token program).
 bool readsSequenceLength(Operation *op);
 
-/// The value of `score_bias` for `kernel`'s score mod: "distance", "row_col" or none.
+/// The value of `score_bias` for `kernel`'s score mod: "distance", "row_col", "features" or none.
 std::optional<llvm::StringRef> scoreBiasKind(KernelOp kernel);
 
 } // namespace mlir::ape

@@ -72,9 +72,11 @@ unsigned countOps(Region &r) {
 
 /// Binds `args` to the block arguments of a primal region and writes its body, then
 /// `    return <its value>;` and the closing brace of the member function.
+/// With `writer`, through it (values it binds, loads say, are not emitted).
 LogicalResult emitPrimalReturn(raw_ostream &os, KernelLayout &layout, Block &b,
-                               ArrayRef<StringRef> args) {
-  RegionWriter w(os, layout, "v", kIndent);
+                               ArrayRef<StringRef> args, RegionWriter *writer = nullptr) {
+  RegionWriter own(os, layout, "v", kIndent);
+  RegionWriter &w = writer ? *writer : own;
   for (unsigned k = 0; k < b.getNumArguments(); ++k)
     w.bind(b.getArgument(k), args[k]);
   auto out = w.emitBody(b);
@@ -310,6 +312,151 @@ LogicalResult emitRowColBias(raw_ostream &os, KernelLayout &layout, const RowCol
   return success();
 }
 
+/// The score mod over features (analysis/KernelFacts.h, ScoreFeatures; CUDA flash kernels:
+/// kFeatures), slices of its own regions:
+///   row_features(ctx, i, d, f) / col_features(ctx, j, d, f) / slice_features(ctx, i, d, f): the
+///     values of the features of a side at query i, key j (or the slice), distance d;
+///   score_mod_features(ctx, rf, cf, sf, i, j, s): the score mod with its loads read from them;
+///   score_mod_features_grad(ctx, rf, cf, sf, i, j, s, g, drf, dcf, dsf): dS, and each
+///     feature's gradient into drf, dcf, dsf (set, not added);
+///   row_features_grad(ctx, i, d, g) ...: the gradient sums into the features' elements;
+///   features_same<T>(ctx, d1, d2): whether every index that reads the distance (and the value
+///     rows' index) is the same at d1 and d2 (the flash kernels' saturation point).
+LogicalResult emitScoreFeatures(raw_ostream &os, KernelLayout &layout, const ScoreFeatures &sf,
+                                const FunctorStyle &st) {
+  ScoreModOp mod = layout.score;
+  Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
+  static constexpr StringLiteral kArr[] = {"rf", "cf", "sf"};
+  static constexpr StringLiteral kSide[] = {"row", "col", "slice"};
+  auto name = [&](unsigned f) {
+    return (kArr[sf.features[f].side] + "[" + Twine(sf.features[f].slot) + "]").str();
+  };
+  auto trainable = [](LoadOp load) {
+    auto p = load.getSource().getDefiningOp<ParamOp>();
+    return !p || p.getTrainable();
+  };
+  // Binds a region's positions for a side's features: x is i (row), j (col) or unused (slice).
+  auto bindPositions = [](RegionWriter &w, Block &blk, unsigned side, StringRef d) {
+    w.bind(blk.getArgument(1), "ctx.b"), w.bind(blk.getArgument(2), "ctx.h");
+    w.bind(blk.getArgument(3), side == ScoreFeatures::kRow ? "x" : side == ScoreFeatures::kCol ? "(x + d)" : "d");
+    w.bind(blk.getArgument(4), side == ScoreFeatures::kRow ? "(x - d)" : side == ScoreFeatures::kCol ? "x" : "int64_t(0)");
+    for (Operation *user : blk.getArgument(3).getUsers())
+      if (auto sub = dyn_cast<arith::SubIOp>(user); sub && sub.getLhs() == blk.getArgument(3) &&
+                                                    sub.getRhs() == blk.getArgument(4))
+        w.bind(sub.getResult(), d);
+  };
+  os << "  // The score mod reads memory only at features of the query row, the key column or the\n"
+     << "  // slice (CUDA flash kernels: kFeatures).\n"
+     << "  static constexpr bool kFeatures = true;\n"
+     << "  static constexpr int kRowFeatures = " << sf.count(ScoreFeatures::kRow)
+     << ", kColFeatures = " << sf.count(ScoreFeatures::kCol)
+     << ", kSliceFeatures = " << sf.count(ScoreFeatures::kSlice) << ";\n";
+  unsigned sinks = 0;
+  for (unsigned side = 0; side < 3; ++side)
+    for (bool grad : {false, true}) {
+      os << st.head << "void " << kSide[side] << "_features" << (grad ? "_grad(" : "(") << st.ctx
+         << ", int64_t x, int64_t d, " << (grad ? "const T *g" : "T *f") << ") {\n"
+         << "    (void)ctx, (void)x, (void)d, (void)" << (grad ? "g" : "f") << ";\n";
+      for (auto [k, f] : llvm::enumerate(sf.features)) {
+        if (f.side != side || (grad && !trainable(LoadOp(f.load))))
+          continue;
+        RegionWriter w(os, layout, ("f" + Twine(k) + "_").str(), kIndent);
+        Block &blk = *f.load->getBlock();
+        bindPositions(w, blk, side, "d");
+        LoadOp load = f.load;
+        SmallVector<Value> idx(load.getIndices().begin(), load.getIndices().end());
+        if (failed(w.emitSlice(blk, idx)))
+          return failure();
+        FailureOr<std::string> el = grad ? w.element(load, "ctx.dtok", "ctx.dparams")
+                                         : w.element(load, "ctx.tok", "ctx.params");
+        if (failed(el))
+          return failure();
+        if (grad) {
+          os << kIndent << *el << " += g[" << f.slot << "];\n";
+          ++sinks;
+        } else {
+          os << kIndent << "f[" << f.slot << "] = " << *el << ";\n";
+        }
+      }
+      os << "  }\n";
+    }
+  if (sinks == 0)
+    os << kBiasFixedDecl;
+  // The score mod and its gradient over the features.
+  auto bindLoads = [&](RegionWriter &w, Block &blk) {
+    blk.walk([&](LoadOp load) { w.bind(load.getResult(), name(sf.featureOf.lookup(load))); });
+  };
+  StringRef args[] = {"s", "ctx.b", "ctx.h", "i", "j", "g"};
+  os << st.head << "T score_mod_features(" << st.ctx
+     << ", const T *rf, const T *cf, const T *sf, int64_t i, int64_t j, T s) {\n"
+     << "    (void)rf, (void)cf, (void)sf;\n";
+  {
+    RegionWriter w(os, layout, "v", kIndent);
+    bindLoads(w, b);
+    if (failed(emitPrimalReturn(os, layout, b, args, &w)))
+      return failure();
+  }
+  os << st.head << "T score_mod_features_grad(" << st.ctx
+     << ", const T *rf, const T *cf, const T *sf, int64_t i, int64_t j, T s, T g, T *drf, T *dcf, "
+        "T *dsf) {\n"
+     << "    (void)rf, (void)cf, (void)sf, (void)drf, (void)dcf, (void)dsf;\n";
+  for (unsigned side = 0; side < 3; ++side)
+    for (unsigned k = 0; k < sf.count(static_cast<ScoreFeatures::Side>(side)); ++k)
+      os << kIndent << "d" << kArr[side] << "[" << k << "] = T(0);\n";
+  RegionWriter primal(os, layout, "p", kIndent), grad(os, layout, "g", kIndent);
+  bindLoads(primal, b);
+  bindLoads(grad, gb);
+  auto out = emitPrimalThenGrad(primal, grad, b, gb, args);
+  if (failed(out))
+    return failure();
+  unsigned k = 0;
+  b.walk([&](LoadOp load) {
+    const std::string &g = (*out)[1 + k++];
+    if (trainable(load))
+      os << kIndent << "d" << name(sf.featureOf.lookup(load)) << " += " << g << ";\n";
+  });
+  os << "    return " << (*out)[0] << ";\n  }\n";
+  // Whether the indices that read the distance agree at d1 and d2.
+  os << st.head << "bool features_same(" << st.ctx << ", int64_t d1, int64_t d2) {\n"
+     << "    (void)ctx, (void)d1, (void)d2;\n    bool same = true;\n";
+  auto compare = [&](Block &blk, ArrayRef<Value> roots, unsigned k, bool scoreRegion) -> LogicalResult {
+    RegionWriter w1(os, layout, ("a" + Twine(k) + "_").str(), kIndent),
+        w2(os, layout, ("b" + Twine(k) + "_").str(), kIndent);
+    for (auto [w, d] : {std::pair{&w1, "d1"}, std::pair{&w2, "d2"}}) {
+      if (scoreRegion) {
+        bindPositions(*w, blk, ScoreFeatures::kSlice, d);
+      } else {  // the value rows' index region: (b, h, i, j)
+        w->bind(blk.getArgument(0), "ctx.b"), w->bind(blk.getArgument(1), "ctx.h");
+        w->bind(blk.getArgument(2), d), w->bind(blk.getArgument(3), "int64_t(0)");
+        for (Operation *user : blk.getArgument(2).getUsers())
+          if (auto sub = dyn_cast<arith::SubIOp>(user); sub && sub.getRhs() == blk.getArgument(3))
+            w->bind(sub.getResult(), d);
+      }
+      if (failed(w->emitSlice(blk, roots)))
+        return failure();
+    }
+    for (Value x : roots)
+      if (w1.get(x) != w2.get(x))  // (not the slice's b, h)
+        os << kIndent << "same = same && " << w1.get(x) << " == " << w2.get(x) << ";\n";
+    return success();
+  };
+  for (auto [k, f] : llvm::enumerate(sf.features)) {
+    if (!f.readsDistance)
+      continue;
+    LoadOp load = f.load;
+        SmallVector<Value> idx(load.getIndices().begin(), load.getIndices().end());
+    if (failed(compare(*f.load->getBlock(), idx, k, true)))
+      return failure();
+  }
+  if (ValueRowsOp vr = layout.valueRows) {
+    Block &vb = vr.getIndex().front();
+    if (failed(compare(vb, {vb.getTerminator()->getOperand(0)}, sf.features.size(), false)))
+      return failure();
+  }
+  os << "    return same;\n  }\n";
+  return success();
+}
+
 /// Map functions, then token_forward / token_backward over the token program.
 LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const FunctorStyle &st) {
   unsigned m = 0;
@@ -459,7 +606,8 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     os << "  static constexpr bool kTokensReadLength = true;  // the token program reruns when "
           "decoding\n";
   // The parameters the score mod reads (and its gradient adds to), a bit each: the flash kernels
-  // stage those in shared memory (cuda/flash_forward.cuh, ParamCache). Emitted when some are.
+  // stage those in shared memory (cuda/flash_forward.cuh, ParamCache). Emitted with every score
+  // mod, 0 where it reads none (relative rows' tables are read through the rows, not by it).
   if (layout.score && layout.params.size() <= 32) {
     uint32_t mask = 0;
     layout.score->walk([&](LoadOp load) {
@@ -467,10 +615,9 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
       if (it != layout.paramIndex.end())
         mask |= 1u << it->second;
     });
-    if (mask)
-      os << llvm::formatv("  static constexpr unsigned kScoreParams = {0:x}u;  // read by the score "
-                          "mod, a bit each\n",
-                          mask);
+    os << llvm::formatv("  static constexpr unsigned kScoreParams = {0:x}u;  // read by the score "
+                        "mod, a bit each\n",
+                        mask);
   }
   os << (target == FunctorTarget::Cuda ? "  APE_HD " : "  ")
      << "static int64_t param_numel(int n, int64_t H, int64_t D) {\n"
@@ -540,6 +687,9 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     return failure();
   if (kernel.getScoreBias() == "row_col")
     if (failed(emitRowColBias(os, layout, *rowColBias(layout.score), st)))
+      return failure();
+  if (kernel.getScoreBias() == "features" && target == FunctorTarget::Cuda && !layout.inferenceOnly)
+    if (failed(emitScoreFeatures(os, layout, *scoreFeatures(layout.score, layout.valueRows), st)))
       return failure();
   if (failed(emitEmbedTable(os, layout)))
     return failure();

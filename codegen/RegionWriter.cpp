@@ -76,7 +76,9 @@ LogicalResult KernelLayout::checkFacts(KernelOp kernel) const {
       succeeded(claim(bias == "distance", score && isDistanceBias(score),
                       "score_bias = \"distance\"")) &&
       succeeded(claim(bias == "row_col", score && rowColBias(score).has_value(),
-                      "score_bias = \"row_col\"")));
+                      "score_bias = \"row_col\"")) &&
+      succeeded(claim(bias == "features", score && scoreFeatures(score, valueRows).has_value(),
+                      "score_bias = \"features\"")));
 }
 
 std::string codegen::floatLiteral(double v) {

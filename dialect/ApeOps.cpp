@@ -280,8 +280,9 @@ LogicalResult KernelOp::verify() {
                              std::tuple{"tile_k", getTileK(), int64_t(1024)}})
     if (v && failed(verifyIntRange(*this, name, static_cast<int64_t>(*v), 1, hi)))
       return failure();
-  if (std::optional<StringRef> bias = getScoreBias(); bias && *bias != "distance" && *bias != "row_col")
-    return emitOpError("score_bias must be \"distance\" or \"row_col\", got \"") << *bias << "\"";
+  if (std::optional<StringRef> bias = getScoreBias();
+      bias && *bias != "distance" && *bias != "row_col" && *bias != "features")
+    return emitOpError("score_bias must be \"distance\", \"row_col\" or \"features\", got \"") << *bias << "\"";
   return success();
 }
 

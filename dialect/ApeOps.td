@@ -105,8 +105,11 @@ def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
     is recorded, and refuses a recorded fact that does not hold:
     `q_mod_linear` / `k_mod_linear` (the mod is a(t, c) x + b(t, c) y: its
     coefficients are tabulated once per call), `score_bias = "distance"`
-    (s + B(i - j): B once per distance) or `"row_col"` (s + R(i) + C(j): R
-    once per row and C once per column of a tile), `k_mod_reads_length` and
+    (s + B(i - j): B once per distance), `"row_col"` (s + R(i) + C(j): R
+    once per row and C once per column of a tile) or `"features"` (every
+    load at the query row, the key column or the slice; where its indices of
+    the distance saturate, once per row, column and block of a tile),
+    `k_mod_reads_length` and
     `tokens_read_length` (decoding recomputes what it caches).
 
     ```mlir

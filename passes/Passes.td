@@ -125,8 +125,10 @@ def ApeClassify : Pass<"ape-classify", "mlir::ModuleOp"> {
     regions allow (analysis/KernelFacts.h), replacing any set before:
     `q_mod_linear`, `k_mod_linear` (a mod linear in its data: the CPU
     template tabulates its coefficients once per call), `score_bias` =
-    `"distance"` (s + B(i - j)) or `"row_col"` (s + R(i) + C(j), kernels
-    with a backward), `k_mod_reads_length` and `tokens_read_length` (what
+    `"distance"` (s + B(i - j)), `"row_col"` (s + R(i) + C(j), kernels
+    with a backward) or `"features"` (every load of the score mod at the query
+    row, the key column or the slice, with indices of the distance that
+    saturate: the CUDA flash backward's feature steps), `k_mod_reads_length` and `tokens_read_length` (what
     decoding must recompute at every step). The emitters read them.
 
     ```mlir

@@ -918,6 +918,77 @@ TEST(CudaLaunch, SaturatedDistanceStepsMatchReferences) {
 #endif
 }
 
+// Score mods over features (flash_feature_steps: Shaw's, Transformer-XL's and DeBERTa's relative
+// rows, K-Cable's token sums): at T 520 the steps past the saturation point (Shaw's distance 33,
+// Transformer-XL's 256, DeBERTa's last bucket, K-Cable's 0) are feature steps, the rest element by
+// element. Against the references in the wide layout (posing as sm_80) and the wgmma one (sm_90),
+// Shaw at D 128 in the narrow one too (sm_86); under the emulator, the same problem with
+// APE_CUDA_FEATURE_STEPS=0 (every step element by element) moves more bytes of L2 atomics in the
+// backward (at this length 5% more for Transformer-XL, whose rows saturate at 256, 22% for Shaw,
+// 2.3x for K-Cable; dQ' included) and its flash forward reads more: the feature steps and tiles
+// ran. (bench/results/cuda_traffic_general.md has the counts at a longer length.)
+TEST(CudaLaunch, FeatureStepsMatchReferences) {
+  int checked = 0;
+  for (const std::string name : {"shaw", "transformer_xl", "deberta", "kcable"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+#ifdef APE_SIMT
+    ASSERT_NE(e, nullptr) << name << " is in the emulated build";
+#else
+    if (!e) continue;  // (APE_CUDA_ALL_ENCODINGS=ON has them)
+#endif
+    for (int D : {64, 128}) {
+      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+      if (D == 128 && name != "shaw") continue;
+      ASSERT_NE(var, nullptr) << name << " bf16/hd" << D;
+#ifdef APE_SIMT
+      for (int sm : {80, 86, 90}) {
+        if (sm == 86 && D == 64) continue;  // the wide layout, as sm_80's
+        if (sm == 90 && D == 128) continue;
+        const PoseAs guard(sm);
+        const EnvScope wgmma({{"APE_CUDA_WGMMA_BACKWARD", sm == 90 ? "1" : "0"}});
+#else
+      for (int sm : {0}) {
+#endif
+        SCOPED_TRACE(name + " bf16 D=" + std::to_string(D) + " B=1 H=2 T=520 sm_" + std::to_string(sm));
+        const Problem prob = make_problem(*e, 1, 2, 520, D, 9500 + D + sm);
+#ifdef APE_SIMT
+        ape::simt::take_traffic();
+#endif
+        check_problem(name, *var, prob);
+        if (HasFatalFailure()) return;
+        ++checked;
+#ifdef APE_SIMT
+        // (the backward's bytes of atomics, the flash forward's bytes read)
+        auto bytes = [] {
+          std::pair<size_t, size_t> b{0, 0};
+          for (const auto &t : ape::simt::take_traffic()) {
+            if (t.kernel.find("flash_backward_kernel<") != std::string::npos) b.first += t.atomic;
+            if (t.kernel.find("flash_forward_kernel<") != std::string::npos) b.second += t.read;
+          }
+          return b;
+        };
+        const auto with = bytes();
+        if (sm == 80) {
+          const EnvScope off({{"APE_CUDA_FEATURE_STEPS", "0"}});
+          Outputs out;
+          run_gpu(*var, prob, out);
+          const auto without = bytes();
+          EXPECT_LT(with.first, without.first) << "L2 atomics of the backward: " << with.first
+                                               << " bytes with feature steps, " << without.first << " without";
+          EXPECT_LT(with.second, without.second) << "bytes the flash forward reads: " << with.second
+                                                 << " with feature tiles, " << without.second << " without";
+        }
+#endif
+      }
+    }
+  }
+#ifdef APE_SIMT
+  EXPECT_EQ(checked, 10);
+#else
+  if (checked == 0) GTEST_SKIP() << "no encoding over features is in this build (APE_CUDA_ALL_ENCODINGS=ON has them)";
+#endif
+}
+
 // Calls f(sm, name, entry, variant) for every case (all_cases) of the build: under the emulator
 // posing as each architecture in `poses`, on a GPU once on the device's own path (sm 0). Stops at a
 // fatal failure.

@@ -260,7 +260,7 @@ ape.kernel @k attributes {passes = 9 : i64} {
 // -----
 
 // A score bias no template has a fast path for (-ape-classify records "distance" or "row_col").
-// expected-error @+1 {{'ape.kernel' op score_bias must be "distance" or "row_col", got "diagonal"}}
+// expected-error @+1 {{'ape.kernel' op score_bias must be "distance", "row_col" or "features", got "diagonal"}}
 ape.kernel @k attributes {score_bias = "diagonal"} {
 }
 

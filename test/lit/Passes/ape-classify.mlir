@@ -36,14 +36,22 @@ ape.encoding @cable {
   ape.cable {kernel = "none"}
 }
 
-// ALiBi's m (i - j) reads both positions at once, so ALiBi with Cable is neither form.
-// CHECK-LABEL: ape.kernel @alibi_cable attributes {passes = 1 : i64, tile_k = 64 : i64, tile_q = 64 : i64}
+// ALiBi's m (i - j) reads both positions at once, so ALiBi with Cable is neither a distance nor a
+// row/column bias; its loads are features (the slope of the slice, S_i of the row, S_j of the
+// column), as K-Cable's S_i and S_j inside its kernel are.
+// CHECK-LABEL: ape.kernel @alibi_cable attributes {passes = 1 : i64, score_bias = "features", tile_k = 64 : i64, tile_q = 64 : i64}
 ape.encoding @alibi_cable {
   ape.alibi
   ape.cable {kernel = "none"}
 }
 
-// FIRE divides by a function of the query position alone: no fact.
+// CHECK-LABEL: ape.kernel @kcable attributes {passes = 1 : i64, score_bias = "features", tile_k = 64 : i64, tile_q = 64 : i64}
+ape.encoding @kcable {
+  ape.cable {kernel = "log1p_sq"}
+}
+
+// FIRE divides by a function of the query position alone, and its MLP reads more parameters
+// than the feature steps hold: no fact.
 // CHECK-LABEL: ape.kernel @fire attributes {passes = 1 : i64, tile_k = 64 : i64, tile_q = 64 : i64}
 ape.encoding @fire {
   ape.fire {hidden = 4, c = 0.1 : f64, l_init = 512.0 : f64}

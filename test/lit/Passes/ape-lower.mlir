@@ -2,7 +2,7 @@
 // differentiated ape.kernel per encoding.
 // RUN: ape-opt %s -ape-lower | FileCheck %s
 
-// CHECK-LABEL: ape.kernel @rope_alibi_cable attributes {k_mod_linear, passes = 1 : i64, q_mod_linear, tile_k = 64 : i64, tile_q = 64 : i64} {
+// CHECK-LABEL: ape.kernel @rope_alibi_cable attributes {k_mod_linear, passes = 1 : i64, q_mod_linear, score_bias = "features", tile_k = 64 : i64, tile_q = 64 : i64} {
 // CHECK-NOT: ape.encoding
 // CHECK: ape.param "alibi_slopes" ["heads"] init = "alibi_slopes"
 // CHECK: ape.token_feature "cable"

@@ -8,6 +8,11 @@
 //   RowColBias<Enc>::value    Enc::kRowColBias: the score mod is s + R(i) + C(j), with
 //                             row_bias / col_bias(ctx, i or j) and row_bias_grad /
 //                             col_bias_grad(ctx, i or j, g) (false when absent);
+//   Features<Enc>::value      Enc::kFeatures: the score mod reads memory only at features of
+//                             the query row, the key column or the slice (kRowFeatures, ...),
+//                             with row_features / col_features / slice_features, their _grad
+//                             functions, score_mod_features(_grad) and features_same (false
+//                             when absent);
 //   BiasFixed<Enc>::value     Enc::kBiasFixed: the distance or row/column bias has no gradient
 //                             (its _grad functions write nothing): the backward skips the bias
 //                             sums (false when absent);
@@ -36,7 +41,7 @@ template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
   static constexpr int value = Enc::kNumRel;
 };
 
-// The parameters the score mod reads, a bit each (Enc::kScoreParams, emitted when some are; an
+// The parameters the score mod reads, a bit each (Enc::kScoreParams, emitted with every score mod; an
 // Enc without it, written by hand, may read any).
 template <class Enc, class = void> struct ScoreParams {
   static constexpr unsigned value = ~0u;
@@ -57,6 +62,7 @@ template <class Enc> struct ScoreParams<Enc, std::void_t<decltype(Enc::kScorePar
 APE_ENC_FLAG(HasValueRows, kHasValueRows)
 APE_ENC_FLAG(DistanceBias, kDistanceBias)
 APE_ENC_FLAG(RowColBias, kRowColBias)
+APE_ENC_FLAG(Features, kFeatures)
 APE_ENC_FLAG(BiasFixed, kBiasFixed)
 APE_ENC_FLAG(QModLinear, kQModLinear)
 APE_ENC_FLAG(KModLinear, kKModLinear)

@@ -169,6 +169,21 @@ template <class Enc> constexpr bool value_table_trains() {
 template <class Enc, class L> constexpr size_t flash_bwd_mass_bytes() {
   return value_table_trains<Enc>() ? 2 * sizeof(unsigned long long) * L::BQ * value_rows<Enc>() : 0;
 }
+// Per query of a step: the row features, then (value rows) dO_i . table[r_sat]; and each warp's
+// sums: the row features' gradients, then (a trained value table) the mass sum_j P_ij.
+template <class Enc> constexpr int feat_row_vals() {
+  if constexpr (flash_feature_steps<Enc>()) return Enc::kRowFeatures + (value_rows<Enc>() > 0 ? 1 : 0);
+  else return 0;
+}
+template <class Enc> constexpr int feat_row_sums() {
+  if constexpr (flash_feature_steps<Enc>()) return Enc::kRowFeatures + (value_table_trains<Enc>() ? 1 : 0);
+  else return 0;
+}
+// Both double-buffered by step parity: BQ x vals floats, then kWarps x BQ x sums floats, after the
+// masses.
+template <class Enc, class L> constexpr size_t flash_bwd_feature_bytes() {
+  return sizeof(float) * 2 * L::BQ * (feat_row_vals<Enc>() + L::kWarps * feat_row_sums<Enc>());
+}
 // Dynamic shared memory of the flash backward for Enc in layout L, before a parameter cache.
 // A distance bias without a gradient (traits::BiasFixed: ALiBi's standard slopes) takes only its
 // windows of the table (up to L::gsum): no diagonal sets, no running sums.
@@ -176,7 +191,7 @@ template <class Enc, class L> constexpr size_t flash_bwd_bytes() {
   if constexpr (flash_distance<Enc>() && traits::BiasFixed<Enc>::value)
     return L::gsum + flash_bwd_mass_bytes<Enc, L>();
   else
-    return flash_smem_bytes<Enc, L>() + flash_bwd_mass_bytes<Enc, L>();
+    return flash_smem_bytes<Enc, L>() + flash_bwd_mass_bytes<Enc, L>() + flash_bwd_feature_bytes<Enc, L>();
 }
 
 // The layout kLayout of the flash backward for Enc: its queries per step where its shared memory
@@ -437,12 +452,14 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   // a partial last tile), [qt_sat, n_full) saturated (a distance bias: every distance >= d_sat,
   // dist_sat_kernel).
   constexpr bool kSatSteps = flash_distance<Enc>() && !traits::BiasFixed<Enc>::value;
+  // (A score mod over features: [qt_sat, n_full) its feature steps, flash_feature_steps.)
+  constexpr bool kFeat = flash_feature_steps<Enc>();
   const int64_t n_full = T / BQ;
   int64_t qt_plain = (j0 + BK - 1 + BQ - 1) / BQ;  // first tile with i0 >= j0 + BK - 1
   if (qt_plain > n_full) qt_plain = n_full;
   int64_t qt_sat = n_full;
-  if constexpr (kSatSteps) {
-    qt_sat = (p.dist_sat[bh] + j0 + BK - 1 + BQ - 1) / BQ;
+  if constexpr (kSatSteps || kFeat) {  // (feature steps turned off: no dist_sat)
+    qt_sat = kFeat && !p.dist_sat ? n_full : (p.dist_sat[bh] + j0 + BK - 1 + BQ - 1) / BQ;
     qt_sat = qt_sat < qt_plain ? qt_plain : qt_sat > n_full ? n_full : qt_sat;
   }
   // Whether step qt (masked, saturated) opens with a block barrier. The first step does (a masked
@@ -453,9 +470,10 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   // thread waits on the step's mbarrier for the producer's copies), and the barrier that ended
   // the step before orders its shared memory: but for the sums a step writes before its second
   // barrier and reads after its third (a trained distance bias's diagonal sums outside the
-  // saturated steps, value rows' masses), whose next writes must wait for every thread's reads.
+  // saturated steps, value rows' masses, the feature steps' row sums and features), whose next
+  // writes must wait for every thread's reads.
   auto opens_with_barrier = [&](int64_t qt, bool masked, bool sat) {
-    return !kWg || (masked && qt == qt0) || value_table_trains<Enc>() || (kSatSteps && !sat);
+    return !kWg || (masked && qt == qt0) || value_table_trains<Enc>() || (kSatSteps && !sat) || kFeat;
   };
   // The block's turn on query tile qt (dQ' in the semaphores' order), taken by one thread before
   // the step's barrier before dQ' (the consumers' thread 0 after the step's first barrier, or the
@@ -595,11 +613,53 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   // MLP): those sum in shared memory (ParamCache), and the emulated suite would pay 20x its time
   // for the collectives (docs/cuda.md).
   // Value rows take this path too, with or without a score mod (their masses sum in shared memory).
-  constexpr bool kWarpSinks = !flash_distance<Enc>() && !flash_rowcol<Enc>() &&
-                              ((Enc::kHasScoreMod && (traits::NumRel<Enc>::value > 0 || Enc::kNumTok > 0)) ||
-                               kVR > 0);
+  constexpr bool kWarpSinks = flash_warp_sinks<Enc>();
   using SinkCtx = std::conditional_t<kWarpSinks, WarpDevCtx<Enc>, DevCtx<Enc>>;
   [[maybe_unused]] const SinkCtx sink_ctx(ctx);
+  // A score mod over features (flash_feature_steps): the features of the lane's keys kr0 + g + 8 h
+  // (clamped into [0, T): a block with feature steps has all its keys there) and of the slice, in
+  // registers, and the sums of their gradients over the block's feature steps; the row features
+  // of a step's queries (sRF) and the warps' sums of their gradients (sRG) in shared memory, by
+  // step parity; the value row of every saturated distance.
+  constexpr int kRF = feat_count<Enc>(0), kCF = feat_count<Enc>(1), kSF = feat_count<Enc>(2);
+  constexpr int kRV = feat_row_vals<Enc>(), kRS = feat_row_sums<Enc>();
+  [[maybe_unused]] float cfv[2][kCF > 0 ? kCF : 1] = {}, cacc[2][kCF > 0 ? kCF : 1] = {};
+  [[maybe_unused]] float sfv[kSF > 0 ? kSF : 1] = {}, sacc[kSF > 0 ? kSF : 1] = {};
+  [[maybe_unused]] float *sRF = reinterpret_cast<float *>(smem + flash_smem_bytes<Enc, C>() + flash_bwd_mass_bytes<Enc, C>());
+  [[maybe_unused]] float *sRG = sRF + 2 * BQ * kRV;
+  [[maybe_unused]] int64_t vsat = 0;
+  if constexpr (kFeat) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t j = j0 + kr0 + g + 8 * h;
+      if constexpr (kCF > 0) Enc::col_features(ctx, j < T ? j : T - 1, T - 1, cfv[h]);
+    }
+    if constexpr (kSF > 0) Enc::slice_features(ctx, 0, T - 1, sfv);
+    if constexpr (kVR > 0) vsat = Enc::value_row(ctx, T - 1, 0);
+  }
+  // Query tile qn's row features (and dO_i . table[r_sat]) into its buffer, by thread x < BQ.
+  [[maybe_unused]] auto fill_rows = [&](int64_t qn, int x) {
+    const int64_t i = qn * BQ + x;
+    float *dst = sRF + ((qn - qt0) & 1) * BQ * kRV + x * kRV;
+    if constexpr (kRF > 0) {
+      float f[kRF > 0 ? kRF : 1];
+      Enc::row_features(ctx, i, T - 1, f);
+      #pragma unroll
+      for (int a = 0; a < kRF; ++a) dst[a] = f[a];
+    }
+    if constexpr (kVR > 0) dst[kRF] = p.vdrow[(bh * T + i) * kVR + vsat];
+  };
+  // Feature step qp's sums for query x over the warps (in order), into the features' elements.
+  [[maybe_unused]] auto flush_rows = [&](int64_t qp, int x) {
+    const float *src = sRG + ((qp - qt0) & 1) * C::kWarps * BQ * kRS;
+    float sum[kRS > 0 ? kRS : 1] = {};
+    for (int w = 0; w < C::kWarps; ++w)
+      #pragma unroll
+      for (int a = 0; a < kRS; ++a) sum[a] += src[(w * BQ + x) * kRS + a];
+    const int64_t i = qp * BQ + x;
+    if constexpr (kRF > 0) Enc::row_features_grad(ctx, i, T - 1, static_cast<const float *>(sum));
+    if constexpr (value_table_trains<Enc>()) ctx.vmass[i * kVR + vsat] += sum[kRF];
+  };
   // Distance bias: B(i - j) / scale of query tile qt at x = c - kr + BK (i - j = i0 - j0 + c - kr)
   // in window (qt - qt0) & 1, copied from the slice's table ahead like Q' and dO (the
   // window starts at distance i0 - j0 - BK, a multiple of BQ); the initial value of the S^T
@@ -801,6 +861,13 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     [[maybe_unused]] int turn = -1;
     if constexpr (C::kWarps == 8 && !C::kProducer)
       if (threadIdx.x == 0 && ordered()) turn = ptx::ld_relaxed_gpu(sem + qt);
+    if constexpr (kFeat) {  // the sums of the step before and the next tile's features, if feature steps
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < BQ) {
+        if (qt - 1 >= qt_sat && qt - 1 < n_full) flush_rows(qt - 1, x);
+        if (qt + 1 >= qt_sat && qt + 1 < n_full) fill_rows(qt + 1, x);
+      }
+    }
     if constexpr (!kWg) {  // (wgmma: the producer's copies)
       if (qt + 1 < n_qt) {
         const int nb = buf ^ 1;
@@ -991,6 +1058,51 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
     // (j <= i) and c < cols (i < T), in 32-bit tile coordinates; only masked steps test. Masked
     // elements are 0 and never reach the score mod (with one, the test is a branch; without, a
     // select).
+    if constexpr (kFeat && kSat) {
+      // A feature step (unmasked, every distance >= d_sat): the score mod on the features; their
+      // gradients summed per query over the warp's 16 keys (lanes g, by shuffles in a fixed order)
+      // into the warp's slot of sRG, per key and per block in registers.
+      using FE = std::conditional_t<kSat, Enc, Enc>;  // (a name of the step's template: not checked for other Enc)
+      const float *rfs = sRF + buf * BQ * kRV;
+      float *rgs = sRG + (buf * C::kWarps + warp) * BQ * kRS;
+      #pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = c0 + 8 * nt + 2 * t + e;
+          const int64_t i = i0 + c;
+          float rf[kRF > 0 ? kRF : 1], rsum[kRS > 0 ? kRS : 1] = {};
+          #pragma unroll
+          for (int a = 0; a < kRF; ++a) rf[a] = rfs[c * kRV + a];
+          #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t j = j0 + kr0 + g + 8 * h;
+            const float raw = p.scale * s[nt][2 * h + e];
+            const float logit = FE::score_mod_features(ctx, static_cast<const float *>(rf), cfv[h], sfv, i, j, raw);
+            const float pv = ptx::ex2(fmaf(logit, kLog2e, -cLse[c]));
+            float dpv = dp[nt][2 * h + e];
+            if constexpr (kVR > 0) dpv += rfs[c * kRV + kRF];
+            float drf[kRF > 0 ? kRF : 1], dcf[kCF > 0 ? kCF : 1], dsf[kSF > 0 ? kSF : 1];
+            const float dsv = p.scale * FE::score_mod_features_grad(ctx, static_cast<const float *>(rf), cfv[h], sfv, i, j,
+                                                                     raw, pv * (dpv - cDelta[c]), drf, dcf, dsf);
+            #pragma unroll
+            for (int a = 0; a < kRF; ++a) rsum[a] += drf[a];
+            if constexpr (value_table_trains<Enc>()) rsum[kRF] += pv;
+            #pragma unroll
+            for (int a = 0; a < kCF; ++a) cacc[h][a] += dcf[a];
+            #pragma unroll
+            for (int a = 0; a < kSF; ++a) sacc[a] += dsf[a];
+            s[nt][2 * h + e] = pv;
+            dp[nt][2 * h + e] = dsv;
+          }
+          #pragma unroll
+          for (int a = 0; a < kRS; ++a) {
+            #pragma unroll
+            for (int o = 4; o < 32; o *= 2) rsum[a] += __shfl_xor_sync(0xffffffffu, rsum[a], o);
+            if (g == 0) rgs[c * kRS + a] = rsum[a];
+          }
+        }
+    } else {  // every other step: element by element
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int kr = kr0 + g + 8 * h;
@@ -1056,6 +1168,7 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
           dp[nt][2 * h + e] = dsv;
         }
     }
+    }  // (the element loop)
 
     // The warp's diagonal sums of dS (= scale P (dP - Delta)) into its two sets, by tile diagonal
     // x = c - kr + BK - 1.
@@ -1412,12 +1525,38 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   // spills. Kept but for kBwdSquare. (bench/cuda_sass_stats.py reports the shortest unmasked copy,
   // which can be this one: at D = 64 the live copy of RoPE's wide layout has 799 instructions per
   // step, this one 665.)
+  if constexpr (kFeat)
+    for (; qt < n_full; ++qt) step(qt, No{}, Yes{}, unused);
   if constexpr (!kSq)
     for (; qt < n_full; ++qt) step(qt, No{}, No{}, unused);
   for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();
   block_sync();  // every thread's adds to the last query tile, then their release
   if (!C::kProducer && threadIdx.x == 0) release_last();
+  if constexpr (kFeat) {
+    // The last step's row sums (a feature step where T is whole tiles), and the keys' and the
+    // block's sums over its feature steps (lanes t, then every lane of the warp: shuffles).
+    if (qt_sat < n_full) {
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < BQ && n_qt - 1 >= qt_sat && n_qt - 1 < n_full) flush_rows(n_qt - 1, x);
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        #pragma unroll
+        for (int a = 0; a < kCF; ++a)
+          #pragma unroll
+          for (int o = 1; o < 4; o *= 2) cacc[h][a] += __shfl_xor_sync(0xffffffffu, cacc[h][a], o);
+        const int64_t j = j0 + kr0 + g + 8 * h;
+        if constexpr (kCF > 0)
+          if (t == 0 && j < T) Enc::col_features_grad(ctx, j, T - 1, static_cast<const float *>(cacc[h]));
+      }
+      #pragma unroll
+      for (int a = 0; a < kSF; ++a)
+        #pragma unroll
+        for (int o = 1; o < 32; o *= 2) sacc[a] += __shfl_xor_sync(0xffffffffu, sacc[a], o);
+      if constexpr (kSF > 0)
+        if (lane == 0) Enc::slice_features_grad(ctx, 0, T - 1, static_cast<const float *>(sacc));
+    }
+  }
   if constexpr (flash_param_cache<Enc>()) ParamCache<Enc>::flush(p, cache, C::kThreads);  // every sink is in
   if constexpr (kDist && kBiasGrad) {  // the distances of the last step that earlier ones left
     const int x = static_cast<int>(threadIdx.x);

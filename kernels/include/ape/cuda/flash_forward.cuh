@@ -79,6 +79,48 @@ template <class Enc> constexpr bool flash_param_cache() {
   return Enc::kHasScoreMod && Enc::kNumParams > 0 && Enc::kNumParams <= 32 && !traits::DistanceBias<Enc>::value &&
          !traits::RowColBias<Enc>::value && value_rows<Enc>() == 0 && (traits::ScoreParams<Enc>::value != 0u);
 }
+// A score mod of the general form (neither a distance nor a row/column bias) whose gradient
+// adds to per-token sums for each element (relative rows: Transformer-XL, DeBERTa; token sums:
+// K-Cable), or value rows: the flash backward's sinks are warp collectives there (flash_backward_kernel).
+template <class Enc> constexpr bool flash_warp_sinks() {
+  return !flash_distance<Enc>() && !flash_rowcol<Enc>() &&
+         ((Enc::kHasScoreMod && (traits::NumRel<Enc>::value > 0 || Enc::kNumTok > 0)) || value_rows<Enc>() > 0);
+}
+// Score mods over features (Enc::kFeatures, contract/enc_traits.h: every load reads at the query
+// row, the key column or the slice, an index of the distance d saturating at some d_sat): the
+// flash backward's steps whose every distance is >= d_sat (feat_sat_kernel) read each feature
+// once per query (the next tile's, staged in shared memory by the step before), key or block
+// (registers), call score_mod_features on them, and sum the features' gradients in registers and
+// shuffles: per query over the warp's 16 keys, then over the warps in shared memory, and one call
+// of row_features_grad per query and step (two L2 atomics per feature); per key and per block over
+// all the block's steps, one call at its end. The steps nearer the diagonal keep the per-element
+// path. The flash forward likewise takes its key tiles past d_sat on the features. Not with a
+// parameter cache (its sums' barrier at the block's end).
+template <class Enc> constexpr bool flash_feature_steps() {
+  if constexpr (traits::Features<Enc>::value)
+    return flash_warp_sinks<Enc>() && !flash_param_cache<Enc>();
+  else
+    return false;
+}
+template <class Enc> constexpr int feat_count(int side) {  // 0 row, 1 col, 2 slice
+  if constexpr (flash_feature_steps<Enc>())
+    return side == 0 ? Enc::kRowFeatures : side == 1 ? Enc::kColFeatures : Enc::kSliceFeatures;
+  else
+    return 0;
+}
+// Score mods over features (flash_feature_steps): d_sat is 1 + the last d at which some index
+// that reads the distance differs from its value at T - 1 (Enc::features_same; 0 when none does),
+// per slice in p.dist_sat.
+template <class Enc, class In> __global__ void feat_sat_kernel(const Params<Enc, In> p) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= p.B * p.H * p.T) return;
+  const int64_t bh = e / p.T, d = e % p.T;
+  if constexpr (flash_feature_steps<Enc>()) {
+    const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+    if (!Enc::template features_same<float>(ctx, d, p.T - 1)) atomicMax(p.dist_sat + bh, static_cast<int>(d + 1));
+  }
+}
+
 constexpr size_t kParamCacheValue = sizeof(float), kParamCacheGrad = 2 * sizeof(unsigned long long);
 // At most this many bytes of a block's shared memory (the backward's largest FIRE case, H 64: 43 KiB).
 constexpr size_t kParamCacheMax = 48 * 1024;
@@ -178,17 +220,21 @@ template <class Enc, class F> constexpr size_t flash_smem_bytes() {
 template <class Enc, class In, int D> constexpr size_t flash_mass_bytes() {
   return sizeof(float) * FlashFwd<In, D>::BQ * value_rows<Enc>();
 }
+// A score mod over features (flash_feature_steps): the key tiles' column features, by tile parity.
+template <class Enc, class In, int D> constexpr size_t flash_fwd_feature_bytes() {
+  return sizeof(float) * 2 * FlashFwd<In, D>::BK * feat_count<Enc>(1);
+}
 template <class Enc, class In, int D> constexpr bool flash_forward_runs() {
   if constexpr (std::is_same_v<In, float>) return false;
-  else return value_rows<Enc>() == 0 || FlashFwd<In, D>::bytes + flash_mass_bytes<Enc, In, D>() <= kSmemLimitWide;
+  else return value_rows<Enc>() == 0 || FlashFwd<In, D>::bytes + flash_mass_bytes<Enc, In, D>() + flash_fwd_feature_bytes<Enc, In, D>() <= kSmemLimitWide;
 }
 template <class Enc, class In, int D> constexpr bool flash_forward_everywhere() {
   if constexpr (std::is_same_v<In, float>) return false;
-  else return value_rows<Enc>() == 0 || FlashFwd<In, D>::bytes + flash_mass_bytes<Enc, In, D>() <= kSmemLimit;
+  else return value_rows<Enc>() == 0 || FlashFwd<In, D>::bytes + flash_mass_bytes<Enc, In, D>() + flash_fwd_feature_bytes<Enc, In, D>() <= kSmemLimit;
 }
 // Dynamic shared memory of the flash forward for Enc, the parameter cache aside.
 template <class Enc, class In, int D> constexpr size_t flash_fwd_bytes() {
-  return flash_smem_bytes<Enc, FlashFwd<In, D>>() + flash_mass_bytes<Enc, In, D>();
+  return flash_smem_bytes<Enc, FlashFwd<In, D>>() + flash_mass_bytes<Enc, In, D>() + flash_fwd_feature_bytes<Enc, In, D>();
 }
 
 // Logits and the online softmax of one key tile (keys j0 ..) for the thread's rows of a flash forward:
@@ -200,12 +246,13 @@ template <class Enc, class In, int D> constexpr size_t flash_fwd_bytes() {
 // query i = i0 + rr, key j = j0 + cc: visible iff cc - rr <= dlt (j <= i) and rr < rows (i < T),
 // in 32-bit tile coordinates. Masked elements never reach the score mod: their indices may lie
 // outside the token arrays.
-template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT>
-__device__ __forceinline__ void flash_softmax_alpha(float (&s)[kMT][kNT][4], float (&alpha_out)[kMT][2],
-                                              float (&m)[kMT][2], float (&l)[kMT][2],
-                                              const DevCtx<Enc> &ctx, float scale, float kf,
-                                              int64_t i0, int64_t j0, int r0, int g, int t,
-                                              int64_t T) {
+// `mod(mt, h, cc, i, j, x)` is the score mod of element (row 16 mt + 8 h + .., column cc), query i,
+// key j (the overloads with a context call Enc::score_mod).
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, class Mod>
+__device__ __forceinline__ void flash_softmax_alpha_mod(float (&s)[kMT][kNT][4], float (&alpha_out)[kMT][2],
+                                                  float (&m)[kMT][2], float (&l)[kMT][2], const Mod &mod,
+                                                  float scale, float kf, int64_t i0, int64_t j0, int r0,
+                                                  int g, int t, int64_t T) {
   constexpr int BK = 8 * kNT;
   const int dlt = static_cast<int>(i0 - j0 < BK ? i0 - j0 : BK);
   const int rows = static_cast<int>(T - i0 < 65536 ? T - i0 : 65536);
@@ -224,7 +271,7 @@ __device__ __forceinline__ void flash_softmax_alpha(float (&s)[kMT][kNT][4], flo
           float x = s[mt][nt][2 * h + e];  // kRaw: the raw score (kf scales it)
           if constexpr (!kRaw) {
             x *= scale;
-            if (visible) x = Enc::score_mod(ctx, i0 + rr, j0 + cc, x);
+            if (visible) x = mod(mt, h, cc, i0 + rr, j0 + cc, x);
           }
           if constexpr (kMasked) x = visible ? x : -kInf;
           s[mt][nt][2 * h + e] = x;
@@ -246,6 +293,28 @@ __device__ __forceinline__ void flash_softmax_alpha(float (&s)[kMT][kNT][4], flo
       m[mt][h] = mx;
       alpha_out[mt][h] = alpha;  // the factor of the row's O accumulators
     }
+}
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT>
+__device__ __forceinline__ void flash_softmax_alpha(float (&s)[kMT][kNT][4], float (&alpha_out)[kMT][2],
+                                              float (&m)[kMT][2], float (&l)[kMT][2],
+                                              const DevCtx<Enc> &ctx, float scale, float kf,
+                                              int64_t i0, int64_t j0, int r0, int g, int t,
+                                              int64_t T) {
+  const auto mod = [&ctx](int, int, int, int64_t i, int64_t j, float x) { return Enc::score_mod(ctx, i, j, x); };
+  flash_softmax_alpha_mod<Enc, kMasked, kRaw>(s, alpha_out, m, l, mod, scale, kf, i0, j0, r0, g, t, T);
+}
+template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT, class Mod>
+__device__ __forceinline__ void flash_softmax_mod(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
+                                                  float (&m)[kMT][2], float (&l)[kMT][2], const Mod &mod,
+                                                  float scale, float kf, int64_t i0, int64_t j0, int r0,
+                                                  int g, int t, int64_t T, float (&alpha)[kMT][2]) {
+  flash_softmax_alpha_mod<Enc, kMasked, kRaw>(s, alpha, m, l, mod, scale, kf, i0, j0, r0, g, t, T);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[mt][dt][x] *= alpha[mt][x / 2];
 }
 template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT>
 __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
@@ -294,6 +363,37 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   [[maybe_unused]] float *sMass = reinterpret_cast<float *>(smem + flash_smem_bytes<Enc, C>());
   if constexpr (kMass > 0)
     for (int x = static_cast<int>(threadIdx.x); x < BQ * kMass; x += C::kThreads) sMass[x] = 0.f;
+  // A score mod over features (flash_feature_steps): key tiles [0, n_feat), whose every distance is
+  // >= d_sat (feat_sat_kernel), run it on the features: the thread's rows' and the slice's in
+  // registers, the tile's keys' in shared memory (sCF, by tile parity, filled a step ahead).
+  constexpr bool kFeat = flash_feature_steps<Enc>();
+  constexpr int kRF = feat_count<Enc>(0), kCF = feat_count<Enc>(1), kSF = feat_count<Enc>(2);
+  [[maybe_unused]] float rfv[kMT][2][kRF > 0 ? kRF : 1] = {}, sfv[kSF > 0 ? kSF : 1] = {};
+  [[maybe_unused]] float *sCF = reinterpret_cast<float *>(smem + flash_smem_bytes<Enc, C>() + flash_mass_bytes<Enc, In, D>());
+  int n_feat = 0;
+  if constexpr (kFeat) {
+    for (int mt = 0; mt < kMT; ++mt)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
+        if constexpr (kRF > 0) Enc::row_features(ctx, i < T ? i : T - 1, T - 1, rfv[mt][h]);
+      }
+    if constexpr (kSF > 0) Enc::slice_features(ctx, 0, T - 1, sfv);
+    if (p.dist_sat) {  // tiles with j0 + BK - 1 <= i0 - d_sat (null: feature steps turned off)
+      const int64_t last = i0 - (BK - 1) - p.dist_sat[bh];
+      n_feat = last < 0 ? 0 : static_cast<int>(last / BK + 1);
+    }
+  }
+  [[maybe_unused]] auto fill_cols = [&](int kt) {  // key tile kt's column features, by thread x < BK
+    if constexpr (kFeat && kCF > 0) {
+      static_assert(BK <= C::kThreads, "one key per thread");
+      const int x = static_cast<int>(threadIdx.x);
+      if (x < BK && kt < n_feat) {
+        float fv[kCF > 0 ? kCF : 1];
+        Enc::col_features(ctx, int64_t(kt) * BK + x, T - 1, fv);
+        for (int a = 0; a < kCF; ++a) sCF[((kt & 1) * BK + x) * kCF + a] = fv[a];
+      }
+    }
+  };
 
   // Distance bias: B(i - j) / scale of key tile kt at x = i - j - (i0 - j0 - (BK - 1)) + 1 =
   // rr - cc + BK in window kt & 1, copied from the slice's table a step ahead like K and V (16-byte
@@ -344,6 +444,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   // exist): they run without a mask; the rest test each element. Two copies of the step, so the
   // steady state carries no masking code.
   const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
+  if (n_feat > n_plain) n_feat = n_plain;
+  fill_cols(0);  // (read after the first step's barrier)
   // The softmax in base 2: p = 2^(x kf - m kf). With a score mod, x and m are logits and kf =
   // log2 e; without one (or with a distance or row/column bias, in S) they are raw scores
   // q'.k' (+ the bias / scale) and kf = scale log2 e (one FFMA per element; the host launches the
@@ -351,10 +453,11 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   // logits).
   const float kf = kRaw ? p.scale * kLog2e : kLog2e;
   const float mscale = kRaw ? p.scale : 1.f;  // m in logit units
-  auto step = [&](int kt, auto masked) {
-    constexpr bool kMasked = decltype(masked)::value;
+  auto step = [&](int kt, auto masked, auto feat) {
+    constexpr bool kMasked = decltype(masked)::value, kFeatStep = decltype(feat)::value;
     ptx::cp_async_wait<0>();
     __syncthreads();  // tile kt landed; every warp is done with buffer (kt + 1) % 2
+    fill_cols(kt + 1);
     if (kt + 1 < n_tiles) {
       flash::load_tile_async<BK, D, C::kThreads>(sK + ((kt + 1) & 1) * BK * D, p.km + base,
                                                  int64_t(kt + 1) * BK, T);
@@ -399,7 +502,17 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     }
 
     float alpha[kMT][2];
-    flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T, alpha);
+    if constexpr (kFeatStep) {  // the score mod on the features
+      using FE = std::conditional_t<kFeatStep, Enc, Enc>;  // (a name of the step's template)
+      const float *cfs = sCF + (kt & 1) * BK * kCF;
+      const auto fmod = [&](int mt, int h, int cc, int64_t i, int64_t j, float x) {
+        return FE::score_mod_features(ctx, static_cast<const float *>(rfv[mt][h]), cfs + cc * kCF,
+                                      static_cast<const float *>(sfv), i, j, x);
+      };
+      flash_softmax_mod<Enc, kMasked, kRaw>(s, o, m, l, fmod, p.scale, kf, i0, j0, r0, g, t, T, alpha);
+    } else {
+      flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, p.scale, kf, i0, j0, r0, g, t, T, alpha);
+    }
     if constexpr (kMass > 0) {
       // The rows' masses: rescaled (lane t of the quad takes the rows' entries t, t + 4, ...),
       // then each lane of the quad in turn adds its P (masked and underflowed elements: 0).
@@ -449,8 +562,11 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       }
     }
   };
-  for (int kt = 0; kt < n_plain; ++kt) step(kt, std::false_type{});
-  for (int kt = n_plain; kt < n_tiles; ++kt) step(kt, std::true_type{});
+  int kt = 0;
+  if constexpr (kFeat)
+    for (; kt < n_feat; ++kt) step(kt, std::false_type{}, std::true_type{});
+  for (; kt < n_plain; ++kt) step(kt, std::false_type{}, std::false_type{});
+  for (; kt < n_tiles; ++kt) step(kt, std::true_type{}, std::false_type{});
   ptx::cp_async_wait<0>();
 
   // Value rows: this head's table rows, table[r, h, :] for every r, into the K and V buffers

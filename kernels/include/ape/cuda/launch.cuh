@@ -318,6 +318,13 @@ inline bool bwd_square_enabled() {
   return env_is("APE_CUDA_BWD_SQUARE", '1');
 }
 
+// Whether the flash backward takes feature steps where a score mod over features saturates
+// (flash_feature_steps): yes unless APE_CUDA_FEATURE_STEPS=0, which keeps every step on the
+// per-element path (for a side-by-side timing; the emulated suite checks both).
+inline bool feature_steps_enabled() {
+  return !env_is("APE_CUDA_FEATURE_STEPS", '0');
+}
+
 // Whether the flash backward's wide layout at D = 128 runs in steps of 64 queries formed in two
 // sub-tiles of 32 (kBwdWideSub: half the barriers and dQ' turns per query of the 32-query steps,
 // with their registers) instead of steps of 32: APE_CUDA_BWD_SUBTILES set to 1. Off by default
@@ -422,6 +429,13 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         }
         return launch(hopper_forward_kernel<Enc, In, kD>, dim3(static_cast<unsigned>(blocks)), H::kThreads,
                       bytes, st, p, maps);
+      }
+      if constexpr (flash_feature_steps<Enc>()) {  // the feature tiles' distance (feat_sat_kernel)
+        p.dist_sat = feature_steps_enabled() ? scratch.take<int>(a.B * a.H, err) : nullptr;  // null: none
+        if (err == cudaSuccess && p.dist_sat) err = cudaMemsetAsync(p.dist_sat, 0, sizeof(int) * a.B * a.H, st);
+        if (err == cudaSuccess && p.dist_sat)
+          err = launch(feat_sat_kernel<Enc, In>, blocks_for(a.B * a.H * a.T, 256), 256, 0, st, p);
+        if (err != cudaSuccess) return err;
       }
       size_t bytes = flash_fwd_bytes<Enc, In, kD>(), extra = 0;
       if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
@@ -582,6 +596,12 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
         if (err == cudaSuccess)
           err = launch(dist_sat_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p);
       }
+    }
+    if constexpr (flash_feature_steps<Enc>()) {  // the feature steps' distance (feat_sat_kernel)
+      p.dist_sat = feature_steps_enabled() ? scratch.take<int>(BH, err) : nullptr;  // null: none
+      if (err == cudaSuccess && p.dist_sat) err = cudaMemsetAsync(p.dist_sat, 0, sizeof(int) * BH, st);
+      if (err == cudaSuccess && p.dist_sat)
+        err = launch(feat_sat_kernel<Enc, In>, blocks_for(BH * T, 256), 256, 0, st, p);
     }
     if constexpr (flash_rowcol<Enc>()) {
       if (err == cudaSuccess) err = make_rowcol_table(p, scratch, st);
