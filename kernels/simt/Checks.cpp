@@ -98,7 +98,9 @@ void shared_access(Thread &t, Block &b, const char *a, size_t n, Access kind, co
       if (c.r_epoch != b.epoch || ordered(c.r_tid, c.r_wsync)) {
         c.r_epoch = b.epoch, c.r_tid = tid, c.r_wsync = wsync;
         f &= static_cast<uint8_t>(~kRMulti);
-      } else if (c.r_tid != tid) {
+      } else if (c.r_tid / 32 != t.tid / 32) {
+        // (A lane of the kept reader's warp unordered with it read in the same __syncwarp interval:
+        // whatever is ordered after the kept reader is ordered after it too.)
         f |= kRMulti;
       }
       continue;

@@ -25,7 +25,7 @@ constexpr uint8_t kAddressable = 1;  // inside a live allocation (or the block's
 constexpr uint8_t kInit = 2;         // written since it was allocated
 constexpr uint8_t kPending = 4;      // (shared) destination of a cp.async not yet waited for
 constexpr uint8_t kWAtomic = 8;      // (shared) the last write was atomic
-constexpr uint8_t kRMulti = 16;      // (shared) read by several threads since the last write
+constexpr uint8_t kRMulti = 16;      // (shared) read by threads of several warps since the last write
 
 extern char *g_arena_lo, *g_arena_hi;  // [lo, hi): the reserved device range (null before use)
 extern uint8_t *g_arena_shadow;        // one byte per byte of the range

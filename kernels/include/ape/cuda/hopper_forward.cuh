@@ -59,6 +59,12 @@ template <class In, int D> struct HopperFwd {
   static constexpr unsigned kTileBytes = sizeof(In) * BK * D;
 };
 
+// A score mod over features (flash_feature_steps): each consumer warp's column features of two
+// key tiles, after the tiles.
+template <class Enc, class In, int D> constexpr size_t hopper_fwd_feature_bytes() {
+  return sizeof(float) * HopperFwd<In, D>::kConsumers * 4 * 2 * HopperFwd<In, D>::BK * feat_count<Enc>(1);
+}
+
 // TMA descriptors of q', k', v as [B·H, T, D] tensors (host: make_hopper_maps).
 
 template <class Enc, class In, int D>
@@ -95,6 +101,11 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   constexpr bool kDist = flash_distance<Enc>(), kRC = flash_rowcol<Enc>();
   constexpr bool kRaw = !Enc::kHasScoreMod || kDist || kRC;
   float *sB = reinterpret_cast<float *>(smem + C::bias);  // distance or column windows
+  // A score mod over features: the consumers' column features after the tiles (no parameter
+  // cache there: flash_feature_steps).
+  constexpr bool kFeat = flash_feature_steps<Enc>();
+  constexpr int kRF = feat_count<Enc>(0), kCF = feat_count<Enc>(1), kSF = feat_count<Enc>(2);
+  [[maybe_unused]] float *sCF = reinterpret_cast<float *>(smem + C::bytes);
   if (threadIdx.x == 0) {
     ptx::mbar_init(bar_q, 1);
     for (int s = 0; s < C::kStages; ++s) {
@@ -188,10 +199,50 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       const float *rc_bh = p.rc + 2 * bh * p.rc_ld;
       for (int h = 0; h < 2; ++h) rb[h] = rc_bh[i0 + r0 + g + 8 * h];
     }
+    // A score mod over features (flash_feature_steps): key tiles [0, n_feat), whose every distance
+    // is >= d_sat, run it on the features: the thread's rows' and the slice's in registers, the key
+    // tile's in shared memory, each consumer warp its own copy by tile parity (its lanes write BK /
+    // 32 keys each, in the step before, and meet at __syncwarp before reading; once more at a
+    // job's start, for the last job's reads).
+    [[maybe_unused]] float rfv[1][2][kRF > 0 ? kRF : 1] = {}, sfv[kSF > 0 ? kSF : 1] = {};
+    int n_feat = 0;
+    if constexpr (kFeat) {
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + r0 + g + 8 * h;
+        if constexpr (kRF > 0) Enc::row_features(ctx, i < T ? i : T - 1, T - 1, rfv[0][h]);
+      }
+      if constexpr (kSF > 0) Enc::slice_features(ctx, 0, T - 1, sfv);
+      if (p.dist_sat) {  // tiles with j0 + BK - 1 <= i0 - d_sat (null: feature steps turned off)
+        const int64_t last = i0 - (BK - 1) - p.dist_sat[bh];
+        n_feat = last < 0 ? 0 : static_cast<int>(last / BK + 1);
+      }
+    }
+    [[maybe_unused]] auto feat_sync = [] { __syncwarp(); };
+    [[maybe_unused]] float *wCF = sCF + (warp - 4) * 2 * BK * kCF;  // this warp's two tiles
+    [[maybe_unused]] auto fill_cols = [&](int kt) {  // key tile kt's column features, BK / 32 per lane
+      if constexpr (kFeat && kCF > 0) {
+        if (kt < n_feat)
+          for (int x = lane; x < BK; x += 32) {
+            float fv[kCF > 0 ? kCF : 1];
+            Enc::col_features(ctx, int64_t(kt) * BK + x, T - 1, fv);
+            for (int a = 0; a < kCF; ++a) wCF[((kt & 1) * BK + x) * kCF + a] = fv[a];
+          }
+      }
+    };
+    // The score mod of tile kt on the features.
+    [[maybe_unused]] auto feat_mod = [&](auto kt) {
+      using FE = std::conditional_t<std::is_same_v<decltype(kt), int>, Enc, Enc>;  // (not checked for other Enc)
+      const float *cfs = wCF + (kt & 1) * BK * kCF;
+      return [&, cfs](int, int h, int cc, int64_t i, int64_t j, float x) {
+        return FE::score_mod_features(ctx, static_cast<const float *>(rfv[0][h]), cfs + cc * kCF,
+                                      static_cast<const float *>(sfv), i, j, x);
+      };
+    };
     float o[1][kDT][4] = {};
     float m[1][2] = {{-kInf, -kInf}}, l[1][2] = {{0.f, 0.f}};
     float(&of)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o[0][0][0]);
     const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
+    if (n_feat > n_plain) n_feat = n_plain;
     // The softmax of tile kt overlaps the P V product of tile kt - 1 (FlashAttention-3's
     // pipelining inside a warpgroup): issue S_kt, issue O += P_{kt-1} V_{kt-1}, wait for S_kt
     // only, run the softmax, then wait for the product, release stage kt - 1, rescale O and pack
@@ -241,8 +292,8 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     // cannot take a round of the other's: the next tile's Q waits for consumer 1's last S product.
     const bool pingpong = p.pingpong && n_tiles > 1;
     if (pingpong && cw == 0) ptx::bar_arrive(1, 256);
-    auto step = [&](int kt, auto masked) {  // kt >= 1
-      constexpr bool kMasked = decltype(masked)::value;
+    auto step = [&](int kt, auto masked, auto feat) {  // kt >= 1
+      constexpr bool kMasked = decltype(masked)::value, kFeatStep = decltype(feat)::value;
       if (pingpong) ptx::bar_sync(1 + cw, 256);
       issue_s(kt);
       issue_pv(kt - 1);
@@ -251,8 +302,15 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       ptx::fence_regs(sf);
       if (kt + 1 == n_tiles) ptx::mbar_arrive(q_empty);  // the tile's last read of Q is done
       float alpha[1][2];
-      flash_softmax_alpha<Enc, kMasked, kRaw>(s_acc, alpha, m, l, ctx, p.scale, kf, i0,
-                                              int64_t(kt) * BK, r0, g, t, T);
+      if constexpr (kFeatStep) {
+        if constexpr (kCF > 0) feat_sync();  // the tile's column features
+        flash_softmax_alpha_mod<Enc, kMasked, kRaw>(s_acc, alpha, m, l, feat_mod(kt), p.scale, kf, i0,
+                                                    int64_t(kt) * BK, r0, g, t, T);
+        fill_cols(kt + 1);
+      } else {
+        flash_softmax_alpha<Enc, kMasked, kRaw>(s_acc, alpha, m, l, ctx, p.scale, kf, i0,
+                                                int64_t(kt) * BK, r0, g, t, T);
+      }
       ptx::wgmma_wait<0>();
       ptx::fence_regs(of);
 #pragma unroll
@@ -265,16 +323,34 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       pack_p();
     };
     // Tile 0 (O is 0: no product to wait for), the steady state, the masked tiles, the last product.
+    if constexpr (kFeat && kCF > 0)
+      if (n_feat > 0) {
+        feat_sync();  // the last job's reads of the column features
+        fill_cols(0);
+        feat_sync();
+      }
     issue_s(0);
     ptx::wgmma_wait<0>();
     ptx::fence_regs(sf);
     if (n_tiles == 1) ptx::mbar_arrive(q_empty);
-    if (n_plain > 0) flash_softmax<Enc, false, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
-    else flash_softmax<Enc, true, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+    bool tile0 = false;  // tile 0 on the features
+    if constexpr (kFeat)
+      if (n_feat > 0) {
+        float alpha[1][2];
+        flash_softmax_mod<Enc, false, kRaw>(s_acc, o, m, l, feat_mod(0), p.scale, kf, i0, 0, r0, g, t, T, alpha);
+        fill_cols(1);
+        tile0 = true;
+      }
+    if (!tile0) {
+      if (n_plain > 0) flash_softmax<Enc, false, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+      else flash_softmax<Enc, true, kRaw>(s_acc, o, m, l, ctx, p.scale, kf, i0, 0, r0, g, t, T);
+    }
     pack_p();
     int kt = 1;
-    for (; kt < n_plain; ++kt) step(kt, std::false_type{});
-    for (; kt < n_tiles; ++kt) step(kt, std::true_type{});
+    if constexpr (kFeat)
+      for (; kt < n_feat; ++kt) step(kt, std::false_type{}, std::true_type{});
+    for (; kt < n_plain; ++kt) step(kt, std::false_type{}, std::false_type{});
+    for (; kt < n_tiles; ++kt) step(kt, std::true_type{}, std::false_type{});
     issue_pv(n_tiles - 1);
     ptx::wgmma_wait<0>();
     ptx::fence_regs(of);

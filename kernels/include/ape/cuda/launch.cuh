@@ -385,6 +385,13 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         if ((err = make_dist_table(p, scratch, st)) != cudaSuccess) return err;
       if constexpr (flash_rowcol<Enc>())
         if ((err = make_rowcol_table(p, scratch, st)) != cudaSuccess) return err;
+      if constexpr (flash_feature_steps<Enc>()) {  // the feature tiles' distance (feat_sat_kernel)
+        p.dist_sat = feature_steps_enabled() ? scratch.take<int>(a.B * a.H, err) : nullptr;  // null: none
+        if (err == cudaSuccess && p.dist_sat) err = cudaMemsetAsync(p.dist_sat, 0, sizeof(int) * a.B * a.H, st);
+        if (err == cudaSuccess && p.dist_sat)
+          err = launch(feat_sat_kernel<Enc, In>, blocks_for(a.B * a.H * a.T, 256), 256, 0, st, p);
+        if (err != cudaSuccess) return err;
+      }
       if constexpr (value_rows<Enc>() == 0)
       if (hopper_device() && hopper_forward_enabled()) {
         using H = HopperFwd<In, kD>;
@@ -400,7 +407,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
             (err = map(&maps.k, p.km, box_kv)) != cudaSuccess ||
             (err = map(&maps.v, p.v, box_kv)) != cudaSuccess)
           return err;
-        size_t bytes = H::bytes, extra = 0;
+        size_t bytes = H::bytes + hopper_fwd_feature_bytes<Enc, In, kD>(), extra = 0;
         if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
         bytes += extra;
         if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess)
@@ -429,13 +436,6 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         }
         return launch(hopper_forward_kernel<Enc, In, kD>, dim3(static_cast<unsigned>(blocks)), H::kThreads,
                       bytes, st, p, maps);
-      }
-      if constexpr (flash_feature_steps<Enc>()) {  // the feature tiles' distance (feat_sat_kernel)
-        p.dist_sat = feature_steps_enabled() ? scratch.take<int>(a.B * a.H, err) : nullptr;  // null: none
-        if (err == cudaSuccess && p.dist_sat) err = cudaMemsetAsync(p.dist_sat, 0, sizeof(int) * a.B * a.H, st);
-        if (err == cudaSuccess && p.dist_sat)
-          err = launch(feat_sat_kernel<Enc, In>, blocks_for(a.B * a.H * a.T, 256), 256, 0, st, p);
-        if (err != cudaSuccess) return err;
       }
       size_t bytes = flash_fwd_bytes<Enc, In, kD>(), extra = 0;
       if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
