@@ -46,6 +46,10 @@
 # APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs and leaves out the
 # study's (a shorter build for a short lease: the train stage needs rope and cable, the benchmark
 # nope, rope, alibi, t5 and cable; the study stage then refuses).
+# APE_GPU_CHECK_BENCH_ENCODINGS=kcable,shaw,... (prepare) adds those to the benchmark's operator
+# libraries (then `run ... --bench-encodings` picks them); with a score mod over features among
+# them (kcable, shaw, transformer_xl, deberta) the bench stage also times
+# APE_CUDA_FEATURE_STEPS=0 (features-off).
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
@@ -58,7 +62,8 @@ shift
 # score, row/column, relative-row and distance biases); the others at bf16, head dims 64 and 128
 # (the Hopper forward's dims). The benchmark's encodings.
 full_encodings="rope cable shaw t5"
-bench_encodings="nope rope alibi t5 cable"
+bench_extra=${APE_GPU_CHECK_BENCH_ENCODINGS:-}
+bench_encodings="nope rope alibi t5 cable ${bench_extra//,/ }"
 # Specs whose CUDA kernels are not compiled here, with why (none: every spec compiles within
 # the bounds of bench/results/cuda_compile_memory.md).
 skip_cuda=""
@@ -468,6 +473,13 @@ run() {
     settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
     settings+=",pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1"
     settings+=",fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1"
+    local fe
+    for fe in kcable shaw transformer_xl deberta; do
+      if [ -d "$bench_libs/${fe}_torch_library" ]; then
+        settings+=",features-off:APE_CUDA_FEATURE_STEPS=0"
+        break
+      fi
+    done
     # Each encoding runs in a process of its own: a crash (a segfault in a library, a lost CUDA
     # context) costs that process's unfinished cells, which say so (exit 3), and the report is
     # rewritten after every process, so a time limit keeps the finished rows.

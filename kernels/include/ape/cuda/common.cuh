@@ -145,11 +145,14 @@ template <int N> struct ParamPtrs {
 // (integers: exact, so the element's sum is the same as with one atomic per term), and the lowest
 // of them adds the sum; a partial sum that leaves the range is an overflow, as a running one is.
 // Where many lanes hit one element (a relative row at a saturated distance, a per-head
-// parameter) this divides the L2 atomics by their number.
+// parameter) this divides the L2 atomics by their number. Out of line: inlined at each of a
+// step's 64 elements in every layout and copy of the step, its loop of shuffles took ptxas 750 s
+// for K-Cable's bf16 variant at D 64 on sm_90a (46 s out of line, with fewer spills: the
+// feature steps, which do not call it, are the same code).
 struct WarpFixedRef {
   unsigned long long *p;
   uint32_t *status;
-  APE_HD void operator+=(float g) const {
+  APE_HD APE_NOINLINE void operator+=(float g) const {
 #ifdef APE_DEVICE_CODE
     if (!p) return;  // the same for every lane: the sink is on or off for the whole call
     constexpr unsigned kAll = 0xffffffffu;

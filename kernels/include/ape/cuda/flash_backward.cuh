@@ -1522,12 +1522,14 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   // the unmasked step never runs. ptxas compiles it all the same, and its register allocation of
   // the whole kernel depends on it: without it RoPE's wide layout at D = 128 (sm_90a) spills 24
   // bytes and its live loop grows 623 -> 637 instructions, while kBwdSquare's loses 230 bytes of
-  // spills. Kept but for kBwdSquare. (bench/cuda_sass_stats.py reports the shortest unmasked copy,
+  // spills. Kept but for kBwdSquare and the score mods over features, whose feature steps end at
+  // n_full (their per-element step, with its loads and sinks per element, would double the copy's
+  // compile time for nothing). (bench/cuda_sass_stats.py reports the shortest unmasked copy,
   // which can be this one: at D = 64 the live copy of RoPE's wide layout has 799 instructions per
   // step, this one 665.)
   if constexpr (kFeat)
     for (; qt < n_full; ++qt) step(qt, No{}, Yes{}, unused);
-  if constexpr (!kSq)
+  if constexpr (!kSq && !kFeat)
     for (; qt < n_full; ++qt) step(qt, No{}, No{}, unused);
   for (; qt < n_qt; ++qt) step(qt, Yes{}, No{}, unused);
   ptx::cp_async_wait<0>();

@@ -230,8 +230,10 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       }
     };
     // The score mod of tile kt on the features.
-    [[maybe_unused]] auto feat_mod = [&](auto kt) {
-      using FE = std::conditional_t<std::is_same_v<decltype(kt), int>, Enc, Enc>;  // (not checked for other Enc)
+    // (`on`: a std::true_type of the caller's template, so that nothing here is checked for an Enc
+    // without features.)
+    [[maybe_unused]] auto feat_mod = [&](auto on, int kt) {
+      using FE = std::conditional_t<decltype(on)::value, Enc, Enc>;
       const float *cfs = wCF + (kt & 1) * BK * kCF;
       return [&, cfs](int, int h, int cc, int64_t i, int64_t j, float x) {
         return FE::score_mod_features(ctx, static_cast<const float *>(rfv[0][h]), cfs + cc * kCF,
@@ -304,7 +306,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       float alpha[1][2];
       if constexpr (kFeatStep) {
         if constexpr (kCF > 0) feat_sync();  // the tile's column features
-        flash_softmax_alpha_mod<Enc, kMasked, kRaw>(s_acc, alpha, m, l, feat_mod(kt), p.scale, kf, i0,
+        flash_softmax_alpha_mod<Enc, kMasked, kRaw>(s_acc, alpha, m, l, feat_mod(feat, kt), p.scale, kf, i0,
                                                     int64_t(kt) * BK, r0, g, t, T);
         fill_cols(kt + 1);
       } else {
@@ -337,7 +339,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     if constexpr (kFeat)
       if (n_feat > 0) {
         float alpha[1][2];
-        flash_softmax_mod<Enc, false, kRaw>(s_acc, o, m, l, feat_mod(0), p.scale, kf, i0, 0, r0, g, t, T, alpha);
+        flash_softmax_mod<Enc, false, kRaw>(s_acc, o, m, l, feat_mod(std::true_type{}, 0), p.scale, kf, i0, 0, r0, g, t, T, alpha);
         fill_cols(1);
         tile0 = true;
       }
