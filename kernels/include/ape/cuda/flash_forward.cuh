@@ -383,6 +383,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       n_feat = last < 0 ? 0 : static_cast<int>(last / BK + 1);
     }
   }
+  [[maybe_unused]] int64_t vsat = 0;  // value rows: the table row of every saturated distance
+  if constexpr (kFeat && kMass > 0) vsat = Enc::value_row(ctx, T - 1, 0);
   [[maybe_unused]] auto fill_cols = [&](int kt) {  // key tile kt's column features, by thread x < BK
     if constexpr (kFeat && kCF > 0) {
       static_assert(BK <= C::kThreads, "one key per thread");
@@ -524,23 +526,40 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
           for (int k = t; k < kMass; k += 4) row[k] *= alpha[mt][h];
         }
       __syncwarp();
-      for (int turn = 0; turn < 4; ++turn) {
-        if (t == turn)
+      if constexpr (kFeatStep) {
+        // A feature tile: every element reaches the saturated table row (vsat): one sum per row,
+        // over the lane's elements and then its quad (shuffles, a fixed order), added by lane 0.
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int rr = r0 + 16 * mt + g + 8 * h;
-              float *row = sMass + rr * kMass;
+          for (int h = 0; h < 2; ++h) {
+            float sum = 0.f;
 #pragma unroll
-              for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const float pe = s[mt][nt][2 * h + e];
-                  if (pe != 0.f) row[Enc::value_row(ctx, i0 + rr, j0 + 8 * nt + 2 * t + e)] += pe;
-                }
-            }
+            for (int nt = 0; nt < kNT; ++nt) sum += s[mt][nt][2 * h] + s[mt][nt][2 * h + 1];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (t == 0) sMass[(r0 + 16 * mt + g + 8 * h) * kMass + vsat] += sum;
+          }
         __syncwarp();
+      } else {
+        for (int turn = 0; turn < 4; ++turn) {
+          if (t == turn)
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int rr = r0 + 16 * mt + g + 8 * h;
+                float *row = sMass + rr * kMass;
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                  for (int e = 0; e < 2; ++e) {
+                    const float pe = s[mt][nt][2 * h + e];
+                    if (pe != 0.f) row[Enc::value_row(ctx, i0 + rr, j0 + 8 * nt + 2 * t + e)] += pe;
+                  }
+              }
+          __syncwarp();
+        }
       }
     }
 
