@@ -74,7 +74,8 @@ that dies (a segfault or abort inside a library, a nonzero exit) costs only what
 finished: the cell it was in reads "crashed: signal 11 (SIGSEGV) in ape at B1 H16 T4096 D128
 (warm-up); see the log" (its faulthandler traceback is on stderr, before the parent's line
 "[gpu_bench] crashed: ..."), the same method's later configurations "not run: ape crashed at
-B1 H16 T4096 D128", and a new process runs the rest of the encoding (its peers, without a spot
+B1 H16 T4096 D128" (after a crash in `ape`, APE's settings, which call the same operator, too),
+and a new process runs the rest of the encoding (its peers, without a spot
 check where APE's reference was in the dead process). A process whose CUDA context is lost (a
 sticky error such as an illegal memory access, which the failing cell names; checked after every
 failed cell) stops the same way, the cell keeping its error. The Markdown and CSV files are
@@ -1247,13 +1248,17 @@ def parent_main(args, encodings, methods, configs):
                     else:
                         what = f"{label(enc, method)} crashed at {config_name(cfg)}"
                 if method is not None:  # its later configurations: not run
-                    for c2 in configs:
-                        if (method, c2) not in have:
-                            c = Cell(enc, method, c2)
-                            c.fail_all(f"not run: {what}")
-                            have[(method, c2)] = c
-                            skip.add((method, c2))
-                            cells.append(c)
+                    # APE's settings call the operator that crashed in `ape`: not run either.
+                    same_op = [m for m in enc_methods if is_ape(m) and m != "ape"] if method == "ape" else []
+                    for m in [method] + same_op:
+                        for c2 in configs:
+                            if (m, c2) not in have:
+                                c = Cell(enc, m, c2)
+                                c.fail_all(f"not run: {what}" + ("" if m == method else
+                                                                 " (the same operator)"))
+                                have[(m, c2)] = c
+                                skip.add((m, c2))
+                                cells.append(c)
                 if all((m, c2) in have for m in enc_methods for c2 in configs):
                     break
                 status = f"partial: {enc} restarted after a crash"

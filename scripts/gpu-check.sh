@@ -25,10 +25,10 @@
 #   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
 #              FlexAttention, one configuration (1x16x4096x128) unless --full-bench or
 #              --bench-configs; --bench-encodings picks encodings; with APE's
-#              settings that are off by default (wgmma backward, dQ' in any order,
-#              the Hopper forward's turns, its persistent grid, both) beside it; then
-#              NoPE and RoPE's forwards per head dim (the FlashAttention-2-class one
-#              too)                                                               240 + 150
+#              settings beside its defaults (the mma.sync backward, dQ' in any order,
+#              the Hopper forward without its turns or persistent grid); then NoPE
+#              and RoPE per head dim (the forward's and the backward's layouts, the
+#              FlashAttention-2-class forward)                                    240 + 150
 #   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
@@ -38,9 +38,8 @@
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
 #              forward+backward of nope and rope (bench/gpu_counters.py: time, DRAM and
 #              L2 bytes, atomics, registers, occupancy), NoPE's warp stalls, and with
-#              time left NoPE with dQ' in any order (nope-anyorder), with dQ' by TMA
-#              reductions (nope-dqtma) and on the wgmma backward (nope-wgmma),
-#              LOGDIR/gpu_counters.md                                                    180
+#              time left NoPE with dQ' in any order (nope-anyorder) and on the mma.sync
+#              backward (nope-mma), LOGDIR/gpu_counters.md                               180
 #   study      (only when named) scripts/study.sh --preset gpu-small --device cuda: every seed
 #              encoding trained and evaluated on the GPU, the report in LOGDIR/study/   540
 # APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs and leaves out the
@@ -95,7 +94,8 @@ prepare() {
   cp "$root"/test/python/*.py "$root/test/python/run.sh" "$root/test/python/CMakeLists.txt" \
      "$src/test/python/"
   cp -r "$root/examples/c" "$root/examples/encodings" "$src/examples/"
-  cp "$root/bench/gpu_bench.py" "$root/bench/gpu_counters.py" "$root/bench/train_peer.py" "$src/bench/"
+  cp "$root/bench/gpu_bench.py" "$root/bench/gpu_counters.py" "$root/bench/train_peer.py" "$root/bench/op_probe.py" \
+     "$src/bench/"
   # The runtime and its tools (the train stage), CLI11's headers, the corpus and its tokenized
   # cache (the GPU machine has no SentencePiece): made here by a one-step run if missing.
   cp -r "$root/runtime" "$src/"
@@ -463,16 +463,17 @@ run() {
     local quick=(--quick --configs "${bench_configs:-1x16x4096x128}")
     [ $full_bench = 1 ] && quick=()
     [ -n "$bench_encodings" ] && quick+=(--encodings "$bench_encodings")
-    # APE's settings that are off by default until timed, each timed beside the default in the same
-    # process (the kernels read the variables at every call; gpu_bench.py --ape-settings): the
-    # wgmma backward, the mma.sync backward's steps of 64 queries in sub-tiles (d_h 128), its dQ' by
-    # TMA reductions, its square tiling (FlashAttention-2's; and with dQ' by TMA reductions), dQ' in
-    # any order (what determinism costs), the Hopper forward's turns, its persistent grid, both.
-    local settings="wgmma:APE_CUDA_WGMMA_BACKWARD=1,subtiles:APE_CUDA_BWD_SUBTILES=1,dq-tma:APE_CUDA_DQ_TMA=1"
-    settings+=",square:APE_CUDA_BWD_SQUARE=1,square-tma:APE_CUDA_BWD_SQUARE=1+APE_CUDA_DQ_TMA=1"
+    # APE's settings beside its defaults (bench/results/gpu_h200.md: on sm_90 the wgmma backward at
+    # d_h 128, the Hopper forward's turns and persistent grid), each timed in the same process (the
+    # kernels read the variables at every call; gpu_bench.py --ape-settings): the mma.sync backward
+    # (the wide layout) and its fastest form there (FlashAttention-2's square tiling with dQ' by
+    # TMA reductions), dQ' in any order (what determinism costs), the forward without its turns,
+    # without its persistent grid, without both.
+    local settings="mma:APE_CUDA_WGMMA_BACKWARD=0"
+    settings+=",mma-square-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_BWD_SQUARE=1+APE_CUDA_DQ_TMA=1"
     settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
-    settings+=",pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1"
-    settings+=",fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1"
+    settings+=",no-pingpong:APE_CUDA_PINGPONG=0,no-persistent:APE_CUDA_PERSISTENT=0"
+    settings+=",no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0"
     local fe
     for fe in kcable shaw transformer_xl deberta; do
       if [ -d "$bench_libs/${fe}_torch_library" ]; then
@@ -494,13 +495,15 @@ run() {
       124) note="timed out; the finished rows in logs/gpu_bench.md (logs/bench.log)" ;;
       *) note="exit $rc (logs/bench.log)" ;;
     esac
-    # The forward per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 (T 4096) and at d_h
-    # 128, T 2048, B 8 (short sequences, where a block's start and end weigh most), the Hopper
-    # forward (the default) beside its settings and the FlashAttention-2-class forward
-    # (APE_CUDA_HOPPER_FORWARD=0: hopper0), so that the default per head dim follows a measurement.
+    # Per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 (T 4096) and at d_h 128, T 2048,
+    # B 8 (short sequences, where a block's start and end weigh most): the forward's settings and
+    # the FlashAttention-2-class forward (APE_CUDA_HOPPER_FORWARD=0: hopper0), the backward on
+    # wgmma and on mma.sync at each head dim (d_h 64 takes mma.sync by default until this timing
+    # says otherwise) and with dQ' by TMA reductions, so that each default per head dim follows a
+    # measurement.
     PYTHONFAULTHANDLER=1 timeout 150 "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" \
       --configs 1x32x4096x64,1x16x4096x128,8x16x2048x128 --methods ape --encodings nope,rope \
-      --ape-settings "pingpong:APE_CUDA_PINGPONG=1,persistent:APE_CUDA_PERSISTENT=1,fa3:APE_CUDA_PINGPONG=1+APE_CUDA_PERSISTENT=1,hopper0:APE_CUDA_HOPPER_FORWARD=0" \
+      --ape-settings "no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,hopper0:APE_CUDA_HOPPER_FORWARD=0,wgmma:APE_CUDA_WGMMA_BACKWARD=1,mma:APE_CUDA_WGMMA_BACKWARD=0,mma-dq-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_DQ_TMA=1" \
       --md "$logs/gpu_bench_forward.md" --csv "$logs/gpu_bench_forward.csv" >"$logs/bench-forward.log" 2>&1 ||
       note+=" (the forward run failed: logs/bench-forward.log)"
     # A crashed encoding: which step of its operator call fails (bench/op_probe.py: on CPU tensors,
@@ -512,7 +515,7 @@ run() {
       local crashed
       for crashed in $(sed -n 's/^\[gpu_bench\] crashed: \([a-z0-9_]*\): .*/\1/p' "$logs/bench.log" | sort -u); do
         timeout 200 "$py" "$src/bench/op_probe.py" --helper "$bench_libs/${crashed}_torch_library/build/ape_$crashed.py" \
-          --steps cpu,raw,nograd,grad --gdb >"$logs/bench-crash-$crashed-probe.log" 2>&1
+          --steps cpu,raw,nograd,grad,big --gdb >"$logs/bench-crash-$crashed-probe.log" 2>&1
         command -v cuda-gdb >/dev/null || continue
         timeout 120 cuda-gdb -q -batch -ex run -ex bt -ex quit --args "$py" "$src/bench/gpu_bench.py" \
           --libs "$bench_libs" --one-encoding "$crashed" --cells-json "$logs/bench-crash-$crashed.json" \
@@ -535,11 +538,10 @@ run() {
     : >"$logs/counters.log"
     stalls_md=$logs/gpu_counters.stalls.md
     rm -f "$stalls_md"
-    # nope, rope, the stall reasons, then (time left) nope with dQ' in any order
-    # (APE_CUDA_DETERMINISTIC=0: the any-order kernel, whose dQ' adds are REDG, not ATOMG) and on
-    # the mma.sync and wgmma backwards with dQ' by TMA reductions (APE_CUDA_DQ_TMA=1,
-    # APE_CUDA_WGMMA_BACKWARD=1: no per-thread adds).
-    for run in nope rope stalls nope-anyorder nope-dqtma nope-wgmma; do
+    # nope, rope (on sm_90 at d_h 128 the wgmma backward), the stall reasons, then (time left)
+    # nope with dQ' in any order (APE_CUDA_DETERMINISTIC=0) and on the mma.sync backward
+    # (APE_CUDA_WGMMA_BACKWARD=0: the wide layout, per-thread dQ' adds).
+    for run in nope rope stalls nope-anyorder nope-mma; do
       left=$(( 180 - ($(date +%s) - s) ))
       if [ "$run" = stalls ]; then
         # Where the attention kernels' warps wait (NoPE: the kernels alone): the stall reasons.
@@ -556,8 +558,7 @@ run() {
       enc=${run%%-*}
       run_env=()
       [ "$run" = nope-anyorder ] && run_env=(APE_CUDA_DETERMINISTIC=0)
-      [ "$run" = nope-wgmma ] && run_env=(APE_CUDA_WGMMA_BACKWARD=1)
-      [ "$run" = nope-dqtma ] && run_env=(APE_CUDA_DQ_TMA=1)
+      [ "$run" = nope-mma ] && run_env=(APE_CUDA_WGMMA_BACKWARD=0)
       csv=$logs/gpu_counters.$run.ncu.csv
       if [ $left -lt 10 ] || { [ "$run" != nope ] && [ "$run" != rope ] && [ $left -lt 30 ]; }; then
         failed+="; $run: no time left"; continue

@@ -601,12 +601,14 @@ template <class Check> int run_as_each_arch(const char *name, Check check) {
   return seen;
 }
 
-// The device picks the flash backward's layout: the wide one (128 keys, 8 warps) wherever its
-// shared memory fits a block, the narrow one (64 keys) at D = 128 on sm_86/89 (99 KiB a block).
+// The device picks the flash backward's layout: the wgmma one at D = 128 on sm_90 (its default
+// there), else the wide one (128 keys, 8 warps) wherever its shared memory fits a block, the narrow
+// one (64 keys) at D = 128 on sm_86/89 (99 KiB a block).
 TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
   const int seen = run_as_each_arch("rope", [](int D, int sm) {
     const bool narrow = D == 128 && (sm == 86 || sm == 89);
-    EXPECT_EQ(flash_backward_layouts(), std::vector<std::string>{narrow ? "narrow" : "wide"});
+    const char *want = D == 128 && sm == 90 ? "wgmma" : narrow ? "narrow" : "wide";
+    EXPECT_EQ(flash_backward_layouts(), std::vector<std::string>{want});
   });
   EXPECT_EQ(seen, 8) << "rope's bf16 variants at D 64 and 128 are in the emulated build";
 }
@@ -614,12 +616,14 @@ TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
 // The kernels with value rows (Shaw) follow the device too: the flash forward (the masses after its
 // tiles) where they fit a block, the general forward at D = 128 on sm_86/89 (99 KiB); the flash
 // backward (the step's masses after its tiles) in the wide layout where it fits, the narrow one
-// on sm_86/89 at D = 64 and 128 (the wide one needs 114 and 121 KiB there).
+// on sm_86/89 at D = 64 and 128 (the wide one needs 114 and 121 KiB there), the wgmma one at
+// D = 128 on sm_90.
 TEST(CudaLaunch, ValueRowsFollowTheDevice) {
   const int seen = run_as_each_arch("shaw", [](int D, int sm) {
     const auto records = ape::simt::take_traffic();
     const bool small = sm == 86 || sm == 89;
-    EXPECT_EQ(flash_backward_layouts(records), std::vector<std::string>{small ? "narrow" : "wide"});
+    const char *backward = D == 128 && sm == 90 ? "wgmma" : small ? "narrow" : "wide";  // (sm_90's default at D 128)
+    EXPECT_EQ(flash_backward_layouts(records), std::vector<std::string>{backward});
     std::vector<std::string> forwards;
     for (const auto &t : records) {
       std::string name = t.kernel.substr(0, t.kernel.find('<'));  // "... ns::kernel_name"
@@ -687,15 +691,14 @@ TEST(CudaLaunch, HopperForwardSwitch) {
   ASSERT_NE(var, nullptr) << "rope bf16/hd64 is in the emulated build";
   for (const char *setting : {"1", "0"}) {
     SCOPED_TRACE(std::string("APE_CUDA_HOPPER_FORWARD=") + setting);
-    setenv("APE_CUDA_HOPPER_FORWARD", setting, 1);
+    const EnvScope forward({{"APE_CUDA_HOPPER_FORWARD", setting}, {"APE_CUDA_PINGPONG", "0"}});
     ape::simt::take_traffic();
     check_problem("rope", *var, make_problem(*e, 2, 3, 77, 64, 9300));
-    unsetenv("APE_CUDA_HOPPER_FORWARD");
     if (HasFatalFailure()) return;
     int hopper = 0, flash = 0;
     for (const auto &t : ape::simt::take_traffic()) {
       if (t.kernel.find("hopper_forward_kernel<") != std::string::npos)
-        EXPECT_EQ(t.named_rounds[1] + t.named_rounds[2], 0u) << "no turns without APE_CUDA_PINGPONG=1";
+        EXPECT_EQ(t.named_rounds[1] + t.named_rounds[2], 0u) << "no turns with APE_CUDA_PINGPONG=0";
       hopper += t.kernel.find("hopper_forward_kernel<") != std::string::npos ? static_cast<int>(t.launches) : 0;
       flash += t.kernel.find("flash_forward_kernel<") != std::string::npos ? static_cast<int>(t.launches) : 0;
     }
@@ -704,11 +707,13 @@ TEST(CudaLaunch, HopperForwardSwitch) {
   }
 }
 
-// The mma.sync backward posing as sm_90 (its default there: 8-byte dQ' reductions, sm_90's
-// limits), through each of its paths: no mod, a q/k mod, trainable distance and row/column biases,
-// value rows, relative rows. Partial tiles, several key and query tiles.
+// The mma.sync backward posing as sm_90 (the default there at D 64, APE_CUDA_WGMMA_BACKWARD=0 at
+// D 128: 8-byte dQ' reductions, sm_90's limits), through each of its paths: no mod, a q/k mod,
+// trainable distance and row/column biases, value rows, relative rows. Partial tiles, several key
+// and query tiles.
 TEST(CudaLaunch, Sm90MmaSyncBackwardMatchesReferences) {
   const PoseAsSm90 guard;
+  const EnvScope mma({{"APE_CUDA_WGMMA_BACKWARD", "0"}});
   int checked = 0;
   for (const char *name : {"nope", "rope", "t5", "cable", "shaw", "transformer_xl"}) {
     const CudaKernelEntry *e = find_cuda(name);
@@ -842,7 +847,11 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
   int checked = 0;
   for (const char *name : {"nope", "alibi", "alibi_learned", "t5", "rope", "cable"}) {
     const CudaKernelEntry *e = find_cuda(name);
+#ifdef APE_SIMT
     ASSERT_NE(e, nullptr) << name;
+#else
+    if (!e) continue;  // a GPU build of some encodings only (APE_GPU_CHECK_ENCODINGS)
+#endif
     const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 64);
     ASSERT_NE(var, nullptr) << name << " bf16/hd64 is in the emulated build";
 #ifdef APE_SIMT
@@ -864,7 +873,7 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
 #ifdef APE_SIMT
   EXPECT_EQ(checked, 24);
 #else
-  EXPECT_EQ(checked, 12);
+  EXPECT_GE(checked, 4) << "nope and rope are in every GPU build";
 #endif
 }
 
@@ -1166,7 +1175,9 @@ TEST(CudaLaunch, DqByTmaReductions) {
   int checked = 0;
   for (auto [variable, layout_name] : {std::pair<const char *, const char *>{"APE_CUDA_WGMMA_BACKWARD", "wgmma"},
                                        {"APE_CUDA_DQ_TMA", "wide_tma"}}) {
+    const bool wgmma = layout_name == std::string("wgmma");
     const EnvScope setting({{variable, "1"}});
+    const EnvScope layout({{"APE_CUDA_WGMMA_BACKWARD", wgmma ? "1" : "0"}});  // (the wide one at D 128)
     for (const char *name : {"nope", "rope", "t5"}) {
       const CudaKernelEntry *e = find_cuda(name);
 #ifdef APE_SIMT
@@ -1202,7 +1213,7 @@ TEST(CudaLaunch, DqByTmaReductions) {
 #ifdef APE_SIMT
 TEST(CudaLaunch, WideDqTmaMatchesReferences) {
   const PoseAsSm90 guard;
-  const EnvScope setting({{"APE_CUDA_DQ_TMA", "1"}});
+  const EnvScope setting({{"APE_CUDA_DQ_TMA", "1"}, {"APE_CUDA_WGMMA_BACKWARD", "0"}});
   int checked = 0;
   for (const auto &[name, index] : all_cases()) {
     const CudaKernelEntry *e = find_cuda(name);

@@ -22,6 +22,10 @@ for f in PREPARED src/scripts/gpu-check.sh src/test/cuda/standalone/CMakeLists.t
          src/data/pg30/clean.tar.xz third_party/cli11/CLI/CLI.hpp; do
   [ -e "$dir/$f" ] || { echo "FAIL: $f is missing from the prepared folder"; exit 1; }
 done
+# Every file that `run` names under its source folder ($src/...) was copied.
+for f in $(grep -o '"\$src/[A-Za-z0-9_./-]*\.[a-z]*"' "$root/scripts/gpu-check.sh" | tr -d '"' | sed 's|^\$src/||' | sort -u); do
+  [ -e "$dir/src/$f" ] || { echo "FAIL: run uses src/$f, which prepare does not copy"; exit 1; }
+done
 # Every spec has its CUDA entry and a CPU twin.
 for spec in "$root"/examples/encodings/*.mlir; do
   enc=$(basename "$spec" .mlir)
@@ -54,7 +58,7 @@ ls "$dir"/cache/spm_bpe_4096_*.model "$dir"/cache/tokens_train_4096_*.bin "$dir"
 bytes=$(du -sb "$dir" | cut -f1)
 [ "$bytes" -le $((64 * 1024 * 1024)) ] || { echo "FAIL: $bytes bytes > 64 MiB"; exit 1; }
 bash -n "$dir/src/scripts/gpu-check.sh"
-for py in bench/gpu_bench.py bench/gpu_counters.py bench/train_peer.py test/gpu_check/train_smoke.py \
+for py in bench/gpu_bench.py bench/gpu_counters.py bench/train_peer.py bench/op_probe.py test/gpu_check/train_smoke.py \
           scripts/ape_spm.py; do
   "$python" -m py_compile "$dir/src/$py"
 done

@@ -294,14 +294,17 @@ __device__ __forceinline__ void flash_softmax_alpha_mod(float (&s)[kMT][kNT][4],
       alpha_out[mt][h] = alpha;  // the factor of the row's O accumulators
     }
 }
+// The score mod of flash_softmax_alpha_mod's `mod` from the encoding's functor alone.
+template <class Enc> __device__ __forceinline__ auto plain_mod(const DevCtx<Enc> &ctx) {
+  return [&ctx](int, int, int, int64_t i, int64_t j, float x) { return Enc::score_mod(ctx, i, j, x); };
+}
 template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT>
 __device__ __forceinline__ void flash_softmax_alpha(float (&s)[kMT][kNT][4], float (&alpha_out)[kMT][2],
                                               float (&m)[kMT][2], float (&l)[kMT][2],
                                               const DevCtx<Enc> &ctx, float scale, float kf,
                                               int64_t i0, int64_t j0, int r0, int g, int t,
                                               int64_t T) {
-  const auto mod = [&ctx](int, int, int, int64_t i, int64_t j, float x) { return Enc::score_mod(ctx, i, j, x); };
-  flash_softmax_alpha_mod<Enc, kMasked, kRaw>(s, alpha_out, m, l, mod, scale, kf, i0, j0, r0, g, t, T);
+  flash_softmax_alpha_mod<Enc, kMasked, kRaw>(s, alpha_out, m, l, plain_mod(ctx), scale, kf, i0, j0, r0, g, t, T);
 }
 template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT, class Mod>
 __device__ __forceinline__ void flash_softmax_mod(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
@@ -322,13 +325,7 @@ __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o
                                               const DevCtx<Enc> &ctx, float scale, float kf,
                                               int64_t i0, int64_t j0, int r0, int g, int t,
                                               int64_t T, float (&alpha)[kMT][2]) {
-  flash_softmax_alpha<Enc, kMasked, kRaw>(s, alpha, m, l, ctx, scale, kf, i0, j0, r0, g, t, T);
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) o[mt][dt][x] *= alpha[mt][x / 2];
+  flash_softmax_mod<Enc, kMasked, kRaw>(s, o, m, l, plain_mod(ctx), scale, kf, i0, j0, r0, g, t, T, alpha);
 }
 template <class Enc, bool kMasked, bool kRaw, int kMT, int kNT, int kDT>
 __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],

@@ -280,40 +280,49 @@ inline bool hopper_forward_enabled() {
   return !env_is("APE_CUDA_HOPPER_FORWARD", '0');
 }
 
+// The Hopper forward's and the backward's defaults on sm_90 follow the H200's timings of
+// bench/results/gpu_h200.md (2026-11-30, bench/gpu_bench.py in one process, bf16, causal; NoPE and
+// RoPE at d_h 64 and 128, K-Cable at d_h 128): each setting below is on by default there, and
+// its variable set to 0 turns it off for a side-by-side timing (the GPU check's settings).
+
 // Whether the Hopper forward's two consumer warpgroups take turns issuing their products
-// (Params::pingpong, FlashAttention-3's scheduling): APE_CUDA_PINGPONG set to 1. Off by default
-// until a GPU has timed it against the free-running consumers; the emulated suite checks both.
+// (Params::pingpong, FlashAttention-3's scheduling): yes unless APE_CUDA_PINGPONG=0. With the
+// persistent grid, 1.09-1.11x the free-running consumers' forward at d_h 64 and 128 on the H200.
 inline bool hopper_pingpong_enabled() {
-  return env_is("APE_CUDA_PINGPONG", '1');
+  return !env_is("APE_CUDA_PINGPONG", '0');
 }
 
 // Whether the Hopper forward runs a block per SM that claims its tiles, heaviest first, from a
 // counter (Params::sched, FlashAttention-3's persistent scheduling: the next tile's Q, K' and V
-// load while the block finishes the last) instead of a block per tile: APE_CUDA_PERSISTENT set to
-// 1. Off by default until a GPU has timed it; the emulated suite checks both.
+// load while the block finishes the last) instead of a block per tile: yes unless
+// APE_CUDA_PERSISTENT=0.
 inline bool hopper_persistent_enabled() {
-  return env_is("APE_CUDA_PERSISTENT", '1');
+  return !env_is("APE_CUDA_PERSISTENT", '0');
 }
 
-// Whether the flash backward may take its wgmma layout on sm_90 (kBwdWgmma): APE_CUDA_WGMMA_BACKWARD
-// set to 1. Off by default until a GPU has timed it against the mma.sync layout; the emulated
-// suite checks it (posing as sm_90) and the GPU check runs its suite and benchmark both ways.
-inline bool hopper_backward_enabled() {
-  return env_is("APE_CUDA_WGMMA_BACKWARD", '1');
+// Whether the flash backward takes its wgmma layout on sm_90 (kBwdWgmma) at head dim kD:
+// APE_CUDA_WGMMA_BACKWARD=1 at D 64 and 128, =0 never; unset, at D 128, where the H200 timed it at
+// 2.35-2.37x the mma.sync layout's backward (NoPE and RoPE, T 8192) and 1.15x (K-Cable, T 4096).
+// D 64 keeps the mma.sync layout until a GPU has timed both there (the GPU check's forward run).
+inline bool hopper_backward_enabled(int kD) {
+  if (env_is("APE_CUDA_WGMMA_BACKWARD", '0')) return false;
+  return kD == 128 || env_is("APE_CUDA_WGMMA_BACKWARD", '1');
 }
 
 // Whether the flash backward's wide layout on sm_90 (hopper_device) adds its dQ' tiles by TMA
 // reductions from shared memory (kBwdWideTma, the wgmma layout's way) instead of per-thread fp32
-// reductions: APE_CUDA_DQ_TMA set to 1, at D 64 and 128. Off by default until a GPU has timed it
-// against the wide layout; the emulated suite checks both.
+// reductions: APE_CUDA_DQ_TMA set to 1, at D 64 and 128. Off by default: the H200 timed it at
+// 1.02x the wide layout at D 128 (where the wgmma layout, the default there, is 2.35x); the
+// emulated suite checks both.
 inline bool dq_tma_enabled() {
   return env_is("APE_CUDA_DQ_TMA", '1');
 }
 
 // Whether the flash backward takes FlashAttention-2's tiling of its products (kBwdSquare: 32 x 32
 // warp tiles of S^T, P^T and dS^T through shared memory; flash_bwd_square) where it applies, in the
-// wide layout's place: APE_CUDA_BWD_SQUARE set to 1. Off by default until a GPU has timed it; the
-// emulated suite checks both.
+// wide layout's place: APE_CUDA_BWD_SQUARE set to 1. Off by default: on the H200 at D 128 it ran
+// 1.21-1.22x the wide layout (1.27-1.28x with APE_CUDA_DQ_TMA=1), under the wgmma layout's
+// 2.35x; sm_80 and D 64 untimed. The emulated suite checks both.
 inline bool bwd_square_enabled() {
   return env_is("APE_CUDA_BWD_SQUARE", '1');
 }
@@ -327,8 +336,8 @@ inline bool feature_steps_enabled() {
 
 // Whether the flash backward's wide layout at D = 128 runs in steps of 64 queries formed in two
 // sub-tiles of 32 (kBwdWideSub: half the barriers and dQ' turns per query of the 32-query steps,
-// with their registers) instead of steps of 32: APE_CUDA_BWD_SUBTILES set to 1. Off by default
-// until a GPU has timed it against the wide layout; the emulated suite checks both.
+// with their registers) instead of steps of 32: APE_CUDA_BWD_SUBTILES set to 1. Off by default:
+// 1.10-1.11x the wide layout on the H200, under the wgmma layout; the emulated suite checks both.
 inline bool bwd_subtiles_enabled() {
   return env_is("APE_CUDA_BWD_SUBTILES", '1');
 }
@@ -545,9 +554,9 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       wide = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, F>();
       sub_fits = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, S>();
     }
-    // The wgmma layout on sm_90 where the build has sm_90a code and it is asked for
-    // (hopper_backward_enabled), at D 64 and 128.
-    const bool wg = kD >= 64 && hopper_device() && hopper_backward_enabled();
+    // The wgmma layout on sm_90 where the build has sm_90a code, at D 128 unless
+    // APE_CUDA_WGMMA_BACKWARD=0, at D 64 where it is asked for (hopper_backward_enabled).
+    const bool wg = kD >= 64 && hopper_device() && hopper_backward_enabled(kD);
     // The wide layout in sub-tiles (steps of 64 queries at D = 128) in the wide one's place where
     // it is asked for (bwd_subtiles_enabled) and the device gives a block its shared memory.
     const bool sub = S::kSubs > 1 && !wg && wide && sub_fits && bwd_subtiles_enabled();
