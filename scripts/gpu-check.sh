@@ -32,8 +32,8 @@
 #   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
-#              and across devices, evaluated and decoded on the other device, NCCL with
-#              one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py):
+#              and across devices, evaluated and decoded on the other device, ALiBi (an
+#              encoding with params) 20 steps, NCCL with one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py):
 #              240 to build, 120 a run (the CPU run 240)
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
 #              forward+backward of nope and rope (bench/gpu_counters.py: time, DRAM and
@@ -43,7 +43,7 @@
 #   study      (only when named) scripts/study.sh --preset gpu-small --device cuda: every seed
 #              encoding trained and evaluated on the GPU, the report in LOGDIR/study/   540
 # APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs and leaves out the
-# study's (a shorter build for a short lease: the train stage needs rope and cable, the benchmark
+# study's (a shorter build for a short lease: the train stage needs rope, cable and alibi, the benchmark
 # nope, rope, alibi, t5 and cable; the study stage then refuses).
 # APE_GPU_CHECK_BENCH_ENCODINGS=kcable,shaw,... (prepare) adds those to the benchmark's operator
 # libraries (then `run ... --bench-encodings` picks them); with a score mod over features among
@@ -224,6 +224,10 @@ train_stage() {  # dir suite_build logs python jobs
     -n 24 --cache-dir "$cache" || rc=1
   step generate-gpu "$bin/ape-generate" -c "$out/cpu/cable.ckpt" --device cuda -p "It was a dark night" \
     -n 24 --cache-dir "$cache" || rc=1
+  # An encoding with params (ALiBi's trainable slopes): 20 steps on the GPU, its params' gradients
+  # through the CUDA backward.
+  step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \
+    --data "$dir/src/data/pg30" --cache-dir "$cache" --device cuda --out "$out/gpu-params" || rc=1
   step nccl "$bin/ape-train" -e rope --steps 20 --eval-multiples 1 --eval-tokens 2048 --data "$dir/src/data/pg30" \
     --cache-dir "$cache" --device cuda --rank 0 --world-size 1 --master-addr 127.0.0.1 --master-port 29561 \
     --out "$out/nccl" || rc=1

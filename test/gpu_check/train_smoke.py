@@ -92,7 +92,8 @@ def main():
         for line in steps_file.read_text().splitlines():
             name, _, rc = line.partition(": exit ")
             steps[name] = int(rc)
-    for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "nccl"):
+    for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "gpu-params",
+                 "nccl"):
         check(name, steps.get(name) == 0, f"exit {steps.get(name, 'not run')} (logs/train/{name}.log)")
 
     # Speed: tokens/s and memory of APE's run and the PyTorch SDPA peer's.
