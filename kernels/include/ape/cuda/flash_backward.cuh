@@ -472,8 +472,16 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   // barrier and reads after its third (a trained distance bias's diagonal sums outside the
   // saturated steps, value rows' masses, the feature steps' row sums and features), whose next
   // writes must wait for every thread's reads.
+  // So does a step after one that stored its dQ' tile with plain stores (the first key tile on
+  // the query tile, first_on below: its consumers store after the step's last barrier), whose
+  // turn releases that tile to the next key tile's TMA reduction: the stores must precede it.
+  auto stored_before = [&](int64_t qt) {
+    const int64_t i_end = qt * BQ < T ? qt * BQ : T;  // query tile qt - 1's end
+    return qt > qt0 && ordered() && (i_end - 1) / BK == kt;
+  };
   auto opens_with_barrier = [&](int64_t qt, bool masked, bool sat) {
-    return !kWg || (masked && qt == qt0) || value_table_trains<Enc>() || (kSatSteps && !sat) || kFeat;
+    return !kWg || (masked && qt == qt0) || value_table_trains<Enc>() || (kSatSteps && !sat) || kFeat ||
+           stored_before(qt);
   };
   // The block's turn on query tile qt (dQ' in the semaphores' order), taken by one thread before
   // the step's barrier before dQ' (the consumers' thread 0 after the step's first barrier, or the
