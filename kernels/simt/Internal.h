@@ -134,12 +134,27 @@ enum TrafficSlot : int {
   kTrNamedRounds, kTrSlots = kTrNamedRounds + 16  // then the named barriers' rounds, by id
 };
 
+// What a worker (an OS thread running blocks of a launch) is doing, for the stalled releases
+// (simt::sem_released): running, spinning on a semaphore (it read the same value twice, and no
+// thread of its block has run since), held after a release, or out of blocks.
+enum class WorkerMode : int { Running, Spinning, Held, Done };
+struct WorkerState {
+  std::atomic<WorkerMode> mode{WorkerMode::Running};
+  // The releases (simt::sem_released) counted before its last poll read its word: a worker spins
+  // past a release only if it read the value after it.
+  std::atomic<unsigned long long> seen_releases{0};
+  const int *poll = nullptr;  // the last poll's word and value (the worker's own thread only)
+  int value = 0;
+};
+
 struct Launch {
   const void *kernel;
   std::string name;
   dim3 grid, block;
   size_t dynamic_smem;
   bool failed = false;  // a finding that stopped a block (deadlock)
+  bool stall_releases = false;  // APE_SIMT_STALL_RELEASES with more than one worker
+  std::vector<WorkerState> *workers = nullptr;
   std::atomic<size_t> printed{0};
   std::atomic<size_t> traffic[kTrSlots] = {};
 };
@@ -189,6 +204,7 @@ struct Block {
 struct Worker {
   Thread *thread;
   Block *block;
+  WorkerState *state = nullptr;  // this worker's in its launch's list (null: host code)
 };
 extern thread_local Worker tl_worker;
 

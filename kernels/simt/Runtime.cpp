@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -238,6 +239,8 @@ struct PooledStack {
 };
 
 void resume(Block &b, Thread &t) {
+  if (WorkerState *w = tl_worker.state; w && w->mode.load(std::memory_order_relaxed) == WorkerMode::Spinning)
+    w->mode.store(WorkerMode::Running, std::memory_order_relaxed);  // another thread of the block runs
   tl_worker.thread = &t;
   tl_thread = &t.ctx;
   t.fiber = std::move(t.fiber).resume();
@@ -485,6 +488,49 @@ void collective(int kind, unsigned mask, void *arg, Complete complete, const Sit
 
 using namespace detail;
 
+// ---- the semaphores' hooks (cuda.h: sem_polled, sem_released) -------------------------------------
+namespace {
+std::atomic<unsigned long long> g_releases{0};  // sem_released calls so far (all launches)
+}  // namespace
+
+void sem_polled(const int *p, int value) {
+  WorkerState *w = tl_worker.state;
+  if (!w) return;
+  // The word read once more after the count of releases: a value still the same was read after
+  // every release counted (the poll's own read may predate one).
+  const unsigned long long releases = g_releases.load(std::memory_order_seq_cst);
+  const bool same = __atomic_load_n(p, __ATOMIC_SEQ_CST) == value;
+  const bool again = same && w->poll == p && w->value == value;
+  w->poll = p, w->value = value;
+  w->seen_releases.store(releases, std::memory_order_seq_cst);
+  w->mode.store(again ? WorkerMode::Spinning : WorkerMode::Running, std::memory_order_seq_cst);
+}
+
+void sem_released() {
+  WorkerState *me = tl_worker.state;
+  const Launch *l = tl_launch;
+  if (!me || !l || !l->stall_releases) return;
+  me->poll = nullptr;
+  me->mode.store(WorkerMode::Held, std::memory_order_seq_cst);
+  const unsigned long long mine = g_releases.fetch_add(1, std::memory_order_seq_cst) + 1;
+  // Until nobody else can move without this block: every other worker spins on a value it read
+  // after this release, is held or has no block left (a safety bound: a block stuck for a minute
+  // is its own finding, which it reports).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    bool quiet = true;
+    for (const WorkerState &w : *l->workers) {
+      if (&w == me) continue;
+      const WorkerMode mode = w.mode.load(std::memory_order_seq_cst);
+      quiet = quiet && (mode == WorkerMode::Held || mode == WorkerMode::Done ||
+                        (mode == WorkerMode::Spinning && w.seen_releases.load(std::memory_order_seq_cst) >= mine));
+    }
+    if (quiet || std::chrono::steady_clock::now() > until) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  me->mode.store(WorkerMode::Running, std::memory_order_seq_cst);
+}
+
 // ---- public controls ------------------------------------------------------------------------------
 const char *check_name(Check c) {
   switch (c) {
@@ -608,8 +654,13 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t dynami
 
   const size_t nblocks = size_t(grid.x) * grid.y * grid.z;
   const size_t window = kSmemRedzone + max_dynamic_smem(90) + kSmemRedzone;
-  auto worker = [&](std::atomic<size_t> &next) {
+  const int workers = std::clamp(env_int("APE_SIMT_WORKERS", 1), 1, 64);
+  std::vector<WorkerState> states(static_cast<size_t>(workers));
+  l.workers = &states;
+  l.stall_releases = workers > 1 && nblocks > 1 && env_int("APE_SIMT_STALL_RELEASES", 0) != 0;
+  auto worker = [&](std::atomic<size_t> &next, WorkerState &state) {
     tl_launch = &l;
+    tl_worker.state = &state;
     Block b;
     b.launch = &l;
     // Shared memory starts 1024-byte aligned, as APE_DYNAMIC_SMEM declares it on the GPU (the
@@ -626,20 +677,24 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t dynami
     for (size_t n; (n = next.fetch_add(1)) < nblocks && !l.failed;) {
       b.idx = uint3{static_cast<unsigned>(n % grid.x), static_cast<unsigned>(n / grid.x % grid.y),
                     static_cast<unsigned>(n / (size_t(grid.x) * grid.y))};
+      state.mode.store(WorkerMode::Running, std::memory_order_release);
+      state.poll = nullptr;
       run_block(b, body);
       g_blocks.fetch_add(1, std::memory_order_relaxed);
     }
+    state.mode.store(WorkerMode::Done, std::memory_order_release);
     tl_worker.block = nullptr;
+    tl_worker.state = nullptr;
   };
   std::atomic<size_t> next{0};
-  const int workers = std::clamp(env_int("APE_SIMT_WORKERS", 1), 1, 64);
   if (workers == 1 || nblocks == 1) {
-    worker(next);
+    worker(next, states[0]);
   } else {
     std::vector<std::thread> pool;
-    for (int w = 0; w < workers; ++w) pool.emplace_back(worker, std::ref(next));
+    for (int w = 0; w < workers; ++w) pool.emplace_back(worker, std::ref(next), std::ref(states[static_cast<size_t>(w)]));
     for (auto &th : pool) th.join();
   }
+  l.workers = nullptr;
   record_traffic(l, nblocks, nblocks * threads);
   return l.failed ? set_error(cudaErrorLaunchFailure) : cudaSuccess;
 }

@@ -1110,14 +1110,18 @@ TEST(CudaLaunch, SubTileBackwardMatchesReferences) {
 // The gradients of `p` bit for bit the same whether the blocks run one after another or (under
 // the emulator) three at once, where the blocks of a slice interleave: what the flash backward's
 // dQ' order promises. On a GPU the two runs are simply two runs. Emulated, the second run's flash
-// backward launches must all be of layout `layout` (flash_backward_layouts).
+// backward launches must all be of layout `layout` (flash_backward_layouts), and each release of a
+// dQ' tile holds its block until the other blocks wait (APE_SIMT_STALL_RELEASES): a write to the
+// tile that the release does not cover (one after it in the block's order, as the wgmma layout's
+// first stores were before ff33db0) then lands after the next key tile's adds and changes the bits,
+// in every run rather than in one of many.
 void expect_same_bits_with_blocks_at_once(const ape::cuda::CudaVariant &var, const Problem &p,
                                           [[maybe_unused]] const std::string &layout) {
   Outputs first, second;
   run_gpu(var, p, first);
 #ifdef APE_SIMT
   {
-    const EnvScope workers({{"APE_SIMT_WORKERS", "3"}});
+    const EnvScope workers({{"APE_SIMT_WORKERS", "3"}, {"APE_SIMT_STALL_RELEASES", "1"}});
     ape::simt::take_traffic();
     run_gpu(var, p, second);
     const std::vector<std::string> layouts = flash_backward_layouts();

@@ -258,10 +258,12 @@ struct alignas(8) F2 {
 // gpu-scope acq_rel fence (after a successful poll: acquire; before an increment: release, which
 // by cumulativity covers every write of the block ordered before it by a bar.sync) and a
 // relaxed reduction to increment. The emulator runs its blocks in launch order with sequentially
-// consistent memory: a load, no fence, an add.
+// consistent memory: a load, no fence, an add (and its hooks: simt::sem_polled, sem_released).
 __device__ inline int ld_relaxed_gpu(const int *p) {
 #ifdef APE_SIMT
-  return atomicAdd(const_cast<int *>(p), 0);
+  const int v = atomicAdd(const_cast<int *>(p), 0);
+  ::ape::simt::sem_polled(p, v);
+  return v;
 #else
   int v;
   asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -278,6 +280,7 @@ __device__ inline void fence_acq_rel_gpu() {
 __device__ inline void red_relaxed_gpu_add(int *p, int v) {
 #ifdef APE_SIMT
   atomicAdd(p, v);
+  ::ape::simt::sem_released();
 #else
   asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 #endif

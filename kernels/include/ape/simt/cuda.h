@@ -415,6 +415,17 @@ void bulk_wait(int pending_groups, bool read_only);
 // TMA reductions still in flight (only a completed wait_group brings those into its order). The
 // emulator reports a fence issued with such adds in flight: the kernels release sums with it.
 void fence_release();
+// The semaphores that order blocks (cuda/platform.cuh: ld_relaxed_gpu polls, red_relaxed_gpu_add
+// releases; the flash backward's dQ' order), each after its atomic access. sem_polled notes the
+// value a poll read: a worker whose thread reads the same word twice with the same value is
+// spinning. sem_released, with APE_SIMT_STALL_RELEASES=1 and blocks at once (APE_SIMT_WORKERS > 1),
+// holds the releasing block (its worker: every thread of it) until each other worker spins on a
+// semaphore, is held too or has no block left: the widest window a GPU may leave between a
+// release and what the releasing block does next, so that a write the release should have covered
+// and did not (one that comes after it in the block's order) lands after the acquiring block's
+// reads and adds, deterministically, rather than once in many runs.
+void sem_polled(const int *p, int value);
+void sem_released();
 // setmaxnreg: nothing to emulate.
 // The offset of a shared-memory address from the block's dynamic shared memory (which stands at
 // a 1024-byte aligned offset of the shared window on a GPU): what wgmma descriptors hold.
