@@ -4,7 +4,9 @@
 // score_mod of an ape.kernel this pass adds a `grad` region: the body is
 // cloned (to recompute primal values) and, for each differentiable input u
 // (the region's value arguments and every ape.load), forward-mode tangents
-// are propagated through the arith/math ops; the region yields g·∂f/∂u.
+// are propagated through the arith/math ops (up to a sign carried as a flag,
+// so that inputs whose tangents differ by one share their ops: Tan); the
+// region yields g·∂f/∂u.
 // Loads of fixed (non-trainable) params get a zero gradient. The code
 // generators read from each load's indices which reduction its gradient
 // needs (a row or column sum, a scatter, ...).
@@ -16,6 +18,8 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/IRMapping.h"
+#include "mlir/IR/OperationSupport.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -32,24 +36,45 @@ using namespace mlir::ape;
 
 namespace {
 
-/// Tangent arithmetic where a null Value is an exact zero (nothing emitted).
+/// A tangent: a value (null: an exact zero) and a sign. Tangents are linear in the input's, so a
+/// negation moves through them exactly (IEEE rounding is symmetric: (-a)·f = -(a·f),
+/// (-a)/f = -(a/f), (-a) + (-b) = -(a + b), a + (-b) = a - b) and is carried as a flag, applied
+/// where a tangent meets a select or leaves as a gradient. Inputs whose tangents agree up to sign
+/// (the two sides of a difference: K-Cable's S_i - S_j, ∂/∂S_j = -∂/∂S_i) then build the same
+/// ops, which CSE merges: one chain, one division per element instead of two, with the bits the
+/// materialised negations gave.
+struct Tan {
+  Value v;
+  bool neg = false;
+  explicit operator bool() const { return static_cast<bool>(v); }
+};
+
+/// Tangent arithmetic on Tan.
 struct Tangents {
   RegionBuilder &rb;
-  Value add(Value a, Value b) { return !a ? b : !b ? a : rb.add(a, b); }
-  Value sub(Value a, Value b) { return !b ? a : !a ? rb.neg(b) : rb.sub(a, b); }
-  Value mul(Value t, Value f) { return t ? rb.mul(t, f) : Value(); }
-  Value div(Value t, Value f) { return t ? rb.div(t, f) : Value(); }
-  Value neg(Value t) { return t ? rb.neg(t) : Value(); }
-  Value select(Value c, Value a, Value b) {
+  Tan add(Tan a, Tan b) {
+    if (!a || !b)
+      return a ? a : b;
+    if (a.neg == b.neg)
+      return {rb.add(a.v, b.v), a.neg};
+    return a.neg ? Tan{rb.sub(b.v, a.v)} : Tan{rb.sub(a.v, b.v)};
+  }
+  Tan sub(Tan a, Tan b) { return add(a, neg(b)); }
+  Tan mul(Tan t, Value f) { return t ? Tan{rb.mul(t.v, f), t.neg} : Tan{}; }
+  Tan div(Tan t, Value f) { return t ? Tan{rb.div(t.v, f), t.neg} : Tan{}; }
+  Tan neg(Tan t) { return t ? Tan{t.v, !t.neg} : Tan{}; }
+  /// The tangent as a value (its negation emitted where it carries one).
+  Value value(Tan t) { return !t ? Value() : t.neg ? rb.neg(t.v) : t.v; }
+  Tan select(Value c, Tan a, Tan b) {
     if (!a && !b)
-      return Value();
-    return rb.select(c, a ? a : rb.f32(0.0), b ? b : rb.f32(0.0));
+      return {};
+    return {rb.select(c, a ? value(a) : rb.f32(0.0), b ? value(b) : rb.f32(0.0))};
   }
 };
 
 /// The tangent of `op`'s result given its operands' tangents (`tan`), or
 /// failure if the op has no derivative rule.
-FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBuilder &rb) {
+FailureOr<Tan> tangentOf(Operation *op, DenseMap<Value, Tan> &tan, RegionBuilder &rb) {
   Tangents t{rb};
   auto T = [&](unsigned i) { return tan.lookup(op->getOperand(i)); };
   auto X = [&](unsigned i) { return op->getOperand(i); };
@@ -57,28 +82,28 @@ FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBui
   Location loc = rb.loc;
   Value r = op->getNumResults() == 1 ? op->getResult(0) : Value();
   if (!r || !r.getType().isF32())
-    return Value();  // index / integer / i1 values carry no tangent
+    return Tan{};  // index / integer / i1 values carry no tangent
   if (isa<arith::ConstantOp, ConstantOp, math::FloorOp, math::CeilOp, math::RoundOp, math::TruncOp,
           arith::SIToFPOp, arith::UIToFPOp, LoadOp>(op))
-    return Value();  // constants, steps, integer conversions; loads are seeded by the caller
+    return Tan{};  // constants, steps, integer conversions; loads are seeded by the caller
   if (isa<arith::AddFOp>(op))  // d(a+b) = da + db
     return t.add(T(0), T(1));
   if (isa<arith::SubFOp>(op))  // d(a-b) = da - db
     return t.sub(T(0), T(1));
   if (isa<arith::MulFOp>(op)) {  // d(ab) = da·b + a·db
-    Value left = t.mul(T(0), X(1));
-    Value right = t.mul(T(1), X(0));
+    Tan left = t.mul(T(0), X(1));
+    Tan right = t.mul(T(1), X(0));
     return t.add(left, right);
   }
   if (isa<arith::DivFOp>(op)) {  // d(a/b) = (da - r·db)/b
-    Value rdb = t.mul(T(1), r);
+    Tan rdb = t.mul(T(1), r);
     return t.div(t.sub(T(0), rdb), X(1));
   }
   if (isa<arith::NegFOp>(op))
     return t.neg(T(0));
   if (isa<arith::MaximumFOp, arith::MaxNumFOp, arith::MinimumFOp, arith::MinNumFOp>(op) &&
       !T(0) && !T(1))
-    return Value();
+    return Tan{};
   if (isa<arith::MaximumFOp, arith::MaxNumFOp>(op)) {  // d max(a,b) = a >= b ? da : db
     Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), X(1));
     return t.select(c, T(0), T(1));
@@ -97,23 +122,23 @@ FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBui
   if (isa<math::LogOp>(op))  // d ln a = da/a
     return t.div(T(0), X(0));
   if (isa<math::Exp2Op>(op))  // d 2^a = 2^a·ln 2·da
-    return T(0) ? rb.mul(t.mul(T(0), r), rb.f32(M_LN2)) : Value();
+    return T(0) ? t.mul(t.mul(T(0), r), rb.f32(M_LN2)) : Tan{};
   if (isa<math::Log2Op>(op))  // d log2 a = da/(a·ln 2)
-    return T(0) ? t.div(T(0), rb.mul(X(0), rb.f32(M_LN2))) : Value();
+    return T(0) ? t.div(T(0), rb.mul(X(0), rb.f32(M_LN2))) : Tan{};
   if (isa<math::Log1pOp>(op)) {  // d ln(1+a) = da/(1+a)
     if (!T(0))
-      return Value();
+      return Tan{};
     Value one = rb.f32(1.0);
     return t.div(T(0), rb.add(one, X(0)));
   }
   if (isa<math::SqrtOp>(op)) {  // d √a = da/(2√a)
     if (!T(0))
-      return Value();
+      return Tan{};
     Value two = rb.f32(2.0);
     return t.div(T(0), rb.mul(two, r));
   }
   if (!T(0) && isa<math::SinOp, math::CosOp, math::TanhOp, math::AbsFOp>(op))
-    return Value();
+    return Tan{};
   if (isa<math::SinOp>(op))  // d sin a = cos a·da
     return t.mul(T(0), b.create<math::CosOp>(loc, X(0)));
   if (isa<math::CosOp>(op))  // d cos a = -sin a·da
@@ -125,16 +150,45 @@ FailureOr<Value> tangentOf(Operation *op, DenseMap<Value, Value> &tan, RegionBui
   if (isa<math::AbsFOp>(op)) {  // d|a| = sign(a)·da
     Value zero = rb.f32(0.0);
     Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), zero);
-    Value negated = t.neg(T(0));
-    return t.select(c, T(0), negated);
+    return t.select(c, T(0), t.neg(T(0)));
   }
   if (isa<math::PowFOp>(op)) {  // d a^p = r·(p·da/a + ln a·dp)
-    Value da = t.div(t.mul(T(0), X(1)), X(0));
-    Value dp = T(1) ? t.mul(T(1), b.create<math::LogOp>(loc, X(0))) : Value();
-    Value sum = t.add(da, dp);
-    return sum ? rb.mul(sum, r) : Value();
+    Tan da = t.div(t.mul(T(0), X(1)), X(0));
+    Tan dp = T(1) ? t.mul(T(1), b.create<math::LogOp>(loc, X(0))) : Tan{};
+    return t.mul(t.add(da, dp), r);
   }
   return failure();
+}
+
+/// Common subexpressions of a straight-line block merged: the inputs' tangents are built one
+/// input at a time, so ops that two of them share (the same product, or the same chain up to a
+/// sign: Tan) appear once per input until here.
+void mergeCommonOps(Block &block) {
+  struct Key : DenseMapInfo<Operation *> {
+    static unsigned getHashValue(const Operation *op) {
+      return OperationEquivalence::computeHash(const_cast<Operation *>(op), OperationEquivalence::directHashValue,
+                                               OperationEquivalence::ignoreHashValue,
+                                               OperationEquivalence::IgnoreLocations);
+    }
+    static bool isEqual(const Operation *a, const Operation *b) {
+      if (a == b)
+        return true;
+      if (a == getEmptyKey() || a == getTombstoneKey() || b == getEmptyKey() || b == getTombstoneKey())
+        return false;
+      return OperationEquivalence::isEquivalentTo(const_cast<Operation *>(a), const_cast<Operation *>(b),
+                                                  OperationEquivalence::IgnoreLocations);
+    }
+  };
+  DenseSet<Operation *, Key> seen;
+  for (Operation &inner : llvm::make_early_inc_range(block.without_terminator())) {
+    if (inner.getNumRegions() != 0 || inner.getNumResults() == 0 || !isMemoryEffectFree(&inner))
+      continue;
+    auto [it, fresh] = seen.insert(&inner);
+    if (fresh)
+      continue;
+    inner.replaceAllUsesWith(*it);
+    inner.erase();
+  }
 }
 
 /// Whether `v` is a load of a param that is not trainable (no gradient wanted).
@@ -243,14 +297,14 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
       }
     }
     llvm::sort(cone);
-    DenseMap<Value, Value> tan;
+    DenseMap<Value, Tan> tan;
     Value one = rb.f32(1.0);
-    tan[u] = one;
+    tan[u] = Tan{one};
     for (unsigned k : cone) {
       Operation *p = primal[k];
       if (p->getNumResults() != 1 || p->getResult(0) == u)
         continue;
-      FailureOr<Value> d = tangentOf(p, tan, rb);
+      FailureOr<Tan> d = tangentOf(p, tan, rb);
       if (failed(d))
         return p->emitOpError("has no derivative rule: -ape-differentiate cannot derive the "
                               "backward of this region (use arith/math ops it knows: add, sub, "
@@ -290,10 +344,11 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
       live.insert(sum);
       enqueue(sum);
     }
-    Value d = live.size() == 1 ? tan.lookup(*live.begin()) : tan.lookup(out);
+    Tan d = live.size() == 1 ? tan.lookup(*live.begin()) : tan.lookup(out);
     // g·1 = g written directly: the greedy folder would otherwise replace the yield's operands
     // one at a time, re-folding a yield of every input's gradient each time (quadratic).
-    results.push_back(d == one ? g : d ? rb.mul(g, d) : rb.f32(0.0));
+    Value gd = !d ? rb.f32(0.0) : d.v == one ? g : rb.mul(g, d.v);
+    results.push_back(d.neg ? rb.neg(gd) : gd);
   }
   rb.yield(results);
   // Fold the constants of the chain rule (g·1, 0 + x) and drop dead primal ops.
@@ -302,6 +357,7 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
   for (RegisteredOperationName name : ctx->getRegisteredOperations())
     name.getCanonicalizationPatterns(patterns, ctx);
   (void)applyPatternsAndFoldGreedily(grad, std::move(patterns));
+  mergeCommonOps(grad.front());
   return success();
 }
 

@@ -9,12 +9,12 @@
 // CHECK: math.exp
 // CHECK: %[[D:.*]] = arith.divf
 // CHECK: %[[R:.*]] = arith.mulf %[[G]], %{{.*}} : f32
-// CHECK-NEXT: ape.yield %[[R]] : f32
+// CHECK-NEXT: %[[NR:.*]] = arith.negf %[[R]] : f32
+// CHECK-NEXT: ape.yield %[[NR]] : f32
 // CHECK: ape.score_mod {
 // CHECK: } grad {
 // CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[GS:.*]]: f32):
-// CHECK-NEXT: %[[M1:.*]] = arith.constant -1.000000e+00 : f32
-// CHECK-NEXT: %[[NEG:.*]] = arith.mulf %[[GS]], %[[M1]] : f32
+// CHECK-NEXT: %[[NEG:.*]] = arith.negf %[[GS]] : f32
 // CHECK-NEXT: ape.yield %[[GS]], %[[GS]], %[[NEG]] : f32, f32, f32
 ape.kernel @cable {
   %f = ape.token_feature "cable"
@@ -43,14 +43,20 @@ ape.kernel @cable {
 
 // -----
 
-// K-Cable: ∂/∂S_i = -2(S_i - S_j)/(1 + (S_i - S_j)²)·g.
+// K-Cable: ∂/∂S_i = -2(S_i - S_j)/(1 + (S_i - S_j)²)·g and ∂/∂S_j its negation:
+// the two tangents agree up to sign (carried as a flag), so one chain and one
+// division serve both.
 // CHECK-LABEL: ape.kernel @kcable
 // CHECK: } grad {
+// CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[GK:.*]]: f32):
 // CHECK: %[[D:.*]] = arith.subf %{{.*}}, %{{.*}} : f32
-// CHECK: %[[SQ:.*]] = arith.mulf %[[D]], %[[D]] : f32
-// CHECK: arith.addf %[[SQ]], %{{.*}} : f32
-// CHECK: arith.divf
-// CHECK: ape.yield
+// CHECK-NEXT: %[[SQ:.*]] = arith.mulf %[[D]], %[[D]] : f32
+// CHECK-NEXT: %[[TWO:.*]] = arith.addf %[[D]], %[[D]] : f32
+// CHECK-NEXT: %[[DEN:.*]] = arith.addf %[[SQ]], %{{.*}} : f32
+// CHECK-NEXT: %[[Q:.*]] = arith.divf %[[TWO]], %[[DEN]] : f32
+// CHECK-NEXT: %[[GQ:.*]] = arith.mulf %[[GK]], %[[Q]] : f32
+// CHECK-NEXT: %[[NGQ:.*]] = arith.negf %[[GQ]] : f32
+// CHECK-NEXT: ape.yield %[[GK]], %[[NGQ]], %[[GQ]] : f32, f32, f32
 ape.kernel @kcable {
   %f = ape.token_feature "cable"
   %c = ape.scan %f
@@ -108,8 +114,8 @@ ape.kernel @slopes {
 // CHECK-DAG: %[[COS:.*]] = math.cos %[[A]] : f32
 // CHECK-DAG: %[[SIN:.*]] = math.sin %[[A]] : f32
 // CHECK-NEXT: %[[DX:.*]] = arith.mulf %[[G]], %[[COS]] : f32
-// CHECK-NEXT: %[[NS:.*]] = arith.negf %[[SIN]] : f32
-// CHECK-NEXT: %[[DY:.*]] = arith.mulf %[[G]], %[[NS]] : f32
+// CHECK-NEXT: %[[GS:.*]] = arith.mulf %[[G]], %[[SIN]] : f32
+// CHECK-NEXT: %[[DY:.*]] = arith.negf %[[GS]] : f32
 // CHECK-NEXT: ape.yield %[[DX]], %[[DY]] : f32, f32
 ape.kernel @rotation {
   ape.q_mod attributes {pairing = "half"} {
