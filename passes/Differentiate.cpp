@@ -41,8 +41,8 @@ namespace {
 /// (-a)/f = -(a/f), (-a) + (-b) = -(a + b), a + (-b) = a - b) and is carried as a flag, applied
 /// where a tangent meets a select or leaves as a gradient. Inputs whose tangents agree up to sign
 /// (the two sides of a difference: K-Cable's S_i - S_j, ∂/∂S_j = -∂/∂S_i) then build the same
-/// ops, which CSE merges: one chain, one division per element instead of two, with the bits the
-/// materialised negations gave.
+/// ops, which mergeCommonOps merges: one chain, one division per element instead of two, with the
+/// values the materialised negations gave (the same bits where no multiply-add is fused otherwise).
 struct Tan {
   Value v;
   bool neg = false;
