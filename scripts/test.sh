@@ -58,7 +58,11 @@ if [ "$ctest_status" -ne 0 ]; then
   n_failed=$(sed -n '/The following tests FAILED/,$p' "$log.ctest" | grep -cE '^\s+[0-9]+ - ')
   if [ "$n_failed" -le 20 ]; then
     echo "[ape] run once more, with their output (the failure counts either way):"
-    (cd "$build" && ctest --rerun-failed --output-on-failure --timeout 1800) 2>&1 | tail -60
+    # By name: ctest --rerun-failed goes by test number, which the GoogleTest shards' discovery
+    # can shift between runs (it once reran ape_check.help for resume_kill_loop).
+    names=$(sed -n '/The following tests FAILED/,$p' "$log.ctest" | grep -E '^\s+[0-9]+ - ' | head -20 |
+            sed -E 's/^\s+[0-9]+ - (.*) \([^()]*\)$/\1/' | sed -E 's/[][\.*^$+?(){}|]/\\&/g' | paste -sd'|')
+    (cd "$build" && ctest -R "^($names)\$" --output-on-failure --timeout 1800) 2>&1 | tail -60
   fi
 fi
 
