@@ -383,7 +383,8 @@ def occupancy(arch, threads, regs, smem):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--apec", default=str(ROOT / "build/tools/apec"), help="apec (default build/tools/apec)")
-    ap.add_argument("--encodings", nargs="+", default=["nope", "rope", "alibi", "cable", "t5"])
+    ap.add_argument("--encodings", nargs="+", default=["nope", "rope", "alibi", "cable", "t5"],
+                    help="example names; NAME+fast compiles NAME with apec --fast-math")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--hd", nargs="+", type=int, default=[128, 64])
     ap.add_argument("--arch", nargs="+", default=["80", "86", "90a"],
@@ -403,11 +404,15 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         tiles = tile_constants(args.nvcc, work)
         gen = Path(work) / "gen"
-        for enc in args.encodings:
+        for label in args.encodings:
+            # NAME+fast: the example compiled with apec --fast-math (its score mods' exp, log,
+            # log1p and divisions by the GPU's approximate instructions), in a folder of its own.
+            enc, fast = (label[:-5], True) if label.endswith("+fast") else (label, False)
             spec = ROOT / "examples" / "encodings" / f"{enc}.mlir"
+            gen = Path(work) / ("gen-fast" if fast else "gen")
             subprocess.run([args.apec, str(spec), "-o", str(gen), "--emit=cuda",
-                            f"--cuda-dtypes={args.dtype}", "--cuda-head-dims=" + ",".join(map(str, args.hd))],
-                           check=True)
+                            f"--cuda-dtypes={args.dtype}", "--cuda-head-dims=" + ",".join(map(str, args.hd))]
+                           + (["--fast-math"] if fast else []), check=True)
             for hd in args.hd:
                 src = gen / f"{enc}_cuda_{args.dtype}_hd{hd}.cu"
                 functor = (gen / f"{enc}_cuda.cuh").read_text()
@@ -415,7 +420,7 @@ def main():
                 fixed = dist and "kBiasFixed = true" in functor  # its windows only in the backward
                 rowcol = not dist and "kRowColBias = true" in functor
                 for arch in args.arch:
-                    cubin = Path(work) / f"{enc}_{hd}_{arch}.cubin"
+                    cubin = Path(work) / f"{label}_{hd}_{arch}.cubin"
                     r = subprocess.run([args.nvcc, "-std=c++17", "--expt-relaxed-constexpr", f"-arch=sm_{arch}",
                                         "-cubin", "-Xptxas", "-v", "-I", str(ROOT / "kernels/include"),
                                         "-I", str(gen), str(src), "-o", str(cubin)],
@@ -429,7 +434,7 @@ def main():
                         tok = next((v for k, v in TOKEN_KERNELS.items() if k in fn), None)
                         if tok and hd == args.hd[0]:  # the token program does not depend on d_h
                             stages, per_thread, serial = token_cost(instrs, args.token_T)
-                            token_rows.append(dict(encoding=enc, kernel=tok, arch=f"sm_{arch}",
+                            token_rows.append(dict(encoding=label, kernel=tok, arch=f"sm_{arch}",
                                                    regs=pinfo.get(fn, {}).get("regs"), stages=stages,
                                                    per_thread=per_thread, serial=serial))
                         kind = next((v for k, v in KERNELS.items() if k in fn), None)
@@ -464,7 +469,7 @@ def main():
                         lsu = sum(smem_bytes(b) for b in loop)
                         wg = sum(wgmma_smem_bytes(b) for b in loop)
                         rows.append(dict(
-                            encoding=enc, kernel=kind, dtype=args.dtype, hd=hd, arch=f"sm_{arch}",
+                            encoding=label, kernel=kind, dtype=args.dtype, hd=hd, arch=f"sm_{arch}",
                             regs=p.get("regs"), spill_st=p.get("spill_st"), spill_ld=p.get("spill_ld"),
                             stack=p.get("stack"), smem=smem, threads=t["threads"],
                             blocks_per_sm=blocks, warps_per_sm=warps, occupancy_limit=limit,

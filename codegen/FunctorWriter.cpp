@@ -575,6 +575,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   KernelLayout layout;
   if (failed(layout.build(kernel)))
     return failure();
+  layout.approxMath = target == FunctorTarget::Cuda;
   const FunctorStyle &st = target == FunctorTarget::Cuda ? kCudaStyle : kCpuStyle;
   os << "struct Enc {\n";
   os << "  static constexpr int kNumFeatures = " << layout.features.size() << ";\n"

@@ -194,6 +194,18 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
     return s + ")";
   };
   auto u64 = [&](unsigned i) { return "static_cast<uint64_t>(" + a(i) + ")"; };
+  // An op whose fast-math flags allow it, on a target with approximate functions (approxMath):
+  // the approximate form, else the exact one.
+  auto approx = [&](arith::FastMathFlags need, StringRef fn, StringRef exact) {
+    arith::FastMathFlags have = arith::FastMathFlags::none;
+    if (auto fm = dyn_cast<arith::ArithFastMathInterface>(op))
+      if (arith::FastMathFlagsAttr attr = fm.getFastMathFlagsAttr())
+        have = attr.getValue();
+    return layout.approxMath && arith::bitEnumContainsAll(have, need)
+               ? call(("::ape::cuda::approx::" + fn).str())
+               : exact.empty() ? bin("/") : call(exact);
+  };
+  using FM = arith::FastMathFlags;
   std::optional<std::string> e =
       llvm::TypeSwitch<Operation *, std::optional<std::string>>(&op)
           .Case([&](arith::ConstantOp c) -> std::optional<std::string> {
@@ -210,7 +222,7 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
           .Case([&](arith::AddFOp) { return bin("+"); })
           .Case([&](arith::SubFOp) { return bin("-"); })
           .Case([&](arith::MulFOp) { return bin("*"); })
-          .Case([&](arith::DivFOp) { return bin("/"); })
+          .Case([&](arith::DivFOp) { return approx(FM::arcp, "div", ""); })
           .Case([&](arith::NegFOp) { return "(-" + a(0) + ")"; })
           .Case([&](arith::AddIOp) { return bin("+"); })
           .Case([&](arith::SubIOp) { return bin("-"); })
@@ -274,11 +286,11 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
             }
             return std::nullopt;
           })
-          .Case([&](math::ExpOp) { return call("std::exp"); })
-          .Case([&](math::Exp2Op) { return call("std::exp2"); })
-          .Case([&](math::LogOp) { return call("std::log"); })
-          .Case([&](math::Log2Op) { return call("std::log2"); })
-          .Case([&](math::Log1pOp) { return call("std::log1p"); })
+          .Case([&](math::ExpOp) { return approx(FM::afn, "exp", "std::exp"); })
+          .Case([&](math::Exp2Op) { return approx(FM::afn, "exp2", "std::exp2"); })
+          .Case([&](math::LogOp) { return approx(FM::afn, "log", "std::log"); })
+          .Case([&](math::Log2Op) { return approx(FM::afn, "log2", "std::log2"); })
+          .Case([&](math::Log1pOp) { return approx(FM::afn, "log1p", "std::log1p"); })
           .Case([&](math::SqrtOp) { return call("std::sqrt"); })
           .Case([&](math::SinOp) { return call("std::sin"); })
           .Case([&](math::CosOp) { return call("std::cos"); })

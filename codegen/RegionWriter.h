@@ -34,6 +34,10 @@ struct KernelLayout {
   ValueRowsOp valueRows;          // the value-side relative term, if any
   AttentionTransitionOp transition;  // the prob site, if any (inference only)
   bool inferenceOnly = false;     // no backward: the functor gets no gradient members
+  /// The target has approximate functions for ops with fast-math flags (-ape-fast-math): the
+  /// CUDA functor writes a flagged exp, exp2, log, log2, log1p (afn) or divf (arcp) as
+  /// ::ape::cuda::approx::* (ape/cuda/platform.cuh). The CPU functor (false) ignores the flags.
+  bool approxMath = false;
   DenseMap<Value, unsigned> relIndex;
 
   /// The number of rows of a rel_rows table (its verified integer first dimension).

@@ -64,7 +64,11 @@ def Ape_EncodingOp : Ape_Op<"encoding", [Symbol, NoTerminator, SingleBlock,
     the logit scale κ (default 1/sqrt(head_dim)). The optional `head_dim` and
     `model_dim` attributes pin the model shape the encoding is written for:
     components are checked against them at compile time (an override's l, a
-    rotary's dims) and the runtime refuses a model of another shape.
+    rotary's dims) and the runtime refuses a model of another shape. The unit
+    attribute `fast_math` lets the CUDA kernels evaluate the encoding's
+    score mods' exponentials, logarithms and divisions with the GPU's
+    approximate instructions (`-ape-fast-math`: the `afn` and `arcp` flags on
+    their ops and derivatives); the CPU kernels stay exact.
 
     ```mlir
     ape.encoding @nope {
@@ -72,10 +76,14 @@ def Ape_EncodingOp : Ape_Op<"encoding", [Symbol, NoTerminator, SingleBlock,
     ape.encoding @cable attributes {scale = 1.0 : f64} {
       ape.cable {kernel = "none"}
     }
+    ape.encoding @kcable_fast attributes {fast_math} {
+      ape.cable {kernel = "log1p_sq"}
+    }
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, OptionalAttr<F64Attr>:$scale,
-                       OptionalAttr<I64Attr>:$head_dim, OptionalAttr<I64Attr>:$model_dim);
+                       OptionalAttr<I64Attr>:$head_dim, OptionalAttr<I64Attr>:$model_dim,
+                       UnitAttr:$fast_math);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   // verify: the op's own attributes; verifyRegions: the nested ops together, after each of them

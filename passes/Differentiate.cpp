@@ -6,7 +6,8 @@
 // (the region's value arguments and every ape.load), forward-mode tangents
 // are propagated through the arith/math ops (up to a sign carried as a flag,
 // so that inputs whose tangents differ by one share their ops: Tan); the
-// region yields g·∂f/∂u.
+// region yields g·∂f/∂u. The ops of an op's derivative carry that op's fast-math flags
+// (-ape-fast-math).
 // Loads of fixed (non-trainable) params get a zero gradient. The code
 // generators read from each load's indices which reduction its gradient
 // needs (a row or column sum, a scatter, ...).
@@ -304,7 +305,14 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
       Operation *p = primal[k];
       if (p->getNumResults() != 1 || p->getResult(0) == u)
         continue;
+      Operation *last = block->empty() ? nullptr : &block->back();
       FailureOr<Tan> d = tangentOf(p, tan, rb);
+      // The ops of p's derivative take p's fast-math flags (-ape-fast-math): d log1p(a) =
+      // da/(1+a) divides where p's flags allow an approximate function.
+      if (arith::FastMathFlags flags = fastMathFlags(p); flags != arith::FastMathFlags::none)
+        for (Operation &made : llvm::make_range(last ? std::next(last->getIterator()) : block->begin(),
+                                                block->end()))
+          addFastMathFlags(&made, flags);
       if (failed(d))
         return p->emitOpError("has no derivative rule: -ape-differentiate cannot derive the "
                               "backward of this region (use arith/math ops it knows: add, sub, "

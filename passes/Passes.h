@@ -3,6 +3,7 @@
 #define APE_PASSES_PASSES_H
 
 #include "dialect/ApeOps.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Pass/Pass.h"
 
 namespace mlir::ape {
@@ -13,8 +14,14 @@ namespace mlir::ape {
 #define GEN_PASS_REGISTRATION
 #include "passes/Passes.h.inc"
 
+/// Adds `flags` to the fast-math flags of `op` (nothing when it has none: not an arith/math op
+/// with the fast-math interface).
+void addFastMathFlags(Operation *op, arith::FastMathFlags flags);
+/// The fast-math flags of `op` (none when it has no such interface).
+arith::FastMathFlags fastMathFlags(Operation *op);
+
 /// Adds the whole lowering, spec to scheduled kernel, to `pm`:
-/// expand, push-override, fuse, canonicalize and CSE, differentiate, schedule, classify.
+/// expand, push-override, fast-math, fuse, canonicalize and CSE, differentiate, schedule, classify.
 void buildApeLoweringPipeline(OpPassManager &pm);
 
 } // namespace mlir::ape

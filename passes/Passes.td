@@ -55,6 +55,35 @@ def ApePushOverride : Pass<"ape-push-override", "mlir::ModuleOp"> {
   let dependentDialects = ["mlir::arith::ArithDialect"];
 }
 
+def ApeFastMath : Pass<"ape-fast-math", "mlir::ModuleOp"> {
+  let summary = "Mark the arithmetic of fast_math encodings as approximable";
+  let description = [{
+    In every `ape.encoding` that carries `fast_math`, sets the fast-math flags
+    `afn` (approximate functions) and `arcp` (division by a reciprocal) on
+    the arith/math ops of its score mods, keeping any flags already there:
+    the per-element arithmetic, whose errors land in one logit each. The
+    token program and the q/k mods (cheap, and feeding scans) stay exact, as
+    do ops whose value reaches a comparison or a rounding to an integer (T5's
+    bucket), where an approximation could move a boundary.
+    `-ape-differentiate` gives the ops it derives from an op that op's flags,
+    so the backward follows. The CUDA emitter writes the ops so flagged with
+    the GPU's approximate instructions (exp, exp2, log, log2 and log1p by
+    MUFU.EX2 / MUFU.LG2, a division by MUFU.RCP and a product:
+    ape/cuda/platform.cuh, `approx`); the CPU emitter and the references
+    ignore the flags. A region written by hand may also flag single ops.
+
+    ```mlir
+    // before
+    ape.encoding @k attributes {fast_math} { ape.score_mod { ... math.log1p %x : f32 ... } }
+    // after
+    ape.encoding @k attributes {fast_math} {
+      ape.score_mod { ... math.log1p %x fastmath<arcp,afn> : f32 ... }
+    }
+    ```
+  }];
+  let dependentDialects = ["mlir::arith::ArithDialect"];
+}
+
 def ApeFuse : Pass<"ape-fuse", "mlir::ModuleOp"> {
   let summary = "Fuse all components of each encoding into one ape.kernel";
   let description = [{

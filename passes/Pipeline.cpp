@@ -7,6 +7,7 @@
 void mlir::ape::buildApeLoweringPipeline(OpPassManager &pm) {
   pm.addPass(createApeExpand());
   pm.addPass(createApePushOverride());
+  pm.addPass(createApeFastMath());
   pm.addPass(createApeFuse());
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());

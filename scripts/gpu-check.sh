@@ -48,7 +48,9 @@
 # APE_GPU_CHECK_BENCH_ENCODINGS=kcable,shaw,... (prepare) adds those to the benchmark's operator
 # libraries (then `run ... --bench-encodings` picks them); with a score mod over features among
 # them (kcable, shaw, transformer_xl, deberta) the bench stage also times
-# APE_CUDA_FEATURE_STEPS=0 (features-off).
+# APE_CUDA_FEATURE_STEPS=0 (features-off). NAME_fast there (kcable_fast) is the example NAME marked
+# fast_math (its score mods' exp, log, log1p and divisions by the GPU's approximate instructions;
+# docs/cuda.md, "Fast math"), a library of its own beside NAME's.
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
@@ -145,6 +147,15 @@ prepare() {
     if [[ " $bench_encodings " == *" $enc "* ]]; then
       "$apec" "$spec" -o "$dir/bench-libs" --emit=torch-library --cuda-dtypes=bf16 \
         --cuda-head-dims=64,128 --expect-name "$enc" --source-name "$src_name"
+    fi
+    if [[ " $bench_encodings " == *" ${enc}_fast "* ]]; then  # the same spec, renamed and marked
+      mkdir -p "$dir/bench-specs"
+      sed -e "s/^ape\.encoding @$enc attributes {/ape.encoding @${enc}_fast attributes {fast_math, /" \
+        -e "s/^ape\.encoding @$enc {/ape.encoding @${enc}_fast attributes {fast_math} {/" \
+        "$spec" > "$dir/bench-specs/${enc}_fast.mlir"
+      "$apec" "$dir/bench-specs/${enc}_fast.mlir" -o "$dir/bench-libs" --emit=torch-library \
+        --cuda-dtypes=bf16 --cuda-head-dims=64,128 --expect-name "${enc}_fast" \
+        --source-name "examples/encodings/$enc.mlir (fast_math)"
     fi
   done
 
@@ -512,18 +523,14 @@ run() {
       note+=" (the forward run failed: logs/bench-forward.log)"
     # A crashed encoding: which step of its operator call fails (bench/op_probe.py: on CPU tensors,
     # on CUDA tensors without autograd, without grad mode, with autograd; each in a process of its
-    # own, a crashed one again under cuda-gdb) in logs/bench-crash-ENC-probe.log, and its host stack
-    # in the benchmark itself at a small shape under cuda-gdb (this machine has no gdb) in
-    # logs/bench-crash-ENC.log.
+    # own, with a preloaded handler that prints a crashed one's native stack, named by addr2line)
+    # in logs/bench-crash-ENC-probe.log. (cuda-gdb, this machine's only debugger, printed no stack
+    # within two minutes on 2026-11-30.)
     if [ $rc = 3 ]; then
       local crashed
       for crashed in $(sed -n 's/^\[gpu_bench\] crashed: \([a-z0-9_]*\): .*/\1/p' "$logs/bench.log" | sort -u); do
-        timeout 200 "$py" "$src/bench/op_probe.py" --helper "$bench_libs/${crashed}_torch_library/build/ape_$crashed.py" \
-          --steps cpu,raw,nograd,grad,big --gdb >"$logs/bench-crash-$crashed-probe.log" 2>&1
-        command -v cuda-gdb >/dev/null || continue
-        timeout 120 cuda-gdb -q -batch -ex run -ex bt -ex quit --args "$py" "$src/bench/gpu_bench.py" \
-          --libs "$bench_libs" --one-encoding "$crashed" --cells-json "$logs/bench-crash-$crashed.json" \
-          --methods ape --configs 1x2x256x128 >"$logs/bench-crash-$crashed.log" 2>&1
+        timeout 120 "$py" "$src/bench/op_probe.py" --helper "$bench_libs/${crashed}_torch_library/build/ape_$crashed.py" \
+          --steps cpu,raw,nograd,grad >"$logs/bench-crash-$crashed-probe.log" 2>&1
       done
     fi
     record bench $status $(( $(date +%s) - s )) "$note"

@@ -44,7 +44,7 @@ mlir::LogicalResult checkNesting(const llvm::SourceMgr &sourceMgr, mlir::MLIRCon
 mlir::OwningOpRef<mlir::ModuleOp> parseSpec(llvm::SourceMgr &sourceMgr,
                                             mlir::MLIRContext *context);
 
-/// Runs the whole lowering (expand, push-override, fuse, differentiate, schedule) on `module`
+/// Runs the whole lowering (expand, push-override, fast-math, fuse, differentiate, schedule) on `module`
 /// with `pm` (which may carry MLIR's pass-manager options); the module then holds one
 /// ape.kernel per encoding.
 mlir::LogicalResult lowerSpec(mlir::ModuleOp module, mlir::PassManager &pm);

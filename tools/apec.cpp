@@ -51,6 +51,11 @@ static cl::opt<std::string> expectName(
     cl::desc("fail unless the spec holds exactly one ape.encoding, named this (the build "
              "passes the file stem)"),
     cl::value_desc("name"), cl::cat(apecCategory));
+static cl::opt<bool> fastMath(
+    "fast-math",
+    cl::desc("mark every encoding fast_math: the CUDA kernels compute its exp, log, log1p and "
+             "divisions with the GPU's approximate instructions (the CPU kernels stay exact)"),
+    cl::cat(apecCategory));
 static cl::opt<std::string> sourceName(
     "source-name", cl::desc("spec path recorded in generated files (default: the input path)"),
     cl::cat(apecCategory));
@@ -210,6 +215,10 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
+
+  if (fastMath)  // as if every encoding were written `attributes {fast_math}`
+    for (ape::EncodingOp encoding : module->getOps<ape::EncodingOp>())
+      encoding.setFastMath(true);
 
   std::string source = sourceName.empty() ? inputFile.getValue() : sourceName.getValue();
   // Recorded in comments of the generated sources: a control character (a newline in a file name)

@@ -1,7 +1,8 @@
 """bench/op_probe.py (what scripts/gpu-check.sh runs for an encoding whose benchmark process
 crashed): it runs each step of an operator call in a process of its own and names the one that
 failed. ALiBi (a param) through its CPU step here, a CUDA step where PyTorch sees a GPU; a helper
-whose load kills its process with SIGSEGV is reported as that signal, a failing one by its message."""
+whose load kills its process with SIGSEGV is reported as that signal, with its native stack, a
+failing one by its message."""
 import os
 import subprocess
 import sys
@@ -32,7 +33,11 @@ def test_a_crash_and_an_error_are_named(tmp_path):
     crash.write_text("import os, signal\nFEATURES = PARAMS = []\n"
                      "def load():\n    os.kill(os.getpid(), signal.SIGSEGV)\n")
     rc, lines = probe(str(crash), "cpu")
-    assert rc == 1 and lines == ["cpu: killed by signal 11 (SIGSEGV)"], lines
+    assert rc == 1 and lines[0] == "cpu: killed by signal 11 (SIGSEGV)", lines
+    # Its native stack, from the preloaded handler (this machine has a C compiler): the frames
+    # down to the kill, named by addr2line.
+    assert lines[1] == "--- cpu: native stack (preloaded handler):", lines
+    assert any("libc.so" in line for line in lines[2:]), lines
     error = tmp_path / "ape_error.py"
     error.write_text("FEATURES = PARAMS = []\ndef load():\n    raise RuntimeError('no library here')\n")
     rc, lines = probe(str(error), "cpu")

@@ -33,6 +33,7 @@
 #define APE_STATIC_SMEM(T, name, n) __shared__ T name[n]
 #endif
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -688,6 +689,61 @@ template <int N> __device__ inline void setmaxnreg_inc() {
 }
 
 }  // namespace ptx
+
+// ---- approximate functions (a spec's fast-math flags) ----------------------------------------------
+// What the generated functor calls for an op with the fast-math flag afn (exp, exp2, log, log2,
+// log1p) or arcp (a division): an encoding marked fast_math (-ape-fast-math, docs/cuda.md). On the
+// device, in float, the GPU's approximate instructions, as --use_fast_math would give them:
+//   exp(x)   = __expf(x):   ex2.approx(x · log2 e); relative error 2 + 1.16 |x| ulp (x·log2 e
+//                           rounded), subnormal results flushed to 0;
+//   exp2(x)  = ex2(x):      ex2.approx.ftz; relative error 2^-22;
+//   log(x)   = __logf(x):   lg2.approx · ln 2; absolute error 2^-21.4 for x in [0.5, 2], else
+//                           relative 3 ulp; log2(x) = __log2f(x), lg2.approx alone;
+//   log1p(x) = __logf(1 + x): the rounding of 1 + x adds an absolute error below 2^-24, so
+//                           the result is within ~4e-7 absolutely (not relatively: for |x| below
+//                           2^-24 it is 0) — what a logit bias needs, whose rounding to bf16
+//                           inputs is 2^-9 relative;
+//   div(a, b)= __fdividef(a, b): a · rcp.approx(b); 2 ulp for |b| in [2^-126, 2^126], 0 beyond.
+// Elsewhere (the host pass of nvcc, double): the exact functions. The emulator has the same
+// intrinsics (ape/simt/cuda.h), each rounding as the hardware's definition says.
+namespace approx {
+template <class T> APE_HD inline T exp(T x) {
+#ifdef APE_DEVICE_CODE
+  if constexpr (std::is_same_v<T, float>) return __expf(x);
+#endif
+  return std::exp(x);
+}
+template <class T> APE_HD inline T exp2(T x) {
+#ifdef APE_DEVICE_CODE
+  if constexpr (std::is_same_v<T, float>) return ptx::ex2(x);
+#endif
+  return std::exp2(x);
+}
+template <class T> APE_HD inline T log(T x) {
+#ifdef APE_DEVICE_CODE
+  if constexpr (std::is_same_v<T, float>) return __logf(x);
+#endif
+  return std::log(x);
+}
+template <class T> APE_HD inline T log2(T x) {
+#ifdef APE_DEVICE_CODE
+  if constexpr (std::is_same_v<T, float>) return __log2f(x);
+#endif
+  return std::log2(x);
+}
+template <class T> APE_HD inline T log1p(T x) {
+#ifdef APE_DEVICE_CODE
+  if constexpr (std::is_same_v<T, float>) return __logf(1.0f + x);
+#endif
+  return std::log1p(x);
+}
+template <class T> APE_HD inline T div(T a, T b) {
+#ifdef APE_DEVICE_CODE
+  if constexpr (std::is_same_v<T, float>) return __fdividef(a, b);
+#endif
+  return a / b;
+}
+}  // namespace approx
 
 // A tiled TMA descriptor of a tensor of 16-bit (elem_bytes 2) or fp32 (4) elements and `rank` <= 3
 // dimensions (innermost first; strides in bytes of dimensions 1..), boxes of `box` elements,

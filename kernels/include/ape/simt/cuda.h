@@ -336,7 +336,12 @@ inline __half2 __floats2half2_rn(float a, float b) { return {__half(a), __half(b
 // __logf(x) = lg2.approx(x) * ln 2 (here exact exp2/log2 of the rounded product).
 inline float __expf(float x) { return std::exp2(x * 1.44269504088896341f); }
 inline float __logf(float x) { return std::log2(x) * 0.693147180559945309f; }
-inline float __fdividef(float a, float b) { return a / b; }
+inline float __log2f(float x) { return std::log2(x); }
+// a · rcp.approx(b): 0 for 2^126 < |b| < 2^128 (the reciprocal is subnormal and flushed).
+inline float __fdividef(float a, float b) {
+  const float m = std::fabs(b);
+  return m > 0x1p126f && m < INFINITY ? a * 0.0f : a / b;
+}
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(int i) { return ::ape::simt::bits_f32(static_cast<uint32_t>(i)); }
