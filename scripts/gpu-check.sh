@@ -42,7 +42,7 @@
 #              backward (nope-mma), LOGDIR/gpu_counters.md                               180
 #   study      (only when named) scripts/study.sh --preset gpu-small --device cuda: every seed
 #              encoding trained and evaluated on the GPU, the report in LOGDIR/study/   540
-# APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs and leaves out the
+# APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example (and test: kcable_fast) specs and leaves out the
 # study's (a shorter build for a short lease: the train stage needs rope, cable and alibi, the benchmark
 # nope, rope, alibi, t5 and cable; the study stage then refuses).
 # APE_GPU_CHECK_BENCH_ENCODINGS=kcable,shaw,... (prepare) adds those to the benchmark's operator
@@ -157,6 +157,16 @@ prepare() {
         --cuda-dtypes=bf16 --cuda-head-dims=64,128 --expect-name "${enc}_fast" \
         --source-name "examples/encodings/$enc.mlir (fast_math)"
     fi
+  done
+
+  # Test specs the GPU suite checks on the hardware beside the examples: kcable_fast (K-Cable marked
+  # fast_math: the GPU's approximate instructions, which the emulator only models).
+  for spec in "$root"/test/unit/Inputs/kcable_fast.mlir; do
+    enc=$(basename "$spec" .mlir)
+    if [ -n "$only" ] && [[ ",$only," != *",$enc,"* ]]; then continue; fi
+    "$apec" "$spec" -o "$dir/generated/cpu" --emit=cpu --expect-name "$enc" --source-name "test/unit/Inputs/$enc.mlir"
+    "$apec" "$spec" -o "$dir/generated/cuda" --emit=cuda --cuda-dtypes=bf16 --cuda-head-dims=64,128 \
+      --expect-name "$enc" --source-name "test/unit/Inputs/$enc.mlir"
   done
 
   # The study-only specs of `--preset gpu-small` (bench/study's and the ones the driver makes from

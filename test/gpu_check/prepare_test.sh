@@ -32,6 +32,9 @@ for spec in "$root"/examples/encodings/*.mlir; do
   [ -e "$dir/generated/cpu/${enc}_cpu.cpp" ] || { echo "FAIL: no CPU kernel of $enc"; exit 1; }
   [ -e "$dir/generated/cuda/${enc}_cuda.cu" ] || { echo "FAIL: no CUDA entry of $enc"; exit 1; }
 done
+# The test specs the GPU suite checks on the hardware (kcable_fast: the approximate instructions).
+[ -e "$dir/generated/cpu/kcable_fast_cpu.cpp" ] && [ -e "$dir/generated/cuda/kcable_fast_cuda_bf16_hd128.cu" ] ||
+  { echo "FAIL: the test spec kcable_fast is not compiled in"; exit 1; }
 # The study-only specs of --preset gpu-small are compiled in (the GPU machine has no apec for
 # --spec), and the driver runs them as built-in encodings there; a spec that is not the preset's is
 # refused.
