@@ -2,11 +2,15 @@
 """Compares two APE checkpoints (runtime/Checkpoint.h, format version 2) bit for bit.
 
     compare_checkpoints.py A.ckpt B.ckpt
+    compare_checkpoints.py --first-loss-difference A.ckpt B.ckpt
+    compare_checkpoints.py --step A.ckpt
 
 Reads the format independently of the runtime. Equal means: the same encoding, the same config
 except the wall-clock fields (state.elapsed_seconds, result.seconds, result.tokens_per_second,
 state.threads is compared), and every tensor (model, AdamW moments and steps, random state) with the
 same name, dtype, shape and bytes. Exit status 0 when equal; otherwise 1 with the differences.
+--first-loss-difference prints the first step (1-based) whose recorded loss differs between the two
+(0: none); --step prints a checkpoint's step.
 """
 import json
 import struct
@@ -71,6 +75,16 @@ def read(path):
 
 
 def main():
+    if sys.argv[1] == "--step":
+        print(read(sys.argv[2])[1]["state"]["step"])
+        return 0
+    if sys.argv[1] == "--first-loss-difference":
+        la, lb = (read(path)[1]["state"]["losses"] for path in sys.argv[2:4])
+        first = next((i + 1 for i, (x, y) in enumerate(zip(la, lb)) if x != y), 0)
+        if not first and len(la) != len(lb):
+            first = min(len(la), len(lb)) + 1
+        print(first)
+        return 0
     a, b = read(sys.argv[1]), read(sys.argv[2])
     problems = []
     if a[0] != b[0]:

@@ -29,6 +29,8 @@ while :; do
   round=$(( round + 1 ))
   [ "$round" -le $(( kills + 5 )) ] || fail "the run did not finish after $round rounds"
   if [ -f "$ckpt" ]; then
+    # Kept for diagnose(): the checkpoint this round resumes from.
+    mkdir -p "$work/start" && cp "$ckpt" "$work/start/$round.ckpt"
     cmd=("$train" --resume "$ckpt" --cache-dir "$cache")
   else
     cmd=("$train" "${args[@]}" --out "$work/run")
@@ -78,8 +80,40 @@ while :; do
   break
 done
 
+# After a difference: where it starts, and whether resuming from the checkpoint before it does it
+# again. The resume that preceded the first differing loss runs twice more from a copy of its
+# checkpoint: the two agree with the uninterrupted run (the difference came and went: a
+# nondeterminism of that process), agree with each other only (the checkpoint itself differs, or
+# resuming from it is deterministically different: a restore bug), or disagree (a nondeterminism
+# that resuming reproduces).
+diagnose() {
+  local cmp="$here/compare_checkpoints.py" first pick="" pick_step="" f s k
+  first=$(/usr/bin/python3 "$cmp" --first-loss-difference "$work/ref/t5.ckpt" "$ckpt")
+  echo "kill_loop: the first differing loss is step $first's"
+  for f in "$work"/start/*.ckpt; do
+    [ -f "$f" ] || continue
+    s=$(/usr/bin/python3 "$cmp" --step "$f")
+    if [ "$first" -gt 0 ] && [ "$s" -lt "$first" ] && { [ -z "$pick_step" ] || [ "$s" -gt "$pick_step" ]; }; then
+      pick=$f pick_step=$s
+    fi
+  done
+  [ -n "$pick" ] || { echo "kill_loop: no resume precedes it (the first process's own steps differ)"; return; }
+  echo "kill_loop: the last resume before it started from step $pick_step (round $(basename "$pick" .ckpt)); resuming from it twice more:"
+  for k in 1 2; do
+    rm -rf "$work/diag$k" && mkdir -p "$work/diag$k" && cp "$pick" "$work/diag$k/t5.ckpt"
+    "$train" --resume "$work/diag$k/t5.ckpt" --cache-dir "$cache" >"$work/diag$k.log" 2>&1 ||
+      { echo "kill_loop: the resume failed:"; tail -5 "$work/diag$k.log"; return; }
+  done
+  local same12=no same1ref=no
+  /usr/bin/python3 "$cmp" "$work/diag1/t5.ckpt" "$work/diag2/t5.ckpt" >/dev/null && same12=yes
+  /usr/bin/python3 "$cmp" "$work/ref/t5.ckpt" "$work/diag1/t5.ckpt" >/dev/null && same1ref=yes
+  echo "kill_loop: the two resumes agree with each other: $same12; the first agrees with the uninterrupted run: $same1ref"
+  echo "kill_loop: first differing loss of the first resume against the uninterrupted run: step" \
+       "$(/usr/bin/python3 "$cmp" --first-loss-difference "$work/ref/t5.ckpt" "$work/diag1/t5.ckpt")"
+}
+
 # 3. Bit-identical to the uninterrupted run; the stale temporary was cleaned up.
-/usr/bin/python3 "$here/compare_checkpoints.py" "$work/ref/t5.ckpt" "$ckpt" || fail "the resumed run differs"
+/usr/bin/python3 "$here/compare_checkpoints.py" "$work/ref/t5.ckpt" "$ckpt" || { diagnose; fail "the resumed run differs"; }
 if ls "$ckpt".tmp.* >/dev/null 2>&1; then fail "stale temporaries remain: $(ls "$ckpt".tmp.*)"; fi
 cmp -s <(grep -v '^\[eval\]' "$work/ref/results.csv") <(grep -v '^\[eval\]' "$work/run/results.csv") ||
   fail "results.csv differs"
