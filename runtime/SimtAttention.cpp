@@ -40,10 +40,24 @@ at::ScalarType torch_dtype(cuda::DType t) {
   throw std::runtime_error("emulated CUDA attention (" + enc + "): " + msg);
 }
 
+// The emulated entries added at run time (add_simt_kernels: a spec's kernels compiled by
+// load_spec_simt), found before the build's registry.
+std::mutex g_added_mutex;
+std::vector<const cuda::CudaKernelEntry *> &added() {
+  static std::vector<const cuda::CudaKernelEntry *> entries;
+  return entries;
+}
+
 const cuda::CudaVariant &variant_for(const KernelEntry &entry, cuda::DType dtype, int64_t D) {
   size_t n = 0;
-  const cuda::CudaKernelEntry *const *all = cuda::cuda_kernel_registry(&n);
-  for (size_t k = 0; k < n; ++k) {
+  const cuda::CudaKernelEntry *const *built = cuda::cuda_kernel_registry(&n);
+  std::vector<const cuda::CudaKernelEntry *> all;
+  {
+    const std::lock_guard<std::mutex> lock(g_added_mutex);
+    all.assign(added().rbegin(), added().rend());  // the latest first
+  }
+  all.insert(all.end(), built, built + n);
+  for (size_t k = 0; k < all.size(); ++k) {
     if (!all[k] || std::strcmp(all[k]->name, entry.name) != 0) continue;
     if (const cuda::CudaVariant *v = cuda::find_variant(*all[k], dtype, D)) return *v;
     std::ostringstream os;
@@ -230,5 +244,30 @@ void use_simt_kernels(const std::string &dtype) {
 }
 
 void use_cpu_kernels() { set_attention_impl(nullptr); }
+
+std::vector<std::pair<std::string, int64_t>> simt_variants(const std::string &name) {
+  size_t n = 0;
+  const cuda::CudaKernelEntry *const *built = cuda::cuda_kernel_registry(&n);
+  std::vector<const cuda::CudaKernelEntry *> all;
+  {
+    const std::lock_guard<std::mutex> lock(g_added_mutex);
+    all.assign(added().rbegin(), added().rend());
+  }
+  all.insert(all.end(), built, built + n);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const cuda::CudaKernelEntry *e : all) {
+    if (!e || name != e->name) continue;
+    for (size_t k = 0; k < e->num_variants; ++k)
+      out.emplace_back(cuda::dtype_name(e->variants[k].dtype), e->variants[k].head_dim);
+    break;  // the one fused_attention would run
+  }
+  return out;
+}
+
+void add_simt_kernels(const void *entry) {
+  if (!entry) throw std::invalid_argument("add_simt_kernels: no entry");
+  const std::lock_guard<std::mutex> lock(g_added_mutex);
+  added().push_back(static_cast<const cuda::CudaKernelEntry *>(entry));
+}
 
 }  // namespace ape

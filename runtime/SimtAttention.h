@@ -9,7 +9,10 @@
 // anything or the backward's status word reports an error.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ape {
 
@@ -20,5 +23,14 @@ void use_simt_kernels(const std::string &dtype);
 
 // Back to the CPU kernels.
 void use_cpu_kernels();
+
+// Adds emulated kernels compiled at run time (load_spec_simt's entry, an
+// ape::cuda::CudaKernelEntry of the emulated build): the encoding of that name then runs them,
+// before any of the build's own.
+void add_simt_kernels(const void *entry);
+
+// The (dtype, head dim) variants of the emulated kernels encoding `name` runs ("bf16", 64), none
+// when there are none.
+std::vector<std::pair<std::string, int64_t>> simt_variants(const std::string &name);
 
 }  // namespace ape

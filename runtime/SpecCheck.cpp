@@ -193,6 +193,37 @@ template <class Real> Outputs run_kernel(const KernelEntry &e, const Manifest &m
   return run.outputs(man);
 }
 
+// fused_attention through the kernels use_kernels(dtype) installs (the emulated CUDA kernels of
+// ape-check --cuda), on float32 copies of the cell's inputs, gradients by autograd: o, dq, dk,
+// dv, the features' and trainable params' gradients (fixed params: zero, as the kernels write).
+Outputs run_installed(const KernelEntry &e, const Manifest &man, const Cell &c) {
+  auto leaf = [](const Tensor &t, bool grad) {
+    return t.to(at::kFloat).detach().clone().set_requires_grad(grad);
+  };
+  Tensor q = leaf(c.q, true), k = leaf(c.k, true), v = leaf(c.v, true);
+  std::vector<Tensor> inputs = {q, k, v}, feats, prms;
+  std::vector<std::string> names = {"dq", "dk", "dv"};
+  for (size_t n = 0; n < c.features.size(); ++n) {
+    feats.push_back(leaf(c.features[n], true));
+    inputs.push_back(feats.back()), names.push_back("dfeature:" + man.features[n].name);
+  }
+  for (size_t n = 0; n < c.params.size(); ++n) {
+    prms.push_back(leaf(c.params[n], man.params[n].trainable));
+    if (man.params[n].trainable) inputs.push_back(prms.back()), names.push_back("dparam:" + man.params[n].name);
+  }
+  c10::AutoGradMode grad_mode(true);
+  const Tensor o = fused_attention(e, q, k, v, feats, prms, c.scale);
+  auto grads = torch::autograd::grad({o}, inputs, {c.dout.to(at::kFloat)}, /*retain_graph=*/false,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+  Outputs out;
+  out["o"] = o.detach().to(at::kDouble);
+  for (size_t n = 0; n < inputs.size(); ++n)
+    out[names[n]] = grads[n].defined() ? grads[n].to(at::kDouble) : at::zeros_like(inputs[n], kF64);
+  for (size_t n = 0; n < c.params.size(); ++n)
+    if (!man.params[n].trainable) out["dparam:" + man.params[n].name] = at::zeros_like(c.params[n]);
+  return out;
+}
+
 struct Error {
   double max_abs = 0, rel = 0;  // rel = max_abs / max(1, max |ref|); NaN / inf on a mismatch
 };
@@ -401,6 +432,52 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
     report.rows = table.rows;
     return report;
   }
+  // The emulated CUDA kernels (CheckOptions::cuda_dtypes), at the cells of their head dims.
+  for (size_t cell = 0; cell < grid.size() && opt.use_kernels; ++cell) {
+    const Cell base = make_cell(man, grid[cell], opt.seed * 1000003u + cell);  // the CPU rows' inputs
+    if (std::find(opt.cuda_head_dims.begin(), opt.cuda_head_dims.end(), base.shape.D) == opt.cuda_head_dims.end())
+      continue;
+    for (const std::string &dtype : opt.cuda_dtypes) {
+      const bool bf16 = dtype == "bf16";
+      Cell c = base;
+      if (bf16) {  // the kernel's inputs as it reads them, for the reference too
+        auto round = [](const Tensor &t) { return t.to(at::kBFloat16).to(at::kDouble); };
+        c.q = round(c.q), c.k = round(c.k), c.v = round(c.v), c.dout = round(c.dout);
+      }
+      const std::string prec = "cuda-" + dtype;
+      const Outputs r64 = run_reference(ref, man, c, at::kDouble);
+      const Outputs r32 = bf16 ? Outputs{} : run_reference(ref, man, c, at::kFloat);
+      Outputs got;
+      try {
+        opt.use_kernels(dtype);
+        got = run_installed(entry, man, c);
+        opt.use_kernels("cpu");
+      } catch (const std::exception &e) {
+        opt.use_kernels("cpu");
+        CheckRow row{"o", prec, c.label(), NAN, NAN, -1, bf16 ? opt.bf16_tol : opt.fp32_floor};
+        row.note = e.what();
+        table.add(row);
+        continue;
+      }
+      std::vector<std::string> order = {"o", "dq", "dk", "dv"};
+      for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
+      for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
+      for (const std::string &q : order) {
+        const Error e = compare(got.at(q), r64.at(q));
+        if (bf16) {
+          table.add({q, prec, c.label(), e.max_abs, e.rel, -1, opt.bf16_tol});
+          continue;
+        }
+        const Error y = compare(r32.at(q), r64.at(q));
+        const CheckShape &s = c.shape;
+        const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
+        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * std::sqrt(pairs)
+                                                        : opt.fp32_floor;
+        table.add({q, prec, c.label(), e.max_abs, e.rel, y.rel, std::max(opt.fp32_factor * y.rel, floor)});
+      }
+    }
+  }
+
   // Central differences at the partial-tile cell (or the first one).
   CheckShape fd_shape = grid.front();
   for (const CheckShape &s : grid)
@@ -429,8 +506,10 @@ void print_report(std::ostream &os, const CheckReport &report) {
   size_t w = 8;
   for (const CheckRow &r : report.rows) w = std::max(w, r.quantity.size());
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%-*s  %-4s  %-12s  %-9s  %-9s  %-9s  %-9s  %s\n", int(w),
-                "quantity", "prec", "worst cell", "max|err|", "rel err", "yardstick", "tolerance",
+  size_t pw = 4;
+  for (const CheckRow &r : report.rows) pw = std::max(pw, r.precision.size());
+  std::snprintf(buf, sizeof buf, "%-*s  %-*s  %-12s  %-9s  %-9s  %-9s  %-9s  %s\n", int(w),
+                "quantity", int(pw), "prec", "worst cell", "max|err|", "rel err", "yardstick", "tolerance",
                 "result");
   os << buf;
   auto num = [](double v) {
@@ -439,8 +518,8 @@ void print_report(std::ostream &os, const CheckReport &report) {
     return std::string(b);
   };
   for (const CheckRow &r : report.rows) {
-    std::snprintf(buf, sizeof buf, "%-*s  %-4s  %-12s  %-9s  %-9s  %-9s  %-9s  %s", int(w),
-                  r.quantity.c_str(), r.precision.c_str(), r.shape.c_str(), num(r.max_abs).c_str(),
+    std::snprintf(buf, sizeof buf, "%-*s  %-*s  %-12s  %-9s  %-9s  %-9s  %-9s  %s", int(w),
+                  r.quantity.c_str(), int(pw), r.precision.c_str(), r.shape.c_str(), num(r.max_abs).c_str(),
                   num(r.rel).c_str(), r.yardstick < 0 ? "-" : num(r.yardstick).c_str(),
                   num(r.tol).c_str(), r.pass ? "pass" : "FAIL");
     os << buf;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -46,6 +47,16 @@ struct CheckOptions {
   double fp32_param_floor = 2e-6;  // times sqrt(query-key pairs)
   bool verbose = false;          // a row per grid cell, not only the worst
   int64_t num_layers = 6;        // an attention transition: checked at every layer of a model this deep
+  // The CUDA kernels too, emulated (ape-check --cuda): for each dtype of cuda_dtypes ("f32",
+  // "bf16"), at every cell whose head dim is in cuda_head_dims, fused_attention after
+  // use_kernels(dtype) (runtime/SimtAttention.h's use_simt_kernels), and use_kernels("cpu")
+  // after. Rows of precision "cuda-f32" (the fp32 tolerance) and "cuda-bf16" (q, k, v and dO
+  // rounded to bf16 for the reference too; tolerance bf16_tol on the normalised error). lse is
+  // not compared (the autograd binding returns o alone).
+  std::vector<std::string> cuda_dtypes;
+  std::vector<int64_t> cuda_head_dims;
+  std::function<void(const std::string &)> use_kernels;
+  double bf16_tol = 3e-2;
 };
 
 // The default grid: T = 1, a partial tile (T = 37), exactly one 64 x 64 tile, several tiles with

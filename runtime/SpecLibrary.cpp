@@ -406,7 +406,13 @@ SpecLibrary load_record(const nlohmann::json &record, const SpecLibraryOptions &
 }
 }  // namespace
 
-const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, const SpecLibraryOptions &o) {
+namespace {
+// The CUDA kernels of `lib` for `c`'s variants in a cached shared library, and its entry: compiled by
+// nvcc for sm_ARCH (simt false), or by the host C++ compiler for the SIMT emulator (simt true: the
+// objects instrumented for its checks, their references to the emulator left for the program that
+// loads them to resolve, which links it and exports its symbols).
+const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, const SpecLibraryOptions &o,
+                              bool simt) {
   auto join = [](const auto &xs) {
     std::string s;
     for (const auto &x : xs) {
@@ -416,9 +422,10 @@ const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, con
     }
     return s;
   };
-  if (c.arch.empty() || c.arch.find_first_not_of("0123456789a") != std::string::npos)
-    throw std::runtime_error("load_spec_cuda: bad GPU architecture '" + c.arch + "'");
-  if (c.dtypes.empty() || c.head_dims.empty()) throw std::runtime_error("load_spec_cuda: no variants asked for");
+  const char *who = simt ? "load_spec_simt" : "load_spec_cuda";
+  if (!simt && (c.arch.empty() || c.arch.find_first_not_of("0123456789a") != std::string::npos))
+    throw std::runtime_error(std::string(who) + ": bad GPU architecture '" + c.arch + "'");
+  if (c.dtypes.empty() || c.head_dims.empty()) throw std::runtime_error(std::string(who) + ": no variants asked for");
   const fs::path cache = fs::path(!o.cache_dir.empty()   ? o.cache_dir
                                   : !lib.cache_dir.empty() ? lib.cache_dir
                                                            : default_spec_cache_dir()) /
@@ -444,35 +451,63 @@ const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, con
       source_text += '\0' + read_file(gen / sources.back());
     }
   source_text += '\0' + read_file(gen / (lib.name + "_cuda.cuh"));
-  const std::string nvcc = env_or("APE_NVCC", APE_NVCC_PATH);
-  std::string version;
-  if (run_command({nvcc, "--version"}, version) != 0)
-    throw std::runtime_error("cannot run nvcc (" + nvcc + ") to compile the CUDA kernels of spec '" + lib.name +
-                             "': " + head_lines(version, 3) + "install the CUDA toolkit or set APE_NVCC");
   const std::string include_dir = APE_KERNEL_INCLUDE_DIR;
-  std::vector<std::string> flags = {"-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
-                                    "--expt-relaxed-constexpr", "-cudart", "shared",
-                                    "-gencode", "arch=compute_" + c.arch + ",code=sm_" + c.arch,
-                                    "-I" + include_dir, "-I."};
-  if (c.arch == "90a") flags.push_back("-DAPE_CUDA_SM90A");
-  std::string keytext = source_text + '\0' + nvcc + '\0' + version;
+  std::string compiler, version;
+  std::vector<std::string> flags;
+  if (simt) {
+    compiler = o.cxx.empty() ? env_or("APE_CXX", APE_CXX_COMPILER) : o.cxx;
+    version = compiler_version(compiler);
+    // As the build's emulated kernels (kernels/CMakeLists.txt, ape_simt_kernel_flags).
+    flags = {"-std=c++17", "-x", "c++", "-DAPE_SIMT", "-O2", "-g0", "-fPIC", "-fno-sanitize=all",
+             "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-Wno-psabi",
+             "-I" + include_dir, "-I."};
+  } else {
+    compiler = env_or("APE_NVCC", APE_NVCC_PATH);
+    if (run_command({compiler, "--version"}, version) != 0)
+      throw std::runtime_error("cannot run nvcc (" + compiler + ") to compile the CUDA kernels of spec '" + lib.name +
+                               "': " + head_lines(version, 3) + "install the CUDA toolkit or set APE_NVCC");
+    flags = {"-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
+             "--expt-relaxed-constexpr", "-cudart", "shared",
+             "-gencode", "arch=compute_" + c.arch + ",code=sm_" + c.arch,
+             "-I" + include_dir, "-I."};
+    if (c.arch == "90a") flags.push_back("-DAPE_CUDA_SM90A");
+  }
+  std::string keytext = source_text + '\0' + compiler + '\0' + version;
   for (const auto &f : flags) keytext += '\0' + f;
   const uint64_t key = fnv1a(keytext.data(), keytext.size(), headers_hash(fs::path(include_dir) / "ape"));
-  const fs::path dir = cache / (lib.name + "-cuda-" + hex16(key));
-  const fs::path so = dir / ("libape_" + lib.name + "_cuda.so");
+  const std::string kind = simt ? "simt" : "cuda";
+  const fs::path dir = cache / (lib.name + "-" + kind + "-" + hex16(key));
+  const fs::path so = dir / ("libape_" + lib.name + "_" + kind + ".so");
   const FileLock lock((cache / (dir.filename().string() + ".lock")).string());  // as load() does
   std::error_code ec;
   const bool cached = intact_in_cache(dir, so, o.log);
   if (!cached) {
-    std::vector<std::string> cmd = {nvcc};
-    cmd.insert(cmd.end(), flags.begin(), flags.end());
-    cmd.push_back("-o");
-    cmd.push_back(so.filename().string());
-    cmd.insert(cmd.end(), sources.begin(), sources.end());
-    if (run_command(cmd, out, gen.string()) != 0)
-      throw std::runtime_error("the CUDA kernels apec generated for spec '" + lib.name + "' do not compile:\n" +
-                               join_command(cmd) + "\n" + head_lines(out, 40));
-    std::ofstream(gen / "command.txt") << join_command(cmd) << "\n";
+    auto run = [&](const std::vector<std::string> &cmd) {
+      if (run_command(cmd, out, gen.string()) != 0)
+        throw std::runtime_error("the CUDA kernels apec generated for spec '" + lib.name + "' do not compile" +
+                                 (simt ? " for the emulator" : "") + ":\n" + join_command(cmd) + "\n" +
+                                 head_lines(out, 40));
+      std::ofstream(gen / "command.txt", std::ios::app) << join_command(cmd) << "\n";
+    };
+    if (simt) {  // each source to an object, then the library, linked without the sanitizer's runtime
+      std::vector<std::string> link = {compiler, "-shared", "-o", so.filename().string()};
+      for (const auto &src : sources) {
+        std::vector<std::string> cmd = {compiler};
+        cmd.insert(cmd.end(), flags.begin(), flags.end());
+        const std::string obj = fs::path(src).stem().string() + ".o";
+        cmd.insert(cmd.end(), {"-c", src, "-o", obj});
+        run(cmd);
+        link.push_back(obj);
+      }
+      run(link);
+    } else {
+      std::vector<std::string> cmd = {compiler};
+      cmd.insert(cmd.end(), flags.begin(), flags.end());
+      cmd.push_back("-o");
+      cmd.push_back(so.filename().string());
+      cmd.insert(cmd.end(), sources.begin(), sources.end());
+      run(cmd);
+    }
     write_fingerprint(gen, gen / so.filename());
     fs::rename(gen, dir, ec);
     if (ec && !fs::is_regular_file(so))
@@ -481,8 +516,10 @@ const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, con
     if (!ec) gen_guard.path.clear();
   }
   void *h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h) throw std::runtime_error("cannot load " + so.string() + ": " + ::dlerror());
-  const std::string sym = "ape_cuda_kernel_entry_" + lib.name;
+  if (!h)
+    throw std::runtime_error("cannot load " + so.string() + ": " + ::dlerror() +
+                             (simt ? " (emulated kernels load into a program that links the emulator)" : ""));
+  const std::string sym = std::string(simt ? "ape_simt_kernel_entry_" : "ape_cuda_kernel_entry_") + lib.name;
   using EntryFn = const void *(*)();
   auto fn = reinterpret_cast<EntryFn>(::dlsym(h, sym.c_str()));
   if (!fn) throw std::runtime_error(so.string() + " has no " + sym + "()");
@@ -492,11 +529,20 @@ const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, con
     char took[32];
     std::snprintf(took, sizeof took, "%.1f s",
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    *o.log << "[spec] " << lib.name << ": CUDA kernels for sm_" << c.arch << " (" << join(c.dtypes) << " at head dim "
-           << join(c.head_dims) << "); " << (cached ? "from the cache" : std::string("compiled in ") + took) << ": "
-           << so.string() << "\n";
+    *o.log << "[spec] " << lib.name << ": CUDA kernels " << (simt ? "for the SIMT emulator" : "for sm_" + c.arch)
+           << " (" << join(c.dtypes) << " at head dim " << join(c.head_dims) << "); "
+           << (cached ? "from the cache" : std::string("compiled in ") + took) << ": " << so.string() << "\n";
   }
   return entry;
+}
+}  // namespace
+
+const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &c, const SpecLibraryOptions &o) {
+  return load_cuda_library(lib, c, o, /*simt=*/false);
+}
+
+const void *load_spec_simt(const SpecLibrary &lib, const SpecCudaOptions &c, const SpecLibraryOptions &o) {
+  return load_cuda_library(lib, c, o, /*simt=*/true);
 }
 
 SpecLibrary load_spec_library(const std::string &path, const SpecLibraryOptions &opts) {

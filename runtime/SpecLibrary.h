@@ -87,6 +87,13 @@ struct SpecCudaOptions {
 };
 const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &cuda,
                            const SpecLibraryOptions &opts = {});
+// The same kernels for the SIMT emulator (docs/cuda.md, "The emulator"): compiled by the host C++
+// compiler (cuda.arch unused) into a cached library whose references to the emulator resolve in
+// the program that loads it, which must link the emulator and export its symbols (ape-check
+// does). Returns the entry (ape_simt_kernel_entry_NAME) as `const void *`; runtime/SimtAttention.h
+// registers it.
+const void *load_spec_simt(const SpecLibrary &lib, const SpecCudaOptions &cuda,
+                           const SpecLibraryOptions &opts = {});
 
 // The registered spec of encoding `name`, or null (the name is built in or unknown).
 const SpecLibrary *registered_spec(const std::string &name);

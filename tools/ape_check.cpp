@@ -28,6 +28,8 @@
 #include "runtime/Attention.h"
 #include "runtime/Options.h"
 #include "runtime/Registry.h"
+#include "runtime/Manifest.h"
+#include "runtime/SimtAttention.h"
 #include "runtime/SpecCheck.h"
 #include "runtime/SpecLibrary.h"
 #include "runtime/SpecReference.h"
@@ -112,7 +114,7 @@ int main(int argc, char **argv) {
   CLI::App app{
       "ape-check: check the fused kernel of a spec against a materialised reference derived from\n"
       "the same spec by an independent path, forward and backward.\n\n"
-      "  ape-check SPEC.mlir [--kernel NAME] [--shapes BxHxTxD,...] [--seed N] [--verbose]\n\n"
+      "  ape-check SPEC.mlir [--kernel NAME] [--shapes BxHxTxD,...] [--seed N] [--verbose] [--cuda]\n\n"
       "apec --emit=reference writes the spec's regions as data, taken after expand and\n"
       "push-override (named components such as ape.rotary are already generic regions there),\n"
       "before fuse and differentiate. LibTorch evaluates them elementwise: the token program per\n"
@@ -170,6 +172,16 @@ int main(int argc, char **argv) {
                  "An attention transition: the depth of the model whose every layer is checked, in [1, 256]")
       ->capture_default_str();
   app.add_flag("--verbose", opt.verbose, "A row per grid cell instead of the worst one per quantity");
+  bool cuda = false;
+  app.add_flag("--cuda", cuda,
+               "Check the spec's CUDA kernels too, f32 and bf16, on the SIMT emulator (no GPU needed; its\n"
+               "memory, race and barrier checks on): apec --emit=cuda and the C++ compiler build them now\n"
+               "(cached), at the grid's head dims among 32, 64 and 128 (with --kernel NAME: the build's\n"
+               "emulated kernels of NAME, the variants it has); rows cuda-f32 (the fp32 tolerance) and\n"
+               "cuda-bf16 (--bf16-tol on the normalised error, the reference fed the bf16-rounded q, k, v\n"
+               "and dO). An inference-only spec is refused.");
+  app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: tolerance of the bf16 kernels' normalised error, in (0, 1]")
+      ->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
@@ -181,6 +193,7 @@ int main(int argc, char **argv) {
     ape::require_in("--fp32-factor", opt.fp32_factor, 1.0, 1e6);
     ape::require_in("--fp32-param-floor", opt.fp32_param_floor, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--fp32-floor", opt.fp32_floor, 0.0, 1.0, /*open_low=*/true);
+    ape::require_in("--bf16-tol", opt.bf16_tol, 0.0, 1.0, /*open_low=*/true);
     opt.seed = static_cast<uint64_t>(seed);
     if (!shapes.empty()) opt.grid = parse_shapes(shapes);
     if (!fs::exists(spec)) throw std::runtime_error("cannot read " + spec + ": no such file");
@@ -238,9 +251,60 @@ int main(int argc, char **argv) {
           throw std::runtime_error("the compiled library holds @" + library.name + ", the spec @" + name);
       }
     }
+    std::string cuda_origin;
+    if (cuda) {  // the CUDA kernels of the spec for the emulator, at the grid's head dims
+      if (ref.has_transition())
+        throw std::runtime_error("--cuda: an inference-only spec (an attention transition) has no CUDA backward "
+                                 "to check; check its CPU kernel without --cuda");
+      const ape::Manifest &man = ape::manifest_of(*entry);
+      std::vector<int64_t> dims;  // the grid's head dims that CUDA kernels have
+      for (ape::CheckShape s : opt.grid.empty() ? ape::default_grid() : opt.grid) {
+        if (man.head_dim_hint) s.D = *man.head_dim_hint;
+        if ((s.D == 32 || s.D == 64 || s.D == 128) && std::find(dims.begin(), dims.end(), s.D) == dims.end())
+          dims.push_back(s.D);
+      }
+      std::sort(dims.begin(), dims.end());
+      if (dims.empty())
+        throw std::runtime_error("--cuda: no shape of the grid has a CUDA head dim (32, 64 or 128); give one "
+                                 "with --shapes");
+      if (!kernel_name.empty()) {
+        // The build's emulated kernels of NAME, as the CPU rows check the build's CPU kernel: the
+        // variants it has (bf16 at head dim 64, every one for a few encodings: docs/cuda.md).
+        for (const auto &[dtype, D] : ape::simt_variants(kernel_name)) {
+          if (dtype == "f16" || std::find(dims.begin(), dims.end(), D) == dims.end()) continue;
+          if (std::find(opt.cuda_dtypes.begin(), opt.cuda_dtypes.end(), dtype) == opt.cuda_dtypes.end())
+            opt.cuda_dtypes.push_back(dtype);
+          if (std::find(opt.cuda_head_dims.begin(), opt.cuda_head_dims.end(), D) == opt.cuda_head_dims.end())
+            opt.cuda_head_dims.push_back(D);
+        }
+        if (opt.cuda_dtypes.empty())
+          throw std::runtime_error("--cuda: this build has no emulated f32 or bf16 kernel of " + kernel_name +
+                                   " at the grid's head dims; give --shapes with head dim 64");
+        cuda_origin = "the emulated kernels of " + kernel_name + " compiled into this build (";
+      } else {
+        ape::SpecLibrary source = library;  // the spec's text, whichever kernel the CPU rows check
+        source.name = name, source.spec_path = spec, source.spec_text = ape::read_file(spec);
+        ape::SpecLibraryOptions lib_opts;
+        lib_opts.apec = apec;
+        lib_opts.log = &std::cout;
+        opt.cuda_dtypes = {"f32", "bf16"};
+        opt.cuda_head_dims = dims;
+        ape::add_simt_kernels(ape::load_spec_simt(source, {"", opt.cuda_dtypes, dims}, lib_opts));
+        cuda_origin = "compiled from " + spec + " for the SIMT emulator (";
+      }
+      opt.use_kernels = [](const std::string &dtype) {
+        if (dtype == "cpu") ape::use_cpu_kernels();
+        else ape::use_simt_kernels(dtype);
+      };
+      for (size_t n = 0; n < opt.cuda_dtypes.size(); ++n) cuda_origin += (n ? ", " : "") + opt.cuda_dtypes[n];
+      cuda_origin += " at head dim";
+      for (int64_t D : opt.cuda_head_dims) cuda_origin += " " + std::to_string(D);
+      cuda_origin += ")";
+    }
     std::cout << "ape-check: " << spec << " (@" << name << ")\n"
               << "  kernel:    " << origin << ", CPU level " << (entry->cpu_level ? entry->cpu_level : "?")
               << "\n"
+              << (cuda ? "  CUDA:      " + cuda_origin + "\n" : std::string())
               << "  reference: the spec's regions (apec --emit=reference) evaluated by LibTorch, "
               << (ref.has_transition()
                       ? "the attention transition's steps on its softmax weights; inference only: "

@@ -15,7 +15,10 @@ unset(_ape_tool)
 # regions. It runs apec (a separate process: this side never links MLIR) and checks the kernel
 # compiled into this build from the same example file, or compiles another spec (SpecLibrary).
 add_executable(ape-check ${CMAKE_CURRENT_LIST_DIR}/ape_check.cpp)
-target_link_libraries(ape-check PRIVATE ape_runtime ape_kernels)
+target_link_libraries(ape-check PRIVATE ape_runtime ape_kernels ape_runtime_simt)
+# --cuda loads a spec's emulated CUDA kernels compiled at run time (SpecLibrary: load_spec_simt),
+# whose references to the emulator (ape_simt) resolve against this program's exported symbols.
+set_target_properties(ape-check PROPERTIES ENABLE_EXPORTS ON)
 if(TARGET CLI11::CLI11)
   target_link_libraries(ape-check PRIVATE CLI11::CLI11)
 endif()

@@ -4,7 +4,9 @@
 #   ape_check.spec_file   a spec outside examples/, compiled at run time (~15 s once, then cached);
 #   ape_check.mutant_*    a deliberately wrong spec (Inputs/) checked against an example's kernel
 #                         (--kernel) must fail with a readable table, in the rows that differ;
-#   ape_check.error_*     bad input: a clear message and exit status 2 (1 for a mismatch).
+#   ape_check.error_*     bad input: a clear message and exit status 2 (1 for a mismatch);
+#   ape_check.cuda_*      --cuda: a spec's CUDA kernels on the SIMT emulator (compiled now), and a
+#                         mutant against the build's emulated kernels, whose CUDA rows fail.
 set(_check ${CMAKE_CURRENT_LIST_DIR})
 set(_expect bash ${_check}/expect.sh)
 file(GLOB _specs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/encodings/*.mlir)
@@ -107,6 +109,32 @@ set_tests_properties(ape_check.mutant_t5_max_distance ape_check.mutant_alibi_slo
   ape_check.error_transition_interface ape_check.error_transition_unreached ape_check.spec_file ape_check.distance_sum ape_check.error_interface ape_check.error_malformed_spec
   ape_check.error_missing_file ape_check.error_shapes ape_check.error_unknown_kernel
   ape_check.help PROPERTIES LABELS check TIMEOUT 120)
+# --cuda: the spec's CUDA kernels on the SIMT emulator beside its CPU kernel. K-Cable marked
+# fast_math (its score mod by the GPU's approximate functions), compiled now (f32 and bf16 at
+# head dim 32; ~25 s once, then cached), against the same reference.
+add_test(NAME ape_check.cuda_spec_file
+  COMMAND ${_expect} 0 "CUDA: +compiled from .*kcable_fast.mlir for the SIMT emulator \\(f32, bf16 at head dim 32\\)"
+          "^o +cuda-f32 .* pass$" "^dfeature:cable +cuda-f32 .* pass$" "^dq +cuda-bf16 .* pass$"
+          "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/test/unit/Inputs/kcable_fast.mlir --cuda
+             --shapes 2x2x70x32)
+set_tests_properties(ape_check.cuda_spec_file PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# The T5 mutant against the build's emulated T5 kernels (--kernel t5 --cuda): the CUDA rows fail
+# as the CPU rows do.
+add_test(NAME ape_check.cuda_mutant_t5
+  COMMAND ${_expect} 1 "CUDA: +the emulated kernels of t5 compiled into this build"
+          "^o +cuda-bf16 .* FAIL$" "^dparam:t5_table +cuda-f32 .* FAIL$" "^ape-check: FAIL"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/t5_mutant.mlir --kernel t5 --cuda --shapes 2x3x70x64)
+add_test(NAME ape_check.error_cuda_inference_only
+  COMMAND ${_expect} 2 "--cuda: an inference-only spec"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope_transition.mlir --cuda)
+add_test(NAME ape_check.error_cuda_head_dim
+  COMMAND ${_expect} 2 "--cuda: no shape of the grid has a CUDA head dim"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/alibi.mlir --cuda --shapes 1x1x8x16)
+foreach(t cuda_spec_file cuda_mutant_t5 error_cuda_inference_only error_cuda_head_dim)
+  set_tests_properties(ape_check.${t} PROPERTIES LABELS check TIMEOUT 300)
+endforeach()
 unset(_check)
 unset(_expect)
 unset(_specs)
