@@ -1,7 +1,7 @@
 // fused_attention through the CUDA kernels, run on the CPU by the SIMT emulator (docs/cuda.md):
 // the whole path from a spec to its CUDA kernels to training, exercised without a GPU. Slow (the
-// emulator runs every GPU thread as a fiber and checks every access); for tests and
-// `ape-train --kernels`.
+// emulator runs every GPU thread as a fiber and checks every access); for the tests and
+// `ape-check --cuda` (a spec's own kernels, compiled at run time: add_simt_kernels).
 //
 // The tensors (float32 or float64, CPU) are copied into emulated device memory in the variant's
 // input dtype (q, k, v, dout; features and params in float32), and the results back in the
