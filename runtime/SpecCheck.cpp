@@ -464,13 +464,16 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
       for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
       for (const std::string &q : order) {
         const Error e = compare(got.at(q), r64.at(q));
+        const CheckShape &s = c.shape;
+        const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
         if (bf16) {
-          table.add({q, prec, c.label(), e.max_abs, e.rel, -1, opt.bf16_tol});
+          const double tol = q.rfind("dparam:", 0) == 0
+                                 ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
+                                 : opt.bf16_tol;
+          table.add({q, prec, c.label(), e.max_abs, e.rel, -1, tol});
           continue;
         }
         const Error y = compare(r32.at(q), r64.at(q));
-        const CheckShape &s = c.shape;
-        const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
         const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * std::sqrt(pairs)
                                                         : opt.fp32_floor;
         table.add({q, prec, c.label(), e.max_abs, e.rel, y.rel, std::max(opt.fp32_factor * y.rel, floor)});

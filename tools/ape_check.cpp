@@ -182,6 +182,10 @@ int main(int argc, char **argv) {
                "and dO). An inference-only spec is refused.");
   app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: tolerance of the bf16 kernels' normalised error, in (0, 1]")
       ->capture_default_str();
+  app.add_option("--bf16-param-floor", opt.bf16_param_floor,
+                 "--cuda: the least bf16 tolerance of a param gradient, per sqrt of the query-key pairs it\n"
+                 "sums, in (0, 1]")
+      ->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
   CLI11_PARSE(app, argc, argv);
 
@@ -194,6 +198,7 @@ int main(int argc, char **argv) {
     ape::require_in("--fp32-param-floor", opt.fp32_param_floor, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--fp32-floor", opt.fp32_floor, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-tol", opt.bf16_tol, 0.0, 1.0, /*open_low=*/true);
+    ape::require_in("--bf16-param-floor", opt.bf16_param_floor, 0.0, 1.0, /*open_low=*/true);
     opt.seed = static_cast<uint64_t>(seed);
     if (!shapes.empty()) opt.grid = parse_shapes(shapes);
     if (!fs::exists(spec)) throw std::runtime_error("cannot read " + spec + ": no such file");
