@@ -12,27 +12,9 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
-#include "ape/cpu/kernel_entry.h"
-#include "runtime/Attention.h"
-#include "runtime/SimtAttention.h"
+#include "spec_simt.h"
 
 extern "C" const ape::KernelEntry *ape_kernel_entry_strict_window();
-
-namespace {
-
-std::vector<at::Tensor> run(const ape::KernelEntry &e, const std::string &kernels, const at::Tensor &q0,
-                            const at::Tensor &k0, const at::Tensor &v0, const at::Tensor &s0, const at::Tensor &dout) {
-  if (kernels == "cpu") ape::use_cpu_kernels();
-  else ape::use_simt_kernels(kernels);
-  at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_(),
-             s = s0.clone().requires_grad_();
-  at::Tensor o = ape::fused_attention(e, q, k, v, {}, {s}, ape::manifest_of(e).scale_for(q0.size(3)));
-  auto g = torch::autograd::grad({o}, {q, k, v, s}, {dout});
-  ape::use_cpu_kernels();
-  return {o, g[0], g[1], g[2], g[3]};
-}
-
-}  // namespace
 
 TEST(MaskedRowsSimt, MinusInfMaskWithAFullyMaskedRowMatchesTheCpuKernel) {
   const ape::KernelEntry &e = *ape_kernel_entry_strict_window();
@@ -46,13 +28,14 @@ TEST(MaskedRowsSimt, MinusInfMaskWithAFullyMaskedRowMatchesTheCpuKernel) {
       const int64_t B = 2, H = 3, D = 32;
       at::Tensor q = at::randn({B, H, T, D}), k = at::randn({B, H, T, D}), v = at::randn({B, H, T, D});
       at::Tensor slopes = ape::init_param(m.params[0], H, D, at::kFloat) * 1.3, dout = at::randn({B, H, T, D});
-      const auto cpu = run(e, "cpu", q, k, v, slopes, dout);
-      const auto emu = run(e, dtype, q, k, v, slopes, dout);
+      const double scale = m.scale_for(D);
+      const auto cpu = ape::test::run_spec(e, "cpu", q, k, v, {}, {slopes}, dout, scale);
+      const auto emu = ape::test::run_spec(e, dtype, q, k, v, {}, {slopes}, dout, scale);
       const std::string at_T = " (" + dtype + ", T = " + std::to_string(T) + ")";
       for (int i = 0; i < 5; ++i) {
         ASSERT_TRUE(at::isfinite(emu[i]).all().item<bool>()) << names[i] << at_T << ": a NaN or inf";
-        const double scale = std::max(1.0, cpu[i].abs().max().item<double>());
-        EXPECT_LE((emu[i] - cpu[i]).abs().max().item<double>(), tol * scale) << names[i] << at_T;
+        const double mag = std::max(1.0, cpu[i].abs().max().item<double>());
+        EXPECT_LE((emu[i] - cpu[i]).abs().max().item<double>(), tol * mag) << names[i] << at_T;
       }
       EXPECT_EQ(emu[0].select(2, 0).abs().max().item<double>(), 0.0) << "o of row 0" << at_T;
       EXPECT_EQ(emu[1].select(2, 0).abs().max().item<double>(), 0.0) << "dq of row 0" << at_T;

@@ -13,9 +13,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
-#include "ape/cpu/kernel_entry.h"
-#include "runtime/Attention.h"
-#include "runtime/SimtAttention.h"
+#include "spec_simt.h"
 
 extern "C" const ape::KernelEntry *ape_kernel_entry_value_window();
 
@@ -43,18 +41,6 @@ std::vector<at::Tensor> reference(const at::Tensor &q0, const at::Tensor &k0, co
   return {o.detach(), g[0], g[1], g[2], g[3]};
 }
 
-std::vector<at::Tensor> run_emulated(const ape::KernelEntry &e, const std::string &dtype, const at::Tensor &q0,
-                                     const at::Tensor &k0, const at::Tensor &v0, const at::Tensor &t0,
-                                     const at::Tensor &dout, double scale) {
-  ape::use_simt_kernels(dtype);
-  at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_(),
-             t = t0.clone().requires_grad_();
-  at::Tensor o = ape::fused_attention(e, q, k, v, {}, {t}, scale);
-  auto g = torch::autograd::grad({o}, {q, k, v, t}, {dout});
-  ape::use_cpu_kernels();
-  return {o, g[0], g[1], g[2], g[3]};
-}
-
 }  // namespace
 
 TEST(ValueRowsSimt, ValueRowsWithoutAScoreModMatchTheMaterialisedReference) {
@@ -70,12 +56,11 @@ TEST(ValueRowsSimt, ValueRowsWithoutAScoreModMatchTheMaterialisedReference) {
       at::Tensor q = at::randn({B, H, T, D}), k = at::randn({B, H, T, D}), v = at::randn({B, H, T, D});
       at::Tensor table = ape::init_param(m.params[0], H, D, at::kFloat), dout = at::randn({B, H, T, D});
       if (dtype == "bf16") {  // the kernel's inputs as it sees them, so the reference differs by its own rounding
-        q = q.to(at::kBFloat16).to(at::kFloat), k = k.to(at::kBFloat16).to(at::kFloat);
-        v = v.to(at::kBFloat16).to(at::kFloat), dout = dout.to(at::kBFloat16).to(at::kFloat);
+        for (at::Tensor *t : {&q, &k, &v, &dout}) *t = ape::test::bf16_rounded(*t);
       }
       const double scale = m.scale_for(D);
       const auto want = reference(q, k, v, table, dout, scale);
-      const auto got = run_emulated(e, dtype, q, k, v, table, dout, scale);
+      const auto got = ape::test::run_spec(e, dtype, q, k, v, {}, {table}, dout, scale);
       const std::string at_T = " (" + dtype + ", T = " + std::to_string(T) + ")";
       for (int i = 0; i < 5; ++i) {
         ASSERT_TRUE(at::isfinite(got[i]).all().item<bool>()) << names[i] << at_T << ": a NaN or inf";
