@@ -374,6 +374,12 @@ run() {
       for lib in "$dir"/bench-libs/*_torch_library; do
         timeout 300 cmake --build "$bench_libs/$(basename "$lib")/build" -- -j"$jobs" || exit 1
       done
+      # Which CUDA runtime each library uses: the process's shared one (NEEDED libcudart.so.N, no
+      # cuda* function of its own), or a private static copy (cuda* functions defined inside).
+      for so in "$bench_libs"/*/build/libape_*_ops.so; do
+        echo "[runtime] $(basename "$so"): needs $(readelf -d "$so" | grep -o 'libcudart[^]]*' | tr '\n' ' ')" \
+          "defines $(nm -D --defined-only "$so" 2>/dev/null | grep -c ' T cuda') cuda* functions"
+      done
     ) >"$logs/build-bench.log" 2>&1 &
     p3=$!
     fi
