@@ -120,6 +120,14 @@ add_test(NAME ape_check.cuda_spec_file
              --shapes 2x2x70x32)
 set_tests_properties(ape_check.cuda_spec_file PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# The linear mod kernels' run shapes (side_kernels.cuh, RunShape): partners one by one (bf16 at
+# head dim 32), paired runs (f32; head dim 64) and unrotated runs, against the reference.
+add_test(NAME ape_check.cuda_linear_mod_runs
+  COMMAND ${_expect} 0 "^dq +cuda-bf16 .* pass$" "^dk +cuda-f32 .* pass$" "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/rope_three_quarters.mlir --cuda
+             --shapes 2x3x70x32,1x5x33x64)
+set_tests_properties(ape_check.cuda_linear_mod_runs PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # The T5 mutant against the build's emulated T5 kernels (--kernel t5 --cuda): the CUDA rows fail
 # as the CPU rows do.
 add_test(NAME ape_check.cuda_mutant_t5
@@ -132,7 +140,7 @@ add_test(NAME ape_check.error_cuda_inference_only
 add_test(NAME ape_check.error_cuda_head_dim
   COMMAND ${_expect} 2 "--cuda: no shape of the grid has a CUDA head dim"
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/alibi.mlir --cuda --shapes 1x1x8x16)
-foreach(t cuda_spec_file cuda_mutant_t5 error_cuda_inference_only error_cuda_head_dim)
+foreach(t cuda_spec_file cuda_linear_mod_runs cuda_mutant_t5 error_cuda_inference_only error_cuda_head_dim)
   set_tests_properties(ape_check.${t} PROPERTIES LABELS check TIMEOUT 300)
 endforeach()
 unset(_check)
