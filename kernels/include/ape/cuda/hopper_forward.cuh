@@ -21,8 +21,12 @@ namespace detail {
 //     previous tile has read its Q ("q_empty"), then per key tile K' and V into the next stage of
 //     a two-stage ring that runs on across the block's tiles, each stage with a "full" mbarrier per
 //     operand that the copies complete (arrive.expect_tx announces the bytes) and an "empty"
-//     mbarrier the consumers arrive on when they are done with the stage; a distance or column
-//     bias's window comes with K' by a bulk copy. The next tile's Q, K' and V so arrive while the
+//     mbarrier per operand the consumers arrive on when they are done with it: K' once the S
+//     product that reads it has completed, V once the P V product has (FlashAttention-3's separate
+//     K and V pipelines: the key tile two ahead loads while the consumers still use the last V;
+//     with one "empty" per stage, the next K' waited for the last P V product and its copy's
+//     latency stood between every two steps); a distance or column bias's window comes with K' by
+//     a bulk copy. The next tile's Q, K' and V so arrive while the
 //     consumers finish the last one. The warpgroup gives its registers back (setmaxnreg.dec) and
 //     the consumers take them (setmaxnreg.inc 240).
 //   Consumers: consumer warpgroup c owns rows 64 c .. 64 c + 63 of each tile (each warp 16); per
@@ -45,14 +49,15 @@ template <class In, int D> struct HopperFwd {
   static constexpr int kSwizzle = hopper::swizzle_bytes<D>();
   static constexpr int kRowElems = kSwizzle / 2, kAtomCols = D / kRowElems;
   static constexpr int kDistLen = BQ + BK;
-  // mbarriers (q, full_k[2], full_v[2], empty[2], q_empty) and the tile number's word, the bias
-  // windows, then the 1024-byte aligned tiles: Q, the K' and V rings, the output's staging tile.
-  static constexpr size_t bars = 0, slot = 64, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
+  // mbarriers (q, full_k[2], full_v[2], empty_k[2], empty_v[2], q_empty) and the tile number's
+  // word, the bias windows, then the 1024-byte aligned tiles: Q, the K' and V rings, the output's
+  // staging tile.
+  static constexpr size_t bars = 0, slot = 128, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
   static constexpr size_t v = k + kStages * sizeof(In) * BK * D;
   static constexpr size_t o = v + kStages * sizeof(In) * BK * D;
   static constexpr size_t bytes = o + sizeof(In) * BQ * D;
   static constexpr size_t dist = bias, rowcol = bias, bytes_dist = bytes, bytes_rowcol = bytes;
-  static_assert(slot >= 8 * 8 && slot + sizeof(int) <= bias, "the mbarriers and the tile number fit");
+  static_assert(slot >= 10 * 8 && slot + sizeof(int) <= bias, "the mbarriers and the tile number fit");
   static_assert(kStages * sizeof(float) * kDistLen <= q - bias, "bias windows fit");
   static_assert(o % 1024 == 0, "the staging tile's rows keep the tiles' alignment");
   static_assert(bytes <= 227 * 1024, "forward tiles exceed sm_90's 227 KiB of shared memory");
@@ -81,7 +86,8 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   In *sQ = reinterpret_cast<In *>(smem + C::q), *sK = reinterpret_cast<In *>(smem + C::k);
   In *sV = reinterpret_cast<In *>(smem + C::v);
   uint64_t *bar_q = reinterpret_cast<uint64_t *>(smem + C::bars);
-  uint64_t *full_k = bar_q + 1, *full_v = bar_q + 3, *empty = bar_q + 5, *q_empty = bar_q + 7;
+  uint64_t *full_k = bar_q + 1, *full_v = bar_q + 3, *empty_k = bar_q + 5, *empty_v = bar_q + 7;
+  uint64_t *q_empty = bar_q + 9;
   int *slot = reinterpret_cast<int *>(smem + C::slot);  // the tile number, -1: none left
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int g = lane / 4, t = lane % 4, wg = warp / 4;
@@ -111,7 +117,8 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     for (int s = 0; s < C::kStages; ++s) {
       ptx::mbar_init(full_k + s, 1);
       ptx::mbar_init(full_v + s, 1);
-      ptx::mbar_init(empty + s, 128 * C::kConsumers);
+      ptx::mbar_init(empty_k + s, 128 * C::kConsumers);
+      ptx::mbar_init(empty_v + s, 128 * C::kConsumers);
     }
     ptx::mbar_init(q_empty, 128 * C::kConsumers);
     ptx::mbar_init_fence();
@@ -154,19 +161,26 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       }
       for (int kt = 0; kt < n_tiles; ++kt) {
         const unsigned u = it + unsigned(kt), s = u & 1;
-        if (fresh > 0) --fresh;
-        else ptx::mbar_wait(empty + s, ((u >> 1) - 1) & 1);
-        if (!leader) continue;
+        const bool fresh_stage = fresh > 0;  // never filled: nothing to wait for
+        if (fresh_stage) --fresh;
         const int j0 = kt * BK;
-        ptx::mbar_arrive_expect_tx(full_k + s, C::kTileBytes + kBiasBytes);
-        hopper::tma_tile<BK, D>(sK + s * BK * D, &maps.k, j0, bh, full_k + s);
-        if constexpr (kDist)  // distances i0 - j0 - BK + x, x < BQ + BK (dist_table_kernel's pads)
-          ptx::bulk_copy(sB + s * C::kDistLen, p.dist + bh * p.dist_ld + kDistPad + (i0 - j0 - BK),
-                         kBiasBytes, full_k + s);
-        if constexpr (kRC)
-          ptx::bulk_copy(sB + s * BK, p.rc + 2 * bh * p.rc_ld + p.rc_ld + j0, kBiasBytes, full_k + s);
-        ptx::mbar_arrive_expect_tx(full_v + s, C::kTileBytes);
-        hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, bh, full_v + s);
+        // K' (and the bias window, read with it) once the S products of the stage's last K' are done.
+        if (!fresh_stage) ptx::mbar_wait(empty_k + s, ((u >> 1) - 1) & 1);
+        if (leader) {
+          ptx::mbar_arrive_expect_tx(full_k + s, C::kTileBytes + kBiasBytes);
+          hopper::tma_tile<BK, D>(sK + s * BK * D, &maps.k, j0, bh, full_k + s);
+          if constexpr (kDist)  // distances i0 - j0 - BK + x, x < BQ + BK (dist_table_kernel's pads)
+            ptx::bulk_copy(sB + s * C::kDistLen, p.dist + bh * p.dist_ld + kDistPad + (i0 - j0 - BK),
+                           kBiasBytes, full_k + s);
+          if constexpr (kRC)
+            ptx::bulk_copy(sB + s * BK, p.rc + 2 * bh * p.rc_ld + p.rc_ld + j0, kBiasBytes, full_k + s);
+        }
+        // V once the P V products of the stage's last V are done.
+        if (!fresh_stage) ptx::mbar_wait(empty_v + s, ((u >> 1) - 1) & 1);
+        if (leader) {
+          ptx::mbar_arrive_expect_tx(full_v + s, C::kTileBytes);
+          hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, bh, full_v + s);
+        }
       }
       it += unsigned(n_tiles);
     }
@@ -302,6 +316,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       if (pingpong && (cw == 0 || kt + 1 < n_tiles)) ptx::bar_arrive(2 - cw, 256);
       ptx::wgmma_wait<1>();  // S_kt (the product of tile kt - 1 may still run)
       ptx::fence_regs(sf);
+      ptx::mbar_arrive(empty_k + ((it + unsigned(kt)) & 1));  // this thread is done with K'_kt
       if (kt + 1 == n_tiles) ptx::mbar_arrive(q_empty);  // the tile's last read of Q is done
       float alpha[1][2];
       if constexpr (kFeatStep) {
@@ -317,7 +332,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       ptx::fence_regs(of);
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
-      ptx::mbar_arrive(empty + ((it + unsigned(kt) - 1) & 1));  // this thread is done with stage kt - 1
+      ptx::mbar_arrive(empty_v + ((it + unsigned(kt) - 1) & 1));  // this thread is done with V_{kt-1}
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
@@ -334,6 +349,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     issue_s(0);
     ptx::wgmma_wait<0>();
     ptx::fence_regs(sf);
+    ptx::mbar_arrive(empty_k + (it & 1));
     if (n_tiles == 1) ptx::mbar_arrive(q_empty);
     bool tile0 = false;  // tile 0 on the features
     if constexpr (kFeat)
@@ -358,7 +374,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     ptx::fence_regs(of);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
-    ptx::mbar_arrive(empty + ((it + unsigned(n_tiles) - 1) & 1));
+    ptx::mbar_arrive(empty_v + ((it + unsigned(n_tiles) - 1) & 1));
     it += unsigned(n_tiles);
 
     // o = O / l through shared memory: each warp stages its 16 rows in its own rows of the staging
