@@ -499,12 +499,13 @@ run() {
     # kernels read the variables at every call; gpu_bench.py --ape-settings): the mma.sync backward
     # (the wide layout) and its fastest form there (FlashAttention-2's square tiling with dQ' by
     # TMA reductions), dQ' in any order (what determinism costs), the forward without its turns,
-    # without its persistent grid, without both.
+    # without its persistent grid, without both, with K' released together with V (as before the
+    # separate K and V pipelines).
     local settings="mma:APE_CUDA_WGMMA_BACKWARD=0"
     settings+=",mma-square-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_BWD_SQUARE=1+APE_CUDA_DQ_TMA=1"
     settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
     settings+=",no-pingpong:APE_CUDA_PINGPONG=0,no-persistent:APE_CUDA_PERSISTENT=0"
-    settings+=",no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0"
+    settings+=",no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,kv-shared:APE_CUDA_KV_SPLIT=0"
     local fe
     for fe in kcable shaw transformer_xl deberta; do
       if [ -d "$bench_libs/${fe}_torch_library" ]; then
@@ -534,7 +535,7 @@ run() {
     # measurement.
     PYTHONFAULTHANDLER=1 timeout 150 "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" \
       --configs 1x32x4096x64,1x16x4096x128,8x16x2048x128 --methods ape --encodings nope,rope \
-      --ape-settings "no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,hopper0:APE_CUDA_HOPPER_FORWARD=0,wgmma:APE_CUDA_WGMMA_BACKWARD=1,mma:APE_CUDA_WGMMA_BACKWARD=0,mma-dq-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_DQ_TMA=1" \
+      --ape-settings "no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,kv-shared:APE_CUDA_KV_SPLIT=0,hopper0:APE_CUDA_HOPPER_FORWARD=0,wgmma:APE_CUDA_WGMMA_BACKWARD=1,mma:APE_CUDA_WGMMA_BACKWARD=0,mma-dq-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_DQ_TMA=1" \
       --md "$logs/gpu_bench_forward.md" --csv "$logs/gpu_bench_forward.csv" >"$logs/bench-forward.log" 2>&1 ||
       note+=" (the forward run failed: logs/bench-forward.log)"
     # A crashed encoding: which step of its operator call fails (bench/op_probe.py: on CPU tensors,

@@ -682,7 +682,9 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
 }
 
 // APE_CUDA_HOPPER_FORWARD=0 runs the FlashAttention-2-class forward on sm_90 (the GPU check times
-// both per head dim): the forward kernel each setting launches, and the references with it.
+// both per head dim): the forward kernel each setting launches, and the references with it; and
+// the Hopper forward with K' released together with V (APE_CUDA_KV_SPLIT=0: the GPU check times
+// it against the separate K and V pipelines), with and without the turns and the persistent grid.
 TEST(CudaLaunch, HopperForwardSwitch) {
   const PoseAsSm90 guard;
   const CudaKernelEntry *e = find_cuda("rope");
@@ -704,6 +706,13 @@ TEST(CudaLaunch, HopperForwardSwitch) {
     }
     EXPECT_GT(setting[0] == '1' ? hopper : flash, 0);
     EXPECT_EQ(setting[0] == '1' ? flash : hopper, 0);
+  }
+  for (const char *fa3 : {"0", "1"}) {
+    SCOPED_TRACE(std::string("APE_CUDA_KV_SPLIT=0, APE_CUDA_PINGPONG=APE_CUDA_PERSISTENT=") + fa3);
+    const EnvScope shared({{"APE_CUDA_KV_SPLIT", "0"}, {"APE_CUDA_PINGPONG", fa3}, {"APE_CUDA_PERSISTENT", fa3}});
+    const PoseWithSms sms(2);  // with the persistent grid a block claims several tiles: the ring runs on
+    check_problem("rope", *var, make_problem(*e, 2, 3, 300, 64, 9301));
+    if (HasFatalFailure()) return;
   }
 }
 

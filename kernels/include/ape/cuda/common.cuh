@@ -277,6 +277,8 @@ template <class Enc, class In> struct Params {
                                     // (CudaAttnArgs::deterministic); else all reductions
   bool pingpong;                    // Hopper forward: the consumer warpgroups take turns
                                     // issuing their products (hopper_pingpong_enabled)
+  bool kv_split;                    // Hopper forward: K' released after its S product, not
+                                    // with V (hopper_kv_split_enabled)
   int64_t n_qt;                     // Hopper forward: query tiles per slice (from tile0)
   int *sched;                       // Hopper forward: the tiles claimed after each block's first
                                     // (a zeroed counter), or null: a block per tile

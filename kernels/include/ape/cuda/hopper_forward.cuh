@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       if (pingpong && (cw == 0 || kt + 1 < n_tiles)) ptx::bar_arrive(2 - cw, 256);
       ptx::wgmma_wait<1>();  // S_kt (the product of tile kt - 1 may still run)
       ptx::fence_regs(sf);
-      ptx::mbar_arrive(empty_k + ((it + unsigned(kt)) & 1));  // this thread is done with K'_kt
+      if (p.kv_split) ptx::mbar_arrive(empty_k + ((it + unsigned(kt)) & 1));  // this thread is done with K'_kt
       if (kt + 1 == n_tiles) ptx::mbar_arrive(q_empty);  // the tile's last read of Q is done
       float alpha[1][2];
       if constexpr (kFeatStep) {
@@ -333,6 +333,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
       ptx::mbar_arrive(empty_v + ((it + unsigned(kt) - 1) & 1));  // this thread is done with V_{kt-1}
+      if (!p.kv_split) ptx::mbar_arrive(empty_k + ((it + unsigned(kt) - 1) & 1));  // K'_{kt-1} with it (APE_CUDA_KV_SPLIT=0)
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
@@ -349,7 +350,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
     issue_s(0);
     ptx::wgmma_wait<0>();
     ptx::fence_regs(sf);
-    ptx::mbar_arrive(empty_k + (it & 1));
+    if (p.kv_split) ptx::mbar_arrive(empty_k + (it & 1));
     if (n_tiles == 1) ptx::mbar_arrive(q_empty);
     bool tile0 = false;  // tile 0 on the features
     if constexpr (kFeat)
@@ -375,6 +376,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) ptx::fence_regs(a[kk]);
     ptx::mbar_arrive(empty_v + ((it + unsigned(n_tiles) - 1) & 1));
+    if (!p.kv_split) ptx::mbar_arrive(empty_k + ((it + unsigned(n_tiles) - 1) & 1));
     it += unsigned(n_tiles);
 
     // o = O / l through shared memory: each warp stages its 16 rows in its own rows of the staging

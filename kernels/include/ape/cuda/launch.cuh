@@ -292,6 +292,14 @@ inline bool hopper_pingpong_enabled() {
   return !env_is("APE_CUDA_PINGPONG", '0');
 }
 
+// Whether the Hopper forward's consumers release a stage's K' once its S product completes
+// (Params::kv_split, FlashAttention-3's separate K and V pipelines: the next K' loads a step
+// ahead): yes unless APE_CUDA_KV_SPLIT=0, which releases it with V after the P V product, as the
+// forward did before, so that the GPU check times both in one process.
+inline bool hopper_kv_split_enabled() {
+  return !env_is("APE_CUDA_KV_SPLIT", '0');
+}
+
 // Whether the Hopper forward runs a block per SM that claims its tiles, heaviest first, from a
 // counter (Params::sched, FlashAttention-3's persistent scheduling: the next tile's Q, K' and V
 // load while the block finishes the last) instead of a block per tile: yes unless
@@ -423,6 +431,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           return err;
         p.tile0 = a.first_row / H::BQ;
         p.pingpong = hopper_pingpong_enabled();
+        p.kv_split = hopper_kv_split_enabled();
         p.n_qt = blocks_for(a.T, H::BQ) - p.tile0;
         // A block per tile, or (APE_CUDA_PERSISTENT=1) a block per SM, each claiming tiles from
         // a zeroed counter after its first (hopper_forward_kernel).
