@@ -54,7 +54,13 @@ namespace ape {
 
 namespace {
 
-
+// The linker flag of every library compiled here: its references to what it defines bind to its
+// own definitions. The generated code's C++ symbols are named after the encoding (namespace
+// ape_gen_NAME, template instantiations over its functor), so without it a process that exports
+// a kernel of the same name (ape-check exports its symbols for the emulated kernels) would
+// answer the library's calls with its own, older code: a spec edited under a built-in name would
+// be checked, trained or run with the built-in kernel.
+constexpr const char *kSelfBound = "-Wl,-Bsymbolic";
 
 std::string join_command(const std::vector<std::string> &args) {
   std::string cmd;
@@ -266,8 +272,11 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
   // 3. The key: everything that decides the library's bytes.
   const std::string cxx = o.cxx.empty() ? env_or("APE_CXX", APE_CXX_COMPILER) : o.cxx;
   const std::string include_dir = APE_KERNEL_INCLUDE_DIR;
-  std::vector<std::string> flags = {"-std=c++17", "-O3", "-fPIC", "-shared", "-fno-math-errno", "-Wno-unused-parameter",
-                                    "-DAPE_KERNEL_LEVELS=" + std::to_string(mask), "-I" + include_dir};
+  // -Bsymbolic (kSelfBound): the library's calls reach its own code even where the process
+  // already has a kernel of the same encoding name.
+  std::vector<std::string> flags = {"-std=c++17", "-O3", "-fPIC", "-shared", kSelfBound, "-fno-math-errno",
+                                    "-Wno-unused-parameter", "-DAPE_KERNEL_LEVELS=" + std::to_string(mask),
+                                    "-I" + include_dir};
   {
     std::istringstream omp(APE_OPENMP_FLAGS);
     for (std::string f; omp >> f;) flags.push_back(f);
@@ -467,7 +476,7 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
       throw std::runtime_error("cannot run nvcc (" + compiler + ") to compile the CUDA kernels of spec '" + lib.name +
                                "': " + head_lines(version, 3) + "install the CUDA toolkit or set APE_NVCC");
     flags = {"-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
-             "--expt-relaxed-constexpr", "-cudart", "shared",
+             "--expt-relaxed-constexpr", "-cudart", "shared", "-Xlinker", "-Bsymbolic",
              "-gencode", "arch=compute_" + c.arch + ",code=sm_" + c.arch,
              "-I" + include_dir, "-I."};
     if (c.arch == "90a") flags.push_back("-DAPE_CUDA_SM90A");
@@ -490,7 +499,7 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
       std::ofstream(gen / "command.txt", std::ios::app) << join_command(cmd) << "\n";
     };
     if (simt) {  // each source to an object, then the library, linked without the sanitizer's runtime
-      std::vector<std::string> link = {compiler, "-shared", "-o", so.filename().string()};
+      std::vector<std::string> link = {compiler, "-shared", kSelfBound, "-o", so.filename().string()};
       for (const auto &src : sources) {
         std::vector<std::string> cmd = {compiler};
         cmd.insert(cmd.end(), flags.begin(), flags.end());

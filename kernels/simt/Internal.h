@@ -154,6 +154,7 @@ struct Launch {
   size_t dynamic_smem;
   bool failed = false;  // a finding that stopped a block (deadlock)
   bool stall_releases = false;  // APE_SIMT_STALL_RELEASES with more than one worker
+  bool eager_wake = true;       // unless APE_SIMT_EAGER_WAKE=0: an mbarrier's waiters run first (mbar_arrive)
   std::vector<WorkerState> *workers = nullptr;
   std::atomic<size_t> printed{0};
   std::atomic<size_t> traffic[kTrSlots] = {};

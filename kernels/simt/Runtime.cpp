@@ -658,6 +658,7 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t dynami
   std::vector<WorkerState> states(static_cast<size_t>(workers));
   l.workers = &states;
   l.stall_releases = workers > 1 && nblocks > 1 && env_int("APE_SIMT_STALL_RELEASES", 0) != 0;
+  l.eager_wake = env_int("APE_SIMT_EAGER_WAKE", 1) != 0;
   auto worker = [&](std::atomic<size_t> &next, WorkerState &state) {
     tl_launch = &l;
     tl_worker.state = &state;

@@ -575,14 +575,17 @@ Mbar *mbar_of(const void *bar, const char *what, const void *pc) {
   return m;
 }
 // Completes the current phase when its arrivals and transaction bytes are all in; wakes waiters.
-void mbar_settle(Block &b, const void *bar, Mbar &m) {
-  if (m.pending != 0 || m.tx != 0) return;
+// True when it woke a thread.
+bool mbar_settle(Block &b, const void *bar, Mbar &m) {
+  if (m.pending != 0 || m.tx != 0) return false;
   m.done_seen[m.completed & 1u] = std::move(m.arrived_seen);
   m.arrived_seen.clear();
   ++m.completed;
   m.pending = m.count;
+  bool woke = false;
   for (Thread &t : b.threads)
-    if (t.state == State::Mbarrier && t.op_arg == bar) t.state = State::Ready;
+    if (t.state == State::Mbarrier && t.op_arg == bar) t.state = State::Ready, woke = true;
+  return woke;
 }
 void complete_tx(const void *bar, long long bytes, const void *pc) {
   Block &b = *tl_worker.block;
@@ -626,7 +629,12 @@ void mbar_arrive(void *bar, unsigned tx_bytes) {
   }
   join_seen(m->arrived_seen, self()->seen);  // an arrival releases what its thread was ordered after
   --m->pending;
-  mbar_settle(b, bar, *m);
+  // The arrival that completes a phase hands over to the scheduler (unless APE_SIMT_EAGER_WAKE=0), so
+  // the threads it woke run before the arriving one goes on: the widest window a GPU may leave
+  // between a release and the arriving thread's next accesses. A thread that releases a buffer
+  // while its own reads of it are still pending (a wgmma issued but not waited for, computed here
+  // at its wait) then reads what the woken producer copied over it.
+  if (mbar_settle(b, bar, *m) && b.launch->eager_wake) yield_to_scheduler();
 }
 
 void mbar_wait(void *bar, unsigned parity) {

@@ -128,6 +128,14 @@ add_test(NAME ape_check.cuda_linear_mod_runs
              --shapes 2x3x70x32,1x5x33x64)
 set_tests_properties(ape_check.cuda_linear_mod_runs PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# A spec under a built-in encoding's name (ALiBi with steeper slopes, @alibi): its own compiled
+# kernels are checked, CPU and emulated CUDA, not the build's alibi (ape-check exports its
+# symbols; the libraries bind to their own code: SpecLibrary.cpp, kSelfBound).
+add_test(NAME ape_check.cuda_spec_named_like_a_builtin
+  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^o +cuda-f32 .* pass$" "^dk +cuda-bf16 .* pass$" "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_steeper.mlir --cuda --shapes 1x2x70x32)
+set_tests_properties(ape_check.cuda_spec_named_like_a_builtin PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # The T5 mutant against the build's emulated T5 kernels (--kernel t5 --cuda): the CUDA rows fail
 # as the CPU rows do.
 add_test(NAME ape_check.cuda_mutant_t5
@@ -140,7 +148,7 @@ add_test(NAME ape_check.error_cuda_inference_only
 add_test(NAME ape_check.error_cuda_head_dim
   COMMAND ${_expect} 2 "--cuda: no shape of the grid has a CUDA head dim"
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/alibi.mlir --cuda --shapes 1x1x8x16)
-foreach(t cuda_spec_file cuda_linear_mod_runs cuda_mutant_t5 error_cuda_inference_only error_cuda_head_dim)
+foreach(t cuda_spec_file cuda_linear_mod_runs cuda_spec_named_like_a_builtin cuda_mutant_t5 error_cuda_inference_only error_cuda_head_dim)
   set_tests_properties(ape_check.${t} PROPERTIES LABELS check TIMEOUT 300)
 endforeach()
 unset(_check)

@@ -646,7 +646,9 @@ TEST(CudaLaunch, ValueRowsFollowTheDevice) {
 // at D 64 and 128 the flash backward's wgmma layout (checked from the launches; f32 and D 32 run
 // the kernels of sm_80, here under sm_90's limits; the mma.sync backward and the forward without
 // turns at sm_90: Sm90MmaSyncBackwardMatchesReferences). Sizes: one row, partial tiles, several
-// query and key tiles of 128.
+// query and key tiles of 128, partial and whole (at T 384 every warp's rows of the last query
+// tile are real rows: a buffer one of them released too early shows, since the emulator runs the
+// threads an mbarrier's phase wakes before the thread that completed it, docs/cuda.md).
 TEST_P(CudaKernel, Sm90PathMatchesReferences) {
   const auto &[name, index] = GetParam();
   const CudaKernelEntry *e = find_cuda(name);
@@ -656,7 +658,7 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
   const PoseWithSms two_sms(2);
   const HopperOptIns opt_ins;
   ape::simt::take_traffic();
-  for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}}) {
+  for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 3, 77}, {1, 2, 300}, {1, 1, 384}}) {
     SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " D=" +
                  std::to_string(var.head_dim) + " B=" + std::to_string(B) + " H=" +
                  std::to_string(H) + " T=" + std::to_string(T) + " sm_90");
@@ -669,15 +671,16 @@ TEST_P(CudaKernel, Sm90PathMatchesReferences) {
     if (t.kernel.find("hopper_forward_kernel<") != std::string::npos)
       hopper += t.launches, rounds += t.named_rounds[1] + t.named_rounds[2], blocks += t.blocks;
   // A query tile of n key tiles takes n - 1 turns per consumer (one round of each barrier per
-  // turn): at T = 300, query tiles 0, 1, 2 of both slices, 2 (0 + 1 + 2) x 2 = 12 rounds; T <= 128:
-  // none. Blocks: 1 for the one tile at T = 1, then 2 (of 6 tiles) at each other size.
+  // turn): at T = 300, query tiles 0, 1, 2 of both slices, 2 (0 + 1 + 2) x 2 = 12 rounds, at T = 384
+  // of one slice 6; T <= 128: none. Blocks: 1 for the one tile at T = 1, then 2 (of 6 or 3 tiles)
+  // at each other size.
   if (hopper > 0) {
-    EXPECT_EQ(rounds, 12u) << "the consumers took turns";
-    EXPECT_EQ(blocks, 5u) << "a block per multiprocessor, claiming the other tiles";
+    EXPECT_EQ(rounds, 18u) << "the consumers took turns";
+    EXPECT_EQ(blocks, 7u) << "a block per multiprocessor, claiming the other tiles";
   }
   const std::vector<std::string> layouts = flash_backward_layouts(records);
   const bool wg = var.dtype != DType::F32 && var.head_dim >= 64;
-  EXPECT_EQ(layouts.size(), var.dtype == DType::F32 ? 0u : 3u) << "a flash backward per size";
+  EXPECT_EQ(layouts.size(), var.dtype == DType::F32 ? 0u : 4u) << "a flash backward per size";
   for (const std::string &layout : layouts) EXPECT_EQ(layout, wg ? "wgmma" : "wide");
 }
 

@@ -395,6 +395,18 @@ __global__ void async_order_kernel(const float *src, int mode, float *out) {
       }
       ptx::mbar_wait(full, 1);
       break;
+    case 8:  // warp 1 waits for the copy and releases the buffer, then reads it: the refill may land first
+      if (warp == 1) {
+        ptx::mbar_wait(full, 0);
+        ptx::mbar_arrive(empty);
+        v = buf[lane];
+      }
+      if (tid == 0) {
+        ptx::mbar_wait(empty, 0);
+        copy(1);
+      }
+      ptx::mbar_wait(full, 1);
+      break;
   }
   out[tid] = v + buf[tid];
 }
