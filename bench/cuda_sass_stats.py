@@ -194,11 +194,11 @@ int main() {
 """
 
 
-def tile_constants(nvcc, work):
+def tile_constants(nvcc, work, include=str(ROOT / "kernels/include")):
     src = Path(work) / "tiles.cu"
     src.write_text(TILE_PROGRAM)
     exe = Path(work) / "tiles"
-    subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_80", "-I", str(ROOT / "kernels/include"),
+    subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_80", "-I", include,
                     str(src), "-o", str(exe)], check=True)
     out = {}
     for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines():
@@ -281,19 +281,48 @@ def main_loop(instrs, trips=1):
 
 
 TOKEN_KERNELS = {"token_forward_kernel": "token forward", "token_backward_kernel": "token backward"}
-TOK_THREADS = 256  # kTokThreads in cuda/attention.cuh
+TOK_THREADS = 1024  # kTokThreads in cuda/common.cuh (read from the headers compiled: tok_threads)
+
+
+def tok_threads(include):
+    """kTokThreads of the kernel headers at `include` (cuda/common.cuh, or the older
+    cuda_attention.cuh), else TOK_THREADS."""
+    for name in ("ape/cuda/common.cuh", "ape/cuda_attention.cuh"):
+        f = Path(include) / name
+        if f.exists():
+            m = re.search(r"constexpr int kTokThreads = (\d+);", f.read_text())
+            if m:
+                return int(m.group(1))
+    return TOK_THREADS
+
+
+def load_groups(ops):
+    """The dependent rounds of global loads in one pass over a loop body: runs of loads (LDG)
+    that no store (global, shared or local) separates. A store of a loaded value waits for its
+    load, so each run after a store starts once the loads before have landed: one round trip to
+    memory per run (a conservative count: a run after a store of something else may overlap)."""
+    groups, in_run = 0, False
+    for o in ops:
+        if re.match(r"^LDG(\.|$)", o):
+            if not in_run:
+                groups, in_run = groups + 1, True
+        elif re.match(r"^(STG|STS|STL|ATOMG|REDG|RED)(\.|$)", o):
+            in_run = False
+    return groups
 
 
 def token_cost(instrs, T):
-    """A static estimate of the token program's work at sequence length T (one block of
+    """A static estimate of the token program's cost at sequence length T (one block of
     TOK_THREADS threads per slice): the kernel's loops (regions from a backward branch's target to
-    the branch, none holding an EXIT), each with its instructions per iteration n and the tokens
-    an iteration handles u (its global stores, else its global loads: the compiler unrolls the
-    contiguous chunk loops of the scans by 16 and leaves the strided stage loops at 1), grouped
-    into stages (an unrolled loop and its remainder: adjacent, with the same kinds of memory
-    instruction); a stage costs its cheapest n / u per token times the tokens of a thread,
-    T / TOK_THREADS (shared-memory loops: the TOK_THREADS chunk sums one thread scans).
-    Returns (stages, per-thread instructions, serial instructions of thread 0)."""
+    the branch, none holding an EXIT), each with its instructions per iteration n, the tokens an
+    iteration handles u (its global stores, else its global loads) and its rounds of dependent
+    global loads g (load_groups), grouped into stages (an unrolled loop and its remainder:
+    adjacent, with the same kinds of memory instruction). A stage costs its cheapest n / u per
+    token times the tokens of a thread, T / TOK_THREADS (shared-memory loops: the TOK_THREADS
+    values one thread scans), and g round trips to memory per iteration of its widest loop, for
+    ceil(tokens of a thread / u) iterations: the latency chain that bounds a stage whose block is
+    alone on its SM (the token program runs one block per slice: B·H blocks in all).
+    Returns (stages, per-thread instructions, serial instructions of thread 0, round trips)."""
     loops = []
     for addr, body in instrs:
         m = re.match(r"BRA\s+(?:!?U?P\d,\s*)?(0x[0-9a-f]+)", body)
@@ -310,7 +339,7 @@ def token_cost(instrs, T):
         shared = ldg == 0 and stg == 0
         u = (sts or lds) if shared else (stg or ldg)
         kinds = (ldg > 0, stg > 0, lds > 0, sts > 0)
-        loops.append(dict(n=len(region), u=max(u, 1), shared=shared, kinds=kinds))
+        loops.append(dict(n=len(region), u=max(u, 1), shared=shared, kinds=kinds, g=load_groups(ops)))
     stages = []
     for l in loops:
         prev = stages[-1] if stages else None
@@ -321,19 +350,51 @@ def token_cost(instrs, T):
             prev.append(l)
         else:
             stages.append([l])
-    per_thread = serial = 0.0
+    per_thread = serial = trips = 0.0
     out = []
     for st in stages:
         per_item = min(l["n"] / l["u"] for l in st)
         items = TOK_THREADS if st[0]["shared"] else (T + TOK_THREADS - 1) // TOK_THREADS
         cost = per_item * items
+        wide = max(st, key=lambda l: l["u"])
+        stage_trips = 0 if st[0]["shared"] else -(-items // wide["u"]) * wide["g"]
         if st[0]["shared"]:
             serial += cost
         else:
             per_thread += cost
+            trips += stage_trips
         out.append(dict(loops=[(l["n"], l["u"]) for l in st], per_item=per_item, items=items,
-                        shared=st[0]["shared"], cost=cost))
-    return out, per_thread, serial
+                        shared=st[0]["shared"], cost=cost, trips=stage_trips))
+    return out, per_thread, serial, trips
+
+
+def token_section(token_rows, token_T):
+    """The token program's table (token_cost) as Markdown lines, none without rows."""
+    if not token_rows:
+        return []
+    T = token_T
+    lines = ["", f"## The token program at T = {T:,} (static estimate)", "",
+              f"One block of {TOK_THREADS} threads per (b, h) slice runs the token program's stages "
+              "(token_forward_kernel, token_backward_kernel; scans block-parallel in double), B·H "
+              "blocks in all, each alone on its SM: a stage lasts as long as its thread's chain of "
+              "memory round trips. From the SASS (token_cost in this script): each stage's loops "
+              "(instructions / tokens per iteration), its cheapest instructions per token times the "
+              f"tokens of one thread ({(T + TOK_THREADS - 1) // TOK_THREADS}) or the values one "
+              "thread scans in shared memory, and its dependent rounds of global loads (runs of loads "
+              "no store separates, per iteration of its widest loop, times the iterations a thread "
+              "makes). At roughly 0.5-1 us per round trip under load, the round trips are the "
+              "program's time per slice.", "",
+              "| encoding | kernel | arch | regs | stages (loop instrs / tokens per iteration = "
+              "instrs per token x tokens; round trips) | instrs per thread | + serial (thread 0) | "
+              "global round trips per thread |", "| --- " * 8 + "|"]
+    for r in token_rows:
+        st = "; ".join(
+            ("shared scan " if x["shared"] else "") + ", ".join(f"{n}/{u}" for n, u in x["loops"]) +
+            f" = {x['per_item']:.1f} x {x['items']}" + ("" if x["shared"] else f", {x['trips']}")
+            for x in r["stages"])
+        lines.append(f"| {r['encoding']} | {r['kernel']} | {r['arch']} | {r['regs']} | {st} | "
+                     f"{r['per_thread']:,.0f} | {r['serial']:,.0f} | {r['trips']:,.0f} |")
+    return lines
 
 
 def smem_bytes(body):
@@ -393,8 +454,14 @@ def main():
     ap.add_argument("--venv", default=os.environ.get("APE_VENV", str(ROOT / ".venv")))
     ap.add_argument("--md", help="write the Markdown table here")
     ap.add_argument("--csv", help="write the rows as CSV here")
+    ap.add_argument("--kernels-include", default=str(ROOT / "kernels/include"),
+                    help="the kernel headers (default this checkout's; another checkout's, e.g. a git "
+                         "worktree of an earlier commit with its apec, for a before/after table)")
     ap.add_argument("--token-T", type=int, default=16384,
                     help="sequence length of the token program's static estimate (default 16384)")
+    ap.add_argument("--token-only", action="store_true",
+                    help="compile only the token program's kernels (token_forward_kernel, "
+                         "token_backward_kernel) and write only its table")
     args = ap.parse_args()
 
     cuobjdump = find_cuobjdump(args.venv)
@@ -402,7 +469,9 @@ def main():
     rows = []
     token_rows = []
     with tempfile.TemporaryDirectory() as work:
-        tiles = tile_constants(args.nvcc, work)
+        tiles = tile_constants(args.nvcc, work, args.kernels_include)
+        global TOK_THREADS
+        TOK_THREADS = tok_threads(args.kernels_include)
         gen = Path(work) / "gen"
         for label in args.encodings:
             # NAME+fast: the example compiled with apec --fast-math (its score mods' exp, log,
@@ -415,6 +484,15 @@ def main():
                            + (["--fast-math"] if fast else []), check=True)
             for hd in args.hd:
                 src = gen / f"{enc}_cuda_{args.dtype}_hd{hd}.cu"
+                if args.token_only:  # the two token kernels alone (they do not depend on d_h)
+                    if hd != args.hd[0]:
+                        continue
+                    src = gen / f"{enc}_token_only.cu"
+                    el = "__nv_bfloat16" if args.dtype == "bf16" else "__half"
+                    src.write_text(
+                        f'#include "{enc}_cuda.cuh"\nnamespace ape::cuda::detail {{\n' + "".join(
+                            f"template __global__ void token_{d}_kernel<ape_gen_{enc}::Enc, {el}>("
+                            f"const Params<ape_gen_{enc}::Enc, {el}>);\n" for d in ("forward", "backward")) + "}\n")
                 functor = (gen / f"{enc}_cuda.cuh").read_text()
                 dist = "kDistanceBias = true" in functor
                 fixed = dist and "kBiasFixed = true" in functor  # its windows only in the backward
@@ -422,7 +500,7 @@ def main():
                 for arch in args.arch:
                     cubin = Path(work) / f"{label}_{hd}_{arch}.cubin"
                     r = subprocess.run([args.nvcc, "-std=c++17", "--expt-relaxed-constexpr", f"-arch=sm_{arch}",
-                                        "-cubin", "-Xptxas", "-v", "-I", str(ROOT / "kernels/include"),
+                                        "-cubin", "-Xptxas", "-v", "-I", args.kernels_include,
                                         "-I", str(gen), str(src), "-o", str(cubin)],
                                        capture_output=True, text=True)
                     if r.returncode:
@@ -433,10 +511,10 @@ def main():
                     for fn, instrs in sass.items():
                         tok = next((v for k, v in TOKEN_KERNELS.items() if k in fn), None)
                         if tok and hd == args.hd[0]:  # the token program does not depend on d_h
-                            stages, per_thread, serial = token_cost(instrs, args.token_T)
+                            stages, per_thread, serial, trips = token_cost(instrs, args.token_T)
                             token_rows.append(dict(encoding=label, kernel=tok, arch=f"sm_{arch}",
                                                    regs=pinfo.get(fn, {}).get("regs"), stages=stages,
-                                                   per_thread=per_thread, serial=serial))
+                                                   per_thread=per_thread, serial=serial, trips=trips))
                         kind = next((v for k, v in KERNELS.items() if k in fn), None)
                         # The flash backward's template arguments after d_h: the order (kOrdered), then
                         # the layout (BwdTiles). The kernels for dQ' in any order: the wide layout's only.
@@ -479,14 +557,22 @@ def main():
                             hmma_outside_loop=total_hmma - counts["hmma"], **counts,
                             smem_bytes=lsu, smem_b_per_kflop=round(lsu / (mflop * 1e3), 1) if loop else None,
                             wgmma_b_per_kflop=round(wg / (mflop * 1e3), 1) if loop else None))
+    nvcc_version = next((l.strip() for l in subprocess.run([args.nvcc, "--version"], capture_output=True,
+                                                           text=True).stdout.splitlines() if "release" in l), "nvcc")
+    if args.token_only:
+        text = "\n".join(["# The token program by its compiled code", "",
+                          "Command: `" + " ".join(["bench/cuda_sass_stats.py"] + sys.argv[1:]) + "`; " +
+                          nvcc_version + f"; {args.dtype}."] + token_section(token_rows, args.token_T)) + "\n"
+        print(text)
+        if args.md:
+            Path(args.md).write_text(text)
+        return
     cols = list(rows[0].keys())
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
             w.writerows(rows)
-    nvcc_version = next((l.strip() for l in subprocess.run([args.nvcc, "--version"], capture_output=True,
-                                                           text=True).stdout.splitlines() if "release" in l), "nvcc")
     lines = ["# The CUDA kernels by their compiled code", "",
              "Command: `" + " ".join(["bench/cuda_sass_stats.py"] + sys.argv[1:]) + "`; " + nvcc_version +
              f"; {args.dtype}; per warp and iteration of the steady-state main loop (bench/README.md).", "",
@@ -553,24 +639,7 @@ def main():
             misses.append(f"spills {r['spill_st']}/{r['spill_ld']} B")
         lines.append(f"- {r['encoding']} {r['kernel']} {r['arch']}: " +
                      ("meets it" if not misses else "misses it: " + ", ".join(misses)))
-    if token_rows:
-        T = args.token_T
-        lines += ["", f"## The token program at T = {T:,} (static estimate)", "",
-                  f"One block of {TOK_THREADS} threads per (b, h) slice runs the token program's stages "
-                  "(token_forward_kernel, token_backward_kernel; scans block-parallel in double). From the "
-                  "SASS: each stage's cheapest loop copy, instructions per token (per chunk sum for the "
-                  "shared-memory scan of the chunk sums, which one thread runs), times the tokens of one "
-                  f"thread ({(T + TOK_THREADS - 1) // TOK_THREADS}) or the {TOK_THREADS} chunk sums "
-                  "(token_cost in this script). Per-thread and serial counts are instructions of one thread; "
-                  "the slice's block issues per-thread x 8 warps.", "",
-                  "| encoding | kernel | arch | regs | stages (loop instrs / tokens per iteration) | "
-                  "instrs per thread | + serial (thread 0) |", "| --- " * 7 + "|"]
-        for r in token_rows:
-            st = "; ".join(
-                ("chunk sums " if x["shared"] else "") + ", ".join(f"{n}/{u}" for n, u in x["loops"]) +
-                f" = {x['per_item']:.1f} x {x['items']}" for x in r["stages"])
-            lines.append(f"| {r['encoding']} | {r['kernel']} | {r['arch']} | {r['regs']} | {st} | "
-                         f"{r['per_thread']:,.0f} | {r['serial']:,.0f} |")
+    lines += token_section(token_rows, args.token_T)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.md:

@@ -487,10 +487,10 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
     ++m;
   }
   auto slot = [&](Value v) { return layout.tokSlot.lookup(v); };
-  // The stages run cooperatively: each loop visits the tokens ctx.tok_first(), + tok_step(), ...
-  // (all of them on the CPU; a thread's share of a block on the GPU), ctx.tok_sync() separates
-  // the stages (a barrier on the GPU), and the scans are ctx's (serial in double on the CPU, a
-  // block-parallel scan in double on the GPU).
+  // The stages run cooperatively: ctx.tok_map(dst, n, f, a[, b]) sets dst[t] = f(a[t][, b[t]])
+  // for every token and tok_map_add adds it (in order on the CPU; a thread's share of a block on
+  // the GPU, its tokens' loads in flight together), ctx.tok_sync() separates the stages (a barrier on the GPU), and the
+  // scans are ctx's (serial in double on the CPU, block-parallel in double on the GPU).
   os << "  // Token program, forward: every token sequence of this (b, h) into its slot.\n"
      << st.head << "void token_forward(" << st.ctx << ", const T *const *feat, T *tok) {\n"
         "    const int64_t n = ctx.T;\n";
@@ -499,12 +499,11 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
   for (Operation *op : layout.tokenProgram) {
     unsigned out = slot(op->getResult(0));
     if (auto f = dyn_cast<TokenFeatureOp>(op)) {
-      os << llvm::formatv("    for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) "
-                          "tok[{0} * n + t] = feat[{1}][t];  // feature \"{2}\"\n",
+      os << llvm::formatv("    ctx.tok_map(tok + {0} * n, n, [&](T x) {{ return x; }, feat[{1}]);  "
+                          "// feature \"{2}\"\n",
                           out, layout.featureIndex.lookup(f), f.getName());
     } else if (auto map = dyn_cast<MapOp>(op)) {
-      os << llvm::formatv("    for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) "
-                          "tok[{0} * n + t] = map_{1}(ctx, tok[{2} * n + t]);\n",
+      os << llvm::formatv("    ctx.tok_map(tok + {0} * n, n, [&](T x) {{ return map_{1}(ctx, x); }, tok + {2} * n);\n",
                           out, mapIndex.lookup(op), slot(map.getInput()));
     } else if (auto scan = dyn_cast<ScanOp>(op)) {
       os << llvm::formatv("    ctx.tok_scan(tok + {1} * n, tok + {0} * n, n);  // inclusive, in double\n",
@@ -525,12 +524,11 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
   for (Operation *op : llvm::reverse(layout.tokenProgram)) {
     unsigned out = slot(op->getResult(0));
     if (auto f = dyn_cast<TokenFeatureOp>(op)) {
-      os << llvm::formatv("    for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) "
-                          "dfeat[{1}][t] = dtok[{0} * n + t];\n",
+      os << llvm::formatv("    ctx.tok_map(dfeat[{1}], n, [&](T g) {{ return g; }, dtok + {0} * n);\n",
                           out, layout.featureIndex.lookup(f));
     } else if (auto map = dyn_cast<MapOp>(op)) {
-      os << llvm::formatv("    for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) "
-                          "dtok[{2} * n + t] += map_{1}_grad(ctx, tok[{2} * n + t], dtok[{0} * n + t]);\n",
+      os << llvm::formatv("    ctx.tok_map_add(dtok + {2} * n, n, [&](T x, T g) {{ return map_{1}_grad(ctx, x, g); }, "
+                          "tok + {2} * n, dtok + {0} * n);\n",
                           out, mapIndex.lookup(op), slot(map.getInput()));
     } else if (auto scan = dyn_cast<ScanOp>(op)) {
       os << llvm::formatv("    ctx.tok_rscan_add(dtok + {0} * n, dtok + {1} * n, n);  // reverse "

@@ -471,6 +471,35 @@ std::vector<float> conversion_inputs() {
   return xs;
 }
 
+// Not a check but a kernel of the project's that the full kernels' tests cannot reach: the token
+// program's scan (Cable's cumulative sums) runs in rounds of blockDim x kTokItems tokens, 8,192
+// with the launch's 1,024 threads, which only sequences longer than the emulated suite's see. With
+// 32 and 64 threads the rounds' carries are exercised at a few hundred tokens: every prefix (and
+// suffix, added to what dst held) against the serial sum in double, at partial warps, rounds and
+// thread chunks.
+TEST_F(Simt, TokenScanAddsEveryRoundsCarry) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uni(-1.f, 2.f);
+  for (int threads : {32, 64, 1024})
+    for (int n : {1, 7, 255, 256, 257, 600, 2049, 5000})
+      for (bool reverse : {false, true}) {
+        std::vector<float> src(n), dst(n);
+        for (auto &x : src) x = uni(rng);
+        for (auto &x : dst) x = reverse ? uni(rng) : 0.f;
+        const std::vector<float> before = dst;
+        ASSERT_EQ(planted::token_scan(threads, reverse, src, dst), 0);
+        EXPECT_TRUE(findings().empty());
+        double acc = 0, mag = 0;
+        for (int e = 0; e < n; ++e) {
+          const int t = reverse ? n - 1 - e : e;
+          acc += src[t], mag += std::fabs(src[t]);
+          const float want = reverse ? before[t] + static_cast<float>(acc) : static_cast<float>(acc);
+          ASSERT_NEAR(dst[t], want, 1e-6 * (mag + std::fabs(before[t])))
+              << "threads " << threads << " n " << n << (reverse ? " reverse" : "") << " t " << t;
+        }
+      }
+}
+
 TEST_F(Simt, Bf16AndF16RoundLikeLibTorch) {
   const std::vector<float> xs = conversion_inputs();
   const torch::Tensor t = torch::tensor(xs);

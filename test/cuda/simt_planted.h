@@ -102,6 +102,9 @@ int named_barrier_turns(int rounds, bool start, bool balanced, int count, std::v
 int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
                   const std::vector<float> &c, std::vector<float> &d);
 // bf16 / f16 conversions of the emulator: bits of x rounded to nearest even.
+// The token program's block scan (ape::cuda::detail::tok_block_scan) by one block of `threads`:
+// dst[t] = sum_{u <= t} src[u], or with `reverse` dst[t] += sum_{u >= t} src[u] (dst in and out).
+int token_scan(int threads, bool reverse, const std::vector<float> &src, std::vector<float> &dst);
 uint16_t to_bf16(float x);
 uint16_t to_f16(float x);
 float from_f16(uint16_t h);

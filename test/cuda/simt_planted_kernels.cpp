@@ -2,6 +2,7 @@
 // with the emulator's access instrumentation: test/cuda/cuda_tests.cmake).
 #include "simt_planted.h"
 
+#include "ape/cuda/common.cuh"
 #include "ape/cuda/platform.cuh"
 
 #include <algorithm>
@@ -666,6 +667,23 @@ int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b
                          dd);
   to_host(d, dd, 256);
   cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+  return err;
+}
+
+// ---- the token program's scan (a kernel of the project's, cuda/common.cuh) -------------------------
+template <bool kReverse> __global__ void token_scan_kernel(const float *src, float *dst, int64_t n) {
+  ape::cuda::detail::tok_block_scan<kReverse>(src, dst, n);
+}
+
+int token_scan(int threads, bool reverse, const std::vector<float> &src, std::vector<float> &dst) {
+  const int64_t n = static_cast<int64_t>(src.size());
+  float *ds = device_alloc<float>(src.size() + 1), *dd = device_alloc<float>(src.size() + 1);
+  cudaMemcpy(ds, src.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dd, dst.data(), n * 4, cudaMemcpyHostToDevice);
+  const int err = reverse ? launch(token_scan_kernel<true>, 1, threads, 0, nullptr, static_cast<const float *>(ds), dd, n)
+                          : launch(token_scan_kernel<false>, 1, threads, 0, nullptr, static_cast<const float *>(ds), dd, n);
+  to_host(dst, dd, n);
+  cudaFree(ds), cudaFree(dd);
   return err;
 }
 

@@ -24,16 +24,16 @@
 // CHECK: static T map_0_grad(const ape::HeadCtx<T> &ctx, T x, T g) {
 // CHECK: static void token_forward(
 // CHECK-NEXT: const int64_t n = ctx.T;
-// CHECK-NEXT: for (int64_t t = ctx.tok_first(); t < n; t += ctx.tok_step()) tok[0 * n + t] = feat[0][t];  // feature "cable"
+// CHECK-NEXT: ctx.tok_map(tok + 0 * n, n, [&](T x) { return x; }, feat[0]);  // feature "cable"
 // CHECK-NEXT: ctx.tok_sync();
-// CHECK-NEXT: tok[1 * n + t] = map_0(ctx, tok[0 * n + t]);
+// CHECK-NEXT: ctx.tok_map(tok + 1 * n, n, [&](T x) { return map_0(ctx, x); }, tok + 0 * n);
 // CHECK-NEXT: ctx.tok_sync();
 // CHECK-NEXT: ctx.tok_scan(tok + 1 * n, tok + 2 * n, n);
 // CHECK-NEXT: ctx.tok_sync();
 // CHECK: static void token_backward(
 // CHECK: ctx.tok_rscan_add(dtok + 2 * n, dtok + 1 * n, n);
-// CHECK: dtok[0 * n + t] += map_0_grad(ctx, tok[0 * n + t], dtok[1 * n + t]);
-// CHECK: dfeat[0][t] = dtok[0 * n + t];
+// CHECK: ctx.tok_map_add(dtok + 0 * n, n, [&](T x, T g) { return map_0_grad(ctx, x, g); }, tok + 0 * n, dtok + 1 * n);
+// CHECK: ctx.tok_map(dfeat[0], n, [&](T g) { return g; }, dtok + 0 * n);
 // CHECK: static T score_mod(const ape::HeadCtx<T> &ctx, int64_t i, int64_t j, T s) {
 // CHECK-NEXT: [[SI:v[0-9]+]] = ctx.tok[2 * ctx.T + (i)];
 // CHECK-NEXT: [[SJ:v[0-9]+]] = ctx.tok[2 * ctx.T + (j)];

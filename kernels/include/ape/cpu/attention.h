@@ -88,9 +88,17 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
   int64_t tok0 = 0;
   double *scan_carry = nullptr;
 
-  // The token program's stages (emitEncFunctor): every token, in order, by one thread.
-  int64_t tok_first() const { return tok0; }
-  static constexpr int64_t tok_step() { return 1; }
+  // The token program's stages (emitEncFunctor): every token from tok0, in order, by one thread.
+  // dst[t] = f(a[t]) or f(a[t], b[t]) (dst is none of the sources); dst[t] += f(a[t], b[t]).
+  template <class T, class F> void tok_map(T *dst, int64_t n, F f, const T *a) const {
+    for (int64_t t = tok0; t < n; ++t) dst[t] = f(a[t]);
+  }
+  template <class T, class F> void tok_map(T *dst, int64_t n, F f, const T *a, const T *b) const {
+    for (int64_t t = tok0; t < n; ++t) dst[t] = f(a[t], b[t]);
+  }
+  template <class T, class F> void tok_map_add(T *dst, int64_t n, F f, const T *a, const T *b) const {
+    for (int64_t t = tok0; t < n; ++t) dst[t] += f(a[t], b[t]);
+  }
   static void tok_sync() {}
   // dst[t] = sum_{u <= t} src[u] for t >= tok0, accumulated in double (from scan_carry when set).
   template <class T> void tok_scan(const T *src, T *dst, int64_t n) const {

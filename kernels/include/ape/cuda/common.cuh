@@ -28,7 +28,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int array_len(int n) { return n > 0 ? n : 1; }
 constexpr size_t align_up(size_t n) { return (n + 127) / 128 * 128; }
 constexpr float kInf = __builtin_huge_valf();
-constexpr int kTokThreads = 256;  // threads of the token program's block (one per slice)
+constexpr int kTokThreads = 1024;  // threads of the token program's block (one per slice)
+constexpr int kTokItems = 8;      // tokens a thread of it loads at once (DevCtx::tok_map, tok_block_scan)
 // Zeros before and after a slice's table of distance biases (dist_table_kernel): a flash tile's
 // window reaches BQ + BK distances before 0 and past T at most.
 constexpr int64_t kDistPad = 256;
@@ -190,6 +191,67 @@ template <int N> using WarpFixedSinks = SinksOf<WarpFixedRef, N>;
 
 // The context the functors see on the GPU: the members of ape::HeadCtx, with sinks in place of
 // the private accumulators.
+// The token program's scans (DevCtx::tok_scan, tok_rscan_add), by every thread of the block
+// (blockDim.x a multiple of 32): dst[t] = sum_{u <= t} src[u] (kReverse: dst[t] += sum_{u >= t}
+// src[u]), accumulated in double. In rounds of blockDim.x * kTokItems tokens in scan order (t, or
+// n - 1 - t with kReverse): thread k loads its kTokItems consecutive tokens of the round at once,
+// the warps scan the threads' sums by shuffles and warp 0 the warps' totals, and each thread
+// adds its tokens to its offset. Every sum is taken in one fixed order whatever the schedule:
+// the result is bitwise the same at every run.
+template <bool kReverse, class T> __device__ void tok_block_scan(const T *src, T *dst, int64_t n) {
+  APE_STATIC_SMEM(double, part, kTokThreads / 32);  // the warps' inclusive prefix sums
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int nw = static_cast<int>(blockDim.x) / 32;
+  const int64_t round = int64_t(blockDim.x) * kTokItems;
+  double carry = 0;  // the sum of the earlier rounds
+  for (int64_t e0 = 0; e0 < n; e0 += round) {
+    const int64_t e = e0 + int64_t(tid) * kTokItems;  // this thread's first token in scan order
+    double x[kTokItems], sum = 0;
+    [[maybe_unused]] T d[kTokItems];  // kReverse: what dst holds, loaded with src
+#pragma unroll
+    for (int u = 0; u < kTokItems; ++u) {
+      const bool in = e + u < n;
+      const int64_t t = kReverse ? n - 1 - (e + u) : e + u;
+      x[u] = in ? static_cast<double>(src[t]) : 0.0;
+      if constexpr (kReverse) d[u] = in ? dst[t] : T(0);
+    }
+#pragma unroll
+    for (int u = 0; u < kTokItems; ++u) sum += x[u];
+    double s = sum;  // inclusive over the warp's threads, then exclusive
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const double y = __shfl_up_sync(0xffffffffu, s, d);
+      if (lane >= d) s += y;
+    }
+    if (lane == 31) part[warp] = s;
+    s = __shfl_up_sync(0xffffffffu, s, 1);
+    if (lane == 0) s = 0;
+    __syncthreads();
+    if (warp == 0) {
+      double w = lane < nw ? part[lane] : 0.0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const double y = __shfl_up_sync(0xffffffffu, w, d);
+        if (lane >= d) w += y;
+      }
+      if (lane < nw) part[lane] = w;
+    }
+    __syncthreads();
+    double acc = carry + (warp > 0 ? part[warp - 1] : 0.0) + s;
+#pragma unroll
+    for (int u = 0; u < kTokItems; ++u) {
+      acc += x[u];
+      if (e + u < n) {
+        const int64_t t = kReverse ? n - 1 - (e + u) : e + u;
+        if constexpr (kReverse) dst[t] = d[u] + T(acc);
+        else dst[t] = T(acc);
+      }
+    }
+    carry += part[nw - 1];
+    __syncthreads();  // `part` is free again
+  }
+}
+
 template <class Enc> struct DevCtx {
   static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   int64_t b, h, H, T, D;
@@ -202,46 +264,49 @@ template <class Enc> struct DevCtx {
   FixedSink vmass;                               // value rows: sum_j P_ij per (i, row), (T, rows)
 
   // The token program's stages (emitEncFunctor), run by all threads of one block per slice
-  // (token_forward_kernel, token_backward_kernel): each thread takes every blockDim-th token,
-  // a barrier separates the stages, and the scans are block-parallel in double.
-  __device__ static int64_t tok_first() { return threadIdx.x; }
-  __device__ static int64_t tok_step() { return blockDim.x; }
+  // (token_forward_kernel, token_backward_kernel): tok_map and tok_map_add on every token, a
+  // barrier (tok_sync) between the stages, and the scans (tok_block_scan), in double.
   __device__ static void tok_sync() { __syncthreads(); }
-  // dst[t] = sum_{u <= t} src[u] (kReverse: dst[t] += sum_{u >= t} src[u]), in double. Thread k
-  // sums a contiguous chunk, thread 0 scans the block's chunk sums (a fixed order: the result
-  // does not depend on the schedule), then each thread rescans its chunk from its offset.
-  template <bool kReverse, class T>
-  __device__ static void block_scan(const T *__restrict__ src, T *__restrict__ dst, int64_t n) {
-    APE_STATIC_SMEM(double, part, kTokThreads);
-    const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
-    const int64_t chunk = (n + nt - 1) / nt;
-    const int64_t a = tid * chunk < n ? tid * chunk : n, b = a + chunk < n ? a + chunk : n;
-    double sum = 0;
-    for (int64_t t = a; t < b; ++t) sum += src[t];
-    part[tid] = sum;
-    __syncthreads();
-    if (tid == 0) {  // exclusive prefix (suffix) sums of the chunks
-      double acc = 0;
-      for (int k = 0; k < nt; ++k) {
-        const int c = kReverse ? nt - 1 - k : k;
-        const double v = part[c];
-        part[c] = acc;
-        acc += v;
+  // dst[t] = f(a[t]) (or f(a[t], b[t])) for t in [0, n); dst is none of the sources. Each thread
+  // loads the sources of kTokItems tokens, a block's width apart, before it evaluates f on any
+  // and stores: their loads are in flight together (with a load, its use and its store per token,
+  // a stage took the latency of T / blockDim loads one after the other).
+  template <class T, class F> __device__ static void tok_map(T *dst, int64_t n, F f, const T *a) {
+    tok_batches<false>(dst, n, [&](T x, T) { return f(x); }, a, static_cast<const T *>(nullptr));
+  }
+  template <class T, class F> __device__ static void tok_map(T *dst, int64_t n, F f, const T *a, const T *b) {
+    tok_batches<false>(dst, n, f, a, b);
+  }
+  // dst[t] += f(a[t], b[t]), in the same batches.
+  template <class T, class F>
+  __device__ static void tok_map_add(T *dst, int64_t n, F f, const T *a, const T *b) {
+    tok_batches<true>(dst, n, f, a, b);
+  }
+  template <bool kAdd, class T, class F>
+  __device__ static void tok_batches(T *dst, int64_t n, F f, const T *a, const T *b) {
+    const int64_t step = blockDim.x;
+    for (int64_t t0 = threadIdx.x; t0 < n; t0 += kTokItems * step) {
+      T xa[kTokItems], xb[kTokItems], xd[kTokItems];
+#pragma unroll
+      for (int u = 0; u < kTokItems; ++u) {
+        const int64_t t = t0 + u * step;
+        const bool in = t < n;
+        xa[u] = in ? a[t] : T(0);
+        xb[u] = in && b ? b[t] : T(0);
+        if constexpr (kAdd) xd[u] = in ? dst[t] : T(0);
+      }
+#pragma unroll
+      for (int u = 0; u < kTokItems; ++u) {
+        const int64_t t = t0 + u * step;
+        if (t < n) dst[t] = kAdd ? xd[u] + f(xa[u], xb[u]) : f(xa[u], xb[u]);
       }
     }
-    __syncthreads();
-    double acc = part[tid];
-    if constexpr (kReverse)
-      for (int64_t t = b - 1; t >= a; --t) acc += src[t], dst[t] += T(acc);
-    else
-      for (int64_t t = a; t < b; ++t) acc += src[t], dst[t] = T(acc);
-    __syncthreads();  // `part` is free again
   }
   template <class T> __device__ static void tok_scan(const T *src, T *dst, int64_t n) {
-    block_scan<false>(src, dst, n);
+    tok_block_scan<false>(src, dst, n);
   }
   template <class T> __device__ static void tok_rscan_add(const T *src, T *dst, int64_t n) {
-    block_scan<true>(src, dst, n);
+    tok_block_scan<true>(src, dst, n);
   }
 };
 
