@@ -1623,6 +1623,46 @@ TEST(CudaArgs, NullGradientPointersAreRefused) {
   expect_no_findings();
 }
 
+// Every row pointer at a multiple of 16 bytes (cuda/kernel_entry.h): a tensor 2 bytes into a
+// buffer is refused before any launch (it would have ended in a sticky misaligned-address error),
+// and the same call at the aligned address runs.
+TEST(CudaArgs, MisalignedRowPointersAreRefused) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const CudaKernelEntry *e = find_cuda("nope");
+  if (!e) GTEST_SKIP() << "nope is not in this build";
+  const auto *var = ape::cuda::find_variant(*e, ape::cuda::DType::BF16, 64);
+  if (!var) GTEST_SKIP() << "nope has no bf16/hd64 variant in this build";
+  DevBuf buf;
+  ASSERT_EQ(cudaMalloc(&buf.ptr, 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaMemset(buf.ptr, 0, 1 << 20), cudaSuccess);
+  char *base = static_cast<char *>(buf.ptr);
+  uint32_t *status = reinterpret_cast<uint32_t *>(base + (1 << 19));
+  auto args = [&] {
+    CudaAttnArgs a;
+    a.B = 1, a.H = 1, a.T = 8, a.D = 64, a.dtype = ape::cuda::DType::BF16, a.scale = 0.125f;
+    const size_t t = 8 * 64 * 2;  // bytes of one tensor
+    a.q = base, a.k = base + t, a.v = base + 2 * t, a.o = base + 3 * t, a.dout = base + 4 * t;
+    a.dq = base + 5 * t, a.dk = base + 6 * t, a.dv = base + 7 * t;
+    a.lse = reinterpret_cast<float *>(base + 8 * t), a.status = status;
+    return a;
+  };
+  ASSERT_EQ(var->forward(args()), cudaSuccess);
+  ASSERT_EQ(var->backward(args()), cudaSuccess);
+  const char *names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+  for (int x = 0; x < 8; ++x) {
+    CudaAttnArgs a = args();
+    const void **in[] = {&a.q, &a.k, &a.v, &a.dout};
+    void **out[] = {&a.o, &a.dq, &a.dk, &a.dv};
+    const int ins[] = {0, 1, 2, -1, 3, -1, -1, -1}, outs[] = {-1, -1, -1, 0, -1, 1, 2, 3};
+    if (ins[x] >= 0) *in[ins[x]] = static_cast<const char *>(*in[ins[x]]) + 2;
+    else *out[outs[x]] = static_cast<char *>(*out[outs[x]]) + 2;
+    if (x < 4) EXPECT_EQ(var->forward(a), cudaErrorInvalidValue) << names[x];
+    EXPECT_EQ(var->backward(a), cudaErrorInvalidValue) << names[x];
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_no_findings();
+}
+
 INSTANTIATE_TEST_SUITE_P(All, CudaKernel, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<Case> &info) {
                            const CudaKernelEntry *e = find_cuda(std::get<0>(info.param));

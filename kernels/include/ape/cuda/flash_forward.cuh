@@ -597,17 +597,22 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     __syncthreads();
   }
   // o = O / l, lse = m + log l (natural log); a row without a finite logit: o = 0, lse = -inf.
+  // o leaves through the warp's own rows of the Q tile (only this warp reads them, and its last
+  // read is done: __syncwarp): the fragments' 4-byte pairs go there in the tile's swizzled layout
+  // (8 rows at one logical column fall in 8 bank groups), then whole rows leave in 16-byte chunks,
+  // 512 contiguous bytes per warp instruction at D = 128, where a fragment's 2-byte stores each
+  // touched 8 rows.
+  __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
+      const int rr = r0 + 16 * mt + g + 8 * h;  // row in the tile
+      const int64_t i = i0 + rr;
       const float lt = flash::quad_sum(l[mt][h]);
-      if (i >= T) continue;
       const float inv = lt > 0.f ? 1.f / lt : 0.f;
-      In *orow = p.o + base + i * D;
       if constexpr (kMass > 0) {  // O += sum_r mass[r] table[r, h, :] (the masses' order: r)
-        const float *row = sMass + (r0 + 16 * mt + g + 8 * h) * kMass;
+        const float *row = sMass + rr * kMass;
         for (int r = 0; r < kMass; ++r) {
           const float w = row[r];
           if (w == 0.f) continue;
@@ -619,12 +624,23 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
           }
         }
       }
-      for (int dt = 0; dt < kDT; ++dt) {
-        orow[8 * dt + 2 * t] = from_float<In>(o[mt][dt][2 * h] * inv);
-        orow[8 * dt + 2 * t + 1] = from_float<In>(o[mt][dt][2 * h + 1] * inv);
-      }
-      if (t == 0) p.lse[bh * T + i] = m[mt][h] * mscale + logf(lt);
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt)
+        *reinterpret_cast<uint32_t *>(sQ + flash::Swizzle<D>::offset(rr, 8 * dt + 2 * t)) =
+            flash::pack2<In>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+      if (t == 0 && i < T) p.lse[bh * T + i] = m[mt][h] * mscale + logf(lt);
     }
+  __syncwarp();
+  constexpr int kRows = 16 * kMT, kChunks = D / 8;  // the warp's rows; 16-byte chunks per row
+  static_assert(kRows * kChunks % 32 == 0, "whole chunks per lane");
+  const int64_t rows = T - (i0 + r0) < kRows ? T - (i0 + r0) : kRows;
+#pragma unroll
+  for (int u = 0; u < kRows * kChunks / 32; ++u) {
+    const int xc = lane + 32 * u, r = xc / kChunks, c = 8 * (xc % kChunks);
+    if (r < rows)
+      *reinterpret_cast<ptx::F4 *>(p.o + base + (i0 + r0 + r) * D + c) =
+          *reinterpret_cast<const ptx::F4 *>(sQ + flash::Swizzle<D>::offset(r0 + r, c));
+  }
 }
 
 }  // namespace detail

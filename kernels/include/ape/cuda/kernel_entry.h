@@ -5,7 +5,10 @@
 // NAME_cuda*.cu files. Tensors are raw device pointers; per-call scratch memory is taken from
 // the stream-ordered allocator (cudaMallocAsync) on `stream`.
 //
-//   q, k, v, o, dout, dq, dk, dv   (B, H, T, D) contiguous, dtype f32 | f16 | bf16
+//   q, k, v, o, dout, dq, dk, dv   (B, H, T, D) contiguous, dtype f32 | f16 | bf16, each address a
+//                                  multiple of 16 bytes (the kernels move rows in 16-byte
+//                                  chunks: cp.async, TMA, vector stores); a call with another
+//                                  returns cudaErrorInvalidValue and launches nothing
 //   lse                            (B, H, T) float32: log sum_j exp(l_ij) of the final logits
 //   features, dfeatures            Enc::kNumFeatures x (B, H, T) float32
 //   params, dparams                Enc::kNumParams tensors, float32, shapes per manifest

@@ -94,6 +94,10 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
     return cudaErrorInvalidValue;
   if (a.B * a.H * a.T == 0) return cudaSuccess;
   if (!a.q || !a.k || !a.v || !a.o || !a.lse) return cudaErrorInvalidValue;
+  // Rows move in 16-byte chunks (cp.async, TMA, vector stores): a misaligned address would end the
+  // launch with a sticky misaligned-address error, which no later call on the context survives.
+  auto aligned = [](const void *x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
+  if (!aligned(a.q) || !aligned(a.k) || !aligned(a.v) || !aligned(a.o)) return cudaErrorInvalidValue;
   if (Enc::kNumFeatures > 0 && !a.features) return cudaErrorInvalidValue;
   if (Enc::kNumParams > 0 && !a.params) return cudaErrorInvalidValue;
   for (int n = 0; n < Enc::kNumFeatures; ++n)
@@ -102,6 +106,7 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
     if (!a.params[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
   if (!backward) return cudaSuccess;
   if (!a.dout || !a.dq || !a.dk || !a.dv) return cudaErrorInvalidValue;
+  if (!aligned(a.dout) || !aligned(a.dq) || !aligned(a.dk) || !aligned(a.dv)) return cudaErrorInvalidValue;
   if (Enc::kNumFeatures > 0 && !a.dfeatures) return cudaErrorInvalidValue;
   if (Enc::kNumParams > 0 && !a.dparams) return cudaErrorInvalidValue;
   for (int n = 0; n < Enc::kNumFeatures; ++n)

@@ -80,6 +80,15 @@ struct Float32Tensors {
   }
 };
 
+// t contiguous at an address the kernels take (cuda/kernel_entry.h: a multiple of 16 bytes): t
+// itself when it is, else a copy (a view at an odd offset, e.g. of a flat buffer, is contiguous
+// but misaligned; the caching allocator's blocks are aligned).
+inline at::Tensor kernel_operand(const at::Tensor &t) {
+  at::Tensor c = t.contiguous();
+  if (reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone(at::MemoryFormat::Contiguous);
+  return c;
+}
+
 inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tensor &q,
                                     double scale) {
   cuda::CudaAttnArgs a;
@@ -99,7 +108,7 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
                                   int64_t first_row = 0, int64_t layer = 0,
                                   int64_t num_layers = 0) {
   const c10::cuda::CUDAGuard device(q.device());
-  at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  at::Tensor qc = kernel_operand(q), kc = kernel_operand(k), vc = kernel_operand(v);
   Float32Tensors f(features), p(params);
   at::Tensor o = at::empty(qc.sizes(), qc.options());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, qc.options().dtype(at::kFloat));
@@ -165,8 +174,8 @@ inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVari
                                     const at::Tensor &lse, at::TensorList features,
                                     at::TensorList params, double scale) {
   const c10::cuda::CUDAGuard device(q.device());
-  at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  at::Tensor oc = o.contiguous(), lc = lse.contiguous(), gc = dout.contiguous();
+  at::Tensor qc = kernel_operand(q), kc = kernel_operand(k), vc = kernel_operand(v);
+  at::Tensor oc = kernel_operand(o), lc = lse.contiguous(), gc = kernel_operand(dout);
   Float32Tensors f(features), p(params);
   at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
   std::vector<at::Tensor> df, dp;
