@@ -199,7 +199,7 @@ template <int N> using WarpFixedSinks = SinksOf<WarpFixedRef, N>;
 // adds its tokens to its offset. Every sum is taken in one fixed order whatever the schedule:
 // the result is bitwise the same at every run.
 template <bool kReverse, class T> __device__ void tok_block_scan(const T *src, T *dst, int64_t n) {
-  APE_STATIC_SMEM(double, part, kTokThreads / 32);  // the warps' inclusive prefix sums
+  APE_STATIC_SMEM(double, part, 32);  // the warps' inclusive prefix sums (32: any block's warps)
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int nw = static_cast<int>(blockDim.x) / 32;
   const int64_t round = int64_t(blockDim.x) * kTokItems;
