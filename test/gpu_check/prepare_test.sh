@@ -26,6 +26,18 @@ done
 for f in $(grep -o '"\$src/[A-Za-z0-9_./-]*\.[a-z]*"' "$root/scripts/gpu-check.sh" | tr -d '"' | sed 's|^\$src/||' | sort -u); do
   [ -e "$dir/src/$f" ] || { echo "FAIL: run uses src/$f, which prepare does not copy"; exit 1; }
 done
+# Every file a copied CMakeLists.txt includes by a path from its own folder was copied (the
+# framework tests' CMakeLists.txt once included cmake/ApeCcache.cmake, which prepare left out, and
+# the python stage could not configure on the GPU machine).
+for cml in $(find "$dir/src" -name CMakeLists.txt); do
+  for inc in $(grep -o 'include(${CMAKE_CURRENT_SOURCE_DIR}/[^)]*)' "$cml" | sed 's|include(${CMAKE_CURRENT_SOURCE_DIR}/||; s|)$||'); do
+    [ -e "$(dirname "$cml")/$inc" ] ||
+      { echo "FAIL: ${cml#$dir/} includes $inc, which prepare does not copy"; exit 1; }
+  done
+  for inc in $(grep -o 'include(${APE_SOURCE_DIR}/[^)]*)' "$cml" | sed 's|include(${APE_SOURCE_DIR}/||; s|)$||'); do
+    [ -e "$dir/src/$inc" ] || { echo "FAIL: ${cml#$dir/} includes $inc, which prepare does not copy"; exit 1; }
+  done
+done
 # Every spec has its CUDA entry and a CPU twin.
 for spec in "$root"/examples/encodings/*.mlir; do
   enc=$(basename "$spec" .mlir)

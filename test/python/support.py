@@ -31,6 +31,22 @@ C_ABI_ENCODINGS = sorted(d[:-len("_c_abi")] for d in (os.listdir(_ARTIFACTS) if 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+def cmake_cache(name, default=""):
+    """The value of `name` in the build's CMakeCache.txt (`default` without a build or the entry)."""
+    path = os.path.join(_ARTIFACTS, "CMakeCache.txt") if _ARTIFACTS else ""
+    if path and os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                if line.startswith(name + ":"):
+                    return line.split("=", 1)[1].strip()
+    return default
+
+
+# The operator libraries built with CUDA kernels (CMakeLists.txt's APE_CUDA_ENCODINGS: rope and
+# cable by default; the GPU check adds alibi and alibi_learned, a fixed and a trainable param).
+CUDA_ENCODINGS = [e for e in cmake_cache("APE_CUDA_ENCODINGS", "rope;cable").split(";") if e]
+
+
 def artifacts():
     d = os.environ.get("APE_TEST_ARTIFACTS")
     if not d:

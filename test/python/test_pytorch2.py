@@ -25,8 +25,8 @@ from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
 import reference
-from support import (ENCODINGS, REFERENCE_ENCODINGS, ROOT, artifact, artifacts, close, helper, make_inputs,
-                     ops, ordered, pair_sum_bound)
+from support import (CUDA_ENCODINGS, ENCODINGS, REFERENCE_ENCODINGS, ROOT, artifact, artifacts, close,
+                     cmake_cache, helper, make_inputs, ops, ordered, pair_sum_bound)
 
 # Inductor compiles C++ for each graph: one encoding per kind of input (none; a token feature;
 # fixed and trainable params with a derived bias; derived params; relative rows).
@@ -218,24 +218,23 @@ def test_half_precision_in_float32(encoding, dtype):
 
 # ---- the CUDA kernels ------------------------------------------------------------------------------
 def test_cuda_kernels_are_compiled_in():
-    """rope and cable carry CUDA kernels where PyTorch has CUDA and nvcc was found (the variants
-    run.sh asks for); encodings the CUDA template cannot take yet, or built without kernels,
-    report none. Runs without a GPU: it checks the build, not the kernels (test_cuda.py)."""
+    """The encodings of APE_CUDA_ENCODINGS (rope and cable by default) carry CUDA kernels where
+    PyTorch has CUDA and nvcc was found (the variants run.sh asks for); the others, built without
+    kernels, report none. Runs without a GPU: it checks the build, not the kernels (test_cuda.py)."""
     expected = ["bf16/hd64", "f32/hd64"] if torch.version.cuda and _built_with_nvcc() else []
-    assert sorted(ops("rope").cuda_kernels()) == expected
-    assert sorted(ops("cable").cuda_kernels()) == expected
-    assert ops("nope").cuda_kernels() == []   # built with APE_ENABLE_CUDA=OFF
-    assert ops("shaw").cuda_kernels() == []   # relative rows: no CUDA template yet
+    assert CUDA_ENCODINGS, "APE_CUDA_ENCODINGS is empty"
+    for encoding in CUDA_ENCODINGS:
+        assert sorted(ops(encoding).cuda_kernels()) == expected, encoding
+    for encoding in ("nope", "shaw"):  # built with APE_ENABLE_CUDA=OFF
+        if encoding not in CUDA_ENCODINGS:
+            assert ops(encoding).cuda_kernels() == [], encoding
 
 
 def _built_with_nvcc():
     """Whether the framework-suite build found nvcc (its CMakeCache.txt)."""
-    with open(os.path.join(artifacts(), "CMakeCache.txt")) as f:
-        for line in f:
-            if line.startswith("CMAKE_CUDA_COMPILER:"):
-                value = line.split("=", 1)[1].strip()
-                return bool(value) and not value.endswith("NOTFOUND")
-    return False
+    artifacts()
+    value = cmake_cache("CMAKE_CUDA_COMPILER")
+    return bool(value) and not value.endswith("NOTFOUND")
 
 
 def _function_body(text, signature):
