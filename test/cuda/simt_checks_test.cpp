@@ -144,6 +144,28 @@ TEST_F(Simt, MemcheckCatchesSharedOverflowUseAfterFreeAndHostDereference) {
   EXPECT_TRUE(has(fs, Check::Memcheck, "host code reads")) << dump(fs);
 }
 
+// cudaMemcpy2DAsync (cuda/decode.h's copies of every slice's rows at once): height rows of width
+// bytes from rows spitch apart to rows dpitch apart, nothing between them touched; a pitch below
+// the width is refused (cudaErrorInvalidPitchValue), and a row outside the allocations is a finding.
+TEST_F(Simt, Memcpy2DCopiesRowsAtTheirPitches) {
+  std::vector<unsigned char> host, back;
+  std::vector<int> codes;
+  ASSERT_EQ(planted::memcpy_2d(host, back, codes), 0);
+  ASSERT_EQ(host.size(), 7u * 40);
+  ASSERT_EQ(back.size(), 5u * 64);
+  ASSERT_EQ(codes.size(), 3u);
+  for (int r = 0; r < 5; ++r)
+    for (int c = 0; c < 64; ++c) {  // src rows 1..5 (40 bytes apart), bytes 3..26 -> dst rows 0..4 (64 apart), byte 8
+      const unsigned char want = c >= 8 && c < 32 ? host[(r + 1) * 40 + 3 + (c - 8)] : 0xEE;
+      ASSERT_EQ(back[r * 64 + c], want) << "row " << r << ", byte " << c;
+    }
+  EXPECT_EQ(codes[0], 12) << "a destination pitch below the width: cudaErrorInvalidPitchValue";
+  EXPECT_EQ(codes[1], 12) << "a source pitch below the width: cudaErrorInvalidPitchValue";
+  EXPECT_NE(codes[2], 0) << "rows past the source's allocation";
+  const auto fs = findings();
+  EXPECT_TRUE(has(fs, Check::Memcheck, "outside every live allocation")) << dump(fs);
+}
+
 TEST_F(Simt, StaticSharedMemoryIsPerBlockAndBounded) {
   std::vector<float> out;
   ASSERT_EQ(planted::static_shared_reverse(false, out), 0);

@@ -37,6 +37,11 @@ int static_shared_reverse(bool overflow, std::vector<float> &out);
 int uninitialised_shared_read();
 // Reads a device buffer after cudaFree.
 int use_after_free();
+// cudaMemcpy2DAsync: `host` (7 rows of 40 bytes) uploaded, its rows 1..5, bytes 3..26, copied to
+// rows 0..4 of a buffer of 5 rows of 64 bytes filled with 0xEE, at byte 8, read back into `back`;
+// `codes`: the errors of a copy with a destination pitch below the width, one with a source pitch
+// below it, and one whose rows run past the source's allocation.
+int memcpy_2d(std::vector<unsigned char> &host, std::vector<unsigned char> &back, std::vector<int> &codes);
 // Threads < 64 wait at one __syncthreads, the others at another.
 int divergent_barriers();
 // Lane 5 returns early; the others shuffle with the full mask (which can never complete).

@@ -608,6 +608,23 @@ int big_shared(int bytes, bool set_attribute) {
   return err;
 }
 
+int memcpy_2d(std::vector<unsigned char> &host, std::vector<unsigned char> &back, std::vector<int> &codes) {
+  host.resize(7 * 40);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned char>(i * 7 + 1);
+  back.assign(5 * 64, 0xEE);
+  unsigned char *src = device_alloc<unsigned char>(host.size()), *dst = device_alloc<unsigned char>(back.size());
+  cudaMemcpy(src, host.data(), host.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dst, back.data(), back.size(), cudaMemcpyHostToDevice);
+  const int err = cudaMemcpy2DAsync(dst + 8, 64, src + 40 + 3, 40, 24, 5, cudaMemcpyDeviceToDevice);
+  to_host(back, dst, back.size());
+  codes = {cudaMemcpy2DAsync(dst, 16, src, 40, 24, 2, cudaMemcpyDeviceToDevice),
+           cudaMemcpy2DAsync(dst, 64, src, 16, 24, 2, cudaMemcpyDeviceToDevice),
+           cudaMemcpy2DAsync(dst, 64, src, 40, 24, 8, cudaMemcpyDeviceToDevice)};
+  cudaGetLastError();
+  cudaFree(src), cudaFree(dst);
+  return err;
+}
+
 int host_reads_device() {
   float *d = device_alloc<float>(4);
   cudaMemset(d, 0, 4 * sizeof(float));
