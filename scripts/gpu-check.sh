@@ -21,7 +21,8 @@
 #   suite      ape_cuda_kernels_test, sharded over the cores                          240
 #   sanitizer  compute-sanitizer memcheck, racecheck, synccheck, initcheck on a
 #              representative set (in parallel with `python`)                         200
-#   python     test/python/test_cuda.py and the cuda cases of the framework tests     200
+#   python     test/python/test_cuda.py and the cuda cases of the framework tests,
+#              then test_cuda.py's encodings with params (alibi, alibi_learned)   150 + 90
 #   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
 #              FlexAttention, one configuration (1x16x4096x128) unless --full-bench or
 #              --bench-configs; --bench-encodings picks encodings; with APE's
@@ -459,7 +460,7 @@ run() {
         timeout 150 "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
           test_c_abi.py test_pytorch2.py test_examples.py -k "(cuda or CUDA) and not alibi"
         rc1=$?
-        timeout 50 "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py -k alibi
+        timeout 90 "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py -k alibi
         rc2=$?
         [ $rc1 = 124 ] || [ $rc2 = 124 ] && exit 124
         [ $rc1 = 0 ] && [ $rc2 = 0 ]
