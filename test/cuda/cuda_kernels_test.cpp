@@ -1504,8 +1504,9 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
   o = download(od, q), lse = download(ld, lse_like);
 }
 
-// Decoding (cuda/decode.h): a prefill of 120 tokens, 13 steps of one token (crossing row 128:
-// the query tiles are 32, 64 or 128 rows, so every kernel skips tiles), then 7 tokens at once;
+// Decoding (cuda/decode.h): a prefill of 125 tokens, 4 steps of one token (rows 125 to 128: the
+// last rows of a query tile of 32, 64 or 128 rows and the first of the next, so every kernel skips
+// tiles, and from a tile's last row), then 7 tokens at once;
 // every step's o and lse equal, bit for bit, the rows L0 .. L-1 of the full forward over the L
 // tokens so far (the contract of cpu/decode.h, kept here). Then the refusals: a step past the
 // capacity, another dtype, a missing pointer.
@@ -1513,12 +1514,10 @@ void check_decode_steps(const std::string &name, size_t index) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
-  const int64_t T = 140;
+  const int64_t T = 136;
   const Problem p = make_problem(*e, 2, 1, T, var.head_dim, 23);
   const auto dt = torch_type(var.dtype);
-  std::vector<int64_t> steps = {120};
-  for (int s = 0; s < 13; ++s) steps.push_back(1);
-  steps.push_back(7);
+  const std::vector<int64_t> steps = {125, 1, 1, 1, 1, 7};
   ape::cuda::CudaDecodeCache cache;
   cache.capacity = T;
   std::vector<DevBuf> prms(p.params.size());
