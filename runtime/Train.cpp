@@ -5,7 +5,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -153,6 +155,36 @@ at::Tensor clip_gradients(const std::vector<at::Tensor> &params, double max_norm
   for (auto &p : with_grad) p.grad().data().mul_(coef);
   return total;
 }
+
+// ---- a digest of every step, for tests of bit-exact resumption ---------------------------------------
+
+// APE_TEST_STEP_DIGEST=1 in the environment: each CPU step prints one line to `out`,
+//   [digest] step N batch H grad:NAME H ... param:NAME H ...
+// (H: FNV-1a of the tensor's bytes; the gradients after clipping, the parameters after the update),
+// so that two runs that should agree bit for bit (test/resume/kill_loop.sh) show which tensor
+// differed first when they do not: the batch, a gradient (the forward or backward), or only a
+// parameter (the optimizer).
+namespace {
+bool step_digest_requested() {
+  static const bool on = [] {
+    const char *e = std::getenv("APE_TEST_STEP_DIGEST");
+    return e && *e && std::string(e) != "0";
+  }();
+  return on;
+}
+
+std::string tensor_digest(const at::Tensor &t) {
+  if (!t.defined()) return "none";
+  const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+  const auto *b = static_cast<const unsigned char *>(c.data_ptr());
+  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+}  // namespace
 
 // ---- the trainer -------------------------------------------------------------------------------------
 
@@ -581,7 +613,17 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       if (!dp_) loss.backward();
       const double gnorm = clip_gradients(impl_->params, cfg.grad_clip).item<double>();
       check_gnorm(step, l, gnorm, lr_text, true);
+      std::string digest;
+      if (step_digest_requested()) {
+        digest = "[digest] step " + std::to_string(step + 1) + " batch " + tensor_digest(windows);
+        for (const auto &[name, p] : impl_->named) digest += " grad:" + name + " " + tensor_digest(p.grad());
+      }
       opt.step();
+      if (!digest.empty()) {
+        for (const auto &[name, p] : impl_->named) digest += " param:" + name + " " + tensor_digest(p);
+        end_line();
+        out << digest << "\n" << std::flush;
+      }
       state_.step = step + 1;
       account(l);
     }

@@ -166,6 +166,24 @@ TEST_F(Simt, Memcpy2DCopiesRowsAtTheirPitches) {
   EXPECT_TRUE(has(fs, Check::Memcheck, "outside every live allocation")) << dump(fs);
 }
 
+// cuda/decode.h's copy_rows through each of its three ways: one slice (a plain copy), several at
+// once (a 2-D copy), and a copy per slice where a pitch exceeds max_pitch.
+TEST_F(Simt, DecodeCopyRowsEveryWay) {
+  for (const auto &[S, max_pitch] : {std::pair<int64_t, size_t>{1, 1 << 20}, {3, 1 << 20}, {3, 16}}) {
+    std::vector<unsigned char> src, dst;
+    ASSERT_EQ(planted::decode_copy_rows(S, max_pitch, src, dst), 0) << "S " << S;
+    for (int64_t x = 0; x < S; ++x)
+      for (int r = 0; r < 7; ++r)
+        for (int c = 0; c < 12; ++c) {
+          const unsigned char want = r >= 2 && r < 5 ? src[(x * 5 + (r - 2)) * 12 + c] : 0xEE;
+          ASSERT_EQ(dst[(x * 7 + r) * 12 + c], want)
+              << "S " << S << ", max_pitch " << max_pitch << ": slice " << x << ", row " << r << ", byte " << c;
+        }
+    const auto fs = findings();
+    EXPECT_TRUE(fs.empty()) << dump(fs);
+  }
+}
+
 TEST_F(Simt, StaticSharedMemoryIsPerBlockAndBounded) {
   std::vector<float> out;
   ASSERT_EQ(planted::static_shared_reverse(false, out), 0);

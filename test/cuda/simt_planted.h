@@ -5,6 +5,7 @@
 // (0 = cudaSuccess); device buffers are allocated and freed inside.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -42,6 +43,10 @@ int use_after_free();
 // `codes`: the errors of a copy with a destination pitch below the width, one with a source pitch
 // below it, and one whose rows run past the source's allocation.
 int memcpy_2d(std::vector<unsigned char> &host, std::vector<unsigned char> &back, std::vector<int> &codes);
+// cuda/decode.h's copy_rows: rows [0, 3) of S slices of 5 rows (W 12 bytes) to rows [2, 5) of
+// slices of 7 rows (0xEE elsewhere); max_pitch below the pitches takes its copy per slice.
+int decode_copy_rows(int64_t S, size_t max_pitch, std::vector<unsigned char> &src,
+                     std::vector<unsigned char> &dst);
 // Threads < 64 wait at one __syncthreads, the others at another.
 int divergent_barriers();
 // Lane 5 returns early; the others shuffle with the full mask (which can never complete).

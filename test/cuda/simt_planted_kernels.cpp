@@ -3,6 +3,7 @@
 #include "simt_planted.h"
 
 #include "ape/cuda/common.cuh"
+#include "ape/cuda/decode.h"
 #include "ape/cuda/platform.cuh"
 
 #include <algorithm>
@@ -622,6 +623,21 @@ int memcpy_2d(std::vector<unsigned char> &host, std::vector<unsigned char> &back
            cudaMemcpy2DAsync(dst, 64, src, 40, 24, 8, cudaMemcpyDeviceToDevice)};
   cudaGetLastError();
   cudaFree(src), cudaFree(dst);
+  return err;
+}
+
+int decode_copy_rows(int64_t S, size_t max_pitch, std::vector<unsigned char> &src,
+                     std::vector<unsigned char> &dst) {
+  constexpr size_t W = 12;
+  src.resize(static_cast<size_t>(S) * 5 * W);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 5 + 3);
+  dst.assign(static_cast<size_t>(S) * 7 * W, 0xEE);
+  unsigned char *ds = device_alloc<unsigned char>(src.size()), *dd = device_alloc<unsigned char>(dst.size());
+  cudaMemcpy(ds, src.data(), src.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dd, dst.data(), dst.size(), cudaMemcpyHostToDevice);
+  const int err = ape::cuda::decode_detail::copy_rows(dd, 7, 2, ds, 5, 3, S, W, nullptr, max_pitch);
+  to_host(dst, dd, dst.size());
+  cudaFree(ds), cudaFree(dd);
   return err;
 }
 

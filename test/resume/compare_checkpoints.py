@@ -4,13 +4,17 @@
     compare_checkpoints.py A.ckpt B.ckpt
     compare_checkpoints.py --first-loss-difference A.ckpt B.ckpt
     compare_checkpoints.py --step A.ckpt
+    compare_checkpoints.py --digests STEP REF.log RUN1.log RUN2.log ...
 
 Reads the format independently of the runtime. Equal means: the same encoding, the same config
 except the wall-clock fields (state.elapsed_seconds, result.seconds, result.tokens_per_second,
 state.threads is compared), and every tensor (model, AdamW moments and steps, random state) with the
 same name, dtype, shape and bytes. Exit status 0 when equal; otherwise 1 with the differences.
 --first-loss-difference prints the first step (1-based) whose recorded loss differs between the two
-(0: none); --step prints a checkpoint's step.
+(0: none); --step prints a checkpoint's step. --digests compares the `[digest]` lines
+(APE_TEST_STEP_DIGEST=1, runtime/Train.cpp) of steps STEP - 1 and STEP of an uninterrupted run's log
+with those of a run in rounds (its logs in round order; a step's line is the last round's that ran
+it), and names the tensors that differ: the batch, a gradient, or only a parameter after the update.
 """
 import json
 import struct
@@ -74,7 +78,36 @@ def read(path):
     return encoding, config, tensors
 
 
+def digests(path):
+    """{step: {field: hash}} of a log's [digest] lines."""
+    out = {}
+    with open(path, errors="replace") as f:
+        for line in f:
+            if not line.startswith("[digest] step "):
+                continue
+            words = line.split()
+            fields = dict(zip(words[3::2], words[4::2]))
+            out[int(words[2])] = fields
+    return out
+
+
+def compare_digests(step, ref_log, run_logs):
+    ref, run = digests(ref_log), {}
+    for log in run_logs:
+        run.update(digests(log))
+    for s in (step - 1, step):
+        if s not in ref or s not in run:
+            print(f"step {s}: no digest in {'the uninterrupted run' if s not in ref else 'the resumed run'}")
+            continue
+        diff = [k for k in ref[s] if ref[s][k] != run[s].get(k)]
+        print(f"step {s}: " + ("the same batch, gradients and parameters" if not diff else
+                               "differs in " + " ".join(diff)))
+
+
 def main():
+    if sys.argv[1] == "--digests":
+        compare_digests(int(sys.argv[2]), sys.argv[3], sys.argv[4:])
+        return 0
     if sys.argv[1] == "--step":
         print(read(sys.argv[2])[1]["state"]["step"])
         return 0

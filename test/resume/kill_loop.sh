@@ -15,6 +15,8 @@ args=(--encoding t5 --steps $steps --d-model 32 --layers 1 --heads 2 --seq-len 3
       --checkpoint-every 1 --eval-multiples 1 --eval-tokens 256 --cache-dir "$cache" --threads 2)
 rm -rf "$work"
 mkdir -p "$work"
+# Every step logs a digest of its batch, gradients and parameters: a difference names its tensor.
+export APE_TEST_STEP_DIGEST=1
 fail() { echo "kill_loop: FAIL: $*"; exit 1; }
 
 # 1. The reference: the same run, never interrupted (it also warms the corpus cache).
@@ -90,6 +92,11 @@ diagnose() {
   local cmp="$here/compare_checkpoints.py" first pick="" pick_step="" f s k
   first=$(/usr/bin/python3 "$cmp" --first-loss-difference "$work/ref/t5.ckpt" "$ckpt")
   echo "kill_loop: the first differing loss is step $first's"
+  if [ "$first" -gt 0 ]; then
+    local logs=() r
+    for r in $(seq 1 "$round"); do [ -f "$work/round$r.log" ] && logs+=("$work/round$r.log"); done
+    /usr/bin/python3 "$cmp" --digests "$first" "$work/ref.log" "${logs[@]}" | sed 's/^/kill_loop: /'
+  fi
   for f in "$work"/start/*.ckpt; do
     [ -f "$f" ] || continue
     s=$(/usr/bin/python3 "$cmp" --step "$f")

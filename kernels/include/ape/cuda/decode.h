@@ -74,17 +74,17 @@ namespace decode_detail {
 // dst (S, rows_dst, W) <- src (S, rows_src, W) rows [0, rows) of every slice, to dst rows
 // [row0, row0 + rows); W bytes per row. One 2-D copy for the S slices (a copy per slice costs a
 // runtime call each: 16 per array and step at B 1, H 16); a copy per slice only where a slice's
-// pitch exceeds what a 2-D copy takes.
+// pitch exceeds what a 2-D copy takes (max_pitch: the test's way to reach that branch).
+constexpr size_t kMaxPitch = (size_t(1) << 31) - 1;  // cudaDevAttrMaxPitch on current GPUs
 inline cudaError_t copy_rows(void *dst, int64_t rows_dst, int64_t row0, const void *src,
                              int64_t rows_src, int64_t rows, int64_t S, size_t W,
-                             cudaStream_t st) {
+                             cudaStream_t st, size_t max_pitch = kMaxPitch) {
   if (rows == 0 || S == 0) return cudaSuccess;
   char *d = static_cast<char *>(dst) + row0 * W;
   const char *s = static_cast<const char *>(src);
   const size_t dpitch = rows_dst * W, spitch = rows_src * W, width = rows * W;
-  constexpr size_t kMaxPitch = (size_t(1) << 31) - 1;  // cudaDevAttrMaxPitch on current GPUs
   if (S == 1) return cudaMemcpyAsync(d, s, width, cudaMemcpyDeviceToDevice, st);
-  if (dpitch <= kMaxPitch && spitch <= kMaxPitch)
+  if (dpitch <= max_pitch && spitch <= max_pitch)
     return cudaMemcpy2DAsync(d, dpitch, s, spitch, width, static_cast<size_t>(S), cudaMemcpyDeviceToDevice, st);
   for (int64_t x = 0; x < S; ++x) {
     const cudaError_t err = cudaMemcpyAsync(d + x * dpitch, s + x * spitch, width, cudaMemcpyDeviceToDevice, st);
