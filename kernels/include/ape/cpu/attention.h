@@ -15,7 +15,8 @@
 //              program. Every slice uses private buffers, parameter gradients are reduced in a
 //              fixed (b, h) order: results are bitwise independent of the thread count.
 //
-// Names of shapes: B batch, H heads, T sequence length, D head dim, Tp = T rounded up to kTileK.
+// Names of shapes: B batch, H heads, T sequence length, D head dim, Tp = padded_row(T) (T rounded
+// up to kTileK, plus 64 bytes).
 //
 // Members of Enc that a feature does not need are never used, so they may be omitted:
 // kHasQMod == false: q_mod, q_mod_grad, kQPairing, kQFraction (k likewise); kHasScoreMod == false:
@@ -221,6 +222,17 @@ inline void gemm(int64_t m, int64_t n, int64_t w, const Real *a, int64_t a_rs, i
     if (c0 < w)
       gemm<W / 2>(m, n, w - c0, a, a_rs, a_cs, b + c0, ldb, c + c0, ldc, accumulate);
   }
+}
+
+// The row length of k'^T and v^T (D rows of keys): T rounded up to kTileK, so that every key tile
+// up to the last query is readable, plus 64 bytes. The 64 bytes keep the rows from starting a
+// multiple of 4 KiB apart, as they would for every T a multiple of 1024 floats: the tile GEMMs
+// read one tile's 64 columns from each of D rows, and rows 4 KiB apart all fall in the same sets
+// of the L1 cache, which then holds only a few of them (bench/results/cpu_peers_intel.md: about
+// 10% of the forward and backward at T 4096 on an Intel Xeon). The arithmetic, and so the bits,
+// are the same.
+template <typename Real = float> constexpr int64_t padded_row(int64_t T) {
+  return (T + kTileK - 1) / kTileK * kTileK + 64 / static_cast<int64_t>(sizeof(Real));
 }
 
 // xt(D, Tp) = x(T, D)^T with the columns t >= T zero.
@@ -436,7 +448,7 @@ void rel_rows_backward(const HeadCtx<Real> &ctx, int n, const Real *x, const Rea
 // The inputs of the tile loops of a slice: token arrays, q' and k' after the mods, k'^T.
 template <class Enc, typename Real> struct SliceInputs {
   HeadCtx<Real> ctx;
-  int64_t Tp;                                                  // T rounded up to kTileK
+  int64_t Tp;                                                  // padded_row(T)
   std::array<const Real *, array_len(Enc::kNumFeatures)> feat{};  // (T) row of each feature
   std::vector<Real> tok;                                       // (kNumTok, T)
   std::vector<Real> qm_buf, km_buf;                            // (T, D) when the mod exists
@@ -452,7 +464,7 @@ template <class Enc, typename Real> struct SliceInputs {
   // `coefs`: the linear mods' coefficient tables of the call (mod_coefs).
   SliceInputs(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs<Real> &coefs)
       : ctx{b, h, a.H, a.T, a.D, a.params, nullptr, nullptr, nullptr},
-        Tp((a.T + kTileK - 1) / kTileK * kTileK) {
+        Tp(padded_row<Real>(a.T)) {
     const int64_t T = a.T, D = a.D, row = b * a.H + h;  // row of (B*H, T) arrays
     q = a.q + row * T * D;
     k = a.k + row * T * D;

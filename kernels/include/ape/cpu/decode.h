@@ -23,8 +23,8 @@
 // new length every step; a token program that reads it is rerun from the cached features.
 // Those are the only members that read it (EncDecodeTraits below, emitted by apec).
 //
-// Names of shapes: B batch, H heads, D head dim, n new tokens, C capacity, Cp = C rounded up to
-// kTileK, F = Enc::kNumFeatures, NT = Enc::kNumTok.
+// Names of shapes: B batch, H heads, D head dim, n new tokens, C capacity, Cp = detail::padded_row(C)
+// (C rounded up to kTileK, plus 64 bytes), F = Enc::kNumFeatures, NT = Enc::kNumTok.
 #pragma once
 
 #include <cstdint>
@@ -193,7 +193,7 @@ template <class Enc, typename Real> void decode_step(DecodeCache<Real> &c, const
     constexpr int F = Enc::kNumFeatures, NT = Enc::kNumTok, kNumRel = detail::NumRel<Enc>::value;
     const int64_t S = a.B * a.H, C = c.capacity, D = a.D;
     c.B = a.B, c.H = a.H, c.D = D, c.len = 0;
-    c.Cp = (C + detail::kTileK - 1) / detail::kTileK * detail::kTileK;
+    c.Cp = detail::padded_row<Real>(C);
     c.kt.assign(static_cast<std::size_t>(S * D * c.Cp), Real(0));
     if constexpr (traits::KModReadsLength<Enc>::value)
       c.kraw.assign(static_cast<std::size_t>(S * C * D), Real(0));
