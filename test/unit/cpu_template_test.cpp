@@ -468,6 +468,45 @@ TEST(CpuTemplate, CumulativeBias) { check<Cable>(cable_spec()); }
 TEST(CpuTemplate, LearnedSlope) { check<LearnedSlope>(slope_spec()); }
 TEST(CpuTemplate, Combined) { check<Combined>(combined_spec()); }
 
+// softmax_exp_le (the softmax's exps: arguments at most 88 in float, 709 in double, -inf and NaN)
+// is softmax_exp bit for bit there: every 4099th float bit pattern and a million doubles, with the
+// edges of both ranges.
+TEST(CpuTemplate, SoftmaxExpLeIsSoftmaxExp) {
+  namespace d = ape::detail;
+  const auto same = [](auto a, auto b) {
+    return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b));
+  };
+  std::vector<float> xf = {-INFINITY, NAN, -0.0f, 0.0f, 88.0f, -87.3365447f, -87.3365f, -87.34f,
+                           -104.0f, 1e-45f, -1e-45f, 0.5f, -0.5f};
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) {
+    const auto bits = static_cast<uint32_t>(u);
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    if (x <= 88.0f || std::isnan(x)) xf.push_back(x);
+  }
+  int64_t bad = 0;
+  for (const float x : xf)
+    if (!same(d::softmax_exp(x), d::softmax_exp_le(x)) && bad++ < 5)
+      ADD_FAILURE() << "float " << x << ": " << d::softmax_exp(x) << " vs " << d::softmax_exp_le(x);
+  std::vector<double> xd = {-INFINITY, NAN, -0.0, 0.0, 709.0, -708.39641853226408, -708.4, -745.2,
+                            5e-324, -5e-324, 0.5, -0.5};
+  uint64_t state = 88172645463325252ull;
+  for (int k = 0; k < 1000000; ++k) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    double x;
+    if (k % 2) {
+      std::memcpy(&x, &state, sizeof x);
+    } else {
+      x = -750.0 + 1460.0 * static_cast<double>(state >> 11) / 9007199254740992.0;
+    }
+    if (x <= 709.0 || std::isnan(x)) xd.push_back(x);
+  }
+  for (const double x : xd)
+    if (!same(d::softmax_exp(x), d::softmax_exp_le(x)) && bad++ < 10)
+      ADD_FAILURE() << "double " << x << ": " << d::softmax_exp(x) << " vs " << d::softmax_exp_le(x);
+  EXPECT_EQ(bad, 0);
+}
+
 // Backward results do not depend on the run or on the number of threads.
 TEST(CpuTemplateDeterminism, BitwiseReproducibleGradients) {
   const Spec spec = combined_spec();

@@ -36,6 +36,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ape/contract/enc_traits.h"
@@ -173,6 +174,49 @@ inline double softmax_exp(double x) {
   return x < kLo ? 0.0 : (1.0 + 2.0 * p / (q - p)) * pow2n;
 }
 
+// softmax_exp for the arguments of a softmax, x <= kHi (a logit minus its max or its lse; -inf and
+// NaN too): the same value bit for bit, without the clamps. Their compare-and-blend made the
+// vectoriser compute the whole polynomial under masks (a third more instructions a vector, in the
+// forward's hottest loop after its GEMMs). n is read from the bits of x log2(e) + 1.5 2^m (whose
+// low bits hold n exactly for |n| < 2^(m-1)) instead of converted from a float, so an argument
+// below the range (-inf included) gives defined garbage that the final select replaces with 0.
+inline float softmax_exp_le(float x) {
+  constexpr float kLo = -87.3365447f;
+  const float v = x * 1.44269504088896341f + 12582912.0f;
+  const float n = v - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  uint32_t vbits;
+  std::memcpy(&vbits, &v, sizeof vbits);
+  const uint32_t bits = (vbits - 0x4B400000u + 127u) << 23;  // 0x4B400000: 1.5 2^23
+  float pow2n;
+  std::memcpy(&pow2n, &bits, sizeof pow2n);
+  return x < kLo ? 0.0f : p * pow2n;
+}
+inline double softmax_exp_le(double x) {
+  constexpr double kLo = -708.39641853226408;
+  const double v = x * 1.4426950408889634073599 + 6755399441055744.0;
+  const double n = v - 6755399441055744.0;
+  const double r = (x - n * 6.93145751953125e-1) - n * 1.42860682030941723212e-6;
+  const double rr = r * r;
+  const double p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr +
+                        9.99999999999999999910e-1);
+  const double q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr +
+                    2.27265548208155028766e-1) * rr + 2.00000000000000000009e0;
+  uint64_t vbits;
+  std::memcpy(&vbits, &v, sizeof vbits);
+  const uint64_t bits = (vbits - 0x4338000000000000u + 1023u) << 52;  // 1.5 2^52
+  double pow2n;
+  std::memcpy(&pow2n, &bits, sizeof pow2n);
+  return x < kLo ? 0.0 : (1.0 + 2.0 * p / (q - p)) * pow2n;
+}
+
 // ---- small GEMM kernels on tiles ---------------------------------------------------------------
 // C(m, W) (+)= A(m, n) B(n, W): A(r, p) = a[r*a_rs + p*a_cs] (so A^T is a stride swap), B rows
 // ldb apart, C rows ldc apart. MR rows of C are kept in local accumulators that the compiler holds
@@ -222,6 +266,52 @@ inline void gemm(int64_t m, int64_t n, int64_t w, const Real *a, int64_t a_rs, i
     if (c0 < w)
       gemm<W / 2>(m, n, w - c0, a, a_rs, a_cs, b + c0, ldb, c + c0, ldc, accumulate);
   }
+}
+
+// ---- reductions of a tile row -------------------------------------------------------------------
+// A row of kTileK logits or probabilities is reduced as 64-byte vectors (GCC's and Clang's vector
+// extensions: one register under AVX-512, two under AVX2, four on the baseline): the vectors
+// pairwise, then the lanes by halving. The order is the code's, not the vectoriser's (which
+// reduced an `omp simd` loop's lanes through the stack one scalar add after another: 16 dependent
+// adds a row, a tenth of the forward on an Intel Xeon), so the full forward and decoding, which
+// share attend_rows, sum every row in the same order. kTileK * sizeof(Real) is a multiple of 64.
+template <typename Real> struct Vec64;
+template <> struct Vec64<float> { typedef float type __attribute__((vector_size(64))); };
+template <> struct Vec64<double> { typedef double type __attribute__((vector_size(64))); };
+
+template <typename V, std::size_t... I> inline auto low_half(V v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, I...);
+}
+template <typename V, std::size_t... I> inline auto high_half(V v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, (I + sizeof...(I))...);
+}
+template <typename V, class Op> inline auto lane_tree(V v, Op op) {
+  constexpr std::size_t n = sizeof(V) / sizeof(v[0]);
+  if constexpr (n == 1) {
+    return v[0];
+  } else {
+    return lane_tree(op(low_half(v, std::make_index_sequence<n / 2>()),
+                        high_half(v, std::make_index_sequence<n / 2>())),
+                     op);
+  }
+}
+template <typename Real, class Op> inline Real row_reduce(const Real *s, Op op) {
+  using V = typename Vec64<Real>::type;
+  constexpr int kVecs = static_cast<int>(kTileK * sizeof(Real) / sizeof(V));
+  static_assert(kVecs * sizeof(V) == kTileK * sizeof(Real), "a row is whole vectors");
+  V v[kVecs];
+  std::memcpy(v, s, sizeof v);
+  for (int w = kVecs / 2; w >= 1; w /= 2)
+    for (int k = 0; k < w; ++k) v[k] = op(v[k], v[k + w]);
+  return lane_tree(v[0], op);
+}
+// The sum and the max of s[0 .. kTileK) (the max: a NaN loses against a number, as `a > b ? a :
+// b` does).
+template <typename Real> inline Real row_sum(const Real *s) {
+  return row_reduce(s, [](auto x, auto y) { return x + y; });
+}
+template <typename Real> inline Real row_max(const Real *s) {
+  return row_reduce(s, [](auto x, auto y) { return x > y ? x : y; });
 }
 
 // The row length of k'^T and v^T (D rows of keys): T rounded up to kTileK, so that every key tile
@@ -526,6 +616,7 @@ template <class Enc, typename Real> struct AttendScratch {
   std::vector<Real> st;          // (kTileQ, kTileK): logits, then probabilities
   std::vector<Real> acc;         // (kTileQ, D): unnormalised output
   std::array<Real, kTileQ> m{}, l{};  // running max and sum of each query
+  std::array<Real, kTileQ> ref{}, alpha{};  // per key tile: exp's reference, rescale of m and l
   int64_t R = 0;                 // value rows: unnormalised probability mass of each row, per query
   std::vector<Real> mass;        // (kTileQ, R)
   std::vector<Real> bias;        // distance bias: B(d) for d < bias.size() (extended on demand)
@@ -560,31 +651,35 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
     for (int64_t d = static_cast<int64_t>(w.bias.size()); d < nkeys; ++d)
       w.bias.push_back(Enc::distance_bias(ctx, d));
   }
+  std::array<Real, kTileQ> &ref = w.ref, &alpha = w.alpha;
   for (int64_t j0 = 0; j0 < nkeys; j0 += kTileK) {  // tiles above the diagonal skipped
     const int64_t nk = std::min(kTileK, nkeys - j0);
     gemm<kTileK>(nq, D, kTileK, qm, D, 1, kt + j0, ldk, st, kTileK, false);
+    // The final logits, the keys past the causal edge -inf, and each query's new running max.
     for (int64_t ii = 0; ii < nq; ++ii) {
       const int64_t i = i0 + ii, nv = visible(i, j0, nk);
       Real *s = st + ii * kTileK;
       final_logits<Enc>(ctx, scale, i, j0, nv, w.bias, s);
-      Real mx = w.m[ii];
-      APE_SIMD_REDUCE(max : mx) for (int64_t jj = 0; jj < nv; ++jj) mx = s[jj] > mx ? s[jj] : mx;
+      std::fill(s + nv, s + kTileK, neg_inf<Real>());
+      const Real tile_max = row_max(s), mx = tile_max > w.m[ii] ? tile_max : w.m[ii];
       // All logits so far -inf (a score_mod mask): keep exp finite, the row stays zero.
-      const Real ref = mx == neg_inf<Real>() ? Real(0) : mx;
-      Real sum = 0;
-      APE_SIMD_REDUCE(+ : sum) for (int64_t jj = 0; jj < nv; ++jj) {
-        s[jj] = softmax_exp(s[jj] - ref);
-        sum += s[jj];
-      }
-      std::fill(s + nv, s + kTileK, Real(0));  // masked keys: no exp
-      const Real alpha = softmax_exp(w.m[ii] - ref);
-      w.l[ii] = w.l[ii] * alpha + sum;
+      ref[ii] = mx == neg_inf<Real>() ? Real(0) : mx;
+      alpha[ii] = w.m[ii] - ref[ii];
       w.m[ii] = mx;
+    }
+    APE_SIMD for (int64_t ii = 0; ii < nq; ++ii) alpha[ii] = softmax_exp_le(alpha[ii]);
+    for (int64_t ii = 0; ii < nq; ++ii) {
+      Real *s = st + ii * kTileK;
+      const Real r = ref[ii];
+      APE_SIMD for (int64_t jj = 0; jj < kTileK; ++jj) s[jj] = softmax_exp_le(s[jj] - r);  // -inf: 0
+      w.l[ii] = w.l[ii] * alpha[ii] + row_sum(s);
       Real *accr = acc + ii * D;
-      APE_SIMD for (int64_t c = 0; c < D; ++c) accr[c] *= alpha;
+      const Real al = alpha[ii];
+      APE_SIMD for (int64_t c = 0; c < D; ++c) accr[c] *= al;
       if constexpr (kValue) {
+        const int64_t i = i0 + ii, nv = visible(i, j0, nk);
         Real *mr = w.mass.data() + ii * R;
-        for (int64_t r = 0; r < R; ++r) mr[r] *= alpha;
+        for (int64_t r = 0; r < R; ++r) mr[r] *= al;
         for (int64_t jj = 0; jj < nv; ++jj) mr[Enc::value_row(ctx, i, j0 + jj)] += s[jj];
       }
     }
@@ -776,7 +871,8 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
                    false);
       for (int64_t ii = 0; ii < nq; ++ii) {
         const int64_t i = i0 + ii, nv = visible(i, j0, nk);
-        // A row without any finite logit (lse = -inf) has P = 0.
+        // A row without any finite logit (lse = -inf) has P = 0. Every logit is <= its row's lse
+        // (the forward's max plus log l, l >= 1), so P's exps take softmax_exp_le.
         const Real lse_i = lse[i] == neg_inf<Real>() ? std::numeric_limits<Real>::infinity()
                                                       : lse[i];
         const Real delta_i = delta[i];
@@ -787,7 +883,7 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
             const Real raw = scale * s[jj];
             Real logit = raw;
             if constexpr (Enc::kHasScoreMod) logit = Enc::score_mod(ctx, i, j0 + jj, raw);
-            const Real p = softmax_exp(logit - lse_i);
+            const Real p = softmax_exp_le(logit - lse_i);
             const Real gp = p * (g[jj] + drow[i * R + r] - delta_i);
             s[jj] = p;
             mass[i * R + r] += p;
@@ -800,7 +896,7 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
           const Real *bi = rb.data() + (T - 1 - i + j0);
           Real *gi = gb.data() + (T - 1 - i + j0);
           APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) {
-            const Real p = softmax_exp(scale * s[jj] + bi[jj] - lse_i);
+            const Real p = softmax_exp_le(scale * s[jj] + bi[jj] - lse_i);
             const Real gp = p * (g[jj] - delta_i);
             s[jj] = p;
             gi[jj] += gp;
@@ -809,13 +905,13 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
         } else if constexpr (Enc::kHasScoreMod) {
           for (int64_t jj = 0; jj < nv; ++jj) {
             const Real raw = scale * s[jj];
-            const Real p = softmax_exp(Enc::score_mod(ctx, i, j0 + jj, raw) - lse_i);
+            const Real p = softmax_exp_le(Enc::score_mod(ctx, i, j0 + jj, raw) - lse_i);
             s[jj] = p;
             g[jj] = scale * Enc::score_mod_grad(ctx, i, j0 + jj, raw, p * (g[jj] - delta_i));
           }
         } else {
           APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) {
-            const Real p = softmax_exp(scale * s[jj] - lse_i);
+            const Real p = softmax_exp_le(scale * s[jj] - lse_i);
             s[jj] = p;
             g[jj] = scale * p * (g[jj] - delta_i);
           }
