@@ -35,6 +35,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -275,44 +277,56 @@ inline void gemm(int64_t m, int64_t n, int64_t w, const Real *a, int64_t a_rs, i
 // reduced an `omp simd` loop's lanes through the stack one scalar add after another: 16 dependent
 // adds a row, a tenth of the forward on an Intel Xeon), so the full forward and decoding, which
 // share attend_rows, sum every row in the same order. kTileK * sizeof(Real) is a multiple of 64.
-template <typename Real> struct Vec64;
-template <> struct Vec64<float> { typedef float type __attribute__((vector_size(64))); };
-template <> struct Vec64<double> { typedef double type __attribute__((vector_size(64))); };
+template <typename Real, int kBytes> struct VecOf;
+template <> struct VecOf<float, 64> { typedef float type __attribute__((vector_size(64))); };
+template <> struct VecOf<float, 32> { typedef float type __attribute__((vector_size(32))); };
+template <> struct VecOf<float, 16> { typedef float type __attribute__((vector_size(16))); };
+template <> struct VecOf<float, 8> { typedef float type __attribute__((vector_size(8))); };
+template <> struct VecOf<double, 64> { typedef double type __attribute__((vector_size(64))); };
+template <> struct VecOf<double, 32> { typedef double type __attribute__((vector_size(32))); };
+template <> struct VecOf<double, 16> { typedef double type __attribute__((vector_size(16))); };
 
-template <typename V, std::size_t... I> inline auto low_half(V v, std::index_sequence<I...>) {
-  return __builtin_shufflevector(v, v, I...);
-}
-template <typename V, std::size_t... I> inline auto high_half(V v, std::index_sequence<I...>) {
-  return __builtin_shufflevector(v, v, (I + sizeof...(I))...);
-}
-template <typename V, class Op> inline auto lane_tree(V v, Op op) {
-  constexpr std::size_t n = sizeof(V) / sizeof(v[0]);
-  if constexpr (n == 1) {
-    return v[0];
+// Vectors pass by reference only: a vector argument or result by value draws GCC's and Clang's
+// -Wpsabi warning (its calling convention depends on the target), which pragmas do not silence.
+template <bool kMax, class V> inline void combine(V &a, const V &b) {
+  if constexpr (kMax) {
+    a = a > b ? a : b;  // a NaN loses against a number, as in `x > m ? x : m`
   } else {
-    return lane_tree(op(low_half(v, std::make_index_sequence<n / 2>()),
-                        high_half(v, std::make_index_sequence<n / 2>())),
-                     op);
+    a = a + b;
   }
 }
-template <typename Real, class Op> inline Real row_reduce(const Real *s, Op op) {
-  using V = typename Vec64<Real>::type;
+template <class V, class H, std::size_t... I>
+inline void halves(const V &v, H &lo, H &hi, std::index_sequence<I...>) {
+  lo = __builtin_shufflevector(v, v, I...);
+  hi = __builtin_shufflevector(v, v, (I + sizeof...(I))...);
+}
+template <bool kMax, typename Real, int kBytes, class V> inline Real fold_lanes(const V &v) {
+  constexpr int kLanes = kBytes / static_cast<int>(sizeof(Real));
+  if constexpr (kLanes == 2) {
+    Real a = v[0];
+    combine<kMax>(a, static_cast<Real>(v[1]));
+    return a;
+  } else {
+    using H = typename VecOf<Real, kBytes / 2>::type;
+    H lo, hi;
+    halves(v, lo, hi, std::make_index_sequence<kLanes / 2>());
+    combine<kMax>(lo, hi);
+    return fold_lanes<kMax, Real, kBytes / 2>(lo);
+  }
+}
+// The max (kMax) or the sum of s[0 .. kTileK).
+template <bool kMax, typename Real> inline Real row_reduce(const Real *s) {
+  using V = typename VecOf<Real, 64>::type;
   constexpr int kVecs = static_cast<int>(kTileK * sizeof(Real) / sizeof(V));
   static_assert(kVecs * sizeof(V) == kTileK * sizeof(Real), "a row is whole vectors");
   V v[kVecs];
   std::memcpy(v, s, sizeof v);
   for (int w = kVecs / 2; w >= 1; w /= 2)
-    for (int k = 0; k < w; ++k) v[k] = op(v[k], v[k + w]);
-  return lane_tree(v[0], op);
+    for (int k = 0; k < w; ++k) combine<kMax>(v[k], v[k + w]);
+  return fold_lanes<kMax, Real, 64>(v[0]);
 }
-// The sum and the max of s[0 .. kTileK) (the max: a NaN loses against a number, as `a > b ? a :
-// b` does).
-template <typename Real> inline Real row_sum(const Real *s) {
-  return row_reduce(s, [](auto x, auto y) { return x + y; });
-}
-template <typename Real> inline Real row_max(const Real *s) {
-  return row_reduce(s, [](auto x, auto y) { return x > y ? x : y; });
-}
+template <typename Real> inline Real row_sum(const Real *s) { return row_reduce<false>(s); }
+template <typename Real> inline Real row_max(const Real *s) { return row_reduce<true>(s); }
 
 // The row length of k'^T and v^T (D rows of keys): T rounded up to kTileK, so that every key tile
 // up to the last query is readable, plus 64 bytes. The 64 bytes keep the rows from starting a
@@ -383,11 +397,40 @@ void mod_coefs_side(const AttnArgs<Real> &a, std::vector<Real> &out) {
   }
 }
 
-template <class Enc, typename Real> ModCoefs<Real> mod_coefs(const AttnArgs<Real> &a) {
-  ModCoefs<Real> m;
-  mod_coefs_side<Enc, true>(a, m.q);
-  mod_coefs_side<Enc, false>(a, m.k);
-  return m;
+// The linear mods' tables of a call. Without params they read only (t, c) and the dims T, D and
+// H, so the tables of the last two shapes are kept and shared: a training step calls the forward
+// and the backward at one length, step after step, and building the tables (a pow, cos and sin
+// per (t, c) for RoPE) cost about a tenth of RoPE's forward at T 4096 on two cores, more than the
+// rotations themselves. With params (which a linear mod may read, KernelFacts.h) every call
+// builds its own.
+template <class Enc, typename Real>
+std::shared_ptr<const ModCoefs<Real>> mod_coefs(const AttnArgs<Real> &a) {
+  const auto build = [&a] {
+    auto m = std::make_shared<ModCoefs<Real>>();
+    mod_coefs_side<Enc, true>(a, m->q);
+    mod_coefs_side<Enc, false>(a, m->k);
+    return std::shared_ptr<const ModCoefs<Real>>(std::move(m));
+  };
+  if constexpr ((!linear_mod<Enc, true>() && !linear_mod<Enc, false>()) || Enc::kNumParams > 0) {
+    return build();
+  } else {
+    struct Entry {
+      int64_t T = -1, D = -1, H = -1;
+      std::shared_ptr<const ModCoefs<Real>> coefs;
+    };
+    static std::mutex mu;
+    static std::array<Entry, 2> cache;  // the most recent first
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      for (const Entry &e : cache)
+        if (e.coefs && e.T == a.T && e.D == a.D && e.H == a.H) return e.coefs;
+    }
+    std::shared_ptr<const ModCoefs<Real>> m = build();
+    const std::lock_guard<std::mutex> lock(mu);
+    cache[1] = std::move(cache[0]);
+    cache[0] = Entry{a.T, a.D, a.H, m};
+    return m;
+  }
 }
 
 // xm(n, D) = mod(x) of the n rows x(n, D) at positions t0, t0 + 1, ... for the q side (kIsQ) or
@@ -966,9 +1009,9 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
 
 template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> &a) {
   const int64_t slices = a.B * a.H;
-  const detail::ModCoefs<Real> coefs = detail::mod_coefs<Enc>(a);
+  const auto coefs = detail::mod_coefs<Enc>(a);
   APE_PRAGMA(omp parallel for schedule(dynamic, 1))
-  for (int64_t s = 0; s < slices; ++s) detail::forward_slice<Enc>(a, s / a.H, s % a.H, coefs);
+  for (int64_t s = 0; s < slices; ++s) detail::forward_slice<Enc>(a, s / a.H, s % a.H, *coefs);
 }
 
 template <class Enc, typename Real> void attention_backward(const AttnArgs<Real> &a) {
@@ -986,11 +1029,11 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
     }
   }
   std::vector<Real> priv(static_cast<std::size_t>(slices * per_slice), Real(0));
-  const detail::ModCoefs<Real> coefs = detail::mod_coefs<Enc>(a);
+  const auto coefs = detail::mod_coefs<Enc>(a);
 
   APE_PRAGMA(omp parallel for schedule(dynamic, 1))
   for (int64_t s = 0; s < slices; ++s)
-    detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + s * per_slice, poff, coefs);
+    detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + s * per_slice, poff, *coefs);
 
   // Fixed (b, h) order: bitwise reproducible for any thread count.
   for (int n = 0; n < Enc::kNumParams; ++n) {
