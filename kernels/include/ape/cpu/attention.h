@@ -142,50 +142,13 @@ template <typename Real> constexpr Real neg_inf() {
 // bits), a polynomial (float) or rational (double) approximation of exp(r), and 2^n built in the
 // exponent bits. Relative error within 2 ulp; exactly 0 below the smallest normal (including -inf);
 // NaN propagates. Arguments are <= ~0 here (logits minus their max or their lse).
-inline float softmax_exp(float x) {
-  constexpr float kLo = -87.3365447f, kHi = 88.0f;  // ln(FLT_MIN), < ln(FLT_MAX)
-  const float xc = std::min(std::max(x, kLo), kHi);
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float pow2n;
-  std::memcpy(&pow2n, &bits, sizeof pow2n);
-  return x < kLo ? 0.0f : p * pow2n;
-}
-inline double softmax_exp(double x) {
-  constexpr double kLo = -708.39641853226408, kHi = 709.0;  // ln(DBL_MIN), < ln(DBL_MAX)
-  const double xc = std::min(std::max(x, kLo), kHi);
-  const double n = (xc * 1.4426950408889634073599 + 6755399441055744.0) - 6755399441055744.0;
-  const double r = (xc - n * 6.93145751953125e-1) - n * 1.42860682030941723212e-6;
-  // exp(r) = 1 + 2 r P(r^2) / (Q(r^2) - r P(r^2))
-  const double rr = r * r;
-  const double p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr +
-                        9.99999999999999999910e-1);
-  const double q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr +
-                    2.27265548208155028766e-1) * rr + 2.00000000000000000009e0;
-  const int64_t bits = (static_cast<int64_t>(n) + 1023) << 52;
-  double pow2n;
-  std::memcpy(&pow2n, &bits, sizeof pow2n);
-  return x < kLo ? 0.0 : (1.0 + 2.0 * p / (q - p)) * pow2n;
-}
+constexpr float kExpLo = -87.3365447f, kExpHi = 88.0f;              // ln(FLT_MIN), < ln(FLT_MAX)
+constexpr double kExpLoD = -708.39641853226408, kExpHiD = 709.0;    // ln(DBL_MIN), < ln(DBL_MAX)
+constexpr float kRound = 12582912.0f;                               // 1.5 2^23
+constexpr double kRoundD = 6755399441055744.0;                      // 1.5 2^52
 
-// softmax_exp for the arguments of a softmax, x <= kHi (a logit minus its max or its lse; -inf and
-// NaN too): the same value bit for bit, without the clamps. Their compare-and-blend made the
-// vectoriser compute the whole polynomial under masks (a third more instructions a vector, in the
-// forward's hottest loop after its GEMMs). n is read from the bits of x log2(e) + 1.5 2^m (whose
-// low bits hold n exactly for |n| < 2^(m-1)) instead of converted from a float, so an argument
-// below the range (-inf included) gives defined garbage that the final select replaces with 0.
-inline float softmax_exp_le(float x) {
-  constexpr float kLo = -87.3365447f;
-  const float v = x * 1.44269504088896341f + 12582912.0f;
-  const float n = v - 12582912.0f;
+// exp(r) of x = n ln2 + r (ln2 in two parts).
+inline float exp_of_rest(float x, float n) {
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -193,30 +156,62 @@ inline float softmax_exp_le(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  uint32_t vbits;
-  std::memcpy(&vbits, &v, sizeof vbits);
-  const uint32_t bits = (vbits - 0x4B400000u + 127u) << 23;  // 0x4B400000: 1.5 2^23
-  float pow2n;
-  std::memcpy(&pow2n, &bits, sizeof pow2n);
-  return x < kLo ? 0.0f : p * pow2n;
+  return p * r * r + r + 1.0f;
 }
-inline double softmax_exp_le(double x) {
-  constexpr double kLo = -708.39641853226408;
-  const double v = x * 1.4426950408889634073599 + 6755399441055744.0;
-  const double n = v - 6755399441055744.0;
+inline double exp_of_rest(double x, double n) {
   const double r = (x - n * 6.93145751953125e-1) - n * 1.42860682030941723212e-6;
+  // exp(r) = 1 + 2 r P(r^2) / (Q(r^2) - r P(r^2))
   const double rr = r * r;
   const double p = r * ((1.26177193074810590878e-4 * rr + 3.02994407707441961300e-2) * rr +
                         9.99999999999999999910e-1);
   const double q = ((3.00198505138664455042e-6 * rr + 2.52448340349684104192e-3) * rr +
                     2.27265548208155028766e-1) * rr + 2.00000000000000000009e0;
-  uint64_t vbits;
-  std::memcpy(&vbits, &v, sizeof vbits);
-  const uint64_t bits = (vbits - 0x4338000000000000u + 1023u) << 52;  // 1.5 2^52
+  return 1.0 + 2.0 * p / (q - p);
+}
+
+inline float softmax_exp(float x) {
+  const float xc = std::min(std::max(x, kExpLo), kExpHi);
+  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float pow2n;
+  std::memcpy(&pow2n, &bits, sizeof pow2n);
+  return x < kExpLo ? 0.0f : exp_of_rest(xc, n) * pow2n;
+}
+inline double softmax_exp(double x) {
+  const double xc = std::min(std::max(x, kExpLoD), kExpHiD);
+  const double n = (xc * 1.4426950408889634073599 + kRoundD) - kRoundD;
+  const int64_t bits = (static_cast<int64_t>(n) + 1023) << 52;
   double pow2n;
   std::memcpy(&pow2n, &bits, sizeof pow2n);
-  return x < kLo ? 0.0 : (1.0 + 2.0 * p / (q - p)) * pow2n;
+  return x < kExpLoD ? 0.0 : exp_of_rest(xc, n) * pow2n;
+}
+
+// softmax_exp for the arguments of a softmax, x <= kExpHi (a logit minus its max or its lse; -inf
+// and NaN too): the same value bit for bit, without the clamps. Their compare-and-blend made the
+// vectoriser compute the whole polynomial under masks (a third more instructions a vector, in the
+// forward's hottest loop after its GEMMs). n is read from the bits of v = x log2(e) + kRound
+// (whose low bits hold n exactly for |n| < 2^22, 2^51) instead of converted from a float, so an
+// argument below the range (-inf included) gives defined garbage that the final select replaces
+// with 0.
+inline float softmax_exp_le(float x) {
+  const float v = x * 1.44269504088896341f + kRound;
+  uint32_t vbits, round_bits;
+  std::memcpy(&vbits, &v, sizeof vbits);
+  std::memcpy(&round_bits, &kRound, sizeof round_bits);
+  const uint32_t bits = (vbits - round_bits + 127u) << 23;
+  float pow2n;
+  std::memcpy(&pow2n, &bits, sizeof pow2n);
+  return x < kExpLo ? 0.0f : exp_of_rest(x, v - kRound) * pow2n;
+}
+inline double softmax_exp_le(double x) {
+  const double v = x * 1.4426950408889634073599 + kRoundD;
+  uint64_t vbits, round_bits;
+  std::memcpy(&vbits, &v, sizeof vbits);
+  std::memcpy(&round_bits, &kRoundD, sizeof round_bits);
+  const uint64_t bits = (vbits - round_bits + 1023u) << 52;
+  double pow2n;
+  std::memcpy(&pow2n, &bits, sizeof pow2n);
+  return x < kExpLoD ? 0.0 : exp_of_rest(x, v - kRoundD) * pow2n;
 }
 
 // ---- small GEMM kernels on tiles ---------------------------------------------------------------
