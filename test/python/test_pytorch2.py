@@ -216,6 +216,62 @@ def test_half_precision_in_float32(encoding, dtype):
                 f"{dtype} {name}: error {err:.3e} > 2 x PyTorch's {err_torch:.3e} + {floor:.1e}"
 
 
+def _amx_runs(encoding):
+    """Whether this process's CPU kernels of `encoding` take bf16 products on AMX: the avx512
+    level runs, the CPU has AMX-BF16 and AMX-TILE, APE_CPU_AMX is not "0" (cpu/attention.h's
+    cpu_amx_bf16_usable; Linux >= 5.16 grants the tiles, which /proc/cpuinfo listing them implies
+    here)."""
+    if os.environ.get("APE_CPU_AMX") == "0" or ops(encoding).cpu_level() != "avx512":
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "amx_bf16" in flags and "amx_tile" in flags
+
+
+@pytest.mark.parametrize("encoding", ["nope", "rope", "alibi_learned", "cable", "expe"])
+def test_bfloat16_products(encoding):
+    """bfloat16 inputs at head dim 64 (a multiple of 32): on a CPU with AMX the operator's CPU
+    kernel takes its tile products with bf16 operands (AttnArgs::bf16_products, as the CUDA
+    kernels do on tensor cores; docs/internals.md section 2c). Every output and gradient is held
+    to FlashAttention's rule against PyTorch's materialised attention in bfloat16 (at most twice
+    its error against float64, param gradients with the pair-sum floor); where the products run,
+    they are not the float32 kernel's (the outputs differ from those of the same kernel fed the
+    float32 copies). ape_kernels_test's CpuAmxVsReference checks every encoding's kernel against
+    the same-precision materialised attention."""
+    B, H, T, D = 1, 2, 130, 64
+    dtype = torch.bfloat16
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D, dtype, seed=3)
+    dout = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(2)).to(dtype)
+    xs = [q, k, v, *features, *[p for p in params.values() if p.requires_grad]]
+    got = _value_and_grads(lambda: call(encoding, q, k, v, features, params), xs, dout)
+    up = lambda t, dt=torch.float64: t.detach().to(dt).requires_grad_(t.requires_grad)
+    q64, k64, v64 = up(q), up(k), up(v)
+    f64, p64 = [up(f) for f in features], {n: up(p) for n, p in params.items()}
+    xs64 = [q64, k64, v64, *f64, *[p for p in p64.values() if p.requires_grad]]
+    ref = _value_and_grads(lambda: reference.attention(encoding, q64, k64, v64, f64, p64), xs64, dout.double())
+    torch_bf16 = _value_and_grads(lambda: reference.attention(encoding, q, k, v, features, params), xs, dout)
+    names = ["o", "dq", "dk", "dv"] + [f"d{n}" for n in helper(encoding).FEATURES] + \
+        [f"d{n}" for n, p in params.items() if p.requires_grad]
+    eps = torch.finfo(dtype).eps
+    for i, (name, g, t, e) in enumerate(zip(names, got, torch_bf16, ref)):
+        err = (g.double() - e).abs().max().item()
+        err_torch = (t.double() - e).abs().max().item()
+        floor = eps * max(1.0, e.abs().max().item())
+        if i >= 4 + len(features):  # a param gradient
+            floor = max(floor, pair_sum_bound(e))
+        assert err <= 2 * err_torch + floor, \
+            f"{name}: error {err:.3e} > 2 x PyTorch's {err_torch:.3e} + {floor:.1e}"
+    if _amx_runs(encoding):
+        q32, k32, v32 = up(q, torch.float32), up(k, torch.float32), up(v, torch.float32)
+        f32, p32 = [up(f, torch.float32) for f in features], {n: up(p, torch.float32) for n, p in params.items()}
+        o32 = call(encoding, q32, k32, v32, f32, p32)
+        assert not torch.equal(got[0].float(), o32.to(dtype).float()), \
+            "bfloat16 inputs gave the float32 kernel's output: the bf16 products did not run"
+
+
 # ---- the CUDA kernels ------------------------------------------------------------------------------
 def test_cuda_kernels_are_compiled_in():
     """The encodings of APE_CUDA_ENCODINGS (rope and cable by default) carry CUDA kernels where

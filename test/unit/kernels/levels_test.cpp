@@ -194,4 +194,76 @@ TEST_P(CpuLevelsVsReference, MatchReference) {
 INSTANTIATE_TEST_SUITE_P(All, CpuLevelsVsReference, ::testing::ValuesIn(trainable_encodings()),
                          [](const ::testing::TestParamInfo<std::string> &info) { return info.param; });
 
+
+// ---- bf16 products on AMX (cpu/attention.h, amx; AttnArgs::bf16_products) ------------------------
+// Every trainable encoding at the avx512 level with bf16_products on bf16-rounded q, k, v and dO,
+// against the materialised attention in fp64 on the same inputs, held to the rule the GPU suite
+// holds the bf16 CUDA kernels to: twice the error of the same-precision materialised attention
+// (q', k', P, dS and o rounded to bf16 where a 16-bit flash kernel rounds them: kernel_reference.h
+// RefRounding; for parameter gradients the larger of that and the one reading the kernel's own o)
+// plus 1e-3 of the magnitude. Shapes: 130 keys (two full tiles and a partial one) at d_h 64, 77
+// at d_h 128, T 1 at d_h 32, and d_h 40 (not a multiple of 32: the fp32 products). Skipped where
+// the CPU has no AMX (the products are then never taken: AttnArgs::bf16_products is a permission).
+class CpuAmxVsReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuAmxVsReference, MatchReference) {
+  const std::string &enc = GetParam();
+  const ape::CpuLevelChoice &c = ape::kernel_cpu_level();
+  if (!(c.built >> 2 & 1u) || !(c.runnable >> 2 & 1u))
+    GTEST_SKIP() << "the avx512 level is not built or not runnable here";
+  if (!ape::cpu_amx_bf16_usable())
+    GTEST_SKIP() << "this CPU or process runs no AMX bf16 products (or APE_CPU_AMX=0)";
+  const ape::KernelEntry *e = level_entry(2, enc);
+  ASSERT_NE(e, nullptr);
+  for (const auto &[B, H, T, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 3, 130, 64},
+                                   {1, 2, 77, 128}, {1, 2, 1, 32}, {1, 1, 70, 40}}) {
+    SCOPED_TRACE(case_name(enc, B, H, T, D));
+    Problem r = make_problem(enc, B, H, T, D, case_seed(enc, B, H, T, D));
+    auto bf16 = [](const Tensor &t) { return t.to(torch::kBFloat16).to(torch::kFloat64); };
+    r.q = bf16(r.q), r.k = bf16(r.k), r.v = bf16(r.v), r.dout = bf16(r.dout);
+    r.entry = e;
+    KernelCall<float> kc(r);
+    kc.args.bf16_products = true;
+    kc.forward(), kc.backward();
+    const RefOutputs ref = ape_test::reference_attention(enc, ref_inputs(r), r.dout);
+    const RefOutputs low =
+        ape_test::reference_attention(enc, ref_inputs(r), r.dout, {torch::kBFloat16});
+    const RefOutputs low_own = ape_test::reference_attention(
+        enc, ref_inputs(r), r.dout, {torch::kBFloat16, kc.o.to(torch::kFloat64)});
+    auto check = [&](const std::string &what, const Tensor &got, const Tensor &want,
+                     const Tensor &base1, const Tensor *base2) {
+      const Tensor g = got.to(torch::kFloat64);
+      ASSERT_TRUE(torch::isfinite(g).all().item<bool>()) << what << " has non-finite entries";
+      double base = max_abs_diff(base1, want);
+      if (base2) base = std::max(base, max_abs_diff(*base2, want));
+      const double err = max_abs_diff(g, want), mag = std::max(1e-3, max_abs(want));
+      EXPECT_LE(err, 2 * base + 1e-3 * mag + 2e-6)
+          << what << ": kernel error " << err << ", same-precision materialised error " << base
+          << ", magnitude " << mag;
+      auto &stat = error_stats()["amx/" + what + " (error / magnitude)"];
+      if (!(err / mag <= stat.first)) stat = {err / mag, enc};
+    };
+    check("o", kc.o, ref.o, low.o, nullptr);
+    check("lse", kc.lse, ref.lse, low.lse, nullptr);
+    check("dq", kc.dq, ref.dq, low.dq, nullptr);
+    check("dk", kc.dk, ref.dk, low.dk, nullptr);
+    check("dv", kc.dv, ref.dv, low.dv, nullptr);
+    for (size_t n = 0; n < kc.dfeat.size(); ++n)
+      check("dfeature:" + r.man.features[n], kc.dfeat[n], ref.dfeatures[n], low.dfeatures[n],
+            &low_own.dfeatures[n]);
+    for (size_t n = 0; n < kc.dprm.size(); ++n) {
+      const ParamInfo &info = r.man.params[n];
+      if (!info.trainable) {
+        EXPECT_TRUE(all_zero(kc.dprm[n])) << "the gradient of the non-trainable " << info.name;
+        continue;
+      }
+      check("dparam:" + info.name, kc.dprm[n], ref.dparams.at(info.name),
+            low.dparams.at(info.name), &low_own.dparams.at(info.name));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CpuAmxVsReference, ::testing::ValuesIn(trainable_encodings()),
+                         [](const ::testing::TestParamInfo<std::string> &info) { return info.param; });
+
 }  // namespace

@@ -46,6 +46,15 @@
 #include "ape/contract/vocabulary.h"
 #include "ape/cpu/dispatch.h"
 
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define APE_CPU_AMX_OS 1  // AMX is requested from Linux (arch_prctl) and used by inline assembly
+#else
+#define APE_CPU_AMX_OS 0
+#endif
+
 #ifdef _OPENMP
 #define APE_PRAGMA(x) _Pragma(#x)
 #else
@@ -74,7 +83,33 @@ template <typename Real> struct AttnArgs {
   // an attention transition (contract/transition.h), which transform the rows of some layers;
   // num_layers = 0 (the default) transforms none.
   int64_t layer = 0, num_layers = 0;
+  // The inputs were bf16 (float copies of them here): on a CPU with AMX (cpu_amx_bf16_usable) the
+  // float kernels may then take the tile products with bf16 operands and fp32 sums, as the CUDA
+  // kernels do on the tensor cores: q', k', v, dO, P and dS rounded to bf16 (docs/internals.md
+  // §2c). false (the default): every product in Real.
+  bool bf16_products = false;
 };
+
+// Whether this process runs AMX bf16 tile products: the CPU has AMX-TILE and AMX-BF16 (cpuid), Linux
+// grants the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, once per process, for every thread),
+// and the environment variable APE_CPU_AMX is not "0". Decided once per process and library.
+inline bool cpu_amx_bf16_usable() {
+#if APE_CPU_AMX_OS
+  static const bool usable = [] {
+    const char *env = std::getenv("APE_CPU_AMX");
+    if (env && std::string(env) == "0") return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
 
 template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the template
   int64_t b, h, H, T, D;
@@ -264,6 +299,207 @@ inline void gemm(int64_t m, int64_t n, int64_t w, const Real *a, int64_t a_rs, i
       gemm<W / 2>(m, n, w - c0, a, a_rs, a_cs, b + c0, ldb, c + c0, ldc, accumulate);
   }
 }
+
+// ---- bf16 tile products (AMX) -----------------------------------------------------------------
+// With AttnArgs::bf16_products on a CPU that runs them (cpu_amx_bf16_usable), the float kernels of
+// the avx512 level take their tile products on the AMX units: TDPBF16PS adds a 16 x 32 bf16 tile
+// times a 32 x 16 one into a 16 x 16 fp32 tile. The A operand is bf16 rows; the B operand is the
+// "pairs" layout: a 32-bit word per (row pair, column) holding the column's two rows (the even one
+// in the low half). A slice's q', k', v (and dO) are converted once (AmxOperands); each tile's P
+// and dS as they are made. The tile registers are inline assembly (memory clobbered, so the
+// compiler never moves a buffer's stores past the load that reads it): no target attribute is
+// needed, and only the avx512 level compiles them (AMX CPUs run that level).
+#if APE_KERNEL_LEVEL == 2 && APE_CPU_COMPILED && APE_CPU_AMX_OS
+#define APE_CPU_AMX 1
+#else
+#define APE_CPU_AMX 0
+#endif
+
+#if APE_CPU_AMX
+namespace amx {
+
+#define APE_AMX_LOAD(t, base, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define APE_AMX_STORE(t, base, stride) \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define APE_AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+#define APE_AMX_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+
+// Tiles 0-7, each 16 rows of 64 bytes, for the lifetime of a scope (a slice's work on a thread):
+// the configuration is the thread's; tilerelease frees the state at the end.
+class TileScope {
+ public:
+  TileScope() {
+    alignas(64) unsigned char cfg[64] = {};
+    cfg[0] = 1;  // palette 1
+    for (int t = 0; t < 8; ++t) {
+      cfg[16 + 2 * t] = 64;  // bytes per row (little-endian uint16)
+      cfg[48 + t] = 16;      // rows
+    }
+    __asm__ volatile("ldtilecfg %0" ::"m"(cfg) : "memory");
+  }
+  ~TileScope() { __asm__ volatile("tilerelease" ::: "memory"); }
+  TileScope(const TileScope &) = delete;
+  TileScope &operator=(const TileScope &) = delete;
+};
+
+// bf16 of x, rounded to nearest even (NaN stays NaN).
+inline uint32_t bf16_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  return ((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : rounded) >> 16;
+}
+// The pairs word of (x, y): x in the low half.
+inline uint32_t bf16_pair(float x, float y) { return bf16_of(x) | bf16_of(y) << 16; }
+
+// Where the tiles of an operand lie: tile (r, x) of rows r .. r + 15 and the 32 (A: bf16) or 16
+// (B: pair words; C: floats) columns from x starts at base + r * row + (x / width) * block
+// elements, its rows `row` elements apart. Row-major (ld elements a row): {ld, width}; blocked,
+// each `width` columns of the M (or K / 2) rows stored as one contiguous panel: {width, rows *
+// width}. A panel's tile rows are 64 bytes apart, so a tile is one contiguous kilobyte: a
+// row-major operand T columns wide puts its tile rows 4 T or 2 T bytes apart, 16 rows in one L1
+// set for T a multiple of 1024 or 2048, and its loads miss.
+struct Layout {
+  int64_t row, block;
+};
+inline Layout row_major(int64_t ld, int64_t width) { return {ld, width}; }
+inline Layout panels(int64_t rows, int64_t width) { return {width, rows * width}; }
+
+// C (M, N) (+)= A (M, K) B (K, N): A bf16 (tiles of 16 x 32), B pair words (row p holds rows 2p
+// and 2p + 1 of B; tiles of 16 pair rows x 16), C fp32 (tiles of 16 x 16), each where its Layout
+// says. M, N and K are multiples of 32 (2 x 2 blocks of C tiles).
+inline void gemm(int64_t M, int64_t N, int64_t K, const uint16_t *a, Layout la, const uint32_t *b,
+                 Layout lb, float *c, Layout lc, bool accumulate) {
+  const int64_t cs = lc.row * 4, as = la.row * 2, bs = lb.row * 4;
+  for (int64_t m = 0; m < M; m += 32)
+    for (int64_t n = 0; n < N; n += 32) {
+      float *c00 = c + m * lc.row + n / 16 * lc.block, *c01 = c00 + lc.block;
+      float *c10 = c00 + 16 * lc.row, *c11 = c10 + lc.block;
+      if (accumulate) {
+        APE_AMX_LOAD(0, c00, cs); APE_AMX_LOAD(1, c01, cs);
+        APE_AMX_LOAD(2, c10, cs); APE_AMX_LOAD(3, c11, cs);
+      } else {
+        APE_AMX_ZERO(0); APE_AMX_ZERO(1); APE_AMX_ZERO(2); APE_AMX_ZERO(3);
+      }
+      for (int64_t k = 0; k < K; k += 32) {
+        const uint16_t *a0 = a + m * la.row + k / 32 * la.block, *a1 = a0 + 16 * la.row;
+        const uint32_t *b0 = b + k / 2 * lb.row + n / 16 * lb.block, *b1 = b0 + lb.block;
+        APE_AMX_LOAD(4, a0, as); APE_AMX_LOAD(5, a1, as);
+        APE_AMX_LOAD(6, b0, bs); APE_AMX_LOAD(7, b1, bs);
+        APE_AMX_DP(0, 4, 6); APE_AMX_DP(1, 4, 7);
+        APE_AMX_DP(2, 5, 6); APE_AMX_DP(3, 5, 7);
+      }
+      APE_AMX_STORE(0, c00, cs); APE_AMX_STORE(1, c01, cs);
+      APE_AMX_STORE(2, c10, cs); APE_AMX_STORE(3, c11, cs);
+    }
+}
+
+// Operand layouts of x, n rows of D (n <= Tp; what lies past row n is zero):
+// rows: (Tp, D) bf16, row-major.
+inline void rows(const float *x, int64_t n, int64_t D, int64_t Tp, uint16_t *out) {
+  APE_SIMD for (int64_t e = 0; e < n * D; ++e) out[e] = static_cast<uint16_t>(bf16_of(x[e]));
+  std::fill(out + n * D, out + Tp * D, uint16_t(0));
+}
+// x^T (D, Tp) bf16 in panels of 32 columns: element (c, t) at (t / 32) * 32 D + c * 32 + t % 32.
+inline void col_panels(const float *x, int64_t n, int64_t D, int64_t Tp, uint16_t *out) {
+  std::fill(out, out + D * Tp, uint16_t(0));
+  for (int64_t t = 0; t < n; ++t) {
+    uint16_t *o = out + t / 32 * 32 * D + t % 32;
+    for (int64_t c = 0; c < D; ++c) o[c * 32] = static_cast<uint16_t>(bf16_of(x[t * D + c]));
+  }
+}
+// pairs of rows: (Tp / 2, D) words, row-major, (r, c) = (x[2r][c], x[2r + 1][c]).
+inline void row_pairs(const float *x, int64_t n, int64_t D, int64_t Tp, uint32_t *out) {
+  std::fill(out, out + Tp / 2 * D, 0u);
+  for (int64_t r = 0; 2 * r < n; ++r) {
+    const float *x0 = x + 2 * r * D;
+    uint32_t *o = out + r * D;
+    if (2 * r + 1 < n) {
+      const float *x1 = x0 + D;
+      APE_SIMD for (int64_t c = 0; c < D; ++c) o[c] = bf16_pair(x0[c], x1[c]);
+    } else {
+      APE_SIMD for (int64_t c = 0; c < D; ++c) o[c] = bf16_of(x0[c]);
+    }
+  }
+}
+// pairs of x^T's rows, (D / 2, Tp) words in panels of 16 columns: (p, t) = (x[t][2p], x[t][2p + 1])
+// at (t / 16) * 8 D + p * 16 + t % 16.
+inline void col_pair_panels(const float *x, int64_t n, int64_t D, int64_t Tp, uint32_t *out) {
+  std::fill(out, out + D / 2 * Tp, 0u);
+  for (int64_t t = 0; t < n; ++t) {
+    uint32_t *o = out + t / 16 * 8 * D + t % 16;
+    const float *xt = x + t * D;
+    for (int64_t p = 0; p < D / 2; ++p) o[p * 16] = bf16_pair(xt[2 * p], xt[2 * p + 1]);
+  }
+}
+
+// A (kTileQ, kTileK) tile of P or dS, rows from nq on zero: as bf16 rows (an A operand), and as
+// pairs of rows (a B operand: (kTileQ / 2, kTileK) words).
+inline void tile_rows(const float *s, int64_t nq, uint16_t *out) {
+  APE_SIMD for (int64_t e = 0; e < nq * kTileK; ++e) out[e] = static_cast<uint16_t>(bf16_of(s[e]));
+  std::fill(out + nq * kTileK, out + kTileQ * kTileK, uint16_t(0));
+}
+inline void tile_row_pairs(const float *s, int64_t nq, uint32_t *out) {
+  for (int64_t r = 0; r < kTileQ / 2; ++r) {
+    const float *s0 = s + 2 * r * kTileK, *s1 = s0 + kTileK;
+    uint32_t *o = out + r * kTileK;
+    const bool in0 = 2 * r < nq, in1 = 2 * r + 1 < nq;
+    APE_SIMD for (int64_t c = 0; c < kTileK; ++c)
+      o[c] = (in0 ? bf16_of(s0[c]) : 0u) | (in1 ? bf16_of(s1[c]) << 16 : 0u);
+  }
+}
+
+// A slice's operands and a tile's (sizes per use: forward or backward).
+struct Operands {
+  int64_t Tp = 0, D = 0;     // T rounded up to kTileK; the head dim
+  std::vector<uint16_t> q;   // rows of q' (Tp, D): A of S = Q' K'^T
+  std::vector<uint32_t> kt;  // pairs of k'^T's rows (D / 2, Tp), panels of 16 keys: B of S
+  std::vector<uint32_t> v;   // pairs of v's rows (Tp / 2, D): B of O = P V (forward)
+  std::vector<uint16_t> p;   // a tile's P (forward) or dS (backward) rows (kTileQ, kTileK)
+  // backward: dP = dO V^T, dV^T += dO^T P, dK'^T += Q'^T dS, dQ' += dS K'
+  std::vector<uint16_t> dout;  // rows of dO (Tp, D)
+  std::vector<uint32_t> vt;    // pairs of v^T's rows (D / 2, Tp), panels of 16 keys
+  std::vector<uint16_t> doutt, qt;  // dO^T, q'^T (D, Tp), panels of 32 queries
+  std::vector<uint32_t> k;     // pairs of k''s rows (Tp / 2, D)
+  std::vector<uint32_t> pp, sp;  // a tile's P and dS as pairs of rows (kTileQ / 2, kTileK)
+
+  // q', k' and v of a slice of T tokens: what the forward's products read.
+  Operands(const float *qm, const float *km, const float *vv, int64_t T, int64_t D_)
+      : Tp((T + kTileK - 1) / kTileK * kTileK), D(D_), q(Tp * D), kt(D / 2 * Tp), p(kTileQ * kTileK) {
+    rows(qm, T, D, Tp, q.data());
+    col_pair_panels(km, T, D, Tp, kt.data());
+    if (vv) {
+      v.resize(Tp / 2 * D);
+      row_pairs(vv, T, D, Tp, v.data());
+    }
+  }
+  // ... and what the backward's read besides (v as v^T's pairs, not v's).
+  void add_backward(const float *qm, const float *km, const float *vv, const float *g, int64_t T) {
+    dout.resize(Tp * D), vt.resize(D / 2 * Tp), doutt.resize(D * Tp), qt.resize(D * Tp);
+    k.resize(Tp / 2 * D), pp.resize(kTileQ / 2 * kTileK), sp.resize(kTileQ / 2 * kTileK);
+    rows(g, T, D, Tp, dout.data());
+    col_pair_panels(vv, T, D, Tp, vt.data());
+    col_panels(g, T, D, Tp, doutt.data());
+    col_panels(qm, T, D, Tp, qt.data());
+    row_pairs(km, T, D, Tp, k.data());
+  }
+  // The tiles of S = Q' K'^T (or dP = dO V^T: rows = dout, cols = vt) of queries i0 and keys j0.
+  void logits(const std::vector<uint16_t> &rows_, const std::vector<uint32_t> &cols_, int64_t i0,
+              int64_t j0, float *s) const {
+    gemm(kTileQ, kTileK, D, rows_.data() + i0 * D, row_major(D, 32), cols_.data() + j0 / 16 * 8 * D,
+         panels(D / 2, 16), s, row_major(kTileK, 16), false);
+  }
+};
+
+// Whether a call of head dim D takes the bf16 tile products.
+template <typename Real> inline bool wanted(const AttnArgs<Real> &a) {
+  return std::is_same_v<Real, float> && a.bf16_products && a.D % 32 == 0 && a.D > 0 &&
+         cpu_amx_bf16_usable();
+}
+
+}  // namespace amx
+#endif  // APE_CPU_AMX
 
 // ---- reductions of a tile row -------------------------------------------------------------------
 // A row of kTileK logits or probabilities is reduced as 64-byte vectors (GCC's and Clang's vector
@@ -589,8 +825,10 @@ template <class Enc, typename Real> struct SliceInputs {
 
   SliceInputs(const SliceInputs &) = delete;  // ctx.tok points into tok
   SliceInputs &operator=(const SliceInputs &) = delete;
-  // `coefs`: the linear mods' coefficient tables of the call (mod_coefs).
-  SliceInputs(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs<Real> &coefs)
+  // `coefs`: the linear mods' coefficient tables of the call (mod_coefs). with_kt: whether kt is
+  // made (not when the products read the bf16 operands instead, amx::Operands).
+  SliceInputs(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs<Real> &coefs,
+              bool with_kt = true)
       : ctx{b, h, a.H, a.T, a.D, a.params, nullptr, nullptr, nullptr},
         Tp(padded_row<Real>(a.T)) {
     const int64_t T = a.T, D = a.D, row = b * a.H + h;  // row of (B*H, T) arrays
@@ -615,8 +853,10 @@ template <class Enc, typename Real> struct SliceInputs {
       mod_forward<Enc, false>(ctx, k, km_buf.data(), coefs.k.empty() ? nullptr : coefs.k.data());
       km = km_buf.data();
     }
-    kt.resize(static_cast<std::size_t>(D * Tp));
-    transpose_padded(km, T, D, Tp, kt.data());
+    if (with_kt) {
+      kt.resize(static_cast<std::size_t>(D * Tp));
+      transpose_padded(km, T, D, Tp, kt.data());
+    }
     if constexpr (kNumRel > 0) {
       for (int n = 0; n < kNumRel; ++n) {
         rel[n].resize(static_cast<std::size_t>(T * Enc::rel_rows(n)));
@@ -658,11 +898,24 @@ template <class Enc, typename Real> struct AttendScratch {
   int64_t R = 0;                 // value rows: unnormalised probability mass of each row, per query
   std::vector<Real> mass;        // (kTileQ, R)
   std::vector<Real> bias;        // distance bias: B(d) for d < bias.size() (extended on demand)
+#if APE_CPU_AMX
+  amx::Operands *amx = nullptr;  // the slice's bf16 operands: the products on AMX (Real float)
+#endif
   explicit AttendScratch(int64_t D) : st(kTileQ * kTileK), acc(static_cast<std::size_t>(kTileQ * D)) {
     if constexpr (HasValueRows<Enc>::value) R = Enc::kValueRows;
     mass.resize(static_cast<std::size_t>(kTileQ * R));
   }
 };
+
+// Whether the scratch holds the slice's bf16 operands (w.amx: the products on AMX).
+template <class Enc, typename Real> inline bool amx_operands(const AttendScratch<Enc, Real> &w) {
+#if APE_CPU_AMX
+  return w.amx != nullptr;
+#else
+  (void)w;
+  return false;
+#endif
+}
 
 // The causal online-softmax attention of nq <= kTileQ queries at positions i0, ..., i0 + nq - 1
 // (qm: their (nq, D) rows after the q mod) over the keys j <= i: kt (D, ldk) holds k'^T, zero
@@ -690,19 +943,31 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
       w.bias.push_back(Enc::distance_bias(ctx, d));
   }
   std::array<Real, kTileQ> &ref = w.ref, &alpha = w.alpha;
+  // bf16 products (w.amx): P V is added into acc on the tiles (acc's rows go through the tiles
+  // only), and a row's reference w.m moves only when a tile's max passes it by more than
+  // kLazyRescale (so P <= e^8; its rescale of acc, vector code, is rare after the first tiles).
+  // Each key tile t: the softmax of S_t and P_t's bf16 rows, then S_{t+1} and (P V)_t on the
+  // tiles, so that P_t's vector stores have completed when a tile load reads them.
+  const bool bf16 = amx_operands(w);
+  constexpr Real kLazyRescale = 8;
+#if APE_CPU_AMX
+  if constexpr (std::is_same_v<Real, float>)
+    if (bf16) w.amx->logits(w.amx->q, w.amx->kt, i0, 0, st);  // every row (q' has Tp rows)
+#endif
   for (int64_t j0 = 0; j0 < nkeys; j0 += kTileK) {  // tiles above the diagonal skipped
     const int64_t nk = std::min(kTileK, nkeys - j0);
-    gemm<kTileK>(nq, D, kTileK, qm, D, 1, kt + j0, ldk, st, kTileK, false);
+    if (!bf16) gemm<kTileK>(nq, D, kTileK, qm, D, 1, kt + j0, ldk, st, kTileK, false);
     // The final logits, the keys past the causal edge -inf, and each query's new running max.
     for (int64_t ii = 0; ii < nq; ++ii) {
       const int64_t i = i0 + ii, nv = visible(i, j0, nk);
       Real *s = st + ii * kTileK;
       final_logits<Enc>(ctx, scale, i, j0, nv, w.bias, s);
       std::fill(s + nv, s + kTileK, neg_inf<Real>());
-      const Real tile_max = row_max(s), mx = tile_max > w.m[ii] ? tile_max : w.m[ii];
+      const Real tile_max = row_max(s);
+      const Real mx = !(tile_max > w.m[ii] + (bf16 ? kLazyRescale : Real(0))) ? w.m[ii] : tile_max;
       // All logits so far -inf (a score_mod mask): keep exp finite, the row stays zero.
       ref[ii] = mx == neg_inf<Real>() ? Real(0) : mx;
-      alpha[ii] = w.m[ii] - ref[ii];
+      alpha[ii] = mx == w.m[ii] ? Real(0) : w.m[ii] - ref[ii];  // exp: 1 when unmoved
       w.m[ii] = mx;
     }
     APE_SIMD for (int64_t ii = 0; ii < nq; ++ii) alpha[ii] = softmax_exp_le(alpha[ii]);
@@ -713,7 +978,9 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
       w.l[ii] = w.l[ii] * alpha[ii] + row_sum(s);
       Real *accr = acc + ii * D;
       const Real al = alpha[ii];
-      APE_SIMD for (int64_t c = 0; c < D; ++c) accr[c] *= al;
+      if (!bf16 || al != Real(1)) {
+        APE_SIMD for (int64_t c = 0; c < D; ++c) accr[c] *= al;
+      }
       if constexpr (kValue) {
         const int64_t i = i0 + ii, nv = visible(i, j0, nk);
         Real *mr = w.mass.data() + ii * R;
@@ -721,8 +988,21 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
         for (int64_t jj = 0; jj < nv; ++jj) mr[Enc::value_row(ctx, i, j0 + jj)] += s[jj];
       }
     }
-    gemm(nq, nk, D, st, kTileK, 1, v + j0 * D, D, acc, D, true);
+    if (bf16) {  // the pipeline's other steps (above); P's rows from nq on are zero
+#if APE_CPU_AMX
+      if constexpr (std::is_same_v<Real, float>) {
+        amx::Operands &x = *w.amx;
+        amx::tile_rows(st, nq, x.p.data());
+        if (j0 + kTileK < nkeys) x.logits(x.q, x.kt, i0, j0 + kTileK, st);
+        amx::gemm(kTileQ, D, kTileK, x.p.data(), amx::row_major(kTileK, 32), x.v.data() + j0 / 2 * D,
+                  amx::row_major(D, 16), acc, amx::row_major(D, 16), true);
+      }
+#endif
+    } else {
+      gemm(nq, nk, D, st, kTileK, 1, v + j0 * D, D, acc, D, true);
+    }
   }
+
   for (int64_t ii = 0; ii < nq; ++ii) {
     const Real inv = w.l[ii] > 0 ? Real(1) / w.l[ii] : Real(0);
     const Real *accr = acc + ii * D;
@@ -813,11 +1093,27 @@ void transition_rows(const HeadCtx<Real> &ctx, Real scale, const TransitionRows 
 
 template <class Enc, typename Real>
 void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs<Real> &coefs) {
-  const SliceInputs<Enc, Real> in(a, b, h, coefs);
+  bool bf16 = false;
+#if APE_CPU_AMX
+  if constexpr (std::is_same_v<Real, float>) bf16 = amx::wanted(a);
+#endif
+  // The transition's passes take the Real products (kt).
+  const SliceInputs<Enc, Real> in(a, b, h, coefs, !bf16 || traits::HasTransition<Enc>::value);
   const int64_t T = a.T, D = a.D, row = b * a.H + h;
   Real *o = a.o + row * T * D;  // (T, D)
   Real *lse = a.lse + row * T;  // (T)
   AttendScratch<Enc, Real> scratch(D);
+#if APE_CPU_AMX
+  std::unique_ptr<amx::Operands> operands;
+  std::unique_ptr<amx::TileScope> tiles;
+  if constexpr (std::is_same_v<Real, float>) {
+    if (bf16) {
+      operands = std::make_unique<amx::Operands>(in.qm, in.km, in.v, T, D);
+      tiles = std::make_unique<amx::TileScope>();
+      scratch.amx = operands.get();
+    }
+  }
+#endif
   for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
     const int64_t nq = std::min(kTileQ, T - i0);
     attend_rows<Enc>(in.ctx, a.scale, in.qm + i0 * D, i0, nq, in.kt.data(), in.Tp, in.v,
@@ -899,14 +1195,43 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
       }
   }
 
+  // bf16 products on AMX (amx::wanted): the slice's operands, and dQ' (Tp, D), dV^T and dK'^T
+  // (D, Tp) accumulated in fp32 over whole tiles, copied out after the last.
+  bool bf16 = false;
+#if APE_CPU_AMX
+  std::unique_ptr<amx::Operands> x;
+  std::unique_ptr<amx::TileScope> tiles;
+  std::vector<float> dq_acc, dvt_acc, dkt_acc;
+  if constexpr (std::is_same_v<Real, float>) {
+    if (amx::wanted(a)) {
+      bf16 = true;
+      x = std::make_unique<amx::Operands>(in.qm, in.km, nullptr, T, D);
+      x->add_backward(in.qm, in.km, in.v, dout, T);
+      dq_acc.assign(static_cast<std::size_t>(x->Tp * D), 0.f);
+      dvt_acc.assign(static_cast<std::size_t>(D * x->Tp), 0.f);
+      dkt_acc.assign(static_cast<std::size_t>(D * x->Tp), 0.f);
+      tiles = std::make_unique<amx::TileScope>();
+    }
+  }
+#endif
+
   for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
     const int64_t nq = std::min(kTileQ, T - i0);
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += kTileK) {
       const int64_t nk = std::min(kTileK, T - j0);
-      gemm<kTileK>(nq, D, kTileK, in.qm + i0 * D, D, 1, in.kt.data() + j0, in.Tp, st.data(),
-                   kTileK, false);
-      gemm<kTileK>(nq, D, kTileK, dout + i0 * D, D, 1, vt.data() + j0, in.Tp, dp.data(), kTileK,
-                   false);
+      if (bf16) {  // every row of the tiles (the operands have Tp rows)
+#if APE_CPU_AMX
+        if constexpr (std::is_same_v<Real, float>) {
+          x->logits(x->q, x->kt, i0, j0, st.data());
+          x->logits(x->dout, x->vt, i0, j0, dp.data());
+        }
+#endif
+      } else {
+        gemm<kTileK>(nq, D, kTileK, in.qm + i0 * D, D, 1, in.kt.data() + j0, in.Tp, st.data(),
+                     kTileK, false);
+        gemm<kTileK>(nq, D, kTileK, dout + i0 * D, D, 1, vt.data() + j0, in.Tp, dp.data(), kTileK,
+                     false);
+      }
       for (int64_t ii = 0; ii < nq; ++ii) {
         const int64_t i = i0 + ii, nv = visible(i, j0, nk);
         // A row without any finite logit (lse = -inf) has P = 0. Every logit is <= its row's lse
@@ -958,11 +1283,44 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
         std::fill(g + nv, g + kTileK, Real(0));
       }
       // dV[j] += P^T dO, dK'[j] += scale dS^T Q', dQ'[i] += scale dS K'.
-      gemm(nk, nq, D, st.data(), 1, kTileK, dout + i0 * D, D, dv + j0 * D, D, true);
-      gemm(nk, nq, D, dp.data(), 1, kTileK, in.qm + i0 * D, D, dkm + j0 * D, D, true);
-      gemm(nq, nk, D, dp.data(), kTileK, 1, in.km + j0 * D, D, dqm + i0 * D, D, true);
+      if (bf16) {  // as dV^T += dO^T P and dK'^T += Q'^T dS; P's and dS's rows from nq on zero
+#if APE_CPU_AMX
+        if constexpr (std::is_same_v<Real, float>) {
+          amx::tile_row_pairs(st.data(), nq, x->pp.data());
+          amx::tile_row_pairs(dp.data(), nq, x->sp.data());
+          amx::tile_rows(dp.data(), nq, x->p.data());
+          const amx::Layout t_panels = amx::panels(D, 32), acc_panels = amx::panels(D, 16);
+          const amx::Layout tile_pairs = amx::row_major(kTileK, 16);
+          const int64_t a0 = i0 / 32 * 32 * D, c0 = j0 / 16 * 16 * D;  // panels of i0, j0
+          amx::gemm(D, kTileK, kTileQ, x->doutt.data() + a0, t_panels, x->pp.data(), tile_pairs,
+                    dvt_acc.data() + c0, acc_panels, true);
+          amx::gemm(D, kTileK, kTileQ, x->qt.data() + a0, t_panels, x->sp.data(), tile_pairs,
+                    dkt_acc.data() + c0, acc_panels, true);
+          amx::gemm(kTileQ, D, kTileK, x->p.data(), amx::row_major(kTileK, 32),
+                    x->k.data() + j0 / 2 * D, amx::row_major(D, 16), dq_acc.data() + i0 * D,
+                    amx::row_major(D, 16), true);
+        }
+#endif
+      } else {
+        gemm(nk, nq, D, st.data(), 1, kTileK, dout + i0 * D, D, dv + j0 * D, D, true);
+        gemm(nk, nq, D, dp.data(), 1, kTileK, in.qm + i0 * D, D, dkm + j0 * D, D, true);
+        gemm(nq, nk, D, dp.data(), kTileK, 1, in.km + j0 * D, D, dqm + i0 * D, D, true);
+      }
     }
   }
+#if APE_CPU_AMX
+  if constexpr (std::is_same_v<Real, float>) {
+    if (bf16) {
+      tiles.reset();
+      std::copy(dq_acc.begin(), dq_acc.begin() + T * D, dqm);
+      for (int64_t t = 0; t < T; ++t) {  // dV^T, dK'^T in panels of 16 keys (amx::panels(D, 16))
+        const float *vt_t = dvt_acc.data() + t / 16 * 16 * D + t % 16;
+        const float *kt_t = dkt_acc.data() + t / 16 * 16 * D + t % 16;
+        for (int64_t c = 0; c < D; ++c) dv[t * D + c] = vt_t[c * 16], dkm[t * D + c] = kt_t[c * 16];
+      }
+    }
+  }
+#endif
 
   if constexpr (kDist) {  // B's gradients, one call per distance with its diagonal's sum
     for (int64_t d = 0; d < T; ++d)

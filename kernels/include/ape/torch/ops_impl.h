@@ -212,20 +212,23 @@ template <typename T> std::vector<T *> data_ptrs(const std::vector<at::Tensor> &
 }
 
 // The generated kernel on contiguous CPU tensors of type Real: o and lse (forward), or the
-// gradients (backward, when dout is defined).
+// gradients (backward, when dout is defined). bf16: the inputs were bfloat16 (AttnArgs::
+// bf16_products: on a CPU with AMX, the tile products take bf16 operands, as on a GPU).
 template <typename Real>
 void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, const at::Tensor &k,
                 const at::Tensor &v, const std::vector<at::Tensor> &features,
                 const std::vector<at::Tensor> &params, double scale, const at::Tensor &o,
                 const at::Tensor &lse, const at::Tensor &dout, const at::Tensor &dq,
                 const at::Tensor &dk, const at::Tensor &dv,
-                const std::vector<at::Tensor> &dfeatures, const std::vector<at::Tensor> &dparams) {
+                const std::vector<at::Tensor> &dfeatures, const std::vector<at::Tensor> &dparams,
+                bool bf16) {
   std::vector<Real *> fp = data_ptrs<Real>(features), pp = data_ptrs<Real>(params);
   std::vector<const Real *> cfp(fp.begin(), fp.end()), cpp(pp.begin(), pp.end());
-  const AttnArgs<Real> a =
+  AttnArgs<Real> a =
       forward_args<Real>({s.B, s.H, s.T, s.D}, scale, q.data_ptr<Real>(), k.data_ptr<Real>(),
                          v.data_ptr<Real>(), cfp.data(), cpp.data(), o.data_ptr<Real>(),
                          lse.data_ptr<Real>());
+  a.bf16_products = bf16;
   const KernelEntry &e = *in.entry;
   if (!dout.defined()) {
     entry_forward<Real>(e)(a);
@@ -254,10 +257,11 @@ inline ForwardResult forward_cpu(const KernelInputs &in, const at::Tensor &q, co
   std::vector<at::Tensor> fc = prepared(features, ct), pc = prepared(params, ct);
   at::Tensor o = at::empty({s.B, s.H, s.T, s.D}, qc.options());
   at::Tensor lse = at::empty({s.B, s.H, s.T}, qc.options());
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
   if (ct == at::kFloat)
-    run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {});
+    run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {}, bf16);
   else
-    run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {});
+    run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {}, bf16);
   return {o.to(q.scalar_type()), lse};
 }
 
@@ -274,10 +278,11 @@ inline BackwardResult backward_cpu(const KernelInputs &in, const at::Tensor &dou
   std::vector<at::Tensor> df, dp;
   for (const auto &f : fc) df.push_back(at::empty_like(f));
   for (const auto &p : pc) dp.push_back(at::empty_like(p));
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
   if (ct == at::kFloat)
-    run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, oc, lc, gc, dq, dk, dv, df, dp);
+    run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, oc, lc, gc, dq, dk, dv, df, dp, bf16);
   else
-    run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, oc, lc, gc, dq, dk, dv, df, dp);
+    run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, oc, lc, gc, dq, dk, dv, df, dp, bf16);
   const at::ScalarType dt = q.scalar_type();
   return {dq.to(dt), dk.to(dt), dv.to(dt), converted(df, dt), converted(dp, dt)};
 }
