@@ -37,6 +37,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -48,6 +49,7 @@
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
+#include <immintrin.h>  // the AMX path's AVX-512 intrinsics (always inline, for the avx512 level)
 #include <sys/syscall.h>
 #include <unistd.h>
 #define APE_CPU_AMX_OS 1  // AMX is requested from Linux (arch_prctl) and used by inline assembly
@@ -110,6 +112,21 @@ inline bool cpu_amx_bf16_usable() {
   return false;
 #endif
 }
+
+// Storage aligned to 64 bytes (a cache line, and the row of an AMX tile: a tile load of rows that
+// straddle lines reads twice the lines): std::vector<T, CacheAligned<T>>.
+template <class T> struct CacheAligned {
+  using value_type = T;
+  CacheAligned() = default;
+  template <class U> CacheAligned(const CacheAligned<U> &) {}
+  T *allocate(std::size_t n) {
+    return static_cast<T *>(::operator new(n * sizeof(T), std::align_val_t(64)));
+  }
+  void deallocate(T *p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U> bool operator==(const CacheAligned<U> &) const { return true; }
+  template <class U> bool operator!=(const CacheAligned<U> &) const { return false; }
+};
+template <class T> using AlignedVector = std::vector<T, CacheAligned<T>>;
 
 template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the template
   int64_t b, h, H, T, D;
@@ -395,10 +412,47 @@ inline void gemm(int64_t M, int64_t N, int64_t K, const uint16_t *a, Layout la, 
     }
 }
 
+// out[0 .. 32 m) = bf16 of x[0 .. 32 m), rounded to nearest even (VCVTNE2PS2BF16, which every
+// AMX CPU has: AVX512-BF16; by inline assembly, as the tiles, so that no function needs that
+// target). Like the tiles' own arithmetic, it reads denormal floats as zero.
+typedef float Vec16f __attribute__((vector_size(64)));
+typedef short Vec32h __attribute__((vector_size(64)));
+inline void bf16_chunks(const float *x, int64_t m, uint16_t *out) {
+  for (int64_t u = 0; u < m; ++u) {
+    Vec16f lo, hi;
+    Vec32h h;
+    std::memcpy(&lo, x + 32 * u, 64);
+    std::memcpy(&hi, x + 32 * u + 16, 64);
+    __asm__("vcvtne2ps2bf16 %1, %2, %0" : "=v"(h) : "v"(lo), "v"(hi));
+    std::memcpy(out + 32 * u, &h, 64);
+  }
+}
+
+// P = exp(s - r) of a tile row (kTileK logits, -inf for 0), for the bf16 products: exp(x) =
+// 2^t, t = x log2(e), as 2^round(t) (VSCALEFPS, exact, 0 below 2^-149) times a degree-5
+// polynomial of t - round(t) in [-1/2, 1/2] (relative error 2.4e-7, a few float ulp: far below
+// the bf16 rounding of P that follows). 10 instructions a vector where softmax_exp_le takes 19.
+inline void exp_row(float *s, float r) {
+  const __m512 log2e = _mm512_set1_ps(1.44269504f), rl = _mm512_set1_ps(r * 1.44269504f);
+  const __m512 lo = _mm512_set1_ps(-150.f);
+  for (int64_t c = 0; c < kTileK; c += 16) {
+    const __m512 t = _mm512_max_ps(lo, _mm512_fmsub_ps(_mm512_loadu_ps(s + c), log2e, rl));  // NaN stays
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(0.00132764701f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00967554189f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555071346f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240221202f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693146944f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000012f));
+    _mm512_storeu_ps(s + c, _mm512_scalef_ps(p, n));
+  }
+}
+
 // Operand layouts of x, n rows of D (n <= Tp; what lies past row n is zero):
-// rows: (Tp, D) bf16, row-major.
+// rows: (Tp, D) bf16, row-major (D a multiple of 32).
 inline void rows(const float *x, int64_t n, int64_t D, int64_t Tp, uint16_t *out) {
-  APE_SIMD for (int64_t e = 0; e < n * D; ++e) out[e] = static_cast<uint16_t>(bf16_of(x[e]));
+  bf16_chunks(x, n * D / 32, out);
   std::fill(out + n * D, out + Tp * D, uint16_t(0));
 }
 // x^T (D, Tp) bf16 in panels of 32 columns: element (c, t) at (t / 32) * 32 D + c * 32 + t % 32.
@@ -436,37 +490,56 @@ inline void col_pair_panels(const float *x, int64_t n, int64_t D, int64_t Tp, ui
 
 // A (kTileQ, kTileK) tile of P or dS, rows from nq on zero: as bf16 rows (an A operand), and as
 // pairs of rows (a B operand: (kTileQ / 2, kTileK) words).
-inline void tile_rows(const float *s, int64_t nq, uint16_t *out) {
-  APE_SIMD for (int64_t e = 0; e < nq * kTileK; ++e) out[e] = static_cast<uint16_t>(bf16_of(s[e]));
-  std::fill(out + nq * kTileK, out + kTileQ * kTileK, uint16_t(0));
+inline void tile_rows(const float *s, int64_t nq, uint16_t *out, int64_t ld = kTileK) {
+  for (int64_t r = 0; r < kTileQ; ++r) {
+    if (r < nq)
+      bf16_chunks(s + r * kTileK, kTileK / 32, out + r * ld);
+    else
+      std::fill(out + r * ld, out + r * ld + kTileK, uint16_t(0));
+  }
 }
+// The forward's batches of P V: up to kPvTiles key tiles, their P rows kPvLd apart.
+constexpr int64_t kPvTiles = 4, kPvLd = kPvTiles * kTileK;
 inline void tile_row_pairs(const float *s, int64_t nq, uint32_t *out) {
+  // 16 columns of both rows to bf16 (one VCVTNE2PS2BF16: row 2r's in the low half), then the
+  // halves interleaved (VPERMW), 16 pair words.
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const Vec16f zero = {};
   for (int64_t r = 0; r < kTileQ / 2; ++r) {
     const float *s0 = s + 2 * r * kTileK, *s1 = s0 + kTileK;
     uint32_t *o = out + r * kTileK;
     const bool in0 = 2 * r < nq, in1 = 2 * r + 1 < nq;
-    APE_SIMD for (int64_t c = 0; c < kTileK; ++c)
-      o[c] = (in0 ? bf16_of(s0[c]) : 0u) | (in1 ? bf16_of(s1[c]) << 16 : 0u);
+    for (int64_t c = 0; c < kTileK; c += 16) {
+      Vec16f lo = zero, hi = zero;
+      Vec32h h;
+      if (in0) std::memcpy(&lo, s0 + c, 64);
+      if (in1) std::memcpy(&hi, s1 + c, 64);
+      __asm__("vcvtne2ps2bf16 %1, %2, %0" : "=v"(h) : "v"(lo), "v"(hi));
+      __m512i w;
+      std::memcpy(&w, &h, 64);
+      _mm512_storeu_si512(o + c, _mm512_permutexvar_epi16(interleave, w));
+    }
   }
 }
 
 // A slice's operands and a tile's (sizes per use: forward or backward).
 struct Operands {
   int64_t Tp = 0, D = 0;     // T rounded up to kTileK; the head dim
-  std::vector<uint16_t> q;   // rows of q' (Tp, D): A of S = Q' K'^T
-  std::vector<uint32_t> kt;  // pairs of k'^T's rows (D / 2, Tp), panels of 16 keys: B of S
-  std::vector<uint32_t> v;   // pairs of v's rows (Tp / 2, D): B of O = P V (forward)
-  std::vector<uint16_t> p;   // a tile's P (forward) or dS (backward) rows (kTileQ, kTileK)
+  AlignedVector<uint16_t> q;   // rows of q' (Tp, D): A of S = Q' K'^T
+  AlignedVector<uint32_t> kt;  // pairs of k'^T's rows (D / 2, Tp), panels of 16 keys: B of S
+  AlignedVector<uint32_t> v;   // pairs of v's rows (Tp / 2, D): B of O = P V (forward)
+  AlignedVector<uint16_t> pf;  // P (forward) or dS (backward) rows of a batch of key tiles (kTileQ, kPvLd)
   // backward: dP = dO V^T, dV^T += dO^T P, dK'^T += Q'^T dS, dQ' += dS K'
-  std::vector<uint16_t> dout;  // rows of dO (Tp, D)
-  std::vector<uint32_t> vt;    // pairs of v^T's rows (D / 2, Tp), panels of 16 keys
-  std::vector<uint16_t> doutt, qt;  // dO^T, q'^T (D, Tp), panels of 32 queries
-  std::vector<uint32_t> k;     // pairs of k''s rows (Tp / 2, D)
-  std::vector<uint32_t> pp, sp;  // a tile's P and dS as pairs of rows (kTileQ / 2, kTileK)
+  AlignedVector<uint16_t> dout;  // rows of dO (Tp, D)
+  AlignedVector<uint32_t> vt;    // pairs of v^T's rows (D / 2, Tp), panels of 16 keys
+  AlignedVector<uint16_t> doutt, qt;  // dO^T, q'^T (D, Tp), panels of 32 queries
+  AlignedVector<uint32_t> k;     // pairs of k''s rows (Tp / 2, D)
+  AlignedVector<uint32_t> pp, sp;  // a tile's P and dS as pairs of rows (kTileQ / 2, kTileK)
 
   // q', k' and v of a slice of T tokens: what the forward's products read.
   Operands(const float *qm, const float *km, const float *vv, int64_t T, int64_t D_)
-      : Tp((T + kTileK - 1) / kTileK * kTileK), D(D_), q(Tp * D), kt(D / 2 * Tp), p(kTileQ * kTileK) {
+      : Tp((T + kTileK - 1) / kTileK * kTileK), D(D_), q(Tp * D), kt(D / 2 * Tp), pf(kTileQ * kPvLd) {
     rows(qm, T, D, Tp, q.data());
     col_pair_panels(km, T, D, Tp, kt.data());
     if (vv) {
@@ -485,7 +558,7 @@ struct Operands {
     row_pairs(km, T, D, Tp, k.data());
   }
   // The tiles of S = Q' K'^T (or dP = dO V^T: rows = dout, cols = vt) of queries i0 and keys j0.
-  void logits(const std::vector<uint16_t> &rows_, const std::vector<uint32_t> &cols_, int64_t i0,
+  void logits(const AlignedVector<uint16_t> &rows_, const AlignedVector<uint32_t> &cols_, int64_t i0,
               int64_t j0, float *s) const {
     gemm(kTileQ, kTileK, D, rows_.data() + i0 * D, row_major(D, 32), cols_.data() + j0 / 16 * 8 * D,
          panels(D / 2, 16), s, row_major(kTileK, 16), false);
@@ -891,8 +964,8 @@ inline void final_logits(const HeadCtx<Real> &ctx, Real scale, int64_t i, int64_
 
 // Scratch of attend_rows: one query tile's logits, output accumulator and softmax state.
 template <class Enc, typename Real> struct AttendScratch {
-  std::vector<Real> st;          // (kTileQ, kTileK): logits, then probabilities
-  std::vector<Real> acc;         // (kTileQ, D): unnormalised output
+  AlignedVector<Real> st;        // (kTileQ, kTileK): logits, then probabilities
+  AlignedVector<Real> acc;       // (kTileQ, D): unnormalised output
   std::array<Real, kTileQ> m{}, l{};  // running max and sum of each query
   std::array<Real, kTileQ> ref{}, alpha{};  // per key tile: exp's reference, rescale of m and l
   int64_t R = 0;                 // value rows: unnormalised probability mass of each row, per query
@@ -950,6 +1023,23 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
   // tiles, so that P_t's vector stores have completed when a tile load reads them.
   const bool bf16 = amx_operands(w);
   constexpr Real kLazyRescale = 8;
+  // P V of up to amx::kPvTiles key tiles at once (from pend0; their P side by side in w.amx->pf),
+  // added when the batch is full, before a rescale of acc, and at the end: acc's tiles are loaded
+  // and stored once a batch instead of once a key tile.
+  int64_t pend0 = 0, npend = 0;
+  (void)pend0;
+  auto flush = [&] {
+#if APE_CPU_AMX
+    if constexpr (std::is_same_v<Real, float>) {
+      if (npend > 0) {
+        amx::Operands &x = *w.amx;
+        amx::gemm(kTileQ, D, npend * kTileK, x.pf.data(), amx::row_major(amx::kPvLd, 32),
+                  x.v.data() + pend0 / 2 * D, amx::row_major(D, 16), acc, amx::row_major(D, 16), true);
+      }
+    }
+#endif
+    npend = 0;
+  };
 #if APE_CPU_AMX
   if constexpr (std::is_same_v<Real, float>)
     if (bf16) w.amx->logits(w.amx->q, w.amx->kt, i0, 0, st);  // every row (q' has Tp rows)
@@ -958,6 +1048,7 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
     const int64_t nk = std::min(kTileK, nkeys - j0);
     if (!bf16) gemm<kTileK>(nq, D, kTileK, qm, D, 1, kt + j0, ldk, st, kTileK, false);
     // The final logits, the keys past the causal edge -inf, and each query's new running max.
+    bool moved = false;
     for (int64_t ii = 0; ii < nq; ++ii) {
       const int64_t i = i0 + ii, nv = visible(i, j0, nk);
       Real *s = st + ii * kTileK;
@@ -968,13 +1059,22 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
       // All logits so far -inf (a score_mod mask): keep exp finite, the row stays zero.
       ref[ii] = mx == neg_inf<Real>() ? Real(0) : mx;
       alpha[ii] = mx == w.m[ii] ? Real(0) : w.m[ii] - ref[ii];  // exp: 1 when unmoved
+      moved = moved || mx != w.m[ii];
       w.m[ii] = mx;
     }
+    if (bf16 && moved) flush();  // the batch's P is relative to the old references
     APE_SIMD for (int64_t ii = 0; ii < nq; ++ii) alpha[ii] = softmax_exp_le(alpha[ii]);
     for (int64_t ii = 0; ii < nq; ++ii) {
       Real *s = st + ii * kTileK;
       const Real r = ref[ii];
-      APE_SIMD for (int64_t jj = 0; jj < kTileK; ++jj) s[jj] = softmax_exp_le(s[jj] - r);  // -inf: 0
+      bool exps_done = false;
+#if APE_CPU_AMX
+      if constexpr (std::is_same_v<Real, float>)
+        if (bf16) amx::exp_row(s, r), exps_done = true;  // P is rounded to bf16 next
+#endif
+      if (!exps_done) {
+        APE_SIMD for (int64_t jj = 0; jj < kTileK; ++jj) s[jj] = softmax_exp_le(s[jj] - r);  // -inf: 0
+      }
       w.l[ii] = w.l[ii] * alpha[ii] + row_sum(s);
       Real *accr = acc + ii * D;
       const Real al = alpha[ii];
@@ -992,16 +1092,18 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
 #if APE_CPU_AMX
       if constexpr (std::is_same_v<Real, float>) {
         amx::Operands &x = *w.amx;
-        amx::tile_rows(st, nq, x.p.data());
+        if (npend == 0) pend0 = j0;
+        amx::tile_rows(st, nq, x.pf.data() + npend * kTileK, amx::kPvLd);
+        ++npend;
         if (j0 + kTileK < nkeys) x.logits(x.q, x.kt, i0, j0 + kTileK, st);
-        amx::gemm(kTileQ, D, kTileK, x.p.data(), amx::row_major(kTileK, 32), x.v.data() + j0 / 2 * D,
-                  amx::row_major(D, 16), acc, amx::row_major(D, 16), true);
+        if (npend == amx::kPvTiles) flush();
       }
 #endif
     } else {
       gemm(nq, nk, D, st, kTileK, 1, v + j0 * D, D, acc, D, true);
     }
   }
+  flush();
 
   for (int64_t ii = 0; ii < nq; ++ii) {
     const Real inv = w.l[ii] > 0 ? Real(1) / w.l[ii] : Real(0);
@@ -1131,7 +1233,13 @@ template <class Enc, typename Real>
 void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams,
                     const std::array<int64_t, array_len(Enc::kNumParams)> &poff,
                     const ModCoefs<Real> &coefs) {
-  SliceInputs<Enc, Real> in(a, b, h, coefs);
+  // bf16 products on AMX (amx::wanted): the products read the slice's bf16 operands (below), not
+  // k'^T and v^T in Real.
+  bool bf16 = false;
+#if APE_CPU_AMX
+  if constexpr (std::is_same_v<Real, float>) bf16 = amx::wanted(a);
+#endif
+  SliceInputs<Enc, Real> in(a, b, h, coefs, !bf16);
   HeadCtx<Real> &ctx = in.ctx;
   const int64_t T = a.T, D = a.D, row = b * a.H + h;
   const Real scale = a.scale;
@@ -1156,8 +1264,8 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
     ctx.drel = drel_ptr.data();
   }
 
-  std::vector<Real> vt(static_cast<std::size_t>(D * in.Tp));  // (D, Tp) v^T, zero padded
-  transpose_padded(in.v, T, D, in.Tp, vt.data());
+  std::vector<Real> vt(bf16 ? 0 : static_cast<std::size_t>(D * in.Tp));  // (D, Tp) v^T, zero padded
+  if (!bf16) transpose_padded(in.v, T, D, in.Tp, vt.data());
   std::vector<Real> delta(static_cast<std::size_t>(T));  // (T): Delta_i = dO_i . O_i
   for (int64_t t = 0; t < T; ++t) {
     Real d = 0;
@@ -1173,8 +1281,8 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   std::fill(dkm, dkm + T * D, Real(0));
   std::fill(dv, dv + T * D, Real(0));
 
-  std::vector<Real> st(kTileQ * kTileK);  // (kTileQ, kTileK): logits, then P
-  std::vector<Real> dp(kTileQ * kTileK);  // (kTileQ, kTileK): dO V^T, then scale * dS
+  AlignedVector<Real> st(kTileQ * kTileK);  // (kTileQ, kTileK): logits, then P
+  AlignedVector<Real> dp(kTileQ * kTileK);  // (kTileQ, kTileK): dO V^T, then scale * dS
   // Value rows: dP_ij also gets dO_i . table[r(i, j)] (drow, (T, R)); mass (T, R) collects
   // sum_j P_ij per row for the table's gradient.
   constexpr bool kValue = HasValueRows<Enc>::value;
@@ -1195,16 +1303,17 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
       }
   }
 
-  // bf16 products on AMX (amx::wanted): the slice's operands, and dQ' (Tp, D), dV^T and dK'^T
-  // (D, Tp) accumulated in fp32 over whole tiles, copied out after the last.
-  bool bf16 = false;
+  // bf16 products: the slice's operands, and dQ' (Tp, D), dV^T and dK'^T (D, Tp) accumulated in
+  // fp32 over whole tiles, copied out after the last. dQ' adds the dS K' of up to
+  // amx::kPvTiles key tiles at once (their dS side by side in x->pf, from key dpend0).
+  int64_t dpend0 = 0, ndpend = 0;
+  (void)dpend0, (void)ndpend;
 #if APE_CPU_AMX
   std::unique_ptr<amx::Operands> x;
   std::unique_ptr<amx::TileScope> tiles;
-  std::vector<float> dq_acc, dvt_acc, dkt_acc;
+  AlignedVector<float> dq_acc, dvt_acc, dkt_acc;
   if constexpr (std::is_same_v<Real, float>) {
-    if (amx::wanted(a)) {
-      bf16 = true;
+    if (bf16) {
       x = std::make_unique<amx::Operands>(in.qm, in.km, nullptr, T, D);
       x->add_backward(in.qm, in.km, in.v, dout, T);
       dq_acc.assign(static_cast<std::size_t>(x->Tp * D), 0.f);
@@ -1288,7 +1397,9 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
         if constexpr (std::is_same_v<Real, float>) {
           amx::tile_row_pairs(st.data(), nq, x->pp.data());
           amx::tile_row_pairs(dp.data(), nq, x->sp.data());
-          amx::tile_rows(dp.data(), nq, x->p.data());
+          if (ndpend == 0) dpend0 = j0;
+          amx::tile_rows(dp.data(), nq, x->pf.data() + ndpend * kTileK, amx::kPvLd);
+          ++ndpend;
           const amx::Layout t_panels = amx::panels(D, 32), acc_panels = amx::panels(D, 16);
           const amx::Layout tile_pairs = amx::row_major(kTileK, 16);
           const int64_t a0 = i0 / 32 * 32 * D, c0 = j0 / 16 * 16 * D;  // panels of i0, j0
@@ -1296,9 +1407,12 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
                     dvt_acc.data() + c0, acc_panels, true);
           amx::gemm(D, kTileK, kTileQ, x->qt.data() + a0, t_panels, x->sp.data(), tile_pairs,
                     dkt_acc.data() + c0, acc_panels, true);
-          amx::gemm(kTileQ, D, kTileK, x->p.data(), amx::row_major(kTileK, 32),
-                    x->k.data() + j0 / 2 * D, amx::row_major(D, 16), dq_acc.data() + i0 * D,
-                    amx::row_major(D, 16), true);
+          if (ndpend == amx::kPvTiles || j0 + kTileK >= i0 + nq) {  // a full batch, or the last
+            amx::gemm(kTileQ, D, ndpend * kTileK, x->pf.data(), amx::row_major(amx::kPvLd, 32),
+                      x->k.data() + dpend0 / 2 * D, amx::row_major(D, 16), dq_acc.data() + i0 * D,
+                      amx::row_major(D, 16), true);
+            ndpend = 0;
+          }
         }
 #endif
       } else {
