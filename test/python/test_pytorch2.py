@@ -170,6 +170,21 @@ def test_gradcheck(encoding):
 
 
 # ---- bfloat16 and float16 ----------------------------------------------------------------------------
+def _flash_rule(names, got, torch_half, exact, eps, first_param, tag=""):
+    """FlashAttention's rule: each of `got` (outputs, then gradients; param gradients from index
+    first_param on) is at most twice as far from `exact` (float64) as PyTorch's materialised
+    attention in the same half dtype (`torch_half`), plus eps of the magnitude (param gradients:
+    at least the pair-sum floor)."""
+    for i, (name, g, t, e) in enumerate(zip(names, got, torch_half, exact)):
+        err = (g.double() - e).abs().max().item()
+        err_torch = (t.double() - e).abs().max().item()
+        floor = eps * max(1.0, e.abs().max().item())
+        if i >= first_param:
+            floor = max(floor, pair_sum_bound(e))
+        assert err <= 2 * err_torch + floor, \
+            f"{tag}{name}: error {err:.3e} > 2 x PyTorch's {err_torch:.3e} + {floor:.1e}"
+
+
 def _value_and_grads(fn, xs, dout):
     o = fn()
     return [o, *torch.autograd.grad(o, xs, dout)]
@@ -206,14 +221,7 @@ def test_half_precision_in_float32(encoding, dtype):
     if encoding in REFERENCE_ENCODINGS:  # FlashAttention's rule against PyTorch in the same dtype
         torch_half = _value_and_grads(lambda: reference.attention(encoding, q, k, v, features, params), xs, dout)
         ref = _value_and_grads(lambda: reference.attention(encoding, q64, k64, v64, f64, p64), xs64, dout.double())
-        for i, (name, g, t, e) in enumerate(zip(names, got, torch_half, ref)):
-            err = (g.double() - e).abs().max().item()
-            err_torch = (t.double() - e).abs().max().item()
-            floor = eps * max(1.0, e.abs().max().item())
-            if i >= 4 + len(features):  # a param gradient
-                floor = max(floor, pair_sum_bound(e))
-            assert err <= 2 * err_torch + floor, \
-                f"{dtype} {name}: error {err:.3e} > 2 x PyTorch's {err_torch:.3e} + {floor:.1e}"
+        _flash_rule(names, got, torch_half, ref, eps, 4 + len(features), f"{dtype} ")
 
 
 def _amx_runs(encoding):
@@ -256,14 +264,7 @@ def test_bfloat16_products(encoding):
     names = ["o", "dq", "dk", "dv"] + [f"d{n}" for n in helper(encoding).FEATURES] + \
         [f"d{n}" for n, p in params.items() if p.requires_grad]
     eps = torch.finfo(dtype).eps
-    for i, (name, g, t, e) in enumerate(zip(names, got, torch_bf16, ref)):
-        err = (g.double() - e).abs().max().item()
-        err_torch = (t.double() - e).abs().max().item()
-        floor = eps * max(1.0, e.abs().max().item())
-        if i >= 4 + len(features):  # a param gradient
-            floor = max(floor, pair_sum_bound(e))
-        assert err <= 2 * err_torch + floor, \
-            f"{name}: error {err:.3e} > 2 x PyTorch's {err_torch:.3e} + {floor:.1e}"
+    _flash_rule(names, got, torch_bf16, ref, eps, 4 + len(features))
     if _amx_runs(encoding):
         q32, k32, v32 = up(q, torch.float32), up(k, torch.float32), up(v, torch.float32)
         f32, p32 = [up(f, torch.float32) for f in features], {n: up(p, torch.float32) for n, p in params.items()}
