@@ -322,7 +322,7 @@ inline void gemm(int64_t m, int64_t n, int64_t w, const Real *a, int64_t a_rs, i
 // the avx512 level take their tile products on the AMX units: TDPBF16PS adds a 16 x 32 bf16 tile
 // times a 32 x 16 one into a 16 x 16 fp32 tile. The A operand is bf16 rows; the B operand is the
 // "pairs" layout: a 32-bit word per (row pair, column) holding the column's two rows (the even one
-// in the low half). A slice's q', k', v (and dO) are converted once (AmxOperands); each tile's P
+// in the low half). A slice's q', k', v (and dO) are converted once (amx::Operands); each tile's P
 // and dS as they are made. The tile registers are inline assembly (memory clobbered, so the
 // compiler never moves a buffer's stores past the load that reads it): no target attribute is
 // needed, and only the avx512 level compiles them (AMX CPUs run that level).
@@ -1019,8 +1019,9 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
   // bf16 products (w.amx): P V is added into acc on the tiles (acc's rows go through the tiles
   // only), and a row's reference w.m moves only when a tile's max passes it by more than
   // kLazyRescale (so P <= e^8; its rescale of acc, vector code, is rare after the first tiles).
-  // Each key tile t: the softmax of S_t and P_t's bf16 rows, then S_{t+1} and (P V)_t on the
-  // tiles, so that P_t's vector stores have completed when a tile load reads them.
+  // Each key tile t: the softmax of S_t and P_t's bf16 rows, then S_{t+1} on the tiles (and the
+  // batch's P V when it is full), so that P_t's vector stores have completed when a tile load
+  // reads them.
   const bool bf16 = amx_operands(w);
   constexpr Real kLazyRescale = 8;
   // P V of up to amx::kPvTiles key tiles at once (from pend0; their P side by side in w.amx->pf),
@@ -1088,7 +1089,7 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
         for (int64_t jj = 0; jj < nv; ++jj) mr[Enc::value_row(ctx, i, j0 + jj)] += s[jj];
       }
     }
-    if (bf16) {  // the pipeline's other steps (above); P's rows from nq on are zero
+    if (bf16) {  // P into the batch, S_{t+1}, a full batch's P V (above); P's rows from nq on are zero
 #if APE_CPU_AMX
       if constexpr (std::is_same_v<Real, float>) {
         amx::Operands &x = *w.amx;
