@@ -508,13 +508,15 @@ RefOutputs reference_attention(const std::string &encoding, const RefInputs &in_
   const torch::Tensor delta_o = rounding.delta_o.defined() ? rounding.delta_o : torch::empty({0}, kF64);
   auto P = torch::softmax(logits, -1);
   torch::Tensor o;
-  if (round && encoding == "shaw")
+  // delta_o without rounding: the exact attention, whose Delta reads delta_o.
+  const bool softmax_v = round || rounding.delta_o.defined();
+  if (softmax_v && encoding == "shaw")
     o = SoftmaxV::apply(logits, in.v, param(in.params, "shaw_value"), rdt, delta_o);
-  else if (round)
+  else if (softmax_v)
     o = SoftmaxV::apply(logits, in.v, torch::empty({0}, kF64), rdt, delta_o);
   else
     o = torch::matmul(P, in.v);
-  if (encoding == "shaw" && !round) {
+  if (encoding == "shaw" && !softmax_v) {
     // Value term sum_j P_ij a^V_r: the probability mass of each clipped distance r per query
     // (scatter-add of P over r), times the table.
     const int64_t B = P.size(0), H = P.size(1);

@@ -104,7 +104,8 @@ struct RefRounding {
   torch::ScalarType dtype = torch::kFloat64;  // kBFloat16 or kHalf: round; kFloat64: exact
   // When defined ([B, H, T, D]), Delta_i = dO_i . delta_o_i reads this o (e.g. a kernel's own
   // rounded output) instead of the reference's rounded o: a second same-precision backward that
-  // differs from the first only in which rounding of o it reads (with dtype rounding only).
+  // differs from the first only in which rounding of o it reads; with dtype kFloat64, the exact
+  // attention whose Delta reads this o (a kernel that reads its o back in bf16).
   torch::Tensor delta_o;
 };
 

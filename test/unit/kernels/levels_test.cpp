@@ -194,10 +194,101 @@ TEST_P(CpuLevelsVsReference, MatchReference) {
 INSTANTIATE_TEST_SUITE_P(All, CpuLevelsVsReference, ::testing::ValuesIn(trainable_encodings()),
                          [](const ::testing::TestParamInfo<std::string> &info) { return info.param; });
 
+// ---- bf16 tensors (AttnArgs::bf16_io) -------------------------------------------------------------
+
+// A KernelCall<float> whose q, k, v, o, dout, dq, dk, dv are bf16 tensors read and written by the
+// kernel (AttnArgs::bf16_io; the float pointers of those eight null, as the operator library
+// passes them). After each call the float tensors of `kc` hold the bf16 results widened.
+struct Bf16IoCall {
+  KernelCall<float> kc;
+  Tensor q, k, v, dout, o, dq, dk, dv;  // bf16
+  ape::Bf16Io io;
+
+  explicit Bf16IoCall(const Problem &p) : kc(p) {
+    auto b = [](const Tensor &t) { return t.to(torch::kBFloat16).contiguous(); };
+    q = b(kc.q), k = b(kc.k), v = b(kc.v), dout = b(kc.dout);
+    o = torch::empty_like(q), dq = torch::empty_like(q), dk = torch::empty_like(q),
+    dv = torch::empty_like(q);
+    auto bits = [](const Tensor &t) { return reinterpret_cast<uint16_t *>(t.data_ptr<at::BFloat16>()); };
+    io.q = bits(q), io.k = bits(k), io.v = bits(v), io.o = bits(o), io.dout = bits(dout);
+    io.dq = bits(dq), io.dk = bits(dk), io.dv = bits(dv);
+    ape::AttnArgs<float> &a = kc.args;
+    a.q = a.k = a.v = nullptr, a.o = nullptr, a.dout = nullptr, a.dq = a.dk = a.dv = nullptr;
+    a.bf16_io = &io;
+  }
+  Bf16IoCall(const Bf16IoCall &) = delete;  // kc.args points at io
+  Bf16IoCall &operator=(const Bf16IoCall &) = delete;
+  void forward() {
+    o.fill_(std::numeric_limits<float>::quiet_NaN());
+    kc.forward();
+    kc.o = o.to(torch::kFloat);
+  }
+  void backward() {
+    for (Tensor *t : {&dq, &dk, &dv}) t->fill_(std::numeric_limits<float>::quiet_NaN());
+    kc.backward();
+    kc.dq = dq.to(torch::kFloat), kc.dk = dk.to(torch::kFloat), kc.dv = dv.to(torch::kFloat);
+  }
+};
+
+// Every trainable encoding through bf16 tensors (AttnArgs::bf16_io, the operator library's path for
+// bfloat16 inputs) at the level this process runs, with fp32 products (bf16_products off): on
+// bf16 inputs, o, dq, dk, dv are the fp64 reference's rounded to bf16 (elementwise within 2^-8 of
+// each value, which bounds the rounding's half ulp, plus the fp32 tolerance of the grid), lse and the
+// feature and parameter gradients within the fp32 tolerance. The backward reads the bf16 o, so dq,
+// dk and the feature and parameter gradients are compared with the reference whose Delta reads
+// that o (RefRounding::delta_o). Shapes: B 2, H 3, 130 keys (two full tiles and a partial one)
+// at d_h 64; 70 keys at d_h 40.
+class CpuBf16IoVsReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuBf16IoVsReference, MatchReference) {
+  const std::string &enc = GetParam();
+  for (const auto &[B, H, T, D] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 3, 130, 64}, {1, 2, 70, 40}}) {
+    SCOPED_TRACE(case_name(enc, B, H, T, D));
+    Problem r = make_problem(enc, B, H, T, D, case_seed(enc, B, H, T, D));
+    auto bf16 = [](const Tensor &t) { return t.to(torch::kBFloat16).to(torch::kFloat64); };
+    r.q = bf16(r.q), r.k = bf16(r.k), r.v = bf16(r.v), r.dout = bf16(r.dout);
+    Bf16IoCall c(r);
+    c.forward(), c.backward();
+    const RefOutputs ref = ape_test::reference_attention(enc, ref_inputs(r), r.dout);
+    const RefOutputs own = ape_test::reference_attention(
+        enc, ref_inputs(r), r.dout, {torch::kFloat64, c.kc.o.to(torch::kFloat64)});
+    auto rounded = [&](const std::string &what, const Tensor &got, const Tensor &want) {
+      const Tensor g = got.to(torch::kFloat64);
+      const double tol = fp32_tol(enc, what) * std::max(1.0, max_abs(want));
+      const Tensor excess = (g - want).abs() - (std::ldexp(1.0, -8) * want.abs() + tol);
+      EXPECT_LE(excess.max().item<double>(), 0.0)
+          << what << ": some entry is further from the reference than its bf16 rounding allows "
+          << "(max |error| " << max_abs_diff(g, want) << ")";
+    };
+    rounded("o", c.kc.o, ref.o);
+    rounded("dq", c.kc.dq, own.dq);
+    rounded("dk", c.kc.dk, own.dk);
+    rounded("dv", c.kc.dv, ref.dv);
+    expect_close("bf16io/" + enc + "/lse", "lse", c.kc.lse, ref.lse, fp32_tol(enc, "lse"));
+    for (size_t n = 0; n < c.kc.dfeat.size(); ++n) {
+      const std::string what = "dfeature:" + r.man.features[n];
+      expect_close("bf16io/" + enc + "/" + what, what, c.kc.dfeat[n], own.dfeatures[n],
+                   fp32_tol(enc, what));
+    }
+    for (size_t n = 0; n < c.kc.dprm.size(); ++n) {
+      const ParamInfo &info = r.man.params[n];
+      const std::string what = "dparam:" + info.name;
+      if (info.trainable)
+        expect_close("bf16io/" + enc + "/" + what, what, c.kc.dprm[n], own.dparams.at(info.name),
+                     fp32_tol(enc, what));
+      else
+        EXPECT_TRUE(all_zero(c.kc.dprm[n])) << "the gradient of the non-trainable " << info.name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CpuBf16IoVsReference, ::testing::ValuesIn(trainable_encodings()),
+                         [](const ::testing::TestParamInfo<std::string> &info) { return info.param; });
 
 // ---- bf16 products on AMX (cpu/attention.h, amx; AttnArgs::bf16_products) ------------------------
-// Every trainable encoding at the avx512 level with bf16_products on bf16-rounded q, k, v and dO,
-// against the materialised attention in fp64 on the same inputs, held to the rule the GPU suite
+// Every trainable encoding at the avx512 level with bf16_products on bf16 q, k, v and dO (bf16
+// tensors, Bf16IoCall, as the operator library calls it), against the materialised attention in fp64 on the same inputs, held to the rule the GPU suite
 // holds the bf16 CUDA kernels to: twice the error of the same-precision materialised attention
 // (q', k', P, dS and o rounded to bf16 where a 16-bit flash kernel rounds them: kernel_reference.h
 // RefRounding; for parameter gradients the larger of that and the one reading the kernel's own o)
@@ -222,9 +313,10 @@ TEST_P(CpuAmxVsReference, MatchReference) {
     auto bf16 = [](const Tensor &t) { return t.to(torch::kBFloat16).to(torch::kFloat64); };
     r.q = bf16(r.q), r.k = bf16(r.k), r.v = bf16(r.v), r.dout = bf16(r.dout);
     r.entry = e;
-    KernelCall<float> kc(r);
+    Bf16IoCall call(r);  // bf16 tensors, as the operator library passes bfloat16 inputs
+    KernelCall<float> &kc = call.kc;
     kc.args.bf16_products = true;
-    kc.forward(), kc.backward();
+    call.forward(), call.backward();
     const RefOutputs ref = ape_test::reference_attention(enc, ref_inputs(r), r.dout);
     const RefOutputs low =
         ape_test::reference_attention(enc, ref_inputs(r), r.dout, {torch::kBFloat16});
@@ -243,11 +335,14 @@ TEST_P(CpuAmxVsReference, MatchReference) {
       auto &stat = error_stats()["amx/" + what + " (error / magnitude)"];
       if (!(err / mag <= stat.first)) stat = {err / mag, enc};
     };
+    // dq, dk, dv are bf16 tensors: the same-precision baseline's are rounded to bf16 too (as
+    // FlashAttention's rule compares with a bf16 PyTorch run, whose gradients are bf16).
+    auto r16 = [](const Tensor &t) { return t.to(torch::kBFloat16).to(torch::kFloat64); };
     check("o", kc.o, ref.o, low.o, nullptr);
     check("lse", kc.lse, ref.lse, low.lse, nullptr);
-    check("dq", kc.dq, ref.dq, low.dq, nullptr);
-    check("dk", kc.dk, ref.dk, low.dk, nullptr);
-    check("dv", kc.dv, ref.dv, low.dv, nullptr);
+    check("dq", kc.dq, ref.dq, r16(low.dq), nullptr);
+    check("dk", kc.dk, ref.dk, r16(low.dk), nullptr);
+    check("dv", kc.dv, ref.dv, r16(low.dv), nullptr);
     for (size_t n = 0; n < kc.dfeat.size(); ++n)
       check("dfeature:" + r.man.features[n], kc.dfeat[n], ref.dfeatures[n], low.dfeatures[n],
             &low_own.dfeatures[n]);

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -67,6 +68,14 @@
 
 namespace ape {
 
+// Tensors held as bfloat16 (the bits, (B, H, T, D) contiguous each): AttnArgs::bf16_io.
+struct Bf16Io {
+  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr;
+  uint16_t *o = nullptr;            // forward: written; backward: read
+  const uint16_t *dout = nullptr;   // backward only
+  uint16_t *dq = nullptr, *dk = nullptr, *dv = nullptr;  // backward only, overwritten
+};
+
 // The type parameter is named Real (not T as in the docs) because T is a member name.
 template <typename Real> struct AttnArgs {
   int64_t B, H, T, D;
@@ -90,6 +99,12 @@ template <typename Real> struct AttnArgs {
   // kernels do on the tensor cores: q', k', v, dO, P and dS rounded to bf16 (docs/internals.md
   // §2c). false (the default): every product in Real.
   bool bf16_products = false;
+  // Real float only: q, k, v, o, dout, dq, dk, dv are bf16 tensors, read and written here (the
+  // Real pointers of those eight unused). Each slice converts its rows to fp32 on the way in and
+  // rounds its results to nearest even on the way out: the results equal those of fp32 copies
+  // rounded afterwards, without the copies (a caller holding bf16 tensors, the operator library,
+  // saves their memory and their passes). lse, features, params and their gradients stay Real.
+  const Bf16Io *bf16_io = nullptr;
 };
 
 // Whether this process runs AMX bf16 tile products: the CPU has AMX-TILE and AMX-BF16 (cpuid), Linux
@@ -184,6 +199,31 @@ constexpr int64_t kTileK = 64;  // keys per tile (also the padding unit of the t
 
 // Length of a std::array holding n entries (never zero-length).
 constexpr std::size_t array_len(int n) { return n > 0 ? static_cast<std::size_t>(n) : 1; }
+
+// ---- bf16 tensors (AttnArgs::bf16_io) ----------------------------------------------------------
+// out[i] = the float of the bf16 bits in[i] (exact).
+inline void bf16_to_float(const uint16_t *in, int64_t n, float *out) {
+  APE_SIMD for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(in[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    out[i] = f;
+  }
+}
+// out[i] = in[i] rounded to bf16, to nearest even, a NaN to the quiet NaN 0x7fc0 (as PyTorch's
+// conversion).
+inline void float_to_bf16(const float *in, int64_t n, uint16_t *out) {
+  APE_SIMD for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &in[i], sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    out[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+  }
+}
+// Uninitialised scratch of n Reals (the slices' fp32 copies of bf16 rows: no zero fill).
+template <typename Real> std::unique_ptr<Real[]> scratch_of(int64_t n) {
+  return std::unique_ptr<Real[]>(new Real[static_cast<std::size_t>(n)]);
+}
 
 template <typename Real> constexpr Real neg_inf() {
   return -std::numeric_limits<Real>::infinity();
@@ -895,6 +935,7 @@ template <class Enc, typename Real> struct SliceInputs {
   static constexpr int kNumRel = NumRel<Enc>::value;
   std::array<std::vector<Real>, array_len(kNumRel)> rel;       // (T, rows_n) relative rows
   std::array<const Real *, array_len(kNumRel)> rel_ptr{};
+  std::unique_ptr<Real[]> io;                                  // (3, T, D) q, k, v of bf16 inputs
 
   SliceInputs(const SliceInputs &) = delete;  // ctx.tok points into tok
   SliceInputs &operator=(const SliceInputs &) = delete;
@@ -905,9 +946,19 @@ template <class Enc, typename Real> struct SliceInputs {
       : ctx{b, h, a.H, a.T, a.D, a.params, nullptr, nullptr, nullptr},
         Tp(padded_row<Real>(a.T)) {
     const int64_t T = a.T, D = a.D, row = b * a.H + h;  // row of (B*H, T) arrays
-    q = a.q + row * T * D;
-    k = a.k + row * T * D;
-    v = a.v + row * T * D;
+    if (a.bf16_io) {  // AttnArgs::bf16_io (Real float: attention_forward/backward check)
+      if constexpr (std::is_same_v<Real, float>) {
+        io = scratch_of<Real>(3 * T * D);
+        bf16_to_float(a.bf16_io->q + row * T * D, T * D, io.get());
+        bf16_to_float(a.bf16_io->k + row * T * D, T * D, io.get() + T * D);
+        bf16_to_float(a.bf16_io->v + row * T * D, T * D, io.get() + 2 * T * D);
+        q = io.get(), k = q + T * D, v = k + T * D;
+      }
+    } else {
+      q = a.q + row * T * D;
+      k = a.k + row * T * D;
+      v = a.v + row * T * D;
+    }
     for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = a.features[n] + row * T;
     if constexpr (Enc::kNumTok > 0) {
       tok.assign(static_cast<std::size_t>(Enc::kNumTok * T), Real(0));
@@ -1203,7 +1254,9 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs
   // The transition's passes take the Real products (kt).
   const SliceInputs<Enc, Real> in(a, b, h, coefs, !bf16 || traits::HasTransition<Enc>::value);
   const int64_t T = a.T, D = a.D, row = b * a.H + h;
-  Real *o = a.o + row * T * D;  // (T, D)
+  std::unique_ptr<Real[]> o_buf;  // bf16 output (AttnArgs::bf16_io): rounded at the end
+  if (a.bf16_io) o_buf = scratch_of<Real>(T * D);
+  Real *o = a.bf16_io ? o_buf.get() : a.o + row * T * D;  // (T, D)
   Real *lse = a.lse + row * T;  // (T)
   AttendScratch<Enc, Real> scratch(D);
 #if APE_CPU_AMX
@@ -1227,6 +1280,8 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs
     if (!rows.empty())
       transition_rows<Enc>(in.ctx, a.scale, rows, in.qm, in.kt.data(), in.Tp, in.v, o, lse, scratch);
   }
+  if constexpr (std::is_same_v<Real, float>)
+    if (a.bf16_io) float_to_bf16(o, T * D, a.bf16_io->o + row * T * D);
 }
 
 // dparams: this slice's private accumulators, parameter n at dparams + poff[n], zeroed.
@@ -1244,10 +1299,22 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   HeadCtx<Real> &ctx = in.ctx;
   const int64_t T = a.T, D = a.D, row = b * a.H + h;
   const Real scale = a.scale;
-  const Real *o = a.o + row * T * D;        // (T, D)
-  const Real *lse = a.lse + row * T;        // (T)
-  const Real *dout = a.dout + row * T * D;  // (T, D)
-  Real *dq = a.dq + row * T * D, *dk = a.dk + row * T * D, *dv = a.dv + row * T * D;
+  // bf16 tensors (AttnArgs::bf16_io): o and dO converted, dq, dk, dv rounded at the end.
+  std::unique_ptr<Real[]> in_buf, grad_buf;
+  if constexpr (std::is_same_v<Real, float>) {
+    if (a.bf16_io) {
+      in_buf = scratch_of<Real>(2 * T * D);
+      bf16_to_float(a.bf16_io->o + row * T * D, T * D, in_buf.get());
+      bf16_to_float(a.bf16_io->dout + row * T * D, T * D, in_buf.get() + T * D);
+      grad_buf = scratch_of<Real>(3 * T * D);
+    }
+  }
+  const Real *o = a.bf16_io ? in_buf.get() : a.o + row * T * D;                // (T, D)
+  const Real *lse = a.lse + row * T;                                            // (T)
+  const Real *dout = a.bf16_io ? in_buf.get() + T * D : a.dout + row * T * D;  // (T, D)
+  Real *dq = a.bf16_io ? grad_buf.get() : a.dq + row * T * D;
+  Real *dk = a.bf16_io ? grad_buf.get() + T * D : a.dk + row * T * D;
+  Real *dv = a.bf16_io ? grad_buf.get() + 2 * T * D : a.dv + row * T * D;
 
   std::array<Real *, array_len(Enc::kNumParams)> dparam_ptrs{};
   for (int n = 0; n < Enc::kNumParams; ++n) dparam_ptrs[n] = dparams + poff[n];
@@ -1471,11 +1538,24 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
     for (int n = 0; n < Enc::kNumFeatures; ++n)  // features without tokens have no effect
       std::fill(a.dfeatures[n] + row * T, a.dfeatures[n] + (row + 1) * T, Real(0));
   }
+  if constexpr (std::is_same_v<Real, float>) {
+    if (a.bf16_io) {
+      float_to_bf16(dq, T * D, a.bf16_io->dq + row * T * D);
+      float_to_bf16(dk, T * D, a.bf16_io->dk + row * T * D);
+      float_to_bf16(dv, T * D, a.bf16_io->dv + row * T * D);
+    }
+  }
 }
 
 }  // namespace detail
 
+template <typename Real> void check_bf16_io(const AttnArgs<Real> &a) {
+  if (a.bf16_io && !std::is_same_v<Real, float>)
+    throw std::invalid_argument("AttnArgs::bf16_io needs the fp32 kernels (Real float)");
+}
+
 template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> &a) {
+  check_bf16_io(a);
   const int64_t slices = a.B * a.H;
   const auto coefs = detail::mod_coefs<Enc>(a);
   APE_PRAGMA(omp parallel for schedule(dynamic, 1))
@@ -1485,6 +1565,7 @@ template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> 
 template <class Enc, typename Real> void attention_backward(const AttnArgs<Real> &a) {
   static_assert(!traits::HasTransition<Enc>::value,
                 "an attention transition is inference-only: its encoding has no backward");
+  check_bf16_io(a);
   const int64_t slices = a.B * a.H;
   // Private parameter-gradient accumulators: (B*H, sum_n numel_n), parameter n at offset poff[n].
   std::array<int64_t, detail::array_len(Enc::kNumParams)> poff{}, numel{};

@@ -211,9 +211,11 @@ template <typename T> std::vector<T *> data_ptrs(const std::vector<at::Tensor> &
   return out;
 }
 
-// The generated kernel on contiguous CPU tensors of type Real: o and lse (forward), or the
-// gradients (backward, when dout is defined). bf16: the inputs were bfloat16 (AttnArgs::
-// bf16_products: on a CPU with AMX, the tile products take bf16 operands, as on a GPU).
+// The generated kernel on contiguous CPU tensors: o and lse (forward), or the gradients (backward,
+// when dout is defined). q, k, v, o, dout, dq, dk, dv are of type Real, or bfloat16 when `bf16`
+// (Real float: AttnArgs::bf16_io, the kernel converts each slice's rows itself, and, on a CPU with
+// AMX, takes the tile products with bf16 operands as on a GPU: AttnArgs::bf16_products); lse,
+// features, params and their gradients are Real.
 template <typename Real>
 void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, const at::Tensor &k,
                 const at::Tensor &v, const std::vector<at::Tensor> &features,
@@ -224,19 +226,29 @@ void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, con
                 bool bf16) {
   std::vector<Real *> fp = data_ptrs<Real>(features), pp = data_ptrs<Real>(params);
   std::vector<const Real *> cfp(fp.begin(), fp.end()), cpp(pp.begin(), pp.end());
-  AttnArgs<Real> a =
-      forward_args<Real>({s.B, s.H, s.T, s.D}, scale, q.data_ptr<Real>(), k.data_ptr<Real>(),
-                         v.data_ptr<Real>(), cfp.data(), cpp.data(), o.data_ptr<Real>(),
-                         lse.data_ptr<Real>());
+  // The Real pointer of t, or null when t is held as bf16 (or absent).
+  auto real = [bf16](const at::Tensor &t) -> Real * {
+    return bf16 || !t.defined() ? nullptr : t.data_ptr<Real>();
+  };
+  auto bits = [](const at::Tensor &t) -> uint16_t * {
+    return t.defined() ? reinterpret_cast<uint16_t *>(t.data_ptr<at::BFloat16>()) : nullptr;
+  };
+  Bf16Io io;
+  if (bf16) {
+    io.q = bits(q), io.k = bits(k), io.v = bits(v), io.o = bits(o);
+    io.dout = bits(dout), io.dq = bits(dq), io.dk = bits(dk), io.dv = bits(dv);
+  }
+  AttnArgs<Real> a = forward_args<Real>({s.B, s.H, s.T, s.D}, scale, real(q), real(k), real(v),
+                                        cfp.data(), cpp.data(), real(o), lse.data_ptr<Real>());
   a.bf16_products = bf16;
+  if (bf16) a.bf16_io = &io;
   const KernelEntry &e = *in.entry;
   if (!dout.defined()) {
     entry_forward<Real>(e)(a);
     return;
   }
   std::vector<Real *> dfp = data_ptrs<Real>(dfeatures), dpp = data_ptrs<Real>(dparams);
-  entry_backward<Real>(e)(backward_args(a, dout.data_ptr<Real>(), dq.data_ptr<Real>(),
-                                        dk.data_ptr<Real>(), dv.data_ptr<Real>(), dfp.data(),
+  entry_backward<Real>(e)(backward_args(a, real(dout), real(dq), real(dk), real(dv), dfp.data(),
                                         dpp.data()));
 }
 
@@ -248,16 +260,22 @@ inline std::vector<at::Tensor> converted(std::vector<at::Tensor> ts, at::ScalarT
   return ts;
 }
 
+// The dtype the kernel reads q, k, v, o, dout in: bfloat16 as they are (AttnArgs::bf16_io), else
+// the compute dtype (float16 inputs are copied to float).
+inline at::ScalarType io_dtype(at::ScalarType t) {
+  return t == at::kBFloat16 ? at::kBFloat16 : compute_dtype(t);
+}
+
 inline ForwardResult forward_cpu(const KernelInputs &in, const at::Tensor &q, const at::Tensor &k,
                                  const at::Tensor &v, at::TensorList features,
                                  at::TensorList params, double scale) {
   const Shape s = shape_of(q);
-  const at::ScalarType ct = compute_dtype(q.scalar_type());
-  at::Tensor qc = prepared(q, ct), kc = prepared(k, ct), vc = prepared(v, ct);
+  const at::ScalarType ct = compute_dtype(q.scalar_type()), it = io_dtype(q.scalar_type());
+  const bool bf16 = it == at::kBFloat16;
+  at::Tensor qc = prepared(q, it), kc = prepared(k, it), vc = prepared(v, it);
   std::vector<at::Tensor> fc = prepared(features, ct), pc = prepared(params, ct);
   at::Tensor o = at::empty({s.B, s.H, s.T, s.D}, qc.options());
-  at::Tensor lse = at::empty({s.B, s.H, s.T}, qc.options());
-  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  at::Tensor lse = at::empty({s.B, s.H, s.T}, qc.options().dtype(ct));
   if (ct == at::kFloat)
     run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {}, bf16);
   else
@@ -270,15 +288,15 @@ inline BackwardResult backward_cpu(const KernelInputs &in, const at::Tensor &dou
                                    const at::Tensor &o, const at::Tensor &lse,
                                    at::TensorList features, at::TensorList params, double scale) {
   const Shape s = shape_of(q);
-  const at::ScalarType ct = compute_dtype(q.scalar_type());
-  at::Tensor qc = prepared(q, ct), kc = prepared(k, ct), vc = prepared(v, ct);
-  at::Tensor oc = prepared(o, ct), lc = prepared(lse, ct), gc = prepared(dout, ct);
+  const at::ScalarType ct = compute_dtype(q.scalar_type()), it = io_dtype(q.scalar_type());
+  const bool bf16 = it == at::kBFloat16;
+  at::Tensor qc = prepared(q, it), kc = prepared(k, it), vc = prepared(v, it);
+  at::Tensor oc = prepared(o, it), lc = prepared(lse, ct), gc = prepared(dout, it);
   std::vector<at::Tensor> fc = prepared(features, ct), pc = prepared(params, ct);
   at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
   std::vector<at::Tensor> df, dp;
   for (const auto &f : fc) df.push_back(at::empty_like(f));
   for (const auto &p : pc) dp.push_back(at::empty_like(p));
-  const bool bf16 = q.scalar_type() == at::kBFloat16;
   if (ct == at::kFloat)
     run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, oc, lc, gc, dq, dk, dv, df, dp, bf16);
   else
