@@ -505,7 +505,7 @@ inline void col_panels(const float *x, int64_t n, int64_t D, int64_t Tp, uint16_
 }
 // pairs of rows: (Tp / 2, D) words, row-major, (r, c) = (x[2r][c], x[2r + 1][c]).
 inline void row_pairs(const float *x, int64_t n, int64_t D, int64_t Tp, uint32_t *out) {
-  std::fill(out, out + Tp / 2 * D, 0u);
+  std::fill(out + (n + 1) / 2 * D, out + Tp / 2 * D, 0u);  // the pairs past row n's
   for (int64_t r = 0; 2 * r < n; ++r) {
     const float *x0 = x + 2 * r * D;
     uint32_t *o = out + r * D;
@@ -520,11 +520,70 @@ inline void row_pairs(const float *x, int64_t n, int64_t D, int64_t Tp, uint32_t
 // pairs of x^T's rows, (D / 2, Tp) words in panels of 16 columns: (p, t) = (x[t][2p], x[t][2p + 1])
 // at (t / 16) * 8 D + p * 16 + t % 16.
 inline void col_pair_panels(const float *x, int64_t n, int64_t D, int64_t Tp, uint32_t *out) {
-  std::fill(out, out + D / 2 * Tp, 0u);
+  std::fill(out + n / 16 * 8 * D, out + D / 2 * Tp, 0u);  // the panels past row n's
   for (int64_t t = 0; t < n; ++t) {
     uint32_t *o = out + t / 16 * 8 * D + t % 16;
     const float *xt = x + t * D;
     for (int64_t p = 0; p < D / 2; ++p) o[p * 16] = bf16_pair(xt[2 * p], xt[2 * p + 1]);
+  }
+}
+
+// The same layouts from bf16 rows x (the bits of a bf16 tensor; no mod between it and the
+// products): copied and rearranged, never converted. The results equal the float versions' on
+// x's floats (bf16 to float to bf16 is exact; a NaN keeps its payload here, and the tiles read
+// denormals as zero either way).
+inline void rows(const uint16_t *x, int64_t n, int64_t D, int64_t Tp, uint16_t *out) {
+  std::memcpy(out, x, sizeof(uint16_t) * static_cast<std::size_t>(n * D));
+  std::fill(out + n * D, out + Tp * D, uint16_t(0));
+}
+inline void row_pairs(const uint16_t *x, int64_t n, int64_t D, int64_t Tp, uint32_t *out) {
+  std::fill(out + (n + 1) / 2 * D, out + Tp / 2 * D, 0u);
+  for (int64_t r = 0; 2 * r < n; ++r) {
+    const uint16_t *x0 = x + 2 * r * D;
+    uint32_t *o = out + r * D;
+    if (2 * r + 1 < n) {
+      const uint16_t *x1 = x0 + D;
+      APE_SIMD for (int64_t c = 0; c < D; ++c) o[c] = uint32_t(x0[c]) | uint32_t(x1[c]) << 16;
+    } else {
+      APE_SIMD for (int64_t c = 0; c < D; ++c) o[c] = x0[c];
+    }
+  }
+}
+// out[16 j + r] = word j of row r of a 16 x 16 block of 32-bit words (row r at in + r * ld bytes),
+// the rows from nt on zero: unpacks of words and of word pairs within 128-bit lanes, then two
+// rounds of lane shuffles.
+inline void transpose16(const void *in, int64_t ld, int64_t nt, uint32_t *out) {
+  __m512i r[16], a[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < nt ? _mm512_loadu_si512(static_cast<const char *>(in) + i * ld) : _mm512_setzero_si512();
+  for (int i = 0; i < 16; i += 2) {  // lane L: rows i, i + 1 of words 4L, 4L + 1 / 4L + 2, 4L + 3
+    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) {  // r[g + c], lane L: rows g .. g + 3 of word 4L + c
+    r[g] = _mm512_unpacklo_epi64(a[g], a[g + 2]);
+    r[g + 1] = _mm512_unpackhi_epi64(a[g], a[g + 2]);
+    r[g + 2] = _mm512_unpacklo_epi64(a[g + 1], a[g + 3]);
+    r[g + 3] = _mm512_unpackhi_epi64(a[g + 1], a[g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // word 4L + c: lane L of r[c], r[4 + c], r[8 + c], r[12 + c]
+    const __m512i c0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), c1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+    const __m512i d0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88), d1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+    _mm512_storeu_si512(out + 16 * c, _mm512_shuffle_i32x4(c0, d0, 0x88));
+    _mm512_storeu_si512(out + 16 * (4 + c), _mm512_shuffle_i32x4(c1, d1, 0x88));
+    _mm512_storeu_si512(out + 16 * (8 + c), _mm512_shuffle_i32x4(c0, d0, 0xdd));
+    _mm512_storeu_si512(out + 16 * (12 + c), _mm512_shuffle_i32x4(c1, d1, 0xdd));
+  }
+}
+// A row of bf16 x is D / 2 pair words already: the panels are 16 x 16 transposes of them.
+inline void col_pair_panels(const uint16_t *x, int64_t n, int64_t D, int64_t Tp, uint32_t *out) {
+  const int64_t P = D / 2;  // pair words per row, a multiple of 16
+  std::fill(out + n / 16 * 8 * D, out + P * Tp, 0u);
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t nt = std::min<int64_t>(16, n - t0);
+    const uint16_t *in = x + t0 * D;
+    uint32_t *panel = out + t0 / 16 * 8 * D;
+    for (int64_t p0 = 0; p0 < P; p0 += 16) transpose16(in + 2 * p0, 2 * D, nt, panel + p0 * 16);
   }
 }
 
@@ -563,28 +622,52 @@ inline void tile_row_pairs(const float *s, int64_t nq, uint32_t *out) {
   }
 }
 
+// Cache-aligned storage whose elements start uninitialised (resize does not zero them): every
+// operand below is written in full by the function that lays it out.
+template <class T> struct Uninit : CacheAligned<T> {
+  Uninit() = default;
+  template <class U> Uninit(const Uninit<U> &) {}
+  template <class U> struct rebind { using other = Uninit<U>; };
+  template <class U> void construct(U *p) { ::new (static_cast<void *>(p)) U; }
+};
+template <class T> using Buffer = std::vector<T, Uninit<T>>;
+
+// Where an operand's rows come from: fp32 rows (f: after a mod, or fp32 inputs), or the bits of
+// bf16 rows (h: a bf16 tensor's own rows, no mod between them and the products).
+struct Source {
+  const float *f = nullptr;
+  const uint16_t *h = nullptr;
+  explicit operator bool() const { return f || h; }
+};
+template <class Out> void lay_out(const Source &x, int64_t n, int64_t D, int64_t Tp, Out *out,
+                                  void (*from_f)(const float *, int64_t, int64_t, int64_t, Out *),
+                                  void (*from_h)(const uint16_t *, int64_t, int64_t, int64_t, Out *)) {
+  if (x.h) from_h(x.h, n, D, Tp, out);
+  else from_f(x.f, n, D, Tp, out);
+}
+
 // A slice's operands and a tile's (sizes per use: forward or backward).
 struct Operands {
   int64_t Tp = 0, D = 0;     // T rounded up to kTileK; the head dim
-  AlignedVector<uint16_t> q;   // rows of q' (Tp, D): A of S = Q' K'^T
-  AlignedVector<uint32_t> kt;  // pairs of k'^T's rows (D / 2, Tp), panels of 16 keys: B of S
-  AlignedVector<uint32_t> v;   // pairs of v's rows (Tp / 2, D): B of O = P V (forward)
-  AlignedVector<uint16_t> pf;  // P (forward) or dS (backward) rows of a batch of key tiles (kTileQ, kPvLd)
+  Buffer<uint16_t> q;   // rows of q' (Tp, D): A of S = Q' K'^T
+  Buffer<uint32_t> kt;  // pairs of k'^T's rows (D / 2, Tp), panels of 16 keys: B of S
+  Buffer<uint32_t> v;   // pairs of v's rows (Tp / 2, D): B of O = P V (forward)
+  Buffer<uint16_t> pf;  // P (forward) or dS (backward) rows of a batch of key tiles (kTileQ, kPvLd)
   // backward: dP = dO V^T, dV^T += dO^T P, dK'^T += Q'^T dS, dQ' += dS K'
-  AlignedVector<uint16_t> dout;  // rows of dO (Tp, D)
-  AlignedVector<uint32_t> vt;    // pairs of v^T's rows (D / 2, Tp), panels of 16 keys
-  AlignedVector<uint16_t> doutt, qt;  // dO^T, q'^T (D, Tp), panels of 32 queries
-  AlignedVector<uint32_t> k;     // pairs of k''s rows (Tp / 2, D)
-  AlignedVector<uint32_t> pp, sp;  // a tile's P and dS as pairs of rows (kTileQ / 2, kTileK)
+  Buffer<uint16_t> dout;  // rows of dO (Tp, D)
+  Buffer<uint32_t> vt;    // pairs of v^T's rows (D / 2, Tp), panels of 16 keys
+  Buffer<uint16_t> doutt, qt;  // dO^T, q'^T (D, Tp), panels of 32 queries
+  Buffer<uint32_t> k;     // pairs of k''s rows (Tp / 2, D)
+  Buffer<uint32_t> pp, sp;  // a tile's P and dS as pairs of rows (kTileQ / 2, kTileK)
 
-  // q', k' and v of a slice of T tokens: what the forward's products read.
-  Operands(const float *qm, const float *km, const float *vv, int64_t T, int64_t D_)
+  // q', k' and v of a slice of T tokens: what the forward's products read (v: none for the backward).
+  Operands(const Source &qm, const Source &km, const Source &vv, int64_t T, int64_t D_)
       : Tp((T + kTileK - 1) / kTileK * kTileK), D(D_), q(Tp * D), kt(D / 2 * Tp), pf(kTileQ * kPvLd) {
-    rows(qm, T, D, Tp, q.data());
-    col_pair_panels(km, T, D, Tp, kt.data());
+    lay_out<uint16_t>(qm, T, D, Tp, q.data(), rows, rows);
+    lay_out<uint32_t>(km, T, D, Tp, kt.data(), col_pair_panels, col_pair_panels);
     if (vv) {
       v.resize(Tp / 2 * D);
-      row_pairs(vv, T, D, Tp, v.data());
+      lay_out<uint32_t>(vv, T, D, Tp, v.data(), row_pairs, row_pairs);
     }
   }
   // ... and what the backward's read besides (v as v^T's pairs, not v's).
@@ -598,7 +681,7 @@ struct Operands {
     row_pairs(km, T, D, Tp, k.data());
   }
   // The tiles of S = Q' K'^T (or dP = dO V^T: rows = dout, cols = vt) of queries i0 and keys j0.
-  void logits(const AlignedVector<uint16_t> &rows_, const AlignedVector<uint32_t> &cols_, int64_t i0,
+  void logits(const Buffer<uint16_t> &rows_, const Buffer<uint32_t> &cols_, int64_t i0,
               int64_t j0, float *s) const {
     gemm(kTileQ, kTileK, D, rows_.data() + i0 * D, row_major(D, 32), cols_.data() + j0 / 16 * 8 * D,
          panels(D / 2, 16), s, row_major(kTileK, 16), false);
@@ -785,12 +868,16 @@ void mod_rows(const HeadCtx<Real> &ctx, const Real *x, int64_t t0, int64_t n, Re
   const int64_t D = ctx.D;
   const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
                                             : partners(Enc::kKPairing, Enc::kKFraction, D);
+  std::vector<Real> xp(ab ? static_cast<std::size_t>(D) : 0);
   for (int64_t r = 0; r < n; ++r) {
     const Real *xt = x + r * D;
     const int64_t t = t0 + r;
-    if (ab) {
+    if (ab) {  // the row's partner values first, then vector code
       const Real *e = ab + 2 * t * D;
-      for (int64_t c = 0; c < D; ++c) xm[r * D + c] = e[2 * c] * xt[c] + e[2 * c + 1] * xt[partner[c]];
+      for (int64_t c = 0; c < D; ++c) xp[c] = xt[partner[c]];
+      Real *out = xm + r * D;
+      const Real *y = xp.data();
+      APE_SIMD for (int64_t c = 0; c < D; ++c) out[c] = e[2 * c] * xt[c] + e[2 * c + 1] * y[c];
       continue;
     }
     for (int64_t c = 0; c < D; ++c) {
@@ -799,6 +886,22 @@ void mod_rows(const HeadCtx<Real> &ctx, const Real *x, int64_t t0, int64_t n, Re
       else
         xm[r * D + c] = Enc::k_mod(ctx, t, c, xt[c], xt[partner[c]]);
     }
+  }
+}
+
+// out(T, D) = mod(x) rounded to bf16 (to nearest even) for bf16 rows x(T, D), a block of rows at a
+// time (converted, modded, rounded): q' or k' for products that read bf16 operands, without fp32
+// rows of the whole slice.
+template <class Enc, bool kIsQ>
+void mod_rows_bf16(const HeadCtx<float> &ctx, const uint16_t *x, const float *ab, uint16_t *out) {
+  const int64_t T = ctx.T, D = ctx.D;
+  constexpr int64_t kRows = 32;
+  std::vector<float> in(static_cast<std::size_t>(kRows * D)), res(in.size());
+  for (int64_t t0 = 0; t0 < T; t0 += kRows) {
+    const int64_t n = std::min(kRows, T - t0);
+    bf16_to_float(x + t0 * D, n * D, in.data());
+    mod_rows<Enc, kIsQ>(ctx, in.data(), t0, n, res.data(), ab);
+    float_to_bf16(res.data(), n * D, out + t0 * D);
   }
 }
 
@@ -935,24 +1038,40 @@ template <class Enc, typename Real> struct SliceInputs {
   static constexpr int kNumRel = NumRel<Enc>::value;
   std::array<std::vector<Real>, array_len(kNumRel)> rel;       // (T, rows_n) relative rows
   std::array<const Real *, array_len(kNumRel)> rel_ptr{};
-  std::unique_ptr<Real[]> io;                                  // (3, T, D) q, k, v of bf16 inputs
+  std::unique_ptr<Real[]> io;                                  // (<= 3, T, D) q, k, v of bf16 inputs
+  std::vector<uint16_t> qm16, km16;  // `direct` with a mod: q', k' rounded to bf16 (T, D)
+
+  // Whether fp32 rows of q, k, q' and k' are read when the products take bf16 rows (`direct`
+  // below): by the relative rows only. A mod then runs a block of rows at a time from the
+  // tensor's bf16 rows to q' (k') in bf16 (mod_rows_bf16), what the products read.
+  static constexpr bool kFp32Rows = kNumRel > 0;
 
   SliceInputs(const SliceInputs &) = delete;  // ctx.tok points into tok
   SliceInputs &operator=(const SliceInputs &) = delete;
   // `coefs`: the linear mods' coefficient tables of the call (mod_coefs). with_kt: whether kt is
-  // made (not when the products read the bf16 operands instead, amx::Operands).
+  // made (not when the products read the bf16 operands instead, amx::Operands). direct (bf16
+  // tensors, AttnArgs::bf16_io; the AMX forward): the products read bf16 rows, the tensors' own
+  // where no mod stands between, else qm16 / km16; q, k and v are then converted to fp32 only
+  // where kFp32Rows says (v never), and q, k, v, qm, km are null where they are not.
   SliceInputs(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs<Real> &coefs,
-              bool with_kt = true)
+              bool with_kt = true, bool direct = false)
       : ctx{b, h, a.H, a.T, a.D, a.params, nullptr, nullptr, nullptr},
         Tp(padded_row<Real>(a.T)) {
     const int64_t T = a.T, D = a.D, row = b * a.H + h;  // row of (B*H, T) arrays
+    q = k = v = nullptr;
     if (a.bf16_io) {  // AttnArgs::bf16_io (Real float: attention_forward/backward check)
       if constexpr (std::is_same_v<Real, float>) {
-        io = scratch_of<Real>(3 * T * D);
-        bf16_to_float(a.bf16_io->q + row * T * D, T * D, io.get());
-        bf16_to_float(a.bf16_io->k + row * T * D, T * D, io.get() + T * D);
-        bf16_to_float(a.bf16_io->v + row * T * D, T * D, io.get() + 2 * T * D);
-        q = io.get(), k = q + T * D, v = k + T * D;
+        const bool cq = !direct || kFp32Rows, ck = !direct || kFp32Rows, cv = !direct;
+        io = scratch_of<Real>((cq + ck + cv) * T * D);
+        Real *next = io.get();
+        auto convert = [&](bool wanted, const uint16_t *x) -> const Real * {
+          if (!wanted) return nullptr;
+          Real *out = next;
+          bf16_to_float(x + row * T * D, T * D, out);
+          next += T * D;
+          return out;
+        };
+        q = convert(cq, a.bf16_io->q), k = convert(ck, a.bf16_io->k), v = convert(cv, a.bf16_io->v);
       }
     } else {
       q = a.q + row * T * D;
@@ -965,17 +1084,34 @@ template <class Enc, typename Real> struct SliceInputs {
       ctx.tok = tok.data();
       Enc::token_forward(ctx, feat.data(), tok.data());
     }
+    const bool mod16 = direct && a.bf16_io && !kFp32Rows;  // the mods straight to bf16
     qm = q;
     if constexpr (Enc::kHasQMod) {
-      qm_buf.resize(static_cast<std::size_t>(T * D));
-      mod_forward<Enc, true>(ctx, q, qm_buf.data(), coefs.q.empty() ? nullptr : coefs.q.data());
-      qm = qm_buf.data();
+      const Real *ab = coefs.q.empty() ? nullptr : coefs.q.data();
+      if (mod16) {
+        if constexpr (std::is_same_v<Real, float>) {
+          qm16.resize(static_cast<std::size_t>(T * D));
+          mod_rows_bf16<Enc, true>(ctx, a.bf16_io->q + row * T * D, ab, qm16.data());
+        }
+      } else {
+        qm_buf.resize(static_cast<std::size_t>(T * D));
+        mod_forward<Enc, true>(ctx, q, qm_buf.data(), ab);
+        qm = qm_buf.data();
+      }
     }
     km = k;
     if constexpr (Enc::kHasKMod) {
-      km_buf.resize(static_cast<std::size_t>(T * D));
-      mod_forward<Enc, false>(ctx, k, km_buf.data(), coefs.k.empty() ? nullptr : coefs.k.data());
-      km = km_buf.data();
+      const Real *ab = coefs.k.empty() ? nullptr : coefs.k.data();
+      if (mod16) {
+        if constexpr (std::is_same_v<Real, float>) {
+          km16.resize(static_cast<std::size_t>(T * D));
+          mod_rows_bf16<Enc, false>(ctx, a.bf16_io->k + row * T * D, ab, km16.data());
+        }
+      } else {
+        km_buf.resize(static_cast<std::size_t>(T * D));
+        mod_forward<Enc, false>(ctx, k, km_buf.data(), ab);
+        km = km_buf.data();
+      }
     }
     if (with_kt) {
       kt.resize(static_cast<std::size_t>(D * Tp));
@@ -1247,16 +1383,22 @@ void transition_rows(const HeadCtx<Real> &ctx, Real scale, const TransitionRows 
 
 template <class Enc, typename Real>
 void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs<Real> &coefs) {
+  constexpr bool kTransition = traits::HasTransition<Enc>::value;
   bool bf16 = false;
 #if APE_CPU_AMX
   if constexpr (std::is_same_v<Real, float>) bf16 = amx::wanted(a);
 #endif
-  // The transition's passes take the Real products (kt).
-  const SliceInputs<Enc, Real> in(a, b, h, coefs, !bf16 || traits::HasTransition<Enc>::value);
+  // bf16 tensors on the tiles: the products read the tensors' rows themselves (SliceInputs'
+  // `direct`), except for the transition's passes, which take the Real products (kt, v).
+  const bool direct = bf16 && a.bf16_io && !kTransition;
+  const SliceInputs<Enc, Real> in(a, b, h, coefs, !bf16 || kTransition, direct);
   const int64_t T = a.T, D = a.D, row = b * a.H + h;
-  std::unique_ptr<Real[]> o_buf;  // bf16 output (AttnArgs::bf16_io): rounded at the end
-  if (a.bf16_io) o_buf = scratch_of<Real>(T * D);
-  Real *o = a.bf16_io ? o_buf.get() : a.o + row * T * D;  // (T, D)
+  // bf16 output (AttnArgs::bf16_io): each query tile's rows rounded as they are done, or (the
+  // transition rewrites rows afterwards) the slice's at the end.
+  std::unique_ptr<Real[]> o_buf;
+  if (a.bf16_io) o_buf = scratch_of<Real>(kTransition ? T * D : kTileQ * D);
+  Real *o = a.bf16_io ? o_buf.get() : a.o + row * T * D;  // (T, D), or the tile's (kTileQ, D)
+  const bool tile_out = a.bf16_io && !kTransition;
   Real *lse = a.lse + row * T;  // (T)
   AttendScratch<Enc, Real> scratch(D);
 #if APE_CPU_AMX
@@ -1264,7 +1406,16 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs
   std::unique_ptr<amx::TileScope> tiles;
   if constexpr (std::is_same_v<Real, float>) {
     if (bf16) {
-      operands = std::make_unique<amx::Operands>(in.qm, in.km, in.v, T, D);
+      amx::Source qs{in.qm}, ks{in.km}, vs{in.v};
+      if (direct) {
+        const int64_t off = row * T * D;
+        qs = {nullptr, Enc::kHasQMod ? (in.qm16.empty() ? nullptr : in.qm16.data()) : a.bf16_io->q + off};
+        ks = {nullptr, Enc::kHasKMod ? (in.km16.empty() ? nullptr : in.km16.data()) : a.bf16_io->k + off};
+        if (!qs.h) qs = {in.qm};  // the relative rows' fp32 q' (SliceInputs::kFp32Rows)
+        if (!ks.h) ks = {in.km};
+        vs = {nullptr, a.bf16_io->v + off};
+      }
+      operands = std::make_unique<amx::Operands>(qs, ks, vs, T, D);
       tiles = std::make_unique<amx::TileScope>();
       scratch.amx = operands.get();
     }
@@ -1272,16 +1423,19 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs
 #endif
   for (int64_t i0 = 0; i0 < T; i0 += kTileQ) {
     const int64_t nq = std::min(kTileQ, T - i0);
-    attend_rows<Enc>(in.ctx, a.scale, in.qm + i0 * D, i0, nq, in.kt.data(), in.Tp, in.v,
-                     o + i0 * D, lse + i0, scratch);
+    Real *orows = tile_out ? o : o + i0 * D;
+    attend_rows<Enc>(in.ctx, a.scale, in.qm ? in.qm + i0 * D : nullptr, i0, nq, in.kt.data(),
+                     in.Tp, in.v, orows, lse + i0, scratch);
+    if constexpr (std::is_same_v<Real, float>)
+      if (tile_out) float_to_bf16(orows, nq * D, a.bf16_io->o + row * T * D + i0 * D);
   }
-  if constexpr (traits::HasTransition<Enc>::value) {
+  if constexpr (kTransition) {
     const TransitionRows rows = transition_rows_of(Enc::kTransition, T, a.num_layers, a.layer);
     if (!rows.empty())
       transition_rows<Enc>(in.ctx, a.scale, rows, in.qm, in.kt.data(), in.Tp, in.v, o, lse, scratch);
+    if constexpr (std::is_same_v<Real, float>)
+      if (a.bf16_io) float_to_bf16(o, T * D, a.bf16_io->o + row * T * D);
   }
-  if constexpr (std::is_same_v<Real, float>)
-    if (a.bf16_io) float_to_bf16(o, T * D, a.bf16_io->o + row * T * D);
 }
 
 // dparams: this slice's private accumulators, parameter n at dparams + poff[n], zeroed.
@@ -1382,7 +1536,7 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   AlignedVector<float> dq_acc, dvt_acc, dkt_acc;
   if constexpr (std::is_same_v<Real, float>) {
     if (bf16) {
-      x = std::make_unique<amx::Operands>(in.qm, in.km, nullptr, T, D);
+      x = std::make_unique<amx::Operands>(amx::Source{in.qm}, amx::Source{in.km}, amx::Source{}, T, D);
       x->add_backward(in.qm, in.km, in.v, dout, T);
       dq_acc.assign(static_cast<std::size_t>(x->Tp * D), 0.f);
       dvt_acc.assign(static_cast<std::size_t>(D * x->Tp), 0.f);
