@@ -7,6 +7,8 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -24,6 +26,35 @@ const ape::KernelEntry *level_entry(int level, const std::string &name) {
 
 // The choice on given masks: the best usable level by default, a named level when it is built
 // and runnable, otherwise a refusal that says why.
+// The kernels' scratch blocks (ape::memory, cpu/attention.h): a freed large block serves the
+// next allocation of its size on the same thread (its pages still mapped), other sizes get other
+// blocks, the cache never holds more than kCacheBytes, and small blocks are not kept.
+TEST(CpuScratch, FreedBlocksServeTheNextAllocationOfTheirSize) {
+  namespace m = ape::memory;
+  std::thread([] {  // a fresh thread: an empty cache
+    const std::size_t mib = std::size_t(1) << 20;
+    void *a = m::allocate(mib);
+    m::release(a, mib);
+    EXPECT_EQ(m::block_cache()->total, mib);
+    void *b = m::allocate(mib);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(m::block_cache()->total, 0u);
+    m::release(b, mib);
+    void *c = m::allocate(2 * mib);
+    EXPECT_NE(c, b);
+    m::release(c, 2 * mib);
+    std::vector<void *> many;
+    for (int i = 0; i < 2 * m::kCacheSlots; ++i) many.push_back(m::allocate(3 * mib));
+    for (void *p : many) m::release(p, 3 * mib);
+    EXPECT_LE(m::block_cache()->total, m::kCacheBytes);
+    EXPECT_GE(m::block_cache()->total, m::kCacheBytes - 3 * mib);
+    const std::size_t held = m::block_cache()->total;
+    m::release(m::allocate(1024), 1024);
+    m::release(m::allocate(2 * m::kCacheBytes), 2 * m::kCacheBytes);
+    EXPECT_EQ(m::block_cache()->total, held);
+  }).join();
+}
+
 TEST(CpuLevelChoice, DefaultAndForced) {
   EXPECT_EQ(ape::choose_cpu_level(7, 7, nullptr).level, 2);
   EXPECT_EQ(ape::choose_cpu_level(7, 3, nullptr).level, 1);  // a CPU without AVX-512
