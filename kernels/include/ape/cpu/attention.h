@@ -1157,35 +1157,32 @@ template <class Enc, typename Real> struct SliceInputs {
       ctx.tok = tok.data();
       Enc::token_forward(ctx, feat.data(), tok.data());
     }
-    const bool mod16 = direct && a.bf16_io && !kFp32Rows;  // the mods straight to bf16
-    qm = q;
-    if constexpr (Enc::kHasQMod) {
-      const Real *ab = coefs.q.empty() ? nullptr : coefs.q.data();
-      if (mod16) {
-        if constexpr (std::is_same_v<Real, float>) {
-          qm16.resize(static_cast<std::size_t>(T * D));
-          mod_rows_bf16<Enc, true>(ctx, a.bf16_io->q + row * T * D, ab, qm16.data());
+    // q' (kIsQ) or k' of the slice: in fp32 into buf, or (direct, no fp32 rows wanted) in bf16
+    // into buf16, straight from the tensor's bf16 rows. Returns q' (k') in fp32, or x when the
+    // side has no mod, or null when only the bf16 rows were made.
+    const bool mod16 = direct && a.bf16_io && !kFp32Rows;
+    auto side = [&](auto is_q, const Real *x, const std::vector<Real> &ab_table,
+                    AlignedVector<Real> &buf, AlignedVector<uint16_t> &buf16) -> const Real * {
+      constexpr bool kIsQ = decltype(is_q)::value;
+      if constexpr (kIsQ ? Enc::kHasQMod : Enc::kHasKMod) {
+        const Real *ab = ab_table.empty() ? nullptr : ab_table.data();
+        if (mod16) {
+          if constexpr (std::is_same_v<Real, float>) {
+            buf16.resize(static_cast<std::size_t>(T * D));
+            mod_rows_bf16<Enc, kIsQ>(ctx, (kIsQ ? a.bf16_io->q : a.bf16_io->k) + row * T * D, ab,
+                                     buf16.data());
+          }
+          return nullptr;
         }
+        buf.resize(static_cast<std::size_t>(T * D));
+        mod_forward<Enc, kIsQ>(ctx, x, buf.data(), ab);
+        return buf.data();
       } else {
-        qm_buf.resize(static_cast<std::size_t>(T * D));
-        mod_forward<Enc, true>(ctx, q, qm_buf.data(), ab);
-        qm = qm_buf.data();
+        return x;
       }
-    }
-    km = k;
-    if constexpr (Enc::kHasKMod) {
-      const Real *ab = coefs.k.empty() ? nullptr : coefs.k.data();
-      if (mod16) {
-        if constexpr (std::is_same_v<Real, float>) {
-          km16.resize(static_cast<std::size_t>(T * D));
-          mod_rows_bf16<Enc, false>(ctx, a.bf16_io->k + row * T * D, ab, km16.data());
-        }
-      } else {
-        km_buf.resize(static_cast<std::size_t>(T * D));
-        mod_forward<Enc, false>(ctx, k, km_buf.data(), ab);
-        km = km_buf.data();
-      }
-    }
+    };
+    qm = side(std::true_type{}, q, coefs.q, qm_buf, qm16);
+    km = side(std::false_type{}, k, coefs.k, km_buf, km16);
     if (with_kt) {
       kt.resize(static_cast<std::size_t>(D * Tp));
       transpose_padded(km, T, D, Tp, kt.data());
