@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 namespace ape {
@@ -21,7 +23,22 @@ void prefer_passive_openmp(char **argv) {
 int64_t set_threads(int64_t n) {
   if (n <= 0) n = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(n));
+  warm_vector_math();
   return n;
+}
+
+void warm_vector_math() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // 64 elements: under LibTorch's grain, so each call runs on this thread only. The functions
+    // are those LibTorch routes through MKL's VML (ATen/cpu/vml.h), in both precisions it uses.
+    for (const auto dtype : {at::kFloat, at::kDouble}) {
+      const at::Tensor x = at::full({64}, 0.5, at::TensorOptions().dtype(dtype));
+      const at::Tensor ys[] = {x.sqrt(), x.exp(), x.log(), x.log2(),  x.log10(), x.tanh(), x.erf(),  x.erfc(),
+                               x.erfinv(), x.sin(), x.cos(), x.tan(), x.asin(), x.acos(), x.atan(), x.trunc()};
+      (void)ys;
+    }
+  });
 }
 
 }  // namespace ape

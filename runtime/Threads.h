@@ -16,4 +16,15 @@ void prefer_passive_openmp(char **argv);
 // threads. Returns the number set.
 int64_t set_threads(int64_t n);
 
+// Calls, once per process and on this thread alone, each of the MKL vector-math (VML) functions
+// through which LibTorch's CPU kernels compute sqrt, exp, log, tanh, erf and the like, so that
+// MKL has set itself up before two threads first call them at once. Without it, a fresh process
+// now and then computed, in one OpenMP thread's half of a tensor, sqrt(x) as x * rsqrtps(x) (11
+// bits) where the other thread and every other process computed it correctly rounded: AdamW's
+// first update of the embedding (131,072 elements, above LibTorch's 2,048-element grain for
+// these functions) differed in 4 of 100 fresh `ape-train` processes, and a run was no longer
+// bit-exact with its resumed self (test/resume/kill_loop.sh); after this call, 0 in 400.
+// set_threads calls it, and so does the Trainer.
+void warm_vector_math();
+
 }  // namespace ape

@@ -25,6 +25,7 @@
 #include "runtime/CudaAttention.h"
 #include "runtime/Distributed.h"
 #include "runtime/Options.h"
+#include "runtime/Threads.h"
 #include "runtime/Util.h"
 
 namespace ape {
@@ -221,6 +222,7 @@ constexpr const char *kRngKey = "train/rng/cpu";
 Trainer::Trainer(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg)
     : impl_(std::make_unique<Impl>()), model_(model), sampler_(sampler), cfg_(cfg) {
   cfg_.validate();
+  warm_vector_math();  // before AdamW's first parallel sqrt (runtime/Threads.h)
   // Weight decay on matrices (Linear and Embedding weights) only.
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto &kv : model->named_parameters()) {

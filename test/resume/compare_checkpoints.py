@@ -5,6 +5,7 @@
     compare_checkpoints.py --first-loss-difference A.ckpt B.ckpt
     compare_checkpoints.py --step A.ckpt
     compare_checkpoints.py --digests STEP REF.log RUN1.log RUN2.log ...
+    compare_checkpoints.py --first-digest-difference REF.log RUN1.log RUN2.log ...
 
 Reads the format independently of the runtime. Equal means: the same encoding, the same config
 except the wall-clock fields (state.elapsed_seconds, result.seconds, result.tokens_per_second,
@@ -14,7 +15,10 @@ same name, dtype, shape and bytes. Exit status 0 when equal; otherwise 1 with th
 (0: none); --step prints a checkpoint's step. --digests compares the `[digest]` lines
 (APE_TEST_STEP_DIGEST=1, runtime/Train.cpp) of steps STEP - 1 and STEP of an uninterrupted run's log
 with those of a run in rounds (its logs in round order; a step's line is the last round's that ran
-it), and names the tensors that differ: the batch, a gradient, or only a parameter after the update.
+it), and names the tensors that differ: the batch, a gradient, or only a parameter after the update;
+--first-digest-difference prints the first step whose digest line differs (0: none), which can come
+before the first differing loss (a parameter that differs in the last bits can leave the next losses
+equal).
 """
 import json
 import struct
@@ -91,10 +95,21 @@ def digests(path):
     return out
 
 
-def compare_digests(step, ref_log, run_logs):
-    ref, run = digests(ref_log), {}
+def run_digests(run_logs):
+    """{step: fields} of a run in rounds: a step's line is the last round's that ran it."""
+    run = {}
     for log in run_logs:
         run.update(digests(log))
+    return run
+
+
+def first_digest_difference(ref_log, run_logs):
+    ref, run = digests(ref_log), run_digests(run_logs)
+    return next((s for s in sorted(run) if s in ref and ref[s] != run[s]), 0)
+
+
+def compare_digests(step, ref_log, run_logs):
+    ref, run = digests(ref_log), run_digests(run_logs)
     for s in (step - 1, step):
         if s not in ref or s not in run:
             print(f"step {s}: no digest in {'the uninterrupted run' if s not in ref else 'the resumed run'}")
@@ -107,6 +122,9 @@ def compare_digests(step, ref_log, run_logs):
 def main():
     if sys.argv[1] == "--digests":
         compare_digests(int(sys.argv[2]), sys.argv[3], sys.argv[4:])
+        return 0
+    if sys.argv[1] == "--first-digest-difference":
+        print(first_digest_difference(sys.argv[2], sys.argv[3:]))
         return 0
     if sys.argv[1] == "--step":
         print(read(sys.argv[2])[1]["state"]["step"])

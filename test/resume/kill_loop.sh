@@ -83,18 +83,20 @@ while :; do
 done
 
 # After a difference: where it starts, and whether resuming from the checkpoint before it does it
-# again. The resume that preceded the first differing loss runs twice more from a copy of its
+# again. The resume that preceded the first differing step runs twice more from a copy of its
 # checkpoint: the two agree with the uninterrupted run (the difference came and went: a
 # nondeterminism of that process), agree with each other only (the checkpoint itself differs, or
 # resuming from it is deterministically different: a restore bug), or disagree (a nondeterminism
 # that resuming reproduces).
 diagnose() {
-  local cmp="$here/compare_checkpoints.py" first pick="" pick_step="" f s k
-  first=$(/usr/bin/python3 "$cmp" --first-loss-difference "$work/ref/t5.ckpt" "$ckpt")
-  echo "kill_loop: the first differing loss is step $first's"
+  local cmp="$here/compare_checkpoints.py" first loss pick="" pick_step="" f s k logs=() r
+  for r in $(seq 1 "$round"); do [ -f "$work/round$r.log" ] && logs+=("$work/round$r.log"); done
+  loss=$(/usr/bin/python3 "$cmp" --first-loss-difference "$work/ref/t5.ckpt" "$ckpt")
+  # The step digests find a difference that leaves the next losses equal (a parameter's last bits).
+  first=$(/usr/bin/python3 "$cmp" --first-digest-difference "$work/ref.log" "${logs[@]}")
+  [ "$first" -gt 0 ] || first=$loss
+  echo "kill_loop: the first differing loss is step $loss's; the first differing step digest is step $first's"
   if [ "$first" -gt 0 ]; then
-    local logs=() r
-    for r in $(seq 1 "$round"); do [ -f "$work/round$r.log" ] && logs+=("$work/round$r.log"); done
     /usr/bin/python3 "$cmp" --digests "$first" "$work/ref.log" "${logs[@]}" | sed 's/^/kill_loop: /'
   fi
   for f in "$work"/start/*.ckpt; do
