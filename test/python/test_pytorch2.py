@@ -225,24 +225,26 @@ def test_half_precision_in_float32(encoding, dtype):
 
 
 def _amx_runs(encoding):
-    """Whether this process's CPU kernels of `encoding` take bf16 products on AMX: the avx512
-    level runs, the CPU has AMX-BF16 and AMX-TILE, APE_CPU_AMX is not "0" (cpu/attention.h's
+    """Whether this process's CPU kernels of `encoding` take bf16 products: the avx512 level
+    runs, and the CPU has AMX-BF16 and AMX-TILE with APE_CPU_AMX not "0" (cpu/attention.h's
     cpu_amx_bf16_usable; Linux >= 5.16 grants the tiles, which /proc/cpuinfo listing them implies
-    here)."""
-    if os.environ.get("APE_CPU_AMX") == "0" or ops(encoding).cpu_level() != "avx512":
+    here), or AVX512-BF16 with APE_CPU_AVX512BF16=1 (cpu_avx512_bf16_usable, opt-in)."""
+    if ops(encoding).cpu_level() != "avx512":
         return False
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     except OSError:
         return False
-    return "amx_bf16" in flags and "amx_tile" in flags
+    amx = "amx_bf16" in flags and "amx_tile" in flags and os.environ.get("APE_CPU_AMX") != "0"
+    avx512bf16 = "avx512_bf16" in flags and os.environ.get("APE_CPU_AVX512BF16") == "1"
+    return amx or avx512bf16
 
 
 @pytest.mark.parametrize("encoding", ["nope", "rope", "alibi_learned", "cable", "expe"])
 def test_bfloat16_products(encoding):
-    """bfloat16 inputs at head dim 64 (a multiple of 32): on a CPU with AMX the operator's CPU
-    kernel takes its tile products with bf16 operands (AttnArgs::bf16_products, as the CUDA
+    """bfloat16 inputs at head dim 64 (a multiple of 32): on a CPU with AMX (or AVX512-BF16 and
+    APE_CPU_AVX512BF16=1) the operator's CPU kernel takes its tile products with bf16 operands (AttnArgs::bf16_products, as the CUDA
     kernels do on tensor cores; docs/internals.md section 2c). Every output and gradient is held
     to FlashAttention's rule against PyTorch's materialised attention in bfloat16 (at most twice
     its error against float64, param gradients with the pair-sum floor); where the products run,

@@ -17,6 +17,13 @@ foreach(level baseline avx2 avx512 sse9)
                        ENVIRONMENT APE_CPU_LEVEL=${level} LABELS kernels TIMEOUT 120)
 endforeach()
 
+# The bf16 products by VDPBF16PS (cpu/attention.h, gemm_avx512bf16; opt-in with
+# APE_CPU_AVX512BF16=1 on CPUs with AVX512-BF16 and no AMX), taken on an AMX CPU too: APE_CPU_AMX=0
+# turns the tiles off. Skipped where the CPU has no AVX512-BF16.
+add_test(NAME kernels_cpu_avx512bf16 COMMAND ape_kernels_test --gtest_filter=*CpuAmxVsReference*)
+set_tests_properties(kernels_cpu_avx512bf16 PROPERTIES
+                     ENVIRONMENT "APE_CPU_AMX=0;APE_CPU_AVX512BF16=1" LABELS kernels TIMEOUT 300)
+
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND "avx2" IN_LIST APE_CPU_LEVELS
    AND "avx512" IN_LIST APE_CPU_LEVELS)
   find_program(APE_OBJDUMP NAMES objdump)

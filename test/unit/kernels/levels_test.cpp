@@ -317,15 +317,18 @@ TEST_P(CpuBf16IoVsReference, MatchReference) {
 INSTANTIATE_TEST_SUITE_P(All, CpuBf16IoVsReference, ::testing::ValuesIn(trainable_encodings()),
                          [](const ::testing::TestParamInfo<std::string> &info) { return info.param; });
 
-// ---- bf16 products on AMX (cpu/attention.h, amx; AttnArgs::bf16_products) ------------------------
+// ---- bf16 products on AMX or by AVX512-BF16 (cpu/attention.h, amx; AttnArgs::bf16_products) -----
 // Every trainable encoding at the avx512 level with bf16_products on bf16 q, k, v and dO (bf16
 // tensors, Bf16IoCall, as the operator library calls it), against the materialised attention in fp64 on the same inputs, held to the rule the GPU suite
 // holds the bf16 CUDA kernels to: twice the error of the same-precision materialised attention
 // (q', k', P, dS and o rounded to bf16 where a 16-bit flash kernel rounds them: kernel_reference.h
 // RefRounding; for parameter gradients the larger of that and the one reading the kernel's own o)
 // plus 1e-3 of the magnitude. Shapes: 130 keys (two full tiles and a partial one) at d_h 64, 77
-// at d_h 128, T 1 at d_h 32, and d_h 40 (not a multiple of 32: the fp32 products). Skipped where
-// the CPU has no AMX (the products are then never taken: AttnArgs::bf16_products is a permission).
+// at d_h 128, T 1 at d_h 32, and d_h 40 (not a multiple of 32: the fp32 products). The products
+// run on the AMX tiles, or by VDPBF16PS where the CPU has AVX512-BF16 and no AMX (ctest
+// kernels_cpu_avx512bf16 runs this with APE_CPU_AMX=0 to take that path on an AMX CPU); that they
+// ran is checked too: o differs from the same call's without bf16_products. Skipped where the CPU
+// has neither (the products are then never taken: AttnArgs::bf16_products is a permission).
 class CpuAmxVsReference : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CpuAmxVsReference, MatchReference) {
@@ -333,8 +336,10 @@ TEST_P(CpuAmxVsReference, MatchReference) {
   const ape::CpuLevelChoice &c = ape::kernel_cpu_level();
   if (!(c.built >> 2 & 1u) || !(c.runnable >> 2 & 1u))
     GTEST_SKIP() << "the avx512 level is not built or not runnable here";
-  if (!ape::cpu_amx_bf16_usable())
-    GTEST_SKIP() << "this CPU or process runs no AMX bf16 products (or APE_CPU_AMX=0)";
+  if (!ape::cpu_bf16_products_usable())
+    GTEST_SKIP() << "this CPU or process runs no bf16 products (no AMX nor AVX512-BF16, or "
+                    "APE_CPU_AMX=0 and APE_CPU_AVX512BF16=0)";
+  const std::string path = ape::cpu_amx_bf16_usable() ? "amx" : "avx512bf16";
   const ape::KernelEntry *e = level_entry(2, enc);
   ASSERT_NE(e, nullptr);
   for (const auto &[B, H, T, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 3, 130, 64},
@@ -348,6 +353,12 @@ TEST_P(CpuAmxVsReference, MatchReference) {
     KernelCall<float> &kc = call.kc;
     kc.args.bf16_products = true;
     call.forward(), call.backward();
+    if (T > 1 && D % 32 == 0) {  // the products ran: the same call in fp32 products gives another o
+      Bf16IoCall f32(r);
+      f32.forward();
+      EXPECT_GT(max_abs_diff(f32.kc.o.to(torch::kFloat64), kc.o.to(torch::kFloat64)), 0.0)
+          << "bf16_products changed nothing: the " << path << " products did not run";
+    }
     const RefOutputs ref = ape_test::reference_attention(enc, ref_inputs(r), r.dout);
     const RefOutputs low =
         ape_test::reference_attention(enc, ref_inputs(r), r.dout, {torch::kBFloat16});
@@ -363,7 +374,7 @@ TEST_P(CpuAmxVsReference, MatchReference) {
       EXPECT_LE(err, 2 * base + 1e-3 * mag + 2e-6)
           << what << ": kernel error " << err << ", same-precision materialised error " << base
           << ", magnitude " << mag;
-      auto &stat = error_stats()["amx/" + what + " (error / magnitude)"];
+      auto &stat = error_stats()[path + "/" + what + " (error / magnitude)"];
       if (!(err / mag <= stat.first)) stat = {err / mag, enc};
     };
     // dq, dk, dv are bf16 tensors: the same-precision baseline's are rounded to bf16 too (as

@@ -94,10 +94,11 @@ template <typename Real> struct AttnArgs {
   // an attention transition (contract/transition.h), which transform the rows of some layers;
   // num_layers = 0 (the default) transforms none.
   int64_t layer = 0, num_layers = 0;
-  // The inputs were bf16 (float copies of them here): on a CPU with AMX (cpu_amx_bf16_usable) the
-  // float kernels may then take the tile products with bf16 operands and fp32 sums, as the CUDA
-  // kernels do on the tensor cores: q', k', v, dO, P and dS rounded to bf16 (docs/internals.md
-  // §2c). false (the default): every product in Real.
+  // The inputs were bf16 (float copies of them here): on a CPU with AMX (cpu_amx_bf16_usable; or
+  // AVX512-BF16 when opted in, cpu_avx512_bf16_usable) the float kernels may then take the tile
+  // products with bf16 operands and fp32 sums, as the CUDA kernels do on the tensor cores: q',
+  // k', v, dO, P and dS rounded to bf16 (docs/internals.md §2c). false (the default): every
+  // product in Real.
   bool bf16_products = false;
   // Real float only: q, k, v, o, dout, dq, dk, dv are bf16 tensors, read and written here (the
   // Real pointers of those eight unused). Each slice converts its rows to fp32 on the way in and
@@ -127,6 +128,31 @@ inline bool cpu_amx_bf16_usable() {
   return false;
 #endif
 }
+
+// Whether this process takes the bf16 products with AVX512-BF16's VDPBF16PS where it has no AMX
+// (AMD Zen 4 and later, Intel Cooper Lake): the environment variable APE_CPU_AVX512BF16 is "1"
+// and cpuid leaf 7 subleaf 1 says AVX512_BF16. Opt-in: on the one CPU measured (the Intel Xeon of
+// bench/results/cpu_peers_intel_bf16.md with AMX off, where VDPBF16PS issues once a cycle and the
+// fp32 FMAs twice) the forward took 1.4x the fp32 products' time (NoPE, T 4096, d_h 128: 215 vs
+// 162 ms); on a CPU whose VDPBF16PS runs at twice its fp32 FMA rate it should not: measure there
+// before making it the default. Read only at the avx512 level, which runs only where the OS
+// keeps the AVX-512 state. Decided once per process and library.
+inline bool cpu_avx512_bf16_usable() {
+#if APE_CPU_AMX_OS
+  static const bool usable = [] {
+    const char *env = std::getenv("APE_CPU_AVX512BF16");
+    if (!env || std::string(env) != "1") return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
+    return ((eax >> 5) & 1u) != 0;
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
+// Whether AttnArgs::bf16_products are taken: on the AMX tiles, or else by VDPBF16PS.
+inline bool cpu_bf16_products_usable() { return cpu_amx_bf16_usable() || cpu_avx512_bf16_usable(); }
 
 // The kernels' large scratch blocks (a slice's rows, operands and accumulators), 64-byte aligned
 // and kept per thread for the next slice or call: their sizes repeat slice after slice and call
@@ -430,15 +456,17 @@ inline void gemm(int64_t m, int64_t n, int64_t w, const Real *a, int64_t a_rs, i
   }
 }
 
-// ---- bf16 tile products (AMX) -----------------------------------------------------------------
-// With AttnArgs::bf16_products on a CPU that runs them (cpu_amx_bf16_usable), the float kernels of
-// the avx512 level take their tile products on the AMX units: TDPBF16PS adds a 16 x 32 bf16 tile
-// times a 32 x 16 one into a 16 x 16 fp32 tile. The A operand is bf16 rows; the B operand is the
-// "pairs" layout: a 32-bit word per (row pair, column) holding the column's two rows (the even one
-// in the low half). A slice's q', k', v (and dO) are converted once (amx::Operands); each tile's P
-// and dS as they are made. The tile registers are inline assembly (memory clobbered, so the
-// compiler never moves a buffer's stores past the load that reads it): no target attribute is
-// needed, and only the avx512 level compiles them (AMX CPUs run that level).
+// ---- bf16 tile products (AMX, or AVX512-BF16) --------------------------------------------------
+// With AttnArgs::bf16_products on a CPU that runs them (cpu_bf16_products_usable), the float
+// kernels of the avx512 level take their tile products with bf16 operands and fp32 sums: on the
+// AMX units (cpu_amx_bf16_usable), where TDPBF16PS adds a 16 x 32 bf16 tile times a 32 x 16 one
+// into a 16 x 16 fp32 tile, or else by AVX512-BF16's VDPBF16PS on the same layouts
+// (gemm_avx512bf16). The A operand is bf16 rows; the B operand is the "pairs" layout: a 32-bit
+// word per (row pair, column) holding the column's two rows (the even one in the low half). A
+// slice's q', k', v (and dO) are converted once (amx::Operands); each tile's P and dS as they are
+// made. The tile registers and VDPBF16PS are inline assembly (the tiles' with memory clobbered, so
+// the compiler never moves a buffer's stores past the load that reads it): no target attribute
+// is needed, and only the avx512 level compiles them (AMX and AVX512-BF16 CPUs run that level).
 #if APE_KERNEL_LEVEL == 2 && APE_CPU_COMPILED && APE_CPU_AMX_OS
 #define APE_CPU_AMX 1
 #else
@@ -496,11 +524,52 @@ struct Layout {
 inline Layout row_major(int64_t ld, int64_t width) { return {ld, width}; }
 inline Layout panels(int64_t rows, int64_t width) { return {width, rows * width}; }
 
+// gemm's product by VDPBF16PS (AVX512-BF16), for CPUs without AMX: the same operands in the same
+// layouts, C's rows in blocks of 8 x 32 columns held in 16 registers; for each pair row of B, its
+// 32 columns' words (two vectors) meet each A row's pair word, broadcast from memory. The same
+// arithmetic as the tiles' (each pair's products added to the fp32 sum in turn, rounded to
+// nearest even, denormals read and written as zero); VDPBF16PS adds a pair's odd product first,
+// so a sum may differ from the tiles' in its last bit. Out of line: inlined into the slice loops,
+// its 16 accumulators went through the stack after every VDPBF16PS (forward 1.4x slower).
+__attribute__((noinline)) inline void gemm_avx512bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, Layout la,
+                            const uint32_t *b, Layout lb, float *c, Layout lc, bool accumulate) {
+  for (int64_t m = 0; m < M; m += 8)
+    for (int64_t n = 0; n < N; n += 32) {
+      float *c0 = c + m * lc.row + n / 16 * lc.block;  // columns n .. n + 15 (n + 16 ..: + lc.block)
+      __m512 acc[8][2];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        acc[r][0] = accumulate ? _mm512_loadu_ps(c0 + r * lc.row) : _mm512_setzero_ps();
+        acc[r][1] = accumulate ? _mm512_loadu_ps(c0 + r * lc.row + lc.block) : _mm512_setzero_ps();
+      }
+      const uint32_t *bp = b + n / 16 * lb.block;
+      for (int64_t k = 0; k < K; k += 2, bp += lb.row) {
+        const __m512 b0 = _mm512_castsi512_ps(_mm512_loadu_si512(bp));
+        const __m512 b1 = _mm512_castsi512_ps(_mm512_loadu_si512(bp + lb.block));
+        const uint16_t *ap = a + m * la.row + k / 32 * la.block + k % 32;  // row m's pair k / 2
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+          typedef uint32_t __attribute__((may_alias)) Word;  // the bf16 pair at ap + r * la.row
+          const Word *w = reinterpret_cast<const Word *>(ap + r * la.row);
+          __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc[r][0]) : "v"(b0), "m"(*w));
+          __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc[r][1]) : "v"(b1), "m"(*w));
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        _mm512_storeu_ps(c0 + r * lc.row, acc[r][0]);
+        _mm512_storeu_ps(c0 + r * lc.row + lc.block, acc[r][1]);
+      }
+    }
+}
+
 // C (M, N) (+)= A (M, K) B (K, N): A bf16 (tiles of 16 x 32), B pair words (row p holds rows 2p
 // and 2p + 1 of B; tiles of 16 pair rows x 16), C fp32 (tiles of 16 x 16), each where its Layout
-// says. M, N and K are multiples of 32 (2 x 2 blocks of C tiles).
+// says. M, N and K are multiples of 32 (2 x 2 blocks of C tiles). On the tiles, or by VDPBF16PS
+// where the CPU has no AMX (gemm_avx512bf16).
 inline void gemm(int64_t M, int64_t N, int64_t K, const uint16_t *a, Layout la, const uint32_t *b,
                  Layout lb, float *c, Layout lc, bool accumulate) {
+  if (!cpu_amx_bf16_usable()) return gemm_avx512bf16(M, N, K, a, la, b, lb, c, lc, accumulate);
   const int64_t cs = lc.row * 4, as = la.row * 2, bs = lb.row * 4;
   for (int64_t m = 0; m < M; m += 32)
     for (int64_t n = 0; n < N; n += 32) {
@@ -761,10 +830,14 @@ struct Operands {
   }
 };
 
-// Whether a call of head dim D takes the bf16 tile products.
+// Whether a call of head dim D takes the bf16 products (on the tiles or by VDPBF16PS).
 template <typename Real> inline bool wanted(const AttnArgs<Real> &a) {
   return std::is_same_v<Real, float> && a.bf16_products && a.D % 32 == 0 && a.D > 0 &&
-         cpu_amx_bf16_usable();
+         cpu_bf16_products_usable();
+}
+// The tile state of a slice's work on this thread, where the products run on the tiles.
+inline std::unique_ptr<TileScope> tile_scope() {
+  return cpu_amx_bf16_usable() ? std::make_unique<TileScope>() : nullptr;
 }
 
 }  // namespace amx
@@ -1486,7 +1559,7 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs
         vs = {nullptr, a.bf16_io->v + off};
       }
       operands = std::make_unique<amx::Operands>(qs, ks, vs, T, D);
-      tiles = std::make_unique<amx::TileScope>();
+      tiles = amx::tile_scope();
       scratch.amx = operands.get();
     }
   }
@@ -1611,7 +1684,7 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
       dq_acc.assign(static_cast<std::size_t>(x->Tp * D), 0.f);
       dvt_acc.assign(static_cast<std::size_t>(D * x->Tp), 0.f);
       dkt_acc.assign(static_cast<std::size_t>(D * x->Tp), 0.f);
-      tiles = std::make_unique<amx::TileScope>();
+      tiles = amx::tile_scope();
     }
   }
 #endif
