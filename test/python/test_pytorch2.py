@@ -244,9 +244,9 @@ def _amx_runs(encoding):
 @pytest.mark.parametrize("encoding", ["nope", "rope", "alibi_learned", "cable", "expe"])
 def test_bfloat16_products(encoding):
     """bfloat16 inputs at head dim 64 (a multiple of 32): on a CPU with AMX (or AVX512-BF16 and
-    APE_CPU_AVX512BF16=1) the operator's CPU kernel takes its tile products with bf16 operands (AttnArgs::bf16_products, as the CUDA
-    kernels do on tensor cores; docs/internals.md section 2c). Every output and gradient is held
-    to FlashAttention's rule against PyTorch's materialised attention in bfloat16 (at most twice
+    APE_CPU_AVX512BF16=1) the operator's CPU kernel takes its tile products with bf16 operands
+    (AttnArgs::bf16_products, as the CUDA kernels do on tensor cores; docs/internals.md section
+    2c). Every output and gradient is held to FlashAttention's rule against PyTorch's materialised attention in bfloat16 (at most twice
     its error against float64, param gradients with the pair-sum floor); where the products run,
     they are not the float32 kernel's (the outputs differ from those of the same kernel fed the
     float32 copies). ape_kernels_test's CpuAmxVsReference checks every encoding's kernel against

@@ -531,8 +531,9 @@ inline Layout panels(int64_t rows, int64_t width) { return {width, rows * width}
 // nearest even, denormals read and written as zero); VDPBF16PS adds a pair's odd product first,
 // so a sum may differ from the tiles' in its last bit. Out of line: inlined into the slice loops,
 // its 16 accumulators went through the stack after every VDPBF16PS (forward 1.4x slower).
-__attribute__((noinline)) inline void gemm_avx512bf16(int64_t M, int64_t N, int64_t K, const uint16_t *a, Layout la,
-                            const uint32_t *b, Layout lb, float *c, Layout lc, bool accumulate) {
+__attribute__((noinline)) inline void gemm_avx512bf16(int64_t M, int64_t N, int64_t K,
+                                                      const uint16_t *a, Layout la, const uint32_t *b,
+                                                      Layout lb, float *c, Layout lc, bool accumulate) {
   for (int64_t m = 0; m < M; m += 8)
     for (int64_t n = 0; n < N; n += 32) {
       float *c0 = c + m * lc.row + n / 16 * lc.block;  // columns n .. n + 15 (n + 16 ..: + lc.block)
