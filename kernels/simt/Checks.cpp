@@ -26,96 +26,112 @@ namespace ape::simt::detail {
 
 namespace {
 
+// The reports of shared_access, out of its loop (cold: a report ends the access's check).
+[[gnu::cold, gnu::noinline]] std::string offset_text(size_t at) {
+  std::ostringstream os;
+  os << "shared memory offset " << static_cast<long long>(at) - static_cast<long long>(kSmemRedzone);
+  return os.str();
+}
+[[gnu::cold, gnu::noinline]] void report_outside(const Block &b, size_t off, size_t n, bool write, const void *pc) {
+  std::ostringstream os;
+  os << (write ? "writes " : "reads ") << n << " bytes at " << offset_text(off)
+     << ", outside the block's shared memory (" << b.dynamic_bytes << " dynamic + "
+     << b.static_bytes << " static bytes)";
+  report(Check::Memcheck, os.str(), pc);
+}
+[[gnu::cold, gnu::noinline]] void report_pending(size_t at, bool write, const void *pc) {
+  std::ostringstream os;
+  os << (write ? "writes " : "reads ") << offset_text(at)
+     << ", the destination of a cp.async not yet waited for (cp.async.wait_group)";
+  report(Check::Async, os.str(), pc);
+}
+[[gnu::cold, gnu::noinline]] void report_async_race(const Block &b, const Cell &c, size_t off, size_t n, bool write,
+                                                    const void *pc) {
+  const size_t m = c.a_bar - 1u;
+  std::ostringstream os;
+  os << (write ? "writes " : "reads ") << n << " bytes at " << offset_text(off)
+     << " that a TMA or bulk copy writes, before this thread waited for the copy's mbarrier"
+     << " (at shared memory offset "
+     << static_cast<const char *>(b.mbars[m].first) - b.smem << ") to complete phase (since the block began) "
+     << c.a_phase << " (" << (write ? "write-after-write" : "read-after-write")
+     << " race with the async proxy)";
+  report(Check::Racecheck, os.str(), pc);
+}
+[[gnu::cold, gnu::noinline]] void report_after_write(const Block &b, const Cell &c, size_t off, size_t n, bool write,
+                                                     const void *pc) {
+  std::ostringstream os;
+  os << (write ? "writes " : "reads ") << n << " bytes at " << offset_text(off)
+     << " that thread " << thread_name(b, c.w_tid)
+     << (write ? " also wrote" : " wrote") << " since the last barrier ("
+     << (write ? "write-after-write" : "read-after-write") << " race)";
+  report(Check::Racecheck, os.str(), pc);
+}
+[[gnu::cold, gnu::noinline]] void report_uninitialised(size_t off, size_t n, const void *pc) {
+  std::ostringstream os;
+  os << "reads " << n << " bytes at " << offset_text(off)
+     << " that nothing has written";
+  report(Check::Initcheck, os.str(), pc);
+}
+[[gnu::cold, gnu::noinline]] void report_after_read(const Block &b, const Cell &c, uint8_t f, size_t off, size_t n,
+                                                    const void *pc) {
+  std::ostringstream os;
+  os << "writes " << n << " bytes at " << offset_text(off) << " that thread "
+     << thread_name(b, c.r_tid) << ((f & kRMulti) ? " (and others)" : "")
+     << " read since the last barrier (write-after-read race)";
+  report(Check::Racecheck, os.str(), pc);
+}
+
 void shared_access(Thread &t, Block &b, const char *a, size_t n, Access kind, const void *pc) {
   const size_t off = static_cast<size_t>(a - b.window);
   const bool write = kind != Access::Read, atomic = kind == Access::Atomic;
   const Warp &warp = b.warps[t.tid / 32];
   const uint16_t tid = static_cast<uint16_t>(t.tid);
   const uint16_t wsync = static_cast<uint16_t>(warp.sync_count);
+  const uint32_t epoch = b.epoch;
   // Is an access recorded as (other thread, its warp's sync count then) ordered before this one?
   auto ordered = [&](uint16_t other, uint16_t other_wsync) {
-    return other == tid || (other / 32 == t.tid / 32 && other_wsync != wsync);
-  };
-  auto offset_text = [&](size_t at) {
-    std::ostringstream os;
-    os << "shared memory offset " << static_cast<long long>(at) - static_cast<long long>(kSmemRedzone);
-    return os.str();
+    return other == tid || (other / 32 == tid / 32 && other_wsync != wsync);
   };
   for (size_t i = 0; i < n; ++i) {
     const size_t at = off + i;
     uint8_t &f = b.flags[at];
-    if (!(f & kAddressable)) {
-      std::ostringstream os;
-      os << (write ? "writes " : "reads ") << n << " bytes at " << offset_text(off)
-         << ", outside the block's shared memory (" << b.dynamic_bytes << " dynamic + "
-         << b.static_bytes << " static bytes)";
-      report(Check::Memcheck, os.str(), pc);
-      return;
-    }
-    if (f & kPending) {
-      std::ostringstream os;
-      os << (write ? "writes " : "reads ") << offset_text(at)
-         << ", the destination of a cp.async not yet waited for (cp.async.wait_group)";
-      report(Check::Async, os.str(), pc);
-      return;
-    }
+    if (!(f & kAddressable)) return report_outside(b, off, n, write, pc);
+    if (f & kPending) return report_pending(at, write, pc);
     Cell &c = b.cells[at];
     if (c.a_bar != 0) {  // an async copy's bytes: ordered only after its mbarrier's phase
       const size_t m = c.a_bar - 1u;
       if (m >= t.seen.size() || t.seen[m] <= c.a_phase) {
-        std::ostringstream os;
-        os << (write ? "writes " : "reads ") << n << " bytes at " << offset_text(off)
-           << " that a TMA or bulk copy writes, before this thread waited for the copy's mbarrier"
-           << " (at shared memory offset "
-           << static_cast<const char *>(b.mbars[m].first) - b.smem << ") to complete phase (since the block began) "
-           << c.a_phase << " (" << (write ? "write-after-write" : "read-after-write")
-           << " race with the async proxy)";
-        report(Check::Racecheck, os.str(), pc);
+        report_async_race(b, c, off, n, write, pc);
         c.a_bar = 0;  // one report per conflict
         return;
       }
       if (write) c.a_bar = 0;
     }
-    if (c.w_epoch == b.epoch && !ordered(c.w_tid, c.w_wsync) &&
+    if (c.w_epoch == epoch && !ordered(c.w_tid, c.w_wsync) &&
         !(atomic && (f & kWAtomic))) {
-      std::ostringstream os;
-      os << (write ? "writes " : "reads ") << n << " bytes at " << offset_text(off)
-         << " that thread " << thread_name(b, c.w_tid)
-         << (write ? " also wrote" : " wrote") << " since the last barrier ("
-         << (write ? "write-after-write" : "read-after-write") << " race)";
-      report(Check::Racecheck, os.str(), pc);
+      report_after_write(b, c, off, n, write, pc);
       c.w_tid = tid, c.w_wsync = wsync;  // one report per conflict
       return;
     }
     if (!write) {
-      if (!(f & kInit)) {
-        std::ostringstream os;
-        os << "reads " << n << " bytes at " << offset_text(off)
-           << " that nothing has written";
-        report(Check::Initcheck, os.str(), pc);
-        return;
-      }
-      if (c.r_epoch != b.epoch || ordered(c.r_tid, c.r_wsync)) {
-        c.r_epoch = b.epoch, c.r_tid = tid, c.r_wsync = wsync;
+      if (!(f & kInit)) return report_uninitialised(off, n, pc);
+      if (c.r_epoch != epoch || ordered(c.r_tid, c.r_wsync)) {
+        c.r_epoch = epoch, c.r_tid = tid, c.r_wsync = wsync;
         f &= static_cast<uint8_t>(~kRMulti);
-      } else if (c.r_tid / 32 != t.tid / 32) {
+      } else if (c.r_tid / 32 != tid / 32) {
         // (A lane of the kept reader's warp unordered with it read in the same __syncwarp interval:
         // whatever is ordered after the kept reader is ordered after it too.)
         f |= kRMulti;
       }
       continue;
     }
-    if (c.r_epoch == b.epoch && ((f & kRMulti) || !ordered(c.r_tid, c.r_wsync))) {
-      std::ostringstream os;
-      os << "writes " << n << " bytes at " << offset_text(off) << " that thread "
-         << thread_name(b, c.r_tid) << ((f & kRMulti) ? " (and others)" : "")
-         << " read since the last barrier (write-after-read race)";
-      report(Check::Racecheck, os.str(), pc);
+    if (c.r_epoch == epoch && ((f & kRMulti) || !ordered(c.r_tid, c.r_wsync))) {
+      report_after_read(b, c, f, off, n, pc);
       c.r_epoch = 0;
       f &= static_cast<uint8_t>(~kRMulti);
       return;
     }
-    c.w_epoch = b.epoch, c.w_tid = tid, c.w_wsync = wsync;
+    c.w_epoch = epoch, c.w_tid = tid, c.w_wsync = wsync;
     c.r_epoch = 0;
     f = static_cast<uint8_t>((f | kInit) & ~kRMulti);
     f = static_cast<uint8_t>(atomic ? (f | kWAtomic) : (f & ~kWAtomic));
@@ -194,18 +210,18 @@ void global_access(const char *a, size_t n, Access kind, const void *pc, bool ho
     for (size_t i = 0; i < n; ++i) s[i] |= kInit;
 }
 
-// One access of an emulated thread to device memory, into its launch's traffic.
-void count_traffic(Launch &l, size_t n, Access kind) {
-  constexpr auto relaxed = std::memory_order_relaxed;
-  l.traffic[kind == Access::Read ? kTrRead : kind == Access::Write ? kTrWritten : kTrAtomic].fetch_add(n, relaxed);
+// One access of an emulated thread to device memory, into its worker's counts of the launch's
+// traffic (flush_counts adds them to the launch's).
+void count_traffic(WorkerState &w, size_t n, Access kind) {
+  w.traffic[kind == Access::Read ? kTrRead : kind == Access::Write ? kTrWritten : kTrAtomic] += n;
   const int width = tl_async_copy ? kTrAsync
                     : n >= 16     ? kTrW16
                     : n >= 8      ? kTrW8
                     : n >= 4      ? kTrW4
                     : n >= 2      ? kTrW2
                                   : kTrW1;
-  l.traffic[width].fetch_add(n, relaxed);
-  l.traffic[kTrAccesses].fetch_add(1, relaxed);
+  w.traffic[width] += n;
+  w.traffic[kTrAccesses] += 1;
 }
 
 }  // namespace
@@ -219,18 +235,27 @@ void check_access(const void *addr, size_t n, Access kind, const void *pc) {
     if (a >= t->stack_lo && a < t->stack_hi) return;
     Block *b = tl_worker.block;
     if (a >= b->window && a < b->window + b->window_bytes) {
-      access_counter().fetch_add(1, std::memory_order_relaxed);
+      tl_worker.state->checked += 1;
       shared_access(*t, *b, a, n, kind, pc);
       return;
     }
   }
   if (a >= g_arena_lo && a < g_arena_hi) {
     if (t) {
-      access_counter().fetch_add(1, std::memory_order_relaxed);
-      count_traffic(*tl_worker.block->launch, n, kind);
+      WorkerState &w = *tl_worker.state;
+      w.checked += 1;
+      count_traffic(w, n, kind);
     }
     global_access(a, n, kind, pc, t == nullptr);
   }
+}
+
+void flush_counts(WorkerState &w, Launch &l) {
+  constexpr auto relaxed = std::memory_order_relaxed;
+  access_counter().fetch_add(w.checked, relaxed);
+  for (int slot = 0; slot < kTrNamedRounds; ++slot) l.traffic[slot].fetch_add(w.traffic[slot], relaxed);
+  w.checked = 0;
+  for (size_t &c : w.traffic) c = 0;
 }
 
 void reset_shared_shadow(Block &b) {

@@ -113,6 +113,7 @@ struct Warp {
   unsigned valid = 0;   // lanes that exist (a last partial warp has fewer)
   unsigned exited = 0;  // lanes that returned
   uint32_t sync_count = 0;  // completed __syncwarp: orders the accesses of its lanes
+  unsigned in_collective = 0;  // lanes waiting in a warp collective (State::Collective)
   Thread *lanes[32] = {};
 };
 
@@ -138,13 +139,18 @@ enum TrafficSlot : int {
 // (simt::sem_released): running, spinning on a semaphore (it read the same value twice, and no
 // thread of its block has run since), held after a release, or out of blocks.
 enum class WorkerMode : int { Running, Spinning, Held, Done };
-struct WorkerState {
+struct alignas(64) WorkerState {  // (a cache line of its own: workers update theirs on every access)
   std::atomic<WorkerMode> mode{WorkerMode::Running};
   // The releases (simt::sem_released) counted before its last poll read its word: a worker spins
   // past a release only if it read the value after it.
   std::atomic<unsigned long long> seen_releases{0};
   const int *poll = nullptr;  // the last poll's word and value (the worker's own thread only)
   int value = 0;
+  // The worker's own counts (its thread only): the accesses it checked, and its launch's traffic
+  // slots kTrRead .. kTrAccesses, added to the shared atomics when it finishes the launch
+  // (flush_counts). An atomic add per access had cost about a quarter of the emulator's time.
+  size_t checked = 0;
+  size_t traffic[kTrNamedRounds] = {};
 };
 
 struct Launch {
@@ -242,6 +248,9 @@ bool device_range_ok(const void *p, size_t n);
 void reset_shared_shadow(Block &b);
 
 std::atomic<size_t> &access_counter();
+// Adds worker `w`'s counts (WorkerState::checked, traffic) to the process's and launch `l`'s, and
+// clears them: when the worker leaves the launch.
+void flush_counts(WorkerState &w, Launch &l);
 // Set while the emulator copies on behalf of cp.async, TMA or a bulk copy: their global reads
 // count as async copies in the traffic (not by the width of the emulator's element loop).
 extern thread_local bool tl_async_copy;

@@ -447,14 +447,17 @@ void collective(int kind, unsigned mask, void *arg, Complete complete, const Sit
   t->op_arg = arg;
   t->site = site;
   t->state = State::Collective;
+  w.in_collective |= bit;
+  // The last lane of the mask to arrive checks that they all meet in this collective, and
+  // completes it (the others wait: a test of the mask against the waiting lanes, not of each lane).
+  if (mask & ~w.in_collective) {
+    while (t->state != State::Ready) yield_to_scheduler();
+    return;
+  }
   bool all = true;
   for (unsigned lane = 0; lane < 32; ++lane) {
     if (!(mask >> lane & 1u)) continue;
     Thread *u = w.lanes[lane];
-    if (u->state != State::Collective) {
-      all = false;
-      continue;
-    }
     if (u->op_kind != kind || u->op_mask != mask) {
       std::ostringstream os;
       os << "lanes of one warp meet in different collectives: lane " << t->tid % 32 << " (kind "
@@ -480,6 +483,7 @@ void collective(int kind, unsigned mask, void *arg, Complete complete, const Sit
   }
   complete(w, mask, args);
   ++w.sync_count;
+  w.in_collective &= ~mask;
   for (unsigned lane = 0; lane < 32; ++lane)
     if (mask >> lane & 1u) w.lanes[lane]->state = State::Ready;
 }
@@ -683,6 +687,7 @@ cudaError_t launch_grid(const void *kernel, dim3 grid, dim3 block, size_t dynami
       run_block(b, body);
       g_blocks.fetch_add(1, std::memory_order_relaxed);
     }
+    flush_counts(state, l);
     state.mode.store(WorkerMode::Done, std::memory_order_release);
     tl_worker.block = nullptr;
     tl_worker.state = nullptr;
@@ -1138,6 +1143,7 @@ const char *cudaGetErrorString(cudaError_t err) {
   case cudaErrorInvalidConfiguration: return "invalid configuration argument";
   case cudaErrorInvalidDevicePointer: return "invalid device pointer";
   case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+  case cudaErrorInvalidPitchValue: return "invalid pitch argument";
   case cudaErrorNoDevice: return "no CUDA-capable device is detected";
   case cudaErrorInvalidDeviceFunction: return "invalid device function";
   case cudaErrorIllegalAddress: return "an illegal memory access was encountered";

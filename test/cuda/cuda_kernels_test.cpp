@@ -1252,7 +1252,7 @@ TEST(CudaLaunch, WideDqTmaMatchesReferences) {
 // columns, dQ' of 32 queries x D/4) at D = 128 for the encodings without a score mod of their own
 // (RoPE), with a row/column bias (Cable: its sums on the tensor cores) or a distance bias (T5: its
 // diagonal sums, saturated steps at T 520), and never with value rows (Shaw) or at D 64: every
-// 16-bit variant against the references, posing as sm_80 (Cable's tables fit its block, T5's
+// 16-bit variant at D 128 (and RoPE's at D 64) against the references, posing as sm_80 (Cable's tables fit its block, T5's
 // distance sums do not: the wide layout runs), sm_90 (where they do) and sm_86 (161 KiB do not fit:
 // the narrow layout runs). One row, partial tiles, several key and query tiles for bf16 where the
 // layout runs, T 300 for the rest. Then its dQ' order with the blocks three at once (bit for bit),
@@ -1275,6 +1275,9 @@ TEST(CudaLaunch, SquareBackwardMatchesReferences) {
   for_each_pose_and_case({80, 90, 86}, [&](int sm, const std::string &name, const CudaKernelEntry &e,
                                           const ape::cuda::CudaVariant &var) {
     if (var.head_dim < 64 || var.dtype == DType::F32) return;
+    // At D = 64 the square tiling never applies: the wide layout runs, as in the default tests of
+    // every variant; RoPE shows that the switch leaves it there.
+    if (var.head_dim == 64 && name != "rope") return;
     const std::string expected = var.head_dim == 64 ? "wide" : square_expected(name, sm);
     // As sm_90 and sm_86 only the encodings whose layout changes with the device, at D = 128.
     if (sm != 80 && sm != 0 && (var.head_dim != 128 || expected.empty() || (sm == 86 && name != "rope")))
