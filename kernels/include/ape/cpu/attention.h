@@ -1658,6 +1658,18 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   constexpr bool kDist = DistanceBias<Enc>::value && !kValue;
   const std::vector<Real> rb = kDist ? distance_table<Enc>(ctx) : std::vector<Real>();
   std::vector<Real> gb(rb.size(), Real(0));  // diagonal sums of dS / scale, reversed like rb
+  // Enc::kRowColBias: the score mod is s + R(i) + C(j) (Cable's cumulative biases). R and C once
+  // per token, P from scale s + (R(i) + C(j)) (the score mod's own order of the sums: its bias is
+  // the difference of two token values), and the bias's gradients as one sum of dS / scale per
+  // query row and per key column, handed to row_bias_grad / col_bias_grad once per token: the
+  // per-element path's two read-modify-writes of token gradients per element ran serially.
+  constexpr bool kRowCol = traits::RowColBias<Enc>::value && !kValue && !kDist;
+  constexpr bool kRowColSums = kRowCol && !traits::BiasFixed<Enc>::value;
+  std::vector<Real> rcb(kRowCol ? static_cast<std::size_t>(2 * T) : 0);  // R(0..T), then C(0..T)
+  std::vector<Real> rcg(kRowColSums ? static_cast<std::size_t>(2 * T) : 0, Real(0));  // their sums
+  if constexpr (kRowCol) {
+    for (int64_t t = 0; t < T; ++t) rcb[t] = Enc::row_bias(ctx, t), rcb[T + t] = Enc::col_bias(ctx, t);
+  }
   if constexpr (kValue) {
     const Real *table = a.params[Enc::kValueTable];
     for (int64_t t = 0; t < T; ++t)
@@ -1740,6 +1752,26 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
             gi[jj] += gp;
             g[jj] = scale * gp;
           }
+        } else if constexpr (kRowCol) {
+          const Real ri = rcb[i], *cj = rcb.data() + T + j0;
+          if constexpr (kRowColSums) {
+            Real *cg = rcg.data() + T + j0, rsum = 0;
+            APE_SIMD_REDUCE(+ : rsum) for (int64_t jj = 0; jj < nv; ++jj) {
+              const Real p = softmax_exp_le(scale * s[jj] + (ri + cj[jj]) - lse_i);
+              const Real gp = p * (g[jj] - delta_i);
+              s[jj] = p;
+              cg[jj] += gp;
+              rsum += gp;
+              g[jj] = scale * gp;
+            }
+            rcg[i] += rsum;
+          } else {
+            APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) {
+              const Real p = softmax_exp_le(scale * s[jj] + (ri + cj[jj]) - lse_i);
+              s[jj] = p;
+              g[jj] = scale * p * (g[jj] - delta_i);
+            }
+          }
         } else if constexpr (Enc::kHasScoreMod) {
           for (int64_t jj = 0; jj < nv; ++jj) {
             const Real raw = scale * s[jj];
@@ -1805,6 +1837,12 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   if constexpr (kDist) {  // B's gradients, one call per distance with its diagonal's sum
     for (int64_t d = 0; d < T; ++d)
       if (const Real gd = gb[T - 1 - d]; gd != Real(0)) Enc::distance_bias_grad(ctx, d, gd);
+  }
+  if constexpr (kRowColSums) {  // R's and C's gradients, one call per token with its row's or column's sum
+    for (int64_t t = 0; t < T; ++t) {
+      if (const Real gr = rcg[t]; gr != Real(0)) Enc::row_bias_grad(ctx, t, gr);
+      if (const Real gc = rcg[T + t]; gc != Real(0)) Enc::col_bias_grad(ctx, t, gc);
+    }
   }
   if constexpr (kValue) {  // table[r] gradient: sum_i mass_i[r] dO_i
     if constexpr (Enc::kValueTableTrainable) {
