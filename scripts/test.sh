@@ -24,7 +24,8 @@ echo "[ape] GoogleTest suites (kernels against materialised references, template
 rm -rf "$build/Testing/gtest"  # the shards' reports (cmake/ApeGTestShards.cmake), written afresh
 # Two test processes share the two cores (-j2): with libgomp's default waits an OpenMP thread
 # spins at each barrier while the other process holds the core its partner needs (shard 3 of
-# ape_kernels_test beside an emulator test: 33.1 s, with passive waits 12.0 s; alone 9.7 vs 10.4 s).
+# ape_kernels_test beside an emulator test: 33.1 s, with passive waits 12.0 s; alone 9.7 vs 10.4 s;
+# bench/results/test_time.md).
 (cd "$build" && OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} ctest -E '^lit$' --output-on-failure -j2 --timeout 1800) |
   tee "$log.ctest"
 ctest_status=${PIPESTATUS[0]}
