@@ -612,9 +612,11 @@ inline void bf16_chunks(const float *x, int64_t m, uint16_t *out) {
 }
 
 // P = exp(s - r) of a tile row (kTileK logits, -inf for 0), for the bf16 products: exp(x) =
-// 2^t, t = x log2(e), as 2^round(t) (VSCALEFPS, exact, 0 below 2^-149) times a degree-5
-// polynomial of t - round(t) in [-1/2, 1/2] (relative error 2.4e-7, a few float ulp: far below
-// the bf16 rounding of P that follows). 10 instructions a vector where softmax_exp_le takes 19.
+// 2^t, t = x log2(e), as 2^round(t) (VSCALEFPS, exact) times a degree-5 polynomial of t -
+// round(t) in [-1/2, 1/2] (relative error 2.4e-7, a few float ulp: far below the bf16 rounding of
+// P that follows); 0 for t <= -125, where the result would be denormal or nearly so (the tiles
+// read a denormal as zero, and denormal sums in row_sum took microcode assists: the forward ran
+// 3-6x slower on the rows of a falling bias). 11 instructions a vector where softmax_exp_le takes 19.
 inline void exp_row(float *s, float r) {
   const __m512 log2e = _mm512_set1_ps(1.44269504f), rl = _mm512_set1_ps(r * 1.44269504f);
   const __m512 lo = _mm512_set1_ps(-150.f);
@@ -622,13 +624,14 @@ inline void exp_row(float *s, float r) {
     const __m512 t = _mm512_max_ps(lo, _mm512_fmsub_ps(_mm512_loadu_ps(s + c), log2e, rl));  // NaN stays
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
+    const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.f), _CMP_NLE_UQ);  // or NaN
     __m512 p = _mm512_set1_ps(0.00132764701f);
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00967554189f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555071346f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240221202f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693146944f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000012f));
-    _mm512_storeu_ps(s + c, _mm512_scalef_ps(p, n));
+    _mm512_storeu_ps(s + c, _mm512_maskz_scalef_ps(normal, p, n));
   }
 }
 
@@ -1111,6 +1114,11 @@ template <class Enc> using HasValueRows = traits::HasValueRows<Enc>;
 // and its gradient per slice instead of T^2 / 2. Encodings with value rows keep the per-element
 // path.
 template <class Enc> using DistanceBias = traits::DistanceBias<Enc>;
+// Row/column biases (Enc::kRowColBias) where neither value rows nor a distance bias take the logits:
+// the forward adds R(i) + C(j) from tables, the backward sums dS per row and column.
+template <class Enc>
+using RowColLogits = std::bool_constant<traits::RowColBias<Enc>::value && !HasValueRows<Enc>::value &&
+                                        !DistanceBias<Enc>::value>;
 template <class Enc, typename Real> std::vector<Real> distance_table(const HeadCtx<Real> &ctx) {
   std::vector<Real> rb;
   if constexpr (DistanceBias<Enc>::value) {
@@ -1277,22 +1285,6 @@ inline int64_t visible(int64_t i, int64_t j0, int64_t nk) {
   return std::clamp<int64_t>(i - j0 + 1, 0, nk);
 }
 
-// The final logits s[jj] = score_mod(scale * s[jj]) of query i against the nv visible keys
-// j0 + jj of a tile row holding q'_i . k'_j (bias: B(d) for d <= i, distance-bias encodings).
-template <class Enc, typename Real>
-inline void final_logits(const HeadCtx<Real> &ctx, Real scale, int64_t i, int64_t j0, int64_t nv,
-                         const std::vector<Real> &bias, Real *s) {
-  if constexpr (DistanceBias<Enc>::value && !HasValueRows<Enc>::value) {
-    const Real *bi = bias.data() + (i - j0);  // B(i - j0 - jj) = bi[-jj]
-    APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] = scale * s[jj] + bi[-jj];
-  } else if constexpr (Enc::kHasScoreMod) {
-    for (int64_t jj = 0; jj < nv; ++jj) s[jj] = Enc::score_mod(ctx, i, j0 + jj, scale * s[jj]);
-  } else {
-    (void)ctx, (void)i, (void)j0, (void)bias;
-    APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] *= scale;
-  }
-}
-
 // Scratch of attend_rows: one query tile's logits, output accumulator and softmax state.
 template <class Enc, typename Real> struct AttendScratch {
   AlignedVector<Real> st;        // (kTileQ, kTileK): logits, then probabilities
@@ -1301,7 +1293,7 @@ template <class Enc, typename Real> struct AttendScratch {
   std::array<Real, kTileQ> ref{}, alpha{};  // per key tile: exp's reference, rescale of m and l
   int64_t R = 0;                 // value rows: unnormalised probability mass of each row, per query
   std::vector<Real> mass;        // (kTileQ, R)
-  std::vector<Real> bias;        // distance bias: B(d) for d < bias.size() (extended on demand)
+  std::vector<Real> bias;        // logit_tables: B(d) for d < bias.size(), or C(j) for j < size()
 #if APE_CPU_AMX
   amx::Operands *amx = nullptr;  // the slice's bf16 operands: the products on AMX (Real float)
 #endif
@@ -1321,12 +1313,50 @@ template <class Enc, typename Real> inline bool amx_operands(const AttendScratch
 #endif
 }
 
+// The tables final_logits reads, for the keys j < nkeys (extended on demand; a scratch serves one
+// slice, whose tokens do not change): the distance bias B(d), d < nkeys, and the row/column
+// biases' C(j) (Enc::kRowColBias: the score mod is s + R(i) + C(j), Cable's cumulative biases).
+template <class Enc, typename Real>
+inline void logit_tables(const HeadCtx<Real> &ctx, int64_t nkeys, AttendScratch<Enc, Real> &w) {
+  if constexpr (DistanceBias<Enc>::value && !HasValueRows<Enc>::value) {
+    for (int64_t d = static_cast<int64_t>(w.bias.size()); d < nkeys; ++d)
+      w.bias.push_back(Enc::distance_bias(ctx, d));
+  } else if constexpr (RowColLogits<Enc>::value) {
+    for (int64_t j = static_cast<int64_t>(w.bias.size()); j < nkeys; ++j)
+      w.bias.push_back(Enc::col_bias(ctx, j));
+  }
+}
+
+// The final logits s[jj] = score_mod(scale * s[jj]) of query i against the nv visible keys
+// j0 + jj of a tile row holding q'_i . k'_j, from logit_tables' w.bias where the score mod has one.
+// Row/column biases: scale s + (R(i) + C(j)), the order of the backward's P (cpu and CUDA).
+template <class Enc, typename Real>
+inline void final_logits(const HeadCtx<Real> &ctx, Real scale, int64_t i, int64_t j0, int64_t nv,
+                         const AttendScratch<Enc, Real> &w, Real *s) {
+  if constexpr (DistanceBias<Enc>::value && !HasValueRows<Enc>::value) {
+    const Real *bi = w.bias.data() + (i - j0);  // B(i - j0 - jj) = bi[-jj]
+    APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] = scale * s[jj] + bi[-jj];
+  } else if constexpr (RowColLogits<Enc>::value) {
+    const Real ri = Enc::row_bias(ctx, i), *cj = w.bias.data() + j0;
+    APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] = scale * s[jj] + (ri + cj[jj]);
+  } else if constexpr (Enc::kHasScoreMod) {
+    for (int64_t jj = 0; jj < nv; ++jj) s[jj] = Enc::score_mod(ctx, i, j0 + jj, scale * s[jj]);
+  } else {
+    (void)ctx, (void)i, (void)j0, (void)w;
+    APE_SIMD for (int64_t jj = 0; jj < nv; ++jj) s[jj] *= scale;
+  }
+}
+
 // The causal online-softmax attention of nq <= kTileQ queries at positions i0, ..., i0 + nq - 1
 // (qm: their (nq, D) rows after the q mod) over the keys j <= i: kt (D, ldk) holds k'^T, zero
 // padded so that every key tile of kTileK columns up to the last query is readable; v (., D) the
 // values. Writes o (nq, D) and lse (nq). The full forward runs it on every query tile of a slice,
 // decoding (cpu/decode.h) on the new queries against the cache: the same arithmetic in the same
-// order, key tile by key tile from j = 0.
+// order, key tile by key tile from the one holding the last query's diagonal down to j = 0 (a tile
+// a query cannot see changes nothing of its row, so a row's sums do not depend on the tile of
+// queries it came in). The diagonal first: under a bias that falls with distance (ALiBi, Cable,
+// KERPLE, the forget gate) a row's running max is set by its first tile and rarely moves again,
+// which keeps the bf16 path's P V batches whole (a moved max flushes a batch and rescales acc).
 template <class Enc, typename Real>
 void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i0, int64_t nq,
                  const Real *kt, int64_t ldk, const Real *v, Real *o, Real *lse,
@@ -1340,24 +1370,21 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
   std::fill(w.acc.begin(), w.acc.end(), Real(0));
   std::fill(w.mass.begin(), w.mass.end(), Real(0));
   const int64_t nkeys = i0 + nq;  // keys visible from the last query
-  // Distance bias: B(d) for the distances d < nkeys, once per call (not per (i, j)).
-  constexpr bool kDist = DistanceBias<Enc>::value && !kValue;
-  if constexpr (kDist) {
-    for (int64_t d = static_cast<int64_t>(w.bias.size()); d < nkeys; ++d)
-      w.bias.push_back(Enc::distance_bias(ctx, d));
-  }
+  logit_tables(ctx, nkeys, w);  // B(d) or C(j) once per call (not per (i, j))
   std::array<Real, kTileQ> &ref = w.ref, &alpha = w.alpha;
   // bf16 products (w.amx): P V is added into acc on the tiles (acc's rows go through the tiles
   // only), and a row's reference w.m moves only when a tile's max passes it by more than
   // kLazyRescale (so P <= e^8; its rescale of acc, vector code, is rare after the first tiles).
-  // Each key tile t: the softmax of S_t and P_t's bf16 rows, then S_{t+1} on the tiles (and the
-  // batch's P V when it is full), so that P_t's vector stores have completed when a tile load
-  // reads them.
+  // Each key tile t: the softmax of S_t and P_t's bf16 rows, then S_{t+1} (the tile below) on the
+  // tiles (and the batch's P V when it is full), so that P_t's vector stores have completed when
+  // a tile load reads them.
   const bool bf16 = amx_operands(w);
   constexpr Real kLazyRescale = 8;
-  // P V of up to amx::kPvTiles key tiles at once (from pend0; their P side by side in w.amx->pf),
-  // added when the batch is full, before a rescale of acc, and at the end: acc's tiles are loaded
-  // and stored once a batch instead of once a key tile.
+  const int64_t last = (nkeys - 1) / kTileK * kTileK;  // the first key tile taken
+  // P V of up to amx::kPvTiles key tiles at once (from key pend0 up; their P side by side in
+  // w.amx->pf, filled from its last tile down, as the key tiles come), added when the batch is
+  // full, before a rescale of acc, and at the end: acc's tiles are loaded and stored once a batch
+  // instead of once a key tile.
   int64_t pend0 = 0, npend = 0;
   (void)pend0;
   auto flush = [&] {
@@ -1365,7 +1392,8 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
     if constexpr (std::is_same_v<Real, float>) {
       if (npend > 0) {
         amx::Operands &x = *w.amx;
-        amx::gemm(kTileQ, D, npend * kTileK, x.pf.data(), amx::row_major(amx::kPvLd, 32),
+        amx::gemm(kTileQ, D, npend * kTileK, x.pf.data() + (amx::kPvTiles - npend) * kTileK,
+                  amx::row_major(amx::kPvLd, 32),
                   x.v.data() + pend0 / 2 * D, amx::row_major(D, 16), acc, amx::row_major(D, 16), true);
       }
     }
@@ -1374,9 +1402,9 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
   };
 #if APE_CPU_AMX
   if constexpr (std::is_same_v<Real, float>)
-    if (bf16) w.amx->logits(w.amx->q, w.amx->kt, i0, 0, st);  // every row (q' has Tp rows)
+    if (bf16) w.amx->logits(w.amx->q, w.amx->kt, i0, last, st);  // every row (q' has Tp rows)
 #endif
-  for (int64_t j0 = 0; j0 < nkeys; j0 += kTileK) {  // tiles above the diagonal skipped
+  for (int64_t j0 = last; j0 >= 0; j0 -= kTileK) {  // tiles above the diagonal skipped
     const int64_t nk = std::min(kTileK, nkeys - j0);
     if (!bf16) gemm<kTileK>(nq, D, kTileK, qm, D, 1, kt + j0, ldk, st, kTileK, false);
     // The final logits, the keys past the causal edge -inf, and each query's new running max.
@@ -1384,7 +1412,7 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
     for (int64_t ii = 0; ii < nq; ++ii) {
       const int64_t i = i0 + ii, nv = visible(i, j0, nk);
       Real *s = st + ii * kTileK;
-      final_logits<Enc>(ctx, scale, i, j0, nv, w.bias, s);
+      final_logits<Enc>(ctx, scale, i, j0, nv, w, s);
       std::fill(s + nv, s + kTileK, neg_inf<Real>());
       const Real tile_max = row_max(s);
       const Real mx = !(tile_max > w.m[ii] + (bf16 ? kLazyRescale : Real(0))) ? w.m[ii] : tile_max;
@@ -1424,10 +1452,10 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
 #if APE_CPU_AMX
       if constexpr (std::is_same_v<Real, float>) {
         amx::Operands &x = *w.amx;
-        if (npend == 0) pend0 = j0;
-        amx::tile_rows(st, nq, x.pf.data() + npend * kTileK, amx::kPvLd);
+        pend0 = j0;
         ++npend;
-        if (j0 + kTileK < nkeys) x.logits(x.q, x.kt, i0, j0 + kTileK, st);
+        amx::tile_rows(st, nq, x.pf.data() + (amx::kPvTiles - npend) * kTileK, amx::kPvLd);
+        if (j0 > 0) x.logits(x.q, x.kt, i0, j0 - kTileK, st);
         if (npend == amx::kPvTiles) flush();
       }
 #endif
@@ -1476,10 +1504,7 @@ void transition_rows(const HeadCtx<Real> &ctx, Real scale, const TransitionRows 
   std::array<int64_t, kTileQ> start{};
   for (int64_t i0 = rows.lo; i0 < rows.hi; i0 += kTileQ) {
     const int64_t nq = std::min(kTileQ, rows.hi - i0), nkeys = i0 + nq;
-    if constexpr (DistanceBias<Enc>::value) {
-      for (int64_t d = static_cast<int64_t>(w.bias.size()); d < nkeys; ++d)
-        w.bias.push_back(Enc::distance_bias(ctx, d));
-    }
+    logit_tables(ctx, nkeys, w);
     for (int64_t ii = 0; ii < nq; ++ii) {
       start[ii] = rows.start(i0 + ii);
       bound[ii] = Real(kAttrs.alpha) / Real(start[ii] + I);  // 1. alpha / e
@@ -1497,7 +1522,7 @@ void transition_rows(const HeadCtx<Real> &ctx, Real scale, const TransitionRows 
         for (int64_t ii = 0; ii < nq; ++ii) {
           const int64_t i = i0 + ii, nv = visible(i, j0, nk), s0 = start[ii];
           Real *s = st + ii * kTileK;
-          final_logits<Enc>(ctx, scale, i, j0, nv, w.bias, s);
+          final_logits<Enc>(ctx, scale, i, j0, nv, w, s);
           // A row whose every key a score mod masked (lse = -inf) has A = 0 (attend_rows wrote
           // o = 0): subtracting +inf makes every exp 0 instead of NaN; the steps then apply to
           // that zero row as to any other.
@@ -1663,7 +1688,7 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   // the difference of two token values), and the bias's gradients as one sum of dS / scale per
   // query row and per key column, handed to row_bias_grad / col_bias_grad once per token: the
   // per-element path's two read-modify-writes of token gradients per element ran serially.
-  constexpr bool kRowCol = traits::RowColBias<Enc>::value && !kValue && !kDist;
+  constexpr bool kRowCol = RowColLogits<Enc>::value;
   constexpr bool kRowColSums = kRowCol && !traits::BiasFixed<Enc>::value;
   std::vector<Real> rcb(kRowCol ? static_cast<std::size_t>(2 * T) : 0);  // R(0..T), then C(0..T)
   std::vector<Real> rcg(kRowColSums ? static_cast<std::size_t>(2 * T) : 0, Real(0));  // their sums
