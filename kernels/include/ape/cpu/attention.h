@@ -947,9 +947,49 @@ template <class Enc, bool kIsQ> constexpr bool linear_mod() {
   else return Enc::kHasKMod && traits::KModLinear<Enc>::value;
 }
 
-template <typename Real> struct ModCoefs {
-  std::vector<Real> q, k;  // (T, D, 2): a(t, c), b(t, c)
+// A side's table as the mods read it: (T, D, 2) a(t, c), b(t, c); or, in the half rotation's
+// form (half), (T, 2, D/2): a(t, c) then b(t, c) for c < D/2, where the pairing is "half" (the
+// partner of c is c + D/2) and the table says a(t, c + D/2) = a(t, c), b(t, c + D/2) = -b(t, c)
+// (RoPE and its scalings): half the bytes, and the partners are the row's other half (no gather).
+// Every slice reads the table of its call (B H times a call), at T 4096, d_h 128 4 MiB a side:
+// its loads were most of a RoPE slice's mod time.
+template <typename Real> struct LinearTable {
+  const Real *ab = nullptr;  // null: not linear (the mod per element)
+  bool half = false;
 };
+
+template <typename Real> struct ModCoefs {
+  std::vector<Real> q, k;  // LinearTable's layouts
+  bool q_half = false, k_half = false;
+  LinearTable<Real> side(bool is_q) const {
+    const std::vector<Real> &t = is_q ? q : k;
+    return {t.empty() ? nullptr : t.data(), is_q ? q_half : k_half};
+  }
+};
+
+// Whether the (T, D, 2) table ab of a side paired by `pairing` has the half rotation's form
+// (LinearTable), and if so, ab in that form.
+template <typename Real>
+bool to_half_form(std::vector<Real> &ab, int pairing, double fraction, int64_t T, int64_t D) {
+  const int64_t h = D / 2;
+  if (D % 2 != 0 || ab.empty()) return false;
+  const std::vector<int64_t> p = partners(pairing, fraction, D);
+  for (int64_t c = 0; c < D; ++c)
+    if (p[c] != (c < h ? c + h : c - h)) return false;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < h; ++c) {
+      const Real *e = ab.data() + 2 * (t * D + c), *f = e + 2 * h;
+      if (!(f[0] == e[0] && f[1] == -e[1])) return false;
+    }
+  std::vector<Real> out(static_cast<std::size_t>(T * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < h; ++c) {
+      out[t * D + c] = ab[2 * (t * D + c)];
+      out[t * D + h + c] = ab[2 * (t * D + c) + 1];
+    }
+  ab.swap(out);
+  return true;
+}
 
 template <class Enc, bool kIsQ, typename Real>
 void mod_coefs_side(const AttnArgs<Real> &a, std::vector<Real> &out) {
@@ -986,6 +1026,8 @@ std::shared_ptr<const ModCoefs<Real>> mod_coefs(const AttnArgs<Real> &a) {
     auto m = std::make_shared<ModCoefs<Real>>();
     mod_coefs_side<Enc, true>(a, m->q);
     mod_coefs_side<Enc, false>(a, m->k);
+    m->q_half = to_half_form(m->q, Enc::kQPairing, Enc::kQFraction, a.T, a.D);
+    m->k_half = to_half_form(m->k, Enc::kKPairing, Enc::kKFraction, a.T, a.D);
     return std::shared_ptr<const ModCoefs<Real>>(std::move(m));
   };
   if constexpr ((!linear_mod<Enc, true>() && !linear_mod<Enc, false>()) || Enc::kNumParams > 0) {
@@ -1011,11 +1053,24 @@ std::shared_ptr<const ModCoefs<Real>> mod_coefs(const AttnArgs<Real> &a) {
 }
 
 // xm(n, D) = mod(x) of the n rows x(n, D) at positions t0, t0 + 1, ... for the q side (kIsQ) or
-// the k side; `ab`: the side's (T, D, 2) coefficient table of a linear mod, or null.
+// the k side; `tab`: the side's coefficient table of a linear mod (LinearTable), or none.
 template <class Enc, bool kIsQ, typename Real>
 void mod_rows(const HeadCtx<Real> &ctx, const Real *x, int64_t t0, int64_t n, Real *xm,
-              const Real *ab = nullptr) {
+              LinearTable<Real> tab = {}) {
   const int64_t D = ctx.D;
+  const Real *ab = tab.ab;
+  if (ab && tab.half) {  // out = a x + b y on both halves, y the other half, b negated on the second
+    const int64_t h = D / 2;
+    for (int64_t r = 0; r < n; ++r) {
+      const Real *x0 = x + r * D, *x1 = x0 + h, *e = ab + (t0 + r) * D, *b = e + h;
+      Real *o0 = xm + r * D, *o1 = o0 + h;
+      APE_SIMD for (int64_t c = 0; c < h; ++c) {
+        o0[c] = e[c] * x0[c] + b[c] * x1[c];
+        o1[c] = e[c] * x1[c] + (-b[c]) * x0[c];
+      }
+    }
+    return;
+  }
   const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
                                             : partners(Enc::kKPairing, Enc::kKFraction, D);
   std::vector<Real> xp(ab ? static_cast<std::size_t>(D) : 0);
@@ -1043,7 +1098,7 @@ void mod_rows(const HeadCtx<Real> &ctx, const Real *x, int64_t t0, int64_t n, Re
 // time (converted, modded, rounded): q' or k' for products that read bf16 operands, without fp32
 // rows of the whole slice.
 template <class Enc, bool kIsQ>
-void mod_rows_bf16(const HeadCtx<float> &ctx, const uint16_t *x, const float *ab, uint16_t *out) {
+void mod_rows_bf16(const HeadCtx<float> &ctx, const uint16_t *x, LinearTable<float> ab, uint16_t *out) {
   const int64_t T = ctx.T, D = ctx.D;
   constexpr int64_t kRows = 32;
   std::vector<float> in(static_cast<std::size_t>(kRows * D)), res(in.size());
@@ -1057,16 +1112,31 @@ void mod_rows_bf16(const HeadCtx<float> &ctx, const uint16_t *x, const float *ab
 
 // xm(T, D) = mod(x) for the q side (kIsQ) or the k side.
 template <class Enc, bool kIsQ, typename Real>
-void mod_forward(const HeadCtx<Real> &ctx, const Real *x, Real *xm, const Real *ab = nullptr) {
+void mod_forward(const HeadCtx<Real> &ctx, const Real *x, Real *xm, LinearTable<Real> ab = {}) {
   mod_rows<Enc, kIsQ>(ctx, x, 0, ctx.T, xm, ab);
 }
 
-// dx(T, D) = d mod(x) / dx applied to the gradient gm(T, D) w.r.t. the modded values; `ab` as
-// in mod_rows (a linear mod's gradient: dx[c] += a g, dx[partner] += b g).
+// dx(T, D) = d mod(x) / dx applied to the gradient gm(T, D) w.r.t. the modded values; `tab` as
+// in mod_rows (a linear mod's gradient: dx[c] += a g, dx[partner] += b g; in the half form the
+// same two sums per column in the same order).
 template <class Enc, bool kIsQ, typename Real>
 void mod_backward(const HeadCtx<Real> &ctx, const Real *x, const Real *gm, Real *dx,
-                  const Real *ab = nullptr) {
+                  LinearTable<Real> tab = {}) {
   const int64_t T = ctx.T, D = ctx.D;
+  const Real *ab = tab.ab;
+  if (ab && tab.half) {
+    const int64_t h = D / 2;
+    for (int64_t t = 0; t < T; ++t) {
+      const Real *g0 = gm + t * D, *g1 = g0 + h, *e = ab + t * D, *b = e + h;
+      Real *d0 = dx + t * D, *d1 = d0 + h;
+      APE_SIMD for (int64_t c = 0; c < h; ++c) {
+        const Real u0 = e[c] * g0[c], u1 = b[c] * g0[c];  // column c's own terms come first
+        d0[c] = u0 + (-b[c]) * g1[c];
+        d1[c] = u1 + e[c] * g1[c];
+      }
+    }
+    return;
+  }
   const std::vector<int64_t> partner = kIsQ ? partners(Enc::kQPairing, Enc::kQFraction, D)
                                             : partners(Enc::kKPairing, Enc::kKFraction, D);
   std::fill(dx, dx + T * D, Real(0));
@@ -1243,11 +1313,11 @@ template <class Enc, typename Real> struct SliceInputs {
     // into buf16, straight from the tensor's bf16 rows. Returns q' (k') in fp32, or x when the
     // side has no mod, or null when only the bf16 rows were made.
     const bool mod16 = direct && a.bf16_io && !kFp32Rows;
-    auto side = [&](auto is_q, const Real *x, const std::vector<Real> &ab_table,
-                    AlignedVector<Real> &buf, AlignedVector<uint16_t> &buf16) -> const Real * {
+    auto side = [&](auto is_q, const Real *x, AlignedVector<Real> &buf,
+                    AlignedVector<uint16_t> &buf16) -> const Real * {
       constexpr bool kIsQ = decltype(is_q)::value;
       if constexpr (kIsQ ? Enc::kHasQMod : Enc::kHasKMod) {
-        const Real *ab = ab_table.empty() ? nullptr : ab_table.data();
+        const LinearTable<Real> ab = coefs.side(kIsQ);
         if (mod16) {
           if constexpr (std::is_same_v<Real, float>) {
             buf16.resize(static_cast<std::size_t>(T * D));
@@ -1263,8 +1333,8 @@ template <class Enc, typename Real> struct SliceInputs {
         return x;
       }
     };
-    qm = side(std::true_type{}, q, coefs.q, qm_buf, qm16);
-    km = side(std::false_type{}, k, coefs.k, km_buf, km16);
+    qm = side(std::true_type{}, q, qm_buf, qm16);
+    km = side(std::false_type{}, k, km_buf, km16);
     if (with_kt) {
       kt.resize(static_cast<std::size_t>(D * Tp));
       transpose_padded(km, T, D, Tp, kt.data());
@@ -1888,9 +1958,9 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
     }
   }
   if constexpr (Enc::kHasQMod)
-    mod_backward<Enc, true>(ctx, in.q, dqm, dq, coefs.q.empty() ? nullptr : coefs.q.data());
+    mod_backward<Enc, true>(ctx, in.q, dqm, dq, coefs.side(true));
   if constexpr (Enc::kHasKMod)
-    mod_backward<Enc, false>(ctx, in.k, dkm, dk, coefs.k.empty() ? nullptr : coefs.k.data());
+    mod_backward<Enc, false>(ctx, in.k, dkm, dk, coefs.side(false));
   if constexpr (Enc::kNumTok > 0) {
     std::array<Real *, array_len(Enc::kNumFeatures)> dfeat{};
     for (int n = 0; n < Enc::kNumFeatures; ++n) dfeat[n] = a.dfeatures[n] + row * T;
