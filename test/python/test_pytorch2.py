@@ -296,6 +296,38 @@ def _built_with_nvcc():
     return bool(value) and not value.endswith("NOTFOUND")
 
 
+def test_cuda_kernels_use_the_process_runtime():
+    """A library with CUDA kernels links the shared CUDA runtime that PyTorch loads (NEEDED
+    libcudart.so.N, PyTorch's N) and carries no private copy of it: CMake's default for a target
+    with CUDA objects is the static runtime, and such a copy beside PyTorch's is the suspect of the
+    operator library's host SIGSEGV on the H200 (bench/results/gpu_h200.md; fixed in the emitted
+    CMakeLists.txt, CUDA_RUNTIME_LIBRARY Shared). Runs without a GPU: it reads the ELF files."""
+    if not (torch.version.cuda and _built_with_nvcc()):
+        pytest.skip("no library was built with CUDA kernels here (no nvcc, or PyTorch without CUDA)")
+    import shutil
+    import subprocess
+    if not shutil.which("readelf") or not shutil.which("nm"):
+        pytest.skip("readelf / nm (binutils) not found")
+    torch_cuda = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")
+    wanted = {n for n in re.findall(r"\[(libcudart\.so\.\d+)\]",
+                                    subprocess.run(["readelf", "-d", torch_cuda], check=True,
+                                                   capture_output=True, text=True).stdout)}
+    assert wanted, f"{torch_cuda} needs no libcudart: cannot tell PyTorch's runtime"
+    for encoding in CUDA_ENCODINGS:
+        so = artifact(f"{encoding}_torch_library", f"libape_{encoding}_ops.so")
+        needed = re.findall(r"\[(libcudart[^\]]*)\]", subprocess.run(
+            ["readelf", "-d", so], check=True, capture_output=True, text=True).stdout)
+        assert set(needed) == wanted, \
+            f"{so} needs {needed or 'no libcudart'}, PyTorch's libtorch_cuda.so {sorted(wanted)}"
+        # The static runtime's entry points, defined inside the library (exported or not).
+        symbols = subprocess.run(["nm", "--defined-only", so], capture_output=True, text=True).stdout
+        symbols += subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True,
+                                  text=True).stdout
+        private = sorted({s for s in re.findall(r"\s[TtWw]\s(cuda(?:Malloc|LaunchKernel|GetDevice)\w*)",
+                                                 symbols)})
+        assert not private, f"{so} defines CUDA runtime functions of its own: {private[:5]}"
+
+
 def _function_body(text, signature):
     """The text of the C++ function that starts with `signature`, to its closing brace."""
     start = text.index(signature)
