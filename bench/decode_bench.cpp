@@ -8,6 +8,8 @@
 // Per (encoding, length L): prefill L tokens into a cache, then time `new` single-token steps
 // (contexts L+1 .. L+new): cached tokens/s. Recompute: time forwards over L+1 tokens (the work one
 // new token costs without a cache), at least 3 and at least 1 s: recompute tokens/s.
+// --threads 0 (the default): all hardware threads, and the cached steps take fewer as the tools'
+// do (runtime/Threads.h, SmallWorkThreads); --threads N: N throughout.
 #include <chrono>
 #include <fstream>
 #include <iomanip>

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "runtime/Attention.h"
 #include "runtime/Options.h"
 #include "runtime/Registry.h"
+#include "runtime/Threads.h"
 
 namespace ape {
 namespace F = torch::nn::functional;
@@ -391,6 +393,14 @@ torch::Tensor LanguageModelImpl::forward_cached(const torch::Tensor &tokens, KvC
                                 " layers, the model " + std::to_string(blocks.size()));
   const int64_t pos0 = cache.len;
   AutocastScope autocast(placement_);
+  // The step's multiply-adds, for the CPU's threads (Threads.h): every weight once per new token
+  // (the tied embedding as the output layer), and each layer's q K^T and P V over the cache.
+  const double new_tokens = tokens.dim() == 2 ? double(tokens.size(0) * tokens.size(1)) : 0.0;
+  const double per_token = double(cfg_.min_elements()) +
+                           2.0 * double(cfg_.layers) * double(pos0 + (tokens.dim() == 2 ? tokens.size(1) : 0)) *
+                               double(cfg_.d_model);
+  std::optional<SmallWorkThreads> threads;
+  if (placement_.device.is_cpu()) threads.emplace(new_tokens * per_token);
   torch::Tensor x = embed(tokens.to(placement_.device), pos0, cache.capacity);
   for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward_cached(x, cache.layers[l], pos0, cache.capacity);
   cache.len += tokens.size(1);

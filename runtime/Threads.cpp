@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -20,11 +22,38 @@ void prefer_passive_openmp(char **argv) {
   // execv failed: carry on with the default policy.
 }
 
+namespace {
+// set_threads' count when it chose it (n <= 0), else 0.
+std::atomic<int64_t> g_chosen_threads{0};
+std::atomic<int> g_last_small_work{0};
+}  // namespace
+
 int64_t set_threads(int64_t n) {
-  if (n <= 0) n = std::max(1u, std::thread::hardware_concurrency());
+  const bool chosen = n <= 0;
+  if (chosen) n = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(n));
+  g_chosen_threads = chosen ? n : 0;
   warm_vector_math();
   return n;
+}
+
+SmallWorkThreads::SmallWorkThreads(double macs) {
+  const int64_t all = g_chosen_threads.load();
+  g_last_small_work = 0;
+  if (all <= 1) return;
+  const double wanted = std::ceil(std::max(macs, 0.0) / kMacsPerThread);
+  const int n = static_cast<int>(std::clamp<double>(wanted, 1.0, double(all)));
+  g_last_small_work = n;
+  const int current = at::get_num_threads();
+  if (n == current) return;
+  previous_ = current;
+  at::set_num_threads(n);
+}
+
+int SmallWorkThreads::last() { return g_last_small_work.load(); }
+
+SmallWorkThreads::~SmallWorkThreads() {
+  if (previous_ > 0) at::set_num_threads(previous_);
 }
 
 void warm_vector_math() {

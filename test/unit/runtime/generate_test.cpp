@@ -2,6 +2,9 @@
 // seeded and checks its inputs.
 #include "runtime_fixtures.h"
 #include "runtime/Generate.h"
+#include "runtime/Threads.h"
+
+#include <thread>
 
 namespace {
 
@@ -72,6 +75,54 @@ TEST(Generate, SamplingIsSeededAndChecksItsInputs) {
   o.top_k = 33;
   EXPECT_THROW(ape::sample(model, {1}, o), std::invalid_argument);
   EXPECT_THROW(ape::score_cached(model, {1}, 1), std::invalid_argument);
+}
+
+// The CPU's threads for small work (runtime/Threads.h): when set_threads chose them, a small piece of
+// work (a cached decoding step of a small model) runs on one thread, a large one keeps them all,
+// the count comes back after; a count the user gave is kept. A cached decode under the chosen
+// count (each step on one thread here, the prompt on all) still gives the full forward's logits.
+TEST(Generate, SmallStepsTakeOneThreadWhenTheCountWasChosen) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one hardware thread: nothing to choose";
+  const int before = at::get_num_threads();
+  const int64_t all = ape::set_threads(0);
+  ASSERT_GE(all, 2);
+  {
+    ape::SmallWorkThreads small(1e6);
+    EXPECT_EQ(at::get_num_threads(), 1);
+  }
+  EXPECT_EQ(at::get_num_threads(), all);
+  {
+    ape::SmallWorkThreads large(1e12);
+    EXPECT_EQ(at::get_num_threads(), all);
+  }
+  {
+    ape::SmallWorkThreads two(1.5 * ape::SmallWorkThreads::kMacsPerThread);
+    EXPECT_EQ(at::get_num_threads(), std::min<int64_t>(all, 2));
+  }
+  at::manual_seed(33);
+  ape::ModelConfig mc = tiny_config("rope");
+  mc.d_model = 64;
+  ape::LanguageModel model(mc);
+  at::Tensor tokens = at::randint(32, {1, 40}, at::kLong);
+  at::NoGradGuard ng;
+  const at::Tensor full = model->forward(tokens);
+  ape::KvCache cache(40);
+  std::vector<at::Tensor> steps = {model->forward_cached(tokens.narrow(1, 0, 30), cache)};
+  EXPECT_EQ(at::get_num_threads(), all);
+  for (int64_t t = 30; t < 40; ++t) {
+    steps.push_back(model->forward_cached(tokens.narrow(1, t, 1), cache));
+    EXPECT_EQ(ape::SmallWorkThreads::last(), 1) << "the step at " << t << " ran on more threads";
+  }
+  EXPECT_EQ(at::get_num_threads(), all);
+  EXPECT_LT((at::cat(steps, 1) - full).abs().max().item<double>(), 1e-5);
+
+  ape::set_threads(2);  // given by the user: kept
+  {
+    ape::SmallWorkThreads small(1e6);
+    EXPECT_EQ(at::get_num_threads(), 2);
+    EXPECT_EQ(ape::SmallWorkThreads::last(), 0);
+  }
+  ape::set_threads(before);
 }
 
 }  // namespace
