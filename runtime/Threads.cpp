@@ -14,9 +14,27 @@
 
 namespace ape {
 
+std::vector<std::pair<std::string, std::string>> openmp_wait_settings(
+    const std::function<const char *(const char *)> &env, int argc, const char *const *argv) {
+  if (env("OMP_WAIT_POLICY") || env("APE_NO_REEXEC")) return {};
+  std::vector<std::pair<std::string, std::string>> out{{"OMP_WAIT_POLICY", "PASSIVE"}};
+  auto above_one = [](const char *v) { return v && std::strtoll(v, nullptr, 10) > 1; };
+  bool shared = above_one(env("LOCAL_WORLD_SIZE"));
+  for (int i = 1; i < argc && argv[i]; ++i) {
+    const std::string a = argv[i];
+    if (a == "--world-size" && i + 1 < argc) shared = shared || above_one(argv[i + 1]);
+    if (a.rfind("--world-size=", 0) == 0) shared = shared || above_one(a.c_str() + 13);
+  }
+  if (!env("GOMP_SPINCOUNT") && !shared) out.emplace_back("GOMP_SPINCOUNT", std::to_string(kOpenMpSpin));
+  return out;
+}
+
 void prefer_passive_openmp(char **argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("APE_NO_REEXEC")) return;
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  int argc = 0;
+  while (argv[argc]) ++argc;
+  const auto settings = openmp_wait_settings([](const char *name) { return std::getenv(name); }, argc, argv);
+  if (settings.empty()) return;
+  for (const auto &[name, value] : settings) ::setenv(name.c_str(), value.c_str(), 1);
   ::setenv("APE_NO_REEXEC", "1", 1);  // never loop
   ::execv("/proc/self/exe", argv);
   // execv failed: carry on with the default policy.

@@ -2,15 +2,35 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace ape {
 
-// Call first thing in main(). libgomp busy-waits between parallel regions unless OMP_WAIT_POLICY
-// says otherwise; on a small machine the spinning OpenMP workers starve OpenBLAS's own threads
-// (training ran ~4x slower on 2 cores). The policy is read when libgomp loads, so when it is unset
-// this sets OMP_WAIT_POLICY=PASSIVE and re-executes the program once (same arguments). Returns
-// normally when nothing needs doing or the re-exec fails.
+// Call first thing in main(). libgomp busy-waits between parallel regions for a long while
+// unless OMP_WAIT_POLICY says otherwise; on a small machine the spinning OpenMP workers starved
+// the threads of other work (training ran ~4x slower on 2 cores beside OpenBLAS's own threads).
+// The settings are read when libgomp loads, so when OMP_WAIT_POLICY is unset this sets those of
+// openmp_wait_settings and re-executes the program once (same arguments). Returns normally when
+// nothing needs doing or the re-exec fails.
 void prefer_passive_openmp(char **argv);
+
+// What prefer_passive_openmp sets, given the environment (`env`: getenv) and the arguments:
+// nothing when OMP_WAIT_POLICY is set (the user's choice, e.g. scripts/test.sh's passive ctest)
+// or the program was re-executed already (APE_NO_REEXEC); else OMP_WAIT_POLICY=PASSIVE and, unless
+// GOMP_SPINCOUNT is set or several processes share the machine's cores (data parallel:
+// LOCAL_WORLD_SIZE > 1, or --world-size > 1 among the arguments), GOMP_SPINCOUNT=kOpenMpSpin: a
+// worker spins that many pause loops (about a tenth of a millisecond) before it sleeps. A
+// training step is hundreds of LibTorch calls, each a parallel region whose workers a purely
+// passive policy wakes by futex: ape-train's default model on the 2-core Xeon trained 1.17x
+// faster with this spin (21.5k -> 25.2k tokens/s), while two such trainings at once on the two
+// cores each ran 0.93x; 3,000 gave 1.18x and 0.89x, 5,000 1.21x and 0.86x, 100,000 0.32x paired
+// (bench/results/cpu_training.md).
+constexpr int kOpenMpSpin = 2000;
+std::vector<std::pair<std::string, std::string>> openmp_wait_settings(
+    const std::function<const char *(const char *)> &env, int argc, const char *const *argv);
 
 // Intra-op threads for LibTorch and the generated kernels (OpenMP); n <= 0 means all hardware
 // threads, and then a small piece of work may take fewer (SmallWorkThreads). Returns the number set.

@@ -4,6 +4,7 @@
 #include "runtime/Generate.h"
 #include "runtime/Threads.h"
 
+#include <map>
 #include <thread>
 
 namespace {
@@ -123,6 +124,28 @@ TEST(Generate, SmallStepsTakeOneThreadWhenTheCountWasChosen) {
     EXPECT_EQ(ape::SmallWorkThreads::last(), 0);
   }
   ape::set_threads(before);
+}
+
+// The OpenMP settings the tools start with (runtime/Threads.h, prefer_passive_openmp): passive
+// with a short spin; nothing when the user chose a policy or the program was re-executed; no spin
+// when several ranks share the cores or the user set one.
+TEST(Threads, OpenMpWaitSettings) {
+  using Settings = std::vector<std::pair<std::string, std::string>>;
+  auto with = [](std::map<std::string, std::string> env, std::vector<const char *> args = {"ape-train"}) {
+    return ape::openmp_wait_settings(
+        [&](const char *name) { return env.count(name) ? env.at(name).c_str() : nullptr; },
+        static_cast<int>(args.size()), args.data());
+  };
+  const std::string spin = std::to_string(ape::kOpenMpSpin);
+  EXPECT_EQ(with({}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}, {"GOMP_SPINCOUNT", spin}}));
+  EXPECT_EQ(with({{"OMP_WAIT_POLICY", "passive"}}), Settings{});
+  EXPECT_EQ(with({{"APE_NO_REEXEC", "1"}}), Settings{});
+  EXPECT_EQ(with({{"GOMP_SPINCOUNT", "0"}}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}}));
+  EXPECT_EQ(with({{"LOCAL_WORLD_SIZE", "2"}}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}}));
+  EXPECT_EQ(with({{"LOCAL_WORLD_SIZE", "1"}}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}, {"GOMP_SPINCOUNT", spin}}));
+  EXPECT_EQ(with({}, {"ape-train", "--world-size", "4", "--rank", "1"}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}}));
+  EXPECT_EQ(with({}, {"ape-train", "--world-size=2"}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}}));
+  EXPECT_EQ(with({}, {"ape-train", "--world-size", "1"}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}, {"GOMP_SPINCOUNT", spin}}));
 }
 
 }  // namespace
