@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tokens per second of ape-train binaries and OpenMP settings, alternated in rounds on the same
 # machine (bench/results/cpu_training.md):
-#   bench/cpu_training_ab.sh [--rounds N] [--steps N] [--pair] NAME=BINARY[:ENV=VALUE,...] ...
+#   bench/cpu_training_ab.sh [--rounds N] [--steps N] [--pair] NAME=BINARY[:ENV=VALUE[@ENV=VALUE...]] ...
 # Each variant trains RoPE with ape-train's default model for --steps steps (default 150) and
 # reports the steady rate ("after step 5"). --pair runs two copies of each variant at once (the
 # cores shared by two trainings). A variant's ENV settings are given to its process (e.g.
@@ -22,7 +22,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 one() {  # binary env-list out-dir -> tok/s
   local bin=$1 envs=$2 out=$3
-  env ${envs//,/ } "$bin" -e rope --steps "$steps" --out "$out" --eval-multiples 1 --eval-tokens 2048 2>&1 |
+  env ${envs//@/ } "$bin" -e rope --steps "$steps" --out "$out" --eval-multiples 1 --eval-tokens 2048 2>&1 |
     grep -E "after step" | grep -o "[0-9]* tok/s" | cut -d' ' -f1
 }
 for ((r = 1; r <= rounds; r++)); do

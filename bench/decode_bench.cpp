@@ -36,7 +36,7 @@ double now() {
 }  // namespace
 
 int main(int argc, char **argv) {
-  ape::prefer_passive_openmp(argv);
+  ape::prepare_threads(argv);
   std::string encodings = "nope,rope,rope_dynamic_ntk,alibi,cable,shaw", lengths = "256,1024,4096", csv;
   int64_t n_new = 32, d_model = 256, layers = 4, heads = 4, threads = 0;
   for (int i = 1; i < argc; ++i) {

@@ -137,14 +137,8 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
     for (int64_t i = lo; i < hi; i += per_batch) {
       const int64_t b = std::min(per_batch, hi - i);
       torch::Tensor w = windows.narrow(0, i, b);
-      torch::Tensor logits = model->forward(w.narrow(1, 0, len)).to(torch::kFloat);
       torch::Tensor targets = w.narrow(1, 1, len);
-      per_window.narrow(0, i, b) += torch::nn::functional::cross_entropy(
-                                        logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-                                        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
-                                        .reshape({b, len})
-                                        .to(torch::kDouble)
-                                        .sum(1);
+      per_window.narrow(0, i, b) += model->token_losses(w.narrow(1, 0, len), targets).to(torch::kDouble).sum(1);
       count += targets.numel();
     }
     const int64_t per_seg = max_len / len, n_seg = N / per_seg;

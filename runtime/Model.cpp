@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -16,6 +17,7 @@
 #include "ape/torch/derived_params.h"
 #include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
+#include "runtime/LmLoss.h"
 #include "runtime/Options.h"
 #include "runtime/Registry.h"
 #include "runtime/Threads.h"
@@ -368,13 +370,16 @@ void LanguageModelImpl::place(const ComputeDevice &dev, std::ostream *log) {
   placement_ = dev;
 }
 
-torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens, const ForwardProbe &probe) {
-  AutocastScope autocast(placement_);
+torch::Tensor LanguageModelImpl::hidden(const torch::Tensor &tokens, const ForwardProbe &probe) {
   torch::Tensor x = embed(tokens);  // (B, T, d)
   if (probe) probe("the embedding", x);
   for (size_t l = 0; l < blocks.size(); ++l) x = blocks[l]->forward(x, probe, static_cast<int64_t>(l));
-  x = layer_norm(ln_f, x);
-  torch::Tensor logits = F::linear(x, wte->weight);  // (B, T, V), tied output
+  return layer_norm(ln_f, x);
+}
+
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor &tokens, const ForwardProbe &probe) {
+  AutocastScope autocast(placement_);
+  torch::Tensor logits = F::linear(hidden(tokens, probe), wte->weight);  // (B, T, V), tied output
   if (probe) probe("the logits", logits);
   return logits;
 }
@@ -491,10 +496,33 @@ torch::Tensor LanguageModelImpl::loss(const torch::Tensor &windows) {
   const int64_t T1 = windows.size(1);
   if (windows.dim() != 2 || T1 < 2)
     throw std::invalid_argument("LanguageModel::loss: windows must be (B, T+1) with T >= 1");
-  // float32 logits for the loss (bf16 under autocast; a no-op in float32).
-  torch::Tensor logits = forward(windows.narrow(1, 0, T1 - 1)).to(torch::kFloat);
-  torch::Tensor targets = windows.narrow(1, 1, T1 - 1);
+  const torch::Tensor inputs = windows.narrow(1, 0, T1 - 1), targets = windows.narrow(1, 1, T1 - 1);
+  if (chunked_loss()) {
+    const torch::Tensor x = hidden(inputs, nullptr);
+    return lm_loss(x.reshape({-1, cfg_.d_model}), wte->weight, targets.reshape({-1}));
+  }
+  // float32 logits for the loss (bf16 under autocast).
+  torch::Tensor logits = forward(inputs).to(torch::kFloat);
   return F::cross_entropy(logits.reshape({-1, cfg_.vocab}), targets.reshape({-1}));
+}
+
+torch::Tensor LanguageModelImpl::token_losses(const torch::Tensor &tokens, const torch::Tensor &targets) {
+  if (tokens.dim() != 2 || !targets.sizes().equals(tokens.sizes()))
+    throw std::invalid_argument("LanguageModel::token_losses: tokens and targets must be (B, T) alike");
+  torch::NoGradGuard no_grad;
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  if (chunked_loss())
+    return lm_token_losses(hidden(tokens, nullptr).reshape({-1, cfg_.d_model}), wte->weight, targets.reshape({-1}))
+        .view({B, T});
+  torch::Tensor logits = forward(tokens).to(torch::kFloat);
+  return F::cross_entropy(logits.reshape({-1, cfg_.vocab}), targets.reshape({-1}),
+                          F::CrossEntropyFuncOptions().reduction(torch::kNone))
+      .view({B, T});
+}
+
+bool LanguageModelImpl::chunked_loss() const {
+  return placement_.device.is_cpu() && placement_.precision == Precision::F32 &&
+         wte->weight.scalar_type() == torch::kFloat && !at::autocast::is_autocast_enabled(at::kCPU);
 }
 
 int64_t LanguageModelImpl::num_parameters() const {

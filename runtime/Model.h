@@ -4,6 +4,7 @@
 //                                                             (entry.embed_table) or a learned wpe
 //   N x [ x += Attn(LN(x));  x += MLP(LN(x)) ]      pre-norm blocks, MLP d -> 4d -> d with GELU
 //   LN -> logits (B, T, V) = x · Eᵀ                 output tied to the embedding
+//   loss: mean cross-entropy; on the CPU by chunks of rows, never the (B·T, V) logits (LmLoss.h)
 //
 // Attention in each block (x̃ = LN(x), H heads of width D = d/H):
 //   q, k, v = x̃ W_q ᵀ, x̃ W_k ᵀ, x̃ W_v ᵀ             (B, T, d) -> (B, H, T, D); no bias
@@ -150,8 +151,12 @@ class LanguageModelImpl : public torch::nn::Module {
   // Sets every copy (all layers and shared) of the fixed param `name` to `value`, as checked by
   // check_fixed_param below.
   void set_fixed_param(const std::string &name, double value);
-  // Mean next-token cross-entropy of windows (B, T+1): inputs [:, :-1], targets [:, 1:].
+  // Mean next-token cross-entropy of windows (B, T+1): inputs [:, :-1], targets [:, 1:]. On the
+  // CPU in float32 without the logits tensor (runtime/LmLoss.h: by chunks of rows).
   torch::Tensor loss(const torch::Tensor &windows);
+  // Each target's cross-entropy (B, T) float32 after tokens (B, T), targets (B, T); no gradient.
+  // On the CPU in float32 by chunks of rows, as loss().
+  torch::Tensor token_losses(const torch::Tensor &tokens, const torch::Tensor &targets);
 
   // Moves the model to dev.device and runs its forward passes in dev.precision from now on (bf16:
   // autocast on the GPU; the parameters stay float32). Throws std::invalid_argument, before
@@ -172,6 +177,11 @@ class LanguageModelImpl : public torch::nn::Module {
 
  private:
   void build();
+  // The output layer's input: ln_f of the last block's output (B, T, d); forward() is
+  // hidden() · wteᵀ. Under the placement's autocast when the caller set it.
+  torch::Tensor hidden(const torch::Tensor &tokens, const ForwardProbe &probe);
+  // Whether loss() and token_losses() take runtime/LmLoss.h's chunked path (the CPU, float32).
+  bool chunked_loss() const;
   torch::Tensor position_table(int64_t T, at::ScalarType dtype);  // "table": PE[:T], no grad
   const KernelEntry *entry_;
   ModelConfig cfg_;

@@ -14,27 +14,35 @@
 
 namespace ape {
 
-std::vector<std::pair<std::string, std::string>> openmp_wait_settings(
+std::vector<std::pair<std::string, std::string>> thread_env_settings(
     const std::function<const char *(const char *)> &env, int argc, const char *const *argv) {
-  if (env("OMP_WAIT_POLICY") || env("APE_NO_REEXEC")) return {};
-  std::vector<std::pair<std::string, std::string>> out{{"OMP_WAIT_POLICY", "PASSIVE"}};
-  auto above_one = [](const char *v) { return v && std::strtoll(v, nullptr, 10) > 1; };
-  bool shared = above_one(env("LOCAL_WORLD_SIZE"));
-  for (int i = 1; i < argc && argv[i]; ++i) {
-    const std::string a = argv[i];
-    if (a == "--world-size" && i + 1 < argc) shared = shared || above_one(argv[i + 1]);
-    if (a.rfind("--world-size=", 0) == 0) shared = shared || above_one(a.c_str() + 13);
+  if (env("APE_NO_REEXEC")) return {};
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!env("OMP_WAIT_POLICY")) {
+    out.emplace_back("OMP_WAIT_POLICY", "PASSIVE");
+    auto above_one = [](const char *v) { return v && std::strtoll(v, nullptr, 10) > 1; };
+    bool shared = above_one(env("LOCAL_WORLD_SIZE"));
+    for (int i = 1; i < argc && argv[i]; ++i) {
+      const std::string a = argv[i];
+      if (a == "--world-size" && i + 1 < argc) shared = shared || above_one(argv[i + 1]);
+      if (a.rfind("--world-size=", 0) == 0) shared = shared || above_one(a.c_str() + 13);
+    }
+    if (!env("GOMP_SPINCOUNT") && !shared) out.emplace_back("GOMP_SPINCOUNT", std::to_string(kOpenMpSpin));
   }
-  if (!env("GOMP_SPINCOUNT") && !shared) out.emplace_back("GOMP_SPINCOUNT", std::to_string(kOpenMpSpin));
+  if (!env("MKL_CBWR")) out.emplace_back("MKL_CBWR", "AUTO,STRICT");
   return out;
 }
 
-void prefer_passive_openmp(char **argv) {
+void prepare_threads(char **argv) {
   int argc = 0;
   while (argv[argc]) ++argc;
-  const auto settings = openmp_wait_settings([](const char *name) { return std::getenv(name); }, argc, argv);
-  if (settings.empty()) return;
-  for (const auto &[name, value] : settings) ::setenv(name.c_str(), value.c_str(), 1);
+  const auto settings = thread_env_settings([](const char *name) { return std::getenv(name); }, argc, argv);
+  bool reexec = false;
+  for (const auto &[name, value] : settings) {
+    ::setenv(name.c_str(), value.c_str(), 1);
+    reexec = reexec || name.rfind("MKL_", 0) != 0;  // libgomp's, read when it loaded
+  }
+  if (!reexec) return;
   ::setenv("APE_NO_REEXEC", "1", 1);  // never loop
   ::execv("/proc/self/exe", argv);
   // execv failed: carry on with the default policy.

@@ -9,27 +9,34 @@
 
 namespace ape {
 
-// Call first thing in main(). libgomp busy-waits between parallel regions for a long while
-// unless OMP_WAIT_POLICY says otherwise; on a small machine the spinning OpenMP workers starved
-// the threads of other work (training ran ~4x slower on 2 cores beside OpenBLAS's own threads).
-// The settings are read when libgomp loads, so when OMP_WAIT_POLICY is unset this sets those of
-// openmp_wait_settings and re-executes the program once (same arguments). Returns normally when
-// nothing needs doing or the re-exec fails.
-void prefer_passive_openmp(char **argv);
+// Call first thing in main(): the environment that the threads of LibTorch, MKL and the generated
+// kernels read (thread_env_settings). libgomp reads its settings when it loads, so when one of
+// them is set here the program re-executes itself once (same arguments); MKL_CBWR alone is read at
+// MKL's first call, after this, and needs no re-execution. Returns normally when nothing needs
+// doing or the re-exec fails.
+void prepare_threads(char **argv);
 
-// What prefer_passive_openmp sets, given the environment (`env`: getenv) and the arguments:
-// nothing when OMP_WAIT_POLICY is set (the user's choice, e.g. scripts/test.sh's passive ctest)
-// or the program was re-executed already (APE_NO_REEXEC); else OMP_WAIT_POLICY=PASSIVE and, unless
-// GOMP_SPINCOUNT is set or several processes share the machine's cores (data parallel:
-// LOCAL_WORLD_SIZE > 1, or --world-size > 1 among the arguments), GOMP_SPINCOUNT=kOpenMpSpin: a
-// worker spins that many pause loops (about a tenth of a millisecond) before it sleeps. A
-// training step is hundreds of LibTorch calls, each a parallel region whose workers a purely
-// passive policy wakes by futex: ape-train's default model on the 2-core Xeon trained 1.17x
-// faster with this spin (21.5k -> 25.2k tokens/s), while two such trainings at once on the two
-// cores each ran 0.93x; 3,000 gave 1.18x and 0.89x, 5,000 1.21x and 0.86x, 100,000 0.32x paired
-// (bench/results/cpu_training.md).
+// What prepare_threads sets, given the environment (`env`: getenv) and the arguments; nothing once
+// the program was re-executed (APE_NO_REEXEC), and nothing the user set:
+//   OMP_WAIT_POLICY=PASSIVE, unless set (e.g. scripts/test.sh's passive ctest). libgomp's default
+//     busy-waits for a long while, and on a small machine spinning OpenMP workers starved the
+//     threads of other work (training ran ~4x slower on 2 cores beside OpenBLAS's own threads);
+//   with it, GOMP_SPINCOUNT=kOpenMpSpin, unless set or several processes share the machine's cores
+//     (data parallel: LOCAL_WORLD_SIZE > 1, or --world-size > 1 among the arguments): a worker spins
+//     that many pause loops (about a tenth of a millisecond) before it sleeps. A training step is
+//     hundreds of LibTorch calls, each a parallel region whose workers a purely passive policy
+//     wakes by futex: ape-train's default model on the 2-core Xeon trained 1.17x faster with this
+//     spin (21.5k -> 25.2k tokens/s), while two such trainings at once on the two cores each ran
+//     0.93x; 3,000 gave 1.18x and 0.89x, 5,000 1.21x and 0.86x, 100,000 0.32x paired
+//     (bench/results/cpu_training.md);
+//   MKL_CBWR=AUTO,STRICT, unless set: MKL's strict reproducibility mode, in which its matrix
+//     products give the same bits on any thread count (MKL otherwise plans a product's split of its
+//     sum by the thread count: the output layer's dx = G W, a sum over the 4,096-word vocabulary,
+//     differed between 1 and 2 threads at ape-train's default shape). Training is bitwise the same
+//     on any thread count (docs/reliability.md; test train_threads). A LibTorch whose BLAS is not
+//     MKL ignores it.
 constexpr int kOpenMpSpin = 2000;
-std::vector<std::pair<std::string, std::string>> openmp_wait_settings(
+std::vector<std::pair<std::string, std::string>> thread_env_settings(
     const std::function<const char *(const char *)> &env, int argc, const char *const *argv);
 
 // Intra-op threads for LibTorch and the generated kernels (OpenMP); n <= 0 means all hardware

@@ -110,7 +110,7 @@ std::vector<ape::CheckShape> parse_shapes(const std::string &text) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  ape::prefer_passive_openmp(argv);
+  ape::prepare_threads(argv);
   CLI::App app{
       "ape-check: check the fused kernel of a spec against a materialised reference derived from\n"
       "the same spec by an independent path, forward and backward.\n\n"

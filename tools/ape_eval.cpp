@@ -34,7 +34,7 @@ namespace fs = std::filesystem;
 int main(int argc, char **argv) {
   // Lines reach a log file as they are written (progress to follow, and every line before a crash).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  ape::prefer_passive_openmp(argv);
+  ape::prepare_threads(argv);
   ape::tune_allocator();
   CLI::App app{"ape-eval: load ape-train checkpoints and report mean token loss / perplexity on the held-out\n"
                "test books at multiples of each checkpoint's training length."};

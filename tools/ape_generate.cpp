@@ -34,7 +34,7 @@
 namespace fs = std::filesystem;
 
 int main(int argc, char **argv) {
-  ape::prefer_passive_openmp(argv);
+  ape::prepare_threads(argv);
   ape::tune_allocator();
   CLI::App app{"ape-generate: sample text from an ape-train checkpoint, or report the per-token loss of a long\n"
                "text at context lengths beyond training, decoding with the KV cache."};

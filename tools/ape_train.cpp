@@ -196,7 +196,7 @@ void keep_unfinished(const std::string &ckpt) {
 int main(int argc, char **argv) {
   // Lines reach a log file as they are written (progress to follow, and every line before a crash).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  ape::prefer_passive_openmp(argv);
+  ape::prepare_threads(argv);
   ape::tune_allocator();
   CLI::App app{"ape-train: train a small decoder language model with each named encoding on the shipped\n"
                "pg30 books (same seed, same data order), save a checkpoint per encoding, and report loss /\n"

@@ -126,26 +126,28 @@ TEST(Generate, SmallStepsTakeOneThreadWhenTheCountWasChosen) {
   ape::set_threads(before);
 }
 
-// The OpenMP settings the tools start with (runtime/Threads.h, prefer_passive_openmp): passive
-// with a short spin; nothing when the user chose a policy or the program was re-executed; no spin
-// when several ranks share the cores or the user set one.
-TEST(Threads, OpenMpWaitSettings) {
+// The environment the tools start with (runtime/Threads.h, prepare_threads): OpenMP passive with
+// a short spin, MKL's strict reproducibility; nothing the user set, nothing after the re-exec; no
+// spin when several ranks share the cores.
+TEST(Threads, EnvironmentSettings) {
   using Settings = std::vector<std::pair<std::string, std::string>>;
   auto with = [](std::map<std::string, std::string> env, std::vector<const char *> args = {"ape-train"}) {
-    return ape::openmp_wait_settings(
+    return ape::thread_env_settings(
         [&](const char *name) { return env.count(name) ? env.at(name).c_str() : nullptr; },
         static_cast<int>(args.size()), args.data());
   };
   const std::string spin = std::to_string(ape::kOpenMpSpin);
-  EXPECT_EQ(with({}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}, {"GOMP_SPINCOUNT", spin}}));
-  EXPECT_EQ(with({{"OMP_WAIT_POLICY", "passive"}}), Settings{});
+  const std::pair<std::string, std::string> passive{"OMP_WAIT_POLICY", "PASSIVE"}, strict{"MKL_CBWR", "AUTO,STRICT"};
+  EXPECT_EQ(with({}), (Settings{passive, {"GOMP_SPINCOUNT", spin}, strict}));
+  EXPECT_EQ(with({{"OMP_WAIT_POLICY", "passive"}}), Settings{strict});
+  EXPECT_EQ(with({{"OMP_WAIT_POLICY", "passive"}, {"MKL_CBWR", "COMPATIBLE"}}), Settings{});
   EXPECT_EQ(with({{"APE_NO_REEXEC", "1"}}), Settings{});
-  EXPECT_EQ(with({{"GOMP_SPINCOUNT", "0"}}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}}));
-  EXPECT_EQ(with({{"LOCAL_WORLD_SIZE", "2"}}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}}));
-  EXPECT_EQ(with({{"LOCAL_WORLD_SIZE", "1"}}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}, {"GOMP_SPINCOUNT", spin}}));
-  EXPECT_EQ(with({}, {"ape-train", "--world-size", "4", "--rank", "1"}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}}));
-  EXPECT_EQ(with({}, {"ape-train", "--world-size=2"}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}}));
-  EXPECT_EQ(with({}, {"ape-train", "--world-size", "1"}), (Settings{{"OMP_WAIT_POLICY", "PASSIVE"}, {"GOMP_SPINCOUNT", spin}}));
+  EXPECT_EQ(with({{"GOMP_SPINCOUNT", "0"}}), (Settings{passive, strict}));
+  EXPECT_EQ(with({{"LOCAL_WORLD_SIZE", "2"}}), (Settings{passive, strict}));
+  EXPECT_EQ(with({{"LOCAL_WORLD_SIZE", "1"}}), (Settings{passive, {"GOMP_SPINCOUNT", spin}, strict}));
+  EXPECT_EQ(with({}, {"ape-train", "--world-size", "4", "--rank", "1"}), (Settings{passive, strict}));
+  EXPECT_EQ(with({}, {"ape-train", "--world-size=2"}), (Settings{passive, strict}));
+  EXPECT_EQ(with({}, {"ape-train", "--world-size", "1"}), (Settings{passive, {"GOMP_SPINCOUNT", spin}, strict}));
 }
 
 }  // namespace

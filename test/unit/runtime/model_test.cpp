@@ -4,6 +4,11 @@
 #include "runtime_fixtures.h"
 #include "override_check.h"
 
+#include "runtime/LmLoss.h"
+
+#include <array>
+#include <map>
+
 namespace {
 
 // With an override {l, qk} and projection_term params (a = W[:, :l]·(θj)_j, b = θ·W[:, :l]·1), the
@@ -235,6 +240,115 @@ TEST(Model, ErrorsNameTheProblem) {
       "test_nope", R"({"encoding": "test_nope", "head_dim": 64, "model_dim": 16})");
   EXPECT_ERROR(ape::LanguageModel(hinted, tiny_config("test_nope")),
                "'test_nope' was compiled for head_dim 64 (a shape hint of its spec); the model has 8");
+}
+
+// =====================================================================================================
+// The chunked LM loss (runtime/LmLoss.h) against LibTorch's cross-entropy of the materialised
+// logits in float64, forward and backward, at odd sizes and chunks of 1 row to more than N
+// =====================================================================================================
+
+// MKL's strict reproducibility, as the tools set it (runtime/Threads.h), before main and so ahead of
+// MKL's first call; a value the environment gives is kept.
+[[maybe_unused]] const bool kStrictMkl = [] { return ::setenv("MKL_CBWR", "AUTO,STRICT", 0) == 0; }();
+
+struct LossCase {
+  at::Tensor x, w, t;
+};
+
+LossCase loss_case(int64_t N, int64_t d, int64_t V, uint64_t seed) {
+  at::manual_seed(seed);
+  LossCase c;
+  c.x = (at::randn({N, d}) * 2).requires_grad_();
+  c.w = (at::randn({V, d}) * 0.7).requires_grad_();
+  c.t = at::randint(V, {N}, at::kLong);
+  return c;
+}
+
+TEST(LmLoss, MatchesTheCrossEntropyOfTheLogitsAndItsGradients) {
+  for (auto [N, d, V] : {std::array<int64_t, 3>{37, 5, 11}, {130, 16, 300}, {1, 3, 2}}) {
+    const LossCase c = loss_case(N, d, V, 7 + N);
+    const at::Tensor xr = c.x.detach().to(at::kDouble).requires_grad_(), wr = c.w.detach().to(at::kDouble).requires_grad_();
+    const at::Tensor ref = at::cross_entropy_loss(at::linear(xr, wr), c.t);
+    ref.backward();
+    const at::Tensor ref_rows = at::cross_entropy_loss(at::linear(xr, wr), c.t, {}, at::Reduction::None).detach();
+    for (int64_t chunk : {int64_t(0), int64_t(1), int64_t(7), int64_t(16), N, N + 5}) {
+      SCOPED_TRACE("N " + std::to_string(N) + " d " + std::to_string(d) + " V " + std::to_string(V) + " chunk " +
+                   std::to_string(chunk));
+      c.x.mutable_grad() = at::Tensor();
+      c.w.mutable_grad() = at::Tensor();
+      const at::Tensor loss = ape::lm_loss(c.x, c.w, c.t, chunk);
+      EXPECT_EQ(loss.dim(), 0);
+      EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 2e-6 * std::max(1.0, ref.item<double>()));
+      (loss * 3).backward();  // the backward scales the forward's gradients by the loss's
+      expect_close(c.x.grad().to(at::kDouble), xr.grad() * 3, 2e-6, "dx");
+      expect_close(c.w.grad().to(at::kDouble), wr.grad() * 3, 2e-6, "dW");
+      expect_close(ape::lm_token_losses(c.x, c.w, c.t, chunk).to(at::kDouble), ref_rows, 1e-5, "token losses");
+    }
+  }
+}
+
+TEST(LmLoss, GradientOnlyWhereAsked) {
+  LossCase c = loss_case(20, 4, 9, 3);
+  const at::Tensor x = c.x.detach();  // no gradient wanted for x
+  ape::lm_loss(x, c.w, c.t, 8).backward();
+  EXPECT_FALSE(x.grad().defined());
+  ASSERT_TRUE(c.w.grad().defined());
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_FALSE(ape::lm_loss(c.x, c.w, c.t).requires_grad());
+  }
+}
+
+// Rows go to threads whole, the loss sums in row order and MKL's products are strict (this test
+// process starts as the tools do, with MKL_CBWR=AUTO,STRICT): the same bits on 1, 2 and 3 threads.
+// Without the strict mode dW differed at this shape (V 300, d 32, chunks of 64 rows).
+TEST(LmLoss, SameBitsOnAnyThreadCount) {
+  const int before = at::get_num_threads();
+  std::vector<std::array<at::Tensor, 3>> runs;
+  for (int threads : {1, 2, 3}) {
+    at::set_num_threads(threads);
+    LossCase c = loss_case(700, 32, 300, 11);
+    at::Tensor loss = ape::lm_loss(c.x, c.w, c.t, 64);
+    loss.backward();
+    runs.push_back({loss.detach(), c.x.grad(), c.w.grad()});
+  }
+  at::set_num_threads(before);
+  for (size_t r = 1; r < runs.size(); ++r)
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(runs[r][i], runs[0][i])) << "tensor " << i << ", run " << r;
+}
+
+TEST(LmLoss, RefusesTargetsOutsideTheVocabularyAndBadShapes) {
+  LossCase c = loss_case(6, 4, 5, 1);
+  c.t[3] = 5;
+  EXPECT_ERROR(ape::lm_loss(c.x, c.w, c.t), "target token 5 is outside the vocabulary [0, 5)");
+  c.t[3] = -1;
+  EXPECT_ERROR(ape::lm_token_losses(c.x, c.w, c.t), "target token -1 is outside the vocabulary [0, 5)");
+  EXPECT_ERROR(ape::lm_loss(c.x, c.w.narrow(1, 0, 3), c.t), "x must be (N, d) and weight (V, d)");
+  EXPECT_ERROR(ape::lm_loss(c.x, c.w, c.t.narrow(0, 0, 5)), "targets must be int64 (N) with x's N rows");
+}
+
+// The model's loss and token losses take the chunked path on the CPU: the same values and
+// parameter gradients as LibTorch's cross-entropy of forward()'s logits.
+TEST(LmLoss, ModelLossIsTheCrossEntropyOfItsLogits) {
+  at::manual_seed(5);
+  ape::LanguageModel m(testk::nope, tiny_config("test_nope"));
+  const at::Tensor windows = at::randint(32, {3, 10}, at::kLong);
+  const at::Tensor in = windows.narrow(1, 0, 9), tg = windows.narrow(1, 1, 9);
+  const at::Tensor ref = at::cross_entropy_loss(m->forward(in).reshape({-1, 32}), tg.reshape({-1}));
+  ref.backward();
+  std::map<std::string, at::Tensor> want;
+  for (const auto &kv : m->named_parameters()) want[kv.key()] = kv.value().grad().clone();
+  m->zero_grad();
+  const at::Tensor loss = m->loss(windows);
+  EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-6);
+  loss.backward();
+  for (const auto &kv : m->named_parameters()) expect_close(kv.value().grad(), want[kv.key()], 1e-6, kv.key());
+  const at::Tensor rows = m->token_losses(in, tg);
+  EXPECT_EQ(rows.sizes(), tg.sizes());
+  at::NoGradGuard no_grad;
+  expect_close(rows, at::cross_entropy_loss(m->forward(in).reshape({-1, 32}), tg.reshape({-1}), {}, at::Reduction::None)
+                         .view({3, 9}),
+               1e-5, "token_losses");
 }
 
 }  // namespace
