@@ -47,13 +47,16 @@ int64_t set_threads(int64_t n);
 // set_threads chose them (n <= 0; a number the user gave is kept): one per kMacsPerThread, at
 // least one, at most set_threads' count. A cached decoding step of a small model (one token:
 // every weight once, the cache's rows once) is a few million multiply-adds in a hundred or so
-// LibTorch calls and kernel launches, each of which wakes and waits for the other threads (futex
-// wake-ups under OMP_WAIT_POLICY=PASSIVE): on the 2-core Xeon one thread decoded d_model 256 x 4
-// layers 2.7x faster than two at 256 cached tokens and 1.3x at 4,096, and two threads won from
-// d_model 1024 (bench/results/decode.md, "Threads"). Nothing on the GPU uses it.
+// LibTorch calls and kernel launches, each of which wakes and waits for the other threads: on the
+// 2-core Xeon with purely passive OpenMP waits one thread decoded d_model 256 x 4 layers 2.7x
+// faster than two at 256 cached tokens and 1.3x at 4,096. With the short spin (prepare_threads)
+// two threads cost less: one thread still won at 256 cached tokens (4.7M multiply-adds: 620-650
+// against 540 tok/s), the two were level at 1,024 (6.3M) and two won at 4,096 (12.6M: 1.15x) and
+// at d_model 512 (15M: 1.3-1.4x); hence 8M (bench/results/decode.md, "Threads"). Nothing on the
+// GPU uses it.
 class SmallWorkThreads {
  public:
-  static constexpr double kMacsPerThread = 24e6;
+  static constexpr double kMacsPerThread = 8e6;
   explicit SmallWorkThreads(double macs);
   ~SmallWorkThreads();
   SmallWorkThreads(const SmallWorkThreads &) = delete;

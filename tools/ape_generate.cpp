@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
                  "spec text it holds")
       ->type_name("FILE");
   app.add_option("--threads", threads, "CPU threads, in [0, 1024] (default 0: all hardware threads for the prompt, "
-                 "and for each cached step one per 24M multiply-adds it does: small models decode faster on one)");
+                 "and for each cached step one per 8M multiply-adds it does: small models decode faster on one)");
   std::string device_name = "cpu", precision = "auto";
   app.add_option("--device", device_name,
                  std::string(ape::kDeviceHelp) + "; the KV cache lives there (any device reads any checkpoint)")
