@@ -8,6 +8,7 @@
 #include "ape/cpu/kernel_entry.h"
 
 #if APE_RUNTIME_CUDA
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include "ape/torch/ops_impl.h"  // with APE_TORCH_OPS_CUDA: forward_cuda, backward_cuda
 #include "runtime/SpecLibrary.h"
@@ -209,6 +211,49 @@ int64_t cuda_peak_memory(int64_t index) {
   return stats.allocated_bytes[0].peak;  // [0]: StatType::AGGREGATE, all pools
 }
 
+at::Tensor to_device_async(const at::Tensor &host, const c10::Device &device) {
+  if (device.is_cpu()) return host;
+  // pin_memory takes a block of LibTorch's caching host allocator; the non_blocking copy records
+  // an event on the stream, so that block is reused only once the copy has read it.
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+namespace {
+c10::cuda::SyncDebugMode requested_sync_debug() {
+  const char *e = std::getenv("APE_CUDA_SYNC_DEBUG");
+  const std::string v = e ? e : "";
+  if (v == "warn") return c10::cuda::SyncDebugMode::L_WARN;
+  if (v == "error") return c10::cuda::SyncDebugMode::L_ERROR;
+  return c10::cuda::SyncDebugMode::L_DISABLED;
+}
+}  // namespace
+
+std::string cuda_sync_debug_mode() {
+  switch (c10::cuda::warning_state().get_sync_debug_mode()) {
+    case c10::cuda::SyncDebugMode::L_WARN: return "warn";
+    case c10::cuda::SyncDebugMode::L_ERROR: return "error";
+    default: return "off";
+  }
+}
+
+CudaSyncCheck::CudaSyncCheck() {
+  const c10::cuda::SyncDebugMode mode = requested_sync_debug();
+  if (mode == c10::cuda::SyncDebugMode::L_DISABLED) return;
+  on_ = true;
+  was_ = static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode());
+  c10::cuda::warning_state().set_sync_debug_mode(mode);
+}
+CudaSyncCheck::~CudaSyncCheck() {
+  if (on_) c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(was_));
+}
+CudaSyncAllowed::CudaSyncAllowed()
+    : was_(static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode())) {
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+}
+CudaSyncAllowed::~CudaSyncAllowed() {
+  c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(was_));
+}
+
 }  // namespace ape
 
 #else  // no CUDA kernels in this build
@@ -244,6 +289,14 @@ void cuda_compile_spec(const KernelEntry &, at::ScalarType, int64_t, const std::
   unbuilt();
 }
 int64_t cuda_peak_memory(int64_t) { return 0; }
+at::Tensor to_device_async(const at::Tensor &host, const c10::Device &device) {
+  return device.is_cpu() ? host : host.to(device);
+}
+std::string cuda_sync_debug_mode() { return "off"; }
+CudaSyncCheck::CudaSyncCheck() = default;
+CudaSyncCheck::~CudaSyncCheck() = default;
+CudaSyncAllowed::CudaSyncAllowed() = default;
+CudaSyncAllowed::~CudaSyncAllowed() = default;
 
 }  // namespace ape
 #endif

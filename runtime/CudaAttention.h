@@ -71,4 +71,41 @@ std::string cuda_backward_error(int64_t index);
 // process started (bytes; 0 without CUDA kernels). For the training summary.
 int64_t cuda_peak_memory(int64_t index);
 
+// `host` (a CPU tensor, e.g. a step's token windows) on `device` without making the host wait:
+// staged in pinned memory and copied with non_blocking, so the copy is queued behind the step's
+// kernels. A plain .to(device) from pageable memory copies synchronously: the host first waits
+// for every kernel already queued, i.e. for the whole previous step. On the CPU: `host` itself.
+at::Tensor to_device_async(const at::Tensor &host, const c10::Device &device);
+
+// While a CudaSyncCheck lives, and $APE_CUDA_SYNC_DEBUG is "warn" or "error", LibTorch's CUDA
+// sync debug mode is on (torch.cuda.set_sync_debug_mode): a call that makes the host wait for
+// the GPU (an item(), a copy to or from pageable memory, a stream synchronisation) prints
+// "called a synchronizing CUDA operation" or throws it. A CudaSyncAllowed marks a place that
+// waits on purpose (reading the queued losses, writing a checkpoint): the mode is off while it
+// lives. The GPU check's training smoke runs ape-train so and counts the warnings. Without CUDA
+// kernels in the build, or without the variable: nothing.
+class CudaSyncCheck {
+ public:
+  CudaSyncCheck();
+  ~CudaSyncCheck();
+  CudaSyncCheck(const CudaSyncCheck &) = delete;
+  CudaSyncCheck &operator=(const CudaSyncCheck &) = delete;
+
+ private:
+  int was_ = 0;
+  bool on_ = false;
+};
+// LibTorch's CUDA sync debug mode now: "off", "warn" or "error" ("off" without CUDA kernels).
+std::string cuda_sync_debug_mode();
+class CudaSyncAllowed {
+ public:
+  CudaSyncAllowed();
+  ~CudaSyncAllowed();
+  CudaSyncAllowed(const CudaSyncAllowed &) = delete;
+  CudaSyncAllowed &operator=(const CudaSyncAllowed &) = delete;
+
+ private:
+  int was_ = 0;
+};
+
 }  // namespace ape

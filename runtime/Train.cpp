@@ -13,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -262,6 +263,7 @@ TrainResult Trainer::result() const {
 }
 
 void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
+  const CudaSyncAllowed waits_on_purpose;  // the state's copies to the host
   if (dp_) {  // every rank holds the same model and data position; rank 0 writes them
     std::vector<at::Tensor> tensors;
     for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);
@@ -542,6 +544,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   // Reads the queued steps (one wait for the device) and checks them in order.
   auto read_pending = [&] {
     if (pending.empty()) return;
+    const CudaSyncAllowed waits_on_purpose;
     std::vector<at::Tensor> all;
     for (const auto &p : pending) all.push_back(p.loss_and_norm);
     const at::Tensor host = at::stack(all).cpu();
@@ -573,6 +576,10 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   // The clock every rank goes by: this process's, or, data parallel, the ranks' agreed one, taken
   // once a step together with the stop requests (below); the loop's branches follow it alike.
   state_.elapsed = elapsed0;
+  // $APE_CUDA_SYNC_DEBUG: a wait for the GPU inside the queued steps warns or throws (the reads of
+  // the queued losses and the checkpoints wait on purpose: CudaSyncAllowed).
+  std::optional<CudaSyncCheck> sync_check;
+  if (deferred) sync_check.emplace();
   for (;;) {
     const int64_t step = state_.step;
     if (!dp_) state_.elapsed = elapsed0 + since_start();
@@ -586,7 +593,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
 
     // This rank's rows of the step's draw (all of it in a single process).
     torch::Tensor windows = sampler_.next(cfg.batch * cfg.world_size, cfg.seq_len + 1, rank * cfg.batch, cfg.batch);
-    if (!on_cpu) windows = windows.to(device);
+    if (!on_cpu) windows = to_device_async(windows, device);
     opt.zero_grad();
     torch::Tensor loss = model_->loss(windows);
     char lr_text[32];

@@ -230,7 +230,10 @@ train_stage() {  # dir suite_build logs python jobs
   # on 2 cores here, so 16 cores take some 30 s for both).
   STEP_LIMIT=240 step cpu "$bin/ape-train" -e rope,cable "${common[@]}" --device cpu --out "$out/cpu" || rc=1
   step gpu-f32 "$bin/ape-train" -e rope,cable "${common[@]}" --device cuda --precision f32 --out "$out/gpu-f32" || rc=1
-  step gpu-bf16 "$bin/ape-train" -e rope,cable "${common[@]}" --device cuda --out "$out/gpu-bf16" || rc=1
+  # With LibTorch's sync debug mode inside the queued steps (APE_CUDA_SYNC_DEBUG, runtime/
+  # CudaAttention.h): every wait for the GPU there prints a warning, which train_smoke.py counts.
+  APE_CUDA_SYNC_DEBUG=warn step gpu-bf16 "$bin/ape-train" -e rope,cable "${common[@]}" --device cuda \
+    --out "$out/gpu-bf16" || rc=1
   # Stopped at step 120 (as Ctrl-C stops it: exit 130), then resumed: on the GPU, and on the CPU.
   APE_TEST_STOP_AFTER_STEP=120 step stop-gpu "$bin/ape-train" -e rope "${common[@]}" --device cuda \
     --out "$out/resume-gpu"
@@ -373,14 +376,27 @@ run() {
     built+=" bench"
     (
       # The benchmark's libraries, each with its own CMakeLists.txt as a user builds it (the
-      # benchmark finds BENCH_LIBS/ENC_torch_library/build/ape_ENC.py).
-      for lib in "$dir"/bench-libs/*_torch_library; do
-        cmake -S "$lib" -B "$bench_libs/$(basename "$lib")/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-          -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" || exit 1
+      # benchmark finds BENCH_LIBS/ENC_torch_library/build/ape_ENC.py). All at once: one library
+      # is a configure (find_package(Torch), ~10 s) and a few units, so one after another left
+      # most cores idle (8 libraries: about 350 s on 2 cores either way; on 16 cores one after
+      # another is the sum of 8 configures and 8 slowest units).
+      local libs=("$dir"/bench-libs/*_torch_library) lib_pids=() lib_jobs lib_failed=0 n
+      lib_jobs=$(( jobs / ${#libs[@]} + 2 ))
+      for lib in "${libs[@]}"; do
+        n=$(basename "$lib")
+        (
+          cmake -S "$lib" -B "$bench_libs/$n/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" &&
+          timeout 600 cmake --build "$bench_libs/$n/build" -- -j"$lib_jobs"
+        ) >"$logs/build-bench-$n.log" 2>&1 &
+        lib_pids+=($!)
       done
-      for lib in "$dir"/bench-libs/*_torch_library; do
-        timeout 300 cmake --build "$bench_libs/$(basename "$lib")/build" -- -j"$jobs" || exit 1
+      for n in "${!libs[@]}"; do
+        wait "${lib_pids[$n]}" || { lib_failed=1; echo "[build] FAILED: $(basename "${libs[$n]}")"; }
+        echo "== $(basename "${libs[$n]}")"; cat "$logs/build-bench-$(basename "${libs[$n]}").log"
+        rm -f "$logs/build-bench-$(basename "${libs[$n]}").log"
       done
+      [ "$lib_failed" = 0 ] || exit 1
       # Which CUDA runtime each library uses: the process's shared one (NEEDED libcudart.so.N, no
       # cuda* function of its own), or a private static copy (cuda* functions defined inside).
       for so in "$bench_libs"/*/build/libape_*_ops.so; do

@@ -14,6 +14,9 @@ rounding.
   - stopped at step 120 and resumed on the same GPU: every loss bit-identical to the run that was
     never stopped (the kernels are deterministic; the trainer's state is whole).
   - stopped on the GPU and resumed on the CPU: it finishes, with a loss within the bf16 rule.
+The queued steps never wait for the GPU: the bf16 run has LibTorch's sync debug mode on inside
+them (APE_CUDA_SYNC_DEBUG=warn; the reads of the queued losses and the checkpoints wait on
+purpose), and its log must hold no "called a synchronizing CUDA operation".
 """
 import json
 import math
@@ -85,6 +88,15 @@ def main():
               f"last 20 {tail_mean(cross):.4f} vs the CPU run's {tail_mean(cpu):.4f}")
     else:
         check("rope stopped on the GPU, resumed on the CPU", False, "missing or incomplete checkpoint")
+
+    # The queued steps' host waits (the bf16 run under APE_CUDA_SYNC_DEBUG=warn).
+    bf16_log = out / "gpu-bf16.log"
+    if bf16_log.exists() and losses(out, "gpu-bf16", "rope"):
+        waits = bf16_log.read_text(errors="replace").count("called a synchronizing CUDA operation")
+        check("no host waits inside the queued steps (gpu-bf16)", waits == 0,
+              f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode")
+    else:
+        check("no host waits inside the queued steps (gpu-bf16)", False, "no run (logs/train/gpu-bf16.log)")
 
     steps = {}
     steps_file = out / "steps.txt"

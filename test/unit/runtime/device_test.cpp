@@ -2,6 +2,8 @@
 // the CUDA kernels' refusals by encoding, dtype and head dim, and the trainer's GPU habits checked
 // on the CPU: clipping without a host read (the bits of LibTorch's) and losses read in batches
 // (the same run, the same checks, whatever the batch).
+#include <cstdlib>
+
 #include <ATen/Context.h>
 #include <torch/nn/utils/clip_grad.h>
 
@@ -114,6 +116,39 @@ TEST(Device, ClippingIsLibTorchsBitForBitWithoutAHostRead) {
     for (size_t i = 0; i + 1 < a.size(); ++i) EXPECT_TRUE(at::equal(a[i].grad(), b[i].grad())) << i;
   }
   EXPECT_EQ(ape::clip_gradients({none}, 1.0).item<double>(), 0.0);
+}
+
+// The instrument of the GPU check's training smoke (train_smoke.py): $APE_CUDA_SYNC_DEBUG turns
+// LibTorch's sync debug mode on while a CudaSyncCheck lives (the trainer's queued steps), off
+// inside a CudaSyncAllowed (the reads on purpose), and back as it was after each; the batches'
+// copy to the device is the tensor itself on the CPU.
+TEST(Device, SyncDebugModeCoversTheQueuedStepsOnly) {
+  const bool built = ape::cuda_attention_built();
+  ASSERT_EQ(ape::cuda_sync_debug_mode(), "off");
+  ::setenv("APE_CUDA_SYNC_DEBUG", "error", 1);
+  {
+    const ape::CudaSyncCheck check;
+    EXPECT_EQ(ape::cuda_sync_debug_mode(), built ? "error" : "off");
+    {
+      const ape::CudaSyncAllowed allowed;
+      EXPECT_EQ(ape::cuda_sync_debug_mode(), "off");
+    }
+    EXPECT_EQ(ape::cuda_sync_debug_mode(), built ? "error" : "off");
+  }
+  EXPECT_EQ(ape::cuda_sync_debug_mode(), "off");
+  ::setenv("APE_CUDA_SYNC_DEBUG", "warn", 1);
+  {
+    const ape::CudaSyncCheck check;
+    EXPECT_EQ(ape::cuda_sync_debug_mode(), built ? "warn" : "off");
+  }
+  ::setenv("APE_CUDA_SYNC_DEBUG", "verbose", 1);  // not a mode: nothing
+  {
+    const ape::CudaSyncCheck check;
+    EXPECT_EQ(ape::cuda_sync_debug_mode(), "off");
+  }
+  ::unsetenv("APE_CUDA_SYNC_DEBUG");
+  const at::Tensor t = at::arange(6);
+  EXPECT_TRUE(ape::to_device_async(t, at::Device(at::kCPU)).is_same(t));
 }
 
 // The trainer's reads of a GPU's losses, on the CPU: reading every 7 steps trains bit for bit like
