@@ -695,6 +695,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       }
     }
   }
+  sync_check.reset();
   read_pending();
   end_line();
   // This run's own speed (a resumed run reports what it did itself), before the last checkpoint
