@@ -188,6 +188,58 @@ std::string tensor_digest(const at::Tensor &t) {
 }
 }  // namespace
 
+void adamw_step(torch::optim::AdamW &opt) {
+  at::NoGradGuard no_grad;
+  auto &states = opt.state();
+  for (auto &group : opt.param_groups()) {
+    const auto &o = static_cast<const torch::optim::AdamWOptions &>(group.options());
+    if (o.amsgrad()) throw std::logic_error("adamw_step: amsgrad is not supported");
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    // The parameters with a gradient, by their step count after this step (in the trainer all of
+    // them share one; the map keeps any mix exact).
+    struct Bucket {
+      std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq;
+    };
+    std::map<int64_t, Bucket> by_step;
+    std::vector<at::Tensor> decayed;
+    for (auto &p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (p.grad().is_sparse()) throw std::invalid_argument("adamw_step: sparse gradients are not supported");
+      if (o.weight_decay() != 0) decayed.push_back(p);
+      void *key = p.unsafeGetTensorImpl();
+      auto it = states.find(key);
+      if (it == states.end()) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(0);
+        st->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        it = states.emplace(key, std::move(st)).first;
+      }
+      auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+      st.step(st.step() + 1);
+      Bucket &b = by_step[st.step()];
+      b.params.push_back(p);
+      b.grads.push_back(p.grad());
+      b.exp_avg.push_back(st.exp_avg());
+      b.exp_avg_sq.push_back(st.exp_avg_sq());
+    }
+    // AdamW::step's operations in its order per parameter: the decoupled decay, the moments, the
+    // denominator, the update.
+    if (!decayed.empty()) at::_foreach_mul_(decayed, 1 - o.lr() * o.weight_decay());
+    for (auto &[step, b] : by_step) {
+      const double bc1 = 1 - std::pow(beta1, double(step)), bc2 = 1 - std::pow(beta2, double(step));
+      at::_foreach_mul_(b.exp_avg, beta1);
+      at::_foreach_add_(b.exp_avg, b.grads, 1 - beta1);
+      at::_foreach_mul_(b.exp_avg_sq, beta2);
+      at::_foreach_addcmul_(b.exp_avg_sq, b.grads, b.grads, 1 - beta2);
+      std::vector<at::Tensor> denom = at::_foreach_sqrt(b.exp_avg_sq);
+      at::_foreach_div_(denom, std::sqrt(bc2));
+      at::_foreach_add_(denom, o.eps());
+      at::_foreach_addcdiv_(b.params, b.exp_avg, denom, -(o.lr() / bc1));
+    }
+  }
+}
+
 // ---- the trainer -------------------------------------------------------------------------------------
 
 struct Trainer::Impl {
@@ -601,7 +653,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     if (deferred) {  // a GPU: the step is queued; its loss and gradient norm are read later
       loss.backward();
       at::Tensor gnorm = clip_gradients(impl_->params, cfg.grad_clip);
-      opt.step();
+      adamw_step(opt);
       pending.push_back({at::stack({loss.detach().to(at::kDouble), gnorm.detach().to(at::kDouble)}), lr});
       state_.step = step + 1;
       if (int64_t(pending.size()) >= every) read_pending();
@@ -627,7 +679,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
         digest = "[digest] step " + std::to_string(step + 1) + " batch " + tensor_digest(windows);
         for (const auto &[name, p] : impl_->named) digest += " grad:" + name + " " + tensor_digest(p.grad());
       }
-      opt.step();
+      adamw_step(opt);
       if (!digest.empty()) {
         for (const auto &[name, p] : impl_->named) digest += " param:" + name + " " + tensor_digest(p);
         end_line();

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <torch/optim/adamw.h>
 
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
@@ -114,6 +115,14 @@ std::string locate_nonfinite(LanguageModel &model, const at::Tensor &windows);
 // torch::nn::utils::clip_grad_norm_(params, max_norm) bit for bit (norm 2), returning the total norm
 // as a tensor on the gradients' device instead of reading it (which would wait for a GPU).
 at::Tensor clip_gradients(const std::vector<at::Tensor> &params, double max_norm);
+
+// torch::optim::AdamW::step of `opt` (amsgrad off) with multi-tensor operations (at::_foreach_*):
+// per param group and step count, each of AdamW's element-wise operations once for all its
+// parameters. On the CPU those are the same operations per tensor (the same bits: the tests
+// compare them); on a GPU they are a few kernels per group instead of about ten per parameter,
+// which LibTorch's C++ loop launches one by one (PyTorch's Python AdamW takes this foreach path by
+// default on CUDA). The state stays in opt.state() as AdamWParamState, as checkpoints hold it.
+void adamw_step(torch::optim::AdamW &opt);
 
 // The state of a training run besides the model (see the header comment).
 struct TrainState {

@@ -118,6 +118,54 @@ TEST(Device, ClippingIsLibTorchsBitForBitWithoutAHostRead) {
   EXPECT_EQ(ape::clip_gradients({none}, 1.0).item<double>(), 0.0);
 }
 
+// The trainer's AdamW step by multi-tensor operations (adamw_step) is LibTorch's AdamW::step bit
+// for bit: two groups (with and without weight decay), a parameter that misses its gradient on
+// some steps (so the step counts differ and it is updated on its own count), odd sizes.
+TEST(Device, ForeachAdamWIsLibTorchsBitForBit) {
+  at::manual_seed(11);
+  const std::vector<std::vector<int64_t>> shapes{{7, 5}, {13}, {3, 3, 2}, {1}, {33, 9}};
+  auto make = [&](std::vector<at::Tensor> &ps) {
+    at::manual_seed(11);
+    for (const auto &shape : shapes) ps.push_back(at::randn(shape).requires_grad_());
+  };
+  std::vector<at::Tensor> a, b;
+  make(a);
+  make(b);
+  auto optimizer = [](std::vector<at::Tensor> &ps) {
+    auto opts = [](double wd) {
+      return std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<at::Tensor>{ps[0], ps[2], ps[4]}, opts(0.1));
+    groups.emplace_back(std::vector<at::Tensor>{ps[1], ps[3]}, opts(0.0));
+    return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
+  };
+  auto oa = optimizer(a), ob = optimizer(b);
+  for (int step = 0; step < 9; ++step) {
+    const double lr = 3e-3 * (1.0 - step / 20.0);
+    for (auto *o : {oa.get(), ob.get()})
+      for (auto &g : o->param_groups()) static_cast<torch::optim::AdamWOptions &>(g.options()).lr(lr);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const bool skip = i == 4 && step % 3 == 1;  // no gradient this step
+      at::Tensor g = skip ? at::Tensor() : at::randn(shapes[i]) * (i + 1);
+      a[i].mutable_grad() = g.defined() ? g.clone() : g;
+      b[i].mutable_grad() = g.defined() ? g.clone() : g;
+    }
+    ape::adamw_step(*oa);
+    ob->step();
+    for (size_t i = 0; i < shapes.size(); ++i) ASSERT_TRUE(at::equal(a[i], b[i])) << "step " << step << " param " << i;
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto &sa = static_cast<const torch::optim::AdamWParamState &>(*oa->state().at(a[i].unsafeGetTensorImpl()));
+    const auto &sb = static_cast<const torch::optim::AdamWParamState &>(*ob->state().at(b[i].unsafeGetTensorImpl()));
+    EXPECT_EQ(sa.step(), sb.step()) << i;
+    EXPECT_TRUE(at::equal(sa.exp_avg(), sb.exp_avg())) << i;
+    EXPECT_TRUE(at::equal(sa.exp_avg_sq(), sb.exp_avg_sq())) << i;
+  }
+  EXPECT_EQ(static_cast<const torch::optim::AdamWParamState &>(*oa->state().at(a[4].unsafeGetTensorImpl())).step(), 6);
+}
+
 // The instrument of the GPU check's training smoke (train_smoke.py): $APE_CUDA_SYNC_DEBUG turns
 // LibTorch's sync debug mode on while a CudaSyncCheck lives (the trainer's queued steps), off
 // inside a CudaSyncAllowed (the reads on purpose), and back as it was after each; the batches'
