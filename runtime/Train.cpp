@@ -149,12 +149,15 @@ at::Tensor clip_gradients(const std::vector<at::Tensor> &params, double max_norm
     if (p.grad().defined()) with_grad.push_back(p);
   if (with_grad.empty())  // on the parameters' device, like the norm it stands for
     return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(params.empty() ? at::kCPU : params[0].device()));
-  std::vector<at::Tensor> norms;
-  norms.reserve(with_grad.size());
-  for (const auto &p : with_grad) norms.emplace_back(p.grad().data().norm(2));
+  // Multi-tensor operations (one launch each on a GPU, not one per parameter); on the CPU the same
+  // norm and product per tensor.
+  std::vector<at::Tensor> grads;
+  grads.reserve(with_grad.size());
+  for (const auto &p : with_grad) grads.push_back(p.grad().data());
+  const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2);
   at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
   at::Tensor coef = at::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
-  for (auto &p : with_grad) p.grad().data().mul_(coef);
+  at::_foreach_mul_(grads, coef);
   return total;
 }
 
