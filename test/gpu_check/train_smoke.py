@@ -94,7 +94,9 @@ def main():
     if bf16_log.exists() and losses(out, "gpu-bf16", "rope"):
         waits = bf16_log.read_text(errors="replace").count("called a synchronizing CUDA operation")
         check("no host waits inside the queued steps (gpu-bf16)", waits == 0,
-              f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode")
+              f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode"
+              + ("" if waits == 0 else "; the first one's stack: rerun the run with APE_CUDA_SYNC_DEBUG=error "
+                 "TORCH_SHOW_CPP_STACKTRACES=1 (logs/train/gpu-bf16.log has the command)"))
     else:
         check("no host waits inside the queued steps (gpu-bf16)", False, "no run (logs/train/gpu-bf16.log)")
 
