@@ -379,9 +379,10 @@ run() {
       # benchmark finds BENCH_LIBS/ENC_torch_library/build/ape_ENC.py). All at once: one library
       # is a configure (find_package(Torch), ~10 s) and a few units, so one after another left
       # most cores idle (8 libraries: about 350 s on 2 cores either way; on 16 cores one after
-      # another is the sum of 8 configures and 8 slowest units).
+      # another is the sum of 8 configures and 8 slowest units). g++ on LibTorch's headers takes
+      # 1-1.5 GB a unit: cores/libraries + 1 jobs each keeps the three builds' sum in memory.
       local libs=("$dir"/bench-libs/*_torch_library) lib_pids=() lib_jobs lib_failed=0 n
-      lib_jobs=$(( jobs / ${#libs[@]} + 2 ))
+      lib_jobs=$(( jobs / ${#libs[@]} + 1 ))  # with the suite's and the python stage's builds beside
       for lib in "${libs[@]}"; do
         n=$(basename "$lib")
         (
