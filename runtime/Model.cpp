@@ -232,7 +232,8 @@ namespace {
 //   dγ = Σ_rows dy ⊙ x̂,   dβ = Σ_rows dy,   x̂ = (x - μ)·rstd          (rows = B·T)
 // are column sums of a (rows, d) matrix, which LibTorch splits across threads by column, each
 // column summed in the same order whatever the thread count. Training is then bitwise the same
-// on 1, 2 or more threads (test: Determinism.TrainingIsTheSameOnAnyThreadCount).
+// on 1, 2 or more threads (test: Determinism.TrainingIsTheSameOnAnyThreadCount). On a GPU the
+// fused kernel's own dγ and dβ (no thread count there).
 struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
                                const torch::Tensor &weight, const torch::Tensor &bias, double eps) {
@@ -247,6 +248,13 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const torch::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
     const torch::Tensor dy = grads[0].contiguous();
     const int64_t d = x.size(-1);
+    if (!x.device().is_cpu()) {
+      // On a GPU LibTorch's own dγ and dβ: a reduction of a fixed shape, the same bits run to run,
+      // without the three extra passes over (rows, d) below.
+      auto [dx, dw, db] =
+          at::native_layer_norm_backward(dy, x, {d}, mean, rstd, weight, bias, {true, true, true});
+      return {dx, dw, db, torch::Tensor()};
+    }
     auto [dx, unused_w, unused_b] =
         at::native_layer_norm_backward(dy, x, {d}, mean, rstd, weight, bias, {true, false, false});
     torch::Tensor xhat = (x - mean) * rstd;
