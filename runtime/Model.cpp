@@ -161,9 +161,17 @@ torch::Tensor EncodedAttentionImpl::override_positions(int64_t T, at::ScalarType
   const Manifest &m = *manifest_;
   if (!m.override_) throw std::logic_error("encoding '" + m.encoding + "' has no override");
   const OverrideSpec &ov = *m.override_;
-  torch::Tensor p = torch::tensor(ov.positions(T), torch::TensorOptions().dtype(torch::kDouble))
-                        .view({T, ov.l})
-                        .to(wq->weight.device(), dtype);
+  const at::Device device = wq->weight.device();
+  if (!positions_.defined() || positions_.size(0) < T || positions_.scalar_type() != dtype ||
+      positions_.device() != device) {
+    // p_n depends on n alone: the rows of a longer table are the same values.
+    const bool grow = positions_.defined() && positions_.scalar_type() == dtype && positions_.device() == device;
+    const int64_t rows = grow ? std::max(T, 2 * positions_.size(0)) : T;
+    positions_ = torch::tensor(ov.positions(rows), torch::TensorOptions().dtype(torch::kDouble))
+                     .view({rows, ov.l})
+                     .to(device, dtype);
+  }
+  torch::Tensor p = positions_.narrow(0, 0, T);
   if (!ov.position_scale.empty()) {
     const torch::Tensor &sigma = params_.at(m.param_index(ov.position_scale));
     p = p * sigma.detach().to(dtype).reshape({1, 1});

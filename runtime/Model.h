@@ -97,6 +97,9 @@ class EncodedAttentionImpl : public torch::nn::Module {
   ModelConfig cfg_;
   int64_t layer_ = 0;
   std::vector<torch::Tensor> params_;  // manifest order; undefined for projection_term
+  // The override's p_n for n < rows on the weights' device (override_positions): built once and
+  // grown by doubling, so a step on a GPU makes no host copy (a pageable one waits for the GPU).
+  mutable torch::Tensor positions_;
 };
 TORCH_MODULE(EncodedAttention);
 
