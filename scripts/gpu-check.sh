@@ -52,6 +52,12 @@
 # APE_CUDA_FEATURE_STEPS=0 (features-off). NAME_fast there (kcable_fast) is the example NAME marked
 # fast_math (its score mods' exp, log, log1p and divisions by the GPU's approximate instructions;
 # docs/cuda.md, "Fast math"), a library of its own beside NAME's.
+# Before a lease, the build can be checked here, without a GPU (about 25 minutes on 2 cores):
+#   APE_GPU_ARCH=90a APE_PYTHON=.venv/bin/python APE_GPU_CHECK_BUILD_LIMIT=3600 \
+#     scripts/gpu-check.sh run build/gpu-check --logs /tmp/gc --stages build,suite,python,train,bench
+# (APE_GPU_CHECK_BUILD_LIMIT: the build steps' time limit in seconds; the stages after the build
+# then fail for want of a GPU). A runtime source missing from the standalone build's list left the
+# tools unlinked there until such a build found it.
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
@@ -208,7 +214,7 @@ train_stage() {  # dir suite_build logs python jobs
   local dir=$1 build=$2 py=$4 jobs=$5
   local out=$3/train
   mkdir -p "$out"
-  timeout 240 cmake --build "$build" --target ape-train ape-eval ape-generate -- -j"$jobs" \
+  timeout "${APE_GPU_CHECK_BUILD_LIMIT:-240}" cmake --build "$build" --target ape-train ape-eval ape-generate -- -j"$jobs" \
     >"$out/build.log" 2>&1 || { echo "the runtime did not build (logs/train/build.log)" >"$out/verdict.txt"; return 1; }
   local bin=$build/tools cache=$dir/cache-run
   rm -rf "$cache" && cp -r "$dir/cache" "$cache"
@@ -358,7 +364,7 @@ run() {
         -DAPE_JSON_INCLUDE="$dir/third_party/json" -DCMAKE_PREFIX_PATH="$torch_prefix" \
         -DAPE_CLI11_INCLUDE="$dir/third_party/cli11" \
         -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
-      timeout 300 cmake --build "$suite_build" --target "${suite_targets[@]}" -- -j"$jobs"
+      timeout "${APE_GPU_CHECK_BUILD_LIMIT:-300}" cmake --build "$suite_build" --target "${suite_targets[@]}" -- -j"$jobs"
     ) >"$logs/build-suite.log" 2>&1 &
     p1=$!
     fi
@@ -368,7 +374,7 @@ run() {
       cmake -S "$src/test/python" -B "$fw_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CXX_FLAGS_RELEASE=-O2 -DCMAKE_C_FLAGS_RELEASE=-O2 -DAPE_EMITTED_DIR="$dir/emitted" \
         -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" -DAPE_CUDA_ENCODINGS="$fw_cuda_encodings" &&
-      timeout 300 cmake --build "$fw_build" -- -j"$jobs"
+      timeout "${APE_GPU_CHECK_BUILD_LIMIT:-300}" cmake --build "$fw_build" -- -j"$jobs"
     ) >"$logs/build-python.log" 2>&1 &
     p2=$!
     fi
@@ -388,7 +394,7 @@ run() {
         (
           cmake -S "$lib" -B "$bench_libs/$n/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" &&
-          timeout 600 cmake --build "$bench_libs/$n/build" -- -j"$lib_jobs"
+          timeout "${APE_GPU_CHECK_BUILD_LIMIT:-600}" cmake --build "$bench_libs/$n/build" -- -j"$lib_jobs"
         ) >"$logs/build-bench-$n.log" 2>&1 &
         lib_pids+=($!)
       done
@@ -650,7 +656,7 @@ run() {
   # -- study (only when named: --stages build,study) -----------------------------------------------
   if [[ ",$stages," == *",study,"* ]]; then
     s=$(date +%s)
-    if timeout 240 cmake --build "$suite_build" --target ape-train ape-eval -- -j"$jobs" >"$logs/study-build.log" 2>&1; then
+    if timeout "${APE_GPU_CHECK_BUILD_LIMIT:-240}" cmake --build "$suite_build" --target ape-train ape-eval -- -j"$jobs" >"$logs/study-build.log" 2>&1; then
       # The study's folder beside the carried one (which each device call replaces): a rerun on the
       # same machine continues it (its runs resume); the report is published into the logs.
       local study_out=${APE_GPU_STUDY_DIR:-$(dirname "$dir")/gpu-study}
