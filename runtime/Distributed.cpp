@@ -241,7 +241,8 @@ void run_collective(c10d::Backend &pg, const at::Device &device, std::vector<at:
 }
 }  // namespace
 
-double DataParallel::average_gradients(const std::vector<at::Tensor> &params, double loss, int64_t step) {
+double DataParallel::average_gradients(const std::vector<at::Tensor> &params, const at::Tensor &loss,
+                                       int64_t step) {
   const std::string what = "the gradient all-reduce of step " + std::to_string(step);
   std::vector<at::Tensor> grads;
   for (const auto &p : params)
@@ -274,10 +275,11 @@ double DataParallel::average_gradients(const std::vector<at::Tensor> &params, do
   for (size_t b = 0; b < buckets.size(); ++b) {
     std::vector<at::Tensor> parts;
     for (size_t i : buckets[b]) parts.push_back(grads[i].reshape({-1}));
-    if (b + 1 == buckets.size()) parts.push_back(at::full({1}, loss, grads[buckets[b].front()].options()));
+    if (b + 1 == buckets.size())
+      parts.push_back(loss.detach().reshape({1}).to(grads[buckets[b].front()].options()));
     flats.push_back(at::cat(parts));
   }
-  if (flats.empty()) flats.push_back(at::full({1}, loss, at::kDouble));
+  if (flats.empty()) flats.push_back(loss.detach().reshape({1}).to(at::kDouble));
   // Every bucket in flight at once, then wait for each (Gloo runs them on its worker threads).
   const auto t0 = std::chrono::steady_clock::now();
   try {

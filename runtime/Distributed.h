@@ -81,8 +81,9 @@ class DataParallel {
 
   // Replaces every gradient of `params` by its mean over the ranks (bucketed, see above); params
   // without a gradient are skipped (the same on every rank: checked on the first call). Returns the
-  // mean of `loss` over the ranks. `step` names the step in errors.
-  double average_gradients(const std::vector<at::Tensor> &params, double loss, int64_t step);
+  // mean of `loss` (a one-element tensor on the gradients' device: it rides in the last bucket, so
+  // the host reads nothing before the all-reduce) over the ranks. `step` names the step in errors.
+  double average_gradients(const std::vector<at::Tensor> &params, const at::Tensor &loss, int64_t step);
 
   // Copies rank 0's values of `tensors` into every rank's (the same list on every rank).
   void broadcast_from_root(const std::vector<at::Tensor> &tensors, const std::string &what);

@@ -661,10 +661,12 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       state_.step = step + 1;
       if (int64_t(pending.size()) >= every) read_pending();
     } else {
-      double l = loss.item<double>();
+      double l = 0;
       if (dp_) {  // the mean loss and gradients over the ranks: every rank then decides alike
-        loss.backward();
-        l = dp_->average_gradients(impl_->params, l, step + 1);
+        loss.backward();  // queued before any read of the loss
+        l = dp_->average_gradients(impl_->params, loss, step + 1);
+      } else {
+        l = loss.item<double>();
       }
       if (!std::isfinite(l)) {
         end_line();

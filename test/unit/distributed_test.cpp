@@ -120,7 +120,7 @@ TEST(Distributed, CollectivesOnTwoRanks) {
     params[0].mutable_grad() = at::full({3, 4}, float(r + 1));
     params[1].mutable_grad() = at::full({5}, 10.0f * float(r + 1));
     // params[2] has no gradient on either rank: skipped.
-    const double loss = dp.average_gradients(params, 2.0 + r, 1);
+    const double loss = dp.average_gradients(params, at::scalar_tensor(2.0 + r), 1);
     EXPECT_DOUBLE_EQ(loss, 2.5);
     EXPECT_TRUE(params[0].grad().equal(at::full({3, 4}, 1.5f)));
     EXPECT_TRUE(params[1].grad().equal(at::full({5}, 15.0f)));
