@@ -236,22 +236,15 @@ std::string cuda_sync_debug_mode() {
   }
 }
 
-CudaSyncCheck::CudaSyncCheck() {
-  const c10::cuda::SyncDebugMode mode = requested_sync_debug();
-  if (mode == c10::cuda::SyncDebugMode::L_DISABLED) return;
-  on_ = true;
+CudaSyncDebugScope::CudaSyncDebugScope(Mode mode) {
+  const c10::cuda::SyncDebugMode want =
+      mode == kOff ? c10::cuda::SyncDebugMode::L_DISABLED : requested_sync_debug();
+  if (mode == kFromEnvironment && want == c10::cuda::SyncDebugMode::L_DISABLED) return;
   was_ = static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode());
-  c10::cuda::warning_state().set_sync_debug_mode(mode);
+  c10::cuda::warning_state().set_sync_debug_mode(want);
 }
-CudaSyncCheck::~CudaSyncCheck() {
-  if (on_) c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(was_));
-}
-CudaSyncAllowed::CudaSyncAllowed()
-    : was_(static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode())) {
-  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-}
-CudaSyncAllowed::~CudaSyncAllowed() {
-  c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(was_));
+CudaSyncDebugScope::~CudaSyncDebugScope() {
+  if (was_ >= 0) c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(was_));
 }
 
 }  // namespace ape
@@ -293,10 +286,8 @@ at::Tensor to_device_async(const at::Tensor &host, const c10::Device &device) {
   return device.is_cpu() ? host : host.to(device);
 }
 std::string cuda_sync_debug_mode() { return "off"; }
-CudaSyncCheck::CudaSyncCheck() = default;
-CudaSyncCheck::~CudaSyncCheck() = default;
-CudaSyncAllowed::CudaSyncAllowed() = default;
-CudaSyncAllowed::~CudaSyncAllowed() = default;
+CudaSyncDebugScope::CudaSyncDebugScope(Mode) {}
+CudaSyncDebugScope::~CudaSyncDebugScope() = default;
 
 }  // namespace ape
 #endif

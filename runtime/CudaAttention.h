@@ -77,35 +77,28 @@ int64_t cuda_peak_memory(int64_t index);
 // for every kernel already queued, i.e. for the whole previous step. On the CPU: `host` itself.
 at::Tensor to_device_async(const at::Tensor &host, const c10::Device &device);
 
-// While a CudaSyncCheck lives, and $APE_CUDA_SYNC_DEBUG is "warn" or "error", LibTorch's CUDA
-// sync debug mode is on (torch.cuda.set_sync_debug_mode): a call that makes the host wait for
-// the GPU (an item(), a copy to or from pageable memory, a stream synchronisation) prints
-// "called a synchronizing CUDA operation" or throws it. A CudaSyncAllowed marks a place that
-// waits on purpose (reading the queued losses, writing a checkpoint): the mode is off while it
-// lives. The GPU check's training smoke runs ape-train so and counts the warnings. Without CUDA
-// kernels in the build, or without the variable: nothing.
-class CudaSyncCheck {
+// LibTorch's CUDA sync debug mode (torch.cuda.set_sync_debug_mode) while a CudaSyncDebugScope
+// lives, the mode before restored after it:
+//   kFromEnvironment  the mode $APE_CUDA_SYNC_DEBUG names, "warn" or "error" (otherwise nothing
+//                     changes): a call that makes the host wait for the GPU (an item(), a copy to
+//                     or from pageable memory, a stream synchronisation) then prints "called a
+//                     synchronizing CUDA operation" or throws it (the trainer's queued steps; the
+//                     GPU check's training smoke counts the warnings);
+//   kOff              off: a place that waits on purpose (reading the queued losses, writing a
+//                     checkpoint).
+// Without CUDA kernels in the build: nothing.
+class CudaSyncDebugScope {
  public:
-  CudaSyncCheck();
-  ~CudaSyncCheck();
-  CudaSyncCheck(const CudaSyncCheck &) = delete;
-  CudaSyncCheck &operator=(const CudaSyncCheck &) = delete;
+  enum Mode { kFromEnvironment, kOff };
+  explicit CudaSyncDebugScope(Mode mode);
+  ~CudaSyncDebugScope();
+  CudaSyncDebugScope(const CudaSyncDebugScope &) = delete;
+  CudaSyncDebugScope &operator=(const CudaSyncDebugScope &) = delete;
 
  private:
-  int was_ = 0;
-  bool on_ = false;
+  int was_ = -1;  // the mode before, or -1 when nothing changed
 };
 // LibTorch's CUDA sync debug mode now: "off", "warn" or "error" ("off" without CUDA kernels).
 std::string cuda_sync_debug_mode();
-class CudaSyncAllowed {
- public:
-  CudaSyncAllowed();
-  ~CudaSyncAllowed();
-  CudaSyncAllowed(const CudaSyncAllowed &) = delete;
-  CudaSyncAllowed &operator=(const CudaSyncAllowed &) = delete;
-
- private:
-  int was_ = 0;
-};
 
 }  // namespace ape

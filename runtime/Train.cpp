@@ -318,7 +318,7 @@ TrainResult Trainer::result() const {
 }
 
 void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
-  const CudaSyncAllowed waits_on_purpose;  // the state's copies to the host
+  const CudaSyncDebugScope waits_on_purpose(CudaSyncDebugScope::kOff);  // the state's copies to the host
   if (dp_) {  // every rank holds the same model and data position; rank 0 writes them
     std::vector<at::Tensor> tensors;
     for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);
@@ -599,7 +599,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   // Reads the queued steps (one wait for the device) and checks them in order.
   auto read_pending = [&] {
     if (pending.empty()) return;
-    const CudaSyncAllowed waits_on_purpose;
+    const CudaSyncDebugScope waits_on_purpose(CudaSyncDebugScope::kOff);
     std::vector<at::Tensor> all;
     for (const auto &p : pending) all.push_back(p.loss_and_norm);
     const at::Tensor host = at::stack(all).cpu();
@@ -632,9 +632,9 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   // once a step together with the stop requests (below); the loop's branches follow it alike.
   state_.elapsed = elapsed0;
   // $APE_CUDA_SYNC_DEBUG: a wait for the GPU inside the queued steps warns or throws (the reads of
-  // the queued losses and the checkpoints wait on purpose: CudaSyncAllowed).
-  std::optional<CudaSyncCheck> sync_check;
-  if (deferred) sync_check.emplace();
+  // the queued losses and the checkpoints wait on purpose: CudaSyncDebugScope::kOff).
+  std::optional<CudaSyncDebugScope> sync_check;
+  if (deferred) sync_check.emplace(CudaSyncDebugScope::kFromEnvironment);
   for (;;) {
     const int64_t step = state_.step;
     if (!dp_) state_.elapsed = elapsed0 + since_start();

@@ -167,18 +167,19 @@ TEST(Device, ForeachAdamWIsLibTorchsBitForBit) {
 }
 
 // The instrument of the GPU check's training smoke (train_smoke.py): $APE_CUDA_SYNC_DEBUG turns
-// LibTorch's sync debug mode on while a CudaSyncCheck lives (the trainer's queued steps), off
-// inside a CudaSyncAllowed (the reads on purpose), and back as it was after each; the batches'
+// LibTorch's sync debug mode on while a CudaSyncDebugScope(kFromEnvironment) lives (the trainer's
+// queued steps), off inside a CudaSyncDebugScope(kOff) (the reads on purpose), and back as it was
+// after each; the batches'
 // copy to the device is the tensor itself on the CPU.
 TEST(Device, SyncDebugModeCoversTheQueuedStepsOnly) {
   const bool built = ape::cuda_attention_built();
   ASSERT_EQ(ape::cuda_sync_debug_mode(), "off");
   ::setenv("APE_CUDA_SYNC_DEBUG", "error", 1);
   {
-    const ape::CudaSyncCheck check;
+    const ape::CudaSyncDebugScope check(ape::CudaSyncDebugScope::kFromEnvironment);
     EXPECT_EQ(ape::cuda_sync_debug_mode(), built ? "error" : "off");
     {
-      const ape::CudaSyncAllowed allowed;
+      const ape::CudaSyncDebugScope allowed(ape::CudaSyncDebugScope::kOff);
       EXPECT_EQ(ape::cuda_sync_debug_mode(), "off");
     }
     EXPECT_EQ(ape::cuda_sync_debug_mode(), built ? "error" : "off");
@@ -186,12 +187,12 @@ TEST(Device, SyncDebugModeCoversTheQueuedStepsOnly) {
   EXPECT_EQ(ape::cuda_sync_debug_mode(), "off");
   ::setenv("APE_CUDA_SYNC_DEBUG", "warn", 1);
   {
-    const ape::CudaSyncCheck check;
+    const ape::CudaSyncDebugScope check(ape::CudaSyncDebugScope::kFromEnvironment);
     EXPECT_EQ(ape::cuda_sync_debug_mode(), built ? "warn" : "off");
   }
   ::setenv("APE_CUDA_SYNC_DEBUG", "verbose", 1);  // not a mode: nothing
   {
-    const ape::CudaSyncCheck check;
+    const ape::CudaSyncDebugScope check(ape::CudaSyncDebugScope::kFromEnvironment);
     EXPECT_EQ(ape::cuda_sync_debug_mode(), "off");
   }
   ::unsetenv("APE_CUDA_SYNC_DEBUG");
