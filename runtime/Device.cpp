@@ -17,10 +17,14 @@ const char *const kDeviceHelp =
     "Where the model runs: cpu, cuda or cuda:N (the generated CUDA kernels on GPU N)";
 const char *const kPrecisionHelp =
     "auto (f32 on the CPU, bf16 on a GPU), bf16 (autocast; fp32 weights, optimizer state and "
-    "gradients) or f32";
+    "gradients), f16 (the same with float16; training scales the loss dynamically) or f32";
 
 std::string ComputeDevice::str() const {
-  return device.str() + (precision == Precision::BF16 ? " (bf16 autocast)" : " (f32)");
+  switch (precision) {
+    case Precision::BF16: return device.str() + " (bf16 autocast)";
+    case Precision::F16: return device.str() + " (f16 autocast)";
+    default: return device.str() + " (f32)";
+  }
 }
 
 namespace {
@@ -66,27 +70,24 @@ ComputeDevice choose_device(const std::string &device, const std::string &precis
     d.precision = d.is_cuda() ? Precision::BF16 : Precision::F32;
   } else if (precision == "f32") {
     d.precision = Precision::F32;
-  } else if (precision == "bf16") {
+  } else if (precision == "bf16" || precision == "f16") {
     if (!d.is_cuda())
-      throw std::invalid_argument("--precision bf16: the CPU kernels compute in float32; bf16 is for "
-                                  "--device cuda");
-    d.precision = Precision::BF16;
-  } else if (precision == "f16") {
-    throw std::invalid_argument("--precision f16: float16 training needs loss scaling, which ape-train "
-                                "does not do; use bf16 (the same speed on sm_80 and later)");
+      throw std::invalid_argument("--precision " + precision + ": the CPU kernels compute in float32; " +
+                                  precision + " is for --device cuda");
+    d.precision = precision == "bf16" ? Precision::BF16 : Precision::F16;
   } else {
-    throw std::invalid_argument("--precision " + precision + ": expected auto, bf16 or f32");
+    throw std::invalid_argument("--precision " + precision + ": expected auto, bf16, f16 or f32");
   }
   return d;
 }
 
 AutocastScope::AutocastScope(const ComputeDevice &dev) {
-  if (!dev.is_cuda() || dev.precision != Precision::BF16) return;
+  if (!dev.is_cuda() || dev.precision == Precision::F32) return;
   on_ = true;
   was_enabled_ = at::autocast::is_autocast_enabled(c10::kCUDA);
   was_dtype_ = at::autocast::get_autocast_dtype(c10::kCUDA);
   at::autocast::set_autocast_enabled(c10::kCUDA, true);
-  at::autocast::set_autocast_dtype(c10::kCUDA, c10::kBFloat16);
+  at::autocast::set_autocast_dtype(c10::kCUDA, dev.attention_dtype());
   at::autocast::increment_nesting();
 }
 

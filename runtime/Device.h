@@ -9,8 +9,9 @@
 //               bf16    autocast to bfloat16 on the GPU: matmuls and attention in bf16 with fp32
 //                       accumulation, master weights, optimizer state, layer norms, the loss and
 //                       every parameter gradient in float32 (torch.autocast's rules)
+//               f16     autocast to float16 on the GPU, the same rules as bf16; training scales the
+//                       loss dynamically (LossScaler, runtime/Train.h) against float16's range
 //               f32     float32 everywhere
-// float16 is refused for training: it needs loss scaling, which the trainer does not do.
 #pragma once
 
 #include <cstdint>
@@ -23,21 +24,21 @@
 namespace ape {
 struct KernelEntry;
 
-enum class Precision { F32, BF16 };
+enum class Precision { F32, BF16, F16 };
 
 struct ComputeDevice {
   c10::Device device = c10::Device(c10::kCPU);
   Precision precision = Precision::F32;
 
   bool is_cuda() const { return device.is_cuda(); }
-  // The dtype attention's q, k, v have: float32, or bfloat16 under autocast.
+  // The dtype attention's q, k, v have: float32, or bfloat16 / float16 under autocast.
   c10::ScalarType attention_dtype() const {
-    return precision == Precision::BF16 ? c10::kBFloat16 : c10::kFloat;
+    return precision == Precision::BF16 ? c10::kBFloat16 : precision == Precision::F16 ? c10::kHalf : c10::kFloat;
   }
   std::string str() const;  // "cpu (f32)", "cuda:0 (bf16 autocast)"
 };
 
-// Parses and checks --device and --precision ("auto", "bf16", "f32"); throws std::invalid_argument
+// Parses and checks --device and --precision ("auto", "bf16", "f16", "f32"); throws std::invalid_argument
 // with a message naming the option, what is wrong and what to do.
 ComputeDevice choose_device(const std::string &device, const std::string &precision = "auto");
 
@@ -48,7 +49,7 @@ ComputeDevice choose_device(const std::string &device, const std::string &precis
 void check_encoding_on(const ComputeDevice &dev, const KernelEntry &entry, int64_t head_dim,
                        std::ostream *log = nullptr);
 
-// Autocast to bfloat16 on dev's GPU while it lives (torch.autocast("cuda", torch.bfloat16));
+// Autocast to bfloat16 or float16 on dev's GPU while it lives (torch.autocast("cuda", dtype));
 // nothing for float32 or on the CPU.
 class AutocastScope {
  public:

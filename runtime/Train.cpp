@@ -24,6 +24,7 @@
 #include "ape/contract/value_rules.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/CudaAttention.h"
+#include "runtime/Device.h"
 #include "runtime/Distributed.h"
 #include "runtime/Options.h"
 #include "runtime/Threads.h"
@@ -107,7 +108,8 @@ nlohmann::json TrainResult::to_json() const {
           {"seconds", seconds},
           {"tokens_per_second", tokens_per_second},
           {"first_loss", first_loss},
-          {"final_loss", final_loss}};
+          {"final_loss", final_loss},
+          {"skipped_steps", skipped_steps}};
 }
 
 double learning_rate(const TrainConfig &cfg, int64_t step, double progress) {
@@ -189,6 +191,20 @@ std::string tensor_digest(const at::Tensor &t) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
+// p's AdamW state in `states`, created as LibTorch's AdamW creates it (step 0, zero moments).
+torch::optim::AdamWParamState &adam_state(
+    ska::flat_hash_map<void *, std::unique_ptr<torch::optim::OptimizerParamState>> &states, const at::Tensor &p) {
+  void *key = p.unsafeGetTensorImpl();
+  auto it = states.find(key);
+  if (it == states.end()) {
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(0);
+    st->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    st->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    it = states.emplace(key, std::move(st)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState &>(*it->second);
+}
 }  // namespace
 
 void adamw_step(torch::optim::AdamW &opt) {
@@ -209,16 +225,7 @@ void adamw_step(torch::optim::AdamW &opt) {
       if (!p.grad().defined()) continue;
       if (p.grad().is_sparse()) throw std::invalid_argument("adamw_step: sparse gradients are not supported");
       if (o.weight_decay() != 0) decayed.push_back(p);
-      void *key = p.unsafeGetTensorImpl();
-      auto it = states.find(key);
-      if (it == states.end()) {
-        auto st = std::make_unique<torch::optim::AdamWParamState>();
-        st->step(0);
-        st->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        st->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        it = states.emplace(key, std::move(st)).first;
-      }
-      auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+      auto &st = adam_state(states, p);
       st.step(st.step() + 1);
       Bucket &b = by_step[st.step()];
       b.params.push_back(p);
@@ -243,10 +250,106 @@ void adamw_step(torch::optim::AdamW &opt) {
   }
 }
 
+// ---- the fused step, loss scaling ---------------------------------------------------------------------
+
+void FusedAdamW::step(const std::optional<at::Tensor> &found_inf) {
+  at::NoGradGuard no_grad;
+  auto &states = opt_.state();
+  for (auto &group : opt_.param_groups()) {
+    const auto &o = static_cast<const torch::optim::AdamWOptions &>(group.options());
+    if (o.amsgrad()) throw std::logic_error("FusedAdamW: amsgrad is not supported");
+    std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+    for (auto &p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (p.grad().is_sparse()) throw std::invalid_argument("FusedAdamW: sparse gradients are not supported");
+      if (!params.empty() && (p.device() != params[0].device() || p.scalar_type() != params[0].scalar_type()))
+        throw std::invalid_argument("FusedAdamW: a param group's parameters must share one device and dtype");
+      void *key = p.unsafeGetTensorImpl();
+      auto &st = adam_state(states, p);
+      auto s = steps_.find(key);
+      if (s == steps_.end())  // a fill on the device, no copy from the host
+        s = steps_.emplace(key, at::full({}, double(st.step()), p.options().dtype(at::kFloat))).first;
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avg.push_back(st.exp_avg());
+      exp_avg_sq.push_back(st.exp_avg_sq());
+      steps.push_back(s->second);
+    }
+    if (params.empty()) continue;
+    // As PyTorch's AdamW(fused=True) with a GradScaler: the counts advance, the kernel skips
+    // everything when found_inf is 1, and the counts go back by found_inf.
+    at::_foreach_add_(steps, 1);
+    at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, {}, steps, o.lr(), std::get<0>(o.betas()),
+                      std::get<1>(o.betas()), o.weight_decay(), o.eps(), /*amsgrad=*/false, /*maximize=*/false,
+                      std::nullopt, found_inf);
+    if (found_inf) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *found_inf));
+  }
+}
+
+void FusedAdamW::store_steps() {
+  if (steps_.empty()) return;
+  std::vector<void *> keys;
+  std::vector<at::Tensor> counts;
+  for (const auto &[key, t] : steps_) {
+    keys.push_back(key);
+    counts.push_back(t.to(at::kCPU, at::kDouble));
+  }
+  auto &states = opt_.state();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = states.find(keys[i]);
+    if (it == states.end()) continue;
+    static_cast<torch::optim::AdamWParamState &>(*it->second).step(std::llround(counts[i].item<double>()));
+  }
+}
+
+void LossScaler::Options::validate() const {
+  if (!(std::isfinite(init_scale) && init_scale > 0))
+    throw std::invalid_argument("loss scaling: the initial scale must be finite and above 0");
+  if (!(std::isfinite(growth_factor) && growth_factor > 1))
+    throw std::invalid_argument("loss scaling: the growth factor must be finite and above 1");
+  if (!(backoff_factor > 0 && backoff_factor < 1))
+    throw std::invalid_argument("loss scaling: the backoff factor must be in (0, 1)");
+  if (growth_interval < 1) throw std::invalid_argument("loss scaling: the growth interval must be at least 1");
+}
+
+LossScaler::LossScaler(const at::Device &device, const Options &options) : opt_(options) {
+  opt_.validate();
+  const auto f = at::TensorOptions().dtype(at::kFloat).device(device);
+  scale_ = at::full({}, opt_.init_scale, f);
+  growth_tracker_ = at::zeros({}, f.dtype(at::kInt));
+  found_inf_ = at::zeros({}, f);
+}
+
+at::Tensor LossScaler::scale(const at::Tensor &loss) const { return loss * scale_; }
+
+const at::Tensor &LossScaler::unscale(const std::vector<at::Tensor> &grads) {
+  at::NoGradGuard no_grad;
+  found_inf_.zero_();
+  if (!grads.empty()) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, scale_.reciprocal());
+  return found_inf_;
+}
+
+void LossScaler::update() {
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, opt_.growth_factor, opt_.backoff_factor,
+                         opt_.growth_interval);
+}
+
+std::pair<double, int64_t> LossScaler::state() const {
+  return {scale_.item<double>(), static_cast<int64_t>(growth_tracker_.item<int>())};
+}
+
+void LossScaler::set_state(double scale, int64_t growth_tracker) {
+  scale_.fill_(scale);
+  growth_tracker_.fill_(growth_tracker);
+}
+
 // ---- the trainer -------------------------------------------------------------------------------------
 
 struct Trainer::Impl {
   std::unique_ptr<torch::optim::AdamW> opt;
+  std::unique_ptr<FusedAdamW> fused;     // the optimizer step when Trainer::fused_adamw (a GPU)
+  std::unique_ptr<LossScaler> scaler;    // when Trainer::loss_scaling (float16)
+  std::optional<std::pair<double, int64_t>> saved_scaler;  // a checkpoint's, for run()'s scaler
   std::vector<torch::Tensor> params;
   std::vector<std::pair<std::string, torch::Tensor>> named;  // every parameter, by name
 };
@@ -273,6 +376,16 @@ std::string rate_str(double tps) {
 
 std::string adam_key(const std::string &param, const char *what) { return "train/adam/" + param + "/" + what; }
 constexpr const char *kRngKey = "train/rng/cpu";
+constexpr const char *kScaleKey = "train/scaler/scale";
+constexpr const char *kGrowthKey = "train/scaler/growth_tracker";
+
+// The gradients loss scaling unscales: every parameter's that has one.
+std::vector<at::Tensor> gradients(const std::vector<at::Tensor> &params) {
+  std::vector<at::Tensor> g;
+  for (const auto &p : params)
+    if (p.grad().defined()) g.push_back(p.grad());
+  return g;
+}
 }  // namespace
 
 Trainer::Trainer(LanguageModel &model, TrainSampler &sampler, const TrainConfig &cfg)
@@ -304,6 +417,7 @@ TrainResult Trainer::result() const {
   TrainResult res;
   res.steps = state_.step;
   res.losses = state_.losses;
+  res.skipped_steps = state_.skipped;
   res.seconds = state_.elapsed;
   res.tokens_per_second =
       res.seconds > 0 ? double(res.steps * cfg_.batch * cfg_.world_size * cfg_.seq_len) / res.seconds : 0.0;
@@ -330,6 +444,7 @@ void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
     dp_->check_same(h, "the model and data position at step " + std::to_string(state_.step));
     if (dp_->rank() != 0) return;
   }
+  if (impl_->fused) impl_->fused->store_steps();  // the counts on the device into opt.state()
   nlohmann::json samplers = nlohmann::json::array();
   for (int64_t r = 0; r < cfg_.world_size; ++r)
     samplers.push_back({{"rank", r}, {"engine", sampler_.engine_state()}, {"windows", sampler_.windows()}});
@@ -337,6 +452,7 @@ void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
   config["model"] = model_->config().to_json();
   config["train"] = cfg_.to_json();
   config["state"] = {{"step", state_.step},
+                     {"skipped_steps", state_.skipped},
                      {"elapsed_seconds", state_.elapsed},
                      {"losses", state_.losses},
                      {"complete", state_.complete},
@@ -356,6 +472,11 @@ void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     tensors.emplace_back(kRngKey, gen.get_state());
+  }
+  if (impl_->scaler) {
+    const auto [scale, growth] = impl_->scaler->state();
+    tensors.emplace_back(kScaleKey, at::scalar_tensor(scale, at::kFloat));
+    tensors.emplace_back(kGrowthKey, at::scalar_tensor(growth, at::kLong));
   }
   write_file_atomically(path, encode_checkpoint(model_->config().encoding, config, tensors),
                         "APE_TEST_KILL_DURING_CHECKPOINT");
@@ -393,6 +514,7 @@ void Trainer::restore(const Checkpoint &ckpt) {
   int64_t windows = 0;
   try {
     s.step = st->at("step").get<int64_t>();
+    s.skipped = st->value("skipped_steps", int64_t{0});
     s.elapsed = st->at("elapsed_seconds").get<double>();
     s.losses = st->at("losses").get<std::vector<double>>();
     s.complete = st->at("complete").get<bool>();
@@ -414,6 +536,8 @@ void Trainer::restore(const Checkpoint &ckpt) {
   }
   if (s.step < 0 || (cfg_.steps > 0 && s.step > cfg_.steps))
     throw fail("step " + std::to_string(s.step) + " is outside the budget of " + std::to_string(cfg_.steps));
+  if (s.skipped < 0 || s.skipped > s.step)
+    throw fail(std::to_string(s.skipped) + " skipped steps of " + std::to_string(s.step));
   if (static_cast<int64_t>(s.losses.size()) != s.step)
     throw fail(std::to_string(s.losses.size()) + " losses for " + std::to_string(s.step) + " steps");
   if (!(s.elapsed >= 0 && std::isfinite(s.elapsed))) throw fail("bad elapsed_seconds");
@@ -433,11 +557,18 @@ void Trainer::restore(const Checkpoint &ckpt) {
   std::map<std::string, const torch::Tensor *> by_name;
   for (const auto &[name, p] : impl_->named) by_name.emplace(name, &p);
   std::map<std::string, std::array<const SavedTensor *, 3>> adam;
-  const SavedTensor *rng = nullptr;
+  const SavedTensor *rng = nullptr, *scale = nullptr, *growth = nullptr;
   for (const auto &t : ckpt.tensors) {
     if (t.name.rfind("train/", 0) != 0) continue;
     if (t.name == kRngKey) {
       rng = &t;
+      continue;
+    }
+    if (t.name == kScaleKey || t.name == kGrowthKey) {
+      const bool is_scale = t.name == kScaleKey;
+      if (t.dtype != (is_scale ? at::kFloat : at::kLong) || !t.shape.empty())
+        throw fail("loss-scaling state '" + t.name + "' has the wrong shape or dtype");
+      (is_scale ? scale : growth) = &t;
       continue;
     }
     static const char *kinds[] = {"exp_avg", "exp_avg_sq", "step"};
@@ -465,6 +596,14 @@ void Trainer::restore(const Checkpoint &ckpt) {
     std::memcpy(&step, ckpt.bytes.data() + parts[2]->offset, sizeof step);
     if (step < 1 || step > s.step) throw fail("optimizer step " + std::to_string(step) + " of '" + param + "'");
   }
+  std::optional<std::pair<double, int64_t>> scaler;
+  if (scale || growth) {
+    if (!scale || !growth) throw fail("incomplete loss-scaling state");
+    const double sc = ckpt.tensor(*scale).item<double>();
+    const int64_t gr = ckpt.tensor(*growth).item<int64_t>();
+    if (!(std::isfinite(sc) && sc > 0) || gr < 0) throw fail("bad loss-scaling state");
+    scaler.emplace(sc, gr);
+  }
   auto gen = at::detail::getDefaultCPUGenerator();
   if (!rng) throw fail("no random state (" + std::string(kRngKey) + ")");
   {
@@ -487,6 +626,12 @@ void Trainer::restore(const Checkpoint &ckpt) {
     ps->exp_avg(ckpt.tensor(*it->second[0]).to(p.device()));  // files are device-independent
     ps->exp_avg_sq(ckpt.tensor(*it->second[1]).to(p.device()));
     states[p.unsafeGetTensorImpl()] = std::move(ps);
+  }
+  if (impl_->fused) impl_->fused->reload_steps();
+  impl_->saved_scaler = scaler;  // a run without loss scaling ignores it
+  if (impl_->scaler) {
+    if (scaler) impl_->scaler->set_state(scaler->first, scaler->second);
+    else impl_->scaler = std::make_unique<LossScaler>(impl_->scaler->scale_tensor().device(), loss_scale_options);
   }
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -549,8 +694,41 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   const bool on_cpu = device.is_cpu();
   const int64_t every = read_every > 0 ? read_every : (on_cpu ? 1 : 16);
   const bool deferred = every > 1 && !dp_;
+  // The optimizer step and loss scaling (Train.h): chosen here, once the model is placed.
+  if (fused_adamw.value_or(!on_cpu)) {
+    if (!impl_->fused) impl_->fused = std::make_unique<FusedAdamW>(opt);
+  } else if (impl_->fused) {
+    impl_->fused->store_steps();
+    impl_->fused.reset();
+  }
+  if (loss_scaling.value_or(model_->placement().precision == Precision::F16)) {
+    if (!impl_->scaler) {
+      impl_->scaler = std::make_unique<LossScaler>(device, loss_scale_options);
+      if (impl_->saved_scaler) impl_->scaler->set_state(impl_->saved_scaler->first, impl_->saved_scaler->second);
+    }
+  } else {
+    impl_->scaler.reset();
+  }
+  LossScaler *const scaler = impl_->scaler.get();
+  // found_inf: the step's overflow flag under loss scaling (the step is then skipped). FusedAdamW
+  // skips on the device; adamw_step (the CPU's) is skipped by the host, which reads the flag.
+  auto optimizer_step = [&](const std::optional<at::Tensor> &found_inf) {
+    if (impl_->fused) impl_->fused->step(found_inf);
+    else if (!found_inf || found_inf->item<float>() == 0) adamw_step(opt);
+  };
+  // The scale after a step: below 1, float16 cannot hold the gradients at their true size.
+  auto check_scale = [&](double scale, int64_t step) {
+    if (scale >= 1) return;
+    end_line();
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "loss scaling: the scale fell to %g at step %lld (%lld update(s) skipped for non-finite "
+                  "gradients): the gradients overflow float16 even unscaled. Training stopped; ",
+                  scale, (long long)(step + 1), (long long)state_.skipped);
+    throw TrainingDiverged(who + buf + kept() + ". Use --precision bf16, or a lower --lr.");
+  };
   struct Pending {
-    at::Tensor loss_and_norm;  // float64 [2] on the device
+    at::Tensor record;  // float64 on the device: loss, gradient norm[, found_inf, scale after the step]
     double lr;
   };
   std::vector<Pending> pending;
@@ -601,12 +779,15 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     if (pending.empty()) return;
     const CudaSyncDebugScope waits_on_purpose(CudaSyncDebugScope::kOff);
     std::vector<at::Tensor> all;
-    for (const auto &p : pending) all.push_back(p.loss_and_norm);
+    for (const auto &p : pending) all.push_back(p.record);
     const at::Tensor host = at::stack(all).cpu();
     const double *v = host.data_ptr<double>();
+    const int64_t w = host.size(1);
     const int64_t first_step = int64_t(state_.losses.size());
+    bool any_skipped = false;
     for (size_t i = 0; i < pending.size(); ++i) {
-      const double l = v[2 * i], gnorm = v[2 * i + 1];
+      const double l = v[w * i], gnorm = v[w * i + 1];
+      const bool skipped = w == 4 && v[w * i + 2] != 0;
       const int64_t step = first_step + int64_t(i);
       char lr_text[32];
       std::snprintf(lr_text, sizeof lr_text, "%.3g", pending[i].lr);
@@ -617,13 +798,20 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
                                std::to_string(pending.size() - i - 1) + " step(s) later). Training stopped; " +
                                kept() + ". Try a lower --lr.");
       }
-      check_gnorm(step, l, gnorm, lr_text, false);
+      if (skipped) {  // an overflow under loss scaling: no update, the scale halved
+        any_skipped = true;
+        ++state_.skipped;
+      } else {
+        check_gnorm(step, l, gnorm, lr_text, false);
+      }
       account(l);
+      if (w == 4) check_scale(v[w * i + 3], step);
     }
     pending.clear();
     // What the fixed-point gradient sums of the attention kernels could not hold (the gradients
     // concerned are NaN, so the checks above stop the run first; this names the cause).
-    if (const std::string why = cuda_backward_error(device.index()); !why.empty())
+    // Under loss scaling an overflow of the sums is one more overflow: its steps were skipped.
+    if (const std::string why = cuda_backward_error(device.index()); !why.empty() && !any_skipped)
       throw TrainingDiverged(who + "the CUDA attention backward failed by step " + std::to_string(state_.step) +
                              ": " + why + ". Training stopped; " + kept() + ".");
   };
@@ -654,16 +842,24 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     char lr_text[32];
     std::snprintf(lr_text, sizeof lr_text, "%.3g", lr);
     if (deferred) {  // a GPU: the step is queued; its loss and gradient norm are read later
-      loss.backward();
+      (scaler ? scaler->scale(loss) : loss).backward();
+      std::optional<at::Tensor> found_inf;
+      if (scaler) found_inf = scaler->unscale(gradients(impl_->params));
       at::Tensor gnorm = clip_gradients(impl_->params, cfg.grad_clip);
-      adamw_step(opt);
-      pending.push_back({at::stack({loss.detach().to(at::kDouble), gnorm.detach().to(at::kDouble)}), lr});
+      optimizer_step(found_inf);
+      std::vector<at::Tensor> record = {loss.detach().to(at::kDouble), gnorm.detach().to(at::kDouble)};
+      if (scaler) {
+        scaler->update();
+        record.push_back(found_inf->to(at::kDouble));  // copies: the scaler's tensors change next step
+        record.push_back(scaler->scale_tensor().to(at::kDouble));
+      }
+      pending.push_back({at::stack(record), lr});
       state_.step = step + 1;
       if (int64_t(pending.size()) >= every) read_pending();
     } else {
       double l = 0;
       if (dp_) {  // the mean loss and gradients over the ranks: every rank then decides alike
-        loss.backward();  // queued before any read of the loss
+        (scaler ? scaler->scale(loss) : loss).backward();  // queued before any read of the loss
         l = dp_->average_gradients(impl_->params, loss, step + 1);
       } else {
         l = loss.item<double>();
@@ -676,22 +872,30 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
                                (where.empty() ? "" : "; first non-finite value: " + where) +
                                ". Training stopped; " + kept() + ". Try a lower --lr.");
       }
-      if (!dp_) loss.backward();
+      if (!dp_) (scaler ? scaler->scale(loss) : loss).backward();
+      std::optional<at::Tensor> found_inf;  // the same on every rank: the gradients were averaged
+      if (scaler) found_inf = scaler->unscale(gradients(impl_->params));
+      const bool skipped = found_inf && found_inf->item<float>() != 0;
       const double gnorm = clip_gradients(impl_->params, cfg.grad_clip).item<double>();
-      check_gnorm(step, l, gnorm, lr_text, true);
+      if (!skipped) check_gnorm(step, l, gnorm, lr_text, true);
       std::string digest;
       if (step_digest_requested()) {
         digest = "[digest] step " + std::to_string(step + 1) + " batch " + tensor_digest(windows);
         for (const auto &[name, p] : impl_->named) digest += " grad:" + name + " " + tensor_digest(p.grad());
       }
-      adamw_step(opt);
+      optimizer_step(found_inf);
       if (!digest.empty()) {
         for (const auto &[name, p] : impl_->named) digest += " param:" + name + " " + tensor_digest(p);
         end_line();
         out << digest << "\n" << std::flush;
       }
       state_.step = step + 1;
+      state_.skipped += skipped;
       account(l);
+      if (scaler) {
+        scaler->update();
+        check_scale(scaler->scale_tensor().item<double>(), step);
+      }
     }
     const auto now = clock_type::now();
     bool stop = false;
@@ -740,6 +944,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
         line << "  loss " << std::fixed << std::setprecision(4) << last_loss << "  lr " << std::scientific
              << std::setprecision(2) << lr << "  " << rate_str(tps) << " tok/s  " << clock_str(state_.elapsed)
              << " elapsed, " << clock_str(std::max(0.0, left)) << " left";
+        if (state_.skipped > 0) line << "  " << state_.skipped << " skipped (f16 overflow)";
         std::string s = line.str();
         if (cfg.progress_in_place) {
           const size_t w = s.size();

@@ -17,7 +17,9 @@
 //                   positions agree; rank 0 writes the file.
 //   tensors         "train/adam/<param>/exp_avg", ".../exp_avg_sq" (AdamW's moments, f32, the
 //                    param's shape) and ".../step" (i64 scalar) per parameter with optimizer state;
-//                    "train/rng/cpu" (u8): LibTorch's CPU generator.
+//                    "train/rng/cpu" (u8): LibTorch's CPU generator; with loss scaling (f16),
+//                    "train/scaler/scale" (f32 scalar) and "train/scaler/growth_tracker" (i64
+//                    scalar): the LossScaler's state.
 // Data parallel (Trainer::distribute, runtime/Distributed.h): N ranks with `batch` each take the
 // step a single process with batch N·batch takes (the same windows, the mean loss and gradient, to
 // the rounding of the all-reduce). A run may resume on another number of ranks when the global
@@ -34,6 +36,12 @@
 // read_every (16) steps at a time, then checked in step order as a CPU run checks them each step
 // (docs/cuda.md, "Training on a GPU"); checkpoints hold CPU copies, so a run resumes on any device.
 //
+// float16 (--precision f16, runtime/Device.h): the loss is scaled dynamically (LossScaler below,
+// torch.amp.GradScaler's rules): a step whose gradients overflow is skipped on the device (its
+// loss is still recorded; TrainState::skipped counts them) and the scale halves; training stops
+// with TrainingDiverged when the scale falls below 1 (gradients float16 cannot hold at their true
+// size). On a GPU the optimizer step is FusedAdamW, which skips without the host reading anything.
+//
 // Divergence (documented in --help): training stops with TrainingDiverged when the loss or the
 // gradient norm is NaN or inf (the message names the parameter, or the first layer output, where
 // it first appears), or when the mean loss of the last 10 steps exceeds divergence_factor (2) times
@@ -44,7 +52,9 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -95,6 +105,7 @@ struct TrainResult {
   double steady_tokens_per_second = 0;
   double first_loss = 0;  // loss of the first step
   double final_loss = 0;  // mean loss of the last min(20, steps) steps
+  int64_t skipped_steps = 0;  // updates skipped by loss scaling (an overflow; f16)
   std::vector<double> losses;
   nlohmann::json to_json() const;  // without the loss curve
 };
@@ -124,9 +135,64 @@ at::Tensor clip_gradients(const std::vector<at::Tensor> &params, double max_norm
 // default on CUDA). The state stays in opt.state() as AdamWParamState, as checkpoints hold it.
 void adamw_step(torch::optim::AdamW &opt);
 
+// torch::optim::AdamW's step as PyTorch's AdamW(fused=True) takes it (at::_fused_adamw_: one
+// kernel per parameter chunk on a GPU), with the step counts as float32 tensors on the parameters'
+// device, so that a step can be skipped there: with `found_inf` (a float32 [1] tensor on that
+// device, 1 when the step's gradients overflowed under loss scaling) parameters, moments and
+// counts stay as they were, and nothing reads the flag on the host. The moments live in
+// opt.state() (as checkpoints hold them); the counts there are brought up to date by
+// store_steps(). The same math as adamw_step, not the same roundings.
+class FusedAdamW {
+ public:
+  explicit FusedAdamW(torch::optim::AdamW &opt) : opt_(opt) {}
+  void step(const std::optional<at::Tensor> &found_inf = std::nullopt);
+  // opt.state()'s step counts := the device's (reads them: waits for a GPU).
+  void store_steps();
+  // Drops the device's counts: the next step takes them from opt.state() (after it was replaced).
+  void reload_steps() { steps_.clear(); }
+
+ private:
+  torch::optim::AdamW &opt_;
+  std::map<void *, at::Tensor> steps_;  // by parameter (TensorImpl)
+};
+
+// Dynamic loss scaling for float16 training: torch.amp.GradScaler's rules with LibTorch's kernels
+// for them, all on the device. The loss is multiplied by the scale before backward; unscale()
+// divides the gradients by it and flags a non-finite one (at::_amp_foreach_non_finite_check_and_
+// unscale_); the optimizer then skips the step (FusedAdamW); update() halves the scale after such
+// a step and doubles it after growth_interval clean steps in a row (at::_amp_update_scale_). With
+// a power-of-two scale and no overflow, scaling and unscaling change no bit of the gradients.
+class LossScaler {
+ public:
+  struct Options {
+    double init_scale = 65536.0;  // GradScaler's defaults
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    int64_t growth_interval = 2000;
+    void validate() const;  // throws std::invalid_argument
+  };
+  LossScaler(const at::Device &device, const Options &options);
+
+  at::Tensor scale(const at::Tensor &loss) const;  // loss x scale
+  // Unscales the gradients in place; returns the step's found_inf (float32 [1] on the device).
+  const at::Tensor &unscale(const std::vector<at::Tensor> &grads);
+  void update();  // after the step: the new scale from found_inf
+
+  const at::Tensor &scale_tensor() const { return scale_; }  // float32 [1]
+  const at::Tensor &found_inf() const { return found_inf_; }
+  // The state checkpoints hold (read from the device) and its restoration.
+  std::pair<double, int64_t> state() const;
+  void set_state(double scale, int64_t growth_tracker);
+
+ private:
+  Options opt_;
+  at::Tensor scale_, growth_tracker_, found_inf_;
+};
+
 // The state of a training run besides the model (see the header comment).
 struct TrainState {
   int64_t step = 0;       // steps done
+  int64_t skipped = 0;    // of them, steps whose update loss scaling skipped (an overflow)
   double elapsed = 0;     // seconds trained so far, over every resumed part
   std::vector<double> losses;
   bool complete = false;  // the budget is spent
@@ -170,6 +236,14 @@ class Trainer {
   // data parallel, 16 on a GPU, where a read waits for the device). The losses, checks and bits
   // are the same at any setting; only when a divergence is noticed changes (tests set it on the CPU).
   int64_t read_every = 0;
+  // Dynamic loss scaling (LossScaler): on by default when the model computes in float16. Tests
+  // turn it on for float32 on the CPU, where a power-of-two scale changes no bit of the run, and
+  // set the options (an overflow on purpose).
+  std::optional<bool> loss_scaling;
+  LossScaler::Options loss_scale_options;
+  // The optimizer step: FusedAdamW (by default on a GPU) or adamw_step (by default on the CPU,
+  // LibTorch's bits). Tests run the GPU's choice on the CPU.
+  std::optional<bool> fused_adamw;
 
  private:
   struct Impl;

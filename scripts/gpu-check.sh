@@ -240,6 +240,9 @@ train_stage() {  # dir suite_build logs python jobs
   # CudaAttention.h): every wait for the GPU there prints a warning, which train_smoke.py counts.
   APE_CUDA_SYNC_DEBUG=warn step gpu-bf16 "$bin/ape-train" -e rope,cable "${common[@]}" --device cuda \
     --out "$out/gpu-bf16" || rc=1
+  # float16 with dynamic loss scaling (overflowed steps skipped on the device), also without waits.
+  APE_CUDA_SYNC_DEBUG=warn step gpu-f16 "$bin/ape-train" -e rope,cable "${common[@]}" --device cuda \
+    --precision f16 --out "$out/gpu-f16" || rc=1
   # Stopped at step 120 (as Ctrl-C stops it: exit 130), then resumed: on the GPU, and on the CPU.
   APE_TEST_STOP_AFTER_STEP=120 step stop-gpu "$bin/ape-train" -e rope "${common[@]}" --device cuda \
     --out "$out/resume-gpu"

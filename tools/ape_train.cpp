@@ -139,6 +139,8 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
                 name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss, res.final_loss,
                 (long long)std::min<int64_t>(20, res.steps));
   std::cout << summary;
+  if (res.skipped_steps > 0)
+    std::cout << "[" << name << "] loss scaling skipped " << res.skipped_steps << " update(s) (float16 overflow)\n";
   if (res.steady_tokens_per_second > 0)
     std::cout << "[" << name << "] after step " << ape::kSteadyAfter << ": " << std::llround(res.steady_tokens_per_second)
               << " tok/s\n";
@@ -208,7 +210,8 @@ int main(int argc, char **argv) {
                "loss of the last 10 steps exceeds --divergence-factor x the first step's loss; the other\n"
                "encodings of the run still train, and ape-train then exits with status 1.\n\n"
                "On a GPU (--device cuda[:N]) the model trains with the encoding's generated CUDA kernels in bf16\n"
-               "autocast (--precision f32 for float32); weights, optimizer state and gradients stay float32, and\n"
+               "autocast (--precision f16: float16 with dynamic loss scaling, a step whose gradients overflow\n"
+               "is skipped; f32: float32); weights, optimizer state and gradients stay float32, and\n"
                "checkpoints are device-independent (resume, evaluate or decode on either device; docs/cuda.md).\n"
                "The steps are queued without waiting for the GPU (losses are read 16 steps at a time);\n"
                "APE_CUDA_SYNC_DEBUG=warn (or error) reports any wait inside them.\n\n"

@@ -11,12 +11,16 @@ rounding.
   - bf16 autocast against the CPU: matmul inputs rounded to 8 significant bits (relative 2^-9),
     float32 accumulation; on a loss near ln(4096) = 8.3 step 1 moves by well under 0.02, and the
     curves stay within 0.05 nats (0.7%) over the last 20 steps.
+  - f16 autocast with dynamic loss scaling: 11 significant bits, so the bf16 rule holds a fortiori
+    (step 1 within 0.01); an overflowed step is skipped (its update only), and with GradScaler's
+    start (2^16, halving at each overflow) a healthy run skips at most 16 before the scale would
+    fall below 1, where the trainer stops.
   - stopped at step 120 and resumed on the same GPU: every loss bit-identical to the run that was
     never stopped (the kernels are deterministic; the trainer's state is whole).
   - stopped on the GPU and resumed on the CPU: it finishes, with a loss within the bf16 rule.
-The queued steps never wait for the GPU: the bf16 run has LibTorch's sync debug mode on inside
+The queued steps never wait for the GPU: the bf16 and f16 runs have LibTorch's sync debug mode on inside
 them (APE_CUDA_SYNC_DEBUG=warn; the reads of the queued losses and the checkpoints wait on
-purpose), and its log must hold no "called a synchronizing CUDA operation".
+purpose), and their logs must hold no "called a synchronizing CUDA operation".
 """
 import json
 import math
@@ -38,11 +42,14 @@ def checkpoint_config(path):
         return json.loads(f.read(m))
 
 
-def losses(out, run, enc):
+def state(out, run, enc):
     p = out / run / f"{enc}.ckpt"
-    if not p.exists():
-        return None
-    return checkpoint_config(p)["state"]["losses"]
+    return checkpoint_config(p)["state"] if p.exists() else None
+
+
+def losses(out, run, enc):
+    s = state(out, run, enc)
+    return s["losses"] if s else None
 
 
 def tail_mean(xs, n=20):
@@ -63,7 +70,7 @@ def main():
         if cpu is None or len(cpu) != 200:
             check(f"{enc} on the CPU", False, "no complete run (logs/train/cpu.log)")
             continue
-        for run, first_tol, tail_tol in (("gpu-f32", 1e-3, 0.02), ("gpu-bf16", 0.02, 0.05)):
+        for run, first_tol, tail_tol in (("gpu-f32", 1e-3, 0.02), ("gpu-bf16", 0.02, 0.05), ("gpu-f16", 0.01, 0.05)):
             gpu = losses(out, run, enc)
             if gpu is None or len(gpu) != 200:
                 check(f"{enc} {run}", False, f"no complete run (logs/train/{run}.log)")
@@ -72,6 +79,9 @@ def main():
             check(f"{enc} {run} against the CPU", d1 <= first_tol and dt <= tail_tol and all(map(math.isfinite, gpu)),
                   f"step 1 {gpu[0]:.5f} vs {cpu[0]:.5f} (|d| {d1:.2e} <= {first_tol}); last 20 "
                   f"{tail_mean(gpu):.4f} vs {tail_mean(cpu):.4f} (|d| {dt:.4f} <= {tail_tol})")
+            if run == "gpu-f16":
+                skipped = state(out, run, enc).get("skipped_steps", 0)
+                check(f"{enc} gpu-f16 loss scaling", skipped <= 16, f"{skipped} of 200 updates skipped (<= 16)")
 
     whole, resumed = losses(out, "gpu-bf16", "rope"), losses(out, "resume-gpu", "rope")
     if whole and resumed:
@@ -89,16 +99,17 @@ def main():
     else:
         check("rope stopped on the GPU, resumed on the CPU", False, "missing or incomplete checkpoint")
 
-    # The queued steps' host waits (the bf16 run under APE_CUDA_SYNC_DEBUG=warn).
-    bf16_log = out / "gpu-bf16.log"
-    if bf16_log.exists() and losses(out, "gpu-bf16", "rope"):
-        waits = bf16_log.read_text(errors="replace").count("called a synchronizing CUDA operation")
-        check("no host waits inside the queued steps (gpu-bf16)", waits == 0,
-              f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode"
-              + ("" if waits == 0 else "; the first one's stack: rerun the run with APE_CUDA_SYNC_DEBUG=error "
-                 "TORCH_SHOW_CPP_STACKTRACES=1 (logs/train/gpu-bf16.log has the command)"))
-    else:
-        check("no host waits inside the queued steps (gpu-bf16)", False, "no run (logs/train/gpu-bf16.log)")
+    # The queued steps' host waits (the bf16 and f16 runs under APE_CUDA_SYNC_DEBUG=warn).
+    for run in ("gpu-bf16", "gpu-f16"):
+        log = out / f"{run}.log"
+        if log.exists() and losses(out, run, "rope"):
+            waits = log.read_text(errors="replace").count("called a synchronizing CUDA operation")
+            check(f"no host waits inside the queued steps ({run})", waits == 0,
+                  f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode"
+                  + ("" if waits == 0 else "; the first one's stack: rerun the run with APE_CUDA_SYNC_DEBUG=error "
+                     f"TORCH_SHOW_CPP_STACKTRACES=1 (logs/train/{run}.log has the command)"))
+        else:
+            check(f"no host waits inside the queued steps ({run})", False, f"no run (logs/train/{run}.log)")
 
     steps = {}
     steps_file = out / "steps.txt"

@@ -1,8 +1,9 @@
 // Training through the CUDA kernels (runtime/SimtAttention.h): the whole path from a spec to its
 // CUDA kernels to the LibTorch runtime, on the SIMT emulator with its checks on. A few steps of
 // the real training loop with the emulated kernels track the same run on the CPU kernels: the
-// f32 variant step for step (different summation orders only), bf16 within its precision; the
-// loss falls either way.
+// f32 variant step for step (different summation orders only), bf16 within its precision, f16
+// with the trainer's dynamic loss scaling (its scaled gradients through the f16 backward) within
+// f16's; the loss falls either way.
 #include "runtime/Model.h"
 #include "runtime/Registry.h"
 #include "runtime/SimtAttention.h"
@@ -19,7 +20,7 @@
 namespace {
 
 ape::TrainResult train_steps(const std::string &enc, const std::string &kernels,
-                             std::vector<double> &losses) {
+                             std::vector<double> &losses, bool loss_scaling = false) {
   ape::TokenSplit s;
   std::vector<int32_t> phrase{3, 1, 4, 15, 9, 2, 6, 5}, ids;
   for (int r = 0; r < 200; ++r) ids.insert(ids.end(), phrase.begin(), phrase.end());
@@ -43,7 +44,9 @@ ape::TrainResult train_steps(const std::string &enc, const std::string &kernels,
   tc.progress_in_place = false;
   std::ostringstream out;
   ape::TrainSampler sampler(s, 1);
-  ape::TrainResult r = ape::train(model, sampler, tc, out, enc);
+  ape::Trainer trainer(model, sampler, tc);
+  trainer.loss_scaling = loss_scaling;  // as a float16 run on a GPU
+  ape::TrainResult r = trainer.run(out, enc);
   ape::use_cpu_kernels();
   losses = r.losses;
   return r;
@@ -52,19 +55,26 @@ ape::TrainResult train_steps(const std::string &enc, const std::string &kernels,
 class SimtTraining : public ::testing::TestWithParam<std::string> {};
 
 // The encodings whose every CUDA variant the emulated build has (APE_SIMT_FULL_ENCODINGS): the
-// f32 run is compared too; the others have bf16 at head dim 64.
+// f32 and f16 runs are compared too; the others have bf16 at head dim 64.
 bool has_f32(const std::string &enc) { return enc == "rope" || enc == "cable" || enc == "shaw"; }
 
 TEST_P(SimtTraining, EmulatedCudaKernelsTrainLikeTheCpuKernels) {
   const std::string enc = GetParam();
-  std::vector<double> cpu, f32, bf16;
+  std::vector<double> cpu, f32, bf16, f16;
   train_steps(enc, "cpu", cpu);
   if (has_f32(enc)) train_steps(enc, "f32", f32);
+  if (has_f32(enc)) {  // the loss scaled by 2^16 into the f16 backward, unscaled in float32
+    const auto rh = train_steps(enc, "f16", f16, /*loss_scaling=*/true);
+    EXPECT_EQ(rh.skipped_steps, 0);
+    EXPECT_NEAR(f16[0], cpu[0], 2e-3 * std::abs(cpu[0])) << "f16 step 0";
+    EXPECT_LT(rh.final_loss, rh.first_loss - 0.3);
+  }
   const auto rb = train_steps(enc, "bf16", bf16);
   ASSERT_EQ(cpu.size(), bf16.size());
   for (size_t n = 0; n < cpu.size(); ++n) {
-    std::printf("%s step %zu: cpu %.6f  cuda f32 %s  cuda bf16 %.6f\n", enc.c_str(), n, cpu[n],
-                f32.empty() ? "-" : std::to_string(f32[n]).c_str(), bf16[n]);
+    std::printf("%s step %zu: cpu %.6f  cuda f32 %s  cuda bf16 %.6f  cuda f16 %s\n", enc.c_str(), n, cpu[n],
+                f32.empty() ? "-" : std::to_string(f32[n]).c_str(), bf16[n],
+                f16.empty() ? "-" : std::to_string(f16[n]).c_str());
     // fp32 on both sides, different summation orders, compounded over the steps.
     if (!f32.empty()) EXPECT_NEAR(f32[n], cpu[n], 1e-3 * (1 + n)) << "step " << n;
   }

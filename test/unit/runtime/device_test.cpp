@@ -2,7 +2,9 @@
 // the CUDA kernels' refusals by encoding, dtype and head dim, and the trainer's GPU habits checked
 // on the CPU: clipping without a host read (the bits of LibTorch's) and losses read in batches
 // (the same run, the same checks, whatever the batch).
+#include <cmath>
 #include <cstdlib>
+#include <functional>
 
 #include <ATen/Context.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -20,8 +22,14 @@ TEST(Device, TheCpuAndItsPrecision) {
   EXPECT_EQ(d.attention_dtype(), at::kFloat);
   EXPECT_EQ(ape::choose_device("cpu", "f32").str(), "cpu (f32)");
   EXPECT_ERROR(ape::choose_device("cpu", "bf16"), "--precision bf16: the CPU kernels compute in float32");
-  EXPECT_ERROR(ape::choose_device("cpu", "f16"), "float16 training needs loss scaling");
-  EXPECT_ERROR(ape::choose_device("cpu", "fp8"), "--precision fp8: expected auto, bf16 or f32");
+  EXPECT_ERROR(ape::choose_device("cpu", "f16"), "--precision f16: the CPU kernels compute in float32; f16 is for "
+                                                 "--device cuda");
+  EXPECT_ERROR(ape::choose_device("cpu", "fp8"), "--precision fp8: expected auto, bf16, f16 or f32");
+  // The GPU's precisions, as the model and the kernels' checks see them.
+  const ape::ComputeDevice half{c10::Device(c10::kCUDA, 0), ape::Precision::F16};
+  EXPECT_EQ(half.attention_dtype(), at::kHalf);
+  EXPECT_EQ(half.str(), "cuda:0 (f16 autocast)");
+  EXPECT_EQ((ape::ComputeDevice{c10::Device(c10::kCUDA, 0), ape::Precision::BF16}.attention_dtype()), at::kBFloat16);
 }
 
 TEST(Device, BadNamesAreRefused) {
@@ -52,6 +60,7 @@ TEST(Device, CudaNeedsKernelsAndAVisibleGpu) {
   EXPECT_EQ(d.precision, ape::Precision::BF16);  // auto on a GPU
   EXPECT_EQ(d.str(), "cuda:0 (bf16 autocast)");
   EXPECT_EQ(ape::choose_device("cuda:0", "f32").attention_dtype(), at::kFloat);
+  EXPECT_EQ(ape::choose_device("cuda:0", "f16").str(), "cuda:0 (f16 autocast)");
   EXPECT_ERROR(ape::choose_device("cuda:99"), "--device cuda:99: this process sees");
 }
 
@@ -85,6 +94,8 @@ TEST(Device, EncodingsWithoutACudaKernelAreRefusedByName) {
   const ape::ComputeDevice gpu{c10::Device(c10::kCUDA, 0), ape::Precision::BF16};
   EXPECT_ERROR(ape::check_encoding_on(gpu, rope, 48), "--device cuda:0: encoding 'rope' has no bf16 CUDA kernel");
   EXPECT_NO_THROW(ape::check_encoding_on(gpu, rope, 64));
+  const ape::ComputeDevice half{c10::Device(c10::kCUDA, 0), ape::Precision::F16};
+  EXPECT_ERROR(ape::check_encoding_on(half, rope, 48), "--device cuda:0: encoding 'rope' has no f16 CUDA kernel");
   EXPECT_NO_THROW(ape::check_encoding_on(ape::choose_device("cpu"), ape::find_kernel("rope_transition"), 48));
 }
 
@@ -237,6 +248,171 @@ TEST(Device, LossesReadInBatchesTrainTheSameRun) {
     EXPECT_NE(std::string(e.what()).find("found when the queued losses were read, 3 step(s) later"),
               std::string::npos) << e.what();
   }
+}
+
+// ---- float16's loss scaling and the GPU's fused optimizer step, checked on the CPU ----------------
+
+// A run of the trainer as a GPU takes it (queued reads, the fused step) or as the CPU does, with or
+// without loss scaling; `hook` may replace a parameter's gradient (an overflow on purpose).
+struct ScaledRun {
+  std::vector<double> losses;
+  std::vector<at::Tensor> weights;           // after the run
+  std::vector<at::Tensor> wte_after_step;    // the embedding after each step but the last
+  ape::TrainResult result;
+  std::string checkpoint;                    // written at the end
+};
+
+ScaledRun scaled_run(bool scaling, bool gpu_habits, int64_t steps,
+                     const std::function<at::Tensor(int64_t, const at::Tensor &)> &hook = nullptr,
+                     const ape::LossScaler::Options &options = {}, const std::string &tag = "") {
+  const ape::TokenSplit s = phrase_book();
+  at::manual_seed(7);
+  ape::LanguageModel model(testk::bias_entry, tiny_config("test_bias", 16));
+  model->place(ape::choose_device("cpu"));
+  ape::TrainSampler sampler(s, 1);
+  ape::Trainer t(model, sampler, quiet_train_config(steps, 4, 16));
+  t.loss_scaling = scaling;
+  t.loss_scale_options = options;
+  t.fused_adamw = gpu_habits;
+  t.read_every = gpu_habits ? 4 : 1;
+  ScaledRun r;
+  int64_t calls = 0;
+  if (hook)
+    model->wte->weight.register_hook([&calls, hook](const at::Tensor &g) { return hook(++calls, g); });
+  t.interrupt = [&](const ape::TrainState &) {
+    r.wte_after_step.push_back(model->wte->weight.detach().clone());
+    return false;
+  };
+  std::ostringstream out;
+  r.checkpoint = tmp_path("scaled_" + std::string(scaling ? "s" : "p") + (gpu_habits ? "g" : "c") + tag + ".ckpt");
+  r.result = t.run(out, "scaled", r.checkpoint);
+  r.losses = r.result.losses;
+  for (const auto &p : model->parameters()) r.weights.push_back(p.detach().clone());
+  return r;
+}
+
+double saved_scalar(const std::string &path, const std::string &name) {
+  const ape::Checkpoint c = ape::read_checkpoint(path);
+  const ape::SavedTensor *t = c.find(name);
+  return t ? c.tensor(*t).item<double>() : NAN;
+}
+
+// With a power-of-two scale and no overflow, loss scaling changes no bit of a float32 run: on the
+// CPU's path (adamw_step, a read per step) and on the GPU's (FusedAdamW, reads 4 steps at a time).
+// The fused step is AdamW's math (LibTorch's run within float32 rounding).
+TEST(Device, LossScalingChangesNoBitOfAFloat32Run) {
+  for (const bool gpu_habits : {false, true}) {
+    const ScaledRun plain = scaled_run(false, gpu_habits, 12), scaled = scaled_run(true, gpu_habits, 12);
+    EXPECT_EQ(plain.losses, scaled.losses) << "gpu habits " << gpu_habits;
+    ASSERT_EQ(plain.weights.size(), scaled.weights.size());
+    for (size_t i = 0; i < plain.weights.size(); ++i)
+      EXPECT_TRUE(at::equal(plain.weights[i], scaled.weights[i])) << "gpu habits " << gpu_habits << " param " << i;
+    EXPECT_EQ(scaled.result.skipped_steps, 0);
+    EXPECT_EQ(saved_scalar(scaled.checkpoint, "train/scaler/scale"), 65536.0);
+    EXPECT_TRUE(std::isnan(saved_scalar(plain.checkpoint, "train/scaler/scale")));  // no scaler, no state
+    EXPECT_EQ(saved_scalar(scaled.checkpoint, "train/adam/wte.weight/step"), 12.0);
+  }
+  const ScaledRun libtorch = scaled_run(false, false, 12), fused = scaled_run(false, true, 12);
+  for (size_t n = 0; n < libtorch.losses.size(); ++n)
+    EXPECT_NEAR(fused.losses[n], libtorch.losses[n], 1e-5 * (1 + n)) << "step " << n + 1;
+  for (size_t i = 0; i < libtorch.weights.size(); ++i) expect_close(fused.weights[i], libtorch.weights[i], 1e-4, "param");
+}
+
+// An overflow (the embedding's gradient inf at steps 3 and 4) skips those updates entirely on
+// either path: the weights after them are the weights after step 2, the optimizer's step counts
+// miss them, the scale halves at each and doubles after `growth_interval` clean steps (GradScaler's
+// rule), and the run goes on. The checks of a non-finite gradient norm do not stop it.
+TEST(Device, LossScalingSkipsAnOverflowedStep) {
+  auto overflow = [](int64_t call, const at::Tensor &g) {
+    return (call == 3 || call == 4) ? at::full_like(g, INFINITY) : g;
+  };
+  ape::LossScaler::Options o;
+  o.init_scale = 1024;
+  o.growth_interval = 3;
+  for (const bool gpu_habits : {false, true}) {
+    const ScaledRun r = scaled_run(true, gpu_habits, 10, overflow, o, "overflow");
+    SCOPED_TRACE(gpu_habits ? "the GPU's path" : "the CPU's path");
+    ASSERT_EQ(r.wte_after_step.size(), 9u);  // asked after every step but the last
+    EXPECT_FALSE(at::equal(r.wte_after_step[1], r.wte_after_step[0]));
+    EXPECT_TRUE(at::equal(r.wte_after_step[2], r.wte_after_step[1]));
+    EXPECT_TRUE(at::equal(r.wte_after_step[3], r.wte_after_step[1]));
+    EXPECT_FALSE(at::equal(r.wte_after_step[4], r.wte_after_step[3]));
+    EXPECT_EQ(r.result.skipped_steps, 2);
+    EXPECT_EQ(r.losses.size(), 10u);
+    for (double l : r.losses) EXPECT_TRUE(std::isfinite(l));
+    EXPECT_EQ(saved_scalar(r.checkpoint, "train/adam/wte.weight/step"), 8.0);
+    // 1024 -> 512 -> 256 (steps 3, 4); clean steps 5-7: 512; 8-10: 1024.
+    EXPECT_EQ(saved_scalar(r.checkpoint, "train/scaler/scale"), 1024.0);
+    EXPECT_EQ(saved_scalar(r.checkpoint, "train/scaler/growth_tracker"), 0.0);
+  }
+}
+
+// A gradient that overflows at every scale: the scale halves below 1 and training stops there,
+// naming it, instead of skipping every update from then on.
+TEST(Device, LossScaleBelowOneStopsTraining) {
+  ape::LossScaler::Options o;
+  o.init_scale = 4;
+  for (const bool gpu_habits : {false, true}) {
+    const std::string msg = error_of([&] {
+      scaled_run(true, gpu_habits, 10, [](int64_t, const at::Tensor &g) { return at::full_like(g, NAN); }, o, "nan");
+    });
+    EXPECT_NE(msg.find("loss scaling: the scale fell to 0.5 at step 3 (3 update(s) skipped"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Use --precision bf16"), std::string::npos) << msg;
+  }
+  o.backoff_factor = 1;
+  EXPECT_ERROR(ape::LossScaler(at::Device(at::kCPU), o), "the backoff factor must be in (0, 1)");
+  o = {};
+  o.init_scale = INFINITY;
+  EXPECT_ERROR(ape::LossScaler(at::Device(at::kCPU), o), "the initial scale must be finite and above 0");
+}
+
+// A run stopped after an overflow and resumed from its checkpoint continues with the scaler's state
+// (scale, growth tracker) and the skipped count: the same checkpoint state as the run never stopped.
+TEST(Device, LossScalingStateResumes) {
+  ape::LossScaler::Options o;
+  o.init_scale = 1024;
+  o.growth_interval = 4;
+  auto overflow = [](int64_t call, const at::Tensor &g) { return call == 2 ? at::full_like(g, INFINITY) : g; };
+  const ScaledRun whole = scaled_run(true, true, 9, overflow, o, "whole");
+  const ape::TokenSplit s = phrase_book();
+  const std::string path = tmp_path("scaled_resume.ckpt");
+  {
+    at::manual_seed(7);
+    ape::LanguageModel model(testk::bias_entry, tiny_config("test_bias", 16));
+    ape::TrainSampler sampler(s, 1);
+    ape::Trainer t(model, sampler, quiet_train_config(9, 4, 16));
+    t.loss_scaling = true;
+    t.loss_scale_options = o;
+    t.fused_adamw = true;
+    t.read_every = 4;
+    int64_t calls = 0;
+    model->wte->weight.register_hook([&](const at::Tensor &g) { return ++calls == 2 ? at::full_like(g, INFINITY) : g; });
+    t.interrupt = [](const ape::TrainState &st) { return st.step == 5; };
+    std::ostringstream out;
+    t.run(out, "stopped", path);
+    ASSERT_EQ(t.state().step, 5);
+  }
+  // 1024 -> 512 at step 2, then three clean steps: the stopped run's state is mid-interval.
+  EXPECT_EQ(saved_scalar(path, "train/scaler/scale"), 512.0);
+  EXPECT_EQ(saved_scalar(path, "train/scaler/growth_tracker"), 3.0);
+  at::manual_seed(99);
+  ape::LanguageModel model(testk::bias_entry, tiny_config("test_bias", 16));
+  ape::TrainSampler sampler(s, 5);
+  ape::Trainer t(model, sampler, quiet_train_config(9, 4, 16));
+  t.loss_scaling = true;
+  t.loss_scale_options = o;
+  t.fused_adamw = true;
+  t.read_every = 4;
+  t.restore(ape::read_checkpoint(path));
+  std::ostringstream out;
+  const ape::TrainResult r = t.run(out, "resumed", path);
+  EXPECT_EQ(r.losses, whole.losses);
+  EXPECT_EQ(r.skipped_steps, 1);
+  for (const char *name : {"train/scaler/scale", "train/scaler/growth_tracker", "train/adam/wte.weight/step"})
+    EXPECT_EQ(saved_scalar(path, name), saved_scalar(whole.checkpoint, name)) << name;
+  EXPECT_EQ(saved_scalar(path, "train/scaler/scale"), 1024.0);  // doubled after step 6 (a fresh scaler: 2048)
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], whole.weights[i])) << i;
 }
 
 }  // namespace
