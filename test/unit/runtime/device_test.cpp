@@ -253,7 +253,9 @@ TEST(Device, LossesReadInBatchesTrainTheSameRun) {
 // ---- float16's loss scaling and the GPU's fused optimizer step, checked on the CPU ----------------
 
 // A run of the trainer as a GPU takes it (queued reads, the fused step) or as the CPU does, with or
-// without loss scaling; `hook` may replace a parameter's gradient (an overflow on purpose).
+// without loss scaling; `hook` may replace a parameter's gradient (an overflow on purpose). With
+// `stop_at` the run stops after that step (its checkpoint written); with `resume_from` a model of
+// other weights and a sampler of another seed resume that checkpoint.
 struct ScaledRun {
   std::vector<double> losses;
   std::vector<at::Tensor> weights;           // after the run
@@ -264,24 +266,26 @@ struct ScaledRun {
 
 ScaledRun scaled_run(bool scaling, bool gpu_habits, int64_t steps,
                      const std::function<at::Tensor(int64_t, const at::Tensor &)> &hook = nullptr,
-                     const ape::LossScaler::Options &options = {}, const std::string &tag = "") {
+                     const ape::LossScaler::Options &options = {}, const std::string &tag = "",
+                     int64_t stop_at = 0, const std::string &resume_from = "") {
   const ape::TokenSplit s = phrase_book();
-  at::manual_seed(7);
+  at::manual_seed(resume_from.empty() ? 7 : 99);
   ape::LanguageModel model(testk::bias_entry, tiny_config("test_bias", 16));
   model->place(ape::choose_device("cpu"));
-  ape::TrainSampler sampler(s, 1);
+  ape::TrainSampler sampler(s, resume_from.empty() ? 1 : 5);
   ape::Trainer t(model, sampler, quiet_train_config(steps, 4, 16));
   t.loss_scaling = scaling;
   t.loss_scale_options = options;
   t.fused_adamw = gpu_habits;
   t.read_every = gpu_habits ? 4 : 1;
+  if (!resume_from.empty()) t.restore(ape::read_checkpoint(resume_from));
   ScaledRun r;
   int64_t calls = 0;
   if (hook)
     model->wte->weight.register_hook([&calls, hook](const at::Tensor &g) { return hook(++calls, g); });
-  t.interrupt = [&](const ape::TrainState &) {
+  t.interrupt = [&](const ape::TrainState &st) {
     r.wte_after_step.push_back(model->wte->weight.detach().clone());
-    return false;
+    return st.step == stop_at;
   };
   std::ostringstream out;
   r.checkpoint = tmp_path("scaled_" + std::string(scaling ? "s" : "p") + (gpu_habits ? "g" : "c") + tag + ".ckpt");
@@ -374,45 +378,20 @@ TEST(Device, LossScalingStateResumes) {
   o.growth_interval = 4;
   auto overflow = [](int64_t call, const at::Tensor &g) { return call == 2 ? at::full_like(g, INFINITY) : g; };
   const ScaledRun whole = scaled_run(true, true, 9, overflow, o, "whole");
-  const ape::TokenSplit s = phrase_book();
-  const std::string path = tmp_path("scaled_resume.ckpt");
-  {
-    at::manual_seed(7);
-    ape::LanguageModel model(testk::bias_entry, tiny_config("test_bias", 16));
-    ape::TrainSampler sampler(s, 1);
-    ape::Trainer t(model, sampler, quiet_train_config(9, 4, 16));
-    t.loss_scaling = true;
-    t.loss_scale_options = o;
-    t.fused_adamw = true;
-    t.read_every = 4;
-    int64_t calls = 0;
-    model->wte->weight.register_hook([&](const at::Tensor &g) { return ++calls == 2 ? at::full_like(g, INFINITY) : g; });
-    t.interrupt = [](const ape::TrainState &st) { return st.step == 5; };
-    std::ostringstream out;
-    t.run(out, "stopped", path);
-    ASSERT_EQ(t.state().step, 5);
-  }
+  const ScaledRun stopped = scaled_run(true, true, 9, overflow, o, "stopped", /*stop_at=*/5);
+  ASSERT_EQ(stopped.losses.size(), 5u);
   // 1024 -> 512 at step 2, then three clean steps: the stopped run's state is mid-interval.
-  EXPECT_EQ(saved_scalar(path, "train/scaler/scale"), 512.0);
-  EXPECT_EQ(saved_scalar(path, "train/scaler/growth_tracker"), 3.0);
-  at::manual_seed(99);
-  ape::LanguageModel model(testk::bias_entry, tiny_config("test_bias", 16));
-  ape::TrainSampler sampler(s, 5);
-  ape::Trainer t(model, sampler, quiet_train_config(9, 4, 16));
-  t.loss_scaling = true;
-  t.loss_scale_options = o;
-  t.fused_adamw = true;
-  t.read_every = 4;
-  t.restore(ape::read_checkpoint(path));
-  std::ostringstream out;
-  const ape::TrainResult r = t.run(out, "resumed", path);
+  EXPECT_EQ(saved_scalar(stopped.checkpoint, "train/scaler/scale"), 512.0);
+  EXPECT_EQ(saved_scalar(stopped.checkpoint, "train/scaler/growth_tracker"), 3.0);
+  const ScaledRun resumed = scaled_run(true, true, 9, nullptr, o, "resumed", 0, stopped.checkpoint);
+  const ape::TrainResult &r = resumed.result;
+  const std::string &path = resumed.checkpoint;
   EXPECT_EQ(r.losses, whole.losses);
   EXPECT_EQ(r.skipped_steps, 1);
   for (const char *name : {"train/scaler/scale", "train/scaler/growth_tracker", "train/adam/wte.weight/step"})
     EXPECT_EQ(saved_scalar(path, name), saved_scalar(whole.checkpoint, name)) << name;
   EXPECT_EQ(saved_scalar(path, "train/scaler/scale"), 1024.0);  // doubled after step 6 (a fresh scaler: 2048)
-  const auto params = model->parameters();
-  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], whole.weights[i])) << i;
+  for (size_t i = 0; i < resumed.weights.size(); ++i) EXPECT_TRUE(at::equal(resumed.weights[i], whole.weights[i])) << i;
 }
 
 }  // namespace
