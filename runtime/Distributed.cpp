@@ -18,6 +18,7 @@
 #endif
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "runtime/CudaAttention.h"
 #include "runtime/Util.h"
 #include "runtime/Options.h"
 
@@ -227,9 +228,11 @@ std::unique_ptr<DataParallel> DataParallel::join(const DistConfig &cfg, std::ost
 }
 
 namespace {
-// Runs `op` on `tensors` (CPU) where the group computes (staged to the GPU for NCCL, copied back).
+// Runs `op` on `tensors` (CPU) where the group computes (staged to the GPU for NCCL, copied back:
+// the host waits for the device on purpose, so $APE_CUDA_SYNC_DEBUG does not count it).
 template <typename Op>
 void run_collective(c10d::Backend &pg, const at::Device &device, std::vector<at::Tensor> &tensors, Op op) {
+  const CudaSyncDebugScope waits_on_purpose(CudaSyncDebugScope::kOff);
   if (device.is_cpu()) {
     op(tensors)->wait();
     return;
@@ -241,7 +244,7 @@ void run_collective(c10d::Backend &pg, const at::Device &device, std::vector<at:
 }
 }  // namespace
 
-double DataParallel::average_gradients(const std::vector<at::Tensor> &params, const at::Tensor &loss,
+at::Tensor DataParallel::average_gradients(const std::vector<at::Tensor> &params, const at::Tensor &loss,
                                        int64_t step) {
   const std::string what = "the gradient all-reduce of step " + std::to_string(step);
   std::vector<at::Tensor> grads;
@@ -294,17 +297,21 @@ double DataParallel::average_gradients(const std::vector<at::Tensor> &params, co
     }
     for (size_t b = 0; b < flats.size(); ++b) {
       works[b]->wait();
-      if (!cpu) flats[b].copy_(io[b][0]);
+      if (!io[b][0].is_same(flats[b])) flats[b].copy_(io[b][0]);  // staged to the group's device
     }
   } catch (const std::exception &e) {
     group_failed(who(), what, e, cfg_.timeout_s);
   }
-  reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Gradients on a GPU are reduced in place on NCCL's stream: the host waited for nothing to time.
+  if (flats.front().device().is_cpu())
+    reduce_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  else
+    reduce_on_device_ = true;
   ++reduce_calls_;
   reduce_bytes_ = 0;
   for (const auto &f : flats) reduce_bytes_ += static_cast<int64_t>(f.nbytes());
   const double inv = 1.0 / double(cfg_.world_size);
-  double mean_loss = 0;
+  at::Tensor mean_loss;
   for (size_t b = 0; b < flats.size(); ++b) {
     at::Tensor &flat = flats[b];
     flat.mul_(inv);
@@ -315,7 +322,7 @@ double DataParallel::average_gradients(const std::vector<at::Tensor> &params, co
         g.view({-1}).copy_(flat.narrow(0, off, g.numel()));
         off += g.numel();
       }
-    if (b + 1 == flats.size()) mean_loss = flat[off].item<double>();
+    if (b + 1 == flats.size()) mean_loss = flat[off];
   }
   return mean_loss;
 }

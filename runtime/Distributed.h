@@ -20,7 +20,9 @@
 //             mean loss over N·b windows. Every rank then holds the same bits (an allreduce ends
 //             with one result broadcast to all), so the clipped update keeps the replicas equal.
 //   control   the clock (budget, time-based checkpoints) and a stop request (Ctrl-C, SIGTERM on any
-//             rank) are agreed once a step (max over the ranks): every rank takes the same branch.
+//             rank) are agreed once a step on the CPU, once every Trainer::read_every (16) steps on
+//             a GPU, where an agreement waits for the device (max over the ranks): every rank takes
+//             the same branch.
 //
 // Failures: a rank that exits (crash, kill) closes its connections and the others' next collective
 // fails at once; a rank that stops answering makes it fail after `timeout_s`. Both surface as
@@ -81,9 +83,11 @@ class DataParallel {
 
   // Replaces every gradient of `params` by its mean over the ranks (bucketed, see above); params
   // without a gradient are skipped (the same on every rank: checked on the first call). Returns the
-  // mean of `loss` (a one-element tensor on the gradients' device: it rides in the last bucket, so
-  // the host reads nothing before the all-reduce) over the ranks. `step` names the step in errors.
-  double average_gradients(const std::vector<at::Tensor> &params, const at::Tensor &loss, int64_t step);
+  // mean of `loss` (a one-element tensor) over the ranks, as a 0-dim tensor on the gradients' device
+  // in their dtype: it rides in the last bucket, and nothing here reads it, so on a GPU the host
+  // queues the step without waiting for the device (NCCL's waits are the stream's). `step` names the
+  // step in errors.
+  at::Tensor average_gradients(const std::vector<at::Tensor> &params, const at::Tensor &loss, int64_t step);
 
   // Copies rank 0's values of `tensors` into every rank's (the same list on every rank).
   void broadcast_from_root(const std::vector<at::Tensor> &tensors, const std::string &what);
@@ -102,7 +106,10 @@ class DataParallel {
 
   // Time spent in average_gradients' all-reduces (from the first bucket sent to the last one back,
   // waiting for the slower rank included), the calls, and the bytes reduced per call, so far.
+  // Gradients on a GPU are reduced on the device's stream, the host waiting for nothing: their time
+  // is not counted (reduce_on_device() says so).
   double reduce_seconds() const { return reduce_seconds_; }
+  bool reduce_on_device() const { return reduce_on_device_; }
   int64_t reduce_calls() const { return reduce_calls_; }
   int64_t reduce_bytes() const { return reduce_bytes_; }
 
@@ -114,6 +121,7 @@ class DataParallel {
   std::string backend_;
   bool layout_checked_ = false;
   double reduce_seconds_ = 0;
+  bool reduce_on_device_ = false;
   int64_t reduce_calls_ = 0, reduce_bytes_ = 0;
 };
 

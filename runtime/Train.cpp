@@ -688,12 +688,14 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   // On a GPU a step never waits for the device (Train.h): the loss and the gradient norm stay there
   // and are read `every` steps at a time (and before a checkpoint, a stop, the end; the progress
   // line shows the latest loss read),
-  // then checked in step order as a CPU run checks them at once. Data parallel runs read every step
-  // (the ranks agree on the loss each step).
+  // then checked in step order as a CPU run checks them at once. Data parallel, the record is the
+  // ranks' mean loss (from the gradients' all-reduce) and the norm of the averaged gradients: the
+  // same bits on every rank, so every rank reads the same values and takes the same branch; the
+  // ranks agree on the clock and on stop requests when they read (Distributed.h: "control").
   const at::Device device = model_->placement().device;
   const bool on_cpu = device.is_cpu();
   const int64_t every = read_every > 0 ? read_every : (on_cpu ? 1 : 16);
-  const bool deferred = every > 1 && !dp_;
+  const bool deferred = every > 1;
   // The optimizer step and loss scaling (Train.h): chosen here, once the model is placed.
   if (fused_adamw.value_or(!on_cpu)) {
     if (!impl_->fused) impl_->fused = std::make_unique<FusedAdamW>(opt);
@@ -823,6 +825,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   // the queued losses and the checkpoints wait on purpose: CudaSyncDebugScope::kOff).
   std::optional<CudaSyncDebugScope> sync_check;
   if (deferred) sync_check.emplace(CudaSyncDebugScope::kFromEnvironment);
+  bool stop_asked = false;  // data parallel, deferred: a stop request held until the ranks agree
   for (;;) {
     const int64_t step = state_.step;
     if (!dp_) state_.elapsed = elapsed0 + since_start();
@@ -843,6 +846,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     std::snprintf(lr_text, sizeof lr_text, "%.3g", lr);
     if (deferred) {  // a GPU: the step is queued; its loss and gradient norm are read later
       (scaler ? scaler->scale(loss) : loss).backward();
+      if (dp_) loss = dp_->average_gradients(impl_->params, loss, step + 1);  // the ranks' mean
       std::optional<at::Tensor> found_inf;
       if (scaler) found_inf = scaler->unscale(gradients(impl_->params));
       at::Tensor gnorm = clip_gradients(impl_->params, cfg.grad_clip);
@@ -860,7 +864,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       double l = 0;
       if (dp_) {  // the mean loss and gradients over the ranks: every rank then decides alike
         (scaler ? scaler->scale(loss) : loss).backward();  // queued before any read of the loss
-        l = dp_->average_gradients(impl_->params, loss, step + 1);
+        l = dp_->average_gradients(impl_->params, loss, step + 1).item<double>();
       } else {
         l = loss.item<double>();
       }
@@ -900,9 +904,16 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     const auto now = clock_type::now();
     bool stop = false;
     if (dp_) {
-      const auto [seconds, any_stop] = dp_->agree(since_start(), interrupt && interrupt(state_), state_.step);
-      state_.elapsed = elapsed0 + seconds;
-      stop = any_stop;
+      // Deferred, the ranks agree once every `every` steps (an agreement waits for the device on
+      // NCCL): in between, every rank keeps the last agreed clock and asks for no stop, so all take
+      // the same branches; a stop request is held until then.
+      stop_asked = (interrupt && interrupt(state_)) || stop_asked;
+      if (!deferred || (state_.step - step0) % every == 0) {
+        const auto [seconds, any_stop] = dp_->agree(since_start(), stop_asked, state_.step);
+        state_.elapsed = elapsed0 + seconds;
+        stop = any_stop;
+        stop_asked = false;
+      }
     } else {
       state_.elapsed = elapsed0 + since_start();
     }

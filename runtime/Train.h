@@ -34,7 +34,9 @@
 // Devices (runtime/Device.h): the trainer runs where the model is placed (LanguageModel::place).
 // On a GPU no step waits for the device: the loss and the gradient norm stay there and are read
 // read_every (16) steps at a time, then checked in step order as a CPU run checks them each step
-// (docs/cuda.md, "Training on a GPU"); checkpoints hold CPU copies, so a run resumes on any device.
+// (docs/cuda.md, "Training on a GPU"), data parallel too (the ranks' mean loss stays on the device
+// and they agree on the clock and stop requests when they read); checkpoints hold CPU copies, so a
+// run resumes on any device.
 //
 // float16 (--precision f16, runtime/Device.h): the loss is scaled dynamically (LossScaler below,
 // torch.amp.GradScaler's rules): a step whose gradients overflow is skipped on the device (its
@@ -232,9 +234,11 @@ class Trainer {
   // Asked after every step: when it returns true, run() writes the checkpoint (if it has a path)
   // and returns early, the run not complete (ape-train: Ctrl-C / SIGTERM; tests: stop at a step).
   std::function<bool(const TrainState &)> interrupt;
-  // Steps between reads of the loss and gradient norm (0: automatic, every step on the CPU and
-  // data parallel, 16 on a GPU, where a read waits for the device). The losses, checks and bits
-  // are the same at any setting; only when a divergence is noticed changes (tests set it on the CPU).
+  // Steps between reads of the loss and gradient norm (0: automatic, every step on the CPU, 16 on
+  // a GPU, where a read waits for the device; data parallel, also the steps between the ranks'
+  // agreements on the clock and stop requests). The losses, checks and bits are the same at any
+  // setting; only when a divergence, a stop request or the end of a time budget is noticed changes
+  // (tests set it on the CPU).
   int64_t read_every = 0;
   // Dynamic loss scaling (LossScaler): on by default when the model computes in float16. Tests
   // turn it on for float32 on the CPU, where a power-of-two scale changes no bit of the run, and

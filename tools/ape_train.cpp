@@ -147,7 +147,13 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   if (device.is_cuda())
     std::cout << "[" << name << "] GPU memory: peak " << ape::cuda_peak_memory(device.device.index()) / (1 << 20)
               << " MiB allocated (" << device.str() << ")\n";
-  if (dp && dp->reduce_calls() > calls0) {
+  if (dp && dp->reduce_calls() > calls0 && dp->reduce_on_device()) {
+    std::snprintf(summary, sizeof summary,
+                  "[%s] data parallel: %d ranks (%s); gradient all-reduce of %.0f KiB a step, queued on the GPU's "
+                  "stream (the host does not wait for it)\n",
+                  name.c_str(), int(dp->world_size()), dp->backend().c_str(), double(dp->reduce_bytes()) / 1024.0);
+    std::cout << summary;
+  } else if (dp && dp->reduce_calls() > calls0) {
     const double per = (dp->reduce_seconds() - reduce0) / double(dp->reduce_calls() - calls0);
     std::snprintf(summary, sizeof summary,
                   "[%s] data parallel: %d ranks (%s); gradient all-reduce of %.0f KiB: %.1f ms/step on rank 0, "
@@ -213,15 +219,16 @@ int main(int argc, char **argv) {
                "autocast (--precision f16: float16 with dynamic loss scaling, a step whose gradients overflow\n"
                "is skipped; f32: float32); weights, optimizer state and gradients stay float32, and\n"
                "checkpoints are device-independent (resume, evaluate or decode on either device; docs/cuda.md).\n"
-               "The steps are queued without waiting for the GPU (losses are read 16 steps at a time);\n"
-               "APE_CUDA_SYNC_DEBUG=warn (or error) reports any wait inside them.\n\n"
+               "The steps are queued without waiting for the GPU (losses are read 16 steps at a time, data\n"
+               "parallel too); APE_CUDA_SYNC_DEBUG=warn (or error) reports any wait inside them.\n\n"
                "Data parallel (docs/distributed.md): started by `torchrun --nproc-per-node N --no-python ape-train\n"
                "...` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or with --rank/--world-size/\n"
-               "--master-addr/--master-port on every process, ape-train joins a PyTorch c10d group (Gloo): each\n"
-               "rank trains on its own --batch windows of every step and the gradients are averaged, so N ranks\n"
-               "with --batch b train like one process with --batch N*b. Rank 0 prints and writes the checkpoint\n"
-               "and results.csv; a resumed run may use another number of ranks that divides the global batch.\n"
-               "If a rank dies the others stop with an error at once; a rank that hangs, after --dist-timeout."};
+               "--master-addr/--master-port on every process, ape-train joins a PyTorch c10d group (Gloo; NCCL\n"
+               "with --device cuda, one GPU per rank): each rank trains on its own --batch windows of every\n"
+               "step and the gradients are averaged, so N ranks with --batch b train like one process with\n"
+               "--batch N*b. Rank 0 prints and writes the checkpoint and results.csv; a resumed run may use\n"
+               "another number of ranks that divides the global batch. If a rank dies the others stop with an\n"
+               "error at once; a rank that hangs, after --dist-timeout."};
   std::vector<std::string> encodings;
   std::vector<std::string> specs;
   int64_t steps = 0;

@@ -120,7 +120,7 @@ TEST(Distributed, CollectivesOnTwoRanks) {
     params[0].mutable_grad() = at::full({3, 4}, float(r + 1));
     params[1].mutable_grad() = at::full({5}, 10.0f * float(r + 1));
     // params[2] has no gradient on either rank: skipped.
-    const double loss = dp.average_gradients(params, at::scalar_tensor(2.0 + r), 1);
+    const double loss = dp.average_gradients(params, at::scalar_tensor(2.0 + r), 1).item<double>();
     EXPECT_DOUBLE_EQ(loss, 2.5);
     EXPECT_TRUE(params[0].grad().equal(at::full({3, 4}, 1.5f)));
     EXPECT_TRUE(params[1].grad().equal(at::full({5}, 15.0f)));
@@ -196,6 +196,51 @@ TEST(Distributed, TwoRanksEqualOneWithTheDoubledBatch) {
   for (const auto &st : ck.tensors) tensors.emplace_back(st.name, ck.tensor(st));
   std::ofstream(path, std::ios::binary | std::ios::trunc) << ape::encode_checkpoint("test_bias", forged, tensors);
   EXPECT_ERROR(t2.restore(ape::read_checkpoint(path)), "the data positions of rank 0 and rank 1 differ");
+}
+
+// Data parallel with the GPU's habits on the CPU (the loss and gradient norm read 4 steps at a
+// time, the ranks agreeing on the clock and stop requests only then; loss scaling, the fused AdamW
+// step): the same losses and bits as reading every step, on both ranks; a stop asked on one rank
+// between two reads stops both at the next one.
+TEST(Distributed, DeferredReadsTrainTheSameBits) {
+  REQUIRE_GLOO();
+  const ape::TokenSplit split = counting_split();
+  struct Run {
+    std::vector<ape::LanguageModel> models;
+    std::vector<double> losses[2];
+    int64_t steps[2] = {0, 0};
+  };
+  auto dp_run = [&](int64_t every, int64_t stop_at) {
+    Run run;
+    at::manual_seed(3);
+    for (int r = 0; r < 2; ++r) run.models.emplace_back(testk::bias_entry, tiny_config("test_bias"));
+    two_ranks([&](int r, ape::DataParallel &dp) {
+      ape::TrainSampler s(split, 9);
+      ape::TrainConfig tc = tiny_train(4, 2);
+      tc.steps = 10;
+      ape::Trainer t(run.models[r], s, tc);
+      t.read_every = every;
+      t.loss_scaling = true;
+      t.fused_adamw = true;
+      if (r == 1 && stop_at > 0) t.interrupt = [stop_at](const ape::TrainState &st) { return st.step == stop_at; };
+      t.distribute(dp);
+      std::ostringstream log;
+      const ape::TrainResult res = t.run(log);
+      run.losses[r] = res.losses;
+      run.steps[r] = res.steps;
+    });
+    return run;
+  };
+  Run each = dp_run(1, 0), batched = dp_run(4, 0), stopped = dp_run(4, 2);
+  ASSERT_EQ(each.losses[0].size(), 10u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(batched.losses[r], each.losses[0]) << "rank " << r;
+    EXPECT_EQ(max_diff(batched.models[r], each.models[0]), 0.0f) << "rank " << r;
+    // Asked after step 2 on rank 1; both ranks stop at step 4, where they read and agree.
+    EXPECT_EQ(stopped.steps[r], 4) << "rank " << r;
+    EXPECT_EQ(stopped.losses[r], std::vector<double>(each.losses[0].begin(), each.losses[0].begin() + 4));
+  }
+  EXPECT_EQ(max_diff(each.models[0], each.models[1]), 0.0f);
 }
 
 // torchrun's variables, flags' ranges, and what a malformed value says.
