@@ -262,7 +262,8 @@ train_stage() {  # dir suite_build logs python jobs
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \
     --data "$dir/src/data/pg30" --cache-dir "$cache" --device cuda --out "$out/gpu-params" || rc=1
-  step nccl "$bin/ape-train" -e rope --steps 20 --eval-multiples 1 --eval-tokens 2048 --data "$dir/src/data/pg30" \
+  # One rank of data parallel on NCCL: its steps are queued too (the mean loss stays on the GPU).
+  APE_CUDA_SYNC_DEBUG=warn step nccl "$bin/ape-train" -e rope --steps 20 --eval-multiples 1 --eval-tokens 2048 --data "$dir/src/data/pg30" \
     --cache-dir "$cache" --device cuda --rank 0 --world-size 1 --master-addr 127.0.0.1 --master-port 29561 \
     --out "$out/nccl" || rc=1
   # Speed: one larger model, APE's kernels against PyTorch SDPA (bf16, the same architecture).

@@ -111,6 +111,13 @@ def main():
         else:
             check(f"no host waits inside the queued steps ({run})", False, f"no run (logs/train/{run}.log)")
 
+    # Data parallel on NCCL (one rank) queues its steps too.
+    log = out / "nccl.log"
+    if log.exists():
+        waits = log.read_text(errors="replace").count("called a synchronizing CUDA operation")
+        check("no host waits inside the queued steps (nccl)", waits == 0,
+              f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode (logs/train/nccl.log)")
+
     steps = {}
     steps_file = out / "steps.txt"
     if steps_file.exists():
