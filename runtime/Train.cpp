@@ -938,9 +938,11 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       read_pending();  // waits for the device: the steady rate's clock starts when its steps are done
       steady_s = since_start();
     }
+    // The first progress line shows the first loss. Data parallel, every rank reads it (only rank
+    // 0 prints): the ranks read at the same steps, so a NaN stops them all at the same one.
+    if (state_.step == step0 + 1 && (cfg.progress || dp_)) read_pending();
     if (cfg.progress) {
       const double since = std::chrono::duration<double>(now - last_print).count();
-      if (state_.step == step0 + 1) read_pending();  // the first line shows the first loss
       if (since >= (cfg.progress_in_place ? 0.2 : 15.0) || state_.step == step0 + 1 || done_soon) {
         last_print = now;
         const double run_s = since_start();

@@ -200,8 +200,9 @@ TEST(Distributed, TwoRanksEqualOneWithTheDoubledBatch) {
 
 // Data parallel with the GPU's habits on the CPU (the loss and gradient norm read 4 steps at a
 // time, the ranks agreeing on the clock and stop requests only then; loss scaling, the fused AdamW
-// step): the same losses and bits as reading every step, on both ranks; a stop asked on one rank
-// between two reads stops both at the next one.
+// step; rank 0 prints progress, as ape-train's): the same losses and bits as reading every step,
+// on both ranks; a stop asked on one rank between reads stops both at the next one; a NaN
+// gradient on one rank stops both with the divergence, at the same step.
 TEST(Distributed, DeferredReadsTrainTheSameBits) {
   REQUIRE_GLOO();
   const ape::TokenSplit split = counting_split();
@@ -209,29 +210,42 @@ TEST(Distributed, DeferredReadsTrainTheSameBits) {
     std::vector<ape::LanguageModel> models;
     std::vector<double> losses[2];
     int64_t steps[2] = {0, 0};
+    std::string error[2];
   };
-  auto dp_run = [&](int64_t every, int64_t stop_at) {
+  // stop_at: rank 1 asks to stop after that step; nan_at: rank 1's embedding gradient is NaN there.
+  auto dp_run = [&](int64_t every, int64_t stop_at, int64_t nan_at) {
     Run run;
     at::manual_seed(3);
     for (int r = 0; r < 2; ++r) run.models.emplace_back(testk::bias_entry, tiny_config("test_bias"));
+    int64_t calls = 0;
+    if (nan_at > 0)
+      run.models[1]->wte->weight.register_hook([&calls, nan_at](const at::Tensor &g) {
+        return ++calls == nan_at ? at::full_like(g, NAN) : g;
+      });
     two_ranks([&](int r, ape::DataParallel &dp) {
       ape::TrainSampler s(split, 9);
       ape::TrainConfig tc = tiny_train(4, 2);
       tc.steps = 10;
+      tc.progress = r == 0;
+      tc.progress_in_place = false;
       ape::Trainer t(run.models[r], s, tc);
       t.read_every = every;
-      t.loss_scaling = true;
+      t.loss_scaling = nan_at == 0;  // loss scaling would skip the NaN step
       t.fused_adamw = true;
       if (r == 1 && stop_at > 0) t.interrupt = [stop_at](const ape::TrainState &st) { return st.step == stop_at; };
       t.distribute(dp);
       std::ostringstream log;
-      const ape::TrainResult res = t.run(log);
-      run.losses[r] = res.losses;
-      run.steps[r] = res.steps;
+      try {
+        const ape::TrainResult res = t.run(log);
+        run.losses[r] = res.losses;
+        run.steps[r] = res.steps;
+      } catch (const ape::TrainingDiverged &e) {
+        run.error[r] = e.what();
+      }
     });
     return run;
   };
-  Run each = dp_run(1, 0), batched = dp_run(4, 0), stopped = dp_run(4, 2);
+  Run each = dp_run(1, 0, 0), batched = dp_run(4, 0, 0), stopped = dp_run(4, 2, 0), nan = dp_run(4, 0, 1);
   ASSERT_EQ(each.losses[0].size(), 10u);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(batched.losses[r], each.losses[0]) << "rank " << r;
@@ -239,6 +253,9 @@ TEST(Distributed, DeferredReadsTrainTheSameBits) {
     // Asked after step 2 on rank 1; both ranks stop at step 4, where they read and agree.
     EXPECT_EQ(stopped.steps[r], 4) << "rank " << r;
     EXPECT_EQ(stopped.losses[r], std::vector<double>(each.losses[0].begin(), each.losses[0].begin() + 4));
+    // Rank 0 reads step 1 for its first progress line; rank 1 reads it too, and both stop there.
+    EXPECT_NE(nan.error[r].find("gradient norm became non-finite at step 1"), std::string::npos)
+        << "rank " << r << ": " << nan.error[r];
   }
   EXPECT_EQ(max_diff(each.models[0], each.models[1]), 0.0f);
 }
