@@ -574,13 +574,15 @@ run() {
     esac
     # Per head dim on sm_90: APE's NoPE and RoPE at d_h 64 and 128 (T 4096) and at d_h 128, T 2048,
     # B 8 (short sequences, where a block's start and end weigh most): the forward's settings and
-    # the FlashAttention-2-class forward (APE_CUDA_HOPPER_FORWARD=0: hopper0), the backward on
+    # the FlashAttention-2-class forward (APE_CUDA_HOPPER_FORWARD=0: hopper0), the Hopper forward
+    # with three consumer warpgroups (query tiles of 192 rows, d_h 64 only: consumers3; the same
+    # kernel as ape at d_h 128), the backward on
     # wgmma and on mma.sync at each head dim (d_h 64 takes mma.sync by default until this timing
     # says otherwise) and with dQ' by TMA reductions, so that each default per head dim follows a
     # measurement.
     PYTHONFAULTHANDLER=1 timeout 150 "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" \
       --configs 1x32x4096x64,1x16x4096x128,8x16x2048x128 --methods ape --encodings nope,rope \
-      --ape-settings "no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,kv-shared:APE_CUDA_KV_SPLIT=0,hopper0:APE_CUDA_HOPPER_FORWARD=0,wgmma:APE_CUDA_WGMMA_BACKWARD=1,mma:APE_CUDA_WGMMA_BACKWARD=0,mma-dq-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_DQ_TMA=1" \
+      --ape-settings "no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,kv-shared:APE_CUDA_KV_SPLIT=0,hopper0:APE_CUDA_HOPPER_FORWARD=0,consumers3:APE_CUDA_HOPPER_CONSUMERS=3,wgmma:APE_CUDA_WGMMA_BACKWARD=1,mma:APE_CUDA_WGMMA_BACKWARD=0,mma-dq-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_DQ_TMA=1" \
       --md "$logs/gpu_bench_forward.md" --csv "$logs/gpu_bench_forward.csv" >"$logs/bench-forward.log" 2>&1 ||
       note+=" (the forward run failed: logs/bench-forward.log)"
     # A crashed encoding: which step of its operator call fails (bench/op_probe.py: on CPU tensors,

@@ -719,6 +719,66 @@ TEST(CudaLaunch, HopperForwardSwitch) {
   }
 }
 
+// The Hopper forward with three consumer warpgroups (APE_CUDA_HOPPER_CONSUMERS=3: query tiles of
+// 192 rows at d_h 64; the GPU check times it beside the default two) against the references, with
+// the turns and the persistent grid, through each of its paths: no score mod, a q/k mod, a
+// trainable distance bias, row/column biases, a score mod over features; and against the two
+// consumers' forward within rounding (o within a bf16 ulp, lse within 2^-20 relative: a row sees
+// its key tiles in the same order, plus at most one fully masked one). One tile, partial tiles,
+// several query and key tiles; the three barriers' rounds of the turns counted.
+TEST(CudaLaunch, HopperThreeConsumersMatchReferences) {
+  const PoseAsSm90 guard;
+  const PoseWithSms two_sms(2);
+  const HopperOptIns opt_ins;
+  int checked = 0;
+  for (const char *name : {"nope", "rope", "alibi", "cable", "kcable"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    ASSERT_NE(e, nullptr) << name;
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 64);
+    if (!var) continue;
+    size_t rounds = 0, blocks = 0, launches = 0;
+    for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{2, 3, 77}, {1, 2, 300}, {1, 1, 384}}) {
+      SCOPED_TRACE(std::string(name) + " bf16 D=64 B=" + std::to_string(B) + " H=" + std::to_string(H) +
+                   " T=" + std::to_string(T) + " sm_90, three consumers");
+      const Problem prob = make_problem(*e, B, H, T, 64, 9400 + T);
+      Outputs two;
+      {
+        const EnvScope cons({{"APE_CUDA_HOPPER_CONSUMERS", "2"}});
+        run_gpu(*var, prob, two, nullptr, RunOptions{false});
+      }
+      if (HasFatalFailure()) return;
+      const EnvScope cons({{"APE_CUDA_HOPPER_CONSUMERS", "3"}});
+      ape::simt::take_traffic();
+      check_problem(name, *var, prob);
+      if (HasFatalFailure()) return;
+      for (const auto &t : ape::simt::take_traffic())
+        if (t.kernel.find("hopper_forward_kernel<") != std::string::npos) {
+          EXPECT_NE(t.kernel.find(", 3>"), std::string::npos) << t.kernel;
+          launches += t.launches, blocks += t.blocks;
+          rounds += t.named_rounds[1] + t.named_rounds[2] + t.named_rounds[3];
+        }
+      Outputs three;
+      run_gpu(*var, prob, three, nullptr, RunOptions{false});
+      if (HasFatalFailure()) return;
+      // o and lse within rounding of the two consumers' (a row of a 192-row tile may see one more,
+      // fully masked, key tile: its rescaling by exp2 of the max's rounding moves l by an ulp).
+      for (size_t n = 0; n < 2; ++n) {
+        const double big = three[n].second.abs().max().item<double>();
+        EXPECT_LE(max_err(three[n].second, two[n].second), (n == 0 ? 0x1p-8 : 0x1p-20) * std::max(big, 1.0))
+            << three[n].first << " against the two consumers' forward";
+      }
+    }
+    // Query tiles of 192 rows: T 77, one tile (no turns); T 300, tiles of 2 and 3 key tiles, 3 x (1 + 2)
+    // rounds per slice, 2 slices; T 384 the same in one slice: 27. Blocks: 2 (of 6 tiles), 2 (of 4),
+    // 2 (of 2: a block per tile).
+    EXPECT_EQ(launches, 3u) << name;
+    EXPECT_EQ(rounds, 27u) << name << ": the consumers took turns";
+    EXPECT_EQ(blocks, 6u) << name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 5) << "each at bf16/hd64 is in the emulated build";
+}
+
 // The mma.sync backward posing as sm_90 (the default there at D 64, APE_CUDA_WGMMA_BACKWARD=0 at
 // D 128: 8-byte dQ' reductions, sm_90's limits), through each of its paths: no mod, a q/k mod,
 // trainable distance and row/column biases, value rows, relative rows. Partial tiles, several key

@@ -1,5 +1,5 @@
 // The Hopper forward (ape/cuda/attention.cuh): sm_90a, TMA, mbarriers and wgmma with a producer
-// warpgroup and two consumer warpgroups, as FlashAttention-3.
+// warpgroup and two (or, at d_h <= 64, three) consumer warpgroups, as FlashAttention-3.
 #pragma once
 
 #include "ape/cuda/flash_forward.cuh"
@@ -12,6 +12,10 @@ namespace detail {
 // Blocks of three warpgroups, FlashAttention-3's structure: warpgroup 0 is the producer,
 // warpgroups 1 and 2 the consumers. A block computes query tiles of BQ = 128 rows of a slice,
 // heaviest first: tile number x is the (x / (B·H))-th query tile from the last of slice x % (B·H).
+// With kCons = 3 (d_h <= 64 only; APE_CUDA_HOPPER_CONSUMERS=3): four warpgroups, three consumers
+// and BQ = 192, FlashAttention-3's tile at d_h 64, where the softmax weighs twice as much against
+// the products as at d_h 128: two consumers compute their softmax while the third's products run,
+// and a K' and V tile serves 1.5x the rows; the consumers hold 160 registers each instead of 240.
 // Block b takes tile b; with p.sched (the persistent grid: a block per SM), it then claims the
 // next tile from the counter (number gridDim.x + the counter's old value) until none is left;
 // without it (a block per tile) it stops after its first.
@@ -38,12 +42,17 @@ namespace detail {
 //     start: the producer runs up to two key tiles ahead, and while one consumer warpgroup is in
 //     its softmax the other's products keep the tensor cores busy.
 //   With p.pingpong (FlashAttention-3's scheduling of the two), the consumers take turns issuing
-//     a tile's products by two named barriers: consumer c waits for its turn (bar.sync 1 + c),
-//     issues S_kt and P_{kt-1} V_{kt-1}, and hands the turn to the other (bar.arrive), so that
-//     one warpgroup's products run while the other computes its softmax, in alternation.
+//     a tile's products by named barriers: consumer c waits for its turn (bar.sync 1 + c),
+//     issues S_kt and P_{kt-1} V_{kt-1}, and hands the turn to the next (bar.arrive 1 + (c + 1) %
+//     kCons), so that one warpgroup's products run while the others compute their softmax, in
+//     rotation.
 // Tiles are stored in the canonical layout wgmma reads (cuda/flash_tile.cuh, namespace hopper).
-template <class In, int D> struct HopperFwd {
-  static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
+template <class In, int D, int kCons = 2> struct HopperFwd {
+  static_assert(kCons == 2 || (kCons == 3 && D <= 64), "three consumers fit their registers at d_h <= 64");
+  static constexpr int kConsumers = kCons, kThreads = 128 * (kConsumers + 1);
+  // Registers per consumer thread after setmaxnreg (the producer keeps 24): 24 + kCons x this
+  // within the 512 per thread of four warpgroups' 64K.
+  static constexpr int kConsumerRegs = kCons == 2 ? 240 : 160;
   static constexpr int BQ = 64 * kConsumers, BK = 128, kStages = 2;
   static constexpr int kNT = BK / 8, kDT = D / 8;
   static constexpr int kSwizzle = hopper::swizzle_bytes<D>();
@@ -52,7 +61,9 @@ template <class In, int D> struct HopperFwd {
   // mbarriers (q, full_k[2], full_v[2], empty_k[2], empty_v[2], q_empty) and the tile number's
   // word, the bias windows, then the 1024-byte aligned tiles: Q, the K' and V rings, the output's
   // staging tile.
-  static constexpr size_t bars = 0, slot = 128, bias = 1024, q = 3072, k = q + sizeof(In) * BQ * D;
+  static constexpr size_t bars = 0, slot = 128, bias = 1024;
+  static constexpr size_t q = bias + (kStages * sizeof(float) * kDistLen + 1023) / 1024 * 1024;
+  static constexpr size_t k = q + sizeof(In) * BQ * D;
   static constexpr size_t v = k + kStages * sizeof(In) * BK * D;
   static constexpr size_t o = v + kStages * sizeof(In) * BK * D;
   static constexpr size_t bytes = o + sizeof(In) * BQ * D;
@@ -66,20 +77,21 @@ template <class In, int D> struct HopperFwd {
 
 // A score mod over features (flash_feature_steps): each consumer warp's column features of two
 // key tiles, after the tiles.
-template <class Enc, class In, int D> constexpr size_t hopper_fwd_feature_bytes() {
-  return sizeof(float) * HopperFwd<In, D>::kConsumers * 4 * 2 * HopperFwd<In, D>::BK * feat_count<Enc>(1);
+template <class Enc, class In, int D, int kCons = 2> constexpr size_t hopper_fwd_feature_bytes() {
+  using C = HopperFwd<In, D, kCons>;
+  return sizeof(float) * C::kConsumers * 4 * 2 * C::BK * feat_count<Enc>(1);
 }
 
 // TMA descriptors of q', k', v as [B·H, T, D] tensors (host: make_hopper_maps).
 
-template <class Enc, class In, int D>
-__global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
+template <class Enc, class In, int D, int kCons = 2>
+__global__ void __launch_bounds__(HopperFwd<In, D, kCons>::kThreads, 1)
     hopper_forward_kernel(const __grid_constant__ Params<Enc, In> p, const __grid_constant__ HopperMaps maps) {
 #ifndef APE_SM90A_CODE
   (void)p, (void)maps;
   __trap();  // sm_90a only (hopper_device)
 #else
-  using C = HopperFwd<In, D>;
+  using C = HopperFwd<In, D, kCons>;
   constexpr int BQ = C::BQ, BK = C::BK, kNT = C::kNT, kDT = C::kDT;
   constexpr float kLog2e = 1.44269504088896341f;
   APE_DYNAMIC_SMEM(smem);
@@ -187,7 +199,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
   }
 
   // ---- consumers
-  ptx::setmaxnreg_inc<240>();
+  ptx::setmaxnreg_inc<C::kConsumerRegs>();
   // Consumer warpgroup: rows 64 cw .. (through a shuffle, so that the compiler knows it uniform
   // across the warp: the turns' barrier ids and tests stay in uniform registers).
   const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;
@@ -302,10 +314,11 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       for (int kk = 0; kk < BK / 16; ++kk) flash::acc_to_a<In>(a[kk], s_acc[0][2 * kk], s_acc[0][2 * kk + 1]);
     };
     // The turns (p.pingpong): consumer cw issues its steps' products between bar.sync 1 + cw and
-    // bar.arrive 2 - cw (256 threads: its own and the other's arrivals). Consumer 0 starts each
-    // tile with an arrival on its own barrier; consumer 1's last step hands on no turn, so that
-    // every round of both barriers completes (n_tiles - 1 steps each). A consumer 0 a tile ahead
-    // cannot take a round of the other's: the next tile's Q waits for consumer 1's last S product.
+    // bar.arrive 1 + (cw + 1) % kCons (256 threads: its own and the previous one's arrivals).
+    // Consumer 0 starts each tile with an arrival on its own barrier; the last consumer's last step
+    // hands on no turn, so that every round of every barrier completes (n_tiles - 1 steps each). A
+    // consumer a tile ahead cannot take a round of another's: the next tile's Q waits for every
+    // consumer's last S product, which each issues after its last turn.
     const bool pingpong = p.pingpong && n_tiles > 1;
     if (pingpong && cw == 0) ptx::bar_arrive(1, 256);
     auto step = [&](int kt, auto masked, auto feat) {  // kt >= 1
@@ -313,7 +326,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D>::kThreads, 1)
       if (pingpong) ptx::bar_sync(1 + cw, 256);
       issue_s(kt);
       issue_pv(kt - 1);
-      if (pingpong && (cw == 0 || kt + 1 < n_tiles)) ptx::bar_arrive(2 - cw, 256);
+      if (pingpong && (cw + 1 < kCons || kt + 1 < n_tiles)) ptx::bar_arrive(1 + (cw + 1) % kCons, 256);
       ptx::wgmma_wait<1>();  // S_kt (the product of tile kt - 1 may still run)
       ptx::fence_regs(sf);
       if (p.kv_split) ptx::mbar_arrive(empty_k + ((it + unsigned(kt)) & 1));  // this thread is done with K'_kt

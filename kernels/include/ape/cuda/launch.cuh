@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
@@ -305,6 +306,18 @@ inline bool hopper_kv_split_enabled() {
   return !env_is("APE_CUDA_KV_SPLIT", '0');
 }
 
+// The Hopper forward's consumer warpgroups at head dim kD: 3 (query tiles of 192 rows,
+// FlashAttention-3's tile at d_h 64) where APE_CUDA_HOPPER_CONSUMERS=3 and kD <= 64, else 2 (128
+// rows). Two by default until a GPU has timed both (the GPU check's per-head-dim run,
+// `ape:consumers3`). At d_h 64 a key tile's products are half those of d_h 128 and its softmax the
+// same, so the exponentials weigh twice as much against the tensor cores; with three consumers in
+// rotation two compute their softmax while one's products run, and a K' and V tile serves 1.5x
+// the rows (2/3 of the L2 bytes per FLOP). At d_h 128 the consumers' 240 registers leave no room
+// for a third.
+inline int hopper_consumers(int kD) {
+  return kD <= 64 && env_is("APE_CUDA_HOPPER_CONSUMERS", '3') ? 3 : 2;
+}
+
 // Whether the Hopper forward runs a block per SM that claims its tiles, heaviest first, from a
 // counter (Params::sched, FlashAttention-3's persistent scheduling: the next tile's Q, K' and V
 // load while the block finishes the last) instead of a block per tile: yes unless
@@ -416,49 +429,54 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       }
       if constexpr (value_rows<Enc>() == 0)
       if (hopper_device() && hopper_forward_enabled()) {
-        using H = HopperFwd<In, kD>;
-        HopperMaps maps;
-        const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
-        const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(a.T)};
-        const uint32_t box_q[3] = {uint32_t(H::kRowElems), uint32_t(H::BQ), 1};
-        const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
-        auto map = [&](CUtensorMap *m, const void *x, const uint32_t *box) {
-          return make_tensor_map_16(m, x, 3, dims, strides, box, H::kSwizzle);
-        };
-        if ((err = map(&maps.q, p.qm, box_q)) != cudaSuccess ||
-            (err = map(&maps.k, p.km, box_kv)) != cudaSuccess ||
-            (err = map(&maps.v, p.v, box_kv)) != cudaSuccess)
-          return err;
-        size_t bytes = H::bytes + hopper_fwd_feature_bytes<Enc, In, kD>(), extra = 0;
-        if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
-        bytes += extra;
-        if ((err = allow_smem(hopper_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess)
-          return err;
-        p.tile0 = a.first_row / H::BQ;
-        p.pingpong = hopper_pingpong_enabled();
-        p.kv_split = hopper_kv_split_enabled();
-        p.n_qt = blocks_for(a.T, H::BQ) - p.tile0;
-        // A block per tile, or (APE_CUDA_PERSISTENT=1) a block per SM, each claiming tiles from
-        // a zeroed counter after its first (hopper_forward_kernel).
-        const int64_t tiles = a.B * a.H * p.n_qt;
-        constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-        if (tiles > kIntMax / 2 || a.T > kIntMax - H::BQ) return cudaErrorInvalidValue;  // the kernel's ints
-        int64_t blocks = tiles;
-        p.sched = nullptr;
-        if (hopper_persistent_enabled()) {
-          int dev = 0, sms = 0;
-          if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
-              (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        auto hopper = [&](auto cons) -> cudaError_t {
+          constexpr int kCons = decltype(cons)::value;
+          using H = HopperFwd<In, kD, kCons>;
+          const auto kernel = hopper_forward_kernel<Enc, In, kD, kCons>;
+          HopperMaps maps;
+          const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
+          const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(a.T)};
+          const uint32_t box_q[3] = {uint32_t(H::kRowElems), uint32_t(H::BQ), 1};
+          const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
+          auto map = [&](CUtensorMap *m, const void *x, const uint32_t *box) {
+            return make_tensor_map_16(m, x, 3, dims, strides, box, H::kSwizzle);
+          };
+          if ((err = map(&maps.q, p.qm, box_q)) != cudaSuccess ||
+              (err = map(&maps.k, p.km, box_kv)) != cudaSuccess ||
+              (err = map(&maps.v, p.v, box_kv)) != cudaSuccess)
             return err;
-          if (sms > 0 && sms < tiles) {
-            blocks = sms;
-            p.sched = scratch.take<int>(1, err);
-            if (err != cudaSuccess || (err = cudaMemsetAsync(p.sched, 0, sizeof(int), st)) != cudaSuccess)
+          size_t bytes = H::bytes + hopper_fwd_feature_bytes<Enc, In, kD, kCons>(), extra = 0;
+          if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
+          bytes += extra;
+          if ((err = allow_smem(kernel, bytes)) != cudaSuccess) return err;
+          p.tile0 = a.first_row / H::BQ;
+          p.pingpong = hopper_pingpong_enabled();
+          p.kv_split = hopper_kv_split_enabled();
+          p.n_qt = blocks_for(a.T, H::BQ) - p.tile0;
+          // A block per tile, or (APE_CUDA_PERSISTENT=1) a block per SM, each claiming tiles from
+          // a zeroed counter after its first (hopper_forward_kernel).
+          const int64_t tiles = a.B * a.H * p.n_qt;
+          constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+          if (tiles > kIntMax / 2 || a.T > kIntMax - H::BQ) return cudaErrorInvalidValue;  // the kernel's ints
+          int64_t blocks = tiles;
+          p.sched = nullptr;
+          if (hopper_persistent_enabled()) {
+            int dev = 0, sms = 0;
+            if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
+                (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
               return err;
+            if (sms > 0 && sms < tiles) {
+              blocks = sms;
+              p.sched = scratch.take<int>(1, err);
+              if (err != cudaSuccess || (err = cudaMemsetAsync(p.sched, 0, sizeof(int), st)) != cudaSuccess)
+                return err;
+            }
           }
-        }
-        return launch(hopper_forward_kernel<Enc, In, kD>, dim3(static_cast<unsigned>(blocks)), H::kThreads,
-                      bytes, st, p, maps);
+          return launch(kernel, dim3(static_cast<unsigned>(blocks)), H::kThreads, bytes, st, p, maps);
+        };
+        if constexpr (kD <= 64)
+          if (hopper_consumers(kD) == 3) return hopper(std::integral_constant<int, 3>{});
+        return hopper(std::integral_constant<int, 2>{});
       }
       size_t bytes = flash_fwd_bytes<Enc, In, kD>(), extra = 0;
       if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
