@@ -22,7 +22,7 @@ and every trainable param; the encodings of examples/encodings/ENC.mlir):
   ape:NAME    with --ape-settings NAME:VAR=VALUE[+VAR=VALUE...]: APE again, in the same process,
               with those environment variables set while its cells run (the kernels read
               APE_CUDA_PINGPONG, APE_CUDA_PERSISTENT, APE_CUDA_KV_SPLIT, APE_CUDA_HOPPER_FORWARD,
-              APE_CUDA_HOPPER_CONSUMERS,
+              APE_CUDA_HOPPER_CONSUMERS, APE_CUDA_TILE_GROUP,
               APE_CUDA_WGMMA_BACKWARD, APE_CUDA_BWD_SUBTILES, APE_CUDA_DQ_TMA, APE_CUDA_BWD_SQUARE and
               APE_CUDA_DETERMINISTIC at every
               call), after `ape`; its

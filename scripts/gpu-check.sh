@@ -543,14 +543,16 @@ run() {
     # d_h 128, the Hopper forward's turns and persistent grid), each timed in the same process (the
     # kernels read the variables at every call; gpu_bench.py --ape-settings): the mma.sync backward
     # (the wide layout) and its fastest form there (FlashAttention-2's square tiling with dQ' by
-    # TMA reductions), dQ' in any order (what determinism costs), the forward without its turns,
-    # without its persistent grid, without both, with K' released together with V (as before the
-    # separate K and V pipelines).
+    # TMA reductions), dQ' in any order (what determinism costs), the forward without its turns and
+    # persistent grid (each alone was timed on the H200: 1.05-1.08x and 1.02x), with K' released
+    # together with V (as before the separate K and V pipelines), with its tile order in groups of
+    # slices whose K' and V fit 32 MiB of L2 (APE_CUDA_TILE_GROUP=auto: 8 of 32 slices at T 8192,
+    # d_h 128).
     local settings="mma:APE_CUDA_WGMMA_BACKWARD=0"
     settings+=",mma-square-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_BWD_SQUARE=1+APE_CUDA_DQ_TMA=1"
     settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
-    settings+=",no-pingpong:APE_CUDA_PINGPONG=0,no-persistent:APE_CUDA_PERSISTENT=0"
     settings+=",no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,kv-shared:APE_CUDA_KV_SPLIT=0"
+    settings+=",tile-groups:APE_CUDA_TILE_GROUP=auto"
     local fe
     for fe in kcable shaw transformer_xl deberta; do
       if [ -d "$bench_libs/${fe}_torch_library" ]; then

@@ -779,6 +779,37 @@ TEST(CudaLaunch, HopperThreeConsumersMatchReferences) {
   EXPECT_GE(checked, 5) << "each at bf16/hd64 is in the emulated build";
 }
 
+// The Hopper forward's tile order in groups of slices (APE_CUDA_TILE_GROUP: FlashAttention-3's L2
+// grouping; the GPU check times `auto` beside one group): groups of 4 (and a last one of 2) and of
+// 1 of six slices, with the turns and the persistent grid, each tile computed once (against the
+// references) and as in one group, bit for bit (a tile's work does not depend on the order).
+TEST(CudaLaunch, HopperTileGroupsMatchReferences) {
+  const PoseAsSm90 guard;
+  const PoseWithSms two_sms(2);
+  const HopperOptIns opt_ins;
+  const CudaKernelEntry *e = find_cuda("alibi");
+  ASSERT_NE(e, nullptr);
+  for (int D : {64, 128}) {
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+    ASSERT_NE(var, nullptr) << "alibi bf16/hd" << D << " is in the emulated build";
+    const Problem prob = make_problem(*e, 2, 3, 300, D, 9500 + D);
+    Outputs one;
+    run_gpu(*var, prob, one, nullptr, RunOptions{false});
+    if (HasFatalFailure()) return;
+    for (const char *group : {"4", "1"}) {
+      SCOPED_TRACE(std::string("alibi bf16 D=") + std::to_string(D) + " B=2 H=3 T=300 sm_90, APE_CUDA_TILE_GROUP=" + group);
+      const EnvScope groups({{"APE_CUDA_TILE_GROUP", group}});
+      check_problem("alibi", *var, prob);
+      if (HasFatalFailure()) return;
+      Outputs grouped;
+      run_gpu(*var, prob, grouped, nullptr, RunOptions{false});
+      if (HasFatalFailure()) return;
+      for (size_t n = 0; n < 2; ++n)
+        EXPECT_TRUE(torch::equal(grouped[n].second, one[n].second)) << grouped[n].first << ": not one group's bits";
+    }
+  }
+}
+
 // The mma.sync backward posing as sm_90 (the default there at D 64, APE_CUDA_WGMMA_BACKWARD=0 at
 // D 128: 8-byte dQ' reductions, sm_90's limits), through each of its paths: no mod, a q/k mod,
 // trainable distance and row/column biases, value rows, relative rows. Partial tiles, several key

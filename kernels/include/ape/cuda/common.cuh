@@ -347,6 +347,8 @@ template <class Enc, class In> struct Params {
   int64_t n_qt;                     // Hopper forward: query tiles per slice (from tile0)
   int *sched;                       // Hopper forward: the tiles claimed after each block's first
                                     // (a zeroed counter), or null: a block per tile
+  int tile_group;                   // Hopper forward: slices per group of the tile order (their
+                                    // K' and V stay in L2 while the group's tiles run); B*H: one
   // distance biases in the flash kernels (flash_distance<Enc>())
   float *dist;                      // (B*H, dist_ld): B(d) / scale at kDistPad + d, 0 outside [0, T)
   int64_t dist_ld;

@@ -11,7 +11,9 @@ namespace detail {
 // ---- forward, Hopper (sm_90a: TMA, mbarriers, wgmma) -------------------------------------------------
 // Blocks of three warpgroups, FlashAttention-3's structure: warpgroup 0 is the producer,
 // warpgroups 1 and 2 the consumers. A block computes query tiles of BQ = 128 rows of a slice,
-// heaviest first: tile number x is the (x / (B·H))-th query tile from the last of slice x % (B·H).
+// heaviest first: tile number x is the (x / (B·H))-th query tile from the last of slice x % (B·H)
+// (with p.tile_group < B·H, in groups of that many slices, heaviest first within each group:
+// FlashAttention-3's L2 grouping of the tile order, so that the group's K' and V stay in L2).
 // With kCons = 3 (d_h <= 64 only; APE_CUDA_HOPPER_CONSUMERS=3): four warpgroups, three consumers
 // and BQ = 192, FlashAttention-3's tile at d_h 64, where the softmax weighs twice as much against
 // the products as at d_h 128: two consumers compute their softmax while the third's products run,
@@ -108,9 +110,16 @@ __global__ void __launch_bounds__(HopperFwd<In, D, kCons>::kThreads, 1)
   const int64_t T = p.T;
   const int BH = static_cast<int>(p.B * p.H), n_qt = static_cast<int>(p.n_qt), total = BH * n_qt;
   const int last_qt = static_cast<int>(p.tile0) + n_qt - 1, T32 = static_cast<int>(T);
-  auto tile_rows = [&](int x, int &bh, int &i0) {  // tile number x: slice, first row
-    bh = x % BH;
-    i0 = (last_qt - x / BH) * BQ;
+  // Tile number x: slice, first row. The slices go in groups of p.tile_group (the last group may
+  // be smaller), a group's tiles in turn, heaviest first within the group: the (r / n)-th query
+  // tile from the last of the group's slice r % n, r the tile's number in the group of n slices.
+  // One group of all B·H slices (the default) is the order across all slices.
+  const int G = p.tile_group;
+  auto tile_rows = [&](int x, int &bh, int &i0) {
+    const int per = G * n_qt, gi = x / per, r = x - gi * per;
+    const int n = (gi + 1) * G <= BH ? G : BH - gi * G;
+    bh = gi * G + r % n;
+    i0 = (last_qt - r / n) * BQ;
   };
   auto key_tiles = [&](int i0) {  // the key tiles rows i0 .. i0 + BQ - 1 see
     const int i_end = i0 + BQ < T32 ? i0 + BQ : T32;

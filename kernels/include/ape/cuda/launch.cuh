@@ -8,7 +8,9 @@
 #include "ape/cuda/side_kernels.cuh"
 #include "ape/cuda/transition.cuh"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -318,6 +320,26 @@ inline int hopper_consumers(int kD) {
   return kD <= 64 && env_is("APE_CUDA_HOPPER_CONSUMERS", '3') ? 3 : 2;
 }
 
+// Slices per group of the Hopper forward's tile order (Params::tile_group), of bh slices of t rows
+// at head dim d in elem-byte elements: with APE_CUDA_TILE_GROUP=auto, as many as keep their K' and
+// V (2 t d elements a slice) within 32 MiB of L2 (FlashAttention-3's grouping for long sequences:
+// the blocks at work then share a few slices' keys, instead of reading every slice's from DRAM
+// at once); a number N, N (tests); unset or 0, all bh (one group: the order before the grouping,
+// the default until a GPU has timed both, `ape:tile-groups`).
+inline int64_t hopper_tile_group(int64_t bh, int64_t t, int64_t d, int64_t elem) {
+  const char *v = std::getenv("APE_CUDA_TILE_GROUP");
+  int64_t g = bh;
+  if (v != nullptr && std::strcmp(v, "auto") == 0) {
+    const int64_t slice = 2 * t * d * elem;
+    g = slice > 0 ? std::max<int64_t>(1, (int64_t(32) << 20) / slice) : bh;
+  } else if (v != nullptr && *v != '\0') {
+    char *end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (end != nullptr && *end == '\0' && n > 0) g = n;
+  }
+  return g < bh ? g : bh;
+}
+
 // Whether the Hopper forward runs a block per SM that claims its tiles, heaviest first, from a
 // counter (Params::sched, FlashAttention-3's persistent scheduling: the next tile's Q, K' and V
 // load while the block finishes the last) instead of a block per tile: yes unless
@@ -453,6 +475,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           p.pingpong = hopper_pingpong_enabled();
           p.kv_split = hopper_kv_split_enabled();
           p.n_qt = blocks_for(a.T, H::BQ) - p.tile0;
+          p.tile_group = static_cast<int>(hopper_tile_group(a.B * a.H, a.T, kD, sizeof(In)));
           // A block per tile, or (APE_CUDA_PERSISTENT=1) a block per SM, each claiming tiles from
           // a zeroed counter after its first (hopper_forward_kernel).
           const int64_t tiles = a.B * a.H * p.n_qt;
