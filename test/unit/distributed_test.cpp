@@ -201,8 +201,8 @@ TEST(Distributed, TwoRanksEqualOneWithTheDoubledBatch) {
 // Data parallel with the GPU's habits on the CPU (the loss and gradient norm read 4 steps at a
 // time, the ranks agreeing on the clock and stop requests only then; loss scaling, the fused AdamW
 // step; rank 0 prints progress, as ape-train's): the same losses and bits as reading every step,
-// on both ranks; a stop asked on one rank between reads stops both at the next one; a NaN
-// gradient on one rank stops both with the divergence, at the same step.
+// on both ranks; a stop asked on one rank between reads stops both at the next one, and so does
+// a spent time budget; a NaN gradient on one rank stops both with the divergence, at the same step.
 TEST(Distributed, DeferredReadsTrainTheSameBits) {
   REQUIRE_GLOO();
   const ape::TokenSplit split = counting_split();
@@ -212,8 +212,9 @@ TEST(Distributed, DeferredReadsTrainTheSameBits) {
     int64_t steps[2] = {0, 0};
     std::string error[2];
   };
-  // stop_at: rank 1 asks to stop after that step; nan_at: rank 1's embedding gradient is NaN there.
-  auto dp_run = [&](int64_t every, int64_t stop_at, int64_t nan_at) {
+  // stop_at: rank 1 asks to stop after that step; nan_at: rank 1's embedding gradient is NaN there;
+  // minutes: a time budget instead of the 10 steps.
+  auto dp_run = [&](int64_t every, int64_t stop_at, int64_t nan_at, double minutes = 0) {
     Run run;
     at::manual_seed(3);
     for (int r = 0; r < 2; ++r) run.models.emplace_back(testk::bias_entry, tiny_config("test_bias"));
@@ -225,7 +226,8 @@ TEST(Distributed, DeferredReadsTrainTheSameBits) {
     two_ranks([&](int r, ape::DataParallel &dp) {
       ape::TrainSampler s(split, 9);
       ape::TrainConfig tc = tiny_train(4, 2);
-      tc.steps = 10;
+      tc.steps = minutes > 0 ? 0 : 10;
+      tc.minutes = minutes;
       tc.progress = r == 0;
       tc.progress_in_place = false;
       ape::Trainer t(run.models[r], s, tc);
@@ -246,6 +248,9 @@ TEST(Distributed, DeferredReadsTrainTheSameBits) {
     return run;
   };
   Run each = dp_run(1, 0, 0), batched = dp_run(4, 0, 0), stopped = dp_run(4, 2, 0), nan = dp_run(4, 0, 1);
+  // A budget of 1e-7 minutes is spent by the first agreement (step 4): until then the ranks keep
+  // the clock of the start.
+  Run timed = dp_run(4, 0, 0, 1e-7);
   ASSERT_EQ(each.losses[0].size(), 10u);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(batched.losses[r], each.losses[0]) << "rank " << r;
@@ -253,6 +258,7 @@ TEST(Distributed, DeferredReadsTrainTheSameBits) {
     // Asked after step 2 on rank 1; both ranks stop at step 4, where they read and agree.
     EXPECT_EQ(stopped.steps[r], 4) << "rank " << r;
     EXPECT_EQ(stopped.losses[r], std::vector<double>(each.losses[0].begin(), each.losses[0].begin() + 4));
+    EXPECT_EQ(timed.steps[r], 4) << "rank " << r;
     // Rank 0 reads step 1 for its first progress line; rank 1 reads it too, and both stop there.
     EXPECT_NE(nan.error[r].find("gradient norm became non-finite at step 1"), std::string::npos)
         << "rank " << r << ": " << nan.error[r];
