@@ -324,8 +324,9 @@ inline int hopper_consumers(int kD) {
 // at head dim d in elem-byte elements: with APE_CUDA_TILE_GROUP=auto, as many as keep their K' and
 // V (2 t d elements a slice) within 32 MiB of L2 (FlashAttention-3's grouping for long sequences:
 // the blocks at work then share a few slices' keys, instead of reading every slice's from DRAM
-// at once); a number N, N (tests); unset or 0, all bh (one group: the order before the grouping,
-// the default until a GPU has timed both, `ape:tile-groups`).
+// at once); a number N, N (tests); unset, 0 or anything else, all bh (one group: the order before
+// the grouping, the default until a GPU has timed both, `ape:tile-groups`), as the other settings
+// here treat a value they do not know.
 inline int64_t hopper_tile_group(int64_t bh, int64_t t, int64_t d, int64_t elem) {
   const char *v = std::getenv("APE_CUDA_TILE_GROUP");
   int64_t g = bh;
@@ -475,12 +476,12 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           p.pingpong = hopper_pingpong_enabled();
           p.kv_split = hopper_kv_split_enabled();
           p.n_qt = blocks_for(a.T, H::BQ) - p.tile0;
-          p.tile_group = static_cast<int>(hopper_tile_group(a.B * a.H, a.T, kD, sizeof(In)));
           // A block per tile, or (APE_CUDA_PERSISTENT=1) a block per SM, each claiming tiles from
           // a zeroed counter after its first (hopper_forward_kernel).
           const int64_t tiles = a.B * a.H * p.n_qt;
           constexpr int64_t kIntMax = std::numeric_limits<int>::max();
           if (tiles > kIntMax / 2 || a.T > kIntMax - H::BQ) return cudaErrorInvalidValue;  // the kernel's ints
+          p.tile_group = static_cast<int>(hopper_tile_group(a.B * a.H, a.T, kD, sizeof(In)));  // <= B·H
           int64_t blocks = tiles;
           p.sched = nullptr;
           if (hopper_persistent_enabled()) {
