@@ -220,8 +220,63 @@ std::string find_book(const std::string &dir, const std::string &id) {
   throw std::runtime_error("book " + id + " (listed in SPLITS.tsv) has no file " + prefix + "*.txt in " + dir);
 }
 
+// Protocol-buffer wire format: the field at `pos` (its number, wire type and where its payload
+// starts), pos moved past it; false where the bytes end inside it or it is a group (not in a
+// ModelProto).
+bool next_field(const std::string &b, size_t &pos, uint64_t &number, int &wire_type, size_t &payload) {
+  auto varint = [&](uint64_t &v) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos >= b.size()) return false;
+      const auto c = static_cast<uint8_t>(b[pos++]);
+      v |= uint64_t(c & 0x7f) << shift;
+      if (!(c & 0x80)) return true;
+    }
+    return false;
+  };
+  uint64_t key = 0, v = 0;
+  if (!varint(key)) return false;
+  number = key >> 3, wire_type = static_cast<int>(key & 7);
+  payload = pos;
+  switch (wire_type) {
+    case 0: return varint(v);
+    case 1: return b.size() - pos >= 8 && (pos += 8, true);
+    case 2: return varint(v) && v <= b.size() - pos && (payload = pos, pos += v, true);
+    case 5: return b.size() - pos >= 4 && (pos += 4, true);
+    default: return false;
+  }
+}
+
 }  // namespace
 
+std::string tokenizer_fingerprint(const std::string &m) {
+  // ModelProto: 1 pieces, 2 trainer_spec, 3 normalizer_spec, 4 self_test_data, 5 denormalizer_spec;
+  // TrainerSpec: 1 input, 2 model_prefix, 16 num_threads (sentencepiece_model.proto). Every other
+  // field counts, with its key, in the file's order (the trainer spec's under its key).
+  static const char kTag[] = "ape spm model v1";
+  uint64_t h = fnv1a(kTag, sizeof kTag - 1);
+  uint64_t number = 0;
+  int wt = 0;
+  size_t payload = 0;
+  for (size_t pos = 0, start = 0; (start = pos) < m.size();) {
+    if (!next_field(m, pos, number, wt, payload)) return fnv1a_hex(m);
+    if (number != 2 || wt != 2) {
+      h = fnv1a(m.data() + start, pos - start, h);
+      continue;
+    }
+    h = fnv1a(m.data() + start, 1, h);  // the trainer spec's key (one byte), not its length
+    const std::string spec = m.substr(payload, pos - payload);
+    for (size_t sp = 0, s0 = 0; (s0 = sp) < spec.size();) {
+      if (!next_field(spec, sp, number, wt, payload)) return fnv1a_hex(m);
+      if (number != 1 && number != 2 && number != 16) h = fnv1a(spec.data() + s0, sp - s0, h);
+    }
+  }
+  return hex16(h);
+}
+
+bool tokenizer_matches(const std::string &model_bytes, const std::string &recorded) {
+  return recorded == tokenizer_fingerprint(model_bytes) || recorded == fnv1a_hex(model_bytes);
+}
 
 std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, const std::string &fnv_hex) {
   const std::string head = "spm_bpe_" + std::to_string(vocab);
@@ -243,7 +298,7 @@ std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, c
       matches.push_back(path);
       continue;
     }
-    if (fnv1a_hex(read_file(path)) == fnv_hex) return path;
+    if (tokenizer_matches(read_file(path), fnv_hex)) return path;
   }
   if (matches.size() == 1) return matches[0];
   std::string found;
@@ -322,8 +377,9 @@ Corpus Corpus::open(const DataOptions &opts) {
     atomic_write(key_path, [&](std::ostream &o) { o << key; });
     log << "[data] tokenizer trained in " << c.spm_seconds_ << " s -> " << c.tokenizer_path_ << "\n";
   }
-  const std::string model_bytes = read_file(c.tokenizer_path_);
-  c.tokenizer_hash_ = fnv1a_hex(model_bytes);
+  c.model_bytes_ = read_file(c.tokenizer_path_);
+  const std::string &model_bytes = c.model_bytes_;
+  c.tokenizer_hash_ = tokenizer_fingerprint(model_bytes);
 
   // ---- token caches, one per split ----
   auto load_split = [&](const std::string &split, TokenSplit &out) {

@@ -53,8 +53,18 @@ void write_token_cache(const std::string &path, const TokenSplit &split, uint32_
 // Throws CacheError unless the file is complete, intact and matches vocab and fingerprint.
 TokenSplit read_token_cache(const std::string &path, uint32_t vocab, uint64_t fingerprint);
 
-// The tokenizer ape-train made in `cache_dir` for a `vocab`-piece model whose file has FNV-1a
-// `fnv_hex` (a checkpoint's data.tokenizer_fnv; empty: the only spm_bpe_<vocab>*.model there).
+// A SentencePiece model's identity, recorded in checkpoints (data.tokenizer_fnv): FNV-1a, as 16 hex
+// digits, of the model file without what says only where and how it was trained (TrainerSpec's
+// input paths, model prefix and thread count), so that the same pieces trained again in another
+// cache folder or on another machine match. A file that does not parse as a ModelProto: the
+// FNV-1a of its bytes.
+std::string tokenizer_fingerprint(const std::string &model_bytes);
+// Whether `recorded` (a checkpoint's data.tokenizer_fnv) names the model file `model_bytes`: its
+// fingerprint, or the FNV-1a of its bytes (what checkpoints recorded before the fingerprint).
+bool tokenizer_matches(const std::string &model_bytes, const std::string &recorded);
+
+// The tokenizer ape-train made in `cache_dir` for a `vocab`-piece model that `fnv_hex` names (a
+// checkpoint's data.tokenizer_fnv, tokenizer_matches; empty: the only spm_bpe_<vocab>*.model there).
 // Throws with what it found when none (or, without fnv_hex, more than one) matches.
 std::string find_cached_tokenizer(const std::string &cache_dir, int64_t vocab, const std::string &fnv_hex);
 
@@ -82,15 +92,17 @@ class Corpus {
   const TokenSplit &test() const { return test_; }
   int64_t vocab() const { return vocab_; }
   const std::string &tokenizer_path() const { return tokenizer_path_; }
-  // FNV-1a of the tokenizer model file, as 16 hex digits (recorded in checkpoints).
+  // The tokenizer's fingerprint (tokenizer_fingerprint: recorded in checkpoints).
   const std::string &tokenizer_hash() const { return tokenizer_hash_; }
+  // Whether a checkpoint's recorded tokenizer is this one (tokenizer_matches).
+  bool tokenizer_is(const std::string &recorded) const { return tokenizer_matches(model_bytes_, recorded); }
   double tokenizer_train_seconds() const { return spm_seconds_; }  // 0 when loaded from the cache
   double tokenize_seconds() const { return tok_seconds_; }         // 0 when every split was cached
 
  private:
   TokenSplit train_, valid_, test_;
   int64_t vocab_ = 0;
-  std::string tokenizer_path_, tokenizer_hash_;
+  std::string tokenizer_path_, tokenizer_hash_, model_bytes_;
   double spm_seconds_ = 0, tok_seconds_ = 0;
 };
 

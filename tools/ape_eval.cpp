@@ -179,7 +179,7 @@ int main(int argc, char **argv) {
         corpora.emplace(vocab, ape::Corpus::open(dopt));
       }
       const ape::Corpus &corpus = corpora.at(vocab);
-      if (!m.tokenizer.empty() && m.tokenizer != corpus.tokenizer_hash())
+      if (!m.tokenizer.empty() && !corpus.tokenizer_is(m.tokenizer))
         throw std::runtime_error("checkpoint " + m.path + " was trained with a different tokenizer (" + m.tokenizer +
                                  ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
                                  "); pass the --cache-dir used for training");

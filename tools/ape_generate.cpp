@@ -140,11 +140,11 @@ int main(int argc, char **argv) {
     {
       std::ifstream f(tokenizer, std::ios::binary);
       std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      const std::string hex = ape::fnv1a_hex(bytes);
       if (config.contains("data") && config["data"].contains("tokenizer_fnv") &&
-          config["data"]["tokenizer_fnv"].get<std::string>() != hex)
+          !ape::tokenizer_matches(bytes, config["data"]["tokenizer_fnv"].get<std::string>()))
         throw std::runtime_error("checkpoint " + checkpoint + " was trained with another tokenizer (" +
-                                 config["data"]["tokenizer_fnv"].get<std::string>() + ") than " + tokenizer + " (" + hex + ")");
+                                 config["data"]["tokenizer_fnv"].get<std::string>() + ") than " + tokenizer + " (" +
+                                 ape::tokenizer_fingerprint(bytes) + ")");
     }
     const std::string scratch = (fs::temp_directory_path() / ("ape-generate-" + std::to_string(::getpid()))).string();
     const std::string log = scratch + ".log";

@@ -552,7 +552,7 @@ int main(int argc, char **argv) {
     if (resumed) {
       const auto &d = resumed->config.value("data", nlohmann::json::object());
       const std::string tok = d.is_object() ? d.value("tokenizer_fnv", std::string()) : std::string();
-      if (!tok.empty() && tok != corpus.tokenizer_hash())
+      if (!tok.empty() && !corpus.tokenizer_is(tok))
         throw std::runtime_error("checkpoint " + resume + " was trained with a different tokenizer (" + tok + ") than " +
                                  corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
                                  "); pass the --data and --cache-dir used for training");
@@ -562,7 +562,7 @@ int main(int argc, char **argv) {
       const ape::Checkpoint init = ape::read_checkpoint(init_from);
       const auto &d = init.config.value("data", nlohmann::json::object());
       const std::string tok = d.is_object() ? d.value("tokenizer_fnv", std::string()) : std::string();
-      if (!tok.empty() && tok != corpus.tokenizer_hash())
+      if (!tok.empty() && !corpus.tokenizer_is(tok))
         throw std::runtime_error("--init-from " + init_from + ": trained with a different tokenizer (" + tok +
                                  ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
                                  "); pass the --data and --cache-dir it was trained with");

@@ -156,6 +156,42 @@ TEST(Corpus, CachedTokenizerIsFoundByItsHash) {
             dir + "/spm_bpe_300.model");
 }
 
+// A tokenizer's identity in checkpoints (tokenizer_fingerprint): the model without the trainer's
+// input paths, model prefix and thread count, which differ between cache folders and machines
+// for the same pieces; every other field counts. Checkpoints that recorded the file's FNV-1a
+// still match it.
+TEST(Corpus, TokenizerFingerprintIgnoresWhereItWasTrained) {
+  auto varint = [](uint64_t v) {
+    std::string out;
+    for (; v >= 0x80; v >>= 7) out += static_cast<char>((v & 0x7f) | 0x80);
+    return out + static_cast<char>(v);
+  };
+  auto bytes = [&](int n, const std::string &payload) { return varint(uint64_t(n) << 3 | 2) + varint(payload.size()) + payload; };
+  auto num = [&](int n, uint64_t v) { return varint(uint64_t(n) << 3) + varint(v); };
+  auto piece = [&](const std::string &text, float score) {
+    std::string f(4, '\0');
+    memcpy(f.data(), &score, 4);
+    return bytes(1, bytes(1, text) + varint(2 << 3 | 5) + f);
+  };
+  auto model = [&](const std::string &dir, int threads, int vocab, const std::string &second) {
+    const std::string trainer = bytes(1, dir + "/pg1.txt") + bytes(1, dir + "/pg2.txt") + bytes(2, dir + "/spm.tmp.42") +
+                                num(3, 2) + num(4, vocab) + num(16, threads);
+    return piece("<unk>", 0.f) + piece("\xe2\x96\x81the", -1.f) + piece(second, -2.f) + bytes(2, trainer) +
+           bytes(3, bytes(1, "nmt_nfkc") + num(3, 1));
+  };
+  const std::string here = model("/work/cache/text", 2, 300, "ing"), there = model("/tmp/x/text", 16, 300, "ing");
+  EXPECT_NE(here, there);
+  EXPECT_EQ(ape::tokenizer_fingerprint(here), ape::tokenizer_fingerprint(there));
+  EXPECT_TRUE(ape::tokenizer_matches(there, ape::tokenizer_fingerprint(here)));
+  EXPECT_TRUE(ape::tokenizer_matches(here, ape::fnv1a_hex(here)));  // a checkpoint of before
+  EXPECT_FALSE(ape::tokenizer_matches(there, ape::fnv1a_hex(here)));
+  EXPECT_NE(ape::tokenizer_fingerprint(here), ape::tokenizer_fingerprint(model("/work/cache/text", 2, 300, "ed")));
+  EXPECT_NE(ape::tokenizer_fingerprint(here), ape::tokenizer_fingerprint(model("/work/cache/text", 2, 301, "ing")));
+  const std::string cut = here.substr(0, here.size() - 3);  // not a whole ModelProto: its bytes
+  EXPECT_EQ(ape::tokenizer_fingerprint(cut), ape::fnv1a_hex(cut));
+  EXPECT_EQ(ape::tokenizer_fingerprint("not a model"), ape::fnv1a_hex("not a model"));
+}
+
 // The real corpus end to end (unpack, tokenizer, caches): ~15 s, so opt-in with APE_TEST_CORPUS=1.
 // The shipped books end to end: unpack, train the tokenizer, tokenize, then reopen from the cache.
 TEST(Corpus, ShippedCorpusTokenizesAndCaches) {
@@ -173,6 +209,13 @@ TEST(Corpus, ShippedCorpusTokenizesAndCaches) {
   EXPECT_EQ(again.test().ids, c.test().ids);
   EXPECT_EQ(again.tokenizer_train_seconds(), 0.0);
   EXPECT_EQ(again.tokenize_seconds(), 0.0);
+  // A tokenizer trained again in another cache folder is the checkpoints' tokenizer still.
+  o.cache_dir = tmp_path("corpus_cache_2");
+  fs::remove_all(o.cache_dir);
+  ape::Corpus elsewhere = ape::Corpus::open(o);
+  EXPECT_GT(elsewhere.tokenizer_train_seconds(), 0.0);
+  EXPECT_EQ(elsewhere.tokenizer_hash(), c.tokenizer_hash());
+  EXPECT_EQ(elsewhere.test().ids, c.test().ids);
   std::cout << log.str();
 }
 
