@@ -147,6 +147,34 @@ static LogicalResult verifyContainerBody(Region &body) {
   return success();
 }
 
+/// Every attribute of `op` without a dialect prefix is one it declares: MLIR keeps any other as a
+/// discardable attribute that nothing reads, so a misspelt argument (`{bsae = 5e5}` for `base`)
+/// would compile to the default silently. Attributes with a dialect prefix are their dialect's.
+static LogicalResult verifyKnownAttributes(Operation *op) {
+  for (NamedAttribute a : op->getDiscardableAttrs()) {
+    StringRef name = a.getName().getValue();
+    if (name.contains('.'))
+      continue;
+    std::string known, nearest;
+    unsigned best = 3;  // suggest a declared name at most two edits away
+    if (std::optional<RegisteredOperationName> info = op->getRegisteredInfo())
+      for (StringAttr k : info->getAttributeNames()) {
+        if (k.getValue() == "sym_name")
+          continue;
+        known += (known.empty() ? "" : ", ") + k.getValue().str();
+        unsigned d = name.edit_distance(k.getValue(), true, best);
+        if (d < best)
+          best = d, nearest = k.getValue().str();
+      }
+    InFlightDiagnostic diag = op->emitOpError("has no attribute '") << name << "'";
+    if (!nearest.empty())
+      diag << " (did you mean '" << nearest << "'?)";
+    diag << (known.empty() ? std::string(": it takes none") : "; its attributes: " + known);
+    return diag;
+  }
+  return success();
+}
+
 /// Checks the optional shape hints of an encoding or kernel.
 static LogicalResult verifyShapeHints(Operation *op, std::optional<uint64_t> headDim,
                                       std::optional<uint64_t> modelDim) {
@@ -201,6 +229,12 @@ LogicalResult EncodingOp::verify() {
 }
 
 LogicalResult EncodingOp::verifyRegions() {
+  // (ParamOp's own verifier names its init arguments first.)
+  WalkResult unknown = (*this)->walk([](Operation *op) {
+    return failed(verifyKnownAttributes(op)) ? WalkResult::interrupt() : WalkResult::advance();
+  });
+  if (unknown.wasInterrupted())
+    return failure();
   if (failed(verifyContainerBody(getBody())))
     return failure();
   std::optional<int64_t> headDim, modelDim;

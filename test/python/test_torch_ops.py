@@ -123,6 +123,19 @@ def test_override_through_the_projection(encoding, device):
         close(gr, gr_ref, name, atol=1e-9, rtol=1e-8)
 
 
+def test_helper_params_dict_names():
+    """attention(params={...}) takes the encoding's params by name: a missing or misspelt name is
+    an error (a misspelt one was dropped, and the call ran with none)."""
+    h = helper("alibi")
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    slopes = h.init_params(2, 4, dtype=torch.float64)["alibi_slopes"]
+    with pytest.raises(ValueError, match=r"ape_alibi\.attention: missing params \['alibi_slopes'\]"):
+        h.attention(q, q, q, params={})
+    with pytest.raises(ValueError, match=r"ape_alibi\.attention: unknown params \['alibi_slope'\] \(its params: \['alibi_slopes'\]\)"):
+        h.attention(q, q, q, params={"alibi_slopes": slopes, "alibi_slope": slopes})
+    assert h.attention(q, q, q, params={"alibi_slopes": slopes}).shape == q.shape
+
+
 def test_derived_params_errors():
     h = helper("exqpe")
     w = torch.randn(8, 20, dtype=torch.float64)

@@ -155,6 +155,9 @@ def attention(q, k, v, features=(), params=None, scale=None):
         missing = [n for n in PARAMS if n not in params]
         if missing:
             raise ValueError(f"ape_{ENCODING}.attention: missing params {missing}")
+        unknown = [n for n in params if n not in PARAMS]
+        if unknown:  # a misspelt name would otherwise be dropped silently
+            raise ValueError(f"ape_{ENCODING}.attention: unknown params {unknown} (its params: {list(PARAMS)})")
         params = [params[n] for n in PARAMS]
     return ops.attention(q, k, v, *features, *params, scale=scale)
 

@@ -636,3 +636,46 @@ ape.kernel @k {
     ape.yield %x : f32
   }
 }
+
+// -----
+
+// A misspelt argument is an error, not a default (MLIR keeps unknown attributes otherwise).
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op has no attribute 'bsae' (did you mean 'base'?); its attributes: base, beta_fast}}
+  ape.rotary {bsae = 500000.0 : f64}
+}
+
+// -----
+
+// expected-error @+1 {{'ape.encoding' op has no attribute 'fastmath' (did you mean 'fast_math'?)}}
+ape.encoding @e attributes {fastmath} {
+  ape.alibi
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.token_feature' op has no attribute 'weight_sd' (did you mean 'weight_std'?)}}
+  %g = ape.token_feature "g" {weight_sd = 0.5 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.q_mod' op has no attribute 'paring' (did you mean 'pairing'?)}}
+  ape.q_mod attributes {paring = "half"} {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    ape.yield %x : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    // expected-error @+1 {{'arith.negf' op has no attribute 'flags'; its attributes: fastmath}}
+    %n = arith.negf %s {flags = 1 : i64} : f32
+    ape.yield %n : f32
+  }
+}
