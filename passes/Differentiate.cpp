@@ -153,10 +153,24 @@ FailureOr<Tan> tangentOf(Operation *op, DenseMap<Value, Tan> &tan, RegionBuilder
     Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), zero);
     return t.select(c, T(0), t.neg(T(0)));
   }
-  if (isa<math::PowFOp>(op)) {  // d a^p = r·(p·da/a + ln a·dp)
-    Tan da = t.div(t.mul(T(0), X(1)), X(0));
-    Tan dp = T(1) ? t.mul(T(1), b.create<math::LogOp>(loc, X(0))) : Tan{};
-    return t.mul(t.add(da, dp), r);
+  if (isa<math::PowFOp>(op)) {
+    // d a^p = p·a^(p-1)·da + a^p·ln a·dp, as torch.pow's gradients: the first 0 where p = 0, the
+    // second 0 where a = 0 and p >= 0 (r·(p·da/a + ln a·dp) is NaN at a = 0: 0·inf, 0/0).
+    Value zero = rb.f32(0.0);
+    Tan da;
+    if (T(0)) {
+      Value pm1 = rb.sub(X(1), rb.f32(1.0));
+      Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, X(1), zero);
+      da = t.select(c, Tan{}, t.mul(T(0), rb.mul(X(1), b.create<math::PowFOp>(loc, X(0), pm1))));
+    }
+    Tan dp;
+    if (T(1)) {
+      Value base0 = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, X(0), zero);
+      Value pnn = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(1), zero);
+      Value c = b.create<arith::AndIOp>(loc, base0, pnn);
+      dp = t.select(c, Tan{}, t.mul(T(1), rb.mul(r, b.create<math::LogOp>(loc, X(0)))));
+    }
+    return t.add(da, dp);
   }
   return failure();
 }

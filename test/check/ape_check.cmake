@@ -68,6 +68,14 @@ add_test(NAME ape_check.spec_int_division
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/int_division.mlir)
 set_tests_properties(ape_check.spec_int_division PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# A power with base 0 on the diagonal and a trainable base scale and exponent: finite gradients
+# (torch.pow's at 0), against the reference and central differences.
+add_test(NAME ape_check.spec_powf_zero_base
+  COMMAND ${_expect} 0 "^dparam:pw_c +fp64 .* pass$" "^dparam:pw_p +fp64 .* pass$" "^fd:param:pw_p +fp64 .* pass$"
+          "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/powf_zero_base.mlir)
+set_tests_properties(ape_check.spec_powf_zero_base PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A spec computing NaN fails, though the kernel computes the same NaNs as the reference.
 add_test(NAME ape_check.error_nan_spec
   COMMAND ${_expect} 1 "^o +fp64 .* FAIL$" "^ape-check: FAIL"
