@@ -738,6 +738,13 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   double steady_s = -1;  // since_start() once kSteadyAfter steps are done (the work on the device too)
   // A non-finite gradient norm stops training (Train.h); `now` says whether the step is current
   // (the model can still be searched for where it came from).
+  // What to try: a lower learning rate, unless nothing was updated yet (the run's first step from
+  // its starting weights), where the model itself computes the non-finite value.
+  auto advice = [&](int64_t step) -> std::string {
+    if (step > 0) return " Try a lower --lr.";
+    return " No update had been applied yet, so the learning rate is not the cause: the model computes it at its "
+           "initial weights (for a --spec encoding, `ape-check SPEC` compares its kernels with the reference).";
+  };
   auto check_gnorm = [&](int64_t step, double l, double gnorm, const char *lr_text, bool now) {
     if (std::isfinite(gnorm)) return;
     end_line();
@@ -751,7 +758,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     throw TrainingDiverged(who + "gradient norm became non-finite at step " + std::to_string(step + 1) +
                            " (loss " + std::to_string(l) + ", lr " + lr_text + ")" +
                            (where.empty() ? "" : "; first non-finite value: " + where) +
-                           ". Training stopped; " + kept() + ". Try a lower --lr.");
+                           ". Training stopped; " + kept() + "." + advice(step));
   };
   // Records one step's loss and applies the divergence rule (Train.h): the recent mean far above
   // where training started.
@@ -798,7 +805,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
         throw TrainingDiverged(who + "loss became " + (std::isnan(l) ? "NaN" : "inf") + " at step " +
                                std::to_string(step + 1) + " (lr " + lr_text + "; found when the queued losses were read, " +
                                std::to_string(pending.size() - i - 1) + " step(s) later). Training stopped; " +
-                               kept() + ". Try a lower --lr.");
+                               kept() + "." + advice(step));
       }
       if (skipped) {  // an overflow under loss scaling: no update, the scale halved
         any_skipped = true;
@@ -874,7 +881,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
         throw TrainingDiverged(who + "loss became " + (std::isnan(l) ? "NaN" : "inf") + " at step " +
                                std::to_string(step + 1) + " (lr " + lr_text + ")" +
                                (where.empty() ? "" : "; first non-finite value: " + where) +
-                               ". Training stopped; " + kept() + ". Try a lower --lr.");
+                               ". Training stopped; " + kept() + "." + advice(step));
       }
       if (!dp_) (scaler ? scaler->scale(loss) : loss).backward();
       std::optional<at::Tensor> found_inf;  // the same on every rank: the gradients were averaged

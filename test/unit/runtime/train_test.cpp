@@ -74,6 +74,9 @@ TEST(Train, DivergenceStopsWithAClearError) {
   } catch (const ape::TrainingDiverged &e) {
     EXPECT_NE(std::string(e.what()).find("loss became NaN at step 1"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("nothing was saved"), std::string::npos) << e.what();
+    // At the first step no update was applied: not the learning rate's doing.
+    EXPECT_NE(std::string(e.what()).find("the learning rate is not the cause"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("Try a lower --lr"), std::string::npos) << e.what();
   }
 }
 
