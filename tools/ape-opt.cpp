@@ -1,18 +1,25 @@
 //===- ape-opt.cpp - the ape optimizer driver -----------------------------===//
 //
 // MlirOptMain with the ape, arith and math dialects and every ape pass: the
-// tool lit tests drive (`ape-opt --ape-expand file.mlir`).
+// tool lit tests drive (`ape-opt --ape-expand file.mlir`). The input first
+// passes apec's nesting check (tools/SpecDriver.h): MLIR's recursive parser
+// would overflow its stack on a file nested thousands of levels deep.
 //
 //===----------------------------------------------------------------------===//
 #include "dialect/ApeDialect.h"
 #include "passes/Passes.h"
+#include "tools/SpecDriver.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/DialectRegistry.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Support/FileUtilities.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
 
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
@@ -23,6 +30,34 @@ int main(int argc, char **argv) {
   mlir::PassPipelineRegistration<>(
       "ape-lower", "The whole lowering: expand, push-override, fuse, differentiate, schedule",
       [](mlir::OpPassManager &pm) { mlir::ape::buildApeLoweringPipeline(pm); });
-  return mlir::asMainReturnCode(
-      mlir::MlirOptMain(argc, argv, "APE optimizer driver\n", registry));
+  auto [input, output] =
+      mlir::registerAndParseCLIOptions(argc, argv, "APE optimizer driver\n", registry);
+  mlir::MlirOptMainConfig config = mlir::MlirOptMainConfig::createFromCLOptions();
+  if (config.shouldShowDialects())  // reads no input
+    return mlir::asMainReturnCode(mlir::MlirOptMain(argc, argv, input, output, registry));
+  std::string error;
+  std::unique_ptr<llvm::MemoryBuffer> file = mlir::openInputFile(input, &error);
+  if (!file) {
+    llvm::errs() << error << "\n";
+    return 1;
+  }
+  {
+    llvm::SourceMgr sourceMgr;  // the check reads a copy: the buffer goes on to MlirOptMain
+    sourceMgr.AddNewSourceBuffer(
+        llvm::MemoryBuffer::getMemBuffer(file->getBuffer(), file->getBufferIdentifier(), false),
+        llvm::SMLoc());
+    mlir::MLIRContext context;
+    mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context);
+    if (mlir::failed(mlir::ape::checkNesting(sourceMgr, &context)))
+      return 1;
+  }
+  std::unique_ptr<llvm::ToolOutputFile> out = mlir::openOutputFile(output, &error);
+  if (!out) {
+    llvm::errs() << error << "\n";
+    return 1;
+  }
+  if (mlir::failed(mlir::MlirOptMain(out->os(), std::move(file), registry, config)))
+    return 1;
+  out->keep();
+  return 0;
 }
