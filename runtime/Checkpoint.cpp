@@ -126,6 +126,12 @@ void save_checkpoint(const std::string &path, LanguageModel &model, const nlohma
                         "APE_TEST_KILL_DURING_CHECKPOINT");
 }
 
+bool is_checkpoint_file(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[8] = {};
+  return in && in.read(head, 8) && std::memcmp(head, kMagic, 8) == 0;
+}
+
 Checkpoint read_checkpoint(const std::string &path) {
   auto fail = [&](const std::string &why) { return std::runtime_error("checkpoint " + path + ": " + why); };
   std::error_code ec;

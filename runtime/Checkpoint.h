@@ -76,6 +76,10 @@ void save_checkpoint(const std::string &path, LanguageModel &model, const nlohma
 // "checkpoint <path>: <what is wrong>" for a missing, foreign, truncated or corrupt file.
 Checkpoint read_checkpoint(const std::string &path);
 
+// Whether `path` is a file that starts as a checkpoint does (its magic number): an output that
+// must not be written over by anything but a checkpoint (e.g. ape-eval --csv).
+bool is_checkpoint_file(const std::string &path);
+
 // The checkpoint's model config, validated (ranges of Options.h) and checked against the header
 // and the tensors the file holds, before any model is built. Throws "checkpoint <path>: ...".
 ModelConfig checked_model_config(const Checkpoint &ckpt);

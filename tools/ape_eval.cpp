@@ -103,6 +103,14 @@ int main(int argc, char **argv) {
     if (!csv.empty()) {  // fail now, not after the evaluation
       const fs::path c(csv);
       ape::check_writable(c.has_parent_path() ? c.parent_path().string() : ".", c.filename().string());
+      // The results would replace what the user saved: a checkpoint (this run's or another) or a spec.
+      if (ape::is_checkpoint_file(csv))
+        throw std::runtime_error("--csv " + csv + " is a checkpoint: writing the results there would destroy it "
+                                 "(choose another file)");
+      std::error_code ec;
+      for (const auto &s : specs)
+        if (fs::equivalent(csv, s, ec))
+          throw std::runtime_error("--csv " + csv + " is the spec file " + s + " (choose another file)");
     }
     ape::set_threads(threads);
     const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL

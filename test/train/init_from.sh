@@ -74,4 +74,12 @@ if "$eval" -c "$ckpt" --cache-dir "$cache" --threads 1 --csv "$ckpt/eval.csv" > 
 fi
 grep -q "cannot be created" "$work/bad.log" || { cat "$work/bad.log"; fail "no clear error for ape-eval --csv under a file"; }
 ! grep -q "Held-out" "$work/bad.log" || fail "ape-eval evaluated before refusing its --csv"
+# ...and so does a --csv that is a checkpoint (the one it reads: it was replaced by the table).
+cp "$ckpt" "$work/self.ckpt"
+if "$eval" -c "$work/self.ckpt" --cache-dir "$cache" --threads 1 --csv "$work/self.ckpt" > "$work/self.log" 2>&1; then
+  fail "ape-eval accepted --csv that is its checkpoint"
+fi
+grep -q "is a checkpoint: writing the results there would destroy it" "$work/self.log" ||
+  { cat "$work/self.log"; fail "no clear error for ape-eval --csv onto a checkpoint"; }
+cmp -s "$ckpt" "$work/self.ckpt" || fail "ape-eval --csv changed the checkpoint"
 echo "init_from: OK"
