@@ -299,6 +299,23 @@ void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string 
     else  // a model on a GPU: files are device-independent (written from CPU copies)
       t.copy_(ckpt.tensor(*s));
   }
+  // Values no model computes with: a NaN or an infinity (training stops before it saves one), or a
+  // fixed param outside the range its spec's value was checked against (ape-eval --set's rule).
+  for (auto &[t, s] : copies)
+    if (!at::isfinite(t).all().item<bool>())
+      throw fail("tensor '" + s->name + "' holds a NaN or an infinity: the file is damaged or was not written by a "
+                 "finished step");
+  const Manifest &m = model->manifest();
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ParamSpec &p = m.params[i];
+    if (!p.fixed() || !p.range) continue;
+    for (const auto &block : model->blocks) {
+      const at::Tensor v = block->attn->stored_param(i).to(at::kDouble).cpu().contiguous();
+      for (int64_t x = 0; x < v.numel(); ++x)
+        if (std::string why = p.range->check(v.data_ptr<double>()[x]); !why.empty())
+          throw fail("fixed param '" + p.name + "' " + why + " (damaged or forged)");
+    }
+  }
 }
 
 std::vector<std::string> load_state_across(LanguageModel &model, const Checkpoint &ckpt, const std::string &path,

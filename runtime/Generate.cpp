@@ -31,6 +31,11 @@ int64_t sample_token(const at::Tensor &logits, const SampleOptions &opt, std::mt
   at::Tensor l = logits.to(at::kCPU, at::kDouble).contiguous().view({-1});
   const double *p = l.data_ptr<double>();
   const int64_t V = l.numel();
+  for (int64_t i = 0; i < V; ++i)
+    if (!std::isfinite(p[i]))
+      throw std::runtime_error("the model's next-token logits hold a NaN or an infinity (token " + std::to_string(i) +
+                               "): it computes no distribution to sample (a fixed param set with --set, or weights, "
+                               "that make it overflow)");
   if (opt.temperature == 0) return std::max_element(p, p + V) - p;
   std::vector<int64_t> idx(V);
   std::iota(idx.begin(), idx.end(), 0);
@@ -99,6 +104,12 @@ ScoreResult score_cached(LanguageModel &model, const std::vector<int64_t> &token
     at::Tensor l = F::cross_entropy(logits.view({n, V}).to(at::kCPU, at::kDouble), target,
                                     F::CrossEntropyFuncOptions().reduction(torch::kNone));
     const double *lp = l.data_ptr<double>();
+    for (int64_t x = 0; x < n; ++x)
+      if (!std::isfinite(lp[x]))
+        throw std::runtime_error("the loss of target token " + std::to_string(t + x + 1) + " is " +
+                                 (std::isnan(lp[x]) ? "NaN" : "infinite") +
+                                 ": the model computes no finite distribution there (a fixed param set with --set, "
+                                 "or weights, that make it overflow)");
     r.loss.insert(r.loss.end(), lp, lp + n);
   }
   r.seconds = seconds_since(t0);

@@ -5,6 +5,7 @@
 //   ape-eval --checkpoint runs/exqpe.ckpt --set position_scale=0.5
 //   ape-eval --checkpoint runs/my_encoding.ckpt   # trained with --spec: rebuilt from the spec it holds
 //   ape-eval --checkpoint runs/rope.ckpt --split valid --eval-multiples 1   # the validation books
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -193,6 +194,12 @@ int main(int argc, char **argv) {
                                  "); pass the --cache-dir used for training");
       auto r = ape::evaluate(m.model, split == "valid" ? corpus.valid() : corpus.test(), m.train_len, ec, &std::cout,
                              m.label);
+      for (const auto &row : r)  // a number no one can use: say so, and fail
+        if (!row.skipped() && !std::isfinite(row.loss))
+          throw std::runtime_error(row.encoding + " at length " + std::to_string(row.eval_len) + " (" +
+                                   std::to_string(row.multiple) + "x) gives a non-finite loss (" +
+                                   std::to_string(row.loss) + "): the model computes NaN or inf there (a fixed "
+                                   "param set with --set, or weights, that make it overflow)");
       rows.insert(rows.end(), r.begin(), r.end());
     }
     std::cout << "\n";

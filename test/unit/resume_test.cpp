@@ -231,6 +231,32 @@ TEST(CorruptCheckpoint, AbsurdConfigsAreRefusedBeforeAnythingIsAllocated) {
   expect(error_of([&] { ape::load_model(path); }), "config is not valid JSON");
 }
 
+// Values no model computes with (checksum and shapes right): a NaN weight, a fixed param outside
+// the range its spec value was checked against (ape-eval --set's rule). Both evaluated to a NaN
+// loss with exit status 0.
+TEST(CorruptCheckpoint, NonFiniteWeightsAndFixedParamsOutOfRangeAreRefused) {
+  if (!registered("rope_pi")) GTEST_SKIP() << "rope_pi is not registered";
+  const std::string path = tmp_path("values.ckpt");
+  ape::ModelConfig mc = tiny_config("rope_pi");
+  auto saved_with = [&](const std::function<void(ape::LanguageModel &)> &edit) {
+    ape::LanguageModel m(mc);
+    {
+      at::NoGradGuard no_grad;
+      edit(m);
+    }
+    ape::save_checkpoint(path, m, {{"train", {{"seq_len", 8}}}});
+    return error_of([&] { ape::load_model(path); });
+  };
+  EXPECT_EQ(saved_with([](ape::LanguageModel &) {}), "<no exception>");
+  const std::string nan = saved_with([](ape::LanguageModel &m) { m->blocks[0]->attn->wq->weight[0][1] = NAN; });
+  EXPECT_NE(nan.find("tensor 'block0.attn.wq.weight' holds a NaN or an infinity"), std::string::npos) << nan;
+  const std::string zero = saved_with([](ape::LanguageModel &m) {
+    m->blocks[0]->attn->stored_param(static_cast<size_t>(m->manifest().param_index("rope_factor"))).fill_(0);
+  });
+  EXPECT_NE(zero.find("fixed param 'rope_factor' must be a positive number in [5.96046448e-08, 16777216]; got 0"),
+            std::string::npos) << zero;
+}
+
 TEST(CorruptCheckpoint, AFolderOrAMissingFileIsNamed) {
   const std::string dir = tmp_path("a_folder.ckpt");
   fs::create_directories(dir);

@@ -38,8 +38,8 @@
 // MANIFEST-NEXT: "per_layer": true,
 // MANIFEST-NEXT: "range": {
 // MANIFEST-NEXT: "integer": false,
-// MANIFEST-NEXT: "max": 3.4028234663852886e+38,
-// MANIFEST-NEXT: "min": -3.4028234663852886e+38
+// MANIFEST-NEXT: "max": 16777216,
+// MANIFEST-NEXT: "min": -16777216
 // MANIFEST-NEXT: },
 // MANIFEST-NEXT: "shape": [
 // MANIFEST-NEXT: 1

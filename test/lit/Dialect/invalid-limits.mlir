@@ -72,10 +72,18 @@ ape.encoding @e {
 
 // -----
 
-// A scaling factor below the smallest normal f32 (theta/s would overflow).
+// A scaling factor below 2^-24: positions t/s (t < 2^24) beyond 2^48, and below the smallest
+// normal f32, inf (a NaN loss).
 ape.encoding @e {
-  // expected-error @+1 {{'ape.rotary' op factor must be a positive number in [1.17549435e-38, 3.40282347e+38]; got 1e-45}}
+  // expected-error @+1 {{'ape.rotary' op factor must be a positive number in [5.96046448e-08, 16777216]; got 1e-45}}
   ape.rotary {scaling = "linear", factor = 1.0e-45 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.rotary' op factor must be a positive number in [5.96046448e-08, 16777216]; got 1e-10}}
+  ape.rotary {scaling = "yarn", factor = 1.0e-10 : f64, original_length = 64}
 }
 
 // -----

@@ -328,7 +328,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.rotary' op factor must be a positive number in [1.17549435e-38, 3.40282347e+38]; got -2}}
+  // expected-error @+1 {{'ape.rotary' op factor must be a positive number in [5.96046448e-08, 16777216]; got -2}}
   ape.rotary {scaling = "ntk", factor = -2.0 : f64}
 }
 

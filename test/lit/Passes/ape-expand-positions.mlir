@@ -3,7 +3,7 @@
 
 // Position interpolation: the factor is a fixed scalar param read at run time, θ' = θ/s.
 // CHECK-LABEL: ape.encoding @pi
-// CHECK: %[[S:.*]] = ape.param "rope_factor" ["1"] init = "constant" {max = 3.4028234663852886E+38 : f64, min = 1.1754943508222875E-38 : f64, value = 4.000000e+00 : f64}
+// CHECK: %[[S:.*]] = ape.param "rope_factor" ["1"] init = "constant" {max = 0x4170000000000000 : f64, min = 5.9604644775390625E-8 : f64, value = 4.000000e+00 : f64}
 // CHECK: ape.q_mod attributes {pairing = "half"} {
 // CHECK: %[[THETA:.*]] = math.powf %{{.*}}, %{{.*}} : f32
 // CHECK: %[[SV:.*]] = ape.load %[[S]][%{{.*}}] : !ape.param
@@ -18,7 +18,7 @@ ape.encoding @pi {
 
 // NTK-aware: base' = base·s^(r/(r-2)), then θ' = base'^(-2k/r).
 // CHECK-LABEL: ape.encoding @ntk
-// CHECK: ape.param "rope_factor" ["1"] init = "constant" {max = 3.4028234663852886E+38 : f64, min = 1.1754943508222875E-38 : f64, value = 2.000000e+00 : f64}
+// CHECK: ape.param "rope_factor" ["1"] init = "constant" {max = 0x4170000000000000 : f64, min = 5.9604644775390625E-8 : f64, value = 2.000000e+00 : f64}
 // CHECK-NOT: rope_original_length
 // CHECK: ape.q_mod
 // CHECK: %[[S:.*]] = ape.load
@@ -33,7 +33,7 @@ ape.encoding @ntk {
 
 // Dynamic NTK reads the run-time sequence length: l = max(T, L).
 // CHECK-LABEL: ape.encoding @dynamic
-// CHECK: %[[S:.*]] = ape.param "rope_factor" ["1"] init = "constant" {max = 3.4028234663852886E+38 : f64, min = 1.1754943508222875E-38 : f64, value = 4.000000e+00 : f64}
+// CHECK: %[[S:.*]] = ape.param "rope_factor" ["1"] init = "constant" {max = 0x4170000000000000 : f64, min = 5.9604644775390625E-8 : f64, value = 4.000000e+00 : f64}
 // CHECK-NEXT: %[[L:.*]] = ape.param "rope_original_length" ["1"] init = "constant" {integer, max = {{.*}} : f64, min = 1.000000e+00 : f64, value = 2.048000e+03 : f64}
 // CHECK: ape.q_mod
 // CHECK: %[[LV:.*]] = ape.load %[[L]]

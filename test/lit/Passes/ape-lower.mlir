@@ -25,7 +25,7 @@ ape.encoding @rope_alibi_cable {
 }
 
 // CHECK-LABEL: ape.kernel @expe_cable
-// CHECK: ape.param "position_scale" ["1"] init = "constant" {max = 3.4028234663852886E+38 : f64, min = -3.4028234663852886E+38 : f64, value = 1.000000e+00 : f64}
+// CHECK: ape.param "position_scale" ["1"] init = "constant" {max = 0x4170000000000000 : f64, min = 0xC170000000000000 : f64, value = 1.000000e+00 : f64}
 // CHECK: ape.masked_projection {l = 4 : i64, position_scale = "position_scale", targets = "qk"}
 // CHECK-COUNT-4: init = "projection_term"
 // CHECK: ape.q_mod {

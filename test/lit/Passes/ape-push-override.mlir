@@ -4,7 +4,7 @@
 // projection, two projection terms per target, and x' = x + σ·(a[h, c] + t·b[h, c]).
 // CHECK-LABEL: ape.encoding @expe
 // CHECK-NOT: ape.override
-// CHECK: %[[SIGMA:.*]] = ape.param "position_scale" ["1"] init = "constant" {max = 3.4028234663852886E+38 : f64, min = -3.4028234663852886E+38 : f64, value = 1.000000e+00 : f64}
+// CHECK: %[[SIGMA:.*]] = ape.param "position_scale" ["1"] init = "constant" {max = 0x4170000000000000 : f64, min = 0xC170000000000000 : f64, value = 1.000000e+00 : f64}
 // CHECK-NEXT: ape.masked_projection {l = 8 : i64, position_scale = "position_scale", start = 1.000000e+00 : f64, targets = "qk", theta = 2.500000e-01 : f64}
 // CHECK-NEXT: %[[A:.*]] = ape.param "override_q_a" ["heads", "head_dim"] init = "projection_term" trainable {columns = 8 : i64, projection = "q", start = 1.000000e+00 : f64, step = 2.500000e-01 : f64}
 // CHECK-NEXT: %[[B:.*]] = ape.param "override_q_b" ["heads", "head_dim"] init = "projection_term" trainable {columns = 8 : i64, projection = "q", start = 2.500000e-01 : f64, step = 0.000000e+00 : f64}

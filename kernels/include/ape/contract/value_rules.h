@@ -65,10 +65,13 @@ constexpr Range kPositiveF32{FLT_MIN, FLT_MAX, false};
 /// A length in tokens.
 constexpr Range kLength{1, double(kMaxLength), true};
 
-// The fixed params the passes create (runtime-settable: ape-eval --set NAME=VALUE).
-constexpr Range kRopeFactor = kPositiveF32;       // "rope_factor": s in θ/s
-constexpr Range kRopeOriginalLength = kLength;    // "rope_original_length": L
-constexpr Range kPositionScale = kFiniteF32;      // "position_scale": σ in σ·p_n
+// The fixed params the passes create (runtime-settable: ape-eval --set NAME=VALUE). A factor or
+// scale of positions keeps every scaled position t/s or σ·t (t < 2^24) within 2^48: finite in
+// f32, as are the sines, cosines and products made from it (a factor of 1e-38 made t/s inf and
+// the loss NaN).
+constexpr Range kRopeFactor{1.0 / double(kMaxLength), double(kMaxLength), false};   // "rope_factor": s in θ/s
+constexpr Range kRopeOriginalLength = kLength;                                         // "rope_original_length": L
+constexpr Range kPositionScale{-double(kMaxLength), double(kMaxLength), false};      // "position_scale": σ in σ·p_n
 
 /// The rotation of q/k pairs by a rotary or xPos: r = fraction·head_dim coordinates are
 /// rotated in pairs, so r must be an even whole number, and at least 2 (else the rotation is
