@@ -27,20 +27,30 @@ unsigned readsOf(Value v, Block &block, DenseMap<Value, unsigned> &memo) {
   return memo[v] = r;
 }
 
-/// The chain `(s + X1) + X2 ...` from the logit to the yield of a score mod's body (fused biases),
-/// each value of the chain used once: the X, in order; none when the body is not of that form.
-std::optional<SmallVector<Value>> biasChain(Block &b) {
+/// The chain `(s ± X1) ± X2 ...` from the logit to the yield of a score mod's body (fused biases),
+/// each value of the chain used once, the chain on the left of a subtraction (`s - X`, as a spec
+/// writes a penalty): the X in order, each with its sign (true: subtracted); none when the body is
+/// not of that form.
+std::optional<SmallVector<std::pair<Value, bool>>> biasChain(Block &b) {
   Value v = b.getArgument(0);
   Operation *yield = b.getTerminator();
-  SmallVector<Value> biases;
+  SmallVector<std::pair<Value, bool>> biases;
   while (v != yield->getOperand(0)) {
     if (!v.hasOneUse())
       return std::nullopt;
-    auto add = dyn_cast<arith::AddFOp>(*v.getUsers().begin());
-    if (!add || add.getLhs() == add.getRhs())
+    Operation *user = *v.getUsers().begin();
+    if (auto add = dyn_cast<arith::AddFOp>(user)) {
+      if (add.getLhs() == add.getRhs())
+        return std::nullopt;
+      biases.push_back({add.getLhs() == v ? add.getRhs() : add.getLhs(), false});
+    } else if (auto sub = dyn_cast<arith::SubFOp>(user)) {
+      if (sub.getLhs() != v || sub.getRhs() == v)
+        return std::nullopt;
+      biases.push_back({sub.getRhs(), true});
+    } else {
       return std::nullopt;
-    biases.push_back(add.getLhs() == v ? add.getRhs() : add.getLhs());
-    v = add.getResult();
+    }
+    v = user->getResult(0);
   }
   if (!v.hasOneUse() || v == b.getArgument(0))
     return std::nullopt;
@@ -114,8 +124,9 @@ bool mlir::ape::isDistanceBias(ScoreModOp mod) {
   const bool hasGrad = !mod.getGrad().empty();  // none in an inference-only kernel
   if (!onlyThroughDifference(b) || (hasGrad && !onlyThroughDifference(mod.getGrad().front())))
     return false;
-  // body: the logit flows to the yield through a chain of additions `(s + X1) + X2 ...` (fused
-  // biases), the X free of s (they cannot read it otherwise); grad: dS passes through.
+  // body: the logit flows to the yield through a chain of additions and subtractions
+  // `(s + X1) - X2 ...` (fused biases), the X free of s (they cannot read it otherwise); grad: dS
+  // passes through.
   if (!biasChain(b))
     return false;
   return !hasGrad || passesGradientThrough(mod.getGrad().front());
@@ -126,7 +137,7 @@ std::optional<RowColBias> mlir::ape::rowColBias(ScoreModOp mod) {
   if (!mod || mod.getGrad().empty() || isDistanceBias(mod))
     return std::nullopt;
   Block &b = mod.getBody().front(), &gb = mod.getGrad().front();
-  std::optional<SmallVector<Value>> biases = biasChain(b);
+  std::optional<SmallVector<std::pair<Value, bool>>> biases = biasChain(b);
   if (!biases || !passesGradientThrough(gb))
     return std::nullopt;
   RowColBias rc;
@@ -153,8 +164,8 @@ std::optional<RowColBias> mlir::ape::rowColBias(ScoreModOp mod) {
     else
       (r == 2 ? rc.colTerms : rc.rowTerms).push_back({x, neg});
   };
-  for (Value x : *biases)
-    split(x, false);
+  for (auto [x, neg] : *biases)
+    split(x, neg);
   if (!ok || rc.colTerms.empty() || rc.rowTerms.empty())
     return std::nullopt;
   // Loads: the side of the load's own indices and of its gradient, together.

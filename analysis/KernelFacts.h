@@ -24,7 +24,8 @@ namespace mlir::ape {
 /// `k_mod_linear`. False for a null `mod`.
 bool isLinearMod(Operation *mod);
 
-/// A score mod of the form `s + B(i - j)` (B may be a sum of terms): the bias reads the query
+/// A score mod of the form `s + B(i - j)` (B may be a sum and difference of terms: `s - X`
+/// counts as s + (-X)): the bias reads the query
 /// and key positions only through their difference and does not depend on the logit. The
 /// templates then evaluate B once per distance and, in the backward, call its gradient once per
 /// distance with the sum of dS along that diagonal. Attribute: `score_bias = "distance"`.

@@ -201,7 +201,7 @@ constexpr const char *kBiasFixedDecl =
 
 /// distance_bias(ctx, d) = B(d) and distance_bias_grad(ctx, d, g): B's load gradients for the
 /// incoming gradient g (a diagonal's sum of dS). The bodies are the score mod's own, with
-/// `i - j` bound to d and the logit to 0 (`0 + B(d)` is B(d) exactly; a sum `(s + X1) + X2`
+/// `i - j` bound to d and the logit to 0 (`0 + B(d)` is B(d) exactly, `0 - X` is -X; a sum `(s + X1) + X2`
 /// becomes X1 + X2).
 LogicalResult emitDistanceBias(raw_ostream &os, KernelLayout &layout, const FunctorStyle &st) {
   ScoreModOp mod = layout.score;

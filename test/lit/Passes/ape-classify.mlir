@@ -23,6 +23,36 @@ ape.encoding @alibi {
   ape.alibi
 }
 
+// A penalty written as a subtraction, s - a_h log(1 + |i - j|): s + B(i - j) too.
+// CHECK-LABEL: ape.kernel @log_penalty attributes {passes = 1 : i64, score_bias = "distance",
+ape.encoding @log_penalty {
+  %a = ape.param "a" ["heads"] init = "constant" trainable {value = 0.5 : f64}
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %ah = ape.load %a[%h] : !ape.param
+    %d = arith.subi %i, %j : index
+    %d64 = arith.index_cast %d : index to i64
+    %df = arith.sitofp %d64 : i64 to f32
+    %l = math.log1p %df : f32
+    %p = arith.mulf %ah, %l : f32
+    %r = arith.subf %s, %p : f32
+    ape.yield %r : f32
+  }
+}
+
+// The logit subtracted (B - s) is not a bias of s: no fact.
+// CHECK-LABEL: ape.kernel @minus_logit attributes {passes = 1 : i64, tile_k = 64 : i64, tile_q = 64 : i64}
+ape.encoding @minus_logit {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %d = arith.subi %i, %j : index
+    %d64 = arith.index_cast %d : index to i64
+    %df = arith.sitofp %d64 : i64 to f32
+    %r = arith.subf %df, %s : f32
+    ape.yield %r : f32
+  }
+}
+
 // RoPE with ALiBi: both facts.
 // CHECK-LABEL: ape.kernel @rope_alibi attributes {k_mod_linear, passes = 1 : i64, q_mod_linear, score_bias = "distance",
 ape.encoding @rope_alibi {
