@@ -90,6 +90,19 @@ std::string eval_label(const std::string &trained, const std::string &evaluated,
   return s;
 }
 
+void check_eval_fits(const TokenSplit &split, int64_t train_len, const EvalConfig &cfg, const std::string &what) {
+  cfg.validate();
+  const int64_t longest = *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
+  const int64_t window = train_len * longest + 1;
+  int64_t book = 0;
+  for (int64_t i = 0; i < split.num_docs(); ++i) book = std::max(book, split.doc_size(i));
+  if (window > book)
+    throw std::invalid_argument("--eval-multiples " + std::to_string(longest) + " x --seq-len " +
+                                std::to_string(train_len) + " needs a window of " + std::to_string(window) +
+                                " tokens, and the longest " + what + " book holds " + std::to_string(book) +
+                                ": choose smaller multiples (or a shorter --seq-len)");
+}
+
 std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int64_t train_len,
                               const EvalConfig &cfg, std::ostream *log, const std::string &label,
                               const EvalShard *shard) {

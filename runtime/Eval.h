@@ -58,6 +58,11 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
                               const EvalConfig &cfg, std::ostream *log = nullptr, const std::string &label = "",
                               const EvalShard *shard = nullptr);
 
+// Throws std::invalid_argument, naming the options, when the longest evaluation window (train_len
+// x the largest multiple, plus its target) fits in no book of `split` (`what`: "test"): checked
+// before training, where evaluate() found it after.
+void check_eval_fits(const TokenSplit &split, int64_t train_len, const EvalConfig &cfg, const std::string &what);
+
 // "NAME=VALUE" (ape-eval --set) -> {NAME, VALUE}; throws std::invalid_argument on anything else.
 std::pair<std::string, double> parse_assignment(const std::string &text);
 

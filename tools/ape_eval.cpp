@@ -192,8 +192,9 @@ int main(int argc, char **argv) {
         throw std::runtime_error("checkpoint " + m.path + " was trained with a different tokenizer (" + m.tokenizer +
                                  ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
                                  "); pass the --cache-dir used for training");
-      auto r = ape::evaluate(m.model, split == "valid" ? corpus.valid() : corpus.test(), m.train_len, ec, &std::cout,
-                             m.label);
+      const ape::TokenSplit &books = split == "valid" ? corpus.valid() : corpus.test();
+      ape::check_eval_fits(books, m.train_len, ec, split);
+      auto r = ape::evaluate(m.model, books, m.train_len, ec, &std::cout, m.label);
       for (const auto &row : r)  // a number no one can use: say so, and fail
         if (!row.skipped() && !std::isfinite(row.loss))
           throw std::runtime_error(row.encoding + " at length " + std::to_string(row.eval_len) + " (" +

@@ -567,6 +567,8 @@ int main(int argc, char **argv) {
                                  ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
                                  "); pass the --data and --cache-dir it was trained with");
     }
+    // The evaluation after training must fit the test books: found now, not after hours of training.
+    ape::check_eval_fits(corpus.test(), tc.seq_len, ec, "test");
     std::string budget;
     if (tc.steps > 0) budget = std::to_string(tc.steps) + " steps";
     if (tc.minutes > 0) {

@@ -68,6 +68,10 @@ bad "encoding 'rope' has no param 'rope_factor'" -e rope_pi,rope --set rope_fact
 bad "--seed must be a whole number in \[0," -e rope --seed -1 --steps 1 --cache-dir "$cache" --out "$work/x"
 bad "is a folder, not a spec file" --spec "$work" --steps 1 --cache-dir "$cache" --out "$work/x"
 bad "is a file, not a folder" -e rope --data "$ckpt" --steps 1 --cache-dir "$cache" --out "$work/x"
+# An evaluation longer than every test book is refused before training (it failed after, results lost).
+bad "needs a window of 524289 tokens, and the longest test book holds" -e rope --seq-len 512 \
+  --eval-multiples 1,1024 --steps 1 --cache-dir "$cache" --out "$work/long"
+[ ! -e "$work/long/rope.ckpt" ] || fail "rope trained before its evaluation was refused"
 # ape-eval: an unwritable --csv fails before the evaluation.
 if "$eval" -c "$ckpt" --cache-dir "$cache" --threads 1 --csv "$ckpt/eval.csv" > "$work/bad.log" 2>&1; then
   fail "ape-eval accepted --csv under a file"
