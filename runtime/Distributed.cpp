@@ -35,16 +35,17 @@ bool nccl_device_present(int device);
 // ---- configuration ---------------------------------------------------------------------------------
 
 void DistConfig::validate() const {
-  if (!enabled()) return;
-  require_in("--world-size", world_size, 1, 1 << 20);
-  require_in("--rank", rank, 0, world_size - 1);
-  if (local_rank != -1) require_in("--local-rank", local_rank, 0, 1 << 20);
+  // The settings first, distributed or not: a bad value is a mistake either way.
   require_in("--master-port", master_port, 1, 65535);
   if (master_addr.empty()) throw std::invalid_argument("--master-addr must name a host (e.g. 127.0.0.1)");
   if (backend != "auto" && backend != "gloo" && backend != "nccl")
     throw std::invalid_argument("--dist-backend must be auto, gloo or nccl; got '" + backend + "'");
   require_in("--dist-timeout", timeout_s, 0.0, 1e6, /*open_low=*/true);
   require_in("bucket_bytes", bucket_bytes, 1, int64_t(1) << 40);
+  if (local_rank != -1) require_in("--local-rank", local_rank, 0, 1 << 20);
+  if (!enabled()) return;
+  require_in("--world-size", world_size, 1, 1 << 20);
+  require_in("--rank", rank, 0, world_size - 1);
 }
 
 namespace {

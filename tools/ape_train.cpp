@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -282,7 +283,9 @@ int main(int argc, char **argv) {
                             "Stop when the mean loss of the last 10 steps exceeds F x the first step's loss\n"
                             "(F in (1, 10^6]; 0: never)")
                  ->capture_default_str());
-  auto *out_opt = run_option(app.add_option("--out", out_dir, "Output folder: <encoding>.ckpt per encoding and results.csv")
+  auto *out_opt = run_option(app.add_option("--out", out_dir, "Output folder: <encoding>.ckpt per encoding and results.csv (a finished\n"
+                                                                     "<encoding>.ckpt there is replaced; an unfinished one is kept\n"
+                                                                     "as <encoding>.unfinished-stepN.ckpt)")
                                  ->capture_default_str());
   run_option(app.add_option("--init-from", init_from,
                             "Start from the weights of CKPT (an ape-train checkpoint) instead of a fresh initialisation:\n"
@@ -331,7 +334,8 @@ int main(int argc, char **argv) {
   auto *port_opt = app.add_option("--master-port", dist_flags.master_port, "Port of the rendezvous store, in [1, 65535]")
                        ->group(dist_group)->capture_default_str();
   app.add_option("--dist-backend", dist_flags.backend,
-                 "auto (= gloo), gloo, or nccl (reduces on each rank's GPU; a CUDA build with a GPU per rank)")
+                 "auto (nccl with --device cuda, else gloo), gloo, or nccl (reduces on each rank's GPU; a CUDA\n"
+                 "build with a GPU per rank)")
       ->group(dist_group)->capture_default_str();
   app.add_option("--dist-timeout", dist_flags.timeout_s,
                  "Seconds to wait for the other ranks (joining, and every collective) before giving up,\n"
@@ -358,7 +362,14 @@ int main(int argc, char **argv) {
     // Data parallel: torchrun's variables, the flags over them.
     ape::DistConfig dist = ape::DistConfig::from_env(dist_flags);
     if (*rank_opt) dist.rank = dist_flags.rank;
-    if (*world_opt) dist.world_size = dist_flags.world_size;
+    if (*world_opt) {
+      ape::require_in("--world-size", dist_flags.world_size, 1, 1 << 20);  // 0 would mean "not distributed"
+      dist.world_size = dist_flags.world_size;
+    }
+    if (!*rank_opt && !*world_opt && (std::getenv("RANK") != nullptr) != (std::getenv("WORLD_SIZE") != nullptr))
+      std::cout << "[note] " << (std::getenv("RANK") ? "RANK" : "WORLD_SIZE") << " is set but "
+                << (std::getenv("RANK") ? "WORLD_SIZE" : "RANK")
+                << " is not (torchrun sets both): training as a single process\n";
     if (*local_opt) dist.local_rank = dist_flags.local_rank;
     if (*addr_opt) dist.master_addr = dist_flags.master_addr;
     if (*port_opt) dist.master_port = dist_flags.master_port;
