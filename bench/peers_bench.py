@@ -122,7 +122,7 @@ def step_peak_mib(fn):
     return max(0, _status_kib("VmHWM") - before) / 1024.0, seconds
 
 
-# ---- the encodings in PyTorch ops (the peers' side; from shared/spec/encodings.md) -------------------
+# ---- the encodings in PyTorch ops (the peers' side; from docs/encodings-math.md) -------------------
 
 def t5_bucket_lut(T):
     """bucket(n) for n = 0..T-1, decoder form: n if n < 16, else min(16 + floor(ln(n/16)/ln 8 * 16), 31)."""

@@ -57,14 +57,23 @@ std::string EmitOptions::path(const Twine &name) const {
 
 LogicalResult mlir::ape::writeFile(StringRef path,
                                    llvm::function_ref<LogicalResult(raw_ostream &)> fn) {
+  // The contents first: a file that already holds them is left untouched (its time stamp too),
+  // so a build that depends on it recompiles only what changed; nothing is written on failure.
+  std::string contents;
+  {
+    llvm::raw_string_ostream os(contents);
+    if (failed(fn(os)))
+      return failure();
+  }
+  if (auto old = llvm::MemoryBuffer::getFile(path); old && (*old)->getBuffer() == contents)
+    return success();
   std::string error;
   auto out = openOutputFile(path, &error);
   if (!out) {
     llvm::errs() << "apec: cannot write " << path << ": " << error << "\n";
     return failure();
   }
-  if (failed(fn(out->os())))
-    return failure();
+  out->os() << contents;
   out->keep();
   return success();
 }
@@ -77,8 +86,6 @@ LogicalResult mlir::ape::writeFolder(
   for (const EmittedFile &file : files) {
     llvm::SmallString<256> path(dir);
     llvm::sys::path::append(path, file.path);
-    if (auto old = llvm::MemoryBuffer::getFile(path); old && (*old)->getBuffer() == file.contents)
-      continue;
     if (std::error_code ec =
             llvm::sys::fs::create_directories(llvm::sys::path::parent_path(path))) {
       llvm::errs() << "apec: cannot create " << llvm::sys::path::parent_path(path) << ": "

@@ -70,14 +70,14 @@ llvm::ArrayRef<Emitter> registeredEmitters();
 /// The emitter registered as `name`, or null.
 const Emitter *lookupEmitter(llvm::StringRef name);
 
-/// Writes the file `path` with what `fn` prints; reports "apec: cannot write ..." and fails
-/// when it cannot.
+/// Writes the file `path` with what `fn` prints, unless it already holds exactly that (left
+/// alone, its time stamp too: re-running apec does not trigger a rebuild); reports "apec: cannot
+/// write ..." and fails when it cannot, and writes nothing when `fn` fails.
 LogicalResult writeFile(llvm::StringRef path,
                         llvm::function_ref<LogicalResult(llvm::raw_ostream &)> fn);
 
-/// Writes the files that `fn` emits into the folder `dir` (created with its subfolders). A file
-/// whose contents did not change is left alone, so that re-running apec does not trigger a
-/// rebuild.
+/// Writes the files that `fn` emits into the folder `dir` (created with its subfolders), each by
+/// writeFile (a file whose contents did not change is left alone).
 LogicalResult writeFolder(llvm::StringRef dir,
                           llvm::function_ref<LogicalResult(std::vector<EmittedFile> &)> fn);
 

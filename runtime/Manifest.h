@@ -31,7 +31,7 @@ struct FeatureSpec {
 using DimSpec = abi::Dim;
 
 struct InitSpec {
-  // sinusoidal: shape [rows, heads, head_dim], value PE[r, h·head_dim + c] (encodings.md, d = H·D).
+  // sinusoidal: shape [rows, heads, head_dim], value PE[r, h·head_dim + c] (docs/encodings-math.md, d = H·D).
   using Kind = abi::InitKind;  // zeros, ones, normal, ..., projection_prefix
   Kind kind = Kind::Zeros;
   double std = 0.02;    // normal

@@ -320,7 +320,7 @@ Tensor apply_mods(const json &mods, Tensor x, const Env &env) {
   return x;
 }
 
-// The attention transition, written from the spec's text (shared/spec/encodings.md, "Attention
+// The attention transition, written from the spec's text (docs/encodings-math.md, "Attention
 // transition (P)"), on the materialised weights P [B, H, T, T] of layer site.layer of
 // site.num_layers: I = floor(T / (N + divisor_offset)) - (that mod 5), no-op when I < 5; layers
 // first_layer .. N-1-skip_last; layer l holds `intervals` intervals [(l+1+k) I, (l+2+k) I); on

@@ -17,7 +17,7 @@
 //   o        P v (+ sum_j P_ij table[r(i, j), h, :] with value_rows)
 //   lse      log sum_j exp(l_ij)
 //   A        with an attention transition, at layer l of a model of N layers: the spec's steps
-//            1-5 applied to the rows of P it names (shared/spec/encodings.md, "Attention
+//            1-5 applied to the rows of P it names (docs/encodings-math.md, "Attention
 //            transition"), o = A v; lse stays the softmax's
 // Gradients come from torch autograd on this graph. Shapes: B batch, H heads, T tokens, D head
 // dim. Computed indices are clamped into their dimension, as the kernels do.

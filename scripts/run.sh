@@ -3,7 +3,8 @@
 # examples/encodings, train a small decoder LM with RoPE and Cable on the shipped
 # books, and print the extrapolation table (loss / perplexity at 1x..8x the
 # training length). Extra arguments go to ape-train (e.g. --minutes 1, --encoding alibi); RoPE
-# and Cable stay the encodings unless they name others (--encoding, --spec, --resume).
+# and Cable stay the encodings unless they name others (--encoding, --spec, --resume: a stopped
+# run continues with scripts/run.sh --resume build/run/NAME.ckpt, into its own folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -13,13 +14,17 @@ build=${APE_BUILD_DIR:-build}
 echo "[ape] specs compiled: $(ls "$build"/generated/*_cpu.cpp | xargs -n1 basename | sed 's/_cpu.cpp//' | tr '\n' ' ')"
 args=("$@")
 chosen=0
+out=(--out "$build/run")
 for a in "${args[@]}"; do
   case $a in
-    -e | -e* | --encoding | --encoding=* | --spec | --spec=* | --resume | --resume=* | --list | -h | --help) chosen=1 ;;
+    --resume | --resume=*) chosen=1; out=() ;;  # the checkpoint's run, in its own folder
+    -e | -e* | --encoding | --encoding=* | --spec | --spec=* | --list | -h | --help) chosen=1 ;;
   esac
 done
 if [ $chosen = 0 ]; then
   args=(--encoding rope --encoding cable "${args[@]}")
 fi
-"$build"/tools/ape-train "${args[@]}" --out "$build/run" --cache-dir "$build/cache" --data data/pg30
-echo "[ape] results: $build/run/results.csv; whole run took $(( $(date +%s) - start )) s"
+"$build"/tools/ape-train "${args[@]}" "${out[@]}" --cache-dir "$build/cache" --data data/pg30
+where="$build/run/results.csv"
+[ ${#out[@]} -gt 0 ] || where="results.csv beside the checkpoint"
+echo "[ape] results: $where; whole run took $(( $(date +%s) - start )) s"

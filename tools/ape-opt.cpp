@@ -28,7 +28,8 @@ int main(int argc, char **argv) {
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   mlir::PassPipelineRegistration<>(
-      "ape-lower", "The whole lowering: expand, push-override, fuse, differentiate, schedule",
+      "ape-lower", "The whole lowering: expand, push-override, fast-math, fuse, differentiate, "
+      "schedule, canonicalize and CSE, classify (passes/Pipeline.cpp)",
       [](mlir::OpPassManager &pm) { mlir::ape::buildApeLoweringPipeline(pm); });
   auto [input, output] =
       mlir::registerAndParseCLIOptions(argc, argv, "APE optimizer driver\n", registry);

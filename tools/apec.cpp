@@ -33,7 +33,7 @@ namespace cl = llvm::cl;
 static cl::OptionCategory apecCategory("apec options");
 static cl::opt<std::string> inputFile(cl::Positional, cl::desc("<spec.mlir>"), cl::Required,
                                       cl::cat(apecCategory));
-static cl::opt<std::string> outDir("o", cl::desc("output folder (created if missing)"),
+static cl::opt<std::string> outDir("o", cl::desc("output folder (created if missing; default: the current one)"),
                                    cl::value_desc("dir"), cl::init("."), cl::cat(apecCategory));
 static cl::list<std::string> emit("emit", cl::CommaSeparated, cl::cat(apecCategory));
 static cl::list<std::string> cudaDTypes(
@@ -106,7 +106,7 @@ static std::string overview() {
   std::string text;
   llvm::raw_string_ostream os(text);
   os << "apec: compile an APE positional-encoding spec into fused attention kernels\n\n"
-     << "  apec SPEC.mlir -o OUTDIR [--emit=KIND,...]\n\n"
+     << "  apec SPEC.mlir [-o OUTDIR] [--emit=KIND,...]     (OUTDIR: default the current folder)\n\n"
      << "For every ape.encoding @NAME in SPEC.mlir writes the files of each --emit KIND (default:\n"
      << emitterNames(",", ",", /*onlyDefault=*/true) << "):\n";
   for (const ape::Emitter &e : ape::registeredEmitters()) {

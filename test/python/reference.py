@@ -1,5 +1,5 @@
 """Materialised references for the framework-interop tests, written from the math of the
-encodings (shared/spec, docs/internals.md), never from the generated kernels.
+encodings (docs/encodings-math.md, docs/internals.md), never from the generated kernels.
 
     l_ij = scale * q'_i . k'_j + B_ij     (j <= i; -inf above the diagonal)
     o_i  = sum_j softmax_j(l_ij) v_j      (every (B, H, T, T) matrix materialised)

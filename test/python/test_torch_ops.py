@@ -151,7 +151,7 @@ def test_derived_params_errors():
 @pytest.mark.parametrize("heads", [1, 3, 6, 8, 12])
 def test_init_values_are_the_specs(heads):
     """init_value (the library's values, vocabulary.h; init_params calls it) against reference.py's
-    ALiBi slopes and the sinusoid of encodings.md, written here: PE[r, 2k] = sin(r / 10000^(2k/d)),
+    ALiBi slopes and the sinusoid of docs/encodings-math.md, written here: PE[r, 2k] = sin(r / 10000^(2k/d)),
     PE[r, 2k+1] = cos(the same), d = heads * head_dim."""
     slopes = ops("alibi").init_value("alibi_slopes", heads=heads, head_dim=16)
     close(slopes, torch.tensor(reference.alibi_slopes(heads), dtype=torch.float64), "alibi slopes", 1e-15)

@@ -1,5 +1,5 @@
 // The contract between the stages (contract/vocabulary.h), checked against values written out
-// here from the spec (shared/spec/encodings.md) and the dialect's documentation, not computed with
+// here from the spec (docs/encodings-math.md) and the dialect's documentation, not computed with
 // the header's own formulas.
 #include "ape/contract/vocabulary.h"
 

@@ -210,7 +210,7 @@ const char *kExpeQkvManifest = R"({"encoding": "test_expe_qkv", "causal": true, 
     {"name": "position_scale", "shape": ["1"], "trainable": false, "init": {"kind": "constant", "value": 1.0}}],
   "override": {"kind": "expe", "l": 4, "start": 0.0, "theta": 0.05, "targets": "qkv",
                "position_scale": "position_scale"}})";
-// ExQPE (l = 4, S = 0, θ1 = 0.25, θ2 = 1: encodings.md's hand-checked case) on q, k and v:
+// ExQPE (l = 4, S = 0, θ1 = 0.25, θ2 = 1: docs/encodings-math.md's hand-checked case) on q, k and v:
 // a = W·(S + jθ1)_j, b = θ2·W·1, P[r] = θ2·Σ_{j<=r} W[:, j].
 const char *kExqpeManifest = R"({"encoding": "test_exqpe", "causal": true, "features": [],
   "params": [
@@ -243,7 +243,7 @@ const ape::KernelEntry expe_qkv = entry<Kind::ExpeS>("test_expe_qkv", kExpeQkvMa
 const ape::KernelEntry exqpe = entry<Kind::Exqpe>("test_exqpe", kExqpeManifest);
 
 // Absolute positions at the embedding site (the attention itself is NoPE): a fixed sinusoidal
-// table (written here from encodings.md, independently of the generated code), scaled or not,
+// table (written here from docs/encodings-math.md, independently of the generated code), scaled or not,
 // and a learned table of 8 positions.
 void sinusoid(int64_t T, int64_t d, double *out) {
   for (int64_t n = 0; n < T; ++n)

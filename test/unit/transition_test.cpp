@@ -1,4 +1,4 @@
-// The attention transition (kernels/include/ape/contract/transition.h, shared/spec/encodings.md
+// The attention transition (kernels/include/ape/contract/transition.h, docs/encodings-math.md
 // "Attention transition (P)"): the spec's hand-checked row, and the fused three-pass kernel of
 // cpu/attention.h / cpu/decode.h against a materialised reference (the T x T softmax, the steps
 // applied literally to each transformed row, times V), with hand-written functors: no RoPE, a

@@ -71,7 +71,7 @@ TEST(Model, ProjectionPrefixIsTheScaledCumulativeSumOfW) {
 
 TEST(Model, ExqpeDerivedTermsReproduceTheHandCheckedPositions) {
   // l = 4, S = 0, θ1 = 0.25, θ2 = 1; W_q[:, :4] = identity on head 0, so W·p_n = p_n there and
-  // a + floor(n/l)·b + P[n mod l] must be encodings.md's p_n.
+  // a + floor(n/l)·b + P[n mod l] must be docs/encodings-math.md's p_n.
   ape::ModelConfig cfg = tiny_config("test_exqpe");
   cfg.d_model = 8;  // 2 heads of 4
   ape::EncodedAttention attn(testk::exqpe, cfg, std::vector<at::Tensor>(7));

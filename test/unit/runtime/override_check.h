@@ -41,7 +41,7 @@ void check_explicit_override(const ape::KernelEntry &entry, const ape::ModelConf
 }
 
 // ExPE positions p_{t,j} = S + θ(t + j), and ExQPE's p_{t,j} = S + jθ1 + θ2·c_j(t) with c_j(t) counted
-// directly (the number of u in [0, t] with u ≡ j mod l), both straight from encodings.md.
+// directly (the number of u in [0, t] with u ≡ j mod l), both straight from docs/encodings-math.md.
 at::Tensor expe_positions(int64_t T, int64_t l, double start, double theta) {
   return (at::arange(T).view({T, 1}) + at::arange(l).view({1, l})).to(at::kDouble) * theta + start;
 }

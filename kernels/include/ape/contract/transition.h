@@ -1,4 +1,4 @@
-// The attention transition (shared/spec/encodings.md, "Attention transition (P)"): a
+// The attention transition (docs/encodings-math.md, "Attention transition (P)"): a
 // post-softmax redistribution of attention mass, at inference only, while a prompt is processed.
 //
 // For a prompt of T tokens and a model of N layers (0-based l = 0 .. N-1):

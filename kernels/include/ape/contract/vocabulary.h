@@ -251,7 +251,7 @@ inline std::vector<double> alibi_slopes(int64_t heads) {
   return s;
 }
 
-// The sinusoidal table of shared/spec/encodings.md over d columns:
+// The sinusoidal table of docs/encodings-math.md over d columns:
 //   PE[r, 2k] = sin(r / base^(2k/d)),  PE[r, 2k+1] = cos(r / base^(2k/d)).
 inline constexpr double kSinusoidBase = 10000.0;
 inline double sinusoid(int64_t r, int64_t c, int64_t d, double base = kSinusoidBase) {
