@@ -322,7 +322,7 @@ std::vector<std::string> load_state_across(LanguageModel &model, const Checkpoin
                                            const KernelEntry *source) {
   const std::string to = model->config().encoding, from = ckpt.encoding;
   auto fail = [&](const std::string &why) {
-    return std::runtime_error("checkpoint " + path + " (trained with '" + from + "') evaluated with '" + to +
+    return std::runtime_error("checkpoint " + path + " (trained with '" + from + "') loaded as '" + to +
                               "': " + why);
   };
   ModelConfig mc;
@@ -404,7 +404,7 @@ LanguageModel load_model_as(const std::string &path, const std::string &encoding
   try {
     model = LanguageModel(mc);
   } catch (const std::exception &e) {
-    throw std::runtime_error("checkpoint " + path + " evaluated with '" + encoding + "': " + e.what());
+    throw std::runtime_error("checkpoint " + path + " loaded as '" + encoding + "': " + e.what());
   }
   auto k = load_state_across(model, c, path);
   if (kept) *kept = std::move(k);

@@ -188,6 +188,23 @@ std::string text_dir(const DataOptions &o, std::ostream &log) {
   return (dest / "clean").string();
 }
 
+// A line of a file for a message: printable ASCII as it is, any other byte as \xNN, at most 80
+// bytes (a binary file's "line" printed raw garbled the terminal).
+std::string quoted_line(const std::string &line) {
+  std::string out;
+  for (size_t i = 0; i < line.size() && i < 80; ++i) {
+    const auto c = static_cast<unsigned char>(line[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return line.size() > 80 ? out + "..." : out;
+}
+
 // id -> split from SPLITS.tsv ("id<TAB>split", with a header line).
 std::vector<std::pair<std::string, std::string>> read_splits(const std::string &path) {
   std::ifstream f(path);
@@ -201,10 +218,11 @@ std::vector<std::pair<std::string, std::string>> read_splits(const std::string &
     if (line.empty() || (lineno == 1 && line.rfind("id", 0) == 0)) continue;
     auto tab = line.find('\t');
     if (tab == std::string::npos)
-      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": expected `id<TAB>split`, got `" + line + "`");
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": expected `id<TAB>split`, got `" + quoted_line(line) +
+                               "`");
     std::string split = line.substr(tab + 1);
     if (split != "train" && split != "valid" && split != "test")
-      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": unknown split `" + split + "`");
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": unknown split `" + quoted_line(split) + "`");
     out.emplace_back(line.substr(0, tab), split);
   }
   return out;
@@ -331,6 +349,9 @@ Corpus Corpus::open(const DataOptions &opts) {
   for (const auto &[id, split] : splits) books[split].push_back(find_book(dir, id));
   for (const char *s : {"train", "test"})
     if (books[s].empty()) throw std::runtime_error(std::string("SPLITS.tsv lists no ") + s + " books");
+  for (const auto &[split, paths] : books)  // (the tokenizer trainer's message for one is internal)
+    for (const auto &p : paths)
+      if (fs::file_size(p) == 0) throw std::runtime_error("the " + split + " book " + p + " is empty");
 
   Corpus c;
   c.vocab_ = opts.vocab;

@@ -74,6 +74,19 @@ std::pair<std::string, double> parse_assignment(const std::string &text) {
   return {name, v};
 }
 
+std::vector<std::pair<std::string, double>> parse_assignments(const std::vector<std::string> &texts) {
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t k = 0; k < texts.size(); ++k) {
+    auto a = parse_assignment(texts[k]);
+    for (size_t e = 0; e < out.size(); ++e)
+      if (out[e].first == a.first)
+        throw std::invalid_argument("--set " + a.first + " is given twice (" + texts[e].substr(a.first.size() + 1) +
+                                    " and " + texts[k].substr(a.first.size() + 1) + "); give each param once");
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
 std::string eval_label(const std::string &trained, const std::string &evaluated,
                        const std::vector<std::pair<std::string, double>> &sets) {
   std::string s = trained;

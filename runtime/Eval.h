@@ -65,6 +65,8 @@ void check_eval_fits(const TokenSplit &split, int64_t train_len, const EvalConfi
 
 // "NAME=VALUE" (ape-eval --set) -> {NAME, VALUE}; throws std::invalid_argument on anything else.
 std::pair<std::string, double> parse_assignment(const std::string &text);
+// Every --set, in order; a name given twice is refused (which value applies would be a guess).
+std::vector<std::pair<std::string, double>> parse_assignments(const std::vector<std::string> &texts);
 
 // The row label of a checkpoint trained with `trained`, evaluated with `evaluated` and the fixed
 // params `sets`: "rope", "rope->rope_yarn", "rope->rope_yarn[rope_factor=8;rope_original_length=64]".

@@ -45,6 +45,14 @@ std::string hex16(uint64_t h) {
 
 std::string fnv1a_hex(const std::string &bytes) { return hex16(fnv1a(bytes.data(), bytes.size())); }
 
+std::string error_text(const std::exception &e) {
+  std::string s = e.what();
+  const size_t at = s.find("Exception raised from ");
+  if (at != std::string::npos) s.erase(at);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
 std::string read_file(const std::filesystem::path &p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read " + p.string() + ": " + std::strerror(errno));

@@ -21,6 +21,11 @@ std::string hex16(uint64_t h);
 // be read.
 std::string read_file(const std::filesystem::path &p);
 
+// An exception's message for the user: e.what() without the C++ stack trace LibTorch appends to
+// its errors ("Exception raised from ... frame #0: ..."), which buries the one line that says
+// what went wrong.
+std::string error_text(const std::exception &e);
+
 // `s` quoted for /bin/sh: one word, whatever it holds.
 std::string shell_quote(const std::string &s);
 

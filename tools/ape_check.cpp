@@ -206,7 +206,7 @@ int main(int argc, char **argv) {
     if (!kernel_name.empty()) ape::find_kernel(kernel_name);  // unknown: fail now, listing the names
     const std::string cpu_level = ape::checked_kernel_cpu_level();
   } catch (const std::exception &e) {
-    std::cerr << "ape-check: error: " << e.what() << "\n";
+    std::cerr << "ape-check: error: " << ape::error_text(e) << "\n";
     return 2;
   }
 
@@ -333,7 +333,7 @@ int main(int argc, char **argv) {
               << report.rows.size() + report.problems.size() << " checks)\n";
     return 1;
   } catch (const std::exception &e) {
-    std::cerr << "ape-check: error: " << e.what() << "\n";
+    std::cerr << "ape-check: error: " << ape::error_text(e) << "\n";
     return 2;
   }
 }

@@ -94,8 +94,7 @@ int main(int argc, char **argv) {
     ape::require_in("--threads", threads, 0, ape::kMaxThreads);
     ec.multiples = ape::parse_multiples(multiples);
     ec.validate();
-    std::vector<std::pair<std::string, double>> sets;
-    for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
+    const std::vector<std::pair<std::string, double>> sets = ape::parse_assignments(set_args);
     ape::SpecLibraryOptions spec_opts;
     spec_opts.log = &std::cout;
     for (const auto &path : specs) ape::register_spec(path, spec_opts);
@@ -213,7 +212,7 @@ int main(int argc, char **argv) {
     return 0;
   } catch (const std::exception &e) {
     std::cout << std::flush;
-    std::cerr << "ape-eval: error: " << e.what() << "\n";
+    std::cerr << "ape-eval: error: " << ape::error_text(e) << "\n";
     return 1;
   }
 }

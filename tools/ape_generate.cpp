@@ -102,8 +102,7 @@ int main(int argc, char **argv) {
     ape::require_in("--chunk", chunk, 1, int64_t(1) << 20);
     if (score_file.empty() && prompt_file.empty() && po->count() == 0)
       throw std::invalid_argument("give a --prompt, a --prompt-file or --score FILE");
-    std::vector<std::pair<std::string, double>> sets;
-    for (const auto &a : set_args) sets.push_back(ape::parse_assignment(a));
+    const std::vector<std::pair<std::string, double>> sets = ape::parse_assignments(set_args);
     ape::SpecLibraryOptions spec_opts;
     spec_opts.log = &std::cout;
     for (const auto &path : specs) ape::register_spec(path, spec_opts);
@@ -186,6 +185,8 @@ int main(int argc, char **argv) {
     }
 
     if (!prompt_file.empty()) {
+      std::error_code ec;
+      if (fs::is_directory(prompt_file, ec)) throw std::runtime_error("--prompt-file " + prompt_file + " is a folder, not a file");
       std::ifstream f(prompt_file, std::ios::binary);
       if (!f) throw std::runtime_error("cannot read --prompt-file " + prompt_file);
       std::ostringstream ss;
@@ -224,7 +225,7 @@ int main(int argc, char **argv) {
     return 0;
   } catch (const std::exception &e) {
     std::cout << std::flush;
-    std::cerr << "ape-generate: error: " << e.what() << "\n";
+    std::cerr << "ape-generate: error: " << ape::error_text(e) << "\n";
     return 1;
   }
 }

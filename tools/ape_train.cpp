@@ -474,7 +474,7 @@ int main(int argc, char **argv) {
     std::error_code abs_ec;
     start.data_dir = fs::absolute(data_dir, abs_ec).lexically_normal().string();
     start.cache_dir = fs::absolute(cache_dir, abs_ec).lexically_normal().string();
-    for (const auto &a : set_args) start.sets.push_back(ape::parse_assignment(a));
+    start.sets = ape::parse_assignments(set_args);
     // Several ranks on one machine share its cores (torchrun says how many ranks: LOCAL_WORLD_SIZE).
     if (dist.enabled() && threads == 0)
       if (const char *lws = std::getenv("LOCAL_WORLD_SIZE"); lws && std::atoi(lws) > 0)
@@ -610,7 +610,7 @@ int main(int argc, char **argv) {
       } catch (const ape::TrainingDiverged &e) {
         // Reported (by rank 0: every rank stops at the same step); the other encodings still train.
         std::cout << std::flush;
-        if (root) std::cerr << "ape-train: error: " << e.what() << "\n";
+        if (root) std::cerr << "ape-train: error: " << ape::error_text(e) << "\n";
         diverged.push_back(name);
         for (int64_t m : ec.multiples) {
           ape::EvalRow r;
@@ -646,15 +646,15 @@ int main(int argc, char **argv) {
     return 0;
   } catch (const Interrupted &e) {
     std::cout << std::flush;
-    if (root) std::cerr << e.what() << "\n";  // rank 0's (the others stop at the same step)
+    if (root) std::cerr << ape::error_text(e) << "\n";  // rank 0's (the others stop at the same step)
     return 130;
   } catch (const ape::GroupError &e) {  // names its rank
     std::cout << std::flush;
-    std::cerr << "ape-train: error: " << e.what() << "\n";
+    std::cerr << "ape-train: error: " << ape::error_text(e) << "\n";
     return 1;
   } catch (const std::exception &e) {
     std::cout << std::flush;
-    std::cerr << "ape-train: error: " << who << e.what() << "\n";
+    std::cerr << "ape-train: error: " << who << ape::error_text(e) << "\n";
     return 1;
   }
 }

@@ -130,6 +130,17 @@ TEST(Util, SystemStatusSaysHowTheCommandEnded) {
   EXPECT_EQ(ape::system_status_text(-1), "could not be started");
 }
 
+// The tools' error line: LibTorch's message without the C++ stack trace it appends.
+TEST(Util, ErrorTextDropsLibTorchsStackTrace) {
+  try {
+    TORCH_CHECK(false, "Invalid mt19937 state");
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("Exception raised from"), std::string::npos) << e.what();
+    EXPECT_EQ(ape::error_text(e), "Invalid mt19937 state");
+  }
+  EXPECT_EQ(ape::error_text(std::runtime_error("plain message\n")), "plain message");
+}
+
 // ape-generate's tokenizer lookup: the cache holds one tokenizer per corpus (spm_bpe_<V>_<hash>);
 // the checkpoint's is the one with its FNV-1a.
 TEST(Corpus, CachedTokenizerIsFoundByItsHash) {
