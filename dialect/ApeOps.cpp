@@ -529,6 +529,14 @@ LogicalResult TokenFeatureOp::verify() {
   return success();
 }
 
+/// "f32, index, ...": types as a spec writes them (a diagnostic would quote each one).
+static std::string typeList(TypeRange types) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  llvm::interleaveComma(types, os);
+  return text;
+}
+
 /// Checks a region's block arguments and the types its ape.yield returns.
 static LogicalResult verifyRegionSignature(Operation *op, Region &region, StringRef what,
                                            ArrayRef<Type> args, ArrayRef<Type> results,
@@ -537,9 +545,12 @@ static LogicalResult verifyRegionSignature(Operation *op, Region &region, String
     return op->emitOpError(what) << " region must have one block";
   Block &block = region.front();
   if (block.getNumArguments() != args.size() ||
-      !llvm::equal(block.getArgumentTypes(), args))
-    return op->emitOpError(what) << " region must take " << argLegend << ", got "
-                                 << block.getNumArguments() << " argument(s)";
+      !llvm::equal(block.getArgumentTypes(), args)) {
+    // The types it got, so that one wrong type is seen (not only a count that may be right).
+    return op->emitOpError(what) << " region must take " << argLegend << ", got ("
+                                 << block.getNumArguments()
+                                 << " argument(s): " << typeList(block.getArgumentTypes()) << ")";
+  }
   for (Operation &inner : block)
     if (!isAllowedInRegion(&inner))
       return inner.emitOpError("is not allowed in a ")
@@ -549,10 +560,12 @@ static LogicalResult verifyRegionSignature(Operation *op, Region &region, String
   auto yield = block.empty() ? YieldOp() : dyn_cast<YieldOp>(block.getTerminator());
   if (!yield)
     return op->emitOpError(what) << " region must end with ape.yield";
-  if (!llvm::equal(yield.getValues().getTypes(), results))
+  if (!llvm::equal(yield.getValues().getTypes(), results)) {
     return yield.emitOpError("must yield ")
            << results.size() << " value(s) of type f32 in a " << op->getName().stripDialect()
-           << " " << what << " region, got " << yield.getValues().size();
+           << " " << what << " region, got " << yield.getValues().size() << " ("
+           << typeList(yield.getValues().getTypes()) << ")";
+  }
   return success();
 }
 

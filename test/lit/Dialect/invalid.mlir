@@ -130,7 +130,7 @@ ape.encoding @e {
 
 ape.encoding @e {
   %p = ape.param "w" ["heads"] init = "zeros"
-  // expected-error @+1 {{'ape.score_mod' op body region must take (s: f32, b: index, h: index, i: index, j: index), got 2 argument(s)}}
+  // expected-error @+1 {{'ape.score_mod' op body region must take (s: f32, b: index, h: index, i: index, j: index), got (2 argument(s): f32, index)}}
   ape.score_mod {
   ^bb0(%s: f32, %i: index):
     ape.yield %s : f32
@@ -199,7 +199,7 @@ ape.encoding @e {
 
 ape.encoding @e {
   %f = ape.token_feature "f"
-  // expected-error @+1 {{'ape.map' op body region must take (f32), got 2 argument(s)}}
+  // expected-error @+1 {{'ape.map' op body region must take (f32), got (2 argument(s): f32, f32)}}
   %m = ape.map %f {
   ^bb0(%x: f32, %y: f32):
     ape.yield %x : f32
@@ -677,5 +677,27 @@ ape.encoding @e {
     // expected-error @+1 {{'arith.negf' op has no attribute 'flags'; its attributes: fastmath}}
     %n = arith.negf %s {flags = 1 : i64} : f32
     ape.yield %n : f32
+  }
+}
+
+// -----
+
+// The right count with a wrong type: the message shows the types.
+ape.encoding @e {
+  // expected-error @+1 {{'ape.score_mod' op body region must take (s: f32, b: index, h: index, i: index, j: index), got (5 argument(s): f64, index, index, index, index)}}
+  ape.score_mod {
+  ^bb0(%s: f64, %b: index, %h: index, %i: index, %j: index):
+    %c = arith.constant 0.0 : f32
+    ape.yield %c : f32
+  }
+}
+
+// -----
+
+ape.encoding @e {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    // expected-error @+1 {{'ape.yield' op must yield 1 value(s) of type f32 in a score_mod body region, got 1 (index)}}
+    ape.yield %i : index
   }
 }

@@ -16,7 +16,7 @@ ape.encoding @broken {
 // MISSING: apec: cannot read {{.*}}does-not-exist.mlir
 // EMIT: apec: unknown --emit value 'wasm' (expected cpu, manifest, reference, cuda, cuda-package, torch-library, c-abi or kernel-mlir)
 // NAME: error: expected exactly one encoding, @other (a spec file's stem must equal its encoding's name)
-// HELP: apec SPEC.mlir -o OUTDIR [--emit=KIND,...]
+// HELP: apec SPEC.mlir [-o OUTDIR] [--emit=KIND,...]     (OUTDIR: default the current folder)
 // HELP: (default:
 // HELP-NEXT: cpu,manifest,kernel-mlir):
 // HELP-NEXT: cpu            OUTDIR/NAME_cpu.cpp: the fused CPU kernel
