@@ -376,8 +376,12 @@ Corpus Corpus::open(const DataOptions &opts) {
   // the others wait and then read them. The kernel drops the lock of a killed holder. Without it,
   // two runs on a fresh cache each trained a tokenizer: the same pieces, but different bytes (the
   // model records its temporary path), so the checkpoints of the first no longer matched the cache.
-  const FileLock lock(prefix + ".lock");
+  // A read-only cache (shared, or on a read-only mount) is used as it is when it is complete.
+  const FileLock lock(prefix + ".lock", /*unless_read_only=*/true);
   const bool have_model = fs::exists(c.tokenizer_path_) && fs::exists(key_path) && read_file(key_path) == key;
+  if (!lock.held() && !have_model)
+    throw std::runtime_error("the cache folder " + opts.cache_dir + " is read-only and holds no tokenizer for this "
+                             "corpus: pass a writable --cache-dir");
   if (!have_model) {
     log << "[data] training a " << opts.vocab << "-piece BPE tokenizer on " << books["train"].size()
         << " train books (log: " << prefix << ".log)\n" << std::flush;

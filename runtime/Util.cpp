@@ -78,7 +78,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-FileLock::FileLock(const std::string &path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+FileLock::FileLock(const std::string &path, bool unless_read_only)
+    : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+  if (fd_ < 0 && unless_read_only && (errno == EROFS || errno == EACCES)) return;
   if (fd_ < 0) throw std::runtime_error("cannot open the cache lock " + path + ": " + std::strerror(errno));
   while (::flock(fd_, LOCK_EX) != 0)
     if (errno != EINTR) {
@@ -88,6 +90,8 @@ FileLock::FileLock(const std::string &path) : fd_(::open(path.c_str(), O_RDWR | 
     }
 }
 
-FileLock::~FileLock() { ::close(fd_); }
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
 }  // namespace ape

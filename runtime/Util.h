@@ -47,13 +47,16 @@ void tune_allocator();
 
 // An exclusive flock(2) on `path` (created if missing) for the object's lifetime: one process at a
 // time makes a cache's files (the corpus cache, the spec kernels); the kernel drops the lock of a
-// killed holder. Throws std::runtime_error when the file cannot be opened or locked.
+// killed holder. Throws std::runtime_error when the file cannot be opened or locked, except, with
+// `unless_read_only`, where the folder is read-only (EROFS, EACCES): then no lock is held (held()
+// false), for a caller that can use a complete cache without writing to it.
 class FileLock {
  public:
-  explicit FileLock(const std::string &path);
+  explicit FileLock(const std::string &path, bool unless_read_only = false);
   ~FileLock();
   FileLock(const FileLock &) = delete;
   FileLock &operator=(const FileLock &) = delete;
+  bool held() const { return fd_ >= 0; }
 
  private:
   int fd_;
