@@ -2,10 +2,12 @@
 #include "runtime/Data.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -149,6 +151,20 @@ TokenSplit read_token_cache(const std::string &path, uint32_t vocab, uint64_t fi
 
 namespace {
 
+// Removes the temporaries `<name>.tmp.<pid>...` in `dir` of processes that no longer run (a run
+// killed while unpacking the books or training the tokenizer left them: tens of MB each).
+void remove_dead_temporaries(const fs::path &dir, const std::string &name) {
+  const std::string head = name + ".tmp.";
+  std::error_code ec;
+  for (const auto &e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(head, 0) != 0) continue;
+    const long pid = std::strtol(n.c_str() + head.size(), nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      fs::remove_all(e.path(), ec);
+  }
+}
+
 // Returns the folder holding the pg<ID>_*.txt books: <data>/clean if present, else the archive
 // unpacked (once) into <cache>/pg30/clean.
 std::string text_dir(const DataOptions &o, std::ostream &log) {
@@ -169,6 +185,7 @@ std::string text_dir(const DataOptions &o, std::ostream &log) {
   }
   log << "[data] unpacking " << archive << " into " << dest.string() << "\n";
   fs::create_directories(o.cache_dir);
+  remove_dead_temporaries(o.cache_dir, "pg30");
   const fs::path tmp = fs::path(o.cache_dir) / ("pg30.tmp." + std::to_string(::getpid()));
   std::error_code ec;
   fs::remove_all(tmp, ec);
@@ -387,6 +404,7 @@ Corpus Corpus::open(const DataOptions &opts) {
         << " train books (log: " << prefix << ".log)\n" << std::flush;
     std::string inputs;
     for (const auto &p : books["train"]) inputs += (inputs.empty() ? "" : ",") + p;
+    remove_dead_temporaries(opts.cache_dir, "spm_bpe_" + stem);  // (under the lock: no one else's)
     const std::string tmp_prefix = prefix + ".tmp." + pid;
     const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
     auto t0 = std::chrono::steady_clock::now();

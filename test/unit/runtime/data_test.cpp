@@ -3,6 +3,9 @@
 #include "runtime_fixtures.h"
 #include "runtime/Util.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 namespace {
 
 TEST(TokenCache, RoundTrip) {
@@ -117,7 +120,19 @@ TEST(Corpus, MissingOrCorruptDataGivesClearErrors) {
   EXPECT_ERROR(ape::Corpus::open(o), "corpus archive " + o.data_dir + "/clean.tar.xz is missing");
 
   std::ofstream(o.data_dir + "/clean.tar.xz") << "this is not an xz archive";
+  // An unpacking killed before (a process that is gone) left its temporary folder: removed now;
+  // a running process's (the test's parent) is left alone.
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  const std::string dead = o.cache_dir + "/pg30.tmp." + std::to_string(gone);
+  const std::string live = o.cache_dir + "/pg30.tmp." + std::to_string(::getppid());
+  fs::create_directories(dead + "/clean");
+  fs::create_directories(live);
   EXPECT_ERROR(ape::Corpus::open(o), "cannot unpack corpus archive " + o.data_dir + "/clean.tar.xz");
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  fs::remove_all(live);
 
   fs::remove(o.data_dir + "/SPLITS.tsv");
   EXPECT_ERROR(ape::Corpus::open(o), "cannot read the split list " + o.data_dir + "/SPLITS.tsv");
