@@ -23,12 +23,6 @@
 #include "runtime/SpecLibrary.h"
 
 namespace ape {
-namespace cuda {
-APE_CUDA_ABI_BEGIN
-const CudaKernelEntry *const *cuda_kernel_registry(size_t *count);
-APE_CUDA_ABI_END
-}  // namespace cuda
-
 namespace {
 
 // The CUDA kernels of specs compiled at run time (cuda_compile_spec), before the build's.

@@ -22,12 +22,6 @@
 #include "ape/simt/runtime.h"
 
 namespace ape {
-namespace cuda {
-APE_CUDA_ABI_BEGIN
-const CudaKernelEntry *const *cuda_kernel_registry(size_t *count);
-APE_CUDA_ABI_END
-}  // namespace cuda
-
 namespace {
 
 std::atomic<int> g_dtype{static_cast<int>(cuda::DType::BF16)};

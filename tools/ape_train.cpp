@@ -105,9 +105,13 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   }
   for (const auto &[param, value] : start.sets)
     if (!resume) std::cout << "[" << name << "] " << param << " = " << value << "\n";
+  // Absolute paths: a resumed run finds them from any working folder, and the same folders given
+  // as relative and absolute paths record the same words.
+  auto absolute = [](const std::string &p) { return p.empty() ? p : fs::absolute(p).lexically_normal().string(); };
   nlohmann::json extra = {
-      {"data", {{"vocab", corpus.vocab()}, {"tokenizer", corpus.tokenizer_path()}, {"tokenizer_fnv", corpus.tokenizer_hash()},
-                {"dir", start.data_dir}, {"cache_dir", start.cache_dir}}},
+      {"data", {{"vocab", corpus.vocab()}, {"tokenizer", absolute(corpus.tokenizer_path())},
+                {"tokenizer_fnv", corpus.tokenizer_hash()}, {"dir", absolute(start.data_dir)},
+                {"cache_dir", absolute(start.cache_dir)}}},
       {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}}};  // a resumed run evaluates the same way
   if (resume) {  // where the run started, as its first checkpoint said
     for (const char *key : {"init_from", "sets"})

@@ -381,6 +381,31 @@ TEST(CudaRegistry, UninstantiatedVariantIsRefused) {
   }
 }
 
+// Sizes before any device call: an empty call succeeds without reading a pointer, except the
+// param gradients an empty backward zeroes (it read params and dparams of an encoding with
+// params: SIGSEGV with null ones); sizes whose element count overflows int64 are refused (2^32 x
+// 2^32 x 16 wrapped to an "empty" call that succeeded).
+TEST(CudaArgs, EmptyAndOverflowingSizes) {
+  for (const CudaKernelEntry *e : cuda_entries())
+    for (size_t k = 0; k < e->num_variants; ++k) {
+      const auto &var = e->variants[k];
+      CudaAttnArgs a;
+      a.D = var.head_dim, a.dtype = var.dtype, a.B = 1, a.H = 2, a.T = 0, a.scale = 0.125f;
+      EXPECT_EQ(var.forward(a), cudaSuccess) << e->name;
+      bool zeroes = false;  // a param gradient to zero: the call needs dparams
+      for (int n = 0; n < e->num_params; ++n) zeroes |= e->param_numel(n, a.H, a.D) > 0;
+      const bool training = !nlohmann::json::parse(e->manifest_json).value("inference_only", false);
+      if (training) EXPECT_EQ(var.backward(a), zeroes ? cudaErrorInvalidValue : cudaSuccess) << e->name;
+      a.T = 16;
+      for (int64_t big : {int64_t(1) << 32, int64_t(1) << 31}) {
+        a.B = a.H = big;
+        EXPECT_EQ(var.forward(a), cudaErrorInvalidValue) << e->name << " B = H = " << big;
+      }
+      a.B = a.H = int64_t(1) << 30, a.T = int64_t(1) << 30;
+      EXPECT_EQ(var.forward(a), cudaErrorInvalidValue) << e->name << " 2^90 elements";
+    }
+}
+
 // ---- numerics (GPU) ------------------------------------------------------------------------------------
 using Case = std::tuple<std::string, size_t>;  // encoding, variant index
 

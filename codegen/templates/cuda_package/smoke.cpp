@@ -11,11 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "ape/cuda/kernel_entry.h"
-
-namespace ape::cuda {
-const CudaKernelEntry *const *cuda_kernel_registry(size_t *count);
-}
+#include "ape/cuda/kernel_entry.h"  // (cuda_kernel_registry: written by CMakeLists.txt)
 
 namespace {
 

@@ -66,7 +66,9 @@ struct CudaAttnArgs {
   float *lse = nullptr;
   const float *const *features = nullptr;
   const float *const *params = nullptr;
-  float scale = 0;  // kappa: finite (else cudaErrorInvalidValue); <= 0 allowed
+  // kappa, the logit scale: finite (else cudaErrorInvalidValue). Set it: the manifest's "scale",
+  // or 1/sqrt(D) where that is null (0, the default, gives uniform attention; < 0 is allowed).
+  float scale = 0;
   // Forward only: the first query row whose output is wanted. The query tiles before the one
   // holding it are skipped (rows [first_row, T) of o and lse are written, and the rows of that
   // tile before first_row with their same values); the token program and q', k' still cover all
@@ -133,6 +135,10 @@ inline cudaError_t backward(const CudaKernelEntry &e, const CudaAttnArgs &a) {
   const CudaVariant *v = find_variant(e, a.dtype, a.D);
   return v ? v->backward(a) : cudaErrorInvalidValue;
 }
+
+// Every entry of a build, `*count` of them: defined by the build that compiles the entries (this
+// repository's CMake, cmake/ApeRegistries.cmake; a --emit=cuda-package folder's CMakeLists.txt).
+const CudaKernelEntry *const *cuda_kernel_registry(size_t *count);
 
 APE_CUDA_ABI_END
 }  // namespace ape::cuda

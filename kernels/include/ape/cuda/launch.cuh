@@ -90,12 +90,25 @@ cudaError_t plan_param_cache(Params<Enc, In> &p, size_t bytes, bool grads, size_
 template <class Enc>
 cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  // Sizes whose products fit int64 (B·H·T·D elements): 2^32 x 2^32 x 16 wrapped to 0, an "empty"
+  // call that returned success and wrote nothing.
+  constexpr int64_t kMaxDim = int64_t(1) << 31;
+  if (a.B >= kMaxDim || a.H >= kMaxDim || a.T >= kMaxDim) return cudaErrorInvalidValue;
+  if (a.B > 0 && a.H > 0 && a.T > 0 && a.B * a.H > INT64_MAX / (a.T * kD)) return cudaErrorInvalidValue;
   if (!std::isfinite(a.scale)) return cudaErrorInvalidValue;
   if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T) || (backward && a.first_row != 0))
     return cudaErrorInvalidValue;
   if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
     return cudaErrorInvalidValue;
-  if (a.B * a.H * a.T == 0) return cudaSuccess;
+  if (a.B * a.H * a.T == 0) {
+    // Nothing to compute, but the backward zeroes the param gradients (global sums): those only.
+    if (backward && Enc::kNumParams > 0) {
+      if (!a.dparams) return cudaErrorInvalidValue;
+      for (int n = 0; n < Enc::kNumParams; ++n)
+        if (!a.dparams[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+  }
   if (!a.q || !a.k || !a.v || !a.o || !a.lse) return cudaErrorInvalidValue;
   // Rows move in 16-byte chunks (cp.async, TMA, vector stores): a misaligned address would end the
   // launch with a sticky misaligned-address error, which no later call on the context survives.
@@ -539,7 +552,6 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
   cudaError_t err = check_args<Enc>(a, kD, true);
   if (err != cudaSuccess) return err;
   const cudaStream_t st = a.stream;
-  Params<Enc, In> p = make_params<Enc, In>(a);
   const int64_t BH = a.B * a.H, T = a.T, n = BH * T * kD;
   // Param gradients are global sums: zero them even when there is nothing to sum.
   for (int k = 0; k < Enc::kNumParams; ++k) {
@@ -547,7 +559,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     if (numel > 0 && (err = cudaMemsetAsync(a.dparams[k], 0, sizeof(float) * numel, st)) != cudaSuccess)
       return err;
   }
-  if (n == 0) return cudaSuccess;
+  if (n == 0) return cudaSuccess;  // (the pointers an empty call leaves null are not read below)
+  Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st);
   if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
   constexpr int kNumRel = traits::NumRel<Enc>::value;
