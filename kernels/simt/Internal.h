@@ -188,6 +188,8 @@ struct Mbar {
 struct NamedBar {
   unsigned count = 0, arrived = 0;
   bool arrive_only = false;  // a thread of the round arrived without waiting (bar.arrive)
+  bool aligned_waited = false;  // a thread of the round waits by the aligned bar.sync, at:
+  Site aligned_site;
   std::vector<uint32_t> round_seen;  // the round's arrivals' Thread::seen, joined
 };
 

@@ -757,7 +757,11 @@ void syncthreads(const char *file, int line) {
 // accesses that only a named barrier of fewer threads orders across warps are reported
 // (conservative: the kernels use those to order work, e.g. whose wgmma issue comes first, not to
 // publish shared memory).
-void named_barrier(int id, int count, bool wait, const char *file, int line) {
+// An aligned bar.sync (PTX: bar.sync = barrier.sync.aligned) promises that every thread waiting in
+// the round runs the same instruction: waiters at two source lines are reported (a GPU's behaviour
+// is undefined there; compute-sanitizer's synccheck reports "Divergent thread(s) in block"), as
+// the unaligned barrier.sync allows them.
+void named_barrier(int id, int count, bool wait, bool aligned, const char *file, int line) {
   Thread *t = self();
   if (!t) {
     report(Check::Synccheck, "bar.sync / bar.arrive is called from host code");
@@ -783,11 +787,25 @@ void named_barrier(int id, int count, bool wait, const char *file, int line) {
     report(Check::Synccheck, os.str(), __builtin_return_address(0));
   }
   if (!wait) nb.arrive_only = true;
+  if (wait && aligned) {
+    if (!nb.aligned_waited) {
+      nb.aligned_waited = true;
+      nb.aligned_site = t->site;
+    } else if (nb.aligned_site != t->site) {
+      std::ostringstream os;
+      os << "bar.sync " << id << ", " << count << " (aligned) is waited on in one round at two "
+         << "instructions:" << where(nb.aligned_site) << " and" << where(t->site)
+         << "; waiters in different code take barrier.sync (ptx::bar_sync_unaligned)";
+      report(Check::Synccheck, os.str(), __builtin_return_address(0));
+      nb.aligned_site = t->site;  // one report per change of site
+    }
+  }
   join_seen(nb.round_seen, t->seen);  // an arrival releases what its thread was ordered after
   if (++nb.arrived >= nb.count) {  // the round completes: its waiters run on
     nb.arrived = 0;
     if (nb.count == static_cast<unsigned>(nthreads) && !nb.arrive_only) ++b.epoch;  // a block barrier
     nb.arrive_only = false;
+    nb.aligned_waited = false;
     b.launch->traffic[kTrNamedRounds + id].fetch_add(1, std::memory_order_relaxed);
     for (Thread &o : b.threads)
       if (o.state == State::Named && o.op_kind == id) {

@@ -76,6 +76,21 @@ TEST_F(Simt, RacecheckCreditsANamedBarrierOfTheWholeBlock) {
   EXPECT_TRUE(has(fs, Check::Racecheck, "read-after-write")) << dump(fs);
 }
 
+// The aligned bar.sync waited on from two roles' own code (two source lines) is reported, as
+// synccheck reports it on a GPU (the wgmma backward's block barrier did that until it took the
+// unaligned barrier.sync); barrier.sync there orders the exchange and is not.
+TEST_F(Simt, SynccheckCatchesAnAlignedBarrierWaitedOnInDifferentCode) {
+  std::vector<int> out;
+  ASSERT_EQ(planted::neighbour_exchange_named(128, 3, out), 0);
+  auto fs = findings();
+  EXPECT_TRUE(has(fs, Check::Synccheck, "(aligned) is waited on in one round at two instructions"))
+      << dump(fs);
+  ASSERT_EQ(planted::neighbour_exchange_named(128, 4, out), 0);
+  fs = findings();
+  EXPECT_TRUE(fs.empty()) << dump(fs);
+  for (int t = 0; t < 128; ++t) ASSERT_EQ(out[t], (t + 1) % 128);
+}
+
 TEST_F(Simt, RacecheckCatchesAWriteOverAnotherThreadsRead) {
   ASSERT_EQ(planted::read_then_overwrite(64), 0);
   const auto fs = findings();

@@ -35,7 +35,9 @@ __global__ void neighbour_kernel(int *out, bool sync) {
 
 // The same exchange ordered by a named barrier: of every thread of the block (mode 0, a block
 // barrier under another id), of each half of it under its own id (1), or of every thread with the
-// last warp arriving by bar.arrive (2: it runs on without waiting for the others' writes).
+// last warp arriving by bar.arrive (2: it runs on without waiting for the others' writes); of
+// every thread, each half waiting in its own code (two roles), by the aligned bar.sync (3:
+// undefined on a GPU) or by the unaligned barrier.sync (4).
 __global__ void neighbour_named_kernel(int *out, int mode) {
   namespace ptx = ape::cuda::ptx;
   APE_DYNAMIC_SMEM(smem);
@@ -44,6 +46,10 @@ __global__ void neighbour_named_kernel(int *out, int mode) {
   s[t] = t;
   if (mode == 1) ptx::bar_sync(1 + 2 * t / n, n / 2);
   else if (mode == 2 && t >= n - 32) ptx::bar_arrive(1, n);
+  else if (mode == 3 && t < n / 2) ptx::bar_sync(1, n);
+  else if (mode == 3) ptx::bar_sync(1, n);
+  else if (mode == 4 && t < n / 2) ptx::bar_sync_unaligned(1, n);
+  else if (mode == 4) ptx::bar_sync_unaligned(1, n);
   else ptx::bar_sync(1, n);
   out[t] = s[(t + 1) % n];
 }

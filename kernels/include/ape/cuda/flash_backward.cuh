@@ -443,10 +443,13 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   // dQ' in the semaphores' order (read from the parameters where used: no register held).
   auto ordered = [&p] { return kOrdered && p.dq_ordered; };
   // The block's barrier: with a producer warpgroup a named barrier of every thread (id 1), which the
-  // roles reach from their own code (__syncthreads wants one call for the whole block).
-  auto block_sync = [] {
-    if constexpr (C::kProducer) ptx::bar_sync(1, C::kBlockThreads);
-    else __syncthreads();
+  // roles reach from their own code: the unaligned barrier.sync (the aligned bar.sync, as
+  // __syncthreads, wants one instruction for all its waiters; synccheck on the H200 reported every
+  // round of bar.sync 1, 384 here as divergent, bench/results/gpu_h200.md). The emulator checks
+  // each call's own line (APE_CALLER_SITE).
+  auto block_sync = [](APE_CALLER_SITE) {
+    if constexpr (C::kProducer) ptx::bar_sync_unaligned(1, C::kBlockThreads APE_PASS_SITE);
+    else __syncthreads(APE_SITE_ONLY);
   };
   // The query tiles of the block's steps: [qt0, qt_plain) and [n_full, n_qt) masked (the diagonal,
   // a partial last tile), [qt_sat, n_full) saturated (a distance bias: every distance >= d_sat,

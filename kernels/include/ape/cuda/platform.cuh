@@ -423,21 +423,41 @@ __device__ inline void fence_proxy_async() {
 }
 // Named barriers (ids 1-15; 0 is __syncthreads'): a round of barrier `id` completes when `count`
 // threads (whole warps) arrived. bar_sync arrives and waits for the round, bar_arrive arrives and
-// runs on (FlashAttention-3's scheduling of two warpgroups).
+// runs on (FlashAttention-3's scheduling of two warpgroups). bar_sync is PTX's aligned form
+// (bar.sync = barrier.sync.aligned): every thread that waits in a round must run the same
+// instruction; waiters in different code (warp-specialised roles that each reach a block barrier
+// in their own code) take bar_sync_unaligned (barrier.sync), else the behaviour is undefined
+// (compute-sanitizer's synccheck: "Divergent thread(s) in block"; the emulator reports an aligned
+// round waited on at two source lines).
 #ifdef APE_SIMT
 __device__ inline void bar_sync(int id, int count, APE_SIMT_HERE) {
-  ::ape::simt::named_barrier(id, count, true, file, line);
+  ::ape::simt::named_barrier(id, count, true, true, file, line);
+}
+__device__ inline void bar_sync_unaligned(int id, int count, APE_SIMT_HERE) {
+  ::ape::simt::named_barrier(id, count, true, false, file, line);
 }
 __device__ inline void bar_arrive(int id, int count, APE_SIMT_HERE) {
-  ::ape::simt::named_barrier(id, count, false, file, line);
+  ::ape::simt::named_barrier(id, count, false, true, file, line);
 }
+// A device function's caller's source line, for the emulator's checks of the barriers it reaches
+// (APE_CALLER_SITE in the parameters, APE_PASS_SITE after the last argument of the call,
+// APE_SITE_ONLY as the only arguments).
+#define APE_CALLER_SITE APE_SIMT_HERE
+#define APE_PASS_SITE , file, line
+#define APE_SITE_ONLY file, line
 #else
 __device__ inline void bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+__device__ inline void bar_sync_unaligned(int id, int count) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 __device__ inline void bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+#define APE_CALLER_SITE
+#define APE_PASS_SITE
+#define APE_SITE_ONLY
 #endif
 // Keeps the compiler from moving accesses of these registers across the surrounding wgmma
 // instructions (they are written asynchronously).

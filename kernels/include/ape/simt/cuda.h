@@ -176,7 +176,8 @@ cudaError_t launch(void (*kernel)(KP...), dim3 grid, dim3 block, size_t smem, cu
 void syncthreads(const char *file, int line);
 // bar.sync (wait) or bar.arrive id, count (ids 1-15): a round completes when `count` threads, in
 // whole warps, arrived; the race check does not count it as ordering (kernels/simt/Runtime.cpp).
-void named_barrier(int id, int count, bool wait, const char *file, int line);
+// `aligned` (bar.sync, not barrier.sync): a round's waiters must all wait at one source line.
+void named_barrier(int id, int count, bool wait, bool aligned, const char *file, int line);
 void syncwarp(unsigned mask, const char *file, int line);
 unsigned ballot(unsigned mask, bool pred, const char *file, int line);
 // __match_any_sync: the lanes of mask whose value equals this lane's.
