@@ -626,13 +626,13 @@ template <class Check> int run_as_each_arch(const char *name, Check check) {
   return seen;
 }
 
-// The device picks the flash backward's layout: the wgmma one at D = 128 on sm_90 (its default
-// there), else the wide one (128 keys, 8 warps) wherever its shared memory fits a block, the narrow
+// The device picks the flash backward's layout: the wgmma one at D = 64 and 128 on sm_90 (its
+// default there), else the wide one (128 keys, 8 warps) wherever its shared memory fits a block, the narrow
 // one (64 keys) at D = 128 on sm_86/89 (99 KiB a block).
 TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
   const int seen = run_as_each_arch("rope", [](int D, int sm) {
     const bool narrow = D == 128 && (sm == 86 || sm == 89);
-    const char *want = D == 128 && sm == 90 ? "wgmma" : narrow ? "narrow" : "wide";
+    const char *want = sm == 90 ? "wgmma" : narrow ? "narrow" : "wide";
     EXPECT_EQ(flash_backward_layouts(), std::vector<std::string>{want});
   });
   EXPECT_EQ(seen, 8) << "rope's bf16 variants at D 64 and 128 are in the emulated build";
@@ -641,13 +641,13 @@ TEST(CudaLaunch, FlashBackwardLayoutFollowsTheDevice) {
 // The kernels with value rows (Shaw) follow the device too: the flash forward (the masses after its
 // tiles) where they fit a block, the general forward at D = 128 on sm_86/89 (99 KiB); the flash
 // backward (the step's masses after its tiles) in the wide layout where it fits, the narrow one
-// on sm_86/89 at D = 64 and 128 (the wide one needs 114 and 121 KiB there), the wgmma one at
-// D = 128 on sm_90.
+// on sm_86/89 at D = 64 and 128 (the wide one needs 114 and 121 KiB there), the wgmma one on
+// sm_90.
 TEST(CudaLaunch, ValueRowsFollowTheDevice) {
   const int seen = run_as_each_arch("shaw", [](int D, int sm) {
     const auto records = ape::simt::take_traffic();
     const bool small = sm == 86 || sm == 89;
-    const char *backward = D == 128 && sm == 90 ? "wgmma" : small ? "narrow" : "wide";  // (sm_90's default at D 128)
+    const char *backward = sm == 90 ? "wgmma" : small ? "narrow" : "wide";  // (sm_90's default)
     EXPECT_EQ(flash_backward_layouts(records), std::vector<std::string>{backward});
     std::vector<std::string> forwards;
     for (const auto &t : records) {
@@ -836,8 +836,7 @@ TEST(CudaLaunch, HopperTileGroupsMatchReferences) {
   }
 }
 
-// The mma.sync backward posing as sm_90 (the default there at D 64, APE_CUDA_WGMMA_BACKWARD=0 at
-// D 128: 8-byte dQ' reductions, sm_90's limits), through each of its paths: no mod, a q/k mod,
+// The mma.sync backward posing as sm_90 (APE_CUDA_WGMMA_BACKWARD=0: 8-byte dQ' reductions, sm_90's limits), through each of its paths: no mod, a q/k mod,
 // trainable distance and row/column biases, value rows, relative rows. Partial tiles, several key
 // and query tiles.
 TEST(CudaLaunch, Sm90MmaSyncBackwardMatchesReferences) {
@@ -986,6 +985,9 @@ TEST(CudaLaunch, UnorderedDqMatchesReferences) {
 #ifdef APE_SIMT
     for (int sm : {80, 90}) {
       const PoseAs guard(sm);
+      // (sm_90's default at D 64 is the wgmma layout, whose any-order path CudaLaunch.DqByTmaReductions
+      // checks: here the wide mma.sync layout's fence-free kernel, with its 8-byte reductions)
+      const EnvScope wide({{"APE_CUDA_WGMMA_BACKWARD", "0"}});
 #else
     for (int sm : {0}) {  // the device's own path (0 in the trace)
 #endif

@@ -17,8 +17,8 @@
 //             dS = scale score_mod_grad(P (dP - Delta)) with dP = dO V^T;
 //             16-bit inputs: flash_backward_kernel, one pass over the key tiles (dV = P^T dO,
 //             dK' = dS^T Q' in registers, dQ' = dS K' added in a fixed order; dq, dk written
-//             there in the input dtype where no mod or relative rows follow; on wgmma with
-//             APE_CUDA_WGMMA_BACKWARD=1 on sm_90); otherwise
+//             there in the input dtype where no mod or relative rows follow; on wgmma on
+//             sm_90 at D 64 and 128 unless APE_CUDA_WGMMA_BACKWARD=0); otherwise
 //             dkdv_kernel per key tile and dq_kernel per query tile;
 //             then back through the mods (16-byte runs, where the kernel did not write dq, dk)
 //             and the token program (one block per slice, reverse scans).
@@ -40,7 +40,7 @@
 //   flash_forward.cuh   the FlashAttention-2-class forward (flash_tile.cuh's mma.sync tiles)
 //   hopper_forward.cuh  the Hopper forward (sm_90a: TMA, mbarriers, wgmma)
 //   flash_backward.cuh  the flash backward: mma.sync layouts (sm_80+) and a wgmma one (sm_90a,
-//                       APE_CUDA_WGMMA_BACKWARD=1)
+//                       its default at D 64 and 128)
 //   transition.cuh      an attention transition's rows after the forward (inference only)
 //   launch.cuh          the host side: attention_forward / attention_backward, APE_CUDA_INSTANTIATE
 #pragma once

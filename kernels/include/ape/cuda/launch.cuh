@@ -323,8 +323,8 @@ inline bool hopper_kv_split_enabled() {
 
 // The Hopper forward's consumer warpgroups at head dim kD: 3 (query tiles of 192 rows,
 // FlashAttention-3's tile at d_h 64) where APE_CUDA_HOPPER_CONSUMERS=3 and kD <= 64, else 2 (128
-// rows). Two by default until a GPU has timed both (the GPU check's per-head-dim run,
-// `ape:consumers3`). At d_h 64 a key tile's products are half those of d_h 128 and its softmax the
+// rows). Two by default: the H200 timed three at 0.99x two's forward at d_h 64 (NoPE and RoPE,
+// B 1, H 32, T 4096; bench/results/gpu_h200.md, 2026-12-04). The idea: at d_h 64 a key tile's products are half those of d_h 128 and its softmax the
 // same, so the exponentials weigh twice as much against the tensor cores; with three consumers in
 // rotation two compute their softmax while one's products run, and a K' and V tile serves 1.5x
 // the rows (2/3 of the L2 bytes per FLOP). At d_h 128 the consumers' 240 registers leave no room
@@ -337,16 +337,19 @@ inline int hopper_consumers(int kD) {
 // at head dim d in elem-byte elements: with APE_CUDA_TILE_GROUP=auto, as many as keep their K' and
 // V (2 t d elements a slice) within 32 MiB of L2 (FlashAttention-3's grouping for long sequences:
 // the blocks at work then share a few slices' keys, instead of reading every slice's from DRAM
-// at once); a number N, N (tests); unset, 0 or anything else, all bh (one group: the order before
-// the grouping, the default until a GPU has timed both, `ape:tile-groups`), as the other settings
-// here treat a value they do not know.
+// at once): the default, and APE_CUDA_TILE_GROUP=auto; a number N, N (tests); 0 or anything else,
+// all bh (one group: the order before the grouping), as the other settings here treat a value
+// they do not know. The H200 timed the grouping's forward at 1.22x (NoPE) and 1.13x (RoPE) at
+// B 8, H 16, T 2048, d_h 128, at 1.03-1.05x (RoPE, Cable, K-Cable) and 0.94x (NoPE) at B 2, H 16,
+// T 8192, and 1.00x at d_h 64, B 1, H 32, T 4096, where one group holds every slice
+// (bench/results/gpu_h200.md, 2026-12-04).
 inline int64_t hopper_tile_group(int64_t bh, int64_t t, int64_t d, int64_t elem) {
   const char *v = std::getenv("APE_CUDA_TILE_GROUP");
   int64_t g = bh;
-  if (v != nullptr && std::strcmp(v, "auto") == 0) {
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
     const int64_t slice = 2 * t * d * elem;
     g = slice > 0 ? std::max<int64_t>(1, (int64_t(32) << 20) / slice) : bh;
-  } else if (v != nullptr && *v != '\0') {
+  } else {
     char *end = nullptr;
     const long long n = std::strtoll(v, &end, 10);
     if (end != nullptr && *end == '\0' && n > 0) g = n;
@@ -363,12 +366,12 @@ inline bool hopper_persistent_enabled() {
 }
 
 // Whether the flash backward takes its wgmma layout on sm_90 (kBwdWgmma) at head dim kD:
-// APE_CUDA_WGMMA_BACKWARD=1 at D 64 and 128, =0 never; unset, at D 128, where the H200 timed it at
-// 2.35-2.37x the mma.sync layout's backward (NoPE and RoPE, T 8192) and 1.15x (K-Cable, T 4096).
-// D 64 keeps the mma.sync layout until a GPU has timed both there (the GPU check's forward run).
+// at D 64 and 128 unless APE_CUDA_WGMMA_BACKWARD=0. The H200 timed it at 2.35-2.37x the mma.sync
+// layout's backward at D 128 (NoPE and RoPE, T 8192) and 1.15x (K-Cable, T 4096), at 1.56x (NoPE)
+// and 1.48x (RoPE) at D 64 (B 1, H 32, T 4096; bench/results/gpu_h200.md, 2026-12-04).
 inline bool hopper_backward_enabled(int kD) {
   if (env_is("APE_CUDA_WGMMA_BACKWARD", '0')) return false;
-  return kD == 128 || env_is("APE_CUDA_WGMMA_BACKWARD", '1');
+  return kD == 64 || kD == 128;
 }
 
 // Whether the flash backward's wide layout on sm_90 (hopper_device) adds its dQ' tiles by TMA
@@ -623,8 +626,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       wide = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, F>();
       sub_fits = static_cast<size_t>(optin) >= flash_bwd_bytes<Enc, S>();
     }
-    // The wgmma layout on sm_90 where the build has sm_90a code, at D 128 unless
-    // APE_CUDA_WGMMA_BACKWARD=0, at D 64 where it is asked for (hopper_backward_enabled).
+    // The wgmma layout on sm_90 where the build has sm_90a code, at D 64 and 128 unless
+    // APE_CUDA_WGMMA_BACKWARD=0 (hopper_backward_enabled).
     const bool wg = kD >= 64 && hopper_device() && hopper_backward_enabled(kD);
     // The wide layout in sub-tiles (steps of 64 queries at D = 128) in the wide one's place where
     // it is asked for (bwd_subtiles_enabled) and the device gives a block its shared memory.
