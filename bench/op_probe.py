@@ -7,8 +7,10 @@ crash (a segmentation fault in a library) names its step instead of ending the r
   nograd  ops.attention under torch.no_grad() on CUDA tensors (the operator without autograd)
   grad    ops.attention with q, k, v requiring grad, then backward, on CUDA tensors (autograd)
   big     raw at T 8192
+  bad     cpu with an input of the wrong shape (a param's, else v's): must raise its message, not
+          crash (the message streams sizes, as the H200's crash of 2026-12-04 did on every call)
 
-Usage: bench/op_probe.py --helper PATH/ape_ENC.py [--steps cpu,raw,nograd,grad] [--gdb]
+Usage: bench/op_probe.py --helper PATH/ape_ENC.py [--steps cpu,bad,raw,nograd,grad] [--gdb]
 One line per step: "STEP: ok", "STEP: killed by signal N", "STEP: exit N: LAST LINE" or
 "STEP: skipped: WHY". A step that a signal ends prints its native stack: each child runs with a
 small preloaded library (compiled here with the C compiler, when there is one) whose handler of
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-STEPS = ["cpu", "raw", "nograd", "grad", "big"]
+STEPS = ["cpu", "raw", "nograd", "grad", "big", "bad"]
 
 # The preloaded crash handler: the frames of the faulting thread as LIBRARY+OFFSET (dladdr), then
 # the signal again, to the previous handler (or the default action: the process ends by it).
@@ -137,13 +139,25 @@ def inputs(helper, device, T, D, H=4, B=1):
 def child(path, step):
     import torch
     helper, ops = load(path)
-    device = "cpu" if step == "cpu" else "cuda"
+    device = "cpu" if step in ("cpu", "bad") else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("SKIP no CUDA device")
         return
     D = 128 if any("hd128" in n for n in ops.cuda_kernels()) else 64
     q, k, v, features, params = inputs(helper, device, 8192 if step == "big" else 64, D)
     scale = helper.default_scale(D)
+    if step == "bad":
+        if params:
+            params[0] = params[0].reshape(-1)[:-1] if params[0].numel() > 1 else params[0].reshape(1, 1, 1, 1, 1)
+        else:
+            v = v[..., :-1]
+        try:
+            ops.attention_forward(q, k, v, features, params, scale)
+        except (RuntimeError, ValueError, TypeError) as e:
+            print("refused:", str(e).splitlines()[0][:200])
+            print("OK")
+            return
+        raise SystemExit("an input of the wrong shape was accepted")
     if step in ("cpu", "raw", "big"):
         ops.attention_forward(q, k, v, features, params, scale)
     elif step == "nograd":
@@ -161,7 +175,7 @@ def child(path, step):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--helper", required=True, help="the generated module ape_ENC.py of a built library")
-    ap.add_argument("--steps", default="cpu,raw,nograd,grad", help="comma-separated, of " + ",".join(STEPS))
+    ap.add_argument("--steps", default="cpu,bad,raw,nograd,grad", help="comma-separated, of " + ",".join(STEPS))
     ap.add_argument("--gdb", action="store_true", help="a step a signal ended runs again under gdb (or cuda-gdb)")
     ap.add_argument("--child", choices=STEPS, help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -274,7 +274,8 @@ def _bad_calls(encoding, device):
         bad[i] = torch.zeros(4, 4, 4, dtype=torch.float64, device=device)
         want = h.param_shape(name, H, D)
         cases.append((f"param_{name}_shape", lambda bad=bad: run(params=bad), ValueError,
-                      rf"param '{name}' must have shape \[.*\] = \[{', '.join(map(str, want))}\]"))
+                      rf"param '{name}' must have shape \[.*\] = \[{', '.join(map(str, want))}\] "
+                      rf"\(heads = {H}, head_dim = {D}\), got \[4, 4, 4\]"))
         if not h.MANIFEST["params"][i]["trainable"]:
             bad = list(plist)
             bad[i] = plist[i].detach().clone().requires_grad_()

@@ -111,10 +111,18 @@ inline at::ScalarType compute_dtype(at::ScalarType t) {
 using SymSizes = std::vector<c10::SymInt>;
 
 // Checks t against q (defined, dtype, device) and against the shape `want`; `legend` spells the
-// shape symbolically ("[B, H, T]"). `dtype` is the dtype t must have (default: q's).
+// shape symbolically ("[B, H, T]"), `note()` adds to a wrong shape's message. `dtype` is the
+// dtype t must have (default: q's). A call that passes formats nothing: TORCH_CHECK builds its
+// message only on failure, and `note` is called only there (a message built on every call, with
+// its sizes through an ostream, cost each call an allocation and a stream, and on the H200 machine
+// crashed every call of an encoding with params; bench/results/gpu_h200.md).
+struct NoNote {
+  const char *operator()() const { return ""; }
+};
+template <class Note = NoNote>
 inline void check_like_q(const std::string &w, const at::Tensor &q, const at::Tensor &t,
                          const std::string &what, c10::SymIntArrayRef want,
-                         const std::string &legend, const std::string &note = "",
+                         const std::string &legend, Note note = {},
                          std::optional<at::ScalarType> dtype = std::nullopt) {
   TORCH_CHECK_VALUE(t.defined(), w, what, " is an undefined tensor");
   if (!dtype) {
@@ -129,7 +137,7 @@ inline void check_like_q(const std::string &w, const at::Tensor &q, const at::Te
   TORCH_CHECK(t.device() == q.device(), w, what, " is on ", t.device(), " but q is on ",
               q.device(), "; all inputs must be on one device");
   TORCH_CHECK_VALUE(t.sym_sizes() == want, w, what, " must have shape ", legend, " = ", want,
-                    note, ", got ", t.sym_sizes());
+                    note(), ", got ", t.sym_sizes());
 }
 
 // The shape of param p for H heads of dimension D.
@@ -181,7 +189,7 @@ inline void check_inputs(const KernelInputs &in, const char *op, const at::Tenso
     const ParamInput &p = in.params[i];
     check_like_q(w, q, params[i], std::string("param '") + p.name + "'",
                  sym_param_shape(p, H, D), param_shape_text(p),
-                 c10::str(" (heads = ", H, ", head_dim = ", D, ")"));
+                 [&] { return c10::str(" (heads = ", H, ", head_dim = ", D, ")"); });
   }
 }
 
@@ -395,7 +403,7 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
   const std::string w = prefix(in, op);
   check_like_q(w, q, dout, "dout", q.sym_sizes(), "[B, H, T, D] (q's shape)");
   check_like_q(w, q, o, "o", q.sym_sizes(), "[B, H, T, D] (q's shape)");
-  check_like_q(w, q, lse, "lse", {q.sym_size(0), q.sym_size(1), q.sym_size(2)}, "[B, H, T]", "",
+  check_like_q(w, q, lse, "lse", {q.sym_size(0), q.sym_size(1), q.sym_size(2)}, "[B, H, T]", NoNote{},
                compute_dtype(q.scalar_type()));
   switch (where) {
     case Where::kCpu:
