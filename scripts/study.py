@@ -83,7 +83,7 @@ VARIANTS = [
 
 PRESETS = {
     # What CI runs (test/study): tiny models, a few steps, the claim encodings, every variant,
-    # the whole pipeline (train, resume/skip, evaluate, report, plot) in a minute or two.
+    # the whole pipeline (train, resume/skip, evaluate, report, plot) in a few minutes.
     "quick": dict(d_model=32, layers=1, heads=2, seq_len=16, batch=4, steps=8, warmup=2, lr=3e-3,
                   vocab=4096, multiples=[1, 2, 4, 8, 16], eval_tokens=512, seeds=[1234, 4321],
                   encodings=CLAIM_ENCODINGS, seeded=["rope"], min_seeds=2, checkpoint_minutes=5.0,
@@ -266,16 +266,50 @@ def chosen_lrs(cfg, table):
     return out
 
 
-def judged_lrs(cfg, table):
-    """The rates the report judges each seeded encoding at: the sweep's choice once its runs at that
-    rate have as many seeds as the preset's rate has (the chosen rate's other seeds train after the
-    sweep), else the preset's; so a partial study never loses seeds from a claim."""
+def final_losses(train):
+    """{run: its final training loss} (the mean of its last 20 steps, train.csv's final_loss)."""
+    out = {}
+    for r in train:
+        try:
+            out[r["run"]] = float(r["final_loss"])
+        except (KeyError, TypeError, ValueError):
+            pass
+    return out
+
+
+def seed_means(cfg, table, e, lr, final):
+    """(seeds, mean final training loss at lr, at the preset's rate) over the seeds of encoding e
+    trained at both rates with that number (nan where a run diverged)."""
+    both = [s for s in cfg["seeds"] if all(
+        (f"{tag}-s{s}", "trained") in table and f"{tag}-s{s}" in final for tag in (lr_tag(cfg, e, lr), e))]
+
+    def mean_of(tag):
+        if not both or any(diverged(table, f"{tag}-s{s}") for s in both):
+            return math.nan
+        return sum(final[f"{tag}-s{s}"] for s in both) / len(both)
+    return len(both), mean_of(lr_tag(cfg, e, lr)), mean_of(e)
+
+
+def judged_lrs(cfg, table, final=None):
+    """The rates the report judges each seeded encoding at. The sweep's choice (chosen_lrs: its
+    first seed's 1x validation loss) once its runs at that rate have as many seeds as the preset's
+    rate has (the chosen rate's other seeds train after the sweep) and, where `final` (final_losses)
+    has the numbers, the mean over those seeds of their final training loss is lower there than at
+    the preset's rate too; else the preset's. (The first seed alone once chose 0.006 for six
+    encodings on margins within the seed noise, and five of them trained worse there over three
+    seeds.) Training and validation books at 1x only, never a test-book or extrapolation number;
+    a partial study never loses seeds from a claim."""
     out = {}
     for e, lr in chosen_lrs(cfg, table).items():
         def seeds_at(tag):
             return sum((f"{tag}-s{s}", "trained") in table for s in cfg["seeds"])
-        if seeds_at(lr_tag(cfg, e, lr)) >= seeds_at(e):
-            out[e] = lr
+        if seeds_at(lr_tag(cfg, e, lr)) < seeds_at(e):
+            continue
+        if lr != cfg["lr"] and final is not None:
+            n, at_lr, at_preset = seed_means(cfg, table, e, lr, final)
+            if n >= 2 and not at_lr < at_preset:
+                continue
+        out[e] = lr
     return out
 
 
@@ -565,7 +599,9 @@ class Runner:
             info.update(steps=m.group(1), seconds=m.group(2), tok_s=m.group(3), first_loss=m.group(4),
                         final_loss=m.group(5))
         if rc != 0 or not os.path.exists(run_csv):
-            diverged = re.search(r"diverg|NaN|non-finite|inf loss", text, re.I)
+            # ape-train's own last word on a divergence (tools/ape_train.cpp), not any "nan" in its
+            # output (a path, a missing folder's message): a failure is retried, a divergence kept.
+            diverged = re.search(r"encodings? stopped training \(diverged\)", text)
             if rc != 0 and diverged:
                 # A diverged run is a result (it stays diverged when run again): recorded, not retried.
                 info["status"] = "diverged"
@@ -705,9 +741,10 @@ class Runner:
             if not self.args.dry_run:
                 report(self.args, self.cfg)  # outputs stay current while the study runs
         if self.waiting:
+            # Not finished: the exit status says so (another driver on the folder may finish them).
             print(f"[study] waiting (they need a run that has not finished here, or whose folder is gone): "
-                  f"{', '.join(self.waiting)}", flush=True)
-        return not self.failed
+                  f"{', '.join(self.waiting)}", file=sys.stderr, flush=True)
+        return not self.failed and (not self.waiting or self.args.dry_run)
 
     @contextlib.contextmanager
     def run_lock(self, run):
@@ -873,7 +910,8 @@ FLAT = 0.05  # nats: about 5% in perplexity
 def rule(kind, lo, hi):
     """A claim's verdict from the 95% interval [lo, hi] of its quantity (Claims says what each kind
     claims). A direction (less, greater) that the interval confirms but that lies wholly within
-    ±FLAT is "agrees (small)"; an interval wholly within ±FLAT that confirms neither direction is
+    ±FLAT is "agrees (small)", and the opposite direction so confirmed "disagrees (small)"; an
+    interval wholly within ±FLAT that confirms neither direction is
     "negligible": more seeds would not make such an effect matter."""
     within = -FLAT < lo and hi < FLAT
     if kind in ("less", "greater"):
@@ -881,7 +919,7 @@ def rule(kind, lo, hi):
         if a > 0:
             return "agrees (small)" if within else "agrees"
         if b < 0:
-            return "disagrees"
+            return "disagrees (small)" if within else "disagrees"
         return "negligible" if within else "inconclusive"
     if kind == "no_gain":
         if lo > -FLAT:
@@ -897,7 +935,8 @@ def rule(kind, lo, hi):
 # The verdicts, in the order the report counts them: (verdict, what the summary calls it).
 VERDICTS = [("agrees", "agree"), ("agrees (small)", "agree by less than {flat} nats"),
             (f"agrees (gain < {FLAT})", "agree that a method does not help, with a gain under {flat} nats"),
-            ("disagrees", "disagree"), ("negligible", "find no effect beyond ±{flat} nats"),
+            ("disagrees", "disagree"), ("disagrees (small)", "disagree by less than {flat} nats"),
+            ("negligible", "find no effect beyond ±{flat} nats"),
             ("inconclusive", "inconclusive")]
 
 
@@ -917,11 +956,11 @@ class Claims:
                ±FLAT, disagrees when it lies outside;
     else inconclusive. A verdict needs MIN_SEEDS seeds; with fewer the row says how many it has."""
 
-    def __init__(self, cfg, table):
+    def __init__(self, cfg, table, final=None):
         self.cfg, self.table = cfg, table
         self.mults = cfg["multiples"]
         self.top = max(self.mults)
-        self.chosen = judged_lrs(cfg, table)  # each encoding's runs at the rate its sweep chose
+        self.chosen = judged_lrs(cfg, table, final)  # each encoding's runs at the rate it is judged at
 
     def tag(self, name):
         return run_tag(self.cfg, self.chosen, name)
@@ -1002,8 +1041,10 @@ class Claims:
         add("Cable, Table 1 (as issue 33 reads it)", "Cable is better than RoPE at the training length",
             "Cable − RoPE at 1x", self.diff("cable", "rope", 1), "less")
         add("Cable, abstract (v1)", "Cable trained at L beats the sinusoidal baseline trained at 2L, both evaluated "
-            "at 2L (the same training tokens)", "Cable (L) at 2x − sinusoidal × √d (2L) at 1x",
-            [(1, "cable", "trained", 2), (-1, TWO_L_TAG, "trained", 2)], "less", None, "−0.65 in perplexity (334M)")
+            "at 2L (the same training tokens, so the 2L baseline takes half the optimizer steps: a handicap of "
+            "this design, docs/study.md)", "Cable (L) at 2x − sinusoidal × √d (2L) at 1x",
+            [(1, "cable", "trained", 2), (-1, TWO_L_TAG, "trained", 2)], "less", None,
+            "−0.65 in perplexity (334M; under 0.065 nats at any perplexity above 10: ours is larger)")
         add("Cable, Fig. 6", "K-Cable beats Cable in a shallow network (here 2 layers)",
             f"K-Cable − Cable at {mx}x", self.diff("kcable", "cable", mx), "less",
             curves=[("K-Cable", "kcable", "trained")])
@@ -1151,7 +1192,8 @@ def write_report(args, cfg):
     train = read_rows(os.path.join(args.out, "train.csv"))
     table, order = collect(results)
     chosen = chosen_lrs(cfg, table)
-    judged = judged_lrs(cfg, table)  # what the claims, the Seeds table and the plot use
+    final = final_losses(train)
+    judged = judged_lrs(cfg, table, final)  # what the claims, the Seeds table and the plot use
     runs = plan(cfg, chosen)
     # Rows in the plan's order (runs), each run's variants after it in VARIANTS' order.
     run_rank = {r.id: i for i, r in enumerate(runs)}
@@ -1198,7 +1240,7 @@ def write_report(args, cfg):
     table_md = "\n".join(lines)
     write_atomically(os.path.join(args.out, "table.md"), table_md + "\n")
 
-    claims = Claims(cfg, table).judge()
+    claims = Claims(cfg, table, final).judge()
     unigram = unigram_loss(args.cache_dir, cfg["vocab"])
     # Every trained run of the study's shape in results.csv (a run outside today's plan, such as an
     # earlier study's seed, too): not the transition's deeper model nor the runs at 2L.
@@ -1223,8 +1265,8 @@ def write_report(args, cfg):
           f"One config for every encoding: d_model {cfg['d_model']}, layers {cfg['layers']}, heads {cfg['heads']}, "
           f"vocab {cfg['vocab']} (SentencePiece BPE), training length L = {L}, batch {cfg['batch']}, "
           f"{cfg['steps']} steps ({cfg['steps'] * cfg['batch'] * L:,} training tokens), AdamW lr {cfg['lr']}"
-          + (f" ({len(judged)} of {len(seeded_of(cfg))} seeded encodings judged at the rate their sweep chose: Learning "
-             "rates, below) " if sweep_lrs(cfg) else " ") +
+          + (f" ({sum(1 for x in judged.values() if x != cfg['lr'])} of {len(seeded_of(cfg))} seeded encodings judged "
+             "at another rate their sweep chose: Learning rates, below) " if sweep_lrs(cfg) else " ") +
           f"(warmup {cfg['warmup']}, cosine), seed {cfg['seeds'][0]} (and {', '.join(map(str, cfg['seeds'][1:]))} for "
           f"{', '.join(e for e in cfg['seeded'] if e in cfg['encodings'])}). Evaluated on the held-out test books of pg30 at "
           f"{', '.join(f'{m}x' for m in mults)} L, {cfg['eval_tokens']} scored target tokens per length (the same "
@@ -1275,17 +1317,29 @@ def write_report(args, cfg):
                 rid = f"{lr_tag(cfg, e, lr)}-s{s0}"
                 x = loss_of(table, rid, "valid", 1)
                 cells.append("—" if x is None else f"**{x:.3f}**" if chosen.get(e) == lr else f"{x:.3f}")
-            rows_lr.append(f"| {e} | " + " | ".join(cells) + (
-                f" | {chosen[e]:g} |" if e in judged or chosen[e] == cfg["lr"] else
-                f" | {chosen[e]:g} (judged at {cfg['lr']:g} until its seeds at {chosen[e]:g} have trained) |")
+            def verdict_lr(e):
+                lr = chosen[e]
+                if lr == cfg["lr"]:
+                    return f"{lr:g}"
+                n, at_lr, at_preset = seed_means(cfg, table, e, lr, final)
+                means = f"mean final training loss over {n} seeds {at_lr:.3f} vs {at_preset:.3f}"
+                if e in judged:
+                    return f"{lr:g} ({means})"
+                if n < sum((f"{e}-s{s}", "trained") in table for s in cfg["seeds"]):
+                    return f"{lr:g} (judged at {cfg['lr']:g} until its seeds at {lr:g} have trained)"
+                return f"{cfg['lr']:g} (the first seed chose {lr:g}; {means})"
+            rows_lr.append(f"| {e} | " + " | ".join(cells) + f" | {verdict_lr(e)} |"
                 if e in chosen else
                            f"| {e} | " + " | ".join(cells) + " | (sweep not finished: the preset's) |")
         md += ["## Learning rates", "",
                f"Each seeded encoding's learning rate is chosen by a sweep at the same budget, seed {s0}: the rate "
                "whose model has the lowest loss at 1x on the two validation books (never a test-book or "
-               "extrapolation number); its seeds then train at that rate. Cells: loss at 1x on the validation "
-               "books (nats).", "",
-               "| encoding | " + " | ".join(f"lr {lr:g}" for lr in rates) + " | chosen |",
+               "extrapolation number); its seeds then train at that rate, and the encoding is judged there only if "
+               "the mean of its seeds' final training losses (the last 20 steps) is lower there than at the "
+               "preset's rate too, else at the preset's (one seed's margin can be within the seed noise; the "
+               "other seeds have no validation number). Cells: seed "
+               f"{s0}'s loss at 1x on the validation books (nats).", "",
+               "| encoding | " + " | ".join(f"lr {lr:g}" for lr in rates) + " | judged at |",
                "|" + " --- |" * (len(rates) + 2)] + rows_lr + [""]
     counts = {}
     for c in claims:
@@ -1307,7 +1361,8 @@ def write_report(args, cfg):
            f"{cfg['eval_tokens']} scored tokens, paired between cells — added, with Student's t at Welch and "
            "Satterthwaite's degrees of freedom). Verdict rules: a claim that a quantity is below (above) 0 agrees "
            f"when the whole interval is below (above) 0 (\"agrees (small)\" when it also lies within ±{FLAT} nats, "
-           "about 5% in perplexity) and disagrees when it is wholly on the other side; an interval within "
+           "about 5% in perplexity) and disagrees when it is wholly on the other side (\"disagrees (small)\" "
+           f"within ±{FLAT}); an interval within "
            f"±{FLAT} that excludes neither sign is \"negligible\"; \"does not help\" agrees when the interval lies "
            f"above −{FLAT} (\"agrees (gain < {FLAT})\" when it is below 0) and disagrees when it lies below; "
            f"\"holds\" agrees when the interval is below {FLAT} and disagrees when it is above; \"about the "
@@ -1363,12 +1418,13 @@ def write_report(args, cfg):
             md.append(f"| β {b:g}, {n} interval{'s' if n != 1 else ''} | " + " | ".join(
                 fmt(mean_loss(name, m), 4) for m in mults) + f" | {q.text(4)} | {claim} | **{v}** |")
         if gains:
-            best = min(q.mean for q in gains)
+            best = max((q.mean for q in gains), key=abs)
             md += ["", f"Magnitude: the largest change at {top}x is {best:+.4f} nats ({100 * math.expm1(best):+.2f}% in "
                        "perplexity): the verdicts give the direction of the change, not a size that matters."]
         md += ["", f"Verdicts: the claims' rules (above): \"no gain\" agrees when the interval lies above −{FLAT}; "
                    f"\"lower loss\" agrees when it lies below 0, \"agrees (small)\" when it also lies within ±{FLAT}, "
                    f"and is \"negligible\" when it lies within ±{FLAT} without excluding 0.", ""]
+    n_other = sum(1 for x in judged.values() if x != cfg["lr"])
     md += ["## What this does not show", "",
            f"- Magnitudes. The papers train 35M-334M-parameter models at 512-1024 tokens on billions of tokens; this "
            f"preset trains {cfg['d_model']}-wide, {cfg['layers']}-layer models at L = {L} on "
@@ -1376,7 +1432,9 @@ def write_report(args, cfg):
            "papers' (the ratio column), so a verdict says which way an effect goes at this scale, not how big it is "
            "at theirs.",
            ("- Learning rates: " + (f"{len(chosen)} of {len(seeded)} seeded encodings have finished their sweep "
-            f"(Learning rates, above) and {len(judged)} are judged at a rate other than the preset's; "
+            f"(Learning rates, above) and {n_other} {'is' if n_other == 1 else 'are'} judged at a "
+            "rate other than the preset's (the sweep's choice kept only where its seeds' mean final training loss "
+            "is lower too); "
             f"{'the others are' if judged else 'all are'} judged at the preset's rate, "
             f"{cfg['lr']:g}, and one that trains "
             "worse at it is judged from a weaker model." if sweep_lrs(cfg) else
@@ -1423,7 +1481,7 @@ def main():
                     "inference-time variants (RoPE + PI/NTK/dynamic NTK/YaRN, ExPE/ExQPE at sigma 0.5), and "
                     "write the table, CSV, plot and the claim-by-claim report. Resumable: rerun the same "
                     "command to skip finished jobs and continue an interrupted training run.",
-        epilog="Presets: --quick (CI: tiny models, the claim encodings, a minute or two), full (the default; "
+        epilog="Presets: --quick (CI: tiny models, the claim encodings, a few minutes), full (the default; "
                "the committed bench/results/study.md: 24 encodings, 3 seeds for those of the claims, a learning-rate "
                "sweep, runs of ~10-15 minutes on one core; start it once per core to share the work), --preset gpu (the ExPE "
                "small scale, ~35M params, train 512, evaluate to 8k; see docs/study.md). "
@@ -1462,6 +1520,7 @@ def main():
                          "checkpoints (--retrain-missing trains them again), and the plan goes on from there")
     ap.add_argument("--report-only", action="store_true", help="only (re)write the report from results.csv")
     ap.add_argument("--list", action="store_true", help="list the runs and variants with their state, and exit")
+    ap.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)  # study.sh, before it builds
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("-v", "--verbose", action="store_true", help="echo ape-train/ape-eval output (always in "
                                                                  "the runs' logs)")
@@ -1489,6 +1548,8 @@ def main():
         return 0
     if args.builtin_specs and not os.path.isdir(args.builtin_specs):
         die(f"--builtin-specs {args.builtin_specs}: no such folder")
+    if args.check_args:  # the arguments are valid: scripts/study.sh goes on to build
+        return 0
     default_out = os.path.join(args.build_dir, f"study-{args.preset}")
     # The command that runs (and resumes) this study, for the report.
     args.resume_command = " ".join(
@@ -1543,8 +1604,11 @@ def main():
         return 0
     for tool in ("ape-train", "ape-eval"):
         p = os.path.join(args.build_dir, "tools", tool)
-        if not os.access(p, os.X_OK):
+        if not os.access(p, os.X_OK) and not args.dry_run:
             die(f"no {p}: build it (scripts/build.sh ape-train ape-eval) or give --build-dir")
+    # The corpus before any run (each would fail on it in turn).
+    if not os.path.isdir(args.data) and not args.dry_run:
+        die(f"--data {args.data}: no such folder (the corpus, as data/pg30)")
     ok = Runner(args, cfg).go()
     if not args.dry_run:
         report(args, cfg)  # also when nothing was left to run

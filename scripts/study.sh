@@ -13,6 +13,7 @@ for a in "$@"; do
   case "$a" in -h|--help|--report-only|--list|--dry-run|--write-specs) needs_build=0 ;; esac
 done
 if [ "$needs_build" = 1 ] && [ -z "${APE_STUDY_NO_BUILD:-}" ]; then
+  /usr/bin/python3 scripts/study.py --check-args "$@"  # bad arguments fail before the build
   scripts/install-deps.sh >/dev/null
   scripts/build.sh ape-train ape-eval >&2
 fi

@@ -44,11 +44,11 @@ for f in study.md study.csv study.png table.md train.csv study.json; do
 done
 head -c 8 "$out/study.png" | od -An -tx1 | grep -q "89 50 4e 47" || fail "study.png is not a PNG"
 # 35 claims, each with a verdict; those of rope's two seeds are decided (the quick preset takes two).
-n=$(grep -c '^| [0-9]* | .* | \*\*\(agrees\|agrees (small)\|disagrees\|negligible\|inconclusive\|not yet run\|too few seeds ([0-9] of 2)\)\*\* |$' "$out/study.md")
+n=$(grep -c '^| [0-9]* | .* | \*\*\(agrees\|agrees (small)\|disagrees\|disagrees (small)\|negligible\|inconclusive\|not yet run\|too few seeds ([0-9] of 2)\)\*\* |$' "$out/study.md")
 [ "$n" -eq 35 ] || fail "study.md has $n claim verdicts, expected 35"
-grep -q '^| [0-9]* | RoPE scalings | YaRN .* | 2 | \*\*\(agrees\|agrees (small)\|disagrees\|negligible\|inconclusive\)\*\* |$' "$out/study.md" ||
+grep -q '^| [0-9]* | RoPE scalings | YaRN .* | 2 | \*\*\(agrees\|agrees (small)\|disagrees\|disagrees (small)\|negligible\|inconclusive\)\*\* |$' "$out/study.md" ||
   fail "the YaRN claim (two seeds of rope) has no verdict"
-grep -q '^| β 0.5, 2 intervals | .* | \*\*\(agrees\|agrees (small)\|disagrees\|negligible\|inconclusive\)\*\* |$' "$out/study.md" ||
+grep -q '^| β 0.5, 2 intervals | .* | \*\*\(agrees\|agrees (small)\|disagrees\|disagrees (small)\|negligible\|inconclusive\)\*\* |$' "$out/study.md" ||
   fail "the attention transition has no verdict"
 # Every trained and evaluated cell carries its per-segment losses (the token intervals).
 awk -F, 'NR > 1 && $14 !~ /^[0-9.]+(;[0-9.]+)+$/ { bad = 1; print "no segments: " $0 } END { exit bad }' \

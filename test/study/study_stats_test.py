@@ -103,7 +103,8 @@ class VerdictTest(unittest.TestCase):
         self.assertEqual(self.judge(-0.02, 0.01, "less"), "agrees (small)")
         self.assertEqual(self.judge(0.02, 0.01, "greater"), "agrees (small)")
         self.assertEqual(self.judge(0.00, 0.02, "less"), "negligible")
-        self.assertEqual(self.judge(0.02, 0.01, "less"), "disagrees")
+        self.assertEqual(self.judge(0.02, 0.01, "less"), "disagrees (small)")
+        self.assertEqual(self.judge(-0.02, 0.01, "greater"), "disagrees (small)")
         # "Does not help": agrees above -FLAT, disagrees below it.
         self.assertEqual(self.judge(0.00, 0.02, "no_gain"), "agrees")
         self.assertEqual(self.judge(0.30, 0.02, "no_gain"), "agrees")
@@ -257,6 +258,15 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(study.Claims(cfg, table_of(more)).tag("rope"), "rope")
         more[("rope_lr0.006", 4321, "trained", 1)] = (4.5, None)
         self.assertEqual(study.judged_lrs(cfg, table_of(more)), {"rope": 0.006})
+        # With the runs' final training losses, the sweep's choice stands only where its seeds'
+        # mean is lower at that rate too (the first seed's margin can be noise); else the preset's.
+        final = {"rope-s1234": 4.30, "rope-s4321": 4.29, "rope_lr0.006-s1234": 4.28, "rope_lr0.006-s4321": 4.49}
+        self.assertEqual(study.judged_lrs(cfg, table_of(more), final), {})
+        self.assertEqual(study.Claims(cfg, table_of(more), final).tag("rope"), "rope")
+        final["rope_lr0.006-s4321"] = 4.27
+        self.assertEqual(study.judged_lrs(cfg, table_of(more), final), {"rope": 0.006})
+        self.assertEqual(study.final_losses([{"run": "a-s1", "final_loss": "4.5"}, {"run": "b-s1", "final_loss": ""}]),
+                         {"a-s1": 4.5})
 
     def test_generated_specs(self):
         text = study.expe_rule_spec(study.PRESETS["full"])
