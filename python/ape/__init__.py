@@ -22,19 +22,38 @@ __all__ = ["load", "Attention", "BuildError"]
 
 
 def _import_helper(lib, name):
-    """The generated module ape_NAME of a built library folder, its operators loaded."""
+    """The generated module ape_NAME of a built library folder, its operators loaded. PyTorch
+    registers one library per operator namespace (torch.ops.ape_NAME) in a process: a second
+    library of that name (another spec named NAME, an edited spec, the same spec from another
+    file) is refused with a BuildError here, where loading it would abort the process."""
     import os
 
     path = os.path.join(lib, "build", f"ape_{name}.py")
     module_name = f"ape_{name}"
-    if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None) == path:
-        return sys.modules[module_name]
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and getattr(loaded, "__file__", None) == path:
+        return loaded
+    if loaded is not None or _namespace_taken(module_name):
+        where = getattr(loaded, "__file__", None) or "a library loaded by other means"
+        raise BuildError(f"encoding '{name}' is already loaded in this process (torch.ops.{module_name}, from "
+                         f"{where}); PyTorch takes one library per name, so another spec named '{name}' (or this "
+                         "spec edited, or loaded from another file) cannot be loaded beside it: rename its "
+                         "ape.encoding, or restart Python")
     spec = importlib.util.spec_from_file_location(module_name, path)
     h = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(h)
     h.load()
     sys.modules[module_name] = h
     return h
+
+
+def _namespace_taken(namespace):
+    """Whether torch.ops.NAMESPACE has an operator (a library of that name is loaded)."""
+    try:
+        getattr(getattr(torch.ops, namespace), "attention")
+        return True
+    except (AttributeError, RuntimeError):
+        return False
 
 
 class Attention(torch.nn.Module):
@@ -44,8 +63,12 @@ class Attention(torch.nn.Module):
     the order of `.features` (the runtime computes them as a Linear(d, H) of the block input; here
     they are inputs). The params the manifest declares are created by `materialize(heads,
     head_dim)` (called by load when heads and head_dim are given, else at the first call from q's
-    shape): trainable ones are nn.Parameters in `.params`, fixed ones buffers of `.fixed`. Params derived from projection
-    weights (ExPE-style overrides) are not created: pass them with params={name: tensor}."""
+    shape): trainable ones are nn.Parameters in `.params`, fixed ones buffers of `.fixed`, in
+    float32 (each call casts them to q's dtype), outside any inference mode. Until then
+    `.parameters()` is empty: give load heads and head_dim before making an optimizer or loading a
+    state_dict. Params derived from projection weights (ExPE-style overrides) are not created: pass
+    them with params={name: tensor}. The module pickles and deep-copies (the library is loaded
+    again from its folder)."""
 
     def __init__(self, helper, library_dir):
         super().__init__()
@@ -61,7 +84,8 @@ class Attention(torch.nn.Module):
     def materialize(self, heads, head_dim, dtype=torch.float32, device=None, generator=None):
         """Creates the params for `heads` heads of dimension `head_dim`, from the manifest's
         initialisers."""
-        init = self.helper.init_params(heads, head_dim, dtype=dtype, device=device, generator=generator)
+        with torch.inference_mode(False), torch.no_grad():
+            init = self.helper.init_params(heads, head_dim, dtype=dtype, device=device, generator=generator)
         for p in self.manifest["params"]:
             n = p["name"]
             if n not in init:
@@ -80,8 +104,13 @@ class Attention(torch.nn.Module):
                              f"{self.features} after q, k, v; got {len(features)}")
         if q.dim() != 4:
             raise ValueError(f"q must be (B, H, T, D); got shape {tuple(q.shape)}")
+        if scale is not None and isinstance(scale, torch.Tensor):
+            if scale.requires_grad:
+                raise ValueError("scale is a number: a tensor that requires grad would not be differentiated "
+                                 "(pass a float, or scale q instead)")
+            scale = float(scale)
         if self._shape is None:
-            self.materialize(q.shape[1], q.shape[3], dtype=q.dtype, device=q.device)
+            self.materialize(q.shape[1], q.shape[3], device=q.device)
         elif self._shape != (q.shape[1], q.shape[3]) and self.manifest["params"]:
             raise ValueError(f"encoding {self.name!r}: params were made for (heads, head_dim) = {self._shape}; "
                              f"q has {(q.shape[1], q.shape[3])}")
@@ -90,6 +119,16 @@ class Attention(torch.nn.Module):
         given = dict(own, **(params or {}))
         cast = {n: (t.to(q.dtype) if t.is_floating_point() and t.dtype != q.dtype else t) for n, t in given.items()}
         return self.helper.attention(q, k, v, features, cast, scale=scale)
+
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        state = dict(state)
+        state.pop("helper", None)  # a module object: loaded again from library_dir
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.helper = _import_helper(self.library_dir, self.name)
 
     def extra_repr(self):
         return f"encoding={self.name!r}, features={self.features}, library={self.library_dir!r}"

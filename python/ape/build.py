@@ -26,15 +26,21 @@ class BuildError(RuntimeError):
 
 def run(cmd, what="", env=None):
     """Runs cmd; raises BuildError with its output when it fails. Returns its stdout."""
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     if p.returncode != 0:
         raise BuildError(f"{what or cmd[0]} failed (exit {p.returncode}):\n{' '.join(cmd)}\n{p.stdout}{p.stderr}")
     return p.stdout
 
 
 def find_apec(apec=None):
-    """apec: the argument, else $APE_APEC, else build/tools/apec of this checkout, else PATH's."""
-    for c in (apec, os.environ.get("APE_APEC"), os.path.join(ROOT, "build", "tools", "apec"), shutil.which("apec")):
+    """apec: the argument, else $APE_APEC, else build/tools/apec of this checkout, else PATH's. One
+    that is named (the argument, $APE_APEC) must be an executable file: it is not passed over."""
+    for named, what in ((apec, "apec="), (os.environ.get("APE_APEC"), "$APE_APEC=")):
+        if named:
+            if os.path.isfile(named) and os.access(named, os.X_OK):
+                return named
+            raise BuildError(f"{what}{named} is not an executable file (apec: scripts/build.sh apec builds it)")
+    for c in (os.path.join(ROOT, "build", "tools", "apec"), shutil.which("apec")):
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     raise BuildError("apec not found: build it (scripts/build.sh apec), or set APE_APEC or pass apec=PATH")
@@ -50,9 +56,11 @@ def emit(apec, spec, work, extra=(), expect=None):
     if expect:
         extra = [*extra, "--expect-name", expect]
     p = subprocess.run([apec, spec, "-o", work, "--emit=torch-library", *extra], capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL)
+                       errors="replace", stdin=subprocess.DEVNULL)
     if p.returncode != 0:
-        raise BuildError(f"apec rejected {spec}:\n{p.stdout}{p.stderr}".rstrip())
+        said = f"{p.stdout}{p.stderr}".rstrip()
+        raise BuildError(f"apec rejected {spec}:\n{said}" if said else
+                         f"{apec} failed on {spec} (exit {p.returncode}) and said nothing")
     if expect:
         return expect
     made = sorted(glob.glob(os.path.join(work, "*_torch_library")))
@@ -113,6 +121,37 @@ def _remove_stale(cache):
             pass
 
 
+def _library_digest(lib, name):
+    """sha256 of the built library's files that loading reads (the .so and the helper), or None
+    when one is missing."""
+    h = hashlib.sha256()
+    build_dir = os.path.join(lib, "build")
+    for f in (f"ape_{name}.py", f"libape_{name}_ops.so"):
+        path = os.path.join(build_dir, f)
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+COMPLETE = "complete.sha256"  # in a cache entry: _library_digest at the end of its build
+
+
+def _entry_ok(final, name):
+    """Whether the cache entry `final` is complete and unchanged since its build (a truncated or
+    deleted file makes it a damaged entry, built again: loading a truncated library crashes the
+    process)."""
+    try:
+        with open(os.path.join(final, COMPLETE)) as f:
+            want = f.read().strip()
+    except OSError:
+        return False
+    return bool(want) and _library_digest(library_dir(final, name), name) == want
+
+
 def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, cuda_head_dims=None):
     """The built operator library folder of `spec`, from the cache or built now.
 
@@ -120,50 +159,68 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
     library is built when the key is new: a hash of the emitted folder (so the spec, apec and the
     kernel headers it copies), this Python and its torch version, and the C++ compiler ($CXX).
     The folder is built under a temporary name and renamed into place, so no process sees a
-    half-built library, and a lock per key makes a second process wait for the first's build.
+    half-built library, and a lock per key makes a second process wait for the first's build. An
+    entry is used only if its files still have the digest recorded when it was built (COMPLETE);
+    a damaged or incomplete one is built again. A complete entry in a cache this process cannot
+    write to is used as it is.
     cuda_dtypes / cuda_head_dims narrow the CUDA variants (apec's --cuda-dtypes, --cuda-head-dims;
     default: all of bf16, f16, f32 x 32, 64, 128), which nvcc compiles where PyTorch sees a GPU.
     Returns (encoding name, library folder, whether it was cached)."""
+    import tempfile
+
     import torch
 
     apec = find_apec(apec)
     cache = os.path.join(cache_dir or default_cache_dir(), "torch")
-    os.makedirs(cache, exist_ok=True)
-    _remove_stale(cache)
-    tmp = os.path.join(cache, f".tmp-{os.getpid()}-{time.monotonic_ns()}")
-    os.makedirs(tmp)
+    # The key first, from an emission outside the cache (which may be read-only).
+    scratch = tempfile.mkdtemp(prefix="ape-emit-")
+    tmp = None
     try:
         extra = ["--source-name", os.path.basename(spec)]
         if cuda_dtypes:
             extra.append("--cuda-dtypes=" + ",".join(cuda_dtypes))
         if cuda_head_dims:
             extra.append("--cuda-head-dims=" + ",".join(str(d) for d in cuda_head_dims))
-        name = emit(apec, os.path.abspath(spec), tmp, extra)
+        name = emit(apec, os.path.abspath(spec), scratch, extra)
         h = hashlib.sha256()
-        _folder_hash(library_dir(tmp, name), h)
+        _folder_hash(library_dir(scratch, name), h)
         h.update(f"\0{sys.executable}\0{torch.__version__}\0{os.environ.get('CXX', '')}".encode())
         final = os.path.join(cache, f"{name}-{h.hexdigest()[:16]}")
         lib = library_dir(final, name)
-        helper = os.path.join(lib, "build", f"ape_{name}.py")
+        if _entry_ok(final, name):
+            return name, lib, True
+        try:
+            os.makedirs(cache, exist_ok=True)
+            lock = open(final + ".lock", "w")
+        except OSError as e:
+            raise BuildError(f"the cache {cache} holds no built library for {spec} and cannot be written ({e}): "
+                             "set APE_CACHE_DIR (or cache_dir=) to a writable folder") from None
         # One build per key at a time: a second process waits here, then finds the library.
-        with open(final + ".lock", "w") as lock:
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if os.path.exists(helper):
+            if _entry_ok(final, name):
                 return name, lib, True
+            _remove_stale(cache)
+            tmp = os.path.join(cache, f".tmp-{os.getpid()}-{time.monotonic_ns()}")
+            shutil.copytree(scratch, tmp)
             t0 = time.perf_counter()
             if log:
                 log(f"[ape] building the operator library of {spec} (encoding '{name}') in {final}")
             cuda = "ON" if torch.cuda.is_available() else "OFF"
             build(library_dir(tmp, name), cmake_args=[f"-DAPE_ENABLE_CUDA={cuda}"])
-            try:
-                os.rename(tmp, final)
-                tmp = None
-            except OSError:
-                if not os.path.exists(helper):  # not another process's finished copy
-                    raise
+            digest = _library_digest(library_dir(tmp, name), name)
+            if digest is None:
+                raise BuildError(f"the build of {spec} made no libape_{name}_ops.so and ape_{name}.py")
+            with open(os.path.join(tmp, COMPLETE), "w") as f:
+                f.write(digest + "\n")
+            if os.path.exists(final):  # a damaged or incomplete entry (checked above, under the lock)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            tmp = None
         if log:
             log(f"[ape] built in {time.perf_counter() - t0:.1f} s")
         return name, lib, False
     finally:
+        shutil.rmtree(scratch, ignore_errors=True)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

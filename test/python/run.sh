@@ -25,6 +25,8 @@ python=${APE_PYTHON:-${APE_VENV:-$root/.venv}/bin/python}
 c_abi=(rope alibi cable expe)
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
+# An absolute apec: the tests run from test/python (ape.load refuses an APE_APEC it cannot run).
+if [ -n "$apec" ]; then apec=$(cd "$(dirname "$apec")" && pwd)/$(basename "$apec"); fi
 
 if [ -n "$apec" ]; then
   for spec in "$root"/examples/encodings/*.mlir; do

@@ -85,3 +85,61 @@ def test_spec_error_is_apecs_located_diagnostic(tmp_path):
     bad.write_text("ape.encoding @bad {\n  ape.bogus\n}\n")
     with pytest.raises(ape.BuildError, match=r"bad\.mlir:2:3: error: custom op 'ape\.bogus' is unknown"):
         ape.load(str(bad))
+
+
+def test_a_second_library_of_the_same_name_is_refused(spec):
+    """PyTorch takes one library per operator namespace: loading another library named like a
+    loaded one (an edited spec, a copy from another file) aborted the process; it is refused."""
+    ape.load(spec)
+    with pytest.raises(ape.BuildError, match=r"encoding 'sliding_alibi' is already loaded in this process"):
+        ape._import_helper(os.path.join("/nonexistent", "sliding_alibi_torch_library"), "sliding_alibi")
+
+
+def test_a_damaged_cache_entry_is_not_used(spec, tmp_path):
+    """An entry is used only while its library has the digest its build recorded: a truncated
+    .so (which crashed the process at load with SIGBUS) or a missing one is built again."""
+    import shutil
+    from ape import build
+
+    name, lib, _ = ape.cached_library(spec)
+    entry = os.path.dirname(lib)
+    assert build._entry_ok(entry, name)
+    copy = tmp_path / os.path.basename(entry)
+    shutil.copytree(entry, copy)
+    so = copy / f"{name}_torch_library" / "build" / f"libape_{name}_ops.so"
+    with open(so, "r+b") as f:
+        f.truncate(100000)
+    assert not build._entry_ok(str(copy), name)
+    so.unlink()
+    assert not build._entry_ok(str(copy), name)
+
+
+def test_module_params_pickling_and_scale(spec):
+    """Params made at the first call are float32 whatever q's dtype and outside an inference
+    mode; the module deep-copies and pickles; a scale tensor that requires grad is refused."""
+    import copy
+    import pickle
+
+    m = ape.load(spec)
+    assert list(m.parameters()) == []  # none before the first call without heads/head_dim
+    q = torch.randn(1, 2, 5, 8)
+    with torch.inference_mode():
+        m(q.bfloat16(), q.bfloat16(), q.bfloat16())
+    assert m.params["slopes"].dtype == torch.float32 and not m.params["slopes"].is_inference()
+    qg = q.clone().requires_grad_()
+    m(qg, qg, qg).sum().backward()  # trains after an inference-mode first call
+    assert m.params["slopes"].grad is not None
+    for twin in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert torch.equal(twin(q, q, q), m(q, q, q))
+    with pytest.raises(ValueError, match="scale is a number"):
+        m(q, q, q, scale=torch.tensor(0.5, requires_grad=True))
+    assert torch.equal(m(q, q, q, scale=torch.tensor(0.5)), m(q, q, q, scale=0.5))
+
+
+def test_bad_spec_bytes_and_a_named_apec_that_is_not_there(spec, tmp_path):
+    bad = tmp_path / "bytes.mlir"
+    bad.write_bytes(b"// \xff\xfe\x00 not utf-8\nape.encoding @bytes {\n  ape.bogus\n}\n")
+    with pytest.raises(ape.BuildError, match=r"bytes\.mlir"):
+        ape.load(str(bad))
+    with pytest.raises(ape.BuildError, match=r"apec=/no/such/apec is not an executable file"):
+        ape.load(spec, apec="/no/such/apec")

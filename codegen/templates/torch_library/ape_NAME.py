@@ -48,10 +48,12 @@ def load(path=None):
             candidates = [os.path.join(here, LIBRARY), os.path.join(here, "build", LIBRARY)]
             found = [c for c in candidates if os.path.exists(c)]
             if not found:
+                # The emitted folder: this file's, or its parent where this is the build folder's copy.
+                src = here if os.path.exists(os.path.join(here, "CMakeLists.txt")) else os.path.dirname(here)
                 raise FileNotFoundError(
                     f"{LIBRARY} is not in {candidates}; build it first: "
-                    f"cmake -S {here} -B {here}/build -DAPE_PYTHON=<this python> && "
-                    f"cmake --build {here}/build")
+                    f"cmake -S {src} -B {src}/build -DAPE_PYTHON=<this python> && "
+                    f"cmake --build {src}/build")
             path = found[0]
         torch.ops.load_library(path)
         _loaded = path
