@@ -24,6 +24,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "Cli.h"
+
 #include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/Options.h"
@@ -187,7 +189,7 @@ int main(int argc, char **argv) {
                  "sums, in (0, 1]")
       ->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
-  CLI11_PARSE(app, argc, argv);
+  APE_CLI_PARSE(app, argc, argv);
 
   try {
     ape::require_in("--seed", seed, 0, (int64_t(1) << 31) - 1);

@@ -16,6 +16,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "Cli.h"
+
 #include "runtime/AtomicFile.h"
 #include "runtime/Attention.h"
 #include "runtime/Data.h"
@@ -88,7 +90,7 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   app.add_option("--precision", precision, ape::kPrecisionHelp)->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
-  CLI11_PARSE(app, argc, argv);
+  APE_CLI_PARSE(app, argc, argv);
 
   try {
     ape::require_in("--threads", threads, 0, ape::kMaxThreads);

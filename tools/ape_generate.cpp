@@ -17,6 +17,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "Cli.h"
+
 #include "runtime/Attention.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Data.h"
@@ -54,14 +56,17 @@ int main(int argc, char **argv) {
                             "token by token with the cache")
                  ->type_name("FILE");
   po->excludes(pf), po->excludes(sf), pf->excludes(sf);
-  app.add_option("-n,--max-tokens", so.max_tokens, "Tokens to sample, in [1, 2^20]")->capture_default_str();
+  app.add_option("-n,--max-tokens", so.max_tokens, "Tokens to sample, in [1, 2^20]")
+      ->capture_default_str()
+      ->check(ape::cli::fits_int64());
   app.add_option("-t,--temperature", so.temperature, "Sampling temperature in [0, 100]; 0: greedy")
       ->capture_default_str();
   app.add_option("-k,--top-k", so.top_k, "Sample among the k most likely tokens (0: all), in [0, vocab]")
       ->capture_default_str();
   int64_t seed = static_cast<int64_t>(so.seed);  // (signed: a negative one is refused, not wrapped)
   app.add_option("--seed", seed, "Random seed in [0, 2^63): the same seed, checkpoint and prompt give the same text")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(ape::cli::fits_int64());
   bool stop_paragraph = false;
   app.add_flag("--stop-at-eos", stop_paragraph, "Stop after a paragraph break (the tokenizer's </s>)");
   app.add_flag("--ids", show_ids, "Also print the token ids");
@@ -92,7 +97,7 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   app.add_option("--precision", precision, ape::kPrecisionHelp)->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
-  CLI11_PARSE(app, argc, argv);
+  APE_CLI_PARSE(app, argc, argv);
 
   try {
     ape::require_in("--threads", threads, 0, ape::kMaxThreads);
@@ -136,6 +141,8 @@ int main(int argc, char **argv) {
     }
     if (!fs::exists(tokenizer))
       throw std::runtime_error("no tokenizer at " + tokenizer + " (pass --tokenizer, or the --cache-dir ape-train used)");
+    if (!fs::is_regular_file(tokenizer))
+      throw std::runtime_error("--tokenizer " + tokenizer + " is not a file (a SentencePiece model, spm_bpe_*.model)");
     {
       std::ifstream f(tokenizer, std::ios::binary);
       std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -171,12 +178,12 @@ int main(int argc, char **argv) {
                                                       : "")
                   << "\n";
       ape::ScoreResult r = ape::score_cached(model, ids, chunk);
-      std::cout << "[score] " << r.loss.size() << " tokens in " << std::fixed << std::setprecision(2) << r.seconds
+      std::cout << "[score] " << r.loss.size() << (r.loss.size() == 1 ? " token in " : " tokens in ") << std::fixed << std::setprecision(2) << r.seconds
                 << " s (" << std::setprecision(1) << double(r.loss.size()) / std::max(r.seconds, 1e-9) << " tokens/s)\n\n";
       std::cout << "  context       tokens    loss   ppl      cumulative loss (= full forward over 1..to)\n";
       for (const auto &b : ape::bucket_losses(r.loss, train_len > 0 ? train_len : int64_t(r.loss.size()))) {
         std::ostringstream range;
-        range << b.from << ".." << b.to;
+        range << b.from << ".." << std::min<int64_t>(b.to, int64_t(r.loss.size()));  // the last bucket ends with the text
         std::cout << "  " << std::left << std::setw(13) << range.str() << std::right << std::setw(7) << b.count << "  "
                   << std::setprecision(4) << std::setw(7) << b.mean_loss << "  " << std::setprecision(1) << std::setw(7)
                   << std::exp(b.mean_loss) << "  " << std::setprecision(4) << std::setw(9) << b.cumulative_loss << "\n";

@@ -22,6 +22,8 @@
 #include <tuple>
 
 #include <CLI/CLI.hpp>
+
+#include "Cli.h"
 #include <torch/utils.h>
 
 #include "ape/cpu/kernel_entry.h"
@@ -276,7 +278,9 @@ int main(int argc, char **argv) {
   run_option(app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay), in (0, 10]")->capture_default_str());
   run_option(app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps, in [0, 10^9] (at most steps/5 with --steps)")->capture_default_str());
   int64_t seed = static_cast<int64_t>(tc.seed);  // (signed: a negative one is refused, not wrapped)
-  run_option(app.add_option("--seed", seed, "Random seed (model init and data order), in [0, 2^63)")->capture_default_str());
+  run_option(app.add_option("--seed", seed, "Random seed (model init and data order), in [0, 2^63)")
+                 ->capture_default_str()
+                 ->check(ape::cli::fits_int64()));
   run_option(app.add_option("--checkpoint-every", tc.checkpoint_every,
                             "Also write the checkpoint every N steps, in [0, 10^9] (0: only by time and at the end)")
                  ->capture_default_str());
@@ -346,7 +350,7 @@ int main(int argc, char **argv) {
                  "in (0, 10^6]: a rank that hangs stops the others after this long")
       ->group(dist_group)->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
-  CLI11_PARSE(app, argc, argv);
+  APE_CLI_PARSE(app, argc, argv);
 
   bool root = true;     // rank 0, or a single process: prints and writes
   std::string who;      // "[rank r of N] " in a data-parallel run's errors
