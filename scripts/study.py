@@ -145,10 +145,20 @@ def write_atomically(path, text):
 
 
 def read_rows(path):
+    """The rows of a CSV the driver wrote; a row with fewer or more fields than the header (a file
+    cut short or edited by hand), or a `multiple` that is not a whole number, is an error naming
+    its line (such a row was taken for a finished run with lengths missing)."""
     if not os.path.exists(path):
         return []
     with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    for n, r in enumerate(rows, start=2):
+        if None in r or None in r.values():
+            die(f"{path}:{n}: the row has {'more' if None in r else 'fewer'} fields than the header "
+                "(a file cut short or edited by hand): mend or remove the row, then run again")
+        if r.get("multiple") and not r["multiple"].isdigit():
+            die(f"{path}:{n}: multiple {r['multiple']!r} is not a whole number")
+    return rows
 
 
 def write_rows(path, fields, rows):
@@ -181,7 +191,7 @@ def append_rows(path, fields, new_rows, replace_run=None):
         write_rows(path, fields, old + new_rows)
 
 
-def seed_study(args):
+def seed_study(args, cfg):
     """--seed-from DIR: a study folder with no results.csv gets DIR/study.csv's rows (and
     DIR/study_train.csv's as train.csv): a fresh checkout continues a study whose runs are only in a
     published report. A folder that has results.csv is left alone (said once)."""
@@ -196,6 +206,12 @@ def seed_study(args):
     bad = [f for f in RESULT_FIELDS if rows and f not in rows[0]]
     if bad:
         die(f"--seed-from {src}: not a study's results (no column(s) {', '.join(bad)})")
+    # Rows of another preset (another training length) would be judged as this one's.
+    L = cfg["seq_len"]
+    other = sorted({r["train_len"] for r in rows if r.get("train_len") and r["train_len"] not in (str(L), str(2 * L))})
+    if other:
+        die(f"--seed-from {src}: its runs were trained at L = {', '.join(other)}, not this preset's {L} "
+            f"(or its 2L runs' {2 * L}): a report of another preset")
     if args.dry_run:
         print(f"[study] would seed {dst} with {len(rows)} rows of {src}")
         return
@@ -1568,7 +1584,7 @@ def main():
     if not args.dry_run:
         os.makedirs(args.out, exist_ok=True)
     if args.seed_from:
-        seed_study(args)
+        seed_study(args, cfg)
     cfg_path = os.path.join(args.out, "study.json")
     fixed = json.loads(json.dumps({k: cfg.get(k) for k in MODEL_KEYS}))  # as study.json holds it
     if os.path.exists(cfg_path):

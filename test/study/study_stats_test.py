@@ -292,16 +292,43 @@ class SeedTest(unittest.TestCase):
                              [{"run": "rope-s1", "encoding": "rope", "seed": "1", "steps": "2000"}])
             os.makedirs(out)
             args = type("Args", (), {"seed_from": pub, "out": out, "dry_run": False})()
-            study.seed_study(args)
+            full = dict(study.PRESETS["full"])
+            study.seed_study(args, full)
             self.assertEqual([r["loss"] for r in study.read_rows(os.path.join(out, "results.csv"))], ["4.5"])
             self.assertEqual([r["steps"] for r in study.read_rows(os.path.join(out, "train.csv"))], ["2000"])
             rows[0]["loss"] = "9.9"
             study.write_rows(os.path.join(pub, "study.csv"), study.RESULT_FIELDS, rows)
-            study.seed_study(args)  # results.csv exists: untouched
+            study.seed_study(args, full)  # results.csv exists: untouched
             self.assertEqual([r["loss"] for r in study.read_rows(os.path.join(out, "results.csv"))], ["4.5"])
+            # Another preset's rows (the full preset's L = 128 into a quick study, L = 16) are refused.
+            quick_out = os.path.join(d, "quick")
+            os.makedirs(quick_out)
+            args.out = quick_out
+            with self.assertRaises(SystemExit):
+                study.seed_study(args, dict(study.PRESETS["quick"]))
+            self.assertFalse(os.path.exists(os.path.join(quick_out, "results.csv")))
             args.seed_from = os.path.join(d, "nowhere")
             with self.assertRaises(SystemExit):
-                study.seed_study(args)
+                study.seed_study(args, full)
+
+
+class CsvTest(unittest.TestCase):
+    def test_a_row_cut_short_or_a_bad_multiple_is_an_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "results.csv")
+            row = {"run": "rope-s1", "encoding": "rope", "seed": "1", "variant": "trained", "evaluated": "rope",
+                   "train_len": "128", "eval_len": "128", "multiple": "1", "loss": "4.5"}
+            study.write_rows(path, study.RESULT_FIELDS, [row, dict(row, multiple="2", eval_len="256")])
+            self.assertEqual(len(study.read_rows(path)), 2)
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:  # the last row cut after its loss
+                f.write(text[: text.rindex("4.5") + 3] + "\n")
+            with self.assertRaises(SystemExit):
+                study.read_rows(path)
+            study.write_rows(path, study.RESULT_FIELDS, [dict(row, multiple="2.0")])
+            with self.assertRaises(SystemExit):
+                study.read_rows(path)
 
 
 if __name__ == "__main__":
