@@ -431,17 +431,23 @@ TrainResult Trainer::result() const {
   return res;
 }
 
+// Data parallel: every rank's model and data position are the same (a fingerprint of the weights,
+// the sampler's engine and the step), or GroupError naming `what`.
+void Trainer::check_same_state(const std::string &what) const {
+  std::vector<at::Tensor> tensors;
+  for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);
+  const std::string engine = sampler_.engine_state();
+  const int64_t position[2] = {state_.step, sampler_.windows()};
+  uint64_t h = fingerprint(tensors);
+  h = fnv1a(engine.data(), engine.size(), h);
+  h = fnv1a(position, sizeof position, h);
+  dp_->check_same(h, what);
+}
+
 void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
   const CudaSyncDebugScope waits_on_purpose(CudaSyncDebugScope::kOff);  // the state's copies to the host
   if (dp_) {  // every rank holds the same model and data position; rank 0 writes them
-    std::vector<at::Tensor> tensors;
-    for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);
-    const std::string engine = sampler_.engine_state();
-    const int64_t position[2] = {state_.step, sampler_.windows()};
-    uint64_t h = fingerprint(tensors);
-    h = fnv1a(engine.data(), engine.size(), h);
-    h = fnv1a(position, sizeof position, h);
-    dp_->check_same(h, "the model and data position at step " + std::to_string(state_.step));
+    check_same_state("the model and data position at step " + std::to_string(state_.step));
     if (dp_->rank() != 0) return;
   }
   if (impl_->fused) impl_->fused->store_steps();  // the counts on the device into opt.state()
@@ -639,6 +645,13 @@ void Trainer::restore(const Checkpoint &ckpt) {
   }
   sampler_ = probe;
   state_ = s;
+  // Data parallel: every rank resumed the same state (each machine reads its own copy of the
+  // checkpoint; a stale copy trained on with the others' gradients until a collective broke).
+  if (dp_) {
+    const CudaSyncDebugScope waits_on_purpose(CudaSyncDebugScope::kOff);
+    check_same_state("the state resumed from " + ckpt.path + " (step " + std::to_string(state_.step) +
+                     "; every rank must resume from the same checkpoint, not an older copy or another run's)");
+  }
 }
 
 void Trainer::distribute(DataParallel &dp) {

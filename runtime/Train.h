@@ -227,6 +227,8 @@ class Trainer {
 
   // Writes the model and the training state now (atomically).
   void save(const std::string &path, const nlohmann::json &extra = nlohmann::json::object()) const;
+  // Data parallel: GroupError naming `what` unless every rank holds the same model and data position.
+  void check_same_state(const std::string &what) const;
 
   const TrainState &state() const { return state_; }
   TrainResult result() const;

@@ -551,6 +551,17 @@ int main(int argc, char **argv) {
     // fails makes the others fail at their next collective instead of waiting.
     std::unique_ptr<ape::DataParallel> dp;
     if (dist.enabled()) dp = ape::DataParallel::join(dist, &std::cout);
+    if (dp) {
+      // What the trainer's check does not cover: the encodings each rank trains in turn and the
+      // evaluation, whose sums the ranks add (different lists left a rank to exit 0 alone,
+      // different lengths or tokens gave wrong rows or a Gloo abort).
+      std::string run = "encodings";
+      for (const auto &e : encodings) run += " " + e;
+      run += "; eval tokens " + std::to_string(ec.tokens) + " batch " + std::to_string(ec.batch_tokens) + " multiples";
+      for (int64_t m : ec.multiples) run += " " + std::to_string(m);
+      dp->check_same(ape::fnv1a(run.data(), run.size()),
+                     "the run's encoding list and evaluation config (-e, --eval-multiples, --eval-tokens)");
+    }
 
     ape::DataOptions dopt;
     dopt.data_dir = data_dir;

@@ -103,7 +103,7 @@ def run(cmd, log, env=None, timeout=600):
     return rc, time.time() - t0
 
 
-def launch_pair(train, args, work, tag, extra=(), env1=None):
+def launch_pair(train, args, work, tag, extra=(), env1=None, extra1=()):
     """Starts ranks 0 and 1 with explicit flags on a fresh port and waits until they have formed the
     group; starts over on another port when rank 0 finds its port taken."""
     for attempt in range(4):
@@ -113,7 +113,7 @@ def launch_pair(train, args, work, tag, extra=(), env1=None):
             log = os.path.join(work, f"{tag}.rank{rank}.log")
             logs.append(log)
             cmd = [train] + args + ["--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
-                                    "--master-port", str(port)] + list(extra)
+                                    "--master-port", str(port)] + list(extra) + (list(extra1) if rank == 1 else [])
             env = dict(os.environ, **(env1 or {})) if rank == 1 else None
             procs.append(subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env))
         t0 = time.time()
@@ -244,6 +244,15 @@ def test_failure(train, cache, work):
             fail(f"rank {other} exited {rc} without a clear message after rank {victim} died:\n{msg}")
         print(f"rank {victim} killed: rank {other} exited {rc} after {took:.2f} s: "
               + [l for l in msg.splitlines() if "error" in l][-1][:220])
+    # Ranks given other evaluation lengths (whose sums they add) are refused as they form the group
+    # (they trained on, then wrote wrong rows or aborted in Gloo).
+    procs, logs = launch_pair(train, args + ["--out", f"{work}/evalmix"], work, "evalmix",
+                              extra1=["--eval-multiples", "1,4"])
+    rcs = [p.wait(timeout=KILL_BOUND + 60) for p in procs]
+    msg = open(logs[0]).read() + open(logs[1]).read()
+    if rcs != [1, 1] or "encoding list and evaluation config" not in msg or "step 1/" in msg:
+        fail(f"ranks with other --eval-multiples: status {rcs}:\n{msg}")
+    print(f"ranks with other --eval-multiples: both exited 1 before training")
     # SIGTERM on rank 1 alone: both stop after the same step, rank 0 writes the checkpoint, both exit 130.
     procs, logs = launch_pair(train, args + ["--out", f"{work}/term"], work, "term")
     wait_for(logs[0], r"step 1/", procs)
