@@ -494,8 +494,9 @@ int main(int argc, char **argv) {
       ape::find_kernel(e);  // unknown name: fail now, before any work, with the list of names
     }
     // One GPU per rank: plain "cuda" is this machine's rank's (torchrun's LOCAL_RANK).
-    if (device_name == "cuda" && dist.enabled() && dist.local_rank > 0)
-      device_name = "cuda:" + std::to_string(dist.local_rank);
+    // (the GPU the NCCL group takes, runtime/Distributed.cpp: LOCAL_RANK, else the rank)
+    if (device_name == "cuda" && dist.enabled() && (dist.local_rank >= 0 ? dist.local_rank : dist.rank) > 0)
+      device_name = "cuda:" + std::to_string(dist.local_rank >= 0 ? dist.local_rank : dist.rank);
     const ape::ComputeDevice device = ape::choose_device(device_name, precision);
     if (dist.enabled() && device.is_cuda()) {  // gradients on the GPU: NCCL reduces them in place
       if (dist.backend == "gloo")
