@@ -208,6 +208,15 @@ void keep_unfinished(const std::string &ckpt) {
 
 }  // namespace
 
+// Whether a stop was requested (Ctrl-C, SIGTERM) on this process or, data parallel, on any rank
+// (every rank calls it at the same point: a collective).
+static bool any_rank_stopped(ape::DataParallel *dp, const std::string &when) {
+  if (!dp) return g_stop != 0;
+  std::vector<double> stop{g_stop != 0 ? 1.0 : 0.0};
+  dp->sum(stop, "agreeing on a stop request " + when);
+  return stop[0] > 0;
+}
+
 int main(int argc, char **argv) {
   // Lines reach a log file as they are written (progress to follow, and every line before a crash).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -613,9 +622,9 @@ int main(int argc, char **argv) {
     for (size_t n = 0; n < encodings.size(); ++n) {
       const std::string &name = encodings[n];
       // Ctrl-C or SIGTERM during the last encoding's evaluation: no next encoding starts (it would
-      // stop at its first step and replace that encoding's checkpoint). (With data-parallel ranks
-      // the training loop agrees on the stop; a signal between encodings is one rank's.)
-      if (n > 0 && g_stop != 0 && !dp) {
+      // stop at its first step and replace that encoding's checkpoint). Data-parallel ranks agree
+      // on it (a signal during an evaluation reaches one rank; the training loop agrees on its own).
+      if (n > 0 && any_rank_stopped(dp.get(), "after " + encodings[n - 1])) {
         std::string rest;
         for (size_t k = n; k < encodings.size(); ++k) rest += (rest.empty() ? "" : ", ") + encodings[k];
         if (root) ape::write_csv(csv, all_rows);
@@ -651,7 +660,7 @@ int main(int argc, char **argv) {
                      "Held-out test books (" + std::to_string(corpus.test().num_docs()) +
                          "), cells: mean token loss / perplexity; trained at L = " + std::to_string(tc.seq_len));
     std::cout << "\nresults -> " << csv << "\n";
-    if (g_stop != 0 && !dp) {  // during the last evaluation, which finished: its results are in
+    if (any_rank_stopped(dp.get(), "after the last evaluation")) {  // which finished: its results are in
       std::cerr << "ape-train: stopped (Ctrl-C or SIGTERM) during the evaluation, after it finished\n";
       return 130;
     }
