@@ -543,14 +543,7 @@ int main(int argc, char **argv) {
         }
       }
       ape::check_encoding_on(device, ape::find_kernel(e), probe.head_dim(), &std::cout);
-      if (root) ape::check_writable(out_dir, e + ".ckpt");
     }
-    if (root) ape::check_writable(out_dir, "results.csv");
-    // One run per output folder: a second would replace this one's checkpoints and results.csv.
-    std::unique_ptr<ape::FolderLock> out_lock;
-    if (root)
-      out_lock = std::make_unique<ape::FolderLock>(
-          out_dir, "another ape-train is writing its checkpoints there; wait for it, or pass another --out");
     ape::set_threads(threads);
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
@@ -561,6 +554,17 @@ int main(int argc, char **argv) {
     // fails makes the others fail at their next collective instead of waiting.
     std::unique_ptr<ape::DataParallel> dp;
     if (dist.enabled()) dp = ape::DataParallel::join(dist, &std::cout);
+    // What rank 0 alone checks comes after the group forms: its failure then ends the others at
+    // their next collective (before, they waited out --dist-timeout on a rank that never joined).
+    if (root) {
+      for (const auto &e : encodings) ape::check_writable(out_dir, e + ".ckpt");
+      ape::check_writable(out_dir, "results.csv");
+    }
+    // One run per output folder: a second would replace this one's checkpoints and results.csv.
+    std::unique_ptr<ape::FolderLock> out_lock;
+    if (root)
+      out_lock = std::make_unique<ape::FolderLock>(
+          out_dir, "another ape-train is writing its checkpoints there; wait for it, or pass another --out");
     if (dp) {
       // What the trainer's check does not cover: the encodings each rank trains in turn and the
       // evaluation, whose sums the ranks add (different lists left a rank to exit 0 alone,
