@@ -545,8 +545,6 @@ int main(int argc, char **argv) {
       ape::check_encoding_on(device, ape::find_kernel(e), probe.head_dim(), &std::cout);
     }
     ape::set_threads(threads);
-    std::signal(SIGINT, on_stop_signal);
-    std::signal(SIGTERM, on_stop_signal);
     const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
     std::cout << "[cpu] kernels: " << cpu_level << "\n";
 
@@ -565,6 +563,10 @@ int main(int argc, char **argv) {
     if (root)
       out_lock = std::make_unique<ape::FolderLock>(
           out_dir, "another ape-train is writing its checkpoints there; wait for it, or pass another --out");
+    // Ctrl-C and SIGTERM stop the run at its next step, with a checkpoint, from here on; before,
+    // while nothing is written (a rank waiting for the others to join), they end the process.
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
     if (dp) {
       // What the trainer's check does not cover: the encodings each rank trains in turn and the
       // evaluation, whose sums the ranks add (different lists left a rank to exit 0 alone,
