@@ -22,9 +22,9 @@
 #include <tuple>
 
 #include <CLI/CLI.hpp>
+#include <torch/utils.h>
 
 #include "Cli.h"
-#include <torch/utils.h>
 
 #include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
