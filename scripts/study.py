@@ -151,7 +151,13 @@ def read_rows(path):
     if not os.path.exists(path):
         return []
     with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+        text = f.read()
+    # The driver ends every row with a newline: a last row without one was cut short, perhaps inside
+    # its last field ("4.63" cut to "4.6" still has every field).
+    if text and not text.endswith("\n"):
+        die(f"{path}:{text.count(chr(10)) + 1}: the last row does not end with a newline (a file cut short "
+            "or edited by hand): mend or remove the row, then run again")
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
     for n, r in enumerate(rows, start=2):
         if None in r or None in r.values():
             die(f"{path}:{n}: the row has {'more' if None in r else 'fewer'} fields than the header "

@@ -326,6 +326,13 @@ class CsvTest(unittest.TestCase):
                 f.write(text[: text.rindex("4.5") + 3] + "\n")
             with self.assertRaises(SystemExit):
                 study.read_rows(path)
+            study.write_rows(path, study.RESULT_FIELDS, [dict(row, segments="12")])
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:  # the last field cut inside ("12" to "1"): every field there
+                f.write(text[: text.rindex("12") + 1])
+            with self.assertRaises(SystemExit):
+                study.read_rows(path)
             study.write_rows(path, study.RESULT_FIELDS, [dict(row, multiple="2.0")])
             with self.assertRaises(SystemExit):
                 study.read_rows(path)
