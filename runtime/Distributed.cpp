@@ -2,12 +2,18 @@
 // averaging and the small agreements the training loop needs (Distributed.h).
 #include "runtime/Distributed.h"
 
+#include <errno.h>  // program_invocation_short_name
+
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -155,6 +161,155 @@ std::string DataParallel::who() const {
   return "[rank " + std::to_string(cfg_.rank) + " of " + std::to_string(cfg_.world_size) + "] ";
 }
 
+namespace {
+// The rendezvous store. Under torchrun the agent already serves one at MASTER_ADDR:MASTER_PORT and
+// says so (as torch.distributed's env:// does, every rank is then a client, and the keys live in a
+// namespace of the attempt: an elastic restart finds the last attempt's keys there); otherwise rank
+// 0 hosts it. The host does not wait for the others here: the roll call does.
+struct Rendezvous {
+  c10::intrusive_ptr<c10d::Store> store;
+  bool agent_store = false, hosts = false;
+};
+// Ends the process with `message` unless disarmed (destroyed) within `after`: for a call that can
+// block past its own timeout (a TCPStore client connected to a listener that is not a store never
+// hears back). Nothing is written before the group forms, so exiting loses nothing.
+class Watchdog {
+ public:
+  Watchdog(std::chrono::milliseconds after, std::string message)
+      : message_(std::move(message)), thread_([this, after] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!cv_.wait_for(lock, after, [this] { return done_; })) {
+            std::cerr << program_invocation_short_name << ": error: " << message_ << std::endl;
+            std::_Exit(1);
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog &) = delete;
+  Watchdog &operator=(const Watchdog &) = delete;
+
+ private:
+  std::string message_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: it reads the members above
+};
+
+Rendezvous rendezvous(const DistConfig &cfg, std::chrono::milliseconds timeout, const std::string &who) {
+  Rendezvous r;
+  const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const char *env_addr = std::getenv("MASTER_ADDR");
+  const char *env_port = std::getenv("MASTER_PORT");
+  r.agent_store = agent && std::string(agent) == "True" && env_addr && env_port &&
+                  cfg.master_addr == env_addr && std::to_string(cfg.master_port) == env_port;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(cfg.master_port);
+  so.isServer = r.hosts = cfg.rank == 0 && !r.agent_store;
+  so.numWorkers = static_cast<size_t>(cfg.world_size);
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  so.multiTenant = true;
+  std::string space = "ape";
+  if (const char *restart = std::getenv("TORCHELASTIC_RESTART_COUNT"); r.agent_store && restart && *restart)
+    space += "/attempt_" + std::string(restart);
+  const std::string where = cfg.master_addr + ":" + std::to_string(cfg.master_port);
+  try {
+    char t[32];
+    std::snprintf(t, sizeof t, "%g", cfg.timeout_s);
+    const Watchdog watchdog(timeout + std::chrono::seconds(10),
+                            who + "rendezvous at " + where + ": no answer from a store there within --dist-timeout " + t +
+                                " s (is another program listening on --master-port?)");
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(cfg.master_addr, so);
+    r.store = c10::make_intrusive<c10d::PrefixStore>(space, tcp);
+  } catch (const std::exception &e) {
+    throw GroupError(who + "rendezvous at " + where + " failed: " + reason(e) +
+                     (so.isServer ? " (is another run using this --master-port?)"
+                                  : " (is rank 0 running, and are --master-addr/--master-port the same on every rank?)"));
+  }
+  return r;
+}
+
+std::string roll_key(int64_t rank) { return "roll/" + std::to_string(rank); }
+std::string seen_key(int64_t rank) { return "seen/" + std::to_string(rank); }
+std::vector<uint8_t> bytes(const std::string &s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+// The host of the store (rank 0 outside torchrun) keeps it up, for at most `linger`, until every
+// other rank has read the roll (seen/R), so that a rank reading a failure hears of it rather than of
+// a lost connection.
+void linger(c10d::Store &store, const DistConfig &cfg, std::chrono::milliseconds linger) {
+  const auto until = std::chrono::steady_clock::now() + linger;
+  for (int64_t r = 1; r < cfg.world_size; ++r) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    try {
+      store.wait({seen_key(r)}, left);
+    } catch (const std::exception &) {
+      return;
+    }
+  }
+}
+
+// The roll call: rank R posts "ok WORLD" (or "refused REASON") under roll/R, then reads every other
+// rank's post (each read waits up to --dist-timeout for a rank that has not come), then posts
+// seen/R. Throws GroupError for another --world-size or a refusal.
+void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chrono::milliseconds timeout,
+               const std::string &who) {
+  store.set(roll_key(cfg.rank), bytes("ok " + std::to_string(cfg.world_size)));
+  std::string problem;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;  // for all the reads together
+  for (int64_t r = 0; r < cfg.world_size && problem.empty(); ++r) {
+    if (r == cfg.rank) continue;
+    std::string post;
+    try {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      store.wait({roll_key(r)}, std::max(left, std::chrono::milliseconds(1)));
+      const std::vector<uint8_t> v = store.get(roll_key(r));
+      post.assign(v.begin(), v.end());
+    } catch (const std::exception &e) {
+      throw GroupError(who + "rank " + std::to_string(r) + " did not join within --dist-timeout: " + reason(e) +
+                       " (is it running, with the same --master-addr/--master-port and --world-size?)");
+    }
+    if (post.rfind("refused ", 0) == 0)
+      problem = "rank " + std::to_string(r) + " refused to start: " + post.substr(8);
+    else if (post != "ok " + std::to_string(cfg.world_size))
+      problem = "--world-size is " + std::to_string(cfg.world_size) + " here and " +
+                (post.rfind("ok ", 0) == 0 ? post.substr(3) : "'" + post + "'") + " on rank " + std::to_string(r) +
+                ": every rank needs the same --world-size (and WORLD_SIZE under torchrun)";
+  }
+  try {
+    store.set(seen_key(cfg.rank), bytes("1"));
+  } catch (const std::exception &) {
+  }
+  if (problem.empty()) return;
+  if (hosts) linger(store, cfg, std::min(timeout, std::chrono::milliseconds(15000)));
+  throw GroupError(who + problem);
+}
+}  // namespace
+
+void DataParallel::refuse_to_join(const DistConfig &cfg, const std::string &why, double linger_s) {
+  if (!cfg.enabled() || cfg.world_size < 2) return;
+  try {
+    cfg.validate();
+    const auto window = millis(std::min(linger_s, cfg.timeout_s));
+    const Rendezvous r = rendezvous(cfg, window, "");
+    std::string text = why;
+    for (char &c : text)
+      if (c == '\n') c = ' ';
+    r.store->set(roll_key(cfg.rank), bytes("refused " + text));
+    r.store->set(seen_key(cfg.rank), bytes("1"));
+    if (r.hosts) linger(*r.store, cfg, window);
+  } catch (const std::exception &) {
+    // Best effort: the others wait for this rank as they would have.
+  }
+}
+
 std::unique_ptr<DataParallel> DataParallel::join(const DistConfig &cfg, std::ostream *log) {
   cfg.validate();
   if (!cfg.enabled()) throw std::invalid_argument("DataParallel::join: not a distributed configuration");
@@ -167,29 +322,10 @@ std::unique_ptr<DataParallel> DataParallel::join(const DistConfig &cfg, std::ost
     throw GroupError(who + "--dist-backend " + dp->backend_ + ": " + why);
   const auto timeout = millis(cfg.timeout_s);
   const std::string where = cfg.master_addr + ":" + std::to_string(cfg.master_port);
-
-  // Rendezvous. Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT and says
-  // so (as torch.distributed's env:// does, every rank is then a client); otherwise rank 0 hosts it.
-  const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  const char *env_addr = std::getenv("MASTER_ADDR");
-  const char *env_port = std::getenv("MASTER_PORT");
-  const bool agent_store = agent && std::string(agent) == "True" && env_addr && env_port &&
-                           cfg.master_addr == env_addr && std::to_string(cfg.master_port) == env_port;
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(cfg.master_port);
-  so.isServer = cfg.rank == 0 && !agent_store;
-  so.numWorkers = static_cast<size_t>(cfg.world_size);
-  so.waitWorkers = true;
-  so.timeout = timeout;
-  so.multiTenant = true;
-  try {
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(cfg.master_addr, so);
-    dp->impl_->store = c10::make_intrusive<c10d::PrefixStore>("ape", tcp);
-  } catch (const std::exception &e) {
-    throw GroupError(who + "rendezvous at " + where + " failed: " + reason(e) +
-                     (so.isServer ? " (is another run using this --master-port?)"
-                                  : " (is rank 0 running, and are --master-addr/--master-port the same on every rank?)"));
-  }
+  const Rendezvous rv = rendezvous(cfg, timeout, who);
+  const bool agent_store = rv.agent_store;
+  dp->impl_->store = rv.store;
+  roll_call(*rv.store, cfg, rv.hosts, timeout, who);
 
   try {
     if (dp->backend_ == "gloo") {

@@ -71,7 +71,17 @@ class DataParallel {
  public:
   // Joins the group (blocks until every rank has joined or timeout_s passes). `log` gets one line
   // on rank 0. Throws GroupError.
+  // Before the group forms, the ranks call the roll (each posts its --world-size in the store and
+  // reads every other's): a rank with another --world-size, or one that refused to start
+  // (refuse_to_join), ends every rank that reads its post at once, with the reason, where the group
+  // would have waited out --dist-timeout for it.
   static std::unique_ptr<DataParallel> join(const DistConfig &cfg, std::ostream *log = nullptr);
+  // A rank that will not join (its command line or data was refused) tells the others why, so that
+  // they stop instead of waiting for it: it posts `reason` at the roll, as a client of the store (or
+  // as its host, rank 0 outside torchrun, which then keeps it up until the others have read it).
+  // Best effort within `linger_s` seconds (and --dist-timeout): a rank that comes later waits as
+  // before. Never throws.
+  static void refuse_to_join(const DistConfig &cfg, const std::string &reason, double linger_s = 15.0);
   virtual ~DataParallel();
 
   int64_t rank() const { return cfg_.rank; }

@@ -363,6 +363,8 @@ int main(int argc, char **argv) {
 
   bool root = true;     // rank 0, or a single process: prints and writes
   std::string who;      // "[rank r of N] " in a data-parallel run's errors
+  // A data-parallel rank refused before it joins tells the others (DataParallel::refuse_to_join).
+  std::optional<ape::DistConfig> refusing;
   try {
     ape::SpecLibraryOptions spec_opts;
     spec_opts.log = &std::cout;
@@ -375,7 +377,6 @@ int main(int argc, char **argv) {
       }
       return 0;
     }
-    ape::require_in("--threads", threads, 0, ape::kMaxThreads);
     // Data parallel: torchrun's variables, the flags over them.
     ape::DistConfig dist = ape::DistConfig::from_env(dist_flags);
     if (*rank_opt) dist.rank = dist_flags.rank;
@@ -393,6 +394,8 @@ int main(int argc, char **argv) {
     if ((dist.world_size > 0) != (dist.rank >= 0))
       throw std::invalid_argument("--rank and --world-size go together (or neither: torchrun's RANK and WORLD_SIZE)");
     dist.validate();
+    if (dist.enabled()) refusing = dist;
+    ape::require_in("--threads", threads, 0, ape::kMaxThreads);
     const int64_t world = dist.enabled() ? dist.world_size : 1;
     root = !dist.enabled() || dist.rank == 0;
     if (dist.enabled()) who = "[rank " + std::to_string(dist.rank) + " of " + std::to_string(dist.world_size) + "] ";
@@ -551,6 +554,7 @@ int main(int argc, char **argv) {
     // The group forms once the command line is known good on this rank: from here on, a rank that
     // fails makes the others fail at their next collective instead of waiting.
     std::unique_ptr<ape::DataParallel> dp;
+    refusing.reset();  // from here on a failure reaches the others through the group
     if (dist.enabled()) dp = ape::DataParallel::join(dist, &std::cout);
     // What rank 0 alone checks comes after the group forms: its failure then ends the others at
     // their next collective (before, they waited out --dist-timeout on a rank that never joined).
@@ -690,6 +694,7 @@ int main(int argc, char **argv) {
   } catch (const std::exception &e) {
     std::cout << std::flush;
     std::cerr << "ape-train: error: " << who << ape::error_text(e) << "\n";
+    if (refusing) ape::DataParallel::refuse_to_join(*refusing, ape::error_text(e));
     return 1;
   }
 }

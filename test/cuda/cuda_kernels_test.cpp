@@ -276,6 +276,7 @@ void expect_no_findings() {
 struct RunOptions {
   bool backward = true;
   int64_t layer = 0, num_layers = 0;
+  const ape::cuda::CudaScratchAllocator *scratch = nullptr;  // CudaAttnArgs::scratch
 };
 
 void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
@@ -315,6 +316,7 @@ void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
   a.status = static_cast<uint32_t *>(status.ptr);
   a.layer = opt.layer, a.num_layers = opt.num_layers;
   a.deterministic = p.deterministic;
+  a.scratch = opt.scratch;
   ASSERT_CUDA(var.forward(a));
   if (opt.backward) ASSERT_CUDA(var.backward(a));
   ASSERT_CUDA(cudaDeviceSynchronize());
@@ -1780,6 +1782,83 @@ TEST(CudaArgs, MisalignedRowPointersAreRefused) {
     if (x < 4) EXPECT_EQ(var->forward(a), cudaErrorInvalidValue) << names[x];
     EXPECT_EQ(var->backward(a), cudaErrorInvalidValue) << names[x];
   }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_no_findings();
+}
+
+// A caller's scratch allocator (CudaAttnArgs::scratch) that counts: every block it hands out
+// must come back once, before the call returns; fail_after blocks, it refuses.
+struct CountingScratch {
+  ape::cuda::CudaScratchAllocator alloc;
+  std::set<void *> live;
+  int taken = 0, fail_after = -1;
+  CountingScratch() { alloc.alloc = &take, alloc.free = &give, alloc.ctx = this; }
+  static void *take(void *ctx, size_t bytes, cudaStream_t) {
+    auto *self = static_cast<CountingScratch *>(ctx);
+    void *ptr = nullptr;
+    if ((self->fail_after >= 0 && self->taken >= self->fail_after) || cudaMalloc(&ptr, bytes) != cudaSuccess)
+      return nullptr;
+    ++self->taken, self->live.insert(ptr);
+    return ptr;
+  }
+  static void give(void *ctx, void *ptr, cudaStream_t) {
+    EXPECT_EQ(static_cast<CountingScratch *>(ctx)->live.erase(ptr), 1u) << "a block given back twice or never taken";
+    cudaFree(ptr);  // waits for the GPU: the call's kernels are done with it
+  }
+};
+
+// The scratch memory comes from the caller's allocator when one is given (PyTorch's caching
+// allocator through the operator library): the same outputs and gradients, bit for bit, as with
+// cudaMallocAsync, every block given back by the time the call returns; an allocator that runs out
+// fails the call with cudaErrorMemoryAllocation, the blocks taken before given back; an allocator
+// with a function missing is refused.
+TEST(CudaArgs, ScratchComesFromTheCallersAllocator) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const CudaKernelEntry *e = find_cuda("rope");
+  if (!e) GTEST_SKIP() << "rope is not in this build";
+  const auto *var = ape::cuda::find_variant(*e, ape::cuda::DType::BF16, 64);
+  if (!var) GTEST_SKIP() << "rope has no bf16/hd64 variant in this build";
+  const Problem p = make_problem(*e, 1, 2, 37, 64, 41);
+  Outputs plain, counted;
+  run_gpu(*var, p, plain);
+  CountingScratch scratch;
+  RunOptions opt;
+  opt.scratch = &scratch.alloc;
+  run_gpu(*var, p, counted, nullptr, opt);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_GE(scratch.taken, 4) << "q' and k' in the forward and again in the backward";
+  EXPECT_TRUE(scratch.live.empty()) << scratch.live.size() << " blocks not given back";
+  ASSERT_EQ(plain.size(), counted.size());
+  for (size_t n = 0; n < plain.size(); ++n)
+    EXPECT_TRUE(torch::equal(plain[n].second, counted[n].second)) << plain[n].first << " differs";
+
+  DevBuf buf;
+  ASSERT_EQ(cudaMalloc(&buf.ptr, 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaMemset(buf.ptr, 0, 1 << 20), cudaSuccess);
+  char *base = static_cast<char *>(buf.ptr);
+  std::vector<const float *> side(16, reinterpret_cast<const float *>(base + (1 << 19)));
+  std::vector<float *> dside(16, reinterpret_cast<float *>(base + (1 << 19)));
+  CountingScratch short_of;
+  short_of.fail_after = 1;
+  CudaAttnArgs a;
+  a.B = 1, a.H = 1, a.T = 8, a.D = 64, a.dtype = ape::cuda::DType::BF16, a.scale = 0.125f;
+  const size_t t = 8 * 64 * 2;  // bytes of one tensor
+  a.q = base, a.k = base + t, a.v = base + 2 * t, a.o = base + 3 * t, a.dout = base + 4 * t;
+  a.dq = base + 5 * t, a.dk = base + 6 * t, a.dv = base + 7 * t;
+  a.lse = reinterpret_cast<float *>(base + 8 * t), a.status = reinterpret_cast<uint32_t *>(base + 9 * t);
+  a.features = side.data(), a.params = side.data(), a.dfeatures = dside.data(), a.dparams = dside.data();
+  a.scratch = &short_of.alloc;
+  EXPECT_EQ(var->forward(a), cudaErrorMemoryAllocation);
+  EXPECT_EQ(short_of.taken, 1);
+  short_of.taken = 0;
+  EXPECT_EQ(var->backward(a), cudaErrorMemoryAllocation);
+  EXPECT_EQ(short_of.taken, 1);
+  EXPECT_TRUE(short_of.live.empty()) << "a failed call kept " << short_of.live.size() << " blocks";
+  ape::cuda::CudaScratchAllocator half = short_of.alloc;
+  half.free = nullptr;
+  a.scratch = &half;
+  EXPECT_EQ(var->forward(a), cudaErrorInvalidValue) << "an allocator without free";
+  EXPECT_EQ(var->backward(a), cudaErrorInvalidValue) << "an allocator without free";
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_findings();
 }

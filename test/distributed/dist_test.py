@@ -13,7 +13,10 @@ equal    2 processes with --batch B (torchrun --standalone) against 1 process wi
 failure  a rank killed (SIGKILL; rank 1, then rank 0, which hosts the store) makes the other exit
          with status 1 and a message naming the group failure within KILL_BOUND seconds; SIGTERM
          on rank 1 alone stops both after the same step (checkpoint, status 130); a rank that
-         hangs (SIGSTOP) makes the other give up after --dist-timeout.
+         hangs (SIGSTOP) makes the other give up after --dist-timeout. Before the group forms:
+         ranks given different --world-size, and a rank refused at its command line (rank 1,
+         then rank 0, which hosts the store), end both ranks within REFUSE_BOUND seconds, far
+         inside the --dist-timeout they would have waited, each naming the reason.
 
 Ports: torchrun --standalone picks its own; the explicit-flag runs take a port the kernel just
 handed out (bind to port 0) and start over with a new one when rank 0 reports it taken.
@@ -41,6 +44,7 @@ COMMON = ["--steps", "6", "--d-model", "32", "--layers", "1", "--heads", "2", "-
 TOLERANCE = {"loss": 1e-5, "param": 1e-4, "eval": 1e-5}
 KILL_BOUND = 20.0  # seconds from a rank's death to the other's exit
 HANG_TIMEOUT = 4   # --dist-timeout of the hang case
+REFUSE_BOUND = 30.0  # seconds for both ranks to end when one is refused before joining (--dist-timeout 300)
 
 
 def fail(msg):
@@ -130,6 +134,43 @@ def launch_pair(train, args, work, tag, extra=(), env1=None, extra1=()):
             p.wait()
         print(f"  port {port} was taken (or the group did not form); trying another")
     fail("no group formed after 4 ports")
+
+
+def run_two(train, args, work, tag, extra=({}, {})):
+    """Ranks 0 and 1 with explicit flags (--world-size 2), on a fresh port, extra[r] replacing flags
+    of rank r ({flag: value}); waits for both to exit within REFUSE_BOUND seconds. Returns their
+    status, their logs and the seconds taken."""
+    for attempt in range(4):
+        port = free_port()
+        procs, logs = [], []
+        for rank in (0, 1):
+            log = os.path.join(work, f"{tag}.rank{rank}.log")
+            logs.append(log)
+            flags = dict({"--world-size": "2"}, **extra[rank])
+            mine = list(args)
+            for flag, value in flags.items():
+                if flag in mine:
+                    mine[mine.index(flag) + 1] = value
+                else:
+                    mine += [flag, value]
+            cmd = [train] + mine + ["--rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                    "--dist-timeout", "300"]
+            procs.append(subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT))
+        t0 = time.time()
+        rcs = []
+        for p in procs:
+            try:
+                rcs.append(p.wait(timeout=max(1.0, REFUSE_BOUND - (time.time() - t0))))
+            except subprocess.TimeoutExpired:
+                rcs.append(None)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if "already in use" not in open(logs[0]).read().lower():
+            return rcs, logs, time.time() - t0
+        print(f"  port {port} was taken; trying another")
+    fail("no free port after 4 tries")
 
 
 def wait_for(log, pattern, procs, timeout=300):  # a cold corpus cache is prepared first
@@ -263,6 +304,18 @@ def test_failure(train, cache, work):
         fail(f"SIGTERM on rank 1: status {rcs}, state {cfg['state'].get('step')}:\n" + open(logs[0]).read())
     print(f"SIGTERM on rank 1: both ranks exited 130; checkpoint at step {cfg['state']['step']}: "
           + open(logs[0]).read().strip().splitlines()[-1][:160])
+    # Before the group forms: another --world-size on rank 1, then a rank refused at its command line
+    # (--threads -1): both ranks end at once, naming the reason.
+    cases = [("worldmix", ({}, {"--world-size": "3"}), "every rank needs the same --world-size", "--world-size"),
+             ("refuse1", ({}, {"--threads": "-1"}), "rank 1 refused to start", "--threads"),
+             ("refuse0", ({"--threads": "-1"}, {}), "rank 0 refused to start", "--threads")]
+    for tag, extra, said, reason in cases:
+        rcs, logs, took = run_two(train, args + ["--out", f"{work}/{tag}"], work, tag, extra)
+        texts = [open(l).read() for l in logs]
+        if rcs != [1, 1] or not any(said in t for t in texts) or not all(reason in t for t in texts):
+            fail(f"{tag}: status {rcs} after {took:.1f} s (bound {REFUSE_BOUND} s):\n" + "\n".join(texts))
+        print(f"{tag}: both ranks exited 1 after {took:.1f} s: "
+              + [l for l in "".join(texts).splitlines() if said in l][0][:200])
     procs, logs = launch_pair(train, args + ["--out", f"{work}/hang", "--dist-timeout", str(HANG_TIMEOUT)], work, "hang")
     wait_for(logs[0], r"step 1/", procs)
     procs[1].send_signal(signal.SIGSTOP)

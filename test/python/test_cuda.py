@@ -133,3 +133,33 @@ def test_cuda_backward_errors_poison_without_waiting(mode):
     with pytest.raises(RuntimeError, match="NaN or infinite" if mode == "nan" else "clamped"):
         h.check_backward()
     assert h.backward_status() == (0, []), "check_backward clears the record"
+
+
+def test_cuda_scratch_memory_is_pytorchs():
+    """The kernels' scratch memory (RoPE's q' and k', the backward's row sums, ...) comes from
+    PyTorch's caching allocator (torch/ops_cuda.h, TorchScratch): torch.cuda.max_memory_allocated
+    counts it (with cudaMallocAsync it was invisible there, and a training step's peak read low),
+    and every byte of it is given back when the call returns."""
+    B, H, T, D = 1, 2, 1024, 64
+    q, k, v, features, params = make_inputs("rope", B, H, T, D, torch.bfloat16, "cuda")
+    args = (*features, *ordered("rope", params))
+    dout = torch.randn(q.shape, device="cuda").to(torch.bfloat16)
+    tensor, lse = B * H * T * D * 2, B * H * T * 4  # bytes of a bf16 (B, H, T, D) tensor, of lse
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    o = ops("rope").attention(qg, kg, vg, *args)
+    torch.cuda.synchronize()
+    # o and lse stay (lse for the backward); q' and k' were there beside them, and are gone.
+    assert torch.cuda.memory_allocated() - base == tensor + lse, torch.cuda.memory_allocated() - base
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak >= 3 * tensor + lse, f"the forward's peak {peak} B does not count q' and k'"
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grads = torch.autograd.grad(o, (qg, kg, vg), dout)
+    torch.cuda.synchronize()
+    # dq, dk, dv beside the q' and k' the backward recomputes.
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak >= 5 * tensor, f"the backward's peak {peak} B does not count q' and k'"
+    del grads, o

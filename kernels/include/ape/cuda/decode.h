@@ -67,6 +67,9 @@ struct CudaDecodeArgs {
   // as usual (cpu/decode.h likewise).
   int64_t layer = 0, num_layers = 0;
   cudaStream_t stream = nullptr;
+  // The forward's scratch memory (CudaAttnArgs::scratch; nullptr: cudaMallocAsync). The cache's
+  // own buffers come from cudaMallocAsync (release() frees them).
+  const CudaScratchAllocator *scratch = nullptr;
 };
 
 namespace decode_detail {
@@ -156,7 +159,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   f.q = c.q, f.k = c.k, f.v = c.v, f.o = o, f.lse = static_cast<float *>(lse);
   std::vector<const float *> feats(c.features.begin(), c.features.end());
   f.features = feats.empty() ? nullptr : feats.data();
-  f.params = a.params, f.scale = a.scale, f.first_row = L0, f.stream = st;
+  f.params = a.params, f.scale = a.scale, f.first_row = L0, f.stream = st, f.scratch = a.scratch;
   if (L0 == 0) f.layer = a.layer, f.num_layers = a.num_layers;  // the prefill
   err = forward(e, f);
   if (err == cudaSuccess) err = copy_rows(a.o, n, 0, static_cast<char *>(o) + L0 * row, L, n, S, row, st);

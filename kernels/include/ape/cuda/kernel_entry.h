@@ -3,7 +3,7 @@
 // Plain C++17 (no nvcc needed to include it): a runtime or a test compiled by the host compiler
 // calls the kernels through this header and links the objects that nvcc built from the generated
 // NAME_cuda*.cu files. Tensors are raw device pointers; per-call scratch memory is taken from
-// the stream-ordered allocator (cudaMallocAsync) on `stream`.
+// the caller's allocator (CudaScratchAllocator), else from cudaMallocAsync on `stream`.
 //
 //   q, k, v, o, dout, dq, dk, dv   (B, H, T, D) contiguous, dtype f32 | f16 | bf16, each address a
 //                                  multiple of 16 bytes (the kernels move rows in 16-byte
@@ -58,6 +58,20 @@ inline const char *dtype_name(DType t) {
   return t == DType::F32 ? "f32" : t == DType::F16 ? "f16" : "bf16";
 }
 
+// Where a call takes its scratch memory (q' and k', the backward's fp32 dQ' and sums, the bias
+// tables; freed when the call returns): a framework passes its own allocator, so that the memory is
+// counted, limited and reused with its tensors' (PyTorch's caching allocator: ops_cuda.h). Both
+// functions run on the host inside the call. alloc returns `bytes` of device memory for work
+// queued on `stream` from then on, or nullptr (the call then frees what it took and returns
+// cudaErrorMemoryAllocation); free gives a block back once the call's kernels that use it are
+// queued, so the allocator must be stream ordered: a freed block is reused only by work queued on
+// `stream` after them (as cudaMallocAsync and PyTorch's caching allocator do).
+struct CudaScratchAllocator {
+  void *(*alloc)(void *ctx, size_t bytes, cudaStream_t stream) = nullptr;
+  void (*free)(void *ctx, void *ptr, cudaStream_t stream) = nullptr;
+  void *ctx = nullptr;
+};
+
 struct CudaAttnArgs {
   int64_t B = 0, H = 0, T = 0, D = 0;
   DType dtype = DType::BF16;
@@ -91,6 +105,9 @@ struct CudaAttnArgs {
   // cudaErrorInvalidValue.
   uint32_t *status = nullptr;
   cudaStream_t stream = nullptr;
+  // The scratch memory's allocator (both functions set), or nullptr: cudaMallocAsync on `stream`.
+  // One with a function missing is refused (cudaErrorInvalidValue).
+  const CudaScratchAllocator *scratch = nullptr;
   // Backward only: true (the default) adds the flash backward's dQ' tiles in a fixed order, so
   // the gradients are bitwise identical run to run; false lets its blocks add them as they come
   // (fp32 reductions into a zeroed dQ', as FlashAttention-2 does by default, then a conversion

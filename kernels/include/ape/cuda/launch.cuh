@@ -20,22 +20,31 @@ namespace detail {
 
 // ---- host side -------------------------------------------------------------------------------------
 // Scratch memory of one call, stream ordered, freed when the call returns (the frees are queued
-// behind the kernels).
+// behind the kernels): from the caller's allocator (CudaAttnArgs::scratch), else cudaMallocAsync.
 class Scratch {
  public:
-  explicit Scratch(cudaStream_t s) : stream_(s) {}
+  Scratch(cudaStream_t s, const CudaScratchAllocator *alloc) : stream_(s), alloc_(alloc) {}
   Scratch(const Scratch &) = delete;
   Scratch &operator=(const Scratch &) = delete;
   ~Scratch() {
-    for (int n = 0; n < count_; ++n) cudaFreeAsync(ptrs_[n], stream_);
+    for (int n = 0; n < count_; ++n) {
+      if (alloc_) alloc_->free(alloc_->ctx, ptrs_[n], stream_);
+      else cudaFreeAsync(ptrs_[n], stream_);
+    }
   }
   template <class X> X *take(int64_t n, cudaError_t &err) {
     if (err != cudaSuccess || n <= 0 || count_ == kMax) {
       if (count_ == kMax) err = cudaErrorMemoryAllocation;
       return nullptr;
     }
+    const size_t bytes = sizeof(X) * static_cast<size_t>(n);
     void *ptr = nullptr;
-    err = cudaMallocAsync(&ptr, sizeof(X) * static_cast<size_t>(n), stream_);
+    if (alloc_) {
+      ptr = alloc_->alloc(alloc_->ctx, bytes, stream_);
+      if (!ptr) err = cudaErrorMemoryAllocation;
+    } else {
+      err = cudaMallocAsync(&ptr, bytes, stream_);
+    }
     if (err != cudaSuccess) return nullptr;
     ptrs_[count_++] = ptr;
     return static_cast<X *>(ptr);
@@ -44,6 +53,7 @@ class Scratch {
  private:
   static constexpr int kMax = 16 + 2 * 64;
   cudaStream_t stream_;
+  const CudaScratchAllocator *alloc_;
   void *ptrs_[kMax] = {};
   int count_ = 0;
 };
@@ -90,6 +100,7 @@ cudaError_t plan_param_cache(Params<Enc, In> &p, size_t bytes, bool grads, size_
 template <class Enc>
 cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
+  if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return cudaErrorInvalidValue;
   // Sizes whose products fit int64 (B·H·T·D elements): 2^32 x 2^32 x 16 wrapped to 0, an "empty"
   // call that returned success and wrote nothing.
   constexpr int64_t kMaxDim = int64_t(1) << 31;
@@ -427,7 +438,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   if (err != cudaSuccess || a.B * a.H * a.T == 0) return err;
   const cudaStream_t st = a.stream;
   Params<Enc, In> p = make_params<Enc, In>(a);
-  Scratch scratch(st);
+  Scratch scratch(st, a.scratch);
   if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
   // The attention itself: the flash kernels for 16-bit inputs (wgmma on sm_90 where the build has
   // sm_90a code, mma.sync elsewhere and with value rows: flash_forward_runs), the general kernel
@@ -564,7 +575,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
   }
   if (n == 0) return cudaSuccess;  // (the pointers an empty call leaves null are not read below)
   Params<Enc, In> p = make_params<Enc, In>(a);
-  Scratch scratch(st);
+  Scratch scratch(st, a.scratch);
   if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
   constexpr int kNumRel = traits::NumRel<Enc>::value;
   constexpr int64_t kValueRows = value_rows<Enc>();

@@ -7,7 +7,10 @@
 // instantiated (dtype, head dim) pairs, lse in float32, features and params (and their
 // gradients) in float32. So: features and params are converted to float32 on the device (small:
 // (B, H, T) and the params), their gradients converted back; strided inputs are made contiguous
-// on the device. Scratch memory comes from the stream-ordered allocator of the kernels.
+// on the device. The kernels' scratch memory (q' and k', the backward's fp32 dQ', ...) comes from
+// PyTorch's CUDA allocator (TorchScratch), so torch.cuda.memory_allocated and
+// max_memory_allocated count it, PyTorch's memory limits apply to it, and it shares one pool with
+// the tensors; running out of it raises torch.OutOfMemoryError.
 //
 // No call waits for the GPU (a training step keeps its overlap; test_cuda.py runs every call
 // under torch.cuda.set_sync_debug_mode("error")). The backward's status word (cuda/kernel_entry.h:
@@ -28,6 +31,7 @@
 // keeps the fixed order whatever the variable says.
 #pragma once
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -89,6 +93,39 @@ inline at::Tensor kernel_operand(const at::Tensor &t) {
   return c;
 }
 
+// The kernels' scratch allocator (cuda/kernel_entry.h, CudaScratchAllocator) over PyTorch's CUDA
+// caching allocator: stream ordered as the kernels need (a block freed on a stream is reused by work
+// queued on that stream after it). A failed allocation is kept and raised after the call (raise()),
+// as PyTorch's own error: torch.OutOfMemoryError when the memory ran out.
+struct TorchScratch {
+  cuda::CudaScratchAllocator alloc;
+  std::string error;  // the allocator's message, when an allocation failed
+  bool out_of_memory = false;
+  TorchScratch() {
+    alloc.alloc = &take, alloc.free = &give, alloc.ctx = this;
+  }
+  TorchScratch(const TorchScratch &) = delete;
+  TorchScratch &operator=(const TorchScratch &) = delete;
+  static void *take(void *ctx, size_t bytes, cudaStream_t stream) {
+    auto *self = static_cast<TorchScratch *>(ctx);
+    try {
+      return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, stream);
+    } catch (const c10::OutOfMemoryError &e) {
+      self->error = e.what_without_backtrace(), self->out_of_memory = true;
+    } catch (const c10::Error &e) {
+      self->error = e.what_without_backtrace();
+    }
+    return nullptr;
+  }
+  static void give(void *, void *ptr, cudaStream_t) { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
+  // After a call: the allocator's own error when the call failed for want of scratch memory.
+  void raise(cudaError_t status, const std::string &who) const {
+    if (status != cudaErrorMemoryAllocation || error.empty()) return;
+    if (out_of_memory) TORCH_CHECK_WITH(OutOfMemoryError, false, who, "the CUDA kernels' scratch memory: ", error);
+    TORCH_CHECK(false, who, "the CUDA kernels' scratch memory: ", error);
+  }
+};
+
 inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tensor &q,
                                     double scale) {
   cuda::CudaAttnArgs a;
@@ -119,7 +156,11 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   a.first_row = first_row, a.layer = layer, a.num_layers = num_layers;
   std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
   a.features = fp.data(), a.params = pp.data();
-  check_cuda(var.forward(a), who);
+  TorchScratch scratch;
+  a.scratch = &scratch.alloc;
+  const cudaError_t status = var.forward(a);
+  scratch.raise(status, who);
+  check_cuda(status, who);
   return {o, lse};
 }
 
@@ -197,7 +238,11 @@ inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVari
     // into the device's record on the stream, never read here unless APE_CUDA_SYNC_CHECK asks.
     at::Tensor status = at::zeros({1}, qc.options().dtype(at::kInt));
     a.status = reinterpret_cast<uint32_t *>(status.data_ptr<int32_t>());
-    check_cuda(var.backward(a), who);
+    TorchScratch scratch;
+    a.scratch = &scratch.alloc;
+    const cudaError_t launched = var.backward(a);
+    scratch.raise(launched, who);
+    check_cuda(launched, who);
     status_record(q.device()).bitwise_or_(status);
     if (sync_check_requested()) {
       const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
