@@ -170,16 +170,17 @@ struct Rendezvous {
   c10::intrusive_ptr<c10d::Store> store;
   bool agent_store = false, hosts = false;
 };
-// Ends the process with `message` unless disarmed (destroyed) within `after`: for a call that can
-// block past its own timeout (a TCPStore client connected to a listener that is not a store never
-// hears back). Nothing is written before the group forms, so exiting loses nothing.
+// Ends the process (status 1, with `message` unless it is empty) unless disarmed (destroyed) within
+// `after`: for a call that can block past its own timeout (a TCPStore client connected to a
+// listener that is not a store never hears back). Nothing is written before the group forms, and
+// the caller flushes its log lines first, so exiting loses nothing.
 class Watchdog {
  public:
   Watchdog(std::chrono::milliseconds after, std::string message)
       : message_(std::move(message)), thread_([this, after] {
           std::unique_lock<std::mutex> lock(mutex_);
           if (!cv_.wait_for(lock, after, [this] { return done_; })) {
-            std::cerr << program_invocation_short_name << ": error: " << message_ << std::endl;
+            if (!message_.empty()) std::cerr << program_invocation_short_name << ": error: " << message_ << std::endl;
             std::_Exit(1);
           }
         }) {}
@@ -202,7 +203,16 @@ class Watchdog {
   std::thread thread_;  // last: it reads the members above
 };
 
-Rendezvous rendezvous(const DistConfig &cfg, std::chrono::milliseconds timeout, const std::string &who) {
+std::string seconds_text(double s) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%g", s);
+  return t;
+}
+
+// `quiet`: the watchdog ends the process without a message of its own (a refusing rank has said
+// why already).
+Rendezvous rendezvous(const DistConfig &cfg, std::chrono::milliseconds timeout, const std::string &who,
+                      bool quiet = false) {
   Rendezvous r;
   const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   const char *env_addr = std::getenv("MASTER_ADDR");
@@ -220,12 +230,17 @@ Rendezvous rendezvous(const DistConfig &cfg, std::chrono::milliseconds timeout, 
   if (const char *restart = std::getenv("TORCHELASTIC_RESTART_COUNT"); r.agent_store && restart && *restart)
     space += "/attempt_" + std::string(restart);
   const std::string where = cfg.master_addr + ":" + std::to_string(cfg.master_port);
+  std::cout << std::flush;  // the watchdog's exit must not lose a line
   try {
-    char t[32];
-    std::snprintf(t, sizeof t, "%g", cfg.timeout_s);
-    const Watchdog watchdog(timeout + std::chrono::seconds(10),
-                            who + "rendezvous at " + where + ": no answer from a store there within --dist-timeout " + t +
-                                " s (is another program listening on --master-port?)");
+    // c10d retries a refused connection for up to about twice its timeout (its own error comes
+    // then); the watchdog waits longer still.
+    const auto bound = 2 * timeout + std::chrono::seconds(30);
+    const Watchdog watchdog(
+        bound, quiet ? std::string()
+                     : who + "rendezvous at " + where + ": no store answered within " +
+                           seconds_text(std::chrono::duration<double>(bound).count()) +
+                           " s (is rank 0 running with this --master-addr/--master-port, and no other program "
+                           "listening there?)");
     auto tcp = c10::make_intrusive<c10d::TCPStore>(cfg.master_addr, so);
     r.store = c10::make_intrusive<c10d::PrefixStore>(space, tcp);
   } catch (const std::exception &e) {
@@ -240,12 +255,16 @@ std::string roll_key(int64_t rank) { return "roll/" + std::to_string(rank); }
 std::string seen_key(int64_t rank) { return "seen/" + std::to_string(rank); }
 std::vector<uint8_t> bytes(const std::string &s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-// The host of the store (rank 0 outside torchrun) keeps it up, for at most `linger`, until every
-// other rank has read the roll (seen/R), so that a rank reading a failure hears of it rather than of
-// a lost connection.
-void linger(c10d::Store &store, const DistConfig &cfg, std::chrono::milliseconds linger) {
+// How long the host of the store (rank 0 outside torchrun) keeps it up after a failed roll call
+// (its own refusal included), at most: until every other rank has read the roll (seen/R), so that
+// a rank reading a failure hears of it rather than of a lost connection. A rank started later waits
+// out --dist-timeout as it would have.
+constexpr double kLingerSeconds = 5.0;
+
+// Waits (at most `linger`) for seen/1 .. seen/(ranks - 1).
+void linger(c10d::Store &store, int64_t ranks, std::chrono::milliseconds linger) {
   const auto until = std::chrono::steady_clock::now() + linger;
-  for (int64_t r = 1; r < cfg.world_size; ++r) {
+  for (int64_t r = 1; r < ranks; ++r) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     if (left.count() <= 0) return;
     try {
@@ -256,13 +275,32 @@ void linger(c10d::Store &store, const DistConfig &cfg, std::chrono::milliseconds
   }
 }
 
-// The roll call: rank R posts "ok WORLD" (or "refused REASON") under roll/R, then reads every other
-// rank's post (each read waits up to --dist-timeout for a rank that has not come), then posts
-// seen/R. Throws GroupError for another --world-size or a refusal.
+// The roll call: rank R posts "ok WORLD", or "refused REASON" when `refusal` says why it will not
+// join, under roll/R; then reads every other rank's post in rank order (waiting up to
+// --dist-timeout, in all, for the ranks that have not come), then posts seen/R. Throws GroupError
+// for its own refusal, another rank's, or another --world-size.
 void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chrono::milliseconds timeout,
-               const std::string &who) {
-  store.set(roll_key(cfg.rank), bytes("ok " + std::to_string(cfg.world_size)));
+               const std::string &who, const std::string &refusal = "") {
+  const auto say = [&](const std::string &key, const std::string &value) {
+    try {
+      store.set(key, bytes(value));
+    } catch (const std::exception &e) {
+      throw GroupError(who + "the rendezvous store failed: " + reason(e));
+    }
+  };
+  const auto window = std::min(timeout, millis(kLingerSeconds));
+  if (!refusal.empty()) {
+    std::string text = refusal;
+    for (char &c : text)
+      if (c == '\n') c = ' ';
+    say(roll_key(cfg.rank), "refused " + text);
+    say(seen_key(cfg.rank), "1");
+    if (hosts) linger(store, cfg.world_size, window);
+    throw GroupError(who + refusal);
+  }
+  say(roll_key(cfg.rank), "ok " + std::to_string(cfg.world_size));
   std::string problem;
+  int64_t ranks = cfg.world_size;  // the most any rank said: the host waits for all of them to read
   const auto deadline = std::chrono::steady_clock::now() + timeout;  // for all the reads together
   for (int64_t r = 0; r < cfg.world_size && problem.empty(); ++r) {
     if (r == cfg.rank) continue;
@@ -276,37 +314,35 @@ void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chron
       throw GroupError(who + "rank " + std::to_string(r) + " did not join within --dist-timeout: " + reason(e) +
                        " (is it running, with the same --master-addr/--master-port and --world-size?)");
     }
-    if (post.rfind("refused ", 0) == 0)
+    if (post.rfind("refused ", 0) == 0) {
       problem = "rank " + std::to_string(r) + " refused to start: " + post.substr(8);
-    else if (post != "ok " + std::to_string(cfg.world_size))
+    } else if (post != "ok " + std::to_string(cfg.world_size)) {
       problem = "--world-size is " + std::to_string(cfg.world_size) + " here and " +
                 (post.rfind("ok ", 0) == 0 ? post.substr(3) : "'" + post + "'") + " on rank " + std::to_string(r) +
                 ": every rank needs the same --world-size (and WORLD_SIZE under torchrun)";
+      if (post.rfind("ok ", 0) == 0) ranks = std::max<int64_t>(ranks, std::atoll(post.c_str() + 3));
+    }
   }
   try {
     store.set(seen_key(cfg.rank), bytes("1"));
   } catch (const std::exception &) {
   }
   if (problem.empty()) return;
-  if (hosts) linger(store, cfg, std::min(timeout, std::chrono::milliseconds(15000)));
+  if (hosts) linger(store, std::min<int64_t>(ranks, 1 << 20), window);
   throw GroupError(who + problem);
 }
 }  // namespace
 
-void DataParallel::refuse_to_join(const DistConfig &cfg, const std::string &why, double linger_s) {
+void DataParallel::refuse_to_join(const DistConfig &cfg, const std::string &why) {
   if (!cfg.enabled() || cfg.world_size < 2) return;
   try {
     cfg.validate();
-    const auto window = millis(std::min(linger_s, cfg.timeout_s));
-    const Rendezvous r = rendezvous(cfg, window, "");
-    std::string text = why;
-    for (char &c : text)
-      if (c == '\n') c = ' ';
-    r.store->set(roll_key(cfg.rank), bytes("refused " + text));
-    r.store->set(seen_key(cfg.rank), bytes("1"));
-    if (r.hosts) linger(*r.store, cfg, window);
+    const auto window = millis(std::min(kLingerSeconds, cfg.timeout_s));
+    const Rendezvous r = rendezvous(cfg, window, "", /*quiet=*/true);
+    roll_call(*r.store, cfg, r.hosts, window, "", why);
   } catch (const std::exception &) {
-    // Best effort: the others wait for this rank as they would have.
+    // Best effort (the GroupError of its own refusal included): the others wait for this rank as
+    // they would have.
   }
 }
 
@@ -318,14 +354,22 @@ std::unique_ptr<DataParallel> DataParallel::join(const DistConfig &cfg, std::ost
   dp->impl_ = std::make_unique<Impl>();
   dp->backend_ = cfg.backend == "auto" ? "gloo" : cfg.backend;
   const std::string who = dp->who();
-  if (std::string why = backend_unavailable(dp->backend_); !why.empty())
-    throw GroupError(who + "--dist-backend " + dp->backend_ + ": " + why);
   const auto timeout = millis(cfg.timeout_s);
   const std::string where = cfg.master_addr + ":" + std::to_string(cfg.master_port);
+  // What this rank lacks for the group: said at the roll call, so that the others stop too.
+  std::string refusal;
+  if (std::string why = backend_unavailable(dp->backend_); !why.empty())
+    refusal = "--dist-backend " + dp->backend_ + ": " + why;
+#if APE_HAVE_C10D_NCCL
+  const int device = int(cfg.local_rank >= 0 ? cfg.local_rank : cfg.rank);
+  if (refusal.empty() && dp->backend_ == "nccl" && !nccl_device_present(device))
+    refusal = "--dist-backend nccl needs GPU " + std::to_string(device) +
+              " (LOCAL_RANK / --local-rank) and none answers; use --dist-backend gloo";
+#endif
   const Rendezvous rv = rendezvous(cfg, timeout, who);
   const bool agent_store = rv.agent_store;
   dp->impl_->store = rv.store;
-  roll_call(*rv.store, cfg, rv.hosts, timeout, who);
+  roll_call(*rv.store, cfg, rv.hosts, timeout, who, refusal);
 
   try {
     if (dp->backend_ == "gloo") {
@@ -342,10 +386,6 @@ std::unique_ptr<DataParallel> DataParallel::join(const DistConfig &cfg, std::ost
 #endif
     } else {
 #if APE_HAVE_C10D_NCCL
-      const int device = int(cfg.local_rank >= 0 ? cfg.local_rank : cfg.rank);
-      if (!nccl_device_present(device))
-        throw GroupError(who + "--dist-backend nccl needs GPU " + std::to_string(device) +
-                         " (LOCAL_RANK / --local-rank) and none answers; use --dist-backend gloo");
       dp->impl_->device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
       dp->impl_->pg = make_nccl_backend(dp->impl_->store, int(cfg.rank), int(cfg.world_size), timeout, device);
 #endif

@@ -79,9 +79,9 @@ class DataParallel {
   // A rank that will not join (its command line or data was refused) tells the others why, so that
   // they stop instead of waiting for it: it posts `reason` at the roll, as a client of the store (or
   // as its host, rank 0 outside torchrun, which then keeps it up until the others have read it).
-  // Best effort within `linger_s` seconds (and --dist-timeout): a rank that comes later waits as
+  // Best effort within 5 s (or --dist-timeout, if shorter): a rank that comes later waits as
   // before. Never throws.
-  static void refuse_to_join(const DistConfig &cfg, const std::string &reason, double linger_s = 15.0);
+  static void refuse_to_join(const DistConfig &cfg, const std::string &reason);
   virtual ~DataParallel();
 
   int64_t rank() const { return cfg_.rank; }

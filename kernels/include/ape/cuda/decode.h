@@ -67,8 +67,9 @@ struct CudaDecodeArgs {
   // as usual (cpu/decode.h likewise).
   int64_t layer = 0, num_layers = 0;
   cudaStream_t stream = nullptr;
-  // The forward's scratch memory (CudaAttnArgs::scratch; nullptr: cudaMallocAsync). The cache's
-  // own buffers come from cudaMallocAsync (release() frees them).
+  // The step's scratch memory (the forward's and its full-length outputs; CudaAttnArgs::scratch;
+  // nullptr: cudaMallocAsync). The cache's own buffers come from cudaMallocAsync (release() frees
+  // them).
   const CudaScratchAllocator *scratch = nullptr;
 };
 
@@ -128,6 +129,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     return cudaErrorInvalidValue;
   if (c.started() && (a.B != c.B || a.H != c.H || a.D != c.D || a.dtype != c.dtype))
     return cudaErrorInvalidValue;
+  if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return cudaErrorInvalidValue;
   const cudaStream_t st = a.stream;
   const int64_t S = a.B * a.H, L0 = c.len, n = a.n, L = L0 + n, D = a.D;
   const size_t row = static_cast<size_t>(D) * dtype_bytes(a.dtype);
@@ -148,10 +150,20 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   }
   c.len = L;
   // The forward over the L tokens from row L0, into (S, L, .) outputs; rows [L0, L) copied out.
+  // They are scratch: from the caller's allocator where it gave one.
+  auto take = [&](void *&ptr, size_t bytes) -> cudaError_t {
+    if (!a.scratch) return cudaMallocAsync(&ptr, bytes, st);
+    ptr = a.scratch->alloc(a.scratch->ctx, bytes, st);
+    return ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+  };
+  auto give = [&](void *ptr) {
+    if (a.scratch) a.scratch->free(a.scratch->ctx, ptr, st);
+    else cudaFreeAsync(ptr, st);
+  };
   void *o = nullptr, *lse = nullptr;
-  if ((err = cudaMallocAsync(&o, static_cast<size_t>(S * L) * row, st)) != cudaSuccess) return err;
-  if ((err = cudaMallocAsync(&lse, static_cast<size_t>(S * L) * sizeof(float), st)) != cudaSuccess) {
-    cudaFreeAsync(o, st);
+  if ((err = take(o, static_cast<size_t>(S * L) * row)) != cudaSuccess) return err;
+  if ((err = take(lse, static_cast<size_t>(S * L) * sizeof(float))) != cudaSuccess) {
+    give(o);
     return err;
   }
   CudaAttnArgs f;
@@ -166,8 +178,8 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   if (err == cudaSuccess && a.lse)
     err = copy_rows(a.lse, n, 0, static_cast<char *>(lse) + L0 * sizeof(float), L, n, S,
                     sizeof(float), st);
-  cudaFreeAsync(o, st);
-  cudaFreeAsync(lse, st);
+  give(o);
+  give(lse);
   return err;
 }
 

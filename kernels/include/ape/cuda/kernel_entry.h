@@ -65,7 +65,9 @@ inline const char *dtype_name(DType t) {
 // queued on `stream` from then on, or nullptr (the call then frees what it took and returns
 // cudaErrorMemoryAllocation); free gives a block back once the call's kernels that use it are
 // queued, so the allocator must be stream ordered: a freed block is reused only by work queued on
-// `stream` after them (as cudaMallocAsync and PyTorch's caching allocator do).
+// `stream` after them (as cudaMallocAsync and PyTorch's caching allocator do). Blocks must be
+// aligned to 16 bytes at least (256 is usual; another returns cudaErrorInvalidValue). Neither
+// function may throw: report a failure by returning nullptr.
 struct CudaScratchAllocator {
   void *(*alloc)(void *ctx, size_t bytes, cudaStream_t stream) = nullptr;
   void (*free)(void *ctx, void *ptr, cudaStream_t stream) = nullptr;

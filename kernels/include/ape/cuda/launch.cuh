@@ -41,7 +41,12 @@ class Scratch {
     void *ptr = nullptr;
     if (alloc_) {
       ptr = alloc_->alloc(alloc_->ctx, bytes, stream_);
-      if (!ptr) err = cudaErrorMemoryAllocation;
+      if (!ptr) {
+        err = cudaErrorMemoryAllocation;
+      } else if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {  // the kernels move 16-byte chunks
+        alloc_->free(alloc_->ctx, ptr, stream_);
+        err = cudaErrorInvalidValue;
+      }
     } else {
       err = cudaMallocAsync(&ptr, bytes, stream_);
     }

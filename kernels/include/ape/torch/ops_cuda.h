@@ -106,7 +106,9 @@ struct TorchScratch {
   }
   TorchScratch(const TorchScratch &) = delete;
   TorchScratch &operator=(const TorchScratch &) = delete;
-  static void *take(void *ctx, size_t bytes, cudaStream_t stream) {
+  // Neither throws (CudaScratchAllocator's contract: the kernels' host code is between them and
+  // the caller).
+  static void *take(void *ctx, size_t bytes, cudaStream_t stream) noexcept {
     auto *self = static_cast<TorchScratch *>(ctx);
     try {
       return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, stream);
@@ -114,10 +116,20 @@ struct TorchScratch {
       self->error = e.what_without_backtrace(), self->out_of_memory = true;
     } catch (const c10::Error &e) {
       self->error = e.what_without_backtrace();
+    } catch (const std::exception &e) {
+      self->error = e.what();
+    } catch (...) {
+      self->error = "an unknown error";
     }
     return nullptr;
   }
-  static void give(void *, void *ptr, cudaStream_t) { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
+  static void give(void *, void *ptr, cudaStream_t) noexcept {
+    try {
+      c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+    } catch (...) {
+      // A block the allocator cannot take back stays allocated: nothing better to do here.
+    }
+  }
   // After a call: the allocator's own error when the call failed for want of scratch memory.
   void raise(cudaError_t status, const std::string &who) const {
     if (status != cudaErrorMemoryAllocation || error.empty()) return;
