@@ -86,7 +86,7 @@ PRESETS = {
     # the whole pipeline (train, resume/skip, evaluate, report, plot) in a few minutes.
     "quick": dict(d_model=32, layers=1, heads=2, seq_len=16, batch=4, steps=8, warmup=2, lr=3e-3,
                   vocab=4096, multiples=[1, 2, 4, 8, 16], eval_tokens=512, seeds=[1234, 4321],
-                  encodings=CLAIM_ENCODINGS, seeded=["rope"], min_seeds=2, checkpoint_minutes=5.0,
+                  encodings=CLAIM_ENCODINGS + ["expe_rule"], seeded=["rope"], min_seeds=2, checkpoint_minutes=5.0,
                   transition=dict(layers=4, steps=8, settings=[(0.5, 2)]),
                   finetune=dict(steps=2, lr_scale=0.1, warmup=0), lr_sweep=[0.01]),
     # The committed study (bench/results/study.md), one thread per run: 4.1M training tokens per

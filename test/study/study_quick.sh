@@ -18,14 +18,19 @@ start=$(date +%s)
 study > "$work/first.log" 2>&1 || { cat "$work/first.log"; fail "the quick study failed"; }
 echo "quick study: $(( $(date +%s) - start )) s"
 
-# 10 runs (7 claim encodings, rope's second seed, the 4-layer rope of the attention transition with
-# both seeds) x 5 lengths, and the variants: rope x 2 seeds x (pi, ntk, yarn, dynamic_ntk), expe and
-# exqpe at sigma 0.5, the transition at beta 0.5 (both seeds): 22 jobs x 5 lengths; and each rope model fine-tuned at 2L with
+# 11 runs (7 claim encodings, ExPE by its paper's rule (expe_rule: a spec the driver writes, trained
+# with ape-train --spec, compiled at run time), rope's second seed, the 4-layer rope of the
+# attention transition with both seeds) x 5 lengths, and the variants: rope x 2 seeds x (pi, ntk,
+# yarn, dynamic_ntk), expe, exqpe and expe_rule at sigma 0.5, the transition at beta 0.5 (both
+# seeds): 24 jobs x 5 lengths; and each rope model fine-tuned at 2L with
 # and without PI (4 runs x the 4 lengths from 2L on); and the learning-rate sweep: rope at a hundredth
 # of the rate (1 run x 5 lengths) and both first-seed rope models at 1x on the validation books (2
 # rows; the preset's rate wins, so nothing more runs).
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 133 ] || fail "results.csv has $rows rows, expected 133"
+[ "$rows" -eq 143 ] || fail "results.csv has $rows rows, expected 143"
+grep -q -- "--spec $out/specs/expe_rule.mlir" "$work/first.log" || fail "expe_rule was not trained from its spec (--spec)"
+grep -q "^expe_rule-s1234,expe_rule,1234,sigma0.5,expe_rule,.*,16,256,16," "$out/results.csv" ||
+  fail "no row of expe_rule (trained from its spec) at sigma 0.5 and 16x"
 [ "$(grep -c ',valid,' "$out/results.csv")" -eq 2 ] || fail "expected 2 rows on the validation books"
 grep -q -- "--split valid" "$work/first.log" || fail "the sweep did not score the validation books"
 grep -q "^| rope | .* | 0.003 |$" "$out/study.md" || fail "no chosen learning rate for rope"
@@ -69,7 +74,7 @@ grep -q "2 jobs to do" "$work/redo.log" || { cat "$work/redo.log"; fail "expecte
 [ "$(grep -c 'ape-train -e cable' "$work/redo.log")" -eq 1 ] || fail "cable was not retrained once"
 [ "$(grep -c 'ape-train' "$work/redo.log")" -eq 1 ] || fail "another run was retrained"
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 133 ] || fail "after the redo results.csv has $rows rows, expected 133"
+[ "$rows" -eq 143 ] || fail "after the redo results.csv has $rows rows, expected 143"
 
 # An interrupted training run (its checkpoint, no results yet) is continued, not restarted.
 grep -v "^t5-s1234," "$out/results.csv" > "$work/r.csv"
@@ -78,7 +83,7 @@ rm -f "$out/runs/t5-s1234/results.csv"
 study > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "the resume failed"; }
 grep -q "ape-train --resume $out/runs/t5-s1234/t5.ckpt" "$work/resume.log" || fail "t5 was not resumed"
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 133 ] || fail "after the resume results.csv has $rows rows, expected 133"
+[ "$rows" -eq 143 ] || fail "after the resume results.csv has $rows rows, expected 143"
 
 # --retrain-missing: a run recorded whose folder is gone (an earlier study's) is trained again,
 # its rows (trained and evaluated) replaced at once; without the flag nothing runs.
@@ -91,7 +96,7 @@ study --retrain-missing > "$work/retrain.log" 2>&1 || { cat "$work/retrain.log";
   { cat "$work/retrain.log"; fail "--retrain-missing did not retrain exactly alibi-s1234"; }
 [ -s "$out/runs/alibi-s1234/alibi.ckpt" ] || fail "the retrained run has no checkpoint"
 rows=$(tail -n +2 "$out/results.csv" | wc -l)
-[ "$rows" -eq 133 ] || fail "after the retrain results.csv has $rows rows, expected 133"
+[ "$rows" -eq 143 ] || fail "after the retrain results.csv has $rows rows, expected 143"
 [ "$(grep -c '^alibi-s1234,' "$out/results.csv")" -eq 5 ] || fail "alibi-s1234's rows were not replaced"
 [ "$(grep -c '^alibi-s1234,' "$out/train.csv")" -eq 1 ] || fail "alibi-s1234's training row was not replaced"
 
