@@ -46,6 +46,8 @@ std::string header(const KernelInputInfo &info, StringRef source) {
     in << " *   params[APE_" << N << "_PARAM_" << upper(p.ident) << "]: \"" << p.name << "\" "
        << p.shapeText << ", init " << abi::name(p.init) << (p.trainable ? ", trainable" : ", not trainable")
        << "\n";
+  for (const std::string &note : info.outside)
+    in << folder::wrap("Not here: " + note + ".", " *   ");
   if (llvm::any_of(info.params, [](const auto &p) { return p.derived.has_value(); }))
     in << " * A projection_term / projection_prefix param is derived from a projection weight (the\n"
        << " * manifest says how: ape_" << n << "_manifest()); the caller computes it and receives its\n"

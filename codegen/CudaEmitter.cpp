@@ -14,7 +14,9 @@
 //===----------------------------------------------------------------------===//
 #include "codegen/EmitterRegistry.h"
 
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Regex.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
@@ -132,10 +134,6 @@ LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
 
 LogicalResult mlir::ape::writeCudaSources(KernelOp kernel, StringRef source,
                                           ArrayRef<CudaVariant> variants, StringRef dir) {
-  if (std::error_code ec = llvm::sys::fs::create_directories(dir)) {
-    llvm::errs() << "apec: cannot create " << dir << ": " << ec.message() << "\n";
-    return failure();
-  }
   llvm::SmallString<256> base(dir);
   llvm::sys::path::append(base, kernel.getSymName() + "_cuda");
   if (failed(writeFile((base + ".cuh").str(),
@@ -144,11 +142,24 @@ LogicalResult mlir::ape::writeCudaSources(KernelOp kernel, StringRef source,
         return emitCudaEntry(kernel, source, variants, os);
       })))
     return failure();
+  llvm::StringSet<> written;
   for (const CudaVariant &v : variants) {
+    std::string name = (kernel.getSymName() + "_cuda_" + variantSuffix(v) + ".cu").str();
+    written.insert(name);
     if (failed(writeFile((base + "_" + variantSuffix(v) + ".cu").str(), [&](raw_ostream &os) {
           emitCudaInstantiation(kernel, source, v, os);
           return success();
         })))
+      return failure();
+  }
+  // The variants an earlier run wrote here and this one does not (other --cuda-dtypes or
+  // --cuda-head-dims) go: a build that takes every NAME_cuda*.cu of the folder (a CUDA package's
+  // CMakeLists.txt does) would compile them for nothing.
+  const llvm::Regex variant("^" + llvm::Regex::escape(kernel.getSymName()) + "_cuda_(bf16|f16|f32)_hd[0-9]+\\.cu$");
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    StringRef name = llvm::sys::path::filename(it->path());
+    if (variant.match(name) && !written.contains(name) && failed(removeStaleFile(it->path())))
       return failure();
   }
   return success();

@@ -29,18 +29,11 @@ LogicalResult mlir::ape::writeCudaPackageSupport(StringRef dir) {
   for (const EmbeddedFile &f : kFiles) {
     llvm::SmallString<256> path(dir);
     llvm::sys::path::append(path, f.path);
-    if (std::error_code ec = llvm::sys::fs::create_directories(llvm::sys::path::parent_path(path))) {
-      llvm::errs() << "apec: cannot create " << llvm::sys::path::parent_path(path) << ": "
-                   << ec.message() << "\n";
+    if (failed(writeFile(path, [&](raw_ostream &os) {
+          os << f.text;
+          return success();
+        })))
       return failure();
-    }
-    std::error_code ec;
-    llvm::raw_fd_ostream os(path, ec);
-    if (ec) {
-      llvm::errs() << "apec: cannot write " << path << ": " << ec.message() << "\n";
-      return failure();
-    }
-    os << f.text;
   }
   return success();
 }

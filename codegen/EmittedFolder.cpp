@@ -78,9 +78,35 @@ FailureOr<folder::KernelInputInfo> folder::collectInputs(KernelOp kernel,
         return p.emitOpError("has ") << param.dims.size()
                                      << " dimensions; the generated libraries take at most 8";
       info.params.push_back(std::move(param));
+    } else if (auto e = dyn_cast<PositionEmbeddingOp>(op)) {
+      info.outside.push_back(
+          std::string("absolute positions are added to the token embedding (") +
+          (e.getLearned() ? "a learned table" : "a closed-form table") +
+          "), not in attention: these kernels compute the attention alone, so add the embedding to "
+          "the model's input yourself (the manifest's \"embedding\" says how)");
+    } else if (isa<MaskedProjectionOp>(op)) {
+      info.outside.push_back(
+          "the override projects q/k (and v) from part of the input only: compute q, k and v "
+          "with the manifest's \"override\" before calling these kernels");
     }
   }
   return info;
+}
+
+std::string folder::wrap(StringRef text, StringRef prefix, size_t width) {
+  std::string out, line;
+  SmallVector<StringRef> words;
+  text.split(words, ' ', -1, /*KeepEmpty=*/false);
+  for (StringRef w : words) {
+    if (!line.empty() && prefix.size() + line.size() + 1 + w.size() > width) {
+      out += prefix.str() + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + w.str();
+  }
+  if (!line.empty())
+    out += prefix.str() + line + "\n";
+  return out;
 }
 
 std::string folder::substitute(StringRef text,

@@ -46,7 +46,14 @@ struct KernelInputInfo {
   SmallVector<Feature> features;
   SmallVector<Param> params;
   std::optional<double> scale;  // absent: 1/sqrt(D)
+  /// What the encoding does outside the attention kernels, which the caller must do itself
+  /// (absolute positions added to the token embedding, an override's masked projections): one
+  /// sentence each, for the generated headers (none: empty).
+  SmallVector<std::string> outside;
 };
+
+/// `text` in lines of at most `width` characters, each starting with `prefix` and ending with '\n'.
+std::string wrap(StringRef text, StringRef prefix, size_t width = 96);
 
 /// Collects the features and params of `kernel`; identifiers avoid `reserved`.
 FailureOr<KernelInputInfo> collectInputs(KernelOp kernel, ArrayRef<StringRef> reserved);

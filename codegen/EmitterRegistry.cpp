@@ -55,6 +55,82 @@ std::string EmitOptions::path(const Twine &name) const {
   return p.str().str();
 }
 
+namespace {
+// The run's staged output (beginOutput .. commitOutput).
+struct Output {
+  bool staging = false;
+  std::string input;                                // the spec: never written over
+  std::vector<std::pair<std::string, std::string>> files;  // path, contents
+  std::vector<std::string> removals;
+};
+Output &output() {
+  static Output o;
+  return o;
+}
+
+// Writes `contents` to `path` (its folder created), or reports why it cannot. A write error (a full
+// disk) is reported, and the partial file removed, rather than left to the stream's fatal error.
+LogicalResult writeNow(StringRef path, StringRef contents) {
+  StringRef parent = llvm::sys::path::parent_path(path);
+  if (!parent.empty())
+    if (std::error_code ec = llvm::sys::fs::create_directories(parent)) {
+      llvm::errs() << "apec: cannot create " << parent << ": " << ec.message() << "\n";
+      return failure();
+    }
+  std::string error;
+  auto out = openOutputFile(path, &error);
+  if (!out) {
+    llvm::errs() << "apec: cannot write " << path << ": " << error << "\n";
+    return failure();
+  }
+  out->os() << contents;
+  out->os().flush();
+  if (std::error_code ec = out->os().error()) {
+    llvm::errs() << "apec: cannot write " << path << ": " << ec.message() << "\n";
+    out->os().clear_error();
+    return failure();  // not kept: ToolOutputFile removes the partial file
+  }
+  out->keep();
+  return success();
+}
+} // namespace
+
+void mlir::ape::beginOutput(StringRef input) {
+  Output &o = output();
+  o.staging = true, o.input = input.str();
+  o.files.clear(), o.removals.clear();
+}
+
+LogicalResult mlir::ape::commitOutput() {
+  Output &o = output();
+  o.staging = false;
+  for (const std::string &path : o.removals)
+    if (std::error_code ec = llvm::sys::fs::remove(path)) {
+      llvm::errs() << "apec: cannot remove " << path << ": " << ec.message() << "\n";
+      return failure();
+    }
+  for (const auto &[path, contents] : o.files) {
+    if (auto old = llvm::MemoryBuffer::getFile(path); old && (*old)->getBuffer() == contents)
+      continue;
+    if (failed(writeNow(path, contents)))
+      return failure();
+  }
+  o.files.clear(), o.removals.clear();
+  return success();
+}
+
+LogicalResult mlir::ape::removeStaleFile(StringRef path) {
+  if (output().staging) {
+    output().removals.push_back(path.str());
+    return success();
+  }
+  if (std::error_code ec = llvm::sys::fs::remove(path)) {
+    llvm::errs() << "apec: cannot remove " << path << ": " << ec.message() << "\n";
+    return failure();
+  }
+  return success();
+}
+
 LogicalResult mlir::ape::writeFile(StringRef path,
                                    llvm::function_ref<LogicalResult(raw_ostream &)> fn) {
   // The contents first: a file that already holds them is left untouched (its time stamp too),
@@ -65,17 +141,27 @@ LogicalResult mlir::ape::writeFile(StringRef path,
     if (failed(fn(os)))
       return failure();
   }
+  // What is at `path` now: nothing, or a regular file (a device, a FIFO or a folder there would be
+  // read forever or not be replaced), and never the spec apec reads.
+  llvm::sys::fs::file_status st;
+  if (!llvm::sys::fs::status(path, st) && llvm::sys::fs::exists(st)) {
+    if (!llvm::sys::fs::is_regular_file(st)) {
+      llvm::errs() << "apec: cannot write " << path << ": something other than a regular file is there\n";
+      return failure();
+    }
+    bool same = false;
+    if (!output().input.empty() && !llvm::sys::fs::equivalent(path, output().input, same) && same) {
+      llvm::errs() << "apec: " << path << " is the input spec itself: write the outputs elsewhere (-o)\n";
+      return failure();
+    }
+  }
+  if (output().staging) {
+    output().files.emplace_back(path.str(), std::move(contents));
+    return success();
+  }
   if (auto old = llvm::MemoryBuffer::getFile(path); old && (*old)->getBuffer() == contents)
     return success();
-  std::string error;
-  auto out = openOutputFile(path, &error);
-  if (!out) {
-    llvm::errs() << "apec: cannot write " << path << ": " << error << "\n";
-    return failure();
-  }
-  out->os() << contents;
-  out->keep();
-  return success();
+  return writeNow(path, contents);
 }
 
 LogicalResult mlir::ape::writeFolder(
@@ -86,12 +172,6 @@ LogicalResult mlir::ape::writeFolder(
   for (const EmittedFile &file : files) {
     llvm::SmallString<256> path(dir);
     llvm::sys::path::append(path, file.path);
-    if (std::error_code ec =
-            llvm::sys::fs::create_directories(llvm::sys::path::parent_path(path))) {
-      llvm::errs() << "apec: cannot create " << llvm::sys::path::parent_path(path) << ": "
-                   << ec.message() << "\n";
-      return failure();
-    }
     if (failed(writeFile(path, [&](raw_ostream &os) {
           os << file.contents;
           return success();

@@ -72,9 +72,22 @@ const Emitter *lookupEmitter(llvm::StringRef name);
 
 /// Writes the file `path` with what `fn` prints, unless it already holds exactly that (left
 /// alone, its time stamp too: re-running apec does not trigger a rebuild); reports "apec: cannot
-/// write ..." and fails when it cannot, and writes nothing when `fn` fails.
+/// write ..." and fails when it cannot (a write error, a full disk, something at `path` that is
+/// not a regular file, the input spec itself), and writes nothing when `fn` fails. Between
+/// beginOutput and commitOutput the file is only staged: written at the commit.
 LogicalResult writeFile(llvm::StringRef path,
                         llvm::function_ref<LogicalResult(llvm::raw_ostream &)> fn);
+
+/// Removes the file `path` (a file an earlier run wrote that this one does not: a CUDA variant no
+/// longer asked for), at the commit when staging.
+LogicalResult removeStaleFile(llvm::StringRef path);
+
+/// apec's all-or-nothing output: from beginOutput on, writeFile and removeStaleFile only stage
+/// their files; commitOutput writes (and removes) them all, so an emitter that fails part way
+/// leaves no file of the run behind. `input` is the spec being compiled, which no output may
+/// replace.
+void beginOutput(llvm::StringRef input);
+LogicalResult commitOutput();
 
 /// Writes the files that `fn` emits into the folder `dir` (created with its subfolders), each by
 /// writeFile (a file whose contents did not change is left alone).

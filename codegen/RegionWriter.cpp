@@ -185,6 +185,19 @@ void RegionWriter::define(Operation &op, const std::string &expr) {
 }
 
 LogicalResult RegionWriter::emitOp(Operation &op) {
+  // The region language's types (docs/internals.md): f32, i1, i64 and index. Another (i32, f16, ...)
+  // would be computed as f32 or int64 here, silently dropping its wrap-around or rounding.
+  if (isa<arith::ArithDialect, math::MathDialect>(op.getDialect())) {
+    auto supported = [](Type t) { return t.isF32() || t.isInteger(1) || t.isInteger(64) || t.isIndex(); };
+    SmallVector<Type> types(op.getOperandTypes());
+    llvm::append_range(types, op.getResultTypes());
+    for (Type t : types)
+      if (!supported(t)) {
+        std::string name;
+        llvm::raw_string_ostream(name) << t;
+        return op.emitOpError("uses type ") << name << ": region bodies compute on f32, i1, i64 and index only";
+      }
+  }
   auto a = [&](unsigned i) { return get(op.getOperand(i)); };
   auto bin = [&](StringRef sym) { return "(" + a(0) + " " + sym.str() + " " + a(1) + ")"; };
   auto call = [&](StringRef fn) {
@@ -247,27 +260,44 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
           .Case([&](arith::MinUIOp) {
             return "int64_t(std::min(" + u64(0) + ", " + u64(1) + "))";
           })
-          .Case<arith::MaximumFOp, arith::MaxNumFOp>([&](auto) { return call("std::max<T>"); })
-          .Case<arith::MinimumFOp, arith::MinNumFOp>([&](auto) { return call("std::min<T>"); })
+          // NaN: maximumf / minimumf propagate it, maxnumf / minnumf take the number
+          // (contract/float_math.h).
+          .Case([&](arith::MaximumFOp) { return call("::ape::float_math::maximum<T>"); })
+          .Case([&](arith::MinimumFOp) { return call("::ape::float_math::minimum<T>"); })
+          .Case([&](arith::MaxNumFOp) { return call("::ape::float_math::maxnum<T>"); })
+          .Case([&](arith::MinNumFOp) { return call("::ape::float_math::minnum<T>"); })
           .Case([&](arith::SelectOp) { return "(" + a(0) + " ? " + a(1) + " : " + a(2) + ")"; })
           .Case<arith::IndexCastOp, arith::IndexCastUIOp, arith::ExtSIOp, arith::TruncIOp>(
               [&](auto) { return "int64_t(" + a(0) + ")"; })
           .Case([&](arith::SIToFPOp) { return "T(" + a(0) + ")"; })
           .Case([&](arith::UIToFPOp) { return "T(" + u64(0) + ")"; })
-          .Case<arith::FPToSIOp, arith::FPToUIOp>([&](auto) { return "int64_t(" + a(0) + ")"; })
+          // Truncation saturated to int64, NaN -> 0 (contract/float_math.h).
+          .Case<arith::FPToSIOp, arith::FPToUIOp>([&](auto) { return call("::ape::float_math::to_int<T>"); })
+          // C++'s comparisons are the ordered ones (false with a NaN operand, != aside); an
+          // unordered predicate is the negation of the opposite ordered one.
           .Case([&](arith::CmpFOp c) -> std::optional<std::string> {
             using P = arith::CmpFPredicate;
+            auto lnot = [](const std::string &s) { return "(!" + s + ")"; };
+            auto ordered = [&] { return "(" + a(0) + " == " + a(0) + " && " + a(1) + " == " + a(1) + ")"; };
             switch (c.getPredicate()) {
-            case P::OEQ: case P::UEQ: return bin("==");
-            case P::ONE: case P::UNE: return bin("!=");
-            case P::OLT: case P::ULT: return bin("<");
-            case P::OLE: case P::ULE: return bin("<=");
-            case P::OGT: case P::UGT: return bin(">");
-            case P::OGE: case P::UGE: return bin(">=");
+            case P::OEQ: return bin("==");
+            case P::ONE: return "(" + bin("<") + " || " + bin(">") + ")";
+            case P::OLT: return bin("<");
+            case P::OLE: return bin("<=");
+            case P::OGT: return bin(">");
+            case P::OGE: return bin(">=");
+            case P::ORD: return ordered();
+            case P::UEQ: return lnot("(" + bin("<") + " || " + bin(">") + ")");
+            case P::UNE: return bin("!=");
+            case P::ULT: return lnot(bin(">="));
+            case P::ULE: return lnot(bin(">"));
+            case P::UGT: return lnot(bin("<="));
+            case P::UGE: return lnot(bin("<"));
+            case P::UNO: return lnot(ordered());
             case P::AlwaysTrue: return std::string("true");
             case P::AlwaysFalse: return std::string("false");
-            default: return std::nullopt;
             }
+            return std::nullopt;
           })
           .Case([&](arith::CmpIOp c) -> std::optional<std::string> {
             using P = arith::CmpIPredicate;

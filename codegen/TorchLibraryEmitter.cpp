@@ -119,6 +119,8 @@ std::string pythonHelper(const KernelInputInfo &info, StringRef source, StringRe
   for (const auto &p : info.params)
     in << "    " << p.ident << ": " << p.shapeText << ", param '" << p.name << "', init "
        << abi::name(p.init) << (p.trainable ? ", trainable" : ", not trainable") << "\n";
+  for (const std::string &note : info.outside)
+    in << folder::wrap("Not here: " + note + ".", "    ");
   inputs.pop_back();  // the template ends the line
   for (const auto &f : info.features)
     arguments += (arguments.empty() ? "" : ", ") + folder::cString(f.ident);

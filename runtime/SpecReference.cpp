@@ -5,6 +5,7 @@
 #include "ape/contract/vocabulary.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 
@@ -93,6 +94,17 @@ void require_nonnegative(const std::vector<Tensor> &xs, const std::string &op,
 }
 
 Tensor clamp_index(const Tensor &i, int64_t size) { return i.clamp(0, size - 1); }
+
+// The kernels' float -> int conversion (contract/float_math.h): truncation toward zero saturated
+// to int64's range, NaN -> 0.
+Tensor to_int(const Tensor &x) {
+  const double top = 9223372036854775808.0;  // 2^63
+  const Tensor high = x >= top, low = x < -top, nan = at::isnan(x);
+  const Tensor safe = at::where(high | low | nan, at::zeros_like(x), x);
+  Tensor out = at::trunc(safe).to(at::kLong);
+  out = at::where(high, at::full_like(out, INT64_MAX), out);
+  return at::where(low, at::full_like(out, INT64_MIN), out);
+}
 
 Tensor load(const json &src, const std::vector<Tensor> &idx, const Env &env) {
   const SpecReferenceData &d = *env.data;
@@ -224,7 +236,7 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
     return need(1), to_kind(x[0]);
   if (name == "arith.sitofp") return need(1), x[0].to(env.dtype);
   if (name == "arith.uitofp") return need(1), require_nonnegative(x, name, d), x[0].to(env.dtype);
-  if (name == "arith.fptosi" || name == "arith.fptoui") return need(1), at::trunc(x[0]).to(at::kLong);
+  if (name == "arith.fptosi" || name == "arith.fptoui") return need(1), to_int(x[0]);
   if (name == "arith.extf" || name == "arith.truncf") return need(1), x[0];
   // math
   if (name == "math.exp") return need(1), at::exp(x[0]);

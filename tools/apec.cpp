@@ -228,6 +228,9 @@ int main(int argc, char **argv) {
   // The emitters that read the encodings as written (--emit=reference) run on a copy of the
   // spec after expand and push-override only, before the spec is lowered.
   ape::EmitOptions options{source, outDir, variants};
+  // All or nothing: the files are staged and written once every emitter has succeeded (a spec
+  // that one emitter refuses leaves no file of another behind), and none replaces the input.
+  ape::beginOutput(inputFile.getValue());
   if (llvm::any_of(wanted, [](const ape::Emitter *e) { return e->emitEncoding; })) {
     OwningOpRef<ModuleOp> copy = module->clone();
     PassManager early(&context);
@@ -246,7 +249,8 @@ int main(int argc, char **argv) {
   if (failed(ape::lowerSpec(*module, pm)))
     return 1;
 
-  if (failed(runEmitters(*module, wanted, &ape::Emitter::emitKernel, options)))
+  if (failed(runEmitters(*module, wanted, &ape::Emitter::emitKernel, options)) ||
+      failed(ape::commitOutput()))
     return 1;
   return 0;
 }

@@ -68,6 +68,20 @@ add_test(NAME ape_check.spec_int_division
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/int_division.mlir)
 set_tests_properties(ape_check.spec_int_division PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# NaN through maxnumf, maximumf, the unordered and ordered cmpf predicates and fptosi, and fptosi
+# saturating: the kernels (contract/float_math.h) and the reference agree on MLIR's meanings.
+add_test(NAME ape_check.spec_nan_semantics
+  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^dq +fp64 .* pass$" "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/nan_semantics.mlir)
+set_tests_properties(ape_check.spec_nan_semantics PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# A type outside f32, i1, i64 and index in a region (i32 arithmetic that would wrap): refused with
+# its location, where it was computed in int64.
+add_test(NAME ape_check.error_i32_region
+  COMMAND ${_expect} 2 "i32wrap.mlir:[0-9]+:[0-9]+: error: 'arith\\.[a-z_]+' op uses type i32: region bodies compute on f32, i1, i64 and index only"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/i32wrap.mlir)
+set_tests_properties(ape_check.error_i32_region PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A power with base 0 on the diagonal and a trainable base scale and exponent: finite gradients
 # (torch.pow's at 0), against the reference and central differences.
 add_test(NAME ape_check.spec_powf_zero_base

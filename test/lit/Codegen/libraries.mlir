@@ -48,6 +48,7 @@
 // FILES-NEXT: odd_names_ops.cpp
 // The kernel headers a folder copies: those its sources include, transitively (the CUDA parts too).
 // HEADERS: ape/contract/enc_traits.h
+// HEADERS-NEXT: ape/contract/float_math.h
 // HEADERS-NEXT: ape/contract/int_math.h
 // HEADERS-NEXT: ape/contract/kernel_inputs.h
 // HEADERS-NEXT: ape/contract/transition.h
@@ -90,6 +91,7 @@
 // CHEADERS: ape/c/abi.h
 // CHEADERS-NEXT: ape/c/abi_impl.h
 // CHEADERS-NEXT: ape/contract/enc_traits.h
+// CHEADERS-NEXT: ape/contract/float_math.h
 // CHEADERS-NEXT: ape/contract/int_math.h
 // CHEADERS-NEXT: ape/contract/kernel_inputs.h
 // CHEADERS-NEXT: ape/contract/transition.h

@@ -30,7 +30,8 @@
 
 #include <type_traits>
 
-#include "ape/contract/int_math.h"  // the regions' integer division (every emitted functor)
+#include "ape/contract/float_math.h"  // the regions' NaN-aware max/min and float -> int
+#include "ape/contract/int_math.h"    // the regions' integer division (every emitted functor)
 
 namespace ape::traits {
 
