@@ -1746,29 +1746,46 @@ TEST(CudaArgs, NullGradientPointersAreRefused) {
   expect_no_findings();
 }
 
-// Every row pointer at a multiple of 16 bytes (cuda/kernel_entry.h): a tensor 2 bytes into a
-// buffer is refused before any launch (it would have ended in a sticky misaligned-address error),
-// and the same call at the aligned address runs.
-TEST(CudaArgs, MisalignedRowPointersAreRefused) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  const CudaKernelEntry *e = find_cuda("nope");
-  if (!e) GTEST_SKIP() << "nope is not in this build";
+// The bf16, head dim 64 variant of `name`, or null (the test then skips, saying why in `why`).
+const ape::cuda::CudaVariant *bf16_hd64(const char *name, std::string &why) {
+  if (!has_gpu()) return why = "no CUDA device", nullptr;
+  const CudaKernelEntry *e = find_cuda(name);
+  if (!e) return why = std::string(name) + " is not in this build", nullptr;
   const auto *var = ape::cuda::find_variant(*e, ape::cuda::DType::BF16, 64);
-  if (!var) GTEST_SKIP() << "nope has no bf16/hd64 variant in this build";
+  if (!var) why = std::string(name) + " has no bf16/hd64 variant in this build";
+  return var;
+}
+
+// A call at B 1, H 1, T 8, D 64 in bf16 over a zeroed 1 MiB device buffer: q, k, v, o, dout, dq,
+// dk, dv, lse and the status word side by side, each at a multiple of 16 bytes.
+struct PackedCall {
   DevBuf buf;
-  ASSERT_EQ(cudaMalloc(&buf.ptr, 1 << 20), cudaSuccess);
-  ASSERT_EQ(cudaMemset(buf.ptr, 0, 1 << 20), cudaSuccess);
-  char *base = static_cast<char *>(buf.ptr);
-  uint32_t *status = reinterpret_cast<uint32_t *>(base + (1 << 19));
-  auto args = [&] {
+  char *base = nullptr;
+  PackedCall() {
+    EXPECT_EQ(cudaMalloc(&buf.ptr, 1 << 20), cudaSuccess);
+    EXPECT_EQ(cudaMemset(buf.ptr, 0, 1 << 20), cudaSuccess);
+    base = static_cast<char *>(buf.ptr);
+  }
+  CudaAttnArgs args() const {
     CudaAttnArgs a;
     a.B = 1, a.H = 1, a.T = 8, a.D = 64, a.dtype = ape::cuda::DType::BF16, a.scale = 0.125f;
     const size_t t = 8 * 64 * 2;  // bytes of one tensor
     a.q = base, a.k = base + t, a.v = base + 2 * t, a.o = base + 3 * t, a.dout = base + 4 * t;
     a.dq = base + 5 * t, a.dk = base + 6 * t, a.dv = base + 7 * t;
-    a.lse = reinterpret_cast<float *>(base + 8 * t), a.status = status;
+    a.lse = reinterpret_cast<float *>(base + 8 * t), a.status = reinterpret_cast<uint32_t *>(base + 9 * t);
     return a;
-  };
+  }
+};
+
+// Every row pointer at a multiple of 16 bytes (cuda/kernel_entry.h): a tensor 2 bytes into a
+// buffer is refused before any launch (it would have ended in a sticky misaligned-address error),
+// and the same call at the aligned address runs.
+TEST(CudaArgs, MisalignedRowPointersAreRefused) {
+  std::string why;
+  const auto *var = bf16_hd64("nope", why);
+  if (!var) GTEST_SKIP() << why;
+  const PackedCall call;
+  auto args = [&] { return call.args(); };
   ASSERT_EQ(var->forward(args()), cudaSuccess);
   ASSERT_EQ(var->backward(args()), cudaSuccess);
   const char *names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
@@ -1813,12 +1830,10 @@ struct CountingScratch {
 // fails the call with cudaErrorMemoryAllocation, the blocks taken before given back; an allocator
 // with a function missing is refused.
 TEST(CudaArgs, ScratchComesFromTheCallersAllocator) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  const CudaKernelEntry *e = find_cuda("rope");
-  if (!e) GTEST_SKIP() << "rope is not in this build";
-  const auto *var = ape::cuda::find_variant(*e, ape::cuda::DType::BF16, 64);
-  if (!var) GTEST_SKIP() << "rope has no bf16/hd64 variant in this build";
-  const Problem p = make_problem(*e, 1, 2, 37, 64, 41);
+  std::string why;
+  const auto *var = bf16_hd64("rope", why);
+  if (!var) GTEST_SKIP() << why;
+  const Problem p = make_problem(*find_cuda("rope"), 1, 2, 37, 64, 41);
   Outputs plain, counted;
   run_gpu(*var, p, plain);
   CountingScratch scratch;
@@ -1832,20 +1847,12 @@ TEST(CudaArgs, ScratchComesFromTheCallersAllocator) {
   for (size_t n = 0; n < plain.size(); ++n)
     EXPECT_TRUE(torch::equal(plain[n].second, counted[n].second)) << plain[n].first << " differs";
 
-  DevBuf buf;
-  ASSERT_EQ(cudaMalloc(&buf.ptr, 1 << 20), cudaSuccess);
-  ASSERT_EQ(cudaMemset(buf.ptr, 0, 1 << 20), cudaSuccess);
-  char *base = static_cast<char *>(buf.ptr);
-  std::vector<const float *> side(16, reinterpret_cast<const float *>(base + (1 << 19)));
-  std::vector<float *> dside(16, reinterpret_cast<float *>(base + (1 << 19)));
+  const PackedCall call;
+  std::vector<const float *> side(16, reinterpret_cast<const float *>(call.base + (1 << 19)));
+  std::vector<float *> dside(16, reinterpret_cast<float *>(call.base + (1 << 19)));
   CountingScratch short_of;
   short_of.fail_after = 1;
-  CudaAttnArgs a;
-  a.B = 1, a.H = 1, a.T = 8, a.D = 64, a.dtype = ape::cuda::DType::BF16, a.scale = 0.125f;
-  const size_t t = 8 * 64 * 2;  // bytes of one tensor
-  a.q = base, a.k = base + t, a.v = base + 2 * t, a.o = base + 3 * t, a.dout = base + 4 * t;
-  a.dq = base + 5 * t, a.dk = base + 6 * t, a.dv = base + 7 * t;
-  a.lse = reinterpret_cast<float *>(base + 8 * t), a.status = reinterpret_cast<uint32_t *>(base + 9 * t);
+  CudaAttnArgs a = call.args();
   a.features = side.data(), a.params = side.data(), a.dfeatures = dside.data(), a.dparams = dside.data();
   a.scratch = &short_of.alloc;
   EXPECT_EQ(var->forward(a), cudaErrorMemoryAllocation);

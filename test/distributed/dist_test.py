@@ -107,19 +107,27 @@ def run(cmd, log, env=None, timeout=600):
     return rc, time.time() - t0
 
 
+def start_two(work, tag, command, env=lambda rank: None):
+    """Starts ranks 0 and 1 (command(rank), env(rank)), each writing WORK/TAG.rankR.log; returns
+    the processes and the logs."""
+    procs, logs = [], []
+    for rank in (0, 1):
+        logs.append(os.path.join(work, f"{tag}.rank{rank}.log"))
+        procs.append(subprocess.Popen(command(rank), stdout=open(logs[-1], "w"), stderr=subprocess.STDOUT,
+                                      env=env(rank)))
+    return procs, logs
+
+
 def launch_pair(train, args, work, tag, extra=(), env1=None, extra1=()):
     """Starts ranks 0 and 1 with explicit flags on a fresh port and waits until they have formed the
     group; starts over on another port when rank 0 finds its port taken."""
     for attempt in range(4):
         port = free_port()
-        procs, logs = [], []
-        for rank in (0, 1):
-            log = os.path.join(work, f"{tag}.rank{rank}.log")
-            logs.append(log)
-            cmd = [train] + args + ["--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
-                                    "--master-port", str(port)] + list(extra) + (list(extra1) if rank == 1 else [])
-            env = dict(os.environ, **(env1 or {})) if rank == 1 else None
-            procs.append(subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env))
+        procs, logs = start_two(
+            work, tag,
+            lambda rank: [train] + args + ["--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
+                                           "--master-port", str(port)] + list(extra) + (list(extra1) if rank == 1 else []),
+            lambda rank: dict(os.environ, **(env1 or {})) if rank == 1 else None)
         t0 = time.time()
         while time.time() - t0 < 120:
             text = open(logs[0]).read()
@@ -140,22 +148,19 @@ def run_two(train, args, work, tag, extra=({}, {})):
     """Ranks 0 and 1 with explicit flags (--world-size 2), on a fresh port, extra[r] replacing flags
     of rank r ({flag: value}); waits for both to exit within REFUSE_BOUND seconds. Returns their
     status, their logs and the seconds taken."""
+    def command(rank, port):
+        mine = list(args)
+        for flag, value in dict({"--world-size": "2"}, **extra[rank]).items():
+            if flag in mine:
+                mine[mine.index(flag) + 1] = value
+            else:
+                mine += [flag, value]
+        return [train] + mine + ["--rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                 "--dist-timeout", "300"]
+
     for attempt in range(4):
         port = free_port()
-        procs, logs = [], []
-        for rank in (0, 1):
-            log = os.path.join(work, f"{tag}.rank{rank}.log")
-            logs.append(log)
-            flags = dict({"--world-size": "2"}, **extra[rank])
-            mine = list(args)
-            for flag, value in flags.items():
-                if flag in mine:
-                    mine[mine.index(flag) + 1] = value
-                else:
-                    mine += [flag, value]
-            cmd = [train] + mine + ["--rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                                    "--dist-timeout", "300"]
-            procs.append(subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT))
+        procs, logs = start_two(work, tag, lambda rank: command(rank, port))
         t0 = time.time()
         rcs = []
         for p in procs:
