@@ -2,6 +2,7 @@
 #include "codegen/RegionWriter.h"
 
 #include "analysis/KernelFacts.h"
+#include "dialect/RegionTypes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -185,19 +186,9 @@ void RegionWriter::define(Operation &op, const std::string &expr) {
 }
 
 LogicalResult RegionWriter::emitOp(Operation &op) {
-  // The region language's types (docs/internals.md): f32, i1, i64 and index. Another (i32, f16, ...)
-  // would be computed as f32 or int64 here, silently dropping its wrap-around or rounding.
-  if (isa<arith::ArithDialect, math::MathDialect>(op.getDialect())) {
-    auto supported = [](Type t) { return t.isF32() || t.isInteger(1) || t.isInteger(64) || t.isIndex(); };
-    SmallVector<Type> types(op.getOperandTypes());
-    llvm::append_range(types, op.getResultTypes());
-    for (Type t : types)
-      if (!supported(t)) {
-        std::string name;
-        llvm::raw_string_ostream(name) << t;
-        return op.emitOpError("uses type ") << name << ": region bodies compute on f32, i1, i64 and index only";
-      }
-  }
+  // The region language's types (dialect/RegionTypes.h): another would be computed as f32 or int64.
+  if (isa<arith::ArithDialect, math::MathDialect>(op.getDialect()) && failed(checkRegionTypes(&op)))
+    return failure();
   auto a = [&](unsigned i) { return get(op.getOperand(i)); };
   auto bin = [&](StringRef sym) { return "(" + a(0) + " " + sym.str() + " " + a(1) + ")"; };
   auto call = [&](StringRef fn) {

@@ -144,14 +144,18 @@ bool loopback(const std::string &host) {
 
 std::chrono::milliseconds millis(double s) { return std::chrono::milliseconds(int64_t(s * 1000.0 + 0.5)); }
 
+std::string seconds_text(double s) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%g", s);
+  return t;
+}
+
 // Throws GroupError for a failed collective, naming the rank, what it was doing and the likely cause.
 [[noreturn]] void group_failed(const std::string &who, const std::string &what, const std::exception &e,
                                double timeout_s) {
-  char t[32];
-  std::snprintf(t, sizeof t, "%g", timeout_s);
   throw GroupError(who + "the data-parallel group failed during " + what + ": " + reason(e) +
                    ". Another rank has stopped (see its own error) or cannot be reached; a silent rank is given up "
-                   "after --dist-timeout " + t + " s");
+                   "after --dist-timeout " + seconds_text(timeout_s) + " s");
 }
 }  // namespace
 
@@ -202,12 +206,6 @@ class Watchdog {
   bool done_ = false;
   std::thread thread_;  // last: it reads the members above
 };
-
-std::string seconds_text(double s) {
-  char t[32];
-  std::snprintf(t, sizeof t, "%g", s);
-  return t;
-}
 
 // `quiet`: the watchdog ends the process without a message of its own (a refusing rank has said
 // why already).

@@ -3,6 +3,7 @@
 
 #include "dialect/ApeDialect.h"
 #include "dialect/ApeOps.h"
+#include "dialect/RegionTypes.h"
 #include "passes/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -79,22 +80,11 @@ OwningOpRef<ModuleOp> mlir::ape::parseSpec(llvm::SourceMgr &sourceMgr, MLIRConte
         << "no ape.encoding in this file";
     return nullptr;
   }
-  // The region language's types (docs/internals.md): f32, i1, i64 and index. Another (i32, f16, ...)
-  // would be computed as f32 or int64 by the emitters, dropping its wrap-around or rounding; refused
-  // here, where the op still has its place in the file (the emitters refuse it too).
+  // The region language's types (dialect/RegionTypes.h), checked here where the op still has its
+  // place in the file.
   WalkResult types = module->walk([](Operation *op) {
-    if (!isa<arith::ArithDialect, math::MathDialect>(op->getDialect()))
-      return WalkResult::advance();
-    auto supported = [](Type t) { return t.isF32() || t.isInteger(1) || t.isInteger(64) || t.isIndex(); };
-    SmallVector<Type> all(op->getOperandTypes());
-    llvm::append_range(all, op->getResultTypes());
-    for (Type t : all)
-      if (!supported(t)) {
-        std::string name;
-        llvm::raw_string_ostream(name) << t;
-        op->emitOpError("uses type ") << name << ": region bodies compute on f32, i1, i64 and index only";
-        return WalkResult::interrupt();
-      }
+    if (isa<arith::ArithDialect, math::MathDialect>(op->getDialect()) && failed(ape::checkRegionTypes(op)))
+      return WalkResult::interrupt();
     return WalkResult::advance();
   });
   if (types.wasInterrupted())
