@@ -28,6 +28,40 @@ std::string CheckShape::str() const {
          std::to_string(D);
 }
 
+std::vector<CheckShape> fit_grid(const Manifest &man, const std::vector<CheckShape> &asked) {
+  std::vector<CheckShape> grid;
+  if (asked.empty()) {
+    for (CheckShape s : default_grid()) {
+      if (man.head_dim_hint) s.D = *man.head_dim_hint;
+      if (man.model_dim_hint) {
+        if (*man.model_dim_hint % s.D != 0) continue;
+        s.H = *man.model_dim_hint / s.D;
+      }
+      if (man.rotation && !ape_rules::checkRotation(man.rotation->fraction, s.D).empty()) continue;
+      grid.push_back(s);
+    }
+    if (grid.empty())
+      throw std::runtime_error("no shape of the default grid fits the encoding (its head_dim / model_dim "
+                               "hints or its rotation fraction); give one with --shapes");
+    return grid;
+  }
+  for (const CheckShape &s : asked) {
+    const std::string shape = "--shapes " + s.str() + ": ";
+    if (man.head_dim_hint && s.D != *man.head_dim_hint)
+      throw std::runtime_error(shape + "the spec pins head_dim " + std::to_string(*man.head_dim_hint) +
+                               " (give D = " + std::to_string(*man.head_dim_hint) + ")");
+    if (man.model_dim_hint && s.H * s.D != *man.model_dim_hint)
+      throw std::runtime_error(shape + "the spec pins model_dim " + std::to_string(*man.model_dim_hint) +
+                               ", and H x D is " + std::to_string(s.H * s.D));
+    if (man.rotation) {
+      const std::string why = ape_rules::checkRotation(man.rotation->fraction, s.D);
+      if (!why.empty()) throw std::runtime_error(shape + why);
+    }
+    grid.push_back(s);
+  }
+  return grid;
+}
+
 std::vector<CheckShape> default_grid() {
   return {{1, 1, 1, 16}, {2, 3, 37, 16}, {1, 2, 64, 32}, {2, 2, 150, 64}};
 }
@@ -357,20 +391,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
                               (man.inference_only ? "inference-only" : "a training kernel"));
   if (!report.problems.empty()) return report;
 
-  // The grid, within the shapes the encoding accepts.
-  std::vector<CheckShape> grid;
-  for (CheckShape s : opt.grid.empty() ? default_grid() : opt.grid) {
-    if (man.head_dim_hint) s.D = *man.head_dim_hint;
-    if (man.model_dim_hint) {
-      if (*man.model_dim_hint % s.D != 0) continue;
-      s.H = *man.model_dim_hint / s.D;
-    }
-    if (man.rotation && !ape_rules::checkRotation(man.rotation->fraction, s.D).empty()) continue;
-    grid.push_back(s);
-  }
-  if (grid.empty())
-    throw std::runtime_error("no shape of the grid fits the encoding (its head_dim / model_dim "
-                             "hints or its rotation fraction); give one with --shapes");
+  const std::vector<CheckShape> grid = fit_grid(man, opt.grid);
 
   Table table;
   table.verbose = opt.verbose;

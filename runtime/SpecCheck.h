@@ -68,6 +68,14 @@ struct CheckOptions {
 // cpu/attention.h works on 64 x 64 tiles).
 std::vector<CheckShape> default_grid();
 
+struct Manifest;
+// The shapes of `asked` (empty: default_grid()) that the kernel of `man` accepts. The default
+// grid's cells are fitted to the encoding (its head_dim hint sets D, its model_dim hint H; cells
+// its rotation cannot rotate are dropped); a shape the user asked for (--shapes) is never changed
+// or dropped: one the encoding does not accept throws, naming the shape and the reason. Throws
+// when no cell is left.
+std::vector<CheckShape> fit_grid(const Manifest &man, const std::vector<CheckShape> &asked);
+
 struct CheckRow {
   std::string quantity, precision, shape;  // shape: the worst cell
   double max_abs = 0, rel = 0, yardstick = -1, tol = 0;  // yardstick < 0: none (fp64, fd)

@@ -68,8 +68,57 @@ LogicalResult mlir::ape::checkNesting(const llvm::SourceMgr &sourceMgr, MLIRCont
   return success();
 }
 
+std::unique_ptr<llvm::MemoryBuffer>
+mlir::ape::withoutByteOrderMark(std::unique_ptr<llvm::MemoryBuffer> file) {
+  llvm::StringRef text = file->getBuffer();
+  if (!text.starts_with("\xEF\xBB\xBF"))
+    return file;
+  return llvm::MemoryBuffer::getMemBufferCopy(text.drop_front(3), file->getBufferIdentifier());
+}
+
+/// A UTF-16 file (a byte-order mark FF FE or FE FF, or a NUL byte among the first ones, as
+/// Windows tools write) would fail at 1:1 with "unexpected character"; say what it is.
+static LogicalResult checkUtf8(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
+  const llvm::MemoryBuffer *buffer = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID());
+  llvm::StringRef text = buffer->getBuffer();
+  bool mark = text.starts_with("\xFF\xFE") || text.starts_with("\xFE\xFF");
+  if (!mark && !text.take_front(64).contains('\0'))
+    return success();
+  emitError(FileLineColLoc::get(context, buffer->getBufferIdentifier(), 1, 1))
+      << "the file is not UTF-8 text (it looks like UTF-16: "
+      << (mark ? "a UTF-16 byte-order mark" : "NUL bytes") << "); save the spec as UTF-8";
+  return failure();
+}
+
+/// The values of an encoding's body that nothing reads, warned about at their location. A param
+/// that an ape.masked_projection names as its position_scale is read by name.
+static void warnUnusedValues(ModuleOp module) {
+  using namespace mlir::ape;
+  for (EncodingOp encoding : module.getOps<EncodingOp>()) {
+    llvm::SmallVector<StringRef> byName;
+    for (auto m : encoding.getBody().front().getOps<MaskedProjectionOp>())
+      if (std::optional<StringRef> sigma = m.getPositionScale())
+        byName.push_back(*sigma);
+    for (Operation &op : encoding.getBody().front()) {
+      if (op.getNumResults() == 0 || !op.use_empty())
+        continue;
+      auto name = op.getAttrOfType<StringAttr>("name");
+      if (isa<ParamOp>(op) && name && llvm::is_contained(byName, name.getValue()))
+        continue;
+      InFlightDiagnostic w = op.emitWarning();
+      w << "'" << op.getName() << "'";
+      if (name)
+        w << " \"" << name.getValue() << "\"";
+      w << " is never used: the kernels will not read it";
+      if (isa<ParamOp, TokenFeatureOp>(op))
+        w << ", and a runtime will neither create, train nor save it";
+      w << " (read it in a region, or remove it)";
+    }
+  }
+}
+
 OwningOpRef<ModuleOp> mlir::ape::parseSpec(llvm::SourceMgr &sourceMgr, MLIRContext *context) {
-  if (failed(checkNesting(sourceMgr, context)))
+  if (failed(checkUtf8(sourceMgr, context)) || failed(checkNesting(sourceMgr, context)))
     return nullptr;
   OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, context);
   if (!module)
@@ -89,6 +138,7 @@ OwningOpRef<ModuleOp> mlir::ape::parseSpec(llvm::SourceMgr &sourceMgr, MLIRConte
   });
   if (types.wasInterrupted())
     return nullptr;
+  warnUnusedValues(*module);
   return module;
 }
 

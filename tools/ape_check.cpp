@@ -231,6 +231,12 @@ int main(int argc, char **argv) {
 
   try {
     const ape::SpecReference ref = ape::SpecReference::parse(ape::read_file(refs[0]), spec);
+    // --shapes against the spec's hints and rotation, before the kernels are compiled (minutes).
+    if (!opt.grid.empty()) {
+      fs::path manifest = refs[0];
+      manifest.replace_filename(ref.encoding() + ".manifest.json");
+      ape::fit_grid(ape::Manifest::parse(ape::read_file(manifest), manifest.string()), opt.grid);
+    }
     const std::string name = ref.encoding();
     const ape::KernelEntry *entry = nullptr;
     ape::SpecLibrary library;
@@ -265,8 +271,7 @@ int main(int argc, char **argv) {
                                  "to check; check its CPU kernel without --cuda");
       const ape::Manifest &man = ape::manifest_of(*entry);
       std::vector<int64_t> dims;  // the grid's head dims that CUDA kernels have
-      for (ape::CheckShape s : opt.grid.empty() ? ape::default_grid() : opt.grid) {
-        if (man.head_dim_hint) s.D = *man.head_dim_hint;
+      for (const ape::CheckShape &s : ape::fit_grid(man, opt.grid)) {
         if ((s.D == 32 || s.D == 64 || s.D == 128) && std::find(dims.begin(), dims.end(), s.D) == dims.end())
           dims.push_back(s.D);
       }

@@ -119,6 +119,41 @@ static std::string overview() {
   return text;
 }
 
+/// The CUDA variants of `kernel`: those of --cuda-dtypes x --cuda-head-dims at its head_dim hint,
+/// when it pins one (checkHeadDimHints: the hint is among them), else all of them.
+static SmallVector<ape::CudaVariant> variantsOf(ape::KernelOp kernel, ArrayRef<ape::CudaVariant> all) {
+  std::optional<uint64_t> hint = kernel.getHeadDim();
+  SmallVector<ape::CudaVariant> out;
+  for (const ape::CudaVariant &v : all)
+    if (!hint || static_cast<int64_t>(*hint) == v.headDim)
+      out.push_back(v);
+  return out;
+}
+
+/// An encoding that pins its head_dim gets CUDA kernels at that head dim only: refused when the
+/// CUDA kernels have no such head dim, or when --cuda-head-dims leaves it out.
+static LogicalResult checkHeadDimHints(ModuleOp module) {
+  for (ape::EncodingOp encoding : module.getOps<ape::EncodingOp>()) {
+    std::optional<uint64_t> hint = encoding.getHeadDim();
+    if (!hint)
+      continue;
+    int64_t h = static_cast<int64_t>(*hint);
+    if (h != 32 && h != 64 && h != 128)
+      return encoding.emitError("@") << encoding.getSymName() << " pins head_dim " << h
+                                     << ", and the CUDA kernels have head dims 32, 64 and 128 only "
+                                        "(its CPU kernel takes any: leave out the CUDA emitters)";
+    if (!cudaHeadDims.empty() && !llvm::is_contained(cudaHeadDims, h)) {
+      std::string given;
+      for (int64_t d : cudaHeadDims)
+        given += (given.empty() ? "" : ",") + std::to_string(d);
+      return encoding.emitError("@") << encoding.getSymName() << " pins head_dim " << h
+                                     << ", which --cuda-head-dims " << given
+                                     << " leaves out (no model of it could use those kernels)";
+    }
+  }
+  return success();
+}
+
 /// Creates -o's folder (and its parents).
 static LogicalResult createOutDir() {
   if (std::error_code ec = llvm::sys::fs::create_directories(outDir)) {
@@ -136,10 +171,17 @@ static LogicalResult runEmitters(ModuleOp module, ArrayRef<const ape::Emitter *>
                                  const ape::EmitOptions &options) {
   if (failed(createOutDir()))
     return failure();
-  for (Op op : module.getOps<Op>())
+  for (Op op : module.getOps<Op>()) {
+    ape::EmitOptions opOptions = options;
+    SmallVector<ape::CudaVariant> variants;
+    if constexpr (std::is_same_v<Op, ape::KernelOp>) {
+      variants = variantsOf(op, options.cudaVariants);
+      opOptions.cudaVariants = variants;
+    }
     for (const ape::Emitter *e : wanted)
-      if (e->*fn && failed((e->*fn)(op, options)))
+      if (e->*fn && failed((e->*fn)(op, opOptions)))
         return failure();
+  }
   return success();
 }
 
@@ -165,6 +207,15 @@ int main(int argc, char **argv) {
   emit.setDescription(emitDesc);
   emit.setValueStr(emitValues);
   cl::ParseCommandLineOptions(argc, argv, overview());
+  // LLVM lets a later occurrence of an option replace an earlier one: `-o a -o b` would write to b
+  // alone. apec's single-valued options are refused when repeated (the lists accumulate).
+  for (auto &[name, option] : cl::getRegisteredOptions())
+    if (llvm::is_contained(option->Categories, &apecCategory) &&
+        option->getNumOccurrencesFlag() != cl::ZeroOrMore && option->getNumOccurrences() > 1) {
+      llvm::errs() << "apec: " << (name.size() == 1 ? "-" : "--") << name << " given "
+                   << option->getNumOccurrences() << " times; give it once\n";
+      return 1;
+    }
 
   // The emitters asked for, in registration order (the order their files are written in).
   SmallVector<const ape::Emitter *> wanted;
@@ -201,10 +252,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   llvm::SourceMgr sourceMgr;
-  sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
+  sourceMgr.AddNewSourceBuffer(ape::withoutByteOrderMark(std::move(file)), llvm::SMLoc());
   SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
   OwningOpRef<ModuleOp> module = ape::parseSpec(sourceMgr, &context);  // nesting, parse, verify
   if (!module)
+    return 1;
+  if (usesCudaVariants && failed(checkHeadDimHints(*module)))
     return 1;
   if (!expectName.empty()) {
     auto encodings = module->getOps<ape::EncodingOp>();

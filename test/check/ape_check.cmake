@@ -170,6 +170,16 @@ add_test(NAME ape_check.error_cuda_inference_only
 add_test(NAME ape_check.error_cuda_head_dim
   COMMAND ${_expect} 2 "--cuda: no shape of the grid has a CUDA head dim"
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/alibi.mlir --cuda --shapes 1x1x8x16)
+# A shape asked for with --shapes is never changed: one the spec's hints or rotation refuse is an
+# error named before the kernels are compiled (the default grid is fitted to them instead).
+add_test(NAME ape_check.error_shape_against_hint
+  COMMAND ${_expect} 2 "^ape-check: error: --shapes 1x2x5x32: the spec pins head_dim 64 \\(give D = 64\\)$"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/pinned_head_dim.mlir --shapes 1x2x5x32)
+add_test(NAME ape_check.error_shape_against_rotation
+  COMMAND ${_expect} 2 "^ape-check: error: --shapes 1x2x5x6: fraction 0.5 of head_dim 6 gives 3 rotated"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope_partial.mlir --shapes 1x2x5x6)
+set_tests_properties(ape_check.error_shape_against_hint ape_check.error_shape_against_rotation
+                     PROPERTIES LABELS check TIMEOUT 60)
 foreach(t cuda_spec_file cuda_linear_mod_runs cuda_spec_named_like_a_builtin cuda_mutant_t5 error_cuda_inference_only error_cuda_head_dim)
   set_tests_properties(ape_check.${t} PROPERTIES LABELS check TIMEOUT 300)
 endforeach()
