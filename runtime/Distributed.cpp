@@ -274,9 +274,10 @@ void linger(c10d::Store &store, int64_t ranks, std::chrono::milliseconds linger)
 }
 
 // The roll call: rank R posts "ok WORLD", or "refused REASON" when `refusal` says why it will not
-// join, under roll/R; then reads every other rank's post in rank order (waiting up to
-// --dist-timeout, in all, for the ranks that have not come), then posts seen/R. Throws GroupError
-// for its own refusal, another rank's, or another --world-size.
+// join, under roll/R; then reads the other ranks' posts as they come (polling the store, so that a
+// refusal is heard while an earlier rank is still missing; up to --dist-timeout in all), then posts
+// seen/R. Throws GroupError for its own refusal, another rank's, another --world-size, or a rank
+// that has not come by the deadline.
 void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chrono::milliseconds timeout,
                const std::string &who, const std::string &refusal = "") {
   const auto say = [&](const std::string &key, const std::string &value) {
@@ -300,26 +301,47 @@ void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chron
   std::string problem;
   int64_t ranks = cfg.world_size;  // the most any rank said: the host waits for all of them to read
   const auto deadline = std::chrono::steady_clock::now() + timeout;  // for all the reads together
-  for (int64_t r = 0; r < cfg.world_size && problem.empty(); ++r) {
-    if (r == cfg.rank) continue;
-    std::string post;
-    try {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      store.wait({roll_key(r)}, std::max(left, std::chrono::milliseconds(1)));
-      const std::vector<uint8_t> v = store.get(roll_key(r));
-      post.assign(v.begin(), v.end());
-    } catch (const std::exception &e) {
-      throw GroupError(who + "rank " + std::to_string(r) + " did not join within --dist-timeout: " + reason(e) +
-                       " (is it running, with the same --master-addr/--master-port and --world-size?)");
+  std::vector<int64_t> pending;
+  for (int64_t r = 0; r < cfg.world_size; ++r)
+    if (r != cfg.rank) pending.push_back(r);
+  auto pause = std::chrono::milliseconds(2);
+  while (!pending.empty() && problem.empty()) {
+    for (auto it = pending.begin(); it != pending.end() && problem.empty();) {
+      const int64_t r = *it;
+      std::string post;
+      try {
+        if (!store.check({roll_key(r)})) {
+          ++it;
+          continue;
+        }
+        const std::vector<uint8_t> v = store.get(roll_key(r));
+        post.assign(v.begin(), v.end());
+      } catch (const std::exception &e) {
+        throw GroupError(who + "the rendezvous store failed while rank " + std::to_string(r) +
+                         "'s answer was read: " + reason(e));
+      }
+      it = pending.erase(it);
+      if (post.rfind("refused ", 0) == 0) {
+        problem = "rank " + std::to_string(r) + " refused to start: " + post.substr(8);
+      } else if (post != "ok " + std::to_string(cfg.world_size)) {
+        problem = "--world-size is " + std::to_string(cfg.world_size) + " here and " +
+                  (post.rfind("ok ", 0) == 0 ? post.substr(3) : "'" + post + "'") + " on rank " + std::to_string(r) +
+                  ": every rank needs the same --world-size (and WORLD_SIZE under torchrun)";
+        if (post.rfind("ok ", 0) == 0) ranks = std::max<int64_t>(ranks, std::atoll(post.c_str() + 3));
+      }
     }
-    if (post.rfind("refused ", 0) == 0) {
-      problem = "rank " + std::to_string(r) + " refused to start: " + post.substr(8);
-    } else if (post != "ok " + std::to_string(cfg.world_size)) {
-      problem = "--world-size is " + std::to_string(cfg.world_size) + " here and " +
-                (post.rfind("ok ", 0) == 0 ? post.substr(3) : "'" + post + "'") + " on rank " + std::to_string(r) +
-                ": every rank needs the same --world-size (and WORLD_SIZE under torchrun)";
-      if (post.rfind("ok ", 0) == 0) ranks = std::max<int64_t>(ranks, std::atoll(post.c_str() + 3));
+    if (pending.empty() || !problem.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string missing;
+      for (size_t i = 0; i < pending.size() && i < 8; ++i)
+        missing += (i == 0 ? "" : ", ") + std::to_string(pending[i]);
+      if (pending.size() > 8) missing += " and " + std::to_string(pending.size() - 8) + " more";
+      throw GroupError(who + (pending.size() == 1 ? "rank " : "ranks ") + missing + " did not join within --dist-timeout (" +
+                       seconds_text(std::chrono::duration<double>(timeout).count()) +
+                       " s; are they running, with the same --master-addr/--master-port and --world-size?)");
     }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
   try {
     store.set(seen_key(cfg.rank), bytes("1"));

@@ -107,11 +107,11 @@ def run(cmd, log, env=None, timeout=600):
     return rc, time.time() - t0
 
 
-def start_two(work, tag, command, env=lambda rank: None):
-    """Starts ranks 0 and 1 (command(rank), env(rank)), each writing WORK/TAG.rankR.log; returns
-    the processes and the logs."""
+def start_two(work, tag, command, env=lambda rank: None, ranks=(0, 1)):
+    """Starts ranks 0 and 1, or those of `ranks` (command(rank), env(rank)), each writing
+    WORK/TAG.rankR.log; returns the processes and the logs."""
     procs, logs = [], []
-    for rank in (0, 1):
+    for rank in ranks:
         logs.append(os.path.join(work, f"{tag}.rank{rank}.log"))
         procs.append(subprocess.Popen(command(rank), stdout=open(logs[-1], "w"), stderr=subprocess.STDOUT,
                                       env=env(rank)))
@@ -144,13 +144,13 @@ def launch_pair(train, args, work, tag, extra=(), env1=None, extra1=()):
     fail("no group formed after 4 ports")
 
 
-def run_two(train, args, work, tag, extra=({}, {})):
-    """Ranks 0 and 1 with explicit flags (--world-size 2), on a fresh port, extra[r] replacing flags
-    of rank r ({flag: value}); waits for both to exit within REFUSE_BOUND seconds. Returns their
-    status, their logs and the seconds taken."""
+def run_two(train, args, work, tag, extra=({}, {}), ranks=(0, 1), world=2):
+    """Ranks 0 and 1 (or `ranks` of a group of `world`) with explicit flags, on a fresh port,
+    extra[i] replacing flags of the i-th of them ({flag: value}); waits for them to exit within
+    REFUSE_BOUND seconds. Returns their status, their logs and the seconds taken."""
     def command(rank, port):
         mine = list(args)
-        for flag, value in dict({"--world-size": "2"}, **extra[rank]).items():
+        for flag, value in dict({"--world-size": str(world)}, **extra[ranks.index(rank)]).items():
             if flag in mine:
                 mine[mine.index(flag) + 1] = value
             else:
@@ -160,7 +160,7 @@ def run_two(train, args, work, tag, extra=({}, {})):
 
     for attempt in range(4):
         port = free_port()
-        procs, logs = start_two(work, tag, lambda rank: command(rank, port))
+        procs, logs = start_two(work, tag, lambda rank: command(rank, port), ranks=ranks)
         t0 = time.time()
         rcs = []
         for p in procs:
@@ -321,6 +321,15 @@ def test_failure(train, cache, work):
             fail(f"{tag}: status {rcs} after {took:.1f} s (bound {REFUSE_BOUND} s):\n" + "\n".join(texts))
         print(f"{tag}: both ranks exited 1 after {took:.1f} s: "
               + [l for l in "".join(texts).splitlines() if said in l][0][:200])
+    # Three ranks, rank 1 never started and rank 2 refused: rank 0 hears rank 2 while rank 1 is still
+    # missing (it read the roll in rank order, and waited out --dist-timeout for rank 1 first).
+    rcs, logs, took = run_two(train, args + ["--out", f"{work}/absent1"], work, "absent1",
+                              ({}, {"--threads": "-1"}), ranks=(0, 2), world=3)
+    texts = [open(l).read() for l in logs]
+    if rcs != [1, 1] or "rank 2 refused to start" not in texts[0]:
+        fail(f"absent1: status {rcs} after {took:.1f} s (bound {REFUSE_BOUND} s):\n" + "\n".join(texts))
+    print(f"absent1: ranks 0 and 2 exited 1 after {took:.1f} s, rank 1 never started: "
+          + [l for l in texts[0].splitlines() if "rank 2 refused" in l][0][:200])
     procs, logs = launch_pair(train, args + ["--out", f"{work}/hang", "--dist-timeout", str(HANG_TIMEOUT)], work, "hang")
     wait_for(logs[0], r"step 1/", procs)
     procs[1].send_signal(signal.SIGSTOP)
