@@ -27,7 +27,11 @@ and every trainable param; the encodings of examples/encodings/ENC.mlir):
               APE_CUDA_DETERMINISTIC at every
               call), after `ape`; its
               spot check is against `ape`, and the report adds a table of each setting's speed-up
-              over the default.
+              over the default. APE_BENCH_GRAPH=1 (the bench's own variable) times each phase as
+              one CUDA graph's replay instead of eager calls (captured after a warm-up on a side
+              stream, torch.cuda.graph): the launches' host time drops out, so its rows against
+              `ape` say how much of a phase is the host's, not the kernels' (a capture that fails
+              is the cell's error).
   sdpa-cudnn  torch.nn.functional.scaled_dot_product_attention(is_causal=True) under
   sdpa-flash  sdpa_kernel(SDPBackend.CUDNN_ATTENTION / FLASH_ATTENTION): nope; rope as
               "... + eager rotary": q and k rotated by torch ops first (rotate-half pairs, base
@@ -524,6 +528,20 @@ class Cell:
         return c
 
 
+def captured(fn):
+    """fn() captured in a CUDA graph, after one call on a side stream (torch.cuda.graph's rule for
+    work that allocates); replay() runs it again on the same tensors."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def run_method(method, case, timer, mask_limit_gib, keep_outputs, progress=None):
     """Warms up, times the three phases, measures the peak of one fwd+bwd step. Returns the Cell
     and, when keep_outputs, (o, grads) of that step (grads None where the backward failed).
@@ -578,10 +596,20 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs, progress=None)
     if method == "flex":
         cell.notes.append(f"compile and warm-up {time.perf_counter() - t0:.1f} s")
 
+    graphs = is_ape(method) and os.environ.get("APE_BENCH_GRAPH") == "1"
+    if graphs and device != "cuda":
+        cell.notes.append("APE_BENCH_GRAPH: no CUDA graphs on the CPU, eager calls timed")
+        graphs = False
+
     def attempt(phase, fn):
         progress(PHASE_NAMES[phase])
         try:
-            cell.ms[phase] = timer(fn)
+            if graphs:
+                graph = captured(fn)
+                cell.ms[phase] = timer(graph.replay)
+                graph = None
+            else:
+                cell.ms[phase] = timer(fn)
         except Exception as exc:
             cell.err[phase] = error_text(exc)
         free_memory(device)

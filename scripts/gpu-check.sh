@@ -565,8 +565,11 @@ run() {
     # tiling with dQ' by TMA reductions), dQ' in any order (what determinism costs), the forward
     # without its turns and persistent grid (each alone was timed on the H200: 1.05-1.08x and
     # 1.02x), with K' released together with V (as before the separate K and V pipelines), in one
-    # group of every slice (the tile order before the grouping).
-    local settings="mma:APE_CUDA_WGMMA_BACKWARD=0"
+    # group of every slice (the tile order before the grouping); and the defaults replayed as CUDA
+    # graphs (the bench's APE_BENCH_GRAPH: the launches' host time left out, so the difference to
+    # `ape` is the host's share: RoPE's forward ran 0.25 ms behind NoPE's with its mods at memory
+    # speed by the side-kernel proxy).
+    local settings="graph:APE_BENCH_GRAPH=1,mma:APE_CUDA_WGMMA_BACKWARD=0"
     settings+=",mma-square-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_BWD_SQUARE=1+APE_CUDA_DQ_TMA=1"
     settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
     settings+=",no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,kv-shared:APE_CUDA_KV_SPLIT=0"

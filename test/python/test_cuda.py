@@ -11,7 +11,8 @@ float64 reference, under
 torch.cuda.set_sync_debug_mode("error") so that a host copy (the fallback for inputs without a
 kernel) would fail the test; f32 within 1e-4 of the magnitude, bf16 by FlashAttention's rule
 (at most twice the error of PyTorch's own bf16 materialised attention, plus 1e-3 of the
-magnitude, as docs/cuda.md); the same results on a side stream; torch.compile on CUDA tensors."""
+magnitude, as docs/cuda.md); the same results on a side stream; torch.compile on CUDA tensors; a CUDA graph of the forward and
+backward replayed on new inputs."""
 import pytest
 import torch
 
@@ -110,6 +111,51 @@ def test_cuda_compile_fullgraph(encoding):
     eager = fn(*args)
     compiled = torch.compile(fn, fullgraph=True)(*args)
     close(compiled, eager, "loss", atol=0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("encoding", CUDA_ENCODINGS)
+def test_cuda_graph_capture_replays_eager(encoding):
+    """The forward and backward captured in one CUDA graph (torch.cuda.graph, what
+    torch.compile(mode="reduce-overhead") and graph-captured training steps do) and replayed on
+    other inputs give what eager calls give on them, bit for bit: capture fails on a host
+    synchronisation, an allocation outside PyTorch's graph pool, or a copy from pageable host
+    memory, and a replay reads stale values where a call baked its inputs in at capture time."""
+    shape = (2, 2, 70, 64)
+
+    def inputs(seed):
+        q, k, v, features, params = make_inputs(encoding, *shape, torch.bfloat16, "cuda", seed=seed)
+        dout = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 7)).to(torch.bfloat16).cuda()
+        return [q, k, v, *features, *ordered(encoding, params)], dout
+
+    def step(args, dout):
+        o = ops(encoding).attention(*args)
+        grads = torch.autograd.grad(o, [a for a in args if a.requires_grad], dout)
+        return [o, *grads]
+
+    first, dout = inputs(0)
+    static = [a.detach().clone().requires_grad_(a.requires_grad) for a in first]
+    static_dout = dout.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graph asks
+        for _ in range(2):
+            step(static, static_dout)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(static, static_dout)
+
+    for seed in (1, 2):
+        args, dout = inputs(seed)
+        with torch.no_grad():
+            for s, a in zip(static, args):
+                s.copy_(a)
+            static_dout.copy_(dout)
+        graph.replay()
+        want = step(args, dout)
+        for i, (g, w) in enumerate(zip(captured, want)):
+            close(g, w, f"replay {seed}, output {i}", atol=0)
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("mode", ["nan", "range"])
