@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -247,6 +248,8 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
                                "build it (scripts/build.sh apec) or set APE_APEC to its path");
     throw std::runtime_error("apec rejected " + path + ":\n" + head_lines(out, 40));
   }
+  if (o.show_warnings && out.find("warning:") != std::string::npos)  // compiled, with something to say (an unused param)
+    (o.log ? *o.log : std::cerr) << head_lines(out, 40);
   std::vector<std::string> names;
   for (const auto &f : fs::directory_iterator(gen)) {
     const std::string fn = f.path().filename().string();

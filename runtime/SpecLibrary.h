@@ -34,6 +34,7 @@ struct SpecLibraryOptions {
   std::string cxx;        // empty: $APE_CXX, else the compiler APE was built with
   std::string cache_dir;  // empty: default_spec_cache_dir()
   std::ostream *log = nullptr;  // one line per spec: what was compiled or found in the cache
+  bool show_warnings = true;    // apec's warnings (an unused param) on log, else std::cerr
 };
 
 // A loaded spec. The library stays loaded until the process ends.

@@ -4,11 +4,12 @@
 #   scripts/gpu-check.sh prepare [DIR]      here (MLIR, apec): writes DIR (default build/gpu-check),
 #                                           one self-contained folder of at most 64 MiB
 #   scripts/gpu-check.sh run [DIR] [--logs LOGDIR] [--full-bench] [--stages a,b,...]
-#                            [--bench-configs BxHxTxD,...] [--bench-encodings a,b,...]
+#                            [--bench-configs BxHxTxD,...] [--bench-encodings a,b,...] [--time-limit S]
 #                                           there (CUDA, CMake, its own PyTorch, no MLIR, no network):
 #                                           builds against that machine's PyTorch and CUDA, runs every
-#                                           stage under a time limit, prints one table, writes the
-#                                           logs to LOGDIR (default DIR/logs)
+#                                           stage under a time limit (all within S seconds, the table
+#                                           included), prints one table, writes the logs to LOGDIR
+#                                           (default DIR/logs; the table after every stage)
 #
 # `prepare` emits with apec what the GPU machine cannot make (it has no MLIR): the CPU and CUDA
 # sources of every example spec for the GPU suite, the PyTorch operator libraries of the framework
@@ -46,8 +47,10 @@
 # A short lease narrows the bench stage (run): APE_GPU_CHECK_BENCH_SETTINGS (gpu_bench.py
 # --ape-settings, or "none"), APE_GPU_CHECK_BENCH_LIMIT (240 s), APE_GPU_CHECK_FORWARD_LIMIT (150 s;
 # 0 leaves the per-head-dim run out), APE_GPU_CHECK_FORWARD_CONFIGS, _ENCODINGS and _SETTINGS (that
-# run's), APE_GPU_CHECK_PROBE_LIMIT (120 s, the crash probe of each crashed encoding).
-# APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example (and test: kcable_fast) specs and leaves out the
+# run's), APE_GPU_CHECK_PROBE_LIMIT (120 s, the crash probe of each crashed encoding); the counters
+# stage: APE_GPU_CHECK_COUNTERS_RUNS (of nope rope stalls nope-anyorder nope-mma) and
+# APE_GPU_CHECK_COUNTERS_LIMIT (180 s). --time-limit S ends every stage in time for the table.
+# APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs (and test specs such as kcable_fast when named) and leaves out the
 # study's (a shorter build for a short lease: the train stage needs rope, cable and alibi, the benchmark
 # nope, rope, alibi, t5 and cable; the study stage then refuses).
 # APE_GPU_CHECK_BENCH_ENCODINGS=kcable,shaw,... (prepare) adds those to the benchmark's operator
@@ -65,7 +68,7 @@
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || usage
 shift
@@ -113,7 +116,7 @@ prepare() {
   # cache (the GPU machine has no SentencePiece): made here by a one-step run if missing.
   cp -r "$root/runtime" "$src/"
   mkdir -p "$src/tools" "$src/test/gpu_check" "$src/data"
-  cp "$root"/tools/ape_{train,eval,generate}.cpp "$src/tools/"
+  cp "$root"/tools/ape_{train,eval,generate}.cpp "$root/tools/Cli.h" "$src/tools/"
   cp "$root/test/gpu_check/train_smoke.py" "$src/test/gpu_check/"
   cp -r "$root/data/pg30" "$src/data/"
   mkdir -p "$dir/third_party/cli11" && cp -r /usr/include/CLI "$dir/third_party/cli11/"
@@ -220,7 +223,7 @@ train_stage() {  # dir suite_build logs python jobs
   local dir=$1 build=$2 py=$4 jobs=$5
   local out=$3/train
   mkdir -p "$out"
-  timeout "${APE_GPU_CHECK_BUILD_LIMIT:-240}" cmake --build "$build" --target ape-train ape-eval ape-generate -- -j"$jobs" \
+  timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-240}")" cmake --build "$build" --target ape-train ape-eval ape-generate -- -j"$jobs" \
     >"$out/build.log" 2>&1 || { echo "the runtime did not build (logs/train/build.log)" >"$out/verdict.txt"; return 1; }
   local bin=$build/tools cache=$dir/cache-run
   rm -rf "$cache" && cp -r "$dir/cache" "$cache"
@@ -233,7 +236,7 @@ train_stage() {  # dir suite_build logs python jobs
   step() {  # name command...: runs it under $STEP_LIMIT seconds (120), its output in OUT/name.log
     local name=$1; shift
     echo "+ $*" >"$out/$name.log"
-    timeout "${STEP_LIMIT:-120}" "$@" >>"$out/$name.log" 2>&1
+    timeout "$(lim "${STEP_LIMIT:-120}")" "$@" >>"$out/$name.log" 2>&1
     local r=$?
     echo "$name: exit $r" | tee -a "$out/steps.txt"
     return $r
@@ -290,6 +293,34 @@ stage_order=()
 record() {  # stage status seconds note
   stage_order+=("$1")
   stage_status[$1]=$2 stage_time[$1]=$3 stage_note[$1]=$4
+  write_table >/dev/null  # LOGDIR/summary.md after every stage: a run stopped from outside keeps it
+}
+
+# The table of the stages so far, on stdout and in LOGDIR/summary.md (run's $logs and $t0).
+write_table() {
+  local st
+  {
+    echo
+    echo "| stage | result | seconds | notes |"
+    echo "| --- | --- | --- | --- |"
+    for st in "${stage_order[@]}"; do
+      echo "| $st | ${stage_status[$st]} | ${stage_time[$st]} | ${stage_note[$st]} |"
+    done
+    echo
+    echo "total: $(( $(date +%s) - t0 )) s; logs in $logs"
+  } | tee "$logs/summary.md"
+}
+
+# A stage's time limit: N seconds, or what is left before --time-limit's end less 20 s for the
+# table, whichever is less (at least 1). An inner `timeout` runs in a process group of its own,
+# which a signal to the caller's group does not reach: the run ends by itself, on time.
+deadline=""
+lim() {
+  local n=$1 left
+  [ -n "$deadline" ] || { echo "$n"; return; }
+  left=$(( deadline - $(date +%s) - 20 ))
+  [ "$left" -ge 1 ] || left=1
+  echo $(( n < left ? n : left ))
 }
 
 run() {
@@ -302,6 +333,7 @@ run() {
       --bench-configs) bench_configs=$2; shift 2 ;;
       --bench-encodings) bench_encodings=$2; shift 2 ;;
       --stages) stages=$2; shift 2 ;;
+      --time-limit) deadline=$(( $(date +%s) + $2 )); shift 2 ;;
       -h|--help) usage ;;
       -*) echo "[gpu-check] unknown option $1" >&2; exit 2 ;;
       *) dir=$1; shift ;;
@@ -330,6 +362,7 @@ run() {
     nvcc --version 2>&1 | tail -1
     cmake --version | head -1
     "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())' 2>&1
+    "$py" -c 'import pytest; print("pytest", pytest.__version__)' 2>&1 | tail -1
   } | tee "$logs/machine.txt"
   local cap arch
   cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
@@ -374,7 +407,7 @@ run() {
         -DAPE_JSON_INCLUDE="$dir/third_party/json" -DCMAKE_PREFIX_PATH="$torch_prefix" \
         -DAPE_CLI11_INCLUDE="$dir/third_party/cli11" \
         -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
-      timeout "${APE_GPU_CHECK_BUILD_LIMIT:-300}" cmake --build "$suite_build" --target "${suite_targets[@]}" -- -j"$jobs"
+      timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-300}")" cmake --build "$suite_build" --target "${suite_targets[@]}" -- -j"$jobs" -k 0
     ) >"$logs/build-suite.log" 2>&1 &
     p1=$!
     fi
@@ -384,7 +417,7 @@ run() {
       cmake -S "$src/test/python" -B "$fw_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CXX_FLAGS_RELEASE=-O2 -DCMAKE_C_FLAGS_RELEASE=-O2 -DAPE_EMITTED_DIR="$dir/emitted" \
         -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" -DAPE_CUDA_ENCODINGS="$fw_cuda_encodings" &&
-      timeout "${APE_GPU_CHECK_BUILD_LIMIT:-300}" cmake --build "$fw_build" -- -j"$jobs"
+      timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-300}")" cmake --build "$fw_build" -- -j"$jobs"
     ) >"$logs/build-python.log" 2>&1 &
     p2=$!
     fi
@@ -397,14 +430,26 @@ run() {
       # most cores idle (8 libraries: about 350 s on 2 cores either way; on 16 cores one after
       # another is the sum of 8 configures and 8 slowest units). g++ on LibTorch's headers takes
       # 1-1.5 GB a unit: cores/libraries + 1 jobs each keeps the three builds' sum in memory.
-      local libs=("$dir"/bench-libs/*_torch_library) lib_pids=() lib_jobs lib_failed=0 n
+      local libs=() lib_pids=() lib_jobs lib_failed=0 n lib wanted=""
+      # With --bench-encodings: those libraries, and NoPE's and RoPE's where the per-head-dim run or
+      # the counters use them (a library is some 40 s of nvcc a unit); else every prepared one.
+      if [ -n "$bench_encodings" ]; then
+        wanted=",$bench_encodings,"
+        { want counters || { want bench && [ "${APE_GPU_CHECK_FORWARD_LIMIT:-150}" != 0 ]; }; } &&
+          wanted+="nope,rope,${APE_GPU_CHECK_FORWARD_ENCODINGS:-nope,rope},"
+      fi
+      for lib in "$dir"/bench-libs/*_torch_library; do
+        n=$(basename "$lib" _torch_library)
+        [ -z "$wanted" ] || [[ "$wanted" == *",$n,"* ]] && libs+=("$lib")
+      done
+      [ ${#libs[@]} -gt 0 ] || { echo "[build] no benchmark library prepared for --bench-encodings $bench_encodings"; exit 1; }
       lib_jobs=$(( jobs / ${#libs[@]} + 1 ))  # with the suite's and the python stage's builds beside
       for lib in "${libs[@]}"; do
         n=$(basename "$lib")
         (
           cmake -S "$lib" -B "$bench_libs/$n/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DAPE_PYTHON="$py" -DAPE_CUDA_ARCHS="$arch" &&
-          timeout "${APE_GPU_CHECK_BUILD_LIMIT:-600}" cmake --build "$bench_libs/$n/build" -- -j"$lib_jobs"
+          timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-600}")" cmake --build "$bench_libs/$n/build" -- -j"$lib_jobs"
         ) >"$logs/build-bench-$n.log" 2>&1 &
         lib_pids+=($!)
       done
@@ -448,7 +493,7 @@ run() {
     if [ -x "$exe" ]; then
       local shards=$(( jobs / 2 > 8 ? 8 : (jobs / 2 < 1 ? 1 : jobs / 2) )) i pids=()
       for ((i = 0; i < shards; i++)); do
-        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 "$exe" --gtest_brief=1 \
+        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$(lim 240)" "$exe" --gtest_brief=1 \
           >"$logs/suite.$i.log" 2>&1 & pids+=($!)
       done
       local bad=0
@@ -484,7 +529,7 @@ run() {
     if [ -x "$exe" ] && command -v compute-sanitizer >/dev/null; then
       (
         for tool in memcheck racecheck synccheck initcheck; do
-          timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" \
+          timeout "$(lim 200)" compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" \
             --gtest_filter="$san_filter" --gtest_brief=1 >"$logs/sanitizer-$tool.log" 2>&1 &
         done
         wait
@@ -494,18 +539,25 @@ run() {
 
   if want python; then
     s=$(date +%s)
-    if [ -f "$fw_build/CMakeCache.txt" ]; then
+    if ! "$py" -c 'import pytest' 2>/dev/null; then
+      record python FAIL 0 "$py has no pytest here"
+    elif [ -f "$fw_build/CMakeCache.txt" ]; then
       (
         export APE_TEST_ARTIFACTS=$fw_build OMP_NUM_THREADS=1
+        # A folder prepared for some encodings (APE_GPU_CHECK_ENCODINGS) has only their libraries:
+        # the tests skip the others, naming this (test/python/support.py).
+        local only
+        only=$(sed -n 's/^encodings: \([^ ]*\) only.*/\1/p' "$dir/PREPARED")
+        [ -n "$only" ] && export APE_TEST_ENCODINGS=$only
         export TORCHINDUCTOR_CACHE_DIR=$dir/inductor-cache
         cd "$src/test/python" &&
         # The cases of the encodings with params (alibi, alibi_learned, rope_alibi) in a pytest of
         # their own, after the rest: a crash there (the operator library's params on CUDA once ended the benchmark
         # with a host SIGSEGV) costs only their cases, and -v names the case it ended in.
-        timeout 150 "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
+        timeout "$(lim 150)" "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
           test_c_abi.py test_pytorch2.py test_examples.py -k "(cuda or CUDA) and not alibi"
         rc1=$?
-        timeout 90 "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
+        timeout "$(lim 90)" "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
           test_pytorch2.py -k "(cuda or CUDA) and alibi"
         rc2=$?
         [ $rc2 = 5 ] && rc2=0  # no such cases: a folder prepared without alibi's libraries
@@ -530,7 +582,7 @@ run() {
       for tool in memcheck racecheck synccheck initcheck; do
         summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer-$tool.log" | tail -1)
         if ! grep -qE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$logs/sanitizer-$tool.log" ||
-           ! grep -qE '\[  PASSED  \]' "$logs/sanitizer-$tool.log"; then
+           ! grep -qE '\[  PASSED  \] [1-9]' "$logs/sanitizer-$tool.log"; then  # a filter that ran none: no pass
           all=FAIL; notes+=" $tool: ${summary:-no summary (timed out?)};"
         fi
       done
@@ -589,7 +641,7 @@ run() {
     # Each encoding runs in a process of its own: a crash (a segfault in a library, a lost CUDA
     # context) costs that process's unfinished cells, which say so (exit 3), and the report is
     # rewritten after every process, so a time limit keeps the finished rows.
-    PYTHONFAULTHANDLER=1 timeout "${APE_GPU_CHECK_BENCH_LIMIT:-240}" "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" "${quick[@]}" \
+    PYTHONFAULTHANDLER=1 timeout "$(lim "${APE_GPU_CHECK_BENCH_LIMIT:-240}")" "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" "${quick[@]}" \
       ${settings:+--ape-settings "$settings"} --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
     local rc=$?
     [ $rc = 0 ] && status=pass || status=FAIL
@@ -610,7 +662,7 @@ run() {
     # APE_GPU_CHECK_FORWARD_CONFIGS, _ENCODINGS and _SETTINGS narrow it for a short lease.
     local fwd_limit=${APE_GPU_CHECK_FORWARD_LIMIT:-150}
     if [ "$fwd_limit" != 0 ]; then
-    PYTHONFAULTHANDLER=1 timeout "$fwd_limit" "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" \
+    PYTHONFAULTHANDLER=1 timeout "$(lim "$fwd_limit")" "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" \
       --configs "${APE_GPU_CHECK_FORWARD_CONFIGS:-1x32x4096x64,1x16x4096x128,8x16x2048x128}" --methods ape \
       --encodings "${APE_GPU_CHECK_FORWARD_ENCODINGS:-nope,rope}" \
       --ape-settings "${APE_GPU_CHECK_FORWARD_SETTINGS:-no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,kv-shared:APE_CUDA_KV_SPLIT=0,hopper0:APE_CUDA_HOPPER_FORWARD=0,consumers3:APE_CUDA_HOPPER_CONSUMERS=3,one-group:APE_CUDA_TILE_GROUP=0,mma:APE_CUDA_WGMMA_BACKWARD=0,mma-dq-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_DQ_TMA=1}" \
@@ -625,7 +677,7 @@ run() {
     if [ $rc = 3 ]; then
       local crashed
       for crashed in $(sed -n 's/^\[gpu_bench\] crashed: \([a-z0-9_]*\): .*/\1/p' "$logs/bench.log" | sort -u); do
-        timeout "${APE_GPU_CHECK_PROBE_LIMIT:-120}" "$py" "$src/bench/op_probe.py" --helper "$bench_libs/${crashed}_torch_library/build/ape_$crashed.py" \
+        timeout "$(lim "${APE_GPU_CHECK_PROBE_LIMIT:-120}")" "$py" "$src/bench/op_probe.py" --helper "$bench_libs/${crashed}_torch_library/build/ape_$crashed.py" \
           --steps cpu,bad,raw,nograd,grad >"$logs/bench-crash-$crashed-probe.log" 2>&1
       done
     fi
@@ -648,13 +700,15 @@ run() {
     # nope, rope (on sm_90 at d_h 128 the wgmma backward), the stall reasons, then (time left)
     # nope with dQ' in any order (APE_CUDA_DETERMINISTIC=0) and on the mma.sync backward
     # (APE_CUDA_WGMMA_BACKWARD=0: the wide layout, per-thread dQ' adds).
-    for run in nope rope stalls nope-anyorder nope-mma; do
-      left=$(( 180 - ($(date +%s) - s) ))
+    # A short lease picks its runs (APE_GPU_CHECK_COUNTERS_RUNS, "nope rope" say) and the stage's
+    # limit (APE_GPU_CHECK_COUNTERS_LIMIT, 180 s).
+    for run in ${APE_GPU_CHECK_COUNTERS_RUNS:-nope rope stalls nope-anyorder nope-mma}; do
+      left=$(( ${APE_GPU_CHECK_COUNTERS_LIMIT:-180} - ($(date +%s) - s) ))
       if [ "$run" = stalls ]; then
         # Where the attention kernels' warps wait (NoPE: the kernels alone): the stall reasons.
         [ $left -ge 20 ] || continue
         csv=$logs/gpu_counters.stalls.ncu.csv
-        timeout $left ncu --profile-from-start off --csv --page raw --print-kernel-base demangled \
+        timeout "$(lim "$left")" ncu --profile-from-start off --csv --page raw --print-kernel-base demangled \
           --kernel-name regex:'flash_backward|hopper_forward|flash_forward' --section WarpStateStats \
           --log-file "$csv" "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings nope \
           --config 1x16x8192x128 >>"$logs/counters.log" 2>&1 &&
@@ -671,7 +725,7 @@ run() {
         failed+="; $run: no time left"; continue
       fi
       echo "[gpu-check] counters: $run (at most ${left} s)" >>"$logs/counters.log"
-      timeout $left env "${run_env[@]}" ncu --profile-from-start off --csv --page raw --print-kernel-base demangled "${ncu_units[@]}" \
+      timeout "$(lim "$left")" env "${run_env[@]}" ncu --profile-from-start off --csv --page raw --print-kernel-base demangled "${ncu_units[@]}" \
         --metrics "$metrics" --log-file "$csv" \
         "$py" "$src/bench/gpu_counters.py" --libs "$bench_libs" --encodings "$enc" --config 1x16x8192x128 \
         >>"$logs/counters.log" 2>&1
@@ -694,13 +748,13 @@ run() {
   # -- study (only when named: --stages build,study) -----------------------------------------------
   if [[ ",$stages," == *",study,"* ]]; then
     s=$(date +%s)
-    if timeout "${APE_GPU_CHECK_BUILD_LIMIT:-240}" cmake --build "$suite_build" --target ape-train ape-eval -- -j"$jobs" >"$logs/study-build.log" 2>&1; then
+    if timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-240}")" cmake --build "$suite_build" --target ape-train ape-eval -- -j"$jobs" >"$logs/study-build.log" 2>&1; then
       # The study's folder beside the carried one (which each device call replaces): a rerun on the
       # same machine continues it (its runs resume); the report is published into the logs.
       local study_out=${APE_GPU_STUDY_DIR:-$(dirname "$dir")/gpu-study}
       mkdir -p "$study_out"
       [ -d "$study_out/cache" ] || cp -r "$dir/cache" "$study_out/cache"
-      (cd "$src" && timeout 540 "$py" scripts/study.py --preset gpu-small --device cuda --threads 0 \
+      (cd "$src" && timeout "$(lim 540)" "$py" scripts/study.py --preset gpu-small --device cuda --threads 0 \
         --builtin-specs "$dir/study-specs" --build-dir "$suite_build" --data "$src/data/pg30" \
         --cache-dir "$study_out/cache" --out "$study_out" --publish "$logs/study") >"$logs/study.log" 2>&1
       local rc=$?
@@ -714,17 +768,10 @@ run() {
 
   # -- the table ----------------------------------------------------------------------------------
   local st any_fail=0
-  {
-    echo
-    echo "| stage | result | seconds | notes |"
-    echo "| --- | --- | --- | --- |"
-    for st in "${stage_order[@]}"; do
-      echo "| $st | ${stage_status[$st]} | ${stage_time[$st]} | ${stage_note[$st]} |"
-      [ "${stage_status[$st]}" = FAIL ] && any_fail=1
-    done
-    echo
-    echo "total: $(( $(date +%s) - t0 )) s; logs in $logs"
-  } | tee "$logs/summary.md"
+  for st in "${stage_order[@]}"; do
+    [ "${stage_status[$st]}" = FAIL ] && any_fail=1
+  done
+  write_table
   [ -f "$logs/gpu_bench.md" ] && { echo; cat "$logs/gpu_bench.md"; }
   [ -f "$logs/gpu_counters.md" ] && { echo; cat "$logs/gpu_counters.md"; }
   return $any_fail

@@ -257,6 +257,7 @@ int main(int argc, char **argv) {
         ape::SpecLibraryOptions lib_opts;
         lib_opts.apec = apec;
         lib_opts.log = &std::cout;
+        lib_opts.show_warnings = false;  // run_apec showed them
         library = ape::load_spec_library(spec, lib_opts);
         entry = library.entry;
         origin = "compiled from " + spec + " (" + library.library + (library.cached ? ", cached" : "") + ")";

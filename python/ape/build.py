@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -61,6 +62,8 @@ def emit(apec, spec, work, extra=(), expect=None):
         said = f"{p.stdout}{p.stderr}".rstrip()
         raise BuildError(f"apec rejected {spec}:\n{said}" if said else
                          f"{apec} failed on {spec} (exit {p.returncode}) and said nothing")
+    if "warning:" in p.stderr:  # the spec compiled with something to say (an unused param, ...)
+        warnings.warn(f"apec on {spec}:\n{p.stderr.rstrip()}", stacklevel=3)
     if expect:
         return expect
     made = sorted(glob.glob(os.path.join(work, "*_torch_library")))

@@ -38,6 +38,31 @@ for cml in $(find "$dir/src" -name CMakeLists.txt); do
     [ -e "$dir/src/$inc" ] || { echo "FAIL: ${cml#$dir/} includes $inc, which prepare does not copy"; exit 1; }
   done
 done
+# Every quoted #include of the C++ sources the standalone project compiles resolves in the folder:
+# beside the file, or under one of the project's include roots (tools/Cli.h, which ape_train.cpp
+# includes, was once left out, and the suite and the tools would not have built there).
+"$python" - "$dir" <<'PY' || exit 1
+import os, re, sys
+d = sys.argv[1]
+src = os.path.join(d, "src")
+roots = [src, os.path.join(src, "kernels", "include"), os.path.join(src, "test", "unit"),
+         os.path.join(d, "generated", "cpu"), os.path.join(d, "generated", "cuda"), os.path.join(d, "third_party", "json")]
+bad = []
+for sub in ("runtime", "tools", "test/cuda", "test/unit", "kernels/include"):
+    for base, _, files in os.walk(os.path.join(src, sub)):
+        for f in files:
+            if not f.endswith((".cpp", ".h", ".cuh", ".cu")):
+                continue
+            path = os.path.join(base, f)
+            for inc in re.findall(r'^\s*#\s*include\s+"([^"]+)"', open(path, errors="replace").read(), re.M):
+                if not any(os.path.exists(os.path.join(r, inc)) for r in [base] + roots):
+                    bad.append(f"{os.path.relpath(path, d)} includes \"{inc}\"")
+# Headers that only MLIR-side code includes are not the standalone project's.
+bad = [b for b in bad if not re.search(r'"(mlir|llvm|dialect|passes|codegen)/', b)]
+if bad:
+    print("FAIL: includes that do not resolve in the prepared folder:\n  " + "\n  ".join(bad[:20]))
+    sys.exit(1)
+PY
 # Every spec has its CUDA entry and a CPU twin.
 for spec in "$root"/examples/encodings/*.mlir; do
   enc=$(basename "$spec" .mlir)
