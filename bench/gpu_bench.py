@@ -528,16 +528,17 @@ class Cell:
         return c
 
 
-def captured(fn):
-    """fn() captured in a CUDA graph, after one call on a side stream (torch.cuda.graph's rule for
-    work that allocates); replay() runs it again on the same tensors."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+def captured(fn, stream):
+    """fn() captured in a CUDA graph on `stream`, after one call there (torch.cuda.graph's rule for
+    work that allocates); replay() runs it again on the same tensors. A backward alone must be
+    captured on the stream its forward ran on: autograd launches each backward op on its forward
+    op's stream."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
         fn()
-    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         fn()
     return graph
 
@@ -600,12 +601,13 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs, progress=None)
     if graphs and device != "cuda":
         cell.notes.append("APE_BENCH_GRAPH: no CUDA graphs on the CPU, eager calls timed")
         graphs = False
+    capture_stream = torch.cuda.Stream() if graphs else None
 
     def attempt(phase, fn):
         progress(PHASE_NAMES[phase])
         try:
             if graphs:
-                graph = captured(fn)
+                graph = captured(fn, capture_stream)
                 cell.ms[phase] = timer(graph.replay)
                 graph = None
             else:
@@ -618,8 +620,13 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs, progress=None)
     if bwd_err is not None:
         cell.err["bwd"] = cell.err["fwdbwd"] = bwd_err
     else:
-        try:  # o outside the timing, its graph kept
-            o = f()
+        try:  # o outside the timing, its graph kept (on the capture stream for a graph's backward)
+            if graphs:
+                capture_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(capture_stream):
+                    o = f()
+            else:
+                o = f()
             attempt("bwd", lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True))
         except Exception as exc:
             cell.err["bwd"] = error_text(exc)

@@ -665,42 +665,48 @@ LogicalResult LoadOp::verify() {
   if (isa<MapOp>(parent))
     return emitOpError("of a param is not allowed inside ape.map (maps are pure functions of "
                        "their input); load it in a q_mod, k_mod or score_mod");
-  if (auto param = getSource().getDefiningOp<ParamOp>()) {
+  if (auto param = getSource().getDefiningOp<ParamOp>())
     if (param.getShape().size() != getIndices().size())
       return emitOpError("of param \"")
              << param.getName() << "\" takes " << param.getShape().size()
              << " index(es), one per dimension, got " << getIndices().size();
-    // A computed index is clamped to its dimension by the kernels; a constant one outside it is a
-    // mistake known now. Symbolic dimensions are known when the container pins them.
-    Operation *container = param->getParentOp();
-    auto hint = [&](StringRef attr) -> std::optional<int64_t> {
-      if (auto a = container ? container->getAttrOfType<IntegerAttr>(attr) : IntegerAttr())
-        return a.getInt();
-      return std::nullopt;
-    };
-    std::optional<int64_t> headDim = hint("head_dim"), modelDim = hint("model_dim");
-    SmallVector<abi::Dim> dims = getDims(param);
-    for (auto [k, index] : llvm::enumerate(getIndices())) {
-      llvm::APInt c;
-      if (!matchPattern(index, m_ConstantInt(&c)))
-        continue;
-      int64_t v = c.getSExtValue();
-      std::optional<int64_t> size;
-      if (dims[k].is(abi::Dim::Kind::Fixed))
-        size = dims[k].value;
-      else if (dims[k].is(abi::Dim::Kind::HeadDim))
-        size = headDim;
-      else if (headDim && modelDim && *headDim > 0)
-        size = *modelDim / *headDim;
-      if (v < 0 || (size && v >= *size))
-        return emitOpError("index ") << k << " of param \"" << param.getName() << "\" is the constant "
-                                     << v << ", outside its dimension \"" << dims[k].str() << "\""
-                                     << (size && !dims[k].is(abi::Dim::Kind::Fixed)
-                                             ? " (" + std::to_string(*size) + " here)"
-                                             : std::string())
-                                     << ": valid indices are 0 to "
-                                     << (size ? std::to_string(*size - 1) : dims[k].str() + " - 1");
-    }
+  return success();
+}
+
+LogicalResult mlir::ape::checkConstantIndices(LoadOp load) {
+  auto param = load.getSource().getDefiningOp<ParamOp>();
+  if (!param || param.getShape().size() != load.getIndices().size())
+    return success();
+  // A computed index is clamped to its dimension by the kernels; a constant one outside it is a
+  // mistake known now. Symbolic dimensions are known when the container pins them.
+  Operation *container = param->getParentOp();
+  auto hint = [&](StringRef attr) -> std::optional<int64_t> {
+    if (auto a = container ? container->getAttrOfType<IntegerAttr>(attr) : IntegerAttr())
+      return a.getInt();
+    return std::nullopt;
+  };
+  std::optional<int64_t> headDim = hint("head_dim"), modelDim = hint("model_dim");
+  SmallVector<abi::Dim> dims = getDims(param);
+  for (auto [k, index] : llvm::enumerate(load.getIndices())) {
+    llvm::APInt c;
+    if (!matchPattern(index, m_ConstantInt(&c)))
+      continue;
+    int64_t v = c.getSExtValue();
+    std::optional<int64_t> size;
+    if (dims[k].is(abi::Dim::Kind::Fixed))
+      size = dims[k].value;
+    else if (dims[k].is(abi::Dim::Kind::HeadDim))
+      size = headDim;
+    else if (headDim && modelDim && *headDim > 0)
+      size = *modelDim / *headDim;
+    if (v < 0 || (size && v >= *size))
+      return load.emitOpError("index ") << k << " of param \"" << param.getName() << "\" is the constant "
+                                        << v << ", outside its dimension \"" << dims[k].str() << "\""
+                                        << (size && !dims[k].is(abi::Dim::Kind::Fixed)
+                                                ? " (" + std::to_string(*size) + " here)"
+                                                : std::string())
+                                        << ": valid indices are 0 to "
+                                        << (size ? std::to_string(*size - 1) : dims[k].str() + " - 1");
   }
   return success();
 }

@@ -25,6 +25,10 @@ template <class E> llvm::StringRef nameOf(E value) { return llvm::StringRef(abi:
 
 /// The dimensions of a param's shape (verified: each is a valid abi::Dim).
 llvm::SmallVector<abi::Dim> getDims(ParamOp param);
+/// A constant index of `load` (of a param) outside its dimension: an error on the op. Checked on
+/// the spec as written (SpecDriver's parseSpec), not by the verifier: an index the passes fold to
+/// a constant is a computed one, which the kernels clamp to its dimension.
+LogicalResult checkConstantIndices(LoadOp load);
 /// A param without init arguments (set them with the typed setters: setStdAttr, ...).
 ParamOp createParam(OpBuilder &b, Location loc, llvm::StringRef name,
                     llvm::ArrayRef<llvm::StringRef> shape, abi::InitKind init, bool trainable);

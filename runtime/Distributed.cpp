@@ -250,6 +250,15 @@ Rendezvous rendezvous(const DistConfig &cfg, std::chrono::milliseconds timeout, 
 }
 
 std::string roll_key(int64_t rank) { return "roll/" + std::to_string(rank); }
+// How many ranks have posted under roll/: what a rank waiting for the roll polls.
+const char *const kPostsKey = "roll/posts";
+void count_post(c10d::Store &store) {
+  try {
+    store.add(kPostsKey, 1);
+  } catch (const std::exception &) {
+    // The post itself is there; a rank that misses the count reads it at the deadline's last look.
+  }
+}
 std::string seen_key(int64_t rank) { return "seen/" + std::to_string(rank); }
 std::vector<uint8_t> bytes(const std::string &s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
@@ -293,11 +302,13 @@ void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chron
     for (char &c : text)
       if (c == '\n') c = ' ';
     say(roll_key(cfg.rank), "refused " + text);
+    count_post(store);
     say(seen_key(cfg.rank), "1");
     if (hosts) linger(store, cfg.world_size, window);
     throw GroupError(who + refusal);
   }
   say(roll_key(cfg.rank), "ok " + std::to_string(cfg.world_size));
+  count_post(store);
   std::string problem;
   int64_t ranks = cfg.world_size;  // the most any rank said: the host waits for all of them to read
   const auto deadline = std::chrono::steady_clock::now() + timeout;  // for all the reads together
@@ -305,8 +316,18 @@ void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chron
   for (int64_t r = 0; r < cfg.world_size; ++r)
     if (r != cfg.rank) pending.push_back(r);
   auto pause = std::chrono::milliseconds(2);
+  int64_t posts_seen = -1;  // the count of posts when the pending ranks were last looked for
+  bool last_look = false;
   while (!pending.empty() && problem.empty()) {
-    for (auto it = pending.begin(); it != pending.end() && problem.empty();) {
+    // One request a round while nothing new was posted; the pending ranks' keys only when it was
+    // (a request per rank and round would be world^2 requests to the one store).
+    int64_t posts = 0;
+    try {
+      posts = store.add(kPostsKey, 0);
+    } catch (const std::exception &e) {
+      throw GroupError(who + "the rendezvous store failed while the roll was read: " + reason(e));
+    }
+    for (auto it = pending.begin(); posts != posts_seen && it != pending.end() && problem.empty();) {
       const int64_t r = *it;
       std::string post;
       try {
@@ -330,7 +351,13 @@ void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chron
         if (post.rfind("ok ", 0) == 0) ranks = std::max<int64_t>(ranks, std::atoll(post.c_str() + 3));
       }
     }
+    posts_seen = posts;
     if (pending.empty() || !problem.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline && !last_look) {
+      last_look = true;  // every pending key once more, whatever the count says
+      posts_seen = -1;
+      continue;
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       std::string missing;
       for (size_t i = 0; i < pending.size() && i < 8; ++i)

@@ -316,11 +316,19 @@ write_table() {
 # which a signal to the caller's group does not reach: the run ends by itself, on time.
 deadline=""
 lim() {
-  local n=$1 left
+  local n=$1 secs left
   [ -n "$deadline" ] || { echo "$n"; return; }
+  case $n in  # timeout's units
+    *d) secs=${n%d}; [[ $secs =~ ^[0-9]+$ ]] && secs=$(( secs * 86400 )) ;;
+    *h) secs=${n%h}; [[ $secs =~ ^[0-9]+$ ]] && secs=$(( secs * 3600 )) ;;
+    *m) secs=${n%m}; [[ $secs =~ ^[0-9]+$ ]] && secs=$(( secs * 60 )) ;;
+    *s) secs=${n%s} ;;
+    *) secs=$n ;;
+  esac
+  [[ $secs =~ ^[0-9]+$ ]] || secs=86400  # a fraction: the deadline decides
   left=$(( deadline - $(date +%s) - 20 ))
   [ "$left" -ge 1 ] || left=1
-  echo $(( n < left ? n : left ))
+  echo $(( secs < left ? secs : left ))
 }
 
 run() {
@@ -333,7 +341,9 @@ run() {
       --bench-configs) bench_configs=$2; shift 2 ;;
       --bench-encodings) bench_encodings=$2; shift 2 ;;
       --stages) stages=$2; shift 2 ;;
-      --time-limit) deadline=$(( $(date +%s) + $2 )); shift 2 ;;
+      --time-limit)
+        [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "[gpu-check] --time-limit takes whole seconds, got '${2:-}'" >&2; exit 2; }
+        deadline=$(( $(date +%s) + $2 )); shift 2 ;;
       -h|--help) usage ;;
       -*) echo "[gpu-check] unknown option $1" >&2; exit 2 ;;
       *) dir=$1; shift ;;
@@ -352,7 +362,13 @@ run() {
   jobs=$(nproc)
   local t0
   t0=$(date +%s)
-  want() { [[ ",$stages," == *",$1,"* ]]; }
+  want() {  # a chosen stage, with time left for it (--time-limit: 30 s at least)
+    [[ ",$stages," == *",$1,"* ]] || return 1
+    if [ -n "$deadline" ] && [ $(( deadline - $(date +%s) )) -lt 30 ]; then
+      [ -n "${stage_status[$1]+x}" ] || record "$1" FAIL 0 "not run: under 30 s of --time-limit left"
+      return 1
+    fi
+  }
 
   # The machine.
   {

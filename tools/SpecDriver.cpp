@@ -12,6 +12,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SmallVector.h"
 
 using namespace mlir;
@@ -76,22 +77,36 @@ mlir::ape::withoutByteOrderMark(std::unique_ptr<llvm::MemoryBuffer> file) {
   return llvm::MemoryBuffer::getMemBufferCopy(text.drop_front(3), file->getBufferIdentifier());
 }
 
-/// A UTF-16 file (a byte-order mark FF FE or FE FF, or a NUL byte among the first ones, as
-/// Windows tools write) would fail at 1:1 with "unexpected character"; say what it is.
+/// A spec is UTF-8 text: a UTF-16 file (a byte-order mark FF FE or FE FF, or NUL bytes at every
+/// other byte, as Windows tools write) would fail at 1:1 with "unexpected character", and a NUL
+/// byte elsewhere is no text (MLIR's lexer skips one in a comment). Each gets an error that says so.
 static LogicalResult checkUtf8(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
   const llvm::MemoryBuffer *buffer = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID());
   llvm::StringRef text = buffer->getBuffer();
-  bool mark = text.starts_with("\xFF\xFE") || text.starts_with("\xFE\xFF");
-  if (!mark && !text.take_front(64).contains('\0'))
+  const bool mark = text.starts_with("\xFF\xFE") || text.starts_with("\xFE\xFF");
+  const size_t nul = text.find('\0');
+  if (!mark && nul == llvm::StringRef::npos)
     return success();
-  emitError(FileLineColLoc::get(context, buffer->getBufferIdentifier(), 1, 1))
-      << "the file is not UTF-8 text (it looks like UTF-16: "
-      << (mark ? "a UTF-16 byte-order mark" : "NUL bytes") << "); save the spec as UTF-8";
+  int nuls[2] = {0, 0};  // among the first 64 bytes, at even and at odd offsets
+  for (size_t i = 0; i < std::min<size_t>(text.size(), 64); ++i)
+    nuls[i % 2] += text[i] == '\0';
+  const bool alternating = std::max(nuls[0], nuls[1]) >= 8 && std::min(nuls[0], nuls[1]) == 0;
+  if (mark || alternating) {
+    emitError(FileLineColLoc::get(context, buffer->getBufferIdentifier(), 1, 1))
+        << "the file is not UTF-8 text (it looks like UTF-16: "
+        << (mark ? "a UTF-16 byte-order mark" : "a NUL at every other byte") << "); save the spec as UTF-8";
+    return failure();
+  }
+  auto [line, column] = sourceMgr.getLineAndColumn(llvm::SMLoc::getFromPointer(text.data() + nul));
+  emitError(FileLineColLoc::get(context, buffer->getBufferIdentifier(), line, column))
+      << "a NUL byte: a spec is UTF-8 text";
   return failure();
 }
 
-/// The values of an encoding's body that nothing reads, warned about at their location. A param
-/// that an ape.masked_projection names as its position_scale is read by name.
+/// The values of an encoding's body that nothing reads, warned about at their location: a value is
+/// read when an op without results (a component, a region's yield) uses it, or an op whose value is
+/// read does (so a param whose only load is unused is not read). A param that an
+/// ape.masked_projection names as its position_scale is read by name.
 static void warnUnusedValues(ModuleOp module) {
   using namespace mlir::ape;
   for (EncodingOp encoding : module.getOps<EncodingOp>()) {
@@ -99,8 +114,20 @@ static void warnUnusedValues(ModuleOp module) {
     for (auto m : encoding.getBody().front().getOps<MaskedProjectionOp>())
       if (std::optional<StringRef> sigma = m.getPositionScale())
         byName.push_back(*sigma);
+    llvm::DenseSet<Operation *> read;
+    llvm::SmallVector<Operation *> work;
+    encoding.getBody().walk([&](Operation *op) {
+      if (op->getNumResults() == 0 && read.insert(op).second)
+        work.push_back(op);
+    });
+    while (!work.empty()) {
+      Operation *op = work.pop_back_val();
+      for (Value v : op->getOperands())
+        if (Operation *def = v.getDefiningOp(); def && read.insert(def).second)
+          work.push_back(def);
+    }
     for (Operation &op : encoding.getBody().front()) {
-      if (op.getNumResults() == 0 || !op.use_empty())
+      if (op.getNumResults() == 0 || read.contains(&op))
         continue;
       auto name = op.getAttrOfType<StringAttr>("name");
       if (isa<ParamOp>(op) && name && llvm::is_contained(byName, name.getValue()))
@@ -109,7 +136,8 @@ static void warnUnusedValues(ModuleOp module) {
       w << "'" << op.getName() << "'";
       if (name)
         w << " \"" << name.getValue() << "\"";
-      w << " is never used: the kernels will not read it";
+      w << (op.use_empty() ? " is never used" : " is never used (only by values nothing uses)")
+        << ": the kernels will not read it";
       if (isa<ParamOp, TokenFeatureOp>(op))
         w << ", and a runtime will neither create, train nor save it";
       w << " (read it in a region, or remove it)";
@@ -131,8 +159,11 @@ OwningOpRef<ModuleOp> mlir::ape::parseSpec(llvm::SourceMgr &sourceMgr, MLIRConte
   }
   // The region language's types (dialect/RegionTypes.h), checked here where the op still has its
   // place in the file.
+  // So are constant param indices (a computed one the kernels clamp; one the passes fold too).
   WalkResult types = module->walk([](Operation *op) {
     if (isa<arith::ArithDialect, math::MathDialect>(op->getDialect()) && failed(ape::checkRegionTypes(op)))
+      return WalkResult::interrupt();
+    if (auto load = dyn_cast<LoadOp>(op); load && failed(checkConstantIndices(load)))
       return WalkResult::interrupt();
     return WalkResult::advance();
   });

@@ -326,7 +326,11 @@ int main(int argc, char **argv) {
                       : std::string("gradients by autograd"))
               << "\n";
     std::cout << "  grid:      ";
-    const auto grid = opt.grid.empty() ? ape::default_grid() : opt.grid;
+    std::vector<ape::CheckShape> grid = opt.grid.empty() ? ape::default_grid() : opt.grid;
+    try {  // as checked: fitted to the kernel's hints (check_kernel reports what does not fit)
+      grid = ape::fit_grid(ape::manifest_of(*entry), opt.grid);
+    } catch (const std::exception &) {
+    }
     for (size_t n = 0; n < grid.size(); ++n) std::cout << (n ? ", " : "") << grid[n].str();
     std::cout << " (BxHxTxD), seed " << opt.seed << "\n\n";
     const ape::CheckReport report = ape::check_kernel(*entry, ref, opt);

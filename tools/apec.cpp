@@ -130,18 +130,24 @@ static SmallVector<ape::CudaVariant> variantsOf(ape::KernelOp kernel, ArrayRef<a
   return out;
 }
 
-/// An encoding that pins its head_dim gets CUDA kernels at that head dim only: refused when the
-/// CUDA kernels have no such head dim, or when --cuda-head-dims leaves it out.
+/// An encoding that pins its head_dim gets CUDA kernels at that head dim only (variantsOf): none
+/// when the CUDA kernels have no such head dim (a warning; refused when --cuda-head-dims asked for
+/// some), and refused when --cuda-head-dims leaves it out.
 static LogicalResult checkHeadDimHints(ModuleOp module) {
   for (ape::EncodingOp encoding : module.getOps<ape::EncodingOp>()) {
     std::optional<uint64_t> hint = encoding.getHeadDim();
     if (!hint)
       continue;
     int64_t h = static_cast<int64_t>(*hint);
-    if (h != 32 && h != 64 && h != 128)
-      return encoding.emitError("@") << encoding.getSymName() << " pins head_dim " << h
-                                     << ", and the CUDA kernels have head dims 32, 64 and 128 only "
-                                        "(its CPU kernel takes any: leave out the CUDA emitters)";
+    if (h != 32 && h != 64 && h != 128) {
+      if (!cudaHeadDims.empty())
+        return encoding.emitError("@") << encoding.getSymName() << " pins head_dim " << h
+                                       << ", and the CUDA kernels have head dims 32, 64 and 128 only "
+                                          "(its CPU kernel takes any: leave out --cuda-head-dims)";
+      encoding.emitWarning("@") << encoding.getSymName() << " pins head_dim " << h
+                                << ": no CUDA kernels (they have head dims 32, 64 and 128), the CPU kernel only";
+      continue;
+    }
     if (!cudaHeadDims.empty() && !llvm::is_contained(cudaHeadDims, h)) {
       std::string given;
       for (int64_t d : cudaHeadDims)

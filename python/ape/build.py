@@ -63,7 +63,7 @@ def emit(apec, spec, work, extra=(), expect=None):
         raise BuildError(f"apec rejected {spec}:\n{said}" if said else
                          f"{apec} failed on {spec} (exit {p.returncode}) and said nothing")
     if "warning:" in p.stderr:  # the spec compiled with something to say (an unused param, ...)
-        warnings.warn(f"apec on {spec}:\n{p.stderr.rstrip()}", stacklevel=3)
+        warnings.warn(f"apec on {spec}:\n{p.stderr.rstrip()}", stacklevel=4)
     if expect:
         return expect
     made = sorted(glob.glob(os.path.join(work, "*_torch_library")))

@@ -162,50 +162,6 @@ ape.encoding @e {
 
 // -----
 
-// A constant index outside its dimension (a computed one is clamped by the kernels): the integer
-// dimensions, and the symbolic ones where the encoding pins them.
-ape.encoding @e {
-  %t = ape.param "table" ["32", "heads"] init = "zeros" trainable
-  ape.score_mod {
-  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
-    %c32 = arith.constant 32 : index
-    // expected-error @+1 {{'ape.load' op index 0 of param "table" is the constant 32, outside its dimension "32": valid indices are 0 to 31}}
-    %v = ape.load %t[%c32, %h] : !ape.param
-    %r = arith.addf %s, %v : f32
-    ape.yield %r : f32
-  }
-}
-
-// -----
-
-ape.encoding @e {
-  %t = ape.param "w" ["heads"] init = "zeros"
-  ape.score_mod {
-  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
-    %m1 = arith.constant -1 : index
-    // expected-error @+1 {{'ape.load' op index 0 of param "w" is the constant -1, outside its dimension "heads": valid indices are 0 to heads - 1}}
-    %v = ape.load %t[%m1] : !ape.param
-    %r = arith.addf %s, %v : f32
-    ape.yield %r : f32
-  }
-}
-
-// -----
-
-ape.encoding @e attributes {head_dim = 16} {
-  %t = ape.param "u" ["heads", "head_dim"] init = "zeros" trainable
-  ape.q_mod {
-  ^bb0(%x: f32, %y: f32, %c: index, %n: index, %h: index):
-    %c16 = arith.constant 16 : index
-    // expected-error @+1 {{'ape.load' op index 1 of param "u" is the constant 16, outside its dimension "head_dim" (16 here): valid indices are 0 to 15}}
-    %v = ape.load %t[%h, %c16] : !ape.param
-    %r = arith.addf %x, %v : f32
-    ape.yield %r : f32
-  }
-}
-
-// -----
-
 ape.encoding @e {
   %f = ape.token_feature "f"
   %c = ape.scan %f
