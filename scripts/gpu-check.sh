@@ -50,6 +50,8 @@
 # run's), APE_GPU_CHECK_PROBE_LIMIT (120 s, the crash probe of each crashed encoding); the counters
 # stage: APE_GPU_CHECK_COUNTERS_RUNS (of nope rope stalls nope-anyorder nope-mma) and
 # APE_GPU_CHECK_COUNTERS_LIMIT (180 s). --time-limit S ends every stage in time for the table.
+# APE_GPU_CHECK_BUILD_ALSO=python,train (run) builds what those stages need without running them,
+# so that a second call on the warm machine finds it built.
 # APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs (and test specs such as kcable_fast when named) and leaves out the
 # study's (a shorter build for a short lease: the train stage needs rope, cable and alibi, the benchmark
 # nope, rope, alibi, t5 and cable; the study stage then refuses).
@@ -412,7 +414,11 @@ run() {
     # Only what the chosen stages use.
     local suite_targets=()
     { want suite || want sanitizer; } && suite_targets+=(ape_cuda_kernels_test)
-    { want train || want study; } && suite_targets+=(ape-train ape-eval ape-generate)
+    # APE_GPU_CHECK_BUILD_ALSO=train,python,...: also what those stages need, for a later call on the
+    # same machine (whose build then finds it done) while this call's stages run.
+    also() { [[ ",${APE_GPU_CHECK_BUILD_ALSO:-}," == *",$1,"* ]]; }
+    { also suite || also sanitizer; } && suite_targets+=(ape_cuda_kernels_test)
+    { want train || want study || also train; } && suite_targets+=(ape-train ape-eval ape-generate)
     local p1="" p2="" p3="" built=""
     if [ ${#suite_targets[@]} -gt 0 ]; then
     built+=" suite(${suite_targets[*]})"
@@ -427,7 +433,7 @@ run() {
     ) >"$logs/build-suite.log" 2>&1 &
     p1=$!
     fi
-    if want python; then
+    if want python || also python; then
     built+=" python"
     (
       cmake -S "$src/test/python" -B "$fw_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
