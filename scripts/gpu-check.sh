@@ -361,6 +361,9 @@ run() {
   mkdir -p "$logs"
   logs=$(cd "$logs" && pwd)
   local src=$dir/src py=${APE_PYTHON:-python3} jobs
+  # A relative interpreter path (APE_PYTHON=.venv/bin/python) would not be found from the stages
+  # that change folder (the python stage runs in src/test/python).
+  case $py in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac
   jobs=$(nproc)
   local t0
   t0=$(date +%s)
