@@ -111,6 +111,19 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   [ $rc -ne 0 ] && grep -q "found no GPU" <<<"$out" ||
     { echo "FAIL: run without a GPU: exit $rc: $out"; exit 1; }
 fi
+# --time-limit: a stage with under 30 s left is recorded as not run (in LOGDIR/summary.md, written
+# after every stage), and the limit takes whole seconds.
+set +e
+out=$(APE_GPU_ARCH=90a APE_PYTHON=$python "$dir/src/scripts/gpu-check.sh" run "$dir" --logs "$work/tl" \
+  --stages suite,bench --time-limit 25 2>&1)
+set -e
+grep -q "| suite | FAIL | 0 | not run: under 30 s of --time-limit left |" "$work/tl/summary.md" &&
+  grep -q "| bench | FAIL | 0 | not run" "$work/tl/summary.md" ||
+  { echo "FAIL: --time-limit 25 ran a stage: $out"; exit 1; }
+if out=$(APE_GPU_ARCH=90a "$dir/src/scripts/gpu-check.sh" run "$dir" --time-limit 5m 2>&1) ||
+   ! grep -q "takes whole seconds" <<<"$out"; then
+  echo "FAIL: --time-limit 5m: $out"; exit 1
+fi
 # The standalone suite configures (CUDA, LibTorch, GoogleTest from source) where nvcc is found.
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=$PATH:/usr/local/cuda/bin
