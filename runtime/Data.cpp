@@ -227,6 +227,7 @@ std::vector<std::pair<std::string, std::string>> read_splits(const std::string &
   std::ifstream f(path);
   if (!f) throw std::runtime_error("cannot read the split list " + path + " (pass --data DIR pointing at data/pg30)");
   std::vector<std::pair<std::string, std::string>> out;
+  std::map<std::string, int> seen;  // id -> its line
   std::string line;
   int lineno = 0;
   while (std::getline(f, line)) {
@@ -240,7 +241,13 @@ std::vector<std::pair<std::string, std::string>> read_splits(const std::string &
     std::string split = line.substr(tab + 1);
     if (split != "train" && split != "valid" && split != "test")
       throw std::runtime_error(path + ":" + std::to_string(lineno) + ": unknown split `" + quoted_line(split) + "`");
-    out.emplace_back(line.substr(0, tab), split);
+    const std::string id = line.substr(0, tab);
+    // A book listed twice would be trained on and scored as held out, or counted twice.
+    if (auto it = seen.find(id); it != seen.end())
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": book " + quoted_line(id) + " is listed again (line " +
+                               std::to_string(it->second) + "): each book belongs to one split, once");
+    seen.emplace(id, lineno);
+    out.emplace_back(id, split);
   }
   return out;
 }

@@ -254,15 +254,56 @@ void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std:
     }
 }
 
-void write_csv(const std::string &path, const std::vector<EvalRow> &rows) {
+namespace {
+// The records of a CSV text (a quoted field may hold commas, quotes and newlines), each with its
+// first field unquoted: (first field, the record's text with its newline).
+std::vector<std::pair<std::string, std::string>> csv_records(const std::string &text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t start = 0;
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '"') quoted = !quoted;
+    if (text[i] != '\n' || quoted) continue;
+    const std::string record = text.substr(start, i + 1 - start);
+    std::string first;
+    if (!record.empty() && record[0] == '"') {
+      for (size_t k = 1; k < record.size(); ++k) {
+        if (record[k] == '"' && k + 1 < record.size() && record[k + 1] == '"') first += '"', ++k;
+        else if (record[k] == '"') break;
+        else first += record[k];
+      }
+    } else {
+      first = record.substr(0, record.find_first_of(",\n"));
+    }
+    out.emplace_back(first, record);
+    start = i + 1;
+  }
+  return out;
+}
+}  // namespace
+
+void write_csv(const std::string &path, const std::vector<EvalRow> &rows, bool keep_other_encodings) {
   auto field = [](const std::string &text) {  // CSV quoting where needed
     if (text.find_first_of(",\"\n") == std::string::npos) return text;
     std::string q = "\"";
     for (char c : text) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     return q + "\"";
   };
+  const std::string header = "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses\n";
   std::ostringstream o;
-  o << "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses\n";
+  o << header;
+  if (keep_other_encodings) {  // the rows of the encodings `rows` does not have, as they were
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream old;
+    if (in) old << in.rdbuf();
+    const std::string text = old.str();
+    if (text.rfind(header, 0) == 0) {
+      std::set<std::string> mine;
+      for (const auto &r : rows) mine.insert(r.encoding);
+      for (const auto &[enc, record] : csv_records(text.substr(header.size())))
+        if (!mine.count(enc)) o << record;
+    }
+  }
   o << std::setprecision(6) << std::fixed;
   for (const auto &r : rows) {
     o << field(r.encoding) << "," << r.train_len << "," << r.eval_len << "," << r.multiple << ",";

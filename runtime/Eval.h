@@ -79,6 +79,8 @@ void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std:
 
 // encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses (written atomically;
 // segment_losses joined by ';'); a skipped cell has empty loss, ppl and segment_losses, and its note.
-void write_csv(const std::string &path, const std::vector<EvalRow> &rows);
+// keep_other_encodings: the rows of `path` (a file of this form) of encodings that `rows` lacks stay,
+// before `rows` (a resumed encoding of a run of several replaces only its own rows).
+void write_csv(const std::string &path, const std::vector<EvalRow> &rows, bool keep_other_encodings = false);
 
 }  // namespace ape

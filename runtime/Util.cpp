@@ -47,8 +47,12 @@ std::string fnv1a_hex(const std::string &bytes) { return hex16(fnv1a(bytes.data(
 
 std::string error_text(const std::exception &e) {
   std::string s = e.what();
-  const size_t at = s.find("Exception raised from ");
+  // c10's errors carry a C++ backtrace: after "Exception raised from " (TORCH_CHECK), or as lines
+  // "frame #N: ..." (an enforce failure, such as an allocation the machine refused).
+  size_t at = s.find("Exception raised from ");
   if (at != std::string::npos) s.erase(at);
+  at = s.find("frame #");
+  if (at != std::string::npos && (at == 0 || s[at - 1] == '\n')) s.erase(at);
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
 }

@@ -95,10 +95,16 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   if (dp) trainer.distribute(*dp);
   const double reduce0 = dp ? dp->reduce_seconds() : 0;
   const int64_t calls0 = dp ? dp->reduce_calls() : 0;
+  bool finished_before = false;
   if (resume) {
     trainer.restore(*resume);
-    std::cout << "[" << name << "] resumed from " << resume->path << " at step " << trainer.state().step << " ("
-              << std::lround(trainer.state().elapsed) << " s trained)\n";
+    finished_before = trainer.state().complete;
+    if (finished_before)  // its training is over: evaluated again, nothing trained
+      std::cout << "[" << name << "] " << resume->path << " is a finished run (" << trainer.state().step
+                << " steps, " << std::lround(trainer.state().elapsed) << " s): evaluating it again\n";
+    else
+      std::cout << "[" << name << "] resumed from " << resume->path << " at step " << trainer.state().step << " ("
+                << std::lround(trainer.state().elapsed) << " s trained)\n";
   }
   if (init) {
     std::cout << "[" << name << "] initialised from " << start.init_from;
@@ -145,7 +151,7 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
                 "[%s] %lld steps in %.1f s, %.0f tok/s, loss %.4f -> %.4f (mean of the last %lld steps)\n",
                 name.c_str(), (long long)res.steps, res.seconds, res.tokens_per_second, res.first_loss, res.final_loss,
                 (long long)std::min<int64_t>(20, res.steps));
-  std::cout << summary;
+  if (!finished_before) std::cout << summary;
   if (res.skipped_steps > 0)
     std::cout << "[" << name << "] loss scaling skipped " << res.skipped_steps << " update(s) (float16 overflow)\n";
   if (res.steady_tokens_per_second > 0)
@@ -190,8 +196,21 @@ void keep_unfinished(const std::string &ckpt) {
     const auto st = c.config.find("state");
     if (st == c.config.end() || !st->is_object() || st->value("complete", true)) return;
     step = st->value("step", int64_t{0});
-  } catch (const std::exception &) {
-    return;  // not a checkpoint this version reads: replaced, as any other file there
+  } catch (const std::exception &e) {
+    // Not a checkpoint this build reads (a newer format, a damaged file): kept aside too, never
+    // replaced unread.
+    const fs::path p(ckpt);
+    const std::string stem = (p.parent_path() / p.stem()).string() + ".unreadable";
+    std::string kept = stem + ".ckpt";
+    for (int n = 2; fs::exists(kept, ec); ++n) kept = stem + "-" + std::to_string(n) + ".ckpt";
+    fs::rename(ckpt, kept, ec);
+    if (ec)
+      throw std::runtime_error(ckpt + " is not a checkpoint this build reads (" + ape::error_text(e) +
+                               ") and could not be kept as " + kept + " (" + ec.message() +
+                               "): move it away to start a new run there");
+    std::cout << "[note] " << ckpt << " is not a checkpoint this build reads (" << ape::error_text(e) << "): kept as "
+              << kept << "; starting a new run\n";
+    return;
   }
   const fs::path p(ckpt);
   const std::string stem = (p.parent_path() / p.stem()).string() + ".unfinished-step" + std::to_string(step);
@@ -302,7 +321,9 @@ int main(int argc, char **argv) {
                  ->capture_default_str());
   auto *out_opt = run_option(app.add_option("--out", out_dir, "Output folder: <encoding>.ckpt per encoding and results.csv (a finished\n"
                                                                      "<encoding>.ckpt there is replaced; an unfinished one is kept\n"
-                                                                     "as <encoding>.unfinished-stepN.ckpt)")
+                                                                     "as <encoding>.unfinished-stepN.ckpt, one this build cannot read\n"
+                                                                     "as <encoding>.unreadable.ckpt; results.csv keeps the rows of\n"
+                                                                     "the encodings this run does not train)")
                                  ->capture_default_str());
   run_option(app.add_option("--init-from", init_from,
                             "Start from the weights of CKPT (an ape-train checkpoint) instead of a fresh initialisation:\n"
@@ -487,6 +508,13 @@ int main(int argc, char **argv) {
         const std::string enc = mc.encoding;
         mc = from;
         mc.encoding = enc;
+        // The checkpoint this run writes must not be the one it starts from (its first save would
+        // replace the weights it was fine-tuned from).
+        std::error_code eq_ec;
+        const fs::path written = fs::path(out_dir) / (encodings[0] + ".ckpt");
+        if (fs::exists(written, eq_ec) && fs::equivalent(init_from, written, eq_ec))
+          throw std::invalid_argument("--init-from " + init_from + " is the checkpoint this run writes (" +
+                                      written.string() + "): copy it elsewhere first, or give another --out");
       }
     }
     Start start;
@@ -629,6 +657,9 @@ int main(int argc, char **argv) {
     std::vector<ape::EvalRow> all_rows;
     std::vector<std::string> diverged;
     const std::string csv = (fs::path(out_dir) / "results.csv").string();
+    // Each encoding's rows replace its own rows of results.csv only: a resumed encoding of a run of
+    // several, or the encodings it did not reach trained after it, keep the others'.
+    const bool merge_rows = true;
     for (size_t n = 0; n < encodings.size(); ++n) {
       const std::string &name = encodings[n];
       // Ctrl-C or SIGTERM during the last encoding's evaluation: no next encoding starts (it would
@@ -637,7 +668,7 @@ int main(int argc, char **argv) {
       if (n > 0 && any_rank_stopped(dp.get(), "after " + encodings[n - 1])) {
         std::string rest;
         for (size_t k = n; k < encodings.size(); ++k) rest += (rest.empty() ? "" : ", ") + encodings[k];
-        if (root) ape::write_csv(csv, all_rows);
+        if (root) ape::write_csv(csv, all_rows, merge_rows);
         throw Interrupted("ape-train: stopped (Ctrl-C or SIGTERM) after " + encodings[n - 1] +
                           "; not trained: " + rest + " (results so far -> " + csv + ")");
       }
@@ -646,6 +677,14 @@ int main(int argc, char **argv) {
       std::vector<ape::EvalRow> rows;
       try {
         rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get(), device, start);
+      } catch (const Interrupted &e) {
+        // The encodings after it were not trained: the message names them (--resume continues only
+        // the interrupted one).
+        if (n + 1 == encodings.size()) throw;
+        std::string rest;
+        for (size_t k = n + 1; k < encodings.size(); ++k) rest += (rest.empty() ? "" : ",") + encodings[k];
+        throw Interrupted(std::string(e.what()) + "; not trained yet: " + rest + " (then: ape-train -e " + rest +
+                          " --out " + out_dir + " and this run's other flags)");
       } catch (const ape::TrainingDiverged &e) {
         // Reported (by rank 0: every rank stops at the same step); the other encodings still train.
         std::cout << std::flush;
@@ -663,7 +702,7 @@ int main(int argc, char **argv) {
         }
       }
       all_rows.insert(all_rows.end(), rows.begin(), rows.end());
-      if (root) ape::write_csv(csv, all_rows);  // after every encoding, so partial results survive
+      if (root) ape::write_csv(csv, all_rows, merge_rows);  // after every encoding, so partial results survive
     }
     std::cout << "\n";
     ape::print_table(std::cout, all_rows,
@@ -693,8 +732,12 @@ int main(int argc, char **argv) {
     return 1;
   } catch (const std::exception &e) {
     std::cout << std::flush;
-    std::cerr << "ape-train: error: " << who << ape::error_text(e) << "\n";
-    if (refusing) ape::DataParallel::refuse_to_join(*refusing, ape::error_text(e));
+    std::string text = ape::error_text(e);
+    if (text.find("can't allocate memory") != std::string::npos || text.find("out of memory") != std::string::npos)
+      text += " (the model and its batch do not fit in this machine's memory: lower --batch, --seq-len, --d-model "
+              "or --layers)";
+    std::cerr << "ape-train: error: " << who << text << "\n";
+    if (refusing) ape::DataParallel::refuse_to_join(*refusing, text);
     return 1;
   }
 }

@@ -44,7 +44,8 @@ c=$(awk -F, 'NR == 2 { print $5 }' "$work/ft0b/results.csv")
 d=$(awk -F, 'NR == 2 { print $5 }' "$work/ft/results.csv")
 [ "$d" != "$a" ] || fail "4 steps of fine-tuning left the loss at $a"
 "$train" --resume "$work/ft/rope_pi.ckpt" > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "--resume"; }
-grep -q "resumed from" "$work/resume.log" || fail "the fine-tuned run did not resume"
+grep -q "is a finished run (4 steps" "$work/resume.log" || { cat "$work/resume.log"; fail "the finished run was not named finished"; }
+! grep -q "tok/s" "$work/resume.log" || fail "a finished run's resume reported a training speed"
 e=$(awk -F, 'NR == 2 { print $5 }' "$work/ft/results.csv")
 [ "$e" = "$d" ] || fail "the resumed (finished) run scores $e, it scored $d"
 
@@ -86,4 +87,30 @@ fi
 grep -q "is a checkpoint: writing the results there would destroy it" "$work/self.log" ||
   { cat "$work/self.log"; fail "no clear error for ape-eval --csv onto a checkpoint"; }
 cmp -s "$ckpt" "$work/self.ckpt" || fail "ape-eval --csv changed the checkpoint"
+# The checkpoint a fine-tune starts from is never the one it writes (its first save replaced it).
+mkdir -p "$work/selfinit" && cp "$ckpt" "$work/selfinit/rope.ckpt"
+bad "rope.ckpt is the checkpoint this run writes ($work/selfinit/rope.ckpt)" -e rope --init-from "$work/selfinit/rope.ckpt" \
+  --steps 1 --cache-dir "$cache" --out "$work/selfinit"
+cmp -s "$ckpt" "$work/selfinit/rope.ckpt" || fail "a refused --init-from changed its checkpoint"
+# A file at OUT/NAME.ckpt that this build cannot read (a newer format, damage) is kept aside, not replaced.
+mkdir -p "$work/unread" && printf 'not a checkpoint' > "$work/unread/rope.ckpt"
+"$train" -e rope --steps 1 --seq-len 16 "${small[@]}" --eval-multiples 1 --eval-tokens 64 --out "$work/unread" \
+  > "$work/unread.log" 2>&1 || { cat "$work/unread.log"; fail "a run over an unreadable checkpoint"; }
+[ "$(cat "$work/unread/rope.unreadable.ckpt")" = "not a checkpoint" ] ||
+  { cat "$work/unread.log"; fail "the unreadable checkpoint was not kept as rope.unreadable.ckpt"; }
+grep -q "is not a checkpoint this build reads" "$work/unread.log" || fail "no note of the kept file"
+# Encodings trained into one folder keep each other's rows in results.csv; a run stopped in its
+# first encoding names those it did not reach.
+multi=(--steps 2 --seq-len 16 "${small[@]}" --eval-multiples 1 --eval-tokens 64 --out "$work/multi")
+"$train" -e rope,nope "${multi[@]}" > "$work/multi.log" 2>&1 || { cat "$work/multi.log"; fail "rope,nope"; }
+"$train" -e nope "${multi[@]}" > "$work/multi2.log" 2>&1 || { cat "$work/multi2.log"; fail "nope again"; }
+[ "$(cut -d, -f1 "$work/multi/results.csv" | tail -n +2 | sort | uniq -c | tr -s ' ' | tr '\n' ';')" = " 1 nope; 1 rope;" ] ||
+  { cat "$work/multi/results.csv"; fail "results.csv lost rope's row or doubled nope's"; }
+set +e
+APE_TEST_STOP_AFTER_STEP=1 "$train" -e rope,alibi,nope --steps 3 --seq-len 16 "${small[@]}" --eval-multiples 1 \
+  --eval-tokens 64 --out "$work/stopped" > "$work/stopped.log" 2>&1
+rc=$?
+set -e
+[ $rc = 130 ] && grep -q "not trained yet: alibi,nope (then: ape-train -e alibi,nope --out $work/stopped" "$work/stopped.log" ||
+  { cat "$work/stopped.log"; fail "a run stopped in rope (exit $rc) did not name alibi and nope"; }
 echo "init_from: OK"

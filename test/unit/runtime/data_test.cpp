@@ -134,6 +134,10 @@ TEST(Corpus, MissingOrCorruptDataGivesClearErrors) {
   EXPECT_TRUE(fs::exists(live));
   fs::remove_all(live);
 
+  // A book in two splits (trained on and scored as held out) or listed twice.
+  std::ofstream(o.data_dir + "/SPLITS.tsv") << "id\tsplit\n1\ttrain\n2\ttest\n1\ttest\n";
+  EXPECT_ERROR(ape::Corpus::open(o), o.data_dir + "/SPLITS.tsv:4: book 1 is listed again (line 2)");
+
   fs::remove(o.data_dir + "/SPLITS.tsv");
   EXPECT_ERROR(ape::Corpus::open(o), "cannot read the split list " + o.data_dir + "/SPLITS.tsv");
 }
@@ -154,6 +158,11 @@ TEST(Util, ErrorTextDropsLibTorchsStackTrace) {
     EXPECT_EQ(ape::error_text(e), "Invalid mt19937 state");
   }
   EXPECT_EQ(ape::error_text(std::runtime_error("plain message\n")), "plain message");
+  // c10's enforce failures (an allocation refused) list the frames instead.
+  EXPECT_EQ(ape::error_text(std::runtime_error("[enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: "
+                                               "not enough memory\nframe #0: c10::ThrowEnforceNotMet(...)\n"
+                                               "frame #1: ...\n")),
+            "[enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: not enough memory");
 }
 
 // ape-generate's tokenizer lookup: the cache holds one tokenizer per corpus (spm_bpe_<V>_<hash>);
