@@ -184,45 +184,46 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   return ape::evaluate(model, corpus.test(), tc.seq_len, ec, &std::cout, "", &shard);
 }
 
+// Renames `ckpt` to NAME<tag>.ckpt beside it (-2, -3, ... where that exists); "" when the rename
+// failed (`ec` says why).
+std::string keep_aside(const std::string &ckpt, const std::string &tag, std::error_code &ec) {
+  const fs::path p(ckpt);
+  const std::string stem = (p.parent_path() / p.stem()).string() + tag;
+  std::string kept = stem + ".ckpt";
+  for (int n = 2; fs::exists(kept, ec); ++n) kept = stem + "-" + std::to_string(n) + ".ckpt";
+  fs::rename(ckpt, kept, ec);
+  return ec ? std::string() : kept;
+}
+
 // An unfinished run at the output checkpoint, which this command starts over, is kept: renamed to
-// NAME.unfinished-stepN.ckpt beside it (-2, -3, ... where that exists), with a note saying how to
-// continue it. A user's training is never replaced by a new run's first checkpoint.
+// NAME.unfinished-stepN.ckpt beside it, with a note saying how to continue it; a file there this
+// build cannot read (a newer format, a damaged file) is kept as NAME.unreadable.ckpt. A user's
+// training is never replaced by a new run's first checkpoint.
 void keep_unfinished(const std::string &ckpt) {
   std::error_code ec;
   if (!fs::is_regular_file(ckpt, ec)) return;
   int64_t step = 0;
+  std::string unreadable;
   try {
     const ape::Checkpoint c = ape::read_checkpoint(ckpt);
     const auto st = c.config.find("state");
     if (st == c.config.end() || !st->is_object() || st->value("complete", true)) return;
     step = st->value("step", int64_t{0});
   } catch (const std::exception &e) {
-    // Not a checkpoint this build reads (a newer format, a damaged file): kept aside too, never
-    // replaced unread.
-    const fs::path p(ckpt);
-    const std::string stem = (p.parent_path() / p.stem()).string() + ".unreadable";
-    std::string kept = stem + ".ckpt";
-    for (int n = 2; fs::exists(kept, ec); ++n) kept = stem + "-" + std::to_string(n) + ".ckpt";
-    fs::rename(ckpt, kept, ec);
-    if (ec)
-      throw std::runtime_error(ckpt + " is not a checkpoint this build reads (" + ape::error_text(e) +
-                               ") and could not be kept as " + kept + " (" + ec.message() +
-                               "): move it away to start a new run there");
-    std::cout << "[note] " << ckpt << " is not a checkpoint this build reads (" << ape::error_text(e) << "): kept as "
-              << kept << "; starting a new run\n";
-    return;
+    unreadable = ape::error_text(e);
   }
-  const fs::path p(ckpt);
-  const std::string stem = (p.parent_path() / p.stem()).string() + ".unfinished-step" + std::to_string(step);
-  std::string kept = stem + ".ckpt";
-  for (int n = 2; fs::exists(kept, ec); ++n) kept = stem + "-" + std::to_string(n) + ".ckpt";
-  fs::rename(ckpt, kept, ec);
-  if (ec)
-    throw std::runtime_error(ckpt + " holds an unfinished run (step " + std::to_string(step) +
-                             ") that could not be kept as " + kept + " (" + ec.message() +
-                             "): ape-train --resume " + ckpt + " continues it; move it away to start over");
-  std::cout << "[note] " << ckpt << " held an unfinished run (step " << step << "): kept as " << kept
-            << "; starting over. To continue it instead: ape-train --resume " << kept << "\n";
+  const std::string what = unreadable.empty()
+                               ? "holds an unfinished run (step " + std::to_string(step) + ")"
+                               : "is not a checkpoint this build reads (" + unreadable + ")";
+  const std::string kept =
+      keep_aside(ckpt, unreadable.empty() ? ".unfinished-step" + std::to_string(step) : ".unreadable", ec);
+  if (kept.empty())
+    throw std::runtime_error(ckpt + " " + what + " and could not be kept aside (" + ec.message() + "): " +
+                             (unreadable.empty() ? "ape-train --resume " + ckpt + " continues it; " : "") +
+                             "move it away to start a new run there");
+  std::cout << "[note] " << ckpt << " " << what << ": kept as " << kept << "; starting a new run";
+  if (unreadable.empty()) std::cout << ". To continue it instead: ape-train --resume " << kept;
+  std::cout << "\n";
 }
 
 }  // namespace

@@ -155,6 +155,8 @@ def test_cuda_graph_capture_replays_eager(encoding):
         want = step(args, dout)
         for i, (g, w) in enumerate(zip(captured, want)):
             close(g, w, f"replay {seed}, output {i}", atol=0)
+        # The inputs changed the output: a replay that reused the capture's inputs would fail above.
+        assert not torch.equal(captured[0], step(first, dout)[0]), "the seeds gave the same output"
     torch.cuda.synchronize()
 
 
