@@ -639,7 +639,9 @@ run() {
     # tile order in groups of slices whose K' and V fit 32 MiB of L2), each timed in the same
     # process (the kernels read the variables at every call; gpu_bench.py --ape-settings): the
     # mma.sync backward (the wide layout) and its fastest form there (FlashAttention-2's square
-    # tiling with dQ' by TMA reductions), dQ' in any order (what determinism costs), the forward
+    # tiling with dQ' by TMA reductions), dQ' in any order (what determinism costs), key tile 0
+    # writing dq itself (the default until 2026-12-05: docs/cuda.md, "What the order costs";
+    # where dq = dQ', NoPE and Cable; elsewhere the same kernels as ape), the forward
     # without its turns and persistent grid (each alone was timed on the H200: 1.05-1.08x and
     # 1.02x), with K' released together with V (as before the separate K and V pipelines), in one
     # group of every slice (the tile order before the grouping); and the defaults replayed as CUDA
@@ -648,7 +650,7 @@ run() {
     # speed by the side-kernel proxy).
     local settings="graph:APE_BENCH_GRAPH=1,mma:APE_CUDA_WGMMA_BACKWARD=0"
     settings+=",mma-square-tma:APE_CUDA_WGMMA_BACKWARD=0+APE_CUDA_BWD_SQUARE=1+APE_CUDA_DQ_TMA=1"
-    settings+=",any-order:APE_CUDA_DETERMINISTIC=0"
+    settings+=",any-order:APE_CUDA_DETERMINISTIC=0,dq-direct:APE_CUDA_DQ_DIRECT=1"
     settings+=",no-fa3:APE_CUDA_PINGPONG=0+APE_CUDA_PERSISTENT=0,kv-shared:APE_CUDA_KV_SPLIT=0"
     settings+=",one-group:APE_CUDA_TILE_GROUP=0"
     local fe

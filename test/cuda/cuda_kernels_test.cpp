@@ -1322,26 +1322,88 @@ TEST(CudaLaunch, DqByTmaReductions) {
 #else
       if (!e) continue;  // T5's kernels are not in this build (APE_CUDA_ALL_ENCODINGS=ON has them)
 #endif
+      // NoPE's key tile 0 writes dq itself with APE_CUDA_DQ_DIRECT=1 (the mma.sync layouts'
+      // default), else adds its tile and the conversion pass writes dq (the wgmma layout's): the
+      // same sums in the same order, rounded once, so the same bits.
+      const bool direct_too = std::string(name) == "nope";
       for (int D : {64, 128}) {
-        const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
-        if (!var) continue;
-        SCOPED_TRACE(std::string(name) + " bf16 D=" + std::to_string(D) + " B=2 H=2 T=300, " + variable + "=1");
-        Problem p = make_problem(*e, 2, 2, 300, D, 9700 + D);
-        expect_same_bits_with_blocks_at_once(*var, p, layout_name);
-        if (HasFatalFailure()) return;
-        SCOPED_TRACE("dQ' in any order");
-        check_in_any_order(name, *var, p, layout_name, false);  // (these layouts have no fence-free kernel)
-        if (HasFatalFailure()) return;
-        ++checked;
+        Outputs by_default;
+        for (const char *direct : {"", "0", "1"}) {
+          if (*direct && !direct_too) continue;
+          const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, D);
+          if (!var) continue;
+          const EnvScope dq_direct({{"APE_CUDA_DQ_DIRECT", direct}});
+          SCOPED_TRACE(std::string(name) + " bf16 D=" + std::to_string(D) + " B=2 H=2 T=300, " + variable +
+                       "=1, APE_CUDA_DQ_DIRECT=" + direct);
+          Problem p = make_problem(*e, 2, 2, 300, D, 9700 + D);
+          expect_same_bits_with_blocks_at_once(*var, p, layout_name);
+          if (HasFatalFailure()) return;
+          SCOPED_TRACE("dQ' in any order");
+          check_in_any_order(name, *var, p, layout_name, false);  // (these layouts have no fence-free kernel)
+          if (HasFatalFailure()) return;
+          if (direct_too) {
+            Outputs out;
+            run_gpu(*var, p, out);
+            if (!*direct) {
+              by_default = std::move(out);
+            } else {
+              ASSERT_EQ(out.size(), by_default.size());
+              for (size_t n = 0; n < out.size(); ++n)
+                EXPECT_TRUE(torch::equal(out[n].second, by_default[n].second))
+                    << out[n].first << " differs from the default's";
+            }
+          }
+          ++checked;
+        }
       }
     }
   }
 #ifdef APE_SIMT
-  EXPECT_EQ(checked, 10) << "nope at bf16/hd64, rope and t5 at bf16/hd64 and hd128 are in the emulated build";
+  EXPECT_EQ(checked, 14) << "nope at bf16/hd64 (three ways), rope and t5 at bf16/hd64 and hd128 are in the emulated build";
 #else
   EXPECT_GE(checked, 2);
 #endif
 }
+
+// Key tile 0 writing dq itself (the mma.sync layouts' default) against adding its tile like the
+// others and leaving dq to the conversion pass (APE_CUDA_DQ_DIRECT=0; the wgmma layout's default):
+// the same gradients bit for bit (the same sums in the same order, rounded once), in the wide
+// mma.sync layout (the wgmma and TMA layouts: CudaLaunch.DqByTmaReductions), the pass's way also
+// with three blocks at once; only the latter's launches hold the conversion pass. NoPE and Cable
+// (no q mod).
+#ifdef APE_SIMT
+TEST(CudaLaunch, DirectDqIsTheConversionPassBits) {
+  const PoseAs guard(80);
+  auto conversions = [](const std::vector<ape::simt::Traffic> &records) {
+    size_t n = 0;
+    for (const auto &t : records)
+      if (t.kernel.find("mod_backward") != std::string::npos) n += t.launches;
+    return n;
+  };
+  for (const char *name : {"nope", "cable"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    ASSERT_NE(e, nullptr) << name;
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 64);
+    ASSERT_NE(var, nullptr) << name << " bf16/hd64 is in the emulated build";
+    SCOPED_TRACE(std::string(name) + " bf16 D=64 B=2 H=2 T=300 sm_80");
+    const Problem p = make_problem(*e, 2, 2, 300, 64, 9900);
+    Outputs direct, by_pass;
+    ape::simt::take_traffic();
+    run_gpu(*var, p, direct);
+    EXPECT_EQ(conversions(ape::simt::take_traffic()), 0u) << "key tile 0 writes dq by default";
+    {
+      const EnvScope off({{"APE_CUDA_DQ_DIRECT", "0"}});
+      run_gpu(*var, p, by_pass);
+      EXPECT_EQ(conversions(ape::simt::take_traffic()), 1u) << "the conversion pass writes dq";
+      expect_same_bits_with_blocks_at_once(*var, p, "wide");
+      if (HasFatalFailure()) return;
+    }
+    ASSERT_EQ(direct.size(), by_pass.size());
+    for (size_t n = 0; n < direct.size(); ++n)
+      EXPECT_TRUE(torch::equal(direct[n].second, by_pass[n].second)) << direct[n].first << " differs";
+  }
+}
+#endif
 
 // The wide layout with dQ' by TMA reductions (APE_CUDA_DQ_TMA=1, posing as sm_90) against the
 // references for every 16-bit variant at D 64 and 128: its staging tile moves the shared memory of

@@ -361,7 +361,8 @@ template <class Enc> constexpr bool rel_rows_on(int side) {
 }
 // The flash backward writes dk itself (no fp32 dK', no mod pass) where dk = dK': no k mod and
 // no relative rows of the keys (whose gradients add to dK' afterwards). dq likewise, from key
-// tile 0, where also the scale was positive (Params::dq_direct, set by the host).
+// tile 0, where also the scale was positive and the layout writes it so (Params::dq_direct, set
+// by the host: launch.cuh's dq_direct_enabled; in the wgmma layout the conversion pass writes dq).
 template <class Enc> constexpr bool flash_dk_direct() {
   return !Enc::kHasKMod && !rel_rows_on<Enc>(1);
 }

@@ -390,6 +390,24 @@ inline bool hopper_backward_enabled(int kD) {
   return kD == 64 || kD == 128;
 }
 
+// Whether key tile 0 of the flash backward writes dq itself where dq = dQ' (Params::dq_direct;
+// flash_dq_direct, in the semaphores' order) instead of adding its tile like the other key tiles
+// and leaving dq to the conversion pass (mod_backward_kernel, as FlashAttention-2 and -3 convert
+// their dQ accumulators): APE_CUDA_DQ_DIRECT=1 or 0, else in the mma.sync layouts and not in the
+// wgmma layout. Writing dq adds, to every step of key tile 0, a read of the dQ' rows the higher key
+// tiles summed (a round trip to L2 per 16-byte chunk and thread: eight a step in the wgmma layout
+// at D 128), in the block that is its slice's longest and its last to start. On the H200
+// (2026-12-04, wgmma layout) the order cost 1.09x of the backward where key tile 0 wrote dq (NoPE,
+// Cable) and 1.02x where it did not (RoPE, whose dq the mod's pass writes); bench/bwd_schedule.py's
+// model of the grid gives 1.085x for key tile 0's steps at 1.6x the others' (docs/cuda.md, "What
+// the order costs"). The pass costs a read of dQ' and a write of dq (6 bytes an element) at memory
+// speed. The mma.sync layouts keep the direct write until a GPU times both there.
+inline bool dq_direct_enabled(bool wgmma) {
+  if (env_is("APE_CUDA_DQ_DIRECT", '1')) return true;
+  if (env_is("APE_CUDA_DQ_DIRECT", '0')) return false;
+  return !wgmma;
+}
+
 // Whether the flash backward's wide layout on sm_90 (hopper_device) adds its dQ' tiles by TMA
 // reductions from shared memory (kBwdWideTma, the wgmma layout's way) instead of per-thread fp32
 // reductions: APE_CUDA_DQ_TMA set to 1, at D 64 and 128. Off by default: the H200 timed it at
@@ -711,10 +729,11 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     p.stats = scratch.take<float>(2 * BH * p.stats_ld, err);
     if (err == cudaSuccess)
       err = launch(row_stats_kernel<Enc, In>, blocks_for(BH * p.stats_ld, 256), 256, 0, st, p);
-    // In order (deterministic), key tile 0 writes dq where dq = dQ'; in any order, every block
-    // reduces into a zeroed dQ' and the conversion pass below writes dq.
+    // In order (deterministic), key tile 0 writes dq where dq = dQ' and dq_direct_enabled; else
+    // (and in any order, where every block reduces into a zeroed dQ') the conversion pass below
+    // writes dq.
     p.dq_ordered = a.deterministic;
-    direct_q = flash_dq_direct<Enc>() && qsign == 1.f && p.dq_ordered;
+    direct_q = flash_dq_direct<Enc>() && qsign == 1.f && p.dq_ordered && dq_direct_enabled(wg);
     p.dq_direct = direct_q;
     p.sm90 = device_major() >= 9;  // ptx::sm90_code
     if (err == cudaSuccess) err = cudaMemsetAsync(p.dq_sem, 0, sizeof(int) * BH * n_qt, st);
