@@ -82,9 +82,43 @@ int remove_stale_temporaries(const std::string &path) {
   return removed;
 }
 
-void write_file_atomically(const std::string &path, std::string_view bytes, const char *kill_hook) {
-  const std::string dir = folder_of(path);
+namespace {
+// Writes `bytes` into what is at `path` and is not a regular file (a character device such as a
+// terminal, /dev/null or /dev/full; a FIFO with a reader): nothing can be renamed over it.
+void write_in_place(const std::string &path, std::string_view bytes) {
+  // O_NONBLOCK: a FIFO without a reader fails at once (ENXIO) instead of waiting for one.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    throw std::runtime_error("cannot write " + path + ": " + why() +
+                             (errno == ENXIO ? " (a FIFO nothing reads)" : ""));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  try {
+    write_all(fd, bytes.data(), bytes.size(), path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw std::runtime_error("cannot write " + path + ": " + why());
+}
+}  // namespace
+
+void write_file_atomically(const std::string &path_given, std::string_view bytes, const char *kill_hook) {
   std::error_code ec;
+  // A symbolic link is written through: its target is replaced and the link kept (renaming over
+  // the link had replaced it with a file and left its target as it was). What is neither a file
+  // nor a folder (a device, such as /dev/stdout's, or a FIFO) is written to in place: renaming
+  // over it had replaced a device node with a file.
+  std::string path = path_given;
+  if (fs::is_symlink(path_given, ec)) {
+    const fs::path target = fs::weakly_canonical(path_given, ec);
+    if (!ec) path = target.string();
+  }
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) {
+    write_in_place(path, bytes);
+    return;
+  }
+  const std::string dir = folder_of(path);
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error("cannot create folder " + dir + ": " + ec.message());
   if (fs::is_directory(path, ec))
@@ -143,12 +177,20 @@ void check_writable(const std::string &dir, const std::string &file) {
   if (ec || !fs::is_directory(dir))
     throw std::runtime_error("output folder " + dir + " cannot be created: " +
                              (ec ? ec.message() : std::string("a file of that name exists")));
-  const std::string path = (fs::path(dir) / file).string();
+  std::string path = (fs::path(dir) / file).string();
   if (fs::is_directory(path, ec))
     throw std::runtime_error("output " + path + " is a folder; it must be a file (remove or rename the folder)");
+  // As write_file_atomically will: through a link to its target; a device or FIFO is written in
+  // place (no temporary beside it).
+  if (fs::is_symlink(path, ec)) {
+    const fs::path target = fs::weakly_canonical(path, ec);
+    if (!ec) path = target.string();
+  }
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) return;
   const std::string probe = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot write in the output folder " + dir + ": " + why());
+  if (fd < 0) throw std::runtime_error("cannot write in the output folder " + folder_of(path) + ": " + why());
   ::close(fd);
   ::unlink(probe.c_str());
 }

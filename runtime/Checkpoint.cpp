@@ -127,6 +127,8 @@ void save_checkpoint(const std::string &path, LanguageModel &model, const nlohma
 }
 
 bool is_checkpoint_file(const std::string &path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;  // (a FIFO's open would wait for a writer)
   std::ifstream in(path, std::ios::binary);
   char head[8] = {};
   return in && in.read(head, 8) && std::memcmp(head, kMagic, 8) == 0;
@@ -136,6 +138,10 @@ Checkpoint read_checkpoint(const std::string &path) {
   auto fail = [&](const std::string &why) { return std::runtime_error("checkpoint " + path + ": " + why); };
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw fail("is a folder, not a checkpoint file");
+  // A pipe or device: its open can wait forever (a FIFO without a writer), and the tools read a
+  // checkpoint more than once (a second read of a pipe found nothing: "bad magic number").
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    throw fail("is not a regular file (a pipe or a device): save the checkpoint to a file first");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw fail(std::string("cannot open: ") + std::strerror(errno));
   Checkpoint c;

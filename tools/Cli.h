@@ -9,26 +9,49 @@
 
 namespace ape::cli {
 
-// Refuses a whole number that does not fit a 64-bit integer: CLI11 would saturate it to the
-// nearest end (a --seed of 2^64 - 1 ran as 2^63 - 1, with the range check none the wiser).
-inline CLI::Validator fits_int64() {
+// Whole numbers as a user writes them: CLI11 reads a leading 0 as octal (`-n 010` sampled 8
+// tokens, `--eval-multiples 010` meant 10) and saturates what does not fit 64 bits (a --seed of
+// 2^64 - 1 ran as 2^63 - 1, an --eval-tokens of 10^20 was reported as 2^63 - 1). Refuses both;
+// anything else is left to CLI11's conversion (which refuses words and fractions). No description:
+// --help's type names stay as they are.
+inline CLI::Validator whole_decimal() {
   return CLI::Validator(
       [](std::string &s) -> std::string {
+        const size_t i = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+        if (i >= s.size()) return "";
+        for (size_t j = i; j < s.size(); ++j)
+          if (s[j] < '0' || s[j] > '9') return "";
+        if (s.size() - i > 1 && s[i] == '0')
+          return "the value " + s + " starts with 0 (numbers are decimal here): write it without the leading zeros";
         errno = 0;
         char *end = nullptr;
-        std::strtoll(s.c_str(), &end, 0);
+        std::strtoll(s.c_str(), &end, 10);
         if (errno == ERANGE) return "the value " + s + " does not fit a 64-bit integer";
         return "";
       },
-      "INT64");
+      "");
+}
+
+// whole_decimal on every integer option of `app` (CLI11's type names INT and UINT, with or
+// without validators' suffixes): called by APE_CLI_PARSE, so no tool's option goes without it.
+inline void check_whole_numbers(CLI::App &app) {
+  for (CLI::Option *o : app.get_options()) {
+    const std::string t = o->get_type_name();
+    auto is = [&](const char *name) {
+      const size_t n = std::char_traits<char>::length(name);
+      return t.compare(0, n, name) == 0 && (t.size() == n || t[n] == ':');
+    };
+    if (is("INT") || is("UINT")) o->check(whole_decimal());
+  }
 }
 
 }  // namespace ape::cli
 
-// CLI11_PARSE with the tools' exit status: 0 for --help, 1 for a bad command line (CLI11's own
+// CLI11_PARSE with every integer option decimal and within 64 bits (check_whole_numbers), and the tools' exit status: 0 for --help, 1 for a bad command line (CLI11's own
 // codes are 100-120), as for every other error of the tools.
 #define APE_CLI_PARSE(app, argc, argv)                 \
   try {                                                \
+    ape::cli::check_whole_numbers(app);                \
     (app).parse((argc), (argv));                       \
   } catch (const CLI::ParseError &ape_cli_error_) {    \
     return (app).exit(ape_cli_error_) == 0 ? 0 : 1;    \

@@ -56,17 +56,17 @@ int main(int argc, char **argv) {
                             "token by token with the cache")
                  ->type_name("FILE");
   po->excludes(pf), po->excludes(sf), pf->excludes(sf);
-  app.add_option("-n,--max-tokens", so.max_tokens, "Tokens to sample, in [1, 2^20]")
-      ->capture_default_str()
-      ->check(ape::cli::fits_int64());
-  app.add_option("-t,--temperature", so.temperature, "Sampling temperature in [0, 100]; 0: greedy")
+  auto *n_opt = app.add_option("-n,--max-tokens", so.max_tokens, "Tokens to sample, in [1, 2^20]")
       ->capture_default_str();
-  app.add_option("-k,--top-k", so.top_k, "Sample among the k most likely tokens (0: all), in [0, vocab]")
+  auto *t_opt = app.add_option("-t,--temperature", so.temperature, "Sampling temperature in [0, 100]; 0: greedy")
       ->capture_default_str();
+  auto *k_opt = app.add_option("-k,--top-k", so.top_k, "Sample among the k most likely tokens (0: all), in [0, vocab]")
+      ->capture_default_str();
+  // Sampling options mean nothing to --score (their values went unchecked there).
+  sf->excludes(n_opt)->excludes(t_opt)->excludes(k_opt);
   int64_t seed = static_cast<int64_t>(so.seed);  // (signed: a negative one is refused, not wrapped)
   app.add_option("--seed", seed, "Random seed in [0, 2^63): the same seed, checkpoint and prompt give the same text")
-      ->capture_default_str()
-      ->check(ape::cli::fits_int64());
+      ->capture_default_str();
   bool stop_paragraph = false;
   app.add_flag("--stop-at-eos", stop_paragraph, "Stop after a paragraph break (the tokenizer's </s>)");
   app.add_flag("--ids", show_ids, "Also print the token ids");
@@ -114,7 +114,8 @@ int main(int argc, char **argv) {
     if (!encoding.empty()) ape::find_kernel(encoding);
     const ape::ComputeDevice device = ape::choose_device(device_name, precision);
     ape::set_threads(threads);
-    std::cout << "[cpu] kernels: " << ape::checked_kernel_cpu_level() << "\n";
+    const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
+    std::cout << "[cpu] kernels: " << cpu_level << "\n";
 
     if (!fs::exists(checkpoint)) throw std::runtime_error("no checkpoint at " + checkpoint);
     ape::register_checkpoint_spec(ape::read_checkpoint(checkpoint).config, checkpoint, spec_opts);  // trained with --spec

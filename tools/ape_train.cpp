@@ -308,8 +308,7 @@ int main(int argc, char **argv) {
   run_option(app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps, in [0, 10^9] (at most steps/5 with --steps)")->capture_default_str());
   int64_t seed = static_cast<int64_t>(tc.seed);  // (signed: a negative one is refused, not wrapped)
   run_option(app.add_option("--seed", seed, "Random seed (model init and data order), in [0, 2^63)")
-                 ->capture_default_str()
-                 ->check(ape::cli::fits_int64()));
+                 ->capture_default_str());
   run_option(app.add_option("--checkpoint-every", tc.checkpoint_every,
                             "Also write the checkpoint every N steps, in [0, 10^9] (0: only by time and at the end)")
                  ->capture_default_str());

@@ -49,6 +49,14 @@ expect_error "cannot read --score" -c "$ckpt" --cache-dir "$cache" --score "$wor
 expect_error "excludes" -c "$ckpt" --prompt hi --score "$work/book.txt"
 expect_error "max-tokens" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 0
 expect_error "seed must be a whole number" -c "$ckpt" --cache-dir "$cache" --prompt hi --seed -1
+# Whole numbers are decimal and fit 64 bits on every integer option (CLI11 read 010 as 8 and
+# saturated 10^20).
+expect_error "starts with 0" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 010
+expect_error "does not fit a 64-bit integer" -c "$ckpt" --cache-dir "$cache" --score "$work/book.txt" --score-tokens 99999999999999999999
+# Sampling options are refused with --score (their values went unchecked there).
+expect_error "excludes" -c "$ckpt" --cache-dir "$cache" --score "$work/book.txt" -t -1
+APE_CPU_LEVEL=bogus expect_error "APE_CPU_LEVEL" -c "$ckpt" --cache-dir "$cache" --prompt hi
+grep -q "\[cpu\] kernels" "$work/err.txt" && { cat "$work/err.txt"; fail "a half-printed [cpu] line before the error"; }
 
 # A checkpoint trained from a spec file (ape-train --spec) decodes from the spec text it holds. The
 # spec divides integers by i - j, 0 on the diagonal: total in the kernels (contract/int_math.h), so

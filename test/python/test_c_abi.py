@@ -148,6 +148,16 @@ def test_contiguous_null_strides_and_empty_shapes(encoding):
     for B0, T0 in [(0, T), (B, 0)]:  # nothing to do, still OK
         c.args.B, c.args.T = B0, T0
         assert fn(encoding, "forward_f64")(ctypes.byref(c.args)) == APE_OK
+    # The backward of no rows: OK, the params' gradients zero (written: they were ones).
+    c.args.B, c.args.T = B, 0
+    dparams = [torch.ones_like(params[n].detach()).contiguous() for n in names]
+    empty = torch.zeros(B, H, 0, D, dtype=torch.float64)
+    c.args.dout = c.args.dq = c.args.dk = c.args.dv = c.view(empty, strided=False)
+    c.args.dfeatures = c.views([torch.zeros(B, H, 0, dtype=torch.float64) for _ in features])
+    c.args.dparams = c.pointers(dparams)
+    assert fn(encoding, "backward_f64")(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
+    for n, g in zip(names, dparams):
+        assert (g == 0).all(), n
 
 
 @pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
@@ -177,6 +187,9 @@ def test_status_codes_and_messages(encoding):
     expect(APE_ERROR_INVALID_SHAPE, "got B=-1", B=-1)
     expect(APE_ERROR_INVALID_SHAPE, "overflows int64", B=2**40, H=2**40)
     expect(APE_ERROR_INVALID_VALUE, "scale must be finite", scale=math.nan)
+    expect(APE_ERROR_INVALID_VALUE, "beyond the range of the kernel's float", scale=1e39)  # inf in float
+    expect(APE_ERROR_INVALID_SHAPE, "overflows int64", B=2**40, H=2**20, T=0)  # no rows, but 2^60 slices
+    expect(APE_ERROR_INVALID_SHAPE, "T or D is too large", T=0, D=2**62)
     expect(APE_ERROR_NULL_POINTER, "q.data is NULL", q=Tensor(None, None))
     expect(APE_ERROR_NULL_POINTER, "lse is NULL", lse=None)
     if h.FEATURES:
@@ -201,4 +214,7 @@ def test_queries(encoding):
     for n, name in enumerate(h.PARAMS):
         assert fn(encoding, "param_numel")(n, 3, 8) == math.prod(h.param_shape(name, 3, 8))
     assert fn(encoding, "param_numel")(len(h.PARAMS), 3, 8) == -1
+    for n, name in enumerate(h.PARAMS):  # an element count past int64: -1, not a wrapped one
+        numel = math.prod(h.param_shape(name, 2**40, 2**40))
+        assert fn(encoding, "param_numel")(n, 2**40, 2**40) == (numel if numel < 2**63 else -1), name
     assert fn(encoding, "param_numel")(-1, 3, 8) == -1

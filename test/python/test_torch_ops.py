@@ -255,6 +255,11 @@ def _bad_calls(encoding, device):
         ("v_shape", lambda: run(v=v.detach()[:, :, :5]), ValueError, r"v must have shape \[B, H, T, D\] \(q's shape\) = \[2, 3, 7, 8\], got \[2, 3, 5, 8\]"),
         ("head_dim_0", lambda: run(q=q.detach()[..., :0], k=k.detach()[..., :0], v=v.detach()[..., :0]), ValueError, r"head dim D\) must be >= 1"),
         ("scale_inf", lambda: run(scale=math.inf), ValueError, r"scale must be finite"),
+        # finite, but inf in float (every output NaN before the check)
+        ("scale_beyond_float", lambda: run(q=q.detach().float(), k=k.detach().float(), v=v.detach().float(),
+                                           features=[f.detach().float() for f in features],
+                                           params=[p.detach().float() for p in plist], scale=1e300),
+         ValueError, r"scale 1e\+300 is beyond the range of float"),
         ("k_on_meta", lambda: run(k=k.detach().to("meta")), RuntimeError, r"k is on meta but q is on " + device),
         ("raw_missing_feature", lambda: o.attention_forward(q, k, v, features[:-1] if features else [q[:, :, :, 0]], plist, 1.0), ValueError, r"expected \d+ feature tensor"),
         ("raw_missing_param", lambda: o.attention_forward(q, k, v, features, plist[:-1] if plist else [q], 1.0), ValueError, r"expected \d+ param tensor"),

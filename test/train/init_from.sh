@@ -87,6 +87,24 @@ fi
 grep -q "is a checkpoint: writing the results there would destroy it" "$work/self.log" ||
   { cat "$work/self.log"; fail "no clear error for ape-eval --csv onto a checkpoint"; }
 cmp -s "$ckpt" "$work/self.ckpt" || fail "ape-eval --csv changed the checkpoint"
+# --csv through a symbolic link writes its target and keeps the link (the rename had replaced the
+# link with a file); a FIFO nothing reads is refused (its open had waited forever), and so is
+# a FIFO given as the checkpoint.
+mkdir -p "$work/links" && : > "$work/links/target.csv" && ln -sf target.csv "$work/links/link.csv"
+"$eval" -c "$ckpt" --cache-dir "$cache" --threads 1 --eval-multiples 1 --eval-tokens 64 --csv "$work/links/link.csv" \
+  > "$work/link.log" 2>&1 || { cat "$work/link.log"; fail "ape-eval --csv through a link"; }
+[ -L "$work/links/link.csv" ] && grep -q "^encoding," "$work/links/target.csv" ||
+  { ls -l "$work/links"; fail "ape-eval --csv through a link did not write its target"; }
+mkfifo "$work/links/fifo"
+rc=0
+timeout 60 "$eval" -c "$ckpt" --cache-dir "$cache" --threads 1 --eval-multiples 1 --eval-tokens 64 \
+  --csv "$work/links/fifo" > "$work/fifo.log" 2>&1 || rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "a FIFO nothing reads" "$work/fifo.log" ||
+  { cat "$work/fifo.log"; fail "ape-eval --csv onto a FIFO without a reader (exit $rc)"; }
+rc=0
+timeout 60 "$eval" -c "$work/links/fifo" --cache-dir "$cache" --threads 1 > "$work/fifo2.log" 2>&1 || rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "is not a regular file" "$work/fifo2.log" ||
+  { cat "$work/fifo2.log"; fail "ape-eval -c a FIFO (exit $rc)"; }
 # The checkpoint a fine-tune starts from is never the one it writes (its first save replaced it).
 mkdir -p "$work/selfinit" && cp "$ckpt" "$work/selfinit/rope.ckpt"
 bad "rope.ckpt is the checkpoint this run writes ($work/selfinit/rope.ckpt)" -e rope --init-from "$work/selfinit/rope.ckpt" \

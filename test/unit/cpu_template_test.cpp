@@ -10,6 +10,7 @@
 #include "reference_lse.h"
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -459,6 +460,24 @@ template <class Enc> void check(const Spec &spec) {
     expect_result_close(run_template<Enc, double>(p), want, 1e-10, "fp64");
     expect_result_close(run_template<Enc, float>(p), want, 2e-4, "fp32");
   }
+}
+
+// A slice's exception leaves the kernels' OpenMP region as an exception of the call (it ended the
+// process before: std::terminate), the first one, with every thread joined; the slices after it
+// may be skipped, none runs twice.
+TEST(CpuTemplate, AnExceptionInASliceReachesTheCaller) {
+  std::vector<std::atomic<int>> runs(64);
+  EXPECT_THROW(ape::detail::each_slice(64,
+                                       [&](int64_t s) {
+                                         ++runs[static_cast<size_t>(s)];
+                                         if (s == 5) throw std::bad_alloc();
+                                       }),
+               std::bad_alloc);
+  for (auto &r : runs) EXPECT_LE(r.load(), 1);
+  EXPECT_EQ(runs[5].load(), 1);
+  std::atomic<int> all{0};
+  ape::detail::each_slice(64, [&](int64_t) { ++all; });
+  EXPECT_EQ(all.load(), 64);
 }
 
 TEST(CpuTemplate, NoPE) { check<NoPE>(Spec{}); }

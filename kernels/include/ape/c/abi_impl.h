@@ -84,7 +84,7 @@ struct Shape {
 // a * b for sizes a, b >= 0; a shape whose element count overflows int64 is an error.
 inline int64_t mul(int64_t a, int64_t b) {
   if (a != 0 && b > std::numeric_limits<int64_t>::max() / a)
-    throw Failure{APE_ERROR_INVALID_SHAPE, "B*H*T*D overflows int64"};
+    throw Failure{APE_ERROR_INVALID_SHAPE, "B*H*T*D overflows int64 (in elements or in the kernels' bytes)"};
   return a * b;
 }
 
@@ -98,9 +98,21 @@ template <class Args> Shape check_shape(const Args *a) {
   Shape s{a->B, a->H, a->T, a->D, 0, 0};
   s.rows = mul(mul(s.B, s.H), s.T);
   s.qkv = mul(s.rows, s.D);
+  // The kernels' byte counts and workspaces (a slice padded to whole tiles) stay in int64 too.
+  constexpr int64_t kHalf = std::numeric_limits<int64_t>::max() / 2;
+  if (s.T > kHalf || s.D > kHalf) throw Failure{APE_ERROR_INVALID_SHAPE, "T or D is too large"};
+  mul(mul(mul(s.B, s.H), s.T + 64), mul(s.D + 64, 8));
   if (!std::isfinite(a->scale))
     throw Failure{APE_ERROR_INVALID_VALUE, "scale must be finite, got " + std::to_string(a->scale)};
   return s;
+}
+
+// The scale in the kernel's type: a finite double beyond its range (1e39 for float) would be inf.
+template <typename Real> void check_scale_range(double scale) {
+  if (std::fabs(scale) > static_cast<double>(std::numeric_limits<Real>::max()))
+    throw Failure{APE_ERROR_INVALID_VALUE,
+                  "scale " + std::to_string(scale) + " is beyond the range of the kernel's " +
+                      (sizeof(Real) == 4 ? "float" : "double")};
 }
 
 // ---- strided views ------------------------------------------------------------------------------
@@ -207,7 +219,11 @@ std::vector<P> params(const KernelInputs &in, const Shape &s, const P *arr, cons
     throw Failure{APE_ERROR_NULL_POINTER, std::string(field) + " is NULL but the encoding has " +
                                               std::to_string(in.num_params) + " param(s)"};
   for (int n = 0; n < in.num_params; ++n) {
-    if (!arr[n] && param_numel(in.params[n], s.H, s.D) > 0)
+    const int64_t numel = param_numel(in.params[n], s.H, s.D);
+    if (numel < 0)
+      throw Failure{APE_ERROR_INVALID_SHAPE, std::string(field) + "[" + std::to_string(n) + "] ('" +
+                                                 in.params[n].name + "') would have more elements than int64 holds"};
+    if (!arr[n] && numel > 0)
       throw Failure{APE_ERROR_NULL_POINTER, std::string(field) + "[" + std::to_string(n) +
                                                 "] ('" + in.params[n].name + "') is NULL"};
     out.push_back(arr[n]);
@@ -224,6 +240,7 @@ template <typename Real, class Args>
 int forward(const KernelInputs &in, const char *function, const Args *a) noexcept {
   return guarded(function, [&] {
     const Shape s = check_shape(a);
+    check_scale_range<Real>(a->scale);
     View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, s, 4, "k"),
                v = input<Real>(a->v, s, 4, "v");
     std::vector<View<Real>> f = features<Real>(in, s, a->features, false, "features");
@@ -245,6 +262,7 @@ template <typename Real, class Args>
 int backward(const KernelInputs &in, const char *function, const Args *a) noexcept {
   return guarded(function, [&] {
     const Shape s = check_shape(a);
+    check_scale_range<Real>(a->scale);
     View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, s, 4, "k"),
                v = input<Real>(a->v, s, 4, "v"), o = input<Real>(a->o, s, 4, "o"),
                dout = input<Real>(a->dout, s, 4, "dout");

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -69,9 +70,14 @@ inline std::vector<int64_t> param_shape(const ParamInput &p, int64_t heads, int6
   return shape;
 }
 
+// Param p's element count for H heads of dimension D (both >= 0), or -1 where it overflows int64.
 inline int64_t param_numel(const ParamInput &p, int64_t heads, int64_t head_dim) {
   int64_t n = 1;
-  for (int i = 0; i < p.rank; ++i) n *= p.dims[i].resolve(heads, head_dim);
+  for (int i = 0; i < p.rank; ++i) {
+    const int64_t d = p.dims[i].resolve(heads, head_dim);
+    if (d < 0 || (d != 0 && n > std::numeric_limits<int64_t>::max() / d)) return -1;
+    n *= d;
+  }
   return n;
 }
 

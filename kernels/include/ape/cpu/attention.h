@@ -31,9 +31,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -1985,12 +1987,33 @@ template <typename Real> void check_bf16_io(const AttnArgs<Real> &a) {
     throw std::invalid_argument("AttnArgs::bf16_io needs the fp32 kernels (Real float)");
 }
 
+namespace detail {
+// f(s) for every slice s in [0, n), on OpenMP's threads. An exception must not leave an OpenMP
+// region (the runtime ends the process: an allocation refused in one slice killed the caller, never
+// reaching the C ABI's APE_ERROR_OUT_OF_MEMORY or PyTorch's error), so each slice catches its own:
+// the first is rethrown after the region, and the slices not yet begun are skipped.
+template <class F> void each_slice(int64_t n, F &&f) {
+  std::exception_ptr first;
+  std::atomic<bool> failed{false};
+  APE_PRAGMA(omp parallel for schedule(dynamic, 1))
+  for (int64_t s = 0; s < n; ++s) {
+    if (failed.load(std::memory_order_relaxed)) continue;
+    try {
+      f(s);
+    } catch (...) {
+      if (!failed.exchange(true)) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+}  // namespace detail
+
 template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> &a) {
   check_bf16_io(a);
   const int64_t slices = a.B * a.H;
+  if (slices == 0 || a.T == 0) return;  // nothing to write (B H T rows of o and lse)
   const auto coefs = detail::mod_coefs<Enc>(a);
-  APE_PRAGMA(omp parallel for schedule(dynamic, 1))
-  for (int64_t s = 0; s < slices; ++s) detail::forward_slice<Enc>(a, s / a.H, s % a.H, *coefs);
+  detail::each_slice(slices, [&](int64_t s) { detail::forward_slice<Enc>(a, s / a.H, s % a.H, *coefs); });
 }
 
 template <class Enc, typename Real> void attention_backward(const AttnArgs<Real> &a) {
@@ -2008,12 +2031,16 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
       per_slice += numel[n];
     }
   }
+  if (slices == 0 || a.T == 0) {  // no rows: the params' gradients are zero
+    for (int n = 0; n < Enc::kNumParams; ++n) std::fill(a.dparams[n], a.dparams[n] + numel[n], Real(0));
+    return;
+  }
   std::vector<Real> priv(static_cast<std::size_t>(slices * per_slice), Real(0));
   const auto coefs = detail::mod_coefs<Enc>(a);
 
-  APE_PRAGMA(omp parallel for schedule(dynamic, 1))
-  for (int64_t s = 0; s < slices; ++s)
+  detail::each_slice(slices, [&](int64_t s) {
     detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + s * per_slice, poff, *coefs);
+  });
 
   // Fixed (b, h) order: bitwise reproducible for any thread count.
   for (int n = 0; n < Enc::kNumParams; ++n) {

@@ -213,8 +213,7 @@ template <class Enc, typename Real> void decode_step(DecodeCache<Real> &c, const
         ", H=" + std::to_string(c.H) + ", D=" + std::to_string(c.D));
   }
   const int64_t slices = a.B * a.H;
-  APE_PRAGMA(omp parallel for schedule(dynamic, 1))
-  for (int64_t s = 0; s < slices; ++s) detail::decode_slice<Enc>(c, a, s / a.H, s % a.H);
+  detail::each_slice(slices, [&](int64_t s) { detail::decode_slice<Enc>(c, a, s / a.H, s % a.H); });
   c.len += a.n;
 }
 

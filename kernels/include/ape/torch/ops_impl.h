@@ -61,6 +61,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -193,8 +194,14 @@ inline void check_inputs(const KernelInputs &in, const char *op, const at::Tenso
   }
 }
 
-inline void check_scale(const KernelInputs &in, const char *op, double scale) {
+// The scale, finite and within the range of the type the kernels compute in (float but for
+// float64 inputs: a finite double such as 1e300 became inf there, and every output NaN).
+inline void check_scale(const KernelInputs &in, const char *op, double scale, at::ScalarType dtype) {
   TORCH_CHECK_VALUE(std::isfinite(scale), prefix(in, op), "scale must be finite, got ", scale);
+  TORCH_CHECK_VALUE(compute_dtype(dtype) == at::kDouble ||
+                        std::fabs(scale) <= static_cast<double>(std::numeric_limits<float>::max()),
+                    prefix(in, op), "scale ", scale, " is beyond the range of float, in which ",
+                    dtype, " inputs are computed");
 }
 
 // ---- the CPU kernel -----------------------------------------------------------------------------
@@ -368,7 +375,7 @@ inline ForwardResult forward_on(Where where, const Library &lib, const at::Tenso
   const KernelInputs &in = *lib.inputs;
   const char *op = "attention_forward";
   check_inputs(in, op, q, k, v, features, params);
-  check_scale(in, op, scale);
+  check_scale(in, op, scale, q.scalar_type());
   switch (where) {
     case Where::kCpu:
       TORCH_CHECK(q.device().is_cpu(), prefix(in, op), "the CPU kernel got q on ", q.device());
@@ -399,7 +406,7 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
   const KernelInputs &in = *lib.inputs;
   const char *op = "attention_backward";
   check_inputs(in, op, q, k, v, features, params);
-  check_scale(in, op, scale);
+  check_scale(in, op, scale, q.scalar_type());
   const std::string w = prefix(in, op);
   check_like_q(w, q, dout, "dout", q.sym_sizes(), "[B, H, T, D] (q's shape)");
   check_like_q(w, q, o, "o", q.sym_sizes(), "[B, H, T, D] (q's shape)");
@@ -486,7 +493,7 @@ inline double resolve_scale(const KernelInputs &in, const at::Tensor &q,
     kappa = in.scale;
   else
     kappa = in.scale_for(q.sym_size(3).guard_int(__FILE__, __LINE__));
-  check_scale(in, "attention", kappa);
+  check_scale(in, "attention", kappa, q.scalar_type());
   return kappa;
 }
 
