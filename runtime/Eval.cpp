@@ -107,13 +107,18 @@ void check_eval_fits(const TokenSplit &split, int64_t train_len, const EvalConfi
   cfg.validate();
   const int64_t longest = *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
   const int64_t window = train_len * longest + 1;
+  if (split.num_docs() == 0)
+    throw std::invalid_argument("the corpus has no " + what + " book to evaluate on (does its SPLITS.tsv list none?)");
   int64_t book = 0;
   for (int64_t i = 0; i < split.num_docs(); ++i) book = std::max(book, split.doc_size(i));
   if (window > book)
-    throw std::invalid_argument("--eval-multiples " + std::to_string(longest) + " x --seq-len " +
-                                std::to_string(train_len) + " needs a window of " + std::to_string(window) +
-                                " tokens, and the longest " + what + " book holds " + std::to_string(book) +
-                                ": choose smaller multiples (or a shorter --seq-len)");
+    throw std::invalid_argument(
+        "--eval-multiples " + std::to_string(longest) + " x the training length " + std::to_string(train_len) +
+        " needs a window of " + std::to_string(window) + " tokens, and the longest " + what + " book holds " +
+        std::to_string(book) + ": " +
+        (longest > 1 ? "choose smaller multiples, or a corpus with longer books"
+                     : "the training length is longer than every book; use a corpus with longer books") +
+        " (or, training, a shorter --seq-len)");
 }
 
 std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int64_t train_len,

@@ -175,6 +175,16 @@ int main(int argc, char **argv) {
       model->place(device, &std::cout);  // throws when the encoding has no kernel there
       models.push_back({path, model, L, tok, label});
     }
+    // Two checkpoints of one encoding and length (two seeds, two runs) would share a row of the
+    // table, the second hiding the first, and be told apart in no CSV column: their rows carry
+    // the checkpoint's path.
+    std::vector<bool> shared(models.size(), false);
+    for (size_t i = 0; i < models.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (models[i].label == models[j].label && models[i].train_len == models[j].train_len)
+          shared[i] = shared[j] = true;
+    for (size_t i = 0; i < models.size(); ++i)
+      if (shared[i]) models[i].label += " [" + models[i].path + "]";
 
     std::map<int64_t, ape::Corpus> corpora;  // by vocabulary size
     std::vector<ape::EvalRow> rows;

@@ -53,6 +53,10 @@ expect_error "seed must be a whole number" -c "$ckpt" --cache-dir "$cache" --pro
 # saturated 10^20).
 expect_error "starts with 0" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 010
 expect_error "does not fit a 64-bit integer" -c "$ckpt" --cache-dir "$cache" --score "$work/book.txt" --score-tokens 99999999999999999999
+# Bytes that are not UTF-8 are refused, named by offset (the tokenizer made them <unk>).
+printf 'It was \xff\xfe the best' > "$work/latin.txt"
+expect_error "byte 7 (0xff) starts no UTF-8 character" -c "$ckpt" --cache-dir "$cache" --prompt-file "$work/latin.txt"
+expect_error "is not UTF-8 text" -c "$ckpt" --cache-dir "$cache" --score "$work/latin.txt"
 # Sampling options are refused with --score (their values went unchecked there).
 expect_error "excludes" -c "$ckpt" --cache-dir "$cache" --score "$work/book.txt" -t -1
 APE_CPU_LEVEL=bogus expect_error "APE_CPU_LEVEL" -c "$ckpt" --cache-dir "$cache" --prompt hi

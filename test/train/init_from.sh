@@ -87,6 +87,12 @@ fi
 grep -q "is a checkpoint: writing the results there would destroy it" "$work/self.log" ||
   { cat "$work/self.log"; fail "no clear error for ape-eval --csv onto a checkpoint"; }
 cmp -s "$ckpt" "$work/self.ckpt" || fail "ape-eval --csv changed the checkpoint"
+# Two checkpoints of one encoding and length get a row each, named by path (the second hid the first).
+mkdir -p "$work/twin" && cp "$ckpt" "$work/twin/a.ckpt" && cp "$ckpt" "$work/twin/b.ckpt"
+"$eval" -c "$work/twin/a.ckpt" -c "$work/twin/b.ckpt" --cache-dir "$cache" --threads 1 --eval-multiples 1 \
+  --eval-tokens 64 --csv "$work/twin/eval.csv" > "$work/twin.log" 2>&1 || { cat "$work/twin.log"; fail "ape-eval of two checkpoints"; }
+[ "$(grep -c "twin/a.ckpt\]" "$work/twin/eval.csv")" = 1 ] && [ "$(grep -c "twin/b.ckpt\]" "$work/twin/eval.csv")" = 1 ] ||
+  { cat "$work/twin.log" "$work/twin/eval.csv"; fail "two checkpoints of one encoding share a row"; }
 # --csv through a symbolic link writes its target and keeps the link (the rename had replaced the
 # link with a file); a FIFO nothing reads is refused (its open had waited forever), and so is
 # a FIFO given as the checkpoint.
