@@ -83,6 +83,26 @@ int remove_stale_temporaries(const std::string &path) {
 }
 
 namespace {
+// Where output `path` is written: through a symbolic link to its target (renaming over the link
+// had replaced it with a file and left its target as it was), and in place when that is neither a
+// file nor a folder (a device, such as /dev/stdout's, or a FIFO: renaming over it had replaced a
+// device node with a file).
+struct OutputTarget {
+  std::string path;
+  bool in_place = false;
+};
+OutputTarget output_target(const std::string &given) {
+  std::error_code ec;
+  OutputTarget t{given, false};
+  if (fs::is_symlink(given, ec)) {
+    const fs::path target = fs::weakly_canonical(given, ec);
+    if (!ec) t.path = target.string();
+  }
+  const fs::file_status st = fs::status(t.path, ec);
+  t.in_place = fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st);
+  return t;
+}
+
 // Writes `bytes` into what is at `path` and is not a regular file (a character device such as a
 // terminal, /dev/null or /dev/full; a FIFO with a reader): nothing can be renamed over it.
 void write_in_place(const std::string &path, std::string_view bytes) {
@@ -104,17 +124,9 @@ void write_in_place(const std::string &path, std::string_view bytes) {
 
 void write_file_atomically(const std::string &path_given, std::string_view bytes, const char *kill_hook) {
   std::error_code ec;
-  // A symbolic link is written through: its target is replaced and the link kept (renaming over
-  // the link had replaced it with a file and left its target as it was). What is neither a file
-  // nor a folder (a device, such as /dev/stdout's, or a FIFO) is written to in place: renaming
-  // over it had replaced a device node with a file.
-  std::string path = path_given;
-  if (fs::is_symlink(path_given, ec)) {
-    const fs::path target = fs::weakly_canonical(path_given, ec);
-    if (!ec) path = target.string();
-  }
-  const fs::file_status st = fs::status(path, ec);
-  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) {
+  const OutputTarget target = output_target(path_given);
+  const std::string &path = target.path;
+  if (target.in_place) {
     write_in_place(path, bytes);
     return;
   }
@@ -177,17 +189,13 @@ void check_writable(const std::string &dir, const std::string &file) {
   if (ec || !fs::is_directory(dir))
     throw std::runtime_error("output folder " + dir + " cannot be created: " +
                              (ec ? ec.message() : std::string("a file of that name exists")));
-  std::string path = (fs::path(dir) / file).string();
-  if (fs::is_directory(path, ec))
-    throw std::runtime_error("output " + path + " is a folder; it must be a file (remove or rename the folder)");
-  // As write_file_atomically will: through a link to its target; a device or FIFO is written in
-  // place (no temporary beside it).
-  if (fs::is_symlink(path, ec)) {
-    const fs::path target = fs::weakly_canonical(path, ec);
-    if (!ec) path = target.string();
-  }
-  const fs::file_status st = fs::status(path, ec);
-  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) return;
+  const std::string given = (fs::path(dir) / file).string();
+  if (fs::is_directory(given, ec))
+    throw std::runtime_error("output " + given + " is a folder; it must be a file (remove or rename the folder)");
+  // Where write_file_atomically will write (a device or FIFO in place: no temporary beside it).
+  const OutputTarget target = output_target(given);
+  if (target.in_place) return;
+  const std::string &path = target.path;
   const std::string probe = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot write in the output folder " + folder_of(path) + ": " + why());
