@@ -127,7 +127,8 @@ LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
      << "  using Enc = ape_gen_" << name << "::Enc;\n"
      << "  static const ::ape::cuda::CudaKernelEntry entry{\"" << name << "\", ape_gen_" << name
      << "::kManifest,\n      Enc::kNumFeatures, Enc::kNumParams, &Enc::param_numel,\n      ape_gen_"
-     << name << "::kVariants, " << variants.size() << "};\n"
+     << name << "::kVariants, " << variants.size()
+     << ",\n      ::ape::cuda::detail::caches_k_mod<Enc>()};\n"
      << "  return &entry;\n}\n";
   return success();
 }

@@ -168,6 +168,21 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
   return {o, lse};
 }
 
+at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
+                               const at::Tensor &v, int64_t T, const std::vector<at::Tensor> &features,
+                               const std::vector<at::Tensor> &params, double scale, int64_t first_row,
+                               const at::Tensor &km, int64_t km_rows) {
+  const CudaKernel &c = kernel_for(entry, q);
+  torch_ops::CacheRows rows;
+  rows.T = T, rows.km = km, rows.km_rows = km_rows;
+  return std::get<0>(torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale, first_row, 0, 0, rows));
+}
+
+bool cuda_caches_k_mod(const KernelEntry &entry) {
+  const cuda::CudaKernelEntry *e = cuda_entry(entry.name);
+  return e && e->caches_k_mod;
+}
+
 std::string cuda_arch(int64_t index) {
   if (const char *a = std::getenv("APE_CUDA_ARCH"); a && *a) return a;
   const cudaDeviceProp *p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
@@ -270,6 +285,12 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &, co
                                                          AttnLayer) {
   unbuilt();
 }
+at::Tensor cuda_decode_forward(const KernelEntry &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                               int64_t, const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double,
+                               int64_t, const at::Tensor &, int64_t) {
+  unbuilt();
+}
+bool cuda_caches_k_mod(const KernelEntry &) { return false; }
 std::string cuda_backward_error(int64_t) { return ""; }
 std::string cuda_arch(int64_t) { unbuilt(); }
 void cuda_compile_spec(const KernelEntry &, at::ScalarType, int64_t, const std::string &, std::ostream *) {

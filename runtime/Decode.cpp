@@ -40,8 +40,8 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
   return o;
 }
 
-// A step on a GPU: the new tokens appended to the cache's rows, then the CUDA forward over all of
-// them from the first new row (CudaAttnArgs::first_row).
+// A step on a GPU: the new tokens copied into the cache's rows, then the CUDA forward over all of
+// them from the first new row (CudaAttnArgs::first_row), reading the cache in place (ld, km).
 at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &cache, int64_t capacity,
                          const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                          const std::vector<at::Tensor> &features, const std::vector<at::Tensor> &params,
@@ -62,13 +62,28 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
                             cache.q.size(3) != q.size(3) || cache.q.scalar_type() != q.scalar_type() ||
                             cache.q.device() != q.device()))
     bad(e, "the step's B, H, D, dtype or device differ from the cache's");
+  if (cache.q.defined() && L0 + n > cache.q.size(2))
+    bad(e, "the cache was made for " + std::to_string(cache.q.size(2)) + " tokens");
+  if (!cache.q.defined()) {  // the buffers, once (all or none: an allocation may throw)
+    const std::vector<int64_t> shape = {q.size(0), q.size(1), capacity, q.size(3)};
+    at::Tensor bq = at::zeros(shape, q.options()), bk = at::zeros(shape, q.options());
+    at::Tensor bv = at::zeros(shape, q.options());
+    at::Tensor bkm = cuda_caches_k_mod(e) ? at::zeros(shape, q.options()) : at::Tensor();
+    cache.q = bq, cache.k = bk, cache.v = bv, cache.km = bkm, cache.km_len = 0;
+  }
+  cache.q.narrow(2, L0, n).copy_(q), cache.k.narrow(2, L0, n).copy_(k), cache.v.narrow(2, L0, n).copy_(v);
+  cache.gpu_len = L0 + n;
   auto append = [](at::Tensor &all, const at::Tensor &t) { all = all.defined() ? at::cat({all, t}, 2) : t.clone(); };
-  append(cache.q, q), append(cache.k, k), append(cache.v, v);
   cache.features.resize(features.size());
   for (size_t i = 0; i < features.size(); ++i) append(cache.features[i], features[i]);
-  // An attention transition transforms the prompt only (the prefill, the first step), as on the CPU.
-  const AttnLayer at = L0 == 0 ? layer : AttnLayer{};
-  at::Tensor o = cuda_attention_forward(e, cache.q, cache.k, cache.v, cache.features, params, scale, L0, at).first;
+  // An attention transition transforms the prompt only (the prefill, the first step), as on the
+  // CPU: from the step's own tensors (the transition reads q', k', v as (B, H, T, D)); k' is then
+  // left to the next step.
+  if (L0 == 0 && layer.count > 0)
+    return cuda_attention_forward(e, q, k, v, cache.features, params, scale, 0, layer).first;
+  at::Tensor o = cuda_decode_forward(e, cache.q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0,
+                                     cache.km, cache.km_len);
+  if (cache.km.defined()) cache.km_len = L0 + n;
   return o.narrow(2, L0, n);
 }
 

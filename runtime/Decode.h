@@ -28,10 +28,13 @@ struct KernelEntry;
 struct LayerCache {
   DecodeCache<float> f32;
   DecodeCache<double> f64;
-  // On a GPU: every token's raw q, k, v (B, H, len, D) and features (B, H, len).
-  at::Tensor q, k, v;
+  // On a GPU: every token's raw q, k, v in (B, H, capacity, D) buffers, rows [0, gpu_len), read in
+  // place by the CUDA forward; km: k' of rows [0, km_len) where the kernels cache it
+  // (cuda_caches_k_mod); the features (B, H, gpu_len).
+  at::Tensor q, k, v, km;
+  int64_t gpu_len = 0, km_len = 0;
   std::vector<at::Tensor> features;
-  int64_t len() const { return q.defined() ? q.size(2) : f32.started() ? f32.len : f64.len; }
+  int64_t len() const { return q.defined() ? gpu_len : f32.started() ? f32.len : f64.len; }
 };
 
 // A model's caches: one per block, all with the same capacity (tokens).

@@ -1696,7 +1696,7 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
 // every step's o and lse equal, bit for bit, the rows L0 .. L-1 of the full forward over the L
 // tokens so far (the contract of cpu/decode.h, kept here). Then the refusals: a step past the
 // capacity, another dtype, a missing pointer.
-void check_decode_steps(const std::string &name, size_t index) {
+void check_decode_steps(const std::string &name, size_t index, int64_t num_layers = 0) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
@@ -1732,6 +1732,7 @@ void check_decode_steps(const std::string &name, size_t index) {
     a.B = p.B, a.H = p.H, a.n = n, a.D = p.D, a.dtype = var.dtype;
     a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.lse = static_cast<float *>(ld.ptr);
     a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
+    a.layer = num_layers > 0 ? num_layers - 1 : 0, a.num_layers = num_layers;
     ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
     ASSERT_CUDA(cudaDeviceSynchronize());
     ASSERT_EQ(cache.len, L0 + n);
@@ -1864,6 +1865,115 @@ TEST(CudaArgs, MisalignedRowPointersAreRefused) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_findings();
 }
+
+// A longer buffer (CudaAttnArgs::ld) and a cached k' (km) where they apply, refused elsewhere:
+// ld below T, either in a backward or with an attention transition's layers; km for an encoding
+// that does not cache its k mod (NoPE has none), beyond T or misaligned. (The decode tests run
+// both: DecodeStepsEqualTheFullForward.)
+TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
+  std::string why;
+  const auto *nope = bf16_hd64("nope", why);
+  if (!nope) GTEST_SKIP() << why;
+  const auto *rope = bf16_hd64("rope", why);
+  if (!rope) GTEST_SKIP() << why;
+  ASSERT_TRUE(find_cuda("rope")->caches_k_mod);
+  ASSERT_FALSE(find_cuda("nope")->caches_k_mod);
+  const PackedCall call;
+  CudaAttnArgs a = call.args();
+  a.T = 4, a.ld = 8;  // the first 4 of 8 rows a slice
+  EXPECT_EQ(nope->forward(a), cudaSuccess);
+  EXPECT_EQ(nope->backward(a), cudaErrorInvalidValue) << "ld in a backward";
+  a.ld = 3;
+  EXPECT_EQ(nope->forward(a), cudaErrorInvalidValue) << "ld below T";
+  a.ld = 8, a.num_layers = 1;
+  EXPECT_EQ(nope->forward(a), cudaErrorInvalidValue) << "ld with a transition's layers";
+  a.num_layers = 0;
+  CudaAttnArgs c = a;
+  c.km = static_cast<char *>(call.buf.ptr) + (1 << 19), c.km_rows = 2;
+  EXPECT_EQ(nope->forward(c), cudaErrorInvalidValue) << "km without a k mod";
+  EXPECT_EQ(rope->forward(c), cudaSuccess);
+  EXPECT_EQ(rope->backward(c), cudaErrorInvalidValue) << "km in a backward";
+  c.km_rows = 5;
+  EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "km_rows beyond T";
+  c.km_rows = 0, c.km = static_cast<char *>(c.km) + 2;
+  EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "a misaligned km";
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_no_findings();
+}
+
+#ifdef APE_SIMT
+// What a one-token decode step moves (cuda/decode.h; docs/decoding.md): the bytes every kernel of
+// the step reads and writes, counted by the emulator, against the keys' and values' read that the
+// attention needs (2 L D bf16 per slice), for RoPE (k' cached) and NoPE at L 501 of a 512-token
+// cache (B 1, H 2, D 64). The step reads the cache in place: the q and k mods of the new rows and
+// of the computed query tile only, no re-packing. (Before, the step's q and k mods ran over all L
+// rows, 8 L D bytes a slice, and the arrays were re-packed by copies at the new length.)
+TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
+  for (const char *name : {"rope", "nope"}) {
+    SCOPED_TRACE(name);
+    std::string why;
+    const auto *var = bf16_hd64(name, why);
+    if (!var) GTEST_SKIP() << why;
+    const CudaKernelEntry *e = find_cuda(name);
+    const int64_t C = 512, L0 = 500, D = 64;
+    const Problem p = make_problem(*e, 1, 2, L0 + 1, D, 5);
+    ape::cuda::CudaDecodeCache cache;
+    cache.capacity = C;
+    size_t step_bytes = 0;
+    for (int64_t n : {L0, int64_t(1)}) {
+      const int64_t at = cache.len;
+      auto part = [&](const Tensor &t) { return t.narrow(2, at, n).contiguous().to(torch::kBFloat16); };
+      DevBuf qd, kd, vd, od;
+      upload(qd, part(p.q)), upload(kd, part(p.k)), upload(vd, part(p.v)), upload(od, part(p.q));
+      ape::cuda::CudaDecodeArgs a;
+      a.B = p.B, a.H = p.H, a.n = n, a.D = D, a.dtype = var->dtype;
+      a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.scale = static_cast<float>(p.scale);
+      ape::simt::take_traffic();
+      ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      step_bytes = 0;
+      std::string kernels;
+      for (const auto &t : ape::simt::take_traffic()) {
+        step_bytes += t.read + t.written + t.atomic;
+        kernels += " " + t.kernel.substr(0, t.kernel.find('<')) + " " + std::to_string(t.read + t.written + t.atomic);
+      }
+      if (n == 1) std::printf("[decode traffic] %s:%s\n", name, kernels.c_str());
+    }
+    const double kv = 2.0 * (L0 + 1) * D * 2 * p.B * p.H;  // k' and v of every key, bf16
+    std::printf("[decode traffic] %s: a one-token step at L %lld moves %zu bytes in its kernels, %.2fx the "
+                "keys' and values' %.0f\n",
+                name, static_cast<long long>(L0 + 1), step_bytes, step_bytes / kv, kv);
+    EXPECT_LT(step_bytes, 1.6 * kv) << "the step moves more than its keys and values (and a query tile)";
+    EXPECT_GT(step_bytes, kv) << "the step cannot read fewer bytes than the keys and values";
+  }
+  expect_no_findings();
+}
+#endif
+
+#ifdef APE_SIMT
+// The Hopper forward's query tiles of 192 rows (three consumer warpgroups, d_h <= 64) in decode
+// steps (q' is computed from first_row's tile: kFwdRowAlign), and prefills given a model's layers
+// (decode.h then runs the prefill on the step's own inputs, and the next step computes every k'),
+// for RoPE (its k' cached) and NoPE.
+TEST(CudaDecode, ThreeConsumerTilesAndPrefillsWithLayers) {
+  const PoseAsSm90 guard;
+  ASSERT_EQ(setenv("APE_CUDA_HOPPER_CONSUMERS", "3", 1), 0);
+  for (const char *name : {"rope", "nope"}) {
+    SCOPED_TRACE(name);
+    std::string why;
+    const auto *var = bf16_hd64(name, why);
+    if (!var) {
+      unsetenv("APE_CUDA_HOPPER_CONSUMERS");
+      GTEST_SKIP() << why;
+    }
+    const CudaKernelEntry *e = find_cuda(name);
+    const size_t index = static_cast<size_t>(var - e->variants);
+    check_decode_steps(name, index);
+    check_decode_steps(name, index, 2);
+  }
+  unsetenv("APE_CUDA_HOPPER_CONSUMERS");
+}
+#endif
 
 // A caller's scratch allocator (CudaAttnArgs::scratch) that counts: every block it hands out
 // must come back once, before the call returns; fail_after blocks, it refuses.

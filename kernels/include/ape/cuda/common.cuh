@@ -329,6 +329,10 @@ template <class Enc, class In> struct Params {
   // scratch
   float *tok;                       // (B*H, kNumTok, T)
   const In *qm, *km;                // (B*H, T, D): q', k' (= q, k without a mod)
+  int64_t ld_q, ld_k, ld_v;         // forward: rows per slice of qm, km and v (T, or
+                                    // CudaAttnArgs::ld where they are the caller's buffers)
+  int64_t q_row0;                   // forward: the first row of q' computed (prepare; 0 but
+                                    // for a call with first_row)
   float *delta;                     // (B*H, T)
   float *dqm, *dkm;                 // (B*H, T, D) gradients w.r.t. q', k'
   unsigned long long *dtok_fx;      // (B*H, kNumTok, T) x 2 words

@@ -8,14 +8,17 @@
 // the L tokens so far, bit for bit (they are that forward's rows: the same kernels over the same
 // inputs, with the query tiles before the one holding row L0 skipped, CudaAttnArgs::first_row).
 //
-// How: the cache keeps the raw q, k, v (B, H, L, D) and features (B, H, L) of every token; a step
-// re-packs them at the new length and runs the forward with T = L and first_row = L0. The
-// prepare stage (the token program, q' and k') therefore runs over all L tokens at every step:
-// O(L·D) per step, the order of the attention of one new query itself (O(L·D) per query), and
-// exact for every encoding, including those whose k mod or token program reads the sequence
-// length (dynamic NTK, xPos), which must recompute them anyway. What this leaves to a later
-// kernel: cached k' and scan carries (as cpu/decode.h keeps), and keeping q only for the rows the
-// first query tile reads.
+// How: the cache holds every token's raw q, k, v in buffers of `capacity` rows per slice, (B, H,
+// capacity, D), allocated at the first step; a step copies its n new rows into place and runs the
+// forward with T = L, first_row = L0 and CudaAttnArgs::ld = capacity, which reads the buffers in
+// place. Where the encoding's k mod does not depend on the length (CudaKernelEntry::caches_k_mod)
+// the cache keeps k' too (CudaAttnArgs::km): a step computes the new keys' k' only, and q' of the
+// rows from the first computed query tile only (from a multiple of 384 rows: kFwdRowAlign). So a
+// one-token step moves O(L·D) bytes once: the keys and values the attention reads (the re-packing
+// of every array and the q/k mods over all L tokens that an earlier version ran each step moved
+// some six times that). The token features (B, H, L) are re-packed each step (4 bytes a token and
+// feature), and the token program reruns over all L tokens (scan carries, as cpu/decode.h keeps,
+// are what a later kernel would add).
 //
 // Plain C++17 over the CUDA runtime API (the host compiler builds it, as cuda/kernel_entry.h);
 // under -DAPE_SIMT the same code runs on the SIMT emulator. Errors are returned, never thrown.
@@ -38,13 +41,16 @@ struct CudaDecodeCache {
   int64_t len = 0;                // tokens cached
   int64_t B = 0, H = 0, D = 0;    // fixed by the first step
   DType dtype = DType::BF16;
-  void *q = nullptr, *k = nullptr, *v = nullptr;  // (B, H, len, D) raw projections
+  void *q = nullptr, *k = nullptr, *v = nullptr;  // (B, H, capacity, D) raw projections, rows [0, len)
+  void *km = nullptr;       // (B, H, capacity, D) k' (CudaKernelEntry::caches_k_mod), or null
+  int64_t km_len = 0;       // rows of km computed (a prefill with a transition computes none)
+  int64_t rows = 0;         // rows per slice of the buffers: the capacity at the first step
   std::vector<float *> features;                  // Enc::kNumFeatures x (B, H, len)
   bool started() const { return B > 0; }
   void release() {
-    cudaFree(q), cudaFree(k), cudaFree(v);
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(km);
     for (float *f : features) cudaFree(f);
-    q = k = v = nullptr, features.clear(), len = 0, B = H = D = 0;
+    q = k = v = km = nullptr, features.clear(), len = km_len = rows = 0, B = H = D = 0;
   }
   ~CudaDecodeCache() { release(); }
   CudaDecodeCache() = default;
@@ -58,7 +64,8 @@ struct CudaDecodeArgs {
   DType dtype = DType::BF16;
   const void *q = nullptr, *k = nullptr, *v = nullptr;  // (B, H, n, D) contiguous
   const float *const *features = nullptr;  // HOST array of Enc::kNumFeatures device (B, H, n)
-  const float *const *params = nullptr;    // HOST array of device params, as CudaAttnArgs
+  const float *const *params = nullptr;    // HOST array of device params, as CudaAttnArgs (the
+                                           // same every step: a cached k' is computed from them)
   float scale = 0;                          // kappa
   void *o = nullptr;                        // (B, H, n, D)
   float *lse = nullptr;                     // (B, H, n) or null
@@ -132,16 +139,26 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return cudaErrorInvalidValue;
   const cudaStream_t st = a.stream;
   const int64_t S = a.B * a.H, L0 = c.len, n = a.n, L = L0 + n, D = a.D;
+  if (c.started() && L > c.rows) return cudaErrorInvalidValue;  // a capacity raised after the first step
+  const int64_t C = c.started() ? c.rows : c.capacity;
   const size_t row = static_cast<size_t>(D) * dtype_bytes(a.dtype);
-  if (!c.started()) {
-    c.B = a.B, c.H = a.H, c.D = D, c.dtype = a.dtype;
+  cudaError_t err = cudaSuccess;
+  if (!c.started()) {  // the buffers, once
+    if (S > INT64_MAX / C || S * C > INT64_MAX / static_cast<int64_t>(row)) return cudaErrorInvalidValue;
+    const size_t bytes = static_cast<size_t>(S * C) * row;
+    for (void **buf : {&c.q, &c.k, &c.v, e.caches_k_mod ? &c.km : nullptr})
+      if (buf && ((err = cudaMallocAsync(buf, bytes, st)) != cudaSuccess ||
+                  (err = cudaMemsetAsync(*buf, 0, bytes, st)) != cudaSuccess)) {  // no unwritten row is ever read
+        c.release();
+        return err;
+      }
+    c.B = a.B, c.H = a.H, c.D = D, c.dtype = a.dtype, c.rows = C;
     c.features.assign(static_cast<size_t>(e.num_features), nullptr);
   }
-  // The cache at length L.
-  cudaError_t err = cudaSuccess;
-  if ((err = append(c.q, a.q, S, L0, n, row, st)) != cudaSuccess ||
-      (err = append(c.k, a.k, S, L0, n, row, st)) != cudaSuccess ||
-      (err = append(c.v, a.v, S, L0, n, row, st)) != cudaSuccess)
+  // The new rows into place.
+  if ((err = copy_rows(c.q, C, L0, a.q, n, n, S, row, st)) != cudaSuccess ||
+      (err = copy_rows(c.k, C, L0, a.k, n, n, S, row, st)) != cudaSuccess ||
+      (err = copy_rows(c.v, C, L0, a.v, n, n, S, row, st)) != cudaSuccess)
     return err;
   for (int f = 0; f < e.num_features; ++f) {
     void *buf = c.features[f];
@@ -168,12 +185,21 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   }
   CudaAttnArgs f;
   f.B = a.B, f.H = a.H, f.T = L, f.D = D, f.dtype = a.dtype;
-  f.q = c.q, f.k = c.k, f.v = c.v, f.o = o, f.lse = static_cast<float *>(lse);
+  f.o = o, f.lse = static_cast<float *>(lse);
   std::vector<const float *> feats(c.features.begin(), c.features.end());
   f.features = feats.empty() ? nullptr : feats.data();
   f.params = a.params, f.scale = a.scale, f.first_row = L0, f.stream = st, f.scratch = a.scratch;
-  if (L0 == 0) f.layer = a.layer, f.num_layers = a.num_layers;  // the prefill
+  if (L0 == 0 && a.num_layers > 0) {
+    // A prefill that may run an attention transition: from the step's own (B, H, n, D) inputs
+    // (the transition reads q', k' and v as (B, H, T, D)); k' is left to the next step.
+    f.layer = a.layer, f.num_layers = a.num_layers;
+    f.q = a.q, f.k = a.k, f.v = a.v;
+  } else {
+    f.q = c.q, f.k = c.k, f.v = c.v, f.ld = C;
+    if (c.km) f.km = c.km, f.km_rows = c.km_len;
+  }
   err = forward(e, f);
+  if (err == cudaSuccess && f.km) c.km_len = L;
   if (err == cudaSuccess) err = copy_rows(a.o, n, 0, static_cast<char *>(o) + L0 * row, L, n, S, row, st);
   if (err == cudaSuccess && a.lse)
     err = copy_rows(a.lse, n, 0, static_cast<char *>(lse) + L0 * sizeof(float), L, n, S,

@@ -350,7 +350,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int64_t bh = blockIdx.x, T = p.T;
   // The longest rows (last query tiles) start first; tiles before p.tile0 are not computed.
   const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
-  const int64_t base = bh * T * D;
+  const int64_t base = bh * T * D;  // o; q', k', v: Params::ld_q, ld_k, ld_v rows a slice
+  const In *const qm = p.qm + bh * p.ld_q * D, *const km = p.km + bh * p.ld_k * D, *const vs = p.v + bh * p.ld_v * D;
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
   DevCtx<Enc> ctx = make_ctx(p, bh, false);
   if constexpr (flash_param_cache<Enc>())  // read after the first step's barrier
@@ -422,9 +423,9 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   if constexpr (kRC)
     for (int mt = 0; mt < kMT; ++mt)
       for (int h = 0; h < 2; ++h) rb[mt][h] = rc_bh[i0 + r0 + 16 * mt + g + 8 * h];
-  flash::load_tile_async<BQ, D, C::kThreads>(sQ, p.qm + base, i0, T);
-  flash::load_tile_async<BK, D, C::kThreads>(sK, p.km + base, 0, T);
-  flash::load_tile_async<BK, D, C::kThreads>(sV, p.v + base, 0, T);
+  flash::load_tile_async<BQ, D, C::kThreads>(sQ, qm, i0, T);
+  flash::load_tile_async<BK, D, C::kThreads>(sK, km, 0, T);
+  flash::load_tile_async<BK, D, C::kThreads>(sV, vs, 0, T);
   fill_bias(0);  // and the column window
   ptx::cp_async_commit();
 
@@ -458,9 +459,9 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     __syncthreads();  // tile kt landed; every warp is done with buffer (kt + 1) % 2
     fill_cols(kt + 1);
     if (kt + 1 < n_tiles) {
-      flash::load_tile_async<BK, D, C::kThreads>(sK + ((kt + 1) & 1) * BK * D, p.km + base,
+      flash::load_tile_async<BK, D, C::kThreads>(sK + ((kt + 1) & 1) * BK * D, km,
                                                  int64_t(kt + 1) * BK, T);
-      flash::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, p.v + base,
+      flash::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, vs,
                                                  int64_t(kt + 1) * BK, T);
       fill_bias(kt + 1);
     }

@@ -50,10 +50,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
   float *sA = reinterpret_cast<float *>(smem + L::alpha);
 
   const int64_t bh = blockIdx.x, T = p.T, i0 = (p.tile0 + int64_t(blockIdx.y)) * BQ;
-  const int64_t base = bh * T * D;
+  const int64_t base = bh * T * D;  // o; q', k', v: Params::ld_q, ld_k, ld_v rows a slice
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
 
-  load_rows<In, BQ, D>(sQ, L::LI, p.qm + base, i0, T);
+  load_rows<In, BQ, D>(sQ, L::LI, p.qm + bh * p.ld_q * D, i0, T);
   zero_acc<BQ, D>(sO, L::LO);
   for (int r = threadIdx.x; r < BQ; r += kThreads) sM[r] = -kInf, sL[r] = 0.f;
   for (int64_t e = threadIdx.x; e < BQ * R; e += kThreads) sMass[e] = 0.f;
@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
 
   const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;  // queries of this tile: [i0, i_end)
   for (int64_t j0 = 0; j0 < i_end; j0 += BK) {     // causal: keys < i_end
-    load_rows<In, BK, D>(sK, L::LI, p.km + base, j0, T);
-    load_rows<In, BK, D>(sV, L::LI, p.v + base, j0, T);
+    load_rows<In, BK, D>(sK, L::LI, p.km + bh * p.ld_k * D, j0, T);
+    load_rows<In, BK, D>(sV, L::LI, p.v + bh * p.ld_v * D, j0, T);
     __syncthreads();
     mm_abt<BQ, BK, D>(sQ, L::LI, sK, L::LI, sS, L::LS);  // S = Q' K'^T
     __syncthreads();

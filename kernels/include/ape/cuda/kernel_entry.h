@@ -87,10 +87,26 @@ struct CudaAttnArgs {
   float scale = 0;
   // Forward only: the first query row whose output is wanted. The query tiles before the one
   // holding it are skipped (rows [first_row, T) of o and lse are written, and the rows of that
-  // tile before first_row with their same values); the token program and q', k' still cover all
-  // T tokens. 0: every row. A decode step (cuda/decode.h) passes its cache length. The backward
-  // needs 0.
+  // tile before first_row with their same values); the token program and k' still cover all T
+  // tokens (k' the rows from km_rows where km is given), q' the rows from the tile. 0: every row. A
+  // decode step (cuda/decode.h) passes its cache length. The backward needs 0.
   int64_t first_row = 0;
+  // Forward only: the rows per (b, h) slice of q, k and v (each slice's T rows followed by
+  // ld - T unused ones: a longer buffer, such as a decode cache of ld tokens, read in place). 0
+  // (the default) or T: contiguous (B, H, T, D). ld > T is refused for the backward and for a
+  // call with num_layers > 0 (an attention transition reads q', k', v as (B, H, T, D)), whether
+  // or not the encoding has a transition.
+  int64_t ld = 0;
+  // Forward only: a buffer of k' (the k mod's output) with ld rows per slice whose first km_rows
+  // rows of every slice a previous call computed (CudaKernelEntry::caches_k_mod: neither the k mod
+  // nor the token sequences it may read depend on the sequence length). The call computes k' of
+  // rows [km_rows, T) into it and reads k' from it, so a decode step computes the new keys' k'
+  // only. The cached rows stay valid while the keys, the features and the params they were
+  // computed from do: calls that share a km pass the same params. nullptr (the default): k' in
+  // scratch memory, every row. Refused (cudaErrorInvalidValue) where the encoding does not cache
+  // its k mod, and for the backward.
+  void *km = nullptr;
+  int64_t km_rows = 0;
   // Forward only: the layer (0-based) of a model of num_layers that this call computes, read by
   // an attention transition (contract/transition.h), which rewrites the rows of some layers;
   // num_layers = 0 (the default) transforms none. 0 <= layer < num_layers when num_layers > 0.
@@ -136,6 +152,10 @@ struct CudaKernelEntry {
   int64_t (*param_numel)(int n, int64_t H, int64_t D);  // elements of param n
   const CudaVariant *variants;  // only the (dtype, head_dim) pairs this build instantiated
   size_t num_variants;
+  // The encoding has a k mod whose k' of a key does not change as the sequence grows (neither the
+  // mod nor the token sequences it may read depend on the length): a decode cache may keep k'
+  // (CudaAttnArgs::km) instead of recomputing it, while the params stay the same.
+  bool caches_k_mod = false;
 };
 
 // The variant for (dtype, D), or nullptr when it was not instantiated.

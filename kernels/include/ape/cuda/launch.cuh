@@ -18,6 +18,12 @@ namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
 namespace detail {
 
+// Whether a decode cache may keep k' (CudaAttnArgs::km, CudaKernelEntry::caches_k_mod): the
+// encoding has a k mod, and neither it nor the token sequences it may read depend on the length.
+template <class Enc> constexpr bool caches_k_mod() {
+  return Enc::kHasKMod && !traits::KModReadsLength<Enc>::value && !traits::TokensReadLength<Enc>::value;
+}
+
 // ---- host side -------------------------------------------------------------------------------------
 // Scratch memory of one call, stream ordered, freed when the call returns (the frees are queued
 // behind the kernels): from the caller's allocator (CudaAttnArgs::scratch), else cudaMallocAsync.
@@ -116,6 +122,18 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
     return cudaErrorInvalidValue;
   if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
     return cudaErrorInvalidValue;
+  // Inputs in a longer buffer (CudaAttnArgs::ld) and a cached k' (km): the forward's kernels and
+  // the mods take them; the backward, the relative rows' tables and the transition read q', k'
+  // and v as (B, H, T, D).
+  if (a.ld != 0 && a.ld != a.T) {
+    if (a.ld < a.T || a.ld >= kMaxDim || backward || a.num_layers > 0) return cudaErrorInvalidValue;
+    if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / (a.ld * kD)) return cudaErrorInvalidValue;
+  }
+  if (a.km || a.km_rows != 0) {
+    if (backward || !caches_k_mod<Enc>() || !a.km || a.km_rows < 0 || a.km_rows > a.T ||
+        reinterpret_cast<uintptr_t>(a.km) % 16 != 0)
+      return cudaErrorInvalidValue;
+  }
   if (a.B * a.H * a.T == 0) {
     // Nothing to compute, but the backward zeroes the param gradients (global sums): those only.
     if (backward && Enc::kNumParams > 0) {
@@ -153,6 +171,7 @@ template <class Enc, class In>
 Params<Enc, In> make_params(const CudaAttnArgs &a) {
   Params<Enc, In> p{};
   p.B = a.B, p.H = a.H, p.T = a.T, p.D = a.D;
+  p.ld_q = p.ld_k = p.ld_v = a.ld != 0 ? a.ld : a.T;
   p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
   p.v = static_cast<const In *>(a.v), p.o = static_cast<In *>(a.o), p.lse = a.lse;
   for (int n = 0; n < Enc::kNumFeatures; ++n) p.feat[n] = a.features[n];
@@ -170,24 +189,31 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
 }
 
 // The grid of the linear mods' kernels: x over a slice's runs, y over groups of kLinBh slices.
-template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D) {
-  return dim3(blocks_for(p.T * D / run_len<In>(), 256), blocks_for(p.B * p.H, kLinBh));
+template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D, int64_t row0 = 0) {
+  return dim3(blocks_for((p.T - row0) * D / run_len<In>(), 256), blocks_for(p.B * p.H, kLinBh));
 }
 
 // y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] (side_kernels.cuh, table_rows_kernel).
 template <class In, int D, class P>
-cudaError_t launch_table_rows(const In *x, const float *bias, const float *table, int64_t rows, const P &p,
-                              float *y, cudaStream_t st) {
+cudaError_t launch_table_rows(const In *x, int64_t ld_x, const float *bias, const float *table, int64_t rows,
+                              const P &p, float *y, cudaStream_t st) {
   constexpr size_t bytes = table_rows_smem<D>();
   cudaError_t err = allow_smem(table_rows_kernel<In, D>, bytes);
   if (err != cudaSuccess) return err;
   return launch(table_rows_kernel<In, D>, dim3(blocks_for(p.T, kTabTok), static_cast<unsigned>(p.B * p.H)),
-                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y);
+                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x);
 }
 
-// tok, q', k' of every slice (the forward's inputs; the backward recomputes them).
+// Every forward kernel's query tile (32, 64, 128 or 192 rows: FwdSmem, FlashFwd, HopperFwd with 2
+// or 3 consumers) divides this, so the tile holding first_row starts at or after first_row rounded
+// down to it: the first q' row a forward reads (static_asserts at the launches).
+constexpr int64_t kFwdRowAlign = 384;
+
+// tok, q', k' of every slice (the forward's inputs; the backward recomputes them). A forward call
+// (`a`) may narrow them: q' of the rows from q_row0 only (the query tiles it computes), k' into
+// the caller's cache (CudaAttnArgs::km) for its rows from km_rows only; the backward passes none.
 template <class Enc, class In, int kModD>
-cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
+cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const CudaAttnArgs *a = nullptr) {
   cudaError_t err = cudaSuccess;
   const int64_t BH = p.B * p.H, n = BH * p.T * p.D;
   if constexpr (Enc::kNumTok > 0) {
@@ -198,26 +224,38 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
       return err;
   }
   // A linear mod (side_kernels.cuh): its coefficients once per position and run for kLinBh slices.
-  auto mod = [&](auto is_q, const In *x, In *xm) -> cudaError_t {
+  // Rows [row0, T) of every slice, x with ld_x rows per slice, xm with ld_xm.
+  auto mod = [&](auto is_q, const In *x, int64_t ld_x, In *xm, int64_t ld_xm, int64_t row0) -> cudaError_t {
     constexpr bool kIsQ = decltype(is_q)::value;
+    if (row0 >= p.T) return cudaSuccess;
+    const ModRows rows{row0, ld_x, ld_xm};
     if constexpr (linear_mod<Enc, kIsQ>())
-      return launch(mod_forward_linear_kernel<Enc, In, kIsQ, kModD>, linear_mod_grid<In>(p, kModD), 256, 0, st, p,
-                    x, xm);
+      return launch(mod_forward_linear_kernel<Enc, In, kIsQ, kModD>, linear_mod_grid<In>(p, kModD, row0), 256, 0,
+                    st, p, x, xm, rows);
     else
-      return launch(mod_forward_kernel<Enc, In, kIsQ, kModD>, blocks_for(n / run_len<In>(), 256), 256, 0, st, p, x,
-                    xm);
+      return launch(mod_forward_kernel<Enc, In, kIsQ, kModD>,
+                    blocks_for(BH * (p.T - row0) * p.D / run_len<In>(), 256), 256, 0, st, p, x, xm, rows);
   };
   if constexpr (Enc::kHasQMod) {
     In *qm = scratch.take<In>(n, err);
     if (err != cudaSuccess) return err;
-    if ((err = mod(std::true_type{}, p.q, qm)) != cudaSuccess) return err;
-    p.qm = qm;
+    // The query tiles a forward computes start at first_row's tile (kFwdRowAlign). (The relative
+    // rows' tables read every row.)
+    const int64_t row0 = a && traits::NumRel<Enc>::value == 0 ? a->first_row / kFwdRowAlign * kFwdRowAlign : 0;
+    if ((err = mod(std::true_type{}, p.q, p.ld_q, qm, p.T, row0)) != cudaSuccess) return err;
+    p.qm = qm, p.ld_q = p.T, p.q_row0 = row0;
   }
   if constexpr (Enc::kHasKMod) {
-    In *km = scratch.take<In>(n, err);
-    if (err != cudaSuccess) return err;
-    if ((err = mod(std::false_type{}, p.k, km)) != cudaSuccess) return err;
-    p.km = km;
+    if (a && a->km) {  // the caller's cache of k' (check_args: caches_k_mod)
+      In *km = static_cast<In *>(a->km);
+      if ((err = mod(std::false_type{}, p.k, p.ld_k, km, p.ld_k, a->km_rows)) != cudaSuccess) return err;
+      p.km = km;
+    } else {
+      In *km = scratch.take<In>(n, err);
+      if (err != cudaSuccess) return err;
+      if ((err = mod(std::false_type{}, p.k, p.ld_k, km, p.T, 0)) != cudaSuccess) return err;
+      p.km = km, p.ld_k = p.T;
+    }
   }
   if constexpr (traits::NumRel<Enc>::value > 0) {
     for (int r = 0; r < Enc::kNumRel; ++r) {
@@ -225,6 +263,7 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
       p.rel[r] = scratch.take<float>(m, err);
       if (err != cudaSuccess ||
           (err = launch_table_rows<In, kModD>(Enc::rel_side(r) == 0 ? p.qm : p.km,
+                                              Enc::rel_side(r) == 0 ? p.ld_q : p.ld_k,
                                               Enc::rel_bias(r) >= 0 ? p.params[Enc::rel_bias(r)] : nullptr,
                                               p.params[Enc::rel_table(r)], Enc::rel_rows(r), p, p.rel[r],
                                               st)) != cudaSuccess)
@@ -238,6 +277,16 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
 template <class X> __global__ void scale_kernel(const X *x, X *y, int64_t n, float c) {
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (e < n) y[e] = from_float<X>(c * to_float<X>(x[e]));
+}
+
+// y = c x on rows [row0, row0 + rows) of each of S slices, x with ld_x rows a slice, y with ld_y.
+template <class X>
+__global__ void scale_rows_kernel(const X *x, int64_t ld_x, X *y, int64_t ld_y, int64_t S, int64_t row0,
+                                  int64_t rows, int64_t D, float c) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (e >= S * rows * D) return;
+  const int64_t col = e % D, r = row0 + e / D % rows, s = e / D / rows;
+  y[(s * ld_y + r) * D + col] = from_float<X>(c * to_float<X>(x[(s * ld_x + r) * D + col]));
 }
 
 // The flash kernels take the max of raw scores and keep lse - log2 scale: they need scale > 0. A
@@ -255,11 +304,14 @@ cudaError_t positive_scale(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st
   p.scale = p.scale < 0 ? -p.scale : 1.f;
   p.log2_scale = std::log2(p.scale), p.inv_scale = 1.f / p.scale;
   cudaError_t err = cudaSuccess;
-  const int64_t n = p.B * p.H * p.T * p.D;
-  In *qs = scratch.take<In>(n, err);
+  // q'' of the rows the forward reads (from q_row0, prepare) into a (B H, T, D) buffer.
+  const int64_t BH = p.B * p.H, rows = p.T - p.q_row0, n = BH * rows * p.D;
+  In *qs = scratch.take<In>(BH * p.T * p.D, err);
   if (err != cudaSuccess) return err;
-  if ((err = launch(scale_kernel<In>, blocks_for(n, 256), 256, 0, st, p.qm, qs, n, qsign)))
+  if (n > 0 && (err = launch(scale_rows_kernel<In>, blocks_for(n, 256), 256, 0, st, p.qm, p.ld_q, qs, p.T, BH,
+                             p.q_row0, rows, p.D, qsign)))
     return err;
+  p.ld_q = p.T;
   p.qm = qs;
   return cudaSuccess;
 }
@@ -462,7 +514,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   const cudaStream_t st = a.stream;
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st, a.scratch);
-  if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
+  if ((err = prepare<Enc, In, kD>(p, scratch, st, &a)) != cudaSuccess) return err;
   // The attention itself: the flash kernels for 16-bit inputs (wgmma on sm_90 where the build has
   // sm_90a code, mma.sync elsewhere and with value rows: flash_forward_runs), the general kernel
   // otherwise; p as the kernel read it (q', k' and the scale that go together) for the transition
@@ -472,6 +524,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       using L = FwdSmem<In, kD>;
       constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
       if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+      static_assert(kFwdRowAlign % L::BQ == 0, "q' from first_row's tile (prepare)");
       p.tile0 = a.first_row / L::BQ;
       const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
       return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
@@ -508,20 +561,22 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           const auto kernel = hopper_forward_kernel<Enc, In, kD, kCons>;
           HopperMaps maps;
           const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
-          const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(a.T)};
           const uint32_t box_q[3] = {uint32_t(H::kRowElems), uint32_t(H::BQ), 1};
           const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
-          auto map = [&](CUtensorMap *m, const void *x, const uint32_t *box) {
+          // Slices of ld rows (Params::ld_q, ld_k, ld_v): rows T..ld - 1 lie outside the map.
+          auto map = [&](CUtensorMap *m, const void *x, int64_t ld, const uint32_t *box) {
+            const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(ld)};
             return make_tensor_map_16(m, x, 3, dims, strides, box, H::kSwizzle);
           };
-          if ((err = map(&maps.q, p.qm, box_q)) != cudaSuccess ||
-              (err = map(&maps.k, p.km, box_kv)) != cudaSuccess ||
-              (err = map(&maps.v, p.v, box_kv)) != cudaSuccess)
+          if ((err = map(&maps.q, p.qm, p.ld_q, box_q)) != cudaSuccess ||
+              (err = map(&maps.k, p.km, p.ld_k, box_kv)) != cudaSuccess ||
+              (err = map(&maps.v, p.v, p.ld_v, box_kv)) != cudaSuccess)
             return err;
           size_t bytes = H::bytes + hopper_fwd_feature_bytes<Enc, In, kD, kCons>(), extra = 0;
           if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
           bytes += extra;
           if ((err = allow_smem(kernel, bytes)) != cudaSuccess) return err;
+          static_assert(kFwdRowAlign % H::BQ == 0, "q' from first_row's tile (prepare)");
           p.tile0 = a.first_row / H::BQ;
           p.pingpong = hopper_pingpong_enabled();
           p.kv_split = hopper_kv_split_enabled();
@@ -556,6 +611,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
       bytes += extra;
       if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+      static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
       p.tile0 = a.first_row / F::BQ;
       const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
       return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
@@ -636,7 +692,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     p.vmass = scratch.take<float>(m, err);
     if (err == cudaSuccess) err = cudaMemsetAsync(p.vmass_fx, 0, 2 * sizeof(unsigned long long) * m, st);
     if (err == cudaSuccess)  // vdrow = dO table^T
-      err = launch_table_rows<In, kD>(p.dout, nullptr, p.params[Enc::kValueTable], kValueRows, p, p.vdrow, st);
+      err = launch_table_rows<In, kD>(p.dout, p.T, nullptr, p.params[Enc::kValueTable], kValueRows, p, p.vdrow, st);
   }
   if (err != cudaSuccess) return err;
 

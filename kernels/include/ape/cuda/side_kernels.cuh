@@ -114,16 +114,23 @@ template <class Enc, class In, bool kIsQ, int D> struct ModSide {
   }
 };
 
+// The rows a forward mod computes: [row0, T) of every slice, x with ld_x rows per slice and xm
+// with ld_xm (T, or a longer buffer's: CudaAttnArgs::ld, km).
+struct ModRows {
+  int64_t row0, ld_x, ld_xm;
+};
+
 // xm = mod(x) (kIsQ: q_mod, else k_mod), computed in fp32: a thread per run of kV elements, or
 // per pair of partner runs (partner_run), in 16-byte loads and stores: each byte read and
 // written once.
 template <class Enc, class In, bool kIsQ, int D>
-__global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm) {
+__global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm, const ModRows rows) {
   using S = ModSide<Enc, In, kIsQ, D>;
   constexpr int kV = S::kV;
+  const int64_t n = p.T - rows.row0;  // rows of a slice
   const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
-  if (e >= p.B * p.H * p.T * D) return;
-  const int64_t c0 = e % D, row = e / D, t = row % p.T, bh = row / p.T;
+  if (e >= p.B * p.H * n * D) return;
+  const int64_t c0 = e % D, bh = e / D / n, t = rows.row0 + e / D % n;
   const int64_t p0 = S::partner_of(c0);
   if (p0 == S::kSkip) return;
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
@@ -131,7 +138,8 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm)
     if constexpr (kIsQ) return from_float<In>(Enc::q_mod(ctx, t, c, to_float(xv), to_float(yv)));
     else return from_float<In>(Enc::k_mod(ctx, t, c, to_float(xv), to_float(yv)));
   };
-  const In *xr = x + row * D;
+  const In *xr = x + (bh * rows.ld_x + t) * D;
+  In *xo = xm + (bh * rows.ld_xm + t) * D;
   In own[kV], part[kV], out[kV];
   load_run<In, kV>(xr, c0, own);
   if (p0 >= 0) {
@@ -139,13 +147,13 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm)
     In outp[kV];
     #pragma unroll
     for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]), outp[u] = mod(p0 + u, part[u], own[u]);
-    store_run<In, kV>(xm + row * D + p0, outp);
+    store_run<In, kV>(xo + p0, outp);
   } else {
     gather_partners<In, kV, D>(S::kPairing, S::kFraction, xr, c0, own, part);
     #pragma unroll
     for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]);
   }
-  store_run<In, kV>(xm + e, out);
+  store_run<In, kV>(xo + c0, out);
 }
 
 // dx = (d mod / dx)^T gm, a thread per run of kV elements (or pair of partner runs), in 16-byte
@@ -247,12 +255,12 @@ __device__ inline void mod_coefs(const DevCtx<Enc> &ctx, int64_t t, int64_t c, f
 struct LinearRun {
   int64_t c0, t, p0, bh0, bh1;
 };
-template <class S, int D, class P> __device__ inline bool linear_run(const P &p, LinearRun &r) {
-  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * S::kV;  // in one slice
+template <class S, int D, class P> __device__ inline bool linear_run(const P &p, LinearRun &r, int64_t row0 = 0) {
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * S::kV;  // in one slice, from row0
   const int64_t BH = p.B * p.H;
   r.bh0 = int64_t(blockIdx.y) * kLinBh;
-  if (e >= p.T * D || r.bh0 >= BH) return false;
-  r.c0 = e % D, r.t = e / D, r.bh1 = r.bh0 + kLinBh < BH ? r.bh0 + kLinBh : BH;
+  if (e >= (p.T - row0) * D || r.bh0 >= BH) return false;
+  r.c0 = e % D, r.t = row0 + e / D, r.bh1 = r.bh0 + kLinBh < BH ? r.bh0 + kLinBh : BH;
   r.p0 = S::partner_of(r.c0);
   return r.p0 != S::kSkip;
 }
@@ -309,11 +317,11 @@ constexpr int kLinU = 4;
 // xm = mod(x) for a linear mod: what mod_forward_kernel computes, with the coefficients of the
 // thread's run (and its partner run) evaluated once for its kLinBh slices.
 template <class Enc, class In, bool kIsQ, int D>
-__global__ void __launch_bounds__(256, 2) mod_forward_linear_kernel(const Params<Enc, In> p, const In *__restrict__ x, In *__restrict__ xm) {
+__global__ void __launch_bounds__(256, 2) mod_forward_linear_kernel(const Params<Enc, In> p, const In *__restrict__ x, In *__restrict__ xm, const ModRows rows) {
   using S = ModSide<Enc, In, kIsQ, D>;
   constexpr int kV = S::kV;
   LinearRun r;
-  if (!linear_run<S, D>(p, r)) return;
+  if (!linear_run<S, D>(p, r, rows.row0)) return;
   const int64_t c0 = r.c0, t = r.t, p0 = r.p0, bh0 = r.bh0, bh1 = r.bh1;
   const DevCtx<Enc> ctx = make_ctx(p, bh0, false);
   float a[kV], b[kV], ap[kV] = {}, bp[kV] = {};
@@ -328,11 +336,11 @@ __global__ void __launch_bounds__(256, 2) mod_forward_linear_kernel(const Params
       In own[kLinU][kV], part[kLinU][kV];
       #pragma unroll
       for (int i = 0; i < kLinU; ++i)
-        if (bh + i < bh1) load_partners<kShape, D, S>(x + ((bh + i) * p.T + t) * D, c0, p0, own[i], part[i]);
+        if (bh + i < bh1) load_partners<kShape, D, S>(x + ((bh + i) * rows.ld_x + t) * D, c0, p0, own[i], part[i]);
       #pragma unroll
       for (int i = 0; i < kLinU; ++i) {
         if (bh + i >= bh1) continue;
-        In *xr = xm + ((bh + i) * p.T + t) * D, out[kV];
+        In *xr = xm + ((bh + i) * rows.ld_xm + t) * D, out[kV];
         #pragma unroll
         for (int u = 0; u < kV; ++u) out[u] = from_float<In>(a[u] * to_float(own[i][u]) + b[u] * to_float(part[i][u]));
         if constexpr (kShape == RunShape::kPaired) {
@@ -445,7 +453,7 @@ template <int D> constexpr size_t table_rows_smem() {
 template <class In, int D>
 __global__ void __launch_bounds__(kTabThreads)
     table_rows_kernel(const In *x, const float *bias, const float *table, int64_t rows, int64_t H,
-                      int64_t T, float *y) {
+                      int64_t T, float *y, int64_t ld_x) {
   APE_DYNAMIC_SMEM(smem);
   float *sX = reinterpret_cast<float *>(smem);  // (kTabTok, D)
   float *sT = sX + kTabTok * D;                 // (kTabRows, D + 1)
@@ -455,7 +463,7 @@ __global__ void __launch_bounds__(kTabThreads)
   const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
   for (int e = threadIdx.x; e < kTabTok * D; e += kTabThreads) {
     const int tt = e / D, c = e % D;
-    sX[e] = t0 + tt < T ? to_float(x[(bh * T + t0 + tt) * D + c]) + bv : 0.f;
+    sX[e] = t0 + tt < T ? to_float(x[(bh * ld_x + t0 + tt) * D + c]) + bv : 0.f;  // ld_x rows a slice
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kTabRows) {
     __syncthreads();  // sX written; the last chunk's sT read

@@ -148,6 +148,15 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
   return a;
 }
 
+// A decode cache read in place (CudaAttnArgs::ld, km): q, k, v of forward_cuda hold `rows` =
+// q.size(2) rows per slice of which the first T are the call's; km (same shape, or undefined) holds
+// k' of the first km_rows rows, and the call computes the rest up to T.
+struct CacheRows {
+  int64_t T = -1;  // -1: every row (no cache)
+  at::Tensor km;
+  int64_t km_rows = 0;
+};
+
 // forward_cuda / backward_cuda: also the runtime's CUDA attention (runtime/CudaAttention.cpp).
 // first_row: the first query row whose output is wanted (CudaAttnArgs::first_row; a decode step);
 // layer of num_layers: the layer of a model this call computes (an attention transition's).
@@ -155,17 +164,28 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
                                   const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                   at::TensorList features, at::TensorList params, double scale,
                                   int64_t first_row = 0, int64_t layer = 0,
-                                  int64_t num_layers = 0) {
+                                  int64_t num_layers = 0, const CacheRows &cache = {}) {
   const c10::cuda::CUDAGuard device(q.device());
   at::Tensor qc = kernel_operand(q), kc = kernel_operand(k), vc = kernel_operand(v);
   Float32Tensors f(features), p(params);
-  at::Tensor o = at::empty(qc.sizes(), qc.options());
-  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, qc.options().dtype(at::kFloat));
+  const int64_t T = cache.T < 0 ? q.size(2) : cache.T;
+  at::Tensor o = at::empty({q.size(0), q.size(1), T, q.size(3)}, qc.options());
+  at::Tensor lse = at::empty({q.size(0), q.size(1), T}, qc.options().dtype(at::kFloat));
   if (o.numel() == 0) return {o, lse};  // nothing to launch
   cuda::CudaAttnArgs a = cuda_args(var, q, scale);
   a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();
   a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
   a.first_row = first_row, a.layer = layer, a.num_layers = num_layers;
+  if (cache.T >= 0) {
+    a.T = T, a.ld = q.size(2);
+    if (cache.km.defined()) {  // written in place: no copy may stand in for it
+      TORCH_CHECK(cache.km.is_contiguous() && cache.km.sizes() == q.sizes() &&
+                      cache.km.scalar_type() == q.scalar_type() && cache.km.device() == q.device() &&
+                      reinterpret_cast<uintptr_t>(cache.km.data_ptr()) % 16 == 0,
+                  who, "the k' cache must be contiguous, aligned, and shaped, typed and placed like q");
+      a.km = cache.km.data_ptr(), a.km_rows = cache.km_rows;
+    }
+  }
   std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
   a.features = fp.data(), a.params = pp.data();
   TorchScratch scratch;
