@@ -34,7 +34,8 @@
 #   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
-#              and across devices, evaluated and decoded on the other device, ALiBi (an
+#              and across devices, evaluated and decoded on the other device, cached decoding's
+#              tokens/s (a text scored on the GPU and on the CPU), ALiBi (an
 #              encoding with params) 20 steps, NCCL with one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py):
 #              240 to build, 120 a run (the CPU run 240)
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
@@ -269,6 +270,14 @@ train_stage() {  # dir suite_build logs python jobs
     -n 24 --cache-dir "$cache" || rc=1
   step generate-gpu "$bin/ape-generate" -c "$out/cpu/cable.ckpt" --device cuda -p "It was a dark night" \
     -n 24 --cache-dir "$cache" || rc=1
+  # Cached decoding's speed: one text scored token by token through the KV cache on the GPU (RoPE:
+  # its k' cached, the cache read in place: CudaAttnArgs::ld, km) and on the CPU; tokens/s in the
+  # [score] lines of the two logs.
+  cat "$dir"/src/bench/*.py > "$out/score.txt"
+  step score-gpu "$bin/ape-generate" -c "$out/gpu-bf16/rope.ckpt" --device cuda --score "$out/score.txt" \
+    --score-tokens 4096 --cache-dir "$cache" || rc=1
+  step score-cpu "$bin/ape-generate" -c "$out/gpu-bf16/rope.ckpt" --device cpu --score "$out/score.txt" \
+    --score-tokens 4096 --cache-dir "$cache" || rc=1
   # An encoding with params (ALiBi's trainable slopes): 20 steps on the GPU, its params' gradients
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \

@@ -127,8 +127,8 @@ def main():
               f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode (logs/train/nccl.log)")
     else:
         check("no host waits inside the queued steps (nccl)", False, "no complete run (logs/train/nccl.log)")
-    for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "gpu-params",
-                 "nccl"):
+    for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "score-gpu",
+                 "score-cpu", "gpu-params", "nccl"):
         check(name, steps.get(name) == 0, f"exit {steps.get(name, 'not run')} (logs/train/{name}.log)")
 
     # Speed: tokens/s and memory of APE's run and the PyTorch SDPA peer's.
@@ -145,6 +145,11 @@ def main():
     if ape and peer:
         print(f"speed  after step 5: APE {ape[0]} tok/s, peak {ape_mem[0] if ape_mem else '?'} MiB; PyTorch SDPA "
               f"{peer[0]} tok/s, peak {peer[1]} MiB{ratio} (d 1024, 8 layers, 16 heads, L 2048, batch 8, bf16)")
+    # Cached decoding: the same text scored token by token on the GPU and on the CPU.
+    dec = {d: grab(f"score-{d}.log", r"\[score\] (\d+) tokens? in [\d.]+ s \(([\d.]+) tokens/s\)") for d in ("gpu", "cpu")}
+    if dec["gpu"] and dec["cpu"]:
+        print(f"decode {dec['gpu'][0]} tokens scored through the KV cache (RoPE): GPU {dec['gpu'][1]} tokens/s, "
+              f"CPU {dec['cpu'][1]} tokens/s")
     n_pass = sum(results)
     print(f"{n_pass} of {len(results)} training checks passed"
           + (f"; APE {ape[0]} vs SDPA {peer[0]} tok/s{ratio}" if ape and peer else ""))
