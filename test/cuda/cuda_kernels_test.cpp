@@ -1696,14 +1696,15 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
 // every step's o and lse equal, bit for bit, the rows L0 .. L-1 of the full forward over the L
 // tokens so far (the contract of cpu/decode.h, kept here). Then the refusals: a step past the
 // capacity, another dtype, a missing pointer.
-void check_decode_steps(const std::string &name, size_t index, int64_t num_layers = 0) {
+void check_decode_steps(const std::string &name, size_t index, int64_t num_layers = 0,
+                        const std::vector<int64_t> &steps = {125, 1, 1, 1, 1, 7}) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
-  const int64_t T = 136;
+  int64_t T = 0;
+  for (int64_t n : steps) T += n;
   const Problem p = make_problem(*e, 2, 1, T, var.head_dim, 23);
   const auto dt = torch_type(var.dtype);
-  const std::vector<int64_t> steps = {125, 1, 1, 1, 1, 7};
   ape::cuda::CudaDecodeCache cache;
   cache.capacity = T;
   std::vector<DevBuf> prms(p.params.size());
@@ -1949,6 +1950,24 @@ TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
   expect_no_findings();
 }
 #endif
+
+// Steps past row 384 (kFwdRowAlign), where a step computes q' and the query side's relative rows
+// of the rows from 384 only: the same rows as the full forward, for a q mod (RoPE, its k' cached;
+// dynamic NTK, k' recomputed), relative rows on both sides (Shaw, Transformer-XL, DeBERTa) and a
+// token program (Cable), bf16 at d_h 64.
+TEST(CudaDecode, StepsPastTheFirstAlignedRows) {
+  int ran = 0;
+  for (const char *name : {"rope", "rope_dynamic_ntk", "shaw", "transformer_xl", "deberta", "cable"}) {
+    SCOPED_TRACE(name);
+    std::string why;
+    const auto *var = bf16_hd64(name, why);
+    if (!var) continue;  // not in this build
+    const CudaKernelEntry *e = find_cuda(name);
+    check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {389, 1, 7});
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";
+}
 
 #ifdef APE_SIMT
 // The Hopper forward's query tiles of 192 rows (three consumer warpgroups, d_h <= 64) in decode

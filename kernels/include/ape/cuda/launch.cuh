@@ -193,15 +193,16 @@ template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D, int64_t
   return dim3(blocks_for((p.T - row0) * D / run_len<In>(), 256), blocks_for(p.B * p.H, kLinBh));
 }
 
-// y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] (side_kernels.cuh, table_rows_kernel).
+// y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] (side_kernels.cuh, table_rows_kernel)
+// for the rows t from row0 (x with ld_x rows a slice).
 template <class In, int D, class P>
 cudaError_t launch_table_rows(const In *x, int64_t ld_x, const float *bias, const float *table, int64_t rows,
-                              const P &p, float *y, cudaStream_t st) {
+                              const P &p, float *y, cudaStream_t st, int64_t row0 = 0) {
   constexpr size_t bytes = table_rows_smem<D>();
   cudaError_t err = allow_smem(table_rows_kernel<In, D>, bytes);
-  if (err != cudaSuccess) return err;
-  return launch(table_rows_kernel<In, D>, dim3(blocks_for(p.T, kTabTok), static_cast<unsigned>(p.B * p.H)),
-                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x);
+  if (err != cudaSuccess || row0 >= p.T) return err;
+  return launch(table_rows_kernel<In, D>, dim3(blocks_for(p.T - row0, kTabTok), static_cast<unsigned>(p.B * p.H)),
+                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x, row0);
 }
 
 // Every forward kernel's query tile (32, 64, 128 or 192 rows: FwdSmem, FlashFwd, HopperFwd with 2
@@ -236,14 +237,15 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
       return launch(mod_forward_kernel<Enc, In, kIsQ, kModD>,
                     blocks_for(BH * (p.T - row0) * p.D / run_len<In>(), 256), 256, 0, st, p, x, xm, rows);
   };
+  // The query tiles a forward computes start at first_row's tile (kFwdRowAlign): q' and the query
+  // side's relative rows of the rows from there.
+  const int64_t q_row0 = a ? a->first_row / kFwdRowAlign * kFwdRowAlign : 0;
+  p.q_row0 = q_row0;
   if constexpr (Enc::kHasQMod) {
     In *qm = scratch.take<In>(n, err);
     if (err != cudaSuccess) return err;
-    // The query tiles a forward computes start at first_row's tile (kFwdRowAlign). (The relative
-    // rows' tables read every row.)
-    const int64_t row0 = a && traits::NumRel<Enc>::value == 0 ? a->first_row / kFwdRowAlign * kFwdRowAlign : 0;
-    if ((err = mod(std::true_type{}, p.q, p.ld_q, qm, p.T, row0)) != cudaSuccess) return err;
-    p.qm = qm, p.ld_q = p.T, p.q_row0 = row0;
+    if ((err = mod(std::true_type{}, p.q, p.ld_q, qm, p.T, q_row0)) != cudaSuccess) return err;
+    p.qm = qm, p.ld_q = p.T;
   }
   if constexpr (Enc::kHasKMod) {
     if (a && a->km) {  // the caller's cache of k' (check_args: caches_k_mod)
@@ -266,7 +268,7 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
                                               Enc::rel_side(r) == 0 ? p.ld_q : p.ld_k,
                                               Enc::rel_bias(r) >= 0 ? p.params[Enc::rel_bias(r)] : nullptr,
                                               p.params[Enc::rel_table(r)], Enc::rel_rows(r), p, p.rel[r],
-                                              st)) != cudaSuccess)
+                                              st, Enc::rel_side(r) == 0 ? q_row0 : 0)) != cudaSuccess)
         return err;
     }
   }

@@ -453,11 +453,11 @@ template <int D> constexpr size_t table_rows_smem() {
 template <class In, int D>
 __global__ void __launch_bounds__(kTabThreads)
     table_rows_kernel(const In *x, const float *bias, const float *table, int64_t rows, int64_t H,
-                      int64_t T, float *y, int64_t ld_x) {
+                      int64_t T, float *y, int64_t ld_x, int64_t row0) {
   APE_DYNAMIC_SMEM(smem);
   float *sX = reinterpret_cast<float *>(smem);  // (kTabTok, D)
   float *sT = sX + kTabTok * D;                 // (kTabRows, D + 1)
-  const int64_t bh = blockIdx.y, h = bh % H, t0 = blockIdx.x * int64_t(kTabTok);
+  const int64_t bh = blockIdx.y, h = bh % H, t0 = row0 + blockIdx.x * int64_t(kTabTok);  // rows from row0
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   static_assert(kTabThreads % D == 0, "a thread stages one column of x");
   const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
