@@ -527,6 +527,8 @@ def main():
                         tiles_kind = kind
                         if kind == "hopper_forward" and re.search(r"Li\d+ELi3E", fn):
                             kind = tiles_kind = "hopper_forward3"  # three consumer warpgroups
+                        if kind == "forward" and re.search(r"Li\d+ELb1E", fn):
+                            kind = "forward_split"  # the keys split over blocks (kSplit)
                         if kind == "backward":
                             ordered, lay = re.search(r"Li\d+ELb([01])ELi(\d)E", fn).groups()
                             kind = {"0": "backward_narrow", "1": "backward", "2": "backward_wgmma",
@@ -623,7 +625,7 @@ def main():
                  "unit (0 by wgmma). At 128 bytes per cycle per SM that pipe alone bounds an mma.sync kernel "
                  "at 128 / (bytes per FLOP) FLOP per cycle per SM: at 63 bytes per kFLOP about 530 TFLOP/s "
                  "on an H100 SXM (132 SMs at its 1.98 GHz boost clock), at 96 about 350.")
-    bar = {"forward": 1150, "hopper_forward": 1150, "hopper_forward3": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
+    bar = {"forward": 1150, "forward_split": 1150, "hopper_forward": 1150, "hopper_forward3": 1150, "backward": 960, "backward_narrow": 960, "backward_sub": 960,
            "backward_wgmma": round(1.3 * FA3_BWD["ipm"]), "backward_anyorder": 960, "backward_dqtma": 960, "backward_square": 960,
            "backward_square_tma": 960}
     lines.append("")

@@ -103,7 +103,8 @@ Options parse(int argc, char **argv) {
 
 // "void ape::cuda::detail::mod_backward_kernel<ape_gen_rope::Enc, __nv_bfloat16, true, 64>(...)"
 // -> "mod_backward_kernel<true>": the kernel's name and its bool template arguments (q or k;
-// the flash backward's layout, "flash_backward_kernel<wide>").
+// the flash backward's layout, "flash_backward_kernel<wide>"; the flash forward's split,
+// "flash_forward_kernel<split>").
 std::string short_name(const std::string &full) {
   const size_t lt = full.find('<'), paren = full.find('(');
   const size_t end = std::min(lt, paren);
@@ -142,6 +143,8 @@ std::string short_name(const std::string &full) {
                              : nullptr;
       if (name) args = name;
     }
+    // The flash forward's bool is kSplit (the keys split over blocks): "flash_forward_kernel<split>".
+    if (base == "flash_forward_kernel") args = args == "true" ? "split" : "";
     if (!args.empty()) base += "<" + args + ">";
   }
   return base;

@@ -4,12 +4,17 @@
 //
 //   ape-bench-decode [--encodings rope,alibi,cable] [--lengths 256,1024,4096] [--new 32]
 //                    [--d-model 256 --layers 4 --heads 4] [--threads 0] [--csv out.csv]
+//                    [--device cpu|cuda[:N]] [--precision auto|f32|bf16|f16]
 //
 // Per (encoding, length L): prefill L tokens into a cache, then time `new` single-token steps
 // (contexts L+1 .. L+new): cached tokens/s. Recompute: time forwards over L+1 tokens (the work one
 // new token costs without a cache), at least 3 and at least 1 s: recompute tokens/s.
 // --threads 0 (the default): all hardware threads, and the cached steps take fewer as the tools'
 // do (runtime/Threads.h, SmallWorkThreads); --threads N: N throughout.
+// --device cuda: the model on the GPU (runtime/Decode.cpp's cache, the generated CUDA kernels; bf16
+// autocast by default), each timing ending when the GPU is done. A one-token step there splits its
+// keys over blocks where the slices alone leave SMs idle (CudaAttnArgs::kv_splits);
+// APE_CUDA_KV_SPLITS=1 times it unsplit.
 #include <chrono>
 #include <fstream>
 #include <iomanip>
@@ -20,6 +25,7 @@
 
 #include <ATen/ATen.h>
 
+#include "runtime/Device.h"
 #include "runtime/Model.h"
 #include "runtime/Threads.h"
 
@@ -38,6 +44,7 @@ double now() {
 int main(int argc, char **argv) {
   ape::prepare_threads(argv);
   std::string encodings = "nope,rope,rope_dynamic_ntk,alibi,cable,shaw", lengths = "256,1024,4096", csv;
+  std::string device = "cpu", precision = "auto";
   int64_t n_new = 32, d_model = 256, layers = 4, heads = 4, threads = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -53,12 +60,25 @@ int main(int argc, char **argv) {
     else if (a == "--heads") heads = std::stoll(next());
     else if (a == "--threads") threads = std::stoll(next());
     else if (a == "--csv") csv = next();
+    else if (a == "--device") device = next();
+    else if (a == "--precision") precision = next();
     else { std::cerr << "unknown option " << a << " (see the top of bench/decode_bench.cpp)\n"; return 2; }
   }
   ape::set_threads(threads);
+  ape::ComputeDevice dev;
+  try {
+    dev = ape::choose_device(device, precision);
+  } catch (const std::exception &e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  // The GPU's queued work done (a copy to the host waits for it); nothing on the CPU.
+  auto done = [&](const at::Tensor &t) {
+    if (dev.is_cuda()) (void)t.sum().item<float>();
+  };
   std::ostringstream rows;
   rows << "encoding,length,cached_tok_s,recompute_tok_s,speedup\n";
-  std::cout << "d_model " << d_model << ", " << layers << " layers, " << heads << " heads, fp32, " << n_new
+  std::cout << "d_model " << d_model << ", " << layers << " layers, " << heads << " heads, " << dev.str() << ", " << n_new
             << " new tokens per length\n\n"
             << std::left << std::setw(18) << "encoding" << std::right << std::setw(8) << "L" << std::setw(14)
             << "cached tok/s" << std::setw(16) << "recompute tok/s" << std::setw(10) << "speedup\n";
@@ -69,17 +89,29 @@ int main(int argc, char **argv) {
       ape::ModelConfig mc;
       mc.encoding = enc, mc.vocab = 4096, mc.d_model = d_model, mc.layers = layers, mc.heads = heads;
       ape::LanguageModel model(mc);
+      try {
+        model->place(dev, &std::cerr);
+      } catch (const std::exception &e) {
+        std::cerr << enc << ": " << e.what() << "\n";
+        return 2;
+      }
       model->eval();
       at::NoGradGuard ng;
       at::Tensor tokens = at::randint(mc.vocab, {1, L + n_new}, at::kLong);
       ape::KvCache cache(L + n_new);
-      model->forward_cached(tokens.narrow(1, 0, L), cache);
+      done(model->forward_cached(tokens.narrow(1, 0, L), cache));
       double t0 = now();
-      for (int64_t s = 0; s < n_new; ++s) model->forward_cached(tokens.narrow(1, L + s, 1), cache);
+      at::Tensor last;
+      for (int64_t s = 0; s < n_new; ++s) last = model->forward_cached(tokens.narrow(1, L + s, 1), cache);
+      done(last);
       const double cached = double(n_new) / (now() - t0);
       int64_t reps = 0;
+      const at::Tensor window = tokens.narrow(1, 0, L + 1).to(dev.device);
       t0 = now();
-      while (reps < 3 || now() - t0 < 1.0) model->forward(tokens.narrow(1, 0, L + 1)), ++reps;
+      while (reps < 3 || now() - t0 < 1.0) {
+        last = model->forward(window), ++reps;
+        if (dev.is_cuda()) done(last);
+      }
       const double recompute = double(reps) / (now() - t0);
       std::cout << std::left << std::setw(18) << enc << std::right << std::setw(8) << L << std::fixed
                 << std::setprecision(1) << std::setw(14) << cached << std::setw(16) << recompute

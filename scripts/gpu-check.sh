@@ -31,11 +31,12 @@
 #              the Hopper forward without its turns or persistent grid); then NoPE
 #              and RoPE per head dim (the forward's and the backward's layouts, the
 #              FlashAttention-2-class forward)                                    240 + 150
-#   train      ape-train / ape-eval / ape-generate built there; RoPE and Cable trained 200
+#   train      ape-train / ape-eval / ape-generate / ape-bench-decode built there; RoPE and Cable trained 200
 #              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
 #              and across devices, evaluated and decoded on the other device, cached decoding's
-#              tokens/s (a text scored on the GPU and on the CPU), ALiBi (an
+#              tokens/s (a text scored on the GPU and on the CPU; one-token steps at L 1024
+#              and 8192, keys split over blocks and not: ape-bench-decode), ALiBi (an
 #              encoding with params) 20 steps, NCCL with one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py):
 #              240 to build, 120 a run (the CPU run 240)
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
@@ -114,7 +115,7 @@ prepare() {
      "$src/test/python/"
   cp -r "$root/examples/c" "$root/examples/encodings" "$src/examples/"
   cp "$root/bench/gpu_bench.py" "$root/bench/gpu_counters.py" "$root/bench/train_peer.py" "$root/bench/op_probe.py" \
-     "$src/bench/"
+     "$root/bench/decode_bench.cpp" "$src/bench/"
   # The runtime and its tools (the train stage), CLI11's headers, the corpus and its tokenized
   # cache (the GPU machine has no SentencePiece): made here by a one-step run if missing.
   cp -r "$root/runtime" "$src/"
@@ -226,8 +227,8 @@ train_stage() {  # dir suite_build logs python jobs
   local dir=$1 build=$2 py=$4 jobs=$5
   local out=$3/train
   mkdir -p "$out"
-  timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-240}")" cmake --build "$build" --target ape-train ape-eval ape-generate -- -j"$jobs" \
-    >"$out/build.log" 2>&1 || { echo "the runtime did not build (logs/train/build.log)" >"$out/verdict.txt"; return 1; }
+  timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-240}")" cmake --build "$build" --target ape-train ape-eval ape-generate \
+    -- -j"$jobs" >"$out/build.log" 2>&1 || { echo "the runtime did not build (logs/train/build.log)" >"$out/verdict.txt"; return 1; }
   local bin=$build/tools cache=$dir/cache-run
   rm -rf "$cache" && cp -r "$dir/cache" "$cache"
   # The tools there are built without SentencePiece's C++ library: prompts and generated text go
@@ -278,6 +279,12 @@ train_stage() {  # dir suite_build logs python jobs
     --score-tokens 4096 --cache-dir "$cache" || rc=1
   step score-cpu "$bin/ape-generate" -c "$out/gpu-bf16/rope.ckpt" --device cpu --score "$out/score.txt" \
     --score-tokens 4096 --cache-dir "$cache" || rc=1
+  # One-token steps at long contexts (B 1, H 16, d_h 64): each slice's keys split over blocks (the
+  # default, CudaAttnArgs::kv_splits) and unsplit; tokens/s in the CSVs.
+  local dec=(--encodings nope,rope --lengths 1024,8192 --new 64 --d-model 1024 --layers 4 --heads 16 --device cuda)
+  STEP_LIMIT=120 step decode-build cmake --build "$build" --target ape-bench-decode -- -j"$jobs" || rc=1
+  step decode-split "$bin/ape-bench-decode" "${dec[@]}" --csv "$out/decode-split.csv" || rc=1
+  APE_CUDA_KV_SPLITS=1 step decode-unsplit "$bin/ape-bench-decode" "${dec[@]}" --csv "$out/decode-unsplit.csv" || rc=1
   # An encoding with params (ALiBi's trainable slopes): 20 steps on the GPU, its params' gradients
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \

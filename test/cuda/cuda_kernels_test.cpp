@@ -277,6 +277,7 @@ struct RunOptions {
   bool backward = true;
   int64_t layer = 0, num_layers = 0;
   const ape::cuda::CudaScratchAllocator *scratch = nullptr;  // CudaAttnArgs::scratch
+  int kv_splits = 0;  // the forward's CudaAttnArgs::kv_splits
 };
 
 void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
@@ -317,7 +318,9 @@ void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
   a.layer = opt.layer, a.num_layers = opt.num_layers;
   a.deterministic = p.deterministic;
   a.scratch = opt.scratch;
+  a.kv_splits = opt.kv_splits;
   ASSERT_CUDA(var.forward(a));
+  a.kv_splits = 0;  // (forward only)
   if (opt.backward) ASSERT_CUDA(var.backward(a));
   ASSERT_CUDA(cudaDeviceSynchronize());
   uint32_t st = 0;
@@ -442,13 +445,14 @@ class CudaKernel : public ::testing::TestWithParam<Case> {
 
 // One problem through a CUDA variant against the references: the fp64 materialised attention
 // (with same-precision baselines) where the encoding has one, else the CPU fp32 kernel.
-void check_problem(const std::string &name, const ape::cuda::CudaVariant &var, const Problem &p) {
+void check_problem(const std::string &name, const ape::cuda::CudaVariant &var, const Problem &p,
+                   const RunOptions &opt = {}) {
   const auto &known = ape_test::reference_encodings();
   const bool has_ref = std::find(known.begin(), known.end(), name) != known.end();
   const ape::KernelEntry *cpu = cpu_entry(name);
   ASSERT_NE(cpu, nullptr);
   Outputs gpu;
-  run_gpu(var, p, gpu);
+  run_gpu(var, p, gpu, nullptr, opt);
   if (::testing::Test::HasFatalFailure()) return;
   const Outputs cpu_out = run_cpu(*cpu, p);
   Outputs ref, lowp, lowp_own_o;
@@ -1694,10 +1698,12 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
 // last rows of a query tile of 32, 64 or 128 rows and the first of the next, so every kernel skips
 // tiles, and from a tile's last row), then 7 tokens at once;
 // every step's o and lse equal, bit for bit, the rows L0 .. L-1 of the full forward over the L
-// tokens so far (the contract of cpu/decode.h, kept here). Then the refusals: a step past the
-// capacity, another dtype, a missing pointer.
+// tokens so far (the contract of cpu/decode.h, kept here) with the keys unsplit (kv_splits 1);
+// with them split (kv_splits > 1, or 0: the device decides), within the rounding of another order
+// of the same fp32 sums. Then the refusals: a step past the capacity, another dtype, a missing
+// pointer.
 void check_decode_steps(const std::string &name, size_t index, int64_t num_layers = 0,
-                        const std::vector<int64_t> &steps = {125, 1, 1, 1, 1, 7}) {
+                        const std::vector<int64_t> &steps = {125, 1, 1, 1, 1, 7}, int kv_splits = 1) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
@@ -1734,6 +1740,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.lse = static_cast<float *>(ld.ptr);
     a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
     a.layer = num_layers > 0 ? num_layers - 1 : 0, a.num_layers = num_layers;
+    a.kv_splits = kv_splits;
     ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
     ASSERT_CUDA(cudaDeviceSynchronize());
     ASSERT_EQ(cache.len, L0 + n);
@@ -1741,8 +1748,18 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     Tensor full_o, full_lse;
     run_forward_prefix(var, p, L0 + n, full_o, full_lse);
     if (::testing::Test::HasFatalFailure()) return;
-    EXPECT_TRUE(torch::equal(o, full_o.narrow(2, L0, n))) << "o differs from the full forward";
-    EXPECT_TRUE(torch::equal(lse, full_lse.narrow(2, L0, n))) << "lse differs from the full forward";
+    if (kv_splits == 1) {
+      EXPECT_TRUE(torch::equal(o, full_o.narrow(2, L0, n))) << "o differs from the full forward";
+      EXPECT_TRUE(torch::equal(lse, full_lse.narrow(2, L0, n))) << "lse differs from the full forward";
+    } else {
+      // The shares' own maxima round P (16-bit in P V) and o / l differently: a few units of the
+      // output dtype's last place at most; lse is fp32 sums of the same terms.
+      const Tensor fo = full_o.narrow(2, L0, n).to(torch::kFloat64), fl = full_lse.narrow(2, L0, n).to(torch::kFloat64);
+      const double o_tol = var.dtype == DType::F32 ? 1e-5 : 1.0 / 64;
+      EXPECT_LE(max_err(o.to(torch::kFloat64), fo), o_tol * std::max(1.0, max_abs(fo))) << "o vs the full forward";
+      EXPECT_LE(max_err(lse.to(torch::kFloat64), fl), 1e-4 * std::max(1.0, max_abs(fl))) << "lse vs the full forward";
+      EXPECT_FALSE(torch::isnan(o).any().item<bool>()) << "o has NaN (not written?)";
+    }
     L0 += n;
   }
   expect_no_findings();
@@ -1869,7 +1886,8 @@ TEST(CudaArgs, MisalignedRowPointersAreRefused) {
 
 // A longer buffer (CudaAttnArgs::ld) and a cached k' (km) where they apply, refused elsewhere:
 // ld below T, either in a backward or with an attention transition's layers; km for an encoding
-// that does not cache its k mod (NoPE has none), beyond T or misaligned. (The decode tests run
+// that does not cache its k mod (NoPE has none), beyond T or misaligned; kv_splits below 0, or
+// above 1 in a backward. (The decode tests run
 // both: DecodeStepsEqualTheFullForward.)
 TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
   std::string why;
@@ -1898,6 +1916,12 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "km_rows beyond T";
   c.km_rows = 0, c.km = static_cast<char *>(c.km) + 2;
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "a misaligned km";
+  CudaAttnArgs sp = call.args();
+  sp.kv_splits = -1;
+  EXPECT_EQ(nope->forward(sp), cudaErrorInvalidValue) << "kv_splits < 0";
+  sp.kv_splits = 2;
+  EXPECT_EQ(nope->forward(sp), cudaSuccess);
+  EXPECT_EQ(nope->backward(sp), cudaErrorInvalidValue) << "kv_splits in a backward";
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_findings();
 }
@@ -1910,43 +1934,47 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
 // of the computed query tile only, no re-packing. (Before, the step's q and k mods ran over all L
 // rows, 8 L D bytes a slice, and the arrays were re-packed by copies at the new length.)
 TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
-  for (const char *name : {"rope", "nope"}) {
-    SCOPED_TRACE(name);
-    std::string why;
-    const auto *var = bf16_hd64(name, why);
-    if (!var) GTEST_SKIP() << why;
-    const CudaKernelEntry *e = find_cuda(name);
-    const int64_t C = 512, L0 = 500, D = 64;
-    const Problem p = make_problem(*e, 1, 2, L0 + 1, D, 5);
-    ape::cuda::CudaDecodeCache cache;
-    cache.capacity = C;
-    size_t step_bytes = 0;
-    for (int64_t n : {L0, int64_t(1)}) {
-      const int64_t at = cache.len;
-      auto part = [&](const Tensor &t) { return t.narrow(2, at, n).contiguous().to(torch::kBFloat16); };
-      DevBuf qd, kd, vd, od;
-      upload(qd, part(p.q)), upload(kd, part(p.k)), upload(vd, part(p.v)), upload(od, part(p.q));
-      ape::cuda::CudaDecodeArgs a;
-      a.B = p.B, a.H = p.H, a.n = n, a.D = D, a.dtype = var->dtype;
-      a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.scale = static_cast<float>(p.scale);
-      ape::simt::take_traffic();
-      ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
-      ASSERT_CUDA(cudaDeviceSynchronize());
-      step_bytes = 0;
+  for (const char *name : {"rope", "nope"})
+    for (int kv_splits : {0, 1}) {  // the device's choice (2 shares here), unsplit
+      SCOPED_TRACE(std::string(name) + " kv_splits " + std::to_string(kv_splits));
+      std::string why;
+      const auto *var = bf16_hd64(name, why);
+      if (!var) GTEST_SKIP() << why;
+      const CudaKernelEntry *e = find_cuda(name);
+      const int64_t C = 512, L0 = 500, D = 64;
+      const Problem p = make_problem(*e, 1, 2, L0 + 1, D, 5);
+      ape::cuda::CudaDecodeCache cache;
+      cache.capacity = C;
+      size_t step_bytes = 0;
       std::string kernels;
-      for (const auto &t : ape::simt::take_traffic()) {
-        step_bytes += t.read + t.written + t.atomic;
-        kernels += " " + t.kernel.substr(0, t.kernel.find('<')) + " " + std::to_string(t.read + t.written + t.atomic);
+      for (int64_t n : {L0, int64_t(1)}) {
+        const int64_t at = cache.len;
+        auto part = [&](const Tensor &t) { return t.narrow(2, at, n).contiguous().to(torch::kBFloat16); };
+        DevBuf qd, kd, vd, od;
+        upload(qd, part(p.q)), upload(kd, part(p.k)), upload(vd, part(p.v)), upload(od, part(p.q));
+        ape::cuda::CudaDecodeArgs a;
+        a.B = p.B, a.H = p.H, a.n = n, a.D = D, a.dtype = var->dtype;
+        a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.scale = static_cast<float>(p.scale);
+        a.kv_splits = kv_splits;
+        ape::simt::take_traffic();
+        ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
+        ASSERT_CUDA(cudaDeviceSynchronize());
+        step_bytes = 0, kernels.clear();
+        for (const auto &t : ape::simt::take_traffic()) {
+          step_bytes += t.read + t.written + t.atomic;
+          kernels += " " + t.kernel.substr(0, t.kernel.find('<')) + " " + std::to_string(t.read + t.written + t.atomic);
+        }
+        if (n == 1) std::printf("[decode traffic] %s, kv_splits %d:%s\n", name, kv_splits, kernels.c_str());
       }
-      if (n == 1) std::printf("[decode traffic] %s:%s\n", name, kernels.c_str());
+      const double kv = 2.0 * (L0 + 1) * D * 2 * p.B * p.H;  // k' and v of every key, bf16
+      std::printf("[decode traffic] %s, kv_splits %d: a one-token step at L %lld moves %zu bytes in its kernels, "
+                  "%.2fx the keys' and values' %.0f\n",
+                  name, kv_splits, static_cast<long long>(L0 + 1), step_bytes, step_bytes / kv, kv);
+      EXPECT_LT(step_bytes, 1.6 * kv) << "the step moves more than its keys and values (and a query tile)";
+      EXPECT_GT(step_bytes, kv) << "the step cannot read fewer bytes than the keys and values";
+      EXPECT_EQ(kernels.find("split_combine_kernel") != std::string::npos, kv_splits == 0)
+          << "two slices of 501 keys on 108 SMs split in two (kFwdSplitMinTiles), only by default";
     }
-    const double kv = 2.0 * (L0 + 1) * D * 2 * p.B * p.H;  // k' and v of every key, bf16
-    std::printf("[decode traffic] %s: a one-token step at L %lld moves %zu bytes in its kernels, %.2fx the "
-                "keys' and values' %.0f\n",
-                name, static_cast<long long>(L0 + 1), step_bytes, step_bytes / kv, kv);
-    EXPECT_LT(step_bytes, 1.6 * kv) << "the step moves more than its keys and values (and a query tile)";
-    EXPECT_GT(step_bytes, kv) << "the step cannot read fewer bytes than the keys and values";
-  }
   expect_no_findings();
 }
 #endif
@@ -1965,6 +1993,63 @@ TEST(CudaDecode, StepsPastTheFirstAlignedRows) {
     const CudaKernelEntry *e = find_cuda(name);
     check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {389, 1, 7});
     ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";
+}
+
+// Keys split (CudaAttnArgs::kv_splits, FlashDecoding): each query tile's key tiles over blocks
+// that write their shares' o and lse, added by split_combine_kernel. A full forward split three
+// ways against the references (and the backward that reads its o and lse) at T 200, where the
+// query tiles' 2 and 4 key tiles leave shares of one tile, two, and none; decode steps split three
+// ways, and as the device decides (NoPE: 4 shares of 1,101 keys over 2 slices), against the full
+// forward. As sm_80 and sm_90 (where a split call takes the FlashAttention-2-class forward, not
+// the Hopper one). The encodings cover each way the flash forward adds a score mod: none (NoPE),
+// q and k mods with k' cached (RoPE), a distance bias (ALiBi), row and column biases (Cable),
+// staged parameters (FIRE), feature tiles (K-Cable), relative rows (Transformer-XL); value rows
+// (Shaw) run unsplit, as f32 does (the general forward), and are the full forward's bit for bit.
+TEST(CudaLaunch, SplitKeysMatchReferences) {
+  int ran = 0;
+#ifdef APE_SIMT
+  for (int sm : {80, 90}) {
+    const PoseAs pose(sm);
+#else
+  for (int sm : {0}) {
+#endif
+    for (const auto &[name, dtype, D] : std::vector<std::tuple<std::string, DType, int>>{
+             {"nope", DType::BF16, 64}, {"rope", DType::BF16, 128}, {"alibi", DType::F16, 64},
+             {"cable", DType::BF16, 64}, {"fire", DType::BF16, 64}, {"kcable", DType::BF16, 64},
+             {"transformer_xl", DType::BF16, 64}, {"shaw", DType::BF16, 64}, {"rope", DType::F32, 64}}) {
+      SCOPED_TRACE(name + " " + ape::cuda::dtype_name(dtype) + " D=" + std::to_string(D) + " sm " + std::to_string(sm));
+      const CudaKernelEntry *e = find_cuda(name);
+      const ape::cuda::CudaVariant *var = e ? ape::cuda::find_variant(*e, dtype, D) : nullptr;
+      if (!var || !has_gpu()) continue;  // not in this build
+      RunOptions opt;
+      opt.kv_splits = 3;
+      const bool splits = dtype != DType::F32 && name != "shaw";
+#ifdef APE_SIMT
+      auto combined = [] {  // whether a split's shares were added since the last call
+        for (const auto &t : ape::simt::take_traffic())
+          if (t.kernel.find("split_combine_kernel") != std::string::npos) return true;
+        return false;
+      };
+      combined();
+#endif
+      check_problem(name, *var, make_problem(*e, 2, 1, 200, D, 4242), opt);
+      if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+      EXPECT_EQ(combined(), splits) << "the forward split its keys";
+#endif
+      const size_t index = static_cast<size_t>(var - e->variants);
+      if (sm == 90 && name != "nope" && name != "rope") continue;  // (the decode steps as sm_80)
+      check_decode_steps(name, index, 0, {389, 1, 7}, splits ? 3 : 1);
+      if (HasFatalFailure()) return;
+      if (name == "nope" && sm != 90) check_decode_steps(name, index, 0, {1100, 1}, 0);
+      if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+      EXPECT_EQ(combined(), splits) << "the decode steps split their keys";
+#endif
+      ++ran;
+    }
   }
   if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";
 }

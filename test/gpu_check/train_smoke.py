@@ -23,6 +23,7 @@ parallel) have LibTorch's sync debug mode on inside them (APE_CUDA_SYNC_DEBUG=wa
 the queued losses, the ranks' agreements and the checkpoints wait on purpose), and their logs must
 hold no "called a synchronizing CUDA operation".
 """
+import csv
 import json
 import math
 import re
@@ -128,7 +129,7 @@ def main():
     else:
         check("no host waits inside the queued steps (nccl)", False, "no complete run (logs/train/nccl.log)")
     for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "score-gpu",
-                 "score-cpu", "gpu-params", "nccl"):
+                 "score-cpu", "decode-split", "decode-unsplit", "gpu-params", "nccl"):
         check(name, steps.get(name) == 0, f"exit {steps.get(name, 'not run')} (logs/train/{name}.log)")
 
     # Speed: tokens/s and memory of APE's run and the PyTorch SDPA peer's.
@@ -150,6 +151,19 @@ def main():
     if dec["gpu"] and dec["cpu"]:
         print(f"decode {dec['gpu'][0]} tokens scored through the KV cache (RoPE): GPU {dec['gpu'][1]} tokens/s, "
               f"CPU {dec['cpu'][1]} tokens/s")
+    # One-token steps at long contexts, keys split over blocks (the default) and unsplit.
+    rows = {}
+    for kind in ("split", "unsplit"):
+        try:
+            with open(out / f"decode-{kind}.csv") as f:
+                for r in csv.DictReader(f):
+                    rows.setdefault((r["encoding"], r["length"]), {})[kind] = float(r["cached_tok_s"])
+        except (OSError, KeyError, ValueError):
+            pass
+    for (enc, length), v in sorted(rows.items()):
+        if "split" in v and "unsplit" in v and v["unsplit"] > 0:
+            print(f"decode {enc} L {length}: {v['split']:.0f} tokens/s with the keys split, {v['unsplit']:.0f} "
+                  f"unsplit ({v['split'] / v['unsplit']:.2f}x; d 1024, 4 layers, 16 heads, bf16)")
     n_pass = sum(results)
     print(f"{n_pass} of {len(results)} training checks passed"
           + (f"; APE {ape[0]} vs SDPA {peer[0]} tok/s{ratio}" if ape and peer else ""))

@@ -337,7 +337,9 @@ __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o
   flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, scale, kf, i0, j0, r0, g, t, T, alpha);
 }
 
-template <class Enc, class In, int D>
+// kSplit: the keys split over blockIdx.z (Params::kv_splits > 1; an instantiation of its own, so
+// that the unsplit kernel's loop keeps its constant start).
+template <class Enc, class In, int D, bool kSplit = false>
 __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kernel(const Params<Enc, In> p) {
   using C = FlashFwd<In, D>;
   constexpr int BQ = C::BQ, BK = C::BK, kMT = C::kMT, kNT = C::kNT, kDT = C::kDT;
@@ -423,10 +425,25 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   if constexpr (kRC)
     for (int mt = 0; mt < kMT; ++mt)
       for (int h = 0; h < 2; ++h) rb[mt][h] = rc_bh[i0 + r0 + 16 * mt + g + 8 * h];
-  flash::load_tile_async<BQ, D, C::kThreads>(sQ, qm, i0, T);
-  flash::load_tile_async<BK, D, C::kThreads>(sK, km, 0, T);
-  flash::load_tile_async<BK, D, C::kThreads>(sV, vs, 0, T);
-  fill_bias(0);  // and the column window
+  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
+  // Keys split (Params::kv_splits > 1): this block's key tiles [kt_lo, kt_hi), an even share of
+  // the tile's; its rows' o / l and lse of them from part_row0 on (the combine adds the shares), so
+  // the rows before part_row0 are not read (zeros).
+  static_assert(!kSplit || kMass == 0, "value rows' masses are not split");
+  int kt_lo = 0, kt_hi = static_cast<int>((i_end + BK - 1) / BK);  // causal: keys < i_end
+  int q_skip = 0;
+  if constexpr (kSplit) {
+    const int per = (kt_hi + p.kv_splits - 1) / p.kv_splits, z = static_cast<int>(blockIdx.z);
+    kt_lo = z * per < kt_hi ? z * per : kt_hi;
+    kt_hi = kt_lo + per < kt_hi ? kt_lo + per : kt_hi;
+    q_skip = p.part_row0 > i0 ? static_cast<int>(p.part_row0 - i0) : 0;
+  }
+  flash::load_tile_async<BQ, D, C::kThreads>(sQ, qm, i0, T, q_skip);
+  if (!kSplit || kt_lo < kt_hi) {  // (unsplit: at least one key tile)
+    flash::load_tile_async<BK, D, C::kThreads>(sK + (kt_lo & 1) * BK * D, km, int64_t(kt_lo) * BK, T);
+    flash::load_tile_async<BK, D, C::kThreads>(sV + (kt_lo & 1) * BK * D, vs, int64_t(kt_lo) * BK, T);
+    fill_bias(kt_lo);  // and the column window
+  }
   ptx::cp_async_commit();
 
   // ldmatrix lane bases (cuda/flash_tile.cuh); the other buffer is BK D elements on.
@@ -438,14 +455,12 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   for (int mt = 0; mt < kMT; ++mt)
     for (int h = 0; h < 2; ++h) m[mt][h] = -kInf, l[mt][h] = 0.f;
 
-  const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
-  const int n_tiles = static_cast<int>((i_end + BK - 1) / BK);  // causal: keys < i_end
   // Tiles [0, n_plain) lie below the diagonal for every row of the block (and the block's rows
   // exist): they run without a mask; the rest test each element. Two copies of the step, so the
   // steady state carries no masking code.
   const int n_plain = i0 + BQ <= T ? static_cast<int>((i0 + 1) / BK) : 0;
   if (n_feat > n_plain) n_feat = n_plain;
-  fill_cols(0);  // (read after the first step's barrier)
+  fill_cols(kt_lo);  // (read after the first step's barrier)
   // The softmax in base 2: p = 2^(x kf - m kf). With a score mod, x and m are logits and kf =
   // log2 e; without one (or with a distance or row/column bias, in S) they are raw scores
   // q'.k' (+ the bias / scale) and kf = scale log2 e (one FFMA per element; the host launches the
@@ -458,7 +473,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     ptx::cp_async_wait<0>();
     __syncthreads();  // tile kt landed; every warp is done with buffer (kt + 1) % 2
     fill_cols(kt + 1);
-    if (kt + 1 < n_tiles) {
+    if (kt + 1 < kt_hi) {
       flash::load_tile_async<BK, D, C::kThreads>(sK + ((kt + 1) & 1) * BK * D, km,
                                                  int64_t(kt + 1) * BK, T);
       flash::load_tile_async<BK, D, C::kThreads>(sV + ((kt + 1) & 1) * BK * D, vs,
@@ -579,12 +594,36 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       }
     }
   };
-  int kt = 0;
+  int kt = kt_lo;
+  int feat_end = n_feat, plain_end = n_plain;  // (unsplit: n_feat <= n_plain <= kt_hi)
+  if constexpr (kSplit) {
+    feat_end = n_feat < kt_hi ? n_feat : kt_hi;
+    plain_end = n_plain < kt_hi ? n_plain : kt_hi;
+  }
   if constexpr (kFeat)
-    for (; kt < n_feat; ++kt) step(kt, std::false_type{}, std::true_type{});
-  for (; kt < n_plain; ++kt) step(kt, std::false_type{}, std::false_type{});
-  for (; kt < n_tiles; ++kt) step(kt, std::true_type{}, std::false_type{});
+    for (; kt < feat_end; ++kt) step(kt, std::false_type{}, std::true_type{});
+  for (; kt < plain_end; ++kt) step(kt, std::false_type{}, std::false_type{});
+  for (; kt < kt_hi; ++kt) step(kt, std::true_type{}, std::false_type{});
   ptx::cp_async_wait<0>();
+
+  if constexpr (kSplit) {  // this share's o / l and lse (natural log; -inf where no key is visible)
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
+        const float lt = flash::quad_sum(l[mt][h]);
+        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        if (i < p.part_row0 || i >= T) continue;
+        const int64_t row = (int64_t(blockIdx.z) * p.B * p.H + bh) * p.part_rows + (i - p.part_row0);
+        float *po = p.part_o + row * D + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+          *reinterpret_cast<ptx::F2 *>(po + 8 * dt) = ptx::F2{o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv};
+        if (t == 0) p.part_lse[row] = lt > 0.f ? m[mt][h] * mscale + logf(lt) : -kInf;
+      }
+    return;
+  }
 
   // Value rows: this head's table rows, table[r, h, :] for every r, into the K and V buffers
   // (free now) as floats, read by every row of the block below.
@@ -642,6 +681,35 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       *reinterpret_cast<ptx::F4 *>(p.o + base + (i0 + r0 + r) * D + c) =
           *reinterpret_cast<const ptx::F4 *>(sQ + flash::Swizzle<D>::offset(r0 + r, c));
   }
+}
+
+// The keys' shares of a split forward (Params::kv_splits) added: for rows [row0, row0 + rows) of
+// each of S slices, lse = log sum_z exp(lse_z) and o = sum_z exp(lse_z - lse) o_z, the shares in
+// order z = 0, 1, ... (the same sums run to run); a row without a visible key: o = 0, lse = -inf,
+// as unsplit. One thread per 4 columns of a row (D / 4 a row: coalesced 16-byte reads).
+template <class In>
+__global__ void split_combine_kernel(const float *part_o, const float *part_lse, int splits, int64_t S,
+                                     int64_t rows, int64_t row0, int64_t T, int64_t D, In *o, float *lse) {
+  const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunks = D / 4;
+  if (e >= S * rows * chunks) return;
+  const int64_t c = e % chunks, r = e / chunks % rows, s = e / chunks / rows;
+  float mx = -kInf;
+  for (int z = 0; z < splits; ++z) mx = fmaxf(mx, part_lse[(z * S + s) * rows + r]);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, sum = 0.f;
+  if (mx != -kInf)
+    for (int z = 0; z < splits; ++z) {
+      const int64_t row = (z * S + s) * rows + r;
+      const float w = expf(part_lse[row] - mx);
+      if (w == 0.f) continue;  // (an empty share's o is 0; its lse -inf)
+      const ptx::F4 x = *reinterpret_cast<const ptx::F4 *>(part_o + row * D + 4 * c);
+      sum += w;
+      acc[0] = fmaf(w, x.x, acc[0]), acc[1] = fmaf(w, x.y, acc[1]);
+      acc[2] = fmaf(w, x.z, acc[2]), acc[3] = fmaf(w, x.w, acc[3]);
+    }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  In *out = o + (s * T + row0 + r) * D + 4 * c;
+  for (int x = 0; x < 4; ++x) out[x] = from_float<In>(acc[x] * inv);
+  if (c == 0) lse[s * T + row0 + r] = sum > 0.f ? mx + logf(sum) : -kInf;
 }
 
 }  // namespace detail

@@ -35,11 +35,11 @@ template <int D> struct Swizzle {
 };
 
 // Rows [row0, row0 + R) of a (T, D) matrix in global memory into a swizzled tile, 16 bytes per
-// cp.async; rows >= T are zero-filled without reading. Each thread copies the same chunk of
-// every (kThreads / kChunks)-th row, so its shared and global addresses step by immediates. The
-// caller commits and waits.
+// cp.async; rows >= T, and the tile's first `skip` rows, are zero-filled without reading. Each
+// thread copies the same chunk of every (kThreads / kChunks)-th row, so its shared and global
+// addresses step by immediates. The caller commits and waits.
 template <int R, int D, int kThreads, class In>
-__device__ inline void load_tile_async(In *tile, const In *g, int64_t row0, int64_t T) {
+__device__ inline void load_tile_async(In *tile, const In *g, int64_t row0, int64_t T, int skip = 0) {
   static_assert(sizeof(In) == 2, "16-bit inputs");
   constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kSteps = R / kRowStep;
   static_assert(kThreads % kChunks == 0 && R % kRowStep == 0 && kRowStep % 8 == 0,
@@ -50,7 +50,7 @@ __device__ inline void load_tile_async(In *tile, const In *g, int64_t row0, int6
   const In *src = g + (row0 + r) * D + c;
 #pragma unroll
   for (int it = 0; it < kSteps; ++it) {
-    const bool in = r + it * kRowStep < rows;
+    const bool in = r + it * kRowStep < rows && r + it * kRowStep >= skip;
     // A missing row reads nothing (src-size 0), so its address is never dereferenced.
     ptx::cp_async_16_at(dst + 2 * D * kRowStep * it, src + D * kRowStep * it, in ? 16 : 0);
   }

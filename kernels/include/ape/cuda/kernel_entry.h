@@ -107,6 +107,18 @@ struct CudaAttnArgs {
   // its k mod, and for the backward.
   void *km = nullptr;
   int64_t km_rows = 0;
+  // Forward only: the keys of each query tile split over up to this many blocks (FlashDecoding),
+  // each adding its share's o and lse to scratch, then a pass that adds the shares: a call with
+  // few query tiles (a decode step: one tile a slice) then fills the device. 0 (the default): the
+  // device decides for a call with first_row > 0 (from its SMs, the slices and the keys; 1 where
+  // the tiles alone fill it, and at most one share per 256 keys; APE_CUDA_KV_SPLITS=N sets N), 1
+  // for any other; 1: never split (rows bit for bit those of the full forward); n > 1: min(n, the
+  // key tiles of 64 keys). Split rows equal the unsplit ones within fp32 rounding (another order of
+  // the same sums), the same run to run; rows of first_row's tile before it are then not written.
+  // The FlashAttention-2-class forward only (16-bit inputs, no value rows; on sm_90 the call takes
+  // it over the Hopper forward when it splits); elsewhere the call runs unsplit. Refused (< 0, or
+  // > 1 for the backward).
+  int kv_splits = 0;
   // Forward only: the layer (0-based) of a model of num_layers that this call computes, read by
   // an attention transition (contract/transition.h), which rewrites the rows of some layers;
   // num_layers = 0 (the default) transforms none. 0 <= layer < num_layers when num_layers > 0.

@@ -120,11 +120,12 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (!std::isfinite(a.scale)) return cudaErrorInvalidValue;
   if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T) || (backward && a.first_row != 0))
     return cudaErrorInvalidValue;
+  if (a.kv_splits < 0 || (backward && a.kv_splits > 1)) return cudaErrorInvalidValue;
   if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
     return cudaErrorInvalidValue;
-  // Inputs in a longer buffer (CudaAttnArgs::ld) and a cached k' (km): the forward's kernels and
-  // the mods take them; the backward, the relative rows' tables and the transition read q', k'
-  // and v as (B, H, T, D).
+  // Inputs in a longer buffer (CudaAttnArgs::ld) and a cached k' (km): the forward's kernels, the
+  // mods and the relative rows' tables take them; the backward and the transition read q', k' and
+  // v as (B, H, T, D).
   if (a.ld != 0 && a.ld != a.T) {
     if (a.ld < a.T || a.ld >= kMaxDim || backward || a.num_layers > 0) return cudaErrorInvalidValue;
     if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / (a.ld * kD)) return cudaErrorInvalidValue;
@@ -172,6 +173,7 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   Params<Enc, In> p{};
   p.B = a.B, p.H = a.H, p.T = a.T, p.D = a.D;
   p.ld_q = p.ld_k = p.ld_v = a.ld != 0 ? a.ld : a.T;
+  p.kv_splits = 1;
   p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
   p.v = static_cast<const In *>(a.v), p.o = static_cast<In *>(a.o), p.lse = a.lse;
   for (int n = 0; n < Enc::kNumFeatures; ++n) p.feat[n] = a.features[n];
@@ -495,6 +497,38 @@ inline bool bwd_subtiles_enabled() {
   return env_is("APE_CUDA_BWD_SUBTILES", '1');
 }
 
+// The shares of a split forward's keys (CudaAttnArgs::kv_splits) for `blocks` blocks of query
+// tiles whose longest has `key_tiles` key tiles: the caller's n, else (first_row > 0 only)
+// APE_CUDA_KV_SPLITS=N, else enough shares for kFwdSplitWaves blocks per SM of the device (1
+// where the tiles alone fill it), at most one per kFwdSplitMinTiles key tiles; then at most
+// key_tiles and kFwdSplitMax.
+constexpr int64_t kFwdSplitWaves = 2, kFwdSplitMinTiles = 4, kFwdSplitMax = 128;
+inline cudaError_t kv_splits_for(const CudaAttnArgs &a, int64_t blocks, int64_t key_tiles, int &splits) {
+  int64_t n = a.kv_splits;
+  splits = 1;
+  if (n == 0) {
+    if (a.first_row == 0) return cudaSuccess;
+    const char *env = std::getenv("APE_CUDA_KV_SPLITS");
+    char *end = nullptr;
+    const long v = env ? std::strtol(env, &end, 10) : 0;
+    if (env && end != env && *end == '\0' && v > 0) {
+      n = v;
+    } else {
+      int dev = 0, sms = 0;
+      cudaError_t err = cudaGetDevice(&dev);
+      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      if (err != cudaSuccess) return err;
+      if (blocks <= 0 || blocks >= sms) return cudaSuccess;
+      n = (kFwdSplitWaves * sms + blocks - 1) / blocks;
+      if (n > key_tiles / kFwdSplitMinTiles) n = key_tiles / kFwdSplitMinTiles;
+    }
+  }
+  if (n > key_tiles) n = key_tiles;
+  if (n > kFwdSplitMax) n = kFwdSplitMax;
+  splits = n > 1 ? static_cast<int>(n) : 1;
+  return cudaSuccess;
+}
+
 // The current device's compute capability major (0 when it cannot be read).
 inline int device_major() {
   int dev = 0, major = 0;
@@ -555,8 +589,14 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           err = launch(feat_sat_kernel<Enc, In>, blocks_for(a.B * a.H * a.T, 256), 256, 0, st, p);
         if (err != cudaSuccess) return err;
       }
+      // Keys split (CudaAttnArgs::kv_splits): the FlashAttention-2-class forward's query tiles.
+      int splits = 1;
+      static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
+      const int64_t tile0 = a.first_row / F::BQ, n_qt = blocks_for(a.T, F::BQ) - tile0;
       if constexpr (value_rows<Enc>() == 0)
-      if (hopper_device() && hopper_forward_enabled()) {
+        if ((err = kv_splits_for(a, a.B * a.H * n_qt, blocks_for(a.T, F::BK), splits)) != cudaSuccess) return err;
+      if constexpr (value_rows<Enc>() == 0)
+      if (splits == 1 && hopper_device() && hopper_forward_enabled()) {
         auto hopper = [&](auto cons) -> cudaError_t {
           constexpr int kCons = decltype(cons)::value;
           using H = HopperFwd<In, kD, kCons>;
@@ -612,11 +652,26 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       size_t bytes = flash_fwd_bytes<Enc, In, kD>(), extra = 0;
       if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
       bytes += extra;
-      if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-      static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
-      p.tile0 = a.first_row / F::BQ;
-      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, F::BQ) - unsigned(p.tile0));
-      return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
+      p.tile0 = tile0;
+      const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>(n_qt), static_cast<unsigned>(splits));
+      if (splits == 1) {
+        if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
+        return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
+      }
+      if constexpr (value_rows<Enc>() == 0) {
+        // The shares of rows [first_row, T), then their sum into o and lse.
+        const auto kernel = flash_forward_kernel<Enc, In, kD, true>;
+        if ((err = allow_smem(kernel, bytes)) != cudaSuccess) return err;
+        const int64_t S = a.B * a.H;
+        p.kv_splits = splits, p.part_row0 = a.first_row, p.part_rows = a.T - a.first_row;
+        p.part_o = scratch.take<float>(splits * S * p.part_rows * kD, err);
+        if (err == cudaSuccess) p.part_lse = scratch.take<float>(splits * S * p.part_rows, err);
+        if (err != cudaSuccess || (err = launch(kernel, grid, F::kThreads, bytes, st, p)) != cudaSuccess) return err;
+        return launch(split_combine_kernel<In>, blocks_for(S * p.part_rows * (kD / 4), 256), 256, 0, st, p.part_o,
+                      p.part_lse, splits, S, p.part_rows, p.part_row0, a.T, int64_t(kD), p.o, p.lse);
+      } else {
+        return cudaErrorNotSupported;  // not reached: kv_splits_for is not asked with value rows
+      }
     } else {
       return general();
     }
