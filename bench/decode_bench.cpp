@@ -6,8 +6,9 @@
 //                    [--d-model 256 --layers 4 --heads 4] [--threads 0] [--csv out.csv]
 //                    [--device cpu|cuda[:N]] [--precision auto|f32|bf16|f16]
 //
-// Per (encoding, length L): prefill L tokens into a cache, then time `new` single-token steps
-// (contexts L+1 .. L+new): cached tokens/s. Recompute: time forwards over L+1 tokens (the work one
+// Per (encoding, length L): prefill L - 1 tokens into a cache and run one untimed single-token
+// step (the first launch of its kernels), then time `new` single-token steps (contexts L+1 ..
+// L+new): cached tokens/s. Recompute: time forwards over L+1 tokens (the work one
 // new token costs without a cache), at least 3 and at least 1 s: recompute tokens/s.
 // --threads 0 (the default): all hardware threads, and the cached steps take fewer as the tools'
 // do (runtime/Threads.h, SmallWorkThreads); --threads N: N throughout.
@@ -64,6 +65,10 @@ int main(int argc, char **argv) {
     else if (a == "--precision") precision = next();
     else { std::cerr << "unknown option " << a << " (see the top of bench/decode_bench.cpp)\n"; return 2; }
   }
+  if (n_new < 1) {
+    std::cerr << "--new must be at least 1\n";
+    return 2;
+  }
   ape::set_threads(threads);
   ape::ComputeDevice dev;
   try {
@@ -85,6 +90,10 @@ int main(int argc, char **argv) {
   for (const auto &enc : split(encodings)) {
     for (const auto &ls : split(lengths)) {
       const int64_t L = std::stoll(ls);
+      if (L < 2) {
+        std::cerr << "--lengths: each length must be at least 2 (got " << L << ")\n";
+        return 2;
+      }
       at::manual_seed(1);
       ape::ModelConfig mc;
       mc.encoding = enc, mc.vocab = 4096, mc.d_model = d_model, mc.layers = layers, mc.heads = heads;
@@ -97,9 +106,12 @@ int main(int argc, char **argv) {
       }
       model->eval();
       at::NoGradGuard ng;
+      // The prefill of L - 1 tokens and one untimed one-token step (its kernels' first launch),
+      // then n_new timed steps (contexts L + 1 .. L + n_new).
       at::Tensor tokens = at::randint(mc.vocab, {1, L + n_new}, at::kLong);
       ape::KvCache cache(L + n_new);
-      done(model->forward_cached(tokens.narrow(1, 0, L), cache));
+      done(model->forward_cached(tokens.narrow(1, 0, L - 1), cache));
+      done(model->forward_cached(tokens.narrow(1, L - 1, 1), cache));
       double t0 = now();
       at::Tensor last;
       for (int64_t s = 0; s < n_new; ++s) last = model->forward_cached(tokens.narrow(1, L + s, 1), cache);

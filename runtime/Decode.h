@@ -5,7 +5,9 @@
 //     q, k, v   (B, H, n, D)  float32 or float64 on the CPU (the entry's decode steps), or
 //                             float32 / bfloat16 / float16 on a GPU (the generated CUDA
 //                             kernels' forward over every token so far, from the first new row:
-//                             the rows of the full forward, bit for bit, as ape/cuda/decode.h)
+//                             the rows of the full forward, bit for bit where the step runs
+//                             unsplit, within 16-bit rounding where it splits its keys over
+//                             blocks, as ape/cuda/decode.h)
 //     features  n_features x (B, H, n), same dtype     (manifest "features", in order)
 //     params    n_params tensors, shapes per manifest  (as fused_attention)
 //     o         (B, H, n, D): the new queries' attention over every cached token and themselves

@@ -2043,11 +2043,31 @@ TEST(CudaLaunch, SplitKeysMatchReferences) {
       if (sm == 90 && name != "nope" && name != "rope") continue;  // (the decode steps as sm_80)
       check_decode_steps(name, index, 0, {389, 1, 7}, splits ? 3 : 1);
       if (HasFatalFailure()) return;
-      if (name == "nope" && sm != 90) check_decode_steps(name, index, 0, {1100, 1}, 0);
-      if (HasFatalFailure()) return;
 #ifdef APE_SIMT
       EXPECT_EQ(combined(), splits) << "the decode steps split their keys";
 #endif
+      if (name == "nope" && sm != 90) {
+        check_decode_steps(name, index, 0, {1100, 1}, 0);
+        if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+        EXPECT_TRUE(combined()) << "a 1,101-key step over 2 slices splits by default";
+#endif
+        // A NaN key: the rows that see it are NaN split as unsplit (a share's NaN is not dropped).
+        Problem bad = make_problem(*e, 1, 1, 300, D, 99);
+        bad.k[0][0][150][3] = std::nan("");
+        Outputs split_out, plain_out;
+        RunOptions fwd;
+        fwd.backward = false, fwd.kv_splits = 3;
+        run_gpu(*var, bad, split_out, nullptr, fwd);
+        fwd.kv_splits = 1;
+        run_gpu(*var, bad, plain_out, nullptr, fwd);
+        if (HasFatalFailure()) return;
+        for (int n : {0, 1}) {
+          const Tensor a = torch::isnan(split_out[n].second), b = torch::isnan(plain_out[n].second);
+          EXPECT_TRUE(torch::equal(a, b)) << split_out[n].first << ": NaN rows differ split and unsplit";
+          EXPECT_TRUE(b.any().item<bool>()) << "the NaN key reaches no row";
+        }
+      }
       ++ran;
     }
   }

@@ -10,7 +10,8 @@
 // where the step runs unsplit (kv_splits 1). By default a step whose query tiles alone leave the
 // device's SMs idle (a one-token step: one tile a slice) splits each tile's keys over several
 // blocks and adds their shares (CudaAttnArgs::kv_splits, FlashDecoding): its rows then equal the
-// full forward's within fp32 rounding, the same run to run.
+// full forward's within the 16-bit rounding of P and o (another order of the same sums), the same
+// run to run.
 //
 // How: the cache holds every token's raw q, k, v in buffers of `capacity` rows per slice, (B, H,
 // capacity, D), allocated at the first step; a step copies its n new rows into place and runs the

@@ -620,7 +620,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt)
           *reinterpret_cast<ptx::F2 *>(po + 8 * dt) = ptx::F2{o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv};
-        if (t == 0) p.part_lse[row] = lt > 0.f ? m[mt][h] * mscale + logf(lt) : -kInf;
+        // (lt = 0: no visible key; a NaN lt stays NaN, as unsplit, and makes the row's sum NaN)
+        if (t == 0) p.part_lse[row] = lt == 0.f ? -kInf : m[mt][h] * mscale + logf(lt);
       }
     return;
   }
@@ -686,7 +687,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
 // The keys' shares of a split forward (Params::kv_splits) added: for rows [row0, row0 + rows) of
 // each of S slices, lse = log sum_z exp(lse_z) and o = sum_z exp(lse_z - lse) o_z, the shares in
 // order z = 0, 1, ... (the same sums run to run); a row without a visible key: o = 0, lse = -inf,
-// as unsplit. One thread per 4 columns of a row (D / 4 a row: coalesced 16-byte reads).
+// as unsplit; a share's NaN makes the row's o and lse NaN, as unsplit. One thread per 4 columns of
+// a row (D / 4 a row: coalesced 16-byte reads).
 template <class In>
 __global__ void split_combine_kernel(const float *part_o, const float *part_lse, int splits, int64_t S,
                                      int64_t rows, int64_t row0, int64_t T, int64_t D, In *o, float *lse) {
@@ -694,7 +696,10 @@ __global__ void split_combine_kernel(const float *part_o, const float *part_lse,
   if (e >= S * rows * chunks) return;
   const int64_t c = e % chunks, r = e / chunks % rows, s = e / chunks / rows;
   float mx = -kInf;
-  for (int z = 0; z < splits; ++z) mx = fmaxf(mx, part_lse[(z * S + s) * rows + r]);
+  for (int z = 0; z < splits; ++z) {
+    const float x = part_lse[(z * S + s) * rows + r];
+    mx = x > mx || x != x ? x : mx;  // a NaN stays (fmaxf would drop it)
+  }
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, sum = 0.f;
   if (mx != -kInf)
     for (int z = 0; z < splits; ++z) {
@@ -706,10 +711,10 @@ __global__ void split_combine_kernel(const float *part_o, const float *part_lse,
       acc[0] = fmaf(w, x.x, acc[0]), acc[1] = fmaf(w, x.y, acc[1]);
       acc[2] = fmaf(w, x.z, acc[2]), acc[3] = fmaf(w, x.w, acc[3]);
     }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const float inv = mx == -kInf ? 0.f : 1.f / sum;  // (a finite mx: its share's weight 1, sum >= 1)
   In *out = o + (s * T + row0 + r) * D + 4 * c;
   for (int x = 0; x < 4; ++x) out[x] = from_float<In>(acc[x] * inv);
-  if (c == 0) lse[s * T + row0 + r] = sum > 0.f ? mx + logf(sum) : -kInf;
+  if (c == 0) lse[s * T + row0 + r] = mx == -kInf ? -kInf : mx + logf(sum);
 }
 
 }  // namespace detail

@@ -86,8 +86,9 @@ struct CudaAttnArgs {
   // or 1/sqrt(D) where that is null (0, the default, gives uniform attention; < 0 is allowed).
   float scale = 0;
   // Forward only: the first query row whose output is wanted. The query tiles before the one
-  // holding it are skipped (rows [first_row, T) of o and lse are written, and the rows of that
-  // tile before first_row with their same values); the token program and k' still cover all T
+  // holding it are skipped (rows [first_row, T) of o and lse are written, and, unless the call
+  // splits its keys (kv_splits), the rows of that tile before first_row with their same values);
+  // the token program and k' still cover all T
   // tokens (k' the rows from km_rows where km is given), q' the rows from the tile. 0: every row. A
   // decode step (cuda/decode.h) passes its cache length. The backward needs 0.
   int64_t first_row = 0;
@@ -113,8 +114,9 @@ struct CudaAttnArgs {
   // device decides for a call with first_row > 0 (from its SMs, the slices and the keys; 1 where
   // the tiles alone fill it, and at most one share per 256 keys; APE_CUDA_KV_SPLITS=N sets N), 1
   // for any other; 1: never split (rows bit for bit those of the full forward); n > 1: min(n, the
-  // key tiles of 64 keys). Split rows equal the unsplit ones within fp32 rounding (another order of
-  // the same sums), the same run to run; rows of first_row's tile before it are then not written.
+  // key tiles of 64 keys, 128). Split rows equal the unsplit ones within the 16-bit rounding of P
+  // (against each share's own maximum) and o: another order of the same fp32 sums, the same run to
+  // run; NaN where the unsplit rows are NaN; rows of first_row's tile before it are not written.
   // The FlashAttention-2-class forward only (16-bit inputs, no value rows; on sm_90 the call takes
   // it over the Hopper forward when it splits); elsewhere the call runs unsplit. Refused (< 0, or
   // > 1 for the backward).
