@@ -14,8 +14,8 @@
 // do (runtime/Threads.h, SmallWorkThreads); --threads N: N throughout.
 // --device cuda: the model on the GPU (runtime/Decode.cpp's cache, the generated CUDA kernels; bf16
 // autocast by default), each timing ending when the GPU is done. A one-token step there splits its
-// keys over blocks where the slices alone leave SMs idle (CudaAttnArgs::kv_splits);
-// APE_CUDA_KV_SPLITS=1 times it unsplit.
+// keys over blocks where the slices alone leave SMs idle (CudaAttnArgs::num_splits);
+// APE_CUDA_NUM_SPLITS=1 times it unsplit.
 #include <chrono>
 #include <fstream>
 #include <iomanip>

@@ -45,7 +45,7 @@ at::Tensor cuda_fused_attention(const KernelEntry &entry, const at::Tensor &q, c
 // Forward only: {o, lse}, lse float32. Rows before `first_row` are not computed (a decode step:
 // runtime/Decode.h); rows from first_row on are the full forward's, bit for bit where the call
 // runs unsplit, within the 16-bit rounding of P and o where first_row > 0 splits the keys over
-// blocks (CudaAttnArgs::kv_splits: by default where the slices alone leave SMs idle).
+// blocks (CudaAttnArgs::num_splits: by default where the slices alone leave SMs idle).
 // layer: the layer of a model this call computes (read by an attention transition only).
 std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entry, const at::Tensor &q,
                                                          const at::Tensor &k, const at::Tensor &v,

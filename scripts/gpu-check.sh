@@ -280,11 +280,11 @@ train_stage() {  # dir suite_build logs python jobs
   step score-cpu "$bin/ape-generate" -c "$out/gpu-bf16/rope.ckpt" --device cpu --score "$out/score.txt" \
     --score-tokens 4096 --cache-dir "$cache" || rc=1
   # One-token steps at long contexts (B 1, H 16, d_h 64): each slice's keys split over blocks (the
-  # default, CudaAttnArgs::kv_splits) and unsplit; tokens/s in the CSVs.
+  # default, CudaAttnArgs::num_splits) and unsplit; tokens/s in the CSVs.
   local dec=(--encodings nope,rope --lengths 1024,8192 --new 64 --d-model 1024 --layers 4 --heads 16 --device cuda)
   STEP_LIMIT=120 step decode-build cmake --build "$build" --target ape-bench-decode -- -j"$jobs" || rc=1
   step decode-split "$bin/ape-bench-decode" "${dec[@]}" --csv "$out/decode-split.csv" || rc=1
-  APE_CUDA_KV_SPLITS=1 step decode-unsplit "$bin/ape-bench-decode" "${dec[@]}" --csv "$out/decode-unsplit.csv" || rc=1
+  APE_CUDA_NUM_SPLITS=1 step decode-unsplit "$bin/ape-bench-decode" "${dec[@]}" --csv "$out/decode-unsplit.csv" || rc=1
   # An encoding with params (ALiBi's trainable slopes): 20 steps on the GPU, its params' gradients
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \

@@ -277,7 +277,7 @@ struct RunOptions {
   bool backward = true;
   int64_t layer = 0, num_layers = 0;
   const ape::cuda::CudaScratchAllocator *scratch = nullptr;  // CudaAttnArgs::scratch
-  int kv_splits = 0;  // the forward's CudaAttnArgs::kv_splits
+  int num_splits = 0;  // the forward's CudaAttnArgs::num_splits
 };
 
 void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
@@ -318,9 +318,9 @@ void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
   a.layer = opt.layer, a.num_layers = opt.num_layers;
   a.deterministic = p.deterministic;
   a.scratch = opt.scratch;
-  a.kv_splits = opt.kv_splits;
+  a.num_splits = opt.num_splits;
   ASSERT_CUDA(var.forward(a));
-  a.kv_splits = 0;  // (forward only)
+  a.num_splits = 0;  // (forward only)
   if (opt.backward) ASSERT_CUDA(var.backward(a));
   ASSERT_CUDA(cudaDeviceSynchronize());
   uint32_t st = 0;
@@ -1698,12 +1698,12 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
 // last rows of a query tile of 32, 64 or 128 rows and the first of the next, so every kernel skips
 // tiles, and from a tile's last row), then 7 tokens at once;
 // every step's o and lse equal, bit for bit, the rows L0 .. L-1 of the full forward over the L
-// tokens so far (the contract of cpu/decode.h, kept here) with the keys unsplit (kv_splits 1);
-// with them split (kv_splits > 1, or 0: the device decides), within the rounding of another order
+// tokens so far (the contract of cpu/decode.h, kept here) with the keys unsplit (num_splits 1);
+// with them split (num_splits > 1, or 0: the device decides), within the rounding of another order
 // of the same fp32 sums. Then the refusals: a step past the capacity, another dtype, a missing
 // pointer.
 void check_decode_steps(const std::string &name, size_t index, int64_t num_layers = 0,
-                        const std::vector<int64_t> &steps = {125, 1, 1, 1, 1, 7}, int kv_splits = 1) {
+                        const std::vector<int64_t> &steps = {125, 1, 1, 1, 1, 7}, int num_splits = 1) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
@@ -1740,7 +1740,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.lse = static_cast<float *>(ld.ptr);
     a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
     a.layer = num_layers > 0 ? num_layers - 1 : 0, a.num_layers = num_layers;
-    a.kv_splits = kv_splits;
+    a.num_splits = num_splits;
     ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
     ASSERT_CUDA(cudaDeviceSynchronize());
     ASSERT_EQ(cache.len, L0 + n);
@@ -1748,7 +1748,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     Tensor full_o, full_lse;
     run_forward_prefix(var, p, L0 + n, full_o, full_lse);
     if (::testing::Test::HasFatalFailure()) return;
-    if (kv_splits == 1) {
+    if (num_splits == 1) {
       EXPECT_TRUE(torch::equal(o, full_o.narrow(2, L0, n))) << "o differs from the full forward";
       EXPECT_TRUE(torch::equal(lse, full_lse.narrow(2, L0, n))) << "lse differs from the full forward";
     } else {
@@ -1886,7 +1886,7 @@ TEST(CudaArgs, MisalignedRowPointersAreRefused) {
 
 // A longer buffer (CudaAttnArgs::ld) and a cached k' (km) where they apply, refused elsewhere:
 // ld below T, either in a backward or with an attention transition's layers; km for an encoding
-// that does not cache its k mod (NoPE has none), beyond T or misaligned; kv_splits below 0, or
+// that does not cache its k mod (NoPE has none), beyond T or misaligned; num_splits below 0, or
 // above 1 in a backward. (The decode tests run
 // both: DecodeStepsEqualTheFullForward.)
 TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
@@ -1917,11 +1917,11 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
   c.km_rows = 0, c.km = static_cast<char *>(c.km) + 2;
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "a misaligned km";
   CudaAttnArgs sp = call.args();
-  sp.kv_splits = -1;
-  EXPECT_EQ(nope->forward(sp), cudaErrorInvalidValue) << "kv_splits < 0";
-  sp.kv_splits = 2;
+  sp.num_splits = -1;
+  EXPECT_EQ(nope->forward(sp), cudaErrorInvalidValue) << "num_splits < 0";
+  sp.num_splits = 2;
   EXPECT_EQ(nope->forward(sp), cudaSuccess);
-  EXPECT_EQ(nope->backward(sp), cudaErrorInvalidValue) << "kv_splits in a backward";
+  EXPECT_EQ(nope->backward(sp), cudaErrorInvalidValue) << "num_splits in a backward";
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_findings();
 }
@@ -1935,8 +1935,8 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
 // rows, 8 L D bytes a slice, and the arrays were re-packed by copies at the new length.)
 TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
   for (const char *name : {"rope", "nope"})
-    for (int kv_splits : {0, 1}) {  // the device's choice (2 shares here), unsplit
-      SCOPED_TRACE(std::string(name) + " kv_splits " + std::to_string(kv_splits));
+    for (int num_splits : {0, 1}) {  // the device's choice (2 shares here), unsplit
+      SCOPED_TRACE(std::string(name) + " num_splits " + std::to_string(num_splits));
       std::string why;
       const auto *var = bf16_hd64(name, why);
       if (!var) GTEST_SKIP() << why;
@@ -1955,7 +1955,7 @@ TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
         ape::cuda::CudaDecodeArgs a;
         a.B = p.B, a.H = p.H, a.n = n, a.D = D, a.dtype = var->dtype;
         a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.scale = static_cast<float>(p.scale);
-        a.kv_splits = kv_splits;
+        a.num_splits = num_splits;
         ape::simt::take_traffic();
         ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
         ASSERT_CUDA(cudaDeviceSynchronize());
@@ -1964,15 +1964,15 @@ TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
           step_bytes += t.read + t.written + t.atomic;
           kernels += " " + t.kernel.substr(0, t.kernel.find('<')) + " " + std::to_string(t.read + t.written + t.atomic);
         }
-        if (n == 1) std::printf("[decode traffic] %s, kv_splits %d:%s\n", name, kv_splits, kernels.c_str());
+        if (n == 1) std::printf("[decode traffic] %s, num_splits %d:%s\n", name, num_splits, kernels.c_str());
       }
       const double kv = 2.0 * (L0 + 1) * D * 2 * p.B * p.H;  // k' and v of every key, bf16
-      std::printf("[decode traffic] %s, kv_splits %d: a one-token step at L %lld moves %zu bytes in its kernels, "
+      std::printf("[decode traffic] %s, num_splits %d: a one-token step at L %lld moves %zu bytes in its kernels, "
                   "%.2fx the keys' and values' %.0f\n",
-                  name, kv_splits, static_cast<long long>(L0 + 1), step_bytes, step_bytes / kv, kv);
+                  name, num_splits, static_cast<long long>(L0 + 1), step_bytes, step_bytes / kv, kv);
       EXPECT_LT(step_bytes, 1.6 * kv) << "the step moves more than its keys and values (and a query tile)";
       EXPECT_GT(step_bytes, kv) << "the step cannot read fewer bytes than the keys and values";
-      EXPECT_EQ(kernels.find("split_combine_kernel") != std::string::npos, kv_splits == 0)
+      EXPECT_EQ(kernels.find("split_combine_kernel") != std::string::npos, num_splits == 0)
           << "two slices of 501 keys on 108 SMs split in two (kFwdSplitMinTiles), only by default";
     }
   expect_no_findings();
@@ -1997,7 +1997,7 @@ TEST(CudaDecode, StepsPastTheFirstAlignedRows) {
   if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";
 }
 
-// Keys split (CudaAttnArgs::kv_splits, FlashDecoding): each query tile's key tiles over blocks
+// Keys split (CudaAttnArgs::num_splits, FlashDecoding): each query tile's key tiles over blocks
 // that write their shares' o and lse, added by split_combine_kernel. A full forward split three
 // ways against the references (and the backward that reads its o and lse) at T 200, where the
 // query tiles' 2 and 4 key tiles leave shares of one tile, two, and none; decode steps split three
@@ -2024,7 +2024,7 @@ TEST(CudaLaunch, SplitKeysMatchReferences) {
       const ape::cuda::CudaVariant *var = e ? ape::cuda::find_variant(*e, dtype, D) : nullptr;
       if (!var || !has_gpu()) continue;  // not in this build
       RunOptions opt;
-      opt.kv_splits = 3;
+      opt.num_splits = 3;
       const bool splits = dtype != DType::F32 && name != "shaw";
 #ifdef APE_SIMT
       auto combined = [] {  // whether a split's shares were added since the last call
@@ -2057,9 +2057,9 @@ TEST(CudaLaunch, SplitKeysMatchReferences) {
         bad.k[0][0][150][3] = std::nan("");
         Outputs split_out, plain_out;
         RunOptions fwd;
-        fwd.backward = false, fwd.kv_splits = 3;
+        fwd.backward = false, fwd.num_splits = 3;
         run_gpu(*var, bad, split_out, nullptr, fwd);
-        fwd.kv_splits = 1;
+        fwd.num_splits = 1;
         run_gpu(*var, bad, plain_out, nullptr, fwd);
         if (HasFatalFailure()) return;
         for (int n : {0, 1}) {

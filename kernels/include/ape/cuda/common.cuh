@@ -322,11 +322,11 @@ template <class Enc, class In> struct Params {
   float scale;
   float log2_scale, inv_scale;      // flash kernels (scale > 0 there: positive_scale)
   int64_t tile0;                    // forward: the first query tile computed (first_row / BQ)
-  // The FlashAttention-2-class forward with its keys split (CudaAttnArgs::kv_splits, FlashDecoding):
-  // blockIdx.z of kv_splits takes its share of each query tile's key tiles and writes, for rows
-  // [part_row0, T), o / l and lse of its keys (fp32) to part_o (kv_splits, B*H, part_rows, D) and
-  // part_lse (kv_splits, B*H, part_rows); split_combine_kernel adds them. kv_splits 1: unsplit.
-  int kv_splits;
+  // The FlashAttention-2-class forward with its keys split (CudaAttnArgs::num_splits, FlashDecoding):
+  // blockIdx.z of num_splits takes its share of each query tile's key tiles and writes, for rows
+  // [part_row0, T), o / l and lse of its keys (fp32) to part_o (num_splits, B*H, part_rows, D) and
+  // part_lse (num_splits, B*H, part_rows); split_combine_kernel adds them. num_splits 1: unsplit.
+  int num_splits;
   int64_t part_row0, part_rows;
   float *part_o, *part_lse;
   const In *dout;

@@ -7,9 +7,9 @@
 // Contract, as on the CPU: the outputs of a step equal rows L0 .. L - 1 of the full forward over
 // the L tokens so far, bit for bit (they are that forward's rows: the same kernels over the same
 // inputs, with the query tiles before the one holding row L0 skipped, CudaAttnArgs::first_row),
-// where the step runs unsplit (kv_splits 1). By default a step whose query tiles alone leave the
+// where the step runs unsplit (num_splits 1). By default a step whose query tiles alone leave the
 // device's SMs idle (a one-token step: one tile a slice) splits each tile's keys over several
-// blocks and adds their shares (CudaAttnArgs::kv_splits, FlashDecoding): its rows then equal the
+// blocks and adds their shares (CudaAttnArgs::num_splits, FlashDecoding): its rows then equal the
 // full forward's within the 16-bit rounding of P and o (another order of the same sums), the same
 // run to run.
 //
@@ -78,9 +78,9 @@ struct CudaDecodeArgs {
   // transforms the prompt only, i.e. the prefill (the first step), at T = n; later steps attend
   // as usual (cpu/decode.h likewise).
   int64_t layer = 0, num_layers = 0;
-  // The keys of the step's query tiles split over up to this many blocks: CudaAttnArgs::kv_splits
+  // The keys of the step's query tiles split over up to this many blocks: CudaAttnArgs::num_splits
   // (0, the default: the device decides; 1: never, the full forward's rows bit for bit).
-  int kv_splits = 0;
+  int num_splits = 0;
   cudaStream_t stream = nullptr;
   // The step's scratch memory (the forward's and its full-length outputs; CudaAttnArgs::scratch;
   // nullptr: cudaMallocAsync). The cache's own buffers come from cudaMallocAsync (release() frees
@@ -145,7 +145,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   if (c.started() && (a.B != c.B || a.H != c.H || a.D != c.D || a.dtype != c.dtype))
     return cudaErrorInvalidValue;
   if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return cudaErrorInvalidValue;
-  if (a.kv_splits < 0) return cudaErrorInvalidValue;
+  if (a.num_splits < 0) return cudaErrorInvalidValue;
   const cudaStream_t st = a.stream;
   const int64_t S = a.B * a.H, L0 = c.len, n = a.n, L = L0 + n, D = a.D;
   if (c.started() && L > c.rows) return cudaErrorInvalidValue;  // a capacity raised after the first step
@@ -198,7 +198,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   std::vector<const float *> feats(c.features.begin(), c.features.end());
   f.features = feats.empty() ? nullptr : feats.data();
   f.params = a.params, f.scale = a.scale, f.first_row = L0, f.stream = st, f.scratch = a.scratch;
-  f.kv_splits = a.kv_splits;
+  f.num_splits = a.num_splits;
   if (L0 == 0 && a.num_layers > 0) {
     // A prefill that may run an attention transition: from the step's own (B, H, n, D) inputs
     // (the transition reads q', k' and v as (B, H, T, D)); k' is left to the next step.

@@ -337,7 +337,7 @@ __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o
   flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, scale, kf, i0, j0, r0, g, t, T, alpha);
 }
 
-// kSplit: the keys split over blockIdx.z (Params::kv_splits > 1; an instantiation of its own, so
+// kSplit: the keys split over blockIdx.z (Params::num_splits > 1; an instantiation of its own, so
 // that the unsplit kernel's loop keeps its constant start).
 template <class Enc, class In, int D, bool kSplit = false>
 __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kernel(const Params<Enc, In> p) {
@@ -426,14 +426,14 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     for (int mt = 0; mt < kMT; ++mt)
       for (int h = 0; h < 2; ++h) rb[mt][h] = rc_bh[i0 + r0 + 16 * mt + g + 8 * h];
   const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
-  // Keys split (Params::kv_splits > 1): this block's key tiles [kt_lo, kt_hi), an even share of
+  // Keys split (Params::num_splits > 1): this block's key tiles [kt_lo, kt_hi), an even share of
   // the tile's; its rows' o / l and lse of them from part_row0 on (the combine adds the shares), so
   // the rows before part_row0 are not read (zeros).
   static_assert(!kSplit || kMass == 0, "value rows' masses are not split");
   int kt_lo = 0, kt_hi = static_cast<int>((i_end + BK - 1) / BK);  // causal: keys < i_end
   int q_skip = 0;
   if constexpr (kSplit) {
-    const int per = (kt_hi + p.kv_splits - 1) / p.kv_splits, z = static_cast<int>(blockIdx.z);
+    const int per = (kt_hi + p.num_splits - 1) / p.num_splits, z = static_cast<int>(blockIdx.z);
     kt_lo = z * per < kt_hi ? z * per : kt_hi;
     kt_hi = kt_lo + per < kt_hi ? kt_lo + per : kt_hi;
     q_skip = p.part_row0 > i0 ? static_cast<int>(p.part_row0 - i0) : 0;
@@ -684,7 +684,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   }
 }
 
-// The keys' shares of a split forward (Params::kv_splits) added: for rows [row0, row0 + rows) of
+// The keys' shares of a split forward (Params::num_splits) added: for rows [row0, row0 + rows) of
 // each of S slices, lse = log sum_z exp(lse_z) and o = sum_z exp(lse_z - lse) o_z, the shares in
 // order z = 0, 1, ... (the same sums run to run); a row without a visible key: o = 0, lse = -inf,
 // as unsplit; a share's NaN makes the row's o and lse NaN, as unsplit. One thread per 4 columns of

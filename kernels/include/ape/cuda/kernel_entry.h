@@ -87,7 +87,7 @@ struct CudaAttnArgs {
   float scale = 0;
   // Forward only: the first query row whose output is wanted. The query tiles before the one
   // holding it are skipped (rows [first_row, T) of o and lse are written, and, unless the call
-  // splits its keys (kv_splits), the rows of that tile before first_row with their same values);
+  // splits its keys (num_splits), the rows of that tile before first_row with their same values);
   // the token program and k' still cover all T
   // tokens (k' the rows from km_rows where km is given), q' the rows from the tile. 0: every row. A
   // decode step (cuda/decode.h) passes its cache length. The backward needs 0.
@@ -112,7 +112,7 @@ struct CudaAttnArgs {
   // each adding its share's o and lse to scratch, then a pass that adds the shares: a call with
   // few query tiles (a decode step: one tile a slice) then fills the device. 0 (the default): the
   // device decides for a call with first_row > 0 (from its SMs, the slices and the keys; 1 where
-  // the tiles alone fill it, and at most one share per 256 keys; APE_CUDA_KV_SPLITS=N sets N), 1
+  // the tiles alone fill it, and at most one share per 256 keys; APE_CUDA_NUM_SPLITS=N sets N), 1
   // for any other; 1: never split (rows bit for bit those of the full forward); n > 1: min(n, the
   // key tiles of 64 keys, 128). Split rows equal the unsplit ones within the 16-bit rounding of P
   // (against each share's own maximum) and o: another order of the same fp32 sums, the same run to
@@ -120,7 +120,7 @@ struct CudaAttnArgs {
   // The FlashAttention-2-class forward only (16-bit inputs, no value rows; on sm_90 the call takes
   // it over the Hopper forward when it splits); elsewhere the call runs unsplit. Refused (< 0, or
   // > 1 for the backward).
-  int kv_splits = 0;
+  int num_splits = 0;
   // Forward only: the layer (0-based) of a model of num_layers that this call computes, read by
   // an attention transition (contract/transition.h), which rewrites the rows of some layers;
   // num_layers = 0 (the default) transforms none. 0 <= layer < num_layers when num_layers > 0.

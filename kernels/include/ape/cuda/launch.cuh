@@ -120,7 +120,7 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (!std::isfinite(a.scale)) return cudaErrorInvalidValue;
   if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T) || (backward && a.first_row != 0))
     return cudaErrorInvalidValue;
-  if (a.kv_splits < 0 || (backward && a.kv_splits > 1)) return cudaErrorInvalidValue;
+  if (a.num_splits < 0 || (backward && a.num_splits > 1)) return cudaErrorInvalidValue;
   if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
     return cudaErrorInvalidValue;
   // Inputs in a longer buffer (CudaAttnArgs::ld) and a cached k' (km): the forward's kernels, the
@@ -173,7 +173,7 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   Params<Enc, In> p{};
   p.B = a.B, p.H = a.H, p.T = a.T, p.D = a.D;
   p.ld_q = p.ld_k = p.ld_v = a.ld != 0 ? a.ld : a.T;
-  p.kv_splits = 1;
+  p.num_splits = 1;
   p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
   p.v = static_cast<const In *>(a.v), p.o = static_cast<In *>(a.o), p.lse = a.lse;
   for (int n = 0; n < Enc::kNumFeatures; ++n) p.feat[n] = a.features[n];
@@ -497,18 +497,18 @@ inline bool bwd_subtiles_enabled() {
   return env_is("APE_CUDA_BWD_SUBTILES", '1');
 }
 
-// The shares of a split forward's keys (CudaAttnArgs::kv_splits) for `blocks` blocks of query
+// The shares of a split forward's keys (CudaAttnArgs::num_splits) for `blocks` blocks of query
 // tiles whose longest has `key_tiles` key tiles: the caller's n, else (first_row > 0 only)
-// APE_CUDA_KV_SPLITS=N, else enough shares for kFwdSplitWaves blocks per SM of the device (1
+// APE_CUDA_NUM_SPLITS=N, else enough shares for kFwdSplitWaves blocks per SM of the device (1
 // where the tiles alone fill it), at most one per kFwdSplitMinTiles key tiles; then at most
 // key_tiles and kFwdSplitMax.
 constexpr int64_t kFwdSplitWaves = 2, kFwdSplitMinTiles = 4, kFwdSplitMax = 128;
-inline cudaError_t kv_splits_for(const CudaAttnArgs &a, int64_t blocks, int64_t key_tiles, int &splits) {
-  int64_t n = a.kv_splits;
+inline cudaError_t num_splits_for(const CudaAttnArgs &a, int64_t blocks, int64_t key_tiles, int &splits) {
+  int64_t n = a.num_splits;
   splits = 1;
   if (n == 0) {
     if (a.first_row == 0) return cudaSuccess;
-    const char *env = std::getenv("APE_CUDA_KV_SPLITS");
+    const char *env = std::getenv("APE_CUDA_NUM_SPLITS");
     char *end = nullptr;
     const long v = env ? std::strtol(env, &end, 10) : 0;
     if (env && end != env && *end == '\0' && v > 0) {
@@ -589,12 +589,12 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           err = launch(feat_sat_kernel<Enc, In>, blocks_for(a.B * a.H * a.T, 256), 256, 0, st, p);
         if (err != cudaSuccess) return err;
       }
-      // Keys split (CudaAttnArgs::kv_splits): the FlashAttention-2-class forward's query tiles.
+      // Keys split (CudaAttnArgs::num_splits): the FlashAttention-2-class forward's query tiles.
       int splits = 1;
       static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
       const int64_t tile0 = a.first_row / F::BQ, n_qt = blocks_for(a.T, F::BQ) - tile0;
       if constexpr (value_rows<Enc>() == 0)
-        if ((err = kv_splits_for(a, a.B * a.H * n_qt, blocks_for(a.T, F::BK), splits)) != cudaSuccess) return err;
+        if ((err = num_splits_for(a, a.B * a.H * n_qt, blocks_for(a.T, F::BK), splits)) != cudaSuccess) return err;
       if constexpr (value_rows<Enc>() == 0)
       if (splits == 1 && hopper_device() && hopper_forward_enabled()) {
         auto hopper = [&](auto cons) -> cudaError_t {
@@ -663,14 +663,14 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         const auto kernel = flash_forward_kernel<Enc, In, kD, true>;
         if ((err = allow_smem(kernel, bytes)) != cudaSuccess) return err;
         const int64_t S = a.B * a.H;
-        p.kv_splits = splits, p.part_row0 = a.first_row, p.part_rows = a.T - a.first_row;
+        p.num_splits = splits, p.part_row0 = a.first_row, p.part_rows = a.T - a.first_row;
         p.part_o = scratch.take<float>(splits * S * p.part_rows * kD, err);
         if (err == cudaSuccess) p.part_lse = scratch.take<float>(splits * S * p.part_rows, err);
         if (err != cudaSuccess || (err = launch(kernel, grid, F::kThreads, bytes, st, p)) != cudaSuccess) return err;
         return launch(split_combine_kernel<In>, blocks_for(S * p.part_rows * (kD / 4), 256), 256, 0, st, p.part_o,
                       p.part_lse, splits, S, p.part_rows, p.part_row0, a.T, int64_t(kD), p.o, p.lse);
       } else {
-        return cudaErrorNotSupported;  // not reached: kv_splits_for is not asked with value rows
+        return cudaErrorNotSupported;  // not reached: num_splits_for is not asked with value rows
       }
     } else {
       return general();
