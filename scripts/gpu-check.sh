@@ -36,7 +36,8 @@
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
 #              and across devices, evaluated and decoded on the other device, cached decoding's
 #              tokens/s (a text scored on the GPU and on the CPU; one-token steps at L 1024
-#              and 8192, keys split over blocks and not: ape-bench-decode), ALiBi (an
+#              and 8192, keys split over blocks and not, and unsplit on the FlashAttention-2-class
+#              kernel: ape-bench-decode), ALiBi (an
 #              encoding with params) 20 steps, NCCL with one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py):
 #              240 to build, 120 a run (the CPU run 240)
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
@@ -280,11 +281,16 @@ train_stage() {  # dir suite_build logs python jobs
   step score-cpu "$bin/ape-generate" -c "$out/gpu-bf16/rope.ckpt" --device cpu --score "$out/score.txt" \
     --score-tokens 4096 --cache-dir "$cache" || rc=1
   # One-token steps at long contexts (B 1, H 16, d_h 64): each slice's keys split over blocks (the
-  # default, CudaAttnArgs::num_splits) and unsplit; tokens/s in the CSVs.
-  local dec=(--encodings nope,rope --lengths 1024,8192 --new 64 --d-model 1024 --layers 4 --heads 16 --device cuda)
+  # default, CudaAttnArgs::num_splits) and unsplit; tokens/s in the CSVs. Cable: a step reruns its
+  # token program over all L (one block a slice), what its time against RoPE's shows.
+  local dec=(--encodings nope,rope,cable --lengths 1024,8192 --new 64 --d-model 1024 --layers 4 --heads 16 --device cuda)
   STEP_LIMIT=120 step decode-build cmake --build "$build" --target ape-bench-decode -- -j"$jobs" || rc=1
   step decode-split "$bin/ape-bench-decode" "${dec[@]}" --csv "$out/decode-split.csv" || rc=1
   APE_CUDA_NUM_SPLITS=1 step decode-unsplit "$bin/ape-bench-decode" "${dec[@]}" --csv "$out/decode-unsplit.csv" || rc=1
+  # Unsplit without the Hopper forward: the FlashAttention-2-class kernel as one share, whose warps
+  # without the new row compute nothing (on sm_90 against the Hopper forward's whole 128-row tile).
+  APE_CUDA_NUM_SPLITS=1 APE_CUDA_HOPPER_FORWARD=0 step decode-oneshare "$bin/ape-bench-decode" "${dec[@]}" \
+    --csv "$out/decode-oneshare.csv" || rc=1
   # An encoding with params (ALiBi's trainable slopes): 20 steps on the GPU, its params' gradients
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \

@@ -132,6 +132,7 @@ struct Cell {
 // Global-memory traffic of a launch (runtime.h, Traffic): bytes by kind, then by access width.
 enum TrafficSlot : int {
   kTrRead, kTrWritten, kTrAtomic, kTrW1, kTrW2, kTrW4, kTrW8, kTrW16, kTrAsync, kTrAccesses,
+  kTrMmaFlops,  // the tensor-core FLOPs the warps issued (Traffic::mma_flops)
   kTrNamedRounds, kTrSlots = kTrNamedRounds + 16  // then the named barriers' rounds, by id
 };
 
@@ -226,6 +227,11 @@ void yield_to_scheduler();
 void report(Check check, const std::string &message, const void *pc = nullptr);
 std::string thread_name(const Block &b, unsigned tid);
 std::string where(const void *pc);  // "in function+0xoff" when the symbol is known
+
+// Adds a warp's tensor-core operation of `flops` (2 m n k) to its launch's count (Traffic::mma_flops).
+inline void count_mma(size_t flops) {
+  if (tl_worker.state) tl_worker.state->traffic[kTrMmaFlops] += flops;
+}
 
 // ---- checked accesses (Checks.cpp) ------------------------------------------------------------
 enum class Access : uint8_t { Read, Write, Atomic };

@@ -76,6 +76,7 @@ void record_traffic(const Launch &l, size_t blocks, size_t threads) {
   t.read += get(kTrRead), t.written += get(kTrWritten), t.atomic += get(kTrAtomic);
   for (int w = 0; w < 6; ++w) t.by_width[w] += get(kTrW1 + w);
   t.accesses += get(kTrAccesses);
+  t.mma_flops += get(kTrMmaFlops);
   for (int id = 0; id < 16; ++id) t.named_rounds[id] += get(kTrNamedRounds + id);
 }
 
@@ -597,6 +598,26 @@ Stats stats() {
 }
 
 // ---- launches -------------------------------------------------------------------------------------
+cudaError_t occupancy(int *blocks, const void *kernel, int threads, size_t dynamic_smem) {
+  if (!blocks || threads <= 0 || threads > 1024) return set_error(cudaErrorInvalidValue);
+  int allowed = 48 * 1024;
+  {
+    std::lock_guard<std::mutex> lock(func_attrs().mu);
+    auto it = func_attrs().max_dynamic_smem.find(kernel);
+    if (it != func_attrs().max_dynamic_smem.end()) allowed = std::max(allowed, it->second);
+  }
+  *blocks = 0;
+  if (dynamic_smem > static_cast<size_t>(allowed) || dynamic_smem > max_dynamic_smem(arch())) return cudaSuccess;
+  // Per SM (the CUDA C++ Programming Guide's table of compute capabilities): threads, blocks and
+  // shared memory, of which each block also takes 1 KiB reserved for the system.
+  const int sm = arch();
+  const int max_threads = sm == 86 || sm == 89 ? 1536 : 2048, max_blocks = sm == 86 ? 16 : sm == 89 ? 24 : 32;
+  const size_t smem = sm == 80 ? 167936 : sm == 90 ? 233472 : 102400, per_block = dynamic_smem + 1024;
+  const int warps = (threads + 31) / 32;
+  *blocks = std::min({max_threads / (32 * warps), max_blocks, static_cast<int>(smem / per_block)});
+  return cudaSuccess;
+}
+
 cudaError_t func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return set_error(cudaErrorInvalidValue);
   if (value < 0 || static_cast<size_t>(value) > max_dynamic_smem(arch())) {

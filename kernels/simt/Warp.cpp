@@ -178,6 +178,7 @@ void wmma_mma(int elem, float *d, const void *a, const void *b, const float *c) 
   WmmaMmaArg arg{elem, d, a, b, c};
   collective(kWmmaMma, 0xffffffffu, &arg, [](Warp &, unsigned mask, void *const *args) {
     if (mask != 0xffffffffu) return report(Check::Synccheck, "wmma::mma_sync needs all 32 lanes");
+    count_mma(2 * 16 * 16 * 16);
     float A[16][16], B[16][16], C[16][16];
     for (unsigned lane = 0; lane < 32; ++lane) {
       auto *x = static_cast<WmmaMmaArg *>(args[lane]);
@@ -221,6 +222,7 @@ void mma_m16n8k16(int elem, float *d, const uint32_t *a, const uint32_t *b, cons
   MmaArg arg{elem, d, a, b, c};
   collective(kMma, 0xffffffffu, &arg, [](Warp &, unsigned mask, void *const *args) {
     if (mask != 0xffffffffu) return report(Check::Synccheck, "mma.sync needs all 32 lanes");
+    count_mma(2 * 16 * 8 * 16);
     float A[16][16], B[16][8], C[16][8], D[16][8];
     for (unsigned lane = 0; lane < 32; ++lane) {
       auto *x = static_cast<MmaArg *>(args[lane]);
@@ -520,6 +522,7 @@ void wgmma(int elem, int n, float *d, const uint32_t *a, uint64_t a_desc, uint64
       op.d[lane] = x->d;
       if (op.a_regs) std::memcpy(op.a[lane], x->a, sizeof op.a[lane]);
     }
+    count_mma(size_t(2) * 16 * op.n * 16);  // this warp's 16 of the 64 rows
     w.wgmma_open.push_back(op);
   }, Site{__builtin_return_address(0)});
 }

@@ -1930,8 +1930,9 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
 // What a one-token decode step moves (cuda/decode.h; docs/decoding.md): the bytes every kernel of
 // the step reads and writes, counted by the emulator, against the keys' and values' read that the
 // attention needs (2 L D bf16 per slice), for RoPE (k' cached) and NoPE at L 501 of a 512-token
-// cache (B 1, H 2, D 64). The step reads the cache in place: the q and k mods of the new rows and
-// of the computed query tile only, no re-packing. (Before, the step's q and k mods ran over all L
+// cache (B 1, H 2, D 64). The step reads the cache in place: the k mod of the new row, the q mod
+// from the new row's warp (the FlashAttention-2-class split kernel, split or as one share, reads
+// and computes only the warps holding new rows), no re-packing. (Before, the step's q and k mods ran over all L
 // rows, 8 L D bytes a slice, and the arrays were re-packed by copies at the new length.)
 TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
   for (const char *name : {"rope", "nope"})
@@ -1945,7 +1946,7 @@ TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
       const Problem p = make_problem(*e, 1, 2, L0 + 1, D, 5);
       ape::cuda::CudaDecodeCache cache;
       cache.capacity = C;
-      size_t step_bytes = 0;
+      size_t step_bytes = 0, step_flops = 0;
       std::string kernels;
       for (int64_t n : {L0, int64_t(1)}) {
         const int64_t at = cache.len;
@@ -1959,9 +1960,9 @@ TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
         ape::simt::take_traffic();
         ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
         ASSERT_CUDA(cudaDeviceSynchronize());
-        step_bytes = 0, kernels.clear();
+        step_bytes = 0, step_flops = 0, kernels.clear();
         for (const auto &t : ape::simt::take_traffic()) {
-          step_bytes += t.read + t.written + t.atomic;
+          step_bytes += t.read + t.written + t.atomic, step_flops += t.mma_flops;
           kernels += " " + t.kernel.substr(0, t.kernel.find('<')) + " " + std::to_string(t.read + t.written + t.atomic);
         }
         if (n == 1) std::printf("[decode traffic] %s, num_splits %d:%s\n", name, num_splits, kernels.c_str());
@@ -1970,17 +1971,25 @@ TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
       std::printf("[decode traffic] %s, num_splits %d: a one-token step at L %lld moves %zu bytes in its kernels, "
                   "%.2fx the keys' and values' %.0f\n",
                   name, num_splits, static_cast<long long>(L0 + 1), step_bytes, step_bytes / kv, kv);
-      EXPECT_LT(step_bytes, 1.6 * kv) << "the step moves more than its keys and values (and a query tile)";
+      EXPECT_LT(step_bytes, 1.1 * kv) << "the step moves more than its keys and values (and its rows' q', o)";
       EXPECT_GT(step_bytes, kv) << "the step cannot read fewer bytes than the keys and values";
       EXPECT_EQ(kernels.find("split_combine_kernel") != std::string::npos, num_splits == 0)
           << "two slices of 501 keys on 108 SMs split in two (kFwdSplitMinTiles), only by default";
+      // The tensor cores' work: Q'K'^T and P V of the new row's m16 tile over the key tiles (512
+      // keys) is the least an mma.sync step can issue; a warp holds two m16 tiles at D 64. Split or
+      // not, the warps without the new row compute nothing (the whole 128-row tile: 8x).
+      const double m16 = 2.0 * 2 * 16 * 512 * D * p.B * p.H;
+      std::printf("[decode traffic] %s, num_splits %d: %zu tensor-core FLOPs, %.1fx one m16 tile's\n", name,
+                  num_splits, step_flops, step_flops / m16);
+      EXPECT_LE(step_flops, 2 * m16) << "warps without the new row computed";
     }
   expect_no_findings();
 }
 #endif
 
 // Steps past row 384 (kFwdRowAlign), where a step computes q' and the query side's relative rows
-// of the rows from 384 only: the same rows as the full forward, for a q mod (RoPE, its k' cached;
+// of the rows from 384 only (the Hopper forward's tiles) or from the new rows' warp, 416
+// (kFwdWarpRows: the FlashAttention-2-class kernel as one share): the same rows as the full forward, for a q mod (RoPE, its k' cached;
 // dynamic NTK, k' recomputed), relative rows on both sides (Shaw, Transformer-XL, DeBERTa) and a
 // token program (Cable), bf16 at d_h 64.
 TEST(CudaDecode, StepsPastTheFirstAlignedRows) {
@@ -1991,11 +2000,54 @@ TEST(CudaDecode, StepsPastTheFirstAlignedRows) {
     const auto *var = bf16_hd64(name, why);
     if (!var) continue;  // not in this build
     const CudaKernelEntry *e = find_cuda(name);
-    check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {389, 1, 7});
+    check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {420, 1, 7});
     ++ran;
   }
   if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";
 }
+
+#ifdef APE_SIMT
+// The device's count of shares (num_splits 0, ape/cuda/launch.cuh: num_splits_for): the count that
+// ends first by rounds of the SMs' blocks, ceil(blocks n / slots) x (ceil(tiles / n) + 1), where
+// slots = SMs x the blocks an SM holds (3 of NoPE's d_h 64 bf16 forward as sm_80: its 48 KiB of
+// tiles in 164 KiB; the emulator has no registers to count). Counted from the split kernel's blocks
+// in the emulator's records of a step at L 2048 (32 key tiles, at most 8 shares of 4).
+TEST(CudaLaunch, SplitCountsEndInTheFewestRounds) {
+  std::string why;
+  const auto *var = bf16_hd64("nope", why);
+  if (!var) GTEST_SKIP() << why;
+  const PoseAs pose(80);
+  const int64_t T = 2048, D = 64, H_most = 16;
+  const size_t t = size_t(H_most) * T * D * 2;
+  DevBuf buf;
+  ASSERT_CUDA(cudaMalloc(&buf.ptr, 4 * t + sizeof(float) * H_most * T));
+  ASSERT_CUDA(cudaMemset(buf.ptr, 0, 4 * t + sizeof(float) * H_most * T));
+  char *base = static_cast<char *>(buf.ptr);
+  auto shares = [&](int sms, int64_t H, int64_t first_row) -> int64_t {
+    const PoseWithSms with(sms);
+    CudaAttnArgs a;
+    a.B = 1, a.H = H, a.T = T, a.D = D, a.dtype = DType::BF16, a.scale = 0.125f, a.first_row = first_row;
+    a.q = base, a.k = base + t, a.v = base + 2 * t, a.o = base + 3 * t;
+    a.lse = reinterpret_cast<float *>(base + 4 * t);
+    ape::simt::take_traffic();
+    EXPECT_EQ(var->forward(a), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (const auto &r : ape::simt::take_traffic())
+      if (r.kernel.find("flash_forward_kernel") != std::string::npos)
+        return r.kernel.find(", true>") != std::string::npos ? int64_t(r.blocks) / H : 1;
+    return 0;
+  };
+  // 4 slices on 6 SMs (18 slots): 4 shares in one round of 8 + 1 (5 would take two rounds; the
+  // rule before, two blocks a SM, chose 3); 2 slices: 8, the most (one round of 4 + 1).
+  EXPECT_EQ(shares(6, 4, T - 1), 4);
+  EXPECT_EQ(shares(6, 2, T - 1), 8);
+  // 16 slices on 2 SMs (6 slots): the query tiles fill the SMs, no split.
+  EXPECT_EQ(shares(2, 16, T - 1), 1);
+  // 2 slices on 108 SMs (324 slots): 8 shares, one round.
+  EXPECT_EQ(shares(108, 2, T - 1), 8);
+  expect_no_findings();
+}
+#endif
 
 // Keys split (CudaAttnArgs::num_splits, FlashDecoding): each query tile's key tiles over blocks
 // that write their shares' o and lse, added by split_combine_kernel. A full forward split three
@@ -2041,7 +2093,7 @@ TEST(CudaLaunch, SplitKeysMatchReferences) {
 #endif
       const size_t index = static_cast<size_t>(var - e->variants);
       if (sm == 90 && name != "nope" && name != "rope") continue;  // (the decode steps as sm_80)
-      check_decode_steps(name, index, 0, {389, 1, 7}, splits ? 3 : 1);
+      check_decode_steps(name, index, 0, {420, 1, 7}, splits ? 3 : 1);
       if (HasFatalFailure()) return;
 #ifdef APE_SIMT
       EXPECT_EQ(combined(), splits) << "the decode steps split their keys";

@@ -129,7 +129,7 @@ def main():
     else:
         check("no host waits inside the queued steps (nccl)", False, "no complete run (logs/train/nccl.log)")
     for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "score-gpu",
-                 "score-cpu", "decode-split", "decode-unsplit", "gpu-params", "nccl"):
+                 "score-cpu", "decode-split", "decode-unsplit", "decode-oneshare", "gpu-params", "nccl"):
         check(name, steps.get(name) == 0, f"exit {steps.get(name, 'not run')} (logs/train/{name}.log)")
 
     # Speed: tokens/s and memory of APE's run and the PyTorch SDPA peer's.
@@ -151,9 +151,10 @@ def main():
     if dec["gpu"] and dec["cpu"]:
         print(f"decode {dec['gpu'][0]} tokens scored through the KV cache (RoPE): GPU {dec['gpu'][1]} tokens/s, "
               f"CPU {dec['cpu'][1]} tokens/s")
-    # One-token steps at long contexts, keys split over blocks (the default) and unsplit.
+    # One-token steps at long contexts, keys split over blocks (the default), unsplit, and unsplit
+    # on the FlashAttention-2-class kernel (one share; APE_CUDA_HOPPER_FORWARD=0).
     rows = {}
-    for kind in ("split", "unsplit"):
+    for kind in ("split", "unsplit", "oneshare"):
         try:
             with open(out / f"decode-{kind}.csv") as f:
                 for r in csv.DictReader(f):
@@ -165,6 +166,9 @@ def main():
             print(f"decode {enc} L {length}: {v['split']:.0f} tokens/s with the keys split, {v['unsplit']:.0f} "
                   f"unsplit ({v['split'] / v['unsplit']:.2f}x; d 1024, 4 layers, 16 heads, bf16; on sm_90 the "
                   "unsplit steps run the Hopper forward, the split ones the FlashAttention-2-class kernel)")
+        if "oneshare" in v and "unsplit" in v and v["unsplit"] > 0:
+            print(f"decode {enc} L {length}: {v['oneshare']:.0f} tokens/s unsplit on the FlashAttention-2-class "
+                  f"kernel (one share) against {v['unsplit']:.0f} unsplit by default ({v['oneshare'] / v['unsplit']:.2f}x)")
     n_pass = sum(results)
     print(f"{n_pass} of {len(results)} training checks passed"
           + (f"; APE {ape[0]} vs SDPA {peer[0]} tok/s{ratio}" if ape and peer else ""))

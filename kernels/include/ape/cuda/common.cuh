@@ -325,7 +325,9 @@ template <class Enc, class In> struct Params {
   // The FlashAttention-2-class forward with its keys split (CudaAttnArgs::num_splits, FlashDecoding):
   // blockIdx.z of num_splits takes its share of each query tile's key tiles and writes, for rows
   // [part_row0, T), o / l and lse of its keys (fp32) to part_o (num_splits, B*H, part_rows, D) and
-  // part_lse (num_splits, B*H, part_rows); split_combine_kernel adds them. num_splits 1: unsplit.
+  // part_lse (num_splits, B*H, part_rows); split_combine_kernel adds them. num_splits 1: one
+  // share, whose rows' o and lse the kernel writes itself (a call whose tiles' rows are mostly
+  // idle: launch.cuh, attention_forward).
   int num_splits;
   int64_t part_row0, part_rows;
   float *part_o, *part_lse;

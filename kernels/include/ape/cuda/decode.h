@@ -18,7 +18,9 @@
 // forward with T = L, first_row = L0 and CudaAttnArgs::ld = capacity, which reads the buffers in
 // place. Where the encoding's k mod does not depend on the length (CudaKernelEntry::caches_k_mod)
 // the cache keeps k' too (CudaAttnArgs::km): a step computes the new keys' k' only, and q' of the
-// rows from the first computed query tile only (from a multiple of 384 rows: kFwdRowAlign). So a
+// rows from the first computed query tile only (from a multiple of 384 rows, kFwdRowAlign; from
+// the new rows' first warp, a multiple of 32, where the FlashAttention-2-class kernel computes
+// only the warps holding new rows: kFwdWarpRows). So a
 // one-token step moves O(L·D) bytes once: the keys and values the attention reads (the re-packing
 // of every array and the q/k mods over all L tokens that an earlier version ran each step moved
 // some six times that). The token features (B, H, L) are re-packed each step (4 bytes a token and

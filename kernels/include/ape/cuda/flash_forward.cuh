@@ -337,8 +337,9 @@ __device__ __forceinline__ void flash_softmax(float (&s)[kMT][kNT][4], float (&o
   flash_softmax<Enc, kMasked, kRaw>(s, o, m, l, ctx, scale, kf, i0, j0, r0, g, t, T, alpha);
 }
 
-// kSplit: the keys split over blockIdx.z (Params::num_splits > 1; an instantiation of its own, so
-// that the unsplit kernel's loop keeps its constant start).
+// kSplit: the keys split over blockIdx.z (Params::num_splits > 1), or one share (1): the rows from
+// part_row0 only, its warps without one computing nothing (an instantiation of its own, so that
+// the unsplit kernel's loop keeps its constant start).
 template <class Enc, class In, int D, bool kSplit = false>
 __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kernel(const Params<Enc, In> p) {
   using C = FlashFwd<In, D>;
@@ -355,6 +356,11 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int64_t base = bh * T * D;  // o; q', k', v: Params::ld_q, ld_k, ld_v rows a slice
   const In *const qm = p.qm + bh * p.ld_q * D, *const km = p.km + bh * p.ld_k * D, *const vs = p.v + bh * p.ld_v * D;
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
+  // Keys split (or one share, launch.cuh): a warp none of whose rows the block writes (all before
+  // part_row0 or past T: a one-token decode step's tile holds one row of 128) takes its part in
+  // the loads and barriers and reads and computes nothing of its rows (their q' and relative rows
+  // need not exist): the step's tensor-core work is its warp's, not the tile's.
+  [[maybe_unused]] const bool idle = kSplit && (i0 + r0 + 16 * kMT <= p.part_row0 || i0 + r0 >= T);
   DevCtx<Enc> ctx = make_ctx(p, bh, false);
   if constexpr (flash_param_cache<Enc>())  // read after the first step's barrier
     ParamCache<Enc>::stage(p, smem + flash_fwd_bytes<Enc, In, D>(), ctx, false, C::kThreads);
@@ -375,7 +381,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     for (int mt = 0; mt < kMT; ++mt)
       for (int h = 0; h < 2; ++h) {
         const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
-        if constexpr (kRF > 0) Enc::row_features(ctx, i < T ? i : T - 1, T - 1, rfv[mt][h]);
+        if constexpr (kRF > 0)
+          if (!idle) Enc::row_features(ctx, i < T ? i : T - 1, T - 1, rfv[mt][h]);
       }
     if constexpr (kSF > 0) Enc::slice_features(ctx, 0, T - 1, sfv);
     if (p.dist_sat) {  // tiles with j0 + BK - 1 <= i0 - d_sat (null: feature steps turned off)
@@ -426,7 +433,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     for (int mt = 0; mt < kMT; ++mt)
       for (int h = 0; h < 2; ++h) rb[mt][h] = rc_bh[i0 + r0 + 16 * mt + g + 8 * h];
   const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
-  // Keys split (Params::num_splits > 1): this block's key tiles [kt_lo, kt_hi), an even share of
+  // Keys split (Params::num_splits; 1: every key tile): this block's key tiles [kt_lo, kt_hi), an even share of
   // the tile's; its rows' o / l and lse of them from part_row0 on (the combine adds the shares), so
   // the rows before part_row0 are not read (zeros).
   static_assert(!kSplit || kMass == 0, "value rows' masses are not split");
@@ -481,6 +488,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       fill_bias(kt + 1);
     }
     ptx::cp_async_commit();
+    if constexpr (kSplit)
+      if (idle) return;  // (warp-uniform)
     const ptx::SmemAddr cK = lK + (kt & 1) * 2 * BK * D, cV = lV + (kt & 1) * 2 * BK * D;
     const int64_t j0 = int64_t(kt) * BK;
 
@@ -607,6 +616,9 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   ptx::cp_async_wait<0>();
 
   if constexpr (kSplit) {  // this share's o / l and lse (natural log; -inf where no key is visible)
+    // One share (num_splits 1: a call whose tiles' rows are mostly idle, launch.cuh): the rows' o
+    // and lse themselves, the unsplit epilogue's values (no combine).
+    const bool whole = p.num_splits == 1;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -615,6 +627,14 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
         const float lt = flash::quad_sum(l[mt][h]);
         const float inv = lt > 0.f ? 1.f / lt : 0.f;
         if (i < p.part_row0 || i >= T) continue;
+        if (whole) {
+          In *po = p.o + base + i * D + 2 * t;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt)
+            *reinterpret_cast<uint32_t *>(po + 8 * dt) = flash::pack2<In>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+          if (t == 0) p.lse[bh * T + i] = m[mt][h] * mscale + logf(lt);
+          continue;
+        }
         const int64_t row = (int64_t(blockIdx.z) * p.B * p.H + bh) * p.part_rows + (i - p.part_row0);
         float *po = p.part_o + row * D + 2 * t;
 #pragma unroll

@@ -86,10 +86,12 @@ struct CudaAttnArgs {
   // or 1/sqrt(D) where that is null (0, the default, gives uniform attention; < 0 is allowed).
   float scale = 0;
   // Forward only: the first query row whose output is wanted. The query tiles before the one
-  // holding it are skipped (rows [first_row, T) of o and lse are written, and, unless the call
-  // splits its keys (num_splits), the rows of that tile before first_row with their same values);
+  // holding it are skipped (rows [first_row, T) of o and lse are written; the rows of that tile
+  // before first_row may be written with their values or left as they were: a call that splits
+  // its keys (num_splits), or whose computed tiles' rows are mostly before first_row or past T (a
+  // decode step's), computes only the warps that hold wanted rows);
   // the token program and k' still cover all T
-  // tokens (k' the rows from km_rows where km is given), q' the rows from the tile. 0: every row. A
+  // tokens (k' the rows from km_rows where km is given), q' the rows from the tile (or from first_row's warp). 0: every row. A
   // decode step (cuda/decode.h) passes its cache length. The backward needs 0.
   int64_t first_row = 0;
   // Forward only: the rows per (b, h) slice of q, k and v (each slice's T rows followed by
@@ -111,8 +113,9 @@ struct CudaAttnArgs {
   // Forward only: the keys of each query tile split over up to this many blocks (FlashDecoding),
   // each adding its share's o and lse to scratch, then a pass that adds the shares: a call with
   // few query tiles (a decode step: one tile a slice) then fills the device. 0 (the default): the
-  // device decides for a call with first_row > 0 (from its SMs, the slices and the keys; 1 where
-  // the tiles alone fill it, and at most one share per 256 keys; APE_CUDA_NUM_SPLITS=N sets N), 1
+  // device decides for a call with first_row > 0 (the count that ends first by rounds of the blocks
+  // its SMs hold; 1 where the tiles alone fill them, at most one share per 256 keys;
+  // APE_CUDA_NUM_SPLITS=N sets N), 1
   // for any other; 1: never split (rows bit for bit those of the full forward); n > 1: min(n, the
   // key tiles of 64 keys, 128). Split rows equal the unsplit ones within the 16-bit rounding of P
   // (against each share's own maximum) and o: another order of the same fp32 sums, the same run to

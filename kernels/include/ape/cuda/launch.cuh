@@ -9,6 +9,7 @@
 #include "ape/cuda/transition.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -211,12 +212,16 @@ cudaError_t launch_table_rows(const In *x, int64_t ld_x, const float *bias, cons
 // or 3 consumers) divides this, so the tile holding first_row starts at or after first_row rounded
 // down to it: the first q' row a forward reads (static_asserts at the launches).
 constexpr int64_t kFwdRowAlign = 384;
+// The rows of one warp of the FlashAttention-2-class forward, at most (16 kMT: 16 at d_h 128, 32
+// below): its split kernel reads q' and the query side's relative rows from first_row's warp on.
+constexpr int64_t kFwdWarpRows = 32;
 
 // tok, q', k' of every slice (the forward's inputs; the backward recomputes them). A forward call
 // (`a`) may narrow them: q' of the rows from q_row0 only (the query tiles it computes), k' into
 // the caller's cache (CudaAttnArgs::km) for its rows from km_rows only; the backward passes none.
 template <class Enc, class In, int kModD>
-cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const CudaAttnArgs *a = nullptr) {
+cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const CudaAttnArgs *a = nullptr,
+                    int64_t q_from = -1) {
   cudaError_t err = cudaSuccess;
   const int64_t BH = p.B * p.H, n = BH * p.T * p.D;
   if constexpr (Enc::kNumTok > 0) {
@@ -240,8 +245,9 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
                     blocks_for(BH * (p.T - row0) * p.D / run_len<In>(), 256), 256, 0, st, p, x, xm, rows);
   };
   // The query tiles a forward computes start at first_row's tile (kFwdRowAlign): q' and the query
-  // side's relative rows of the rows from there.
-  const int64_t q_row0 = a ? a->first_row / kFwdRowAlign * kFwdRowAlign : 0;
+  // side's relative rows of the rows from there, or from q_from (>= 0: the forward reads no row
+  // before it).
+  const int64_t q_row0 = q_from >= 0 ? q_from : a ? a->first_row / kFwdRowAlign * kFwdRowAlign : 0;
   p.q_row0 = q_row0;
   if constexpr (Enc::kHasQMod) {
     In *qm = scratch.take<In>(n, err);
@@ -499,11 +505,19 @@ inline bool bwd_subtiles_enabled() {
 
 // The shares of a split forward's keys (CudaAttnArgs::num_splits) for `blocks` blocks of query
 // tiles whose longest has `key_tiles` key tiles: the caller's n, else (first_row > 0 only)
-// APE_CUDA_NUM_SPLITS=N, else enough shares for kFwdSplitWaves blocks per SM of the device (1
-// where the tiles alone fill it), at most one per kFwdSplitMinTiles key tiles; then at most
-// key_tiles and kFwdSplitMax.
-constexpr int64_t kFwdSplitWaves = 2, kFwdSplitMinTiles = 4, kFwdSplitMax = 128;
-inline cudaError_t num_splits_for(const CudaAttnArgs &a, int64_t blocks, int64_t key_tiles, int &splits) {
+// APE_CUDA_NUM_SPLITS=N, else the n that finishes first by a count of rounds: the split kernel's
+// blocks run in ceil(blocks n / (SMs x per_sm)) rounds (per_sm(int &): the blocks an SM holds,
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor), each as long as a share's ceil(key_tiles / n)
+// key tiles plus one for its fixed part (the query tile, the partial row), the fewest shares on a
+// tie, at most one share per kFwdSplitMinTiles key tiles, none where the query tiles alone fill the
+// SMs; then at most key_tiles and kFwdSplitMax.
+// (A share past a whole round costs a round: at B 1, H 16 on 132 SMs holding one block each, 17
+// shares take 3 rounds of 8 tiles where 8 take one of 16.)
+constexpr int64_t kFwdSplitMinTiles = 4, kFwdSplitMax = 128;
+constexpr int kMaxDevices = 64;  // devices whose answers a process keeps (num_splits_for's per_sm)
+template <class PerSm>
+cudaError_t num_splits_for(const CudaAttnArgs &a, int64_t blocks, int64_t key_tiles, const PerSm &per_sm,
+                           int &splits) {
   int64_t n = a.num_splits;
   splits = 1;
   if (n == 0) {
@@ -514,13 +528,21 @@ inline cudaError_t num_splits_for(const CudaAttnArgs &a, int64_t blocks, int64_t
     if (env && end != env && *end == '\0' && v > 0) {
       n = v;
     } else {
-      int dev = 0, sms = 0;
+      const int64_t most = std::min(key_tiles / kFwdSplitMinTiles, kFwdSplitMax);
+      if (blocks <= 0 || most < 2) return cudaSuccess;
+      int dev = 0, sms = 0, held = 0;
       cudaError_t err = cudaGetDevice(&dev);
       if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      if (err == cudaSuccess) err = per_sm(held);
       if (err != cudaSuccess) return err;
-      if (blocks <= 0 || blocks >= sms) return cudaSuccess;
-      n = (kFwdSplitWaves * sms + blocks - 1) / blocks;
-      if (n > key_tiles / kFwdSplitMinTiles) n = key_tiles / kFwdSplitMinTiles;
+      const int64_t slots = int64_t(sms > 0 ? sms : 1) * (held > 0 ? held : 1);
+      if (blocks >= slots) return cudaSuccess;  // the tiles alone fill every SM
+      int64_t best = 0;
+      n = 1;
+      for (int64_t c = 1; c <= most; ++c) {
+        const int64_t rounds = (blocks * c + slots - 1) / slots, t = rounds * ((key_tiles + c - 1) / c + 1);
+        if (c == 1 || t < best) best = t, n = c;
+      }
     }
   }
   if (n > key_tiles) n = key_tiles;
@@ -550,7 +572,55 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   const cudaStream_t st = a.stream;
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st, a.scratch);
-  if ((err = prepare<Enc, In, kD>(p, scratch, st, &a)) != cudaSuccess) return err;
+  // Which kernel computes the rows (before prepare, which computes q' of the rows it reads): the
+  // flash forward where the device has its shared memory (else the general one); the Hopper one
+  // on sm_90 unless the keys split; the FlashAttention-2-class one otherwise, unsplit, or split
+  // (num_splits_for) or as one share where its tiles' rows are mostly idle (the warps that hold a
+  // row from first_row compute: q' of the rows from the first such warp's, kFwdWarpRows).
+  bool flash = false, use_hopper = false, rows_only = false;
+  int splits = 1;
+  if constexpr (flash_forward_runs<Enc, In, kD>()) {
+    using F = FlashFwd<In, kD>;
+    flash = true;
+    if constexpr (!flash_forward_everywhere<Enc, In, kD>()) {  // the device decides
+      int optin = 0;
+      if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
+      flash = static_cast<size_t>(optin) >= flash_fwd_bytes<Enc, In, kD>();
+    }
+    if constexpr (value_rows<Enc>() == 0)
+      if (flash) {
+        static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
+        const int64_t n_qt = blocks_for(a.T, F::BQ) - a.first_row / F::BQ;
+        // The split kernel's blocks an SM holds (by its tiles' bytes; a parameter cache's are not
+        // counted), asked once per device: 1 where the query fails.
+        const auto per_sm = [&](int &held) -> cudaError_t {
+          static std::atomic<int> known[kMaxDevices];  // blocks + 1 per device (0: not asked)
+          int dev = 0;
+          if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices && known[dev].load() > 0) {
+            held = known[dev].load() - 1;
+            return cudaSuccess;
+          }
+          const auto kernel = flash_forward_kernel<Enc, In, kD, true>;
+          const size_t tiles = flash_fwd_bytes<Enc, In, kD>();
+          if (allow_smem(kernel, tiles) != cudaSuccess ||
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&held, kernel, F::kThreads, tiles) != cudaSuccess)
+            held = 1;
+          if (dev >= 0 && dev < kMaxDevices) known[dev].store(held + 1);
+          return cudaSuccess;
+        };
+        if ((err = num_splits_for(a, a.B * a.H * n_qt, blocks_for(a.T, F::BK), per_sm, splits)) != cudaSuccess)
+          return err;
+        use_hopper = splits == 1 && hopper_device() && hopper_forward_enabled();
+        // Unsplit with at least half of the computed tiles' rows before first_row or past T (a
+        // decode step's tile: one new row of 128): the split kernel as one share.
+        const bool idle_rows = a.first_row > 0 && 2 * (a.T - a.first_row) <= n_qt * F::BQ;
+        rows_only = !use_hopper && (splits > 1 || idle_rows);
+        static_assert(kFwdWarpRows % (16 * F::kMT) == 0, "a warp's rows (the split kernel's idle warps)");
+      }
+  }
+  static_assert(kFwdRowAlign % kFwdWarpRows == 0, "a warp's rows within a tile");
+  const int64_t q_from = rows_only && a.num_layers == 0 ? a.first_row / kFwdWarpRows * kFwdWarpRows : -1;
+  if ((err = prepare<Enc, In, kD>(p, scratch, st, &a, q_from)) != cudaSuccess) return err;
   // The attention itself: the flash kernels for 16-bit inputs (wgmma on sm_90 where the build has
   // sm_90a code, mma.sync elsewhere and with value rows: flash_forward_runs), the general kernel
   // otherwise; p as the kernel read it (q', k' and the scale that go together) for the transition
@@ -571,11 +641,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   auto attend = [&]() -> cudaError_t {
     if constexpr (flash_forward_runs<Enc, In, kD>()) {
       using F = FlashFwd<In, kD>;
-      if constexpr (!flash_forward_everywhere<Enc, In, kD>()) {  // the device decides
-        int optin = 0;
-        if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
-        if (static_cast<size_t>(optin) < flash_fwd_bytes<Enc, In, kD>()) return general();
-      }
+      if (!flash) return general();
       float qsign;
       if ((err = positive_scale(p, scratch, st, qsign)) != cudaSuccess) return err;
       if constexpr (flash_distance<Enc>())
@@ -589,14 +655,9 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           err = launch(feat_sat_kernel<Enc, In>, blocks_for(a.B * a.H * a.T, 256), 256, 0, st, p);
         if (err != cudaSuccess) return err;
       }
-      // Keys split (CudaAttnArgs::num_splits): the FlashAttention-2-class forward's query tiles.
-      int splits = 1;
-      static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
       const int64_t tile0 = a.first_row / F::BQ, n_qt = blocks_for(a.T, F::BQ) - tile0;
-      if constexpr (value_rows<Enc>() == 0)
-        if ((err = num_splits_for(a, a.B * a.H * n_qt, blocks_for(a.T, F::BK), splits)) != cudaSuccess) return err;
-      if constexpr (value_rows<Enc>() == 0)
-      if (splits == 1 && hopper_device() && hopper_forward_enabled()) {
+      if constexpr (value_rows<Enc>() == 0)  // (value rows: never the Hopper forward)
+      if (use_hopper) {
         auto hopper = [&](auto cons) -> cudaError_t {
           constexpr int kCons = decltype(cons)::value;
           using H = HopperFwd<In, kD, kCons>;
@@ -654,7 +715,9 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       bytes += extra;
       p.tile0 = tile0;
       const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>(n_qt), static_cast<unsigned>(splits));
-      if (splits == 1) {
+      // Unsplit, or the split kernel (rows_only): as one share (its warps without a row from
+      // first_row compute nothing; the same bits in rows [first_row, T)) or its shares' sum.
+      if (!rows_only) {
         if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
         return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
       }
@@ -664,6 +727,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         if ((err = allow_smem(kernel, bytes)) != cudaSuccess) return err;
         const int64_t S = a.B * a.H;
         p.num_splits = splits, p.part_row0 = a.first_row, p.part_rows = a.T - a.first_row;
+        if (splits == 1) return launch(kernel, grid, F::kThreads, bytes, st, p);  // o and lse written
         p.part_o = scratch.take<float>(splits * S * p.part_rows * kD, err);
         if (err == cudaSuccess) p.part_lse = scratch.take<float>(splits * S * p.part_rows, err);
         if (err != cudaSuccess || (err = launch(kernel, grid, F::kThreads, bytes, st, p)) != cudaSuccess) return err;

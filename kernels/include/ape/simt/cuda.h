@@ -133,6 +133,16 @@ cudaError_t func_set_attribute(const void *kernel, cudaFuncAttribute attr, int v
 template <class F> cudaError_t cudaFuncSetAttribute(F *kernel, cudaFuncAttribute attr, int value) {
   return ::ape::simt::func_set_attribute(reinterpret_cast<const void *>(kernel), attr, value);
 }
+namespace ape::simt {
+cudaError_t occupancy(int *blocks, const void *kernel, int threads, size_t dynamic_smem);
+}
+// Blocks of `kernel` an SM holds at once by its threads and shared memory (the architecture's
+// limits; 0 where the launch would be refused). The emulator has no register file: a real GPU's
+// answer can be lower where registers limit the blocks.
+template <class F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, F *kernel, int threads, size_t dynamic_smem) {
+  return ::ape::simt::occupancy(blocks, reinterpret_cast<const void *>(kernel), threads, dynamic_smem);
+}
 
 // ---- launches ----------------------------------------------------------------------------------------
 namespace ape::simt {

@@ -75,6 +75,9 @@ struct Traffic {
   // bytes by access width: 1, 2, 4, 8, 16 bytes (and wider), then cp.async / TMA / bulk copies
   size_t by_width[6] = {};
   size_t accesses = 0;
+  // The tensor cores' work its warps issued, 2 m n k per mma.sync, wmma or wgmma (each warp's
+  // share of a warpgroup's): the multiply-adds the kernel asks for, useful or not.
+  size_t mma_flops = 0;
   size_t named_rounds[16] = {};  // completed rounds of named barrier id (bar.sync / bar.arrive)
 };
 std::vector<Traffic> take_traffic();
