@@ -2,14 +2,15 @@
 // against recomputing the full forward over the whole sequence for every new token, at several
 // context lengths. A randomly initialised model (the speed does not depend on the weights).
 //
-//   ape-bench-decode [--encodings rope,alibi,cable] [--lengths 256,1024,4096] [--new 32]
+//   ape-bench-decode [--encodings rope,alibi,cable] [--lengths 256,1024,4096] [--new 32] [--batch 1]
 //                    [--d-model 256 --layers 4 --heads 4] [--threads 0] [--csv out.csv]
 //                    [--device cpu|cuda[:N]] [--precision auto|f32|bf16|f16]
 //
-// Per (encoding, length L): prefill L - 1 tokens into a cache and run one untimed single-token
-// step (the first launch of its kernels), then time `new` single-token steps (contexts L+1 ..
-// L+new): cached tokens/s. Recompute: time forwards over L+1 tokens (the work one
-// new token costs without a cache), at least 3 and at least 1 s: recompute tokens/s.
+// Per (encoding, length L): prefill L - 1 tokens of each of `batch` sequences into a cache and run
+// one untimed single-token step (the first launch of its kernels), then time `new` single-token
+// steps (contexts L+1 .. L+new): cached tokens/s (batch tokens a step). Recompute: time forwards
+// over L+1 tokens of each sequence (the work one new token costs without a cache), at least 3 and
+// at least 1 s: recompute tokens/s.
 // --threads 0 (the default): all hardware threads, and the cached steps take fewer as the tools'
 // do (runtime/Threads.h, SmallWorkThreads); --threads N: N throughout.
 // --device cuda: the model on the GPU (runtime/Decode.cpp's cache, the generated CUDA kernels; bf16
@@ -46,7 +47,7 @@ int main(int argc, char **argv) {
   ape::prepare_threads(argv);
   std::string encodings = "nope,rope,rope_dynamic_ntk,alibi,cable,shaw", lengths = "256,1024,4096", csv;
   std::string device = "cpu", precision = "auto";
-  int64_t n_new = 32, d_model = 256, layers = 4, heads = 4, threads = 0;
+  int64_t n_new = 32, d_model = 256, layers = 4, heads = 4, threads = 0, batch = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -56,6 +57,7 @@ int main(int argc, char **argv) {
     if (a == "--encodings") encodings = next();
     else if (a == "--lengths") lengths = next();
     else if (a == "--new") n_new = std::stoll(next());
+    else if (a == "--batch") batch = std::stoll(next());
     else if (a == "--d-model") d_model = std::stoll(next());
     else if (a == "--layers") layers = std::stoll(next());
     else if (a == "--heads") heads = std::stoll(next());
@@ -65,8 +67,8 @@ int main(int argc, char **argv) {
     else if (a == "--precision") precision = next();
     else { std::cerr << "unknown option " << a << " (see the top of bench/decode_bench.cpp)\n"; return 2; }
   }
-  if (n_new < 1) {
-    std::cerr << "--new must be at least 1\n";
+  if (n_new < 1 || batch < 1) {
+    std::cerr << (n_new < 1 ? "--new" : "--batch") << " must be at least 1\n";
     return 2;
   }
   ape::set_threads(threads);
@@ -82,9 +84,9 @@ int main(int argc, char **argv) {
     if (dev.is_cuda()) (void)t.sum().item<float>();
   };
   std::ostringstream rows;
-  rows << "encoding,length,cached_tok_s,recompute_tok_s,speedup\n";
+  rows << "encoding,length,cached_tok_s,recompute_tok_s,speedup,batch\n";
   std::cout << "d_model " << d_model << ", " << layers << " layers, " << heads << " heads, " << dev.str() << ", " << n_new
-            << " new tokens per length\n\n"
+            << " new tokens per length, batch " << batch << "\n\n"
             << std::left << std::setw(18) << "encoding" << std::right << std::setw(8) << "L" << std::setw(14)
             << "cached tok/s" << std::setw(16) << "recompute tok/s" << std::setw(10) << "speedup\n";
   for (const auto &enc : split(encodings)) {
@@ -108,7 +110,7 @@ int main(int argc, char **argv) {
       at::NoGradGuard ng;
       // The prefill of L - 1 tokens and one untimed one-token step (its kernels' first launch),
       // then n_new timed steps (contexts L + 1 .. L + n_new).
-      at::Tensor tokens = at::randint(mc.vocab, {1, L + n_new}, at::kLong);
+      at::Tensor tokens = at::randint(mc.vocab, {batch, L + n_new}, at::kLong);
       ape::KvCache cache(L + n_new);
       done(model->forward_cached(tokens.narrow(1, 0, L - 1), cache));
       done(model->forward_cached(tokens.narrow(1, L - 1, 1), cache));
@@ -116,7 +118,7 @@ int main(int argc, char **argv) {
       at::Tensor last;
       for (int64_t s = 0; s < n_new; ++s) last = model->forward_cached(tokens.narrow(1, L + s, 1), cache);
       done(last);
-      const double cached = double(n_new) / (now() - t0);
+      const double cached = double(n_new * batch) / (now() - t0);
       int64_t reps = 0;
       const at::Tensor window = tokens.narrow(1, 0, L + 1).to(dev.device);
       t0 = now();
@@ -124,11 +126,11 @@ int main(int argc, char **argv) {
         last = model->forward(window), ++reps;
         if (dev.is_cuda()) done(last);
       }
-      const double recompute = double(reps) / (now() - t0);
+      const double recompute = double(reps * batch) / (now() - t0);
       std::cout << std::left << std::setw(18) << enc << std::right << std::setw(8) << L << std::fixed
                 << std::setprecision(1) << std::setw(14) << cached << std::setw(16) << recompute
                 << std::setw(9) << cached / recompute << "x\n";
-      rows << enc << "," << L << "," << cached << "," << recompute << "," << cached / recompute << "\n";
+      rows << enc << "," << L << "," << cached << "," << recompute << "," << cached / recompute << "," << batch << "\n";
     }
   }
   if (!csv.empty()) std::ofstream(csv) << rows.str();

@@ -37,7 +37,7 @@
 #              and across devices, evaluated and decoded on the other device, cached decoding's
 #              tokens/s (a text scored on the GPU and on the CPU; one-token steps at L 1024
 #              and 8192, keys split over blocks and not, and unsplit on the FlashAttention-2-class
-#              kernel: ape-bench-decode), ALiBi (an
+#              kernel, at batch 1 and 32: ape-bench-decode), ALiBi (an
 #              encoding with params) 20 steps, NCCL with one rank, and tokens/s against a PyTorch SDPA loop (bench/train_peer.py):
 #              240 to build, 120 a run (the CPU run 240)
 #   counters   (only when named) Nsight Compute's counters of APE's kernels for one
@@ -291,6 +291,12 @@ train_stage() {  # dir suite_build logs python jobs
   # without the new row compute nothing (on sm_90 against the Hopper forward's whole 128-row tile).
   APE_CUDA_NUM_SPLITS=1 APE_CUDA_HOPPER_FORWARD=0 step decode-oneshare "$bin/ape-bench-decode" "${dec[@]}" \
     --csv "$out/decode-oneshare.csv" || rc=1
+  # A batch of 32 (512 slices: the tiles alone fill the SMs, no split): the default (on sm_90 the
+  # Hopper forward's whole tile) against the FlashAttention-2-class kernel as one share.
+  local decb=(--encodings rope --lengths 1024,8192 --new 32 --batch 32 --d-model 1024 --layers 4 --heads 16 --device cuda)
+  step decode-batch "$bin/ape-bench-decode" "${decb[@]}" --csv "$out/decode-batch.csv" || rc=1
+  APE_CUDA_HOPPER_FORWARD=0 step decode-batch-oneshare "$bin/ape-bench-decode" "${decb[@]}" \
+    --csv "$out/decode-batch-oneshare.csv" || rc=1
   # An encoding with params (ALiBi's trainable slopes): 20 steps on the GPU, its params' gradients
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \

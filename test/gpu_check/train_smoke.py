@@ -129,7 +129,8 @@ def main():
     else:
         check("no host waits inside the queued steps (nccl)", False, "no complete run (logs/train/nccl.log)")
     for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "score-gpu",
-                 "score-cpu", "decode-split", "decode-unsplit", "decode-oneshare", "gpu-params", "nccl"):
+                 "score-cpu", "decode-split", "decode-unsplit", "decode-oneshare", "decode-batch",
+                 "decode-batch-oneshare", "gpu-params", "nccl"):
         check(name, steps.get(name) == 0, f"exit {steps.get(name, 'not run')} (logs/train/{name}.log)")
 
     # Speed: tokens/s and memory of APE's run and the PyTorch SDPA peer's.
@@ -154,7 +155,7 @@ def main():
     # One-token steps at long contexts, keys split over blocks (the default), unsplit, and unsplit
     # on the FlashAttention-2-class kernel (one share; APE_CUDA_HOPPER_FORWARD=0).
     rows = {}
-    for kind in ("split", "unsplit", "oneshare"):
+    for kind in ("split", "unsplit", "oneshare", "batch", "batch-oneshare"):
         try:
             with open(out / f"decode-{kind}.csv") as f:
                 for r in csv.DictReader(f):
@@ -169,6 +170,9 @@ def main():
         if "oneshare" in v and "unsplit" in v and v["unsplit"] > 0:
             print(f"decode {enc} L {length}: {v['oneshare']:.0f} tokens/s unsplit on the FlashAttention-2-class "
                   f"kernel (one share) against {v['unsplit']:.0f} unsplit by default ({v['oneshare'] / v['unsplit']:.2f}x)")
+        if "batch" in v and "batch-oneshare" in v and v["batch"] > 0:
+            print(f"decode {enc} L {length}, batch 32: {v['batch']:.0f} tokens/s by default, {v['batch-oneshare']:.0f} on "
+                  f"the FlashAttention-2-class kernel as one share ({v['batch-oneshare'] / v['batch']:.2f}x)")
     n_pass = sum(results)
     print(f"{n_pass} of {len(results)} training checks passed"
           + (f"; APE {ape[0]} vs SDPA {peer[0]} tok/s{ratio}" if ape and peer else ""))
