@@ -259,6 +259,29 @@ TEST_F(Simt, LaunchChecksFollowTheArchitecture) {
   ape::simt::set_arch(80);
 }
 
+// The occupancy query (cudaOccupancyMaxActiveBlocksPerMultiprocessor) by the architecture's
+// threads, blocks and shared memory per SM, 1 KiB of it reserved per block (the emulator has no
+// registers to count).
+TEST_F(Simt, OccupancyFollowsTheArchitecture) {
+  auto blocks = [](int threads, int bytes) {
+    int n = -1;
+    EXPECT_EQ(planted::big_shared_occupancy(threads, bytes, n), 0);
+    return n;
+  };
+  EXPECT_EQ(blocks(128, 0), 16);          // sm_80: 2048 threads
+  EXPECT_EQ(blocks(32, 0), 32);           // 32 blocks
+  EXPECT_EQ(blocks(256, 48 * 1024), 3);   // 164 KiB / 49 KiB
+  EXPECT_EQ(blocks(256, 96 * 1024), 1);
+  ape::simt::set_arch(90);
+  EXPECT_EQ(blocks(256, 96 * 1024), 2);   // 228 KiB
+  ape::simt::set_arch(86);
+  EXPECT_EQ(blocks(1024, 0), 1);          // 1536 threads
+  EXPECT_EQ(blocks(256, 48 * 1024), 2);   // 100 KiB
+  EXPECT_EQ(blocks(256, 120 * 1024), 0);  // beyond sm_86's 99 KiB a block
+  ape::simt::set_arch(80);
+  findings();  // (the refused attribute's)
+}
+
 // ---- PTX layouts -------------------------------------------------------------------------------------
 uint16_t bf16_bits(float x) {
   const torch::Tensor t = torch::tensor({x}).to(torch::kBFloat16);
@@ -340,8 +363,12 @@ TEST_F(Simt, MmaFollowsThePtxIsaLayoutAndAWrongLaneMapFails) {
   const torch::Tensor want =
       (A.to(torch::kFloat64).matmul(B.to(torch::kFloat64)) + C.to(torch::kFloat64));
   std::vector<float> d;
+  ape::simt::take_traffic();
   ASSERT_EQ(planted::mma_16x8x16(a, b, c, false, d), 0);
   EXPECT_TRUE(findings().empty());
+  size_t flops = 0;
+  for (const auto &t : ape::simt::take_traffic()) flops += t.mma_flops;
+  EXPECT_EQ(flops, size_t(2 * 16 * 8 * 16)) << "the tensor cores' work of one mma.sync (Traffic::mma_flops)";
   const torch::Tensor got = torch::from_blob(d.data(), {16, 8}).to(torch::kFloat64);
   EXPECT_LE((got - want).abs().max().item<double>(), 1e-5);  // f32 sums of exact products
   ASSERT_EQ(planted::mma_16x8x16(a, b, c, true, d), 0);

@@ -68,6 +68,9 @@ enum class AsyncMode { Correct, ReadBeforeWait, NeverWait };
 int async_copy(AsyncMode mode, int src_bytes, std::vector<float> &out);
 // A kernel with `bytes` of dynamic shared memory, with or without cudaFuncSetAttribute first.
 int big_shared(int bytes, bool set_attribute);
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor of that kernel at `threads` and `bytes` (the
+// attribute set to `bytes` first where it exceeds 48 KiB and the architecture allows it).
+int big_shared_occupancy(int threads, int bytes, int &blocks);
 // Host code (in an instrumented translation unit) reads device memory.
 int host_reads_device();
 

@@ -615,6 +615,12 @@ int big_shared(int bytes, bool set_attribute) {
   return err;
 }
 
+int big_shared_occupancy(int threads, int bytes, int &blocks) {
+  if (bytes > 48 * 1024)
+    (void)cudaFuncSetAttribute(big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, big_shared_kernel, threads, static_cast<size_t>(bytes));
+}
+
 int memcpy_2d(std::vector<unsigned char> &host, std::vector<unsigned char> &back, std::vector<int> &codes) {
   host.resize(7 * 40);
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned char>(i * 7 + 1);
