@@ -592,11 +592,17 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
         const int64_t n_qt = blocks_for(a.T, F::BQ) - a.first_row / F::BQ;
         // The split kernel's blocks an SM holds (by its tiles' bytes; a parameter cache's are not
-        // counted), asked once per device: 1 where the query fails.
+        // counted), asked once per device (under the emulator, whose device changes architecture
+        // in a process, every time): 1 where the query fails.
         const auto per_sm = [&](int &held) -> cudaError_t {
           static std::atomic<int> known[kMaxDevices];  // blocks + 1 per device (0: not asked)
+#ifdef APE_SIMT
+          constexpr bool kKeep = false;
+#else
+          constexpr bool kKeep = true;
+#endif
           int dev = 0;
-          if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices && known[dev].load() > 0) {
+          if (kKeep && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices && known[dev].load() > 0) {
             held = known[dev].load() - 1;
             return cudaSuccess;
           }
@@ -605,7 +611,7 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           if (allow_smem(kernel, tiles) != cudaSuccess ||
               cudaOccupancyMaxActiveBlocksPerMultiprocessor(&held, kernel, F::kThreads, tiles) != cudaSuccess)
             held = 1;
-          if (dev >= 0 && dev < kMaxDevices) known[dev].store(held + 1);
+          if (kKeep && dev >= 0 && dev < kMaxDevices) known[dev].store(held + 1);
           return cudaSuccess;
         };
         if ((err = num_splits_for(a, a.B * a.H * n_qt, blocks_for(a.T, F::BK), per_sm, splits)) != cudaSuccess)
