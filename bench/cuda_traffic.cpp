@@ -1,13 +1,15 @@
 // ape-cuda-traffic: the global-memory traffic of the CUDA kernels, counted by the SIMT emulator
 // (bench/README.md, "GPU traffic without a GPU"; docs/cuda.md).
 //
-// For each encoding it runs one forward and one backward of the emulated kernels (the sources
+// For each encoding it runs one forward, one backward and one decode step of the emulated kernels (the sources
 // nvcc compiles, built by the host compiler against the emulator, which sees every load, store
 // and atomic of device memory) and reports per kernel: the bytes its threads read, wrote and
 // updated atomically, their share of the pass, the bytes per FLOP of the attention, and the share
 // moved by 16-byte accesses or async copies (cp.async, TMA); per pass: the total against the
 // minimum (every input read once, every output written once) and the side kernels' share (every
-// kernel but the attention kernel itself). These are the threads' requests, what the SMs ask of
+// kernel but the attention kernel itself). The decode step (cuda/decode.h) is one new token at L =
+// T over a cache of T - 1 (the device's choice of split; the prefill not counted); its minimum is
+// the keys' and values' read, and the new row's q read and o written. These are the threads' requests, what the SMs ask of
 // L2 (the kernels load through cp.async.cg / ld.cg, which skip L1), not DRAM bytes.
 //
 //   build/bench/ape-cuda-traffic [--encodings nope rope ...] [--B 1 --H 2 --T 256 --D 64]
@@ -18,6 +20,10 @@
 // against traffic regressions. The counts are exact and deterministic (one emulator worker).
 #include <ape/cuda/bwd_layouts.h>
 #include <ape/cuda/kernel_entry.h>
+#if __has_include(<ape/cuda/decode.h>)  // (bench/cuda_traffic_at.sh: a revision before it has no decode pass)
+#include <ape/cuda/decode.h>
+#define APE_TRAFFIC_DECODE 1
+#endif
 #include <ape/simt/runtime.h>
 
 #include <cmath>
@@ -74,7 +80,8 @@ Options parse(int argc, char **argv) {
       std::printf(
           "usage: ape-cuda-traffic [--encodings NAME...] [--B N] [--H N] [--T N] [--D 32|64|128]\n"
           "                        [--md FILE] [--csv FILE] [--check BASELINE.csv]\n"
-          "Global-memory bytes of each emulated CUDA kernel, forward and backward, bf16, causal.\n");
+          "Global-memory bytes of each emulated CUDA kernel, forward, backward and a one-token decode\n"
+          "step at L = T, bf16, causal.\n");
       std::exit(0);
     } else if (a == "--encodings") {
       o.encodings.clear();
@@ -232,21 +239,54 @@ std::vector<Row> measure(const CudaKernelEntry &e, const Options &o) {
   a.status = device(std::vector<uint32_t>(1));
   if (ape::cuda::backward(e, a) != cudaSuccess) die(std::string(e.name) + ": the backward failed");
   for (Row &r : take(e.name, "backward")) rows.push_back(r);
+#ifdef APE_TRAFFIC_DECODE
+  // Decode: a prefill of T - 1 tokens (not counted), then one token at L = T.
+  ape::cuda::CudaDecodeCache cache;
+  cache.capacity = o.T;
+  for (const int64_t m : {o.T - 1, int64_t(1)}) {
+    const size_t rows_n = static_cast<size_t>(o.B * o.H * m), elems = rows_n * static_cast<size_t>(o.D);
+    auto part = [&] {
+      std::vector<__nv_bfloat16> x(elems);
+      for (auto &v : x) v = __float2bfloat16_rn(normal(rng));
+      return device(x);
+    };
+    std::vector<const float *> dfeat;
+    for (int f = 0; f < e.num_features; ++f) {
+      std::vector<float> x(rows_n);
+      for (auto &v : x) v = unit(rng);
+      dfeat.push_back(device(x));
+    }
+    ape::cuda::CudaDecodeArgs d;
+    d.B = o.B, d.H = o.H, d.n = m, d.D = o.D, d.dtype = DType::BF16, d.scale = a.scale;
+    d.q = part(), d.k = part(), d.v = part();
+    d.o = device(std::vector<__nv_bfloat16>(elems));
+    d.lse = device(std::vector<float>(rows_n));
+    d.features = dfeat.data(), d.params = params.data();
+    ape::simt::take_traffic();
+    if (ape::cuda::decode_step(e, cache, d) != cudaSuccess) die(std::string(e.name) + ": the decode step failed");
+    if (cudaDeviceSynchronize() != cudaSuccess) die(std::string(e.name) + ": a decode kernel failed");
+    if (m == 1)
+      for (Row &r : take(e.name, "decode")) rows.push_back(r);
+  }
+#endif
   if (cudaDeviceSynchronize() != cudaSuccess) die(std::string(e.name) + ": a kernel failed");
   if (ape::simt::finding_count() > 0) die(std::string(e.name) + ": the emulator's checks found errors");
   return rows;
 }
 
 // FLOPs of the causal attention (FlashAttention's count: 4 B H D T(T+1)/2 forward, 2.5x that
-// backward) and the minimum bytes of a pass: bf16 q, k, v read and o written, lse (fp32) written;
-// backward: q, k, v, o, dO and lse read, dq, dk, dv written.
-double flops(const Options &o, bool backward) {
+// backward; a decode step's row: 4 B H D T) and the minimum bytes of a pass: bf16 q, k, v read and
+// o written, lse (fp32) written; backward: q, k, v, o, dO and lse read, dq, dk, dv written; decode:
+// k and v of T keys read, the new row's q read and o and lse written.
+double flops(const Options &o, const std::string &pass) {
+  if (pass == "decode") return 4.0 * o.B * o.H * o.D * o.T;
   const double f = 4.0 * o.B * o.H * o.D * (o.T * (o.T + 1) / 2.0);
-  return backward ? 2.5 * f : f;
+  return pass == "backward" ? 2.5 * f : f;
 }
-double min_bytes(const Options &o, bool backward) {
+double min_bytes(const Options &o, const std::string &pass) {
   const double n = double(o.B) * o.H * o.T * o.D, bht = double(o.B) * o.H * o.T;
-  return backward ? 2 * 8 * n + 4 * bht : 2 * 4 * n + 4 * bht;
+  if (pass == "decode") return 2 * 2 * n + 2 * 2 * double(o.B) * o.H * o.D + 4.0 * o.B * o.H;
+  return pass == "backward" ? 2 * 8 * n + 4 * bht : 2 * 4 * n + 4 * bht;
 }
 
 std::string fmt(const char *f, double x) {
@@ -289,7 +329,7 @@ int main(int argc, char **argv) {
         "bytes / kFLOP | 16-byte or async |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const Row &r : rows) {
     const Pass &p = passes[{r.encoding, r.pass}];
-    const double f = flops(o, r.pass == "backward");
+    const double f = flops(o, r.pass);
     md << "| " << r.encoding << " | " << r.pass << " | " << r.kernel << " | " << r.launches << " | "
        << fmt("%.1f", r.read / 1024.0) << " | " << fmt("%.1f", r.written / 1024.0) << " | "
        << fmt("%.1f", r.atomic / 1024.0) << " | " << fmt("%.1f%%", 100.0 * r.total() / p.total) << " | "
@@ -299,9 +339,8 @@ int main(int argc, char **argv) {
   md << "\n| encoding | pass | bytes / kFLOP | total / minimum | side kernels' share |\n"
         "| --- | --- | --- | --- | --- |\n";
   for (const auto &[key, p] : passes) {
-    const bool bwd = key.second == "backward";
-    md << "| " << key.first << " | " << key.second << " | " << fmt("%.2f", 1000.0 * p.total / flops(o, bwd))
-       << " | " << fmt("%.2fx", p.total / min_bytes(o, bwd)) << " | "
+    md << "| " << key.first << " | " << key.second << " | " << fmt("%.2f", 1000.0 * p.total / flops(o, key.second))
+       << " | " << fmt("%.2fx", p.total / min_bytes(o, key.second)) << " | "
        << fmt("%.1f%%", 100.0 * p.side / p.total) << " |\n";
   }
   std::printf("B %lld, H %lld, T %lld, D %lld, bf16, causal (emulated; bytes the threads request)\n\n%s",
