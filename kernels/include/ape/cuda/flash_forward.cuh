@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   // Keys split (Params::num_splits; 1: every key tile): this block's key tiles [kt_lo, kt_hi), an even share of
   // the tile's; its rows' o / l and lse of them from part_row0 on (the combine adds the shares), so
   // the rows before part_row0 are not read (zeros).
-  static_assert(!kSplit || kMass == 0, "value rows' masses are not split");
+  // (Value rows' masses are not split: launch.cuh runs a kernel with value rows as one share only.)
   int kt_lo = 0, kt_hi = static_cast<int>((i_end + BK - 1) / BK);  // causal: keys < i_end
   int q_skip = 0;
   if constexpr (kSplit) {
@@ -615,6 +615,34 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   for (; kt < kt_hi; ++kt) step(kt, std::true_type{}, std::false_type{});
   ptx::cp_async_wait<0>();
 
+  // Value rows: this head's table rows, table[r, h, :] for every r, into the K and V buffers
+  // (free now) as floats, read by every row of the block below.
+  [[maybe_unused]] float *sTab = reinterpret_cast<float *>(smem + C::k);
+  if constexpr (kMass > 0) {
+    static_assert(sizeof(float) * kMass * D <= C::bytes - C::k, "the value table in the K and V buffers");
+    __syncthreads();  // every warp is done with K and V
+    const float *table = p.params[Enc::kValueTable] + (bh % p.H) * D;
+    for (int x = static_cast<int>(threadIdx.x); x < kMass * D; x += C::kThreads)
+      sTab[x] = table[int64_t(x / D) * p.H * D + x % D];
+    __syncthreads();
+  }
+  // O += sum_r mass[r] table[r, h, :] for the thread's row rr of m16 tile mt (the masses' order: r).
+  [[maybe_unused]] auto add_value_rows = [&](int mt, int h, int rr) {
+    if constexpr (kMass > 0) {
+      const float *row = sMass + rr * kMass;
+      for (int r = 0; r < kMass; ++r) {
+        const float w = row[r];
+        if (w == 0.f) continue;
+        const float *tr = sTab + r * D + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][2 * h] = fmaf(w, tr[8 * dt], o[mt][dt][2 * h]);
+          o[mt][dt][2 * h + 1] = fmaf(w, tr[8 * dt + 1], o[mt][dt][2 * h + 1]);
+        }
+      }
+    }
+  };
+
   if constexpr (kSplit) {  // this share's o / l and lse (natural log; -inf where no key is visible)
     // One share (num_splits 1: a call whose tiles' rows are mostly idle, launch.cuh): the rows' o
     // and lse themselves, the unsplit epilogue's values (no combine).
@@ -628,6 +656,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
         const float inv = lt > 0.f ? 1.f / lt : 0.f;
         if (i < p.part_row0 || i >= T) continue;
         if (whole) {
+          add_value_rows(mt, h, r0 + 16 * mt + g + 8 * h);
           In *po = p.o + base + i * D + 2 * t;
 #pragma unroll
           for (int dt = 0; dt < kDT; ++dt)
@@ -646,17 +675,6 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     return;
   }
 
-  // Value rows: this head's table rows, table[r, h, :] for every r, into the K and V buffers
-  // (free now) as floats, read by every row of the block below.
-  [[maybe_unused]] float *sTab = reinterpret_cast<float *>(smem + C::k);
-  if constexpr (kMass > 0) {
-    static_assert(sizeof(float) * kMass * D <= C::bytes - C::k, "the value table in the K and V buffers");
-    __syncthreads();  // every warp is done with K and V
-    const float *table = p.params[Enc::kValueTable] + (bh % p.H) * D;
-    for (int x = static_cast<int>(threadIdx.x); x < kMass * D; x += C::kThreads)
-      sTab[x] = table[int64_t(x / D) * p.H * D + x % D];
-    __syncthreads();
-  }
   // o = O / l, lse = m + log l (natural log); a row without a finite logit: o = 0, lse = -inf.
   // o leaves through the warp's own rows of the Q tile (only this warp reads them, and its last
   // read is done: __syncwarp): the fragments' 4-byte pairs go there in the tile's swizzled layout
@@ -672,19 +690,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       const int64_t i = i0 + rr;
       const float lt = flash::quad_sum(l[mt][h]);
       const float inv = lt > 0.f ? 1.f / lt : 0.f;
-      if constexpr (kMass > 0) {  // O += sum_r mass[r] table[r, h, :] (the masses' order: r)
-        const float *row = sMass + rr * kMass;
-        for (int r = 0; r < kMass; ++r) {
-          const float w = row[r];
-          if (w == 0.f) continue;
-          const float *tr = sTab + r * D + 2 * t;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            o[mt][dt][2 * h] = fmaf(w, tr[8 * dt], o[mt][dt][2 * h]);
-            o[mt][dt][2 * h + 1] = fmaf(w, tr[8 * dt + 1], o[mt][dt][2 * h + 1]);
-          }
-        }
-      }
+      add_value_rows(mt, h, rr);
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt)
         *reinterpret_cast<uint32_t *>(sQ + flash::Swizzle<D>::offset(rr, 8 * dt + 2 * t)) =

@@ -587,10 +587,10 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       if ((err = device_smem_optin(optin)) != cudaSuccess) return err;
       flash = static_cast<size_t>(optin) >= flash_fwd_bytes<Enc, In, kD>();
     }
-    if constexpr (value_rows<Enc>() == 0)
-      if (flash) {
-        static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
-        const int64_t n_qt = blocks_for(a.T, F::BQ) - a.first_row / F::BQ;
+    if (flash) {
+      static_assert(kFwdRowAlign % F::BQ == 0, "q' from first_row's tile (prepare)");
+      const int64_t n_qt = blocks_for(a.T, F::BQ) - a.first_row / F::BQ;
+      if constexpr (value_rows<Enc>() == 0) {  // (value rows: never split, never the Hopper forward)
         // The split kernel's blocks an SM holds (by its tiles' bytes; a parameter cache's are not
         // counted), asked once per device (under the emulator, whose device changes architecture
         // in a process, every time): 1 where the query fails.
@@ -617,12 +617,13 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         if ((err = num_splits_for(a, a.B * a.H * n_qt, blocks_for(a.T, F::BK), per_sm, splits)) != cudaSuccess)
           return err;
         use_hopper = splits == 1 && hopper_device() && hopper_forward_enabled();
-        // Unsplit with at least half of the computed tiles' rows before first_row or past T (a
-        // decode step's tile: one new row of 128): the split kernel as one share.
-        const bool idle_rows = a.first_row > 0 && 2 * (a.T - a.first_row) <= n_qt * F::BQ;
-        rows_only = !use_hopper && (splits > 1 || idle_rows);
-        static_assert(kFwdWarpRows % (16 * F::kMT) == 0, "a warp's rows (the split kernel's idle warps)");
       }
+      // Unsplit with at least half of the computed tiles' rows before first_row or past T (a
+      // decode step's tile: one new row of 128): the split kernel as one share.
+      const bool idle_rows = a.first_row > 0 && 2 * (a.T - a.first_row) <= n_qt * F::BQ;
+      rows_only = !use_hopper && (splits > 1 || idle_rows);
+      static_assert(kFwdWarpRows % (16 * F::kMT) == 0, "a warp's rows (the split kernel's idle warps)");
+    }
   }
   static_assert(kFwdRowAlign % kFwdWarpRows == 0, "a warp's rows within a tile");
   const int64_t q_from = rows_only && a.num_layers == 0 ? a.first_row / kFwdWarpRows * kFwdWarpRows : -1;
@@ -727,13 +728,13 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
         return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
       }
+      const auto kernel = flash_forward_kernel<Enc, In, kD, true>;
+      if ((err = allow_smem(kernel, bytes)) != cudaSuccess) return err;
+      p.num_splits = splits, p.part_row0 = a.first_row, p.part_rows = a.T - a.first_row;
+      if (splits == 1) return launch(kernel, grid, F::kThreads, bytes, st, p);  // o and lse written
       if constexpr (value_rows<Enc>() == 0) {
         // The shares of rows [first_row, T), then their sum into o and lse.
-        const auto kernel = flash_forward_kernel<Enc, In, kD, true>;
-        if ((err = allow_smem(kernel, bytes)) != cudaSuccess) return err;
         const int64_t S = a.B * a.H;
-        p.num_splits = splits, p.part_row0 = a.first_row, p.part_rows = a.T - a.first_row;
-        if (splits == 1) return launch(kernel, grid, F::kThreads, bytes, st, p);  // o and lse written
         p.part_o = scratch.take<float>(splits * S * p.part_rows * kD, err);
         if (err == cudaSuccess) p.part_lse = scratch.take<float>(splits * S * p.part_rows, err);
         if (err != cudaSuccess || (err = launch(kernel, grid, F::kThreads, bytes, st, p)) != cudaSuccess) return err;
