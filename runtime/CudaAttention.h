@@ -56,13 +56,18 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
 
 // A decode step's forward over a cache read in place: q, k, v (B, H, capacity, D) hold T tokens;
 // km (the same shape, where cuda_caches_k_mod) holds k' of the first km_rows and gets the rest
-// up to T. Returns o (B, H, T, D), rows [first_row, T) computed (cuda/kernel_entry.h: ld, km).
+// up to T; krel (float32, B H capacity cuda_key_rel_floats elements, where that is > 0) likewise
+// the key side's relative rows. Either may be undefined. Returns o (B, H, T, D), rows
+// [first_row, T) computed (cuda/kernel_entry.h: ld, km, krel).
 at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                                const at::Tensor &v, int64_t T, const std::vector<at::Tensor> &features,
                                const std::vector<at::Tensor> &params, double scale, int64_t first_row,
-                               const at::Tensor &km, int64_t km_rows);
+                               const at::Tensor &km, const at::Tensor &krel, int64_t km_rows);
 // Whether a decode cache keeps k' for this encoding's CUDA kernels (CudaKernelEntry::caches_k_mod).
 bool cuda_caches_k_mod(const KernelEntry &entry);
+// Floats per token of the key side's relative rows a decode cache keeps for this encoding's CUDA
+// kernels (CudaKernelEntry::key_rel_floats; 0: none).
+int64_t cuda_key_rel_floats(const KernelEntry &entry);
 
 // The CUDA kernels of a spec compiled at run time (runtime/SpecLibrary.h, --spec) for `dtype` at
 // `head_dim`, compiled by nvcc for GPU architecture `arch` (cuda_arch) unless this process has them,

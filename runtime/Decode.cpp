@@ -69,7 +69,10 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
     at::Tensor bq = at::zeros(shape, q.options()), bk = at::zeros(shape, q.options());
     at::Tensor bv = at::zeros(shape, q.options());
     at::Tensor bkm = cuda_caches_k_mod(e) ? at::zeros(shape, q.options()) : at::Tensor();
-    cache.q = bq, cache.k = bk, cache.v = bv, cache.km = bkm, cache.km_len = 0;
+    const int64_t rel = cuda_key_rel_floats(e);
+    at::Tensor brel =
+        rel > 0 ? at::zeros({q.size(0) * q.size(1) * capacity * rel}, q.options().dtype(at::kFloat)) : at::Tensor();
+    cache.q = bq, cache.k = bk, cache.v = bv, cache.km = bkm, cache.krel = brel, cache.km_len = 0;
   }
   cache.q.narrow(2, L0, n).copy_(q), cache.k.narrow(2, L0, n).copy_(k), cache.v.narrow(2, L0, n).copy_(v);
   cache.gpu_len = L0 + n;
@@ -82,8 +85,8 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
   if (L0 == 0 && layer.count > 0)
     return cuda_attention_forward(e, q, k, v, cache.features, params, scale, 0, layer).first;
   at::Tensor o = cuda_decode_forward(e, cache.q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0,
-                                     cache.km, cache.km_len);
-  if (cache.km.defined()) cache.km_len = L0 + n;
+                                     cache.km, cache.krel, cache.km_len);
+  if (cache.km.defined() || cache.krel.defined()) cache.km_len = L0 + n;
   return o.narrow(2, L0, n);
 }
 

@@ -32,8 +32,9 @@ struct LayerCache {
   DecodeCache<double> f64;
   // On a GPU: every token's raw q, k, v in (B, H, capacity, D) buffers, rows [0, gpu_len), read in
   // place by the CUDA forward; km: k' of rows [0, km_len) where the kernels cache it
-  // (cuda_caches_k_mod); the features (B, H, gpu_len).
-  at::Tensor q, k, v, km;
+  // (cuda_caches_k_mod), krel: the key side's relative rows of them (cuda_key_rel_floats floats a
+  // token, float32); the features (B, H, gpu_len).
+  at::Tensor q, k, v, km, krel;
   int64_t gpu_len = 0, km_len = 0;
   std::vector<at::Tensor> features;
   int64_t len() const { return q.defined() ? gpu_len : f32.started() ? f32.len : f64.len; }

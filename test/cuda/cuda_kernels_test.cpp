@@ -1916,6 +1916,28 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "km_rows beyond T";
   c.km_rows = 0, c.km = static_cast<char *>(c.km) + 2;
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "a misaligned km";
+  // The key side's relative rows (krel): where the encoding has them and keeps them
+  // (key_rel_floats: Transformer-XL's u . k row, DeBERTa's 32 p2c rows), with or without km; one
+  // count of cached rows for both.
+  CudaAttnArgs r = a;
+  r.krel = reinterpret_cast<float *>(call.base + (1 << 19)), r.km_rows = 2;
+  EXPECT_EQ(nope->forward(r), cudaErrorInvalidValue) << "krel without key-side relative rows";
+  EXPECT_EQ(rope->forward(r), cudaErrorInvalidValue) << "krel without key-side relative rows";
+  EXPECT_EQ(find_cuda("rope")->key_rel_floats, 0);
+  for (auto [name, floats] : {std::pair<const char *, int64_t>{"shaw", 0}, {"transformer_xl", 1}, {"deberta", 32}})
+    if (const CudaKernelEntry *e = find_cuda(name)) EXPECT_EQ(e->key_rel_floats, floats) << name;
+  if (const auto *xl = bf16_hd64("transformer_xl", why)) {
+    std::vector<const float *> prm(3, reinterpret_cast<const float *>(call.base + (1 << 18)));  // zeros
+    r.params = prm.data();
+    EXPECT_EQ(xl->forward(r), cudaSuccess);
+    EXPECT_EQ(xl->backward(r), cudaErrorInvalidValue) << "krel in a backward";
+    r.km_rows = 0, r.krel = nullptr;
+    EXPECT_EQ(xl->forward(r), cudaSuccess) << "neither cache";
+    r.km_rows = 1;
+    EXPECT_EQ(xl->forward(r), cudaErrorInvalidValue) << "km_rows without a cache";
+    r.km_rows = 5, r.krel = reinterpret_cast<float *>(call.base + (1 << 19));
+    EXPECT_EQ(xl->forward(r), cudaErrorInvalidValue) << "km_rows beyond T";
+  }
   CudaAttnArgs sp = call.args();
   sp.num_splits = -1;
   EXPECT_EQ(nope->forward(sp), cudaErrorInvalidValue) << "num_splits < 0";

@@ -378,7 +378,9 @@ template <class Enc, class In> struct Params {
   int64_t stats_ld;
   // relative rows (Enc::kNumRel) and the value-rows term (Enc::kHasValueRows)
   static constexpr int NR = array_len(traits::NumRel<Enc>::value);
-  float *rel[NR];                   // (B*H, T, rows_n): (x' + bias_h) . table[r, h, :]
+  float *rel[NR];                   // (B*H, rel_ld[n], rows_n): (x' + bias_h) . table[r, h, :]
+  int64_t rel_ld[NR];               // rows per slice of rel[n]: T, or CudaAttnArgs::ld where it is
+                                    // the caller's cache of the key side's rows (krel)
   unsigned long long *drel_fx[NR];  // (B*H, T, rows_n) x 2 words
   float *drel[NR];                  // (B*H, T, rows_n)
   float *vdrow;                     // (B*H, T, kValueRows): dO_i . table[r, h, :]
@@ -409,7 +411,7 @@ __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, boo
   if constexpr (traits::NumRel<Enc>::value > 0) {
     for (int n = 0; n < Enc::kNumRel; ++n) {
       const int64_t rows = Enc::rel_rows(n);
-      c.rel.p[n] = p.rel[n] + bh * p.T * rows;
+      c.rel.p[n] = p.rel[n] + bh * p.rel_ld[n] * rows;
       c.drel.p[n] = (sinks && p.drel_fx[n]) ? p.drel_fx[n] + 2 * bh * p.T * rows : nullptr;
     }
   }

@@ -17,7 +17,8 @@
 // capacity, D), allocated at the first step; a step copies its n new rows into place and runs the
 // forward with T = L, first_row = L0 and CudaAttnArgs::ld = capacity, which reads the buffers in
 // place. Where the encoding's k mod does not depend on the length (CudaKernelEntry::caches_k_mod)
-// the cache keeps k' too (CudaAttnArgs::km): a step computes the new keys' k' only, and q' of the
+// the cache keeps k' too (CudaAttnArgs::km), and likewise the key side's relative rows
+// (CudaKernelEntry::key_rel_floats, CudaAttnArgs::krel): a step computes the new keys' only, and q' of the
 // rows from the first computed query tile only (from a multiple of 384 rows, kFwdRowAlign; from
 // the new rows' first warp, a multiple of 32, where the FlashAttention-2-class kernel computes
 // only the warps holding new rows: kFwdWarpRows). So a
@@ -33,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ape/cuda/kernel_entry.h"
@@ -50,14 +52,16 @@ struct CudaDecodeCache {
   DType dtype = DType::BF16;
   void *q = nullptr, *k = nullptr, *v = nullptr;  // (B, H, capacity, D) raw projections, rows [0, len)
   void *km = nullptr;       // (B, H, capacity, D) k' (CudaKernelEntry::caches_k_mod), or null
-  int64_t km_len = 0;       // rows of km computed (a prefill with a transition computes none)
+  float *krel = nullptr;    // the key side's relative rows, B H capacity key_rel_floats floats
+                            // (CudaAttnArgs::krel), or null
+  int64_t km_len = 0;       // rows of km and krel computed (a prefill with a transition computes none)
   int64_t rows = 0;         // rows per slice of the buffers: the capacity at the first step
   std::vector<float *> features;                  // Enc::kNumFeatures x (B, H, len)
   bool started() const { return B > 0; }
   void release() {
-    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(km);
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(km), cudaFree(krel);
     for (float *f : features) cudaFree(f);
-    q = k = v = km = nullptr, features.clear(), len = km_len = rows = 0, B = H = D = 0;
+    q = k = v = km = nullptr, krel = nullptr, features.clear(), len = km_len = rows = 0, B = H = D = 0;
   }
   ~CudaDecodeCache() { release(); }
   CudaDecodeCache() = default;
@@ -157,12 +161,21 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   if (!c.started()) {  // the buffers, once
     if (S > INT64_MAX / C || S * C > INT64_MAX / static_cast<int64_t>(row)) return cudaErrorInvalidValue;
     const size_t bytes = static_cast<size_t>(S * C) * row;
-    for (void **buf : {&c.q, &c.k, &c.v, e.caches_k_mod ? &c.km : nullptr})
-      if (buf && ((err = cudaMallocAsync(buf, bytes, st)) != cudaSuccess ||
-                  (err = cudaMemsetAsync(*buf, 0, bytes, st)) != cudaSuccess)) {  // no unwritten row is ever read
+    if (e.key_rel_floats > 0 && S * C > INT64_MAX / (e.key_rel_floats * int64_t(sizeof(float))))
+      return cudaErrorInvalidValue;
+    const size_t rel_bytes = static_cast<size_t>(S * C * e.key_rel_floats) * sizeof(float);
+    void *krel = nullptr;
+    const std::pair<void **, size_t> bufs[] = {{&c.q, bytes}, {&c.k, bytes}, {&c.v, bytes},
+                                               {e.caches_k_mod ? &c.km : nullptr, bytes},
+                                               {rel_bytes > 0 ? &krel : nullptr, rel_bytes}};
+    for (const auto &[buf, size] : bufs)
+      if (buf && ((err = cudaMallocAsync(buf, size, st)) != cudaSuccess ||
+                  (err = cudaMemsetAsync(*buf, 0, size, st)) != cudaSuccess)) {  // no unwritten row is ever read
+        c.krel = static_cast<float *>(krel);
         c.release();
         return err;
       }
+    c.krel = static_cast<float *>(krel);
     c.B = a.B, c.H = a.H, c.D = D, c.dtype = a.dtype, c.rows = C;
     c.features.assign(static_cast<size_t>(e.num_features), nullptr);
   }
@@ -208,10 +221,12 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     f.q = a.q, f.k = a.k, f.v = a.v;
   } else {
     f.q = c.q, f.k = c.k, f.v = c.v, f.ld = C;
-    if (c.km) f.km = c.km, f.km_rows = c.km_len;
+    if (c.km) f.km = c.km;
+    if (c.krel) f.krel = c.krel;
+    if (c.km || c.krel) f.km_rows = c.km_len;
   }
   err = forward(e, f);
-  if (err == cudaSuccess && f.km) c.km_len = L;
+  if (err == cudaSuccess && (f.km || f.krel)) c.km_len = L;
   if (err == cudaSuccess) err = copy_rows(a.o, n, 0, static_cast<char *>(o) + L0 * row, L, n, S, row, st);
   if (err == cudaSuccess && a.lse)
     err = copy_rows(a.lse, n, 0, static_cast<char *>(lse) + L0 * sizeof(float), L, n, S,

@@ -109,6 +109,12 @@ struct CudaAttnArgs {
   // scratch memory, every row. Refused (cudaErrorInvalidValue) where the encoding does not cache
   // its k mod, and for the backward.
   void *km = nullptr;
+  // Forward only, likewise: a float buffer of the key side's relative rows (CudaKernelEntry::
+  // key_rel_floats floats a token: each key-side table's (B, H, ld, rows) in the spec's order),
+  // whose first km_rows rows of every slice a previous call computed; the call computes rows
+  // [km_rows, T) and reads them from it. Refused where key_rel_floats is 0, and for the backward.
+  // km_rows counts the rows of km and krel alike (a call gives either or both).
+  float *krel = nullptr;
   int64_t km_rows = 0;
   // Forward only: the keys of each query tile split over up to this many blocks (FlashDecoding),
   // each adding its share's o and lse to scratch, then a pass that adds the shares: a call with
@@ -173,6 +179,9 @@ struct CudaKernelEntry {
   // mod nor the token sequences it may read depend on the length): a decode cache may keep k'
   // (CudaAttnArgs::km) instead of recomputing it, while the params stay the same.
   bool caches_k_mod = false;
+  // Floats per token of the key side's relative rows (ape.rel_rows "k": Transformer-XL's u . k,
+  // DeBERTa's p2c) a decode cache may keep (CudaAttnArgs::krel) on the same terms as k'; 0: none.
+  int64_t key_rel_floats = 0;
 };
 
 // The variant for (dtype, D), or nullptr when it was not instantiated.

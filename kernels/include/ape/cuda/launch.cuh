@@ -25,6 +25,22 @@ template <class Enc> constexpr bool caches_k_mod() {
   return Enc::kHasKMod && !traits::KModReadsLength<Enc>::value && !traits::TokensReadLength<Enc>::value;
 }
 
+// Floats per token of the key side's relative rows ((k'_j + bias) . table^T, ape.rel_rows "k":
+// Transformer-XL's u . k, DeBERTa's p2c) that a decode cache may keep (CudaAttnArgs::krel,
+// CudaKernelEntry::key_rel_floats): they read k' and the params only, so they stay valid as the
+// sequence grows wherever k' does (no k mod, or one that caches_k_mod allows). 0: none to keep.
+template <class Enc> constexpr int64_t key_rel_floats() {
+  if constexpr (traits::NumRel<Enc>::value > 0) {
+    if (Enc::kHasKMod && !caches_k_mod<Enc>()) return 0;
+    int64_t n = 0;
+    for (int r = 0; r < Enc::kNumRel; ++r)
+      if (Enc::rel_side(r) == 1) n += Enc::rel_rows(r);
+    return n;
+  } else {
+    return 0;
+  }
+}
+
 // ---- host side -------------------------------------------------------------------------------------
 // Scratch memory of one call, stream ordered, freed when the call returns (the frees are queued
 // behind the kernels): from the caller's allocator (CudaAttnArgs::scratch), else cudaMallocAsync.
@@ -131,9 +147,10 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
     if (a.ld < a.T || a.ld >= kMaxDim || backward || a.num_layers > 0) return cudaErrorInvalidValue;
     if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / (a.ld * kD)) return cudaErrorInvalidValue;
   }
-  if (a.km || a.km_rows != 0) {
-    if (backward || !caches_k_mod<Enc>() || !a.km || a.km_rows < 0 || a.km_rows > a.T ||
-        reinterpret_cast<uintptr_t>(a.km) % 16 != 0)
+  if (a.km || a.krel || a.km_rows != 0) {
+    if (backward || (a.km && !caches_k_mod<Enc>()) || (a.krel && key_rel_floats<Enc>() == 0) ||
+        (!a.km && !a.krel) || a.km_rows < 0 || a.km_rows > a.T || reinterpret_cast<uintptr_t>(a.km) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(a.krel) % alignof(float) != 0)
       return cudaErrorInvalidValue;
   }
   if (a.B * a.H * a.T == 0) {
@@ -197,15 +214,15 @@ template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D, int64_t
 }
 
 // y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] (side_kernels.cuh, table_rows_kernel)
-// for the rows t from row0 (x with ld_x rows a slice).
+// for the rows t from row0 (x with ld_x rows a slice, y with ld_y; 0: T).
 template <class In, int D, class P>
 cudaError_t launch_table_rows(const In *x, int64_t ld_x, const float *bias, const float *table, int64_t rows,
-                              const P &p, float *y, cudaStream_t st, int64_t row0 = 0) {
+                              const P &p, float *y, cudaStream_t st, int64_t row0 = 0, int64_t ld_y = 0) {
   constexpr size_t bytes = table_rows_smem<D>();
   cudaError_t err = allow_smem(table_rows_kernel<In, D>, bytes);
   if (err != cudaSuccess || row0 >= p.T) return err;
   return launch(table_rows_kernel<In, D>, dim3(blocks_for(p.T - row0, kTabTok), static_cast<unsigned>(p.B * p.H)),
-                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x, row0);
+                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x, ld_y > 0 ? ld_y : p.T, row0);
 }
 
 // Every forward kernel's query tile (32, 64, 128 or 192 rows: FwdSmem, FlashFwd, HopperFwd with 2
@@ -268,15 +285,25 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
     }
   }
   if constexpr (traits::NumRel<Enc>::value > 0) {
+    // The key side's rows into the caller's cache (CudaAttnArgs::krel: each such table's
+    // (B*H, ld, rows) in turn) from row km_rows, or every row into scratch; the query side's from
+    // q_row0.
+    float *krel = a ? a->krel : nullptr;
+    const int64_t ld = a && a->ld != 0 ? a->ld : p.T;
     for (int r = 0; r < Enc::kNumRel; ++r) {
-      const int64_t m = BH * p.T * Enc::rel_rows(r);
-      p.rel[r] = scratch.take<float>(m, err);
-      if (err != cudaSuccess ||
-          (err = launch_table_rows<In, kModD>(Enc::rel_side(r) == 0 ? p.qm : p.km,
-                                              Enc::rel_side(r) == 0 ? p.ld_q : p.ld_k,
+      const bool key = Enc::rel_side(r) == 1, cached = key && krel;
+      int64_t row0 = key ? 0 : q_row0;
+      if (cached) {
+        p.rel[r] = krel, p.rel_ld[r] = ld, row0 = a->km_rows;
+        krel += BH * ld * Enc::rel_rows(r);
+      } else {
+        p.rel[r] = scratch.take<float>(BH * p.T * Enc::rel_rows(r), err), p.rel_ld[r] = p.T;
+        if (err != cudaSuccess) return err;
+      }
+      if ((err = launch_table_rows<In, kModD>(key ? p.km : p.qm, key ? p.ld_k : p.ld_q,
                                               Enc::rel_bias(r) >= 0 ? p.params[Enc::rel_bias(r)] : nullptr,
-                                              p.params[Enc::rel_table(r)], Enc::rel_rows(r), p, p.rel[r],
-                                              st, Enc::rel_side(r) == 0 ? q_row0 : 0)) != cudaSuccess)
+                                              p.params[Enc::rel_table(r)], Enc::rel_rows(r), p, p.rel[r], st,
+                                              row0, p.rel_ld[r])) != cudaSuccess)
         return err;
     }
   }

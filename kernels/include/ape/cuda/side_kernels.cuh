@@ -447,13 +447,14 @@ template <int D> constexpr size_t table_rows_smem() {
   return sizeof(float) * (size_t(kTabTok) * D + size_t(kTabRows) * (D + 1));
 }
 
-// y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] for r < rows (y's row stride rows;
-// bias may be null): grid (ceil(T / 64), B*H). Lane l serves table row r0 + l of each chunk,
+// y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] for r < rows and rows t in [row0, T) (x
+// with ld_x rows a slice, y with ld_y, y's row stride rows; bias may be null): grid
+// (ceil((T - row0) / 64), B*H). Lane l serves table row r0 + l of each chunk,
 // warp w the tokens w, w + 8, ..., w + 56 of the tile (their x read as a broadcast).
 template <class In, int D>
 __global__ void __launch_bounds__(kTabThreads)
     table_rows_kernel(const In *x, const float *bias, const float *table, int64_t rows, int64_t H,
-                      int64_t T, float *y, int64_t ld_x, int64_t row0) {
+                      int64_t T, float *y, int64_t ld_x, int64_t ld_y, int64_t row0) {
   APE_DYNAMIC_SMEM(smem);
   float *sX = reinterpret_cast<float *>(smem);  // (kTabTok, D)
   float *sT = sX + kTabTok * D;                 // (kTabRows, D + 1)
@@ -481,7 +482,7 @@ __global__ void __launch_bounds__(kTabThreads)
     if (r0 + lane < rows)
       #pragma unroll
       for (int k = 0; k < kTabTok / 8; ++k)
-        if (t0 + w + 8 * k < T) y[(bh * T + t0 + w + 8 * k) * rows + r0 + lane] = acc[k];
+        if (t0 + w + 8 * k < T) y[(bh * ld_y + t0 + w + 8 * k) * rows + r0 + lane] = acc[k];
   }
 }
 

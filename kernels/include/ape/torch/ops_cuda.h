@@ -148,13 +148,15 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
   return a;
 }
 
-// A decode cache read in place (CudaAttnArgs::ld, km): q, k, v of forward_cuda hold `rows` =
+// A decode cache read in place (CudaAttnArgs::ld, km, krel): q, k, v of forward_cuda hold `rows` =
 // q.size(2) rows per slice of which the first T are the call's; km (same shape, or undefined) holds
-// k' of the first km_rows rows, and the call computes the rest up to T.
+// k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or undefined) the key
+// side's relative rows of them (CudaKernelEntry::key_rel_floats), and the call computes the rest up
+// to T.
 struct CacheRows {
   int64_t T = -1;  // -1: every row (no cache)
-  at::Tensor km;
-  int64_t km_rows = 0;
+  at::Tensor km, krel;
+  int64_t km_rows = 0, krel_floats = 0;
 };
 
 // forward_cuda / backward_cuda: also the runtime's CUDA attention (runtime/CudaAttention.cpp).
@@ -184,6 +186,14 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
                       reinterpret_cast<uintptr_t>(cache.km.data_ptr()) % 16 == 0,
                   who, "the k' cache must be contiguous, aligned, and shaped, typed and placed like q");
       a.km = cache.km.data_ptr(), a.km_rows = cache.km_rows;
+    }
+    if (cache.krel.defined()) {
+      TORCH_CHECK(cache.krel.is_contiguous() && cache.krel.scalar_type() == at::kFloat &&
+                      cache.krel.device() == q.device() && cache.krel_floats > 0 &&
+                      cache.krel.numel() == q.size(0) * q.size(1) * q.size(2) * cache.krel_floats,
+                  who, "the relative rows' cache must be contiguous float32 on q's device, B H rows x ",
+                  cache.krel_floats, " elements");
+      a.krel = cache.krel.data_ptr<float>(), a.km_rows = cache.km_rows;
     }
   }
   std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
