@@ -128,7 +128,8 @@ LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
      << "  static const ::ape::cuda::CudaKernelEntry entry{\"" << name << "\", ape_gen_" << name
      << "::kManifest,\n      Enc::kNumFeatures, Enc::kNumParams, &Enc::param_numel,\n      ape_gen_"
      << name << "::kVariants, " << variants.size()
-     << ",\n      ::ape::cuda::detail::caches_k_mod<Enc>(), ::ape::cuda::detail::key_rel_floats<Enc>()};\n"
+     << ",\n      ::ape::cuda::detail::caches_k_mod<Enc>(), ::ape::cuda::detail::key_rel_floats<Enc>(),\n"
+     << "      ::ape::cuda::detail::tok_seqs<Enc>()};\n"
      << "  return &entry;\n}\n";
   return success();
 }

@@ -491,22 +491,24 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
   // for every token and tok_map_add adds it (in order on the CPU; a thread's share of a block on
   // the GPU, its tokens' loads in flight together), ctx.tok_sync() separates the stages (a barrier on the GPU), and the
   // scans are ctx's (serial in double on the CPU, block-parallel in double on the GPU).
+  // Slot k of tok is tok + k * ld (ctx.tok_stride(): T on the CPU; a decode cache's capacity
+  // where the CUDA kernels keep the sequences across steps); n tokens of each.
   os << "  // Token program, forward: every token sequence of this (b, h) into its slot.\n"
      << st.head << "void token_forward(" << st.ctx << ", const T *const *feat, T *tok) {\n"
-        "    const int64_t n = ctx.T;\n";
+        "    const int64_t n = ctx.T, ld = ctx.tok_stride();\n";
   if (layout.tokenProgram.empty())
-    os << "    (void)feat, (void)tok, (void)n;\n";
+    os << "    (void)feat, (void)tok, (void)n, (void)ld;\n";
   for (Operation *op : layout.tokenProgram) {
     unsigned out = slot(op->getResult(0));
     if (auto f = dyn_cast<TokenFeatureOp>(op)) {
-      os << llvm::formatv("    ctx.tok_map(tok + {0} * n, n, [&](T x) {{ return x; }, feat[{1}]);  "
+      os << llvm::formatv("    ctx.tok_map(tok + {0} * ld, n, [&](T x) {{ return x; }, feat[{1}]);  "
                           "// feature \"{2}\"\n",
                           out, layout.featureIndex.lookup(f), f.getName());
     } else if (auto map = dyn_cast<MapOp>(op)) {
-      os << llvm::formatv("    ctx.tok_map(tok + {0} * n, n, [&](T x) {{ return map_{1}(ctx, x); }, tok + {2} * n);\n",
+      os << llvm::formatv("    ctx.tok_map(tok + {0} * ld, n, [&](T x) {{ return map_{1}(ctx, x); }, tok + {2} * ld);\n",
                           out, mapIndex.lookup(op), slot(map.getInput()));
     } else if (auto scan = dyn_cast<ScanOp>(op)) {
-      os << llvm::formatv("    ctx.tok_scan(tok + {1} * n, tok + {0} * n, n);  // inclusive, in double\n",
+      os << llvm::formatv("    ctx.tok_scan(tok + {1} * ld, tok + {0} * ld, n);  // inclusive, in double\n",
                           out, slot(scan.getInput()));
     }
     os << "    ctx.tok_sync();\n";
@@ -518,20 +520,20 @@ LogicalResult emitTokenProgram(raw_ostream &os, KernelLayout &layout, const Func
         "  // gradients that score/q/k mods accumulated.\n"
      << st.head << "void token_backward(" << st.ctx
      << ", const T *const *feat, const T *tok, T *dtok, T *const *dfeat) {\n"
-        "    const int64_t n = ctx.T;\n";
+        "    const int64_t n = ctx.T, ld = ctx.tok_stride();\n";
   if (layout.tokenProgram.empty())
-    os << "    (void)feat, (void)tok, (void)dtok, (void)dfeat, (void)n;\n";
+    os << "    (void)feat, (void)tok, (void)dtok, (void)dfeat, (void)n, (void)ld;\n";
   for (Operation *op : llvm::reverse(layout.tokenProgram)) {
     unsigned out = slot(op->getResult(0));
     if (auto f = dyn_cast<TokenFeatureOp>(op)) {
-      os << llvm::formatv("    ctx.tok_map(dfeat[{1}], n, [&](T g) {{ return g; }, dtok + {0} * n);\n",
+      os << llvm::formatv("    ctx.tok_map(dfeat[{1}], n, [&](T g) {{ return g; }, dtok + {0} * ld);\n",
                           out, layout.featureIndex.lookup(f));
     } else if (auto map = dyn_cast<MapOp>(op)) {
-      os << llvm::formatv("    ctx.tok_map_add(dtok + {2} * n, n, [&](T x, T g) {{ return map_{1}_grad(ctx, x, g); }, "
-                          "tok + {2} * n, dtok + {0} * n);\n",
+      os << llvm::formatv("    ctx.tok_map_add(dtok + {2} * ld, n, [&](T x, T g) {{ return map_{1}_grad(ctx, x, g); }, "
+                          "tok + {2} * ld, dtok + {0} * ld);\n",
                           out, mapIndex.lookup(op), slot(map.getInput()));
     } else if (auto scan = dyn_cast<ScanOp>(op)) {
-      os << llvm::formatv("    ctx.tok_rscan_add(dtok + {0} * n, dtok + {1} * n, n);  // reverse "
+      os << llvm::formatv("    ctx.tok_rscan_add(dtok + {0} * ld, dtok + {1} * ld, n);  // reverse "
                           "cumulative sum, in double\n",
                           out, slot(scan.getInput()));
     }

@@ -146,7 +146,7 @@ FailureOr<std::string> RegionWriter::element(LoadOp load, StringRef tokBase, Str
     auto slot = layout.tokSlot.find(src);
     if (slot == layout.tokSlot.end())
       return load.emitOpError("loads a token sequence the kernel does not compute");
-    return llvm::formatv("{0}[{1} * ctx.T + ({2})]", tokBase, slot->second, get(idx[2])).str();
+    return llvm::formatv("{0}[{1} * ctx.tok_stride() + ({2})]", tokBase, slot->second, get(idx[2])).str();
   }
   if (isa<RowsType>(src.getType())) {  // rows of this slice: ctx.rel[n] / ctx.drel[n]
     auto rel = layout.relIndex.find(src);

@@ -5,8 +5,9 @@
 // RegionWriter, which writes the ops of one region as C++ statements over it.
 //
 // Values inside regions become `const` locals: f32 → T, index/i64 → int64_t, i1 → bool. Token
-// sequences (features, maps, scans) live in per-(batch, head) slots `ctx.tok[slot·T + t]`; params
-// in `ctx.params[n][flat index]`.
+// sequences (features, maps, scans) live in per-(batch, head) slots
+// `ctx.tok[slot·ctx.tok_stride() + t]` (the stride: T, or a CUDA decode cache's capacity);
+// params in `ctx.params[n][flat index]`.
 //
 //===----------------------------------------------------------------------===//
 #ifndef APE_CODEGEN_REGIONWRITER_H

@@ -171,22 +171,19 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
 at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                                const at::Tensor &v, int64_t T, const std::vector<at::Tensor> &features,
                                const std::vector<at::Tensor> &params, double scale, int64_t first_row,
-                               const at::Tensor &km, const at::Tensor &krel, int64_t km_rows) {
+                               const CudaKeptRows &kept) {
   const CudaKernel &c = kernel_for(entry, q);
+  const CudaDecodeKeeps keeps = cuda_decode_keeps(entry);
   torch_ops::CacheRows rows;
-  rows.T = T, rows.km = km, rows.krel = krel, rows.km_rows = km_rows;
-  rows.krel_floats = cuda_key_rel_floats(entry);
+  rows.T = T, rows.km = kept.km, rows.krel = kept.krel, rows.tok = kept.tok, rows.tok_carry = kept.tok_carry;
+  rows.km_rows = kept.rows, rows.krel_floats = keeps.krel_floats, rows.tok_seqs = keeps.tok_seqs;
   return std::get<0>(torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale, first_row, 0, 0, rows));
 }
 
-bool cuda_caches_k_mod(const KernelEntry &entry) {
+CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &entry) {
   const cuda::CudaKernelEntry *e = cuda_entry(entry.name);
-  return e && e->caches_k_mod;
-}
-
-int64_t cuda_key_rel_floats(const KernelEntry &entry) {
-  const cuda::CudaKernelEntry *e = cuda_entry(entry.name);
-  return e ? e->key_rel_floats : 0;
+  if (!e) return {};
+  return {e->caches_k_mod, e->key_rel_floats, e->tok_seqs};
 }
 
 std::string cuda_arch(int64_t index) {
@@ -293,11 +290,10 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &, co
 }
 at::Tensor cuda_decode_forward(const KernelEntry &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
                                int64_t, const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double,
-                               int64_t, const at::Tensor &, const at::Tensor &, int64_t) {
+                               int64_t, const CudaKeptRows &) {
   unbuilt();
 }
-bool cuda_caches_k_mod(const KernelEntry &) { return false; }
-int64_t cuda_key_rel_floats(const KernelEntry &) { return 0; }
+CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &) { return {}; }
 std::string cuda_backward_error(int64_t) { return ""; }
 std::string cuda_arch(int64_t) { unbuilt(); }
 void cuda_compile_spec(const KernelEntry &, at::ScalarType, int64_t, const std::string &, std::ostream *) {

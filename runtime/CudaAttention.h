@@ -54,20 +54,31 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
                                                          double scale, int64_t first_row = 0,
                                                          AttnLayer layer = {});
 
+// What a decode cache keeps for this encoding's CUDA kernels besides the raw q, k, v
+// (cuda/kernel_entry.h, CudaKernelEntry): k' (caches_k_mod), the key side's relative rows
+// (key_rel_floats floats a token), the token program's sequences (tok_seqs) and their scans'
+// running sums.
+struct CudaDecodeKeeps {
+  bool km = false;
+  int64_t krel_floats = 0, tok_seqs = 0;
+};
+CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &entry);
+
+// The kept rows of a decode cache (runtime/Decode.h): km (B, H, capacity, D) like q; krel
+// (float32, B H capacity krel_floats elements); tok (float32, B H tok_seqs capacity) and
+// tok_carry (float64, B H tok_seqs). Each undefined where not kept; `rows` of them computed.
+struct CudaKeptRows {
+  at::Tensor km, krel, tok, tok_carry;
+  int64_t rows = 0;
+};
+
 // A decode step's forward over a cache read in place: q, k, v (B, H, capacity, D) hold T tokens;
-// km (the same shape, where cuda_caches_k_mod) holds k' of the first km_rows and gets the rest
-// up to T; krel (float32, B H capacity cuda_key_rel_floats elements, where that is > 0) likewise
-// the key side's relative rows. Either may be undefined. Returns o (B, H, T, D), rows
-// [first_row, T) computed (cuda/kernel_entry.h: ld, km, krel).
+// the kept rows get the rows from kept.rows up to T. Returns o (B, H, T, D), rows [first_row, T)
+// computed (cuda/kernel_entry.h: ld, km, krel, tok).
 at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                                const at::Tensor &v, int64_t T, const std::vector<at::Tensor> &features,
                                const std::vector<at::Tensor> &params, double scale, int64_t first_row,
-                               const at::Tensor &km, const at::Tensor &krel, int64_t km_rows);
-// Whether a decode cache keeps k' for this encoding's CUDA kernels (CudaKernelEntry::caches_k_mod).
-bool cuda_caches_k_mod(const KernelEntry &entry);
-// Floats per token of the key side's relative rows a decode cache keeps for this encoding's CUDA
-// kernels (CudaKernelEntry::key_rel_floats; 0: none).
-int64_t cuda_key_rel_floats(const KernelEntry &entry);
+                               const CudaKeptRows &kept);
 
 // The CUDA kernels of a spec compiled at run time (runtime/SpecLibrary.h, --spec) for `dtype` at
 // `head_dim`, compiled by nvcc for GPU architecture `arch` (cuda_arch) unless this process has them,

@@ -68,11 +68,17 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
     const std::vector<int64_t> shape = {q.size(0), q.size(1), capacity, q.size(3)};
     at::Tensor bq = at::zeros(shape, q.options()), bk = at::zeros(shape, q.options());
     at::Tensor bv = at::zeros(shape, q.options());
-    at::Tensor bkm = cuda_caches_k_mod(e) ? at::zeros(shape, q.options()) : at::Tensor();
-    const int64_t rel = cuda_key_rel_floats(e);
-    at::Tensor brel =
-        rel > 0 ? at::zeros({q.size(0) * q.size(1) * capacity * rel}, q.options().dtype(at::kFloat)) : at::Tensor();
-    cache.q = bq, cache.k = bk, cache.v = bv, cache.km = bkm, cache.krel = brel, cache.km_len = 0;
+    const CudaDecodeKeeps keeps = cuda_decode_keeps(e);
+    const int64_t S = q.size(0) * q.size(1);
+    const at::TensorOptions f32 = q.options().dtype(at::kFloat);
+    CudaKeptRows kept;
+    if (keeps.km) kept.km = at::zeros(shape, q.options());
+    if (keeps.krel_floats > 0) kept.krel = at::zeros({S * capacity * keeps.krel_floats}, f32);
+    if (keeps.tok_seqs > 0) {
+      kept.tok = at::zeros({S * keeps.tok_seqs * capacity}, f32);
+      kept.tok_carry = at::zeros({S * keeps.tok_seqs}, q.options().dtype(at::kDouble));
+    }
+    cache.q = bq, cache.k = bk, cache.v = bv, cache.kept = kept;
   }
   cache.q.narrow(2, L0, n).copy_(q), cache.k.narrow(2, L0, n).copy_(k), cache.v.narrow(2, L0, n).copy_(v);
   cache.gpu_len = L0 + n;
@@ -85,8 +91,8 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
   if (L0 == 0 && layer.count > 0)
     return cuda_attention_forward(e, q, k, v, cache.features, params, scale, 0, layer).first;
   at::Tensor o = cuda_decode_forward(e, cache.q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0,
-                                     cache.km, cache.krel, cache.km_len);
-  if (cache.km.defined() || cache.krel.defined()) cache.km_len = L0 + n;
+                                     cache.kept);
+  cache.kept.rows = L0 + n;
   return o.narrow(2, L0, n);
 }
 

@@ -22,6 +22,7 @@
 
 #include "ape/cpu/decode.h"
 #include "runtime/Attention.h"
+#include "runtime/CudaAttention.h"  // CudaKeptRows
 
 namespace ape {
 struct KernelEntry;
@@ -31,11 +32,12 @@ struct LayerCache {
   DecodeCache<float> f32;
   DecodeCache<double> f64;
   // On a GPU: every token's raw q, k, v in (B, H, capacity, D) buffers, rows [0, gpu_len), read in
-  // place by the CUDA forward; km: k' of rows [0, km_len) where the kernels cache it
-  // (cuda_caches_k_mod), krel: the key side's relative rows of them (cuda_key_rel_floats floats a
-  // token, float32); the features (B, H, gpu_len).
-  at::Tensor q, k, v, km, krel;
-  int64_t gpu_len = 0, km_len = 0;
+  // place by the CUDA forward, and what else the kernels keep of them (kept: k', the key side's relative rows, the token
+  // program's sequences and scan sums; runtime/CudaAttention.h, cuda_decode_keeps), rows
+  // [0, kept.rows); the features (B, H, gpu_len).
+  at::Tensor q, k, v;
+  CudaKeptRows kept;
+  int64_t gpu_len = 0;
   std::vector<at::Tensor> features;
   int64_t len() const { return q.defined() ? gpu_len : f32.started() ? f32.len : f64.len; }
 };

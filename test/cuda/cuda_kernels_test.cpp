@@ -1938,6 +1938,25 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
     r.km_rows = 5, r.krel = reinterpret_cast<float *>(call.base + (1 << 19));
     EXPECT_EQ(xl->forward(r), cudaErrorInvalidValue) << "km_rows beyond T";
   }
+  // The token program's sequences and scan sums (tok, tok_carry): both or neither, where the
+  // program does not read the length (tok_seqs: Cable's feature, map and scan).
+  EXPECT_EQ(find_cuda("rope")->tok_seqs, 0);
+  if (const CudaKernelEntry *e = find_cuda("cable")) EXPECT_EQ(e->tok_seqs, 3);
+  CudaAttnArgs t = a;
+  t.tok = reinterpret_cast<float *>(call.base + (1 << 19));
+  t.tok_carry = reinterpret_cast<double *>(call.base + (1 << 19) + (1 << 18)), t.km_rows = 2;
+  EXPECT_EQ(nope->forward(t), cudaErrorInvalidValue) << "tok without a token program";
+  if (const auto *cable = bf16_hd64("cable", why)) {
+    std::vector<const float *> feat(1, reinterpret_cast<const float *>(call.base + (1 << 18)));  // zeros
+    t.features = feat.data();
+    EXPECT_EQ(cable->forward(t), cudaSuccess);
+    EXPECT_EQ(cable->backward(t), cudaErrorInvalidValue) << "tok in a backward";
+    CudaAttnArgs u = t;
+    u.tok_carry = nullptr;
+    EXPECT_EQ(cable->forward(u), cudaErrorInvalidValue) << "tok without its carries";
+    u = t, u.tok = nullptr;
+    EXPECT_EQ(cable->forward(u), cudaErrorInvalidValue) << "carries without tok";
+  }
   CudaAttnArgs sp = call.args();
   sp.num_splits = -1;
   EXPECT_EQ(nope->forward(sp), cudaErrorInvalidValue) << "num_splits < 0";
@@ -2023,6 +2042,25 @@ TEST(CudaDecode, StepsPastTheFirstAlignedRows) {
     if (!var) continue;  // not in this build
     const CudaKernelEntry *e = find_cuda(name);
     check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {420, 1, 7});
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";
+}
+
+// A step's token program resumes at the chunk of 256 tokens holding its first new token, from the
+// scans' sums the cache kept there (CudaKernelEntry::tok_seqs, CudaAttnArgs::tok): steps that end
+// within a chunk, on its last token (255), on a chunk's end (256: the sums saved for the next
+// chunk) and across two; Cable (a scan) and K-Cable, bit for bit with the full forward.
+TEST(CudaDecode, TokenProgramResumesAtItsChunk) {
+  int ran = 0;
+  for (const char *name : {"cable", "kcable"}) {
+    SCOPED_TRACE(name);
+    std::string why;
+    const auto *var = bf16_hd64(name, why);
+    if (!var) continue;  // not in this build
+    const CudaKernelEntry *e = find_cuda(name);
+    ASSERT_GT(e->tok_seqs, 0);
+    check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {250, 5, 1, 300, 1});
     ++ran;
   }
   if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";

@@ -719,6 +719,9 @@ int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b
 template <bool kReverse> __global__ void token_scan_kernel(const float *src, float *dst, int64_t n) {
   ape::cuda::detail::tok_block_scan<kReverse>(src, dst, n);
 }
+__global__ void token_scan_from_kernel(const float *src, float *dst, int64_t n, int64_t from, double *carry) {
+  ape::cuda::detail::tok_block_scan<false>(src, dst, n, from, carry);
+}
 
 int token_scan(int threads, bool reverse, const std::vector<float> &src, std::vector<float> &dst) {
   const int64_t n = static_cast<int64_t>(src.size());
@@ -729,6 +732,21 @@ int token_scan(int threads, bool reverse, const std::vector<float> &src, std::ve
                           : launch(token_scan_kernel<false>, 1, threads, 0, nullptr, static_cast<const float *>(ds), dd, n);
   to_host(dst, dd, n);
   cudaFree(ds), cudaFree(dd);
+  return err;
+}
+
+int token_scan_from(int threads, const std::vector<float> &src, std::vector<float> &dst, int64_t from,
+                    double &carry) {
+  const int64_t n = static_cast<int64_t>(src.size());
+  float *ds = device_alloc<float>(src.size() + 1), *dd = device_alloc<float>(src.size() + 1);
+  double *dc = device_alloc<double>(1);
+  cudaMemcpy(ds, src.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dd, dst.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dc, &carry, 8, cudaMemcpyHostToDevice);
+  const int err = launch(token_scan_from_kernel, 1, threads, 0, nullptr, static_cast<const float *>(ds), dd, n, from, dc);
+  to_host(dst, dd, n);
+  cudaMemcpy(&carry, dc, 8, cudaMemcpyDeviceToHost);
+  cudaFree(ds), cudaFree(dd), cudaFree(dc);
   return err;
 }
 

@@ -23,27 +23,27 @@
 // CHECK: std::log1p
 // CHECK: static T map_0_grad(const ape::HeadCtx<T> &ctx, T x, T g) {
 // CHECK: static void token_forward(
-// CHECK-NEXT: const int64_t n = ctx.T;
-// CHECK-NEXT: ctx.tok_map(tok + 0 * n, n, [&](T x) { return x; }, feat[0]);  // feature "cable"
+// CHECK-NEXT: const int64_t n = ctx.T, ld = ctx.tok_stride();
+// CHECK-NEXT: ctx.tok_map(tok + 0 * ld, n, [&](T x) { return x; }, feat[0]);  // feature "cable"
 // CHECK-NEXT: ctx.tok_sync();
-// CHECK-NEXT: ctx.tok_map(tok + 1 * n, n, [&](T x) { return map_0(ctx, x); }, tok + 0 * n);
+// CHECK-NEXT: ctx.tok_map(tok + 1 * ld, n, [&](T x) { return map_0(ctx, x); }, tok + 0 * ld);
 // CHECK-NEXT: ctx.tok_sync();
-// CHECK-NEXT: ctx.tok_scan(tok + 1 * n, tok + 2 * n, n);
+// CHECK-NEXT: ctx.tok_scan(tok + 1 * ld, tok + 2 * ld, n);
 // CHECK-NEXT: ctx.tok_sync();
 // CHECK: static void token_backward(
-// CHECK: ctx.tok_rscan_add(dtok + 2 * n, dtok + 1 * n, n);
-// CHECK: ctx.tok_map_add(dtok + 0 * n, n, [&](T x, T g) { return map_0_grad(ctx, x, g); }, tok + 0 * n, dtok + 1 * n);
-// CHECK: ctx.tok_map(dfeat[0], n, [&](T g) { return g; }, dtok + 0 * n);
+// CHECK: ctx.tok_rscan_add(dtok + 2 * ld, dtok + 1 * ld, n);
+// CHECK: ctx.tok_map_add(dtok + 0 * ld, n, [&](T x, T g) { return map_0_grad(ctx, x, g); }, tok + 0 * ld, dtok + 1 * ld);
+// CHECK: ctx.tok_map(dfeat[0], n, [&](T g) { return g; }, dtok + 0 * ld);
 // CHECK: static T score_mod(const ape::HeadCtx<T> &ctx, int64_t i, int64_t j, T s) {
-// CHECK-NEXT: [[SI:v[0-9]+]] = ctx.tok[2 * ctx.T + (i)];
-// CHECK-NEXT: [[SJ:v[0-9]+]] = ctx.tok[2 * ctx.T + (j)];
+// CHECK-NEXT: [[SI:v[0-9]+]] = ctx.tok[2 * ctx.tok_stride() + (i)];
+// CHECK-NEXT: [[SJ:v[0-9]+]] = ctx.tok[2 * ctx.tok_stride() + (j)];
 // CHECK-NEXT: [[D:v[0-9]+]] = ([[SI]] - [[SJ]]);
 // CHECK-NEXT: [[R:v[0-9]+]] = (s + [[D]]);
 // CHECK-NEXT: return [[R]];
 // Row sum into S_i, column sum into S_j:
 // CHECK: static T score_mod_grad(
-// CHECK: ctx.dtok[2 * ctx.T + (i)] += g;
-// CHECK-NEXT: ctx.dtok[2 * ctx.T + (j)] += [[NEG:g[0-9]+]];
+// CHECK: ctx.dtok[2 * ctx.tok_stride() + (i)] += g;
+// CHECK-NEXT: ctx.dtok[2 * ctx.tok_stride() + (j)] += [[NEG:g[0-9]+]];
 // CHECK-NEXT: return g;
 // CHECK: } // namespace
 // CHECK-NEXT: APE_CPU_END

@@ -19,16 +19,16 @@
 // Cable: s + (S_i - S_j) of the scanned token feature.
 // CABLE: static constexpr bool kRowColBias = true;
 // CABLE: static T row_bias(const ape::HeadCtx<T> &ctx, int64_t i) {
-// CABLE-NEXT: const T [[R:v[0-9]+]] = ctx.tok[2 * ctx.T + (i)];
+// CABLE-NEXT: const T [[R:v[0-9]+]] = ctx.tok[2 * ctx.tok_stride() + (i)];
 // CABLE-NEXT: return T(0) + [[R]];
 // CABLE: static void row_bias_grad(const ape::HeadCtx<T> &ctx, int64_t i, T g) {
-// CABLE-NEXT: ctx.dtok[2 * ctx.T + (i)] += g;
+// CABLE-NEXT: ctx.dtok[2 * ctx.tok_stride() + (i)] += g;
 // CABLE-NEXT: }
 // CABLE: static T col_bias(const ape::HeadCtx<T> &ctx, int64_t j) {
-// CABLE-NEXT: const T [[C:v[0-9]+]] = ctx.tok[2 * ctx.T + (j)];
+// CABLE-NEXT: const T [[C:v[0-9]+]] = ctx.tok[2 * ctx.tok_stride() + (j)];
 // CABLE-NEXT: return T(0) - [[C]];
 // CABLE: static void col_bias_grad(const ape::HeadCtx<T> &ctx, int64_t j, T g) {
-// CABLE: ctx.dtok[2 * ctx.T + (j)] += {{g[0-9]+}};
+// CABLE: ctx.dtok[2 * ctx.tok_stride() + (j)] += {{g[0-9]+}};
 // CABLE-NEXT: }
 
 // CUDA: static constexpr bool kRowColBias = true;

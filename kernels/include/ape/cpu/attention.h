@@ -256,6 +256,9 @@ template <typename Real> struct HeadCtx {  // one (b, h) slice, built by the tem
   // (dst - tok) / T), which it updates. The full forward leaves them at 0 and null.
   int64_t tok0 = 0;
   double *scan_carry = nullptr;
+  // Elements between a token sequence's slots in tok and dtok (the generated code's
+  // ctx.tok[slot * tok_stride() + t]): T here; a CUDA decode cache's capacity in cuda/common.cuh.
+  int64_t tok_stride() const { return T; }
 
   // The token program's stages (emitEncFunctor): every token from tok0, in order, by one thread.
   // dst[t] = f(a[t]) or f(a[t], b[t]) (dst is none of the sources); dst[t] += f(a[t], b[t]).

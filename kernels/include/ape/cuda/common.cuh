@@ -30,6 +30,10 @@ constexpr size_t align_up(size_t n) { return (n + 127) / 128 * 128; }
 constexpr float kInf = __builtin_huge_valf();
 constexpr int kTokThreads = 1024;  // threads of the token program's block (one per slice)
 constexpr int kTokItems = 8;      // tokens a thread of it loads at once (DevCtx::tok_map, tok_block_scan)
+// A warp's tokens in a round of the scans (32 lanes x kTokItems): the chunks' sums are added one
+// after another, so a scan may start at any chunk from the carry there (a decode step's token
+// program: DevCtx::tok0, tok_carry).
+constexpr int kTokChunk = 32 * kTokItems;
 // Zeros before and after a slice's table of distance biases (dist_table_kernel): a flash tile's
 // window reaches BQ + BK distances before 0 and past T at most.
 constexpr int64_t kDistPad = 256;
@@ -193,18 +197,25 @@ template <int N> using WarpFixedSinks = SinksOf<WarpFixedRef, N>;
 // the private accumulators.
 // The token program's scans (DevCtx::tok_scan, tok_rscan_add), by every thread of the block
 // (blockDim.x a multiple of 32): dst[t] = sum_{u <= t} src[u] (kReverse: dst[t] += sum_{u >= t}
-// src[u]), accumulated in double. In rounds of blockDim.x * kTokItems tokens in scan order (t, or
-// n - 1 - t with kReverse): thread k loads its kTokItems consecutive tokens of the round at once,
-// the warps scan the threads' sums by shuffles and warp 0 the warps' totals, and each thread
-// adds its tokens to its offset. Every sum is taken in one fixed order whatever the schedule:
-// the result is bitwise the same at every run.
-template <bool kReverse, class T> __device__ void tok_block_scan(const T *src, T *dst, int64_t n) {
-  APE_STATIC_SMEM(double, part, 32);  // the warps' inclusive prefix sums (32: any block's warps)
+// src[u]), accumulated in double. In chunks of kTokChunk tokens in scan order (t, or n - 1 - t
+// with kReverse), a round of blockDim.x / 32 chunks at a time: thread k loads its kTokItems
+// consecutive tokens of its warp's chunk at once, the lanes scan their sums by shuffles, warp 0
+// adds the chunks' sums one after another to the carry (the sum of every chunk before), and each
+// thread adds its tokens to its chunk's carry plus its lanes' offset. A token's sum depends on its
+// chunk's tokens and the carry at the chunk's start only, each taken in one fixed order whatever
+// the schedule: the result is bitwise the same at every run, and a call that starts at chunk
+// `from` (a multiple of kTokChunk; forward only) with the carry there (*carry_io) writes the same
+// dst[t >= from] as one from 0. With carry_io, *carry_io becomes the carry at
+// floor(n / kTokChunk) * kTokChunk: what the next call, from there, takes.
+template <bool kReverse, class T>
+__device__ void tok_block_scan(const T *src, T *dst, int64_t n, int64_t from = 0, double *carry_io = nullptr) {
+  APE_STATIC_SMEM(double, part, 33);  // the warps' chunk sums, then their carries; [32]: the next round's
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int nw = static_cast<int>(blockDim.x) / 32;
-  const int64_t round = int64_t(blockDim.x) * kTokItems;
-  double carry = 0;  // the sum of the earlier rounds
-  for (int64_t e0 = 0; e0 < n; e0 += round) {
+  const int64_t round = int64_t(blockDim.x) * kTokItems, save_at = n / kTokChunk * kTokChunk;
+  double carry = carry_io && warp == 0 ? *carry_io : 0.0;  // the sum of the earlier chunks (warp 0's)
+  __syncthreads();  // warp 0 has read *carry_io before its lane 0 may write it
+  for (int64_t e0 = from; e0 < n; e0 += round) {
     const int64_t e = e0 + int64_t(tid) * kTokItems;  // this thread's first token in scan order
     double x[kTokItems], sum = 0;
     [[maybe_unused]] T d[kTokItems];  // kReverse: what dst holds, loaded with src
@@ -227,17 +238,23 @@ template <bool kReverse, class T> __device__ void tok_block_scan(const T *src, T
     s = __shfl_up_sync(0xffffffffu, s, 1);
     if (lane == 0) s = 0;
     __syncthreads();
-    if (warp == 0) {
-      double w = lane < nw ? part[lane] : 0.0;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const double y = __shfl_up_sync(0xffffffffu, w, d);
-        if (lane >= d) w += y;
+    if (warp == 0) {  // the chunks' carries, in order (every lane adds the same chain)
+      const double mine = lane < nw ? part[lane] : 0.0;
+      double c = carry, at = 0.0;
+      for (int w = 0; w < nw; ++w) {
+        const double chunk = __shfl_sync(0xffffffffu, mine, w);
+        if (lane == w) at = c;
+        if (lane == 0 && carry_io && e0 + int64_t(w) * kTokChunk == save_at) *carry_io = c;
+        c += chunk;
       }
-      if (lane < nw) part[lane] = w;
+      if (lane < nw) part[lane] = at;
+      if (lane == 0) {
+        part[32] = c;
+        if (carry_io && e0 + round == save_at) *carry_io = c;  // n: a whole number of rounds
+      }
     }
     __syncthreads();
-    double acc = carry + (warp > 0 ? part[warp - 1] : 0.0) + s;
+    double acc = part[warp] + s;
 #pragma unroll
     for (int u = 0; u < kTokItems; ++u) {
       acc += x[u];
@@ -247,7 +264,7 @@ template <bool kReverse, class T> __device__ void tok_block_scan(const T *src, T
         else dst[t] = T(acc);
       }
     }
-    carry += part[nw - 1];
+    carry = part[32];
     __syncthreads();  // `part` is free again
   }
 }
@@ -256,36 +273,42 @@ template <class Enc> struct DevCtx {
   static constexpr int NR = array_len(traits::NumRel<Enc>::value);
   int64_t b, h, H, T, D;
   ParamPtrs<array_len(Enc::kNumParams)> params;
-  const float *tok;                              // this slice: tok[n*T + t]
+  const float *tok;                              // this slice: tok[n*tok_ld + t]
+  int64_t tok_ld;                                // T, or a decode cache's capacity
+  int64_t tok0;                                  // token_forward: its first token (Params::tok0)
+  double *tok_carry;                             // token_forward: this slice's scans' carries, or null
   FixedSink dtok;                                // this slice, same layout
   FixedSinks<array_len(Enc::kNumParams)> dparams;  // global sums
   ParamPtrs<NR> rel;                             // this slice's relative rows n: (T, rows_n)
   FixedSinks<NR> drel;                           // their gradients, same layout
   FixedSink vmass;                               // value rows: sum_j P_ij per (i, row), (T, rows)
 
+  // The generated code's stride between token sequences: ctx.tok[slot * tok_stride() + t].
+  APE_HD int64_t tok_stride() const { return tok_ld; }
   // The token program's stages (emitEncFunctor), run by all threads of one block per slice
-  // (token_forward_kernel, token_backward_kernel): tok_map and tok_map_add on every token, a
-  // barrier (tok_sync) between the stages, and the scans (tok_block_scan), in double.
+  // (token_forward_kernel, token_backward_kernel): tok_map and tok_map_add on every token from
+  // tok0, a barrier (tok_sync) between the stages, and the scans (tok_block_scan), in double,
+  // from tok0's chunk with the carries in tok_carry (slot = the scan's output sequence) where set.
   __device__ static void tok_sync() { __syncthreads(); }
   // dst[t] = f(a[t]) (or f(a[t], b[t])) for t in [0, n); dst is none of the sources. Each thread
   // loads the sources of kTokItems tokens, a block's width apart, before it evaluates f on any
   // and stores: their loads are in flight together (with a load, its use and its store per token,
   // a stage took the latency of T / blockDim loads one after the other).
-  template <class T, class F> __device__ static void tok_map(T *dst, int64_t n, F f, const T *a) {
+  template <class T, class F> __device__ void tok_map(T *dst, int64_t n, F f, const T *a) const {
     tok_batches<false>(dst, n, [&](T x, T) { return f(x); }, a, static_cast<const T *>(nullptr));
   }
-  template <class T, class F> __device__ static void tok_map(T *dst, int64_t n, F f, const T *a, const T *b) {
+  template <class T, class F> __device__ void tok_map(T *dst, int64_t n, F f, const T *a, const T *b) const {
     tok_batches<false>(dst, n, f, a, b);
   }
   // dst[t] += f(a[t], b[t]), in the same batches.
   template <class T, class F>
-  __device__ static void tok_map_add(T *dst, int64_t n, F f, const T *a, const T *b) {
+  __device__ void tok_map_add(T *dst, int64_t n, F f, const T *a, const T *b) const {
     tok_batches<true>(dst, n, f, a, b);
   }
   template <bool kAdd, class T, class F>
-  __device__ static void tok_batches(T *dst, int64_t n, F f, const T *a, const T *b) {
+  __device__ void tok_batches(T *dst, int64_t n, F f, const T *a, const T *b) const {
     const int64_t step = blockDim.x;
-    for (int64_t t0 = threadIdx.x; t0 < n; t0 += kTokItems * step) {
+    for (int64_t t0 = tok0 + threadIdx.x; t0 < n; t0 += kTokItems * step) {
       T xa[kTokItems], xb[kTokItems], xd[kTokItems];
 #pragma unroll
       for (int u = 0; u < kTokItems; ++u) {
@@ -302,11 +325,11 @@ template <class Enc> struct DevCtx {
       }
     }
   }
-  template <class T> __device__ static void tok_scan(const T *src, T *dst, int64_t n) {
-    tok_block_scan<false>(src, dst, n);
+  template <class T> __device__ void tok_scan(const T *src, T *dst, int64_t n) const {
+    tok_block_scan<false>(src, dst, n, tok0, tok_carry ? tok_carry + (dst - tok) / tok_ld : nullptr);
   }
-  template <class T> __device__ static void tok_rscan_add(const T *src, T *dst, int64_t n) {
-    tok_block_scan<true>(src, dst, n);
+  template <class T> __device__ void tok_rscan_add(const T *src, T *dst, int64_t n) const {
+    tok_block_scan<true>(src, dst, n);  // the backward's: every token (tok0 is 0 there)
   }
 };
 
@@ -336,7 +359,11 @@ template <class Enc, class In> struct Params {
   float *dfeat[NF];
   float *dparams[NP];
   // scratch
-  float *tok;                       // (B*H, kNumTok, T)
+  float *tok;                       // (B*H, kNumTok, tok_ld)
+  int64_t tok_ld;                   // T, or CudaAttnArgs::ld where tok is the caller's cache
+  int64_t tok0;                     // forward: the first token the token program computes (a
+                                    // multiple of kTokChunk; 0 but with a cache)
+  double *tok_carry;                // forward: (B*H, kNumTok) the scans' carries at tok0, or null
   const In *qm, *km;                // (B*H, T, D): q', k' (= q, k without a mod)
   int64_t ld_q, ld_k, ld_v;         // forward: rows per slice of qm, km and v (T, or
                                     // CudaAttnArgs::ld where they are the caller's buffers)
@@ -405,7 +432,9 @@ __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, boo
     c.dparams.p[n] = sinks ? p.dparam_fx[n] : nullptr;
   }
   c.dparams.status = p.status;
-  c.tok = p.tok ? p.tok + bh * Enc::kNumTok * p.T : nullptr;
+  c.tok = p.tok ? p.tok + bh * Enc::kNumTok * p.tok_ld : nullptr;
+  c.tok_ld = p.tok_ld, c.tok0 = p.tok0;
+  c.tok_carry = p.tok_carry ? p.tok_carry + bh * Enc::kNumTok : nullptr;
   c.dtok.data = (sinks && p.dtok_fx) ? p.dtok_fx + 2 * bh * Enc::kNumTok * p.T : nullptr;
   c.dtok.status = p.status;
   if constexpr (traits::NumRel<Enc>::value > 0) {

@@ -18,15 +18,16 @@
 // forward with T = L, first_row = L0 and CudaAttnArgs::ld = capacity, which reads the buffers in
 // place. Where the encoding's k mod does not depend on the length (CudaKernelEntry::caches_k_mod)
 // the cache keeps k' too (CudaAttnArgs::km), and likewise the key side's relative rows
-// (CudaKernelEntry::key_rel_floats, CudaAttnArgs::krel): a step computes the new keys' only, and q' of the
+// (CudaKernelEntry::key_rel_floats, CudaAttnArgs::krel) and, where the token program does not read
+// the length, its sequences and scan carries (tok_seqs, CudaAttnArgs::tok: a step reruns it from
+// its first new token's chunk of 256): a step computes the new keys' only, and q' of the
 // rows from the first computed query tile only (from a multiple of 384 rows, kFwdRowAlign; from
 // the new rows' first warp, a multiple of 32, where the FlashAttention-2-class kernel computes
 // only the warps holding new rows: kFwdWarpRows). So a
 // one-token step moves O(L·D) bytes once: the keys and values the attention reads (the re-packing
 // of every array and the q/k mods over all L tokens that an earlier version ran each step moved
 // some six times that). The token features (B, H, L) are re-packed each step (4 bytes a token and
-// feature), and the token program reruns over all L tokens (scan carries, as cpu/decode.h keeps,
-// are what a later kernel would add).
+// feature).
 //
 // Plain C++17 over the CUDA runtime API (the host compiler builds it, as cuda/kernel_entry.h);
 // under -DAPE_SIMT the same code runs on the SIMT emulator. Errors are returned, never thrown.
@@ -54,14 +55,19 @@ struct CudaDecodeCache {
   void *km = nullptr;       // (B, H, capacity, D) k' (CudaKernelEntry::caches_k_mod), or null
   float *krel = nullptr;    // the key side's relative rows, B H capacity key_rel_floats floats
                             // (CudaAttnArgs::krel), or null
-  int64_t km_len = 0;       // rows of km and krel computed (a prefill with a transition computes none)
+  float *tok = nullptr;     // the token program's sequences, (B, H, tok_seqs, capacity)
+                            // (CudaAttnArgs::tok), or null
+  double *tok_carry = nullptr;  // its scans' running sums, (B, H, tok_seqs)
+  int64_t km_len = 0;       // rows of km, krel and tok computed (a prefill with a transition
+                            // computes none)
   int64_t rows = 0;         // rows per slice of the buffers: the capacity at the first step
   std::vector<float *> features;                  // Enc::kNumFeatures x (B, H, len)
   bool started() const { return B > 0; }
   void release() {
-    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(km), cudaFree(krel);
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(km), cudaFree(krel), cudaFree(tok), cudaFree(tok_carry);
     for (float *f : features) cudaFree(f);
-    q = k = v = km = nullptr, krel = nullptr, features.clear(), len = km_len = rows = 0, B = H = D = 0;
+    q = k = v = km = nullptr, krel = tok = nullptr, tok_carry = nullptr;
+    features.clear(), len = km_len = rows = 0, B = H = D = 0;
   }
   ~CudaDecodeCache() { release(); }
   CudaDecodeCache() = default;
@@ -161,21 +167,29 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   if (!c.started()) {  // the buffers, once
     if (S > INT64_MAX / C || S * C > INT64_MAX / static_cast<int64_t>(row)) return cudaErrorInvalidValue;
     const size_t bytes = static_cast<size_t>(S * C) * row;
-    if (e.key_rel_floats > 0 && S * C > INT64_MAX / (e.key_rel_floats * int64_t(sizeof(float))))
-      return cudaErrorInvalidValue;
+    const int64_t per_token = e.key_rel_floats + e.tok_seqs;  // floats a token of krel and tok
+    if (per_token > 0 && S * C > INT64_MAX / (per_token * int64_t(sizeof(float)))) return cudaErrorInvalidValue;
     const size_t rel_bytes = static_cast<size_t>(S * C * e.key_rel_floats) * sizeof(float);
-    void *krel = nullptr;
+    const size_t tok_bytes = static_cast<size_t>(S * C * e.tok_seqs) * sizeof(float);
+    const size_t carry_bytes = static_cast<size_t>(S * e.tok_seqs) * sizeof(double);
+    void *krel = nullptr, *tok = nullptr, *carry = nullptr;
     const std::pair<void **, size_t> bufs[] = {{&c.q, bytes}, {&c.k, bytes}, {&c.v, bytes},
                                                {e.caches_k_mod ? &c.km : nullptr, bytes},
-                                               {rel_bytes > 0 ? &krel : nullptr, rel_bytes}};
+                                               {rel_bytes > 0 ? &krel : nullptr, rel_bytes},
+                                               {tok_bytes > 0 ? &tok : nullptr, tok_bytes},
+                                               {tok_bytes > 0 ? &carry : nullptr, carry_bytes}};
+    auto keep = [&] {
+      c.krel = static_cast<float *>(krel), c.tok = static_cast<float *>(tok);
+      c.tok_carry = static_cast<double *>(carry);
+    };
     for (const auto &[buf, size] : bufs)
       if (buf && ((err = cudaMallocAsync(buf, size, st)) != cudaSuccess ||
                   (err = cudaMemsetAsync(*buf, 0, size, st)) != cudaSuccess)) {  // no unwritten row is ever read
-        c.krel = static_cast<float *>(krel);
+        keep();
         c.release();
         return err;
       }
-    c.krel = static_cast<float *>(krel);
+    keep();
     c.B = a.B, c.H = a.H, c.D = D, c.dtype = a.dtype, c.rows = C;
     c.features.assign(static_cast<size_t>(e.num_features), nullptr);
   }
@@ -223,10 +237,11 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     f.q = c.q, f.k = c.k, f.v = c.v, f.ld = C;
     if (c.km) f.km = c.km;
     if (c.krel) f.krel = c.krel;
-    if (c.km || c.krel) f.km_rows = c.km_len;
+    if (c.tok) f.tok = c.tok, f.tok_carry = c.tok_carry;
+    if (c.km || c.krel || c.tok) f.km_rows = c.km_len;
   }
   err = forward(e, f);
-  if (err == cudaSuccess && (f.km || f.krel)) c.km_len = L;
+  if (err == cudaSuccess && (f.km || f.krel || f.tok)) c.km_len = L;
   if (err == cudaSuccess) err = copy_rows(a.o, n, 0, static_cast<char *>(o) + L0 * row, L, n, S, row, st);
   if (err == cudaSuccess && a.lse)
     err = copy_rows(a.lse, n, 0, static_cast<char *>(lse) + L0 * sizeof(float), L, n, S,

@@ -113,8 +113,16 @@ struct CudaAttnArgs {
   // key_rel_floats floats a token: each key-side table's (B, H, ld, rows) in the spec's order),
   // whose first km_rows rows of every slice a previous call computed; the call computes rows
   // [km_rows, T) and reads them from it. Refused where key_rel_floats is 0, and for the backward.
-  // km_rows counts the rows of km and krel alike (a call gives either or both).
   float *krel = nullptr;
+  // Forward only, likewise: the token program's sequences, (B, H, CudaKernelEntry::tok_seqs, ld)
+  // floats, and its scans' running sums, (B, H, tok_seqs) doubles, as the previous call that
+  // shared them left them (both zeroed before the first); the call reruns the program from the
+  // chunk of 256 tokens holding row km_rows on (the scans from their sums there: the same values
+  // as a run over all T tokens, bit for bit) and updates both. Both or neither; refused where
+  // tok_seqs is 0, and for the backward.
+  float *tok = nullptr;
+  double *tok_carry = nullptr;
+  // The rows of km, krel and tok that earlier calls computed (a call gives any of them).
   int64_t km_rows = 0;
   // Forward only: the keys of each query tile split over up to this many blocks (FlashDecoding),
   // each adding its share's o and lse to scratch, then a pass that adds the shares: a call with
@@ -182,6 +190,9 @@ struct CudaKernelEntry {
   // Floats per token of the key side's relative rows (ape.rel_rows "k": Transformer-XL's u . k,
   // DeBERTa's p2c) a decode cache may keep (CudaAttnArgs::krel) on the same terms as k'; 0: none.
   int64_t key_rel_floats = 0;
+  // Token sequences (Enc::kNumTok) a decode cache may keep (CudaAttnArgs::tok, tok_carry): where
+  // the token program does not read the length; 0: none.
+  int64_t tok_seqs = 0;
 };
 
 // The variant for (dtype, D), or nullptr when it was not instantiated.

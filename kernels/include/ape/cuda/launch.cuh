@@ -25,6 +25,14 @@ template <class Enc> constexpr bool caches_k_mod() {
   return Enc::kHasKMod && !traits::KModReadsLength<Enc>::value && !traits::TokensReadLength<Enc>::value;
 }
 
+// Token sequences a decode cache may keep (CudaAttnArgs::tok, tok_carry; CudaKernelEntry::
+// tok_seqs): Enc::kNumTok where the token program does not read the length (a token's entries
+// then stay as the sequence grows, and a step reruns the program from its first new token's chunk
+// on from the scans' carries there), else 0.
+template <class Enc> constexpr int64_t tok_seqs() {
+  return traits::TokensReadLength<Enc>::value ? 0 : Enc::kNumTok;
+}
+
 // Floats per token of the key side's relative rows ((k'_j + bias) . table^T, ape.rel_rows "k":
 // Transformer-XL's u . k, DeBERTa's p2c) that a decode cache may keep (CudaAttnArgs::krel,
 // CudaKernelEntry::key_rel_floats): they read k' and the params only, so they stay valid as the
@@ -147,10 +155,13 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
     if (a.ld < a.T || a.ld >= kMaxDim || backward || a.num_layers > 0) return cudaErrorInvalidValue;
     if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / (a.ld * kD)) return cudaErrorInvalidValue;
   }
-  if (a.km || a.krel || a.km_rows != 0) {
+  if (a.km || a.krel || a.tok || a.tok_carry || a.km_rows != 0) {
     if (backward || (a.km && !caches_k_mod<Enc>()) || (a.krel && key_rel_floats<Enc>() == 0) ||
-        (!a.km && !a.krel) || a.km_rows < 0 || a.km_rows > a.T || reinterpret_cast<uintptr_t>(a.km) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(a.krel) % alignof(float) != 0)
+        (!a.tok != !a.tok_carry) || (a.tok && tok_seqs<Enc>() == 0) || (!a.km && !a.krel && !a.tok) ||
+        a.km_rows < 0 || a.km_rows > a.T || reinterpret_cast<uintptr_t>(a.km) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(a.krel) % alignof(float) != 0 ||
+        reinterpret_cast<uintptr_t>(a.tok) % alignof(float) != 0 ||
+        reinterpret_cast<uintptr_t>(a.tok_carry) % alignof(double) != 0)
       return cudaErrorInvalidValue;
   }
   if (a.B * a.H * a.T == 0) {
@@ -241,9 +252,14 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
                     int64_t q_from = -1) {
   cudaError_t err = cudaSuccess;
   const int64_t BH = p.B * p.H, n = BH * p.T * p.D;
+  const int64_t ld = a && a->ld != 0 ? a->ld : p.T;  // rows per slice of the caller's buffers
   if constexpr (Enc::kNumTok > 0) {
-    p.tok = scratch.take<float>(BH * Enc::kNumTok * p.T, err);
-    if (err != cudaSuccess) return err;
+    if (a && a->tok) {  // the caller's cache (check_args: tok_seqs): from km_rows' chunk on
+      p.tok = a->tok, p.tok_ld = ld, p.tok0 = a->km_rows / kTokChunk * kTokChunk, p.tok_carry = a->tok_carry;
+    } else {
+      p.tok = scratch.take<float>(BH * Enc::kNumTok * p.T, err), p.tok_ld = p.T, p.tok0 = 0, p.tok_carry = nullptr;
+      if (err != cudaSuccess) return err;
+    }
     if ((err = launch(token_forward_kernel<Enc, In>, static_cast<unsigned>(BH), kTokThreads, 0, st,
                       p)) != cudaSuccess)
       return err;
@@ -289,7 +305,6 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
     // (B*H, ld, rows) in turn) from row km_rows, or every row into scratch; the query side's from
     // q_row0.
     float *krel = a ? a->krel : nullptr;
-    const int64_t ld = a && a->ld != 0 ? a->ld : p.T;
     for (int r = 0; r < Enc::kNumRel; ++r) {
       const bool key = Enc::rel_side(r) == 1, cached = key && krel;
       int64_t row0 = key ? 0 : q_row0;

@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(kTokThreads) token_forward_kernel(const Params
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
   const float *feat[Params<Enc, In>::NF];
   for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = p.feat[n] + bh * p.T;
-  Enc::token_forward(ctx, feat, p.tok + bh * Enc::kNumTok * p.T);
+  Enc::token_forward(ctx, feat, p.tok + bh * Enc::kNumTok * p.tok_ld);
 }
 
 template <class Enc, class In>
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kTokThreads) token_backward_kernel(const Param
     feat[n] = p.feat[n] + bh * p.T;
     dfeat[n] = p.dfeat[n] + bh * p.T;
   }
-  const int64_t off = bh * Enc::kNumTok * p.T;
+  const int64_t off = bh * Enc::kNumTok * p.T;  // tok_ld is T in the backward (no cache)
   Enc::token_backward(ctx, feat, p.tok + off, p.dtok + off, dfeat);
 }
 

@@ -148,15 +148,16 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
   return a;
 }
 
-// A decode cache read in place (CudaAttnArgs::ld, km, krel): q, k, v of forward_cuda hold `rows` =
-// q.size(2) rows per slice of which the first T are the call's; km (same shape, or undefined) holds
-// k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or undefined) the key
-// side's relative rows of them (CudaKernelEntry::key_rel_floats), and the call computes the rest up
-// to T.
+// A decode cache read in place (CudaAttnArgs::ld, km, krel, tok): q, k, v of forward_cuda hold
+// `rows` = q.size(2) rows per slice of which the first T are the call's; km (same shape, or
+// undefined) holds k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or
+// undefined) the key side's relative rows of them (CudaKernelEntry::key_rel_floats), tok (float32,
+// B H tok_seqs rows) and tok_carry (float64, B H tok_seqs) the token program's sequences and scan
+// sums (CudaKernelEntry::tok_seqs), and the call computes the rest up to T.
 struct CacheRows {
   int64_t T = -1;  // -1: every row (no cache)
-  at::Tensor km, krel;
-  int64_t km_rows = 0, krel_floats = 0;
+  at::Tensor km, krel, tok, tok_carry;
+  int64_t km_rows = 0, krel_floats = 0, tok_seqs = 0;
 };
 
 // forward_cuda / backward_cuda: also the runtime's CUDA attention (runtime/CudaAttention.cpp).
@@ -194,6 +195,18 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
                   who, "the relative rows' cache must be contiguous float32 on q's device, B H rows x ",
                   cache.krel_floats, " elements");
       a.krel = cache.krel.data_ptr<float>(), a.km_rows = cache.km_rows;
+    }
+    if (cache.tok.defined() || cache.tok_carry.defined()) {
+      const int64_t S = q.size(0) * q.size(1);
+      TORCH_CHECK(cache.tok.defined() && cache.tok_carry.defined() && cache.tok_seqs > 0 &&
+                      cache.tok.is_contiguous() && cache.tok.scalar_type() == at::kFloat &&
+                      cache.tok.numel() == S * cache.tok_seqs * q.size(2) && cache.tok_carry.is_contiguous() &&
+                      cache.tok_carry.scalar_type() == at::kDouble && cache.tok_carry.numel() == S * cache.tok_seqs &&
+                      cache.tok.device() == q.device() && cache.tok_carry.device() == q.device(),
+                  who, "the token program's cache must be contiguous float32 (B H ", cache.tok_seqs,
+                  " rows) and float64 (B H ", cache.tok_seqs, ") on q's device");
+      a.tok = cache.tok.data_ptr<float>(), a.tok_carry = cache.tok_carry.data_ptr<double>();
+      a.km_rows = cache.km_rows;
     }
   }
   std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());
