@@ -66,7 +66,7 @@ CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &entry);
 
 // The kept rows of a decode cache (runtime/Decode.h): km (B, H, capacity, D) like q; krel
 // (float32, B H capacity krel_floats elements); tok (float32, B H tok_seqs capacity) and
-// tok_carry (float64, B H tok_seqs). Each undefined where not kept; `rows` of them computed.
+// tok_carry (float64, B H tok_seqs 2). Each undefined where not kept; `rows` of them computed.
 struct CudaKeptRows {
   at::Tensor km, krel, tok, tok_carry;
   int64_t rows = 0;

@@ -41,7 +41,7 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
 }
 
 // A step on a GPU: the new tokens copied into the cache's rows, then the CUDA forward over all of
-// them from the first new row (CudaAttnArgs::first_row), reading the cache in place (ld, km).
+// them from the first new row (CudaAttnArgs::first_row), reading the cache in place (ld; km, krel, tok: what the kernels keep).
 at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &cache, int64_t capacity,
                          const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                          const std::vector<at::Tensor> &features, const std::vector<at::Tensor> &params,
@@ -76,7 +76,7 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
     if (keeps.krel_floats > 0) kept.krel = at::zeros({S * capacity * keeps.krel_floats}, f32);
     if (keeps.tok_seqs > 0) {
       kept.tok = at::zeros({S * keeps.tok_seqs * capacity}, f32);
-      kept.tok_carry = at::zeros({S * keeps.tok_seqs}, q.options().dtype(at::kDouble));
+      kept.tok_carry = at::zeros({S * keeps.tok_seqs * 2}, q.options().dtype(at::kDouble));
     }
     cache.q = bq, cache.k = bk, cache.v = bv, cache.kept = kept;
   }

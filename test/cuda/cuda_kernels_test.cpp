@@ -1916,6 +1916,8 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "km_rows beyond T";
   c.km_rows = 0, c.km = static_cast<char *>(c.km) + 2;
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "a misaligned km";
+  c.km = static_cast<char *>(c.km) - 2, c.ld = 0;
+  EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "km with ld 0 (its rows a slice would follow T)";
   // The key side's relative rows (krel): where the encoding has them and keeps them
   // (key_rel_floats: Transformer-XL's u . k row, DeBERTa's 32 p2c rows), with or without km; one
   // count of cached rows for both.

@@ -586,34 +586,40 @@ TEST_F(Simt, TokenScanAddsEveryRoundsCarry) {
 
 // A decode step's token program resumes its scans at the chunk (kTokChunk = 256 tokens) holding
 // its first new token, from the carry the previous step left there (DevCtx::tok0, tok_carry): its
-// sums equal those of one scan over all n tokens bit for bit, tokens before the chunk are left as
-// they were, and the carry it leaves is the one-shot scan's at floor(n / 256) * 256. Lengths at
-// and around chunks and rounds (256 tokens with 32 threads, 512 with 64: the carry saved after a
-// round's last chunk).
+// sums equal those of one scan over all n tokens bit for bit, and the carry it leaves is the
+// one-shot scan's at floor(n / 256) * 256. Lengths at and around chunks and rounds (256 tokens a
+// round with 32 threads, 512 with 64, 8,192 with 1,024: the carry saved after a round's last
+// chunk). A carry taken at another token than the resumed chunk's (a step that failed after its
+// token program) makes the scan start again at token 0, with the same sums.
 TEST_F(Simt, TokenScanResumesAtAChunkFromItsCarry) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> uni(-1.f, 2.f);
   for (int threads : {32, 64, 1024})
     for (auto [n0, n] : {std::pair<int, int>{1, 2}, {255, 256}, {256, 257}, {300, 512}, {512, 513}, {511, 1024},
-                         {700, 1500}, {1024, 1025}, {2047, 2049}}) {
-      SCOPED_TRACE("threads " + std::to_string(threads) + ", " + std::to_string(n0) + " then " + std::to_string(n));
-      std::vector<float> src(n), once(n, 0.f), steps(n, 0.f);
-      for (auto &x : src) x = uni(rng);
-      double carry_once = 0;
-      ASSERT_EQ(planted::token_scan_from(threads, src, once, 0, carry_once), 0);
-      const std::vector<float> first(src.begin(), src.begin() + n0);
-      std::vector<float> part(n0, 0.f);
-      double carry = 0;
-      ASSERT_EQ(planted::token_scan_from(threads, first, part, 0, carry), 0);
-      std::copy(part.begin(), part.end(), steps.begin());
-      const int64_t from = n0 / 256 * 256;
-      for (int64_t t = from; t < n; ++t) steps[t] = -7.f;  // what the resumed scan must overwrite
-      ASSERT_EQ(planted::token_scan_from(threads, src, steps, from, carry), 0);
-      EXPECT_TRUE(findings().empty());
-      for (int t = 0; t < n; ++t)
-        ASSERT_EQ(std::memcmp(&steps[t], &once[t], 4), 0) << "t " << t << ": " << steps[t] << " vs " << once[t];
-      EXPECT_EQ(std::memcmp(&carry, &carry_once, 8), 0) << carry << " vs " << carry_once;
-    }
+                         {700, 1500}, {1024, 1025}, {2047, 2049}, {8191, 8192}, {8192, 8193}, {5000, 16385}})
+      for (bool stale : {false, true}) {
+        const int64_t from = n0 / 256 * 256 - (stale ? 256 : 0);
+        if (from < 0) continue;
+        SCOPED_TRACE("threads " + std::to_string(threads) + ", " + std::to_string(n0) + " then " + std::to_string(n) +
+                     (stale ? ", resumed a chunk before its carry" : ""));
+        std::vector<float> src(n), once(n, 0.f), steps(n, 0.f);
+        for (auto &x : src) x = uni(rng);
+        double carry_once[2] = {0, 0};
+        ASSERT_EQ(planted::token_scan_from(threads, src, once, 0, carry_once), 0);
+        const std::vector<float> first(src.begin(), src.begin() + n0);
+        std::vector<float> part(n0, 0.f);
+        double carry[2] = {0, 0};
+        ASSERT_EQ(planted::token_scan_from(threads, first, part, 0, carry), 0);
+        ASSERT_EQ(carry[1], static_cast<double>(n0 / 256 * 256));
+        std::copy(part.begin(), part.end(), steps.begin());
+        for (int64_t t = from; t < n; ++t) steps[t] = -7.f;  // what the resumed scan must overwrite
+        ASSERT_EQ(planted::token_scan_from(threads, src, steps, from, carry), 0);
+        EXPECT_TRUE(findings().empty());
+        for (int t = 0; t < n; ++t)
+          ASSERT_EQ(std::memcmp(&steps[t], &once[t], 4), 0) << "t " << t << ": " << steps[t] << " vs " << once[t];
+        EXPECT_EQ(std::memcmp(carry, carry_once, 16), 0) << carry[0] << " at " << carry[1] << " vs " << carry_once[0]
+                                                          << " at " << carry_once[1];
+      }
 }
 
 TEST_F(Simt, Bf16AndF16RoundLikeLibTorch) {

@@ -118,10 +118,11 @@ int wmma_16x16x16(const std::vector<uint16_t> &a, const std::vector<uint16_t> &b
 // The token program's block scan (ape::cuda::detail::tok_block_scan) by one block of `threads`:
 // dst[t] = sum_{u <= t} src[u], or with `reverse` dst[t] += sum_{u >= t} src[u] (dst in and out).
 int token_scan(int threads, bool reverse, const std::vector<float> &src, std::vector<float> &dst);
-// The forward scan from chunk `from` (a multiple of kTokChunk) with the carry there; carry becomes
-// the carry at floor(n / kTokChunk) * kTokChunk (tok_block_scan's carry_io).
+// The forward scan from chunk `from` (a multiple of kTokChunk) with {the carry, its token}
+// (tok_block_scan's carry_io: from 0 where the token is not `from`); carry becomes {the carry at
+// s, s}, s = floor(n / kTokChunk) * kTokChunk.
 int token_scan_from(int threads, const std::vector<float> &src, std::vector<float> &dst, int64_t from,
-                    double &carry);
+                    double (&carry)[2]);
 uint16_t to_bf16(float x);
 uint16_t to_f16(float x);
 float from_f16(uint16_t h);

@@ -736,16 +736,16 @@ int token_scan(int threads, bool reverse, const std::vector<float> &src, std::ve
 }
 
 int token_scan_from(int threads, const std::vector<float> &src, std::vector<float> &dst, int64_t from,
-                    double &carry) {
+                    double (&carry)[2]) {
   const int64_t n = static_cast<int64_t>(src.size());
   float *ds = device_alloc<float>(src.size() + 1), *dd = device_alloc<float>(src.size() + 1);
-  double *dc = device_alloc<double>(1);
+  double *dc = device_alloc<double>(2);
   cudaMemcpy(ds, src.data(), n * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dd, dst.data(), n * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dc, &carry, 8, cudaMemcpyHostToDevice);
+  cudaMemcpy(dc, carry, 16, cudaMemcpyHostToDevice);
   const int err = launch(token_scan_from_kernel, 1, threads, 0, nullptr, static_cast<const float *>(ds), dd, n, from, dc);
   to_host(dst, dd, n);
-  cudaMemcpy(&carry, dc, 8, cudaMemcpyDeviceToHost);
+  cudaMemcpy(carry, dc, 16, cudaMemcpyDeviceToHost);
   cudaFree(ds), cudaFree(dd), cudaFree(dc);
   return err;
 }

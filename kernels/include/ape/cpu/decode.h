@@ -74,10 +74,16 @@ namespace ape {
 inline namespace APE_CPU_NS {
 namespace detail {
 
+// k' is recomputed for every key (from kraw) where the k mod reads the length, or may read a
+// token sequence that does (as cuda/launch.cuh's caches_k_mod).
+template <class Enc> constexpr bool keys_read_length() {
+  return traits::KModReadsLength<Enc>::value || (Enc::kHasKMod && traits::TokensReadLength<Enc>::value);
+}
+
 template <class Enc, typename Real>
 void decode_slice(DecodeCache<Real> &c, const DecodeArgs<Real> &a, int64_t b, int64_t h) {
   constexpr int F = Enc::kNumFeatures, NT = Enc::kNumTok, kNumRel = NumRel<Enc>::value;
-  constexpr bool kKeysLen = traits::KModReadsLength<Enc>::value;
+  constexpr bool kKeysLen = keys_read_length<Enc>();
   constexpr bool kTokLen = traits::TokensReadLength<Enc>::value;
   const int64_t s = b * a.H + h, n = a.n, D = a.D, C = c.capacity, Cp = c.Cp;
   const int64_t L0 = c.len, L = L0 + n;
@@ -195,7 +201,7 @@ template <class Enc, typename Real> void decode_step(DecodeCache<Real> &c, const
     c.B = a.B, c.H = a.H, c.D = D, c.len = 0;
     c.Cp = detail::padded_row<Real>(C);
     c.kt.assign(static_cast<std::size_t>(S * D * c.Cp), Real(0));
-    if constexpr (traits::KModReadsLength<Enc>::value)
+    if constexpr (detail::keys_read_length<Enc>())
       c.kraw.assign(static_cast<std::size_t>(S * C * D), Real(0));
     c.v.assign(static_cast<std::size_t>(S * C * D), Real(0));
     c.feat.assign(static_cast<std::size_t>(S * F * C), Real(0));

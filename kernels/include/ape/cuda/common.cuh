@@ -204,18 +204,27 @@ template <int N> using WarpFixedSinks = SinksOf<WarpFixedRef, N>;
 // thread adds its tokens to its chunk's carry plus its lanes' offset. A token's sum depends on its
 // chunk's tokens and the carry at the chunk's start only, each taken in one fixed order whatever
 // the schedule: the result is bitwise the same at every run, and a call that starts at chunk
-// `from` (a multiple of kTokChunk; forward only) with the carry there (*carry_io) writes the same
-// dst[t >= from] as one from 0. With carry_io, *carry_io becomes the carry at
-// floor(n / kTokChunk) * kTokChunk: what the next call, from there, takes.
+// `from` (a multiple of kTokChunk; forward only) with the carry there writes the same
+// dst[t >= from] as one from 0. carry_io (or null): {the carry, the token it was taken at}, as the
+// previous call left it; the call starts at `from` where that token is `from`, else at 0 (a call
+// that failed after its token program, or a cache reused from its start: src[t < from] must still
+// hold the sequence's values), and leaves {the carry at s, s}, s = floor(n / kTokChunk) * kTokChunk:
+// what the next call, from there, takes.
 template <bool kReverse, class T>
 __device__ void tok_block_scan(const T *src, T *dst, int64_t n, int64_t from = 0, double *carry_io = nullptr) {
-  APE_STATIC_SMEM(double, part, 33);  // the warps' chunk sums, then their carries; [32]: the next round's
+  // The warps' chunk sums, then their carries; [32]: the next round's carry; [33]: the first token.
+  APE_STATIC_SMEM(double, part, 34);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int nw = static_cast<int>(blockDim.x) / 32;
   const int64_t round = int64_t(blockDim.x) * kTokItems, save_at = n / kTokChunk * kTokChunk;
-  double carry = carry_io && warp == 0 ? *carry_io : 0.0;  // the sum of the earlier chunks (warp 0's)
-  __syncthreads();  // warp 0 has read *carry_io before its lane 0 may write it
-  for (int64_t e0 = from; e0 < n; e0 += round) {
+  if (tid == 0) {
+    const bool resume = carry_io && from > 0 && carry_io[1] == static_cast<double>(from);
+    part[32] = resume ? carry_io[0] : 0.0, part[33] = resume ? static_cast<double>(from) : 0.0;
+  }
+  __syncthreads();  // (part[32] is written again after the loop's first barrier only)
+  double carry = part[32];  // the sum of the earlier chunks
+  const int64_t first = static_cast<int64_t>(part[33]);
+  for (int64_t e0 = first; e0 < n; e0 += round) {
     const int64_t e = e0 + int64_t(tid) * kTokItems;  // this thread's first token in scan order
     double x[kTokItems], sum = 0;
     [[maybe_unused]] T d[kTokItems];  // kReverse: what dst holds, loaded with src
@@ -244,13 +253,15 @@ __device__ void tok_block_scan(const T *src, T *dst, int64_t n, int64_t from = 0
       for (int w = 0; w < nw; ++w) {
         const double chunk = __shfl_sync(0xffffffffu, mine, w);
         if (lane == w) at = c;
-        if (lane == 0 && carry_io && e0 + int64_t(w) * kTokChunk == save_at) *carry_io = c;
+        if (lane == 0 && carry_io && e0 + int64_t(w) * kTokChunk == save_at)
+          carry_io[0] = c, carry_io[1] = static_cast<double>(save_at);
         c += chunk;
       }
       if (lane < nw) part[lane] = at;
       if (lane == 0) {
         part[32] = c;
-        if (carry_io && e0 + round == save_at) *carry_io = c;  // n: a whole number of rounds
+        if (carry_io && e0 + round == save_at)  // n: a whole number of rounds
+          carry_io[0] = c, carry_io[1] = static_cast<double>(save_at);
       }
     }
     __syncthreads();
@@ -276,7 +287,7 @@ template <class Enc> struct DevCtx {
   const float *tok;                              // this slice: tok[n*tok_ld + t]
   int64_t tok_ld;                                // T, or a decode cache's capacity
   int64_t tok0;                                  // token_forward: its first token (Params::tok0)
-  double *tok_carry;                             // token_forward: this slice's scans' carries, or null
+  double *tok_carry;                             // token_forward: this slice's scans' {carry, token}, or null
   FixedSink dtok;                                // this slice, same layout
   FixedSinks<array_len(Enc::kNumParams)> dparams;  // global sums
   ParamPtrs<NR> rel;                             // this slice's relative rows n: (T, rows_n)
@@ -288,7 +299,8 @@ template <class Enc> struct DevCtx {
   // The token program's stages (emitEncFunctor), run by all threads of one block per slice
   // (token_forward_kernel, token_backward_kernel): tok_map and tok_map_add on every token from
   // tok0, a barrier (tok_sync) between the stages, and the scans (tok_block_scan), in double,
-  // from tok0's chunk with the carries in tok_carry (slot = the scan's output sequence) where set.
+  // from tok0's chunk with the carries in tok_carry (a pair per slot = the scan's output sequence)
+  // where set.
   __device__ static void tok_sync() { __syncthreads(); }
   // dst[t] = f(a[t]) (or f(a[t], b[t])) for t in [0, n); dst is none of the sources. Each thread
   // loads the sources of kTokItems tokens, a block's width apart, before it evaluates f on any
@@ -326,7 +338,7 @@ template <class Enc> struct DevCtx {
     }
   }
   template <class T> __device__ void tok_scan(const T *src, T *dst, int64_t n) const {
-    tok_block_scan<false>(src, dst, n, tok0, tok_carry ? tok_carry + (dst - tok) / tok_ld : nullptr);
+    tok_block_scan<false>(src, dst, n, tok0, tok_carry ? tok_carry + 2 * ((dst - tok) / tok_ld) : nullptr);
   }
   template <class T> __device__ void tok_rscan_add(const T *src, T *dst, int64_t n) const {
     tok_block_scan<true>(src, dst, n);  // the backward's: every token (tok0 is 0 there)
@@ -363,7 +375,7 @@ template <class Enc, class In> struct Params {
   int64_t tok_ld;                   // T, or CudaAttnArgs::ld where tok is the caller's cache
   int64_t tok0;                     // forward: the first token the token program computes (a
                                     // multiple of kTokChunk; 0 but with a cache)
-  double *tok_carry;                // forward: (B*H, kNumTok) the scans' carries at tok0, or null
+  double *tok_carry;                // forward: (B*H, kNumTok, 2) the scans' {carry, token}, or null
   const In *qm, *km;                // (B*H, T, D): q', k' (= q, k without a mod)
   int64_t ld_q, ld_k, ld_v;         // forward: rows per slice of qm, km and v (T, or
                                     // CudaAttnArgs::ld where they are the caller's buffers)
@@ -434,7 +446,7 @@ __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, boo
   c.dparams.status = p.status;
   c.tok = p.tok ? p.tok + bh * Enc::kNumTok * p.tok_ld : nullptr;
   c.tok_ld = p.tok_ld, c.tok0 = p.tok0;
-  c.tok_carry = p.tok_carry ? p.tok_carry + bh * Enc::kNumTok : nullptr;
+  c.tok_carry = p.tok_carry ? p.tok_carry + 2 * bh * Enc::kNumTok : nullptr;
   c.dtok.data = (sinks && p.dtok_fx) ? p.dtok_fx + 2 * bh * Enc::kNumTok * p.T : nullptr;
   c.dtok.status = p.status;
   if constexpr (traits::NumRel<Enc>::value > 0) {

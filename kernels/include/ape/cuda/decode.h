@@ -57,7 +57,7 @@ struct CudaDecodeCache {
                             // (CudaAttnArgs::krel), or null
   float *tok = nullptr;     // the token program's sequences, (B, H, tok_seqs, capacity)
                             // (CudaAttnArgs::tok), or null
-  double *tok_carry = nullptr;  // its scans' running sums, (B, H, tok_seqs)
+  double *tok_carry = nullptr;  // its scans' running sums, (B, H, tok_seqs, 2)
   int64_t km_len = 0;       // rows of km, krel and tok computed (a prefill with a transition
                             // computes none)
   int64_t rows = 0;         // rows per slice of the buffers: the capacity at the first step
@@ -171,7 +171,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     if (per_token > 0 && S * C > INT64_MAX / (per_token * int64_t(sizeof(float)))) return cudaErrorInvalidValue;
     const size_t rel_bytes = static_cast<size_t>(S * C * e.key_rel_floats) * sizeof(float);
     const size_t tok_bytes = static_cast<size_t>(S * C * e.tok_seqs) * sizeof(float);
-    const size_t carry_bytes = static_cast<size_t>(S * e.tok_seqs) * sizeof(double);
+    const size_t carry_bytes = static_cast<size_t>(S * e.tok_seqs) * 2 * sizeof(double);
     void *krel = nullptr, *tok = nullptr, *carry = nullptr;
     const std::pair<void **, size_t> bufs[] = {{&c.q, bytes}, {&c.k, bytes}, {&c.v, bytes},
                                                {e.caches_k_mod ? &c.km : nullptr, bytes},

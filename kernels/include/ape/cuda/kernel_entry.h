@@ -90,8 +90,9 @@ struct CudaAttnArgs {
   // before first_row may be written with their values or left as they were: a call that splits
   // its keys (num_splits), or whose computed tiles' rows are mostly before first_row or past T (a
   // decode step's), computes only the warps that hold wanted rows);
-  // the token program and k' still cover all T
-  // tokens (k' the rows from km_rows where km is given), q' the rows from the tile (or from first_row's warp). 0: every row. A
+  // the token program, k' and the key side's relative rows still cover all T tokens (from km_rows
+  // where km, krel, tok are given: the token program from its chunk of 256), q' the rows from the
+  // tile (or from first_row's warp). 0: every row. A
   // decode step (cuda/decode.h) passes its cache length. The backward needs 0.
   int64_t first_row = 0;
   // Forward only: the rows per (b, h) slice of q, k and v (each slice's T rows followed by
@@ -115,14 +116,16 @@ struct CudaAttnArgs {
   // [km_rows, T) and reads them from it. Refused where key_rel_floats is 0, and for the backward.
   float *krel = nullptr;
   // Forward only, likewise: the token program's sequences, (B, H, CudaKernelEntry::tok_seqs, ld)
-  // floats, and its scans' running sums, (B, H, tok_seqs) doubles, as the previous call that
-  // shared them left them (both zeroed before the first); the call reruns the program from the
-  // chunk of 256 tokens holding row km_rows on (the scans from their sums there: the same values
-  // as a run over all T tokens, bit for bit) and updates both. Both or neither; refused where
-  // tok_seqs is 0, and for the backward.
+  // floats, and its scans' running sums, (B, H, tok_seqs, 2) doubles ({sum, the token it was taken
+  // at}), as the previous call that shared them left them (both zeroed before the first); the call
+  // reruns the program from the chunk of 256 tokens holding row km_rows on (a scan from its sum
+  // there where that sum is the chunk's, else from token 0: the same values as a run over all T
+  // tokens, bit for bit) and updates both. Both or neither; refused where tok_seqs is 0, and for
+  // the backward.
   float *tok = nullptr;
   double *tok_carry = nullptr;
-  // The rows of km, krel and tok that earlier calls computed (a call gives any of them).
+  // The rows of km, krel and tok that earlier calls computed (a call gives any of them, and ld:
+  // their rows per slice; ld = 0 is refused with them).
   int64_t km_rows = 0;
   // Forward only: the keys of each query tile split over up to this many blocks (FlashDecoding),
   // each adding its share's o and lse to scratch, then a pass that adds the shares: a call with

@@ -157,7 +157,7 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   }
   if (a.km || a.krel || a.tok || a.tok_carry || a.km_rows != 0) {
     if (backward || (a.km && !caches_k_mod<Enc>()) || (a.krel && key_rel_floats<Enc>() == 0) ||
-        (!a.tok != !a.tok_carry) || (a.tok && tok_seqs<Enc>() == 0) || (!a.km && !a.krel && !a.tok) ||
+        (!a.tok != !a.tok_carry) || (a.tok && tok_seqs<Enc>() == 0) || (!a.km && !a.krel && !a.tok) || a.ld == 0 ||
         a.km_rows < 0 || a.km_rows > a.T || reinterpret_cast<uintptr_t>(a.km) % 16 != 0 ||
         reinterpret_cast<uintptr_t>(a.krel) % alignof(float) != 0 ||
         reinterpret_cast<uintptr_t>(a.tok) % alignof(float) != 0 ||
@@ -245,8 +245,10 @@ constexpr int64_t kFwdRowAlign = 384;
 constexpr int64_t kFwdWarpRows = 32;
 
 // tok, q', k' of every slice (the forward's inputs; the backward recomputes them). A forward call
-// (`a`) may narrow them: q' of the rows from q_row0 only (the query tiles it computes), k' into
-// the caller's cache (CudaAttnArgs::km) for its rows from km_rows only; the backward passes none.
+// (`a`) may narrow them: q' of the rows from q_row0 only (the query tiles it computes); k', the
+// key side's relative rows and the token sequences into the caller's caches (CudaAttnArgs::km,
+// krel, tok) for its rows from km_rows only (the token program from that row's chunk); the
+// backward passes none.
 template <class Enc, class In, int kModD>
 cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const CudaAttnArgs *a = nullptr,
                     int64_t q_from = -1) {

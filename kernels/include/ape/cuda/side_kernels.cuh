@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(kTokThreads) token_backward_kernel(const Param
     feat[n] = p.feat[n] + bh * p.T;
     dfeat[n] = p.dfeat[n] + bh * p.T;
   }
-  const int64_t off = bh * Enc::kNumTok * p.T;  // tok_ld is T in the backward (no cache)
-  Enc::token_backward(ctx, feat, p.tok + off, p.dtok + off, dfeat);
+  const int64_t off = bh * Enc::kNumTok * p.T;
+  Enc::token_backward(ctx, feat, p.tok + bh * Enc::kNumTok * p.tok_ld, p.dtok + off, dfeat);
 }
 
 // dst[e] = the fixed-point sum of element e; NaN when the call's status word holds an error (a

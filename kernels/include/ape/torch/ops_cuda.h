@@ -152,8 +152,8 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
 // `rows` = q.size(2) rows per slice of which the first T are the call's; km (same shape, or
 // undefined) holds k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or
 // undefined) the key side's relative rows of them (CudaKernelEntry::key_rel_floats), tok (float32,
-// B H tok_seqs rows) and tok_carry (float64, B H tok_seqs) the token program's sequences and scan
-// sums (CudaKernelEntry::tok_seqs), and the call computes the rest up to T.
+// B H tok_seqs rows) and tok_carry (float64, B H tok_seqs 2) the token program's sequences and
+// scan sums (CudaKernelEntry::tok_seqs), and the call computes the rest up to T.
 struct CacheRows {
   int64_t T = -1;  // -1: every row (no cache)
   at::Tensor km, krel, tok, tok_carry;
@@ -201,10 +201,10 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
       TORCH_CHECK(cache.tok.defined() && cache.tok_carry.defined() && cache.tok_seqs > 0 &&
                       cache.tok.is_contiguous() && cache.tok.scalar_type() == at::kFloat &&
                       cache.tok.numel() == S * cache.tok_seqs * q.size(2) && cache.tok_carry.is_contiguous() &&
-                      cache.tok_carry.scalar_type() == at::kDouble && cache.tok_carry.numel() == S * cache.tok_seqs &&
+                      cache.tok_carry.scalar_type() == at::kDouble && cache.tok_carry.numel() == S * cache.tok_seqs * 2 &&
                       cache.tok.device() == q.device() && cache.tok_carry.device() == q.device(),
                   who, "the token program's cache must be contiguous float32 (B H ", cache.tok_seqs,
-                  " rows) and float64 (B H ", cache.tok_seqs, ") on q's device");
+                  " rows) and float64 (B H ", cache.tok_seqs, " 2) on q's device");
       a.tok = cache.tok.data_ptr<float>(), a.tok_carry = cache.tok_carry.data_ptr<double>();
       a.km_rows = cache.km_rows;
     }
