@@ -288,6 +288,7 @@ def main_loop(instrs, trips=1):
 
 TOKEN_KERNELS = {"token_forward_kernel": "token forward", "token_backward_kernel": "token backward"}
 TOK_THREADS = 1024  # kTokThreads in cuda/common.cuh (read from the headers compiled: tok_threads)
+TOK_ITEMS = 8  # kTokItems in cuda/common.cuh: the tokens a thread of a scan's round loads
 
 
 def tok_threads(include):
@@ -327,8 +328,12 @@ def token_cost(instrs, T):
     token times the tokens of a thread, T / TOK_THREADS (shared-memory loops: the TOK_THREADS
     values one thread scans), and g round trips to memory per iteration of its widest loop, for
     ceil(tokens of a thread / u) iterations: the latency chain that bounds a stage whose block is
-    alone on its SM (the token program runs one block per slice: B·H blocks in all).
-    Returns (stages, per-thread instructions, serial instructions of thread 0, round trips)."""
+    alone on its SM (the token program runs one block per slice: B·H blocks in all). A loop of
+    warp shuffles and no global loads is the scans' chain of chunk sums (tok_block_scan: warp 0
+    adds one chunk's sum per shuffle, TOK_THREADS / 32 chunks a round of TOK_THREADS x 8 tokens):
+    serial, its instructions per shuffle times the chunks of T.
+    Returns (stages, per-thread instructions, serial instructions of thread 0 or warp 0, round
+    trips)."""
     loops = []
     for addr, body in instrs:
         m = re.match(r"BRA\s+(?:!?U?P\d,\s*)?(0x[0-9a-f]+)", body)
@@ -342,17 +347,20 @@ def token_cost(instrs, T):
         stg = sum(1 for o in ops if re.match(r"^STG(\.|$)", o))
         lds = sum(1 for o in ops if re.match(r"^LDS(\.|$)", o))
         sts = sum(1 for o in ops if re.match(r"^STS(\.|$)", o))
-        shared = ldg == 0 and stg == 0
-        u = (sts or lds) if shared else (stg or ldg)
-        kinds = (ldg > 0, stg > 0, lds > 0, sts > 0)
-        loops.append(dict(n=len(region), u=max(u, 1), shared=shared, kinds=kinds, g=load_groups(ops)))
+        shfl = sum(1 for o in ops if re.match(r"^SHFL(\.|$)", o))
+        chain = ldg == 0 and shfl > 0
+        shared = ldg == 0 and stg == 0 and not chain
+        u = shfl if chain else (sts or lds) if shared else (stg or ldg)
+        kinds = (ldg > 0, stg > 0, lds > 0, sts > 0, chain)
+        loops.append(dict(n=len(region), u=max(u, 1), shared=shared, chain=chain, kinds=kinds,
+                          g=load_groups(ops)))
     stages = []
     for l in loops:
         prev = stages[-1] if stages else None
         # An unrolled loop and its remainder (one token per iteration) are one stage; the strided
         # stage loops, one token per iteration each, are stages of their own.
         if prev and prev[0]["kinds"] == l["kinds"] and (
-                l["shared"] or (len(prev) == 1 and (l["u"] > 1) != (prev[0]["u"] > 1))):
+                l["shared"] or l["chain"] or (len(prev) == 1 and (l["u"] > 1) != (prev[0]["u"] > 1))):
             prev.append(l)
         else:
             stages.append([l])
@@ -360,17 +368,21 @@ def token_cost(instrs, T):
     out = []
     for st in stages:
         per_item = min(l["n"] / l["u"] for l in st)
-        items = TOK_THREADS if st[0]["shared"] else (T + TOK_THREADS - 1) // TOK_THREADS
+        serial_stage = st[0]["shared"] or st[0]["chain"]
+        if st[0]["chain"]:  # chunks of T: TOK_THREADS / 32 a round of TOK_THREADS x TOK_ITEMS
+            items = -(-T // (TOK_THREADS * TOK_ITEMS)) * (TOK_THREADS // 32)
+        else:
+            items = TOK_THREADS if st[0]["shared"] else (T + TOK_THREADS - 1) // TOK_THREADS
         cost = per_item * items
         wide = max(st, key=lambda l: l["u"])
-        stage_trips = 0 if st[0]["shared"] else -(-items // wide["u"]) * wide["g"]
-        if st[0]["shared"]:
+        stage_trips = 0 if serial_stage else -(-items // wide["u"]) * wide["g"]
+        if serial_stage:
             serial += cost
         else:
             per_thread += cost
             trips += stage_trips
         out.append(dict(loops=[(l["n"], l["u"]) for l in st], per_item=per_item, items=items,
-                        shared=st[0]["shared"], cost=cost, trips=stage_trips))
+                        shared=st[0]["shared"], chain=st[0]["chain"], cost=cost, trips=stage_trips))
     return out, per_thread, serial, trips
 
 
@@ -385,18 +397,20 @@ def token_section(token_rows, token_T):
               "blocks in all, each alone on its SM: a stage lasts as long as its thread's chain of "
               "memory round trips. From the SASS (token_cost in this script): each stage's loops "
               "(instructions / tokens per iteration), its cheapest instructions per token times the "
-              f"tokens of one thread ({(T + TOK_THREADS - 1) // TOK_THREADS}) or the values one "
-              "thread scans in shared memory, and its dependent rounds of global loads (runs of loads "
+              f"tokens of one thread ({(T + TOK_THREADS - 1) // TOK_THREADS}), the values one "
+              "thread scans in shared memory, or (chunk chain: warp 0's serial sum of the scans' "
+              "256-token chunks) the chunks of T, and its dependent rounds of global loads (runs of loads "
               "no store separates, per iteration of its widest loop, times the iterations a thread "
               "makes). At roughly 0.5-1 us per round trip under load, the round trips are the "
               "program's time per slice.", "",
               "| encoding | kernel | arch | regs | stages (loop instrs / tokens per iteration = "
-              "instrs per token x tokens; round trips) | instrs per thread | + serial (thread 0) | "
+              "instrs per token x tokens; round trips) | instrs per thread | + serial (thread 0 or warp 0) | "
               "global round trips per thread |", "| --- " * 8 + "|"]
     for r in token_rows:
         st = "; ".join(
-            ("shared scan " if x["shared"] else "") + ", ".join(f"{n}/{u}" for n, u in x["loops"]) +
-            f" = {x['per_item']:.1f} x {x['items']}" + ("" if x["shared"] else f", {x['trips']}")
+            ("shared scan " if x["shared"] else "chunk chain " if x.get("chain") else "") +
+            ", ".join(f"{n}/{u}" for n, u in x["loops"]) + f" = {x['per_item']:.1f} x {x['items']}" +
+            ("" if x["shared"] or x.get("chain") else f", {x['trips']}")
             for x in r["stages"])
         lines.append(f"| {r['encoding']} | {r['kernel']} | {r['arch']} | {r['regs']} | {st} | "
                      f"{r['per_thread']:,.0f} | {r['serial']:,.0f} | {r['trips']:,.0f} |")
