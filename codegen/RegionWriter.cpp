@@ -139,6 +139,24 @@ FailureOr<SmallVector<std::string>> RegionWriter::emitSlice(Block &block, ArrayR
   return out;
 }
 
+/// Whether `index` is a region argument that lies in `dim` by construction: h (of a q/k mod,
+/// (x, y, c, t, h, ...), or of a score_mod, (s, b, h, i, j, ...)) in the heads, a q/k mod's c in
+/// head_dim. Any other index (a computed one, or an argument on another dimension: t, i, j run to
+/// the sequence length) is clamped to the dimension, so no spec reads or writes out of bounds.
+static bool inRangeByConstruction(Value index, const abi::Dim &dim) {
+  auto arg = dyn_cast<BlockArgument>(index);
+  if (!arg)
+    return false;
+  Operation *region = arg.getOwner()->getParentOp();
+  const unsigned n = arg.getArgNumber();
+  const bool qk = isa_and_nonnull<QModOp, KModOp>(region), score = isa_and_nonnull<ScoreModOp>(region);
+  if (dim.is(abi::Dim::Kind::Heads))
+    return (qk && n == 4) || (score && n == 2);
+  if (dim.is(abi::Dim::Kind::HeadDim))
+    return qk && n == 2;
+  return false;
+}
+
 FailureOr<std::string> RegionWriter::element(LoadOp load, StringRef tokBase, StringRef paramBase) {
   Value src = load.getSource();
   auto idx = load.getIndices();
@@ -154,9 +172,8 @@ FailureOr<std::string> RegionWriter::element(LoadOp load, StringRef tokBase, Str
       return load.emitOpError("loads rows the kernel does not compute");
     std::string base = tokBase == "ctx.dtok" ? "ctx.drel" : "ctx.rel";
     int64_t rows = layout.rowCount(layout.rels[rel->second]);
-    std::string r = get(idx[3]);
-    if (!isa<BlockArgument>(idx[3]))
-      r = "std::clamp<int64_t>(" + r + ", 0, int64_t(" + std::to_string(rows) + ") - 1)";
+    // No region argument runs over the rows: the row index is clamped whatever it is.
+    std::string r = "std::clamp<int64_t>(" + get(idx[3]) + ", 0, int64_t(" + std::to_string(rows) + ") - 1)";
     return llvm::formatv("{0}[{1}][({2}) * {3} + ({4})]", base, rel->second, get(idx[2]), rows,
                          r)
         .str();
@@ -168,10 +185,10 @@ FailureOr<std::string> RegionWriter::element(LoadOp load, StringRef tokBase, Str
   std::string flat;
   for (auto [k, dim] : llvm::enumerate(getDims(p))) {
     std::string size = dimExpr(dim, "ctx.H", "ctx.D");
-    // A region argument (h, c) is in range by construction; a computed index (a bucket,
-    // say) is clamped to the dimension so no spec can read or write out of bounds.
+    // h on the heads and c on head_dim are in range by construction; any other index (a
+    // bucket, say, or t on a fixed dimension) is clamped to it.
     std::string i = get(idx[k]);
-    if (!isa<BlockArgument>(idx[k]))
+    if (!inRangeByConstruction(idx[k], dim))
       i = "std::clamp<int64_t>(" + i + ", 0, int64_t(" + size + ") - 1)";
     flat = k == 0 ? "(" + i + ")" : "(" + flat + " * " + size + " + (" + i + "))";
   }
@@ -198,6 +215,16 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
     return s + ")";
   };
   auto u64 = [&](unsigned i) { return "static_cast<uint64_t>(" + a(i) + ")"; };
+  // i1 as MLIR reads it: a 1-bit integer, true = 1 unsigned and -1 signed (C++'s bool is 1).
+  auto isBool = [](Type t) { return t.isInteger(1); };
+  auto signedOf = [&](unsigned i) {
+    return isBool(op.getOperand(i).getType()) ? "(-int64_t(" + a(i) + "))" : a(i);
+  };
+  if (isa<arith::DivSIOp, arith::RemSIOp, arith::DivUIOp, arith::RemUIOp, arith::FloorDivSIOp, arith::CeilDivSIOp,
+          arith::CeilDivUIOp>(op) &&
+      isBool(op.getResult(0).getType()))
+    return op.emitOpError("on i1 is not supported (divide integers, or combine masks with arith.andi, "
+                          "arith.ori and arith.xori)");
   // An op whose fast-math flags allow it, on a target with approximate functions (approxMath):
   // the approximate form, else the exact one.
   auto approx = [&](arith::FastMathFlags need, StringRef fn, StringRef exact) {
@@ -228,9 +255,10 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
           .Case([&](arith::MulFOp) { return bin("*"); })
           .Case([&](arith::DivFOp) { return approx(FM::arcp, "div", ""); })
           .Case([&](arith::NegFOp) { return "(-" + a(0) + ")"; })
-          .Case([&](arith::AddIOp) { return bin("+"); })
-          .Case([&](arith::SubIOp) { return bin("-"); })
-          .Case([&](arith::MulIOp) { return bin("*"); })
+          // On i1, modulo 2: + and - are xor, * is and.
+          .Case([&](arith::AddIOp o) { return isBool(o.getType()) ? "bool(" + bin("^") + ")" : bin("+"); })
+          .Case([&](arith::SubIOp o) { return isBool(o.getType()) ? "bool(" + bin("^") + ")" : bin("-"); })
+          .Case([&](arith::MulIOp o) { return isBool(o.getType()) ? "bool(" + bin("&") + ")" : bin("*"); })
           // Integer division and remainder are total (contract/int_math.h): x / 0 = 0, x % 0 = x.
           .Case([&](arith::DivSIOp) { return call("::ape::int_math::div"); })
           .Case([&](arith::RemSIOp) { return call("::ape::int_math::rem"); })
@@ -243,8 +271,12 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
                                             : "int64_t(" + u64(0) + " " + sym.str() + " " + u64(1) + ")";
           })
           .Case([&](arith::FloorDivSIOp) { return call("::ape::int_math::floordiv"); })
-          .Case([&](arith::MaxSIOp) { return call("std::max<int64_t>"); })
-          .Case([&](arith::MinSIOp) { return call("std::min<int64_t>"); })
+          .Case<arith::MaxSIOp, arith::MinSIOp>([&](auto o) {
+            const std::string fn =
+                std::is_same_v<decltype(o), arith::MaxSIOp> ? "std::max<int64_t>(" : "std::min<int64_t>(";
+            const std::string e = fn + signedOf(0) + ", " + signedOf(1) + ")";
+            return isBool(o.getType()) ? "bool(" + e + ")" : e;
+          })
           .Case([&](arith::MaxUIOp) {
             return "int64_t(std::max(" + u64(0) + ", " + u64(1) + "))";
           })
@@ -258,9 +290,13 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
           .Case([&](arith::MaxNumFOp) { return call("::ape::float_math::maxnum<T>"); })
           .Case([&](arith::MinNumFOp) { return call("::ape::float_math::minnum<T>"); })
           .Case([&](arith::SelectOp) { return "(" + a(0) + " ? " + a(1) + " : " + a(2) + ")"; })
-          .Case<arith::IndexCastOp, arith::IndexCastUIOp, arith::ExtSIOp, arith::TruncIOp>(
-              [&](auto) { return "int64_t(" + a(0) + ")"; })
-          .Case([&](arith::SIToFPOp) { return "T(" + a(0) + ")"; })
+          .Case<arith::IndexCastOp, arith::ExtSIOp>([&](auto) { return "int64_t(" + signedOf(0) + ")"; })
+          .Case<arith::IndexCastUIOp, arith::ExtUIOp>([&](auto) { return "int64_t(" + a(0) + ")"; })
+          // To i1: the low bit.
+          .Case([&](arith::TruncIOp o) {
+            return isBool(o.getType()) ? "bool(" + u64(0) + " & 1u)" : "int64_t(" + a(0) + ")";
+          })
+          .Case([&](arith::SIToFPOp) { return "T(" + signedOf(0) + ")"; })
           .Case([&](arith::UIToFPOp) { return "T(" + u64(0) + ")"; })
           // Truncation saturated to int64, NaN -> 0 (contract/float_math.h).
           .Case<arith::FPToSIOp, arith::FPToUIOp>([&](auto) { return call("::ape::float_math::to_int<T>"); })
@@ -293,13 +329,14 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
           .Case([&](arith::CmpIOp c) -> std::optional<std::string> {
             using P = arith::CmpIPredicate;
             auto ub = [&](StringRef s) { return "(" + u64(0) + " " + s.str() + " " + u64(1) + ")"; };
+            auto sb = [&](StringRef s) { return "(" + signedOf(0) + " " + s.str() + " " + signedOf(1) + ")"; };
             switch (c.getPredicate()) {
             case P::eq: return bin("==");
             case P::ne: return bin("!=");
-            case P::slt: return bin("<");
-            case P::sle: return bin("<=");
-            case P::sgt: return bin(">");
-            case P::sge: return bin(">=");
+            case P::slt: return sb("<");
+            case P::sle: return sb("<=");
+            case P::sgt: return sb(">");
+            case P::sge: return sb(">=");
             case P::ult: return ub("<");
             case P::ule: return ub("<=");
             case P::ugt: return ub(">");

@@ -12,6 +12,7 @@
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 
 #include <cctype>
@@ -116,6 +117,19 @@ static LogicalResult verifyContainer(Operation *op, Region &body,
       }))
     return op->emitOpError("name @\"") << name
            << "\" must be an identifier: a letter or '_' then letters, digits or '_'";
+  // Names the emitted C++ could not keep: the macros compilers and C libraries predefine (an
+  // identifier handed on by a macro is expanded first), the ones C++ reserves, and a name that
+  // is another encoding's level entry point (ape_kernel_entry_NAME_level).
+  static constexpr const char *kMacros[] = {"linux", "unix", "i386", "sun", "errno", "NULL", "EOF",
+                                            "assert", "stdin", "stdout", "stderr", "offsetof",
+                                            "BUFSIZ", "CHAR_BIT", "INFINITY", "NAN"};
+  if (llvm::is_contained(kMacros, name) || name.starts_with("__") ||
+      (name.size() > 1 && name[0] == '_' && std::isupper(static_cast<unsigned char>(name[1]))))
+    return op->emitOpError("name @") << name
+           << " is a name C or C++ compilers define as a macro or reserve; choose another";
+  if (name.ends_with("_level"))
+    return op->emitOpError("name @") << name
+           << " ends in \"_level\", which names the CPU kernels' level entry points; choose another";
   if (body.empty())
     return op->emitOpError("needs a body block (write `{\n}` for NoPE)");
   if (scale)
@@ -302,6 +316,13 @@ LogicalResult KernelOp::verifyRegions() {
       return op.emitOpError("has a grad region in an inference_only kernel: such a kernel has no "
                             "backward (-ape-differentiate leaves it alone)");
   }
+  // inference_only means "no backward because of a transition": without one the kernel entry
+  // would instantiate a backward the functor does not have.
+  if (getInferenceOnly() && !llvm::any_of(getBody().front(), [](Operation &op) {
+        return isa<AttentionTransitionOp>(op);
+      }))
+    return emitOpError("is inference_only but holds no ape.attention_transition (only a transition "
+                       "makes a kernel inference-only)");
   return verifyProbSite(getBody());
 }
 
@@ -434,11 +455,31 @@ LogicalResult ConstantOp::verify() {
   return success();
 }
 
+/// A param's or token feature's name: it becomes a key of the manifest, a string and a comment of
+/// the emitted C++ and Python, and a torch argument name, so it takes plain characters only.
+static LogicalResult verifyInputName(Operation *op, StringRef name) {
+  if (name.empty())
+    return op->emitOpError("needs a non-empty name");
+  if (name.size() > 64 || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_') ||
+      !llvm::all_of(name, [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.';
+      }))
+  {
+    std::string shown;  // escaped: the name may hold a newline or bytes that are not text
+    llvm::raw_string_ostream os(shown);
+    llvm::printEscapedString(name.take_front(64), os);
+    return op->emitOpError("name \"")
+           << shown << (name.size() > 64 ? "...\"" : "\"")
+           << " must be a letter or '_', then letters, digits, '_', '-' or '.' (at most 64 characters)";
+  }
+  return success();
+}
+
 LogicalResult ParamOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
-  if (getName().empty())
-    return emitOpError("needs a non-empty name");
+  if (failed(verifyInputName(*this, getName())))
+    return failure();
   if (getShape().empty())
     return emitOpError("needs at least one dimension");
   int64_t elements = 1;  // of the integer dimensions
@@ -520,8 +561,8 @@ LogicalResult ParamOp::verify() {
 LogicalResult TokenFeatureOp::verify() {
   if (failed(verifyInContainer(*this)))
     return failure();
-  if (getName().empty())
-    return emitOpError("needs a non-empty name");
+  if (failed(verifyInputName(*this, getName())))
+    return failure();
   double std = getWeightStd().convertToDouble();
   if (!(std >= 0.0 && isFinite(std)))
     return emitOpError("weight_std must be a non-negative finite number, got ") << std;
@@ -552,6 +593,14 @@ static LogicalResult verifyRegionSignature(Operation *op, Region &region, String
                                  << block.getNumArguments()
                                  << " argument(s): " << typeList(block.getArgumentTypes()) << ")";
   }
+  // The analyses walk a region's values recursively (analysis/KernelFacts.cpp): a bound on a
+  // spec's regions bounds their depth (a chain of some 100,000 ops overflowed the stack; the
+  // kernels the passes make from a few such regions stay far from it).
+  constexpr size_t kMaxRegionOps = 10000;
+  if (size_t n = block.getOperations().size();
+      n > kMaxRegionOps && isa_and_nonnull<EncodingOp>(op->getParentOp()))
+    return op->emitOpError(what) << " region has " << n << " ops; at most " << kMaxRegionOps
+                                 << " are allowed";
   for (Operation &inner : block)
     if (!isAllowedInRegion(&inner))
       return inner.emitOpError("is not allowed in a ")
@@ -792,6 +841,8 @@ LogicalResult PositionEmbeddingOp::verify() {
   if (getLearned()) {
     if (!getMaxLength() || static_cast<int64_t>(*getMaxLength()) < 1)
       return emitOpError("learned needs a positive `max_length`");
+    if (std::string why = ::ape_rules::kLength.check(static_cast<double>(*getMaxLength())); !why.empty())
+      return emitOpError("max_length ") << why;
     if (!getTable().empty())
       return emitOpError("is learned or has a table region, not both");
     double std = getStd().convertToDouble();

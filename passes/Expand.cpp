@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 #include "passes/Passes.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 
@@ -23,10 +24,17 @@ namespace {
 
 /// Components expanded twice (two ape.alibi, say) would declare the same
 /// param or feature name; later ones get a numeric suffix: "alibi_slopes_1".
-void uniquifyNames(EncodingOp enc) {
+/// The names the spec itself wrote (`written`) stay as they are: a component's
+/// param that meets one is the one renamed.
+void uniquifyNames(EncodingOp enc, const llvm::DenseSet<Operation *> &written) {
   llvm::StringSet<> seen;
   llvm::StringMap<unsigned> nextSuffix;  // per name: the first suffix not tried yet
+  for (Operation &op : enc.getBody().front())
+    if (written.contains(&op) && isa<ParamOp>(op))
+      seen.insert(op.getAttrOfType<StringAttr>("name").getValue());
   auto unique = [&](Operation *op) {
+    if (written.contains(op))
+      return;
     auto name = op->getAttrOfType<StringAttr>("name");
     std::string candidate = name.getValue().str();
     unsigned &k = nextSuffix[name.getValue()];
@@ -42,12 +50,20 @@ void uniquifyNames(EncodingOp enc) {
   seen.clear();
   nextSuffix.clear();
   for (Operation &op : enc.getBody().front())
+    if (written.contains(&op) && isa<TokenFeatureOp>(op))
+      seen.insert(op.getAttrOfType<StringAttr>("name").getValue());
+  for (Operation &op : enc.getBody().front())
     if (isa<TokenFeatureOp>(op))
       unique(&op);
 }
 
 struct ApeExpandPass : public mlir::ape::impl::ApeExpandBase<ApeExpandPass> {
   void runOnOperation() override {
+    llvm::DenseSet<Operation *> written;  // the spec's own params and features
+    for (EncodingOp enc : getOperation().getOps<EncodingOp>())
+      for (Operation &op : enc.getBody().front())
+        if (isa<ParamOp, TokenFeatureOp>(op))
+          written.insert(&op);
     SmallVector<ExpandableComponent> named;
     getOperation().walk([&](ExpandableComponent op) { named.push_back(op); });
     for (ExpandableComponent op : named) {
@@ -56,7 +72,7 @@ struct ApeExpandPass : public mlir::ape::impl::ApeExpandBase<ApeExpandPass> {
       op->erase();
     }
     for (EncodingOp enc : getOperation().getOps<EncodingOp>())
-      uniquifyNames(enc);
+      uniquifyNames(enc, written);
   }
 };
 

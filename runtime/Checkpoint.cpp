@@ -297,6 +297,31 @@ void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string 
                  " Float (different --d-model/--heads/--layers/vocab?)");
     copies.emplace_back(t, s);
   }
+  // Values no model computes with, checked in the file before anything is copied (a refused file
+  // leaves the model as it was): a NaN or an infinity (training stops before it saves one), or a
+  // fixed param outside the range its spec's value was checked against (ape-eval --set's rule;
+  // a param is saved as "shared_KEY" or "blockN.attn.KEY").
+  const Manifest &m = model->manifest();
+  for (auto &[t, s] : copies) {
+    const at::Tensor v = ckpt.tensor(*s);
+    if (!at::isfinite(v).all().item<bool>())
+      throw fail("tensor '" + s->name + "' holds a NaN or an infinity: the file is damaged or was not written by a "
+                 "finished step");
+    for (const ParamSpec &p : m.params) {
+      std::string key = p.name;  // as the model registers it (runtime/Model.cpp: '.' -> '_')
+      for (char &ch : key)
+        if (ch == '.') ch = '_';
+      const std::string tail = ".attn." + key;
+      const bool match = s->name == "shared_" + key ||
+                         (s->name.size() > tail.size() &&
+                          s->name.compare(s->name.size() - tail.size(), tail.size(), tail) == 0);
+      if (!match || !p.fixed() || !p.range) continue;
+      const at::Tensor d = v.to(at::kDouble).contiguous();
+      for (int64_t x = 0; x < d.numel(); ++x)
+        if (std::string why = p.range->check(d.data_ptr<double>()[x]); !why.empty())
+          throw fail("fixed param '" + p.name + "' " + why + " (damaged or forged)");
+    }
+  }
   at::NoGradGuard no_grad;
   for (auto &[t, s] : copies) {
     TORCH_CHECK(t.is_contiguous() && t.scalar_type() == at::kFloat);
@@ -304,23 +329,6 @@ void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string 
       std::memcpy(t.data_ptr(), ckpt.bytes.data() + s->offset, s->nbytes);
     else  // a model on a GPU: files are device-independent (written from CPU copies)
       t.copy_(ckpt.tensor(*s));
-  }
-  // Values no model computes with: a NaN or an infinity (training stops before it saves one), or a
-  // fixed param outside the range its spec's value was checked against (ape-eval --set's rule).
-  for (auto &[t, s] : copies)
-    if (!at::isfinite(t).all().item<bool>())
-      throw fail("tensor '" + s->name + "' holds a NaN or an infinity: the file is damaged or was not written by a "
-                 "finished step");
-  const Manifest &m = model->manifest();
-  for (size_t i = 0; i < m.params.size(); ++i) {
-    const ParamSpec &p = m.params[i];
-    if (!p.fixed() || !p.range) continue;
-    for (const auto &block : model->blocks) {
-      const at::Tensor v = block->attn->stored_param(i).to(at::kDouble).cpu().contiguous();
-      for (int64_t x = 0; x < v.numel(); ++x)
-        if (std::string why = p.range->check(v.data_ptr<double>()[x]); !why.empty())
-          throw fail("fixed param '" + p.name + "' " + why + " (damaged or forged)");
-    }
   }
 }
 

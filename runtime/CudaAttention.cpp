@@ -3,9 +3,47 @@
 // it, the refusals.
 #include "runtime/CudaAttention.h"
 
+#include <cctype>
 #include <stdexcept>
 
 #include "ape/cpu/kernel_entry.h"
+
+namespace ape {
+
+std::string cuda_arch_problem(const std::string &built, int major, int minor) {
+  const int cc = major * 10 + minor;
+  std::string list;
+  size_t at = 0;
+  while (at <= built.size()) {
+    size_t end = built.find_first_of(";, ", at);
+    if (end == std::string::npos) end = built.size();
+    const std::string arch = built.substr(at, end - at);
+    at = end + 1;
+    if (arch.empty()) continue;
+    list += (list.empty() ? "sm_" : ", sm_") + arch;
+    size_t digits = 0;
+    while (digits < arch.size() && std::isdigit(static_cast<unsigned char>(arch[digits]))) ++digits;
+    if (digits == 0) return "";  // native, all, all-major: CMake's choice, which this cannot tell
+    const int n = std::stoi(arch.substr(0, digits));
+    const std::string rest = arch.substr(digits);
+    const bool real = rest.find("-virtual") == std::string::npos, ptx = rest.find("-real") == std::string::npos;
+    if (!rest.empty() && rest[0] == 'a') {
+      if (cc == n) return "";
+    } else if (!rest.empty() && rest[0] == 'f') {
+      if (major == n / 10 && minor >= n % 10) return "";
+    } else {
+      if (real && major == n / 10 && minor >= n % 10) return "";
+      if (ptx && cc >= n) return "";
+    }
+  }
+  const std::string here = std::to_string(major) + std::to_string(minor);
+  return "this build's CUDA kernels are compiled for " + (list.empty() ? std::string("no architecture") : list) +
+         " (APE_CUDA_ARCHS), which this GPU (compute capability " + std::to_string(major) + "." +
+         std::to_string(minor) + ") cannot run: rebuild with cmake -DAPE_CUDA_ARCHS=\"" + here +
+         (major == 9 && minor == 0 ? "a" : "") + "\" (several: \"80;90a\")";
+}
+
+}  // namespace ape
 
 #if APE_RUNTIME_CUDA
 #include <cstdlib>
@@ -186,6 +224,20 @@ CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &entry) {
   return {e->caches_k_mod, e->key_rel_floats, e->tok_seqs};
 }
 
+std::string cuda_device_problem(int64_t index) {
+#ifdef APE_CUDA_ARCHS_BUILT
+#define APE_CUDA_ARCHS_STR2(...) #__VA_ARGS__
+#define APE_CUDA_ARCHS_STR(...) APE_CUDA_ARCHS_STR2(__VA_ARGS__)
+  // A device this process does not see is choose_device's to refuse.
+  if (index < 0 || index >= static_cast<int64_t>(c10::cuda::device_count())) return "";
+  const cudaDeviceProp *p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
+  return cuda_arch_problem(APE_CUDA_ARCHS_STR(APE_CUDA_ARCHS_BUILT), p->major, p->minor);
+#else
+  (void)index;
+  return "";
+#endif
+}
+
 std::string cuda_arch(int64_t index) {
   if (const char *a = std::getenv("APE_CUDA_ARCH"); a && *a) return a;
   const cudaDeviceProp *p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
@@ -296,6 +348,7 @@ at::Tensor cuda_decode_forward(const KernelEntry &, const at::Tensor &, const at
 CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &) { return {}; }
 std::string cuda_backward_error(int64_t) { return ""; }
 std::string cuda_arch(int64_t) { unbuilt(); }
+std::string cuda_device_problem(int64_t) { return ""; }
 void cuda_compile_spec(const KernelEntry &, at::ScalarType, int64_t, const std::string &, std::ostream *) {
   unbuilt();
 }

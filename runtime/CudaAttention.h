@@ -86,6 +86,17 @@ at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, co
 void cuda_compile_spec(const KernelEntry &entry, at::ScalarType dtype, int64_t head_dim, const std::string &arch,
                        std::ostream *log = nullptr);
 
+// Why the GPU architectures `built` (APE_CUDA_ARCHS as CMake takes them: "80;90a", "86-real",
+// "90-virtual") have no code that a device of compute capability major.minor runs, or "" when
+// they do: "NNa" runs on NN itself only; "NNf" and an "NN" or "NN-real" binary on the same major at
+// the same or a later minor (sm_80 on 8.6 and 8.9); an "NN" or "NN-virtual" PTX, compiled by the
+// driver, on any later one.
+std::string cuda_arch_problem(const std::string &built, int major, int minor);
+
+// cuda_arch_problem for this build's kernels (APE_CUDA_ARCHS) on CUDA device `index` (a spec's
+// kernels, compiled at run time for the device, are not concerned); "" without CUDA kernels.
+std::string cuda_device_problem(int64_t index);
+
 // nvcc's architecture for CUDA device `index` ("90a" on an H100, "80" on an A100; $APE_CUDA_ARCH
 // overrides).
 std::string cuda_arch(int64_t index);

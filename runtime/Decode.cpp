@@ -17,6 +17,36 @@ namespace {
   throw std::invalid_argument(std::string("decode_attention(") + e.name + "): " + msg);
 }
 
+// The step's features and params against the manifest, on either device: features (B, H, n) and
+// params of their numel, on q's device, of q's dtype (same_dtype: the CPU kernels') or any floating
+// one (the CUDA kernels take float32 and convert).
+void check_side_inputs(const KernelEntry &e, const Manifest &m, const at::Tensor &q,
+                       const std::vector<at::Tensor> &features, const std::vector<at::Tensor> &params,
+                       bool same_dtype) {
+  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), D = q.size(3);
+  auto dtype_ok = [&](const at::Tensor &t) {
+    return same_dtype ? t.scalar_type() == q.scalar_type() : at::isFloatingType(t.scalar_type());
+  };
+  const std::string dtype = same_dtype ? "q's dtype" : "a floating dtype";
+  if (int64_t(features.size()) != m.num_features())
+    bad(e, "expected " + std::to_string(m.num_features()) + " feature tensors, got " +
+               std::to_string(features.size()));
+  for (size_t i = 0; i < features.size(); ++i) {
+    const at::Tensor &f = features[i];
+    if (!f.defined() || f.dim() != 3 || f.size(0) != B || f.size(1) != H || f.size(2) != n || !dtype_ok(f) ||
+        f.device() != q.device())
+      bad(e, "feature '" + m.features[i].name + "' must be (B, H, n) = (" + std::to_string(B) + ", " +
+                 std::to_string(H) + ", " + std::to_string(n) + ") of " + dtype + " on q's device");
+  }
+  if (int64_t(params.size()) != m.num_params())
+    bad(e, "expected " + std::to_string(m.num_params()) + " param tensors, got " + std::to_string(params.size()));
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!params[i].defined() || params[i].numel() != m.params[i].numel(H, D) || !dtype_ok(params[i]) ||
+        params[i].device() != q.device())
+      bad(e, "param '" + m.params[i].name + "' must have " + std::to_string(m.params[i].numel(H, D)) +
+                 " elements of " + dtype + " on q's device");
+}
+
 template <typename T>
 at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, const at::Tensor &q,
                     const at::Tensor &k, const at::Tensor &v, const std::vector<at::Tensor> &feats,
@@ -47,13 +77,11 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
                          const std::vector<at::Tensor> &features, const std::vector<at::Tensor> &params,
                          double scale, AttnLayer layer) {
   if (cache.f32.started() || cache.f64.started()) bad(e, "the cache holds CPU steps (one cache serves one device)");
-  if (q.dim() != 4) bad(e, "q must be (B, H, n, D)");
+  if (q.dim() != 4 || q.size(2) < 1) bad(e, "q must be (B, H, n, D) with n >= 1");
   for (const at::Tensor *t : {&k, &v})
     if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() || t->device() != q.device())
       bad(e, "k and v must match q");
-  if (int64_t(features.size()) != m.num_features())
-    bad(e, "expected " + std::to_string(m.num_features()) + " feature tensors, got " +
-               std::to_string(features.size()));
+  check_side_inputs(e, m, q, features, params, false);
   const int64_t L0 = cache.len(), n = q.size(2);
   if (L0 + n > capacity)
     bad(e, std::to_string(L0) + " cached + " + std::to_string(n) + " new tokens exceed the capacity " +
@@ -64,6 +92,9 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
     bad(e, "the step's B, H, D, dtype or device differ from the cache's");
   if (cache.q.defined() && L0 + n > cache.q.size(2))
     bad(e, "the cache was made for " + std::to_string(cache.q.size(2)) + " tokens");
+  // The kernels for q's dtype and head dim (throws where there are none) before the cache changes.
+  if (const std::string problem = cuda_attention_problem(e, q.scalar_type(), q.size(3)); !problem.empty())
+    bad(e, problem);
   if (!cache.q.defined()) {  // the buffers, once (all or none: an allocation may throw)
     const std::vector<int64_t> shape = {q.size(0), q.size(1), capacity, q.size(3)};
     at::Tensor bq = at::zeros(shape, q.options()), bk = at::zeros(shape, q.options());
@@ -78,22 +109,27 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
       kept.tok = at::zeros({S * keeps.tok_seqs * capacity}, f32);
       kept.tok_carry = at::zeros({S * keeps.tok_seqs * 2}, q.options().dtype(at::kDouble));
     }
-    cache.q = bq, cache.k = bk, cache.v = bv, cache.kept = kept;
+    std::vector<at::Tensor> feats;  // (B, H, capacity) each: a step copies its own into place
+    for (size_t i = 0; i < features.size(); ++i) feats.push_back(at::zeros({q.size(0), q.size(1), capacity}, f32));
+    cache.q = bq, cache.k = bk, cache.v = bv, cache.kept = kept, cache.features = feats;
   }
+  // The step's rows into place past the cached ones: a step that fails (a kernel's error, memory
+  // running out) leaves the cache at its L0 tokens; the next step writes these rows again.
   cache.q.narrow(2, L0, n).copy_(q), cache.k.narrow(2, L0, n).copy_(k), cache.v.narrow(2, L0, n).copy_(v);
-  cache.gpu_len = L0 + n;
-  auto append = [](at::Tensor &all, const at::Tensor &t) { all = all.defined() ? at::cat({all, t}, 2) : t.clone(); };
-  cache.features.resize(features.size());
-  for (size_t i = 0; i < features.size(); ++i) append(cache.features[i], features[i]);
+  for (size_t i = 0; i < features.size(); ++i) cache.features[i].narrow(2, L0, n).copy_(features[i]);
   // An attention transition transforms the prompt only (the prefill, the first step), as on the
   // CPU: from the step's own tensors (the transition reads q', k', v as (B, H, T, D)); k' is then
   // left to the next step.
-  if (L0 == 0 && layer.count > 0)
-    return cuda_attention_forward(e, q, k, v, cache.features, params, scale, 0, layer).first;
-  at::Tensor o = cuda_decode_forward(e, cache.q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0,
-                                     cache.kept);
-  cache.kept.rows = L0 + n;
-  return o.narrow(2, L0, n);
+  at::Tensor o;
+  if (L0 == 0 && layer.count > 0) {
+    o = cuda_attention_forward(e, q, k, v, features, params, scale, 0, layer).first;
+  } else {
+    o = cuda_decode_forward(e, cache.q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0, cache.kept)
+            .narrow(2, L0, n);
+    cache.kept.rows = L0 + n;
+  }
+  cache.gpu_len = L0 + n;
+  return o;
 }
 
 }  // namespace
@@ -112,21 +148,8 @@ at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t cap
   for (const at::Tensor *t : {&k, &v})
     if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() || !t->device().is_cpu())
       bad(e, "k and v must match q");
-  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), D = q.size(3);
-  if (int64_t(features.size()) != m.num_features())
-    bad(e, "expected " + std::to_string(m.num_features()) + " feature tensors, got " +
-               std::to_string(features.size()));
-  for (const auto &f : features)
-    if (!f.defined() || f.dim() != 3 || f.size(0) != B || f.size(1) != H || f.size(2) != n ||
-        f.scalar_type() != q.scalar_type())
-      bad(e, "every feature must be (B, H, n) like q");
-  if (int64_t(params.size()) != m.num_params())
-    bad(e, "expected " + std::to_string(m.num_params()) + " param tensors, got " + std::to_string(params.size()));
-  for (size_t i = 0; i < params.size(); ++i)
-    if (!params[i].defined() || params[i].numel() != m.params[i].numel(H, D) ||
-        params[i].scalar_type() != q.scalar_type())
-      bad(e, "param '" + m.params[i].name + "' must have " + std::to_string(m.params[i].numel(H, D)) +
-                 " elements of q's dtype");
+  check_side_inputs(e, m, q, features, params, true);
+  if (cache.q.defined()) bad(e, "the cache holds GPU steps (one cache serves one device)");
   if ((f32 && cache.f64.started()) || (!f32 && cache.f32.started()))
     bad(e, "the cache holds the other precision (one cache serves one dtype)");
   return f32 ? run_step<float>(e, cache.f32, capacity, q, k, v, features, params, scale, layer)

@@ -34,7 +34,7 @@ struct LayerCache {
   // On a GPU: every token's raw q, k, v in (B, H, capacity, D) buffers, rows [0, gpu_len), read in
   // place by the CUDA forward, and what else the kernels keep of them (kept: k', the key side's relative rows, the token
   // program's sequences and scan sums; runtime/CudaAttention.h, cuda_decode_keeps), rows
-  // [0, kept.rows); the features (B, H, gpu_len).
+  // [0, kept.rows); the features (B, H, capacity) float32, rows [0, gpu_len).
   at::Tensor q, k, v;
   CudaKeptRows kept;
   int64_t gpu_len = 0;

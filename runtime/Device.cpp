@@ -19,6 +19,10 @@ const char *const kPrecisionHelp =
     "auto (f32 on the CPU, bf16 on a GPU), bf16 (autocast; fp32 weights, optimizer state and "
     "gradients), f16 (the same with float16; training scales the loss dynamically) or f32";
 
+const char *precision_name(Precision p) {
+  return p == Precision::BF16 ? "bf16" : p == Precision::F16 ? "f16" : "f32";
+}
+
 std::string ComputeDevice::str() const {
   switch (precision) {
     case Precision::BF16: return device.str() + " (bf16 autocast)";
@@ -27,8 +31,6 @@ std::string ComputeDevice::str() const {
   }
 }
 
-namespace {
-// How many CUDA devices this process sees (0 without a driver or a CUDA LibTorch).
 int64_t visible_gpus() {
   try {
     return at::globalContext().hasCUDA() ? static_cast<int64_t>(at::detail::getCUDAHooks().deviceCount()) : 0;
@@ -36,7 +38,6 @@ int64_t visible_gpus() {
     return 0;
   }
 }
-}  // namespace
 
 ComputeDevice choose_device(const std::string &device, const std::string &precision) {
   ComputeDevice d;
@@ -110,6 +111,10 @@ void check_encoding_on(const ComputeDevice &dev, const KernelEntry &entry, int64
   }
   if (std::string why = cuda_attention_problem(entry, dev.attention_dtype(), head_dim); !why.empty())
     throw std::invalid_argument(who + why);
+  // The build's kernels (a spec's are compiled for this GPU above).
+  if (!registered_spec(entry.name))
+    if (std::string why = cuda_device_problem(dev.device.index()); !why.empty())
+      throw std::invalid_argument(who + why);
 }
 
 }  // namespace ape

@@ -63,6 +63,12 @@ class AutocastScope {
   c10::ScalarType was_dtype_ = c10::kFloat;
 };
 
+// How many CUDA devices this process sees (0 without a driver or a CUDA LibTorch).
+int64_t visible_gpus();
+
+// "f32", "bf16", "f16": --precision's words.
+const char *precision_name(Precision p);
+
 // The help text of --device and --precision, shared by the tools.
 extern const char *const kDeviceHelp;
 extern const char *const kPrecisionHelp;

@@ -408,10 +408,11 @@ std::unique_ptr<DataParallel> DataParallel::join(const DistConfig &cfg, std::ost
   if (std::string why = backend_unavailable(dp->backend_); !why.empty())
     refusal = "--dist-backend " + dp->backend_ + ": " + why;
 #if APE_HAVE_C10D_NCCL
-  const int device = int(cfg.local_rank >= 0 ? cfg.local_rank : cfg.rank);
+  const int device = int(cfg.gpu >= 0 ? cfg.gpu : cfg.local_rank >= 0 ? cfg.local_rank : cfg.rank);
   if (refusal.empty() && dp->backend_ == "nccl" && !nccl_device_present(device))
     refusal = "--dist-backend nccl needs GPU " + std::to_string(device) +
-              " (LOCAL_RANK / --local-rank) and none answers; use --dist-backend gloo";
+              (cfg.gpu >= 0 ? std::string(" (--device)") : std::string(" (LOCAL_RANK / --local-rank)")) +
+              " and none answers; use --dist-backend gloo";
 #endif
   const Rendezvous rv = rendezvous(cfg, timeout, who);
   const bool agent_store = rv.agent_store;

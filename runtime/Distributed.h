@@ -45,6 +45,7 @@ struct DistConfig {
   int64_t rank = -1;        // this process, in [0, world_size)
   int64_t world_size = 0;   // 0: not distributed (a single process; no group is formed)
   int64_t local_rank = -1;  // rank on this node (-1: unknown; the GPU index for NCCL)
+  int64_t gpu = -1;         // the GPU NCCL reduces on (the model's; -1: local_rank, else the rank)
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 29500;
   std::string backend = "auto";  // "auto" (Gloo), "gloo" or "nccl"

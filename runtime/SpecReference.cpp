@@ -161,13 +161,20 @@ Tensor compare_f(const std::string &p, const Tensor &a, const Tensor &b, const S
   fail(d.what, "unknown arith.cmpf predicate '" + p + "'");
 }
 
-Tensor compare_i(const std::string &p, const Tensor &a, const Tensor &b, const SpecReferenceData &d) {
-  if (p == "eq") return a.eq(b);
-  if (p == "ne") return a.ne(b);
-  if (p == "slt") return a.lt(b);
-  if (p == "sle") return a.le(b);
-  if (p == "sgt") return a.gt(b);
-  if (p == "sge") return a.ge(b);
+// i1 as MLIR reads it: true is -1 signed (extsi, sitofp, index_cast, the signed comparisons, maxsi,
+// minsi) and 1 unsigned; other integers as they are.
+Tensor signed_i1(const Tensor &t) { return t.scalar_type() == at::kBool ? -t.to(at::kLong) : t; }
+Tensor unsigned_i1(const Tensor &t) { return t.scalar_type() == at::kBool ? t.to(at::kLong) : t; }
+
+Tensor compare_i(const std::string &p, const Tensor &a0, const Tensor &b0, const SpecReferenceData &d) {
+  if (p == "eq") return a0.eq(b0);
+  if (p == "ne") return a0.ne(b0);
+  const Tensor sa = signed_i1(a0), sb = signed_i1(b0);
+  if (p == "slt") return sa.lt(sb);
+  if (p == "sle") return sa.le(sb);
+  if (p == "sgt") return sa.gt(sb);
+  if (p == "sge") return sa.ge(sb);
+  const Tensor a = unsigned_i1(a0), b = unsigned_i1(b0);
   require_nonnegative({a, b}, "arith.cmpi " + p, d);
   if (p == "ult") return a.lt(b);
   if (p == "ule") return a.le(b);
@@ -203,6 +210,9 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
   }
   if (name == "ape.load") return load(op.at("source"), x, env);
   // Binary arithmetic (floats and integers alike where the C++ meaning is the same).
+  // On i1, modulo 2: addi and subi are xor, muli is and.
+  if (kind == Kind::Bool && (name == "arith.addi" || name == "arith.subi")) return need(2), x[0].logical_xor(x[1]);
+  if (kind == Kind::Bool && name == "arith.muli") return need(2), x[0].logical_and(x[1]);
   if (name == "arith.addf" || name == "arith.addi") return need(2), x[0] + x[1];
   if (name == "arith.subf" || name == "arith.subi") return need(2), x[0] - x[1];
   if (name == "arith.mulf" || name == "arith.muli") return need(2), x[0] * x[1];
@@ -215,10 +225,12 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
   if (name == "arith.ceildivsi") return need(2), -div_floor(-x[0], x[1]);
   if (name == "arith.divui") return need(2), require_nonnegative(x, name, d), div_trunc(x[0], x[1]);
   if (name == "arith.remui") return need(2), require_nonnegative(x, name, d), rem_trunc(x[0], x[1]);
-  if (name == "arith.maxsi") return need(2), at::maximum(x[0], x[1]);
-  if (name == "arith.minsi") return need(2), at::minimum(x[0], x[1]);
-  if (name == "arith.maxui") return need(2), require_nonnegative(x, name, d), at::maximum(x[0], x[1]);
-  if (name == "arith.minui") return need(2), require_nonnegative(x, name, d), at::minimum(x[0], x[1]);
+  if (name == "arith.maxsi") return need(2), to_kind(at::maximum(signed_i1(x[0]), signed_i1(x[1])));
+  if (name == "arith.minsi") return need(2), to_kind(at::minimum(signed_i1(x[0]), signed_i1(x[1])));
+  if (name == "arith.maxui")
+    return need(2), require_nonnegative(x, name, d), to_kind(at::maximum(unsigned_i1(x[0]), unsigned_i1(x[1])));
+  if (name == "arith.minui")
+    return need(2), require_nonnegative(x, name, d), to_kind(at::minimum(unsigned_i1(x[0]), unsigned_i1(x[1])));
   // maximumf / minimumf propagate NaN (at::maximum does); maxnumf / minnumf prefer the number.
   if (name == "arith.maximumf") return need(2), at::maximum(x[0], x[1]);
   if (name == "arith.minimumf") return need(2), at::minimum(x[0], x[1]);
@@ -231,11 +243,13 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
   if (name == "arith.cmpf") return need(2), compare_f(op.at("predicate"), x[0], x[1], d);
   if (name == "arith.cmpi") return need(2), compare_i(op.at("predicate"), x[0], x[1], d);
   // Conversions: integers are int64 throughout; fptosi truncates toward zero.
-  if (name == "arith.index_cast" || name == "arith.index_castui" || name == "arith.extsi" ||
-      name == "arith.extui" || name == "arith.trunci")
-    return need(1), to_kind(x[0]);
-  if (name == "arith.sitofp") return need(1), x[0].to(env.dtype);
-  if (name == "arith.uitofp") return need(1), require_nonnegative(x, name, d), x[0].to(env.dtype);
+  if (name == "arith.index_cast" || name == "arith.extsi") return need(1), to_kind(signed_i1(x[0]));
+  if (name == "arith.index_castui" || name == "arith.extui") return need(1), to_kind(unsigned_i1(x[0]));
+  // trunci to i1 keeps the low bit.
+  if (name == "arith.trunci")
+    return need(1), kind == Kind::Bool ? unsigned_i1(x[0]).bitwise_and(1).ne(0) : to_kind(x[0]);
+  if (name == "arith.sitofp") return need(1), signed_i1(x[0]).to(env.dtype);
+  if (name == "arith.uitofp") return need(1), require_nonnegative(x, name, d), unsigned_i1(x[0]).to(env.dtype);
   if (name == "arith.fptosi" || name == "arith.fptoui") return need(1), to_int(x[0]);
   if (name == "arith.extf" || name == "arith.truncf") return need(1), x[0];
   // math

@@ -600,7 +600,8 @@ void Trainer::restore(const Checkpoint &ckpt) {
     if (!parts[0] || !parts[1] || !parts[2]) throw fail("incomplete optimizer state for '" + param + "'");
     int64_t step = 0;
     std::memcpy(&step, ckpt.bytes.data() + parts[2]->offset, sizeof step);
-    if (step < 1 || step > s.step) throw fail("optimizer step " + std::to_string(step) + " of '" + param + "'");
+    // 0: every update of the param so far was skipped (float16's loss scaling backing off).
+    if (step < 0 || step > s.step) throw fail("optimizer step " + std::to_string(step) + " of '" + param + "'");
   }
   std::optional<std::pair<double, int64_t>> scaler;
   if (scale || growth) {

@@ -27,7 +27,7 @@
 //
 // A run resumed from its last checkpoint (Trainer::restore) continues with the same optimizer
 // moments, step, learning-rate schedule position, data order and random state, so with a step
-// budget and the same thread count it ends bit-identical to the run that was never interrupted
+// budget (on any thread count: docs/reliability.md) it ends bit-identical to the run that was never interrupted
 // (test/resume/kill_loop.sh kills one at random moments, mid-write too). With a time budget the
 // schedule follows the clock, which no two runs share; the time already trained is restored.
 //

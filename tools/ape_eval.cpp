@@ -172,7 +172,10 @@ int main(int argc, char **argv) {
       std::string tok;
       if (config.contains("data") && config["data"].contains("tokenizer_fnv"))
         tok = config["data"]["tokenizer_fnv"].get<std::string>();
-      model->place(device, &std::cout);  // throws when the encoding has no kernel there
+      // Checked for the device now (throws when the encoding has no kernel there); placed there
+      // when its turn comes, and released after, so that one model at a time holds its memory.
+      ape::check_encoding_on(device, ape::find_kernel(model->config().encoding), model->config().head_dim(),
+                             &std::cout);
       models.push_back({path, model, L, tok, label});
     }
     // Two checkpoints of one encoding and length (two seeds, two runs) would share a row of the
@@ -205,7 +208,9 @@ int main(int argc, char **argv) {
                                  "); pass the --cache-dir used for training");
       const ape::TokenSplit &books = split == "valid" ? corpus.valid() : corpus.test();
       ape::check_eval_fits(books, m.train_len, ec, split);
+      m.model->place(device, &std::cout);
       auto r = ape::evaluate(m.model, books, m.train_len, ec, &std::cout, m.label);
+      m.model = nullptr;  // its memory back before the next
       for (const auto &row : r)  // a number no one can use: say so, and fail
         if (!row.skipped() && !std::isfinite(row.loss))
           throw std::runtime_error(row.encoding + " at length " + std::to_string(row.eval_len) + " (" +

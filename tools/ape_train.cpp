@@ -120,7 +120,9 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
       {"data", {{"vocab", corpus.vocab()}, {"tokenizer", absolute(corpus.tokenizer_path())},
                 {"tokenizer_fnv", corpus.tokenizer_hash()}, {"dir", absolute(start.data_dir)},
                 {"cache_dir", absolute(start.cache_dir)}}},
-      {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}}};  // a resumed run evaluates the same way
+      {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}},  // a resumed run evaluates the same way
+      // Where it trains: --resume goes on there by default.
+      {"device", {{"type", device.is_cuda() ? "cuda" : "cpu"}, {"precision", ape::precision_name(device.precision)}}}};
   if (resume) {  // where the run started, as its first checkpoint said
     for (const char *key : {"init_from", "sets"})
       if (auto it = resume->config.find(key); it != resume->config.end()) extra[key] = *it;
@@ -248,13 +250,15 @@ int main(int argc, char **argv) {
                "Checkpoints (OUT/NAME.ckpt) are written every --checkpoint-minutes / --checkpoint-every and at\n"
                "the end, with the whole training state: `ape-train --resume OUT/NAME.ckpt` continues a run that\n"
                "was stopped or killed, and with a step budget ends bit-identical to one never interrupted.\n"
-               "Training stops on a NaN/inf loss or gradient (naming where it first appeared) and when the mean\n"
+               "Training stops on a NaN/inf loss or gradient (on the CPU naming where it first appeared; on a\n"
+               "GPU the step, found when the queued losses are read) and when the mean\n"
                "loss of the last 10 steps exceeds --divergence-factor x the first step's loss; the other\n"
                "encodings of the run still train, and ape-train then exits with status 1.\n\n"
                "On a GPU (--device cuda[:N]) the model trains with the encoding's generated CUDA kernels in bf16\n"
                "autocast (--precision f16: float16 with dynamic loss scaling, a step whose gradients overflow\n"
                "is skipped; f32: float32); weights, optimizer state and gradients stay float32, and\n"
-               "checkpoints are device-independent (resume, evaluate or decode on either device; docs/cuda.md).\n"
+               "checkpoints are device-independent (resume, evaluate or decode on either device; docs/cuda.md;\n"
+               "--resume goes on on the run's device type and precision unless --device / --precision differ).\n"
                "The steps are queued without waiting for the GPU (losses are read 16 steps at a time, data\n"
                "parallel too); APE_CUDA_SYNC_DEBUG=warn (or error) reports any wait inside them.\n\n"
                "Data parallel (docs/distributed.md): started by `torchrun --nproc-per-node N --no-python ape-train\n"
@@ -264,7 +268,8 @@ int main(int argc, char **argv) {
                "step and the gradients are averaged, so N ranks with --batch b train like one process with\n"
                "--batch N*b. Rank 0 prints and writes the checkpoint and results.csv; a resumed run may use\n"
                "another number of ranks that divides the global batch. If a rank dies the others stop with an\n"
-               "error at once; a rank that hangs, after --dist-timeout."};
+               "error (Gloo: at once; NCCL: at the latest after --dist-timeout); a rank that hangs, after\n"
+               "--dist-timeout."};
   std::vector<std::string> encodings;
   std::vector<std::string> specs;
   int64_t steps = 0;
@@ -352,11 +357,14 @@ int main(int argc, char **argv) {
   auto *threads_opt = app.add_option("--threads", threads,
                                      "CPU threads, in [0, 1024] (default 0: all hardware threads; with --resume: the run's)");
   std::string device_name = "cpu", precision = "auto";
-  app.add_option("--device", device_name,
-                 std::string(ape::kDeviceHelp) + "; data parallel, cuda means cuda:LOCAL_RANK. A run may "
-                 "resume on another device (checkpoints are device-independent)")
-      ->capture_default_str();
-  app.add_option("--precision", precision, ape::kPrecisionHelp)->capture_default_str();
+  auto *device_opt = app.add_option("--device", device_name,
+                                    std::string(ape::kDeviceHelp) + "; data parallel, cuda means cuda:LOCAL_RANK (cuda:0 where CUDA_VISIBLE_DEVICES shows a rank one GPU). "
+                                    "With --resume: the run's device type (cpu or cuda); another resumes it "
+                                    "there (checkpoints are device-independent)")
+                         ->capture_default_str();
+  auto *precision_opt = app.add_option("--precision", precision, std::string(ape::kPrecisionHelp) +
+                                                                     " (with --resume: the run's)")
+                            ->capture_default_str();
   app.add_flag("--list", list, "List the available encodings and exit");
   const std::string dist_group = "Data parallel (default: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)";
   auto *rank_opt = app.add_option("--rank", dist_flags.rank, "This process's rank, in [0, world-size)")->group(dist_group);
@@ -425,7 +433,8 @@ int main(int argc, char **argv) {
     ec.validate();
 
     std::unique_ptr<ape::Checkpoint> resumed;
-    std::string resume_ckpt;
+    std::string resume_ckpt, resumed_device, resumed_precision;  // the run's own, where not given
+    std::string run_device, run_precision;                       // the run's own, as recorded
     if (!resume.empty()) {
       // The run's own settings, from the checkpoint: the command line may not change them.
       for (CLI::Option *o : run_options)
@@ -477,6 +486,18 @@ int main(int argc, char **argv) {
       out_dir = p.has_parent_path() ? p.parent_path().string() : ".";
       resume_ckpt = resume;
       if (!*threads_opt) threads = tc.threads;  // any count gives the same bits (Train.h); the run's by default
+      // The run's device type and precision by default: a bf16 GPU run goes on as one, not in f32
+      // on the CPU (nor an f16 run without its loss scaling).
+      // (On another device type, given, the precision is that device's default.)
+      if (auto d = resumed->config.find("device"); d != resumed->config.end() && d->is_object()) {
+        const std::string type = d->value("type", std::string());
+        run_device = type, run_precision = d->value("precision", std::string());
+        if (!*device_opt) resumed_device = type;
+        if (!resumed_device.empty()) device_name = resumed_device;
+        const bool same_type = device_name == type || (type == "cuda" && device_name.rfind("cuda:", 0) == 0);
+        if (!*precision_opt && same_type) resumed_precision = d->value("precision", std::string());
+        if (!resumed_precision.empty()) precision = resumed_precision;
+      }
     } else {
       for (const auto &path : specs) encodings.push_back(ape::register_spec(path, spec_opts).name);
       if (encodings.empty())
@@ -533,17 +554,30 @@ int main(int argc, char **argv) {
       if (!seen.insert(e).second) throw std::invalid_argument("encoding '" + e + "' is given twice");
       ape::find_kernel(e);  // unknown name: fail now, before any work, with the list of names
     }
-    // One GPU per rank: plain "cuda" is this machine's rank's (torchrun's LOCAL_RANK).
-    // (the GPU the NCCL group takes, runtime/Distributed.cpp: LOCAL_RANK, else the rank)
-    if (device_name == "cuda" && dist.enabled() && (dist.local_rank >= 0 ? dist.local_rank : dist.rank) > 0)
+    // One GPU per rank: plain "cuda" is this machine's rank's (torchrun's LOCAL_RANK, else the
+    // rank), or the one GPU a rank sees where CUDA_VISIBLE_DEVICES shows it one (a launcher that
+    // gives each rank its own). The NCCL group reduces on the model's GPU.
+    const bool own_gpu = std::getenv("CUDA_VISIBLE_DEVICES") && ape::visible_gpus() == 1;
+    if (device_name == "cuda" && dist.enabled() && (dist.local_rank >= 0 ? dist.local_rank : dist.rank) > 0 &&
+        !own_gpu)
       device_name = "cuda:" + std::to_string(dist.local_rank >= 0 ? dist.local_rank : dist.rank);
-    const ape::ComputeDevice device = ape::choose_device(device_name, precision);
+    const ape::ComputeDevice device = [&] {
+      try {
+        return ape::choose_device(device_name, precision);
+      } catch (const std::invalid_argument &e) {
+        if (resumed_device.empty() && resumed_precision.empty()) throw;
+        throw std::invalid_argument(std::string(e.what()) + " (--resume " + resume + ": the run trained on " +
+                                    run_device + " in " + run_precision + ", and resumes there unless --device and "
+                                    "--precision say otherwise, e.g. --device cpu)");
+      }
+    }();
     if (dist.enabled() && device.is_cuda()) {  // gradients on the GPU: NCCL reduces them in place
       if (dist.backend == "gloo")
         throw std::invalid_argument("--dist-backend gloo with --device " + device.device.str() +
                                     ": this build's Gloo group reduces CPU tensors; use --dist-backend nccl (the "
                                     "default with a GPU)");
       dist.backend = "nccl";
+      dist.gpu = device.device.index();
     }
     tc.progress_in_place = ::isatty(STDOUT_FILENO);
     tc.progress = root;

@@ -18,8 +18,8 @@ using namespace mlir::ape::component;
 
 LogicalResult CableOp::verify() {
   if (auto k = toDouble(getKappa()))
-    if (!(*k > 0.0 && isFinite(*k)))
-      return emitOpError("kappa must be a positive finite number, got ") << *k;
+    if (std::string why = ::ape_rules::kPositiveF32.check(*k); !why.empty())
+      return emitOpError("kappa ") << why << " (it becomes the encoding's scale)";
   double std = getWeightStd().convertToDouble();
   if (!(std >= 0.0 && isFinite(std)))
     return emitOpError("weight_std must be a non-negative finite number, got ") << std;

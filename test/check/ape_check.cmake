@@ -61,6 +61,13 @@ add_test(NAME ape_check.spec_file
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_mix.mlir)
 set_tests_properties(ape_check.spec_file PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# i1 read as MLIR reads it (true -1 signed, 1 unsigned) and a param index clamped to its dimension:
+# the kernel compiled now against the reference (runtime/SpecReference.cpp).
+add_test(NAME ape_check.spec_i1_and_indices
+  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^dparam:pos_bias +fp64 .* pass$" "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/i1_and_indices.mlir)
+set_tests_properties(ape_check.spec_i1_and_indices PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Integer division and remainder by i - j, 0 on the diagonal: total in the kernel and the reference
 # (contract/int_math.h: x / 0 = 0, x % 0 = x), where C++ traps.
 add_test(NAME ape_check.spec_int_division

@@ -1694,6 +1694,19 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
   o = download(od, q), lse = download(ld, lse_like);
 }
 
+// A scratch allocator that fails its fail_at-th allocation (counting from 1; 0: none fails).
+struct FailingScratch {
+  int calls = 0, fail_at = 0;
+  ape::cuda::CudaScratchAllocator alloc{
+      [](void *ctx, size_t bytes, cudaStream_t st) -> void * {
+        auto *self = static_cast<FailingScratch *>(ctx);
+        if (++self->calls == self->fail_at) return nullptr;
+        void *ptr = nullptr;
+        return cudaMallocAsync(&ptr, bytes, st) == cudaSuccess ? ptr : nullptr;
+      },
+      [](void *, void *ptr, cudaStream_t st) { cudaFreeAsync(ptr, st); }, this};
+};
+
 // Decoding (cuda/decode.h): a prefill of 125 tokens, 4 steps of one token (rows 125 to 128: the
 // last rows of a query tile of 32, 64 or 128 rows and the first of the next, so every kernel skips
 // tiles, and from a tile's last row), then 7 tokens at once;
@@ -1702,8 +1715,11 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
 // with them split (num_splits > 1, or 0: the device decides), within the rounding of another order
 // of the same fp32 sums. Then the refusals: a step past the capacity, another dtype, a missing
 // pointer.
+// retry_step >= 0: that step first fails at each of its scratch allocations in turn (the cache must
+// keep its length, and the step then succeed as if none had failed).
 void check_decode_steps(const std::string &name, size_t index, int64_t num_layers = 0,
-                        const std::vector<int64_t> &steps = {125, 1, 1, 1, 1, 7}, int num_splits = 1) {
+                        const std::vector<int64_t> &steps = {125, 1, 1, 1, 1, 7}, int num_splits = 1,
+                        int retry_step = -1) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
@@ -1720,8 +1736,10 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     pp.push_back(static_cast<const float *>(prms[n].ptr));
   }
   int64_t L0 = 0;
+  int step_index = 0;
   for (int64_t n : steps) {
     SCOPED_TRACE("step of " + std::to_string(n) + " tokens at L0 = " + std::to_string(L0));
+    const bool retry = step_index++ == retry_step;
     auto part = [&](const Tensor &t) { return t.narrow(2, L0, n).contiguous(); };
     const Tensor q = part(p.q).to(dt);
     DevBuf qd, kd, vd, od, ld;
@@ -1741,7 +1759,20 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
     a.layer = num_layers > 0 ? num_layers - 1 : 0, a.num_layers = num_layers;
     a.num_splits = num_splits;
-    ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
+    FailingScratch failing;
+    for (int at = 1; retry; ++at) {
+      failing.calls = 0, failing.fail_at = at, a.scratch = &failing.alloc;
+      const cudaError_t err = ape::cuda::decode_step(*e, cache, a);
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      if (failing.calls < at) {  // no allocation failed: the step ran whole
+        ASSERT_CUDA(err);
+        ASSERT_GT(at, 1) << "the step took no scratch memory";
+        break;
+      }
+      ASSERT_EQ(err, cudaErrorMemoryAllocation) << "allocation " << at;
+      ASSERT_EQ(cache.len, L0) << "a failed step changed the cache's length (allocation " << at << ")";
+    }
+    if (!retry) ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
     ASSERT_CUDA(cudaDeviceSynchronize());
     ASSERT_EQ(cache.len, L0 + n);
     const Tensor o = download(od, q), lse = download(ld, lse_like);
@@ -1777,6 +1808,31 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   a.dtype = var.dtype, a.o = nullptr;
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "no output";
   EXPECT_EQ(cache.len, T);
+  // What the forward refuses is refused before a cache changes (a retry would otherwise append
+  // the tokens twice), here a fresh one's first step, which would take it otherwise (the same
+  // arguments with a finite scale: below).
+  ape::cuda::CudaDecodeCache fresh;
+  fresh.capacity = 4;
+  a.o = buf.ptr, a.scale = std::nanf("");
+  EXPECT_EQ(ape::cuda::decode_step(*e, fresh, a), cudaErrorInvalidValue) << "a scale that is not finite";
+  a.scale = static_cast<float>(p.scale), a.num_layers = 2, a.layer = 2;
+  EXPECT_EQ(ape::cuda::decode_step(*e, fresh, a), cudaErrorInvalidValue) << "a layer out of range";
+  a.num_layers = 0, a.layer = 0;
+  if (e->num_params > 0) {
+    a.params = nullptr;
+    EXPECT_EQ(ape::cuda::decode_step(*e, fresh, a), cudaErrorInvalidValue) << "no params";
+    a.params = pp.data();
+  }
+  if (e->num_features > 0) {
+    side[e->num_features - 1] = nullptr;
+    EXPECT_EQ(ape::cuda::decode_step(*e, fresh, a), cudaErrorInvalidValue) << "a missing feature";
+    side[e->num_features - 1] = static_cast<const float *>(buf.ptr);
+  }
+  EXPECT_FALSE(fresh.started());
+  EXPECT_EQ(fresh.len, 0);
+  ASSERT_CUDA(ape::cuda::decode_step(*e, fresh, a));  // the arguments are otherwise good
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(fresh.len, 1);
 }
 
 // The backward refuses missing gradient pointers (and a missing status word) instead of
@@ -1958,6 +2014,20 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
     EXPECT_EQ(cable->forward(u), cudaErrorInvalidValue) << "tok without its carries";
     u = t, u.tok = nullptr;
     EXPECT_EQ(cable->forward(u), cudaErrorInvalidValue) << "carries without tok";
+    // The features at a longer stride (feat_ld: a cache's capacity), forward only, not below T.
+    u = t, u.feat_ld = 8;
+    EXPECT_EQ(cable->forward(u), cudaSuccess);
+    u.ld = 0, u.tok = nullptr, u.tok_carry = nullptr, u.km_rows = 0;  // nothing else a backward refuses
+    EXPECT_EQ(cable->backward(u), cudaErrorInvalidValue) << "feat_ld in a backward";
+    u.feat_ld = 0;
+    std::vector<float *> dfeat(1, reinterpret_cast<float *>(call.base + (1 << 19)));
+    u.dfeatures = dfeat.data();
+    EXPECT_EQ(cable->backward(u), cudaSuccess) << "the same backward without feat_ld";
+    u = t, u.feat_ld = 8;
+    u.feat_ld = 3;
+    EXPECT_EQ(cable->forward(u), cudaErrorInvalidValue) << "feat_ld below T";
+    u.feat_ld = 8, u.num_layers = 1, u.ld = 0, u.tok = nullptr, u.tok_carry = nullptr, u.km_rows = 0;
+    EXPECT_EQ(cable->forward(u), cudaErrorInvalidValue) << "feat_ld with a transition's layers";
   }
   CudaAttnArgs sp = call.args();
   sp.num_splits = -1;
@@ -2062,7 +2132,9 @@ TEST(CudaDecode, TokenProgramResumesAtItsChunk) {
     if (!var) continue;  // not in this build
     const CudaKernelEntry *e = find_cuda(name);
     ASSERT_GT(e->tok_seqs, 0);
-    check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {250, 5, 1, 300, 1});
+    // The step of 300 fails at each of its allocations first (its token program may have run:
+    // the retry resumes from a scan sum the failed step left, or starts again).
+    check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {250, 5, 1, 300, 1}, 1, 3);
     ++ran;
   }
   if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";

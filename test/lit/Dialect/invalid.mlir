@@ -38,7 +38,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.cable' op kappa must be a positive finite number, got -1}}
+  // expected-error @+1 {{'ape.cable' op kappa must be a positive number in [1.17549435e-38, 3.40282347e+38]; got -1 (it becomes the encoding's scale)}}
   ape.cable {kappa = -1.0 : f64}
 }
 
@@ -280,6 +280,35 @@ ape.encoding @e {
 
 // expected-error @+1 {{'ape.encoding' op name @"my-encoding" must be an identifier: a letter or '_' then letters, digits or '_'}}
 ape.encoding @"my-encoding" {
+}
+
+// -----
+
+// A name a C or C++ compiler predefines as a macro (GNU mode: linux = 1) would be expanded in the
+// emitted entry points.
+// expected-error @+1 {{'ape.encoding' op name @linux is a name C or C++ compilers define as a macro or reserve; choose another}}
+ape.encoding @linux {
+}
+
+// -----
+
+// expected-error @+1 {{'ape.encoding' op name @rope_level ends in "_level", which names the CPU kernels' level entry points; choose another}}
+ape.encoding @rope_level {
+}
+
+// -----
+
+// A param's name reaches C++ strings and comments, Python and the manifest: plain characters only.
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op name ")APE_MANIFEST" must be a letter or '_', then letters, digits, '_', '-' or '.' (at most 64 characters)}}
+  %p = ape.param ")APE_MANIFEST" ["heads"] init = "zeros"
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.token_feature' op name "g\0A#error" must be a letter or '_'}}
+  %g = ape.token_feature "g\0A#error"
 }
 
 // -----

@@ -98,3 +98,15 @@ module {
   // expected-error @+1 {{'ape.attention_transition' op must be directly inside an ape.encoding or ape.kernel}}
   ape.attention_transition
 }
+
+// -----
+
+// inference_only comes with a transition only (without one the kernel entry would instantiate a
+// backward the functor lacks).
+// expected-error @+1 {{'ape.kernel' op is inference_only but holds no ape.attention_transition (only a transition makes a kernel inference-only)}}
+ape.kernel @k attributes {inference_only} {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    ape.yield %s : f32
+  }
+}

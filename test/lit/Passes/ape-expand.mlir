@@ -67,6 +67,17 @@ ape.encoding @alibi_learned {
 
 // -----
 
+// A name the spec wrote itself stays; the component's param, met later or earlier, is renamed.
+// CHECK-LABEL: ape.encoding @own_name
+// CHECK-DAG: ape.param "alibi_slopes_1" ["heads"] init = "alibi_slopes"{{$}}
+// CHECK-DAG: ape.param "alibi_slopes" ["1"] init = "zeros"
+ape.encoding @own_name {
+  ape.alibi
+  %p = ape.param "alibi_slopes" ["1"] init = "zeros"
+}
+
+// -----
+
 // Cable: feature -> map(-softplus) -> scan -> s + S_i - S_j.
 // CHECK-LABEL: ape.encoding @cable
 // CHECK: %[[F:.*]] = ape.token_feature "cable"

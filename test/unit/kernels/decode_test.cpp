@@ -58,6 +58,10 @@ TEST(DecodeEdge, ErrorsAreClear) {
   a.n = 1, a.H = 2;
   EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("but the cache holds"),
             std::string::npos);
+  // Its buffers follow the first step's capacity: a capacity raised later is refused, not read past.
+  a.H = 1, cache.capacity = 600;
+  EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("capacity changed after its first step"),
+            std::string::npos);
   EXPECT_EQ(cache.len, 4);
 }
 

@@ -99,6 +99,29 @@ TEST(Device, EncodingsWithoutACudaKernelAreRefusedByName) {
   EXPECT_NO_THROW(ape::check_encoding_on(ape::choose_device("cpu"), ape::find_kernel("rope_transition"), 48));
 }
 
+// Which GPUs a build's architectures serve (APE_CUDA_ARCHS): an A100 (8.0) is refused by the
+// default build's sm_90a, with the setting that fixes it; SASS serves later minors of its major,
+// PTX any later device, "a" its own only.
+TEST(Device, BuildArchitecturesSayWhichGpusRunThem) {
+  const std::string a100 = ape::cuda_arch_problem("90a", 8, 0);
+  EXPECT_NE(a100.find("compiled for sm_90a (APE_CUDA_ARCHS), which this GPU (compute capability 8.0) cannot run: "
+                      "rebuild with cmake -DAPE_CUDA_ARCHS=\"80\""),
+            std::string::npos) << a100;
+  EXPECT_EQ(ape::cuda_arch_problem("90a", 9, 0), "");
+  EXPECT_NE(ape::cuda_arch_problem("90a", 10, 0), "");      // arch-specific PTX: sm_90 only
+  EXPECT_NE(ape::cuda_arch_problem("90a", 12, 0).find("-DAPE_CUDA_ARCHS=\"120\""), std::string::npos);
+  EXPECT_EQ(ape::cuda_arch_problem("80;90a", 8, 6), "");    // sm_80 SASS on 8.6
+  EXPECT_EQ(ape::cuda_arch_problem("80-real,90a", 8, 9), "");
+  EXPECT_NE(ape::cuda_arch_problem("80-real", 9, 0), "");   // no PTX to compile
+  EXPECT_EQ(ape::cuda_arch_problem("80", 9, 0), "");        // its PTX
+  EXPECT_NE(ape::cuda_arch_problem("86", 8, 0), "");        // 8.6 code on 8.0
+  EXPECT_EQ(ape::cuda_arch_problem("100f", 10, 3), "");
+  EXPECT_NE(ape::cuda_arch_problem("", 9, 0).find("compiled for no architecture"), std::string::npos);
+  EXPECT_EQ(ape::cuda_arch_problem("native", 8, 0), "");  // CMake's words: not known here
+  EXPECT_EQ(ape::cuda_arch_problem("90a-real", 9, 0), "");
+  if (!ape::cuda_attention_built()) EXPECT_EQ(ape::cuda_device_problem(0), "");
+}
+
 TEST(Device, FusedAttentionSaysWhichDtypesEachDeviceTakes) {
   const ape::KernelEntry &rope = ape::find_kernel("rope");
   at::Tensor q = at::randn({1, 2, 5, 64}).to(at::kBFloat16);
@@ -391,6 +414,21 @@ TEST(Device, LossScalingStateResumes) {
   for (const char *name : {"train/scaler/scale", "train/scaler/growth_tracker", "train/adam/wte.weight/step"})
     EXPECT_EQ(saved_scalar(path, name), saved_scalar(whole.checkpoint, name)) << name;
   EXPECT_EQ(saved_scalar(path, "train/scaler/scale"), 1024.0);  // doubled after step 6 (a fresh scaler: 2048)
+  for (size_t i = 0; i < resumed.weights.size(); ++i) EXPECT_TRUE(at::equal(resumed.weights[i], whole.weights[i])) << i;
+}
+
+// A run stopped while every update so far was skipped (the scale still backing off from its start)
+// holds optimizer state that counts no step: it resumes, as the run never stopped.
+TEST(Device, ARunWhoseEveryStepWasSkippedResumes) {
+  ape::LossScaler::Options o;
+  o.init_scale = 1024;
+  auto overflow = [](int64_t call, const at::Tensor &g) { return call <= 2 ? at::full_like(g, INFINITY) : g; };
+  const ScaledRun whole = scaled_run(true, true, 6, overflow, o, "skipped_whole");
+  const ScaledRun stopped = scaled_run(true, true, 6, overflow, o, "skipped_stopped", /*stop_at=*/2);
+  EXPECT_EQ(saved_scalar(stopped.checkpoint, "train/adam/wte.weight/step"), 0.0);
+  const ScaledRun resumed = scaled_run(true, true, 6, nullptr, o, "skipped_resumed", 0, stopped.checkpoint);
+  EXPECT_EQ(resumed.result.losses, whole.losses);
+  EXPECT_EQ(resumed.result.skipped_steps, 2);
   for (size_t i = 0; i < resumed.weights.size(); ++i) EXPECT_TRUE(at::equal(resumed.weights[i], whole.weights[i])) << i;
 }
 

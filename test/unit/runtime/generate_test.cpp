@@ -1,7 +1,9 @@
 // ape-generate (runtime/Generate.h): cached scoring equals the full forward's loss; sampling is
 // seeded and checks its inputs.
 #include "runtime_fixtures.h"
+#include "runtime/Decode.h"
 #include "runtime/Generate.h"
+#include "runtime/Registry.h"
 #include "runtime/Threads.h"
 
 #include <map>
@@ -148,6 +150,34 @@ TEST(Threads, EnvironmentSettings) {
   EXPECT_EQ(with({}, {"ape-train", "--world-size", "4", "--rank", "1"}), (Settings{passive, strict}));
   EXPECT_EQ(with({}, {"ape-train", "--world-size=2"}), (Settings{passive, strict}));
   EXPECT_EQ(with({}, {"ape-train", "--world-size", "1"}), (Settings{passive, {"GOMP_SPINCOUNT", spin}, strict}));
+}
+
+// decode_attention's refusals (runtime/Decode.h): a step's features and params against the
+// manifest, with their names; a cache serves the device of its first step only (a GPU cache is its
+// q, k, v tensors: one made here stands in for it); nothing changes on a refusal.
+TEST(Decode, StepInputsAreCheckedBeforeTheCacheChanges) {
+  const ape::KernelEntry &e = ape::find_kernel("cable");
+  const at::Tensor q = at::randn({1, 2, 3, 8}, at::kFloat);
+  const at::Tensor feat = at::randn({1, 2, 3}, at::kFloat);
+  auto message = [&](ape::LayerCache &c, const std::vector<at::Tensor> &f) {
+    try {
+      ape::decode_attention(e, c, 16, q, q, q, f, {}, 0.3);
+    } catch (const std::invalid_argument &x) {
+      return std::string(x.what());
+    }
+    return std::string("(no error)");
+  };
+  ape::LayerCache cache;
+  EXPECT_NE(message(cache, {}).find("expected 1 feature tensors, got 0"), std::string::npos);
+  EXPECT_NE(message(cache, {feat.narrow(2, 0, 2)}).find("must be (B, H, n) = (1, 2, 3)"), std::string::npos);
+  EXPECT_NE(message(cache, {feat.to(at::kDouble)}).find("of q's dtype"), std::string::npos);
+  EXPECT_EQ(cache.len(), 0);
+  EXPECT_EQ(message(cache, {feat}), "(no error)");
+  EXPECT_EQ(cache.len(), 3);
+  ape::LayerCache gpu;
+  gpu.q = at::zeros({1, 2, 16, 8});
+  EXPECT_NE(message(gpu, {feat}).find("the cache holds GPU steps"), std::string::npos);
+  EXPECT_FALSE(gpu.f32.started());
 }
 
 }  // namespace

@@ -217,9 +217,24 @@ template <class Enc, typename Real> void decode_step(DecodeCache<Real> &c, const
         "decode_step: the step has B=" + std::to_string(a.B) + ", H=" + std::to_string(a.H) +
         ", D=" + std::to_string(a.D) + " but the cache holds B=" + std::to_string(c.B) +
         ", H=" + std::to_string(c.H) + ", D=" + std::to_string(c.D));
+  } else if (static_cast<int64_t>(c.v.size()) != c.B * c.H * c.capacity * c.D) {
+    // The buffers are laid out by the capacity of the first step.
+    throw std::invalid_argument("decode_step: the cache's capacity changed after its first step (it holds " +
+                                std::to_string(c.v.size() / static_cast<std::size_t>(c.B * c.H * c.D)) +
+                                " tokens a slice, capacity says " + std::to_string(c.capacity) + ")");
   }
   const int64_t slices = a.B * a.H;
-  detail::each_slice(slices, [&](int64_t s) { detail::decode_slice<Enc>(c, a, s / a.H, s % a.H); });
+  // A step that throws (memory running out in a slice's scratch) leaves the cache as it was: the
+  // rows past len are rewritten by the next step; the scans' sums, which a slice advances in
+  // place, are put back.
+  std::vector<double> carry;
+  if constexpr (Enc::kNumTok > 0) carry = c.carry;
+  try {
+    detail::each_slice(slices, [&](int64_t s) { detail::decode_slice<Enc>(c, a, s / a.H, s % a.H); });
+  } catch (...) {
+    if constexpr (Enc::kNumTok > 0) c.carry = std::move(carry);
+    throw;
+  }
   c.len += a.n;
 }
 

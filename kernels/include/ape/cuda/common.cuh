@@ -353,6 +353,8 @@ template <class Enc, class In> struct Params {
   In *o;
   float *lse;
   const float *feat[NF];
+  int64_t feat_ld;                  // forward: elements per slice of each feature (T, or
+                                    // CudaAttnArgs::feat_ld where they are the caller's cache)
   const float *params[NP];
   float scale;
   float log2_scale, inv_scale;      // flash kernels (scale > 0 there: positive_scale)

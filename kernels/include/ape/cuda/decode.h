@@ -26,13 +26,16 @@
 // only the warps holding new rows: kFwdWarpRows). So a
 // one-token step moves O(L·D) bytes once: the keys and values the attention reads (the re-packing
 // of every array and the q/k mods over all L tokens that an earlier version ran each step moved
-// some six times that). The token features (B, H, L) are re-packed each step (4 bytes a token and
-// feature).
+// some six times that). The token features are kept at the capacity too (CudaAttnArgs::feat_ld):
+// a step copies its new ones into place.
+// Arguments the forward would refuse (a missing param or feature, a scale that is not finite, a
+// layer out of range) are refused before the cache changes.
 //
 // Plain C++17 over the CUDA runtime API (the host compiler builds it, as cuda/kernel_entry.h);
 // under -DAPE_SIMT the same code runs on the SIMT emulator. Errors are returned, never thrown.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -61,7 +64,7 @@ struct CudaDecodeCache {
   int64_t km_len = 0;       // rows of km, krel and tok computed (a prefill with a transition
                             // computes none)
   int64_t rows = 0;         // rows per slice of the buffers: the capacity at the first step
-  std::vector<float *> features;                  // Enc::kNumFeatures x (B, H, len)
+  std::vector<float *> features;                  // Enc::kNumFeatures x (B, H, capacity), rows [0, len)
   bool started() const { return B > 0; }
   void release() {
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(km), cudaFree(krel), cudaFree(tok), cudaFree(tok_carry);
@@ -124,34 +127,39 @@ inline cudaError_t copy_rows(void *dst, int64_t rows_dst, int64_t row0, const vo
   return cudaSuccess;
 }
 
-// A (S, L, W) buffer holding old's rows [0, L0) then add's rows [0, n); old is freed.
-inline cudaError_t append(void *&buf, const void *add, int64_t S, int64_t L0, int64_t n, size_t W,
-                          cudaStream_t st) {
-  void *next = nullptr;
-  cudaError_t err = cudaMallocAsync(&next, static_cast<size_t>(S * (L0 + n)) * W, st);
-  if (err != cudaSuccess) return err;
-  if ((err = copy_rows(next, L0 + n, 0, buf, L0, L0, S, W, st)) != cudaSuccess ||
-      (err = copy_rows(next, L0 + n, L0, add, n, n, S, W, st)) != cudaSuccess) {
-    cudaFreeAsync(next, st);
-    return err;
-  }
-  if (buf) cudaFreeAsync(buf, st);
-  buf = next;
-  return cudaSuccess;
+// Whether the step's arguments are ones the forward takes (what it would refuse is refused
+// before the cache changes): params and features present, a finite scale, the layer, the sizes.
+inline bool step_args_ok(const CudaKernelEntry &e, const CudaDecodeArgs &a, bool prefill) {
+  constexpr int64_t kMaxDim = int64_t(1) << 31;
+  if (a.B >= kMaxDim || a.H >= kMaxDim || a.n >= kMaxDim || a.D >= kMaxDim) return false;
+  if (!std::isfinite(a.scale)) return false;
+  if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers))) return false;
+  if (e.num_features > 0 && !a.features) return false;
+  for (int f = 0; f < e.num_features; ++f)
+    if (!a.features[f]) return false;
+  if (e.num_params > 0 && !a.params) return false;
+  for (int n = 0; n < e.num_params; ++n)
+    if (!a.params[n] && (!e.param_numel || e.param_numel(n, a.H, a.D) > 0)) return false;
+  // A prefill that may run an attention transition hands the step's own q, k, v to the forward,
+  // which moves rows in 16-byte chunks.
+  auto aligned = [](const void *x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
+  if (prefill && a.num_layers > 0 && (!aligned(a.q) || !aligned(a.k) || !aligned(a.v))) return false;
+  return true;
 }
 
 }  // namespace decode_detail
 
 // Appends a.n tokens to `c` and writes their attention outputs (see the top of this file).
 // cudaErrorInvalidValue for shapes that do not match the cache, a step past its capacity, a
-// missing pointer, or a (dtype, head dim) this build did not instantiate: the cache is then
-// unchanged. An error of the runtime itself (an allocation, a copy, a launch) may leave it
-// half-extended: release() it.
+// missing pointer or param, a scale that is not finite, a layer out of range, or a (dtype, head
+// dim) this build did not instantiate: the cache is then unchanged. After an error of the runtime
+// itself (an allocation, a copy, a launch) the cache still holds its L0 tokens (the step's rows
+// past them are rewritten by the next step; the kept rows and scan sums are recomputed where they
+// belong to it): the step may be retried, or the cache release()d.
 inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, const CudaDecodeArgs &a) {
   using namespace decode_detail;
-  if (a.B < 1 || a.H < 1 || a.D < 1 || a.n < 1 || !a.q || !a.k || !a.v || !a.o)
+  if (a.B < 1 || a.H < 1 || a.D < 1 || a.n < 1 || !a.q || !a.k || !a.v || !a.o || !step_args_ok(e, a, c.len == 0))
     return cudaErrorInvalidValue;
-  if (e.num_features > 0 && !a.features) return cudaErrorInvalidValue;
   if (!find_variant(e, a.dtype, a.D) || c.capacity < 1 || c.len + a.n > c.capacity)
     return cudaErrorInvalidValue;
   if (c.started() && (a.B != c.B || a.H != c.H || a.D != c.D || a.dtype != c.dtype))
@@ -172,15 +180,20 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     const size_t rel_bytes = static_cast<size_t>(S * C * e.key_rel_floats) * sizeof(float);
     const size_t tok_bytes = static_cast<size_t>(S * C * e.tok_seqs) * sizeof(float);
     const size_t carry_bytes = static_cast<size_t>(S * e.tok_seqs) * 2 * sizeof(double);
+    const size_t feat_bytes = static_cast<size_t>(S * C) * sizeof(float);
     void *krel = nullptr, *tok = nullptr, *carry = nullptr;
-    const std::pair<void **, size_t> bufs[] = {{&c.q, bytes}, {&c.k, bytes}, {&c.v, bytes},
-                                               {e.caches_k_mod ? &c.km : nullptr, bytes},
-                                               {rel_bytes > 0 ? &krel : nullptr, rel_bytes},
-                                               {tok_bytes > 0 ? &tok : nullptr, tok_bytes},
-                                               {tok_bytes > 0 ? &carry : nullptr, carry_bytes}};
+    std::vector<void *> feats(static_cast<size_t>(e.num_features), nullptr);
+    std::vector<std::pair<void **, size_t>> bufs = {{&c.q, bytes}, {&c.k, bytes}, {&c.v, bytes},
+                                                    {e.caches_k_mod ? &c.km : nullptr, bytes},
+                                                    {rel_bytes > 0 ? &krel : nullptr, rel_bytes},
+                                                    {tok_bytes > 0 ? &tok : nullptr, tok_bytes},
+                                                    {tok_bytes > 0 ? &carry : nullptr, carry_bytes}};
+    for (void *&f : feats) bufs.push_back({&f, feat_bytes});
     auto keep = [&] {
       c.krel = static_cast<float *>(krel), c.tok = static_cast<float *>(tok);
       c.tok_carry = static_cast<double *>(carry);
+      c.features.clear();
+      for (void *f : feats) c.features.push_back(static_cast<float *>(f));
     };
     for (const auto &[buf, size] : bufs)
       if (buf && ((err = cudaMallocAsync(buf, size, st)) != cudaSuccess ||
@@ -191,19 +204,15 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
       }
     keep();
     c.B = a.B, c.H = a.H, c.D = D, c.dtype = a.dtype, c.rows = C;
-    c.features.assign(static_cast<size_t>(e.num_features), nullptr);
   }
   // The new rows into place.
   if ((err = copy_rows(c.q, C, L0, a.q, n, n, S, row, st)) != cudaSuccess ||
       (err = copy_rows(c.k, C, L0, a.k, n, n, S, row, st)) != cudaSuccess ||
       (err = copy_rows(c.v, C, L0, a.v, n, n, S, row, st)) != cudaSuccess)
     return err;
-  for (int f = 0; f < e.num_features; ++f) {
-    void *buf = c.features[f];
-    if ((err = append(buf, a.features[f], S, L0, n, sizeof(float), st)) != cudaSuccess) return err;
-    c.features[f] = static_cast<float *>(buf);
-  }
-  c.len = L;
+  for (int f = 0; f < e.num_features; ++f)
+    if ((err = copy_rows(c.features[f], C, L0, a.features[f], n, n, S, sizeof(float), st)) != cudaSuccess)
+      return err;
   // The forward over the L tokens from row L0, into (S, L, .) outputs; rows [L0, L) copied out.
   // They are scratch: from the caller's allocator where it gave one.
   auto take = [&](void *&ptr, size_t bytes) -> cudaError_t {
@@ -232,23 +241,25 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     // A prefill that may run an attention transition: from the step's own (B, H, n, D) inputs
     // (the transition reads q', k' and v as (B, H, T, D)); k' is left to the next step.
     f.layer = a.layer, f.num_layers = a.num_layers;
-    f.q = a.q, f.k = a.k, f.v = a.v;
+    f.q = a.q, f.k = a.k, f.v = a.v, f.features = a.features;
   } else {
-    f.q = c.q, f.k = c.k, f.v = c.v, f.ld = C;
+    f.q = c.q, f.k = c.k, f.v = c.v, f.ld = C, f.feat_ld = C;
     if (c.km) f.km = c.km;
     if (c.krel) f.krel = c.krel;
     if (c.tok) f.tok = c.tok, f.tok_carry = c.tok_carry;
     if (c.km || c.krel || c.tok) f.km_rows = c.km_len;
   }
   err = forward(e, f);
-  if (err == cudaSuccess && (f.km || f.krel || f.tok)) c.km_len = L;
   if (err == cudaSuccess) err = copy_rows(a.o, n, 0, static_cast<char *>(o) + L0 * row, L, n, S, row, st);
   if (err == cudaSuccess && a.lse)
     err = copy_rows(a.lse, n, 0, static_cast<char *>(lse) + L0 * sizeof(float), L, n, S,
                     sizeof(float), st);
   give(o);
   give(lse);
-  return err;
+  if (err != cudaSuccess) return err;
+  c.len = L;  // the step counts once it has succeeded whole
+  if (f.km || f.krel || f.tok) c.km_len = L;
+  return cudaSuccess;
 }
 
 APE_CUDA_ABI_END

@@ -101,6 +101,11 @@ struct CudaAttnArgs {
   // call with num_layers > 0 (an attention transition reads q', k', v as (B, H, T, D)), whether
   // or not the encoding has a transition.
   int64_t ld = 0;
+  // Forward only: the elements per (b, h) slice of each feature (B, H, feat_ld), the first T of
+  // each slice the call's (a decode cache's features, kept at its capacity, read in place). 0 (the
+  // default) or T: contiguous (B, H, T). Refused below T, for the backward and with num_layers > 0,
+  // as ld.
+  int64_t feat_ld = 0;
   // Forward only: a buffer of k' (the k mod's output) with ld rows per slice whose first km_rows
   // rows of every slice a previous call computed (CudaKernelEntry::caches_k_mod: neither the k mod
   // nor the token sequences it may read depend on the sequence length). The call computes k' of

@@ -155,6 +155,10 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
     if (a.ld < a.T || a.ld >= kMaxDim || backward || a.num_layers > 0) return cudaErrorInvalidValue;
     if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / (a.ld * kD)) return cudaErrorInvalidValue;
   }
+  if (a.feat_ld != 0 && a.feat_ld != a.T &&
+      (a.feat_ld < a.T || a.feat_ld >= kMaxDim || backward || a.num_layers > 0 ||
+       (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / a.feat_ld)))
+    return cudaErrorInvalidValue;
   if (a.km || a.krel || a.tok || a.tok_carry || a.km_rows != 0) {
     if (backward || (a.km && !caches_k_mod<Enc>()) || (a.krel && key_rel_floats<Enc>() == 0) ||
         (!a.tok != !a.tok_carry) || (a.tok && tok_seqs<Enc>() == 0) || (!a.km && !a.krel && !a.tok) || a.ld == 0 ||
@@ -206,6 +210,7 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
   p.v = static_cast<const In *>(a.v), p.o = static_cast<In *>(a.o), p.lse = a.lse;
   for (int n = 0; n < Enc::kNumFeatures; ++n) p.feat[n] = a.features[n];
+  p.feat_ld = a.feat_ld != 0 ? a.feat_ld : a.T;
   for (int n = 0; n < Enc::kNumParams; ++n) p.params[n] = a.params[n];
   p.scale = a.scale;
   p.dout = static_cast<const In *>(a.dout);

@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kTokThreads) token_forward_kernel(const Params
   const int64_t bh = blockIdx.x;
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
   const float *feat[Params<Enc, In>::NF];
-  for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = p.feat[n] + bh * p.T;
+  for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = p.feat[n] + bh * p.feat_ld;
   Enc::token_forward(ctx, feat, p.tok + bh * Enc::kNumTok * p.tok_ld);
 }
 

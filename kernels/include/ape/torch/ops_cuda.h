@@ -153,7 +153,8 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
 // undefined) holds k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or
 // undefined) the key side's relative rows of them (CudaKernelEntry::key_rel_floats), tok (float32,
 // B H tok_seqs rows) and tok_carry (float64, B H tok_seqs 2) the token program's sequences and
-// scan sums (CudaKernelEntry::tok_seqs), and the call computes the rest up to T.
+// scan sums (CudaKernelEntry::tok_seqs), and the call computes the rest up to T. The features
+// then hold `rows` elements per slice too (CudaAttnArgs::feat_ld), the first T the call's.
 struct CacheRows {
   int64_t T = -1;  // -1: every row (no cache)
   at::Tensor km, krel, tok, tok_carry;
@@ -180,7 +181,10 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
   a.first_row = first_row, a.layer = layer, a.num_layers = num_layers;
   if (cache.T >= 0) {
-    a.T = T, a.ld = q.size(2);
+    a.T = T, a.ld = q.size(2), a.feat_ld = q.size(2);
+    for (const auto &t : features)
+      TORCH_CHECK(t.dim() == 3 && t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == q.size(2), who,
+                  "a cache's features must be (B, H, rows) like its q");
     if (cache.km.defined()) {  // written in place: no copy may stand in for it
       TORCH_CHECK(cache.km.is_contiguous() && cache.km.sizes() == q.sizes() &&
                       cache.km.scalar_type() == q.scalar_type() && cache.km.device() == q.device() &&
