@@ -36,7 +36,9 @@ constexpr StringLiteral kReserved[] = {
     "as",     "assert", "async",  "await",  "break",  "class",    "continue", "def",
     "del",    "elif",  "else",    "except", "finally", "for",     "from",   "global",
     "if",     "import", "in",     "is",     "lambda", "nonlocal", "not",    "or",
-    "pass",   "raise", "return",  "try",    "while",  "with",     "yield"};
+    "pass",   "raise", "return",  "try",    "while",  "with",     "yield",
+    // Names torch's schema parser reads as types, not identifiers.
+    "NoneType", "Ellipsis"};
 
 /// The attention operator's schema: one argument per manifest input, named after it.
 std::string attentionSchema(const KernelInputInfo &info) {

@@ -14,6 +14,9 @@ if [ ! -f "$build/build.ninja" ]; then
     -DAPE_PYTHON="$python" \
     -DCMAKE_PREFIX_PATH="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
     ${APE_CMAKE_ARGS:-}  # extra cache settings, e.g. APE_CMAKE_ARGS=-DAPE_CUDA_ALL_ENCODINGS=ON
+elif [ -n "${APE_CMAKE_ARGS:-}" ]; then
+  # An existing build takes new cache settings too (the first configure's stay unless overridden).
+  cmake -S . -B "$build" ${APE_CMAKE_ARGS}
 fi
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done

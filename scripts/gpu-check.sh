@@ -73,7 +73,7 @@
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || usage
 shift
@@ -128,6 +128,10 @@ prepare() {
   local cache=${APE_CACHE_DIR:-$root/build/cache}
   if ! ls "$cache"/tokens_test_4096_*.bin >/dev/null 2>&1; then
     echo "[gpu-check] tokenizing the corpus (one training step)" >&2
+    if [ -z "${APE_TRAIN:-}" ] && [ ! -x "$root/build/tools/ape-train" ]; then
+      echo "[gpu-check] building ape-train" >&2
+      "$root/scripts/build.sh" ape-train >&2
+    fi
     "${APE_TRAIN:-$root/build/tools/ape-train}" -e nope --steps 1 --eval-multiples 1 --eval-tokens 1 \
       --cache-dir "$cache" --out "$dir/tmp-run" >&2
     rm -rf "$dir/tmp-run"
@@ -356,6 +360,7 @@ lim() {
     *) secs=$n ;;
   esac
   [[ $secs =~ ^[0-9]+$ ]] || secs=86400  # a fraction: the deadline decides
+  [ "$secs" -gt 0 ] || secs=86400          # 0, timeout's "no limit": the deadline decides
   left=$(( deadline - $(date +%s) - 20 ))
   [ "$left" -ge 1 ] || left=1
   echo $(( secs < left ? secs : left ))
@@ -377,6 +382,14 @@ run() {
       -h|--help) usage ;;
       -*) echo "[gpu-check] unknown option $1" >&2; exit 2 ;;
       *) dir=$1; shift ;;
+    esac
+  done
+  local st
+  for st in ${stages//,/ }; do  # a misspelt stage would run nothing and pass
+    case $st in
+      build | suite | sanitizer | python | bench | train | counters | study) ;;
+      *) echo "[gpu-check] unknown stage '$st' (build, suite, sanitizer, python, bench, train, counters, study)" >&2
+         exit 2 ;;
     esac
   done
   if [ -z "$dir" ]; then  # the copy inside a prepared folder runs its folder; else build/gpu-check
@@ -801,7 +814,7 @@ run() {
   fi
 
   # -- study (only when named: --stages build,study) -----------------------------------------------
-  if [[ ",$stages," == *",study,"* ]]; then
+  if want study; then
     s=$(date +%s)
     if timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-240}")" cmake --build "$suite_build" --target ape-train ape-eval -- -j"$jobs" >"$logs/study-build.log" 2>&1; then
       # The study's folder beside the carried one (which each device call replaces): a rerun on the

@@ -15,16 +15,25 @@ echo "[ape] specs compiled: $(ls "$build"/generated/*_cpu.cpp | xargs -n1 basena
 args=("$@")
 chosen=0
 out=(--out "$build/run")
+cache=(--cache-dir "$build/cache")
+data=(--data data/pg30)
+where="$build/run/results.csv"
+prev=
 for a in "${args[@]}"; do
   case $a in
-    --resume | --resume=*) chosen=1; out=() ;;  # the checkpoint's run, in its own folder
+    --resume | --resume=*) chosen=1; out=(); where="results.csv beside the checkpoint" ;;  # its own folder
     -e | -e* | --encoding | --encoding=* | --spec | --spec=* | --list | -h | --help) chosen=1 ;;
+    # The caller's folders replace these defaults.
+    --out) out=() ;;
+    --out=*) out=(); where="${a#--out=}/results.csv" ;;
+    --cache-dir | --cache-dir=*) cache=() ;;
+    --data | --data=*) data=() ;;
   esac
+  case $prev in --out) where="$a/results.csv" ;; esac
+  prev=$a
 done
 if [ $chosen = 0 ]; then
   args=(--encoding rope --encoding cable "${args[@]}")
 fi
-"$build"/tools/ape-train "${args[@]}" "${out[@]}" --cache-dir "$build/cache" --data data/pg30
-where="$build/run/results.csv"
-[ ${#out[@]} -gt 0 ] || where="results.csv beside the checkpoint"
+"$build"/tools/ape-train "${args[@]}" "${out[@]}" "${cache[@]}" "${data[@]}"
 echo "[ape] results: $where; whole run took $(( $(date +%s) - start )) s"

@@ -335,6 +335,16 @@ def judged_lrs(cfg, table, final=None):
     return out
 
 
+def study_plan(cfg, table, final=None):
+    """The runs a study holds: the plan at the sweep's rates (chosen_lrs), and the runs at the rates
+    the report judges (judged_lrs: the preset's where the chosen rate lost over the seeds), so that
+    every run a claim reads counts for the status, is listed by --list and is retrained by
+    --retrain-missing."""
+    runs = plan(cfg, chosen_lrs(cfg, table))
+    ids = {r.id for r in runs}
+    return runs + [r for r in plan(cfg, judged_lrs(cfg, table, final)) if r.id not in ids]
+
+
 def diverged(table, run_id):
     """The run's training diverged: it is recorded (Runner.train) by one trained row without a
     multiple, so collect() gives it no cells."""
@@ -723,7 +733,7 @@ class Runner:
     def current_plan(self):
         """The plan at the learning rates chosen so far (the sweep's results decide them)."""
         table, _ = collect(read_rows(self.results))
-        return plan(self.cfg, chosen_lrs(self.cfg, table))
+        return study_plan(self.cfg, table, final_losses(read_rows(self.train_csv)))
 
     def go(self):
         runs = self.current_plan()
@@ -1216,11 +1226,13 @@ def write_report(args, cfg):
     chosen = chosen_lrs(cfg, table)
     final = final_losses(train)
     judged = judged_lrs(cfg, table, final)  # what the claims, the Seeds table and the plot use
-    runs = plan(cfg, chosen)
-    # Rows in the plan's order (runs), each run's variants after it in VARIANTS' order.
-    run_rank = {r.id: i for i, r in enumerate(runs)}
+    runs = study_plan(cfg, table, final)
+    # Rows in the order of the plan at the sweep's rates, each run's variants after it in VARIANTS'
+    # order; the runs only the judged rates add (the preset's where it won), then by name.
+    ranked = plan(cfg, chosen)
+    run_rank = {r.id: i for i, r in enumerate(ranked)}
     var_rank = {"trained": -1, **{v[0]: i for i, v in enumerate(VARIANTS)}}
-    order.sort(key=lambda k: (run_rank.get(k[0], len(runs)), k[0], var_rank.get(k[1], len(VARIANTS))))
+    order.sort(key=lambda k: (run_rank.get(k[0], len(ranked)), k[0], var_rank.get(k[1], len(VARIANTS))))
     n_done = sum(any(k == (r.id, "trained") for k in table) for r in runs)
     n_var = sum(len(variants_of(r, cfg)) for r in runs)
     n_var_done = sum((r.id, v[0]) in table for r in runs for v in variants_of(r, cfg))
@@ -1299,8 +1311,8 @@ def write_report(args, cfg):
                f"Held-out loss at 1x: {min(one_x):.3f} to {max(one_x):.3f} nats over {len(one_x)} finished runs "
                f"(median {med:.3f})."
                + (f" A unigram model (no context) scores {unigram:.3f} on the same books: the median run is "
-                  f"{unigram - med:.2f} nats below it" if unigram else "")
-               + "; the README's two-minute runs reach about 5.0 and the 150-step runs of "
+                  f"{unigram - med:.2f} nats below it; the" if unigram else " The")
+               + " README's two-minute runs reach about 5.0 and the 150-step runs of "
                  "bench/results/issue4_encodings.md about 5.7.", ""]
         behind = [(run, loss_of(table, run, "trained", 1)) for run in shaped]
         behind = [(i, x) for i, x in behind if x is not None and x > med + 0.2]
@@ -1610,7 +1622,7 @@ def main():
     if args.list:
         rows = read_rows(os.path.join(args.out, "results.csv"))
         done = {(r["run"], r["variant"]) for r in rows}
-        for r in plan(cfg, chosen_lrs(cfg, collect(rows)[0])):
+        for r in study_plan(cfg, collect(rows)[0], final_losses(read_rows(os.path.join(args.out, "train.csv")))):
             folder = os.path.join(args.out, "runs", r.id)
             started = os.path.exists(os.path.join(folder, f"{r.encoding}.ckpt"))
             state = ("started (checkpoint)" if started else "to do") if (r.id, "trained") not in done else (

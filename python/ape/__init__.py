@@ -64,7 +64,8 @@ class Attention(torch.nn.Module):
     they are inputs). The params the manifest declares are created by `materialize(heads,
     head_dim)` (called by load when heads and head_dim are given, else at the first call from q's
     shape): trainable ones are nn.Parameters in `.params`, fixed ones buffers of `.fixed`, in
-    float32 (each call casts them to q's dtype), outside any inference mode. Until then
+    float32 (each call passes them to the kernels in q's dtype, float32 ones as they are with a
+    bfloat16 or float16 q), outside any inference mode. Until then
     `.parameters()` is empty: give load heads and head_dim before making an optimizer or loading a
     state_dict. Params derived from projection weights (ExPE-style overrides) are not created: pass
     them with params={name: tensor}. The module pickles and deep-copies (the library is loaded
@@ -117,7 +118,11 @@ class Attention(torch.nn.Module):
         own = dict(self.params.items())
         own.update(self.fixed.named_buffers())
         given = dict(own, **(params or {}))
-        cast = {n: (t.to(q.dtype) if t.is_floating_point() and t.dtype != q.dtype else t) for n, t in given.items()}
+        # q's dtype, but float32 params stay float32 with a bfloat16 or float16 q (the kernels
+        # compute in float32; their gradients then come back in float32, unrounded).
+        keep32 = q.dtype in (torch.bfloat16, torch.float16)
+        cast = {n: (t.to(q.dtype) if t.is_floating_point() and t.dtype != q.dtype
+                    and not (keep32 and t.dtype == torch.float32) else t) for n, t in given.items()}
         return self.helper.attention(q, k, v, features, cast, scale=scale)
 
     def __getstate__(self):

@@ -224,6 +224,35 @@ def test_half_precision_in_float32(encoding, dtype):
         _flash_rule(names, got, torch_half, ref, eps, 4 + len(features), f"{dtype} ")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("encoding", ["cable", "alibi_learned", "t5"])
+def test_float32_features_and_params_with_a_half_q(encoding, dtype):
+    """What torch.autocast leaves: q, k, v in 16 bits, features and params float32 (an nn.Parameter
+    stays float32). Accepted, and the same computation: with side inputs that 16 bits hold exactly,
+    o and dq, dk, dv equal the all-16-bit call's bit for bit, and each side gradient comes back
+    float32, which rounded to 16 bits is the all-16-bit call's (the kernels compute in float32 and
+    round once). float64 side inputs with a 16-bit q are still refused; opcheck passes on the mix."""
+    B, H, T, D = 2, 3, 37, 16
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D, dtype)
+    side32 = lambda t: t.detach().float().requires_grad_(t.requires_grad)
+    f32, p32 = [side32(f) for f in features], {n: side32(p) for n, p in params.items()}
+    dout = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(2)).to(dtype)
+    xs16 = [q, k, v, *features, *[p for p in params.values() if p.requires_grad]]
+    xs32 = [q, k, v, *f32, *[p for p in p32.values() if p.requires_grad]]
+    half = _value_and_grads(lambda: call(encoding, q, k, v, features, params), xs16, dout)
+    mixed = _value_and_grads(lambda: call(encoding, q, k, v, f32, p32), xs32, dout)
+    for name, a, b in zip(["o", "dq", "dk", "dv"], half[:4], mixed[:4]):
+        assert b.dtype == dtype and torch.equal(a, b), name
+    assert len(half) > 4, "the encoding has a side input with a gradient"
+    for a, b in zip(half[4:], mixed[4:]):
+        assert b.dtype == torch.float32
+        assert torch.equal(b.to(dtype), a)
+    with pytest.raises(TypeError, match="must have q's dtype"):
+        call(encoding, q, k, v, [f.detach().double() for f in features],
+             {n: p.detach().double() for n, p in params.items()})
+    _check(ops(encoding).attention.default, (q, k, v, *f32, *ordered(encoding, p32)))
+
+
 def _amx_runs(encoding):
     """Whether this process's CPU kernels of `encoding` take bf16 products: the avx512 level
     runs, and the CPU has AMX-BF16 and AMX-TILE with APE_CPU_AMX not "0" (cpu/attention.h's

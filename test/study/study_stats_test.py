@@ -265,6 +265,17 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(study.Claims(cfg, table_of(more), final).tag("rope"), "rope")
         final["rope_lr0.006-s4321"] = 4.27
         self.assertEqual(study.judged_lrs(cfg, table_of(more), final), {"rope": 0.006})
+        # The study's runs hold what the report judges: where the preset's rate is judged (its seeds'
+        # mean won), its runs are in the plan beside the chosen rate's (the status counts them,
+        # --list lists them, --retrain-missing retrains them); else the chosen rate's alone.
+        final["rope_lr0.006-s4321"] = 4.49
+        ids = [r.id for r in study.study_plan(cfg, table_of(more), final)]
+        self.assertIn("rope-s2025", ids)
+        self.assertIn("rope_lr0.006-s2025", ids)
+        self.assertIn("rope_pi_ft-s1234", ids)
+        self.assertEqual(len(ids), len(set(ids)))
+        final["rope_lr0.006-s4321"] = 4.27
+        self.assertNotIn("rope-s2025", [r.id for r in study.study_plan(cfg, table_of(more), final)])
         self.assertEqual(study.final_losses([{"run": "a-s1", "final_loss": "4.5"}, {"run": "b-s1", "final_loss": ""}]),
                          {"a-s1": 4.5})
 

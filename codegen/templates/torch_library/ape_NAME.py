@@ -39,6 +39,15 @@ DERIVED = [@DERIVED@]
 _loaded = None
 
 
+def _namespace_taken():
+    """Whether torch.ops.ape_<encoding> has an operator (a library of that name is loaded)."""
+    try:
+        getattr(getattr(torch.ops, "ape_" + ENCODING), "attention")
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def load(path=None):
     """Loads the operator library (once per process) and returns torch.ops.ape_<encoding>."""
     global _loaded
@@ -55,7 +64,18 @@ def load(path=None):
                     f"cmake -S {src} -B {src}/build -DAPE_PYTHON=<this python> && "
                     f"cmake --build {src}/build")
             path = found[0]
-        torch.ops.load_library(path)
+        # PyTorch takes one library per operator namespace in a process: a second one of this name
+        # (another build of this encoding, or another spec named the same) would abort the process
+        # while it registers, so it is refused here; the same file loaded by other means is reused.
+        real = os.path.realpath(path)
+        loaded = {os.path.realpath(p) for p in getattr(torch.ops, "loaded_libraries", ())}
+        if real not in loaded and _namespace_taken():
+            raise RuntimeError(
+                f"torch.ops.ape_{ENCODING} is already loaded in this process from another library; PyTorch "
+                f"takes one library per name, so {path} cannot be loaded beside it (rename its "
+                "ape.encoding, or restart Python)")
+        if real not in loaded:
+            torch.ops.load_library(path)
         _loaded = path
     return getattr(torch.ops, "ape_" + ENCODING)
 

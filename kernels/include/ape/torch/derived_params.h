@@ -17,8 +17,11 @@ namespace ape::derived {
 //   ExPE's a = W[:, :l]·(start + θ·j)_j and b = W[:, :l]·(θ)_j (step 0, start θ).
 inline at::Tensor projection_term(const at::Tensor &W, int64_t columns, double start, double step,
                                   int64_t H, int64_t D) {
-  at::Tensor u = at::arange(columns, W.options()) * step + start;  // (columns)
-  return at::mv(W.narrow(1, 0, columns), u).view({H, D});
+  // The positions in float32 at least (a bfloat16 arange is exact only to 256 and u would be
+  // rounded to 8 bits before the product), then in W's dtype for the product.
+  const bool half = W.scalar_type() == at::kHalf || W.scalar_type() == at::kBFloat16;
+  at::Tensor u = at::arange(columns, W.options().dtype(half ? at::kFloat : W.scalar_type())) * step + start;
+  return at::mv(W.narrow(1, 0, columns), u.to(W.scalar_type())).view({H, D});
 }
 
 // init "projection_prefix": P[r] = scale·Σ_{j<=r} W[:, j] for r < columns, as [columns, H, D].

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -253,21 +254,27 @@ inline bool sync_check_requested() {
   return on;
 }
 
-// backward_status(device, clear): the record of `device` (the current CUDA device when index < 0);
-// it waits for that device's work to reach it, as any read of a device value does.
+// backward_status(device, clear): the record of `device` (the current CUDA device when index < 0)
+// once every stream of the device has finished its work so far (a backward ORs its bits on its own
+// stream, which need not be the current one): the whole device is waited for, then read and
+// cleared with nothing in flight.
 inline int64_t backward_status_cuda(int64_t index, bool clear) {
   if (!at::hasCUDA()) return 0;
   const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(
                                          index < 0 ? c10::cuda::current_device() : index));
   const c10::cuda::CUDAGuard guard(device);
   at::Tensor r = status_record(device);
+  c10::cuda::device_synchronize();
   const int64_t st = static_cast<uint32_t>(r.item<int32_t>());
-  if (clear) r.zero_();
+  if (clear) {
+    r.zero_();
+    c10::cuda::device_synchronize();  // cleared before any later backward, on whatever stream, ORs
+  }
   return st;
 }
 
-// Each gradient has its input's dtype (the operator library's inputs share q's; the runtime's
-// params stay float32 under autocast).
+// Each gradient has its input's dtype (features and params may be float32 with a 16-bit q:
+// ops_impl.h, check_like_q; the runtime's params stay float32 under autocast).
 inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVariant &var,
                                     const at::Tensor &dout, const at::Tensor &q,
                                     const at::Tensor &k, const at::Tensor &v, const at::Tensor &o,

@@ -4,7 +4,8 @@
 // encoding at compile time (the kernel's inputs come as a KernelInputs table at run time), so a
 // project building many emitted folders compiles it once.
 //
-// In the namespace ape_NAME (all pt2_compliant: opcheck-tested, torch.compile-able):
+// In the namespace ape_NAME (all but backward_status, which waits for the device, pt2_compliant:
+// opcheck-tested, torch.compile-able):
 //
 //   attention(Tensor q, Tensor k, Tensor v, <one Tensor per feature>, <one Tensor per param>,
 //             float? scale=None) -> Tensor
@@ -120,16 +121,24 @@ using SymSizes = std::vector<c10::SymInt>;
 struct NoNote {
   const char *operator()() const { return ""; }
 };
+// Features and params (side inputs) may also be float32 where q is bfloat16 or float16: what
+// torch.autocast leaves them (nn.Parameters stay float32); the kernels compute in float32 anyway,
+// and each gradient comes back in its input's dtype.
+inline bool float32_side(const at::Tensor &q, const at::Tensor &t) {
+  return t.scalar_type() == at::kFloat && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf);
+}
 template <class Note = NoNote>
 inline void check_like_q(const std::string &w, const at::Tensor &q, const at::Tensor &t,
                          const std::string &what, c10::SymIntArrayRef want,
                          const std::string &legend, Note note = {},
-                         std::optional<at::ScalarType> dtype = std::nullopt) {
+                         std::optional<at::ScalarType> dtype = std::nullopt, bool side = false) {
   TORCH_CHECK_VALUE(t.defined(), w, what, " is an undefined tensor");
   if (!dtype) {
-    TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), w, what, " has dtype ",
-                     dtype_name(t.scalar_type()), " but q has ", dtype_name(q.scalar_type()),
-                     "; all inputs must share q's dtype");
+    TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type() || (side && float32_side(q, t)), w, what,
+                     " has dtype ", dtype_name(t.scalar_type()), " but q has ", dtype_name(q.scalar_type()),
+                     side ? "; features and params must have q's dtype (or float32 with a bfloat16 or "
+                            "float16 q)"
+                          : "; all inputs must share q's dtype");
   } else {
     TORCH_CHECK_TYPE(t.scalar_type() == *dtype, w, what, " has dtype ",
                      dtype_name(t.scalar_type()), " but must be ", dtype_name(*dtype), " for q of ",
@@ -181,7 +190,7 @@ inline void check_inputs(const KernelInputs &in, const char *op, const at::Tenso
   const SymSizes fshape{q.sym_size(0), H, q.sym_size(2)};
   for (int i = 0; i < in.num_features; ++i)
     check_like_q(w, q, features[i], std::string("feature '") + in.feature_names[i] + "'", fshape,
-                 "[B, H, T]");
+                 "[B, H, T]", NoNote{}, std::nullopt, /*side=*/true);
   TORCH_CHECK_VALUE(static_cast<int64_t>(params.size()) == in.num_params, w, "expected ",
                     in.num_params, " param tensor(s) ",
                     names(in.num_params, [&](int i) { return in.params[i].name; }), ", got ",
@@ -190,7 +199,8 @@ inline void check_inputs(const KernelInputs &in, const char *op, const at::Tenso
     const ParamInput &p = in.params[i];
     check_like_q(w, q, params[i], std::string("param '") + p.name + "'",
                  sym_param_shape(p, H, D), param_shape_text(p),
-                 [&] { return c10::str(" (heads = ", H, ", head_dim = ", D, ")"); });
+                 [&] { return c10::str(" (heads = ", H, ", head_dim = ", D, ")"); }, std::nullopt,
+                 /*side=*/true);
   }
 }
 
@@ -270,8 +280,9 @@ void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, con
 using ForwardResult = std::tuple<at::Tensor, at::Tensor>;
 using BackwardResult = AttentionGrads;  // dq, dk, dv, dfeatures, dparams
 
-inline std::vector<at::Tensor> converted(std::vector<at::Tensor> ts, at::ScalarType dt) {
-  for (auto &t : ts) t = t.to(dt);
+// ts[i] in the dtype of like[i] (each gradient in its input's dtype).
+inline std::vector<at::Tensor> converted(std::vector<at::Tensor> ts, at::TensorList like) {
+  for (size_t i = 0; i < ts.size(); ++i) ts[i] = ts[i].to(like[i].scalar_type());
   return ts;
 }
 
@@ -317,7 +328,7 @@ inline BackwardResult backward_cpu(const KernelInputs &in, const at::Tensor &dou
   else
     run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, oc, lc, gc, dq, dk, dv, df, dp, bf16);
   const at::ScalarType dt = q.scalar_type();
-  return {dq.to(dt), dk.to(dt), dv.to(dt), converted(df, dt), converted(dp, dt)};
+  return {dq.to(dt), dk.to(dt), dv.to(dt), converted(df, features), converted(dp, params)};
 }
 
 }  // namespace ape::torch_ops
