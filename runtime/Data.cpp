@@ -177,14 +177,24 @@ std::string text_dir(const DataOptions &o, std::ostream &log) {
   const std::string stamp = std::to_string(bytes.size()) + ":" + std::to_string(fnv1a(bytes.data(), bytes.size()));
   const fs::path dest = fs::path(o.cache_dir) / "pg30";
   const fs::path marker = dest / ".unpacked";
-  if (fs::is_directory(dest / "clean") && fs::exists(marker)) {
+  auto unpacked = [&] {
+    if (!fs::is_directory(dest / "clean") || !fs::exists(marker)) return false;
     std::ifstream m(marker);
     std::string got;
     std::getline(m, got);
-    if (got == stamp) return (dest / "clean").string();
-  }
-  log << "[data] unpacking " << archive << " into " << dest.string() << "\n";
+    return got == stamp;
+  };
+  if (unpacked()) return (dest / "clean").string();
+  // One process at a time unpacks (as it makes the tokenizer and the token caches): two runs on a
+  // fresh cache each unpacked it, and the second's replacing the folder pulled the books from
+  // under the first. The waiter then finds it unpacked.
   fs::create_directories(o.cache_dir);
+  const FileLock lock((fs::path(o.cache_dir) / "pg30.lock").string(), /*unless_read_only=*/true);
+  if (unpacked()) return (dest / "clean").string();
+  if (!lock.held())
+    throw std::runtime_error("the cache folder " + o.cache_dir + " is read-only and holds no unpacked corpus for " +
+                             archive + ": pass a writable --cache-dir");
+  log << "[data] unpacking " << archive << " into " << dest.string() << "\n";
   remove_dead_temporaries(o.cache_dir, "pg30");
   const fs::path tmp = fs::path(o.cache_dir) / ("pg30.tmp." + std::to_string(::getpid()));
   std::error_code ec;
@@ -422,7 +432,10 @@ Corpus Corpus::open(const DataOptions &opts) {
               prefix + ".log");
     c.spm_seconds_ = seconds_since(t0);
     std::error_code ec;
-    fs::rename(tmp_prefix + ".model", c.tokenizer_path_);
+    // On disk (written, synced, renamed) before the key that vouches for it: a crash between them
+    // left a durable key naming an empty model, which every later run failed to load.
+    write_file_atomically(c.tokenizer_path_, read_file(tmp_prefix + ".model"));
+    fs::remove(tmp_prefix + ".model", ec);
     fs::remove(tmp_prefix + ".vocab", ec);
     atomic_write(key_path, [&](std::ostream &o) { o << key; });
     log << "[data] tokenizer trained in " << c.spm_seconds_ << " s -> " << c.tokenizer_path_ << "\n";

@@ -5,7 +5,10 @@
 //   each split ──encode──▶ <cache>/tokens_<split>_<V>_<H>.bin                      (once; versioned)
 //
 // <H>: 8 hex digits of the FNV-1a of the tokenizer's inputs (train books' names and sizes, V,
-// the sentence sample): corpora sharing a cache folder keep their own files.
+// the sentence sample): corpora sharing a cache folder keep their own tokenizers and token ids
+// (but not their unpacked text, one <cache>/pg30 per folder: two archives, or a book edited
+// without changing its size, need their own --cache-dir). Each step runs under a lock of its own
+// in the cache folder: one process at a time makes a file, the others wait and read it.
 //
 // SentencePiece runs in the ape-spm helper process (runtime/Tokenizer.h). Books are split into
 // paragraphs at blank lines; the lines of a paragraph are joined with spaces, encoded, and followed

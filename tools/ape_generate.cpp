@@ -104,21 +104,27 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   auto *k_opt = app.add_option("-k,--top-k", so.top_k, "Sample among the k most likely tokens (0: all), in [0, vocab]")
       ->capture_default_str();
-  // Sampling options mean nothing to --score (their values went unchecked there).
+  // Sampling options mean nothing to --score (their values went unchecked there); --seed,
+  // --stop-at-eos and --ids likewise (below).
   sf->excludes(n_opt)->excludes(t_opt)->excludes(k_opt);
   int64_t seed = static_cast<int64_t>(so.seed);  // (signed: a negative one is refused, not wrapped)
-  app.add_option("--seed", seed, "Random seed in [0, 2^63): the same seed, checkpoint and prompt give the same text")
-      ->capture_default_str();
+  auto *seed_opt = app.add_option("--seed", seed,
+                                  "Random seed in [0, 2^63): the same seed, checkpoint and prompt give the same text")
+                       ->capture_default_str();
   bool stop_paragraph = false;
-  app.add_flag("--stop-at-eos", stop_paragraph, "Stop after a paragraph break (the tokenizer's </s>)");
-  app.add_flag("--ids", show_ids, "Also print the token ids");
+  auto *eos_opt = app.add_flag("--stop-at-eos", stop_paragraph, "Stop after a paragraph break (the tokenizer's </s>)");
+  auto *ids_opt = app.add_flag("--ids", show_ids, "Also print the token ids");
+  sf->excludes(seed_opt)->excludes(eos_opt)->excludes(ids_opt);
+  // Scoring options mean nothing to sampling: they need --score.
   app.add_option("--score-tokens", score_tokens,
-                 "Score at most this many target tokens of FILE (0: all of it), in [0, 2^24]")
-      ->capture_default_str();
+                 "With --score: score at most this many target tokens of FILE (0: all of it), in [0, 2^24]")
+      ->capture_default_str()
+      ->needs(sf);
   app.add_option("--chunk", chunk,
-                 "Tokens per cached step when scoring, in [1, 2^20] (1: strictly token by token; larger\n"
+                 "With --score: tokens per cached step, in [1, 2^20] (1: strictly token by token; larger\n"
                  "is faster and, for encodings that do not read the sequence length, gives the same losses)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(sf);
   app.add_option("--tokenizer", tokenizer,
                  "SentencePiece model (default: the checkpoint's, found in --cache-dir by its FNV-1a)");
   app.add_option("--cache-dir", cache_dir, "ape-train's cache folder (for the tokenizer)")->capture_default_str();

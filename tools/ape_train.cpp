@@ -253,7 +253,8 @@ int main(int argc, char **argv) {
                "Training stops on a NaN/inf loss or gradient (on the CPU naming where it first appeared; on a\n"
                "GPU the step, found when the queued losses are read) and when the mean\n"
                "loss of the last 10 steps exceeds --divergence-factor x the first step's loss; the other\n"
-               "encodings of the run still train, and ape-train then exits with status 1.\n\n"
+               "encodings of the run still train, and ape-train then exits with status 1 (as it does when an\n"
+               "evaluation gives a non-finite loss).\n\n"
                "On a GPU (--device cuda[:N]) the model trains with the encoding's generated CUDA kernels in bf16\n"
                "autocast (--precision f16: float16 with dynamic loss scaling, a step whose gradients overflow\n"
                "is skipped; f32: float32); weights, optimizer state and gradients stay float32, and\n"
@@ -689,7 +690,7 @@ int main(int argc, char **argv) {
       budget += b;
     }
     std::vector<ape::EvalRow> all_rows;
-    std::vector<std::string> diverged;
+    std::vector<std::string> diverged, nonfinite;
     const std::string csv = (fs::path(out_dir) / "results.csv").string();
     // Each encoding's rows replace its own rows of results.csv only: a resumed encoding of a run of
     // several, or the encodings it did not reach trained after it, keep the others'.
@@ -735,6 +736,13 @@ int main(int argc, char **argv) {
           rows.push_back(r);
         }
       }
+      // A length where the trained model computes NaN or inf: a number no one can use, said in the
+      // row and by the exit status (ape-eval refuses the same).
+      for (auto &r : rows)
+        if (!r.skipped() && !std::isfinite(r.loss)) {
+          r.note = "non-finite loss: the model computes NaN or inf at this length";
+          nonfinite.push_back(name + " at " + std::to_string(r.multiple) + "x");
+        }
       all_rows.insert(all_rows.end(), rows.begin(), rows.end());
       if (root) ape::write_csv(csv, all_rows, merge_rows);  // after every encoding, so partial results survive
     }
@@ -753,6 +761,14 @@ int main(int argc, char **argv) {
       for (const auto &n : diverged) names += (names.empty() ? "" : ", ") + n;
       std::cerr << "ape-train: error: " << diverged.size() << " of " << encodings.size()
                 << " encodings stopped training (diverged): " << names << "\n";
+      return 1;
+    }
+    if (!nonfinite.empty()) {
+      if (!root) return 1;
+      std::string cells;
+      for (const auto &c : nonfinite) cells += (cells.empty() ? "" : ", ") + c;
+      std::cerr << "ape-train: error: the evaluation gave a non-finite loss (" << cells
+                << "): the trained model computes NaN or inf there\n";
       return 1;
     }
     return 0;

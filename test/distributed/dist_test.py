@@ -21,6 +21,7 @@ failure  a rank killed (SIGKILL; rank 1, then rank 0, which hosts the store) mak
 Ports: torchrun --standalone picks its own; the explicit-flag runs take a port the kernel just
 handed out (bind to port 0) and start over with a new one when rank 0 reports it taken.
 """
+import math
 import os
 import re
 import signal
@@ -72,14 +73,20 @@ def compare(a_path, b_path, label):
     la, lb = ca["state"]["losses"], cb["state"]["losses"]
     if len(la) != len(lb):
         fail(f"{label}: {len(la)} losses against {len(lb)}")
+    # NaN compares false both ways: a NaN loss or weight must fail, not pass as a difference of 0.
+    if any(math.isnan(x) for x in la + lb):
+        fail(f"{label}: a loss is NaN")
     dl = max(abs(x - y) for x, y in zip(la, lb))
     dp, where, big = 0.0, "", 0.0
-    for name in ta:
-        if name.startswith("train/"):
-            continue
-        if name not in tb or ta[name][1] != tb[name][1]:
-            fail(f"{label}: tensor {name} missing or of another shape")
+    model = lambda t: {n for n in t if not n.startswith("train/")}
+    if model(ta) != model(tb):
+        fail(f"{label}: tensors in one checkpoint only: {sorted(model(ta) ^ model(tb))}")
+    for name in sorted(model(ta)):
+        if ta[name][1] != tb[name][1]:
+            fail(f"{label}: tensor {name} of another shape")
         for x, y in zip(floats(ta[name]), floats(tb[name])):
+            if math.isnan(x) or math.isnan(y):
+                fail(f"{label}: tensor {name} holds NaN")
             big = max(big, abs(x))
             if abs(x - y) > dp:
                 dp, where = abs(x - y), name

@@ -59,6 +59,10 @@ expect_error "byte 7 (0xff) starts no UTF-8 character" -c "$ckpt" --cache-dir "$
 expect_error "is not UTF-8 text" -c "$ckpt" --cache-dir "$cache" --score "$work/latin.txt"
 # Sampling options are refused with --score (their values went unchecked there).
 expect_error "excludes" -c "$ckpt" --cache-dir "$cache" --score "$work/book.txt" -t -1
+expect_error "excludes" -c "$ckpt" --cache-dir "$cache" --score "$work/book.txt" --seed 3
+expect_error "excludes" -c "$ckpt" --cache-dir "$cache" --score "$work/book.txt" --ids
+# ... and scoring options without --score.
+expect_error "requires" -c "$ckpt" --cache-dir "$cache" --prompt hi --chunk 4
 APE_CPU_LEVEL=bogus expect_error "APE_CPU_LEVEL" -c "$ckpt" --cache-dir "$cache" --prompt hi
 grep -q "\[cpu\] kernels" "$work/err.txt" && { cat "$work/err.txt"; fail "a half-printed [cpu] line before the error"; }
 

@@ -30,6 +30,11 @@ inline const std::vector<DecodeSchedule> kDecodeSchedules = {
     {130, {1, 5, 70, 1}},
 };
 
+inline bool has_reference(const std::string &enc) {
+  const auto &all = ape_test::reference_encodings();
+  return std::find(all.begin(), all.end(), enc) != all.end();
+}
+
 // `level`: the decode steps and forwards of that level's entry (default: the chosen level's).
 template <class Real>
 void check_decode(const std::string &enc, const DecodeSchedule &sched,
@@ -85,6 +90,16 @@ void check_decode(const std::string &enc, const DecodeSchedule &sched,
     if (!kReadsLength.count(enc))
       expect_close("decode/" + prec + "/" + enc + "/o_full", where + ": o vs the forward over all " +
                    std::to_string(N) + " tokens", o, full.o.narrow(2, L0, n).to(torch::kFloat64), tol);
+    // The first and the last step in fp64 also against the materialised reference over the L
+    // tokens (kernel_reference.h: independent of the kernels), as the forward's grid is.
+    const bool edge = L0 == 0 || L == N;
+    if (std::is_same_v<Real, double> && edge && has_reference(enc)) {
+      const RefOutputs r = ape_test::reference_attention(enc, ref_inputs(prefix(p, L)), Tensor());
+      expect_close("decode/ref/" + enc + "/o", where + ": o vs the materialised reference", o,
+                   r.o.narrow(2, L0, n), fp64_tol(enc, L));
+      expect_close("decode/ref/" + enc + "/lse", where + ": lse vs the materialised reference", lse,
+                   r.lse.narrow(2, L0, n), fp64_tol(enc, L));
+    }
     L0 = L;
   }
 }
