@@ -2,7 +2,9 @@
 //
 // For train length L and multiples m (default 1, 2, 4, 8): tokens / (L·max(m)) segments of
 // L·max(m) + 1 tokens are placed through the test books; each is cut into windows of L·m tokens
-// (+1 target), so every length is scored on the same target tokens. Each cell is the mean next-token loss over all
+// (+1 target), so every length is scored on the same target tokens where m divides max(m) (the
+// default and the study's multiples; with 1,3,4, the 3x cells score 3L of each 4L segment: their
+// `tokens` column says how many). Each cell is the mean next-token loss over all
 // positions of all windows, and ppl = exp(loss). A length the model cannot take (longer than a
 // learned absolute table) is skipped: its row has no loss and a note saying why.
 #pragma once
