@@ -23,7 +23,7 @@
 #   sanitizer  compute-sanitizer memcheck, racecheck, synccheck, initcheck on a
 #              representative set (in parallel with `python`)                         200
 #   python     test/python/test_cuda.py and the cuda cases of the framework tests,
-#              then test_cuda.py's encodings with params (alibi, alibi_learned)   150 + 90
+#              then test_cuda.py's encodings with params (alibi, alibi_learned, shaw) 150 + 90
 #   bench      bench/gpu_bench.py: APE against cuDNN, FlashAttention-2 (SDPA) and
 #              FlexAttention, one configuration (1x16x4096x128) unless --full-bench or
 #              --bench-configs; --bench-encodings picks encodings; with APE's
@@ -444,10 +444,11 @@ run() {
   local build_root=${APE_GPU_CHECK_BUILD:-$dir-build}
   mkdir -p "$build_root"
   local suite_build=$build_root/suite fw_build=$build_root/python bench_libs=$build_root/bench-libs
-  # The framework tests' libraries with CUDA kernels: test/python's rope and cable, and an
-  # encoding with a fixed param and one with a trainable param (test_cuda.py), where prepared.
+  # The framework tests' libraries with CUDA kernels: test/python's rope and cable, an encoding
+  # with a fixed param and one with a trainable param, and one of the general path (relative
+  # rows and value rows: test_cuda.py checks it against the C++ reference), where prepared.
   local fw_cuda_encodings="" e
-  for e in rope cable alibi alibi_learned; do
+  for e in rope cable alibi alibi_learned shaw; do
     [ -d "$dir/emitted/${e}_torch_library" ] && fw_cuda_encodings+="${fw_cuda_encodings:+;}$e"
   done
   local status note s
@@ -617,16 +618,16 @@ run() {
         [ -n "$only" ] && export APE_TEST_ENCODINGS=$only
         export TORCHINDUCTOR_CACHE_DIR=$dir/inductor-cache
         cd "$src/test/python" &&
-        # The cases of the encodings with params (alibi, alibi_learned, rope_alibi) in a pytest of
+        # The cases of the encodings with params (alibi, alibi_learned, rope_alibi, shaw) in a pytest of
         # their own, after the rest: a crash there (the operator library's params on CUDA once ended the benchmark
         # with a host SIGSEGV) costs only their cases, and -v names the case it ended in.
         timeout "$(lim 150)" "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
-          test_c_abi.py test_pytorch2.py test_examples.py -k "(cuda or CUDA) and not alibi"
+          test_c_abi.py test_pytorch2.py test_examples.py -k "(cuda or CUDA) and not (alibi or shaw)"
         rc1=$?
         timeout "$(lim 90)" "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
-          test_pytorch2.py -k "(cuda or CUDA) and alibi"
+          test_pytorch2.py -k "(cuda or CUDA) and (alibi or shaw)"
         rc2=$?
-        [ $rc2 = 5 ] && rc2=0  # no such cases: a folder prepared without alibi's libraries
+        [ $rc2 = 5 ] && rc2=0  # no such cases: a folder prepared without alibi's or shaw's libraries
         [ $rc1 = 124 ] || [ $rc2 = 124 ] && exit 124
         [ $rc1 = 0 ] && [ $rc2 = 0 ]
       ) >"$logs/python.log" 2>&1

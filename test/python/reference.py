@@ -21,9 +21,10 @@ import math
 import torch
 
 # The encodings attention() knows: deliberately a subset, one of each kind (none, a rotation, a
-# bias with fixed or trainable slopes, a token feature, an override), written from the spec; every
-# encoding is checked against the independent C++ reference in ape_kernels_test, and here the
-# others get opcheck, torch.compile, gradcheck and their own fp64 (support.REFERENCE_ENCODINGS).
+# bias with fixed or trainable slopes, a token feature, an override), written from the spec, for
+# the checks that need the reference in the input's own dtype or on its device. Every encoding's
+# library is checked against the independent C++ reference of ape_kernels_test as well
+# (support.kernel_reference, test_torch_ops.py).
 ENCODINGS = ["nope", "rope", "alibi", "alibi_learned", "rope_alibi", "cable", "expe"]
 
 

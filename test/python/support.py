@@ -20,8 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # ape.attention_transition: no backward, so apec emits no operator library for them).
 ENCODINGS = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ROOT, "examples", "encodings", "*.mlir"))
                    if "ape.attention_transition" not in open(p).read())
-# Those with a materialised reference (reference.ENCODINGS: the rest get opcheck, compile,
-# gradcheck and their own fp64).
+# Those reference.py writes out in PyTorch (reference.ENCODINGS). Every encoding's library is
+# also checked against the C++ reference of ape_kernels_test (kernel_reference below), so the
+# float64 library that the half-precision tests compare with is anchored for all of them.
 REFERENCE_ENCODINGS = reference.ENCODINGS
 # A GPU check prepared for some encodings only (scripts/gpu-check.sh, APE_GPU_CHECK_ENCODINGS) built
 # only their libraries and names them in APE_TEST_ENCODINGS: the others' cases are skipped, saying
@@ -121,6 +122,31 @@ def make_inputs(encoding, B, H, T, D, dtype=torch.float64, device="cpu", seed=0)
             t = rand(*shape, std=0.3)
         params[name] = cast(t).requires_grad_(bool(p["trainable"]))
     return q, k, v, features, params
+
+
+_kernel_reference_loaded = False
+
+
+def kernel_reference(encoding, q, k, v, features, params, dout, scale=None, rounding=None):
+    """The independent fp64 reference of test/unit/kernel_reference.cpp (every example encoding,
+    written from the spec's math; torch.ops.ape_test_reference, test/python/reference_op.cpp):
+    [o, dq, dk, dv, dfeature..., dparam...] as fp64 CPU tensors, the params' gradients for those
+    that require grad, in the dict's order (the order of test_torch_ops.leaves). scale None: the
+    operator's default for q's head dim. rounding (torch.bfloat16 / torch.float16): rounded where
+    a flash kernel rounds, the same-precision baseline of FlashAttention's error rule."""
+    global _kernel_reference_loaded
+    if not _kernel_reference_loaded:
+        torch.ops.load_library(artifact("libape_test_reference.so"))
+        _kernel_reference_loaded = True
+    if scale is None:
+        scale = helper(encoding).default_scale(q.shape[-1])
+    names = list(params)
+    trainable = [n for n, p in params.items() if p.requires_grad]
+    d = lambda t: t.detach()
+    out = torch.ops.ape_test_reference.attention(
+        encoding, d(q), d(k), d(v), [d(f) for f in features], names, [d(params[n]) for n in names],
+        trainable, float(scale), d(dout), rounding)
+    return [out[0], *out[2:]]
 
 
 def ordered(encoding, params):

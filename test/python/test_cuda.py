@@ -6,23 +6,22 @@ name.
 
 For the libraries built with CUDA kernels (test/python/CMakeLists.txt: APE_CUDA_ENCODINGS, rope
 and cable by default; scripts/gpu-check.sh adds alibi and alibi_learned, params fixed and
-trainable; variants bf16 and f32 at head dim 64, run.sh): forward and gradients against the
-float64 reference, under
+trainable, and shaw, the general path's relative rows; variants bf16 and f32 at head dim 64,
+run.sh): forward and gradients against the float64 reference (reference.py where it has the
+encoding, else the C++ reference of ape_kernels_test, support.kernel_reference), under
 torch.cuda.set_sync_debug_mode("error") so that a host copy (the fallback for inputs without a
 kernel) would fail the test; f32 within 1e-4 of the magnitude, bf16 by FlashAttention's rule
-(at most twice the error of PyTorch's own bf16 materialised attention, plus 1e-3 of the
-magnitude, as docs/cuda.md); the same results on a side stream; torch.compile on CUDA tensors; a CUDA graph of the forward and
+(at most twice the error of PyTorch's own bf16 materialised attention, or of the C++
+reference rounded where a flash kernel rounds, plus 1e-3 of the magnitude, as docs/cuda.md); the same results on a side stream; torch.compile on CUDA tensors; a CUDA graph of the forward and
 backward replayed on new inputs."""
 import pytest
 import torch
 
 import reference
-from support import CUDA_ENCODINGS, close, helper, make_inputs, ops, ordered, pair_sum_bound
+from support import CUDA_ENCODINGS, close, helper, kernel_reference, make_inputs, ops, ordered, pair_sum_bound
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
-# Those with a materialised reference (every one of the build's so far).
-REFERENCE_CUDA_ENCODINGS = [e for e in CUDA_ENCODINGS if e in reference.ENCODINGS]
 SHAPES = [(1, 1, 1, 64), (2, 3, 77, 64), (1, 2, 130, 64)]
 
 
@@ -40,7 +39,7 @@ def _run(encoding, q, k, v, features, params, dout):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}T{}D{}".format(*s))
-@pytest.mark.parametrize("encoding", REFERENCE_CUDA_ENCODINGS)
+@pytest.mark.parametrize("encoding", CUDA_ENCODINGS)
 def test_cuda_kernels_match_reference(encoding, shape, dtype):
     variant = ("f32" if dtype == torch.float32 else "bf16") + "/hd64"
     assert variant in ops(encoding).cuda_kernels()
@@ -57,12 +56,16 @@ def test_cuda_kernels_match_reference(encoding, shape, dtype):
     for a, b in zip(got, again):
         close(b, a, "side stream", atol=0)  # the kernels are deterministic (docs/cuda.md)
 
-    up = lambda t: t.detach().double().cpu().requires_grad_(t.requires_grad)
-    q64, k64, v64 = up(q), up(k), up(v)
-    f64, p64 = [up(f) for f in features], {n: up(p) for n, p in params.items()}
-    xs64 = [q64, k64, v64, *f64, *[p for p in p64.values() if p.requires_grad]]
-    o64 = reference.attention(encoding, q64, k64, v64, f64, p64)
-    exact = [o64, *torch.autograd.grad(o64, xs64, dout.double().cpu())]
+    in_python = encoding in reference.ENCODINGS  # else the C++ reference
+    if in_python:
+        up = lambda t: t.detach().double().cpu().requires_grad_(t.requires_grad)
+        q64, k64, v64 = up(q), up(k), up(v)
+        f64, p64 = [up(f) for f in features], {n: up(p) for n, p in params.items()}
+        xs64 = [q64, k64, v64, *f64, *[p for p in p64.values() if p.requires_grad]]
+        o64 = reference.attention(encoding, q64, k64, v64, f64, p64)
+        exact = [o64, *torch.autograd.grad(o64, xs64, dout.double().cpu())]
+    else:
+        exact = kernel_reference(encoding, q, k, v, features, params, dout)
     # A param gradient (ALiBi's learned slopes) sums up to B T^2 / 2 terms that cancel, in the
     # kernel's order: support.pair_sum_bound.
     n_pre = 4 + len(features)
@@ -71,9 +74,14 @@ def test_cuda_kernels_match_reference(encoding, shape, dtype):
             atol = 1e-4 * max(1.0, e.abs().max().item())
             close(g, e, f"output {i}", atol=max(atol, pair_sum_bound(e)) if i >= n_pre else atol)
         return
-    xs = [q, k, v, *features, *[p for p in params.values() if p.requires_grad]]
-    o_torch = reference.attention(encoding, q, k, v, features, params)
-    torch_bf16 = [o_torch, *torch.autograd.grad(o_torch, xs, dout)]
+    if in_python:
+        xs = [q, k, v, *features, *[p for p in params.values() if p.requires_grad]]
+        o_torch = reference.attention(encoding, q, k, v, features, params)
+        torch_bf16 = [o_torch, *torch.autograd.grad(o_torch, xs, dout)]
+    else:
+        # Rounded where a flash kernel rounds, and its results to bf16 as the operator returns them.
+        torch_bf16 = [t.to(dtype) for t in kernel_reference(encoding, q, k, v, features, params, dout,
+                                                            rounding=dtype)]
     for i, (g, t, e) in enumerate(zip(got, torch_bf16, exact)):
         err = (g.double().cpu() - e).abs().max().item()
         err_torch = (t.double().cpu() - e).abs().max().item()

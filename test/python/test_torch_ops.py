@@ -1,5 +1,6 @@
-"""torch.ops.ape_<enc> (apec --emit=torch-library) against materialised PyTorch references:
-forward and gradients at odd sizes for the encodings reference.py knows, ExPE, ExPE-qkv and
+"""torch.ops.ape_<enc> (apec --emit=torch-library) against materialised references: forward and
+gradients at odd sizes for every example encoding against the C++ reference of ape_kernels_test
+and for the encodings reference.py knows against it as well, ExPE, ExPE-qkv and
 ExQPE through the projection (derived params from the library), strided inputs and the raw
 operators, no_grad / inference_mode / meta, and clear Python exceptions for wrong dtypes, devices
 and shapes for every example encoding. test_pytorch2.py has opcheck, torch.compile, gradcheck and
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 import reference
-from support import (DEVICES, ENCODINGS, REFERENCE_ENCODINGS, close, helper, make_inputs, ops, ordered,
-                     pair_sum_bound)
+from support import (DEVICES, ENCODINGS, REFERENCE_ENCODINGS, close, helper, kernel_reference, make_inputs,
+                     ops, ordered, pair_sum_bound)
 
 # (B, H, T, D): one token; odd T and H; T past two 64-key tiles and not a multiple of 64.
 SHAPES = [(1, 1, 1, 8), (2, 3, 7, 16), (1, 2, 129, 8)]
@@ -54,6 +55,29 @@ def test_float64_matches_reference(encoding, shape, device):
     for name, g, g_ref in zip(names, grads, grads_ref):
         assert g.device.type == device, name
         close(g, g_ref, name, atol=1e-9, rtol=1e-8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape, scale", [((2, 3, 7, 16), None), ((1, 2, 129, 8), 0.37)],
+                         ids=["B2H3T7D16", "B1H2T129D8-scale0.37"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_every_library_matches_the_kernel_reference(encoding, shape, scale, device):
+    """Every example encoding's operator library, forward and gradients in float64, against the
+    independent C++ reference (test/unit/kernel_reference.cpp, support.kernel_reference): the
+    library's inputs in its manifest's order, its params by name, fixed params without
+    gradients and the scale reach the kernels as the spec means them. (reference.py, above,
+    writes out again the few that need no C++.)"""
+    q, k, v, features, params = make_inputs(encoding, *shape, torch.float64, device)
+    dout = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
+    got = value_and_grads(lambda: call(encoding, q, k, v, features, params, scale=scale),
+                          leaves(q, k, v, features, params), dout)
+    want = kernel_reference(encoding, q, k, v, features, params, dout, scale=scale)
+    names = ["o", "dq", "dk", "dv"] + [f"d{n}" for n in helper(encoding).FEATURES] + \
+        [f"d{n}" for n, p in params.items() if p.requires_grad]
+    assert len(want) == len(names) == 1 + len(got[1])
+    for name, g, w in zip(names, [got[0], *got[1]], want):
+        assert g.device.type == device, name
+        close(g, w, name, atol=1e-9 * max(1.0, w.abs().max().item()), rtol=1e-8)
 
 
 @pytest.mark.parametrize("device", DEVICES)
