@@ -4,6 +4,11 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <utility>
+
 using namespace mlir;
 using namespace mlir::ape;
 
@@ -45,9 +50,60 @@ Value RegionBuilder::load(Value src, ValueRange indices) {
 Value RegionBuilder::dim(StringRef which) {
   return b.create<DimOp>(loc, b.getIndexType(), b.getStringAttr(which));
 }
+std::optional<std::pair<int64_t, int64_t>> mlir::ape::exactHalfRatio(double fraction) {
+  // floor(fraction·D/2) as ape_abi::rotated_dims computes it (in double, before its clamp).
+  auto want = [fraction](int64_t D) {
+    return static_cast<int64_t>(fraction * static_cast<double>(D) / 2);
+  };
+  // A head dim where fraction·D/2 in double falls within rounding below a whole number that
+  // the fraction means (0.7·180/2 is 62.99999999999999): no rotation runs there (fraction·D is
+  // not an even whole number: ape_rules::checkRotation refuses it), and no ratio follows the
+  // double's rounding there and everywhere else.
+  auto ambiguous = [fraction](int64_t D) {
+    const double y = fraction * static_cast<double>(D) / 2, n = std::nearbyint(y);
+    const double r = fraction * static_cast<double>(D);
+    const bool even_whole = r == std::floor(r) && static_cast<int64_t>(r) % 2 == 0;
+    return !even_whole && n != y && std::abs(y - n) <= 1e-9 * std::max(1.0, y);
+  };
+  auto matches = [&](int64_t p, int64_t q) {
+    for (int64_t D = 1; D <= kMaxExactHeadDim; ++D)
+      if (D * p / q != want(D) && !ambiguous(D)) return false;
+    return true;
+  };
+  if (!(fraction > 0.0 && fraction <= 1.0)) return std::nullopt;  // (the verifiers refuse it)
+  // The convergents h/k of the continued fraction of fraction/2, smallest denominators first.
+  const double x = fraction / 2.0;
+  int64_t h1 = 1, h2 = 0, k1 = 0, k2 = 1;
+  double y = x;
+  for (int step = 0; step < 64; ++step) {
+    const double a = std::floor(y);
+    constexpr int64_t kMaxDen = int64_t(1) << 31;
+    if (k1 > 0 ? a > static_cast<double>(kMaxDen - k2) / static_cast<double>(k1) : a > 1.0)
+      break;  // the next denominator would pass 2^31 (h <= k: fraction/2 <= 1/2)
+    const int64_t ai = static_cast<int64_t>(a);
+    const int64_t h = ai * h1 + h2, k = ai * k1 + k2;
+    if (k > 0 && matches(h, k)) return std::make_pair(h, k);
+    h2 = h1, h1 = h, k2 = k1, k1 = k;
+    const double rest = y - a;
+    if (rest <= 0.0) break;
+    y = 1.0 / rest;
+  }
+  return std::nullopt;
+}
+
 Value RegionBuilder::rotatedHalf(double fraction) {
-  Value dh = toF32(dim("head_dim"));  // before the constant: the ops in reading order
-  Value halfF = b.create<math::FloorOp>(loc, mul(dh, f32(fraction / 2.0)));
+  // In integers: (d_h·p) / q. In the kernel's precision, floor(d_h·fraction/2) is not the count
+  // the partners follow: 240·0.2625f is 62.999996 in float, which paired coordinates 63 apart
+  // while the frequencies' index ran modulo 62.
+  Value dh = dim("head_dim");
+  if (auto ratio = exactHalfRatio(fraction)) {
+    auto [p, q] = *ratio;
+    Value scaled = p == 1 ? dh : imul(dh, idx(p));
+    return q == 1 ? scaled : idiv(scaled, idx(q));
+  }
+  // No ratio of the fraction's (the verifiers keep fractions in (0, 1]; every one tried has one):
+  // the float form, exact in fp64 kernels.
+  Value halfF = b.create<math::FloorOp>(loc, mul(toF32(dh), f32(fraction / 2.0)));
   return b.create<arith::IndexCastOp>(loc, b.getIndexType(),
                                       b.create<arith::FPToSIOp>(loc, b.getI64Type(), halfF));
 }

@@ -20,8 +20,15 @@ void addFastMathFlags(Operation *op, arith::FastMathFlags flags);
 /// The fast-math flags of `op` (none when it has no such interface).
 arith::FastMathFlags fastMathFlags(Operation *op);
 
+/// Folds, in double, every f32 arith/math op under `root` whose operands are all constants
+/// (-ape-exact-fold): the result an arith.constant where f32 holds it exactly, else an
+/// ape.constant. Returns the number of ops folded.
+int foldConstantsExactly(Operation *root);
+int foldConstantsExactly(Region &region);
+
 /// Adds the whole lowering, spec to scheduled kernel, to `pm`:
-/// expand, push-override, fast-math, fuse, canonicalize and CSE, differentiate, schedule, classify.
+/// expand, push-override, fast-math, fuse, exact-fold, canonicalize and CSE, differentiate,
+/// schedule, classify.
 void buildApeLoweringPipeline(OpPassManager &pm);
 
 } // namespace mlir::ape

@@ -84,6 +84,30 @@ def ApeFastMath : Pass<"ape-fast-math", "mlir::ModuleOp"> {
   let dependentDialects = ["mlir::arith::ArithDialect"];
 }
 
+def ApeExactFold : Pass<"ape-exact-fold", "mlir::ModuleOp"> {
+  let summary = "Fold the regions' constant float arithmetic in double";
+  let description = [{
+    Replaces every f32 arith/math op whose operands are all constants
+    (`arith.constant`, `ape.constant`) by its value computed in double: an
+    `arith.constant` where f32 holds it exactly, an `ape.constant` otherwise,
+    so that an fp64 kernel computes what the spec says. The canonicalizer
+    would fold them in the ops' f32 type: `math.log 4.0` became 1.38629436f,
+    and an fp64 kernel's `floor(2 ln(2) / ln(4))` gave 0 where the spec (and
+    the fp64 reference) give 1; the derivative of `s / 3.0` became the float
+    0.333333343. Runs before the canonicalizer in the lowering and on each
+    gradient region in `-ape-differentiate`.
+
+    ```mlir
+    // before
+    %c = arith.constant 4.0 : f32
+    %l = math.log %c : f32
+    // after
+    %l = ape.constant 1.3862943611198906
+    ```
+  }];
+  let dependentDialects = ["mlir::arith::ArithDialect"];
+}
+
 def ApeFuse : Pass<"ape-fuse", "mlir::ModuleOp"> {
   let summary = "Fuse all components of each encoding into one ape.kernel";
   let description = [{

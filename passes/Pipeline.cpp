@@ -9,6 +9,7 @@ void mlir::ape::buildApeLoweringPipeline(OpPassManager &pm) {
   pm.addPass(createApePushOverride());
   pm.addPass(createApeFastMath());
   pm.addPass(createApeFuse());
+  pm.addPass(createApeExactFold());  // before the canonicalizer folds them in f32
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
   pm.addPass(createApeDifferentiate());

@@ -304,6 +304,24 @@ struct Table {
   }
 };
 
+// An fp32 row: tolerance max(factor x yardstick, floor), the yardstick (the fp32 reference's own
+// error y) taken up to fp32_yardstick_max: a reference that single precision has lost shares the
+// kernel's fp32 mistakes (a count of coordinates computed in floats once passed at 15% error).
+CheckRow fp32_row(const std::string &q, const std::string &prec, const std::string &cell,
+                  const Error &e, const Error &y, double floor, const CheckOptions &opt) {
+  const double yard = std::min(y.rel, opt.fp32_yardstick_max);
+  CheckRow row{q, prec, cell, e.max_abs, e.rel, y.rel, std::max(opt.fp32_factor * yard, floor)};
+  if (!(y.rel <= opt.fp32_yardstick_max)) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "the fp32 reference itself is off by %.2e: single precision loses this quantity, "
+                  "so its tolerance stops at %g x %.0e (--fp32-yardstick-max)",
+                  y.rel, opt.fp32_factor, opt.fp32_yardstick_max);
+    row.note = buf;
+  }
+  return row;
+}
+
 // fp64 central differences of sum(o . dO) through the kernel's forward against its backward.
 void finite_differences(const KernelEntry &e, const Manifest &man, const Cell &c, int entries,
                         Table &table) {
@@ -437,9 +455,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
         const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * std::sqrt(pairs)
                                                         : opt.fp32_floor;
-        CheckRow row32{q, "fp32", c.label(), e32.max_abs, e32.rel, y.rel,
-                       std::max(opt.fp32_factor * y.rel, floor)};
-        table.add(row32);
+        table.add(fp32_row(q, "fp32", c.label(), e32, y, floor, opt));
       }
     }
   }
@@ -497,7 +513,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         const Error y = compare(r32.at(q), r64.at(q));
         const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * std::sqrt(pairs)
                                                         : opt.fp32_floor;
-        table.add({q, prec, c.label(), e.max_abs, e.rel, y.rel, std::max(opt.fp32_factor * y.rel, floor)});
+        table.add(fp32_row(q, prec, c.label(), e, y, floor, opt));
       }
     }
   }

@@ -127,7 +127,8 @@ int main(int argc, char **argv) {
       "several tiles) the kernel's fp64 and fp32 results are compared with the fp64 reference:\n"
       "o, lse, dq, dk, dv, the gradient of every feature and param, and the fixed position table.\n"
       "fp64 must agree within --fp64-tol (normalised error max|err| / max(1, max|ref|)); fp32 within\n"
-      "max(--fp32-factor x the fp32 reference's own error, --fp32-floor); a param gradient, a sum\n"
+      "max(--fp32-factor x the fp32 reference's own error (at most --fp32-yardstick-max),\n"
+      "--fp32-floor); a param gradient, a sum\n"
       "over the N = B H T (T+1)/2 query-key pairs, at least --fp32-param-floor x sqrt(N). fp64\n"
       "central differences of the kernel's forward (at the first partial-tile shape) at\n"
       "--fd-entries entries of q, k, v, every feature and every trainable param check its\n"
@@ -168,6 +169,10 @@ int main(int argc, char **argv) {
                  "pairs it sums, in (0, 1]")
       ->capture_default_str();
   app.add_option("--fp32-floor", opt.fp32_floor, "The least fp32 tolerance, in (0, 1]")->capture_default_str();
+  app.add_option("--fp32-yardstick-max", opt.fp32_yardstick_max,
+                 "The largest fp32 reference error taken as the yardstick (beyond it single precision has\n"
+                 "lost the quantity, and the row says so), in (0, 1]")
+      ->capture_default_str();
   app.add_option("--apec", apec, "The compiler (default: the apec next to ape-check, or $APE_APEC)")
       ->capture_default_str();
   app.add_option("--layers", opt.num_layers,
@@ -199,6 +204,7 @@ int main(int argc, char **argv) {
     ape::require_in("--fp32-factor", opt.fp32_factor, 1.0, 1e6);
     ape::require_in("--fp32-param-floor", opt.fp32_param_floor, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--fp32-floor", opt.fp32_floor, 0.0, 1.0, /*open_low=*/true);
+    ape::require_in("--fp32-yardstick-max", opt.fp32_yardstick_max, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-tol", opt.bf16_tol, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-param-floor", opt.bf16_param_floor, 0.0, 1.0, /*open_low=*/true);
     opt.seed = static_cast<uint64_t>(seed);

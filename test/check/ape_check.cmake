@@ -68,6 +68,14 @@ add_test(NAME ape_check.spec_i1_and_indices
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/i1_and_indices.mlir)
 set_tests_properties(ape_check.spec_i1_and_indices PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# Constants exact at every precision: a rotated count that float rounding put one pair short, and
+# constant arithmetic (ln 4, 1/3) that the canonicalizer folded in f32 for the fp64 kernel.
+add_test(NAME ape_check.spec_exact_constants
+  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^o +fp32 .* pass$" "^dq +fp64 .* pass$"
+          "^dparam:tab +fp64 .* pass$" "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/exact_constants.mlir --shapes 1x2x37x240,2x1x20x240)
+set_tests_properties(ape_check.spec_exact_constants PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Integer division and remainder by i - j, 0 on the diagonal: total in the kernel and the reference
 # (contract/int_math.h: x / 0 = 0, x % 0 = x), where C++ traps.
 add_test(NAME ape_check.spec_int_division

@@ -167,3 +167,22 @@ ape.kernel @no_rule {
     ape.yield %r : f32
   }
 }
+
+// -----
+
+// The derivative of s / 3 is the double 1/3 (an ape.constant), not the float 0.333333343 that
+// folding in the ops' f32 type gave: an fp64 kernel's backward agrees with its forward.
+// CHECK-LABEL: ape.kernel @third
+// CHECK: } grad {
+// CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[G:.*]]: f32):
+// CHECK: %[[T:.*]] = ape.constant 0.33333333333333331
+// CHECK: arith.mulf %[[G]], %[[T]] : f32
+// CHECK-NOT: 0.333333343
+ape.kernel @third {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %c3 = arith.constant 3.0 : f32
+    %r = arith.divf %s, %c3 : f32
+    ape.yield %r : f32
+  }
+}

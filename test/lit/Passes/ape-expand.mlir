@@ -5,10 +5,12 @@
 // CHECK-NOT: ape.rotary
 // CHECK: ape.q_mod attributes {pairing = "half"} {
 // CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[Y:.*]]: f32, %[[C:.*]]: index, %[[T:.*]]: index, %[[H:.*]]: index):
-// CHECK: ape.dim "head_dim"
-// r = 2·floor(fraction·d_h/2) unclamped (r = 0 leaves every coordinate alone); only the
-// divisor r/2 of the frequency index is kept >= 1.
-// CHECK: %[[HALF:.*]] = arith.index_cast %{{.*}} : i64 to index
+// r = 2·floor(fraction·d_h/2) unclamped (r = 0 leaves every coordinate alone), in integers
+// (d_h·1)/2 for fraction 1: no float rounding; only the divisor r/2 of the frequency index is
+// kept >= 1.
+// CHECK: %[[DH:.*]] = ape.dim "head_dim"
+// CHECK-NEXT: %[[TWO:.*]] = arith.constant 2 : index
+// CHECK-NEXT: %[[HALF:.*]] = arith.divui %[[DH]], %[[TWO]] : index
 // CHECK: %[[R:.*]] = arith.muli %[[HALF]], %{{.*}} : index
 // CHECK: %[[DIV:.*]] = arith.maxui %[[HALF]], %{{.*}} : index
 // CHECK-NEXT: %[[INROT:.*]] = arith.cmpi ult, %[[C]], %[[R]] : index
@@ -34,6 +36,24 @@ ape.encoding @rope {
 // CHECK: arith.divui %{{.*}}, %{{.*}} : index
 ape.encoding @rope_interleaved {
   ape.rotary {pairing = "interleaved", fraction = 0.5 : f64}
+}
+
+// -----
+
+// A fraction that no binary float holds: r/2 = (d_h·21)/80 for 0.525 (0.2625 = 21/80), exact at
+// every precision. (As floor(d_h·0.2625f) in float, d_h = 240 gave 62 where the partners are 63
+// apart: pairs mixed with the wrong frequencies in every fp32 and 16-bit kernel.)
+// CHECK-LABEL: ape.encoding @rope_525
+// CHECK: ape.q_mod attributes {fraction = 5.250000e-01 : f64, pairing = "half"}
+// CHECK: %[[DH:.*]] = ape.dim "head_dim"
+// CHECK-NEXT: %[[P:.*]] = arith.constant 21 : index
+// CHECK-NEXT: %[[DP:.*]] = arith.muli %[[DH]], %[[P]] : index
+// CHECK-NEXT: %[[Q:.*]] = arith.constant 80 : index
+// CHECK-NEXT: %[[HALF:.*]] = arith.divui %[[DP]], %[[Q]] : index
+// CHECK-NOT: math.floor
+// CHECK: ape.k_mod
+ape.encoding @rope_525 attributes {head_dim = 240} {
+  ape.rotary {fraction = 0.525 : f64}
 }
 
 // -----
