@@ -57,8 +57,10 @@ def main():
                 cls = "param gradients" if q.startswith("dparam:") else "o, lse, dq, dk, dv, features"
                 if rel > 1e-6 and y > 0:
                     ratio[cls] = max(ratio[cls], (rel / y, where))
-                B, H, T, _ = (int(x) for x in cell.split("x"))
-                floor = PARAM_FLOOR * math.sqrt(B * H * T * (T + 1) / 2) if q.startswith("dparam:") else FLOOR
+                B, H, T, D = (int(x) for x in cell.split("x"))
+                # (runtime/SpecCheck.cpp, param_floor_scale: sqrt of the pairs, times sqrt(D/16) above 16)
+                scale = math.sqrt(B * H * T * (T + 1) / 2) * math.sqrt(max(1.0, D / 16))
+                floor = PARAM_FLOOR * scale if q.startswith("dparam:") else FLOOR
                 tol = max(FACTOR * y, floor)
                 if rel > 0:
                     margin[cls] = min(margin[cls], (tol / rel, where))
@@ -73,7 +75,7 @@ def main():
         print(f"| fp32 {cls}: smallest margin of the default rule | {margin[cls][0]:.2f} | {margin[cls][1]} |")
     print(f"| central differences: largest normalised error (tolerance 1e-6) | {worst_fd[0]:.2e} | {worst_fd[1]} |")
     print(f"\nDefault rule: fp32 tolerance max({FACTOR:g} x yardstick, {FLOOR:g}); a param gradient's floor "
-          f"{PARAM_FLOOR:g} x sqrt(B H T (T+1)/2).")
+          f"{PARAM_FLOOR:g} x sqrt(B H T (T+1)/2) x sqrt(max(1, D/16)).")
 
 
 if __name__ == "__main__":

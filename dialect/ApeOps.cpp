@@ -679,7 +679,8 @@ LogicalResult ScoreModOp::verifyRegions() {
 LogicalResult LoadOp::verify() {
   Operation *parent = (*this)->getParentOp();
   if (!isa_and_nonnull<MapOp, QModOp, KModOp, ScoreModOp>(parent))
-    return emitOpError("is only allowed inside a map, q_mod, k_mod or score_mod region");
+    return emitOpError("is only allowed inside a q_mod, k_mod or score_mod region, or in a map "
+                       "(of token sequences)");
   if (isa<TokensType>(getSource().getType())) {
     if (getIndices().size() != 3)
       return emitOpError("of a token sequence takes 3 indices [batch, head, token], got ")

@@ -129,7 +129,8 @@ int main(int argc, char **argv) {
       "fp64 must agree within --fp64-tol (normalised error max|err| / max(1, max|ref|)); fp32 within\n"
       "max(--fp32-factor x the fp32 reference's own error (at most --fp32-yardstick-max),\n"
       "--fp32-floor); a param gradient, a sum\n"
-      "over the N = B H T (T+1)/2 query-key pairs, at least --fp32-param-floor x sqrt(N). fp64\n"
+      "over the N = B H T (T+1)/2 query-key pairs, at least --fp32-param-floor x sqrt(N) x\n"
+      "sqrt(max(1, D/16)). fp64\n"
       "central differences of the kernel's forward (at the first partial-tile shape) at\n"
       "--fd-entries entries of q, k, v, every feature and every trainable param check its\n"
       "backward. Inputs are N(0, 1); params come from their manifest initialisers (fixed ones as\n"
@@ -166,7 +167,7 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   app.add_option("--fp32-param-floor", opt.fp32_param_floor,
                  "The least fp32 tolerance of a param gradient, per sqrt of the B H T (T+1)/2 query-key\n"
-                 "pairs it sums, in (0, 1]")
+                 "pairs it sums, times sqrt(D/16) above head dim 16, in (0, 1]")
       ->capture_default_str();
   app.add_option("--fp32-floor", opt.fp32_floor, "The least fp32 tolerance, in (0, 1]")->capture_default_str();
   app.add_option("--fp32-yardstick-max", opt.fp32_yardstick_max,

@@ -460,7 +460,7 @@ ape.encoding @e {
   %p = ape.param "w" ["heads"] init = "zeros"
   ape.position_embedding table {
   ^bb0(%n: index, %c: index, %d: index):
-    // expected-error @+1 {{'ape.load' op is only allowed inside a map, q_mod, k_mod or score_mod region}}
+    // expected-error @+1 {{'ape.load' op is only allowed inside a q_mod, k_mod or score_mod region, or in a map (of token sequences)}}
     %w = ape.load %p[%c] : !ape.param
     ape.yield %w : f32
   }
