@@ -16,6 +16,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLExtras.h"
 
 namespace mlir::ape {
 #define GEN_PASS_DEF_APEFASTMATH
@@ -44,16 +45,24 @@ namespace {
 
 /// The ops of a score mod's body that may be approximated: all but those whose value reaches a
 /// discrete decision (a comparison, a rounding to an integer: T5's bucket floor(log(n/16)·...)),
-/// where an approximation could move a boundary and change the result by a whole step.
-SmallVector<Operation *> approximable(Block &body) {
+/// where an approximation could move a boundary and change the result by a whole step, and, with
+/// `exactYield`, those the yielded value depends on (a later score mod decides on it: its `%s`).
+/// `sDecides` says whether this mod's own `%s` (the value an earlier mod yielded) reaches a
+/// decision or, with `exactYield`, the yield.
+SmallVector<Operation *> approximable(Block &body, bool exactYield, bool &sDecides) {
   DenseSet<Operation *> exact;
   SmallVector<Value> work;
   for (Operation &op : body)
     if (isa<arith::CmpFOp, arith::FPToSIOp, arith::FPToUIOp, math::FloorOp, math::CeilOp,
             math::RoundOp, math::RoundEvenOp, math::TruncOp>(op))
       work.append(op.operand_begin(), op.operand_end());
+  if (exactYield)
+    work.append(body.getTerminator()->operand_begin(), body.getTerminator()->operand_end());
+  sDecides = false;
   while (!work.empty()) {
-    Operation *def = work.pop_back_val().getDefiningOp();
+    Value v = work.pop_back_val();
+    if (v == body.getArgument(0)) sDecides = true;
+    Operation *def = v.getDefiningOp();
     if (def && def->getBlock() == &body && exact.insert(def).second)
       work.append(def->operand_begin(), def->operand_end());
   }
@@ -69,10 +78,17 @@ struct ApeFastMathPass : public mlir::ape::impl::ApeFastMathBase<ApeFastMathPass
     getOperation().walk([&](EncodingOp encoding) {
       if (!encoding.getFastMath())
         return;
-      encoding.getBody().walk([&](ScoreModOp score) {
-        for (Operation *op : approximable(score.getBody().front()))
+      // Last to first: a mod whose %s reaches a decision needs the value the mods before it
+      // yield exact (fused, a later mod's comparison reads an earlier mod's approximate exp).
+      SmallVector<ScoreModOp> mods;
+      encoding.getBody().walk([&](ScoreModOp score) { mods.push_back(score); });
+      bool exactYield = false;
+      for (ScoreModOp score : llvm::reverse(mods)) {
+        bool sDecides = false;
+        for (Operation *op : approximable(score.getBody().front(), exactYield, sDecides))
           addFastMathFlags(op, arith::FastMathFlags::afn | arith::FastMathFlags::arcp);
-      });
+        exactYield = sDecides;
+      }
     });
   }
 };

@@ -66,3 +66,48 @@ ape.encoding @bucket_fast attributes {fast_math} {
     ape.yield %out : f32
   }
 }
+
+// -----
+
+// Two score mods: the second compares the value the first yields (e = exp(0.09375 (i - j)) >= 938
+// masks the key), so the first's exp stays exact, as it would inside one mod; fused, an
+// approximate exp (937.9997 where exactly 938.00005) kept a key the spec masks. A third mod that
+// only adds to the logit keeps its flags.
+// CHECK-LABEL: ape.encoding @chained attributes {fast_math}
+// CHECK: ape.score_mod
+// CHECK: arith.mulf %{{[^ ]*}}, %{{[^ ]*}} : f32
+// CHECK-NEXT: math.exp %{{[^ ]*}} : f32
+// CHECK: ape.score_mod
+// CHECK: arith.cmpf oge
+// CHECK: ape.score_mod
+// CHECK: math.exp %{{[^ ]*}} fastmath<arcp,afn> : f32
+ape.encoding @chained attributes {fast_math} {
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %d = arith.subi %i, %j : index
+    %d64 = arith.index_cast %d : index to i64
+    %df = arith.sitofp %d64 : i64 to f32
+    %c = arith.constant 0.09375 : f32
+    %x = arith.mulf %df, %c : f32
+    %e = math.exp %x : f32
+    ape.yield %e : f32
+  }
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %lim = arith.constant 938.0 : f32
+    %ninf = arith.constant 0xFF800000 : f32
+    %zero = arith.constant 0.0 : f32
+    %far = arith.cmpf oge, %s, %lim : f32
+    %r = arith.select %far, %ninf, %zero : f32
+    ape.yield %r : f32
+  }
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %d = arith.subi %i, %j : index
+    %d64 = arith.index_cast %d : index to i64
+    %df = arith.sitofp %d64 : i64 to f32
+    %e = math.exp %df : f32
+    %r = arith.addf %s, %e : f32
+    ape.yield %r : f32
+  }
+}
