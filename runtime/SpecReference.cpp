@@ -9,8 +9,12 @@
 #include <limits>
 #include <stdexcept>
 
+#include <memory>
+
 #include <nlohmann/json.hpp>
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace ape {
 
@@ -282,6 +286,68 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
   fail(d.what, "op '" + name + "' has no reference evaluation");
 }
 
+// Reverse mode through one op with the chain rule's 0 * inf = 0: where the gradient reaching the op's
+// value is exactly zero, so is the gradient it passes on. A value that an arith.select discards
+// gets a zero gradient, and its op would otherwise pass on 0 * f'(x), NaN where f' is infinite:
+// select(a n > 0, log(a n), 0) at n = 0 gave the param a NaN gradient (0 / 0 in log's backward)
+// where the kernel's derivative, taken through the select, is the kept branch's (zero there).
+// The op runs on its operands broadcast to its result's shape (the outer graph sums the gradients
+// back over the broadcast dims), in a graph of its own that the backward differentiates.
+struct ZeroSafeInner {
+  Tensor y;                // the op's value, in its own graph
+  std::vector<Tensor> x;   // the leaves of that graph: the operands that require grad, broadcast
+};
+struct ZeroSafe : public torch::autograd::Function<ZeroSafe> {
+  static Tensor forward(torch::autograd::AutogradContext *ctx, at::TensorList, const std::shared_ptr<ZeroSafeInner> &in) {
+    ctx->saved_data["y"] = in->y;
+    ctx->saved_data["x"] = in->x;
+    return in->y.detach();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list g) {
+    const Tensor y = ctx->saved_data["y"].toTensor();
+    const std::vector<Tensor> x = ctx->saved_data["x"].toTensorVector();
+    torch::autograd::variable_list out(x.size() + 1);
+    if (!g[0].defined()) return out;
+    at::AutoGradMode on(true);
+    const auto gx = torch::autograd::grad({y}, x, {g[0]}, /*retain_graph=*/true, /*create_graph=*/false,
+                                          /*allow_unused=*/true);
+    const Tensor dead = g[0].eq(0);
+    for (size_t i = 0; i < x.size(); ++i)
+      if (gx[i].defined()) out[i] = gx[i].masked_fill(dead, 0);
+    return out;
+  }
+};
+
+// eval_op, through ZeroSafe where a real operand requires grad (select passes zeros on as they
+// are; comparisons, loads and constants have no real gradient).
+Tensor eval_op_zero_safe(const json &op, const std::vector<Tensor> &x, const Env &env) {
+  const std::string name = op.at("op");
+  bool grad = kind_of(op.at("type")) == Kind::Real && name != "arith.select" && name != "ape.load";
+  bool any = false;
+  for (const Tensor &t : x) any = any || (t.defined() && t.requires_grad() && t.is_floating_point());
+  if (!grad || !any) return eval_op(op, x, env);
+  std::vector<int64_t> shape;
+  for (const Tensor &t : x) shape = at::infer_size(shape, t.sizes());
+  auto inner = std::make_shared<ZeroSafeInner>();
+  std::vector<Tensor> outer, operands;
+  for (const Tensor &t : x) {
+    if (t.requires_grad() && t.is_floating_point()) {
+      outer.push_back(t.expand(shape));
+      inner->x.push_back(outer.back().detach().requires_grad_(true));
+      operands.push_back(inner->x.back());
+    } else {
+      operands.push_back(t);
+    }
+  }
+  {
+    at::AutoGradMode on(true);
+    inner->y = eval_op(op, operands, env);
+  }
+  if (!inner->y.requires_grad()) return inner->y;
+  return ZeroSafe::apply(at::TensorList(outer), inner);
+}
+
 // Evaluates a region {"args", "ops", "yield"} on `args`; returns the yielded values.
 std::vector<Tensor> eval_region(const json &region, const std::vector<Tensor> &args, const Env &env) {
   const SpecReferenceData &d = *env.data;
@@ -297,7 +363,7 @@ std::vector<Tensor> eval_region(const json &region, const std::vector<Tensor> &a
       if (i >= values.size()) fail(d.what, "an operand refers to a later value");
       operands.push_back(values[i]);
     }
-    values.push_back(eval_op(op, operands, env));
+    values.push_back(eval_op_zero_safe(op, operands, env));
   }
   std::vector<Tensor> out;
   for (const json &id : region.at("yield")) {

@@ -5,7 +5,12 @@
 //   cmpf ult / uge true on NaN (unordered), ogt false (ordered), and fptosi(NaN) = 0,
 //   fptosi(x * 1e30) saturating to int64's range. Before float_math.h the kernels took std::max
 //   (NaN in, NaN out), the ordered C++ operators and an undefined conversion.
+// The second mod keeps log(a n) where a n > 0 and 0 on the diagonal, where the discarded branch
+// is log(0) = -inf with an infinite derivative: the param's gradient is the kept branch's, 1/a per
+// key, in the kernel (the derivative taken through the select) and the reference (autograd with
+// 0 * inf = 0 at a value whose gradient is zero), where the reference's was NaN.
 ape.encoding @nan_semantics {
+  %pa = ape.param "a" ["heads"] init = "constant" trainable {value = 1.0 : f64}
   ape.score_mod {
   ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
     %d = arith.subi %i, %j : index
@@ -46,5 +51,19 @@ ape.encoding @nan_semantics {
     %t4 = arith.addf %t3, %b4 : f32
     %t5 = arith.addf %t4, %b5 : f32
     ape.yield %t5 : f32
+  }
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %ah = ape.load %pa[%h] : !ape.param
+    %d = arith.subi %i, %j : index
+    %n = arith.index_cast %d : index to i64
+    %nf = arith.sitofp %n : i64 to f32
+    %u = arith.mulf %ah, %nf : f32
+    %l = math.log %u : f32
+    %zero = arith.constant 0.0 : f32
+    %pos = arith.cmpf ogt, %u, %zero : f32
+    %bias = arith.select %pos, %l, %zero : f32
+    %r = arith.subf %s, %bias : f32
+    ape.yield %r : f32
   }
 }
