@@ -60,6 +60,13 @@ method (flex: its compilation) is a warm-up outside the timing.
 TFLOP/s by FlashAttention's count: causal forward 4*B*H*T*T*D/2 (= 2*B*H*T*T*D), backward 2.5x
 and fwd+bwd 3.5x that; rotary, biases and masks are not counted.
 
+Kernels (--kernel-times): after its timings, each cell's fwd and bwd run 3 more times under
+torch.profiler (CUDA activity; eager calls, no L2 flush): every kernel, memset and copy on the GPU,
+summed by name, per call, with the launches per call, and the phase's time left over (the timed ms
+minus the kernels' sum: launch gaps, host work, the L2 flush's misses). It says where a phase's
+time goes, e.g. RoPE's forward: its q and k mods against the attention kernel. (--selftest-cpu:
+the top-level CPU ops, to test the plumbing.)
+
 Peak memory: torch.cuda.max_memory_allocated() over one fwd+bwd step after
 reset_peak_memory_stats(), every live tensor included (q, k, v, dout, features, params, the
 method's constants).
@@ -133,6 +140,9 @@ FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 MISMATCH = 5e-2  # max |o - APE's o| above this is flagged (bf16: about 1e-2 expected)
 T5_TABLE_STD = 0.5
 SETTINGS = {}  # --ape-settings: NAME -> {VAR: VALUE}, the methods ape:NAME
+KERNEL_TIMES = False  # --kernel-times
+KERNEL_REPS = 3  # calls profiled per phase
+KERNEL_ROWS = 8  # kernels listed per phase (the rest summed as one row)
 GIB, MIB = 1 << 30, 1 << 20
 
 torch = None  # imported in main(), after the arguments (so that --help needs no PyTorch)
@@ -507,6 +517,7 @@ class Cell:
         self.ms, self.err, self.notes = {}, {}, []
         self.peak_mib = None
         self.check = None  # spot-check text
+        self.kernels = {}  # --kernel-times: phase -> [[name, us per call, launches per call], ...]
 
     def fail_all(self, text):
         for p in PHASES:
@@ -518,14 +529,59 @@ class Cell:
 
     def to_json(self):
         return {"enc": self.enc, "method": self.method, "cfg": list(self.cfg), "ms": self.ms, "err": self.err,
-                "notes": self.notes, "peak_mib": self.peak_mib, "check": self.check}
+                "notes": self.notes, "peak_mib": self.peak_mib, "check": self.check, "kernels": self.kernels}
 
     @classmethod
     def from_json(cls, d):
         c = cls(d["enc"], d["method"], tuple(d["cfg"]))
         c.ms, c.err, c.notes = dict(d["ms"]), dict(d["err"]), list(d["notes"])
         c.peak_mib, c.check = d["peak_mib"], d["check"]
+        c.kernels = dict(d.get("kernels") or {})
         return c
+
+
+def short_kernel(name):
+    """A kernel's name without its return type, namespaces and arguments; template arguments kept
+    (without namespaces), at most 90 characters."""
+    name = re.sub(r"^void ", "", name.strip())
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):  # the argument list: the first '(' outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and i > 0:
+            cut = i
+            break
+    name = re.sub(r"\b[A-Za-z_]\w*::", "", name[:cut])
+    name = re.sub(r"\s+", " ", name)
+    return name if len(name) <= 90 else name[:87] + "..."
+
+
+def kernel_times(fn, device, reps=None):
+    """[[name, us per call, launches per call], ...] of fn() under torch.profiler, the longest
+    first: the GPU's kernels, memsets and copies (on the CPU, for the self-test: the top-level ops)."""
+    from torch.profiler import ProfilerActivity, profile
+    reps = reps or KERNEL_REPS
+    fn()
+    sync(device)
+    acts = [ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        for _ in range(reps):
+            fn()
+        sync(device)
+    total, count = {}, {}
+    for e in prof.events():
+        on_gpu = str(getattr(e, "device_type", "")).endswith("CUDA")
+        if device == "cuda" and not on_gpu:
+            continue
+        if device != "cuda" and (on_gpu or getattr(e, "cpu_parent", None) is not None):
+            continue
+        name = short_kernel(e.name)
+        total[name] = total.get(name, 0.0) + e.time_range.elapsed_us()
+        count[name] = count.get(name, 0) + 1
+    rows = [[n, total[n] / reps, count[n] / reps] for n in total]
+    return sorted(rows, key=lambda r: -r[1])
 
 
 def captured(fn, stream):
@@ -636,6 +692,22 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs, progress=None)
         if cell.err.get("bwd", "OOM") != "OOM" and "fwdbwd" in cell.ms and "fwd" in cell.ms:
             cell.notes.append(f"bwd = (fwd+bwd) - fwd: the retain_graph backward {cell.err.pop('bwd')}")
             cell.ms["bwd"] = max(cell.ms["fwdbwd"] - cell.ms["fwd"], 0.0)
+    if KERNEL_TIMES and not graphs:
+        for phase in ("fwd", "bwd"):
+            if phase not in cell.ms:
+                continue
+            progress(f"kernel times, {PHASE_NAMES[phase]}")
+            try:
+                if phase == "fwd":
+                    cell.kernels[phase] = kernel_times(f, device)
+                else:
+                    o = f()
+                    cell.kernels[phase] = kernel_times(
+                        lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True), device)
+                    o = None
+            except Exception as exc:
+                cell.notes.append(f"kernel times of {PHASE_NAMES[phase]} {error_text(exc)}")
+            free_memory(device)
     outputs = None
     if "fwd" in cell.ms and (keep_outputs or "fwdbwd" in cell.ms):
         try:  # one fwd+bwd step: the peak memory, and the spot check's outputs
@@ -800,6 +872,30 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
                 cells_ = [by_key.get((enc, method, cfg)) for cfg in configs]
                 lines.append(f"| {enc} | {method} | " + " | ".join("" if c is None else over_default(c)
                                                                      for c in cells_) + " |")
+    kernel_lines = []
+    for enc, method in rows_order:
+        for cfg in configs:
+            c = by_key.get((enc, method, cfg))
+            for p in ("fwd", "bwd"):
+                rows = [] if c is None else c.kernels.get(p) or []
+                if not rows:
+                    continue
+                where = f"{enc} / {label(enc, method)} / {config_name(cfg)} / {PHASE_NAMES[p]}"
+                shown, rest = rows[:KERNEL_ROWS], rows[KERNEL_ROWS:]
+                for name, us, n in shown:
+                    kernel_lines.append(f"| {where} | `{name}` | {us:.1f} | {n:g} |")
+                if rest:
+                    kernel_lines.append(f"| {where} | {len(rest)} others | {sum(r[1] for r in rest):.1f} | "
+                                        f"{sum(r[2] for r in rest):g} |")
+                summed = sum(r[1] for r in rows)
+                left = f"; the timed {c.ms[p] * 1e3:.1f} us less that: {c.ms[p] * 1e3 - summed:.1f}" if p in c.ms else ""
+                kernel_lines.append(f"| {where} | **all** ({summed:.1f} us{left}) | {summed:.1f} | "
+                                    f"{sum(r[2] for r in rows):g} |")
+    if kernel_lines:
+        lines += ["", "## Kernels per call (--kernel-times)", "",
+                  f"torch.profiler over {KERNEL_REPS} eager calls of each phase after its timing (no L2 flush): "
+                  "GPU time per call by kernel, the longest first, and launches per call.", "",
+                  "| cell | kernel | us | launches |", "| --- | --- | ---: | ---: |"] + kernel_lines
     notes = list(notes)
     for enc, method in rows_order:
         for cfg in configs:
@@ -1121,6 +1217,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--md", help="write the Markdown report here (it is printed either way)")
     ap.add_argument("--csv", help="write one row per (encoding, method, config, phase) here")
+    ap.add_argument("--kernel-times", action="store_true",
+                    help="also profile each cell's fwd and bwd: GPU time per kernel (see above)")
     ap.add_argument("--selftest-cpu", action="store_true", help=argparse.SUPPRESS)  # plumbing check, tiny shapes
     # The child process of one encoding (see the docstring, "Crashes"):
     ap.add_argument("--one-encoding", help=argparse.SUPPRESS)
@@ -1134,6 +1232,8 @@ def main():
         sys.exit(f"unknown methods {bad} (known: {','.join(METHODS)})" if bad else "no encodings")
     configs = parse_configs(args.configs) if args.configs else (QUICK if args.quick else FULL)
     SETTINGS.update(parse_settings(args.ape_settings))
+    global KERNEL_TIMES
+    KERNEL_TIMES = args.kernel_times
     if args.selftest_cpu and not args.configs:
         configs = [(1, 2, 256, 64), (2, 2, 128, 128)]
     if args.one_encoding and not args.cells_json:
@@ -1170,6 +1270,7 @@ def parent_main(args, encodings, methods, configs):
     forward = ["--libs", args.libs, "--configs", ",".join(config_arg(c) for c in configs),
                "--methods", ",".join(methods), "--mask-limit-gib", repr(args.mask_limit_gib),
                "--seed", str(args.seed)] + (["--selftest-cpu"] if args.selftest_cpu else []) + \
+        (["--kernel-times"] if args.kernel_times else []) + \
         (["--ape-settings", args.ape_settings] if args.ape_settings else [])
     proc = None
     status = None  # the report's "Status" line until the run is over

@@ -709,9 +709,10 @@ run() {
     [ "$settings" = none ] && settings=""
     # Each encoding runs in a process of its own: a crash (a segfault in a library, a lost CUDA
     # context) costs that process's unfinished cells, which say so (exit 3), and the report is
-    # rewritten after every process, so a time limit keeps the finished rows.
+    # rewritten after every process, so a time limit keeps the finished rows. --kernel-times: each
+    # cell's GPU time by kernel (where RoPE's forward spends its 0.25 ms over NoPE's, say).
     PYTHONFAULTHANDLER=1 timeout "$(lim "${APE_GPU_CHECK_BENCH_LIMIT:-240}")" "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" "${quick[@]}" \
-      ${settings:+--ape-settings "$settings"} --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
+      ${settings:+--ape-settings "$settings"} --kernel-times --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
     local rc=$?
     [ $rc = 0 ] && status=pass || status=FAIL
     case $rc in
