@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -124,6 +125,7 @@ Cell make_cell(const Manifest &man, const CheckShape &s, uint64_t seed) {
 }
 
 using Outputs = std::map<std::string, Tensor>;  // quantity -> fp64 tensor
+constexpr int kSensitivitySigns = 16;  // draws of the params' sensitivity estimate (run_reference)
 
 // The reference in `dtype` (float64 or float32), gradients by autograd.
 Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell &c,
@@ -158,6 +160,33 @@ Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell 
   c10::AutoGradMode grad_mode(true);
   SpecReference::Result r = ref.attention(q, k, v, feats, prms, c.scale);
   Outputs out;
+  // Each trainable param's sensitivity to the logits, sqrt(sum_ij (ds_ij / dw)^2) at its largest
+  // element (param_floor_scale), estimated as E[(sum_ij r_ij ds_ij / dw)^2] over random signs r
+  // on the finite logits (kSensitivitySigns draws; a fixed generator, so that the cell's other
+  // draws stay as they are). A param the logits do not reach (value rows) gets 0.
+  std::vector<Tensor> trainable;
+  std::vector<std::string> trainable_names;
+  for (size_t n = 0; n < c.params.size(); ++n)
+    if (man.params[n].trainable) trainable.push_back(prms.at(man.params[n].name)), trainable_names.push_back(man.params[n].name);
+  if (!trainable.empty() && r.s.defined() && r.s.requires_grad()) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0x5e75u);
+    const Tensor finite = at::isfinite(r.s.detach()).to(dtype);
+    std::vector<Tensor> sum2(trainable.size());
+    for (int n = 0; n < kSensitivitySigns; ++n) {
+      const Tensor sign = at::randint(0, 2, r.s.sizes(), gen, at::dtype(dtype)).mul_(2).sub_(1).mul_(finite);
+      auto g = torch::autograd::grad({r.s}, trainable, {sign}, /*retain_graph=*/true, /*create_graph=*/false,
+                                     /*allow_unused=*/true);
+      for (size_t i = 0; i < g.size(); ++i)
+        if (g[i].defined()) {
+          const Tensor sq = g[i].detach().to(at::kDouble).square();
+          sum2[i] = sum2[i].defined() ? sum2[i] + sq : sq;
+        }
+    }
+    for (size_t i = 0; i < trainable.size(); ++i) {
+      const double m = sum2[i].defined() ? (sum2[i] / kSensitivitySigns).max().item<double>() : 0.0;
+      out["sensitivity:" + trainable_names[i]] = at::scalar_tensor(std::isfinite(m) ? std::sqrt(m) : 0.0, kF64);
+    }
+  }
   out["o"] = r.o.detach().to(at::kDouble);
   out["lse"] = r.lse.detach().to(at::kDouble);
   auto grads = torch::autograd::grad({r.o}, inputs, {c.dout.to(dtype)}, /*retain_graph=*/false,
@@ -304,13 +333,22 @@ struct Table {
   }
 };
 
-// What a param gradient's floor is multiplied by: sqrt of the N = B H T (T+1)/2 query-key pairs
-// it sums, times sqrt(D / 16) from head dim 16 up: the rounding it covers is that of dS =
-// P (dP - Delta), dot products of D terms (the floors were measured at D 16 to 64; at T = 1 and D
-// 240 a gradient exactly 0 came out 3.8e-6 from that rounding against a floor of 2e-6).
-double param_floor_scale(const CheckShape &s) {
+// What a param gradient's floor is multiplied by: the rounding it covers is that of dS_ij, summed
+// as sum_ij dS_ij ds_ij/dw, so its size is sqrt(sum_ij (ds_ij/dw)^2), the param's sensitivity
+// (run_reference; sqrt of the N = B H T (T+1)/2 query-key pairs for a bias added to every logit,
+// the least taken), times sqrt(D / 16) from head dim 16 up for fp32 (dS = P (dP - Delta), dot
+// products of D terms: at T = 1 and D 240 a gradient exactly 0 came out 3.8e-6 from that rounding
+// against a floor of 2e-6). The sensitivity matters where a gradient cancels: a row term w C_i
+// with C a cumulative sum up to 150 has sum_ij dS_ij C_i = 0 exactly, and the kernel's Delta =
+// dO . O (rounded otherwise than the reference's sum_j P_ij dP_ij) left 2.3e-3 in fp32 and 2.5 in
+// bf16, against floors of 1.2e-3 and 0.26 counted in pairs. (The floors were measured on
+// gradients of sensitivity about 1 per pair, where both counts agree.)
+double param_floor_scale(const CheckShape &s, const Outputs &ref, const std::string &quantity, bool fp32) {
   const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
-  return std::sqrt(pairs) * std::sqrt(std::max(1.0, double(s.D) / 16.0));
+  double size = std::sqrt(pairs);
+  const std::string name = quantity.substr(std::string("dparam:").size());
+  if (auto it = ref.find("sensitivity:" + name); it != ref.end()) size = std::max(size, it->second.item<double>());
+  return size * (fp32 ? std::sqrt(std::max(1.0, double(s.D) / 16.0)) : 1.0);
 }
 
 // An fp32 row: tolerance max(factor x yardstick, floor), the yardstick (the fp32 reference's own
@@ -461,7 +499,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         table.add(row);
         const Error e32 = compare(k32.at(q), want), y = compare(r32.at(q), want);
         const CheckShape &s = c.shape;
-        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s)
+        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q, true)
                                                         : opt.fp32_floor;
         table.add(fp32_row(q, "fp32", c.label(), e32, y, floor, opt));
       }
@@ -511,15 +549,14 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         const Error e = compare(got.at(q), r64.at(q));
         const CheckShape &s = c.shape;
         if (bf16) {  // (its floor measured on the emulated kernels at D 64: not scaled by D)
-          const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
           const double tol = q.rfind("dparam:", 0) == 0
-                                 ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
+                                 ? std::max(opt.bf16_tol, opt.bf16_param_floor * param_floor_scale(s, r64, q, false))
                                  : opt.bf16_tol;
           table.add({q, prec, c.label(), e.max_abs, e.rel, -1, tol});
           continue;
         }
         const Error y = compare(r32.at(q), r64.at(q));
-        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s)
+        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q, true)
                                                         : opt.fp32_floor;
         table.add(fp32_row(q, prec, c.label(), e, y, floor, opt));
       }

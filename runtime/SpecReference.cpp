@@ -599,7 +599,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     const Tensor lse = (m + at::log(sum)).squeeze(3);
     if (doc.contains("transition") && doc.at("transition").is_object()) {
       const Tensor A = apply_transition(doc.at("transition"), P, site, d.what);
-      return {at::matmul(A, v), lse};
+      return {at::matmul(A, v), lse, s};
     }
     Tensor o = at::matmul(P, v);
 
@@ -617,7 +617,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
       const Tensor p = P.reshape({B, H, T * T}).index_select(2, flat);
       o = o.index_add(2, pi, p.unsqueeze(3) * rows);
     }
-    return {o, lse};
+    return {o, lse, s};
   } catch (const json::exception &e) {
     fail(d.what, std::string("malformed: ") + e.what());
   }

@@ -62,6 +62,7 @@ public:
 
   struct Result {
     at::Tensor o, lse;  // [B, H, T, D], [B, H, T]
+    at::Tensor s;       // the causal pairs' logits after every score_mod, [B, H, T (T + 1) / 2]
   };
   using Site = ReferenceSite;
   // The reference attention in the dtype of q (float64 or float32; everything else is converted
