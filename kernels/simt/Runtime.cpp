@@ -1148,6 +1148,32 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned) {
+  if (!event) return set_error(cudaErrorInvalidValue);
+  *event = reinterpret_cast<cudaEvent_t>(new char(0));
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  return event ? cudaSuccess : set_error(cudaErrorInvalidValue);
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned) {
+  return event ? cudaSuccess : set_error(cudaErrorInvalidValue);
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
+  if (!stream) return set_error(cudaErrorInvalidValue);
+  *stream = reinterpret_cast<cudaStream_t>(new char(0));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (!stream) return set_error(cudaErrorInvalidValue);
+  delete reinterpret_cast<char *>(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (!event) return set_error(cudaErrorInvalidValue);
+  delete reinterpret_cast<char *>(event);
+  return cudaSuccess;
+}
 cudaError_t cudaGetDeviceCount(int *count) {
   if (count) *count = 1;
   return cudaSuccess;

@@ -1739,6 +1739,15 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     upload(prms[n], p.params[n].to(torch::kFloat32));
     pp.push_back(static_cast<const float *>(prms[n].ptr));
   }
+  // Every other step on a stream of its own: the cache orders it after the steps before on the
+  // first step's stream, and that stream after it (events; on a GPU the step would otherwise race
+  // the copies and the forward queued there).
+  cudaStream_t side_stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
+  struct DestroyStream {
+    cudaStream_t s;
+    ~DestroyStream() { cudaStreamDestroy(s); }
+  } destroy_side{side_stream};
   int64_t L0 = 0;
   int step_index = 0;
   for (int64_t n : steps) {
@@ -1763,6 +1772,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
     a.layer = num_layers > 0 ? num_layers - 1 : 0, a.num_layers = num_layers;
     a.num_splits = num_splits;
+    a.stream = step_index % 2 == 0 ? side_stream : nullptr;  // (step_index: this step's + 1)
     FailingScratch failing;
     for (int at = 1; retry; ++at) {
       failing.calls = 0, failing.fail_at = at, a.scratch = &failing.alloc;
@@ -1837,6 +1847,19 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   ASSERT_CUDA(ape::cuda::decode_step(*e, fresh, a));  // the arguments are otherwise good
   ASSERT_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(fresh.len, 1);
+  EXPECT_EQ(fresh.stream, a.stream);
+  // A cache too large for the device (1 TiB of q): the first step fails on its allocation and
+  // leaves no error behind for the next launch to report as its own, nor a started cache.
+  ape::cuda::CudaDecodeCache huge;
+  huge.capacity = (int64_t(1) << 40) / (p.B * p.H * p.D * int64_t(ape::cuda::dtype_bytes(var.dtype)));
+  EXPECT_EQ(ape::cuda::decode_step(*e, huge, a), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess) << "the failed allocation's error was left behind";
+  EXPECT_FALSE(huge.started());
+  ape::cuda::CudaDecodeCache after;
+  after.capacity = 4;
+  ASSERT_CUDA(ape::cuda::decode_step(*e, after, a));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(after.len, 1);
 }
 
 // The backward refuses missing gradient pointers (and a missing status word) instead of

@@ -13,7 +13,12 @@ torch.cuda.set_sync_debug_mode("error") so that a host copy (the fallback for in
 kernel) would fail the test; f32 within 1e-4 of the magnitude, bf16 by FlashAttention's rule
 (at most twice the error of PyTorch's own bf16 materialised attention, or of the C++
 reference rounded where a flash kernel rounds, plus 1e-3 of the magnitude, as docs/cuda.md); the same results on a side stream; torch.compile on CUDA tensors; a CUDA graph of the forward and
-backward replayed on new inputs."""
+backward replayed on new inputs; a first backward inside a capture refused."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -166,6 +171,32 @@ def test_cuda_graph_capture_replays_eager(encoding):
         # The inputs changed the output: a replay that reused the capture's inputs would fail above.
         assert not torch.equal(captured[0], step(first, dout)[0]), "the seeds gave the same output"
     torch.cuda.synchronize()
+
+
+def test_cuda_first_backward_inside_a_capture_is_refused():
+    """The first CUDA backward of a process makes the device's status record (ops_cuda.h): inside
+    a CUDA graph capture that record would come from the graph's pool and be zeroed at every
+    replay, so a first backward there is refused with a clear error (a fresh process: the record
+    is the process's)."""
+    code = textwrap.dedent("""
+        import torch
+        from support import make_inputs, ops, ordered
+        q, k, v, features, params = make_inputs("rope", 1, 2, 64, 64, torch.bfloat16, "cuda")
+        args = [q, k, v, *features, *ordered("rope", params)]
+        ops("rope").attention(*args)  # a forward outside the capture makes no record
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                o = ops("rope").attention(*args)
+                torch.autograd.grad(o, [q, k, v], torch.ones_like(o))
+        except RuntimeError as e:
+            print("REFUSED:", repr(e), repr(e.__context__))
+        else:
+            print("CAPTURED")
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert "REFUSED:" in p.stdout and "inside a CUDA graph capture" in p.stdout, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("mode", ["nan", "range"])

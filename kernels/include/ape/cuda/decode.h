@@ -65,12 +65,19 @@ struct CudaDecodeCache {
                             // computes none)
   int64_t rows = 0;         // rows per slice of the buffers: the capacity at the first step
   std::vector<float *> features;                  // Enc::kNumFeatures x (B, H, capacity), rows [0, len)
+  // The stream of the first step: the buffers were allocated there (cudaMallocAsync), a step on
+  // another stream is ordered after the work queued here and this stream after it (events), and
+  // release() frees them here (cudaFreeAsync), after every step queued so far. Release the cache
+  // before destroying that stream.
+  cudaStream_t stream = nullptr;
   bool started() const { return B > 0; }
   void release() {
-    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(km), cudaFree(krel), cudaFree(tok), cudaFree(tok_carry);
-    for (float *f : features) cudaFree(f);
+    for (void *x : {q, k, v, km, static_cast<void *>(krel), static_cast<void *>(tok), static_cast<void *>(tok_carry)})
+      if (x) cudaFreeAsync(x, stream);
+    for (float *f : features)
+      if (f) cudaFreeAsync(f, stream);
     q = k = v = km = nullptr, krel = tok = nullptr, tok_carry = nullptr;
-    features.clear(), len = km_len = rows = 0, B = H = D = 0;
+    features.clear(), len = km_len = rows = 0, B = H = D = 0, stream = nullptr;
   }
   ~CudaDecodeCache() { release(); }
   CudaDecodeCache() = default;
@@ -98,8 +105,8 @@ struct CudaDecodeArgs {
   int num_splits = 0;
   cudaStream_t stream = nullptr;
   // The step's scratch memory (the forward's and its full-length outputs; CudaAttnArgs::scratch;
-  // nullptr: cudaMallocAsync). The cache's own buffers come from cudaMallocAsync (release() frees
-  // them).
+  // nullptr: cudaMallocAsync). The cache's own buffers come from cudaMallocAsync on the first
+  // step's stream (CudaDecodeCache::stream; release() frees them there).
   const CudaScratchAllocator *scratch = nullptr;
 };
 
@@ -125,6 +132,26 @@ inline cudaError_t copy_rows(void *dst, int64_t rows_dst, int64_t row0, const vo
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+// `later`'s work from now on runs after the work queued on `earlier` so far (nothing where they
+// are one stream).
+inline cudaError_t order_after(cudaStream_t earlier, cudaStream_t later) {
+  if (earlier == later) return cudaSuccess;
+  cudaEvent_t ev = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (err != cudaSuccess) return err;
+  if ((err = cudaEventRecord(ev, earlier)) == cudaSuccess) err = cudaStreamWaitEvent(later, ev, 0);
+  cudaEventDestroy(ev);  // (released once the wait has it)
+  return err;
+}
+
+// A failed allocation leaves its error as the thread's last one, which the next launch would
+// report as its own (platform.cuh, launch): cleared, once returned here.
+inline cudaError_t malloc_async(void **ptr, size_t bytes, cudaStream_t st) {
+  const cudaError_t err = cudaMallocAsync(ptr, bytes, st);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  return err;
 }
 
 // Whether the step's arguments are ones the forward takes (what it would refuse is refused
@@ -172,6 +199,16 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   const int64_t C = c.started() ? c.rows : c.capacity;
   const size_t row = static_cast<size_t>(D) * dtype_bytes(a.dtype);
   cudaError_t err = cudaSuccess;
+  if (c.started() && (err = order_after(c.stream, st)) != cudaSuccess) return err;
+  // Whatever the step queued on st before an error: the cache's stream after it (release()).
+  struct OrderBack {
+    CudaDecodeCache &c;
+    cudaStream_t st;
+    bool done = false;
+    ~OrderBack() {
+      if (!done && c.started()) order_after(st, c.stream);
+    }
+  } back{c, st};
   if (!c.started()) {  // the buffers, once
     if (S > INT64_MAX / C || S * C > INT64_MAX / static_cast<int64_t>(row)) return cudaErrorInvalidValue;
     const size_t bytes = static_cast<size_t>(S * C) * row;
@@ -195,8 +232,9 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
       c.features.clear();
       for (void *f : feats) c.features.push_back(static_cast<float *>(f));
     };
+    c.stream = st;
     for (const auto &[buf, size] : bufs)
-      if (buf && ((err = cudaMallocAsync(buf, size, st)) != cudaSuccess ||
+      if (buf && ((err = malloc_async(buf, size, st)) != cudaSuccess ||
                   (err = cudaMemsetAsync(*buf, 0, size, st)) != cudaSuccess)) {  // no unwritten row is ever read
         keep();
         c.release();
@@ -216,7 +254,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   // The forward over the L tokens from row L0, into (S, L, .) outputs; rows [L0, L) copied out.
   // They are scratch: from the caller's allocator where it gave one.
   auto take = [&](void *&ptr, size_t bytes) -> cudaError_t {
-    if (!a.scratch) return cudaMallocAsync(&ptr, bytes, st);
+    if (!a.scratch) return malloc_async(&ptr, bytes, st);
     ptr = a.scratch->alloc(a.scratch->ctx, bytes, st);
     return ptr ? cudaSuccess : cudaErrorMemoryAllocation;
   };
@@ -256,6 +294,10 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
                     sizeof(float), st);
   give(o);
   give(lse);
+  // The cache's stream after the step's work: a later step there, or release(), follows it.
+  back.done = true;
+  const cudaError_t ordered = order_after(st, c.stream);
+  if (err == cudaSuccess) err = ordered;
   if (err != cudaSuccess) return err;
   c.len = L;  // the step counts once it has succeeded whole
   if (f.km || f.krel || f.tok) c.km_len = L;

@@ -13,7 +13,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 namespace ape::cuda {
 APE_CUDA_ABI_BEGIN
@@ -78,8 +81,8 @@ class Scratch {
         alloc_->free(alloc_->ctx, ptr, stream_);
         err = cudaErrorInvalidValue;
       }
-    } else {
-      err = cudaMallocAsync(&ptr, bytes, stream_);
+    } else if ((err = cudaMallocAsync(&ptr, bytes, stream_)) != cudaSuccess) {
+      (void)cudaGetLastError();  // returned here: not left for the next launch to report as its own
     }
     if (err != cudaSuccess) return nullptr;
     ptrs_[count_++] = ptr;
@@ -98,11 +101,27 @@ inline unsigned blocks_for(int64_t n, int per_block) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory on the current device. The limit is a
+// property of the function and device that every host thread shares and a launch is checked
+// against when it is queued, so it is only ever raised (a call that set it lower, for a smaller
+// param cache, failed the launch of another thread that had just set it higher): the highest
+// value set per (kernel, device) is kept, under a lock.
+inline std::mutex &smem_limit_mutex() {
+  static std::mutex m;
+  return m;
+}
 template <class Kernel> cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  return bytes > 48 * 1024
-             ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bytes))
-             : cudaSuccess;
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  static std::map<std::pair<const void *, int>, size_t> *set = new std::map<std::pair<const void *, int>, size_t>();
+  const std::lock_guard<std::mutex> lock(smem_limit_mutex());
+  size_t &have = (*set)[{reinterpret_cast<const void *>(kernel), device}];
+  if (bytes <= have) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) have = bytes;
+  return err;
 }
 
 // Params::param_cache for a flash kernel whose tiles take `bytes` of shared memory (ParamCache,
@@ -237,8 +256,9 @@ cudaError_t launch_table_rows(const In *x, int64_t ld_x, const float *bias, cons
   constexpr size_t bytes = table_rows_smem<D>();
   cudaError_t err = allow_smem(table_rows_kernel<In, D>, bytes);
   if (err != cudaSuccess || row0 >= p.T) return err;
-  return launch(table_rows_kernel<In, D>, dim3(blocks_for(p.T - row0, kTabTok), static_cast<unsigned>(p.B * p.H)),
-                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x, ld_y > 0 ? ld_y : p.T, row0);
+  return launch(table_rows_kernel<In, D>, slice_blocks(blocks_for(p.T - row0, kTabTok), p.B * p.H),
+                kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x, ld_y > 0 ? ld_y : p.T, row0,
+                p.B * p.H);
 }
 
 // Every forward kernel's query tile (32, 64, 128 or 192 rows: FwdSmem, FlashFwd, HopperFwd with 2
@@ -1059,7 +1079,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       bool last = true;  // of its side
       for (int r2 = r + 1; r2 < kNumRel; ++r2) last = last && Enc::rel_side(r2) != side;
       float *acc = side == 0 ? p.dqm : p.dkm;
-      const dim3 grid(blocks_for(T, kTabTok), ubh);
+      const dim3 grid = slice_blocks(blocks_for(T, kTabTok), BH);
       const float *g = p.drel[r], *table = p.params[Enc::rel_table(r)];
       if ((err = launch(fixed_to_float_kernel<>, blocks_for(m, 256), 256, 0, st,
                         static_cast<const unsigned long long *>(p.drel_fx[r]), p.drel[r], m,
@@ -1067,10 +1087,10 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
         return err;
       if (last && (side == 0 ? kDqFromRows : kDkFromRows))
         err = launch(table_dx_kernel<kD, In>, grid, kTabThreads, 0, st, g, table, Enc::rel_rows(r), a.H, T,
-                     static_cast<const float *>(acc), side == 0 ? p.dq : p.dk);
+                     static_cast<const float *>(acc), side == 0 ? p.dq : p.dk, BH);
       else
         err = launch(table_dx_kernel<kD, float>, grid, kTabThreads, 0, st, g, table, Enc::rel_rows(r), a.H, T,
-                     static_cast<const float *>(acc), acc);
+                     static_cast<const float *>(acc), acc, BH);
       if (err != cudaSuccess) return err;
     }
   }

@@ -442,6 +442,15 @@ template <class Enc, class In, int D> __global__ void delta_kernel(const Params<
 // in a fixed order, and the table's gradient adds its per-block partial sums in fixed point
 // (deterministic in any order).
 constexpr int kTabTok = 64, kTabRows = 32, kTabThreads = 256, kTabGradTok = 2048;
+// A grid's B H slices on y, and on z past the 65535 that y holds (B H >= 65536: a batch of 4096
+// at 16 heads): slice_blocks(BH) the (y, z) extents; a block's slice is z gridDim.y + y, and the
+// blocks past BH (the last z's) have none.
+constexpr int64_t kMaxGridY = 65535;
+inline dim3 slice_blocks(unsigned x, int64_t BH) {
+  const int64_t y = BH < kMaxGridY ? BH : kMaxGridY;
+  return dim3(x, static_cast<unsigned>(y), static_cast<unsigned>((BH + y - 1) / y));
+}
+__device__ inline int64_t block_slice() { return blockIdx.z * int64_t(gridDim.y) + blockIdx.y; }
 
 template <int D> constexpr size_t table_rows_smem() {
   return sizeof(float) * (size_t(kTabTok) * D + size_t(kTabRows) * (D + 1));
@@ -449,16 +458,17 @@ template <int D> constexpr size_t table_rows_smem() {
 
 // y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] for r < rows and rows t in [row0, T) (x
 // with ld_x rows a slice, y with ld_y, y's row stride rows; bias may be null): grid
-// (ceil((T - row0) / 64), B*H). Lane l serves table row r0 + l of each chunk,
+// (ceil((T - row0) / 64), B*H on y and z: slice_blocks). Lane l serves table row r0 + l of each chunk,
 // warp w the tokens w, w + 8, ..., w + 56 of the tile (their x read as a broadcast).
 template <class In, int D>
 __global__ void __launch_bounds__(kTabThreads)
     table_rows_kernel(const In *x, const float *bias, const float *table, int64_t rows, int64_t H,
-                      int64_t T, float *y, int64_t ld_x, int64_t ld_y, int64_t row0) {
+                      int64_t T, float *y, int64_t ld_x, int64_t ld_y, int64_t row0, int64_t BH) {
   APE_DYNAMIC_SMEM(smem);
   float *sX = reinterpret_cast<float *>(smem);  // (kTabTok, D)
   float *sT = sX + kTabTok * D;                 // (kTabRows, D + 1)
-  const int64_t bh = blockIdx.y, h = bh % H, t0 = row0 + blockIdx.x * int64_t(kTabTok);  // rows from row0
+  const int64_t bh = block_slice(), h = bh % H, t0 = row0 + blockIdx.x * int64_t(kTabTok);  // rows from row0
+  if (bh >= BH) return;  // (the whole block)
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   static_assert(kTabThreads % D == 0, "a thread stages one column of x");
   const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
@@ -488,15 +498,16 @@ __global__ void __launch_bounds__(kTabThreads)
 
 // dx[bh, t, c] = x[bh, t, c] + sum_r g[bh, t, r] table[r, h, c] (g's row stride rows), in Out: x
 // and dx are one fp32 array (dx += ...), or dx is the 16-bit gradient the backward returns (the
-// last rows of a side without a mod: no conversion pass after). Grid (ceil(T / 64), B*H). Lane l
+// last rows of a side without a mod: no conversion pass after). Grid (ceil(T / 64), B*H on y and z). Lane l
 // serves the columns l, l + 32, ..., warp w the tokens w, w + 8, ..., w + 56.
 template <int D, class Out>
 __global__ void __launch_bounds__(kTabThreads)
     table_dx_kernel(const float *g, const float *table, int64_t rows, int64_t H, int64_t T, const float *x,
-                    Out *dx) {
+                    Out *dx, int64_t BH) {
   APE_STATIC_SMEM(float, sG, kTabTok * (kTabRows + 1));
   APE_STATIC_SMEM(float, sT, kTabRows * D);
-  const int64_t bh = blockIdx.y, h = bh % H, t0 = blockIdx.x * int64_t(kTabTok);
+  const int64_t bh = block_slice(), h = bh % H, t0 = blockIdx.x * int64_t(kTabTok);
+  if (bh >= BH) return;  // (the whole block)
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   float acc[kTabTok / 8][D / 32] = {};
   for (int64_t r0 = 0; r0 < rows; r0 += kTabRows) {

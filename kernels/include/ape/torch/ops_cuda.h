@@ -33,6 +33,7 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -224,18 +225,31 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   return {o, lse};
 }
 
+// Whether the current stream is capturing a CUDA graph.
+inline bool capturing() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
 // The record of one device: the OR of every backward's status word there since the last
 // backward_status(clear=True), an int32 on that device. Never freed (a CUDA tensor destroyed at
-// process exit may outlive the CUDA context).
-inline at::Tensor status_record(const at::Device &device) {
+// process exit may outlive the CUDA context). Made by the first backward on the device, which
+// must not be inside a CUDA graph capture: there the record would come from the graph's memory
+// pool and its zeroing would be a node of the graph, rerun at every replay (erasing the bits of
+// the replays before). The ORs of backwards on two streams at once may race (a word's read and
+// write on each): a reason may be lost there, never the NaN gradients it explains.
+inline at::Tensor status_record(const at::Device &device, const std::string &who = "") {
   static std::mutex mutex;
   static auto *records = new std::vector<at::Tensor>();
   const std::lock_guard<std::mutex> lock(mutex);
   const size_t index = static_cast<size_t>(device.index());
   if (records->size() <= index) records->resize(index + 1);
   at::Tensor &r = (*records)[index];
-  if (!r.defined())
+  if (!r.defined()) {
+    TORCH_CHECK(!capturing(), who, "the first CUDA backward on ", device,
+                " runs inside a CUDA graph capture: run one backward before capturing (the warm-up "
+                "PyTorch's CUDA graphs ask for), so that its status record is made outside the graph");
     r = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kInt));
+  }
   return r;
 }
 
@@ -309,8 +323,8 @@ inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVari
     const cudaError_t launched = var.backward(a);
     scratch.raise(launched, who);
     check_cuda(launched, who);
-    status_record(q.device()).bitwise_or_(status);
-    if (sync_check_requested()) {
+    status_record(q.device(), who).bitwise_or_(status);
+    if (sync_check_requested() && !capturing()) {  // (a host read: none inside a graph capture)
       const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
       TORCH_CHECK((st & cuda::kStatusErrors) == 0, who,
                   cuda::status_message(st), " (APE_CUDA_SYNC_CHECK)");

@@ -370,14 +370,21 @@ inline std::vector<std::string> cuda_kernel_names(const Library &lib) {
 // CUDA tensors for which the library has no CUDA kernel (built without nvcc, an encoding the CUDA
 // template does not support yet, or a dtype / head dim that was not instantiated) run the CPU
 // kernel on host copies: correct, slow, and said once.
-inline void warn_host_copies(const Library &lib, const at::Tensor &q) {
-  std::string why = lib.no_cuda_reason ? lib.no_cuda_reason : "";
+inline std::string no_cuda_kernel_reason(const Library &lib, const at::Tensor &q) {
   if (lib.cuda)
-    why = c10::str("its CUDA kernels take (dtype/head dim) ",
-                   c10::Join(", ", cuda_kernel_names(lib)), ", not ", dtype_name(q.scalar_type()),
-                   " with head dim ", q.size(3));
-  TORCH_WARN_ONCE(prefix(*lib.inputs, "attention"), "no CUDA kernel for these inputs (", why,
+    return c10::str("its CUDA kernels take (dtype/head dim) ", c10::Join(", ", cuda_kernel_names(lib)),
+                    ", not ", dtype_name(q.scalar_type()), " with head dim ", q.size(3));
+  return lib.no_cuda_reason ? lib.no_cuda_reason : "";
+}
+inline void warn_host_copies(const Library &lib, const at::Tensor &q) {
+  TORCH_WARN_ONCE(prefix(*lib.inputs, "attention"), "no CUDA kernel for these inputs (",
+                  no_cuda_kernel_reason(lib, q),
                   "): computing on host copies with the CPU kernel (correct, but slow)");
+}
+// The same inside a CUDA graph capture, where host copies cannot be made: refused.
+inline std::string no_kernel_in_capture(const Library &lib, const at::Tensor &q) {
+  return c10::str("no CUDA kernel for these inputs (", no_cuda_kernel_reason(lib, q),
+                  "), and its fallback, the CPU kernel on host copies, cannot run inside a CUDA graph capture");
 }
 
 inline ForwardResult forward_on(Where where, const Library &lib, const at::Tensor &q,
@@ -396,6 +403,9 @@ inline ForwardResult forward_on(Where where, const Library &lib, const at::Tenso
 #ifdef APE_TORCH_OPS_CUDA
       if (const cuda::CudaVariant *var = cuda_variant(lib, q))
         return forward_cuda(prefix(in, op), *var, q, k, v, features, params, scale);
+#endif
+#ifdef APE_TORCH_OPS_CUDA
+      TORCH_CHECK(!capturing(), prefix(in, op), no_kernel_in_capture(lib, q));
 #endif
       warn_host_copies(lib, q);
       auto [o, lse] = forward_cpu(in, q.cpu(), k.cpu(), v.cpu(), to_host(features),
@@ -432,6 +442,9 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
 #ifdef APE_TORCH_OPS_CUDA
       if (const cuda::CudaVariant *var = cuda_variant(lib, q))
         return backward_cuda(w, *var, dout, q, k, v, o, lse, features, params, scale);
+#endif
+#ifdef APE_TORCH_OPS_CUDA
+      TORCH_CHECK(!capturing(), w, no_kernel_in_capture(lib, q));
 #endif
       warn_host_copies(lib, q);
       auto [dq, dk, dv, df, dp] = backward_cpu(in, dout.cpu(), q.cpu(), k.cpu(), v.cpu(),
