@@ -215,6 +215,7 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
     return s + ")";
   };
   auto u64 = [&](unsigned i) { return "static_cast<uint64_t>(" + a(i) + ")"; };
+  auto wrap = [&](StringRef sym) { return "int64_t(" + u64(0) + " " + sym.str() + " " + u64(1) + ")"; };
   // i1 as MLIR reads it: a 1-bit integer, true = 1 unsigned and -1 signed (C++'s bool is 1).
   auto isBool = [](Type t) { return t.isInteger(1); };
   auto signedOf = [&](unsigned i) {
@@ -255,10 +256,12 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
           .Case([&](arith::MulFOp) { return bin("*"); })
           .Case([&](arith::DivFOp) { return approx(FM::arcp, "div", ""); })
           .Case([&](arith::NegFOp) { return "(-" + a(0) + ")"; })
-          // On i1, modulo 2: + and - are xor, * is and.
-          .Case([&](arith::AddIOp o) { return isBool(o.getType()) ? "bool(" + bin("^") + ")" : bin("+"); })
-          .Case([&](arith::SubIOp o) { return isBool(o.getType()) ? "bool(" + bin("^") + ")" : bin("-"); })
-          .Case([&](arith::MulIOp o) { return isBool(o.getType()) ? "bool(" + bin("&") + ")" : bin("*"); })
+          // On i1, modulo 2: + and - are xor, * is and. On i64 and index they wrap modulo 2^64, as
+          // MLIR means them: computed on uint64_t (signed overflow is undefined in C++, and the
+          // compiler folded (n * 2^62) < 0 to n < 0).
+          .Case([&](arith::AddIOp o) { return isBool(o.getType()) ? "bool(" + bin("^") + ")" : wrap("+"); })
+          .Case([&](arith::SubIOp o) { return isBool(o.getType()) ? "bool(" + bin("^") + ")" : wrap("-"); })
+          .Case([&](arith::MulIOp o) { return isBool(o.getType()) ? "bool(" + bin("&") + ")" : wrap("*"); })
           // Integer division and remainder are total (contract/int_math.h): x / 0 = 0, x % 0 = x.
           .Case([&](arith::DivSIOp) { return call("::ape::int_math::div"); })
           .Case([&](arith::RemSIOp) { return call("::ape::int_math::rem"); })

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace mlir::ape {
 #define GEN_PASS_DEF_APEDIFFERENTIATE
@@ -50,6 +51,50 @@ struct Tan {
   explicit operator bool() const { return static_cast<bool>(v); }
 };
 
+/// A float constant's value, if x is one.
+std::optional<double> constantOf(Value x) {
+  if (auto c = x.getDefiningOp<arith::ConstantOp>())
+    if (auto f = dyn_cast<FloatAttr>(c.getValue()))
+      return f.getValueAsDouble();
+  if (auto c = x.getDefiningOp<ConstantOp>())
+    return c.getValue().convertToDouble();
+  return std::nullopt;
+}
+bool positive(Value x, int depth = 0);
+/// Whether x >= 0 (or NaN) for every input, in the kernels' floating point: a constant >= 0, a
+/// square y·y, |y|, e^y, and sums and products of such.
+bool nonNegative(Value x, int depth = 0) {
+  if (depth > 8)
+    return false;
+  if (std::optional<double> c = constantOf(x))
+    return *c >= 0;
+  Operation *op = x.getDefiningOp();
+  if (!op)
+    return false;
+  if (isa<math::AbsFOp, math::ExpOp>(op))
+    return true;
+  if (isa<arith::MulFOp>(op))
+    return op->getOperand(0) == op->getOperand(1) ||
+           (nonNegative(op->getOperand(0), depth + 1) && nonNegative(op->getOperand(1), depth + 1));
+  if (isa<arith::AddFOp>(op))
+    return nonNegative(op->getOperand(0), depth + 1) && nonNegative(op->getOperand(1), depth + 1);
+  return positive(x, depth + 1);
+}
+/// Whether x > 0 (or NaN) for every input: a positive constant, or c + y with c > 0 and y >= 0
+/// (>= c in round-to-nearest). (Not a product or e^y: they underflow to 0.)
+bool positive(Value x, int depth) {
+  if (depth > 8)
+    return false;
+  if (std::optional<double> c = constantOf(x))
+    return *c > 0;
+  auto add = x.getDefiningOp<arith::AddFOp>();
+  if (!add)
+    return false;
+  Value a = add.getLhs(), b = add.getRhs();
+  return (positive(a, depth + 1) && nonNegative(b, depth + 1)) ||
+         (nonNegative(a, depth + 1) && positive(b, depth + 1));
+}
+
 /// Tangent arithmetic on Tan.
 struct Tangents {
   RegionBuilder &rb;
@@ -63,6 +108,29 @@ struct Tangents {
   Tan sub(Tan a, Tan b) { return add(a, neg(b)); }
   Tan mul(Tan t, Value f) { return t ? Tan{rb.mul(t.v, f), t.neg} : Tan{}; }
   Tan div(Tan t, Value f) { return t ? Tan{rb.div(t.v, f), t.neg} : Tan{}; }
+  /// t·f and t/f with 0·inf = 0 and 0/0 = 0: 0 where t is exactly 0 (and, zmul's `zeroF`, where f
+  /// is). For the rules whose factor can be infinite, or whose divisor 0, at finite inputs (ln,
+  /// √, 1/x, e^x past its range, a^(p-1) at a = 0): a tangent that is exactly 0 there (the
+  /// branch a max or min did not take, a term times a distance that is 0) stays 0, as the
+  /// reference's autograd with 0·inf = 0 gives it (runtime/SpecReference.cpp), where the product
+  /// was NaN and made the gradient NaN: log(max(x, 0)) wherever x <= 0, √(a n) at n = 0,
+  /// 4 / (1 + e^(a n)) where e^(a n) overflows (r·db = 0·inf in the quotient rule).
+  Value isZero(Value x) {
+    return rb.b.create<arith::CmpFOp>(rb.loc, arith::CmpFPredicate::OEQ, x, rb.f32(0.0));
+  }
+  Tan zmul(Tan t, Value f, bool zeroF = false) {
+    if (!t)
+      return Tan{};
+    Value z = isZero(t.v);
+    if (zeroF)
+      z = rb.b.create<arith::OrIOp>(rb.loc, z, isZero(f));
+    return {rb.select(z, rb.f32(0.0), rb.mul(t.v, f)), t.neg};
+  }
+  Tan zdiv(Tan t, Value f) {
+    if (!t || positive(f))  // (t/f with f > 0 is 0 where t is: no guard, as K-Cable's 1 + d²)
+      return div(t, f);
+    return {rb.select(isZero(t.v), rb.f32(0.0), rb.div(t.v, f)), t.neg};
+  }
   Tan neg(Tan t) { return t ? Tan{t.v, !t.neg} : Tan{}; }
   /// The tangent as a value (its negation emitted where it carries one).
   Value value(Tan t) { return !t ? Value() : t.neg ? rb.neg(t.v) : t.v; }
@@ -96,47 +164,57 @@ FailureOr<Tan> tangentOf(Operation *op, DenseMap<Value, Tan> &tan, RegionBuilder
     Tan right = t.mul(T(1), X(0));
     return t.add(left, right);
   }
-  if (isa<arith::DivFOp>(op)) {  // d(a/b) = (da - r·db)/b
-    Tan rdb = t.mul(T(1), r);
-    return t.div(t.sub(T(0), rdb), X(1));
+  if (isa<arith::DivFOp>(op)) {  // d(a/b) = da/b - r·(db/b)
+    // db/b before the product: where b is large, db often is too (b = 1 + e^x: db = e^x dx), and
+    // r·db overflowed first ((da - r·db)/b: 4/(1 + e^86) in f32 gave -inf for about -1e-35).
+    Tan rq = t.zmul(t.zdiv(T(1), X(1)), r, /*zeroF=*/true);
+    return t.sub(t.zdiv(T(0), X(1)), rq);
   }
   if (isa<arith::NegFOp>(op))
     return t.neg(T(0));
   if (isa<arith::MaximumFOp, arith::MaxNumFOp, arith::MinimumFOp, arith::MinNumFOp>(op) &&
       !T(0) && !T(1))
     return Tan{};
+  // maxnumf / minnumf take the number where one operand is NaN, so the derivative is that
+  // operand's: a's where b is NaN (the comparison alone, false on NaN, took b's).
+  auto numberA = [&](Value c) {
+    if (!isa<arith::MaxNumFOp, arith::MinNumFOp>(op))
+      return c;
+    Value bNaN = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, X(1), X(1));
+    return b.create<arith::OrIOp>(loc, c, bNaN).getResult();
+  };
   if (isa<arith::MaximumFOp, arith::MaxNumFOp>(op)) {  // d max(a,b) = a >= b ? da : db
     Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGE, X(0), X(1));
-    return t.select(c, T(0), T(1));
+    return t.select(numberA(c), T(0), T(1));
   }
   // Ties follow one convention: a == b is treated as a slightly larger, as for
   // |x| at 0 (sign +1). Then kinks that cancel in a smooth function (log σ(x) =
   // min(x, 0) - log1p(exp(-|x|))) also cancel in its derivative.
   if (isa<arith::MinimumFOp, arith::MinNumFOp>(op)) {  // d min(a,b) = a < b ? da : db
     Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OLT, X(0), X(1));
-    return t.select(c, T(0), T(1));
+    return t.select(numberA(c), T(0), T(1));
   }
   if (isa<arith::SelectOp>(op))
     return t.select(X(0), T(1), T(2));
   if (isa<math::ExpOp>(op))  // d e^a = e^a·da
-    return t.mul(T(0), r);
+    return t.zmul(T(0), r);
   if (isa<math::LogOp>(op))  // d ln a = da/a
-    return t.div(T(0), X(0));
+    return t.zdiv(T(0), X(0));
   if (isa<math::Exp2Op>(op))  // d 2^a = 2^a·ln 2·da
-    return T(0) ? t.mul(t.mul(T(0), r), rb.f32(M_LN2)) : Tan{};
+    return T(0) ? t.mul(t.zmul(T(0), r), rb.f32(M_LN2)) : Tan{};
   if (isa<math::Log2Op>(op))  // d log2 a = da/(a·ln 2)
-    return T(0) ? t.div(T(0), rb.mul(X(0), rb.f32(M_LN2))) : Tan{};
+    return T(0) ? t.zdiv(T(0), rb.mul(X(0), rb.f32(M_LN2))) : Tan{};
   if (isa<math::Log1pOp>(op)) {  // d ln(1+a) = da/(1+a)
     if (!T(0))
       return Tan{};
     Value one = rb.f32(1.0);
-    return t.div(T(0), rb.add(one, X(0)));
+    return t.zdiv(T(0), rb.add(one, X(0)));
   }
   if (isa<math::SqrtOp>(op)) {  // d √a = da/(2√a)
     if (!T(0))
       return Tan{};
     Value two = rb.f32(2.0);
-    return t.div(T(0), rb.mul(two, r));
+    return t.zdiv(T(0), rb.mul(two, r));
   }
   if (!T(0) && isa<math::SinOp, math::CosOp, math::TanhOp, math::AbsFOp>(op))
     return Tan{};
@@ -161,7 +239,7 @@ FailureOr<Tan> tangentOf(Operation *op, DenseMap<Value, Tan> &tan, RegionBuilder
     if (T(0)) {
       Value pm1 = rb.sub(X(1), rb.f32(1.0));
       Value c = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OEQ, X(1), zero);
-      da = t.select(c, Tan{}, t.mul(T(0), rb.mul(X(1), b.create<math::PowFOp>(loc, X(0), pm1))));
+      da = t.select(c, Tan{}, t.zmul(T(0), rb.mul(X(1), b.create<math::PowFOp>(loc, X(0), pm1))));
     }
     Tan dp;
     if (T(1)) {

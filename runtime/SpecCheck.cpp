@@ -358,7 +358,10 @@ CheckRow fp32_row(const std::string &q, const std::string &prec, const std::stri
                   const Error &e, const Error &y, double floor, const CheckOptions &opt) {
   const double yard = std::min(y.rel, opt.fp32_yardstick_max);
   CheckRow row{q, prec, cell, e.max_abs, e.rel, y.rel, std::max(opt.fp32_factor * yard, floor)};
-  if (!(y.rel <= opt.fp32_yardstick_max)) {
+  if (std::isnan(y.rel)) {
+    row.tol = opt.fp32_factor * opt.fp32_yardstick_max;
+    row.note = "the reference is NaN here (the fp32 one against the fp64 one): the spec computes NaN";
+  } else if (!(y.rel <= opt.fp32_yardstick_max)) {
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   "the fp32 reference itself is off by %.2e: single precision loses this quantity, "

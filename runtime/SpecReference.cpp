@@ -287,7 +287,7 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
 }
 
 // Reverse mode through one op with the chain rule's 0 * inf = 0: where the gradient reaching the op's
-// value is exactly zero, so is the gradient it passes on. A value that an arith.select discards
+// value is exactly zero, or the op's partial derivative is, so is the gradient it passes on. A value that an arith.select discards
 // gets a zero gradient, and its op would otherwise pass on 0 * f'(x), NaN where f' is infinite:
 // select(a n > 0, log(a n), 0) at n = 0 gave the param a NaN gradient (0 / 0 in log's backward)
 // where the kernel's derivative, taken through the select, is the kept branch's (zero there).
@@ -310,11 +310,14 @@ struct ZeroSafe : public torch::autograd::Function<ZeroSafe> {
     torch::autograd::variable_list out(x.size() + 1);
     if (!g[0].defined()) return out;
     at::AutoGradMode on(true);
-    const auto gx = torch::autograd::grad({y}, x, {g[0]}, /*retain_graph=*/true, /*create_graph=*/false,
-                                          /*allow_unused=*/true);
+    // The op is elementwise on operands of its result's shape: the gradient with respect to each
+    // operand is g times the partial derivative, element by element, taken with 0 · inf = 0 on
+    // either side (a zero partial: sqrt(a n) at n = 0, where g reaching a n is infinite).
+    const auto d = torch::autograd::grad({y}, x, {at::ones_like(y)}, /*retain_graph=*/true,
+                                         /*create_graph=*/false, /*allow_unused=*/true);
     const Tensor dead = g[0].eq(0);
     for (size_t i = 0; i < x.size(); ++i)
-      if (gx[i].defined()) out[i] = gx[i].masked_fill(dead, 0);
+      if (d[i].defined()) out[i] = (g[0] * d[i]).masked_fill(dead | d[i].eq(0), 0);
     return out;
   }
 };

@@ -87,6 +87,16 @@ add_test(NAME ape_check.spec_row_term
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/row_term.mlir)
 set_tests_properties(ape_check.spec_row_term PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# Derivatives at the edges of floating point (0 · inf and 0/0 in the tangents: masked pairs, an
+# overflowing e^x, sqrt at 0, a token map log(max(g, 0))), maxnumf beside a NaN, and i64
+# arithmetic that wraps: the CPU kernel and the CUDA kernels (emulated) against the reference.
+add_test(NAME ape_check.spec_derivative_edges
+  COMMAND ${_expect} 0 "^dparam:lw +fp32 .* pass$" "^dparam:sa +fp32 .* pass$" "^dparam:sq +fp64 .* pass$"
+          "^dparam:na +fp64 .* pass$" "^dfeature:gate +fp32 .* pass$" "^dparam:sa +cuda-bf16 .* pass$"
+          "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/derivative_edges.mlir --cuda)
+set_tests_properties(ape_check.spec_derivative_edges PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Integer division and remainder by i - j, 0 on the diagonal: total in the kernel and the reference
 # (contract/int_math.h: x / 0 = 0, x % 0 = x), where C++ traps.
 add_test(NAME ape_check.spec_int_division

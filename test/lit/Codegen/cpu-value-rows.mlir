@@ -11,7 +11,7 @@
 // CHECK-NEXT: static constexpr int64_t kValueRows = 33;
 // CHECK-NEXT: static constexpr bool kValueTableTrainable = true;
 // CHECK: static int64_t value_row(const ape::HeadCtx<T> &ctx, int64_t i, int64_t j) {
-// CHECK: (i - j)
+// CHECK: int64_t(static_cast<uint64_t>(i) - static_cast<uint64_t>(j))
 // CHECK: return std::clamp<int64_t>({{v[0-9]+}}, 0, kValueRows - 1);
 
 // IR: ape.value_rows %{{.*}} index {
