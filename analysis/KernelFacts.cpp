@@ -143,7 +143,16 @@ std::optional<RowColBias> mlir::ape::rowColBias(ScoreModOp mod) {
   RowColBias rc;
   DenseMap<Value, unsigned> memo, gmemo;
   bool ok = true;
+  // The terms of a sum, one per path through its adds: a shared term is visited once per path,
+  // 2^n times for n adds of a value to itself. Past kMaxTerms visits the mod is not taken for a
+  // row/column bias (the general path computes it): a spec of 30 such adds took 8.5 GB here.
+  constexpr unsigned kMaxTerms = 4096;
+  unsigned visits = 0;
   std::function<void(Value, bool)> split = [&](Value x, bool neg) {
+    if (!ok || ++visits > kMaxTerms) {
+      ok = false;
+      return;
+    }
     if (auto add = x.getDefiningOp<arith::AddFOp>()) {
       split(add.getLhs(), neg);
       split(add.getRhs(), neg);
@@ -237,8 +246,10 @@ unsigned featureReads(Value v, Value i, Value j, Block &block, DenseMap<Value, u
   return memo[v] = r;
 }
 /// A structural key of a region value (ops, attributes, block arguments by number), equal for the
-/// same computation in the body and the grad region.
-std::string structuralKey(Value v, DenseMap<Value, std::string> &memo) {
+/// same computation in the body and the grad region. An operand appears in its user's key by the
+/// number of its own key (`ids`, shared by the regions compared), so a key's length is its op's,
+/// not its whole cone's (that doubled per level of a DAG: x2 = x1 + x1, ... took 9 GB at 24).
+std::string structuralKey(Value v, DenseMap<Value, std::string> &memo, std::map<std::string, unsigned> &ids) {
   if (auto it = memo.find(v); it != memo.end())
     return it->second;
   std::string key;
@@ -247,8 +258,10 @@ std::string structuralKey(Value v, DenseMap<Value, std::string> &memo) {
   } else if (Operation *def = v.getDefiningOp()) {
     llvm::raw_string_ostream os(key);
     os << def->getName() << "#" << cast<OpResult>(v).getResultNumber() << def->getAttrDictionary() << "(";
-    for (Value operand : def->getOperands())
-      os << structuralKey(operand, memo) << ",";
+    for (Value operand : def->getOperands()) {
+      const std::string k = structuralKey(operand, memo, ids);
+      os << "k" << ids.try_emplace(k, static_cast<unsigned>(ids.size())).first->second << ",";
+    }
     os << ")";
   }
   return memo[v] = key;
@@ -260,6 +273,7 @@ std::optional<ScoreFeatures> mlir::ape::scoreFeatures(ScoreModOp mod, ValueRowsO
     return std::nullopt;
   ScoreFeatures sf;
   std::map<std::pair<void *, std::string>, unsigned> byKey;
+  std::map<std::string, unsigned> keyIds;  // structuralKey's numbers, the same in both regions
   bool ok = true;
   unsigned slots[3] = {0, 0, 0};
   for (Region *region : {&mod.getBody(), &mod.getGrad()}) {
@@ -277,7 +291,7 @@ std::optional<ScoreFeatures> mlir::ape::scoreFeatures(ScoreModOp mod, ValueRowsO
         if ((r & kOther) || ((r & kD) && (r & ~kD)))
           ok = false;
         all |= r;
-        key += structuralKey(x, keys) + ";";
+        key += structuralKey(x, keys, keyIds) + ";";
       }
       if ((all & kI) && (all & kJ))
         ok = false;

@@ -1,6 +1,9 @@
 //===- SpecDriver.cpp - read, check and lower a spec ----------------------===//
 #include "tools/SpecDriver.h"
 
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringSet.h"
+
 #include "dialect/ApeDialect.h"
 #include "dialect/ApeOps.h"
 #include "dialect/RegionTypes.h"
@@ -65,6 +68,79 @@ LogicalResult mlir::ape::checkNesting(const llvm::SourceMgr &sourceMgr, MLIRCont
       if (it != open.rend())
         open.resize(open.rend() - it - 1);
     }
+  }
+  return success();
+}
+
+/// A value used before the file defines any value of that name is refused before MLIR parses it.
+/// A spec never needs one (a region reads values defined above it), and MLIR 19's parser frees a
+/// region that fails to parse while a forward reference from an earlier region still points into
+/// it (llvm-project #107121, fixed in LLVM 21): `%9` used in one q_mod and defined in the next,
+/// which then failed, corrupted the heap (apec aborted in malloc). Strings and comments are
+/// skipped; a definition is `%x =`, `%x:2 =`, `%a, %b =` or a block argument `%x: type`.
+LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
+  const llvm::MemoryBuffer *buffer = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID());
+  llvm::StringRef text = buffer->getBuffer();
+  const size_t n = text.size();
+  auto nameChar = [](char c) { return llvm::isAlnum(c) || c == '_' || c == '.' || c == '$' || c == '-'; };
+  auto skipSpace = [&](size_t k) {
+    while (k < n && (text[k] == ' ' || text[k] == '\t' || text[k] == '\n' || text[k] == '\r'))
+      ++k;
+    return k;
+  };
+  llvm::StringSet<> defined;
+  for (size_t i = 0; i < n; ++i) {
+    const char ch = text[i];
+    if (ch == '"') {
+      for (++i; i < n && text[i] != '"'; ++i)
+        if (text[i] == '\\')
+          ++i;
+      continue;
+    }
+    if (ch == '/' && i + 1 < n && text[i + 1] == '/') {
+      while (i < n && text[i] != '\n')
+        ++i;
+      continue;
+    }
+    if (ch != '%' || (i > 0 && nameChar(text[i - 1])))
+      continue;
+    size_t e = i + 1;
+    while (e < n && nameChar(text[e]))
+      ++e;
+    if (e == i + 1)
+      continue;
+    const llvm::StringRef name = text.slice(i, e);
+    // What follows: a result count and `=`, a list of names and `=`, `=`, or `: type`.
+    size_t k = e;
+    bool def = false;
+    if (k < n && text[k] == ':') {
+      size_t d = k + 1;
+      while (d < n && llvm::isDigit(text[d]))
+        ++d;
+      def = d == k + 1 || (d < n && text[skipSpace(d)] == '=');  // `%x: type` or `%x:2 =`
+    } else {
+      k = skipSpace(k);
+      while (k < n && text[k] == ',') {  // `%a, %b = ...`
+        k = skipSpace(k + 1);
+        if (k >= n || text[k] != '%')
+          break;
+        ++k;
+        while (k < n && nameChar(text[k]))
+          ++k;
+        k = skipSpace(k);
+      }
+      def = k < n && text[k] == '=' && (k + 1 >= n || text[k + 1] != '=');
+    }
+    if (def) {
+      defined.insert(name);
+    } else if (!defined.contains(name)) {
+      unsigned line = 0, column = 0;
+      std::tie(line, column) = sourceMgr.getLineAndColumn(llvm::SMLoc::getFromPointer(name.data()));
+      emitError(FileLineColLoc::get(context, buffer->getBufferIdentifier(), line, column))
+          << "'" << name << "' is used before it is defined (a region reads only values defined above it)";
+      return failure();
+    }
+    i = e - 1;
   }
   return success();
 }
@@ -146,7 +222,8 @@ static void warnUnusedValues(ModuleOp module) {
 }
 
 OwningOpRef<ModuleOp> mlir::ape::parseSpec(llvm::SourceMgr &sourceMgr, MLIRContext *context) {
-  if (failed(checkUtf8(sourceMgr, context)) || failed(checkNesting(sourceMgr, context)))
+  if (failed(checkUtf8(sourceMgr, context)) || failed(checkNesting(sourceMgr, context)) ||
+      failed(checkForwardReferences(sourceMgr, context)))
     return nullptr;
   OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, context);
   if (!module)

@@ -39,11 +39,15 @@ void registerSpecDialects(mlir::DialectRegistry &registry);
 /// `sourceMgr`, "nesting deeper than N levels" through `context`'s diagnostic engine.
 mlir::LogicalResult checkNesting(const llvm::SourceMgr &sourceMgr, mlir::MLIRContext *context);
 
+/// Reports the first use of a value name that the main buffer has not defined above it (a spec
+/// never needs one; MLIR 19's parser corrupted the heap on one into a region that then failed).
+mlir::LogicalResult checkForwardReferences(const llvm::SourceMgr &sourceMgr, mlir::MLIRContext *context);
+
 /// `file` without a UTF-8 byte-order mark at its start (editors on Windows write one; MLIR's
 /// lexer does not skip it), columns then counted as an editor shows them. Any other file as is.
 std::unique_ptr<llvm::MemoryBuffer> withoutByteOrderMark(std::unique_ptr<llvm::MemoryBuffer> file);
 
-/// checkNesting, then parses and verifies the main buffer; null (with diagnostics emitted)
+/// checkNesting and checkForwardReferences, then parses and verifies the main buffer; null (with diagnostics emitted)
 /// when the spec is malformed, is not UTF-8 (UTF-16, by its byte-order mark or its NUL bytes) or
 /// holds no ape.encoding. A value of an encoding that nothing uses (a param, a token feature, rows
 /// or a token sequence that no region reads) gets a warning: the lowering drops it, so a trainable

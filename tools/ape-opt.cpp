@@ -49,7 +49,8 @@ int main(int argc, char **argv) {
         llvm::SMLoc());
     mlir::MLIRContext context;
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context);
-    if (mlir::failed(mlir::ape::checkNesting(sourceMgr, &context)))
+    if (mlir::failed(mlir::ape::checkNesting(sourceMgr, &context)) ||
+        mlir::failed(mlir::ape::checkForwardReferences(sourceMgr, &context)))
       return 1;
   }
   std::unique_ptr<llvm::ToolOutputFile> out = mlir::openOutputFile(output, &error);

@@ -27,6 +27,9 @@
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/SourceMgr.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 using namespace mlir;
 namespace cl = llvm::cl;
 
@@ -261,8 +264,14 @@ int main(int argc, char **argv) {
   sourceMgr.AddNewSourceBuffer(ape::withoutByteOrderMark(std::move(file)), llvm::SMLoc());
   SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
   OwningOpRef<ModuleOp> module = ape::parseSpec(sourceMgr, &context);  // nesting, parse, verify
-  if (!module)
-    return 1;
+  if (!module) {
+    // Out without the context's teardown: MLIR 19's parser can leave a region it freed reachable
+    // after a failed parse (SpecDriver.cpp, checkForwardReferences), and destroying the context
+    // then aborted in malloc. The diagnostics are written; there is nothing else to release.
+    llvm::errs().flush();
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
   if (usesCudaVariants && failed(checkHeadDimHints(*module)))
     return 1;
   if (!expectName.empty()) {
