@@ -114,9 +114,13 @@ static LogicalResult verifyContainer(Operation *op, Region &body,
   if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_') ||
       !llvm::all_of(name, [](char ch) {
         return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
-      }))
-    return op->emitOpError("name @\"") << name
+      })) {
+    std::string escaped;  // as it was written: a quote or a control character escaped
+    llvm::raw_string_ostream os(escaped);
+    llvm::printEscapedString(name, os);
+    return op->emitOpError("name @\"") << escaped
            << "\" must be an identifier: a letter or '_' then letters, digits or '_'";
+  }
   // Names the emitted C++ could not keep: the macros compilers and C libraries predefine (an
   // identifier handed on by a macro is expanded first), the ones C++ reserves, and a name that
   // is another encoding's level entry point (ape_kernel_entry_NAME_level).

@@ -74,28 +74,52 @@ nlohmann::json TrainConfig::to_json() const {
           {"world_size", world_size}};
 }
 
+namespace {
+// A field of a saved training config, named in the error: an integer field must hold an integer
+// (a float such as 1e308 converted to int64 is undefined behaviour), the seed one in [0, 2^63) as
+// --seed takes it.
+int64_t int_field(const nlohmann::json &j, const char *name, std::optional<int64_t> fallback = std::nullopt) {
+  if (fallback && !j.contains(name)) return *fallback;
+  const nlohmann::json &v = j.at(name);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+    throw std::runtime_error(std::string("training config: ") + name + " must be an integer in int64's range, not " +
+                             v.dump());
+  return v.get<int64_t>();
+}
+double real_field(const nlohmann::json &j, const char *name, std::optional<double> fallback = std::nullopt) {
+  if (fallback && !j.contains(name)) return *fallback;
+  const nlohmann::json &v = j.at(name);
+  if (!v.is_number())
+    throw std::runtime_error(std::string("training config: ") + name + " must be a number, not " + v.dump());
+  return v.get<double>();
+}
+}  // namespace
+
 TrainConfig TrainConfig::from_json(const nlohmann::json &j) {
   TrainConfig c;
   try {
-    c.steps = j.at("steps").get<int64_t>();
-    c.minutes = j.at("minutes").get<double>();
-    c.batch = j.at("batch").get<int64_t>();
-    c.seq_len = j.at("seq_len").get<int64_t>();
-    c.lr = j.at("lr").get<double>();
-    c.min_lr_frac = j.at("min_lr_frac").get<double>();
-    c.warmup_steps = j.at("warmup_steps").get<int64_t>();
-    c.weight_decay = j.at("weight_decay").get<double>();
+    c.steps = int_field(j, "steps");
+    c.minutes = real_field(j, "minutes");
+    c.batch = int_field(j, "batch");
+    c.seq_len = int_field(j, "seq_len");
+    c.lr = real_field(j, "lr");
+    c.min_lr_frac = real_field(j, "min_lr_frac");
+    c.warmup_steps = int_field(j, "warmup_steps");
+    c.weight_decay = real_field(j, "weight_decay");
     const auto &b = j.at("betas");
-    if (!b.is_array() || b.size() != 2) throw std::runtime_error("betas must be a pair");
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+      throw std::runtime_error("training config: betas must be a pair of numbers");
     c.beta1 = b[0].get<double>();
     c.beta2 = b[1].get<double>();
-    c.grad_clip = j.at("grad_clip").get<double>();
-    c.seed = j.at("seed").get<uint64_t>();
-    c.checkpoint_every = j.value("checkpoint_every", int64_t{0});
-    c.checkpoint_minutes = j.value("checkpoint_minutes", 0.0);
-    c.divergence_factor = j.value("divergence_factor", 2.0);
-    c.threads = j.value("threads", int64_t{0});
-    c.world_size = j.value("world_size", int64_t{1});
+    c.grad_clip = real_field(j, "grad_clip");
+    const int64_t seed = int_field(j, "seed");
+    if (seed < 0) throw std::runtime_error("training config: seed must be in [0, 2^63), not " + std::to_string(seed));
+    c.seed = static_cast<uint64_t>(seed);
+    c.checkpoint_every = int_field(j, "checkpoint_every", 0);
+    c.checkpoint_minutes = real_field(j, "checkpoint_minutes", 0.0);
+    c.divergence_factor = real_field(j, "divergence_factor", 2.0);
+    c.threads = int_field(j, "threads", 0);
+    c.world_size = int_field(j, "world_size", 1);
   } catch (const nlohmann::json::exception &e) {
     throw std::runtime_error(std::string("training config JSON: ") + e.what());
   }

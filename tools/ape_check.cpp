@@ -70,7 +70,7 @@ int run_apec(const std::string &apec, const std::string &spec, const fs::path &d
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return status;  // the wait status (ape::system_status_text reads it)
 }
 
 // A temporary folder removed on scope exit.
@@ -224,7 +224,8 @@ int main(int argc, char **argv) {
   TempDir dir;
   const int rc = run_apec(apec, spec, dir.path);
   if (rc != 0) {
-    std::cerr << "ape-check: error: apec could not compile " << spec << " (status " << rc << ")\n";
+    std::cerr << "ape-check: error: apec could not compile " << spec << " (it " << ape::system_status_text(rc)
+              << ")\n";
     return 2;
   }
   std::vector<fs::path> refs;

@@ -284,6 +284,13 @@ ape.encoding @"my-encoding" {
 
 // -----
 
+// A quote in the name is shown escaped, as it was written (it ended the quoted name early).
+// expected-error @+1 {{'ape.encoding' op name @"a\22b" must be an identifier}}
+ape.encoding @"a\"b" {
+}
+
+// -----
+
 // A name a C or C++ compiler predefines as a macro (GNU mode: linux = 1) would be expanded in the
 // emitted entry points.
 // expected-error @+1 {{'ape.encoding' op name @linux is a name C or C++ compilers define as a macro or reserve; choose another}}

@@ -20,6 +20,27 @@ TEST(Train, LearningRateWarmupAndCosine) {
   EXPECT_ERROR(none.validate(), "give a budget");
 }
 
+// A saved training config (a checkpoint's "train") round-trips, and a forged field is refused by
+// name: a seed --seed would refuse, a float where an integer belongs (1e308 converted to int64 is
+// undefined behaviour), a string for a number.
+TEST(Train, ASavedConfigIsReadBackFieldByField) {
+  ape::TrainConfig c;
+  c.steps = 100, c.seed = 7, c.batch = 4, c.seq_len = 64;
+  const nlohmann::json j = c.to_json();
+  const ape::TrainConfig back = ape::TrainConfig::from_json(j);
+  EXPECT_EQ(back.to_json(), j);
+  auto with = [&](const char *name, nlohmann::json value) {
+    nlohmann::json k = j;
+    k[name] = std::move(value);
+    return k;
+  };
+  EXPECT_ERROR(ape::TrainConfig::from_json(with("seed", -1)), "seed must be in [0, 2^63)");
+  EXPECT_ERROR(ape::TrainConfig::from_json(with("seed", 1e308)), "seed must be an integer");
+  EXPECT_ERROR(ape::TrainConfig::from_json(with("steps", 1e308)), "steps must be an integer");
+  EXPECT_ERROR(ape::TrainConfig::from_json(with("lr", "fast")), "lr must be a number");
+  EXPECT_ERROR(ape::TrainConfig::from_json(with("threads", 2.5)), "threads must be an integer");
+}
+
 TEST(Train, LossFallsOnATinyModel) {
   at::manual_seed(12);
   const ape::TokenSplit s = phrase_book();
