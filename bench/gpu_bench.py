@@ -572,6 +572,8 @@ def kernel_times(fn, device, reps=None):
         sync(device)
     total, count = {}, {}
     for e in prof.events():
+        if getattr(e, "is_user_annotation", False):  # a range around kernels, not one
+            continue
         on_gpu = str(getattr(e, "device_type", "")).endswith("CUDA")
         if device == "cuda" and not on_gpu:
             continue

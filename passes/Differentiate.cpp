@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 namespace mlir::ape {
@@ -80,13 +81,14 @@ bool nonNegative(Value x, int depth = 0) {
     return nonNegative(op->getOperand(0), depth + 1) && nonNegative(op->getOperand(1), depth + 1);
   return positive(x, depth + 1);
 }
-/// Whether x > 0 (or NaN) for every input: a positive constant, or c + y with c > 0 and y >= 0
-/// (>= c in round-to-nearest). (Not a product or e^y: they underflow to 0.)
+/// Whether x > 0 (or NaN) for every input: a constant that is a normal positive f32 (1e-50 rounds
+/// to 0 there, a subnormal flushes to 0 on some targets), or c + y with c such and y >= 0 (>= c
+/// in round-to-nearest). (Not a product or e^y: they underflow to 0.)
 bool positive(Value x, int depth) {
   if (depth > 8)
     return false;
   if (std::optional<double> c = constantOf(x))
-    return *c > 0;
+    return static_cast<float>(*c) >= std::numeric_limits<float>::min();
   auto add = x.getDefiningOp<arith::AddFOp>();
   if (!add)
     return false;

@@ -160,20 +160,25 @@ Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell 
   c10::AutoGradMode grad_mode(true);
   SpecReference::Result r = ref.attention(q, k, v, feats, prms, c.scale);
   Outputs out;
-  // Each trainable param's sensitivity to the logits, sqrt(sum_ij (ds_ij / dw)^2) at its largest
-  // element (param_floor_scale), estimated as E[(sum_ij r_ij ds_ij / dw)^2] over random signs r
-  // on the finite logits (kSensitivitySigns draws; a fixed generator, so that the cell's other
-  // draws stay as they are). A param the logits do not reach (value rows) gets 0.
+  // Each trainable param's sensitivity to the rounding of Delta_i = dO_i . o_i, which the kernels
+  // compute otherwise than sum_j P_ij dP_ij and which reaches the param's gradient as
+  // sum_i dDelta_i sum_j P_ij ds_ij/dw: sqrt(sum_i (sum_j P_ij ds_ij/dw)^2) at its largest element
+  // (param_floor_scale), estimated as E[(sum_ij r_i P_ij ds_ij/dw)^2] over random signs r per
+  // query row (kSensitivitySigns draws; a fixed generator, so that the cell's other draws stay as
+  // they are). fp64 only (the floors are taken against the fp64 reference). A param the logits do
+  // not reach (value rows) gets 0.
   std::vector<Tensor> trainable;
   std::vector<std::string> trainable_names;
   for (size_t n = 0; n < c.params.size(); ++n)
     if (man.params[n].trainable) trainable.push_back(prms.at(man.params[n].name)), trainable_names.push_back(man.params[n].name);
-  if (!trainable.empty() && r.s.defined() && r.s.requires_grad()) {
+  if (dtype == at::kDouble && !trainable.empty() && r.s.defined() && r.s.requires_grad()) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0x5e75u);
-    const Tensor finite = at::isfinite(r.s.detach()).to(dtype);
+    const Tensor weight = at::where(at::isfinite(r.s.detach()), r.p.detach(), at::zeros_like(r.p));
+    const int64_t B = r.s.size(0), H = r.s.size(1), T = c.q.size(2);
     std::vector<Tensor> sum2(trainable.size());
     for (int n = 0; n < kSensitivitySigns; ++n) {
-      const Tensor sign = at::randint(0, 2, r.s.sizes(), gen, at::dtype(dtype)).mul_(2).sub_(1).mul_(finite);
+      const Tensor rows = at::randint(0, 2, {B, H, T}, gen, at::dtype(dtype)).mul_(2).sub_(1);
+      const Tensor sign = rows.index_select(2, r.row).mul(weight);
       auto g = torch::autograd::grad({r.s}, trainable, {sign}, /*retain_graph=*/true, /*create_graph=*/false,
                                      /*allow_unused=*/true);
       for (size_t i = 0; i < g.size(); ++i)
@@ -333,22 +338,20 @@ struct Table {
   }
 };
 
-// What a param gradient's floor is multiplied by: the rounding it covers is that of dS_ij, summed
-// as sum_ij dS_ij ds_ij/dw, so its size is sqrt(sum_ij (ds_ij/dw)^2), the param's sensitivity
-// (run_reference; sqrt of the N = B H T (T+1)/2 query-key pairs for a bias added to every logit,
-// the least taken), times sqrt(D / 16) from head dim 16 up for fp32 (dS = P (dP - Delta), dot
-// products of D terms: at T = 1 and D 240 a gradient exactly 0 came out 3.8e-6 from that rounding
-// against a floor of 2e-6). The sensitivity matters where a gradient cancels: a row term w C_i
-// with C a cumulative sum up to 150 has sum_ij dS_ij C_i = 0 exactly, and the kernel's Delta =
-// dO . O (rounded otherwise than the reference's sum_j P_ij dP_ij) left 2.3e-3 in fp32 and 2.5 in
-// bf16, against floors of 1.2e-3 and 0.26 counted in pairs. (The floors were measured on
-// gradients of sensitivity about 1 per pair, where both counts agree.)
-double param_floor_scale(const CheckShape &s, const Outputs &ref, const std::string &quantity, bool fp32) {
+// What an fp32 param gradient's floor is multiplied by: sqrt of the N = B H T (T+1)/2 query-key
+// pairs it sums (the floor was measured on gradients of about unit sensitivity per pair), or the
+// param's sensitivity to the rounding of Delta where that is larger (run_reference: a row term
+// w C_i with C a cumulative sum up to 150 has sum_ij dS_ij C_i = 0 exactly, and a correct
+// kernel's Delta = dO . o, rounded otherwise than the reference's sum_j P_ij dP_ij, left 2.3e-3
+// against a floor of 1.2e-3 counted in pairs), times sqrt(D / 16) from head dim 16 up (dS =
+// P (dP - Delta), dot products of D terms: at T = 1 and D 240 a gradient exactly 0 came out 3.8e-6
+// from that rounding against a floor of 2e-6).
+double param_floor_scale(const CheckShape &s, const Outputs &ref, const std::string &quantity) {
   const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
   double size = std::sqrt(pairs);
   const std::string name = quantity.substr(std::string("dparam:").size());
   if (auto it = ref.find("sensitivity:" + name); it != ref.end()) size = std::max(size, it->second.item<double>());
-  return size * (fp32 ? std::sqrt(std::max(1.0, double(s.D) / 16.0)) : 1.0);
+  return size * std::sqrt(std::max(1.0, double(s.D) / 16.0));
 }
 
 // An fp32 row: tolerance max(factor x yardstick, floor), the yardstick (the fp32 reference's own
@@ -502,7 +505,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         table.add(row);
         const Error e32 = compare(k32.at(q), want), y = compare(r32.at(q), want);
         const CheckShape &s = c.shape;
-        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q, true)
+        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q)
                                                         : opt.fp32_floor;
         table.add(fp32_row(q, "fp32", c.label(), e32, y, floor, opt));
       }
@@ -552,14 +555,15 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         const Error e = compare(got.at(q), r64.at(q));
         const CheckShape &s = c.shape;
         if (bf16) {  // (its floor measured on the emulated kernels at D 64: not scaled by D)
+          const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
           const double tol = q.rfind("dparam:", 0) == 0
-                                 ? std::max(opt.bf16_tol, opt.bf16_param_floor * param_floor_scale(s, r64, q, false))
+                                 ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
                                  : opt.bf16_tol;
           table.add({q, prec, c.label(), e.max_abs, e.rel, -1, tol});
           continue;
         }
         const Error y = compare(r32.at(q), r64.at(q));
-        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q, true)
+        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q)
                                                         : opt.fp32_floor;
         table.add(fp32_row(q, prec, c.label(), e, y, floor, opt));
       }

@@ -600,9 +600,10 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     const Tensor sum = e.sum(3, true);
     const Tensor P = e / at::where(sum.gt(0), sum, at::ones_like(sum));
     const Tensor lse = (m + at::log(sum)).squeeze(3);
+    const Tensor p_pairs = P.reshape({B, H, T * T}).index_select(2, flat);
     if (doc.contains("transition") && doc.at("transition").is_object()) {
       const Tensor A = apply_transition(doc.at("transition"), P, site, d.what);
-      return {at::matmul(A, v), lse, s};
+      return {at::matmul(A, v), lse, s, p_pairs, pi};
     }
     Tensor o = at::matmul(P, v);
 
@@ -617,10 +618,9 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
       if (out.size() != 1) fail(d.what, "the value_rows index region must yield one index");
       const Tensor r = clamp_index(out[0].to(at::kLong), tab.size(0)).expand({B, H, np});
       const Tensor rows = tab.index({r, hh.expand({B, H, np})});  // [B, H, np, D]
-      const Tensor p = P.reshape({B, H, T * T}).index_select(2, flat);
-      o = o.index_add(2, pi, p.unsqueeze(3) * rows);
+      o = o.index_add(2, pi, p_pairs.unsqueeze(3) * rows);
     }
-    return {o, lse, s};
+    return {o, lse, s, p_pairs, pi};
   } catch (const json::exception &e) {
     fail(d.what, std::string("malformed: ") + e.what());
   }

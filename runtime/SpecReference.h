@@ -63,6 +63,8 @@ public:
   struct Result {
     at::Tensor o, lse;  // [B, H, T, D], [B, H, T]
     at::Tensor s;       // the causal pairs' logits after every score_mod, [B, H, T (T + 1) / 2]
+    at::Tensor p;       // their softmax weights P_ij, the same layout
+    at::Tensor row;     // the query i of each pair, [T (T + 1) / 2] (int64)
   };
   using Site = ReferenceSite;
   // The reference attention in the dtype of q (float64 or float32; everything else is converted

@@ -112,9 +112,11 @@ TrainConfig TrainConfig::from_json(const nlohmann::json &j) {
     c.beta1 = b[0].get<double>();
     c.beta2 = b[1].get<double>();
     c.grad_clip = real_field(j, "grad_clip");
-    const int64_t seed = int_field(j, "seed");
-    if (seed < 0) throw std::runtime_error("training config: seed must be in [0, 2^63), not " + std::to_string(seed));
-    c.seed = static_cast<uint64_t>(seed);
+    // Any unsigned 64-bit seed (runs before --seed took [0, 2^63) saved ones up to 2^64 - 1).
+    const nlohmann::json &seed = j.at("seed");
+    if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<int64_t>() >= 0))
+      throw std::runtime_error("training config: seed must be a non-negative integer, not " + seed.dump());
+    c.seed = seed.get<uint64_t>();
     c.checkpoint_every = int_field(j, "checkpoint_every", 0);
     c.checkpoint_minutes = real_field(j, "checkpoint_minutes", 0.0);
     c.divergence_factor = real_field(j, "divergence_factor", 2.0);

@@ -72,12 +72,14 @@ LogicalResult mlir::ape::checkNesting(const llvm::SourceMgr &sourceMgr, MLIRCont
   return success();
 }
 
-/// A value used before the file defines any value of that name is refused before MLIR parses it.
-/// A spec never needs one (a region reads values defined above it), and MLIR 19's parser frees a
-/// region that fails to parse while a forward reference from an earlier region still points into
-/// it (llvm-project #107121, fixed in LLVM 21): `%9` used in one q_mod and defined in the next,
-/// which then failed, corrupted the heap (apec aborted in malloc). Strings and comments are
-/// skipped; a definition is `%x =`, `%x:2 =`, `%a, %b =` or a block argument `%x: type`.
+/// A value used before the file defines it, where the file defines it later, is refused before
+/// MLIR parses the file. A spec never needs one (a region reads values defined above it; the
+/// encoding's body is isolated from above), and MLIR 19's parser frees a region that fails to
+/// parse while a forward reference from an earlier region still points into it (llvm-project
+/// #107121, fixed in LLVM 21): `%9` used in one q_mod and defined in the next, which then failed,
+/// corrupted the heap (apec and ape-opt aborted in malloc). A name never defined is left to MLIR
+/// (it has nothing to point into). Strings and comments are skipped; a definition is a block
+/// argument `%x : type` inside `^bb(...)`, or a result `%x =`, `%x : 2 =`, `%a, %b =`.
 LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
   const llvm::MemoryBuffer *buffer = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID());
   llvm::StringRef text = buffer->getBuffer();
@@ -88,7 +90,12 @@ LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr
       ++k;
     return k;
   };
-  llvm::StringSet<> defined;
+  struct Name {
+    llvm::StringRef name;
+    bool def;
+  };
+  std::vector<Name> names;  // in file order
+  int header = 0;           // inside a block header's parentheses: their depth
   for (size_t i = 0; i < n; ++i) {
     const char ch = text[i];
     if (ch == '"') {
@@ -102,6 +109,20 @@ LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr
         ++i;
       continue;
     }
+    if (ch == '^') {  // `^bb0(` opens a block header
+      size_t k = i + 1;
+      while (k < n && nameChar(text[k]))
+        ++k;
+      if (k > i + 1 && k < n && text[k] == '(' && header == 0) {
+        header = 1;
+        i = k;
+      }
+      continue;
+    }
+    if (header > 0 && (ch == '(' || ch == ')')) {
+      header += ch == '(' ? 1 : -1;
+      continue;
+    }
     if (ch != '%' || (i > 0 && nameChar(text[i - 1])))
       continue;
     size_t e = i + 1;
@@ -110,16 +131,17 @@ LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr
     if (e == i + 1)
       continue;
     const llvm::StringRef name = text.slice(i, e);
-    // What follows: a result count and `=`, a list of names and `=`, `=`, or `: type`.
-    size_t k = e;
+    size_t k = skipSpace(e);
     bool def = false;
-    if (k < n && text[k] == ':') {
-      size_t d = k + 1;
+    if (header > 0) {
+      def = k < n && text[k] == ':';  // a block argument
+    } else if (k < n && text[k] == ':') {  // `%x : 2 =`, a result group
+      size_t d = skipSpace(k + 1), d0 = d;
       while (d < n && llvm::isDigit(text[d]))
         ++d;
-      def = d == k + 1 || (d < n && text[skipSpace(d)] == '=');  // `%x: type` or `%x:2 =`
+      d = skipSpace(d);
+      def = d > d0 && d < n && text[d] == '=' && (d + 1 >= n || text[d + 1] != '=');
     } else {
-      k = skipSpace(k);
       while (k < n && text[k] == ',') {  // `%a, %b = ...`
         k = skipSpace(k + 1);
         if (k >= n || text[k] != '%')
@@ -131,16 +153,28 @@ LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr
       }
       def = k < n && text[k] == '=' && (k + 1 >= n || text[k + 1] != '=');
     }
-    if (def) {
-      defined.insert(name);
-    } else if (!defined.contains(name)) {
+    names.push_back({name, def});
+    i = e - 1;
+  }
+  llvm::StringSet<> later;  // the names defined from here on
+  std::vector<bool> forward(names.size(), false);
+  for (size_t x = names.size(); x-- > 0;) {
+    if (names[x].def)
+      later.insert(names[x].name);
+    else
+      forward[x] = later.contains(names[x].name);
+  }
+  llvm::StringSet<> defined;
+  for (size_t x = 0; x < names.size(); ++x) {
+    if (names[x].def) {
+      defined.insert(names[x].name);
+    } else if (forward[x] && !defined.contains(names[x].name)) {
       unsigned line = 0, column = 0;
-      std::tie(line, column) = sourceMgr.getLineAndColumn(llvm::SMLoc::getFromPointer(name.data()));
+      std::tie(line, column) = sourceMgr.getLineAndColumn(llvm::SMLoc::getFromPointer(names[x].name.data()));
       emitError(FileLineColLoc::get(context, buffer->getBufferIdentifier(), line, column))
-          << "'" << name << "' is used before it is defined (a region reads only values defined above it)";
+          << "'" << names[x].name << "' is used before it is defined (a region reads only values defined above it)";
       return failure();
     }
-    i = e - 1;
   }
   return success();
 }

@@ -130,8 +130,8 @@ int main(int argc, char **argv) {
       "max(--fp32-factor x the fp32 reference's own error (at most --fp32-yardstick-max),\n"
       "--fp32-floor); a param gradient, a sum\n"
       "over the N = B H T (T+1)/2 query-key pairs, at least --fp32-param-floor x S x\n"
-      "sqrt(max(1, D/16)), S = sqrt(sum_ij (ds_ij/dw)^2) of its largest element, at least sqrt(N)\n"
-      "(the reference's estimate over random signs). fp64\n"
+      "sqrt(max(1, D/16)), S = sqrt(N) or, where larger, its sensitivity to the rounding of\n"
+      "Delta, sqrt(sum_i (sum_j P_ij ds_ij/dw)^2) (the reference's estimate over random signs). fp64\n"
       "central differences of the kernel's forward (at the first partial-tile shape) at\n"
       "--fd-entries entries of q, k, v, every feature and every trainable param check its\n"
       "backward. Inputs are N(0, 1); params come from their manifest initialisers (fixed ones as\n"
@@ -167,9 +167,9 @@ int main(int argc, char **argv) {
                  "fp32 tolerance: this many times the fp32 reference's own error, in [1, 1e6]")
       ->capture_default_str();
   app.add_option("--fp32-param-floor", opt.fp32_param_floor,
-                 "The least fp32 tolerance of a param gradient, per unit of its sensitivity to the logits\n"
-                 "(sqrt(sum_ij (ds_ij/dw)^2), at least sqrt of the B H T (T+1)/2 query-key pairs it sums),\n"
-                 "times sqrt(D/16) above head dim 16, in (0, 1]")
+                 "The least fp32 tolerance of a param gradient, per sqrt of the B H T (T+1)/2 query-key\n"
+                 "pairs it sums or per unit of its sensitivity to Delta's rounding where larger, times\n"
+                 "sqrt(D/16) above head dim 16, in (0, 1]")
       ->capture_default_str();
   app.add_option("--fp32-floor", opt.fp32_floor, "The least fp32 tolerance, in (0, 1]")->capture_default_str();
   app.add_option("--fp32-yardstick-max", opt.fp32_yardstick_max,
@@ -193,8 +193,8 @@ int main(int argc, char **argv) {
   app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: tolerance of the bf16 kernels' normalised error, in (0, 1]")
       ->capture_default_str();
   app.add_option("--bf16-param-floor", opt.bf16_param_floor,
-                 "--cuda: the least bf16 tolerance of a param gradient, per unit of its sensitivity to the\n"
-                 "logits (as --fp32-param-floor's), in (0, 1]")
+                 "--cuda: the least bf16 tolerance of a param gradient, per sqrt of the query-key pairs it\n"
+                 "sums, in (0, 1]")
       ->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
   APE_CLI_PARSE(app, argc, argv);

@@ -1169,6 +1169,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete reinterpret_cast<char *>(stream);
   return cudaSuccess;
 }
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus *status) {
+  if (!status) return set_error(cudaErrorInvalidValue);
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   if (!event) return set_error(cudaErrorInvalidValue);
   delete reinterpret_cast<char *>(event);

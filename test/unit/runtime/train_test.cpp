@@ -34,8 +34,9 @@ TEST(Train, ASavedConfigIsReadBackFieldByField) {
     k[name] = std::move(value);
     return k;
   };
-  EXPECT_ERROR(ape::TrainConfig::from_json(with("seed", -1)), "seed must be in [0, 2^63)");
-  EXPECT_ERROR(ape::TrainConfig::from_json(with("seed", 1e308)), "seed must be an integer");
+  EXPECT_ERROR(ape::TrainConfig::from_json(with("seed", -1)), "seed must be a non-negative integer");
+  EXPECT_ERROR(ape::TrainConfig::from_json(with("seed", 1e308)), "seed must be a non-negative integer");
+  EXPECT_EQ(ape::TrainConfig::from_json(with("seed", UINT64_MAX)).seed, UINT64_MAX);  // saved by older runs
   EXPECT_ERROR(ape::TrainConfig::from_json(with("steps", 1e308)), "steps must be an integer");
   EXPECT_ERROR(ape::TrainConfig::from_json(with("lr", "fast")), "lr must be a number");
   EXPECT_ERROR(ape::TrainConfig::from_json(with("threads", 2.5)), "threads must be an integer");

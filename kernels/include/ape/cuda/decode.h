@@ -136,8 +136,19 @@ inline cudaError_t copy_rows(void *dst, int64_t rows_dst, int64_t row0, const vo
 
 // `later`'s work from now on runs after the work queued on `earlier` so far (nothing where they
 // are one stream).
+// Inside a CUDA graph capture (either stream capturing, or the query refused) nothing is ordered:
+// an event recorded outside a capture cannot be waited on inside it, nor one inside waited on
+// outside (the capture would fail); the caller orders the streams of a captured step itself.
+inline bool stream_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
 inline cudaError_t order_after(cudaStream_t earlier, cudaStream_t later) {
-  if (earlier == later) return cudaSuccess;
+  if (earlier == later || stream_capturing(earlier) || stream_capturing(later)) return cudaSuccess;
   cudaEvent_t ev = nullptr;
   cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
   if (err != cudaSuccess) return err;
