@@ -380,7 +380,7 @@ def test_cuda_calls_never_wait_for_the_device():
     for fn in ("inline ForwardResult forward_cuda(", "inline BackwardResult backward_cuda("):
         body = _function_body(text, fn)
         if "sync_check_requested()" in body:  # the debugging branch, opt-in
-            branch = _function_body(body, "if (sync_check_requested())")
+            branch = _function_body(body, "if (sync_check_requested()")
             body = body.replace(branch, "")
         found = syncing.findall(body)
         assert not found, f"{fn.split('(')[0]}: host synchronisation {found} in {path}"
