@@ -27,6 +27,24 @@ void mlir::ape::registerSpecDialects(DialectRegistry &registry) {
 /// One pass over the text with a stack of open brackets. A closing bracket pops back to its
 /// opener (a mismatch ends the parse there anyway, so forgiving it only lowers the count);
 /// `->` and `>=` are not brackets; strings ("...", with escapes) and // comments are skipped.
+/// At a string or a `//` comment starting at text[i]: moves i to its last character (the closing
+/// quote, or the end of the line) and returns true, for the text scans before parsing.
+static bool skipStringOrComment(llvm::StringRef text, size_t &i) {
+  const size_t n = text.size();
+  if (text[i] == '"') {  // up to the unescaped closing quote (or the end)
+    for (++i; i < n && text[i] != '"'; ++i)
+      if (text[i] == '\\')
+        ++i;
+    return true;
+  }
+  if (text[i] == '/' && i + 1 < n && text[i + 1] == '/') {
+    while (i < n && text[i] != '\n')
+      ++i;
+    return true;
+  }
+  return false;
+}
+
 LogicalResult mlir::ape::checkNesting(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
   const llvm::MemoryBuffer *buffer = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID());
   llvm::StringRef text = buffer->getBuffer();
@@ -36,18 +54,9 @@ LogicalResult mlir::ape::checkNesting(const llvm::SourceMgr &sourceMgr, MLIRCont
            (opener == '(' && closer == ')') || (opener == '<' && closer == '>');
   };
   for (size_t i = 0, n = text.size(); i < n; ++i) {
+    if (skipStringOrComment(text, i))
+      continue;
     char ch = text[i];
-    if (ch == '"') {  // a string: up to the unescaped closing quote (or the end)
-      for (++i; i < n && text[i] != '"'; ++i)
-        if (text[i] == '\\')
-          ++i;
-      continue;
-    }
-    if (ch == '/' && i + 1 < n && text[i + 1] == '/') {
-      while (i < n && text[i] != '\n')
-        ++i;
-      continue;
-    }
     if (ch == '{' || ch == '[' || ch == '(' || ch == '<') {
       open.push_back(ch);
       if (open.size() <= kMaxNestingDepth)
@@ -97,18 +106,9 @@ LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr
   std::vector<Name> names;  // in file order
   int header = 0;           // inside a block header's parentheses: their depth
   for (size_t i = 0; i < n; ++i) {
+    if (skipStringOrComment(text, i))
+      continue;
     const char ch = text[i];
-    if (ch == '"') {
-      for (++i; i < n && text[i] != '"'; ++i)
-        if (text[i] == '\\')
-          ++i;
-      continue;
-    }
-    if (ch == '/' && i + 1 < n && text[i + 1] == '/') {
-      while (i < n && text[i] != '\n')
-        ++i;
-      continue;
-    }
     if (ch == '^') {  // `^bb0(` opens a block header
       size_t k = i + 1;
       while (k < n && nameChar(text[k]))
