@@ -15,7 +15,9 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "ape/cpu/decode.h"
 #include "ape/cpu/kernel_call.h"
+#include "ape/cpu/kernel_entry.h"
 #include "runtime/Attention.h"
 #include "runtime/FiniteDifference.h"
 #include "runtime/Manifest.h"
@@ -292,6 +294,91 @@ Outputs run_installed(const KernelEntry &e, const Manifest &man, const Cell &c) 
   return out;
 }
 
+// The decode schedule of a cell of T tokens (ape/cpu/decode.h, ape-generate's cache): a prompt of
+// ceil(T / 2) tokens, two steps of one, the rest in one step. At T = 150: a prompt across the
+// first 64-tile boundary, single tokens, and a step of 73 (longer than a query tile) across the
+// second.
+std::vector<int64_t> decode_steps(int64_t T) {
+  std::vector<int64_t> steps = {(T + 1) / 2};
+  int64_t left = T - steps[0];
+  for (int i = 0; i < 2 && left > 0; ++i) steps.push_back(1), --left;
+  if (left > 0) steps.push_back(left);
+  return steps;
+}
+
+std::string steps_text(const std::vector<int64_t> &steps) {
+  std::string s;
+  for (int64_t n : steps) s += (s.empty() ? "" : "+") + std::to_string(n);
+  return s;
+}
+
+// The cell's tokens through the kernel's decode steps in precision Real, `steps` tokens at a time
+// into one cache: o and lse of every step's new rows, in order, as [B, H, T, D] and [B, H, T] in
+// fp64 (NaN where no step wrote).
+template <class Real>
+Outputs run_decode(const KernelEntry &e, const Cell &c, const std::vector<int64_t> &steps) {
+  constexpr at::ScalarType kType = std::is_same_v<Real, float> ? at::kFloat : at::kDouble;
+  const CheckShape &s = c.shape;
+  auto cvt = [&](const Tensor &t) { return t.to(kType).contiguous(); };
+  const Tensor q = cvt(c.q), k = cvt(c.k), v = cvt(c.v);
+  std::vector<Tensor> feat, prm;
+  std::vector<const Real *> prm_p;
+  for (const auto &f : c.features) feat.push_back(cvt(f));
+  for (const auto &t : c.params) prm.push_back(cvt(t)), prm_p.push_back(prm.back().data_ptr<Real>());
+  const auto nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor o = at::full({s.B, s.H, s.T, s.D}, nan, at::dtype(kType));
+  Tensor lse = at::full({s.B, s.H, s.T}, nan, at::dtype(kType));
+  DecodeCache<Real> cache;
+  cache.capacity = s.T;
+  int64_t L0 = 0;
+  for (int64_t n : steps) {
+    auto cut = [&](const Tensor &t) { return t.narrow(2, L0, n).contiguous(); };
+    const Tensor qs = cut(q), ks = cut(k), vs = cut(v);
+    std::vector<Tensor> fs;
+    std::vector<const Real *> fp;
+    for (const auto &f : feat) fs.push_back(cut(f)), fp.push_back(fs.back().data_ptr<Real>());
+    Tensor os = at::full({s.B, s.H, n, s.D}, nan, at::dtype(kType));
+    Tensor ls = at::full({s.B, s.H, n}, nan, at::dtype(kType));
+    DecodeArgs<Real> a{};
+    a.B = s.B, a.H = s.H, a.n = n, a.D = s.D;
+    a.q = qs.data_ptr<Real>(), a.k = ks.data_ptr<Real>(), a.v = vs.data_ptr<Real>();
+    a.features = fp.data(), a.params = prm_p.data();
+    a.scale = static_cast<Real>(c.scale);
+    a.o = os.data_ptr<Real>(), a.lse = ls.data_ptr<Real>();
+    a.layer = c.site.layer, a.num_layers = c.site.num_layers;
+    if constexpr (std::is_same_v<Real, float>) e.decode->step_f32(cache, a);
+    else e.decode->step_f64(cache, a);
+    o.narrow(2, L0, n).copy_(os), lse.narrow(2, L0, n).copy_(ls);
+    L0 += n;
+  }
+  return {{"o", o.to(at::kDouble)}, {"lse", lse.to(at::kDouble)}};
+}
+
+// What each decode step must give: rows L0 .. L - 1 of the reference over the first L tokens (a
+// kernel may read the length: dynamic NTK's base, xPos's centre); an attention transition
+// transforms the prompt (the first step) only, as the decode steps do (docs/decoding.md).
+Outputs decode_reference(const SpecReference &ref, const Manifest &man, const Cell &c,
+                         const std::vector<int64_t> &steps, at::ScalarType dtype) {
+  const CheckShape &s = c.shape;
+  Tensor o = at::empty({s.B, s.H, s.T, s.D}, kF64), lse = at::empty({s.B, s.H, s.T}, kF64);
+  int64_t L0 = 0;
+  for (int64_t n : steps) {
+    const int64_t L = L0 + n;
+    Cell p = c;
+    p.shape.T = L;
+    p.q = c.q.narrow(2, 0, L), p.k = c.k.narrow(2, 0, L), p.v = c.v.narrow(2, 0, L);
+    p.dout = c.dout.narrow(2, 0, L);
+    for (auto &f : p.features) f = f.narrow(2, 0, L);
+    p.forward_only = true;
+    if (L0 > 0) p.site = {};
+    const Outputs r = run_reference(ref, man, p, dtype);
+    o.narrow(2, L0, n).copy_(r.at("o").narrow(2, L0, n));
+    lse.narrow(2, L0, n).copy_(r.at("lse").narrow(2, L0, n));
+    L0 = L;
+  }
+  return {{"o", o}, {"lse", lse}};
+}
+
 struct Error {
   double max_abs = 0, rel = 0;  // rel = max_abs / max(1, max |ref|); NaN / inf on a mismatch
 };
@@ -422,6 +509,41 @@ void finite_differences(const KernelEntry &e, const Manifest &man, const Cell &c
   }
 }
 
+// The cell through the kernel's KV-cache decode steps (decode_steps), fp64 and fp32, against the
+// reference over the tokens so far: rows decode:o and decode:lse with the forward's tolerances.
+void check_decode(const KernelEntry &entry, const SpecReference &ref, const Manifest &man,
+                  const Cell &c, const CheckOptions &opt, Table &table) {
+  const std::vector<int64_t> steps = decode_steps(c.shape.T);
+  const std::string schedule = "decode steps of " + steps_text(steps) + " tokens";
+  Outputs d64, d32;
+  try {
+    if (!entry.decode || !entry.decode->step_f64 || !entry.decode->step_f32)
+      throw std::runtime_error("the kernel has no fp64 and fp32 decode steps");
+    d64 = run_decode<double>(entry, c, steps);
+    d32 = run_decode<float>(entry, c, steps);
+  } catch (const std::exception &e) {
+    for (const char *q : {"o", "lse"}) {
+      CheckRow row{std::string("decode:") + q, "fp64", c.label(), NAN, NAN, -1, opt.fp64_tol};
+      row.note = schedule + ": " + e.what();
+      table.add(row);
+    }
+    return;
+  }
+  const Outputs r64 = decode_reference(ref, man, c, steps, at::kDouble);
+  const Outputs r32 = decode_reference(ref, man, c, steps, at::kFloat);
+  for (const char *name : {"o", "lse"}) {
+    const std::string q = std::string("decode:") + name;
+    const Error e64 = compare(d64.at(name), r64.at(name));
+    CheckRow row{q, "fp64", c.label(), e64.max_abs, e64.rel, -1, opt.fp64_tol};
+    row.note = schedule;
+    table.add(row);
+    CheckRow r32row = fp32_row(q, "fp32", c.label(), compare(d32.at(name), r64.at(name)),
+                               compare(r32.at(name), r64.at(name)), opt.fp32_floor, opt);
+    r32row.note = r32row.note.empty() ? schedule : schedule + "; " + r32row.note;
+    table.add(r32row);
+  }
+}
+
 }  // namespace
 
 CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, const CheckOptions &opt) {
@@ -509,6 +631,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
                                                         : opt.fp32_floor;
         table.add(fp32_row(q, "fp32", c.label(), e32, y, floor, opt));
       }
+      if (opt.decode) check_decode(entry, ref, man, c, opt, table);
     }
   }
   if (forward_only) {

@@ -14,11 +14,14 @@
 //     can be far more accurate there than any streaming kernel (measured up to 146x);
 //   - fp64 central differences of the kernel's forward at a few entries of q, k, v, every
 //     feature and every trainable param against its backward (one shape);
-//   - the fixed position table (embed_table), when the encoding has one.
+//   - the fixed position table (embed_table), when the encoding has one;
+//   - the KV-cache decode steps (CheckOptions::decode): o and lse of each step's new rows against
+//     the reference over the tokens so far, with the forward's tolerances.
 // Quantities: o, lse, dq, dk, dv, dfeature:NAME, dparam:NAME (a fixed param must get a zero
-// gradient), fd:INPUT, embed_table. An inference-only kernel (an attention transition) has no
-// backward: o and lse only, at every layer of a model of num_layers layers (the cell's label
-// "BxHxTxD Ll"), and the check fails when no cell reaches a transformed row.
+// gradient), fd:INPUT, embed_table, decode:o, decode:lse. An inference-only kernel (an attention
+// transition) has no backward: o and lse only (and its decode), at every layer of a model of
+// num_layers layers (the cell's label "BxHxTxD Ll"), and the check fails when no cell reaches a
+// transformed row.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +54,10 @@ struct CheckOptions {
   double fp32_yardstick_max = 1e-3;
   bool verbose = false;          // a row per grid cell, not only the worst
   int64_t num_layers = 6;        // an attention transition: checked at every layer of a model this deep
+  // The KV-cache decode steps too (ape/cpu/decode.h, as ape-generate runs them): each cell's tokens
+  // as a prompt of ceil(T/2), two single tokens and the rest in one step, fp64 and fp32, every
+  // step's o and lse against the reference over the tokens so far (rows decode:o, decode:lse).
+  bool decode = true;
   // The CUDA kernels too, emulated (ape-check --cuda): for each dtype of cuda_dtypes ("f32",
   // "bf16"), at every cell whose head dim is in cuda_head_dims, fused_attention after
   // use_kernels(dtype) (runtime/SimtAttention.h's use_simt_kernels), and use_kernels("cpu")

@@ -125,7 +125,10 @@ int main(int argc, char **argv) {
       "fused kernel, its tiles and -ape-differentiate are not involved. For every shape of the grid\n"
       "(default 1x1x1x16, 2x3x37x16, 1x2x64x32, 2x2x150x64: T = 1, a partial 64-tile, one tile,\n"
       "several tiles) the kernel's fp64 and fp32 results are compared with the fp64 reference:\n"
-      "o, lse, dq, dk, dv, the gradient of every feature and param, and the fixed position table.\n"
+      "o, lse, dq, dk, dv, the gradient of every feature and param, and the fixed position table;\n"
+      "and the KV-cache decode steps that ape-generate runs (the cell's tokens as a prompt of\n"
+      "ceil(T/2), two single tokens and the rest in one step): each step's o and lse against the\n"
+      "reference over the tokens so far (rows decode:o, decode:lse).\n"
       "fp64 must agree within --fp64-tol (normalised error max|err| / max(1, max|ref|)); fp32 within\n"
       "max(--fp32-factor x the fp32 reference's own error (at most --fp32-yardstick-max),\n"
       "--fp32-floor); a param gradient, a sum\n"
@@ -182,6 +185,10 @@ int main(int argc, char **argv) {
                  "An attention transition: the depth of the model whose every layer is checked, in [1, 256]")
       ->capture_default_str();
   app.add_flag("--verbose", opt.verbose, "A row per grid cell instead of the worst one per quantity");
+  bool no_decode = false;
+  app.add_flag("--no-decode", no_decode,
+               "Leave out the KV-cache decode rows (decode:o, decode:lse: each cell's tokens through the\n"
+               "decode steps ape-generate runs, as a prompt of ceil(T/2), two single tokens and the rest)");
   bool cuda = false;
   app.add_flag("--cuda", cuda,
                "Check the spec's CUDA kernels too, f32 and bf16, on the SIMT emulator (no GPU needed; its\n"
@@ -211,6 +218,7 @@ int main(int argc, char **argv) {
     ape::require_in("--bf16-tol", opt.bf16_tol, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-param-floor", opt.bf16_param_floor, 0.0, 1.0, /*open_low=*/true);
     opt.seed = static_cast<uint64_t>(seed);
+    opt.decode = !no_decode;
     if (!shapes.empty()) opt.grid = parse_shapes(shapes);
     if (!fs::exists(spec)) throw std::runtime_error("cannot read " + spec + ": no such file");
     if (!fs::is_regular_file(spec)) throw std::runtime_error("cannot read " + spec + ": not a file");

@@ -26,19 +26,19 @@ add_test(NAME ape_check.mutant_t5_max_distance
 # ALiBi's slopes 1.000001 times too large: fp64 (1e-10) catches it, fp32 rounding hides it.
 add_test(NAME ape_check.mutant_alibi_slope_1e-6
   COMMAND ${_expect} 1 "^o +fp64 .* FAIL$" "^dk +fp64 .* FAIL$" "^o +fp32 .* pass$"
-          "^ape-check: FAIL \\(5 of 15 checks\\)"
+          "^decode:o +fp64 .* FAIL  \\(decode steps of [0-9+]+ tokens\\)$" "^ape-check: FAIL \\(7 of 19 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_off_by_1e-6.mlir --kernel alibi)
 # The attention transition (inference only: o and lse at each of 6 layers) with beta 0.11
 # instead of 0.1: o fails at a transformed layer, lse (the softmax's) passes.
 add_test(NAME ape_check.mutant_transition_beta
   COMMAND ${_expect} 1 "^o +fp64 +[0-9x]+ L[123] .* FAIL$" "^lse +fp64 .* pass$"
-          "^ape-check: FAIL \\(2 of 4 checks\\)"
+          "^decode:o +fp64 +[0-9x]+ L[123] .* FAIL" "^ape-check: FAIL \\(4 of 8 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/transition_beta_mutant.mlir
              --kernel rope_transition)
 # skip_last 1 instead of 2: the reference transforms layer 4 of 6 as well; only layer 4 fails.
 add_test(NAME ape_check.mutant_transition_layers
   COMMAND ${_expect} 1 "^o +fp64 +[0-9x]+ L4 .* FAIL$" "^o +fp32 +[0-9x]+ L4 .* FAIL$"
-          "^ape-check: FAIL \\(2 of 4 checks\\)"
+          "^decode:o +fp64 +[0-9x]+ L4 .* FAIL" "^ape-check: FAIL \\(4 of 8 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/transition_layers_mutant.mlir
              --kernel rope_transition)
 # A training spec against the inference-only kernel, and the reverse: an interface mismatch.
@@ -57,7 +57,7 @@ add_test(NAME ape_check.error_transition_unreached
 # scripts/test.sh sets it), with -inf masks that leave the first rows without a visible key.
 add_test(NAME ape_check.spec_file
   COMMAND ${_expect} 0 "kernel: +compiled from .*masked_mix.mlir" "^lse +fp64 .* pass$"
-          "^fd:feature:gate +fp64 .* pass$" "^ape-check: PASS \\(30 checks\\)"
+          "^fd:feature:gate +fp64 .* pass$" "^decode:lse +fp64 .* pass$" "^ape-check: PASS \\(34 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_mix.mlir)
 set_tests_properties(ape_check.spec_file PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
@@ -138,7 +138,7 @@ set_tests_properties(ape_check.error_nan_spec PROPERTIES
 # diagonal gradient sums against the reference's per-element evaluation.
 add_test(NAME ape_check.distance_sum
   COMMAND ${_expect} 0 "^dparam:alibi_slopes +fp64 .* pass$" "^dparam:t5_table +fp32 .* pass$"
-          "^ape-check: PASS \\(19 checks\\)"
+          "^ape-check: PASS \\(23 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_t5_sum.mlir)
 set_tests_properties(ape_check.distance_sum PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")

@@ -21,7 +21,8 @@ add_executable(ape_runtime_test
   ${_ape_runtime_test_dir}/generate_test.cpp    # ape-generate's scoring and sampling
   ${_ape_runtime_test_dir}/device_test.cpp      # --device / --precision, CUDA refusals, GPU habits
   ${CMAKE_CURRENT_LIST_DIR}/resume_test.cpp ${CMAKE_CURRENT_LIST_DIR}/spec_library_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/distributed_test.cpp ${CMAKE_CURRENT_LIST_DIR}/spec_reference_test.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/distributed_test.cpp ${CMAKE_CURRENT_LIST_DIR}/spec_reference_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/spec_check_test.cpp)
 target_include_directories(ape_runtime_test PRIVATE ${CMAKE_CURRENT_LIST_DIR} ${_ape_runtime_test_dir})
 # Two unity batches, as ape_kernels_test (kernels_test.cmake): one compilation per file would parse
 # LibTorch's headers 13 times (clean build without ccache, CPU seconds: before the split, five

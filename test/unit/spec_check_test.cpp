@@ -1,0 +1,67 @@
+// ape-check's comparisons (runtime/SpecCheck.h) with kernels that are wrong in one part only: the
+// decode rows must fail where the KV-cache decode steps are not the spec's, while every row of the
+// forward and backward still passes (the same kernel entry otherwise).
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "ape/cpu/kernel_entry.h"
+#include "runtime/Registry.h"
+#include "runtime/SpecCheck.h"
+
+namespace {
+
+// apec --emit=reference of examples/encodings/nope.mlir.
+const char *kNopeReference = R"({"causal": true, "embedding": null, "encoding": "nope", "features": [],
+  "format": "ape-reference/1", "k_mods": [], "params": [], "q_mods": [], "rel_rows": [], "scale": null,
+  "score_mods": [], "source": "nope.mlir", "tokens": [], "transition": null, "value_rows": null})";
+
+ape::CheckOptions small_grid() {
+  ape::CheckOptions o;
+  o.grid = {{1, 1, 1, 16}, {2, 2, 70, 16}};
+  return o;
+}
+
+int failed_rows(const ape::CheckReport &r, const std::string &prefix, std::string *note = nullptr) {
+  int n = 0;
+  for (const auto &row : r.rows)
+    if (!row.pass && row.quantity.rfind(prefix, 0) == 0) {
+      ++n;
+      if (note) *note = row.note;
+    }
+  return n;
+}
+
+TEST(SpecCheck, DecodeRowsPassForTheKernelsOwnDecodeSteps) {
+  const auto ref = ape::SpecReference::parse(kNopeReference, "nope");
+  const ape::CheckReport r = ape::check_kernel(ape::find_kernel("nope"), ref, small_grid());
+  EXPECT_TRUE(r.passed());
+  int decode_rows = 0;
+  for (const auto &row : r.rows) decode_rows += row.quantity.rfind("decode:", 0) == 0;
+  EXPECT_EQ(decode_rows, 4);  // o and lse, fp64 and fp32
+}
+
+TEST(SpecCheck, DecodeRowsFailWhereOnlyTheDecodeStepsAreWrong) {
+  const auto ref = ape::SpecReference::parse(kNopeReference, "nope");
+  ape::KernelEntry wrong = ape::find_kernel("nope");
+  wrong.decode = ape::find_kernel("rope").decode;  // another encoding's steps: q and k rotated
+  const ape::CheckReport r = ape::check_kernel(wrong, ref, small_grid());
+  EXPECT_FALSE(r.passed());
+  std::string note;
+  EXPECT_EQ(failed_rows(r, "decode:o", &note), 2);  // fp64 and fp32
+  EXPECT_NE(note.find("decode steps of 35+1+1+33 tokens"), std::string::npos) << note;
+  int others = 0;
+  for (const auto &row : r.rows) others += !row.pass && row.quantity.rfind("decode:", 0) != 0;
+  EXPECT_EQ(others, 0);
+
+  wrong.decode = nullptr;  // no decode steps at all: said so, not skipped
+  const ape::CheckReport none = ape::check_kernel(wrong, ref, small_grid());
+  EXPECT_EQ(failed_rows(none, "decode:", &note), 2);
+  EXPECT_NE(note.find("the kernel has no fp64 and fp32 decode steps"), std::string::npos) << note;
+
+  ape::CheckOptions off = small_grid();  // ape-check --no-decode
+  off.decode = false;
+  EXPECT_TRUE(ape::check_kernel(wrong, ref, off).passed());
+}
+
+}  // namespace
