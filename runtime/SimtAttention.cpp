@@ -18,6 +18,7 @@
 #include "runtime/Attention.h"
 
 // After LibTorch: the emulator's CUDA surface defines macros (threadIdx, __device__, ...).
+#include "ape/cuda/decode.h"
 #include "ape/cuda/kernel_entry.h"
 #include "ape/simt/runtime.h"
 
@@ -42,7 +43,9 @@ std::vector<const cuda::CudaKernelEntry *> &added() {
   return entries;
 }
 
-const cuda::CudaVariant &variant_for(const KernelEntry &entry, cuda::DType dtype, int64_t D) {
+// The emulated entry of `entry`'s encoding that has a variant of (dtype, D): a spec's kernels added
+// at run time before the build's own; throws naming the variants there are.
+const cuda::CudaKernelEntry &cuda_entry_for(const KernelEntry &entry, cuda::DType dtype, int64_t D) {
   size_t n = 0;
   const cuda::CudaKernelEntry *const *built = cuda::cuda_kernel_registry(&n);
   std::vector<const cuda::CudaKernelEntry *> all;
@@ -53,7 +56,7 @@ const cuda::CudaVariant &variant_for(const KernelEntry &entry, cuda::DType dtype
   all.insert(all.end(), built, built + n);
   for (size_t k = 0; k < all.size(); ++k) {
     if (!all[k] || std::strcmp(all[k]->name, entry.name) != 0) continue;
-    if (const cuda::CudaVariant *v = cuda::find_variant(*all[k], dtype, D)) return *v;
+    if (cuda::find_variant(*all[k], dtype, D)) return *all[k];
     std::ostringstream os;
     os << "no " << cuda::dtype_name(dtype) << " variant at head_dim " << D << "; this build has";
     for (size_t i = 0; i < all[k]->num_variants; ++i)
@@ -63,6 +66,17 @@ const cuda::CudaVariant &variant_for(const KernelEntry &entry, cuda::DType dtype
     fail(entry.name, os.str());
   }
   fail(entry.name, "no emulated CUDA kernel of this encoding");
+}
+
+const cuda::CudaVariant &variant_for(const KernelEntry &entry, cuda::DType dtype, int64_t D) {
+  return *cuda::find_variant(cuda_entry_for(entry, dtype, D), dtype, D);
+}
+
+cuda::DType dtype_of(const std::string &dtype) {
+  if (dtype == "bf16") return cuda::DType::BF16;
+  if (dtype == "f16") return cuda::DType::F16;
+  if (dtype == "f32") return cuda::DType::F32;
+  throw std::invalid_argument("emulated CUDA kernels: dtype '" + dtype + "' is not bf16, f16 or f32");
 }
 
 void check(const std::string &enc, cudaError_t err, const char *what) {
@@ -228,12 +242,7 @@ at::Tensor simt_attention(const KernelEntry &entry, const at::Tensor &q, const a
 }  // namespace
 
 void use_simt_kernels(const std::string &dtype) {
-  cuda::DType t;
-  if (dtype == "bf16") t = cuda::DType::BF16;
-  else if (dtype == "f16") t = cuda::DType::F16;
-  else if (dtype == "f32") t = cuda::DType::F32;
-  else throw std::invalid_argument("emulated CUDA kernels: dtype '" + dtype + "' is not bf16, f16 or f32");
-  g_dtype = static_cast<int>(t);
+  g_dtype = static_cast<int>(dtype_of(dtype));
   set_attention_impl(&simt_attention);
 }
 
@@ -256,6 +265,52 @@ std::vector<std::pair<std::string, int64_t>> simt_variants(const std::string &na
     break;  // the one fused_attention would run
   }
   return out;
+}
+
+std::pair<at::Tensor, at::Tensor> simt_decode(const KernelEntry &entry, const std::string &dtype,
+                                              const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                              const std::vector<at::Tensor> &features,
+                                              const std::vector<at::Tensor> &params, double scale,
+                                              const std::vector<int64_t> &steps, int num_splits) {
+  const cuda::DType t = dtype_of(dtype);
+  const at::ScalarType dt = torch_dtype(t);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const cuda::CudaKernelEntry &ce = cuda_entry_for(entry, t, D);
+  Device dev;
+  dev.enc = entry.name;
+  std::vector<const float *> pp;
+  for (const auto &p : params) pp.push_back(static_cast<const float *>(dev.upload(p, at::kFloat)));
+  at::Tensor o = at::full({B, H, T, D}, NAN, at::dtype(at::kFloat));
+  at::Tensor lse = at::full({B, H, T}, NAN, at::dtype(at::kFloat));
+  cuda::CudaDecodeCache cache;
+  cache.capacity = T;
+  int64_t L0 = 0;
+  for (int64_t n : steps) {
+    if (n < 1 || L0 + n > T) fail(entry.name, "decode steps past the tokens given");
+    Device step;  // the step's inputs and outputs, freed with it
+    step.enc = entry.name;
+    auto cut = [&](const at::Tensor &x) { return x.narrow(2, L0, n); };
+    cuda::CudaDecodeArgs a;
+    a.B = B, a.H = H, a.n = n, a.D = D, a.dtype = t;
+    a.q = step.upload(cut(q), dt), a.k = step.upload(cut(k), dt), a.v = step.upload(cut(v), dt);
+    std::vector<const float *> fp;
+    for (const auto &f : features) fp.push_back(static_cast<const float *>(step.upload(cut(f), at::kFloat)));
+    a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(scale);
+    a.o = step.alloc(static_cast<size_t>(B * H * n * D) * c10::elementSize(dt));
+    a.lse = static_cast<float *>(step.alloc(sizeof(float) * static_cast<size_t>(B * H * n)));
+    a.num_splits = num_splits;
+    check(entry.name, cuda::decode_step(ce, cache, a), "decode step");
+    check(entry.name, cudaDeviceSynchronize(), "decode step");
+    expect_clean(entry.name);
+    if (cache.len != L0 + n) fail(entry.name, "a decode step that succeeded left the cache's length wrong");
+    o.narrow(2, L0, n).copy_(step.download(a.o, {B, H, n, D}, dt, at::kFloat));
+    lse.narrow(2, L0, n).copy_(step.download(a.lse, {B, H, n}, at::kFloat, at::kFloat));
+    L0 += n;
+  }
+  cache.release();
+  check(entry.name, cudaDeviceSynchronize(), "releasing the decode cache");
+  expect_clean(entry.name);
+  return {o, lse};
 }
 
 void add_simt_kernels(const void *entry) {

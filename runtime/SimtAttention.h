@@ -14,7 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 namespace ape {
+struct KernelEntry;
 
 // The emulated CUDA kernels' input dtype: "bf16", "f16" or "f32".
 // Installs them as fused_attention's implementation (set_attention_impl); throws
@@ -23,6 +26,17 @@ void use_simt_kernels(const std::string &dtype);
 
 // Back to the CPU kernels.
 void use_cpu_kernels();
+
+// Tokens through the emulated CUDA decode steps of `entry`'s kernels in `dtype` (cuda/decode.h, what
+// ape-generate --device cuda runs): q, k, v (B, H, T, D) and features (B, H, T) on the CPU, any
+// floating dtype, `steps` tokens at a time into one cache (num_splits as CudaDecodeArgs: 0, the
+// device decides). Returns o (B, H, T, D) and lse (B, H, T), float32, every step's new rows in
+// order. Throws with the reason where a step fails or the emulator's checks find anything.
+std::pair<at::Tensor, at::Tensor> simt_decode(const KernelEntry &entry, const std::string &dtype,
+                                              const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                              const std::vector<at::Tensor> &features,
+                                              const std::vector<at::Tensor> &params, double scale,
+                                              const std::vector<int64_t> &steps, int num_splits = 0);
 
 // Adds emulated kernels compiled at run time (load_spec_simt's entry, an
 // ape::cuda::CudaKernelEntry of the emulated build): the encoding of that name then runs them,

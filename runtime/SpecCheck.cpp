@@ -544,6 +544,37 @@ void check_decode(const KernelEntry &entry, const SpecReference &ref, const Mani
   }
 }
 
+// The cell through the emulated CUDA decode steps of `dtype` (CheckOptions::cuda_decode; the
+// cell's q, k, v rounded to bf16 already for "bf16"), against the reference over the tokens so
+// far: rows decode:o and decode:lse of precision cuda-DTYPE with the CUDA rows' tolerances.
+void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell &c,
+                       const std::string &dtype, const CheckOptions &opt, Table &table) {
+  const bool bf16 = dtype == "bf16";
+  const std::string prec = "cuda-" + dtype;
+  const std::vector<int64_t> steps = decode_steps(c.shape.T);
+  const std::string schedule = "decode steps of " + steps_text(steps) + " tokens";
+  Outputs got;
+  try {
+    const auto [o, lse] = opt.cuda_decode(dtype, c.q, c.k, c.v, c.features, c.params, c.scale, steps);
+    got = {{"o", o.to(at::kDouble)}, {"lse", lse.to(at::kDouble)}};
+  } catch (const std::exception &e) {
+    CheckRow row{"decode:o", prec, c.label(), NAN, NAN, -1, bf16 ? opt.bf16_tol : opt.fp32_floor};
+    row.note = schedule + ": " + e.what();
+    table.add(row);
+    return;
+  }
+  const Outputs r64 = decode_reference(ref, man, c, steps, at::kDouble);
+  const Outputs r32 = bf16 ? Outputs{} : decode_reference(ref, man, c, steps, at::kFloat);
+  for (const char *name : {"o", "lse"}) {
+    const std::string q = std::string("decode:") + name;
+    const Error e = compare(got.at(name), r64.at(name));
+    CheckRow row = bf16 ? CheckRow{q, prec, c.label(), e.max_abs, e.rel, -1, opt.bf16_tol}
+                        : fp32_row(q, prec, c.label(), e, compare(r32.at(name), r64.at(name)), opt.fp32_floor, opt);
+    row.note = row.note.empty() ? schedule : schedule + "; " + row.note;
+    table.add(row);
+  }
+}
+
 }  // namespace
 
 CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, const CheckOptions &opt) {
@@ -690,6 +721,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
                                                         : opt.fp32_floor;
         table.add(fp32_row(q, prec, c.label(), e, y, floor, opt));
       }
+      if (opt.decode && opt.cuda_decode) check_cuda_decode(ref, man, c, dtype, opt, table);
     }
   }
 

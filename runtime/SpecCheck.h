@@ -28,6 +28,7 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/SpecReference.h"
@@ -67,6 +68,13 @@ struct CheckOptions {
   std::vector<std::string> cuda_dtypes;
   std::vector<int64_t> cuda_head_dims;
   std::function<void(const std::string &)> use_kernels;
+  // The emulated CUDA decode steps (runtime/SimtAttention.h's simt_decode) for the rows decode:o
+  // and decode:lse of cuda-f32 and cuda-bf16 (with `decode`): (dtype, q, k, v, features, params,
+  // scale, steps) -> (o, lse) of every step's rows; unset: no CUDA decode rows.
+  std::function<std::pair<at::Tensor, at::Tensor>(
+      const std::string &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
+      const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double, const std::vector<int64_t> &)>
+      cuda_decode;
   double bf16_tol = 3e-2;
   // A bf16 param gradient sums its terms over the N = B H T (T+1)/2 query-key pairs from P and dS
   // rounded to bf16 (2^-9) for the tensor cores, with cancellation (sum_j dS_ij = 0): at least

@@ -32,7 +32,7 @@
 #              and RoPE per head dim (the forward's and the backward's layouts, the
 #              FlashAttention-2-class forward)                                    240 + 150
 #   train      ape-train / ape-eval / ape-generate / ape-bench-decode built there; RoPE and Cable trained 200
-#              steps on the CPU, on the GPU in f32 and in bf16 (loss curves compared,
+#              steps on the CPU, on the GPU in f32, bf16 and f16 (loss curves compared,
 #              test/gpu_check/train_smoke.py), resumed after a stop on the GPU (bit-exact)
 #              and across devices, evaluated and decoded on the other device, cached decoding's
 #              tokens/s (a text scored on the GPU and on the CPU; one-token steps at L 1024

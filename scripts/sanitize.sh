@@ -7,7 +7,7 @@
 # the framework suite (apec's emitted libraries, built by that suite's own project without
 # sanitizers and loaded into Python). CUDA is off: nvcc does not pass the sanitizers to device
 # code, and the CUDA suite needs no sanitizer to check what it checks. Not part of
-# scripts/test.sh: a sanitized build and run take about three times the plain ones.
+# scripts/test.sh: a sanitized build and run take several times the plain ones.
 #
 #   scripts/sanitize.sh              build and run everything
 #   scripts/sanitize.sh -R runtime   only the ctest suites matching a regex (and lit)

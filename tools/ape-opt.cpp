@@ -28,8 +28,8 @@ int main(int argc, char **argv) {
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   mlir::PassPipelineRegistration<>(
-      "ape-lower", "The whole lowering: expand, push-override, fast-math, fuse, differentiate, "
-      "schedule, canonicalize and CSE, classify (passes/Pipeline.cpp)",
+      "ape-lower", "The whole lowering: expand, push-override, fast-math, fuse, exact-fold, "
+      "canonicalize and CSE, differentiate, schedule, classify (passes/Pipeline.cpp)",
       [](mlir::OpPassManager &pm) { mlir::ape::buildApeLoweringPipeline(pm); });
   auto [input, output] =
       mlir::registerAndParseCLIOptions(argc, argv, "APE optimizer driver\n", registry);

@@ -145,7 +145,8 @@ int main(int argc, char **argv) {
       "The kernel: with --kernel NAME, the kernel NAME compiled into this build; for a spec that is\n"
       "one of the examples this build compiled (examples/encodings/NAME.mlir, same text), that\n"
       "kernel; any other spec file is compiled now, as ape-train --spec does (apec and the C++\n"
-      "compiler into a library cached under $APE_CACHE_DIR, default ~/.cache/ape).\n\n"
+      "compiler into a library cached under $APE_CACHE_DIR, default $XDG_CACHE_HOME/ape or\n"
+      "~/.cache/ape).\n\n"
       "Prints a table with one row per quantity and precision (the worst cell) and exits with 0\n"
       "when every check passes, 1 when one fails (or the kernel's params and features are not the\n"
       "spec's), 2 when the spec or the arguments cannot be checked (apec's located diagnostics are\n"
@@ -196,7 +197,8 @@ int main(int argc, char **argv) {
                "(cached), at the grid's head dims among 32, 64 and 128 (with --kernel NAME: the build's\n"
                "emulated kernels of NAME, the variants it has); rows cuda-f32 (the fp32 tolerance) and\n"
                "cuda-bf16 (--bf16-tol on the normalised error, the reference fed the bf16-rounded q, k, v\n"
-               "and dO). An inference-only spec is refused.");
+               "and dO), the CUDA decode steps' too (decode:o, decode:lse). An inference-only spec is\n"
+               "refused.");
   app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: tolerance of the bf16 kernels' normalised error, in (0, 1]")
       ->capture_default_str();
   app.add_option("--bf16-param-floor", opt.bf16_param_floor,
@@ -326,6 +328,12 @@ int main(int argc, char **argv) {
       opt.use_kernels = [](const std::string &dtype) {
         if (dtype == "cpu") ape::use_cpu_kernels();
         else ape::use_simt_kernels(dtype);
+      };
+      opt.cuda_decode = [entry](const std::string &dtype, const at::Tensor &q, const at::Tensor &k,
+                                const at::Tensor &v, const std::vector<at::Tensor> &features,
+                                const std::vector<at::Tensor> &params, double scale,
+                                const std::vector<int64_t> &steps) {
+        return ape::simt_decode(*entry, dtype, q, k, v, features, params, scale, steps);
       };
       for (size_t n = 0; n < opt.cuda_dtypes.size(); ++n) cuda_origin += (n ? ", " : "") + opt.cuda_dtypes[n];
       cuda_origin += " at head dim";

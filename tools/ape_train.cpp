@@ -296,8 +296,8 @@ int main(int argc, char **argv) {
                                      "given; with both, whichever ends first)");
   auto *spec_opt = app.add_option("--spec", specs,
                                   "Train the encoding of this spec file too (repeatable): compiled now by apec and\n"
-                                  "the C++ compiler into a cached library ($APE_CACHE_DIR, default ~/.cache/ape), no\n"
-                                  "rebuild of APE; its text is kept in the checkpoint")
+                                  "the C++ compiler into a cached library ($APE_CACHE_DIR, default $XDG_CACHE_HOME/ape\n"
+                                  "or ~/.cache/ape), no rebuild of APE; its text is kept in the checkpoint")
                        ->type_name("FILE");
   std::vector<CLI::Option *> run_options = {enc_opt, spec_opt, steps_opt, minutes_opt};
   auto run_option = [&](CLI::Option *o) {

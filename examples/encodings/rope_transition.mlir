@@ -1,4 +1,4 @@
-// RoPE with the attention transition (shared/spec/encodings.md, "Attention transition (P)"):
+// RoPE with the attention transition (docs/encodings-math.md, "Attention transition (P)"):
 // the rope kernel plus a post-softmax redistribution of attention mass while a prompt is
 // processed. Inference only: it has no backward. Train with `rope` and evaluate with this
 // encoding (no trainable params differ):

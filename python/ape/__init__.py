@@ -6,7 +6,7 @@
     attn.parameters()                   # the encoding's trainable params, initialised from its manifest
 
 `load` runs apec (--emit=torch-library), builds the operator library for this Python's PyTorch
-(cached under $APE_CACHE_DIR, default ~/.cache/ape; see ape.build.cached_library), loads it and
+(cached under $APE_CACHE_DIR, default $XDG_CACHE_HOME/ape or ~/.cache/ape; see ape.build.cached_library), loads it and
 wraps torch.ops.ape_NAME.attention in an nn.Module. A spec error raises ape.BuildError whose
 message is apec's file:line:col diagnostics. Put the folder of this file's parent on sys.path (the
 repository's python/) to import it.
@@ -145,7 +145,7 @@ def load(spec, heads=None, head_dim=None, *, apec=None, cache_dir=None, verbose=
 
     heads, head_dim: the shape the params are made for (both, or neither: then at the first call,
     from q). apec: the compiler (default $APE_APEC, else build/tools/apec of this checkout).
-    cache_dir: default $APE_CACHE_DIR, else ~/.cache/ape. verbose: say when a library is built.
+    cache_dir: default $APE_CACHE_DIR, else $XDG_CACHE_HOME/ape, else ~/.cache/ape. verbose: say when a library is built.
     cuda_dtypes, cuda_head_dims: the CUDA kernels to compile where PyTorch sees a GPU (e.g. ("bf16",)
     and (64,); default every variant: nvcc takes minutes for all nine)."""
     log = (lambda s: print(s, file=sys.stderr)) if verbose else None

@@ -1,9 +1,14 @@
 // ape-check's comparisons (runtime/SpecCheck.h) with kernels that are wrong in one part only: the
 // decode rows must fail where the KV-cache decode steps are not the spec's, while every row of the
 // forward and backward still passes (the same kernel entry otherwise).
+#include <cmath>
+#include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include <ATen/ATen.h>
 
 #include "ape/cpu/kernel_entry.h"
 #include "runtime/Registry.h"
@@ -62,6 +67,51 @@ TEST(SpecCheck, DecodeRowsFailWhereOnlyTheDecodeStepsAreWrong) {
   ape::CheckOptions off = small_grid();  // ape-check --no-decode
   off.decode = false;
   EXPECT_TRUE(ape::check_kernel(wrong, ref, off).passed());
+}
+
+// The CUDA decode rows' plumbing (ape-check --cuda: CheckOptions::cuda_decode, the emulated
+// decode steps in ape-check): here the "CUDA" forward is the CPU kernel (use_kernels does nothing)
+// and the decode steps are stand-ins: a materialised causal attention passes, zeros fail both rows,
+// a step that throws fails with its message.
+TEST(SpecCheck, CudaDecodeRowsJudgeWhatTheDecodeStepsReturn) {
+  const auto ref = ape::SpecReference::parse(kNopeReference, "nope");
+  ape::CheckOptions o = small_grid();
+  o.cuda_dtypes = {"f32"}, o.cuda_head_dims = {16};
+  o.use_kernels = [](const std::string &) {};
+  using Steps = std::vector<int64_t>;
+  auto exact = [](const std::string &, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                  const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double scale,
+                  const Steps &) {
+    const int64_t T = q.size(2);
+    const at::Tensor mask = at::ones({T, T}, at::kBool).tril().logical_not();
+    const at::Tensor s = at::matmul(q, k.transpose(2, 3)).mul(scale).masked_fill(mask, -INFINITY);
+    return std::make_pair(at::matmul(at::softmax(s, -1), v).to(at::kFloat), at::logsumexp(s, -1).to(at::kFloat));
+  };
+  o.cuda_decode = exact;
+  ape::CheckReport r = ape::check_kernel(ape::find_kernel("nope"), ref, o);
+  EXPECT_TRUE(r.passed());
+  int rows = 0;
+  for (const auto &row : r.rows) rows += row.quantity.rfind("decode:", 0) == 0 && row.precision == "cuda-f32";
+  EXPECT_EQ(rows, 2);
+
+  o.cuda_decode = [&](const std::string &d, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                      const std::vector<at::Tensor> &f, const std::vector<at::Tensor> &p, double scale,
+                      const Steps &st) {
+    auto [out, lse] = exact(d, q, k, v, f, p, scale, st);
+    return std::make_pair(at::zeros_like(out), at::zeros_like(lse));
+  };
+  r = ape::check_kernel(ape::find_kernel("nope"), ref, o);
+  EXPECT_EQ(failed_rows(r, "decode:"), 2);
+
+  o.cuda_decode = [](const std::string &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                     const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double,
+                     const Steps &) -> std::pair<at::Tensor, at::Tensor> {
+    throw std::runtime_error("emulated CUDA attention (nope): decode step: invalid argument");
+  };
+  r = ape::check_kernel(ape::find_kernel("nope"), ref, o);
+  std::string note;
+  EXPECT_EQ(failed_rows(r, "decode:o", &note), 1);
+  EXPECT_NE(note.find("decode step: invalid argument"), std::string::npos) << note;
 }
 
 }  // namespace
