@@ -40,18 +40,22 @@ constexpr StringLiteral kReserved[] = {
     // Names torch's schema parser reads as types, not identifiers.
     "NoneType", "Ellipsis"};
 
-/// The attention operator's schema: one argument per manifest input, named after it.
-std::string attentionSchema(const KernelInputInfo &info) {
+/// The attention operator's schema: one argument per manifest input, named after it; an
+/// inference-only kernel's (an attention transition) also takes the layer it computes of a model
+/// of num_layers, by keyword.
+std::string attentionSchema(const KernelInputInfo &info, bool inferenceOnly) {
   std::string schema = "attention(Tensor q, Tensor k, Tensor v";
   for (const auto &f : info.features)
     schema += ", Tensor " + f.ident;
   for (const auto &p : info.params)
     schema += ", Tensor " + p.ident;
-  return schema + ", float? scale=None) -> Tensor";
+  return schema + ", float? scale=None" + (inferenceOnly ? ", *, int layer, int num_layers" : "") +
+         ") -> Tensor";
 }
 
 /// NAME_ops.cpp. `noCuda` is why the encoding has no CUDA kernels (empty when it has them).
-std::string opsSource(const KernelInputInfo &info, StringRef source, StringRef noCuda) {
+std::string opsSource(const KernelInputInfo &info, StringRef source, StringRef noCuda,
+                      bool inferenceOnly) {
   const std::string &n = info.encoding;
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -74,19 +78,20 @@ std::string opsSource(const KernelInputInfo &info, StringRef source, StringRef n
      << "const ape::torch_ops::Library &library() {\n"
      << "  static const ape::torch_ops::Library lib{\n"
      << "      &kernel_inputs(),\n"
-     << "      " << folder::cString(attentionSchema(info)) << ",\n";
+     << "      " << folder::cString(attentionSchema(info, inferenceOnly)) << ",\n";
+  const std::string last = inferenceOnly ? ", /*inference_only=*/true};\n" : "};\n";
   std::string noKernels = folder::cString(
       "the library was built without CUDA kernels: PyTorch without CUDA, no nvcc, or "
       "APE_ENABLE_CUDA=OFF");
   if (noCuda.empty())
     os << "#ifdef APE_TORCH_OPS_CUDA_KERNELS\n"
-       << "      ape_cuda_kernel_entry_" << n << "(), nullptr};\n"
+       << "      ape_cuda_kernel_entry_" << n << "(), nullptr" << last
        << "#else\n"
-       << "      nullptr, " << noKernels << "};\n"
+       << "      nullptr, " << noKernels << last
        << "#endif\n";
   else
     os << "      nullptr, " << folder::cString("@" + n + " has no CUDA kernels yet: " + noCuda.str())
-       << "};\n";
+       << last;
   os << "  return lib;\n}\n\n"
      << "const ape::torch_ops::Registration registration(library());\n\n"
      << "}  // namespace\n";
@@ -106,7 +111,8 @@ std::string pyString(StringRef s) {
 
 /// ape_NAME.py: the inputs (the call, the docstring's list, the argument names and the derived
 /// params) and the manifest filled into codegen/templates/torch_library/ape_NAME.py.
-std::string pythonHelper(const KernelInputInfo &info, StringRef source, StringRef manifest) {
+std::string pythonHelper(const KernelInputInfo &info, StringRef source, StringRef manifest,
+                         bool inferenceOnly) {
   const std::string &n = info.encoding;
   std::string call = "q, k, v", inputs, arguments, derived;
   llvm::raw_string_ostream in(inputs);
@@ -114,6 +120,8 @@ std::string pythonHelper(const KernelInputInfo &info, StringRef source, StringRe
     call += ", " + f.ident;
   for (const auto &p : info.params)
     call += ", " + p.ident;
+  if (inferenceOnly)
+    call += ", layer=l, num_layers=N";
   if (info.features.empty() && info.params.empty())
     in << "    (none)\n";
   for (const auto &f : info.features)
@@ -225,10 +233,6 @@ LogicalResult addCudaSources(KernelOp kernel, StringRef source, ArrayRef<CudaVar
 LogicalResult mlir::ape::emitTorchLibrary(KernelOp kernel, StringRef source,
                                           ArrayRef<CudaVariant> cudaVariants,
                                           std::vector<EmittedFile> &files) {
-  if (kernel.getInferenceOnly())
-    return kernel.emitOpError("is inference-only (ape.attention_transition): the operator library "
-                              "is differentiable and is not emitted for it yet; the CPU kernel is "
-                              "(apec --emit=cpu)");
   SmallVector<StringRef> reserved(std::begin(kReserved), std::end(kReserved));
   FailureOr<KernelInputInfo> info = folder::collectInputs(kernel, reserved);
   if (failed(info))
@@ -247,9 +251,9 @@ LogicalResult mlir::ape::emitTorchLibrary(KernelOp kernel, StringRef source,
       return failure();
   }
   const std::string &n = info->encoding;
-  files.push_back({n + "_ops.cpp", opsSource(*info, source, noCuda)});
+  files.push_back({n + "_ops.cpp", opsSource(*info, source, noCuda, kernel.getInferenceOnly())});
   files.push_back({"ape/torch_ops.cpp", folder::fromTemplate("torch_library/torch_ops.cpp", {})});
-  files.push_back({"ape_" + n + ".py", pythonHelper(*info, source, manifest)});
+  files.push_back({"ape_" + n + ".py", pythonHelper(*info, source, manifest, kernel.getInferenceOnly())});
   files.push_back({"CMakeLists.txt", cmakeLists(*info, source, cudaSources)});
   files.push_back({"README.md", readme(*info, source, noCuda)});
   return success();

@@ -283,7 +283,7 @@ std::pair<at::Tensor, at::Tensor> simt_decode(const KernelEntry &entry, const st
   at::Tensor o = at::full({B, H, T, D}, NAN, at::dtype(at::kFloat));
   at::Tensor lse = at::full({B, H, T}, NAN, at::dtype(at::kFloat));
   cuda::CudaDecodeCache cache;
-  cache.capacity = T;
+  cache.capacity = T + 13;  // beyond the tokens, as ape-generate's caches (the row pitch differs)
   int64_t L0 = 0;
   for (int64_t n : steps) {
     if (n < 1 || L0 + n > T) fail(entry.name, "decode steps past the tokens given");

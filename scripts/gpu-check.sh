@@ -162,9 +162,8 @@ prepare() {
           --expect-name "$enc" --source-name "$src_name"
       fi
     fi
-    # Inference-only specs (an attention transition): no operator library (it is differentiable).
-    if grep -q 'ape\.attention_transition' "$spec"; then continue; fi
-    # The framework tests' libraries, as test/python/run.sh emits them.
+    # The framework tests' libraries, as test/python/run.sh emits them (an attention transition's
+    # too: inference only, test_transition_ops.py).
     emit=torch-library
     case " rope alibi cable expe " in *" $enc "*) emit=torch-library,c-abi ;; esac
     "$apec" "$spec" -o "$dir/emitted" --emit=$emit --cuda-dtypes=bf16,f32 --cuda-head-dims=64 \

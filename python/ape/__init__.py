@@ -69,7 +69,11 @@ class Attention(torch.nn.Module):
     `.parameters()` is empty: give load heads and head_dim before making an optimizer or loading a
     state_dict. Params derived from projection weights (ExPE-style overrides) are not created: pass
     them with params={name: tensor}. The module pickles and deep-copies (the library is loaded
-    again from its folder)."""
+    again from its folder).
+
+    An inference-only encoding (an ape.attention_transition; `.inference_only`) is called with
+    layer= and num_layers= (the layer, 0-based, of a model of num_layers layers that the call
+    computes) under torch.no_grad() or torch.inference_mode(): it has no backward."""
 
     def __init__(self, helper, library_dir):
         super().__init__()
@@ -77,6 +81,7 @@ class Attention(torch.nn.Module):
         self.name = helper.ENCODING
         self.manifest = helper.MANIFEST
         self.features = list(helper.FEATURES)
+        self.inference_only = bool(getattr(helper, "INFERENCE_ONLY", False))
         self.library_dir = library_dir
         self.params = torch.nn.ParameterDict()  # trainable params by manifest name
         self.fixed = torch.nn.Module()          # fixed params, as buffers by manifest name
@@ -99,7 +104,7 @@ class Attention(torch.nn.Module):
         self._shape = (heads, head_dim)
         return self
 
-    def forward(self, q, k, v, *features, params=None, scale=None):
+    def forward(self, q, k, v, *features, params=None, scale=None, layer=None, num_layers=None):
         if len(features) != len(self.features):
             raise ValueError(f"encoding {self.name!r} takes {len(self.features)} token feature(s) "
                              f"{self.features} after q, k, v; got {len(features)}")
@@ -123,6 +128,11 @@ class Attention(torch.nn.Module):
         keep32 = q.dtype in (torch.bfloat16, torch.float16)
         cast = {n: (t.to(q.dtype) if t.is_floating_point() and t.dtype != q.dtype
                     and not (keep32 and t.dtype == torch.float32) else t) for n, t in given.items()}
+        if self.inference_only:
+            return self.helper.attention(q, k, v, features, cast, scale=scale, layer=layer, num_layers=num_layers)
+        if layer is not None or num_layers is not None:
+            raise ValueError(f"encoding {self.name!r}: layer and num_layers are for an attention transition; "
+                             f"{self.name!r} has none")
         return self.helper.attention(q, k, v, features, cast, scale=scale)
 
     def __getstate__(self):

@@ -31,8 +31,6 @@ if [ -n "$apec" ]; then apec=$(cd "$(dirname "$apec")" && pwd)/$(basename "$apec
 if [ -n "$apec" ]; then
   for spec in "$root"/examples/encodings/*.mlir; do
     enc=$(basename "$spec" .mlir)
-    # Inference-only specs (an attention transition) have no differentiable library (apec refuses).
-    if grep -q 'ape\.attention_transition' "$spec"; then continue; fi
     emit=torch-library
     [[ " ${c_abi[*]} " == *" $enc "* ]] && emit=torch-library,c-abi
     # The CUDA kernels the operators call (compiled for APE_CUDA_ENCODINGS of CMakeLists.txt):

@@ -16,10 +16,12 @@ import torch
 import reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Every example encoding has an operator library under test, except the inference-only ones (an
-# ape.attention_transition: no backward, so apec emits no operator library for them).
-ENCODINGS = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ROOT, "examples", "encodings", "*.mlir"))
-                   if "ape.attention_transition" not in open(p).read())
+# Every example encoding has an operator library under test. The inference-only ones (an
+# ape.attention_transition: no backward) are TRANSITION_ENCODINGS, tested by
+# test_transition_ops.py; ENCODINGS are the differentiable ones.
+_SPECS = sorted(glob.glob(os.path.join(ROOT, "examples", "encodings", "*.mlir")))
+ENCODINGS = [os.path.basename(p)[:-5] for p in _SPECS if "ape.attention_transition" not in open(p).read()]
+TRANSITION_ENCODINGS = [os.path.basename(p)[:-5] for p in _SPECS if "ape.attention_transition" in open(p).read()]
 # Those reference.py writes out in PyTorch (reference.ENCODINGS). Every encoding's library is
 # also checked against the C++ reference of ape_kernels_test (kernel_reference below), so the
 # float64 library that the half-precision tests compare with is anchored for all of them.
@@ -30,6 +32,7 @@ REFERENCE_ENCODINGS = reference.ENCODINGS
 BUILT_ONLY = [e for e in os.environ.get("APE_TEST_ENCODINGS", "").split(",") if e]
 if BUILT_ONLY:
     ENCODINGS = [e for e in ENCODINGS if e in BUILT_ONLY]
+    TRANSITION_ENCODINGS = [e for e in TRANSITION_ENCODINGS if e in BUILT_ONLY]
     REFERENCE_ENCODINGS = [e for e in REFERENCE_ENCODINGS if e in BUILT_ONLY]
 # The C ABIs run.sh emitted and CMakeLists.txt built (run.sh's c_abi list: the one list of them).
 _ARTIFACTS = os.environ.get("APE_TEST_ARTIFACTS", "")

@@ -143,3 +143,28 @@ def test_bad_spec_bytes_and_a_named_apec_that_is_not_there(spec, tmp_path):
         ape.load(str(bad))
     with pytest.raises(ape.BuildError, match=r"apec=/no/such/apec is not an executable file"):
         ape.load(spec, apec="/no/such/apec")
+
+
+def test_an_inference_only_spec(tmp_path):
+    """An attention transition (inference only) through ape.load: called with layer= and
+    num_layers= under no_grad, against the reference of test_transition_ops.py; without them, or
+    with inputs that require grad, a clear error. (Its own name: rope_transition's library of the
+    framework build may be loaded in this process.)"""
+    from test_transition_ops import transition_reference
+
+    path = tmp_path / "load_transition.mlir"
+    path.write_text("ape.encoding @load_transition {\n  ape.rotary\n"
+                    "  ape.attention_transition {first_layer = 1, skip_last = 1, intervals = 2}\n}\n")
+    m = ape.load(str(path))
+    assert m.inference_only and list(m.parameters()) == []
+    t = m.manifest["transition"]
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 80, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    with torch.no_grad():
+        for layer in range(4):
+            close(m(q, k, v, layer=layer, num_layers=4), transition_reference(q, k, v, layer, 4, t),
+                  f"o at layer {layer} of 4", atol=1e-12)
+        with pytest.raises(ValueError, match="needs layer= and num_layers="):
+            m(q, k, v)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        m(q.requires_grad_(), k, v, layer=1, num_layers=4)

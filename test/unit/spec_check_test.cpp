@@ -69,6 +69,20 @@ TEST(SpecCheck, DecodeRowsFailWhereOnlyTheDecodeStepsAreWrong) {
   EXPECT_TRUE(ape::check_kernel(wrong, ref, off).passed());
 }
 
+// The central differences (Richardson-extrapolated, with L's rounding in their tolerance) still
+// catch a backward that is not the forward's: nope's forward with rope's backward fails every fd row.
+TEST(SpecCheck, FiniteDifferencesCatchABackwardThatIsNotTheForwards) {
+  const auto ref = ape::SpecReference::parse(kNopeReference, "nope");
+  ape::KernelEntry wrong = ape::find_kernel("nope");
+  wrong.backward_f64 = ape::find_kernel("rope").backward_f64;
+  wrong.backward_f32 = ape::find_kernel("rope").backward_f32;
+  ape::CheckOptions o = small_grid();
+  o.decode = false;
+  const ape::CheckReport r = ape::check_kernel(wrong, ref, o);
+  EXPECT_EQ(failed_rows(r, "fd:"), 3);  // q, k and v (rope's P differs from nope's)
+  EXPECT_EQ(failed_rows(r, "o"), 0);
+}
+
 // The CUDA decode rows' plumbing (ape-check --cuda: CheckOptions::cuda_decode, the emulated
 // decode steps in ape-check): here the "CUDA" forward is the CPU kernel (use_kernels does nothing)
 // and the decode steps are stand-ins: a materialised causal attention passes, zeros fail both rows,

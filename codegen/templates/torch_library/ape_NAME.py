@@ -8,6 +8,10 @@
 Inputs beyond q, k and v, in argument order:
 @INPUTS@
 scale (optional): the logit scale; None = the manifest's, else 1/sqrt(D).
+An inference-only encoding (INFERENCE_ONLY: an attention transition) also takes, by keyword, the
+layer (0-based) of a model of num_layers layers that the call computes (the transition transforms
+some layers' rows; num_layers=0 transforms none), and has no backward: call it under
+torch.no_grad() or torch.inference_mode().
 Params whose init is projection_term or projection_prefix are derived from a
 projection weight: see derived_params().
 
@@ -35,6 +39,8 @@ PARAMS = [p["name"] for p in MANIFEST["params"]]
 ARGUMENTS = [@ARGUMENTS@]
 # The params computed from a projection weight (init projection_term / projection_prefix), in order.
 DERIVED = [@DERIVED@]
+# An attention transition: attention takes layer= and num_layers=, and has no backward.
+INFERENCE_ONLY = bool(MANIFEST.get("inference_only", False))
 
 _loaded = None
 
@@ -167,10 +173,17 @@ def derived_params(weights, heads, head_dim):
     return dict(zip(DERIVED, tensors))
 
 
-def attention(q, k, v, features=(), params=None, scale=None):
+def attention(q, k, v, features=(), params=None, scale=None, layer=None, num_layers=None):
     """ops.attention with the features in order and the params as a dict by name (or a
-    sequence in order)."""
+    sequence in order); layer and num_layers for an INFERENCE_ONLY encoding (both required there,
+    refused elsewhere)."""
     ops = load()
+    if INFERENCE_ONLY and (layer is None or num_layers is None):
+        raise ValueError(f"ape_{ENCODING}.attention: an attention transition needs layer= and num_layers= "
+                         "(the layer this call computes, 0-based, of a model of num_layers layers)")
+    if not INFERENCE_ONLY and (layer is not None or num_layers is not None):
+        raise ValueError(f"ape_{ENCODING}.attention: layer and num_layers are for an attention transition; "
+                         f"{ENCODING} has none")
     if params is None:
         params = {}
     if isinstance(params, dict):
@@ -181,6 +194,8 @@ def attention(q, k, v, features=(), params=None, scale=None):
         if unknown:  # a misspelt name would otherwise be dropped silently
             raise ValueError(f"ape_{ENCODING}.attention: unknown params {unknown} (its params: {list(PARAMS)})")
         params = [params[n] for n in PARAMS]
+    if INFERENCE_ONLY:
+        return ops.attention(q, k, v, *features, *params, scale=scale, layer=layer, num_layers=num_layers)
     return ops.attention(q, k, v, *features, *params, scale=scale)
 
 

@@ -2,15 +2,18 @@
 // the three-pass rows of cpu/attention.h and a refusing backward), the manifest says the kernel is
 // inference-only with no gradients, the reference data (ape-check) carries the attributes, the CUDA
 // functor carries them too (cuda/transition.cuh's rows after the forward; the backward returns
-// cudaErrorNotSupported), and the differentiable libraries refuse it with a located error instead
-// of emitting something else.
+// cudaErrorNotSupported), the PyTorch operator library takes the layer and the model's depth (and
+// says it is inference-only), and the C ABI (it has a backward) refuses it with a located error
+// instead of emitting something else.
 // RUN: rm -rf %t && apec %s -o %t --emit=cpu,manifest
 // RUN: FileCheck %s --input-file=%t/rope_transition_cpu.cpp
 // RUN: FileCheck %s --check-prefix=MANIFEST --input-file=%t/rope_transition.manifest.json
 // RUN: %cxx -std=c++17 -fsyntax-only -fopenmp -I %ape_templates %t/rope_transition_cpu.cpp
 // RUN: apec %s -o %t/cuda --emit=cuda --cuda-dtypes=bf16 --cuda-head-dims=64
 // RUN: FileCheck %s --check-prefix=CUDA --input-file=%t/cuda/rope_transition_cuda.cuh
-// RUN: not apec %s -o %t/torch --emit=torch-library 2>&1 | FileCheck %s --check-prefix=TORCH
+// RUN: apec %s -o %t/torch --emit=torch-library --cuda-dtypes=bf16 --cuda-head-dims=64
+// RUN: FileCheck %s --check-prefix=TORCH --input-file=%t/torch/rope_transition_torch_library/rope_transition_ops.cpp
+// RUN: FileCheck %s --check-prefix=TORCHPY --input-file=%t/torch/rope_transition_torch_library/ape_rope_transition.py
 // RUN: not apec %s -o %t/cabi --emit=c-abi 2>&1 | FileCheck %s --check-prefix=CABI
 // RUN: apec %s -o %t/ref --emit=reference
 // RUN: FileCheck %s --check-prefix=REF --input-file=%t/ref/rope_transition.reference.json
@@ -46,7 +49,11 @@
 // CUDA: struct Enc {
 // CUDA: static constexpr ::ape::TransitionAttrs kTransition{1, 2, 1, 3, 2.50000000000000000e-01, 1.00000000000000006e-01};
 // CUDA-NOT: _grad(
-// TORCH: cpu-transition.mlir:[[@LINE+3]]:1: error: 'ape.kernel' op is inference-only (ape.attention_transition): the operator library is differentiable and is not emitted for it yet; the CPU kernel is (apec --emit=cpu)
+// TORCH: "attention(Tensor q, Tensor k, Tensor v, float? scale=None, *, int layer, int num_layers) -> Tensor",
+// TORCH: ape_cuda_kernel_entry_rope_transition(), nullptr, /*inference_only=*/true};
+// TORCH: nullptr, "the library was built without CUDA kernels{{.*}}", /*inference_only=*/true};
+// TORCHPY: o = ops.attention(q, k, v, layer=l, num_layers=N)
+// TORCHPY: INFERENCE_ONLY = bool(MANIFEST.get("inference_only", False))
 // CABI: cpu-transition.mlir:[[@LINE+2]]:1: error: 'ape.kernel' op is inference-only (ape.attention_transition): the C ABI has a backward and is not emitted for it yet
 // (--emit=reference takes it: REF above.)
 ape.encoding @rope_transition {

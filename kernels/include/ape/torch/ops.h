@@ -21,6 +21,10 @@ struct Library {
   const char *attention_schema;       // "attention(Tensor q, Tensor k, Tensor v, ...) -> Tensor"
   const cuda::CudaKernelEntry *cuda;  // the generated CUDA kernels, or nullptr
   const char *no_cuda_reason;         // when cuda is nullptr: why (shown when CUDA tensors come)
+  // An attention transition (ape.attention_transition): inference only. attention and
+  // attention_forward then also take the layer of the model the call computes and the model's
+  // depth (torch/ops_impl.h); there is no backward.
+  bool inference_only = false;
 };
 
 // Defines the operators of `lib` in the namespace ape_<encoding> and registers their CPU, CUDA,

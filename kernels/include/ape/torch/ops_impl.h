@@ -48,6 +48,14 @@
 //   CompositeImplicitAutograd  derived_params, init_value, manifest, cuda_kernels, cpu_level,
 //                              backward_status
 //
+// An inference-only library (an attention transition, Library::inference_only) differs in three
+// ways: attention takes `*, int layer, int num_layers` after scale and attention_forward `int
+// layer, int num_layers` after its scale (the layer of a model of num_layers this call computes:
+// the transition transforms some layers' rows, 0 <= layer < num_layers; num_layers 0 transforms
+// nothing); attention refuses inputs that require grad while grad mode is on (there is no
+// derivative: call it under torch.no_grad() or torch.inference_mode()); attention_backward
+// refuses every call.
+//
 // Shapes: q, k, v, o, dout (B, H, T, D); lse and every feature (B, H, T); params by their
 // manifest shape with "heads" = H and "head_dim" = D. One dtype for q, k, v, dout, o, features
 // and params; lse is float64 for float64 inputs, float32 otherwise. One device for all.
@@ -248,7 +256,7 @@ void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, con
                 const at::Tensor &lse, const at::Tensor &dout, const at::Tensor &dq,
                 const at::Tensor &dk, const at::Tensor &dv,
                 const std::vector<at::Tensor> &dfeatures, const std::vector<at::Tensor> &dparams,
-                bool bf16) {
+                bool bf16, int64_t layer = 0, int64_t num_layers = 0) {
   std::vector<Real *> fp = data_ptrs<Real>(features), pp = data_ptrs<Real>(params);
   std::vector<const Real *> cfp(fp.begin(), fp.end()), cpp(pp.begin(), pp.end());
   // The Real pointer of t, or null when t is held as bf16 (or absent).
@@ -264,7 +272,8 @@ void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, con
     io.dout = bits(dout), io.dq = bits(dq), io.dk = bits(dk), io.dv = bits(dv);
   }
   AttnArgs<Real> a = forward_args<Real>({s.B, s.H, s.T, s.D}, scale, real(q), real(k), real(v),
-                                        cfp.data(), cpp.data(), real(o), lse.data_ptr<Real>());
+                                        cfp.data(), cpp.data(), real(o), lse.data_ptr<Real>(), layer,
+                                        num_layers);
   a.bf16_products = bf16;
   if (bf16) a.bf16_io = &io;
   const KernelEntry &e = *in.entry;
@@ -294,7 +303,8 @@ inline at::ScalarType io_dtype(at::ScalarType t) {
 
 inline ForwardResult forward_cpu(const KernelInputs &in, const at::Tensor &q, const at::Tensor &k,
                                  const at::Tensor &v, at::TensorList features,
-                                 at::TensorList params, double scale) {
+                                 at::TensorList params, double scale, int64_t layer = 0,
+                                 int64_t num_layers = 0) {
   const Shape s = shape_of(q);
   const at::ScalarType ct = compute_dtype(q.scalar_type()), it = io_dtype(q.scalar_type());
   const bool bf16 = it == at::kBFloat16;
@@ -303,9 +313,11 @@ inline ForwardResult forward_cpu(const KernelInputs &in, const at::Tensor &q, co
   at::Tensor o = at::empty({s.B, s.H, s.T, s.D}, qc.options());
   at::Tensor lse = at::empty({s.B, s.H, s.T}, qc.options().dtype(ct));
   if (ct == at::kFloat)
-    run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {}, bf16);
+    run_kernel<float>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {}, bf16, layer,
+                      num_layers);
   else
-    run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {}, bf16);
+    run_kernel<double>(in, s, qc, kc, vc, fc, pc, scale, o, lse, {}, {}, {}, {}, {}, {}, bf16, layer,
+                       num_layers);
   return {o.to(q.scalar_type()), lse};
 }
 
@@ -387,29 +399,46 @@ inline std::string no_kernel_in_capture(const Library &lib, const at::Tensor &q)
                   "), and its fallback, the CPU kernel on host copies, cannot run inside a CUDA graph capture");
 }
 
+// An inference-only library's layer of num_layers (Library::inference_only).
+inline void check_layer(const KernelInputs &in, const char *op, int64_t layer, int64_t num_layers) {
+  TORCH_CHECK_VALUE(num_layers >= 0 && num_layers <= 100000, prefix(in, op),
+                    "num_layers must be in [0, 100000] (0: no layer is transformed), got ", num_layers);
+  TORCH_CHECK_VALUE(num_layers == 0 ? layer == 0 : layer >= 0 && layer < num_layers, prefix(in, op),
+                    "layer must be in [0, num_layers) = [0, ", num_layers, ") (0 when num_layers is 0), got ",
+                    layer);
+}
+
+// Why an inference-only library has no backward, and what to do instead.
+inline constexpr const char *kNoBackward =
+    "the encoding is inference-only (an ape.attention_transition has no derivative): call attention "
+    "under torch.no_grad() or torch.inference_mode(), or with inputs that do not require grad; train "
+    "with the encoding without the transition";
+
 inline ForwardResult forward_on(Where where, const Library &lib, const at::Tensor &q,
                                 const at::Tensor &k, const at::Tensor &v, at::TensorList features,
-                                at::TensorList params, double scale) {
+                                at::TensorList params, double scale, int64_t layer = 0,
+                                int64_t num_layers = 0) {
   const KernelInputs &in = *lib.inputs;
   const char *op = "attention_forward";
   check_inputs(in, op, q, k, v, features, params);
   check_scale(in, op, scale, q.scalar_type());
+  check_layer(in, op, layer, num_layers);
   switch (where) {
     case Where::kCpu:
       TORCH_CHECK(q.device().is_cpu(), prefix(in, op), "the CPU kernel got q on ", q.device());
-      return forward_cpu(in, q, k, v, features, params, scale);
+      return forward_cpu(in, q, k, v, features, params, scale, layer, num_layers);
     case Where::kCuda: {
       TORCH_CHECK(q.is_cuda(), prefix(in, op), "the CUDA kernel got q on ", q.device());
 #ifdef APE_TORCH_OPS_CUDA
       if (const cuda::CudaVariant *var = cuda_variant(lib, q))
-        return forward_cuda(prefix(in, op), *var, q, k, v, features, params, scale);
+        return forward_cuda(prefix(in, op), *var, q, k, v, features, params, scale, 0, layer, num_layers);
 #endif
 #ifdef APE_TORCH_OPS_CUDA
       TORCH_CHECK(!capturing(), prefix(in, op), no_kernel_in_capture(lib, q));
 #endif
       warn_host_copies(lib, q);
       auto [o, lse] = forward_cpu(in, q.cpu(), k.cpu(), v.cpu(), to_host(features),
-                                  to_host(params), scale);
+                                  to_host(params), scale, layer, num_layers);
       return {o.to(q.device()), lse.to(q.device())};
     }
     case Where::kMeta:  // contiguous, as the kernels return them
@@ -426,6 +455,7 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
                                   at::TensorList features, at::TensorList params, double scale) {
   const KernelInputs &in = *lib.inputs;
   const char *op = "attention_backward";
+  TORCH_CHECK(!lib.inference_only, prefix(in, op), kNoBackward);
   check_inputs(in, op, q, k, v, features, params);
   check_scale(in, op, scale, q.scalar_type());
   const std::string w = prefix(in, op);
@@ -475,6 +505,13 @@ using BackwardSig = BackwardResult(const at::Tensor &, const at::Tensor &, const
 inline c10::TypedOperatorHandle<ForwardSig> forward_op(const KernelInputs &in) {
   const std::string name = std::string("ape_") + in.encoding + "::attention_forward";
   return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").typed<ForwardSig>();
+}
+// An inference-only library's attention_forward: (..., scale, layer, num_layers).
+using LayeredForwardSig = ForwardResult(const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                                        at::TensorList, at::TensorList, double, int64_t, int64_t);
+inline c10::TypedOperatorHandle<LayeredForwardSig> forward_op(const KernelInputs &in, bool /*layered*/) {
+  const std::string name = std::string("ape_") + in.encoding + "::attention_forward";
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").typed<LayeredForwardSig>();
 }
 inline c10::TypedOperatorHandle<BackwardSig> backward_op(const KernelInputs &in) {
   const std::string name = std::string("ape_") + in.encoding + "::attention_backward";
@@ -539,14 +576,37 @@ inline at::Tensor attention(const KernelInputs &in, const at::Tensor &q, const a
                                   resolve_scale(in, q, scale));
 }
 
+// The Autograd kernel of an inference-only library's `attention`: the forward, refused where
+// autograd would need a backward (grad mode on and an input that requires grad).
+inline at::Tensor attention_inference(const KernelInputs &in, const at::Tensor &q, const at::Tensor &k,
+                                      const at::Tensor &v, const std::vector<at::Tensor> &features,
+                                      const std::vector<at::Tensor> &params, std::optional<double> scale,
+                                      int64_t layer, int64_t num_layers) {
+  check_inputs(in, "attention", q, k, v, features, params);
+  if (at::GradMode::is_enabled()) {
+    bool grad = q.requires_grad() || k.requires_grad() || v.requires_grad();
+    for (const auto &t : features) grad = grad || t.requires_grad();
+    for (const auto &t : params) grad = grad || t.requires_grad();
+    TORCH_CHECK(!grad, prefix(in, "attention"), "an input requires grad: ", kNoBackward);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return std::get<0>(forward_op(in, true).call(q, k, v, features, params, resolve_scale(in, q, scale),
+                                               layer, num_layers));
+}
+
 // The CompositeExplicitAutograd kernel of `attention` (reached without autograd, e.g. under
 // torch.inference_mode): the forward only.
-inline at::Tensor attention_forward_only(const KernelInputs &in, const at::Tensor &q,
+inline at::Tensor attention_forward_only(const Library &lib, const at::Tensor &q,
                                          const at::Tensor &k, const at::Tensor &v,
                                          const std::vector<at::Tensor> &features,
                                          const std::vector<at::Tensor> &params,
-                                         std::optional<double> scale) {
+                                         std::optional<double> scale, int64_t layer = 0,
+                                         int64_t num_layers = 0) {
+  const KernelInputs &in = *lib.inputs;
   check_inputs(in, "attention", q, k, v, features, params);
+  if (lib.inference_only)
+    return std::get<0>(forward_op(in, true).call(q, k, v, features, params, resolve_scale(in, q, scale),
+                                                 layer, num_layers));
   return std::get<0>(forward_op(in).call(q, k, v, features, params, resolve_scale(in, q, scale)));
 }
 
@@ -637,12 +697,13 @@ class Kernel final : public c10::OperatorKernel {
     const KernelInputs &in = *lib_.inputs;
     const size_t nf = in.num_features, np = in.num_params;
     switch (op_) {
-      case Op::kForward: {  // (q, k, v, features, params, scale) -> (o, lse)
-        auto a = torch::jit::last(*stack, 6);
+      case Op::kForward: {  // (q, k, v, features, params, scale[, layer, num_layers]) -> (o, lse)
+        const size_t n = lib_.inference_only ? 8 : 6;
+        auto a = torch::jit::last(*stack, n);
         auto [o, lse] = forward_on(where_, lib_, a[0].toTensor(), a[1].toTensor(),
                                    a[2].toTensor(), a[3].toTensorVector(), a[4].toTensorVector(),
-                                   a[5].toDouble());
-        torch::jit::drop(*stack, 6);
+                                   a[5].toDouble(), n == 8 ? a[6].toInt() : 0, n == 8 ? a[7].toInt() : 0);
+        torch::jit::drop(*stack, n);
         torch::jit::push(*stack, std::move(o), std::move(lse));
         return;
       }
@@ -658,18 +719,24 @@ class Kernel final : public c10::OperatorKernel {
         return;
       }
       case Op::kAttention:
-      case Op::kAttentionNoGrad: {  // (q, k, v, features..., params..., scale?) -> o
-        const size_t n = 3 + nf + np + 1;
+      case Op::kAttentionNoGrad: {  // (q, k, v, features..., params..., scale?[, layer, num_layers]) -> o
+        const size_t layered = lib_.inference_only ? 2 : 0, n = 3 + nf + np + 1 + layered;
         auto a = torch::jit::last(*stack, n);
         std::vector<at::Tensor> features, params;
         for (size_t i = 0; i < nf; ++i) features.push_back(a[3 + i].toTensor());
         for (size_t i = 0; i < np; ++i) params.push_back(a[3 + nf + i].toTensor());
-        std::optional<double> scale = a[n - 1].toOptional<double>();
+        std::optional<double> scale = a[3 + nf + np].toOptional<double>();
+        const int64_t layer = layered ? a[n - 2].toInt() : 0, num_layers = layered ? a[n - 1].toInt() : 0;
         const at::Tensor q = a[0].toTensor(), k = a[1].toTensor(), v = a[2].toTensor();
         torch::jit::drop(*stack, n);
-        torch::jit::push(*stack, op_ == Op::kAttention
-                                     ? attention(in, q, k, v, features, params, scale)
-                                     : attention_forward_only(in, q, k, v, features, params, scale));
+        at::Tensor o;
+        if (op_ == Op::kAttentionNoGrad)
+          o = attention_forward_only(lib_, q, k, v, features, params, scale, layer, num_layers);
+        else if (lib_.inference_only)
+          o = attention_inference(in, q, k, v, features, params, scale, layer, num_layers);
+        else
+          o = attention(in, q, k, v, features, params, scale);
+        torch::jit::push(*stack, std::move(o));
         return;
       }
       case Op::kDerivedParams: {  // (w_q?, w_k?, w_v?, heads, head_dim) -> Tensor[]
@@ -742,8 +809,11 @@ void register_operators(const Library &lib) {
 
   torch::Library &def = library(torch::Library::DEF, std::nullopt);
   def.def(lib.attention_schema, tags);
-  def.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] features, Tensor[] params, "
-          "float scale) -> (Tensor o, Tensor lse)",
+  def.def(lib.inference_only
+              ? "attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] features, Tensor[] params, "
+                "float scale, int layer, int num_layers) -> (Tensor o, Tensor lse)"
+              : "attention_forward(Tensor q, Tensor k, Tensor v, Tensor[] features, Tensor[] params, "
+                "float scale) -> (Tensor o, Tensor lse)",
           tags);
   def.def("attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
           "Tensor[] features, Tensor[] params, float scale) -> (Tensor dq, Tensor dk, Tensor dv, "
