@@ -33,7 +33,7 @@ std::string upper(StringRef s) {
 
 /// ape_NAME.h: the inputs beyond q, k and v (listed in its comment and as enum constants) are
 /// filled into codegen/templates/c_abi/ape_NAME.h.
-std::string header(const KernelInputInfo &info, StringRef source) {
+std::string header(const KernelInputInfo &info, StringRef source, bool inferenceOnly) {
   const std::string &n = info.encoding, N = upper(n);
   std::string inputs, enums;
   llvm::raw_string_ostream in(inputs), en(enums);
@@ -72,7 +72,20 @@ std::string header(const KernelInputInfo &info, StringRef source) {
                                {"INPUTS", inputs},
                                {"NUM_FEATURES", std::to_string(info.features.size())},
                                {"NUM_PARAMS", std::to_string(info.params.size())},
-                               {"ENUMS", enums}});
+                               {"ENUMS", enums},
+                               {"INFERENCE_NOTE",
+                                inferenceOnly
+                                    ? " *\n"
+                                      " * Inference only (an ape.attention_transition): forward also reads layer and\n"
+                                      " * num_layers (the transition transforms some layers' rows of a prompt);\n"
+                                      " * backward returns APE_ERROR_NOT_SUPPORTED.\n"
+                                    : ""},
+                               {"LAYER_FIELDS",
+                                inferenceOnly
+                                    ? "  int64_t layer, num_layers;  /* the layer (0-based) of a model of num_layers\n"
+                                      "                                 layers that forward computes (0, 0: none is\n"
+                                      "                                 transformed) */\n"
+                                    : ""}});
 }
 
 /// ape_NAME_c.cpp: the table of the kernel's inputs filled into
@@ -101,17 +114,13 @@ std::string readme(const KernelInputInfo &info, StringRef spec) {
 
 LogicalResult mlir::ape::emitCAbi(KernelOp kernel, StringRef spec,
                                   std::vector<EmittedFile> &files) {
-  if (kernel.getInferenceOnly())
-    return kernel.emitOpError("is inference-only (ape.attention_transition): the C ABI has a "
-                              "backward and is not emitted for it yet; the CPU kernel is "
-                              "(apec --emit=cpu)");
   FailureOr<KernelInputInfo> info = folder::collectInputs(kernel, {});
   if (failed(info))
     return failure();
   if (failed(folder::addKernelSources(kernel, spec, {"ape/c/abi_impl.h"}, files)))
     return failure();
   const std::string &n = info->encoding;
-  files.push_back({"ape_" + n + ".h", header(*info, spec)});
+  files.push_back({"ape_" + n + ".h", header(*info, spec, kernel.getInferenceOnly())});
   files.push_back({"ape_" + n + "_c.cpp", source(*info, spec)});
   files.push_back({"CMakeLists.txt", cmakeLists(*info, spec)});
   files.push_back({"README.md", readme(*info, spec)});

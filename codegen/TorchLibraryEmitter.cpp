@@ -120,8 +120,14 @@ std::string pythonHelper(const KernelInputInfo &info, StringRef source, StringRe
     call += ", " + f.ident;
   for (const auto &p : info.params)
     call += ", " + p.ident;
-  if (inferenceOnly)
+  std::string inference;
+  if (inferenceOnly) {
     call += ", layer=l, num_layers=N";
+    inference = "\nInference only (an attention transition): attention also takes, by keyword, the layer\n"
+                "(0-based) of a model of num_layers layers that the call computes (the transition transforms\n"
+                "some layers' rows; num_layers=0 transforms none), and has no backward: call it under\n"
+                "torch.no_grad() or torch.inference_mode().";
+  }
   if (info.features.empty() && info.params.empty())
     in << "    (none)\n";
   for (const auto &f : info.features)
@@ -148,7 +154,8 @@ std::string pythonHelper(const KernelInputInfo &info, StringRef source, StringRe
                                {"LIBRARY", folder::cString("libape_" + n + "_ops.so")},
                                {"MANIFEST", pyString(manifest)},
                                {"ARGUMENTS", arguments},
-                               {"DERIVED", derived}});
+                               {"DERIVED", derived},
+                               {"INFERENCE_NOTE", inference}});
 }
 
 /// CMakeLists.txt; `cudaSources` are the NAME_cuda*.cu files (none when the encoding has no CUDA
@@ -166,11 +173,20 @@ std::string cmakeLists(const KernelInputInfo &info, StringRef source,
        {"CPU_LEVELS", folder::cpuLevelsCMake(info.encoding, "ape_" + info.encoding + "_ops")}});
 }
 
-std::string readme(const KernelInputInfo &info, StringRef source, StringRef noCuda) {
+std::string readme(const KernelInputInfo &info, StringRef source, StringRef noCuda,
+                   bool inferenceOnly) {
+  const std::string &n = info.encoding;
   return folder::fromTemplate(
       "torch_library/README.md",
-      {{"NAME", info.encoding},
+      {{"NAME", n},
        {"SOURCE", source.str()},
+       {"USAGE",
+        inferenceOnly
+            ? "with torch.inference_mode():              # inference only: there is no backward\n"
+              "    o = ops.attention(q, k, v, ..., layer=i, num_layers=n)   # layer i of a model of n layers"
+            : "o = ops.attention(q, k, v, ...)            # see ape_" + n +
+                  ".py for the inputs after v\n"
+                  "o.sum().backward()                         # gradients reach q, k, v, features, trainable params"},
        {"CUDA", noCuda.empty()
                     ? "CUDA tensors run the CUDA kernels (`" + info.encoding +
                           "_cuda*.cu`, compiled when PyTorch has CUDA and\n"
@@ -255,7 +271,7 @@ LogicalResult mlir::ape::emitTorchLibrary(KernelOp kernel, StringRef source,
   files.push_back({"ape/torch_ops.cpp", folder::fromTemplate("torch_library/torch_ops.cpp", {})});
   files.push_back({"ape_" + n + ".py", pythonHelper(*info, source, manifest, kernel.getInferenceOnly())});
   files.push_back({"CMakeLists.txt", cmakeLists(*info, source, cudaSources)});
-  files.push_back({"README.md", readme(*info, source, noCuda)});
+  files.push_back({"README.md", readme(*info, source, noCuda, kernel.getInferenceOnly())});
   return success();
 }
 

@@ -165,7 +165,7 @@ prepare() {
     # The framework tests' libraries, as test/python/run.sh emits them (an attention transition's
     # too: inference only, test_transition_ops.py).
     emit=torch-library
-    case " rope alibi cable expe " in *" $enc "*) emit=torch-library,c-abi ;; esac
+    case " rope alibi cable expe rope_transition " in *" $enc "*) emit=torch-library,c-abi ;; esac
     "$apec" "$spec" -o "$dir/emitted" --emit=$emit --cuda-dtypes=bf16,f32 --cuda-head-dims=64 \
       --expect-name "$enc" --source-name "$src_name"
     if [[ " $bench_encodings " == *" $enc "* ]]; then
@@ -445,9 +445,10 @@ run() {
   local suite_build=$build_root/suite fw_build=$build_root/python bench_libs=$build_root/bench-libs
   # The framework tests' libraries with CUDA kernels: test/python's rope and cable, an encoding
   # with a fixed param and one with a trainable param, and one of the general path (relative
-  # rows and value rows: test_cuda.py checks it against the C++ reference), where prepared.
+  # rows and value rows: test_cuda.py checks it against the C++ reference), and the attention
+  # transition's (inference only: test_transition_ops.py), where prepared.
   local fw_cuda_encodings="" e
-  for e in rope cable alibi alibi_learned shaw; do
+  for e in rope cable alibi alibi_learned shaw rope_transition; do
     [ -d "$dir/emitted/${e}_torch_library" ] && fw_cuda_encodings+="${fw_cuda_encodings:+;}$e"
   done
   local status note s
@@ -621,7 +622,8 @@ run() {
         # their own, after the rest: a crash there (the operator library's params on CUDA once ended the benchmark
         # with a host SIGSEGV) costs only their cases, and -v names the case it ended in.
         timeout "$(lim 150)" "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
-          test_c_abi.py test_pytorch2.py test_examples.py -k "(cuda or CUDA) and not (alibi or shaw)"
+          test_c_abi.py test_pytorch2.py test_examples.py test_transition_ops.py \
+          -k "(cuda or CUDA) and not (alibi or shaw)"
         rc1=$?
         timeout "$(lim 90)" "$py" -m pytest -p no:cacheprovider -v -rs test_cuda.py test_torch_ops.py \
           test_pytorch2.py -k "(cuda or CUDA) and (alibi or shaw)"

@@ -73,7 +73,8 @@ class Attention(torch.nn.Module):
 
     An inference-only encoding (an ape.attention_transition; `.inference_only`) is called with
     layer= and num_layers= (the layer, 0-based, of a model of num_layers layers that the call
-    computes) under torch.no_grad() or torch.inference_mode(): it has no backward."""
+    computes) under torch.no_grad() or torch.inference_mode(): it has no backward, and its params
+    are all buffers of `.fixed` (nothing to train)."""
 
     def __init__(self, helper, library_dir):
         super().__init__()
@@ -97,7 +98,7 @@ class Attention(torch.nn.Module):
             if n not in init:
                 continue
             t = init[n].detach()
-            if p["trainable"]:
+            if p["trainable"] and not self.inference_only:  # (no backward: nothing to train)
                 self.params[n] = torch.nn.Parameter(t)
             else:
                 self.fixed.register_buffer(n, t)

@@ -21,8 +21,9 @@ python=${APE_PYTHON:-${APE_VENV:-$root/.venv}/bin/python}
 # The C ABIs to emit, the one list of them (CMakeLists.txt builds and test_c_abi.py tests what is
 # emitted). Deliberately a subset: the C entry points are the same for every encoding, so one of
 # each kind of input (a rotation, a param bias, a token feature, an override with its fixed
-# sigma) covers them while keeping the build short; examples/c uses rope's.
-c_abi=(rope alibi cable expe)
+# sigma) covers them while keeping the build short, and an inference-only one (the attention
+# transition: its args hold the layer, its backward refuses); examples/c uses rope's.
+c_abi=(rope alibi cable expe rope_transition)
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
 # An absolute apec: the tests run from test/python (ape.load refuses an APE_APEC it cannot run).

@@ -36,8 +36,11 @@ if BUILT_ONLY:
     REFERENCE_ENCODINGS = [e for e in REFERENCE_ENCODINGS if e in BUILT_ONLY]
 # The C ABIs run.sh emitted and CMakeLists.txt built (run.sh's c_abi list: the one list of them).
 _ARTIFACTS = os.environ.get("APE_TEST_ARTIFACTS", "")
-C_ABI_ENCODINGS = sorted(d[:-len("_c_abi")] for d in (os.listdir(_ARTIFACTS) if os.path.isdir(_ARTIFACTS) else [])
-                         if d.endswith("_c_abi") and os.path.isdir(os.path.join(_ARTIFACTS, d)))
+_C_ABIS = sorted(d[:-len("_c_abi")] for d in (os.listdir(_ARTIFACTS) if os.path.isdir(_ARTIFACTS) else [])
+                 if d.endswith("_c_abi") and os.path.isdir(os.path.join(_ARTIFACTS, d)))
+# The differentiable ones, and the inference-only ones (an attention transition: test_c_abi.py's own test).
+C_ABI_ENCODINGS = [e for e in _C_ABIS if e not in TRANSITION_ENCODINGS]
+C_ABI_TRANSITION_ENCODINGS = [e for e in _C_ABIS if e in TRANSITION_ENCODINGS]
 # The same tests run on CUDA tensors where PyTorch sees a GPU.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import reference
-from support import C_ABI_ENCODINGS, artifact, close, helper, make_inputs
+from support import C_ABI_ENCODINGS, C_ABI_TRANSITION_ENCODINGS, artifact, close, helper, make_inputs
 
 
 class Tensor(ctypes.Structure):  # ape_tensor (ape/c/abi.h)
@@ -26,7 +26,12 @@ class Args(ctypes.Structure):  # ape_<enc>_args (ape_<enc>.h): the same layout f
                 ("dfeatures", ctypes.POINTER(Tensor)), ("dparams", ctypes.POINTER(ctypes.c_void_p))]
 
 
+class LayerArgs(ctypes.Structure):  # an inference-only encoding's args: the same, then the layer
+    _fields_ = Args._fields_ + [("layer", ctypes.c_int64), ("num_layers", ctypes.c_int64)]
+
+
 APE_OK, APE_ERROR_NULL_POINTER, APE_ERROR_INVALID_SHAPE, APE_ERROR_INVALID_VALUE = 0, 1, 2, 3
+APE_ERROR_NOT_SUPPORTED = 7
 
 _libs = {}
 
@@ -34,9 +39,10 @@ _libs = {}
 def lib(encoding):
     if encoding not in _libs:
         so = ctypes.CDLL(artifact(f"{encoding}_c_abi", f"libape_{encoding}_c.so"))
+        args = LayerArgs if encoding in C_ABI_TRANSITION_ENCODINGS else Args
         for fn in ("forward_f32", "backward_f32", "forward_f64", "backward_f64"):
             f = getattr(so, f"ape_{encoding}_{fn}")
-            f.argtypes, f.restype = [ctypes.POINTER(Args)], ctypes.c_int
+            f.argtypes, f.restype = [ctypes.POINTER(args)], ctypes.c_int
         for fn, args, res in [("error_string", [ctypes.c_int], ctypes.c_char_p),
                               ("last_error", [], ctypes.c_char_p),
                               ("param_numel", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64], ctypes.c_int64),
@@ -56,10 +62,10 @@ def fn(encoding, name):
 class Call:
     """An ape_<enc>_args over torch CPU tensors (kept alive here), strides from the tensors."""
 
-    def __init__(self, q, k, v, features, params, scale, strided=True):
+    def __init__(self, q, k, v, features, params, scale, strided=True, args=None):
         self.keep = []
         B, H, T, D = q.shape
-        self.args = Args(B=B, H=H, T=T, D=D, scale=scale)
+        self.args = (args or Args)(B=B, H=H, T=T, D=D, scale=scale)
         self.args.q, self.args.k, self.args.v = self.view(q, strided), self.view(k, strided), self.view(v, strided)
         self.args.features = self.views(features, strided)
         self.args.params = self.pointers(params)
@@ -218,3 +224,34 @@ def test_queries(encoding):
         numel = math.prod(h.param_shape(name, 2**40, 2**40))
         assert fn(encoding, "param_numel")(n, 2**40, 2**40) == (numel if numel < 2**63 else -1), name
     assert fn(encoding, "param_numel")(-1, 3, 8) == -1
+
+
+@pytest.mark.parametrize("encoding", C_ABI_TRANSITION_ENCODINGS)
+def test_inference_only_layers_and_refused_backward(encoding):
+    """An attention transition's C ABI: forward at each layer of a 6-layer model against the
+    reference of test_transition_ops.py (strided q, k, v, o; f64 and f32), a layer out of range
+    APE_ERROR_INVALID_VALUE, and the backward APE_ERROR_NOT_SUPPORTED with the reason."""
+    from test_transition_ops import transition_reference
+
+    B, H, T, D, N = 2, 2, 150, 16, 6
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
+    t = helper(encoding).MANIFEST["transition"]
+    last = fn(encoding, "last_error")
+    for dtype, suffix, atol in [(torch.float64, "f64", 1e-12), (torch.float32, "f32", 2e-5)]:
+        qs, ks, vs = (strided_like((B, H, T, D), dtype).copy_(x.to(dtype)) for x in (q, k, v))
+        c = Call(qs, ks, vs, [], [], 1.0 / math.sqrt(D), args=LayerArgs)
+        o, lse = strided_like((B, H, T, D), dtype), torch.zeros(B, H, T, dtype=dtype)
+        c.args.o, c.args.lse = c.view(o), lse.data_ptr()
+        for layer in range(N):
+            c.args.layer, c.args.num_layers = layer, N
+            assert fn(encoding, "forward_" + suffix)(ctypes.byref(c.args)) == APE_OK, last()
+            close(o, transition_reference(q, k, v, layer, N, t), f"{suffix} o at layer {layer}", atol=atol)
+        for layer, num_layers in [(6, 6), (-1, 6), (1, 0), (0, -1)]:
+            c.args.layer, c.args.num_layers = layer, num_layers
+            assert fn(encoding, "forward_" + suffix)(ctypes.byref(c.args)) == APE_ERROR_INVALID_VALUE
+            assert b"layer must be in [0, num_layers)" in last(), last()
+        c.args.layer, c.args.num_layers = 1, N
+        assert fn(encoding, "backward_" + suffix)(ctypes.byref(c.args)) == APE_ERROR_NOT_SUPPORTED
+        assert b"inference-only" in last(), last()
+    assert fn(encoding, "error_string")(APE_ERROR_NOT_SUPPORTED).startswith(b"not supported")

@@ -118,7 +118,14 @@ def test_gradients_and_bad_layers_are_refused(encoding):
         o.attention_backward(q.detach(), q.detach(), k.detach(), v.detach(), q.detach(),
                              torch.zeros(1, 2, 40), [], [], 0.25)
     x = q.detach()
-    with pytest.raises(ValueError, match=r"layer must be in \[0, num_layers\) = \[0, 6\)"):
+    # Forward mode: a dual tensor's tangent would be dropped (a zero derivative): refused too.
+    import torch.autograd.forward_ad as fwad
+    with fwad.dual_level():
+        with pytest.raises(RuntimeError, match="forward-mode tangent"):
+            o.attention(fwad.make_dual(x, torch.ones_like(x)), x, x, layer=1, num_layers=6)
+    with pytest.raises(RuntimeError, match="forward-mode tangent"):
+        torch.func.jvp(lambda a: o.attention(a, x, x, layer=1, num_layers=6), (x,), (torch.ones_like(x),))
+    with pytest.raises(ValueError, match=rf"ape_{encoding}\.attention: layer must be in \[0, num_layers\) = \[0, 6\)"):
         o.attention(x, x, x, layer=6, num_layers=6)
     with pytest.raises(ValueError, match=r"layer must be in"):
         o.attention(x, x, x, layer=-1, num_layers=6)

@@ -6,7 +6,7 @@
  *   forward : o = softmax(scale * q' k'^T + bias, causal) v and lse = log sum exp of each row,
  *             with q', k' and bias as the encoding defines them;
  *   backward: dq, dk, dv, dfeatures and dparams from dout, given the forward's o and lse.
- *
+@INFERENCE_NOTE@ *
  * Inputs beyond q, k and v:
 @INPUTS@
  */
@@ -38,7 +38,7 @@ typedef struct ape_@NAME@_args {
   const ape_tensor *dfeatures; /* APE_@UNAME@_NUM_FEATURES views [B, H, T]: written by backward */
   void *const *dparams;        /* APE_@UNAME@_NUM_PARAMS contiguous arrays: written by backward
                                   (zeros for a param that is not trainable) */
-} ape_@NAME@_args;
+@LAYER_FIELDS@} ape_@NAME@_args;
 
 /* The kernels. Each returns APE_OK or an ape_status (then nothing is guaranteed about the
  * outputs); none throws, none aborts on bad arguments. */

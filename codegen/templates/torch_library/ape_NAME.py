@@ -7,11 +7,7 @@
 
 Inputs beyond q, k and v, in argument order:
 @INPUTS@
-scale (optional): the logit scale; None = the manifest's, else 1/sqrt(D).
-An inference-only encoding (INFERENCE_ONLY: an attention transition) also takes, by keyword, the
-layer (0-based) of a model of num_layers layers that the call computes (the transition transforms
-some layers' rows; num_layers=0 transforms none), and has no backward: call it under
-torch.no_grad() or torch.inference_mode().
+scale (optional): the logit scale; None = the manifest's, else 1/sqrt(D).@INFERENCE_NOTE@
 Params whose init is projection_term or projection_prefix are derived from a
 projection weight: see derived_params().
 

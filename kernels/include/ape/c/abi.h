@@ -43,11 +43,13 @@ typedef enum ape_status {
   APE_OK = 0,
   APE_ERROR_NULL_POINTER = 1,  /* args, a required data pointer or a required array is NULL */
   APE_ERROR_INVALID_SHAPE = 2, /* B, H, T < 0, D < 1, or B*H*T*D overflows */
-  APE_ERROR_INVALID_VALUE = 3, /* scale is not finite */
+  APE_ERROR_INVALID_VALUE = 3, /* scale is not finite; a layer out of range */
   APE_ERROR_OUT_OF_MEMORY = 4, /* a workspace allocation failed */
   APE_ERROR_INTERNAL = 5,      /* any other failure inside the kernel */
-  APE_ERROR_CPU_LEVEL = 6      /* APE_CPU_LEVEL names an instruction-set level that this CPU or
+  APE_ERROR_CPU_LEVEL = 6,     /* APE_CPU_LEVEL names an instruction-set level that this CPU or
                                   library cannot run (ape_NAME_last_error() says which) */
+  APE_ERROR_NOT_SUPPORTED = 7  /* the backward of an inference-only encoding (an attention
+                                  transition: it has no derivative) */
 } ape_status;
 
 /* A strided view of a float (or double) array; see the memory contract above. */

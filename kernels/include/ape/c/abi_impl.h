@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ape/c/abi.h"
@@ -42,10 +43,11 @@ inline const char *error_string(int status) {
     case APE_OK: return "ok";
     case APE_ERROR_NULL_POINTER: return "a required pointer is NULL";
     case APE_ERROR_INVALID_SHAPE: return "invalid shape (B, H, T >= 0 and D >= 1 required)";
-    case APE_ERROR_INVALID_VALUE: return "invalid value (scale must be finite)";
+    case APE_ERROR_INVALID_VALUE: return "invalid value (scale must be finite, a layer in [0, num_layers))";
     case APE_ERROR_OUT_OF_MEMORY: return "out of memory";
     case APE_ERROR_INTERNAL: return "internal error";
     case APE_ERROR_CPU_LEVEL: return "the instruction-set level APE_CPU_LEVEL names cannot run";
+    case APE_ERROR_NOT_SUPPORTED: return "not supported (an inference-only encoding has no backward)";
     default: return "unknown status";
   }
 }
@@ -68,6 +70,8 @@ template <class Fn> int guarded(const char *function, Fn &&fn) noexcept {
     return fail(APE_ERROR_OUT_OF_MEMORY, "out of memory");
   } catch (const CpuLevelError &e) {
     return fail(APE_ERROR_CPU_LEVEL, e.what());
+  } catch (const entry_detail::InferenceOnlyError &e) {
+    return fail(APE_ERROR_NOT_SUPPORTED, e.what());
   } catch (const std::exception &e) {
     return fail(APE_ERROR_INTERNAL, e.what());
   } catch (...) {
@@ -235,12 +239,34 @@ inline void require(const void *p, int64_t n, const char *what) {
   if (!p && n > 0) throw Failure{APE_ERROR_NULL_POINTER, std::string(what) + " is NULL"};
 }
 
+// ---- an inference-only encoding's layer ---------------------------------------------------------
+// The args of an inference-only encoding (an attention transition) also hold the layer the call
+// computes, 0-based, of a model of num_layers layers (ape_NAME.h); the others have no such fields.
+template <class Args, class = void> struct HasLayer : std::false_type {};
+template <class Args>
+struct HasLayer<Args, std::void_t<decltype(std::declval<const Args &>().num_layers)>> : std::true_type {};
+
+// (layer, num_layers) of a call: checked where the args hold them, (0, 0) elsewhere.
+template <class Args> std::pair<int64_t, int64_t> layer_of(const Args *a) {
+  if constexpr (HasLayer<Args>::value) {
+    const int64_t l = a->layer, n = a->num_layers;
+    if (n < 0 || n > 100000 || (n == 0 ? l != 0 : (l < 0 || l >= n)))
+      throw Failure{APE_ERROR_INVALID_VALUE, "layer must be in [0, num_layers) with num_layers in [0, 100000] "
+                                             "(layer 0 when num_layers is 0), got layer=" +
+                                                 std::to_string(l) + " num_layers=" + std::to_string(n)};
+    return {l, n};
+  } else {
+    return {0, 0};
+  }
+}
+
 // ---- the entry points ---------------------------------------------------------------------------
 template <typename Real, class Args>
 int forward(const KernelInputs &in, const char *function, const Args *a) noexcept {
   return guarded(function, [&] {
     const Shape s = check_shape(a);
     check_scale_range<Real>(a->scale);
+    const auto [layer, num_layers] = layer_of(a);
     View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, s, 4, "k"),
                v = input<Real>(a->v, s, 4, "v");
     std::vector<View<Real>> f = features<Real>(in, s, a->features, false, "features");
@@ -253,7 +279,8 @@ int forward(const KernelInputs &in, const char *function, const Args *a) noexcep
     for (const void *x : p) pp.push_back(static_cast<const Real *>(x));
     entry_forward<Real>(*in.entry)(forward_args<Real>({s.B, s.H, s.T, s.D}, a->scale, q.ptr(),
                                                       k.ptr(), v.ptr(), fp.data(), pp.data(),
-                                                      o.ptr(), static_cast<Real *>(a->lse)));
+                                                      o.ptr(), static_cast<Real *>(a->lse), layer,
+                                                      num_layers));
     finish(o);
   });
 }
@@ -261,6 +288,10 @@ int forward(const KernelInputs &in, const char *function, const Args *a) noexcep
 template <typename Real, class Args>
 int backward(const KernelInputs &in, const char *function, const Args *a) noexcept {
   return guarded(function, [&] {
+    if constexpr (HasLayer<Args>::value)
+      throw Failure{APE_ERROR_NOT_SUPPORTED,
+                    "the encoding is inference-only (an ape.attention_transition has no derivative): "
+                    "train with the encoding without the transition"};
     const Shape s = check_shape(a);
     check_scale_range<Real>(a->scale);
     View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, s, 4, "k"),

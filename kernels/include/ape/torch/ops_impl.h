@@ -583,12 +583,18 @@ inline at::Tensor attention_inference(const KernelInputs &in, const at::Tensor &
                                       const std::vector<at::Tensor> &params, std::optional<double> scale,
                                       int64_t layer, int64_t num_layers) {
   check_inputs(in, "attention", q, k, v, features, params);
-  if (at::GradMode::is_enabled()) {
-    bool grad = q.requires_grad() || k.requires_grad() || v.requires_grad();
-    for (const auto &t : features) grad = grad || t.requires_grad();
-    for (const auto &t : params) grad = grad || t.requires_grad();
-    TORCH_CHECK(!grad, prefix(in, "attention"), "an input requires grad: ", kNoBackward);
-  }
+  check_layer(in, "attention", layer, num_layers);
+  // Reverse mode (an input that requires grad, grad mode on) and forward mode (a dual tensor:
+  // its tangent would silently be dropped) are both refused.
+  bool grad = false;
+  auto note = [&](const at::Tensor &t) {
+    grad = grad || (at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined();
+  };
+  note(q), note(k), note(v);
+  for (const auto &t : features) note(t);
+  for (const auto &t : params) note(t);
+  TORCH_CHECK(!grad, prefix(in, "attention"), "an input requires grad (or carries a forward-mode tangent): ",
+              kNoBackward);
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return std::get<0>(forward_op(in, true).call(q, k, v, features, params, resolve_scale(in, q, scale),
                                                layer, num_layers));
@@ -604,6 +610,7 @@ inline at::Tensor attention_forward_only(const Library &lib, const at::Tensor &q
                                          int64_t num_layers = 0) {
   const KernelInputs &in = *lib.inputs;
   check_inputs(in, "attention", q, k, v, features, params);
+  if (lib.inference_only) check_layer(in, "attention", layer, num_layers);
   if (lib.inference_only)
     return std::get<0>(forward_op(in, true).call(q, k, v, features, params, resolve_scale(in, q, scale),
                                                  layer, num_layers));
