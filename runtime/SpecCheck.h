@@ -70,10 +70,13 @@ struct CheckOptions {
   std::function<void(const std::string &)> use_kernels;
   // The emulated CUDA decode steps (runtime/SimtAttention.h's simt_decode) for the rows decode:o
   // and decode:lse of cuda-f32 and cuda-bf16 (with `decode`): (dtype, q, k, v, features, params,
-  // scale, steps) -> (o, lse) of every step's rows; unset: no CUDA decode rows.
+  // scale, steps, num_splits) -> (o, lse) of every step's rows; unset: no CUDA decode rows. Run
+  // twice, the keys split as the device decides (num_splits 0) and in 3 (the split path, which the
+  // emulated device's 108 SMs leave to longer sequences than the default grid's).
   std::function<std::pair<at::Tensor, at::Tensor>(
       const std::string &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
-      const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double, const std::vector<int64_t> &)>
+      const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double, const std::vector<int64_t> &,
+      int)>
       cuda_decode;
   double bf16_tol = 3e-2;
   // A bf16 param gradient sums its terms over the N = B H T (T+1)/2 query-key pairs from P and dS

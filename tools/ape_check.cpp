@@ -332,8 +332,8 @@ int main(int argc, char **argv) {
       opt.cuda_decode = [entry](const std::string &dtype, const at::Tensor &q, const at::Tensor &k,
                                 const at::Tensor &v, const std::vector<at::Tensor> &features,
                                 const std::vector<at::Tensor> &params, double scale,
-                                const std::vector<int64_t> &steps) {
-        return ape::simt_decode(*entry, dtype, q, k, v, features, params, scale, steps);
+                                const std::vector<int64_t> &steps, int num_splits) {
+        return ape::simt_decode(*entry, dtype, q, k, v, features, params, scale, steps, num_splits);
       };
       for (size_t n = 0; n < opt.cuda_dtypes.size(); ++n) cuda_origin += (n ? ", " : "") + opt.cuda_dtypes[n];
       cuda_origin += " at head dim";

@@ -91,3 +91,32 @@ INSTANTIATE_TEST_SUITE_P(Encodings, SimtTraining,
                          ::testing::Values("rope", "cable", "t5", "shaw", "expe"));
 
 }  // namespace
+
+// simt_decode (ape-check --cuda's decode rows): the steps' rows are those of the emulated full
+// forward over the tokens so far, the keys of the later steps split in 3 where asked (then within
+// the rounding of another order of the same sums, and not bit for bit the unsplit rows: the split
+// path ran; an explicit count splits the prompt's keys too).
+TEST(SimtDecode, StepsSplitWhereAskedAndMatchTheForward) {
+  const ape::KernelEntry &rope = ape::find_kernel("rope");
+  torch::manual_seed(4);
+  const int64_t B = 1, H = 2, T = 300, D = 64;
+  const torch::Tensor q = torch::randn({B, H, T, D}), k = torch::randn({B, H, T, D}), v = torch::randn({B, H, T, D});
+  const std::vector<int64_t> steps = {150, 1, 1, 148};
+  const double scale = 0.125;
+  auto [o1, lse1] = ape::simt_decode(rope, "bf16", q, k, v, {}, {}, scale, steps, 1);
+  auto [o3, lse3] = ape::simt_decode(rope, "bf16", q, k, v, {}, {}, scale, steps, 3);
+  EXPECT_FALSE(torch::equal(o1.narrow(2, 150, 150), o3.narrow(2, 150, 150)));
+  EXPECT_LT((o1 - o3).abs().max().item<double>(), 2e-2);
+  EXPECT_LT((lse1 - lse3).abs().max().item<double>(), 1e-4);
+  // The unsplit steps against the emulated full forward over each step's tokens.
+  ape::use_simt_kernels("bf16");
+  int64_t L0 = 0;
+  for (int64_t n : steps) {
+    const int64_t L = L0 + n;
+    const torch::Tensor full = ape::fused_attention(rope, q.narrow(2, 0, L), k.narrow(2, 0, L), v.narrow(2, 0, L), {}, {}, scale);
+    EXPECT_TRUE(torch::equal(o1.narrow(2, L0, n), full.narrow(2, L0, n).to(torch::kFloat)))
+        << "step to length " << L;
+    L0 = L;
+  }
+  ape::use_cpu_kernels();
+}

@@ -95,7 +95,7 @@ TEST(SpecCheck, CudaDecodeRowsJudgeWhatTheDecodeStepsReturn) {
   using Steps = std::vector<int64_t>;
   auto exact = [](const std::string &, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                   const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double scale,
-                  const Steps &) {
+                  const Steps &, int) {
     const int64_t T = q.size(2);
     const at::Tensor mask = at::ones({T, T}, at::kBool).tril().logical_not();
     const at::Tensor s = at::matmul(q, k.transpose(2, 3)).mul(scale).masked_fill(mask, -INFINITY);
@@ -110,8 +110,8 @@ TEST(SpecCheck, CudaDecodeRowsJudgeWhatTheDecodeStepsReturn) {
 
   o.cuda_decode = [&](const std::string &d, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                       const std::vector<at::Tensor> &f, const std::vector<at::Tensor> &p, double scale,
-                      const Steps &st) {
-    auto [out, lse] = exact(d, q, k, v, f, p, scale, st);
+                      const Steps &st, int splits) {
+    auto [out, lse] = exact(d, q, k, v, f, p, scale, st, splits);
     return std::make_pair(at::zeros_like(out), at::zeros_like(lse));
   };
   r = ape::check_kernel(ape::find_kernel("nope"), ref, o);
@@ -119,7 +119,7 @@ TEST(SpecCheck, CudaDecodeRowsJudgeWhatTheDecodeStepsReturn) {
 
   o.cuda_decode = [](const std::string &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
                      const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double,
-                     const Steps &) -> std::pair<at::Tensor, at::Tensor> {
+                     const Steps &, int) -> std::pair<at::Tensor, at::Tensor> {
     throw std::runtime_error("emulated CUDA attention (nope): decode step: invalid argument");
   };
   r = ape::check_kernel(ape::find_kernel("nope"), ref, o);
