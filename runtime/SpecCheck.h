@@ -11,7 +11,7 @@
 //     for a param gradient the floor is fp32_param_floor x sqrt(N), N = B H T (T + 1) / 2 the
 //     query-key pairs it sums: the kernel accumulates them in fp32 tile by tile (a rounding
 //     error growing like sqrt(N)) where torch's reductions sum pairwise, so the fp32 reference
-//     can be far more accurate there than any streaming kernel (measured up to 146x);
+//     can be far more accurate there than any streaming kernel (measured up to 231x);
 //   - fp64 central differences of the kernel's forward at a few entries of q, k, v, every
 //     feature and every trainable param against its backward (one shape);
 //   - the fixed position table (embed_table), when the encoding has one;
