@@ -105,9 +105,16 @@ std::string cmakeLists(const KernelInputInfo &info, StringRef spec) {
        {"CPU_LEVELS", folder::cpuLevelsCMake(info.encoding, "ape_" + info.encoding + "_c")}});
 }
 
-std::string readme(const KernelInputInfo &info, StringRef spec) {
-  return folder::fromTemplate("c_abi/README.md",
-                              {{"NAME", info.encoding}, {"SOURCE", spec.str()}});
+std::string readme(const KernelInputInfo &info, StringRef spec, bool inferenceOnly) {
+  return folder::fromTemplate(
+      "c_abi/README.md",
+      {{"NAME", info.encoding},
+       {"SOURCE", spec.str()},
+       {"INFERENCE_NOTE",
+        inferenceOnly ? "\n\nInference only (an attention transition): the args end with `layer` and `num_layers`,\n"
+                        "the layer (0-based) of a model of num_layers layers that forward computes; the\n"
+                        "backward returns `APE_ERROR_NOT_SUPPORTED`."
+                      : ""}});
 }
 
 }  // namespace
@@ -123,7 +130,7 @@ LogicalResult mlir::ape::emitCAbi(KernelOp kernel, StringRef spec,
   files.push_back({"ape_" + n + ".h", header(*info, spec, kernel.getInferenceOnly())});
   files.push_back({"ape_" + n + "_c.cpp", source(*info, spec)});
   files.push_back({"CMakeLists.txt", cmakeLists(*info, spec)});
-  files.push_back({"README.md", readme(*info, spec)});
+  files.push_back({"README.md", readme(*info, spec, kernel.getInferenceOnly())});
   return success();
 }
 

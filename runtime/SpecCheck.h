@@ -70,9 +70,10 @@ struct CheckOptions {
   std::function<void(const std::string &)> use_kernels;
   // The emulated CUDA decode steps (runtime/SimtAttention.h's simt_decode) for the rows decode:o
   // and decode:lse of cuda-f32 and cuda-bf16 (with `decode`): (dtype, q, k, v, features, params,
-  // scale, steps, num_splits) -> (o, lse) of every step's rows; unset: no CUDA decode rows. Run
-  // twice, the keys split as the device decides (num_splits 0) and in 3 (the split path, which the
-  // emulated device's 108 SMs leave to longer sequences than the default grid's).
+  // scale, steps, num_splits) -> (o, lse) of every step's rows; unset: no CUDA decode rows. The
+  // keys split as the device decides (num_splits 0); for bf16 also in up to 3 (rows
+  // decode-split:o, decode-split:lse: the split path of 16-bit inputs, which the emulated device's
+  // 108 SMs leave to longer sequences than the default grid's).
   std::function<std::pair<at::Tensor, at::Tensor>(
       const std::string &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
       const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double, const std::vector<int64_t> &,

@@ -73,8 +73,9 @@ class Attention(torch.nn.Module):
 
     An inference-only encoding (an ape.attention_transition; `.inference_only`) is called with
     layer= and num_layers= (the layer, 0-based, of a model of num_layers layers that the call
-    computes) under torch.no_grad() or torch.inference_mode(): it has no backward, and its params
-    are all buffers of `.fixed` (nothing to train)."""
+    computes) under torch.no_grad() or torch.inference_mode(): it has no backward, and its
+    trainable params are frozen Parameters (requires_grad False; the state_dict keys of the
+    encoding trained without the transition)."""
 
     def __init__(self, helper, library_dir):
         super().__init__()
@@ -98,8 +99,8 @@ class Attention(torch.nn.Module):
             if n not in init:
                 continue
             t = init[n].detach()
-            if p["trainable"] and not self.inference_only:  # (no backward: nothing to train)
-                self.params[n] = torch.nn.Parameter(t)
+            if p["trainable"]:  # (frozen for an inference-only encoding: it has no backward)
+                self.params[n] = torch.nn.Parameter(t, requires_grad=not self.inference_only)
             else:
                 self.fixed.register_buffer(n, t)
         self._shape = (heads, head_dim)

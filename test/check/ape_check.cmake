@@ -175,7 +175,8 @@ set_tests_properties(ape_check.mutant_t5_max_distance ape_check.mutant_alibi_slo
 add_test(NAME ape_check.cuda_spec_file
   COMMAND ${_expect} 0 "CUDA: +compiled from .*kcable_fast.mlir for the SIMT emulator \\(f32, bf16 at head dim 32\\)"
           "^o +cuda-f32 .* pass$" "^dfeature:cable +cuda-f32 .* pass$" "^dq +cuda-bf16 .* pass$"
-          "^decode:o +cuda-bf16 .* pass$" "^decode:lse +cuda-f32 .* pass$" "^ape-check: PASS"
+          "^decode:o +cuda-bf16 .* pass$" "^decode:lse +cuda-f32 .* pass$" "^decode-split:o +cuda-bf16 .* pass$"
+          "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/test/unit/Inputs/kcable_fast.mlir --cuda
              --shapes 2x2x70x32)
 set_tests_properties(ape_check.cuda_spec_file PROPERTIES
@@ -201,6 +202,7 @@ set_tests_properties(ape_check.cuda_spec_named_like_a_builtin PROPERTIES
 add_test(NAME ape_check.cuda_mutant_t5
   COMMAND ${_expect} 1 "CUDA: +the emulated kernels of t5 compiled into this build"
           "^o +cuda-bf16 .* FAIL$" "^dparam:t5_table +cuda-f32 .* FAIL$" "^decode:o +cuda-f32 .* FAIL"
+          "^decode-split:o +cuda-bf16 .* FAIL"
           "^ape-check: FAIL"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/t5_mutant.mlir --kernel t5 --cuda --shapes 2x3x70x64)
 add_test(NAME ape_check.error_cuda_inference_only

@@ -16,7 +16,7 @@ class Tensor(ctypes.Structure):  # ape_tensor (ape/c/abi.h)
     _fields_ = [("data", ctypes.c_void_p), ("strides", ctypes.POINTER(ctypes.c_int64))]
 
 
-class Args(ctypes.Structure):  # ape_<enc>_args (ape_<enc>.h): the same layout for every encoding
+class Args(ctypes.Structure):  # ape_<enc>_args (ape_<enc>.h): the same layout for every trainable encoding
     _fields_ = [("B", ctypes.c_int64), ("H", ctypes.c_int64), ("T", ctypes.c_int64), ("D", ctypes.c_int64),
                 ("scale", ctypes.c_double),
                 ("q", Tensor), ("k", Tensor), ("v", Tensor),
@@ -247,6 +247,15 @@ def test_inference_only_layers_and_refused_backward(encoding):
             c.args.layer, c.args.num_layers = layer, N
             assert fn(encoding, "forward_" + suffix)(ctypes.byref(c.args)) == APE_OK, last()
             close(o, transition_reference(q, k, v, layer, N, t), f"{suffix} o at layer {layer}", atol=atol)
+        # lse is the softmax's, and layer 0 of 0 is rope's own C ABI bit for bit.
+        if "rope" in C_ABI_ENCODINGS:
+            c.args.layer, c.args.num_layers = 0, 0
+            assert fn(encoding, "forward_" + suffix)(ctypes.byref(c.args)) == APE_OK, last()
+            r = Call(qs, ks, vs, [], [], 1.0 / math.sqrt(D))
+            o_rope, lse_rope = strided_like((B, H, T, D), dtype), torch.zeros(B, H, T, dtype=dtype)
+            r.args.o, r.args.lse = r.view(o_rope), lse_rope.data_ptr()
+            assert fn("rope", "forward_" + suffix)(ctypes.byref(r.args)) == APE_OK
+            assert torch.equal(o, o_rope) and torch.equal(lse, lse_rope)
         for layer, num_layers in [(6, 6), (-1, 6), (1, 0), (0, -1)]:
             c.args.layer, c.args.num_layers = layer, num_layers
             assert fn(encoding, "forward_" + suffix)(ctypes.byref(c.args)) == APE_ERROR_INVALID_VALUE

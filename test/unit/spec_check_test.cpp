@@ -101,12 +101,24 @@ TEST(SpecCheck, CudaDecodeRowsJudgeWhatTheDecodeStepsReturn) {
     const at::Tensor s = at::matmul(q, k.transpose(2, 3)).mul(scale).masked_fill(mask, -INFINITY);
     return std::make_pair(at::matmul(at::softmax(s, -1), v).to(at::kFloat), at::logsumexp(s, -1).to(at::kFloat));
   };
-  o.cuda_decode = exact;
+  std::vector<std::pair<std::string, int>> calls;  // (dtype, num_splits) of every call
+  o.cuda_decode = [&](const std::string &d, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                      const std::vector<at::Tensor> &f, const std::vector<at::Tensor> &p, double scale,
+                      const Steps &st, int splits) {
+    calls.emplace_back(d, splits);
+    return exact(d, q, k, v, f, p, scale, st, splits);
+  };
+  o.cuda_dtypes = {"f32", "bf16"};
   ape::CheckReport r = ape::check_kernel(ape::find_kernel("nope"), ref, o);
   EXPECT_TRUE(r.passed());
   int rows = 0;
-  for (const auto &row : r.rows) rows += row.quantity.rfind("decode:", 0) == 0 && row.precision == "cuda-f32";
-  EXPECT_EQ(rows, 2);
+  for (const auto &row : r.rows) rows += row.quantity.rfind("decode", 0) == 0 && row.precision != "fp64" && row.precision != "fp32";
+  EXPECT_EQ(rows, 6);  // decode:o, decode:lse in cuda-f32 and cuda-bf16, decode-split:* in cuda-bf16
+  // Per cell, the f32 steps once (no split path), the bf16 ones as the device decides and split in 3.
+  const std::vector<std::pair<std::string, int>> want = {{"f32", 0}, {"bf16", 0}, {"bf16", 3},
+                                                         {"f32", 0}, {"bf16", 0}, {"bf16", 3}};
+  EXPECT_EQ(calls, want);
+  o.cuda_dtypes = {"f32"};
 
   o.cuda_decode = [&](const std::string &d, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                       const std::vector<at::Tensor> &f, const std::vector<at::Tensor> &p, double scale,

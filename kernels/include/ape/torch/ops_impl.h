@@ -52,9 +52,9 @@
 // ways: attention takes `*, int layer, int num_layers` after scale and attention_forward `int
 // layer, int num_layers` after its scale (the layer of a model of num_layers this call computes:
 // the transition transforms some layers' rows, 0 <= layer < num_layers; num_layers 0 transforms
-// nothing); attention refuses inputs that require grad while grad mode is on (there is no
-// derivative: call it under torch.no_grad() or torch.inference_mode()); attention_backward
-// refuses every call.
+// nothing); attention refuses inputs that require grad while grad mode is on, and dual tensors of
+// forward-mode AD (there is no derivative: call it under torch.no_grad() or
+// torch.inference_mode()); attention_backward refuses every call.
 //
 // Shapes: q, k, v, o, dout (B, H, T, D); lse and every feature (B, H, T); params by their
 // manifest shape with "heads" = H and "head_dim" = D. One dtype for q, k, v, dout, o, features
@@ -586,15 +586,19 @@ inline at::Tensor attention_inference(const KernelInputs &in, const at::Tensor &
   check_layer(in, "attention", layer, num_layers);
   // Reverse mode (an input that requires grad, grad mode on) and forward mode (a dual tensor:
   // its tangent would silently be dropped) are both refused.
-  bool grad = false;
+  bool grad = false, tangent = false;
   auto note = [&](const at::Tensor &t) {
-    grad = grad || (at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined();
+    grad = grad || (at::GradMode::is_enabled() && t.requires_grad());
+    tangent = tangent || t._fw_grad(/*level=*/0).defined();
   };
   note(q), note(k), note(v);
   for (const auto &t : features) note(t);
   for (const auto &t : params) note(t);
-  TORCH_CHECK(!grad, prefix(in, "attention"), "an input requires grad (or carries a forward-mode tangent): ",
-              kNoBackward);
+  TORCH_CHECK(!tangent, prefix(in, "attention"),
+              "an input carries a forward-mode tangent (a dual tensor, torch.func.jvp): the encoding is "
+              "inference-only (an ape.attention_transition has no derivative); pass the primal tensors "
+              "(torch.autograd.forward_ad.unpack_dual(x).primal) or call it under torch.inference_mode()");
+  TORCH_CHECK(!grad, prefix(in, "attention"), "an input requires grad: ", kNoBackward);
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return std::get<0>(forward_op(in, true).call(q, k, v, features, params, resolve_scale(in, q, scale),
                                                layer, num_layers));
