@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <set>
@@ -301,12 +302,28 @@ void write_csv(const std::string &path, const std::vector<EvalRow> &rows, bool k
     std::ifstream in(path, std::ios::binary);
     std::stringstream old;
     if (in) old << in.rdbuf();
-    const std::string text = old.str();
+    std::string text = old.str();
+    // CRLF line ends (a spreadsheet or an editor saved it): read as LF.
+    for (size_t at = text.find("\r\n"); at != std::string::npos; at = text.find("\r\n", at)) text.erase(at, 1);
     if (text.rfind(header, 0) == 0) {
       std::set<std::string> mine;
       for (const auto &r : rows) mine.insert(r.encoding);
       for (const auto &[enc, record] : csv_records(text.substr(header.size())))
         if (!mine.count(enc)) o << record;
+    } else if (!text.empty()) {
+      // Another header (an older APE's columns, a file edited by hand): its rows cannot be merged,
+      // and are never dropped: the file is kept beside the new one, said so.
+      std::error_code ec;
+      const std::filesystem::path given(path), stem = given.parent_path() / given.stem();
+      std::filesystem::path aside;
+      for (int n = 0; aside.empty() || std::filesystem::exists(aside, ec); ++n)
+        aside = stem.string() + ".unmerged" + (n ? "-" + std::to_string(n) : std::string()) + ".csv";
+      std::filesystem::rename(given, aside, ec);
+      if (ec)
+        throw std::runtime_error("cannot merge " + path + " (its header is not " + header.substr(0, header.size() - 1) +
+                                 ") nor set it aside as " + aside.string() + ": " + ec.message());
+      std::cerr << "[results] " << path << " has another header than this APE's (an older version, or edited): "
+                << "kept as " << aside.string() << "; " << path << " now holds the rows of this run\n";
     }
   }
   o << std::setprecision(6) << std::fixed;

@@ -3,16 +3,20 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -149,37 +153,89 @@ uint64_t headers_hash(const fs::path &dir) {
   return h;
 }
 
-// A fresh, empty folder under `parent` named PREFIX<pid>-<n>.
-fs::path temp_folder(const fs::path &parent, const std::string &prefix) {
-  static int counter = 0;
-  fs::create_directories(parent);
-  for (;;) {
-    fs::path p = parent / (prefix + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    if (fs::create_directory(p)) return p;
+// A folder a process compiles in, named PREFIX<pid>-<n>, with an owner file the process holds
+// an flock on while the folder is its own: another process removes the folder only once that lock
+// is free (remove_stale_folders). The pid alone does not say whether the owner lives: a process
+// in another PID namespace (a container sharing the cache) or on another host (a shared home)
+// looks dead. Removed when it goes out of scope unless released (renamed into the cache).
+constexpr const char *kOwnerFile = ".owner";
+struct WorkFolder {
+  fs::path path;
+  int owner = -1;
+  WorkFolder(const fs::path &parent, const std::string &prefix) {
+    static int counter = 0;
+    fs::create_directories(parent);
+    for (;;) {
+      fs::path p = parent / (prefix + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+      if (!fs::create_directory(p)) continue;
+      path = p;
+      owner = ::open((p / kOwnerFile).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (owner < 0 || ::flock(owner, LOCK_EX | LOCK_NB) != 0)
+        throw std::runtime_error("cannot lock the work folder " + p.string() + ": " + std::strerror(errno));
+      return;
+    }
   }
-}
+  // The folder is about to become a cache entry: without the owner file (its lock goes with the fd).
+  void release() {
+    std::error_code ec;
+    fs::remove(path / kOwnerFile, ec);
+  }
+  void keep() { path.clear(); }
+  ~WorkFolder() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+    if (owner >= 0) ::close(owner);
+  }
+  WorkFolder(const WorkFolder &) = delete;
+  WorkFolder &operator=(const WorkFolder &) = delete;
+};
 
-// Removes PREFIX<pid>-* folders under `parent` whose process is gone (killed mid-compile).
+// Removes PREFIX<pid>-* folders under `parent` whose owner is gone (killed mid-compile): its
+// owner file's lock is free, or it has none (its owner died before making one, or an older APE's)
+// and is an hour old.
 void remove_stale_folders(const fs::path &parent, const std::string &prefix) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string n = it->path().filename().string();
     if (n.compare(0, prefix.size(), prefix) != 0) continue;
     const long pid = std::strtol(n.c_str() + prefix.size(), nullptr, 10);
-    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+    if (pid <= 0 || pid == ::getpid() || (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
+    bool stale = false;
+    const int fd = ::open((it->path() / kOwnerFile).c_str(), O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+      stale = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+      ::close(fd);
+    } else if (errno == ENOENT) {
+      std::error_code t;
+      const auto when = fs::last_write_time(it->path(), t);
+      stale = !t && fs::file_time_type::clock::now() - when > std::chrono::hours(1);
+    }
+    if (stale) {
       std::error_code rm;
       fs::remove_all(it->path(), rm);
     }
   }
 }
 
-struct RemoveOnExit {
-  fs::path path;
-  ~RemoveOnExit() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
+// Whether `cache` (made if missing) takes new entries: a complete entry in one that does not is
+// used as it is (load, load_cuda_library), and a work folder is made in the system's temporary
+// folder instead.
+bool writable_cache(const fs::path &cache) {
+  std::error_code ec;
+  fs::create_directories(cache, ec);
+  return fs::is_directory(cache, ec) && ::access(cache.c_str(), W_OK | X_OK) == 0;
+}
+
+// The compiler's output says the disk is full: a cache's problem, not a bug in APE.
+std::string disk_full_note(const std::string &out, const fs::path &where) {
+  if (out.find("No space left on device") == std::string::npos && out.find("Disk quota exceeded") == std::string::npos)
+    return "";
+  return "the disk of " + where.string() + " is full (free some space or set APE_CACHE_DIR to another folder):\n";
+}
+
+// A cache folder's name for an encoding: names beyond 64 characters are cut there (the key that
+// follows tells entries apart; a file name has at most 255 bytes).
+std::string entry_stem(const std::string &name) { return name.size() <= 64 ? name : name.substr(0, 64); }
 
 // A compiled library's fingerprint, "<bytes> <fnv1a>": written beside it (library.fnv) before its
 // folder is renamed into the cache, and compared before every load from the cache. A library
@@ -193,15 +249,15 @@ std::string library_fingerprint(const fs::path &so) {
 void write_fingerprint(const fs::path &folder, const fs::path &so) {
   std::ofstream(folder / "library.fnv") << library_fingerprint(so) << "\n";
 }
-// Whether `so` in the cache folder `dir` is there and whole (its fingerprint). One that is there
-// but damaged, or has no fingerprint (a cache of an older APE), is removed with its folder, with a
-// note, to be compiled again.
+// Whether `so` in the cache folder `dir` is there and whole (its fingerprint). A folder whose
+// library is damaged or missing, or has no fingerprint (a cache of an older APE), is removed, with
+// a note, to be compiled again.
 bool intact_in_cache(const fs::path &dir, const fs::path &so, std::ostream *log) {
   std::error_code ec;
-  if (!fs::is_regular_file(so, ec)) return false;
+  if (!fs::exists(dir, ec)) return false;
   std::ifstream f(dir / "library.fnv");
   std::string want;
-  if (std::getline(f, want) && want == library_fingerprint(so)) return true;
+  if (fs::is_regular_file(so, ec) && std::getline(f, want) && want == library_fingerprint(so)) return true;
   if (log) *log << "[spec] " << so.string() << " is damaged or unverified in the cache: compiling it again\n";
   fs::remove_all(dir, ec);
   if (ec) throw std::runtime_error("cannot remove the damaged cache folder " + dir.string() + ": " + ec.message());
@@ -237,9 +293,10 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
 
   // 1. apec: the spec's errors surface here, at their file:line:col.
   const std::string apec = find_apec(o);
-  const fs::path gen = temp_folder(cache, ".apec-");
-  remove_stale_folders(cache, ".apec-");
-  RemoveOnExit gen_guard{gen};
+  const bool writable = writable_cache(cache);
+  WorkFolder work(writable ? cache : fs::temp_directory_path(), ".apec-");
+  const fs::path gen = work.path;
+  if (writable) remove_stale_folders(cache, ".apec-");
   std::string out;
   const int rc = run_command({apec, path, "-o", gen.string(), "--emit=cpu,manifest", "--source-name", source_name}, out);
   if (rc != 0) {
@@ -287,14 +344,23 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
   std::string keytext = source + '\0' + cxx + '\0' + compiler_version(cxx) + '\0' + lib.level;
   for (const auto &f : flags) keytext += '\0' + f;
   const uint64_t key = fnv1a(keytext.data(), keytext.size(), headers_hash(fs::path(include_dir) / "ape"));
-  const fs::path dir = cache / (lib.name + "-" + hex16(key));
+  const fs::path dir = cache / (entry_stem(lib.name) + "-" + hex16(key));
   const fs::path so = dir / ("libape_" + lib.name + ".so");
 
   // One compiler per key at a time: a second process waits here, then finds the library (the
-  // rename below keeps the cache whole where the lock is not honoured).
-  const FileLock lock((cache / (dir.filename().string() + ".lock")).string());
+  // rename below keeps the cache whole where the lock is not honoured). A cache this process
+  // cannot write to: its complete entry as it is, or a clear error.
+  const FileLock lock((cache / (dir.filename().string() + ".lock")).string(), /*unless_read_only=*/true);
   std::error_code ec;
-  if (intact_in_cache(dir, so, o.log)) {
+  if (!writable) {
+    std::string want;
+    if (std::ifstream f(dir / "library.fnv"); fs::is_regular_file(so, ec) && std::getline(f, want) &&
+                                               want == library_fingerprint(so))
+      lib.cached = true;
+    else
+      throw std::runtime_error("the cache " + cache.string() + " holds no compiled kernel for " + path +
+                               " and cannot be written: set APE_CACHE_DIR to a writable folder");
+  } else if (intact_in_cache(dir, so, o.log)) {
     lib.cached = true;
   } else {
     // 4. Compile in gen/ (the baseline unit, and the level's through a two-line wrapper, as the
@@ -312,16 +378,24 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
                                    << lib.name << "_cpu.cpp\"\n";
       cmd.push_back(wrapper);
     }
-    if (run_command(cmd, out, gen.string()) != 0)
-      throw std::runtime_error("the kernel apec generated from " + path + " does not compile (a bug in APE: "
-                               "please report it with the spec):\n" + join_command(cmd) + "\n" + head_lines(out, 40));
+    if (run_command(cmd, out, gen.string()) != 0) {
+      const std::string full = disk_full_note(out, cache);
+      throw std::runtime_error(full.empty() ? "the kernel apec generated from " + path + " does not compile (a bug "
+                                              "in APE: please report it with the spec):\n" + join_command(cmd) +
+                                              "\n" + head_lines(out, 40)
+                                            : full + head_lines(out, 10));
+    }
+    if (std::error_code made; !fs::is_regular_file(gen / so.filename(), made))
+      throw std::runtime_error("the C++ compiler " + cxx + " exited 0 but made no library (" + join_command(cmd) +
+                               "): set APE_CXX to a C++ compiler");
     std::ofstream(gen / "command.txt") << join_command(cmd) << "\n";
     write_fingerprint(gen, gen / so.filename());
+    work.release();
     fs::rename(gen, dir, ec);
     if (ec && !fs::is_regular_file(so)) {  // not another process's finished copy: a real failure
       throw std::runtime_error("cannot move the compiled kernel into the cache " + dir.string() + ": " + ec.message());
     }
-    if (!ec) gen_guard.path.clear();  // it is dir/ now
+    if (!ec) work.keep();  // it is dir/ now
   }
   lib.library = so.string();
   lib.entry = open_library(so, lib.name);
@@ -380,7 +454,18 @@ std::string default_spec_cache_dir() {
   if (const char *v = std::getenv("APE_CACHE_DIR"); v && *v) return v;
   if (const char *v = std::getenv("XDG_CACHE_HOME"); v && *v) return std::string(v) + "/ape";
   if (const char *v = std::getenv("HOME"); v && *v) return std::string(v) + "/.cache/ape";
-  return (fs::temp_directory_path() / "ape-cache").string();
+  // No HOME (a service): the user's home from the password database, as Python's expanduser
+  // does; else a folder of this user's own in the temporary folder, never one another user made
+  // (whose libraries would run in this process).
+  if (const passwd *pw = ::getpwuid(::getuid()); pw && pw->pw_dir && *pw->pw_dir && std::string(pw->pw_dir) != "/")
+    return std::string(pw->pw_dir) + "/.cache/ape";
+  const fs::path dir = fs::temp_directory_path() / ("ape-cache-" + std::to_string(::getuid()));
+  ::mkdir(dir.c_str(), 0700);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() || (st.st_mode & 022) != 0)
+    throw std::runtime_error("no HOME, and " + dir.string() + " is not a folder of this user's own that only it "
+                             "can write: set APE_CACHE_DIR to the kernel cache's folder");
+  return dir.string();
 }
 
 namespace {
@@ -403,13 +488,44 @@ SpecLibrary load_record(const nlohmann::json &record, const SpecLibraryOptions &
   } catch (const std::exception &e) {
     throw std::runtime_error(std::string("bad spec record: ") + e.what());
   }
+  // The name becomes part of a path: an identifier, as apec's encoding names are.
+  const bool ident = !name.empty() && name.size() <= 1024 && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+                     std::all_of(name.begin(), name.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                     });
+  if (!ident) {
+    std::string shown;
+    for (unsigned char c : name.substr(0, 80)) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      shown += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : std::string(hex);
+    }
+    throw std::runtime_error("bad spec record: the encoding name '" + shown + "' is not an identifier");
+  }
   if (spec_fingerprint(text) != fnv) throw std::runtime_error("spec record of '" + name + "': its text does not match its fnv");
   const fs::path cache = fs::path(opts.cache_dir.empty() ? default_spec_cache_dir() : opts.cache_dir) / "specs";
-  fs::create_directories(cache);
-  const fs::path file = cache / (name + "-" + fnv + ".mlir");
+  const fs::path file = cache / (entry_stem(name) + "-" + fnv + ".mlir");
+  // The file apec reads must hold the record's text: written when it is missing or differs (a
+  // damaged or replaced copy), in the system's temporary folder where the cache is read-only.
+  fs::path use = file;
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) write_file_atomically(file.string(), text);
-  SpecLibrary lib = load(file.string(), text, fs::path(path).filename().string(), opts, admit,
+  if (!fs::is_regular_file(file, ec) || read_file(file) != text) {
+    if (writable_cache(cache)) {
+      write_file_atomically(file.string(), text);
+    } else {
+      use = fs::temp_directory_path() / ("ape-spec-" + std::to_string(::getpid()) + "-" + fnv + ".mlir");
+      write_file_atomically(use.string(), text);
+    }
+  }
+  struct RemoveTemp {
+    fs::path p, keep;
+    ~RemoveTemp() {
+      std::error_code e;
+      if (p != keep) fs::remove(p, e);
+    }
+  } remove_temp{use, file};
+  const fs::path &file_read = use;
+  SpecLibrary lib = load(file_read.string(), text, fs::path(path).filename().string(), opts, admit,
                          path + " (the text the checkpoint holds)");
   if (lib.name != name)
     throw std::runtime_error("spec record of '" + name + "' compiles to encoding '" + lib.name + "'");
@@ -443,9 +559,10 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
                                                            : default_spec_cache_dir()) /
                          "kernels";
   const auto t0 = std::chrono::steady_clock::now();
-  const fs::path gen = temp_folder(cache, ".apec-cuda-");
-  remove_stale_folders(cache, ".apec-cuda-");
-  RemoveOnExit gen_guard{gen};
+  const bool writable = writable_cache(cache);
+  WorkFolder work(writable ? cache : fs::temp_directory_path(), ".apec-cuda-");
+  const fs::path gen = work.path;
+  if (writable) remove_stale_folders(cache, ".apec-cuda-");
   const std::string spec_file = (gen / (lib.name + ".mlir")).string();
   std::ofstream(spec_file) << lib.spec_text;
   const std::string apec = find_apec(o);
@@ -488,17 +605,31 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
   for (const auto &f : flags) keytext += '\0' + f;
   const uint64_t key = fnv1a(keytext.data(), keytext.size(), headers_hash(fs::path(include_dir) / "ape"));
   const std::string kind = simt ? "simt" : "cuda";
-  const fs::path dir = cache / (lib.name + "-" + kind + "-" + hex16(key));
+  const fs::path dir = cache / (entry_stem(lib.name) + "-" + kind + "-" + hex16(key));
   const fs::path so = dir / ("libape_" + lib.name + "_" + kind + ".so");
-  const FileLock lock((cache / (dir.filename().string() + ".lock")).string());  // as load() does
+  const FileLock lock((cache / (dir.filename().string() + ".lock")).string(), /*unless_read_only=*/true);  // as load()
   std::error_code ec;
-  const bool cached = intact_in_cache(dir, so, o.log);
+  bool cached = false;
+  if (!writable) {
+    std::string want;
+    if (std::ifstream f(dir / "library.fnv"); fs::is_regular_file(so, ec) && std::getline(f, want) &&
+                                               want == library_fingerprint(so))
+      cached = true;
+    else
+      throw std::runtime_error("the cache " + cache.string() + " holds no compiled " + kind + " kernels for spec '" +
+                               lib.name + "' and cannot be written: set APE_CACHE_DIR to a writable folder");
+  } else {
+    cached = intact_in_cache(dir, so, o.log);
+  }
   if (!cached) {
     auto run = [&](const std::vector<std::string> &cmd) {
-      if (run_command(cmd, out, gen.string()) != 0)
-        throw std::runtime_error("the CUDA kernels apec generated for spec '" + lib.name + "' do not compile" +
-                                 (simt ? " for the emulator" : "") + ":\n" + join_command(cmd) + "\n" +
-                                 head_lines(out, 40));
+      if (run_command(cmd, out, gen.string()) != 0) {
+        const std::string full = disk_full_note(out, cache);
+        throw std::runtime_error(full.empty() ? "the CUDA kernels apec generated for spec '" + lib.name +
+                                                    "' do not compile" + (simt ? " for the emulator" : "") + ":\n" +
+                                                    join_command(cmd) + "\n" + head_lines(out, 40)
+                                              : full + head_lines(out, 10));
+      }
       std::ofstream(gen / "command.txt", std::ios::app) << join_command(cmd) << "\n";
     };
     if (simt) {  // each source to an object, then the library, linked without the sanitizer's runtime
@@ -521,11 +652,12 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
       run(cmd);
     }
     write_fingerprint(gen, gen / so.filename());
+    work.release();
     fs::rename(gen, dir, ec);
     if (ec && !fs::is_regular_file(so))
       throw std::runtime_error("cannot move the compiled CUDA kernels into the cache " + dir.string() + ": " +
                                ec.message());
-    if (!ec) gen_guard.path.clear();
+    if (!ec) work.keep();
   }
   void *h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h)

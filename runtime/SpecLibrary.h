@@ -14,7 +14,8 @@
 // takes a fraction of a second and reports spec errors at their file:line:col); the compiler only
 // when the key is new. A folder is built under a temporary name and renamed into place, so
 // processes that share the cache never see a half-written library (the first rename wins).
-// CACHE is $APE_CACHE_DIR, else $XDG_CACHE_HOME/ape, else ~/.cache/ape.
+// CACHE is $APE_CACHE_DIR, else $XDG_CACHE_HOME/ape, else ~/.cache/ape (docs/internals.md: without
+// HOME, and a cache this process cannot write to).
 #pragma once
 
 #include <cstdint>

@@ -104,13 +104,15 @@ std::string spm_decode(const std::string &model, const std::vector<int32_t> &ids
   {
     std::ofstream f(in, std::ios::trunc);
     for (int32_t id : ids) f << id << '\n';
-    if (!f) throw std::runtime_error("cannot write " + in);
+    f.close();
+    if (!f) throw std::runtime_error("cannot write " + in + " (a full disk?)");
   }
   std::error_code ec;
   try {
     run({spm_tool_path(), "decode", model, in, out}, log_path, "detokenizing with " + model);
   } catch (...) {
     fs::remove(in, ec);
+    fs::remove(out, ec);
     throw;
   }
   std::ifstream f(out, std::ios::binary);

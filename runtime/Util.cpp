@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 
@@ -25,6 +27,17 @@ uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
     h *= 1099511628211ULL;
   }
   return h;
+}
+
+void ignore_broken_pipes() { std::signal(SIGPIPE, SIG_IGN); }
+
+int output_status(int rc, const char *tool) {
+  std::cout.flush();
+  const bool lost = !std::cout.good() || std::fflush(stdout) != 0 || std::ferror(stdout);
+  if (!lost) return rc;
+  std::cerr << tool << ": error: the standard output could not be written (a reader that closed it, or a full "
+            << "disk): what it should hold is lost" << std::endl;
+  return rc != 0 ? rc : 1;
 }
 
 void tune_allocator() {
@@ -84,7 +97,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 FileLock::FileLock(const std::string &path, bool unless_read_only)
     : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-  if (fd_ < 0 && unless_read_only && (errno == EROFS || errno == EACCES)) return;
+  if (fd_ < 0 && unless_read_only && (errno == EROFS || errno == EACCES || errno == EPERM)) return;
   if (fd_ < 0) throw std::runtime_error("cannot open the cache lock " + path + ": " + std::strerror(errno));
   while (::flock(fd_, LOCK_EX) != 0)
     if (errno != EINTR) {

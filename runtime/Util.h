@@ -45,10 +45,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0);
 // above 512 MB free. A user's GLIBC_TUNABLES malloc settings win. No effect on the numbers.
 void tune_allocator();
 
+// Call first thing in main() (the tools do): a closed reader of the standard output (`| head`, a
+// tee that died) makes writes to it fail instead of killing the process with SIGPIPE, which ended
+// a training before its final checkpoint. The tool goes on and saves what it was asked to, and
+// output_status says at the end that the output was lost.
+void ignore_broken_pipes();
+
+// The exit status of a tool that would return `rc`: rc, or 1 with a message on stderr when the
+// standard output could not be written (a closed pipe, a full disk): the text was lost.
+int output_status(int rc, const char *tool);
+
 // An exclusive flock(2) on `path` (created if missing) for the object's lifetime: one process at a
 // time makes a cache's files (the corpus cache, the spec kernels); the kernel drops the lock of a
 // killed holder. Throws std::runtime_error when the file cannot be opened or locked, except, with
-// `unless_read_only`, where the folder is read-only (EROFS, EACCES): then no lock is held (held()
+// `unless_read_only`, where the folder is read-only (EROFS, EACCES, EPERM: immutable): then no lock is held (held()
 // false), for a caller that can use a complete cache without writing to it.
 class FileLock {
  public:

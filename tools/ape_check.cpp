@@ -111,7 +111,7 @@ std::vector<ape::CheckShape> parse_shapes(const std::string &text) {
 
 }  // namespace
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   ape::prepare_threads(argv);
   CLI::App app{
       "ape-check: check the fused kernel of a spec against a materialised reference derived from\n"
@@ -374,4 +374,9 @@ int main(int argc, char **argv) {
     std::cerr << "ape-check: error: " << ape::error_text(e) << "\n";
     return 2;
   }
+}
+
+int main(int argc, char **argv) {
+  ape::ignore_broken_pipes();
+  return ape::output_status(tool_main(argc, argv), "ape-check");
 }

@@ -34,7 +34,7 @@
 
 namespace fs = std::filesystem;
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   // Lines reach a log file as they are written (progress to follow, and every line before a crash).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ape::prepare_threads(argv);
@@ -232,4 +232,9 @@ int main(int argc, char **argv) {
     std::cerr << "ape-eval: error: " << ape::error_text(e) << "\n";
     return 1;
   }
+}
+
+int main(int argc, char **argv) {
+  ape::ignore_broken_pipes();
+  return ape::output_status(tool_main(argc, argv), "ape-eval");
 }

@@ -77,7 +77,7 @@ void require_utf8(std::string_view text, const std::string &what) {
 }
 }  // namespace
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   ape::prepare_threads(argv);
   ape::tune_allocator();
   CLI::App app{"ape-generate: sample text from an ape-train checkpoint, or report the per-token loss of a long\n"
@@ -203,6 +203,15 @@ int main(int argc, char **argv) {
     }
     const std::string scratch = (fs::temp_directory_path() / ("ape-generate-" + std::to_string(::getpid()))).string();
     const std::string log = scratch + ".log";
+    // The scratch files go however this ends (a tokenizer that failed on a full disk left them,
+    // and then the disk stayed full).
+    struct RemoveScratch {
+      std::string stem;
+      ~RemoveScratch() {
+        std::error_code ec;
+        for (const char *ext : {".log", ".bin", ".prompt", ".ids", ".txt"}) fs::remove(stem + ext, ec);
+      }
+    } remove_scratch{scratch};
     auto encode = [&](const std::string &file) {
       ape::EncodedBooks e = ape::spm_encode_books(tokenizer, {file}, scratch + ".bin", log);
       if (e.pieces != vocab)
@@ -266,6 +275,8 @@ int main(int argc, char **argv) {
     {
       std::ofstream f(prompt_path, std::ios::trunc);
       f << prompt;
+      f.close();
+      if (!f) throw std::runtime_error("cannot write the prompt to " + prompt_path + " (a full disk?)");
     }
     ape::EncodedBooks e = encode(prompt_path);
     std::error_code ec;
@@ -295,4 +306,9 @@ int main(int argc, char **argv) {
     std::cerr << "ape-generate: error: " << ape::error_text(e) << "\n";
     return 1;
   }
+}
+
+int main(int argc, char **argv) {
+  ape::ignore_broken_pipes();
+  return ape::output_status(tool_main(argc, argv), "ape-generate");
 }

@@ -239,7 +239,7 @@ static bool any_rank_stopped(ape::DataParallel *dp, const std::string &when) {
   return stop[0] > 0;
 }
 
-int main(int argc, char **argv) {
+static int tool_main(int argc, char **argv) {
   // Lines reach a log file as they are written (progress to follow, and every line before a crash).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ape::prepare_threads(argv);
@@ -483,9 +483,17 @@ int main(int argc, char **argv) {
         if (!*data_opt && !dir.empty() && fs::is_directory(dir, ec_fs)) data_dir = dir;
         if (!*cache_opt && !cache.empty() && fs::is_directory(cache, ec_fs)) cache_dir = cache;
       }
-      const fs::path p(resume);
+      // A link to a checkpoint: the file it names, resolved once, is the one this run writes
+      // and its folder the one it locks (written through the link, another run's folder would
+      // be unlocked; retargeted during the run, another file would be replaced).
+      std::error_code link_ec;
+      fs::path p(resume);
+      if (fs::is_symlink(p, link_ec)) {
+        const fs::path target = fs::weakly_canonical(p, link_ec);
+        if (!link_ec) p = target;
+      }
       out_dir = p.has_parent_path() ? p.parent_path().string() : ".";
-      resume_ckpt = resume;
+      resume_ckpt = p.string();
       if (!*threads_opt) threads = tc.threads;  // any count gives the same bits (Train.h); the run's by default
       // The run's device type and precision by default: a bf16 GPU run goes on as one, not in f32
       // on the CPU (nor an f16 run without its loss scaling).
@@ -622,7 +630,10 @@ int main(int argc, char **argv) {
     // What rank 0 alone checks comes after the group forms: its failure then ends the others at
     // their next collective (before, they waited out --dist-timeout on a rank that never joined).
     if (root) {
-      for (const auto &e : encodings) ape::check_writable(out_dir, e + ".ckpt");
+      if (!resume_ckpt.empty())  // the checkpoint resumed is the one written
+        ape::check_writable(out_dir, fs::path(resume_ckpt).filename().string());
+      else
+        for (const auto &e : encodings) ape::check_writable(out_dir, e + ".ckpt");
       ape::check_writable(out_dir, "results.csv");
     }
     // One run per output folder: a second would replace this one's checkpoints and results.csv.
@@ -790,4 +801,9 @@ int main(int argc, char **argv) {
     if (refusing) ape::DataParallel::refuse_to_join(*refusing, text);
     return 1;
   }
+}
+
+int main(int argc, char **argv) {
+  ape::ignore_broken_pipes();
+  return ape::output_status(tool_main(argc, argv), "ape-train");
 }

@@ -112,16 +112,42 @@ def _folder_hash(folder, h):
             h.update(b"\0")
 
 
+OWNER = ".owner"  # in a build folder: the file its process holds an flock on while it builds
+
+
 def _remove_stale(cache):
-    """Removes .tmp-<pid>-* folders whose process is gone (killed mid-build)."""
+    """Removes .tmp-<pid>-* folders whose builder is gone (killed mid-build): the flock on its
+    OWNER file is free, or it has none and is an hour old. The pid alone does not tell: a process
+    in another PID namespace (a container sharing the cache) or on another host looks dead."""
     for d in glob.glob(os.path.join(cache, ".tmp-*-*")):
         try:
             pid = int(os.path.basename(d).split("-")[1])
+            if pid == os.getpid():
+                continue
             os.kill(pid, 0)
+            continue  # alive here
         except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except (ValueError, PermissionError):
             pass
+        except (ValueError, PermissionError):
+            continue
+        try:
+            fd = os.open(os.path.join(d, OWNER), os.O_RDWR)
+        except FileNotFoundError:
+            try:
+                if time.time() - os.path.getmtime(d) > 3600:
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                pass
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its builder lives (elsewhere)
+        finally:
+            os.close(fd)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _library_digest(lib, name):
@@ -177,7 +203,7 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
     cache = os.path.join(cache_dir or default_cache_dir(), "torch")
     # The key first, from an emission outside the cache (which may be read-only).
     scratch = tempfile.mkdtemp(prefix="ape-emit-")
-    tmp = None
+    tmp = owner = None
     try:
         extra = ["--source-name", os.path.basename(spec)]
         if cuda_dtypes:
@@ -187,7 +213,8 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
         name = emit(apec, os.path.abspath(spec), scratch, extra)
         h = hashlib.sha256()
         _folder_hash(library_dir(scratch, name), h)
-        h.update(f"\0{sys.executable}\0{torch.__version__}\0{os.environ.get('CXX', '')}".encode())
+        cuda = "ON" if torch.cuda.is_available() else "OFF"  # a library built without CUDA has no CUDA kernels
+        h.update(f"\0{sys.executable}\0{torch.__version__}\0{os.environ.get('CXX', '')}\0{cuda}".encode())
         final = os.path.join(cache, f"{name}-{h.hexdigest()[:16]}")
         lib = library_dir(final, name)
         if _entry_ok(final, name):
@@ -205,11 +232,20 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
                 return name, lib, True
             _remove_stale(cache)
             tmp = os.path.join(cache, f".tmp-{os.getpid()}-{time.monotonic_ns()}")
-            shutil.copytree(scratch, tmp)
+            os.mkdir(tmp)
+            owner = os.open(os.path.join(tmp, OWNER), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.copytree(scratch, tmp, dirs_exist_ok=True)
+            # The entry as the umask says (mkdtemp's scratch is 0700): a complete cache may be
+            # shared read-only with other users.
+            mask = os.umask(0)
+            os.umask(mask)
+            for root, dirs, _ in os.walk(tmp):
+                for d in [root, *(os.path.join(root, x) for x in dirs)]:
+                    os.chmod(d, 0o777 & ~mask)
             t0 = time.perf_counter()
             if log:
                 log(f"[ape] building the operator library of {spec} (encoding '{name}') in {final}")
-            cuda = "ON" if torch.cuda.is_available() else "OFF"
             build(library_dir(tmp, name), cmake_args=[f"-DAPE_ENABLE_CUDA={cuda}"])
             digest = _library_digest(library_dir(tmp, name), name)
             if digest is None:
@@ -218,6 +254,7 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
                 f.write(digest + "\n")
             if os.path.exists(final):  # a damaged or incomplete entry (checked above, under the lock)
                 shutil.rmtree(final)
+            os.unlink(os.path.join(tmp, OWNER))
             os.rename(tmp, final)
             tmp = None
         if log:
@@ -227,3 +264,5 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
         shutil.rmtree(scratch, ignore_errors=True)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+        if owner is not None:
+            os.close(owner)

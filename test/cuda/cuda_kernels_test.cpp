@@ -278,6 +278,7 @@ struct RunOptions {
   int64_t layer = 0, num_layers = 0;
   const ape::cuda::CudaScratchAllocator *scratch = nullptr;  // CudaAttnArgs::scratch
   int num_splits = 0;  // the forward's CudaAttnArgs::num_splits
+  uint32_t *status_record = nullptr;  // the backward's CudaAttnArgs::status_record (device memory)
 };
 
 void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
@@ -319,6 +320,7 @@ void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
   a.deterministic = p.deterministic;
   a.scratch = opt.scratch;
   a.num_splits = opt.num_splits;
+  a.status_record = opt.status_record;
   ASSERT_CUDA(var.forward(a));
   a.num_splits = 0;  // (forward only)
   if (opt.backward) ASSERT_CUDA(var.backward(a));
@@ -2520,6 +2522,43 @@ TEST(CudaStatus, NonFiniteAndOutOfRangeTermsAreReported) {
     if (what.rfind("dfeature", 0) == 0) EXPECT_TRUE(torch::isnan(t).all().item<bool>()) << what;
     else if (what == "o" || what == "lse" || what == "dv")  // not from the sums: they stand
       EXPECT_FALSE(torch::isnan(t).any().item<bool>()) << what;
+}
+
+// CudaAttnArgs::status_record: the backward ORs its word into a second word (the operator
+// library's per-device record) atomically, keeping the bits already there; the call's own word,
+// which the kernels read to poison its sums, stays the call's: an error recorded before does not
+// poison a later call's gradients.
+TEST(CudaStatus, TheRecordGathersEveryCallsBitsAndPoisonsNothing) {
+  const CudaKernelEntry *e = nullptr;
+  for (const CudaKernelEntry *c : cuda_entries())
+    if (!e && c->num_features > 0) e = c;
+  if (!e) GTEST_SKIP() << "no encoding with token features in this build";
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const auto &var = e->variants[0];
+  constexpr uint32_t kEarlier = 0x100;  // no backward sets it: a bit an earlier reader left
+  DevBuf record;
+  upload(record, torch::full({1}, int32_t(kEarlier), torch::kInt32));
+  auto read_record = [&] {
+    uint32_t r = 0;
+    EXPECT_EQ(cudaMemcpy(&r, record.ptr, sizeof r, cudaMemcpyDeviceToHost), cudaSuccess);
+    return r;
+  };
+  RunOptions opt;
+  opt.status_record = static_cast<uint32_t *>(record.ptr);
+  Problem bad = make_problem(*e, 1, 2, 40, var.head_dim, 5);
+  bad.features[0][0][1][17] = std::numeric_limits<double>::quiet_NaN();
+  Outputs out;
+  uint32_t st = 0;
+  run_gpu(var, bad, out, &st, opt);
+  EXPECT_TRUE(st & ape::cuda::kStatusNonFinite) << "status " << st;
+  EXPECT_FALSE(st & kEarlier) << "the call's word holds the record's bits: " << st;
+  EXPECT_EQ(read_record(), kEarlier | st);
+
+  const Problem good = make_problem(*e, 1, 2, 40, var.head_dim, 5);
+  run_gpu(var, good, out, &st, opt);
+  EXPECT_EQ(st & ape::cuda::kStatusErrors, 0u) << ape::cuda::status_message(st);
+  EXPECT_EQ(read_record() & ape::cuda::kStatusErrors, ape::cuda::kStatusNonFinite);
+  for (auto &[what, t] : out) EXPECT_FALSE(torch::isnan(t).any().item<bool>()) << what;
 }
 
 #ifdef APE_SIMT

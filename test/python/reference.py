@@ -5,7 +5,7 @@ encodings (docs/encodings-math.md, docs/internals.md), never from the generated 
     o_i  = sum_j softmax_j(l_ij) v_j      (every (B, H, T, T) matrix materialised)
 
     nope   nothing but the causal mask
-    rope   q'_n = R(n) q_n, k' likewise: rotate-half pairs (c, c + D/2), angle n * 1e4^(-2c/D)
+    rope   q'_n = R(n) q_n, k' likewise: rotate-half pairs (c, c + d_r/2), angle n * 1e4^(-2c/d_r), d_r = 2 floor(D/2)
     alibi  B_ij = -m_h (i - j), m = param "alibi_slopes" [H] (alibi_learned: the same, trained)
     rope_alibi  both
     cable  S_t = sum_{u<=t} -softplus(f_u), B_ij = S_i - S_j           (feature 0, [B, H, T])
@@ -31,8 +31,8 @@ ENCODINGS = ["nope", "rope", "alibi", "alibi_learned", "rope_alibi", "cable", "e
 def rope(x, base=1e4):
     """Rotate-half RoPE of x (..., T, D), position n = index along dim -2."""
     T, D = x.shape[-2], x.shape[-1]
-    half = D // 2
-    theta = base ** (-2.0 * torch.arange(half, dtype=torch.float64) / D)
+    half = D // 2  # d_r = 2 half rotated coordinates: an odd D's last one is left as it is
+    theta = base ** (-2.0 * torch.arange(half, dtype=torch.float64) / (2 * half))
     angle = torch.arange(T, dtype=torch.float64)[:, None] * theta[None, :]  # (T, D/2)
     cos, sin = torch.cos(angle).to(x), torch.sin(angle).to(x)
     x1, x2 = x[..., :half], x[..., half:2 * half]

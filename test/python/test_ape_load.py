@@ -168,3 +168,28 @@ def test_an_inference_only_spec(tmp_path):
             m(q, k, v)
     with pytest.raises(RuntimeError, match="inference-only"):
         m(q.requires_grad_(), k, v, layer=1, num_layers=4)
+
+
+def test_a_build_folder_is_removed_only_once_its_builder_is_gone(tmp_path):
+    """ape.build._remove_stale: a .tmp-<pid>-* folder whose pid looks dead here (pid 2^22 + 7 is
+    above Linux's pid_max, as a builder in another PID namespace or on another host looks) is
+    removed when the flock on its owner file is free, kept while it is held, and kept without an
+    owner file until it is an hour old (a first version removed a live container's build)."""
+    import fcntl
+    import subprocess
+    from ape import build
+    folders = [tmp_path / f".tmp-4194311-{n}" for n in range(3)]
+    for f in folders:
+        f.mkdir()
+    for f in folders[:2]:
+        (f / build.OWNER).touch()
+    fd = os.open(folders[0] / build.OWNER, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # Another process sweeps (flock's locks are per open file: this one's own would not conflict).
+        code = f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'python')!r}); from ape import build; " \
+               f"build._remove_stale({str(tmp_path)!r})"
+        subprocess.run([sys.executable, "-c", code], check=True)
+    finally:
+        os.close(fd)
+    assert [f.exists() for f in folders] == [True, False, True]

@@ -65,6 +65,21 @@ def test_opcheck(encoding):
         _check(o.derived_params.default, (w(), w(), w()), {"heads": H, "head_dim": D})
 
 
+def test_init_value_under_fake_tensors_and_compile():
+    """init_value (a tensor made from host data, like torch.tensor) under opcheck's fake tensors
+    and in a compiled function (the helper's init_params and ape.load's params made at the first
+    call reach it): a first version made its tensor inside FakeTensorMode, which holds no data to
+    copy into, and every compile that reached it failed."""
+    o = ops("alibi")
+    _check(o.init_value.default, ("alibi_slopes",), {"heads": 4, "head_dim": 8})
+    _check(ops("transformer_xl").init_value.default, ("xl_rel",), {"heads": 2, "head_dim": 4})
+    fn = lambda x: x * o.init_value("alibi_slopes", heads=4, head_dim=8).to(x.dtype)
+    x = torch.randn(3, 4)
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        close(torch.compile(fn, fullgraph=True, backend=backend)(x), fn(x), "init_value", atol=0, rtol=0)
+
+
 # ---- torch.compile ---------------------------------------------------------------------------------
 class Block(torch.nn.Module):
     """One causal self-attention block around torch.ops.ape_<encoding>.attention: q, k, v and the

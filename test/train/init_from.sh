@@ -137,4 +137,26 @@ rc=$?
 set -e
 [ $rc = 130 ] && grep -q "not trained yet: alibi,nope (then: ape-train -e alibi,nope --out $work/stopped" "$work/stopped.log" ||
   { cat "$work/stopped.log"; fail "a run stopped in rope (exit $rc) did not name alibi and nope"; }
+# A reader that closes the output (| head): the run goes on, saves its checkpoint and results,
+# and says the output was lost (status 1); SIGPIPE killed it before its final checkpoint.
+set +e
+"$train" -e rope --steps 30 --seq-len 16 "${small[@]}" --eval-multiples 1 --eval-tokens 64 --out "$work/pipe" \
+  2> "$work/pipe.err" | head -n 1 > /dev/null
+rc=${PIPESTATUS[0]}
+set -e
+[ $rc = 1 ] && [ -f "$work/pipe/rope.ckpt" ] && [ -f "$work/pipe/results.csv" ] &&
+  grep -q "the standard output could not be written" "$work/pipe.err" ||
+  { cat "$work/pipe.err"; ls -la "$work/pipe" || true; fail "a closed stdout (exit $rc) lost the checkpoint or said nothing"; }
+# --resume writes the checkpoint it resumes (the startup check looks at that file, not at
+# OUT/<encoding>.ckpt: a folder of that name beside it is no matter), through a link into the
+# folder the link names, which is the one locked.
+mkdir -p "$work/resume/rope.ckpt" "$work/links"
+cp "$work/base/rope.ckpt" "$work/resume/mine.ckpt"
+"$train" --resume "$work/resume/mine.ckpt" --threads 1 > "$work/resume.log" 2>&1 ||
+  { cat "$work/resume.log"; fail "--resume beside a folder named rope.ckpt"; }
+ln -s ../resume/mine.ckpt "$work/links/latest.ckpt"
+"$train" --resume "$work/links/latest.ckpt" --threads 1 > "$work/link.log" 2>&1 ||
+  { cat "$work/link.log"; fail "--resume through a link"; }
+[ -L "$work/links/latest.ckpt" ] && [ -f "$work/resume/results.csv" ] && [ ! -e "$work/links/results.csv" ] ||
+  { ls -la "$work/links" "$work/resume"; fail "--resume through a link did not write beside its target"; }
 echo "init_from: OK"

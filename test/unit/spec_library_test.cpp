@@ -3,11 +3,16 @@
 // LibTorch reference (forward and autograd gradients, fp64).
 #include "runtime/SpecLibrary.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "runtime/CudaAttention.h"
+#include "runtime/Util.h"
 #include "runtime_fixtures.h"
 #include "strict_window_reference.h"
 
@@ -115,6 +120,61 @@ TEST(SpecLibrary, ADamagedCachedLibraryIsCompiledAgain) {
       << log.str();
   EXPECT_EQ(fs::file_size(b.library), size);
   EXPECT_TRUE(ape::load_spec_library(kSpecs + "/strict_window.mlir", options()).cached);
+}
+
+// A cache folder whose library is gone (a cleaner that deletes old files and keeps folders; a
+// library that is not a regular file takes the same way) is compiled again: a first version found the folder there and failed every later run at
+// the rename ("Directory not empty").
+TEST(SpecLibrary, ACacheFolderWithoutItsLibraryIsCompiledAgain) {
+  namespace fs = std::filesystem;
+  const ape::SpecLibrary a = ape::load_spec_library(kSpecs + "/strict_window.mlir", options());
+  fs::remove(a.library);
+  std::ostringstream log;
+  ape::SpecLibraryOptions o = options();
+  o.log = &log;
+  const ape::SpecLibrary b = ape::load_spec_library(kSpecs + "/strict_window.mlir", o);
+  EXPECT_FALSE(b.cached);
+  EXPECT_TRUE(fs::is_regular_file(b.library));
+  EXPECT_NE(log.str().find("compiling it again"), std::string::npos) << log.str();
+}
+
+// A work folder of a process that looks dead by its pid (another PID namespace, another host) but
+// holds its owner file's lock is left alone; one whose lock is free is removed.
+TEST(SpecLibrary, AWorkFolderIsRemovedOnlyOnceItsOwnerIsGone) {
+  namespace fs = std::filesystem;
+  const fs::path kernels = fs::path(APE_TEST_SPEC_CACHE) / "kernels";
+  fs::create_directories(kernels);
+  // pid 2^22 + 7 exceeds Linux's pid_max: kill(pid, 0) says ESRCH, as for a process elsewhere.
+  const fs::path live = kernels / ".apec-4194311-0", dead = kernels / ".apec-4194311-1";
+  for (const auto &d : {live, dead}) fs::create_directories(d), std::ofstream(d / ".owner").flush();
+  const int fd = ::open((live / ".owner").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ape::load_spec_library(kSpecs + "/strict_window.mlir", options());  // sweeps the work folders
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_FALSE(fs::exists(dead));
+  ::close(fd);
+  fs::remove_all(live);
+}
+
+// A checkpoint's spec record names a file in the cache: a name that is not an identifier is
+// refused before any path is made of it, and the cached copy of the text is the record's (a copy
+// replaced by another spec of the same name is written again, not compiled).
+TEST(SpecLibrary, ARecordsNameAndCachedTextAreChecked) {
+  namespace fs = std::filesystem;
+  const ape::SpecLibrary a = ape::load_spec_library(kSpecs + "/strict_window.mlir", options());
+  nlohmann::json rec = a.record();
+  nlohmann::json bad = rec;
+  bad["name"] = "../../outside/evil";
+  EXPECT_ERROR(ape::load_spec_record(bad, options()), "the encoding name '../../outside/evil' is not an identifier");
+  const fs::path copy = fs::path(APE_TEST_SPEC_CACHE) / "specs" /
+                        ("strict_window-" + rec["fnv"].get<std::string>() + ".mlir");
+  ape::load_spec_record(rec, options());
+  ASSERT_TRUE(fs::is_regular_file(copy));
+  std::ofstream(copy, std::ios::trunc) << "ape.encoding @strict_window {\n}\n";  // another spec, same name
+  const ape::SpecLibrary b = ape::load_spec_record(rec, options());
+  EXPECT_EQ(b.library, a.library);
+  EXPECT_EQ(ape::read_file(copy), rec["text"].get<std::string>());
 }
 
 TEST(SpecLibrary, SpecErrorsAreApecsLocatedDiagnostics) {

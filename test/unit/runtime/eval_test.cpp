@@ -45,4 +45,41 @@ TEST(Eval, MultiplesTableAndCsv) {
   EXPECT_EQ(first, "rope,128,128,1,5.000000,148.413159,1000,,4.900000;5.100000") << first;
 }
 
+// results.csv keeps the rows of the encodings a run did not train (keep_other_encodings): also
+// from a file saved with CRLF line ends; one with another header is set aside beside it, said so,
+// never dropped (a first version dropped its rows without a word).
+TEST(Eval, CsvMergeKeepsOtherRowsOrSetsTheFileAside) {
+  namespace fs = std::filesystem;
+  const std::string dir = tmp_path("csvmerge");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string csv = dir + "/results.csv";
+  auto read = [](const std::string &p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  const std::vector<ape::EvalRow> rope = {{"rope", 128, 128, 1, 5.0, std::exp(5.0), 1000, "", {}}};
+  const std::vector<ape::EvalRow> alibi = {{"alibi", 128, 128, 1, 4.0, std::exp(4.0), 1000, "", {}}};
+  ape::write_csv(csv, rope);
+  std::string text = read(csv);
+  std::string crlf;
+  for (char c : text) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  std::ofstream(csv, std::ios::binary | std::ios::trunc) << crlf;
+  ape::write_csv(csv, alibi, /*keep_other_encodings=*/true);
+  text = read(csv);
+  EXPECT_NE(text.find("\nrope,128,128,1,5.000000"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nalibi,128,128,1,4.000000"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos) << text;
+
+  const std::string old = "encoding,train_len,eval_len,multiple,loss,ppl\nrope,128,128,1,5.0,148.4\n";
+  std::ofstream(csv, std::ios::binary | std::ios::trunc) << old;
+  ape::write_csv(csv, alibi, /*keep_other_encodings=*/true);
+  EXPECT_EQ(read(dir + "/results.unmerged.csv"), old);
+  text = read(csv);
+  EXPECT_NE(text.find("\nalibi,"), std::string::npos) << text;
+  std::ofstream(csv, std::ios::binary | std::ios::trunc) << old;
+  ape::write_csv(csv, alibi, /*keep_other_encodings=*/true);
+  EXPECT_EQ(read(dir + "/results.unmerged-1.csv"), old);  // the first one kept
+}
+
 }  // namespace

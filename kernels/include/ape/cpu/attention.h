@@ -61,6 +61,7 @@
 #endif
 
 #ifdef _OPENMP
+#include <omp.h>
 #define APE_PRAGMA(x) _Pragma(#x)
 #else
 #define APE_PRAGMA(x)
@@ -2038,20 +2039,34 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
     for (int n = 0; n < Enc::kNumParams; ++n) std::fill(a.dparams[n], a.dparams[n] + numel[n], Real(0));
     return;
   }
-  std::vector<Real> priv(static_cast<std::size_t>(slices * per_slice), Real(0));
   const auto coefs = detail::mod_coefs<Enc>(a);
-
-  detail::each_slice(slices, [&](int64_t s) {
-    detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + s * per_slice, poff, *coefs);
-  });
-
-  // Fixed (b, h) order: bitwise reproducible for any thread count.
-  for (int n = 0; n < Enc::kNumParams; ++n) {
-    Real *dst = a.dparams[n];
-    std::fill(dst, dst + numel[n], Real(0));
-    for (int64_t s = 0; s < slices; ++s) {
-      const Real *src = priv.data() + s * per_slice + poff[n];
-      for (int64_t e = 0; e < numel[n]; ++e) dst[e] += src[e];
+  // The slices run in waves of `wave` with one accumulator each, added to the gradients in (b, h)
+  // order after the wave: every element's sum is 0 + slice 0 + slice 1 + ... in that order,
+  // bitwise reproducible for any thread count and wave. A wave holds as many slices as fit in
+  // kParamScratch bytes of accumulators, at least one per thread: the scratch does not grow with
+  // B H (a [R, H, D] table's per-slice copies were B H^2 R D floats).
+  constexpr int64_t kParamScratch = int64_t(64) << 20;
+  int64_t threads = 1;
+#ifdef _OPENMP
+  threads = omp_get_max_threads();
+#endif
+  const int64_t fit = per_slice > 0 ? kParamScratch / (per_slice * int64_t(sizeof(Real))) : slices;
+  const int64_t wave = std::min(slices, std::max({fit, threads, int64_t(1)}));
+  std::vector<Real> priv(static_cast<std::size_t>(wave * per_slice));
+  for (int n = 0; n < Enc::kNumParams; ++n) std::fill(a.dparams[n], a.dparams[n] + numel[n], Real(0));
+  for (int64_t s0 = 0; s0 < slices; s0 += wave) {
+    const int64_t count = std::min(wave, slices - s0);
+    std::fill(priv.begin(), priv.end(), Real(0));
+    detail::each_slice(count, [&](int64_t i) {
+      const int64_t s = s0 + i;
+      detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + i * per_slice, poff, *coefs);
+    });
+    for (int n = 0; n < Enc::kNumParams; ++n) {
+      Real *dst = a.dparams[n];
+      for (int64_t i = 0; i < count; ++i) {
+        const Real *src = priv.data() + i * per_slice + poff[n];
+        for (int64_t e = 0; e < numel[n]; ++e) dst[e] += src[e];
+      }
     }
   }
 }

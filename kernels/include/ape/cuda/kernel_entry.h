@@ -161,6 +161,12 @@ struct CudaAttnArgs {
   // gradients (Enc::kNumTok > 0 or kNumParams > 0): without it the backward returns
   // cudaErrorInvalidValue.
   uint32_t *status = nullptr;
+  // Backward only, optional: a second device word, e.g. a record many calls share, into which the
+  // backward ORs `status` on the stream after its kernels, with an atomic OR (backwards running at
+  // once on several streams keep every bit). The call's own word stays the call's: the kernels
+  // read `status` to poison its sums, never the record. Ignored where `status` is null and by
+  // encodings without token or param gradients (they set no bit).
+  uint32_t *status_record = nullptr;
   cudaStream_t stream = nullptr;
   // The scratch memory's allocator (both functions set), or nullptr: cudaMallocAsync on `stream`.
   // One with a function missing is refused (cudaErrorInvalidValue).

@@ -352,6 +352,12 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
   return cudaSuccess;
 }
 
+// *record |= *status, atomically (CudaAttnArgs::status_record): one thread. A template, as every
+// kernel of these headers, so that the variants' translation units may each hold a copy.
+template <class Word> __global__ void status_or_kernel(Word *record, const Word *status) {
+  if (*status) atomicOr(record, *status);
+}
+
 // y = c x elementwise (x, y of n elements; y may be x).
 template <class X> __global__ void scale_kernel(const X *x, X *y, int64_t n, float c) {
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -830,10 +836,19 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
 // An inference-only encoding (an attention transition: no derivative) has none: it returns
 // cudaErrorNotSupported and writes nothing.
 template <class Enc, class In, int kD> cudaError_t attention_backward(const CudaAttnArgs &a) {
-  if constexpr (traits::HasTransition<Enc>::value)
+  if constexpr (traits::HasTransition<Enc>::value) {
     return cudaErrorNotSupported;
-  else
-    return detail::attention_backward_impl<Enc, In, kD>(a);
+  } else {
+    const cudaError_t err = detail::attention_backward_impl<Enc, In, kD>(a);
+    // Only the fixed-point sums of token and param gradients set bits (none: nothing to OR).
+    if constexpr (Enc::kNumTok == 0 && Enc::kNumParams == 0) {
+      return err;
+    } else {
+      if (err != cudaSuccess || !a.status || !a.status_record) return err;
+      return launch(detail::status_or_kernel<uint32_t>, 1, 1, 0, a.stream, a.status_record,
+                    static_cast<const uint32_t *>(a.status));
+    }
+  }
 }
 
 namespace detail {

@@ -235,8 +235,8 @@ inline bool capturing() {
 // process exit may outlive the CUDA context). Made by the first backward on the device, which
 // must not be inside a CUDA graph capture: there the record would come from the graph's memory
 // pool and its zeroing would be a node of the graph, rerun at every replay (erasing the bits of
-// the replays before). The ORs of backwards on two streams at once may race (a word's read and
-// write on each): a reason may be lost there, never the NaN gradients it explains.
+// the replays before). Each backward ORs its word in with an atomic OR on its stream
+// (CudaAttnArgs::status_record): backwards running at once on several streams keep every bit.
 inline at::Tensor status_record(const at::Device &device, const std::string &who = "") {
   static std::mutex mutex;
   static auto *records = new std::vector<at::Tensor>();
@@ -315,15 +315,16 @@ inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVari
     a.dfeatures = dfp.data(), a.dparams = dpp.data();
     a.deterministic = deterministic_backward();
     // The status word of the deterministic gradient sums (top of this file): filled and ORed
-    // into the device's record on the stream, never read here unless APE_CUDA_SYNC_CHECK asks.
+    // atomically into the device's record by the backward, on the stream (status_record), never
+    // read here unless APE_CUDA_SYNC_CHECK asks.
     at::Tensor status = at::zeros({1}, qc.options().dtype(at::kInt));
     a.status = reinterpret_cast<uint32_t *>(status.data_ptr<int32_t>());
+    a.status_record = reinterpret_cast<uint32_t *>(status_record(q.device(), who).data_ptr<int32_t>());
     TorchScratch scratch;
     a.scratch = &scratch.alloc;
     const cudaError_t launched = var.backward(a);
     scratch.raise(launched, who);
     check_cuda(launched, who);
-    status_record(q.device(), who).bitwise_or_(status);
     if (sync_check_requested() && !capturing()) {  // (a host read: none inside a graph capture)
       const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
       TORCH_CHECK((st & cuda::kStatusErrors) == 0, who,

@@ -4,8 +4,8 @@
 // encoding at compile time (the kernel's inputs come as a KernelInputs table at run time), so a
 // project building many emitted folders compiles it once.
 //
-// In the namespace ape_NAME (all but backward_status, which waits for the device, pt2_compliant:
-// opcheck-tested, torch.compile-able):
+// In the namespace ape_NAME (the operators that return tensors, all but backward_status, which
+// waits for the device, pt2_compliant: opcheck-tested, torch.compile-able):
 //
 //   attention(Tensor q, Tensor k, Tensor v, <one Tensor per feature>, <one Tensor per param>,
 //             float? scale=None) -> Tensor
@@ -687,7 +687,18 @@ inline at::Tensor init_value(const KernelInputs &in, const std::string &name, in
   TORCH_CHECK_VALUE(static_cast<int64_t>(values.size()) == c10::multiply_integers(shape), w,
                     "param '", name, "' has shape ", at::IntArrayRef(shape), ", its init '",
                     ape_abi::name(kind), "' gives ", values.size(), " values");
-  return at::tensor(values, at::TensorOptions().dtype(at::kDouble)).view(shape);
+  // As torch.tensor(data) makes a tensor from host data: below any Python mode (FakeTensorMode,
+  // a tracer's proxy mode, functionalisation: their tensors hold no data to copy into), then
+  // lifted, which such a mode turns into its constant. Eager: the plain tensor.
+  at::Tensor t;
+  {
+    const c10::impl::ExcludeDispatchKeyGuard below_python(
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                             c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
+                             c10::DispatchKey::FuncTorchDynamicLayerBackMode}));
+    t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).view(shape);
+  }
+  return at::lift_fresh(t);
 }
 
 // ---- boxed kernels and registration -------------------------------------------------------------
@@ -834,9 +845,11 @@ void register_operators(const Library &lib) {
           "int head_dim) -> Tensor[]",
           tags);
   def.def("init_value(str name, *, int heads, int head_dim) -> Tensor", tags);
-  def.def("manifest() -> str", tags);
-  def.def("cuda_kernels() -> str[]", tags);
-  def.def("cpu_level() -> str", tags);
+  // No tag for the three that return strings: Dynamo compiles no operator that returns no
+  // tensor (call them outside compiled code; their answers are constants of the library).
+  def.def("manifest() -> str");
+  def.def("cuda_kernels() -> str[]");
+  def.def("cpu_level() -> str");
   def.def("backward_status(Device? device=None, bool clear=True) -> int");
 
   torch::Library &composite = library(torch::Library::IMPL, c10::DispatchKey::CompositeImplicitAutograd);
