@@ -303,8 +303,11 @@ void write_csv(const std::string &path, const std::vector<EvalRow> &rows, bool k
     std::stringstream old;
     if (in) old << in.rdbuf();
     std::string text = old.str();
-    // CRLF line ends (a spreadsheet or an editor saved it): read as LF.
+    // As a spreadsheet or an editor may save it: CRLF line ends read as LF, a UTF-8 byte-order mark
+    // dropped, a last line without its newline given one.
     for (size_t at = text.find("\r\n"); at != std::string::npos; at = text.find("\r\n", at)) text.erase(at, 1);
+    if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+    if (!text.empty() && text.back() != '\n') text += '\n';
     if (text.rfind(header, 0) == 0) {
       std::set<std::string> mine;
       for (const auto &r : rows) mine.insert(r.encoding);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
@@ -163,15 +165,20 @@ struct WorkFolder {
   fs::path path;
   int owner = -1;
   WorkFolder(const fs::path &parent, const std::string &prefix) {
-    static int counter = 0;
+    static std::atomic<int> counter{0};
     fs::create_directories(parent);
     for (;;) {
       fs::path p = parent / (prefix + std::to_string(::getpid()) + "-" + std::to_string(counter++));
       if (!fs::create_directory(p)) continue;
-      path = p;
       owner = ::open((p / kOwnerFile).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (owner < 0 || ::flock(owner, LOCK_EX | LOCK_NB) != 0)
-        throw std::runtime_error("cannot lock the work folder " + p.string() + ": " + std::strerror(errno));
+      if (owner < 0 || ::flock(owner, LOCK_EX | LOCK_NB) != 0) {  // (the destructor does not run)
+        const std::string why = std::strerror(errno);
+        if (owner >= 0) ::close(owner);
+        std::error_code ec;
+        fs::remove_all(p, ec);
+        throw std::runtime_error("cannot lock the work folder " + p.string() + ": " + why);
+      }
+      path = p;
       return;
     }
   }
@@ -191,8 +198,9 @@ struct WorkFolder {
 };
 
 // Removes PREFIX<pid>-* folders under `parent` whose owner is gone (killed mid-compile): its
-// owner file's lock is free, or it has none (its owner died before making one, or an older APE's)
-// and is an hour old.
+// owner file's lock is free and the folder is a minute old (its owner takes the lock right after
+// making the folder: a younger one may be between the two), or it has none (its owner died before
+// making one, or an older APE's) and is an hour old.
 void remove_stale_folders(const fs::path &parent, const std::string &prefix) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
@@ -200,15 +208,17 @@ void remove_stale_folders(const fs::path &parent, const std::string &prefix) {
     if (n.compare(0, prefix.size(), prefix) != 0) continue;
     const long pid = std::strtol(n.c_str() + prefix.size(), nullptr, 10);
     if (pid <= 0 || pid == ::getpid() || (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
+    std::error_code t;
+    const auto when = fs::last_write_time(it->path(), t);
+    const auto age = fs::file_time_type::clock::now() - when;
+    if (t || age < std::chrono::minutes(1)) continue;
     bool stale = false;
     const int fd = ::open((it->path() / kOwnerFile).c_str(), O_RDWR | O_CLOEXEC);
     if (fd >= 0) {
       stale = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
       ::close(fd);
     } else if (errno == ENOENT) {
-      std::error_code t;
-      const auto when = fs::last_write_time(it->path(), t);
-      stale = !t && fs::file_time_type::clock::now() - when > std::chrono::hours(1);
+      stale = age > std::chrono::hours(1);
     }
     if (stale) {
       std::error_code rm;
@@ -247,7 +257,10 @@ std::string library_fingerprint(const fs::path &so) {
   return std::to_string(bytes.size()) + " " + hex16(fnv1a(bytes.data(), bytes.size()));
 }
 void write_fingerprint(const fs::path &folder, const fs::path &so) {
-  std::ofstream(folder / "library.fnv") << library_fingerprint(so) << "\n";
+  std::ofstream f(folder / "library.fnv");
+  f << library_fingerprint(so) << "\n";
+  f.close();
+  if (!f) throw std::runtime_error("cannot write " + (folder / "library.fnv").string() + " (a full disk?)");
 }
 // Whether `so` in the cache folder `dir` is there and whole (its fingerprint). A folder whose
 // library is damaged or missing, or has no fingerprint (a cache of an older APE), is removed, with
@@ -303,7 +316,8 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
     if (rc == -1 || rc == 126 || rc == 127)
       throw std::runtime_error("cannot run apec (" + apec + "): " + head_lines(out, 5) +
                                "build it (scripts/build.sh apec) or set APE_APEC to its path");
-    throw std::runtime_error("apec rejected " + path + ":\n" + head_lines(out, 40));
+    const std::string full = disk_full_note(out, gen);
+    throw std::runtime_error(full.empty() ? "apec rejected " + path + ":\n" + head_lines(out, 40) : full + head_lines(out, 10));
   }
   if (o.show_warnings && out.find("warning:") != std::string::npos)  // compiled, with something to say (an unused param)
     (o.log ? *o.log : std::cerr) << head_lines(out, 40);
@@ -350,7 +364,8 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
   // One compiler per key at a time: a second process waits here, then finds the library (the
   // rename below keeps the cache whole where the lock is not honoured). A cache this process
   // cannot write to: its complete entry as it is, or a clear error.
-  const FileLock lock((cache / (dir.filename().string() + ".lock")).string(), /*unless_read_only=*/true);
+  std::optional<FileLock> lock;
+  if (writable) lock.emplace((cache / (dir.filename().string() + ".lock")).string(), /*unless_read_only=*/true);
   std::error_code ec;
   if (!writable) {
     std::string want;
@@ -457,8 +472,13 @@ std::string default_spec_cache_dir() {
   // No HOME (a service): the user's home from the password database, as Python's expanduser
   // does; else a folder of this user's own in the temporary folder, never one another user made
   // (whose libraries would run in this process).
-  if (const passwd *pw = ::getpwuid(::getuid()); pw && pw->pw_dir && *pw->pw_dir && std::string(pw->pw_dir) != "/")
-    return std::string(pw->pw_dir) + "/.cache/ape";
+  {
+    passwd pw{}, *found = nullptr;
+    std::vector<char> buf(16384);
+    if (::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &found) == 0 && found && pw.pw_dir &&
+        *pw.pw_dir && std::string(pw.pw_dir) != "/" && ::access(pw.pw_dir, W_OK | X_OK) == 0)
+      return std::string(pw.pw_dir) + "/.cache/ape";  // (a home that is there and writable)
+  }
   const fs::path dir = fs::temp_directory_path() / ("ape-cache-" + std::to_string(::getuid()));
   ::mkdir(dir.c_str(), 0700);
   struct stat st {};
@@ -607,7 +627,8 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
   const std::string kind = simt ? "simt" : "cuda";
   const fs::path dir = cache / (entry_stem(lib.name) + "-" + kind + "-" + hex16(key));
   const fs::path so = dir / ("libape_" + lib.name + "_" + kind + ".so");
-  const FileLock lock((cache / (dir.filename().string() + ".lock")).string(), /*unless_read_only=*/true);  // as load()
+  std::optional<FileLock> lock;  // as load()
+  if (writable) lock.emplace((cache / (dir.filename().string() + ".lock")).string(), /*unless_read_only=*/true);
   std::error_code ec;
   bool cached = false;
   if (!writable) {

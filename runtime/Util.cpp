@@ -1,6 +1,7 @@
 #include "runtime/Util.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -29,7 +30,19 @@ uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
   return h;
 }
 
-void ignore_broken_pipes() { std::signal(SIGPIPE, SIG_IGN); }
+namespace {
+void on_broken_pipe(int) {}  // the write that raised it fails with EPIPE
+}  // namespace
+
+// A handler that does nothing rather than SIG_IGN: an ignored signal stays ignored across exec,
+// and the children (apec, the compilers, cmake, xz) would run with it; a handler is reset there.
+void ignore_broken_pipes() {
+  struct sigaction sa {};
+  sa.sa_handler = on_broken_pipe;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGPIPE, &sa, nullptr);
+}
 
 int output_status(int rc, const char *tool) {
   std::cout.flush();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -203,13 +204,16 @@ static int tool_main(int argc, char **argv) {
     }
     const std::string scratch = (fs::temp_directory_path() / ("ape-generate-" + std::to_string(::getpid()))).string();
     const std::string log = scratch + ".log";
-    // The scratch files go however this ends (a tokenizer that failed on a full disk left them,
-    // and then the disk stayed full).
+    // The scratch files go whether this succeeds or fails (a tokenizer that failed on a full disk
+    // left them, and then the disk stayed full), but for the tokenizer's log after a failure,
+    // which its error names.
     struct RemoveScratch {
       std::string stem;
+      int unwinding = std::uncaught_exceptions();
       ~RemoveScratch() {
         std::error_code ec;
-        for (const char *ext : {".log", ".bin", ".prompt", ".ids", ".txt"}) fs::remove(stem + ext, ec);
+        for (const char *ext : {".bin", ".prompt", ".ids", ".txt"}) fs::remove(stem + ext, ec);
+        if (std::uncaught_exceptions() == unwinding) fs::remove(stem + ".log", ec);
       }
     } remove_scratch{scratch};
     auto encode = [&](const std::string &file) {

@@ -442,6 +442,16 @@ static int tool_main(int argc, char **argv) {
         if (*o)
           throw std::invalid_argument("--resume continues the checkpoint's run with its own settings; " +
                                       o->get_name() + " cannot be given with it");
+      // A link to a checkpoint: the file it names, resolved once, before it is read, is the one
+      // this run reads, writes and whose folder it locks (written through the link, another run's
+      // folder would be unlocked; retargeted during the run, another file would be replaced).
+      {
+        std::error_code link_ec;
+        if (fs::is_symlink(resume, link_ec)) {
+          const fs::path target = fs::weakly_canonical(resume, link_ec);
+          if (!link_ec) resume = target.string();
+        }
+      }
       resumed = std::make_unique<ape::Checkpoint>(ape::read_checkpoint(resume));
       ape::register_checkpoint_spec(resumed->config, resume, spec_opts);  // trained from a spec file
       mc = ape::checked_model_config(*resumed);
@@ -483,15 +493,7 @@ static int tool_main(int argc, char **argv) {
         if (!*data_opt && !dir.empty() && fs::is_directory(dir, ec_fs)) data_dir = dir;
         if (!*cache_opt && !cache.empty() && fs::is_directory(cache, ec_fs)) cache_dir = cache;
       }
-      // A link to a checkpoint: the file it names, resolved once, is the one this run writes
-      // and its folder the one it locks (written through the link, another run's folder would
-      // be unlocked; retargeted during the run, another file would be replaced).
-      std::error_code link_ec;
-      fs::path p(resume);
-      if (fs::is_symlink(p, link_ec)) {
-        const fs::path target = fs::weakly_canonical(p, link_ec);
-        if (!link_ec) p = target;
-      }
+      const fs::path p(resume);  // (a link resolved above)
       out_dir = p.has_parent_path() ? p.parent_path().string() : ".";
       resume_ckpt = p.string();
       if (!*threads_opt) threads = tc.threads;  // any count gives the same bits (Train.h); the run's by default

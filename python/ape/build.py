@@ -115,10 +115,24 @@ def _folder_hash(folder, h):
 OWNER = ".owner"  # in a build folder: the file its process holds an flock on while it builds
 
 
+def _umask():
+    """The process's umask, read without setting it (os.umask(0) would leave it 0 for a moment,
+    for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def _remove_stale(cache):
     """Removes .tmp-<pid>-* folders whose builder is gone (killed mid-build): the flock on its
-    OWNER file is free, or it has none and is an hour old. The pid alone does not tell: a process
-    in another PID namespace (a container sharing the cache) or on another host looks dead."""
+    OWNER file is free and the folder a minute old (its builder locks right after making it), or
+    it has none and is an hour old. The pid alone does not tell: a process in another PID
+    namespace (a container sharing the cache) or on another host looks dead."""
     for d in glob.glob(os.path.join(cache, ".tmp-*-*")):
         try:
             pid = int(os.path.basename(d).split("-")[1])
@@ -131,13 +145,16 @@ def _remove_stale(cache):
         except (ValueError, PermissionError):
             continue
         try:
+            age = time.time() - os.path.getmtime(d)
+        except OSError:
+            continue
+        if age < 60:
+            continue
+        try:
             fd = os.open(os.path.join(d, OWNER), os.O_RDWR)
         except FileNotFoundError:
-            try:
-                if time.time() - os.path.getmtime(d) > 3600:
-                    shutil.rmtree(d, ignore_errors=True)
-            except OSError:
-                pass
+            if age > 3600:
+                shutil.rmtree(d, ignore_errors=True)
             continue
         except OSError:
             continue
@@ -215,7 +232,7 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
         _folder_hash(library_dir(scratch, name), h)
         cuda = "ON" if torch.cuda.is_available() else "OFF"  # a library built without CUDA has no CUDA kernels
         h.update(f"\0{sys.executable}\0{torch.__version__}\0{os.environ.get('CXX', '')}\0{cuda}".encode())
-        final = os.path.join(cache, f"{name}-{h.hexdigest()[:16]}")
+        final = os.path.join(cache, f"{name[:64]}-{h.hexdigest()[:16]}")  # (a file name: at most 255 bytes)
         lib = library_dir(final, name)
         if _entry_ok(final, name):
             return name, lib, True
@@ -238,8 +255,7 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
             shutil.copytree(scratch, tmp, dirs_exist_ok=True)
             # The entry as the umask says (mkdtemp's scratch is 0700): a complete cache may be
             # shared read-only with other users.
-            mask = os.umask(0)
-            os.umask(mask)
+            mask = _umask()
             for root, dirs, _ in os.walk(tmp):
                 for d in [root, *(os.path.join(root, x) for x in dirs)]:
                     os.chmod(d, 0o777 & ~mask)

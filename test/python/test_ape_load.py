@@ -183,6 +183,10 @@ def test_a_build_folder_is_removed_only_once_its_builder_is_gone(tmp_path):
         f.mkdir()
     for f in folders[:2]:
         (f / build.OWNER).touch()
+    # Two minutes old (a younger folder may be between its making and its lock, and stays); the
+    # one without an owner file stays until it is an hour old.
+    for f in folders:
+        os.utime(f, (os.path.getmtime(f) - 120,) * 2)
     fd = os.open(folders[0] / build.OWNER, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -337,11 +337,18 @@ trainable = [p for p in params.values() if p.requires_grad]
 dout = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(1))
 o = ops("transformer_xl").attention(q, k, v, *features, *ordered("transformer_xl", params))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-grads = torch.autograd.grad(o, trainable, dout)
+grads = torch.autograd.grad(o, trainable, dout, retain_graph=True)
 grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+# Waves of 3 slices (16 MiB of accumulators a slice in 64 MiB) on 1 and 2 threads, of 4 on 4:
+# the same bits.
+same = True
+for threads in (1, 4):
+    torch.set_num_threads(threads)
+    again = torch.autograd.grad(o, trainable, dout, retain_graph=True)
+    same = same and all(torch.equal(a, b) for a, b in zip(grads, again))
 ref = kernel_reference("transformer_xl", q, k, v, features, params, dout)[-len(trainable):]
 err = max(((g - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref))
-print(grew, err)
+print(grew, err, int(same))
 """
 
 
@@ -350,7 +357,8 @@ def test_param_gradient_scratch_does_not_grow_with_batch_and_heads():
     accumulators of a bounded size (ape/cpu/attention.h, attention_backward): a first version kept
     one copy of every param gradient per slice, B H numel bytes (Transformer-XL's [R, H, D] table:
     B H^2 R D; 4.3 GB here, in a fresh process, and the OS's kill before any exception on a
-    larger batch). 128 slices in waves of a few, the gradients against the reference."""
+    larger batch). 128 slices in waves of a few, the gradients against the reference, the same bits
+    in waves of 3 and 4."""
     import os
     import subprocess
     import sys
@@ -359,6 +367,7 @@ def test_param_gradient_scratch_does_not_grow_with_batch_and_heads():
     run = subprocess.run([sys.executable, "-c", _SCRATCH_CHILD], env=env, cwd=here, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    grew_mib, err = map(float, run.stdout.split()[-2:])
+    grew_mib, err, same = map(float, run.stdout.split()[-3:])
     assert err < 1e-10, f"param gradients {err:.3g} off the reference"
+    assert same == 1, "the param gradients differ between waves of 3 and 4 slices (1, 2 and 4 threads)"
     assert grew_mib < 400, f"the backward's peak memory grew by {grew_mib:.0f} MiB"

@@ -155,6 +155,7 @@ cp "$work/base/rope.ckpt" "$work/resume/mine.ckpt"
 "$train" --resume "$work/resume/mine.ckpt" --threads 1 > "$work/resume.log" 2>&1 ||
   { cat "$work/resume.log"; fail "--resume beside a folder named rope.ckpt"; }
 ln -s ../resume/mine.ckpt "$work/links/latest.ckpt"
+rm "$work/resume/results.csv"
 "$train" --resume "$work/links/latest.ckpt" --threads 1 > "$work/link.log" 2>&1 ||
   { cat "$work/link.log"; fail "--resume through a link"; }
 [ -L "$work/links/latest.ckpt" ] && [ -f "$work/resume/results.csv" ] && [ ! -e "$work/links/results.csv" ] ||

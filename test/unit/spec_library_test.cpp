@@ -4,11 +4,14 @@
 #include "runtime/SpecLibrary.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "runtime/CudaAttention.h"
@@ -146,7 +149,11 @@ TEST(SpecLibrary, AWorkFolderIsRemovedOnlyOnceItsOwnerIsGone) {
   fs::create_directories(kernels);
   // pid 2^22 + 7 exceeds Linux's pid_max: kill(pid, 0) says ESRCH, as for a process elsewhere.
   const fs::path live = kernels / ".apec-4194311-0", dead = kernels / ".apec-4194311-1";
-  for (const auto &d : {live, dead}) fs::create_directories(d), std::ofstream(d / ".owner").flush();
+  for (const auto &d : {live, dead}) {
+    fs::create_directories(d), std::ofstream(d / ".owner").flush();
+    // Two minutes old: a younger folder may be between its making and its lock, and stays.
+    fs::last_write_time(d, fs::file_time_type::clock::now() - std::chrono::minutes(2));
+  }
   const int fd = ::open((live / ".owner").c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
@@ -175,6 +182,27 @@ TEST(SpecLibrary, ARecordsNameAndCachedTextAreChecked) {
   const ape::SpecLibrary b = ape::load_spec_record(rec, options());
   EXPECT_EQ(b.library, a.library);
   EXPECT_EQ(ape::read_file(copy), rec["text"].get<std::string>());
+}
+
+// Without APE_CACHE_DIR, XDG_CACHE_HOME and HOME (a service), the cache is under the user's home
+// from the password database, never a folder in /tmp that another user may have made.
+TEST(SpecLibrary, TheDefaultCacheWithoutHomeIsTheUsersOwn) {
+  const char *names[] = {"APE_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char *n : names) {
+    const char *v = std::getenv(n);
+    saved.push_back(v ? std::optional<std::string>(v) : std::nullopt);
+    ::unsetenv(n);
+  }
+  const std::string dir = ape::default_spec_cache_dir();
+  for (size_t i = 0; i < saved.size(); ++i)
+    if (saved[i]) ::setenv(names[i], saved[i]->c_str(), 1);
+  const passwd *pw = ::getpwuid(::getuid());
+  ASSERT_NE(pw, nullptr);
+  if (std::string(pw->pw_dir) != "/" && ::access(pw->pw_dir, W_OK | X_OK) == 0)
+    EXPECT_EQ(dir, std::string(pw->pw_dir) + "/.cache/ape");
+  else
+    EXPECT_EQ(dir, (std::filesystem::temp_directory_path() / ("ape-cache-" + std::to_string(::getuid()))).string());
 }
 
 TEST(SpecLibrary, SpecErrorsAreApecsLocatedDiagnostics) {
