@@ -429,7 +429,13 @@ static int tool_main(int argc, char **argv) {
     const int64_t world = dist.enabled() ? dist.world_size : 1;
     root = !dist.enabled() || dist.rank == 0;
     if (dist.enabled()) who = "[rank " + std::to_string(dist.rank) + " of " + std::to_string(dist.world_size) + "] ";
-    if (!root) std::cout.setstate(std::ios::badbit);  // rank 0 prints; the others only their errors
+    // Rank 0 prints; the others only their errors: their output goes nowhere (a stream left good,
+    // so that output_status tells a silenced stream from one that could not be written).
+    struct Discard : std::streambuf {
+      int overflow(int c) override { return traits_type::not_eof(c); }
+      std::streamsize xsputn(const char *, std::streamsize n) override { return n; }
+    };
+    if (!root) std::cout.rdbuf(new Discard);  // (never freed: std::cout flushes at exit)
     ec.multiples = ape::parse_multiples(multiples);
     ec.validate();
 
