@@ -2491,15 +2491,20 @@ TEST(CudaTransition, BackwardAndLayersOutsideTheModelAreRefused) {
   }
 }
 
+// The first encoding of the build with token features (a token program: the status word's sums).
+const CudaKernelEntry *first_with_features() {
+  for (const CudaKernelEntry *c : cuda_entries())
+    if (c->num_features > 0) return c;
+  return nullptr;
+}
+
 // The status word reports what the fixed-point gradient sums cannot hold (cuda/kernel_entry.h):
 // a NaN token feature sets kStatusNonFinite; gradient terms beyond 2^31 set kStatusRange. Either
 // way the sums are poisoned on the device: every feature gradient is NaN, so a caller that never
 // reads the word (the operator library does not: it would wait for the GPU) cannot use a clamped
 // gradient. Any encoding with a token program does (the first one built).
 TEST(CudaStatus, NonFiniteAndOutOfRangeTermsAreReported) {
-  const CudaKernelEntry *e = nullptr;
-  for (const CudaKernelEntry *c : cuda_entries())
-    if (!e && c->num_features > 0) e = c;
+  const CudaKernelEntry *e = first_with_features();
   if (!e) GTEST_SKIP() << "no encoding with token features in this build";
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
   const auto &var = e->variants[0];
@@ -2529,9 +2534,7 @@ TEST(CudaStatus, NonFiniteAndOutOfRangeTermsAreReported) {
 // which the kernels read to poison its sums, stays the call's: an error recorded before does not
 // poison a later call's gradients.
 TEST(CudaStatus, TheRecordGathersEveryCallsBitsAndPoisonsNothing) {
-  const CudaKernelEntry *e = nullptr;
-  for (const CudaKernelEntry *c : cuda_entries())
-    if (!e && c->num_features > 0) e = c;
+  const CudaKernelEntry *e = first_with_features();
   if (!e) GTEST_SKIP() << "no encoding with token features in this build";
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
   const auto &var = e->variants[0];
