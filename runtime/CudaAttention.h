@@ -73,8 +73,8 @@ struct CudaKeptRows {
 };
 
 // A decode step's forward over a cache read in place: q, k, v (B, H, capacity, D) hold T tokens;
-// the kept rows get the rows from kept.rows up to T. Returns o (B, H, T, D), rows [first_row, T)
-// computed (cuda/kernel_entry.h: ld, km, krel, tok).
+// the kept rows get the rows from kept.rows up to T. Returns o of rows [first_row, T) only,
+// (B, H, T - first_row, D) (cuda/kernel_entry.h: ld, km, krel, tok, o_from_first).
 at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                                const at::Tensor &v, int64_t T, const std::vector<at::Tensor> &features,
                                const std::vector<at::Tensor> &params, double scale, int64_t first_row,

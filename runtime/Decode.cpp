@@ -124,8 +124,7 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
   if (L0 == 0 && layer.count > 0) {
     o = cuda_attention_forward(e, q, k, v, features, params, scale, 0, layer).first;
   } else {
-    o = cuda_decode_forward(e, cache.q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0, cache.kept)
-            .narrow(2, L0, n);
+    o = cuda_decode_forward(e, cache.q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0, cache.kept);
     cache.kept.rows = L0 + n;
   }
   cache.gpu_len = L0 + n;

@@ -82,7 +82,10 @@ static FailureOr<SmallVector<ape::CudaVariant>> cudaVariants() {
         llvm::errs() << "apec: --cuda-head-dims " << d << " is not supported (32, 64 or 128)\n";
         return failure();
       }
-      variants.push_back({t, d});
+      // (a value given twice names one variant: two would be emitted twice, and their entry
+      // points defined twice)
+      if (llvm::none_of(variants, [&](const ape::CudaVariant &v) { return v.dtype == t && v.headDim == d; }))
+        variants.push_back({t, d});
     }
   }
   return variants;

@@ -2169,6 +2169,93 @@ TEST(CudaDecode, TokenProgramResumesAtItsChunk) {
   if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";
 }
 
+// A decode step's memory is its new rows', not the sequence's: its outputs go straight into the
+// caller's (B, H, n, .) o and lse (CudaAttnArgs::o_from_first) and q' lives in scratch from the
+// first row the forward reads only (Params::qm_row0), where both were (B, H, L, .) scratch, 2·L·D
+// bytes a slice each at every one-token step (16 GiB a step at B 1, H 32, L 1M, d_h 128 in bf16).
+// RoPE (a q mod) one token after 1,100, on the FlashAttention-2-class kernel (q' from the new row's
+// warp) and the Hopper forward (from its window of kFwdRowAlign = 384 rows): no block the step
+// takes is larger than (B, H, 384, D), a third of (B, H, L, D) here; bit for bit the rows of the
+// full forward. A caller's o that is not
+// 16-byte aligned, and a null lse, go through scratch of the step's rows: the same bits.
+TEST(CudaDecode, AStepTakesMemoryForItsRowsNotTheSequences) {
+  std::string why;
+  const auto *var = bf16_hd64("rope", why);
+  if (!var) GTEST_SKIP() << why;
+  const CudaKernelEntry *e = find_cuda("rope");
+  struct Recording {
+    size_t largest = 0;
+    ape::cuda::CudaScratchAllocator alloc{
+        [](void *ctx, size_t bytes, cudaStream_t st) -> void * {
+          auto *self = static_cast<Recording *>(ctx);
+          self->largest = std::max(self->largest, bytes);
+          void *ptr = nullptr;
+          return cudaMallocAsync(&ptr, bytes, st) == cudaSuccess ? ptr : nullptr;
+        },
+        [](void *, void *ptr, cudaStream_t st) { cudaFreeAsync(ptr, st); }, this};
+  };
+  const int64_t L0 = 1100, L = L0 + 1, D = 64;
+  const Problem p = make_problem(*e, 1, 2, L, D, 77);
+  const auto dt = torch::kBFloat16;
+  const int64_t S = p.B * p.H;
+  auto step = [&](ape::cuda::CudaDecodeCache &cache, int64_t row0, int64_t n, void *o, float *lse,
+                  Recording *rec) {
+    auto part = [&](const Tensor &t) { return t.narrow(2, row0, n).contiguous().to(dt); };
+    DevBuf qd, kd, vd;
+    upload(qd, part(p.q)), upload(kd, part(p.k)), upload(vd, part(p.v));
+    ape::cuda::CudaDecodeArgs a;
+    a.B = p.B, a.H = p.H, a.n = n, a.D = D, a.dtype = var->dtype;
+    a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = o, a.lse = lse, a.scale = static_cast<float>(p.scale);
+    a.scratch = rec ? &rec->alloc : nullptr;
+    a.num_splits = 1;  // (the Hopper forward where the device has it)
+    ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+  };
+#ifdef APE_SIMT
+  for (const bool sm90 : {false, true}) {
+    SCOPED_TRACE(sm90 ? "the Hopper forward" : "the FlashAttention-2-class forward");
+    std::optional<PoseAsSm90> pose;
+    if (sm90) pose.emplace();
+#else
+  {  // the device's own kernels
+#endif
+    Tensor full_o, full_lse;
+    run_forward_prefix(*var, p, L, full_o, full_lse);
+    if (HasFatalFailure()) return;
+    const Tensor want_o = full_o.narrow(2, L0, 1), want_lse = full_lse.narrow(2, L0, 1);
+    ape::cuda::CudaDecodeCache cache, other;
+    cache.capacity = other.capacity = L;
+    DevBuf prefill_o;
+    ASSERT_CUDA(cudaMalloc(&prefill_o.ptr, static_cast<size_t>(S * L0 * D) * 2 + 16));
+    step(cache, 0, L0, prefill_o.ptr, nullptr, nullptr);
+    step(other, 0, L0, prefill_o.ptr, nullptr, nullptr);
+    if (HasFatalFailure()) return;
+    DevBuf od, ld, od2;
+    const Tensor o_like = torch::zeros({p.B, p.H, 1, D}, dt), lse_like = torch::zeros({p.B, p.H, 1});
+    upload(od, o_like), upload(ld, lse_like);
+    Recording rec;
+    step(cache, L0, 1, od.ptr, static_cast<float *>(ld.ptr), &rec);
+    if (HasFatalFailure()) return;
+    EXPECT_TRUE(torch::equal(download(od, o_like), want_o)) << "o differs from the full forward";
+    EXPECT_TRUE(torch::equal(download(ld, lse_like), want_lse)) << "lse differs from the full forward";
+    const size_t sequence = static_cast<size_t>(S * L * D) * 2;  // (B, H, L, D) in bf16
+    EXPECT_GT(rec.largest, 0u) << "q' comes from the scratch allocator";
+    // q' of at most the rows of one kFwdRowAlign (384) window; the whole sequence's was 2.9x that
+    const size_t window = static_cast<size_t>(S * 384 * D) * 2;
+    EXPECT_LE(rec.largest, window) << "a block of " << rec.largest << " bytes for one new row";
+    EXPECT_LT(window, sequence);
+    // o at 2 bytes past a 16-byte boundary, lse not wanted.
+    ASSERT_CUDA(cudaMalloc(&od2.ptr, static_cast<size_t>(S * D) * 2 + 16));
+    char *o_odd = static_cast<char *>(od2.ptr) + 2;
+    step(other, L0, 1, o_odd, nullptr, nullptr);
+    if (HasFatalFailure()) return;
+    Tensor got = torch::empty_like(o_like);
+    ASSERT_CUDA(cudaMemcpy(got.data_ptr(), o_odd, got.nbytes(), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(torch::equal(got, want_o)) << "o through scratch differs";
+  }
+  expect_no_findings();
+}
+
 #ifdef APE_SIMT
 // The device's count of shares (num_splits 0, ape/cuda/launch.cuh: num_splits_for): the count that
 // ends first by rounds of the SMs' blocks, ceil(blocks n / slots) x (ceil(tiles / n) + 1), where

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The framework-interop tests (docs/frameworks.md): apec emits the PyTorch operator library of
-# every example encoding (examples/encodings/*.mlir) and the C ABI of rope, alibi, cable and
-# expe; one CMake project builds them with examples/c (the operators' CUDA kernels for rope and
+# every example encoding (examples/encodings/*.mlir) and the C ABI of rope, alibi, cable, expe
+# and rope_transition; one CMake project builds them with examples/c (the operators' CUDA kernels for rope and
 # cable where PyTorch has CUDA and nvcc is found); pytest checks them (test/python/test_*.py).
 #
 #   test/python/run.sh WORKDIR [APEC] [-- PYTEST_ARGS...]

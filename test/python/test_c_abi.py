@@ -264,3 +264,17 @@ def test_inference_only_layers_and_refused_backward(encoding):
         assert fn(encoding, "backward_" + suffix)(ctypes.byref(c.args)) == APE_ERROR_NOT_SUPPORTED
         assert b"inference-only" in last(), last()
     assert fn(encoding, "error_string")(APE_ERROR_NOT_SUPPORTED).startswith(b"not supported")
+
+
+def test_each_library_keeps_its_own_last_error_linked_statically():
+    """rope's and alibi's C ABI objects linked into one program (c_abi_static_errors.c), as a static
+    link makes it: a failed call of each, and each library's last_error names its own call. The
+    message was one variable of an inline function, one symbol for every library linked statically:
+    ape_rope_last_error() returned alibi's message."""
+    import subprocess
+
+    if not {"rope", "alibi"} <= set(C_ABI_ENCODINGS):
+        pytest.skip("the rope and alibi C ABIs are not in this build")
+    run = subprocess.run([artifact("c_abi_static_errors")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "rope: 2 ape_rope_forward_f32" in run.stdout and "alibi: 1 ape_alibi_backward_f64" in run.stdout, run.stdout

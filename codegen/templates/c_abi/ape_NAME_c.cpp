@@ -9,24 +9,31 @@ extern "C" const ape::KernelEntry *ape_kernel_entry_@NAME@();
 namespace {
 
 @KERNEL_INPUTS@
+// The message of this library's last failed call on this thread (ape_@NAME@_last_error): its own,
+// however the program links it beside other encodings' libraries.
+std::string &last_error() {
+  static thread_local std::string message;
+  return message;
+}
+
 }  // namespace
 
 extern "C" {
 
 int ape_@NAME@_forward_f32(const ape_@NAME@_args *args) {
-  return ape::c_abi::forward<float>(kernel_inputs(), "ape_@NAME@_forward_f32", args);
+  return ape::c_abi::forward<float>(kernel_inputs(), last_error(), "ape_@NAME@_forward_f32", args);
 }
 int ape_@NAME@_backward_f32(const ape_@NAME@_args *args) {
-  return ape::c_abi::backward<float>(kernel_inputs(), "ape_@NAME@_backward_f32", args);
+  return ape::c_abi::backward<float>(kernel_inputs(), last_error(), "ape_@NAME@_backward_f32", args);
 }
 int ape_@NAME@_forward_f64(const ape_@NAME@_args *args) {
-  return ape::c_abi::forward<double>(kernel_inputs(), "ape_@NAME@_forward_f64", args);
+  return ape::c_abi::forward<double>(kernel_inputs(), last_error(), "ape_@NAME@_forward_f64", args);
 }
 int ape_@NAME@_backward_f64(const ape_@NAME@_args *args) {
-  return ape::c_abi::backward<double>(kernel_inputs(), "ape_@NAME@_backward_f64", args);
+  return ape::c_abi::backward<double>(kernel_inputs(), last_error(), "ape_@NAME@_backward_f64", args);
 }
 const char *ape_@NAME@_error_string(int status) { return ape::c_abi::error_string(status); }
-const char *ape_@NAME@_last_error(void) { return ape::c_abi::last_error().c_str(); }
+const char *ape_@NAME@_last_error(void) { return last_error().c_str(); }
 int64_t ape_@NAME@_param_numel(int n, int64_t H, int64_t D) {
   const ape::KernelInputs &in = kernel_inputs();
   if (n < 0 || n >= in.num_params || H < 0 || D < 0) return -1;

@@ -32,11 +32,11 @@ struct Failure {
   std::string message;
 };
 
-// The message of the last failed call on this thread (one per library: hidden visibility).
-inline std::string &last_error() {
-  static thread_local std::string message;
-  return message;
-}
+// The message of the last failed call on this thread is the calling library's own: the generated
+// ape_NAME_c.cpp keeps it (a thread_local in its anonymous namespace) and passes it to each call.
+// One variable here, shared by an inline function, was one symbol for every library linked into a
+// program statically (hidden visibility separates shared objects only): ape_nope_last_error()
+// then read a failed ape_rope_* call's message.
 
 inline const char *error_string(int status) {
   switch (status) {
@@ -53,10 +53,10 @@ inline const char *error_string(int status) {
 }
 
 // Runs fn; returns APE_OK or the status of what it threw. Never throws.
-template <class Fn> int guarded(const char *function, Fn &&fn) noexcept {
+template <class Fn> int guarded(std::string &last_error, const char *function, Fn &&fn) noexcept {
   auto fail = [&](int status, const char *what) noexcept {
     try {
-      last_error() = std::string(function) + ": " + what;
+      last_error = std::string(function) + ": " + what;
     } catch (...) {  // no memory even for the message: the status still says it
     }
     return status;
@@ -262,8 +262,8 @@ template <class Args> std::pair<int64_t, int64_t> layer_of(const Args *a) {
 
 // ---- the entry points ---------------------------------------------------------------------------
 template <typename Real, class Args>
-int forward(const KernelInputs &in, const char *function, const Args *a) noexcept {
-  return guarded(function, [&] {
+int forward(const KernelInputs &in, std::string &last_error, const char *function, const Args *a) noexcept {
+  return guarded(last_error, function, [&] {
     const Shape s = check_shape(a);
     check_scale_range<Real>(a->scale);
     const auto [layer, num_layers] = layer_of(a);
@@ -286,8 +286,8 @@ int forward(const KernelInputs &in, const char *function, const Args *a) noexcep
 }
 
 template <typename Real, class Args>
-int backward(const KernelInputs &in, const char *function, const Args *a) noexcept {
-  return guarded(function, [&] {
+int backward(const KernelInputs &in, std::string &last_error, const char *function, const Args *a) noexcept {
+  return guarded(last_error, function, [&] {
     if constexpr (HasLayer<Args>::value)
       throw Failure{APE_ERROR_NOT_SUPPORTED,
                     "the encoding is inference-only (an ape.attention_transition has no derivative): "

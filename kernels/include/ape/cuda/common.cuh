@@ -352,6 +352,9 @@ template <class Enc, class In> struct Params {
   const In *q, *k, *v;
   In *o;
   float *lse;
+  // Forward: o and lse hold rows [o_row0, T) of each slice, o_ld = T - o_row0 rows a slice
+  // (CudaAttnArgs::o_from_first: o_row0 = first_row; else 0): out_row() places a row.
+  int64_t o_row0, o_ld;
   const float *feat[NF];
   int64_t feat_ld;                  // forward: elements per slice of each feature (T, or
                                     // CudaAttnArgs::feat_ld where they are the caller's cache)
@@ -383,6 +386,8 @@ template <class Enc, class In> struct Params {
                                     // CudaAttnArgs::ld where they are the caller's buffers)
   int64_t q_row0;                   // forward: the first row of q' computed (prepare; 0 but
                                     // for a call with first_row)
+  int64_t qm_row0;                  // forward: the row of q' stored first in each slice of qm
+                                    // (q' in scratch from q_row0 on: q_row0; else 0)
   float *delta;                     // (B*H, T)
   float *dqm, *dkm;                 // (B*H, T, D) gradients w.r.t. q', k'
   unsigned long long *dtok_fx;      // (B*H, kNumTok, T) x 2 words
@@ -422,6 +427,8 @@ template <class Enc, class In> struct Params {
   float *rel[NR];                   // (B*H, rel_ld[n], rows_n): (x' + bias_h) . table[r, h, :]
   int64_t rel_ld[NR];               // rows per slice of rel[n]: T, or CudaAttnArgs::ld where it is
                                     // the caller's cache of the key side's rows (krel)
+  int64_t rel_row0[NR];             // forward: the token stored first in each slice of rel[n] (a
+                                    // query side's from q_row0, T - q_row0 a slice; else 0)
   unsigned long long *drel_fx[NR];  // (B*H, T, rows_n) x 2 words
   float *drel[NR];                  // (B*H, T, rows_n)
   float *vdrow;                     // (B*H, T, kValueRows): dO_i . table[r, h, :]
@@ -430,6 +437,13 @@ template <class Enc, class In> struct Params {
   // the parameters a flash kernel stages in shared memory (ParamCache): bit n for parameter n
   uint32_t param_cache;
 };
+
+// The place of row i of slice bh in o (times D) and lse: rows [o_row0, T) a slice (Params::o_row0);
+// a row before o_row0 is not stored (out_stored).
+template <class P> APE_HD inline int64_t out_row(const P &p, int64_t bh, int64_t i) {
+  return bh * p.o_ld + i - p.o_row0;
+}
+template <class P> APE_HD inline bool out_stored(const P &p, int64_t i) { return i >= p.o_row0 && i < p.T; }
 
 // Rows of the value-rows table (0 without one).
 template <class Enc> constexpr int64_t value_rows() {
@@ -454,7 +468,8 @@ __device__ inline DevCtx<Enc> make_ctx(const Params<Enc, In> &p, int64_t bh, boo
   if constexpr (traits::NumRel<Enc>::value > 0) {
     for (int n = 0; n < Enc::kNumRel; ++n) {
       const int64_t rows = Enc::rel_rows(n);
-      c.rel.p[n] = p.rel[n] + bh * p.rel_ld[n] * rows;
+      // (rows [rel_row0, ...) of the slice stored: the functor reads no row before it)
+      c.rel.p[n] = p.rel[n] + (bh * p.rel_ld[n] - p.rel_row0[n]) * rows;
       c.drel.p[n] = (sinks && p.drel_fx[n]) ? p.drel_fx[n] + 2 * bh * p.T * rows : nullptr;
     }
   }

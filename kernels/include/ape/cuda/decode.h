@@ -262,34 +262,41 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   for (int f = 0; f < e.num_features; ++f)
     if ((err = copy_rows(c.features[f], C, L0, a.features[f], n, n, S, sizeof(float), st)) != cudaSuccess)
       return err;
-  // The forward over the L tokens from row L0, into (S, L, .) outputs; rows [L0, L) copied out.
-  // They are scratch: from the caller's allocator where it gave one.
+  // The forward over the L tokens from row L0: its rows [L0, L) straight into the caller's
+  // (S, n, .) outputs (CudaAttnArgs::o_from_first; a prefill's n is L), through scratch only where
+  // o is not 16-byte aligned (the kernels' vector stores) or lse is not wanted; the scratch comes
+  // from the caller's allocator where it gave one. A step's memory is its new rows', not the
+  // sequence's.
   auto take = [&](void *&ptr, size_t bytes) -> cudaError_t {
     if (!a.scratch) return malloc_async(&ptr, bytes, st);
     ptr = a.scratch->alloc(a.scratch->ctx, bytes, st);
     return ptr ? cudaSuccess : cudaErrorMemoryAllocation;
   };
   auto give = [&](void *ptr) {
+    if (!ptr) return;
     if (a.scratch) a.scratch->free(a.scratch->ctx, ptr, st);
     else cudaFreeAsync(ptr, st);
   };
-  void *o = nullptr, *lse = nullptr;
-  if ((err = take(o, static_cast<size_t>(S * L) * row)) != cudaSuccess) return err;
-  if ((err = take(lse, static_cast<size_t>(S * L) * sizeof(float))) != cudaSuccess) {
-    give(o);
+  const bool o_direct = reinterpret_cast<uintptr_t>(a.o) % 16 == 0;
+  void *o_tmp = nullptr, *lse_tmp = nullptr;
+  if (!o_direct && (err = take(o_tmp, static_cast<size_t>(S * n) * row)) != cudaSuccess) return err;
+  if (!a.lse && (err = take(lse_tmp, static_cast<size_t>(S * n) * sizeof(float))) != cudaSuccess) {
+    give(o_tmp);
     return err;
   }
   CudaAttnArgs f;
   f.B = a.B, f.H = a.H, f.T = L, f.D = D, f.dtype = a.dtype;
-  f.o = o, f.lse = static_cast<float *>(lse);
+  f.o = o_direct ? a.o : o_tmp, f.lse = a.lse ? a.lse : static_cast<float *>(lse_tmp);
+  f.o_from_first = true;
   std::vector<const float *> feats(c.features.begin(), c.features.end());
   f.features = feats.empty() ? nullptr : feats.data();
   f.params = a.params, f.scale = a.scale, f.first_row = L0, f.stream = st, f.scratch = a.scratch;
   f.num_splits = a.num_splits;
   if (L0 == 0 && a.num_layers > 0) {
     // A prefill that may run an attention transition: from the step's own (B, H, n, D) inputs
-    // (the transition reads q', k' and v as (B, H, T, D)); k' is left to the next step.
-    f.layer = a.layer, f.num_layers = a.num_layers;
+    // (the transition reads q', k' and v as (B, H, T, D)); k' is left to the next step. Its
+    // outputs are (B, H, T, .) as they are: o_from_first stays false (refused with layers).
+    f.layer = a.layer, f.num_layers = a.num_layers, f.o_from_first = false;
     f.q = a.q, f.k = a.k, f.v = a.v, f.features = a.features;
   } else {
     f.q = c.q, f.k = c.k, f.v = c.v, f.ld = C, f.feat_ld = C;
@@ -299,12 +306,9 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     if (c.km || c.krel || c.tok) f.km_rows = c.km_len;
   }
   err = forward(e, f);
-  if (err == cudaSuccess) err = copy_rows(a.o, n, 0, static_cast<char *>(o) + L0 * row, L, n, S, row, st);
-  if (err == cudaSuccess && a.lse)
-    err = copy_rows(a.lse, n, 0, static_cast<char *>(lse) + L0 * sizeof(float), L, n, S,
-                    sizeof(float), st);
-  give(o);
-  give(lse);
+  if (err == cudaSuccess && !o_direct) err = copy_rows(a.o, n, 0, o_tmp, n, n, S, row, st);
+  give(o_tmp);
+  give(lse_tmp);
   // The cache's stream after the step's work: a later step there, or release(), follows it.
   back.done = true;
   const cudaError_t ordered = order_after(st, c.stream);

@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   const int64_t bh = blockIdx.x, T = p.T;
   // The longest rows (last query tiles) start first; tiles before p.tile0 are not computed.
   const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
-  const int64_t base = bh * T * D;  // o; q', k', v: Params::ld_q, ld_k, ld_v rows a slice
+  // q', k', v: Params::ld_q, ld_k, ld_v rows a slice (q' from row qm_row0); o: out_row
   const In *const qm = p.qm + bh * p.ld_q * D, *const km = p.km + bh * p.ld_k * D, *const vs = p.v + bh * p.ld_v * D;
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
   // Keys split (or one share, launch.cuh): a warp none of whose rows the block writes (all before
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
     kt_hi = kt_lo + per < kt_hi ? kt_lo + per : kt_hi;
     q_skip = p.part_row0 > i0 ? static_cast<int>(p.part_row0 - i0) : 0;
   }
-  flash::load_tile_async<BQ, D, C::kThreads>(sQ, qm, i0, T, q_skip);
+  flash::load_tile_async<BQ, D, C::kThreads>(sQ, qm, i0 - p.qm_row0, T - p.qm_row0, q_skip);
   if (!kSplit || kt_lo < kt_hi) {  // (unsplit: at least one key tile)
     flash::load_tile_async<BK, D, C::kThreads>(sK + (kt_lo & 1) * BK * D, km, int64_t(kt_lo) * BK, T);
     flash::load_tile_async<BK, D, C::kThreads>(sV + (kt_lo & 1) * BK * D, vs, int64_t(kt_lo) * BK, T);
@@ -654,14 +654,14 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
         const int64_t i = i0 + r0 + 16 * mt + g + 8 * h;
         const float lt = flash::quad_sum(l[mt][h]);
         const float inv = lt > 0.f ? 1.f / lt : 0.f;
-        if (i < p.part_row0 || i >= T) continue;
+        if (i < p.part_row0 || i >= T) continue;  // (part_row0 >= o_row0: launch.cuh)
         if (whole) {
           add_value_rows(mt, h, r0 + 16 * mt + g + 8 * h);
-          In *po = p.o + base + i * D + 2 * t;
+          In *po = p.o + out_row(p, bh, i) * D + 2 * t;
 #pragma unroll
           for (int dt = 0; dt < kDT; ++dt)
             *reinterpret_cast<uint32_t *>(po + 8 * dt) = flash::pack2<In>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-          if (t == 0) p.lse[bh * T + i] = m[mt][h] * mscale + logf(lt);
+          if (t == 0) p.lse[out_row(p, bh, i)] = m[mt][h] * mscale + logf(lt);
           continue;
         }
         const int64_t row = (int64_t(blockIdx.z) * p.B * p.H + bh) * p.part_rows + (i - p.part_row0);
@@ -695,7 +695,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
       for (int dt = 0; dt < kDT; ++dt)
         *reinterpret_cast<uint32_t *>(sQ + flash::Swizzle<D>::offset(rr, 8 * dt + 2 * t)) =
             flash::pack2<In>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-      if (t == 0 && i < T) p.lse[bh * T + i] = m[mt][h] * mscale + logf(lt);
+      if (t == 0 && out_stored(p, i)) p.lse[out_row(p, bh, i)] = m[mt][h] * mscale + logf(lt);
     }
   __syncwarp();
   constexpr int kRows = 16 * kMT, kChunks = D / 8;  // the warp's rows; 16-byte chunks per row
@@ -704,8 +704,8 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
 #pragma unroll
   for (int u = 0; u < kRows * kChunks / 32; ++u) {
     const int xc = lane + 32 * u, r = xc / kChunks, c = 8 * (xc % kChunks);
-    if (r < rows)
-      *reinterpret_cast<ptx::F4 *>(p.o + base + (i0 + r0 + r) * D + c) =
+    if (r < rows && i0 + r0 + r >= p.o_row0)
+      *reinterpret_cast<ptx::F4 *>(p.o + out_row(p, bh, i0 + r0 + r) * D + c) =
           *reinterpret_cast<const ptx::F4 *>(sQ + flash::Swizzle<D>::offset(r0 + r, c));
   }
 }
@@ -717,7 +717,7 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
 // a row (D / 4 a row: coalesced 16-byte reads).
 template <class In>
 __global__ void split_combine_kernel(const float *part_o, const float *part_lse, int splits, int64_t S,
-                                     int64_t rows, int64_t row0, int64_t T, int64_t D, In *o, float *lse) {
+                                     int64_t rows, int64_t row0, int64_t o_row0, int64_t o_ld, int64_t D, In *o, float *lse) {
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunks = D / 4;
   if (e >= S * rows * chunks) return;
   const int64_t c = e % chunks, r = e / chunks % rows, s = e / chunks / rows;
@@ -738,9 +738,10 @@ __global__ void split_combine_kernel(const float *part_o, const float *part_lse,
       acc[2] = fmaf(w, x.z, acc[2]), acc[3] = fmaf(w, x.w, acc[3]);
     }
   const float inv = mx == -kInf ? 0.f : 1.f / sum;  // (a finite mx: its share's weight 1, sum >= 1)
-  In *out = o + (s * T + row0 + r) * D + 4 * c;
+  const int64_t orow = s * o_ld + row0 + r - o_row0;  // (row0 >= o_row0: launch.cuh)
+  In *out = o + orow * D + 4 * c;
   for (int x = 0; x < 4; ++x) out[x] = from_float<In>(acc[x] * inv);
-  if (c == 0) lse[s * T + row0 + r] = mx == -kInf ? -kInf : mx + logf(sum);
+  if (c == 0) lse[orow] = mx == -kInf ? -kInf : mx + logf(sum);
 }
 
 }  // namespace detail

@@ -50,10 +50,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
   float *sA = reinterpret_cast<float *>(smem + L::alpha);
 
   const int64_t bh = blockIdx.x, T = p.T, i0 = (p.tile0 + int64_t(blockIdx.y)) * BQ;
-  const int64_t base = bh * T * D;  // o; q', k', v: Params::ld_q, ld_k, ld_v rows a slice
+  // q', k', v: Params::ld_q, ld_k, ld_v rows a slice (q' from row qm_row0); o: out_row
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
 
-  load_rows<In, BQ, D>(sQ, L::LI, p.qm + bh * p.ld_q * D, i0, T);
+  load_rows<In, BQ, D>(sQ, L::LI, p.qm + bh * p.ld_q * D, i0 - p.qm_row0, T - p.qm_row0);
   zero_acc<BQ, D>(sO, L::LO);
   for (int r = threadIdx.x; r < BQ; r += kThreads) sM[r] = -kInf, sL[r] = 0.f;
   for (int64_t e = threadIdx.x; e < BQ * R; e += kThreads) sMass[e] = 0.f;
@@ -114,11 +114,11 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
         const float *table = p.params[Enc::kValueTable] + ctx.h * D + c;
         for (int64_t k = 0; k < R; ++k) o += sMass[r * R + k] * inv * table[k * p.H * D];
       }
-      p.o[base + (i0 + r) * D + c] = from_float<In>(o);
+      if (i0 + r >= p.o_row0) p.o[out_row(p, bh, i0 + r) * D + c] = from_float<In>(o);
     }
   }
   for (int r = threadIdx.x; r < BQ; r += kThreads)
-    if (i0 + r < T) p.lse[bh * T + i0 + r] = sM[r] + logf(sL[r]);
+    if (out_stored(p, i0 + r)) p.lse[out_row(p, bh, i0 + r)] = sM[r] + logf(sL[r]);
 }
 
 }  // namespace detail

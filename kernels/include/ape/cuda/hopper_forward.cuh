@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D, kCons>::kThreads, 1)
       const int n_tiles = key_tiles(i0);
       if (leader) {
         ptx::mbar_arrive_expect_tx(bar_q, sizeof(In) * BQ * D);
-        hopper::tma_tile<BQ, D>(sQ, &maps.q, i0, bh, bar_q);
+        hopper::tma_tile<BQ, D>(sQ, &maps.q, i0 - p.qm_row0, bh, bar_q);  // (q' from qm_row0)
       }
       for (int kt = 0; kt < n_tiles; ++kt) {
         const unsigned u = it + unsigned(kt), s = u & 1;
@@ -426,18 +426,18 @@ __global__ void __launch_bounds__(HopperFwd<In, D, kCons>::kThreads, 1)
       }
     }
     __syncwarp();
-    const int64_t base = bh * T * D, rows = T - (i0 + r0) < 16 ? T - (i0 + r0) : 16;
+    const int64_t rows = T - (i0 + r0) < 16 ? T - (i0 + r0) : 16;
     static_assert(16 * D / 8 % 32 == 0, "whole chunks per lane");
 #pragma unroll
     for (int u = 0; u < 16 * D / 8 / 32; ++u) {
       const int xc = lane + 32 * u, r = xc / (D / 8), k = xc % (D / 8);
-      if (r < rows)
-        *reinterpret_cast<ptx::F4 *>(p.o + base + (i0 + r0 + r) * D + 8 * k) =
+      if (r < rows && i0 + r0 + r >= p.o_row0)
+        *reinterpret_cast<ptx::F4 *>(p.o + out_row(p, bh, i0 + r0 + r) * D + 8 * k) =
             *reinterpret_cast<const ptx::F4 *>(chunk_at(r, k));
     }
     for (int h = 0; h < 2; ++h) {
       const int64_t i = i0 + r0 + g + 8 * h;
-      if (i < T && t == 0) p.lse[bh * T + i] = m[0][h] * mscale + logf(lt[h]);
+      if (out_stored(p, i) && t == 0) p.lse[out_row(p, bh, i)] = m[0][h] * mscale + logf(lt[h]);
     }
   }
 #endif

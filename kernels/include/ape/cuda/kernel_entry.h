@@ -95,6 +95,12 @@ struct CudaAttnArgs {
   // tile (or from first_row's warp). 0: every row. A
   // decode step (cuda/decode.h) passes its cache length. The backward needs 0.
   int64_t first_row = 0;
+  // Forward only: o and lse hold the wanted rows only, (B, H, T - first_row, D) and
+  // (B, H, T - first_row): row i of a slice at i - first_row. A decode step's outputs (and the q'
+  // it computes, in scratch) then take its new rows' memory, not the whole sequence's. false (the
+  // default): (B, H, T, D) and (B, H, T). Refused with num_layers > 0 (an attention transition
+  // reads and rewrites o and lse as (B, H, T, .)); no effect where first_row is 0.
+  bool o_from_first = false;
   // Forward only: the rows per (b, h) slice of q, k and v (each slice's T rows followed by
   // ld - T unused ones: a longer buffer, such as a decode cache of ld tokens, read in place). 0
   // (the default) or T: contiguous (B, H, T, D). ld > T is refused for the backward and for a

@@ -167,6 +167,7 @@ cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.num_splits < 0 || (backward && a.num_splits > 1)) return cudaErrorInvalidValue;
   if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
     return cudaErrorInvalidValue;
+  if (a.o_from_first && (backward || a.num_layers > 0)) return cudaErrorInvalidValue;
   // Inputs in a longer buffer (CudaAttnArgs::ld) and a cached k' (km): the forward's kernels, the
   // mods and the relative rows' tables take them; the backward and the transition read q', k' and
   // v as (B, H, T, D).
@@ -228,6 +229,7 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   p.num_splits = 1;
   p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
   p.v = static_cast<const In *>(a.v), p.o = static_cast<In *>(a.o), p.lse = a.lse;
+  p.o_row0 = a.o_from_first ? a.first_row : 0, p.o_ld = a.T - p.o_row0;
   for (int n = 0; n < Enc::kNumFeatures; ++n) p.feat[n] = a.features[n];
   p.feat_ld = a.feat_ld != 0 ? a.feat_ld : a.T;
   for (int n = 0; n < Enc::kNumParams; ++n) p.params[n] = a.params[n];
@@ -249,16 +251,17 @@ template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D, int64_t
 }
 
 // y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] (side_kernels.cuh, table_rows_kernel)
-// for the rows t from row0 (x with ld_x rows a slice, y with ld_y; 0: T).
+// for the rows t from row0 (x with ld_x rows a slice from row x_row0, y with ld_y (0: T) from y_row0).
 template <class In, int D, class P>
 cudaError_t launch_table_rows(const In *x, int64_t ld_x, const float *bias, const float *table, int64_t rows,
-                              const P &p, float *y, cudaStream_t st, int64_t row0 = 0, int64_t ld_y = 0) {
+                              const P &p, float *y, cudaStream_t st, int64_t row0 = 0, int64_t ld_y = 0,
+                              int64_t x_row0 = 0, int64_t y_row0 = 0) {
   constexpr size_t bytes = table_rows_smem<D>();
   cudaError_t err = allow_smem(table_rows_kernel<In, D>, bytes);
   if (err != cudaSuccess || row0 >= p.T) return err;
   return launch(table_rows_kernel<In, D>, slice_blocks(blocks_for(p.T - row0, kTabTok), p.B * p.H),
                 kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x, ld_y > 0 ? ld_y : p.T, row0,
-                p.B * p.H);
+                p.B * p.H, x_row0, y_row0);
 }
 
 // Every forward kernel's query tile (32, 64, 128 or 192 rows: FwdSmem, FlashFwd, HopperFwd with 2
@@ -293,10 +296,11 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
   }
   // A linear mod (side_kernels.cuh): its coefficients once per position and run for kLinBh slices.
   // Rows [row0, T) of every slice, x with ld_x rows per slice, xm with ld_xm.
-  auto mod = [&](auto is_q, const In *x, int64_t ld_x, In *xm, int64_t ld_xm, int64_t row0) -> cudaError_t {
+  auto mod = [&](auto is_q, const In *x, int64_t ld_x, In *xm, int64_t ld_xm, int64_t row0,
+                 int64_t xm_row0 = 0) -> cudaError_t {
     constexpr bool kIsQ = decltype(is_q)::value;
     if (row0 >= p.T) return cudaSuccess;
-    const ModRows rows{row0, ld_x, ld_xm};
+    const ModRows rows{row0, ld_x, ld_xm, xm_row0};
     if constexpr (linear_mod<Enc, kIsQ>())
       return launch(mod_forward_linear_kernel<Enc, In, kIsQ, kModD>, linear_mod_grid<In>(p, kModD, row0), 256, 0,
                     st, p, x, xm, rows);
@@ -310,10 +314,13 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
   const int64_t q_row0 = q_from >= 0 ? q_from : a ? a->first_row / kFwdRowAlign * kFwdRowAlign : 0;
   p.q_row0 = q_row0;
   if constexpr (Enc::kHasQMod) {
-    In *qm = scratch.take<In>(n, err);
+    // q' of the rows from q_row0 only, T - q_row0 a slice (Params::qm_row0): a decode step's
+    // scratch is its tile's, not the sequence's.
+    const int64_t q_rows = p.T - q_row0;
+    In *qm = scratch.take<In>(BH * q_rows * p.D, err);
     if (err != cudaSuccess) return err;
-    if ((err = mod(std::true_type{}, p.q, p.ld_q, qm, p.T, q_row0)) != cudaSuccess) return err;
-    p.qm = qm, p.ld_q = p.T;
+    if ((err = mod(std::true_type{}, p.q, p.ld_q, qm, q_rows, q_row0, q_row0)) != cudaSuccess) return err;
+    p.qm = qm, p.ld_q = q_rows, p.qm_row0 = q_row0;
   }
   if constexpr (Enc::kHasKMod) {
     if (a && a->km) {  // the caller's cache of k' (check_args: caches_k_mod)
@@ -339,13 +346,15 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
         p.rel[r] = krel, p.rel_ld[r] = ld, row0 = a->km_rows;
         krel += BH * ld * Enc::rel_rows(r);
       } else {
-        p.rel[r] = scratch.take<float>(BH * p.T * Enc::rel_rows(r), err), p.rel_ld[r] = p.T;
+        // (the query side's rows from q_row0 only: a decode step's, not the sequence's)
+        p.rel_row0[r] = row0, p.rel_ld[r] = p.T - row0;
+        p.rel[r] = scratch.take<float>(BH * p.rel_ld[r] * Enc::rel_rows(r), err);
         if (err != cudaSuccess) return err;
       }
       if ((err = launch_table_rows<In, kModD>(key ? p.km : p.qm, key ? p.ld_k : p.ld_q,
                                               Enc::rel_bias(r) >= 0 ? p.params[Enc::rel_bias(r)] : nullptr,
                                               p.params[Enc::rel_table(r)], Enc::rel_rows(r), p, p.rel[r], st,
-                                              row0, p.rel_ld[r])) != cudaSuccess)
+                                              row0, p.rel_ld[r], key ? 0 : p.qm_row0, p.rel_row0[r])) != cudaSuccess)
         return err;
     }
   }
@@ -366,12 +375,12 @@ template <class X> __global__ void scale_kernel(const X *x, X *y, int64_t n, flo
 
 // y = c x on rows [row0, row0 + rows) of each of S slices, x with ld_x rows a slice, y with ld_y.
 template <class X>
-__global__ void scale_rows_kernel(const X *x, int64_t ld_x, X *y, int64_t ld_y, int64_t S, int64_t row0,
+__global__ void scale_rows_kernel(const X *x, int64_t ld_x, int64_t x_row0, X *y, int64_t S, int64_t row0,
                                   int64_t rows, int64_t D, float c) {
   const int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (e >= S * rows * D) return;
-  const int64_t col = e % D, r = row0 + e / D % rows, s = e / D / rows;
-  y[(s * ld_y + r) * D + col] = from_float<X>(c * to_float<X>(x[(s * ld_x + r) * D + col]));
+  const int64_t col = e % D, r = e / D % rows, s = e / D / rows;  // y: rows [row0, row0 + rows), `rows` a slice
+  y[(s * rows + r) * D + col] = from_float<X>(c * to_float<X>(x[(s * ld_x + row0 + r - x_row0) * D + col]));
 }
 
 // The flash kernels take the max of raw scores and keep lse - log2 scale: they need scale > 0. A
@@ -389,14 +398,14 @@ cudaError_t positive_scale(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st
   p.scale = p.scale < 0 ? -p.scale : 1.f;
   p.log2_scale = std::log2(p.scale), p.inv_scale = 1.f / p.scale;
   cudaError_t err = cudaSuccess;
-  // q'' of the rows the forward reads (from q_row0, prepare) into a (B H, T, D) buffer.
+  // q'' of the rows the forward reads (from q_row0, prepare) into a (B H, T - q_row0, D) buffer.
   const int64_t BH = p.B * p.H, rows = p.T - p.q_row0, n = BH * rows * p.D;
-  In *qs = scratch.take<In>(BH * p.T * p.D, err);
+  In *qs = scratch.take<In>(n, err);
   if (err != cudaSuccess) return err;
-  if (n > 0 && (err = launch(scale_rows_kernel<In>, blocks_for(n, 256), 256, 0, st, p.qm, p.ld_q, qs, p.T, BH,
-                             p.q_row0, rows, p.D, qsign)))
+  if (n > 0 && (err = launch(scale_rows_kernel<In>, blocks_for(n, 256), 256, 0, st, p.qm, p.ld_q, p.qm_row0, qs,
+                             BH, p.q_row0, rows, p.D, qsign)))
     return err;
-  p.ld_q = p.T;
+  p.ld_q = rows, p.qm_row0 = p.q_row0;
   p.qm = qs;
   return cudaSuccess;
 }
@@ -745,17 +754,18 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           using H = HopperFwd<In, kD, kCons>;
           const auto kernel = hopper_forward_kernel<Enc, In, kD, kCons>;
           HopperMaps maps;
-          const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T), uint64_t(a.B * a.H)};
           const uint32_t box_q[3] = {uint32_t(H::kRowElems), uint32_t(H::BQ), 1};
           const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
-          // Slices of ld rows (Params::ld_q, ld_k, ld_v): rows T..ld - 1 lie outside the map.
-          auto map = [&](CUtensorMap *m, const void *x, int64_t ld, const uint32_t *box) {
+          // Slices of ld rows (Params::ld_q, ld_k, ld_v): rows T..ld - 1 lie outside the map; q'
+          // holds the rows from qm_row0 (the kernel's coordinates are i - qm_row0).
+          auto map = [&](CUtensorMap *m, const void *x, int64_t ld, int64_t row0, const uint32_t *box) {
+            const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T - row0), uint64_t(a.B * a.H)};
             const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(ld)};
             return make_tensor_map_16(m, x, 3, dims, strides, box, H::kSwizzle);
           };
-          if ((err = map(&maps.q, p.qm, p.ld_q, box_q)) != cudaSuccess ||
-              (err = map(&maps.k, p.km, p.ld_k, box_kv)) != cudaSuccess ||
-              (err = map(&maps.v, p.v, p.ld_v, box_kv)) != cudaSuccess)
+          if ((err = map(&maps.q, p.qm, p.ld_q, p.qm_row0, box_q)) != cudaSuccess ||
+              (err = map(&maps.k, p.km, p.ld_k, 0, box_kv)) != cudaSuccess ||
+              (err = map(&maps.v, p.v, p.ld_v, 0, box_kv)) != cudaSuccess)
             return err;
           size_t bytes = H::bytes + hopper_fwd_feature_bytes<Enc, In, kD, kCons>(), extra = 0;
           if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
@@ -814,7 +824,8 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         if (err == cudaSuccess) p.part_lse = scratch.take<float>(splits * S * p.part_rows, err);
         if (err != cudaSuccess || (err = launch(kernel, grid, F::kThreads, bytes, st, p)) != cudaSuccess) return err;
         return launch(split_combine_kernel<In>, blocks_for(S * p.part_rows * (kD / 4), 256), 256, 0, st, p.part_o,
-                      p.part_lse, splits, S, p.part_rows, p.part_row0, a.T, int64_t(kD), p.o, p.lse);
+                      p.part_lse, splits, S, p.part_rows, p.part_row0, p.o_row0, p.o_ld, int64_t(kD), p.o,
+                      p.lse);
       } else {
         return cudaErrorNotSupported;  // not reached: num_splits_for is not asked with value rows
       }

@@ -116,8 +116,10 @@ template <class Enc, class In, bool kIsQ, int D> struct ModSide {
 
 // The rows a forward mod computes: [row0, T) of every slice, x with ld_x rows per slice and xm
 // with ld_xm (T, or a longer buffer's: CudaAttnArgs::ld, km).
+// Rows [row0, T) of each slice: x with ld_x rows a slice, xm with ld_xm from row xm_row0 (row t
+// of a slice at t - xm_row0: q' in scratch from the first row a forward reads).
 struct ModRows {
-  int64_t row0, ld_x, ld_xm;
+  int64_t row0, ld_x, ld_xm, xm_row0 = 0;
 };
 
 // xm = mod(x) (kIsQ: q_mod, else k_mod), computed in fp32: a thread per run of kV elements, or
@@ -139,7 +141,7 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm,
     else return from_float<In>(Enc::k_mod(ctx, t, c, to_float(xv), to_float(yv)));
   };
   const In *xr = x + (bh * rows.ld_x + t) * D;
-  In *xo = xm + (bh * rows.ld_xm + t) * D;
+  In *xo = xm + (bh * rows.ld_xm + t - rows.xm_row0) * D;
   In own[kV], part[kV], out[kV];
   load_run<In, kV>(xr, c0, own);
   if (p0 >= 0) {
@@ -340,7 +342,7 @@ __global__ void __launch_bounds__(256, 2) mod_forward_linear_kernel(const Params
       #pragma unroll
       for (int i = 0; i < kLinU; ++i) {
         if (bh + i >= bh1) continue;
-        In *xr = xm + ((bh + i) * rows.ld_xm + t) * D, out[kV];
+        In *xr = xm + ((bh + i) * rows.ld_xm + t - rows.xm_row0) * D, out[kV];
         #pragma unroll
         for (int u = 0; u < kV; ++u) out[u] = from_float<In>(a[u] * to_float(own[i][u]) + b[u] * to_float(part[i][u]));
         if constexpr (kShape == RunShape::kPaired) {
@@ -457,13 +459,14 @@ template <int D> constexpr size_t table_rows_smem() {
 }
 
 // y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] for r < rows and rows t in [row0, T) (x
-// with ld_x rows a slice, y with ld_y, y's row stride rows; bias may be null): grid
+// with ld_x rows a slice from row x_row0, y with ld_y from y_row0, y's row stride rows; bias may be null): grid
 // (ceil((T - row0) / 64), B*H on y and z: slice_blocks). Lane l serves table row r0 + l of each chunk,
 // warp w the tokens w, w + 8, ..., w + 56 of the tile (their x read as a broadcast).
 template <class In, int D>
 __global__ void __launch_bounds__(kTabThreads)
     table_rows_kernel(const In *x, const float *bias, const float *table, int64_t rows, int64_t H,
-                      int64_t T, float *y, int64_t ld_x, int64_t ld_y, int64_t row0, int64_t BH) {
+                      int64_t T, float *y, int64_t ld_x, int64_t ld_y, int64_t row0, int64_t BH,
+                      int64_t x_row0, int64_t y_row0) {
   APE_DYNAMIC_SMEM(smem);
   float *sX = reinterpret_cast<float *>(smem);  // (kTabTok, D)
   float *sT = sX + kTabTok * D;                 // (kTabRows, D + 1)
@@ -474,7 +477,7 @@ __global__ void __launch_bounds__(kTabThreads)
   const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
   for (int e = threadIdx.x; e < kTabTok * D; e += kTabThreads) {
     const int tt = e / D, c = e % D;
-    sX[e] = t0 + tt < T ? to_float(x[(bh * ld_x + t0 + tt) * D + c]) + bv : 0.f;  // ld_x rows a slice
+    sX[e] = t0 + tt < T ? to_float(x[(bh * ld_x + t0 + tt - x_row0) * D + c]) + bv : 0.f;  // ld_x rows a slice from x_row0
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kTabRows) {
     __syncthreads();  // sX written; the last chunk's sT read
@@ -492,7 +495,7 @@ __global__ void __launch_bounds__(kTabThreads)
     if (r0 + lane < rows)
       #pragma unroll
       for (int k = 0; k < kTabTok / 8; ++k)
-        if (t0 + w + 8 * k < T) y[(bh * ld_y + t0 + w + 8 * k) * rows + r0 + lane] = acc[k];
+        if (t0 + w + 8 * k < T) y[(bh * ld_y + t0 + w + 8 * k - y_row0) * rows + r0 + lane] = acc[k];
   }
 }
 

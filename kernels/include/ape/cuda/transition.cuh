@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i = tr.row0 + int64_t(blockIdx.y) * kWarps + warp;
   if (i >= tr.hi) return;  // whole warps only: no block barrier below
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
-  for (int c = lane; c < D; c += 32) sQ[c] = to_float(p.qm[base + i * D + c]);
+  // (q' from row qm_row0 of ld_q a slice; k' and v (B, H, T, D): no ld with num_layers, check_args)
+  for (int c = lane; c < D; c += 32) sQ[c] = to_float(p.qm[(bh * p.ld_q + i - p.qm_row0) * D + c]);
   __syncwarp();
   const float *q = sQ;
   auto logit = [&](int64_t j) {
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(kThreads)
   const float bound = tr.alpha / float(s0 + I);  // 1. alpha / e
   // A row whose every key a score mod masked (lse = -inf) has A = 0 everywhere (the forward
   // wrote o = 0): subtracting +inf makes every exp 0, and the steps apply to the zero row.
-  const float lse = p.lse[bh * T + i], l = lse == -kInf ? kInf : lse;
+  const float lse = p.lse[out_row(p, bh, i)], l = lse == -kInf ? kInf : lse;
   auto weight = [&](int64_t j) { return expf(logit(j) - l); };
 
   float kept = 0.f, nmask = 0.f;  // pass 2
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int u = 0; u < kCols; ++u) acc[u] += w * to_float(vr[32 * u]);
     }
   }
-  for (int u = 0; u < kCols; ++u) p.o[base + i * D + lane + 32 * u] = from_float<In>(acc[u]);
+  for (int u = 0; u < kCols; ++u) p.o[out_row(p, bh, i) * D + lane + 32 * u] = from_float<In>(acc[u]);
 }
 
 // The transition of the rows of [first_row, T) that layer a.layer of a.num_layers transforms, on

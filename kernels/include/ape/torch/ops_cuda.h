@@ -151,7 +151,8 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
 }
 
 // A decode cache read in place (CudaAttnArgs::ld, km, krel, tok): q, k, v of forward_cuda hold
-// `rows` = q.size(2) rows per slice of which the first T are the call's; km (same shape, or
+// `rows` = q.size(2) rows per slice of which the first T are the call's, and o and lse hold the
+// rows from first_row only, (B, H, T - first_row, .) (CudaAttnArgs::o_from_first); km (same shape, or
 // undefined) holds k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or
 // undefined) the key side's relative rows of them (CudaKernelEntry::key_rel_floats), tok (float32,
 // B H tok_seqs rows) and tok_carry (float64, B H tok_seqs 2) the token program's sequences and
@@ -175,13 +176,15 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   at::Tensor qc = kernel_operand(q), kc = kernel_operand(k), vc = kernel_operand(v);
   Float32Tensors f(features), p(params);
   const int64_t T = cache.T < 0 ? q.size(2) : cache.T;
-  at::Tensor o = at::empty({q.size(0), q.size(1), T, q.size(3)}, qc.options());
-  at::Tensor lse = at::empty({q.size(0), q.size(1), T}, qc.options().dtype(at::kFloat));
-  if (o.numel() == 0) return {o, lse};  // nothing to launch
+  const bool window = cache.T >= 0 && num_layers == 0;  // o, lse: the rows from first_row only
+  const int64_t o_rows = window ? T - first_row : T;
+  at::Tensor o = at::empty({q.size(0), q.size(1), o_rows, q.size(3)}, qc.options());
+  at::Tensor lse = at::empty({q.size(0), q.size(1), o_rows}, qc.options().dtype(at::kFloat));
+  if (q.size(0) * q.size(1) * T * q.size(3) == 0) return {o, lse};  // nothing to launch
   cuda::CudaAttnArgs a = cuda_args(var, q, scale);
   a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();
   a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
-  a.first_row = first_row, a.layer = layer, a.num_layers = num_layers;
+  a.first_row = first_row, a.layer = layer, a.num_layers = num_layers, a.o_from_first = window;
   if (cache.T >= 0) {
     a.T = T, a.ld = q.size(2), a.feat_ld = q.size(2);
     for (const auto &t : features)
