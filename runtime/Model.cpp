@@ -78,6 +78,24 @@ std::string param_key(const std::string &name) {
 }
 }  // namespace
 
+void check_model_width(const Manifest &m, int64_t d) {
+  if (m.override_ && (m.override_->l >= d))
+    throw std::invalid_argument("encoding '" + m.encoding + "': override l = " +
+                                std::to_string(m.override_->l) + " must be < d_model = " +
+                                std::to_string(d));
+  for (const ParamSpec &p : m.params) {
+    if (!p.init.derived()) continue;
+    if (p.init.columns > d)
+      throw std::invalid_argument("encoding '" + m.encoding + "': param '" + p.name + "' uses " +
+                                  std::to_string(p.init.columns) + " columns of W_" + p.init.projection +
+                                  " but d_model = " + std::to_string(d));
+    if (m.override_ && p.init.columns > m.override_->l)
+      throw std::invalid_argument("encoding '" + m.encoding + "': param '" + p.name + "' uses " +
+                                  std::to_string(p.init.columns) + " columns of W_" + p.init.projection +
+                                  " but the override replaces only l = " + std::to_string(m.override_->l));
+  }
+}
+
 EncodedAttentionImpl::EncodedAttentionImpl(const KernelEntry &entry, const ModelConfig &cfg,
                                            std::vector<torch::Tensor> shared, int64_t layer)
     : entry_(&entry), manifest_(&manifest_of(entry)), cfg_(cfg), layer_(layer) {
@@ -95,10 +113,7 @@ EncodedAttentionImpl::EncodedAttentionImpl(const KernelEntry &entry, const Model
   wv = linear("wv", d, d, false, cfg.init_std);
   wo = linear("wo", d, d, true, cfg.init_std / std::sqrt(2.0 * cfg.layers));
 
-  if (m.override_ && (m.override_->l >= d))
-    throw std::invalid_argument("encoding '" + m.encoding + "': override l = " +
-                                std::to_string(m.override_->l) + " must be < d_model = " +
-                                std::to_string(d));
+  check_model_width(m, d);
   const int64_t nf = m.num_features();
   if (nf > 0) {
     wf = linear("wf", d, H * nf, true, 0.02);
@@ -112,17 +127,7 @@ EncodedAttentionImpl::EncodedAttentionImpl(const KernelEntry &entry, const Model
   params_.resize(m.params.size());
   for (size_t i = 0; i < m.params.size(); ++i) {
     const ParamSpec &p = m.params[i];
-    if (p.init.derived()) {
-      if (p.init.columns > d)
-        throw std::invalid_argument("encoding '" + m.encoding + "': param '" + p.name + "' uses " +
-                                    std::to_string(p.init.columns) + " columns of W_" +
-                                    p.init.projection + " but d_model = " + std::to_string(d));
-      if (m.override_ && p.init.columns > m.override_->l)
-        throw std::invalid_argument("encoding '" + m.encoding + "': param '" + p.name + "' uses " +
-                                    std::to_string(p.init.columns) + " columns of W_" + p.init.projection +
-                                    " but the override replaces only l = " + std::to_string(m.override_->l));
-      continue;  // computed in kernel_params()
-    }
+    if (p.init.derived()) continue;  // computed in kernel_params() (check_model_width)
     if (!p.per_layer) {
       if (i >= shared.size() || !shared[i].defined())
         throw std::logic_error("shared param '" + p.name + "' was not created by the model");

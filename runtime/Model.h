@@ -117,6 +117,11 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// Whether a model of width d_model = d can hold `m`'s encoding: its override's l below d and the
+// columns its derived params read within d (and within l): std::invalid_argument naming the
+// encoding otherwise. The model's constructor checks it; ape-train before any encoding trains.
+void check_model_width(const Manifest &m, int64_t d);
+
 // The fixed params of an encoding (not trainable, not derived: e.g. "rope_factor"), by name.
 std::vector<std::string> settable_params(const Manifest &m);
 // Whether `name` = `value` can be set in a model of `m`'s encoding: returns the param's index;

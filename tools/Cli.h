@@ -11,16 +11,16 @@ namespace ape::cli {
 
 // Whole numbers as a user writes them: CLI11 reads a leading 0 as octal (`-n 010` sampled 8
 // tokens, `--eval-multiples 010` meant 10) and saturates what does not fit 64 bits (a --seed of
-// 2^64 - 1 ran as 2^63 - 1, an --eval-tokens of 10^20 was reported as 2^63 - 1). Refuses both;
-// anything else is left to CLI11's conversion (which refuses words and fractions). No description:
-// --help's type names stay as they are.
+// 2^64 - 1 ran as 2^63 - 1, an --eval-tokens of 10^20 was reported as 2^63 - 1), and takes 0x10 as
+// 16 (a hex value past 64 bits capped at 2^63 - 1 too). Refuses all three: a whole number here is
+// an optional sign and decimal digits. No description: --help's type names stay as they are.
 inline CLI::Validator whole_decimal() {
   return CLI::Validator(
       [](std::string &s) -> std::string {
         const size_t i = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
         if (i >= s.size()) return "";
         for (size_t j = i; j < s.size(); ++j)
-          if (s[j] < '0' || s[j] > '9') return "";
+          if (s[j] < '0' || s[j] > '9') return "the value " + s + " is not a whole decimal number";
         if (s.size() - i > 1 && s[i] == '0')
           return "the value " + s + " starts with 0 (numbers are decimal here): write it without the leading zeros";
         errno = 0;
@@ -48,11 +48,13 @@ inline void check_whole_numbers(CLI::App &app) {
 }  // namespace ape::cli
 
 // CLI11_PARSE with every integer option decimal and within 64 bits (check_whole_numbers), and the tools' exit status: 0 for --help, 1 for a bad command line (CLI11's own
-// codes are 100-120), as for every other error of the tools.
-#define APE_CLI_PARSE(app, argc, argv)                 \
-  try {                                                \
-    ape::cli::check_whole_numbers(app);                \
-    (app).parse((argc), (argv));                       \
-  } catch (const CLI::ParseError &ape_cli_error_) {    \
-    return (app).exit(ape_cli_error_) == 0 ? 0 : 1;    \
+// codes are 100-120), as for every other error of the tools; APE_CLI_PARSE_STATUS gives another
+// status for a bad command line (ape-check's 2: 1 is its failed check).
+#define APE_CLI_PARSE_STATUS(app, argc, argv, status)        \
+  try {                                                      \
+    ape::cli::check_whole_numbers(app);                      \
+    (app).parse((argc), (argv));                             \
+  } catch (const CLI::ParseError &ape_cli_error_) {          \
+    return (app).exit(ape_cli_error_) == 0 ? 0 : (status);   \
   }
+#define APE_CLI_PARSE(app, argc, argv) APE_CLI_PARSE_STATUS(app, argc, argv, 1)

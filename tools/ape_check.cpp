@@ -206,7 +206,7 @@ static int tool_main(int argc, char **argv) {
                  "sums, in (0, 1]")
       ->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
-  APE_CLI_PARSE(app, argc, argv);
+  APE_CLI_PARSE_STATUS(app, argc, argv, 2);  // (1 is a failed check)
 
   try {
     ape::require_in("--seed", seed, 0, (int64_t(1) << 31) - 1);

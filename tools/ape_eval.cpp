@@ -189,8 +189,10 @@ static int tool_main(int argc, char **argv) {
     for (size_t i = 0; i < models.size(); ++i)
       if (shared[i]) models[i].label += " [" + models[i].path + "]";
 
+    // Every checkpoint's data checked before any is evaluated (a later one that cannot be
+    // evaluated failed after the earlier ones' evaluations, their rows lost).
     std::map<int64_t, ape::Corpus> corpora;  // by vocabulary size
-    std::vector<ape::EvalRow> rows;
+    std::vector<const ape::TokenSplit *> books_of;
     for (auto &m : models) {
       const int64_t vocab = m.model->config().vocab;
       if (!corpora.count(vocab)) {
@@ -207,16 +209,26 @@ static int tool_main(int argc, char **argv) {
                                  ") than " + corpus.tokenizer_path() + " (" + corpus.tokenizer_hash() +
                                  "); pass the --cache-dir used for training");
       const ape::TokenSplit &books = split == "valid" ? corpus.valid() : corpus.test();
-      ape::check_eval_fits(books, m.train_len, ec, split);
+      try {
+        ape::check_eval_fits(books, m.train_len, ec, split);
+      } catch (const std::exception &e) {
+        throw std::runtime_error("checkpoint " + m.path + ": " + e.what());
+      }
+      books_of.push_back(&books);
+    }
+    std::vector<ape::EvalRow> rows;
+    std::vector<std::string> nonfinite;
+    for (size_t i = 0; i < models.size(); ++i) {
+      auto &m = models[i];
       m.model->place(device, &std::cout);
-      auto r = ape::evaluate(m.model, books, m.train_len, ec, &std::cout, m.label);
+      auto r = ape::evaluate(m.model, *books_of[i], m.train_len, ec, &std::cout, m.label);
       m.model = nullptr;  // its memory back before the next
-      for (const auto &row : r)  // a number no one can use: say so, and fail
-        if (!row.skipped() && !std::isfinite(row.loss))
-          throw std::runtime_error(row.encoding + " at length " + std::to_string(row.eval_len) + " (" +
-                                   std::to_string(row.multiple) + "x) gives a non-finite loss (" +
-                                   std::to_string(row.loss) + "): the model computes NaN or inf there (a fixed "
-                                   "param set with --set, or weights, that make it overflow)");
+      for (auto &row : r)  // a number no one can use: said in the row and by the exit status
+        if (!row.skipped() && !std::isfinite(row.loss)) {
+          row.note = "non-finite loss: the model computes NaN or inf at this length";
+          nonfinite.push_back(row.encoding + " at length " + std::to_string(row.eval_len) + " (" +
+                              std::to_string(row.multiple) + "x)");
+        }
       rows.insert(rows.end(), r.begin(), r.end());
     }
     std::cout << "\n";
@@ -225,6 +237,14 @@ static int tool_main(int argc, char **argv) {
     if (!csv.empty()) {
       ape::write_csv(csv, rows);
       std::cout << "\nresults -> " << csv << "\n";
+    }
+    if (!nonfinite.empty()) {
+      std::string where;
+      for (const auto &w : nonfinite) where += (where.empty() ? "" : ", ") + w;
+      std::cerr << "ape-eval: error: a non-finite loss (the model computes NaN or inf there: a fixed param set "
+                   "with --set, or weights, that make it overflow): "
+                << where << "\n";
+      return 1;
     }
     return 0;
   } catch (const std::exception &e) {

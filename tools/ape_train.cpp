@@ -608,6 +608,7 @@ static int tool_main(int argc, char **argv) {
       probe.encoding = e;
       const auto &m = ape::manifest_of(ape::find_kernel(e));
       if (m.inference_only) throw std::invalid_argument(ape::inference_only_message(e));
+      ape::check_model_width(m, mc.d_model);
       if (m.embedding && m.embedding->kind == ape::EmbeddingSpec::Kind::Learned && tc.seq_len > m.embedding->max_length)
         throw std::invalid_argument("encoding '" + e + "': learned absolute positions: sequence length " +
                                     std::to_string(tc.seq_len) + " exceeds the table's max_length " +
@@ -715,6 +716,14 @@ static int tool_main(int argc, char **argv) {
     // Each encoding's rows replace its own rows of results.csv only: a resumed encoding of a run of
     // several, or the encodings it did not reach trained after it, keep the others'.
     const bool merge_rows = true;
+    // The rows results.csv gets: all but a diverged encoding's (its checkpoint on disk is the one
+    // written before, whose rows there stay; NaN rows would replace them), which the table shows.
+    auto saved_rows = [&] {
+      std::vector<ape::EvalRow> out;
+      for (const auto &r : all_rows)
+        if (std::find(diverged.begin(), diverged.end(), r.encoding) == diverged.end()) out.push_back(r);
+      return out;
+    };
     for (size_t n = 0; n < encodings.size(); ++n) {
       const std::string &name = encodings[n];
       // Ctrl-C or SIGTERM during the last encoding's evaluation: no next encoding starts (it would
@@ -723,7 +732,7 @@ static int tool_main(int argc, char **argv) {
       if (n > 0 && any_rank_stopped(dp.get(), "after " + encodings[n - 1])) {
         std::string rest;
         for (size_t k = n; k < encodings.size(); ++k) rest += (rest.empty() ? "" : ", ") + encodings[k];
-        if (root) ape::write_csv(csv, all_rows, merge_rows);
+        if (root) ape::write_csv(csv, saved_rows(), merge_rows);
         throw Interrupted("ape-train: stopped (Ctrl-C or SIGTERM) after " + encodings[n - 1] +
                           "; not trained: " + rest + " (results so far -> " + csv + ")");
       }
@@ -764,7 +773,7 @@ static int tool_main(int argc, char **argv) {
           nonfinite.push_back(name + " at " + std::to_string(r.multiple) + "x");
         }
       all_rows.insert(all_rows.end(), rows.begin(), rows.end());
-      if (root) ape::write_csv(csv, all_rows, merge_rows);  // after every encoding, so partial results survive
+      if (root) ape::write_csv(csv, saved_rows(), merge_rows);  // after every encoding, so partial results survive
     }
     std::cout << "\n";
     ape::print_table(std::cout, all_rows,

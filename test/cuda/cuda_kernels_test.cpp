@@ -2553,6 +2553,38 @@ TEST(CudaTransition, MatchesTheMaterialisedReferenceAtEveryLayer) {
   }
 }
 
+// A layer's rows in several launches (CUDA's 65,535 blocks on y: a prompt of some 655K tokens at
+// 4 layers has more rows than one launch takes; APE_CUDA_TRANSITION_MAX_Y=1 splits a short one
+// into launches of one block's rows): the same o, bit for bit, at every transformed layer.
+TEST(CudaTransition, RowsInSeveralLaunchesAreTheSame) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const CudaKernelEntry *e = find_cuda("rope_transition");
+  if (!e) GTEST_SKIP() << "rope_transition is not in this build";
+  const auto &var = e->variants[0];
+  const Problem p = make_problem(*e, 1, 2, 300, var.head_dim, 5);
+  for (int64_t layer = 1; layer <= 3; ++layer) {
+    SCOPED_TRACE("layer " + std::to_string(layer));
+    Outputs one, many;
+    run_gpu(var, p, one, nullptr, {false, layer, 6});
+    ASSERT_EQ(setenv("APE_CUDA_TRANSITION_MAX_Y", "1", 1), 0);
+#ifdef APE_SIMT
+    ape::simt::take_traffic();
+#endif
+    run_gpu(var, p, many, nullptr, {false, layer, 6});
+    unsetenv("APE_CUDA_TRANSITION_MAX_Y");
+    if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+    int launches = 0;
+    for (const auto &t : ape::simt::take_traffic())
+      if (t.kernel.find("transition_kernel") != std::string::npos) launches += static_cast<int>(t.launches);
+    EXPECT_GT(launches, 1) << "the rows went in one launch";
+#endif
+    EXPECT_TRUE(torch::equal(one[0].second, many[0].second)) << "o differs";
+    EXPECT_TRUE(torch::equal(one[1].second, many[1].second)) << "lse differs";
+  }
+  expect_no_findings();
+}
+
 // Its backward refuses (training it would compute some other gradient), before reading anything;
 // so does a forward given a layer outside its model.
 TEST(CudaTransition, BackwardAndLayersOutsideTheModelAreRefused) {

@@ -56,9 +56,10 @@ gtest_discover_tests(ape_simt_checks_test PROPERTIES LABELS "cuda;simt" DISCOVER
 # for ape_simt_kernels' (an archive member that is then never pulled in):
 #   strict_window  a -inf mask with a fully masked row (masked_rows_simt_test.cpp);
 #   value_window   value rows without a score mod (value_rows_simt_test.cpp);
-#   kcable_fast    K-Cable marked fast_math: approximate functions in the score mod (fast_math_simt_test.cpp).
+#   kcable_fast    K-Cable marked fast_math: approximate functions in the score mod (fast_math_simt_test.cpp);
+#   rowcol_rel     a row/column bias over relative rows, in a forward from first_row (rowcol_rel_simt_test.cpp).
 set(_ape_mask_dir ${CMAKE_CURRENT_BINARY_DIR}/masked_rows)
-set(_ape_test_specs strict_window value_window kcable_fast)
+set(_ape_test_specs strict_window value_window kcable_fast rowcol_rel)
 set(_ape_mask_sources)
 set(_ape_mask_cpu)
 set(_ape_mask_decls)
@@ -106,8 +107,10 @@ target_include_directories(ape_masked_rows_simt_kernels PRIVATE ${_ape_mask_dir}
 ape_simt_kernel_flags(ape_masked_rows_simt_kernels)
 add_executable(ape_masked_rows_simt_test ${APE_SOURCE_DIR}/test/cuda/masked_rows_simt_test.cpp
                ${APE_SOURCE_DIR}/test/cuda/value_rows_simt_test.cpp
-               ${APE_SOURCE_DIR}/test/cuda/fast_math_simt_test.cpp ${_ape_mask_cpu} ${_ape_mask_dir}/registry.cpp)
-set_source_files_properties(${_ape_mask_dir}/registry.cpp PROPERTIES COMPILE_DEFINITIONS APE_SIMT)
+               ${APE_SOURCE_DIR}/test/cuda/fast_math_simt_test.cpp ${APE_SOURCE_DIR}/test/cuda/rowcol_rel_simt_test.cpp
+               ${_ape_mask_cpu} ${_ape_mask_dir}/registry.cpp)
+set_source_files_properties(${_ape_mask_dir}/registry.cpp ${APE_SOURCE_DIR}/test/cuda/rowcol_rel_simt_test.cpp
+                            PROPERTIES COMPILE_DEFINITIONS APE_SIMT)
 target_compile_options(ape_masked_rows_simt_test PRIVATE -O2 -Wno-unused-parameter)
 target_link_libraries(ape_masked_rows_simt_test PRIVATE ape_masked_rows_simt_kernels ape_runtime_simt
                       ape_runtime ape_kernels GTest::gtest_main)

@@ -53,6 +53,9 @@ expect_error "seed must be a whole number" -c "$ckpt" --cache-dir "$cache" --pro
 # saturated 10^20).
 expect_error "starts with 0" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 010
 expect_error "does not fit a 64-bit integer" -c "$ckpt" --cache-dir "$cache" --score "$work/book.txt" --score-tokens 99999999999999999999
+# (0x10 was 16, and a hex seed past 64 bits ran as 2^63 - 1)
+expect_error "is not a whole decimal number" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 0x10
+expect_error "is not a whole decimal number" -c "$ckpt" --cache-dir "$cache" --prompt hi --seed 0x1ffffffffffffffffffffffff
 # Bytes that are not UTF-8 are refused, named by offset (the tokenizer made them <unk>).
 printf 'It was \xff\xfe the best' > "$work/latin.txt"
 expect_error "byte 7 (0xff) starts no UTF-8 character" -c "$ckpt" --cache-dir "$cache" --prompt-file "$work/latin.txt"

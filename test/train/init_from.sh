@@ -160,4 +160,38 @@ rm "$work/resume/results.csv"
   { cat "$work/link.log"; fail "--resume through a link"; }
 [ -L "$work/links/latest.ckpt" ] && [ -f "$work/resume/results.csv" ] && [ ! -e "$work/links/results.csv" ] ||
   { ls -la "$work/links" "$work/resume"; fail "--resume through a link did not write beside its target"; }
+# A run that diverges into a folder with a finished run: the checkpoint stays, and so do its rows
+# of results.csv (NaN rows had replaced them while the checkpoint they described stayed).
+cp -r "$work/base" "$work/div"
+before=$(grep '^rope,' "$work/div/results.csv")
+set +e
+"$train" -e rope --steps 40 --lr 10 --warmup 0 --seq-len 16 "${small[@]}" --eval-multiples 1 --eval-tokens 64 \
+  --out "$work/div" > "$work/div.log" 2>&1
+rc=$?
+set -e
+[ $rc = 1 ] && grep -q "stopped training (diverged)" "$work/div.log" || { cat "$work/div.log"; fail "lr 10 did not diverge (exit $rc)"; }
+cmp -s "$work/base/rope.ckpt" "$work/div/rope.ckpt" || fail "a diverged run changed the checkpoint"
+[ "$(grep '^rope,' "$work/div/results.csv")" = "$before" ] ||
+  { cat "$work/div/results.csv"; fail "a diverged run replaced the rows of the checkpoint still on disk"; }
+# An encoding the model cannot hold (ExPE's override l = 16 >= d_model 8) is refused before the
+# first encoding trains, not after it.
+set +e
+"$train" -e nope,expe --steps 2 --seq-len 16 --d-model 8 --layers 1 --heads 2 --vocab 4096 --batch 4 \
+  --cache-dir "$cache" --threads 1 --eval-multiples 1 --eval-tokens 64 --out "$work/narrow" > "$work/narrow.log" 2>&1
+rc=$?
+set -e
+[ $rc = 1 ] && grep -q "encoding 'expe': override l = 16 must be < d_model = 8" "$work/narrow.log" &&
+  [ ! -e "$work/narrow/nope.ckpt" ] || { cat "$work/narrow.log"; fail "a too narrow model for expe was refused late (exit $rc)"; }
+# ape-eval of several checkpoints checks that each fits its books before it evaluates any (the
+# second failed after the first's whole evaluation, which was lost).
+"$train" -e rope --steps 1 --seq-len 1024 "${small[@]}" --eval-multiples 1 --eval-tokens 1024 --out "$work/long" \
+  > "$work/long.log" 2>&1 || { cat "$work/long.log"; fail "a 1-step run at L = 1024"; }
+set +e
+"$eval" -c "$ckpt" -c "$work/long/rope.ckpt" --eval-multiples 1,1024 --eval-tokens 64 --cache-dir "$cache" \
+  --threads 1 --csv "$work/two.csv" > "$work/two.log" 2>&1
+rc=$?
+set -e
+[ $rc = 1 ] && grep -q "checkpoint $work/long/rope.ckpt: --eval-multiples 1024 x the training length 1024" "$work/two.log" &&
+  ! grep -q "^\[eval\] rope @" "$work/two.log" && [ ! -e "$work/two.csv" ] ||
+  { cat "$work/two.log"; fail "ape-eval evaluated a checkpoint before refusing the next (exit $rc)"; }
 echo "init_from: OK"

@@ -94,8 +94,8 @@ struct CudaDecodeArgs {
   const float *const *params = nullptr;    // HOST array of device params, as CudaAttnArgs (the
                                            // same every step: a cached k' is computed from them)
   float scale = 0;                          // kappa
-  void *o = nullptr;                        // (B, H, n, D)
-  float *lse = nullptr;                     // (B, H, n) or null
+  void *o = nullptr;                        // (B, H, n, D), overlapping none of q, k, v
+  float *lse = nullptr;                     // (B, H, n) or null (4-byte aligned)
   // The layer (0-based) of a model of num_layers, as CudaAttnArgs: an attention transition
   // transforms the prompt only, i.e. the prefill (the first step), at T = n; later steps attend
   // as usual (cpu/decode.h likewise).
@@ -104,9 +104,10 @@ struct CudaDecodeArgs {
   // (0, the default: the device decides; 1: never, the full forward's rows bit for bit).
   int num_splits = 0;
   cudaStream_t stream = nullptr;
-  // The step's scratch memory (the forward's and its full-length outputs; CudaAttnArgs::scratch;
-  // nullptr: cudaMallocAsync). The cache's own buffers come from cudaMallocAsync on the first
-  // step's stream (CudaDecodeCache::stream; release() frees them there).
+  // The step's scratch memory (the forward's, sized by the step's rows; o through it only where o is
+  // not 16-byte aligned, lse where lse is null; CudaAttnArgs::scratch; nullptr: cudaMallocAsync).
+  // The cache's own buffers come from cudaMallocAsync on the first step's stream
+  // (CudaDecodeCache::stream; release() frees them there).
   const CudaScratchAllocator *scratch = nullptr;
 };
 
@@ -182,6 +183,8 @@ inline bool step_args_ok(const CudaKernelEntry &e, const CudaDecodeArgs &a, bool
   // which moves rows in 16-byte chunks.
   auto aligned = [](const void *x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
   if (prefill && a.num_layers > 0 && (!aligned(a.q) || !aligned(a.k) || !aligned(a.v))) return false;
+  // The forward writes lse's floats in place (o goes through scratch where it is not aligned).
+  if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return false;
   return true;
 }
 

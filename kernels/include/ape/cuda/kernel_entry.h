@@ -86,13 +86,14 @@ struct CudaAttnArgs {
   // or 1/sqrt(D) where that is null (0, the default, gives uniform attention; < 0 is allowed).
   float scale = 0;
   // Forward only: the first query row whose output is wanted. The query tiles before the one
-  // holding it are skipped (rows [first_row, T) of o and lse are written; the rows of that tile
-  // before first_row may be written with their values or left as they were: a call that splits
-  // its keys (num_splits), or whose computed tiles' rows are mostly before first_row or past T (a
-  // decode step's), computes only the warps that hold wanted rows);
+  // holding it are skipped (rows [first_row, T) of o and lse are written; with o_from_first false,
+  // the rows of that tile before first_row may be written with their values or left as they were:
+  // a call that splits its keys (num_splits), or whose computed tiles' rows are mostly before
+  // first_row or past T (a decode step's), computes only the warps that hold wanted rows);
   // the token program, k' and the key side's relative rows still cover all T tokens (from km_rows
-  // where km, krel, tok are given: the token program from its chunk of 256), q' the rows from the
-  // tile (or from first_row's warp). 0: every row. A
+  // where km, krel, tok are given: the token program from its chunk of 256), q' and the query
+  // side's relative rows the rows from first_row's window of 384 rows (or from first_row's warp
+  // of 32), in scratch of those rows only. 0: every row. A
   // decode step (cuda/decode.h) passes its cache length. The backward needs 0.
   int64_t first_row = 0;
   // Forward only: o and lse hold the wanted rows only, (B, H, T - first_row, D) and

@@ -638,7 +638,9 @@ template <class Enc, class In> __global__ void rowcol_table_kernel(const Params<
   if (e >= 2 * p.B * p.H * p.rc_ld) return;
   const int64_t row = e / p.rc_ld, bh = row / 2, t = e % p.rc_ld;
   float v = 0.f;
-  if (t < p.T) {
+  // R of the rows the forward computes only (from q_row0: a row bias may read the query side's
+  // relative rows, which exist from there on; 0 before, where the split kernel's idle warps read)
+  if (t < p.T && (row % 2 == 1 || t >= p.q_row0)) {
     const DevCtx<Enc> ctx = make_ctx(p, bh, false);
     v = (row % 2 ? Enc::template col_bias<float>(ctx, t) : Enc::template row_bias<float>(ctx, t)) / p.scale;
   }

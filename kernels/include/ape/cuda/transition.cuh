@@ -15,6 +15,8 @@
 // transition has no backward).
 #pragma once
 
+#include <cstdlib>
+
 #include "ape/contract/transition.h"
 #include "ape/cuda/common.cuh"
 
@@ -24,8 +26,8 @@ namespace detail {
 
 // The rows one call transforms and the spec's numbers (host-computed, contract/transition.h).
 struct TransitionLaunch {
-  int64_t lo, hi, I;  // the layer's rows [lo, hi): intervals of I rows from lo
-  int64_t row0;       // the first row this call rewrites (lo, or a decode step's first row)
+  int64_t lo, hi, I;  // intervals of I rows from lo (the layer's first row); this launch's rows end at hi
+  int64_t row0;       // the first row this launch rewrites (lo, a decode step's first row, or a chunk's)
   float alpha, beta;
 };
 
@@ -95,10 +97,20 @@ cudaError_t launch_transition(const Params<Enc, In> &p, const CudaAttnArgs &a, c
   const TransitionRows rows = transition_rows_of(kAttrs, a.T, a.num_layers, a.layer);
   const int64_t row0 = rows.lo > a.first_row ? rows.lo : a.first_row;
   if (rows.empty() || row0 >= rows.hi) return cudaSuccess;
-  const TransitionLaunch tr{rows.lo, rows.hi, rows.I, row0, float(kAttrs.alpha), float(kAttrs.beta)};
-  const dim3 grid(static_cast<unsigned>(a.B * a.H),
-                  static_cast<unsigned>((rows.hi - row0 + kWarps - 1) / kWarps));
-  return launch(transition_kernel<Enc, In, D>, grid, kThreads, 0, st, p, tr);
+  // Rows in launches of at most 65,535 blocks on y (CUDA's limit there: a prompt of some 655K
+  // tokens at 4 layers has more rows to transform than one launch takes); fewer where
+  // APE_CUDA_TRANSITION_MAX_Y says (a test's way to reach several launches with a short prompt).
+  const char *env = std::getenv("APE_CUDA_TRANSITION_MAX_Y");
+  const long long max_y = env ? std::atoll(env) : 0;
+  const int64_t kChunk = (max_y > 0 && max_y < 65535 ? max_y : 65535) * kWarps;
+  for (int64_t r = row0; r < rows.hi; r += kChunk) {
+    const int64_t hi = rows.hi - r < kChunk ? rows.hi : r + kChunk;
+    const TransitionLaunch tr{rows.lo, hi, rows.I, r, float(kAttrs.alpha), float(kAttrs.beta)};
+    const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>((hi - r + kWarps - 1) / kWarps));
+    const cudaError_t err = launch(transition_kernel<Enc, In, D>, grid, kThreads, 0, st, p, tr);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace detail

@@ -176,6 +176,8 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   at::Tensor qc = kernel_operand(q), kc = kernel_operand(k), vc = kernel_operand(v);
   Float32Tensors f(features), p(params);
   const int64_t T = cache.T < 0 ? q.size(2) : cache.T;
+  TORCH_CHECK(first_row >= 0 && (T == 0 || first_row < T), who, "first_row must be in [0, T), got ", first_row,
+              " with T = ", T);
   const bool window = cache.T >= 0 && num_layers == 0;  // o, lse: the rows from first_row only
   const int64_t o_rows = window ? T - first_row : T;
   at::Tensor o = at::empty({q.size(0), q.size(1), o_rows, q.size(3)}, qc.options());
