@@ -44,6 +44,9 @@ std::vector<int64_t> parse_multiples(const std::string &text) {
     out.push_back(v);
   }
   if (out.empty()) throw std::invalid_argument("--eval-multiples: empty list");
+  if (text.back() == ',')  // (getline drops the empty item after it, as 1,,2's is not)
+    throw std::invalid_argument("--eval-multiples: expected whole numbers in [1, 1024] like 1,2,4,8, got '" + text +
+                                "' (an empty item at its end)");
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;

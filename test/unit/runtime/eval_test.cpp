@@ -22,6 +22,8 @@ TEST(Eval, MultiplesTableAndCsv) {
   EXPECT_EQ(ape::parse_multiples("8, 1,2,4,2"), std::vector<int64_t>({1, 2, 4, 8}));
   EXPECT_ERROR(ape::parse_multiples("1,x"), "--eval-multiples: expected whole numbers in [1, 1024]");
   EXPECT_ERROR(ape::parse_multiples("0"), "--eval-multiples: expected whole numbers in [1, 1024]");
+  EXPECT_ERROR(ape::parse_multiples("1,,2"), "--eval-multiples: expected whole numbers in [1, 1024]");
+  EXPECT_ERROR(ape::parse_multiples("1,2,"), "an empty item at its end");
   EXPECT_ERROR(ape::parse_multiples("2048"), "--eval-multiples: expected whole numbers in [1, 1024]");
   std::vector<ape::EvalRow> rows;
   for (const char *enc : {"rope", "cable"})
