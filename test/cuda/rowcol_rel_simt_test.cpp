@@ -4,10 +4,13 @@
 // query side's relative rows from its first computed row only (Params::qm_row0, rel_row0), and
 // writes o and lse of rows [first_row, T) only where asked (CudaAttnArgs::o_from_first); the flash
 // kernels' row/column table must then form R(i) of those rows only (rowcol_table_kernel read every
-// row's, before the rows it had: an out-of-bounds read). Its rows must equal the full forward's bit
+// row's, before the rows it had: an out-of-bounds read). The full forward must match the materialised
+// attention in float64, and the forward from first_row its rows bit
 // for bit, with no finding, on the FlashAttention-2-class kernel unsplit (q' from first_row's
 // window of 384 rows) and as one share of its split kernel (from first_row's warp), and on the
 // general kernel (f32).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -76,6 +79,22 @@ TEST(RowColRelSimt, AForwardFromFirstRowEqualsTheFullForwardsRows) {
     forward(0, false, full_o, full_lse);
     forward(c.first_row, true, o, lse);
     if (HasFatalFailure()) return;
+    // The full forward against the materialised attention in float64 (the inputs as the kernel
+    // reads them): logits scale q.k + (q_i + v_h).w_h + u_h.k_j, causal softmax, times v.
+    {
+      const at::Tensor qd = q.to(at::kDouble), kd = k.to(at::kDouble), vd = v.to(at::kDouble);
+      const at::Tensor wd = w.to(at::kDouble).view({1, H, 1, D}), bd = bias.to(at::kDouble).view({1, H, 1, D}),
+                       ud = u.to(at::kDouble).view({1, H, 1, D});
+      const at::Tensor row = ((qd + bd) * wd).sum(-1, true), col = (kd * ud).sum(-1).unsqueeze(-2);
+      at::Tensor logits = at::matmul(qd, kd.transpose(-1, -2)) * 0.17 + row + col;
+      logits = logits.masked_fill(at::ones({c.T, c.T}, at::kBool).triu(1), -INFINITY);
+      const at::Tensor ref_o = at::matmul(at::softmax(logits, -1), vd), ref_lse = at::logsumexp(logits, -1);
+      const double tol = c.dtype == ape::cuda::DType::BF16 ? 2e-2 : 1e-4;
+      const double mag = std::max(1.0, ref_o.abs().max().item<double>());
+      EXPECT_LE((full_o.to(at::kDouble) - ref_o).abs().max().item<double>(), tol * mag) << "o against the reference";
+      EXPECT_LE((full_lse.to(at::kDouble) - ref_lse).abs().max().item<double>(), 1e-3 * ref_lse.abs().max().item<double>())
+          << "lse against the reference";
+    }
     const int64_t n = c.T - c.first_row;
     EXPECT_TRUE(at::equal(o, full_o.narrow(2, c.first_row, n))) << "o differs from the full forward's rows";
     EXPECT_TRUE(at::equal(lse, full_lse.narrow(2, c.first_row, n))) << "lse differs from the full forward's rows";
