@@ -115,10 +115,11 @@ LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
      << "const char kManifest[] = R\"APE_MANIFEST(" << manifest << ")APE_MANIFEST\";\n"
      << "const ::ape::cuda::CudaVariant kVariants[] = {\n";
   for (const CudaVariant &v : variants)
-    os << llvm::formatv("    {{::ape::cuda::DType::{0}, {1}, &forward_{2}, &backward_{2}},\n",
+    os << llvm::formatv("    {{::ape::cuda::DType::{0}, {1}, &forward_{2}, &backward_{2}, &::ape::cuda::detail::"
+                        "args_refusal<Enc>},\n",
                         dtypeInfo(v.dtype)->enumerator, v.headDim, variantSuffix(v));
   if (variants.empty())
-    os << "    {::ape::cuda::DType::F32, 0, nullptr, nullptr},  // none instantiated\n";
+    os << "    {::ape::cuda::DType::F32, 0, nullptr, nullptr, nullptr},  // none instantiated\n";
   os << "};\n} // namespace\nAPE_CUDA_ABI_END\n} // namespace ape_gen_" << name << "\n\n"
      << "// ape_cuda_kernel_entry_" << name << " (ape_simt_kernel_entry_" << name
      << " when compiled for the SIMT emulator)\n"

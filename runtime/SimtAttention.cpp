@@ -82,6 +82,13 @@ cuda::DType dtype_of(const std::string &dtype) {
 void check(const std::string &enc, cudaError_t err, const char *what) {
   if (err != cudaSuccess) fail(enc, std::string(what) + ": " + cudaGetErrorString(err));
 }
+// A call of the kernels: a refusal of its arguments in words (CudaVariant::refusal).
+void check_call(const std::string &enc, const cuda::CudaVariant &var, const cuda::CudaAttnArgs &a, bool backward) {
+  const cudaError_t err = backward ? var.backward(a) : var.forward(a);
+  const char *why = err == cudaErrorInvalidValue && var.refusal ? var.refusal(a, backward) : nullptr;
+  if (why) fail(enc, std::string(backward ? "backward" : "forward") + " refused its arguments: " + why);
+  check(enc, err, backward ? "backward" : "forward");
+}
 
 // Emulated device memory for one call, freed with it.
 struct Device {
@@ -184,7 +191,7 @@ struct SimtOps {
     const at::ScalarType dt = torch_dtype(dtype);
     c.a.o = c.dev.output(q, dt);
     c.a.lse = static_cast<float *>(c.dev.alloc(sizeof(float) * q.size(0) * q.size(1) * q.size(2)));
-    check(e.name, var.forward(c.a), "forward");
+    check_call(e.name, var, c.a, false);
     expect_clean(e.name);
     // o in the kernel's dtype (the backward's Delta reads it), returned in the caller's dtype.
     at::Tensor o = c.dev.download(c.a.o, q.sizes(), dt, q.scalar_type());
@@ -214,7 +221,7 @@ struct SimtOps {
     uint32_t *status = static_cast<uint32_t *>(c.dev.alloc(sizeof(uint32_t)));
     check(e.name, cudaMemset(status, 0, sizeof(uint32_t)), "cudaMemset");
     c.a.status = status;
-    check(e.name, var.backward(c.a), "backward");
+    check_call(e.name, var, c.a, true);
     expect_clean(e.name);
     uint32_t st = 0;
     check(e.name, cudaMemcpy(&st, status, sizeof st, cudaMemcpyDeviceToHost), "status");
@@ -299,6 +306,7 @@ std::pair<at::Tensor, at::Tensor> simt_decode(const KernelEntry &entry, const st
     a.o = step.alloc(static_cast<size_t>(B * H * n * D) * c10::elementSize(dt));
     a.lse = static_cast<float *>(step.alloc(sizeof(float) * static_cast<size_t>(B * H * n)));
     a.num_splits = num_splits;
+    if (const char *why = cuda::decode_refusal(ce, cache, a)) fail(entry.name, std::string("decode step refused: ") + why);
     check(entry.name, cuda::decode_step(ce, cache, a), "decode step");
     check(entry.name, cudaDeviceSynchronize(), "decode step");
     expect_clean(entry.name);

@@ -34,6 +34,8 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <set>
 #include <torch/torch.h>  // before the emulator's CUDA surface and its macros
 
 #include <ape/contract/transition.h>
@@ -379,12 +381,20 @@ TEST(CudaRegistry, EveryEntryHasItsCpuTwinAndManifest) {
   }
 }
 
+// What the variant says of a call's arguments (CudaVariant::refusal): "" where they pass.
+std::string refused(const ape::cuda::CudaVariant &var, const CudaAttnArgs &a, bool backward) {
+  const char *why = var.refusal ? var.refusal(a, backward) : "(no refusal function)";
+  return why ? why : "";
+}
+
 TEST(CudaRegistry, UninstantiatedVariantIsRefused) {
   for (const CudaKernelEntry *e : cuda_entries()) {
     CudaAttnArgs a;
     a.D = 48;  // never instantiated
     EXPECT_EQ(ape::cuda::forward(*e, a), cudaErrorInvalidValue) << e->name;
     EXPECT_EQ(ape::cuda::backward(*e, a), cudaErrorInvalidValue) << e->name;
+    const char *why = ape::cuda::refusal(*e, a, false);
+    EXPECT_STREQ(why ? why : "", "this build has no variant of that dtype and head dim (D)") << e->name;
   }
 }
 
@@ -410,6 +420,13 @@ TEST(CudaArgs, EmptyAndOverflowingSizes) {
       }
       a.B = a.H = int64_t(1) << 30, a.T = int64_t(1) << 30;
       EXPECT_EQ(var.forward(a), cudaErrorInvalidValue) << e->name << " 2^90 elements";
+      EXPECT_EQ(refused(var, a, false), "B·H is 2^31 slices or more") << e->name;
+      // B·H slices at most 2^31 - 1 (a grid's x; 2^31 of one token each fit int64 elements).
+      a.B = int64_t(1) << 16, a.H = int64_t(1) << 15, a.T = 1;
+      EXPECT_EQ(var.forward(a), cudaErrorInvalidValue) << e->name << " 2^31 slices";
+      EXPECT_EQ(refused(var, a, false), "B·H is 2^31 slices or more") << e->name;
+      a.B = 1, a.H = 2, a.T = 16, a.scale = NAN;
+      EXPECT_EQ(refused(var, a, false), "scale is not finite") << e->name;
     }
 }
 
@@ -1818,9 +1835,12 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   a.B = p.B, a.H = p.H, a.n = 1, a.D = p.D, a.dtype = var.dtype;
   a.q = a.k = a.v = buf.ptr, a.o = buf.ptr, a.features = side.data(), a.params = pp.data();
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "past the capacity";
+  EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "the step's tokens pass the cache's capacity");
   cache.capacity = T + 1;
   a.dtype = var.dtype == DType::F32 ? DType::BF16 : DType::F32;
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "another dtype";
+  if (ape::cuda::find_variant(*e, a.dtype, a.D))
+    EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "B, H, D or the dtype differs from the cache's first step");
   a.dtype = var.dtype, a.o = nullptr;
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "no output";
   EXPECT_EQ(cache.len, T);
@@ -1833,6 +1853,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   EXPECT_EQ(ape::cuda::decode_step(*e, fresh, a), cudaErrorInvalidValue) << "a scale that is not finite";
   a.scale = static_cast<float>(p.scale), a.num_layers = 2, a.layer = 2;
   EXPECT_EQ(ape::cuda::decode_step(*e, fresh, a), cudaErrorInvalidValue) << "a layer out of range";
+  EXPECT_STREQ(ape::cuda::decode_refusal(*e, fresh, a), "layer is not in [0, num_layers)");
   a.num_layers = 0, a.layer = 0;
   if (e->num_params > 0) {
     a.params = nullptr;
@@ -1846,6 +1867,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   }
   EXPECT_FALSE(fresh.started());
   EXPECT_EQ(fresh.len, 0);
+  EXPECT_EQ(ape::cuda::decode_refusal(*e, fresh, a), nullptr);
   ASSERT_CUDA(ape::cuda::decode_step(*e, fresh, a));  // the arguments are otherwise good
   ASSERT_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(fresh.len, 1);
@@ -1964,6 +1986,9 @@ TEST(CudaArgs, MisalignedRowPointersAreRefused) {
     else *out[outs[x]] = static_cast<char *>(*out[outs[x]]) + 2;
     if (x < 4) EXPECT_EQ(var->forward(a), cudaErrorInvalidValue) << names[x];
     EXPECT_EQ(var->backward(a), cudaErrorInvalidValue) << names[x];
+    EXPECT_EQ(refused(*var, a, true), x < 4 ? "q, k, v or o is not 16-byte aligned"
+                                            : "dout, dq, dk or dv is not 16-byte aligned")
+        << names[x];
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_findings();
@@ -1987,20 +2012,26 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
   a.T = 4, a.ld = 8;  // the first 4 of 8 rows a slice
   EXPECT_EQ(nope->forward(a), cudaSuccess);
   EXPECT_EQ(nope->backward(a), cudaErrorInvalidValue) << "ld in a backward";
+  EXPECT_EQ(refused(*nope, a, true), "ld other than T is for the forward without num_layers only");
+  EXPECT_EQ(refused(*nope, a, false), "");
   a.ld = 3;
   EXPECT_EQ(nope->forward(a), cudaErrorInvalidValue) << "ld below T";
+  EXPECT_EQ(refused(*nope, a, false), "ld is below T or 2^31 or more");
   a.ld = 8, a.num_layers = 1;
   EXPECT_EQ(nope->forward(a), cudaErrorInvalidValue) << "ld with a transition's layers";
   a.num_layers = 0;
   CudaAttnArgs c = a;
   c.km = static_cast<char *>(call.buf.ptr) + (1 << 19), c.km_rows = 2;
   EXPECT_EQ(nope->forward(c), cudaErrorInvalidValue) << "km without a k mod";
+  EXPECT_EQ(refused(*nope, c, false), "km is given but the encoding does not cache its k mod");
   EXPECT_EQ(rope->forward(c), cudaSuccess);
   EXPECT_EQ(rope->backward(c), cudaErrorInvalidValue) << "km in a backward";
   c.km_rows = 5;
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "km_rows beyond T";
+  EXPECT_EQ(refused(*rope, c, false), "km_rows is not in [0, T]");
   c.km_rows = 0, c.km = static_cast<char *>(c.km) + 2;
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "a misaligned km";
+  EXPECT_EQ(refused(*rope, c, false), "km is not 16-byte aligned");
   c.km = static_cast<char *>(c.km) - 2, c.ld = 0;
   EXPECT_EQ(rope->forward(c), cudaErrorInvalidValue) << "km with ld 0 (its rows a slice would follow T)";
   // The key side's relative rows (krel): where the encoding has them and keeps them
@@ -2041,6 +2072,7 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
     CudaAttnArgs u = t;
     u.tok_carry = nullptr;
     EXPECT_EQ(cable->forward(u), cudaErrorInvalidValue) << "tok without its carries";
+    EXPECT_EQ(refused(*cable, u, false), "tok and tok_carry go together");
     u = t, u.tok = nullptr;
     EXPECT_EQ(cable->forward(u), cudaErrorInvalidValue) << "carries without tok";
     // The features at a longer stride (feat_ld: a cache's capacity), forward only, not below T.
@@ -2064,6 +2096,7 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
   sp.num_splits = 2;
   EXPECT_EQ(nope->forward(sp), cudaSuccess);
   EXPECT_EQ(nope->backward(sp), cudaErrorInvalidValue) << "num_splits in a backward";
+  EXPECT_EQ(refused(*nope, sp, true), "the backward needs num_splits 0 or 1");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_findings();
 }
@@ -2554,7 +2587,7 @@ TEST(CudaTransition, MatchesTheMaterialisedReferenceAtEveryLayer) {
 }
 
 // A layer's rows in several launches (CUDA's 65,535 blocks on y: a prompt of some 655K tokens at
-// 4 layers has more rows than one launch takes; APE_CUDA_TRANSITION_MAX_Y=1 splits a short one
+// 4 layers has more rows than one launch takes; APE_CUDA_MAX_GRID_Y=1 splits a short one
 // into launches of one block's rows): the same o, bit for bit, at every transformed layer.
 TEST(CudaTransition, RowsInSeveralLaunchesAreTheSame) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -2566,12 +2599,12 @@ TEST(CudaTransition, RowsInSeveralLaunchesAreTheSame) {
     SCOPED_TRACE("layer " + std::to_string(layer));
     Outputs one, many;
     run_gpu(var, p, one, nullptr, {false, layer, 6});
-    ASSERT_EQ(setenv("APE_CUDA_TRANSITION_MAX_Y", "1", 1), 0);
+    ASSERT_EQ(setenv("APE_CUDA_MAX_GRID_Y", "1", 1), 0);
 #ifdef APE_SIMT
     ape::simt::take_traffic();
 #endif
     run_gpu(var, p, many, nullptr, {false, layer, 6});
-    unsetenv("APE_CUDA_TRANSITION_MAX_Y");
+    unsetenv("APE_CUDA_MAX_GRID_Y");
     if (HasFatalFailure()) return;
 #ifdef APE_SIMT
     int launches = 0;
@@ -2581,6 +2614,55 @@ TEST(CudaTransition, RowsInSeveralLaunchesAreTheSame) {
 #endif
     EXPECT_TRUE(torch::equal(one[0].second, many[0].second)) << "o differs";
     EXPECT_TRUE(torch::equal(one[1].second, many[1].second)) << "lse differs";
+  }
+  expect_no_findings();
+}
+
+// Grids whose y runs over a slice's tiles go in several launches past CUDA's 65,535 blocks there
+// (the general forward and backward near T = 1M to 2M tokens, the FlashAttention-2-class forward
+// near 8M; APE_CUDA_MAX_GRID_Y=1 makes every tile a launch of its own): o, lse and every gradient
+// bit for bit those of one launch, on each variant (f32: the general kernels; 16-bit: the
+// FlashAttention-2-class forward, unsplit and with its keys split in two).
+TEST(CudaKernel, TilesInSeveralLaunchesAreTheSame) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const CudaKernelEntry *e = find_cuda("rope");
+  if (!e) GTEST_SKIP() << "rope is not in this build";
+  std::set<DType> seen;  // a variant of each dtype (the launches do not depend on the head dim)
+  for (size_t k = 0; k < e->num_variants; ++k) {
+    const auto &var = e->variants[k];
+    if (!seen.insert(var.dtype).second) continue;
+    SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " d" + std::to_string(var.head_dim));
+    const Problem p = make_problem(*e, 1, 2, 200, var.head_dim, 7);
+    for (const int splits : {1, 2}) {
+      if (splits == 2 && var.dtype == DType::F32) continue;  // (no split kernel for f32)
+      SCOPED_TRACE("num_splits " + std::to_string(splits));
+      RunOptions opt;
+      opt.num_splits = splits;
+      Outputs one, many;
+      run_gpu(var, p, one, nullptr, opt);
+#ifdef APE_SIMT
+      ape::simt::take_traffic();
+#endif
+      {
+        EnvScope tiles({{"APE_CUDA_MAX_GRID_Y", "1"}});
+        run_gpu(var, p, many, nullptr, opt);
+      }
+      if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+      std::map<std::string, int64_t> launches;
+      for (const auto &t : ape::simt::take_traffic())
+        for (const char *kernel : {"forward_kernel<", "dkdv_kernel<", "dq_kernel<"})
+          if (t.kernel.find(kernel) != std::string::npos) launches[kernel] += t.launches;
+      if (var.dtype == DType::F32) {
+        EXPECT_GT(launches["dkdv_kernel<"], 1) << "the general backward's key tiles went in one launch";
+        EXPECT_GT(launches["dq_kernel<"], 1) << "the general backward's query tiles went in one launch";
+      }
+      EXPECT_GT(launches["forward_kernel<"], 1) << "the forward's tiles went in one launch";
+#endif
+      ASSERT_EQ(one.size(), many.size());
+      for (size_t n = 0; n < one.size(); ++n)
+        EXPECT_TRUE(torch::equal(one[n].second, many[n].second)) << one[n].first << " differs";
+    }
   }
   expect_no_findings();
 }

@@ -99,7 +99,7 @@ __device__ inline void bwd_load_rows(const Params<Enc, In> &p, unsigned char *sm
   }
 }
 
-// Kernel 1, one block per (key tile, slice): grid (B*H, ceil(T / BK)). dV = P^T dO and
+// Kernel 1, one block per (key tile, slice): grid (B*H, ceil(T / BK)) (from tile0: max_grid_y). dV = P^T dO and
 // dK' = dS^T Q' over the query tiles that see the key tile; accumulates the score mod's load
 // gradients.
 template <class Enc, class In, int D>
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const Params<Enc, In> p)
   const In *sDS = reinterpret_cast<const In *>(smem + L::ds);
   float *sDK = reinterpret_cast<float *>(smem + L::acc1), *sDV = reinterpret_cast<float *>(smem + L::acc2);
 
-  const int64_t bh = blockIdx.x, T = p.T, j0 = int64_t(blockIdx.y) * BK, base = bh * T * D;
+  const int64_t bh = blockIdx.x, T = p.T, j0 = (p.tile0 + int64_t(blockIdx.y)) * BK, base = bh * T * D;
   const DevCtx<Enc> ctx = make_ctx(p, bh, true);
   load_rows<In, BK, D>(sK, L::LI, p.km + base, j0, T);
   load_rows<In, BK, D>(sV, L::LI, p.v + base, j0, T);
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const Params<Enc, In> p)
   }
 }
 
-// Kernel 2, one block per (query tile, slice): grid (B*H, ceil(T / BQ)). dQ' = dS K' over the
+// Kernel 2, one block per (query tile, slice): grid (B*H, ceil(T / BQ)) (from tile0). dQ' = dS K' over the
 // visible key tiles; the score mod's load gradients are kernel 1's (sinks off here).
 template <class Enc, class In, int D>
 __global__ void __launch_bounds__(kThreads) dq_kernel(const Params<Enc, In> p) {
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const Params<Enc, In> p) {
   const In *sDS = reinterpret_cast<const In *>(smem + L::ds);
   float *sDQ = reinterpret_cast<float *>(smem + L::acc1);
 
-  const int64_t bh = blockIdx.x, T = p.T, i0 = int64_t(blockIdx.y) * BQ, base = bh * T * D;
+  const int64_t bh = blockIdx.x, T = p.T, i0 = (p.tile0 + int64_t(blockIdx.y)) * BQ, base = bh * T * D;
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
   bwd_load_rows<Enc, In, D>(p, smem, bh, i0);
   zero_acc<BQ, D>(sDQ, L::LA);

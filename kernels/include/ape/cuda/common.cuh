@@ -361,7 +361,10 @@ template <class Enc, class In> struct Params {
   const float *params[NP];
   float scale;
   float log2_scale, inv_scale;      // flash kernels (scale > 0 there: positive_scale)
-  int64_t tile0;                    // forward: the first query tile computed (first_row / BQ)
+  // The first tile of the launch's grid y: the forward's first query tile (from first_row / BQ),
+  // the general backward's first key or query tile; a grid over more tiles than CUDA takes on y
+  // goes in several launches (max_grid_y), each from its own.
+  int64_t tile0;
   // The FlashAttention-2-class forward with its keys split (CudaAttnArgs::num_splits, FlashDecoding):
   // blockIdx.z of num_splits takes its share of each query tile's key tiles and writes, for rows
   // [part_row0, T), o / l and lse of its keys (fp32) to part_o (num_splits, B*H, part_rows, D) and

@@ -166,50 +166,69 @@ inline cudaError_t malloc_async(void **ptr, size_t bytes, cudaStream_t st) {
   return err;
 }
 
-// Whether the step's arguments are ones the forward takes (what it would refuse is refused
-// before the cache changes): params and features present, a finite scale, the layer, the sizes.
-inline bool step_args_ok(const CudaKernelEntry &e, const CudaDecodeArgs &a, bool prefill) {
+// Why the forward would refuse the step's arguments (refused before the cache changes): params
+// and features present, a finite scale, the layer, the sizes; nullptr where they pass.
+inline const char *step_args_problem(const CudaKernelEntry &e, const CudaDecodeArgs &a, bool prefill) {
   constexpr int64_t kMaxDim = int64_t(1) << 31;
-  if (a.B >= kMaxDim || a.H >= kMaxDim || a.n >= kMaxDim || a.D >= kMaxDim) return false;
-  if (!std::isfinite(a.scale)) return false;
-  if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers))) return false;
-  if (e.num_features > 0 && !a.features) return false;
+  if (a.B >= kMaxDim || a.H >= kMaxDim || a.n >= kMaxDim || a.D >= kMaxDim) return "B, H, n or D is 2^31 or more";
+  if (!std::isfinite(a.scale)) return "scale is not finite";
+  if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
+    return "layer is not in [0, num_layers)";
+  if (e.num_features > 0 && !a.features) return "features is null";
   for (int f = 0; f < e.num_features; ++f)
-    if (!a.features[f]) return false;
-  if (e.num_params > 0 && !a.params) return false;
+    if (!a.features[f]) return "a features pointer is null";
+  if (e.num_params > 0 && !a.params) return "params is null";
   for (int n = 0; n < e.num_params; ++n)
-    if (!a.params[n] && (!e.param_numel || e.param_numel(n, a.H, a.D) > 0)) return false;
+    if (!a.params[n] && (!e.param_numel || e.param_numel(n, a.H, a.D) > 0)) return "a params pointer is null";
   // A prefill that may run an attention transition hands the step's own q, k, v to the forward,
   // which moves rows in 16-byte chunks.
   auto aligned = [](const void *x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
-  if (prefill && a.num_layers > 0 && (!aligned(a.q) || !aligned(a.k) || !aligned(a.v))) return false;
+  if (prefill && a.num_layers > 0 && (!aligned(a.q) || !aligned(a.k) || !aligned(a.v)))
+    return "a prefill with num_layers > 0 needs q, k and v 16-byte aligned";
   // The forward writes lse's floats in place (o goes through scratch where it is not aligned).
-  if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return false;
-  return true;
+  if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return "lse is not 4-byte aligned";
+  return nullptr;
 }
 
 }  // namespace decode_detail
 
+// In words, why decode_step(e, c, a) would return cudaErrorInvalidValue before changing the cache,
+// or nullptr where the step's arguments pass (the step may still fail: memory, a launch).
+inline const char *decode_refusal(const CudaKernelEntry &e, const CudaDecodeCache &c, const CudaDecodeArgs &a) {
+  if (a.B < 1 || a.H < 1 || a.D < 1 || a.n < 1) return "B, H, D and n must be at least 1";
+  if (!a.q || !a.k || !a.v || !a.o) return "q, k, v or o is null";
+  if (const char *why = decode_detail::step_args_problem(e, a, c.len == 0)) return why;
+  if (!find_variant(e, a.dtype, a.D)) return "this build has no variant of that dtype and head dim (D)";
+  if (c.capacity < 1) return "the cache has no capacity";
+  if (c.len + a.n > c.capacity) return "the step's tokens pass the cache's capacity";
+  if (c.started() && (a.B != c.B || a.H != c.H || a.D != c.D || a.dtype != c.dtype))
+    return "B, H, D or the dtype differs from the cache's first step";
+  if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return "the scratch allocator lacks alloc or free";
+  if (a.num_splits < 0) return "num_splits is negative";
+  if (c.started() && c.len + a.n > c.rows) return "the cache's capacity was raised after its first step";
+  if (!c.started()) {  // its buffers' sizes
+    const int64_t S = a.B * a.H, C = c.capacity;
+    const int64_t row = a.D * static_cast<int64_t>(dtype_bytes(a.dtype));
+    if (S > INT64_MAX / C || S * C > INT64_MAX / row) return "the cache's size overflows int64";
+    const int64_t per_token = e.key_rel_floats + e.tok_seqs;  // floats a token of krel and tok
+    if (per_token > 0 && S * C > INT64_MAX / (per_token * int64_t(sizeof(float))))
+      return "the cache's size overflows int64";
+  }
+  return nullptr;
+}
+
 // Appends a.n tokens to `c` and writes their attention outputs (see the top of this file).
 // cudaErrorInvalidValue for shapes that do not match the cache, a step past its capacity, a
 // missing pointer or param, a scale that is not finite, a layer out of range, or a (dtype, head
-// dim) this build did not instantiate: the cache is then unchanged. After an error of the runtime
+// dim) this build did not instantiate (decode_refusal says which): the cache is then unchanged. After an error of the runtime
 // itself (an allocation, a copy, a launch) the cache still holds its L0 tokens (the step's rows
 // past them are rewritten by the next step; the kept rows and scan sums are recomputed where they
 // belong to it): the step may be retried, or the cache release()d.
 inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, const CudaDecodeArgs &a) {
   using namespace decode_detail;
-  if (a.B < 1 || a.H < 1 || a.D < 1 || a.n < 1 || !a.q || !a.k || !a.v || !a.o || !step_args_ok(e, a, c.len == 0))
-    return cudaErrorInvalidValue;
-  if (!find_variant(e, a.dtype, a.D) || c.capacity < 1 || c.len + a.n > c.capacity)
-    return cudaErrorInvalidValue;
-  if (c.started() && (a.B != c.B || a.H != c.H || a.D != c.D || a.dtype != c.dtype))
-    return cudaErrorInvalidValue;
-  if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return cudaErrorInvalidValue;
-  if (a.num_splits < 0) return cudaErrorInvalidValue;
+  if (decode_refusal(e, c, a)) return cudaErrorInvalidValue;
   const cudaStream_t st = a.stream;
   const int64_t S = a.B * a.H, L0 = c.len, n = a.n, L = L0 + n, D = a.D;
-  if (c.started() && L > c.rows) return cudaErrorInvalidValue;  // a capacity raised after the first step
   const int64_t C = c.started() ? c.rows : c.capacity;
   const size_t row = static_cast<size_t>(D) * dtype_bytes(a.dtype);
   cudaError_t err = cudaSuccess;
@@ -224,10 +243,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     }
   } back{c, st};
   if (!c.started()) {  // the buffers, once
-    if (S > INT64_MAX / C || S * C > INT64_MAX / static_cast<int64_t>(row)) return cudaErrorInvalidValue;
-    const size_t bytes = static_cast<size_t>(S * C) * row;
-    const int64_t per_token = e.key_rel_floats + e.tok_seqs;  // floats a token of krel and tok
-    if (per_token > 0 && S * C > INT64_MAX / (per_token * int64_t(sizeof(float)))) return cudaErrorInvalidValue;
+    const size_t bytes = static_cast<size_t>(S * C) * row;  // (sizes checked: decode_refusal)
     const size_t rel_bytes = static_cast<size_t>(S * C * e.key_rel_floats) * sizeof(float);
     const size_t tok_bytes = static_cast<size_t>(S * C * e.tok_seqs) * sizeof(float);
     const size_t carry_bytes = static_cast<size_t>(S * e.tok_seqs) * 2 * sizeof(double);

@@ -194,6 +194,10 @@ struct CudaVariant {
   int64_t head_dim;
   CudaAttnFn forward;
   CudaAttnFn backward;
+  // Why forward (backward true: backward) refuses a call's arguments (cudaErrorInvalidValue,
+  // nothing launched), in words, or nullptr where they pass: the check both run first. See
+  // refusal() below, which also names a variant the build lacks.
+  const char *(*refusal)(const CudaAttnArgs &a, bool backward);
 };
 
 struct CudaKernelEntry {
@@ -231,6 +235,17 @@ inline cudaError_t forward(const CudaKernelEntry &e, const CudaAttnArgs &a) {
 inline cudaError_t backward(const CudaKernelEntry &e, const CudaAttnArgs &a) {
   const CudaVariant *v = find_variant(e, a.dtype, a.D);
   return v ? v->backward(a) : cudaErrorInvalidValue;
+}
+
+// In words, why forward(e, a) (backward: backward(e, a)) returns cudaErrorInvalidValue before
+// launching anything, or nullptr where the arguments pass: a (dtype, head dim) the build did not
+// instantiate, or the first rule of CudaAttnArgs the call breaks ("q, k, v or o is not 16-byte
+// aligned"). A call whose arguments pass may still fail: memory, a launch, or a scratch block
+// from the caller's allocator that is not 16-byte aligned (cudaErrorInvalidValue too).
+inline const char *refusal(const CudaKernelEntry &e, const CudaAttnArgs &a, bool backward) {
+  const CudaVariant *v = find_variant(e, a.dtype, a.D);
+  if (!v) return "this build has no variant of that dtype and head dim (D)";
+  return v->refusal ? v->refusal(a, backward) : nullptr;
 }
 
 // Every entry of a build, `*count` of them: defined by the build that compiles the entries (this

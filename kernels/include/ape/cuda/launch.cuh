@@ -152,73 +152,98 @@ cudaError_t plan_param_cache(Params<Enc, In> &p, size_t bytes, bool grads, size_
 
 // The arguments of one call checked against the encoding: every pointer the call reads or
 // writes is present (a null dfeatures / dparams with features or params would be dereferenced).
+// In words, the first rule the call breaks (CudaKernelEntry::refusal), or nullptr.
 template <class Enc>
-cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
-  if (a.D != kD || a.B < 0 || a.H < 0 || a.T < 0) return cudaErrorInvalidValue;
-  if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return cudaErrorInvalidValue;
+const char *args_problem(const CudaAttnArgs &a, int64_t kD, bool backward) {
+  if (a.D != kD) return "D is not the variant's head dim";
+  if (a.B < 0 || a.H < 0 || a.T < 0) return "B, H or T is negative";
+  if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return "the scratch allocator lacks alloc or free";
   // Sizes whose products fit int64 (B·H·T·D elements): 2^32 x 2^32 x 16 wrapped to 0, an "empty"
-  // call that returned success and wrote nothing.
+  // call that returned success and wrote nothing. B·H slices at most 2^31 - 1: a grid's x.
   constexpr int64_t kMaxDim = int64_t(1) << 31;
-  if (a.B >= kMaxDim || a.H >= kMaxDim || a.T >= kMaxDim) return cudaErrorInvalidValue;
-  if (a.B > 0 && a.H > 0 && a.T > 0 && a.B * a.H > INT64_MAX / (a.T * kD)) return cudaErrorInvalidValue;
-  if (!std::isfinite(a.scale)) return cudaErrorInvalidValue;
-  if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T) || (backward && a.first_row != 0))
-    return cudaErrorInvalidValue;
-  if (a.num_splits < 0 || (backward && a.num_splits > 1)) return cudaErrorInvalidValue;
+  if (a.B >= kMaxDim || a.H >= kMaxDim || a.T >= kMaxDim) return "B, H or T is 2^31 or more";
+  if (a.B > 0 && a.H > 0 && a.B * a.H >= kMaxDim) return "B·H is 2^31 slices or more";
+  if (a.B > 0 && a.H > 0 && a.T > 0 && a.B * a.H > INT64_MAX / (a.T * kD)) return "B·H·T·D overflows int64";
+  if (!std::isfinite(a.scale)) return "scale is not finite";
+  if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T)) return "first_row is not in [0, T)";
+  if (backward && a.first_row != 0) return "the backward needs first_row 0";
+  if (a.num_splits < 0) return "num_splits is negative";
+  if (backward && a.num_splits > 1) return "the backward needs num_splits 0 or 1";
   if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
-    return cudaErrorInvalidValue;
-  if (a.o_from_first && (backward || a.num_layers > 0)) return cudaErrorInvalidValue;
+    return "layer is not in [0, num_layers)";
+  if (a.o_from_first && backward) return "o_from_first is for the forward only";
+  if (a.o_from_first && a.num_layers > 0) return "o_from_first is refused with num_layers > 0";
   // Inputs in a longer buffer (CudaAttnArgs::ld) and a cached k' (km): the forward's kernels, the
   // mods and the relative rows' tables take them; the backward and the transition read q', k' and
   // v as (B, H, T, D).
   if (a.ld != 0 && a.ld != a.T) {
-    if (a.ld < a.T || a.ld >= kMaxDim || backward || a.num_layers > 0) return cudaErrorInvalidValue;
-    if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / (a.ld * kD)) return cudaErrorInvalidValue;
+    if (a.ld < a.T || a.ld >= kMaxDim) return "ld is below T or 2^31 or more";
+    if (backward || a.num_layers > 0) return "ld other than T is for the forward without num_layers only";
+    if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / (a.ld * kD)) return "B·H·ld·D overflows int64";
   }
-  if (a.feat_ld != 0 && a.feat_ld != a.T &&
-      (a.feat_ld < a.T || a.feat_ld >= kMaxDim || backward || a.num_layers > 0 ||
-       (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / a.feat_ld)))
-    return cudaErrorInvalidValue;
+  if (a.feat_ld != 0 && a.feat_ld != a.T) {
+    if (a.feat_ld < a.T || a.feat_ld >= kMaxDim) return "feat_ld is below T or 2^31 or more";
+    if (backward || a.num_layers > 0) return "feat_ld other than T is for the forward without num_layers only";
+    if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / a.feat_ld) return "B·H·feat_ld overflows int64";
+  }
   if (a.km || a.krel || a.tok || a.tok_carry || a.km_rows != 0) {
-    if (backward || (a.km && !caches_k_mod<Enc>()) || (a.krel && key_rel_floats<Enc>() == 0) ||
-        (!a.tok != !a.tok_carry) || (a.tok && tok_seqs<Enc>() == 0) || (!a.km && !a.krel && !a.tok) || a.ld == 0 ||
-        a.km_rows < 0 || a.km_rows > a.T || reinterpret_cast<uintptr_t>(a.km) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(a.krel) % alignof(float) != 0 ||
+    if (backward) return "km, krel, tok and km_rows are for the forward only";
+    if (a.km && !caches_k_mod<Enc>()) return "km is given but the encoding does not cache its k mod";
+    if (a.krel && key_rel_floats<Enc>() == 0) return "krel is given but the encoding has no key-side relative rows";
+    if (!a.tok != !a.tok_carry) return "tok and tok_carry go together";
+    if (a.tok && tok_seqs<Enc>() == 0) return "tok is given but the encoding's token program cannot be cached";
+    if (!a.km && !a.krel && !a.tok) return "km_rows is given without km, krel or tok";
+    if (a.ld == 0) return "km, krel and tok need ld (their rows per slice)";
+    if (a.km_rows < 0 || a.km_rows > a.T) return "km_rows is not in [0, T]";
+    if (reinterpret_cast<uintptr_t>(a.km) % 16 != 0) return "km is not 16-byte aligned";
+    if (reinterpret_cast<uintptr_t>(a.krel) % alignof(float) != 0 ||
         reinterpret_cast<uintptr_t>(a.tok) % alignof(float) != 0 ||
         reinterpret_cast<uintptr_t>(a.tok_carry) % alignof(double) != 0)
-      return cudaErrorInvalidValue;
+      return "krel, tok or tok_carry is misaligned for its type";
   }
   if (a.B * a.H * a.T == 0) {
     // Nothing to compute, but the backward zeroes the param gradients (global sums): those only.
     if (backward && Enc::kNumParams > 0) {
-      if (!a.dparams) return cudaErrorInvalidValue;
+      if (!a.dparams) return "dparams is null (an empty backward still zeroes the param gradients)";
       for (int n = 0; n < Enc::kNumParams; ++n)
-        if (!a.dparams[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
+        if (!a.dparams[n] && Enc::param_numel(n, a.H, a.D) > 0) return "a dparams pointer is null";
     }
-    return cudaSuccess;
+    return nullptr;
   }
-  if (!a.q || !a.k || !a.v || !a.o || !a.lse) return cudaErrorInvalidValue;
+  if (!a.q || !a.k || !a.v || !a.o || !a.lse) return "q, k, v, o or lse is null";
   // Rows move in 16-byte chunks (cp.async, TMA, vector stores): a misaligned address would end the
   // launch with a sticky misaligned-address error, which no later call on the context survives.
   auto aligned = [](const void *x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
-  if (!aligned(a.q) || !aligned(a.k) || !aligned(a.v) || !aligned(a.o)) return cudaErrorInvalidValue;
-  if (Enc::kNumFeatures > 0 && !a.features) return cudaErrorInvalidValue;
-  if (Enc::kNumParams > 0 && !a.params) return cudaErrorInvalidValue;
+  if (!aligned(a.q) || !aligned(a.k) || !aligned(a.v) || !aligned(a.o))
+    return "q, k, v or o is not 16-byte aligned";
+  if (Enc::kNumFeatures > 0 && !a.features) return "features is null";
+  if (Enc::kNumParams > 0 && !a.params) return "params is null";
   for (int n = 0; n < Enc::kNumFeatures; ++n)
-    if (!a.features[n]) return cudaErrorInvalidValue;
+    if (!a.features[n]) return "a features pointer is null";
   for (int n = 0; n < Enc::kNumParams; ++n)
-    if (!a.params[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
-  if (!backward) return cudaSuccess;
-  if (!a.dout || !a.dq || !a.dk || !a.dv) return cudaErrorInvalidValue;
-  if (!aligned(a.dout) || !aligned(a.dq) || !aligned(a.dk) || !aligned(a.dv)) return cudaErrorInvalidValue;
-  if (Enc::kNumFeatures > 0 && !a.dfeatures) return cudaErrorInvalidValue;
-  if (Enc::kNumParams > 0 && !a.dparams) return cudaErrorInvalidValue;
+    if (!a.params[n] && Enc::param_numel(n, a.H, a.D) > 0) return "a params pointer is null";
+  if (!backward) return nullptr;
+  if (!a.dout || !a.dq || !a.dk || !a.dv) return "dout, dq, dk or dv is null";
+  if (!aligned(a.dout) || !aligned(a.dq) || !aligned(a.dk) || !aligned(a.dv))
+    return "dout, dq, dk or dv is not 16-byte aligned";
+  if (Enc::kNumFeatures > 0 && !a.dfeatures) return "dfeatures is null";
+  if (Enc::kNumParams > 0 && !a.dparams) return "dparams is null";
   for (int n = 0; n < Enc::kNumFeatures; ++n)
-    if (!a.dfeatures[n]) return cudaErrorInvalidValue;
+    if (!a.dfeatures[n]) return "a dfeatures pointer is null";
   for (int n = 0; n < Enc::kNumParams; ++n)
-    if (!a.dparams[n] && Enc::param_numel(n, a.H, a.D) > 0) return cudaErrorInvalidValue;
-  if ((Enc::kNumTok > 0 || Enc::kNumParams > 0) && !a.status) return cudaErrorInvalidValue;
-  return cudaSuccess;
+    if (!a.dparams[n] && Enc::param_numel(n, a.H, a.D) > 0) return "a dparams pointer is null";
+  if ((Enc::kNumTok > 0 || Enc::kNumParams > 0) && !a.status)
+    return "status is null (the encoding has token or param gradients)";
+  return nullptr;
+}
+template <class Enc>
+cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
+  return args_problem<Enc>(a, kD, backward) ? cudaErrorInvalidValue : cudaSuccess;
+}
+// CudaKernelEntry::refusal of a generated entry.
+template <class Enc>
+const char *args_refusal(const CudaAttnArgs &a, bool backward) {
+  return args_problem<Enc>(a, a.D, backward);
 }
 
 template <class Enc, class In>
@@ -722,9 +747,14 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       constexpr size_t bytes = fwd_smem_bytes<Enc, In, kD>();
       if ((err = allow_smem(forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
       static_assert(kFwdRowAlign % L::BQ == 0, "q' from first_row's tile (prepare)");
-      p.tile0 = a.first_row / L::BQ;
-      const dim3 grid(static_cast<unsigned>(a.B * a.H), blocks_for(a.T, L::BQ) - unsigned(p.tile0));
-      return launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, p);
+      // Query tiles from first_row's, max_grid_y() a launch.
+      Params<Enc, In> g = p;
+      const int64_t n_tiles = blocks_for(a.T, L::BQ), step = max_grid_y();
+      for (g.tile0 = a.first_row / L::BQ; g.tile0 < n_tiles; g.tile0 += step) {
+        const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>(std::min(step, n_tiles - g.tile0)));
+        if ((err = launch(forward_kernel<Enc, In, kD>, grid, kThreads, bytes, st, g)) != cudaSuccess) return err;
+      }
+      return cudaSuccess;
     } else {
       return cudaErrorNotSupported;  // not called: the flash forward runs everywhere
     }
@@ -805,24 +835,34 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
       size_t bytes = flash_fwd_bytes<Enc, In, kD>(), extra = 0;
       if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
       bytes += extra;
-      p.tile0 = tile0;
-      const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>(n_qt), static_cast<unsigned>(splits));
+      // The query tiles from tile0, max_grid_y() a launch, the last (longest rows) first.
+      auto tiles = [&](auto kernel) -> cudaError_t {
+        Params<Enc, In> g = p;
+        const int64_t step = max_grid_y();
+        for (int64_t hi = tile0 + n_qt; hi > tile0; hi = g.tile0) {
+          g.tile0 = std::max(tile0, hi - step);
+          const dim3 grid(static_cast<unsigned>(a.B * a.H), static_cast<unsigned>(hi - g.tile0),
+                          static_cast<unsigned>(splits));
+          if ((err = launch(kernel, grid, F::kThreads, bytes, st, g)) != cudaSuccess) return err;
+        }
+        return cudaSuccess;
+      };
       // Unsplit, or the split kernel (rows_only): as one share (its warps without a row from
       // first_row compute nothing; the same bits in rows [first_row, T)) or its shares' sum.
       if (!rows_only) {
         if ((err = allow_smem(flash_forward_kernel<Enc, In, kD>, bytes)) != cudaSuccess) return err;
-        return launch(flash_forward_kernel<Enc, In, kD>, grid, F::kThreads, bytes, st, p);
+        return tiles(flash_forward_kernel<Enc, In, kD>);
       }
       const auto kernel = flash_forward_kernel<Enc, In, kD, true>;
       if ((err = allow_smem(kernel, bytes)) != cudaSuccess) return err;
       p.num_splits = splits, p.part_row0 = a.first_row, p.part_rows = a.T - a.first_row;
-      if (splits == 1) return launch(kernel, grid, F::kThreads, bytes, st, p);  // o and lse written
+      if (splits == 1) return tiles(kernel);  // o and lse written
       if constexpr (value_rows<Enc>() == 0) {
         // The shares of rows [first_row, T), then their sum into o and lse.
         const int64_t S = a.B * a.H;
         p.part_o = scratch.take<float>(splits * S * p.part_rows * kD, err);
         if (err == cudaSuccess) p.part_lse = scratch.take<float>(splits * S * p.part_rows, err);
-        if (err != cudaSuccess || (err = launch(kernel, grid, F::kThreads, bytes, st, p)) != cudaSuccess) return err;
+        if (err != cudaSuccess || (err = tiles(kernel)) != cudaSuccess) return err;
         return launch(split_combine_kernel<In>, blocks_for(S * p.part_rows * (kD / 4), 256), 256, 0, st, p.part_o,
                       p.part_lse, splits, S, p.part_rows, p.part_row0, p.o_row0, p.o_ld, int64_t(kD), p.o,
                       p.lse);
@@ -1087,12 +1127,20 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
     p.qm = qm, p.scale = a.scale;
   } else {
     using L = BwdSmem<In, kD>;
+    // Key tiles, then query tiles, max_grid_y() a launch (Params::tile0).
+    auto tiles = [&](auto kernel, int64_t n_tiles, size_t bytes) -> cudaError_t {
+      Params<Enc, In> g = p;
+      const int64_t step = max_grid_y();
+      cudaError_t e = cudaSuccess;
+      for (g.tile0 = 0; g.tile0 < n_tiles && e == cudaSuccess; g.tile0 += step)
+        e = launch(kernel, dim3(ubh, static_cast<unsigned>(std::min(step, n_tiles - g.tile0))), kThreads, bytes,
+                   st, g);
+      return e;
+    };
     if ((err = allow_smem(dkdv_kernel<Enc, In, kD>, L::bytes_dkdv)) ||
         (err = allow_smem(dq_kernel<Enc, In, kD>, L::bytes_dq)) ||
-        (err = launch(dkdv_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BK)), kThreads,
-                      L::bytes_dkdv, st, p)) ||
-        (err = launch(dq_kernel<Enc, In, kD>, dim3(ubh, blocks_for(T, L::BQ)), kThreads,
-                      L::bytes_dq, st, p)))
+        (err = tiles(dkdv_kernel<Enc, In, kD>, blocks_for(T, L::BK), L::bytes_dkdv)) ||
+        (err = tiles(dq_kernel<Enc, In, kD>, blocks_for(T, L::BQ), L::bytes_dq)))
       return err;
   }
   // A side with relative rows and no mod: the last of its rows' products writes dq (dk) itself.

@@ -35,6 +35,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -75,6 +76,18 @@ cudaError_t launch(void (*kernel)(KP...), dim3 grid, dim3 block, size_t smem, cu
   kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
   return cudaGetLastError();
 #endif
+}
+
+// CUDA's limit on a grid's y (and z) size, 65,535 blocks. Grids whose y runs over a slice's query or key
+// tiles (the general kernels', the FlashAttention-2-class forward's) pass it near T = 1M to 8M
+// tokens: they go in launches of at most max_grid_y() blocks on y, each from its own first tile
+// (Params::tile0). APE_CUDA_MAX_GRID_Y=N below the limit lowers it: a test's way to reach several
+// launches with a short sequence.
+constexpr int64_t kMaxGridY = 65535;
+inline int64_t max_grid_y() {
+  const char *env = std::getenv("APE_CUDA_MAX_GRID_Y");
+  const long long n = env ? std::atoll(env) : 0;
+  return n > 0 && n < kMaxGridY ? int64_t(n) : kMaxGridY;
 }
 
 // ---- PTX-level operations (sm_80+) ---------------------------------------------------------------

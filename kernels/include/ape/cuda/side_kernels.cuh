@@ -447,7 +447,6 @@ constexpr int kTabTok = 64, kTabRows = 32, kTabThreads = 256, kTabGradTok = 2048
 // A grid's B H slices on y, and on z past the 65535 that y holds (B H >= 65536: a batch of 4096
 // at 16 heads): slice_blocks(BH) the (y, z) extents; a block's slice is z gridDim.y + y, and the
 // blocks past BH (the last z's) have none.
-constexpr int64_t kMaxGridY = 65535;
 inline dim3 slice_blocks(unsigned x, int64_t BH) {
   const int64_t y = BH < kMaxGridY ? BH : kMaxGridY;
   return dim3(x, static_cast<unsigned>(y), static_cast<unsigned>((BH + y - 1) / y));

@@ -97,12 +97,9 @@ cudaError_t launch_transition(const Params<Enc, In> &p, const CudaAttnArgs &a, c
   const TransitionRows rows = transition_rows_of(kAttrs, a.T, a.num_layers, a.layer);
   const int64_t row0 = rows.lo > a.first_row ? rows.lo : a.first_row;
   if (rows.empty() || row0 >= rows.hi) return cudaSuccess;
-  // Rows in launches of at most 65,535 blocks on y (CUDA's limit there: a prompt of some 655K
-  // tokens at 4 layers has more rows to transform than one launch takes); fewer where
-  // APE_CUDA_TRANSITION_MAX_Y says (a test's way to reach several launches with a short prompt).
-  const char *env = std::getenv("APE_CUDA_TRANSITION_MAX_Y");
-  const long long max_y = env ? std::atoll(env) : 0;
-  const int64_t kChunk = (max_y > 0 && max_y < 65535 ? max_y : 65535) * kWarps;
+  // Rows in launches of at most max_grid_y() blocks on y (a prompt of some 655K tokens at 4 layers
+  // has more rows to transform than one launch takes).
+  const int64_t kChunk = max_grid_y() * kWarps;
   for (int64_t r = row0; r < rows.hi; r += kChunk) {
     const int64_t hi = rows.hi - r < kChunk ? rows.hi : r + kChunk;
     const TransitionLaunch tr{rows.lo, hi, rows.I, r, float(kAttrs.alpha), float(kAttrs.beta)};

@@ -69,10 +69,15 @@ inline const cuda::CudaVariant *cuda_variant(const Library &lib, const at::Tenso
   return v && v->forward ? v : nullptr;
 }
 
-// `who`: the start of every message ("ape_NAME.attention_forward: ").
-inline void check_cuda(cudaError_t status, const std::string &who) {
-  TORCH_CHECK(status == cudaSuccess, who, "the CUDA kernel failed: ",
-              cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+// `who`: the start of every message ("ape_NAME.attention_forward: "). With the call's variant and
+// arguments, a refusal says which rule the arguments broke (CudaVariant::refusal).
+inline void check_cuda(cudaError_t status, const std::string &who, const cuda::CudaVariant *var = nullptr,
+                       const cuda::CudaAttnArgs *a = nullptr, bool backward = false) {
+  if (status == cudaSuccess) return;
+  const char *why = status == cudaErrorInvalidValue && var && var->refusal && a ? var->refusal(*a, backward) : nullptr;
+  TORCH_CHECK(!why, who, "the CUDA kernel refused its arguments: ", why);
+  TORCH_CHECK(false, who, "the CUDA kernel failed: ", cudaGetErrorName(status), " (", cudaGetErrorString(status),
+              ")");
 }
 
 // Contiguous float32 copies on the device and their data pointers (a host array, as the
@@ -226,7 +231,7 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   a.scratch = &scratch.alloc;
   const cudaError_t status = var.forward(a);
   scratch.raise(status, who);
-  check_cuda(status, who);
+  check_cuda(status, who, &var, &a);
   return {o, lse};
 }
 
@@ -329,7 +334,7 @@ inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVari
     a.scratch = &scratch.alloc;
     const cudaError_t launched = var.backward(a);
     scratch.raise(launched, who);
-    check_cuda(launched, who);
+    check_cuda(launched, who, &var, &a, true);
     if (sync_check_requested() && !capturing()) {  // (a host read: none inside a graph capture)
       const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
       TORCH_CHECK((st & cuda::kStatusErrors) == 0, who,
