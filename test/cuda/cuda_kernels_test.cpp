@@ -34,6 +34,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <array>
 #include <map>
 #include <set>
 #include <torch/torch.h>  // before the emulator's CUDA surface and its macros
@@ -1830,6 +1831,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   // Refusals leave the cache as it was.
   DevBuf buf;
   ASSERT_CUDA(cudaMalloc(&buf.ptr, 1 << 20));
+  ASSERT_CUDA(cudaMemset(buf.ptr, 0, 1 << 20));  // (the good step below reads it as q, k, v)
   std::vector<const float *> side(16, static_cast<const float *>(buf.ptr));
   ape::cuda::CudaDecodeArgs a;
   a.B = p.B, a.H = p.H, a.n = 1, a.D = p.D, a.dtype = var.dtype;
@@ -1872,10 +1874,12 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   ASSERT_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(fresh.len, 1);
   EXPECT_EQ(fresh.stream, a.stream);
-  // A cache too large for the device (1 TiB of q): the first step fails on its allocation and
-  // leaves no error behind for the next launch to report as its own, nor a started cache.
+  // A cache too large for the device (up to 1 TiB of k, at least 128 GiB; a capacity below 2^31,
+  // which is refused): the first step fails on its allocation and leaves no error behind for the
+  // next launch to report as its own, nor a started cache.
   ape::cuda::CudaDecodeCache huge;
-  huge.capacity = (int64_t(1) << 40) / (p.B * p.H * p.D * int64_t(ape::cuda::dtype_bytes(var.dtype)));
+  huge.capacity = std::min((int64_t(1) << 31) - 1,
+                           (int64_t(1) << 40) / (p.B * p.H * p.D * int64_t(ape::cuda::dtype_bytes(var.dtype))));
   EXPECT_EQ(ape::cuda::decode_step(*e, huge, a), cudaErrorMemoryAllocation);
   EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess) << "the failed allocation's error was left behind";
   EXPECT_FALSE(huge.started());
@@ -2097,6 +2101,17 @@ TEST(CudaArgs, LongerBuffersAndKeyCachesWhereTheyApply) {
   EXPECT_EQ(nope->forward(sp), cudaSuccess);
   EXPECT_EQ(nope->backward(sp), cudaErrorInvalidValue) << "num_splits in a backward";
   EXPECT_EQ(refused(*nope, sp, true), "the backward needs num_splits 0 or 1");
+  // q from a later row (q_row0, q_ld: a decode step's window): at most first_row's window start.
+  CudaAttnArgs qw = call.args();
+  qw.first_row = 5, qw.q_row0 = 1, qw.q_ld = 7;
+  EXPECT_EQ(nope->forward(qw), cudaErrorInvalidValue) << "q_row0 past the window's start";
+  EXPECT_EQ(refused(*nope, qw, false), "q_row0 is not in [0, first_row rounded down to a multiple of kQueryWindow]");
+  qw.q_row0 = 0, qw.q_ld = 7;
+  EXPECT_EQ(refused(*nope, qw, false), "q_ld is below T - q_row0 or 2^31 or more");
+  qw.q_ld = 8;
+  EXPECT_EQ(nope->forward(qw), cudaSuccess);
+  qw.first_row = 0;
+  EXPECT_EQ(refused(*nope, qw, true), "q_row0 and q_ld are for the forward without num_layers only");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_no_findings();
 }
@@ -2620,9 +2635,10 @@ TEST(CudaTransition, RowsInSeveralLaunchesAreTheSame) {
 
 // Grids whose y runs over a slice's tiles go in several launches past CUDA's 65,535 blocks there
 // (the general forward and backward near T = 1M to 2M tokens, the FlashAttention-2-class forward
-// near 8M; APE_CUDA_MAX_GRID_Y=1 makes every tile a launch of its own): o, lse and every gradient
-// bit for bit those of one launch, on each variant (f32: the general kernels; 16-bit: the
-// FlashAttention-2-class forward, unsplit and with its keys split in two).
+// near 8M; APE_CUDA_MAX_GRID_Y=1 makes every tile a launch of its own), and grids over slices or
+// groups of slices (the linear mods', the tables') go on to z (a batch of 2M slices): o, lse and
+// every gradient bit for bit those of one launch, on each variant (f32: the general kernels;
+// 16-bit: the FlashAttention-2-class forward, unsplit and with its keys split in two).
 TEST(CudaKernel, TilesInSeveralLaunchesAreTheSame) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
   const CudaKernelEntry *e = find_cuda("rope");
@@ -2632,10 +2648,13 @@ TEST(CudaKernel, TilesInSeveralLaunchesAreTheSame) {
     const auto &var = e->variants[k];
     if (!seen.insert(var.dtype).second) continue;
     SCOPED_TRACE(std::string(ape::cuda::dtype_name(var.dtype)) + " d" + std::to_string(var.head_dim));
-    const Problem p = make_problem(*e, 1, 2, 200, var.head_dim, 7);
+    // T 200 at B H 2: tiles; T 20 at B H 40: two groups of the linear mod's 32 slices, on z.
+    for (const auto [B, H, T] : {std::array<int64_t, 3>{1, 2, 200}, std::array<int64_t, 3>{5, 8, 20}})
     for (const int splits : {1, 2}) {
+      const Problem p = make_problem(*e, B, H, T, var.head_dim, 7);
       if (splits == 2 && var.dtype == DType::F32) continue;  // (no split kernel for f32)
-      SCOPED_TRACE("num_splits " + std::to_string(splits));
+      SCOPED_TRACE("B " + std::to_string(B) + " H " + std::to_string(H) + " T " + std::to_string(T) +
+                   ", num_splits " + std::to_string(splits));
       RunOptions opt;
       opt.num_splits = splits;
       Outputs one, many;
@@ -2651,13 +2670,15 @@ TEST(CudaKernel, TilesInSeveralLaunchesAreTheSame) {
 #ifdef APE_SIMT
       std::map<std::string, int64_t> launches;
       for (const auto &t : ape::simt::take_traffic())
-        for (const char *kernel : {"forward_kernel<", "dkdv_kernel<", "dq_kernel<"})
+        for (const char *kernel : {"detail::forward_kernel<", "flash_forward_kernel<", "dkdv_kernel<", "dq_kernel<"})
           if (t.kernel.find(kernel) != std::string::npos) launches[kernel] += t.launches;
-      if (var.dtype == DType::F32) {
+      if (T == 200 && var.dtype == DType::F32) {
         EXPECT_GT(launches["dkdv_kernel<"], 1) << "the general backward's key tiles went in one launch";
         EXPECT_GT(launches["dq_kernel<"], 1) << "the general backward's query tiles went in one launch";
       }
-      EXPECT_GT(launches["forward_kernel<"], 1) << "the forward's tiles went in one launch";
+      if (T == 200)
+        EXPECT_GT(launches[var.dtype == DType::F32 ? "detail::forward_kernel<" : "flash_forward_kernel<"], 1)
+            << "the forward's tiles went in one launch";
 #endif
       ASSERT_EQ(one.size(), many.size());
       for (size_t n = 0; n < one.size(); ++n)

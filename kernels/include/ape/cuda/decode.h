@@ -54,7 +54,8 @@ struct CudaDecodeCache {
   int64_t len = 0;                // tokens cached
   int64_t B = 0, H = 0, D = 0;    // fixed by the first step
   DType dtype = DType::BF16;
-  void *q = nullptr, *k = nullptr, *v = nullptr;  // (B, H, capacity, D) raw projections, rows [0, len)
+  void *k = nullptr, *v = nullptr;  // (B, H, capacity, D) raw projections, rows [0, len) (q: none
+                                    // kept; a step reads its own, CudaAttnArgs::q_row0)
   void *km = nullptr;       // (B, H, capacity, D) k' (CudaKernelEntry::caches_k_mod), or null
   float *krel = nullptr;    // the key side's relative rows, B H capacity key_rel_floats floats
                             // (CudaAttnArgs::krel), or null
@@ -72,11 +73,11 @@ struct CudaDecodeCache {
   cudaStream_t stream = nullptr;
   bool started() const { return B > 0; }
   void release() {
-    for (void *x : {q, k, v, km, static_cast<void *>(krel), static_cast<void *>(tok), static_cast<void *>(tok_carry)})
+    for (void *x : {k, v, km, static_cast<void *>(krel), static_cast<void *>(tok), static_cast<void *>(tok_carry)})
       if (x) cudaFreeAsync(x, stream);
     for (float *f : features)
       if (f) cudaFreeAsync(f, stream);
-    q = k = v = km = nullptr, krel = tok = nullptr, tok_carry = nullptr;
+    k = v = km = nullptr, krel = tok = nullptr, tok_carry = nullptr;
     features.clear(), len = km_len = rows = 0, B = H = D = 0, stream = nullptr;
   }
   ~CudaDecodeCache() { release(); }
@@ -171,6 +172,7 @@ inline cudaError_t malloc_async(void **ptr, size_t bytes, cudaStream_t st) {
 inline const char *step_args_problem(const CudaKernelEntry &e, const CudaDecodeArgs &a, bool prefill) {
   constexpr int64_t kMaxDim = int64_t(1) << 31;
   if (a.B >= kMaxDim || a.H >= kMaxDim || a.n >= kMaxDim || a.D >= kMaxDim) return "B, H, n or D is 2^31 or more";
+  if (a.B * a.H >= kMaxDim) return "B·H is 2^31 slices or more";
   if (!std::isfinite(a.scale)) return "scale is not finite";
   if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
     return "layer is not in [0, num_layers)";
@@ -200,6 +202,7 @@ inline const char *decode_refusal(const CudaKernelEntry &e, const CudaDecodeCach
   if (const char *why = decode_detail::step_args_problem(e, a, c.len == 0)) return why;
   if (!find_variant(e, a.dtype, a.D)) return "this build has no variant of that dtype and head dim (D)";
   if (c.capacity < 1) return "the cache has no capacity";
+  if (c.capacity >= (int64_t(1) << 31)) return "the cache's capacity is 2^31 tokens or more";
   if (c.len + a.n > c.capacity) return "the step's tokens pass the cache's capacity";
   if (c.started() && (a.B != c.B || a.H != c.H || a.D != c.D || a.dtype != c.dtype))
     return "B, H, D or the dtype differs from the cache's first step";
@@ -250,7 +253,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     const size_t feat_bytes = static_cast<size_t>(S * C) * sizeof(float);
     void *krel = nullptr, *tok = nullptr, *carry = nullptr;
     std::vector<void *> feats(static_cast<size_t>(e.num_features), nullptr);
-    std::vector<std::pair<void **, size_t>> bufs = {{&c.q, bytes}, {&c.k, bytes}, {&c.v, bytes},
+    std::vector<std::pair<void **, size_t>> bufs = {{&c.k, bytes}, {&c.v, bytes},
                                                     {e.caches_k_mod ? &c.km : nullptr, bytes},
                                                     {rel_bytes > 0 ? &krel : nullptr, rel_bytes},
                                                     {tok_bytes > 0 ? &tok : nullptr, tok_bytes},
@@ -274,8 +277,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     c.B = a.B, c.H = a.H, c.D = D, c.dtype = a.dtype, c.rows = C;
   }
   // The new rows into place.
-  if ((err = copy_rows(c.q, C, L0, a.q, n, n, S, row, st)) != cudaSuccess ||
-      (err = copy_rows(c.k, C, L0, a.k, n, n, S, row, st)) != cudaSuccess ||
+  if ((err = copy_rows(c.k, C, L0, a.k, n, n, S, row, st)) != cudaSuccess ||
       (err = copy_rows(c.v, C, L0, a.v, n, n, S, row, st)) != cudaSuccess)
     return err;
   for (int f = 0; f < e.num_features; ++f)
@@ -297,10 +299,23 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     else cudaFreeAsync(ptr, st);
   };
   const bool o_direct = reinterpret_cast<uintptr_t>(a.o) % 16 == 0;
-  void *o_tmp = nullptr, *lse_tmp = nullptr;
-  if (!o_direct && (err = take(o_tmp, static_cast<size_t>(S * n) * row)) != cudaSuccess) return err;
-  if (!a.lse && (err = take(lse_tmp, static_cast<size_t>(S * n) * sizeof(float))) != cudaSuccess) {
+  // q: the forward reads rows [q0, L), q0 = L0 rounded down to kQueryWindow (CudaAttnArgs::q_row0):
+  // the step's own rows where they are all of it and aligned, else a window in scratch, zeros
+  // before L0 (those rows make only outputs before L0, which are not kept) and the step's rows.
+  const int64_t q0 = L0 / kQueryWindow * kQueryWindow;
+  const bool q_direct = q0 == L0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0;
+  void *o_tmp = nullptr, *lse_tmp = nullptr, *q_tmp = nullptr;
+  auto give_all = [&] {
     give(o_tmp);
+    give(lse_tmp);
+    give(q_tmp);
+  };
+  if ((!o_direct && (err = take(o_tmp, static_cast<size_t>(S * n) * row)) != cudaSuccess) ||
+      (!a.lse && (err = take(lse_tmp, static_cast<size_t>(S * n) * sizeof(float))) != cudaSuccess) ||
+      (!q_direct && ((err = take(q_tmp, static_cast<size_t>(S * (L - q0)) * row)) != cudaSuccess ||
+                     (err = cudaMemsetAsync(q_tmp, 0, static_cast<size_t>(S * (L - q0)) * row, st)) != cudaSuccess ||
+                     (err = copy_rows(q_tmp, L - q0, L0 - q0, a.q, n, n, S, row, st)) != cudaSuccess))) {
+    give_all();
     return err;
   }
   CudaAttnArgs f;
@@ -318,7 +333,8 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     f.layer = a.layer, f.num_layers = a.num_layers, f.o_from_first = false;
     f.q = a.q, f.k = a.k, f.v = a.v, f.features = a.features;
   } else {
-    f.q = c.q, f.k = c.k, f.v = c.v, f.ld = C, f.feat_ld = C;
+    f.q = q_direct ? a.q : q_tmp, f.q_row0 = q0, f.q_ld = L - q0;
+    f.k = c.k, f.v = c.v, f.ld = C, f.feat_ld = C;
     if (c.km) f.km = c.km;
     if (c.krel) f.krel = c.krel;
     if (c.tok) f.tok = c.tok, f.tok_carry = c.tok_carry;
@@ -326,8 +342,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   }
   err = forward(e, f);
   if (err == cudaSuccess && !o_direct) err = copy_rows(a.o, n, 0, o_tmp, n, n, S, row, st);
-  give(o_tmp);
-  give(lse_tmp);
+  give_all();
   // The cache's stream after the step's work: a later step there, or release(), follows it.
   back.done = true;
   const cudaError_t ordered = order_after(st, c.stream);

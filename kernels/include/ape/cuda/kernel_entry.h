@@ -74,6 +74,10 @@ struct CudaScratchAllocator {
   void *ctx = nullptr;
 };
 
+// A forward computes q' (and reads q) from first_row rounded down to a multiple of this on
+// (CudaAttnArgs::first_row, q_row0): every query tile divides it.
+constexpr int64_t kQueryWindow = 384;
+
 struct CudaAttnArgs {
   int64_t B = 0, H = 0, T = 0, D = 0;
   DType dtype = DType::BF16;
@@ -108,6 +112,13 @@ struct CudaAttnArgs {
   // call with num_layers > 0 (an attention transition reads q', k', v as (B, H, T, D)), whether
   // or not the encoding has a transition.
   int64_t ld = 0;
+  // Forward only: q holds each slice's rows from q_row0 on, q_ld rows a slice (0: ld, or T where
+  // ld is 0), so a decode step passes the rows the forward reads, not the sequence's: q_row0 at
+  // most first_row rounded down to a multiple of kQueryWindow (the forward reads q from there; its
+  // rows before first_row make only rows of o and lse before first_row, which the call leaves
+  // unspecified, so a caller may pass zeros for them), q_row0 + q_ld >= T. Both 0 (the default): q as k and v. Refused for the backward and with
+  // num_layers > 0.
+  int64_t q_row0 = 0, q_ld = 0;
   // Forward only: the elements per (b, h) slice of each feature (B, H, feat_ld), the first T of
   // each slice the call's (a decode cache's features, kept at its capacity, read in place). 0 (the
   // default) or T: contiguous (B, H, T). Refused below T, for the backward and with num_layers > 0,

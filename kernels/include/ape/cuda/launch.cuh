@@ -173,6 +173,15 @@ const char *args_problem(const CudaAttnArgs &a, int64_t kD, bool backward) {
     return "layer is not in [0, num_layers)";
   if (a.o_from_first && backward) return "o_from_first is for the forward only";
   if (a.o_from_first && a.num_layers > 0) return "o_from_first is refused with num_layers > 0";
+  // q from row q_row0, q_ld rows a slice (CudaAttnArgs::q_row0): every row the forward reads.
+  if (a.q_row0 != 0 || a.q_ld != 0) {
+    if (backward || a.num_layers > 0) return "q_row0 and q_ld are for the forward without num_layers only";
+    if (a.q_row0 < 0 || (a.T > 0 && a.q_row0 > a.first_row / kQueryWindow * kQueryWindow))
+      return "q_row0 is not in [0, first_row rounded down to a multiple of kQueryWindow]";
+    const int64_t q_rows = a.q_ld != 0 ? a.q_ld : a.ld != 0 ? a.ld : a.T;
+    if (a.q_ld < 0 || a.q_ld >= kMaxDim || a.q_row0 + q_rows < a.T) return "q_ld is below T - q_row0 or 2^31 or more";
+    if (a.B > 0 && a.H > 0 && a.q_ld > 0 && a.B * a.H > INT64_MAX / (a.q_ld * kD)) return "B·H·q_ld·D overflows int64";
+  }
   // Inputs in a longer buffer (CudaAttnArgs::ld) and a cached k' (km): the forward's kernels, the
   // mods and the relative rows' tables take them; the backward and the transition read q', k' and
   // v as (B, H, T, D).
@@ -251,6 +260,8 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   Params<Enc, In> p{};
   p.B = a.B, p.H = a.H, p.T = a.T, p.D = a.D;
   p.ld_q = p.ld_k = p.ld_v = a.ld != 0 ? a.ld : a.T;
+  if (a.q_ld != 0) p.ld_q = a.q_ld;
+  p.qm_row0 = a.q_row0;  // q holds the rows from q_row0 (q' = q where there is no q mod)
   p.num_splits = 1;
   p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
   p.v = static_cast<const In *>(a.v), p.o = static_cast<In *>(a.o), p.lse = a.lse;
@@ -270,9 +281,10 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   return p;
 }
 
-// The grid of the linear mods' kernels: x over a slice's runs, y over groups of kLinBh slices.
+// The grid of the linear mods' kernels: x over a slice's runs, y (then z, past 65,535: slice_blocks)
+// over groups of kLinBh slices.
 template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D, int64_t row0 = 0) {
-  return dim3(blocks_for((p.T - row0) * D / run_len<In>(), 256), blocks_for(p.B * p.H, kLinBh));
+  return slice_blocks(blocks_for((p.T - row0) * D / run_len<In>(), 256), (p.B * p.H + kLinBh - 1) / kLinBh);
 }
 
 // y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] (side_kernels.cuh, table_rows_kernel)
@@ -292,7 +304,7 @@ cudaError_t launch_table_rows(const In *x, int64_t ld_x, const float *bias, cons
 // Every forward kernel's query tile (32, 64, 128 or 192 rows: FwdSmem, FlashFwd, HopperFwd with 2
 // or 3 consumers) divides this, so the tile holding first_row starts at or after first_row rounded
 // down to it: the first q' row a forward reads (static_asserts at the launches).
-constexpr int64_t kFwdRowAlign = 384;
+constexpr int64_t kFwdRowAlign = kQueryWindow;
 // The rows of one warp of the FlashAttention-2-class forward, at most (16 kMT: 16 at d_h 128, 32
 // below): its split kernel reads q' and the query side's relative rows from first_row's warp on.
 constexpr int64_t kFwdWarpRows = 32;
@@ -322,10 +334,10 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
   // A linear mod (side_kernels.cuh): its coefficients once per position and run for kLinBh slices.
   // Rows [row0, T) of every slice, x with ld_x rows per slice, xm with ld_xm.
   auto mod = [&](auto is_q, const In *x, int64_t ld_x, In *xm, int64_t ld_xm, int64_t row0,
-                 int64_t xm_row0 = 0) -> cudaError_t {
+                 int64_t xm_row0 = 0, int64_t x_row0 = 0) -> cudaError_t {
     constexpr bool kIsQ = decltype(is_q)::value;
     if (row0 >= p.T) return cudaSuccess;
-    const ModRows rows{row0, ld_x, ld_xm, xm_row0};
+    const ModRows rows{row0, ld_x, ld_xm, xm_row0, x_row0};
     if constexpr (linear_mod<Enc, kIsQ>())
       return launch(mod_forward_linear_kernel<Enc, In, kIsQ, kModD>, linear_mod_grid<In>(p, kModD, row0), 256, 0,
                     st, p, x, xm, rows);
@@ -344,7 +356,7 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
     const int64_t q_rows = p.T - q_row0;
     In *qm = scratch.take<In>(BH * q_rows * p.D, err);
     if (err != cudaSuccess) return err;
-    if ((err = mod(std::true_type{}, p.q, p.ld_q, qm, q_rows, q_row0, q_row0)) != cudaSuccess) return err;
+    if ((err = mod(std::true_type{}, p.q, p.ld_q, qm, q_rows, q_row0, q_row0, p.qm_row0)) != cudaSuccess) return err;
     p.qm = qm, p.ld_q = q_rows, p.qm_row0 = q_row0;
   }
   if constexpr (Enc::kHasKMod) {

@@ -119,7 +119,7 @@ template <class Enc, class In, bool kIsQ, int D> struct ModSide {
 // Rows [row0, T) of each slice: x with ld_x rows a slice, xm with ld_xm from row xm_row0 (row t
 // of a slice at t - xm_row0: q' in scratch from the first row a forward reads).
 struct ModRows {
-  int64_t row0, ld_x, ld_xm, xm_row0 = 0;
+  int64_t row0, ld_x, ld_xm, xm_row0 = 0, x_row0 = 0;  // x from row x_row0 (CudaAttnArgs::q_row0)
 };
 
 // xm = mod(x) (kIsQ: q_mod, else k_mod), computed in fp32: a thread per run of kV elements, or
@@ -140,7 +140,7 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm,
     if constexpr (kIsQ) return from_float<In>(Enc::q_mod(ctx, t, c, to_float(xv), to_float(yv)));
     else return from_float<In>(Enc::k_mod(ctx, t, c, to_float(xv), to_float(yv)));
   };
-  const In *xr = x + (bh * rows.ld_x + t) * D;
+  const In *xr = x + (bh * rows.ld_x + t - rows.x_row0) * D;
   In *xo = xm + (bh * rows.ld_xm + t - rows.xm_row0) * D;
   In own[kV], part[kV], out[kV];
   load_run<In, kV>(xr, c0, own);
@@ -260,7 +260,7 @@ struct LinearRun {
 template <class S, int D, class P> __device__ inline bool linear_run(const P &p, LinearRun &r, int64_t row0 = 0) {
   const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * S::kV;  // in one slice, from row0
   const int64_t BH = p.B * p.H;
-  r.bh0 = int64_t(blockIdx.y) * kLinBh;
+  r.bh0 = (blockIdx.z * int64_t(gridDim.y) + blockIdx.y) * kLinBh;  // (groups on y, then z: linear_mod_grid)
   if (e >= (p.T - row0) * D || r.bh0 >= BH) return false;
   r.c0 = e % D, r.t = row0 + e / D, r.bh1 = r.bh0 + kLinBh < BH ? r.bh0 + kLinBh : BH;
   r.p0 = S::partner_of(r.c0);
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(256, 2) mod_forward_linear_kernel(const Params
       In own[kLinU][kV], part[kLinU][kV];
       #pragma unroll
       for (int i = 0; i < kLinU; ++i)
-        if (bh + i < bh1) load_partners<kShape, D, S>(x + ((bh + i) * rows.ld_x + t) * D, c0, p0, own[i], part[i]);
+        if (bh + i < bh1) load_partners<kShape, D, S>(x + ((bh + i) * rows.ld_x + t - rows.x_row0) * D, c0, p0, own[i], part[i]);
       #pragma unroll
       for (int i = 0; i < kLinU; ++i) {
         if (bh + i >= bh1) continue;
@@ -448,7 +448,7 @@ constexpr int kTabTok = 64, kTabRows = 32, kTabThreads = 256, kTabGradTok = 2048
 // at 16 heads): slice_blocks(BH) the (y, z) extents; a block's slice is z gridDim.y + y, and the
 // blocks past BH (the last z's) have none.
 inline dim3 slice_blocks(unsigned x, int64_t BH) {
-  const int64_t y = BH < kMaxGridY ? BH : kMaxGridY;
+  const int64_t max_y = max_grid_y(), y = BH < max_y ? BH : max_y;  // (APE_CUDA_MAX_GRID_Y: a test's way to reach z)
   return dim3(x, static_cast<unsigned>(y), static_cast<unsigned>((BH + y - 1) / y));
 }
 __device__ inline int64_t block_slice() { return blockIdx.z * int64_t(gridDim.y) + blockIdx.y; }
