@@ -45,14 +45,27 @@ inline void check_whole_numbers(CLI::App &app) {
   }
 }
 
+// An empty value: `--out ''` failed later with "output folder  cannot be created", `--resume ''`
+// trained from scratch as if no --resume had been given, `--csv ''` said it could not write "".
+// Refused on every option of `app` that takes a value (an empty --prompt too: it had its own
+// refusal, "the prompt is empty").
+inline void check_nonempty_values(CLI::App &app) {
+  for (CLI::Option *o : app.get_options()) {
+    if (o->get_expected_min() < 1) continue;  // (a flag)
+    o->check(CLI::Validator([](std::string &s) { return s.empty() ? std::string("the value is empty") : std::string(); }, ""));
+  }
+}
+
 }  // namespace ape::cli
 
-// CLI11_PARSE with every integer option decimal and within 64 bits (check_whole_numbers), and the tools' exit status: 0 for --help, 1 for a bad command line (CLI11's own
+// CLI11_PARSE with every integer option decimal and within 64 bits (check_whole_numbers), no empty
+// value (check_nonempty_values), and the tools' exit status: 0 for --help, 1 for a bad command line (CLI11's own
 // codes are 100-120), as for every other error of the tools; APE_CLI_PARSE_STATUS gives another
 // status for a bad command line (ape-check's 2: 1 is its failed check).
 #define APE_CLI_PARSE_STATUS(app, argc, argv, status)        \
   try {                                                      \
     ape::cli::check_whole_numbers(app);                      \
+    ape::cli::check_nonempty_values(app);                    \
     (app).parse((argc), (argv));                             \
   } catch (const CLI::ParseError &ape_cli_error_) {          \
     return (app).exit(ape_cli_error_) == 0 ? 0 : (status);   \

@@ -2177,7 +2177,7 @@ TEST(CudaDecode, AOneTokenStepMovesTheKeysAndValuesOnce) {
 }
 #endif
 
-// Steps past row 384 (kFwdRowAlign), where a step computes q' and the query side's relative rows
+// Steps past row 384 (kFwdRowAlign, kQueryWindow), where a step computes q' and the query side's relative rows
 // of the rows from 384 only (the Hopper forward's tiles) or from the new rows' warp, 416
 // (kFwdWarpRows: the FlashAttention-2-class kernel as one share): the same rows as the full forward, for a q mod (RoPE, its k' cached;
 // dynamic NTK, k' recomputed), relative rows on both sides (Shaw, Transformer-XL, DeBERTa) and a
@@ -2191,6 +2191,12 @@ TEST(CudaDecode, StepsPastTheFirstAlignedRows) {
     if (!var) continue;  // not in this build
     const CudaKernelEntry *e = find_cuda(name);
     check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {420, 1, 7});
+    // From row 384 on: a step at 384 reads its own q (CudaAttnArgs::q_row0 = 384), later ones a
+    // window from 384 with zeros before their rows; the step of 100 at 400 runs the unsplit
+    // kernel (most of its tile's rows are new) from q's row 384. (A q mod, relative rows on the
+    // query side, a token program: the kinds of reader of q and its rows.)
+    if (std::string(name) == "rope" || std::string(name) == "transformer_xl" || std::string(name) == "cable")
+      check_decode_steps(name, static_cast<size_t>(var - e->variants), 0, {384, 1, 15, 100, 7});
     ++ran;
   }
   if (ran == 0) GTEST_SKIP() << "none of the encodings in this build (or no CUDA device)";

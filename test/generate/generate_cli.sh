@@ -56,6 +56,17 @@ expect_error "does not fit a 64-bit integer" -c "$ckpt" --cache-dir "$cache" --s
 # (0x10 was 16, and a hex seed past 64 bits ran as 2^63 - 1)
 expect_error "is not a whole decimal number" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 0x10
 expect_error "is not a whole decimal number" -c "$ckpt" --cache-dir "$cache" --prompt hi --seed 0x1ffffffffffffffffffffffff
+# An empty value is refused on every option that takes one, by every tool (`--out ''` failed
+# later with an odd message, `--resume ''` trained from scratch).
+expect_error "checkpoint: the value is empty" -c "" --prompt hi
+expect_error "cache-dir: the value is empty" -c "$ckpt" --cache-dir "" --prompt hi
+expect_error "prompt: the value is empty" -c "$ckpt" --cache-dir "$cache" --prompt ""
+for opt in --out --resume --data --device; do
+  "$train" --encoding rope "$opt" "" >"$work/err.txt" 2>&1
+  rc=$?
+  [ $rc -eq 1 ] && grep -q -- "${opt#--}: the value is empty" "$work/err.txt" \
+    || { cat "$work/err.txt"; fail "ape-train $opt '' (status $rc)"; }
+done
 # Bytes that are not UTF-8 are refused, named by offset (the tokenizer made them <unk>).
 printf 'It was \xff\xfe the best' > "$work/latin.txt"
 expect_error "byte 7 (0xff) starts no UTF-8 character" -c "$ckpt" --cache-dir "$cache" --prompt-file "$work/latin.txt"

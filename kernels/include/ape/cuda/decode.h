@@ -13,10 +13,13 @@
 // full forward's within the 16-bit rounding of P and o (another order of the same sums), the same
 // run to run.
 //
-// How: the cache holds every token's raw q, k, v in buffers of `capacity` rows per slice, (B, H,
+// How: the cache holds every token's raw k and v in buffers of `capacity` rows per slice, (B, H,
 // capacity, D), allocated at the first step; a step copies its n new rows into place and runs the
 // forward with T = L, first_row = L0 and CudaAttnArgs::ld = capacity, which reads the buffers in
-// place. Where the encoding's k mod does not depend on the length (CudaKernelEntry::caches_k_mod)
+// place. It keeps no q: the forward reads q from L0 rounded down to kQueryWindow (384) only, and
+// those rows before L0 make only outputs the step does not keep, so the step passes its own q
+// (CudaAttnArgs::q_row0 = L0) where L0 is such a multiple, else a window of those rows in scratch,
+// zeros before L0. Where the encoding's k mod does not depend on the length (CudaKernelEntry::caches_k_mod)
 // the cache keeps k' too (CudaAttnArgs::km), and likewise the key side's relative rows
 // (CudaKernelEntry::key_rel_floats, CudaAttnArgs::krel) and, where the token program does not read
 // the length, its sequences and scan carries (tok_seqs, CudaAttnArgs::tok: a step reruns it from
@@ -106,7 +109,8 @@ struct CudaDecodeArgs {
   int num_splits = 0;
   cudaStream_t stream = nullptr;
   // The step's scratch memory (the forward's, sized by the step's rows; o through it only where o is
-  // not 16-byte aligned, lse where lse is null; CudaAttnArgs::scratch; nullptr: cudaMallocAsync).
+  // not 16-byte aligned, lse where lse is null, q's window of at most 383 + n rows where L0 is not a
+  // multiple of 384 or q is not 16-byte aligned; CudaAttnArgs::scratch; nullptr: cudaMallocAsync).
   // The cache's own buffers come from cudaMallocAsync on the first step's stream
   // (CudaDecodeCache::stream; release() frees them there).
   const CudaScratchAllocator *scratch = nullptr;
@@ -313,7 +317,8 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   if ((!o_direct && (err = take(o_tmp, static_cast<size_t>(S * n) * row)) != cudaSuccess) ||
       (!a.lse && (err = take(lse_tmp, static_cast<size_t>(S * n) * sizeof(float))) != cudaSuccess) ||
       (!q_direct && ((err = take(q_tmp, static_cast<size_t>(S * (L - q0)) * row)) != cudaSuccess ||
-                     (err = cudaMemsetAsync(q_tmp, 0, static_cast<size_t>(S * (L - q0)) * row, st)) != cudaSuccess ||
+                     (L0 > q0 && (err = cudaMemsetAsync(q_tmp, 0, static_cast<size_t>(S * (L - q0)) * row, st)) !=
+                                     cudaSuccess) ||
                      (err = copy_rows(q_tmp, L - q0, L0 - q0, a.q, n, n, S, row, st)) != cudaSuccess))) {
     give_all();
     return err;

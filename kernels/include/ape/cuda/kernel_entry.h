@@ -91,7 +91,8 @@ struct CudaAttnArgs {
   float scale = 0;
   // Forward only: the first query row whose output is wanted. The query tiles before the one
   // holding it are skipped (rows [first_row, T) of o and lse are written; with o_from_first false,
-  // the rows of that tile before first_row may be written with their values or left as they were:
+  // the rows of that tile before first_row may be written with their values (of the q given:
+  // q_row0) or left as they were:
   // a call that splits its keys (num_splits), or whose computed tiles' rows are mostly before
   // first_row or past T (a decode step's), computes only the warps that hold wanted rows);
   // the token program, k' and the key side's relative rows still cover all T tokens (from km_rows
@@ -106,7 +107,7 @@ struct CudaAttnArgs {
   // default): (B, H, T, D) and (B, H, T). Refused with num_layers > 0 (an attention transition
   // reads and rewrites o and lse as (B, H, T, .)); no effect where first_row is 0.
   bool o_from_first = false;
-  // Forward only: the rows per (b, h) slice of q, k and v (each slice's T rows followed by
+  // Forward only: the rows per (b, h) slice of q (but see q_ld), k and v (each slice's T rows followed by
   // ld - T unused ones: a longer buffer, such as a decode cache of ld tokens, read in place). 0
   // (the default) or T: contiguous (B, H, T, D). ld > T is refused for the backward and for a
   // call with num_layers > 0 (an attention transition reads q', k', v as (B, H, T, D)), whether

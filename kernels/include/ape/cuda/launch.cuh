@@ -173,15 +173,6 @@ const char *args_problem(const CudaAttnArgs &a, int64_t kD, bool backward) {
     return "layer is not in [0, num_layers)";
   if (a.o_from_first && backward) return "o_from_first is for the forward only";
   if (a.o_from_first && a.num_layers > 0) return "o_from_first is refused with num_layers > 0";
-  // q from row q_row0, q_ld rows a slice (CudaAttnArgs::q_row0): every row the forward reads.
-  if (a.q_row0 != 0 || a.q_ld != 0) {
-    if (backward || a.num_layers > 0) return "q_row0 and q_ld are for the forward without num_layers only";
-    if (a.q_row0 < 0 || (a.T > 0 && a.q_row0 > a.first_row / kQueryWindow * kQueryWindow))
-      return "q_row0 is not in [0, first_row rounded down to a multiple of kQueryWindow]";
-    const int64_t q_rows = a.q_ld != 0 ? a.q_ld : a.ld != 0 ? a.ld : a.T;
-    if (a.q_ld < 0 || a.q_ld >= kMaxDim || a.q_row0 + q_rows < a.T) return "q_ld is below T - q_row0 or 2^31 or more";
-    if (a.B > 0 && a.H > 0 && a.q_ld > 0 && a.B * a.H > INT64_MAX / (a.q_ld * kD)) return "B·H·q_ld·D overflows int64";
-  }
   // Inputs in a longer buffer (CudaAttnArgs::ld) and a cached k' (km): the forward's kernels, the
   // mods and the relative rows' tables take them; the backward and the transition read q', k' and
   // v as (B, H, T, D).
@@ -194,6 +185,15 @@ const char *args_problem(const CudaAttnArgs &a, int64_t kD, bool backward) {
     if (a.feat_ld < a.T || a.feat_ld >= kMaxDim) return "feat_ld is below T or 2^31 or more";
     if (backward || a.num_layers > 0) return "feat_ld other than T is for the forward without num_layers only";
     if (a.B > 0 && a.H > 0 && a.B * a.H > INT64_MAX / a.feat_ld) return "B·H·feat_ld overflows int64";
+  }
+  // q from row q_row0, q_ld rows a slice (CudaAttnArgs::q_row0): every row the forward reads.
+  if (a.q_row0 != 0 || a.q_ld != 0) {
+    if (backward || a.num_layers > 0) return "q_row0 and q_ld are for the forward without num_layers only";
+    if (a.q_row0 < 0 || a.q_row0 > a.first_row / kQueryWindow * kQueryWindow)
+      return "q_row0 is not in [0, first_row rounded down to a multiple of kQueryWindow]";
+    const int64_t q_rows = a.q_ld != 0 ? a.q_ld : a.ld != 0 ? a.ld : a.T;
+    if (a.q_ld < 0 || a.q_ld >= kMaxDim || a.q_row0 + q_rows < a.T) return "q_ld is below T - q_row0 or 2^31 or more";
+    if (a.B > 0 && a.H > 0 && a.q_ld > 0 && a.B * a.H > INT64_MAX / (a.q_ld * kD)) return "B·H·q_ld·D overflows int64";
   }
   if (a.km || a.krel || a.tok || a.tok_carry || a.km_rows != 0) {
     if (backward) return "km, krel, tok and km_rows are for the forward only";
