@@ -213,9 +213,18 @@ at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, co
   const CudaKernel &c = kernel_for(entry, q);
   const CudaDecodeKeeps keeps = cuda_decode_keeps(entry);
   torch_ops::CacheRows rows;
+  // q from first_row rounded down to the forward's window: the step's own rows where that is
+  // first_row, else zeros before them (they make only outputs before first_row, not returned).
+  const int64_t q0 = first_row / cuda::kQueryWindow * cuda::kQueryWindow;
+  at::Tensor qw = q;
+  if (q0 < first_row) {
+    qw = at::zeros({q.size(0), q.size(1), T - q0, q.size(3)}, q.options());
+    qw.narrow(2, first_row - q0, q.size(2)).copy_(q);
+  }
+  rows.q_row0 = q0;
   rows.T = T, rows.km = kept.km, rows.krel = kept.krel, rows.tok = kept.tok, rows.tok_carry = kept.tok_carry;
   rows.km_rows = kept.rows, rows.krel_floats = keeps.krel_floats, rows.tok_seqs = keeps.tok_seqs;
-  return std::get<0>(torch_ops::forward_cuda(c.who, *c.variant, q, k, v, features, params, scale, first_row, 0, 0, rows));
+  return std::get<0>(torch_ops::forward_cuda(c.who, *c.variant, qw, k, v, features, params, scale, first_row, 0, 0, rows));
 }
 
 CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &entry) {

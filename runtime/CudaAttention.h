@@ -54,7 +54,7 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
                                                          double scale, int64_t first_row = 0,
                                                          AttnLayer layer = {});
 
-// What a decode cache keeps for this encoding's CUDA kernels besides the raw q, k, v
+// What a decode cache keeps for this encoding's CUDA kernels besides the raw k, v
 // (cuda/kernel_entry.h, CudaKernelEntry): k' (caches_k_mod), the key side's relative rows
 // (key_rel_floats floats a token), the token program's sequences (tok_seqs) and their scans'
 // running sums.
@@ -64,7 +64,7 @@ struct CudaDecodeKeeps {
 };
 CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &entry);
 
-// The kept rows of a decode cache (runtime/Decode.h): km (B, H, capacity, D) like q; krel
+// The kept rows of a decode cache (runtime/Decode.h): km (B, H, capacity, D) like k; krel
 // (float32, B H capacity krel_floats elements); tok (float32, B H tok_seqs capacity) and
 // tok_carry (float64, B H tok_seqs 2). Each undefined where not kept; `rows` of them computed.
 struct CudaKeptRows {
@@ -72,9 +72,11 @@ struct CudaKeptRows {
   int64_t rows = 0;
 };
 
-// A decode step's forward over a cache read in place: q, k, v (B, H, capacity, D) hold T tokens;
-// the kept rows get the rows from kept.rows up to T. Returns o of rows [first_row, T) only,
-// (B, H, T - first_row, D) (cuda/kernel_entry.h: ld, km, krel, tok, o_from_first).
+// A decode step's forward over a cache read in place: k, v (B, H, capacity, D) hold T tokens, q
+// (B, H, T - first_row, D) the step's own queries (the forward reads q from first_row rounded down
+// to kQueryWindow: a window with zeros before first_row where that is earlier; the cache keeps no
+// q); the kept rows get the rows from kept.rows up to T. Returns o of rows [first_row, T) only,
+// (B, H, T - first_row, D) (cuda/kernel_entry.h: ld, q_row0, km, krel, tok, o_from_first).
 at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, const at::Tensor &k,
                                const at::Tensor &v, int64_t T, const std::vector<at::Tensor> &features,
                                const std::vector<at::Tensor> &params, double scale, int64_t first_row,

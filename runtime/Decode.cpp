@@ -86,18 +86,18 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
   if (L0 + n > capacity)
     bad(e, std::to_string(L0) + " cached + " + std::to_string(n) + " new tokens exceed the capacity " +
                std::to_string(capacity));
-  if (cache.q.defined() && (cache.q.size(0) != q.size(0) || cache.q.size(1) != q.size(1) ||
-                            cache.q.size(3) != q.size(3) || cache.q.scalar_type() != q.scalar_type() ||
-                            cache.q.device() != q.device()))
+  if (cache.k.defined() && (cache.k.size(0) != q.size(0) || cache.k.size(1) != q.size(1) ||
+                            cache.k.size(3) != q.size(3) || cache.k.scalar_type() != q.scalar_type() ||
+                            cache.k.device() != q.device()))
     bad(e, "the step's B, H, D, dtype or device differ from the cache's");
-  if (cache.q.defined() && L0 + n > cache.q.size(2))
-    bad(e, "the cache was made for " + std::to_string(cache.q.size(2)) + " tokens");
+  if (cache.k.defined() && L0 + n > cache.k.size(2))
+    bad(e, "the cache was made for " + std::to_string(cache.k.size(2)) + " tokens");
   // The kernels for q's dtype and head dim (throws where there are none) before the cache changes.
   if (const std::string problem = cuda_attention_problem(e, q.scalar_type(), q.size(3)); !problem.empty())
     bad(e, problem);
-  if (!cache.q.defined()) {  // the buffers, once (all or none: an allocation may throw)
+  if (!cache.k.defined()) {  // the buffers, once (all or none: an allocation may throw)
     const std::vector<int64_t> shape = {q.size(0), q.size(1), capacity, q.size(3)};
-    at::Tensor bq = at::zeros(shape, q.options()), bk = at::zeros(shape, q.options());
+    at::Tensor bk = at::zeros(shape, q.options());
     at::Tensor bv = at::zeros(shape, q.options());
     const CudaDecodeKeeps keeps = cuda_decode_keeps(e);
     const int64_t S = q.size(0) * q.size(1);
@@ -111,11 +111,11 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
     }
     std::vector<at::Tensor> feats;  // (B, H, capacity) each: a step copies its own into place
     for (size_t i = 0; i < features.size(); ++i) feats.push_back(at::zeros({q.size(0), q.size(1), capacity}, f32));
-    cache.q = bq, cache.k = bk, cache.v = bv, cache.kept = kept, cache.features = feats;
+    cache.k = bk, cache.v = bv, cache.kept = kept, cache.features = feats;
   }
   // The step's rows into place past the cached ones: a step that fails (a kernel's error, memory
   // running out) leaves the cache at its L0 tokens; the next step writes these rows again.
-  cache.q.narrow(2, L0, n).copy_(q), cache.k.narrow(2, L0, n).copy_(k), cache.v.narrow(2, L0, n).copy_(v);
+  cache.k.narrow(2, L0, n).copy_(k), cache.v.narrow(2, L0, n).copy_(v);
   for (size_t i = 0; i < features.size(); ++i) cache.features[i].narrow(2, L0, n).copy_(features[i]);
   // An attention transition transforms the prompt only (the prefill, the first step), as on the
   // CPU: from the step's own tensors (the transition reads q', k', v as (B, H, T, D)); k' is then
@@ -124,7 +124,7 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
   if (L0 == 0 && layer.count > 0) {
     o = cuda_attention_forward(e, q, k, v, features, params, scale, 0, layer).first;
   } else {
-    o = cuda_decode_forward(e, cache.q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0, cache.kept);
+    o = cuda_decode_forward(e, q, cache.k, cache.v, L0 + n, cache.features, params, scale, L0, cache.kept);
     cache.kept.rows = L0 + n;
   }
   cache.gpu_len = L0 + n;
@@ -148,7 +148,7 @@ at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t cap
     if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() || !t->device().is_cpu())
       bad(e, "k and v must match q");
   check_side_inputs(e, m, q, features, params, true);
-  if (cache.q.defined()) bad(e, "the cache holds GPU steps (one cache serves one device)");
+  if (cache.k.defined()) bad(e, "the cache holds GPU steps (one cache serves one device)");
   if ((f32 && cache.f64.started()) || (!f32 && cache.f32.started()))
     bad(e, "the cache holds the other precision (one cache serves one dtype)");
   return f32 ? run_step<float>(e, cache.f32, capacity, q, k, v, features, params, scale, layer)

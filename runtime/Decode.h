@@ -31,15 +31,16 @@ struct KernelEntry;
 struct LayerCache {
   DecodeCache<float> f32;
   DecodeCache<double> f64;
-  // On a GPU: every token's raw q, k, v in (B, H, capacity, D) buffers, rows [0, gpu_len), read in
-  // place by the CUDA forward, and what else the kernels keep of them (kept: k', the key side's relative rows, the token
-  // program's sequences and scan sums; runtime/CudaAttention.h, cuda_decode_keeps), rows
-  // [0, kept.rows); the features (B, H, capacity) float32, rows [0, gpu_len).
-  at::Tensor q, k, v;
+  // On a GPU: every token's raw k, v in (B, H, capacity, D) buffers, rows [0, gpu_len), read in
+  // place by the CUDA forward (no q: a step reads its own, cuda_decode_forward), and what else the
+  // kernels keep of them (kept: k', the key side's relative rows, the token program's sequences
+  // and scan sums; runtime/CudaAttention.h, cuda_decode_keeps), rows [0, kept.rows); the features
+  // (B, H, capacity) float32, rows [0, gpu_len).
+  at::Tensor k, v;
   CudaKeptRows kept;
   int64_t gpu_len = 0;
   std::vector<at::Tensor> features;
-  int64_t len() const { return q.defined() ? gpu_len : f32.started() ? f32.len : f64.len; }
+  int64_t len() const { return k.defined() ? gpu_len : f32.started() ? f32.len : f64.len; }
 };
 
 // A model's caches: one per block, all with the same capacity (tokens).

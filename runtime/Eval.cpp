@@ -302,9 +302,14 @@ void write_csv(const std::string &path, const std::vector<EvalRow> &rows, bool k
   std::ostringstream o;
   o << header;
   if (keep_other_encodings) {  // the rows of the encodings `rows` does not have, as they were
-    std::ifstream in(path, std::ios::binary);
+    // (of a regular file only, through links: a FIFO's open waits for a writer; write_file_atomically
+    // then says what it is)
+    std::error_code reg_ec;
     std::stringstream old;
-    if (in) old << in.rdbuf();
+    if (std::filesystem::is_regular_file(path, reg_ec)) {
+      std::ifstream in(path, std::ios::binary);
+      if (in) old << in.rdbuf();
+    }
     std::string text = old.str();
     // As a spreadsheet or an editor may save it: CRLF line ends read as LF, a UTF-8 byte-order mark
     // dropped, a last line without its newline given one.

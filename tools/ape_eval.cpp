@@ -68,7 +68,9 @@ static int tool_main(int argc, char **argv) {
       ->check(CLI::IsMember({"test", "valid"}))
       ->capture_default_str();
   app.add_option("--csv", csv,
-                 "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses)");
+                 "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses);\n"
+                 "an existing file of that form keeps its rows of the encodings this run does not evaluate, as\n"
+                 "ape-train's results.csv does (another form is kept beside it as NAME.unmerged.csv)");
   app.add_option("--encoding", encoding,
                  "Evaluate with the kernel NAME instead of the one each checkpoint was trained with (e.g. a\n"
                  "rope checkpoint with rope_yarn); the trainable parameters must match in name and shape, fixed\n"
@@ -235,7 +237,7 @@ static int tool_main(int argc, char **argv) {
     ape::print_table(std::cout, rows, std::string("Held-out ") + (split == "valid" ? "validation" : "test") +
                                          " books, cells: mean token loss / perplexity");
     if (!csv.empty()) {
-      ape::write_csv(csv, rows);
+      ape::write_csv(csv, rows, /*keep_other_encodings=*/true);  // (a run's results.csv loses nothing)
       std::cout << "\nresults -> " << csv << "\n";
     }
     if (!nonfinite.empty()) {

@@ -36,6 +36,13 @@ b=$(awk -F, 'NR == 2 { print $5 }' "$work/eval.csv")
   --eval-multiples 1 --eval-tokens 128 --out "$work/ft0b" > "$work/ft0b.log" 2>&1 || fail "--init-from alone"
 c=$(awk -F, 'NR == 2 { print $5 }' "$work/ft0b/results.csv")
 [ "$c" != "$a" ] || fail "rope_factor 2 and 1 score the same ($a)"
+# ape-eval's --csv onto a training run's results.csv keeps that run's rows of other encodings (it
+# replaced the file: rope_pi's rows were lost) and adds its own.
+cp "$work/ft0b/results.csv" "$work/merged.csv"
+"$eval" -c "$ckpt" --eval-multiples 1 --eval-tokens 64 --cache-dir "$cache" --threads 1 --csv "$work/merged.csv" \
+  > "$work/merge.log" 2>&1 || { cat "$work/merge.log"; fail "ape-eval --csv onto results.csv"; }
+grep -q "^rope_pi," "$work/merged.csv" && grep -q "^rope," "$work/merged.csv" ||
+  { cat "$work/merged.csv"; fail "ape-eval --csv dropped the run's rows or wrote none"; }
 
 # A few steps: the loss moves, and the run resumes from its checkpoint like any other.
 "$train" -e rope_pi --init-from "$ckpt" --set rope_factor=2 --steps 4 --seq-len 32 --batch 4 \

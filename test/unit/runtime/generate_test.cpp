@@ -154,7 +154,7 @@ TEST(Threads, EnvironmentSettings) {
 
 // decode_attention's refusals (runtime/Decode.h): a step's features and params against the
 // manifest, with their names; a cache serves the device of its first step only (a GPU cache is its
-// q, k, v tensors: one made here stands in for it); nothing changes on a refusal.
+// k, v tensors: one made here stands in for it); nothing changes on a refusal.
 TEST(Decode, StepInputsAreCheckedBeforeTheCacheChanges) {
   const ape::KernelEntry &e = ape::find_kernel("cable");
   const at::Tensor q = at::randn({1, 2, 3, 8}, at::kFloat);
@@ -175,7 +175,7 @@ TEST(Decode, StepInputsAreCheckedBeforeTheCacheChanges) {
   EXPECT_EQ(message(cache, {feat}), "(no error)");
   EXPECT_EQ(cache.len(), 3);
   ape::LayerCache gpu;
-  gpu.q = at::zeros({1, 2, 16, 8});
+  gpu.k = at::zeros({1, 2, 16, 8});
   EXPECT_NE(message(gpu, {feat}).find("the cache holds GPU steps"), std::string::npos);
   EXPECT_FALSE(gpu.f32.started());
 }

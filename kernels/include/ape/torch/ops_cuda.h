@@ -155,16 +155,17 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
   return a;
 }
 
-// A decode cache read in place (CudaAttnArgs::ld, km, krel, tok): q, k, v of forward_cuda hold
-// `rows` = q.size(2) rows per slice of which the first T are the call's, and o and lse hold the
-// rows from first_row only, (B, H, T - first_row, .) (CudaAttnArgs::o_from_first); km (same shape, or
-// undefined) holds k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or
+// A decode cache read in place (CudaAttnArgs::ld, q_row0, km, krel, tok): k and v of forward_cuda
+// hold `rows` = k.size(2) rows per slice of which the first T are the call's, q the rows
+// [q_row0, T) only, (B, H, T - q_row0, D), and o and lse hold the rows from first_row only,
+// (B, H, T - first_row, .) (CudaAttnArgs::o_from_first); km (shaped like k, or undefined) holds k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or
 // undefined) the key side's relative rows of them (CudaKernelEntry::key_rel_floats), tok (float32,
 // B H tok_seqs rows) and tok_carry (float64, B H tok_seqs 2) the token program's sequences and
 // scan sums (CudaKernelEntry::tok_seqs), and the call computes the rest up to T. The features
 // then hold `rows` elements per slice too (CudaAttnArgs::feat_ld), the first T the call's.
 struct CacheRows {
-  int64_t T = -1;  // -1: every row (no cache)
+  int64_t T = -1;  // -1: every row (no cache): else k and v hold the cache's rows (B, H, capacity, D)
+  int64_t q_row0 = 0;  // q holds rows [q_row0, T) only (CudaAttnArgs::q_row0; a decode step's window)
   at::Tensor km, krel, tok, tok_carry;
   int64_t km_rows = 0, krel_floats = 0, tok_seqs = 0;
 };
@@ -193,21 +194,26 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
   a.first_row = first_row, a.layer = layer, a.num_layers = num_layers, a.o_from_first = window;
   if (cache.T >= 0) {
-    a.T = T, a.ld = q.size(2), a.feat_ld = q.size(2);
+    const int64_t rows = k.size(2);  // the cache's capacity
+    TORCH_CHECK(q.size(2) == T - cache.q_row0, who, "a cache's q must hold rows [q_row0, T)");
+    TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
+                    rows >= T,
+                who, "a cache's k and v must be (B, H, rows >= T, D) like q's B, H and D");
+    a.T = T, a.ld = rows, a.feat_ld = rows, a.q_row0 = cache.q_row0, a.q_ld = q.size(2);
     for (const auto &t : features)
-      TORCH_CHECK(t.dim() == 3 && t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == q.size(2), who,
-                  "a cache's features must be (B, H, rows) like its q");
+      TORCH_CHECK(t.dim() == 3 && t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == rows, who,
+                  "a cache's features must be (B, H, rows) like its k");
     if (cache.km.defined()) {  // written in place: no copy may stand in for it
-      TORCH_CHECK(cache.km.is_contiguous() && cache.km.sizes() == q.sizes() &&
-                      cache.km.scalar_type() == q.scalar_type() && cache.km.device() == q.device() &&
+      TORCH_CHECK(cache.km.is_contiguous() && cache.km.sizes() == k.sizes() &&
+                      cache.km.scalar_type() == k.scalar_type() && cache.km.device() == k.device() &&
                       reinterpret_cast<uintptr_t>(cache.km.data_ptr()) % 16 == 0,
-                  who, "the k' cache must be contiguous, aligned, and shaped, typed and placed like q");
+                  who, "the k' cache must be contiguous, aligned, and shaped, typed and placed like k");
       a.km = cache.km.data_ptr(), a.km_rows = cache.km_rows;
     }
     if (cache.krel.defined()) {
       TORCH_CHECK(cache.krel.is_contiguous() && cache.krel.scalar_type() == at::kFloat &&
                       cache.krel.device() == q.device() && cache.krel_floats > 0 &&
-                      cache.krel.numel() == q.size(0) * q.size(1) * q.size(2) * cache.krel_floats,
+                      cache.krel.numel() == q.size(0) * q.size(1) * rows * cache.krel_floats,
                   who, "the relative rows' cache must be contiguous float32 on q's device, B H rows x ",
                   cache.krel_floats, " elements");
       a.krel = cache.krel.data_ptr<float>(), a.km_rows = cache.km_rows;
@@ -216,7 +222,7 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
       const int64_t S = q.size(0) * q.size(1);
       TORCH_CHECK(cache.tok.defined() && cache.tok_carry.defined() && cache.tok_seqs > 0 &&
                       cache.tok.is_contiguous() && cache.tok.scalar_type() == at::kFloat &&
-                      cache.tok.numel() == S * cache.tok_seqs * q.size(2) && cache.tok_carry.is_contiguous() &&
+                      cache.tok.numel() == S * cache.tok_seqs * rows && cache.tok_carry.is_contiguous() &&
                       cache.tok_carry.scalar_type() == at::kDouble && cache.tok_carry.numel() == S * cache.tok_seqs * 2 &&
                       cache.tok.device() == q.device() && cache.tok_carry.device() == q.device(),
                   who, "the token program's cache must be contiguous float32 (B H ", cache.tok_seqs,
