@@ -283,6 +283,18 @@ train_stage() {  # dir suite_build logs python jobs
     --score-tokens 4096 --cache-dir "$cache" || rc=1
   step score-cpu "$bin/ape-generate" -c "$out/gpu-bf16/rope.ckpt" --device cpu --score "$out/score.txt" \
     --score-tokens 4096 --cache-dir "$cache" || rc=1
+  # The two scores agree: the GPU's cached steps (its q read from each step's window of 384 rows,
+  # CudaAttnArgs::q_row0; k' kept) against the CPU's, the last bucket's cumulative loss (the mean
+  # over all 4096 tokens) within 0.05 nats (bf16 against f32; a broken step costs nats).
+  local sg sc
+  sg=$(awk 'NF == 5 && $1 ~ /\.\./ { v = $5 } END { print v }' "$out/score-gpu.log")
+  sc=$(awk 'NF == 5 && $1 ~ /\.\./ { v = $5 } END { print v }' "$out/score-cpu.log")
+  if [ -n "$sg" ] && [ -n "$sc" ] && awk -v a="$sg" -v b="$sc" 'BEGIN { d = a - b; exit !(d < 0.05 && d > -0.05) }'; then
+    echo "score-match: exit 0 (gpu $sg, cpu $sc)" | tee -a "$out/steps.txt"
+  else
+    echo "score-match: exit 1 (gpu '$sg', cpu '$sc')" | tee -a "$out/steps.txt"
+    rc=1
+  fi
   # One-token steps at long contexts (B 1, H 16, d_h 64): each slice's keys split over blocks (the
   # default, CudaAttnArgs::num_splits) and unsplit; tokens/s in the CSVs. Cable: a step reruns its
   # token program over all L (one block a slice), what its time against RoPE's shows.
