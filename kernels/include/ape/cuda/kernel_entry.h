@@ -252,8 +252,10 @@ inline cudaError_t backward(const CudaKernelEntry &e, const CudaAttnArgs &a) {
 // In words, why forward(e, a) (backward: backward(e, a)) returns cudaErrorInvalidValue before
 // launching anything, or nullptr where the arguments pass: a (dtype, head dim) the build did not
 // instantiate, or the first rule of CudaAttnArgs the call breaks ("q, k, v or o is not 16-byte
-// aligned"). A call whose arguments pass may still fail: memory, a launch, or a scratch block
-// from the caller's allocator that is not 16-byte aligned (cudaErrorInvalidValue too).
+// aligned"). A call whose arguments pass may still fail: memory, a launch, or (cudaErrorInvalidValue
+// too) a scratch block from the caller's allocator that is not 16-byte aligned, or B·H·T past the
+// Hopper kernels' int tile counts and TMA coordinates (some 2^36 rows: terabytes, beyond any
+// device's memory).
 inline const char *refusal(const CudaKernelEntry &e, const CudaAttnArgs &a, bool backward) {
   const CudaVariant *v = find_variant(e, a.dtype, a.D);
   if (!v) return "this build has no variant of that dtype and head dim (D)";

@@ -152,7 +152,7 @@ cudaError_t plan_param_cache(Params<Enc, In> &p, size_t bytes, bool grads, size_
 
 // The arguments of one call checked against the encoding: every pointer the call reads or
 // writes is present (a null dfeatures / dparams with features or params would be dereferenced).
-// In words, the first rule the call breaks (CudaKernelEntry::refusal), or nullptr.
+// In words, the first rule the call breaks (CudaVariant::refusal, ape::cuda::refusal), or nullptr.
 template <class Enc>
 const char *args_problem(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.D != kD) return "D is not the variant's head dim";
@@ -249,7 +249,7 @@ template <class Enc>
 cudaError_t check_args(const CudaAttnArgs &a, int64_t kD, bool backward) {
   return args_problem<Enc>(a, kD, backward) ? cudaErrorInvalidValue : cudaSuccess;
 }
-// CudaKernelEntry::refusal of a generated entry.
+// CudaVariant::refusal of the generated variants (apec's entry file).
 template <class Enc>
 const char *args_refusal(const CudaAttnArgs &a, bool backward) {
   return args_problem<Enc>(a, a.D, backward);
