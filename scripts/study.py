@@ -696,6 +696,8 @@ class Runner:
         rows = []
         for i, (mults, keep, s) in enumerate(calls):
             out_csv = os.path.join(d, f"eval_{name}_{i}.csv")
+            if not self.args.dry_run and os.path.exists(out_csv):
+                os.remove(out_csv)  # (ape-eval keeps a file's rows of other labels: an earlier try's)
             cmd = [self.eval_bin, "-c", ckpt, "--eval-multiples", ",".join(map(str, mults)),
                    "--eval-tokens", str(c["eval_tokens"]), "--csv", out_csv] + self.common()
             if name == VALID_VARIANT[0]:

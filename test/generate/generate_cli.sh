@@ -56,8 +56,9 @@ expect_error "does not fit a 64-bit integer" -c "$ckpt" --cache-dir "$cache" --s
 # (0x10 was 16, and a hex seed past 64 bits ran as 2^63 - 1)
 expect_error "is not a whole decimal number" -c "$ckpt" --cache-dir "$cache" --prompt hi -n 0x10
 expect_error "is not a whole decimal number" -c "$ckpt" --cache-dir "$cache" --prompt hi --seed 0x1ffffffffffffffffffffffff
-# An empty value is refused on every option that takes one, by every tool (`--out ''` failed
-# later with an odd message, `--resume ''` trained from scratch).
+# An empty value is refused on every option that takes one, by ape-generate, ape-train, ape-eval and
+# ape-check (tools/Cli.h; `--out ''` failed later with an odd message, `--resume ''` trained from
+# scratch).
 expect_error "checkpoint: the value is empty" -c "" --prompt hi
 expect_error "cache-dir: the value is empty" -c "$ckpt" --cache-dir "" --prompt hi
 expect_error "prompt: the value is empty" -c "$ckpt" --cache-dir "$cache" --prompt ""

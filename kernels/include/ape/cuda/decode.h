@@ -1,8 +1,8 @@
 // CUDA KV-cache decoding for generated positional encodings (docs/decoding.md).
 //
 // The CUDA sibling of cpu/decode.h, driving the same generated kernels as the full forward
-// (cuda/attention.cuh, through CudaKernelEntry): a step appends n new tokens (their raw q, k, v
-// and token features, on the device) to a cache of L0 tokens and returns the attention outputs
+// (cuda/attention.cuh, through CudaKernelEntry): a step appends n new tokens (their raw k, v and
+// token features, on the device; their q is read, not kept) to a cache of L0 tokens and returns the attention outputs
 // of the n new queries over all L = L0 + n keys. A prefill is the first step (L0 = 0).
 // Contract, as on the CPU: the outputs of a step equal rows L0 .. L - 1 of the full forward over
 // the L tokens so far, bit for bit (they are that forward's rows: the same kernels over the same
@@ -18,8 +18,8 @@
 // forward with T = L, first_row = L0 and CudaAttnArgs::ld = capacity, which reads the buffers in
 // place. It keeps no q: the forward reads q from L0 rounded down to kQueryWindow (384) only, and
 // those rows before L0 make only outputs the step does not keep, so the step passes its own q
-// (CudaAttnArgs::q_row0 = L0) where L0 is such a multiple, else a window of those rows in scratch,
-// zeros before L0. Where the encoding's k mod does not depend on the length (CudaKernelEntry::caches_k_mod)
+// (CudaAttnArgs::q_row0 = L0) where L0 is such a multiple and q is 16-byte aligned, else a window
+// of those rows in scratch, zeros before L0. Where the encoding's k mod does not depend on the length (CudaKernelEntry::caches_k_mod)
 // the cache keeps k' too (CudaAttnArgs::km), and likewise the key side's relative rows
 // (CudaKernelEntry::key_rel_floats, CudaAttnArgs::krel) and, where the token program does not read
 // the length, its sequences and scan carries (tok_seqs, CudaAttnArgs::tok: a step reruns it from

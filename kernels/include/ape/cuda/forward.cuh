@@ -31,8 +31,9 @@ template <class Enc, class In, int D> constexpr size_t fwd_smem_bytes() {
   return align_up(L::bytes + sizeof(float) * L::BQ * value_rows<Enc>());
 }
 
-// One block per (query tile, slice): grid (B*H, ceil(T / BQ) - tile0), query tiles from tile0
-// (CudaAttnArgs::first_row; 0 but for a decode step). With value rows, each query row
+// One block per (query tile, slice): grid (B*H, ceil(T / BQ) - first_row / BQ) in launches of at
+// most max_grid_y() tiles on y, each from its own tile0 (CudaAttnArgs::first_row's tile; 0 but for
+// a decode step). With value rows, each query row
 // also keeps its unnormalised probability mass per table row (rescaled with the running max
 // like O), and o_i gains sum_r mass_i[r] table[r, h, :] / l_i.
 template <class Enc, class In, int D>

@@ -207,8 +207,9 @@ struct CudaVariant {
   CudaAttnFn forward;
   CudaAttnFn backward;
   // Why forward (backward true: backward) refuses a call's arguments (cudaErrorInvalidValue,
-  // nothing launched), in words, or nullptr where they pass: the check both run first. See
-  // refusal() below, which also names a variant the build lacks.
+  // nothing launched), in words, or nullptr where they pass: the check both run first, for a call
+  // of this variant (a.D its head_dim, a.dtype its dtype: find_variant). See refusal() below, which
+  // also names a variant the build lacks.
   const char *(*refusal)(const CudaAttnArgs &a, bool backward);
 };
 
@@ -254,8 +255,8 @@ inline cudaError_t backward(const CudaKernelEntry &e, const CudaAttnArgs &a) {
 // instantiate, or the first rule of CudaAttnArgs the call breaks ("q, k, v or o is not 16-byte
 // aligned"). A call whose arguments pass may still fail: memory, a launch, or (cudaErrorInvalidValue
 // too) a scratch block from the caller's allocator that is not 16-byte aligned, or B·H·T past the
-// Hopper kernels' int tile counts and TMA coordinates (some 2^36 rows: terabytes, beyond any
-// device's memory).
+// Hopper kernels' int tile counts and TMA coordinates (B·H·T past some 2^37 rows, or T within a
+// tile of 2^31: hundreds of GiB at the least).
 inline const char *refusal(const CudaKernelEntry &e, const CudaAttnArgs &a, bool backward) {
   const CudaVariant *v = find_variant(e, a.dtype, a.D);
   if (!v) return "this build has no variant of that dtype and head dim (D)";
