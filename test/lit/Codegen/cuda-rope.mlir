@@ -31,8 +31,8 @@
 // ENTRY: #include "rope_cuda.cuh"
 // ENTRY: cudaError_t forward_bf16_hd64(const ::ape::cuda::CudaAttnArgs &);
 // ENTRY: const char kManifest[] = R"APE_MANIFEST({
-// ENTRY: {::ape::cuda::DType::BF16, 64, &forward_bf16_hd64, &backward_bf16_hd64},
-// ENTRY: {::ape::cuda::DType::F32, 128, &forward_f32_hd128, &backward_f32_hd128},
+// ENTRY: {::ape::cuda::DType::BF16, 64, &forward_bf16_hd64, &backward_bf16_hd64, &::ape::cuda::detail::args_refusal<Enc>},
+// ENTRY: {::ape::cuda::DType::F32, 128, &forward_f32_hd128, &backward_f32_hd128, &::ape::cuda::detail::args_refusal<Enc>},
 // ENTRY: extern "C" const ::ape::cuda::CudaKernelEntry *APE_CUDA_ENTRY(rope)() {
 // ENTRY: Enc::kNumFeatures, Enc::kNumParams, &Enc::param_numel,
 // ENTRY-NEXT: ape_gen_rope::kVariants, 4,
