@@ -2643,7 +2643,8 @@ TEST(CudaTransition, RowsInSeveralLaunchesAreTheSame) {
 // (the general forward and backward near T = 1M to 2M tokens, the FlashAttention-2-class forward
 // near 8M; APE_CUDA_MAX_GRID_Y=1 makes every tile a launch of its own), and grids over slices or
 // groups of slices (the linear mods', the tables') go on to z (a batch of 2M slices): o, lse and
-// every gradient bit for bit those of one launch, on each variant (f32: the general kernels;
+// every gradient bit for bit those of one launch (and within the reference's tolerances of the
+// materialised attention), on each variant (f32: the general kernels;
 // 16-bit: the FlashAttention-2-class forward, unsplit and with its keys split in two).
 TEST(CudaKernel, TilesInSeveralLaunchesAreTheSame) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -2671,6 +2672,9 @@ TEST(CudaKernel, TilesInSeveralLaunchesAreTheSame) {
       {
         EnvScope tiles({{"APE_CUDA_MAX_GRID_Y", "1"}});
         run_gpu(var, p, many, nullptr, opt);
+        // ...and held to the materialised attention (fp64, with same-precision baselines),
+        // forward and gradients, as every kernel is.
+        if (splits == 1 && !HasFatalFailure()) check_problem("rope", var, p, opt);
       }
       if (HasFatalFailure()) return;
 #ifdef APE_SIMT
