@@ -756,6 +756,7 @@ int main(int argc, char **argv) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
       if (i + 1 >= argc) die("missing value after " + a);
+      if (!*argv[i + 1]) die(a + ": the value is empty");
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {

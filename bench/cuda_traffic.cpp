@@ -74,6 +74,7 @@ Options parse(int argc, char **argv) {
     const std::string a = argv[i];
     auto value = [&]() -> const char * {
       if (i + 1 >= argc) die(a + " needs a value");
+      if (!*argv[i + 1]) die(a + ": the value is empty");
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
@@ -87,6 +88,8 @@ Options parse(int argc, char **argv) {
       o.encodings.clear();
       while (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) o.encodings.push_back(argv[++i]);
       if (o.encodings.empty()) die("--encodings needs at least one name");
+      for (const std::string &e : o.encodings)
+        if (e.empty()) die("--encodings: a name is empty");
     } else if (a == "--B") {
       o.B = parse_int("--B", value());
     } else if (a == "--H") {

@@ -52,6 +52,7 @@ int main(int argc, char **argv) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
       if (i + 1 >= argc) { std::cerr << a << " needs a value\n"; std::exit(2); }
+      if (!*argv[i + 1]) { std::cerr << "ape-bench-decode: " << a << ": the value is empty\n"; std::exit(2); }
       return argv[++i];
     };
     if (a == "--encodings") encodings = next();

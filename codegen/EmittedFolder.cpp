@@ -74,6 +74,7 @@ FailureOr<folder::KernelInputInfo> folder::collectInputs(KernelOp kernel,
         d.scale = f64(p.getScale(), 1.0);
         param.derived = d;
       }
+      param.range = getValueRange(p);
       if (param.dims.size() > 8)
         return p.emitOpError("has ") << param.dims.size()
                                      << " dimensions; the generated libraries take at most 8";
@@ -252,6 +253,9 @@ std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
            << cDouble(p.derived->scale) << "}";
       else
         os << "{}";
+      if (p.range)
+        os << ", true, {" << cDouble(p.range->min) << ", " << cDouble(p.range->max) << ", "
+           << (p.range->integer ? "true" : "false") << "}";
       os << "},  // " << p.shapeText << "\n";
     }
     os << "  };\n";

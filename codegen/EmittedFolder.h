@@ -41,6 +41,8 @@ struct KernelInputInfo {
       double start = 0, step = 0, scale = 1;
     };
     std::optional<Derived> derived;
+    /// A fixed param's values (ParamOp's value range: ape_rules::Range), absent where any go.
+    std::optional<::ape_rules::Range> range;
   };
   std::string encoding;
   SmallVector<Feature> features;

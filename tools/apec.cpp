@@ -228,6 +228,19 @@ int main(int argc, char **argv) {
                    << option->getNumOccurrences() << " times; give it once\n";
       return 1;
     }
+  // An empty value is refused, as the runtime's tools refuse it (tools/Cli.h): `-o ''` failed
+  // later as "cannot create : ...", `--expect-name ''` checked nothing and `--source-name ''`
+  // recorded the input path, each with status 0 or a message that did not name the option.
+  for (const auto &[empty, what] : {std::pair<bool, const char *>{inputFile.empty(), "<spec.mlir>"},
+                                     {outDir.getNumOccurrences() && outDir.empty(), "-o"},
+                                     {expectName.getNumOccurrences() && expectName.empty(), "--expect-name"},
+                                     {sourceName.getNumOccurrences() && sourceName.empty(), "--source-name"},
+                                     {llvm::is_contained(emit, ""), "--emit"},
+                                     {llvm::is_contained(cudaDTypes, ""), "--cuda-dtypes"}})
+    if (empty) {
+      llvm::errs() << "apec: " << what << ": the value is empty\n";
+      return 1;
+    }
 
   // The emitters asked for, in registration order (the order their files are written in).
   SmallVector<const ape::Emitter *> wanted;

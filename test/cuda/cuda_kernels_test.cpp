@@ -2698,6 +2698,42 @@ TEST(CudaKernel, TilesInSeveralLaunchesAreTheSame) {
   expect_no_findings();
 }
 
+// The tables' gradients (relative rows: Shaw's key and value tables) take heads on grid z and
+// row groups on y, each capped at CUDA's 65,535 (H past it failed its launch): with the cap at 1
+// (APE_CUDA_MAX_GRID_Y=1, which caps z too there) one block strides over every head and row
+// group, and every output is bit for bit the uncapped launch's (the sums are fixed point).
+TEST(CudaKernel, TableGradientsPastTheGridAreTheSame) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  const CudaKernelEntry *e = find_cuda("shaw");
+  if (!e) GTEST_SKIP() << "shaw is not in this build";
+  const auto &var = e->variants[0];
+  const Problem p = make_problem(*e, 2, 3, 45, var.head_dim, 11);
+  Outputs one, many;
+  run_gpu(var, p, one);
+#ifdef APE_SIMT
+  ape::simt::take_traffic();
+#endif
+  {
+    EnvScope capped({{"APE_CUDA_MAX_GRID_Y", "1"}});
+    run_gpu(var, p, many);
+  }
+  if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+  int64_t launches = 0;
+  for (const auto &t : ape::simt::take_traffic())
+    if (t.kernel.find("table_grad_kernel<") != std::string::npos) launches += t.launches;
+  EXPECT_GT(launches, 0) << "no table gradient ran";
+#endif
+  ASSERT_EQ(one.size(), many.size());
+  int params = 0;
+  for (size_t n = 0; n < one.size(); ++n) {
+    params += one[n].first.rfind("dparam", 0) == 0;
+    EXPECT_TRUE(torch::equal(one[n].second, many[n].second)) << one[n].first << " differs";
+  }
+  EXPECT_GT(params, 0) << "no parameter gradient was compared";
+  expect_no_findings();
+}
+
 // Its backward refuses (training it would compute some other gradient), before reading anything;
 // so does a forward given a layer outside its model.
 TEST(CudaTransition, BackwardAndLayersOutsideTheModelAreRefused) {

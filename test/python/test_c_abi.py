@@ -174,10 +174,21 @@ def test_status_codes_and_messages(encoding):
     assert b"args is NULL" in last()
     B, H, T, D = 1, 2, 3, 4
     q, k, v, features, params = make_inputs(encoding, B, H, T, D, torch.float32)
-    c = Call(*(t.detach() for t in (q, k, v)), [f.detach() for f in features],
-             [params[n].detach() for n in h.PARAMS], 0.5)
+    plist = [params[n].detach().clone() for n in h.PARAMS]
+    c = Call(*(t.detach() for t in (q, k, v)), [f.detach() for f in features], plist, 0.5)
     o, lse = torch.zeros(B, H, T, D), torch.zeros(B, H, T)
     c.args.o, c.args.lse = c.view(o), lse.data_ptr()
+    assert forward(ctypes.byref(c.args)) == APE_OK
+
+    # A fixed param's value outside its manifest range (a position_scale of NaN had made every
+    # output NaN): the runtime's words, before anything runs.
+    for i, name in enumerate(h.PARAMS):
+        if h.MANIFEST["params"][i].get("range"):
+            saved = plist[i].clone()
+            plist[i].fill_(math.nan)
+            assert forward(ctypes.byref(c.args)) == APE_ERROR_INVALID_VALUE
+            assert f"params[{i}]: param '{name}' must be ".encode() in last() and last().endswith(b"got nan"), last()
+            plist[i].copy_(saved)
     assert forward(ctypes.byref(c.args)) == APE_OK
 
     def expect(status, text, **change):

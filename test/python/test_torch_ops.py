@@ -7,6 +7,7 @@ and shapes for every example encoding. test_pytorch2.py has opcheck, torch.compi
 the half-precision dtypes."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -305,6 +306,20 @@ def _bad_calls(encoding, device):
         cases.append((f"param_{name}_shape", lambda bad=bad: run(params=bad), ValueError,
                       rf"param '{name}' must have shape \[.*\] = \[{', '.join(map(str, want))}\] "
                       rf"\(heads = {H}, head_dim = {D}\), got \[4, 4, 4\]"))
+        rng = h.MANIFEST["params"][i].get("range")
+        if rng and device == "cpu":  # (a GPU tensor's values are not read: docs/frameworks.md)
+            # A fixed param outside its manifest range: a rope_factor of 0 or NaN had made every
+            # output NaN, an original length of 2.5 a finite, wrong one. The runtime's words.
+            bad_values = [math.nan, rng["min"] - 1] + ([rng["min"] + 0.5] if rng["integer"] else [])
+            for value in bad_values:
+                bad = list(plist)
+                bad[i] = torch.full_like(plist[i].detach(), value)
+                shown = "nan" if math.isnan(value) else f"{value:.9g}"
+                cases.append((f"param_{name}_value_{shown}", lambda bad=bad: run(params=bad), ValueError,
+                              rf"param '{name}' must be a .* number in \[.*\]; got {re.escape(shown)}"))
+                cases.append((f"param_{name}_value_{shown}_backward",
+                              lambda bad=bad: o.attention_backward(q, q, k, v, q, q[..., 0].detach(), features, bad, 1.0),
+                              ValueError, rf"attention_backward: .*param '{name}' must be a .* number in \[.*\]; got {re.escape(shown)}"))
         if not h.MANIFEST["params"][i]["trainable"]:
             bad = list(plist)
             bad[i] = plist[i].detach().clone().requires_grad_()

@@ -52,6 +52,7 @@
 // HEADERS-NEXT: ape/contract/int_math.h
 // HEADERS-NEXT: ape/contract/kernel_inputs.h
 // HEADERS-NEXT: ape/contract/transition.h
+// HEADERS-NEXT: ape/contract/value_rules.h
 // HEADERS-NEXT: ape/contract/vocabulary.h
 // HEADERS-NEXT: ape/cpu/attention.h
 // HEADERS-NEXT: ape/cpu/decode.h
@@ -95,6 +96,7 @@
 // CHEADERS-NEXT: ape/contract/int_math.h
 // CHEADERS-NEXT: ape/contract/kernel_inputs.h
 // CHEADERS-NEXT: ape/contract/transition.h
+// CHEADERS-NEXT: ape/contract/value_rules.h
 // CHEADERS-NEXT: ape/contract/vocabulary.h
 // CHEADERS-NEXT: ape/cpu/attention.h
 // CHEADERS-NEXT: ape/cpu/decode.h
@@ -129,7 +131,7 @@
 // PY-NEXT: # The params computed
 // PY-NEXT: DERIVED = []
 
-// EXQPE: {"position_scale", 1, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 1}}, false, ape_abi::InitKind::Constant, {}},  // [1]
+// EXQPE: {"position_scale", 1, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 1}}, false, ape_abi::InitKind::Constant, {}, true, {-16777216.0, 16777216.0, false}},  // [1]
 // EXQPE-NEXT: {"override_q_a", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::Q, 16, 0.0, 0.00048828125, 1.0}},
 // EXQPE-NEXT: {"override_q_b", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::Q, 16, 0.0625, 0.0, 1.0}},
 // EXQPE-NEXT: {"override_q_p", 3, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 16}, {ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionPrefix, {true, ape_abi::Projection::Q, 16, 0.0, 0.0, 0.0625}},

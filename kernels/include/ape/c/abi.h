@@ -43,7 +43,7 @@ typedef enum ape_status {
   APE_OK = 0,
   APE_ERROR_NULL_POINTER = 1,  /* args, a required data pointer or a required array is NULL */
   APE_ERROR_INVALID_SHAPE = 2, /* B, H, T < 0, D < 1, or B*H*T*D overflows */
-  APE_ERROR_INVALID_VALUE = 3, /* scale is not finite; a layer out of range */
+  APE_ERROR_INVALID_VALUE = 3, /* scale is not finite; a layer out of range; a fixed param out of its range */
   APE_ERROR_OUT_OF_MEMORY = 4, /* a workspace allocation failed */
   APE_ERROR_INTERNAL = 5,      /* any other failure inside the kernel */
   APE_ERROR_CPU_LEVEL = 6,     /* APE_CPU_LEVEL names an instruction-set level that this CPU or

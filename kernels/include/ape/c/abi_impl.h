@@ -235,6 +235,17 @@ std::vector<P> params(const KernelInputs &in, const Shape &s, const P *arr, cons
   return out;
 }
 
+// The fixed params' values against their ranges (param_range_problem): a rope_factor of 0 made
+// every output NaN.
+template <typename Real>
+void check_param_values(const KernelInputs &in, const Shape &s, const std::vector<const void *> &p) {
+  for (int n = 0; n < in.num_params; ++n) {
+    const std::string why =
+        param_range_problem(in.params[n], static_cast<const Real *>(p[n]), param_numel(in.params[n], s.H, s.D));
+    if (!why.empty()) throw Failure{APE_ERROR_INVALID_VALUE, "params[" + std::to_string(n) + "]: " + why};
+  }
+}
+
 inline void require(const void *p, int64_t n, const char *what) {
   if (!p && n > 0) throw Failure{APE_ERROR_NULL_POINTER, std::string(what) + " is NULL"};
 }
@@ -271,6 +282,7 @@ int forward(const KernelInputs &in, std::string &last_error, const char *functio
                v = input<Real>(a->v, s, 4, "v");
     std::vector<View<Real>> f = features<Real>(in, s, a->features, false, "features");
     std::vector<const void *> p = params(in, s, a->params, "params");
+    check_param_values<Real>(in, s, p);
     View<Real> o = output<Real>(a->o, s, 4, "o");
     require(a->lse, s.rows, "lse");
 
@@ -300,6 +312,7 @@ int backward(const KernelInputs &in, std::string &last_error, const char *functi
     require(a->lse, s.rows, "lse");
     std::vector<View<Real>> f = features<Real>(in, s, a->features, false, "features");
     std::vector<const void *> p = params(in, s, a->params, "params");
+    check_param_values<Real>(in, s, p);
     View<Real> dq = output<Real>(a->dq, s, 4, "dq"), dk = output<Real>(a->dk, s, 4, "dk"),
                dv = output<Real>(a->dv, s, 4, "dv");
     std::vector<View<Real>> df = features<Real>(in, s, a->dfeatures, true, "dfeatures");

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ape/contract/value_rules.h"
 #include "ape/contract/vocabulary.h"
 
 namespace ape {
@@ -44,6 +45,10 @@ struct ParamInput {
   bool trainable;                 // false: the kernel computes no gradient (it writes zeros)
   ape_abi::InitKind init;         // the manifest's init kind
   DerivedInit derived;            // derived for projection_term / projection_prefix
+  // The manifest's "range" of a fixed param (rope_factor, position_scale, a spec's `range`): the
+  // values it may take, by the rule apec and the runtime check (contract/value_rules.h).
+  bool has_range = false;
+  ape_rules::Range range{0, 0, false};
 
   bool is_derived() const { return derived.derived; }
 };
@@ -79,6 +84,20 @@ inline int64_t param_numel(const ParamInput &p, int64_t heads, int64_t head_dim)
     n *= d;
   }
   return n;
+}
+
+// "" when every value of param p (n of them, as the caller holds them) is in its range (or it has
+// none); else why not, in the runtime's words: "param 'rope_factor' must be a positive number in
+// [...]; got 0". Out-of-range values had run: a rope_factor of 0 made every output NaN, a
+// rope_original_length of 2.5 a finite, wrong one.
+template <typename Real> std::string param_range_problem(const ParamInput &p, const Real *values, int64_t n) {
+  if (!p.has_range || !values) return "";
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string why = p.range.check(static_cast<double>(values[i]));
+    if (!why.empty())
+      return "param '" + std::string(p.name) + "' " + why + (n > 1 ? " (element " + std::to_string(i) + ")" : "");
+  }
+  return "";
 }
 
 // The manifest's spelling of param p's shape, e.g. "[heads, head_dim]".

@@ -1209,12 +1209,12 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
   }
   // Tables of relative rows and value rows: their gradients, added in fixed point to what the
   // sinks summed (table_grad_kernel), before the parameters' gradients are converted.
-  const dim3 tab_grid(blocks_for(a.B * T, kTabGradTok), 0, static_cast<unsigned>(a.H));
+  const dim3 tab_grid(blocks_for(a.B * T, kTabGradTok), 0, static_cast<unsigned>(std::min<int64_t>(a.H, max_grid_y())));
   auto table_grad = [&](const float *g, const In *x, int bias, int table, int64_t rows, bool table_trains,
                         bool bias_trains) -> cudaError_t {
     if (!table_trains && !bias_trains) return cudaSuccess;
     dim3 grid = tab_grid;
-    grid.y = blocks_for(rows, kTabRows);
+    grid.y = static_cast<unsigned>(std::min<int64_t>(blocks_for(rows, kTabRows), max_grid_y()));
     return launch(table_grad_kernel<In, kD>, grid, kTabThreads, 0, st, g, x,
                   bias >= 0 ? static_cast<const float *>(p.params[bias]) : nullptr,
                   static_cast<const float *>(p.params[table]), rows, a.B, a.H, T,

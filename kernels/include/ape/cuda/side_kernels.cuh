@@ -549,7 +549,9 @@ __global__ void __launch_bounds__(kTabThreads)
 // and the bias's dbias[h, c] += sum_{b,t,r} g[b, h, t, r] table[r, h, c], into fixed-point sums
 // (either may be null): grid (ceil(B*T / 2048), ceil(rows / 32), H), each block one chunk of
 // 2048 of head h's (b, t) and 32 table rows, its partial sums added once per element. Lane l
-// serves the columns l, l + 32, ..., warp w the table rows w, w + 8, w + 16, w + 24.
+// serves the columns l, l + 32, ..., warp w the table rows w, w + 8, w + 16, w + 24. The host caps
+// y and z at 65,535 (CUDA's limit); a block then also takes the row groups and heads a grid's
+// y and z stride over.
 template <class In, int D>
 __global__ void __launch_bounds__(kTabThreads)
     table_grad_kernel(const float *g, const In *x, const float *bias, const float *table, int64_t rows,
@@ -559,58 +561,62 @@ __global__ void __launch_bounds__(kTabThreads)
   APE_STATIC_SMEM(float, sG, kTok * (kTabRows + 1));
   APE_STATIC_SMEM(float, sX, kTok * D);
   APE_STATIC_SMEM(float, sSum, kTabRows);
-  const int64_t h = blockIdx.z, r0 = blockIdx.y * int64_t(kTabRows), n0 = blockIdx.x * int64_t(kTabGradTok);
-  const int64_t n_end = n0 + kTabGradTok < B * T ? n0 + kTabGradTok : B * T;
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-  float acc[kTabRows / 8][D / 32] = {};
-  float colsum = 0.f;  // thread r < 32: sum of g over the chunk for table row r0 + r
-  static_assert(kTabThreads % D == 0, "a thread stages one column of x");
-  const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
-  for (int64_t n = n0; n < n_end; n += kTok) {
-    if (n > n0) __syncthreads();
-    for (int e = threadIdx.x; e < kTok * kTabRows; e += kTabThreads) {
-      const int tt = e / kTabRows, r = e % kTabRows;
-      const int64_t nn = n + tt, row = ((nn / T) * H + h) * T + nn % T;
-      sG[tt * (kTabRows + 1) + r] = nn < n_end && r0 + r < rows ? g[row * rows + r0 + r] : 0.f;
-    }
-    for (int e = threadIdx.x; e < kTok * D; e += kTabThreads) {
-      const int tt = e / D, c = e % D;
-      const int64_t nn = n + tt, row = ((nn / T) * H + h) * T + nn % T;
-      sX[e] = nn < n_end ? to_float(x[row * D + c]) + bv : 0.f;
-    }
-    __syncthreads();
-    if (dbias_fx && threadIdx.x < kTabRows)
-      for (int tt = 0; tt < kTok; ++tt) colsum += sG[tt * (kTabRows + 1) + threadIdx.x];
-    if (dtable_fx)
-      for (int tt = 0; tt < kTok; ++tt) {
-        float xv[D / 32];
+  const int64_t n0 = blockIdx.x * int64_t(kTabGradTok);
+  for (int64_t h = blockIdx.z; h < H; h += gridDim.z)
+    for (int64_t r0 = blockIdx.y * int64_t(kTabRows); r0 < rows; r0 += gridDim.y * int64_t(kTabRows)) {
+      __syncthreads();  // the previous (h, r0)'s reads of the staged tiles and sums
+      const int64_t n_end = n0 + kTabGradTok < B * T ? n0 + kTabGradTok : B * T;
+      const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+      float acc[kTabRows / 8][D / 32] = {};
+      float colsum = 0.f;  // thread r < 32: sum of g over the chunk for table row r0 + r
+      static_assert(kTabThreads % D == 0, "a thread stages one column of x");
+      const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
+      for (int64_t n = n0; n < n_end; n += kTok) {
+        if (n > n0) __syncthreads();
+        for (int e = threadIdx.x; e < kTok * kTabRows; e += kTabThreads) {
+          const int tt = e / kTabRows, r = e % kTabRows;
+          const int64_t nn = n + tt, row = ((nn / T) * H + h) * T + nn % T;
+          sG[tt * (kTabRows + 1) + r] = nn < n_end && r0 + r < rows ? g[row * rows + r0 + r] : 0.f;
+        }
+        for (int e = threadIdx.x; e < kTok * D; e += kTabThreads) {
+          const int tt = e / D, c = e % D;
+          const int64_t nn = n + tt, row = ((nn / T) * H + h) * T + nn % T;
+          sX[e] = nn < n_end ? to_float(x[row * D + c]) + bv : 0.f;
+        }
+        __syncthreads();
+        if (dbias_fx && threadIdx.x < kTabRows)
+          for (int tt = 0; tt < kTok; ++tt) colsum += sG[tt * (kTabRows + 1) + threadIdx.x];
+        if (dtable_fx)
+          for (int tt = 0; tt < kTok; ++tt) {
+            float xv[D / 32];
+            #pragma unroll
+            for (int m = 0; m < D / 32; ++m) xv[m] = sX[tt * D + lane + 32 * m];
+            #pragma unroll
+            for (int k = 0; k < kTabRows / 8; ++k) {
+              const float gv = sG[tt * (kTabRows + 1) + w + 8 * k];
+              #pragma unroll
+              for (int m = 0; m < D / 32; ++m) acc[k][m] += gv * xv[m];
+            }
+          }
+      }
+      if (dtable_fx)
         #pragma unroll
-        for (int m = 0; m < D / 32; ++m) xv[m] = sX[tt * D + lane + 32 * m];
-        #pragma unroll
-        for (int k = 0; k < kTabRows / 8; ++k) {
-          const float gv = sG[tt * (kTabRows + 1) + w + 8 * k];
-          #pragma unroll
-          for (int m = 0; m < D / 32; ++m) acc[k][m] += gv * xv[m];
+        for (int k = 0; k < kTabRows / 8; ++k)
+          if (r0 + w + 8 * k < rows)
+            #pragma unroll
+            for (int m = 0; m < D / 32; ++m)
+              FixedRef{dtable_fx + 2 * (((r0 + w + 8 * k) * H + h) * D + lane + 32 * m), status} += acc[k][m];
+      if (dbias_fx) {
+        __syncthreads();
+        if (threadIdx.x < kTabRows) sSum[threadIdx.x] = colsum;
+        __syncthreads();
+        for (int c = threadIdx.x; c < D; c += kTabThreads) {
+          float s = 0.f;
+          for (int r = 0; r < kTabRows && r0 + r < rows; ++r) s += sSum[r] * table[((r0 + r) * H + h) * D + c];
+          FixedRef{dbias_fx + 2 * (h * D + c), status} += s;
         }
       }
-  }
-  if (dtable_fx)
-    #pragma unroll
-    for (int k = 0; k < kTabRows / 8; ++k)
-      if (r0 + w + 8 * k < rows)
-        #pragma unroll
-        for (int m = 0; m < D / 32; ++m)
-          FixedRef{dtable_fx + 2 * (((r0 + w + 8 * k) * H + h) * D + lane + 32 * m), status} += acc[k][m];
-  if (dbias_fx) {
-    __syncthreads();
-    if (threadIdx.x < kTabRows) sSum[threadIdx.x] = colsum;
-    __syncthreads();
-    for (int c = threadIdx.x; c < D; c += kTabThreads) {
-      float s = 0.f;
-      for (int r = 0; r < kTabRows && r0 + r < rows; ++r) s += sSum[r] * table[((r0 + r) * H + h) * D + c];
-      FixedRef{dbias_fx + 2 * (h * D + c), status} += s;
     }
-  }
 }
 
 // ---- tables of distance and row/column biases, and their gradients ----------------------------

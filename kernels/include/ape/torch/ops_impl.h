@@ -301,6 +301,18 @@ inline at::ScalarType io_dtype(at::ScalarType t) {
   return t == at::kBFloat16 ? at::kBFloat16 : compute_dtype(t);
 }
 
+// The fixed params' values (pc: as the CPU kernel reads them, in its compute type) against their
+// ranges, in the runtime's words (param_range_problem). On the CPU only: a CUDA call would have
+// to wait for the GPU to read them (docs/frameworks.md).
+inline void check_param_values(const KernelInputs &in, const char *op, const std::vector<at::Tensor> &pc) {
+  for (int i = 0; i < in.num_params; ++i) {
+    if (!in.params[i].has_range) continue;
+    const at::Tensor t = pc[i].to(at::kDouble).contiguous();
+    const std::string why = param_range_problem(in.params[i], t.data_ptr<double>(), t.numel());
+    TORCH_CHECK_VALUE(why.empty(), prefix(in, op), why);
+  }
+}
+
 inline ForwardResult forward_cpu(const KernelInputs &in, const at::Tensor &q, const at::Tensor &k,
                                  const at::Tensor &v, at::TensorList features,
                                  at::TensorList params, double scale, int64_t layer = 0,
@@ -310,6 +322,7 @@ inline ForwardResult forward_cpu(const KernelInputs &in, const at::Tensor &q, co
   const bool bf16 = it == at::kBFloat16;
   at::Tensor qc = prepared(q, it), kc = prepared(k, it), vc = prepared(v, it);
   std::vector<at::Tensor> fc = prepared(features, ct), pc = prepared(params, ct);
+  check_param_values(in, "attention_forward", pc);
   at::Tensor o = at::empty({s.B, s.H, s.T, s.D}, qc.options());
   at::Tensor lse = at::empty({s.B, s.H, s.T}, qc.options().dtype(ct));
   if (ct == at::kFloat)
@@ -331,6 +344,7 @@ inline BackwardResult backward_cpu(const KernelInputs &in, const at::Tensor &dou
   at::Tensor qc = prepared(q, it), kc = prepared(k, it), vc = prepared(v, it);
   at::Tensor oc = prepared(o, it), lc = prepared(lse, ct), gc = prepared(dout, it);
   std::vector<at::Tensor> fc = prepared(features, ct), pc = prepared(params, ct);
+  check_param_values(in, "attention_backward", pc);
   at::Tensor dq = at::empty_like(qc), dk = at::empty_like(kc), dv = at::empty_like(vc);
   std::vector<at::Tensor> df, dp;
   for (const auto &f : fc) df.push_back(at::empty_like(f));
