@@ -37,6 +37,20 @@ void sync_folder(const std::string &dir) {
     throw std::runtime_error("cannot sync folder " + dir + ": " + std::strerror(err));
 }
 
+// "" when `path` does not exist or may be replaced; else why not. A rename replaces any file in a
+// folder one can write, whatever the file's own mode: a checkpoint a user had made read-only
+// (chmod a-w), or another user's, was replaced silently. Refused as `rm` asks first: no write
+// bit at all, or none for this process (access(2)).
+std::string write_protection(const std::string &path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  if ((st.st_mode & 0222) == 0 || ::access(path.c_str(), W_OK) != 0)
+    return "cannot replace " + path + ": it is write-protected (" +
+           ((st.st_mode & 0222) == 0 ? std::string("no write permission") : std::string("not writable by this user")) +
+           "); make it writable, or move it away, or write elsewhere";
+  return "";
+}
+
 void write_all(int fd, const char *data, size_t n, const std::string &tmp) {
   while (n > 0) {
     const ssize_t w = ::write(fd, data, n);
@@ -135,12 +149,18 @@ void write_file_atomically(const std::string &path_given, std::string_view bytes
   if (ec) throw std::runtime_error("cannot create folder " + dir + ": " + ec.message());
   if (fs::is_directory(path, ec))
     throw std::runtime_error("cannot replace " + path + ": it is a folder, not a file");
+  if (const std::string protectedWhy = write_protection(path); !protectedWhy.empty())
+    throw std::runtime_error(protectedWhy);
   remove_stale_temporaries(path);
 
+  // The file it replaces keeps its permissions (a rename would give the new one 0644 less umask).
+  struct stat old {};
+  const bool replaces = ::stat(path.c_str(), &old) == 0;
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot write " + tmp + ": " + why());
   ::flock(fd, LOCK_EX);  // ours until close or death: remove_stale_temporaries leaves it alone
+  if (replaces) ::fchmod(fd, old.st_mode & 0777);
   try {
     size_t first = bytes.size();
     if (kill_hook) {  // the crash-mid-write test hook (AtomicFile.h)
@@ -151,14 +171,14 @@ void write_file_atomically(const std::string &path_given, std::string_view bytes
     write_all(fd, bytes.data(), first, tmp);
     if (first != bytes.size()) ::kill(::getpid(), SIGKILL);
     if (::fsync(fd) != 0) throw std::runtime_error("cannot sync " + tmp + ": " + why() + " (disk full?)");
+    // The lock is held until the rename: another writer's remove_stale_temporaries, which may run
+    // at any moment, must not take the temporary for a dead writer's between our close and rename.
+    sync_folder(dir);
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
     throw;
   }
-  // The lock is held until the rename: another writer's remove_stale_temporaries, which may run
-  // at any moment, must not take the temporary for a dead writer's between our close and rename.
-  sync_folder(dir);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string reason = why();  // before unlink can overwrite errno
     ::close(fd);
@@ -166,7 +186,12 @@ void write_file_atomically(const std::string &path_given, std::string_view bytes
     throw std::runtime_error("cannot replace " + path + " with " + tmp + ": " + reason);
   }
   ::close(fd);  // the data is on disk (fsync above); the lock goes with it
-  sync_folder(dir);
+  try {
+    sync_folder(dir);
+  } catch (const std::exception &e) {
+    throw std::runtime_error(path + " was written, but its rename may not survive a power failure: " +
+                             std::string(e.what()));
+  }
 }
 
 FolderLock::FolderLock(const std::string &dir, const std::string &what) {
@@ -196,6 +221,8 @@ void check_writable(const std::string &dir, const std::string &file) {
   const OutputTarget target = output_target(given);
   if (target.in_place) return;
   const std::string &path = target.path;
+  if (const std::string protectedWhy = write_protection(path); !protectedWhy.empty())
+    throw std::runtime_error(protectedWhy);
   const std::string probe = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot write in the output folder " + folder_of(path) + ": " + why());

@@ -153,11 +153,37 @@ Checkpoint read_checkpoint(const std::string &path) {
   }
   const std::string &buf = c.bytes;
   size_t pos = 0;
+  // Whether the last 8 bytes are the checksum of the rest: a structure that fails to parse then
+  // says so too (a copy that converted line ends or changed a byte read as a nonsense rank or
+  // dtype, which named the damage as if it were a writer's).
+  uint64_t tail = 0;
+  if (buf.size() >= 16) std::memcpy(&tail, buf.data() + buf.size() - 8, 8);
+  const bool sealed = buf.size() >= 16 && tail == fnv1a(buf.data(), buf.size() - 8);
+  auto damaged = [&](const std::string &why) {
+    return fail(why + (sealed ? "" : "; its checksum does not match either: the file was damaged or cut short"));
+  };
+  // A tensor's name for a message: names are printable ASCII as written; any other byte (a damaged
+  // file's) as \xNN, at most 80 of them (a NUL had ended the message there, raw control bytes
+  // garbled the terminal).
+  auto shown = [](const std::string &name) {
+    std::string out;
+    for (size_t i = 0; i < name.size() && i < 80; ++i) {
+      const auto ch = static_cast<unsigned char>(name[i]);
+      if (ch >= 0x20 && ch < 0x7f) {
+        out += static_cast<char>(ch);
+      } else {
+        char hex[5];
+        std::snprintf(hex, sizeof hex, "\\x%02x", ch);
+        out += hex;
+      }
+    }
+    return name.size() > 80 ? out + "..." : out;
+  };
   // Every read is checked against what remains: a length field can never make us read (or
   // allocate) beyond the file.
   auto take = [&](size_t n, const std::string &what) {
     if (n > buf.size() - pos)
-      throw fail("truncated while reading " + what + " (file has " + std::to_string(buf.size()) +
+      throw damaged("truncated while reading " + what + " (file has " + std::to_string(buf.size()) +
                  " bytes); it was not written completely");
     const char *p = buf.data() + pos;
     pos += n;
@@ -177,50 +203,50 @@ Checkpoint read_checkpoint(const std::string &path) {
     throw fail("format version " + std::to_string(version) + ", this build reads version " +
                std::to_string(kCheckpointVersion));
   get(name_len, "the encoding name length");
-  if (name_len == 0 || name_len > 1024) throw fail("corrupt encoding name length " + std::to_string(name_len));
+  if (name_len == 0 || name_len > 1024) throw damaged("corrupt encoding name length " + std::to_string(name_len));
   c.encoding.assign(take(name_len, "the encoding name"), name_len);
   uint64_t cfg_len = 0, count = 0;
   get(cfg_len, "the config length");
   if (cfg_len > buf.size() - pos)
-    throw fail("truncated or damaged: the config needs " + std::to_string(cfg_len) + " bytes, " +
+    throw damaged("truncated or damaged: the config needs " + std::to_string(cfg_len) + " bytes, " +
                std::to_string(buf.size() - pos) + " remain");
   const std::string cfg(take(cfg_len, "the config"), cfg_len);
   get(count, "the tensor count");
   if (count > (buf.size() - pos) / 6)  // a tensor takes at least 6 bytes
-    throw fail("truncated or damaged: " + std::to_string(count) + " tensors cannot fit in the " +
-               std::to_string(buf.size() - pos) + " bytes that remain");
+    throw damaged("truncated or damaged: " + std::to_string(count) + " tensors cannot fit in the " +
+                  std::to_string(buf.size() - pos) + " bytes that remain");
   std::set<std::string> names;
   for (uint64_t i = 0; i < count; ++i) {
     const std::string where = "tensor " + std::to_string(i + 1) + " of " + std::to_string(count);
     SavedTensor t;
     uint32_t n = 0;
     get(n, "the name length of " + where);
-    if (n == 0 || n > kMaxNameLength) throw fail("corrupt name length " + std::to_string(n) + " of " + where);
+    if (n == 0 || n > kMaxNameLength) throw damaged("corrupt name length " + std::to_string(n) + " of " + where);
     t.name.assign(take(n, "the name of " + where), n);
-    if (!names.insert(t.name).second) throw fail("tensor '" + t.name + "' appears twice (corrupt)");
+    if (!names.insert(t.name).second) throw damaged("tensor '" + shown(t.name) + "' appears twice (corrupt)");
     uint8_t code = 0, ndim = 0;
-    get(code, "the dtype of '" + t.name + "'");
-    get(ndim, "the rank of '" + t.name + "'");
+    get(code, "the dtype of '" + shown(t.name) + "'");
+    get(ndim, "the rank of '" + shown(t.name) + "'");
     const DTypeCode *d = by_code(code);
-    if (!d) throw fail("tensor '" + t.name + "' has unknown dtype code " + std::to_string(code) + " (corrupt)");
-    if (ndim > kMaxDims) throw fail("tensor '" + t.name + "' has rank " + std::to_string(ndim) + " (corrupt)");
+    if (!d) throw damaged("tensor '" + shown(t.name) + "' has unknown dtype code " + std::to_string(code) + " (corrupt)");
+    if (ndim > kMaxDims) throw damaged("tensor '" + shown(t.name) + "' has rank " + std::to_string(ndim) + " (corrupt)");
     t.dtype = d->type;
     uint64_t numel = 1;
     const uint64_t room = (buf.size() - pos) / d->size + 1;  // bounds numel; never overflows
     for (uint8_t k = 0; k < ndim; ++k) {
       int64_t s = 0;
-      get(s, "the shape of '" + t.name + "'");
-      if (s < 0) throw fail("tensor '" + t.name + "' has a negative dimension (corrupt)");
+      get(s, "the shape of '" + shown(t.name) + "'");
+      if (s < 0) throw damaged("tensor '" + shown(t.name) + "' has a negative dimension (corrupt)");
       t.shape.push_back(s);
       if (s != 0 && numel > room / static_cast<uint64_t>(s)) numel = room;  // saturate: too big
       else numel *= static_cast<uint64_t>(s);
     }
     if (numel >= room || numel * d->size > buf.size() - pos)
-      throw fail("truncated or damaged: tensor '" + t.name + "' of shape " + shape_str(t.shape) +
-                 " needs more bytes than remain");
+      throw damaged("truncated or damaged: tensor '" + shown(t.name) + "' of shape " + shape_str(t.shape) +
+                    " needs more bytes than remain");
     t.nbytes = numel * d->size;
     t.offset = pos;
-    take(t.nbytes, "the elements of '" + t.name + "'");
+    take(t.nbytes, "the elements of '" + shown(t.name) + "'");
     c.tensors.push_back(std::move(t));
   }
   const size_t body = pos;

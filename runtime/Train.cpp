@@ -628,6 +628,11 @@ void Trainer::restore(const Checkpoint &ckpt) {
     std::memcpy(&step, ckpt.bytes.data() + parts[2]->offset, sizeof step);
     // 0: every update of the param so far was skipped (float16's loss scaling backing off).
     if (step < 0 || step > s.step) throw fail("optimizer step " + std::to_string(step) + " of '" + param + "'");
+    // The moments as AdamW makes them: finite, the second one >= 0 (a NaN or negative one resumed
+    // and the run then stopped as "diverged", blaming the learning rate).
+    const at::Tensor m = ckpt.tensor(*parts[0]), v = ckpt.tensor(*parts[1]);
+    if (!at::isfinite(m).all().item<bool>() || !at::isfinite(v).all().item<bool>() || (v < 0).any().item<bool>())
+      throw fail("optimizer state of '" + param + "' holds a non-finite or negative moment (a damaged file)");
   }
   std::optional<std::pair<double, int64_t>> scaler;
   if (scale || growth) {
@@ -643,6 +648,11 @@ void Trainer::restore(const Checkpoint &ckpt) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     if (rng->dtype != at::kByte || rng->shape.size() != 1 || rng->shape[0] != gen.get_state().numel())
       throw fail("the random state has the wrong size");
+  }
+  try {  // its content, on a generator of its own (a bad one had thrown after the model was changed)
+    at::make_generator<at::CPUGeneratorImpl>().set_state(ckpt.tensor(*rng));
+  } catch (const std::exception &e) {
+    throw fail("the random state (" + std::string(kRngKey) + ") is not one: " + error_text(e));
   }
 
   // Everything checked: now change the model, the optimizer, the sampler and the generator.

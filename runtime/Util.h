@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 
 namespace ape {
@@ -25,6 +26,12 @@ std::string read_file(const std::filesystem::path &p);
 // its errors ("Exception raised from ... frame #0: ..."), which buries the one line that says
 // what went wrong.
 std::string error_text(const std::exception &e);
+
+// A stop asked for by Ctrl-C or SIGTERM that reached a child process first (the tokenizer's
+// trainer): the tools exit with status 130, as for a stop of their own, not as for a failure.
+struct Stopped : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // `s` quoted for /bin/sh: one word, whatever it holds.
 std::string shell_quote(const std::string &s);

@@ -249,6 +249,10 @@ static int tool_main(int argc, char **argv) {
       return 1;
     }
     return 0;
+  } catch (const ape::Stopped &e) {  // Ctrl-C or SIGTERM reached the tokenizer first
+    std::cout << std::flush;
+    std::cerr << "ape-eval: stopped: " << ape::error_text(e) << "\n";
+    return 130;
   } catch (const std::exception &e) {
     std::cout << std::flush;
     std::cerr << "ape-eval: error: " << ape::error_text(e) << "\n";

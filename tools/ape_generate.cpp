@@ -305,6 +305,10 @@ static int tool_main(int argc, char **argv) {
               << r.decode_seconds << " s: " << std::setprecision(1)
               << double(r.tokens.size()) / std::max(r.decode_seconds, 1e-9) << " tokens/s\n";
     return 0;
+  } catch (const ape::Stopped &e) {  // Ctrl-C or SIGTERM reached the tokenizer first
+    std::cout << std::flush;
+    std::cerr << "ape-generate: stopped: " << ape::error_text(e) << "\n";
+    return 130;
   } catch (const std::exception &e) {
     std::cout << std::flush;
     std::cerr << "ape-generate: error: " << ape::error_text(e) << "\n";

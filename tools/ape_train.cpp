@@ -123,6 +123,20 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
       {"eval", {{"multiples", ec.multiples}, {"tokens", ec.tokens}}},  // a resumed run evaluates the same way
       // Where it trains: --resume goes on there by default.
       {"device", {{"type", device.is_cuda() ? "cuda" : "cpu"}, {"precision", ape::precision_name(device.precision)}}}};
+  if (!device.is_cuda()) {
+    // The CPU kernels' instruction-set level: another one's sums round differently, so a run
+    // resumed on it goes on correctly but not bit for bit as the uninterrupted run (said below).
+    const std::string level = ape::checked_kernel_cpu_level();
+    extra["device"]["cpu_level"] = level.substr(0, level.find(' '));
+    const nlohmann::json *was = nullptr;
+    if (resume)
+      if (auto d = resume->config.find("device"); d != resume->config.end() && d->is_object())
+        if (auto l = d->find("cpu_level"); l != d->end() && l->is_string() && d->value("type", "") == "cpu") was = &*l;
+    if (was && *was != extra["device"]["cpu_level"])
+      std::cout << "[" << name << "] note: trained so far with the " << was->get<std::string>()
+                << " CPU kernels, it goes on with the " << extra["device"]["cpu_level"].get<std::string>()
+                << " ones (APE_CPU_LEVEL, or another CPU): correct, but not bit for bit the uninterrupted run\n";
+  }
   if (resume) {  // where the run started, as its first checkpoint said
     for (const char *key : {"init_from", "sets"})
       if (auto it = resume->config.find(key); it != resume->config.end()) extra[key] = *it;
@@ -197,35 +211,47 @@ std::string keep_aside(const std::string &ckpt, const std::string &tag, std::err
   return ec ? std::string() : kept;
 }
 
-// An unfinished run at the output checkpoint, which this command starts over, is kept: renamed to
-// NAME.unfinished-stepN.ckpt beside it, with a note saying how to continue it; a file there this
-// build cannot read (a newer format, a damaged file) is kept as NAME.unreadable.ckpt. A user's
-// training is never replaced by a new run's first checkpoint.
-void keep_unfinished(const std::string &ckpt) {
+// A run at the output checkpoint, which this command starts over, is kept: renamed beside it with
+// a note. An unfinished one as NAME.unfinished-stepN.ckpt (the note says how to continue it), a
+// file there this build cannot read (a newer format, a damaged file) as NAME.unreadable.ckpt: both
+// stay. A finished one as NAME.finished-stepN.ckpt until the new run finishes, which then removes
+// it (its checkpoint replaces the old one, as asked): a stop or a failure before that leaves it
+// there (Ctrl-C at a new run's start had replaced a finished model with one of a single step).
+// A user's training is never replaced by a new run's first checkpoint. Returns the path of a
+// finished run kept aside ("" when none).
+std::string keep_previous(const std::string &ckpt) {
   std::error_code ec;
-  if (!fs::is_regular_file(ckpt, ec)) return;
+  if (!fs::is_regular_file(ckpt, ec)) return "";
   int64_t step = 0;
+  bool complete = false;
   std::string unreadable;
   try {
     const ape::Checkpoint c = ape::read_checkpoint(ckpt);
     const auto st = c.config.find("state");
-    if (st == c.config.end() || !st->is_object() || st->value("complete", true)) return;
-    step = st->value("step", int64_t{0});
+    complete = st == c.config.end() || !st->is_object() || st->value("complete", true);
+    step = st != c.config.end() && st->is_object() ? st->value("step", int64_t{0}) : 0;
   } catch (const std::exception &e) {
     unreadable = ape::error_text(e);
   }
-  const std::string what = unreadable.empty()
-                               ? "holds an unfinished run (step " + std::to_string(step) + ")"
-                               : "is not a checkpoint this build reads (" + unreadable + ")";
-  const std::string kept =
-      keep_aside(ckpt, unreadable.empty() ? ".unfinished-step" + std::to_string(step) : ".unreadable", ec);
+  const std::string what = !unreadable.empty() ? "is not a checkpoint this build reads (" + unreadable + ")"
+                           : complete ? "holds a finished run (step " + std::to_string(step) + ")"
+                                      : "holds an unfinished run (step " + std::to_string(step) + ")";
+  const std::string tag = !unreadable.empty() ? ".unreadable"
+                          : complete          ? ".finished-step" + std::to_string(step)
+                                              : ".unfinished-step" + std::to_string(step);
+  const std::string kept = keep_aside(ckpt, tag, ec);
   if (kept.empty())
     throw std::runtime_error(ckpt + " " + what + " and could not be kept aside (" + ec.message() + "): " +
-                             (unreadable.empty() ? "ape-train --resume " + ckpt + " continues it; " : "") +
+                             (unreadable.empty() && !complete ? "ape-train --resume " + ckpt + " continues it; " : "") +
                              "move it away to start a new run there");
-  std::cout << "[note] " << ckpt << " " << what << ": kept as " << kept << "; starting a new run";
-  if (unreadable.empty()) std::cout << ". To continue it instead: ape-train --resume " << kept;
-  std::cout << "\n";
+  std::cout << "[note] " << ckpt << " " << what << ": kept as " << kept;
+  if (complete && unreadable.empty())
+    std::cout << " until this run finishes (then removed: this run's checkpoint replaces it; a stop or a failure "
+                 "leaves it there)\n";
+  else
+    std::cout << "; starting a new run" << (unreadable.empty() ? ". To continue it instead: ape-train --resume " + kept : "")
+              << "\n";
+  return complete && unreadable.empty() ? kept : "";
 }
 
 }  // namespace
@@ -327,10 +353,11 @@ static int tool_main(int argc, char **argv) {
                             "(F in (1, 10^6]; 0: never)")
                  ->capture_default_str());
   auto *out_opt = run_option(app.add_option("--out", out_dir, "Output folder: <encoding>.ckpt per encoding and results.csv (a finished\n"
-                                                                     "<encoding>.ckpt there is replaced; an unfinished one is kept\n"
-                                                                     "as <encoding>.unfinished-stepN.ckpt, one this build cannot read\n"
-                                                                     "as <encoding>.unreadable.ckpt; results.csv keeps the rows of\n"
-                                                                     "the encodings this run does not train)")
+                                                                     "<encoding>.ckpt there is replaced when this run finishes, kept\n"
+                                                                     "until then as <encoding>.finished-stepN.ckpt; an unfinished one is\n"
+                                                                     "kept as <encoding>.unfinished-stepN.ckpt, one this build cannot\n"
+                                                                     "read as <encoding>.unreadable.ckpt; results.csv keeps the rows\n"
+                                                                     "of the encodings this run does not train)")
                                  ->capture_default_str());
   run_option(app.add_option("--init-from", init_from,
                             "Start from the weights of CKPT (an ape-train checkpoint) instead of a fresh initialisation:\n"
@@ -737,10 +764,13 @@ static int tool_main(int argc, char **argv) {
                           "; not trained: " + rest + " (results so far -> " + csv + ")");
       }
       const std::string ckpt = resumed ? resume_ckpt : (fs::path(out_dir) / (name + ".ckpt")).string();
-      if (!resumed && root) keep_unfinished(ckpt);
+      const std::string previous = !resumed && root ? keep_previous(ckpt) : "";
       std::vector<ape::EvalRow> rows;
       try {
         rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get(), device, start);
+        std::error_code rm;
+        if (!previous.empty() && fs::remove(previous, rm))
+          std::cout << "[note] removed " << previous << ": " << ckpt << " replaces it\n";
       } catch (const Interrupted &e) {
         // The encodings after it were not trained: the message names them (--resume continues only
         // the interrupted one).
@@ -753,6 +783,7 @@ static int tool_main(int argc, char **argv) {
         // Reported (by rank 0: every rank stops at the same step); the other encodings still train.
         std::cout << std::flush;
         if (root) std::cerr << "ape-train: error: " << ape::error_text(e) << "\n";
+        if (!previous.empty()) std::cout << "[note] the finished run stays kept as " << previous << "\n";
         diverged.push_back(name);
         for (int64_t m : ec.multiples) {
           ape::EvalRow r;
@@ -804,6 +835,10 @@ static int tool_main(int argc, char **argv) {
   } catch (const Interrupted &e) {
     std::cout << std::flush;
     if (root) std::cerr << ape::error_text(e) << "\n";  // rank 0's (the others stop at the same step)
+    return 130;
+  } catch (const ape::Stopped &e) {  // Ctrl-C or SIGTERM reached the tokenizer's trainer first
+    std::cout << std::flush;
+    std::cerr << "ape-train: stopped: " << who << ape::error_text(e) << "\n";
     return 130;
   } catch (const ape::GroupError &e) {  // names its rank
     std::cout << std::flush;

@@ -140,6 +140,18 @@ kept="$work/keep/t5.unfinished-step$old_step.ckpt"
 grep -q "kept as $kept" "$work/keep2.log" || fail "no note names $kept"
 kept_step=$(grep -ao '"step":[0-9]*' "$kept" | head -1 | cut -d: -f2)
 [ "$kept_step" = "$old_step" ] || fail "the kept checkpoint is at step $kept_step, not $old_step"
+# ...and over a finished one (the 2-step run's) keeps it until the new run finishes: a new run
+# killed during its first checkpoint leaves it (Ctrl-C at a new run's start had replaced a finished
+# model with one of a single step); a new run that finishes removes it.
+finished="$work/keep/t5.finished-step2.ckpt"
+( APE_TEST_KILL_DURING_CHECKPOINT=1 "$train" "${short[@]}" --out "$work/keep" >"$work/keep3.log" 2>&1; exit $? ) 2>/dev/null
+[ -f "$finished" ] || { cat "$work/keep3.log"; fail "the finished run was not kept as $finished"; }
+grep -q "kept as $finished until this run finishes" "$work/keep3.log" || { cat "$work/keep3.log"; fail "no note names $finished"; }
+mv "$finished" "$work/keep/t5.ckpt"
+rm -f "$work/keep/t5.ckpt.tmp."*
+"$train" "${short[@]}" --out "$work/keep" >"$work/keep4.log" 2>&1 || { cat "$work/keep4.log"; fail "the run over a finished one"; }
+[ ! -e "$finished" ] || { cat "$work/keep4.log"; fail "a finished run kept aside was not removed when the new one finished"; }
+grep -q "removed $finished" "$work/keep4.log" || { cat "$work/keep4.log"; fail "no note of the removal"; }
 
 # 5. A second run into the folder of a running one is refused (it would replace its checkpoints).
 long=()  # the same run, long enough to be running still when the second starts (then stopped)
@@ -169,5 +181,6 @@ set +m
 grep -q "not trained: nope" "$work/sig.log" || { cat "$work/sig.log"; fail "no word of the encoding not trained"; }
 [ ! -e "$work/sig/nope.ckpt" ] || fail "the next encoding started after Ctrl-C"
 echo "kill_loop: PASS: $killed kills in $round rounds; the resumed run is bit-identical to the uninterrupted one;"
-echo "  a new run over an unfinished one kept it ($kept); a second run into a busy --out was refused;"
+echo "  a new run over an unfinished one kept it ($kept), over a finished one until it finished;"
+echo "  a second run into a busy --out was refused;"
 echo "  Ctrl-C during an evaluation started no further encoding"

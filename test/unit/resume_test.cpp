@@ -115,7 +115,18 @@ TEST(CorruptCheckpoint, EveryFlippedByteIsCaught) {
     write_bytes(path, b);
     const std::string msg = error_of([&] { ape::read_checkpoint(path); });
     EXPECT_EQ(msg.rfind("checkpoint " + path + ": ", 0), 0u) << "byte " << pos << ": " << msg;
+    // Printable, whatever the damaged bytes were (a NUL in a name had ended the message there).
+    for (const char ch : msg)
+      ASSERT_TRUE(ch >= 0x20 && ch < 0x7f) << "byte " << pos << ": a raw byte " << int(ch) << " in: " << msg;
   }
+  // A copy that converted line ends (FTP's ASCII mode, git's autocrlf): named as damage, with the
+  // checksum's word, not only as the nonsense field it happens to reach first.
+  std::string crlf;
+  for (const char ch : bytes) crlf += ch == '\n' ? std::string("\r\n") : std::string(1, ch);
+  write_bytes(path, crlf);
+  const std::string msg = error_of([&] { ape::read_checkpoint(path); });
+  EXPECT_NE(msg.find("its checksum does not match either: the file was damaged or cut short"), std::string::npos)
+      << msg;
 }
 
 TEST(CorruptCheckpoint, AHeaderForgedAgainstItsTensorsIsRefused) {
@@ -319,6 +330,26 @@ TEST(AtomicFile, StaleTemporariesGoAndErrorsKeepTheirCause) {
   EXPECT_NO_THROW(ape::check_writable(tmp_path("fresh_out"), "rope.ckpt"));
 }
 
+// A file made read-only is not replaced (a rename ignores the file's own mode: a chmod a-w
+// checkpoint, or another user's in a shared folder, was replaced silently), at startup
+// (check_writable) or at a write; a file that is replaced keeps its permissions.
+TEST(AtomicFile, AWriteProtectedFileIsRefusedAndModesAreKept) {
+  const std::string out = tmp_path("protected_out");
+  fs::create_directories(out);
+  const std::string path = (fs::path(out) / "rope.ckpt").string();
+  ape::write_file_atomically(path, "finished model");
+  ASSERT_EQ(::chmod(path.c_str(), 0444), 0);
+  EXPECT_ERROR(ape::check_writable(out, "rope.ckpt"), "cannot replace " + path + ": it is write-protected");
+  EXPECT_ERROR(ape::write_file_atomically(path, "x"), "cannot replace " + path + ": it is write-protected");
+  EXPECT_EQ(read_bytes(path), "finished model");
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
+  ape::write_file_atomically(path, "new model");
+  EXPECT_EQ(read_bytes(path), "new model");
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u) << "the replaced file's permissions were not kept";
+}
+
 // =====================================================================================================
 // Resuming: bit-identical in process, and a restore that does not fit changes nothing
 // =====================================================================================================
@@ -419,6 +450,19 @@ TEST(Resume, ARestoreThatDoesNotFitChangesNothing) {
   ts = tensors;
   ts.emplace_back("train/schedule", at::zeros({1}));
   expect(attempt(good.config, ts), "unexpected training-state tensor 'train/schedule'");
+  // A forged state of the right shapes (a rewritten file, its checksum made again): named, before
+  // anything changes (a NaN moment had resumed and stopped as "diverged"; a bad random state had
+  // thrown after the model was loaded).
+  for (const double bad : {std::nan(""), -1.0}) {
+    ts = tensors;
+    for (auto &[name, t] : ts)
+      if (name == "train/adam/wte.weight/exp_avg_sq") t = t.clone().fill_(bad);
+    expect(attempt(good.config, ts), "optimizer state of 'wte.weight' holds a non-finite or negative moment");
+  }
+  ts = tensors;
+  for (auto &[name, t] : ts)
+    if (name == "train/rng/cpu") t = at::full_like(t, 255);
+  expect(attempt(good.config, ts), "the random state (train/rng/cpu) is not one");
   // None of these touched the model or the trainer.
   EXPECT_TRUE(fresh->wte->weight.equal(before));
   EXPECT_EQ(target.state().step, 0);

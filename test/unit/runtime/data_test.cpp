@@ -1,9 +1,11 @@
 // Data (runtime/Data.h): the token cache, the training and evaluation windows, the corpus and its
 // errors.
 #include "runtime_fixtures.h"
+#include "runtime/Tokenizer.h"
 #include "runtime/Util.h"
 
 #include <sys/wait.h>
+#include <fstream>
 #include <unistd.h>
 
 namespace {
@@ -147,6 +149,47 @@ TEST(Util, SystemStatusSaysHowTheCommandEnded) {
   EXPECT_EQ(ape::system_status_text(std::system("exit 3")), "exited with status 3");
   EXPECT_EQ(ape::system_status_text(std::system("kill -9 $$")), "was killed by signal 9");
   EXPECT_EQ(ape::system_status_text(-1), "could not be started");
+}
+
+// The tokenizer's helper, stopped by Ctrl-C or SIGTERM, is a stop (ape::Stopped: the tools exit
+// 130), not a failure with its log (std::system had ignored the caller's SIGINT and reported the
+// helper's death as an error); one that fails, or cannot be run, is a failure that says so.
+TEST(Tokenizer, AHelperStoppedBySignalIsAStopAndFailuresSaySo) {
+  const std::string dir = tmp_path("spm_stop");
+  fs::create_directories(dir);
+  auto tool = [&](const std::string &name, const std::string &body) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    fs::permissions(path, fs::perms::owner_all);
+    return path;
+  };
+  const std::string log = dir + "/spm.log";
+  auto train_with = [&](const std::string &path) {
+    setenv("APE_SPM_TOOL", path.c_str(), 1);
+    std::string what = "no error";
+    bool stopped = false;
+    try {
+      ape::spm_train({"--input=x"}, log);
+    } catch (const ape::Stopped &e) {
+      stopped = true, what = e.what();
+    } catch (const std::exception &e) {
+      what = e.what();
+    }
+    unsetenv("APE_SPM_TOOL");
+    return std::make_pair(stopped, what);
+  };
+  for (const char *sig : {"INT", "TERM"}) {
+    const auto [stopped, what] = train_with(tool(std::string("stop_") + sig, std::string("kill -") + sig + " $$"));
+    EXPECT_TRUE(stopped) << sig << ": " << what;
+    EXPECT_NE(what.find("was stopped"), std::string::npos) << what;
+  }
+  const auto [stopped, what] = train_with(tool("fails", "echo broken >&2; exit 3"));
+  EXPECT_FALSE(stopped);
+  EXPECT_NE(what.find("exited with status 3"), std::string::npos) << what;
+  EXPECT_NE(what.find("broken"), std::string::npos) << "the log's tail: " << what;
+  const auto [stopped2, missing] = train_with(dir + "/no_such_tool");
+  EXPECT_FALSE(stopped2);
+  EXPECT_NE(missing.find("could not be run"), std::string::npos) << missing;
 }
 
 // The tools' error line: LibTorch's message without the C++ stack trace it appends.
