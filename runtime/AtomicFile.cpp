@@ -136,7 +136,7 @@ void write_in_place(const std::string &path, std::string_view bytes) {
 }
 }  // namespace
 
-void write_file_atomically(const std::string &path_given, std::string_view bytes, const char *kill_hook) {
+void write_file_atomically(const std::string &path_given, std::string_view bytes, const char *kill_hook, bool cache) {
   std::error_code ec;
   const OutputTarget target = output_target(path_given);
   const std::string &path = target.path;
@@ -149,7 +149,7 @@ void write_file_atomically(const std::string &path_given, std::string_view bytes
   if (ec) throw std::runtime_error("cannot create folder " + dir + ": " + ec.message());
   if (fs::is_directory(path, ec))
     throw std::runtime_error("cannot replace " + path + ": it is a folder, not a file");
-  if (const std::string protectedWhy = write_protection(path); !protectedWhy.empty())
+  if (const std::string protectedWhy = cache ? "" : write_protection(path); !protectedWhy.empty())
     throw std::runtime_error(protectedWhy);
   remove_stale_temporaries(path);
 

@@ -20,8 +20,14 @@ namespace ape {
 // Test hook: when the environment variable named `kill_hook` (if non-null) holds N, the N-th such
 // write of this process writes half of its temporary file and then kills the process with
 // SIGKILL — a crash mid-write, on demand (test/resume/kill_loop.sh).
+//
+// A user's output (a checkpoint, a results table) that is write-protected (no write bit, or none
+// for this user) is not replaced: "cannot replace PATH: it is write-protected" (a rename needs
+// only the folder's permission). A cache entry (`cache` true: token ids, a tokenizer, a compiled
+// spec, which the next run rebuilds) is replaced whatever its mode, as a stale one must be in a
+// shared cache folder. A replaced file keeps its permissions.
 void write_file_atomically(const std::string &path, std::string_view bytes,
-                           const char *kill_hook = nullptr);
+                           const char *kill_hook = nullptr, bool cache = false);
 
 // Removes PATH.tmp.<pid> files left by writers that died: a writer holds an exclusive flock on its
 // temporary while it writes (the kernel releases it when the writer dies), so a temporary whose

@@ -156,11 +156,14 @@ Checkpoint read_checkpoint(const std::string &path) {
   // Whether the last 8 bytes are the checksum of the rest: a structure that fails to parse then
   // says so too (a copy that converted line ends or changed a byte read as a nonsense rank or
   // dtype, which named the damage as if it were a writer's).
-  uint64_t tail = 0;
-  if (buf.size() >= 16) std::memcpy(&tail, buf.data() + buf.size() - 8, 8);
-  const bool sealed = buf.size() >= 16 && tail == fnv1a(buf.data(), buf.size() - 8);
+  // (Hashed only when a check fails: a good read hashes the file once, below.)
+  auto sealed = [&] {
+    uint64_t tail = 0;
+    if (buf.size() >= 16) std::memcpy(&tail, buf.data() + buf.size() - 8, 8);
+    return buf.size() >= 16 && tail == fnv1a(buf.data(), buf.size() - 8);
+  };
   auto damaged = [&](const std::string &why) {
-    return fail(why + (sealed ? "" : "; its checksum does not match either: the file was damaged or cut short"));
+    return fail(why + (sealed() ? "" : "; its checksum does not match either: the file was damaged or cut short"));
   };
   // A tensor's name for a message: names are printable ASCII as written; any other byte (a damaged
   // file's) as \xNN, at most 80 of them (a NUL had ended the message there, raw control bytes
@@ -200,7 +203,7 @@ Checkpoint read_checkpoint(const std::string &path) {
     throw fail("format version 1 (written before resumable checkpoints); this build reads version " +
                std::to_string(kCheckpointVersion) + ": train again, or evaluate it with the build that wrote it");
   if (version != kCheckpointVersion)
-    throw fail("format version " + std::to_string(version) + ", this build reads version " +
+    throw damaged("format version " + std::to_string(version) + ", this build reads version " +
                std::to_string(kCheckpointVersion));
   get(name_len, "the encoding name length");
   if (name_len == 0 || name_len > 1024) throw damaged("corrupt encoding name length " + std::to_string(name_len));
@@ -252,7 +255,7 @@ Checkpoint read_checkpoint(const std::string &path) {
   const size_t body = pos;
   uint64_t checksum = 0;
   get(checksum, "the checksum");
-  if (pos != buf.size()) throw fail(std::to_string(buf.size() - pos) + " unexpected trailing bytes (corrupt)");
+  if (pos != buf.size()) throw damaged(std::to_string(buf.size() - pos) + " unexpected trailing bytes (corrupt)");
   if (checksum != fnv1a(buf.data(), body)) throw fail("checksum mismatch: the file is corrupt");
   try {
     c.config = nlohmann::json::parse(cfg);

@@ -58,7 +58,7 @@ template <typename T> void put(std::ostream &o, const T &v) {
 template <typename Fill> void atomic_write(const std::string &path, Fill fill) {
   std::ostringstream o;
   fill(o);
-  write_file_atomically(path, o.str());
+  write_file_atomically(path, o.str(), nullptr, /*cache=*/true);
 }
 }  // namespace
 
@@ -200,14 +200,23 @@ std::string text_dir(const DataOptions &o, std::ostream &log) {
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp);
-  const std::string cmd = "tar -xJf " + shell_quote(archive) + " -C " + shell_quote(tmp.string());
-  const int rc = std::system(cmd.c_str());
+  const std::vector<std::string> argv{"tar", "-xJf", archive, "-C", tmp.string()};
+  std::string said;
+  int rc = 0;
+  try {  // (run_process: a Ctrl-C is a stop, not a corrupt archive; tar dies with its caller)
+    rc = run_process(argv, "unpacking " + archive, &said);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
   if (rc != 0 || !fs::is_directory(tmp / "clean")) {
     fs::remove_all(tmp, ec);
+    const std::string cmd = "tar -xJf " + shell_quote(archive) + " -C " + shell_quote(tmp.string());
     const std::string what = rc == 0 ? "exited with status 0" : system_status_text(rc);
     throw std::runtime_error("cannot unpack corpus archive " + archive + " (`" + cmd + "` " + what +
                              (rc == 0 ? ", but the archive holds no clean/ folder" : "") +
-                             "); the archive is missing, corrupt, or xz is not installed");
+                             "); the archive is missing, corrupt, or xz is not installed" +
+                             (said.empty() ? std::string() : ": " + said.substr(0, 600)));
   }
   std::ofstream(tmp / ".unpacked") << stamp << "\n";
   fs::remove_all(dest, ec);
@@ -434,7 +443,7 @@ Corpus Corpus::open(const DataOptions &opts) {
     std::error_code ec;
     // On disk (written, synced, renamed) before the key that vouches for it: a crash between them
     // left a durable key naming an empty model, which every later run failed to load.
-    write_file_atomically(c.tokenizer_path_, read_file(tmp_prefix + ".model"));
+    write_file_atomically(c.tokenizer_path_, read_file(tmp_prefix + ".model"), nullptr, /*cache=*/true);
     fs::remove(tmp_prefix + ".model", ec);
     fs::remove(tmp_prefix + ".vocab", ec);
     atomic_write(key_path, [&](std::ostream &o) { o << key; });

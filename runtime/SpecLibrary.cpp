@@ -76,18 +76,21 @@ std::string join_command(const std::vector<std::string> &args) {
 }
 
 // Runs `args` (in the folder `cwd` when given; stdin from /dev/null); returns the exit status (-1:
-// not run) and sets `output` to its stdout and stderr together.
+// not run or killed) and sets `output` to its stdout and stderr together. Through run_process: a
+// compiler stopped by Ctrl-C or SIGTERM is a stop (ape::Stopped), not a compile failure.
 int run_command(const std::vector<std::string> &args, std::string &output, const std::string &cwd = "") {
   output.clear();
-  const std::string cmd =
-      (cwd.empty() ? std::string() : "cd " + shell_quote(cwd) + " && ") + join_command(args) + " </dev/null 2>&1";
-  FILE *p = ::popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
-  const int st = ::pclose(p);
-  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  int st = 0;
+  try {
+    st = run_process(args, "running " + args[0], &output, "", cwd);
+  } catch (const Stopped &) {
+    throw;
+  } catch (const std::exception &e) {
+    output = e.what();
+    return -1;
+  }
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 127 && output.empty()) output = args[0] + ": not found or not executable\n";
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 // The first `max_lines` lines of `text`, and a note of how many were left out.
@@ -531,10 +534,10 @@ SpecLibrary load_record(const nlohmann::json &record, const SpecLibraryOptions &
   std::error_code ec;
   if (!fs::is_regular_file(file, ec) || read_file(file) != text) {
     if (writable_cache(cache)) {
-      write_file_atomically(file.string(), text);
+      write_file_atomically(file.string(), text, nullptr, /*cache=*/true);
     } else {
       use = fs::temp_directory_path() / ("ape-spec-" + std::to_string(::getpid()) + "-" + fnv + ".mlir");
-      write_file_atomically(use.string(), text);
+      write_file_atomically(use.string(), text, nullptr, /*cache=*/true);
     }
   }
   struct RemoveTemp {

@@ -1,13 +1,8 @@
 // Runs ape-spm and reads back what it wrote.
 #include "runtime/Tokenizer.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -35,39 +30,12 @@ std::string log_tail(const std::string &path) {
   return t;
 }
 
-// Runs argv (argv[0] looked up on PATH when it has no slash) with its output in log_path. Not
-// std::system: that ignores SIGINT in the caller while the child runs (a Ctrl-C killed ape-spm
-// and was then reported as its failure, with its log, and status 1), and a child outlived a
-// caller killed with SIGKILL (ape-spm went on at full speed as an orphan). Here the child dies
-// with its caller (PR_SET_PDEATHSIG), and a child stopped by SIGINT or SIGTERM is a stop
-// (ape::Stopped: the tools exit 130), not a failure.
+// Runs argv with its output in log_path (run_process: a Ctrl-C or SIGTERM is a stop, ape::Stopped,
+// not the helper's failure; the helper dies with its caller).
 void run(const std::vector<std::string> &argv, const std::string &log_path, const std::string &what) {
-  const int out = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out < 0) throw std::runtime_error(what + ": cannot write its log " + log_path + ": " + std::strerror(errno));
-  std::vector<char *> args;
-  for (const auto &a : argv) args.push_back(const_cast<char *>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {  // async-signal-safe calls only until exec (the caller may have threads)
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);  // the caller died before the line above
-    ::dup2(out, 1);
-    ::dup2(out, 2);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
-  }
-  const int fork_errno = errno;
-  ::close(out);
-  if (pid < 0) throw std::runtime_error(what + ": cannot start " + argv[0] + ": " + std::strerror(fork_errno));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw std::runtime_error(what + ": cannot wait for " + argv[0] + ": " + std::strerror(errno));
+  const int status = run_process(argv, what, nullptr, log_path);
   std::error_code ec;
   if (status == 0 && fs::file_size(log_path, ec) == 0 && !ec) fs::remove(log_path, ec);  // nothing to keep
-  if (WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM))
-    throw Stopped(what + " was stopped (" + argv[0] + " " + system_status_text(status) +
-                  ": Ctrl-C or SIGTERM); nothing of it is kept, and the next run starts it again");
   if (status != 0)
     throw std::runtime_error(what + " failed (" + argv[0] + " " +
                              (WIFEXITED(status) && WEXITSTATUS(status) == 127 ? std::string("could not be run")

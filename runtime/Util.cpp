@@ -5,7 +5,9 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#include <poll.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,6 +104,101 @@ std::string system_status_text(int rc) {
   if (WIFEXITED(rc)) return "exited with status " + std::to_string(WEXITSTATUS(rc));
   if (WIFSIGNALED(rc)) return "was killed by signal " + std::to_string(WTERMSIG(rc));
   return "failed (wait status " + std::to_string(rc) + ")";
+}
+
+volatile std::sig_atomic_t g_stop_requested = 0;
+
+int run_process(const std::vector<std::string> &argv, const std::string &what, std::string *output,
+                const std::string &log_path, const std::string &cwd) {
+  if (argv.empty()) throw std::invalid_argument("run_process: no command");
+  if (g_stop_requested) throw Stopped(what + " was not started: a stop was asked for (Ctrl-C or SIGTERM)");
+  auto fail = [&](const std::string &why) { return std::runtime_error(what + ": " + why + ": " + std::strerror(errno)); };
+  // Everything the child uses is made here: between vfork and exec it only makes system calls.
+  const int null_in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_in < 0) throw fail("cannot open /dev/null");
+  int out = -1, pipe_fds[2] = {-1, -1};
+  if (!log_path.empty()) {
+    out = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0) {
+      ::close(null_in);
+      throw fail("cannot write its log " + log_path);
+    }
+  } else if (output) {
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+      ::close(null_in);
+      throw fail("cannot make a pipe");
+    }
+    out = pipe_fds[1];
+  } else {
+    out = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  }
+  std::vector<char *> args;
+  for (const auto &a : argv) args.push_back(const_cast<char *>(a.c_str()));
+  args.push_back(nullptr);
+  const char *dir = cwd.empty() ? nullptr : cwd.c_str();
+  const pid_t parent = ::getpid();
+  // vfork: no copy of a large caller's page tables (a model already loaded), as std::system.
+  const pid_t pid = ::vfork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the caller died before the line above
+    if ((dir && ::chdir(dir) != 0) || ::dup2(null_in, 0) < 0 || (out >= 0 && (::dup2(out, 1) < 0 || ::dup2(out, 2) < 0)))
+      ::_exit(127);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  const int start_errno = errno;
+  ::close(null_in);
+  if (out >= 0) ::close(out);
+  if (pid < 0) {
+    if (pipe_fds[0] >= 0) ::close(pipe_fds[0]);
+    errno = start_errno;
+    throw fail("cannot start " + argv[0]);
+  }
+  // Wait, reading its output, and end it on a stop request (polled: a handler installed with
+  // SA_RESTART, as std::signal's, would restart a blocking wait).
+  int status = 0;
+  bool stopped = false, exited = false;
+  if (pipe_fds[0] >= 0) output->clear();
+  while (!exited) {
+    if (g_stop_requested && !stopped) {
+      ::kill(pid, SIGTERM);
+      stopped = true;
+    }
+    if (pipe_fds[0] >= 0) {
+      struct pollfd pfd {pipe_fds[0], POLLIN, 0};
+      if (::poll(&pfd, 1, 50) > 0) {
+        char buf[4096];
+        const ssize_t n = ::read(pipe_fds[0], buf, sizeof buf);
+        if (n > 0) {
+          output->append(buf, static_cast<size_t>(n));
+          continue;
+        }
+        if (n == 0) {  // its end of the pipe closed: it exited (or closed it); wait for it
+          ::close(pipe_fds[0]);
+          pipe_fds[0] = -1;
+        }
+      }
+    } else {
+      ::usleep(20000);
+    }
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) exited = true;
+    else if (r < 0 && errno != EINTR) {
+      if (pipe_fds[0] >= 0) ::close(pipe_fds[0]);
+      throw fail("cannot wait for " + argv[0]);
+    }
+  }
+  if (pipe_fds[0] >= 0) {  // what it wrote last
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(pipe_fds[0], buf, sizeof buf)) > 0) output->append(buf, static_cast<size_t>(n));
+    ::close(pipe_fds[0]);
+  }
+  if (stopped || (WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM)))
+    throw Stopped(what + " was stopped (Ctrl-C or SIGTERM; " + argv[0] + " " + system_status_text(status) +
+                  "): the next run starts it again");
+  return status;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

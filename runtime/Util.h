@@ -3,11 +3,13 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ape {
 
@@ -27,11 +29,26 @@ std::string read_file(const std::filesystem::path &p);
 // what went wrong.
 std::string error_text(const std::exception &e);
 
-// A stop asked for by Ctrl-C or SIGTERM that reached a child process first (the tokenizer's
-// trainer): the tools exit with status 130, as for a stop of their own, not as for a failure.
+// A stop asked for by Ctrl-C or SIGTERM while a child process ran (run_process): the tools exit
+// with status 130, as for a stop of their own, not as for a failure.
 struct Stopped : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Set by a tool's Ctrl-C and SIGTERM handler (ape-train's): a child that run_process waits for is
+// then ended with SIGTERM, and run_process throws Stopped. Async-signal-safe to set.
+extern volatile std::sig_atomic_t g_stop_requested;
+
+// Runs argv (argv[0] looked up on PATH when it has no slash), stdin from /dev/null, in the folder
+// `cwd` when not empty; its stdout and stderr go to the file `log_path` when not empty, else into
+// *output (when not null; else nowhere). Returns the wait status (exit status 127: it could not be
+// run). Not std::system or popen: those ignore SIGINT in the caller while the child runs (a
+// Ctrl-C killed the child and was reported as its failure), and the child outlived a caller killed
+// with SIGKILL. Here the child dies with its caller (PR_SET_PDEATHSIG); a child that dies of SIGINT
+// or SIGTERM, or a stop request (g_stop_requested) while it runs, which ends it, throws Stopped
+// ("<what> was stopped ..."). Throws std::runtime_error when it cannot be started at all.
+int run_process(const std::vector<std::string> &argv, const std::string &what, std::string *output = nullptr,
+                const std::string &log_path = "", const std::string &cwd = "");
 
 // `s` quoted for /bin/sh: one word, whatever it holds.
 std::string shell_quote(const std::string &s);

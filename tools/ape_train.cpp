@@ -48,7 +48,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // Ctrl-C or SIGTERM: the running encoding writes its checkpoint and ape-train stops (status 130).
-volatile std::sig_atomic_t g_stop = 0;
+// The runtime's stop flag: a child process it waits for (the tokenizer's helper, a compiler) is
+// ended on a stop too (ape::run_process).
+volatile std::sig_atomic_t &g_stop = ape::g_stop_requested;
 extern "C" void on_stop_signal(int) { g_stop = 1; }
 struct Interrupted : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -60,6 +62,9 @@ struct Start {
   std::string init_from;
   std::vector<std::pair<std::string, double>> sets;
   std::string data_dir, cache_dir;  // absolute: recorded for --resume
+  // A finished run at the output checkpoint that this one replaces, kept aside until it finishes
+  // (keep_previous): recorded ("replaces"), so that a resumed run removes it when it finishes.
+  std::string replaces;
 };
 
 // One encoding's run: a fresh one, or the continuation of `resume`. Returns its evaluation rows;
@@ -138,10 +143,11 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
                 << " ones (APE_CPU_LEVEL, or another CPU): correct, but not bit for bit the uninterrupted run\n";
   }
   if (resume) {  // where the run started, as its first checkpoint said
-    for (const char *key : {"init_from", "sets"})
+    for (const char *key : {"init_from", "sets", "replaces"})
       if (auto it = resume->config.find(key); it != resume->config.end()) extra[key] = *it;
   } else {
     if (init) extra["init_from"] = start.init_from;
+    if (!start.replaces.empty()) extra["replaces"] = start.replaces;
     if (!start.sets.empty()) {
       nlohmann::json sets = nlohmann::json::object();
       for (const auto &[param, value] : start.sets) sets[param] = value;
@@ -246,13 +252,46 @@ std::string keep_previous(const std::string &ckpt) {
                              "move it away to start a new run there");
   std::cout << "[note] " << ckpt << " " << what << ": kept as " << kept;
   if (complete && unreadable.empty())
-    std::cout << " until this run finishes (then removed: this run's checkpoint replaces it; a stop or a failure "
-                 "leaves it there)\n";
+    std::cout << " until this run finishes (then removed: this run's checkpoint replaces it; if this run stops or "
+                 "fails first, it stays, or goes back where this run saved nothing)\n";
   else
     std::cout << "; starting a new run" << (unreadable.empty() ? ". To continue it instead: ape-train --resume " + kept : "")
               << "\n";
   return complete && unreadable.empty() ? kept : "";
 }
+
+// The finished run kept aside for one encoding's new run (keep_previous): removed when the run
+// finishes; when it ends otherwise (stopped, failed, diverged) put back where nothing was saved in
+// its place (a run that diverged or failed before its first save had left no checkpoint at all),
+// else left, with a note.
+struct KeptAside {
+  std::string ckpt, previous;
+  bool done = false;
+
+  void finished() {
+    done = true;
+    std::error_code ec;
+    if (!previous.empty() && fs::remove(previous, ec))
+      std::cout << "[note] removed " << previous << ": " << ckpt << " replaces it\n";
+  }
+  void ended() noexcept {
+    if (done || previous.empty()) return;
+    done = true;
+    try {
+      std::error_code ec;
+      if (!fs::exists(previous, ec)) return;
+      if (!fs::exists(ckpt, ec)) {
+        fs::rename(previous, ckpt, ec);
+        if (!ec) std::cout << "[note] this run saved nothing: " << ckpt << " is the finished run again\n";
+      } else {
+        std::cout << "[note] the finished run stays kept as " << previous
+                  << " (removed when this run, continued with --resume, finishes)\n";
+      }
+    } catch (...) {
+    }
+  }
+  ~KeptAside() { ended(); }
+};
 
 }  // namespace
 
@@ -764,13 +803,22 @@ static int tool_main(int argc, char **argv) {
                           "; not trained: " + rest + " (results so far -> " + csv + ")");
       }
       const std::string ckpt = resumed ? resume_ckpt : (fs::path(out_dir) / (name + ".ckpt")).string();
-      const std::string previous = !resumed && root ? keep_previous(ckpt) : "";
+      // A finished run there, kept aside until this one finishes (keep_previous; a resumed run
+      // finishes what its first part began: the checkpoint records it).
+      KeptAside kept;
+      kept.ckpt = ckpt;
+      if (root && !resumed) {
+        kept.previous = keep_previous(ckpt);
+      } else if (root) {
+        const auto r = resumed->config.find("replaces");
+        if (r != resumed->config.end() && r->is_string()) kept.previous = r->get<std::string>();
+      }
+      Start run_start = start;
+      run_start.replaces = kept.previous;
       std::vector<ape::EvalRow> rows;
       try {
-        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get(), device, start);
-        std::error_code rm;
-        if (!previous.empty() && fs::remove(previous, rm))
-          std::cout << "[note] removed " << previous << ": " << ckpt << " replaces it\n";
+        rows = train_one(name, mc, tc, corpus, ec, ckpt, resumed.get(), budget, dp.get(), device, run_start);
+        kept.finished();
       } catch (const Interrupted &e) {
         // The encodings after it were not trained: the message names them (--resume continues only
         // the interrupted one).
@@ -783,7 +831,7 @@ static int tool_main(int argc, char **argv) {
         // Reported (by rank 0: every rank stops at the same step); the other encodings still train.
         std::cout << std::flush;
         if (root) std::cerr << "ape-train: error: " << ape::error_text(e) << "\n";
-        if (!previous.empty()) std::cout << "[note] the finished run stays kept as " << previous << "\n";
+        kept.ended();
         diverged.push_back(name);
         for (int64_t m : ec.multiples) {
           ape::EvalRow r;

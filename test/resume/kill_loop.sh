@@ -140,18 +140,32 @@ kept="$work/keep/t5.unfinished-step$old_step.ckpt"
 grep -q "kept as $kept" "$work/keep2.log" || fail "no note names $kept"
 kept_step=$(grep -ao '"step":[0-9]*' "$kept" | head -1 | cut -d: -f2)
 [ "$kept_step" = "$old_step" ] || fail "the kept checkpoint is at step $kept_step, not $old_step"
-# ...and over a finished one (the 2-step run's) keeps it until the new run finishes: a new run
-# killed during its first checkpoint leaves it (Ctrl-C at a new run's start had replaced a finished
-# model with one of a single step); a new run that finishes removes it.
+# ...and over a finished one (the 2-step run's) keeps it until the new run finishes. A new run
+# killed during its first checkpoint leaves it aside (Ctrl-C at a new run's start had replaced a
+# finished model with one of a single step); one that ends having saved nothing (it diverged) puts
+# it back; one stopped after a save leaves it, and the resumed run removes it when it finishes.
 finished="$work/keep/t5.finished-step2.ckpt"
 ( APE_TEST_KILL_DURING_CHECKPOINT=1 "$train" "${short[@]}" --out "$work/keep" >"$work/keep3.log" 2>&1; exit $? ) 2>/dev/null
+rc=$?
+[ "$rc" -eq 137 ] || { cat "$work/keep3.log"; fail "the run killed during its first checkpoint exited $rc, not 137"; }
 [ -f "$finished" ] || { cat "$work/keep3.log"; fail "the finished run was not kept as $finished"; }
 grep -q "kept as $finished until this run finishes" "$work/keep3.log" || { cat "$work/keep3.log"; fail "no note names $finished"; }
 mv "$finished" "$work/keep/t5.ckpt"
 rm -f "$work/keep/t5.ckpt.tmp."*
-"$train" "${short[@]}" --out "$work/keep" >"$work/keep4.log" 2>&1 || { cat "$work/keep4.log"; fail "the run over a finished one"; }
-[ ! -e "$finished" ] || { cat "$work/keep4.log"; fail "a finished run kept aside was not removed when the new one finished"; }
-grep -q "removed $finished" "$work/keep4.log" || { cat "$work/keep4.log"; fail "no note of the removal"; }
+hot=(--encoding t5 --steps 20 --d-model 32 --layers 1 --heads 2 --seq-len 32 --batch 4 --eval-multiples 1
+     --eval-tokens 256 --cache-dir "$cache" --threads 2 --lr 10 --warmup 0 --divergence-factor 1.01)
+"$train" "${hot[@]}" --out "$work/keep" >"$work/keep4.log" 2>&1 && { cat "$work/keep4.log"; fail "the hot run did not diverge"; }
+grep -q "is the finished run again" "$work/keep4.log" || { cat "$work/keep4.log"; fail "no note of the finished run put back"; }
+[ -f "$work/keep/t5.ckpt" ] && [ ! -e "$finished" ] || { ls "$work/keep"; fail "a run that saved nothing left no t5.ckpt"; }
+back_step=$(grep -ao '"step":[0-9]*' "$work/keep/t5.ckpt" | head -1 | cut -d: -f2)
+[ "$back_step" = 2 ] || fail "the checkpoint put back is at step $back_step, not the finished run's 2"
+APE_TEST_STOP_AFTER_STEP=1 "$train" "${short[@]}" --out "$work/keep" >"$work/keep5.log" 2>&1
+rc=$?
+[ "$rc" -eq 130 ] && [ -f "$finished" ] || { cat "$work/keep5.log"; fail "a run stopped after its first save: status $rc, or the finished run not kept"; }
+grep -q "stays kept as $finished" "$work/keep5.log" || { cat "$work/keep5.log"; fail "no note that the finished run stays kept"; }
+"$train" --resume "$work/keep/t5.ckpt" >"$work/keep6.log" 2>&1 || { cat "$work/keep6.log"; fail "resuming the stopped run"; }
+[ ! -e "$finished" ] || { cat "$work/keep6.log"; fail "the resumed run finished and left $finished"; }
+grep -q "removed $finished" "$work/keep6.log" || { cat "$work/keep6.log"; fail "no note of the removal"; }
 
 # 5. A second run into the folder of a running one is refused (it would replace its checkpoints).
 long=()  # the same run, long enough to be running still when the second starts (then stopped)

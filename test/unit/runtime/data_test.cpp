@@ -6,6 +6,9 @@
 
 #include <sys/wait.h>
 #include <fstream>
+#include <chrono>
+#include <thread>
+#include <csignal>
 #include <unistd.h>
 
 namespace {
@@ -178,10 +181,32 @@ TEST(Tokenizer, AHelperStoppedBySignalIsAStopAndFailuresSaySo) {
     unsetenv("APE_SPM_TOOL");
     return std::make_pair(stopped, what);
   };
+  // (A signal ignored on entry stays ignored in the child, where sh cannot reset it: ctest started
+  // under nohup or in a background job would ignore SIGINT.)
+  auto *old_int = std::signal(SIGINT, SIG_DFL), *old_term = std::signal(SIGTERM, SIG_DFL);
   for (const char *sig : {"INT", "TERM"}) {
     const auto [stopped, what] = train_with(tool(std::string("stop_") + sig, std::string("kill -") + sig + " $$"));
     EXPECT_TRUE(stopped) << sig << ": " << what;
     EXPECT_NE(what.find("was stopped"), std::string::npos) << what;
+  }
+  std::signal(SIGINT, old_int), std::signal(SIGTERM, old_term);
+  // A stop asked of the caller alone (kill -TERM of ape-train's pid: its handler sets the flag)
+  // ends the helper at once, where the wait had gone on to the helper's end.
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread asker([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ape::g_stop_requested = 1;
+    });
+    const auto [stopped, what] = train_with(tool("long", "sleep 30"));
+    asker.join();
+    EXPECT_TRUE(stopped) << what;
+    EXPECT_LT(ape::seconds_since(t0), 10.0) << "the helper was not ended on the stop request";
+    // ...and none starts while a stop is asked for.
+    const auto [stopped2, what2] = train_with(tool("never", "exit 0"));
+    EXPECT_TRUE(stopped2) << what2;
+    EXPECT_NE(what2.find("was not started"), std::string::npos) << what2;
+    ape::g_stop_requested = 0;
   }
   const auto [stopped, what] = train_with(tool("fails", "echo broken >&2; exit 3"));
   EXPECT_FALSE(stopped);
