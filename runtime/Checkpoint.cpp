@@ -165,23 +165,6 @@ Checkpoint read_checkpoint(const std::string &path) {
   auto damaged = [&](const std::string &why) {
     return fail(why + (sealed() ? "" : "; its checksum does not match either: the file was damaged or cut short"));
   };
-  // A tensor's name for a message: names are printable ASCII as written; any other byte (a damaged
-  // file's) as \xNN, at most 80 of them (a NUL had ended the message there, raw control bytes
-  // garbled the terminal).
-  auto shown = [](const std::string &name) {
-    std::string out;
-    for (size_t i = 0; i < name.size() && i < 80; ++i) {
-      const auto ch = static_cast<unsigned char>(name[i]);
-      if (ch >= 0x20 && ch < 0x7f) {
-        out += static_cast<char>(ch);
-      } else {
-        char hex[5];
-        std::snprintf(hex, sizeof hex, "\\x%02x", ch);
-        out += hex;
-      }
-    }
-    return name.size() > 80 ? out + "..." : out;
-  };
   // Every read is checked against what remains: a length field can never make us read (or
   // allocate) beyond the file.
   auto take = [&](size_t n, const std::string &what) {
@@ -226,30 +209,30 @@ Checkpoint read_checkpoint(const std::string &path) {
     get(n, "the name length of " + where);
     if (n == 0 || n > kMaxNameLength) throw damaged("corrupt name length " + std::to_string(n) + " of " + where);
     t.name.assign(take(n, "the name of " + where), n);
-    if (!names.insert(t.name).second) throw damaged("tensor '" + shown(t.name) + "' appears twice (corrupt)");
+    if (!names.insert(t.name).second) throw damaged("tensor '" + printable(t.name) + "' appears twice (corrupt)");
     uint8_t code = 0, ndim = 0;
-    get(code, "the dtype of '" + shown(t.name) + "'");
-    get(ndim, "the rank of '" + shown(t.name) + "'");
+    get(code, "the dtype of '" + printable(t.name) + "'");
+    get(ndim, "the rank of '" + printable(t.name) + "'");
     const DTypeCode *d = by_code(code);
-    if (!d) throw damaged("tensor '" + shown(t.name) + "' has unknown dtype code " + std::to_string(code) + " (corrupt)");
-    if (ndim > kMaxDims) throw damaged("tensor '" + shown(t.name) + "' has rank " + std::to_string(ndim) + " (corrupt)");
+    if (!d) throw damaged("tensor '" + printable(t.name) + "' has unknown dtype code " + std::to_string(code) + " (corrupt)");
+    if (ndim > kMaxDims) throw damaged("tensor '" + printable(t.name) + "' has rank " + std::to_string(ndim) + " (corrupt)");
     t.dtype = d->type;
     uint64_t numel = 1;
     const uint64_t room = (buf.size() - pos) / d->size + 1;  // bounds numel; never overflows
     for (uint8_t k = 0; k < ndim; ++k) {
       int64_t s = 0;
-      get(s, "the shape of '" + shown(t.name) + "'");
-      if (s < 0) throw damaged("tensor '" + shown(t.name) + "' has a negative dimension (corrupt)");
+      get(s, "the shape of '" + printable(t.name) + "'");
+      if (s < 0) throw damaged("tensor '" + printable(t.name) + "' has a negative dimension (corrupt)");
       t.shape.push_back(s);
       if (s != 0 && numel > room / static_cast<uint64_t>(s)) numel = room;  // saturate: too big
       else numel *= static_cast<uint64_t>(s);
     }
     if (numel >= room || numel * d->size > buf.size() - pos)
-      throw damaged("truncated or damaged: tensor '" + shown(t.name) + "' of shape " + shape_str(t.shape) +
+      throw damaged("truncated or damaged: tensor '" + printable(t.name) + "' of shape " + shape_str(t.shape) +
                     " needs more bytes than remain");
     t.nbytes = numel * d->size;
     t.offset = pos;
-    take(t.nbytes, "the elements of '" + shown(t.name) + "'");
+    take(t.nbytes, "the elements of '" + printable(t.name) + "'");
     c.tensors.push_back(std::move(t));
   }
   const size_t body = pos;

@@ -224,22 +224,6 @@ std::string text_dir(const DataOptions &o, std::ostream &log) {
   return (dest / "clean").string();
 }
 
-// A line of a file for a message: printable ASCII as it is, any other byte as \xNN, at most 80
-// bytes (a binary file's "line" printed raw garbled the terminal).
-std::string quoted_line(const std::string &line) {
-  std::string out;
-  for (size_t i = 0; i < line.size() && i < 80; ++i) {
-    const auto c = static_cast<unsigned char>(line[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      char hex[5];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    }
-  }
-  return line.size() > 80 ? out + "..." : out;
-}
 
 // id -> split from SPLITS.tsv ("id<TAB>split", with a header line).
 std::vector<std::pair<std::string, std::string>> read_splits(const std::string &path) {
@@ -255,15 +239,15 @@ std::vector<std::pair<std::string, std::string>> read_splits(const std::string &
     if (line.empty() || (lineno == 1 && line.rfind("id", 0) == 0)) continue;
     auto tab = line.find('\t');
     if (tab == std::string::npos)
-      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": expected `id<TAB>split`, got `" + quoted_line(line) +
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": expected `id<TAB>split`, got `" + printable(line) +
                                "`");
     std::string split = line.substr(tab + 1);
     if (split != "train" && split != "valid" && split != "test")
-      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": unknown split `" + quoted_line(split) + "`");
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": unknown split `" + printable(split) + "`");
     const std::string id = line.substr(0, tab);
     // A book listed twice would be trained on and scored as held out, or counted twice.
     if (auto it = seen.find(id); it != seen.end())
-      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": book " + quoted_line(id) + " is listed again (line " +
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": book " + printable(id) + " is listed again (line " +
                                std::to_string(it->second) + "): each book belongs to one split, once");
     seen.emplace(id, lineno);
     out.emplace_back(id, split);

@@ -106,6 +106,21 @@ std::string system_status_text(int rc) {
   return "failed (wait status " + std::to_string(rc) + ")";
 }
 
+std::string printable(const std::string &bytes) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size() && i < 80; ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return bytes.size() > 80 ? out + "..." : out;
+}
+
 volatile std::sig_atomic_t g_stop_requested = 0;
 
 int run_process(const std::vector<std::string> &argv, const std::string &what, std::string *output,

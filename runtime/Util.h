@@ -50,6 +50,11 @@ extern volatile std::sig_atomic_t g_stop_requested;
 int run_process(const std::vector<std::string> &argv, const std::string &what, std::string *output = nullptr,
                 const std::string &log_path = "", const std::string &cwd = "");
 
+// Bytes of a file for a message (a line of a table, a name in a checkpoint): printable ASCII as it
+// is, any other byte as \xNN, at most 80 bytes and "..." (a binary file's "line" printed raw
+// garbled the terminal; a NUL ended a message there).
+std::string printable(const std::string &bytes);
+
 // `s` quoted for /bin/sh: one word, whatever it holds.
 std::string shell_quote(const std::string &s);
 
