@@ -101,7 +101,8 @@ def ops(encoding):
 def make_inputs(encoding, B, H, T, D, dtype=torch.float64, device="cpu", seed=0):
     """Random q, k, v (B, H, T, D), features (B, H, T) and params {name: tensor} for the kernel of
     `encoding`, all leaves; q, k, v, features and trainable params require grad. A fixed param is
-    its initial value scaled by 0.7 (so that a kernel ignoring it would fail); a trainable one
+    its initial value scaled by 0.7 (so that a kernel ignoring it would fail; rounded where its
+    manifest range takes whole numbers only); a trainable one
     initialised to a value with a meaning (a constant, ALiBi's slopes, a sinusoidal table) is
     that value scaled per element by [0.6, 1) (signs kept: KERPLE's p and a stay positive); the
     others (zeros, normal, derived from a projection as the caller would) are random."""
@@ -122,6 +123,9 @@ def make_inputs(encoding, B, H, T, D, dtype=torch.float64, device="cpu", seed=0)
         name, shape, kind = p["name"], h.param_shape(p["name"], H, D), p["init"]["kind"]
         if name in init and not p["trainable"]:
             t = init[name].detach() * 0.7
+            rng = p.get("range")
+            if rng:  # within the values it may take (the library refuses others): an original length stays whole
+                t = (t.round() if rng["integer"] else t).clamp(rng["min"], rng["max"])
         elif name in init and kind not in ("zeros", "normal"):
             t = init[name].detach() * (0.6 + 0.4 * torch.rand(shape, generator=g, dtype=torch.float64))
         else:
