@@ -505,12 +505,24 @@ LogicalResult ParamOp::verify() {
   // Every argument is declared (the init arguments, the value range, `shared`): a misspelt one
   // would otherwise be ignored.
   for (NamedAttribute a : (*this)->getDiscardableAttrs()) {
-    std::string known;
-    for (abi::InitArg arg : abi::kInitArgs)
+    std::string known, nearest;
+    unsigned best = 3;  // as verifyKnownAttributes: a declared name at most two edits away
+    auto consider = [&](StringRef k) {
+      unsigned d = a.getName().getValue().edit_distance(k, true, best);
+      if (d < best)
+        best = d, nearest = k.str();
+    };
+    for (abi::InitArg arg : abi::kInitArgs) {
       known += std::string(abi::name(arg)) + ", ";
-    return emitOpError("has no attribute '")
-           << a.getName().getValue() << "' (its attributes: " << known
-           << "min, max, integer and shared)";
+      consider(abi::name(arg));
+    }
+    for (StringRef k : {"min", "max", "integer", "shared"})
+      consider(k);
+    InFlightDiagnostic diag = emitOpError("has no attribute '") << a.getName().getValue() << "'";
+    if (!nearest.empty())
+      diag << " (did you mean '" << nearest << "'?)";
+    diag << "; its attributes: " << known << "min, max, integer and shared";
+    return diag;
   }
   if (failed(verifyValueRange(*this)))
     return failure();

@@ -24,8 +24,9 @@ __all__ = ["load", "Attention", "BuildError"]
 def _import_helper(lib, name):
     """The generated module ape_NAME of a built library folder, its operators loaded. PyTorch
     registers one library per operator namespace (torch.ops.ape_NAME) in a process: a second
-    library of that name (another spec named NAME, an edited spec, the same spec from another
-    file) is refused with a BuildError here, where loading it would abort the process."""
+    library of that name (another spec named NAME, an edited spec) is refused with a BuildError
+    here, where loading it would abort the process; the same spec text from another file is the
+    same library (its cache entry), and is reused."""
     import os
 
     path = os.path.join(lib, "build", f"ape_{name}.py")
@@ -37,7 +38,7 @@ def _import_helper(lib, name):
         where = getattr(loaded, "__file__", None) or "a library loaded by other means"
         raise BuildError(f"encoding '{name}' is already loaded in this process (torch.ops.{module_name}, from "
                          f"{where}); PyTorch takes one library per name, so another spec named '{name}' (or this "
-                         "spec edited, or loaded from another file) cannot be loaded beside it: rename its "
+                         "spec edited) cannot be loaded beside it: rename its "
                          "ape.encoding, or restart Python")
     spec = importlib.util.spec_from_file_location(module_name, path)
     h = importlib.util.module_from_spec(spec)

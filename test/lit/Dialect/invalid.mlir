@@ -659,7 +659,7 @@ ape.encoding @e {
 
 // A misspelt argument is refused rather than ignored.
 ape.encoding @e {
-  // expected-error @+1 {{'ape.param' op has no attribute 'stdev' (its attributes: std, value, projection, columns, start, step, scale, min, max, integer and shared)}}
+  // expected-error @+1 {{'ape.param' op has no attribute 'stdev' (did you mean 'std'?); its attributes: std, value, projection, columns, start, step, scale, min, max, integer and shared}}
   %p = ape.param "w" ["heads"] init = "normal" trainable {stdev = 0.02 : f64}
 }
 
