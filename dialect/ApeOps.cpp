@@ -14,6 +14,7 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
 
 #include <cctype>
 #include <cmath>
@@ -23,6 +24,30 @@
 using namespace mlir;
 using namespace mlir::ape;
 using namespace mlir::ape::component;
+
+/// `@name` of an encoding or kernel. A name written with a character MLIR's symbol syntax ends
+/// at (`@sliding-alibi`) would otherwise fail later, at the '-', as "expected '{' to begin a
+/// region"; the name's own rule (verifyContainer) is said here instead.
+static ParseResult parseContainerName(OpAsmParser &parser, StringAttr &name) {
+  llvm::SMLoc at = parser.getCurrentLocation();
+  if (parser.parseSymbolName(name))
+    return failure();
+  const char *next = parser.getCurrentLocation().getPointer();
+  if (next && *next == '-') {
+    std::string written(name.getValue());
+    for (; *next && (std::isalnum(static_cast<unsigned char>(*next)) || *next == '_' ||
+                     *next == '-' || *next == '.' || *next == '$');
+         ++next)
+      written += *next;
+    return parser.emitError(at, "name @")
+           << written << " must be an identifier: a letter or '_' then letters, digits or '_'";
+  }
+  return success();
+}
+
+static void printContainerName(OpAsmPrinter &printer, Operation *, StringAttr name) {
+  printer.printSymbolName(name.getValue());
+}
 
 #define GET_OP_CLASSES
 #include "dialect/ApeInterfaces.cpp.inc"
@@ -477,6 +502,67 @@ static LogicalResult verifyInputName(Operation *op, StringRef name) {
            << " must be a letter or '_', then letters, digits, '_', '-' or '.' (at most 64 characters)";
   }
   return success();
+}
+
+/// The generated form (`$name $shape init = $init (trainable)? attr-dict`), by hand for one
+/// thing: a float argument written as a whole number (`{value = 64}`, which MLIR reads as an
+/// i64) is taken as that number, as a reader would; anything else not a float is refused with
+/// the argument's name.
+ParseResult ParamOp::parse(OpAsmParser &parser, OperationState &result) {
+  StringAttr name;
+  ArrayAttr shape;
+  StringAttr init;
+  Type none = parser.getBuilder().getType<NoneType>();
+  if (parser.parseCustomAttributeWithFallback(name, none) ||
+      parser.parseCustomAttributeWithFallback(shape, none) || parser.parseKeyword("init") ||
+      parser.parseEqual() || parser.parseCustomAttributeWithFallback(init, none))
+    return failure();
+  Properties &props = result.getOrAddProperties<Properties>();
+  props.name = name;
+  props.shape = shape;
+  props.init = init;
+  if (succeeded(parser.parseOptionalKeyword("trainable")))
+    props.trainable = parser.getBuilder().getUnitAttr();
+  llvm::SMLoc loc = parser.getCurrentLocation();
+  if (parser.parseOptionalAttrDict(result.attributes))
+    return failure();
+  for (StringRef arg : {"std", "value", "start", "step", "scale", "min", "max"}) {
+    Attribute a = result.attributes.get(arg);
+    auto whole = dyn_cast_or_null<IntegerAttr>(a);
+    if (!whole || whole.getType().isInteger(1))
+      continue;
+    const llvm::APInt &v = whole.getValue();
+    llvm::APFloat f(llvm::APFloat::IEEEdouble());
+    bool inexact = f.convertFromAPInt(v, !whole.getType().isUnsignedInteger(),
+                                      llvm::APFloat::rmNearestTiesToEven) != llvm::APFloat::opOK;
+    double d = f.convertToDouble();
+    if (inexact) {
+      std::string shown;
+      llvm::raw_string_ostream os(shown);
+      os << "argument '" << arg << "' = " << v
+         << " is not exactly a double; write it as a float (`" << llvm::format("%.17g", d)
+         << " : f64`)";
+      return parser.emitError(loc, shown);
+    }
+    result.attributes.set(arg, parser.getBuilder().getF64FloatAttr(d));
+  }
+  if (failed(verifyInherentAttrs(result.name, result.attributes,
+                                 [&]() { return parser.emitError(loc); })))
+    return failure();
+  result.addTypes(parser.getBuilder().getType<ParamType>());
+  return success();
+}
+
+void ParamOp::print(OpAsmPrinter &printer) {
+  printer << ' ';
+  printer.printAttributeWithoutType(getNameAttr());
+  printer << ' ';
+  printer.printAttributeWithoutType(getShapeAttr());
+  printer << " init = ";
+  printer.printAttributeWithoutType(getInitAttr());
+  if (getTrainableAttr())
+    printer << " trainable";
+  printer.printOptionalAttrDict((*this)->getAttrs(), {"name", "shape", "init", "trainable"});
 }
 
 LogicalResult ParamOp::verify() {

@@ -85,7 +85,7 @@ def Ape_EncodingOp : Ape_Op<"encoding", [Symbol, NoTerminator, SingleBlock,
                        OptionalAttr<I64Attr>:$head_dim, OptionalAttr<I64Attr>:$model_dim,
                        UnitAttr:$fast_math);
   let regions = (region SizedRegion<1>:$body);
-  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let assemblyFormat = "custom<ContainerName>($sym_name) attr-dict-with-keyword $body";
   // verify: the op's own attributes; verifyRegions: the nested ops together, after each of them
   // verified (their attributes are then known to be present and well-typed).
   let hasVerifier = 1;
@@ -141,7 +141,7 @@ def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
                        OptionalAttr<StrAttr>:$score_bias,
                        UnitAttr:$k_mod_reads_length, UnitAttr:$tokens_read_length);
   let regions = (region SizedRegion<1>:$body);
-  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+  let assemblyFormat = "custom<ContainerName>($sym_name) attr-dict-with-keyword $body";
   let hasVerifier = 1;
   let hasRegionVerifier = 1;
 }
@@ -430,7 +430,9 @@ def Ape_ParamOp : Ape_Op<"param", [Pure]> {
                        // One tensor for every layer (the manifest's per_layer = false).
                        UnitAttr:$shared);
   let results = (outs Ape_ParamType:$result);
-  let assemblyFormat = "$name $shape `init` `=` $init (`trainable` $trainable^)? attr-dict";
+  // The generated form, parsed by hand so that a whole number given for a float argument
+  // (`{value = 64}`) is read as that number (ApeOps.cpp, ParamOp::parse).
+  let hasCustomAssemblyFormat = 1;
   let hasVerifier = 1;
 }
 

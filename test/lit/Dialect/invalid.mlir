@@ -644,7 +644,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.param' op attribute 'projection' failed to satisfy constraint: "q", "k" or "v"}}
+  // expected-error @+1 {{custom op 'ape.param' attribute 'projection' failed to satisfy constraint: "q", "k" or "v"}}
   %p = ape.param "a" ["heads", "head_dim"] init = "projection_term" trainable {projection = "o", columns = 4 : i64, start = 0.0 : f64, step = 1.0 : f64}
 }
 
@@ -736,4 +736,25 @@ ape.encoding @e {
     // expected-error @+1 {{'ape.yield' op must yield 1 value(s) of type f32 in a score_mod body region, got 1 (index)}}
     ape.yield %i : index
   }
+}
+
+// -----
+
+// A name with a '-' (MLIR's symbol ends there) is said to be a bad name, not a missing region.
+// expected-error @+1 {{name @sliding-alibi must be an identifier: a letter or '_' then letters, digits or '_'}}
+ape.encoding @sliding-alibi {
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{argument 'value' = 9007199254740993 is not exactly a double; write it as a float (`9007199254740992 : f64`)}}
+  %w = ape.param "w" ["1"] init = "constant" {value = 9007199254740993}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{attribute 'value' failed to satisfy constraint: 64-bit float attribute}}
+  %w = ape.param "w" ["1"] init = "constant" {value = "64"}
 }

@@ -35,6 +35,7 @@ ape.encoding @scaled attributes {scale = 1.0 : f64} {
 // CHECK: %[[S:.*]] = ape.scan %[[M]]
 // CHECK: %[[P:.*]] = ape.param "w" ["heads", "4"] init = "normal" trainable {std = 2.000000e-02 : f64}
 // CHECK: %[[Z:.*]] = ape.param "z" ["head_dim"] init = "zeros"
+// CHECK: ape.param "window" ["1"] init = "constant" {integer, max = 1.000000e+09 : f64, min = 1.000000e+00 : f64, value = 6.400000e+01 : f64}
 // CHECK: ape.masked_projection {l = 8 : i64, targets = "qk"}
 // CHECK: ape.q_mod attributes {pairing = "half"} {
 // CHECK: ape.dim "head_dim"
@@ -53,6 +54,8 @@ ape.encoding @generic {
   %s = ape.scan %m
   %p = ape.param "w" ["heads", "4"] init = "normal" trainable {std = 0.02 : f64}
   %z = ape.param "z" ["head_dim"] init = "zeros"
+  // A whole number for a float argument is that number.
+  %win = ape.param "window" ["1"] init = "constant" {value = 64, min = 1, max = 1000000000, integer}
   ape.masked_projection {l = 8 : i64, targets = "qk"}
   ape.q_mod attributes {pairing = "half"} {
   ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
