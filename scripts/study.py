@@ -164,7 +164,30 @@ def read_rows(path):
                 "(a file cut short or edited by hand): mend or remove the row, then run again")
         if r.get("multiple") and not r["multiple"].isdigit():
             die(f"{path}:{n}: multiple {r['multiple']!r} is not a whole number")
+        # A loss is a finite number or empty (not evaluated, or non-finite: its note says which);
+        # a NaN written in (by hand, or by a tool of another kind) would reach the statistics.
+        for k in ("loss", "segments", "segment_losses"):
+            for x in (r.get(k) or "").split(";") if r.get(k) else []:
+                try:
+                    ok = math.isfinite(float(x))
+                except ValueError:
+                    ok = False
+                if not ok:
+                    die(f"{path}:{n}: {k} {r[k]!r} is not a finite number (a non-finite loss is "
+                        "written as an empty cell with its note): mend or remove the row, then run again")
     return rows
+
+
+NONFINITE_NOTE = "non-finite loss"  # the start of ape-train's and ape-eval's note for such a cell
+
+
+def nonfinite_result(path):
+    """Whether the evaluation CSV at `path` holds every length asked, some of them non-finite: the
+    tools then exit 1, but the model was evaluated (it computes NaN or inf there): a result, kept
+    as one (an empty loss with its note), not a failure to retry."""
+    rows = read_rows(path)
+    return bool(rows) and any(r["note"].startswith(NONFINITE_NOTE) for r in rows) and all(
+        r["loss"] or r["note"] for r in rows)
 
 
 def write_rows(path, fields, rows):
@@ -630,7 +653,9 @@ class Runner:
         if m:
             info.update(steps=m.group(1), seconds=m.group(2), tok_s=m.group(3), first_loss=m.group(4),
                         final_loss=m.group(5))
-        if rc != 0 or not os.path.exists(run_csv):
+        if rc != 0 and os.path.exists(run_csv) and nonfinite_result(run_csv):
+            print(f"[study] {run.id}: the trained model's loss is non-finite at some length (recorded; see {log})")
+        elif rc != 0 or not os.path.exists(run_csv):
             # ape-train's own last word on a divergence (tools/ape_train.cpp), not any "nan" in its
             # output (a path, a missing folder's message): a failure is retried, a divergence kept.
             diverged = re.search(r"encodings? stopped training \(diverged\)", text)
@@ -716,7 +741,9 @@ class Runner:
             rc, _ = self.run_cmd(cmd, log)
             if self.args.dry_run:
                 continue
-            if rc != 0:
+            if rc != 0 and os.path.exists(out_csv) and nonfinite_result(out_csv):
+                print(f"[study] {run.id}/{name}: the loss is non-finite at some length (recorded; see {log})")
+            elif rc != 0:
                 self.failed.append(f"{run.id}/{name}")
                 print(f"[study] {run.id}/{name}: ape-eval failed (exit {rc}); see {log}", file=sys.stderr)
                 return False
@@ -864,6 +891,11 @@ def fmt(x, nd=3):
     return "—" if x is None else f"{x:.{nd}f}"
 
 
+def nonfinite_of(table, run, variant, m):
+    r = table.get((run, variant), {}).get(m)
+    return bool(r) and not r["loss"] and r.get("note", "").startswith(NONFINITE_NOTE)
+
+
 def segments_of(table, run, variant, m):
     r = table.get((run, variant), {}).get(m)
     if not r or not r.get("segments"):
@@ -871,7 +903,8 @@ def segments_of(table, run, variant, m):
     return [float(x) for x in r["segments"].split(";")]
 
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom (a z of 1.96 past 30).
+# Two-sided 95% quantiles of Student's t by degrees of freedom (a df between two keys takes the
+# lower key's, the wider interval; past 120, 120's).
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
        10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
 
@@ -894,8 +927,11 @@ class Quantity:
 
     def __init__(self, table, seeds, terms, token_only=False):
         self.values, segs = {}, {}
+        self.nonfinite = []  # seeds with a non-finite cell among the terms
         for s in seeds:
             cells = [loss_of(table, f"{e}-s{s}", v, m) for _, e, v, m in terms]
+            if any(nonfinite_of(table, f"{e}-s{s}", v, m) for _, e, v, m in terms):
+                self.nonfinite.append(s)
             if any(c is None for c in cells):
                 continue
             self.values[s] = sum(c * k for (k, _, _, _), c in zip(terms, cells))
@@ -1019,6 +1055,8 @@ class Claims:
 
     def verdict(self, q, kind):
         need = self.cfg.get("min_seeds", MIN_SEEDS)
+        if q.nonfinite:
+            return "non-finite loss (seed " + ", ".join(map(str, q.nonfinite)) + ")"
         if q.mean is None:
             return "not yet run"
         if q.n < need:
@@ -1266,7 +1304,7 @@ def write_report(args, cfg):
             if r is None:
                 cells.append("—")
             elif not r["loss"]:
-                cells.append("skipped")
+                cells.append("non-finite" if r["note"].startswith(NONFINITE_NOTE) else "skipped")
             else:
                 cells.append(f'{float(r["loss"]):.3f} / {float(r["ppl"]):.1f}')
         if not rows:
@@ -1302,8 +1340,8 @@ def write_report(args, cfg):
           f"vocab {cfg['vocab']} (SentencePiece BPE), training length L = {L}, batch {cfg['batch']}, "
           f"{cfg['steps']} steps ({cfg['steps'] * cfg['batch'] * L:,} training tokens), AdamW lr {cfg['lr']}"
           + (f" ({sum(1 for x in judged.values() if x != cfg['lr'])} of {len(seeded_of(cfg))} seeded encodings judged "
-             "at another rate their sweep chose: Learning rates, below) " if sweep_lrs(cfg) else " ") +
-          f"(warmup {cfg['warmup']}, cosine), seed {cfg['seeds'][0]} (and {', '.join(map(str, cfg['seeds'][1:]))} for "
+             "at another rate their sweep chose: Learning rates, below; " if sweep_lrs(cfg) else " (") +
+          f"warmup {cfg['warmup']}, cosine), seed {cfg['seeds'][0]} (and {', '.join(map(str, cfg['seeds'][1:]))} for "
           f"{', '.join(e for e in cfg['seeded'] if e in cfg['encodings'])}). Evaluated on the held-out test books of pg30 at "
           f"{', '.join(f'{m}x' for m in mults)} L, {cfg['eval_tokens']} scored target tokens per length (the same "
           f"tokens at every length; a cell is the mean loss over all positions of windows of that length).", ""]
@@ -1379,13 +1417,14 @@ def write_report(args, cfg):
                "|" + " --- |" * (len(rates) + 2)] + rows_lr + [""]
     counts = {}
     for c in claims:
-        key = "too few seeds" if c["verdict"].startswith("too few seeds") else c["verdict"]
+        key = next((k for k in ("too few seeds", "non-finite loss") if c["verdict"].startswith(k)), c["verdict"])
         counts[key] = counts.get(key, 0) + 1
     params = [int(t["parameters"]) for t in train if t.get("parameters") and t["run"].split("-s")[0] in seeded]
     size = f"{statistics.median(params) / 1e6:.2f}M-parameter" if params else f"{cfg['d_model']}-wide"
     md[4:4] = ["In short: of the " + str(len(claims)) + " claims below, " + ", ".join(
         f"{counts[v]} {w.format(flat=FLAT)}" for v, w in VERDICTS + [
             ("too few seeds", f"have fewer than {cfg.get('min_seeds', MIN_SEEDS)} seeds so far"),
+            ("non-finite loss", "rest on a cell whose loss is non-finite"),
             ("not yet run", "not yet run")] if v in counts)
                + f". Every verdict is about direction at this scale ({size} models of {cfg['layers']} layers trained "
                  f"at L = {L} on {cfg['steps'] * cfg['batch'] * L / 1e6:.1f}M tokens; the transition's model has "
@@ -1413,8 +1452,7 @@ def write_report(args, cfg):
                   f"{c['seeds']} | **{c['verdict']}** |")
     md.append("")
     tr, top = cfg.get("transition"), max(mults)
-    tid = f"{TRANSITION_TAG}-s{cfg['seeds'][0]}"
-    if tr and (tid, "trained") in table:
+    if tr and any((f"{TRANSITION_TAG}-s{s}", "trained") in table for s in cfg["seeds"]):
         md += ["## The attention transition", "",
                f"Seed 002's inference-time method, applied at evaluation to RoPE models with {tr['layers']} layers "
                f"(the transition leaves the first layer and the last two alone, so the 2-layer models have no layer to "
@@ -1484,7 +1522,8 @@ def write_report(args, cfg):
            "not other kinds of text.", ""]
     md += ["## Loss / perplexity by evaluation length", "",
            "Cells: mean held-out token loss (nats) / perplexity; `—`: not run yet; `skipped`: the model cannot "
-           "take that length (learned absolute: its table). Variants: `+pi`, `+ntk`, `+yarn`: rope_factor = "
+           "take that length (learned absolute: its table); `non-finite`: the model computes NaN or inf at that "
+           "length (a result: the claims that need the cell say so). Variants: `+pi`, `+ntk`, `+yarn`: rope_factor = "
            "evaluation length / L at each length (1x is plain RoPE); `+dynamic_ntk`: rope_factor 2, "
            "original length L; `+sigma0.5`: position_scale = 0.5.", "", table_md, ""]
     if notes:

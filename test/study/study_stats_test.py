@@ -16,7 +16,7 @@ import study  # noqa: E402
 
 
 def row(loss, segs=None):
-    return {"loss": f"{loss}", "segments": ";".join(f"{x}" for x in segs) if segs else ""}
+    return {"loss": f"{loss}", "segments": ";".join(f"{x}" for x in segs) if segs else "", "note": ""}
 
 
 def table_of(cells):
@@ -347,6 +347,31 @@ class CsvTest(unittest.TestCase):
             study.write_rows(path, study.RESULT_FIELDS, [dict(row, multiple="2.0")])
             with self.assertRaises(SystemExit):
                 study.read_rows(path)
+            # A NaN or inf loss or segment is refused (it reached the statistics: a crash).
+            for bad in (dict(row, loss="nan"), dict(row, loss="inf"), dict(row, segments="4.1;nan")):
+                study.write_rows(path, study.RESULT_FIELDS, [bad])
+                with self.assertRaises(SystemExit):
+                    study.read_rows(path)
+
+    def test_a_non_finite_evaluation_is_a_result(self):
+        note = study.NONFINITE_NOTE + ": the model computes NaN or inf at this length"
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "results.csv")
+            fields = ["train_len", "eval_len", "loss", "ppl", "tokens", "note"]
+            ok = {"train_len": "128", "eval_len": "128", "loss": "4.5", "note": ""}
+            study.write_rows(path, fields, [ok, dict(ok, eval_len="2048", loss="", note=note)])
+            self.assertTrue(study.nonfinite_result(path))
+            study.write_rows(path, fields, [ok])  # all finite: the failure was something else
+            self.assertFalse(study.nonfinite_result(path))
+        # In the claims: the seed with the non-finite cell is named, not "too few seeds".
+        cells = {("a", s, "trained", m): (4.0 + 0.1 * s + m / 100, None) for s in (1, 2, 3) for m in (1, 16)}
+        t = table_of(cells)
+        t[("a-s2", "trained")][16] = {"loss": "", "segments": "", "note": note}
+        q = study.Quantity(t, [1, 2, 3], [(1, "a", "trained", 16), (-1, "a", "trained", 1)])
+        self.assertEqual(q.n, 2)
+        self.assertEqual(q.nonfinite, [2])
+        self.assertTrue(study.nonfinite_of(t, "a-s2", "trained", 16))
+        self.assertFalse(study.nonfinite_of(t, "a-s1", "trained", 16))
 
 
 if __name__ == "__main__":
