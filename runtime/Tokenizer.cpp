@@ -33,8 +33,14 @@ std::string log_tail(const std::string &path) {
 // Runs argv with its output in log_path (run_process: a Ctrl-C or SIGTERM is a stop, ape::Stopped,
 // not the helper's failure; the helper dies with its caller).
 void run(const std::vector<std::string> &argv, const std::string &log_path, const std::string &what) {
-  const int status = run_process(argv, what, nullptr, log_path);
   std::error_code ec;
+  int status = 0;
+  try {
+    status = run_process(argv, what, nullptr, log_path);
+  } catch (const Stopped &) {
+    fs::remove(log_path, ec);  // a stop is no failure: nothing in the log to read
+    throw;
+  }
   if (status == 0 && fs::file_size(log_path, ec) == 0 && !ec) fs::remove(log_path, ec);  // nothing to keep
   if (status != 0)
     throw std::runtime_error(what + " failed (" + argv[0] + " " +
@@ -66,13 +72,18 @@ EncodedBooks spm_encode_books(const std::string &model, const std::vector<std::s
                               const std::string &scratch, const std::string &log_path) {
   std::vector<std::string> argv{spm_tool_path(), "encode", model, scratch};
   argv.insert(argv.end(), books.begin(), books.end());
-  run(argv, log_path, "tokenizing with " + model);
+  std::error_code ec;
+  try {
+    run(argv, log_path, "tokenizing with " + model);
+  } catch (...) {
+    fs::remove(scratch, ec);  // what the helper wrote before it failed or was stopped
+    throw;
+  }
 
   std::ifstream f(scratch, std::ios::binary);
   std::ostringstream ss;
   ss << f.rdbuf();
   const std::string buf = ss.str();
-  std::error_code ec;
   fs::remove(scratch, ec);
   size_t pos = 0;
   auto take = [&](void *dst, size_t n) {

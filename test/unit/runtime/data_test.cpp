@@ -189,6 +189,23 @@ TEST(Tokenizer, AHelperStoppedBySignalIsAStopAndFailuresSaySo) {
     EXPECT_TRUE(stopped) << sig << ": " << what;
     EXPECT_NE(what.find("was stopped"), std::string::npos) << what;
   }
+  // A stopped encode leaves neither its partial output (a checkpoint-sized token file in the
+  // cache, once per stop) nor its log; a failed one keeps the log its error names.
+  for (const char *end : {"kill -INT $$", "exit 3"}) {
+    setenv("APE_SPM_TOOL", tool("encode_part", std::string("echo partial > \"$3\"; echo noise >&2; ") + end).c_str(), 1);
+    const std::string scratch = dir + "/tokens.ids.1", elog = dir + "/encode.log";
+    bool stopped = false;
+    try {
+      ape::spm_encode_books("model", {"book"}, scratch, elog);
+    } catch (const ape::Stopped &) {
+      stopped = true;
+    } catch (const std::exception &) {
+    }
+    unsetenv("APE_SPM_TOOL");
+    EXPECT_EQ(stopped, end[0] == 'k') << end;
+    EXPECT_FALSE(fs::exists(scratch)) << end << ": the partial output was left";
+    EXPECT_EQ(fs::exists(elog), !stopped) << end;
+  }
   std::signal(SIGINT, old_int), std::signal(SIGTERM, old_term);
   // A stop asked of the caller alone (kill -TERM of ape-train's pid: its handler sets the flag)
   // ends the helper at once, where the wait had gone on to the helper's end.
