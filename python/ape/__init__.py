@@ -27,12 +27,31 @@ def _import_helper(lib, name):
     library of that name (another spec named NAME, an edited spec) is refused with a BuildError
     here, where loading it would abort the process; the same spec text from another file is the
     same library (its cache entry), and is reused."""
+    loaded = _loadable(name, lib)
+    if loaded is not None:
+        return loaded
+    module_name = f"ape_{name}"
+    spec = importlib.util.spec_from_file_location(module_name, _helper_path(lib, name))
+    h = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h)
+    h.load()
+    sys.modules[module_name] = h
+    return h
+
+
+def _helper_path(lib, name):
     import os
 
-    path = os.path.join(lib, "build", f"ape_{name}.py")
+    return os.path.join(lib, "build", f"ape_{name}.py")
+
+
+def _loadable(name, lib):
+    """The module of library folder `lib` if this process has loaded it (None if not loaded); a
+    BuildError if another library of that name is loaded (checked before a build: ape.load's
+    `check`, so a refusal costs no minute of compiling)."""
     module_name = f"ape_{name}"
     loaded = sys.modules.get(module_name)
-    if loaded is not None and getattr(loaded, "__file__", None) == path:
+    if loaded is not None and getattr(loaded, "__file__", None) == _helper_path(lib, name):
         return loaded
     if loaded is not None or _namespace_taken(module_name):
         where = getattr(loaded, "__file__", None) or "a library loaded by other means"
@@ -40,12 +59,7 @@ def _import_helper(lib, name):
                          f"{where}); PyTorch takes one library per name, so another spec named '{name}' (or this "
                          "spec edited) cannot be loaded beside it: rename its "
                          "ape.encoding, or restart Python")
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    h = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(h)
-    h.load()
-    sys.modules[module_name] = h
-    return h
+    return None
 
 
 def _namespace_taken(namespace):
@@ -163,7 +177,7 @@ def load(spec, heads=None, head_dim=None, *, apec=None, cache_dir=None, verbose=
     and (64,); default every variant: nvcc takes minutes for all nine)."""
     log = (lambda s: print(s, file=sys.stderr)) if verbose else None
     name, lib, _ = cached_library(spec, apec=apec, cache_dir=cache_dir, log=log, cuda_dtypes=cuda_dtypes,
-                                  cuda_head_dims=cuda_head_dims)
+                                  cuda_head_dims=cuda_head_dims, check=_loadable)
     m = Attention(_import_helper(lib, name), lib)
     if (heads is None) != (head_dim is None):
         raise ValueError("give both heads and head_dim, or neither (then the params are made at the first call)")

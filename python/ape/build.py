@@ -198,7 +198,7 @@ def _entry_ok(final, name):
     return bool(want) and _library_digest(library_dir(final, name), name) == want
 
 
-def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, cuda_head_dims=None):
+def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, cuda_head_dims=None, check=None):
     """The built operator library folder of `spec`, from the cache or built now.
 
     apec runs every time (a fraction of a second; spec errors surface as its file:line:col); the
@@ -211,6 +211,8 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
     write to is used as it is.
     cuda_dtypes / cuda_head_dims narrow the CUDA variants (apec's --cuda-dtypes, --cuda-head-dims;
     default: all of bf16, f16, f32 x 32, 64, 128), which nvcc compiles where PyTorch sees a GPU.
+    check(name, library folder), if given, runs once the name and the folder are known, before any
+    build (ape.load's test that the library can be loaded in this process: a refusal costs no build).
     Returns (encoding name, library folder, whether it was cached)."""
     import tempfile
 
@@ -234,6 +236,8 @@ def cached_library(spec, apec=None, cache_dir=None, log=None, cuda_dtypes=None, 
         h.update(f"\0{sys.executable}\0{torch.__version__}\0{os.environ.get('CXX', '')}\0{cuda}".encode())
         final = os.path.join(cache, f"{name[:64]}-{h.hexdigest()[:16]}")  # (a file name: at most 255 bytes)
         lib = library_dir(final, name)
+        if check:
+            check(name, lib)
         if _entry_ok(final, name):
             return name, lib, True
         try:

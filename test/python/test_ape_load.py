@@ -87,12 +87,21 @@ def test_spec_error_is_apecs_located_diagnostic(tmp_path):
         ape.load(str(bad))
 
 
-def test_a_second_library_of_the_same_name_is_refused(spec):
+def test_a_second_library_of_the_same_name_is_refused(spec, tmp_path):
     """PyTorch takes one library per operator namespace: loading another library named like a
     loaded one (an edited spec, a copy from another file) aborted the process; it is refused."""
     ape.load(spec)
     with pytest.raises(ape.BuildError, match=r"encoding 'sliding_alibi' is already loaded in this process"):
         ape._import_helper(os.path.join("/nonexistent", "sliding_alibi_torch_library"), "sliding_alibi")
+    # An edited spec of that name is refused before its library is built (a minute of compiling).
+    edited = tmp_path / "edited.mlir"
+    with open(spec) as f:
+        edited.write_text(f.read().replace("64.0 : f64", "32.0 : f64"))
+    cache = tmp_path / "cache"
+    with pytest.raises(ape.BuildError, match=r"encoding 'sliding_alibi' is already loaded in this process"):
+        ape.load(str(edited), cache_dir=str(cache))
+    built = [f for _, _, fs in os.walk(cache) for f in fs if f.endswith(".so")]
+    assert not built, built
 
 
 def test_a_damaged_cache_entry_is_not_used(spec, tmp_path):
