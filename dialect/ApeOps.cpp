@@ -49,6 +49,68 @@ static void printContainerName(OpAsmPrinter &printer, Operation *, StringAttr na
   printer.printSymbolName(name.getValue());
 }
 
+namespace mlir::ape {
+/// The float (F64Attr) arguments of the ape ops, by name (ApeOps.td); no op has an argument of
+/// another type by one of these names.
+static constexpr llvm::StringLiteral kFloatArgs[] = {
+    "a_init", "alpha", "base", "beta", "beta_fast", "beta_slow", "bias", "c", "factor", "fraction",
+    "gamma", "high_freq_factor", "kappa", "l_init", "low_freq_factor", "max", "min", "p_init",
+    "scale", "scale_base", "start", "std", "step", "theta", "theta1", "theta2", "value",
+    "weight_std"};
+
+/// MLIR reads a whole number (`64`) as an i64. The float arguments of `attrs` given one take it
+/// as that number: exactly, or an error that says how to write it.
+static ParseResult takeWholeNumbers(OpAsmParser &parser, llvm::SMLoc loc, NamedAttrList &attrs) {
+  for (StringRef arg : kFloatArgs) {
+    auto whole = dyn_cast_or_null<IntegerAttr>(attrs.get(arg));
+    if (!whole || whole.getType().isInteger(1))
+      continue;
+    const llvm::APInt &v = whole.getValue();
+    llvm::APFloat f(llvm::APFloat::IEEEdouble());
+    bool inexact = f.convertFromAPInt(v, !whole.getType().isUnsignedInteger(),
+                                      llvm::APFloat::rmNearestTiesToEven) != llvm::APFloat::opOK;
+    double d = f.convertToDouble();
+    if (inexact) {
+      std::string shown;
+      llvm::raw_string_ostream os(shown);
+      os << "argument '" << arg << "' = " << v
+         << " is not exactly a double; write it as a float (`" << llvm::format("%.17g", d)
+         << " : f64`)";
+      return parser.emitError(loc, shown);
+    }
+    attrs.set(arg, parser.getBuilder().getF64FloatAttr(d));
+  }
+  return success();
+}
+
+/// The parser of an op whose form is its attribute dictionary alone (Ape_AttrDictForm).
+ParseResult parseAttrDictOp(
+    OpAsmParser &parser, OperationState &result,
+    llvm::LogicalResult (*verifyInherentAttrs)(OperationName, NamedAttrList &,
+                                               llvm::function_ref<InFlightDiagnostic()>)) {
+  llvm::SMLoc loc = parser.getCurrentLocation();
+  if (parser.parseOptionalAttrDict(result.attributes) ||
+      takeWholeNumbers(parser, loc, result.attributes))
+    return failure();
+  return verifyInherentAttrs(result.name, result.attributes,
+                             [&]() { return parser.emitError(loc); });
+}
+
+/// The attribute dictionary of `op` less `elided` and the arguments at their default value (as
+/// the generated printers print it): the defaults are those of a fresh op of its name.
+void printAttrDictOp(OpAsmPrinter &printer, Operation *op, llvm::ArrayRef<StringRef> elided) {
+  OperationState state(op->getLoc(), op->getName());
+  Operation *fresh = Operation::create(state);
+  DictionaryAttr defaults = fresh->getAttrDictionary();
+  fresh->destroy();
+  llvm::SmallVector<StringRef> skip(elided);
+  for (NamedAttribute a : op->getAttrs())
+    if (defaults.get(a.getName()) == a.getValue())
+      skip.push_back(a.getName().getValue());
+  printer.printOptionalAttrDict(op->getAttrs(), skip);
+}
+} // namespace mlir::ape
+
 #define GET_OP_CLASSES
 #include "dialect/ApeInterfaces.cpp.inc"
 #include "dialect/ApeOps.cpp.inc"
@@ -506,8 +568,7 @@ static LogicalResult verifyInputName(Operation *op, StringRef name) {
 
 /// The generated form (`$name $shape init = $init (trainable)? attr-dict`), by hand for one
 /// thing: a float argument written as a whole number (`{value = 64}`, which MLIR reads as an
-/// i64) is taken as that number, as a reader would; anything else not a float is refused with
-/// the argument's name.
+/// i64) is taken as that number, as a reader would (takeWholeNumbers).
 ParseResult ParamOp::parse(OpAsmParser &parser, OperationState &result) {
   StringAttr name;
   ArrayAttr shape;
@@ -524,33 +585,31 @@ ParseResult ParamOp::parse(OpAsmParser &parser, OperationState &result) {
   if (succeeded(parser.parseOptionalKeyword("trainable")))
     props.trainable = parser.getBuilder().getUnitAttr();
   llvm::SMLoc loc = parser.getCurrentLocation();
-  if (parser.parseOptionalAttrDict(result.attributes))
+  if (parser.parseOptionalAttrDict(result.attributes) ||
+      takeWholeNumbers(parser, loc, result.attributes))
     return failure();
-  for (StringRef arg : {"std", "value", "start", "step", "scale", "min", "max"}) {
-    Attribute a = result.attributes.get(arg);
-    auto whole = dyn_cast_or_null<IntegerAttr>(a);
-    if (!whole || whole.getType().isInteger(1))
-      continue;
-    const llvm::APInt &v = whole.getValue();
-    llvm::APFloat f(llvm::APFloat::IEEEdouble());
-    bool inexact = f.convertFromAPInt(v, !whole.getType().isUnsignedInteger(),
-                                      llvm::APFloat::rmNearestTiesToEven) != llvm::APFloat::opOK;
-    double d = f.convertToDouble();
-    if (inexact) {
-      std::string shown;
-      llvm::raw_string_ostream os(shown);
-      os << "argument '" << arg << "' = " << v
-         << " is not exactly a double; write it as a float (`" << llvm::format("%.17g", d)
-         << " : f64`)";
-      return parser.emitError(loc, shown);
-    }
-    result.attributes.set(arg, parser.getBuilder().getF64FloatAttr(d));
-  }
   if (failed(verifyInherentAttrs(result.name, result.attributes,
                                  [&]() { return parser.emitError(loc); })))
     return failure();
   result.addTypes(parser.getBuilder().getType<ParamType>());
   return success();
+}
+
+ParseResult TokenFeatureOp::parse(OpAsmParser &parser, OperationState &result) {
+  StringAttr name;
+  if (parser.parseCustomAttributeWithFallback(name, parser.getBuilder().getType<NoneType>()))
+    return failure();
+  result.getOrAddProperties<Properties>().name = name;
+  if (parseAttrDictOp(parser, result, &TokenFeatureOp::verifyInherentAttrs))
+    return failure();
+  result.addTypes(parser.getBuilder().getType<TokensType>());
+  return success();
+}
+
+void TokenFeatureOp::print(OpAsmPrinter &printer) {
+  printer << ' ';
+  printer.printAttributeWithoutType(getNameAttr());
+  printAttrDictOp(printer, *this, {"name"});
 }
 
 void ParamOp::print(OpAsmPrinter &printer) {
@@ -562,7 +621,7 @@ void ParamOp::print(OpAsmPrinter &printer) {
   printer.printAttributeWithoutType(getInitAttr());
   if (getTrainableAttr())
     printer << " trainable";
-  printer.printOptionalAttrDict((*this)->getAttrs(), {"name", "shape", "init", "trainable"});
+  printAttrDictOp(printer, *this, {"name", "shape", "init", "trainable"});
 }
 
 LogicalResult ParamOp::verify() {

@@ -150,9 +150,22 @@ def Ape_KernelOp : Ape_Op<"kernel", [Symbol, NoTerminator, SingleBlock,
 // Named components
 //===----------------------------------------------------------------------===//
 
+// The form of an op that is its attribute dictionary alone (`ape.rotary {base = 5.0e5 : f64}`),
+// parsed by hand for one thing: a float argument given a whole number (`{base = 500000}`, which
+// MLIR reads as an i64) takes that number (ApeOps.cpp, parseAttrDictOp).
+defvar Ape_AttrDictForm = [{
+  ::mlir::ParseResult $cppClass::parse(::mlir::OpAsmParser &parser, ::mlir::OperationState &result) {
+    return ::mlir::ape::parseAttrDictOp(parser, result, &$cppClass::verifyInherentAttrs);
+  }
+  void $cppClass::print(::mlir::OpAsmPrinter &printer) {
+    ::mlir::ape::printAttrDictOp(printer, *this, {});
+  }
+}];
+
 class Ape_ComponentOp<string mnemonic, list<Trait> traits = []> :
     Ape_Op<mnemonic, !listconcat(traits, [HasParent<"EncodingOp">])> {
-  let assemblyFormat = "attr-dict";
+  let hasCustomAssemblyFormat = 1;
+  let extraClassDefinition = Ape_AttrDictForm;
   let hasVerifier = 1;
 }
 
@@ -451,7 +464,8 @@ def Ape_TokenFeatureOp : Ape_Op<"token_feature", [Pure]> {
                        DefaultValuedAttr<F64Attr, "0.02">:$weight_std,
                        DefaultValuedAttr<F64Attr, "0.0">:$bias);
   let results = (outs Ape_TokensType:$result);
-  let assemblyFormat = "$name attr-dict";
+  // `$name attr-dict`, by hand: a whole number for a float argument (ApeOps.cpp).
+  let hasCustomAssemblyFormat = 1;
   let hasVerifier = 1;
 }
 
@@ -539,7 +553,8 @@ def Ape_AttentionTransitionOp : Ape_Op<"attention_transition"> {
                        DefaultValuedAttr<I64Attr, "2">:$intervals,
                        DefaultValuedAttr<F64Attr, "0.5">:$alpha,
                        DefaultValuedAttr<F64Attr, "0.1">:$beta);
-  let assemblyFormat = "attr-dict";
+  let hasCustomAssemblyFormat = 1;
+  let extraClassDefinition = Ape_AttrDictForm;
   let hasVerifier = 1;
 }
 
@@ -699,7 +714,8 @@ def Ape_MaskedProjectionOp : Ape_Op<"masked_projection"> {
                        DefaultValuedAttr<F64Attr, "4.8828125e-04">:$theta1,
                        DefaultValuedAttr<F64Attr, "6.25e-02">:$theta2,
                        OptionalAttr<StrAttr>:$position_scale);
-  let assemblyFormat = "attr-dict";
+  let hasCustomAssemblyFormat = 1;
+  let extraClassDefinition = Ape_AttrDictForm;
   let hasVerifier = 1;
 }
 

@@ -16,7 +16,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.rotary' op attribute 'pairing' failed to satisfy constraint: "half" or "interleaved"}}
+  // expected-error @+1 {{custom op 'ape.rotary' attribute 'pairing' failed to satisfy constraint: "half" or "interleaved"}}
   ape.rotary {pairing = "diagonal"}
 }
 
@@ -31,7 +31,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.cable' op attribute 'kernel' failed to satisfy constraint: "none" or "log1p_sq"}}
+  // expected-error @+1 {{custom op 'ape.cable' attribute 'kernel' failed to satisfy constraint: "none" or "log1p_sq"}}
   ape.cable {kernel = "gauss"}
 }
 
@@ -66,7 +66,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.override' op attribute 'targets' failed to satisfy constraint: "qk" or "qkv"}}
+  // expected-error @+1 {{custom op 'ape.override' attribute 'targets' failed to satisfy constraint: "qk" or "qkv"}}
   ape.override {l = 8, targets = "v"}
 }
 
@@ -357,7 +357,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.rotary' op attribute 'scaling' failed to satisfy constraint: "none", "linear", "ntk", "dynamic_ntk", "yarn" or "llama3"}}
+  // expected-error @+1 {{custom op 'ape.rotary' attribute 'scaling' failed to satisfy constraint: "none", "linear", "ntk", "dynamic_ntk", "yarn" or "llama3"}}
   ape.rotary {scaling = "longrope", factor = 2.0 : f64}
 }
 
@@ -408,7 +408,7 @@ ape.encoding @e attributes {model_dim = 64 : i64} {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.override' op attribute 'kind' failed to satisfy constraint: "expe" or "exqpe"}}
+  // expected-error @+1 {{custom op 'ape.override' attribute 'kind' failed to satisfy constraint: "expe" or "exqpe"}}
   ape.override {kind = "rope", l = 8}
 }
 
@@ -442,7 +442,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.absolute' op attribute 'kind' failed to satisfy constraint: "sinusoidal" or "learned"}}
+  // expected-error @+1 {{custom op 'ape.absolute' attribute 'kind' failed to satisfy constraint: "sinusoidal" or "learned"}}
   ape.absolute {kind = "alibi"}
 }
 
@@ -504,7 +504,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.kerple' op attribute 'kind' failed to satisfy constraint: "log" or "power"}}
+  // expected-error @+1 {{custom op 'ape.kerple' attribute 'kind' failed to satisfy constraint: "log" or "power"}}
   ape.kerple {kind = "cosine"}
 }
 

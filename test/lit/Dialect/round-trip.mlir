@@ -156,3 +156,15 @@ ape.encoding @biases {
   ape.kerple {kind = "log"}
   ape.fire {hidden = 16}
 }
+
+// A whole number for a float argument is that number (MLIR reads `500000` as an i64); one equal to
+// its default prints as the default does (not at all).
+// CHECK-LABEL: ape.encoding @whole_numbers
+// CHECK-NEXT: ape.rotary {base = 5.000000e+05 : f64}
+// CHECK-NEXT: ape.fire {l_init = 1.024000e+03 : f64}{{$}}
+// CHECK-NEXT: ape.token_feature "g" {bias = -1.000000e+00 : f64}{{$}}
+ape.encoding @whole_numbers {
+  ape.rotary {base = 500000, fraction = 1}
+  ape.fire {l_init = 1024, c = 0.1 : f64}
+  %g = ape.token_feature "g" {bias = -1, weight_std = 0.02 : f64}
+}
