@@ -699,8 +699,21 @@ void Trainer::distribute(DataParallel &dp) {
   // --batch or --seed would silently train something else). Threads may differ (machines differ).
   nlohmann::json train = cfg_.to_json();
   train.erase("threads");
-  const std::string settings = train.dump() + model_->config().to_json().dump();
-  dp.check_same(fnv1a(settings.data(), settings.size()), "the training settings and model config");
+  const nlohmann::json model = model_->config().to_json();
+  const std::string settings = train.dump() + model.dump();
+  try {
+    dp.check_same(fnv1a(settings.data(), settings.size()), "the training settings and model config");
+  } catch (const GroupError &) {
+    // Which one (every rank sees the mismatch and compares the same keys, in the same order): the
+    // first that differs is named; a difference no key shows is reported as a whole.
+    for (const nlohmann::json *part : std::initializer_list<const nlohmann::json *>{&train, &model})
+      for (const auto &[key, value] : part->items()) {
+        const std::string v = value.dump();
+        dp.check_same(fnv1a(v.data(), v.size()),
+                      std::string(part == &train ? "the training setting '" : "the model setting '") + key + "'");
+      }
+    throw;
+  }
   std::vector<at::Tensor> tensors;
   for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);
   dp.broadcast_from_root(tensors, "the initial model");

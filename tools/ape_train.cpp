@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <thread>
@@ -55,6 +56,56 @@ extern "C" void on_stop_signal(int) { g_stop = 1; }
 struct Interrupted : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Where a rank that refuses to start posts its reason (DataParallel::refuse_to_join): `d`'s
+// rendezvous, if it names one (distributed, a rank in range, a port, a host), without the other
+// settings (one of them may be the one refused); a timeout out of range is left out.
+std::optional<ape::DistConfig> rendezvous_part(ape::DistConfig d) {
+  if (!d.enabled() || d.rank < 0 || d.rank >= d.world_size || d.world_size > (1 << 20) || d.master_port < 1 ||
+      d.master_port > 65535 || d.master_addr.empty())
+    return std::nullopt;
+  ape::DistConfig r;  // the rendezvous alone: another setting may be the one refused
+  r.rank = d.rank, r.world_size = d.world_size, r.master_addr = d.master_addr, r.master_port = d.master_port;
+  if (d.timeout_s > 0 && d.timeout_s <= 1e6) r.timeout_s = d.timeout_s;
+  return r;
+}
+
+// The rendezvous of a command line that did not parse: torchrun's variables and the flags among
+// argv (`--rank 1`, `--rank=1`; a malformed value is left out), as the parse would have set them.
+std::optional<ape::DistConfig> rendezvous_of_argv(int argc, char **argv, ape::DistConfig d) {
+  try {
+    d = ape::DistConfig::from_env(d);
+  } catch (const std::exception &) {
+    return std::nullopt;
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    if (const size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1), arg.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[i + 1];
+    }
+    auto whole = [&](int64_t &out) {
+      try {
+        size_t used = 0;
+        const long long x = std::stoll(value, &used);
+        if (used == value.size()) out = x;
+      } catch (const std::exception &) {
+      }
+    };
+    if (arg == "--rank") whole(d.rank);
+    else if (arg == "--world-size") whole(d.world_size);
+    else if (arg == "--master-port") whole(d.master_port);
+    else if (arg == "--master-addr" && !value.empty()) d.master_addr = value;
+    else if (arg == "--dist-timeout") {
+      try {
+        d.timeout_s = std::stod(value);
+      } catch (const std::exception &) {
+      }
+    }
+  }
+  return rendezvous_part(d);
+}
 
 // How a fresh run starts: from the weights of `init_from` (a checkpoint; fine-tuning) or a fresh
 // initialisation, with the fixed params `sets` applied (ape-eval --set's NAME=VALUE).
@@ -456,7 +507,18 @@ static int tool_main(int argc, char **argv) {
                  "in (0, 10^6]: a rank that hangs stops the others after this long")
       ->group(dist_group)->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
-  APE_CLI_PARSE(app, argc, argv);
+  try {
+    ape::cli::check_whole_numbers(app);
+    ape::cli::check_nonempty_values(app);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    if (app.exit(e) == 0) return 0;  // --help
+    // A rank of a data-parallel run whose command line was refused tells the others, which would
+    // wait out --dist-timeout for it (its rendezvous flags read from argv: the parse stopped).
+    if (std::optional<ape::DistConfig> d = rendezvous_of_argv(argc, argv, dist_flags))
+      ape::DataParallel::refuse_to_join(*d, std::string("its command line was refused: ") + e.what());
+    return 1;
+  }
 
   bool root = true;     // rank 0, or a single process: prints and writes
   std::string who;      // "[rank r of N] " in a data-parallel run's errors
@@ -476,7 +538,10 @@ static int tool_main(int argc, char **argv) {
     }
     // Data parallel: torchrun's variables, the flags over them.
     ape::DistConfig dist = ape::DistConfig::from_env(dist_flags);
-    if (*rank_opt) dist.rank = dist_flags.rank;
+    if (*rank_opt) {
+      ape::require_in("--rank", dist_flags.rank, 0, 1 << 20);  // (-1 is "not given")
+      dist.rank = dist_flags.rank;
+    }
     if (*world_opt) {
       ape::require_in("--world-size", dist_flags.world_size, 1, 1 << 20);  // 0 would mean "not distributed"
       dist.world_size = dist_flags.world_size;
@@ -490,8 +555,12 @@ static int tool_main(int argc, char **argv) {
     if (*port_opt) dist.master_port = dist_flags.master_port;
     if ((dist.world_size > 0) != (dist.rank >= 0))
       throw std::invalid_argument("--rank and --world-size go together (or neither: torchrun's RANK and WORLD_SIZE)");
+    // Where to post a refusal, before the other settings are checked: one of them refused on
+    // this rank reaches the others (--dist-backend mpi, a bad --local-rank).
+    refusing = rendezvous_part(dist);
+    if (refusing) who = "[rank " + std::to_string(dist.rank) + " of " + std::to_string(dist.world_size) + "] ";
     dist.validate();
-    if (dist.enabled()) refusing = dist;
+    refusing = dist.enabled() ? std::optional<ape::DistConfig>(dist) : std::nullopt;
     ape::require_in("--threads", threads, 0, ape::kMaxThreads);
     const int64_t world = dist.enabled() ? dist.world_size : 1;
     root = !dist.enabled() || dist.rank == 0;
@@ -731,6 +800,21 @@ static int tool_main(int argc, char **argv) {
       for (int64_t m : ec.multiples) run += " " + std::to_string(m);
       dp->check_same(ape::fnv1a(run.data(), run.size()),
                      "the run's encoding list and evaluation config (-e, --eval-multiples, --eval-tokens)");
+      // How the run starts: rank 0's model is broadcast, so a rank given another --set or
+      // --init-from would train rank 0's start silently. (The checkpoint by its name and size: its
+      // path may differ between machines.)
+      std::string how;
+      for (const auto &[param, value] : start.sets) {
+        uint64_t bits = 0;
+        std::memcpy(&bits, &value, sizeof bits);
+        how += param + "=" + std::to_string(bits) + ";";
+      }
+      if (!init_from.empty()) {
+        std::error_code size_ec;
+        how += " from " + fs::path(init_from).filename().string() + " of " +
+               std::to_string(fs::file_size(init_from, size_ec)) + " bytes";
+      }
+      dp->check_same(ape::fnv1a(how.data(), how.size()), "how the run starts (--set, --init-from)");
     }
 
     ape::DataOptions dopt;

@@ -317,10 +317,16 @@ def test_failure(train, cache, work):
     print(f"SIGTERM on rank 1: both ranks exited 130; checkpoint at step {cfg['state']['step']}: "
           + open(logs[0]).read().strip().splitlines()[-1][:160])
     # Before the group forms: another --world-size on rank 1, then a rank refused at its command line
-    # (--threads -1): both ranks end at once, naming the reason.
+    # (--threads -1, an unknown option, a backend): both ranks end at once, naming the reason; then
+    # ranks whose settings differ, named.
     cases = [("worldmix", ({}, {"--world-size": "3"}), "every rank needs the same --world-size", "--world-size"),
              ("refuse1", ({}, {"--threads": "-1"}), "rank 1 refused to start", "--threads"),
-             ("refuse0", ({"--threads": "-1"}, {}), "rank 0 refused to start", "--threads")]
+             ("refuse0", ({"--threads": "-1"}, {}), "rank 0 refused to start", "--threads"),
+             # refused by the command-line parser itself, and by the rendezvous' own checks
+             ("parse1", ({}, {"--bogus": "1"}), "rank 1 refused to start", "--bogus"),
+             ("backend1", ({}, {"--dist-backend": "mpi"}), "rank 1 refused to start", "--dist-backend"),
+             # after joining: the setting that differs is named
+             ("lrmix", ({}, {"--lr": "0.002"}), "the training setting 'lr' differs", "'lr'")]
     for tag, extra, said, reason in cases:
         rcs, logs, took = run_two(train, args + ["--out", f"{work}/{tag}"], work, tag, extra)
         texts = [open(l).read() for l in logs]
