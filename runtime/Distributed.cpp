@@ -243,7 +243,12 @@ Rendezvous rendezvous(const DistConfig &cfg, std::chrono::milliseconds timeout, 
     r.store = c10::make_intrusive<c10d::PrefixStore>(space, tcp);
   } catch (const std::exception &e) {
     throw GroupError(who + "rendezvous at " + where + " failed: " + reason(e) +
-                     (so.isServer ? " (is another run using this --master-port?)"
+                     (so.isServer ? (reason(e).find("ADDRINUSE") != std::string::npos ||
+                                             reason(e).find("in use") != std::string::npos
+                                         ? " (is another run using this --master-port?)"
+                                         : " (rank 0 hosts the store: is --master-addr " + cfg.master_addr +
+                                               " an address of this machine? Is another run using this "
+                                               "--master-port?)")
                                   : " (is rank 0 running, and are --master-addr/--master-port the same on every rank?)"));
   }
   return r;
