@@ -224,7 +224,7 @@ static LogicalResult verifyContainer(Operation *op, Region &body,
   if (body.empty())
     return op->emitOpError("needs a body block (write `{\n}` for NoPE)");
   if (scale)
-    if (std::string why = ::ape_rules::kPositiveF32.check(*scale); !why.empty())
+    if (std::string why = ::ape_rules::kScale.check(*scale); !why.empty())
       return op->emitOpError("scale ") << why;
   // Before the nested ops' own verifiers (this reads only their attribute dictionaries): an f32
   // attribute out of range is named as such rather than by the op's own range check.

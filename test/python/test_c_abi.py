@@ -204,6 +204,7 @@ def test_status_codes_and_messages(encoding):
     expect(APE_ERROR_INVALID_SHAPE, "got B=-1", B=-1)
     expect(APE_ERROR_INVALID_SHAPE, "overflows int64", B=2**40, H=2**40)
     expect(APE_ERROR_INVALID_VALUE, "scale must be finite", scale=math.nan)
+    expect(APE_ERROR_INVALID_VALUE, "0 or at least 5.42101086e-20 in magnitude; got -1e-30", scale=-1e-30)
     expect(APE_ERROR_INVALID_VALUE, "beyond the range of the kernel's float", scale=1e39)  # inf in float
     expect(APE_ERROR_INVALID_SHAPE, "overflows int64", B=2**40, H=2**20, T=0)  # no rows, but 2^60 slices
     expect(APE_ERROR_INVALID_SHAPE, "T or D is too large", T=0, D=2**62)

@@ -280,6 +280,8 @@ def _bad_calls(encoding, device):
         ("v_shape", lambda: run(v=v.detach()[:, :, :5]), ValueError, r"v must have shape \[B, H, T, D\] \(q's shape\) = \[2, 3, 7, 8\], got \[2, 3, 5, 8\]"),
         ("head_dim_0", lambda: run(q=q.detach()[..., :0], k=k.detach()[..., :0], v=v.detach()[..., :0]), ValueError, r"head dim D\) must be >= 1"),
         ("scale_inf", lambda: run(scale=math.inf), ValueError, r"scale must be finite"),
+        # far below any in use: the CUDA kernels' B / scale overflowed (NaN in bf16)
+        ("scale_tiny", lambda: run(scale=1e-30), ValueError, r"0 or at least 5\.42101086e-20 in magnitude; got 1e-30"),
         # finite, but inf in float (every output NaN before the check)
         ("scale_beyond_float", lambda: run(q=q.detach().float(), k=k.detach().float(), v=v.detach().float(),
                                            features=[f.detach().float() for f in features],

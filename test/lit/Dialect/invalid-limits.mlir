@@ -5,15 +5,15 @@
 // RUN: ape-opt %s -split-input-file -verify-diagnostics
 
 // A logit scale that overflows f32 (1e308 would be inf in the kernel).
-// expected-error @+1 {{'ape.encoding' op scale must be a positive number in [1.17549435e-38, 3.40282347e+38]; got 1e+308}}
+// expected-error @+1 {{'ape.encoding' op scale must be a positive number in [5.42101086e-20, 3.40282347e+38]; got 1e+308}}
 ape.encoding @e attributes {scale = 1.0e308 : f64} {
 }
 
 // -----
 
-// A logit scale below the smallest normal f32.
-// expected-error @+1 {{'ape.encoding' op scale must be a positive number in [1.17549435e-38, 3.40282347e+38]; got 1e-40}}
-ape.encoding @e attributes {scale = 1.0e-40 : f64} {
+// A logit scale below 2^-64 (the CUDA kernels keep biases as B / scale: 1e-37 gave NaN in bf16).
+// expected-error @+1 {{'ape.encoding' op scale must be a positive number in [5.42101086e-20, 3.40282347e+38]; got 1e-37}}
+ape.encoding @e attributes {scale = 1.0e-37 : f64} {
 }
 
 // -----
@@ -275,7 +275,7 @@ ape.kernel @k attributes {score_bias = "diagonal"} {
 // -----
 
 // An infinite kernel scale.
-// expected-error @+1 {{'ape.kernel' op scale must be a positive number in [1.17549435e-38, 3.40282347e+38]; got inf}}
+// expected-error @+1 {{'ape.kernel' op scale must be a positive number in [5.42101086e-20, 3.40282347e+38]; got inf}}
 ape.kernel @k attributes {scale = 0x7FF0000000000000 : f64} {
 }
 

@@ -43,7 +43,7 @@ inline const char *error_string(int status) {
     case APE_OK: return "ok";
     case APE_ERROR_NULL_POINTER: return "a required pointer is NULL";
     case APE_ERROR_INVALID_SHAPE: return "invalid shape (B, H, T >= 0 and D >= 1 required)";
-    case APE_ERROR_INVALID_VALUE: return "invalid value (scale must be finite, a layer in [0, num_layers))";
+    case APE_ERROR_INVALID_VALUE: return "invalid value (scale finite, 0 or at least 2^-64 in magnitude; a layer in [0, num_layers))";
     case APE_ERROR_OUT_OF_MEMORY: return "out of memory";
     case APE_ERROR_INTERNAL: return "internal error";
     case APE_ERROR_CPU_LEVEL: return "the instruction-set level APE_CPU_LEVEL names cannot run";
@@ -106,8 +106,8 @@ template <class Args> Shape check_shape(const Args *a) {
   constexpr int64_t kHalf = std::numeric_limits<int64_t>::max() / 2;
   if (s.T > kHalf || s.D > kHalf) throw Failure{APE_ERROR_INVALID_SHAPE, "T or D is too large"};
   mul(mul(mul(s.B, s.H), s.T + 64), mul(s.D + 64, 8));
-  if (!std::isfinite(a->scale))
-    throw Failure{APE_ERROR_INVALID_VALUE, "scale must be finite, got " + std::to_string(a->scale)};
+  if (std::string why = ::ape_rules::check_call_scale(a->scale); !why.empty())
+    throw Failure{APE_ERROR_INVALID_VALUE, why};
   return s;
 }
 

@@ -62,6 +62,20 @@ struct Range {
 constexpr Range kFiniteF32{-FLT_MAX, FLT_MAX, false};
 /// A scale, a factor: positive and normal in f32.
 constexpr Range kPositiveF32{FLT_MIN, FLT_MAX, false};
+/// The logits' scale: the CUDA kernels keep biases as B / scale in float and their backward
+/// divides by it, so a scale far below any in use (1e-37) gave NaN in bf16; 2^-64 leaves every
+/// |B| < 2^64 finite there.
+constexpr double kMinScale = 0x1p-64;
+constexpr Range kScale{kMinScale, FLT_MAX, false};
+/// A scale a call passes (the op library's and the C ABI's `scale`): 0, or a magnitude in kScale.
+inline std::string check_call_scale(double scale) {
+  if (scale == 0.0 || (std::isfinite(scale) && std::fabs(scale) >= kMinScale))
+    return "";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "scale must be finite, and 0 or at least %.9g in magnitude; got %.9g",
+                kMinScale, scale);
+  return buf;
+}
 /// A length in tokens.
 constexpr Range kLength{1, double(kMaxLength), true};
 

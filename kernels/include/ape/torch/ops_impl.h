@@ -212,10 +212,12 @@ inline void check_inputs(const KernelInputs &in, const char *op, const at::Tenso
   }
 }
 
-// The scale, finite and within the range of the type the kernels compute in (float but for
-// float64 inputs: a finite double such as 1e300 became inf there, and every output NaN).
+// The scale, finite, 0 or not tiny (ape_rules::check_call_scale), and within the range of the type
+// the kernels compute in (float but for float64 inputs: a finite double such as 1e300 became inf
+// there, and every output NaN).
 inline void check_scale(const KernelInputs &in, const char *op, double scale, at::ScalarType dtype) {
-  TORCH_CHECK_VALUE(std::isfinite(scale), prefix(in, op), "scale must be finite, got ", scale);
+  const std::string why = ::ape_rules::check_call_scale(scale);
+  TORCH_CHECK_VALUE(why.empty(), prefix(in, op), why);
   TORCH_CHECK_VALUE(compute_dtype(dtype) == at::kDouble ||
                         std::fabs(scale) <= static_cast<double>(std::numeric_limits<float>::max()),
                     prefix(in, op), "scale ", scale, " is beyond the range of float, in which ",
