@@ -848,9 +848,13 @@ LogicalResult LoadOp::verify() {
              << getIndices().size();
     // A kernel keeps the token sequences of one (batch, head) slice, each value at its
     // query row i or key column j: exactly the reads a score_mod's arguments name.
+    if (!isa<ScoreModOp>(parent))
+      return emitOpError("of a token sequence is only allowed in an ape.score_mod (as [%b, %h, %i] "
+                         "or [%b, %h, %j]), not in ")
+             << parent->getName();
     Block *block = (*this)->getBlock();
     auto idx = getIndices();
-    if (!isa<ScoreModOp>(parent) || block->getNumArguments() < 5 ||
+    if (block->getNumArguments() < 5 ||
         idx[0] != block->getArgument(1) || idx[1] != block->getArgument(2) ||
         (idx[2] != block->getArgument(3) && idx[2] != block->getArgument(4)))
       return emitOpError("of a token sequence must read [%b, %h, %i] or [%b, %h, %j] with the "
@@ -865,7 +869,9 @@ LogicalResult LoadOp::verify() {
     Block *block = (*this)->getBlock();
     auto idx = getIndices();
     bool query = !rows || rows.getSide() == abi::Side::Q;
-    if (!isa<ScoreModOp>(parent) || block->getNumArguments() < 5 ||
+    if (!isa<ScoreModOp>(parent))
+      return emitOpError("of rows is only allowed in an ape.score_mod, not in ") << parent->getName();
+    if (block->getNumArguments() < 5 ||
         idx[0] != block->getArgument(1) || idx[1] != block->getArgument(2) ||
         idx[2] != block->getArgument(query ? 3 : 4))
       return emitOpError("of ") << (query ? "query" : "key") << " rows must read "

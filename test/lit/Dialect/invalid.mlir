@@ -254,7 +254,7 @@ ape.encoding @e {
   %f = ape.token_feature "f"
   ape.q_mod {
   ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
-    // expected-error @+1 {{'ape.load' op of a token sequence must read [%b, %h, %i] or [%b, %h, %j]}}
+    // expected-error @+1 {{'ape.load' op of a token sequence is only allowed in an ape.score_mod (as [%b, %h, %i] or [%b, %h, %j]), not in ape.q_mod}}
     %v = ape.load %f[%c, %h, %t] : !ape.tokens
     %r = arith.addf %x, %v : f32
     ape.yield %r : f32
