@@ -1166,6 +1166,11 @@ class Claims:
         add("ExPE, Table 2", "ExPE with the shipped θ = 1/2048 is about as good as RoPE at the training length",
             "ExPE (θ 1/2048) − RoPE at 1x", self.diff("expe", "rope", 1), "same", 3.93 - 3.88,
             f"{3.93 - 3.88:+.2f}")
+        # "Cable best at the training length" against the other baselines of three seeds (row 15:
+        # RoPE).
+        for enc, nm in (("alibi", "ALiBi"), ("t5", "T5"), ("sinusoidal_scaled", "sinusoidal (× √d)")):
+            add("Cable, Table 1 (as issue 33 reads it)", f"Cable is better than {nm} at the training length",
+                f"Cable − {nm} at 1x", self.diff("cable", enc, 1), "less")
         return out
 
 
