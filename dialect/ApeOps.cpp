@@ -19,6 +19,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 using namespace mlir;
@@ -32,8 +33,9 @@ static ParseResult parseContainerName(OpAsmParser &parser, StringAttr &name) {
   llvm::SMLoc at = parser.getCurrentLocation();
   if (parser.parseSymbolName(name))
     return failure();
+  // (a '-' right after the name, as written: `@sliding-alibi`, not `@sliding -alibi`)
   const char *next = parser.getCurrentLocation().getPointer();
-  if (next && *next == '-') {
+  if (next && *next == '-' && at.getPointer() && next == at.getPointer() + 1 + name.size()) {
     std::string written(name.getValue());
     for (; *next && (std::isalnum(static_cast<unsigned char>(*next)) || *next == '_' ||
                      *next == '-' || *next == '.' || *next == '$');
@@ -73,9 +75,12 @@ static ParseResult takeWholeNumbers(OpAsmParser &parser, llvm::SMLoc loc, NamedA
     if (inexact) {
       std::string shown;
       llvm::raw_string_ostream os(shown);
-      os << "argument '" << arg << "' = " << v
-         << " is not exactly a double; write it as a float (`" << llvm::format("%.17g", d)
-         << " : f64`)";
+      char as_float[40];
+      std::snprintf(as_float, sizeof as_float, "%.17g", d);
+      os << "argument '" << arg << "' = ";
+      v.print(os, !whole.getType().isUnsignedInteger());
+      os << " is not exactly a double; write it as a float (`" << as_float
+         << (std::strpbrk(as_float, ".e") ? "" : ".0") << " : f64`)";
       return parser.emitError(loc, shown);
     }
     attrs.set(arg, parser.getBuilder().getF64FloatAttr(d));

@@ -17,6 +17,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if APE_HAVE_C10D_GLOO
@@ -387,6 +388,13 @@ void roll_call(c10d::Store &store, const DistConfig &cfg, bool hosts, std::chron
 
 void DataParallel::refuse_to_join(const DistConfig &cfg, const std::string &why) {
   if (!cfg.enabled() || cfg.world_size < 2) return;
+  // Quietly: c10d's messages of each connection retry (with their stack traces) would bury the
+  // error this rank printed (the post is best effort: its own failures are not worth a line).
+  struct Quiet {
+    int was = FLAGS_caffe2_log_level;
+    Quiet() { FLAGS_caffe2_log_level = std::max(was, 3); }
+    ~Quiet() { FLAGS_caffe2_log_level = was; }
+  } quiet;
   try {
     cfg.validate();
     const auto window = millis(std::min(kLingerSeconds, cfg.timeout_s));
@@ -622,7 +630,7 @@ void DataParallel::check_same(uint64_t fp, const std::string &what) {
   }
   const int64_t *v = io[0].data_ptr<int64_t>();
   if (v[0] != -v[2] || v[1] != -v[3])
-    throw GroupError(who() + what + " differs between the ranks; every rank must run the same command " +
+    throw RanksDiffer(who() + what + " differs between the ranks; every rank must run the same command " +
                      "(apart from --rank) with the same data and build");
 }
 

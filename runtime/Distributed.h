@@ -64,6 +64,10 @@ struct DistConfig {
 struct GroupError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// The ranks answered and disagree (DataParallel::check_same): the group itself still works.
+struct RanksDiffer : GroupError {
+  using GroupError::GroupError;
+};
 
 // Whether this build can form a group with `backend` ("gloo", "nccl"); "" when it can, else why not.
 std::string backend_unavailable(const std::string &backend);

@@ -343,7 +343,9 @@ void write_csv(const std::string &path, const std::vector<EvalRow> &rows, bool k
     if (r.skipped()) o << ",";
     else o << r.loss << "," << r.ppl;
     o << "," << r.tokens << "," << field(r.note) << ",";
-    for (size_t i = 0; i < r.segment_losses.size(); ++i) o << (i ? ";" : "") << r.segment_losses[i];
+    // (a skipped or non-finite cell has no segments: a non-finite loss has a NaN or inf among them)
+    if (!r.skipped())
+      for (size_t i = 0; i < r.segment_losses.size(); ++i) o << (i ? ";" : "") << r.segment_losses[i];
     o << "\n";
   }
   write_file_atomically(path, o.str());

@@ -402,7 +402,7 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
   if (auto it = root.find("scale"); it != root.end() && !it->is_null()) {
     if (!it->is_number()) fail(what, "$.scale", std::string("expected null or a number, got ") + it->dump());
     double s = it->get<double>();
-    if (!(s > 0) || !std::isfinite(s)) fail(what, "$.scale", "must be a positive finite number");
+    if (std::string why = ::ape_rules::kScale.check(s); !why.empty()) fail(what, "$.scale", why);
     m.scale = s;
   }
 

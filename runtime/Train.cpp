@@ -703,14 +703,20 @@ void Trainer::distribute(DataParallel &dp) {
   const std::string settings = train.dump() + model.dump();
   try {
     dp.check_same(fnv1a(settings.data(), settings.size()), "the training settings and model config");
-  } catch (const GroupError &) {
-    // Which one (every rank sees the mismatch and compares the same keys, in the same order): the
-    // first that differs is named; a difference no key shows is reported as a whole.
+  } catch (const RanksDiffer &) {
+    // Which one (every rank saw the mismatch; a failed group throws another GroupError): the keys
+    // first (another build may have others: then no key by key comparison), then each key=value in
+    // order; the first that differs is named, else the mismatch as a whole.
+    std::string keys;
     for (const nlohmann::json *part : std::initializer_list<const nlohmann::json *>{&train, &model})
-      for (const auto &[key, value] : part->items()) {
-        const std::string v = value.dump();
-        dp.check_same(fnv1a(v.data(), v.size()),
-                      std::string(part == &train ? "the training setting '" : "the model setting '") + key + "'");
+      for (const auto &item : part->items()) keys += item.key() + ",";
+    dp.check_same(fnv1a(keys.data(), keys.size()), "the list of training settings (another build?)");
+    for (const nlohmann::json *part : std::initializer_list<const nlohmann::json *>{&train, &model})
+      for (const auto &item : part->items()) {
+        const std::string kv = item.key() + "=" + item.value().dump();
+        dp.check_same(fnv1a(kv.data(), kv.size()), std::string(part == &train ? "the training setting '"
+                                                                              : "the model setting '") +
+                                                        item.key() + "'");
       }
     throw;
   }

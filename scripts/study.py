@@ -166,7 +166,9 @@ def read_rows(path):
             die(f"{path}:{n}: multiple {r['multiple']!r} is not a whole number")
         # A loss is a finite number or empty (not evaluated, or non-finite: its note says which);
         # a NaN written in (by hand, or by a tool of another kind) would reach the statistics.
-        for k in ("loss", "segments", "segment_losses"):
+        # (A row without a loss keeps no segments: a tool of an earlier version wrote the NaN ones of
+        # a non-finite cell; they are dropped where the row is copied.)
+        for k in ("loss", "segments", "segment_losses") if r.get("loss") else ():
             for x in (r.get(k) or "").split(";") if r.get(k) else []:
                 try:
                     ok = math.isfinite(float(x))
@@ -679,7 +681,7 @@ class Runner:
                              evaluated=run.encoding, settings="", train_len=r["train_len"],
                              eval_len=r["eval_len"], multiple=int(r["eval_len"]) // c["seq_len"],
                              loss=r["loss"], ppl=r["ppl"],
-                             tokens=r["tokens"], note=r["note"], segments=r.get("segment_losses", "")))
+                             tokens=r["tokens"], note=r["note"], segments=r.get("segment_losses", "") if r["loss"] else ""))
         info["status"] = "ok"
         append_rows(self.train_csv, TRAIN_FIELDS, [info], replace_run=replace)
         append_rows(self.results, RESULT_FIELDS, rows, replace_run=replace)
@@ -754,7 +756,7 @@ class Runner:
                 rows.append(dict(run=run.id, encoding=run.encoding, seed=run.seed, variant=name,
                                  evaluated=evaluated, settings=settings, train_len=r["train_len"],
                                  eval_len=r["eval_len"], multiple=r["multiple"], loss=r["loss"], ppl=r["ppl"],
-                                 tokens=r["tokens"], note=r["note"], segments=r.get("segment_losses", "")))
+                                 tokens=r["tokens"], note=r["note"], segments=r.get("segment_losses", "") if r["loss"] else ""))
         if not self.args.dry_run:
             append_rows(self.results, RESULT_FIELDS, rows)
         return True

@@ -804,7 +804,9 @@ static int tool_main(int argc, char **argv) {
       // --init-from would train rank 0's start silently. (The checkpoint by its name and size: its
       // path may differ between machines.)
       std::string how;
-      for (const auto &[param, value] : start.sets) {
+      auto sets = start.sets;  // (in any order: the same params set)
+      std::sort(sets.begin(), sets.end());
+      for (const auto &[param, value] : sets) {
         uint64_t bits = 0;
         std::memcpy(&bits, &value, sizeof bits);
         how += param + "=" + std::to_string(bits) + ";";

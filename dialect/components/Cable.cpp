@@ -18,7 +18,7 @@ using namespace mlir::ape::component;
 
 LogicalResult CableOp::verify() {
   if (auto k = toDouble(getKappa()))
-    if (std::string why = ::ape_rules::kPositiveF32.check(*k); !why.empty())
+    if (std::string why = ::ape_rules::kScale.check(*k); !why.empty())
       return emitOpError("kappa ") << why << " (it becomes the encoding's scale)";
   double std = getWeightStd().convertToDouble();
   if (!(std >= 0.0 && isFinite(std)))

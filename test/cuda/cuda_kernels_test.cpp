@@ -426,8 +426,12 @@ TEST(CudaArgs, EmptyAndOverflowingSizes) {
       a.B = int64_t(1) << 16, a.H = int64_t(1) << 15, a.T = 1;
       EXPECT_EQ(var.forward(a), cudaErrorInvalidValue) << e->name << " 2^31 slices";
       EXPECT_EQ(refused(var, a, false), "B·H is 2^31 slices or more") << e->name;
-      a.B = 1, a.H = 2, a.T = 16, a.scale = NAN;
-      EXPECT_EQ(refused(var, a, false), "scale is not finite") << e->name;
+      a.B = 1, a.H = 2, a.T = 16;
+      for (float bad : {NAN, 1e-30f, -1e-37f}) {  // (B / scale overflowed float: NaN in bf16)
+        a.scale = bad;
+        EXPECT_EQ(refused(var, a, false), "scale is not finite, nor 0 or at least 2^-64 in magnitude")
+            << e->name << " " << bad;
+      }
     }
 }
 

@@ -357,9 +357,11 @@ class CsvTest(unittest.TestCase):
         note = study.NONFINITE_NOTE + ": the model computes NaN or inf at this length"
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "results.csv")
-            fields = ["train_len", "eval_len", "loss", "ppl", "tokens", "note"]
-            ok = {"train_len": "128", "eval_len": "128", "loss": "4.5", "note": ""}
-            study.write_rows(path, fields, [ok, dict(ok, eval_len="2048", loss="", note=note)])
+            fields = ["train_len", "eval_len", "loss", "ppl", "tokens", "note", "segment_losses"]
+            ok = {"train_len": "128", "eval_len": "128", "loss": "4.5", "note": "", "segment_losses": "4.4;4.6"}
+            # (the non-finite cell's segments as an earlier ape-train wrote them: NaN among them)
+            study.write_rows(path, fields, [ok, dict(ok, eval_len="2048", loss="", note=note,
+                                                     segment_losses="4.6;nan;-nan;inf")])
             self.assertTrue(study.nonfinite_result(path))
             study.write_rows(path, fields, [ok])  # all finite: the failure was something else
             self.assertFalse(study.nonfinite_result(path))

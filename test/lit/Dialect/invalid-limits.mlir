@@ -144,6 +144,14 @@ ape.encoding @e {
 
 // -----
 
+// A Cable kappa below the logit scale's minimum (it becomes the encoding's scale: 2^-64).
+ape.encoding @e {
+  // expected-error @+1 {{'ape.cable' op kappa must be a positive number in [5.42101086e-20, 3.40282347e+38]; got 1e-30 (it becomes the encoding's scale)}}
+  ape.cable {kappa = 1.0e-30 : f64}
+}
+
+// -----
+
 // An INT64_MAX override width.
 ape.encoding @e {
   // expected-error @+1 {{'ape.override' op l (the number of overwritten inputs) must be in [1, 65536], got 9223372036854775807}}

@@ -38,7 +38,7 @@ ape.encoding @e {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{'ape.cable' op kappa must be a positive number in [1.17549435e-38, 3.40282347e+38]; got -1 (it becomes the encoding's scale)}}
+  // expected-error @+1 {{'ape.cable' op kappa must be a positive number in [5.42101086e-20, 3.40282347e+38]; got -1 (it becomes the encoding's scale)}}
   ape.cable {kappa = -1.0 : f64}
 }
 
@@ -748,7 +748,7 @@ ape.encoding @sliding-alibi {
 // -----
 
 ape.encoding @e {
-  // expected-error @+1 {{argument 'value' = 9007199254740993 is not exactly a double; write it as a float (`9007199254740992 : f64`)}}
+  // expected-error @+1 {{argument 'value' = 9007199254740993 is not exactly a double; write it as a float (`9007199254740992.0 : f64`)}}
   %w = ape.param "w" ["1"] init = "constant" {value = 9007199254740993}
 }
 

@@ -1,5 +1,6 @@
 // Evaluation (runtime/Eval.h): --set arguments, row labels, the multiples table and its CSV.
 #include "runtime_fixtures.h"
+#include <limits>
 
 namespace {
 
@@ -45,6 +46,13 @@ TEST(Eval, MultiplesTableAndCsv) {
   std::getline(f, first);
   EXPECT_EQ(header, "encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses");
   EXPECT_EQ(first, "rope,128,128,1,5.000000,148.413159,1000,,4.900000;5.100000") << first;
+  // A non-finite cell: no loss, no segments (the NaN among them stopped the study's reader).
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  ape::write_csv(csv, {{"rope", 128, 2048, 16, nan, nan, 1000, "non-finite loss: the model computes NaN", {4.6, nan}}});
+  std::ifstream g(csv);
+  std::getline(g, header);
+  std::getline(g, first);
+  EXPECT_EQ(first, "rope,128,2048,16,,,1000,non-finite loss: the model computes NaN,") << first;
 }
 
 // results.csv keeps the rows of the encodings a run did not train (keep_other_encodings): also

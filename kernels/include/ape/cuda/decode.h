@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "ape/contract/value_rules.h"
 #include "ape/cuda/kernel_entry.h"
 
 namespace ape::cuda {
@@ -177,7 +178,7 @@ inline const char *step_args_problem(const CudaKernelEntry &e, const CudaDecodeA
   constexpr int64_t kMaxDim = int64_t(1) << 31;
   if (a.B >= kMaxDim || a.H >= kMaxDim || a.n >= kMaxDim || a.D >= kMaxDim) return "B, H, n or D is 2^31 or more";
   if (a.B * a.H >= kMaxDim) return "B·H is 2^31 slices or more";
-  if (!std::isfinite(a.scale)) return "scale is not finite";
+  if (!::ape_rules::check_call_scale(a.scale).empty()) return "scale is not finite, nor 0 or at least 2^-64 in magnitude";
   if (a.num_layers < 0 || (a.num_layers > 0 && (a.layer < 0 || a.layer >= a.num_layers)))
     return "layer is not in [0, num_layers)";
   if (e.num_features > 0 && !a.features) return "features is null";

@@ -2,6 +2,7 @@
 // sequences of attention_forward and attention_backward, and APE_CUDA_INSTANTIATE.
 #pragma once
 
+#include "ape/contract/value_rules.h"
 #include "ape/cuda/backward.cuh"
 #include "ape/cuda/flash_backward.cuh"
 #include "ape/cuda/hopper_forward.cuh"
@@ -164,7 +165,7 @@ const char *args_problem(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.B >= kMaxDim || a.H >= kMaxDim || a.T >= kMaxDim) return "B, H or T is 2^31 or more";
   if (a.B > 0 && a.H > 0 && a.B * a.H >= kMaxDim) return "B·H is 2^31 slices or more";
   if (a.B > 0 && a.H > 0 && a.T > 0 && a.B * a.H > INT64_MAX / (a.T * kD)) return "B·H·T·D overflows int64";
-  if (!std::isfinite(a.scale)) return "scale is not finite";
+  if (!::ape_rules::check_call_scale(a.scale).empty()) return "scale is not finite, nor 0 or at least 2^-64 in magnitude";
   if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T)) return "first_row is not in [0, T)";
   if (backward && a.first_row != 0) return "the backward needs first_row 0";
   if (a.num_splits < 0) return "num_splits is negative";
