@@ -24,6 +24,7 @@ handed out (bind to port 0) and start over with a new one when rank 0 reports it
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -369,7 +370,9 @@ def main():
         print(__doc__)
         return 2
     train, torchrun, cache, work, what = sys.argv[1:]
-    os.makedirs(work, exist_ok=True)
+    # A fresh folder: a second run would find the first's finished checkpoints (and keep them aside).
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
     if what == "equal":
         test_equal(train, torchrun, cache, work)
     else:
