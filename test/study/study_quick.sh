@@ -48,9 +48,9 @@ for f in study.md study.csv study.png table.md train.csv study.json; do
   [ -s "$out/$f" ] || fail "no $out/$f"
 done
 head -c 8 "$out/study.png" | od -An -tx1 | grep -q "89 50 4e 47" || fail "study.png is not a PNG"
-# 35 claims, each with a verdict; those of rope's two seeds are decided (the quick preset takes two).
+# 38 claims, each with a verdict; those of rope's two seeds are decided (the quick preset takes two).
 n=$(grep -c '^| [0-9]* | .* | \*\*\(agrees\|agrees (small)\|disagrees\|disagrees (small)\|negligible\|inconclusive\|not yet run\|too few seeds ([0-9] of 2)\)\*\* |$' "$out/study.md")
-[ "$n" -eq 35 ] || fail "study.md has $n claim verdicts, expected 35"
+[ "$n" -eq 38 ] || fail "study.md has $n claim verdicts, expected 38"
 grep -q '^| [0-9]* | RoPE scalings | YaRN .* | 2 | \*\*\(agrees\|agrees (small)\|disagrees\|disagrees (small)\|negligible\|inconclusive\)\*\* |$' "$out/study.md" ||
   fail "the YaRN claim (two seeds of rope) has no verdict"
 grep -q '^| β 0.5, 2 intervals | .* | \*\*\(agrees\|agrees (small)\|disagrees\|disagrees (small)\|negligible\|inconclusive\)\*\* |$' "$out/study.md" ||
