@@ -68,6 +68,16 @@ static ParseResult takeWholeNumbers(OpAsmParser &parser, llvm::SMLoc loc, NamedA
     if (!whole || whole.getType().isInteger(1))
       continue;
     const llvm::APInt &v = whole.getValue();
+    // `200 : i8` is stored as the bits of -56: a signless integer narrower than the default i64
+    // with its top bit set could be either, so it is not guessed at.
+    if (whole.getType().isSignlessInteger() && v.getBitWidth() < 64 && v.isNegative())
+    {
+      std::string type;
+      llvm::raw_string_ostream(type) << whole.getType();
+      return parser.emitError(loc) << "argument '" << arg << "' = " << v.getZExtValue() << " : "
+                                   << type << " is ambiguous (its bits are also "
+                                   << v.getSExtValue() << "); write it as a float";
+    }
     llvm::APFloat f(llvm::APFloat::IEEEdouble());
     bool inexact = f.convertFromAPInt(v, !whole.getType().isUnsignedInteger(),
                                       llvm::APFloat::rmNearestTiesToEven) != llvm::APFloat::opOK;
@@ -89,12 +99,16 @@ static ParseResult takeWholeNumbers(OpAsmParser &parser, llvm::SMLoc loc, NamedA
 }
 
 /// The parser of an op whose form is its attribute dictionary alone (Ape_AttrDictForm).
+/// With `withKeyword`, the dictionary is written after an `attributes` keyword
+/// (attr-dict-with-keyword), as an op with a region writes it.
 ParseResult parseAttrDictOp(
     OpAsmParser &parser, OperationState &result,
     llvm::LogicalResult (*verifyInherentAttrs)(OperationName, NamedAttrList &,
-                                               llvm::function_ref<InFlightDiagnostic()>)) {
+                                               llvm::function_ref<InFlightDiagnostic()>),
+    bool withKeyword = false) {
   llvm::SMLoc loc = parser.getCurrentLocation();
-  if (parser.parseOptionalAttrDict(result.attributes) ||
+  if ((withKeyword ? parser.parseOptionalAttrDictWithKeyword(result.attributes)
+                   : parser.parseOptionalAttrDict(result.attributes)) ||
       takeWholeNumbers(parser, loc, result.attributes))
     return failure();
   return verifyInherentAttrs(result.name, result.attributes,
@@ -103,7 +117,8 @@ ParseResult parseAttrDictOp(
 
 /// The attribute dictionary of `op` less `elided` and the arguments at their default value (as
 /// the generated printers print it): the defaults are those of a fresh op of its name.
-void printAttrDictOp(OpAsmPrinter &printer, Operation *op, llvm::ArrayRef<StringRef> elided) {
+void printAttrDictOp(OpAsmPrinter &printer, Operation *op, llvm::ArrayRef<StringRef> elided,
+                     bool withKeyword = false) {
   OperationState state(op->getLoc(), op->getName());
   Operation *fresh = Operation::create(state);
   DictionaryAttr defaults = fresh->getAttrDictionary();
@@ -112,7 +127,35 @@ void printAttrDictOp(OpAsmPrinter &printer, Operation *op, llvm::ArrayRef<String
   for (NamedAttribute a : op->getAttrs())
     if (defaults.get(a.getName()) == a.getValue())
       skip.push_back(a.getName().getValue());
-  printer.printOptionalAttrDict(op->getAttrs(), skip);
+  if (withKeyword)
+    printer.printOptionalAttrDictWithKeyword(op->getAttrs(), skip);
+  else
+    printer.printOptionalAttrDict(op->getAttrs(), skip);
+}
+
+/// `$body (grad $grad)?` or `(table $table)?`: a region, then an optional keyword and region.
+static ParseResult parseRegions(OpAsmParser &parser, OperationState &result, bool bodyFirst,
+                                StringRef optionalKeyword, bool emptyBodyGetsBlock = false) {
+  if (bodyFirst) {
+    Region *body = result.addRegion();
+    if (parser.parseRegion(*body))
+      return failure();
+    if (emptyBodyGetsBlock && body->empty())
+      body->emplaceBlock();
+  }
+  if (!optionalKeyword.empty()) {
+    Region *optional = result.addRegion();
+    if (succeeded(parser.parseOptionalKeyword(optionalKeyword)) && parser.parseRegion(*optional))
+      return failure();
+  }
+  return success();
+}
+
+static void printOptionalRegion(OpAsmPrinter &printer, StringRef keyword, Region &region) {
+  if (!region.empty()) {
+    printer << ' ' << keyword << ' ';
+    printer.printRegion(region);
+  }
 }
 } // namespace mlir::ape
 
@@ -598,6 +641,37 @@ ParseResult ParamOp::parse(OpAsmParser &parser, OperationState &result) {
     return failure();
   result.addTypes(parser.getBuilder().getType<ParamType>());
   return success();
+}
+
+/// The generated forms of the encoding and the position embedding, by hand for one thing: float
+/// arguments given whole numbers (takeWholeNumbers).
+ParseResult EncodingOp::parse(OpAsmParser &parser, OperationState &result) {
+  StringAttr name;
+  if (parseContainerName(parser, name))
+    return failure();
+  result.getOrAddProperties<Properties>().sym_name = name;
+  if (parseAttrDictOp(parser, result, &EncodingOp::verifyInherentAttrs, /*withKeyword=*/true))
+    return failure();
+  return parseRegions(parser, result, /*bodyFirst=*/true, "", /*emptyBodyGetsBlock=*/true);
+}
+
+void EncodingOp::print(OpAsmPrinter &printer) {
+  printer << ' ';
+  printContainerName(printer, *this, getSymNameAttr());
+  printAttrDictOp(printer, *this, {"sym_name"}, /*withKeyword=*/true);
+  printer << ' ';
+  printer.printRegion(getBody());
+}
+
+ParseResult PositionEmbeddingOp::parse(OpAsmParser &parser, OperationState &result) {
+  if (parseAttrDictOp(parser, result, &PositionEmbeddingOp::verifyInherentAttrs))
+    return failure();
+  return parseRegions(parser, result, /*bodyFirst=*/false, "table");
+}
+
+void PositionEmbeddingOp::print(OpAsmPrinter &printer) {
+  printAttrDictOp(printer, *this, {});
+  printOptionalRegion(printer, "table", getTable());
 }
 
 ParseResult TokenFeatureOp::parse(OpAsmParser &parser, OperationState &result) {

@@ -85,7 +85,9 @@ def Ape_EncodingOp : Ape_Op<"encoding", [Symbol, NoTerminator, SingleBlock,
                        OptionalAttr<I64Attr>:$head_dim, OptionalAttr<I64Attr>:$model_dim,
                        UnitAttr:$fast_math);
   let regions = (region SizedRegion<1>:$body);
-  let assemblyFormat = "custom<ContainerName>($sym_name) attr-dict-with-keyword $body";
+  // `custom<ContainerName>($sym_name) attr-dict-with-keyword $body`, by hand for whole numbers
+  // given to `scale` (ApeOps.cpp, parseAttrDictOp).
+  let hasCustomAssemblyFormat = 1;
   // verify: the op's own attributes; verifyRegions: the nested ops together, after each of them
   // verified (their attributes are then known to be present and well-typed).
   let hasVerifier = 1;
@@ -613,7 +615,23 @@ class Ape_QKModOp<string mnemonic, string which> : Ape_RegionOp<mnemonic> {
   let arguments = (ins DefaultValuedAttr<Ape_PairingAttr, "::ape_abi::Pairing::None">:$pairing,
                        DefaultValuedAttr<F64Attr, "1.0">:$fraction);
   let regions = (region SizedRegion<1>:$body, AnyRegion:$grad);
-  let assemblyFormat = "attr-dict-with-keyword $body (`grad` $grad^)?";
+  // `attr-dict-with-keyword $body (`grad` $grad^)?`, by hand for a whole number given to
+  // `fraction` (ApeOps.cpp, parseAttrDictOp).
+  let hasCustomAssemblyFormat = 1;
+  let extraClassDefinition = [{
+    ::mlir::ParseResult $cppClass::parse(::mlir::OpAsmParser &parser,
+                                         ::mlir::OperationState &result) {
+      if (::mlir::ape::parseAttrDictOp(parser, result, &$cppClass::verifyInherentAttrs, true))
+        return ::mlir::failure();
+      return ::mlir::ape::parseRegions(parser, result, true, "grad");
+    }
+    void $cppClass::print(::mlir::OpAsmPrinter &printer) {
+      ::mlir::ape::printAttrDictOp(printer, *this, {}, true);
+      printer << ' ';
+      printer.printRegion(getBody());
+      ::mlir::ape::printOptionalRegion(printer, "grad", getGrad());
+    }
+  }];
 }
 
 def Ape_QModOp : Ape_QKModOp<"q_mod", "q">;
@@ -741,7 +759,8 @@ def Ape_PositionEmbeddingOp : Ape_Op<"position_embedding", [NoTerminator]> {
   let arguments = (ins UnitAttr:$learned, OptionalAttr<I64Attr>:$max_length,
                        DefaultValuedAttr<F64Attr, "0.02">:$std, UnitAttr:$scale_embedding);
   let regions = (region AnyRegion:$table);
-  let assemblyFormat = "attr-dict (`table` $table^)?";
+  // `attr-dict (`table` $table^)?`, by hand for a whole number given to `std` (ApeOps.cpp).
+  let hasCustomAssemblyFormat = 1;
   let hasVerifier = 1;
   let hasRegionVerifier = 1;
 }

@@ -666,7 +666,7 @@ ape.encoding @e {
 // -----
 
 ape.kernel @k {
-  // expected-error @+1 {{'ape.q_mod' op attribute 'pairing' failed to satisfy constraint: "none", "half" or "interleaved"}}
+  // expected-error @+1 {{custom op 'ape.q_mod' attribute 'pairing' failed to satisfy constraint: "none", "half" or "interleaved"}}
   ape.q_mod attributes {pairing = "diagonal"} {
   ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
     ape.yield %x : f32
@@ -750,6 +750,20 @@ ape.encoding @sliding-alibi {
 ape.encoding @e {
   // expected-error @+1 {{argument 'value' = 9007199254740993 is not exactly a double; write it as a float (`9007199254740992.0 : f64`)}}
   %w = ape.param "w" ["1"] init = "constant" {value = 9007199254740993}
+}
+
+// -----
+
+ape.encoding @e {
+  // `200 : i8` is kept as the bits of -56: not guessed at.
+  // expected-error @+1 {{argument 'value' = 200 : i8 is ambiguous (its bits are also -56); write it as a float}}
+  %w = ape.param "w" ["1"] init = "constant" {value = 200 : i8}
+}
+
+// -----
+
+// expected-error @+1 {{custom op 'ape.encoding' attribute 'scale' failed to satisfy constraint: 64-bit float attribute}}
+ape.encoding @e attributes {scale = "2"} {
 }
 
 // -----

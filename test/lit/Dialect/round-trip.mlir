@@ -168,3 +168,20 @@ ape.encoding @whole_numbers {
   ape.fire {l_init = 1024, c = 0.1 : f64}
   %g = ape.token_feature "g" {bias = -1, weight_std = 0.02 : f64}
 }
+
+// The same in the encoding's `scale`, a q/k mod's `fraction` and the position embedding's `std`.
+// CHECK-LABEL: ape.encoding @whole_numbers_too attributes {scale = 2.000000e+00 : f64}
+// CHECK-NEXT: ape.position_embedding {learned, max_length = 16 : i64, std = 1.000000e+00 : f64}{{$}}
+// CHECK-NEXT: ape.q_mod attributes {pairing = "half"} {
+// CHECK: ape.k_mod attributes {pairing = "interleaved"} {
+ape.encoding @whole_numbers_too attributes {scale = 2} {
+  ape.position_embedding {learned, max_length = 16, std = 1}
+  ape.q_mod attributes {pairing = "half", fraction = 1} {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    ape.yield %x : f32
+  }
+  ape.k_mod attributes {pairing = "interleaved", fraction = 1} {
+  ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
+    ape.yield %x : f32
+  }
+}
