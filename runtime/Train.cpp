@@ -889,7 +889,8 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     // What the fixed-point gradient sums of the attention kernels could not hold (the gradients
     // concerned are NaN, so the checks above stop the run first; this names the cause).
     // Under loss scaling an overflow of the sums is one more overflow: its steps were skipped.
-    if (const std::string why = cuda_backward_error(device.index()); !why.empty() && !any_skipped)
+    if (const std::string why = device.is_cuda() ? cuda_backward_error(device.index()) : std::string();
+        !why.empty() && !any_skipped)
       throw TrainingDiverged(who + "the CUDA attention backward failed by step " + std::to_string(state_.step) +
                              ": " + why + ". Training stopped; " + kept() + ".");
   };
@@ -935,7 +936,9 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       }
       pending.push_back({at::stack(record), lr});
       state_.step = step + 1;
-      if (int64_t(pending.size()) >= every) read_pending();
+      // Read every `every` steps counted from the run's start (the ranks' agreement below falls on
+      // the same steps, so its own wait finds the device idle), or when that many are queued.
+      if ((state_.step - step0) % every == 0 || int64_t(pending.size()) >= every) read_pending();
     } else {
       double l = 0;
       if (dp_) {  // the mean loss and gradients over the ranks: every rank then decides alike

@@ -108,6 +108,8 @@ struct CudaDecodeArgs {
   // The keys of the step's query tiles split over up to this many blocks: CudaAttnArgs::num_splits
   // (0, the default: the device decides; 1: never, the full forward's rows bit for bit).
   int num_splits = 0;
+  // A stream of the current device (CudaAttnArgs::stream), the cache's device: make it current
+  // before each step.
   cudaStream_t stream = nullptr;
   // The step's scratch memory (the forward's, sized by the step's rows; o through it only where o is
   // not 16-byte aligned, lse where lse is null, q's window of at most 383 + n rows where L0 is not a

@@ -186,6 +186,8 @@ struct CudaAttnArgs {
   // read `status` to poison its sums, never the record. Ignored where `status` is null and by
   // encodings without token or param gradients (they set no bit).
   uint32_t *status_record = nullptr;
+  // The stream of the launches, a stream of the current device (cudaSetDevice first, as for any
+  // CUDA library call): the device's limits and the kernels' attributes are the current device's.
   cudaStream_t stream = nullptr;
   // The scratch memory's allocator (both functions set), or nullptr: cudaMallocAsync on `stream`.
   // One with a function missing is refused (cudaErrorInvalidValue).

@@ -241,8 +241,10 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   return {o, lse};
 }
 
-// Whether the current stream is capturing a CUDA graph.
-inline bool capturing() {
+// Whether `device`'s current stream is capturing a CUDA graph (the device made current first: the
+// query is of the current device's stream, and would otherwise start a context on another GPU).
+inline bool capturing(const at::Device &device) {
+  const c10::cuda::CUDAGuard guard(device);
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
@@ -261,7 +263,7 @@ inline at::Tensor status_record(const at::Device &device, const std::string &who
   if (records->size() <= index) records->resize(index + 1);
   at::Tensor &r = (*records)[index];
   if (!r.defined()) {
-    TORCH_CHECK(!capturing(), who, "the first CUDA backward on ", device,
+    TORCH_CHECK(!capturing(device), who, "the first CUDA backward on ", device,
                 " runs inside a CUDA graph capture: run one backward before capturing (the warm-up "
                 "PyTorch's CUDA graphs ask for), so that its status record is made outside the graph");
     r = at::zeros({1}, at::TensorOptions().device(device).dtype(at::kInt));
@@ -341,7 +343,7 @@ inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVari
     const cudaError_t launched = var.backward(a);
     scratch.raise(launched, who);
     check_cuda(launched, who, &var, &a, true);
-    if (sync_check_requested() && !capturing()) {  // (a host read: none inside a graph capture)
+    if (sync_check_requested() && !capturing(q.device())) {  // (a host read: none inside a graph capture)
       const uint32_t st = static_cast<uint32_t>(status.item<int32_t>());
       TORCH_CHECK((st & cuda::kStatusErrors) == 0, who,
                   cuda::status_message(st), " (APE_CUDA_SYNC_CHECK)");

@@ -450,7 +450,7 @@ inline ForwardResult forward_on(Where where, const Library &lib, const at::Tenso
         return forward_cuda(prefix(in, op), *var, q, k, v, features, params, scale, 0, layer, num_layers);
 #endif
 #ifdef APE_TORCH_OPS_CUDA
-      TORCH_CHECK(!capturing(), prefix(in, op), no_kernel_in_capture(lib, q));
+      TORCH_CHECK(!capturing(q.device()), prefix(in, op), no_kernel_in_capture(lib, q));
 #endif
       warn_host_copies(lib, q);
       auto [o, lse] = forward_cpu(in, q.cpu(), k.cpu(), v.cpu(), to_host(features),
@@ -490,7 +490,7 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
         return backward_cuda(w, *var, dout, q, k, v, o, lse, features, params, scale);
 #endif
 #ifdef APE_TORCH_OPS_CUDA
-      TORCH_CHECK(!capturing(), w, no_kernel_in_capture(lib, q));
+      TORCH_CHECK(!capturing(q.device()), w, no_kernel_in_capture(lib, q));
 #endif
       warn_host_copies(lib, q);
       auto [dq, dk, dv, df, dp] = backward_cpu(in, dout.cpu(), q.cpu(), k.cpu(), v.cpu(),
