@@ -577,6 +577,10 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
     return failure();
   layout.approxMath = target == FunctorTarget::Cuda;
   const FunctorStyle &st = target == FunctorTarget::Cuda ? kCudaStyle : kCpuStyle;
+  // A functor need not read each of its arguments (a q mod its pair partner y, a body no param's
+  // ctx): the sources build warning-free under -Wextra too, whatever the includer's flags.
+  os << "#if defined(__GNUC__)\n#pragma GCC diagnostic push\n"
+        "#pragma GCC diagnostic ignored \"-Wunused-parameter\"\n#endif\n";
   os << "struct Enc {\n";
   os << "  static constexpr int kNumFeatures = " << layout.features.size() << ";\n"
      << "  static constexpr int kNumParams = " << layout.params.size() << ";\n"
@@ -694,6 +698,6 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
       return failure();
   if (failed(emitEmbedTable(os, layout)))
     return failure();
-  os << "};\n";
+  os << "};\n#if defined(__GNUC__)\n#pragma GCC diagnostic pop\n#endif\n";
   return success();
 }

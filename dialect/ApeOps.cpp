@@ -471,8 +471,8 @@ LogicalResult KernelOp::verify() {
     return failure();
   // One pass (online softmax) to three (statistics first); tiles the templates can hold.
   for (auto [name, v, hi] : {std::tuple{"passes", getPasses(), int64_t(3)},
-                             std::tuple{"tile_q", getTileQ(), int64_t(1024)},
-                             std::tuple{"tile_k", getTileK(), int64_t(1024)}})
+                             std::tuple{"tile_q", getTileQ(), kMaxTile},
+                             std::tuple{"tile_k", getTileK(), kMaxTile}})
     if (v && failed(verifyIntRange(*this, name, static_cast<int64_t>(*v), 1, hi)))
       return failure();
   if (std::optional<StringRef> bias = getScoreBias();

@@ -23,6 +23,9 @@ namespace abi = ::ape_abi;
 /// The name of a vocabulary value as a StringRef (for attributes, JSON and diagnostics).
 template <class E> llvm::StringRef nameOf(E value) { return llvm::StringRef(abi::name(value)); }
 
+/// The largest tile (query rows or key columns) an ape.kernel may record (ape-schedule).
+inline constexpr int64_t kMaxTile = 1024;
+
 /// The dimensions of a param's shape (verified: each is a valid abi::Dim).
 llvm::SmallVector<abi::Dim> getDims(ParamOp param);
 /// A constant index of `load` (of a param) outside its dimension: an error on the op. Checked on

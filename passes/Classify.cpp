@@ -20,6 +20,8 @@ using namespace mlir::ape;
 namespace {
 struct ApeClassifyPass : public mlir::ape::impl::ApeClassifyBase<ApeClassifyPass> {
   void runOnOperation() override {
+    if (failed(checkTopLevel(getOperation())))
+      return signalPassFailure();
     getOperation().walk([&](KernelOp kernel) {
       Builder b(kernel);
       Operation *qmod = nullptr, *kmod = nullptr;

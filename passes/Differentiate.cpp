@@ -479,7 +479,15 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
 
 struct ApeDifferentiatePass : public mlir::ape::impl::ApeDifferentiateBase<ApeDifferentiatePass> {
   void runOnOperation() override {
+    if (failed(checkTopLevel(getOperation())))
+      return signalPassFailure();
     auto result = getOperation().walk([&](Operation *op) -> WalkResult {
+      // The regions of a kernel only: an encoding's are composed by -ape-fuse first (a grad
+      // derived before would be moved with one mod and lost with a composed one).
+      if (isa<MapOp, QModOp, KModOp, ScoreModOp>(op) && !op->getParentOfType<KernelOp>()) {
+        op->emitOpError("is not in an ape.kernel: run -ape-fuse before -ape-differentiate");
+        return WalkResult::interrupt();
+      }
       // An inference-only kernel (an attention transition, which has no derivative) gets no
       // backward at all.
       if (auto kernel = op->getParentOfType<KernelOp>(); kernel && kernel.getInferenceOnly())

@@ -100,7 +100,11 @@ std::optional<double> evaluate(Operation *op) {
 }
 
 struct ApeExactFoldPass : public mlir::ape::impl::ApeExactFoldBase<ApeExactFoldPass> {
-  void runOnOperation() override { (void)foldConstantsExactly(getOperation()); }
+  void runOnOperation() override {
+    if (failed(checkTopLevel(getOperation())))
+      return signalPassFailure();
+    (void)foldConstantsExactly(getOperation());
+  }
 };
 
 } // namespace

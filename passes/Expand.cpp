@@ -59,6 +59,8 @@ void uniquifyNames(EncodingOp enc, const llvm::DenseSet<Operation *> &written) {
 
 struct ApeExpandPass : public mlir::ape::impl::ApeExpandBase<ApeExpandPass> {
   void runOnOperation() override {
+    if (failed(checkTopLevel(getOperation())))
+      return signalPassFailure();
     llvm::DenseSet<Operation *> written;  // the spec's own params and features
     for (EncodingOp enc : getOperation().getOps<EncodingOp>())
       for (Operation &op : enc.getBody().front())

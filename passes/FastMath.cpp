@@ -75,9 +75,18 @@ SmallVector<Operation *> approximable(Block &body, bool exactYield, bool &sDecid
 
 struct ApeFastMathPass : public mlir::ape::impl::ApeFastMathBase<ApeFastMathPass> {
   void runOnOperation() override {
-    getOperation().walk([&](EncodingOp encoding) {
+    if (failed(checkTopLevel(getOperation())))
+      return signalPassFailure();
+    auto walked = getOperation().walk([&](EncodingOp encoding) -> WalkResult {
       if (!encoding.getFastMath())
-        return;
+        return WalkResult::advance();
+      // A named component's score mod does not exist yet: it would stay exact without a word.
+      for (Operation &op : encoding.getBody().front())
+        if (isa<ExpandableComponent, OverrideOp>(op)) {
+          op.emitOpError("is a named component: run -ape-expand and -ape-push-override before "
+                         "-ape-fast-math");
+          return WalkResult::interrupt();
+        }
       // Last to first: a mod whose %s reaches a decision needs the value the mods before it
       // yield exact (fused, a later mod's comparison reads an earlier mod's approximate exp).
       SmallVector<ScoreModOp> mods;
@@ -89,7 +98,10 @@ struct ApeFastMathPass : public mlir::ape::impl::ApeFastMathBase<ApeFastMathPass
           addFastMathFlags(op, arith::FastMathFlags::afn | arith::FastMathFlags::arcp);
         exactYield = sDecides;
       }
+      return WalkResult::advance();
     });
+    if (walked.wasInterrupted())
+      signalPassFailure();
   }
 };
 } // namespace

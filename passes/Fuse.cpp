@@ -173,6 +173,8 @@ LogicalResult fuse(EncodingOp enc) {
 
 struct ApeFusePass : public mlir::ape::impl::ApeFuseBase<ApeFusePass> {
   void runOnOperation() override {
+    if (failed(checkTopLevel(getOperation())))
+      return signalPassFailure();
     SmallVector<EncodingOp> encodings(getOperation().getOps<EncodingOp>());
     for (EncodingOp enc : encodings)
       if (failed(fuse(enc)))

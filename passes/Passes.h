@@ -29,7 +29,13 @@ int foldConstantsExactly(Region &region);
 /// Adds the whole lowering, spec to scheduled kernel, to `pm`:
 /// expand, push-override, fast-math, fuse, exact-fold, canonicalize and CSE, differentiate,
 /// schedule, classify.
-void buildApeLoweringPipeline(OpPassManager &pm);
+/// An ape.encoding or ape.kernel below `module` other than at its top level (in a nested module),
+/// as an error on it: the passes and the emitters take the file's top level only, and would
+/// otherwise lower such an encoding in part. Every ape pass checks this first.
+LogicalResult checkTopLevel(ModuleOp module);
+
+/// With `schedule`, the tile sizes ape-schedule records (its defaults otherwise).
+void buildApeLoweringPipeline(OpPassManager &pm, const ApeScheduleOptions &schedule = {});
 
 } // namespace mlir::ape
 

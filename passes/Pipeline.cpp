@@ -4,7 +4,21 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
 
-void mlir::ape::buildApeLoweringPipeline(OpPassManager &pm) {
+using namespace mlir;
+using namespace mlir::ape;
+
+mlir::LogicalResult mlir::ape::checkTopLevel(ModuleOp module) {
+  WalkResult nested = module.walk([&](Operation *op) {
+    if (!isa<EncodingOp, KernelOp>(op) || op->getParentOp() == module.getOperation())
+      return WalkResult::advance();
+    op->emitOpError("is not at the top level of the file (it is inside a nested module): the ape "
+                    "passes and apec take the file's top-level encodings only");
+    return WalkResult::interrupt();
+  });
+  return failure(nested.wasInterrupted());
+}
+
+void mlir::ape::buildApeLoweringPipeline(OpPassManager &pm, const ApeScheduleOptions &schedule) {
   pm.addPass(createApeExpand());
   pm.addPass(createApePushOverride());
   pm.addPass(createApeFastMath());
@@ -13,6 +27,6 @@ void mlir::ape::buildApeLoweringPipeline(OpPassManager &pm) {
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
   pm.addPass(createApeDifferentiate());
-  pm.addPass(createApeSchedule());
+  pm.addPass(createApeSchedule(schedule));
   pm.addPass(createApeClassify());
 }

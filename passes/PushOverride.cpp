@@ -101,6 +101,8 @@ void pushInto(OpBuilder &b, OverrideOp op, abi::Projection target, ParamOp sigma
 
 struct ApePushOverridePass : public mlir::ape::impl::ApePushOverrideBase<ApePushOverridePass> {
   void runOnOperation() override {
+    if (failed(checkTopLevel(getOperation())))
+      return signalPassFailure();
     SmallVector<OverrideOp> overrides;
     getOperation().walk([&](OverrideOp op) { overrides.push_back(op); });
     for (OverrideOp op : overrides) {

@@ -21,8 +21,12 @@ namespace {
 struct ApeSchedulePass : public mlir::ape::impl::ApeScheduleBase<ApeSchedulePass> {
   using ApeScheduleBase::ApeScheduleBase;
   void runOnOperation() override {
-    if (tileQ <= 0 || tileK <= 0) {
-      getOperation().emitError("ape-schedule: tile sizes must be positive");
+    if (failed(checkTopLevel(getOperation())))
+      return signalPassFailure();
+    if (tileQ <= 0 || tileK <= 0 || tileQ > kMaxTile || tileK > kMaxTile) {
+      getOperation().emitError("ape-schedule: tile sizes must be in [1, ")
+          << kMaxTile << "], got tile-q=" << static_cast<int64_t>(tileQ)
+          << ", tile-k=" << static_cast<int64_t>(tileK);
       return signalPassFailure();
     }
     getOperation().walk([&](KernelOp kernel) {

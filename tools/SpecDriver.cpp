@@ -190,7 +190,7 @@ mlir::ape::withoutByteOrderMark(std::unique_ptr<llvm::MemoryBuffer> file) {
 /// A spec is UTF-8 text: a UTF-16 file (a byte-order mark FF FE or FE FF, or NUL bytes at every
 /// other byte, as Windows tools write) would fail at 1:1 with "unexpected character", and a NUL
 /// byte elsewhere is no text (MLIR's lexer skips one in a comment). Each gets an error that says so.
-static LogicalResult checkUtf8(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
+LogicalResult mlir::ape::checkUtf8(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
   const llvm::MemoryBuffer *buffer = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID());
   llvm::StringRef text = buffer->getBuffer();
   const bool mark = text.starts_with("\xFF\xFE") || text.starts_with("\xFE\xFF");

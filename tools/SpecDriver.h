@@ -47,6 +47,9 @@ mlir::LogicalResult checkForwardReferences(const llvm::SourceMgr &sourceMgr, mli
 /// lexer does not skip it), columns then counted as an editor shows them. Any other file as is.
 std::unique_ptr<llvm::MemoryBuffer> withoutByteOrderMark(std::unique_ptr<llvm::MemoryBuffer> file);
 
+/// A spec is UTF-8 text: a UTF-16 file or a NUL byte is refused, saying so.
+mlir::LogicalResult checkUtf8(const llvm::SourceMgr &sourceMgr, mlir::MLIRContext *context);
+
 /// checkNesting and checkForwardReferences, then parses and verifies the main buffer; null (with diagnostics emitted)
 /// when the spec is malformed, is not UTF-8 (UTF-16, by its byte-order mark or its NUL bytes) or
 /// holds no ape.encoding. A value of an encoding that nothing uses (a param, a token feature, rows

@@ -2,8 +2,9 @@
 //
 // MlirOptMain with the ape, arith and math dialects and every ape pass: the
 // tool lit tests drive (`ape-opt --ape-expand file.mlir`). The input first
-// passes apec's nesting check (tools/SpecDriver.h): MLIR's recursive parser
-// would overflow its stack on a file nested thousands of levels deep.
+// passes apec's checks of the text (tools/SpecDriver.h): UTF-8 (a byte-order
+// mark dropped), nesting (MLIR's recursive parser would overflow its stack on
+// a file nested thousands of levels deep) and forward references.
 //
 //===----------------------------------------------------------------------===//
 #include "dialect/ApeDialect.h"
@@ -21,16 +22,33 @@
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 
+namespace {
+// ape-lower's options: ape-schedule's tile sizes.
+struct LowerOptions : public mlir::PassPipelineOptions<LowerOptions> {
+  Option<int64_t> tileQ{*this, "tile-q", llvm::cl::desc("query rows per tile (ape-schedule)"),
+                        llvm::cl::init(64)};
+  Option<int64_t> tileK{*this, "tile-k", llvm::cl::desc("key columns per tile (ape-schedule)"),
+                        llvm::cl::init(64)};
+};
+} // namespace
+
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   registry.insert<mlir::ape::ApeDialect, mlir::arith::ArithDialect, mlir::math::MathDialect>();
   mlir::ape::registerApePasses();
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
-  mlir::PassPipelineRegistration<>(
+  // (With an options struct of its own: MLIR's option-less pipelines fail on `--ape-lower=x`
+  // without a word.)
+  mlir::PassPipelineRegistration<LowerOptions>(
       "ape-lower", "The whole lowering: expand, push-override, fast-math, fuse, exact-fold, "
       "canonicalize and CSE, differentiate, schedule, classify (passes/Pipeline.cpp)",
-      [](mlir::OpPassManager &pm) { mlir::ape::buildApeLoweringPipeline(pm); });
+      [](mlir::OpPassManager &pm, const LowerOptions &options) {
+        mlir::ape::ApeScheduleOptions schedule;
+        schedule.tileQ = options.tileQ;
+        schedule.tileK = options.tileK;
+        mlir::ape::buildApeLoweringPipeline(pm, schedule);
+      });
   auto [input, output] =
       mlir::registerAndParseCLIOptions(argc, argv, "APE optimizer driver\n", registry);
   mlir::MlirOptMainConfig config = mlir::MlirOptMainConfig::createFromCLOptions();
@@ -42,6 +60,7 @@ int main(int argc, char **argv) {
     llvm::errs() << error << "\n";
     return 1;
   }
+  file = mlir::ape::withoutByteOrderMark(std::move(file));  // as apec reads a spec
   {
     llvm::SourceMgr sourceMgr;  // the check reads a copy: the buffer goes on to MlirOptMain
     sourceMgr.AddNewSourceBuffer(
@@ -49,7 +68,8 @@ int main(int argc, char **argv) {
         llvm::SMLoc());
     mlir::MLIRContext context;
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context);
-    if (mlir::failed(mlir::ape::checkNesting(sourceMgr, &context)) ||
+    if (mlir::failed(mlir::ape::checkUtf8(sourceMgr, &context)) ||
+        mlir::failed(mlir::ape::checkNesting(sourceMgr, &context)) ||
         mlir::failed(mlir::ape::checkForwardReferences(sourceMgr, &context)))
       return 1;
   }

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <limits>
 #include <new>
@@ -42,8 +43,12 @@ inline const char *error_string(int status) {
   switch (status) {
     case APE_OK: return "ok";
     case APE_ERROR_NULL_POINTER: return "a required pointer is NULL";
-    case APE_ERROR_INVALID_SHAPE: return "invalid shape (B, H, T >= 0 and D >= 1 required)";
-    case APE_ERROR_INVALID_VALUE: return "invalid value (scale finite, 0 or at least 2^-64 in magnitude; a layer in [0, num_layers))";
+    case APE_ERROR_INVALID_SHAPE:
+      return "invalid shape (B, H, T >= 0 and D >= 1 required, and B*H*T*D, its workspaces' sizes "
+             "included, within int64)";
+    case APE_ERROR_INVALID_VALUE:
+      return "invalid value (scale finite, 0 or at least 2^-64 in magnitude, and within the kernel's "
+             "float type; a layer in [0, num_layers); a fixed param within its range)";
     case APE_ERROR_OUT_OF_MEMORY: return "out of memory";
     case APE_ERROR_INTERNAL: return "internal error";
     case APE_ERROR_CPU_LEVEL: return "the instruction-set level APE_CPU_LEVEL names cannot run";
@@ -111,11 +116,18 @@ template <class Args> Shape check_shape(const Args *a) {
   return s;
 }
 
+// A double as %.9g writes it (std::to_string writes 1e300 with 301 digits).
+inline std::string shown(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
+
 // The scale in the kernel's type: a finite double beyond its range (1e39 for float) would be inf.
 template <typename Real> void check_scale_range(double scale) {
   if (std::fabs(scale) > static_cast<double>(std::numeric_limits<Real>::max()))
     throw Failure{APE_ERROR_INVALID_VALUE,
-                  "scale " + std::to_string(scale) + " is beyond the range of the kernel's " +
+                  "scale " + shown(scale) + " is beyond the range of the kernel's " +
                       (sizeof(Real) == 4 ? "float" : "double")};
 }
 
