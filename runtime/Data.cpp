@@ -529,7 +529,8 @@ at::Tensor eval_windows(const TokenSplit &split, int64_t len, int64_t max_len, i
   if (len <= 0 || max_len < len || segments <= 0)
     throw std::invalid_argument("eval_windows: need 0 < len <= max_len and segments > 0");
   const int64_t seg = max_len + 1;
-  // Capacity per book, then segments in proportion to book length (largest remainder), capped.
+  // Capacity per book, then segments in proportion to book length: each book's floor share
+  // (capped by its capacity), then one more per book in turn from the first until all are placed.
   std::vector<int64_t> cap(split.num_docs()), n(split.num_docs(), 0);
   int64_t total_cap = 0, total = 0;
   for (int64_t i = 0; i < split.num_docs(); ++i) {

@@ -13,7 +13,9 @@
 
 namespace ape {
 
-// 64-bit FNV-1a, for fingerprints and checksums; `h` continues an earlier hash.
+// 64-bit FNV-1a, for fingerprints and checksums; `h` continues an earlier hash. The offset basis
+// is 1469598103934665603, not the published 14695981039346656037 (a digit short): kept, since every
+// checkpoint, cache key and fingerprint written so far was computed with it (docs/internals.md, 4).
 uint64_t fnv1a(const void *data, size_t n, uint64_t h = 1469598103934665603ULL);
 // fnv1a of `bytes` as 16 hex digits (a tokenizer file's identity in checkpoints and caches).
 std::string fnv1a_hex(const std::string &bytes);
