@@ -578,7 +578,7 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   layout.approxMath = target == FunctorTarget::Cuda;
   const FunctorStyle &st = target == FunctorTarget::Cuda ? kCudaStyle : kCpuStyle;
   // A functor need not read each of its arguments (a q mod its pair partner y, a body no param's
-  // ctx): the sources build warning-free under -Wextra too, whatever the includer's flags.
+  // ctx): the sources build free of GCC's -Wextra warnings too, whatever the includer's flags.
   os << "#if defined(__GNUC__)\n#pragma GCC diagnostic push\n"
         "#pragma GCC diagnostic ignored \"-Wunused-parameter\"\n#endif\n";
   os << "struct Enc {\n";

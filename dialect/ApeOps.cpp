@@ -68,15 +68,16 @@ static ParseResult takeWholeNumbers(OpAsmParser &parser, llvm::SMLoc loc, NamedA
     if (!whole || whole.getType().isInteger(1))
       continue;
     const llvm::APInt &v = whole.getValue();
-    // `200 : i8` is stored as the bits of -56: a signless integer narrower than the default i64
-    // with its top bit set could be either, so it is not guessed at.
+    // `200 : i8` and `-56 : i8` are stored as the same bits: a signless integer narrower than the
+    // default i64 with its top bit set could be either, so it is not guessed at.
     if (whole.getType().isSignlessInteger() && v.getBitWidth() < 64 && v.isNegative())
     {
       std::string type;
       llvm::raw_string_ostream(type) << whole.getType();
-      return parser.emitError(loc) << "argument '" << arg << "' = " << v.getZExtValue() << " : "
-                                   << type << " is ambiguous (its bits are also "
-                                   << v.getSExtValue() << "); write it as a float";
+      return parser.emitError(loc) << "argument '" << arg << "' = " << v.getSExtValue() << " or "
+                                   << v.getZExtValue() << " : " << type
+                                   << " (a signless integer holds the bits of both); write it as a "
+                                      "float, or as a plain number (an i64)";
     }
     llvm::APFloat f(llvm::APFloat::IEEEdouble());
     bool inexact = f.convertFromAPInt(v, !whole.getType().isUnsignedInteger(),

@@ -418,9 +418,10 @@ Trainer::Trainer(LanguageModel &model, TrainSampler &sampler, const TrainConfig 
     : impl_(std::make_unique<Impl>()), model_(model), sampler_(sampler), cfg_(cfg) {
   cfg_.validate();
   warm_vector_math();  // before AdamW's first parallel sqrt (runtime/Threads.h)
-  // Weight decay on the matrices named `*.weight` only: the Linear layers', the token embedding's
-  // and the token features' projection; not the learned position table (`wpe`), nor an
-  // encoding's params (T5's table, FIRE's MLP), nor biases and norms.
+  // Weight decay on the matrices (2+ dimensions) named `*.weight` only: the Linear layers', the
+  // token embedding's and the token features' projection; not the learned position table
+  // (`wpe`), nor an encoding's params (T5's table, FIRE's MLP; one a spec named `weight` would
+  // be), nor biases and norms.
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto &kv : model->named_parameters()) {
     const std::string &name = kv.key();

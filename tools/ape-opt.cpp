@@ -60,7 +60,10 @@ int main(int argc, char **argv) {
     llvm::errs() << error << "\n";
     return 1;
   }
-  file = mlir::ape::withoutByteOrderMark(std::move(file));  // as apec reads a spec
+  // MLIR bytecode (ape-opt --emit-bytecode) is read as it is; text as apec reads a spec.
+  const bool bytecode = file->getBuffer().starts_with("ML\xEFR");
+  if (!bytecode)
+    file = mlir::ape::withoutByteOrderMark(std::move(file));
   {
     llvm::SourceMgr sourceMgr;  // the check reads a copy: the buffer goes on to MlirOptMain
     sourceMgr.AddNewSourceBuffer(
@@ -68,7 +71,7 @@ int main(int argc, char **argv) {
         llvm::SMLoc());
     mlir::MLIRContext context;
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context);
-    if (mlir::failed(mlir::ape::checkUtf8(sourceMgr, &context)) ||
+    if ((!bytecode && mlir::failed(mlir::ape::checkUtf8(sourceMgr, &context))) ||
         mlir::failed(mlir::ape::checkNesting(sourceMgr, &context)) ||
         mlir::failed(mlir::ape::checkForwardReferences(sourceMgr, &context)))
       return 1;

@@ -756,8 +756,17 @@ ape.encoding @e {
 
 ape.encoding @e {
   // `200 : i8` is kept as the bits of -56: not guessed at.
-  // expected-error @+1 {{argument 'value' = 200 : i8 is ambiguous (its bits are also -56); write it as a float}}
+  // expected-error @+1 {{argument 'value' = -56 or 200 : i8 (a signless integer holds the bits of both); write it as a float, or as a plain number (an i64)}}
   %w = ape.param "w" ["1"] init = "constant" {value = 200 : i8}
+}
+
+// -----
+
+ape.encoding @e {
+  // So is `-3 : i32` (the bits of 4294967293); `-3` alone (an i64) is -3.
+  // expected-error @+1 {{argument 'bias' = -3 or 4294967293 : i32}}
+  %f = ape.token_feature "f" {bias = -3 : i32}
+  %g = ape.token_feature "g" {bias = -3}
 }
 
 // -----

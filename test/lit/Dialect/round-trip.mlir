@@ -1,6 +1,8 @@
-// Every op of the ape dialect prints in a form that parses back to the same IR.
+// Every op of the ape dialect prints in a form that parses back to the same IR (text, generic and
+// bytecode).
 // RUN: ape-opt %s | ape-opt | FileCheck %s
 // RUN: ape-opt %s --mlir-print-op-generic | ape-opt | FileCheck %s
+// RUN: ape-opt %s --emit-bytecode | ape-opt | FileCheck %s
 
 // CHECK-LABEL: ape.encoding @named
 // CHECK-NEXT: ape.rotary {base = 5.000000e+05 : f64, fraction = 5.000000e-01 : f64, pairing = "interleaved"}
