@@ -19,9 +19,36 @@
 // CHECK-NEXT: static constexpr bool kHasQMod = false;
 // CHECK-NEXT: static constexpr bool kHasKMod = false;
 // CHECK-NEXT: static constexpr bool kHasScoreMod = true;
+// The map -softplus(x) = -(max(x, 0) + log1p(e^-|x|)) and its derivative -sigmoid(x)·g.
 // CHECK: static T map_0(const ape::HeadCtx<T> &ctx, T x) {
-// CHECK: std::log1p
+// CHECK-NEXT: const T [[Z:v[0-9]+]] = T(0.00000000000000000e+00);
+// CHECK-NEXT: const T [[MX:v[0-9]+]] = ::ape::float_math::maximum<T>(x, [[Z]]);
+// CHECK-NEXT: const T [[AB:v[0-9]+]] = std::abs(x);
+// CHECK-NEXT: const T [[NAB:v[0-9]+]] = (-[[AB]]);
+// CHECK-NEXT: const T [[E:v[0-9]+]] = std::exp([[NAB]]);
+// CHECK-NEXT: const T [[L:v[0-9]+]] = std::log1p([[E]]);
+// CHECK-NEXT: const T [[SP:v[0-9]+]] = ([[MX]] + [[L]]);
+// CHECK-NEXT: const T [[R0:v[0-9]+]] = (-[[SP]]);
+// CHECK-NEXT: return [[R0]];
 // CHECK: static T map_0_grad(const ape::HeadCtx<T> &ctx, T x, T g) {
+// CHECK-NEXT: const T [[GM1:g[0-9]+]] = T(-1.00000000000000000e+00);
+// CHECK-NEXT: const T [[G1:g[0-9]+]] = T(1.00000000000000000e+00);
+// CHECK-NEXT: const T [[G0:g[0-9]+]] = T(0.00000000000000000e+00);
+// CHECK-NEXT: const T [[GAB:g[0-9]+]] = std::abs(x);
+// CHECK-NEXT: const T [[GNAB:g[0-9]+]] = (-[[GAB]]);
+// CHECK-NEXT: const T [[GE:g[0-9]+]] = std::exp([[GNAB]]);
+// CHECK-NEXT: const bool [[NN:g[0-9]+]] = (x >= [[G0]]);
+// CHECK-NEXT: const T [[STEP:g[0-9]+]] = ([[NN]] ? [[G1]] : [[G0]]);
+// CHECK-NEXT: const T [[SGN:g[0-9]+]] = ([[NN]] ? [[G1]] : [[GM1]]);
+// CHECK-NEXT: const bool [[SZ:g[0-9]+]] = ([[SGN]] == [[G0]]);
+// CHECK-NEXT: const T [[SE:g[0-9]+]] = ([[SGN]] * [[GE]]);
+// CHECK-NEXT: const T [[NUM:g[0-9]+]] = ([[SZ]] ? [[G0]] : [[SE]]);
+// CHECK-NEXT: const T [[DEN:g[0-9]+]] = ([[GE]] + [[G1]]);
+// CHECK-NEXT: const T [[Q:g[0-9]+]] = ([[NUM]] / [[DEN]]);
+// CHECK-NEXT: const T [[SIG:g[0-9]+]] = ([[STEP]] - [[Q]]);
+// CHECK-NEXT: const T [[GS:g[0-9]+]] = (g * [[SIG]]);
+// CHECK-NEXT: const T [[NGS:g[0-9]+]] = (-[[GS]]);
+// CHECK-NEXT: return [[NGS]];
 // CHECK: static void token_forward(
 // CHECK-NEXT: const int64_t n = ctx.T, ld = ctx.tok_stride();
 // CHECK-NEXT: ctx.tok_map(tok + 0 * ld, n, [&](T x) { return x; }, feat[0]);  // feature "cable"

@@ -8,12 +8,60 @@
 // CHECK: static constexpr int kQPairing = 2;
 // CHECK: static constexpr int kKPairing = 2;
 // CHECK: static constexpr double kQFraction = 5.00000000000000000e-01;
+// The rotation, step by step: the first r = D/4*2 coordinates (fraction 0.5) rotate, pair k = c/2
+// at θ_k = 10000^(-2k/r), angle t·θ_k; the pair's first (even c) takes x cos - y sin, the second
+// x cos + y sin (y its partner).
 // CHECK: static T q_mod(const ape::HeadCtx<T> &ctx, int64_t t, int64_t c, T x, T y) {
-// CHECK: ctx.D
-// CHECK: std::cos
+// CHECK-NEXT: const T [[N1:v[0-9]+]] = T(-1.00000000000000000e+00);
+// CHECK-NEXT: const T [[P1:v[0-9]+]] = T(1.00000000000000000e+00);
+// CHECK-NEXT: const T [[BASE:v[0-9]+]] = T(1.00000000000000000e+04);
+// CHECK-NEXT: const T [[M2:v[0-9]+]] = T(-2.00000000000000000e+00);
+// CHECK-NEXT: const int64_t [[Z:v[0-9]+]] = int64_t(0);
+// CHECK-NEXT: const int64_t [[TWO:v[0-9]+]] = int64_t(2);
+// CHECK-NEXT: const int64_t [[FOUR:v[0-9]+]] = int64_t(4);
+// CHECK-NEXT: const int64_t [[D:v[0-9]+]] = ctx.D;
+// CHECK-NEXT: const int64_t [[DQ:v[0-9]+]] = ::ape::int_math::udiv([[D]], [[FOUR]]);
+// CHECK-NEXT: const int64_t [[R:v[0-9]+]] = int64_t(static_cast<uint64_t>([[DQ]]) * static_cast<uint64_t>([[TWO]]));
+// CHECK-NEXT: const bool [[INROT:v[0-9]+]] = (static_cast<uint64_t>(c) < static_cast<uint64_t>([[R]]));
+// CHECK-NEXT: const int64_t [[K:v[0-9]+]] = ::ape::int_math::udiv(c, [[TWO]]);
+// CHECK-NEXT: const int64_t [[PAR:v[0-9]+]] = ::ape::int_math::urem(c, [[TWO]]);
+// CHECK-NEXT: const bool [[FIRST:v[0-9]+]] = ([[PAR]] == [[Z]]);
+// CHECK-NEXT: const int64_t [[RI:v[0-9]+]] = int64_t([[R]]);
+// CHECK-NEXT: const T [[RF:v[0-9]+]] = T([[RI]]);
+// CHECK-NEXT: const int64_t [[KI:v[0-9]+]] = int64_t([[K]]);
+// CHECK-NEXT: const T [[KF:v[0-9]+]] = T([[KI]]);
+// CHECK-NEXT: const T [[KM:v[0-9]+]] = ([[KF]] * [[M2]]);
+// CHECK-NEXT: const T [[EXP:v[0-9]+]] = ([[KM]] / [[RF]]);
+// CHECK-NEXT: const T [[TH:v[0-9]+]] = std::pow([[BASE]], [[EXP]]);
+// CHECK-NEXT: const int64_t [[TI:v[0-9]+]] = int64_t(t);
+// CHECK-NEXT: const T [[TF:v[0-9]+]] = T([[TI]]);
+// CHECK-NEXT: const T [[A:v[0-9]+]] = ([[TF]] * [[TH]]);
+// CHECK-NEXT: const T [[COS:v[0-9]+]] = std::cos([[A]]);
+// CHECK-NEXT: const T [[SIN:v[0-9]+]] = std::sin([[A]]);
+// CHECK-NEXT: const T [[SG:v[0-9]+]] = ([[FIRST]] ? [[N1]] : [[P1]]);
+// CHECK-NEXT: const T [[SY:v[0-9]+]] = ([[SG]] * y);
+// CHECK-NEXT: const T [[YS:v[0-9]+]] = ([[SY]] * [[SIN]]);
+// CHECK-NEXT: const T [[XC:v[0-9]+]] = (x * [[COS]]);
+// CHECK-NEXT: const T [[ROT:v[0-9]+]] = ([[XC]] + [[YS]]);
+// CHECK-NEXT: const T [[OUT:v[0-9]+]] = ([[INROT]] ? [[ROT]] : x);
+// CHECK-NEXT: return [[OUT]];
+// Its transpose: dx = g·cos, dy = g·(∓sin) inside the rotated coordinates, dx = g, dy = 0 past them.
 // CHECK: static void q_mod_grad(
-// CHECK: dx =
-// CHECK-NEXT: dy =
+// CHECK: const T [[GZ:g[0-9]+]] = T(0.00000000000000000e+00);
+// CHECK-NEXT: const T [[GN1:g[0-9]+]] = T(-1.00000000000000000e+00);
+// CHECK-NEXT: const T [[GP1:g[0-9]+]] = T(1.00000000000000000e+00);
+// CHECK: const bool [[GIN:g[0-9]+]] = (static_cast<uint64_t>(c) < static_cast<uint64_t>({{g[0-9]+}}));
+// CHECK: const bool [[GFIRST:g[0-9]+]] = ({{g[0-9]+}} == {{g[0-9]+}});
+// CHECK: const T [[GCOS:g[0-9]+]] = std::cos([[GA:g[0-9]+]]);
+// CHECK-NEXT: const T [[GSIN:g[0-9]+]] = std::sin([[GA]]);
+// CHECK-NEXT: const T [[GSG:g[0-9]+]] = ([[GFIRST]] ? [[GN1]] : [[GP1]]);
+// CHECK-NEXT: const T [[DXF:g[0-9]+]] = ([[GIN]] ? [[GCOS]] : [[GP1]]);
+// CHECK-NEXT: const T [[DX:g[0-9]+]] = (g * [[DXF]]);
+// CHECK-NEXT: const T [[SS:g[0-9]+]] = ([[GSG]] * [[GSIN]]);
+// CHECK-NEXT: const T [[DYF:g[0-9]+]] = ([[GIN]] ? [[SS]] : [[GZ]]);
+// CHECK-NEXT: const T [[DY:g[0-9]+]] = (g * [[DYF]]);
+// CHECK-NEXT: dx = [[DX]];
+// CHECK-NEXT: dy = [[DY]];
 // CHECK-NOT: dparams
 // CHECK: static T score_mod(
 // CHECK-NEXT: return s;

@@ -24,8 +24,41 @@
 // CHECK: struct Enc {
 // CHECK: static constexpr int kQPairing = 1;
 // CHECK: template <class T, class Ctx>
+// The half pairing at fraction 1: coordinate c < D/2 pairs with c + D/2 (k = c mod D/2) and takes
+// x cos - y sin, the second half x cos + y sin; θ_k = 10000^(-2k/D), angle t·θ_k.
 // CHECK: APE_HD static T q_mod(const Ctx &ctx, int64_t t, int64_t c, T x, T y) {
-// CHECK: std::cos
+// CHECK-NEXT: const T [[N1:v[0-9]+]] = T(-1.00000000000000000e+00);
+// CHECK-NEXT: const T [[P1:v[0-9]+]] = T(1.00000000000000000e+00);
+// CHECK-NEXT: const T [[BASE:v[0-9]+]] = T(1.00000000000000000e+04);
+// CHECK-NEXT: const T [[M2:v[0-9]+]] = T(-2.00000000000000000e+00);
+// CHECK-NEXT: const int64_t [[ONE:v[0-9]+]] = int64_t(1);
+// CHECK-NEXT: const int64_t [[TWO:v[0-9]+]] = int64_t(2);
+// CHECK-NEXT: const int64_t [[D:v[0-9]+]] = ctx.D;
+// CHECK-NEXT: const int64_t [[HALF:v[0-9]+]] = ::ape::int_math::udiv([[D]], [[TWO]]);
+// CHECK-NEXT: const int64_t [[R:v[0-9]+]] = int64_t(static_cast<uint64_t>([[HALF]]) * static_cast<uint64_t>([[TWO]]));
+// CHECK-NEXT: const int64_t [[H1:v[0-9]+]] = int64_t(std::max(static_cast<uint64_t>([[HALF]]), static_cast<uint64_t>([[ONE]])));
+// CHECK-NEXT: const bool [[INROT:v[0-9]+]] = (static_cast<uint64_t>(c) < static_cast<uint64_t>([[R]]));
+// CHECK-NEXT: const int64_t [[K:v[0-9]+]] = ::ape::int_math::urem(c, [[H1]]);
+// CHECK-NEXT: const bool [[FIRST:v[0-9]+]] = (static_cast<uint64_t>(c) < static_cast<uint64_t>([[H1]]));
+// CHECK-NEXT: const int64_t [[RI:v[0-9]+]] = int64_t([[R]]);
+// CHECK-NEXT: const T [[RF:v[0-9]+]] = T([[RI]]);
+// CHECK-NEXT: const int64_t [[KI:v[0-9]+]] = int64_t([[K]]);
+// CHECK-NEXT: const T [[KF:v[0-9]+]] = T([[KI]]);
+// CHECK-NEXT: const T [[KM:v[0-9]+]] = ([[KF]] * [[M2]]);
+// CHECK-NEXT: const T [[EXP:v[0-9]+]] = ([[KM]] / [[RF]]);
+// CHECK-NEXT: const T [[TH:v[0-9]+]] = std::pow([[BASE]], [[EXP]]);
+// CHECK-NEXT: const int64_t [[TI:v[0-9]+]] = int64_t(t);
+// CHECK-NEXT: const T [[TF:v[0-9]+]] = T([[TI]]);
+// CHECK-NEXT: const T [[A:v[0-9]+]] = ([[TF]] * [[TH]]);
+// CHECK-NEXT: const T [[COS:v[0-9]+]] = std::cos([[A]]);
+// CHECK-NEXT: const T [[SIN:v[0-9]+]] = std::sin([[A]]);
+// CHECK-NEXT: const T [[SG:v[0-9]+]] = ([[FIRST]] ? [[N1]] : [[P1]]);
+// CHECK-NEXT: const T [[SY:v[0-9]+]] = ([[SG]] * y);
+// CHECK-NEXT: const T [[YS:v[0-9]+]] = ([[SY]] * [[SIN]]);
+// CHECK-NEXT: const T [[XC:v[0-9]+]] = (x * [[COS]]);
+// CHECK-NEXT: const T [[ROT:v[0-9]+]] = ([[XC]] + [[YS]]);
+// CHECK-NEXT: const T [[OUT:v[0-9]+]] = ([[INROT]] ? [[ROT]] : x);
+// CHECK-NEXT: return [[OUT]];
 // CHECK: APE_HD static void q_mod_grad(const Ctx &ctx,
 
 // ENTRY: #include "rope_cuda.cuh"

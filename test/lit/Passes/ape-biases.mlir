@@ -10,19 +10,35 @@
 // EXPAND: %[[T:.*]] = ape.param "t5_table" ["32", "heads"] init = "normal" trainable {shared, std = 2.000000e-02 : f64}
 // EXPAND: ape.score_mod {
 // EXPAND-NEXT: ^bb0(%[[S:.*]]: f32, %{{.*}}: index, %[[H:.*]]: index, %[[I:.*]]: index, %[[J:.*]]: index):
-// EXPAND: %[[D:.*]] = arith.subi %[[I]], %[[J]] : index
-// EXPAND-NEXT: %[[N:.*]] = arith.maxsi %[[D]], %{{.*}} : index
-// EXPAND: %[[SMALL:.*]] = arith.cmpi slt, %[[N]], %[[EXACT:.*]] : index
-// EXPAND-NEXT: arith.maxsi %[[N]], %[[EXACT]] : index
-// EXPAND: math.log
-// EXPAND: ape.constant 7.6943735514078053
-// EXPAND: math.floor
-// EXPAND: %[[LARGE:.*]] = arith.minsi %{{.*}}, %{{.*}} : index
+// EXPAND-NEXT: %[[C0:.*]] = arith.constant 0 : index
+// EXPAND-NEXT: %[[D:.*]] = arith.subi %[[I]], %[[J]] : index
+// EXPAND-NEXT: %[[N:.*]] = arith.maxsi %[[D]], %[[C0]] : index
+// EXPAND-NEXT: %[[EXACT:.*]] = arith.constant 16 : index
+// EXPAND-NEXT: %[[SMALL:.*]] = arith.cmpi slt, %[[N]], %[[EXACT]] : index
+// EXPAND-NEXT: %[[NL:.*]] = arith.maxsi %[[N]], %[[EXACT]] : index
+// EXPAND-NEXT: %[[NI:.*]] = arith.index_cast %[[NL]] : index to i64
+// EXPAND-NEXT: %[[NF:.*]] = arith.sitofp %[[NI]] : i64 to f32
+// EXPAND-NEXT: %[[F16:.*]] = arith.constant 1.600000e+01 : f32
+// EXPAND-NEXT: %[[RATIO:.*]] = arith.divf %[[NF]], %[[F16]] : f32
+// EXPAND-NEXT: %[[LOG:.*]] = math.log %[[RATIO]] : f32
+// EXPAND-NEXT: %[[K:.*]] = ape.constant 7.6943735514078053
+// EXPAND-NEXT: %[[LK:.*]] = arith.mulf %[[LOG]], %[[K]] : f32
+// EXPAND-NEXT: %[[FL:.*]] = math.floor %[[LK]] : f32
+// EXPAND-NEXT: %[[FI:.*]] = arith.fptosi %[[FL]] : f32 to i64
+// EXPAND-NEXT: %[[FX:.*]] = arith.index_cast %[[FI]] : i64 to index
+// EXPAND-NEXT: %[[CAP:.*]] = arith.constant 31 : index
+// EXPAND-NEXT: %[[SUM:.*]] = arith.addi %[[EXACT]], %[[FX]] : index
+// EXPAND-NEXT: %[[LARGE:.*]] = arith.minsi %[[SUM]], %[[CAP]] : index
 // EXPAND-NEXT: %[[B:.*]] = arith.select %[[SMALL]], %[[N]], %[[LARGE]] : index
 // EXPAND-NEXT: %[[V:.*]] = ape.load %[[T]][%[[B]], %[[H]]] : !ape.param
 // EXPAND-NEXT: %[[R:.*]] = arith.addf %[[S]], %[[V]] : f32
-// LOWER-LABEL: ape.kernel @t5
+// EXPAND-NEXT: ape.yield %[[R]] : f32
+// A distance bias (a function of i - j), its table gradient g scattered by bucket:
+// LOWER-LABEL: ape.kernel @t5 attributes {passes = 1 : i64, score_bias = "distance",
 // LOWER: ape.score_mod {
+// LOWER: } grad {
+// LOWER-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[G:.*]]: f32):
+// LOWER-NEXT: ape.yield %[[G]], %[[G]] : f32, f32
 ape.encoding @t5 {
   ape.t5_bias {buckets = 32, max_distance = 128}
 }
@@ -33,16 +49,44 @@ ape.encoding @t5 {
 // EXPAND-LABEL: ape.encoding @kerple
 // EXPAND: %[[P:.*]] = ape.param "kerple_p" ["heads"] init = "constant" trainable {shared, value = 1.500000e+00 : f64}
 // EXPAND: %[[A:.*]] = ape.param "kerple_a" ["heads"] init = "constant" trainable {shared, value = 5.000000e-01 : f64}
+// The bias -a·Δ^p, p in [0.01, 2], a >= 0.01, Δ = max(i - j, 0):
 // EXPAND: ape.score_mod {
-// EXPAND-DAG: ape.load %[[P]]
-// EXPAND-DAG: ape.load %[[A]]
-// EXPAND-DAG: ape.constant 1.000000e-02
-// EXPAND: arith.minimumf
-// EXPAND: %[[POS:.*]] = arith.cmpf ogt
-// EXPAND: %[[POW:.*]] = math.powf
-// EXPAND: arith.select %[[POS]], %[[POW]], %{{.*}} : f32
-// LOWER-LABEL: ape.kernel @kerple
+// EXPAND-NEXT: ^bb0(%[[S:.*]]: f32, %{{.*}}: index, %[[H:.*]]: index, %[[I:.*]]: index, %[[J:.*]]: index):
+// EXPAND-NEXT: %[[LO1:.*]] = ape.constant 1.000000e-02
+// EXPAND-NEXT: %[[PH:.*]] = ape.load %[[P]][%[[H]]] : !ape.param
+// EXPAND-NEXT: %[[PC:.*]] = arith.maximumf %[[PH]], %[[LO1]] : f32
+// EXPAND-NEXT: %[[LO2:.*]] = ape.constant 1.000000e-02
+// EXPAND-NEXT: %[[AH:.*]] = ape.load %[[A]][%[[H]]] : !ape.param
+// EXPAND-NEXT: %[[AC:.*]] = arith.maximumf %[[AH]], %[[LO2]] : f32
+// EXPAND-NEXT: %[[C0:.*]] = arith.constant 0 : index
+// EXPAND-NEXT: %[[D:.*]] = arith.subi %[[I]], %[[J]] : index
+// EXPAND-NEXT: %[[N:.*]] = arith.maxsi %[[D]], %[[C0]] : index
+// EXPAND-NEXT: %[[NI:.*]] = arith.index_cast %[[N]] : index to i64
+// EXPAND-NEXT: %[[DF:.*]] = arith.sitofp %[[NI]] : i64 to f32
+// EXPAND-NEXT: %[[TWO:.*]] = arith.constant 2.000000e+00 : f32
+// EXPAND-NEXT: %[[PE:.*]] = arith.minimumf %[[PC]], %[[TWO]] : f32
+// EXPAND-NEXT: %[[Z:.*]] = arith.constant 0.000000e+00 : f32
+// EXPAND-NEXT: %[[POS:.*]] = arith.cmpf ogt, %[[DF]], %[[Z]] : f32
+// EXPAND-NEXT: %[[POW:.*]] = math.powf %[[DF]], %[[PE]] : f32
+// EXPAND-NEXT: %[[Z2:.*]] = arith.constant 0.000000e+00 : f32
+// EXPAND-NEXT: %[[SEL:.*]] = arith.select %[[POS]], %[[POW]], %[[Z2]] : f32
+// EXPAND-NEXT: %[[AP:.*]] = arith.mulf %[[AC]], %[[SEL]] : f32
+// EXPAND-NEXT: %[[NEG:.*]] = arith.negf %[[AP]] : f32
+// EXPAND-NEXT: %[[R:.*]] = arith.addf %[[S]], %[[NEG]] : f32
+// EXPAND-NEXT: ape.yield %[[R]] : f32
+// Per-head sums of the gradients of p (-g·a·Δ^p·ln Δ) and a (-g·Δ^p):
+// LOWER-LABEL: ape.kernel @kerple attributes {passes = 1 : i64, score_bias = "distance",
 // LOWER: ape.score_mod {
+// LOWER: } grad {
+// LOWER-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[G:.*]]: f32):
+// LOWER: %[[POW:.*]] = math.powf %[[DF:.*]], %{{.*}} : f32
+// LOWER: %[[LN:.*]] = math.log %[[DF]] : f32
+// LOWER-NEXT: %[[PLN:.*]] = arith.mulf %[[POW]], %[[LN]] : f32
+// LOWER: %[[GP:.*]] = arith.mulf %[[G]], %{{.*}} : f32
+// LOWER-NEXT: %[[DP:.*]] = arith.negf %[[GP]] : f32
+// LOWER: %[[GA:.*]] = arith.mulf %[[G]], %{{.*}} : f32
+// LOWER-NEXT: %[[DA:.*]] = arith.negf %[[GA]] : f32
+// LOWER-NEXT: ape.yield %[[G]], %[[DP]], %[[DA]] : f32, f32, f32
 ape.encoding @kerple {
   ape.kerple {kind = "power", p_init = 1.5 : f64, a_init = 0.5 : f64}
 }

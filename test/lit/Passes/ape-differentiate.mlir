@@ -5,10 +5,24 @@
 // CHECK-LABEL: ape.kernel @cable
 // CHECK: ape.map %{{.*}} {
 // CHECK: } grad {
+// The map's derivative: -sigmoid(x)·g, as step(x) - sign(x)·e^-|x|/(1 + e^-|x|).
 // CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[G:.*]]: f32):
-// CHECK: math.exp
-// CHECK: %[[D:.*]] = arith.divf
-// CHECK: %[[R:.*]] = arith.mulf %[[G]], %{{.*}} : f32
+// CHECK-NEXT: %[[MONE:.*]] = arith.constant -1.000000e+00 : f32
+// CHECK-NEXT: %[[ONE:.*]] = arith.constant 1.000000e+00 : f32
+// CHECK-NEXT: %[[ZERO:.*]] = arith.constant 0.000000e+00 : f32
+// CHECK-NEXT: %[[AB:.*]] = math.absf %[[X]] : f32
+// CHECK-NEXT: %[[NAB:.*]] = arith.negf %[[AB]] : f32
+// CHECK-NEXT: %[[E:.*]] = math.exp %[[NAB]] : f32
+// CHECK-NEXT: %[[NN:.*]] = arith.cmpf oge, %[[X]], %[[ZERO]] : f32
+// CHECK-NEXT: %[[SGN:.*]] = arith.select %[[NN]], %[[ONE]], %[[MONE]] : f32
+// CHECK-NEXT: %[[SZ:.*]] = arith.cmpf oeq, %[[SGN]], %[[ZERO]] : f32
+// CHECK-NEXT: %[[SE:.*]] = arith.mulf %[[SGN]], %[[E]] : f32
+// CHECK-NEXT: %[[NUM:.*]] = arith.select %[[SZ]], %[[ZERO]], %[[SE]] : f32
+// CHECK-NEXT: %[[DEN:.*]] = arith.addf %[[E]], %[[ONE]] : f32
+// CHECK-NEXT: %[[Q:.*]] = arith.divf %[[NUM]], %[[DEN]] : f32
+// CHECK-NEXT: %[[STEP:.*]] = arith.select %[[NN]], %[[ONE]], %[[ZERO]] : f32
+// CHECK-NEXT: %[[SIG:.*]] = arith.subf %[[STEP]], %[[Q]] : f32
+// CHECK-NEXT: %[[R:.*]] = arith.mulf %[[G]], %[[SIG]] : f32
 // CHECK-NEXT: %[[NR:.*]] = arith.negf %[[R]] : f32
 // CHECK-NEXT: ape.yield %[[NR]] : f32
 // CHECK: ape.score_mod {
@@ -48,11 +62,14 @@ ape.kernel @cable {
 // division serve both.
 // CHECK-LABEL: ape.kernel @kcable
 // CHECK: } grad {
-// CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[GK:.*]]: f32):
-// CHECK: %[[D:.*]] = arith.subf %{{.*}}, %{{.*}} : f32
+// CHECK-NEXT: ^bb0(%{{.*}}: f32, %[[B:.*]]: index, %[[H:.*]]: index, %[[I:.*]]: index, %[[J:.*]]: index, %[[GK:.*]]: f32):
+// CHECK-NEXT: %[[ONE:.*]] = arith.constant 1.000000e+00 : f32
+// CHECK-NEXT: %[[SI:.*]] = ape.load %{{.*}}[%[[B]], %[[H]], %[[I]]] : !ape.tokens
+// CHECK-NEXT: %[[SJ:.*]] = ape.load %{{.*}}[%[[B]], %[[H]], %[[J]]] : !ape.tokens
+// CHECK-NEXT: %[[D:.*]] = arith.subf %[[SI]], %[[SJ]] : f32
 // CHECK-NEXT: %[[SQ:.*]] = arith.mulf %[[D]], %[[D]] : f32
 // CHECK-NEXT: %[[TWO:.*]] = arith.addf %[[D]], %[[D]] : f32
-// CHECK-NEXT: %[[DEN:.*]] = arith.addf %[[SQ]], %{{.*}} : f32
+// CHECK-NEXT: %[[DEN:.*]] = arith.addf %[[SQ]], %[[ONE]] : f32
 // CHECK-NEXT: %[[Q:.*]] = arith.divf %[[TWO]], %[[DEN]] : f32
 // CHECK-NEXT: %[[GQ:.*]] = arith.mulf %[[GK]], %[[Q]] : f32
 // CHECK-NEXT: %[[NGQ:.*]] = arith.negf %[[GQ]] : f32
@@ -81,9 +98,11 @@ ape.kernel @kcable {
 // CHECK: } grad {
 // CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %[[I:.*]]: index, %[[J:.*]]: index, %[[G:.*]]: f32):
 // CHECK: %[[D:.*]] = arith.subi %[[I]], %[[J]] : index
-// CHECK: %[[DF:.*]] = arith.sitofp %{{.*}} : i64 to f32
-// CHECK: %[[GM:.*]] = arith.mulf %[[G]], %{{.*}} : f32
-// CHECK: ape.yield %[[G]], %{{.*}}, %[[G]] : f32, f32, f32
+// CHECK-NEXT: %[[DI:.*]] = arith.index_cast %[[D]] : index to i64
+// CHECK-NEXT: %[[DF:.*]] = arith.sitofp %[[DI]] : i64 to f32
+// CHECK-NEXT: %[[GM:.*]] = arith.mulf %[[G]], %[[DF]] : f32
+// CHECK-NEXT: %[[NGM:.*]] = arith.negf %[[GM]] : f32
+// CHECK-NEXT: ape.yield %[[G]], %[[NGM]], %[[G]] : f32, f32, f32
 ape.kernel @slopes {
   %m = ape.param "m" ["heads"] init = "alibi_slopes" trainable
   %t = ape.param "table" ["32", "heads"] init = "zeros" trainable

@@ -14,16 +14,35 @@
 // CHECK: %[[R:.*]] = arith.muli %[[HALF]], %{{.*}} : index
 // CHECK: %[[DIV:.*]] = arith.maxui %[[HALF]], %{{.*}} : index
 // CHECK-NEXT: %[[INROT:.*]] = arith.cmpi ult, %[[C]], %[[R]] : index
-// CHECK-NEXT: arith.remui %[[C]], %[[DIV]] : index
-// CHECK: %[[BASE:.*]] = arith.constant 1.000000e+04 : f32
-// CHECK: %[[THETA:.*]] = math.powf %[[BASE]], %{{.*}} : f32
-// CHECK: %[[COS:.*]] = math.cos %[[ANGLE:.*]] : f32
+// CHECK-NEXT: %[[K:.*]] = arith.remui %[[C]], %[[DIV]] : index
+// CHECK-NEXT: %[[FIRST:.*]] = arith.cmpi ult, %[[C]], %[[DIV]] : index
+// CHECK-NEXT: %[[RI:.*]] = arith.index_cast %[[R]] : index to i64
+// CHECK-NEXT: %[[RF:.*]] = arith.sitofp %[[RI]] : i64 to f32
+// CHECK-NEXT: %[[KI:.*]] = arith.index_cast %[[K]] : index to i64
+// CHECK-NEXT: %[[KF:.*]] = arith.sitofp %[[KI]] : i64 to f32
+// θ_k = base^(-2k/r), the angle t·θ_k:
+// CHECK-NEXT: %[[M2:.*]] = arith.constant -2.000000e+00 : f32
+// CHECK-NEXT: %[[KM:.*]] = arith.mulf %[[KF]], %[[M2]] : f32
+// CHECK-NEXT: %[[EXP:.*]] = arith.divf %[[KM]], %[[RF]] : f32
+// CHECK-NEXT: %[[BASE:.*]] = arith.constant 1.000000e+04 : f32
+// CHECK-NEXT: %[[THETA:.*]] = math.powf %[[BASE]], %[[EXP]] : f32
+// CHECK-NEXT: %[[TI:.*]] = arith.index_cast %[[T]] : index to i64
+// CHECK-NEXT: %[[TF:.*]] = arith.sitofp %[[TI]] : i64 to f32
+// CHECK-NEXT: %[[ANGLE:.*]] = arith.mulf %[[TF]], %[[THETA]] : f32
+// CHECK-NEXT: %[[COS:.*]] = math.cos %[[ANGLE]] : f32
 // CHECK-NEXT: %[[SIN:.*]] = math.sin %[[ANGLE]] : f32
-// CHECK: %[[XC:.*]] = arith.mulf %[[X]], %[[COS]] : f32
-// CHECK: %[[ROT:.*]] = arith.addf %[[XC]], %{{.*}} : f32
-// CHECK: %[[OUT:.*]] = arith.select %[[INROT]], %[[ROT]], %[[X]] : f32
+// The first half x cos - y sin, the second x cos + y sin (y the partner):
+// CHECK-NEXT: %[[P1:.*]] = arith.constant 1.000000e+00 : f32
+// CHECK-NEXT: %[[N1:.*]] = arith.constant -1.000000e+00 : f32
+// CHECK-NEXT: %[[SG:.*]] = arith.select %[[FIRST]], %[[N1]], %[[P1]] : f32
+// CHECK-NEXT: %[[SY:.*]] = arith.mulf %[[SG]], %[[Y]] : f32
+// CHECK-NEXT: %[[YS:.*]] = arith.mulf %[[SY]], %[[SIN]] : f32
+// CHECK-NEXT: %[[XC:.*]] = arith.mulf %[[X]], %[[COS]] : f32
+// CHECK-NEXT: %[[ROT:.*]] = arith.addf %[[XC]], %[[YS]] : f32
+// CHECK-NEXT: %[[OUT:.*]] = arith.select %[[INROT]], %[[ROT]], %[[X]] : f32
 // CHECK-NEXT: ape.yield %[[OUT]] : f32
-// CHECK: ape.k_mod attributes {pairing = "half"} {
+// CHECK-NEXT: }
+// CHECK-NEXT: ape.k_mod attributes {pairing = "half"} {
 ape.encoding @rope {
   ape.rotary {base = 10000.0 : f64}
 }
@@ -101,10 +120,18 @@ ape.encoding @own_name {
 // Cable: feature -> map(-softplus) -> scan -> s + S_i - S_j.
 // CHECK-LABEL: ape.encoding @cable
 // CHECK: %[[F:.*]] = ape.token_feature "cable"
+// The map: -softplus(x) = -(max(x, 0) + log1p(exp(-|x|))).
 // CHECK: %[[B:.*]] = ape.map %[[F]] {
-// CHECK: arith.maximumf
-// CHECK: math.log1p
-// CHECK: arith.negf
+// CHECK-NEXT: ^bb0(%[[FX:.*]]: f32):
+// CHECK-NEXT: %[[Z:.*]] = arith.constant 0.000000e+00 : f32
+// CHECK-NEXT: %[[MX:.*]] = arith.maximumf %[[FX]], %[[Z]] : f32
+// CHECK-NEXT: %[[AB:.*]] = math.absf %[[FX]] : f32
+// CHECK-NEXT: %[[NAB:.*]] = arith.negf %[[AB]] : f32
+// CHECK-NEXT: %[[E:.*]] = math.exp %[[NAB]] : f32
+// CHECK-NEXT: %[[L:.*]] = math.log1p %[[E]] : f32
+// CHECK-NEXT: %[[SP:.*]] = arith.addf %[[MX]], %[[L]] : f32
+// CHECK-NEXT: %[[NSP:.*]] = arith.negf %[[SP]] : f32
+// CHECK-NEXT: ape.yield %[[NSP]] : f32
 // CHECK: %[[S:.*]] = ape.scan %[[B]]
 // CHECK: ape.score_mod {
 // CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %[[BB:.*]]: index, %[[H:.*]]: index, %[[I:.*]]: index, %[[J:.*]]: index):

@@ -11,17 +11,32 @@
 // CHECK-NEXT: ape.q_mod {
 // CHECK-NEXT: ^bb0(%[[X:.*]]: f32, %{{.*}}: f32, %[[C:.*]]: index, %[[T:.*]]: index, %[[H:.*]]: index):
 // CHECK-NEXT: %[[AV:.*]] = ape.load %[[A]][%[[H]], %[[C]]] : !ape.param
-// CHECK: %[[TF:.*]] = arith.sitofp %{{.*}} : i64 to f32
+// CHECK-NEXT: %[[TI:.*]] = arith.index_cast %[[T]] : index to i64
+// CHECK-NEXT: %[[TF:.*]] = arith.sitofp %[[TI]] : i64 to f32
 // CHECK-NEXT: %[[BV:.*]] = ape.load %[[B]][%[[H]], %[[C]]] : !ape.param
 // CHECK-NEXT: %[[TB:.*]] = arith.mulf %[[TF]], %[[BV]] : f32
 // CHECK-NEXT: %[[TERM:.*]] = arith.addf %[[AV]], %[[TB]] : f32
-// CHECK: %[[S:.*]] = ape.load %[[SIGMA]][%{{.*}}] : !ape.param
+// CHECK-NEXT: %[[Z:.*]] = arith.constant 0 : index
+// CHECK-NEXT: %[[S:.*]] = ape.load %[[SIGMA]][%[[Z]]] : !ape.param
 // CHECK-NEXT: %[[ST:.*]] = arith.mulf %[[S]], %[[TERM]] : f32
 // CHECK-NEXT: %[[R:.*]] = arith.addf %[[X]], %[[ST]] : f32
 // CHECK-NEXT: ape.yield %[[R]] : f32
-// CHECK: ape.param "override_k_a" {{.*}} projection = "k"
-// CHECK: ape.param "override_k_b" {{.*}} projection = "k"
+// The k side alike, with its own a and b:
+// CHECK: %[[KA:.*]] = ape.param "override_k_a" {{.*}} projection = "k"
+// CHECK: %[[KB:.*]] = ape.param "override_k_b" {{.*}} projection = "k"
 // CHECK: ape.k_mod {
+// CHECK-NEXT: ^bb0(%[[KX:.*]]: f32, %{{.*}}: f32, %[[KC:.*]]: index, %[[KT:.*]]: index, %[[KH:.*]]: index):
+// CHECK-NEXT: %[[KAV:.*]] = ape.load %[[KA]][%[[KH]], %[[KC]]] : !ape.param
+// CHECK-NEXT: %[[KTI:.*]] = arith.index_cast %[[KT]] : index to i64
+// CHECK-NEXT: %[[KTF:.*]] = arith.sitofp %[[KTI]] : i64 to f32
+// CHECK-NEXT: %[[KBV:.*]] = ape.load %[[KB]][%[[KH]], %[[KC]]] : !ape.param
+// CHECK-NEXT: %[[KTB:.*]] = arith.mulf %[[KTF]], %[[KBV]] : f32
+// CHECK-NEXT: %[[KTERM:.*]] = arith.addf %[[KAV]], %[[KTB]] : f32
+// CHECK-NEXT: %[[KZ:.*]] = arith.constant 0 : index
+// CHECK-NEXT: %[[KS:.*]] = ape.load %[[SIGMA]][%[[KZ]]] : !ape.param
+// CHECK-NEXT: %[[KST:.*]] = arith.mulf %[[KS]], %[[KTERM]] : f32
+// CHECK-NEXT: %[[KR:.*]] = arith.addf %[[KX]], %[[KST]] : f32
+// CHECK-NEXT: ape.yield %[[KR]] : f32
 ape.encoding @expe {
   ape.override {l = 8, start = 1.0 : f64, theta = 0.25 : f64}
 }
@@ -41,9 +56,20 @@ ape.encoding @expe {
 // CHECK-NEXT: %[[AV:.*]] = ape.load %[[A]][%[[H]], %[[C]]] : !ape.param
 // CHECK-NEXT: %[[L:.*]] = arith.constant 4 : index
 // CHECK-NEXT: %[[BLK:.*]] = arith.divui %[[T]], %[[L]] : index
-// CHECK: %[[BV:.*]] = ape.load %[[B]][%[[H]], %[[C]]] : !ape.param
-// CHECK: %[[RES:.*]] = arith.remui %[[T]], %{{.*}} : index
+// CHECK-NEXT: %[[BI:.*]] = arith.index_cast %[[BLK]] : index to i64
+// CHECK-NEXT: %[[BF:.*]] = arith.sitofp %[[BI]] : i64 to f32
+// CHECK-NEXT: %[[BV:.*]] = ape.load %[[B]][%[[H]], %[[C]]] : !ape.param
+// CHECK-NEXT: %[[BB:.*]] = arith.mulf %[[BF]], %[[BV]] : f32
+// CHECK-NEXT: %[[AB:.*]] = arith.addf %[[AV]], %[[BB]] : f32
+// CHECK-NEXT: %[[L2:.*]] = arith.constant 4 : index
+// CHECK-NEXT: %[[RES:.*]] = arith.remui %[[T]], %[[L2]] : index
 // CHECK-NEXT: %[[PV:.*]] = ape.load %[[P]][%[[RES]], %[[H]], %[[C]]] : !ape.param
+// CHECK-NEXT: %[[TERM:.*]] = arith.addf %[[AB]], %[[PV]] : f32
+// CHECK-NEXT: %[[Z:.*]] = arith.constant 0 : index
+// CHECK-NEXT: %[[S:.*]] = ape.load %{{.*}}[%[[Z]]] : !ape.param
+// CHECK-NEXT: %[[ST:.*]] = arith.mulf %[[S]], %[[TERM]] : f32
+// CHECK-NEXT: %[[R:.*]] = arith.addf %[[X]], %[[ST]] : f32
+// CHECK-NEXT: ape.yield %[[R]] : f32
 // CHECK: ape.param "override_k_p" ["4", "heads", "head_dim"] init = "projection_prefix" trainable {columns = 4 : i64, projection = "k", scale = 1.000000e+00 : f64}
 // CHECK: ape.k_mod {
 // CHECK-NOT: projection = "v"
