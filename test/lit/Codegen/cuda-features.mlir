@@ -12,8 +12,11 @@
 // CHECK: static constexpr bool kFeatures = true;
 // CHECK-NEXT: static constexpr int kRowFeatures = 1, kColFeatures = 1, kSliceFeatures = 0;
 // CHECK: APE_HD static void row_features(const Ctx &ctx, int64_t x, int64_t d, T *f) {
-// CHECK: std::max<int64_t>(d,
-// CHECK: f[0] = ctx.rel[0][(x) * 257 + (std::clamp<int64_t>(
+// CHECK: const int64_t [[Z:f0_[0-9]+]] = int64_t(0);
+// CHECK-NEXT: const int64_t [[CAP:f0_[0-9]+]] = int64_t(256);
+// CHECK-NEXT: const int64_t [[N:f0_[0-9]+]] = std::max<int64_t>(d, [[Z]]);
+// CHECK-NEXT: const int64_t [[R:f0_[0-9]+]] = std::min<int64_t>([[N]], [[CAP]]);
+// CHECK-NEXT: f[0] = ctx.rel[0][(x) * 257 + (std::clamp<int64_t>([[R]], 0, int64_t(257) - 1))];
 // CHECK: APE_HD static void row_features_grad(const Ctx &ctx, int64_t x, int64_t d, const T *g) {
 // CHECK: ctx.drel[0][(x) * 257 + (std::clamp<int64_t>({{.*}})] += g[0];
 // CHECK: APE_HD static void col_features(const Ctx &ctx, int64_t x, int64_t d, T *f) {
@@ -22,11 +25,14 @@
 // CHECK: ctx.drel[1][(x) * 1 + ({{.*}})] += g[0];
 // CHECK: APE_HD static T score_mod_features(const Ctx &ctx, const T *rf, const T *cf, const T *sf, int64_t i, int64_t j, T s) {
 // CHECK-NOT: ctx.rel
-// CHECK: (rf[0] + cf[0])
+// CHECK: const T [[V:v[0-9]+]] = (rf[0] + cf[0]);
+// CHECK-NEXT: const T [[O:v[0-9]+]] = (s + [[V]]);
+// CHECK-NEXT: return [[O]];
 // CHECK: APE_HD static T score_mod_features_grad(
 // CHECK-NOT: ctx.rel
-// CHECK: drf[0] +=
-// CHECK: dcf[0] +=
+// CHECK: drf[0] += g;
+// CHECK-NEXT: dcf[0] += g;
+// CHECK-NEXT: return g;
 // CHECK: APE_HD static bool features_same(const Ctx &ctx, int64_t d1, int64_t d2) {
 // CHECK: std::max<int64_t>(d1,
 // CHECK: std::max<int64_t>(d2,

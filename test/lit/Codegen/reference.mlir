@@ -27,28 +27,170 @@
 // CHECK: "name": "override_k_b",
 // CHECK: "q_mods": [
 // CHECK: "pairing": "none"
+// The rotation: θ = 10000^(-2k/r) (value 26 the base, 25 the exponent).
+// CHECK: "value": 10000{{$}}
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "math.powf",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 26,
+// CHECK-NEXT: 25{{$}}
 // CHECK: "fraction": 0.5,
 // CHECK-NEXT: "pairing": "interleaved"
 // CHECK: "rel_rows": [],
 // CHECK-NEXT: "scale": 0.5,
+// The score mod op by op (values numbered from the 5 arguments: s, b, h, i, j = 0..4):
+// S_i - S_j, NaN past +inf, -inf beyond the window i - j > 4.
 // CHECK-NEXT: "score_mods": [
-// CHECK: "op": "ape.load",
-// CHECK: "source": {
+// CHECK-NEXT: {
+// CHECK-NEXT: "args": 5,
+// CHECK-NEXT: "ops": [
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "ape.load",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 1,
+// CHECK-NEXT: 2,
+// CHECK-NEXT: 3{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "source": {
 // CHECK-NEXT: "kind": "tokens",
-// CHECK-NEXT: "slot": 2
-// CHECK: "value": "-inf"
-// CHECK: "value": "inf"
-// CHECK: "value": "nan"
-// CHECK: "predicate": "ogt",
-// CHECK: "predicate": "sgt",
+// CHECK-NEXT: "slot": 2{{$}}
+// CHECK-NEXT: },
+// CHECK-NEXT: "type": "f32"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "ape.load",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 1,
+// CHECK-NEXT: 2,
+// CHECK-NEXT: 4{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "source": {
+// CHECK-NEXT: "kind": "tokens",
+// CHECK-NEXT: "slot": 2{{$}}
+// CHECK-NEXT: },
+// CHECK-NEXT: "type": "f32"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.subf",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 5,
+// CHECK-NEXT: 6{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "type": "f32"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.constant",
+// CHECK-NEXT: "operands": [],
+// CHECK-NEXT: "type": "f32",
+// CHECK-NEXT: "value": "-inf"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.constant",
+// CHECK-NEXT: "operands": [],
+// CHECK-NEXT: "type": "f32",
+// CHECK-NEXT: "value": "inf"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.constant",
+// CHECK-NEXT: "operands": [],
+// CHECK-NEXT: "type": "f32",
+// CHECK-NEXT: "value": "nan"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.cmpf",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 7,
+// CHECK-NEXT: 9{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "predicate": "ogt",
+// CHECK-NEXT: "type": "i1"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.select",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 11,
+// CHECK-NEXT: 10,
+// CHECK-NEXT: 7{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "type": "f32"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.constant",
+// CHECK-NEXT: "operands": [],
+// CHECK-NEXT: "type": "index",
+// CHECK-NEXT: "value": 4{{$}}
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.subi",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 3,
+// CHECK-NEXT: 4{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "type": "index"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.cmpi",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 14,
+// CHECK-NEXT: 13{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "predicate": "sgt",
+// CHECK-NEXT: "type": "i1"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.addf",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 0,
+// CHECK-NEXT: 12{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "type": "f32"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "arith.select",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 15,
+// CHECK-NEXT: 8,
+// CHECK-NEXT: 16{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "type": "f32"
+// CHECK-NEXT: }
+// CHECK-NEXT: ],
+// CHECK-NEXT: "yield": [
+// CHECK-NEXT: 17{{$}}
+// CHECK-NEXT: ]
+// CHECK-NEXT: }
+// CHECK-NEXT: ],
+// The token program: the feature, exp, the scan.
 // CHECK: "tokens": [
-// CHECK: "op": "feature"
-// CHECK: "body": {
-// CHECK: "op": "math.exp",
-// CHECK: "input": 0,
+// CHECK-NEXT: {
+// CHECK-NEXT: "feature": 0,
+// CHECK-NEXT: "op": "feature"
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "body": {
+// CHECK-NEXT: "args": 1,
+// CHECK-NEXT: "ops": [
+// CHECK-NEXT: {
+// CHECK-NEXT: "op": "math.exp",
+// CHECK-NEXT: "operands": [
+// CHECK-NEXT: 0{{$}}
+// CHECK-NEXT: ],
+// CHECK-NEXT: "type": "f32"
+// CHECK-NEXT: }
+// CHECK-NEXT: ],
+// CHECK-NEXT: "yield": [
+// CHECK-NEXT: 1{{$}}
+// CHECK-NEXT: ]
+// CHECK-NEXT: },
+// CHECK-NEXT: "input": 0,
 // CHECK-NEXT: "op": "map"
-// CHECK: "input": 1,
+// CHECK-NEXT: },
+// CHECK-NEXT: {
+// CHECK-NEXT: "input": 1,
 // CHECK-NEXT: "op": "scan"
+// CHECK-NEXT: }
+// CHECK-NEXT: ],
 // CHECK: "value_rows": null
 
 ape.encoding @mix attributes {scale = 0.5 : f64} {
