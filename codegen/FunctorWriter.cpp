@@ -578,9 +578,12 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   layout.approxMath = target == FunctorTarget::Cuda;
   const FunctorStyle &st = target == FunctorTarget::Cuda ? kCudaStyle : kCpuStyle;
   // A functor need not read each of its arguments (a q mod its pair partner y, a body no param's
-  // ctx): the sources build free of GCC's -Wextra warnings too, whatever the includer's flags.
+  // ctx), nor a kernel each of its constants (Clang's -Wunused-const-variable, the struct being in
+  // an unnamed namespace): the sources build free of GCC's and Clang's -Wall -Wextra warnings,
+  // whatever the includer's flags.
   os << "#if defined(__GNUC__)\n#pragma GCC diagnostic push\n"
-        "#pragma GCC diagnostic ignored \"-Wunused-parameter\"\n#endif\n";
+        "#pragma GCC diagnostic ignored \"-Wunused-parameter\"\n"
+        "#pragma GCC diagnostic ignored \"-Wunused-const-variable\"\n#endif\n";
   os << "struct Enc {\n";
   os << "  static constexpr int kNumFeatures = " << layout.features.size() << ";\n"
      << "  static constexpr int kNumParams = " << layout.params.size() << ";\n"

@@ -31,7 +31,9 @@ int foldConstantsExactly(Region &region);
 /// schedule, classify.
 /// An ape.encoding or ape.kernel below `module` other than at its top level (in a nested module),
 /// as an error on it: the passes and the emitters take the file's top level only, and would
-/// otherwise lower such an encoding in part. Every ape pass checks this first.
+/// otherwise lower such an encoding in part. And an arith or math op of a type outside the region
+/// language's (dialect/RegionTypes.h: an i32 or f16 body), as apec refuses it where it reads a
+/// spec. Every ape pass checks this first.
 LogicalResult checkTopLevel(ModuleOp module);
 
 /// With `schedule`, the tile sizes ape-schedule records (its defaults otherwise).

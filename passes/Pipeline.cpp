@@ -1,6 +1,10 @@
 //===- Pipeline.cpp - the whole lowering, spec to scheduled kernel --------===//
 #include "passes/Passes.h"
 
+#include "dialect/RegionTypes.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
 
@@ -15,7 +19,14 @@ mlir::LogicalResult mlir::ape::checkTopLevel(ModuleOp module) {
                     "passes and apec take the file's top-level encodings only");
     return WalkResult::interrupt();
   });
-  return failure(nested.wasInterrupted());
+  if (nested.wasInterrupted())
+    return failure();
+  WalkResult types = module.walk([&](Operation *op) {
+    if (isa<arith::ArithDialect, math::MathDialect>(op->getDialect()) && failed(checkRegionTypes(op)))
+      return WalkResult::interrupt();
+    return WalkResult::advance();
+  });
+  return failure(types.wasInterrupted());
 }
 
 void mlir::ape::buildApeLoweringPipeline(OpPassManager &pm, const ApeScheduleOptions &schedule) {

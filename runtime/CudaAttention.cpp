@@ -274,10 +274,11 @@ void cuda_compile_spec(const KernelEntry &entry, at::ScalarType dtype, int64_t h
   v.insert(v.begin(), e);  // the newest library of an encoding (another variant) first
 }
 
-std::string cuda_backward_error(int64_t index) {
-  const auto st = static_cast<uint32_t>(torch_ops::backward_status_cuda(index, /*clear=*/true));
-  return (st & cuda::kStatusErrors) ? cuda::status_message(st) : "";
+at::Tensor cuda_backward_status(int64_t index) {
+  return torch_ops::take_backward_status_async(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
 }
+
+std::string cuda_status_error(uint32_t st) { return (st & cuda::kStatusErrors) ? cuda::status_message(st) : ""; }
 
 int64_t cuda_peak_memory(int64_t index) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
@@ -355,7 +356,8 @@ at::Tensor cuda_decode_forward(const KernelEntry &, const at::Tensor &, const at
   unbuilt();
 }
 CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &) { return {}; }
-std::string cuda_backward_error(int64_t) { return ""; }
+at::Tensor cuda_backward_status(int64_t) { return {}; }
+std::string cuda_status_error(uint32_t) { return ""; }
 std::string cuda_arch(int64_t) { unbuilt(); }
 std::string cuda_device_problem(int64_t) { return ""; }
 void cuda_compile_spec(const KernelEntry &, at::ScalarType, int64_t, const std::string &, std::ostream *) {

@@ -7,8 +7,8 @@
 // gradient returned in its input's dtype; the kernels run on the current CUDA stream of q's device
 // and no call waits for the GPU. The backward's status word (what the deterministic gradient sums
 // could not hold; the gradients it concerns are NaN already) is ORed into a per-device record on
-// the stream, which cuda_backward_error() reads when the caller syncs anyway (the trainer does it
-// with the losses it reads).
+// the stream, which cuda_backward_status() takes without a wait and cuda_status_error() explains
+// once the caller has read it (the trainer reads it with its queued losses, in one copy).
 //
 // Built when CMake found nvcc and a CUDA LibTorch (APE_RUNTIME_CUDA); otherwise every function
 // here says so: cuda_attention_built() is false and the others throw std::runtime_error.
@@ -103,10 +103,13 @@ std::string cuda_device_problem(int64_t index);
 // overrides).
 std::string cuda_arch(int64_t index);
 
-// Why a CUDA attention backward on device `index` failed since the last call (its status word,
-// ape/cuda/kernel_entry.h: a gradient sum that could not be held; those gradients are NaN), or ""
-// when none did. Reading waits for that device's work so far; the record is cleared.
-std::string cuda_backward_error(int64_t index);
+// The CUDA attention backwards' status word on device `index` since the last call (ape/cuda/
+// kernel_entry.h: what a gradient sum could not hold; those gradients are NaN), as an int32 [1]
+// tensor on the device, and the record cleared after it on the current stream. Nothing waits: the
+// caller copies it to the host with whatever else it reads. Undefined without CUDA kernels.
+at::Tensor cuda_backward_status(int64_t index);
+// Why the backwards failed, from a status word read back by the caller, or "" when none did.
+std::string cuda_status_error(uint32_t status);
 
 // The most memory LibTorch's caching allocator held allocated on CUDA device `index` since the
 // process started (bytes; 0 without CUDA kernels). For the training summary.

@@ -861,9 +861,14 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     const CudaSyncDebugScope waits_on_purpose(CudaSyncDebugScope::kOff);
     std::vector<at::Tensor> all;
     for (const auto &p : pending) all.push_back(p.record);
-    const at::Tensor host = at::stack(all).cpu();
+    const int64_t w = all.front().size(0);
+    // The attention backwards' status word rides in the same copy (one wait for the device).
+    const at::Tensor status = device.is_cuda() ? cuda_backward_status(device.index()) : at::Tensor();
+    at::Tensor records = at::stack(all).flatten();
+    if (status.defined()) records = at::cat({records, status.to(at::kDouble)});
+    const at::Tensor host = records.cpu();
     const double *v = host.data_ptr<double>();
-    const int64_t w = host.size(1);
+    const auto status_word = status.defined() ? static_cast<uint32_t>(v[w * int64_t(pending.size())]) : 0u;
     const int64_t first_step = int64_t(state_.losses.size());
     bool any_skipped = false;
     for (size_t i = 0; i < pending.size(); ++i) {
@@ -892,8 +897,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     // What the fixed-point gradient sums of the attention kernels could not hold (the gradients
     // concerned are NaN, so the checks above stop the run first; this names the cause).
     // Under loss scaling an overflow of the sums is one more overflow: its steps were skipped.
-    if (const std::string why = device.is_cuda() ? cuda_backward_error(device.index()) : std::string();
-        !why.empty() && !any_skipped)
+    if (const std::string why = cuda_status_error(status_word); !why.empty() && !any_skipped)
       throw TrainingDiverged(who + "the CUDA attention backward failed by step " + std::to_string(state_.step) +
                              ": " + why + ". Training stopped; " + kept() + ".");
   };

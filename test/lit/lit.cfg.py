@@ -19,3 +19,9 @@ config.substitutions.append(("%ape_src", config.ape_src_root))
 config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(("%ape_templates", os.path.join(config.ape_src_root, "kernels", "include")))
 config.substitutions.append(("%cxx", config.cxx_compiler))
+# Clang, where installed: the emitted sources are checked against its warnings too (REQUIRES: clang).
+import shutil
+_clang = shutil.which("clang++")
+if _clang:
+    config.available_features.add("clang")
+    config.substitutions.append(("%clangxx", _clang))

@@ -1462,7 +1462,7 @@ void attend_rows(const HeadCtx<Real> &ctx, Real scale, const Real *qm, int64_t i
   // full, before a rescale of acc, and at the end: acc's tiles are loaded and stored once a batch
   // instead of once a key tile.
   int64_t pend0 = 0, npend = 0;
-  (void)pend0;
+  (void)pend0, (void)npend;  // used only with AMX
   auto flush = [&] {
 #if APE_CPU_AMX
     if constexpr (std::is_same_v<Real, float>) {

@@ -305,6 +305,18 @@ inline int64_t backward_status_cuda(int64_t index, bool clear) {
   return st;
 }
 
+// The status word of `device` so far, as a copy on the device (int32 [1]), and the record cleared
+// after it on the current stream: nothing waits. For a caller that reads it with other results in
+// one copy (the trainer, with its queued losses) and runs every backward on the current stream (a
+// backward ORing on another stream between the copy and the clear would lose its bits).
+inline at::Tensor take_backward_status_async(const at::Device &device) {
+  const c10::cuda::CUDAGuard guard(device);
+  at::Tensor r = status_record(device);
+  at::Tensor copy = r.clone();
+  r.zero_();
+  return copy;
+}
+
 // Each gradient has its input's dtype (features and params may be float32 with a 16-bit q:
 // ops_impl.h, check_like_q; the runtime's params stay float32 under autocast).
 inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVariant &var,
