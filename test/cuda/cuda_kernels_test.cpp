@@ -159,20 +159,13 @@ Problem make_problem(const CudaKernelEntry &e, int64_t B, int64_t H, int64_t T, 
   p.v = torch::randn({B, H, T, D}, kF64), p.dout = torch::randn({B, H, T, D}, kF64);
   for (int n = 0; n < e.num_features; ++n) p.features.push_back(torch::randn({B, H, T}, kF64));
   p.pinfo = manifest_params(m);
+  // The values every kernel suite uses (kernel_reference.h): biases large enough to matter in bf16,
+  // trainable constants moved off their inits (KERPLE's p != a, FIRE's 512 L inside the sequence).
   for (const ParamInfo &info : p.pinfo) {
-    const auto shape = resolve(info.shape, H, D);
-    const std::string kind = info.init.at("kind");
-    Tensor t;
-    if (kind == "alibi_slopes") t = ape_test::alibi_slopes(H).reshape(shape);
-    else if (kind == "constant") t = torch::full(shape, info.init.at("value").get<double>(), kF64);
-    else if (kind == "ones") t = torch::ones(shape, kF64);
-    else {
-      // ExPE-like per-position terms (suffix _b) scaled so that n b stays O(0.5) at large T.
-      const bool per_position = info.name.size() > 2 &&
-                                info.name.compare(info.name.size() - 2, 2, "_b") == 0;
-      t = torch::randn(shape, kF64) * 0.02 * (per_position ? std::min(1.0, 32.0 / T) : 1.0);
-    }
-    p.params.push_back(t);
+    const std::optional<double> value =
+        info.init.contains("value") ? std::optional<double>(info.init.at("value").get<double>()) : std::nullopt;
+    p.params.push_back(ape_test::test_param_values(info.name, info.init.at("kind"), value, info.trainable,
+                                                   resolve(info.shape, H, D), H, T));
   }
   return p;
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <stdexcept>
 
 namespace ape_test {
@@ -194,6 +195,8 @@ torch::Tensor xpos_zeta(int64_t D, double gamma) {
 
 torch::Tensor xpos_factors(int64_t T, int64_t D, double sign, double gamma, double scale_base) {
   auto zeta = xpos_zeta(D, gamma).repeat_interleave(2);            // [D] (pair c/2)
+  if (zeta.size(0) < D)  // odd D: the last coordinate has no partner, neither rotated nor decayed
+    zeta = torch::cat({zeta, torch::ones({D - zeta.size(0)}, kF64)});
   auto tc = torch::arange(T, kF64) - static_cast<double>(T / 2);   // t - floor(T/2)
   auto expo = sign * tc.unsqueeze(1) / scale_base;                 // [T, 1]
   return torch::exp(expo * torch::log(zeta).unsqueeze(0));         // [T, D]
@@ -226,6 +229,38 @@ torch::Tensor exqpe_shift(const torch::Tensor &x, const torch::Tensor &a, const 
   auto residue_rows = P.index_select(0, torch::remainder(n, l)).permute({1, 0, 2});  // [H, T, D]
   auto term = a.view({1, H, 1, D}) + block * b.view({1, H, 1, D}) + residue_rows.unsqueeze(0);
   return x + sigma.reshape({}) * term;
+}
+
+// ---- the kernel tests' param values -----------------------------------------------------------------
+
+std::optional<double> bias_param_std(const std::string &name) {
+  static const std::map<std::string, double> stds = {
+      {"t5_table", 1.0},   {"fire_w1", 1.0},     {"fire_b1", 0.5},     {"fire_w2", 0.5},
+      {"fire_b2", 0.5},    {"shaw_key", 0.5},    {"shaw_value", 0.5},  {"deberta_c2p", 0.5},
+      {"deberta_p2c", 0.5}, {"xl_rel", 0.5},     {"xl_v", 0.5},        {"xl_u", 0.5}};
+  auto it = stds.find(name);
+  return it == stds.end() ? std::nullopt : std::optional<double>(it->second);
+}
+
+torch::Tensor test_param_values(const std::string &name, const std::string &init,
+                                std::optional<double> init_value, bool trainable,
+                                c10::IntArrayRef shape, int64_t H, int64_t T) {
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  if (init == "alibi_slopes") return alibi_slopes(H).reshape(shape);
+  if (!trainable && init == "constant") {
+    if (!init_value) throw std::invalid_argument("param " + name + ": constant without value");
+    return torch::full(shape, *init_value, f64);
+  }
+  if (!trainable && (init == "zeros" || init == "ones")) return torch::full(shape, init == "ones" ? 1.0 : 0.0, f64);
+  if (trainable && init == "constant") {
+    if (!init_value) throw std::invalid_argument("param " + name + ": constant without value");
+    const double centre = name == "fire_l_mult" ? 0.1 : *init_value;
+    return centre * (1.0 + 0.1 * torch::randn(shape, f64)).abs();
+  }
+  if (const auto std = bias_param_std(name)) return torch::randn(shape, f64) * *std;
+  const bool per_position = name.size() > 2 && name.compare(name.size() - 2, 2, "_b") == 0;
+  const double sigma = 0.02 * (per_position ? std::min(1.0, 32.0 / static_cast<double>(T)) : 1.0);
+  return torch::randn(shape, f64) * sigma;
 }
 
 // ---- ALiBi and the score biases -------------------------------------------------------------------

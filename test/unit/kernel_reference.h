@@ -70,6 +70,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -169,6 +170,28 @@ torch::Tensor exqpe_shift(const torch::Tensor &x, const torch::Tensor &a, const 
 // The standard ALiBi slopes for H heads (powers of two: 2^(-8(h+1)/H); otherwise the slopes of
 // the largest power of two c <= H followed by slopes(2c)[0::2][:H-c]), fp64 [H].
 torch::Tensor alibi_slopes(int64_t H);
+
+// ---- the kernel tests' param values (every suite: the CPU harness, the emulated and GPU suites) ---
+
+// The std of the random values of the bias and relative-position encodings' params: large enough
+// that their terms matter (at the manifests' inits, e.g. N(0, 0.02) tables or FIRE's zero b1,
+// the biases would be negligible or sit on ReLU kinks): T5's table O(1), the relative tables and
+// global biases 0.5 (q . a / sqrt(D) = O(0.5)), FIRE's MLP O(1) with nonzero b1 and b2.
+std::optional<double> bias_param_std(const std::string &name);
+
+// A param's values for a kernel test, fp64 of `shape`, from its manifest entry (name, init kind,
+// init value, trainable) and the sequence length T: ALiBi slopes the standard values (also the
+// learned ones); fixed params (not trainable: "rope_factor", "rope_original_length",
+// "position_scale") their manifest init value (constant -> value, zeros, ones); trainable
+// constant-init params (KERPLE's p and a, FIRE's c) their init value times |1 + 0.1 N(0, 1)|
+// (away from the clamps at 0.01 and 2, and p != a), FIRE's L 0.1 |1 + 0.1 N(0, 1)| (so that
+// 512 L ~ 51 lies inside the tests' sequences: both sides of max(i, 512 L) run, with no integer
+// tie); the bias encodings' other params per bias_param_std; the other params (ExPE's a and b,
+// ExQPE's a, b and P) ~ N(0, 0.02), the per-position ones (suffix _b) scaled by min(1, 32/T) so
+// that n*b stays O(0.5) at T = 1000 instead of swamping q and k. Draws from torch's generator.
+torch::Tensor test_param_values(const std::string &name, const std::string &init,
+                                std::optional<double> init_value, bool trainable,
+                                c10::IntArrayRef shape, int64_t H, int64_t T);
 
 // T5's bucket of a distance n >= 0 (32 buckets, 16 exact, max distance 128), computed in fp64.
 int64_t t5_bucket(int64_t n);

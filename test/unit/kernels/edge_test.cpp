@@ -58,6 +58,15 @@ TEST_P(Edge, TileBoundaries) {
   }
 }
 
+// Odd head dims: a rotation's last coordinate without a partner (passed through), the GEMM's odd
+// remainders, the half-rotation table's odd-D form (cpu/attention.h), against the reference.
+TEST_P(Edge, OddHeadDims) {
+  for (const auto &[T, D] : {std::pair<int64_t, int64_t>{65, 7}, {130, 33}}) {
+    SCOPED_TRACE("T = " + std::to_string(T) + ", D = " + std::to_string(D));
+    check_against_reference(make_problem(GetParam(), 1, 2, T, D, case_seed("odd_" + GetParam(), 1, 2, T, D)));
+  }
+}
+
 // Two runs of forward + backward give bitwise-identical outputs and gradients, and so does a run
 // with one OpenMP thread (the template reduces param gradients in a fixed (b, h) order).
 template <class Real> void determinism(const std::string &enc) {

@@ -115,27 +115,7 @@ bool attach_entry(Problem &p, const std::string &enc) {
 
 }  // namespace
 
-// The std of the random values of the bias and relative-position encodings' params: large enough
-// that their terms matter (at the manifests' inits, e.g. N(0, 0.02) tables or FIRE's zero b1,
-// the biases would be negligible or sit on ReLU kinks): T5's table O(1), the relative tables and
-// global biases 0.5 (q . a / sqrt(D) = O(0.5)), FIRE's MLP O(1) with nonzero b1 and b2.
-std::optional<double> bias_param_std(const std::string &name) {
-  static const std::map<std::string, double> stds = {
-      {"t5_table", 1.0},   {"fire_w1", 1.0},     {"fire_b1", 0.5},     {"fire_w2", 0.5},
-      {"fire_b2", 0.5},    {"shaw_key", 0.5},    {"shaw_value", 0.5},  {"deberta_c2p", 0.5},
-      {"deberta_p2c", 0.5}, {"xl_rel", 0.5},     {"xl_v", 0.5},        {"xl_u", 0.5}};
-  auto it = stds.find(name);
-  return it == stds.end() ? std::nullopt : std::optional<double>(it->second);
-}
-
-// Random inputs: q, k, v, dout, features ~ N(0, 1); ALiBi slopes the standard values (also the
-// learned ones); fixed params (not trainable: "rope_factor", "rope_original_length",
-// "position_scale") their manifest init value (constant -> value, zeros, ones); trainable
-// constant-init params (KERPLE's p and a, FIRE's c and L) their init value times |1 + 0.1 N(0, 1)|
-// (away from the clamps at 0.01 and 2 and, for L, from integer 512 L: no tie in max(i, 512 L));
-// the bias encodings' other params per bias_param_std; the other params (ExPE's a and b, ExQPE's
-// a, b and P) ~ N(0, 0.02), the per-position ones (suffix _b) scaled by min(1, 32/T) so that
-// n*b stays O(0.5) at T = 1000 instead of swamping q and k.
+// Random inputs: q, k, v, dout, features ~ N(0, 1); params by test_param_values (kernel_reference.h).
 Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, int64_t D,
                      uint64_t seed) {
   Problem p;
@@ -149,30 +129,9 @@ Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, in
   p.dout = torch::randn({B, H, T, D}, kF64);
   for (size_t n = 0; n < p.man.features.size(); ++n)
     p.features.push_back(torch::randn({B, H, T}, kF64));
-  for (const ParamInfo &info : p.man.params) {
-    const auto shape = param_shape(info, H, D);
-    Tensor t;
-    if (info.init == "alibi_slopes") {
-      t = ape_test::alibi_slopes(H).reshape(shape);
-    } else if (!info.trainable && info.init == "constant") {
-      if (!info.init_value) ADD_FAILURE() << "param " << info.name << ": constant without value";
-      t = torch::full(shape, info.init_value.value_or(0.0), kF64);
-    } else if (!info.trainable && (info.init == "zeros" || info.init == "ones")) {
-      t = torch::full(shape, info.init == "ones" ? 1.0 : 0.0, kF64);
-    } else if (info.trainable && info.init == "constant") {
-      if (!info.init_value) ADD_FAILURE() << "param " << info.name << ": constant without value";
-      t = info.init_value.value_or(1.0) * (1.0 + 0.1 * torch::randn(shape, kF64)).abs();
-    } else if (const auto std = bias_param_std(info.name)) {
-      t = torch::randn(shape, kF64) * *std;
-    } else {
-      const bool per_position = info.name.size() > 2 &&
-                                info.name.compare(info.name.size() - 2, 2, "_b") == 0;
-      const double sigma =
-          0.02 * (per_position ? std::min(1.0, 32.0 / static_cast<double>(T)) : 1.0);
-      t = torch::randn(shape, kF64) * sigma;
-    }
-    p.params.push_back(t);
-  }
+  for (const ParamInfo &info : p.man.params)
+    p.params.push_back(test_param_values(info.name, info.init, info.init_value, info.trainable,
+                                         param_shape(info, H, D), H, T));
   return p;
 }
 

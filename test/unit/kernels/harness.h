@@ -99,9 +99,8 @@ struct Problem {
   double scale = 0;
 };
 
-// The std of the random values of the bias and relative-position encodings' params (make_problem),
-// none for the other params.
-std::optional<double> bias_param_std(const std::string &name);
+// make_problem's param values: test_param_values and bias_param_std (kernel_reference.h, the rule
+// every kernel suite shares).
 
 // Random inputs of encoding `enc` (make_problem in harness.cpp says which values every input gets).
 Problem make_problem(const std::string &enc, int64_t B, int64_t H, int64_t T, int64_t D,
