@@ -204,7 +204,7 @@ void RegionWriter::define(Operation &op, const std::string &expr) {
 
 LogicalResult RegionWriter::emitOp(Operation &op) {
   // The region language's types (dialect/RegionTypes.h): another would be computed as f32 or int64.
-  if (isa<arith::ArithDialect, math::MathDialect>(op.getDialect()) && failed(checkRegionTypes(&op)))
+  if (isa_and_nonnull<arith::ArithDialect, math::MathDialect>(op.getDialect()) && failed(checkRegionTypes(&op)))
     return failure();
   auto a = [&](unsigned i) { return get(op.getOperand(i)); };
   auto bin = [&](StringRef sym) { return "(" + a(0) + " " + sym.str() + " " + a(1) + ")"; };

@@ -22,7 +22,7 @@ mlir::LogicalResult mlir::ape::checkTopLevel(ModuleOp module) {
   if (nested.wasInterrupted())
     return failure();
   WalkResult types = module.walk([&](Operation *op) {
-    if (isa<arith::ArithDialect, math::MathDialect>(op->getDialect()) && failed(checkRegionTypes(op)))
+    if (isa_and_nonnull<arith::ArithDialect, math::MathDialect>(op->getDialect()) && failed(checkRegionTypes(op)))
       return WalkResult::interrupt();
     return WalkResult::advance();
   });

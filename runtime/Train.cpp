@@ -855,6 +855,13 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       }
     }
   };
+  // What the CUDA attention backwards' status word (read with the losses) says could not be held;
+  // under loss scaling an overflow of the sums is one more overflow, its step skipped.
+  auto check_backward_status = [&](uint32_t word, bool skipped, int64_t by_step) {
+    if (const std::string why = cuda_status_error(word); !why.empty() && !skipped)
+      throw TrainingDiverged(who + "the CUDA attention backward failed by step " + std::to_string(by_step) +
+                             ": " + why + ". Training stopped; " + kept() + ".");
+  };
   // Reads the queued steps (one wait for the device) and checks them in order.
   auto read_pending = [&] {
     if (pending.empty()) return;
@@ -897,9 +904,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
     // What the fixed-point gradient sums of the attention kernels could not hold (the gradients
     // concerned are NaN, so the checks above stop the run first; this names the cause).
     // Under loss scaling an overflow of the sums is one more overflow: its steps were skipped.
-    if (const std::string why = cuda_status_error(status_word); !why.empty() && !any_skipped)
-      throw TrainingDiverged(who + "the CUDA attention backward failed by step " + std::to_string(state_.step) +
-                             ": " + why + ". Training stopped; " + kept() + ".");
+    check_backward_status(status_word, any_skipped, state_.step);
   };
 
   // The clock every rank goes by: this process's, or, data parallel, the ranks' agreed one, taken
@@ -968,6 +973,8 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       const bool skipped = found_inf && found_inf->item<float>() != 0;
       const double gnorm = clip_gradients(impl_->params, cfg.grad_clip).item<double>();
       if (!skipped) check_gnorm(step, l, gnorm, lr_text, true);
+      if (device.is_cuda())  // a step at a time on a GPU (--read-every 1): its status word too
+        check_backward_status(static_cast<uint32_t>(cuda_backward_status(device.index()).item<int32_t>()), skipped, step + 1);
       std::string digest;
       if (step_digest_requested()) {
         digest = "[digest] step " + std::to_string(step + 1) + " batch " + tensor_digest(windows);

@@ -21,6 +21,7 @@ packages=(
   libboost-context-dev                                     # fibers of the SIMT emulator
   libgloo-dev          # Gloo's headers for LibTorch's c10d Gloo header (docs/distributed.md)
   clang libclang-rt-dev                                    # libFuzzer, ASan, UBSan (fuzz/run.sh)
+  libomp-dev           # Clang's omp.h: the emitted sources checked against Clang's warnings (lit)
   python3 python3-venv
   qemu-user                    # the kernels on emulated older CPUs (test/unit/cpu_levels_qemu.sh)
   gnuplot-nox                  # the extrapolation study's plot (scripts/study.sh, docs/study.md)

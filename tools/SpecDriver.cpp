@@ -272,7 +272,7 @@ OwningOpRef<ModuleOp> mlir::ape::parseSpec(llvm::SourceMgr &sourceMgr, MLIRConte
   // place in the file.
   // So are constant param indices (a computed one the kernels clamp; one the passes fold too).
   WalkResult types = module->walk([](Operation *op) {
-    if (isa<arith::ArithDialect, math::MathDialect>(op->getDialect()) && failed(ape::checkRegionTypes(op)))
+    if (isa_and_nonnull<arith::ArithDialect, math::MathDialect>(op->getDialect()) && failed(ape::checkRegionTypes(op)))
       return WalkResult::interrupt();
     if (auto load = dyn_cast<LoadOp>(op); load && failed(checkConstantIndices(load)))
       return WalkResult::interrupt();

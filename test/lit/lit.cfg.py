@@ -19,9 +19,12 @@ config.substitutions.append(("%ape_src", config.ape_src_root))
 config.substitutions.append(("%python", sys.executable))
 config.substitutions.append(("%ape_templates", os.path.join(config.ape_src_root, "kernels", "include")))
 config.substitutions.append(("%cxx", config.cxx_compiler))
-# Clang, where installed: the emitted sources are checked against its warnings too (REQUIRES: clang).
+# Clang, where installed with its OpenMP header (libomp-dev): the emitted sources are checked
+# against its warnings too (REQUIRES: clang).
 import shutil
+import subprocess
 _clang = shutil.which("clang++")
-if _clang:
+if _clang and subprocess.run([_clang, "-fopenmp", "-fsyntax-only", "-x", "c++", "-"], input=b"#include <omp.h>\n",
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
     config.available_features.add("clang")
     config.substitutions.append(("%clangxx", _clang))

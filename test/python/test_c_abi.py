@@ -102,7 +102,7 @@ def strided_like(shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("shape", [(1, 1, 1, 8), (2, 3, 7, 16), (1, 2, 129, 8)],
+@pytest.mark.parametrize("shape", [(1, 1, 1, 8), (2, 3, 7, 16), (1, 2, 129, 8), (1, 2, 65, 7)],
                          ids=lambda s: "B{}H{}T{}D{}".format(*s))
 @pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
 def test_forward_backward_match_reference(encoding, shape, dtype):

