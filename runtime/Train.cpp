@@ -973,7 +973,7 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
       const bool skipped = found_inf && found_inf->item<float>() != 0;
       const double gnorm = clip_gradients(impl_->params, cfg.grad_clip).item<double>();
       if (!skipped) check_gnorm(step, l, gnorm, lr_text, true);
-      if (device.is_cuda())  // a step at a time on a GPU (--read-every 1): its status word too
+      if (device.is_cuda())  // a step at a time on a GPU (read_every = 1): its status word too
         check_backward_status(static_cast<uint32_t>(cuda_backward_status(device.index()).item<int32_t>()), skipped, step + 1);
       std::string digest;
       if (step_digest_requested()) {
