@@ -1822,6 +1822,20 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
       EXPECT_LE(max_err(o.to(torch::kFloat64), fo), o_tol * std::max(1.0, max_abs(fo))) << "o vs the full forward";
       EXPECT_LE(max_err(lse.to(torch::kFloat64), fl), 1e-4 * std::max(1.0, max_abs(fl))) << "lse vs the full forward";
       EXPECT_FALSE(torch::isnan(o).any().item<bool>()) << "o has NaN (not written?)";
+      // And against the independent reference (the fp64 materialised attention over the tokens so
+      // far): the split rows' error at most twice the unsplit forward's, plus a unit of the output
+      // dtype's last place at the rows' largest value (a share's keys dropped or weighed wrongly
+      // shows here where the 1/64 above lets it through).
+      Problem pre = p;
+      pre.T = L0 + n;
+      auto head = [&](const Tensor &t) { return t.narrow(2, 0, L0 + n); };
+      pre.q = head(p.q), pre.k = head(p.k), pre.v = head(p.v), pre.dout = head(p.dout);
+      for (auto &f : pre.features) f = head(f);
+      const Tensor ro = ape_test::reference_attention(p.enc, ref_inputs(pre), Tensor()).o.narrow(2, L0, n);
+      const double split_err = max_err(o.to(torch::kFloat64), ro), full_err = max_err(fo, ro);
+      const double ulp = (var.dtype == DType::BF16 ? 0x1p-8 : 0x1p-11) * max_abs(ro);
+      EXPECT_LE(split_err, 2 * full_err + ulp)
+          << "o vs the reference: the split rows' error " << split_err << ", the unsplit forward's " << full_err;
     }
     L0 += n;
   }
