@@ -217,12 +217,14 @@ class Encoding:
 
 # ---- one method on one shape ----------------------------------------------------------------------
 
-def make_inputs(h, B, H, T, D, dtype, seed, table_std=None):
-    """q, k, v, dout (B, H, T, D), features [(B, H, T)], params {name: tensor} (manifest
-    initialisers; t5's table with std table_std when given, to make the bias matter in checks)."""
+def make_inputs(h, B, H, T, D, dtype, seed, table_std=None, kv_heads=0):
+    """q, dout (B, H, T, D), k, v (B, kv_heads or H, T, D), features [(B, H, T)], params
+    {name: tensor} (manifest initialisers; t5's table with std table_std when given, to make the
+    bias matter in checks)."""
     import torch
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, H, T, D, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    KV = kv_heads or H
+    q, k, v = (torch.randn(B, n, T, D, generator=g).to(dtype).requires_grad_() for n in (H, KV, KV))
     dout = torch.randn(B, H, T, D, generator=g).to(dtype)
     features = [torch.randn(B, H, T, generator=g).to(dtype).requires_grad_() for _ in h.FEATURES]
     init = h.init_params(H, D, dtype=torch.float32, generator=g)
@@ -257,7 +259,7 @@ class Method:
             def step(q, k, v, features, params):
                 q, k = self.e.rotate(q, k)
                 return flex_attention(q, k, v, score_mod=self.e.score_mod(features, params),
-                                      block_mask=self.block_mask)
+                                      block_mask=self.block_mask, enable_gqa=k.shape[1] != q.shape[1])
             self.step = step
             self.compiled = torch.compile(step)
         if enc == "alibi" and method == "sdpa" and any(p["trainable"] for p in h.MANIFEST["params"]):
@@ -294,10 +296,11 @@ class Method:
         if self.method == "flex":
             return self.compiled(q, k, v, features, params) if train != "eager" else self.step(q, k, v, features, params)
         F = torch.nn.functional
+        gqa = k.shape[1] != q.shape[1]  # grouped-query attention (--kv-heads)
         if self.method in ("sdpa", "sdpa-detached"):
             q, k = e.rotate(q, k)
             if e.enc in ("nope", "rope"):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
             if e.enc == "alibi":
                 mask = self.alibi_mask
             else:
@@ -308,9 +311,11 @@ class Method:
                 # 4-D: a 3-D mask sends SDPA to its math kernel
                 mask = bias.expand(q.shape[0], *bias.shape[-3:]) if bias.dim() == 3 else bias
                 mask = mask.masked_fill(e.const("upper"), float("-inf"))
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         # eager: the materialised reference
         q, k = e.rotate(q, k)
+        if gqa:
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))
         s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
         b = e.bias(features, params)
         if b is not None:
@@ -348,7 +353,8 @@ def child(args):
     dtype = getattr(torch, DTYPES[args.dtype])
     lib = torch_library.library_dir(args.work, args.enc)
     h = torch_library.load_helper(lib, args.enc, load=(args.child == "ape"))
-    q, k, v, dout, features, params = make_inputs(h, args.B, args.H, args.T, args.D, dtype, args.seed)
+    q, k, v, dout, features, params = make_inputs(h, args.B, args.H, args.T, args.D, dtype, args.seed,
+                                                  kv_heads=args.kv_heads)
     leaves = leaves_of(q, k, v, features, params)
     detached = ([t.detach() for t in (q, k, v)], [f.detach() for f in features],
                 {n: p.detach() for n, p in params.items()})
@@ -420,7 +426,7 @@ def child_gate(args):
     lib = torch_library.library_dir(args.work, args.enc)
     h = torch_library.load_helper(lib, args.enc, load=True)
     B, T = 2, args.gate_T
-    ref_in = make_inputs(h, B, args.H, T, args.D, torch.float64, args.seed, table_std=0.5)
+    ref_in = make_inputs(h, B, args.H, T, args.D, torch.float64, args.seed, table_std=0.5, kv_heads=args.kv_heads)
     ref = Method("eager", args.enc, h, T, torch.float64)
     ref.prepare(ref_in[4], ref_in[5], args.D)
 
@@ -536,6 +542,8 @@ def main():
     ap.add_argument("--T", default="1024,4096,16384")
     ap.add_argument("--B", default="1,2,4")
     ap.add_argument("--H", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=0,
+                    help="key/value heads, dividing --H (grouped-query attention; 0: --H)")
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -569,6 +577,10 @@ def main():
         [x for x in dtypes if x not in DTYPES]
     if bad or min(Ts + Bs + Ds + [args.H, args.threads, args.min_reps]) < 1:
         sys.exit(f"bad arguments: {bad or 'sizes, --threads and --min-reps must be >= 1'}")
+    if args.kv_heads < 0 or (args.kv_heads and args.H % args.kv_heads):
+        sys.exit(f"bad arguments: --kv-heads {args.kv_heads} must divide --H {args.H}")
+    if args.kv_heads and "ape-runtime" in methods:
+        sys.exit("--kv-heads: ape-runtime (bench/ape-bench-attention) times full heads only")
     if "ape" not in methods:
         sys.exit("--methods must include ape (the ratios are against it)")
     apec = os.path.join(args.build, "tools", "apec")
@@ -592,7 +604,7 @@ def main():
 
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     me = [sys.executable, os.path.abspath(__file__), "--work", args.work, "--threads", str(args.threads),
-          "--H", str(args.H), "--seed", str(args.seed)]
+          "--H", str(args.H), "--kv-heads", str(args.kv_heads), "--seed", str(args.seed)]
     gate = {}
     if not args.skip_gate:
         peers = [m for m in methods if m != "ape-runtime"]
@@ -707,7 +719,8 @@ def report(args, rows, errors, gate, builds, run):
         run["command"],
         "```",
         "",
-        f"Causal, H={args.H}; median of >= {args.min_reps} reps and >= {args.min_time:g} s per process, one "
+        f"Causal, H={args.H}" + (f" reading {args.kv_heads} key/value heads (grouped-query attention)"
+                                 if args.kv_heads else "") + f"; median of >= {args.min_reps} reps and >= {args.min_time:g} s per process, one "
         f"process per measurement. fwd: inference forward (`torch.no_grad`); fwd+bwd: forward with autograd + "
         f"`backward(dout)`. Peak MiB: resident-set high-water mark of one step above the live state before it, "
         f"plus the method's constant tables. Memory budget for materialising methods: {run['budget']:.0f} GiB.",

@@ -19,6 +19,13 @@
 namespace ape {
 namespace {
 
+// Grouped keys and values (H_kv < H heads) repeated to q's heads, for the kernels that take H:
+// the CUDA ones (and the emulated CUDA path). Autograd sums the repeated tensor's gradient back
+// over each group. The CPU kernels read the groups in place (AttnArgs::kv_heads).
+at::Tensor to_query_heads(const at::Tensor &x, const at::Tensor &q) {
+  return x.size(1) == q.size(1) ? x : x.repeat_interleave(q.size(1) / x.size(1), 1);
+}
+
 std::string describe(const at::Tensor &t) {
   if (!t.defined()) return "an undefined tensor";
   std::ostringstream s;
@@ -52,10 +59,13 @@ const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at
   if (!is_fp(q) || q.dim() != 4 || !(q.device().is_cpu() || gpu))
     bad(e, "q must be [B,H,T,D] float32 or float64 on the CPU, or float32, float16 or bfloat16 on a GPU, got " +
                describe(q));
+  // k and v: q's shape, or H_kv heads dividing q's H (grouped-query attention, AttnArgs::kv_heads).
   for (const auto &[name, t] : {std::pair<const char *, const at::Tensor *>{"k", &k}, {"v", &v}}) {
-    if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() ||
-        t->device() != q.device())
-      bad(e, std::string(name) + " must match q (" + describe(q) + "), got " + describe(*t));
+    const bool heads_ok = t->defined() && t->dim() == 4 && t->size(1) >= 1 && q.size(1) % t->size(1) == 0;
+    if (!heads_ok || t->size(0) != q.size(0) || t->size(2) != q.size(2) || t->size(3) != q.size(3) ||
+        t->scalar_type() != q.scalar_type() || t->device() != q.device() || (name[0] == 'v' && t->sizes() != k.sizes()))
+      bad(e, std::string(name) + " must match q (" + describe(q) + ") but for its heads, a divisor of q's" +
+                 (name[0] == 'v' ? ", and k's shape" : "") + ", got " + describe(*t));
   }
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   if (int64_t(features.size()) != m.num_features())
@@ -98,7 +108,7 @@ void run_forward(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k,
   std::vector<const T *> fp, pp;
   for (const auto &f : feats) fp.push_back(f.data_ptr<T>());
   for (const auto &p : params) pp.push_back(p.data_ptr<T>());
-  const AttnArgs<T> a = forward_args<T>({q.size(0), q.size(1), q.size(2), q.size(3)}, scale,
+  const AttnArgs<T> a = forward_args<T>({q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)}, scale,
                                          q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
                                          fp.data(), pp.data(), o.data_ptr<T>(), lse.data_ptr<T>(),
                                          layer.index, layer.count);
@@ -119,7 +129,9 @@ std::pair<at::Tensor, at::Tensor> forward_impl(const KernelEntry &e, const at::T
                                                at::TensorList features, at::TensorList params,
                                                double scale, AttnLayer layer) {
   check_inputs(e, q0, k0, v0, features, params);
-  if (q0.is_cuda()) return cuda_attention_forward(e, q0, k0, v0, features.vec(), params.vec(), scale, 0, layer);
+  if (q0.is_cuda())
+    return cuda_attention_forward(e, q0, to_query_heads(k0, q0), to_query_heads(v0, q0), features.vec(),
+                                  params.vec(), scale, 0, layer);
   at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
   auto feats = contiguous_all(features);
   auto ps = contiguous_all(params);
@@ -155,7 +167,7 @@ AttentionGrads backward_impl(const KernelEntry &e, const at::Tensor &dout0, cons
     for (auto &f : dfeats) dfp.push_back(f.data_ptr<T>());
     for (auto &p : dparams) dpp.push_back(p.data_ptr<T>());
     const AttnArgs<T> a = backward_args(
-        forward_args<T>({q.size(0), q.size(1), q.size(2), q.size(3)}, scale, q.data_ptr<T>(),
+        forward_args<T>({q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)}, scale, q.data_ptr<T>(),
                         k.data_ptr<T>(), v.data_ptr<T>(), fp.data(), pp.data(), o.data_ptr<T>(),
                         lse.data_ptr<T>()),
         dout.data_ptr<T>(), dq.data_ptr<T>(), dk.data_ptr<T>(), dv.data_ptr<T>(), dfp.data(),
@@ -229,8 +241,10 @@ at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const 
       throw std::invalid_argument(inference_only_message(m.encoding));
     return forward_impl(entry, q, k, v, features, params, scale, layer).first;
   }
-  if (q.is_cuda()) return cuda_fused_attention(entry, q, k, v, features, params, scale);
-  if (AttentionImpl impl = g_attention_impl.load()) return impl(entry, q, k, v, features, params, scale);
+  if (q.is_cuda())
+    return cuda_fused_attention(entry, q, to_query_heads(k, q), to_query_heads(v, q), features, params, scale);
+  if (AttentionImpl impl = g_attention_impl.load())
+    return impl(entry, q, to_query_heads(k, q), to_query_heads(v, q), features, params, scale);
   return FusedAttention::apply(q, k, v, at::TensorList(features), at::TensorList(params),
                                static_cast<int64_t>(reinterpret_cast<intptr_t>(&entry)), scale);
 }

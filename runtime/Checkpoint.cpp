@@ -306,7 +306,7 @@ void load_state(LanguageModel &model, const Checkpoint &ckpt, const std::string 
     if (s->dtype != at::kFloat || at::IntArrayRef(s->shape) != t.sizes())
       throw fail("tensor '" + name + "' has shape " + shape_str(s->shape) + " " +
                  std::string(c10::toString(s->dtype)) + ", the model expects " + shape_str(t.sizes()) +
-                 " Float (different --d-model/--heads/--layers/vocab?)");
+                 " Float (different --d-model/--heads/--kv-heads/--layers/vocab?)");
     copies.emplace_back(t, s);
   }
   // Values no model computes with, checked in the file before anything is copied (a refused file

@@ -36,18 +36,28 @@ void ModelConfig::validate() const {
   if (d_model % heads != 0)
     throw std::invalid_argument("--d-model (" + std::to_string(d_model) + ") must be divisible by --heads (" +
                                 std::to_string(heads) + ")");
+  if (kv_heads != 0) {
+    require_in("--kv-heads", kv_heads, 1, heads);
+    if (heads % kv_heads != 0)
+      throw std::invalid_argument("--heads (" + std::to_string(heads) + ") must be a multiple of --kv-heads (" +
+                                  std::to_string(kv_heads) + ")");
+  }
   require_in("mlp_mult", mlp_mult, 1, 64);
   require_in("init_std", init_std, 0.0, 1.0, /*open_low=*/true);
 }
 
 int64_t ModelConfig::min_elements() const {
-  // Embedding (vocab x d), per block W_q, W_k, W_v, W_o (4 d²) and the MLP (2·mlp_mult·d²).
-  return vocab * d_model + layers * (4 + 2 * mlp_mult) * d_model * d_model;
+  // Embedding (vocab x d), per block W_q, W_o (2 d²), W_k, W_v (2 d·H_kv·D) and the MLP
+  // (2·mlp_mult·d²).
+  const int64_t kv_width = key_heads() * head_dim();
+  return vocab * d_model + layers * ((2 + 2 * mlp_mult) * d_model * d_model + 2 * d_model * kv_width);
 }
 
 nlohmann::json ModelConfig::to_json() const {
-  return {{"encoding", encoding}, {"vocab", vocab},       {"d_model", d_model}, {"layers", layers},
-          {"heads", heads},       {"mlp_mult", mlp_mult}, {"init_std", init_std}};
+  nlohmann::json j = {{"encoding", encoding}, {"vocab", vocab},       {"d_model", d_model}, {"layers", layers},
+                      {"heads", heads},       {"mlp_mult", mlp_mult}, {"init_std", init_std}};
+  if (key_heads() != heads) j["kv_heads"] = kv_heads;  // absent: every head its own keys
+  return j;
 }
 
 ModelConfig ModelConfig::from_json(const nlohmann::json &j) {
@@ -58,6 +68,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json &j) {
     c.d_model = j.at("d_model").get<int64_t>();
     c.layers = j.at("layers").get<int64_t>();
     c.heads = j.at("heads").get<int64_t>();
+    c.kv_heads = j.value("kv_heads", int64_t{0});
     c.mlp_mult = j.value("mlp_mult", int64_t{4});
     c.init_std = j.value("init_std", 0.02);
   } catch (const nlohmann::json::exception &e) {
@@ -100,7 +111,7 @@ EncodedAttentionImpl::EncodedAttentionImpl(const KernelEntry &entry, const Model
                                            std::vector<torch::Tensor> shared, int64_t layer)
     : entry_(&entry), manifest_(&manifest_of(entry)), cfg_(cfg), layer_(layer) {
   const Manifest &m = *manifest_;
-  const int64_t d = cfg.d_model, H = cfg.heads, D = cfg.head_dim();
+  const int64_t d = cfg.d_model, H = cfg.heads, D = cfg.head_dim(), KV = cfg.key_heads();
   auto linear = [&](const char *name, int64_t in, int64_t out, bool bias, double std) {
     auto l = register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
     torch::NoGradGuard g;
@@ -109,8 +120,8 @@ EncodedAttentionImpl::EncodedAttentionImpl(const KernelEntry &entry, const Model
     return l;
   };
   wq = linear("wq", d, d, false, cfg.init_std);
-  wk = linear("wk", d, d, false, cfg.init_std);
-  wv = linear("wv", d, d, false, cfg.init_std);
+  wk = linear("wk", d, KV * D, false, cfg.init_std);
+  wv = linear("wv", d, KV * D, false, cfg.init_std);
   wo = linear("wo", d, d, true, cfg.init_std / std::sqrt(2.0 * cfg.layers));
 
   check_model_width(m, d);
@@ -196,18 +207,18 @@ EncodedAttentionImpl::Inputs EncodedAttentionImpl::inputs(const torch::Tensor &x
   const Manifest &m = *manifest_;
   const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
   const auto &ov = m.override_;
-  auto heads = [&](const torch::Tensor &t) {  // (B, T, d) -> (B, H, T, D)
-    return t.view({B, T, H, D}).transpose(1, 2).contiguous();
+  auto heads = [&](const torch::Tensor &t) {  // (B, T, n·D) -> (B, n, T, D)
+    return t.view({B, T, t.size(2) / D, D}).transpose(1, 2).contiguous();
   };
   Inputs in;
   in.q = heads(project(xn, wq, ov && ov->q));
-  in.k = heads(project(xn, wk, ov && ov->k));
+  in.k = heads(project(xn, wk, ov && ov->k));  // (B, H_kv, T, D)
   torch::Tensor v_lin = project(xn, wv, ov && ov->v);
   if (ov && ov->v) {
     // The value projection of the overridden input (σ·p_n, x̃[..., l:]): the tail part above plus
     // (σ·p_n) W_v[:, :l]ᵀ, the same for every batch row.
     torch::Tensor pos = override_positions(pos0 + T, xn.scalar_type()).narrow(0, pos0, T);  // (T, l)
-    v_lin = v_lin + torch::matmul(pos, wv->weight.narrow(1, 0, ov->l).t()).unsqueeze(0);  // + (1, T, d)
+    v_lin = v_lin + torch::matmul(pos, wv->weight.narrow(1, 0, ov->l).t()).unsqueeze(0);  // + (1, T, H_kv·D)
   }
   in.v = heads(v_lin);
   if (wf) {  // (B, T, nf·H) -> nf x (B, H, T)
@@ -231,6 +242,10 @@ torch::Tensor EncodedAttentionImpl::forward_cached(const torch::Tensor &xn, Laye
   torch::NoGradGuard no_grad;
   const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
   Inputs in = inputs(xn, pos0);
+  if (in.k.size(1) != H) {  // grouped keys: the decode caches hold each query head's (docs/decoding.md)
+    in.k = in.k.repeat_interleave(H / in.k.size(1), 1);
+    in.v = in.v.repeat_interleave(H / in.v.size(1), 1);
+  }
   torch::Tensor o = decode_attention(*entry_, cache, capacity, in.q, in.k, in.v, in.feats,
                                      kernel_params(), manifest_->scale_for(D),
                                      AttnLayer{layer_, cfg_.layers});

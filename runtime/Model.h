@@ -6,8 +6,10 @@
 //   LN -> logits (B, T, V) = x · Eᵀ                 output tied to the embedding
 //   loss: mean cross-entropy; on the CPU by chunks of rows, never the (B·T, V) logits (LmLoss.h)
 //
-// Attention in each block (x̃ = LN(x), H heads of width D = d/H):
-//   q, k, v = x̃ W_q ᵀ, x̃ W_k ᵀ, x̃ W_v ᵀ             (B, T, d) -> (B, H, T, D); no bias
+// Attention in each block (x̃ = LN(x), H heads of width D = d/H, H_kv key heads):
+//   q, k, v = x̃ W_q ᵀ, x̃ W_k ᵀ, x̃ W_v ᵀ             (B, T, d) -> (B, H, T, D); no bias; k and v
+//                                                  (B, H_kv, T, D), W_k and W_v (H_kv·D, d): with
+//                                                  H_kv < H grouped-query attention (AttnArgs::kv_heads)
 //   with a manifest override {l, targets}: target = x̃[..., l:] W[:, l:]ᵀ (the first l inputs are
 //   replaced by positions; their contribution arrives through projection_term/_prefix params);
 //   with targets "qkv" the value projection reads the overridden input (σ·p_n, x̃[..., l:]) itself
@@ -49,10 +51,12 @@ struct ModelConfig {
   int64_t d_model = 128;
   int64_t layers = 2;
   int64_t heads = 4;
+  int64_t kv_heads = 0;  // heads of k and v (--kv-heads): 0 = heads; else a divisor of heads
   int64_t mlp_mult = 4;
   double init_std = 0.02;
 
   int64_t head_dim() const { return d_model / heads; }
+  int64_t key_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   void validate() const;  // throws std::invalid_argument naming the option, its range and the value
   // The elements of the embedding, the attention projections and the MLPs: a lower bound of the
   // model's size, known before anything is allocated (a checkpoint must hold at least this many).

@@ -319,6 +319,10 @@ train_stage() {  # dir suite_build logs python jobs
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \
     --data "$dir/src/data/pg30" --cache-dir "$cache" --device cuda --out "$out/gpu-params" || rc=1
+  # Grouped-query attention (--kv-heads; k and v repeated to the query heads for the CUDA
+  # kernels, their gradients summed by autograd): 20 steps on the GPU, then generation.
+  step gpu-kv-heads "$bin/ape-train" -e rope --heads 4 --kv-heads 2 --steps 20 --eval-multiples 1 --eval-tokens 2048 \
+    --data "$dir/src/data/pg30" --cache-dir "$cache" --device cuda --out "$out/gpu-kv-heads" || rc=1
   # One rank of data parallel on NCCL: its steps are queued too (the mean loss stays on the GPU).
   APE_CUDA_SYNC_DEBUG=warn step nccl "$bin/ape-train" -e rope --steps 20 --eval-multiples 1 --eval-tokens 2048 --data "$dir/src/data/pg30" \
     --cache-dir "$cache" --device cuda --rank 0 --world-size 1 --master-addr 127.0.0.1 --master-port 29561 \

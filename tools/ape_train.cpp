@@ -145,7 +145,9 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
   ape::TrainSampler sampler(corpus.train(), tc.seed);
   ape::Trainer trainer(model, sampler, tc);
   std::cout << "\n[" << name << "] " << model->num_parameters() << " parameters; d " << cfg.d_model << ", "
-            << cfg.layers << " layers, " << cfg.heads << " heads, L " << tc.seq_len << ", batch " << tc.batch;
+            << cfg.layers << " layers, " << cfg.heads << " heads";
+  if (cfg.key_heads() != cfg.heads) std::cout << " (" << cfg.key_heads() << " key/value)";
+  std::cout << ", L " << tc.seq_len << ", batch " << tc.batch;
   if (dp) std::cout << " x " << tc.world_size << " ranks";
   std::cout << ", budget " << budget << "; " << device.str() << "\n";
   if (dp) trainer.distribute(*dp);
@@ -426,6 +428,10 @@ static int tool_main(int argc, char **argv) {
   run_option(app.add_option("--d-model", mc.d_model, "Model width d, in [1, 65536]")->capture_default_str());
   run_option(app.add_option("--layers", mc.layers, "Number of blocks, in [1, 1024]")->capture_default_str());
   run_option(app.add_option("--heads", mc.heads, "Attention heads, in [1, d-model], dividing d-model")->capture_default_str());
+  run_option(app.add_option("--kv-heads", mc.kv_heads,
+                            "Key/value heads, dividing --heads: fewer than --heads is grouped-query attention\n"
+                            "(1: multi-query); 0 = --heads")
+                 ->capture_default_str());
   run_option(app.add_option("--vocab", mc.vocab, "SentencePiece BPE vocabulary size, in [300, 65535]")->capture_default_str());
   run_option(app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay), in (0, 10]")->capture_default_str());
   run_option(app.add_option("--warmup", tc.warmup_steps, "Linear warmup steps, in [0, 10^9] (at most steps/5 with --steps)")->capture_default_str());
@@ -675,6 +681,7 @@ static int tool_main(int argc, char **argv) {
         for (auto [opt, given, has] : {std::tuple{"--d-model", mc.d_model, from.d_model},
                                        std::tuple{"--layers", mc.layers, from.layers},
                                        std::tuple{"--heads", mc.heads, from.heads},
+                                       std::tuple{"--kv-heads", mc.key_heads(), from.key_heads()},
                                        std::tuple{"--vocab", mc.vocab, from.vocab}})
           if (app.count(opt) && given != has)
             throw std::invalid_argument(std::string(opt) + " " + std::to_string(given) + " differs from the model of " +

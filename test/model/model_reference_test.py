@@ -19,10 +19,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checkpoint  # noqa: E402
 import token_cache  # noqa: E402
-from reference import MUTATIONS, Reference  # noqa: E402
+from reference import KV_MUTATIONS, MUTATIONS, Reference  # noqa: E402
 
+# NAME@kvN: the encoding with 4 heads reading N key/value heads (--kv-heads: grouped-query
+# attention; ExPE's params then derived from a grouped W_k).
 ENCODINGS = ["nope", "rope", "alibi", "t5", "cable", "expe", "sinusoidal", "learned_absolute", "fire",
-             "forget_gate", "xpos"]
+             "forget_gate", "xpos", "rope@kv2", "expe@kv2"]
 TOLERANCE = 1e-6
 TINY = ["--steps", "30", "--seq-len", "32", "--batch", "4", "--d-model", "32", "--layers", "2",
         "--heads", "2", "--vocab", "4096", "--warmup", "5", "--lr", "3e-3", "--seed", "1"]
@@ -96,10 +98,15 @@ def main():
     torch.set_num_threads(1)
     books = None
     failures = []
-    for enc in encodings:
+    for variant in encodings:
         t0 = time.time()
-        out = os.path.join(work, enc)
-        run([train, "-e", enc, *TINY, "--out", out, "--cache-dir", cache, *EVAL], out + ".train.log")
+        enc, _, kv = variant.partition("@kv")
+        tiny = TINY
+        if kv:
+            i = TINY.index("--heads")
+            tiny = TINY[:i] + ["--heads", "4", "--kv-heads", kv] + TINY[i + 2:]
+        out = os.path.join(work, variant.replace("@", "_"))
+        run([train, "-e", enc, *tiny, "--out", out, "--cache-dir", cache, *EVAL], out + ".train.log")
         ckpt = os.path.join(out, enc + ".ckpt")
         if books is None:  # the test split of the tokenizer the run used
             key = os.path.basename(checkpoint.read(ckpt)[1]["data"]["tokenizer"]).rsplit("_", 1)[1].split(".")[0]
@@ -109,14 +116,14 @@ def main():
         stressed(ckpt, stress)
         run([evaluate, "-c", stress, "--cache-dir", cache, *EVAL, "--csv", stress + ".csv"], out + ".eval.log")
         worst = compare(stress, stress + ".csv", books)
-        line = f"{enc:17s} trained {trained:.1e}  random weights {worst:.1e}"
+        line = f"{variant:17s} trained {trained:.1e}  random weights {worst:.1e}"
         if max(trained, worst) > TOLERANCE:
-            failures.append(f"{enc}: the reference differs by {max(trained, worst):.1e} relative")
-        for m in MUTATIONS.get(enc, []):
+            failures.append(f"{variant}: the reference differs by {max(trained, worst):.1e} relative")
+        for m in (KV_MUTATIONS if kv else MUTATIONS.get(enc, [])):
             caught = compare(stress, stress + ".csv", books, [m])
             line += f"  {m} {caught:.1e}"
             if caught <= TOLERANCE:
-                failures.append(f"{enc}: the planted error {m} moves the loss by only {caught:.1e}: "
+                failures.append(f"{variant}: the planted error {m} moves the loss by only {caught:.1e}: "
                                 "the comparison could not see it")
         print(f"{line}  ({time.time() - t0:.0f} s)", flush=True)
     if failures:

@@ -15,6 +15,9 @@ MUTATIONS = {"nope": ["ln_eps", "gelu_tanh"], "rope": ["rope_pairing"], "alibi":
              "t5": ["t5_shift"], "cable": ["cable_sign", "scan_exclusive"], "fire": ["fire_no_l_mult"],
              "expe": ["expe_no_column"], "learned_absolute": ["wpe_shift"], "sinusoidal": ["sin_concat"],
              "forget_gate": ["scan_exclusive"], "xpos": ["xpos_no_scale"]}
+# Planted in the runs with grouped keys (--kv-heads): the groups tiled (head h reads key head
+# h mod H_kv) instead of consecutive (h // (H / H_kv)).
+KV_MUTATIONS = ["kv_tiled"]
 
 
 def alibi_slopes(heads):
@@ -50,6 +53,7 @@ class Reference:
         self.enc = encoding
         self.vocab, self.d, self.layers, self.heads = m["vocab"], m["d_model"], m["layers"], m["heads"]
         self.dh = self.d // self.heads
+        self.kv_heads = m.get("kv_heads", self.heads)  # fewer: grouped-query attention
         self.w = {k: torch.as_tensor(v).to(F64) for k, v in tensors.items() if not k.startswith("train/")}
         self.mut = set(mutations)
 
@@ -130,10 +134,13 @@ class Reference:
                 n = n + torch.arange(l, dtype=F64)[None, :]
             sigma = self.w[pre + ".position_scale"].reshape(()) if pre + ".position_scale" in self.w else 1.0
             x_qk = torch.cat([(sigma * theta * n)[None].expand(B, T, l), xn[..., l:]], dim=-1)
-        heads = lambda z: z.view(B, T, self.heads, self.dh).transpose(1, 2)
-        q = heads(self.linear(x_qk, pre + ".wq", False))
-        k = heads(self.linear(x_qk, pre + ".wk", False))
-        v = heads(self.linear(xn, pre + ".wv", False))
+        heads = lambda z, n: z.view(B, T, n, self.dh).transpose(1, 2)
+        q = heads(self.linear(x_qk, pre + ".wq", False), self.heads)
+        k = heads(self.linear(x_qk, pre + ".wk", False), self.kv_heads)
+        v = heads(self.linear(xn, pre + ".wv", False), self.kv_heads)
+        if self.kv_heads != self.heads:  # query head h reads key head h // (H / H_kv)
+            g = self.heads // self.kv_heads
+            k, v = ((z.repeat(1, g, 1, 1) if "kv_tiled" in self.mut else z.repeat_interleave(g, 1)) for z in (k, v))
         pos = torch.arange(T, dtype=F64)
         if self.enc == "rope":
             pairing = "interleaved" if "rope_pairing" in self.mut else "half"

@@ -23,7 +23,8 @@ class Args(ctypes.Structure):  # ape_<enc>_args (ape_<enc>.h): the same layout f
                 ("features", ctypes.POINTER(Tensor)), ("params", ctypes.POINTER(ctypes.c_void_p)),
                 ("o", Tensor), ("lse", ctypes.c_void_p),
                 ("dout", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
-                ("dfeatures", ctypes.POINTER(Tensor)), ("dparams", ctypes.POINTER(ctypes.c_void_p))]
+                ("dfeatures", ctypes.POINTER(Tensor)), ("dparams", ctypes.POINTER(ctypes.c_void_p)),
+                ("kv_heads", ctypes.c_int64)]
 
 
 class LayerArgs(ctypes.Structure):  # an inference-only encoding's args: the same, then the layer
@@ -65,7 +66,7 @@ class Call:
     def __init__(self, q, k, v, features, params, scale, strided=True, args=None):
         self.keep = []
         B, H, T, D = q.shape
-        self.args = (args or Args)(B=B, H=H, T=T, D=D, scale=scale)
+        self.args = (args or Args)(B=B, H=H, T=T, D=D, scale=scale, kv_heads=0 if k.shape[1] == H else k.shape[1])
         self.args.q, self.args.k, self.args.v = self.view(q, strided), self.view(k, strided), self.view(v, strided)
         self.args.features = self.views(features, strided)
         self.args.params = self.pointers(params)
@@ -138,6 +139,46 @@ def test_forward_backward_match_reference(encoding, shape, dtype):
     for i, n in enumerate(names):  # a fixed param gets zeros
         if not params[n].requires_grad:
             assert (dparams[i] == 0).all(), n
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
+def test_grouped_queries_match_reference(encoding, dtype):
+    """kv_heads < H (grouped-query attention; 1: multi-query): k, v, dk, dv [B, kv_heads, T, D],
+    against the reference over k and v repeated to H heads (autograd sums the groups)."""
+    B, H, T, D = 2, 4, 37, 8
+    suffix = "f64" if dtype == torch.float64 else "f32"
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D, torch.float64, seed=3)
+    names = helper(encoding).PARAMS
+    for kv in (2, 1):
+        kg, vg = (t.detach()[:, :kv].clone().requires_grad_() for t in (k, v))
+        dout = torch.randn(B, H, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(kv))
+        o_ref = reference.attention(encoding, q, kg.repeat_interleave(H // kv, 1), vg.repeat_interleave(H // kv, 1),
+                                    features, params)
+        xs = [q, kg, vg, *features, *[params[n] for n in names if params[n].requires_grad]]
+        grads_ref = torch.autograd.grad(o_ref, xs, dout)
+        cast = lambda t: t.detach().to(dtype).contiguous()
+        c = Call(cast(q), cast(kg), cast(vg), [cast(f) for f in features], [cast(params[n]) for n in names],
+                 1.0 / math.sqrt(D))
+        assert c.args.kv_heads == kv
+        o, lse = torch.zeros(B, H, T, D, dtype=dtype), torch.zeros(B, H, T, dtype=dtype)
+        c.args.o, c.args.lse = c.view(o), lse.data_ptr()
+        assert fn(encoding, "forward_" + suffix)(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
+        atol = 1e-10 if dtype == torch.float64 else 2e-5
+        close(o, o_ref, f"o (kv_heads {kv})", atol=atol, rtol=atol)
+        dq, dk, dv = torch.zeros(B, H, T, D, dtype=dtype), *(torch.zeros(B, kv, T, D, dtype=dtype) for _ in range(2))
+        dfeat = [torch.zeros(B, H, T, dtype=dtype) for _ in features]
+        dparams = [torch.zeros_like(cast(params[n])) for n in names]
+        c.args.dout = c.view(cast(dout))
+        c.args.dq, c.args.dk, c.args.dv = c.view(dq), c.view(dk), c.view(dv)
+        c.args.dfeatures, c.args.dparams = c.views(dfeat), c.pointers(dparams)
+        assert fn(encoding, "backward_" + suffix)(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
+        got = [dq, dk, dv, *dfeat, *[dparams[i] for i, n in enumerate(names) if params[n].requires_grad]]
+        for i, (g, g_ref) in enumerate(zip(got, grads_ref)):
+            close(g, g_ref, f"gradient {i} (kv_heads {kv})", atol=10 * atol, rtol=10 * atol)
+    c.args.kv_heads = 3  # not a divisor of H = 4
+    assert fn(encoding, "forward_f64")(ctypes.byref(c.args)) == APE_ERROR_INVALID_SHAPE
+    assert b"kv_heads must be 0 (= H) or a divisor of H, got kv_heads=3 H=4" in fn(encoding, "last_error")()
 
 
 @pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
@@ -225,7 +266,7 @@ def test_status_codes_and_messages(encoding):
 @pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
 def test_queries(encoding):
     h = helper(encoding)
-    assert fn(encoding, "abi_version")() == 1
+    assert fn(encoding, "abi_version")() == 2
     assert json.loads(fn(encoding, "manifest")().decode()) == h.MANIFEST
     assert fn(encoding, "default_scale")(16) == pytest.approx(h.default_scale(16))
     assert math.isnan(fn(encoding, "default_scale")(0))

@@ -28,16 +28,19 @@ extern "C" {
 typedef struct ape_@NAME@_args {
   int64_t B, H, T, D;          /* batch, heads, tokens (>= 0), head dim (>= 1) */
   double scale;                /* logit scale; ape_@NAME@_default_scale(D) is the spec's */
-  ape_tensor q, k, v;          /* [B, H, T, D] */
+  ape_tensor q, k, v;          /* [B, H, T, D]; k, v [B, kv_heads, T, D] when grouped */
   const ape_tensor *features;  /* APE_@UNAME@_NUM_FEATURES views [B, H, T] (NULL when 0) */
   const void *const *params;   /* APE_@UNAME@_NUM_PARAMS contiguous arrays (NULL when 0) */
   ape_tensor o;                /* [B, H, T, D]: written by forward */
   void *lse;                   /* [B, H, T] contiguous: written by forward */
   ape_tensor dout;             /* [B, H, T, D]: dLoss/do (backward) */
-  ape_tensor dq, dk, dv;       /* [B, H, T, D]: written by backward */
+  ape_tensor dq, dk, dv;       /* [B, H, T, D] (dk, dv as k): written by backward */
   const ape_tensor *dfeatures; /* APE_@UNAME@_NUM_FEATURES views [B, H, T]: written by backward */
   void *const *dparams;        /* APE_@UNAME@_NUM_PARAMS contiguous arrays: written by backward
                                   (zeros for a param that is not trainable) */
+  int64_t kv_heads;            /* heads of k, v, dk and dv: 0 (= H), or a divisor of H for
+                                  grouped-query attention ([B, kv_heads, T, D]; query head h
+                                  reads key head h / (H / kv_heads); dk, dv summed per group) */
 @LAYER_FIELDS@} ape_@NAME@_args;
 
 /* The kernels. Each returns APE_OK or an ape_status (then nothing is guaranteed about the

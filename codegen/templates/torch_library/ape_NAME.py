@@ -162,7 +162,9 @@ def derived_params(weights, heads, head_dim):
     projection_term is (W[:, :columns] @ u).view(heads, head_dim), u_j = start + step * j; a
     projection_prefix is P[r] = scale * sum_{j<=r} W[:, j], [columns, heads, head_dim]. The result
     carries autograd to W (detached when the param is not trainable). With such params the
-    manifest's "override" says that q/k(/v) must be projected from x[..., l:] through W[:, l:]."""
+    manifest's "override" says that q/k(/v) must be projected from x[..., l:] through W[:, l:].
+    Grouped-query attention: W_k and W_v may have kv_heads*head_dim rows (heads a multiple of
+    kv_heads); their params are computed per key head and repeated to the query heads of each group."""
     ops = load()
     tensors = ops.derived_params(weights.get("q"), weights.get("k"), weights.get("v"),
                                  heads=heads, head_dim=head_dim)
@@ -172,7 +174,8 @@ def derived_params(weights, heads, head_dim):
 def attention(q, k, v, features=(), params=None, scale=None, layer=None, num_layers=None):
     """ops.attention with the features in order and the params as a dict by name (or a
     sequence in order); layer and num_layers for an INFERENCE_ONLY encoding (both required there,
-    refused elsewhere)."""
+    refused elsewhere). q is [B, H, T, D]; k and v [B, H_kv, T, D] with H a multiple of H_kv
+    (grouped-query attention when H_kv < H, as scaled_dot_product_attention(enable_gqa=True))."""
     ops = load()
     if INFERENCE_ONLY and (layer is None or num_layers is None):
         raise ValueError(f"ape_{ENCODING}.attention: an attention transition needs layer= and num_layers= "

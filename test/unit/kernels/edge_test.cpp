@@ -67,6 +67,20 @@ TEST_P(Edge, OddHeadDims) {
   }
 }
 
+// Grouped-query attention (AttnArgs::kv_heads): k and v of 2 heads (groups of 2) and of 1 (one
+// group of 4, multi-query), every trainable encoding's mods, features and params per query head,
+// against the reference over k and v repeated to H heads (dk, dv summed per group), fp32 and fp64.
+TEST_P(Edge, GroupedQueries) {
+  const int64_t B = 2, H = 4, T = 70, D = 16;
+  const Problem p = make_problem(GetParam(), B, H, T, D, case_seed("gqa_" + GetParam(), B, H, T, D));
+  ASSERT_NE(p.entry, nullptr);
+  for (int64_t kv : {2, 1}) {
+    SCOPED_TRACE("kv_heads = " + std::to_string(kv));
+    check_against_reference(grouped_queries(p, kv));
+  }
+  expect_deterministic<float>(grouped_queries(p, 1), 0);  // the group sums' fixed order
+}
+
 // Two runs of forward + backward give bitwise-identical outputs and gradients, and so does a run
 // with one OpenMP thread (the template reduces param gradients in a fixed (b, h) order).
 template <class Real> void determinism(const std::string &enc) {

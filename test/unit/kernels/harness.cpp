@@ -180,9 +180,19 @@ Problem with_encoding(const Problem &p, const std::string &enc) {
   return r;
 }
 
+Problem grouped_queries(const Problem &p, int64_t kv_heads) {
+  Problem r = p;
+  r.k = p.k.narrow(1, 0, kv_heads).contiguous().clone();
+  r.v = p.v.narrow(1, 0, kv_heads).contiguous().clone();
+  return r;
+}
+
 RefInputs ref_inputs(const Problem &p) {
   RefInputs in;
-  in.q = p.q, in.k = p.k, in.v = p.v, in.features = p.features, in.scale = p.scale;
+  const int64_t group = p.H / kv_heads_of(p);
+  in.q = p.q, in.features = p.features, in.scale = p.scale;
+  in.k = group > 1 ? p.k.repeat_interleave(group, 1) : p.k;
+  in.v = group > 1 ? p.v.repeat_interleave(group, 1) : p.v;
   for (size_t n = 0; n < p.params.size(); ++n) {
     in.params[p.man.params[n].name] = p.params[n];
     if (p.man.params[n].trainable) in.trainable.push_back(p.man.params[n].name);
@@ -290,8 +300,16 @@ uint64_t case_seed(const std::string &enc, int64_t B, int64_t H, int64_t T, int6
 }
 
 // Runs fp32 and fp64 kernels on a problem and compares both with one reference.
+void grouped_reference_grads(const Problem &p, RefOutputs &ref) {
+  const int64_t kv = kv_heads_of(p), group = p.H / kv;
+  if (group == 1) return;
+  auto sum = [&](const Tensor &t) { return t.view({p.B, kv, group, p.T, p.D}).sum(2); };
+  ref.dk = sum(ref.dk), ref.dv = sum(ref.dv);
+}
+
 void check_against_reference(const Problem &p) {
-  const RefOutputs ref = ape_test::reference_attention(p.enc, ref_inputs(p), p.dout);
+  RefOutputs ref = ape_test::reference_attention(p.enc, ref_inputs(p), p.dout);
+  grouped_reference_grads(p, ref);
   {
     SCOPED_TRACE("fp32 kernel");
     KernelCall<float> kc(p);

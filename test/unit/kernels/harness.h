@@ -93,7 +93,7 @@ struct Problem {
   const ape::KernelEntry *entry = nullptr;
   Manifest man;
   int64_t B = 0, H = 0, T = 0, D = 0;
-  Tensor q, k, v, dout;               // [B, H, T, D]
+  Tensor q, k, v, dout;               // [B, H, T, D]; k, v [B, KV, T, D] (grouped_queries)
   std::vector<Tensor> features;       // [B, H, T] each, manifest order
   std::vector<Tensor> params;         // manifest order and shapes
   double scale = 0;
@@ -115,8 +115,16 @@ void set_fixed_params(Problem &p, const std::map<std::string, double> &values);
 Problem prefix(const Problem &p, int64_t T);
 // p with another encoding's kernel (same inputs; the other manifest must take the same params).
 Problem with_encoding(const Problem &p, const std::string &enc);
-// The reference's inputs for p.
+// p with k and v of `kv_heads` heads (the first of p's; AttnArgs::kv_heads), each shared by
+// H / kv_heads query heads.
+Problem grouped_queries(const Problem &p, int64_t kv_heads);
+// Heads of p's k and v (H unless grouped_queries made it).
+inline int64_t kv_heads_of(const Problem &p) { return p.k.size(1); }
+// The reference's inputs for p (k and v repeated to H heads when grouped: the reference has no
+// groups, so its dk and dv are summed per group by grouped_reference_grads).
 RefInputs ref_inputs(const Problem &p);
+// dk, dv of the reference over repeated k, v summed over each group of H / KV query heads.
+void grouped_reference_grads(const Problem &p, RefOutputs &ref);
 
 // ---- calling a kernel ---------------------------------------------------------------------------
 
@@ -141,7 +149,7 @@ template <class Real> struct KernelCall {
     for (const auto &f : p.features) feat.push_back(cvt(f));
     for (const auto &t : p.params) prm.push_back(cvt(t));
     o = torch::empty_like(q), lse = torch::empty({p.B, p.H, p.T}, opt);
-    dq = torch::empty_like(q), dk = torch::empty_like(q), dv = torch::empty_like(q);
+    dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
     for (const auto &f : feat) dfeat.push_back(torch::empty_like(f));
     for (const auto &t : prm) dprm.push_back(torch::empty_like(t));
     for (auto &t : feat) feat_p.push_back(t.data_ptr<Real>());
@@ -149,6 +157,7 @@ template <class Real> struct KernelCall {
     for (auto &t : dfeat) dfeat_p.push_back(t.data_ptr<Real>());
     for (auto &t : dprm) dprm_p.push_back(t.data_ptr<Real>());
     args.B = p.B, args.H = p.H, args.T = p.T, args.D = p.D;
+    args.kv_heads = kv_heads_of(p) == p.H ? 0 : kv_heads_of(p);
     args.q = q.data_ptr<Real>(), args.k = k.data_ptr<Real>(), args.v = v.data_ptr<Real>();
     args.o = o.data_ptr<Real>(), args.lse = lse.data_ptr<Real>();
     args.features = feat_p.data(), args.params = prm_p.data();

@@ -16,13 +16,16 @@ namespace {
 // the same window, for encodings of each kind (rotary, bias, token program, relative rows); the
 // buckets' cumulative losses are the losses of the windows 1..to. Deliberately one encoding per kind
 // (token by token, each is a few seconds): every encoding's cached decoding is
-// RegisteredKernels.CachedDecodingMatchesTheFullForward's.
+// RegisteredKernels.CachedDecodingMatchesTheFullForward's. Two with grouped keys (4 heads reading
+// 2 and 1 key/value heads, --kv-heads; ExPE-qkv's value override through a grouped W_v).
 TEST(Generate, CachedScoreEqualsTheFullForwardLoss) {
-  for (const std::string name : {"rope", "alibi", "cable", "shaw", "expe_qkv"}) {
-    SCOPED_TRACE(name);
+  for (const auto &[name, kv_heads] : std::vector<std::pair<std::string, int64_t>>{
+           {"rope", 0}, {"alibi", 0}, {"cable", 0}, {"shaw", 0}, {"expe_qkv", 0}, {"rope", 2}, {"expe_qkv", 1}}) {
+    SCOPED_TRACE(name + " kv_heads " + std::to_string(kv_heads));
     at::manual_seed(31);
     ape::ModelConfig mc = tiny_config(name);
     mc.d_model = 64;
+    if (kv_heads > 0) mc.heads = 4, mc.kv_heads = kv_heads;
     ape::LanguageModel model(mc);
     std::vector<int64_t> ids(201);
     for (auto &t : ids) t = at::randint(32, {1}, at::kLong).item<int64_t>();

@@ -233,6 +233,11 @@ TEST(Model, ErrorsNameTheProblem) {
   ape::ModelConfig bad = tiny_config("test_nope");
   bad.heads = 3;
   EXPECT_ERROR(ape::LanguageModel(testk::nope, bad), "--d-model (16) must be divisible by --heads (3)");
+  bad = tiny_config("test_nope");
+  bad.heads = 4, bad.kv_heads = 3;
+  EXPECT_ERROR(ape::LanguageModel(testk::nope, bad), "--heads (4) must be a multiple of --kv-heads (3)");
+  bad.kv_heads = 8;
+  EXPECT_ERROR(ape::LanguageModel(testk::nope, bad), "--kv-heads must be a whole number in [1, 4]; got 8");
   EXPECT_ERROR(ape::LanguageModel(testk::nope, tiny_config("test_bias")), "names encoding 'test_bias' but the kernel is");
   ape::LanguageModel m(testk::nope, tiny_config("test_nope"));
   EXPECT_ERROR(m->forward(at::zeros({2, 3}, at::kInt)), "tokens must be (B, T) int64");

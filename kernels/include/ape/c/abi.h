@@ -27,7 +27,7 @@
 
 #include <stdint.h>
 
-#define APE_C_ABI_VERSION 1
+#define APE_C_ABI_VERSION 2  /* 2: ape_NAME_args::kv_heads (grouped-query attention) */
 
 #if defined(_WIN32)
 #define APE_C_API __declspec(dllexport)
@@ -42,7 +42,7 @@
 typedef enum ape_status {
   APE_OK = 0,
   APE_ERROR_NULL_POINTER = 1,  /* args, a required data pointer or a required array is NULL */
-  APE_ERROR_INVALID_SHAPE = 2, /* B, H, T < 0, D < 1, or B*H*T*D overflows */
+  APE_ERROR_INVALID_SHAPE = 2, /* B, H, T < 0, D < 1, kv_heads not dividing H, or B*H*T*D overflows */
   APE_ERROR_INVALID_VALUE = 3, /* scale is not finite; a layer out of range; a fixed param out of its range */
   APE_ERROR_OUT_OF_MEMORY = 4, /* a workspace allocation failed */
   APE_ERROR_INTERNAL = 5,      /* any other failure inside the kernel */

@@ -88,7 +88,16 @@ template <class Fn> int guarded(std::string &last_error, const char *function, F
 struct Shape {
   int64_t B, H, T, D;
   int64_t qkv, rows;  // B*H*T*D and B*H*T
+  int64_t KV;         // heads of k, v, dk and dv: H, or a divisor of it (ape_NAME_args::kv_heads)
 };
+
+// The shape of k, v, dk and dv: s with KV heads.
+inline Shape kv_shape(const Shape &s) {
+  Shape r = s;
+  r.H = s.KV;
+  r.rows = s.B * s.KV * s.T, r.qkv = r.rows * s.D;
+  return r;
+}
 
 // a * b for sizes a, b >= 0; a shape whose element count overflows int64 is an error.
 inline int64_t mul(int64_t a, int64_t b) {
@@ -104,7 +113,10 @@ template <class Args> Shape check_shape(const Args *a) {
                   "B, H, T must be >= 0 and D >= 1, got B=" + std::to_string(a->B) +
                       " H=" + std::to_string(a->H) + " T=" + std::to_string(a->T) +
                       " D=" + std::to_string(a->D)};
-  Shape s{a->B, a->H, a->T, a->D, 0, 0};
+  if (a->kv_heads < 0 || (a->kv_heads > 0 && a->H % a->kv_heads != 0))
+    throw Failure{APE_ERROR_INVALID_SHAPE, "kv_heads must be 0 (= H) or a divisor of H, got kv_heads=" +
+                                               std::to_string(a->kv_heads) + " H=" + std::to_string(a->H)};
+  Shape s{a->B, a->H, a->T, a->D, 0, 0, a->kv_heads > 0 ? a->kv_heads : a->H};
   s.rows = mul(mul(s.B, s.H), s.T);
   s.qkv = mul(s.rows, s.D);
   // The kernels' byte counts and workspaces (a slice padded to whole tiles) stay in int64 too.
@@ -290,8 +302,9 @@ int forward(const KernelInputs &in, std::string &last_error, const char *functio
     const Shape s = check_shape(a);
     check_scale_range<Real>(a->scale);
     const auto [layer, num_layers] = layer_of(a);
-    View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, s, 4, "k"),
-               v = input<Real>(a->v, s, 4, "v");
+    const Shape kvs = kv_shape(s);
+    View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, kvs, 4, "k"),
+               v = input<Real>(a->v, kvs, 4, "v");
     std::vector<View<Real>> f = features<Real>(in, s, a->features, false, "features");
     std::vector<const void *> p = params(in, s, a->params, "params");
     check_param_values<Real>(in, s, p);
@@ -301,7 +314,7 @@ int forward(const KernelInputs &in, std::string &last_error, const char *functio
     std::vector<const Real *> fp, pp;
     for (auto &x : f) fp.push_back(x.ptr());
     for (const void *x : p) pp.push_back(static_cast<const Real *>(x));
-    entry_forward<Real>(*in.entry)(forward_args<Real>({s.B, s.H, s.T, s.D}, a->scale, q.ptr(),
+    entry_forward<Real>(*in.entry)(forward_args<Real>({s.B, s.H, s.T, s.D, s.KV}, a->scale, q.ptr(),
                                                       k.ptr(), v.ptr(), fp.data(), pp.data(),
                                                       o.ptr(), static_cast<Real *>(a->lse), layer,
                                                       num_layers));
@@ -318,15 +331,16 @@ int backward(const KernelInputs &in, std::string &last_error, const char *functi
                     "train with the encoding without the transition"};
     const Shape s = check_shape(a);
     check_scale_range<Real>(a->scale);
-    View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, s, 4, "k"),
-               v = input<Real>(a->v, s, 4, "v"), o = input<Real>(a->o, s, 4, "o"),
+    const Shape kvs = kv_shape(s);
+    View<Real> q = input<Real>(a->q, s, 4, "q"), k = input<Real>(a->k, kvs, 4, "k"),
+               v = input<Real>(a->v, kvs, 4, "v"), o = input<Real>(a->o, s, 4, "o"),
                dout = input<Real>(a->dout, s, 4, "dout");
     require(a->lse, s.rows, "lse");
     std::vector<View<Real>> f = features<Real>(in, s, a->features, false, "features");
     std::vector<const void *> p = params(in, s, a->params, "params");
     check_param_values<Real>(in, s, p);
-    View<Real> dq = output<Real>(a->dq, s, 4, "dq"), dk = output<Real>(a->dk, s, 4, "dk"),
-               dv = output<Real>(a->dv, s, 4, "dv");
+    View<Real> dq = output<Real>(a->dq, s, 4, "dq"), dk = output<Real>(a->dk, kvs, 4, "dk"),
+               dv = output<Real>(a->dv, kvs, 4, "dv");
     std::vector<View<Real>> df = features<Real>(in, s, a->dfeatures, true, "dfeatures");
     std::vector<void *> dp = params(in, s, a->dparams, "dparams");
 
@@ -337,7 +351,7 @@ int backward(const KernelInputs &in, std::string &last_error, const char *functi
     for (auto &x : df) dfp.push_back(x.ptr());
     for (void *x : dp) dpp.push_back(static_cast<Real *>(x));
     entry_backward<Real>(*in.entry)(backward_args(
-        forward_args<Real>({s.B, s.H, s.T, s.D}, a->scale, q.ptr(), k.ptr(), v.ptr(), fp.data(),
+        forward_args<Real>({s.B, s.H, s.T, s.D, s.KV}, a->scale, q.ptr(), k.ptr(), v.ptr(), fp.data(),
                            pp.data(), o.ptr(), static_cast<Real *>(a->lse)),
         dout.ptr(), dq.ptr(), dk.ptr(), dv.ptr(), dfp.data(), dpp.data()));
     finish(dq), finish(dk), finish(dv);

@@ -41,6 +41,7 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -109,7 +110,20 @@ template <typename Real> struct AttnArgs {
   // rounded afterwards, without the copies (a caller holding bf16 tensors, the operator library,
   // saves their memory and their passes). lse, features, params and their gradients stay Real.
   const Bf16Io *bf16_io = nullptr;
+  // Grouped-query attention: k and v (and dk, dv) hold kv_heads heads, (B, kv_heads, T, D), each
+  // shared by H / kv_heads consecutive query heads: query head h reads key head h / (H / kv_heads),
+  // as PyTorch's scaled_dot_product_attention(enable_gqa=True) and FlashAttention group them. The
+  // encoding stays per query head (its mods, features and params): slice (b, h) attends over
+  // k_mod_h of its key head's rows, exactly as if k and v were repeated to H heads, and dk, dv are
+  // the sums over each group (in head order: bitwise independent of the thread count). 0 (the
+  // default): kv_heads = H. H must be a multiple of kv_heads (attention_forward/backward check).
+  int64_t kv_heads = 0;
 };
+
+// Query heads per key head (AttnArgs::kv_heads): 1 without grouping.
+template <typename Real> inline int64_t kv_group(const AttnArgs<Real> &a) {
+  return a.kv_heads > 0 ? a.H / a.kv_heads : 1;
+}
 
 // Whether this process runs AMX bf16 tile products: the CPU has AMX-TILE and AMX-BF16 (cpuid), Linux
 // grants the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, once per process, for every thread),
@@ -1289,25 +1303,27 @@ template <class Enc, typename Real> struct SliceInputs {
       : ctx{b, h, a.H, a.T, a.D, a.params, nullptr, nullptr, nullptr},
         Tp(padded_row<Real>(a.T)) {
     const int64_t T = a.T, D = a.D, row = b * a.H + h;  // row of (B*H, T) arrays
+    const int64_t krow = row / kv_group(a);              // k's and v's row (AttnArgs::kv_heads)
     q = k = v = nullptr;
     if (a.bf16_io) {  // AttnArgs::bf16_io (Real float: attention_forward/backward check)
       if constexpr (std::is_same_v<Real, float>) {
         const bool cq = !direct || kFp32Rows, ck = !direct || kFp32Rows, cv = !direct;
         io = scratch_of<Real>((cq + ck + cv) * T * D);
         Real *next = io.get();
-        auto convert = [&](bool wanted, const uint16_t *x) -> const Real * {
+        auto convert = [&](bool wanted, const uint16_t *x, int64_t r) -> const Real * {
           if (!wanted) return nullptr;
           Real *out = next;
-          bf16_to_float(x + row * T * D, T * D, out);
+          bf16_to_float(x + r * T * D, T * D, out);
           next += T * D;
           return out;
         };
-        q = convert(cq, a.bf16_io->q), k = convert(ck, a.bf16_io->k), v = convert(cv, a.bf16_io->v);
+        q = convert(cq, a.bf16_io->q, row), k = convert(ck, a.bf16_io->k, krow);
+        v = convert(cv, a.bf16_io->v, krow);
       }
     } else {
       q = a.q + row * T * D;
-      k = a.k + row * T * D;
-      v = a.v + row * T * D;
+      k = a.k + krow * T * D;
+      v = a.v + krow * T * D;
     }
     for (int n = 0; n < Enc::kNumFeatures; ++n) feat[n] = a.features[n] + row * T;
     if constexpr (Enc::kNumTok > 0) {
@@ -1327,8 +1343,8 @@ template <class Enc, typename Real> struct SliceInputs {
         if (mod16) {
           if constexpr (std::is_same_v<Real, float>) {
             buf16.resize(static_cast<std::size_t>(T * D));
-            mod_rows_bf16<Enc, kIsQ>(ctx, (kIsQ ? a.bf16_io->q : a.bf16_io->k) + row * T * D, ab,
-                                     buf16.data());
+            const uint16_t *x16 = kIsQ ? a.bf16_io->q + row * T * D : a.bf16_io->k + krow * T * D;
+            mod_rows_bf16<Enc, kIsQ>(ctx, x16, ab, buf16.data());
           }
           return nullptr;
         }
@@ -1653,12 +1669,12 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs
     if (bf16) {
       amx::Source qs{in.qm}, ks{in.km}, vs{in.v};
       if (direct) {
-        const int64_t off = row * T * D;
+        const int64_t off = row * T * D, koff = row / kv_group(a) * T * D;
         qs = {nullptr, Enc::kHasQMod ? (in.qm16.empty() ? nullptr : in.qm16.data()) : a.bf16_io->q + off};
-        ks = {nullptr, Enc::kHasKMod ? (in.km16.empty() ? nullptr : in.km16.data()) : a.bf16_io->k + off};
+        ks = {nullptr, Enc::kHasKMod ? (in.km16.empty() ? nullptr : in.km16.data()) : a.bf16_io->k + koff};
         if (!qs.h) qs = {in.qm};  // the relative rows' fp32 q' (SliceInputs::kFp32Rows)
         if (!ks.h) ks = {in.km};
-        vs = {nullptr, a.bf16_io->v + off};
+        vs = {nullptr, a.bf16_io->v + koff};
       }
       operands = std::make_unique<amx::Operands>(qs, ks, vs, T, D);
       tiles = amx::tile_scope();
@@ -1684,10 +1700,12 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs
 }
 
 // dparams: this slice's private accumulators, parameter n at dparams + poff[n], zeroed.
+// head_dkv (grouped queries, AttnArgs::kv_heads): the (B*H, T, D) arrays of each query head's dk
+// and dv in Real, which attention_backward sums per group; null: dk, dv are the outputs'.
 template <class Enc, typename Real>
 void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams,
                     const std::array<int64_t, array_len(Enc::kNumParams)> &poff,
-                    const ModCoefs<Real> &coefs) {
+                    const ModCoefs<Real> &coefs, Real *const *head_dkv) {
   // bf16 products on AMX (amx::wanted): the products read the slice's bf16 operands (below), not
   // k'^T and v^T in Real.
   bool bf16 = false;
@@ -1712,8 +1730,8 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   const Real *lse = a.lse + row * T;                                            // (T)
   const Real *dout = a.bf16_io ? in_buf.get() + T * D : a.dout + row * T * D;  // (T, D)
   Real *dq = a.bf16_io ? grad_buf.get() : a.dq + row * T * D;
-  Real *dk = a.bf16_io ? grad_buf.get() + T * D : a.dk + row * T * D;
-  Real *dv = a.bf16_io ? grad_buf.get() + 2 * T * D : a.dv + row * T * D;
+  Real *dk = head_dkv ? head_dkv[0] + row * T * D : a.bf16_io ? grad_buf.get() + T * D : a.dk + row * T * D;
+  Real *dv = head_dkv ? head_dkv[1] + row * T * D : a.bf16_io ? grad_buf.get() + 2 * T * D : a.dv + row * T * D;
 
   std::array<Real *, array_len(Enc::kNumParams)> dparam_ptrs{};
   for (int n = 0; n < Enc::kNumParams; ++n) dparam_ptrs[n] = dparams + poff[n];
@@ -1978,8 +1996,10 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
   if constexpr (std::is_same_v<Real, float>) {
     if (a.bf16_io) {
       float_to_bf16(dq, T * D, a.bf16_io->dq + row * T * D);
-      float_to_bf16(dk, T * D, a.bf16_io->dk + row * T * D);
-      float_to_bf16(dv, T * D, a.bf16_io->dv + row * T * D);
+      if (!head_dkv) {  // else rounded after the group's sum
+        float_to_bf16(dk, T * D, a.bf16_io->dk + row * T * D);
+        float_to_bf16(dv, T * D, a.bf16_io->dv + row * T * D);
+      }
     }
   }
 }
@@ -2012,8 +2032,15 @@ template <class F> void each_slice(int64_t n, F &&f) {
 }
 }  // namespace detail
 
+template <typename Real> void check_kv_heads(const AttnArgs<Real> &a) {
+  if (a.kv_heads < 0 || (a.kv_heads > 0 && a.H % a.kv_heads != 0))
+    throw std::invalid_argument("AttnArgs::kv_heads (" + std::to_string(a.kv_heads) +
+                                ") must divide the query heads H (" + std::to_string(a.H) + ")");
+}
+
 template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> &a) {
   check_bf16_io(a);
+  check_kv_heads(a);
   const int64_t slices = a.B * a.H;
   if (slices == 0 || a.T == 0) return;  // nothing to write (B H T rows of o and lse)
   const auto coefs = detail::mod_coefs<Enc>(a);
@@ -2024,6 +2051,7 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
   static_assert(!traits::HasTransition<Enc>::value,
                 "an attention transition is inference-only: its encoding has no backward");
   check_bf16_io(a);
+  check_kv_heads(a);
   const int64_t slices = a.B * a.H;
   // Private parameter-gradient accumulators: (B*H, sum_n numel_n), parameter n at offset poff[n].
   std::array<int64_t, detail::array_len(Enc::kNumParams)> poff{}, numel{};
@@ -2038,6 +2066,16 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
   if (slices == 0 || a.T == 0) {  // no rows: the params' gradients are zero
     for (int n = 0; n < Enc::kNumParams; ++n) std::fill(a.dparams[n], a.dparams[n] + numel[n], Real(0));
     return;
+  }
+  // Grouped queries (AttnArgs::kv_heads): each query head's dk and dv in Real, summed per group
+  // below. (B*H, T, D) each; the groups could be summed in waves as the params are, at more
+  // passes: the kernel's other scratch is per thread, this is the call's.
+  const int64_t group = kv_group(a), TD = a.T * a.D;
+  std::vector<Real> head_grads;
+  std::array<Real *, 2> head_dkv{};
+  if (group > 1) {
+    head_grads.resize(static_cast<std::size_t>(2 * slices * TD));
+    head_dkv = {head_grads.data(), head_grads.data() + slices * TD};
   }
   const auto coefs = detail::mod_coefs<Enc>(a);
   // The slices run in waves of `wave` with one accumulator each, added to the gradients in (b, h)
@@ -2059,7 +2097,8 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
     std::fill(priv.begin(), priv.end(), Real(0));
     detail::each_slice(count, [&](int64_t i) {
       const int64_t s = s0 + i;
-      detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + i * per_slice, poff, *coefs);
+      detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + i * per_slice, poff, *coefs,
+                                  group > 1 ? head_dkv.data() : nullptr);
     });
     for (int n = 0; n < Enc::kNumParams; ++n) {
       Real *dst = a.dparams[n];
@@ -2068,6 +2107,25 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
         for (int64_t e = 0; e < numel[n]; ++e) dst[e] += src[e];
       }
     }
+  }
+  if (group > 1) {  // dk, dv of key head r = the sum of its group's, in head order
+    detail::each_slice(a.B * a.kv_heads * 2, [&](int64_t s) {
+      const int64_t r = s / 2;
+      const bool is_v = s % 2 == 1;
+      const Real *src = head_dkv[is_v] + r * group * TD;
+      detail::ScratchPtr<Real> sum_buf;
+      Real *dst = is_v ? a.dv : a.dk;
+      if (a.bf16_io) sum_buf = detail::scratch_of<Real>(TD);
+      Real *sum = a.bf16_io ? sum_buf.get() : dst + r * TD;
+      std::copy(src, src + TD, sum);
+      for (int64_t i = 1; i < group; ++i) {
+        const Real *x = src + i * TD;
+        APE_SIMD
+        for (int64_t e = 0; e < TD; ++e) sum[e] += x[e];
+      }
+      if constexpr (std::is_same_v<Real, float>)
+        if (a.bf16_io) detail::float_to_bf16(sum, TD, (is_v ? a.bf16_io->dv : a.bf16_io->dk) + r * TD);
+    });
   }
 }
 

@@ -7,8 +7,9 @@
 //   entry_forward<float>(entry)(a);                                  // o, lse written
 //   entry_backward<float>(entry)(backward_args(a, dout, dq, dk, dv, dfeatures, dparams));
 //
-// Every array is contiguous in precision Real: q, k, v, o, dout, dq, dk, dv (B, H, T, D); lse and
-// each feature (B, H, T); params flattened by their manifest shapes.
+// Every array is contiguous in precision Real: q, k, v, o, dout, dq, dk, dv (B, H, T, D), k, v, dk,
+// dv (B, kv_heads, T, D) when grouped (CallShape::kv_heads); lse and each feature (B, H, T); params
+// flattened by their manifest shapes.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +20,11 @@
 
 namespace ape {
 
-// The sizes of one call: B batch, H heads, T tokens, D head dim.
+// The sizes of one call: B batch, H heads, T tokens, D head dim; kv_heads the heads of k and v
+// (AttnArgs::kv_heads: 0 = H).
 struct CallShape {
   int64_t B, H, T, D;
+  int64_t kv_heads = 0;
 };
 
 // The arguments of a forward: reads q, k, v, the features (Enc::kNumFeatures arrays) and the params
@@ -33,6 +36,7 @@ AttnArgs<Real> forward_args(const CallShape &s, double scale, const Real *q, con
                             Real *o, Real *lse, int64_t layer = 0, int64_t num_layers = 0) {
   AttnArgs<Real> a{};
   a.B = s.B, a.H = s.H, a.T = s.T, a.D = s.D;
+  a.kv_heads = s.kv_heads == s.H ? 0 : s.kv_heads;
   a.q = q, a.k = k, a.v = v;
   a.o = o, a.lse = lse;
   a.features = features, a.params = params;

@@ -56,8 +56,10 @@
 // forward-mode AD (there is no derivative: call it under torch.no_grad() or
 // torch.inference_mode()); attention_backward refuses every call.
 //
-// Shapes: q, k, v, o, dout (B, H, T, D); lse and every feature (B, H, T); params by their
-// manifest shape with "heads" = H and "head_dim" = D. One dtype for q, k, v, dout, o, features
+// Shapes: q, o, dout (B, H, T, D); k, v (B, H_kv, T, D) with H a multiple of H_kv (H_kv < H:
+// grouped-query attention, query head h reading key head h / (H / H_kv); the encoding stays per
+// query head, as if k and v were repeated to H heads); lse and every feature (B, H, T); params by
+// their manifest shape with "heads" = H and "head_dim" = D. One dtype for q, k, v, dout, o, features
 // and params; lse is float64 for float64 inputs, float32 otherwise. One device for all.
 // Non-contiguous inputs are accepted (copied to contiguous first); outputs are contiguous.
 #pragma once
@@ -183,8 +185,15 @@ inline void check_inputs(const KernelInputs &in, const char *op, const at::Tenso
   const c10::SymInt &H = q.sym_size(1), &D = q.sym_size(3);
   TORCH_CHECK_VALUE(D >= 1, w, "q's last dimension (head dim D) must be >= 1, got shape ",
                     q.sym_sizes());
-  check_like_q(w, q, k, "k", q.sym_sizes(), "[B, H, T, D] (q's shape)");
-  check_like_q(w, q, v, "v", q.sym_sizes(), "[B, H, T, D] (q's shape)");
+  // k and v: q's shape, or H_kv heads that H is a multiple of (grouped-query attention: query
+  // head h reads key head h / (H / H_kv), AttnArgs::kv_heads).
+  const SymSizes kshape{q.sym_size(0), k.defined() && k.dim() == 4 ? k.sym_size(1) : H,
+                        q.sym_size(2), D};
+  check_like_q(w, q, k, "k", kshape, "[B, H_kv, T, D] (q's B, T and D; H_kv = H or a divisor of it)");
+  const c10::SymInt &Hk = kshape[1];
+  TORCH_CHECK_VALUE(Hk == H || (Hk >= 1 && H % Hk == 0), w, "k has ", Hk, " heads and q ", H,
+                    ": grouped-query attention needs q's heads to be a multiple of k's");
+  check_like_q(w, q, v, "v", kshape, "[B, H_kv, T, D] (k's shape)");
 
   auto names = [](int n, auto name) {
     std::string s = "(";
@@ -228,8 +237,11 @@ inline void check_scale(const KernelInputs &in, const char *op, double scale, at
 // Sizes of one call on real tensors: B batch, H heads, T tokens, D head dim.
 struct Shape {
   int64_t B, H, T, D;
+  int64_t KV;  // heads of k and v (H, or a divisor of it: grouped-query attention)
 };
-inline Shape shape_of(const at::Tensor &q) { return {q.size(0), q.size(1), q.size(2), q.size(3)}; }
+inline Shape shape_of(const at::Tensor &q, const at::Tensor &k) {
+  return {q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
+}
 
 // t in the dtype `dt`, contiguous (t itself when it already is).
 inline at::Tensor prepared(const at::Tensor &t, at::ScalarType dt) { return t.to(dt).contiguous(); }
@@ -273,7 +285,7 @@ void run_kernel(const KernelInputs &in, const Shape &s, const at::Tensor &q, con
     io.q = bits(q), io.k = bits(k), io.v = bits(v), io.o = bits(o);
     io.dout = bits(dout), io.dq = bits(dq), io.dk = bits(dk), io.dv = bits(dv);
   }
-  AttnArgs<Real> a = forward_args<Real>({s.B, s.H, s.T, s.D}, scale, real(q), real(k), real(v),
+  AttnArgs<Real> a = forward_args<Real>({s.B, s.H, s.T, s.D, s.KV}, scale, real(q), real(k), real(v),
                                         cfp.data(), cpp.data(), real(o), lse.data_ptr<Real>(), layer,
                                         num_layers);
   a.bf16_products = bf16;
@@ -319,7 +331,7 @@ inline ForwardResult forward_cpu(const KernelInputs &in, const at::Tensor &q, co
                                  const at::Tensor &v, at::TensorList features,
                                  at::TensorList params, double scale, int64_t layer = 0,
                                  int64_t num_layers = 0) {
-  const Shape s = shape_of(q);
+  const Shape s = shape_of(q, k);
   const at::ScalarType ct = compute_dtype(q.scalar_type()), it = io_dtype(q.scalar_type());
   const bool bf16 = it == at::kBFloat16;
   at::Tensor qc = prepared(q, it), kc = prepared(k, it), vc = prepared(v, it);
@@ -340,7 +352,7 @@ inline BackwardResult backward_cpu(const KernelInputs &in, const at::Tensor &dou
                                    const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                    const at::Tensor &o, const at::Tensor &lse,
                                    at::TensorList features, at::TensorList params, double scale) {
-  const Shape s = shape_of(q);
+  const Shape s = shape_of(q, k);
   const at::ScalarType ct = compute_dtype(q.scalar_type()), it = io_dtype(q.scalar_type());
   const bool bf16 = it == at::kBFloat16;
   at::Tensor qc = prepared(q, it), kc = prepared(k, it), vc = prepared(v, it);
@@ -369,6 +381,18 @@ namespace ape::torch_ops {
 
 // ---- the raw operators, per device --------------------------------------------------------------
 enum class Where { kCpu, kCuda, kMeta };
+
+// Grouped-query attention on the CUDA kernels, which take k and v of H heads: x (k or v, H_kv heads)
+// repeated to q's heads, and a gradient of the repeated tensor summed back over each group (in its
+// dtype, accumulated in float32 by the sum). Copies of k and v: the CPU kernel reads the groups in
+// place (AttnArgs::kv_heads).
+inline at::Tensor repeated_to_heads(const at::Tensor &x, const at::Tensor &q) {
+  return x.size(1) == q.size(1) ? x : x.repeat_interleave(q.size(1) / x.size(1), 1);
+}
+inline at::Tensor summed_over_groups(const at::Tensor &g, const at::Tensor &x) {
+  if (g.size(1) == x.size(1)) return g;
+  return g.view({x.size(0), x.size(1), g.size(1) / x.size(1), x.size(2), x.size(3)}).sum(2);
+}
 
 inline std::vector<at::Tensor> to_host(at::TensorList ts) {
   std::vector<at::Tensor> out;
@@ -447,7 +471,8 @@ inline ForwardResult forward_on(Where where, const Library &lib, const at::Tenso
       TORCH_CHECK(q.is_cuda(), prefix(in, op), "the CUDA kernel got q on ", q.device());
 #ifdef APE_TORCH_OPS_CUDA
       if (const cuda::CudaVariant *var = cuda_variant(lib, q))
-        return forward_cuda(prefix(in, op), *var, q, k, v, features, params, scale, 0, layer, num_layers);
+        return forward_cuda(prefix(in, op), *var, q, repeated_to_heads(k, q), repeated_to_heads(v, q),
+                            features, params, scale, 0, layer, num_layers);
 #endif
 #ifdef APE_TORCH_OPS_CUDA
       TORCH_CHECK(!capturing(q.device()), prefix(in, op), no_kernel_in_capture(lib, q));
@@ -486,8 +511,11 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
     case Where::kCuda: {
       TORCH_CHECK(q.is_cuda(), w, "the CUDA kernel got q on ", q.device());
 #ifdef APE_TORCH_OPS_CUDA
-      if (const cuda::CudaVariant *var = cuda_variant(lib, q))
-        return backward_cuda(w, *var, dout, q, k, v, o, lse, features, params, scale);
+      if (const cuda::CudaVariant *var = cuda_variant(lib, q)) {
+        auto [dq, dk, dv, df, dp] = backward_cuda(w, *var, dout, q, repeated_to_heads(k, q),
+                                                  repeated_to_heads(v, q), o, lse, features, params, scale);
+        return {dq, summed_over_groups(dk, k), summed_over_groups(dv, v), df, dp};
+      }
 #endif
 #ifdef APE_TORCH_OPS_CUDA
       TORCH_CHECK(!capturing(q.device()), w, no_kernel_in_capture(lib, q));
@@ -504,8 +532,8 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
       for (const auto &f : features) df.push_back(at::empty_symint(f.sym_sizes(), f.options()));
       for (const auto &p : params) dp.push_back(at::empty_symint(p.sym_sizes(), p.options()));
       return {at::empty_symint(q.sym_sizes(), q.options()),
-              at::empty_symint(q.sym_sizes(), q.options()),
-              at::empty_symint(q.sym_sizes(), q.options()), df, dp};
+              at::empty_symint(k.sym_sizes(), k.options()),
+              at::empty_symint(v.sym_sizes(), v.options()), df, dp};
     }
   }
   TORCH_INTERNAL_ASSERT(false, "unknown device kind");
@@ -661,9 +689,17 @@ inline std::vector<at::Tensor> derived_params(const KernelInputs &in,
                       "' is derived from the ", ape_abi::name(proj), " projection: pass ", arg);
     TORCH_CHECK_TYPE(at::isFloatingType(W->scalar_type()), w, arg, " has dtype ",
                      dtype_name(W->scalar_type()), "; it must be a floating-point tensor");
-    TORCH_CHECK_VALUE(W->dim() == 2 && W->sym_size(0) == H * D && W->sym_size(1) >= p.derived.columns,
-                      w, arg, " must have shape [heads*head_dim, d] = [", H * D, ", d >= ",
-                      p.derived.columns, "] (a torch.nn.Linear weight), got ", W->sym_sizes());
+    // The k and v projections of grouped-query attention have H_kv·D rows (H a multiple of
+    // H_kv): derived_params.h repeats each key head's param to the query heads of its group.
+    const bool kv_side = proj != ape_abi::Projection::Q;
+    const int64_t rows = W->dim() == 2 ? W->sym_size(0).guard_int(__FILE__, __LINE__) : -1;
+    const int64_t heads = kv_side && rows > 0 && rows % D == 0 && rows / D >= 1 && H % (rows / D) == 0
+                              ? rows / D
+                              : H;
+    TORCH_CHECK_VALUE(W->dim() == 2 && rows == heads * D && W->sym_size(1) >= p.derived.columns, w, arg,
+                      " must have shape [heads*head_dim, d] = [", H * D, ", d >= ", p.derived.columns, "]",
+                      kv_side ? " (or [kv_heads*head_dim, d], kv_heads dividing heads)" : "",
+                      " (a torch.nn.Linear weight), got ", W->sym_sizes());
     const at::Tensor Wp = p.trainable ? *W : W->detach();
     out.push_back(p.init == ape_abi::InitKind::ProjectionPrefix
                       ? derived::projection_prefix(Wp, p.derived.columns, p.derived.scale, H, D)
