@@ -111,7 +111,7 @@ std::string readme(const KernelInputInfo &info, StringRef spec, bool inferenceOn
       {{"NAME", info.encoding},
        {"SOURCE", spec.str()},
        {"INFERENCE_NOTE",
-        inferenceOnly ? "\n\nInference only (an attention transition): the args end with `layer` and `num_layers`,\n"
+        inferenceOnly ? "\n\nInference only (an attention transition): the args hold `layer` and `num_layers` (before `kv_heads`),\n"
                         "the layer (0-based) of a model of num_layers layers that forward computes; the\n"
                         "backward returns `APE_ERROR_NOT_SUPPORTED`."
                       : ""}});

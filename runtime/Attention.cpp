@@ -61,7 +61,9 @@ const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at
                describe(q));
   // k and v: q's shape, or H_kv heads dividing q's H (grouped-query attention, AttnArgs::kv_heads).
   for (const auto &[name, t] : {std::pair<const char *, const at::Tensor *>{"k", &k}, {"v", &v}}) {
-    const bool heads_ok = t->defined() && t->dim() == 4 && t->size(1) >= 1 && q.size(1) % t->size(1) == 0;
+    const bool heads_ok = t->defined() && t->dim() == 4 &&
+                          (t->size(1) == q.size(1) || (t->size(1) >= 1 && t->size(1) <= q.size(1) &&
+                                                       q.size(1) % t->size(1) == 0));
     if (!heads_ok || t->size(0) != q.size(0) || t->size(2) != q.size(2) || t->size(3) != q.size(3) ||
         t->scalar_type() != q.scalar_type() || t->device() != q.device() || (name[0] == 'v' && t->sizes() != k.sizes()))
       bad(e, std::string(name) + " must match q (" + describe(q) + ") but for its heads, a divisor of q's" +

@@ -242,7 +242,7 @@ torch::Tensor EncodedAttentionImpl::forward_cached(const torch::Tensor &xn, Laye
   torch::NoGradGuard no_grad;
   const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
   Inputs in = inputs(xn, pos0);
-  if (in.k.size(1) != H) {  // grouped keys: the decode caches hold each query head's (docs/decoding.md)
+  if (in.k.size(1) != H) {  // grouped keys: the decode caches hold each query head's (docs/decoding.md, Not done yet)
     in.k = in.k.repeat_interleave(H / in.k.size(1), 1);
     in.v = in.v.repeat_interleave(H / in.v.size(1), 1);
   }

@@ -320,7 +320,7 @@ train_stage() {  # dir suite_build logs python jobs
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \
     --data "$dir/src/data/pg30" --cache-dir "$cache" --device cuda --out "$out/gpu-params" || rc=1
   # Grouped-query attention (--kv-heads; k and v repeated to the query heads for the CUDA
-  # kernels, their gradients summed by autograd): 20 steps on the GPU, then generation.
+  # kernels, their gradients summed by autograd): 20 steps on the GPU and its evaluation.
   step gpu-kv-heads "$bin/ape-train" -e rope --heads 4 --kv-heads 2 --steps 20 --eval-multiples 1 --eval-tokens 2048 \
     --data "$dir/src/data/pg30" --cache-dir "$cache" --device cuda --out "$out/gpu-kv-heads" || rc=1
   # One rank of data parallel on NCCL: its steps are queued too (the mean loss stays on the GPU).

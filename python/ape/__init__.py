@@ -2,7 +2,7 @@
 
     import ape
     attn = ape.load("my_encoding.mlir", heads=8, head_dim=64)   # compiled once, then cached
-    o = attn(q, k, v)                   # q, k, v: (B, H, T, D); o.sum().backward() reaches every input
+    o = attn(q, k, v)                   # q (B, H, T, D), k, v (B, H or H_kv, T, D); o.sum().backward() reaches every input
     attn.parameters()                   # the encoding's trainable params, initialised from its manifest
 
 `load` runs apec (--emit=torch-library), builds the operator library for this Python's PyTorch
@@ -74,7 +74,7 @@ def _namespace_taken(namespace):
 class Attention(torch.nn.Module):
     """The fused attention of one encoding: forward(q, k, v, *features, scale=None).
 
-    q, k, v: (B, H, T, D); features: one (B, H, T) tensor per token feature of the encoding, in
+    q: (B, H, T, D); k, v: (B, H_kv, T, D), H_kv = H or a divisor of it (grouped-query attention); features: one (B, H, T) tensor per token feature of the encoding, in
     the order of `.features` (the runtime computes them as a Linear(d, H) of the block input; here
     they are inputs). The params the manifest declares are created by `materialize(heads,
     head_dim)` (called by load when heads and head_dim are given, else at the first call from q's

@@ -27,8 +27,8 @@ class Args(ctypes.Structure):  # ape_<enc>_args (ape_<enc>.h): the same layout f
                 ("kv_heads", ctypes.c_int64)]
 
 
-class LayerArgs(ctypes.Structure):  # an inference-only encoding's args: the same, then the layer
-    _fields_ = Args._fields_ + [("layer", ctypes.c_int64), ("num_layers", ctypes.c_int64)]
+class LayerArgs(ctypes.Structure):  # an inference-only encoding's args: the same with the layer before kv_heads
+    _fields_ = Args._fields_[:-1] + [("layer", ctypes.c_int64), ("num_layers", ctypes.c_int64)] + Args._fields_[-1:]
 
 
 APE_OK, APE_ERROR_NULL_POINTER, APE_ERROR_INVALID_SHAPE, APE_ERROR_INVALID_VALUE = 0, 1, 2, 3
@@ -179,6 +179,9 @@ def test_grouped_queries_match_reference(encoding, dtype):
     c.args.kv_heads = 3  # not a divisor of H = 4
     assert fn(encoding, "forward_f64")(ctypes.byref(c.args)) == APE_ERROR_INVALID_SHAPE
     assert b"kv_heads must be 0 (= H) or a divisor of H, got kv_heads=3 H=4" in fn(encoding, "last_error")()
+    c.args.H, c.args.kv_heads = 0, 2  # more key heads than query heads (none): no group to read them
+    assert fn(encoding, "backward_f64")(ctypes.byref(c.args)) == APE_ERROR_INVALID_SHAPE
+    assert b"got kv_heads=2 H=0" in fn(encoding, "last_error")()
 
 
 @pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)

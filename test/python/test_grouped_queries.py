@@ -136,6 +136,9 @@ def test_grouping_refusals():
         k = torch.randn(1, kv, 5, 8, dtype=torch.float64)
         with pytest.raises(ValueError, match=why):
             ops("nope").attention(q, k, k)
+    with pytest.raises(ValueError, match=r"k has 2 heads and q 0"):  # (0 is a multiple of 2, but no group)
+        k = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+        ops("nope").attention(torch.randn(1, 0, 5, 8, dtype=torch.float64), k, k)
     k2 = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"v must have shape \[B, H_kv, T, D\] \(k's shape\)"):
         ops("nope").attention(q, k2, torch.randn(1, 1, 5, 8, dtype=torch.float64))

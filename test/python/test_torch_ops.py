@@ -280,7 +280,7 @@ def _bad_calls(encoding, device):
         ("k_bfloat16", lambda: run(k=k.detach().bfloat16()), TypeError, r"k has dtype torch\.bfloat16 but q has torch\.float64"),
         ("k_float32", lambda: run(k=k.detach().float()), TypeError, r"k has dtype torch\.float32 but q has torch\.float64"),
         ("q_3d", lambda: run(q=q.detach()[0]), ValueError, r"q must be a 4-D tensor \[B, H, T, D\], got shape \[3, 7, 8\]"),
-        ("v_shape", lambda: run(v=v.detach()[:, :, :5]), ValueError, r"v must have shape \[B, H, T, D\] \(q's shape\) = \[2, 3, 7, 8\], got \[2, 3, 5, 8\]"),
+        ("v_shape", lambda: run(v=v.detach()[:, :, :5]), ValueError, r"v must have shape \[B, H_kv, T, D\] \(k's shape\) = \[2, 3, 7, 8\], got \[2, 3, 5, 8\]"),
         ("head_dim_0", lambda: run(q=q.detach()[..., :0], k=k.detach()[..., :0], v=v.detach()[..., :0]), ValueError, r"head dim D\) must be >= 1"),
         ("scale_inf", lambda: run(scale=math.inf), ValueError, r"scale must be finite"),
         # far below any in use: the CUDA kernels' B / scale overflowed (NaN in bf16)

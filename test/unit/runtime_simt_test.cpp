@@ -106,7 +106,9 @@ TEST(SimtDecode, StepsSplitWhereAskedAndMatchTheForward) {
   auto [o1, lse1] = ape::simt_decode(rope, "bf16", q, k, v, {}, {}, scale, steps, 1);
   auto [o3, lse3] = ape::simt_decode(rope, "bf16", q, k, v, {}, {}, scale, steps, 3);
   EXPECT_FALSE(torch::equal(o1.narrow(2, 150, 150), o3.narrow(2, 150, 150)));
-  EXPECT_LT((o1 - o3).abs().max().item<double>(), 2e-2);
+  // Another order of the same sums, with each share's P rounded to bf16 on its own scale: measured
+  // 0.0039 (2^-8) at |o| up to 3.1; the bound is 2^-7, half a bf16 unit at |o| in [2, 4).
+  EXPECT_LT((o1 - o3).abs().max().item<double>(), 0.0078125);
   EXPECT_LT((lse1 - lse3).abs().max().item<double>(), 1e-4);
   // The unsplit steps against the emulated full forward over each step's tokens.
   ape::use_simt_kernels("bf16");

@@ -22,8 +22,9 @@ extern "C" {
 #define APE_@UNAME@_NUM_FEATURES @NUM_FEATURES@
 #define APE_@UNAME@_NUM_PARAMS @NUM_PARAMS@
 @ENUMS@
-/* The arguments of one call. Forward reads B .. params and writes o and lse; backward reads
- * B .. dout (o and lse as forward wrote them) and writes dq, dk, dv, dfeatures and dparams.
+/* The arguments of one call. Forward reads B .. params and kv_heads and writes o and lse;
+ * backward reads B .. dout (o and lse as forward wrote them) and kv_heads and writes dq, dk, dv,
+ * dfeatures and dparams. A zeroed struct (= {0}) has kv_heads 0: k and v have H heads.
  * Float data is float for the _f32 functions and double for the _f64 ones. */
 typedef struct ape_@NAME@_args {
   int64_t B, H, T, D;          /* batch, heads, tokens (>= 0), head dim (>= 1) */
@@ -38,10 +39,10 @@ typedef struct ape_@NAME@_args {
   const ape_tensor *dfeatures; /* APE_@UNAME@_NUM_FEATURES views [B, H, T]: written by backward */
   void *const *dparams;        /* APE_@UNAME@_NUM_PARAMS contiguous arrays: written by backward
                                   (zeros for a param that is not trainable) */
-  int64_t kv_heads;            /* heads of k, v, dk and dv: 0 (= H), or a divisor of H for
+@LAYER_FIELDS@  int64_t kv_heads;            /* heads of k, v, dk and dv: 0 (= H), or a divisor of H for
                                   grouped-query attention ([B, kv_heads, T, D]; query head h
                                   reads key head h / (H / kv_heads); dk, dv summed per group) */
-@LAYER_FIELDS@} ape_@NAME@_args;
+} ape_@NAME@_args;
 
 /* The kernels. Each returns APE_OK or an ape_status (then nothing is guaranteed about the
  * outputs); none throws, none aborts on bad arguments. */

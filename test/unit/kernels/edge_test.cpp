@@ -79,6 +79,13 @@ TEST_P(Edge, GroupedQueries) {
     check_against_reference(grouped_queries(p, kv));
   }
   expect_deterministic<float>(grouped_queries(p, 1), 0);  // the group sums' fixed order
+  // kv_heads must divide H: 3 of 4, and 4 key heads for 2 query heads, are refused.
+  for (auto [h, kv] : {std::pair<int64_t, int64_t>{4, 3}, {2, 4}}) {
+    KernelCall<double> kc(p);
+    kc.args.H = h, kc.args.kv_heads = kv;
+    EXPECT_THROW(kc.forward(), std::invalid_argument) << "H " << h << ", kv_heads " << kv;
+    EXPECT_THROW(kc.backward(), std::invalid_argument) << "H " << h << ", kv_heads " << kv;
+  }
 }
 
 // Two runs of forward + backward give bitwise-identical outputs and gradients, and so does a run

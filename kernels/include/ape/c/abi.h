@@ -8,7 +8,8 @@
  *
  * Memory contract (every entry point):
  *   - The caller owns every buffer; nothing is retained after the call returns. Temporary
- *     workspace (per-(b, h) tiles; contiguous copies of strided arguments) is allocated and freed
+ *     workspace (per-(b, h) tiles; a grouped backward's per-query-head dk, dv for a wave of
+ *     heads; contiguous copies of strided arguments) is allocated and freed
  *     inside the call; a failed allocation returns APE_ERROR_OUT_OF_MEMORY.
  *   - Element (b, h, t, d) of a [B, H, T, D] ape_tensor x is
  *       ((T_*) x.data)[b*x.strides[0] + h*x.strides[1] + t*x.strides[2] + d*x.strides[3]]

@@ -113,7 +113,7 @@ template <class Args> Shape check_shape(const Args *a) {
                   "B, H, T must be >= 0 and D >= 1, got B=" + std::to_string(a->B) +
                       " H=" + std::to_string(a->H) + " T=" + std::to_string(a->T) +
                       " D=" + std::to_string(a->D)};
-  if (a->kv_heads < 0 || (a->kv_heads > 0 && a->H % a->kv_heads != 0))
+  if (a->kv_heads < 0 || (a->kv_heads > 0 && (a->kv_heads > a->H || a->H % a->kv_heads != 0)))
     throw Failure{APE_ERROR_INVALID_SHAPE, "kv_heads must be 0 (= H) or a divisor of H, got kv_heads=" +
                                                std::to_string(a->kv_heads) + " H=" + std::to_string(a->H)};
   Shape s{a->B, a->H, a->T, a->D, 0, 0, a->kv_heads > 0 ? a->kv_heads : a->H};

@@ -1700,12 +1700,13 @@ void forward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, const ModCoefs
 }
 
 // dparams: this slice's private accumulators, parameter n at dparams + poff[n], zeroed.
-// head_dkv (grouped queries, AttnArgs::kv_heads): the (B*H, T, D) arrays of each query head's dk
-// and dv in Real, which attention_backward sums per group; null: dk, dv are the outputs'.
+// head_dkv (grouped queries, AttnArgs::kv_heads): the (wave, T, D) arrays of each query head's
+// dk and dv in Real from slice `wave0` on, which attention_backward sums per group; null: dk, dv
+// are the outputs'.
 template <class Enc, typename Real>
 void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams,
                     const std::array<int64_t, array_len(Enc::kNumParams)> &poff,
-                    const ModCoefs<Real> &coefs, Real *const *head_dkv) {
+                    const ModCoefs<Real> &coefs, Real *const *head_dkv, int64_t wave0) {
   // bf16 products on AMX (amx::wanted): the products read the slice's bf16 operands (below), not
   // k'^T and v^T in Real.
   bool bf16 = false;
@@ -1723,15 +1724,15 @@ void backward_slice(const AttnArgs<Real> &a, int64_t b, int64_t h, Real *dparams
       in_buf = scratch_of<Real>(2 * T * D);
       bf16_to_float(a.bf16_io->o + row * T * D, T * D, in_buf.get());
       bf16_to_float(a.bf16_io->dout + row * T * D, T * D, in_buf.get() + T * D);
-      grad_buf = scratch_of<Real>(3 * T * D);
+      grad_buf = scratch_of<Real>((head_dkv ? 1 : 3) * T * D);  // dq (and dk, dv)
     }
   }
   const Real *o = a.bf16_io ? in_buf.get() : a.o + row * T * D;                // (T, D)
   const Real *lse = a.lse + row * T;                                            // (T)
   const Real *dout = a.bf16_io ? in_buf.get() + T * D : a.dout + row * T * D;  // (T, D)
   Real *dq = a.bf16_io ? grad_buf.get() : a.dq + row * T * D;
-  Real *dk = head_dkv ? head_dkv[0] + row * T * D : a.bf16_io ? grad_buf.get() + T * D : a.dk + row * T * D;
-  Real *dv = head_dkv ? head_dkv[1] + row * T * D : a.bf16_io ? grad_buf.get() + 2 * T * D : a.dv + row * T * D;
+  Real *dk = head_dkv ? head_dkv[0] + (row - wave0) * T * D : a.bf16_io ? grad_buf.get() + T * D : a.dk + row * T * D;
+  Real *dv = head_dkv ? head_dkv[1] + (row - wave0) * T * D : a.bf16_io ? grad_buf.get() + 2 * T * D : a.dv + row * T * D;
 
   std::array<Real *, array_len(Enc::kNumParams)> dparam_ptrs{};
   for (int n = 0; n < Enc::kNumParams; ++n) dparam_ptrs[n] = dparams + poff[n];
@@ -2033,7 +2034,7 @@ template <class F> void each_slice(int64_t n, F &&f) {
 }  // namespace detail
 
 template <typename Real> void check_kv_heads(const AttnArgs<Real> &a) {
-  if (a.kv_heads < 0 || (a.kv_heads > 0 && a.H % a.kv_heads != 0))
+  if (a.kv_heads < 0 || (a.kv_heads > 0 && (a.kv_heads > a.H || a.H % a.kv_heads != 0)))
     throw std::invalid_argument("AttnArgs::kv_heads (" + std::to_string(a.kv_heads) +
                                 ") must divide the query heads H (" + std::to_string(a.H) + ")");
 }
@@ -2067,16 +2068,7 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
     for (int n = 0; n < Enc::kNumParams; ++n) std::fill(a.dparams[n], a.dparams[n] + numel[n], Real(0));
     return;
   }
-  // Grouped queries (AttnArgs::kv_heads): each query head's dk and dv in Real, summed per group
-  // below. (B*H, T, D) each; the groups could be summed in waves as the params are, at more
-  // passes: the kernel's other scratch is per thread, this is the call's.
   const int64_t group = kv_group(a), TD = a.T * a.D;
-  std::vector<Real> head_grads;
-  std::array<Real *, 2> head_dkv{};
-  if (group > 1) {
-    head_grads.resize(static_cast<std::size_t>(2 * slices * TD));
-    head_dkv = {head_grads.data(), head_grads.data() + slices * TD};
-  }
   const auto coefs = detail::mod_coefs<Enc>(a);
   // The slices run in waves of `wave` with one accumulator each, added to the gradients in (b, h)
   // order after the wave: every element's sum is 0 + slice 0 + slice 1 + ... in that order,
@@ -2089,7 +2081,19 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
   threads = omp_get_max_threads();
 #endif
   const int64_t fit = per_slice > 0 ? kParamScratch / (per_slice * int64_t(sizeof(Real))) : slices;
-  const int64_t wave = std::min(slices, std::max({fit, threads, int64_t(1)}));
+  int64_t wave = std::min(slices, std::max({fit, threads, int64_t(1)}));
+  // Grouped queries (AttnArgs::kv_heads): each query head's dk and dv (Real, (wave, T, D) each),
+  // summed per group after each wave. A group's heads are consecutive slices, so a wave of whole
+  // groups (a multiple of `group`, B H is one) holds every term of its sums; at most about four
+  // slices per thread (and one group) keeps the scratch from growing with B H.
+  detail::ScratchPtr<Real> head_grads;
+  std::array<Real *, 2> head_dkv{};
+  if (group > 1) {
+    wave = std::min(wave, std::max(4 * threads, group));
+    wave = std::min(slices, (wave + group - 1) / group * group);
+    head_grads = detail::scratch_of<Real>(2 * wave * TD);
+    head_dkv = {head_grads.get(), head_grads.get() + wave * TD};
+  }
   std::vector<Real> priv(static_cast<std::size_t>(wave * per_slice));
   for (int n = 0; n < Enc::kNumParams; ++n) std::fill(a.dparams[n], a.dparams[n] + numel[n], Real(0));
   for (int64_t s0 = 0; s0 < slices; s0 += wave) {
@@ -2098,8 +2102,26 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
     detail::each_slice(count, [&](int64_t i) {
       const int64_t s = s0 + i;
       detail::backward_slice<Enc>(a, s / a.H, s % a.H, priv.data() + i * per_slice, poff, *coefs,
-                                  group > 1 ? head_dkv.data() : nullptr);
+                                  group > 1 ? head_dkv.data() : nullptr, s0);
     });
+    if (group > 1) {  // dk, dv of key head r = the sum of its group's, in head order
+      detail::each_slice(count / group * 2, [&](int64_t j) {
+        const int64_t r = s0 / group + j / 2;  // the key head's row of (B*kv_heads, T)
+        const bool is_v = j % 2 == 1;
+        const Real *src = head_dkv[is_v] + (j / 2) * group * TD;
+        detail::ScratchPtr<Real> sum_buf;
+        if (a.bf16_io) sum_buf = detail::scratch_of<Real>(TD);
+        Real *sum = a.bf16_io ? sum_buf.get() : (is_v ? a.dv : a.dk) + r * TD;
+        std::copy(src, src + TD, sum);
+        for (int64_t i = 1; i < group; ++i) {
+          const Real *x = src + i * TD;
+          APE_SIMD
+          for (int64_t e = 0; e < TD; ++e) sum[e] += x[e];
+        }
+        if constexpr (std::is_same_v<Real, float>)
+          if (a.bf16_io) detail::float_to_bf16(sum, TD, (is_v ? a.bf16_io->dv : a.bf16_io->dk) + r * TD);
+      });
+    }
     for (int n = 0; n < Enc::kNumParams; ++n) {
       Real *dst = a.dparams[n];
       for (int64_t i = 0; i < count; ++i) {
@@ -2107,25 +2129,6 @@ template <class Enc, typename Real> void attention_backward(const AttnArgs<Real>
         for (int64_t e = 0; e < numel[n]; ++e) dst[e] += src[e];
       }
     }
-  }
-  if (group > 1) {  // dk, dv of key head r = the sum of its group's, in head order
-    detail::each_slice(a.B * a.kv_heads * 2, [&](int64_t s) {
-      const int64_t r = s / 2;
-      const bool is_v = s % 2 == 1;
-      const Real *src = head_dkv[is_v] + r * group * TD;
-      detail::ScratchPtr<Real> sum_buf;
-      Real *dst = is_v ? a.dv : a.dk;
-      if (a.bf16_io) sum_buf = detail::scratch_of<Real>(TD);
-      Real *sum = a.bf16_io ? sum_buf.get() : dst + r * TD;
-      std::copy(src, src + TD, sum);
-      for (int64_t i = 1; i < group; ++i) {
-        const Real *x = src + i * TD;
-        APE_SIMD
-        for (int64_t e = 0; e < TD; ++e) sum[e] += x[e];
-      }
-      if constexpr (std::is_same_v<Real, float>)
-        if (a.bf16_io) detail::float_to_bf16(sum, TD, (is_v ? a.bf16_io->dv : a.bf16_io->dk) + r * TD);
-    });
   }
 }
 

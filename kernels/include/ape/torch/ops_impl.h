@@ -191,7 +191,7 @@ inline void check_inputs(const KernelInputs &in, const char *op, const at::Tenso
                         q.sym_size(2), D};
   check_like_q(w, q, k, "k", kshape, "[B, H_kv, T, D] (q's B, T and D; H_kv = H or a divisor of it)");
   const c10::SymInt &Hk = kshape[1];
-  TORCH_CHECK_VALUE(Hk == H || (Hk >= 1 && H % Hk == 0), w, "k has ", Hk, " heads and q ", H,
+  TORCH_CHECK_VALUE(Hk == H || (Hk >= 1 && Hk <= H && H % Hk == 0), w, "k has ", Hk, " heads and q ", H,
                     ": grouped-query attention needs q's heads to be a multiple of k's");
   check_like_q(w, q, v, "v", kshape, "[B, H_kv, T, D] (k's shape)");
 
