@@ -141,6 +141,7 @@ MISMATCH = 5e-2  # max |o - APE's o| above this is flagged (bf16: about 1e-2 exp
 T5_TABLE_STD = 0.5
 SETTINGS = {}  # --ape-settings: NAME -> {VAR: VALUE}, the methods ape:NAME
 KERNEL_TIMES = False  # --kernel-times
+KV_HEADS = 0  # --kv-heads: key/value heads (0: H)
 KERNEL_REPS = 3  # calls profiled per phase
 KERNEL_ROWS = 8  # kernels listed per phase (the rest summed as one row)
 GIB, MIB = 1 << 30, 1 << 20
@@ -333,7 +334,9 @@ class Case:
 
         def randn(*shape):
             return torch.randn(*shape, generator=g, device=device, dtype=bf16)
-        self.q, self.k, self.v = (randn(B, H, T, D).requires_grad_() for _ in range(3))
+        KV = KV_HEADS or H  # --kv-heads: grouped-query attention, every method given the same groups
+        self.gqa = KV != H
+        self.q, self.k, self.v = (randn(B, n, T, D).requires_grad_() for n in (H, KV, KV))
         self.dout = randn(B, H, T, D)
         self.features = [randn(B, H, T).requires_grad_() for _ in helper.FEATURES]
         init = helper.init_params(H, D)
@@ -423,7 +426,7 @@ def flex_builder(case):
     block_mask = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, case.T, case.T, device=case.device)
 
     def run(q, k, score_mod=None):
-        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=case.scale)
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=case.scale, enable_gqa=case.gqa)
     if enc == "nope":
         return lambda: run(q, k)
     if enc == "rope":
@@ -479,7 +482,8 @@ def candidates(method, case, mask_limit_gib):
             def fwd():
                 qq, kk = (rotate(q, *rot), rotate(k, *rot)) if rot else (q, k)
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qq, kk, v, is_causal=True, scale=scale)
+                    return F.scaled_dot_product_attention(qq, kk, v, is_causal=True, scale=scale,
+                                                          enable_gqa=case.gqa)
             return fwd
         return [("", sdpa)]
     if method == "sdpa-mask":
@@ -497,7 +501,8 @@ def candidates(method, case, mask_limit_gib):
                 def fwd():
                     m = mask()
                     with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale)
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale,
+                                                              enable_gqa=case.gqa)
                 return fwd
             return build
         return [("memory-efficient backend", masked(SDPBackend.EFFICIENT_ATTENTION)),
@@ -1217,6 +1222,9 @@ def main():
     ap.add_argument("--mask-limit-gib", type=float, default=4.0,
                     help="skip sdpa-mask where its (B, H, T, T) bf16 mask takes more (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-heads", type=int, default=0,
+                    help="key/value heads, dividing each configuration's H: grouped-query attention, every method "
+                         "given the same groups (enable_gqa for the peers); 0: H")
     ap.add_argument("--md", help="write the Markdown report here (it is printed either way)")
     ap.add_argument("--csv", help="write one row per (encoding, method, config, phase) here")
     ap.add_argument("--kernel-times", action="store_true",
@@ -1234,8 +1242,11 @@ def main():
         sys.exit(f"unknown methods {bad} (known: {','.join(METHODS)})" if bad else "no encodings")
     configs = parse_configs(args.configs) if args.configs else (QUICK if args.quick else FULL)
     SETTINGS.update(parse_settings(args.ape_settings))
-    global KERNEL_TIMES
+    global KERNEL_TIMES, KV_HEADS
     KERNEL_TIMES = args.kernel_times
+    KV_HEADS = args.kv_heads
+    if args.kv_heads < 0 or any(args.kv_heads and c[1] % args.kv_heads for c in configs):
+        sys.exit(f"--kv-heads {args.kv_heads} must divide every configuration's H")
     if args.selftest_cpu and not args.configs:
         configs = [(1, 2, 256, 64), (2, 2, 128, 128)]
     if args.one_encoding and not args.cells_json:
@@ -1271,7 +1282,8 @@ def parent_main(args, encodings, methods, configs):
     work = tempfile.mkdtemp(prefix="gpu_bench.")
     forward = ["--libs", args.libs, "--configs", ",".join(config_arg(c) for c in configs),
                "--methods", ",".join(methods), "--mask-limit-gib", repr(args.mask_limit_gib),
-               "--seed", str(args.seed)] + (["--selftest-cpu"] if args.selftest_cpu else []) + \
+               "--seed", str(args.seed), "--kv-heads", str(args.kv_heads)] + \
+        (["--selftest-cpu"] if args.selftest_cpu else []) + \
         (["--kernel-times"] if args.kernel_times else []) + \
         (["--ape-settings", args.ape_settings] if args.ape_settings else [])
     proc = None
@@ -1286,6 +1298,9 @@ def parent_main(args, encodings, methods, configs):
             ("Command", "`" + " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv) + "`"),
             ("Spot check", f"at {config_name(check_cfg)}: each peer's o against APE's, MISMATCH above {MISMATCH:g}"),
         ]
+        if args.kv_heads:
+            header.append(("Key/value heads", f"{args.kv_heads} (grouped-query attention: H / {args.kv_heads} "
+                                              "query heads per key/value head, every method given the groups)"))
         if status:
             header.append(("Status", status))
         report(args, cells, rows_order, configs, header, load_notes + crash_notes + check_notes, final)

@@ -38,3 +38,12 @@ def test_a_crashed_process_costs_its_cells(tmp_path):
     rc, md, out = bench(tmp_path, env={"APE_BENCH_TEST_CRASH": "rope:exit"})
     assert rc == 3, out
     assert "crashed: exit status 7 in ape at B1 H2 T64 D32" in md, md
+
+
+def test_grouped_queries(tmp_path):
+    """--kv-heads: k and v of fewer heads reach the methods (APE's operator and SDPA with
+    enable_gqa, spot-checked against each other), and the report says so."""
+    rc, md, out = bench(tmp_path, "--kv-heads", "1", "--methods", "ape,sdpa-flash")
+    assert rc == 0, out
+    assert "Key/value heads" in md and "1 (grouped-query attention" in md, md
+    assert "MISMATCH" not in md.split("## TFLOP/s")[-1], md
