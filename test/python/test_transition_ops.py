@@ -91,6 +91,25 @@ def test_every_layer_matches_the_reference(encoding, device):
     assert transformed >= 6, "the reference transformed too few layers for the check to mean anything"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("encoding", TRANSITION_ENCODINGS)
+def test_grouped_queries(encoding, device):
+    """k and v of 2 and 1 key/value heads for 4 query heads (grouped-query attention): every
+    layer against the reference over k and v repeated to the query heads."""
+    h, t = helper(encoding), helper(encoding).MANIFEST["transition"]
+    torch.manual_seed(7)
+    B, H, T, D, N = 1, 4, 150, 16, 6
+    q = torch.randn(B, H, T, D, dtype=torch.float64)
+    for kv in (2, 1):
+        k, v = (torch.randn(B, kv, T, D, dtype=torch.float64) for _ in range(2))
+        kr, vr = (x.repeat_interleave(H // kv, 1) for x in (k, v))
+        for layer in range(N):
+            want = transition_reference(q, kr, vr, layer, N, t)
+            with torch.no_grad():
+                got = h.attention(q.to(device), k.to(device), v.to(device), layer=layer, num_layers=N)
+            close(got.cpu(), want, f"{encoding} o at layer {layer} of {N}, {kv} key heads", atol=1e-12)
+
+
 @pytest.mark.parametrize("encoding", TRANSITION_ENCODINGS)
 def test_untransformed_layers_equal_rope(encoding):
     """Layers the transition leaves alone (0, the last two, num_layers 0, a prompt too short) are
