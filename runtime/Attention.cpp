@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "ape/torch/autograd.h"
+#include "ape/torch/derived_params.h"
 #include "ape/cpu/kernel_call.h"
 #include "runtime/CudaAttention.h"
 
@@ -23,7 +24,7 @@ namespace {
 // the CUDA ones (and the emulated CUDA path). Autograd sums the repeated tensor's gradient back
 // over each group. The CPU kernels read the groups in place (AttnArgs::kv_heads).
 at::Tensor to_query_heads(const at::Tensor &x, const at::Tensor &q) {
-  return x.size(1) == q.size(1) ? x : x.repeat_interleave(q.size(1) / x.size(1), 1);
+  return derived::to_query_heads(x, x.size(1), q.size(1), 1);
 }
 
 std::string describe(const at::Tensor &t) {

@@ -243,8 +243,8 @@ torch::Tensor EncodedAttentionImpl::forward_cached(const torch::Tensor &xn, Laye
   const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
   Inputs in = inputs(xn, pos0);
   if (in.k.size(1) != H) {  // grouped keys: the decode caches hold each query head's (docs/decoding.md, Not done yet)
-    in.k = in.k.repeat_interleave(H / in.k.size(1), 1);
-    in.v = in.v.repeat_interleave(H / in.v.size(1), 1);
+    in.k = ape::derived::to_query_heads(in.k, in.k.size(1), H, 1);
+    in.v = ape::derived::to_query_heads(in.v, in.v.size(1), H, 1);
   }
   torch::Tensor o = decode_attention(*entry_, cache, capacity, in.q, in.k, in.v, in.feats,
                                      kernel_params(), manifest_->scale_for(D),

@@ -96,6 +96,35 @@ def test_cuda_kernels_match_reference(encoding, shape, dtype):
         assert err <= 2 * err_torch + floor, f"output {i}: {err:.3e} > 2 x {err_torch:.3e} + {floor:.1e}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("encoding", CUDA_ENCODINGS)
+def test_cuda_grouped_queries(encoding, dtype):
+    """k and v of 2 key/value heads for 4 query heads on the CUDA kernels (the operator repeats them
+    to the query heads and sums their gradients per group; no host synchronisation): o and dq
+    bitwise those of the call on k and v repeated by hand, dk and dv its gradients summed per
+    group; f32 also against the float64 C++ reference over the repeated k, v."""
+    B, H, T, D, kv = 2, 4, 77, 64, 2
+    q, k, v, features, params = make_inputs(encoding, B, H, T, D, dtype, "cuda", seed=11)
+    kg, vg = (t.detach()[:, :kv].clone().requires_grad_() for t in (k, v))
+    dout = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(2)).to(dtype).cuda()
+    got = _run(encoding, q, kg, vg, features, params, dout)
+    assert got[2].shape == kg.shape and got[3].shape == vg.shape
+    kr, vr = (t.detach().repeat_interleave(H // kv, 1).requires_grad_() for t in (kg, vg))
+    rep = _run(encoding, q, kr, vr, features, params, dout)
+    assert torch.equal(got[0], rep[0]) and torch.equal(got[1], rep[1])
+    for i in (2, 3):  # the same gradient summed over each group (in float32, then rounded once)
+        want = rep[i].float().view(B, kv, H // kv, T, D).sum(2).to(dtype)
+        assert torch.equal(got[i], want), f"output {i}"
+    if dtype == torch.float32:
+        exact = kernel_reference(encoding, q, kr, vr, features, params, dout)
+        for i in (2, 3):
+            exact[i] = exact[i].view(B, kv, H // kv, T, D).sum(2)
+        n_pre = 4 + len(features)
+        for i, (g, e) in enumerate(zip(got, exact)):
+            atol = 1e-4 * max(1.0, e.abs().max().item())
+            close(g, e, f"output {i}", atol=max(atol, pair_sum_bound(e)) if i >= n_pre else atol)
+
+
 def test_cuda_misaligned_views_run_on_aligned_copies():
     """q, k, v and dout as contiguous views 2 bytes into a flat buffer: the kernels take 16-byte
     aligned rows only (cuda/kernel_entry.h refuses others); the operator copies such views and

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace ape::derived {
 
@@ -20,9 +21,16 @@ namespace ape::derived {
 inline int64_t weight_heads(const at::Tensor &W, int64_t D) {
   return W.sym_size(0).guard_int(__FILE__, __LINE__) / D;
 }
-// x with its `dim` of Hw heads repeated to H (each head H / Hw times in a row).
+// x with its `dim` of Hw heads repeated to H, each H / Hw times in a row (query head h reads
+// head h / (H / Hw)): an expand and a copy, never a host sync (repeat_interleave may size its
+// output from the device). Also the operator library's and the runtime's grouped k and v for the
+// CUDA kernels (ops_impl.h, runtime/Attention.cpp).
 inline at::Tensor to_query_heads(const at::Tensor &x, int64_t Hw, int64_t H, int64_t dim) {
-  return Hw == H ? x : x.repeat_interleave(H / Hw, dim);
+  if (Hw == H) return x;
+  std::vector<int64_t> grouped = x.sizes().vec(), out = x.sizes().vec();
+  grouped.insert(grouped.begin() + dim + 1, H / Hw);
+  out[static_cast<size_t>(dim)] = H;
+  return x.unsqueeze(dim + 1).expand(grouped).reshape(out);
 }
 
 // init "projection_term": (W[:, :columns] @ u).view(H, D), u_j = start + step·j.

@@ -387,7 +387,7 @@ enum class Where { kCpu, kCuda, kMeta };
 // dtype, accumulated in float32 by the sum). Copies of k and v: the CPU kernel reads the groups in
 // place (AttnArgs::kv_heads).
 inline at::Tensor repeated_to_heads(const at::Tensor &x, const at::Tensor &q) {
-  return x.size(1) == q.size(1) ? x : x.repeat_interleave(q.size(1) / x.size(1), 1);
+  return derived::to_query_heads(x, x.size(1), q.size(1), 1);
 }
 inline at::Tensor summed_over_groups(const at::Tensor &g, const at::Tensor &x) {
   if (g.size(1) == x.size(1)) return g;
