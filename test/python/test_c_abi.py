@@ -96,6 +96,24 @@ class Call:
         return arr
 
 
+def check_backward(encoding, c, suffix, names, params, dout, grads, grads_ref, atol, what=""):
+    """Runs c's backward into grads = (dq, dk, dv) and fresh dfeatures / dparams, and compares
+    them (the trainable params') with grads_ref; a fixed param's gradient must be zeros."""
+    dtype, (B, H, T, _) = grads[0].dtype, grads[0].shape
+    dfeat = [torch.zeros(B, H, T, dtype=dtype) for _ in helper(encoding).FEATURES]
+    dparams = [torch.zeros_like(params[n].detach().to(dtype)).contiguous() for n in names]
+    c.args.dout = c.view(dout)
+    c.args.dq, c.args.dk, c.args.dv = (c.view(g) for g in grads)
+    c.args.dfeatures, c.args.dparams = c.views(dfeat), c.pointers(dparams)
+    assert fn(encoding, "backward_" + suffix)(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
+    got = [*grads, *dfeat, *[dparams[i] for i, n in enumerate(names) if params[n].requires_grad]]
+    for i, (g, g_ref) in enumerate(zip(got, grads_ref)):
+        close(g, g_ref, f"gradient {i}{what}", atol=10 * atol, rtol=10 * atol)
+    for i, n in enumerate(names):  # a fixed param gets zeros
+        if not params[n].requires_grad:
+            assert (dparams[i] == 0).all(), n
+
+
 def strided_like(shape, dtype):
     """A (B, H, T, D) view of (B, T, H, D) memory, as attention sees a projection's output."""
     B, H, T, D = shape
@@ -126,19 +144,8 @@ def test_forward_backward_match_reference(encoding, shape, dtype):
     atol = 1e-10 if dtype == torch.float64 else 2e-5
     close(o, o_ref, "o", atol=atol, rtol=atol)
 
-    dq, dk, dv = (strided_like(shape, dtype) for _ in range(3))
-    dfeat = [torch.zeros(B, H, T, dtype=dtype) for _ in features]
-    dparams = [torch.zeros_like(cast(params[n])).contiguous() for n in names]
-    c.args.dout = c.view(strided_like(shape, dtype).copy_(cast(dout)))
-    c.args.dq, c.args.dk, c.args.dv = c.view(dq), c.view(dk), c.view(dv)
-    c.args.dfeatures, c.args.dparams = c.views(dfeat), c.pointers(dparams)
-    assert fn(encoding, "backward_" + suffix)(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
-    got = [dq, dk, dv, *dfeat, *[dparams[i] for i, n in enumerate(names) if params[n].requires_grad]]
-    for i, (g, g_ref) in enumerate(zip(got, grads_ref)):
-        close(g, g_ref, f"gradient {i}", atol=10 * atol, rtol=10 * atol)
-    for i, n in enumerate(names):  # a fixed param gets zeros
-        if not params[n].requires_grad:
-            assert (dparams[i] == 0).all(), n
+    check_backward(encoding, c, suffix, names, params, strided_like(shape, dtype).copy_(cast(dout)),
+                   [strided_like(shape, dtype) for _ in range(3)], grads_ref, atol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
@@ -166,19 +173,11 @@ def test_grouped_queries_match_reference(encoding, dtype):
         assert fn(encoding, "forward_" + suffix)(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
         atol = 1e-10 if dtype == torch.float64 else 2e-5
         close(o, o_ref, f"o (kv_heads {kv})", atol=atol, rtol=atol)
-        dq, dk, dv = torch.zeros(B, H, T, D, dtype=dtype), *(torch.zeros(B, kv, T, D, dtype=dtype) for _ in range(2))
-        dfeat = [torch.zeros(B, H, T, dtype=dtype) for _ in features]
-        dparams = [torch.zeros_like(cast(params[n])) for n in names]
-        c.args.dout = c.view(cast(dout))
-        c.args.dq, c.args.dk, c.args.dv = c.view(dq), c.view(dk), c.view(dv)
-        c.args.dfeatures, c.args.dparams = c.views(dfeat), c.pointers(dparams)
-        assert fn(encoding, "backward_" + suffix)(ctypes.byref(c.args)) == APE_OK, fn(encoding, "last_error")()
-        got = [dq, dk, dv, *dfeat, *[dparams[i] for i, n in enumerate(names) if params[n].requires_grad]]
-        for i, (g, g_ref) in enumerate(zip(got, grads_ref)):
-            close(g, g_ref, f"gradient {i} (kv_heads {kv})", atol=10 * atol, rtol=10 * atol)
+        grads = [torch.zeros(B, H, T, D, dtype=dtype), *(torch.zeros(B, kv, T, D, dtype=dtype) for _ in range(2))]
+        check_backward(encoding, c, suffix, names, params, cast(dout), grads, grads_ref, atol, f" (kv_heads {kv})")
     c.args.kv_heads = 3  # not a divisor of H = 4
     assert fn(encoding, "forward_f64")(ctypes.byref(c.args)) == APE_ERROR_INVALID_SHAPE
-    assert b"kv_heads must be 0 (= H) or a divisor of H, got kv_heads=3 H=4" in fn(encoding, "last_error")()
+    assert b"kv_heads must be 0 (= H) or a divisor of H in [1, H], got kv_heads=3 H=4" in fn(encoding, "last_error")()
     c.args.H, c.args.kv_heads = 0, 2  # more key heads than query heads (none): no group to read them
     assert fn(encoding, "backward_f64")(ctypes.byref(c.args)) == APE_ERROR_INVALID_SHAPE
     assert b"got kv_heads=2 H=0" in fn(encoding, "last_error")()

@@ -114,7 +114,7 @@ template <class Args> Shape check_shape(const Args *a) {
                       " H=" + std::to_string(a->H) + " T=" + std::to_string(a->T) +
                       " D=" + std::to_string(a->D)};
   if (a->kv_heads < 0 || (a->kv_heads > 0 && (a->kv_heads > a->H || a->H % a->kv_heads != 0)))
-    throw Failure{APE_ERROR_INVALID_SHAPE, "kv_heads must be 0 (= H) or a divisor of H, got kv_heads=" +
+    throw Failure{APE_ERROR_INVALID_SHAPE, "kv_heads must be 0 (= H) or a divisor of H in [1, H], got kv_heads=" +
                                                std::to_string(a->kv_heads) + " H=" + std::to_string(a->H)};
   Shape s{a->B, a->H, a->T, a->D, 0, 0, a->kv_heads > 0 ? a->kv_heads : a->H};
   s.rows = mul(mul(s.B, s.H), s.T);
