@@ -29,9 +29,9 @@ def rows(tool, spec, seed):
         p = line.split()
         if len(p) < 8 or p[1] not in ("fp32", "fp64"):
             continue
-        # The cell, with its layer where an attention transition is checked ("2x2x150x64 L3"); a
-        # failing row may end with a note in parentheses.
-        k = 4 if re.fullmatch(r"L\d+", p[3]) else 3
+        # The cell, with its layer where an attention transition is checked ("2x2x150x64 L3") or its
+        # key heads where grouped ("2x6x37x16 kv3"); a failing row may end with a note in parentheses.
+        k = 4 if re.fullmatch(r"L\d+|kv\d+", p[3]) else 3
         if len(p) < k + 5 or p[k + 4] not in ("pass", "FAIL"):
             continue
         yield p[0], p[1], " ".join(p[2:k]), float(p[k + 1]), (None if p[k + 2] == "-" else float(p[k + 2]))
@@ -61,13 +61,14 @@ def main():
                 if prec == "fp64":
                     worst64 = max(worst64, (rel, where))
                     continue
-                cls = "param gradients" if q.startswith("dparam:") else "o, lse, dq, dk, dv, features"
+                base = q.split(":", 1)[1] if q.startswith(("grouped:", "grouped-decode:")) else q
+                cls = "param gradients" if base.startswith("dparam:") else "o, lse, dq, dk, dv, features"
                 if rel > 1e-6 and y > 0:
                     ratio[cls] = max(ratio[cls], (rel / y, where))
                 B, H, T, D = (int(x) for x in cell.split()[0].split("x"))
                 # (runtime/SpecCheck.cpp, param_floor_scale: sqrt of the pairs, times sqrt(D/16) above 16)
                 scale = math.sqrt(B * H * T * (T + 1) / 2) * math.sqrt(max(1.0, D / 16))
-                floor = PARAM_FLOOR * scale if q.startswith("dparam:") else FLOOR
+                floor = PARAM_FLOOR * scale if base.startswith("dparam:") else FLOOR
                 tol = max(FACTOR * y, floor)
                 if rel > 0:
                     margin[cls] = min(margin[cls], (tol / rel, where))

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "ape/cpu/kernel_entry.h"
+#include "ape/torch/derived_params.h"
 #include "runtime/Attention.h"
 #include "runtime/CudaAttention.h"
 
@@ -59,6 +60,7 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
   at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   at::Tensor o = at::empty_like(qc);
   DecodeArgs<T> a{};
+  a.kv_heads = k.size(1) == q.size(1) ? 0 : k.size(1);
   a.B = q.size(0), a.H = q.size(1), a.n = q.size(2), a.D = q.size(3);
   a.q = qc.data_ptr<T>(), a.k = kc.data_ptr<T>(), a.v = vc.data_ptr<T>();
   a.features = fp.data(), a.params = pp.data();
@@ -70,17 +72,30 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
   return o;
 }
 
+// k and v: (B, H_kv, n, D) of q's dtype and device, H_kv dividing q's H (grouped-query attention).
+void check_keys(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
+  for (const at::Tensor *t : {&k, &v})
+    if (!t->defined() || t->dim() != 4 || t->size(0) != q.size(0) || t->size(2) != q.size(2) ||
+        t->size(3) != q.size(3) || t->scalar_type() != q.scalar_type() || t->device() != q.device())
+      bad(e, "k and v must be (B, H_kv, n, D) like q's (B, H, n, D), of its dtype and device");
+  if (v.size(1) != k.size(1) || k.size(1) < 1 || q.size(1) % k.size(1) != 0)
+    bad(e, "k and v must have the same number of heads, a divisor of q's " + std::to_string(q.size(1)) +
+               " (got " + std::to_string(k.size(1)) + " and " + std::to_string(v.size(1)) + ")");
+}
+
 // A step on a GPU: the new tokens copied into the cache's rows, then the CUDA forward over all of
 // them from the first new row (CudaAttnArgs::first_row), reading the cache in place (ld; km, krel, tok: what the kernels keep).
 at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &cache, int64_t capacity,
-                         const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                         const at::Tensor &q, const at::Tensor &k0, const at::Tensor &v0,
                          const std::vector<at::Tensor> &features, const std::vector<at::Tensor> &params,
                          double scale, AttnLayer layer) {
   if (cache.f32.started() || cache.f64.started()) bad(e, "the cache holds CPU steps (one cache serves one device)");
   if (q.dim() != 4 || q.size(2) < 1) bad(e, "q must be (B, H, n, D) with n >= 1");
-  for (const at::Tensor *t : {&k, &v})
-    if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() || t->device() != q.device())
-      bad(e, "k and v must match q");
+  check_keys(e, q, k0, v0);
+  // Grouped keys are repeated to every query head: the GPU cache holds H heads (the CUDA kernels
+  // read one key head a query head).
+  const at::Tensor k = derived::to_query_heads(k0, k0.size(1), q.size(1), 1);
+  const at::Tensor v = derived::to_query_heads(v0, v0.size(1), q.size(1), 1);
   check_side_inputs(e, m, q, features, params, false);
   const int64_t L0 = cache.len(), n = q.size(2);
   if (L0 + n > capacity)
@@ -144,9 +159,7 @@ at::Tensor decode_attention(const KernelEntry &e, LayerCache &cache, int64_t cap
   const bool f32 = q.scalar_type() == at::kFloat;
   if (!q.defined() || q.dim() != 4 || !(f32 || q.scalar_type() == at::kDouble) || !q.device().is_cpu())
     bad(e, "q must be (B, H, n, D) float32 or float64 on the CPU");
-  for (const at::Tensor *t : {&k, &v})
-    if (!t->defined() || t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() || !t->device().is_cpu())
-      bad(e, "k and v must match q");
+  check_keys(e, q, k, v);
   check_side_inputs(e, m, q, features, params, true);
   if (cache.k.defined()) bad(e, "the cache holds GPU steps (one cache serves one device)");
   if ((f32 && cache.f64.started()) || (!f32 && cache.f32.started()))

@@ -2,12 +2,16 @@
 // docs/decoding.md).
 //
 //   o = decode_attention(entry, cache, q, k, v, features, params, scale)
-//     q, k, v   (B, H, n, D)  float32 or float64 on the CPU (the entry's decode steps), or
+//     q         (B, H, n, D)  float32 or float64 on the CPU (the entry's decode steps), or
 //                             float32 / bfloat16 / float16 on a GPU (the generated CUDA
 //                             kernels' forward over every token so far, from the first new row:
 //                             the rows of the full forward, bit for bit where the step runs
 //                             unsplit, within 16-bit rounding where it splits its keys over
 //                             blocks, as ape/cuda/decode.h)
+//     k, v      (B, H_kv, n, D), q's dtype: H_kv = H, or a divisor of H (grouped-query attention:
+//               query head h reads key head h / (H / H_kv)); the CPU cache keeps them per key head
+//               (and k' too where the k mod reads neither the head nor the data: ape/cpu/decode.h),
+//               the GPU cache repeated to every query head
 //     features  n_features x (B, H, n), same dtype     (manifest "features", in order)
 //     params    n_params tensors, shapes per manifest  (as fused_attention)
 //     o         (B, H, n, D): the new queries' attention over every cached token and themselves

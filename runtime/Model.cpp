@@ -241,11 +241,7 @@ torch::Tensor EncodedAttentionImpl::forward_cached(const torch::Tensor &xn, Laye
                                                    int64_t pos0, int64_t capacity) {
   torch::NoGradGuard no_grad;
   const int64_t B = xn.size(0), T = xn.size(1), H = cfg_.heads, D = cfg_.head_dim();
-  Inputs in = inputs(xn, pos0);
-  if (in.k.size(1) != H) {  // grouped keys: the decode caches hold each query head's (docs/decoding.md, Not done yet)
-    in.k = ape::derived::to_query_heads(in.k, in.k.size(1), H, 1);
-    in.v = ape::derived::to_query_heads(in.v, in.v.size(1), H, 1);
-  }
+  Inputs in = inputs(xn, pos0);  // k, v of key_heads() heads: the cache keeps them so (runtime/Decode.h)
   torch::Tensor o = decode_attention(*entry_, cache, capacity, in.q, in.k, in.v, in.feats,
                                      kernel_params(), manifest_->scale_for(D),
                                      AttnLayer{layer_, cfg_.layers});

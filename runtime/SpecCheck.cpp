@@ -88,6 +88,8 @@ struct Cell {
   double scale = 0;
   SpecReference::Site site;   // an attention transition's layer of num_layers
   bool forward_only = false;  // an inference-only kernel: o and lse, no backward
+  // k and v of fewer heads than q (grouped-query attention): their heads, else 0 (as AttnArgs).
+  int64_t kv_heads() const { return k.size(1) == shape.H ? 0 : k.size(1); }
   std::string label() const {
     return site.num_layers > 0 ? shape.str() + " L" + std::to_string(site.layer) : shape.str();
   }
@@ -222,7 +224,7 @@ template <class Real> struct KernelRun {
     for (const auto &f : c.features) feat.push_back(cvt(f));
     for (const auto &t : c.params) prm.push_back(cvt(t));
     o = at::empty_like(q), lse = at::empty({c.shape.B, c.shape.H, c.shape.T}, at::dtype(kType));
-    dq = at::empty_like(q), dk = at::empty_like(q), dv = at::empty_like(q);
+    dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
     for (auto &f : feat) dfeat.push_back(at::empty_like(f)), feat_p.push_back(f.data_ptr<Real>());
     for (auto &t : prm) dprm.push_back(at::empty_like(t)), prm_p.push_back(t.data_ptr<Real>());
     for (auto &t : dfeat) dfeat_p.push_back(t.data_ptr<Real>());
@@ -234,6 +236,7 @@ template <class Real> struct KernelRun {
         dout.data_ptr<Real>(), dq.data_ptr<Real>(), dk.data_ptr<Real>(), dv.data_ptr<Real>(),
         dfeat_p.data(), dprm_p.data());
     args.layer = c.site.layer, args.num_layers = c.site.num_layers;
+    args.kv_heads = c.kv_heads();
   }
   static void poison(Tensor &t) { t.fill_(std::numeric_limits<Real>::quiet_NaN()); }
   void forward() {
@@ -350,6 +353,7 @@ Outputs run_decode(const KernelEntry &e, const Cell &c, const std::vector<int64_
     a.scale = static_cast<Real>(c.scale);
     a.o = os.data_ptr<Real>(), a.lse = ls.data_ptr<Real>();
     a.layer = c.site.layer, a.num_layers = c.site.num_layers;
+    a.kv_heads = c.kv_heads();
     if constexpr (std::is_same_v<Real, float>) e.decode->step_f32(cache, a);
     else e.decode->step_f64(cache, a);
     o.narrow(2, L0, n).copy_(os), lse.narrow(2, L0, n).copy_(ls);
@@ -595,6 +599,87 @@ void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell
   }
 }
 
+// Grouped-query attention (AttnArgs::kv_heads, docs/frameworks.md) at the grid's cell with the
+// most heads (T > 1): its heads doubled, k and v of its H heads (groups of 2, query head h reading
+// key head h / 2), or, where the spec pins model_dim (so H), k and v of H / p heads (p the
+// smallest prime factor of H; no rows where H is 1). Through the kernel's fp64 and fp32 forward and
+// backward (and its decode steps, with `decode`), against the reference over k and v repeated to
+// every query head, dk and dv summed over each group: rows grouped:QUANTITY and grouped-decode:o,
+// :lse with the tolerances of the rows without groups.
+void check_grouped(const KernelEntry &entry, const SpecReference &ref, const Manifest &man,
+                   const std::vector<CheckShape> &grid, const CheckOptions &opt, Table &table) {
+  const CheckShape *widest = nullptr;
+  for (const CheckShape &s : grid)
+    if (s.T > 1 && (!widest || s.H > widest->H || (s.H == widest->H && s.T > widest->T))) widest = &s;
+  if (!widest || (man.model_dim_hint && widest->H < 2)) return;
+  CheckShape shape = *widest;
+  int64_t p = 2;
+  if (man.model_dim_hint)
+    while (shape.H % p != 0) ++p;
+  else
+    shape.H *= 2;
+  const int64_t kv = shape.H / p, B = shape.B, T = shape.T, D = shape.D;
+  Cell c = make_cell(man, shape, opt.seed * 104729u);
+  c.k = c.k.narrow(1, 0, kv).contiguous(), c.v = c.v.narrow(1, 0, kv).contiguous();
+  Cell repeated = c;
+  repeated.k = c.k.repeat_interleave(p, 1), repeated.v = c.v.repeat_interleave(p, 1);
+  auto summed = [&](Outputs o) {
+    for (const char *g : {"dk", "dv"}) o[g] = o.at(g).view({B, kv, p, T, D}).sum(2);
+    return o;
+  };
+  const std::string label = c.label() + " kv" + std::to_string(kv);
+  const Outputs r64 = summed(run_reference(ref, man, repeated, at::kDouble));
+  const Outputs r32 = summed(run_reference(ref, man, repeated, at::kFloat));
+  Outputs k64, k32;
+  try {
+    k64 = run_kernel<double>(entry, man, c);
+    k32 = run_kernel<float>(entry, man, c);
+  } catch (const std::exception &e) {
+    CheckRow row{"grouped:o", "fp64", label, NAN, NAN, -1, opt.fp64_tol};
+    row.note = e.what();
+    table.add(row);
+    return;
+  }
+  std::vector<std::string> order = {"o", "lse", "dq", "dk", "dv"};
+  for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
+  for (const ParamSpec &prm : man.params) order.push_back("dparam:" + prm.name);
+  for (const std::string &q : order) {
+    const Tensor &want = r64.at(q);
+    const Error e64 = compare(k64.at(q), want);
+    table.add({"grouped:" + q, "fp64", label, e64.max_abs, e64.rel, -1, opt.fp64_tol});
+    const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(shape, r64, q)
+                                                    : opt.fp32_floor;
+    table.add(fp32_row("grouped:" + q, "fp32", label, compare(k32.at(q), want), compare(r32.at(q), want),
+                       floor, opt));
+  }
+  if (!opt.decode || !entry.decode || !entry.decode->step_f64 || !entry.decode->step_f32) return;
+  const std::vector<int64_t> steps = decode_steps(T);
+  const std::string schedule = "decode steps of " + steps_text(steps) + " tokens";
+  Outputs d64, d32;
+  try {
+    d64 = run_decode<double>(entry, c, steps);
+    d32 = run_decode<float>(entry, c, steps);
+  } catch (const std::exception &e) {
+    CheckRow row{"grouped-decode:o", "fp64", label, NAN, NAN, -1, opt.fp64_tol};
+    row.note = schedule + ": " + e.what();
+    table.add(row);
+    return;
+  }
+  const Outputs e64 = decode_reference(ref, man, repeated, steps, at::kDouble);
+  const Outputs e32 = decode_reference(ref, man, repeated, steps, at::kFloat);
+  for (const char *name : {"o", "lse"}) {
+    const std::string q = std::string("grouped-decode:") + name;
+    const Error err = compare(d64.at(name), e64.at(name));
+    CheckRow row{q, "fp64", label, err.max_abs, err.rel, -1, opt.fp64_tol};
+    row.note = schedule;
+    table.add(row);
+    CheckRow r32row = fp32_row(q, "fp32", label, compare(d32.at(name), e64.at(name)),
+                               compare(e32.at(name), e64.at(name)), opt.fp32_floor, opt);
+    r32row.note = r32row.note.empty() ? schedule : schedule + "; " + r32row.note;
+    table.add(r32row);
+  }
+}
+
 }  // namespace
 
 CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, const CheckOptions &opt) {
@@ -695,6 +780,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
     report.rows = table.rows;
     return report;
   }
+  check_grouped(entry, ref, man, grid, opt, table);
   // The emulated CUDA kernels (CheckOptions::cuda_dtypes), at the cells of their head dims.
   for (size_t cell = 0; cell < grid.size() && opt.use_kernels; ++cell) {
     const Cell base = make_cell(man, grid[cell], opt.seed * 1000003u + cell);  // the CPU rows' inputs
@@ -773,10 +859,10 @@ void print_report(std::ostream &os, const CheckReport &report) {
   size_t w = 8;
   for (const CheckRow &r : report.rows) w = std::max(w, r.quantity.size());
   char buf[512];
-  size_t pw = 4;
-  for (const CheckRow &r : report.rows) pw = std::max(pw, r.precision.size());
-  std::snprintf(buf, sizeof buf, "%-*s  %-*s  %-12s  %-9s  %-9s  %-9s  %-9s  %s\n", int(w),
-                "quantity", int(pw), "prec", "worst cell", "max|err|", "rel err", "yardstick", "tolerance",
+  size_t pw = 4, cw = 12;
+  for (const CheckRow &r : report.rows) pw = std::max(pw, r.precision.size()), cw = std::max(cw, r.shape.size());
+  std::snprintf(buf, sizeof buf, "%-*s  %-*s  %-*s  %-9s  %-9s  %-9s  %-9s  %s\n", int(w),
+                "quantity", int(pw), "prec", int(cw), "worst cell", "max|err|", "rel err", "yardstick", "tolerance",
                 "result");
   os << buf;
   auto num = [](double v) {
@@ -785,8 +871,8 @@ void print_report(std::ostream &os, const CheckReport &report) {
     return std::string(b);
   };
   for (const CheckRow &r : report.rows) {
-    std::snprintf(buf, sizeof buf, "%-*s  %-*s  %-12s  %-9s  %-9s  %-9s  %-9s  %s", int(w),
-                  r.quantity.c_str(), int(pw), r.precision.c_str(), r.shape.c_str(), num(r.max_abs).c_str(),
+    std::snprintf(buf, sizeof buf, "%-*s  %-*s  %-*s  %-9s  %-9s  %-9s  %-9s  %s", int(w),
+                  r.quantity.c_str(), int(pw), r.precision.c_str(), int(cw), r.shape.c_str(), num(r.max_abs).c_str(),
                   num(r.rel).c_str(), r.yardstick < 0 ? "-" : num(r.yardstick).c_str(),
                   num(r.tol).c_str(), r.pass ? "pass" : "FAIL");
     os << buf;

@@ -16,9 +16,14 @@
 //     feature and every trainable param against its backward (one shape);
 //   - the fixed position table (embed_table), when the encoding has one;
 //   - the KV-cache decode steps (CheckOptions::decode): o and lse of each step's new rows against
-//     the reference over the tokens so far, with the forward's tolerances.
+//     the reference over the tokens so far, with the forward's tolerances;
+//   - grouped-query attention (a training kernel; the cell with the most heads, its heads doubled
+//     and k, v of the cell's heads, or of H / p heads where the spec pins H, p the smallest prime
+//     factor of H): the fp64 and fp32 kernels and decode steps against the reference over k and v
+//     repeated to every query head (dk, dv summed per group).
 // Quantities: o, lse, dq, dk, dv, dfeature:NAME, dparam:NAME (a fixed param must get a zero
-// gradient), fd:INPUT, embed_table, decode:o, decode:lse. An inference-only kernel (an attention
+// gradient), fd:INPUT, embed_table, decode:o, decode:lse, and grouped:QUANTITY,
+// grouped-decode:o, grouped-decode:lse. An inference-only kernel (an attention
 // transition) has no backward: o and lse only (and its decode), at every layer of a model of
 // num_layers layers (the cell's label "BxHxTxD Ll"), and the check fails when no cell reaches a
 // transformed row.

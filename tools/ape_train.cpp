@@ -681,11 +681,16 @@ static int tool_main(int argc, char **argv) {
         for (auto [opt, given, has] : {std::tuple{"--d-model", mc.d_model, from.d_model},
                                        std::tuple{"--layers", mc.layers, from.layers},
                                        std::tuple{"--heads", mc.heads, from.heads},
-                                       std::tuple{"--kv-heads", mc.key_heads(), from.key_heads()},
                                        std::tuple{"--vocab", mc.vocab, from.vocab}})
           if (app.count(opt) && given != has)
             throw std::invalid_argument(std::string(opt) + " " + std::to_string(given) + " differs from the model of " +
                                         init_from + " (" + std::to_string(has) + "); --init-from takes its size");
+        // --kv-heads 0 means every head: of --heads where given, else of the checkpoint's model.
+        const int64_t kv_given = mc.kv_heads > 0 ? mc.kv_heads : app.count("--heads") ? mc.heads : from.heads;
+        if (app.count("--kv-heads") && kv_given != from.key_heads())
+          throw std::invalid_argument("--kv-heads " + std::to_string(mc.kv_heads) + " differs from the model of " +
+                                      init_from + " (" + std::to_string(from.key_heads()) +
+                                      " key/value heads); --init-from takes its size");
         const std::string enc = mc.encoding;
         mc = from;
         mc.encoding = enc;

@@ -23,10 +23,12 @@ add_test(NAME ape_check.mutant_t5_max_distance
   COMMAND ${_expect} 1 "^o +fp64 +[0-9x]+ .* FAIL$" "^dparam:t5_table +fp64 .* FAIL$"
           "^dq +fp32 .* FAIL$" "^fd:param:t5_table +fp64 .* pass$" "^ape-check: FAIL"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/t5_mutant.mlir --kernel t5)
-# ALiBi's slopes 1.000001 times too large: fp64 (1e-10) catches it, fp32 rounding hides it.
+# ALiBi's slopes 1.000001 times too large: fp64 (1e-10) catches it (grouped rows too), fp32 rounding
+# hides it.
 add_test(NAME ape_check.mutant_alibi_slope_1e-6
   COMMAND ${_expect} 1 "^o +fp64 .* FAIL$" "^dk +fp64 .* FAIL$" "^o +fp32 .* pass$"
-          "^decode:o +fp64 .* FAIL  \\(decode steps of [0-9+]+ tokens\\)$" "^ape-check: FAIL \\(7 of 19 checks\\)"
+          "^decode:o +fp64 .* FAIL  \\(decode steps of [0-9+]+ tokens\\)$" "^grouped:o +fp64 +2x6x37x16 kv3 .* FAIL$"
+          "^grouped-decode:o +fp64 .* FAIL" "^ape-check: FAIL \\(14 of 35 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_off_by_1e-6.mlir --kernel alibi)
 # The attention transition (inference only: o and lse at each of 6 layers) with beta 0.11
 # instead of 0.1: o fails at a transformed layer, lse (the softmax's) passes.
@@ -57,7 +59,7 @@ add_test(NAME ape_check.error_transition_unreached
 # scripts/test.sh sets it), with -inf masks that leave the first rows without a visible key.
 add_test(NAME ape_check.spec_file
   COMMAND ${_expect} 0 "kernel: +compiled from .*masked_mix.mlir" "^lse +fp64 .* pass$"
-          "^fd:feature:gate +fp64 .* pass$" "^decode:lse +fp64 .* pass$" "^ape-check: PASS \\(34 checks\\)"
+          "^fd:feature:gate +fp64 .* pass$" "^decode:lse +fp64 .* pass$" "^grouped:dfeature:gate +fp64 .* pass$" "^ape-check: PASS \\(60 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_mix.mlir)
 set_tests_properties(ape_check.spec_file PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
@@ -138,7 +140,7 @@ set_tests_properties(ape_check.error_nan_spec PROPERTIES
 # diagonal gradient sums against the reference's per-element evaluation.
 add_test(NAME ape_check.distance_sum
   COMMAND ${_expect} 0 "^dparam:alibi_slopes +fp64 .* pass$" "^dparam:t5_table +fp32 .* pass$"
-          "^ape-check: PASS \\(23 checks\\)"
+          "^ape-check: PASS \\(41 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_t5_sum.mlir)
 set_tests_properties(ape_check.distance_sum PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")

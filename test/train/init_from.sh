@@ -32,8 +32,9 @@ a=$(awk -F, 'NR == 2 { print $5 }' "$work/ft0/results.csv")
 b=$(awk -F, 'NR == 2 { print $5 }' "$work/eval.csv")
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "fine-tune with 1 step at lr 1e-9 scores $a, ape-eval of its start $b"
 # Without --set the same start scores differently (rope_factor 1): the value is not ignored.
-"$train" -e rope_pi --init-from "$ckpt" --steps 1 --lr 1e-9 --warmup 0 --seq-len 32 --batch 4 --cache-dir "$cache" --threads 1 \
-  --eval-multiples 1 --eval-tokens 128 --out "$work/ft0b" > "$work/ft0b.log" 2>&1 || fail "--init-from alone"
+# (--kv-heads 0 is every head of the checkpoint's model, not of the default --heads.)
+"$train" -e rope_pi --init-from "$ckpt" --kv-heads 0 --steps 1 --lr 1e-9 --warmup 0 --seq-len 32 --batch 4 --cache-dir "$cache" --threads 1 \
+  --eval-multiples 1 --eval-tokens 128 --out "$work/ft0b" > "$work/ft0b.log" 2>&1 || { cat "$work/ft0b.log"; fail "--init-from alone"; }
 c=$(awk -F, 'NR == 2 { print $5 }' "$work/ft0b/results.csv")
 [ "$c" != "$a" ] || fail "rope_factor 2 and 1 score the same ($a)"
 # ape-eval's --csv onto a training run's results.csv keeps that run's rows of other encodings (it
@@ -65,6 +66,8 @@ bad() {  # EXPECTED-TEXT ARGS...
 bad "fine-tunes one encoding; 2 were given" -e rope,rope_pi --init-from "$ckpt" --steps 1 --cache-dir "$cache" \
   --out "$work/x"
 bad "differs from the model of" -e rope_pi --init-from "$ckpt" --d-model 64 --steps 1 --cache-dir "$cache" --out "$work/x"
+bad "--kv-heads 1 differs from the model of .* (2 key/value heads)" -e rope_pi --init-from "$ckpt" --kv-heads 1 --steps 1 \
+  --cache-dir "$cache" --out "$work/x"
 bad "no_such.ckpt" -e rope_pi --init-from "$work/no_such.ckpt" --steps 1 --cache-dir "$cache" --out "$work/x"
 bad "cannot be given with it" --resume "$work/ft/rope_pi.ckpt" --init-from "$ckpt"
 bad "--set nosuch" -e rope --init-from "$ckpt" --set nosuch=1 --steps 1 --cache-dir "$cache" --out "$work/x"

@@ -55,8 +55,10 @@ TEST(SpecCheck, DecodeRowsFailWhereOnlyTheDecodeStepsAreWrong) {
   std::string note;
   EXPECT_EQ(failed_rows(r, "decode:o", &note), 2);  // fp64 and fp32
   EXPECT_NE(note.find("decode steps of 35+1+1+33 tokens"), std::string::npos) << note;
+  EXPECT_EQ(failed_rows(r, "grouped-decode:o"), 2);  // the grouped cell's steps too
   int others = 0;
-  for (const auto &row : r.rows) others += !row.pass && row.quantity.rfind("decode:", 0) != 0;
+  for (const auto &row : r.rows)
+    others += !row.pass && row.quantity.rfind("decode:", 0) != 0 && row.quantity.rfind("grouped-decode:", 0) != 0;
   EXPECT_EQ(others, 0);
 
   wrong.decode = nullptr;  // no decode steps at all: said so, not skipped
@@ -67,6 +69,41 @@ TEST(SpecCheck, DecodeRowsFailWhereOnlyTheDecodeStepsAreWrong) {
   ape::CheckOptions off = small_grid();  // ape-check --no-decode
   off.decode = false;
   EXPECT_TRUE(ape::check_kernel(wrong, ref, off).passed());
+}
+
+// NoPE's fp64 forward with its groups tiled (query head h reading key head h mod H_kv instead of
+// h / (H / H_kv)); every other call as the kernel's.
+void tiled_groups_forward_f64(const ape::AttnArgs<double> &a) {
+  const ape::KernelEntry &nope = ape::find_kernel("nope");
+  if (a.kv_heads == 0) return nope.forward_f64(a);
+  const int64_t rows = a.T * a.D;
+  std::vector<double> k(static_cast<size_t>(a.B * a.H * rows)), v(k.size());
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.H; ++h) {
+      const int64_t from = (b * a.kv_heads + h % a.kv_heads) * rows, to = (b * a.H + h) * rows;
+      std::copy(a.k + from, a.k + from + rows, k.begin() + to);
+      std::copy(a.v + from, a.v + from + rows, v.begin() + to);
+    }
+  ape::AttnArgs<double> t = a;
+  t.kv_heads = 0, t.k = k.data(), t.v = v.data();
+  nope.forward_f64(t);
+}
+
+// The grouped rows fail where a kernel reads the wrong key head, and only they.
+TEST(SpecCheck, GroupedRowsFailWhereTheGroupsAreWrong) {
+  const auto ref = ape::SpecReference::parse(kNopeReference, "nope");
+  ape::KernelEntry wrong = ape::find_kernel("nope");
+  wrong.forward_f64 = &tiled_groups_forward_f64;
+  ape::CheckOptions o = small_grid();
+  o.decode = false;
+  const ape::CheckReport r = ape::check_kernel(wrong, ref, o);
+  EXPECT_EQ(failed_rows(r, "grouped:o"), 1);  // fp64 (the fp32 forward is the kernel's)
+  int others = 0;
+  for (const auto &row : r.rows) others += !row.pass && row.quantity.rfind("grouped:", 0) != 0;
+  EXPECT_EQ(others, 0);
+  bool grouped_cell = false;  // the small grid's 2 heads doubled, k and v of 2
+  for (const auto &row : r.rows) grouped_cell |= row.quantity == "grouped:o" && row.shape == "2x4x70x16 kv2";
+  EXPECT_TRUE(grouped_cell);
 }
 
 // The central differences (Richardson-extrapolated, with L's rounding in their tolerance) still

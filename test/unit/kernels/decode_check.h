@@ -35,14 +35,20 @@ inline bool has_reference(const std::string &enc) {
   return std::find(all.begin(), all.end(), enc) != all.end();
 }
 
+// Encodings whose k' no query head changes (no k mod, or a linear one): a grouped cache keeps one
+// k'^T a key head (cpu/decode.h, keys_shared), not one a query head.
+inline const std::set<std::string> kSharedKeys = {"nope", "alibi", "t5", "cable", "rope", "rope_yarn"};
+
 // `level`: the decode steps and forwards of that level's entry (default: the chosen level's).
+// `kv_heads` > 0: grouped-query attention, 4 query heads reading k and v of kv_heads heads.
 template <class Real>
 void check_decode(const std::string &enc, const DecodeSchedule &sched,
-                  const ape::KernelEntry *level = nullptr) {
+                  const ape::KernelEntry *level = nullptr, int64_t kv_heads = 0) {
   int64_t N = sched.prompt;
   for (int64_t n : sched.steps) N += n;
-  const int64_t B = 2, H = 2, D = 16;
+  const int64_t B = 2, H = kv_heads > 0 ? 4 : 2, D = 16, KV = kv_heads > 0 ? kv_heads : H;
   Problem p = make_problem(enc, B, H, N, D, 1234);
+  if (kv_heads > 0) p = grouped_queries(p, kv_heads);
   ASSERT_NE(p.entry, nullptr);
   // Dynamic NTK's base changes with the length past its original length: from length 33 here.
   if (enc == "rope_dynamic_ntk") set_param(p, "rope_original_length", 32);
@@ -75,12 +81,18 @@ void check_decode(const std::string &enc, const DecodeSchedule &sched,
     a.features = fp.data(), a.params = all.prm_p.data();
     a.scale = static_cast<Real>(p.scale);
     a.o = o.data_ptr<Real>(), a.lse = lse.data_ptr<Real>();
+    a.kv_heads = kv_heads;
     if constexpr (std::is_same_v<Real, float>) p.entry->decode->step_f32(cache, a);
     else p.entry->decode->step_f64(cache, a);
     const int64_t L = L0 + n;
     ASSERT_EQ(cache.len, L);
     const std::string where = enc + " " + prec + " prompt " + std::to_string(sched.prompt) +
-                              ", step of " + std::to_string(n) + " to length " + std::to_string(L);
+                              ", step of " + std::to_string(n) + " to length " + std::to_string(L) +
+                              (kv_heads > 0 ? ", " + std::to_string(kv_heads) + " key heads" : "");
+    // What the cache keeps: values per key head; k'^T per key head where the group shares it.
+    ASSERT_EQ(cache.v.size(), static_cast<size_t>(B * KV * N * D)) << where;
+    if (kSharedKeys.count(enc))
+      ASSERT_EQ(cache.kt.size(), static_cast<size_t>(B * KV * D * cache.Cp)) << where;
     KernelCall<Real> ref(prefix(p, L));
     ref.forward();
     expect_close("decode/" + prec + "/" + enc + "/o", where + ": o vs the forward over " +

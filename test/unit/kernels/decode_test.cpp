@@ -1,6 +1,6 @@
 // Inference: KV-cache decoding (ape/cpu/decode.h) of every trainable encoding, prefill then steps
 // of 1, 3, 5 and 70 tokens, against the full forward over the tokens so far (also at every level
-// in CpuLevelsVsReference, levels_test.cpp); and the inference-only attention transition
+// in CpuLevelsVsReference, levels_test.cpp), with and without grouped queries; and the inference-only attention transition
 // (rope_transition) against a materialised reference.
 #include "decode_check.h"
 
@@ -14,6 +14,16 @@ TEST_P(Decode, MatchesFullForward) {
   for (const auto &sched : kDecodeSchedules) {
     check_decode<double>(GetParam(), sched);
     check_decode<float>(GetParam(), sched);
+  }
+}
+
+// Grouped-query attention (DecodeArgs::kv_heads): 4 query heads reading 2 key heads and 1, the
+// cache keeping k and v per key head, against the grouped full forward and, in fp64, the
+// materialised reference over k and v repeated to every query head.
+TEST_P(Decode, GroupedQueries) {
+  for (int64_t kv : {2, 1}) {
+    check_decode<double>(GetParam(), kDecodeSchedules[2], nullptr, kv);
+    check_decode<float>(GetParam(), kDecodeSchedules[1], nullptr, kv);
   }
 }
 
@@ -58,6 +68,13 @@ TEST(DecodeEdge, ErrorsAreClear) {
   a.n = 1, a.H = 2;
   EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("but the cache holds"),
             std::string::npos);
+  a.kv_heads = 2;  // 2 key heads for H = 2: valid, but not the cache's 1
+  EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("key heads=2, D=8 but the cache holds"),
+            std::string::npos);
+  a.kv_heads = 3;  // not a divisor of H
+  EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("kv_heads must be 0 (= H) or a divisor of H"),
+            std::string::npos);
+  a.kv_heads = 0;
   // Its buffers follow the first step's capacity: a capacity raised later is refused, not read past.
   a.H = 1, cache.capacity = 600;
   EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("capacity changed after its first step"),

@@ -183,4 +183,38 @@ TEST(Decode, StepInputsAreCheckedBeforeTheCacheChanges) {
   EXPECT_FALSE(gpu.f32.started());
 }
 
+// Grouped keys (k, v of H_kv heads): the CPU cache keeps them per key head (RoPE: k' too, its k mod
+// reading neither the head nor the data), and its steps equal those over k, v repeated to every
+// query head bit for bit; k and v whose heads do not divide q's, or differ, are refused.
+TEST(Decode, GroupedKeysAreKeptPerKeyHead) {
+  const ape::KernelEntry &e = ape::find_kernel("rope");
+  at::manual_seed(5);
+  const int64_t B = 2, H = 4, KV = 2, D = 16, C = 40;
+  const at::Tensor q = at::randn({B, H, 9, D}, at::kFloat), k = at::randn({B, KV, 9, D}, at::kFloat),
+                   v = at::randn({B, KV, 9, D}, at::kFloat);
+  auto repeated = [&](const at::Tensor &x) { return x.repeat_interleave(H / KV, 1); };
+  ape::LayerCache grouped, full;
+  for (auto [r0, n] : {std::pair<int64_t, int64_t>{0, 5}, {5, 1}, {6, 3}}) {
+    auto rows = [&](const at::Tensor &x) { return x.narrow(2, r0, n); };
+    const at::Tensor og = ape::decode_attention(e, grouped, C, rows(q), rows(k), rows(v), {}, {}, 0.25);
+    const at::Tensor of = ape::decode_attention(e, full, C, rows(q), repeated(rows(k)), repeated(rows(v)), {}, {}, 0.25);
+    EXPECT_TRUE(at::equal(og, of)) << "step at " << r0;
+  }
+  EXPECT_EQ(grouped.f32.v.size(), static_cast<size_t>(B * KV * C * D));
+  EXPECT_EQ(grouped.f32.kt.size() * H, full.f32.kt.size() * KV);
+  auto message = [&](const at::Tensor &kk, const at::Tensor &vv) {
+    ape::LayerCache c;
+    try {
+      ape::decode_attention(e, c, C, q, kk, vv, {}, {}, 0.25);
+    } catch (const std::invalid_argument &x) {
+      return std::string(x.what());
+    }
+    return std::string("(no error)");
+  };
+  const at::Tensor k3 = at::randn({B, 3, 9, D});
+  EXPECT_NE(message(k3, k3).find("a divisor of q's 4 (got 3 and 3)"), std::string::npos);
+  EXPECT_NE(message(k, repeated(v)).find("the same number of heads"), std::string::npos);
+  EXPECT_NE(message(k.narrow(2, 0, 4), v).find("must be (B, H_kv, n, D)"), std::string::npos);
+}
+
 }  // namespace
