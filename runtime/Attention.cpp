@@ -13,19 +13,11 @@
 #include <ATen/ATen.h>
 
 #include "ape/torch/autograd.h"
-#include "ape/torch/derived_params.h"
 #include "ape/cpu/kernel_call.h"
 #include "runtime/CudaAttention.h"
 
 namespace ape {
 namespace {
-
-// Grouped keys and values (H_kv < H heads) repeated to q's heads, for the kernels that take H:
-// the CUDA ones (and the emulated CUDA path). Autograd sums the repeated tensor's gradient back
-// over each group. The CPU kernels read the groups in place (AttnArgs::kv_heads).
-at::Tensor to_query_heads(const at::Tensor &x, const at::Tensor &q) {
-  return derived::to_query_heads(x, x.size(1), q.size(1), 1);
-}
 
 std::string describe(const at::Tensor &t) {
   if (!t.defined()) return "an undefined tensor";
@@ -133,8 +125,7 @@ std::pair<at::Tensor, at::Tensor> forward_impl(const KernelEntry &e, const at::T
                                                double scale, AttnLayer layer) {
   check_inputs(e, q0, k0, v0, features, params);
   if (q0.is_cuda())
-    return cuda_attention_forward(e, q0, to_query_heads(k0, q0), to_query_heads(v0, q0), features.vec(),
-                                  params.vec(), scale, 0, layer);
+    return cuda_attention_forward(e, q0, k0, v0, features.vec(), params.vec(), scale, 0, layer);
   at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
   auto feats = contiguous_all(features);
   auto ps = contiguous_all(params);
@@ -245,9 +236,8 @@ at::Tensor fused_attention(const KernelEntry &entry, const at::Tensor &q, const 
     return forward_impl(entry, q, k, v, features, params, scale, layer).first;
   }
   if (q.is_cuda())
-    return cuda_fused_attention(entry, q, to_query_heads(k, q), to_query_heads(v, q), features, params, scale);
-  if (AttentionImpl impl = g_attention_impl.load())
-    return impl(entry, q, to_query_heads(k, q), to_query_heads(v, q), features, params, scale);
+    return cuda_fused_attention(entry, q, k, v, features, params, scale);
+  if (AttentionImpl impl = g_attention_impl.load()) return impl(entry, q, k, v, features, params, scale);
   return FusedAttention::apply(q, k, v, at::TensorList(features), at::TensorList(params),
                                static_cast<int64_t>(reinterpret_cast<intptr_t>(&entry)), scale);
 }

@@ -224,13 +224,14 @@ at::Tensor cuda_decode_forward(const KernelEntry &entry, const at::Tensor &q, co
   rows.q_row0 = q0;
   rows.T = T, rows.km = kept.km, rows.krel = kept.krel, rows.tok = kept.tok, rows.tok_carry = kept.tok_carry;
   rows.km_rows = kept.rows, rows.krel_floats = keeps.krel_floats, rows.tok_seqs = keeps.tok_seqs;
+  rows.km_heads = keeps.km_per_key_head ? k.size(1) : q.size(1);  // (from the entry: ops_cuda.h, CacheRows)
   return std::get<0>(torch_ops::forward_cuda(c.who, *c.variant, qw, k, v, features, params, scale, first_row, 0, 0, rows));
 }
 
 CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &entry) {
   const cuda::CudaKernelEntry *e = cuda_entry(entry.name);
   if (!e) return {};
-  return {e->caches_k_mod, e->key_rel_floats, e->tok_seqs};
+  return {e->caches_k_mod, e->key_rel_floats, e->tok_seqs, e->shares_k_mod};
 }
 
 std::string cuda_device_problem(int64_t index) {

@@ -57,14 +57,17 @@ std::pair<at::Tensor, at::Tensor> cuda_attention_forward(const KernelEntry &entr
 // What a decode cache keeps for this encoding's CUDA kernels besides the raw k, v
 // (cuda/kernel_entry.h, CudaKernelEntry): k' (caches_k_mod), the key side's relative rows
 // (key_rel_floats floats a token), the token program's sequences (tok_seqs) and their scans'
-// running sums.
+// running sums; and whether a grouped model's k' is kept per key head (shares_k_mod: its k' reads
+// neither the head nor the data), else per query head.
 struct CudaDecodeKeeps {
   bool km = false;
   int64_t krel_floats = 0, tok_seqs = 0;
+  bool km_per_key_head = false;
 };
 CudaDecodeKeeps cuda_decode_keeps(const KernelEntry &entry);
 
-// The kept rows of a decode cache (runtime/Decode.h): km (B, H, capacity, D) like k; krel
+// The kept rows of a decode cache (runtime/Decode.h): km (B, H or, where the encoding shares k'
+// over a group, H_kv, capacity, D), k's dtype; krel
 // (float32, B H capacity krel_floats elements); tok (float32, B H tok_seqs capacity) and
 // tok_carry (float64, B H tok_seqs 2). Each undefined where not kept; `rows` of them computed.
 struct CudaKeptRows {
@@ -72,7 +75,7 @@ struct CudaKeptRows {
   int64_t rows = 0;
 };
 
-// A decode step's forward over a cache read in place: k, v (B, H, capacity, D) hold T tokens, q
+// A decode step's forward over a cache read in place: k, v (B, H_kv, capacity, D) hold T tokens, q
 // (B, H, T - first_row, D) the step's own queries (the forward reads q from first_row rounded down
 // to kQueryWindow: a window with zeros before first_row where that is earlier; the cache keeps no
 // q); the kept rows get the rows from kept.rows up to T. Returns o of rows [first_row, T) only,

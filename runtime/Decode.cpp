@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 
 #include "ape/cpu/kernel_entry.h"
-#include "ape/torch/derived_params.h"
 #include "runtime/Attention.h"
 #include "runtime/CudaAttention.h"
 
@@ -86,39 +85,39 @@ void check_keys(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k, 
 // A step on a GPU: the new tokens copied into the cache's rows, then the CUDA forward over all of
 // them from the first new row (CudaAttnArgs::first_row), reading the cache in place (ld; km, krel, tok: what the kernels keep).
 at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &cache, int64_t capacity,
-                         const at::Tensor &q, const at::Tensor &k0, const at::Tensor &v0,
+                         const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                          const std::vector<at::Tensor> &features, const std::vector<at::Tensor> &params,
                          double scale, AttnLayer layer) {
   if (cache.f32.started() || cache.f64.started()) bad(e, "the cache holds CPU steps (one cache serves one device)");
   if (q.dim() != 4 || q.size(2) < 1) bad(e, "q must be (B, H, n, D) with n >= 1");
-  check_keys(e, q, k0, v0);
-  // Grouped keys are repeated to every query head: the GPU cache holds H heads (the CUDA kernels
-  // read one key head a query head).
-  const at::Tensor k = derived::to_query_heads(k0, k0.size(1), q.size(1), 1);
-  const at::Tensor v = derived::to_query_heads(v0, v0.size(1), q.size(1), 1);
+  check_keys(e, q, k, v);
   check_side_inputs(e, m, q, features, params, false);
   const int64_t L0 = cache.len(), n = q.size(2);
   if (L0 + n > capacity)
     bad(e, std::to_string(L0) + " cached + " + std::to_string(n) + " new tokens exceed the capacity " +
                std::to_string(capacity));
-  if (cache.k.defined() && (cache.k.size(0) != q.size(0) || cache.k.size(1) != q.size(1) ||
-                            cache.k.size(3) != q.size(3) || cache.k.scalar_type() != q.scalar_type() ||
-                            cache.k.device() != q.device()))
-    bad(e, "the step's B, H, D, dtype or device differ from the cache's");
+  if (cache.k.defined() && (cache.k.size(0) != q.size(0) || cache.gpu_heads != q.size(1) ||
+                            cache.k.size(1) != k.size(1) || cache.k.size(3) != q.size(3) ||
+                            cache.k.scalar_type() != q.scalar_type() || cache.k.device() != q.device()))
+    bad(e, "the step's B, H, key heads, D, dtype or device differ from the cache's");
   if (cache.k.defined() && L0 + n > cache.k.size(2))
     bad(e, "the cache was made for " + std::to_string(cache.k.size(2)) + " tokens");
   // The kernels for q's dtype and head dim (throws where there are none) before the cache changes.
   if (const std::string problem = cuda_attention_problem(e, q.scalar_type(), q.size(3)); !problem.empty())
     bad(e, problem);
   if (!cache.k.defined()) {  // the buffers, once (all or none: an allocation may throw)
-    const std::vector<int64_t> shape = {q.size(0), q.size(1), capacity, q.size(3)};
+    // k and v per key head (grouped-query attention: the kernels read a query head's key head in
+    // place); k' per key head too where the group shares it, else per query head.
+    const std::vector<int64_t> shape = {q.size(0), k.size(1), capacity, q.size(3)};
     at::Tensor bk = at::zeros(shape, q.options());
     at::Tensor bv = at::zeros(shape, q.options());
     const CudaDecodeKeeps keeps = cuda_decode_keeps(e);
     const int64_t S = q.size(0) * q.size(1);
     const at::TensorOptions f32 = q.options().dtype(at::kFloat);
     CudaKeptRows kept;
-    if (keeps.km) kept.km = at::zeros(shape, q.options());
+    if (keeps.km)
+      kept.km = at::zeros({q.size(0), keeps.km_per_key_head ? k.size(1) : q.size(1), capacity, q.size(3)},
+                          q.options());
     if (keeps.krel_floats > 0) kept.krel = at::zeros({S * capacity * keeps.krel_floats}, f32);
     if (keeps.tok_seqs > 0) {
       kept.tok = at::zeros({S * keeps.tok_seqs * capacity}, f32);
@@ -126,7 +125,7 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
     }
     std::vector<at::Tensor> feats;  // (B, H, capacity) each: a step copies its own into place
     for (size_t i = 0; i < features.size(); ++i) feats.push_back(at::zeros({q.size(0), q.size(1), capacity}, f32));
-    cache.k = bk, cache.v = bv, cache.kept = kept, cache.features = feats;
+    cache.k = bk, cache.v = bv, cache.kept = kept, cache.features = feats, cache.gpu_heads = q.size(1);
   }
   // The step's rows into place past the cached ones: a step that fails (a kernel's error, memory
   // running out) leaves the cache at its L0 tokens; the next step writes these rows again.

@@ -11,7 +11,7 @@
 //     k, v      (B, H_kv, n, D), q's dtype: H_kv = H, or a divisor of H (grouped-query attention:
 //               query head h reads key head h / (H / H_kv)); the CPU cache keeps them per key head
 //               (and k' too where the k mod reads neither the head nor the data: ape/cpu/decode.h),
-//               the GPU cache repeated to every query head
+//               and so does the GPU cache (the CUDA kernels read them in place: CudaAttnArgs::kv_heads)
 //     features  n_features x (B, H, n), same dtype     (manifest "features", in order)
 //     params    n_params tensors, shapes per manifest  (as fused_attention)
 //     o         (B, H, n, D): the new queries' attention over every cached token and themselves
@@ -35,7 +35,7 @@ struct KernelEntry;
 struct LayerCache {
   DecodeCache<float> f32;
   DecodeCache<double> f64;
-  // On a GPU: every token's raw k, v in (B, H, capacity, D) buffers, rows [0, gpu_len), read in
+  // On a GPU: every token's raw k, v in (B, H_kv, capacity, D) buffers, rows [0, gpu_len), read in
   // place by the CUDA forward (no q: a step reads its own, cuda_decode_forward), and what else the
   // kernels keep of them (kept: k', the key side's relative rows, the token program's sequences
   // and scan sums; runtime/CudaAttention.h, cuda_decode_keeps), rows [0, kept.rows); the features
@@ -43,6 +43,7 @@ struct LayerCache {
   at::Tensor k, v;
   CudaKeptRows kept;
   int64_t gpu_len = 0;
+  int64_t gpu_heads = 0;  // q's heads (k and v may have fewer: grouped-query attention)
   std::vector<at::Tensor> features;
   int64_t len() const { return k.defined() ? gpu_len : f32.started() ? f32.len : f64.len; }
 };

@@ -143,6 +143,7 @@ void fill_inputs(Call &c, const at::Tensor &q, const at::Tensor &k, const at::Te
                  double scale, cuda::DType dtype) {
   const at::ScalarType dt = torch_dtype(dtype);
   c.a.B = q.size(0), c.a.H = q.size(1), c.a.T = q.size(2), c.a.D = q.size(3);
+  c.a.kv_heads = k.size(1) == q.size(1) ? 0 : k.size(1);  // grouped-query attention: read in place
   c.a.dtype = dtype;
   c.a.q = c.dev.upload(q, dt), c.a.k = c.dev.upload(k, dt), c.a.v = c.dev.upload(v, dt);
   for (const auto &f : features) c.feats.push_back(static_cast<const float *>(c.dev.upload(f, at::kFloat)));

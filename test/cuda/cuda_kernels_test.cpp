@@ -285,7 +285,7 @@ void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
   DevBuf dq_, dk_, dv_, do_, o_, lse_, qd, kd, vd;
   upload(qd, q), upload(kd, k), upload(vd, v), upload(do_, dout);
   upload(o_, torch::zeros_like(q)), upload(dq_, torch::zeros_like(q));
-  upload(dk_, torch::zeros_like(q)), upload(dv_, torch::zeros_like(q));
+  upload(dk_, torch::zeros_like(k)), upload(dv_, torch::zeros_like(v));  // (k, v of kv_heads heads)
   upload(lse_, torch::zeros_like(lse_like));
   std::vector<DevBuf> feats(p.features.size()), dfeats(p.features.size()), prms(p.params.size()),
       dprms(p.params.size());
@@ -314,6 +314,7 @@ void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
   a.status = static_cast<uint32_t *>(status.ptr);
   a.layer = opt.layer, a.num_layers = opt.num_layers;
   a.deterministic = p.deterministic;
+  a.kv_heads = p.k.size(1) == p.H ? 0 : p.k.size(1);  // grouped-query attention (k, v of fewer heads)
   a.scratch = opt.scratch;
   a.num_splits = opt.num_splits;
   a.status_record = opt.status_record;
@@ -328,8 +329,8 @@ void run_gpu(const ape::cuda::CudaVariant &var, const Problem &p, Outputs &out,
   expect_no_findings();
   auto f64 = [](const Tensor &t) { return t.to(torch::kFloat64); };
   out = {{"o", f64(download(o_, q))},   {"lse", f64(download(lse_, lse_like))},
-         {"dq", f64(download(dq_, q))}, {"dk", f64(download(dk_, q))},
-         {"dv", f64(download(dv_, q))}};
+         {"dq", f64(download(dq_, q))}, {"dk", f64(download(dk_, k))},
+         {"dv", f64(download(dv_, v))}};
   for (size_t n = 0; n < dfeats.size(); ++n)
     out.push_back({"dfeature" + std::to_string(n),
                    f64(download(dfeats[n], p.features[n].to(torch::kFloat32)))});
@@ -2542,6 +2543,161 @@ INSTANTIATE_TEST_SUITE_P(All, CudaKernel, ::testing::ValuesIn(all_cases()),
                                   ape::cuda::dtype_name(v.dtype) + "_hd" +
                                   std::to_string(v.head_dim);
                          });
+
+// ---- grouped-query attention (CudaAttnArgs::kv_heads) -----------------------------------------
+// 4 query heads reading 2 key heads (groups of 2: head h reads h / 2), for encodings of each kind:
+// no k mod (nope, alibi, cable's token program), a linear k mod the group shares (rope: k' per key
+// head), a k mod per query head (expe: k' of each query head from its key head's k), key-side
+// relative rows (transformer_xl); the bf16 and f32 variants at D 64 of each on the default device,
+// and the bf16 ones of rope, expe and transformer_xl posing as sm_90 (the Hopper forward's TMA
+// maps of key heads). Against the call with k
+// and v repeated to every query head: o, lse, dq and the features' and params' gradients bit for
+// bit; dk and dv that call's summed over each group in fp32 (the kernel's order) and rounded to
+// the dtype once. A reference that tiled the groups (head h reading h mod 2) fails every
+// encoding's o.
+void check_grouped(const CudaKernelEntry &e, const ape::cuda::CudaVariant &var) {
+  const int64_t B = 2, H = 4, KV = 2, T = 70;
+  Problem grouped = make_problem(e, B, H, T, var.head_dim, 4242);
+  grouped.k = grouped.k.narrow(1, 0, KV).contiguous(), grouped.v = grouped.v.narrow(1, 0, KV).contiguous();
+  Problem repeated = grouped;
+  repeated.k = grouped.k.repeat_interleave(H / KV, 1), repeated.v = grouped.v.repeat_interleave(H / KV, 1);
+  Outputs got, want;
+  run_gpu(var, grouped, got);
+  run_gpu(var, repeated, want);
+  if (::testing::Test::HasFatalFailure()) return;
+  ASSERT_EQ(got.size(), want.size());
+  const auto dt = torch_type(var.dtype);
+  for (size_t n = 0; n < got.size(); ++n) {
+    const std::string &q = got[n].first;
+    Tensor w = want[n].second;
+    if (q == "dk" || q == "dv")  // each group's sum, in fp32, rounded once
+      w = w.to(torch::kFloat32).view({B, KV, H / KV, T, var.head_dim}).sum(2).to(dt).to(torch::kFloat64);
+    EXPECT_TRUE(torch::equal(got[n].second, w)) << q << " of " << e.name << " " << ape::cuda::dtype_name(var.dtype)
+                                                << " D=" << var.head_dim << ": max diff " << max_err(got[n].second, w);
+  }
+  Outputs tiled;  // the groups tiled in the "reference": o differs
+  Problem wrong = repeated;
+  wrong.k = grouped.k.repeat({1, H / KV, 1, 1}), wrong.v = grouped.v.repeat({1, H / KV, 1, 1});
+  run_gpu(var, wrong, tiled);
+  EXPECT_GT(max_err(got[0].second, tiled[0].second), 1e-3) << e.name << ": tiled groups give the same o";
+}
+
+// Decode steps through the cache arguments (ld, first_row, o_from_first, km, krel, tok and
+// km_rows, num_splits) of p's tokens (k, v of p.k.size(1) heads) in buffers of `cap` rows, as the
+// runtime's GPU cache runs them (k' per key head where the entry shares it): o of every step's
+// rows, (B, H, T, D) fp64.
+void decode_rows(const CudaKernelEntry &e, const ape::cuda::CudaVariant &var, const Problem &p, int64_t cap,
+                 const std::vector<int64_t> &steps, int splits, Tensor &out) {
+  const auto dt = torch_type(var.dtype);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  const int64_t B = p.B, H = p.H, KV = p.k.size(1), D = p.D;
+  auto padded = [&](const Tensor &t) {
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[2] = cap;
+    Tensor z = torch::zeros(shape, t.options());
+    z.narrow(2, 0, p.T).copy_(t);
+    return z;
+  };
+  DevBuf qd, kd, vd, kmd, krd, tkd, tcd;
+  upload(qd, padded(p.q).to(dt)), upload(kd, padded(p.k).to(dt)), upload(vd, padded(p.v).to(dt));
+  if (e.caches_k_mod) upload(kmd, torch::zeros({B, e.shares_k_mod ? KV : H, cap, D}, kF64).to(dt));
+  if (e.key_rel_floats > 0) upload(krd, torch::zeros({B * H * cap * e.key_rel_floats}, f32));
+  if (e.tok_seqs > 0) upload(tkd, torch::zeros({B * H * e.tok_seqs * cap}, f32)),
+      upload(tcd, torch::zeros({B * H * e.tok_seqs * 2}, kF64));
+  std::vector<DevBuf> feats(p.features.size()), prms(p.params.size());
+  std::vector<const float *> fp, pp;
+  for (size_t n = 0; n < p.features.size(); ++n)
+    upload(feats[n], padded(p.features[n]).to(torch::kFloat32)), fp.push_back(static_cast<const float *>(feats[n].ptr));
+  for (size_t n = 0; n < p.params.size(); ++n)
+    upload(prms[n], p.params[n].to(torch::kFloat32)), pp.push_back(static_cast<const float *>(prms[n].ptr));
+  out = torch::full({B, H, p.T, D}, NAN, kF64);
+  int64_t L0 = 0;
+  for (const int64_t n : steps) {
+    DevBuf od, ld;
+    upload(od, torch::zeros({B, H, n, D}, kF64).to(dt)), upload(ld, torch::zeros({B, H, n}, f32));
+    CudaAttnArgs a;
+    a.B = B, a.H = H, a.T = L0 + n, a.D = D, a.dtype = var.dtype;
+    a.kv_heads = KV == H ? 0 : KV;
+    a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.lse = static_cast<float *>(ld.ptr);
+    a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
+    a.ld = cap, a.feat_ld = cap, a.first_row = L0, a.o_from_first = true, a.num_splits = splits;
+    a.km = kmd.ptr, a.krel = static_cast<float *>(krd.ptr);
+    a.km_rows = kmd.ptr || krd.ptr || tkd.ptr ? L0 : 0;
+    a.tok = static_cast<float *>(tkd.ptr), a.tok_carry = static_cast<double *>(tcd.ptr);
+    ASSERT_CUDA(var.forward(a));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    expect_no_findings();
+    out.narrow(2, L0, n).copy_(download(od, torch::zeros({B, H, n, D}, kF64).to(dt)).to(torch::kFloat64));
+    L0 += n;
+  }
+}
+
+// The runtime's grouped GPU cache (runtime/Decode.cpp): k, v of 2 key heads for 4 query heads in a
+// cache of 96 rows, steps of 40, 1 and 29 tokens, unsplit and split in up to 3, for a k' kept per
+// key head (rope), per query head from its key head's k (expe), key-side relative rows
+// (transformer_xl) and a token program's kept sequences (cable): every step's rows bit for bit
+// those of the same steps over k and v repeated to every query head.
+TEST(CudaGrouped, DecodeStepsEqualThoseWithKeysRepeated) {
+  int checked = 0;
+  for (const char *name : {"rope", "expe", "transformer_xl", "cable"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    ASSERT_NE(e, nullptr) << name;
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 64);
+    if (!var) continue;
+    Problem grouped = make_problem(*e, 1, 4, 70, 64, 515);
+    grouped.k = grouped.k.narrow(1, 0, 2).contiguous(), grouped.v = grouped.v.narrow(1, 0, 2).contiguous();
+    Problem repeated = grouped;
+    repeated.k = grouped.k.repeat_interleave(2, 1), repeated.v = grouped.v.repeat_interleave(2, 1);
+    for (const int splits : {1, 3}) {
+      SCOPED_TRACE(std::string(name) + ", keys split in up to " + std::to_string(splits));
+      Tensor got, want;
+      decode_rows(*e, *var, grouped, 96, {40, 1, 29}, splits, got);
+      decode_rows(*e, *var, repeated, 96, {40, 1, 29}, splits, want);
+      if (HasFatalFailure()) return;
+      EXPECT_TRUE(torch::equal(got, want)) << "max diff " << max_err(got, want);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 2) << "the emulated build has too few of these encodings at bf16, D 64";
+}
+
+TEST(CudaGrouped, EqualsTheCallWithKeysRepeated) {
+  int checked = 0;
+#ifdef APE_SIMT
+  const std::vector<bool> poses = {false, true};
+#else
+  const std::vector<bool> poses = {false};  // a GPU: its own architecture
+#endif
+  for (const bool sm90 : poses) {
+#ifdef APE_SIMT
+    std::optional<PoseAsSm90> guard;
+    std::optional<HopperOptIns> opt_ins;
+    if (sm90) guard.emplace(), opt_ins.emplace();
+#endif
+    // (posing as sm_90: the 16-bit variants, whose forward is the Hopper one, of one encoding of
+    // each way to hold k')
+    const std::vector<const char *> names = sm90 ? std::vector<const char *>{"rope", "expe", "transformer_xl"}
+                                                 : std::vector<const char *>{"nope", "rope", "alibi", "expe",
+                                                                             "transformer_xl", "cable"};
+    for (const char *name : names) {
+      const CudaKernelEntry *e = find_cuda(name);
+      ASSERT_NE(e, nullptr) << name;
+      for (const DType dt : sm90 ? std::vector<DType>{DType::BF16} : std::vector<DType>{DType::BF16, DType::F32}) {
+        const ape::cuda::CudaVariant *var = nullptr;
+        for (size_t n = 0; n < e->num_variants && !var; ++n)
+          if (e->variants[n].dtype == dt && e->variants[n].head_dim == 64) var = &e->variants[n];
+        if (!var) continue;
+        SCOPED_TRACE(std::string(name) + (sm90 ? " sm_90" : ""));
+        check_grouped(*e, *var);
+        if (HasFatalFailure()) return;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 6) << "the build has too few of these variants";
+  EXPECT_TRUE(find_cuda("rope")->shares_k_mod && find_cuda("nope")->shares_k_mod);
+  EXPECT_FALSE(find_cuda("expe")->shares_k_mod);
+}
 
 // ---- the attention transition (inference only) ------------------------------------------------
 // rope_transition through each CUDA variant at every layer of a 6-layer model, against the

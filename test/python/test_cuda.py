@@ -99,10 +99,11 @@ def test_cuda_kernels_match_reference(encoding, shape, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("encoding", CUDA_ENCODINGS)
 def test_cuda_grouped_queries(encoding, dtype):
-    """k and v of 2 key/value heads for 4 query heads on the CUDA kernels (the operator repeats them
-    to the query heads and sums their gradients per group; no host synchronisation): o and dq
-    bitwise those of the call on k and v repeated by hand, dk and dv its gradients summed per
-    group; f32 also against the float64 C++ reference over the repeated k, v."""
+    """k and v of 2 key/value heads for 4 query heads on the CUDA kernels (CudaAttnArgs::kv_heads:
+    the forward reads the key heads in place, the backward sums each group's dk, dv in head order;
+    no host synchronisation): o and dq bitwise those of the call on k and v repeated by hand, dk
+    and dv its gradients summed per group; f32 also against the float64 C++ reference over the
+    repeated k, v."""
     B, H, T, D, kv = 2, 4, 77, 64, 2
     q, k, v, features, params = make_inputs(encoding, B, H, T, D, dtype, "cuda", seed=11)
     kg, vg = (t.detach()[:, :kv].clone().requires_grad_() for t in (k, v))

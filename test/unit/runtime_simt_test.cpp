@@ -20,7 +20,7 @@
 namespace {
 
 ape::TrainResult train_steps(const std::string &enc, const std::string &kernels,
-                             std::vector<double> &losses, bool loss_scaling = false) {
+                             std::vector<double> &losses, bool loss_scaling = false, int64_t kv_heads = 0) {
   ape::TokenSplit s;
   std::vector<int32_t> phrase{3, 1, 4, 15, 9, 2, 6, 5}, ids;
   for (int r = 0; r < 200; ++r) ids.insert(ids.end(), phrase.begin(), phrase.end());
@@ -33,6 +33,7 @@ ape::TrainResult train_steps(const std::string &enc, const std::string &kernels,
   mc.vocab = 16;
   mc.d_model = 128;  // head_dim 64: the variant every emulated encoding has
   mc.heads = 2;
+  mc.kv_heads = kv_heads;  // 1: both heads read one key head (CudaAttnArgs::kv_heads)
   mc.layers = 1;
   ape::LanguageModel model(mc);
   ape::TrainConfig tc;
@@ -82,6 +83,21 @@ TEST_P(SimtTraining, EmulatedCudaKernelsTrainLikeTheCpuKernels) {
   // precision; after that the trajectories part (lr 1e-2 on a loss falling fast), so only the
   // loss's fall is compared.
   EXPECT_NEAR(bf16[0], cpu[0], 0.01 * std::abs(cpu[0])) << "step 0";
+  EXPECT_LT(rb.final_loss, rb.first_loss - 0.3);
+}
+
+// Grouped-query attention (--kv-heads 1 of 2 heads) through the emulated kernels, which read the key
+// head in place (CudaAttnArgs::kv_heads) and sum each group's dk, dv: RoPE's shared k' in f32 step
+// for step with the CPU kernels, ExPE's per-head k' (from a grouped W_k) in bf16 at step 0.
+TEST(SimtTrainingGrouped, EmulatedCudaKernelsTrainLikeTheCpuKernels) {
+  std::vector<double> cpu, f32, bf16;
+  train_steps("rope", "cpu", cpu, false, 1);
+  train_steps("rope", "f32", f32, false, 1);
+  ASSERT_EQ(cpu.size(), f32.size());
+  for (size_t n = 0; n < cpu.size(); ++n) EXPECT_NEAR(f32[n], cpu[n], 1e-3 * (1 + n)) << "rope step " << n;
+  train_steps("expe", "cpu", cpu, false, 1);
+  const auto rb = train_steps("expe", "bf16", bf16, false, 1);
+  EXPECT_NEAR(bf16[0], cpu[0], 0.01 * std::abs(cpu[0])) << "expe step 0";
   EXPECT_LT(rb.final_loss, rb.first_loss - 0.3);
 }
 

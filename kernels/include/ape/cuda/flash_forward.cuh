@@ -354,7 +354,9 @@ __global__ void __launch_bounds__(FlashFwd<In, D>::kThreads) flash_forward_kerne
   // The longest rows (last query tiles) start first; tiles before p.tile0 are not computed.
   const int64_t i0 = (p.tile0 + int64_t(gridDim.y - 1 - blockIdx.y)) * BQ;
   // q', k', v: Params::ld_q, ld_k, ld_v rows a slice (q' from row qm_row0); o: out_row
-  const In *const qm = p.qm + bh * p.ld_q * D, *const km = p.km + bh * p.ld_k * D, *const vs = p.v + bh * p.ld_v * D;
+  // (k' and v of the slice's key head: bh / k_group, bh / v_group)
+  const In *const qm = p.qm + bh * p.ld_q * D, *const km = p.km + bh / p.k_group * p.ld_k * D,
+                  *const vs = p.v + bh / p.v_group * p.ld_v * D;
   const int r0 = warp * 16 * kMT;  // this warp's first row in the tile
   // Keys split (or one share, launch.cuh): a warp none of whose rows the block writes (all before
   // part_row0 or past T: a one-token decode step's tile holds one row of 128) takes its part in

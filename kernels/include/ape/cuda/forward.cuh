@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params<Enc, In>
 
   const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;  // queries of this tile: [i0, i_end)
   for (int64_t j0 = 0; j0 < i_end; j0 += BK) {     // causal: keys < i_end
-    load_rows<In, BK, D>(sK, L::LI, p.km + bh * p.ld_k * D, j0, T);
-    load_rows<In, BK, D>(sV, L::LI, p.v + bh * p.ld_v * D, j0, T);
+    load_rows<In, BK, D>(sK, L::LI, p.km + bh / p.k_group * p.ld_k * D, j0, T);
+    load_rows<In, BK, D>(sV, L::LI, p.v + bh / p.v_group * p.ld_v * D, j0, T);
     __syncthreads();
     mm_abt<BQ, BK, D>(sQ, L::LI, sK, L::LI, sS, L::LS);  // S = Q' K'^T
     __syncthreads();

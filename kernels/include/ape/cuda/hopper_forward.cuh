@@ -161,6 +161,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D, kCons>::kThreads, 1)
     unsigned it = 0;
     int fresh = C::kStages;
     int x = static_cast<int>(blockIdx.x);
+    const int kg = static_cast<int>(p.k_group), vg = static_cast<int>(p.v_group);  // (Params::k_group)
     for (int job = 0;; ++job) {
       if (job > 0) {
         int claim = 0;
@@ -176,6 +177,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D, kCons>::kThreads, 1)
       int bh, i0;
       tile_rows(x, bh, i0);
       const int n_tiles = key_tiles(i0);
+      const int kbh = bh / kg, vbh = bh / vg;  // the slices of k' and v: its key head's (grouped keys)
       if (leader) {
         ptx::mbar_arrive_expect_tx(bar_q, sizeof(In) * BQ * D);
         hopper::tma_tile<BQ, D>(sQ, &maps.q, i0 - p.qm_row0, bh, bar_q);  // (q' from qm_row0)
@@ -189,7 +191,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D, kCons>::kThreads, 1)
         if (!fresh_stage) ptx::mbar_wait(empty_k + s, ((u >> 1) - 1) & 1);
         if (leader) {
           ptx::mbar_arrive_expect_tx(full_k + s, C::kTileBytes + kBiasBytes);
-          hopper::tma_tile<BK, D>(sK + s * BK * D, &maps.k, j0, bh, full_k + s);
+          hopper::tma_tile<BK, D>(sK + s * BK * D, &maps.k, j0, kbh, full_k + s);
           if constexpr (kDist)  // distances i0 - j0 - BK + x, x < BQ + BK (dist_table_kernel's pads)
             ptx::bulk_copy(sB + s * C::kDistLen, p.dist + bh * p.dist_ld + kDistPad + (i0 - j0 - BK),
                            kBiasBytes, full_k + s);
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(HopperFwd<In, D, kCons>::kThreads, 1)
         if (!fresh_stage) ptx::mbar_wait(empty_v + s, ((u >> 1) - 1) & 1);
         if (leader) {
           ptx::mbar_arrive_expect_tx(full_v + s, C::kTileBytes);
-          hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, bh, full_v + s);
+          hopper::tma_tile<BK, D>(sV + s * BK * D, &maps.v, j0, vbh, full_v + s);
         }
       }
       it += unsigned(n_tiles);

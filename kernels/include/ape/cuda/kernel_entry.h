@@ -198,6 +198,15 @@ struct CudaAttnArgs {
   // pass): no waits between blocks, sums that may differ in their last bits between runs. The
   // other gradients and the general (two-kernel) backward are deterministic either way.
   bool deterministic = true;
+  // Grouped-query attention: the heads of k and v (and of dk, dv), 0 (the default) = H, else a
+  // divisor of H: k and v are (B, kv_heads, ld, D) and query head h reads key head h / (H /
+  // kv_heads), as PyTorch groups them; dk and dv are the sums over each group's query heads. The
+  // forward's kernels read the key heads in place (k' too, per key head where the encoding shares
+  // it: CudaKernelEntry::shares_k_mod; a decode cache's km is then (B, kv_heads, ld, D), else
+  // (B, H, ld, D)); the backward copies k and v to every query head in scratch and adds each
+  // group's dk, dv in head order (fp32, one rounding: deterministic). Refused where kv_heads is
+  // negative, above H or not a divisor of it.
+  int64_t kv_heads = 0;
 };
 
 using CudaAttnFn = cudaError_t (*)(const CudaAttnArgs &);
@@ -233,6 +242,10 @@ struct CudaKernelEntry {
   // Token sequences (Enc::kNumTok) a decode cache may keep (CudaAttnArgs::tok, tok_carry): where
   // the token program does not read the length; 0: none.
   int64_t tok_seqs = 0;
+  // The encoding's k' reads neither the head nor the data (no k mod, or a linear one): under
+  // grouped-query attention (CudaAttnArgs::kv_heads) one key head's k' serves its whole group, and
+  // a decode cache's km holds kv_heads heads.
+  bool shares_k_mod = false;
 };
 
 // The variant for (dtype, D), or nullptr when it was not instantiated.

@@ -29,6 +29,13 @@ template <class Enc> constexpr bool caches_k_mod() {
   return Enc::kHasKMod && !traits::KModReadsLength<Enc>::value && !traits::TokensReadLength<Enc>::value;
 }
 
+// Whether one key head's k' serves its group under grouped-query attention (CudaAttnArgs::
+// kv_heads, CudaKernelEntry::shares_k_mod): no k mod, or a linear one (traits::KModLinear: its
+// coefficients read neither the head nor the data).
+template <class Enc> constexpr bool shares_k_mod() {
+  return !Enc::kHasKMod || traits::KModLinear<Enc>::value;
+}
+
 // Token sequences a decode cache may keep (CudaAttnArgs::tok, tok_carry; CudaKernelEntry::
 // tok_seqs): Enc::kNumTok where the token program does not read the length (a token's entries
 // then stay as the sequence grows, and a step reruns the program from its first new token's chunk
@@ -166,6 +173,8 @@ const char *args_problem(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.B > 0 && a.H > 0 && a.B * a.H >= kMaxDim) return "B·H is 2^31 slices or more";
   if (a.B > 0 && a.H > 0 && a.T > 0 && a.B * a.H > INT64_MAX / (a.T * kD)) return "B·H·T·D overflows int64";
   if (!::ape_rules::check_call_scale(a.scale).empty()) return "scale is not finite, nor 0 or at least 2^-64 in magnitude";
+  if (a.kv_heads < 0 || (a.kv_heads > 0 && (a.kv_heads > a.H || a.H % a.kv_heads != 0)))
+    return "kv_heads is not 0 (= H) or a divisor of H";
   if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T)) return "first_row is not in [0, T)";
   if (backward && a.first_row != 0) return "the backward needs first_row 0";
   if (a.num_splits < 0) return "num_splits is negative";
@@ -262,6 +271,9 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
   p.B = a.B, p.H = a.H, p.T = a.T, p.D = a.D;
   p.ld_q = p.ld_k = p.ld_v = a.ld != 0 ? a.ld : a.T;
   if (a.q_ld != 0) p.ld_q = a.q_ld;
+  // k and v of kv_heads heads: slice bh reads key head bh / group (prepare keeps k' per key head,
+  // or computes it per query head: k_group 1).
+  p.k_group = p.v_group = a.kv_heads > 0 ? a.H / a.kv_heads : 1;
   p.qm_row0 = a.q_row0;  // q holds the rows from q_row0 (q' = q where there is no q mod)
   p.num_splits = 1;
   p.q = static_cast<const In *>(a.q), p.k = static_cast<const In *>(a.k);
@@ -284,8 +296,9 @@ Params<Enc, In> make_params(const CudaAttnArgs &a) {
 
 // The grid of the linear mods' kernels: x over a slice's runs, y (then z, past 65,535: slice_blocks)
 // over groups of kLinBh slices.
-template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D, int64_t row0 = 0) {
-  return slice_blocks(blocks_for((p.T - row0) * D / run_len<In>(), 256), (p.B * p.H + kLinBh - 1) / kLinBh);
+template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D, int64_t row0 = 0, int64_t slices = 0) {
+  const int64_t S = slices > 0 ? slices : p.B * p.H;
+  return slice_blocks(blocks_for((p.T - row0) * D / run_len<In>(), 256), (S + kLinBh - 1) / kLinBh);
 }
 
 // y[bh, t, r] = (x[bh, t, :] + bias[h, :]) . table[r, h, :] (side_kernels.cuh, table_rows_kernel)
@@ -293,13 +306,13 @@ template <class In, class P> dim3 linear_mod_grid(const P &p, int64_t D, int64_t
 template <class In, int D, class P>
 cudaError_t launch_table_rows(const In *x, int64_t ld_x, const float *bias, const float *table, int64_t rows,
                               const P &p, float *y, cudaStream_t st, int64_t row0 = 0, int64_t ld_y = 0,
-                              int64_t x_row0 = 0, int64_t y_row0 = 0) {
+                              int64_t x_row0 = 0, int64_t y_row0 = 0, int64_t x_group = 1) {
   constexpr size_t bytes = table_rows_smem<D>();
   cudaError_t err = allow_smem(table_rows_kernel<In, D>, bytes);
   if (err != cudaSuccess || row0 >= p.T) return err;
   return launch(table_rows_kernel<In, D>, slice_blocks(blocks_for(p.T - row0, kTabTok), p.B * p.H),
                 kTabThreads, bytes, st, x, bias, table, rows, p.H, p.T, y, ld_x, ld_y > 0 ? ld_y : p.T, row0,
-                p.B * p.H, x_row0, y_row0);
+                p.B * p.H, x_row0, y_row0, x_group);
 }
 
 // Every forward kernel's query tile (32, 64, 128 or 192 rows: FwdSmem, FlashFwd, HopperFwd with 2
@@ -319,7 +332,7 @@ template <class Enc, class In, int kModD>
 cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const CudaAttnArgs *a = nullptr,
                     int64_t q_from = -1) {
   cudaError_t err = cudaSuccess;
-  const int64_t BH = p.B * p.H, n = BH * p.T * p.D;
+  const int64_t BH = p.B * p.H;
   const int64_t ld = a && a->ld != 0 ? a->ld : p.T;  // rows per slice of the caller's buffers
   if constexpr (Enc::kNumTok > 0) {
     if (a && a->tok) {  // the caller's cache (check_args: tok_seqs): from km_rows' chunk on
@@ -334,17 +347,23 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
   }
   // A linear mod (side_kernels.cuh): its coefficients once per position and run for kLinBh slices.
   // Rows [row0, T) of every slice, x with ld_x rows per slice, xm with ld_xm.
-  auto mod = [&](auto is_q, const In *x, int64_t ld_x, In *xm, int64_t ld_xm, int64_t row0,
-                 int64_t xm_row0 = 0, int64_t x_row0 = 0) -> cudaError_t {
+  // Grouped keys (ModRows): slice bh of xm reads x's bh / x_group; a k' shared per key head runs
+  // over the key heads' slices, each in its group's first query head's context.
+  struct Grouping {
+    int64_t x_group = 1, slices = 0, ctx_group = 1;
+  };
+  auto mod = [&](auto is_q, const In *x, int64_t ld_x, In *xm, int64_t ld_xm, int64_t row0, int64_t xm_row0 = 0,
+                 int64_t x_row0 = 0, Grouping g = {}) -> cudaError_t {
     constexpr bool kIsQ = decltype(is_q)::value;
     if (row0 >= p.T) return cudaSuccess;
-    const ModRows rows{row0, ld_x, ld_xm, xm_row0, x_row0};
+    const ModRows rows{row0, ld_x, ld_xm, xm_row0, x_row0, g.x_group, g.slices, g.ctx_group};
+    const int64_t slices = g.slices > 0 ? g.slices : BH;
     if constexpr (linear_mod<Enc, kIsQ>())
-      return launch(mod_forward_linear_kernel<Enc, In, kIsQ, kModD>, linear_mod_grid<In>(p, kModD, row0), 256, 0,
-                    st, p, x, xm, rows);
+      return launch(mod_forward_linear_kernel<Enc, In, kIsQ, kModD>, linear_mod_grid<In>(p, kModD, row0, slices),
+                    256, 0, st, p, x, xm, rows);
     else
       return launch(mod_forward_kernel<Enc, In, kIsQ, kModD>,
-                    blocks_for(BH * (p.T - row0) * p.D / run_len<In>(), 256), 256, 0, st, p, x, xm, rows);
+                    blocks_for(slices * (p.T - row0) * p.D / run_len<In>(), 256), 256, 0, st, p, x, xm, rows);
   };
   // The query tiles a forward computes start at first_row's tile (kFwdRowAlign): q' and the query
   // side's relative rows of the rows from there, or from q_from (>= 0: the forward reads no row
@@ -361,14 +380,22 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
     p.qm = qm, p.ld_q = q_rows, p.qm_row0 = q_row0;
   }
   if constexpr (Enc::kHasKMod) {
+    // Grouped keys (k_group > 1): k' of each key head where the group shares it (shares_k_mod:
+    // the mod over the key heads' slices), else of each query head from its key head's k.
+    Grouping g;
+    if constexpr (shares_k_mod<Enc>())
+      g.slices = BH / p.k_group, g.ctx_group = p.k_group;
+    else
+      g.x_group = p.k_group, p.k_group = 1;
+    const int64_t km_elems = (g.slices > 0 ? g.slices : BH) * p.T * p.D;
     if (a && a->km) {  // the caller's cache of k' (check_args: caches_k_mod)
       In *km = static_cast<In *>(a->km);
-      if ((err = mod(std::false_type{}, p.k, p.ld_k, km, p.ld_k, a->km_rows)) != cudaSuccess) return err;
+      if ((err = mod(std::false_type{}, p.k, p.ld_k, km, p.ld_k, a->km_rows, 0, 0, g)) != cudaSuccess) return err;
       p.km = km;
     } else {
-      In *km = scratch.take<In>(n, err);
+      In *km = scratch.take<In>(km_elems, err);
       if (err != cudaSuccess) return err;
-      if ((err = mod(std::false_type{}, p.k, p.ld_k, km, p.T, 0)) != cudaSuccess) return err;
+      if ((err = mod(std::false_type{}, p.k, p.ld_k, km, p.T, 0, 0, 0, g)) != cudaSuccess) return err;
       p.km = km, p.ld_k = p.T;
     }
   }
@@ -392,7 +419,8 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
       if ((err = launch_table_rows<In, kModD>(key ? p.km : p.qm, key ? p.ld_k : p.ld_q,
                                               Enc::rel_bias(r) >= 0 ? p.params[Enc::rel_bias(r)] : nullptr,
                                               p.params[Enc::rel_table(r)], Enc::rel_rows(r), p, p.rel[r], st,
-                                              row0, p.rel_ld[r], key ? 0 : p.qm_row0, p.rel_row0[r])) != cudaSuccess)
+                                              row0, p.rel_ld[r], key ? 0 : p.qm_row0, p.rel_row0[r],
+                                              key ? p.k_group : 1)) != cudaSuccess)
         return err;
     }
   }
@@ -801,14 +829,16 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
           const uint32_t box_kv[3] = {uint32_t(H::kRowElems), uint32_t(H::BK), 1};
           // Slices of ld rows (Params::ld_q, ld_k, ld_v): rows T..ld - 1 lie outside the map; q'
           // holds the rows from qm_row0 (the kernel's coordinates are i - qm_row0).
-          auto map = [&](CUtensorMap *m, const void *x, int64_t ld, int64_t row0, const uint32_t *box) {
-            const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T - row0), uint64_t(a.B * a.H)};
+          // (k' and v: the slices of their heads, B·H / k_group and B·H / v_group)
+          auto map = [&](CUtensorMap *m, const void *x, int64_t ld, int64_t row0, const uint32_t *box,
+                         int64_t group = 1) {
+            const uint64_t dims[3] = {uint64_t(kD), uint64_t(a.T - row0), uint64_t(a.B * a.H / group)};
             const uint64_t strides[2] = {sizeof(In) * kD, sizeof(In) * kD * uint64_t(ld)};
             return make_tensor_map_16(m, x, 3, dims, strides, box, H::kSwizzle);
           };
           if ((err = map(&maps.q, p.qm, p.ld_q, p.qm_row0, box_q)) != cudaSuccess ||
-              (err = map(&maps.k, p.km, p.ld_k, 0, box_kv)) != cudaSuccess ||
-              (err = map(&maps.v, p.v, p.ld_v, 0, box_kv)) != cudaSuccess)
+              (err = map(&maps.k, p.km, p.ld_k, 0, box_kv, p.k_group)) != cudaSuccess ||
+              (err = map(&maps.v, p.v, p.ld_v, 0, box_kv, p.v_group)) != cudaSuccess)
             return err;
           size_t bytes = H::bytes + hopper_fwd_feature_bytes<Enc, In, kD, kCons>(), extra = 0;
           if ((err = plan_param_cache(p, bytes, false, extra)) != cudaSuccess) return err;
@@ -929,6 +959,31 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       return err;
   }
   if (n == 0) return cudaSuccess;  // (the pointers an empty call leaves null are not read below)
+  if (a.kv_heads > 0 && a.kv_heads != a.H) {
+    // Grouped keys (CudaAttnArgs::kv_heads): k and v copied to every query head in scratch, that
+    // call's backward into each query head's dk and dv, then each group's sum in head order (fp32,
+    // one rounding). The copies cost 4 (B, H, T, D) buffers of scratch and their bytes at memory
+    // speed: small beside the backward's, and every query head's kernels stay as they are.
+    Scratch scratch(st, a.scratch);
+    const int64_t group = a.H / a.kv_heads, slice = T * kD, kv_n = n / group;
+    constexpr int64_t kV = 16 / sizeof(In);
+    In *k = scratch.take<In>(n, err), *v = scratch.take<In>(n, err);
+    In *dk = scratch.take<In>(n, err), *dv = scratch.take<In>(n, err);
+    if (err != cudaSuccess) return err;
+    if ((err = launch(repeat_heads_kernel<In>, blocks_for(n / kV, 256), 256, 0, st, static_cast<const In *>(a.k), k,
+                      group, slice, n)) != cudaSuccess ||
+        (err = launch(repeat_heads_kernel<In>, blocks_for(n / kV, 256), 256, 0, st, static_cast<const In *>(a.v), v,
+                      group, slice, n)) != cudaSuccess)
+      return err;
+    CudaAttnArgs full = a;
+    full.kv_heads = 0, full.k = k, full.v = v, full.dk = dk, full.dv = dv;
+    if ((err = attention_backward_impl<Enc, In, kD>(full)) != cudaSuccess) return err;
+    if ((err = launch(group_sum_kernel<In>, blocks_for(kv_n / kV, 256), 256, 0, st, static_cast<const In *>(dk),
+                      static_cast<In *>(a.dk), group, slice, kv_n)) != cudaSuccess)
+      return err;
+    return launch(group_sum_kernel<In>, blocks_for(kv_n / kV, 256), 256, 0, st, static_cast<const In *>(dv),
+                  static_cast<In *>(a.dv), group, slice, kv_n);
+  }
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st, a.scratch);
   if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;

@@ -120,6 +120,11 @@ template <class Enc, class In, bool kIsQ, int D> struct ModSide {
 // of a slice at t - xm_row0: q' in scratch from the first row a forward reads).
 struct ModRows {
   int64_t row0, ld_x, ld_xm, xm_row0 = 0, x_row0 = 0;  // x from row x_row0 (CudaAttnArgs::q_row0)
+  int64_t x_group = 1;  // slice bh of xm reads x's slice bh / x_group (grouped keys, Params::k_group)
+  // Slices of xm (0: every (b, h) slice, B·H), and the query head slice whose context slice bh's
+  // mod evaluates: bh·ctx_group. A k' one key head's group shares (prepare, shares_k_mod): B·H_kv
+  // slices, each with its group's first query head's context (b·H + g·group = (b·H_kv + g)·group).
+  int64_t slices = 0, ctx_group = 1;
 };
 
 // xm = mod(x) (kIsQ: q_mod, else k_mod), computed in fp32: a thread per run of kV elements, or
@@ -131,16 +136,16 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm,
   constexpr int kV = S::kV;
   const int64_t n = p.T - rows.row0;  // rows of a slice
   const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;
-  if (e >= p.B * p.H * n * D) return;
+  if (e >= (rows.slices > 0 ? rows.slices : p.B * p.H) * n * D) return;
   const int64_t c0 = e % D, bh = e / D / n, t = rows.row0 + e / D % n;
   const int64_t p0 = S::partner_of(c0);
   if (p0 == S::kSkip) return;
-  const DevCtx<Enc> ctx = make_ctx(p, bh, false);
+  const DevCtx<Enc> ctx = make_ctx(p, bh * rows.ctx_group, false);
   auto mod = [&](int64_t c, In xv, In yv) {
     if constexpr (kIsQ) return from_float<In>(Enc::q_mod(ctx, t, c, to_float(xv), to_float(yv)));
     else return from_float<In>(Enc::k_mod(ctx, t, c, to_float(xv), to_float(yv)));
   };
-  const In *xr = x + (bh * rows.ld_x + t - rows.x_row0) * D;
+  const In *xr = x + (bh / rows.x_group * rows.ld_x + t - rows.x_row0) * D;
   In *xo = xm + (bh * rows.ld_xm + t - rows.xm_row0) * D;
   In own[kV], part[kV], out[kV];
   load_run<In, kV>(xr, c0, own);
@@ -156,6 +161,39 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm,
     for (int u = 0; u < kV; ++u) out[u] = mod(c0 + u, own[u], part[u]);
   }
   store_run<In, kV>(xo + c0, out);
+}
+
+// Grouped-query attention's backward (CudaAttnArgs::kv_heads): y, of S·group slices of `slice`
+// elements, = x, of S slices, each repeated to the `group` slices of its group (slice s of y reads
+// x's s / group), in 16-byte runs (slice·sizeof(X) a multiple of 16).
+template <class X> __global__ void repeat_heads_kernel(const X *x, X *y, int64_t group, int64_t slice, int64_t n) {
+  constexpr int kV = 16 / static_cast<int>(sizeof(X));
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;  // an element of y
+  if (e >= n) return;
+  const int64_t s = e / slice, c = e % slice;
+  X v[kV];
+  load_run<X, kV>(x + s / group * slice, c, v);
+  store_run<X, kV>(y + e, v);
+}
+
+// y, of S slices of `slice` elements, = the sum of x's `group` slices s·group .. s·group + group - 1
+// (the query heads of key head s), added in head order in fp32 and rounded once: deterministic.
+template <class X> __global__ void group_sum_kernel(const X *x, X *y, int64_t group, int64_t slice, int64_t n) {
+  constexpr int kV = 16 / static_cast<int>(sizeof(X));
+  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;  // an element of y
+  if (e >= n) return;
+  const int64_t s = e / slice, c = e % slice;
+  float acc[kV] = {};
+  for (int64_t g = 0; g < group; ++g) {
+    X v[kV];
+    load_run<X, kV>(x + (s * group + g) * slice, c, v);
+    #pragma unroll
+    for (int u = 0; u < kV; ++u) acc[u] += to_float(v[u]);
+  }
+  X out[kV];
+  #pragma unroll
+  for (int u = 0; u < kV; ++u) out[u] = from_float<X>(acc[u]);
+  store_run<X, kV>(y + e, out);
 }
 
 // dx = (d mod / dx)^T gm, a thread per run of kV elements (or pair of partner runs), in 16-byte
@@ -257,9 +295,11 @@ __device__ inline void mod_coefs(const DevCtx<Enc> &ctx, int64_t t, int64_t c, f
 struct LinearRun {
   int64_t c0, t, p0, bh0, bh1;
 };
-template <class S, int D, class P> __device__ inline bool linear_run(const P &p, LinearRun &r, int64_t row0 = 0) {
+// (slices: the slices run over; 0: B·H)
+template <class S, int D, class P>
+__device__ inline bool linear_run(const P &p, LinearRun &r, int64_t row0 = 0, int64_t slices = 0) {
   const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * S::kV;  // in one slice, from row0
-  const int64_t BH = p.B * p.H;
+  const int64_t BH = slices > 0 ? slices : p.B * p.H;
   r.bh0 = (blockIdx.z * int64_t(gridDim.y) + blockIdx.y) * kLinBh;  // (groups on y, then z: linear_mod_grid)
   if (e >= (p.T - row0) * D || r.bh0 >= BH) return false;
   r.c0 = e % D, r.t = row0 + e / D, r.bh1 = r.bh0 + kLinBh < BH ? r.bh0 + kLinBh : BH;
@@ -323,9 +363,9 @@ __global__ void __launch_bounds__(256, 2) mod_forward_linear_kernel(const Params
   using S = ModSide<Enc, In, kIsQ, D>;
   constexpr int kV = S::kV;
   LinearRun r;
-  if (!linear_run<S, D>(p, r, rows.row0)) return;
+  if (!linear_run<S, D>(p, r, rows.row0, rows.slices)) return;
   const int64_t c0 = r.c0, t = r.t, p0 = r.p0, bh0 = r.bh0, bh1 = r.bh1;
-  const DevCtx<Enc> ctx = make_ctx(p, bh0, false);
+  const DevCtx<Enc> ctx = make_ctx(p, bh0 * rows.ctx_group, false);
   float a[kV], b[kV], ap[kV] = {}, bp[kV] = {};
   #pragma unroll
   for (int u = 0; u < kV; ++u) {
@@ -338,7 +378,8 @@ __global__ void __launch_bounds__(256, 2) mod_forward_linear_kernel(const Params
       In own[kLinU][kV], part[kLinU][kV];
       #pragma unroll
       for (int i = 0; i < kLinU; ++i)
-        if (bh + i < bh1) load_partners<kShape, D, S>(x + ((bh + i) * rows.ld_x + t - rows.x_row0) * D, c0, p0, own[i], part[i]);
+        if (bh + i < bh1)
+          load_partners<kShape, D, S>(x + ((bh + i) / rows.x_group * rows.ld_x + t - rows.x_row0) * D, c0, p0, own[i], part[i]);
       #pragma unroll
       for (int i = 0; i < kLinU; ++i) {
         if (bh + i >= bh1) continue;
@@ -465,7 +506,7 @@ template <class In, int D>
 __global__ void __launch_bounds__(kTabThreads)
     table_rows_kernel(const In *x, const float *bias, const float *table, int64_t rows, int64_t H,
                       int64_t T, float *y, int64_t ld_x, int64_t ld_y, int64_t row0, int64_t BH,
-                      int64_t x_row0, int64_t y_row0) {
+                      int64_t x_row0, int64_t y_row0, int64_t x_group) {
   APE_DYNAMIC_SMEM(smem);
   float *sX = reinterpret_cast<float *>(smem);  // (kTabTok, D)
   float *sT = sX + kTabTok * D;                 // (kTabRows, D + 1)
@@ -476,7 +517,8 @@ __global__ void __launch_bounds__(kTabThreads)
   const float bv = bias ? bias[h * D + threadIdx.x % D] : 0.f;
   for (int e = threadIdx.x; e < kTabTok * D; e += kTabThreads) {
     const int tt = e / D, c = e % D;
-    sX[e] = t0 + tt < T ? to_float(x[(bh * ld_x + t0 + tt - x_row0) * D + c]) + bv : 0.f;  // ld_x rows a slice from x_row0
+    // ld_x rows a slice from x_row0; slice bh reads x's bh / x_group (grouped keys, Params::k_group)
+    sX[e] = t0 + tt < T ? to_float(x[(bh / x_group * ld_x + t0 + tt - x_row0) * D + c]) + bv : 0.f;
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kTabRows) {
     __syncthreads();  // sX written; the last chunk's sT read

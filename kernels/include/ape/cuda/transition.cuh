@@ -39,7 +39,9 @@ __global__ void __launch_bounds__(kThreads)
   APE_STATIC_SMEM(float, sQall, kWarps * D);  // each warp's q'_i
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float *sQ = sQall + warp * D;
-  const int64_t bh = blockIdx.x, T = p.T, base = bh * T * D;
+  const int64_t bh = blockIdx.x, T = p.T;
+  // k' and v of the slice's key head (grouped-query attention: bh / k_group, bh / v_group)
+  const int64_t kbase = bh / p.k_group * T * D, vbase = bh / p.v_group * T * D;
   const int64_t i = tr.row0 + int64_t(blockIdx.y) * kWarps + warp;
   if (i >= tr.hi) return;  // whole warps only: no block barrier below
   const DevCtx<Enc> ctx = make_ctx(p, bh, false);
@@ -48,7 +50,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();
   const float *q = sQ;
   auto logit = [&](int64_t j) {
-    const In *k = p.km + base + j * D;
+    const In *k = p.km + kbase + j * D;
     float dot = 0.f;
     for (int c = 0; c < D; ++c) dot += q[c] * to_float(k[c]);
     float s = p.scale * dot;
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
     const int n = i - j0 + 1 < 32 ? int(i - j0 + 1) : 32;
     for (int r = 0; r < n; ++r) {
       const float w = __shfl_sync(0xffffffffu, wl, r);
-      const In *vr = p.v + base + (j0 + r) * D + lane;
+      const In *vr = p.v + vbase + (j0 + r) * D + lane;
       for (int u = 0; u < kCols; ++u) acc[u] += w * to_float(vr[32 * u]);
     }
   }

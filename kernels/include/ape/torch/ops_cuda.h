@@ -158,7 +158,9 @@ inline cuda::CudaAttnArgs cuda_args(const cuda::CudaVariant &var, const at::Tens
 // A decode cache read in place (CudaAttnArgs::ld, q_row0, km, krel, tok): k and v of forward_cuda
 // hold `rows` = k.size(2) rows per slice of which the first T are the call's, q the rows
 // [q_row0, T) only, (B, H, T - q_row0, D), and o and lse hold the rows from first_row only,
-// (B, H, T - first_row, .) (CudaAttnArgs::o_from_first); km (shaped like k, or undefined) holds k' of the first km_rows rows, krel (float32, B H rows krel_floats elements, or
+// (B, H, T - first_row, .) (CudaAttnArgs::o_from_first); km (B, km_heads, rows, D) of k's dtype,
+// or undefined, holds k' of the first km_rows rows (km_heads: k's heads where the encoding shares
+// its k' over a group, CudaKernelEntry::shares_k_mod, else q's), krel (float32, B H rows krel_floats elements, or
 // undefined) the key side's relative rows of them (CudaKernelEntry::key_rel_floats), tok (float32,
 // B H tok_seqs rows) and tok_carry (float64, B H tok_seqs 2) the token program's sequences and
 // scan sums (CudaKernelEntry::tok_seqs), and the call computes the rest up to T. The features
@@ -168,6 +170,10 @@ struct CacheRows {
   int64_t q_row0 = 0;  // q holds rows [q_row0, T) only (CudaAttnArgs::q_row0; a decode step's window)
   at::Tensor km, krel, tok, tok_carry;
   int64_t km_rows = 0, krel_floats = 0, tok_seqs = 0;
+  // km's heads: k's where the encoding shares its k' over a group (CudaKernelEntry::shares_k_mod:
+  // the kernels then write k' per key head), else q's (0: q's). A wrong count here is a buffer the
+  // kernels under- or overrun: the caller takes it from the entry.
+  int64_t km_heads = 0;
 };
 
 // forward_cuda / backward_cuda: also the runtime's CUDA attention (runtime/CudaAttention.cpp).
@@ -193,21 +199,24 @@ inline ForwardResult forward_cuda(const std::string &who, const cuda::CudaVarian
   a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();
   a.o = o.data_ptr(), a.lse = lse.data_ptr<float>();
   a.first_row = first_row, a.layer = layer, a.num_layers = num_layers, a.o_from_first = window;
+  a.kv_heads = k.size(1) == q.size(1) ? 0 : k.size(1);  // grouped-query attention: read in place
   if (cache.T >= 0) {
     const int64_t rows = k.size(2);  // the cache's capacity
     TORCH_CHECK(q.size(2) == T - cache.q_row0, who, "a cache's q must hold rows [q_row0, T)");
-    TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
-                    rows >= T,
-                who, "a cache's k and v must be (B, H, rows >= T, D) like q's B, H and D");
+    TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0 &&
+                    k.size(3) == q.size(3) && rows >= T,
+                who, "a cache's k and v must be (B, H_kv, rows >= T, D) like q's B and D, H_kv dividing q's H");
     a.T = T, a.ld = rows, a.feat_ld = rows, a.q_row0 = cache.q_row0, a.q_ld = q.size(2);
     for (const auto &t : features)
       TORCH_CHECK(t.dim() == 3 && t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == rows, who,
                   "a cache's features must be (B, H, rows) like its k");
     if (cache.km.defined()) {  // written in place: no copy may stand in for it
-      TORCH_CHECK(cache.km.is_contiguous() && cache.km.sizes() == k.sizes() &&
+      const int64_t km_heads = cache.km_heads > 0 ? cache.km_heads : q.size(1);
+      TORCH_CHECK(cache.km.is_contiguous() && cache.km.dim() == 4 && cache.km.size(0) == k.size(0) &&
+                      cache.km.size(1) == km_heads && cache.km.size(2) == rows && cache.km.size(3) == k.size(3) &&
                       cache.km.scalar_type() == k.scalar_type() && cache.km.device() == k.device() &&
                       reinterpret_cast<uintptr_t>(cache.km.data_ptr()) % 16 == 0,
-                  who, "the k' cache must be contiguous, aligned, and shaped, typed and placed like k");
+                  who, "the k' cache must be contiguous, aligned, (B, ", km_heads, ", rows, D), typed and placed like k");
       a.km = cache.km.data_ptr(), a.km_rows = cache.km_rows;
     }
     if (cache.krel.defined()) {
@@ -338,6 +347,7 @@ inline BackwardResult backward_cuda(const std::string &who, const cuda::CudaVari
   if (dq.numel() > 0) {
     cuda::CudaAttnArgs a = cuda_args(var, q, scale);
     a.q = qc.data_ptr(), a.k = kc.data_ptr(), a.v = vc.data_ptr();
+    a.kv_heads = k.size(1) == q.size(1) ? 0 : k.size(1);  // dk, dv: each group's sum, shaped like k, v
     a.o = oc.data_ptr(), a.lse = lc.data_ptr<float>(), a.dout = gc.data_ptr();
     a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
     std::vector<const float *> fp(f.ptrs.begin(), f.ptrs.end()), pp(p.ptrs.begin(), p.ptrs.end());

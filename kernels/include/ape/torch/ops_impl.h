@@ -382,18 +382,6 @@ namespace ape::torch_ops {
 // ---- the raw operators, per device --------------------------------------------------------------
 enum class Where { kCpu, kCuda, kMeta };
 
-// Grouped-query attention on the CUDA kernels, which take k and v of H heads: x (k or v, H_kv heads)
-// repeated to q's heads, and a gradient of the repeated tensor summed back over each group (in its
-// dtype, accumulated in float32 by the sum). Copies of k and v: the CPU kernel reads the groups in
-// place (AttnArgs::kv_heads).
-inline at::Tensor repeated_to_heads(const at::Tensor &x, const at::Tensor &q) {
-  return derived::to_query_heads(x, x.size(1), q.size(1), 1);
-}
-inline at::Tensor summed_over_groups(const at::Tensor &g, const at::Tensor &x) {
-  if (g.size(1) == x.size(1)) return g;
-  return g.view({x.size(0), x.size(1), g.size(1) / x.size(1), x.size(2), x.size(3)}).sum(2);
-}
-
 inline std::vector<at::Tensor> to_host(at::TensorList ts) {
   std::vector<at::Tensor> out;
   for (const auto &t : ts) out.push_back(t.cpu());
@@ -471,8 +459,7 @@ inline ForwardResult forward_on(Where where, const Library &lib, const at::Tenso
       TORCH_CHECK(q.is_cuda(), prefix(in, op), "the CUDA kernel got q on ", q.device());
 #ifdef APE_TORCH_OPS_CUDA
       if (const cuda::CudaVariant *var = cuda_variant(lib, q))
-        return forward_cuda(prefix(in, op), *var, q, repeated_to_heads(k, q), repeated_to_heads(v, q),
-                            features, params, scale, 0, layer, num_layers);
+        return forward_cuda(prefix(in, op), *var, q, k, v, features, params, scale, 0, layer, num_layers);
 #endif
 #ifdef APE_TORCH_OPS_CUDA
       TORCH_CHECK(!capturing(q.device()), prefix(in, op), no_kernel_in_capture(lib, q));
@@ -511,11 +498,8 @@ inline BackwardResult backward_on(Where where, const Library &lib, const at::Ten
     case Where::kCuda: {
       TORCH_CHECK(q.is_cuda(), w, "the CUDA kernel got q on ", q.device());
 #ifdef APE_TORCH_OPS_CUDA
-      if (const cuda::CudaVariant *var = cuda_variant(lib, q)) {
-        auto [dq, dk, dv, df, dp] = backward_cuda(w, *var, dout, q, repeated_to_heads(k, q),
-                                                  repeated_to_heads(v, q), o, lse, features, params, scale);
-        return {dq, summed_over_groups(dk, k), summed_over_groups(dv, v), df, dp};
-      }
+      if (const cuda::CudaVariant *var = cuda_variant(lib, q))
+        return backward_cuda(w, *var, dout, q, k, v, o, lse, features, params, scale);
 #endif
 #ifdef APE_TORCH_OPS_CUDA
       TORCH_CHECK(!capturing(q.device()), w, no_kernel_in_capture(lib, q));
