@@ -172,7 +172,11 @@ Problem make_problem(const CudaKernelEntry &e, int64_t B, int64_t H, int64_t T, 
 
 ape_test::RefInputs ref_inputs(const Problem &p) {
   ape_test::RefInputs in;
-  in.q = p.q, in.k = p.k, in.v = p.v, in.features = p.features, in.scale = p.scale;
+  // (k and v of fewer heads, grouped-query attention: repeated to every query head)
+  const int64_t group = p.H / p.k.size(1);
+  in.q = p.q, in.features = p.features, in.scale = p.scale;
+  in.k = group > 1 ? p.k.repeat_interleave(group, 1) : p.k;
+  in.v = group > 1 ? p.v.repeat_interleave(group, 1) : p.v;
   for (size_t n = 0; n < p.params.size(); ++n) {
     in.params[p.pinfo[n].name] = p.params[n];
     if (p.pinfo[n].trainable) in.trainable.push_back(p.pinfo[n].name);
@@ -1710,6 +1714,7 @@ void run_forward_prefix(const ape::cuda::CudaVariant &var, const Problem &p, int
   }
   CudaAttnArgs a;
   a.B = p.B, a.H = p.H, a.T = L, a.D = p.D, a.dtype = var.dtype;
+  a.kv_heads = p.k.size(1) == p.H ? 0 : p.k.size(1);
   a.q = qd.ptr, a.k = kd.ptr, a.v = vd.ptr, a.o = od.ptr, a.lse = static_cast<float *>(ld.ptr);
   a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
   ASSERT_CUDA(var.forward(a));
@@ -1740,15 +1745,17 @@ struct FailingScratch {
 // pointer.
 // retry_step >= 0: that step first fails at each of its scratch allocations in turn (the cache must
 // keep its length, and the step then succeed as if none had failed).
+// kv_heads > 0: 4 query heads reading k and v of kv_heads heads (CudaDecodeArgs::kv_heads).
 void check_decode_steps(const std::string &name, size_t index, int64_t num_layers = 0,
                         const std::vector<int64_t> &steps = {125, 1, 1, 1, 1, 7}, int num_splits = 1,
-                        int retry_step = -1) {
+                        int retry_step = -1, int64_t kv_heads = 0) {
   const CudaKernelEntry *e = find_cuda(name);
   ASSERT_NE(e, nullptr);
   const auto &var = e->variants[index];
   int64_t T = 0;
   for (int64_t n : steps) T += n;
-  const Problem p = make_problem(*e, 2, 1, T, var.head_dim, 23);
+  Problem p = make_problem(*e, 2, kv_heads > 0 ? 4 : 1, T, var.head_dim, 23);
+  if (kv_heads > 0) p.k = p.k.narrow(1, 0, kv_heads).contiguous(), p.v = p.v.narrow(1, 0, kv_heads).contiguous();
   const auto dt = torch_type(var.dtype);
   ape::cuda::CudaDecodeCache cache;
   cache.capacity = T;
@@ -1791,6 +1798,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     a.features = fp.data(), a.params = pp.data(), a.scale = static_cast<float>(p.scale);
     a.layer = num_layers > 0 ? num_layers - 1 : 0, a.num_layers = num_layers;
     a.num_splits = num_splits;
+    a.kv_heads = kv_heads;
     a.stream = step_index % 2 == 0 ? side_stream : nullptr;  // (step_index: this step's + 1)
     FailingScratch failing;
     for (int at = 1; retry; ++at) {
@@ -1808,6 +1816,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     if (!retry) ASSERT_CUDA(ape::cuda::decode_step(*e, cache, a));
     ASSERT_CUDA(cudaDeviceSynchronize());
     ASSERT_EQ(cache.len, L0 + n);
+    ASSERT_EQ(cache.KV, kv_heads > 0 ? kv_heads : p.H) << "the cache's key heads";
     const Tensor o = download(od, q), lse = download(ld, lse_like);
     Tensor full_o, full_lse;
     run_forward_prefix(var, p, L0 + n, full_o, full_lse);
@@ -1847,7 +1856,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   ASSERT_CUDA(cudaMemset(buf.ptr, 0, 1 << 20));  // (the good step below reads it as q, k, v)
   std::vector<const float *> side(16, static_cast<const float *>(buf.ptr));
   ape::cuda::CudaDecodeArgs a;
-  a.B = p.B, a.H = p.H, a.n = 1, a.D = p.D, a.dtype = var.dtype;
+  a.B = p.B, a.H = p.H, a.n = 1, a.D = p.D, a.dtype = var.dtype, a.kv_heads = kv_heads;
   a.q = a.k = a.v = buf.ptr, a.o = buf.ptr, a.features = side.data(), a.params = pp.data();
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "past the capacity";
   EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "the step's tokens pass the cache's capacity");
@@ -1855,7 +1864,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   a.dtype = var.dtype == DType::F32 ? DType::BF16 : DType::F32;
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "another dtype";
   if (ape::cuda::find_variant(*e, a.dtype, a.D))
-    EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "B, H, D or the dtype differs from the cache's first step");
+    EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "B, H, kv_heads, D or the dtype differs from the cache's first step");
   a.dtype = var.dtype, a.o = nullptr;
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "no output";
   EXPECT_EQ(cache.len, T);
@@ -2659,6 +2668,30 @@ TEST(CudaGrouped, DecodeStepsEqualThoseWithKeysRepeated) {
     }
   }
   EXPECT_GE(checked, 2) << "the emulated build has too few of these encodings at bf16, D 64";
+}
+
+// The kernels' own decode cache (cuda/decode.h, CudaDecodeArgs::kv_heads): steps of a grouped
+// RoPE (k' kept per key head) and ExPE (per query head) equal the grouped full forward's rows, bit
+// for bit unsplit, within the split rule split in up to 3 (check_decode_steps); the cache's k, v
+// (and RoPE's k') hold 2 key heads' rows, not 4.
+TEST(CudaGrouped, TheDecodeCacheKeepsKeyHeads) {
+  int checked = 0;
+  for (const char *name : {"rope", "expe"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    ASSERT_NE(e, nullptr) << name;
+    const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, DType::BF16, 64);
+    if (!var) continue;
+    const size_t index = static_cast<size_t>(var - e->variants);
+    for (const int splits : {1, 3}) {
+      SCOPED_TRACE(std::string(name) + ", keys split in up to " + std::to_string(splits));
+      check_decode_steps(name, index, 0, {70, 1, 5}, splits, -1, 2);
+      if (HasFatalFailure()) return;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4) << "the build lacks rope's or expe's bf16 variant at D 64";
+  EXPECT_TRUE(find_cuda("rope")->caches_k_mod && find_cuda("rope")->shares_k_mod);
+  EXPECT_TRUE(find_cuda("expe")->caches_k_mod && !find_cuda("expe")->shares_k_mod);
 }
 
 TEST(CudaGrouped, EqualsTheCallWithKeysRepeated) {

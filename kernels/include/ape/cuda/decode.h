@@ -31,6 +31,9 @@
 // of every array and the q/k mods over all L tokens that an earlier version ran each step moved
 // some six times that). The token features are kept at the capacity too (CudaAttnArgs::feat_ld):
 // a step copies its new ones into place.
+// Grouped-query attention (CudaDecodeArgs::kv_heads): k and v of kv_heads heads, kept so (and k'
+// per key head where the encoding shares it over a group, CudaKernelEntry::shares_k_mod, else per
+// query head): the forward reads them in place (CudaAttnArgs::kv_heads).
 // Arguments the forward would refuse (a missing param or feature, a scale that is not finite, a
 // layer out of range) are refused before the cache changes.
 //
@@ -57,10 +60,12 @@ struct CudaDecodeCache {
   int64_t capacity = 0;           // tokens it may hold; set before the first step
   int64_t len = 0;                // tokens cached
   int64_t B = 0, H = 0, D = 0;    // fixed by the first step
+  int64_t KV = 0;                 // key heads, fixed by the first step (H: not grouped)
   DType dtype = DType::BF16;
-  void *k = nullptr, *v = nullptr;  // (B, H, capacity, D) raw projections, rows [0, len) (q: none
+  void *k = nullptr, *v = nullptr;  // (B, KV, capacity, D) raw projections, rows [0, len) (q: none
                                     // kept; a step reads its own, CudaAttnArgs::q_row0)
-  void *km = nullptr;       // (B, H, capacity, D) k' (CudaKernelEntry::caches_k_mod), or null
+  void *km = nullptr;       // (B, KV or H, capacity, D) k' (CudaKernelEntry::caches_k_mod; KV
+                            // heads where the encoding shares_k_mod), or null
   float *krel = nullptr;    // the key side's relative rows, B H capacity key_rel_floats floats
                             // (CudaAttnArgs::krel), or null
   float *tok = nullptr;     // the token program's sequences, (B, H, tok_seqs, capacity)
@@ -82,7 +87,7 @@ struct CudaDecodeCache {
     for (float *f : features)
       if (f) cudaFreeAsync(f, stream);
     k = v = km = nullptr, krel = tok = nullptr, tok_carry = nullptr;
-    features.clear(), len = km_len = rows = 0, B = H = D = 0, stream = nullptr;
+    features.clear(), len = km_len = rows = 0, B = H = D = KV = 0, stream = nullptr;
   }
   ~CudaDecodeCache() { release(); }
   CudaDecodeCache() = default;
@@ -94,7 +99,7 @@ struct CudaDecodeCache {
 struct CudaDecodeArgs {
   int64_t B = 0, H = 0, n = 0, D = 0;
   DType dtype = DType::BF16;
-  const void *q = nullptr, *k = nullptr, *v = nullptr;  // (B, H, n, D) contiguous
+  const void *q = nullptr, *k = nullptr, *v = nullptr;  // q (B, H, n, D), k and v (B, kv_heads, n, D), contiguous
   const float *const *features = nullptr;  // HOST array of Enc::kNumFeatures device (B, H, n)
   const float *const *params = nullptr;    // HOST array of device params, as CudaAttnArgs (the
                                            // same every step: a cached k' is computed from them)
@@ -117,6 +122,8 @@ struct CudaDecodeArgs {
   // The cache's own buffers come from cudaMallocAsync on the first step's stream
   // (CudaDecodeCache::stream; release() frees them there).
   const CudaScratchAllocator *scratch = nullptr;
+  // Heads of k and v: 0 = H; else a divisor of H (grouped-query attention, CudaAttnArgs::kv_heads).
+  int64_t kv_heads = 0;
 };
 
 namespace decode_detail {
@@ -205,14 +212,17 @@ inline const char *step_args_problem(const CudaKernelEntry &e, const CudaDecodeA
 // or nullptr where the step's arguments pass (the step may still fail: memory, a launch).
 inline const char *decode_refusal(const CudaKernelEntry &e, const CudaDecodeCache &c, const CudaDecodeArgs &a) {
   if (a.B < 1 || a.H < 1 || a.D < 1 || a.n < 1) return "B, H, D and n must be at least 1";
+  if (a.kv_heads < 0 || (a.kv_heads > 0 && (a.kv_heads > a.H || a.H % a.kv_heads != 0)))
+    return "kv_heads is not 0 (= H) or a divisor of H";
+  const int64_t KV = a.kv_heads > 0 ? a.kv_heads : a.H;
   if (!a.q || !a.k || !a.v || !a.o) return "q, k, v or o is null";
   if (const char *why = decode_detail::step_args_problem(e, a, c.len == 0)) return why;
   if (!find_variant(e, a.dtype, a.D)) return "this build has no variant of that dtype and head dim (D)";
   if (c.capacity < 1) return "the cache has no capacity";
   if (c.capacity >= (int64_t(1) << 31)) return "the cache's capacity is 2^31 tokens or more";
   if (c.len + a.n > c.capacity) return "the step's tokens pass the cache's capacity";
-  if (c.started() && (a.B != c.B || a.H != c.H || a.D != c.D || a.dtype != c.dtype))
-    return "B, H, D or the dtype differs from the cache's first step";
+  if (c.started() && (a.B != c.B || a.H != c.H || KV != c.KV || a.D != c.D || a.dtype != c.dtype))
+    return "B, H, kv_heads, D or the dtype differs from the cache's first step";
   if (a.scratch && (!a.scratch->alloc || !a.scratch->free)) return "the scratch allocator lacks alloc or free";
   if (a.num_splits < 0) return "num_splits is negative";
   if (c.started() && c.len + a.n > c.rows) return "the cache's capacity was raised after its first step";
@@ -239,6 +249,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   if (decode_refusal(e, c, a)) return cudaErrorInvalidValue;
   const cudaStream_t st = a.stream;
   const int64_t S = a.B * a.H, L0 = c.len, n = a.n, L = L0 + n, D = a.D;
+  const int64_t KV = a.kv_heads > 0 ? a.kv_heads : a.H, Skv = a.B * KV;  // k and v's slices
   const int64_t C = c.started() ? c.rows : c.capacity;
   const size_t row = static_cast<size_t>(D) * dtype_bytes(a.dtype);
   cudaError_t err = cudaSuccess;
@@ -253,7 +264,8 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     }
   } back{c, st};
   if (!c.started()) {  // the buffers, once
-    const size_t bytes = static_cast<size_t>(S * C) * row;  // (sizes checked: decode_refusal)
+    const size_t bytes = static_cast<size_t>(Skv * C) * row;  // (sizes checked: decode_refusal)
+    const size_t km_bytes = static_cast<size_t>((e.shares_k_mod ? Skv : S) * C) * row;
     const size_t rel_bytes = static_cast<size_t>(S * C * e.key_rel_floats) * sizeof(float);
     const size_t tok_bytes = static_cast<size_t>(S * C * e.tok_seqs) * sizeof(float);
     const size_t carry_bytes = static_cast<size_t>(S * e.tok_seqs) * 2 * sizeof(double);
@@ -261,7 +273,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     void *krel = nullptr, *tok = nullptr, *carry = nullptr;
     std::vector<void *> feats(static_cast<size_t>(e.num_features), nullptr);
     std::vector<std::pair<void **, size_t>> bufs = {{&c.k, bytes}, {&c.v, bytes},
-                                                    {e.caches_k_mod ? &c.km : nullptr, bytes},
+                                                    {e.caches_k_mod ? &c.km : nullptr, km_bytes},
                                                     {rel_bytes > 0 ? &krel : nullptr, rel_bytes},
                                                     {tok_bytes > 0 ? &tok : nullptr, tok_bytes},
                                                     {tok_bytes > 0 ? &carry : nullptr, carry_bytes}};
@@ -281,11 +293,11 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
         return err;
       }
     keep();
-    c.B = a.B, c.H = a.H, c.D = D, c.dtype = a.dtype, c.rows = C;
+    c.B = a.B, c.H = a.H, c.KV = KV, c.D = D, c.dtype = a.dtype, c.rows = C;
   }
   // The new rows into place.
-  if ((err = copy_rows(c.k, C, L0, a.k, n, n, S, row, st)) != cudaSuccess ||
-      (err = copy_rows(c.v, C, L0, a.v, n, n, S, row, st)) != cudaSuccess)
+  if ((err = copy_rows(c.k, C, L0, a.k, n, n, Skv, row, st)) != cudaSuccess ||
+      (err = copy_rows(c.v, C, L0, a.v, n, n, Skv, row, st)) != cudaSuccess)
     return err;
   for (int f = 0; f < e.num_features; ++f)
     if ((err = copy_rows(c.features[f], C, L0, a.features[f], n, n, S, sizeof(float), st)) != cudaSuccess)
@@ -327,7 +339,7 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
     return err;
   }
   CudaAttnArgs f;
-  f.B = a.B, f.H = a.H, f.T = L, f.D = D, f.dtype = a.dtype;
+  f.B = a.B, f.H = a.H, f.T = L, f.D = D, f.dtype = a.dtype, f.kv_heads = KV == a.H ? 0 : KV;
   f.o = o_direct ? a.o : o_tmp, f.lse = a.lse ? a.lse : static_cast<float *>(lse_tmp);
   f.o_from_first = true;
   std::vector<const float *> feats(c.features.begin(), c.features.end());
