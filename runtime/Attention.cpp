@@ -35,6 +35,23 @@ std::string describe(const at::Tensor &t) {
 // every tensor is float32 or float64, q's dtype; on a GPU q, k, v are float32, float16 or
 // bfloat16 (one dtype) and the features and params any of those (autocast leaves params in
 // float32), all on q's device.
+}  // namespace
+
+std::string keys_problem(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
+  for (const auto &[name, t] : {std::pair<const char *, const at::Tensor *>{"k", &k}, {"v", &v}}) {
+    const bool heads_ok = t->defined() && t->dim() == 4 &&
+                          (t->size(1) == q.size(1) || (t->size(1) >= 1 && t->size(1) <= q.size(1) &&
+                                                       q.size(1) % t->size(1) == 0));
+    if (!heads_ok || t->size(0) != q.size(0) || t->size(2) != q.size(2) || t->size(3) != q.size(3) ||
+        t->scalar_type() != q.scalar_type() || t->device() != q.device() || (name[0] == 'v' && t->sizes() != k.sizes()))
+      return std::string(name) + " must match q (" + describe(q) + ") but for its heads, a divisor of q's" +
+             (name[0] == 'v' ? ", and k's shape" : "") + ", got " + describe(*t);
+  }
+  return "";
+}
+
+namespace {
+
 const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k,
                              const at::Tensor &v, at::TensorList features, at::TensorList params) {
   const Manifest &m = manifest_of(e);
@@ -53,15 +70,7 @@ const Manifest &check_inputs(const KernelEntry &e, const at::Tensor &q, const at
     bad(e, "q must be [B,H,T,D] float32 or float64 on the CPU, or float32, float16 or bfloat16 on a GPU, got " +
                describe(q));
   // k and v: q's shape, or H_kv heads dividing q's H (grouped-query attention, AttnArgs::kv_heads).
-  for (const auto &[name, t] : {std::pair<const char *, const at::Tensor *>{"k", &k}, {"v", &v}}) {
-    const bool heads_ok = t->defined() && t->dim() == 4 &&
-                          (t->size(1) == q.size(1) || (t->size(1) >= 1 && t->size(1) <= q.size(1) &&
-                                                       q.size(1) % t->size(1) == 0));
-    if (!heads_ok || t->size(0) != q.size(0) || t->size(2) != q.size(2) || t->size(3) != q.size(3) ||
-        t->scalar_type() != q.scalar_type() || t->device() != q.device() || (name[0] == 'v' && t->sizes() != k.sizes()))
-      bad(e, std::string(name) + " must match q (" + describe(q) + ") but for its heads, a divisor of q's" +
-                 (name[0] == 'v' ? ", and k's shape" : "") + ", got " + describe(*t));
-  }
+  if (const std::string problem = keys_problem(q, k, v); !problem.empty()) bad(e, problem);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   if (int64_t(features.size()) != m.num_features())
     bad(e, "expected " + std::to_string(m.num_features()) + " feature tensors (manifest), got " +

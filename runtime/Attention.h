@@ -50,6 +50,11 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const KernelEntry &entry, co
                                                     const std::vector<at::Tensor> &params, double scale,
                                                     AttnLayer layer = {});
 
+// Why k and v do not fit q (B, H, T, D) as the kernels take them, or "": each (B, H_kv, T, D) of
+// q's dtype and device, H_kv = H or a divisor of it (grouped-query attention), v shaped like k.
+// fused_attention's and the decode steps' check (runtime/Decode.h).
+std::string keys_problem(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
+
 // The initial value of a parameter that is not derived (zeros, ones, normal, constant,
 // alibi_slopes, sinusoidal), with its manifest shape resolved for `heads` and `head_dim`. Throws for
 // projection_term / projection_prefix (computed from a projection weight by the model every step).

@@ -73,13 +73,7 @@ at::Tensor run_step(const KernelEntry &e, DecodeCache<T> &c, int64_t capacity, c
 
 // k and v: (B, H_kv, n, D) of q's dtype and device, H_kv dividing q's H (grouped-query attention).
 void check_keys(const KernelEntry &e, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
-  for (const at::Tensor *t : {&k, &v})
-    if (!t->defined() || t->dim() != 4 || t->size(0) != q.size(0) || t->size(2) != q.size(2) ||
-        t->size(3) != q.size(3) || t->scalar_type() != q.scalar_type() || t->device() != q.device())
-      bad(e, "k and v must be (B, H_kv, n, D) like q's (B, H, n, D), of its dtype and device");
-  if (v.size(1) != k.size(1) || k.size(1) < 1 || q.size(1) % k.size(1) != 0)
-    bad(e, "k and v must have the same number of heads, a divisor of q's " + std::to_string(q.size(1)) +
-               " (got " + std::to_string(k.size(1)) + " and " + std::to_string(v.size(1)) + ")");
+  if (const std::string problem = keys_problem(q, k, v); !problem.empty()) bad(e, problem);
 }
 
 // A step on a GPU: the new tokens copied into the cache's rows, then the CUDA forward over all of
@@ -132,8 +126,8 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
   cache.k.narrow(2, L0, n).copy_(k), cache.v.narrow(2, L0, n).copy_(v);
   for (size_t i = 0; i < features.size(); ++i) cache.features[i].narrow(2, L0, n).copy_(features[i]);
   // An attention transition transforms the prompt only (the prefill, the first step), as on the
-  // CPU: from the step's own tensors (the transition reads q', k', v as (B, H, T, D)); k' is then
-  // left to the next step.
+  // CPU: from the step's own tensors (the transition reads q', k', v with T rows a slice, k and v
+  // of their key heads); k' is then left to the next step.
   at::Tensor o;
   if (L0 == 0 && layer.count > 0) {
     o = cuda_attention_forward(e, q, k, v, features, params, scale, 0, layer).first;

@@ -300,6 +300,7 @@ std::pair<at::Tensor, at::Tensor> simt_decode(const KernelEntry &entry, const st
     auto cut = [&](const at::Tensor &x) { return x.narrow(2, L0, n); };
     cuda::CudaDecodeArgs a;
     a.B = B, a.H = H, a.n = n, a.D = D, a.dtype = t;
+    a.kv_heads = k.size(1) == H ? 0 : k.size(1);  // grouped-query attention: k, v of their key heads
     a.q = step.upload(cut(q), dt), a.k = step.upload(cut(k), dt), a.v = step.upload(cut(v), dt);
     std::vector<const float *> fp;
     for (const auto &f : features) fp.push_back(static_cast<const float *>(step.upload(cut(f), at::kFloat)));

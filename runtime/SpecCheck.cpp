@@ -528,7 +528,12 @@ void finite_differences(const KernelEntry &e, const Manifest &man, const Cell &c
 // The cell through the kernel's KV-cache decode steps (decode_steps), fp64 and fp32, against the
 // reference over the tokens so far: rows decode:o and decode:lse with the forward's tolerances.
 void check_decode(const KernelEntry &entry, const SpecReference &ref, const Manifest &man,
-                  const Cell &c, const CheckOptions &opt, Table &table) {
+                  const Cell &c, const CheckOptions &opt, Table &table, const std::string &kind = "decode:",
+                  const Cell *reference_cell = nullptr, const std::string &label = "") {
+  // (kind "grouped-decode:": c with grouped k, v, reference_cell with them repeated to every query
+  // head, label naming the key heads: check_grouped)
+  const Cell &rc = reference_cell ? *reference_cell : c;
+  const std::string cell = label.empty() ? c.label() : label;
   const std::vector<int64_t> steps = decode_steps(c.shape.T);
   const std::string schedule = "decode steps of " + steps_text(steps) + " tokens";
   Outputs d64, d32;
@@ -539,21 +544,21 @@ void check_decode(const KernelEntry &entry, const SpecReference &ref, const Mani
     d32 = run_decode<float>(entry, c, steps);
   } catch (const std::exception &e) {
     for (const char *q : {"o", "lse"}) {
-      CheckRow row{std::string("decode:") + q, "fp64", c.label(), NAN, NAN, -1, opt.fp64_tol};
+      CheckRow row{kind + q, "fp64", cell, NAN, NAN, -1, opt.fp64_tol};
       row.note = schedule + ": " + e.what();
       table.add(row);
     }
     return;
   }
-  const Outputs r64 = decode_reference(ref, man, c, steps, at::kDouble);
-  const Outputs r32 = decode_reference(ref, man, c, steps, at::kFloat);
+  const Outputs r64 = decode_reference(ref, man, rc, steps, at::kDouble);
+  const Outputs r32 = decode_reference(ref, man, rc, steps, at::kFloat);
   for (const char *name : {"o", "lse"}) {
-    const std::string q = std::string("decode:") + name;
+    const std::string q = kind + name;
     const Error e64 = compare(d64.at(name), r64.at(name));
-    CheckRow row{q, "fp64", c.label(), e64.max_abs, e64.rel, -1, opt.fp64_tol};
+    CheckRow row{q, "fp64", cell, e64.max_abs, e64.rel, -1, opt.fp64_tol};
     row.note = schedule;
     table.add(row);
-    CheckRow r32row = fp32_row(q, "fp32", c.label(), compare(d32.at(name), r64.at(name)),
+    CheckRow r32row = fp32_row(q, "fp32", cell, compare(d32.at(name), r64.at(name)),
                                compare(r32.at(name), r64.at(name)), opt.fp32_floor, opt);
     r32row.note = r32row.note.empty() ? schedule : schedule + "; " + r32row.note;
     table.add(r32row);
@@ -596,6 +601,22 @@ void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell
       row.note = row.note.empty() ? schedule : schedule + "; " + row.note;
       table.add(row);
     }
+  }
+}
+
+// The kernel's fp64 and fp32 rows of the quantities `order` of one cell (k64, k32 against the
+// references r64, r32 of shape s), named prefix + quantity: fp64 within fp64_tol, fp32 by the
+// yardstick rule (fp32_row), a param gradient's floor scaled by param_floor_scale.
+void kernel_rows(Table &table, const std::vector<std::string> &order, const std::string &prefix,
+                 const std::string &cell, const CheckShape &s, const Outputs &k64, const Outputs &k32,
+                 const Outputs &r64, const Outputs &r32, const CheckOptions &opt) {
+  for (const std::string &q : order) {
+    const Tensor &want = r64.at(q);
+    const Error e64 = compare(k64.at(q), want);
+    table.add({prefix + q, "fp64", cell, e64.max_abs, e64.rel, -1, opt.fp64_tol});
+    const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q)
+                                                    : opt.fp32_floor;
+    table.add(fp32_row(prefix + q, "fp32", cell, compare(k32.at(q), want), compare(r32.at(q), want), floor, opt));
   }
 }
 
@@ -643,41 +664,10 @@ void check_grouped(const KernelEntry &entry, const SpecReference &ref, const Man
   std::vector<std::string> order = {"o", "lse", "dq", "dk", "dv"};
   for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
   for (const ParamSpec &prm : man.params) order.push_back("dparam:" + prm.name);
-  for (const std::string &q : order) {
-    const Tensor &want = r64.at(q);
-    const Error e64 = compare(k64.at(q), want);
-    table.add({"grouped:" + q, "fp64", label, e64.max_abs, e64.rel, -1, opt.fp64_tol});
-    const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(shape, r64, q)
-                                                    : opt.fp32_floor;
-    table.add(fp32_row("grouped:" + q, "fp32", label, compare(k32.at(q), want), compare(r32.at(q), want),
-                       floor, opt));
-  }
-  if (!opt.decode || !entry.decode || !entry.decode->step_f64 || !entry.decode->step_f32) return;
-  const std::vector<int64_t> steps = decode_steps(T);
-  const std::string schedule = "decode steps of " + steps_text(steps) + " tokens";
-  Outputs d64, d32;
-  try {
-    d64 = run_decode<double>(entry, c, steps);
-    d32 = run_decode<float>(entry, c, steps);
-  } catch (const std::exception &e) {
-    CheckRow row{"grouped-decode:o", "fp64", label, NAN, NAN, -1, opt.fp64_tol};
-    row.note = schedule + ": " + e.what();
-    table.add(row);
-    return;
-  }
-  const Outputs e64 = decode_reference(ref, man, repeated, steps, at::kDouble);
-  const Outputs e32 = decode_reference(ref, man, repeated, steps, at::kFloat);
-  for (const char *name : {"o", "lse"}) {
-    const std::string q = std::string("grouped-decode:") + name;
-    const Error err = compare(d64.at(name), e64.at(name));
-    CheckRow row{q, "fp64", label, err.max_abs, err.rel, -1, opt.fp64_tol};
-    row.note = schedule;
-    table.add(row);
-    CheckRow r32row = fp32_row(q, "fp32", label, compare(d32.at(name), e64.at(name)),
-                               compare(e32.at(name), e64.at(name)), opt.fp32_floor, opt);
-    r32row.note = r32row.note.empty() ? schedule : schedule + "; " + r32row.note;
-    table.add(r32row);
-  }
+  kernel_rows(table, order, "grouped:", label, shape, k64, k32, r64, r32, opt);
+  // (a kernel without decode steps: its decode rows say so already)
+  if (opt.decode && entry.decode && entry.decode->step_f64 && entry.decode->step_f32)
+    check_decode(entry, ref, man, c, opt, table, "grouped-decode:", &repeated, label);
 }
 
 }  // namespace
@@ -756,17 +746,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
         for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
       }
-      for (const std::string &q : order) {
-        const Tensor &want = r64.at(q);
-        const Error e64 = compare(k64.at(q), want);
-        CheckRow row{q, "fp64", c.label(), e64.max_abs, e64.rel, -1, opt.fp64_tol};
-        table.add(row);
-        const Error e32 = compare(k32.at(q), want), y = compare(r32.at(q), want);
-        const CheckShape &s = c.shape;
-        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q)
-                                                        : opt.fp32_floor;
-        table.add(fp32_row(q, "fp32", c.label(), e32, y, floor, opt));
-      }
+      kernel_rows(table, order, "", c.label(), c.shape, k64, k32, r64, r32, opt);
       if (opt.decode) check_decode(entry, ref, man, c, opt, table);
     }
   }

@@ -128,7 +128,11 @@ static int tool_main(int argc, char **argv) {
       "o, lse, dq, dk, dv, the gradient of every feature and param, and the fixed position table;\n"
       "and the KV-cache decode steps that ape-generate runs (the cell's tokens as a prompt of\n"
       "ceil(T/2), two single tokens and the rest in one step): each step's o and lse against the\n"
-      "reference over the tokens so far (rows decode:o, decode:lse).\n"
+      "reference over the tokens so far (rows decode:o, decode:lse); and all of it again under\n"
+      "grouped-query attention at the cell with the most heads, its heads doubled and k, v of the\n"
+      "cell's heads (groups of 2; a spec pinning model_dim: H / p key heads, p the smallest prime\n"
+      "factor of H), against the reference over k, v repeated to every query head (rows grouped:*,\n"
+      "grouped-decode:*).\n"
       "fp64 must agree within --fp64-tol (normalised error max|err| / max(1, max|ref|)); fp32 within\n"
       "max(--fp32-factor x the fp32 reference's own error (at most --fp32-yardstick-max),\n"
       "--fp32-floor); a param gradient, a sum\n"
@@ -188,8 +192,9 @@ static int tool_main(int argc, char **argv) {
   app.add_flag("--verbose", opt.verbose, "A row per grid cell instead of the worst one per quantity");
   bool no_decode = false;
   app.add_flag("--no-decode", no_decode,
-               "Leave out the KV-cache decode rows (decode:o, decode:lse: each cell's tokens through the\n"
-               "decode steps ape-generate runs, as a prompt of ceil(T/2), two single tokens and the rest)");
+               "Leave out the KV-cache decode rows (decode:o, decode:lse and grouped-decode:*: each cell's\n"
+               "tokens through the decode steps ape-generate runs, as a prompt of ceil(T/2), two single\n"
+               "tokens and the rest)");
   bool cuda = false;
   app.add_flag("--cuda", cuda,
                "Check the spec's CUDA kernels too, f32 and bf16, on the SIMT emulator (no GPU needed; its\n"

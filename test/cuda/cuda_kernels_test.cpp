@@ -1865,7 +1865,16 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "another dtype";
   if (ape::cuda::find_variant(*e, a.dtype, a.D))
     EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "B, H, kv_heads, D or the dtype differs from the cache's first step");
-  a.dtype = var.dtype, a.o = nullptr;
+  a.dtype = var.dtype;
+  if (kv_heads > 0) {  // other key heads than the first step's
+    a.kv_heads = 0;
+    EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "other key heads";
+    EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "B, H, kv_heads, D or the dtype differs from the cache's first step");
+    a.kv_heads = 3;
+    EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "kv_heads is not 0 (= H) or a divisor of H");
+    a.kv_heads = kv_heads;
+  }
+  a.o = nullptr;
   EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "no output";
   EXPECT_EQ(cache.len, T);
   // What the forward refuses is refused before a cache changes (a retry would otherwise append
@@ -2672,8 +2681,8 @@ TEST(CudaGrouped, DecodeStepsEqualThoseWithKeysRepeated) {
 
 // The kernels' own decode cache (cuda/decode.h, CudaDecodeArgs::kv_heads): steps of a grouped
 // RoPE (k' kept per key head) and ExPE (per query head) equal the grouped full forward's rows, bit
-// for bit unsplit, within the split rule split in up to 3 (check_decode_steps); the cache's k, v
-// (and RoPE's k') hold 2 key heads' rows, not 4.
+// for bit unsplit, within the split rule split in up to 3 (check_decode_steps); the cache records
+// its 2 key heads (CudaDecodeCache::KV) and refuses a step with other key heads.
 TEST(CudaGrouped, TheDecodeCacheKeepsKeyHeads) {
   int checked = 0;
   for (const char *name : {"rope", "expe"}) {

@@ -35,9 +35,10 @@ inline bool has_reference(const std::string &enc) {
   return std::find(all.begin(), all.end(), enc) != all.end();
 }
 
-// Encodings whose k' no query head changes (no k mod, or a linear one): a grouped cache keeps one
-// k'^T a key head (cpu/decode.h, keys_shared), not one a query head.
-inline const std::set<std::string> kSharedKeys = {"nope", "alibi", "t5", "cable", "rope", "rope_yarn"};
+// Encodings whose k mod is not linear (ExPE's and ExQPE's overrides: their terms are per head): a
+// grouped cache keeps their k'^T per query head; every other one per key head (cpu/decode.h,
+// keys_shared: no k mod, or a linear one).
+inline const std::set<std::string> kKeysPerQueryHead = {"expe", "expe_cable", "expe_qkv", "expe_rope_cable", "exqpe"};
 
 // `level`: the decode steps and forwards of that level's entry (default: the chosen level's).
 // `kv_heads` > 0: grouped-query attention, 4 query heads reading k and v of kv_heads heads.
@@ -91,8 +92,8 @@ void check_decode(const std::string &enc, const DecodeSchedule &sched,
                               (kv_heads > 0 ? ", " + std::to_string(kv_heads) + " key heads" : "");
     // What the cache keeps: values per key head; k'^T per key head where the group shares it.
     ASSERT_EQ(cache.v.size(), static_cast<size_t>(B * KV * N * D)) << where;
-    if (kSharedKeys.count(enc))
-      ASSERT_EQ(cache.kt.size(), static_cast<size_t>(B * KV * D * cache.Cp)) << where;
+    ASSERT_EQ(cache.kt.size(), static_cast<size_t>(B * (kKeysPerQueryHead.count(enc) ? H : KV) * D * cache.Cp))
+        << where << ": k'^T's heads";
     KernelCall<Real> ref(prefix(p, L));
     ref.forward();
     expect_close("decode/" + prec + "/" + enc + "/o", where + ": o vs the forward over " +

@@ -68,13 +68,27 @@ TEST(DecodeEdge, ErrorsAreClear) {
   a.n = 1, a.H = 2;
   EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("but the cache holds"),
             std::string::npos);
-  a.kv_heads = 2;  // 2 key heads for H = 2: valid, but not the cache's 1
-  EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("key heads=2, D=8 but the cache holds"),
-            std::string::npos);
   a.kv_heads = 3;  // not a divisor of H
   EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("kv_heads must be 0 (= H) or a divisor of H"),
             std::string::npos);
   a.kv_heads = 0;
+  {  // key heads other than the first step's (H = 2: 2, then 1), the cache unchanged
+    const Problem p2 = make_problem("cable", 1, 2, 4, 8, 5);
+    KernelCall<double> two(p2);
+    ape::DecodeCache<double> c2;
+    c2.capacity = 8;
+    ape::DecodeArgs<double> b = a;
+    b.H = 2, b.n = 1, b.q = two.q.data_ptr<double>(), b.k = two.k.data_ptr<double>(), b.v = two.v.data_ptr<double>();
+    b.features = two.feat_p.data(), b.params = two.prm_p.data();
+    Tensor o2 = torch::empty({1, 2, 1, 8}, kF64);
+    b.o = o2.data_ptr<double>();
+    p2.entry->decode->step_f64(c2, b);
+    b.kv_heads = 1;
+    EXPECT_NE(message([&] { p2.entry->decode->step_f64(c2, b); })
+                  .find("H=2, key heads=1, D=8 but the cache holds B=1, H=2, key heads=2"),
+              std::string::npos);
+    EXPECT_EQ(c2.len, 1);
+  }
   // Its buffers follow the first step's capacity: a capacity raised later is refused, not read past.
   a.H = 1, cache.capacity = 600;
   EXPECT_NE(message([&] { p.entry->decode->step_f64(cache, a); }).find("capacity changed after its first step"),

@@ -202,6 +202,16 @@ TEST(Decode, GroupedKeysAreKeptPerKeyHead) {
   }
   EXPECT_EQ(grouped.f32.v.size(), static_cast<size_t>(B * KV * C * D));
   EXPECT_EQ(grouped.f32.kt.size() * H, full.f32.kt.size() * KV);
+  // A step with other key heads than the cache's first is refused, the cache unchanged.
+  const at::Tensor q1 = q.narrow(2, 0, 1), k1 = repeated(k.narrow(2, 0, 1)), v1 = repeated(v.narrow(2, 0, 1));
+  try {
+    ape::decode_attention(e, grouped, C, q1, k1, v1, {}, {}, 0.25);
+    ADD_FAILURE() << "a step of 4 key heads on a cache of 2 was taken";
+  } catch (const std::invalid_argument &x) {
+    EXPECT_NE(std::string(x.what()).find("key heads=4, D=16 but the cache holds B=2, H=4, key heads=2"), std::string::npos)
+        << x.what();
+  }
+  EXPECT_EQ(grouped.len(), 9);
   auto message = [&](const at::Tensor &kk, const at::Tensor &vv) {
     ape::LayerCache c;
     try {
@@ -212,9 +222,11 @@ TEST(Decode, GroupedKeysAreKeptPerKeyHead) {
     return std::string("(no error)");
   };
   const at::Tensor k3 = at::randn({B, 3, 9, D});
-  EXPECT_NE(message(k3, k3).find("a divisor of q's 4 (got 3 and 3)"), std::string::npos);
-  EXPECT_NE(message(k, repeated(v)).find("the same number of heads"), std::string::npos);
-  EXPECT_NE(message(k.narrow(2, 0, 4), v).find("must be (B, H_kv, n, D)"), std::string::npos);
+  EXPECT_NE(message(k3, k3).find("k must match q ([2, 4, 9, 16] Float) but for its heads, a divisor of q's, got "
+                                 "[2, 3, 9, 16] Float"),
+            std::string::npos);
+  EXPECT_NE(message(k, repeated(v)).find("v must match q"), std::string::npos);
+  EXPECT_NE(message(k.narrow(2, 0, 4), v).find("k must match q"), std::string::npos);
 }
 
 }  // namespace

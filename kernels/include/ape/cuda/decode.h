@@ -347,8 +347,9 @@ inline cudaError_t decode_step(const CudaKernelEntry &e, CudaDecodeCache &c, con
   f.params = a.params, f.scale = a.scale, f.first_row = L0, f.stream = st, f.scratch = a.scratch;
   f.num_splits = a.num_splits;
   if (L0 == 0 && a.num_layers > 0) {
-    // A prefill that may run an attention transition: from the step's own (B, H, n, D) inputs
-    // (the transition reads q', k' and v as (B, H, T, D)); k' is left to the next step. Its
+    // A prefill that may run an attention transition: from the step's own inputs (q (B, H, n, D),
+    // k and v (B, kv_heads, n, D): the transition reads them with T rows a slice); k' is left to
+    // the next step. Its
     // outputs are (B, H, T, .) as they are: o_from_first stays false (refused with layers).
     f.layer = a.layer, f.num_layers = a.num_layers, f.o_from_first = false;
     f.q = a.q, f.k = a.k, f.v = a.v, f.features = a.features;
