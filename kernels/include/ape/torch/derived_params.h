@@ -23,8 +23,8 @@ inline int64_t weight_heads(const at::Tensor &W, int64_t D) {
 }
 // x with its `dim` of Hw heads repeated to H, each H / Hw times in a row (query head h reads
 // head h / (H / Hw)): an expand and a copy, never a host sync (repeat_interleave may size its
-// output from the device). Also the operator library's and the runtime's grouped k and v for the
-// CUDA kernels (ops_impl.h, runtime/Attention.cpp).
+// output from the device). (k and v themselves are never repeated: every kernel reads the key
+// heads in place, AttnArgs::kv_heads, CudaAttnArgs::kv_heads.)
 inline at::Tensor to_query_heads(const at::Tensor &x, int64_t Hw, int64_t H, int64_t dim) {
   if (Hw == H) return x;
   std::vector<int64_t> grouped = x.sizes().vec(), out = x.sizes().vec();
