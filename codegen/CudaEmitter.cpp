@@ -130,7 +130,7 @@ LogicalResult mlir::ape::emitCudaEntry(KernelOp kernel, StringRef source,
      << "::kManifest,\n      Enc::kNumFeatures, Enc::kNumParams, &Enc::param_numel,\n      ape_gen_"
      << name << "::kVariants, " << variants.size()
      << ",\n      ::ape::cuda::detail::caches_k_mod<Enc>(), ::ape::cuda::detail::key_rel_floats<Enc>(),\n"
-     << "      ::ape::cuda::detail::tok_seqs<Enc>(), ::ape::cuda::detail::shares_k_mod<Enc>()};\n"
+     << "      ::ape::cuda::detail::tok_seqs<Enc>(), ::ape::traits::KModShared<Enc>::value};\n"
      << "  return &entry;\n}\n";
   return success();
 }

@@ -1871,7 +1871,7 @@ void check_decode_steps(const std::string &name, size_t index, int64_t num_layer
     EXPECT_EQ(ape::cuda::decode_step(*e, cache, a), cudaErrorInvalidValue) << "other key heads";
     EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "B, H, kv_heads, D or the dtype differs from the cache's first step");
     a.kv_heads = 3;
-    EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), "kv_heads is not 0 (= H) or a divisor of H");
+    EXPECT_STREQ(ape::cuda::decode_refusal(*e, cache, a), ape_rules::kKvHeadsRule);
     a.kv_heads = kv_heads;
   }
   a.o = nullptr;
@@ -2580,9 +2580,29 @@ void check_grouped(const CudaKernelEntry &e, const ape::cuda::CudaVariant &var) 
   Problem repeated = grouped;
   repeated.k = grouped.k.repeat_interleave(H / KV, 1), repeated.v = grouped.v.repeat_interleave(H / KV, 1);
   Outputs got, want;
+#ifdef APE_SIMT
+  // The kernels each call launches: the grouped call's are the repeated call's and two group sums
+  // (dk, dv), so nothing copies k or v to the query heads (every kernel reads key heads in place).
+  auto kernels = [](int64_t *sums) {
+    std::set<std::string> names;
+    for (const auto &t : ape::simt::take_traffic())
+      if (t.kernel.find("group_sum_kernel<") == std::string::npos) names.insert(t.kernel);
+      else if (sums) *sums += static_cast<int64_t>(t.launches);
+    return names;
+  };
+  int64_t sums = 0;
+  kernels(nullptr);
+#endif
   run_gpu(var, grouped, got);
+#ifdef APE_SIMT
+  const std::set<std::string> grouped_kernels = kernels(&sums);
+#endif
   run_gpu(var, repeated, want);
   if (::testing::Test::HasFatalFailure()) return;
+#ifdef APE_SIMT
+  EXPECT_EQ(grouped_kernels, kernels(nullptr)) << e.name << ": other kernels than the call on repeated k, v";
+  EXPECT_EQ(sums, 2) << e.name << ": the group sums of dk and dv";
+#endif
   ASSERT_EQ(got.size(), want.size());
   const auto dt = torch_type(var.dtype);
   for (size_t n = 0; n < got.size(); ++n) {

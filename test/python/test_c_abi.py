@@ -177,10 +177,10 @@ def test_grouped_queries_match_reference(encoding, dtype):
         check_backward(encoding, c, suffix, names, params, cast(dout), grads, grads_ref, atol, f" (kv_heads {kv})")
     c.args.kv_heads = 3  # not a divisor of H = 4
     assert fn(encoding, "forward_f64")(ctypes.byref(c.args)) == APE_ERROR_INVALID_SHAPE
-    assert b"kv_heads must be 0 (= H) or a divisor of H in [1, H], got kv_heads=3 H=4" in fn(encoding, "last_error")()
+    assert b"kv_heads must be 0 (= H) or a divisor of H in [1, H]; got kv_heads=3 for H=4" in fn(encoding, "last_error")()
     c.args.H, c.args.kv_heads = 0, 2  # more key heads than query heads (none): no group to read them
     assert fn(encoding, "backward_f64")(ctypes.byref(c.args)) == APE_ERROR_INVALID_SHAPE
-    assert b"got kv_heads=2 H=0" in fn(encoding, "last_error")()
+    assert b"got kv_heads=2 for H=0" in fn(encoding, "last_error")()
 
 
 @pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)

@@ -70,7 +70,7 @@
 // ENTRY: Enc::kNumFeatures, Enc::kNumParams, &Enc::param_numel,
 // ENTRY-NEXT: ape_gen_rope::kVariants, 4,
 // ENTRY-NEXT: ::ape::cuda::detail::caches_k_mod<Enc>(), ::ape::cuda::detail::key_rel_floats<Enc>(),
-// ENTRY-NEXT: ::ape::cuda::detail::tok_seqs<Enc>(), ::ape::cuda::detail::shares_k_mod<Enc>()};
+// ENTRY-NEXT: ::ape::cuda::detail::tok_seqs<Enc>(), ::ape::traits::KModShared<Enc>::value};
 
 // INST: APE_CUDA_INSTANTIATE(Enc, __nv_bfloat16, 128, forward_bf16_hd128, backward_bf16_hd128)
 

@@ -37,7 +37,7 @@ inline bool has_reference(const std::string &enc) {
 
 // Encodings whose k mod is not linear (ExPE's and ExQPE's overrides: their terms are per head): a
 // grouped cache keeps their k'^T per query head; every other one per key head (cpu/decode.h,
-// keys_shared: no k mod, or a linear one).
+// traits::KModShared: no k mod, or a linear one).
 inline const std::set<std::string> kKeysPerQueryHead = {"expe", "expe_cable", "expe_qkv", "expe_rope_cable", "exqpe"};
 
 // `level`: the decode steps and forwards of that level's entry (default: the chosen level's).

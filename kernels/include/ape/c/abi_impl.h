@@ -113,9 +113,8 @@ template <class Args> Shape check_shape(const Args *a) {
                   "B, H, T must be >= 0 and D >= 1, got B=" + std::to_string(a->B) +
                       " H=" + std::to_string(a->H) + " T=" + std::to_string(a->T) +
                       " D=" + std::to_string(a->D)};
-  if (a->kv_heads < 0 || (a->kv_heads > 0 && (a->kv_heads > a->H || a->H % a->kv_heads != 0)))
-    throw Failure{APE_ERROR_INVALID_SHAPE, "kv_heads must be 0 (= H) or a divisor of H in [1, H], got kv_heads=" +
-                                               std::to_string(a->kv_heads) + " H=" + std::to_string(a->H)};
+  if (std::string why = ape_rules::check_kv_heads(a->kv_heads, a->H); !why.empty())
+    throw Failure{APE_ERROR_INVALID_SHAPE, why};
   Shape s{a->B, a->H, a->T, a->D, 0, 0, a->kv_heads > 0 ? a->kv_heads : a->H};
   s.rows = mul(mul(s.B, s.H), s.T);
   s.qkv = mul(s.rows, s.D);

@@ -22,6 +22,8 @@
 //   KModReadsLength<Enc>::value, TokensReadLength<Enc>::value  Enc::kKModReadsLength /
 //                             kTokensReadLength: k' / the token sequences read the sequence length
 //                             (cpu/decode.h recomputes them every step);
+//   KModShared<Enc>::value    one key head's k' serves its group (no k mod, or KModLinear):
+//                             grouped-query attention keeps k' per key head;
 //   HasTransition<Enc>::value Enc::kTransition, the ape::TransitionAttrs of an
 //                             ape.attention_transition (contract/transition.h; false when
 //                             absent): an inference-only encoding, forward and prefill only.
@@ -70,6 +72,14 @@ APE_ENC_FLAG(KModLinear, kKModLinear)
 APE_ENC_FLAG(KModReadsLength, kKModReadsLength)
 APE_ENC_FLAG(TokensReadLength, kTokensReadLength)
 #undef APE_ENC_FLAG
+
+// One key head's k' serves every query head of its group (grouped-query attention): no k mod, or a
+// linear one (KModLinear: its coefficients read neither the head nor the data, so every query
+// head's k' is the same). The CPU decode cache (cpu/decode.h) and the CUDA kernels (cuda/launch.cuh,
+// CudaKernelEntry::shares_k_mod) then keep k' per key head; else per query head.
+template <class Enc> struct KModShared {
+  static constexpr bool value = !Enc::kHasKMod || KModLinear<Enc>::value;
+};
 
 template <class Enc, class = void> struct HasTransition {
   static constexpr bool value = false;

@@ -76,6 +76,21 @@ inline std::string check_call_scale(double scale) {
                 kMinScale, scale);
   return buf;
 }
+/// Grouped-query attention: k and v have kv_heads heads, 0 meaning H (one per query head), else a
+/// divisor of H whose query head h reads key head h / (H / kv_heads). Every layer that takes
+/// kv_heads (the CPU kernels and decode, the C ABI, the CUDA launch and decode, the operator
+/// library) refuses the same values with these words.
+constexpr const char *kKvHeadsRule = "kv_heads must be 0 (= H) or a divisor of H in [1, H]";
+constexpr bool kv_heads_fit(int64_t kv_heads, int64_t H) {
+  return kv_heads == 0 || (kv_heads >= 1 && kv_heads <= H && H % kv_heads == 0);
+}
+/// "" where kv_heads fits H; else kKvHeadsRule with the values, e.g.
+/// "kv_heads must be 0 (= H) or a divisor of H in [1, H]; got kv_heads=3 for H=4".
+inline std::string check_kv_heads(int64_t kv_heads, int64_t H) {
+  if (kv_heads_fit(kv_heads, H))
+    return "";
+  return std::string(kKvHeadsRule) + "; got kv_heads=" + std::to_string(kv_heads) + " for H=" + std::to_string(H);
+}
 /// A length in tokens.
 constexpr Range kLength{1, double(kMaxLength), true};
 

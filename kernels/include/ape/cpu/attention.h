@@ -48,6 +48,7 @@
 
 #include "ape/contract/enc_traits.h"
 #include "ape/contract/transition.h"
+#include "ape/contract/value_rules.h"
 #include "ape/contract/vocabulary.h"
 #include "ape/cpu/dispatch.h"
 
@@ -2034,9 +2035,8 @@ template <class F> void each_slice(int64_t n, F &&f) {
 }  // namespace detail
 
 template <typename Real> void check_kv_heads(const AttnArgs<Real> &a) {
-  if (a.kv_heads < 0 || (a.kv_heads > 0 && (a.kv_heads > a.H || a.H % a.kv_heads != 0)))
-    throw std::invalid_argument("AttnArgs::kv_heads (" + std::to_string(a.kv_heads) +
-                                ") must divide the query heads H (" + std::to_string(a.H) + ")");
+  if (std::string why = ape_rules::check_kv_heads(a.kv_heads, a.H); !why.empty())
+    throw std::invalid_argument("AttnArgs: " + why);
 }
 
 template <class Enc, typename Real> void attention_forward(const AttnArgs<Real> &a) {

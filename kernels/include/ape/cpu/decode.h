@@ -26,7 +26,7 @@
 // Grouped-query attention (DecodeArgs::kv_heads = H_kv < H, as AttnArgs::kv_heads): k and v are
 // (B, H_kv, n, D) and query head h reads key head h / (H / H_kv). The cache keeps v and kraw per
 // key head, and k'^T per key head too where one key head's k' serves its whole group
-// (keys_shared below: no k mod, or a linear one, whose coefficients read neither the head nor
+// (traits::KModShared: no k mod, or a linear one, whose coefficients read neither the head nor
 // the data); else per query head (a k mod reading the head, a token sequence or a trainable
 // param), each computed from its key head's raw keys. The token state and the key side's
 // relative rows stay per query head.
@@ -92,15 +92,9 @@ template <class Enc> constexpr bool keys_read_length() {
   return traits::KModReadsLength<Enc>::value || (Enc::kHasKMod && traits::TokensReadLength<Enc>::value);
 }
 
-// One key head's k' serves its whole group: no k mod, or a linear one (traits::KModLinear: its
-// coefficients read neither the head nor the data, so every query head's k' is the same).
-template <class Enc> constexpr bool keys_shared() {
-  return !Enc::kHasKMod || traits::KModLinear<Enc>::value;
-}
-
 // The heads of k'^T a batch row keeps (Hk above).
 template <class Enc, typename Real> int64_t kt_heads(const DecodeCache<Real> &c) {
-  return keys_shared<Enc>() ? c.Hkv : c.H;
+  return traits::KModShared<Enc>::value ? c.Hkv : c.H;
 }
 
 // k' of keys [k0, L) into columns k0.. of k'^T (kt: D rows of Cp); kin: their raw rows, from row k0.
@@ -134,7 +128,7 @@ void decode_keys(DecodeCache<Real> &c, const DecodeArgs<Real> &a, int64_t b, int
     std::copy(k, k + n * D, raw + L0 * D);
     kin = raw;
   }
-  if constexpr (keys_shared<Enc>()) {
+  if constexpr (traits::KModShared<Enc>::value) {
     // The group's first query head (a shared k' reads no head; the context wants one).
     const HeadCtx<Real> ctx{b, g * (c.H / c.Hkv), a.H, L, D, a.params, nullptr, nullptr, nullptr};
     std::vector<Real> km_buf;
@@ -188,10 +182,10 @@ void decode_slice(DecodeCache<Real> &c, const DecodeArgs<Real> &a, int64_t b, in
     qm = qm_buf.data();
   }
   const int64_t k0 = kKeysLen ? 0 : L0;  // first key whose k' (and key-side rows) is computed now
-  Real *kt = c.kt.data() + (keys_shared<Enc>() ? sk : s) * D * Cp;
+  Real *kt = c.kt.data() + (traits::KModShared<Enc>::value ? sk : s) * D * Cp;
   std::vector<Real> km_buf;
   const Real *km = nullptr;
-  if constexpr (!keys_shared<Enc>()) {
+  if constexpr (!traits::KModShared<Enc>::value) {
     const Real *kin = kKeysLen ? c.kraw.data() + sk * C * D : a.k + sk * n * D;
     km = keys_into<Enc>(ctx, kin, k0, L, kt, Cp, km_buf);
   }
@@ -250,10 +244,9 @@ template <class Enc, typename Real> void decode_step(DecodeCache<Real> &c, const
     throw std::invalid_argument("decode_step: B, H, D and n must be >= 1 (got B=" +
                                 std::to_string(a.B) + ", H=" + std::to_string(a.H) +
                                 ", D=" + std::to_string(a.D) + ", n=" + std::to_string(a.n) + ")");
+  if (std::string why = ape_rules::check_kv_heads(a.kv_heads, a.H); !why.empty())
+    throw std::invalid_argument("decode_step: " + why);
   const int64_t Hkv = a.kv_heads == 0 ? a.H : a.kv_heads;
-  if (Hkv < 1 || Hkv > a.H || a.H % Hkv != 0)
-    throw std::invalid_argument("decode_step: kv_heads must be 0 (= H) or a divisor of H in [1, H], got " +
-                                std::to_string(a.kv_heads) + " for H=" + std::to_string(a.H));
   if (c.capacity < 1) throw std::invalid_argument("decode_step: the cache has no capacity");
   if (c.len + a.n > c.capacity)
     throw std::length_error("decode_step: " + std::to_string(c.len) + " cached + " +

@@ -116,8 +116,9 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const Params<Enc, In> p)
 
   const int64_t bh = blockIdx.x, T = p.T, j0 = (p.tile0 + int64_t(blockIdx.y)) * BK, base = bh * T * D;
   const DevCtx<Enc> ctx = make_ctx(p, bh, true);
-  load_rows<In, BK, D>(sK, L::LI, p.km + base, j0, T);
-  load_rows<In, BK, D>(sV, L::LI, p.v + base, j0, T);
+  // (k' and v of the slice's key head: bh / k_group, bh / v_group)
+  load_rows<In, BK, D>(sK, L::LI, p.km + bh / p.k_group * T * D, j0, T);
+  load_rows<In, BK, D>(sV, L::LI, p.v + bh / p.v_group * T * D, j0, T);
   zero_acc<BK, D>(sDK, L::LA);
   zero_acc<BK, D>(sDV, L::LA);
   for (int64_t i0 = j0 / BQ * BQ; i0 < T; i0 += BQ) {  // causal: queries >= j0
@@ -154,8 +155,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const Params<Enc, In> p) {
   zero_acc<BQ, D>(sDQ, L::LA);
   const int64_t i_end = i0 + BQ < T ? i0 + BQ : T;
   for (int64_t j0 = 0; j0 < i_end; j0 += BK) {
-    load_rows<In, BK, D>(sK, L::LI, p.km + base, j0, T);
-    load_rows<In, BK, D>(sV, L::LI, p.v + base, j0, T);
+    load_rows<In, BK, D>(sK, L::LI, p.km + bh / p.k_group * T * D, j0, T);
+    load_rows<In, BK, D>(sV, L::LI, p.v + bh / p.v_group * T * D, j0, T);
     __syncthreads();
     bwd_tile<Enc, In, D>(p, ctx, smem, i0, j0);
     mm_acc<BQ, D, BK, false>(sDS, L::LP, sK, L::LI, sDQ, L::LA);  // dQ' += dS K'

@@ -387,7 +387,7 @@ template <class Enc, class In> struct Params {
   const In *qm, *km;                // (B*H, T, D): q', k' (= q, k without a mod)
   int64_t ld_q, ld_k, ld_v;         // forward: rows per slice of qm, km and v (T, or
                                     // CudaAttnArgs::ld where they are the caller's buffers)
-  int64_t k_group, v_group;         // forward: slice bh reads km's slice bh / k_group and v's
+  int64_t k_group, v_group;         // slice bh reads km's slice bh / k_group and v's
                                     // bh / v_group (grouped-query attention, CudaAttnArgs::
                                     // kv_heads: the query heads a key head serves; else 1)
   int64_t q_row0;                   // forward: the first row of q' computed (prepare; 0 but

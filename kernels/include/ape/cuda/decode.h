@@ -212,8 +212,7 @@ inline const char *step_args_problem(const CudaKernelEntry &e, const CudaDecodeA
 // or nullptr where the step's arguments pass (the step may still fail: memory, a launch).
 inline const char *decode_refusal(const CudaKernelEntry &e, const CudaDecodeCache &c, const CudaDecodeArgs &a) {
   if (a.B < 1 || a.H < 1 || a.D < 1 || a.n < 1) return "B, H, D and n must be at least 1";
-  if (a.kv_heads < 0 || (a.kv_heads > 0 && (a.kv_heads > a.H || a.H % a.kv_heads != 0)))
-    return "kv_heads is not 0 (= H) or a divisor of H";
+  if (!::ape_rules::kv_heads_fit(a.kv_heads, a.H)) return ::ape_rules::kKvHeadsRule;
   const int64_t KV = a.kv_heads > 0 ? a.kv_heads : a.H;
   if (!a.q || !a.k || !a.v || !a.o) return "q, k, v or o is null";
   if (const char *why = decode_detail::step_args_problem(e, a, c.len == 0)) return why;

@@ -756,8 +756,9 @@ __global__ void __launch_bounds__(BwdTiles<In, D, kLayout>::kBlockThreads, BwdTi
   // wgmma: the producer warpgroup loads each step's Q' and dO tiles by TMA into the buffer's half,
   // completing on its mbarrier `bars` (phase: the buffer's fills so far, mod 2); everything else
   // is cp.async.
-  load_tile(KRows{}, sK, p.km + base, j0);
-  load_tile(KRows{}, sV, p.v + base, j0);
+  // (k' and v of the slice's key head: bh / k_group, bh / v_group)
+  load_tile(KRows{}, sK, p.km + bh / p.k_group * T * D, j0);
+  load_tile(KRows{}, sV, p.v + bh / p.v_group * T * D, j0);
   if constexpr (!kWg) {
     load_tile(QRows{}, sQ, p.qm + base, qt0 * BQ);
     load_tile(QRows{}, sDO, p.dout + base, qt0 * BQ);

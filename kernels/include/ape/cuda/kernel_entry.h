@@ -201,11 +201,12 @@ struct CudaAttnArgs {
   // Grouped-query attention: the heads of k and v (and of dk, dv), 0 (the default) = H, else a
   // divisor of H: k and v are (B, kv_heads, ld, D) and query head h reads key head h / (H /
   // kv_heads), as PyTorch groups them; dk and dv are the sums over each group's query heads. The
-  // forward's kernels read the key heads in place (k' too, per key head where the encoding shares
-  // it: CudaKernelEntry::shares_k_mod; a decode cache's km is then (B, kv_heads, ld, D), else
-  // (B, H, ld, D)); the backward copies k and v to every query head in scratch and adds each
-  // group's dk, dv in head order (fp32, one rounding: deterministic). Refused where kv_heads is
-  // negative, above H or not a divisor of it.
+  // kernels read the key heads in place (k' too, per key head where the encoding shares it:
+  // CudaKernelEntry::shares_k_mod; a decode cache's km is then (B, kv_heads, ld, D), else
+  // (B, H, ld, D)); the backward writes each query head's dk, dv into scratch (2 (B, H, T, D)
+  // buffers, in the dtype) and adds each group's in head order in fp32, rounding the sum once
+  // (deterministic). Refused
+  // where kv_heads is negative, above H or not a divisor of it (ape_rules::kKvHeadsRule).
   int64_t kv_heads = 0;
 };
 

@@ -29,13 +29,6 @@ template <class Enc> constexpr bool caches_k_mod() {
   return Enc::kHasKMod && !traits::KModReadsLength<Enc>::value && !traits::TokensReadLength<Enc>::value;
 }
 
-// Whether one key head's k' serves its group under grouped-query attention (CudaAttnArgs::
-// kv_heads, CudaKernelEntry::shares_k_mod): no k mod, or a linear one (traits::KModLinear: its
-// coefficients read neither the head nor the data).
-template <class Enc> constexpr bool shares_k_mod() {
-  return !Enc::kHasKMod || traits::KModLinear<Enc>::value;
-}
-
 // Token sequences a decode cache may keep (CudaAttnArgs::tok, tok_carry; CudaKernelEntry::
 // tok_seqs): Enc::kNumTok where the token program does not read the length (a token's entries
 // then stay as the sequence grows, and a step reruns the program from its first new token's chunk
@@ -173,8 +166,7 @@ const char *args_problem(const CudaAttnArgs &a, int64_t kD, bool backward) {
   if (a.B > 0 && a.H > 0 && a.B * a.H >= kMaxDim) return "B·H is 2^31 slices or more";
   if (a.B > 0 && a.H > 0 && a.T > 0 && a.B * a.H > INT64_MAX / (a.T * kD)) return "B·H·T·D overflows int64";
   if (!::ape_rules::check_call_scale(a.scale).empty()) return "scale is not finite, nor 0 or at least 2^-64 in magnitude";
-  if (a.kv_heads < 0 || (a.kv_heads > 0 && (a.kv_heads > a.H || a.H % a.kv_heads != 0)))
-    return "kv_heads is not 0 (= H) or a divisor of H";
+  if (!::ape_rules::kv_heads_fit(a.kv_heads, a.H)) return ::ape_rules::kKvHeadsRule;
   if (a.first_row < 0 || (a.T > 0 && a.first_row >= a.T)) return "first_row is not in [0, T)";
   if (backward && a.first_row != 0) return "the backward needs first_row 0";
   if (a.num_splits < 0) return "num_splits is negative";
@@ -383,7 +375,7 @@ cudaError_t prepare(Params<Enc, In> &p, Scratch &scratch, cudaStream_t st, const
     // Grouped keys (k_group > 1): k' of each key head where the group shares it (shares_k_mod:
     // the mod over the key heads' slices), else of each query head from its key head's k.
     Grouping g;
-    if constexpr (shares_k_mod<Enc>())
+    if constexpr (traits::KModShared<Enc>::value)
       g.slices = BH / p.k_group, g.ctx_group = p.k_group;
     else
       g.x_group = p.k_group, p.k_group = 1;
@@ -959,33 +951,19 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       return err;
   }
   if (n == 0) return cudaSuccess;  // (the pointers an empty call leaves null are not read below)
-  if (a.kv_heads > 0 && a.kv_heads != a.H) {
-    // Grouped keys (CudaAttnArgs::kv_heads): k and v copied to every query head in scratch, that
-    // call's backward into each query head's dk and dv, then each group's sum in head order (fp32,
-    // one rounding). The copies cost 4 (B, H, T, D) buffers of scratch and their bytes at memory
-    // speed: small beside the backward's, and every query head's kernels stay as they are.
-    Scratch scratch(st, a.scratch);
-    const int64_t group = a.H / a.kv_heads, slice = T * kD, kv_n = n / group;
-    constexpr int64_t kV = 16 / sizeof(In);
-    In *k = scratch.take<In>(n, err), *v = scratch.take<In>(n, err);
-    In *dk = scratch.take<In>(n, err), *dv = scratch.take<In>(n, err);
-    if (err != cudaSuccess) return err;
-    if ((err = launch(repeat_heads_kernel<In>, blocks_for(n / kV, 256), 256, 0, st, static_cast<const In *>(a.k), k,
-                      group, slice, n)) != cudaSuccess ||
-        (err = launch(repeat_heads_kernel<In>, blocks_for(n / kV, 256), 256, 0, st, static_cast<const In *>(a.v), v,
-                      group, slice, n)) != cudaSuccess)
-      return err;
-    CudaAttnArgs full = a;
-    full.kv_heads = 0, full.k = k, full.v = v, full.dk = dk, full.dv = dv;
-    if ((err = attention_backward_impl<Enc, In, kD>(full)) != cudaSuccess) return err;
-    if ((err = launch(group_sum_kernel<In>, blocks_for(kv_n / kV, 256), 256, 0, st, static_cast<const In *>(dk),
-                      static_cast<In *>(a.dk), group, slice, kv_n)) != cudaSuccess)
-      return err;
-    return launch(group_sum_kernel<In>, blocks_for(kv_n / kV, 256), 256, 0, st, static_cast<const In *>(dv),
-                  static_cast<In *>(a.dv), group, slice, kv_n);
-  }
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st, a.scratch);
+  // Grouped keys (CudaAttnArgs::kv_heads), as FlashAttention-2: every kernel reads k, k' and v of
+  // the slice's key head in place (Params::k_group, v_group; prepare keeps k' per key head where
+  // the group shares it, else computes it per query head: k_group 1), and writes dk and dv of
+  // each query head into scratch (in In); each group's sum in head order then gives dk, dv (in
+  // fp32, the sum rounded once: deterministic). Costs 2 (B, H, T, D) buffers of scratch.
+  const int64_t group = p.k_group;  // (k's heads; prepare may set k_group to km's)
+  In *const dk_out = p.dk, *const dv_out = p.dv;
+  if (group > 1) {
+    p.dk = scratch.take<In>(n, err), p.dv = scratch.take<In>(n, err);
+    if (err != cudaSuccess) return err;
+  }
   if ((err = prepare<Enc, In, kD>(p, scratch, st)) != cudaSuccess) return err;
   constexpr int kNumRel = traits::NumRel<Enc>::value;
   constexpr int64_t kValueRows = value_rows<Enc>();
@@ -1245,7 +1223,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       return launch(mod_backward_linear_kernel<Enc, In, kIsQ, kD>, linear_mod_grid<In>(p, kD), 256, 0, st, p, gm,
                     dx);
     else
-      return launch(mod_backward_kernel<Enc, In, kIsQ, kD>, mod_blocks, 256, 0, st, p, x, gm, dx);
+      return launch(mod_backward_kernel<Enc, In, kIsQ, kD>, mod_blocks, 256, 0, st, p, x, gm, dx,
+                    kIsQ ? int64_t(1) : group);
   };
   if (!direct_q && !kDqFromRows && (err = mod_back(std::true_type{}, p.q, p.dqm, p.dq))) return err;
   if constexpr (!kDirectK && !kDkFromRows)
@@ -1267,7 +1246,7 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
   // sinks summed (table_grad_kernel), before the parameters' gradients are converted.
   const dim3 tab_grid(blocks_for(a.B * T, kTabGradTok), 0, static_cast<unsigned>(std::min<int64_t>(a.H, max_grid_y())));
   auto table_grad = [&](const float *g, const In *x, int bias, int table, int64_t rows, bool table_trains,
-                        bool bias_trains) -> cudaError_t {
+                        bool bias_trains, int64_t x_group = 1) -> cudaError_t {
     if (!table_trains && !bias_trains) return cudaSuccess;
     dim3 grid = tab_grid;
     grid.y = static_cast<unsigned>(std::min<int64_t>(blocks_for(rows, kTabRows), max_grid_y()));
@@ -1275,13 +1254,14 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
                   bias >= 0 ? static_cast<const float *>(p.params[bias]) : nullptr,
                   static_cast<const float *>(p.params[table]), rows, a.B, a.H, T,
                   table_trains ? p.dparam_fx[table] : nullptr, bias >= 0 && bias_trains ? p.dparam_fx[bias] : nullptr,
-                  p.status);
+                  p.status, x_group);
   };
   if constexpr (kNumRel > 0) {
     for (int r = 0; r < kNumRel; ++r)
       if ((err = table_grad(p.drel[r], Enc::rel_side(r) == 0 ? p.qm : p.km, Enc::rel_bias(r), Enc::rel_table(r),
                             Enc::rel_rows(r), Enc::rel_table_trainable(r) > 0,
-                            Enc::rel_bias(r) >= 0 && Enc::rel_bias_trainable(r) > 0)))
+                            Enc::rel_bias(r) >= 0 && Enc::rel_bias_trainable(r) > 0,
+                            Enc::rel_side(r) == 0 ? 1 : p.k_group)))
         return err;
   }
   if constexpr (kValueRows > 0) {
@@ -1300,6 +1280,15 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
                       static_cast<const unsigned long long *>(p.dparam_fx[k]), a.dparams[k], numel,
                       static_cast<const uint32_t *>(p.status))))
       return err;
+  }
+  if (group > 1) {  // each group's dk and dv: the sum of its query heads' (fp32, in head order)
+    const int64_t slice = T * kD, kv_n = n / group;
+    constexpr int64_t kV = 16 / sizeof(In);
+    if ((err = launch(group_sum_kernel<In>, blocks_for(kv_n / kV, 256), 256, 0, st, static_cast<const In *>(p.dk),
+                      dk_out, group, slice, kv_n)) != cudaSuccess)
+      return err;
+    return launch(group_sum_kernel<In>, blocks_for(kv_n / kV, 256), 256, 0, st, static_cast<const In *>(p.dv),
+                  dv_out, group, slice, kv_n);
   }
   return cudaSuccess;
 }

@@ -163,21 +163,9 @@ __global__ void mod_forward_kernel(const Params<Enc, In> p, const In *x, In *xm,
   store_run<In, kV>(xo + c0, out);
 }
 
-// Grouped-query attention's backward (CudaAttnArgs::kv_heads): y, of S·group slices of `slice`
-// elements, = x, of S slices, each repeated to the `group` slices of its group (slice s of y reads
-// x's s / group), in 16-byte runs (slice·sizeof(X) a multiple of 16).
-template <class X> __global__ void repeat_heads_kernel(const X *x, X *y, int64_t group, int64_t slice, int64_t n) {
-  constexpr int kV = 16 / static_cast<int>(sizeof(X));
-  const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;  // an element of y
-  if (e >= n) return;
-  const int64_t s = e / slice, c = e % slice;
-  X v[kV];
-  load_run<X, kV>(x + s / group * slice, c, v);
-  store_run<X, kV>(y + e, v);
-}
-
-// y, of S slices of `slice` elements, = the sum of x's `group` slices s·group .. s·group + group - 1
-// (the query heads of key head s), added in head order in fp32 and rounded once: deterministic.
+// Grouped-query attention's backward (CudaAttnArgs::kv_heads): y, of S slices of `slice`
+// elements, = the sum of x's `group` slices s·group .. s·group + group - 1 (the query heads of
+// key head s), added in head order in fp32 and rounded once: deterministic.
 template <class X> __global__ void group_sum_kernel(const X *x, X *y, int64_t group, int64_t slice, int64_t n) {
   constexpr int kV = 16 / static_cast<int>(sizeof(X));
   const int64_t e = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * kV;  // an element of y
@@ -203,7 +191,7 @@ template <class X> __global__ void group_sum_kernel(const X *x, X *y, int64_t gr
 // order. Each term's param gradients go to the sinks once: a pair of runs computes each of its
 // terms once; a lone run computes its partners' terms again without sinks.
 template <class Enc, class In, bool kIsQ, int D>
-__global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const float *gm, In *dx) {
+__global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const float *gm, In *dx, int64_t x_group) {
   constexpr bool kHasMod = kIsQ ? Enc::kHasQMod : Enc::kHasKMod;
   using S = ModSide<Enc, In, kIsQ, D>;
   constexpr int kV = S::kV, kPairing = S::kPairing;
@@ -222,7 +210,7 @@ __global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const 
     const int64_t p0 = S::partner_of(c0);
     if (p0 == S::kSkip) return;
     const int64_t t = row % p.T, bh = row / p.T;
-    const In *xr = x + row * D;
+    const In *xr = x + (bh / x_group * p.T + t) * D;  // (grouped keys: the key head's raw k)
     In xo[kV], xp[kV];
     float gp[kV];
     load_run<float, kV>(gr, c0, g);
@@ -598,7 +586,7 @@ template <class In, int D>
 __global__ void __launch_bounds__(kTabThreads)
     table_grad_kernel(const float *g, const In *x, const float *bias, const float *table, int64_t rows,
                       int64_t B, int64_t H, int64_t T, unsigned long long *dtable_fx,
-                      unsigned long long *dbias_fx, uint32_t *status) {
+                      unsigned long long *dbias_fx, uint32_t *status, int64_t x_group) {
   constexpr int kTok = 32;
   APE_STATIC_SMEM(float, sG, kTok * (kTabRows + 1));
   APE_STATIC_SMEM(float, sX, kTok * D);
@@ -622,7 +610,7 @@ __global__ void __launch_bounds__(kTabThreads)
         }
         for (int e = threadIdx.x; e < kTok * D; e += kTabThreads) {
           const int tt = e / D, c = e % D;
-          const int64_t nn = n + tt, row = ((nn / T) * H + h) * T + nn % T;
+          const int64_t nn = n + tt, row = ((nn / T) * (H / x_group) + h / x_group) * T + nn % T;
           sX[e] = nn < n_end ? to_float(x[row * D + c]) + bv : 0.f;
         }
         __syncthreads();
