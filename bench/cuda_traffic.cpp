@@ -13,11 +13,15 @@
 // L2 (the kernels load through cp.async.cg / ld.cg, which skip L1), not DRAM bytes.
 //
 //   build/bench/ape-cuda-traffic [--encodings nope rope ...] [--B 1 --H 2 --T 256 --D 64]
-//       [--md FILE] [--csv FILE] [--check BASELINE.csv]
+//       [--kv-heads N] [--md FILE] [--csv FILE] [--check BASELINE.csv]
+//
+// --kv-heads N: grouped-query attention (CudaAttnArgs::kv_heads), k and v (dk, dv, the decode
+// cache) of N heads, each read by H / N query heads; the minimum counts k, v, dk and dv of N heads.
 //
 // --check fails (exit 1) when a kernel moves more than 2% more bytes than in BASELINE (the same
 // command's committed CSV), or a kernel appears that BASELINE does not have: the CI's guard
 // against traffic regressions. The counts are exact and deterministic (one emulator worker).
+#include <ape/contract/value_rules.h>
 #include <ape/cuda/bwd_layouts.h>
 #include <ape/cuda/kernel_entry.h>
 #if __has_include(<ape/cuda/decode.h>)  // (bench/cuda_traffic_at.sh: a revision before it has no decode pass)
@@ -53,6 +57,7 @@ using ape::cuda::DType;
 struct Options {
   std::vector<std::string> encodings = {"nope", "rope", "alibi", "t5", "cable", "xpos"};
   int64_t B = 1, H = 2, T = 256, D = 64;
+  int64_t kv_heads = 0;  // 0: H (no groups)
   std::string md, csv, check;
 };
 
@@ -80,7 +85,7 @@ Options parse(int argc, char **argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: ape-cuda-traffic [--encodings NAME...] [--B N] [--H N] [--T N] [--D 32|64|128]\n"
-          "                        [--md FILE] [--csv FILE] [--check BASELINE.csv]\n"
+          "                        [--kv-heads N] [--md FILE] [--csv FILE] [--check BASELINE.csv]\n"
           "Global-memory bytes of each emulated CUDA kernel, forward, backward and a one-token decode\n"
           "step at L = T, bf16, causal.\n");
       std::exit(0);
@@ -98,6 +103,8 @@ Options parse(int argc, char **argv) {
       o.T = parse_int("--T", value());
     } else if (a == "--D") {
       o.D = parse_int("--D", value());
+    } else if (a == "--kv-heads") {
+      o.kv_heads = parse_int("--kv-heads", value());
     } else if (a == "--md") {
       o.md = value();
     } else if (a == "--csv") {
@@ -108,6 +115,7 @@ Options parse(int argc, char **argv) {
       die("unknown argument '" + a + "' (--help)");
     }
   }
+  if (std::string why = ape_rules::check_kv_heads(o.kv_heads, o.H); !why.empty()) die("--kv-heads: " + why);
   return o;
 }
 
@@ -164,7 +172,8 @@ std::string short_name(const std::string &full) {
 bool is_main(const std::string &name) {
   return name.find("forward_kernel") != std::string::npos
              ? name != "token_forward_kernel" && name.rfind("mod_forward_kernel", 0) != 0
-             : name.rfind("flash_backward_kernel", 0) == 0 || name == "dkdv_kernel" || name == "dq_kernel";
+             : name.rfind("flash_backward_kernel", 0) == 0 || name == "dkdv_kernel" || name == "dq_kernel" ||
+                   name == "packed_decode_kernel";
 }
 
 struct Row {
@@ -202,18 +211,19 @@ std::vector<Row> take(const std::string &enc, const std::string &pass) {
 
 std::vector<Row> measure(const CudaKernelEntry &e, const Options &o) {
   const int64_t n = o.B * o.H * o.T * o.D, bht = o.B * o.H * o.T;
+  const int64_t KV = o.kv_heads > 0 ? o.kv_heads : o.H, n_kv = o.B * KV * o.T * o.D;
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::uniform_real_distribution<float> unit(0.f, 1.f);
-  auto bf16 = [&](float scale) {
-    std::vector<__nv_bfloat16> x(static_cast<size_t>(n));
+  auto bf16 = [&](float scale, int64_t elems) {
+    std::vector<__nv_bfloat16> x(static_cast<size_t>(elems));
     for (auto &v : x) v = __float2bfloat16_rn(scale * normal(rng));
     return x;
   };
   CudaAttnArgs a;
-  a.B = o.B, a.H = o.H, a.T = o.T, a.D = o.D, a.dtype = DType::BF16;
+  a.B = o.B, a.H = o.H, a.T = o.T, a.D = o.D, a.dtype = DType::BF16, a.kv_heads = o.kv_heads;
   a.scale = 1.f / std::sqrt(static_cast<float>(o.D));
-  a.q = device(bf16(1.f)), a.k = device(bf16(1.f)), a.v = device(bf16(1.f));
+  a.q = device(bf16(1.f, n)), a.k = device(bf16(1.f, n_kv)), a.v = device(bf16(1.f, n_kv));
   a.o = device(std::vector<__nv_bfloat16>(static_cast<size_t>(n)));
   a.lse = device(std::vector<float>(static_cast<size_t>(bht)));
   std::vector<const float *> feats, params;
@@ -234,10 +244,10 @@ std::vector<Row> measure(const CudaKernelEntry &e, const Options &o) {
   ape::simt::take_traffic();
   if (ape::cuda::forward(e, a) != cudaSuccess) die(std::string(e.name) + ": the forward failed");
   std::vector<Row> rows = take(e.name, "forward");
-  a.dout = device(bf16(1.f));
+  a.dout = device(bf16(1.f, n));
   a.dq = device(std::vector<__nv_bfloat16>(static_cast<size_t>(n)));
-  a.dk = device(std::vector<__nv_bfloat16>(static_cast<size_t>(n)));
-  a.dv = device(std::vector<__nv_bfloat16>(static_cast<size_t>(n)));
+  a.dk = device(std::vector<__nv_bfloat16>(static_cast<size_t>(n_kv)));
+  a.dv = device(std::vector<__nv_bfloat16>(static_cast<size_t>(n_kv)));
   a.dfeatures = dfeats.data(), a.dparams = dparams.data();
   a.status = device(std::vector<uint32_t>(1));
   if (ape::cuda::backward(e, a) != cudaSuccess) die(std::string(e.name) + ": the backward failed");
@@ -248,8 +258,8 @@ std::vector<Row> measure(const CudaKernelEntry &e, const Options &o) {
   cache.capacity = o.T;
   for (const int64_t m : {o.T - 1, int64_t(1)}) {
     const size_t rows_n = static_cast<size_t>(o.B * o.H * m), elems = rows_n * static_cast<size_t>(o.D);
-    auto part = [&] {
-      std::vector<__nv_bfloat16> x(elems);
+    auto part = [&](size_t count) {
+      std::vector<__nv_bfloat16> x(count);
       for (auto &v : x) v = __float2bfloat16_rn(normal(rng));
       return device(x);
     };
@@ -261,7 +271,9 @@ std::vector<Row> measure(const CudaKernelEntry &e, const Options &o) {
     }
     ape::cuda::CudaDecodeArgs d;
     d.B = o.B, d.H = o.H, d.n = m, d.D = o.D, d.dtype = DType::BF16, d.scale = a.scale;
-    d.q = part(), d.k = part(), d.v = part();
+    d.kv_heads = o.kv_heads;
+    const size_t kv_elems = static_cast<size_t>(o.B * KV * m * o.D);
+    d.q = part(elems), d.k = part(kv_elems), d.v = part(kv_elems);
     d.o = device(std::vector<__nv_bfloat16>(elems));
     d.lse = device(std::vector<float>(rows_n));
     d.features = dfeat.data(), d.params = params.data();
@@ -287,9 +299,10 @@ double flops(const Options &o, const std::string &pass) {
   return pass == "backward" ? 2.5 * f : f;
 }
 double min_bytes(const Options &o, const std::string &pass) {
-  const double n = double(o.B) * o.H * o.T * o.D, bht = double(o.B) * o.H * o.T;
-  if (pass == "decode") return 2 * 2 * n + 2 * 2 * double(o.B) * o.H * o.D + 4.0 * o.B * o.H;
-  return pass == "backward" ? 2 * 8 * n + 4 * bht : 2 * 4 * n + 4 * bht;
+  const double KV = double(o.kv_heads > 0 ? o.kv_heads : o.H);
+  const double n = double(o.B) * o.H * o.T * o.D, n_kv = double(o.B) * KV * o.T * o.D, bht = double(o.B) * o.H * o.T;
+  if (pass == "decode") return 2 * 2 * n_kv + 2 * 2 * double(o.B) * o.H * o.D + 4.0 * o.B * o.H;
+  return pass == "backward" ? 2 * (4 * n + 4 * n_kv) + 4 * bht : 2 * (2 * n + 2 * n_kv) + 4 * bht;
 }
 
 std::string fmt(const char *f, double x) {
@@ -346,22 +359,28 @@ int main(int argc, char **argv) {
        << " | " << fmt("%.2fx", p.total / min_bytes(o, key.second)) << " | "
        << fmt("%.1f%%", 100.0 * p.side / p.total) << " |\n";
   }
-  std::printf("B %lld, H %lld, T %lld, D %lld, bf16, causal (emulated; bytes the threads request)\n\n%s",
-              static_cast<long long>(o.B), static_cast<long long>(o.H), static_cast<long long>(o.T),
-              static_cast<long long>(o.D), md.str().c_str());
+  const std::string groups = o.kv_heads > 0 ? ", kv_heads " + std::to_string(o.kv_heads) : "";
+  std::printf("B %lld, H %lld%s, T %lld, D %lld, bf16, causal (emulated; bytes the threads request)\n\n%s",
+              static_cast<long long>(o.B), static_cast<long long>(o.H), groups.c_str(),
+              static_cast<long long>(o.T), static_cast<long long>(o.D), md.str().c_str());
 
   if (!o.md.empty()) {
     std::ofstream f(o.md);
-    f << "B " << o.B << ", H " << o.H << ", T " << o.T << ", D " << o.D << ", bf16, causal\n\n" << md.str();
+    f << "B " << o.B << ", H " << o.H << groups << ", T " << o.T << ", D " << o.D << ", bf16, causal\n\n"
+      << md.str();
     if (!f) die("cannot write " + o.md);
   }
   if (!o.csv.empty()) {
     std::ofstream f(o.csv);
-    f << "encoding,pass,kernel,launches,read,written,atomic,wide,B,H,T,D\n";
-    for (const Row &r : rows)
+    // (kv_heads last, and only with --kv-heads: the baselines of calls without groups keep 12 columns)
+    f << "encoding,pass,kernel,launches,read,written,atomic,wide,B,H,T,D" << (o.kv_heads > 0 ? ",kv_heads" : "")
+      << "\n";
+    for (const Row &r : rows) {
       f << r.encoding << "," << r.pass << "," << r.kernel << "," << r.launches << "," << r.read << ","
-        << r.written << "," << r.atomic << "," << r.wide << "," << o.B << "," << o.H << "," << o.T << ","
-        << o.D << "\n";
+        << r.written << "," << r.atomic << "," << r.wide << "," << o.B << "," << o.H << "," << o.T << "," << o.D;
+      if (o.kv_heads > 0) f << "," << o.kv_heads;
+      f << "\n";
+    }
     if (!f) die("cannot write " + o.csv);
   }
   if (!o.check.empty()) {
@@ -374,11 +393,11 @@ int main(int argc, char **argv) {
       std::vector<std::string> c;
       std::stringstream ss(line);
       for (std::string x; std::getline(ss, x, ',');) c.push_back(x);
-      if (c.size() != 12) die("malformed baseline line: " + line);
+      if (c.size() != 12 && c.size() != 13) die("malformed baseline line: " + line);
       try {
         if (std::stoll(c[8]) != o.B || std::stoll(c[9]) != o.H || std::stoll(c[10]) != o.T ||
-            std::stoll(c[11]) != o.D)
-          die("the baseline was measured at another shape: rerun with its B, H, T, D");
+            std::stoll(c[11]) != o.D || (c.size() == 13 ? std::stoll(c[12]) : 0) != o.kv_heads)
+          die("the baseline was measured at another shape: rerun with its B, H, T, D and --kv-heads");
         base[c[0] + "/" + c[1] + "/" + c[2]] = std::stoull(c[4]) + std::stoull(c[5]) + std::stoull(c[6]);
       } catch (const std::logic_error &) {  // stoll / stoull on a field that is not a number
         die("malformed baseline line: " + line);

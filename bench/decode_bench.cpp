@@ -3,7 +3,7 @@
 // context lengths. A randomly initialised model (the speed does not depend on the weights).
 //
 //   ape-bench-decode [--encodings rope,alibi,cable] [--lengths 256,1024,4096] [--new 32] [--batch 1]
-//                    [--d-model 256 --layers 4 --heads 4] [--threads 0] [--csv out.csv]
+//                    [--d-model 256 --layers 4 --heads 4 --kv-heads 0] [--threads 0] [--csv out.csv]
 //                    [--device cpu|cuda[:N]] [--precision auto|f32|bf16|f16]
 //
 // Per (encoding, length L): prefill L - 1 tokens of each of `batch` sequences into a cache and run
@@ -16,7 +16,10 @@
 // --device cuda: the model on the GPU (runtime/Decode.cpp's cache, the generated CUDA kernels; bf16
 // autocast by default), each timing ending when the GPU is done. A one-token step there splits its
 // keys over blocks where the slices alone leave SMs idle (CudaAttnArgs::num_splits);
-// APE_CUDA_NUM_SPLITS=1 times it unsplit.
+// APE_CUDA_NUM_SPLITS=1 times it unsplit. --kv-heads N (0: --heads): grouped-query attention, each
+// of N key heads read by heads / N query heads; on the GPU a one-token step of an encoding whose
+// scores are scale q'·k' alone (NoPE, RoPE, xPos) packs each group's rows into one block
+// (docs/decoding.md), APE_CUDA_PACK_GQA=0 times the flash kernels' rows instead.
 #include <chrono>
 #include <fstream>
 #include <iomanip>
@@ -47,7 +50,7 @@ int main(int argc, char **argv) {
   ape::prepare_threads(argv);
   std::string encodings = "nope,rope,rope_dynamic_ntk,alibi,cable,shaw", lengths = "256,1024,4096", csv;
   std::string device = "cpu", precision = "auto";
-  int64_t n_new = 32, d_model = 256, layers = 4, heads = 4, threads = 0, batch = 1;
+  int64_t n_new = 32, d_model = 256, layers = 4, heads = 4, kv_heads = 0, threads = 0, batch = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -62,6 +65,7 @@ int main(int argc, char **argv) {
     else if (a == "--d-model") d_model = std::stoll(next());
     else if (a == "--layers") layers = std::stoll(next());
     else if (a == "--heads") heads = std::stoll(next());
+    else if (a == "--kv-heads") kv_heads = std::stoll(next());
     else if (a == "--threads") threads = std::stoll(next());
     else if (a == "--csv") csv = next();
     else if (a == "--device") device = next();
@@ -86,7 +90,9 @@ int main(int argc, char **argv) {
   };
   std::ostringstream rows;
   rows << "encoding,length,cached_tok_s,recompute_tok_s,speedup,batch\n";
-  std::cout << "d_model " << d_model << ", " << layers << " layers, " << heads << " heads, " << dev.str() << ", " << n_new
+  std::cout << "d_model " << d_model << ", " << layers << " layers, " << heads << " heads"
+            << (kv_heads > 0 ? " reading " + std::to_string(kv_heads) + " key/value heads" : std::string()) << ", "
+            << dev.str() << ", " << n_new
             << " new tokens per length, batch " << batch << "\n\n"
             << std::left << std::setw(18) << "encoding" << std::right << std::setw(8) << "L" << std::setw(14)
             << "cached tok/s" << std::setw(16) << "recompute tok/s" << std::setw(10) << "speedup\n";
@@ -100,6 +106,7 @@ int main(int argc, char **argv) {
       at::manual_seed(1);
       ape::ModelConfig mc;
       mc.encoding = enc, mc.vocab = 4096, mc.d_model = d_model, mc.layers = layers, mc.heads = heads;
+      mc.kv_heads = kv_heads;
       ape::LanguageModel model(mc);
       try {
         model->place(dev, &std::cerr);

@@ -36,8 +36,8 @@ void ModelConfig::validate() const {
   if (d_model % heads != 0)
     throw std::invalid_argument("--d-model (" + std::to_string(d_model) + ") must be divisible by --heads (" +
                                 std::to_string(heads) + ")");
+  require_in("--kv-heads", kv_heads, 0, heads);  // (0: every head)
   if (kv_heads != 0) {
-    require_in("--kv-heads", kv_heads, 1, heads);
     if (heads % kv_heads != 0)
       throw std::invalid_argument("--heads (" + std::to_string(heads) + ") must be a multiple of --kv-heads (" +
                                   std::to_string(kv_heads) + ")");

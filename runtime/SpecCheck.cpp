@@ -755,8 +755,9 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
     if (!(transition_effect > 0))
       report.problems.push_back(
           "not checked: no shape of the grid reaches a row the attention transition transforms at " +
-          std::to_string(opt.num_layers) + " layers (it needs T >= 5 (layers + divisor_offset)); "
-          "give longer shapes with --shapes or another --layers");
+          std::to_string(opt.num_layers) + " layers (the layers from first_layer to layers - 1 - skip_last are "
+          "transformed: 4 layers at the least with the defaults, first_layer 1 and skip_last 2; and only where "
+          "T >= 5 (layers + divisor_offset)); give longer shapes with --shapes or more --layers");
     report.rows = table.rows;
     return report;
   }

@@ -315,6 +315,14 @@ train_stage() {  # dir suite_build logs python jobs
   step decode-batch "$bin/ape-bench-decode" "${decb[@]}" --csv "$out/decode-batch.csv" || rc=1
   APE_CUDA_HOPPER_FORWARD=0 step decode-batch-oneshare "$bin/ape-bench-decode" "${decb[@]}" \
     --csv "$out/decode-batch-oneshare.csv" || rc=1
+  # Grouped-query decode (16 query heads reading 2 key heads): each group's rows packed into one
+  # block, which reads k' and v once for the group (the default), against the flash kernels' rows,
+  # a query head a block (APE_CUDA_PACK_GQA=0).
+  local decg=(--encodings nope,rope --lengths 1024,8192 --new 64 --batch 4 --d-model 1024 --layers 4 --heads 16
+              --kv-heads 2 --device cuda)
+  step decode-gqa "$bin/ape-bench-decode" "${decg[@]}" --csv "$out/decode-gqa.csv" || rc=1
+  APE_CUDA_PACK_GQA=0 step decode-gqa-unpacked "$bin/ape-bench-decode" "${decg[@]}" \
+    --csv "$out/decode-gqa-unpacked.csv" || rc=1
   # An encoding with params (ALiBi's trainable slopes): 20 steps on the GPU, its params' gradients
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \

@@ -429,8 +429,8 @@ static int tool_main(int argc, char **argv) {
   run_option(app.add_option("--layers", mc.layers, "Number of blocks, in [1, 1024]")->capture_default_str());
   run_option(app.add_option("--heads", mc.heads, "Attention heads, in [1, d-model], dividing d-model")->capture_default_str());
   run_option(app.add_option("--kv-heads", mc.kv_heads,
-                            "Key/value heads, dividing --heads: fewer than --heads is grouped-query attention\n"
-                            "(1: multi-query); 0 = --heads")
+                            "Key/value heads, in [0, --heads], dividing --heads: fewer than --heads is grouped-query\n"
+                            "attention (1: multi-query); 0 = --heads")
                  ->capture_default_str());
   run_option(app.add_option("--vocab", mc.vocab, "SentencePiece BPE vocabulary size, in [300, 65535]")->capture_default_str());
   run_option(app.add_option("--lr", tc.lr, "Peak learning rate (AdamW, warmup then cosine decay), in (0, 10]")->capture_default_str());
@@ -688,9 +688,11 @@ static int tool_main(int argc, char **argv) {
         // --kv-heads 0 means every head: of --heads where given, else of the checkpoint's model.
         const int64_t kv_given = mc.kv_heads > 0 ? mc.kv_heads : app.count("--heads") ? mc.heads : from.heads;
         if (app.count("--kv-heads") && kv_given != from.key_heads())
-          throw std::invalid_argument("--kv-heads " + std::to_string(mc.kv_heads) + " differs from the model of " +
-                                      init_from + " (" + std::to_string(from.key_heads()) +
-                                      " key/value heads); --init-from takes its size");
+          throw std::invalid_argument("--kv-heads " + std::to_string(mc.kv_heads) +
+                                      (mc.kv_heads == 0 ? " (every head: " + std::to_string(kv_given) + ")" : "") +
+                                      " differs from the model of " + init_from + " (" +
+                                      std::to_string(from.key_heads()) + " key/value head" +
+                                      (from.key_heads() == 1 ? "" : "s") + "); --init-from takes its size");
         const std::string enc = mc.encoding;
         mc = from;
         mc.encoding = enc;

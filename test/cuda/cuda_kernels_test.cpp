@@ -2623,9 +2623,9 @@ void check_grouped(const CudaKernelEntry &e, const ape::cuda::CudaVariant &var) 
 // Decode steps through the cache arguments (ld, first_row, o_from_first, km, krel, tok and
 // km_rows, num_splits) of p's tokens (k, v of p.k.size(1) heads) in buffers of `cap` rows, as the
 // runtime's GPU cache runs them (k' per key head where the entry shares it): o of every step's
-// rows, (B, H, T, D) fp64.
+// rows, (B, H, T, D) fp64 (and lse, (B, H, T), where lse_out is given).
 void decode_rows(const CudaKernelEntry &e, const ape::cuda::CudaVariant &var, const Problem &p, int64_t cap,
-                 const std::vector<int64_t> &steps, int splits, Tensor &out) {
+                 const std::vector<int64_t> &steps, int splits, Tensor &out, Tensor *lse_out = nullptr) {
   const auto dt = torch_type(var.dtype);
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   const int64_t B = p.B, H = p.H, KV = p.k.size(1), D = p.D;
@@ -2649,6 +2649,7 @@ void decode_rows(const CudaKernelEntry &e, const ape::cuda::CudaVariant &var, co
   for (size_t n = 0; n < p.params.size(); ++n)
     upload(prms[n], p.params[n].to(torch::kFloat32)), pp.push_back(static_cast<const float *>(prms[n].ptr));
   out = torch::full({B, H, p.T, D}, NAN, kF64);
+  if (lse_out) *lse_out = torch::full({B, H, p.T}, NAN, kF64);
   int64_t L0 = 0;
   for (const int64_t n : steps) {
     DevBuf od, ld;
@@ -2666,6 +2667,7 @@ void decode_rows(const CudaKernelEntry &e, const ape::cuda::CudaVariant &var, co
     ASSERT_CUDA(cudaDeviceSynchronize());
     expect_no_findings();
     out.narrow(2, L0, n).copy_(download(od, torch::zeros({B, H, n, D}, kF64).to(dt)).to(torch::kFloat64));
+    if (lse_out) lse_out->narrow(2, L0, n).copy_(download(ld, torch::zeros({B, H, n}, f32)).to(torch::kFloat64));
     L0 += n;
   }
 }
@@ -2676,6 +2678,7 @@ void decode_rows(const CudaKernelEntry &e, const ape::cuda::CudaVariant &var, co
 // (transformer_xl) and a token program's kept sequences (cable): every step's rows bit for bit
 // those of the same steps over k and v repeated to every query head.
 TEST(CudaGrouped, DecodeStepsEqualThoseWithKeysRepeated) {
+  const EnvScope flash_rows({{"APE_CUDA_PACK_GQA", "0"}});  // (the packed steps: the test below)
   int checked = 0;
   for (const char *name : {"rope", "expe", "transformer_xl", "cable"}) {
     const CudaKernelEntry *e = find_cuda(name);
@@ -2704,6 +2707,7 @@ TEST(CudaGrouped, DecodeStepsEqualThoseWithKeysRepeated) {
 // for bit unsplit, within the split rule split in up to 3 (check_decode_steps); the cache records
 // its 2 key heads (CudaDecodeCache::KV) and refuses a step with other key heads.
 TEST(CudaGrouped, TheDecodeCacheKeepsKeyHeads) {
+  const EnvScope flash_rows({{"APE_CUDA_PACK_GQA", "0"}});  // (the packed steps: the test below)
   int checked = 0;
   for (const char *name : {"rope", "expe"}) {
     const CudaKernelEntry *e = find_cuda(name);
@@ -2721,6 +2725,82 @@ TEST(CudaGrouped, TheDecodeCacheKeepsKeyHeads) {
   EXPECT_EQ(checked, 4) << "the build lacks rope's or expe's bf16 variant at D 64";
   EXPECT_TRUE(find_cuda("rope")->caches_k_mod && find_cuda("rope")->shares_k_mod);
   EXPECT_TRUE(find_cuda("expe")->caches_k_mod && !find_cuda("expe")->shares_k_mod);
+}
+
+// Grouped decode steps packed (packed_decode_kernel: each group's one-token rows in one block,
+// which reads k' and v once for the group) for encodings whose scores are scale q'·k' alone (NoPE,
+// RoPE, xPos): every one-token step's o and lse against the materialised reference of its prefix
+// (q', k' of the prefix's inputs rounded to the dtype, rounded again as the kernels store them;
+// the softmax in fp64, times v). The kernel keeps P in fp32 and rounds o once: half an ulp of the
+// dtype, held to 2^-8 of the row's largest |o| in bf16, 1e-5 in f32; lse (fp32 sums) to 1e-4. And
+// against the same steps with the packing off (APE_CUDA_PACK_GQA=0, the flash kernels' rows) within
+// twice that. Groups of 2 and 4 query heads, and 16 (the most a block packs) for RoPE; the keys
+// unsplit and split in up to 3 (rows 100, 101 and 138: a partial last chunk of keys); the
+// emulator's traffic shows one packed launch per one-token step, and none with the packing off.
+TEST(CudaGrouped, PackedDecodeStepsMatchTheReference) {
+  int checked = 0;
+  const std::vector<int64_t> steps = {100, 1, 1, 36, 1};
+  for (const char *name : {"nope", "rope", "xpos"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    if (!e) continue;
+    for (const DType dt : {DType::BF16, DType::F32}) {
+      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, dt, 64);
+      if (!var) continue;
+      const auto tdt = torch_type(dt);
+      auto rnd = [&](const Tensor &x) { return x.to(tdt).to(torch::kFloat64); };
+      for (const auto &[H, KV] : {std::pair<int64_t, int64_t>{4, 2}, {4, 1}, {16, 1}}) {
+        if (H == 16 && std::string(name) != "rope") continue;  // (the largest group once)
+        Problem p = make_problem(*e, 2, H, 139, 64, 77 + H + KV);
+        p.k = p.k.narrow(1, 0, KV).contiguous(), p.v = p.v.narrow(1, 0, KV).contiguous();
+        const double tol = dt == DType::BF16 ? 0x1p-8 : 1e-5;
+        for (const int splits : {1, 3}) {
+          SCOPED_TRACE(std::string(name) + " " + ape::cuda::dtype_name(dt) + ", H " + std::to_string(H) +
+                       " reading " + std::to_string(KV) + ", keys split in up to " + std::to_string(splits));
+          Tensor o, lse, flash_o, flash_lse;
+#ifdef APE_SIMT
+          auto packed_launches = [] {
+            int64_t n = 0;
+            for (const auto &t : ape::simt::take_traffic())
+              if (t.kernel.find("packed_decode_kernel<") != std::string::npos) n += static_cast<int64_t>(t.launches);
+            return n;
+          };
+          packed_launches();
+#endif
+          decode_rows(*e, *var, p, 160, steps, splits, o, &lse);
+#ifdef APE_SIMT
+          EXPECT_EQ(packed_launches(), 3) << "one packed launch per one-token step";
+#endif
+          {
+            const EnvScope off({{"APE_CUDA_PACK_GQA", "0"}});
+            decode_rows(*e, *var, p, 160, steps, splits, flash_o, &flash_lse);
+          }
+#ifdef APE_SIMT
+          EXPECT_EQ(packed_launches(), 0) << "APE_CUDA_PACK_GQA=0 packs nothing";
+#endif
+          if (HasFatalFailure()) return;
+          for (const int64_t row : {int64_t(100), int64_t(101), int64_t(138)}) {
+            SCOPED_TRACE("row " + std::to_string(row));
+            Problem r = p;  // the prefix of row + 1 tokens, rounded to the dtype
+            r.T = row + 1;
+            r.q = rnd(p.q.narrow(2, 0, r.T)), r.k = rnd(p.k.narrow(2, 0, r.T)), r.v = rnd(p.v.narrow(2, 0, r.T));
+            for (Tensor &f : r.features) f = f.narrow(2, 0, r.T);
+            const ape_test::RefInputs in = ref_inputs(r);
+            auto [qm, km] = ape_test::reference_qk(name, in);
+            const Tensor logits = torch::matmul(rnd(qm).narrow(2, row, 1), rnd(km).transpose(-1, -2)) * p.scale;
+            const Tensor ref_o = torch::matmul(torch::softmax(logits, -1), in.v), ref_lse = torch::logsumexp(logits, -1);
+            const Tensor got = o.narrow(2, row, 1), got_lse = lse.narrow(2, row, 1);
+            const double bound = tol * max_abs(ref_o);
+            EXPECT_LE(max_err(got, ref_o), bound) << "o against the reference";
+            EXPECT_LE(max_err(got_lse, ref_lse), 1e-4) << "lse against the reference";
+            EXPECT_LE(max_err(got, flash_o.narrow(2, row, 1)), 2 * bound) << "o against the flash kernels' rows";
+            EXPECT_LE(max_err(got_lse, flash_lse.narrow(2, row, 1)), 1e-4) << "lse against theirs";
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 8) << "the emulated build has too few of NoPE's, RoPE's and xPos's D 64 variants";
 }
 
 TEST(CudaGrouped, EqualsTheCallWithKeysRepeated) {

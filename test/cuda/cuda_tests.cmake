@@ -137,3 +137,11 @@ add_test(NAME cuda_traffic_regression_general
          COMMAND ape-cuda-traffic --T 512 --encodings deberta transformer_xl shaw kcable fire
                  --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic_general.csv)
 set_tests_properties(cuda_traffic_regression_general PROPERTIES LABELS "cuda;simt" TIMEOUT 300)
+# Grouped-query attention (4 query heads reading 1 key head): the kernels read the key heads in
+# place, forward and backward, and a one-token step packs each group's rows into one block
+# (cuda_traffic_gqa.csv, `--T 1024 --H 4 --kv-heads 1 --encodings nope rope expe --csv ...`): a
+# copy of k or v to the query heads, or a step that reads them once per query head, fails here.
+add_test(NAME cuda_traffic_regression_gqa
+         COMMAND ape-cuda-traffic --T 1024 --H 4 --kv-heads 1 --encodings nope rope expe
+                 --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic_gqa.csv)
+set_tests_properties(cuda_traffic_regression_gqa PROPERTIES LABELS "cuda;simt" TIMEOUT 300)

@@ -130,7 +130,8 @@ def main():
         check("no host waits inside the queued steps (nccl)", False, "no complete run (logs/train/nccl.log)")
     for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "score-gpu",
                  "score-cpu", "score-match", "decode-split", "decode-unsplit", "decode-oneshare", "decode-batch",
-                 "decode-batch-oneshare", "gpu-params", "gpu-kv-heads", "nccl"):
+                 "decode-batch-oneshare", "decode-gqa", "decode-gqa-unpacked", "gpu-params", "gpu-kv-heads",
+                 "nccl"):
         check(name, steps.get(name) == 0, f"exit {steps.get(name, 'not run')} (logs/train/{name}.log)")
 
     # Speed: tokens/s and memory of APE's run and the PyTorch SDPA peer's.

@@ -230,7 +230,7 @@ TEST(CorruptCheckpoint, AbsurdConfigsAreRefusedBeforeAnythingIsAllocated) {
   expect(with([](nlohmann::json &c) { c["model"]["vocab"] = 0; }), "--vocab must be a whole number in [2, 1048576]; got 0");
   expect(with([](nlohmann::json &c) { c["model"]["heads"] = 0; }), "--heads must be a whole number in [1, 16]; got 0");
   expect(with([](nlohmann::json &c) { c["model"]["heads"] = 3; }), "must be divisible by --heads (3)");
-  expect(with([](nlohmann::json &c) { c["model"]["kv_heads"] = 3; }), "--kv-heads must be a whole number in [1, 2]; got 3");
+  expect(with([](nlohmann::json &c) { c["model"]["kv_heads"] = 3; }), "--kv-heads must be a whole number in [0, 2]; got 3");
   expect(with([](nlohmann::json &c) { c["model"]["init_std"] = -1; }), "init_std must be a number in (0, 1]");
   expect(with([](nlohmann::json &c) { c["model"].erase("heads"); }), "bad model config");
   expect(with([](nlohmann::json &c) { c.erase("model"); }), "config has no \"model\" section");

@@ -237,7 +237,7 @@ TEST(Model, ErrorsNameTheProblem) {
   bad.heads = 4, bad.kv_heads = 3;
   EXPECT_ERROR(ape::LanguageModel(testk::nope, bad), "--heads (4) must be a multiple of --kv-heads (3)");
   bad.kv_heads = 8;
-  EXPECT_ERROR(ape::LanguageModel(testk::nope, bad), "--kv-heads must be a whole number in [1, 4]; got 8");
+  EXPECT_ERROR(ape::LanguageModel(testk::nope, bad), "--kv-heads must be a whole number in [0, 4]; got 8");
   EXPECT_ERROR(ape::LanguageModel(testk::nope, tiny_config("test_bias")), "names encoding 'test_bias' but the kernel is");
   ape::LanguageModel m(testk::nope, tiny_config("test_nope"));
   EXPECT_ERROR(m->forward(at::zeros({2, 3}, at::kInt)), "tokens must be (B, T) int64");

@@ -6,6 +6,7 @@
 #include "ape/cuda/backward.cuh"
 #include "ape/cuda/flash_backward.cuh"
 #include "ape/cuda/hopper_forward.cuh"
+#include "ape/cuda/packed_decode.cuh"
 #include "ape/cuda/side_kernels.cuh"
 #include "ape/cuda/transition.cuh"
 
@@ -521,6 +522,13 @@ inline bool hopper_forward_enabled() {
   return !env_is("APE_CUDA_HOPPER_FORWARD", '0');
 }
 
+// Whether a decode step of grouped keys packs each group's rows into one block
+// (packed_decode_kernel): on unless APE_CUDA_PACK_GQA is 0 (the flash kernels' rows, a query head
+// a block, for a side-by-side timing and the tests of those kernels).
+inline bool pack_gqa_enabled() {
+  return !env_is("APE_CUDA_PACK_GQA", '0');
+}
+
 // The Hopper forward's and the backward's defaults on sm_90 follow the H200's timings of
 // bench/results/gpu_h200.md (2026-11-30, bench/gpu_bench.py in one process, bf16, causal; NoPE and
 // RoPE at d_h 64 and 128, K-Cable at d_h 128): each setting below is on by default there, and
@@ -703,6 +711,39 @@ inline int device_major() {
 }
 
 
+// A decode step of grouped keys packed (packed_decode_kernel): q' of the new row and k' of the new
+// keys (prepare), then one block per key head and share of the keys, the shares as the split
+// forward's (num_splits_for, by key tiles of kPackShareKeys; its split_combine_kernel adds them).
+constexpr int64_t kPackShareKeys = 64;
+template <class Enc, class In, int kD>
+cudaError_t packed_decode(const CudaAttnArgs &a, Params<Enc, In> &p, Scratch &scratch, cudaStream_t st) {
+  cudaError_t err = prepare<Enc, In, kD>(p, scratch, st, &a, a.first_row);
+  if (err != cudaSuccess) return err;
+  const int group = static_cast<int>(a.H / a.kv_heads);
+  const int64_t slices = a.B * a.kv_heads, key_tiles = blocks_for(a.T, kPackShareKeys);
+  const auto kernel = packed_decode_kernel<Enc, In, kD>;
+  const auto per_sm = [&](int &held) -> cudaError_t {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&held, kernel, kPackThreads, 0) != cudaSuccess) held = 1;
+    return cudaSuccess;
+  };
+  int splits = 1;
+  if ((err = num_splits_for(a, slices, key_tiles, per_sm, splits)) != cudaSuccess) return err;
+  const int64_t per_tiles = blocks_for(key_tiles, splits), per_share = per_tiles * kPackShareKeys;
+  splits = static_cast<int>(blocks_for(key_tiles, per_tiles));  // (none empty)
+  const float kf = p.scale * 1.44269504088896341f;
+  if (slices > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(splits));
+  if (splits == 1) return launch(kernel, grid, kPackThreads, 0, st, p, group, per_share, kf);
+  const int64_t S = a.B * a.H;
+  p.num_splits = splits, p.part_row0 = a.first_row, p.part_rows = 1;
+  p.part_o = scratch.take<float>(splits * S * kD, err);
+  if (err == cudaSuccess) p.part_lse = scratch.take<float>(splits * S, err);
+  if (err != cudaSuccess || (err = launch(kernel, grid, kPackThreads, 0, st, p, group, per_share, kf)) != cudaSuccess)
+    return err;
+  return launch(split_combine_kernel<In>, blocks_for(S * (kD / 4), 256), 256, 0, st, p.part_o, p.part_lse, splits, S,
+                int64_t(1), p.part_row0, p.o_row0, p.o_ld, int64_t(kD), p.o, p.lse);
+}
+
 }  // namespace detail
 
 // Forward: o, lse from q, k, v, features, params (CudaAttnArgs, D == kD).
@@ -714,6 +755,13 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   const cudaStream_t st = a.stream;
   Params<Enc, In> p = make_params<Enc, In>(a);
   Scratch scratch(st, a.scratch);
+  // A decode step of grouped keys (one new row per query head, kv_heads a divisor of H below it)
+  // of an encoding whose scores are scale q'·k' alone: each group's rows in one block, which reads
+  // k' and v once for the group (packed_decode_kernel), up to kPackMaxGroup query heads a group.
+  if constexpr (pack_gqa<Enc>())
+    if (a.kv_heads > 0 && a.kv_heads < a.H && a.H / a.kv_heads <= kPackMaxGroup && a.T - a.first_row == 1 &&
+        pack_gqa_enabled())
+      return packed_decode<Enc, In, kD>(a, p, scratch, st);
   // Which kernel computes the rows (before prepare, which computes q' of the rows it reads): the
   // flash forward where the device has its shared memory (else the general one); the Hopper one
   // on sm_90 unless the keys split; the FlashAttention-2-class one otherwise, unsplit, or split
