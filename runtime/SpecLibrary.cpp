@@ -721,9 +721,11 @@ SpecLibrary load_spec_record(const nlohmann::json &record, const SpecLibraryOpti
   return load_record(record, opts, {});
 }
 
-const SpecLibrary &register_spec(const std::string &path, const SpecLibraryOptions &opts) {
+const SpecLibrary &register_spec(const std::string &path, const SpecLibraryOptions &opts,
+                                 const std::function<void(const std::string &name)> &refuse) {
   std::lock_guard<std::mutex> lock(g_mu);
   return add(load_file(path, opts, [&](const std::string &name, const std::string &hash) {
+    if (refuse) refuse(name);
     admit_name(name, hash, path);
   }));
 }

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,8 +71,11 @@ SpecLibrary load_spec_record(const nlohmann::json &record, const SpecLibraryOpti
 
 // Loads the spec and adds its encoding to the registry (register_kernel), so that every
 // name-based path (models, checkpoints, --encoding) finds it. Loading the same spec twice returns
-// the first load; another spec with the name of a registered encoding is refused.
-const SpecLibrary &register_spec(const std::string &path, const SpecLibraryOptions &opts = {});
+// the first load; another spec with the name of a registered encoding is refused. `refuse`, when
+// set, is called with the encoding's name once apec has read the spec, before it compiles: a
+// caller's refusal (an exception) then costs no compile.
+const SpecLibrary &register_spec(const std::string &path, const SpecLibraryOptions &opts = {},
+                                 const std::function<void(const std::string &name)> &refuse = {});
 const SpecLibrary &register_spec_record(const nlohmann::json &record, const SpecLibraryOptions &opts = {});
 
 // The CUDA kernels of a loaded spec, compiled at run time for one GPU architecture:

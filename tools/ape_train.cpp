@@ -658,7 +658,14 @@ static int tool_main(int argc, char **argv) {
         if (!resumed_precision.empty()) precision = resumed_precision;
       }
     } else {
-      for (const auto &path : specs) encodings.push_back(ape::register_spec(path, spec_opts).name);
+      // (An encoding both named and defined by a spec file: refused before the spec compiles.)
+      const std::vector<std::string> named = encodings;
+      for (const auto &path : specs)
+        encodings.push_back(ape::register_spec(path, spec_opts, [&](const std::string &name) {
+                              if (std::find(named.begin(), named.end(), name) != named.end())
+                                throw std::invalid_argument("encoding '" + name + "' is given twice: --spec " + path +
+                                                            " defines it and --encoding names it (drop one)");
+                            }).name);
       if (encodings.empty())
         throw std::invalid_argument("no encoding given: pass --encoding NAME (see --list) or --spec FILE");
       ape::require_in("--seed", seed, 0, INT64_MAX);

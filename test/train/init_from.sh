@@ -78,6 +78,15 @@ bad "encoding 'rope' has no param 'rope_factor'" -e rope_pi,rope --set rope_fact
 [ ! -e "$work/late/rope_pi.ckpt" ] || fail "rope_pi trained before rope's --set was refused"
 bad "--seed must be a whole number in \[0," -e rope --seed -1 --steps 1 --cache-dir "$cache" --out "$work/x"
 bad "is a folder, not a spec file" --spec "$work" --steps 1 --cache-dir "$cache" --out "$work/x"
+# An encoding both defined by --spec and named by --encoding: refused before the spec compiles (no
+# library in a fresh kernel cache).
+printf 'ape.encoding @twice_named {\n  ape.alibi\n}\n' > "$work/twice.mlir"
+(
+  export APE_CACHE_DIR=$work/spec-cache
+  bad "encoding 'twice_named' is given twice: --spec" --spec "$work/twice.mlir" -e twice_named --steps 1 \
+    --cache-dir "$cache" --out "$work/x"
+  ! ls "$work/spec-cache/kernels" 2>/dev/null | grep -qv '\.lock$' || fail "the spec compiled before the refusal"
+)
 bad "is a file, not a folder" -e rope --data "$ckpt" --steps 1 --cache-dir "$cache" --out "$work/x"
 # An evaluation longer than every test book is refused before training (it failed after, results lost).
 bad "needs a window of 524289 tokens, and the longest test book holds" -e rope --seq-len 512 \

@@ -70,6 +70,7 @@
 // HEADERS-NEXT: ape/cuda/hopper_forward.cuh
 // HEADERS-NEXT: ape/cuda/kernel_entry.h
 // HEADERS-NEXT: ape/cuda/launch.cuh
+// HEADERS-NEXT: ape/cuda/packed_decode.cuh
 // HEADERS-NEXT: ape/cuda/platform.cuh
 // HEADERS-NEXT: ape/cuda/side_kernels.cuh
 // HEADERS-NEXT: ape/cuda/symbols.h
