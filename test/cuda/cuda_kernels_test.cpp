@@ -2732,75 +2732,106 @@ TEST(CudaGrouped, TheDecodeCacheKeepsKeyHeads) {
 // RoPE, xPos): every one-token step's o and lse against the materialised reference of its prefix
 // (q', k' of the prefix's inputs rounded to the dtype, rounded again as the kernels store them;
 // the softmax in fp64, times v). The kernel keeps P in fp32 and rounds o once: half an ulp of the
-// dtype, held to 2^-8 of the row's largest |o| in bf16, 1e-5 in f32; lse (fp32 sums) to 1e-4. And
-// against the same steps with the packing off (APE_CUDA_PACK_GQA=0, the flash kernels' rows) within
-// twice that. Groups of 2 and 4 query heads, and 16 (the most a block packs) for RoPE; the keys
-// unsplit and split in up to 3 (rows 100, 101 and 138: a partial last chunk of keys); the
-// emulator's traffic shows one packed launch per one-token step, and none with the packing off.
+// dtype, held to 2^-8 of the row's largest |o| in bf16 (2^-10 in f16), 1e-5 in f32; lse (fp32
+// sums) to 1e-4. And against the same steps with the packing off (APE_CUDA_PACK_GQA=0, the flash
+// kernels' rows) within twice that. Groups of 2, 4, 8 and 16 (the most a block packs), D 32, 64 and
+// 128, bf16, f16 and f32; the device's choice of shares (here one) and up to 3 (rows 100, 101 and
+// 138: a partial last chunk of keys); num_splits 1 packs nothing (the flash rows, bit for bit); the
+// emulator's traffic shows one packed launch per one-token step, none with the packing off; a NaN
+// key makes the same rows NaN as the flash kernels do.
 TEST(CudaGrouped, PackedDecodeStepsMatchTheReference) {
-  int checked = 0;
+  struct Config {
+    const char *name;
+    DType dt;
+    int64_t D, H, KV;
+  };
+  const std::vector<Config> configs = {
+      {"nope", DType::BF16, 64, 4, 2},  {"nope", DType::BF16, 64, 4, 1}, {"rope", DType::BF16, 64, 4, 2},
+      {"rope", DType::BF16, 64, 16, 1}, {"rope", DType::F32, 64, 4, 1},  {"rope", DType::F16, 32, 4, 2},
+      {"rope", DType::BF16, 128, 8, 1}, {"xpos", DType::BF16, 64, 4, 1}};
   const std::vector<int64_t> steps = {100, 1, 1, 36, 1};
-  for (const char *name : {"nope", "rope", "xpos"}) {
-    const CudaKernelEntry *e = find_cuda(name);
-    if (!e) continue;
-    for (const DType dt : {DType::BF16, DType::F32}) {
-      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, dt, 64);
-      if (!var) continue;
-      const auto tdt = torch_type(dt);
-      auto rnd = [&](const Tensor &x) { return x.to(tdt).to(torch::kFloat64); };
-      for (const auto &[H, KV] : {std::pair<int64_t, int64_t>{4, 2}, {4, 1}, {16, 1}}) {
-        if (H == 16 && std::string(name) != "rope") continue;  // (the largest group once)
-        Problem p = make_problem(*e, 2, H, 139, 64, 77 + H + KV);
-        p.k = p.k.narrow(1, 0, KV).contiguous(), p.v = p.v.narrow(1, 0, KV).contiguous();
-        const double tol = dt == DType::BF16 ? 0x1p-8 : 1e-5;
-        for (const int splits : {1, 3}) {
-          SCOPED_TRACE(std::string(name) + " " + ape::cuda::dtype_name(dt) + ", H " + std::to_string(H) +
-                       " reading " + std::to_string(KV) + ", keys split in up to " + std::to_string(splits));
-          Tensor o, lse, flash_o, flash_lse;
+  int checked = 0;
 #ifdef APE_SIMT
-          auto packed_launches = [] {
-            int64_t n = 0;
-            for (const auto &t : ape::simt::take_traffic())
-              if (t.kernel.find("packed_decode_kernel<") != std::string::npos) n += static_cast<int64_t>(t.launches);
-            return n;
-          };
-          packed_launches();
+  auto packed_launches = [] {
+    int64_t n = 0;
+    for (const auto &t : ape::simt::take_traffic())
+      if (t.kernel.find("packed_decode_kernel<") != std::string::npos) n += static_cast<int64_t>(t.launches);
+    return n;
+  };
 #endif
-          decode_rows(*e, *var, p, 160, steps, splits, o, &lse);
+  for (const Config &c : configs) {
+    const CudaKernelEntry *e = find_cuda(c.name);
+    const ape::cuda::CudaVariant *var = e ? ape::cuda::find_variant(*e, c.dt, static_cast<int>(c.D)) : nullptr;
+    if (!var) continue;
+    const auto tdt = torch_type(c.dt);
+    auto rnd = [&](const Tensor &x) { return x.to(tdt).to(torch::kFloat64); };
+    Problem p = make_problem(*e, 2, c.H, 139, c.D, 77 + c.H + c.KV + c.D);
+    p.k = p.k.narrow(1, 0, c.KV).contiguous(), p.v = p.v.narrow(1, 0, c.KV).contiguous();
+    const double tol = c.dt == DType::BF16 ? 0x1p-8 : c.dt == DType::F16 ? 0x1p-10 : 1e-5;
+    for (const int splits : {0, 3}) {
+      SCOPED_TRACE(std::string(c.name) + " " + ape::cuda::dtype_name(c.dt) + " D " + std::to_string(c.D) + ", H " +
+                   std::to_string(c.H) + " reading " + std::to_string(c.KV) + ", num_splits " + std::to_string(splits));
+      Tensor o, lse, flash_o, flash_lse;
 #ifdef APE_SIMT
-          EXPECT_EQ(packed_launches(), 3) << "one packed launch per one-token step";
+      packed_launches();
 #endif
-          {
-            const EnvScope off({{"APE_CUDA_PACK_GQA", "0"}});
-            decode_rows(*e, *var, p, 160, steps, splits, flash_o, &flash_lse);
-          }
+      decode_rows(*e, *var, p, 160, steps, splits, o, &lse);
 #ifdef APE_SIMT
-          EXPECT_EQ(packed_launches(), 0) << "APE_CUDA_PACK_GQA=0 packs nothing";
+      EXPECT_EQ(packed_launches(), 3) << "one packed launch per one-token step";
 #endif
-          if (HasFatalFailure()) return;
-          for (const int64_t row : {int64_t(100), int64_t(101), int64_t(138)}) {
-            SCOPED_TRACE("row " + std::to_string(row));
-            Problem r = p;  // the prefix of row + 1 tokens, rounded to the dtype
-            r.T = row + 1;
-            r.q = rnd(p.q.narrow(2, 0, r.T)), r.k = rnd(p.k.narrow(2, 0, r.T)), r.v = rnd(p.v.narrow(2, 0, r.T));
-            for (Tensor &f : r.features) f = f.narrow(2, 0, r.T);
-            const ape_test::RefInputs in = ref_inputs(r);
-            auto [qm, km] = ape_test::reference_qk(name, in);
-            const Tensor logits = torch::matmul(rnd(qm).narrow(2, row, 1), rnd(km).transpose(-1, -2)) * p.scale;
-            const Tensor ref_o = torch::matmul(torch::softmax(logits, -1), in.v), ref_lse = torch::logsumexp(logits, -1);
-            const Tensor got = o.narrow(2, row, 1), got_lse = lse.narrow(2, row, 1);
-            const double bound = tol * max_abs(ref_o);
-            EXPECT_LE(max_err(got, ref_o), bound) << "o against the reference";
-            EXPECT_LE(max_err(got_lse, ref_lse), 1e-4) << "lse against the reference";
-            EXPECT_LE(max_err(got, flash_o.narrow(2, row, 1)), 2 * bound) << "o against the flash kernels' rows";
-            EXPECT_LE(max_err(got_lse, flash_lse.narrow(2, row, 1)), 1e-4) << "lse against theirs";
-          }
-          ++checked;
-        }
+      {
+        const EnvScope off({{"APE_CUDA_PACK_GQA", "0"}});
+        decode_rows(*e, *var, p, 160, steps, splits, flash_o, &flash_lse);
       }
+#ifdef APE_SIMT
+      EXPECT_EQ(packed_launches(), 0) << "APE_CUDA_PACK_GQA=0 packs nothing";
+#endif
+      if (HasFatalFailure()) return;
+      for (const int64_t row : {int64_t(100), int64_t(101), int64_t(138)}) {
+        SCOPED_TRACE("row " + std::to_string(row));
+        Problem r = p;  // the prefix of row + 1 tokens, rounded to the dtype
+        r.T = row + 1;
+        r.q = rnd(p.q.narrow(2, 0, r.T)), r.k = rnd(p.k.narrow(2, 0, r.T)), r.v = rnd(p.v.narrow(2, 0, r.T));
+        for (Tensor &f : r.features) f = f.narrow(2, 0, r.T);
+        const ape_test::RefInputs in = ref_inputs(r);
+        auto [qm, km] = ape_test::reference_qk(c.name, in);
+        const Tensor logits = torch::matmul(rnd(qm).narrow(2, row, 1), rnd(km).transpose(-1, -2)) * p.scale;
+        const Tensor ref_o = torch::matmul(torch::softmax(logits, -1), in.v), ref_lse = torch::logsumexp(logits, -1);
+        const Tensor got = o.narrow(2, row, 1), got_lse = lse.narrow(2, row, 1);
+        const double bound = tol * max_abs(ref_o);
+        EXPECT_LE(max_err(got, ref_o), bound) << "o against the reference";
+        EXPECT_LE(max_err(got_lse, ref_lse), 1e-4) << "lse against the reference";
+        EXPECT_LE(max_err(got, flash_o.narrow(2, row, 1)), 2 * bound) << "o against the flash kernels' rows";
+        EXPECT_LE(max_err(got_lse, flash_lse.narrow(2, row, 1)), 1e-4) << "lse against theirs";
+      }
+      ++checked;
     }
   }
-  EXPECT_GE(checked, 8) << "the emulated build has too few of NoPE's, RoPE's and xPos's D 64 variants";
+  EXPECT_GE(checked, 12) << "the emulated build has too few of these variants";
+  // num_splits 1 packs nothing; a NaN key (key 120 of key head 0) makes the same rows NaN packed
+  // as in the flash rows (those of query heads 0..3 from row 120 on).
+  const CudaKernelEntry *rope = find_cuda("rope");
+  ASSERT_NE(rope, nullptr);
+  const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*rope, DType::BF16, 64);
+  ASSERT_NE(var, nullptr);
+  Problem p = make_problem(*rope, 1, 8, 139, 64, 5);
+  p.k = p.k.narrow(1, 0, 2).contiguous(), p.v = p.v.narrow(1, 0, 2).contiguous();
+  Tensor o, flash_o;
+#ifdef APE_SIMT
+  packed_launches();
+  decode_rows(*rope, *var, p, 160, steps, 1, o);
+  EXPECT_EQ(packed_launches(), 0) << "num_splits 1 packed a step";
+#endif
+  p.k.select(1, 0).select(1, 120).fill_(NAN);
+  decode_rows(*rope, *var, p, 160, steps, 0, o);
+  {
+    const EnvScope off({{"APE_CUDA_PACK_GQA", "0"}});
+    decode_rows(*rope, *var, p, 160, steps, 0, flash_o);
+  }
+  const Tensor nan = torch::isnan(o.narrow(2, 100, 39)), flash_nan = torch::isnan(flash_o.narrow(2, 100, 39));
+  EXPECT_TRUE(torch::equal(nan, flash_nan)) << "NaN rows differ from the flash kernels'";
+  EXPECT_TRUE(nan.select(1, 0).narrow(1, 20, 19).all().item<bool>()) << "a NaN key left a row finite";
+  EXPECT_FALSE(nan.select(1, 4).any().item<bool>()) << "key head 1's rows became NaN";
 }
 
 TEST(CudaGrouped, EqualsTheCallWithKeysRepeated) {

@@ -11,7 +11,9 @@
 // device's SMs idle (a one-token step: one tile a slice) splits each tile's keys over several
 // blocks and adds their shares (CudaAttnArgs::num_splits, FlashDecoding): its rows then equal the
 // full forward's within the 16-bit rounding of P and o (another order of the same sums), the same
-// run to run.
+// run to run. A one-token step of grouped keys (kv_heads) whose scores are scale q'·k' alone
+// (NoPE, RoPE, xPos) packs each group's query heads into one block unless num_splits is 1
+// (cuda/packed_decode.cuh): P in fp32, its rows within half an ulp of the dtype of the reference.
 //
 // How: the cache holds every token's raw k and v in buffers of `capacity` rows per slice, (B, H,
 // capacity, D), allocated at the first step; a step copies its n new rows into place and runs the

@@ -162,8 +162,10 @@ struct CudaAttnArgs {
   // (against each share's own maximum) and o: another order of the same fp32 sums, the same run to
   // run; NaN where the unsplit rows are NaN; rows of first_row's tile before it are not written.
   // The FlashAttention-2-class forward only (16-bit inputs, no value rows; on sm_90 the call takes
-  // it over the Hopper forward when it splits); elsewhere the call runs unsplit. Refused (< 0, or
-  // > 1 for the backward).
+  // it over the Hopper forward when it splits); elsewhere the call runs unsplit; and a one-token
+  // step of grouped keys that packs each group into a block (kv_heads; NoPE, RoPE, xPos: docs/
+  // decoding.md), any dtype, unless num_splits is 1 (then the flash rows, bit for bit). Refused
+  // (< 0, or > 1 for the backward).
   int num_splits = 0;
   // Forward only: the layer (0-based) of a model of num_layers that this call computes, read by
   // an attention transition (contract/transition.h), which rewrites the rows of some layers;

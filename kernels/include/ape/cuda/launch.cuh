@@ -665,6 +665,28 @@ inline bool bwd_subtiles_enabled() {
 // shares take 3 rounds of 8 tiles where 8 take one of 16.)
 constexpr int64_t kFwdSplitMinTiles = 4, kFwdSplitMax = 128;
 constexpr int kMaxDevices = 64;  // devices whose answers a process keeps (num_splits_for's per_sm)
+// A kernel's blocks an SM holds (`query(held)`: its occupancy), asked once per device and kept in
+// `known` (blocks + 1 per device; 0: not asked); under the emulator, whose device changes
+// architecture in a process, asked every time. 1 where the query fails.
+template <class Query> void blocks_per_sm(std::atomic<int> (&known)[kMaxDevices], const Query &query, int &held) {
+#ifdef APE_SIMT
+  constexpr bool kKeep = false;
+#else
+  constexpr bool kKeep = true;
+#endif
+  int dev = -1;
+  const bool has_dev = kKeep && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices;
+  if (!has_dev) (void)cudaGetLastError();  // (not the next launch's error)
+  if (has_dev && known[dev].load() > 0) {
+    held = known[dev].load() - 1;
+    return;
+  }
+  if (query(held) != cudaSuccess) {
+    (void)cudaGetLastError();  // (likewise)
+    held = 1;
+  }
+  if (has_dev) known[dev].store(held + 1);
+}
 template <class PerSm>
 cudaError_t num_splits_for(const CudaAttnArgs &a, int64_t blocks, int64_t key_tiles, const PerSm &per_sm,
                            int &splits) {
@@ -722,8 +744,10 @@ cudaError_t packed_decode(const CudaAttnArgs &a, Params<Enc, In> &p, Scratch &sc
   const int group = static_cast<int>(a.H / a.kv_heads);
   const int64_t slices = a.B * a.kv_heads, key_tiles = blocks_for(a.T, kPackShareKeys);
   const auto kernel = packed_decode_kernel<Enc, In, kD>;
-  const auto per_sm = [&](int &held) -> cudaError_t {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&held, kernel, kPackThreads, 0) != cudaSuccess) held = 1;
+  const auto per_sm = [&](int &held) -> cudaError_t {  // (its shared memory is static)
+    static std::atomic<int> known[kMaxDevices];
+    blocks_per_sm(known, [&](int &h) { return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&h, kernel, kPackThreads, 0); },
+                  held);
     return cudaSuccess;
   };
   int splits = 1;
@@ -758,9 +782,10 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
   // A decode step of grouped keys (one new row per query head, kv_heads a divisor of H below it)
   // of an encoding whose scores are scale q'·k' alone: each group's rows in one block, which reads
   // k' and v once for the group (packed_decode_kernel), up to kPackMaxGroup query heads a group.
+  // (num_splits 1 asks for the full forward's rows bit for bit: the flash kernels'.)
   if constexpr (pack_gqa<Enc>())
     if (a.kv_heads > 0 && a.kv_heads < a.H && a.H / a.kv_heads <= kPackMaxGroup && a.T - a.first_row == 1 &&
-        pack_gqa_enabled())
+        a.num_splits != 1 && pack_gqa_enabled())
       return packed_decode<Enc, In, kD>(a, p, scratch, st);
   // Which kernel computes the rows (before prepare, which computes q' of the rows it reads): the
   // flash forward where the device has its shared memory (else the general one); the Hopper one
@@ -785,23 +810,13 @@ template <class Enc, class In, int kD> cudaError_t attention_forward(const CudaA
         // counted), asked once per device (under the emulator, whose device changes architecture
         // in a process, every time): 1 where the query fails.
         const auto per_sm = [&](int &held) -> cudaError_t {
-          static std::atomic<int> known[kMaxDevices];  // blocks + 1 per device (0: not asked)
-#ifdef APE_SIMT
-          constexpr bool kKeep = false;
-#else
-          constexpr bool kKeep = true;
-#endif
-          int dev = 0;
-          if (kKeep && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices && known[dev].load() > 0) {
-            held = known[dev].load() - 1;
-            return cudaSuccess;
-          }
-          const auto kernel = flash_forward_kernel<Enc, In, kD, true>;
-          const size_t tiles = flash_fwd_bytes<Enc, In, kD>();
-          if (allow_smem(kernel, tiles) != cudaSuccess ||
-              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&held, kernel, F::kThreads, tiles) != cudaSuccess)
-            held = 1;
-          if (kKeep && dev >= 0 && dev < kMaxDevices) known[dev].store(held + 1);
+          static std::atomic<int> known[kMaxDevices];
+          blocks_per_sm(known, [&](int &h) {
+            const auto kernel = flash_forward_kernel<Enc, In, kD, true>;
+            const size_t tiles = flash_fwd_bytes<Enc, In, kD>();
+            cudaError_t e = allow_smem(kernel, tiles);
+            return e != cudaSuccess ? e : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&h, kernel, F::kThreads, tiles);
+          }, held);
           return cudaSuccess;
         };
         if ((err = num_splits_for(a, a.B * a.H * n_qt, blocks_for(a.T, F::BK), per_sm, splits)) != cudaSuccess)

@@ -6,8 +6,9 @@
 // sequences or transition, and k' shared by the group): NoPE, RoPE and its scalings, xPos.
 //
 // fp32 on the CUDA cores: a step moves 2 D sizeof(In) bytes of k' and v per key and does 4 D
-// FLOPs per key and query head, a few FLOPs per byte for groups up to kPackMaxGroup, so it is
-// bound by the keys' bytes, not by arithmetic. P stays fp32 (the flash kernels round it to the
+// FLOPs per key and query head, G FLOPs per byte for a group of G in bf16 (at most kPackMaxGroup:
+// 16), under the ~20 of an H100's fp32 CUDA cores against its memory, so it is bound by the keys'
+// bytes, not by arithmetic. P stays fp32 (the flash kernels round it to the
 // dtype before P V). launch.cuh (packed_decode) splits the keys over blockIdx.y as the split
 // forward does and adds the shares with split_combine_kernel.
 #pragma once
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(kPackThreads)
   constexpr int kLd = D + 1;                                          // sK's row stride (no bank conflicts)
   APE_STATIC_SMEM(float, sQ, kPackMaxGroup * D);
   APE_STATIC_SMEM(float, sK, kPackKeys * kLd);
-  APE_STATIC_SMEM(float, sV, kPackKeys * D);
+  APE_STATIC_SMEM(ptx::F4, sV4, kPackKeys * D / 4);  // (16-byte aligned: float4 stores)
+  float *const sV = reinterpret_cast<float *>(sV4);
   APE_STATIC_SMEM(float, sP, kPackMaxGroup * kPackKeys);
   APE_STATIC_SMEM(float, sRow, 2 * kPackMaxGroup);  // alpha per row during the loop; then m, l
   const int x = static_cast<int>(threadIdx.x), warp = x / 32, lane = x % 32;
@@ -76,8 +78,14 @@ __global__ void __launch_bounds__(kPackThreads)
 #pragma unroll
         for (int u = 0; u < kV; ++u) kv[u] = vv[u] = from_float<In>(0.f);
       }
+      // (sV's rows 16-byte aligned: float4 stores; sK's padded rows, one float at a time)
 #pragma unroll
-      for (int u = 0; u < kV; ++u) sK[r * kLd + c + u] = to_float(kv[u]), sV[r * D + c + u] = to_float(vv[u]);
+      for (int u = 0; u < kV; u += 4) {
+        const ptx::F4 f{to_float(vv[u]), to_float(vv[u + 1]), to_float(vv[u + 2]), to_float(vv[u + 3])};
+        *reinterpret_cast<ptx::F4 *>(sV + r * D + c + u) = f;
+      }
+#pragma unroll
+      for (int u = 0; u < kV; ++u) sK[r * kLd + c + u] = to_float(kv[u]);
     }
     __syncthreads();
     // Scores of rows warp + kWarps r against key j0 + lane, and their online softmax.
