@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include "ape/contract/value_rules.h"
 #include "ape/torch/autograd.h"
 #include "ape/cpu/kernel_call.h"
 #include "runtime/CudaAttention.h"
@@ -40,8 +41,7 @@ std::string describe(const at::Tensor &t) {
 std::string keys_problem(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
   for (const auto &[name, t] : {std::pair<const char *, const at::Tensor *>{"k", &k}, {"v", &v}}) {
     const bool heads_ok = t->defined() && t->dim() == 4 &&
-                          (t->size(1) == q.size(1) || (t->size(1) >= 1 && t->size(1) <= q.size(1) &&
-                                                       q.size(1) % t->size(1) == 0));
+                          ape_rules::kv_heads_fit(t->size(1) == q.size(1) ? 0 : t->size(1), q.size(1));
     if (!heads_ok || t->size(0) != q.size(0) || t->size(2) != q.size(2) || t->size(3) != q.size(3) ||
         t->scalar_type() != q.scalar_type() || t->device() != q.device() || (name[0] == 'v' && t->sizes() != k.sizes()))
       return std::string(name) + " must match q (" + describe(q) + ") but for its heads, a divisor of q's" +
