@@ -1,6 +1,6 @@
 # ape-check (docs/ape-check.md), included from test/CMakeLists.txt:
 #   ape_check.<encoding>  every example spec passes against the kernel this build compiled from it
-#                         (~1.6 s each, the 31 in ~50 s on the shared 2-core machine);
+#                         (~1.6 s each, the 32 in ~50 s on the shared 2-core machine);
 #   ape_check.spec_file   a spec outside examples/, compiled at run time (~15 s once, then cached);
 #   ape_check.mutant_*    a deliberately wrong spec (Inputs/) checked against an example's kernel
 #                         (--kernel) must fail with a readable table, in the rows that differ;
