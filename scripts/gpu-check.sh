@@ -327,8 +327,8 @@ train_stage() {  # dir suite_build logs python jobs
   # through the CUDA backward.
   step gpu-params "$bin/ape-train" -e alibi --steps 20 --eval-multiples 1 --eval-tokens 2048 \
     --data "$dir/src/data/pg30" --cache-dir "$cache" --device cuda --out "$out/gpu-params" || rc=1
-  # Grouped-query attention (--kv-heads; k and v repeated to the query heads for the CUDA
-  # kernels, their gradients summed by autograd): 20 steps on the GPU and its evaluation.
+  # Grouped-query attention (--kv-heads: the CUDA kernels read the key heads in place and sum
+  # dk, dv per group): 20 steps on the GPU and its evaluation.
   step gpu-kv-heads "$bin/ape-train" -e rope --heads 4 --kv-heads 2 --steps 20 --eval-multiples 1 --eval-tokens 2048 \
     --data "$dir/src/data/pg30" --cache-dir "$cache" --device cuda --out "$out/gpu-kv-heads" || rc=1
   # One rank of data parallel on NCCL: its steps are queued too (the mean loss stays on the GPU).
@@ -727,6 +727,14 @@ run() {
     for fe in kcable shaw transformer_xl deberta; do
       if [ -d "$bench_libs/${fe}_torch_library" ]; then
         settings+=",features-off:APE_CUDA_FEATURE_STEPS=0"
+        break
+      fi
+    done
+    # A mod whose gradient adds to parameters (ExPE, ExQPE) with one pair of atomics per term, as
+    # before mod_backward_params_kernel summed them over rows in registers.
+    for fe in expe exqpe; do
+      if [ -d "$bench_libs/${fe}_torch_library" ]; then
+        settings+=",mod-terms:APE_CUDA_MOD_PARAM_SUMS=0"
         break
       fi
     done

@@ -1626,6 +1626,69 @@ TEST(CudaLaunch, StagedParametersMatchReferences) {
   }
 }
 
+// A q/k mod whose gradient adds to parameters (ExPE's a_h, b_h at (head, column), ExQPE's per
+// residue, expe_rope_cable's at a partner column too) sums them over each thread's rows in
+// registers (mod_backward_params_kernel): against the references with a thread's rows cut short
+// (T 300: 4 or 5 rows 64 apart); and at T 1, 77, 300, 640 and (past a chunk of 2,048 rows) 2100
+// bit for bit the gradients of one atomic per term (APE_CUDA_MOD_PARAM_SUMS=0,
+// mod_backward_kernel): integer sums. Emulated, the default launches the new kernel for both sides
+// and the other for neither, and at T 640 (10 rows a thread) the mods' atomics fall more than 8x.
+TEST(CudaLaunch, ModParamSumsMatchReferences) {
+  int checked = 0;
+  for (const char *name : {"expe", "exqpe", "expe_rope_cable"}) {
+    const CudaKernelEntry *e = find_cuda(name);
+    if (!e) continue;
+    for (DType dt : {DType::BF16, DType::F32}) {
+      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, dt, 64);
+      if (!var) continue;
+      for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{2, 3, 77}, {1, 2, 300}, {1, 1, 1},
+                             {1, 1, 640}, {1, 1, 2100}}) {
+        if (T > 300 && (dt != DType::BF16 || std::string(name) != (T > 640 ? "expe" : name) ||
+                        std::string(name) == "expe_rope_cable"))
+          continue;
+        SCOPED_TRACE(std::string(name) + " " + ape::cuda::dtype_name(dt) + " D=64 B=" + std::to_string(B) +
+                     " H=" + std::to_string(H) + " T=" + std::to_string(T));
+        const Problem p = make_problem(*e, B, H, T, 64, 911 * T + 7 * H + B);
+        // (the suite's other tests hold every variant's default, this kernel, to the references)
+        if (T == 300) check_problem(name, *var, p);
+        if (HasFatalFailure()) return;
+#ifdef APE_SIMT
+        auto launches_and_atomics = [](const char *kernel, size_t &atomic) {
+          size_t n = 0;
+          atomic = 0;
+          for (const auto &t : ape::simt::take_traffic()) {
+            if (t.kernel.find("mod_backward") != std::string::npos) atomic += t.atomic;  // (the mods' backward)
+            if (t.kernel.find(kernel) != std::string::npos) n += t.launches;
+          }
+          return n;
+        };
+        ape::simt::take_traffic();
+#endif
+        Outputs sums, per_term;
+        run_gpu(*var, p, sums);
+#ifdef APE_SIMT
+        size_t atomic_sums = 0, atomic_terms = 0;
+        EXPECT_EQ(launches_and_atomics("mod_backward_params_kernel<", atomic_sums), 2u) << "q and k";
+#endif
+        {
+          const EnvScope off({{"APE_CUDA_MOD_PARAM_SUMS", "0"}});
+          run_gpu(*var, p, per_term);
+        }
+#ifdef APE_SIMT
+        EXPECT_EQ(launches_and_atomics("mod_backward_params_kernel<", atomic_terms), 0u)
+            << "APE_CUDA_MOD_PARAM_SUMS=0 launched it";
+        if (T == 640) EXPECT_LT(atomic_sums * 8, atomic_terms) << "the mods' atomics did not fall";
+#endif
+        ASSERT_EQ(sums.size(), per_term.size());
+        for (size_t n = 0; n < sums.size(); ++n)
+          EXPECT_TRUE(torch::equal(sums[n].second, per_term[n].second)) << sums[n].first << " differs";
+        ++checked;
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no encoding with q/k mod parameters in this build";
+}
+
 // A scale <= 0 (legal: only a finite scale is required) takes other paths: the flash kernels
 // keep raw scores (S = Q'K'^T + B / scale with a distance bias) and need scale > 0 in the
 // forward and scale != 0 in a distance bias's backward; the rest runs the general kernels.

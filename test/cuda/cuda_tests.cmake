@@ -145,3 +145,11 @@ add_test(NAME cuda_traffic_regression_gqa
          COMMAND ape-cuda-traffic --T 1024 --H 4 --kv-heads 1 --encodings nope rope expe
                  --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic_gqa.csv)
 set_tests_properties(cuda_traffic_regression_gqa PROPERTIES LABELS "cuda;simt" TIMEOUT 300)
+# The q/k mods whose gradients add to parameters (ExPE's per head and column, ExQPE's per residue
+# too): their backward sums those over each thread's rows before its atomics
+# (mod_backward_params_kernel; cuda_traffic_mod_params.csv, `--T 1024 --encodings expe exqpe
+# --csv ...`): one pair of atomics per term again fails here.
+add_test(NAME cuda_traffic_regression_mod_params
+         COMMAND ape-cuda-traffic --T 1024 --encodings expe exqpe
+                 --check ${APE_SOURCE_DIR}/bench/results/cuda_traffic_mod_params.csv)
+set_tests_properties(cuda_traffic_regression_mod_params PROPERTIES LABELS "cuda;simt" TIMEOUT 300)

@@ -24,6 +24,9 @@
 //                             (cpu/decode.h recomputes them every step);
 //   KModShared<Enc>::value    one key head's k' serves its group (no k mod, or KModLinear):
 //                             grouped-query attention keeps k' per key head;
+//   QModParams<Enc>::value    Enc::kQModParams (KModParams: kKModParams): the parameters the
+//                             q mod (k mod) reads, a bit each, so its gradient may add to them
+//                             (~0u when absent: any);
 //   HasTransition<Enc>::value Enc::kTransition, the ape::TransitionAttrs of an
 //                             ape.attention_transition (contract/transition.h; false when
 //                             absent): an inference-only encoding, forward and prefill only.
@@ -51,6 +54,22 @@ template <class Enc, class = void> struct ScoreParams {
 };
 template <class Enc> struct ScoreParams<Enc, std::void_t<decltype(Enc::kScoreParams)>> {
   static constexpr unsigned value = Enc::kScoreParams;
+};
+
+// The parameters the q mod / k mod reads, a bit each (Enc::kQModParams / kKModParams, emitted with
+// every mod; an Enc without them, written by hand, may read any): the CUDA backward sums the
+// gradients of those in registers over rows (cuda/side_kernels.cuh, mod_backward_params_kernel).
+template <class Enc, class = void> struct QModParams {
+  static constexpr unsigned value = ~0u;
+};
+template <class Enc> struct QModParams<Enc, std::void_t<decltype(Enc::kQModParams)>> {
+  static constexpr unsigned value = Enc::kQModParams;
+};
+template <class Enc, class = void> struct KModParams {
+  static constexpr unsigned value = ~0u;
+};
+template <class Enc> struct KModParams<Enc, std::void_t<decltype(Enc::kKModParams)>> {
+  static constexpr unsigned value = Enc::kKModParams;
 };
 
 // A bool member `Enc::kMember`, emitted only when true: Name<Enc>::value (false when absent).

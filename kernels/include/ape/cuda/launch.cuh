@@ -529,6 +529,13 @@ inline bool pack_gqa_enabled() {
   return !env_is("APE_CUDA_PACK_GQA", '0');
 }
 
+// Whether the backward of a mod whose gradient adds to parameters sums those gradients over rows
+// in registers (mod_backward_params_kernel): on unless APE_CUDA_MOD_PARAM_SUMS is 0 (one pair of
+// atomics per term, mod_backward_kernel: the same sums, for the tests and a side-by-side timing).
+inline bool mod_param_sums_enabled() {
+  return !env_is("APE_CUDA_MOD_PARAM_SUMS", '0');
+}
+
 // The Hopper forward's and the backward's defaults on sm_90 follow the H200's timings of
 // bench/results/gpu_h200.md (2026-11-30, bench/gpu_bench.py in one process, bf16, causal; NoPE and
 // RoPE at d_h 64 and 128, K-Cable at d_h 128): each setting below is on by default there, and
@@ -1282,12 +1289,24 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
   const unsigned mod_blocks = blocks_for(n / run_len<In>(), 256);
   auto mod_back = [&](auto is_q, const In *x, const float *gm, In *dx) -> cudaError_t {
     constexpr bool kIsQ = decltype(is_q)::value;
-    if constexpr (linear_mod<Enc, kIsQ>())
+    constexpr bool kHasMod = kIsQ ? Enc::kHasQMod : Enc::kHasKMod;
+    constexpr unsigned kModParams = kIsQ ? traits::QModParams<Enc>::value : traits::KModParams<Enc>::value;
+    const int64_t x_group = kIsQ ? int64_t(1) : group;
+    if constexpr (linear_mod<Enc, kIsQ>()) {
       return launch(mod_backward_linear_kernel<Enc, In, kIsQ, kD>, linear_mod_grid<In>(p, kD), 256, 0, st, p, gm,
                     dx);
-    else
-      return launch(mod_backward_kernel<Enc, In, kIsQ, kD>, mod_blocks, 256, 0, st, p, x, gm, dx,
-                    kIsQ ? int64_t(1) : group);
+    } else if constexpr (kHasMod && Enc::kNumParams > 0) {
+      // A mod whose gradient adds to parameters, with their gradients asked for: the sums over
+      // rows in registers (mod_backward_params_kernel).
+      bool sums = false;  // (APE_CUDA_MOD_PARAM_SUMS=0: mod_backward_kernel)
+      for (int m = 0; m < Enc::kNumParams; ++m) sums = sums || ((kModParams >> m & 1u) && p.dparam_fx[m]);
+      if (sums && mod_param_sums_enabled()) {
+        const int64_t blocks = BH * mod_params_blocks_per_slice<kD>(T);
+        return launch(mod_backward_params_kernel<Enc, In, kIsQ, kD>, blocks_for(blocks, 1),
+                      mod_params_threads<kD>(), 0, st, p, x, gm, dx, x_group);
+      }
+    }
+    return launch(mod_backward_kernel<Enc, In, kIsQ, kD>, mod_blocks, 256, 0, st, p, x, gm, dx, x_group);
   };
   if (!direct_q && !kDqFromRows && (err = mod_back(std::true_type{}, p.q, p.dqm, p.dq))) return err;
   if constexpr (!kDirectK && !kDkFromRows)

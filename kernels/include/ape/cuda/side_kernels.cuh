@@ -253,6 +253,157 @@ __global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const 
   store_run<In, kV>(dx + e, out);
 }
 
+// ---- mods whose gradient adds to parameters (traits::QModParams / KModParams: ExPE, ExQPE) ---------
+// mod_backward_kernel gives every element's term its own fixed-point atomics, and a per-head
+// parameter (ExPE's a_h and b_h, read at (head, column)) is then one address that every token of
+// every batch adds to: B·T pairs of L2 atomics on one element, 4 per element of q and of k for
+// ExPE. Here a thread takes one column of up to kModRows rows of a slice, kModRowStride rows
+// apart, and each parameter's sinks go through a register cache of two elements (ModParamSinks):
+// terms to an element the cache holds add in registers, and the cache adds its sums to the global
+// ones when an element leaves it and at the end. So an index the rows share (the head and column;
+// a residue of the position whose period divides kModRowStride, as ExQPE's) costs one pair of
+// atomics per kModRows rows; one that differs per row (a position table) one per term, as before.
+// Integers: the sums, hence the gradients, are bit for bit those of one atomic per term (a partial
+// sum that leaves the range is an overflow, as with the warp sums).
+constexpr int kModRows = 32;        // rows per thread, at most
+constexpr int kModRowStride = 64;   // between a thread's rows
+constexpr int kModRowBatch = 4;     // rows whose loads issue before any of their terms
+
+template <int N> struct ModParamSinks {
+  struct Way {
+    unsigned long long *p;
+    long long hi, lo;
+  };
+  Way w[N][2];  // per parameter: the element added to last, then the one before
+  uint32_t st;
+  __device__ ModParamSinks() : st(0) {
+    #pragma unroll
+    for (int n = 0; n < N; ++n) w[n][0] = w[n][1] = Way{nullptr, 0, 0};
+  }
+  __device__ static uint32_t flush(const Way &x) {
+    return x.p && (x.hi != 0 || x.lo != 0) ? fixed_atomic_add(x.p, x.hi, x.lo) : 0u;
+  }
+  __device__ void add(int n, unsigned long long *p, float g) {
+    const FixedTerm t = to_fixed(g);
+    st |= t.status;
+    Way(&c)[2] = w[n];
+    if (c[0].p != p) {
+      const Way older = c[1].p == p ? c[1] : Way{p, 0, 0};
+      if (c[1].p != p) st |= flush(c[1]);
+      c[1] = c[0], c[0] = older;
+    }
+    bool wrapped, lo_wrapped;  // (low words unchecked, as in the atomics: |lo| < 2^31 a term)
+    c[0].hi = wrap_add(c[0].hi, t.hi, wrapped);
+    c[0].lo = wrap_add(c[0].lo, t.lo, lo_wrapped);
+    if (wrapped) st |= kStatusOverflow;
+  }
+  __device__ void finish(uint32_t *status) {
+    #pragma unroll
+    for (int n = 0; n < N; ++n) st |= flush(w[n][0]) | flush(w[n][1]);
+    if (st) atomicOr(status, st);
+  }
+};
+// `ctx.dparams[n][i] += g` of the generated code through the cache.
+template <class C> struct ModParamRef {
+  unsigned long long *p;
+  C *c;
+  int n;
+  __device__ void operator+=(float g) const {
+    if (p) c->add(n, p, g);
+  }
+};
+template <class C> struct ModParamSink {
+  unsigned long long *data;
+  C *c;
+  int n;
+  __device__ ModParamRef<C> operator[](int64_t i) const { return {data ? data + 2 * i : nullptr, c, n}; }
+};
+template <class C, int N> struct ModParamSinksOf {
+  unsigned long long *p[N];
+  C *c;
+  __device__ ModParamSink<C> operator[](int n) const { return {p[n], c, n}; }
+};
+// DevCtx whose parameter sinks go through a ModParamSinks (its other sinks as DevCtx's).
+template <class Enc> struct ModParamCtx : DevCtx<Enc> {
+  static constexpr int NP = array_len(Enc::kNumParams);
+  using Cache = ModParamSinks<NP>;
+  ModParamSinksOf<Cache, NP> dparams;  // shadows DevCtx's
+  __device__ ModParamCtx(const DevCtx<Enc> &base, Cache *cache) : DevCtx<Enc>(base) {
+    for (int n = 0; n < NP; ++n) dparams.p[n] = base.dparams.p[n];
+    dparams.c = cache;
+  }
+};
+
+// Rows of a mod_backward_params_kernel block at once (its threads: that many rows of D columns,
+// about 256): a power of two, so that it divides kModRowStride.
+template <int D> constexpr int mod_params_rows_at_once() {
+  static_assert(D <= 1024, "a row of D threads");
+  int s = 1;
+  while (s * 2 * D <= 256) s *= 2;
+  return s;
+}
+template <int D> constexpr int mod_params_threads() { return mod_params_rows_at_once<D>() * D; }
+// Blocks of one slice: chunks of kModRowStride · kModRows rows, each in kModRowStride / S blocks
+// (S rows at once), block o of a chunk taking its rows o·S .. o·S + S - 1 of every kModRowStride.
+template <int D> inline int64_t mod_params_blocks_per_slice(int64_t T) {
+  constexpr int64_t kChunk = int64_t(kModRowStride) * kModRows;
+  return (T + kChunk - 1) / kChunk * (kModRowStride / mod_params_rows_at_once<D>());
+}
+
+// dx = (d mod / dx)^T gm where the mod's gradient adds to parameters: mod_backward_kernel's terms
+// (a column's own term with its sinks, its partner's for d/dy without), a thread per column of up
+// to kModRows rows of one slice, kModRowStride apart (mod_params_blocks_per_slice). The threads of
+// a row are consecutive: every load and store of a warp is one run of a row.
+template <class Enc, class In, bool kIsQ, int D>
+__global__ void __launch_bounds__(mod_params_threads<D>())
+    mod_backward_params_kernel(const Params<Enc, In> p, const In *__restrict__ x, const float *__restrict__ gm,
+                               In *__restrict__ dx, int64_t x_group) {
+  using S = ModSide<Enc, In, kIsQ, D>;
+  constexpr int kAtOnce = mod_params_rows_at_once<D>(), kOffsets = kModRowStride / kAtOnce;
+  static_assert(kModRowStride % kAtOnce == 0, "a block's rows at once divide the stride");
+  const int64_t per_slice = mod_params_blocks_per_slice<D>(p.T);
+  const int64_t bh = blockIdx.x / per_slice, b = blockIdx.x % per_slice;
+  const int64_t t0 = b / kOffsets * (int64_t(kModRowStride) * kModRows) + b % kOffsets * kAtOnce + threadIdx.x / D;
+  const int64_t c = threadIdx.x % D, pc = partner(S::kPairing, S::kFraction, D, c);
+  using Ctx = ModParamCtx<Enc>;
+  typename Ctx::Cache cache;
+  const Ctx sinks(make_ctx(p, bh, true), &cache);
+  const DevCtx<Enc> plain = make_ctx(p, bh, false);
+  const In *xs = x + bh / x_group * p.T * D;  // (grouped keys: the key head's raw k)
+  const float *gs = gm + bh * p.T * D;
+  In *ds = dx + bh * p.T * D;
+  auto term = [&](const auto &ctx, int64_t t, int64_t col, float xv, float yv, float gv, float &gx, float &gy) {
+    if constexpr (kIsQ) Enc::q_mod_grad(ctx, t, col, xv, yv, gv, gx, gy);
+    else Enc::k_mod_grad(ctx, t, col, xv, yv, gv, gx, gy);
+  };
+  #pragma unroll 1
+  for (int r0 = 0; r0 < kModRows && t0 + int64_t(r0) * kModRowStride < p.T; r0 += kModRowBatch) {
+    float xo[kModRowBatch], xp[kModRowBatch], go[kModRowBatch], gp[kModRowBatch];
+    #pragma unroll
+    for (int u = 0; u < kModRowBatch; ++u) {
+      const int64_t t = t0 + int64_t(r0 + u) * kModRowStride;
+      if (t < p.T) {
+        xo[u] = to_float(xs[t * D + c]), go[u] = gs[t * D + c];
+        if (pc != c) xp[u] = to_float(xs[t * D + pc]), gp[u] = gs[t * D + pc];
+        else xp[u] = xo[u], gp[u] = go[u];
+      }
+    }
+    #pragma unroll
+    for (int u = 0; u < kModRowBatch; ++u) {
+      const int64_t t = t0 + int64_t(r0 + u) * kModRowStride;
+      if (t >= p.T) break;
+      float gx = 0.f, gy = 0.f;
+      term(sinks, t, c, xo[u], xp[u], go[u], gx, gy);
+      if (pc != c) {
+        float unused = 0.f;
+        term(plain, t, pc, xp[u], xo[u], gp[u], unused, gy);  // the partner's term: its d/dy is ours
+      }
+      ds[t * D + c] = from_float<In>(gx + gy);
+    }
+  }
+  cache.finish(p.status);
+}
+
 // ---- linear mods (traits::QModLinear / KModLinear: RoPE and its scalings, xPos) -------------------
 // mod(x, y) = a(t, c) x + b(t, c) y with a, b independent of the batch, the head, the data and any
 // trainable param (analysis/KernelFacts.h, isLinearMod): a = mod(1, 0) and b = mod(0, 1) are
