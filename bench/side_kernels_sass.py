@@ -41,7 +41,8 @@ import cuda_sass_stats as css  # noqa: E402  (the project's SASS helpers)
 ROOT = Path(__file__).resolve().parent.parent
 MAIN = re.compile(r"^(flash_|hopper_)?(forward|backward)_kernel$")
 # Threads per block of each side kernel's launch (cuda/launch.cuh, cuda/side_kernels.cuh).
-THREADS = {"delta_kernel": 128, "token_forward_kernel": 1024, "token_backward_kernel": 1024}
+THREADS = {"delta_kernel": 128, "token_forward_kernel": 1024, "token_backward_kernel": 1024,
+           "mod_backward_params_kernel": 256}  # (mod_params_threads: 256 at head dims 32-256)
 
 
 def short_name(mangled):

@@ -613,20 +613,21 @@ LogicalResult mlir::ape::emitEncFunctor(KernelOp kernel, FunctorTarget target, r
   if (kernel.getTokensReadLength())
     os << "  static constexpr bool kTokensReadLength = true;  // the token program reruns when "
           "decoding\n";
-  // The parameters each q/k mod reads (and its gradient adds to), a bit each: the CUDA backward
-  // sums those gradients over rows in registers (cuda/side_kernels.cuh, mod_backward_params_kernel).
-  // Emitted with every mod of the CUDA functor, 0 where it reads none.
+  // The trainable parameters each q/k mod reads (so its gradient adds to them), a bit each: the
+  // CUDA backward sums those gradients over rows in registers (cuda/side_kernels.cuh,
+  // mod_backward_params_kernel). Emitted with every mod of the CUDA functor, 0 where it reads none.
   auto modParams = [&](Operation *mod, StringRef name) {
     if (!mod || target != FunctorTarget::Cuda || layout.params.size() > 32)
       return;
     uint32_t mask = 0;
     mod->walk([&](LoadOp load) {
       auto it = layout.paramIndex.find(load.getSource());
-      if (it != layout.paramIndex.end())
+      auto p = load.getSource().getDefiningOp<ParamOp>();
+      if (it != layout.paramIndex.end() && (!p || p.getTrainable()))
         mask |= 1u << it->second;
     });
-    os << llvm::formatv("  static constexpr unsigned k{0}ModParams = {1:x}u;  // read by the {2} mod, "
-                        "a bit each\n",
+    os << llvm::formatv("  static constexpr unsigned k{0}ModParams = {1:x}u;  // trainable, read by the "
+                        "{2} mod, a bit each\n",
                         name, mask, name.lower());
   };
   modParams(layout.qmod ? layout.qmod.getOperation() : nullptr, "Q");

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# nvcc compiles a CUDA variant of an expensive score mod within a bounded footprint (issue 31):
+# nvcc compiles a CUDA variant within a bounded footprint (test/cuda/cuda_tests.cmake runs it on
+# FIRE, and on ExQPE for the kernels only q/k mods with parameters instantiate). For FIRE, an
+# expensive score mod (issue 31):
 # FIRE's bf16 head-dim-128 variant (its MLP of the distance and ~100 gradient sinks, the largest
 # unit of the example specs; bench/results/cuda_compile_memory.md) under a 4 GiB address-space
 # cap and a time limit. Inlined at every element of the unrolled tile loops, the same mod drove

@@ -1687,6 +1687,32 @@ TEST(CudaLaunch, ModParamSumsMatchReferences) {
     }
   }
   if (checked == 0) GTEST_SKIP() << "no encoding with q/k mod parameters in this build";
+  // The status word through the register sums: terms beyond 2^31 (dO scaled by 1e12) and a
+  // non-finite one (a NaN in dO) set the same bits as one atomic per term, and poison the
+  // parameters' gradients (NaN) in both.
+  const CudaKernelEntry *e = find_cuda("expe");
+  const ape::cuda::CudaVariant *var = e ? ape::cuda::find_variant(*e, DType::BF16, 64) : nullptr;
+  if (!var) return;
+  for (int bad = 0; bad < 2; ++bad) {
+    SCOPED_TRACE(bad ? "a NaN in dO" : "dO times 1e12");
+    Problem p = make_problem(*e, 1, 2, 150, 64, 404);
+    if (bad) p.dout[0][1][100][5] = std::numeric_limits<double>::quiet_NaN();
+    else p.dout = p.dout * 1e12;
+    Outputs sums, per_term;
+    uint32_t st_sums = 0, st_terms = 0;
+    run_gpu(*var, p, sums, &st_sums);
+    {
+      const EnvScope off({{"APE_CUDA_MOD_PARAM_SUMS", "0"}});
+      run_gpu(*var, p, per_term, &st_terms);
+    }
+    EXPECT_TRUE(st_sums & (bad ? ape::cuda::kStatusNonFinite : ape::cuda::kStatusRange)) << "status " << st_sums;
+    EXPECT_EQ(st_sums, st_terms);
+    for (size_t n = 0; n < sums.size(); ++n)
+      if (sums[n].first.rfind("dparam:override", 0) == 0) {
+        EXPECT_TRUE(torch::isnan(sums[n].second).all().item<bool>()) << sums[n].first;
+        EXPECT_TRUE(torch::isnan(per_term[n].second).all().item<bool>()) << per_term[n].first;
+      }
+  }
 }
 
 // A scale <= 0 (legal: only a finite scale is required) takes other paths: the flash kernels

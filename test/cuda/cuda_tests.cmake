@@ -41,6 +41,15 @@ if(APE_HAVE_CUDA)
                    ${CMAKE_CUDA_COMPILER} ${APE_SOURCE_DIR}/kernels/include ${_ape_bounds_arch}
                    ${APE_SOURCE_DIR}/examples/encodings/fire.mlir 4096 900)
   set_tests_properties(cuda_compile_bounds PROPERTIES LABELS "cuda;nvcc" TIMEOUT 1000)
+  # The build's nvcc kernels (APE_CUDA_ENCODINGS, rope and cable by default) instantiate no q/k mod
+  # with parameters, and the emulator compiles the kernels as host code: ExQPE's variant (its mods'
+  # gradients summed by mod_backward_params_kernel) is compiled by nvcc here, so device code that
+  # only such encodings reach cannot break without a test failing.
+  add_test(NAME cuda_compile_mod_params
+           COMMAND ${APE_SOURCE_DIR}/test/cuda/compile_bounds.sh $<TARGET_FILE:apec>
+                   ${CMAKE_CUDA_COMPILER} ${APE_SOURCE_DIR}/kernels/include ${_ape_bounds_arch}
+                   ${APE_SOURCE_DIR}/examples/encodings/exqpe.mlir 4096 600)
+  set_tests_properties(cuda_compile_mod_params PROPERTIES LABELS "cuda;nvcc" TIMEOUT 700)
 endif()
 
 add_library(ape_simt_planted STATIC ${APE_SOURCE_DIR}/test/cuda/simt_planted_kernels.cpp)

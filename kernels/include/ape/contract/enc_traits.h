@@ -24,9 +24,9 @@
 //                             (cpu/decode.h recomputes them every step);
 //   KModShared<Enc>::value    one key head's k' serves its group (no k mod, or KModLinear):
 //                             grouped-query attention keeps k' per key head;
-//   QModParams<Enc>::value    Enc::kQModParams (KModParams: kKModParams): the parameters the
-//                             q mod (k mod) reads, a bit each, so its gradient may add to them
-//                             (~0u when absent: any);
+//   QModParams<Enc>::value    Enc::kQModParams (KModParams: kKModParams): the trainable
+//                             parameters the q mod (k mod) reads, a bit each, so its gradient
+//                             adds to them (~0u when absent: any);
 //   HasTransition<Enc>::value Enc::kTransition, the ape::TransitionAttrs of an
 //                             ape.attention_transition (contract/transition.h; false when
 //                             absent): an inference-only encoding, forward and prefill only.
@@ -56,8 +56,8 @@ template <class Enc> struct ScoreParams<Enc, std::void_t<decltype(Enc::kScorePar
   static constexpr unsigned value = Enc::kScoreParams;
 };
 
-// The parameters the q mod / k mod reads, a bit each (Enc::kQModParams / kKModParams, emitted with
-// every mod; an Enc without them, written by hand, may read any): the CUDA backward sums the
+// The trainable parameters the q mod / k mod reads, a bit each (Enc::kQModParams / kKModParams,
+// emitted with every mod; an Enc without them, written by hand, may read any): the CUDA backward sums the
 // gradients of those in registers over rows (cuda/side_kernels.cuh, mod_backward_params_kernel).
 template <class Enc, class = void> struct QModParams {
   static constexpr unsigned value = ~0u;

@@ -1299,7 +1299,8 @@ template <class Enc, class In, int kD> cudaError_t attention_backward_impl(const
       // A mod whose gradient adds to parameters, with their gradients asked for: the sums over
       // rows in registers (mod_backward_params_kernel).
       bool sums = false;  // (APE_CUDA_MOD_PARAM_SUMS=0: mod_backward_kernel)
-      for (int m = 0; m < Enc::kNumParams; ++m) sums = sums || ((kModParams >> m & 1u) && p.dparam_fx[m]);
+      for (int m = 0; m < Enc::kNumParams; ++m)  // (a mask of 32 bits: params past it may be read)
+        sums = sums || ((m >= 32 || (kModParams >> m & 1u)) && p.dparam_fx[m]);
       if (sums && mod_param_sums_enabled()) {
         const int64_t blocks = BH * mod_params_blocks_per_slice<kD>(T);
         return launch(mod_backward_params_kernel<Enc, In, kIsQ, kD>, blocks_for(blocks, 1),

@@ -267,7 +267,7 @@ __global__ void mod_backward_kernel(const Params<Enc, In> p, const In *x, const 
 // sum that leaves the range is an overflow, as with the warp sums).
 constexpr int kModRows = 32;        // rows per thread, at most
 constexpr int kModRowStride = 64;   // between a thread's rows
-constexpr int kModRowBatch = 4;     // rows whose loads issue before any of their terms
+constexpr int kModRowBatch = 8;     // rows whose loads issue before any of their terms
 
 template <int N> struct ModParamSinks {
   struct Way {
@@ -345,7 +345,7 @@ template <int D> constexpr int mod_params_rows_at_once() {
 template <int D> constexpr int mod_params_threads() { return mod_params_rows_at_once<D>() * D; }
 // Blocks of one slice: chunks of kModRowStride · kModRows rows, each in kModRowStride / S blocks
 // (S rows at once), block o of a chunk taking its rows o·S .. o·S + S - 1 of every kModRowStride.
-template <int D> inline int64_t mod_params_blocks_per_slice(int64_t T) {
+template <int D> APE_HD inline int64_t mod_params_blocks_per_slice(int64_t T) {
   constexpr int64_t kChunk = int64_t(kModRowStride) * kModRows;
   return (T + kChunk - 1) / kChunk * (kModRowStride / mod_params_rows_at_once<D>());
 }
