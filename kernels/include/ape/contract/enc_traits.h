@@ -47,30 +47,24 @@ template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
   static constexpr int value = Enc::kNumRel;
 };
 
-// The parameters the score mod reads, a bit each (Enc::kScoreParams, emitted with every score mod; an
-// Enc without it, written by hand, may read any).
-template <class Enc, class = void> struct ScoreParams {
-  static constexpr unsigned value = ~0u;
-};
-template <class Enc> struct ScoreParams<Enc, std::void_t<decltype(Enc::kScoreParams)>> {
-  static constexpr unsigned value = Enc::kScoreParams;
-};
+// A mask of parameters, a bit each, `Enc::kMember`: Name<Enc>::value (~0u when absent: an Enc
+// written by hand may read any).
+#define APE_ENC_PARAM_MASK(Name, kMember)                                                    \
+  template <class Enc, class = void> struct Name {                                           \
+    static constexpr unsigned value = ~0u;                                                   \
+  };                                                                                         \
+  template <class Enc> struct Name<Enc, std::void_t<decltype(Enc::kMember)>> {              \
+    static constexpr unsigned value = Enc::kMember;                                          \
+  };
 
-// The trainable parameters the q mod / k mod reads, a bit each (Enc::kQModParams / kKModParams,
-// emitted with every mod; an Enc without them, written by hand, may read any): the CUDA backward sums the
-// gradients of those in registers over rows (cuda/side_kernels.cuh, mod_backward_params_kernel).
-template <class Enc, class = void> struct QModParams {
-  static constexpr unsigned value = ~0u;
-};
-template <class Enc> struct QModParams<Enc, std::void_t<decltype(Enc::kQModParams)>> {
-  static constexpr unsigned value = Enc::kQModParams;
-};
-template <class Enc, class = void> struct KModParams {
-  static constexpr unsigned value = ~0u;
-};
-template <class Enc> struct KModParams<Enc, std::void_t<decltype(Enc::kKModParams)>> {
-  static constexpr unsigned value = Enc::kKModParams;
-};
+// The parameters the score mod reads (Enc::kScoreParams, emitted with every score mod).
+APE_ENC_PARAM_MASK(ScoreParams, kScoreParams)
+// The trainable parameters the q mod / k mod reads (Enc::kQModParams / kKModParams, emitted with
+// every mod of the CUDA functor): the CUDA backward sums the gradients of those in registers over
+// rows (cuda/side_kernels.cuh, mod_backward_params_kernel).
+APE_ENC_PARAM_MASK(QModParams, kQModParams)
+APE_ENC_PARAM_MASK(KModParams, kKModParams)
+#undef APE_ENC_PARAM_MASK
 
 // A bool member `Enc::kMember`, emitted only when true: Name<Enc>::value (false when absent).
 #define APE_ENC_FLAG(Name, kMember)                                                          \
