@@ -50,7 +50,12 @@ void TrainConfig::validate() const {
   require_in("grad_clip", grad_clip, 0.0, 1e6, /*open_low=*/true);
   require_in("--checkpoint-every", checkpoint_every, 0, 1000000000);
   require_in("--checkpoint-minutes", checkpoint_minutes, 0.0, 1e6);
-  if (divergence_factor != 0) require_in("--divergence-factor", divergence_factor, 1.0, 1e6, /*open_low=*/true);
+  if (divergence_factor != 0 && !(std::isfinite(divergence_factor) && divergence_factor > 1.0 && divergence_factor <= 1e6)) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "--divergence-factor must be 0 (never) or a number in (1, 1e+06]; got %.17g",
+                  divergence_factor);
+    throw std::invalid_argument(buf);
+  }
   require_in("--threads", threads, 0, kMaxThreads);
   require_in("--world-size", world_size, 1, 1 << 20);
 }

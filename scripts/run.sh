@@ -21,7 +21,8 @@ where="$build/run/results.csv"
 prev=
 for a in "${args[@]}"; do
   case $a in
-    --resume | --resume=*) chosen=1; out=(); where="results.csv beside the checkpoint" ;;  # its own folder
+    # its own folders: the ones the checkpoint recorded
+    --resume | --resume=*) chosen=1; out=(); cache=(); data=(); where="results.csv beside the checkpoint" ;;
     -e | -e* | --encoding | --encoding=* | --spec | --spec=* | --list | -h | --help) chosen=1 ;;
     # The caller's folders replace these defaults.
     --out) out=() ;;

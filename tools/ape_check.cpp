@@ -106,6 +106,8 @@ std::vector<ape::CheckShape> parse_shapes(const std::string &text) {
     out.push_back(s);
   }
   if (out.empty()) throw std::runtime_error("--shapes: no shape given");
+  // (getline drops a trailing empty item, which a leading or middle one above is refused as)
+  if (text.back() == ',') throw std::runtime_error("--shapes: an empty item at its end");
   return out;
 }
 
@@ -184,7 +186,7 @@ static int tool_main(int argc, char **argv) {
                  "The largest fp32 reference error taken as the yardstick (beyond it single precision has\n"
                  "lost the quantity, and the row says so), in (0, 1]")
       ->capture_default_str();
-  app.add_option("--apec", apec, "The compiler (default: the apec next to ape-check, or $APE_APEC)")
+  app.add_option("--apec", apec, "The compiler (default: $APE_APEC, else the apec next to ape-check)")
       ->capture_default_str();
   app.add_option("--layers", opt.num_layers,
                  "An attention transition: the depth of the model whose every layer is checked, in [1, 256]")

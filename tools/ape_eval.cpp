@@ -70,7 +70,8 @@ static int tool_main(int argc, char **argv) {
   app.add_option("--csv", csv,
                  "Also write the results as CSV (encoding,train_len,eval_len,multiple,loss,ppl,tokens,note,segment_losses);\n"
                  "an existing file of that form keeps its rows of the encodings this run does not evaluate, as\n"
-                 "ape-train's results.csv does (another form is kept beside it as NAME.unmerged.csv)");
+                 "ape-train's results.csv does (another form is kept beside it as NAME.unmerged.csv); its folder is\n"
+                 "created if missing");
   app.add_option("--encoding", encoding,
                  "Evaluate with the kernel NAME instead of the one each checkpoint was trained with (e.g. a\n"
                  "rope checkpoint with rope_yarn); the trainable parameters must match in name and shape, fixed\n"

@@ -154,6 +154,7 @@ static int tool_main(int argc, char **argv) {
     so.seed = static_cast<uint64_t>(seed);
     ape::require_in("--score-tokens", score_tokens, 0, int64_t(1) << 24);
     ape::require_in("--chunk", chunk, 1, int64_t(1) << 20);
+    so.validate(INT64_MAX);  // before the checkpoint is read (--top-k against its vocabulary later)
     if (score_file.empty() && prompt_file.empty() && po->count() == 0)
       throw std::invalid_argument("give a --prompt, a --prompt-file or --score FILE");
     const std::vector<std::pair<std::string, double>> sets = ape::parse_assignments(set_args);

@@ -497,7 +497,7 @@ static int tool_main(int argc, char **argv) {
                                    "Processes training together, in [1, 2^20]; each takes --batch windows a step")
                         ->group(dist_group);
   auto *local_opt = app.add_option("--local-rank", dist_flags.local_rank,
-                                   "Rank on this machine (prepares the data first when 0; the GPU index for nccl)")
+                                   "Rank on this machine, in [0, 2^20] (prepares the data first when 0; the GPU index for nccl)")
                         ->group(dist_group);
   auto *addr_opt = app.add_option("--master-addr", dist_flags.master_addr,
                                   "Host of rank 0, where the rendezvous store listens")

@@ -256,13 +256,17 @@ int main(int argc, char **argv) {
       wanted.push_back(&e);
       usesCudaVariants |= (e.flags & ape::kEmitUsesCudaVariants) != 0;
     }
+  // The lists are checked whatever is emitted (a bad value was accepted without a word where no
+  // CUDA emitter ran), and said to do nothing where none does.
+  FailureOr<SmallVector<ape::CudaVariant>> checkedVariants = cudaVariants();
+  if (failed(checkedVariants))
+    return 1;
   SmallVector<ape::CudaVariant> variants;
-  if (usesCudaVariants) {
-    FailureOr<SmallVector<ape::CudaVariant>> v = cudaVariants();
-    if (failed(v))
-      return 1;
-    variants = std::move(*v);
-  }
+  if (usesCudaVariants)
+    variants = std::move(*checkedVariants);
+  else if (cudaDTypes.getNumOccurrences() || cudaHeadDims.getNumOccurrences())
+    llvm::errs() << "apec: warning: --cuda-dtypes and --cuda-head-dims do nothing without --emit="
+                 << "cuda, cuda-package or torch-library\n";
 
   DialectRegistry registry;
   ape::registerSpecDialects(registry);

@@ -561,7 +561,7 @@ TEST(Options, EveryBadValueNamesItsOptionAndRange) {
       {[](auto &c) { c.threads = -3; }, "--threads must be a whole number in [0, 1024]; got -3"},
       {[](auto &c) { c.checkpoint_every = -1; }, "--checkpoint-every must be a whole number"},
       {[](auto &c) { c.checkpoint_minutes = -1; }, "--checkpoint-minutes must be a number in [0, 1e+06]"},
-      {[](auto &c) { c.divergence_factor = 0.5; }, "--divergence-factor must be a number in (1, 1e+06]; got 0.5"},
+      {[](auto &c) { c.divergence_factor = 0.5; }, "--divergence-factor must be 0 (never) or a number in (1, 1e+06]; got 0.5"},
       {[](auto &c) { c.steps = 0; }, "give a budget"},
   };
   for (const auto &[edit, want] : train_cases) {
