@@ -1,6 +1,8 @@
 //===- SpecDriver.cpp - read, check and lower a spec ----------------------===//
 #include "tools/SpecDriver.h"
 
+#include <algorithm>
+
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 
@@ -89,7 +91,8 @@ LogicalResult mlir::ape::checkNesting(const llvm::SourceMgr &sourceMgr, MLIRCont
 /// corrupted the heap (apec and ape-opt aborted in malloc). A name never defined is left to MLIR
 /// (it has nothing to point into). Strings and comments are skipped; a definition is a block
 /// argument `%x : type` inside `^bb(...)`, or a result `%x =`, `%x : 2 =`, `%a, %b =`.
-LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
+LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr, MLIRContext *context,
+                                                llvm::StringRef splitMarker) {
   const llvm::MemoryBuffer *buffer = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID());
   llvm::StringRef text = buffer->getBuffer();
   const size_t n = text.size();
@@ -98,6 +101,16 @@ LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr
     while (k < n && (text[k] == ' ' || text[k] == '\t' || text[k] == '\n' || text[k] == '\r'))
       ++k;
     return k;
+  };
+  // With a split marker (ape-opt -split-input-file) every chunk is a file of its own: a name
+  // another chunk defines neither excuses nor makes a forward reference. The chunks' first bytes,
+  // where MLIR splits (on the marker's text, wherever it stands).
+  std::vector<size_t> chunkStarts{0};
+  if (!splitMarker.empty())
+    for (size_t at = text.find(splitMarker); at != llvm::StringRef::npos; at = text.find(splitMarker, at + 1))
+      chunkStarts.push_back(at + splitMarker.size());
+  auto chunkOf = [&](const char *p) {
+    return std::upper_bound(chunkStarts.begin(), chunkStarts.end(), size_t(p - text.data())) - chunkStarts.begin();
   };
   struct Name {
     llvm::StringRef name;
@@ -156,16 +169,20 @@ LogicalResult mlir::ape::checkForwardReferences(const llvm::SourceMgr &sourceMgr
     names.push_back({name, def});
     i = e - 1;
   }
-  llvm::StringSet<> later;  // the names defined from here on
+  llvm::StringSet<> later;  // the names the chunk defines from here on
   std::vector<bool> forward(names.size(), false);
   for (size_t x = names.size(); x-- > 0;) {
+    if (x + 1 < names.size() && chunkOf(names[x].name.data()) != chunkOf(names[x + 1].name.data()))
+      later.clear();
     if (names[x].def)
       later.insert(names[x].name);
     else
       forward[x] = later.contains(names[x].name);
   }
-  llvm::StringSet<> defined;
+  llvm::StringSet<> defined;  // the names the chunk defined above
   for (size_t x = 0; x < names.size(); ++x) {
+    if (x > 0 && chunkOf(names[x].name.data()) != chunkOf(names[x - 1].name.data()))
+      defined.clear();
     if (names[x].def) {
       defined.insert(names[x].name);
     } else if (forward[x] && !defined.contains(names[x].name)) {

@@ -41,7 +41,9 @@ mlir::LogicalResult checkNesting(const llvm::SourceMgr &sourceMgr, mlir::MLIRCon
 
 /// Reports the first use of a value name that the main buffer has not defined above it (a spec
 /// never needs one; MLIR 19's parser corrupted the heap on one into a region that then failed).
-mlir::LogicalResult checkForwardReferences(const llvm::SourceMgr &sourceMgr, mlir::MLIRContext *context);
+/// A non-empty `splitMarker` (ape-opt -split-input-file) checks each chunk between markers alone.
+mlir::LogicalResult checkForwardReferences(const llvm::SourceMgr &sourceMgr, mlir::MLIRContext *context,
+                                           llvm::StringRef splitMarker = {});
 
 /// `file` without a UTF-8 byte-order mark at its start (editors on Windows write one; MLIR's
 /// lexer does not skip it), columns then counted as an editor shows them. Any other file as is.

@@ -4,7 +4,8 @@
 // tool lit tests drive (`ape-opt --ape-expand file.mlir`). The input first
 // passes apec's checks of the text (tools/SpecDriver.h): UTF-8 (a byte-order
 // mark dropped), nesting (MLIR's recursive parser would overflow its stack on
-// a file nested thousands of levels deep) and forward references.
+// a file nested thousands of levels deep) and forward references (within each
+// chunk under -split-input-file, as MLIR then parses them).
 //
 //===----------------------------------------------------------------------===//
 #include "dialect/ApeDialect.h"
@@ -73,7 +74,7 @@ int main(int argc, char **argv) {
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context);
     if ((!bytecode && mlir::failed(mlir::ape::checkUtf8(sourceMgr, &context))) ||
         mlir::failed(mlir::ape::checkNesting(sourceMgr, &context)) ||
-        mlir::failed(mlir::ape::checkForwardReferences(sourceMgr, &context)))
+        mlir::failed(mlir::ape::checkForwardReferences(sourceMgr, &context, config.inputSplitMarker())))
       return 1;
   }
   std::unique_ptr<llvm::ToolOutputFile> out = mlir::openOutputFile(output, &error);
