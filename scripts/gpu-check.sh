@@ -2,7 +2,8 @@
 # One command that checks everything GPU on a lent GPU machine (docs/cuda.md, "Checking on a GPU").
 #
 #   scripts/gpu-check.sh prepare [DIR]      here (MLIR, apec): writes DIR (default build/gpu-check),
-#                                           one self-contained folder of at most 64 MiB
+#                                           one self-contained folder of at most 64 MiB; an earlier
+#                                           prepared DIR is replaced, any other non-empty DIR refused
 #   scripts/gpu-check.sh run [DIR] [--logs LOGDIR] [--full-bench] [--stages a,b,...]
 #                            [--bench-configs BxHxTxD,...] [--bench-encodings a,b,...] [--time-limit S]
 #                                           there (CUDA, CMake, its own PyTorch, no MLIR, no network):
@@ -74,10 +75,11 @@
 # Exit status: 0 when every stage that ran passed. CI runs `prepare` (so it cannot rot).
 set -uo pipefail
 
-usage() { sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 mode=${1:-}
 [ -n "$mode" ] || usage
 shift
+case $mode in -h | --help | help) usage 0 ;; esac
 
 # Encodings of the GPU suite's every dtype and head dim (the emulated suite's full set: a plain
 # score, row/column, relative-row and distance biases); the others at bf16, head dims 64 and 128
@@ -94,6 +96,17 @@ prepare() {
   local root dir apec
   root=$(cd "$(dirname "$0")/.." && pwd)
   dir=${1:-$root/build/gpu-check}
+  case $dir in
+    -h | --help) usage 0 ;;
+    -*) echo "[gpu-check] prepare takes a folder, not '$dir'" >&2; exit 2 ;;
+  esac
+  # DIR is emptied first: only a folder this command wrote (its .gpu-check-prepare mark, left
+  # by a run that stopped half way too) or an empty one, never a tree that happens to be named
+  # (`prepare build`, `prepare .`).
+  if [ -e "$dir" ] && { [ ! -d "$dir" ] || { [ ! -f "$dir/.gpu-check-prepare" ] && [ ! -f "$dir/PREPARED" ] && [ -n "$(ls -A "$dir")" ]; }; }; then
+    echo "[gpu-check] $dir exists and is not a folder that gpu-check.sh prepare wrote: not replacing it" >&2
+    exit 2
+  fi
   apec=${APE_APEC:-$root/build/tools/apec}
   if [ ! -x "$apec" ]; then
     echo "[gpu-check] building apec" >&2
@@ -101,6 +114,7 @@ prepare() {
   fi
   rm -rf "$dir"
   mkdir -p "$dir"
+  : >"$dir/.gpu-check-prepare"
   dir=$(cd "$dir" && pwd)
   local src=$dir/src
   echo "[gpu-check] preparing $dir" >&2
@@ -397,6 +411,8 @@ run() {
   local bench_configs="" bench_encodings=""
   while [ $# -gt 0 ]; do
     case $1 in
+      --logs | --bench-configs | --bench-encodings | --stages | --time-limit)
+        [ $# -ge 2 ] || { echo "[gpu-check] $1 takes a value" >&2; exit 2; } ;;&
       --logs) logs=$2; shift 2 ;;
       --full-bench) full_bench=1; shift ;;
       --bench-configs) bench_configs=$2; shift 2 ;;
@@ -405,12 +421,13 @@ run() {
       --time-limit)
         [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "[gpu-check] --time-limit takes whole seconds, got '${2:-}'" >&2; exit 2; }
         deadline=$(( $(date +%s) + $2 )); shift 2 ;;
-      -h|--help) usage ;;
+      -h|--help) usage 0 ;;
       -*) echo "[gpu-check] unknown option $1" >&2; exit 2 ;;
       *) dir=$1; shift ;;
     esac
   done
   local st
+  [ -n "${stages//,/}" ] || { echo "[gpu-check] --stages names no stage" >&2; exit 2; }
   for st in ${stages//,/ }; do  # a misspelt stage would run nothing and pass
     case $st in
       build | suite | sanitizer | python | bench | train | counters | study) ;;

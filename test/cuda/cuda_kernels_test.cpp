@@ -1638,17 +1638,20 @@ TEST(CudaLaunch, ModParamSumsMatchReferences) {
   for (const char *name : {"expe", "exqpe", "expe_rope_cable"}) {
     const CudaKernelEntry *e = find_cuda(name);
     if (!e) continue;
-    for (DType dt : {DType::BF16, DType::F32}) {
-      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, dt, 64);
+    for (auto [dt, D] : {std::pair{DType::BF16, 64}, {DType::F32, 64}, {DType::BF16, 32}, {DType::BF16, 128},
+                         {DType::F16, 128}}) {
+      // (the emulated build has D 64; a GPU build or APE_SIMT_FULL_ENCODINGS with expe the others:
+      // a thread's column and the blocks of a slice depend on D)
+      const ape::cuda::CudaVariant *var = ape::cuda::find_variant(*e, dt, D);
       if (!var) continue;
       for (auto [B, H, T] : {std::tuple<int64_t, int64_t, int64_t>{2, 3, 77}, {1, 2, 300}, {1, 1, 1},
                              {1, 1, 640}, {1, 1, 2100}}) {
-        if (T > 300 && (dt != DType::BF16 || std::string(name) != (T > 640 ? "expe" : name) ||
+        if (T > 300 && (dt != DType::BF16 || D != 64 || std::string(name) != (T > 640 ? "expe" : name) ||
                         std::string(name) == "expe_rope_cable"))
           continue;
-        SCOPED_TRACE(std::string(name) + " " + ape::cuda::dtype_name(dt) + " D=64 B=" + std::to_string(B) +
-                     " H=" + std::to_string(H) + " T=" + std::to_string(T));
-        const Problem p = make_problem(*e, B, H, T, 64, 911 * T + 7 * H + B);
+        SCOPED_TRACE(std::string(name) + " " + ape::cuda::dtype_name(dt) + " D=" + std::to_string(D) +
+                     " B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T));
+        const Problem p = make_problem(*e, B, H, T, D, 911 * T + 7 * H + B);
         // (the suite's other tests hold every variant's default, this kernel, to the references)
         if (T == 300) check_problem(name, *var, p);
         if (HasFatalFailure()) return;

@@ -12,7 +12,14 @@ rm -rf "$work"
 APE_APEC=$apec APE_TRAIN=$train APE_CACHE_DIR=$cache "$root/scripts/gpu-check.sh" prepare "$work/gpu-check" >"$work.prepare.log" 2>&1 ||
   { cat "$work.prepare.log"; exit 1; }
 dir=$work/gpu-check
-for f in PREPARED src/scripts/gpu-check.sh src/test/cuda/standalone/CMakeLists.txt \
+# prepare empties its folder first: a folder it did not write is refused and left as it was.
+mkdir -p "$work/mine" && echo kept >"$work/mine/notes.txt"
+if "$root/scripts/gpu-check.sh" prepare "$work/mine" >"$work.refuse.log" 2>&1; then
+  echo "FAIL: prepare replaced a folder it did not write"; exit 1
+fi
+grep -q "not a folder that gpu-check.sh prepare wrote" "$work.refuse.log" && [ -f "$work/mine/notes.txt" ] ||
+  { cat "$work.refuse.log"; echo "FAIL: the refusal did not say why, or the folder changed"; exit 1; }
+for f in PREPARED .gpu-check-prepare src/scripts/gpu-check.sh src/test/cuda/standalone/CMakeLists.txt \
          src/test/cuda/cuda_kernels_test.cpp src/bench/gpu_bench.py src/test/python/test_cuda.py \
          third_party/googletest/CMakeLists.txt third_party/json/nlohmann/json.hpp \
          generated/cpu/rope_cpu.cpp generated/cuda/rope_cuda_bf16_hd128.cu \
