@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 scripts/install-deps.sh
-scripts/build.sh apec ape-train ape-eval
+# (and the tools the README uses next: ape-generate, ape-check, ape-opt)
+scripts/build.sh apec ape-train ape-eval ape-generate ape-check ape-opt
 build=${APE_BUILD_DIR:-build}
 echo "[ape] specs compiled: $(ls "$build"/generated/*_cpu.cpp | xargs -n1 basename | sed 's/_cpu.cpp//' | tr '\n' ' ')"
 args=("$@")
