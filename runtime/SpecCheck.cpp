@@ -162,7 +162,7 @@ Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell 
     if (p.trainable) inputs.push_back(t), names.push_back("dparam:" + p.name);
   }
   c10::AutoGradMode grad_mode(true);
-  SpecReference::Result r = ref.attention(q, k, v, feats, prms, c.scale);
+  SpecReference::Result r = ref.attention(q, k, v, feats, prms, c.scale, c.site);
   Outputs out;
   // Each trainable param's sensitivity to the rounding of Delta_i = dO_i . o_i, which the kernels
   // compute otherwise than sum_j P_ij dP_ij and which reaches the param's gradient as
@@ -378,7 +378,7 @@ Outputs decode_reference(const SpecReference &ref, const Manifest &man, const Ce
     p.dout = c.dout.narrow(2, 0, L);
     for (auto &f : p.features) f = f.narrow(2, 0, L);
     p.forward_only = true;
-    if (L0 > 0) p.site = {};
+    if (L0 > 0) p.site = {0, 0, p.site.round_qk_bf16};  // (a transition transforms the prompt only)
     const Outputs r = run_reference(ref, man, p, dtype);
     o.narrow(2, L0, n).copy_(r.at("o").narrow(2, L0, n));
     lse.narrow(2, L0, n).copy_(r.at("lse").narrow(2, L0, n));
@@ -468,6 +468,16 @@ CheckRow fp32_row(const std::string &q, const std::string &prec, const std::stri
     row.note = buf;
   }
   return row;
+}
+
+// A bf16 row: within max(floor, bf16_factor x yardstick), the yardstick y the reference's own
+// change when its q' and k' are rounded to bf16 as the kernels' tensor cores read them (a q or k
+// mod that amplifies its input amplifies that rounding, in the kernel and in y alike: ExPE-like
+// terms, a mod scaling q 40-fold). A NaN yardstick leaves the floor.
+CheckRow bf16_row(const std::string &q, const std::string &prec, const std::string &cell,
+                  const Error &e, const Error &y, double floor, const CheckOptions &opt) {
+  const double yard = std::isfinite(y.rel) ? y.rel : 0.0;
+  return {q, prec, cell, e.max_abs, e.rel, yard, std::max(floor, opt.bf16_factor * yard)};
 }
 
 // fp64 central differences of L = sum(o . dO) through the kernel's forward against its backward,
@@ -575,6 +585,12 @@ void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell
   const std::vector<int64_t> steps = decode_steps(c.shape.T);
   const Outputs r64 = decode_reference(ref, man, c, steps, at::kDouble);
   const Outputs r32 = bf16 ? Outputs{} : decode_reference(ref, man, c, steps, at::kFloat);
+  Outputs y64;  // bf16: the yardstick, q' and k' rounded as the kernels read them
+  if (bf16) {
+    Cell rounded = c;
+    rounded.site.round_qk_bf16 = true;
+    y64 = decode_reference(ref, man, rounded, steps, at::kDouble);
+  }
   // The split path (FlashDecoding) exists for 16-bit inputs only (the flash forward): bf16 also
   // runs with the keys split in up to 3, rows decode-split:o and decode-split:lse.
   for (const int splits : bf16 ? std::vector<int>{0, 3} : std::vector<int>{0}) {
@@ -596,7 +612,7 @@ void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell
     for (const char *name : {"o", "lse"}) {
       const std::string q = kind + name;
       const Error e = compare(got.at(name), r64.at(name));
-      CheckRow row = bf16 ? CheckRow{q, prec, c.label(), e.max_abs, e.rel, -1, opt.bf16_tol}
+      CheckRow row = bf16 ? bf16_row(q, prec, c.label(), e, compare(y64.at(name), r64.at(name)), opt.bf16_tol, opt)
                           : fp32_row(q, prec, c.label(), e, compare(r32.at(name), r64.at(name)), opt.fp32_floor, opt);
       row.note = row.note.empty() ? schedule : schedule + "; " + row.note;
       table.add(row);
@@ -777,6 +793,12 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
       const std::string prec = "cuda-" + dtype;
       const Outputs r64 = run_reference(ref, man, c, at::kDouble);
       const Outputs r32 = bf16 ? Outputs{} : run_reference(ref, man, c, at::kFloat);
+      Outputs y64;  // bf16: the yardstick, q' and k' rounded as the kernels read them
+      if (bf16) {
+        Cell rounded = c;
+        rounded.site.round_qk_bf16 = true;
+        y64 = run_reference(ref, man, rounded, at::kDouble);
+      }
       Outputs got;
       try {
         opt.use_kernels(dtype);
@@ -797,10 +819,10 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         const CheckShape &s = c.shape;
         if (bf16) {  // (its floor measured on the emulated kernels at D 64: not scaled by D)
           const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
-          const double tol = q.rfind("dparam:", 0) == 0
-                                 ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
-                                 : opt.bf16_tol;
-          table.add({q, prec, c.label(), e.max_abs, e.rel, -1, tol});
+          const double floor = q.rfind("dparam:", 0) == 0
+                                   ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
+                                   : opt.bf16_tol;
+          table.add(bf16_row(q, prec, c.label(), e, compare(y64.at(q), r64.at(q)), floor, opt));
           continue;
         }
         const Error y = compare(r32.at(q), r64.at(q));

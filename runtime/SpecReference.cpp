@@ -557,8 +557,12 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     }
 
     // q', k' and the relative rows.
-    const Tensor q = apply_mods(doc.at("q_mods"), q_in.to(env.dtype), env);
-    const Tensor k = apply_mods(doc.at("k_mods"), k_in.to(env.dtype), env);
+    Tensor q = apply_mods(doc.at("q_mods"), q_in.to(env.dtype), env);
+    Tensor k = apply_mods(doc.at("k_mods"), k_in.to(env.dtype), env);
+    if (site.round_qk_bf16) {  // (straight through: x + (round(x) - x), the difference constant)
+      auto round = [](const Tensor &x) { return x + (x.detach().to(at::kBFloat16).to(x.scalar_type()) - x.detach()); };
+      q = round(q), k = round(k);
+    }
     const Tensor v = v_in.to(env.dtype);
     for (const json &r : doc.at("rel_rows")) {
       const std::string side = r.at("side");

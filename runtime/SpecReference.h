@@ -39,6 +39,9 @@ struct SpecReferenceData;  // the parsed JSON
 // 0-based, of `num_layers`; num_layers = 0 transforms nothing, as in the kernels).
 struct ReferenceSite {
   int64_t layer = 0, num_layers = 0;
+  // q' and k' rounded to bf16 after the mods, as the 16-bit kernels' tensor cores read them
+  // (gradients pass through unchanged): ape-check's bf16 yardstick (SpecCheck.h).
+  bool round_qk_bf16 = false;
 };
 
 class SpecReference {

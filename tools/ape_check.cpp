@@ -203,10 +203,15 @@ static int tool_main(int argc, char **argv) {
                "memory, race and barrier checks on): apec --emit=cuda and the C++ compiler build them now\n"
                "(cached), at the grid's head dims among 32, 64 and 128 (with --kernel NAME: the build's\n"
                "emulated kernels of NAME, the variants it has); rows cuda-f32 (the fp32 tolerance) and\n"
-               "cuda-bf16 (--bf16-tol on the normalised error, the reference fed the bf16-rounded q, k, v\n"
-               "and dO), the CUDA decode steps' too (decode:o, decode:lse). An inference-only spec is\n"
-               "refused.");
+               "cuda-bf16 (--bf16-tol on the normalised error, or --bf16-factor x the reference's own change\n"
+               "when its q' and k' are rounded to bf16 as the kernels read them; the reference fed the\n"
+               "bf16-rounded q, k, v and dO), the CUDA decode steps' too (decode:o, decode:lse). An\n"
+               "inference-only spec is refused.");
   app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: tolerance of the bf16 kernels' normalised error, in (0, 1]")
+      ->capture_default_str();
+  app.add_option("--bf16-factor", opt.bf16_factor,
+                 "--cuda: a bf16 row's tolerance is at least this times its yardstick (the reference's change\n"
+                 "when q' and k' are rounded to bf16 after the mods), in [1, 1e6]")
       ->capture_default_str();
   app.add_option("--bf16-param-floor", opt.bf16_param_floor,
                  "--cuda: the least bf16 tolerance of a param gradient, per sqrt of the query-key pairs it\n"
@@ -226,6 +231,7 @@ static int tool_main(int argc, char **argv) {
     ape::require_in("--fp32-yardstick-max", opt.fp32_yardstick_max, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-tol", opt.bf16_tol, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-param-floor", opt.bf16_param_floor, 0.0, 1.0, /*open_low=*/true);
+    ape::require_in("--bf16-factor", opt.bf16_factor, 1.0, 1e6);
     opt.seed = static_cast<uint64_t>(seed);
     opt.decode = !no_decode;
     if (!shapes.empty()) opt.grid = parse_shapes(shapes);

@@ -196,6 +196,15 @@ add_test(NAME ape_check.cuda_linear_mod_runs
              --shapes 2x3x70x32,1x5x33x64)
 set_tests_properties(ape_check.cuda_linear_mod_runs PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# A q mod that amplifies q 40-fold: the bf16 rows' tolerance follows the yardstick (the reference
+# with q' and k' rounded to bf16 as the kernels read them), where the fixed 3e-2 failed a correct
+# kernel (o 4.0e-2 off at this shape).
+add_test(NAME ape_check.cuda_amplifying_q_mod
+  COMMAND ${_expect} 0 "^o +cuda-bf16 .* pass$" "^dk +cuda-bf16 .* pass$" "^decode:o +cuda-bf16 .* pass$"
+          "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/amplifying_q_mod.mlir --cuda --shapes 1x2x64x32)
+set_tests_properties(ape_check.cuda_amplifying_q_mod PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A spec under a built-in encoding's name (ALiBi with steeper slopes, @alibi): its own compiled
 # kernels are checked, CPU and emulated CUDA, not the build's alibi (ape-check exports its
 # symbols; the libraries bind to their own code: SpecLibrary.cpp, kSelfBound).
