@@ -4,6 +4,7 @@
 #include "runtime/SimtAttention.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -255,6 +256,17 @@ void use_simt_kernels(const std::string &dtype) {
 }
 
 void use_cpu_kernels() { set_attention_impl(nullptr); }
+
+void pose_simt_device(int sm, int multiprocessors) {
+  if (sm == 0) {
+    const char *env = std::getenv("APE_SIMT_ARCH");
+    sm = env && *env ? std::atoi(env) : 80;
+  }
+  if (sm != 80 && sm != 86 && sm != 89 && sm != 90)
+    throw std::invalid_argument("the emulator poses as sm_80, 86, 89 or 90, not sm_" + std::to_string(sm));
+  simt::set_arch(sm);
+  simt::set_sm_count(multiprocessors);
+}
 
 std::vector<std::pair<std::string, int64_t>> simt_variants(const std::string &name) {
   size_t n = 0;

@@ -27,6 +27,13 @@ void use_simt_kernels(const std::string &dtype);
 // Back to the CPU kernels.
 void use_cpu_kernels();
 
+// The device the emulator poses as for the calls that follow: its architecture (80, 86, 89 or 90:
+// the launch picks each architecture's kernels, e.g. sm_90's Hopper forward and wgmma backward)
+// and multiprocessors (0: the architecture's, 108 or 132; fewer make a persistent grid's blocks
+// claim several tiles). sm 0: the pose the process began with (APE_SIMT_ARCH, else 80). Throws
+// std::invalid_argument for another architecture.
+void pose_simt_device(int sm, int multiprocessors = 0);
+
 // Tokens through the emulated CUDA decode steps of `entry`'s kernels in `dtype` (cuda/decode.h, what
 // ape-generate --device cuda runs): q, k, v (B, H, T, D) and features (B, H, T) on the CPU, any
 // floating dtype, `steps` tokens at a time into one cache (num_splits as CudaDecodeArgs: 0, the

@@ -579,9 +579,8 @@ void check_decode(const KernelEntry &entry, const SpecReference &ref, const Mani
 // cell's q, k, v rounded to bf16 already for "bf16"), against the reference over the tokens so
 // far: rows decode:o and decode:lse of precision cuda-DTYPE with the CUDA rows' tolerances.
 void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell &c,
-                       const std::string &dtype, const CheckOptions &opt, Table &table) {
+                       const std::string &dtype, const std::string &prec, const CheckOptions &opt, Table &table) {
   const bool bf16 = dtype == "bf16";
-  const std::string prec = "cuda-" + dtype;
   const std::vector<int64_t> steps = decode_steps(c.shape.T);
   const Outputs r64 = decode_reference(ref, man, c, steps, at::kDouble);
   const Outputs r32 = bf16 ? Outputs{} : decode_reference(ref, man, c, steps, at::kFloat);
@@ -783,14 +782,18 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
     const Cell base = make_cell(man, grid[cell], opt.seed * 1000003u + cell);  // the CPU rows' inputs
     if (std::find(opt.cuda_head_dims.begin(), opt.cuda_head_dims.end(), base.shape.D) == opt.cuda_head_dims.end())
       continue;
+    for (const int sm : opt.cuda_archs.empty() ? std::vector<int>{80} : opt.cuda_archs)
     for (const std::string &dtype : opt.cuda_dtypes) {
+      // (f32 runs the general path, every architecture's; sm_80's rows are cuda-*, the others smNN-*)
+      if (sm != 80 && dtype == "f32") continue;
+      if (opt.pose_cuda) opt.pose_cuda(sm);
       const bool bf16 = dtype == "bf16";
       Cell c = base;
       if (bf16) {  // the kernel's inputs as it reads them, for the reference too
         auto round = [](const Tensor &t) { return t.to(at::kBFloat16).to(at::kDouble); };
         c.q = round(c.q), c.k = round(c.k), c.v = round(c.v), c.dout = round(c.dout);
       }
-      const std::string prec = "cuda-" + dtype;
+      const std::string prec = (sm == 80 ? std::string("cuda") : "sm" + std::to_string(sm)) + "-" + dtype;
       const Outputs r64 = run_reference(ref, man, c, at::kDouble);
       const Outputs r32 = bf16 ? Outputs{} : run_reference(ref, man, c, at::kFloat);
       Outputs y64;  // bf16: the yardstick, q' and k' rounded as the kernels read them
@@ -830,9 +833,10 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
                                                         : opt.fp32_floor;
         table.add(fp32_row(q, prec, c.label(), e, y, floor, opt));
       }
-      if (opt.decode && opt.cuda_decode) check_cuda_decode(ref, man, c, dtype, opt, table);
+      if (opt.decode && opt.cuda_decode) check_cuda_decode(ref, man, c, dtype, prec, opt, table);
     }
   }
+  if (opt.pose_cuda) opt.pose_cuda(0);  // (the pose from before)
 
   // Central differences at the partial-tile cell (or the first one).
   CheckShape fd_shape = grid.front();

@@ -73,6 +73,12 @@ struct CheckOptions {
   std::vector<std::string> cuda_dtypes;
   std::vector<int64_t> cuda_head_dims;
   std::function<void(const std::string &)> use_kernels;
+  // The architectures whose kernels the CUDA rows check, the emulator posing as each (pose_cuda(sm)
+  // before its rows, pose_cuda(0) after all: the pose from before): sm_80's rows are cuda-f32 and
+  // cuda-bf16; another's smNN-bf16 only (its 16-bit paths: sm_90's Hopper forward and wgmma
+  // backward; f32 runs the general path on every architecture). Empty: sm_80 alone.
+  std::vector<int> cuda_archs = {80, 90};
+  std::function<void(int)> pose_cuda;
   // The emulated CUDA decode steps (runtime/SimtAttention.h's simt_decode) for the rows decode:o
   // and decode:lse of cuda-f32 and cuda-bf16 (with `decode`): (dtype, q, k, v, features, params,
   // scale, steps, num_splits) -> (o, lse) of every step's rows; unset: no CUDA decode rows. The

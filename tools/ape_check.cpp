@@ -209,6 +209,12 @@ static int tool_main(int argc, char **argv) {
                "inference-only spec is refused.");
   app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: tolerance of the bf16 kernels' normalised error, in (0, 1]")
       ->capture_default_str();
+  app.add_option("--cuda-archs", opt.cuda_archs,
+                 "--cuda: the architectures whose kernels are checked, the emulator posing as each (80, 86, 89,\n"
+                 "90): sm_80's rows cuda-f32 and cuda-bf16, another's smNN-bf16 (sm_90: the Hopper forward and\n"
+                 "the wgmma backward that H100 and H200 run, on a device of 2 multiprocessors)")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--bf16-factor", opt.bf16_factor,
                  "--cuda: a bf16 row's tolerance is at least this times its yardstick (the reference's change\n"
                  "when q' and k' are rounded to bf16 after the mods), in [1, 1e6]")
@@ -232,6 +238,14 @@ static int tool_main(int argc, char **argv) {
     ape::require_in("--bf16-tol", opt.bf16_tol, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-param-floor", opt.bf16_param_floor, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-factor", opt.bf16_factor, 1.0, 1e6);
+    for (size_t n = 0; n < opt.cuda_archs.size(); ++n) {
+      const int sm = opt.cuda_archs[n];
+      if (sm != 80 && sm != 86 && sm != 89 && sm != 90)
+        throw std::invalid_argument("--cuda-archs: " + std::to_string(sm) + " is not 80, 86, 89 or 90");
+      if (std::find(opt.cuda_archs.begin(), opt.cuda_archs.begin() + n, sm) != opt.cuda_archs.begin() + n)
+        throw std::invalid_argument("--cuda-archs names " + std::to_string(sm) + " twice");
+    }
+    if (opt.cuda_archs.empty()) throw std::invalid_argument("--cuda-archs names no architecture");
     opt.seed = static_cast<uint64_t>(seed);
     opt.decode = !no_decode;
     if (!shapes.empty()) opt.grid = parse_shapes(shapes);
@@ -342,6 +356,8 @@ static int tool_main(int argc, char **argv) {
         if (dtype == "cpu") ape::use_cpu_kernels();
         else ape::use_simt_kernels(dtype);
       };
+      // (sm_90 with 2 multiprocessors: the persistent Hopper forward's blocks claim tiles)
+      opt.pose_cuda = [](int sm) { ape::pose_simt_device(sm, sm == 90 ? 2 : 0); };
       opt.cuda_decode = [entry](const std::string &dtype, const at::Tensor &q, const at::Tensor &k,
                                 const at::Tensor &v, const std::vector<at::Tensor> &features,
                                 const std::vector<at::Tensor> &params, double scale,
@@ -351,7 +367,9 @@ static int tool_main(int argc, char **argv) {
       for (size_t n = 0; n < opt.cuda_dtypes.size(); ++n) cuda_origin += (n ? ", " : "") + opt.cuda_dtypes[n];
       cuda_origin += " at head dim";
       for (int64_t D : opt.cuda_head_dims) cuda_origin += " " + std::to_string(D);
-      cuda_origin += ")";
+      cuda_origin += "), posing as sm";
+      for (size_t n = 0; n < opt.cuda_archs.size(); ++n)
+        cuda_origin += (n ? ", " : "_") + std::to_string(opt.cuda_archs[n]) + (opt.cuda_archs[n] == 90 ? " (2 SMs)" : "");
     }
     std::cout << "ape-check: " << spec << " (@" << name << ")\n"
               << "  kernel:    " << origin << ", CPU level " << (entry->cpu_level ? entry->cpu_level : "?")
