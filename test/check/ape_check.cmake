@@ -191,7 +191,8 @@ set_tests_properties(ape_check.cuda_spec_file PROPERTIES
 # The linear mod kernels' run shapes (side_kernels.cuh, RunShape): partners one by one (bf16 at
 # head dim 32), paired runs (f32; head dim 64) and unrotated runs, against the reference.
 add_test(NAME ape_check.cuda_linear_mod_runs
-  COMMAND ${_expect} 0 "^dq +cuda-bf16 .* pass$" "^dk +cuda-f32 .* pass$" "^ape-check: PASS"
+  COMMAND ${_expect} 0 "^dq +cuda-bf16 .* pass$" "^dk +cuda-f32 .* pass$" "^dq +sm90-bf16 .* pass$"
+          "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/rope_three_quarters.mlir --cuda
              --shapes 2x3x70x32,1x5x33x64)
 set_tests_properties(ape_check.cuda_linear_mod_runs PROPERTIES
@@ -218,6 +219,7 @@ set_tests_properties(ape_check.cuda_spec_named_like_a_builtin PROPERTIES
 add_test(NAME ape_check.cuda_mutant_t5
   COMMAND ${_expect} 1 "CUDA: +the emulated kernels of t5 compiled into this build"
           "^o +cuda-bf16 .* FAIL$" "^dparam:t5_table +cuda-f32 .* FAIL$" "^decode:o +cuda-f32 .* FAIL"
+          "^o +sm90-bf16 .* FAIL$"
           "^decode-split:o +cuda-bf16 .* FAIL"
           "^ape-check: FAIL"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/t5_mutant.mlir --kernel t5 --cuda --shapes 2x3x70x64)
@@ -237,7 +239,7 @@ add_test(NAME ape_check.error_shape_against_rotation
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope_partial.mlir --shapes 1x2x5x6)
 set_tests_properties(ape_check.error_shape_against_hint ape_check.error_shape_against_rotation
                      PROPERTIES LABELS check TIMEOUT 60)
-foreach(t cuda_spec_file cuda_linear_mod_runs cuda_spec_named_like_a_builtin cuda_mutant_t5 error_cuda_inference_only error_cuda_head_dim)
+foreach(t cuda_spec_file cuda_linear_mod_runs cuda_amplifying_q_mod cuda_spec_named_like_a_builtin cuda_mutant_t5 error_cuda_inference_only error_cuda_head_dim)
   set_tests_properties(ape_check.${t} PROPERTIES LABELS check TIMEOUT 300)
 endforeach()
 unset(_check)
