@@ -24,7 +24,8 @@ and every trainable param; the encodings of examples/encodings/ENC.mlir):
               APE_CUDA_PINGPONG, APE_CUDA_PERSISTENT, APE_CUDA_KV_SPLIT, APE_CUDA_HOPPER_FORWARD,
               APE_CUDA_HOPPER_CONSUMERS, APE_CUDA_TILE_GROUP,
               APE_CUDA_WGMMA_BACKWARD, APE_CUDA_BWD_SUBTILES, APE_CUDA_DQ_TMA, APE_CUDA_BWD_SQUARE,
-              APE_CUDA_DQ_DIRECT and APE_CUDA_DETERMINISTIC at every
+              APE_CUDA_DQ_DIRECT, APE_CUDA_FEATURE_STEPS, APE_CUDA_MOD_PARAM_SUMS and
+              APE_CUDA_DETERMINISTIC at every
               call), after `ape`; its
               spot check is against `ape`, and the report adds a table of each setting's speed-up
               over the default. APE_BENCH_GRAPH=1 (the bench's own variable) times each phase as
