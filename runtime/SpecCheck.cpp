@@ -782,7 +782,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
     const Cell base = make_cell(man, grid[cell], opt.seed * 1000003u + cell);  // the CPU rows' inputs
     if (std::find(opt.cuda_head_dims.begin(), opt.cuda_head_dims.end(), base.shape.D) == opt.cuda_head_dims.end())
       continue;
-    for (const int sm : opt.cuda_archs.empty() ? std::vector<int>{80} : opt.cuda_archs)
+    for (const int sm : opt.pose_cuda && !opt.cuda_archs.empty() ? opt.cuda_archs : std::vector<int>{80})
     for (const std::string &dtype : opt.cuda_dtypes) {
       // (f32 runs the general path, every architecture's; sm_80's rows are cuda-*, the others smNN-*)
       if (sm != 80 && dtype == "f32") continue;

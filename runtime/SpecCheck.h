@@ -76,7 +76,7 @@ struct CheckOptions {
   // The architectures whose kernels the CUDA rows check, the emulator posing as each (pose_cuda(sm)
   // before its rows, pose_cuda(0) after all: the pose from before): sm_80's rows are cuda-f32 and
   // cuda-bf16; another's smNN-bf16 only (its 16-bit paths: sm_90's Hopper forward and wgmma
-  // backward; f32 runs the general path on every architecture). Empty: sm_80 alone.
+  // backward; f32 runs the general path on every architecture). Empty, or no pose_cuda: sm_80 alone.
   std::vector<int> cuda_archs = {80, 90};
   std::function<void(int)> pose_cuda;
   // The emulated CUDA decode steps (runtime/SimtAttention.h's simt_decode) for the rows decode:o
