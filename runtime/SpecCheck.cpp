@@ -69,6 +69,17 @@ std::vector<CheckShape> default_grid() {
   return {{1, 1, 1, 16}, {2, 3, 37, 16}, {1, 2, 64, 32}, {2, 2, 150, 64}};
 }
 
+std::vector<CheckShape> default_cuda_cells(const Manifest &man) {
+  CheckShape s{1, 2, 150, 128};
+  if (man.head_dim_hint && *man.head_dim_hint != s.D) return {};
+  if (man.model_dim_hint) {
+    if (*man.model_dim_hint % s.D != 0) return {};
+    s.H = *man.model_dim_hint / s.D;
+  }
+  if (man.rotation && !ape_rules::checkRotation(man.rotation->fraction, s.D).empty()) return {};
+  return {s};
+}
+
 bool CheckReport::passed() const {
   if (!problems.empty()) return false;
   for (const CheckRow &r : rows)
@@ -778,8 +789,10 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
   }
   check_grouped(entry, ref, man, grid, opt, table);
   // The emulated CUDA kernels (CheckOptions::cuda_dtypes), at the cells of their head dims.
-  for (size_t cell = 0; cell < grid.size() && opt.use_kernels; ++cell) {
-    const Cell base = make_cell(man, grid[cell], opt.seed * 1000003u + cell);  // the CPU rows' inputs
+  std::vector<CheckShape> cuda_grid = grid;
+  cuda_grid.insert(cuda_grid.end(), opt.cuda_cells.begin(), opt.cuda_cells.end());
+  for (size_t cell = 0; cell < cuda_grid.size() && opt.use_kernels; ++cell) {
+    const Cell base = make_cell(man, cuda_grid[cell], opt.seed * 1000003u + cell);  // the CPU rows' inputs
     if (std::find(opt.cuda_head_dims.begin(), opt.cuda_head_dims.end(), base.shape.D) == opt.cuda_head_dims.end())
       continue;
     for (const int sm : opt.pose_cuda && !opt.cuda_archs.empty() ? opt.cuda_archs : std::vector<int>{80})

@@ -79,6 +79,10 @@ struct CheckOptions {
   // backward; f32 runs the general path on every architecture). Empty, or no pose_cuda: sm_80 alone.
   std::vector<int> cuda_archs = {80, 90};
   std::function<void(int)> pose_cuda;
+  // Cells the CUDA rows check after the grid's (as given: no fitting), e.g. ape-check's head dim
+  // 128 cell on the default grid (the H100's and H200's usual head dim, whose Hopper forward and
+  // wgmma backward tiles differ from 64's).
+  std::vector<CheckShape> cuda_cells;
   // The emulated CUDA decode steps (runtime/SimtAttention.h's simt_decode) for the rows decode:o
   // and decode:lse of cuda-f32 and cuda-bf16 (with `decode`): (dtype, q, k, v, features, params,
   // scale, steps, num_splits) -> (o, lse) of every step's rows; unset: no CUDA decode rows. The
@@ -112,6 +116,11 @@ struct Manifest;
 // or dropped: one the encoding does not accept throws, naming the shape and the reason. Throws
 // when no cell is left.
 std::vector<CheckShape> fit_grid(const Manifest &man, const std::vector<CheckShape> &asked);
+
+// The CUDA rows' cell beside the default grid (CheckOptions::cuda_cells): 1 x 2 x 150 x 128, the
+// head dim H100 and H200 models mostly use, fitted as the default grid is (none where the
+// encoding pins another head dim, or a model dim 128 does not divide).
+std::vector<CheckShape> default_cuda_cells(const Manifest &man);
 
 struct CheckRow {
   std::string quantity, precision, shape;  // shape: the worst cell

@@ -318,8 +318,12 @@ static int tool_main(int argc, char **argv) {
         throw std::runtime_error("--cuda: an inference-only spec (an attention transition) has no CUDA backward "
                                  "to check; check its CPU kernel without --cuda");
       const ape::Manifest &man = ape::manifest_of(*entry);
+      // On the default grid the CUDA rows check head dim 128 too (default_cuda_cells).
+      if (opt.grid.empty()) opt.cuda_cells = ape::default_cuda_cells(man);
       std::vector<int64_t> dims;  // the grid's head dims that CUDA kernels have
-      for (const ape::CheckShape &s : ape::fit_grid(man, opt.grid)) {
+      std::vector<ape::CheckShape> cuda_grid = ape::fit_grid(man, opt.grid);
+      cuda_grid.insert(cuda_grid.end(), opt.cuda_cells.begin(), opt.cuda_cells.end());
+      for (const ape::CheckShape &s : cuda_grid) {
         if ((s.D == 32 || s.D == 64 || s.D == 128) && std::find(dims.begin(), dims.end(), s.D) == dims.end())
           dims.push_back(s.D);
       }
@@ -389,7 +393,9 @@ static int tool_main(int argc, char **argv) {
     } catch (const std::exception &) {
     }
     for (size_t n = 0; n < grid.size(); ++n) std::cout << (n ? ", " : "") << grid[n].str();
-    std::cout << " (BxHxTxD), seed " << opt.seed << "\n\n";
+    std::cout << " (BxHxTxD)";
+    for (size_t n = 0; n < opt.cuda_cells.size(); ++n) std::cout << (n ? ", " : "; the CUDA rows also ") << opt.cuda_cells[n].str();
+    std::cout << ", seed " << opt.seed << "\n\n";
     const ape::CheckReport report = ape::check_kernel(*entry, ref, opt);
     ape::print_report(std::cout, report);
     int failed = 0;
