@@ -2,6 +2,7 @@
 #include "runtime/SpecCheck.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -653,30 +654,46 @@ void kernel_rows(Table &table, const std::vector<std::string> &order, const std:
 // backward (and its decode steps, with `decode`), against the reference over k and v repeated to
 // every query head, dk and dv summed over each group: rows grouped:QUANTITY and grouped-decode:o,
 // :lse with the tolerances of the rows without groups.
-void check_grouped(const KernelEntry &entry, const SpecReference &ref, const Manifest &man,
-                   const std::vector<CheckShape> &grid, const CheckOptions &opt, Table &table) {
+// The grouped cell of `cells` (check_grouped): the shape (its H the query heads) and the group
+// size p, H / p key heads; none where no cell fits.
+std::optional<std::pair<CheckShape, int64_t>> grouped_shape(const Manifest &man, const std::vector<CheckShape> &cells) {
   const CheckShape *widest = nullptr;
-  for (const CheckShape &s : grid)
+  for (const CheckShape &s : cells)
     if (s.T > 1 && (!widest || s.H > widest->H || (s.H == widest->H && s.T > widest->T))) widest = &s;
-  if (!widest || (man.model_dim_hint && widest->H < 2)) return;
+  if (!widest || (man.model_dim_hint && widest->H < 2)) return std::nullopt;
   CheckShape shape = *widest;
   int64_t p = 2;
   if (man.model_dim_hint)
     while (shape.H % p != 0) ++p;
   else
     shape.H *= 2;
-  const int64_t kv = shape.H / p, B = shape.B, T = shape.T, D = shape.D;
+  return std::make_pair(shape, p);
+}
+
+// dk and dv of a reference over k and v repeated p times (repeat_interleave on heads) summed over
+// each group of p: the gradients of the key heads themselves.
+Outputs summed_over_groups(Outputs o, int64_t p) {
+  if (p <= 1) return o;
+  for (const char *g : {"dk", "dv"}) {
+    const Tensor t = o.at(g);
+    o[g] = t.view({t.size(0), t.size(1) / p, p, t.size(2), t.size(3)}).sum(2);
+  }
+  return o;
+}
+
+void check_grouped(const KernelEntry &entry, const SpecReference &ref, const Manifest &man,
+                   const std::vector<CheckShape> &grid, const CheckOptions &opt, Table &table) {
+  const auto grouped = grouped_shape(man, grid);
+  if (!grouped) return;
+  const auto &[shape, p] = *grouped;
+  const int64_t kv = shape.H / p;
   Cell c = make_cell(man, shape, opt.seed * 104729u);
   c.k = c.k.narrow(1, 0, kv).contiguous(), c.v = c.v.narrow(1, 0, kv).contiguous();
   Cell repeated = c;
   repeated.k = c.k.repeat_interleave(p, 1), repeated.v = c.v.repeat_interleave(p, 1);
-  auto summed = [&](Outputs o) {
-    for (const char *g : {"dk", "dv"}) o[g] = o.at(g).view({B, kv, p, T, D}).sum(2);
-    return o;
-  };
   const std::string label = c.label() + " kv" + std::to_string(kv);
-  const Outputs r64 = summed(run_reference(ref, man, repeated, at::kDouble));
-  const Outputs r32 = summed(run_reference(ref, man, repeated, at::kFloat));
+  const Outputs r64 = summed_over_groups(run_reference(ref, man, repeated, at::kDouble), p);
+  const Outputs r32 = summed_over_groups(run_reference(ref, man, repeated, at::kFloat), p);
   Outputs k64, k32;
   try {
     k64 = run_kernel<double>(entry, man, c);
@@ -788,13 +805,11 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
     return report;
   }
   check_grouped(entry, ref, man, grid, opt, table);
-  // The emulated CUDA kernels (CheckOptions::cuda_dtypes), at the cells of their head dims.
-  std::vector<CheckShape> cuda_grid = grid;
-  cuda_grid.insert(cuda_grid.end(), opt.cuda_cells.begin(), opt.cuda_cells.end());
-  for (size_t cell = 0; cell < cuda_grid.size() && opt.use_kernels; ++cell) {
-    const Cell base = make_cell(man, cuda_grid[cell], opt.seed * 1000003u + cell);  // the CPU rows' inputs
-    if (std::find(opt.cuda_head_dims.begin(), opt.cuda_head_dims.end(), base.shape.D) == opt.cuda_head_dims.end())
-      continue;
+  // The emulated CUDA kernels (CheckOptions::cuda_dtypes), at the cells of their head dims, for
+  // every architecture (CheckOptions::cuda_archs) and dtype. `group` > 1: k and v of H / group
+  // heads, against the reference over them repeated to every query head, dk and dv summed over
+  // each group (rows grouped:QUANTITY; no decode rows).
+  auto cuda_rows = [&](const Cell &base, int64_t group, const std::string &prefix, const std::string &label) {
     for (const int sm : opt.pose_cuda && !opt.cuda_archs.empty() ? opt.cuda_archs : std::vector<int>{80})
     for (const std::string &dtype : opt.cuda_dtypes) {
       // (f32 runs the general path, every architecture's; sm_80's rows are cuda-*, the others smNN-*)
@@ -806,14 +821,16 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         auto round = [](const Tensor &t) { return t.to(at::kBFloat16).to(at::kDouble); };
         c.q = round(c.q), c.k = round(c.k), c.v = round(c.v), c.dout = round(c.dout);
       }
+      Cell rc = c;  // the reference's cell: k and v of every query head
+      if (group > 1) rc.k = c.k.repeat_interleave(group, 1), rc.v = c.v.repeat_interleave(group, 1);
       const std::string prec = (sm == 80 ? std::string("cuda") : "sm" + std::to_string(sm)) + "-" + dtype;
-      const Outputs r64 = run_reference(ref, man, c, at::kDouble);
-      const Outputs r32 = bf16 ? Outputs{} : run_reference(ref, man, c, at::kFloat);
+      const Outputs r64 = summed_over_groups(run_reference(ref, man, rc, at::kDouble), group);
+      const Outputs r32 = bf16 ? Outputs{} : summed_over_groups(run_reference(ref, man, rc, at::kFloat), group);
       Outputs y64;  // bf16: the yardstick, q' and k' rounded as the kernels read them
       if (bf16) {
-        Cell rounded = c;
+        Cell rounded = rc;
         rounded.site.round_qk_bf16 = true;
-        y64 = run_reference(ref, man, rounded, at::kDouble);
+        y64 = summed_over_groups(run_reference(ref, man, rounded, at::kDouble), group);
       }
       Outputs got;
       try {
@@ -822,7 +839,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         opt.use_kernels("cpu");
       } catch (const std::exception &e) {
         opt.use_kernels("cpu");
-        CheckRow row{"o", prec, c.label(), NAN, NAN, -1, bf16 ? opt.bf16_tol : opt.fp32_floor};
+        CheckRow row{prefix + "o", prec, label, NAN, NAN, -1, bf16 ? opt.bf16_tol : opt.fp32_floor};
         row.note = e.what();
         table.add(row);
         continue;
@@ -838,17 +855,37 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
           const double floor = q.rfind("dparam:", 0) == 0
                                    ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
                                    : opt.bf16_tol;
-          table.add(bf16_row(q, prec, c.label(), e, compare(y64.at(q), r64.at(q)), floor, opt));
+          table.add(bf16_row(prefix + q, prec, label, e, compare(y64.at(q), r64.at(q)), floor, opt));
           continue;
         }
         const Error y = compare(r32.at(q), r64.at(q));
         const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q)
                                                         : opt.fp32_floor;
-        table.add(fp32_row(q, prec, c.label(), e, y, floor, opt));
+        table.add(fp32_row(prefix + q, prec, label, e, y, floor, opt));
       }
-      if (opt.decode && opt.cuda_decode) check_cuda_decode(ref, man, c, dtype, prec, opt, table);
+      if (group <= 1 && opt.decode && opt.cuda_decode) check_cuda_decode(ref, man, c, dtype, prec, opt, table);
     }
+  };
+  std::vector<CheckShape> cuda_grid = grid, cuda_dims_grid;
+  cuda_grid.insert(cuda_grid.end(), opt.cuda_cells.begin(), opt.cuda_cells.end());
+  auto cuda_dim = [&](int64_t D) {
+    return std::find(opt.cuda_head_dims.begin(), opt.cuda_head_dims.end(), D) != opt.cuda_head_dims.end();
+  };
+  for (size_t cell = 0; cell < cuda_grid.size() && opt.use_kernels; ++cell) {
+    if (!cuda_dim(cuda_grid[cell].D)) continue;
+    cuda_dims_grid.push_back(cuda_grid[cell]);
+    const Cell base = make_cell(man, cuda_grid[cell], opt.seed * 1000003u + cell);  // the CPU rows' inputs
+    cuda_rows(base, 1, "", base.label());
   }
+  // Grouped-query attention through the CUDA kernels (the key heads read in place, the group sums)
+  // at a cell of theirs, chosen as check_grouped chooses among the grid's.
+  if (opt.use_kernels)
+    if (const auto grouped = grouped_shape(man, cuda_dims_grid)) {
+      const auto &[shape, p] = *grouped;
+      Cell c = make_cell(man, shape, opt.seed * 104729u + 1);
+      c.k = c.k.narrow(1, 0, shape.H / p).contiguous(), c.v = c.v.narrow(1, 0, shape.H / p).contiguous();
+      cuda_rows(c, p, "grouped:", c.label() + " kv" + std::to_string(shape.H / p));
+    }
   if (opt.pose_cuda) opt.pose_cuda(0);  // (the pose from before)
 
   // Central differences at the partial-tile cell (or the first one).

@@ -192,7 +192,7 @@ set_tests_properties(ape_check.cuda_spec_file PROPERTIES
 # head dim 32), paired runs (f32; head dim 64) and unrotated runs, against the reference.
 add_test(NAME ape_check.cuda_linear_mod_runs
   COMMAND ${_expect} 0 "^dq +cuda-bf16 .* pass$" "^dk +cuda-f32 .* pass$" "^dq +sm90-bf16 .* pass$"
-          "^ape-check: PASS"
+          "^grouped:dk +cuda-bf16 .* kv5 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/rope_three_quarters.mlir --cuda
              --shapes 2x3x70x32,1x5x33x64)
 set_tests_properties(ape_check.cuda_linear_mod_runs PROPERTIES
