@@ -257,11 +257,9 @@ void use_simt_kernels(const std::string &dtype) {
 
 void use_cpu_kernels() { set_attention_impl(nullptr); }
 
+std::pair<int, int> simt_device_pose() { return {simt::arch(), simt::sm_count()}; }
+
 void pose_simt_device(int sm, int multiprocessors) {
-  if (sm == 0) {
-    const char *env = std::getenv("APE_SIMT_ARCH");
-    sm = env && *env ? std::atoi(env) : 80;
-  }
   if (sm != 80 && sm != 86 && sm != 89 && sm != 90)
     throw std::invalid_argument("the emulator poses as sm_80, 86, 89 or 90, not sm_" + std::to_string(sm));
   simt::set_arch(sm);

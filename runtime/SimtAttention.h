@@ -30,9 +30,11 @@ void use_cpu_kernels();
 // The device the emulator poses as for the calls that follow: its architecture (80, 86, 89 or 90:
 // the launch picks each architecture's kernels, e.g. sm_90's Hopper forward and wgmma backward)
 // and multiprocessors (0: the architecture's, 108 or 132; fewer make a persistent grid's blocks
-// claim several tiles). sm 0: the pose the process began with (APE_SIMT_ARCH, else 80). Throws
-// std::invalid_argument for another architecture.
+// claim several tiles). Throws std::invalid_argument for another architecture.
 void pose_simt_device(int sm, int multiprocessors = 0);
+// The pose now: the architecture and the multiprocessors the device reports (pose_simt_device
+// takes them back).
+std::pair<int, int> simt_device_pose();
 
 // Tokens through the emulated CUDA decode steps of `entry`'s kernels in `dtype` (cuda/decode.h, what
 // ape-generate --device cuda runs): q, k, v (B, H, T, D) and features (B, H, T) on the CPU, any

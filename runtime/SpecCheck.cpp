@@ -72,7 +72,8 @@ std::vector<CheckShape> default_grid() {
 
 std::vector<CheckShape> default_cuda_cells(const Manifest &man) {
   CheckShape s{1, 2, 150, 128};
-  if (man.head_dim_hint && *man.head_dim_hint != s.D) return {};
+  // (a pinned head dim: the grid's cells have it already, 128 included)
+  if (man.head_dim_hint) return {};
   if (man.model_dim_hint) {
     if (*man.model_dim_hint % s.D != 0) return {};
     s.H = *man.model_dim_hint / s.D;
@@ -590,18 +591,29 @@ void check_decode(const KernelEntry &entry, const SpecReference &ref, const Mani
 // The cell through the emulated CUDA decode steps of `dtype` (CheckOptions::cuda_decode; the
 // cell's q, k, v rounded to bf16 already for "bf16"), against the reference over the tokens so
 // far: rows decode:o and decode:lse of precision cuda-DTYPE with the CUDA rows' tolerances.
+// The references of a cell's CUDA decode rows, computed at the first architecture's rows and
+// kept for the others' (they depend on the cell and the dtype only).
+struct DecodeReferences {
+  bool ready = false;
+  Outputs r64, r32, y64;
+};
+
 void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell &c,
-                       const std::string &dtype, const std::string &prec, const CheckOptions &opt, Table &table) {
+                       const std::string &dtype, const std::string &prec, const CheckOptions &opt, Table &table,
+                       DecodeReferences &refs) {
   const bool bf16 = dtype == "bf16";
   const std::vector<int64_t> steps = decode_steps(c.shape.T);
-  const Outputs r64 = decode_reference(ref, man, c, steps, at::kDouble);
-  const Outputs r32 = bf16 ? Outputs{} : decode_reference(ref, man, c, steps, at::kFloat);
-  Outputs y64;  // bf16: the yardstick, q' and k' rounded as the kernels read them
-  if (bf16) {
-    Cell rounded = c;
-    rounded.site.round_qk_bf16 = true;
-    y64 = decode_reference(ref, man, rounded, steps, at::kDouble);
+  if (!refs.ready) {
+    refs.r64 = decode_reference(ref, man, c, steps, at::kDouble);
+    if (!bf16) refs.r32 = decode_reference(ref, man, c, steps, at::kFloat);
+    if (bf16) {  // the yardstick: q' and k' rounded as the kernels read them
+      Cell rounded = c;
+      rounded.site.round_qk_bf16 = true;
+      refs.y64 = decode_reference(ref, man, rounded, steps, at::kDouble);
+    }
+    refs.ready = true;
   }
+  const Outputs &r64 = refs.r64, &r32 = refs.r32, &y64 = refs.y64;
   // The split path (FlashDecoding) exists for 16-bit inputs only (the flash forward): bf16 also
   // runs with the keys split in up to 3, rows decode-split:o and decode-split:lse.
   for (const int splits : bf16 ? std::vector<int>{0, 3} : std::vector<int>{0}) {
@@ -809,12 +821,17 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
   // every architecture (CheckOptions::cuda_archs) and dtype. `group` > 1: k and v of H / group
   // heads, against the reference over them repeated to every query head, dk and dv summed over
   // each group (rows grouped:QUANTITY; no decode rows).
+  // The architectures posed as (sm_80 alone without pose_cuda), and the pose to restore after
+  // them, on every way out.
+  const std::vector<int> archs = opt.pose_cuda && !opt.cuda_archs.empty() ? opt.cuda_archs : std::vector<int>{80};
+  struct PoseBack {
+    const CheckOptions &opt;
+    ~PoseBack() {
+      if (opt.pose_cuda) opt.pose_cuda(0);
+    }
+  } pose_back{opt};
   auto cuda_rows = [&](const Cell &base, int64_t group, const std::string &prefix, const std::string &label) {
-    for (const int sm : opt.pose_cuda && !opt.cuda_archs.empty() ? opt.cuda_archs : std::vector<int>{80})
     for (const std::string &dtype : opt.cuda_dtypes) {
-      // (f32 runs the general path, every architecture's; sm_80's rows are cuda-*, the others smNN-*)
-      if (sm != 80 && dtype == "f32") continue;
-      if (opt.pose_cuda) opt.pose_cuda(sm);
       const bool bf16 = dtype == "bf16";
       Cell c = base;
       if (bf16) {  // the kernel's inputs as it reads them, for the reference too
@@ -823,7 +840,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
       }
       Cell rc = c;  // the reference's cell: k and v of every query head
       if (group > 1) rc.k = c.k.repeat_interleave(group, 1), rc.v = c.v.repeat_interleave(group, 1);
-      const std::string prec = (sm == 80 ? std::string("cuda") : "sm" + std::to_string(sm)) + "-" + dtype;
+      // (the references depend on the cell and the dtype, not on the architecture)
       const Outputs r64 = summed_over_groups(run_reference(ref, man, rc, at::kDouble), group);
       const Outputs r32 = bf16 ? Outputs{} : summed_over_groups(run_reference(ref, man, rc, at::kFloat), group);
       Outputs y64;  // bf16: the yardstick, q' and k' rounded as the kernels read them
@@ -832,38 +849,47 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         rounded.site.round_qk_bf16 = true;
         y64 = summed_over_groups(run_reference(ref, man, rounded, at::kDouble), group);
       }
-      Outputs got;
-      try {
-        opt.use_kernels(dtype);
-        got = run_installed(entry, man, c);
-        opt.use_kernels("cpu");
-      } catch (const std::exception &e) {
-        opt.use_kernels("cpu");
-        CheckRow row{prefix + "o", prec, label, NAN, NAN, -1, bf16 ? opt.bf16_tol : opt.fp32_floor};
-        row.note = e.what();
-        table.add(row);
-        continue;
-      }
-      std::vector<std::string> order = {"o", "dq", "dk", "dv"};
-      for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
-      for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
-      for (const std::string &q : order) {
-        const Error e = compare(got.at(q), r64.at(q));
-        const CheckShape &s = c.shape;
-        if (bf16) {  // (its floor measured on the emulated kernels at D 64: not scaled by D)
-          const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
-          const double floor = q.rfind("dparam:", 0) == 0
-                                   ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
-                                   : opt.bf16_tol;
-          table.add(bf16_row(prefix + q, prec, label, e, compare(y64.at(q), r64.at(q)), floor, opt));
+      DecodeReferences decode_refs;
+      for (const int sm : archs) {
+        // f32 runs the general path, every architecture's: once, at the first architecture
+        // (sm_80's rows are cuda-*, another's smNN-*)
+        if (dtype == "f32" && sm != archs.front()) continue;
+        if (opt.pose_cuda) opt.pose_cuda(sm);
+        const std::string prec = (sm == 80 ? std::string("cuda") : "sm" + std::to_string(sm)) + "-" + dtype;
+        Outputs got;
+        try {
+          opt.use_kernels(dtype);
+          got = run_installed(entry, man, c);
+          opt.use_kernels("cpu");
+        } catch (const std::exception &e) {
+          opt.use_kernels("cpu");
+          CheckRow row{prefix + "o", prec, label, NAN, NAN, -1, bf16 ? opt.bf16_tol : opt.fp32_floor};
+          row.note = e.what();
+          table.add(row);
           continue;
         }
-        const Error y = compare(r32.at(q), r64.at(q));
-        const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q)
-                                                        : opt.fp32_floor;
-        table.add(fp32_row(prefix + q, prec, label, e, y, floor, opt));
+        std::vector<std::string> order = {"o", "dq", "dk", "dv"};
+        for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
+        for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
+        for (const std::string &q : order) {
+          const Error e = compare(got.at(q), r64.at(q));
+          const CheckShape &s = c.shape;
+          if (bf16) {  // (its floor measured on the emulated kernels at D 64: not scaled by D)
+            const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
+            const double floor = q.rfind("dparam:", 0) == 0
+                                     ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
+                                     : opt.bf16_tol;
+            table.add(bf16_row(prefix + q, prec, label, e, compare(y64.at(q), r64.at(q)), floor, opt));
+            continue;
+          }
+          const Error y = compare(r32.at(q), r64.at(q));
+          const double floor = q.rfind("dparam:", 0) == 0 ? opt.fp32_param_floor * param_floor_scale(s, r64, q)
+                                                          : opt.fp32_floor;
+          table.add(fp32_row(prefix + q, prec, label, e, y, floor, opt));
+        }
+        if (group <= 1 && opt.decode && opt.cuda_decode)
+          check_cuda_decode(ref, man, c, dtype, prec, opt, table, decode_refs);
       }
-      if (group <= 1 && opt.decode && opt.cuda_decode) check_cuda_decode(ref, man, c, dtype, prec, opt, table);
     }
   };
   std::vector<CheckShape> cuda_grid = grid, cuda_dims_grid;
@@ -886,7 +912,6 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
       c.k = c.k.narrow(1, 0, shape.H / p).contiguous(), c.v = c.v.narrow(1, 0, shape.H / p).contiguous();
       cuda_rows(c, p, "grouped:", c.label() + " kv" + std::to_string(shape.H / p));
     }
-  if (opt.pose_cuda) opt.pose_cuda(0);  // (the pose from before)
 
   // Central differences at the partial-tile cell (or the first one).
   CheckShape fd_shape = grid.front();

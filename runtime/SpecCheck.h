@@ -74,9 +74,10 @@ struct CheckOptions {
   std::vector<int64_t> cuda_head_dims;
   std::function<void(const std::string &)> use_kernels;
   // The architectures whose kernels the CUDA rows check, the emulator posing as each (pose_cuda(sm)
-  // before its rows, pose_cuda(0) after all: the pose from before): sm_80's rows are cuda-f32 and
-  // cuda-bf16; another's smNN-bf16 only (its 16-bit paths: sm_90's Hopper forward and wgmma
-  // backward; f32 runs the general path on every architecture). Empty, or no pose_cuda: sm_80 alone.
+  // before its rows, pose_cuda(0) after all, also on an exception: the pose from before): sm_80's
+  // rows are cuda-f32 and cuda-bf16, another's smNN-bf16 (its 16-bit paths: sm_90's Hopper forward
+  // and wgmma backward); f32, the general path of every architecture, runs at the first listed
+  // only. Empty, or no pose_cuda: sm_80 alone.
   std::vector<int> cuda_archs = {80, 90};
   std::function<void(int)> pose_cuda;
   // Cells the CUDA rows check after the grid's (as given: no fitting), e.g. ape-check's head dim
@@ -119,7 +120,7 @@ std::vector<CheckShape> fit_grid(const Manifest &man, const std::vector<CheckSha
 
 // The CUDA rows' cell beside the default grid (CheckOptions::cuda_cells): 1 x 2 x 150 x 128, the
 // head dim H100 and H200 models mostly use, fitted as the default grid is (none where the
-// encoding pins another head dim, or a model dim 128 does not divide).
+// encoding pins its head dim, which the grid's cells then have, or a model dim 128 does not divide).
 std::vector<CheckShape> default_cuda_cells(const Manifest &man);
 
 struct CheckRow {

@@ -427,7 +427,7 @@ run() {
     esac
   done
   local st
-  [ -n "${stages//,/}" ] || { echo "[gpu-check] --stages names no stage" >&2; exit 2; }
+  [[ -n ${stages//[, ]/} ]] || { echo "[gpu-check] --stages names no stage" >&2; exit 2; }
   for st in ${stages//,/ }; do  # a misspelt stage would run nothing and pass
     case $st in
       build | suite | sanitizer | python | bench | train | counters | study) ;;

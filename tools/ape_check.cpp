@@ -360,8 +360,12 @@ static int tool_main(int argc, char **argv) {
         if (dtype == "cpu") ape::use_cpu_kernels();
         else ape::use_simt_kernels(dtype);
       };
-      // (sm_90 with 2 multiprocessors: the persistent Hopper forward's blocks claim tiles)
-      opt.pose_cuda = [](int sm) { ape::pose_simt_device(sm, sm == 90 ? 2 : 0); };
+      // (sm_90 with 2 multiprocessors: the persistent Hopper forward's blocks claim tiles; 0: the
+      // pose from before)
+      opt.pose_cuda = [before = ape::simt_device_pose()](int sm) {
+        if (sm == 0) ape::pose_simt_device(before.first, before.second);
+        else ape::pose_simt_device(sm, sm == 90 ? 2 : 0);
+      };
       opt.cuda_decode = [entry](const std::string &dtype, const at::Tensor &q, const at::Tensor &k,
                                 const at::Tensor &v, const std::vector<at::Tensor> &features,
                                 const std::vector<at::Tensor> &params, double scale,
@@ -371,6 +375,13 @@ static int tool_main(int argc, char **argv) {
       for (size_t n = 0; n < opt.cuda_dtypes.size(); ++n) cuda_origin += (n ? ", " : "") + opt.cuda_dtypes[n];
       cuda_origin += " at head dim";
       for (int64_t D : opt.cuda_head_dims) cuda_origin += " " + std::to_string(D);
+      // (the extra cells of head dims the kernels have: --kernel NAME's build may lack 128)
+      opt.cuda_cells.erase(std::remove_if(opt.cuda_cells.begin(), opt.cuda_cells.end(),
+                                          [&](const ape::CheckShape &s) {
+                                            return std::find(opt.cuda_head_dims.begin(), opt.cuda_head_dims.end(),
+                                                             s.D) == opt.cuda_head_dims.end();
+                                          }),
+                           opt.cuda_cells.end());
       cuda_origin += "), posing as sm";
       for (size_t n = 0; n < opt.cuda_archs.size(); ++n)
         cuda_origin += (n ? ", " : "_") + std::to_string(opt.cuda_archs[n]) + (opt.cuda_archs[n] == 90 ? " (2 SMs)" : "");

@@ -154,7 +154,11 @@ static int tool_main(int argc, char **argv) {
     so.seed = static_cast<uint64_t>(seed);
     ape::require_in("--score-tokens", score_tokens, 0, int64_t(1) << 24);
     ape::require_in("--chunk", chunk, 1, int64_t(1) << 20);
-    so.validate(INT64_MAX);  // before the checkpoint is read (--top-k against its vocabulary later)
+    // (before the checkpoint is read; --top-k against its vocabulary after)
+    ape::require_in("--max-tokens", so.max_tokens, 1, int64_t(1) << 20);
+    ape::require_in("--temperature", so.temperature, 0.0, 100.0);
+    if (so.top_k < 0)
+      throw std::invalid_argument("--top-k must be a whole number in [0, vocab]; got " + std::to_string(so.top_k));
     if (score_file.empty() && prompt_file.empty() && po->count() == 0)
       throw std::invalid_argument("give a --prompt, a --prompt-file or --score FILE");
     const std::vector<std::pair<std::string, double>> sets = ape::parse_assignments(set_args);

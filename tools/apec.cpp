@@ -93,10 +93,10 @@ static FailureOr<SmallVector<ape::CudaVariant>> cudaVariants() {
 
 /// The names of the registered emitters, joined: "a, b or c" (an `or` of "|" for "a|b|c"), or
 /// only those written by default ("a,b").
-static std::string emitterNames(StringRef separator, StringRef last, bool onlyDefault = false) {
+static std::string emitterNames(StringRef separator, StringRef last, unsigned flags = 0) {
   SmallVector<StringRef> names;
   for (const ape::Emitter &e : ape::registeredEmitters())
-    if (!onlyDefault || (e.flags & ape::kEmitByDefault))
+    if ((e.flags & flags) == flags)
       names.push_back(e.name);
   std::string text;
   for (auto [i, name] : llvm::enumerate(names))
@@ -114,7 +114,7 @@ static std::string overview() {
   os << "apec: compile an APE positional-encoding spec into fused attention kernels\n\n"
      << "  apec SPEC.mlir [-o OUTDIR] [--emit=KIND,...]     (OUTDIR: default the current folder)\n\n"
      << "For every ape.encoding @NAME in SPEC.mlir writes the files of each --emit KIND (default:\n"
-     << emitterNames(",", ",", /*onlyDefault=*/true) << "):\n";
+     << emitterNames(",", ",", ape::kEmitByDefault) << "):\n";
   for (const ape::Emitter &e : ape::registeredEmitters()) {
     SmallVector<StringRef> lines;
     StringRef(e.help).split(lines, '\n');
@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
   // --emit's values, their help, their validation and their dispatch come from the registry.
   ape::registerAllEmitters();
   std::string emitDesc =
-      "what to write (default: " + emitterNames(",", ",", /*onlyDefault=*/true) + ")";
+      "what to write (default: " + emitterNames(",", ",", ape::kEmitByDefault) + ")";
   std::string emitValues = emitterNames("|", "|");
   emit.setDescription(emitDesc);
   emit.setValueStr(emitValues);
@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
     variants = std::move(*checkedVariants);
   else if (cudaDTypes.getNumOccurrences() || cudaHeadDims.getNumOccurrences())
     llvm::errs() << "apec: warning: --cuda-dtypes and --cuda-head-dims do nothing without --emit="
-                 << "cuda, cuda-package or torch-library\n";
+                 << emitterNames(", ", " or ", ape::kEmitUsesCudaVariants) << "\n";
 
   DialectRegistry registry;
   ape::registerSpecDialects(registry);
