@@ -47,15 +47,19 @@ template <class Enc> struct NumRel<Enc, std::void_t<decltype(Enc::kNumRel)>> {
   static constexpr int value = Enc::kNumRel;
 };
 
-// A mask of parameters, a bit each, `Enc::kMember`: Name<Enc>::value (~0u when absent: an Enc
-// written by hand may read any).
-#define APE_ENC_PARAM_MASK(Name, kMember)                                                    \
+// An optional constant member `Enc::kMember` of type Type: Name<Enc>::value, Absent where the
+// functor lacks it. One mechanism for the two kinds below.
+#define APE_ENC_MEMBER(Name, kMember, Type, Absent)                                          \
   template <class Enc, class = void> struct Name {                                           \
-    static constexpr unsigned value = ~0u;                                                   \
+    static constexpr Type value = Absent;                                                    \
   };                                                                                         \
   template <class Enc> struct Name<Enc, std::void_t<decltype(Enc::kMember)>> {              \
-    static constexpr unsigned value = Enc::kMember;                                          \
+    static constexpr Type value = Enc::kMember;                                              \
   };
+// A mask of parameters, a bit each (~0u when absent: an Enc written by hand may read any).
+#define APE_ENC_PARAM_MASK(Name, kMember) APE_ENC_MEMBER(Name, kMember, unsigned, ~0u)
+// A bool member, emitted only when true (false when absent).
+#define APE_ENC_FLAG(Name, kMember) APE_ENC_MEMBER(Name, kMember, bool, false)
 
 // The parameters the score mod reads (Enc::kScoreParams, emitted with every score mod).
 APE_ENC_PARAM_MASK(ScoreParams, kScoreParams)
@@ -65,15 +69,6 @@ APE_ENC_PARAM_MASK(ScoreParams, kScoreParams)
 APE_ENC_PARAM_MASK(QModParams, kQModParams)
 APE_ENC_PARAM_MASK(KModParams, kKModParams)
 #undef APE_ENC_PARAM_MASK
-
-// A bool member `Enc::kMember`, emitted only when true: Name<Enc>::value (false when absent).
-#define APE_ENC_FLAG(Name, kMember)                                                          \
-  template <class Enc, class = void> struct Name {                                           \
-    static constexpr bool value = false;                                                     \
-  };                                                                                         \
-  template <class Enc> struct Name<Enc, std::void_t<decltype(Enc::kMember)>> {              \
-    static constexpr bool value = Enc::kMember;                                              \
-  };
 
 APE_ENC_FLAG(HasValueRows, kHasValueRows)
 APE_ENC_FLAG(DistanceBias, kDistanceBias)
@@ -85,6 +80,7 @@ APE_ENC_FLAG(KModLinear, kKModLinear)
 APE_ENC_FLAG(KModReadsLength, kKModReadsLength)
 APE_ENC_FLAG(TokensReadLength, kTokensReadLength)
 #undef APE_ENC_FLAG
+#undef APE_ENC_MEMBER
 
 // One key head's k' serves every query head of its group (grouped-query attention): no k mod, or a
 // linear one (KModLinear: its coefficients read neither the head nor the data, so every query
