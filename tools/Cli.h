@@ -4,6 +4,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -32,6 +35,29 @@ inline CLI::Validator whole_decimal() {
       "");
 }
 
+// "a,,b," -> {"a", "", "b", ""}: every item, the empty ones too (CLI::detail::split drops a
+// trailing one).
+inline std::vector<std::string> split_items(const std::string &value) {
+  std::vector<std::string> items;
+  for (size_t begin = 0;;) {
+    const size_t end = value.find(',', begin);
+    items.push_back(value.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (end == std::string::npos) return items;
+    begin = end + 1;
+  }
+}
+
+// Options made by add_list_option (below) carry a validator of this name.
+constexpr const char *kListValidator = "ape-list";
+inline bool is_list_option(CLI::Option &o) {
+  try {
+    o.get_validator(kListValidator);
+    return true;
+  } catch (const CLI::OptionNotFound &) {
+    return false;
+  }
+}
+
 // whole_decimal on every integer option of `app` (CLI11's type names INT and UINT, with or
 // without validators' suffixes): called by APE_CLI_PARSE, so no tool's option goes without it.
 inline void check_whole_numbers(CLI::App &app) {
@@ -41,6 +67,7 @@ inline void check_whole_numbers(CLI::App &app) {
       const size_t n = std::char_traits<char>::length(name);
       return t.compare(0, n, name) == 0 && (t.size() == n || t[n] == ':');
     };
+    if (is_list_option(*o)) continue;  // (each item checked by add_list_option)
     if (is("INT") || is("UINT")) o->check(whole_decimal());
   }
 }
@@ -54,6 +81,49 @@ inline void check_nonempty_values(CLI::App &app) {
     if (o->get_expected_min() < 1) continue;  // (a flag)
     o->check(CLI::Validator([](std::string &s) { return s.empty() ? std::string("the value is empty") : std::string(); }, ""));
   }
+}
+
+// A comma-separated list option (repeatable too): `-e rope,cable` or `-e rope -e cable`. CLI11's
+// own delimiter drops empty items, so `-e rope,,cable` and `--cuda-archs 80,` ran with what was
+// left without a word; here an empty item is refused with the option's other errors, and each item
+// converts as the option's own type would (a whole number by whole_decimal). The list replaces
+// `target` when the option is given; `target`'s value stands as the default otherwise (shown by
+// --help where `show_default`).
+template <class T>
+CLI::Option *add_list_option(CLI::App &app, const std::string &name, std::vector<T> &target, const std::string &help,
+                             bool show_default = false) {
+  CLI::Option *o = app.add_option_function<std::vector<std::string>>(
+      name,
+      [&target](const std::vector<std::string> &values) {
+        std::vector<T> items;
+        for (const std::string &value : values)
+          for (const std::string &item : split_items(value)) {
+            T converted{};
+            if (!CLI::detail::lexical_cast(item, converted)) throw CLI::ConversionError(item, "");
+            items.push_back(std::move(converted));
+          }
+        target = std::move(items);
+      },
+      help);
+  o->check(CLI::Validator(
+      [](std::string &value) -> std::string {
+        const std::vector<std::string> items = split_items(value);
+        for (const std::string &item : items) {
+          if (item.empty())
+            return "an empty item in the list '" + value + "' (items are separated by single commas)";
+          if constexpr (std::is_integral_v<T>)
+            if (std::string bad = whole_decimal()(item); !bad.empty()) return bad;
+        }
+        return "";
+      },
+      "", kListValidator));
+  o->type_name(std::is_integral_v<T> ? "INT" : "TEXT");
+  if (show_default) {
+    std::string shown;
+    for (size_t n = 0; n < target.size(); ++n) shown += (n ? "," : "") + CLI::detail::to_string(target[n]);
+    o->default_str(shown);
+  }
+  return o;
 }
 
 }  // namespace ape::cli

@@ -209,12 +209,11 @@ static int tool_main(int argc, char **argv) {
                "inference-only spec is refused.");
   app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: tolerance of the bf16 kernels' normalised error, in (0, 1]")
       ->capture_default_str();
-  app.add_option("--cuda-archs", opt.cuda_archs,
+  ape::cli::add_list_option(app, "--cuda-archs", opt.cuda_archs,
                  "--cuda: the architectures whose kernels are checked, the emulator posing as each (80, 86, 89,\n"
                  "90): sm_80's rows cuda-f32 and cuda-bf16, another's smNN-bf16 (sm_90: the Hopper forward and\n"
-                 "the wgmma backward that H100 and H200 run, on a device of 2 multiprocessors)")
-      ->delimiter(',')
-      ->capture_default_str();
+                 "the wgmma backward that H100 and H200 run, on a device of 2 multiprocessors)",
+                            /*show_default=*/true);
   app.add_option("--bf16-factor", opt.bf16_factor,
                  "--cuda: a bf16 row's tolerance is at least this times its yardstick (the reference's change\n"
                  "when q' and k' are rounded to bf16 after the mods), in [1, 1e6]")

@@ -407,8 +407,8 @@ static int tool_main(int argc, char **argv) {
   bool list = false;
   ape::DistConfig dist_flags;
 
-  auto *enc_opt = app.add_option("-e,--encoding", encodings, "Encoding to train (repeatable, or comma-separated); see --list")
-                      ->delimiter(',');
+  auto *enc_opt = ape::cli::add_list_option(app, "-e,--encoding", encodings,
+                                            "Encoding to train (repeatable, or comma-separated); see --list");
   auto *steps_opt = app.add_option("--steps", steps, "Training steps per encoding, in [0, 10^9]");
   auto *minutes_opt = app.add_option("--minutes", minutes,
                                      "Training time per encoding in minutes, in [0, 10^6] (default 2 when --steps is not\n"

@@ -168,6 +168,14 @@ add_test(NAME ape_check.error_unknown_kernel
 add_test(NAME ape_check.error_command_line
   COMMAND ${_expect} 2 "--seed: the value 0x10 is not a whole decimal number"
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope.mlir --seed 0x10)
+# A list option refuses an empty item (CLI11's delimiter had dropped it: --cuda-archs 80, ran sm_80
+# alone without a word) and reads each item as a whole decimal number.
+add_test(NAME ape_check.error_list_item
+  COMMAND ${_expect} 2 "--cuda-archs: an empty item in the list '80,,90'"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope.mlir --cuda-archs 80,,90)
+add_test(NAME ape_check.error_list_number
+  COMMAND ${_expect} 2 "--cuda-archs: the value 090 starts with 0"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/rope.mlir --cuda-archs 80,090)
 add_test(NAME ape_check.help
   COMMAND ${_expect} 0 "--kernel NAME" "--fp32-param-floor" "independent path" "--layers"
           -- $<TARGET_FILE:ape-check> --help)
@@ -175,7 +183,8 @@ set_tests_properties(ape_check.mutant_t5_max_distance ape_check.mutant_alibi_slo
   ape_check.mutant_transition_beta ape_check.mutant_transition_layers
   ape_check.error_transition_interface ape_check.error_transition_unreached ape_check.spec_file ape_check.distance_sum ape_check.error_interface ape_check.error_malformed_spec
   ape_check.error_missing_file ape_check.error_shapes ape_check.error_unknown_kernel
-  ape_check.error_command_line ape_check.help PROPERTIES LABELS check TIMEOUT 120)
+  ape_check.error_command_line ape_check.error_list_item ape_check.error_list_number ape_check.help
+  PROPERTIES LABELS check TIMEOUT 120)
 # --cuda: the spec's CUDA kernels on the SIMT emulator beside its CPU kernel. K-Cable marked
 # fast_math (its score mod by the GPU's approximate functions), compiled now (f32 and bf16 at
 # head dim 32; ~25 s once, then cached), against the same reference.
