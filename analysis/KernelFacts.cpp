@@ -13,18 +13,60 @@ namespace {
 
 /// Which of a region's index arguments a value reads, transitively: bit 0 the query position i,
 /// bit 1 the key position j, bit 2 the logit s (arguments 3, 4 and 0 of a score mod region).
-unsigned readsOf(Value v, Block &block, DenseMap<Value, unsigned> &memo) {
-  if (auto it = memo.find(v); it != memo.end())
-    return it->second;
-  unsigned r = 0;
-  if (auto arg = dyn_cast<BlockArgument>(v)) {
-    if (arg.getOwner() == &block)
-      r = arg.getArgNumber() == 3 ? 1u : arg.getArgNumber() == 4 ? 2u : arg.getArgNumber() == 0 ? 4u : 0u;
-  } else if (Operation *def = v.getDefiningOp()) {
-    for (Value operand : def->getOperands())
-      r |= readsOf(operand, block, memo);
+/// The value of f at `root`, memoised over root's def-use cone, without recursion: after fusion a
+/// kernel's region chains every mod of a spec, each up to 10,000 ops (the verifier's bound), and a
+/// recursive walk of a chain of some 40,000 overflowed the stack (twelve fused score mods of 9,990
+/// ops: SIGSEGV in apec and ape-opt). `leaf(v, out)` sets v's value and returns true where it needs
+/// no operand's; otherwise `combine(v, def)` computes it from the memo entries of the operands of
+/// v's defining op, each visited first.
+template <class T, class Leaf, class Combine>
+T walkCone(Value root, DenseMap<Value, T> &memo, Leaf leaf, Combine combine) {
+  SmallVector<std::pair<Value, unsigned>> stack;  // a value and its next operand to visit
+  auto enter = [&](Value v) {
+    if (memo.count(v))
+      return;
+    T out{};
+    if (leaf(v, out))
+      memo[v] = std::move(out);
+    else
+      stack.push_back({v, 0u});
+  };
+  enter(root);
+  while (!stack.empty()) {
+    const Value v = stack.back().first;
+    Operation *def = v.getDefiningOp();  // (a block argument is a leaf)
+    if (const unsigned next = stack.back().second; next < def->getNumOperands()) {
+      stack.back().second = next + 1;
+      enter(def->getOperand(next));
+      continue;
+    }
+    T out = combine(v, def);
+    stack.pop_back();
+    memo[v] = std::move(out);
   }
-  return memo[v] = r;
+  return memo.find(root)->second;
+}
+
+unsigned readsOf(Value v, Block &block, DenseMap<Value, unsigned> &memo) {
+  return walkCone<unsigned>(
+      v, memo,
+      [&](Value x, unsigned &out) {
+        auto arg = dyn_cast<BlockArgument>(x);
+        if (!arg)
+          return false;
+        out = arg.getOwner() != &block ? 0u
+              : arg.getArgNumber() == 3 ? 1u
+              : arg.getArgNumber() == 4 ? 2u
+              : arg.getArgNumber() == 0 ? 4u
+                                        : 0u;
+        return true;
+      },
+      [&](Value, Operation *def) {
+        unsigned r = 0;
+        for (Value operand : def->getOperands())
+          r |= memo.find(operand)->second;
+        return r;
+      });
 }
 
 /// The chain `(s ± X1) ± X2 ...` from the logit to the yield of a score mod's body (fused biases),
@@ -226,45 +268,52 @@ namespace {
 /// of `arith.subi %i, %j` and reads nothing else.
 enum Reads : unsigned { kI = 1, kJ = 2, kD = 4, kSlice = 8, kOther = 16 };
 unsigned featureReads(Value v, Value i, Value j, Block &block, DenseMap<Value, unsigned> &memo) {
-  if (auto it = memo.find(v); it != memo.end())
-    return it->second;
-  unsigned r = 0;
-  if (v == i)
-    r = kI;
-  else if (v == j)
-    r = kJ;
-  else if (auto arg = dyn_cast<BlockArgument>(v))
-    r = arg.getOwner() == &block ? kOther : 0u;  // (b, h: the callers bind them as kSlice)
-  else if (auto sub = v.getDefiningOp<arith::SubIOp>(); sub && sub.getLhs() == i && sub.getRhs() == j)
-    r = kD;
-  else if (Operation *def = v.getDefiningOp()) {
-    if (isa<LoadOp>(def))
-      r = kOther;  // an index read from memory
-    for (Value operand : def->getOperands())
-      r |= featureReads(operand, i, j, block, memo);
-  }
-  return memo[v] = r;
+  return walkCone<unsigned>(
+      v, memo,
+      [&](Value x, unsigned &out) {
+        if (x == i)
+          out = kI;
+        else if (x == j)
+          out = kJ;
+        else if (auto arg = dyn_cast<BlockArgument>(x))
+          out = arg.getOwner() == &block ? kOther : 0u;  // (b, h: the callers bind them as kSlice)
+        else if (auto sub = x.getDefiningOp<arith::SubIOp>(); sub && sub.getLhs() == i && sub.getRhs() == j)
+          out = kD;
+        else
+          return false;
+        return true;
+      },
+      [&](Value, Operation *def) {
+        unsigned r = isa<LoadOp>(def) ? unsigned(kOther) : 0u;  // an index read from memory
+        for (Value operand : def->getOperands())
+          r |= memo.find(operand)->second;
+        return r;
+      });
 }
 /// A structural key of a region value (ops, attributes, block arguments by number), equal for the
 /// same computation in the body and the grad region. An operand appears in its user's key by the
 /// number of its own key (`ids`, shared by the regions compared), so a key's length is its op's,
 /// not its whole cone's (that doubled per level of a DAG: x2 = x1 + x1, ... took 9 GB at 24).
 std::string structuralKey(Value v, DenseMap<Value, std::string> &memo, std::map<std::string, unsigned> &ids) {
-  if (auto it = memo.find(v); it != memo.end())
-    return it->second;
-  std::string key;
-  if (auto arg = dyn_cast<BlockArgument>(v)) {
-    key = "a" + std::to_string(arg.getArgNumber());
-  } else if (Operation *def = v.getDefiningOp()) {
-    llvm::raw_string_ostream os(key);
-    os << def->getName() << "#" << cast<OpResult>(v).getResultNumber() << def->getAttrDictionary() << "(";
-    for (Value operand : def->getOperands()) {
-      const std::string k = structuralKey(operand, memo, ids);
-      os << "k" << ids.try_emplace(k, static_cast<unsigned>(ids.size())).first->second << ",";
-    }
-    os << ")";
-  }
-  return memo[v] = key;
+  return walkCone<std::string>(
+      v, memo,
+      [&](Value x, std::string &out) {
+        auto arg = dyn_cast<BlockArgument>(x);
+        if (!arg)
+          return false;
+        out = "a" + std::to_string(arg.getArgNumber());
+        return true;
+      },
+      [&](Value x, Operation *def) {
+        std::string key;
+        llvm::raw_string_ostream os(key);
+        os << def->getName() << "#" << cast<OpResult>(x).getResultNumber() << def->getAttrDictionary() << "(";
+        for (Value operand : def->getOperands())
+          os << "k" << ids.try_emplace(memo.find(operand)->second, static_cast<unsigned>(ids.size())).first->second
+             << ",";
+        os << ")";
+        return key;
+      });
 }
 } // namespace
 

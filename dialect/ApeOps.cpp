@@ -834,9 +834,10 @@ static LogicalResult verifyRegionSignature(Operation *op, Region &region, String
                                  << block.getNumArguments()
                                  << " argument(s): " << typeList(block.getArgumentTypes()) << ")";
   }
-  // The analyses walk a region's values recursively (analysis/KernelFacts.cpp): a bound on a
-  // spec's regions bounds their depth (a chain of some 100,000 ops overflowed the stack; the
-  // kernels the passes make from a few such regions stay far from it).
+  // A bound on a spec's regions, far above what an encoding needs (tens of ops): the emitted
+  // kernels are one C++ expression chain per region, which the C++ compiler takes time and memory
+  // to optimise. (The analyses of the fused kernel, analysis/KernelFacts.cpp, walk def-use cones
+  // without recursion: fused chains of 120,000 ops compile, test/lit/Tools/apec-long-chains.test.)
   constexpr size_t kMaxRegionOps = 10000;
   if (size_t n = block.getOperations().size();
       n > kMaxRegionOps && isa_and_nonnull<EncodingOp>(op->getParentOp()))
