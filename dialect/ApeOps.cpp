@@ -786,8 +786,12 @@ LogicalResult ParamOp::verify() {
   case abi::InitKind::ProjectionTerm:
   case abi::InitKind::ProjectionPrefix: {
     int64_t columns = static_cast<int64_t>(*getColumns());
-    if (columns < 1)
-      return emitOpError(kind) << " needs a positive `columns` attribute";
+    if (columns < 1 || columns > ::ape_rules::kMaxDim)
+      return emitOpError(kind) << " needs a `columns` attribute in [1, " << ::ape_rules::kMaxDim << "], got "
+                               << columns;
+    if (init == abi::InitKind::ProjectionTerm &&
+        (dims.size() != 2 || !dims[0].is(K::Heads) || !dims[1].is(K::HeadDim)))
+      return emitOpError("init \"projection_term\" needs shape [\"heads\", \"head_dim\"]");
     if (init == abi::InitKind::ProjectionPrefix &&
         (!isRowTable(dims) || dims[0].value != columns))
       return emitOpError("init \"projection_prefix\" needs shape [\"")

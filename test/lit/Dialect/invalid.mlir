@@ -482,6 +482,22 @@ ape.encoding @e {
 
 // -----
 
+// A projection_term param is one column of the layer's projection per head: the shape the runtime
+// reads (runtime/Manifest.cpp), refused here where apec had accepted it.
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op init "projection_term" needs shape ["heads", "head_dim"]}}
+  %p = ape.param "p" ["4"] init = "projection_term" {projection = "q", columns = 4 : i64, start = 0.0 : f64, step = 1.0 : f64}
+}
+
+// -----
+
+ape.encoding @e {
+  // expected-error @+1 {{'ape.param' op init "projection_term" needs a `columns` attribute in [1, 65536], got 9223372036854775807}}
+  %p = ape.param "p" ["heads", "head_dim"] init = "projection_term" {projection = "q", columns = 9223372036854775807 : i64, start = 0.0 : f64, step = 1.0 : f64}
+}
+
+// -----
+
 ape.encoding @e {
   // expected-error @+1 {{'ape.constant' op is only allowed inside a map, q_mod, k_mod or score_mod region}}
   %c = ape.constant 0.1
