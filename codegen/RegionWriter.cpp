@@ -11,6 +11,8 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::ape;
@@ -244,8 +246,15 @@ LogicalResult RegionWriter::emitOp(Operation &op) {
             if (auto f = dyn_cast<FloatAttr>(c.getValue()))
               return floatLiteral(f.getValueAsDouble());
             if (auto i = dyn_cast<IntegerAttr>(c.getValue()))
-              return c.getType().isInteger(1) ? std::string(i.getInt() ? "true" : "false")
-                                              : "int64_t(" + std::to_string(i.getInt()) + ")";
+            {
+              if (c.getType().isInteger(1))
+                return std::string(i.getInt() ? "true" : "false");
+              // INT64_MIN has no literal of its own (9223372036854775808 is an unsigned literal
+              // negated: a warning on every use under GCC and Clang, an error under -Werror).
+              const int64_t n = i.getInt();
+              return n == std::numeric_limits<int64_t>::min() ? std::string("int64_t(-9223372036854775807LL - 1)")
+                                                              : "int64_t(" + std::to_string(n) + ")";
+            }
             return std::nullopt;
           })
           .Case([&](ConstantOp c) {
