@@ -391,7 +391,7 @@ Outputs decode_reference(const SpecReference &ref, const Manifest &man, const Ce
     p.dout = c.dout.narrow(2, 0, L);
     for (auto &f : p.features) f = f.narrow(2, 0, L);
     p.forward_only = true;
-    if (L0 > 0) p.site = {0, 0, p.site.round_qk_bf16};  // (a transition transforms the prompt only)
+    if (L0 > 0) p.site = {0, 0, p.site.round_bf16};  // (a transition transforms the prompt only)
     const Outputs r = run_reference(ref, man, p, dtype);
     o.narrow(2, L0, n).copy_(r.at("o").narrow(2, L0, n));
     lse.narrow(2, L0, n).copy_(r.at("lse").narrow(2, L0, n));
@@ -608,7 +608,7 @@ void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell
     if (!bf16) refs.r32 = decode_reference(ref, man, c, steps, at::kFloat);
     if (bf16) {  // the yardstick: q' and k' rounded as the kernels read them
       Cell rounded = c;
-      rounded.site.round_qk_bf16 = true;
+      rounded.site.round_bf16 = true;
       refs.y64 = decode_reference(ref, man, rounded, steps, at::kDouble);
     }
     refs.ready = true;
@@ -846,7 +846,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
       Outputs y64;  // bf16: the yardstick, q' and k' rounded as the kernels read them
       if (bf16) {
         Cell rounded = rc;
-        rounded.site.round_qk_bf16 = true;
+        rounded.site.round_bf16 = true;
         y64 = summed_over_groups(run_reference(ref, man, rounded, at::kDouble), group);
       }
       DecodeReferences decode_refs;

@@ -559,10 +559,9 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     // q', k' and the relative rows.
     Tensor q = apply_mods(doc.at("q_mods"), q_in.to(env.dtype), env);
     Tensor k = apply_mods(doc.at("k_mods"), k_in.to(env.dtype), env);
-    if (site.round_qk_bf16) {  // (straight through: x + (round(x) - x), the difference constant)
-      auto round = [](const Tensor &x) { return x + (x.detach().to(at::kBFloat16).to(x.scalar_type()) - x.detach()); };
-      q = round(q), k = round(k);
-    }
+    // (straight through: x + (round(x) - x), the difference constant)
+    auto round = [](const Tensor &x) { return x + (x.detach().to(at::kBFloat16).to(x.scalar_type()) - x.detach()); };
+    if (site.round_bf16) q = round(q), k = round(k);
     const Tensor v = v_in.to(env.dtype);
     for (const json &r : doc.at("rel_rows")) {
       const std::string side = r.at("side");
@@ -587,7 +586,10 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     const Tensor pi = ii.masked_select(causal), pj = jj.masked_select(causal);
     const Tensor flat = pi * T + pj;
     const int64_t np = flat.numel();
-    Tensor s = (scale * at::matmul(q, k.transpose(2, 3))).reshape({B, H, T * T}).index_select(2, flat);
+    const Tensor qk = at::matmul(q, k.transpose(2, 3));
+    if (site.round_bf16 && qk.requires_grad())  // dS, as the kernels round it for dQ' and dK'
+      qk.register_hook([](const Tensor &g) { return g.to(at::kBFloat16).to(g.scalar_type()); });
+    Tensor s = (scale * qk).reshape({B, H, T * T}).index_select(2, flat);
     const Tensor bb = at::arange(B, at::kLong).view({B, 1, 1});
     const Tensor hh = at::arange(H, at::kLong).view({1, H, 1});
     const Tensor iv = pi.view({1, 1, np}), jv = pj.view({1, 1, np});
@@ -609,7 +611,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
       const Tensor A = apply_transition(doc.at("transition"), P, site, d.what);
       return {at::matmul(A, v), lse, s, p_pairs, pi};
     }
-    Tensor o = at::matmul(P, v);
+    Tensor o = at::matmul(site.round_bf16 ? round(P) : P, v);
 
     if (doc.at("value_rows").is_object()) {  // o_i += sum_j P_ij table[r(i, j), h, :]
       const json &vr = doc.at("value_rows");
@@ -624,6 +626,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
       const Tensor rows = tab.index({r, hh.expand({B, H, np})});  // [B, H, np, D]
       o = o.index_add(2, pi, p_pairs.unsqueeze(3) * rows);
     }
+    if (site.round_bf16) o = round(o);  // (as the kernels write it)
     return {o, lse, s, p_pairs, pi};
   } catch (const json::exception &e) {
     fail(d.what, std::string("malformed: ") + e.what());

@@ -71,6 +71,27 @@ def _namespace_taken(namespace):
         return False
 
 
+class _Fixed(torch.nn.Module):
+    """The fixed params of an Attention, as buffers: moved by .to(device) and .cuda() like any
+    buffer, but kept in their dtype under .half(), .bfloat16() and .to(dtype), which round them (a
+    window of 257 became 256 in bfloat16 and still passed the range check: other keys masked,
+    without a word). Each call passes them to the kernels as Attention.forward says."""
+
+    def _apply(self, fn, recurse=True):
+        def keep_dtype(t):
+            out = fn(t)
+            if isinstance(out, torch.Tensor) and t.is_floating_point() and out.dtype != t.dtype:
+                return t.to(device=out.device)
+            return out
+        return super()._apply(keep_dtype, recurse)
+
+
+def _compiling():
+    """Whether torch.compile is tracing the caller."""
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
 class Attention(torch.nn.Module):
     """The fused attention of one encoding: forward(q, k, v, *features, scale=None).
 
@@ -101,7 +122,7 @@ class Attention(torch.nn.Module):
         self.inference_only = bool(getattr(helper, "INFERENCE_ONLY", False))
         self.library_dir = library_dir
         self.params = torch.nn.ParameterDict()  # trainable params by manifest name
-        self.fixed = torch.nn.Module()          # fixed params, as buffers by manifest name
+        self.fixed = _Fixed()                   # fixed params, as buffers by manifest name
         self._shape = None
 
     def materialize(self, heads, head_dim, dtype=torch.float32, device=None, generator=None):
@@ -122,6 +143,9 @@ class Attention(torch.nn.Module):
         return self
 
     def forward(self, q, k, v, *features, params=None, scale=None, layer=None, num_layers=None):
+        for what, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{what} must be a torch.Tensor; got {type(t).__name__}")
         if len(features) != len(self.features):
             raise ValueError(f"encoding {self.name!r} takes {len(self.features)} token feature(s) "
                              f"{self.features} after q, k, v; got {len(features)}")
@@ -132,7 +156,18 @@ class Attention(torch.nn.Module):
                 raise ValueError("scale is a number: a tensor that requires grad would not be differentiated "
                                  "(pass a float, or scale q instead)")
             scale = float(scale)
+        if params is not None and not isinstance(params, dict):
+            raise TypeError(f"params must be a dict of name: tensor; got {type(params).__name__}")
+        for n, t in (params or {}).items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"encoding {self.name!r}: param {n!r} must be a torch.Tensor; got {type(t).__name__}")
         if self._shape is None:
+            if self.manifest["params"] and _compiling():
+                # (torch.compile cannot trace the creation of nn.Parameters: fullgraph=True failed
+                # with "Attempted to use torch.nn.Parameter() constructor with Dynamo")
+                raise RuntimeError(f"encoding {self.name!r}: its params are made at the first call, which "
+                                   f"torch.compile cannot trace; give ape.load heads= and head_dim= (or call "
+                                   f"materialize(heads, head_dim)) before compiling")
             self.materialize(q.shape[1], q.shape[3], device=q.device)
         elif self._shape != (q.shape[1], q.shape[3]) and self.manifest["params"]:
             raise ValueError(f"encoding {self.name!r}: params were made for (heads, head_dim) = {self._shape}; "
@@ -175,12 +210,19 @@ def load(spec, heads=None, head_dim=None, *, apec=None, cache_dir=None, verbose=
     cache_dir: default $APE_CACHE_DIR, else $XDG_CACHE_HOME/ape, else ~/.cache/ape. verbose: say when a library is built.
     cuda_dtypes, cuda_head_dims: the CUDA kernels to compile where PyTorch sees a GPU (e.g. ("bf16",)
     and (64,); default every variant: nvcc takes minutes for all nine)."""
+    if (heads is None) != (head_dim is None):
+        raise ValueError("give both heads and head_dim, or neither (then the params are made at the first call)")
+    for what, n in (("heads", heads), ("head_dim", head_dim)):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"{what} must be a whole number >= 1; got {n!r}")
+    for what, vals in (("cuda_dtypes", cuda_dtypes), ("cuda_head_dims", cuda_head_dims)):
+        if vals is not None and (isinstance(vals, (str, bytes, int)) or not hasattr(vals, "__iter__")):
+            raise TypeError(f"{what} is a sequence (e.g. {what}=" + ("(\"bf16\",)" if what == "cuda_dtypes" else "(64,)")
+                            + f"); got {vals!r}")
     log = (lambda s: print(s, file=sys.stderr)) if verbose else None
     name, lib, _ = cached_library(spec, apec=apec, cache_dir=cache_dir, log=log, cuda_dtypes=cuda_dtypes,
                                   cuda_head_dims=cuda_head_dims, check=_loadable)
     m = Attention(_import_helper(lib, name), lib)
-    if (heads is None) != (head_dim is None):
-        raise ValueError("give both heads and head_dim, or neither (then the params are made at the first call)")
     if heads is not None:
         m.materialize(heads, head_dim)
     return m

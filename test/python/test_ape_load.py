@@ -206,3 +206,31 @@ def test_a_build_folder_is_removed_only_once_its_builder_is_gone(tmp_path):
     finally:
         os.close(fd)
     assert [f.exists() for f in folders] == [True, False, True]
+
+
+def test_arguments_are_checked_before_a_build_and_fixed_params_keep_their_dtype(spec):
+    """load's own arguments are refused before anything compiles; a call's params and tensors are
+    checked by type; .bfloat16() rounds the trainable params as asked but not the fixed ones (a
+    window of 257 became 256, which still passed the range check); a module whose params are made
+    at the first call says how to compile it (torch.compile cannot trace their creation)."""
+    with pytest.raises(ValueError, match="give both heads and head_dim"):
+        ape.load("/no/such/spec.mlir", heads=4)
+    with pytest.raises(ValueError, match="heads must be a whole number >= 1; got 0"):
+        ape.load("/no/such/spec.mlir", heads=0, head_dim=8)
+    with pytest.raises(TypeError, match=r"cuda_dtypes is a sequence"):
+        ape.load(spec, cuda_dtypes="bf16")
+    m = ape.load(spec, heads=2, head_dim=8)
+    m.fixed.window.fill_(257.0)
+    m.bfloat16()
+    assert m.fixed.window.dtype == torch.float32 and float(m.fixed.window) == 257.0
+    assert m.params["slopes"].dtype == torch.bfloat16
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(TypeError, match="param 'slopes' must be a torch.Tensor; got list"):
+        m(q, q, q, params={"slopes": [0.1, 0.2]})
+    with pytest.raises(TypeError, match="params must be a dict"):
+        m(q, q, q, params=[q])
+    with pytest.raises(TypeError, match="q must be a torch.Tensor; got ndarray"):
+        m(q.numpy(), q, q)
+    with pytest.raises(Exception, match="give ape.load heads= and head_dim="):
+        torch.compile(ape.load(spec), fullgraph=True, backend="eager")(q, q, q)
+    assert torch.compile(ape.load(spec, heads=2, head_dim=8), fullgraph=True, backend="eager")(q, q, q).shape == q.shape
