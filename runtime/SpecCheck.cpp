@@ -402,6 +402,7 @@ Outputs decode_reference(const SpecReference &ref, const Manifest &man, const Ce
 
 struct Error {
   double max_abs = 0, rel = 0;  // rel = max_abs / max(1, max |ref|); NaN / inf on a mismatch
+  double size = 0;              // max |ref| / max(1, max |ref|): the rel of a kernel that wrote zeros
 };
 
 // Where the reference is infinite (the -inf lse of a row with no visible key), the kernel must
@@ -420,7 +421,7 @@ Error compare(const Tensor &got, const Tensor &ref) {
   const Tensor diff = (got.masked_select(finite) - ref.masked_select(finite)).abs();
   const double err = at::isnan(diff).any().item<bool>() ? NAN : diff.max().item<double>();
   const double mag = ref.masked_select(finite).abs().max().item<double>();
-  return {err, err / std::max(1.0, mag)};
+  return {err, err / std::max(1.0, mag), mag / std::max(1.0, mag)};
 }
 
 // The worst row per (quantity, precision): the largest error relative to its tolerance.
@@ -428,6 +429,15 @@ struct Table {
   std::vector<CheckRow> rows;
   std::map<std::pair<std::string, std::string>, size_t> at;
   bool verbose = false;
+  // bf16 rows whose tolerance reached half the reference's size (bf16_row): "quantity precision"
+  // and their cells, in order; not checks (no error could fail them).
+  std::vector<std::pair<std::string, std::vector<std::string>>> unresolved;
+  void add_unresolved(const CheckRow &r) {
+    const std::string key = r.quantity + " " + r.precision;
+    for (auto &[k, cells] : unresolved)
+      if (k == key) return cells.push_back(r.shape);
+    unresolved.push_back({key, {r.shape}});
+  }
   void add(CheckRow r) {
     r.pass = r.rel <= r.tol;  // false for NaN
     if (verbose) return rows.push_back(r);
@@ -487,10 +497,22 @@ CheckRow fp32_row(const std::string &q, const std::string &prec, const std::stri
 // change when its q' and k' are rounded to bf16 as the kernels' tensor cores read them (a q or k
 // mod that amplifies its input amplifies that rounding, in the kernel and in y alike: ExPE-like
 // terms, a mod scaling q 40-fold). A NaN yardstick leaves the floor.
-CheckRow bf16_row(const std::string &q, const std::string &prec, const std::string &cell,
-                  const Error &e, const Error &y, double floor, const CheckOptions &opt) {
+// A bf16 row: tolerance max(bf16_tol, factor x yardstick), the yardstick the reference's own change
+// under the kernels' roundings (ReferenceSite::round_bf16), the factor bf16_param_factor for a
+// param gradient (a sum over every pair, whose rounding the one draw of the yardstick estimates
+// less closely: measured up to 5x on a log's derivative near its pole, derivative_edges.mlir) and
+// bf16_factor elsewhere. A row whose tolerance reaches half the reference's normalised size could
+// not fail even where the kernel wrote zeros: it goes to the table's unresolved list, not counted
+// as a check (before, a floor of 4e-3 sqrt(pairs) gave param rows tolerances of 0.6-1.2: any
+// gradient passed them).
+void bf16_row(Table &table, const std::string &q, const std::string &prec, const std::string &cell,
+              const Error &e, const Error &y, const CheckOptions &opt, const std::string &note = "") {
   const double yard = std::isfinite(y.rel) ? y.rel : 0.0;
-  return {q, prec, cell, e.max_abs, e.rel, yard, std::max(floor, opt.bf16_factor * yard)};
+  const double factor = q.find("dparam:") != std::string::npos ? opt.bf16_param_factor : opt.bf16_factor;
+  CheckRow row{q, prec, cell, e.max_abs, e.rel, yard, std::max(opt.bf16_tol, factor * yard)};
+  row.note = note;
+  if (std::isfinite(e.rel) && row.tol >= 0.5 * e.size) return table.add_unresolved(row);
+  table.add(row);
 }
 
 // fp64 central differences of L = sum(o . dO) through the kernel's forward against its backward,
@@ -635,8 +657,11 @@ void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell
     for (const char *name : {"o", "lse"}) {
       const std::string q = kind + name;
       const Error e = compare(got.at(name), r64.at(name));
-      CheckRow row = bf16 ? bf16_row(q, prec, c.label(), e, compare(y64.at(name), r64.at(name)), opt.bf16_tol, opt)
-                          : fp32_row(q, prec, c.label(), e, compare(r32.at(name), r64.at(name)), opt.fp32_floor, opt);
+      if (bf16) {
+        bf16_row(table, q, prec, c.label(), e, compare(y64.at(name), r64.at(name)), opt, schedule);
+        continue;
+      }
+      CheckRow row = fp32_row(q, prec, c.label(), e, compare(r32.at(name), r64.at(name)), opt.fp32_floor, opt);
       row.note = row.note.empty() ? schedule : schedule + "; " + row.note;
       table.add(row);
     }
@@ -870,16 +895,14 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         }
         std::vector<std::string> order = {"o", "dq", "dk", "dv"};
         for (const FeatureSpec &f : man.features) order.push_back("dfeature:" + f.name);
-        for (const ParamSpec &p : man.params) order.push_back("dparam:" + p.name);
+        // (a fixed param's gradient is zeros in both: run_installed's and the reference's)
+        for (const ParamSpec &p : man.params)
+          if (p.trainable) order.push_back("dparam:" + p.name);
         for (const std::string &q : order) {
           const Error e = compare(got.at(q), r64.at(q));
           const CheckShape &s = c.shape;
-          if (bf16) {  // (its floor measured on the emulated kernels at D 64: not scaled by D)
-            const double pairs = double(s.B) * double(s.H) * double(s.T) * double(s.T + 1) / 2.0;
-            const double floor = q.rfind("dparam:", 0) == 0
-                                     ? std::max(opt.bf16_tol, opt.bf16_param_floor * std::sqrt(pairs))
-                                     : opt.bf16_tol;
-            table.add(bf16_row(prefix + q, prec, label, e, compare(y64.at(q), r64.at(q)), floor, opt));
+          if (bf16) {
+            bf16_row(table, prefix + q, prec, label, e, compare(y64.at(q), r64.at(q)), opt);
             continue;
           }
           const Error y = compare(r32.at(q), r64.at(q));
@@ -930,6 +953,11 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
                e.rel, -1, 1e-12});
   }
   report.rows = table.rows;
+  for (const auto &[key, cells] : table.unresolved) {
+    std::string line = key + " (";
+    for (size_t n = 0; n < cells.size(); ++n) line += (n ? ", " : "") + cells[n];
+    report.unresolved.push_back(line + ")");
+  }
   return report;
 }
 
@@ -937,6 +965,11 @@ void print_report(std::ostream &os, const CheckReport &report) {
   // An interface mismatch, or a check the grid could not make ("not checked: ...").
   for (const std::string &p : report.problems)
     os << (p.rfind("not checked: ", 0) == 0 ? "" : "interface mismatch: ") << p << "\n";
+  if (!report.unresolved.empty()) {
+    os << "not checked in bf16 (the tolerance would reach half the reference's size there, so no "
+          "error could fail them; the fp32 rows check them):\n";
+    for (const std::string &u : report.unresolved) os << "  " << u << "\n";
+  }
   if (report.rows.empty()) return;
   size_t w = 8;
   for (const CheckRow &r : report.rows) w = std::max(w, r.quantity.size());

@@ -68,7 +68,7 @@ struct CheckOptions {
   // "bf16"), at every cell whose head dim is in cuda_head_dims, fused_attention after
   // use_kernels(dtype) (runtime/SimtAttention.h's use_simt_kernels), and use_kernels("cpu")
   // after. Rows of precision "cuda-f32" (the fp32 tolerance) and "cuda-bf16" (q, k, v and dO
-  // rounded to bf16 for the reference too; tolerance max(bf16_tol, bf16_factor x yardstick) on the normalised error). lse is
+  // rounded to bf16 for the reference too; the tolerance of bf16_row, below, on the normalised error). lse is
   // not compared (the autograd binding returns o alone).
   std::vector<std::string> cuda_dtypes;
   std::vector<int64_t> cuda_head_dims;
@@ -95,14 +95,15 @@ struct CheckOptions {
       const std::vector<at::Tensor> &, const std::vector<at::Tensor> &, double, const std::vector<int64_t> &,
       int)>
       cuda_decode;
-  double bf16_tol = 3e-2;
-  // A bf16 row's tolerance is at least this times its yardstick: the reference's own change when
-  // q' and k' are rounded to bf16 after the mods, as the kernels' tensor cores read them.
-  double bf16_factor = 2.0;
-  // A bf16 param gradient sums its terms over the N = B H T (T+1)/2 query-key pairs from P and dS
-  // rounded to bf16 (2^-9) for the tensor cores, with cancellation (sum_j dS_ij = 0): at least
-  // this times sqrt(N) (measured up to 1.3e-3 on FIRE's second layer, 5.8e-4 on ExPE's terms).
-  double bf16_param_floor = 4e-3;
+  // A bf16 row's tolerance: max(bf16_tol, bf16_factor x its yardstick), the yardstick the
+  // reference's own change under the kernels' roundings (ReferenceSite::round_bf16: q', k', P, o,
+  // dS, Delta and the input gradients rounded as the 16-bit kernels round them); a param gradient's
+  // factor is bf16_param_factor. Measured on the emulated kernels of 11 specs (rope, t5,
+  // alibi_learned, cable, shaw, expe, fire, kcable, xpos, forget_gate, derivative_edges): error /
+  // yardstick at most 2.0 on o, dq, dk, dv and features, 5.0 on param gradients.
+  double bf16_tol = 5e-3;
+  double bf16_factor = 3.0;
+  double bf16_param_factor = 8.0;
 };
 
 // The default grid: T = 1, a partial tile (T = 37), exactly one 64 x 64 tile, several tiles with
@@ -133,6 +134,9 @@ struct CheckRow {
 struct CheckReport {
   std::vector<CheckRow> rows;
   std::vector<std::string> problems;  // interface mismatches: each one a failure
+  // bf16 rows left unchecked, "quantity precision (cells)": their tolerance reached half the
+  // reference's size (no error could have failed them); not failures
+  std::vector<std::string> unresolved;
   bool passed() const;
 };
 

@@ -557,12 +557,21 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     }
 
     // q', k' and the relative rows.
-    Tensor q = apply_mods(doc.at("q_mods"), q_in.to(env.dtype), env);
-    Tensor k = apply_mods(doc.at("k_mods"), k_in.to(env.dtype), env);
     // (straight through: x + (round(x) - x), the difference constant)
     auto round = [](const Tensor &x) { return x + (x.detach().to(at::kBFloat16).to(x.scalar_type()) - x.detach()); };
+    // The inputs' gradients as the kernels write them (a copy's hook: not the caller's tensor's).
+    auto input = [&](const Tensor &x) {
+      Tensor t = x.to(env.dtype);
+      if (site.round_bf16 && t.requires_grad()) {
+        t = t.clone();
+        t.register_hook([](const Tensor &g) { return g.to(at::kBFloat16).to(g.scalar_type()); });
+      }
+      return t;
+    };
+    Tensor q = apply_mods(doc.at("q_mods"), input(q_in), env);
+    Tensor k = apply_mods(doc.at("k_mods"), input(k_in), env);
     if (site.round_bf16) q = round(q), k = round(k);
-    const Tensor v = v_in.to(env.dtype);
+    const Tensor v = input(v_in);
     for (const json &r : doc.at("rel_rows")) {
       const std::string side = r.at("side");
       const size_t table = r.at("table");
@@ -626,7 +635,26 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
       const Tensor rows = tab.index({r, hh.expand({B, H, np})});  // [B, H, np, D]
       o = o.index_add(2, pi, p_pairs.unsqueeze(3) * rows);
     }
-    if (site.round_bf16) o = round(o);  // (as the kernels write it)
+    if (site.round_bf16) {
+      // o as the kernels write it, and their Delta_i = dO_i . o_i of that o where autograd's
+      // softmax backward forms sum_j P_ij dP_ij = dO_i . o_i of the exact one: the logits'
+      // gradient P (dP - Delta) gains P_ij dO_i . (o_i - round(o_i)) (dO from a hook on the
+      // returned o, which the backward reaches first).
+      const Tensor exact = o;
+      o = round(o);
+      if (logits.requires_grad() && o.requires_grad()) {
+        auto dout = std::make_shared<Tensor>();
+        const Tensor diff = (exact - exact.to(at::kBFloat16).to(exact.scalar_type())).detach();
+        const Tensor Pd = P.detach();
+        o.register_hook([dout](const Tensor &g) {
+          *dout = g;
+          return g;
+        });
+        logits.register_hook([dout, diff, Pd](const Tensor &g) {
+          return dout->defined() ? g + Pd * (*dout * diff).sum(3, true) : g;
+        });
+      }
+    }
     return {o, lse, s, p_pairs, pi};
   } catch (const json::exception &e) {
     fail(d.what, std::string("malformed: ") + e.what());

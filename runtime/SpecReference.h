@@ -39,12 +39,13 @@ struct SpecReferenceData;  // the parsed JSON
 // 0-based, of `num_layers`; num_layers = 0 transforms nothing, as in the kernels).
 struct ReferenceSite {
   int64_t layer = 0, num_layers = 0;
-  // Rounded to bf16 where the 16-bit kernels round for their tensor cores: q' and k' after the
-  // mods, P before P V (and P^T dO), o as written, and the gradient of the product q' k'^T (dS)
-  // before dQ' = dS K' and dK' = dS^T Q' (straight through: the forward's roundings pass their
-  // gradients unchanged). ape-check's bf16 yardstick (SpecCheck.h): the reference's own change
-  // under the kernels' roundings. Not rounded: Delta = dO . o (autograd forms sum_j P dP), the
-  // transition's and the value rows' terms.
+  // Rounded to bf16 where the 16-bit kernels round: q' and k' after the mods, P before P V (and
+  // P^T dO), o as written, the gradient of the product q' k'^T (dS) before dQ' = dS K' and
+  // dK' = dS^T Q', and the gradients of q, k and v as written; and Delta_i = dO_i . o_i taken of
+  // the rounded o, as the kernels take it (autograd's softmax backward forms it of the exact one:
+  // a hook adds the difference). The forward's roundings pass their gradients straight through.
+  // ape-check's bf16 yardstick (SpecCheck.h): the reference's own change under the kernels'
+  // roundings. Not rounded: the transition's and the value rows' terms.
   bool round_bf16 = false;
 };
 

@@ -204,10 +204,10 @@ static int tool_main(int argc, char **argv) {
                "(cached), at the grid's head dims among 32, 64 and 128 (with --kernel NAME: the build's\n"
                "emulated kernels of NAME, the variants it has); rows cuda-f32 (the fp32 tolerance) and\n"
                "cuda-bf16 (--bf16-tol on the normalised error, or --bf16-factor x the reference's own change\n"
-               "when its q' and k' are rounded to bf16 as the kernels read them; the reference fed the\n"
-               "bf16-rounded q, k, v and dO), the CUDA decode steps' too (decode:o, decode:lse). An\n"
-               "inference-only spec is refused.");
-  app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: tolerance of the bf16 kernels' normalised error, in (0, 1]")
+               "under the kernels' bf16 roundings, whichever is larger; the reference fed the bf16-rounded q,\n"
+               "k, v and dO), the CUDA decode steps' too (decode:o, decode:lse). An inference-only spec is\n"
+               "refused.");
+  app.add_option("--bf16-tol", opt.bf16_tol, "--cuda: the least tolerance of the bf16 kernels' normalised error, in (0, 1]")
       ->capture_default_str();
   ape::cli::add_list_option(app, "--cuda-archs", opt.cuda_archs,
                  "--cuda: the architectures whose kernels are checked, the emulator posing as each (80, 86, 89,\n"
@@ -216,11 +216,11 @@ static int tool_main(int argc, char **argv) {
                             /*show_default=*/true);
   app.add_option("--bf16-factor", opt.bf16_factor,
                  "--cuda: a bf16 row's tolerance is at least this times its yardstick (the reference's change\n"
-                 "when q' and k' are rounded to bf16 after the mods), in [1, 1e6]")
+                 "when q', k', P, o, dS and the gradients are rounded to bf16 where the kernels round them), in\n"
+                 "[1, 1e6]")
       ->capture_default_str();
-  app.add_option("--bf16-param-floor", opt.bf16_param_floor,
-                 "--cuda: the least bf16 tolerance of a param gradient, per sqrt of the query-key pairs it\n"
-                 "sums, in (0, 1]")
+  app.add_option("--bf16-param-factor", opt.bf16_param_factor,
+                 "--cuda: a bf16 param gradient's tolerance is at least this times its yardstick, in [1, 1e6]")
       ->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
   APE_CLI_PARSE_STATUS(app, argc, argv, 2);  // (1 is a failed check)
@@ -235,7 +235,7 @@ static int tool_main(int argc, char **argv) {
     ape::require_in("--fp32-floor", opt.fp32_floor, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--fp32-yardstick-max", opt.fp32_yardstick_max, 0.0, 1.0, /*open_low=*/true);
     ape::require_in("--bf16-tol", opt.bf16_tol, 0.0, 1.0, /*open_low=*/true);
-    ape::require_in("--bf16-param-floor", opt.bf16_param_floor, 0.0, 1.0, /*open_low=*/true);
+    ape::require_in("--bf16-param-factor", opt.bf16_param_factor, 1.0, 1e6);
     ape::require_in("--bf16-factor", opt.bf16_factor, 1.0, 1e6);
     for (size_t n = 0; n < opt.cuda_archs.size(); ++n) {
       const int sm = opt.cuda_archs[n];

@@ -1,6 +1,7 @@
 // ape-check's comparisons (runtime/SpecCheck.h) with kernels that are wrong in one part only: the
 // decode rows must fail where the KV-cache decode steps are not the spec's, while every row of the
 // forward and backward still passes (the same kernel entry otherwise).
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -175,6 +176,39 @@ TEST(SpecCheck, CudaDecodeRowsJudgeWhatTheDecodeStepsReturn) {
   std::string note;
   EXPECT_EQ(failed_rows(r, "decode:o", &note), 1);
   EXPECT_NE(note.find("decode step: invalid argument"), std::string::npos) << note;
+}
+
+// apec --emit=reference of examples/encodings/alibi_learned.mlir (its source name shortened).
+const char *kAlibiLearnedReference = R"({"causal":true,"embedding":null,"encoding":"alibi_learned","features":[],"format":"ape-reference/1","k_mods":[],"params":[{"name":"alibi_slopes","shape":["heads"],"trainable":true}],"q_mods":[],"rel_rows":[],"scale":null,"score_mods":[{"args":5,"ops":[{"op":"ape.load","operands":[2],"source":{"kind":"param","param":0},"type":"f32"},{"op":"arith.subi","operands":[3,4],"type":"index"},{"op":"arith.index_cast","operands":[6],"type":"i64"},{"op":"arith.sitofp","operands":[7],"type":"f32"},{"op":"arith.mulf","operands":[5,8],"type":"f32"},{"op":"arith.negf","operands":[9],"type":"f32"},{"op":"arith.addf","operands":[0,10],"type":"f32"}],"yield":[11]}],"source":"alibi_learned.mlir","tokens":[],"transition":null,"value_rows":null})";
+
+// ALiBi with learned slopes, its fp32 backward writing zeros for the slopes' gradient.
+void zero_slopes_backward_f32(const ape::AttnArgs<float> &a) {
+  ape::find_kernel("alibi_learned").backward_f32(a);
+  std::fill(a.dparams[0], a.dparams[0] + a.H, 0.f);
+}
+
+// A bf16 param row can fail: a kernel whose param gradient is zero fails it (the rows' floor of
+// 4e-3 sqrt(pairs) had given tolerances of 0.6-1.2, above any normalised error), and the right
+// kernel passes it. (The "CUDA" kernels are the CPU's here: use_kernels does nothing.)
+TEST(SpecCheck, Bf16ParamRowsFailAGradientOfZeros) {
+  const auto ref = ape::SpecReference::parse(kAlibiLearnedReference, "alibi_learned");
+  ape::CheckOptions o = small_grid();
+  o.decode = false;
+  o.cuda_dtypes = {"bf16"}, o.cuda_head_dims = {16};
+  o.use_kernels = [](const std::string &) {};
+  auto rows = [](const ape::CheckReport &r, bool pass) {
+    int n = 0;
+    for (const auto &row : r.rows) n += row.quantity == "dparam:alibi_slopes" && row.precision == "cuda-bf16" && row.pass == pass;
+    return n;
+  };
+  const ape::CheckReport right = ape::check_kernel(ape::find_kernel("alibi_learned"), ref, o);
+  EXPECT_TRUE(right.passed());
+  EXPECT_EQ(rows(right, true), 1);
+  ape::KernelEntry wrong = ape::find_kernel("alibi_learned");
+  wrong.backward_f32 = &zero_slopes_backward_f32;
+  const ape::CheckReport r = ape::check_kernel(wrong, ref, o);
+  EXPECT_EQ(rows(r, false), 1);
+  EXPECT_EQ(rows(r, true), 0);
 }
 
 }  // namespace
