@@ -83,6 +83,43 @@ LogicalResult mlir::ape::checkNesting(const llvm::SourceMgr &sourceMgr, MLIRCont
   return success();
 }
 
+LogicalResult mlir::ape::checkFloatLiterals(const llvm::SourceMgr &sourceMgr, MLIRContext *context) {
+  const llvm::MemoryBuffer *buffer = sourceMgr.getMemoryBuffer(sourceMgr.getMainFileID());
+  llvm::StringRef text = buffer->getBuffer();
+  auto isDigit = [](char c) { return c >= '0' && c <= '9'; };
+  // (a digit after one of these is inside a name or a number: %x1e5, @e2e3, 1.5e3's 5)
+  auto inToken = [&](char c) {
+    return isDigit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || llvm::StringRef("_$.%@^#!").contains(c);
+  };
+  for (size_t i = 0, n = text.size(); i < n; ++i) {
+    if (skipStringOrComment(text, i) || !isDigit(text[i]) || (i > 0 && inToken(text[i - 1])))
+      continue;
+    size_t j = i;
+    if (text[i] == '0' && i + 1 < n && (text[i + 1] == 'x' || text[i + 1] == 'X')) {  // hex: 0x1e5
+      for (j = i + 2; j < n && llvm::isHexDigit(text[j]); ++j) {
+      }
+    } else {
+      while (j < n && isDigit(text[j]))
+        ++j;
+      const size_t k = j + 1 < n && (text[j + 1] == '+' || text[j + 1] == '-') ? j + 2 : j + 1;
+      if (j < n && (text[j] == 'e' || text[j] == 'E') && k < n && isDigit(text[k])) {
+        size_t end = k;
+        while (end < n && isDigit(text[end]))
+          ++end;
+        const std::string written = text.slice(i, end).str();
+        const std::string meant = text.slice(i, j).str() + ".0" + text.slice(j, end).str();
+        auto [line, column] = sourceMgr.getLineAndColumn(llvm::SMLoc::getFromPointer(text.data() + i));
+        emitError(FileLineColLoc::get(context, buffer->getBufferIdentifier(), line, column))
+            << "'" << written << "' is not a number here: a float needs a '.' (write " << meant
+            << "; MLIR reads " << written << " as the integer " << text.slice(i, j) << " followed by a name)";
+        return failure();
+      }
+    }
+    i = j - 1;  // (past the number)
+  }
+  return success();
+}
+
 /// A value used before the file defines it, where the file defines it later, is refused before
 /// MLIR parses the file. A spec never needs one (a region reads values defined above it; the
 /// encoding's body is isolated from above), and MLIR 19's parser frees a region that fails to
@@ -274,7 +311,7 @@ static void warnUnusedValues(ModuleOp module) {
 
 OwningOpRef<ModuleOp> mlir::ape::parseSpec(llvm::SourceMgr &sourceMgr, MLIRContext *context) {
   if (failed(checkUtf8(sourceMgr, context)) || failed(checkNesting(sourceMgr, context)) ||
-      failed(checkForwardReferences(sourceMgr, context)))
+      failed(checkFloatLiterals(sourceMgr, context)) || failed(checkForwardReferences(sourceMgr, context)))
     return nullptr;
   OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, context);
   if (!module)

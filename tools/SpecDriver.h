@@ -52,6 +52,12 @@ std::unique_ptr<llvm::MemoryBuffer> withoutByteOrderMark(std::unique_ptr<llvm::M
 /// A spec is UTF-8 text: a UTF-16 file or a NUL byte is refused, saying so.
 mlir::LogicalResult checkUtf8(const llvm::SourceMgr &sourceMgr, mlir::MLIRContext *context);
 
+/// A number with an exponent and no '.' (1e5, 2E-3) is refused at its place, saying to write
+/// 1.0e5: MLIR's lexer reads a float only with a '.', and took 1e5 as the integer 1 before an
+/// identifier e5 ("expected '}' in attribute dictionary", or "Dialect '' not found for custom op
+/// 'e400'" in a region).
+mlir::LogicalResult checkFloatLiterals(const llvm::SourceMgr &sourceMgr, mlir::MLIRContext *context);
+
 /// checkNesting and checkForwardReferences, then parses and verifies the main buffer; null (with diagnostics emitted)
 /// when the spec is malformed, is not UTF-8 (UTF-16, by its byte-order mark or its NUL bytes) or
 /// holds no ape.encoding. A value of an encoding that nothing uses (a param, a token feature, rows

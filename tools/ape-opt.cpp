@@ -74,6 +74,7 @@ int main(int argc, char **argv) {
     mlir::SourceMgrDiagnosticHandler handler(sourceMgr, &context);
     if ((!bytecode && mlir::failed(mlir::ape::checkUtf8(sourceMgr, &context))) ||
         mlir::failed(mlir::ape::checkNesting(sourceMgr, &context)) ||
+        (!bytecode && mlir::failed(mlir::ape::checkFloatLiterals(sourceMgr, &context))) ||
         mlir::failed(mlir::ape::checkForwardReferences(sourceMgr, &context, config.inputSplitMarker())))
       return 1;
   }

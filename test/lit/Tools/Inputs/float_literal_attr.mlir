@@ -1,0 +1,3 @@
+ape.encoding @r {
+  ape.rotary {base = 1e5}
+}
