@@ -685,9 +685,12 @@ void kernel_rows(Table &table, const std::vector<std::string> &order, const std:
 }
 
 // Grouped-query attention (AttnArgs::kv_heads, docs/frameworks.md) at the grid's cell with the
-// most heads (T > 1): its heads doubled, k and v of its H heads (groups of 2, query head h reading
-// key head h / 2), or, where the spec pins model_dim (so H), k and v of H / p heads (p the
-// smallest prime factor of H; no rows where H is 1). Through the kernel's fp64 and fp32 forward and
+// most heads (T > 1): its H heads times p, k and v of its H heads (groups of p, query head h
+// reading key head h / p; p = 2, or 3 where H is 2, so that the group size and the key heads'
+// count differ: with groups of 2 from 2 key heads, h / 2 read the right head whether a kernel
+// divided by the group size or by the key heads' count), or, where the spec pins model_dim (so
+// H), k and v of H / p heads (p the smallest divisor of H above 1 other than sqrt(H); no rows
+// where H is 1). Through the kernel's fp64 and fp32 forward and
 // backward (and its decode steps, with `decode`), against the reference over k and v repeated to
 // every query head, dk and dv summed over each group: rows grouped:QUANTITY and grouped-decode:o,
 // :lse with the tolerances of the rows without groups.
@@ -700,10 +703,12 @@ std::optional<std::pair<CheckShape, int64_t>> grouped_shape(const Manifest &man,
   if (!widest || (man.model_dim_hint && widest->H < 2)) return std::nullopt;
   CheckShape shape = *widest;
   int64_t p = 2;
-  if (man.model_dim_hint)
-    while (shape.H % p != 0) ++p;
-  else
-    shape.H *= 2;
+  if (man.model_dim_hint) {
+    while (shape.H % p != 0 || (p * p == shape.H && p < shape.H)) ++p;
+  } else {
+    p = shape.H == 2 ? 3 : 2;
+    shape.H *= p;
+  }
   return std::make_pair(shape, p);
 }
 

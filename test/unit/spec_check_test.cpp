@@ -102,8 +102,8 @@ TEST(SpecCheck, GroupedRowsFailWhereTheGroupsAreWrong) {
   int others = 0;
   for (const auto &row : r.rows) others += !row.pass && row.quantity.rfind("grouped:", 0) != 0;
   EXPECT_EQ(others, 0);
-  bool grouped_cell = false;  // the small grid's 2 heads doubled, k and v of 2
-  for (const auto &row : r.rows) grouped_cell |= row.quantity == "grouped:o" && row.shape == "2x4x70x16 kv2";
+  bool grouped_cell = false;  // the small grid's 2 heads tripled, k and v of 2 (groups of 3)
+  for (const auto &row : r.rows) grouped_cell |= row.quantity == "grouped:o" && row.shape == "2x6x70x16 kv2";
   EXPECT_TRUE(grouped_cell);
 }
 
