@@ -100,10 +100,11 @@ struct CheckOptions {
   // dS, Delta and the input gradients rounded as the 16-bit kernels round them); a param gradient's
   // factor is bf16_param_factor. Measured on the emulated kernels of 11 specs (rope, t5,
   // alibi_learned, cable, shaw, expe, fire, kcable, xpos, forget_gate, derivative_edges): error /
-  // yardstick at most 2.0 on o, dq, dk, dv and features, 5.0 on param gradients.
+  // yardstick at most 1.7 on o, dq, dk, dv and features, 9.9 on param gradients (ALiBi's learned
+  // slopes, summed over every diagonal times its distance; FIRE's 4.1).
   double bf16_tol = 5e-3;
   double bf16_factor = 3.0;
-  double bf16_param_factor = 8.0;
+  double bf16_param_factor = 16.0;
 };
 
 // The default grid: T = 1, a partial tile (T = 37), exactly one 64 x 64 tile, several tiles with
@@ -129,13 +130,17 @@ struct CheckRow {
   double max_abs = 0, rel = 0, yardstick = -1, tol = 0;  // yardstick < 0: none (fp64, fd)
   bool pass = false;
   std::string note;
+  // The reference's normalised size, max |ref| / max(1, max |ref|): the rel of a kernel that wrote
+  // zeros; < 0 where not recorded. A passing row whose tolerance reaches half of it (and it is
+  // not 0) would pass zeros too: check_kernel lists it apart (CheckReport::unresolved).
+  double size = -1;
 };
 
 struct CheckReport {
   std::vector<CheckRow> rows;
   std::vector<std::string> problems;  // interface mismatches: each one a failure
-  // bf16 rows left unchecked, "quantity precision (cells)": their tolerance reached half the
-  // reference's size (no error could have failed them); not failures
+  // Passing rows not counted as checks, "quantity precision (cells)": their tolerance reached
+  // half the reference's size (a kernel that wrote zeros would have passed them too)
   std::vector<std::string> unresolved;
   bool passed() const;
 };

@@ -559,19 +559,20 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     // q', k' and the relative rows.
     // (straight through: x + (round(x) - x), the difference constant)
     auto round = [](const Tensor &x) { return x + (x.detach().to(at::kBFloat16).to(x.scalar_type()) - x.detach()); };
-    // The inputs' gradients as the kernels write them (a copy's hook: not the caller's tensor's).
-    auto input = [&](const Tensor &x) {
+    // The inputs' gradients as the kernels write them (a copy's hook: not the caller's tensor's);
+    // k's and v's not where the caller sums them over groups first (round_kv_grads).
+    auto input = [&](const Tensor &x, bool round_grad) {
       Tensor t = x.to(env.dtype);
-      if (site.round_bf16 && t.requires_grad()) {
+      if (site.round_bf16 && round_grad && t.requires_grad() && at::GradMode::is_enabled()) {
         t = t.clone();
         t.register_hook([](const Tensor &g) { return g.to(at::kBFloat16).to(g.scalar_type()); });
       }
       return t;
     };
-    Tensor q = apply_mods(doc.at("q_mods"), input(q_in), env);
-    Tensor k = apply_mods(doc.at("k_mods"), input(k_in), env);
+    Tensor q = apply_mods(doc.at("q_mods"), input(q_in, true), env);
+    Tensor k = apply_mods(doc.at("k_mods"), input(k_in, site.round_kv_grads), env);
     if (site.round_bf16) q = round(q), k = round(k);
-    const Tensor v = input(v_in);
+    const Tensor v = input(v_in, site.round_kv_grads);
     for (const json &r : doc.at("rel_rows")) {
       const std::string side = r.at("side");
       const size_t table = r.at("table");
@@ -620,7 +621,8 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
       const Tensor A = apply_transition(doc.at("transition"), P, site, d.what);
       return {at::matmul(A, v), lse, s, p_pairs, pi};
     }
-    Tensor o = at::matmul(site.round_bf16 ? round(P) : P, v);
+    const Tensor Pr = site.round_bf16 ? round(P) : P;
+    Tensor o = at::matmul(Pr, v);
 
     if (doc.at("value_rows").is_object()) {  // o_i += sum_j P_ij table[r(i, j), h, :]
       const json &vr = doc.at("value_rows");
@@ -636,15 +638,17 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
       o = o.index_add(2, pi, p_pairs.unsqueeze(3) * rows);
     }
     if (site.round_bf16) {
-      // o as the kernels write it, and their Delta_i = dO_i . o_i of that o where autograd's
-      // softmax backward forms sum_j P_ij dP_ij = dO_i . o_i of the exact one: the logits'
-      // gradient P (dP - Delta) gains P_ij dO_i . (o_i - round(o_i)) (dO from a hook on the
-      // returned o, which the backward reaches first).
+      // o as the kernels write it, and their Delta_i = dO_i . o_i of that o, where autograd's
+      // softmax backward forms sum_j P_ij dP_ij = dO_i . (P V + the value rows)_i of the
+      // unrounded P (the rounding passes its gradient straight through): the logits' gradient
+      // P (dP - Delta) gains P_ij dO_i . (a_i - round(o_i)), a = o + (P - round(P)) V the o that
+      // autograd's Delta sees (dO from a hook on the returned o, which the backward reaches first).
       const Tensor exact = o;
       o = round(o);
       if (logits.requires_grad() && o.requires_grad()) {
         auto dout = std::make_shared<Tensor>();
-        const Tensor diff = (exact - exact.to(at::kBFloat16).to(exact.scalar_type())).detach();
+        const Tensor seen = exact + at::matmul(P - Pr, v);
+        const Tensor diff = (seen - exact.to(at::kBFloat16).to(exact.scalar_type())).detach();
         const Tensor Pd = P.detach();
         o.register_hook([dout](const Tensor &g) {
           *dout = g;

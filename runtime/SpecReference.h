@@ -47,6 +47,9 @@ struct ReferenceSite {
   // ape-check's bf16 yardstick (SpecCheck.h): the reference's own change under the kernels'
   // roundings. Not rounded: the transition's and the value rows' terms.
   bool round_bf16 = false;
+  // With round_bf16: k's and v's gradients rounded too; false where the caller sums them over
+  // groups of query heads first and rounds the sums, as the kernels do (grouped-query attention).
+  bool round_kv_grads = true;
 };
 
 class SpecReference {

@@ -113,6 +113,9 @@ CLI::Option *add_list_option(CLI::App &app, const std::string &name, std::vector
             return "an empty item in the list '" + value + "' (items are separated by single commas)";
           if constexpr (std::is_integral_v<T>)
             if (std::string bad = whole_decimal()(item); !bad.empty()) return bad;
+          T converted{};
+          if (!CLI::detail::lexical_cast(item, converted))
+            return "the value " + item + (std::is_integral_v<T> ? " is not a whole number of this option's range" : " is not valid here");
         }
         return "";
       },

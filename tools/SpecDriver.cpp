@@ -92,7 +92,14 @@ LogicalResult mlir::ape::checkFloatLiterals(const llvm::SourceMgr &sourceMgr, ML
     return isDigit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || llvm::StringRef("_$.%@^#!").contains(c);
   };
   for (size_t i = 0, n = text.size(); i < n; ++i) {
-    if (skipStringOrComment(text, i) || !isDigit(text[i]) || (i > 0 && inToken(text[i - 1])))
+    if (skipStringOrComment(text, i))
+      continue;
+    if (llvm::StringRef("%^#!@").contains(text[i])) {  // a name, '-' and all (%x-1e5, #m-1e5)
+      while (i + 1 < n && (llvm::isAlnum(text[i + 1]) || llvm::StringRef("_$.-").contains(text[i + 1])))
+        ++i;
+      continue;
+    }
+    if (!isDigit(text[i]) || (i > 0 && inToken(text[i - 1])))
       continue;
     size_t j = i;
     if (text[i] == '0' && i + 1 < n && (text[i + 1] == 'x' || text[i + 1] == 'X')) {  // hex: 0x1e5

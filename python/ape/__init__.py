@@ -12,6 +12,7 @@ message is apec's file:line:col diagnostics. Put the folder of this file's paren
 repository's python/) to import it.
 """
 import importlib.util
+import operator
 import sys
 
 import torch
@@ -86,6 +87,18 @@ class _Fixed(torch.nn.Module):
         return super()._apply(keep_dtype, recurse)
 
 
+def _materialize_outside_the_graph_give_load_heads_and_head_dim(module, q):
+    """The params of an Attention made at its first call while torch.compile traces it: torch.compile
+    cannot trace their creation (nn.Parameter), so this runs eagerly, a graph break, which
+    fullgraph=True refuses: give ape.load heads= and head_dim= (or call materialize) first."""
+    module.materialize(q.shape[1], q.shape[3], device=q.device)
+
+
+if hasattr(torch, "compiler") and hasattr(torch.compiler, "disable"):
+    _materialize_outside_the_graph_give_load_heads_and_head_dim = torch.compiler.disable(
+        _materialize_outside_the_graph_give_load_heads_and_head_dim)
+
+
 def _compiling():
     """Whether torch.compile is tracing the caller."""
     compiler = getattr(torch, "compiler", None)
@@ -156,19 +169,19 @@ class Attention(torch.nn.Module):
                 raise ValueError("scale is a number: a tensor that requires grad would not be differentiated "
                                  "(pass a float, or scale q instead)")
             scale = float(scale)
-        if params is not None and not isinstance(params, dict):
-            raise TypeError(f"params must be a dict of name: tensor; got {type(params).__name__}")
-        for n, t in (params or {}).items():
+        if params is not None and not (hasattr(params, "keys") and hasattr(params, "__getitem__")):
+            raise TypeError(f"params must be a mapping of name: tensor (a dict); got {type(params).__name__}")
+        for n in (params.keys() if params is not None else ()):
+            t = params[n]
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"encoding {self.name!r}: param {n!r} must be a torch.Tensor; got {type(t).__name__}")
         if self._shape is None:
             if self.manifest["params"] and _compiling():
-                # (torch.compile cannot trace the creation of nn.Parameters: fullgraph=True failed
-                # with "Attempted to use torch.nn.Parameter() constructor with Dynamo")
-                raise RuntimeError(f"encoding {self.name!r}: its params are made at the first call, which "
-                                   f"torch.compile cannot trace; give ape.load heads= and head_dim= (or call "
-                                   f"materialize(heads, head_dim)) before compiling")
-            self.materialize(q.shape[1], q.shape[3], device=q.device)
+                # torch.compile cannot trace the creation of nn.Parameters: outside the graph (a
+                # graph break; under fullgraph=True Dynamo refuses, naming this function)
+                _materialize_outside_the_graph_give_load_heads_and_head_dim(self, q)
+            else:
+                self.materialize(q.shape[1], q.shape[3], device=q.device)
         elif self._shape != (q.shape[1], q.shape[3]) and self.manifest["params"]:
             raise ValueError(f"encoding {self.name!r}: params were made for (heads, head_dim) = {self._shape}; "
                              f"q has {(q.shape[1], q.shape[3])}")
@@ -195,6 +208,8 @@ class Attention(torch.nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        if type(self.fixed) is torch.nn.Module:  # (pickled before _Fixed: its buffers keep their dtype too)
+            self.fixed.__class__ = _Fixed
         self.helper = _import_helper(self.library_dir, self.name)
 
     def extra_repr(self):
@@ -213,7 +228,13 @@ def load(spec, heads=None, head_dim=None, *, apec=None, cache_dir=None, verbose=
     if (heads is None) != (head_dim is None):
         raise ValueError("give both heads and head_dim, or neither (then the params are made at the first call)")
     for what, n in (("heads", heads), ("head_dim", head_dim)):
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        if n is None:
+            continue
+        try:
+            whole = operator.index(n) if not isinstance(n, bool) else None
+        except TypeError:
+            whole = None
+        if whole is None or whole < 1:
             raise ValueError(f"{what} must be a whole number >= 1; got {n!r}")
     for what, vals in (("cuda_dtypes", cuda_dtypes), ("cuda_head_dims", cuda_head_dims)):
         if vals is not None and (isinstance(vals, (str, bytes, int)) or not hasattr(vals, "__iter__")):

@@ -224,13 +224,24 @@ def test_arguments_are_checked_before_a_build_and_fixed_params_keep_their_dtype(
     m.bfloat16()
     assert m.fixed.window.dtype == torch.float32 and float(m.fixed.window) == 257.0
     assert m.params["slopes"].dtype == torch.bfloat16
+    import pickle
+    older = ape.load(spec, heads=2, head_dim=8)  # as pickled before the fixed params kept their dtype
+    older.fixed.__class__ = torch.nn.Module
+    assert type(pickle.loads(pickle.dumps(older)).fixed).__name__ == "_Fixed"
     q = torch.randn(1, 2, 5, 8)
     with pytest.raises(TypeError, match="param 'slopes' must be a torch.Tensor; got list"):
         m(q, q, q, params={"slopes": [0.1, 0.2]})
-    with pytest.raises(TypeError, match="params must be a dict"):
+    with pytest.raises(TypeError, match="params must be a mapping"):
         m(q, q, q, params=[q])
+    assert m(q, q, q, params=torch.nn.ParameterDict({"slopes": torch.nn.Parameter(torch.ones(2))})).shape == q.shape
     with pytest.raises(TypeError, match="q must be a torch.Tensor; got ndarray"):
         m(q.numpy(), q, q)
-    with pytest.raises(Exception, match="give ape.load heads= and head_dim="):
+    import numpy
+    assert ape.load(spec, heads=numpy.int64(2), head_dim=8).params["slopes"].shape == (2,)
+    # torch.compile: the params made at the first call outside the graph (a graph break), which
+    # fullgraph=True refuses naming what to do
+    with pytest.raises(Exception, match="give_load_heads_and_head_dim"):
         torch.compile(ape.load(spec), fullgraph=True, backend="eager")(q, q, q)
+    lazy = ape.load(spec)
+    assert torch.compile(lazy, backend="eager")(q, q, q).shape == q.shape and lazy.params["slopes"].shape == (2,)
     assert torch.compile(ape.load(spec, heads=2, head_dim=8), fullgraph=True, backend="eager")(q, q, q).shape == q.shape

@@ -187,6 +187,13 @@ void zero_slopes_backward_f32(const ape::AttnArgs<float> &a) {
   std::fill(a.dparams[0], a.dparams[0] + a.H, 0.f);
 }
 
+// ALiBi with learned slopes, its fp32 backward writing 1000 for the slopes' gradient at T = 1, where
+// the reference's is 0.
+void thousand_at_one_token_backward_f32(const ape::AttnArgs<float> &a) {
+  ape::find_kernel("alibi_learned").backward_f32(a);
+  if (a.T == 1) std::fill(a.dparams[0], a.dparams[0] + a.H, 1000.f);
+}
+
 // A bf16 param row can fail: a kernel whose param gradient is zero fails it (the rows' floor of
 // 4e-3 sqrt(pairs) had given tolerances of 0.6-1.2, above any normalised error), and the right
 // kernel passes it. (The "CUDA" kernels are the CPU's here: use_kernels does nothing.)
@@ -209,6 +216,12 @@ TEST(SpecCheck, Bf16ParamRowsFailAGradientOfZeros) {
   const ape::CheckReport r = ape::check_kernel(wrong, ref, o);
   EXPECT_EQ(rows(r, false), 1);
   EXPECT_EQ(rows(r, true), 0);
+  // A wrong value where the reference is 0 or tiny fails: only passing rows are set apart as not
+  // counted (CheckReport::unresolved), never a failing one.
+  wrong.backward_f32 = &thousand_at_one_token_backward_f32;
+  const ape::CheckReport big = ape::check_kernel(wrong, ref, o);
+  EXPECT_EQ(rows(big, false), 1);
+  EXPECT_FALSE(big.passed());
 }
 
 }  // namespace
