@@ -494,10 +494,6 @@ CheckRow fp32_row(const std::string &q, const std::string &prec, const std::stri
   return row;
 }
 
-// A bf16 row: within max(floor, bf16_factor x yardstick), the yardstick y the reference's own
-// change when its q' and k' are rounded to bf16 as the kernels' tensor cores read them (a q or k
-// mod that amplifies its input amplifies that rounding, in the kernel and in y alike: ExPE-like
-// terms, a mod scaling q 40-fold). A NaN yardstick leaves the floor.
 // A bf16 row: tolerance max(bf16_tol, factor x yardstick), the yardstick the reference's own change
 // under the kernels' roundings (ReferenceSite::round_bf16), the factor bf16_param_factor for a
 // param gradient (a sum over every pair, whose rounding the one draw of the yardstick estimates
@@ -505,7 +501,8 @@ CheckRow fp32_row(const std::string &q, const std::string &prec, const std::stri
 // bf16_factor elsewhere. A passing row whose tolerance reaches half the reference's normalised
 // size would pass a kernel that wrote zeros too: it goes to the table's unresolved list, not
 // counted as a check (Table::add; before, a floor of 4e-3 sqrt(pairs) gave param rows tolerances
-// of 0.6-1.2, which gradients of zeros passed). A failing row fails as any other.
+// of 0.6-1.2, which gradients of zeros passed). A failing row fails as any other. A NaN yardstick
+// leaves the floor.
 void bf16_row(Table &table, const std::string &q, const std::string &prec, const std::string &cell,
               const Error &e, const Error &y, const CheckOptions &opt, const std::string &note = "") {
   const double yard = std::isfinite(y.rel) ? y.rel : 0.0;
@@ -629,7 +626,7 @@ void check_cuda_decode(const SpecReference &ref, const Manifest &man, const Cell
   if (!refs.ready) {
     refs.r64 = decode_reference(ref, man, c, steps, at::kDouble);
     if (!bf16) refs.r32 = decode_reference(ref, man, c, steps, at::kFloat);
-    if (bf16) {  // the yardstick: q' and k' rounded as the kernels read them
+    if (bf16) {  // the yardstick: the reference under the kernels' roundings
       Cell rounded = c;
       rounded.site.round_bf16 = true;
       refs.y64 = decode_reference(ref, man, rounded, steps, at::kDouble);
@@ -685,16 +682,6 @@ void kernel_rows(Table &table, const std::vector<std::string> &order, const std:
   }
 }
 
-// Grouped-query attention (AttnArgs::kv_heads, docs/frameworks.md) at the grid's cell with the
-// most heads (T > 1): its H heads times p, k and v of its H heads (groups of p, query head h
-// reading key head h / p; p = 2, or 3 where H is 2, so that the group size and the key heads'
-// count differ: with groups of 2 from 2 key heads, h / 2 read the right head whether a kernel
-// divided by the group size or by the key heads' count), or, where the spec pins model_dim (so
-// H), k and v of H / p heads (p the smallest divisor of H above 1 other than sqrt(H); no rows
-// where H is 1). Through the kernel's fp64 and fp32 forward and
-// backward (and its decode steps, with `decode`), against the reference over k and v repeated to
-// every query head, dk and dv summed over each group: rows grouped:QUANTITY and grouped-decode:o,
-// :lse with the tolerances of the rows without groups.
 // The grouped cell of `cells` (check_grouped): the shape (its H the query heads) and the group
 // size p, H / p key heads; none where no cell fits.
 std::optional<std::pair<CheckShape, int64_t>> grouped_shape(const Manifest &man, const std::vector<CheckShape> &cells) {
@@ -724,6 +711,16 @@ Outputs summed_over_groups(Outputs o, int64_t p) {
   return o;
 }
 
+// Grouped-query attention (AttnArgs::kv_heads, docs/frameworks.md) at the grid's cell with the
+// most heads (T > 1): its H heads times p, k and v of its H heads (groups of p, query head h
+// reading key head h / p; p = 2, or 3 where H is 2, so that the group size and the key heads'
+// count differ: with groups of 2 from 2 key heads, h / 2 read the right head whether a kernel
+// divided by the group size or by the key heads' count), or, where the spec pins model_dim (so
+// H), k and v of H / p heads (p the smallest divisor of H above 1 other than sqrt(H); no rows
+// where H is 1). Through the kernel's fp64 and fp32 forward and backward (and its decode steps,
+// with `decode`), against the reference over k and v repeated to every query head, dk and dv summed
+// over each group: rows grouped:QUANTITY and grouped-decode:o, :lse with the tolerances of the rows
+// without groups.
 void check_grouped(const KernelEntry &entry, const SpecReference &ref, const Manifest &man,
                    const std::vector<CheckShape> &grid, const CheckOptions &opt, Table &table) {
   const auto grouped = grouped_shape(man, grid);
@@ -874,7 +871,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
       // (the references depend on the cell and the dtype, not on the architecture)
       const Outputs r64 = summed_over_groups(run_reference(ref, man, rc, at::kDouble), group);
       const Outputs r32 = bf16 ? Outputs{} : summed_over_groups(run_reference(ref, man, rc, at::kFloat), group);
-      Outputs y64;  // bf16: the yardstick, q' and k' rounded as the kernels read them
+      Outputs y64;  // bf16: the yardstick, the reference under the kernels' roundings
       if (bf16) {
         Cell rounded = rc;
         rounded.site.round_bf16 = true;
