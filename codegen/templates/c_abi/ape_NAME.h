@@ -10,8 +10,8 @@
  * Inputs beyond q, k and v:
 @INPUTS@
  */
-#ifndef APE_@UNAME@_H
-#define APE_@UNAME@_H
+#ifndef APE_GENERATED_C_ABI_@NAME@_H /* the name as written, apart from the project's own guards */
+#define APE_GENERATED_C_ABI_@NAME@_H
 
 #include "ape/c/abi.h"
 

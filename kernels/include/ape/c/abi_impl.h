@@ -44,8 +44,8 @@ inline const char *error_string(int status) {
     case APE_OK: return "ok";
     case APE_ERROR_NULL_POINTER: return "a required pointer is NULL";
     case APE_ERROR_INVALID_SHAPE:
-      return "invalid shape (B, H, T >= 0 and D >= 1 required, and B*H*T*D, its workspaces' sizes "
-             "included, within int64)";
+      return "invalid shape (B, H, T >= 0 and D >= 1 required, kv_heads 0 or a divisor of H, and "
+             "B*H*T*D, its workspaces' sizes included, within int64)";
     case APE_ERROR_INVALID_VALUE:
       return "invalid value (scale finite, 0 or at least 2^-64 in magnitude, and within the kernel's "
              "float type; a layer in [0, num_layers); a fixed param within its range)";
