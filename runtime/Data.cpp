@@ -376,9 +376,23 @@ Corpus Corpus::open(const DataOptions &opts) {
   for (const auto &[id, split] : splits) books[split].push_back(find_book(dir, id));
   for (const char *s : {"train", "test"})
     if (books[s].empty()) throw std::runtime_error(std::string("SPLITS.tsv lists no ") + s + " books");
-  for (const auto &[split, paths] : books)  // (the tokenizer trainer's message for one is internal)
-    for (const auto &p : paths)
-      if (fs::file_size(p) == 0) throw std::runtime_error("the " + split + " book " + p + " is empty");
+  // Each book read once: it must hold text (an empty one: the tokenizer trainer's message is
+  // internal) in UTF-8 (other bytes became <unk> tokens, trained on and scored without a word),
+  // and its content's hash keys the token caches (name and size alone kept a book edited at the
+  // same size scored on its old text's tokens).
+  std::map<std::string, uint64_t> content;  // path -> fnv1a of its bytes
+  for (const auto &[split, paths] : books)
+    for (const auto &p : paths) {
+      if (content.count(p)) continue;
+      const std::string bytes = read_file(p);
+      if (bytes.empty()) throw std::runtime_error("the " + split + " book " + p + " is empty");
+      try {
+        require_utf8(bytes, "the " + split + " book " + p);
+      } catch (const std::invalid_argument &e) {
+        throw std::runtime_error(e.what());
+      }
+      content[p] = fnv1a(bytes.data(), bytes.size());
+    }
 
   Corpus c;
   c.vocab_ = opts.vocab;
@@ -405,6 +419,11 @@ Corpus Corpus::open(const DataOptions &opts) {
   // model records its temporary path), so the checkpoints of the first no longer matched the cache.
   // A read-only cache (shared, or on a read-only mount) is used as it is when it is complete.
   const FileLock lock(prefix + ".lock", /*unless_read_only=*/true);
+  // The train books' content when the tokenizer was trained: a book edited since at the same size
+  // keeps the tokenizer (checkpoints trained with it name its bytes), with a note.
+  std::string trained_on;
+  for (const auto &p : books["train"]) trained_on += hex16(content.at(p)) + "\n";
+  const std::string content_path = prefix + ".content";
   const bool have_model = fs::exists(c.tokenizer_path_) && fs::exists(key_path) && read_file(key_path) == key;
   if (!lock.held() && !have_model)
     throw std::runtime_error("the cache folder " + opts.cache_dir + " is read-only and holds no tokenizer for this "
@@ -430,8 +449,14 @@ Corpus Corpus::open(const DataOptions &opts) {
     write_file_atomically(c.tokenizer_path_, read_file(tmp_prefix + ".model"), nullptr, /*cache=*/true);
     fs::remove(tmp_prefix + ".model", ec);
     fs::remove(tmp_prefix + ".vocab", ec);
+    atomic_write(content_path, [&](std::ostream &o) { o << trained_on; });
     atomic_write(key_path, [&](std::ostream &o) { o << key; });
     log << "[data] tokenizer trained in " << c.spm_seconds_ << " s -> " << c.tokenizer_path_ << "\n";
+  } else if (std::error_code ec; fs::exists(content_path, ec) && read_file(content_path) != trained_on) {
+    log << "[data] note: the train books changed since " << c.tokenizer_path_
+        << " was trained on them (same names and sizes); it is kept, so that the checkpoints trained "
+           "with it still match (delete "
+        << prefix << ".* to train a new one)\n";
   }
   c.model_bytes_ = read_file(c.tokenizer_path_);
   const std::string &model_bytes = c.model_bytes_;
@@ -443,7 +468,8 @@ Corpus Corpus::open(const DataOptions &opts) {
     if (paths.empty()) return;
     uint64_t fp = fnv1a(model_bytes.data(), model_bytes.size());
     for (const auto &p : paths) {
-      const std::string tag = fs::path(p).filename().string() + ":" + std::to_string(fs::file_size(p));
+      const std::string tag = fs::path(p).filename().string() + ":" + std::to_string(fs::file_size(p)) + ":" +
+                              hex16(content.at(p));
       fp = fnv1a(tag.data(), tag.size(), fp);
     }
     const std::string cache = (fs::path(opts.cache_dir) /

@@ -106,6 +106,41 @@ std::string system_status_text(int rc) {
   return "failed (wait status " + std::to_string(rc) + ")";
 }
 
+size_t first_non_utf8(std::string_view text) {
+  const auto *b = reinterpret_cast<const unsigned char *>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = b[i];
+    size_t len = 0;
+    unsigned min = 0, cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else return i;
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      if ((b[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (b[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;  // overlong, surrogate
+    i += len;
+  }
+  return std::string::npos;
+}
+
+void require_utf8(std::string_view text, const std::string &what) {
+  const size_t at = first_non_utf8(text);
+  if (at == std::string::npos) return;
+  char h[3];
+  std::snprintf(h, sizeof h, "%02x", static_cast<unsigned char>(text[at]));
+  throw std::invalid_argument(what + " is not UTF-8 text: byte " + std::to_string(at) + " (0x" + h +
+                              ") starts no UTF-8 character (convert the file, e.g. iconv -t UTF-8)");
+}
+
 std::string printable(const std::string &bytes) {
   std::string out;
   for (size_t i = 0; i < bytes.size() && i < 80; ++i) {

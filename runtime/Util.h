@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ape {
@@ -51,6 +52,15 @@ extern volatile std::sig_atomic_t g_stop_requested;
 // ("<what> was stopped ..."). Throws std::runtime_error when it cannot be started at all.
 int run_process(const std::vector<std::string> &argv, const std::string &what, std::string *output = nullptr,
                 const std::string &log_path = "", const std::string &cwd = "");
+
+// The offset of the first byte of `text` that is not UTF-8 (std::string::npos: none): a byte that
+// starts no character, a truncated or overlong sequence, a surrogate or a code point past U+10FFFF.
+// The tokenizer turns such bytes into <unk> without a word: a prompt or a book in another encoding
+// (Latin-1, UTF-16) was continued, scored or trained on as unknown tokens.
+size_t first_non_utf8(std::string_view text);
+// Throws std::invalid_argument("WHAT is not UTF-8 text: byte N (0xNN) starts no UTF-8 character
+// (convert the file, e.g. iconv -t UTF-8)") when `text` is not UTF-8.
+void require_utf8(std::string_view text, const std::string &what);
 
 // Bytes of a file for a message (a line of a table, a name in a checkpoint): printable ASCII as it
 // is, any other byte as \xNN, at most 80 bytes and "..." (a binary file's "line" printed raw

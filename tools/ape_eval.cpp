@@ -58,7 +58,7 @@ static int tool_main(int argc, char **argv) {
   app.add_option("--eval-tokens", ec.tokens,
                  "Target tokens scored per length (the same tokens at every length), in [1, 10^9]")
       ->capture_default_str();
-  app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz")->capture_default_str();
+  app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and the books, UTF-8 text (clean/pg<ID>_*.txt or clean.tar.xz)")->capture_default_str();
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")
       ->capture_default_str();
   std::string split = "test";

@@ -38,46 +38,6 @@
 
 namespace fs = std::filesystem;
 
-namespace {
-// The offset of the first byte of `text` that is not UTF-8 (std::string::npos: none). The
-// tokenizer turned such bytes into <unk> without a word: a prompt from a file in another encoding
-// (Latin-1, UTF-16) was continued, and scored, as unknown tokens.
-size_t first_non_utf8(std::string_view text) {
-  const auto *b = reinterpret_cast<const unsigned char *>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned c = b[i];
-    size_t len = 0;
-    unsigned min = 0, cp = 0;
-    if (c < 0x80) len = 1, cp = c;
-    else if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
-    else return i;
-    if (i + len > n) return i;
-    for (size_t k = 1; k < len; ++k) {
-      if ((b[i + k] & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (b[i + k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;  // overlong, surrogate
-    i += len;
-  }
-  return std::string::npos;
-}
-
-void require_utf8(std::string_view text, const std::string &what) {
-  const size_t at = first_non_utf8(text);
-  if (at != std::string::npos)
-    throw std::invalid_argument(what + " is not UTF-8 text: byte " + std::to_string(at) + " (0x" +
-                                [&] {
-                                  char h[3];
-                                  std::snprintf(h, sizeof h, "%02x", static_cast<unsigned char>(text[at]));
-                                  return std::string(h);
-                                }() +
-                                ") starts no UTF-8 character (convert the file, e.g. iconv -t UTF-8)");
-}
-}  // namespace
-
 static int tool_main(int argc, char **argv) {
   ape::prepare_threads(argv);
   ape::tune_allocator();
@@ -239,7 +199,7 @@ static int tool_main(int argc, char **argv) {
         std::ifstream f(score_file, std::ios::binary);
         std::ostringstream ss;
         ss << f.rdbuf();
-        require_utf8(ss.str(), "--score file " + score_file);
+        ape::require_utf8(ss.str(), "--score file " + score_file);
       }
       ape::EncodedBooks e = encode(score_file);
       std::vector<int64_t> ids(e.books[0].begin(), e.books[0].end());
@@ -279,7 +239,7 @@ static int tool_main(int argc, char **argv) {
     }
     if (prompt.find_first_not_of(" \t\r\n") == std::string::npos)
       throw std::invalid_argument("the prompt is empty (give some text to continue)");
-    require_utf8(prompt, prompt_file.empty() ? std::string("the prompt") : "--prompt-file " + prompt_file);
+    ape::require_utf8(prompt, prompt_file.empty() ? std::string("the prompt") : "--prompt-file " + prompt_file);
     const std::string prompt_path = scratch + ".prompt";
     {
       std::ofstream f(prompt_path, std::ios::trunc);

@@ -475,7 +475,7 @@ static int tool_main(int argc, char **argv) {
   auto *tokens_opt =
       app.add_option("--eval-tokens", ec.tokens, "Target tokens scored per length (the same at every length), in [1, 10^9]")
           ->capture_default_str();
-  auto *data_opt = app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and clean.tar.xz "
+  auto *data_opt = app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and the books, UTF-8 text (clean/pg<ID>_*.txt or clean.tar.xz) "
                                   "(with --resume: the run's, where it still exists)")->capture_default_str();
   auto *cache_opt = app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the "
                                    "token ids (with --resume: the run's, where it still exists)")->capture_default_str();

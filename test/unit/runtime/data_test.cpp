@@ -5,6 +5,7 @@
 #include "runtime/Util.h"
 
 #include <sys/wait.h>
+#include <algorithm>
 #include <fstream>
 #include <chrono>
 #include <thread>
@@ -310,6 +311,53 @@ TEST(Corpus, TokenizerFingerprintIgnoresWhereItWasTrained) {
   const std::string cut = here.substr(0, here.size() - 3);  // not a whole ModelProto: its bytes
   EXPECT_EQ(ape::tokenizer_fingerprint(cut), ape::fnv1a_hex(cut));
   EXPECT_EQ(ape::tokenizer_fingerprint("not a model"), ape::fnv1a_hex("not a model"));
+}
+
+// A corpus's books are read whole: one that is not UTF-8 is refused, naming the book and the byte
+// (its bytes had become <unk> tokens without a word), and one edited at the same size is
+// tokenized again (the caches had been keyed by name and size: the old text was scored); an
+// edited train book keeps the tokenizer (checkpoints name its bytes) with a note.
+TEST(Corpus, BooksAreUtf8AndAnEditAtTheSameSizeIsSeen) {
+  ape::DataOptions o;
+  o.data_dir = tmp_path("edited_corpus");
+  o.cache_dir = tmp_path("edited_corpus_cache");
+  o.vocab = 300;
+  fs::remove_all(o.data_dir), fs::remove_all(o.cache_dir);
+  fs::create_directories(o.data_dir + "/clean");
+  std::ofstream(o.data_dir + "/SPLITS.tsv") << "id\tsplit\n1\ttrain\n2\ttest\n";
+  auto text = [](uint32_t seed, size_t words) {  // syllable words, a few sentences' worth of pieces
+    const char *syl[] = {"ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "pe", "do", "gu", "fe"};
+    std::string t;
+    for (size_t w = 0; w < words; ++w) {
+      seed = seed * 1664525u + 1013904223u;
+      for (uint32_t n = 1 + (seed >> 28) % 3, x = seed; n-- > 0; x /= 12) t += syl[x % 12];
+      t += (w % 11 == 10) ? ".\n" : " ";
+    }
+    return t;
+  };
+  const std::string train = o.data_dir + "/clean/pg1_train.txt", test = o.data_dir + "/clean/pg2_test.txt";
+  std::ofstream(train) << text(1, 30000);
+  std::ofstream(test) << text(2, 4000);
+  std::ostringstream log;
+  o.log = &log;
+  const ape::Corpus first = ape::Corpus::open(o);
+  std::string edited = ape::read_file(test);
+  std::reverse(edited.begin(), edited.end() - 1);  // other text, the same size
+  std::ofstream(test) << edited;
+  const ape::Corpus second = ape::Corpus::open(o);
+  EXPECT_NE(second.test().ids, first.test().ids);
+  EXPECT_NE(log.str().find("rebuilding"), std::string::npos) << log.str();
+  EXPECT_EQ(second.tokenizer_hash(), first.tokenizer_hash());
+  std::string t = ape::read_file(train);
+  std::swap(t[0], t[t.find_first_not_of(t[0])]);
+  std::ofstream(train) << t;
+  log.str("");
+  const ape::Corpus third = ape::Corpus::open(o);
+  EXPECT_EQ(third.tokenizer_hash(), first.tokenizer_hash());
+  EXPECT_NE(log.str().find("note: the train books changed since"), std::string::npos) << log.str();
+  edited[1234] = '\xe9';
+  std::ofstream(test) << edited;
+  EXPECT_ERROR(ape::Corpus::open(o), "the test book " + test + " is not UTF-8 text: byte 1234 (0xe9)");
 }
 
 // The real corpus end to end (unpack, tokenizer, caches): ~15 s, so opt-in with APE_TEST_CORPUS=1.
