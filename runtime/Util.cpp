@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -104,6 +105,32 @@ std::string system_status_text(int rc) {
   if (WIFEXITED(rc)) return "exited with status " + std::to_string(WEXITSTATUS(rc));
   if (WIFSIGNALED(rc)) return "was killed by signal " + std::to_string(WTERMSIG(rc));
   return "failed (wait status " + std::to_string(rc) + ")";
+}
+
+uint64_t available_memory_bytes() {
+  uint64_t avail = 0, swap = 0;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") avail = kb * 1024;
+    else if (key == "SwapFree:") swap = kb * 1024;
+  }
+  if (avail == 0) return 0;
+  uint64_t total = avail + swap;
+  std::ifstream max_in("/sys/fs/cgroup/memory.max"), cur_in("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  uint64_t current = 0;
+  if (max_in >> max_text && max_text != "max" && cur_in >> current) {
+    try {
+      const uint64_t limit = std::stoull(max_text);
+      total = std::min(total, limit > current ? limit - current : 0);
+    } catch (const std::exception &) {
+    }
+  }
+  return total;
 }
 
 size_t first_non_utf8(std::string_view text) {

@@ -53,6 +53,11 @@ extern volatile std::sig_atomic_t g_stop_requested;
 int run_process(const std::vector<std::string> &argv, const std::string &what, std::string *output = nullptr,
                 const std::string &log_path = "", const std::string &cwd = "");
 
+// The memory this process can still take on this machine, in bytes: MemAvailable plus SwapFree
+// of /proc/meminfo, and no more than the cgroup's memory.max less its memory.current where one is
+// set; 0 when unknown.
+uint64_t available_memory_bytes();
+
 // The offset of the first byte of `text` that is not UTF-8 (std::string::npos: none): a byte that
 // starts no character, a truncated or overlong sequence, a surrogate or a code point past U+10FFFF.
 // The tokenizer turns such bytes into <unk> without a word: a prompt or a book in another encoding

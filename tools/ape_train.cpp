@@ -756,9 +756,10 @@ static int tool_main(int argc, char **argv) {
     tc.progress_in_place = ::isatty(STDOUT_FILENO);
     tc.progress = root;
     tc.validate();
-    mc.validate();
+    // (before the model's check, whose range is a checkpoint's: [2, 2^20])
     if (mc.vocab < 300 || mc.vocab > 65535)
       throw std::invalid_argument("--vocab must be a whole number in [300, 65535]; got " + std::to_string(mc.vocab));
+    mc.validate();
     for (const auto &e : encodings) {  // fail now on what would fail after hours of training
       ape::ModelConfig probe = mc;
       probe.encoding = e;
@@ -783,6 +784,23 @@ static int tool_main(int argc, char **argv) {
         }
       }
       ape::check_encoding_on(device, ape::find_kernel(e), probe.head_dim(), &std::cout);
+    }
+    if (device.device.is_cpu()) {
+      // The least a training step takes on the CPU: the weights, their gradients and AdamW's two
+      // moments (16 bytes per fp32 element) and a batch's logits with their gradient (8 bytes per
+      // token and vocabulary entry). Past what the machine has, the allocations succeeded
+      // (overcommit) and the OOM killer ended the run, and maybe others, without a word.
+      const double need = 16.0 * double(mc.min_elements()) + 8.0 * double(tc.batch) * double(tc.seq_len) * double(mc.vocab);
+      const uint64_t have = ape::available_memory_bytes();
+      if (have > 0 && need > double(have)) {
+        char b[256];
+        std::snprintf(b, sizeof b,
+                      "the model and its batch need at least %.1f GiB to train (weights, gradients and AdamW's "
+                      "moments: %.3g elements; a batch's logits) and this machine has %.1f GiB available: lower "
+                      "--d-model, --layers, --vocab, --batch or --seq-len",
+                      need / 1073741824.0, double(mc.min_elements()), double(have) / 1073741824.0);
+        throw std::invalid_argument(b);
+      }
     }
     ape::set_threads(threads);
     const std::string cpu_level = ape::checked_kernel_cpu_level();  // throws on a bad APE_CPU_LEVEL
