@@ -580,6 +580,11 @@ void Trainer::restore(const Checkpoint &ckpt) {
     throw fail(std::to_string(s.skipped) + " skipped steps of " + std::to_string(s.step));
   if (static_cast<int64_t>(s.losses.size()) != s.step)
     throw fail(std::to_string(s.losses.size()) + " losses for " + std::to_string(s.step) + " steps");
+  // A run completes at its last step, or at its time budget (--minutes) before: a complete run
+  // anywhere else was never trained on (a resume "evaluated it again").
+  if (s.complete && cfg_.minutes <= 0 && s.step != cfg_.steps)
+    throw fail("it is marked complete at step " + std::to_string(s.step) + " of " + std::to_string(cfg_.steps) +
+               " without a time budget");
   if (!(s.elapsed >= 0 && std::isfinite(s.elapsed))) throw fail("bad elapsed_seconds");
   for (double l : s.losses)
     if (!std::isfinite(l)) throw fail("a non-finite loss in the loss history");
@@ -634,8 +639,12 @@ void Trainer::restore(const Checkpoint &ckpt) {
     if (!parts[0] || !parts[1] || !parts[2]) throw fail("incomplete optimizer state for '" + param + "'");
     int64_t step = 0;
     std::memcpy(&step, ckpt.bytes.data() + parts[2]->offset, sizeof step);
-    // 0: every update of the param so far was skipped (float16's loss scaling backing off).
-    if (step < 0 || step > s.step) throw fail("optimizer step " + std::to_string(step) + " of '" + param + "'");
+    // Every param takes every update that was not skipped (float16's loss scaling backing off):
+    // another count resumed with other bias corrections, different bits without a word.
+    if (step != s.step - s.skipped)
+      throw fail("optimizer step " + std::to_string(step) + " of '" + param + "' (the run made " +
+                 std::to_string(s.step - s.skipped) + " updates: " + std::to_string(s.step) + " steps, " +
+                 std::to_string(s.skipped) + " skipped)");
     // The moments as AdamW makes them: finite, the second one >= 0 (a NaN or negative one resumed
     // and the run then stopped as "diverged", blaming the learning rate).
     const at::Tensor m = ckpt.tensor(*parts[0]), v = ckpt.tensor(*parts[1]);

@@ -636,6 +636,9 @@ static int tool_main(int argc, char **argv) {
       // The run's corpus and cache folders (recorded since they are kept in "data"), unless given
       // again or gone: a resumed run reads the same token ids without being told where they are.
       if (auto d = resumed->config.find("data"); d != resumed->config.end() && d->is_object()) {
+        if (const auto v = d->find("vocab"); v != d->end() && !(v->is_number_integer() && v->get<int64_t>() == mc.vocab))
+          throw std::runtime_error("checkpoint " + resume + ": its data's vocabulary (" + v->dump() +
+                                   ") is not its model's (" + std::to_string(mc.vocab) + ")");
         std::error_code ec_fs;
         const std::string dir = d->value("dir", std::string()), cache = d->value("cache_dir", std::string());
         if (!*data_opt && !dir.empty() && fs::is_directory(dir, ec_fs)) data_dir = dir;

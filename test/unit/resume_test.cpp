@@ -437,6 +437,10 @@ TEST(Resume, ARestoreThatDoesNotFitChangesNothing) {
          "not an mt19937_64 state");
   expect(edited([](nlohmann::json &c) { c["state"]["samplers"].push_back(c["state"]["samplers"][0]); }),
          "\"samplers\" must hold one entry");
+  // Complete before its last step without a time budget (it had been "evaluated again", never
+  // trained on).
+  expect(edited([](nlohmann::json &c) { c["state"]["complete"] = true; }),
+         "it is marked complete at step 3 of 8 without a time budget");
   auto ts = tensors;
   ts.emplace_back("train/adam/block9.attn.w/exp_avg", at::zeros({2}));
   expect(attempt(good.config, ts), "optimizer state for 'block9.attn.w', which the model does not have");
@@ -459,6 +463,13 @@ TEST(Resume, ARestoreThatDoesNotFitChangesNothing) {
     for (auto &[name, t] : ts)
       if (name == "train/adam/wte.weight/exp_avg_sq") t = t.clone().fill_(bad);
     expect(attempt(good.config, ts), "optimizer state of 'wte.weight' holds a non-finite or negative moment");
+  }
+  // An optimizer step count other than the updates made (other bias corrections, other bits).
+  for (const int64_t bad : {0, 2, 4}) {
+    ts = tensors;
+    for (auto &[name, t] : ts)
+      if (name == "train/adam/wte.weight/step") t = at::scalar_tensor(bad, at::kLong);
+    expect(attempt(good.config, ts), "optimizer step " + std::to_string(bad) + " of 'wte.weight' (the run made 3 updates");
   }
   ts = tensors;
   for (auto &[name, t] : ts)
