@@ -56,7 +56,12 @@ void EvalConfig::validate() const {
   require_in("--eval-tokens", tokens, 1, 1000000000);
   require_in("batch_tokens", batch_tokens, 1, 1000000000);
   if (multiples.empty()) throw std::invalid_argument("--eval-multiples: empty list");
-  for (int64_t m : multiples) require_in("--eval-multiples", m, 1, 1024);
+  for (size_t i = 0; i < multiples.size(); ++i) {
+    require_in("--eval-multiples", multiples[i], 1, 1024);
+    for (size_t j = 0; j < i; ++j)  // (a length scored twice, its column twice in the table)
+      if (multiples[j] == multiples[i])
+        throw std::invalid_argument("--eval-multiples lists " + std::to_string(multiples[i]) + " twice");
+  }
 }
 
 std::pair<std::string, double> parse_assignment(const std::string &text) {

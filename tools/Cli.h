@@ -1,6 +1,7 @@
 // The command-line conventions every tool shares (ape-train, ape-eval, ape-generate, ape-check).
 #pragma once
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <string>
@@ -35,6 +36,38 @@ inline CLI::Validator whole_decimal() {
       "");
 }
 
+// Real numbers as a user writes them: CLI11 also takes C's other forms, a hex float (`--minutes
+// 0x10` ran for 16 minutes, `--lr 0x1p-8` at 0.0039) and leading spaces (`--minutes " 5"`). Here a
+// real number is an optional sign, decimal digits with at most one '.', and an optional exponent
+// (e or E, an optional sign, digits); nan and inf pass on to the option's own range check, which
+// names them. No description: --help's type names stay as they are.
+inline CLI::Validator real_decimal() {
+  return CLI::Validator(
+      [](std::string &s) -> std::string {
+        size_t i = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+        std::string rest = s.substr(i);
+        for (char &c : rest) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (rest == "nan" || rest == "inf" || rest == "infinity") return "";
+        const std::string bad = "the value " + s + " is not a decimal number";
+        size_t digits = 0;
+        bool point = false;
+        for (; i < s.size() && ((s[i] >= '0' && s[i] <= '9') || (s[i] == '.' && !point)); ++i) {
+          if (s[i] == '.') point = true;
+          else ++digits;
+        }
+        if (digits == 0) return bad;
+        if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+          ++i;
+          if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+          const size_t start = i;
+          while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+          if (i == start) return bad;
+        }
+        return i == s.size() ? "" : bad;
+      },
+      "");
+}
+
 // "a,,b," -> {"a", "", "b", ""}: every item, the empty ones too (CLI::detail::split drops a
 // trailing one).
 inline std::vector<std::string> split_items(const std::string &value) {
@@ -59,7 +92,8 @@ inline bool is_list_option(CLI::Option &o) {
 }
 
 // whole_decimal on every integer option of `app` (CLI11's type names INT and UINT, with or
-// without validators' suffixes): called by APE_CLI_PARSE, so no tool's option goes without it.
+// without validators' suffixes) and real_decimal on every real one (FLOAT): called by
+// APE_CLI_PARSE, so no tool's option goes without them.
 inline void check_whole_numbers(CLI::App &app) {
   for (CLI::Option *o : app.get_options()) {
     const std::string t = o->get_type_name();
@@ -69,6 +103,7 @@ inline void check_whole_numbers(CLI::App &app) {
     };
     if (is_list_option(*o)) continue;  // (each item checked by add_list_option)
     if (is("INT") || is("UINT")) o->check(whole_decimal());
+    else if (is("FLOAT")) o->check(real_decimal());
   }
 }
 
@@ -131,7 +166,7 @@ CLI::Option *add_list_option(CLI::App &app, const std::string &name, std::vector
 
 }  // namespace ape::cli
 
-// CLI11_PARSE with every integer option decimal and within 64 bits (check_whole_numbers), no empty
+// CLI11_PARSE with every number option decimal (integers within 64 bits: check_whole_numbers), no empty
 // value (check_nonempty_values), and the tools' exit status: 0 for --help, 1 for a bad command line (CLI11's own
 // codes are 100-120), as for every other error of the tools; APE_CLI_PARSE_STATUS gives another
 // status for a bad command line (ape-check's 2: 1 is its failed check).

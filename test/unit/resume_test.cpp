@@ -598,6 +598,8 @@ TEST(Options, EveryBadValueNamesItsOptionAndRange) {
   e.tokens = 100;
   e.multiples = {1, 4096};
   EXPECT_ERROR(e.validate(), "--eval-multiples must be a whole number in [1, 1024]; got 4096");
+  e.multiples = {2, 1, 2};
+  EXPECT_ERROR(e.validate(), "--eval-multiples lists 2 twice");
   // evaluate() refuses a training length of 0 (a forged checkpoint's) instead of dividing by it.
   ape::LanguageModel m(testk::nope, tiny_config("test_nope"));
   ape::EvalConfig ok;
