@@ -36,6 +36,10 @@ Value RegionBuilder::minf(Value x, Value y) { return b.create<arith::MinimumFOp>
 Value RegionBuilder::select(Value c, Value x, Value y) {
   return b.create<arith::SelectOp>(loc, c, x, y);
 }
+Value RegionBuilder::relu(Value x) {
+  Value positive = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UGT, x, f32(0.0));
+  return select(positive, x, f32(0.0));
+}
 Value RegionBuilder::ult(Value x, Value y) {
   return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, x, y);
 }

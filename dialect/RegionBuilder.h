@@ -30,6 +30,9 @@ struct RegionBuilder {
   Value maxf(Value x, Value y);
   Value minf(Value x, Value y);
   Value select(Value cond, Value x, Value y);
+  /// max(x, 0) as select(x > 0 or unordered, x, 0): its derivative at 0 is 0 (PyTorch's ReLU;
+  /// max(x, 0) passes x's there, the differentiator's tie rule) and a NaN stays NaN.
+  Value relu(Value x);
   Value ult(Value x, Value y);              // index x < y
   Value iadd(Value x, Value y);
   Value isub(Value x, Value y);

@@ -56,7 +56,7 @@ void FireOp::expand(OpBuilder &b) {
     for (int64_t k = 0; k < hidden; ++k) {
       Value kk = rb.idx(k);
       Value pre = rb.add(rb.mul(rb.load(w1, {kk}), x), rb.load(b1, {kk}));
-      Value act = rb.maxf(pre, rb.f32(0.0));
+      Value act = rb.relu(pre);  // (relu'(0) = 0, as PyTorch's: b1 = 0 puts the diagonal there)
       terms.push_back(rb.mul(rb.load(w2, {kk, h}), act));
     }
     // A balanced sum keeps every weight's gradient path short.

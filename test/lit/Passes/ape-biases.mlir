@@ -102,8 +102,12 @@ ape.encoding @kerple {
 // EXPAND: ape.param "fire_w2" ["2", "heads"] init = "normal" trainable {std = 1.000000e-01 : f64}
 // EXPAND: ape.param "fire_b2" ["heads"] init = "zeros" trainable
 // EXPAND: ape.score_mod {
-// EXPAND: math.log1p
 // EXPAND: arith.maximumf
+// EXPAND: math.log1p
+// The hidden layer's ReLU as a select on x > 0 (unordered: NaN stays), whose derivative at 0 is 0
+// as PyTorch's (b1 starts at 0, so the diagonal's units sit there): max(x, 0) passed x's.
+// EXPAND: %[[POS:.*]] = arith.cmpf ugt, %[[PRE:.*]], %{{.*}} : f32
+// EXPAND: arith.select %[[POS]], %[[PRE]], %{{.*}} : f32
 // LOWER-LABEL: ape.kernel @fire
 // LOWER: ape.score_mod {
 ape.encoding @fire {
