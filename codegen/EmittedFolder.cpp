@@ -75,6 +75,10 @@ FailureOr<folder::KernelInputInfo> folder::collectInputs(KernelOp kernel,
         param.derived = d;
       }
       param.range = getValueRange(p);
+      if (auto v = p.getValue())
+        param.initArg = v->convertToDouble();
+      else if (auto sd = p.getStd())
+        param.initArg = sd->convertToDouble();
       if (param.dims.size() > 8)
         return p.emitOpError("has ") << param.dims.size()
                                      << " dimensions; the generated libraries take at most 8";
@@ -256,7 +260,9 @@ std::string folder::kernelInputsDefinition(const KernelInputInfo &info) {
       if (p.range)
         os << ", true, {" << cDouble(p.range->min) << ", " << cDouble(p.range->max) << ", "
            << (p.range->integer ? "true" : "false") << "}";
-      os << "},  // " << p.shapeText << "\n";
+      else
+        os << ", false, {0, 0, false}";
+      os << ", " << cDouble(p.initArg) << "},  // " << p.shapeText << "\n";
     }
     os << "  };\n";
   }

@@ -43,6 +43,8 @@ struct KernelInputInfo {
     std::optional<Derived> derived;
     /// A fixed param's values (ParamOp's value range: ape_rules::Range), absent where any go.
     std::optional<::ape_rules::Range> range;
+    /// The init's argument: a constant's value, a normal's std (0 for the other kinds).
+    double initArg = 0;
   };
   std::string encoding;
   SmallVector<Feature> features;

@@ -44,7 +44,9 @@ def lib(encoding):
         for fn in ("forward_f32", "backward_f32", "forward_f64", "backward_f64"):
             f = getattr(so, f"ape_{encoding}_{fn}")
             f.argtypes, f.restype = [ctypes.POINTER(args)], ctypes.c_int
-        for fn, args, res in [("error_string", [ctypes.c_int], ctypes.c_char_p),
+        for fn, args, res in [("init_param", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                              ctypes.POINTER(ctypes.c_double)], ctypes.c_int),
+                              ("error_string", [ctypes.c_int], ctypes.c_char_p),
                               ("last_error", [], ctypes.c_char_p),
                               ("param_numel", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64], ctypes.c_int64),
                               ("default_scale", [ctypes.c_int64], ctypes.c_double),
@@ -279,6 +281,39 @@ def test_queries(encoding):
         numel = math.prod(h.param_shape(name, 2**40, 2**40))
         assert fn(encoding, "param_numel")(n, 2**40, 2**40) == (numel if numel < 2**63 else -1), name
     assert fn(encoding, "param_numel")(-1, 3, 8) == -1
+
+
+@pytest.mark.parametrize("encoding", C_ABI_ENCODINGS + C_ABI_TRANSITION_ENCODINGS)
+def test_init_param(encoding):
+    """ape_<enc>_init_param: a param's initial value as the operator library's helper makes it
+    (zeros, ones, constant, ALiBi's slopes, the sinusoidal table: a C caller had to compute
+    them again), a param drawn at random or derived from a projection refused with the reason,
+    and bad arguments refused."""
+    h = helper(encoding)
+    f = fn(encoding, "init_param")
+    H, D = 3, 8
+    made = h.init_params(H, D, dtype=torch.float64)
+    for n, p in enumerate(h.MANIFEST["params"]):
+        numel = fn(encoding, "param_numel")(n, H, D)
+        out = (ctypes.c_double * max(numel, 1))()
+        status = f(n, H, D, out)
+        kind = p["init"]["kind"]
+        if kind == "normal":
+            assert status == APE_ERROR_NOT_SUPPORTED
+            assert b"is drawn at random, N(0, " in fn(encoding, "last_error")()
+        elif kind.startswith("projection_"):
+            assert status == APE_ERROR_NOT_SUPPORTED
+            assert b"is computed from a projection weight" in fn(encoding, "last_error")()
+        else:
+            assert status == APE_OK, fn(encoding, "last_error")()
+            got = torch.tensor(list(out)[:numel], dtype=torch.float64)
+            assert torch.equal(got, made[p["name"]].detach().flatten()), p["name"]
+    out = (ctypes.c_double * 1)()
+    assert f(len(h.MANIFEST["params"]), H, D, out) == APE_ERROR_INVALID_VALUE
+    assert f(-1, H, D, out) == APE_ERROR_INVALID_VALUE
+    if h.MANIFEST["params"]:
+        assert f(0, 0, D, out) == APE_ERROR_INVALID_SHAPE
+        assert f(0, H, D, None) == APE_ERROR_NULL_POINTER
 
 
 @pytest.mark.parametrize("encoding", C_ABI_TRANSITION_ENCODINGS)

@@ -39,6 +39,9 @@ int64_t ape_@NAME@_param_numel(int n, int64_t H, int64_t D) {
   if (n < 0 || n >= in.num_params || H < 0 || D < 0) return -1;
   return ape::param_numel(in.params[n], H, D);
 }
+int ape_@NAME@_init_param(int n, int64_t H, int64_t D, double *out) {
+  return ape::c_abi::init_param(kernel_inputs(), last_error(), "ape_@NAME@_init_param", n, H, D, out);
+}
 double ape_@NAME@_default_scale(int64_t D) {
   return D > 0 ? kernel_inputs().scale_for(D) : std::numeric_limits<double>::quiet_NaN();
 }

@@ -112,8 +112,8 @@
 // OPS-NEXT: #ifdef APE_TORCH_OPS_CUDA_KERNELS
 // OPS-NEXT: extern "C" const ape::cuda::CudaKernelEntry *ape_cuda_kernel_entry_odd_names();
 // OPS: static const char *const features[] = {"gate-1"};
-// OPS: {"q", 1, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}}, true, ape_abi::InitKind::Zeros, {}},  // [heads]
-// OPS-NEXT: {"lambda", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, false, ape_abi::InitKind::Ones, {}},  // [heads, head_dim]
+// OPS: {"q", 1, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}}, true, ape_abi::InitKind::Zeros, {}, false, {0, 0, false}, 0.0},  // [heads]
+// OPS-NEXT: {"lambda", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, false, ape_abi::InitKind::Ones, {}, false, {0, 0, false}, 0.0},  // [heads, head_dim]
 // OPS: static const ape::KernelInputs inputs{"odd_names", ape_kernel_entry_odd_names(), 1, features, 2, params, false,
 // OPS: "attention(Tensor q, Tensor k, Tensor v, Tensor gate_1, Tensor q_, Tensor lambda_, float? scale=None) -> Tensor",
 // OPS-NEXT: #ifdef APE_TORCH_OPS_CUDA_KERNELS
@@ -132,10 +132,10 @@
 // PY-NEXT: # The params computed
 // PY-NEXT: DERIVED = []
 
-// EXQPE: {"position_scale", 1, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 1}}, false, ape_abi::InitKind::Constant, {}, true, {-16777216.0, 16777216.0, false}},  // [1]
-// EXQPE-NEXT: {"override_q_a", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::Q, 16, 0.0, 0.00048828125, 1.0}},
-// EXQPE-NEXT: {"override_q_b", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::Q, 16, 0.0625, 0.0, 1.0}},
-// EXQPE-NEXT: {"override_q_p", 3, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 16}, {ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionPrefix, {true, ape_abi::Projection::Q, 16, 0.0, 0.0, 0.0625}},
+// EXQPE: {"position_scale", 1, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 1}}, false, ape_abi::InitKind::Constant, {}, true, {-16777216.0, 16777216.0, false}, 1.0},  // [1]
+// EXQPE-NEXT: {"override_q_a", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::Q, 16, 0.0, 0.00048828125, 1.0}, false, {0, 0, false}, 0.0},
+// EXQPE-NEXT: {"override_q_b", 2, {{[{][{]}}ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::Q, 16, 0.0625, 0.0, 1.0}, false, {0, 0, false}, 0.0},
+// EXQPE-NEXT: {"override_q_p", 3, {{[{][{]}}ape_abi::Dim::Kind::Fixed, 16}, {ape_abi::Dim::Kind::Heads, 0}, {ape_abi::Dim::Kind::HeadDim, 0}}, true, ape_abi::InitKind::ProjectionPrefix, {true, ape_abi::Projection::Q, 16, 0.0, 0.0, 0.0625}, false, {0, 0, false}, 0.0},
 // EXQPE-NEXT: {"override_k_a", {{.*}}, ape_abi::InitKind::ProjectionTerm, {true, ape_abi::Projection::K, 16,
 // EXQPE-PY: DERIVED = ["override_q_a", "override_q_b", "override_q_p", "override_k_a", "override_k_b", "override_k_p"]
 

@@ -7,12 +7,14 @@
 // message for ape_NAME_last_error().
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <limits>
 #include <new>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -82,6 +84,37 @@ template <class Fn> int guarded(std::string &last_error, const char *function, F
   } catch (...) {
     return fail(APE_ERROR_INTERNAL, "unknown exception");
   }
+}
+
+// ape_NAME_init_param: param n's initial value for H heads of dimension D into out (its
+// ape_NAME_param_numel doubles), as the runtime makes it (ape::initial_values); a random (normal)
+// or derived param is APE_ERROR_NOT_SUPPORTED, its last_error saying what to do instead.
+inline int init_param(const KernelInputs &in, std::string &last_error, const char *function, int n, int64_t H,
+                      int64_t D, double *out) noexcept {
+  return guarded(last_error, function, [&] {
+    if (n < 0 || n >= in.num_params)
+      throw Failure{APE_ERROR_INVALID_VALUE, "no param " + std::to_string(n) + " (the encoding has " +
+                                                 std::to_string(in.num_params) + ")"};
+    if (H < 1 || D < 1)
+      throw Failure{APE_ERROR_INVALID_SHAPE, "H and D must be >= 1, got H=" + std::to_string(H) +
+                                                 " D=" + std::to_string(D)};
+    if (!out) throw Failure{APE_ERROR_NULL_POINTER, "out is NULL"};
+    const ParamInput &p = in.params[n];
+    if (p.init == ape_abi::InitKind::Normal) {
+      char std_text[32];
+      std::snprintf(std_text, sizeof std_text, "%g", p.init_arg);
+      throw Failure{APE_ERROR_NOT_SUPPORTED, std::string("param '") + p.name +
+                                                 "' is drawn at random, N(0, " + std_text +
+                                                 "^2) per element: the caller draws it"};
+    }
+    if (p.is_derived())
+      throw Failure{APE_ERROR_NOT_SUPPORTED, std::string("param '") + p.name +
+                                                 "' is computed from a projection weight at every call (ape_" +
+                                                 in.encoding + "_manifest() says how), not initialised"};
+    const std::optional<std::vector<double>> v = initial_values(p, H, D);
+    if (!v) throw Failure{APE_ERROR_INVALID_SHAPE, std::string("param '") + p.name + "' has no value at this H and D"};
+    std::copy(v->begin(), v->end(), out);
+  });
 }
 
 // Sizes of one call and the element counts derived from them.

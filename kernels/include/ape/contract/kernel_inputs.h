@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,7 @@ struct ParamInput {
   // values it may take, by the rule apec and the runtime check (contract/value_rules.h).
   bool has_range = false;
   ape_rules::Range range{0, 0, false};
+  double init_arg = 0;            // the init's argument: constant's value, normal's std
 
   bool is_derived() const { return derived.derived; }
 };
@@ -84,6 +86,28 @@ inline int64_t param_numel(const ParamInput &p, int64_t heads, int64_t head_dim)
     n *= d;
   }
   return n;
+}
+
+// Param p's initial value for H heads of dimension D (both >= 1), as the runtime makes it, in its
+// manifest shape row-major: zeros, ones, constant (init_arg), alibi_slopes and sinusoidal (the
+// values of vocabulary.h). None for normal (random: the caller draws N(0, init_arg^2)) and the
+// derived kinds (computed from a projection weight: ape/torch/derived_params.h).
+inline std::optional<std::vector<double>> initial_values(const ParamInput &p, int64_t heads, int64_t head_dim) {
+  const int64_t n = param_numel(p, heads, head_dim);
+  if (n < 0) return std::nullopt;
+  const std::vector<int64_t> shape = param_shape(p, heads, head_dim);
+  switch (p.init) {
+    case ape_abi::InitKind::Zeros: return std::vector<double>(static_cast<size_t>(n), 0.0);
+    case ape_abi::InitKind::Ones: return std::vector<double>(static_cast<size_t>(n), 1.0);
+    case ape_abi::InitKind::Constant: return std::vector<double>(static_cast<size_t>(n), p.init_arg);
+    case ape_abi::InitKind::AlibiSlopes:
+      if (n != heads) return std::nullopt;
+      return ape_abi::alibi_slopes(heads);
+    case ape_abi::InitKind::Sinusoidal:
+      if (shape.size() != 3) return std::nullopt;
+      return ape_abi::sinusoid_table(shape[0], shape[1] * shape[2]);
+    default: return std::nullopt;
+  }
 }
 
 // "" when every value of param p (n of them, as the caller holds them) is in its range (or it has

@@ -712,14 +712,11 @@ inline at::Tensor init_value(const KernelInputs &in, const std::string &name, in
   std::vector<int64_t> shape;
   for (int d = 0; d < p->rank; ++d) shape.push_back(p->dims[d].resolve(H, D));
   const ape_abi::InitKind kind = p->init;
-  std::vector<double> values;
-  if (kind == ape_abi::InitKind::AlibiSlopes)
-    values = ape_abi::alibi_slopes(H);
-  else if (kind == ape_abi::InitKind::Sinusoidal && p->rank == 3)
-    values = ape_abi::sinusoid_table(shape[0], H * D);
-  else
-    TORCH_CHECK_VALUE(false, w, "param '", name, "' has init '", ape_abi::name(kind),
-                      "': init_value computes alibi_slopes and sinusoidal ones");
+  const bool closed_form = kind == ape_abi::InitKind::AlibiSlopes || kind == ape_abi::InitKind::Sinusoidal;
+  const std::optional<std::vector<double>> init = closed_form ? initial_values(*p, H, D) : std::nullopt;
+  TORCH_CHECK_VALUE(init, w, "param '", name, "' has init '", ape_abi::name(kind),
+                    "': init_value computes alibi_slopes and sinusoidal ones");
+  const std::vector<double> &values = *init;
   TORCH_CHECK_VALUE(static_cast<int64_t>(values.size()) == c10::multiply_integers(shape), w,
                     "param '", name, "' has shape ", at::IntArrayRef(shape), ", its init '",
                     ape_abi::name(kind), "' gives ", values.size(), " values");
