@@ -495,14 +495,13 @@ CheckRow fp32_row(const std::string &q, const std::string &prec, const std::stri
 }
 
 // A bf16 row: tolerance max(bf16_tol, factor x yardstick), the yardstick the reference's own change
-// under the kernels' roundings (ReferenceSite::round_bf16), the factor bf16_param_factor for a
-// param gradient (a sum over every pair, whose rounding the one draw of the yardstick estimates
-// less closely: measured up to 9.9x on ALiBi's learned slopes, a sum over every diagonal) and
-// bf16_factor elsewhere. A passing row whose tolerance reaches half the reference's normalised
-// size would pass a kernel that wrote zeros too: it goes to the table's unresolved list, not
-// counted as a check (Table::add; before, a floor of 4e-3 sqrt(pairs) gave param rows tolerances
-// of 0.6-1.2, which gradients of zeros passed). A failing row fails as any other. A NaN yardstick
-// leaves the floor.
+// under the kernels' roundings (ReferenceSite::round_bf16; a param gradient's from stochastic
+// draws, param_yardsticks), the factor bf16_param_factor for a param gradient and bf16_factor
+// elsewhere (CheckOptions, with the measurements). A passing row whose tolerance reaches half the
+// reference's normalised size would pass a kernel that wrote zeros too: it goes to the table's
+// unresolved list, not counted as a check (Table::add; before, a floor of 4e-3 sqrt(pairs) gave
+// param rows tolerances of 0.6-1.2, which gradients of zeros passed). A failing row fails as any
+// other. A NaN yardstick leaves the floor.
 void bf16_row(Table &table, const std::string &q, const std::string &prec, const std::string &cell,
               const Error &e, const Error &y, const CheckOptions &opt, const std::string &note = "") {
   const double yard = std::isfinite(y.rel) ? y.rel : 0.0;
@@ -711,6 +710,37 @@ Outputs summed_over_groups(Outputs o, int64_t p) {
   return o;
 }
 
+// The bf16 yardstick of each trainable param's gradient: a sum over every query-key pair whose
+// terms cancel, so that one draw of the rounding (the nearest, as the kernels round) is a poor
+// estimate of how far the kernels' sum may stray: ALiBi's learned slopes at 1x2x150x128 measured
+// 0.1 to 3.6 times that draw over seeds 1-4, 9.9 on the default grid. Instead the root mean square
+// of kParamDraws stochastic roundings' normalised errors (ReferenceSite::stochastic_seed; seeds from
+// ape-check's, so a run repeats), divided by sqrt(2): a stochastic rounding's error has twice the
+// variance of rounding to nearest (ulp^2 / 6 against ulp^2 / 12 for a uniform fraction), and a sum
+// of many such errors twice the variance too. `rc` the reference's cell (k and v of every query
+// head), `group` the grouped rows' group size (dk, dv summed; params are per query head already).
+constexpr int kParamDraws = 4;
+std::map<std::string, double> param_yardsticks(const SpecReference &ref, const Manifest &man, const Cell &rc,
+                                               int64_t group, const Outputs &r64, uint64_t seed) {
+  std::map<std::string, double> sum_sq;
+  for (const ParamSpec &p : man.params)
+    if (p.trainable) sum_sq["dparam:" + p.name] = 0;
+  if (sum_sq.empty()) return sum_sq;
+  for (int d = 1; d <= kParamDraws; ++d) {
+    Cell drawn = rc;
+    drawn.site.round_bf16 = true;
+    drawn.site.round_kv_grads = group <= 1;
+    drawn.site.stochastic_seed = seed * 7919u + static_cast<uint64_t>(d);
+    const Outputs y = run_reference(ref, man, drawn, at::kDouble);
+    for (auto &[q, acc] : sum_sq) {
+      const double rel = compare(y.at(q), r64.at(q)).rel;
+      acc += std::isfinite(rel) ? rel * rel : 0.0;
+    }
+  }
+  for (auto &[q, acc] : sum_sq) acc = std::sqrt(acc / kParamDraws / 2);
+  return sum_sq;
+}
+
 // Grouped-query attention (AttnArgs::kv_heads, docs/frameworks.md) at the grid's cell with the
 // most heads (T > 1): its H heads times p, k and v of its H heads (groups of p, query head h
 // reading key head h / p; p = 2, or 3 where H is 2, so that the group size and the key heads'
@@ -880,6 +910,9 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
         if (group > 1)
           for (const char *g : {"dk", "dv"}) y64[g] = y64.at(g).to(at::kBFloat16).to(at::kDouble);
       }
+      // bf16: a trainable param gradient's yardstick from stochastic draws (param_yardsticks)
+      std::map<std::string, double> param_yard;
+      if (bf16) param_yard = param_yardsticks(ref, man, rc, group, r64, opt.seed);
       DecodeReferences decode_refs;
       for (const int sm : archs) {
         // f32 runs the general path, every architecture's: once, at the first architecture
@@ -908,7 +941,9 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
           const Error e = compare(got.at(q), r64.at(q));
           const CheckShape &s = c.shape;
           if (bf16) {
-            bf16_row(table, prefix + q, prec, label, e, compare(y64.at(q), r64.at(q)), opt);
+            Error y = compare(y64.at(q), r64.at(q));
+            if (const auto it = param_yard.find(q); it != param_yard.end()) y.rel = it->second;
+            bf16_row(table, prefix + q, prec, label, e, y, opt);
             continue;
           }
           const Error y = compare(r32.at(q), r64.at(q));

@@ -97,14 +97,16 @@ struct CheckOptions {
       cuda_decode;
   // A bf16 row's tolerance: max(bf16_tol, bf16_factor x its yardstick), the yardstick the
   // reference's own change under the kernels' roundings (ReferenceSite::round_bf16: q', k', P, o,
-  // dS, Delta and the input gradients rounded as the 16-bit kernels round them); a param gradient's
-  // factor is bf16_param_factor. Measured on the emulated kernels of 11 specs (rope, t5,
-  // alibi_learned, cable, shaw, expe, fire, kcable, xpos, forget_gate, derivative_edges): error /
-  // yardstick at most 1.7 on o, dq, dk, dv and features, 9.9 on param gradients (ALiBi's learned
-  // slopes, summed over every diagonal times its distance; FIRE's 4.1).
+  // dS, Delta and the input gradients rounded as the 16-bit kernels round them); a param
+  // gradient's yardstick is the root mean square of stochastic roundings' draws over sqrt(2)
+  // (param_yardsticks in SpecCheck.cpp) and its factor bf16_param_factor. Measured on the emulated
+  // kernels of the 31 example specs with a backward, seeds 1-3, sm_80 and sm_90 (`python3
+  // bench/ape_check_bf16.py build`, bench/results/ape_check_bf16.md): error / yardstick at most
+  // 2.3 on o, dq, dk, dv and features (FIRE's dk), 3.7 on param gradients (FIRE's c; ALiBi's
+  // learned slopes 1.5, where one nearest-rounded draw had measured 9.9).
   double bf16_tol = 5e-3;
   double bf16_factor = 3.0;
-  double bf16_param_factor = 16.0;
+  double bf16_param_factor = 6.0;
 };
 
 // The default grid: T = 1, a partial tile (T = 37), exactly one 64 x 64 tile, several tiles with

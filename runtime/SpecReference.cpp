@@ -10,11 +10,13 @@
 #include <stdexcept>
 
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 namespace ape {
 
@@ -557,15 +559,28 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     }
 
     // q', k' and the relative rows.
+    // bf16 to nearest, or stochastically (ReferenceSite::stochastic_seed): x + u ulp(x) rounded to
+    // nearest, u uniform in [-1/2, 1/2), ulp the bf16 spacing at x (8 significant bits), zeros
+    // kept (the causal mask's P and dS).
+    std::optional<at::Generator> gen;
+    if (site.round_bf16 && site.stochastic_seed)
+      gen = at::make_generator<at::CPUGeneratorImpl>(site.stochastic_seed);
+    auto to_bf16 = [gen](const Tensor &x) {
+      if (!gen) return x.to(at::kBFloat16).to(x.scalar_type());
+      const Tensor xd = x.to(at::kDouble);
+      const Tensor ulp = at::pow(2.0, (std::get<1>(at::frexp(xd)) - 8).to(at::kDouble));
+      const Tensor u = at::rand(xd.sizes(), *gen, at::dtype(at::kDouble)) - 0.5;
+      return at::where(xd.eq(0), xd, xd + u * ulp).to(at::kBFloat16).to(x.scalar_type());
+    };
     // (straight through: x + (round(x) - x), the difference constant)
-    auto round = [](const Tensor &x) { return x + (x.detach().to(at::kBFloat16).to(x.scalar_type()) - x.detach()); };
+    auto round = [to_bf16](const Tensor &x) { return x + (to_bf16(x.detach()) - x.detach()); };
     // The inputs' gradients as the kernels write them (a copy's hook: not the caller's tensor's);
     // k's and v's not where the caller sums them over groups first (round_kv_grads).
     auto input = [&](const Tensor &x, bool round_grad) {
       Tensor t = x.to(env.dtype);
       if (site.round_bf16 && round_grad && t.requires_grad() && at::GradMode::is_enabled()) {
         t = t.clone();
-        t.register_hook([](const Tensor &g) { return g.to(at::kBFloat16).to(g.scalar_type()); });
+        t.register_hook([to_bf16](const Tensor &g) { return to_bf16(g); });
       }
       return t;
     };
@@ -598,7 +613,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     const int64_t np = flat.numel();
     const Tensor qk = at::matmul(q, k.transpose(2, 3));
     if (site.round_bf16 && qk.requires_grad())  // dS, as the kernels round it for dQ' and dK'
-      qk.register_hook([](const Tensor &g) { return g.to(at::kBFloat16).to(g.scalar_type()); });
+      qk.register_hook([to_bf16](const Tensor &g) { return to_bf16(g); });
     Tensor s = (scale * qk).reshape({B, H, T * T}).index_select(2, flat);
     const Tensor bb = at::arange(B, at::kLong).view({B, 1, 1});
     const Tensor hh = at::arange(H, at::kLong).view({1, H, 1});
@@ -648,7 +663,7 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
       if (logits.requires_grad() && o.requires_grad()) {
         auto dout = std::make_shared<Tensor>();
         const Tensor seen = exact + at::matmul(P - Pr, v);
-        const Tensor diff = (seen - exact.to(at::kBFloat16).to(exact.scalar_type())).detach();
+        const Tensor diff = (seen - o.detach()).detach();  // (o rounded)
         const Tensor Pd = P.detach();
         o.register_hook([dout](const Tensor &g) {
           *dout = g;

@@ -50,6 +50,11 @@ struct ReferenceSite {
   // With round_bf16: k's and v's gradients rounded too; false where the caller sums them over
   // groups of query heads first and rounds the sums, as the kernels do (grouped-query attention).
   bool round_kv_grads = true;
+  // With round_bf16: 0 rounds to nearest (as the kernels); otherwise the seed of a stochastic
+  // rounding (a value rounded to its upper or lower bf16 neighbour with probability by its
+  // distance), one of the draws that average ape-check's yardstick of a param gradient, a sum
+  // whose one nearest-rounded draw is a poor estimate of its spread (SpecCheck.cpp).
+  uint64_t stochastic_seed = 0;
 };
 
 class SpecReference {

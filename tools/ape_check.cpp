@@ -219,7 +219,8 @@ static int tool_main(int argc, char **argv) {
                  "[1, 1e6]")
       ->capture_default_str();
   app.add_option("--bf16-param-factor", opt.bf16_param_factor,
-                 "--cuda: a bf16 param gradient's tolerance is at least this times its yardstick, in [1, 1e6]")
+                 "--cuda: a bf16 param gradient's tolerance is at least this times its yardstick (the root\n"
+                 "mean square of 4 stochastic roundings' changes, over sqrt(2)), in [1, 1e6]")
       ->capture_default_str();
   app.footer(ape::kernel_cpu_level_help());
   APE_CLI_PARSE_STATUS(app, argc, argv, 2);  // (1 is a failed check)
