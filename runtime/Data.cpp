@@ -364,7 +364,7 @@ Corpus Corpus::open(const DataOptions &opts) {
     std::error_code ec;
     throw std::runtime_error("data folder '" + opts.data_dir + "' " +
                              (fs::exists(opts.data_dir, ec) ? "is a file, not a folder" : "does not exist") +
-                             " (it should hold SPLITS.tsv and clean.tar.xz; pass --data DIR)");
+                             " (it should hold SPLITS.tsv and the books, clean/pg<ID>_*.txt or clean.tar.xz; pass --data DIR)");
   }
   if (opts.vocab < 300 || opts.vocab > 65535)
     throw std::invalid_argument("vocab must be in [300, 65535], got " + std::to_string(opts.vocab));

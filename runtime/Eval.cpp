@@ -22,6 +22,7 @@
 #include "ape/contract/value_rules.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Options.h"
+#include "runtime/Util.h"
 
 namespace ape {
 
@@ -79,7 +80,9 @@ std::pair<std::string, double> parse_assignment(const std::string &text) {
   } catch (const std::exception &) {
     used = 0;
   }
-  if (value.empty() || used != value.size() || !std::isfinite(v)) throw bad("'" + value + "' is not a finite number");
+  // (decimal only, as the options: std::stod also reads 0x10 and leading spaces)
+  if (value.empty() || !is_decimal_real(value) || used != value.size() || !std::isfinite(v))
+    throw bad("'" + value + "' is not a finite number");
   return {name, v};
 }
 

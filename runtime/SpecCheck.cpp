@@ -723,6 +723,7 @@ constexpr int kParamDraws = 4;
 std::map<std::string, double> param_yardsticks(const SpecReference &ref, const Manifest &man, const Cell &rc,
                                                int64_t group, const Outputs &r64, uint64_t seed) {
   std::map<std::string, double> sum_sq;
+  std::map<std::string, int> finite;  // the draws whose change is finite
   for (const ParamSpec &p : man.params)
     if (p.trainable) sum_sq["dparam:" + p.name] = 0;
   if (sum_sq.empty()) return sum_sq;
@@ -734,10 +735,10 @@ std::map<std::string, double> param_yardsticks(const SpecReference &ref, const M
     const Outputs y = run_reference(ref, man, drawn, at::kDouble);
     for (auto &[q, acc] : sum_sq) {
       const double rel = compare(y.at(q), r64.at(q)).rel;
-      acc += std::isfinite(rel) ? rel * rel : 0.0;
+      if (std::isfinite(rel)) acc += rel * rel, ++finite[q];
     }
   }
-  for (auto &[q, acc] : sum_sq) acc = std::sqrt(acc / kParamDraws / 2);
+  for (auto &[q, acc] : sum_sq) acc = finite[q] ? std::sqrt(acc / finite[q] / 2) : NAN;  // (NaN: the floor)
   return sum_sq;
 }
 

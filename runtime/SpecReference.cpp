@@ -20,6 +20,18 @@
 
 namespace ape {
 
+at::Tensor round_bf16_stochastic(const at::Tensor &x, at::Generator &gen) {
+  // float32's bits, a uniform 16-bit integer added and the low 16 bits dropped: bf16 is float32's
+  // upper half, so the magnitude rounds up to the next bf16 value with probability (the dropped
+  // bits) / 2^16, its distance from the lower one in that spacing (subnormals too). A value bf16
+  // holds (zeros, the causal mask's P, P = 1, infinities) has no low bits: it stays.
+  const at::Tensor bits = x.to(at::kFloat).contiguous().view(at::kInt);
+  const at::Tensor r = at::randint(0, 1 << 16, bits.sizes(), gen, at::dtype(at::kInt));
+  const at::Tensor up = at::bitwise_and(bits + r, static_cast<int64_t>(-65536));  // 0xffff0000
+  return up.view(at::kFloat).to(x.scalar_type());
+}
+
+
 namespace abi = ::ape_abi;
 
 using json = nlohmann::json;
@@ -559,18 +571,14 @@ SpecReference::Result SpecReference::attention(const Tensor &q_in, const Tensor 
     }
 
     // q', k' and the relative rows.
-    // bf16 to nearest, or stochastically (ReferenceSite::stochastic_seed): x + u ulp(x) rounded to
-    // nearest, u uniform in [-1/2, 1/2), ulp the bf16 spacing at x (8 significant bits), zeros
-    // kept (the causal mask's P and dS).
+    // bf16 to nearest, or stochastically (ReferenceSite::stochastic_seed, round_bf16_stochastic).
     std::optional<at::Generator> gen;
     if (site.round_bf16 && site.stochastic_seed)
       gen = at::make_generator<at::CPUGeneratorImpl>(site.stochastic_seed);
     auto to_bf16 = [gen](const Tensor &x) {
       if (!gen) return x.to(at::kBFloat16).to(x.scalar_type());
-      const Tensor xd = x.to(at::kDouble);
-      const Tensor ulp = at::pow(2.0, (std::get<1>(at::frexp(xd)) - 8).to(at::kDouble));
-      const Tensor u = at::rand(xd.sizes(), *gen, at::dtype(at::kDouble)) - 0.5;
-      return at::where(xd.eq(0), xd, xd + u * ulp).to(at::kBFloat16).to(x.scalar_type());
+      at::Generator g = *gen;
+      return round_bf16_stochastic(x, g);
     };
     // (straight through: x + (round(x) - x), the difference constant)
     auto round = [to_bf16](const Tensor &x) { return x + (to_bf16(x.detach()) - x.detach()); };

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 namespace ape {
@@ -56,6 +57,12 @@ struct ReferenceSite {
   // whose one nearest-rounded draw is a poor estimate of its spread (SpecCheck.cpp).
   uint64_t stochastic_seed = 0;
 };
+
+// x rounded to bf16 stochastically: each value to its lower or upper bf16 neighbour (in
+// magnitude) with probability by its distance from the other, so that the rounding is unbiased
+// (through float32: a double is first rounded to float32's 24 bits); a value bf16 holds, and NaN,
+// stays. The type of x is kept. (ape-check's param yardsticks: ReferenceSite::stochastic_seed.)
+at::Tensor round_bf16_stochastic(const at::Tensor &x, at::Generator &gen);
 
 class SpecReference {
 public:

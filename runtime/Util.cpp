@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -109,28 +110,68 @@ std::string system_status_text(int rc) {
 
 uint64_t available_memory_bytes() {
   uint64_t avail = 0, swap = 0;
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") avail = kb * 1024;
-    else if (key == "SwapFree:") swap = kb * 1024;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kb = 0;
+    while (in >> key >> kb) {
+      std::getline(in, unit);
+      if (key == "MemAvailable:") avail = kb * 1024;
+      else if (key == "SwapFree:") swap = kb * 1024;
+    }
   }
   if (avail == 0) return 0;
   uint64_t total = avail + swap;
-  std::ifstream max_in("/sys/fs/cgroup/memory.max"), cur_in("/sys/fs/cgroup/memory.current");
+  // cgroup v2: this process's group (/proc/self/cgroup's "0::PATH"), its memory.max less what it
+  // uses beyond the file cache the kernel reclaims (memory.current counts it: a group that had
+  // read a corpus or built a tree looked full).
+  std::string group;
+  {
+    std::ifstream in("/proc/self/cgroup");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("0::", 0) == 0) group = line.substr(3);
+  }
+  const std::string dir = "/sys/fs/cgroup" + (group == "/" ? std::string() : group);
+  std::ifstream max_in(dir + "/memory.max"), cur_in(dir + "/memory.current");
   std::string max_text;
   uint64_t current = 0;
   if (max_in >> max_text && max_text != "max" && cur_in >> current) {
+    uint64_t reclaimable = 0;
+    std::ifstream stat(dir + "/memory.stat");
+    std::string key;
+    uint64_t value = 0;
+    while (stat >> key >> value)
+      if (key == "inactive_file") reclaimable = value;
     try {
       const uint64_t limit = std::stoull(max_text);
-      total = std::min(total, limit > current ? limit - current : 0);
+      const uint64_t used = current > reclaimable ? current - reclaimable : 0;
+      total = std::min(total, limit > used ? limit - used : 1);
     } catch (const std::exception &) {
     }
   }
   return total;
+}
+
+bool is_decimal_real(std::string_view s) {
+  size_t i = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  std::string rest(s.substr(i));
+  for (char &c : rest) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (rest == "nan" || rest == "inf" || rest == "infinity") return true;
+  size_t digits = 0;
+  bool point = false;
+  for (; i < s.size() && ((s[i] >= '0' && s[i] <= '9') || (s[i] == '.' && !point)); ++i) {
+    if (s[i] == '.') point = true;
+    else ++digits;
+  }
+  if (digits == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+    const size_t start = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    if (i == start) return false;
+  }
+  return i == s.size();
 }
 
 size_t first_non_utf8(std::string_view text) {

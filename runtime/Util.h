@@ -54,9 +54,15 @@ int run_process(const std::vector<std::string> &argv, const std::string &what, s
                 const std::string &log_path = "", const std::string &cwd = "");
 
 // The memory this process can still take on this machine, in bytes: MemAvailable plus SwapFree
-// of /proc/meminfo, and no more than the cgroup's memory.max less its memory.current where one is
-// set; 0 when unknown.
+// of /proc/meminfo, and no more than its cgroup's (v2) memory.max less its memory.current
+// without the reclaimable file cache (inactive_file) where one is set; 0 when unknown.
 uint64_t available_memory_bytes();
+
+// Whether `text` is a real number as a user writes it in decimal: an optional sign, digits with
+// at most one '.', an optional exponent (e or E, an optional sign, digits); or nan, inf or infinity
+// (any case, with a sign), which range checks then name. Not C's other forms: hex floats
+// (0x1p-8), leading or trailing spaces.
+bool is_decimal_real(std::string_view text);
 
 // The offset of the first byte of `text` that is not UTF-8 (std::string::npos: none): a byte that
 // starts no character, a truncated or overlong sequence, a surrogate or a code point past U+10FFFF.

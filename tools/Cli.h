@@ -1,7 +1,6 @@
 // The command-line conventions every tool shares (ape-train, ape-eval, ape-generate, ape-check).
 #pragma once
 
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <string>
@@ -10,6 +9,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "runtime/Util.h"
 
 namespace ape::cli {
 
@@ -44,26 +45,7 @@ inline CLI::Validator whole_decimal() {
 inline CLI::Validator real_decimal() {
   return CLI::Validator(
       [](std::string &s) -> std::string {
-        size_t i = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
-        std::string rest = s.substr(i);
-        for (char &c : rest) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        if (rest == "nan" || rest == "inf" || rest == "infinity") return "";
-        const std::string bad = "the value " + s + " is not a decimal number";
-        size_t digits = 0;
-        bool point = false;
-        for (; i < s.size() && ((s[i] >= '0' && s[i] <= '9') || (s[i] == '.' && !point)); ++i) {
-          if (s[i] == '.') point = true;
-          else ++digits;
-        }
-        if (digits == 0) return bad;
-        if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
-          ++i;
-          if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
-          const size_t start = i;
-          while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
-          if (i == start) return bad;
-        }
-        return i == s.size() ? "" : bad;
+        return ape::is_decimal_real(s) ? std::string() : "the value " + s + " is not a decimal number";
       },
       "");
 }

@@ -631,7 +631,12 @@ static int tool_main(int argc, char **argv) {
         } catch (const std::exception &ex) {
           throw std::runtime_error("checkpoint " + resume + ": bad evaluation settings: " + ex.what());
         }
-        ec.validate();
+        try {
+          ec.validate();
+        } catch (const std::exception &ex) {  // (the checkpoint's values, or those given again)
+          throw std::runtime_error("checkpoint " + resume + ": bad evaluation settings: " + ex.what() +
+                                   " (give --eval-multiples / --eval-tokens to replace them)");
+        }
       }
       // The run's corpus and cache folders (recorded since they are kept in "data"), unless given
       // again or gone: a resumed run reads the same token ids without being told where they are.
@@ -790,17 +795,17 @@ static int tool_main(int argc, char **argv) {
     }
     if (device.device.is_cpu()) {
       // The least a training step takes on the CPU: the weights, their gradients and AdamW's two
-      // moments (16 bytes per fp32 element) and a batch's logits with their gradient (8 bytes per
-      // token and vocabulary entry). Past what the machine has, the allocations succeeded
-      // (overcommit) and the OOM killer ended the run, and maybe others, without a word.
-      const double need = 16.0 * double(mc.min_elements()) + 8.0 * double(tc.batch) * double(tc.seq_len) * double(mc.vocab);
+      // moments, 16 bytes per fp32 element (the loss's logits come in chunks of a few MiB:
+      // LmLoss.h). Past what the machine has, the allocations succeeded (overcommit) and the OOM
+      // killer ended the run, and maybe others, without a word.
+      const double need = 16.0 * double(mc.min_elements());
       const uint64_t have = ape::available_memory_bytes();
       if (have > 0 && need > double(have)) {
         char b[256];
         std::snprintf(b, sizeof b,
-                      "the model and its batch need at least %.1f GiB to train (weights, gradients and AdamW's "
-                      "moments: %.3g elements; a batch's logits) and this machine has %.1f GiB available: lower "
-                      "--d-model, --layers, --vocab, --batch or --seq-len",
+                      "the model needs at least %.1f GiB to train (its weights, their gradients and AdamW's "
+                      "moments: %.3g elements) and this machine has %.1f GiB available: lower --d-model, "
+                      "--layers or --vocab",
                       need / 1073741824.0, double(mc.min_elements()), double(have) / 1073741824.0);
         throw std::invalid_argument(b);
       }

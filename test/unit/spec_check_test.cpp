@@ -15,6 +15,10 @@
 #include "runtime/Registry.h"
 #include "runtime/SpecCheck.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <cmath>
+#include <limits>
+
 namespace {
 
 // apec --emit=reference of examples/encodings/nope.mlir.
@@ -192,6 +196,32 @@ void zero_slopes_backward_f32(const ape::AttnArgs<float> &a) {
 void thousand_at_one_token_backward_f32(const ape::AttnArgs<float> &a) {
   ape::find_kernel("alibi_learned").backward_f32(a);
   if (a.T == 1) std::fill(a.dparams[0], a.dparams[0] + a.H, 1000.f);
+}
+
+// The param yardsticks' stochastic rounding: what bf16 holds stays (zeros, powers of two, P = 1,
+// infinities: x + u ulp(x) rounded to nearest had moved 1.0 to 0.99609375 a quarter of the time,
+// the spacing below a power of two being half the one above), and a value between two bf16
+// neighbours goes to each with probability by its distance (unbiased), either sign.
+TEST(SpecReference, StochasticBf16RoundingKeepsExactValuesAndIsUnbiased) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor exact = at::tensor({0.0, -0.0, 1.0, -2.0, 0.5, 1.0078125, -std::ldexp(1.0, -126), std::ldexp(1.0, -130), inf, -inf},
+                                      at::kDouble);
+  for (int draw = 0; draw < 2000; ++draw) {
+    const at::Tensor got = ape::round_bf16_stochastic(exact, gen);
+    ASSERT_EQ(got.scalar_type(), at::kDouble);
+    ASSERT_TRUE(got.equal(exact)) << got;
+  }
+  // 1 + 2^-9: a quarter of the way from 1 to 1 + 2^-7 (bf16's spacing there), and its negative.
+  for (const double sign : {1.0, -1.0}) {
+    const double x = sign * (1.0 + std::ldexp(1.0, -9));
+    const at::Tensor got = ape::round_bf16_stochastic(at::full({200000}, x, at::kDouble), gen);
+    const double up = got.eq(sign * (1.0 + std::ldexp(1.0, -7))).to(at::kDouble).mean().item<double>();
+    const double down = got.eq(sign).to(at::kDouble).mean().item<double>();
+    EXPECT_NEAR(up, 0.25, 0.005) << sign;
+    EXPECT_DOUBLE_EQ(up + down, 1.0) << sign;  // one of the two neighbours, nothing else
+    EXPECT_NEAR(got.mean().item<double>(), x, 2e-5) << sign;
+  }
 }
 
 // ALiBi with learned slopes, its fp32 backward's slopes gradient 8% too large.

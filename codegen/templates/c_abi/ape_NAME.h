@@ -62,7 +62,8 @@ APE_C_API int64_t ape_@NAME@_param_numel(int n, int64_t H, int64_t D);
  * (ape_@NAME@_param_numel(n, H, D) doubles, the param's shape row-major): zeros, ones, a constant,
  * ALiBi's slopes, the sinusoidal table. APE_ERROR_NOT_SUPPORTED for a param drawn at random (init
  * normal: the caller draws it; ape_@NAME@_last_error() names its std) or derived from a projection
- * weight; APE_ERROR_INVALID_VALUE for a bad n. */
+ * weight; APE_ERROR_INVALID_VALUE for a bad n, APE_ERROR_INVALID_SHAPE for H or D below 1,
+ * APE_ERROR_NULL_POINTER for a NULL out. */
 APE_C_API int ape_@NAME@_init_param(int n, int64_t H, int64_t D, double *out);
 /* The spec's logit scale: its `scale`, else 1/sqrt(D). */
 APE_C_API double ape_@NAME@_default_scale(int64_t D);

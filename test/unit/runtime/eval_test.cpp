@@ -12,6 +12,11 @@ TEST(Eval, SetArgumentsAndRowLabels) {
   EXPECT_ERROR(ape::parse_assignment("x=eight"), "'eight' is not a finite number");
   EXPECT_ERROR(ape::parse_assignment("x=8x"), "not a finite number");
   EXPECT_ERROR(ape::parse_assignment("x=inf"), "not a finite number");
+  // Decimal, as the options (std::stod alone read hex floats and leading spaces).
+  EXPECT_ERROR(ape::parse_assignment("rope_factor=0x10"), "'0x10' is not a finite number");
+  EXPECT_ERROR(ape::parse_assignment("rope_factor= 4"), "' 4' is not a finite number");
+  EXPECT_EQ(ape::parse_assignment("rope_factor=.5e1"), std::make_pair(std::string("rope_factor"), 5.0));
+  EXPECT_EQ(ape::parse_assignment("rope_factor=4."), std::make_pair(std::string("rope_factor"), 4.0));
   EXPECT_EQ(ape::eval_label("rope", "rope", {}), "rope");
   EXPECT_EQ(ape::eval_label("rope", "", {}), "rope");
   EXPECT_EQ(ape::eval_label("rope", "rope_yarn", {{"rope_factor", 8}}), "rope->rope_yarn[rope_factor=8]");
