@@ -87,7 +87,8 @@ def main():
                 f.write(",".join(str(x) for x in r) + "\n")
     names = ",".join(os.path.basename(s)[:-5] for s in specs)
     print("# ape-check's bf16 tolerances, measured\n")
-    print(f"`python3 bench/ape_check_bf16.py build --seeds {a.seeds}`: `ape-check --cuda --verbose` (the "
+    command = f"python3 bench/ape_check_bf16.py build --seeds {a.seeds}" + (f" --specs {a.specs}" if a.specs else "")
+    print(f"`{command}`: `ape-check --cuda --verbose` (the "
           f"emulated CUDA kernels posing as sm_80 and sm_90) with the bf16 tolerances off, "
           f"{len(specs)} example specs x {a.seeds} seeds x the default grid's cells at head dims 32, 64, "
           f"128 and the grouped cell ({n} bf16 rows).\n\nSpecs: {names}.\n")

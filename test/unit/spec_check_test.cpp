@@ -258,9 +258,9 @@ TEST(SpecCheck, Bf16ParamRowsFailAGradientOfZeros) {
   const ape::CheckReport big = ape::check_kernel(wrong, ref, o);
   EXPECT_EQ(rows(big, false), 1);
   EXPECT_FALSE(big.passed());
-  // A gradient 8% off fails too (at 2x2x70x16 the yardstick is 6.9e-3, the tolerance 4.1e-2): the
-  // root mean square of stochastic roundings' draws (param_yardsticks) is steady enough for a
-  // factor of 6, where one nearest-rounded draw needed 16 (0.11 here).
+  // A gradient 8% off fails too: the root mean square of stochastic roundings' draws
+  // (param_yardsticks) is steady enough for a factor of 6, where one nearest-rounded draw needed
+  // 16 (a tolerance of about 0.11 at this cell).
   wrong.backward_f32 = &scaled_slopes_backward_f32;
   const ape::CheckReport scaled = ape::check_kernel(wrong, ref, o);
   EXPECT_EQ(rows(scaled, false), 1);
