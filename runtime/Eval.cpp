@@ -145,7 +145,11 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
                                 " tokens");
   torch::NoGradGuard no_grad;
   model->eval();
-  const int64_t max_len = train_len * *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
+  // The longest length scored: every length scores the same segments of max_len tokens (at least
+  // one), so a length skipped for a learned table's end must not set it (--eval-tokens held).
+  int64_t max_len = 0;
+  for (int64_t m : cfg.multiples)
+    if (auto L = model->max_length(); !L || train_len * m <= *L) max_len = std::max(max_len, train_len * m);
   std::vector<EvalRow> rows;
   const std::string name = label.empty() ? model->config().encoding : label;
   for (int64_t m : cfg.multiples) {
