@@ -480,9 +480,21 @@ void Trainer::check_same_state(const std::string &what) const {
 
 void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
   const CudaSyncDebugScope waits_on_purpose(CudaSyncDebugScope::kOff);  // the state's copies to the host
-  if (dp_) {  // every rank holds the same model and data position; rank 0 writes them
-    check_same_state("the model and data position at step " + std::to_string(state_.step));
-    if (dp_->rank() != 0) return;
+  // Every rank holds the same model and data position; rank 0 writes them. Replicas that drifted
+  // apart (ranks computing the same step to other bits: another ATen CPU capability, instruction
+  // set or build) still get rank 0's state written, then the run stops: a first checkpoint refused
+  // had lost the whole run.
+  std::string drift;
+  if (dp_) {
+    try {
+      check_same_state("the model and data position at step " + std::to_string(state_.step));
+    } catch (const RanksDiffer &e) {
+      drift = std::string(e.what()) +
+              ". The ranks' replicas drifted apart: every rank must compute each step to the same bits (the "
+              "same build, ATEN_CPU_CAPABILITY and CPU instruction set, device and --precision)";
+      if (dp_->rank() != 0) throw RanksDiffer(drift + "; rank 0 saves its state");
+    }
+    if (drift.empty() && dp_->rank() != 0) return;
   }
   if (impl_->fused) impl_->fused->store_steps();  // the counts on the device into opt.state()
   nlohmann::json samplers = nlohmann::json::array();
@@ -520,6 +532,9 @@ void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
   }
   write_file_atomically(path, encode_checkpoint(model_->config().encoding, config, tensors),
                         "APE_TEST_KILL_DURING_CHECKPOINT");
+  if (!drift.empty())
+    throw RanksDiffer(drift + "; rank 0's state is saved to " + path +
+                      " (--resume it on ranks that compute alike, or on one process)");
 }
 
 void Trainer::restore(const Checkpoint &ckpt) {
@@ -737,8 +752,22 @@ void Trainer::distribute(DataParallel &dp) {
       }
     throw;
   }
+  // Where and in what precision each rank computes (an f16 rank's scaled gradients had been summed
+  // with a bf16 rank's unscaled ones), then the tensors broadcast: their names, shapes and dtypes
+  // (tensors of other sizes had reached Gloo, which aborted the process).
+  const ComputeDevice &where = model_->placement();
+  const std::string compute = std::string(where.device.is_cuda() ? "cuda" : where.device.str()) + " " +
+                              std::to_string(static_cast<int>(where.precision));
+  dp.check_same(fnv1a(compute.data(), compute.size()), "the device type and --precision");
   std::vector<at::Tensor> tensors;
-  for (auto &[name, t] : model_tensors(model_)) tensors.push_back(t);
+  std::string layout;
+  for (auto &[name, t] : model_tensors(model_)) {
+    tensors.push_back(t);
+    layout += name + ":" + std::string(c10::toString(t.scalar_type()));
+    for (int64_t d : t.sizes()) layout += "," + std::to_string(d);
+    layout += ";";
+  }
+  dp.check_same(fnv1a(layout.data(), layout.size()), "the model's tensors (names, shapes and dtypes)");
   dp.broadcast_from_root(tensors, "the initial model");
   dp_ = &dp;
 }

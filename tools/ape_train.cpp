@@ -561,6 +561,22 @@ static int tool_main(int argc, char **argv) {
     if (*port_opt) dist.master_port = dist_flags.master_port;
     if ((dist.world_size > 0) != (dist.rank >= 0))
       throw std::invalid_argument("--rank and --world-size go together (or neither: torchrun's RANK and WORLD_SIZE)");
+    // --world-size alone over torchrun's RANK: the ranks it adds never come (they waited out
+    // --dist-timeout, 5 minutes by default).
+    if (*world_opt && !*rank_opt)
+      if (const char *env = std::getenv("WORLD_SIZE"); env && std::string(env) != std::to_string(dist.world_size))
+        throw std::invalid_argument("--world-size " + std::to_string(dist.world_size) + " differs from torchrun's WORLD_SIZE " +
+                                    env + ": leave --world-size out under torchrun, or give --rank with it");
+    // A restart by torchrun (--max-restarts) of a command without --resume would start the run over
+    // at step 0, its unfinished checkpoint set aside; a command with --resume continues from the
+    // checkpoint it keeps writing.
+    if (const char *restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+        dist.enabled() && resume.empty() && restart && *restart && std::string(restart) != "0")
+      throw std::invalid_argument(
+          "torchrun restarted the workers (restart " + std::string(restart) +
+          "), and this command would start the run over at step 0: to have torchrun's restarts continue a run, "
+          "launch them with ape-train --resume OUT/NAME.ckpt once it has a checkpoint (now: the same torchrun "
+          "command with ape-train --resume on the checkpoint this run wrote), or give torchrun --max-restarts 0");
     // Where to post a refusal, before the other settings are checked: one of them refused on
     // this rank reaches the others (--dist-backend mpi, a bad --local-rank).
     refusing = rendezvous_part(dist);
@@ -842,11 +858,15 @@ static int tool_main(int argc, char **argv) {
       // evaluation, whose sums the ranks add (different lists left a rank to exit 0 alone,
       // different lengths or tokens gave wrong rows or a Gloo abort).
       std::string run = "encodings";
-      for (const auto &e : encodings) run += " " + e;
+      for (const auto &e : encodings) {  // (a --spec's by its text: one name, two specs had trained mixed)
+        run += " " + e;
+        if (const ape::SpecLibrary *lib = ape::registered_spec(e)) run += " (spec " + lib->spec_hash + ")";
+      }
       run += "; eval tokens " + std::to_string(ec.tokens) + " batch " + std::to_string(ec.batch_tokens) + " multiples";
       for (int64_t m : ec.multiples) run += " " + std::to_string(m);
       dp->check_same(ape::fnv1a(run.data(), run.size()),
-                     "the run's encoding list and evaluation config (-e, --eval-multiples, --eval-tokens)");
+                     "the run's encoding list, their --spec files' text and the evaluation config (-e, --spec, "
+                     "--eval-multiples, --eval-tokens)");
       // How the run starts: rank 0's model is broadcast, so a rank given another --set or
       // --init-from would train rank 0's start silently. (The checkpoint by its name and size: its
       // path may differ between machines.)
@@ -882,6 +902,14 @@ static int tool_main(int argc, char **argv) {
     std::cout << "[data] train " << corpus.train().size() << " tokens in " << corpus.train().num_docs()
               << " books; test " << corpus.test().size() << " tokens in " << corpus.test().num_docs()
               << " books\n";
+    if (dp) {  // every rank's token ids: another corpus (or tokenizer) on one rank had trained mixed data
+      std::string ids = corpus.tokenizer_hash();
+      for (const ape::TokenSplit *split : {&corpus.train(), &corpus.valid(), &corpus.test()})
+        ids += ";" + std::to_string(ape::fnv1a(split->ids.data(), split->ids.size() * sizeof(int32_t)));
+      dp->check_same(ape::fnv1a(ids.data(), ids.size()),
+                     "the corpus's tokenizer and token ids (--data, --cache-dir: the same books and tokenizer on "
+                     "every rank)");
+    }
     if (resumed) {
       const auto &d = resumed->config.value("data", nlohmann::json::object());
       const std::string tok = d.is_object() ? d.value("tokenizer_fnv", std::string()) : std::string();

@@ -16,7 +16,9 @@ failure  a rank killed (SIGKILL; rank 1, then rank 0, which hosts the store) mak
          hangs (SIGSTOP) makes the other give up after --dist-timeout. Before the group forms:
          ranks given different --world-size, and a rank refused at its command line (rank 1,
          then rank 0, which hosts the store), end both ranks within REFUSE_BOUND seconds, far
-         inside the --dist-timeout they would have waited, each naming the reason.
+         inside the --dist-timeout they would have waited, each naming the reason; a rank given
+         another copy of the books is refused before training; a torchrun restart of a command
+         without --resume, and --world-size against torchrun's WORLD_SIZE, are refused.
 
 Ports: torchrun --standalone picks its own; the explicit-flag runs take a port the kernel just
 handed out (bind to port 0) and start over with a new one when rank 0 reports it taken.
@@ -35,6 +37,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "resume"))
 from compare_checkpoints import read  # noqa: E402  (the checkpoint reader independent of the runtime)
 
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 ENCODINGS = ["rope", "alibi", "cable", "t5"]
 BATCH = 2  # per rank
 COMMON = ["--steps", "6", "--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
@@ -152,7 +155,7 @@ def launch_pair(train, args, work, tag, extra=(), env1=None, extra1=()):
     fail("no group formed after 4 ports")
 
 
-def run_two(train, args, work, tag, extra=({}, {}), ranks=(0, 1), world=2):
+def run_two(train, args, work, tag, extra=({}, {}), ranks=(0, 1), world=2, bound=REFUSE_BOUND):
     """Ranks 0 and 1 (or `ranks` of a group of `world`) with explicit flags, on a fresh port,
     extra[i] replacing flags of the i-th of them ({flag: value}); waits for them to exit within
     REFUSE_BOUND seconds. Returns their status, their logs and the seconds taken."""
@@ -173,7 +176,7 @@ def run_two(train, args, work, tag, extra=({}, {}), ranks=(0, 1), world=2):
         rcs = []
         for p in procs:
             try:
-                rcs.append(p.wait(timeout=max(1.0, REFUSE_BOUND - (time.time() - t0))))
+                rcs.append(p.wait(timeout=max(1.0, bound - (time.time() - t0))))
             except subprocess.TimeoutExpired:
                 rcs.append(None)
         for p in procs:
@@ -304,7 +307,7 @@ def test_failure(train, cache, work):
                               extra1=["--eval-multiples", "1,4"])
     rcs = [p.wait(timeout=KILL_BOUND + 60) for p in procs]
     msg = open(logs[0]).read() + open(logs[1]).read()
-    if rcs != [1, 1] or "encoding list and evaluation config" not in msg or "step 1/" in msg:
+    if rcs != [1, 1] or "and the evaluation config (-e, --spec" not in msg or "step 1/" in msg:
         fail(f"ranks with other --eval-multiples: status {rcs}:\n{msg}")
     print(f"ranks with other --eval-multiples: both exited 1 before training")
     # SIGTERM on rank 1 alone: both stop after the same step, rank 0 writes the checkpoint, both exit 130.
@@ -335,6 +338,49 @@ def test_failure(train, cache, work):
             fail(f"{tag}: status {rcs} after {took:.1f} s (bound {REFUSE_BOUND} s):\n" + "\n".join(texts))
         print(f"{tag}: both ranks exited 1 after {took:.1f} s: "
               + [l for l in "".join(texts).splitlines() if said in l][0][:200])
+    # Rank 1 given another copy of the books (one test book's letter case swapped, the same sizes):
+    # refused once the corpora are open (both ranks had trained and evaluated on mixed data).
+    alt = os.path.join(work, "pg30-other")
+    import tarfile
+    with tarfile.open(os.path.join(REPO, "data", "pg30", "clean.tar.xz")) as tf:
+        tf.extractall(alt)  # (the project's own archive)
+    for f in ("MANIFEST.tsv", "SPLITS.tsv"):
+        shutil.copy(os.path.join(REPO, "data", "pg30", f), alt)
+    test_id = next(l.split("\t")[0] for l in open(os.path.join(alt, "SPLITS.tsv")) if l.rstrip().endswith("\ttest"))
+    book = next(os.path.join(r, f) for r, _, fs in os.walk(alt) for f in fs if f.startswith(f"pg{test_id}_"))
+    text = open(book, encoding="utf-8").read()
+    open(book, "w", encoding="utf-8").write(text.swapcase())
+    rcs, logs, took = run_two(train, args + ["--out", f"{work}/datamix"], work, "datamix",
+                              ({}, {"--data": alt}), bound=240)
+    texts = [open(l).read() for l in logs]
+    if rcs != [1, 1] or not all("the corpus's tokenizer and token ids" in t for t in texts) or "step 1/" in texts[0]:
+        fail(f"datamix: status {rcs} after {took:.1f} s:\n" + "\n".join(texts))
+    print(f"datamix: both ranks exited 1 after {took:.1f} s, before training: "
+          + [l for l in texts[0].splitlines() if "corpus's tokenizer" in l][0][:160])
+    # Replicas that drift apart (rank 1 on ATen's default kernels, rank 0 on its vectorised ones: other
+    # bits each step): the first checkpoint's comparison fails; rank 0 writes its state first (the
+    # run had been lost whole), and both stop naming the cause.
+    procs, logs = launch_pair(train, [a if a != "100000" else "40" for a in args] +
+                              ["--out", f"{work}/drift", "--checkpoint-every", "10"], work, "drift",
+                              env1={"ATEN_CPU_CAPABILITY": "default"})
+    rcs = [p.wait(timeout=240) for p in procs]
+    texts = [open(l).read() for l in logs]
+    if rcs != [1, 1] or "replicas drifted apart" not in texts[0] or not os.path.exists(f"{work}/drift/rope.ckpt"):
+        fail(f"drift: status {rcs}:\n" + "\n".join(texts))
+    _, cfg, _ = read(f"{work}/drift/rope.ckpt")
+    print(f"drift: both ranks exited 1, rank 0's state saved at step {cfg['state']['step']}: "
+          + [l for l in texts[0].splitlines() if "drifted" in l][0][-200:])
+    # torchrun's restart of a command without --resume (it would start the run over), and
+    # --world-size against torchrun's WORLD_SIZE: refused at once.
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for tag, extra, env_extra, said in (("restart", [], {"TORCHELASTIC_RESTART_COUNT": "1"}, "torchrun restarted"),
+                                        ("worldenv", ["--world-size", "3"], {}, "differs from torchrun's WORLD_SIZE")):
+        rc, took = run([train] + args + ["--out", f"{work}/{tag}"] + extra, f"{work}/{tag}.log",
+                       dict(env, **env_extra), timeout=60)
+        msg = open(f"{work}/{tag}.log").read()
+        if rc != 1 or said not in msg:
+            fail(f"{tag}: status {rc}:\n{msg}")
+        print(f"{tag}: exited 1 after {took:.1f} s: " + [l for l in msg.splitlines() if said in l][0][:160])
     # Three ranks, rank 1 never started and rank 2 refused: rank 0 hears rank 2 while rank 1 is still
     # missing (it read the roll in rank order, and waited out --dist-timeout for rank 1 first).
     rcs, logs, took = run_two(train, args + ["--out", f"{work}/absent1"], work, "absent1",
