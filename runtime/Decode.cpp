@@ -125,9 +125,12 @@ at::Tensor decode_on_gpu(const KernelEntry &e, const Manifest &m, LayerCache &ca
   // running out) leaves the cache at its L0 tokens; the next step writes these rows again.
   cache.k.narrow(2, L0, n).copy_(k), cache.v.narrow(2, L0, n).copy_(v);
   for (size_t i = 0; i < features.size(); ++i) cache.features[i].narrow(2, L0, n).copy_(features[i]);
-  // An attention transition transforms the prompt only (the prefill, the first step), as on the
-  // CPU: from the step's own tensors (the transition reads q', k', v with T rows a slice, k and v
-  // of their key heads); k' is then left to the next step.
+  // The prefill (the first step) of every encoding runs the flash forward over the step's own
+  // tensors: the kernel made for P rows, and the one that applies an attention transition, which
+  // transforms the prompt only, as on the CPU (it reads q', k', v with T rows a slice, k and v of
+  // their key heads). Its k' and the kept rows are left to the next step, which computes them for
+  // the whole prompt once (O(P·D) a layer, against the prefill's O(P²·D)). A step given no layer
+  // (count 0: a direct caller's, outside a model) goes through the decode kernel from the start.
   at::Tensor o;
   if (L0 == 0 && layer.count > 0) {
     o = cuda_attention_forward(e, q, k, v, features, params, scale, 0, layer).first;

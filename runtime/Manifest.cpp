@@ -398,6 +398,17 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
   m.source = get_string(root, "source", what, "$", /*required=*/false);
   m.causal = get_bool(root, "causal", true, what, "$");
   m.inference_only = get_bool(root, "inference_only", false, what, "$");
+  if (auto it = root.find("transition"); it != root.end() && !it->is_null()) {
+    if (!it->is_object()) fail(what, "$.transition", std::string("expected null or an object, got ") + it->dump());
+    TransitionAttrs t;
+    t.divisor_offset = get_int(*it, "divisor_offset", what, "$.transition");
+    t.first_layer = get_int(*it, "first_layer", what, "$.transition");
+    t.skip_last = get_int(*it, "skip_last", what, "$.transition");
+    t.intervals = get_int(*it, "intervals", what, "$.transition");
+    t.alpha = get_number(*it, "alpha", t.alpha, what, "$.transition");
+    t.beta = get_number(*it, "beta", t.beta, what, "$.transition");
+    m.transition = t;
+  }
 
   if (auto it = root.find("scale"); it != root.end() && !it->is_null()) {
     if (!it->is_number()) fail(what, "$.scale", std::string("expected null or a number, got ") + it->dump());
@@ -429,6 +440,16 @@ Manifest Manifest::parse(const std::string &text, const std::string &what_in) {
   if (const json *r = section("rotation")) m.rotation = parse_rotation(*r, what);
   if (const json *e = section("embedding")) m.embedding = parse_embedding(*e, what);
   return m;
+}
+
+std::string transition_noop_note(const Manifest &m, int64_t layers) {
+  if (!m.transition) return "";
+  const int64_t first = std::max<int64_t>(m.transition->first_layer, 1), last = layers - 1 - m.transition->skip_last;
+  if (first <= last && m.transition->intervals > 0) return "";
+  return m.encoding + "'s attention transition transforms layers " + std::to_string(first) + " to N-1-" +
+         std::to_string(m.transition->skip_last) + " of N; this model has " + std::to_string(layers) +
+         (layers == 1 ? " layer" : " layers") + ", so none: its results are the encoding's without the transition "
+         "(a model of at least " + std::to_string(first + 1 + m.transition->skip_last) + " layers has one)";
 }
 
 std::string inference_only_message(const std::string &encoding) {

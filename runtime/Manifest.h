@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "ape/contract/transition.h"  // TransitionAttrs
 #include "ape/contract/vocabulary.h"  // the contract: vocabularies, shape symbols, shared math
 #include "ape/contract/value_rules.h"  // plain C++: the rules apec's verifier applies
 
@@ -116,6 +117,8 @@ struct Manifest {
   // "inference_only": the kernel has no backward (an attention transition, docs/decoding.md);
   // training refuses it (inference_only_message), evaluation and decoding run it.
   bool inference_only = false;
+  // "transition": the attention transition's attributes (null: none).
+  std::optional<TransitionAttrs> transition;
   // Shape hints of the spec ("head_dim", "model_dim"): the kernel was compiled for these sizes.
   std::optional<int64_t> head_dim_hint, model_dim_hint;
 
@@ -132,6 +135,11 @@ struct Manifest {
 
 // Why an inference-only encoding cannot be trained, and what to do instead.
 std::string inference_only_message(const std::string &encoding);
+
+// A note when `m`'s attention transition transforms no layer of a model of `layers` layers (it
+// transforms layers first_layer .. layers-1-skip_last: none below 4 layers at the defaults), so
+// that results equal the encoding's without it; "" when it transforms some or there is none.
+std::string transition_noop_note(const Manifest &m, int64_t layers);
 
 // ALiBi slopes for H heads (abi::alibi_slopes); throws std::invalid_argument for heads <= 0.
 std::vector<double> alibi_slopes(int64_t heads);

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -146,6 +148,62 @@ CLI::Option *add_list_option(CLI::App &app, const std::string &name, std::vector
   return o;
 }
 
+// A command line's unknown options, each with the closest option of `app` when one is near (an edit
+// distance of at most a third of the name, and 3): "unknown option '--step' (did you mean
+// '--steps'?)"; "" when the error has none (CLI11's own message then stands).
+inline std::string unknown_options_message(const CLI::App &app, const CLI::ParseError &e) {
+  if (dynamic_cast<const CLI::ExtrasError *>(&e) == nullptr) return "";
+  auto distance = [](const std::string &a, const std::string &b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  };
+  std::vector<std::string> names;
+  for (const CLI::Option *o : app.get_options()) {
+    for (const std::string &n : o->get_lnames()) names.push_back("--" + n);
+    for (const std::string &n : o->get_snames()) names.push_back("-" + n);
+  }
+  std::vector<std::string> extras = app.remaining();
+  std::string out;
+  for (const std::string &raw : extras) {
+    if (raw.size() < 2 || raw[0] != '-' || (raw[1] >= '0' && raw[1] <= '9') || raw[1] == '.') continue;
+    const std::string arg = raw.substr(0, raw.find('='));
+    std::string best;
+    size_t best_d = std::string::npos;
+    for (const std::string &n : names)
+      if (const size_t d = distance(arg, n); d < best_d) best_d = d, best = n;
+    out += std::string(out.empty() ? "" : "; ") + "unknown option '" + arg + "'";
+    if (!best.empty() && best_d <= std::min<size_t>(3, std::max<size_t>(1, arg.size() / 3)))
+      out += " (did you mean '" + best + "'?)";
+  }
+  if (out.empty()) {  // no option: arguments where none is taken
+    for (const std::string &raw : extras) out += std::string(out.empty() ? "" : " ") + raw;
+    return out.empty() ? "" : "unexpected argument(s): " + out;
+  }
+  return out;
+}
+
+// What a tool does with a refused command line: --help (exit status 0) and CLI11's errors as CLI11
+// prints them, unknown options as "TOOL: error: unknown option '--step' (did you mean '--steps'?)".
+// Returns CLI11's exit status (0 for --help).
+inline int report_parse_error(const CLI::App &app, const CLI::ParseError &e, const char *argv0) {
+  const std::string unknown = unknown_options_message(app, e);
+  if (unknown.empty()) return app.exit(e);
+  std::string tool = argv0 ? argv0 : "ape";
+  tool = tool.substr(tool.find_last_of('/') == std::string::npos ? 0 : tool.find_last_of('/') + 1);
+  std::cerr << tool << ": error: " << unknown << "; run " << tool << " --help for the options\n";
+  return e.get_exit_code();
+}
+
 }  // namespace ape::cli
 
 // CLI11_PARSE with every number option decimal (integers within 64 bits: check_whole_numbers), no empty
@@ -158,6 +216,6 @@ CLI::Option *add_list_option(CLI::App &app, const std::string &name, std::vector
     ape::cli::check_nonempty_values(app);                    \
     (app).parse((argc), (argv));                             \
   } catch (const CLI::ParseError &ape_cli_error_) {          \
-    return (app).exit(ape_cli_error_) == 0 ? 0 : (status);   \
+    return ape::cli::report_parse_error((app), ape_cli_error_, (argv)[0]) == 0 ? 0 : (status); \
   }
 #define APE_CLI_PARSE(app, argc, argv) APE_CLI_PARSE_STATUS(app, argc, argv, 1)

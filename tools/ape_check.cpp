@@ -250,7 +250,15 @@ static int tool_main(int argc, char **argv) {
     if (!shapes.empty()) opt.grid = parse_shapes(shapes);
     if (!fs::exists(spec)) throw std::runtime_error("cannot read " + spec + ": no such file");
     if (!fs::is_regular_file(spec)) throw std::runtime_error("cannot read " + spec + ": not a file");
-    if (!kernel_name.empty()) ape::find_kernel(kernel_name);  // unknown: fail now, listing the names
+    if (!kernel_name.empty()) {  // unknown: fail now, listing the names (ape-check's own hint)
+      try {
+        ape::find_kernel(kernel_name);
+      } catch (const std::runtime_error &e) {
+        std::string m = e.what();
+        m = m.substr(0, m.rfind(" (ape-train --list"));
+        throw std::runtime_error(m + " (--kernel names a built-in encoding; a spec of your own is the SPEC argument)");
+      }
+    }
     const std::string cpu_level = ape::checked_kernel_cpu_level();
   } catch (const std::exception &e) {
     std::cerr << "ape-check: error: " << ape::error_text(e) << "\n";

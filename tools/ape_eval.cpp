@@ -140,6 +140,8 @@ static int tool_main(int argc, char **argv) {
         std::cout << "[eval] note: " << path << " is an unfinished run (step " << st->value("step", int64_t{0})
                   << "); evaluating the model as it was then (ape-train --resume " << path << " continues it)\n";
       const std::string label = ape::eval_label(trained, model->config().encoding, sets);
+      if (const std::string n = ape::transition_noop_note(model->manifest(), model->config().layers); !n.empty())
+        std::cout << "[eval] note: " << n << "\n";
       if (!kept.empty()) {
         // Fixed params the checkpoint does not hold: say which values the evaluation starts from.
         const ape::Manifest &man = model->manifest();

@@ -137,6 +137,8 @@ static int tool_main(int argc, char **argv) {
     ape::LanguageModel model = ape::load_model_as(checkpoint, encoding, &config, nullptr);
     model->eval();
     model->place(device, &std::cout);  // throws when the encoding has no kernel there
+    if (const std::string n = ape::transition_noop_note(model->manifest(), model->config().layers); !n.empty())
+      std::cout << "[note] " << n << "\n";
     for (const auto &[name, value] : sets) {
       try {
         model->set_fixed_param(name, value);
@@ -217,7 +219,7 @@ static int tool_main(int argc, char **argv) {
       ape::ScoreResult r = ape::score_cached(model, ids, chunk);
       std::cout << "[score] " << r.loss.size() << (r.loss.size() == 1 ? " token in " : " tokens in ") << std::fixed << std::setprecision(2) << r.seconds
                 << " s (" << std::setprecision(1) << double(r.loss.size()) / std::max(r.seconds, 1e-9) << " tokens/s)\n\n";
-      std::cout << "  context       tokens    loss   ppl      cumulative loss (= full forward over 1..to)\n";
+      std::cout << "  context       tokens    loss   ppl      cumulative loss (over 1..to; docs/decoding.md)\n";
       for (const auto &b : ape::bucket_losses(r.loss, train_len > 0 ? train_len : int64_t(r.loss.size()))) {
         std::ostringstream range;
         range << b.from << ".." << std::min<int64_t>(b.to, int64_t(r.loss.size()));  // the last bucket ends with the text
@@ -266,9 +268,14 @@ static int tool_main(int argc, char **argv) {
       std::cout << "\n";
     }
     std::cout << std::fixed << std::setprecision(1) << "[generate] prompt " << ids.size() << " tokens (prefill "
-              << std::setprecision(3) << r.prefill_seconds << " s), " << r.tokens.size() << " new tokens in "
-              << r.decode_seconds << " s: " << std::setprecision(1)
-              << double(r.tokens.size()) / std::max(r.decode_seconds, 1e-9) << " tokens/s\n";
+              << std::setprecision(3) << r.prefill_seconds << " s), " << r.tokens.size() << " new tokens";
+    // The first new token is sampled from the prefill's logits: the cached steps are one fewer.
+    const int64_t steps = static_cast<int64_t>(r.tokens.size()) - 1;
+    if (steps > 0)
+      std::cout << ", " << steps << (steps == 1 ? " cached step in " : " cached steps in ") << r.decode_seconds
+                << " s: " << std::setprecision(1) << double(steps) / std::max(r.decode_seconds, 1e-9) << " tokens/s\n";
+    else
+      std::cout << " (from the prefill: no cached step)\n";
     return 0;
   } catch (const ape::Stopped &e) {  // Ctrl-C or SIGTERM reached the tokenizer first
     std::cout << std::flush;

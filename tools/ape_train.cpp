@@ -518,7 +518,7 @@ static int tool_main(int argc, char **argv) {
     ape::cli::check_nonempty_values(app);
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    if (app.exit(e) == 0) return 0;  // --help
+    if (ape::cli::report_parse_error(app, e, argv[0]) == 0) return 0;  // --help
     // A rank of a data-parallel run whose command line was refused tells the others, which would
     // wait out --dist-timeout for it (its rendezvous flags read from argv: the parse stopped).
     if (std::optional<ape::DistConfig> d = rendezvous_of_argv(argc, argv, dist_flags))

@@ -214,6 +214,24 @@ TEST(Manifest, MalformedManifestsGiveClearErrors) {
 // ALiBi slopes and parameter initialisation
 // =====================================================================================================
 
+TEST(Manifest, TransitionAttributesAndTheNoteOfAModelTooShallow) {
+  // The example's attributes reach the runtime; a model of fewer than first_layer + 1 + skip_last
+  // layers has no transformed layer, and ape-eval / ape-generate say so (its numbers had equalled
+  // plain RoPE's without a word).
+  const ape::Manifest &m = ape::manifest_of(ape::find_kernel("rope_transition"));
+  ASSERT_TRUE(m.transition.has_value());
+  EXPECT_EQ(m.transition->first_layer, 1);
+  EXPECT_EQ(m.transition->skip_last, 2);
+  EXPECT_EQ(m.transition->intervals, 2);
+  EXPECT_DOUBLE_EQ(m.transition->beta, 0.1);
+  for (int64_t layers : {1, 2, 3})
+    EXPECT_NE(ape::transition_noop_note(m, layers).find("so none"), std::string::npos) << layers;
+  EXPECT_NE(ape::transition_noop_note(m, 2).find("at least 4 layers"), std::string::npos);
+  EXPECT_EQ(ape::transition_noop_note(m, 4), "");
+  EXPECT_EQ(ape::transition_noop_note(ape::manifest_of(ape::find_kernel("rope")), 2), "");
+  EXPECT_FALSE(ape::manifest_of(ape::find_kernel("rope")).transition.has_value());
+}
+
 TEST(Alibi, SlopesForEightAndTwelveHeads) {
   auto s8 = ape::alibi_slopes(8);
   ASSERT_EQ(s8.size(), 8u);
