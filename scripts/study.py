@@ -420,10 +420,11 @@ def plan(cfg, chosen=None):
                          warmup=f["warmup"], main=False) for s in seeds]
     if "sinusoidal_scaled" in seeded and "cable" in seeded:
         # Cable's abstract compares Cable trained at L with sinusoidal trained at 2L, both at 2L:
-        # the sinusoidal baseline at twice the length, half the steps (the same training tokens).
+        # the sinusoidal baseline at twice the length, the same batches of sequences and steps (twice
+        # the training tokens, as the paper's: its Cable model used "48% lower memory").
         lr = chosen.get("sinusoidal_scaled", cfg["lr"])
-        runs += [Run("sinusoidal_scaled", s, run_tag(cfg, chosen, TWO_L_TAG), steps=max(1, cfg["steps"] // 2),
-                     seq_len=2 * cfg["seq_len"], lr=None if lr == cfg["lr"] else lr, main=False) for s in seeds]
+        runs += [Run("sinusoidal_scaled", s, run_tag(cfg, chosen, TWO_L_TAG), seq_len=2 * cfg["seq_len"],
+                     lr=None if lr == cfg["lr"] else lr, main=False) for s in seeds]
     if cfg.get("transition") and "rope" in cfg["encodings"]:
         # The transition's model with the other seeds: an inference-time method's effect varies between
         # trained models (the RoPE scalings' do), which one model cannot show.
@@ -457,8 +458,9 @@ def transition_spec(name, beta, intervals):
 # The attention transition's model: RoPE with more layers (the transition leaves the first and the
 # last two alone), evaluated as trained and with the transition at each setting of the preset.
 TRANSITION_TAG = "rope_6layers"
-# The sinusoidal baseline trained at twice the training length (Cable's abstract's comparison).
-TWO_L_TAG = "sinusoidal_scaled_2L"
+# The sinusoidal baseline trained at twice the training length for the same steps (Cable's abstract's
+# comparison; "sinusoidal_scaled_2L", the runs of an earlier design with half the steps, is unused).
+TWO_L_TAG = "sinusoidal_scaled_2L_steps"
 # The RoPE models fine-tuned at 2L with position interpolation, and without it (the control).
 PI_FT_TAG, ROPE_FT_TAG = "rope_pi_ft", "rope_ft"
 
@@ -905,14 +907,49 @@ def segments_of(table, run, variant, m):
     return [float(x) for x in r["segments"].split(";")]
 
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom (a df between two keys takes the
-# lower key's, the wider interval; past 120, 120's).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-       10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+def _beta_cf(a, b, x):
+    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _beta_inc(a, b, x):
+    """I_x(a, b), the regularised incomplete beta function, for 0 <= x <= 1."""
+    if x <= 0.0 or x >= 1.0:
+        return max(0.0, min(1.0, x))
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_cf(a, b, x) / a
+    return 1.0 - front * _beta_cf(b, a, 1.0 - x) / b
 
 
 def t95(df):
-    return T95[max(k for k in T95 if k <= df)]
+    """The two-sided 95% quantile of Student's t at df degrees of freedom (df > 0, not necessarily
+    whole: Welch and Satterthwaite's are not), by bisection on its distribution function
+    (P(|T| > t) = I_{df/(df+t²)}(df/2, 1/2)). A table rounded df down (at df 2.95, 4.303 for 3.211:
+    intervals a third too wide)."""
+    if not df > 0:
+        raise ValueError(f"t95: degrees of freedom {df!r}")
+    lo, hi = 0.0, 1e4
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _beta_inc(df / 2.0, 0.5, df / (df + mid * mid)) > 0.05:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
 
 class Quantity:
@@ -940,6 +977,10 @@ class Quantity:
             sg = [segments_of(table, f"{e}-s{s}", v, m) for _, e, v, m in terms]
             if all(x is not None for x in sg) and len({len(x) for x in sg}) == 1:
                 segs[s] = [sum(k * x[b] for (k, _, _, _), x in zip(terms, sg)) for b in range(len(sg[0]))]
+        if len({len(v) for v in segs.values()}) > 1:  # (every seed scores the same segments)
+            die("the seeds' runs of " + ", ".join(sorted({e for _, e, _, _ in terms})) + " have different numbers "
+                "of evaluation segments (" + ", ".join(f"seed {k}: {len(v)}" for k, v in sorted(segs.items())) +
+                "): runs evaluated with other --eval-tokens; train or evaluate them again with the preset's")
         self.n = len(self.values)
         self.n_tok = len(segs)
         self.mean = statistics.fmean(self.values.values()) if self.values else None
@@ -956,7 +997,7 @@ class Quantity:
             if b > 0:
                 nb = len(per_b)
                 self.df = (a + b) ** 2 / (a * a / (self.n - 1) + b * b / (nb - 1))
-            self.half = t95(max(1, int(self.df))) * math.sqrt(a + b)
+            self.half = t95(self.df) * math.sqrt(a + b)
         elif self.se_tokens is not None and token_only:
             self.half = t95(len(per_b) - 1) * self.se_tokens
 
@@ -997,8 +1038,9 @@ def rule(kind, lo, hi):
         if lo > -FLAT:
             return f"agrees (gain < {FLAT})" if hi < 0 else "agrees"
         return "disagrees" if hi < -FLAT else "inconclusive"
-    if kind == "flat":
-        return "agrees" if hi < FLAT else "disagrees" if lo > FLAT else "inconclusive"
+    if kind == "flat":  # (a rise the interval confirms, under FLAT, is said: "holds" with a small rise)
+        return (f"agrees (rise < {FLAT})" if lo > 0 else "agrees") if hi < FLAT else \
+            "disagrees" if lo > FLAT else "inconclusive"
     if kind == "same":
         return "agrees" if within else "disagrees" if lo > FLAT or hi < -FLAT else "inconclusive"
     raise ValueError(kind)
@@ -1007,6 +1049,7 @@ def rule(kind, lo, hi):
 # The verdicts, in the order the report counts them: (verdict, what the summary calls it).
 VERDICTS = [("agrees", "agree"), ("agrees (small)", "agree by less than {flat} nats"),
             (f"agrees (gain < {FLAT})", "agree that a method does not help, with a gain under {flat} nats"),
+            (f"agrees (rise < {FLAT})", "agree that a model holds its loss, with a rise under {flat} nats"),
             ("disagrees", "disagree"), ("disagrees (small)", "disagree by less than {flat} nats"),
             ("negligible", "find no effect beyond ±{flat} nats"),
             ("inconclusive", "inconclusive")]
@@ -1023,7 +1066,8 @@ class Claims:
     - no_gain: the paper says the quantity is not below 0 (a method does not help): agrees when
                the interval lies above -FLAT, disagrees when it lies below -FLAT;
     - flat:    the paper says it stays within FLAT (a model holds its loss): agrees when the
-               interval is below FLAT, disagrees when it is above FLAT;
+               interval is below FLAT ("agrees (rise < FLAT)" when it is also above 0: a rise,
+               but a small one), disagrees when it is above FLAT;
     - same:    the paper says two models are about the same: agrees when the interval lies inside
                ±FLAT, disagrees when it lies outside;
     else inconclusive. A verdict needs MIN_SEEDS seeds; with fewer the row says how many it has."""
@@ -1115,10 +1159,10 @@ class Claims:
         add("Cable, Table 1 (as issue 33 reads it)", "Cable is better than RoPE at the training length",
             "Cable − RoPE at 1x", self.diff("cable", "rope", 1), "less")
         add("Cable, abstract (v1)", "Cable trained at L beats the sinusoidal baseline trained at 2L, both evaluated "
-            "at 2L (the same training tokens, so the 2L baseline takes half the optimizer steps: a handicap of "
-            "this design, docs/study.md)", "Cable (L) at 2x − sinusoidal × √d (2L) at 1x",
+            "at 2L (the same steps and batches of sequences: the 2L baseline trains on twice the tokens, as the "
+            "paper's)", "Cable (L) at 2x − sinusoidal × √d (2L) at 1x",
             [(1, "cable", "trained", 2), (-1, TWO_L_TAG, "trained", 2)], "less", None,
-            "−0.65 in perplexity (334M; under 0.065 nats at any perplexity above 10: ours is larger)")
+            "−0.65 in perplexity (334M; under 0.068 nats at any perplexity above 10)")
         add("Cable, Fig. 6", "K-Cable beats Cable in a shallow network (here 2 layers)",
             f"K-Cable − Cable at {mx}x", self.diff("kcable", "cable", mx), "less",
             curves=[("K-Cable", "kcable", "trained")])
@@ -1447,8 +1491,13 @@ def write_report(args, cfg):
            f"within ±{FLAT}); an interval within "
            f"±{FLAT} that excludes neither sign is \"negligible\"; \"does not help\" agrees when the interval lies "
            f"above −{FLAT} (\"agrees (gain < {FLAT})\" when it is below 0) and disagrees when it lies below; "
-           f"\"holds\" agrees when the interval is below {FLAT} and disagrees when it is above; \"about the "
-           f"same\" agrees when the interval lies within ±{FLAT}; anything else is inconclusive. docs/study.md "
+           f"\"holds\" agrees when the interval is below {FLAT} (\"agrees (rise < {FLAT})\" when it is also above 0) "
+           f"and disagrees when it is above; \"about the same\" agrees when the interval lies within ±{FLAT} and "
+           f"disagrees when it lies wholly outside; anything else is inconclusive. For \"does not help\", \"holds\" "
+           f"and \"about the same\" the opposite that the interval must exclude is an effect beyond {FLAT} nats, not "
+           f"a sign. Each interval is 95% on its own: over {len(claims)} rows, one or two may miss the true value "
+           "by chance (no correction for multiple comparisons; the borderline rows are the ones to doubt). "
+           "docs/study.md "
            "(Verdicts) lists the rules changed after an earlier report was read, with what each change did. "
            f"A verdict needs {cfg.get('min_seeds', MIN_SEEDS)} seeds. Paper: the paper's own "
            "number for the same quantity where it prints one; ratio: ours / the paper's.", "",
@@ -1526,7 +1575,11 @@ def write_report(args, cfg):
            "- PI's fine-tune as its paper runs it: PI is judged both at evaluation only and after a short "
            "fine-tune at 2L (the fine-tuned rows), much shorter and at a far smaller scale than the paper's.",
            "- Tokens beyond the two test books: the token interval covers which tokens of those books are scored, "
-           "not other kinds of text.", ""]
+           "not other kinds of text. Its segments come from both books alike (a plain standard error over them, "
+           "which counts the gap between the books as noise: wider than a per-book one, and about two books, "
+           "not books in general).",
+           "- Many comparisons: each interval is 95% on its own, with no correction over the rows; a borderline row "
+           "(an interval that ends near 0 or ±0.05) is the one a repeat may turn.", ""]
     md += ["## Loss / perplexity by evaluation length", "",
            "Cells: mean held-out token loss (nats) / perplexity; `—`: not run yet; `skipped`: the model cannot "
            "take that length (learned absolute: its table); `non-finite`: the model computes NaN or inf at that "

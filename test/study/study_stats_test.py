@@ -49,7 +49,7 @@ class QuantityTest(unittest.TestCase):
         a, b = se_seeds ** 2, se_tok ** 2
         df = (a + b) ** 2 / (a * a / 2 + b * b / 1)  # Welch-Satterthwaite: 2 and 1 degrees of freedom
         self.assertAlmostEqual(q.df, df)
-        self.assertAlmostEqual(q.half, study.t95(int(df)) * math.sqrt(a + b))
+        self.assertAlmostEqual(q.half, study.t95(df) * math.sqrt(a + b))  # at df itself, not rounded
 
     def test_a_token_term_from_many_segments_has_their_degrees_of_freedom(self):
         # Three seeds that agree closely, 16 noisy segments: the token term dominates, so the
@@ -64,7 +64,7 @@ class QuantityTest(unittest.TestCase):
         self.assertGreater(q.se_tokens, 10 * q.se_seeds)
         self.assertGreaterEqual(int(q.df), 14)
         self.assertLessEqual(q.df, 17)
-        self.assertAlmostEqual(q.half, study.t95(int(q.df)) * math.sqrt(q.se_seeds ** 2 + q.se_tokens ** 2))
+        self.assertAlmostEqual(q.half, study.t95(q.df) * math.sqrt(q.se_seeds ** 2 + q.se_tokens ** 2))
         self.assertLess(q.half, 4.303 * math.sqrt(q.se_seeds ** 2 + q.se_tokens ** 2) / 1.8)
 
     def test_missing_cells_and_one_seed(self):
@@ -79,6 +79,12 @@ class QuantityTest(unittest.TestCase):
         self.assertIsNone(empty.mean)
         self.assertEqual(empty.text(), "—")
 
+    def test_seeds_with_other_segment_counts_are_refused(self):
+        # (the first seed's count had indexed past a shorter one's, or dropped a longer one's extra)
+        cells = {("x", 1, "trained", 1): (4.0, [4.0, 4.1]), ("x", 2, "trained", 1): (4.1, [4.0, 4.1, 4.2])}
+        with self.assertRaises(SystemExit):
+            study.Quantity(table_of(cells), [1, 2], [(1, "x", "trained", 1)])
+
     def test_token_only_interval_for_one_checkpoint(self):
         segs_a, segs_b = [5.0, 5.2, 4.9, 5.1], [4.9, 5.15, 4.85, 5.0]
         cells = {("m", 1, "trained", 16): (statistics.fmean(segs_a), segs_a),
@@ -86,7 +92,7 @@ class QuantityTest(unittest.TestCase):
         q = study.Quantity(table_of(cells), [1], [(1, "m", "v", 16), (-1, "m", "trained", 16)], token_only=True)
         d = [b - a for a, b in zip(segs_a, segs_b)]
         self.assertAlmostEqual(q.mean, statistics.fmean(d))
-        self.assertAlmostEqual(q.half, 3.182 * statistics.stdev(d) / 2)  # t(3) over 4 segments
+        self.assertAlmostEqual(q.half, 3.182446 * statistics.stdev(d) / 2, places=6)  # t(3) over 4 segments
 
 
 class VerdictTest(unittest.TestCase):
@@ -113,6 +119,7 @@ class VerdictTest(unittest.TestCase):
         self.assertEqual(self.judge(0.10, 0.05, "greater"), "agrees")
         self.assertEqual(self.judge(-0.10, 0.05, "greater"), "disagrees")
         self.assertEqual(self.judge(0.01, 0.02, "flat"), "agrees")      # below FLAT = 0.05 throughout
+        self.assertEqual(self.judge(0.02, 0.01, "flat"), "agrees (rise < 0.05)")  # a rise, but a small one
         self.assertEqual(self.judge(0.20, 0.05, "flat"), "disagrees")
         self.assertEqual(self.judge(0.04, 0.03, "flat"), "inconclusive")
         self.assertEqual(self.judge(0.00, 0.04, "same"), "agrees")
@@ -122,10 +129,14 @@ class VerdictTest(unittest.TestCase):
         self.assertEqual(self.judge(None, None, "less", n=0), "not yet run")
 
     def test_t_quantiles(self):
-        self.assertEqual(study.t95(1), 12.706)
-        self.assertEqual(study.t95(2), 4.303)
-        self.assertEqual(study.t95(11), 2.228)  # the table's next lower entry: conservative
-        self.assertEqual(study.t95(100), 2.0)  # t(60): conservative
+        # Published two-sided 95% quantiles (6 digits), and between whole degrees of freedom (Welch and
+        # Satterthwaite's are not whole: a table rounded down had made row 37's interval a third wider).
+        for df, t in ((1, 12.706205), (2, 4.302653), (3, 3.182446), (5, 2.570582), (11, 2.200985),
+                      (30, 2.042272), (100, 1.983972), (1e6, 1.959966)):
+            self.assertAlmostEqual(study.t95(df), t, places=5)
+        self.assertLess(study.t95(2.953), study.t95(2))
+        self.assertGreater(study.t95(2.953), study.t95(3))
+        self.assertAlmostEqual(study.t95(2.953), 3.2113, places=3)
 
 
 class LockTest(unittest.TestCase):
@@ -190,10 +201,10 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(ft[0].sets, {"rope_factor": 2})
         self.assertEqual(ft[n].sets, {})
         self.assertTrue(all(r.seq_len == 2 * cfg["seq_len"] and r.steps == 200 for r in ft))
-        # The sinusoidal baseline at 2L with every seed (the same training tokens).
+        # The sinusoidal baseline at 2L with every seed (the same steps and batches: twice the tokens).
         two_l = take(n)
         self.assertTrue(all(r.tag == study.TWO_L_TAG and r.seq_len == 2 * cfg["seq_len"]
-                            and r.steps == cfg["steps"] // 2 for r in two_l))
+                            and r.steps is None for r in two_l))
         # The transition's model with the other seeds.
         self.assertEqual([(r.tag, r.seed, r.layers) for r in take(n - 1)],
                          [(study.TRANSITION_TAG, s, 6) for s in cfg["seeds"][1:]])
