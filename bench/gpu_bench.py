@@ -35,8 +35,10 @@ and every trainable param; the encodings of examples/encodings/ENC.mlir):
               is the cell's error).
   sdpa-cudnn  torch.nn.functional.scaled_dot_product_attention(is_causal=True) under
   sdpa-flash  sdpa_kernel(SDPBackend.CUDNN_ATTENTION / FLASH_ATTENTION): nope; rope as
-              "... + eager rotary": q and k rotated by torch ops first (rotate-half pairs, base
-              10000, the spec's RoPE; cos/sin tables built outside the timing)
+              "... + rotary": q and k rotated first (rotate-half pairs, base 10000, the spec's
+              RoPE; cos/sin tables built outside the timing) by the rotation compiled with
+              torch.compile(fullgraph=True), one fused pass as a user would write it (the eager
+              torch ops, several passes, only where that compile fails: the cell's note says so)
   sdpa-mask   alibi, t5, cable: SDPA with bias and causal mask as a 4-D (B, H, T, T) bf16
               attn_mask under the memory-efficient backend (the math backend where that one
               refuses). alibi's mask is a constant built outside the timing; t5's (from the
@@ -47,9 +49,11 @@ and every trainable param; the encodings of examples/encodings/ENC.mlir):
               the timing) and the encoding as a score_mod: alibi s - m_h (i - j); t5
               s + table[bucket(i - j), h] (T5's decoder buckets: 32, max distance 128, computed
               by torch ops inside the score_mod); cable s + S[b, h, i] - S[b, h, j] with S computed
-              in the step, outside flex; rope "flex + eager rotary" without a score_mod. Where
-              PyTorch refuses (e.g. the backward for a trainable captured tensor) its error is
-              the cell.
+              in the step, outside flex (indexed through two copies: Inductor refuses the backward
+              of one tensor indexed twice); rope "flex + rotary" (compiled) without a score_mod.
+              Compiled with fullgraph=True: a graph break (flex_attention's unfused eager path)
+              is an error, not a FlexAttention timing. Where PyTorch refuses (e.g. the backward
+              for a trainable captured tensor) its error is the cell.
 
 Phases: fwd = the training forward (autograd recording); bwd = torch.autograd.grad(o, inputs,
 dout, retain_graph=True) of an o computed outside the timing (where a compiled backward refuses
@@ -161,9 +165,10 @@ def is_ape(method):
 
 
 def label(enc, method):
-    """The row's name: the rope peers say that they rotate q and k by torch ops first."""
+    """The row's name: the rope peers say that they rotate q and k first (compiled; the cell's note
+    says where the eager rotation ran instead)."""
     if enc == "rope" and not is_ape(method):
-        return f"{method} + eager rotary"
+        return f"{method} + rotary"
     return method
 
 
@@ -314,6 +319,18 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+_compiled_rotate = None
+
+
+def compiled_rotate():
+    """rotate through torch.compile (one fused read and write of q or k, forward and backward): what
+    a PyTorch user beside SDPA would run; the eager one is several passes (an unfair peer)."""
+    global _compiled_rotate
+    if _compiled_rotate is None:
+        _compiled_rotate = torch.compile(rotate, dynamic=False, fullgraph=True)
+    return _compiled_rotate
+
+
 def t5_bucket(n):
     """T5's relative-position bucket, decoder form (bidirectional=False, 32 buckets, max distance
     128), of the distance n = max(i - j, 0) (an integer tensor of any shape): n below 16, else
@@ -412,7 +429,8 @@ def compiled_flex():
     global _compiled_flex
     if _compiled_flex is None:
         from torch.nn.attention.flex_attention import flex_attention
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        # fullgraph: a graph break would run flex_attention's unfused eager path, timed as FlexAttention.
+        _compiled_flex = torch.compile(flex_attention, dynamic=False, fullgraph=True)
     return _compiled_flex
 
 
@@ -432,7 +450,8 @@ def flex_builder(case):
         return lambda: run(q, k)
     if enc == "rope":
         cos, sin = rotary_tables(case.T, case.D, case.device)
-        return lambda: run(rotate(q, cos, sin), rotate(k, cos, sin))
+        rot = compiled_rotate()
+        return lambda: run(rot(q, cos, sin), rot(k, cos, sin))
     if enc == "alibi":
         m = case.param("alibi_slopes")
 
@@ -451,7 +470,10 @@ def flex_builder(case):
 
     def cable():
         S = torch.cumsum(-F.softplus(f.float()), dim=-1)
-        return run(q, k, lambda s, b, h, qi, kv: s + (S[b, h, qi] - S[b, h, kv]))
+        # Two tensors, each indexed once: Inductor refuses a score_mod's backward that indexes one
+        # gradient-carrying tensor twice, and its message names this copy as the way round.
+        Sk = S.clone()
+        return run(q, k, lambda s, b, h, qi, kv: s + (S[b, h, qi] - Sk[b, h, kv]))
     return cable
 
 
@@ -474,19 +496,24 @@ def candidates(method, case, mask_limit_gib):
     if method in ("sdpa-cudnn", "sdpa-flash"):
         backend = SDPBackend.CUDNN_ATTENTION if method == "sdpa-cudnn" else SDPBackend.FLASH_ATTENTION
 
-        def sdpa():
-            if enc not in ("nope", "rope"):
-                raise NotApplicable("takes no bias (see sdpa-mask)")
-            q, k, v, scale = case.q, case.k, case.v, case.scale
-            rot = rotary_tables(case.T, case.D, case.device) if enc == "rope" else None
+        def sdpa(compiled):
+            def build():
+                if enc not in ("nope", "rope"):
+                    raise NotApplicable("takes no bias (see sdpa-mask)")
+                q, k, v, scale = case.q, case.k, case.v, case.scale
+                rot = rotary_tables(case.T, case.D, case.device) if enc == "rope" else None
+                rot_fn = compiled_rotate() if compiled else rotate
 
-            def fwd():
-                qq, kk = (rotate(q, *rot), rotate(k, *rot)) if rot else (q, k)
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qq, kk, v, is_causal=True, scale=scale,
-                                                          enable_gqa=case.gqa)
-            return fwd
-        return [("", sdpa)]
+                def fwd():
+                    qq, kk = (rot_fn(q, *rot), rot_fn(k, *rot)) if rot else (q, k)
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(qq, kk, v, is_causal=True, scale=scale,
+                                                              enable_gqa=case.gqa)
+                return fwd
+            return build
+        if enc == "rope":  # the rotary compiled, as a user would; eager only where that fails (named)
+            return [("rotary by torch.compile", sdpa(True)), ("eager rotary", sdpa(False))]
+        return [("", sdpa(False))]
     if method == "sdpa-mask":
         def masked(backend):
             def build():
@@ -850,7 +877,7 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
     lines += [f"- {k}: {v}" for k, v in header]
     lines += ["", "fwd: the training forward; bwd: torch.autograd.grad of an o computed outside the timing; "
               "fwd+bwd: both. Gradients of q, k, v, every feature and every trainable param. The rope peers "
-              "include the eager rotary of q and k. TFLOP/s by FlashAttention's count: fwd 4*B*H*T*T*D/2 "
+              "include the rotary of q and k (compiled by torch.compile; eager where a note says so). TFLOP/s by FlashAttention's count: fwd 4*B*H*T*T*D/2 "
               "(causal), bwd 2.5x, fwd+bwd 3.5x. The methods: the docstring of gpu_bench.py.",
               "", "## TFLOP/s (fwd / bwd / fwd+bwd)", ""]
     lines += table(lambda c: cell_text(c, lambda p: tflops(c, p)))

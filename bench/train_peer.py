@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """The peer of `ape-train --device cuda`: the same decoder in plain PyTorch, attention by
-torch.nn.functional.scaled_dot_product_attention (cuDNN / FlashAttention-2 as PyTorch picks), RoPE
-applied in eager PyTorch, bf16 autocast with float32 weights, AdamW and gradient clipping as
-ape-train does them; random tokens (tokens/s does not depend on the data). Prints tokens/s over all
+torch.nn.functional.scaled_dot_product_attention, RoPE (rotate-half pairs, the spec's) on q and k,
+bf16 autocast with float32 weights, AdamW and gradient clipping as ape-train does them; random
+tokens (tokens/s does not depend on the data). Prints the SDPA backend that ran, tokens/s over all
 steps (as ape-train reports it) and after the first five, and the peak memory allocated.
 
   python3 bench/train_peer.py --d-model 1024 --layers 8 --heads 16 --seq-len 2048 --batch 8 --steps 40
+  python3 bench/train_peer.py ... --backend cudnn      # SDPA's cuDNN backend, forced
+
+--backend default is SDPA's own choice (by its priority order: FlashAttention-2 before cuDNN in
+PyTorch 2.11 and 2.15, so not the fastest on Hopper); cudnn and flash force one (an error if it
+cannot run). --rotary compiled (the default) rotates q and k by torch.compile(fullgraph=True), one
+fused pass, as a user would; eager by torch ops (several passes).
 
 The architecture is ape-train's (runtime/Model.cpp): pre-LayerNorm blocks, q/k/v without bias,
 the output projection and the MLP (4d, GELU) with bias, a final LayerNorm, the output tied to the
@@ -21,21 +27,26 @@ import torch.nn.functional as F
 
 
 def rope_tables(T, D, device, base=10000.0):
-    inv = base ** (-torch.arange(0, D, 2, device=device, dtype=torch.float32) / D)
-    ang = torch.arange(T, device=device, dtype=torch.float32)[:, None] * inv[None, :]
-    return ang.cos(), ang.sin()  # (T, D/2)
+    """cos, sin (T, D) in bf16 for rotate-half pairs (c, c + D/2), angle n * base^(-2c/D): the
+    pairing of examples/encodings/rope.mlir (pairing = "half")."""
+    inv = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(device, torch.bfloat16), ang.sin().to(device, torch.bfloat16)
 
 
-def rotate(x, cos, sin):  # x (B, H, T, D): adjacent pairs rotated by their angle
-    x2 = x.float().unflatten(-1, (-1, 2))
-    a, b = x2[..., 0], x2[..., 1]
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2).to(x.dtype)
+def rotate(x, cos, sin):  # x (B, H, T, D) bf16 under autocast
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
 class Block(nn.Module):
-    def __init__(self, d, heads, layers, std):
+    def __init__(self, d, heads, layers, std, rot, backend):
         super().__init__()
-        self.heads = heads
+        self.heads, self.rot, self.backend = heads, rot, backend
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.wq, self.wk, self.wv = (nn.Linear(d, d, bias=False) for _ in range(3))
         self.wo = nn.Linear(d, d)
@@ -52,17 +63,23 @@ class Block(nn.Module):
         H = self.heads
         y = self.ln1(x)
         q, k, v = (w(y).view(B, T, H, d // H).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        o = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True)
+        q, k = self.rot(q, cos, sin), self.rot(k, cos, sin)
+        if self.backend is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            from torch.nn.attention import sdpa_kernel
+            with sdpa_kernel(self.backend):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.wo(o.transpose(1, 2).reshape(B, T, d))
         return x + self.proj(F.gelu(self.fc(self.ln2(x))))
 
 
 class Model(nn.Module):
-    def __init__(self, vocab, d, layers, heads, std=0.02):
+    def __init__(self, vocab, d, layers, heads, rot, backend, std=0.02):
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         nn.init.normal_(self.wte.weight, 0.0, std)
-        self.blocks = nn.ModuleList(Block(d, heads, layers, std) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, layers, std, rot, backend) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
 
     def forward(self, tokens, cos, sin):
@@ -82,18 +99,30 @@ def main():
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--backend", choices=["default"] + sorted(BACKENDS), default="default",
+                   help="SDPA's backend: its own choice (default), or cudnn / flash forced")
+    p.add_argument("--rotary", choices=["compiled", "eager"], default="compiled",
+                   help="rotate q and k by torch.compile (default) or by eager torch ops")
     a = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("train_peer.py: no CUDA device")
     dev = torch.device("cuda")
+    from torch.nn.attention import SDPBackend
+    backend = getattr(SDPBackend, BACKENDS[a.backend]) if a.backend in BACKENDS else None
+    rot = torch.compile(rotate, dynamic=False, fullgraph=True) if a.rotary == "compiled" else rotate
     torch.manual_seed(1234)
-    model = Model(a.vocab, a.d_model, a.layers, a.heads).to(dev)
+    model = Model(a.vocab, a.d_model, a.layers, a.heads, rot, backend).to(dev)
     decay = [p for n, p in model.named_parameters() if n.endswith(".weight") and p.dim() >= 2]
     other = [p for n, p in model.named_parameters() if not (n.endswith(".weight") and p.dim() >= 2)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     cos, sin = rope_tables(a.seq_len, a.d_model // a.heads, dev)
     tokens = torch.randint(0, a.vocab, (a.steps, a.batch, a.seq_len + 1), device=dev)
+    # The backend that runs: the forced one, or the one SDPA's own choice names for these shapes.
+    hd = a.d_model // a.heads
+    probe = torch.zeros(a.batch, a.heads, a.seq_len, hd, device=dev, dtype=torch.bfloat16)
+    ran = a.backend if backend is not None else SDPBackend(torch._fused_sdp_choice(probe, probe, probe, is_causal=True)).name
+    del probe
     torch.cuda.reset_peak_memory_stats(dev)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -119,7 +148,8 @@ def main():
     peak = torch.cuda.max_memory_allocated(dev) // (1 << 20)
     steady = (a.steps - 5) * per_step / (t1 - t5) if t5 else float("nan")
     print(f"PyTorch SDPA peer: {params} parameters; d {a.d_model}, {a.layers} layers, {a.heads} heads, "
-          f"L {a.seq_len}, batch {a.batch}, bf16 autocast, {torch.cuda.get_device_name(dev)}")
+          f"L {a.seq_len}, batch {a.batch}, bf16 autocast, {torch.cuda.get_device_name(dev)}; SDPA backend "
+          f"{ran} ({'forced' if backend is not None else 'its own choice'}), rotary {a.rotary}")
     print(f"loss {losses[0].item():.4f} -> {losses[-1].item():.4f}")
     print(f"all steps: {a.steps * per_step / (t1 - t0):.0f} tok/s; after step 5: {steady:.0f} tok/s; "
           f"peak {peak} MiB allocated")

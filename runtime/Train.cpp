@@ -956,7 +956,12 @@ TrainResult Trainer::run(std::ostream &out, const std::string &label, const std:
   // $APE_CUDA_SYNC_DEBUG: a wait for the GPU inside the queued steps warns or throws (the reads of
   // the queued losses and the checkpoints wait on purpose: CudaSyncDebugScope::kOff).
   std::optional<CudaSyncDebugScope> sync_check;
-  if (deferred) sync_check.emplace(CudaSyncDebugScope::kFromEnvironment);
+  if (deferred) {
+    sync_check.emplace(CudaSyncDebugScope::kFromEnvironment);
+    // Said once, so that a check of "no waits" knows the mode was on (scripts/gpu-check.sh).
+    if (const std::string mode = cuda_sync_debug_mode(); mode != "off")
+      out << prefix << "LibTorch's sync debug mode inside the queued steps: " << mode << " (APE_CUDA_SYNC_DEBUG)\n";
+  }
   bool stop_asked = false;  // data parallel, deferred: a stop request held until the ranks agree
   for (;;) {
     const int64_t step = state_.step;

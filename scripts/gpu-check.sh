@@ -238,14 +238,17 @@ prepare() {
   fi
   cat "$dir/PREPARED"
   echo "[gpu-check] done: copy $dir to the GPU machine and run: scripts/gpu-check.sh run $dir" >&2
-  echo "  (with the device tool: carry [\"${dir#$root/}\"], command \"scripts/gpu-check.sh run ${dir#$root/} --logs \$OUT/gpu-check\")" >&2
+  echo "  (with the device tool: carry [\"${dir#$root/}\"], command \"scripts/gpu-check.sh run ${dir#$root/} --logs /tmp/gc;" \
+       "tar -C /tmp -czf \$OUT/gc.tgz --exclude='*.ckpt' --exclude='*.bin' gc\": the train stage's checkpoints stay behind)" >&2
 }
 
 # ---- the train stage: the runtime on the GPU (issue 32) ------------------------------------------
 train_stage() {  # dir suite_build logs python jobs
   local dir=$1 build=$2 py=$4 jobs=$5
   local out=$3/train
-  mkdir -p "$out"
+  # A fresh folder: a rerun with the same --logs had judged the last run's checkpoints where a step
+  # died before writing its own (and steps.txt grew by appends).
+  rm -rf "$out" && mkdir -p "$out"
   timeout "$(lim "${APE_GPU_CHECK_BUILD_LIMIT:-240}")" cmake --build "$build" --target ape-train ape-eval ape-generate \
     -- -j"$jobs" >"$out/build.log" 2>&1 || { echo "the runtime did not build (logs/train/build.log)" >"$out/verdict.txt"; return 1; }
   local bin=$build/tools cache=$dir/cache-run
@@ -354,7 +357,13 @@ train_stage() {  # dir suite_build logs python jobs
   step speed-ape "$bin/ape-train" -e rope "${speed[@]}" --steps 40 --warmup 5 --eval-multiples 1 \
     --eval-tokens 2048 --checkpoint-every 0 --checkpoint-minutes 0 --data "$dir/src/data/pg30" \
     --cache-dir "$cache" --device cuda --out "$out/speed" || rc=1
+  # Its checkpoint (the model and AdamW's state, about 1.2 GB) is not needed and must not travel back.
+  rm -f "$out/speed/"*.ckpt
+  # The peer with SDPA's own choice of backend (FlashAttention-2 before cuDNN in its priority order)
+  # and with cuDNN forced; both rotate q and k by torch.compile (train_peer.py).
   step speed-sdpa "$py" "$dir/src/bench/train_peer.py" "${speed[@]}" --steps 40 --vocab 4096 || rc=1
+  step speed-sdpa-cudnn "$py" "$dir/src/bench/train_peer.py" "${speed[@]}" --steps 40 --vocab 4096 \
+    --backend cudnn || rc=1
   "$py" "$dir/src/test/gpu_check/train_smoke.py" "$out" | tee "$out/verdict.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   return $rc
