@@ -445,7 +445,18 @@ def flex_builder(case):
     block_mask = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, case.T, case.T, device=case.device)
 
     def run(q, k, score_mod=None):
-        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=case.scale, enable_gqa=case.gqa)
+        args = dict(score_mod=score_mod, block_mask=block_mask, scale=case.scale, enable_gqa=case.gqa)
+        try:
+            return flex(q, k, v, **args)
+        except Exception as exc:
+            if type(exc).__name__ != "Unsupported":
+                raise
+            # fullgraph reports an error raised inside flex_attention as "Observed exception": the
+            # eager call says which (else the compile met a graph break, said as such).
+            from torch.nn.attention.flex_attention import flex_attention as eager
+            eager(q, k, v, **args)
+            raise RuntimeError("a graph break under torch.compile(fullgraph=True), which would time "
+                               f"flex_attention's unfused path: {error_text(exc)}") from exc
     if enc == "nope":
         return lambda: run(q, k)
     if enc == "rope":
