@@ -70,7 +70,9 @@ torch.profiler (CUDA activity; eager calls, no L2 flush): every kernel, memset a
 summed by name, per call, with the launches per call, and the phase's time left over (the timed ms
 minus the kernels' sum: launch gaps, host work, the L2 flush's misses). It says where a phase's
 time goes, e.g. RoPE's forward: its q and k mods against the attention kernel. (--selftest-cpu:
-the top-level CPU ops, to test the plumbing.)
+the top-level CPU ops, to test the plumbing.) The profiler runs inside the process that times the
+later cells, which may then carry its after-effects (CUPTI left attached): take speed figures from
+a run without --kernel-times (scripts/gpu-check.sh leaves it out unless APE_GPU_CHECK_KERNEL_TIMES=1).
 
 Peak memory: torch.cuda.max_memory_allocated() over one fwd+bwd step after
 reset_peak_memory_stats(), every live tensor included (q, k, v, dout, features, params, the
@@ -103,10 +105,15 @@ Exit status: 0 when the run finished (failed cells included), 1 when no APE libr
 2 without a CUDA device, 3 when it finished but a process crashed or lost its CUDA context (the
 cells and the notes say where; every other row stands), 128 + N when stopped by signal N.
 
-Test-only: APE_BENCH_TEST_CRASH=ENC[/METHOD][@N][:abort|segv|exit|lost],... makes ENC's process
-die when it starts METHOD (default ape) at the N-th configuration (default 0): os.abort()
-(SIGABRT, the default), a real segfault (SIGSEGV), os._exit(7), or a simulated loss of the CUDA
-context (the cell fails with a fake CUDA error); used with --selftest-cpu to test the above.
+Hangs: the parent kills an encoding's process that starts no new phase for --cell-timeout
+seconds (150; a warm-up's compile included): its cell reads "crashed: hung (no progress in 150 s;
+killed) in ...", and a new process runs the rest.
+
+Test-only: APE_BENCH_TEST_CRASH=ENC[/METHOD][@N][:abort|segv|exit|lost|hang],... makes ENC's
+process die when it starts METHOD (default ape) at the N-th configuration (default 0): os.abort()
+(SIGABRT, the default), a real segfault (SIGSEGV), os._exit(7), a simulated loss of the CUDA
+context (the cell fails with a fake CUDA error), or a hang (it sleeps); used with --selftest-cpu
+to test the above.
 """
 import argparse
 import csv
@@ -1053,9 +1060,9 @@ def test_crashes(enc):
     """APE_BENCH_TEST_CRASH (test-only, see the docstring): {(method, config index): kind} for enc."""
     out = {}
     for item in filter(None, os.environ.get("APE_BENCH_TEST_CRASH", "").split(",")):
-        m = re.fullmatch(r"([\w-]+)(?:/([\w-]+))?(?:@(\d+))?(?::(abort|segv|exit|lost))?", item.strip())
+        m = re.fullmatch(r"([\w-]+)(?:/([\w-]+))?(?:@(\d+))?(?::(abort|segv|exit|lost|hang))?", item.strip())
         if not m:
-            sys.exit(f"bad APE_BENCH_TEST_CRASH item {item!r}: want ENC[/METHOD][@N][:abort|segv|exit|lost]")
+            sys.exit(f"bad APE_BENCH_TEST_CRASH item {item!r}: want ENC[/METHOD][@N][:abort|segv|exit|lost|hang]")
         if m.group(1) == enc:
             out[(m.group(2) or "ape", int(m.group(3) or 0))] = m.group(4) or "abort"
     return out
@@ -1070,6 +1077,9 @@ def die_for_test(kind):
         ctypes.string_at(0)  # a real segfault: faulthandler prints the traceback, the signal kills
     if kind == "exit":
         os._exit(7)
+    if kind == "hang":  # a kernel that never ends: no phase starts again (the parent's watchdog)
+        while True:
+            time.sleep(60)
 
 
 def context_lost(device, simulated=False):
@@ -1266,6 +1276,10 @@ def main():
                          "given the same groups (enable_gqa for the peers); 0: H")
     ap.add_argument("--md", help="write the Markdown report here (it is printed either way)")
     ap.add_argument("--csv", help="write one row per (encoding, method, config, phase) here")
+    ap.add_argument("--cell-timeout", type=float, default=150.0,
+                    help="seconds an encoding's process may go without starting its next phase (a warm-up, "
+                         "compile included, or a timing) before it is killed as hung and its cell says so "
+                         "(default %(default)s; 0: no limit)")
     ap.add_argument("--kernel-times", action="store_true",
                     help="also profile each cell's fwd and bwd: GPU time per kernel (see above)")
     ap.add_argument("--selftest-cpu", action="store_true", help=argparse.SUPPRESS)  # plumbing check, tiny shapes
@@ -1386,7 +1400,25 @@ def parent_main(args, encodings, methods, configs):
                         f"{len(enc_methods) * len(configs)} cells)")
                 pending = path  # its cells are not merged yet
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-                rc = proc.wait()
+                # A watchdog: the child rewrites its state at every phase it starts; one that says
+                # nothing for --cell-timeout seconds hangs (a kernel that never ends, a deadlocked
+                # barrier) and is killed, so that it costs its cell, not the encodings after it.
+                hung, last = False, time.monotonic()
+                seen = None
+                while True:
+                    try:
+                        rc = proc.wait(timeout=1.0)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    stamp = os.stat(path).st_mtime_ns if os.path.exists(path) else None
+                    if stamp != seen:
+                        seen, last = stamp, time.monotonic()
+                    elif args.cell_timeout > 0 and time.monotonic() - last > args.cell_timeout:
+                        hung = True
+                        proc.kill()
+                        rc = proc.wait()
+                        break
                 proc = None
                 state = merge(enc, path, have)
                 pending = None
@@ -1410,7 +1442,8 @@ def parent_main(args, encodings, methods, configs):
                     crash_notes.append(f"{enc}: {what} ({lost['error']}); a new process ran the rest")
                     log(f"crashed: {enc}: {what} ({lost['error']})")
                 else:
-                    how = death_text(rc) if rc != 0 else "exit status 0 before the end"
+                    how = (f"hung (no progress in {args.cell_timeout:g} s; killed)" if hung else
+                           death_text(rc) if rc != 0 else "exit status 0 before the end")
                     cur = state.get("current") or {"phase": "starting (no state written)"}
                     method, cfg = cur.get("method"), None if cur.get("cfg") is None else tuple(cur["cfg"])
                     phase = cur.get("phase") or "?"

@@ -55,6 +55,8 @@
 # run's), APE_GPU_CHECK_PROBE_LIMIT (120 s, the crash probe of each crashed encoding); the counters
 # stage: APE_GPU_CHECK_COUNTERS_RUNS (of nope rope stalls nope-anyorder nope-mma) and
 # APE_GPU_CHECK_COUNTERS_LIMIT (180 s). --time-limit S ends every stage in time for the table.
+# APE_GPU_CHECK_KERNEL_TIMES=1 adds gpu_bench.py --kernel-times (each cell's time by kernel; off by
+# default: its profiler runs between the timed cells).
 # APE_GPU_CHECK_BUILD_ALSO=python,train (run) builds what those stages need without running them,
 # so that a second call on the warm machine finds it built.
 # APE_GPU_CHECK_ENCODINGS=rope,cable,... (prepare) keeps only those example specs (and test specs such as kcable_fast when named) and leaves out the
@@ -771,10 +773,14 @@ run() {
     [ "$settings" = none ] && settings=""
     # Each encoding runs in a process of its own: a crash (a segfault in a library, a lost CUDA
     # context) costs that process's unfinished cells, which say so (exit 3), and the report is
-    # rewritten after every process, so a time limit keeps the finished rows. --kernel-times: each
-    # cell's GPU time by kernel (where RoPE's forward spends its 0.25 ms over NoPE's, say).
+    # rewritten after every process, so a time limit keeps the finished rows. --kernel-times (with
+    # APE_GPU_CHECK_KERNEL_TIMES=1): each cell's GPU time by kernel (where RoPE's forward spends its
+    # 0.25 ms over NoPE's, say); off by default: its profiler sessions run between the timed cells
+    # of a process (their times then may carry the profiler's after-effects) and cost a short lease.
+    local kt=()
+    [ "${APE_GPU_CHECK_KERNEL_TIMES:-0}" = 1 ] && kt=(--kernel-times)
     PYTHONFAULTHANDLER=1 timeout "$(lim "${APE_GPU_CHECK_BENCH_LIMIT:-240}")" "$py" "$src/bench/gpu_bench.py" --libs "$bench_libs" "${quick[@]}" \
-      ${settings:+--ape-settings "$settings"} --kernel-times --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
+      ${settings:+--ape-settings "$settings"} "${kt[@]}" --md "$logs/gpu_bench.md" --csv "$logs/gpu_bench.csv" >"$logs/bench.log" 2>&1
     local rc=$?
     [ $rc = 0 ] && status=pass || status=FAIL
     case $rc in

@@ -40,6 +40,14 @@ def test_a_crashed_process_costs_its_cells(tmp_path):
     assert "crashed: exit status 7 in ape at B1 H2 T64 D32" in md, md
 
 
+def test_a_hung_process_is_killed_and_named(tmp_path):
+    """A kernel that never ends (APE_BENCH_TEST_CRASH ...:hang): the watchdog kills the process after
+    --cell-timeout seconds without a new phase, and the cell says so."""
+    rc, md, out = bench(tmp_path, "--cell-timeout", "3", env={"APE_BENCH_TEST_CRASH": "rope:hang"})
+    assert rc == 3, out
+    assert "crashed: hung (no progress in 3 s; killed) in ape at B1 H2 T64 D32" in md, md
+
+
 def test_grouped_queries(tmp_path):
     """--kv-heads: k and v of fewer heads reach the methods (APE's operator and SDPA with
     enable_gqa, spot-checked against each other), and the report says so."""
