@@ -13,6 +13,7 @@ repository's python/) to import it.
 """
 import importlib.util
 import operator
+import os
 import sys
 
 import torch
@@ -210,6 +211,20 @@ class Attention(torch.nn.Module):
         super().__setstate__(state)
         if type(self.fixed) is torch.nn.Module:  # (pickled before _Fixed: its buffers keep their dtype too)
             self.fixed.__class__ = _Fixed
+        # The library is loaded again from its folder, which may have changed since it was pickled
+        # (a truncated .so had killed the process with SIGBUS): a cache entry is used only if its
+        # files still match the digest of its build, and a missing folder is said as such.
+        from .build import COMPLETE, _entry_ok
+        entry = os.path.dirname(os.path.abspath(self.library_dir))
+        why = None
+        if not os.path.isdir(self.library_dir):
+            why = "no longer exists (a cleared cache, or another machine)"
+        elif os.path.exists(os.path.join(entry, COMPLETE)) and not _entry_ok(entry, self.name):
+            why = "is damaged or changed since it was built"
+        if why:
+            raise BuildError(f"unpickling ape.Attention {self.name!r}: its operator library {self.library_dir} {why}; "
+                             f"load the spec again with ape.load(...) (it rebuilds the library) and load the "
+                             f"state_dict into it")
         self.helper = _import_helper(self.library_dir, self.name)
 
     def extra_repr(self):

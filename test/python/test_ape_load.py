@@ -119,6 +119,16 @@ def test_a_damaged_cache_entry_is_not_used(spec, tmp_path):
     with open(so, "r+b") as f:
         f.truncate(100000)
     assert not build._entry_ok(str(copy), name)
+    # Unpickling a module whose library is that damaged entry is refused with the way out (it had
+    # loaded the truncated library: SIGBUS), and so is one whose library folder is gone.
+    m = ape.load(spec, heads=2, head_dim=8)
+    state = dict(m.__getstate__())
+    for where, why in ((copy / f"{name}_torch_library", "is damaged or changed"),
+                       (tmp_path / "gone" / f"{name}_torch_library", "no longer exists")):
+        state["library_dir"] = str(where)
+        twin = ape.Attention.__new__(ape.Attention)
+        with pytest.raises(ape.BuildError, match=why + r".*ape\.load"):
+            twin.__setstate__(dict(state))
     so.unlink()
     assert not build._entry_ok(str(copy), name)
 
