@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "ape/cpu/dispatch.h"
+#include "ape/cpu/kernel_abi.h"
 #include "ape/cpu/kernel_entry.h"
 #include "runtime/AtomicFile.h"
 #include "runtime/Util.h"
@@ -288,6 +289,15 @@ const KernelEntry *open_library(const fs::path &lib, const std::string &name) {
   using EntryFn = const KernelEntry *(*)();
   auto fn = reinterpret_cast<EntryFn>(::dlsym(h, sym.c_str()));
   if (!fn) throw std::runtime_error(lib.string() + " has no " + sym + "(): not a kernel of encoding '" + name + "'");
+  // The headers the library was compiled against must be the ones this program was built with (the
+  // cache key holds the headers as they are now: a program built before they changed would read
+  // its structs by another layout).
+  using AbiFn = uint64_t (*)();
+  auto abi = reinterpret_cast<AbiFn>(::dlsym(h, "ape_kernel_abi"));
+  if (!abi || abi() != kernel_abi_fingerprint())
+    throw std::runtime_error(lib.string() + " was compiled against other kernel headers than this program was built "
+                             "with (" + std::string(APE_KERNEL_INCLUDE_DIR) + " changed since): rebuild APE "
+                             "(scripts/build.sh) so that the program and its spec libraries agree");
   const KernelEntry *e = fn();
   if (!e || !e->name) throw std::runtime_error(lib.string() + ": " + sym + "() returned no entry");
   return e;
@@ -358,7 +368,12 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
     std::istringstream omp(APE_OPENMP_FLAGS);
     for (std::string f; omp >> f;) flags.push_back(f);
   }
-  std::string keytext = source + '\0' + cxx + '\0' + compiler_version(cxx) + '\0' + lib.level;
+  // The unit that exports the headers' fingerprint (kernel_abi.h), compiled into every library.
+  const std::string abi_unit =
+      "// The kernel headers' fingerprint, compared by the program that loads this library.\n"
+      "#include \"ape/cpu/kernel_abi.h\"\n"
+      "extern \"C\" uint64_t ape_kernel_abi() { return ::ape::kernel_abi_fingerprint(); }\n";
+  std::string keytext = source + '\0' + abi_unit + '\0' + cxx + '\0' + compiler_version(cxx) + '\0' + lib.level;
   for (const auto &f : flags) keytext += '\0' + f;
   const uint64_t key = fnv1a(keytext.data(), keytext.size(), headers_hash(fs::path(include_dir) / "ape"));
   const fs::path dir = cache / (entry_stem(lib.name) + "-" + hex16(key));
@@ -389,13 +404,21 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
     cmd.push_back("-o");
     cmd.push_back(so.filename().string());
     cmd.push_back(lib.name + "_cpu.cpp");
-    if (choice.level > 0) {
-      const std::string wrapper = lib.name + "_cpu_" + lib.level + ".cpp";
-      std::ofstream(gen / wrapper) << "// The " << lib.name << " kernel for the " << lib.level
-                                   << " level.\n#define APE_KERNEL_LEVEL " << choice.level << "\n#include \""
-                                   << lib.name << "_cpu.cpp\"\n";
-      cmd.push_back(wrapper);
-    }
+    // The units this function writes have short fixed names (an encoding's name may take 241 of a
+    // file name's 255 bytes: NAME_cpu_avx512.cpp had not fitted).
+    auto write_unit = [&](const std::string &file, const std::string &text) {
+      std::ofstream f(gen / file);
+      f << text;
+      f.close();
+      if (!f) throw std::runtime_error("cannot write " + (gen / file).string() + " (the kernel cache " + cache.string() +
+                                       "): " + std::strerror(errno));
+      cmd.push_back(file);
+    };
+    if (choice.level > 0)
+      write_unit("level_" + lib.level + ".cpp", "// The " + lib.name + " kernel for the " + lib.level +
+                                                    " level.\n#define APE_KERNEL_LEVEL " + std::to_string(choice.level) +
+                                                    "\n#include \"" + lib.name + "_cpu.cpp\"\n");
+    write_unit("kernel_abi.cpp", abi_unit);
     if (run_command(cmd, out, gen.string()) != 0) {
       const std::string full = disk_full_note(out, cache);
       throw std::runtime_error(full.empty() ? "the kernel apec generated from " + path + " does not compile (a bug "
@@ -416,7 +439,15 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
     if (!ec) work.keep();  // it is dir/ now
   }
   lib.library = so.string();
-  lib.entry = open_library(so, lib.name);
+  try {
+    lib.entry = open_library(so, lib.name);
+  } catch (const std::runtime_error &e) {
+    if (!lib.cached || std::string(e.what()).rfind("cannot load ", 0) != 0) throw;
+    // A cached entry the loader refuses (another machine's architecture on a shared cache, a file
+    // damaged after its check): say which folder to remove.
+    throw std::runtime_error(std::string(e.what()) + " (the cached entry " + dir.string() +
+                             ": remove that folder to compile the spec again)");
+  }
   if (!lib.entry->cpu_level || std::string(lib.entry->cpu_level) != lib.level)
     throw std::runtime_error(so.string() + ": its kernels run the " +
                              std::string(lib.entry->cpu_level ? lib.entry->cpu_level : "?") + " level, not " + lib.level);
