@@ -80,7 +80,8 @@ method's constants).
 
 Spot check: at the smallest configuration, every peer's o against APE's: max |difference|
 (bf16: about 1e-2; above 5e-2 flagged MISMATCH), and each gradient's max |difference| relative to
-the largest |APE gradient| (for information).
+the largest |APE gradient| (above 5e-2 flagged MISMATCH too). A peer flagged MISMATCH is left out
+of "APE against the fastest peer" at every configuration of its encoding.
 
 Every (method, configuration, phase) is tried on its own: an error (out of memory, a compile
 failure, a missing backend) becomes the table cell ("OOM", "n/a: reason", "fails: first line")
@@ -150,6 +151,7 @@ PHASES = ["fwd", "bwd", "fwdbwd"]
 PHASE_NAMES = {"fwd": "fwd", "bwd": "bwd", "fwdbwd": "fwd+bwd"}
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 MISMATCH = 5e-2  # max |o - APE's o| above this is flagged (bf16: about 1e-2 expected)
+GRAD_MISMATCH = 5e-2  # a gradient's max |diff| / max |APE's| above this is flagged (bf16: below 1e-2 seen)
 T5_TABLE_STD = 0.5
 SETTINGS = {}  # --ape-settings: NAME -> {VAR: VALUE}, the methods ape:NAME
 KERNEL_TIMES = False  # --kernel-times
@@ -802,11 +804,17 @@ def spot_check(ref, got, names):
     bad = not math.isfinite(d) or d > MISMATCH
     text = f"max |o - APE's o| {d:.1e}" + (" MISMATCH" if bad else "")
     if g is not None and g_ref is not None:
-        rel = []
+        rel, wrong = [], []
         for n, a, b in zip(names, g, g_ref):
             scale = b.float().abs().max().item()
-            rel.append(f"{n} {(a.float() - b.float()).abs().max().item() / max(scale, 1e-30):.1e}")
+            r = (a.float() - b.float()).abs().max().item() / max(scale, 1e-30)
+            rel.append(f"{n} {r:.1e}")
+            if not math.isfinite(r) or r > GRAD_MISMATCH:
+                wrong.append(n)
         text += "; gradients, max |diff| / max |APE's|: " + ", ".join(rel)
+        if wrong:  # (a wrong gradient, a T5 table's say, is as much a mismatch as a wrong o)
+            bad = True
+            text += f" MISMATCH (gradient{'s' if len(wrong) > 1 else ''} {', '.join(wrong)} above {GRAD_MISMATCH:g})"
     return text, bad
 
 
@@ -880,10 +888,14 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
     def peak(c):
         return f"{c.peak_mib:.0f}" if c.peak_mib is not None else short(c.err.get("fwdbwd", "-"))
 
+    # A peer whose spot check flagged a mismatch computes something else: never "the fastest peer".
+    mismatched = {(x.enc, x.method) for x in by_key.values() if x.check and "MISMATCH" in x.check}
+
     def speedup(c):  # c: APE's cell
         parts = []
         for p in ("fwd", "fwdbwd"):
-            peers = [x for (e, m, k), x in by_key.items() if e == c.enc and k == c.cfg and not is_ape(m) and p in x.ms]
+            peers = [x for (e, m, k), x in by_key.items() if e == c.enc and k == c.cfg and not is_ape(m) and p in x.ms
+                     and (e, m) not in mismatched]
             best = min(peers, key=lambda x: x.ms[p]) if peers else None
             if best is not None and p in c.ms and c.ms[p] > 0:
                 parts.append(f"{PHASE_NAMES[p]} {best.ms[p] / c.ms[p]:.2f}x ({label(c.enc, best.method)})")
@@ -974,7 +986,9 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
     if args.csv:
         with replaced(args.csv) as f:
             w = csv.writer(f)
-            w.writerow(["encoding", "method", "config", "phase", "ms", "tflops", "note", "peak_mib", "B", "H", "T", "D"])
+            gpu = dict(header).get("GPU", "?")  # (the card, in every row: a CSV travels without its report)
+            w.writerow(["encoding", "method", "config", "phase", "ms", "tflops", "note", "peak_mib", "B", "H", "T", "D",
+                        "gpu"])
             for enc, method in rows_order:
                 for cfg in configs:
                     c = by_key.get((enc, method, cfg))
@@ -990,7 +1004,8 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
                         w.writerow([enc, label(enc, method), config_name(cfg), PHASE_NAMES[p],
                                     "" if ms_ is None else f"{ms_:.4f}", "" if tf is None else f"{tf:.2f}",
                                     "; ".join(note),
-                                    f"{c.peak_mib:.1f}" if p == "fwdbwd" and c.peak_mib is not None else "", *cfg])
+                                    f"{c.peak_mib:.1f}" if p == "fwdbwd" and c.peak_mib is not None else "", *cfg,
+                                    gpu])
 
 
 # ---- one encoding, in a process of its own -------------------------------------------------------

@@ -392,7 +392,7 @@ write_table() {
       echo "| $st | ${stage_status[$st]} | ${stage_time[$st]} | ${stage_note[$st]} |"
     done
     echo
-    echo "total: $(( $(date +%s) - t0 )) s; logs in $logs"
+    echo "total: $(( $(date +%s) - t0 )) s; logs in $logs; card: ${card:-unknown}"
   } | tee "$logs/summary.md"
 }
 
@@ -481,6 +481,9 @@ run() {
     "$py" -c 'import pytest; print("pytest", pytest.__version__)' 2>&1 | tail -1
   } | tee "$logs/machine.txt"
   local cap arch
+  # The card, named in summary.md and the train stage's verdict (files read apart from machine.txt).
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  export APE_GPU_CHECK_CARD=${card:-no GPU}
   cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
   case $cap in
     9.0) arch=90a ;;

@@ -34,6 +34,7 @@ line "sync debug mode inside the queued steps: warn"), or a mode never set would
 import csv
 import json
 import math
+import os
 import re
 import struct
 import sys
@@ -212,7 +213,8 @@ def main():
             print(f"decode {enc} L {length}, batch 32: {v['batch']:.0f} tokens/s by default, {v['batch-oneshare']:.0f} on "
                   f"the FlashAttention-2-class kernel as one share ({v['batch-oneshare'] / v['batch']:.2f}x)")
     n_pass = sum(results)
-    print(f"{n_pass} of {len(results)} training checks passed"
+    card = os.environ.get("APE_GPU_CHECK_CARD")  # (scripts/gpu-check.sh: nvidia-smi's name of the GPU)
+    print(f"{n_pass} of {len(results)} training checks passed" + (f" on {card}" if card else "")
           + (f"; APE {ape[0]} vs SDPA {peer[0]} tok/s{ratio}" if ape and peer else ""))
     return 0 if all(results) else 1
 
