@@ -492,7 +492,14 @@ void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
       drift = std::string(e.what()) +
               ". The ranks' replicas drifted apart: every rank must compute each step to the same bits (the "
               "same build, ATEN_CPU_CAPABILITY and CPU instruction set, device and --precision)";
-      if (dp_->rank() != 0) throw RanksDiffer(drift + "; rank 0 saves its state");
+    }
+    if (!drift.empty() && dp_->rank() != 0) {
+      // Waits for rank 0's write (a rank that exited first could have torchrun stop rank 0 in it).
+      try {
+        dp_->barrier("rank 0 saving its state after the replicas drifted apart");
+      } catch (const std::exception &) {
+      }
+      throw RanksDiffer(drift + "; rank 0 saved its state (see its message)");
     }
     if (drift.empty() && dp_->rank() != 0) return;
   }
@@ -530,11 +537,25 @@ void Trainer::save(const std::string &path, const nlohmann::json &extra) const {
     tensors.emplace_back(kScaleKey, at::scalar_tensor(scale, at::kFloat));
     tensors.emplace_back(kGrowthKey, at::scalar_tensor(growth, at::kLong));
   }
-  write_file_atomically(path, encode_checkpoint(model_->config().encoding, config, tensors),
-                        "APE_TEST_KILL_DURING_CHECKPOINT");
-  if (!drift.empty())
-    throw RanksDiffer(drift + "; rank 0's state is saved to " + path +
-                      " (--resume it on ranks that compute alike, or on one process)");
+  if (drift.empty()) {
+    write_file_atomically(path, encode_checkpoint(model_->config().encoding, config, tensors),
+                          "APE_TEST_KILL_DURING_CHECKPOINT");
+    return;
+  }
+  std::string failed;  // (the others wait for this write at the barrier: it must be reached)
+  try {
+    write_file_atomically(path, encode_checkpoint(model_->config().encoding, config, tensors),
+                          "APE_TEST_KILL_DURING_CHECKPOINT");
+  } catch (const std::exception &e) {
+    failed = e.what();
+  }
+  try {
+    dp_->barrier("rank 0 saving its state after the replicas drifted apart");
+  } catch (const std::exception &) {
+  }
+  throw RanksDiffer(drift + (failed.empty() ? "; rank 0's state is saved to " + path +
+                                                  " (--resume it on ranks that compute alike, or on one process)"
+                                            : "; rank 0's state could not be saved: " + failed));
 }
 
 void Trainer::restore(const Checkpoint &ckpt) {
