@@ -145,11 +145,10 @@ std::vector<EvalRow> evaluate(LanguageModel &model, const TokenSplit &split, int
                                 " tokens");
   torch::NoGradGuard no_grad;
   model->eval();
-  // The longest length scored: every length scores the same segments of max_len tokens (at least
-  // one), so a length skipped for a learned table's end must not set it (--eval-tokens held).
-  int64_t max_len = 0;
-  for (int64_t m : cfg.multiples)
-    if (auto L = model->max_length(); !L || train_len * m <= *L) max_len = std::max(max_len, train_len * m);
+  // Every length scores the same segments of max_len tokens (at least one), sized by the longest
+  // length asked whether or not this model can run it (a learned table's end): so every model
+  // evaluated with the same settings scores the same target tokens, which the study pairs.
+  const int64_t max_len = train_len * *std::max_element(cfg.multiples.begin(), cfg.multiples.end());
   std::vector<EvalRow> rows;
   const std::string name = label.empty() ? model->config().encoding : label;
   for (int64_t m : cfg.multiples) {

@@ -241,7 +241,8 @@ prepare() {
   cat "$dir/PREPARED"
   echo "[gpu-check] done: copy $dir to the GPU machine and run: scripts/gpu-check.sh run $dir" >&2
   echo "  (with the device tool: carry [\"${dir#$root/}\"], command \"scripts/gpu-check.sh run ${dir#$root/} --logs /tmp/gc;" \
-       "tar -C /tmp -czf \$OUT/gc.tgz --exclude='*.ckpt' --exclude='*.bin' gc\": the train stage's checkpoints stay behind)" >&2
+       "rc=\$?; tar -C /tmp -czf \$OUT/gc.tgz --exclude='*.ckpt' --exclude='*.bin' gc; exit \$rc\": the train stage's" \
+       "checkpoints stay behind)" >&2
 }
 
 # ---- the train stage: the runtime on the GPU (issue 32) ------------------------------------------

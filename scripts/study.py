@@ -980,7 +980,8 @@ class Quantity:
         if len({len(v) for v in segs.values()}) > 1:  # (every seed scores the same segments)
             die("the seeds' runs of " + ", ".join(sorted({e for _, e, _, _ in terms})) + " have different numbers "
                 "of evaluation segments (" + ", ".join(f"seed {k}: {len(v)}" for k, v in sorted(segs.items())) +
-                "): runs evaluated with other --eval-tokens; train or evaluate them again with the preset's")
+                "): runs evaluated with other --eval-tokens or --eval-multiples (the segments' size is the longest "
+                "length asked); train or evaluate them again with the preset's")
         self.n = len(self.values)
         self.n_tok = len(segs)
         self.mean = statistics.fmean(self.values.values()) if self.values else None

@@ -173,9 +173,12 @@ inline std::string unknown_options_message(const CLI::App &app, const CLI::Parse
     for (const std::string &n : o->get_snames()) names.push_back("-" + n);
   }
   std::vector<std::string> extras = app.remaining();
-  std::string out;
+  std::string out, others;  // the unknown options; the arguments that are not options
   for (const std::string &raw : extras) {
-    if (raw.size() < 2 || raw[0] != '-' || (raw[1] >= '0' && raw[1] <= '9') || raw[1] == '.') continue;
+    if (raw.size() < 2 || raw[0] != '-' || (raw[1] >= '0' && raw[1] <= '9') || raw[1] == '.') {
+      others += (others.empty() ? "" : " ") + raw;
+      continue;
+    }
     const std::string arg = raw.substr(0, raw.find('='));
     std::string best;
     size_t best_d = std::string::npos;
@@ -185,10 +188,8 @@ inline std::string unknown_options_message(const CLI::App &app, const CLI::Parse
     if (!best.empty() && best_d <= std::min<size_t>(3, std::max<size_t>(1, arg.size() / 3)))
       out += " (did you mean '" + best + "'?)";
   }
-  if (out.empty()) {  // no option: arguments where none is taken
-    for (const std::string &raw : extras) out += std::string(out.empty() ? "" : " ") + raw;
-    return out.empty() ? "" : "unexpected argument(s): " + out;
-  }
+  if (!others.empty())  // (an unknown option's value among them, or arguments where none is taken)
+    out += std::string(out.empty() ? "" : "; ") + "unexpected argument(s): " + others;
   return out;
 }
 

@@ -219,16 +219,23 @@ class Attention(torch.nn.Module):
         why = None
         if not os.path.isdir(self.library_dir):
             why = "no longer exists (a cleared cache, or another machine)"
-        elif os.path.exists(os.path.join(entry, COMPLETE)) and not _entry_ok(entry, self.name):
+        elif (self.library_dir not in _VERIFIED and os.path.exists(os.path.join(entry, COMPLETE))
+              and not _entry_ok(entry, self.name)):
             why = "is damaged or changed since it was built"
         if why:
             raise BuildError(f"unpickling ape.Attention {self.name!r}: its operator library {self.library_dir} {why}; "
                              f"load the spec again with ape.load(...) (it rebuilds the library) and load the "
                              f"state_dict into it")
         self.helper = _import_helper(self.library_dir, self.name)
+        _VERIFIED.add(self.library_dir)  # (a deepcopy's unpickling hashes a library once per process)
 
     def extra_repr(self):
         return f"encoding={self.name!r}, features={self.features}, library={self.library_dir!r}"
+
+
+# The library folders whose digest this process has checked (loaded once, a library cannot change
+# under the process that holds it).
+_VERIFIED = set()
 
 
 def load(spec, heads=None, head_dim=None, *, apec=None, cache_dir=None, verbose=False, cuda_dtypes=None,

@@ -5,10 +5,10 @@ stage wrote under OUT and prints one line per check, then a summary line; exit 1
 The loss rules (docs/cuda.md, "Training on a GPU"): the runs start from the same weights (the
 model is initialised on the CPU, then moved) and draw the same windows, so they differ only by
 rounding. Each rule must be able to fail: a GPU run that computed another encoding must miss it.
-The yardstick is the distance between the two encodings' CPU curves in this same run (RoPE against
-Cable: 0.009 nats at step 1 and 0.041 over the last 20 steps on the H100 and H200 runs of
-2026-11-27 and 2026-12-04), and every tolerance must lie below half of it, or the check fails as
-unable to tell the encodings apart. The tolerances, from the differences those runs measured:
+So besides its tolerance each GPU run must lie closer to its own encoding's CPU curve than to the
+other encoding's, at step 1 and over the last 20 steps (RoPE and Cable's CPU curves differ by
+0.009 nats at step 1 and 0.041 over the last 20 on the H100 and H200 runs of 2026-11-27 and
+2026-12-04). The tolerances, from the differences those runs measured:
   - f32 on the GPU against the CPU (the same float32 arithmetic in another order; TF32 off):
     measured at most 3e-5 at step 1 and 0.0015 over the last 20 steps; step 1 within 1e-3, the
     last 20 within 0.005.
@@ -77,15 +77,7 @@ def main():
         print(f"{'pass' if ok else 'FAIL'}  {name}: {detail}")
 
     rules = (("gpu-f32", 1e-3, 0.005), ("gpu-bf16", 2e-3, 0.02), ("gpu-f16", 1e-3, 0.02))
-    # The yardstick: how far apart the two encodings' CPU curves are (every tolerance below half).
     ref = {enc: losses(out, "cpu", enc) for enc in ("rope", "cable")}
-    if all(r and len(r) == 200 for r in ref.values()):
-        gap1 = abs(ref["rope"][0] - ref["cable"][0])
-        gap_tail = abs(tail_mean(ref["rope"]) - tail_mean(ref["cable"]))
-        worst1, worst_tail = max(r[1] for r in rules), max(r[2] for r in rules)
-        check("the loss rules can tell RoPE from Cable", worst1 < gap1 / 2 and worst_tail < gap_tail / 2,
-              f"the CPU curves differ by {gap1:.4f} at step 1 and {gap_tail:.4f} over the last 20; the widest "
-              f"tolerances {worst1} and {worst_tail} must be under half of that")
     for enc in ("rope", "cable"):
         cpu = losses(out, "cpu", enc)
         if cpu is None or len(cpu) != 200:
@@ -97,9 +89,16 @@ def main():
                 check(f"{enc} {run}", False, f"no complete run (logs/train/{run}.log)")
                 continue
             d1, dt = abs(gpu[0] - cpu[0]), abs(tail_mean(gpu) - tail_mean(cpu))
-            check(f"{enc} {run} against the CPU", d1 <= first_tol and dt <= tail_tol and all(map(math.isfinite, gpu)),
+            # Closer to its own encoding's CPU curve than to the other's (where that one ran).
+            other = ref["cable" if enc == "rope" else "rope"]
+            own = True
+            if other and len(other) == 200:
+                own = d1 < abs(gpu[0] - other[0]) and dt < abs(tail_mean(gpu) - tail_mean(other))
+            check(f"{enc} {run} against the CPU",
+                  d1 <= first_tol and dt <= tail_tol and own and all(map(math.isfinite, gpu)),
                   f"step 1 {gpu[0]:.5f} vs {cpu[0]:.5f} (|d| {d1:.2e} <= {first_tol}); last 20 "
-                  f"{tail_mean(gpu):.4f} vs {tail_mean(cpu):.4f} (|d| {dt:.4f} <= {tail_tol})")
+                  f"{tail_mean(gpu):.4f} vs {tail_mean(cpu):.4f} (|d| {dt:.4f} <= {tail_tol})"
+                  + ("" if own else "; closer to the other encoding's CPU curve than to its own"))
             if run == "gpu-f16":
                 skipped = state(out, run, enc).get("skipped_steps", 0)
                 check(f"{enc} gpu-f16 loss scaling", skipped <= 16, f"{skipped} of 200 updates skipped (<= 16)")
@@ -156,7 +155,8 @@ def main():
         text = log.read_text(errors="replace")
         waits = text.count("called a synchronizing CUDA operation")
         check("no host waits inside the queued steps (nccl)", waits == 0 and on_line in text,
-              f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode (logs/train/nccl.log)")
+              ("the sync debug mode was not on (no line saying so); " if on_line not in text else "")
+              + f"{waits} synchronizing call(s) reported by LibTorch's sync debug mode (logs/train/nccl.log)")
     else:
         check("no host waits inside the queued steps (nccl)", False, "no complete run (logs/train/nccl.log)")
     for name in ("eval-gpu-ckpt-on-cpu", "eval-cpu-ckpt-on-gpu", "generate", "generate-gpu", "score-gpu",
