@@ -15,6 +15,7 @@ import importlib.util
 import operator
 import os
 import sys
+import threading
 
 import torch
 
@@ -96,8 +97,18 @@ def _materialize_outside_the_graph_give_load_heads_and_head_dim(module, q):
 
 
 if hasattr(torch, "compiler") and hasattr(torch.compiler, "disable"):
-    _materialize_outside_the_graph_give_load_heads_and_head_dim = torch.compiler.disable(
-        _materialize_outside_the_graph_give_load_heads_and_head_dim)
+    try:  # (the reason is what fullgraph=True's refusal prints; PyTorch before 2.6 takes none)
+        _materialize_outside_the_graph_give_load_heads_and_head_dim = torch.compiler.disable(
+            _materialize_outside_the_graph_give_load_heads_and_head_dim,
+            reason="an ape.Attention makes its params at its first call, which torch.compile cannot trace: give "
+                   "ape.load heads= and head_dim= (or call materialize) before torch.compile(fullgraph=True)")
+    except TypeError:
+        _materialize_outside_the_graph_give_load_heads_and_head_dim = torch.compiler.disable(
+            _materialize_outside_the_graph_give_load_heads_and_head_dim)
+
+# One lazy module's params made once when threads call it first together (each had made its own:
+# three of four outputs came from params the module no longer held).
+_MATERIALIZE_LOCK = threading.Lock()
 
 
 def _compiling():
@@ -158,7 +169,7 @@ class Attention(torch.nn.Module):
 
     def forward(self, q, k, v, *features, params=None, scale=None, layer=None, num_layers=None):
         for what, t in (("q", q), ("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
+            if not isinstance(t, (torch.Tensor, torch.fx.Proxy)):  # (a Proxy: torch.fx.symbolic_trace)
                 raise TypeError(f"{what} must be a torch.Tensor; got {type(t).__name__}")
         if len(features) != len(self.features):
             raise ValueError(f"encoding {self.name!r} takes {len(self.features)} token feature(s) "
@@ -182,7 +193,9 @@ class Attention(torch.nn.Module):
                 # graph break; under fullgraph=True Dynamo refuses, naming this function)
                 _materialize_outside_the_graph_give_load_heads_and_head_dim(self, q)
             else:
-                self.materialize(q.shape[1], q.shape[3], device=q.device)
+                with _MATERIALIZE_LOCK:
+                    if self._shape is None:
+                        self.materialize(q.shape[1], q.shape[3], device=q.device)
         elif self._shape != (q.shape[1], q.shape[3]) and self.manifest["params"]:
             raise ValueError(f"encoding {self.name!r}: params were made for (heads, head_dim) = {self._shape}; "
                              f"q has {(q.shape[1], q.shape[3])}")

@@ -155,6 +155,30 @@ def test_module_params_pickling_and_scale(spec):
     assert torch.equal(m(q, q, q, scale=torch.tensor(0.5)), m(q, q, q, scale=0.5))
 
 
+def test_threads_calling_a_lazy_module_first_make_one_set_of_params(spec):
+    """Threads whose first calls meet make the params once (each had made its own, and most outputs
+    came from params the module no longer held)."""
+    import threading
+
+    for _ in range(5):
+        m = ape.load(spec)
+        q = torch.randn(1, 2, 5, 8)
+        barrier, seen = threading.Barrier(4), []
+
+        def call():
+            barrier.wait()
+            m(q, q, q)
+            seen.append(m.params["slopes"])
+
+        threads = [threading.Thread(target=call) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(seen) == 4 and all(p is seen[0] for p in seen)
+        assert len(list(m.parameters())) == 1
+
+
 def test_bad_spec_bytes_and_a_named_apec_that_is_not_there(spec, tmp_path):
     bad = tmp_path / "bytes.mlir"
     bad.write_bytes(b"// \xff\xfe\x00 not utf-8\nape.encoding @bytes {\n  ape.bogus\n}\n")
