@@ -179,6 +179,15 @@ def test_threads_calling_a_lazy_module_first_make_one_set_of_params(spec):
         assert len(list(m.parameters())) == 1
 
 
+def test_a_device_context_places_every_param(spec):
+    """Under `with torch.device(...)` every param follows it, the library's closed-form ones (ALiBi's
+    slopes) too: they had stayed on the CPU while the random ones moved."""
+    with torch.device("meta"):
+        m = ape.load(spec, heads=2, head_dim=8)
+    tensors = list(m.parameters()) + list(m.buffers())
+    assert tensors and all(t.device.type == "meta" for t in tensors), [t.device for t in tensors]
+
+
 def test_bad_spec_bytes_and_a_named_apec_that_is_not_there(spec, tmp_path):
     bad = tmp_path / "bytes.mlir"
     bad.write_bytes(b"// \xff\xfe\x00 not utf-8\nape.encoding @bytes {\n  ape.bogus\n}\n")

@@ -136,6 +136,9 @@ def init_params(heads, head_dim, dtype=torch.float32, device=None, generator=Non
     derived_params) and initialisers this helper does not know are left out: compute them as
     the manifest says (attention() names any that are missing)."""
     out = {}
+    if device is None:  # (the default device, a `with torch.device(...)` context's, as torch.zeros takes)
+        get = getattr(torch, "get_default_device", None)
+        device = get() if get is not None else torch.device("cpu")
     for p in MANIFEST["params"]:
         init, shape = p["init"], param_shape(p["name"], heads, head_dim)
         kind = init["kind"]
