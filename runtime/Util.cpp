@@ -226,6 +226,34 @@ std::string printable(const std::string &bytes) {
 
 volatile std::sig_atomic_t g_stop_requested = 0;
 
+namespace {
+
+// coreutils' `timeout`, found once: run_process starts its commands under `timeout -k 10 0`, which
+// makes its own process group of the command and everything the command starts (a compiler
+// driver's cc1plus, nvcc's cicc and ptxas, tar's xz), passes a SIGTERM or SIGINT it gets on to that
+// whole group (SIGKILL 10 s later if any member is still there), and ends as the command ended (its
+// exit status, or the signal that killed it, raised again). Without it, a stop or the caller's
+// death (PR_SET_PDEATHSIG) ended the command alone and left its children running to their end.
+// Empty where there is no `timeout` (the command is then run directly, as before).
+const std::string &process_tree_guard() {
+  static const std::string path = [] {
+    std::vector<std::string> dirs = {"/usr/bin", "/bin"};
+    if (const char *env = std::getenv("PATH"); env && *env) {
+      std::stringstream in(env);
+      for (std::string d; std::getline(in, d, ':');)
+        if (!d.empty()) dirs.push_back(d);
+    }
+    for (const auto &d : dirs) {
+      const std::string p = d + "/timeout";
+      if (::access(p.c_str(), X_OK) == 0) return p;
+    }
+    return std::string();
+  }();
+  return path;
+}
+
+}  // namespace
+
 int run_process(const std::vector<std::string> &argv, const std::string &what, std::string *output,
                 const std::string &log_path, const std::string &cwd) {
   if (argv.empty()) throw std::invalid_argument("run_process: no command");
@@ -250,15 +278,22 @@ int run_process(const std::vector<std::string> &argv, const std::string &what, s
   } else {
     out = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   }
+  const std::string &guard = process_tree_guard();
+  const std::vector<std::string> guard_args = {guard, "-k", "10", "0"};
   std::vector<char *> args;
+  if (!guard.empty())
+    for (const auto &a : guard_args) args.push_back(const_cast<char *>(a.c_str()));
   for (const auto &a : argv) args.push_back(const_cast<char *>(a.c_str()));
   args.push_back(nullptr);
   const char *dir = cwd.empty() ? nullptr : cwd.c_str();
   const pid_t parent = ::getpid();
+  // The child's end when this process dies: the guard's SIGTERM, which it passes on to the
+  // command's whole process group; a command run directly is killed.
+  const int death_signal = guard.empty() ? SIGKILL : SIGTERM;
   // vfork: no copy of a large caller's page tables (a model already loaded), as std::system.
   const pid_t pid = ::vfork();
   if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::prctl(PR_SET_PDEATHSIG, death_signal);
     if (::getppid() != parent) ::_exit(127);  // the caller died before the line above
     if ((dir && ::chdir(dir) != 0) || ::dup2(null_in, 0) < 0 || (out >= 0 && (::dup2(out, 1) < 0 || ::dup2(out, 2) < 0)))
       ::_exit(127);

@@ -49,7 +49,10 @@ extern volatile std::sig_atomic_t g_stop_requested;
 // Ctrl-C killed the child and was reported as its failure), and the child outlived a caller killed
 // with SIGKILL. Here the child dies with its caller (PR_SET_PDEATHSIG); a child that dies of SIGINT
 // or SIGTERM, or a stop request (g_stop_requested) while it runs, which ends it, throws Stopped
-// ("<what> was stopped ..."). Throws std::runtime_error when it cannot be started at all.
+// ("<what> was stopped ..."). The command and every process it starts form one process group
+// under coreutils' `timeout -k 10 0` where it is installed: a stop, or this process's death (even by
+// SIGKILL), ends the whole tree (a compiler's cc1plus or ptxas too), not the command alone.
+// Throws std::runtime_error when it cannot be started at all.
 int run_process(const std::vector<std::string> &argv, const std::string &what, std::string *output = nullptr,
                 const std::string &log_path = "", const std::string &cwd = "");
 

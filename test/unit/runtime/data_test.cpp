@@ -235,6 +235,84 @@ TEST(Tokenizer, AHelperStoppedBySignalIsAStopAndFailuresSaySo) {
   EXPECT_NE(missing.find("could not be run"), std::string::npos) << missing;
 }
 
+// A stop, or the caller's death by SIGKILL, ends every process the command started, not the
+// command alone (run_process runs it under coreutils' timeout, one process group): a compiler
+// driver's cc1plus, nvcc's ptxas and tar's xz had run on to their end after both.
+TEST(Util, AStopOrTheCallersDeathEndsTheCommandsWholeTree) {
+  ASSERT_TRUE(::access("/usr/bin/timeout", X_OK) == 0 || ::access("/bin/timeout", X_OK) == 0)
+      << "coreutils' timeout is part of every supported system";
+  const std::string dir = tmp_path("process_tree");
+  fs::create_directories(dir);
+  auto read_pid = [](const std::string &file) -> pid_t {
+    for (int i = 0; i < 200; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(25))) {
+      std::ifstream in(file);
+      long p = 0;
+      if (in >> p && p > 0) return static_cast<pid_t>(p);
+    }
+    return -1;
+  };
+  // Dead, or a zombie its new parent has not reaped yet.
+  auto gone = [](pid_t p) {
+    for (int i = 0; i < 200; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(25))) {
+      std::ifstream st("/proc/" + std::to_string(p) + "/stat");
+      std::string line;
+      if (!std::getline(st, line)) return true;
+      const size_t paren = line.rfind(')');
+      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z') return true;
+    }
+    return false;
+  };
+  auto tree = [](const std::string &pidfile) {
+    return std::vector<std::string>{"sh", "-c", "sleep 300 & echo $! > " + pidfile + "; wait"};
+  };
+  auto *old_term = std::signal(SIGTERM, SIG_DFL);
+  {  // a stop asked for (ape-train's Ctrl-C and SIGTERM handler)
+    const std::string pidfile = dir + "/stop.pid";
+    fs::remove(pidfile);
+    pid_t grandchild = -1;
+    std::thread asker([&] {
+      grandchild = read_pid(pidfile);
+      ape::g_stop_requested = 1;
+    });
+    bool stopped = false;
+    try {
+      ape::run_process(tree(pidfile), "a tree");
+    } catch (const ape::Stopped &) {
+      stopped = true;
+    }
+    asker.join();
+    ape::g_stop_requested = 0;
+    EXPECT_TRUE(stopped);
+    ASSERT_GT(grandchild, 0);
+    EXPECT_TRUE(gone(grandchild)) << "the command's own child outlived the stop";
+    if (!gone(grandchild)) ::kill(grandchild, SIGKILL);
+  }
+  {  // the caller killed (SIGKILL: no handler runs)
+    const std::string pidfile = dir + "/killed.pid";
+    fs::remove(pidfile);
+    const pid_t caller = ::fork();
+    ASSERT_GE(caller, 0);
+    if (caller == 0) {
+      try {
+        ape::run_process(tree(pidfile), "a tree");
+      } catch (...) {
+      }
+      ::_exit(0);
+    }
+    const pid_t grandchild = read_pid(pidfile);
+    ::kill(caller, SIGKILL);
+    int status = 0;
+    ::waitpid(caller, &status, 0);
+    ASSERT_GT(grandchild, 0);
+    EXPECT_TRUE(gone(grandchild)) << "the command's own child outlived its caller";
+    if (!gone(grandchild)) ::kill(grandchild, SIGKILL);
+  }
+  // The command's own end still reads as before: its exit status, the signal that killed it.
+  EXPECT_EQ(ape::system_status_text(ape::run_process({"sh", "-c", "exit 3"}, "exit")), "exited with status 3");
+  EXPECT_EQ(ape::system_status_text(ape::run_process({"sh", "-c", "kill -9 $$"}, "kill")), "was killed by signal 9");
+  std::signal(SIGTERM, old_term);
+}
+
 // The tools' error line: LibTorch's message without the C++ stack trace it appends.
 TEST(Util, ErrorTextDropsLibTorchsStackTrace) {
   try {
