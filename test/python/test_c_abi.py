@@ -368,3 +368,24 @@ def test_each_library_keeps_its_own_last_error_linked_statically():
     run = subprocess.run([artifact("c_abi_static_errors")], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rope: 2 ape_rope_forward_f32" in run.stdout and "alibi: 1 ape_alibi_backward_f64" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("encoding", C_ABI_ENCODINGS)
+def test_only_the_c_functions_are_exported(encoding):
+    """The shared library's dynamic symbols are its ape_<enc>_* functions and nothing else: hidden
+    visibility had left 18 instantiations of the C++ library's templates exported (std::
+    functions and typeinfo), which a program's own could bind to (the version script of the
+    emitted CMakeLists.txt)."""
+    import shutil
+    import subprocess
+
+    nm = shutil.which("nm")
+    assert nm, "nm (binutils) is part of the toolchain that built the library"
+    so = artifact(f"{encoding}_c_abi", f"libape_{encoding}_c.so")
+    run = subprocess.run([nm, "-D", "--defined-only", so], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    names = [line.split()[-1] for line in run.stdout.splitlines() if line.strip()]
+    ours = [n for n in names if n.startswith(f"ape_{encoding}_")]
+    assert f"ape_{encoding}_forward_f32" in ours and f"ape_{encoding}_abi_version" in ours, names
+    others = [n for n in names if not n.startswith(f"ape_{encoding}_") and not n.startswith("APE_C_ABI")]
+    assert not others, f"exported beside the C functions: {others[:10]}"

@@ -56,7 +56,8 @@ APE_C_API const char *ape_@NAME@_error_string(int status);
 /* The message of the last failed call on this thread ("" if none failed yet), naming the
  * function and the argument; valid until the next failing call on the thread. */
 APE_C_API const char *ape_@NAME@_last_error(void);
-/* The number of elements of param n for H heads of dimension D (-1 for a bad n). */
+/* The number of elements of param n for H heads of dimension D (-1 for a bad n, H or D below 0,
+ * or a count beyond int64). */
 APE_C_API int64_t ape_@NAME@_param_numel(int n, int64_t H, int64_t D);
 /* Param n's initial value for H heads of dimension D (>= 1), as APE's runtime makes it, into out
  * (ape_@NAME@_param_numel(n, H, D) doubles, the param's shape row-major): zeros, ones, a constant,
@@ -65,7 +66,7 @@ APE_C_API int64_t ape_@NAME@_param_numel(int n, int64_t H, int64_t D);
  * weight; APE_ERROR_INVALID_VALUE for a bad n, APE_ERROR_INVALID_SHAPE for H or D below 1,
  * APE_ERROR_NULL_POINTER for a NULL out. */
 APE_C_API int ape_@NAME@_init_param(int n, int64_t H, int64_t D, double *out);
-/* The spec's logit scale: its `scale`, else 1/sqrt(D). */
+/* The spec's logit scale: its `scale`, else 1/sqrt(D) (NaN for D below 1). */
 APE_C_API double ape_@NAME@_default_scale(int64_t D);
 /* The kernel's manifest (JSON, docs/internals.md section 3); static storage. */
 APE_C_API const char *ape_@NAME@_manifest(void);

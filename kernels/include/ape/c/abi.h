@@ -7,10 +7,14 @@
  * definitions are shared (one include guard).
  *
  * Memory contract (every entry point):
- *   - The caller owns every buffer; nothing is retained after the call returns. Temporary
- *     workspace (per-(b, h) tiles; a grouped backward's per-query-head dk, dv for a wave of
- *     heads; contiguous copies of strided arguments) is allocated and freed
- *     inside the call; a failed allocation returns APE_ERROR_OUT_OF_MEMORY.
+ *   - The caller owns every buffer; none is kept after the call returns. Temporary workspace
+ *     (per-(b, h) tiles; a grouped backward's per-query-head dk, dv for a wave of heads;
+ *     contiguous copies of strided arguments) is allocated inside the call; a failed allocation
+ *     returns APE_ERROR_OUT_OF_MEMORY. Two caches outlive a call, for the next one: each thread
+ *     that ran a call or its OpenMP work keeps freed blocks of 64 KiB or more (at most 32 MiB per
+ *     thread, freed when the thread ends), and an encoding whose q/k rotations have no params
+ *     keeps its rotation tables for the last two (T, D, H) it ran (a few T x D arrays per
+ *     precision) until the library is unloaded. Nothing else is kept.
  *   - Element (b, h, t, d) of a [B, H, T, D] ape_tensor x is
  *       ((T_*) x.data)[b*x.strides[0] + h*x.strides[1] + t*x.strides[2] + d*x.strides[3]]
  *     with strides in elements (not bytes) and T_ = float (_f32) or double (_f64); a [B, H, T]
@@ -22,6 +26,10 @@
  *   - Thread safety: the functions are reentrant; concurrent calls on distinct outputs are safe.
  *     Each call parallelises over (b, h) with OpenMP when the library was built with it
  *     (OMP_NUM_THREADS / omp_set_num_threads); results do not depend on the thread count.
+ *     A process forked after a call that used OpenMP threads must not call the library in the
+ *     child (GNU OpenMP's thread pool does not survive fork(): the call hangs), unless
+ *     OMP_NUM_THREADS is 1; start worker processes with spawn (Python's multiprocessing
+ *     "spawn", DataLoader's multiprocessing_context) or before the first call.
  */
 #ifndef APE_C_ABI_H
 #define APE_C_ABI_H
