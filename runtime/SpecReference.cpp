@@ -101,14 +101,28 @@ Tensor div_floor(const Tensor &a, const Tensor &b) {
   return div_trunc(a, b) - (r.ne(0).logical_and(a.lt(0).ne(b.lt(0)))).to(a.scalar_type());
 }
 
-// The unsigned integer ops read their operands as uint64: the same as signed for values >= 0,
-// which is all an index region computes in practice; a negative operand is refused.
-void require_nonnegative(const std::vector<Tensor> &xs, const std::string &op,
-                         const SpecReferenceData &d) {
-  for (const Tensor &x : xs)
-    if (x.lt(0).any().item<bool>())
-      fail(d.what, op + " on a negative operand: the reference reads unsigned operations only on "
-                        "values >= 0");
+// The unsigned integer ops read their int64 operands as uint64, as the kernels do
+// (contract/int_math.h, codegen/RegionWriter.cpp): a negative value is 2^64 plus it. Flipping the
+// sign bit maps uint64's order onto int64's.
+Tensor unsigned_order(const Tensor &a) { return a.bitwise_xor(INT64_MIN); }
+Tensor ult(const Tensor &a, const Tensor &b) { return unsigned_order(a).lt(unsigned_order(b)); }
+// uint64 division with int_math::udiv's x / 0 = 0: a divisor of 2^63 or more goes once or not at
+// all; a smaller one divides a / 2 (a logical shift: non-negative) and corrects the estimate,
+// which is at most one short (Hacker's Delight, 9-3).
+Tensor udiv(const Tensor &a, const Tensor &b) {
+  const Tensor zero = b.eq(0), big = b.lt(0);
+  const Tensor bs = at::where(zero.logical_or(big), at::ones_like(b), b);
+  Tensor q = at::div(a.bitwise_right_shift(1).bitwise_and(INT64_MAX), bs, "trunc").mul(2);
+  q = q + ult(a - q * bs, bs).logical_not().to(at::kLong);
+  const Tensor once = ult(a, b).logical_not().to(at::kLong);
+  return at::where(zero, at::zeros_like(q), at::where(big, once, q));
+}
+Tensor urem(const Tensor &a, const Tensor &b) { return at::where(b.eq(0), a, a - udiv(a, b) * b); }
+// uint64 -> float: the two 32-bit halves are exact in double, their sum rounds once.
+Tensor unsigned_to_real(const Tensor &a, at::ScalarType dtype) {
+  const Tensor hi = a.bitwise_right_shift(32).bitwise_and(0xffffffffLL).to(at::kDouble).mul(4294967296.0);
+  const Tensor lo = a.bitwise_and(0xffffffffLL).to(at::kDouble);
+  return at::where(a.lt(0), hi + lo, a.to(at::kDouble)).to(dtype);
 }
 
 Tensor clamp_index(const Tensor &i, int64_t size) { return i.clamp(0, size - 1); }
@@ -192,8 +206,7 @@ Tensor compare_i(const std::string &p, const Tensor &a0, const Tensor &b0, const
   if (p == "sle") return sa.le(sb);
   if (p == "sgt") return sa.gt(sb);
   if (p == "sge") return sa.ge(sb);
-  const Tensor a = unsigned_i1(a0), b = unsigned_i1(b0);
-  require_nonnegative({a, b}, "arith.cmpi " + p, d);
+  const Tensor a = unsigned_order(unsigned_i1(a0)), b = unsigned_order(unsigned_i1(b0));
   if (p == "ult") return a.lt(b);
   if (p == "ule") return a.le(b);
   if (p == "ugt") return a.gt(b);
@@ -241,14 +254,16 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
   if (name == "arith.remsi") return need(2), rem_trunc(x[0], x[1]);
   if (name == "arith.floordivsi") return need(2), div_floor(x[0], x[1]);
   if (name == "arith.ceildivsi") return need(2), -div_floor(-x[0], x[1]);
-  if (name == "arith.divui") return need(2), require_nonnegative(x, name, d), div_trunc(x[0], x[1]);
-  if (name == "arith.remui") return need(2), require_nonnegative(x, name, d), rem_trunc(x[0], x[1]);
+  if (name == "arith.divui") return need(2), udiv(unsigned_i1(x[0]), unsigned_i1(x[1]));
+  if (name == "arith.remui") return need(2), urem(unsigned_i1(x[0]), unsigned_i1(x[1]));
   if (name == "arith.maxsi") return need(2), to_kind(at::maximum(signed_i1(x[0]), signed_i1(x[1])));
   if (name == "arith.minsi") return need(2), to_kind(at::minimum(signed_i1(x[0]), signed_i1(x[1])));
-  if (name == "arith.maxui")
-    return need(2), require_nonnegative(x, name, d), to_kind(at::maximum(unsigned_i1(x[0]), unsigned_i1(x[1])));
-  if (name == "arith.minui")
-    return need(2), require_nonnegative(x, name, d), to_kind(at::minimum(unsigned_i1(x[0]), unsigned_i1(x[1])));
+  if (name == "arith.maxui" || name == "arith.minui") {
+    need(2);
+    const Tensor a = unsigned_i1(x[0]), b = unsigned_i1(x[1]);
+    const Tensor a_less = ult(a, b);
+    return to_kind(name == "arith.maxui" ? at::where(a_less, b, a) : at::where(a_less, a, b));
+  }
   // maximumf / minimumf propagate NaN (at::maximum does); maxnumf / minnumf prefer the number.
   if (name == "arith.maximumf") return need(2), at::maximum(x[0], x[1]);
   if (name == "arith.minimumf") return need(2), at::minimum(x[0], x[1]);
@@ -267,7 +282,7 @@ Tensor eval_op(const json &op, const std::vector<Tensor> &x, const Env &env) {
   if (name == "arith.trunci")
     return need(1), kind == Kind::Bool ? unsigned_i1(x[0]).bitwise_and(1).ne(0) : to_kind(x[0]);
   if (name == "arith.sitofp") return need(1), signed_i1(x[0]).to(env.dtype);
-  if (name == "arith.uitofp") return need(1), require_nonnegative(x, name, d), unsigned_i1(x[0]).to(env.dtype);
+  if (name == "arith.uitofp") return need(1), unsigned_to_real(unsigned_i1(x[0]), env.dtype);
   if (name == "arith.fptosi" || name == "arith.fptoui") return need(1), to_int(x[0]);
   if (name == "arith.extf" || name == "arith.truncf") return need(1), x[0];
   // math
