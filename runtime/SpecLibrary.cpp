@@ -91,6 +91,7 @@ int run_command(const std::vector<std::string> &args, std::string &output, const
     return -1;
   }
   if (WIFEXITED(st) && WEXITSTATUS(st) == 127 && output.empty()) output = args[0] + ": not found or not executable\n";
+  if (!WIFEXITED(st)) output += args[0] + " " + system_status_text(st) + "\n";  // (environment_note reads it)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -240,11 +241,23 @@ bool writable_cache(const fs::path &cache) {
   return fs::is_directory(cache, ec) && ::access(cache.c_str(), W_OK | X_OK) == 0;
 }
 
-// The compiler's output says the disk is full: a cache's problem, not a bug in APE.
-std::string disk_full_note(const std::string &out, const fs::path &where) {
-  if (out.find("No space left on device") == std::string::npos && out.find("Disk quota exceeded") == std::string::npos)
-    return "";
-  return "the disk of " + where.string() + " is full (free some space or set APE_CACHE_DIR to another folder):\n";
+// The compiler's output, or its end, says the machine failed it, not the kernel: a full disk (the
+// cache's), or a compiler killed or out of memory (Linux's out-of-memory killer ends cc1plus with
+// SIGKILL, and g++ says "Killed signal terminated program cc1plus"). "" when neither.
+std::string environment_note(const std::string &out, const fs::path &where) {
+  if (out.find("No space left on device") != std::string::npos || out.find("Disk quota exceeded") != std::string::npos)
+    return "the disk of " + where.string() + " is full (free some space or set APE_CACHE_DIR to another folder):\n";
+  for (const char *memory : {"Killed signal terminated program", "internal compiler error: Killed",
+                             "virtual memory exhausted", "out of memory", "Cannot allocate memory", "std::bad_alloc",
+                             "was killed by signal 9"})
+    if (out.find(memory) != std::string::npos) {
+      const uint64_t avail = available_memory_bytes();
+      char now[64] = "";
+      if (avail) std::snprintf(now, sizeof now, "; %.1f GiB available now", double(avail) / double(1ull << 30));
+      return std::string("the compiler was killed or its memory ran out (most often Linux's out-of-memory killer") + now +
+             "): the machine's state, not the spec's; run it again with more memory free:\n";
+    }
+  return "";
 }
 
 // A cache folder's name for an encoding: names beyond 64 characters are cut there (the key that
@@ -326,10 +339,10 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
   std::string out;
   const int rc = run_command({apec, path, "-o", gen.string(), "--emit=cpu,manifest", "--source-name", source_name}, out);
   if (rc != 0) {
-    if (rc == -1 || rc == 126 || rc == 127)
+    const std::string full = environment_note(out, gen);
+    if (full.empty() && (rc == -1 || rc == 126 || rc == 127))
       throw std::runtime_error("cannot run apec (" + apec + "): " + head_lines(out, 5) +
                                "build it (scripts/build.sh apec) or set APE_APEC to its path");
-    const std::string full = disk_full_note(out, gen);
     throw std::runtime_error(full.empty() ? "apec rejected " + path + ":\n" + head_lines(out, 40) : full + head_lines(out, 10));
   }
   if (o.show_warnings && out.find("warning:") != std::string::npos)  // compiled, with something to say (an unused param)
@@ -420,7 +433,7 @@ SpecLibrary load(const std::string &path, const std::string &text, const std::st
                                                     "\n#include \"" + lib.name + "_cpu.cpp\"\n");
     write_unit("kernel_abi.cpp", abi_unit);
     if (run_command(cmd, out, gen.string()) != 0) {
-      const std::string full = disk_full_note(out, cache);
+      const std::string full = environment_note(out, cache);
       throw std::runtime_error(full.empty() ? "the kernel apec generated from " + path + " does not compile (a bug "
                                               "in APE: please report it with the spec):\n" + join_command(cmd) +
                                               "\n" + head_lines(out, 40)
@@ -679,7 +692,7 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
   if (!cached) {
     auto run = [&](const std::vector<std::string> &cmd) {
       if (run_command(cmd, out, gen.string()) != 0) {
-        const std::string full = disk_full_note(out, cache);
+        const std::string full = environment_note(out, cache);
         throw std::runtime_error(full.empty() ? "the CUDA kernels apec generated for spec '" + lib.name +
                                                     "' do not compile" + (simt ? " for the emulator" : "") + ":\n" +
                                                     join_command(cmd) + "\n" + head_lines(out, 40)

@@ -229,6 +229,33 @@ TEST(SpecLibrary, ABuiltInNameIsRefused) {
                "defines encoding 'alibi', which exists already");
 }
 
+// A compiler killed for memory (the out-of-memory killer: g++ says "Killed signal terminated
+// program cc1plus"; or the compiler itself dies of SIGKILL) is the machine's state, said so, not "a
+// bug in APE: please report it" with the spec, as it had been.
+TEST(SpecLibrary, ACompilerKilledForMemoryIsNotReportedAsABug) {
+  namespace fs = std::filesystem;
+  const std::string dir = tmp_path("oom_compiler");
+  fs::create_directories(dir);
+  for (const std::string end : {"echo 'c++: fatal error: Killed signal terminated program cc1plus' >&2; exit 1",
+                                "kill -9 $$"}) {
+    const std::string cxx = dir + "/cxx";
+    std::ofstream(cxx) << "#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake-c++ 1.0; exit 0; fi\n" << end << "\n";
+    fs::permissions(cxx, fs::perms::owner_all);
+    ape::SpecLibraryOptions o = options();
+    o.cxx = cxx;
+    o.cache_dir = dir + "/cache";
+    fs::remove_all(o.cache_dir);
+    try {
+      ape::load_spec_library(kSpecs + "/strict_window.mlir", o);
+      ADD_FAILURE() << "no error: " << end;
+    } catch (const std::runtime_error &e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("the compiler was killed or its memory ran out"), std::string::npos) << what;
+      EXPECT_EQ(what.find("a bug in APE"), std::string::npos) << what;
+    }
+  }
+}
+
 // --spec on a GPU: the spec's CUDA kernels compiled at run time by nvcc (SpecLibrary.h,
 // load_spec_cuda), cached beside the CPU library, then found by the CUDA attention like the build's
 // (CudaAttention.h, cuda_compile_spec). sm_80, f32 at head dim 32: the cheapest variant to compile;
