@@ -420,9 +420,11 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
           addFastMathFlags(&made, flags);
       if (failed(d))
         return p->emitOpError("has no derivative rule: -ape-differentiate cannot derive the "
-                              "backward of this region (use arith/math ops it knows: add, sub, "
-                              "mul, div, neg, max, min, select, exp, log, log1p, sqrt, sin, "
-                              "cos, tanh, abs, powf)");
+                              "backward of this region (use arith/math ops it knows: addf, subf, "
+                              "mulf, divf, negf, maximumf, minimumf, maxnumf, minnumf, select, "
+                              "exp, exp2, log, log2, log1p, sqrt, sin, cos, tanh, absf, powf; "
+                              "floor, ceil, round, trunc and the integer-to-float conversions "
+                              "are steps, with no gradient)");
       if (*d)
         tan[p->getResult(0)] = *d;
     }

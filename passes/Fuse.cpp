@@ -15,6 +15,9 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/IRMapping.h"
 
+#include <cstdio>
+#include <string>
+
 namespace mlir::ape {
 #define GEN_PASS_DEF_APEFUSE
 #include "passes/Passes.h.inc"
@@ -76,9 +79,21 @@ LogicalResult composeQK(OpBuilder &b, MutableArrayRef<ModOp> mods) {
       continue;
     if (paired && (paired.getPairing() != m.getPairing() ||
                    paired.getFraction() != m.getFraction()))
-      return m.emitOpError("pairs coordinates differently from an earlier ")
-             << m->getName().stripDialect()
-             << ": the transforms of one encoding share one pairing and fraction";
+    {
+      auto how = [](ModOp op) {
+        char fraction[32];
+        std::snprintf(fraction, sizeof fraction, "%g", op.getFraction().convertToDouble());
+        return "pairing \"" + std::string(abi::name(op.getPairing())) + "\", fraction " + fraction;
+      };
+      InFlightDiagnostic d = m.emitOpError("pairs coordinates differently from an earlier ")
+                             << m->getName().stripDialect() << " (" << how(m) << " against "
+                             << how(paired)
+                             << "): the transforms of one encoding share one pairing and fraction";
+      d.attachNote(paired.getLoc())
+          << "the earlier " << paired->getName().stripDialect()
+          << " (an ape.rotary is one: it expands to a q_mod and a k_mod of its pairing)";
+      return d;
+    }
     if (!paired)
       paired = m;
   }

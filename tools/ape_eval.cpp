@@ -56,7 +56,9 @@ static int tool_main(int argc, char **argv) {
   app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of the training length, each in [1, 1024]")
       ->capture_default_str();
   app.add_option("--eval-tokens", ec.tokens,
-                 "Target tokens scored per length (the same tokens at every length), in [1, 10^9]")
+                 "Target tokens scored per length, in [1, 10^9]: the same tokens at every length, in segments of\n"
+                 "the longest length asked (so a cell compares with another run's only when both asked for the\n"
+                 "same --eval-multiples and --eval-tokens: ape-train's defaults, 1,2,4,8)")
       ->capture_default_str();
   app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and the books, UTF-8 text (clean/pg<ID>_*.txt or clean.tar.xz)")->capture_default_str();
   app.add_option("--cache-dir", cache_dir, "Cache for the unpacked books, the tokenizer and the token ids")

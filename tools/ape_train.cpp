@@ -473,7 +473,9 @@ static int tool_main(int argc, char **argv) {
       app.add_option("--eval-multiples", multiples, "Evaluate at these multiples of --seq-len, each in [1, 1024]")
           ->capture_default_str();
   auto *tokens_opt =
-      app.add_option("--eval-tokens", ec.tokens, "Target tokens scored per length (the same at every length), in [1, 10^9]")
+      app.add_option("--eval-tokens", ec.tokens, "Target tokens scored per length, in [1, 10^9]: the same tokens at every length, in segments of\n"
+                 "the longest length asked (a cell compares with another run's, or ape-eval's, only when both asked\n"
+                 "for the same --eval-multiples and --eval-tokens)")
           ->capture_default_str();
   auto *data_opt = app.add_option("--data", data_dir, "Corpus folder holding SPLITS.tsv and the books, UTF-8 text (clean/pg<ID>_*.txt or clean.tar.xz) "
                                   "(with --resume: the run's, where it still exists)")->capture_default_str();

@@ -96,11 +96,12 @@ ape.encoding @add_then_rotate {
 
 // Two rotations must pair coordinates the same way.
 ape.encoding @mixed_pairing {
+  // expected-note @+1 {{the earlier q_mod (an ape.rotary is one: it expands to a q_mod and a k_mod of its pairing)}}
   ape.q_mod attributes {pairing = "half"} {
   ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
     ape.yield %y : f32
   }
-  // expected-error @+1 {{'ape.q_mod' op pairs coordinates differently from an earlier q_mod: the transforms of one encoding share one pairing and fraction}}
+  // expected-error @+1 {{'ape.q_mod' op pairs coordinates differently from an earlier q_mod (pairing "interleaved", fraction 1 against pairing "half", fraction 1): the transforms of one encoding share one pairing and fraction}}
   ape.q_mod attributes {pairing = "interleaved"} {
   ^bb0(%x: f32, %y: f32, %c: index, %t: index, %h: index):
     ape.yield %y : f32
