@@ -58,8 +58,9 @@ and every trainable param; the encodings of examples/encodings/ENC.mlir):
 Phases: fwd = the training forward (autograd recording); bwd = torch.autograd.grad(o, inputs,
 dout, retain_graph=True) of an o computed outside the timing (where a compiled backward refuses
 retain_graph, bwd = (fwd+bwd) - fwd, said in the notes); fwd+bwd = both. Each is timed by
-triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") (L2 flushed between calls),
-or by CUDA events around the same loop where Triton does not import. The first call of every
+triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.25, 0.75]) (L2 flushed between
+calls): the median of the timed calls, and their quartiles (the report's spread, the CSV's ms_q1 and
+ms_q3); or by CUDA events around the same loop where Triton does not import. The first call of every
 method (flex: its compilation) is a warm-up outside the timing.
 
 TFLOP/s by FlashAttention's count: causal forward 4*B*H*T*T*D/2 (= 2*B*H*T*T*D), backward 2.5x
@@ -237,33 +238,54 @@ def sync(device):
 
 # ---- timing ----------------------------------------------------------------------------------------
 
+class Timing(float):
+    """A cell's time in ms: the median of the timed calls, with their first and third quartiles
+    (q1, q3), the spread within the cell's own loop."""
+
+    def __new__(cls, median, q1, q3):
+        t = super().__new__(cls, median)
+        t.q1, t.q3 = float(q1), float(q3)
+        return t
+
+
+def quartiles(times):
+    """Timing of a list of per-call times (ms)."""
+    times = sorted(times)
+    if len(times) < 2:
+        return Timing(times[0], times[0], times[0])
+    q1, q2, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return Timing(statistics.median(times), q1, q3)
+
+
 def make_timer(device):
-    """(fn -> median ms, description)."""
+    """(fn -> Timing, description)."""
     if device == "cpu":  # --selftest-cpu: plumbing only
-        def cpu_median_ms(fn, reps=3):
+        def cpu_ms(fn, reps=3):
             times = []
             for _ in range(reps):
                 t0 = time.perf_counter()
                 fn()
                 times.append((time.perf_counter() - t0) * 1e3)
-            return statistics.median(times)
-        return cpu_median_ms, "time.perf_counter, median of 3 (CPU self-test: no meaning)"
+            return quartiles(times)
+        return cpu_ms, "time.perf_counter, median and quartiles of 3 (CPU self-test: no meaning)"
     try:
         import triton
         from triton.testing import do_bench
-        if "return_mode" in inspect.signature(do_bench).parameters:
+        if "quantiles" in inspect.signature(do_bench).parameters:
             def triton_ms(fn):
-                return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-            return triton_ms, (f"triton.testing.do_bench(warmup=25, rep=100, return_mode=\"median\"), "
-                               f"Triton {triton.__version__}")
+                median, q1, q3 = do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.25, 0.75])
+                return Timing(median, q1, q3)
+            return triton_ms, (f"triton.testing.do_bench(warmup=25, rep=100, quantiles=[0.5, 0.25, 0.75]): the "
+                               f"median and the quartiles of the timed calls, Triton {triton.__version__}")
     except Exception:  # Triton missing or too old: CUDA events around the same loop
         pass
-    return events_median_ms, "CUDA events, median (do_bench's loop: warm-up 25 ms, 100 ms of reps, L2 flushed)"
+    return events_ms, ("CUDA events, median and quartiles of the timed calls (do_bench's loop: warm-up 25 ms, "
+                       "100 ms of reps, L2 flushed)")
 
 
-def events_median_ms(fn, warmup=25, rep=100):
+def events_ms(fn, warmup=25, rep=100):
     """triton.testing.do_bench's loop with CUDA events: one call, five to estimate, warmup ms of
-    calls, then rep ms of timed calls, the L2 cache flushed before each; the median in ms."""
+    calls, then rep ms of timed calls, the L2 cache flushed before each; their Timing."""
     cache = torch.empty(256 * MIB, dtype=torch.int8, device="cuda")
     fn()
     torch.cuda.synchronize()
@@ -286,7 +308,7 @@ def events_median_ms(fn, warmup=25, rep=100):
         fn()
         e.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return quartiles([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
 # ---- the APE libraries -----------------------------------------------------------------------------
@@ -568,6 +590,7 @@ class Cell:
     def __init__(self, enc, method, cfg):
         self.enc, self.method, self.cfg = enc, method, cfg
         self.ms, self.err, self.notes = {}, {}, []
+        self.spread = {}  # phase -> [q1, q3] of the timed calls, ms
         self.peak_mib = None
         self.check = None  # spot-check text
         self.kernels = {}  # --kernel-times: phase -> [[name, us per call, launches per call], ...]
@@ -582,7 +605,18 @@ class Cell:
 
     def to_json(self):
         return {"enc": self.enc, "method": self.method, "cfg": list(self.cfg), "ms": self.ms, "err": self.err,
-                "notes": self.notes, "peak_mib": self.peak_mib, "check": self.check, "kernels": self.kernels}
+                "notes": self.notes, "peak_mib": self.peak_mib, "check": self.check, "kernels": self.kernels,
+                "spread": self.spread}
+
+    def set_time(self, phase, t):
+        self.ms[phase] = float(t)
+        if isinstance(t, Timing):
+            self.spread[phase] = [t.q1, t.q3]
+
+    def spread_pct(self, phase):
+        """Half the interquartile range of the timed calls, in % of their median."""
+        ms, q = self.ms.get(phase), self.spread.get(phase)
+        return 50.0 * (q[1] - q[0]) / ms if ms and q else None
 
     @classmethod
     def from_json(cls, d):
@@ -590,6 +624,7 @@ class Cell:
         c.ms, c.err, c.notes = dict(d["ms"]), dict(d["err"]), list(d["notes"])
         c.peak_mib, c.check = d["peak_mib"], d["check"]
         c.kernels = dict(d.get("kernels") or {})
+        c.spread = dict(d.get("spread") or {})
         return c
 
 
@@ -719,10 +754,10 @@ def run_method(method, case, timer, mask_limit_gib, keep_outputs, progress=None)
         try:
             if graphs:
                 graph = captured(fn, capture_stream)
-                cell.ms[phase] = timer(graph.replay)
+                cell.set_time(phase, timer(graph.replay))
                 graph = None
             else:
-                cell.ms[phase] = timer(fn)
+                cell.set_time(phase, timer(fn))
         except Exception as exc:
             cell.err[phase] = error_text(exc)
         free_memory(device)
@@ -866,6 +901,12 @@ class replaced:
             os.unlink(self.tmp)
 
 
+def quartile_fields(cell, phase):
+    """The CSV's ms_q1, ms_q3 of a cell's phase ("" where not timed by itself)."""
+    q = cell.spread.get(phase)
+    return [f"{q[0]:.4f}", f"{q[1]:.4f}"] if q else ["", ""]
+
+
 def report(args, cells, rows_order, configs, header, notes, final=True):
     """Writes the Markdown (--md) and CSV (--csv) reports; prints the Markdown when final."""
     by_key = {(c.enc, c.method, c.cfg): c for c in cells}
@@ -915,6 +956,11 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
     lines += table(lambda c: cell_text(c, lambda p: tflops(c, p)))
     lines += ["", "## Time, ms (fwd / bwd / fwd+bwd)", ""]
     lines += table(lambda c: cell_text(c, lambda p: ms(c, p)))
+    lines += ["", "## Spread within each cell, % (fwd / bwd / fwd+bwd)", "",
+              "Half the interquartile range of the cell's timed calls, in % of their median: how far apart "
+              "two timings of one kernel in this run may fall (a ratio between two methods closer to 1 than "
+              "their spreads together is no difference). Not the spread between runs or cards.", ""]
+    lines += table(lambda c: cell_text(c, lambda p: None if c.spread_pct(p) is None else f"{c.spread_pct(p):.1f}"))
     lines += ["", "## Peak memory of one fwd+bwd step, MiB", "",
               "torch.cuda.max_memory_allocated() after reset_peak_memory_stats(): everything live, "
               "q, k, v, dout, features, params and the method's constants included.", ""]
@@ -990,7 +1036,7 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
             w = csv.writer(f)
             gpu = dict(header).get("GPU", "?")  # (the card, in every row: a CSV travels without its report)
             w.writerow(["encoding", "method", "config", "phase", "ms", "tflops", "note", "peak_mib", "B", "H", "T", "D",
-                        "gpu"])
+                        "gpu", "ms_q1", "ms_q3"])
             for enc, method in rows_order:
                 for cfg in configs:
                     c = by_key.get((enc, method, cfg))
@@ -1007,7 +1053,7 @@ def report(args, cells, rows_order, configs, header, notes, final=True):
                                     "" if ms_ is None else f"{ms_:.4f}", "" if tf is None else f"{tf:.2f}",
                                     "; ".join(note),
                                     f"{c.peak_mib:.1f}" if p == "fwdbwd" and c.peak_mib is not None else "", *cfg,
-                                    gpu])
+                                    gpu, *quartile_fields(c, p)])
 
 
 # ---- one encoding, in a process of its own -------------------------------------------------------
