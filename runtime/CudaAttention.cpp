@@ -58,6 +58,7 @@ std::string cuda_arch_problem(const std::string &built, int major, int minor) {
 #include <c10/cuda/CUDAFunctions.h>
 
 #include "ape/torch/ops_impl.h"  // with APE_TORCH_OPS_CUDA: forward_cuda, backward_cuda
+#include "ape/cuda/kernel_abi.h"
 #include "runtime/SpecLibrary.h"
 
 namespace ape {
@@ -266,7 +267,8 @@ void cuda_compile_spec(const KernelEntry &entry, at::ScalarType dtype, int64_t h
   SpecLibraryOptions opts;
   opts.log = log;
   const auto *e = static_cast<const cuda::CudaKernelEntry *>(
-      load_spec_cuda(*spec, SpecCudaOptions{arch, {cuda::dtype_name(*dt)}, {head_dim}}, opts));
+      load_spec_cuda(*spec, SpecCudaOptions{arch, {cuda::dtype_name(*dt)}, {head_dim}, cuda::cuda_kernel_abi_fingerprint()},
+                     opts));
   if (!e->name || std::strcmp(e->name, entry.name) != 0 || !cuda::find_variant(*e, *dt, head_dim))
     throw std::runtime_error("the CUDA kernels compiled for spec '" + std::string(entry.name) +
                              "' are not the ones asked for");

@@ -20,6 +20,7 @@
 
 // After LibTorch: the emulator's CUDA surface defines macros (threadIdx, __device__, ...).
 #include "ape/cuda/decode.h"
+#include "ape/cuda/kernel_abi.h"
 #include "ape/cuda/kernel_entry.h"
 #include "ape/simt/runtime.h"
 
@@ -332,6 +333,8 @@ std::pair<at::Tensor, at::Tensor> simt_decode(const KernelEntry &entry, const st
   expect_clean(entry.name);
   return {o, lse};
 }
+
+uint64_t simt_kernel_abi() { return cuda::cuda_kernel_abi_fingerprint(); }
 
 void add_simt_kernels(const void *entry) {
   if (!entry) throw std::invalid_argument("add_simt_kernels: no entry");

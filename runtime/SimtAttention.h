@@ -52,6 +52,10 @@ std::pair<at::Tensor, at::Tensor> simt_decode(const KernelEntry &entry, const st
 // before any of the build's own.
 void add_simt_kernels(const void *entry);
 
+// The emulated kernels' headers' fingerprint (ape/cuda/kernel_abi.h compiled with -DAPE_SIMT):
+// load_spec_simt's SpecCudaOptions::expected_abi.
+uint64_t simt_kernel_abi();
+
 // The (dtype, head dim) variants of the emulated kernels encoding `name` runs ("bf16", 64), none
 // when there are none.
 std::vector<std::pair<std::string, int64_t>> simt_variants(const std::string &name);

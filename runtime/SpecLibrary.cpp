@@ -647,6 +647,19 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
       source_text += '\0' + read_file(gen / sources.back());
     }
   source_text += '\0' + read_file(gen / (lib.name + "_cuda.cuh"));
+  // The unit that exports the headers' fingerprint (cuda/kernel_abi.h), compiled into every library.
+  const std::string abi_unit =
+      "// The kernel headers' fingerprint, compared by the program that loads this library.\n"
+      "#include \"ape/cuda/kernel_abi.h\"\n"
+      "extern \"C\" __attribute__((visibility(\"default\"))) uint64_t ape_cuda_kernel_abi() {\n"
+      "  return ::ape::cuda::cuda_kernel_abi_fingerprint();\n}\n";
+  {
+    std::ofstream f(gen / "kernel_abi.cu");
+    f << abi_unit;
+    if (!f.flush()) throw std::runtime_error("cannot write " + (gen / "kernel_abi.cu").string() + ": " + std::strerror(errno));
+  }
+  sources.push_back("kernel_abi.cu");
+  source_text += '\0' + abi_unit;
   const std::string include_dir = APE_KERNEL_INCLUDE_DIR;
   std::string compiler, version;
   std::vector<std::string> flags;
@@ -735,6 +748,14 @@ const void *load_cuda_library(const SpecLibrary &lib, const SpecCudaOptions &c, 
   using EntryFn = const void *(*)();
   auto fn = reinterpret_cast<EntryFn>(::dlsym(h, sym.c_str()));
   if (!fn) throw std::runtime_error(so.string() + " has no " + sym + "()");
+  if (c.expected_abi != 0) {  // as open_library's check of a CPU library
+    using AbiFn = uint64_t (*)();
+    auto abi = reinterpret_cast<AbiFn>(::dlsym(h, "ape_cuda_kernel_abi"));
+    if (!abi || abi() != c.expected_abi)
+      throw std::runtime_error(so.string() + " was compiled against other kernel headers than this program was built "
+                               "with (" + std::string(APE_KERNEL_INCLUDE_DIR) + " changed since): rebuild APE "
+                               "(scripts/build.sh) so that the program and its spec libraries agree");
+  }
   const void *entry = fn();
   if (!entry) throw std::runtime_error(so.string() + ": " + sym + "() returned no entry");
   if (o.log) {

@@ -90,6 +90,10 @@ struct SpecCudaOptions {
   std::string arch;                  // "90a", "80", ... (nvcc's sm_ARCH)
   std::vector<std::string> dtypes;   // "bf16", "f16", "f32"
   std::vector<int64_t> head_dims;    // 32, 64, 128
+  // The loading program's ape::cuda::cuda_kernel_abi_fingerprint() (ape/cuda/kernel_abi.h, compiled
+  // as the kernels are: for the GPU, or with -DAPE_SIMT for the emulator): a library compiled
+  // against other kernel headers is refused ("rebuild APE"). 0: not checked.
+  uint64_t expected_abi = 0;
 };
 const void *load_spec_cuda(const SpecLibrary &lib, const SpecCudaOptions &cuda,
                            const SpecLibraryOptions &opts = {});

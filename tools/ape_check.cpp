@@ -360,7 +360,7 @@ static int tool_main(int argc, char **argv) {
         lib_opts.log = &std::cout;
         opt.cuda_dtypes = {"f32", "bf16"};
         opt.cuda_head_dims = dims;
-        ape::add_simt_kernels(ape::load_spec_simt(source, {"", opt.cuda_dtypes, dims}, lib_opts));
+        ape::add_simt_kernels(ape::load_spec_simt(source, {"", opt.cuda_dtypes, dims, ape::simt_kernel_abi()}, lib_opts));
         cuda_origin = "compiled from " + spec + " for the SIMT emulator (";
       }
       opt.use_kernels = [](const std::string &dtype) {

@@ -287,4 +287,8 @@ TEST(SpecLibrary, CudaKernelsCompileAtRunTime) {
   EXPECT_NE(ape::load_spec_cuda(lib, ape::SpecCudaOptions{"80", {"f32"}, {32}}, o), nullptr);
   EXPECT_NE(again.str().find("from the cache"), std::string::npos) << again.str();
   EXPECT_ERROR(ape::load_spec_cuda(lib, ape::SpecCudaOptions{"sm90", {"f32"}, {32}}, o), "bad GPU architecture");
+  // A library whose kernel headers are not the program's (here: a program that expects another
+  // fingerprint) is refused, as a CPU library is.
+  EXPECT_ERROR(ape::load_spec_cuda(lib, ape::SpecCudaOptions{"80", {"f32"}, {32}, /*expected_abi=*/1}, o),
+               "was compiled against other kernel headers than this program was built with");
 }
