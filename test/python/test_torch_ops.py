@@ -289,7 +289,7 @@ def _bad_calls(encoding, device):
         ("scale_beyond_float", lambda: run(q=q.detach().float(), k=k.detach().float(), v=v.detach().float(),
                                            features=[f.detach().float() for f in features],
                                            params=[p.detach().float() for p in plist], scale=1e300),
-         ValueError, r"scale 1e\+300 is beyond the range of float"),
+         ValueError, r"scale 1e\+300 is beyond the range of float, in which torch\.float32 inputs are computed"),
         ("k_on_meta", lambda: run(k=k.detach().to("meta")), RuntimeError, r"k is on meta but q is on " + device),
         ("raw_missing_feature", lambda: o.attention_forward(q, k, v, features[:-1] if features else [q[:, :, :, 0]], plist, 1.0), ValueError, r"expected \d+ feature tensor"),
         ("raw_missing_param", lambda: o.attention_forward(q, k, v, features, plist[:-1] if plist else [q], 1.0), ValueError, r"expected \d+ param tensor"),

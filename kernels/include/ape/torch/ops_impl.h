@@ -230,7 +230,7 @@ inline void check_scale(const KernelInputs &in, const char *op, double scale, at
   TORCH_CHECK_VALUE(compute_dtype(dtype) == at::kDouble ||
                         std::fabs(scale) <= static_cast<double>(std::numeric_limits<float>::max()),
                     prefix(in, op), "scale ", scale, " is beyond the range of float, in which ",
-                    dtype, " inputs are computed");
+                    dtype_name(dtype), " inputs are computed");
 }
 
 // ---- the CPU kernel -----------------------------------------------------------------------------
