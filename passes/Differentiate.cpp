@@ -97,6 +97,55 @@ bool positive(Value x, int depth) {
          (nonNegative(a, depth + 1) && positive(b, depth + 1));
 }
 
+/// Whether x may be +-inf because a non-finite float constant reaches it through the float
+/// operands of the ops that compute it: an -inf mask, select(c, -inf, s), and what is computed
+/// from the masked logit. Where the mask holds, the tangent a product multiplies by such a value is
+/// exactly 0 (the select's untaken branch; the masked logit's gradient g = P (dP - delta) with P = 0)
+/// and must stay 0 (0 inf = 0, as the reference's autograd: runtime/SpecReference.cpp), where the
+/// product was NaN and made the row's dq, dk and every param gradient NaN (-inf then a learned
+/// temperature, s * w; or a later score_mod's s * s). Finite values that overflow are not traced
+/// (the rules of exp, log and division guard their own factors).
+bool reachedByInfinity(Value x, DenseMap<Value, bool> &memo) {
+  // Depth first without recursion (a chain of thousands of ops: apec-long-chains.test), each
+  // value once: (value, its next operand to look at).
+  SmallVector<std::pair<Value, unsigned>> stack{{x, 0u}};
+  while (!stack.empty()) {
+    Value v = stack.back().first;
+    unsigned next = stack.back().second;
+    if (next == 0 && memo.count(v)) {
+      stack.pop_back();
+      continue;
+    }
+    if (next == 0) {
+      if (std::optional<double> c = constantOf(v)) {
+        memo[v] = !std::isfinite(*c);
+        stack.pop_back();
+        continue;
+      }
+    }
+    Operation *op = v.getDefiningOp();
+    bool inf = false, descended = false;
+    for (; op && next < op->getNumOperands() && !inf; ++next) {
+      Value o = op->getOperand(next);
+      if (!isa<FloatType>(o.getType()))
+        continue;
+      auto it = memo.find(o);
+      if (it == memo.end()) {  // its answer first; this value resumes at the same operand
+        stack.back().second = next;
+        stack.push_back({o, 0u});
+        descended = true;
+        break;
+      }
+      inf = it->second;
+    }
+    if (descended)
+      continue;
+    memo[v] = inf;
+    stack.pop_back();
+  }
+  return memo.lookup(x);
+}
+
 /// Tangent arithmetic on Tan.
 struct Tangents {
   RegionBuilder &rb;
@@ -145,7 +194,8 @@ struct Tangents {
 
 /// The tangent of `op`'s result given its operands' tangents (`tan`), or
 /// failure if the op has no derivative rule.
-FailureOr<Tan> tangentOf(Operation *op, DenseMap<Value, Tan> &tan, RegionBuilder &rb) {
+FailureOr<Tan> tangentOf(Operation *op, DenseMap<Value, Tan> &tan, RegionBuilder &rb,
+                         DenseMap<Value, bool> &infinite) {
   Tangents t{rb};
   auto T = [&](unsigned i) { return tan.lookup(op->getOperand(i)); };
   auto X = [&](unsigned i) { return op->getOperand(i); };
@@ -162,9 +212,9 @@ FailureOr<Tan> tangentOf(Operation *op, DenseMap<Value, Tan> &tan, RegionBuilder
   if (isa<arith::SubFOp>(op))  // d(a-b) = da - db
     return t.sub(T(0), T(1));
   if (isa<arith::MulFOp>(op)) {  // d(ab) = da·b + a·db
-    Tan left = t.mul(T(0), X(1));
-    Tan right = t.mul(T(1), X(0));
-    return t.add(left, right);
+    // (0·inf = 0 where a factor may be infinite: reachedByInfinity)
+    auto times = [&](Tan d, Value f) { return reachedByInfinity(f, infinite) ? t.zmul(d, f) : t.mul(d, f); };
+    return t.add(times(T(0), X(1)), times(T(1), X(0)));
   }
   if (isa<arith::DivFOp>(op)) {  // d(a/b) = da/b - r·(db/b)
     // db/b before the product: where b is large, db often is too (b = 1 + e^x: db = e^x dx), and
@@ -372,6 +422,7 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
   // ops, took minutes and gigabytes here). Past kMaxTangentOps the region is refused, said so.
   constexpr size_t kMaxTangentOps = 200000;
   size_t tangentOps = 0;
+  DenseMap<Value, bool> infinite;  // reachedByInfinity's answers
   for (Value u : inputs) {
     if (isFixedParamLoad(u)) {  // a fixed param gets no gradient
       results.push_back(rb.f32(0.0));
@@ -411,7 +462,7 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
       if (p->getNumResults() != 1 || p->getResult(0) == u)
         continue;
       Operation *last = block->empty() ? nullptr : &block->back();
-      FailureOr<Tan> d = tangentOf(p, tan, rb);
+      FailureOr<Tan> d = tangentOf(p, tan, rb, infinite);
       // The ops of p's derivative take p's fast-math flags (-ape-fast-math): d log1p(a) =
       // da/(1+a) divides where p's flags allow an approximate function.
       if (arith::FastMathFlags flags = fastMathFlags(p); flags != arith::FastMathFlags::none)
@@ -462,7 +513,12 @@ LogicalResult differentiateRegion(Operation *op, Region &body, Region &grad,
     Tan d = live.size() == 1 ? tan.lookup(*live.begin()) : tan.lookup(out);
     // g·1 = g written directly: the greedy folder would otherwise replace the yield's operands
     // one at a time, re-folding a yield of every input's gradient each time (quadratic).
-    Value gd = !d ? rb.f32(0.0) : d.v == one ? g : rb.mul(g, d.v);
+    // (g is exactly 0 at a masked logit, where ∂f/∂u may be infinite: 0 there, not NaN)
+    Value gd = !d            ? rb.f32(0.0)
+               : d.v == one ? g
+               : reachedByInfinity(d.v, infinite)
+                   ? rb.select(Tangents{rb}.isZero(g), rb.f32(0.0), rb.mul(g, d.v))
+                   : rb.mul(g, d.v);
     results.push_back(d.neg ? rb.neg(gd) : gd);
   }
   rb.yield(results);

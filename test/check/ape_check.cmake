@@ -101,6 +101,13 @@ add_test(NAME ape_check.spec_derivative_edges
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/derivative_edges.mlir --cuda)
 set_tests_properties(ape_check.spec_derivative_edges PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# A -inf mask, then a learned temperature and a later nonlinear use of the masked logit: every
+# gradient was NaN (0·-inf in the derived products) until the derivative pass kept 0·inf = 0 there.
+add_test(NAME ape_check.spec_masked_temperature
+  COMMAND ${_expect} 0 "^dparam:temp +fp64 .* pass$" "^dq +fp32 .* pass$" "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_temperature.mlir)
+set_tests_properties(ape_check.spec_masked_temperature PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Integer division and remainder by i - j, 0 on the diagonal: total in the kernel and the reference
 # (contract/int_math.h: x / 0 = 0, x % 0 = x), where C++ traps.
 add_test(NAME ape_check.spec_int_division

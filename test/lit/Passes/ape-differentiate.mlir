@@ -205,3 +205,45 @@ ape.kernel @third {
     ape.yield %r : f32
   }
 }
+
+// -----
+
+// A -inf mask, then a learned temperature and a later nonlinear use of the masked logit: where
+// the mask holds, g = 0 and the partials are infinite. The products of a tangent and a value an
+// infinite constant reaches, and g·∂f/∂u, keep 0·inf = 0 (they were NaN); products of finite
+// values stay plain.
+// CHECK-LABEL: ape.kernel @masked_temperature
+// CHECK: } grad {
+// CHECK-NEXT: ^bb0(%{{.*}}: f32, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %{{.*}}: index, %[[G:.*]]: f32):
+// CHECK-NEXT: %[[ZERO:.*]] = arith.constant 0.000000e+00 : f32
+// CHECK: %[[M:.*]] = arith.select %{{.*}}, %{{.*}}, %{{.*}} : f32
+// CHECK: %[[R:.*]] = arith.mulf %[[M]], %[[P:.*]] : f32
+// CHECK: %[[TS:.*]] = arith.mulf %{{.*}}, %[[P]] : f32
+// CHECK-NEXT: %[[TZ:.*]] = arith.cmpf oeq, %[[TS]], %[[ZERO]] : f32
+// CHECK-NEXT: %[[TR:.*]] = arith.mulf %[[TS]], %[[R]] : f32
+// CHECK-NEXT: arith.select %[[TZ]], %[[ZERO]], %[[TR]] : f32
+// CHECK: %[[GD:.*]] = arith.mulf %[[G]], %{{.*}} : f32
+// CHECK-NEXT: %[[GZ:.*]] = arith.cmpf oeq, %[[G]], %[[ZERO]] : f32
+// CHECK-NEXT: %[[DS:.*]] = arith.select %[[GZ]], %[[ZERO]], %[[GD]] : f32
+// CHECK: %[[GP:.*]] = arith.mulf %[[G]], %{{.*}} : f32
+// CHECK-NEXT: %[[DP:.*]] = arith.select %[[GZ]], %[[ZERO]], %[[GP]] : f32
+// CHECK-NEXT: ape.yield %[[DS]], %[[DP]] : f32, f32
+ape.kernel @masked_temperature {
+  %w = ape.param "temp" ["heads"] init = "constant" trainable {value = 0.5 : f64}
+  ape.score_mod {
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %d = arith.subi %i, %j : index
+    %c4 = arith.constant 4 : index
+    %far = arith.cmpi sgt, %d, %c4 : index
+    %ninf = arith.constant 0xFF800000 : f32
+    %m = arith.select %far, %ninf, %s : f32
+    %p = ape.load %w[%h] : !ape.param
+    %r = arith.mulf %m, %p : f32
+    %sq = arith.mulf %r, %r : f32
+    %one = arith.constant 1.0 : f32
+    %u = arith.addf %sq, %one : f32
+    %l = math.log %u : f32
+    %o = arith.subf %r, %l : f32
+    ape.yield %o : f32
+  }
+}
