@@ -144,13 +144,32 @@ Cell make_cell(const Manifest &man, const CheckShape &s, uint64_t seed) {
 using Outputs = std::map<std::string, Tensor>;  // quantity -> fp64 tensor
 constexpr int kSensitivitySigns = 16;  // draws of the params' sensitivity estimate (run_reference)
 
-// The reference in `dtype` (float64 or float32), gradients by autograd.
+// The params and features the spec declares that the kernel leaves out (nothing reads them once
+// the regions are composed, and apec warns: a later score_mod that ignores the score it is given,
+// a load in a branch a constant decides, a scan no region reads). The reference still evaluates
+// them: each gets the constant `fill` here (check_kernel makes sure the outputs do not depend on it).
+void add_left_out(const SpecReference &ref, const Cell &c, at::ScalarType dtype, double fill,
+                  std::map<std::string, Tensor> &feats, std::map<std::string, Tensor> &prms) {
+  for (const SpecReference::ParamInfo &p : ref.params()) {
+    if (prms.count(p.name)) continue;
+    std::vector<int64_t> shape;
+    for (const std::string &d : p.shape)
+      shape.push_back(abi::parse_dim(d).value_or(abi::Dim{}).resolve(c.shape.H, c.shape.D));
+    prms[p.name] = at::full(shape, fill, at::dtype(dtype));
+  }
+  for (const std::string &f : ref.features())
+    if (!feats.count(f)) feats[f] = at::full({c.shape.B, c.shape.H, c.shape.T}, fill, at::dtype(dtype));
+}
+
+// The reference in `dtype` (float64 or float32), gradients by autograd; `left_out_fill` the value
+// of what the kernel leaves out (add_left_out).
 Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell &c,
-                      at::ScalarType dtype) {
+                      at::ScalarType dtype, double left_out_fill = 0.375) {
   if (c.forward_only) {  // no gradients: the kernel has no backward
     std::map<std::string, Tensor> feats, prms;
     for (size_t n = 0; n < c.features.size(); ++n) feats[man.features[n].name] = c.features[n].to(dtype);
     for (size_t n = 0; n < c.params.size(); ++n) prms[man.params[n].name] = c.params[n].to(dtype);
+    add_left_out(ref, c, dtype, left_out_fill, feats, prms);
     c10::NoGradGuard no_grad;
     const SpecReference::Result r =
         ref.attention(c.q.to(dtype), c.k.to(dtype), c.v.to(dtype), feats, prms, c.scale, c.site);
@@ -174,6 +193,7 @@ Outputs run_reference(const SpecReference &ref, const Manifest &man, const Cell 
     prms[p.name] = t;
     if (p.trainable) inputs.push_back(t), names.push_back("dparam:" + p.name);
   }
+  add_left_out(ref, c, dtype, left_out_fill, feats, prms);
   c10::AutoGradMode grad_mode(true);
   SpecReference::Result r = ref.attention(q, k, v, feats, prms, c.scale, c.site);
   Outputs out;
@@ -792,8 +812,22 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
   if (!entry.forward_f64 || !entry.backward_f64 || !entry.forward_f32 || !entry.backward_f32)
     throw std::runtime_error(std::string("kernel ") + entry.name + " lacks fp32 or fp64 kernels");
 
-  // The kernel's interface (manifest) must be the spec's.
-  const auto &rp = ref.params();
+  // The kernel's interface (manifest) must be the spec's, less what nothing reads once the regions
+  // are composed (left out of the kernel, with apec's warning; checked below).
+  std::vector<SpecReference::ParamInfo> rp;
+  std::vector<std::string> left_out, rf;
+  for (const SpecReference::ParamInfo &p : ref.params()) {
+    const bool in_kernel = std::any_of(man.params.begin(), man.params.end(),
+                                       [&](const ParamSpec &m) { return m.name == p.name; });
+    if (in_kernel) rp.push_back(p);
+    else left_out.push_back("param '" + p.name + "'");
+  }
+  for (const std::string &f : ref.features()) {
+    const bool in_kernel = std::any_of(man.features.begin(), man.features.end(),
+                                       [&](const FeatureSpec &m) { return m.name == f; });
+    if (in_kernel) rf.push_back(f);
+    else left_out.push_back("token feature '" + f + "'");
+  }
   if (rp.size() != man.params.size())
     report.problems.push_back("the spec declares " + std::to_string(rp.size()) +
                               " params, the kernel's manifest " + std::to_string(man.params.size()));
@@ -811,7 +845,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
   }
   std::vector<std::string> mf;
   for (const FeatureSpec &f : man.features) mf.push_back(f.name);
-  if (mf != ref.features())
+  if (mf != rf)
     report.problems.push_back("the spec's features differ from the kernel's manifest's");
   if (ref.has_embedding_table() != (entry.embed_table != nullptr))
     report.problems.push_back(std::string("the spec ") + (ref.has_embedding_table() ? "has" : "has no") +
@@ -825,6 +859,31 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
   if (!report.problems.empty()) return report;
 
   const std::vector<CheckShape> grid = fit_grid(man, opt.grid);
+
+  // What the kernel leaves out must not matter: the reference's o and lse the same, bit for bit,
+  // with two values of it (a kernel that dropped something the spec reads fails here).
+  if (!left_out.empty() && !grid.empty()) {
+    std::string names;
+    for (const std::string &n : left_out) names += (names.empty() ? "" : ", ") + n;
+    const CheckShape &at_shape = *std::max_element(grid.begin(), grid.end(), [](const CheckShape &x, const CheckShape &y) {
+      return x.T * x.H * x.B < y.T * y.H * y.B;
+    });
+    Cell c = make_cell(man, at_shape, opt.seed);
+    c.forward_only = true;
+    if (man.inference_only) c.site.layer = 0, c.site.num_layers = opt.num_layers;
+    const Outputs a = run_reference(ref, man, c, at::kDouble, 0.375), b = run_reference(ref, man, c, at::kDouble, -1.25);
+    auto same = [](const Tensor &x, const Tensor &y) {
+      return (x.eq(y) | (x.isnan() & y.isnan())).all().item<bool>();
+    };
+    if (!same(a.at("o"), b.at("o")) || !same(a.at("lse"), b.at("lse")))
+      report.problems.push_back("the kernel leaves out " + names +
+                                ", but the spec's output depends on it (" + at_shape.str() + ")");
+    else
+      report.notes.push_back("not in the kernel: " + names +
+                             " (nothing reads it once the regions are composed, as apec warns; the spec's output "
+                             "does not depend on it, at " + at_shape.str() + ")");
+    if (!report.problems.empty()) return report;
+  }
 
   Table table;
   table.verbose = opt.verbose;
@@ -1004,6 +1063,7 @@ CheckReport check_kernel(const KernelEntry &entry, const SpecReference &ref, con
 }
 
 void print_report(std::ostream &os, const CheckReport &report) {
+  for (const std::string &n : report.notes) os << "note: " << n << "\n";
   // An interface mismatch, or a check the grid could not make ("not checked: ...").
   for (const std::string &p : report.problems)
     os << (p.rfind("not checked: ", 0) == 0 ? "" : "interface mismatch: ") << p << "\n";

@@ -141,6 +141,7 @@ struct CheckRow {
 struct CheckReport {
   std::vector<CheckRow> rows;
   std::vector<std::string> problems;  // interface mismatches: each one a failure
+  std::vector<std::string> notes;     // said, not failures (what the kernel leaves out, unread)
   // Passing rows not counted as checks, "quantity precision (cells)": their tolerance reached
   // half the reference's size (a kernel that wrote zeros would have passed them too)
   std::vector<std::string> unresolved;

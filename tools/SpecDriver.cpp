@@ -278,6 +278,24 @@ LogicalResult mlir::ape::checkUtf8(const llvm::SourceMgr &sourceMgr, MLIRContext
 /// read when an op without results (a component, a region's yield) uses it, or an op whose value is
 /// read does (so a param whose only load is unused is not read). A param that an
 /// ape.masked_projection names as its position_scale is read by name.
+/// The ops of an encoding that something reads: the ops without results (regions, yields) and,
+/// transitively, what their operands are computed from.
+static llvm::DenseSet<Operation *> readOps(mlir::ape::EncodingOp encoding) {
+  llvm::DenseSet<Operation *> read;
+  llvm::SmallVector<Operation *> work;
+  encoding.getBody().walk([&](Operation *op) {
+    if (op->getNumResults() == 0 && read.insert(op).second)
+      work.push_back(op);
+  });
+  while (!work.empty()) {
+    Operation *op = work.pop_back_val();
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && read.insert(def).second)
+        work.push_back(def);
+  }
+  return read;
+}
+
 static void warnUnusedValues(ModuleOp module) {
   using namespace mlir::ape;
   for (EncodingOp encoding : module.getOps<EncodingOp>()) {
@@ -285,18 +303,7 @@ static void warnUnusedValues(ModuleOp module) {
     for (auto m : encoding.getBody().front().getOps<MaskedProjectionOp>())
       if (std::optional<StringRef> sigma = m.getPositionScale())
         byName.push_back(*sigma);
-    llvm::DenseSet<Operation *> read;
-    llvm::SmallVector<Operation *> work;
-    encoding.getBody().walk([&](Operation *op) {
-      if (op->getNumResults() == 0 && read.insert(op).second)
-        work.push_back(op);
-    });
-    while (!work.empty()) {
-      Operation *op = work.pop_back_val();
-      for (Value v : op->getOperands())
-        if (Operation *def = v.getDefiningOp(); def && read.insert(def).second)
-          work.push_back(def);
-    }
+    const llvm::DenseSet<Operation *> read = readOps(encoding);
     for (Operation &op : encoding.getBody().front()) {
       if (op.getNumResults() == 0 || read.contains(&op))
         continue;
@@ -346,6 +353,43 @@ OwningOpRef<ModuleOp> mlir::ape::parseSpec(llvm::SourceMgr &sourceMgr, MLIRConte
 }
 
 LogicalResult mlir::ape::lowerSpec(ModuleOp module, PassManager &pm) {
+  // The params and token features each encoding reads, to say afterwards which its kernel leaves
+  // out: those nothing reads once the regions are composed and folded (a later score_mod that
+  // ignores the score it is given; a load in a branch a constant decides), which the syntactic
+  // warning (warnUnusedValues) cannot see. A runtime would neither create, train nor save them.
+  struct Declared {
+    std::string encoding, name;
+    Location loc;
+    bool param;
+  };
+  std::vector<Declared> declared;
+  for (EncodingOp encoding : module.getOps<EncodingOp>()) {
+    const llvm::DenseSet<Operation *> read = readOps(encoding);
+    for (Operation &op : encoding.getBody().front())
+      if (isa<ParamOp, TokenFeatureOp>(op) && read.contains(&op))
+        if (auto name = op.getAttrOfType<StringAttr>("name"))
+          declared.push_back({encoding.getSymName().str(), name.str(), op.getLoc(), isa<ParamOp>(op)});
+  }
   buildApeLoweringPipeline(pm);
-  return pm.run(module);
+  if (failed(pm.run(module)))
+    return failure();
+  for (const Declared &d : declared) {
+    bool kept = false, found = false;
+    for (KernelOp kernel : module.getOps<KernelOp>()) {
+      if (kernel.getSymName() != d.encoding)
+        continue;
+      found = true;
+      kernel.walk([&](Operation *op) {
+        if (isa<ParamOp, TokenFeatureOp>(op) && isa<ParamOp>(op) == d.param)
+          if (auto name = op->getAttrOfType<StringAttr>("name"); name && name.getValue() == d.name)
+            kept = true;
+      });
+    }
+    if (found && !kept)
+      emitWarning(d.loc) << "'" << (d.param ? "ape.param" : "ape.token_feature") << "' \"" << d.name
+                         << "\" is not read once the regions are composed (a later score_mod ignores the "
+                            "score it is given, or its loads sit in a branch a constant decides): the kernels "
+                            "will not read it, and a runtime will neither create, train nor save it";
+  }
+  return success();
 }

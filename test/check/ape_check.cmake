@@ -153,6 +153,17 @@ add_test(NAME ape_check.distance_sum
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_t5_sum.mlir)
 set_tests_properties(ape_check.distance_sum PROPERTIES
   ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+# Params nothing reads once the regions are composed: left out of the kernel, noted, checked to
+# be dead in the reference (they had made an "interface mismatch"); and a kernel that leaves out a
+# param the spec reads fails.
+add_test(NAME ape_check.spec_dead_after_composition
+  COMMAND ${_expect} 0 "^note: not in the kernel: param 'w', param 'u' \\(nothing reads it" "^ape-check: PASS"
+          -- $<TARGET_FILE:ape-check> ${_check}/Inputs/dead_after_composition.mlir)
+set_tests_properties(ape_check.spec_dead_after_composition PROPERTIES
+  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+add_test(NAME ape_check.error_live_param_left_out
+  COMMAND ${_expect} 1 "^interface mismatch: the kernel leaves out param 'alibi_slopes', but the spec's output depends on it"
+          -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/alibi_learned.mlir --kernel nope)
 # A kernel whose params are not the spec's: no numbers, the mismatch.
 add_test(NAME ape_check.error_interface
   COMMAND ${_expect} 1 "^interface mismatch: the spec declares 0 params, the kernel's manifest 1$"
