@@ -213,9 +213,13 @@ std::string text_dir(const DataOptions &o, std::ostream &log) {
     fs::remove_all(tmp, ec);
     const std::string cmd = "tar -xJf " + shell_quote(archive) + " -C " + shell_quote(tmp.string());
     const std::string what = rc == 0 ? "exited with status 0" : system_status_text(rc);
+    const bool full = said.find("No space left on device") != std::string::npos ||
+                      said.find("Disk quota exceeded") != std::string::npos;
     throw std::runtime_error("cannot unpack corpus archive " + archive + " (`" + cmd + "` " + what +
-                             (rc == 0 ? ", but the archive holds no clean/ folder" : "") +
-                             "); the archive is missing, corrupt, or xz is not installed" +
+                             (rc == 0 ? ", but the archive holds no clean/ folder" : "") + "); " +
+                             (full ? "the disk of " + dest.parent_path().string() +
+                                         " is full (free some space, or give --cache-dir another folder)"
+                                   : std::string("the archive is missing, corrupt, or xz is not installed")) +
                              (said.empty() ? std::string() : ": " + said.substr(0, 600)));
   }
   std::ofstream(tmp / ".unpacked") << stamp << "\n";

@@ -42,11 +42,21 @@ void run(const std::vector<std::string> &argv, const std::string &log_path, cons
     throw;
   }
   if (status == 0 && fs::file_size(log_path, ec) == 0 && !ec) fs::remove(log_path, ec);  // nothing to keep
-  if (status != 0)
+  if (status != 0) {
+    // A full disk (the cache's): the helper's own message may be lost with its log (written to
+    // the same disk), so its state is said here.
+    const fs::path folder = fs::path(log_path).parent_path();
+    const fs::space_info room = fs::space(folder.empty() ? fs::path(".") : folder, ec);
+    if (!ec && room.available < (std::uintmax_t(1) << 20))
+      throw std::runtime_error(what + " failed: the disk of " + folder.string() + " is full (" +
+                               std::to_string(room.available >> 10) + " KiB free; free some space, or give --cache-dir "
+                               "another folder) (" + argv[0] + " " + system_status_text(status) + "; log " + log_path +
+                               "):\n" + log_tail(log_path));
     throw std::runtime_error(what + " failed (" + argv[0] + " " +
                              (WIFEXITED(status) && WEXITSTATUS(status) == 127 ? std::string("could not be run")
                                                                               : system_status_text(status)) +
                              "; log " + log_path + "):\n" + log_tail(log_path));
+  }
 }
 
 }  // namespace

@@ -200,7 +200,8 @@ std::vector<ape::EvalRow> train_one(const std::string &name, const ape::ModelCon
       if (auto it = resume->config.find(key); it != resume->config.end()) extra[key] = *it;
   } else {
     if (init) extra["init_from"] = start.init_from;
-    if (!start.replaces.empty()) extra["replaces"] = start.replaces;
+    // (its name only: a file beside the checkpoint, wherever the run is resumed from: replaced_beside)
+    if (!start.replaces.empty()) extra["replaces"] = fs::path(start.replaces).filename().string();
     if (!start.sets.empty()) {
       nlohmann::json sets = nlohmann::json::object();
       for (const auto &[param, value] : start.sets) sets[param] = value;
@@ -311,6 +312,18 @@ std::string keep_previous(const std::string &ckpt) {
     std::cout << "; starting a new run" << (unreadable.empty() ? ". To continue it instead: ape-train --resume " + kept : "")
               << "\n";
   return complete && unreadable.empty() ? kept : "";
+}
+
+// The finished run a resumed run replaces (its checkpoint's "replaces"): the file of that name
+// beside the checkpoint, and only a name keep_previous gives (NAME.finished-stepN[-k].ckpt), else
+// "". The path had been recorded as typed, relative to the folder the run started in: resumed from
+// another folder, or from a copy of the checkpoint, the run removed whatever stood at that path
+// (a file of the user's, or another folder's only finished model).
+std::string replaced_beside(const std::string &ckpt, const std::string &recorded) {
+  const fs::path name = fs::path(recorded).filename();
+  const std::string n = name.string(), stem = fs::path(ckpt).stem().string() + ".finished-step";
+  if (n.size() <= stem.size() || n.compare(0, stem.size(), stem) != 0 || name.extension() != ".ckpt") return "";
+  return (fs::path(ckpt).parent_path() / name).string();
 }
 
 // The finished run kept aside for one encoding's new run (keep_previous): removed when the run
@@ -599,6 +612,26 @@ static int tool_main(int argc, char **argv) {
     ec.multiples = ape::parse_multiples(multiples);
     ec.validate();
 
+    // Ctrl-C and SIGTERM while the specs compile (a --spec, or the spec a checkpoint was trained
+    // from: apec and the compiler, seconds to minutes): the compiler is ended, its work folder
+    // removed, and ape-train exits 130 (ape::Stopped), as docs/reliability.md says; they had
+    // killed ape-train outright (status 143, or ignored where a script started it in the
+    // background). The dispositions it had come back before the group forms (below).
+    struct StopWhileCompiling {
+      void (*old_int)(int) = std::signal(SIGINT, on_stop_signal);
+      void (*old_term)(int) = std::signal(SIGTERM, on_stop_signal);
+      bool restored = false;
+      void restore() {
+        if (restored) return;
+        restored = true;
+        std::signal(SIGINT, old_int), std::signal(SIGTERM, old_term);
+        if (g_stop) throw ape::Stopped("stopped (Ctrl-C or SIGTERM) before training began; nothing was written");
+      }
+      ~StopWhileCompiling() {
+        if (!restored) std::signal(SIGINT, old_int), std::signal(SIGTERM, old_term);
+      }
+    } stop_while_compiling;
+
     std::unique_ptr<ape::Checkpoint> resumed;
     std::string resume_ckpt, resumed_device, resumed_precision;  // the run's own, where not given
     std::string run_device, run_precision;                       // the run's own, as recorded
@@ -834,6 +867,7 @@ static int tool_main(int argc, char **argv) {
 
     // The group forms once the command line is known good on this rank: from here on, a rank that
     // fails makes the others fail at their next collective instead of waiting.
+    stop_while_compiling.restore();
     std::unique_ptr<ape::DataParallel> dp;
     refusing.reset();  // from here on a failure reaches the others through the group
     if (dist.enabled()) dp = ape::DataParallel::join(dist, &std::cout);
@@ -974,7 +1008,7 @@ static int tool_main(int argc, char **argv) {
         kept.previous = keep_previous(ckpt);
       } else if (root) {
         const auto r = resumed->config.find("replaces");
-        if (r != resumed->config.end() && r->is_string()) kept.previous = r->get<std::string>();
+        if (r != resumed->config.end() && r->is_string()) kept.previous = replaced_beside(ckpt, r->get<std::string>());
       }
       Start run_start = start;
       run_start.replaces = kept.previous;

@@ -159,13 +159,18 @@ grep -q "is the finished run again" "$work/keep4.log" || { cat "$work/keep4.log"
 [ -f "$work/keep/t5.ckpt" ] && [ ! -e "$finished" ] || { ls "$work/keep"; fail "a run that saved nothing left no t5.ckpt"; }
 back_step=$(grep -ao '"step":[0-9]*' "$work/keep/t5.ckpt" | head -1 | cut -d: -f2)
 [ "$back_step" = 2 ] || fail "the checkpoint put back is at step $back_step, not the finished run's 2"
-APE_TEST_STOP_AFTER_STEP=1 "$train" "${short[@]}" --out "$work/keep" >"$work/keep5.log" 2>&1
+# (started with a relative --out, resumed from another folder that has a file at that relative
+# path: the resumed run removes the finished run beside its checkpoint, never the other file; the
+# path as typed had been recorded, and the other file removed)
+(cd "$work" && APE_TEST_STOP_AFTER_STEP=1 "$train" "${short[@]}" --out keep >"$work/keep5.log" 2>&1)
 rc=$?
 [ "$rc" -eq 130 ] && [ -f "$finished" ] || { cat "$work/keep5.log"; fail "a run stopped after its first save: status $rc, or the finished run not kept"; }
-grep -q "stays kept as $finished" "$work/keep5.log" || { cat "$work/keep5.log"; fail "no note that the finished run stays kept"; }
-"$train" --resume "$work/keep/t5.ckpt" >"$work/keep6.log" 2>&1 || { cat "$work/keep6.log"; fail "resuming the stopped run"; }
+grep -q "stays kept as keep/t5.finished-step2.ckpt" "$work/keep5.log" || { cat "$work/keep5.log"; fail "no note that the finished run stays kept"; }
+mkdir -p "$work/elsewhere/keep" && echo "a file of the user's" >"$work/elsewhere/keep/t5.finished-step2.ckpt"
+(cd "$work/elsewhere" && "$train" --resume "$work/keep/t5.ckpt" >"$work/keep6.log" 2>&1) || { cat "$work/keep6.log"; fail "resuming the stopped run"; }
 [ ! -e "$finished" ] || { cat "$work/keep6.log"; fail "the resumed run finished and left $finished"; }
 grep -q "removed $finished" "$work/keep6.log" || { cat "$work/keep6.log"; fail "no note of the removal"; }
+[ -f "$work/elsewhere/keep/t5.finished-step2.ckpt" ] || fail "the resumed run removed a file at the path as typed in another folder"
 
 # 5. A second run into the folder of a running one is refused (it would replace its checkpoints).
 long=()  # the same run, long enough to be running still when the second starts (then stopped)
