@@ -276,8 +276,9 @@ void print_table(std::ostream &out, const std::vector<EvalRow> &rows, const std:
 
 namespace {
 // The records of a CSV text (a quoted field may hold commas, quotes and newlines), each with its
-// first field unquoted: (first field, the record's text with its newline).
-std::vector<std::pair<std::string, std::string>> csv_records(const std::string &text) {
+// first field unquoted: (first field, the record's text with its newline). `whole` false when
+// the text ends inside a quoted field (a quote never closed: the rest is no record).
+std::vector<std::pair<std::string, std::string>> csv_records(const std::string &text, bool &whole) {
   std::vector<std::pair<std::string, std::string>> out;
   size_t start = 0;
   bool quoted = false;
@@ -298,6 +299,7 @@ std::vector<std::pair<std::string, std::string>> csv_records(const std::string &
     out.emplace_back(first, record);
     start = i + 1;
   }
+  whole = start == text.size();
   return out;
 }
 }  // namespace
@@ -327,14 +329,18 @@ void write_csv(const std::string &path, const std::vector<EvalRow> &rows, bool k
     for (size_t at = text.find("\r\n"); at != std::string::npos; at = text.find("\r\n", at)) text.erase(at, 1);
     if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
     if (!text.empty() && text.back() != '\n') text += '\n';
-    if (text.rfind(header, 0) == 0) {
+    bool whole = true;
+    const auto records = text.rfind(header, 0) == 0 ? csv_records(text.substr(header.size()), whole)
+                                                    : std::vector<std::pair<std::string, std::string>>{};
+    if (text.rfind(header, 0) == 0 && whole) {
       std::set<std::string> mine;
       for (const auto &r : rows) mine.insert(r.encoding);
-      for (const auto &[enc, record] : csv_records(text.substr(header.size())))
+      for (const auto &[enc, record] : records)
         if (!mine.count(enc)) o << record;
     } else if (!text.empty()) {
-      // Another header (an older APE's columns, a file edited by hand): its rows cannot be merged,
-      // and are never dropped: the file is kept beside the new one, said so.
+      // Another header (an older APE's columns, a file edited by hand), or a quote never closed
+      // (the rows from there on are no records: they had been dropped): its rows cannot be
+      // merged, and are never dropped: the file is kept beside the new one, said so.
       std::error_code ec;
       const std::filesystem::path given(path), stem = given.parent_path() / given.stem();
       std::filesystem::path aside;
@@ -344,7 +350,9 @@ void write_csv(const std::string &path, const std::vector<EvalRow> &rows, bool k
       if (ec)
         throw std::runtime_error("cannot merge " + path + " (its header is not " + header.substr(0, header.size() - 1) +
                                  ") nor set it aside as " + aside.string() + ": " + ec.message());
-      std::cerr << "[results] " << path << " has another header than this APE's (an older version, or edited): "
+      std::cerr << "[results] " << path
+                << (whole ? " has another header than this APE's (an older version, or edited): "
+                          : " has a quote that is never closed (edited by hand?): ")
                 << "kept as " << aside.string() << "; " << path << " now holds the rows of this run\n";
     }
   }

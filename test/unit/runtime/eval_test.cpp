@@ -96,6 +96,14 @@ TEST(Eval, CsvMergeKeepsOtherRowsOrSetsTheFileAside) {
   std::ofstream(csv, std::ios::binary | std::ios::trunc) << old;
   ape::write_csv(csv, alibi, /*keep_other_encodings=*/true);
   EXPECT_EQ(read(dir + "/results.unmerged-1.csv"), old);  // the first one kept
+  // A quote never closed (an edit by hand): the rows from there on are no records, and had been
+  // dropped without a word; the file is set aside as another header's is.
+  ape::write_csv(csv, rope);
+  const std::string broken = read(csv) + "xpos,32,32,1,\"6.9,bad\n";
+  std::ofstream(csv, std::ios::binary | std::ios::trunc) << broken;
+  ape::write_csv(csv, alibi, /*keep_other_encodings=*/true);
+  EXPECT_EQ(read(dir + "/results.unmerged-2.csv"), broken);
+  EXPECT_NE(read(csv).find("\nalibi,"), std::string::npos);
 }
 
 }  // namespace
