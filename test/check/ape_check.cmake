@@ -9,6 +9,12 @@
 #                         mutant against the build's emulated kernels, whose CUDA rows fail.
 set(_check ${CMAKE_CURRENT_LIST_DIR})
 set(_expect bash ${_check}/expect.sh)
+# ape_check.NAME: expect.sh's STATUS, line patterns, -- and ape-check's command, for a spec compiled
+# now (SpecLibrary) into the build's spec cache, shared by these tests.
+function(ape_spec_check name)
+  add_test(NAME ape_check.${name} COMMAND ${_expect} ${ARGN})
+  set_tests_properties(ape_check.${name} PROPERTIES ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
+endfunction()
 file(GLOB _specs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/encodings/*.mlir)
 foreach(spec ${_specs})
   get_filename_component(name ${spec} NAME_WE)
@@ -57,110 +63,84 @@ add_test(NAME ape_check.error_transition_unreached
              --shapes 1x1x20x16)
 # A spec file outside examples/: compiled now (SpecLibrary, cached in the build's spec cache, as
 # scripts/test.sh sets it), with -inf masks that leave the first rows without a visible key.
-add_test(NAME ape_check.spec_file
-  COMMAND ${_expect} 0 "kernel: +compiled from .*masked_mix.mlir" "^lse +fp64 .* pass$"
+ape_spec_check(spec_file
+  0 "kernel: +compiled from .*masked_mix.mlir" "^lse +fp64 .* pass$"
           "^fd:feature:gate +fp64 .* pass$" "^decode:lse +fp64 .* pass$" "^grouped:dfeature:gate +fp64 .* pass$" "^ape-check: PASS \\(60 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_mix.mlir)
-set_tests_properties(ape_check.spec_file PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # i1 read as MLIR reads it (true -1 signed, 1 unsigned) and a param index clamped to its dimension:
 # the kernel compiled now against the reference (runtime/SpecReference.cpp).
-add_test(NAME ape_check.spec_i1_and_indices
-  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^dparam:pos_bias +fp64 .* pass$" "^ape-check: PASS"
+ape_spec_check(spec_i1_and_indices
+  0 "^o +fp64 .* pass$" "^dparam:pos_bias +fp64 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/i1_and_indices.mlir)
-set_tests_properties(ape_check.spec_i1_and_indices PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Constants exact at every precision: a rotated count that float rounding put one pair short, and
 # constant arithmetic (ln 4, 1/3) that the canonicalizer folded in f32 for the fp64 kernel; at T = 1
 # the trainable table's gradient is exactly 0, which the fp32 kernel's rounding at D 240 passed
 # only with the param floor scaled by the head dim.
-add_test(NAME ape_check.spec_exact_constants
-  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^o +fp32 .* pass$" "^dq +fp64 .* pass$"
+ape_spec_check(spec_exact_constants
+  0 "^o +fp64 .* pass$" "^o +fp32 .* pass$" "^dq +fp64 .* pass$"
           "^dparam:tab +fp64 .* pass$" "^dparam:tab +fp32 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/exact_constants.mlir
              --shapes 1x1x1x240,1x2x37x240,2x1x20x240)
-set_tests_properties(ape_check.spec_exact_constants PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A row term w C_i with C a cumulative sum: its gradient cancels to 0, and the fp32 kernel's
 # rounding times C_i (2.3e-3) is within the param floor only when the floor follows the param's
 # sensitivity to the logits (it was 1.2e-3 counted in query-key pairs).
-add_test(NAME ape_check.spec_row_term
-  COMMAND ${_expect} 0 "^dparam:w +fp64 .* pass$" "^dparam:w +fp32 .* pass$" "^ape-check: PASS"
+ape_spec_check(spec_row_term
+  0 "^dparam:w +fp64 .* pass$" "^dparam:w +fp32 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/row_term.mlir)
-set_tests_properties(ape_check.spec_row_term PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Derivatives at the edges of floating point (0 · inf and 0/0 in the tangents: masked pairs, an
 # overflowing e^x, sqrt at 0, a token map log(max(g, 0))), maxnumf beside a NaN, and i64
 # arithmetic that wraps: the CPU kernel and the CUDA kernels (emulated) against the reference. sa's
 # gradient (through e^(sa + 2 (n - 20)), a few 1e-6) is below what bf16 resolves: its bf16 rows
 # pass but are listed apart, not counted as checks (zeros would pass them too).
-add_test(NAME ape_check.spec_derivative_edges
-  COMMAND ${_expect} 0 "^dparam:lw +fp32 .* pass$" "^dparam:sa +fp32 .* pass$" "^dparam:sq +fp64 .* pass$"
+ape_spec_check(spec_derivative_edges
+  0 "^dparam:lw +fp32 .* pass$" "^dparam:sa +fp32 .* pass$" "^dparam:sq +fp64 .* pass$"
           "^dparam:na +fp64 .* pass$" "^dfeature:gate +fp32 .* pass$" "^dparam:sq +cuda-bf16 .* pass$"
           "^  dparam:sa cuda-bf16 \\(1x2x64x32, 2x2x150x64, 1x2x150x128\\)$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/derivative_edges.mlir --cuda)
-set_tests_properties(ape_check.spec_derivative_edges PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A -inf mask, then a learned temperature and a later nonlinear use of the masked logit: every
 # gradient was NaN (0·-inf in the derived products) until the derivative pass kept 0·inf = 0 there.
-add_test(NAME ape_check.spec_masked_temperature
-  COMMAND ${_expect} 0 "^dparam:temp +fp64 .* pass$" "^dq +fp32 .* pass$" "^ape-check: PASS"
+ape_spec_check(spec_masked_temperature
+  0 "^dparam:temp +fp64 .* pass$" "^dq +fp32 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/masked_temperature.mlir)
-set_tests_properties(ape_check.spec_masked_temperature PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Integer division and remainder by i - j, 0 on the diagonal: total in the kernel and the reference
 # (contract/int_math.h: x / 0 = 0, x % 0 = x), where C++ traps.
-add_test(NAME ape_check.spec_int_division
-  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^ape-check: PASS"
+ape_spec_check(spec_int_division
+  0 "^o +fp64 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/int_division.mlir)
-set_tests_properties(ape_check.spec_int_division PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # NaN through maxnumf, maximumf, the unordered and ordered cmpf predicates and fptosi, and fptosi
 # saturating: the kernels (contract/float_math.h) and the reference agree on MLIR's meanings; a
 # param's gradient through a select that discards log(0) is the kept branch's in both.
-add_test(NAME ape_check.spec_nan_semantics
-  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^dq +fp64 .* pass$" "^dparam:a +fp64 .* pass$"
+ape_spec_check(spec_nan_semantics
+  0 "^o +fp64 .* pass$" "^dq +fp64 .* pass$" "^dparam:a +fp64 .* pass$"
           "^dparam:a +fp32 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/nan_semantics.mlir)
-set_tests_properties(ape_check.spec_nan_semantics PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A type outside f32, i1, i64 and index in a region (i32 arithmetic that would wrap): refused with
 # its location, where it was computed in int64.
-add_test(NAME ape_check.error_i32_region
-  COMMAND ${_expect} 2 "i32wrap.mlir:[0-9]+:[0-9]+: error: 'arith\\.[a-z_]+' op uses type i32: region bodies compute on f32, i1, i64 and index only"
+ape_spec_check(error_i32_region
+  2 "i32wrap.mlir:[0-9]+:[0-9]+: error: 'arith\\.[a-z_]+' op uses type i32: region bodies compute on f32, i1, i64 and index only"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/i32wrap.mlir)
-set_tests_properties(ape_check.error_i32_region PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A power with base 0 on the diagonal and a trainable base scale and exponent: finite gradients
 # (torch.pow's at 0), against the reference and central differences.
-add_test(NAME ape_check.spec_powf_zero_base
-  COMMAND ${_expect} 0 "^dparam:pw_c +fp64 .* pass$" "^dparam:pw_p +fp64 .* pass$" "^fd:param:pw_p +fp64 .* pass$"
+ape_spec_check(spec_powf_zero_base
+  0 "^dparam:pw_c +fp64 .* pass$" "^dparam:pw_p +fp64 .* pass$" "^fd:param:pw_p +fp64 .* pass$"
           "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/powf_zero_base.mlir)
-set_tests_properties(ape_check.spec_powf_zero_base PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A spec computing NaN fails, though the kernel computes the same NaNs as the reference.
-add_test(NAME ape_check.error_nan_spec
-  COMMAND ${_expect} 1 "^o +fp64 .* FAIL$" "^ape-check: FAIL"
+ape_spec_check(error_nan_spec
+  1 "^o +fp64 .* FAIL$" "^ape-check: FAIL"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/nan_score.mlir)
-set_tests_properties(ape_check.error_nan_spec PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Two fused distance terms (learned ALiBi + T5): the CPU template's per-distance table and
 # diagonal gradient sums against the reference's per-element evaluation.
-add_test(NAME ape_check.distance_sum
-  COMMAND ${_expect} 0 "^dparam:alibi_slopes +fp64 .* pass$" "^dparam:t5_table +fp32 .* pass$"
+ape_spec_check(distance_sum
+  0 "^dparam:alibi_slopes +fp64 .* pass$" "^dparam:t5_table +fp32 .* pass$"
           "^ape-check: PASS \\(41 checks\\)"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_t5_sum.mlir)
-set_tests_properties(ape_check.distance_sum PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # Params nothing reads once the regions are composed: left out of the kernel, noted, checked to
 # be dead in the reference (they had made an "interface mismatch"); and a kernel that leaves out a
 # param the spec reads fails.
-add_test(NAME ape_check.spec_dead_after_composition
-  COMMAND ${_expect} 0 "^note: not in the kernel: param 'w', param 'u' \\(nothing reads it" "^ape-check: PASS"
+ape_spec_check(spec_dead_after_composition
+  0 "^note: not in the kernel: param 'w', param 'u' \\(nothing reads it" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/dead_after_composition.mlir)
-set_tests_properties(ape_check.spec_dead_after_composition PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 add_test(NAME ape_check.error_live_param_left_out
   COMMAND ${_expect} 1 "^interface mismatch: the kernel leaves out param 'alibi_slopes', but the spec's output depends on it"
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/examples/encodings/alibi_learned.mlir --kernel nope)
@@ -208,41 +188,33 @@ set_tests_properties(ape_check.mutant_t5_max_distance ape_check.mutant_alibi_slo
 # --cuda: the spec's CUDA kernels on the SIMT emulator beside its CPU kernel. K-Cable marked
 # fast_math (its score mod by the GPU's approximate functions), compiled now (f32 and bf16 at
 # head dim 32; ~25 s once, then cached), against the same reference.
-add_test(NAME ape_check.cuda_spec_file
-  COMMAND ${_expect} 0 "CUDA: +compiled from .*kcable_fast.mlir for the SIMT emulator \\(f32, bf16 at head dim 32\\)"
+ape_spec_check(cuda_spec_file
+  0 "CUDA: +compiled from .*kcable_fast.mlir for the SIMT emulator \\(f32, bf16 at head dim 32\\)"
           "^o +cuda-f32 .* pass$" "^dfeature:cable +cuda-f32 .* pass$" "^dq +cuda-bf16 .* pass$"
           "^decode:o +cuda-bf16 .* pass$" "^decode:lse +cuda-f32 .* pass$" "^decode-split:o +cuda-bf16 .* pass$"
           "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${CMAKE_SOURCE_DIR}/test/unit/Inputs/kcable_fast.mlir --cuda
              --shapes 2x2x70x32)
-set_tests_properties(ape_check.cuda_spec_file PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # The linear mod kernels' run shapes (side_kernels.cuh, RunShape): partners one by one (bf16 at
 # head dim 32), paired runs (f32; head dim 64) and unrotated runs, against the reference.
-add_test(NAME ape_check.cuda_linear_mod_runs
-  COMMAND ${_expect} 0 "^dq +cuda-bf16 .* pass$" "^dk +cuda-f32 .* pass$" "^dq +sm90-bf16 .* pass$"
+ape_spec_check(cuda_linear_mod_runs
+  0 "^dq +cuda-bf16 .* pass$" "^dk +cuda-f32 .* pass$" "^dq +sm90-bf16 .* pass$"
           "^grouped:dk +cuda-bf16 .* kv5 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/rope_three_quarters.mlir --cuda
              --shapes 2x3x70x32,1x5x33x64)
-set_tests_properties(ape_check.cuda_linear_mod_runs PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A q mod that amplifies q 40-fold: the bf16 rows' tolerance follows the yardstick (the reference
 # with q' and k' rounded to bf16 as the kernels read them), where the fixed 3e-2 failed a correct
 # kernel (o 4.0e-2 off at this shape).
-add_test(NAME ape_check.cuda_amplifying_q_mod
-  COMMAND ${_expect} 0 "^o +cuda-bf16 .* pass$" "^dk +cuda-bf16 .* pass$" "^decode:o +cuda-bf16 .* pass$"
+ape_spec_check(cuda_amplifying_q_mod
+  0 "^o +cuda-bf16 .* pass$" "^dk +cuda-bf16 .* pass$" "^decode:o +cuda-bf16 .* pass$"
           "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/amplifying_q_mod.mlir --cuda --shapes 1x2x64x32)
-set_tests_properties(ape_check.cuda_amplifying_q_mod PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # A spec under a built-in encoding's name (ALiBi with steeper slopes, @alibi): its own compiled
 # kernels are checked, CPU and emulated CUDA, not the build's alibi (ape-check exports its
 # symbols; the libraries bind to their own code: SpecLibrary.cpp, kSelfBound).
-add_test(NAME ape_check.cuda_spec_named_like_a_builtin
-  COMMAND ${_expect} 0 "^o +fp64 .* pass$" "^o +cuda-f32 .* pass$" "^dk +cuda-bf16 .* pass$" "^ape-check: PASS"
+ape_spec_check(cuda_spec_named_like_a_builtin
+  0 "^o +fp64 .* pass$" "^o +cuda-f32 .* pass$" "^dk +cuda-bf16 .* pass$" "^ape-check: PASS"
           -- $<TARGET_FILE:ape-check> ${_check}/Inputs/alibi_steeper.mlir --cuda --shapes 1x2x70x32)
-set_tests_properties(ape_check.cuda_spec_named_like_a_builtin PROPERTIES
-  ENVIRONMENT "APE_CACHE_DIR=${CMAKE_BINARY_DIR}/spec-cache")
 # The T5 mutant against the build's emulated T5 kernels (--kernel t5 --cuda): the CUDA rows fail
 # as the CPU rows do, the CUDA decode steps' too.
 add_test(NAME ape_check.cuda_mutant_t5
